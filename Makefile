@@ -1,0 +1,46 @@
+# Two commands for a new user: `make run` and `make test`. Both install what is missing first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build of torch; an unpinned torch would pull gigabytes of CUDA packages.
+TORCH ?= torch==2.13.0
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
+.PHONY: run test install install-test browser bench lint
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip
+
+$(VENV)/.installed: $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install "$(TORCH)"
+	$(BIN)/python -m pip install -e .
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(BIN)/python -m pip install -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+install-test: $(VENV)/.installed-test browser
+
+# Debian's Chromium for the browser tests (Playwright cannot download its own browsers here).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; }
+
+run: install
+	$(BIN)/tensor-debugger serve --host $(HOST) --port $(PORT)
+
+test: install-test
+	$(BIN)/python -m pytest
+
+bench: install
+	$(BIN)/python bench/ingest.py --size-gib 1
+
+lint: install-test
+	$(BIN)/ruff check server tests bench
+	$(BIN)/mypy

@@ -1,0 +1,3 @@
+from tensor_debugger.cli import main
+
+raise SystemExit(main())

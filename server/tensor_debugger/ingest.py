@@ -1,0 +1,215 @@
+"""Ingest: add one run to a session from files, archives and folders.
+
+Lifecycle, so that nothing half-ingested is ever visible:
+1. a run row is committed with status "ingesting" and this process's id (the session too, if new);
+2. every tensor is copied into the array store under "runs/<run id>/";
+3. one transaction inserts the tensor and problem rows and sets the status to "ready".
+A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.archive import ArchiveLimits
+from tensor_debugger.array_writer import StoredTensor, write_leaf
+from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError, NothingUsableError
+from tensor_debugger.inputs import InputFile, TensorFileEntry, expand_inputs
+from tensor_debugger.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.names import parse_layer_stage, tensor_name
+from tensor_debugger.settings import Settings
+from tensor_debugger.store import ArrayStore
+from tensor_debugger.tensor_files import open_tensor_file
+
+ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    session_id: int
+    session_name: str
+    run_id: int
+    run_label: str
+    tensors: int
+    problems: list[FileProblem] = field(default_factory=list)
+
+
+def parse_label(text: str, what: str) -> str:
+    """A session name or run label: 1 to 200 characters, not only spaces, no control characters."""
+    value = text.strip()
+    if not value or len(value) > 200 or any(ord(c) < 32 for c in value):
+        raise InvalidInputError(f"{what} must be 1 to 200 printable characters, got {text!r}")
+    return value
+
+
+def archive_limits(settings: Settings) -> ArchiveLimits:
+    return ArchiveLimits(settings.max_archive_members, settings.max_expanded_bytes, settings.max_expansion_ratio)
+
+
+def run_prefix(run_id: int) -> str:
+    return f"runs/{run_id}"
+
+
+class Ingestor:
+    def __init__(self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.store = store
+
+    def ingest(
+        self,
+        session_name: str,
+        run_label: str,
+        inputs: list[InputFile],
+        progress: ProgressCallback | None = None,
+        create_session: bool = True,
+    ) -> IngestResult:
+        """Add a run labelled `run_label` to the session (created if needed and allowed).
+
+        Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
+        """
+        session_name = parse_label(session_name, "session name")
+        run_label = parse_label(run_label, "run label")
+        run_id, session_id, created = self._begin(session_name, run_label, inputs, create_session)
+        staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
+        try:
+            stored, problems = self._copy(run_id, inputs, staging, progress)
+            if not stored:
+                raise NothingUsableError(problems)
+            self._finish(run_id, stored, problems)
+        except BaseException:
+            self._abandon(run_id, session_id if created else None)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return IngestResult(session_id, session_name, run_id, run_label, len(stored), problems)
+
+    def _begin(
+        self, session_name: str, run_label: str, inputs: list[InputFile], create_session: bool
+    ) -> tuple[int, int, bool]:
+        with self.sessions.begin() as db:
+            session = db.scalar(select(SessionRecord).where(SessionRecord.name == session_name))
+            created = session is None
+            if session is None:
+                if not create_session:
+                    raise InvalidInputError(f"no session named {session_name!r}")
+                session = SessionRecord(name=session_name)
+                db.add(session)
+                db.flush()
+            taken = db.scalar(select(RunRecord.id).where(RunRecord.session_id == session.id,
+                                                         RunRecord.label == run_label))
+            if taken is not None:
+                raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
+            position = db.scalar(select(func.count()).where(RunRecord.session_id == session.id)) or 0
+            run = RunRecord(
+                session_id=session.id, label=run_label, position=position,
+                role="reference" if position == 0 else "candidate", status="ingesting",
+                ingest_pid=os.getpid(), ingest_host=socket.gethostname(), created_session=created,
+                sources=[i.label for i in inputs],
+            )
+            db.add(run)
+            db.flush()
+            return run.id, session.id, created
+
+    def _copy(
+        self, run_id: int, inputs: list[InputFile], staging: Path, progress: ProgressCallback | None
+    ) -> tuple[list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], list[FileProblem]]:
+        expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
+        problems = expansion.problems
+        total = sum(e.path.stat().st_size for e in expansion.entries)
+        done = 0
+
+        def on_bytes(n: int) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(min(done, total), total)
+
+        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-hash") as pool:
+            for entry in expansion.entries:
+                first = len(stored)
+                try:
+                    with open_tensor_file(entry.path, entry.label) as opened:
+                        problems.extend(opened.skipped)
+                        for leaf in opened.leaves:
+                            key = f"{run_prefix(run_id)}/{len(stored)}"
+                            result = write_leaf(self.store, key, leaf, self.settings.chunk_bytes, pool, on_bytes)
+                            stored.append((entry, entry.keys + leaf.key_path, result))
+                        if not opened.leaves and not opened.skipped:
+                            problems.append(FileProblem(entry.label, "holds no tensors"))
+                        elif not opened.leaves:
+                            problems.append(FileProblem(entry.label, "holds no usable tensors"))
+                except FileProblem as problem:
+                    problems.append(problem)
+                    self._drop(stored, first)
+                except OSError as exc:  # a file that ends early, a disk that fills
+                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
+                    self._drop(stored, first)
+                finally:
+                    if entry.staged:
+                        entry.path.unlink(missing_ok=True)
+        if progress is not None:
+            progress(total, total)
+        return stored, problems
+
+    def _drop(self, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int) -> None:
+        """Forget the tensors of a file that failed partway, arrays included."""
+        for _, _, tensor in stored[first:]:
+            self.store.delete(tensor.store_key)
+        del stored[first:]
+
+    def _finish(
+        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        problems: list[FileProblem],
+    ) -> None:
+        seen: dict[str, int] = {}
+        with self.sessions.begin() as db:
+            for position, (entry, key_path, tensor) in enumerate(stored):
+                name = tensor_name(entry.relpath, key_path)
+                if name in seen:
+                    seen[name] += 1
+                    problems.append(FileProblem(entry.label, f"a second tensor named {name!r}; kept as "
+                                                f"{name} ({seen[name]})"))
+                    name = f"{name} ({seen[name]})"
+                seen.setdefault(name, 1)
+                layer, stage = parse_layer_stage(entry.relpath, key_path)
+                s = tensor.summary
+                db.add(TensorRecord(
+                    run_id=run_id, position=position, name=name, source_file=entry.label,
+                    key_path=list(key_path), layer=layer, stage=stage, shape=list(tensor.shape),
+                    dtype=tensor.dtype.name, store_key=tensor.store_key, nbytes=tensor.nbytes,
+                    digest=tensor.digest, numel=s.numel, min=s.min, max=s.max, mean=s.mean, std=s.std,
+                    nan_count=s.nan_count, inf_count=s.inf_count,
+                ))
+            for problem in problems:
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+            run = db.get_one(RunRecord, run_id)
+            run.status = "ready"
+            run.ingest_pid = None
+            run.tensor_count = len(stored)
+            run.total_bytes = sum(t.nbytes for _, _, t in stored)
+
+    def _abandon(self, run_id: int, created_session_id: int | None) -> None:
+        self.store.delete(run_prefix(run_id))
+        with self.sessions.begin() as db:
+            run = db.get(RunRecord, run_id)
+            if run is not None:
+                db.delete(run)
+            db.flush()
+            if created_session_id is not None:
+                remaining = db.scalar(select(func.count()).where(RunRecord.session_id == created_session_id))
+                session = db.get(SessionRecord, created_session_id)
+                if session is not None and not remaining:
+                    db.delete(session)

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from sqlalchemy import String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from tensor_debugger.models.base import Base, utcnow
+
+if TYPE_CHECKING:
+    from tensor_debugger.models.run import RunRecord
+
+
+class SessionRecord(Base):
+    """A named comparison a user keeps: two or more runs of the same model."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    runs: Mapped[list[RunRecord]] = relationship(
+        back_populates="session", order_by="RunRecord.position", cascade="all, delete-orphan"
+    )

@@ -1,0 +1,38 @@
+"""Tensor names, and the layer and stage parsed from them.
+
+A dump file named `{layer}_{stage}.pth` (e.g. `3_post_attn_pre_resid.pth`, anywhere in an archive) gives layer 3
+and stage "post_attn_pre_resid"; a tensor-parallel shard suffix (`_rank2`, `_tp2`) is not part of the stage.
+Module paths such as `model.layers.7.mlp` give the layer alone.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import PurePosixPath
+
+_LAYER_STAGE = re.compile(r"^(\d+)_([A-Za-z][\w.\-]*)$")
+_SHARD_SUFFIX = re.compile(r"_(?:rank|tp)\d+$", re.IGNORECASE)
+_MODULE_LAYER = re.compile(r"(?:^|[./_])(?:layers?|blocks?|h)[._](\d+)(?:$|[./_])")
+
+
+def tensor_name(relpath: PurePosixPath, key_path: tuple[str, ...]) -> str:
+    """`dir/3_query` for dir/3_query.pth; `weights.model.layers.0.w` for key `model.layers.0.w` in weights.safetensors."""
+    stem = str(relpath.with_suffix("")) if relpath.suffix else str(relpath)
+    return ".".join((stem, *key_path)) if key_path else stem
+
+
+def parse_layer_stage(relpath: PurePosixPath, key_path: tuple[str, ...]) -> tuple[int | None, str | None]:
+    stem = relpath.stem if relpath.suffix else relpath.name
+    found = _LAYER_STAGE.match(stem)
+    if found:
+        stage = _SHARD_SUFFIX.sub("", found.group(2))
+        return int(found.group(1)), stage
+    module = _MODULE_LAYER.search(".".join((stem, *key_path)))
+    if module:
+        return int(module.group(1)), None
+    return None, None
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """Sort key that orders "10_x" after "9_x"."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part)

@@ -1,0 +1,63 @@
+"""Start-up recovery: remove what an ingest killed midway (kill -9, power loss) left behind.
+
+A run still "ingesting" whose process is gone on this host is deleted with its arrays (and its session, when
+that ingest created it and nothing else is in it); arrays under "runs/" that no run owns are deleted too.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.ingest import run_prefix
+from tensor_debugger.models import RunRecord, SessionRecord
+from tensor_debugger.store import ArrayStore
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    runs_removed: int
+    orphan_arrays_removed: int
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover(sessions: sessionmaker[DbSession], store: ArrayStore) -> RecoveryReport:
+    host = socket.gethostname()
+    removed = 0
+    # Listed before the runs are read: a run row is always committed before its first array is written, so
+    # every array seen here whose run is alive is known by the query below.
+    stored = store.children("runs")
+    with sessions.begin() as db:
+        stale = [
+            run for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
+            if run.ingest_host == host and (run.ingest_pid is None or not process_alive(run.ingest_pid))
+        ]
+        for run in stale:
+            store.delete(run_prefix(run.id))
+            session_id, created = run.session_id, run.created_session
+            db.delete(run)
+            db.flush()
+            removed += 1
+            if created and not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
+                session = db.get(SessionRecord, session_id)
+                if session is not None:
+                    db.delete(session)
+        known = {str(run_id) for run_id in db.scalars(select(RunRecord.id))}
+    orphans = [name for name in stored if name not in known]
+    for name in orphans:
+        store.delete(f"runs/{name}")
+    return RecoveryReport(removed, len(orphans))

@@ -1,0 +1,96 @@
+"""Settings, declared once as data (name, default, help) and built explicitly: nothing is read at import time."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "TENSOR_DEBUGGER_"
+GiB = 1024**3
+
+
+def default_data_dir(environ: Mapping[str, str]) -> Path:
+    """The per-user data directory: $XDG_DATA_HOME/tensor-debugger, else ~/.local/share/tensor-debugger."""
+    base = environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "tensor-debugger"
+
+
+def _setting(default: Any, help: str) -> Any:
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the app and the CLI can be configured with. Each field is also the environment variable
+    TENSOR_DEBUGGER_<NAME> (upper case), and `--data-dir` on the command line."""
+
+    data_dir: Path = _setting(Path("."), "Folder holding the SQLite metadata file and the Zarr arrays.")
+    database_url: str = _setting(
+        "", "SQLAlchemy URL of the metadata database; empty means sqlite:///<data_dir>/metadata.sqlite3."
+    )
+    store_url: str = _setting("", "Zarr store URL for tensor arrays; empty means file://<data_dir>/arrays.")
+    host: str = _setting("127.0.0.1", "Address `serve` binds to. Loopback only unless told otherwise.")
+    port: int = _setting(8000, "Port `serve` listens on.")
+    demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
+    max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
+    max_archive_members: int = _setting(20_000, "Most members one archive may hold.")
+    max_expanded_bytes: int = _setting(256 * GiB, "Most bytes one archive may expand to.")
+    max_expansion_ratio: float = _setting(
+        200.0, "Most an archive may expand relative to its own size (checked once it expands past 1 GiB)."
+    )
+    chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser().resolve())
+        if not self.database_url:
+            object.__setattr__(self, "database_url", f"sqlite:///{self.data_dir / 'metadata.sqlite3'}")
+        if not self.store_url:
+            object.__setattr__(self, "store_url", (self.data_dir / "arrays").as_uri())
+        for name in ("max_upload_bytes", "max_archive_members", "max_expanded_bytes", "chunk_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"setting {name} must be positive")
+
+    @property
+    def staging_dir(self) -> Path:
+        """Where uploads and extracted archive members wait while they are ingested."""
+        return self.data_dir / "staging"
+
+    def with_overrides(self, **overrides: Any) -> Settings:
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from TENSOR_DEBUGGER_* variables, then explicit overrides (command-line flags) on top."""
+        env = dict(os.environ if environ is None else environ)
+        values: dict[str, Any] = {"data_dir": default_data_dir(env)}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is not None and raw != "":
+                values[f.name] = _parse_value(f.name, raw, type(f.default))
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+def setting_docs() -> list[tuple[str, str, str]]:
+    """(environment variable, default, help) for every setting, for the README and `--help`."""
+    return [(ENV_PREFIX + f.name.upper(), str(f.default), f.metadata["help"]) for f in fields(Settings)]
+
+
+def _parse_value(name: str, raw: str, kind: type) -> Any:
+    try:
+        if kind is bool:
+            if raw.lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(raw)
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            return float(raw)
+    except ValueError as exc:
+        raise ValueError(f"{ENV_PREFIX}{name.upper()}={raw!r} is not a valid {kind.__name__}") from exc
+    return Path(raw) if kind is type(Path()) else raw

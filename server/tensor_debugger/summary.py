@@ -1,0 +1,73 @@
+"""Summary statistics of one tensor, accumulated chunk by chunk in float64.
+
+min, max, mean and std are over finite values only (NaN and Inf are counted, never folded in). Complex tensors
+summarise their magnitudes; bools count as 0 and 1. A tensor with no finite value has no min, max, mean or std.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    numel: int
+    nan_count: int
+    inf_count: int
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None  # population standard deviation
+
+
+class SummaryAccumulator:
+    """Chan et al.'s parallel update of count, mean and M2, so chunks may arrive in any order and size."""
+
+    def __init__(self) -> None:
+        self.numel = 0
+        self.nan = 0
+        self.inf = 0
+        self.count = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.lo = np.inf
+        self.hi = -np.inf
+
+    def add(self, values: np.ndarray) -> None:
+        """Fold in one chunk of compute values (see `dtypes.storage_to_compute`)."""
+        self.numel += values.size
+        if values.size == 0:
+            return
+        if values.dtype.kind == "c":
+            self.nan += int(np.count_nonzero(np.isnan(values)))
+            self.inf += int(np.count_nonzero(np.isinf(values) & ~np.isnan(values)))
+            values = np.abs(values)
+        elif values.dtype.kind == "f":
+            self.nan += int(np.count_nonzero(np.isnan(values)))
+            self.inf += int(np.count_nonzero(np.isinf(values)))
+        finite = values.ravel()
+        if finite.dtype.kind == "f":
+            mask = np.isfinite(finite)
+            if not mask.all():
+                finite = finite[mask]
+        if finite.size == 0:
+            return
+        wide = finite.astype(np.float64, copy=False)
+        n = wide.size
+        mean = float(wide.mean())
+        m2 = float(np.square(wide - mean).sum())
+        self.lo = min(self.lo, float(wide.min()))
+        self.hi = max(self.hi, float(wide.max()))
+        total = self.count + n
+        delta = mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += m2 + delta * delta * self.count * n / total
+        self.count = total
+
+    def result(self) -> TensorSummary:
+        if self.count == 0:
+            return TensorSummary(self.numel, self.nan, self.inf, None, None, None, None)
+        std = float(np.sqrt(self.m2 / self.count))
+        return TensorSummary(self.numel, self.nan, self.inf, self.lo, self.hi, self.mean, std)

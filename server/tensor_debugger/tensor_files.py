@@ -1,0 +1,312 @@
+"""Open one tensor file (.pth/.pt/.bin, .safetensors, .npy) and list its leaves, each readable block by block.
+
+Reading never loads a whole tensor: PyTorch files are memory-mapped (`weights_only=True, mmap=True`) and their
+pages dropped once copied; safetensors and .npy data are read with positioned reads at their byte offsets.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import re
+import struct
+from collections.abc import Iterator, Mapping
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from numpy.lib import _format_impl  # type: ignore[attr-defined]
+
+from tensor_debugger.chunking import Region, region_flat_range, region_shape
+from tensor_debugger.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
+from tensor_debugger.errors import FileProblem
+from tensor_debugger.mapped_pages import PageReleaser
+
+TORCH_SUFFIXES = frozenset({".pth", ".pt", ".bin"})
+TENSOR_SUFFIXES = TORCH_SUFFIXES | {".safetensors", ".npy"}
+
+_SAFETENSORS_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
+    "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
+    "C64": "complex64",
+}  # fmt: skip
+
+
+_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
+class BlockReader(Protocol):
+    def read(self, region: Region) -> np.ndarray:
+        """The region's values in the storage dtype, C-contiguous."""
+
+    def done(self, region: Region) -> None:
+        """The region has been copied; its resources may be given back."""
+
+
+@dataclass(frozen=True)
+class Leaf:
+    key_path: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: LogicalDtype
+    reader: BlockReader
+
+
+@dataclass
+class TensorFile:
+    """The leaves of one opened file, and what in it was not a tensor. Close it to unmap the file."""
+
+    leaves: list[Leaf]
+    skipped: list[FileProblem] = field(default_factory=list)
+    _stack: ExitStack = field(default_factory=ExitStack)
+
+    def close(self) -> None:
+        self.leaves.clear()
+        self._stack.close()
+
+    def __enter__(self) -> TensorFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def is_tensor_file(path: Path) -> bool:
+    return path.suffix.lower() in TENSOR_SUFFIXES
+
+
+def open_tensor_file(path: Path, label: str) -> TensorFile:
+    """Open `path`; `label` is how errors name the file to the user. Raises FileProblem."""
+    suffix = path.suffix.lower()
+    if suffix in TORCH_SUFFIXES:
+        return _open_torch(path, label)
+    if suffix == ".safetensors":
+        return _open_safetensors(path, label)
+    if suffix == ".npy":
+        return _open_npy(path, label)
+    raise FileProblem(label, f"not a tensor file (unknown extension {suffix or 'none'!r})")
+
+
+# --- PyTorch ---------------------------------------------------------------------------------------------
+
+
+class TorchReader:
+    def __init__(self, tensor: torch.Tensor, releaser: PageReleaser | None) -> None:
+        self._tensor = tensor
+        self._releaser = releaser
+        self._contiguous = tensor.is_contiguous()
+
+    def read(self, region: Region) -> np.ndarray:
+        return torch_to_storage(self._tensor[region] if region else self._tensor)
+
+    def done(self, region: Region) -> None:
+        if self._releaser is None:
+            return
+        t = self._tensor
+        base = t.untyped_storage().data_ptr()
+        if self._contiguous:
+            start, stop = region_flat_range(tuple(t.shape), region)
+            offset = (t.storage_offset() + start) * t.element_size()
+            self._releaser.release(base + offset, (stop - start) * t.element_size())
+        elif region_flat_range(tuple(t.shape), region)[1] >= t.numel():
+            self._releaser.release(base, t.untyped_storage().nbytes())
+
+
+def _open_torch(path: Path, label: str) -> TensorFile:
+    mmapped = True
+    try:
+        try:
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "zipfile" not in str(exc) and "mmap" not in str(exc):
+                raise
+            mmapped = False  # the legacy (pre-1.6) format cannot be mapped; it loads whole
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise FileProblem(label, _refusal(str(exc))) from None
+    except (RuntimeError, EOFError, OSError, ValueError, struct.error, AttributeError, KeyError) as exc:
+        raise FileProblem(label, f"not a readable PyTorch file ({_first_line(exc)})") from None
+    releaser = PageReleaser(path) if mmapped else None
+    leaves: list[Leaf] = []
+    skipped: list[FileProblem] = []
+    for key_path, value in _flatten(obj, ()):
+        where = _where(label, key_path)
+        if not isinstance(value, torch.Tensor):
+            skipped.append(FileProblem(where, f"not a tensor ({type(value).__name__}); skipped"))
+            continue
+        problem = _unsupported_tensor(value)
+        if problem:
+            skipped.append(FileProblem(where, problem))
+            continue
+        leaves.append(Leaf(key_path, tuple(value.shape), from_torch(value.dtype), TorchReader(value, releaser)))
+    return TensorFile(leaves, skipped)
+
+
+def _flatten(obj: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every leaf of a dict/list/tuple nesting; Python scalars become 0-d tensors, None is dropped."""
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, bool | int | float | complex):
+        try:  # Python floats are doubles: keep every bit
+            yield prefix, torch.tensor(obj, dtype=_SCALAR_DTYPES[type(obj)] if type(obj) in _SCALAR_DTYPES else None)
+        except (OverflowError, RuntimeError):
+            yield prefix, obj
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield from _flatten(value, (*prefix, str(key)))
+    elif isinstance(obj, list | tuple):
+        for index, value in enumerate(obj):
+            yield from _flatten(value, (*prefix, str(index)))
+    elif obj is not None:
+        yield prefix, obj
+
+
+def _unsupported_tensor(t: torch.Tensor) -> str | None:
+    if t.layout != torch.strided:
+        return f"{t.layout} tensors are not supported; skipped"
+    if t.device.type == "meta":
+        return "a meta tensor holds no values; skipped"
+    try:
+        from_torch(t.dtype)
+    except ValueError as exc:
+        return f"{exc}; skipped"
+    return None
+
+
+def _refusal(message: str) -> str:
+    found = re.search(r"GLOBAL ([\w.]+)", message) or re.search(r"global[s]? ([\w.]+)", message)
+    what = f" ({found.group(1)})" if found else ""
+    return (
+        f"refused: the pickle asks to run code{what}, which weights_only=True does not allow; "
+        "nothing in it was executed"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[0] if text else type(exc).__name__)[:300]
+
+
+def _where(label: str, key_path: tuple[str, ...]) -> str:
+    return f"{label}[{']['.join(key_path)}]" if key_path else label
+
+
+# --- raw byte ranges (safetensors, .npy) ---------------------------------------------------------------
+
+
+class RawReader:
+    """C-order values at `offset` in an open file, read with os.pread (no mapping, no whole-file read)."""
+
+    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: LogicalDtype) -> None:
+        self._fd = fd
+        self._offset = offset
+        self._shape = shape
+        self._dtype = dtype
+
+    def read(self, region: Region) -> np.ndarray:
+        start, stop = region_flat_range(self._shape, region)
+        size = self._dtype.itemsize
+        nbytes = (stop - start) * size
+        data = bytearray(nbytes)
+        view = memoryview(data)
+        got = 0
+        while got < nbytes:
+            n = os.preadv(self._fd, [view[got:]], self._offset + start * size + got)
+            if n == 0:
+                raise OSError("file ended before the tensor's data did")
+            got += n
+        return np.frombuffer(data, dtype=self._dtype.numpy_storage).reshape(region_shape(region))
+
+    def done(self, region: Region) -> None:
+        return None
+
+
+class ArrayReader:
+    """Any array-like with numpy indexing (a Fortran-ordered .npy memory map)."""
+
+    def __init__(self, array: Any) -> None:
+        self._array = array
+
+    def read(self, region: Region) -> np.ndarray:
+        return np.ascontiguousarray(self._array[region] if region else self._array)
+
+    def done(self, region: Region) -> None:
+        return None
+
+
+def _open_fd(path: Path, stack: ExitStack) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    stack.callback(os.close, fd)
+    return fd
+
+
+def _open_safetensors(path: Path, label: str) -> TensorFile:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="np") as handle:  # validates header, offsets and file size
+            keys = list(handle.keys())
+    except Exception as exc:  # safetensors raises its own SafetensorError and others
+        raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
+    header, data_start = _safetensors_header(path, label)
+    stack = ExitStack()
+    fd = _open_fd(path, stack)
+    leaves: list[Leaf] = []
+    skipped: list[FileProblem] = []
+    for key in keys:
+        entry = header[key]
+        name = _SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
+        if name is None:
+            skipped.append(FileProblem(_where(label, (key,)), f"unsupported dtype {entry.get('dtype')!r}; skipped"))
+            continue
+        dtype = parse_dtype(name)
+        shape = tuple(int(d) for d in entry["shape"])
+        begin, end = (int(x) for x in entry["data_offsets"])
+        if end - begin != math.prod(shape) * dtype.itemsize:
+            raise FileProblem(label, f"tensor {key!r}: data size does not match its shape and dtype")
+        leaves.append(Leaf((key,), shape, dtype, RawReader(fd, data_start + begin, shape, dtype)))
+    return TensorFile(leaves, skipped, stack)
+
+
+def _safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    if not isinstance(header, dict):
+        raise FileProblem(label, "safetensors header is not an object")
+    return header, 8 + length
+
+
+def _open_npy(path: Path, label: str) -> TensorFile:
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = _format_impl._read_array_header  # handles versions 1.0, 2.0 and 3.0 alike
+            shape, fortran, dtype = read_header(f, version, max_header_size=1 << 20)
+            offset = f.tell()
+    except (ValueError, OSError, SyntaxError) as exc:
+        raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
+    if dtype.hasobject:
+        raise FileProblem(label, "holds Python objects (a pickle); refused, never unpickled")
+    try:
+        logical = from_numpy(dtype)
+    except ValueError as exc:
+        raise FileProblem(label, str(exc)) from None
+    expected = math.prod(shape) * dtype.itemsize
+    actual = path.stat().st_size - offset
+    if actual < expected:
+        raise FileProblem(label, f"truncated: {expected} bytes of data expected, {actual} found")
+    stack = ExitStack()
+    reader: BlockReader
+    if fortran and len(shape) > 1:
+        reader = ArrayReader(np.load(path, mmap_mode="r", allow_pickle=False))
+    else:
+        reader = RawReader(_open_fd(path, stack), offset, tuple(shape), logical)
+    return TensorFile([Leaf((), tuple(shape), logical, reader)], [], stack)
