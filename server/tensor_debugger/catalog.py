@@ -1,0 +1,93 @@
+"""Reading and changing what is stored: sessions, runs and tensors (metadata and arrays together)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import selectinload
+
+from tensor_debugger.errors import ConflictError, NotFoundError
+from tensor_debugger.ingest import parse_label, run_prefix
+from tensor_debugger.models import RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store import ArrayStore
+
+
+def list_sessions(db: DbSession, search: str | None = None) -> Sequence[SessionRecord]:
+    """Every session, newest first; `search` keeps those whose name contains it (any case)."""
+    query = select(SessionRecord).options(selectinload(SessionRecord.runs)).order_by(
+        SessionRecord.created_at.desc(), SessionRecord.id.desc()
+    )
+    if search:
+        query = query.where(func.lower(SessionRecord.name).contains(search.lower(), autoescape=True))
+    return db.scalars(query).all()
+
+
+def get_session(db: DbSession, session_id: int) -> SessionRecord:
+    session = db.scalar(
+        select(SessionRecord).where(SessionRecord.id == session_id).options(
+            selectinload(SessionRecord.runs).selectinload(RunRecord.problems)
+        )
+    )
+    if session is None:
+        raise NotFoundError(f"no session with id {session_id}")
+    return session
+
+
+def create_session(db: DbSession, name: str, notes: str = "") -> SessionRecord:
+    name = parse_label(name, "session name")
+    if db.scalar(select(SessionRecord.id).where(SessionRecord.name == name)) is not None:
+        raise ConflictError(f"a session named {name!r} exists already")
+    session = SessionRecord(name=name, notes=notes)
+    db.add(session)
+    db.flush()
+    return session
+
+
+def update_session(db: DbSession, session_id: int, name: str | None, notes: str | None) -> SessionRecord:
+    session = get_session(db, session_id)
+    if name is not None:
+        name = parse_label(name, "session name")
+        clash = db.scalar(select(SessionRecord.id).where(SessionRecord.name == name, SessionRecord.id != session_id))
+        if clash is not None:
+            raise ConflictError(f"a session named {name!r} exists already")
+        session.name = name
+    if notes is not None:
+        session.notes = notes
+    try:
+        db.flush()
+    except IntegrityError:
+        raise ConflictError(f"a session named {name!r} exists already") from None
+    return session
+
+
+def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
+    """Delete the session's rows, then its arrays (an interruption between leaves orphans that recovery
+    removes, never rows without arrays)."""
+    session = get_session(db, session_id)
+    run_ids = [run.id for run in session.runs]
+    db.delete(session)
+    db.commit()
+    for run_id in run_ids:
+        store.delete(run_prefix(run_id))
+
+
+def get_run(db: DbSession, run_id: int) -> RunRecord:
+    run = db.scalar(select(RunRecord).where(RunRecord.id == run_id).options(selectinload(RunRecord.problems)))
+    if run is None:
+        raise NotFoundError(f"no run with id {run_id}")
+    return run
+
+
+def list_tensors(db: DbSession, run_id: int) -> Sequence[TensorRecord]:
+    get_run(db, run_id)
+    return db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)).all()
+
+
+def get_tensor(db: DbSession, tensor_id: int) -> TensorRecord:
+    tensor = db.get(TensorRecord, tensor_id)
+    if tensor is None:
+        raise NotFoundError(f"no tensor with id {tensor_id}")
+    return tensor

@@ -1,0 +1,142 @@
+"""The `tensor-debugger` command: a thin argparse layer over the library.
+
+    tensor-debugger [--data-dir DIR] serve [--host H] [--port P]
+    tensor-debugger [--data-dir DIR] ingest --session NAME --run LABEL PATH... [--json]
+    tensor-debugger [--data-dir DIR] sessions [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tensor_debugger import __version__
+from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
+from tensor_debugger.inputs import InputFile
+from tensor_debugger.progress import ProgressBar
+from tensor_debugger.schemas import iso, problem_json
+from tensor_debugger.services import Services, open_services
+from tensor_debugger.settings import Settings, setting_docs
+
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    settings_help = "\n".join(f"  {env} (default {default}): {help}" for env, default, help in setting_docs())
+    parser = argparse.ArgumentParser(
+        prog="tensor-debugger",
+        description="Find which tensor went wrong first between two runs of a model.",
+        epilog="Environment variables:\n" + settings_help,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--data-dir", type=Path, help="data directory (default: TENSOR_DEBUGGER_DATA_DIR, "
+                        "else ~/.local/share/tensor-debugger)")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="run the web app and API")
+    serve.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument("--no-demo", action="store_true", help="do not create the demo session")
+
+    ingest = commands.add_parser("ingest", help="add a run to a session (created if needed)")
+    ingest.add_argument("--session", required=True, help="session name")
+    ingest.add_argument("--run", required=True, help="run label, e.g. reference or candidate")
+    ingest.add_argument("paths", nargs="+", type=Path, help="tensor files, archives or folders")
+    ingest.add_argument("--json", action="store_true", help="print one JSON object")
+
+    sessions = commands.add_parser("sessions", help="list sessions and their runs")
+    sessions.add_argument("--json", action="store_true", help="print a JSON list")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_environ(data_dir=args.data_dir)
+    except ValueError as exc:
+        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if args.command == "serve":
+        return serve(settings.with_overrides(host=args.host, port=args.port, demo=False if args.no_demo else None))
+    services = open_services(settings)
+    try:
+        if args.command == "ingest":
+            return ingest(services, args.session, args.run, args.paths, args.json)
+        return list_sessions(services, args.json)
+    finally:
+        services.close()
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from tensor_debugger.app import create_app
+
+    print(f"Tensor Debugger on http://{settings.host}:{settings.port}  (data in {settings.data_dir})", flush=True)
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="warning")
+    return EXIT_OK
+
+
+def ingest(services: Services, session: str, run: str, paths: list[Path], as_json: bool) -> int:
+    inputs = [InputFile(p, str(p)) for p in paths]
+    bar = ProgressBar(f"ingest {run}")
+    try:
+        result = services.ingestor.ingest(session, run, inputs, progress=bar.update)
+    except NothingUsableError as exc:
+        bar.close()
+        _report({"session": None, "run": None, "problems": [problem_json(p) for p in exc.problems],
+                 "error": str(exc)}, as_json, error=True)
+        return EXIT_UNUSABLE
+    except TensorDebuggerError as exc:
+        bar.close()
+        _report({"session": None, "run": None, "problems": [], "error": str(exc)}, as_json, error=True)
+        return EXIT_UNUSABLE
+    bar.close()
+    payload = {
+        "session": {"id": result.session_id, "name": result.session_name},
+        "run": {"id": result.run_id, "label": result.run_label, "tensors": result.tensors},
+        "problems": [problem_json(p) for p in result.problems],
+    }
+    if as_json:
+        print(json.dumps(payload))
+    else:
+        print(f"stored {result.tensors} tensors as run {result.run_label!r} of session {result.session_name!r}")
+        for p in result.problems:
+            print(f"  problem: {p.file}: {p.reason}")
+    return EXIT_OK
+
+
+def list_sessions(services: Services, as_json: bool) -> int:
+    from tensor_debugger import catalog
+
+    with services.sessions() as db:
+        data = [
+            {"id": s.id, "name": s.name, "created_at": iso(s.created_at),
+             "runs": [{"id": r.id, "label": r.label, "role": r.role, "status": r.status, "tensors": r.tensor_count}
+                      for r in s.runs]}
+            for s in catalog.list_sessions(db)
+        ]
+    if as_json:
+        print(json.dumps(data))
+        return EXIT_OK
+    if not data:
+        print("no sessions")
+    for s in data:
+        runs = ", ".join(f"{r['label']} ({r['tensors']} tensors{'' if r['status'] == 'ready' else ', ' + r['status']})"
+                         for r in s["runs"])
+        print(f"{s['id']:>4}  {s['name']}  [{runs}]")
+    return EXIT_OK
+
+
+def _report(payload: dict[str, Any], as_json: bool, error: bool) -> None:
+    if as_json:
+        print(json.dumps(payload))
+        return
+    print(f"tensor-debugger: {payload['error']}", file=sys.stderr)
+    for p in payload["problems"]:
+        print(f"  {p['file']}: {p['reason']}", file=sys.stderr)

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Controller, get
+
+from tensor_debugger import catalog
+from tensor_debugger.schemas import run_json, tensor_json
+from tensor_debugger.services import Services
+
+
+class RunController(Controller):
+    path = "/api/runs"
+    tags = ["runs"]
+
+    @get("/{run_id:int}", sync_to_thread=True)
+    def show_run(self, services: Services, run_id: int) -> dict[str, Any]:
+        with services.sessions() as db:
+            return run_json(catalog.get_run(db, run_id), with_problems=True)
+
+    @get("/{run_id:int}/tensors", sync_to_thread=True)
+    def list_tensors(self, services: Services, run_id: int) -> list[dict[str, Any]]:
+        with services.sessions() as db:
+            return [tensor_json(t) for t in catalog.list_tensors(db, run_id)]

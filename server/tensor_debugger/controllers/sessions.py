@@ -1,0 +1,130 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from litestar import Controller, Request, Response, delete, get, patch, post
+from litestar.params import Parameter
+from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
+
+from tensor_debugger import catalog
+from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.schemas import session_json
+from tensor_debugger.services import Services
+from tensor_debugger.session_uploads import group_by_run, ingest_batch
+from tensor_debugger.upload import receive_multipart
+
+UPLOAD_LIMIT_NOTE = "Upload size is limited by the max_upload_bytes setting."
+
+
+@dataclass
+class SessionPatch:
+    name: str | None = None
+    notes: str | None = None
+
+
+@dataclass
+class SessionCreate:
+    name: str
+    notes: str = ""
+
+
+class SessionController(Controller):
+    path = "/api/sessions"
+    tags = ["sessions"]
+
+    @get("/", sync_to_thread=True)
+    def list_sessions(
+        self, services: Services, q: str | None = Parameter(default=None, description="name contains")
+    ) -> list[dict[str, Any]]:
+        with services.sessions() as db:
+            return [session_json(s) for s in catalog.list_sessions(db, q)]
+
+    @get("/{session_id:int}", sync_to_thread=True)
+    def show_session(self, services: Services, session_id: int) -> dict[str, Any]:
+        with services.sessions() as db:
+            return session_json(catalog.get_session(db, session_id), with_problems=True)
+
+    @patch("/{session_id:int}", sync_to_thread=True)
+    def update_session(self, services: Services, session_id: int, data: SessionPatch) -> dict[str, Any]:
+        with services.sessions.begin() as db:
+            return session_json(catalog.update_session(db, session_id, data.name, data.notes))
+
+    @delete("/{session_id:int}", sync_to_thread=True)
+    def delete_session(self, services: Services, session_id: int) -> None:
+        with services.sessions() as db:
+            catalog.delete_session(db, services.store, session_id)
+
+    @post("/", request_max_body_size=None, description="JSON {name, notes} for an empty session, or "
+          "multipart/form-data: a `name` field and files whose field name is their run's label (the first run "
+          "is the reference). " + UPLOAD_LIMIT_NOTE)
+    async def create_session(self, services: Services, request: Request[Any, Any, Any]) -> Response[Any]:
+        content_type = request.headers.get("content-type", "")
+        if content_type.startswith("application/json"):
+            body = SessionCreate(**await request.json())
+            return Response(await anyio.to_thread.run_sync(_create_empty, services, body), status_code=201)
+        _check_length(request, services)
+        batch = await receive_multipart(content_type, request.stream(), services.settings.staging_dir)
+        try:
+            if not batch.files:
+                raise InvalidInputError("no files in the upload")
+            name = batch.fields.get("name", "").strip() or batch.files[0].filename
+            return await anyio.to_thread.run_sync(_create_with_runs, services, name, batch.fields.get("notes", ""),
+                                                  group_by_run(batch))
+        finally:
+            batch.discard()
+
+    @post("/{session_id:int}/runs", request_max_body_size=None,
+          description="multipart/form-data: files whose field name is their run's label, or `?label=` for all. "
+          + UPLOAD_LIMIT_NOTE)
+    async def add_runs(
+        self, services: Services, request: Request[Any, Any, Any], session_id: int,
+        label: str | None = Parameter(default=None, description="run label for every file"),
+    ) -> Response[Any]:
+        session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
+        _check_length(request, services)
+        batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
+                                        services.settings.staging_dir)
+        try:
+            if not batch.files:
+                raise InvalidInputError("no files in the upload")
+            runs = group_by_run(batch, label)
+            outcomes = await anyio.to_thread.run_sync(ingest_batch, services, session_name, runs)
+        finally:
+            batch.discard()
+        stored = any(o.run_id is not None for o in outcomes)
+        return Response({"runs": [o.to_json() for o in outcomes]},
+                        status_code=HTTP_201_CREATED if stored else HTTP_422_UNPROCESSABLE_ENTITY)
+
+
+def _check_length(request: Request[Any, Any, Any], services: Services) -> None:
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > services.settings.max_upload_bytes:
+        raise InvalidInputError(
+            f"upload of {length} bytes exceeds max_upload_bytes={services.settings.max_upload_bytes}")
+
+
+def _session_name(services: Services, session_id: int) -> str:
+    with services.sessions() as db:
+        return catalog.get_session(db, session_id).name
+
+
+def _create_empty(services: Services, body: SessionCreate) -> dict[str, Any]:
+    with services.sessions.begin() as db:
+        return session_json(catalog.create_session(db, body.name, body.notes))
+
+
+def _create_with_runs(services: Services, name: str, notes: str, runs: dict[str, Any]) -> Response[Any]:
+    with services.sessions.begin() as db:
+        session_id = catalog.create_session(db, name, notes).id
+    outcomes = ingest_batch(services, name, runs)
+    body: dict[str, Any] = {"runs": [o.to_json() for o in outcomes]}
+    if not any(o.run_id is not None for o in outcomes):
+        with services.sessions() as db:
+            catalog.delete_session(db, services.store, session_id)
+        body["detail"] = "no tensors found in any upload; the session was not kept"
+        return Response(body, status_code=HTTP_422_UNPROCESSABLE_ENTITY)
+    with services.sessions() as db:
+        body["session"] = session_json(catalog.get_session(db, session_id), with_problems=True)
+    return Response(body, status_code=HTTP_201_CREATED)

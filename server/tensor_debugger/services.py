@@ -1,0 +1,39 @@
+"""The parts one process works with, built from Settings: database, array store and ingestor."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.database import create_db_engine, make_sessionmaker, upgrade_database
+from tensor_debugger.ingest import Ingestor
+from tensor_debugger.recovery import RecoveryReport, recover
+from tensor_debugger.settings import Settings
+from tensor_debugger.store import ArrayStore
+
+
+@dataclass
+class Services:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Any]
+    store: ArrayStore
+    ingestor: Ingestor
+    recovery: RecoveryReport
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+def open_services(settings: Settings) -> Services:
+    """Migrate the database to the newest schema, clean up after killed ingests, and hand back the parts."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    engine = create_db_engine(settings.database_url)
+    upgrade_database(engine)
+    sessions = make_sessionmaker(engine)
+    store = ArrayStore(settings.store_url)
+    report = recover(sessions, store)
+    return Services(settings, engine, sessions, store, Ingestor(settings, sessions, store), report)

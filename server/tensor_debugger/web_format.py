@@ -1,0 +1,39 @@
+"""Jinja filters for numbers, sizes and shapes, so templates hold no formatting logic."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from jinja2 import Environment
+
+
+def format_number(value: float | int | None) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, int):
+        return str(value)
+    if math.isnan(value) or math.isinf(value):
+        return str(value)
+    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        return f"{value:.4e}"
+    return f"{value:.6g}"
+
+
+def format_bytes(value: int) -> str:
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def format_shape(shape: list[Any]) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def register_filters(env: Environment) -> None:
+    env.filters["num"] = format_number
+    env.filters["bytes"] = format_bytes
+    env.filters["shape"] = format_shape
