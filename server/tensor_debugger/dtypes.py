@@ -104,11 +104,11 @@ def torch_to_storage(tensor: torch.Tensor) -> np.ndarray:
 
 def storage_to_torch(array: np.ndarray, logical: LogicalDtype) -> torch.Tensor:
     """The tensor whose storage form is `array`, bit for bit."""
-    array = np.ascontiguousarray(array)
+    array = np.array(array, order="C", copy=True)  # keeps 0-d arrays 0-d, unlike ascontiguousarray
     if logical.raw_bits:
         signed = {1: np.int8, 2: np.int16, 4: np.int32}[logical.itemsize]
-        return torch.from_numpy(array.view(signed).copy()).view(logical.torch_dtype)
-    return torch.from_numpy(array.copy())
+        return torch.from_numpy(array.view(signed)).view(logical.torch_dtype)
+    return torch.from_numpy(array)
 
 
 def storage_to_compute(array: np.ndarray, logical: LogicalDtype) -> np.ndarray:

@@ -57,15 +57,17 @@ class _Expander:
         if path.is_dir():
             files = sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: natural_key(str(p)))
             members = [Member(PurePosixPath(*p.relative_to(path).parts), p) for p in files]
+            names = [m.name for m in members]
             staged = False
         else:
-            members = _strip_common_folder(extract_archive(path, label, self.folder(), self.limits))
+            members = extract_archive(path, label, self.folder(), self.limits)
+            names = _strip_common_folder([m.name for m in members])
             staged = True
         if not members:
             self.problems.append(FileProblem(label, "is empty: no files in it"))
-        for member in members:
+        for member, name in zip(members, names, strict=True):
             try:
-                yield from self.file(member.path, base / member.name, f"{label}/{member.name}", staged, depth + 1)
+                yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1)
             except FileProblem as problem:
                 self.problems.append(problem)
 
@@ -113,9 +115,9 @@ def expand_inputs(inputs: list[InputFile], staging: Path, limits: ArchiveLimits)
     return Expansion(entries, expander.problems)
 
 
-def _strip_common_folder(members: list[Member]) -> list[Member]:
+def _strip_common_folder(names: list[PurePosixPath]) -> list[PurePosixPath]:
     """Drop one leading folder that every member shares ("dump/0_x.pth" -> "0_x.pth")."""
-    firsts = {m.name.parts[0] for m in members}
-    if len(firsts) != 1 or any(len(m.name.parts) == 1 for m in members):
-        return members
-    return [Member(PurePosixPath(*m.name.parts[1:]), m.path) for m in members]
+    firsts = {n.parts[0] for n in names}
+    if len(firsts) != 1 or any(len(n.parts) == 1 for n in names):
+        return names
+    return [PurePosixPath(*n.parts[1:]) for n in names]

@@ -12,13 +12,14 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
+import torch
 import zarr
 from zarr.abc.store import Store
 from zarr.codecs import BloscCodec
 from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore
 
-from tensor_debugger.dtypes import LogicalDtype
+from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
 
 # Measured in bench/codecs.py: lz4 with bit-shuffle writes and reads fastest among codecs that save space on
 # activations (bf16 dumps shrink about 20%); level 1 because higher levels cost speed and gain little on floats.
@@ -69,3 +70,9 @@ class ArrayStore:
             return [name async for name in it]
 
         return sorted(sync(collect()))
+
+    def read_whole(self, key: str, dtype: LogicalDtype) -> torch.Tensor:
+        """The whole tensor at `key`, bit-exact, in its logical dtype (for small tensors and tests)."""
+        array = self.open(key)
+        values = np.asarray(array[...]) if array.shape else np.asarray(array[()])
+        return storage_to_torch(values.reshape(array.shape), dtype)

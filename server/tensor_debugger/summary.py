@@ -1,6 +1,7 @@
 """Summary statistics of one tensor, accumulated chunk by chunk in float64.
 
-min, max, mean and std are over finite values only (NaN and Inf are counted, never folded in). Complex tensors
+min, max, mean and std are over finite values only (NaN and Inf are counted, never folded in); mean and std
+are None where float64 overflows. Complex tensors
 summarise their magnitudes; bools count as 0 and 1. A tensor with no finite value has no min, max, mean or std.
 """
 
@@ -56,18 +57,25 @@ class SummaryAccumulator:
             return
         wide = finite.astype(np.float64, copy=False)
         n = wide.size
-        mean = float(wide.mean())
-        m2 = float(np.square(wide - mean).sum())
+        with np.errstate(over="ignore", invalid="ignore"):  # values near float64's limit overflow: see result()
+            mean = float(wide.mean())
+            m2 = float(np.square(wide - mean).sum())
         self.lo = min(self.lo, float(wide.min()))
         self.hi = max(self.hi, float(wide.max()))
         total = self.count + n
         delta = mean - self.mean
-        self.mean += delta * n / total
-        self.m2 += m2 + delta * delta * self.count * n / total
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.mean += delta * n / total
+            self.m2 += m2 + delta * delta * self.count * n / total
         self.count = total
 
     def result(self) -> TensorSummary:
         if self.count == 0:
             return TensorSummary(self.numel, self.nan, self.inf, None, None, None, None)
         std = float(np.sqrt(self.m2 / self.count))
-        return TensorSummary(self.numel, self.nan, self.inf, self.lo, self.hi, self.mean, std)
+        return TensorSummary(self.numel, self.nan, self.inf, self.lo, self.hi, _finite(self.mean), _finite(std))
+
+
+def _finite(value: float) -> float | None:
+    """None where float64 overflowed (values near 1e308), so no Infinity reaches JSON."""
+    return value if np.isfinite(value) else None

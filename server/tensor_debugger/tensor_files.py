@@ -234,7 +234,7 @@ class ArrayReader:
         self._array = array
 
     def read(self, region: Region) -> np.ndarray:
-        return np.ascontiguousarray(self._array[region] if region else self._array)
+        return np.array(self._array[region] if region else self._array, order="C", copy=True)
 
     def done(self, region: Region) -> None:
         return None

@@ -1,0 +1,53 @@
+"""Builders for test inputs: seeded tensors, dump folders and every archive kind."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import zipfile
+from pathlib import Path
+
+import torch
+
+
+def seeded(shape: tuple[int, ...], seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+
+
+def random_bits(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    """Every bit pattern is possible, NaN payloads included: the round trip must keep them all."""
+    size = torch.empty((), dtype=dtype).element_size()
+    numel = 1
+    for d in shape:
+        numel *= d
+    raw = torch.randint(0, 256, (numel * size,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    if dtype == torch.bool:
+        return (raw % 2).to(torch.bool).reshape(shape)
+    return raw.view(dtype).reshape(shape)
+
+
+def make_zip(folder: Path, target: Path, prefix: str = "") -> Path:
+    with zipfile.ZipFile(target, "w") as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.write(path, prefix + str(path.relative_to(folder)))
+    return target
+
+
+def make_tar(folder: Path, target: Path, mode: str = "w", prefix: str = "") -> Path:
+    with tarfile.open(target, mode) as archive:
+        for path in sorted(folder.rglob("*")):
+            if path.is_file():
+                archive.add(path, prefix + str(path.relative_to(folder)))
+    return target
+
+
+def tar_with(target: Path, members: list[tarfile.TarInfo], data: bytes = b"x") -> Path:
+    with tarfile.open(target, "w:gz") as archive:
+        for info in members:
+            if info.isfile():
+                info.size = len(data)
+                archive.addfile(info, io.BytesIO(data))
+            else:
+                archive.addfile(info)
+    return target

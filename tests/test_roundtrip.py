@@ -1,0 +1,132 @@
+"""Every dtype torch can save, every awkward shape and layout: stored and read back bit for bit."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from sqlalchemy import select
+
+from tensor_debugger.dtypes import all_dtypes, parse_dtype
+from tensor_debugger.inputs import InputFile
+from tensor_debugger.models import TensorRecord
+from tensor_debugger.services import Services
+from tests.dumps import random_bits, seeded
+
+DTYPES = [d.name for d in all_dtypes()]
+
+
+def stored(services: Services, run_id: int) -> dict[str, TensorRecord]:
+    with services.sessions() as db:
+        return {t.name: t for t in db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id))}
+
+
+def read_back(services: Services, record: TensorRecord) -> torch.Tensor:
+    return services.store.read_whole(record.store_key, parse_dtype(record.dtype))
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    raw = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64, 16: torch.int64}
+    flat_a, flat_b = a.contiguous().reshape(-1), b.contiguous().reshape(-1)
+    if a.dtype.is_complex and a.element_size() == 16:
+        flat_a, flat_b = torch.view_as_real(flat_a), torch.view_as_real(flat_b)
+        return bool(torch.equal(flat_a.view(torch.int64), flat_b.view(torch.int64)))
+    if a.dtype == torch.bool:
+        return bool(torch.equal(a, b))
+    return bool(torch.equal(flat_a.view(raw[a.element_size()]), flat_b.view(raw[a.element_size()])))
+
+
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_every_dtype_round_trips_bit_exact(services: Services, tmp_path: Path, dtype_name: str) -> None:
+    dtype = getattr(torch, dtype_name)
+    tensors = {
+        "matrix": random_bits((37, 19), dtype, 1),
+        "scalar": random_bits((), dtype, 2),
+        "empty": random_bits((3, 0, 2), dtype, 3),
+        "six_d": random_bits((2, 1, 3, 1, 2, 2), dtype, 4),
+    }
+    path = tmp_path / f"0_{dtype_name}.pth"
+    torch.save(tensors, path)
+    result = services.ingestor.ingest("dtypes", "ref", [InputFile(path, path.name)])
+    assert result.tensors == 4 and result.problems == []
+    records = stored(services, result.run_id)
+    for key, original in tensors.items():
+        record = records[f"0_{dtype_name}.{key}"]
+        assert record.dtype == dtype_name
+        assert record.shape == list(original.shape)
+        assert same_bits(read_back(services, record), original), key
+
+
+def test_large_tensor_spans_many_chunks(services: Services, tmp_path: Path) -> None:
+    original = seeded((300, 1000), seed=5)  # 1.2 MB: more than one block of chunks at 64 KiB chunks
+    path = tmp_path / "big.pth"
+    torch.save(original, path)
+    small_chunks = services.settings.with_overrides(chunk_bytes=64 * 1024)
+    from tensor_debugger.ingest import Ingestor
+
+    ingestor = Ingestor(small_chunks, services.sessions, services.store)
+    result = ingestor.ingest("chunks", "ref", [InputFile(path, path.name)])
+    record = stored(services, result.run_id)["big"]
+    array = services.store.open(record.store_key)
+    assert array.chunks == (16, 1000)
+    assert same_bits(read_back(services, record), original)
+    values = original.double().numpy()
+    assert record.min == values.min() and record.max == values.max()
+    assert record.mean == pytest.approx(values.mean(), rel=1e-12)
+    assert record.std == pytest.approx(values.std(), rel=1e-12)
+
+
+def test_non_contiguous_and_shared_storage(services: Services, tmp_path: Path) -> None:
+    base = seeded((6, 8), seed=3)
+    payload = {"base": base, "transposed": base.t(), "strided": base[::2, 1::3], "row": base[4]}
+    path = tmp_path / "views.pth"
+    torch.save(payload, path)
+    result = services.ingestor.ingest("views", "ref", [InputFile(path, path.name)])
+    records = stored(services, result.run_id)
+    for key, original in payload.items():
+        assert same_bits(read_back(services, records[f"views.{key}"]), original), key
+    # the digest is of values, not layout: a transposed view equals its contiguous copy
+    path2 = tmp_path / "copy.pth"
+    torch.save({"transposed": base.t().contiguous()}, path2)
+    other = services.ingestor.ingest("views", "copy", [InputFile(path2, path2.name)])
+    assert stored(services, other.run_id)["copy.transposed"].digest == records["views.transposed"].digest
+    assert records["views.base"].digest != records["views.transposed"].digest
+
+
+def test_nested_containers_and_python_scalars(services: Services, tmp_path: Path) -> None:
+    payload = OrderedDict(
+        hidden=seeded((2, 3), 1),
+        outputs=(seeded((4,), 2), [7, 2.5, True, None]),
+        meta={"step": 3, "inner": {"deep": seeded((1,), 3)}},
+    )
+    path = tmp_path / "3_post_mlp.pth"
+    torch.save(payload, path)
+    result = services.ingestor.ingest("nest", "ref", [InputFile(path, path.name)])
+    records = stored(services, result.run_id)
+    assert sorted(records) == sorted([
+        "3_post_mlp.hidden", "3_post_mlp.outputs.0", "3_post_mlp.outputs.1.0", "3_post_mlp.outputs.1.1",
+        "3_post_mlp.outputs.1.2", "3_post_mlp.meta.step", "3_post_mlp.meta.inner.deep",
+    ])
+    assert records["3_post_mlp.outputs.1.1"].dtype == "float64"
+    assert read_back(services, records["3_post_mlp.outputs.1.1"]).item() == 2.5
+    assert records["3_post_mlp.outputs.1.0"].dtype == "int64"
+    assert records["3_post_mlp.outputs.1.2"].dtype == "bool"
+    assert records["3_post_mlp.meta.inner.deep"].key_path == ["meta", "inner", "deep"]
+    assert {r.layer for r in records.values()} == {3} and {r.stage for r in records.values()} == {"post_mlp"}
+
+
+def test_summary_statistics_count_nan_and_inf(services: Services, tmp_path: Path) -> None:
+    values = torch.tensor([1.0, float("nan"), -2.0, float("inf"), 4.0, float("-inf"), float("nan")])
+    path = tmp_path / "stats.pth"
+    torch.save(values, path)
+    result = services.ingestor.ingest("stats", "ref", [InputFile(path, path.name)])
+    record = stored(services, result.run_id)["stats"]
+    assert (record.nan_count, record.inf_count, record.numel) == (2, 2, 7)
+    assert (record.min, record.max) == (-2.0, 4.0)
+    assert record.mean == pytest.approx(1.0)
+    assert record.std == pytest.approx(float(np.std([1.0, -2.0, 4.0])))
