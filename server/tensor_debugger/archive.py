@@ -29,7 +29,7 @@ class ArchiveLimits:
     max_members: int
     max_expanded_bytes: int
     max_expansion_ratio: float  # applies once an archive has expanded past `ratio_floor_bytes`
-    ratio_floor_bytes: int = GiB
+    ratio_floor_bytes: int
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,10 @@ def _extract_tar(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
 def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterator[Member]:
     with zipfile.ZipFile(path) as archive:
         infos = archive.infolist()
+        if infos and min(i.header_offset for i in infos) != 0:
+            # zipfile found a central directory that does not start the file: that of a zip stored *inside*
+            # a truncated archive (every .pth file is itself a zip), or data glued in front. Either way: corrupt.
+            raise FileProblem(label, "truncated or corrupt archive (its directory does not describe the file)")
         checked: list[tuple[zipfile.ZipInfo, PurePosixPath]] = []
         for info in infos:  # validate the whole central directory before writing anything
             budget.add_member()

@@ -54,7 +54,8 @@ def parse_label(text: str, what: str) -> str:
 
 
 def archive_limits(settings: Settings) -> ArchiveLimits:
-    return ArchiveLimits(settings.max_archive_members, settings.max_expanded_bytes, settings.max_expansion_ratio)
+    return ArchiveLimits(settings.max_archive_members, settings.max_expanded_bytes, settings.max_expansion_ratio,
+                         settings.expansion_floor_bytes)
 
 
 def run_prefix(run_id: int) -> str:

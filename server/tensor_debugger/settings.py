@@ -39,8 +39,9 @@ class Settings:
     max_archive_members: int = _setting(20_000, "Most members one archive may hold.")
     max_expanded_bytes: int = _setting(256 * GiB, "Most bytes one archive may expand to.")
     max_expansion_ratio: float = _setting(
-        200.0, "Most an archive may expand relative to its own size (checked once it expands past 1 GiB)."
+        200.0, "Most an archive may expand relative to its own size, once past expansion_floor_bytes."
     )
+    expansion_floor_bytes: int = _setting(GiB, "Expanded size below which the expansion ratio is not checked.")
     chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
 
     def __post_init__(self) -> None:
@@ -49,7 +50,8 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{self.data_dir / 'metadata.sqlite3'}")
         if not self.store_url:
             object.__setattr__(self, "store_url", (self.data_dir / "arrays").as_uri())
-        for name in ("max_upload_bytes", "max_archive_members", "max_expanded_bytes", "chunk_bytes"):
+        for name in ("max_upload_bytes", "max_archive_members", "max_expanded_bytes", "expansion_floor_bytes",
+                     "chunk_bytes"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
 

@@ -180,11 +180,17 @@ def _unsupported_tensor(t: torch.Tensor) -> str | None:
 
 
 def _refusal(message: str) -> str:
-    found = re.search(r"GLOBAL ([\w.]+)", message) or re.search(r"global[s]? ([\w.]+)", message)
-    what = f" ({found.group(1)})" if found else ""
+    """Words for a weights-only unpickler refusal: code it would have run, or bytes that are no pickle."""
+    found = re.search(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", message)
+    if found:
+        return (
+            f"refused: the pickle asks to run code ({found.group(1)}), which weights_only=True does not allow; "
+            "nothing in it was executed"
+        )
+    detail = re.search(r"(Unsupported operand \d+|Unsupported [^\n.]+)", message)
     return (
-        f"refused: the pickle asks to run code{what}, which weights_only=True does not allow; "
-        "nothing in it was executed"
+        f"not a readable PyTorch file (the weights-only unpickler refused it: "
+        f"{detail.group(1) if detail else 'unknown content'}); nothing in it was executed"
     )
 
 
