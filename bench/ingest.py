@@ -6,6 +6,10 @@
 The dump is written one tensor at a time (never held whole in memory) as `{layer}_{stage}.{pth,safetensors}`,
 then ingested by the real CLI in a child process, so the peak RSS reported is the ingest process's own.
 Nothing here asserts on timings; the numbers are for reading.
+
+This process imports neither torch nor zarr, and writes the dump from a child of its own: a child started with
+vfork (as subprocess does) reports max(its own peak RSS, its parent's peak RSS) as ru_maxrss, so a parent that
+had held a generated tensor would inflate the number measured.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,19 +26,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-import zarr
-
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
 DEFAULT_WORKDIR_PARENT = ROOT / "bench-data"  # gitignored
 STAGES = ("post_ln_pre_attn", "query", "key", "value", "post_attn", "post_attn_pre_resid", "pre_mlp", "post_mlp")
 HIDDEN = 4096  # last dimension of every generated tensor
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 MIB, GIB, MB = 1 << 20, 1 << 30, 1e6
+BASELINE = "import tensor_debugger.cli, torch, zarr; print(f'torch {torch.__version__}, zarr {zarr.__version__}')"
 
 
-def machine_line() -> str:
+def machine_line(versions: str) -> str:
     cpu = "unknown CPU"
     with open("/proc/cpuinfo", encoding="utf-8") as f:
         for line in f:
@@ -43,16 +45,17 @@ def machine_line() -> str:
     with open("/proc/meminfo", encoding="utf-8") as f:
         ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
     return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
-            f"Python {platform.python_version()}, torch {torch.__version__}, zarr {zarr.__version__}")
+            f"Python {platform.python_version()}, {versions}")
 
 
-def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype: torch.dtype, fmt: str,
-               seed: int) -> tuple[int, int]:
-    """Write tensors of (rows, HIDDEN) until `size_bytes` of payload; return (tensor count, payload bytes)."""
+def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype_name: str, fmt: str, seed: int) -> None:
+    """Write (rows, HIDDEN) tensors until `size_bytes` of payload; print {"count", "payload"} as JSON.
+    Runs in a child process (see the module docstring)."""
+    import torch
     from safetensors.torch import save_file
 
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    row_bytes = HIDDEN * itemsize
+    dtype = getattr(torch, dtype_name)
+    row_bytes = HIDDEN * torch.empty((), dtype=dtype).element_size()
     full_rows = max(1, tensor_bytes // row_bytes)
     generator = torch.Generator().manual_seed(seed)
     count = payload = 0
@@ -66,11 +69,11 @@ def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype: torch.dt
             torch.save(t, path)
         else:
             save_file({"activation": t}, str(path))
-        payload += t.numel() * itemsize
+        payload += rows * row_bytes
         count += 1
         del t
-    os.sync()  # let write-back finish so it does not run during the timed ingest
-    return count, payload
+    os.sync()  # let write-back finish so that it does not run during the timed ingest
+    print(json.dumps({"count": count, "payload": payload}))
 
 
 def tree_bytes(folder: Path) -> tuple[int, int]:
@@ -84,17 +87,20 @@ def tree_bytes(folder: Path) -> tuple[int, int]:
     return apparent, allocated
 
 
-def run_child(cmd: list[str], env: dict[str, str]) -> tuple[int, float, float, str, str]:
-    """Run `cmd`; return (exit code, wall seconds, peak RSS in MB, stdout, stderr). RSS from wait4: this child only."""
+def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
-        proc.returncode = code = os.waitstatus_to_exitcode(status)
+        proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        return code, wall, usage.ru_maxrss * 1024 / MB, out.read().decode(), err.read().decode()
+        if proc.returncode != 0:
+            sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
+                     f"stderr: {err.read().decode()}")
+        return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
 
 
 def child_env() -> dict[str, str]:
@@ -106,18 +112,26 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--size-gib", type=float, default=1.0, help="total tensor payload in GiB (default 1)")
     p.add_argument("--tensor-mib", type=float, default=64.0, help="payload per tensor in MiB (default 64)")
-    p.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     p.add_argument("--format", choices=("pth", "safetensors"), default="pth")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the generated dump and data dir")
     p.add_argument("--workdir", type=Path, help=f"folder for the dump and data dir (default: a new temp dir "
                    f"under {DEFAULT_WORKDIR_PARENT})")
+    p.add_argument("--write-dump", type=Path, help=argparse.SUPPRESS)  # internal: the generating child
     return p.parse_args()
 
 
 def main() -> int:
     args = parse_args()
-    print(machine_line())
+    sizes = int(args.size_gib * GIB), int(args.tensor_mib * MIB)
+    if args.write_dump is not None:
+        write_dump(args.write_dump, *sizes, args.dtype, args.format, args.seed)
+        return 0
+    env = child_env()
+    wall, rss, versions = run_child([sys.executable, "-c", BASELINE], env)
+    print(machine_line(versions.strip()))
+    print(f"baseline child (import tensor_debugger.cli, torch, zarr): {wall:.2f} s, peak RSS {rss:.0f} MB")
     if args.workdir is None:
         DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
         workdir, own_workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=DEFAULT_WORKDIR_PARENT)), True
@@ -126,38 +140,31 @@ def main() -> int:
         workdir, own_workdir = args.workdir.resolve(), False
     dump = Path(tempfile.mkdtemp(prefix="dump-", dir=workdir))
     data = Path(tempfile.mkdtemp(prefix="data-", dir=workdir))
-    env = child_env()
     try:
-        code, wall, rss, _, err = run_child([sys.executable, "-c", "import tensor_debugger.cli, torch, zarr"], env)
-        if code != 0:
-            print(f"baseline child failed (exit {code}):\n{err}", file=sys.stderr)
-            return 1
-        print(f"baseline (import tensor_debugger.cli, torch, zarr): {wall:.2f} s, peak RSS {rss:.0f} MB")
-
-        started = time.perf_counter()
-        count, payload = write_dump(dump, int(args.size_gib * GIB), int(args.tensor_mib * MIB),
-                                    DTYPES[args.dtype], args.format, args.seed)
+        gen = [sys.executable, __file__, "--write-dump", str(dump), "--size-gib", str(args.size_gib),
+               "--tensor-mib", str(args.tensor_mib), "--dtype", args.dtype, "--format", args.format,
+               "--seed", str(args.seed)]
+        wall, _, out = run_child(gen, env)
+        written = json.loads(out)
         dump_bytes, _ = tree_bytes(dump)
-        print(f"dump: {count} {args.dtype} tensors of up to {args.tensor_mib:g} MiB as .{args.format}, "
-              f"{dump_bytes / GIB:.3f} GiB ({dump_bytes / MB:.0f} MB) in files, payload {payload / MB:.0f} MB; "
-              f"written in {time.perf_counter() - started:.1f} s")
-        print("note: the dump was freshly written and synced, so it is read from the page cache (warm), "
-              "not from disk")
+        print(f"dump: {written['count']} {args.dtype} tensors of up to {args.tensor_mib:g} MiB as .{args.format}, "
+              f"{dump_bytes / GIB:.3f} GiB ({dump_bytes / MB:.0f} MB) in files, payload "
+              f"{written['payload'] / MB:.0f} MB; written in {wall:.1f} s")
+        print("note: the dump was freshly written (then synced), so ingest reads it from the page cache, not disk")
 
         cmd = [str(CLI), "--data-dir", str(data), "ingest", "--session", "bench", "--run", "ref", str(dump), "--json"]
         print("command: " + " ".join(cmd))
-        code, wall, rss, out, err = run_child(cmd, env)
-        if code != 0:
-            print(f"ingest failed (exit {code}):\nstdout: {out}\nstderr: {err}", file=sys.stderr)
-            return 1
+        wall, rss, out = run_child(cmd, env)
         result = json.loads(out.strip().splitlines()[-1])
-        stored = result["run"]["tensors"]
         for problem in result["problems"]:
             print(f"problem: {problem}")
         data_apparent, data_allocated = tree_bytes(data)
-        print(f"ingest: {stored} of {count} tensors stored in {wall:.2f} s wall (including process start-up)")
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+        print(f"ingest: {result['run']['tensors']} of {written['count']} tensors stored in {wall:.2f} s wall "
+              f"(process start-up included)")
         print(f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files")
-        print(f"peak RSS of the ingest process: {rss:.0f} MB")
+        print(f"peak RSS of the ingest process: {rss:.0f} MB (this bench process peaked at {own:.0f} MB, "
+              f"the floor of that reading)")
         print(f"data dir on disk: {data_allocated / MB:.0f} MB allocated ({data_apparent / MB:.0f} MB apparent), "
               f"{data_allocated / dump_bytes:.3f} x the dump")
         if args.keep:

@@ -40,7 +40,7 @@ def recover(sessions: sessionmaker[DbSession], store: ArrayStore) -> RecoveryRep
     removed = 0
     # Listed before the runs are read: a run row is always committed before its first array is written, so
     # every array seen here whose run is alive is known by the query below.
-    stored = store.children("runs")
+    stored = [name for name in store.children("runs") if name.isdigit()]  # not the group's zarr.json
     with sessions.begin() as db:
         stale = [
             run for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))

@@ -23,6 +23,9 @@ class TensorSummary:
     std: float | None  # population standard deviation
 
 
+_SLICE = 1 << 17  # elements per step: 1 MiB of float64 temporaries
+
+
 class SummaryAccumulator:
     """Chan et al.'s parallel update of count, mean and M2, so chunks may arrive in any order and size."""
 
@@ -37,7 +40,16 @@ class SummaryAccumulator:
         self.hi = -np.inf
 
     def add(self, values: np.ndarray) -> None:
-        """Fold in one chunk of compute values (see `dtypes.storage_to_compute`)."""
+        """Fold in compute values (see `dtypes.storage_to_compute`), a slice at a time so that the float64
+        temporaries stay small and in cache."""
+        flat = values.reshape(-1)
+        if flat.size <= _SLICE:
+            self._add(flat)
+            return
+        for start in range(0, flat.size, _SLICE):
+            self._add(flat[start : start + _SLICE])
+
+    def _add(self, values: np.ndarray) -> None:
         self.numel += values.size
         if values.size == 0:
             return

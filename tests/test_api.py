@@ -1,0 +1,175 @@
+"""The HTTP API on a real server on loopback: uploads, listing, rename, delete, errors, restarts."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import torch
+
+from tests.conftest import LiveServer
+from tests.dumps import make_tar, make_zip, seeded
+from tensor_debugger.synthetic import Plant, write_dump
+
+
+def two_runs(tmp_path: Path) -> tuple[Path, Path]:
+    write_dump(tmp_path / "ref", layers=2, seed=1)
+    write_dump(tmp_path / "cand", layers=2, seed=1, plant=Plant(1, "post_attn", (3, 4), 0.5))
+    return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(tmp_path / "cand",
+                                                                                        tmp_path / "candidate.zip")
+
+
+def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: str = "/api/sessions") -> httpx.Response:
+    handles = [(field, (path.name, open(path, "rb"))) for field, path in files]
+    try:
+        return httpx.post(server.url + url, data={"name": name}, files=handles, timeout=120)
+    finally:
+        for _, (_, handle) in handles:
+            handle.close()
+
+
+def snapshot(server: LiveServer) -> dict[str, Any]:
+    """Everything the API says about every session, run and tensor."""
+    sessions = httpx.get(server.url + "/api/sessions").json()
+    full: dict[str, Any] = {"sessions": sessions, "detail": {}, "tensors": {}}
+    for s in sessions:
+        full["detail"][s["id"]] = httpx.get(f"{server.url}/api/sessions/{s['id']}").json()
+        for r in s["runs"]:
+            full["tensors"][r["id"]] = httpx.get(f"{server.url}/api/runs/{r['id']}/tensors").json()
+    return full
+
+
+def test_create_session_with_two_uploaded_runs(live_server: LiveServer, tmp_path: Path) -> None:
+    reference, candidate = two_runs(tmp_path)
+    junk = tmp_path / "notes.txt"
+    junk.write_text("not a tensor")
+    response = upload(live_server, "port vs ref", [("reference", reference), ("candidate", candidate),
+                                                   ("candidate", junk)])
+    assert response.status_code == 201, response.text
+    body = response.json()
+    session = body["session"]
+    assert session["name"] == "port vs ref"
+    assert [(r["label"], r["role"], r["status"], r["tensors"]) for r in session["runs"]] == [
+        ("reference", "reference", "ready", 26), ("candidate", "candidate", "ready", 26)]
+    assert session["runs"][1]["sources"] == ["candidate.zip", "notes.txt"]
+    assert session["runs"][1]["problems"] == [
+        {"file": "notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}]
+    tensors = httpx.get(f"{live_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()
+    planted = next(t for t in tensors if t["name"] == "1_post_attn")
+    assert (planted["layer"], planted["stage"], planted["shape"], planted["dtype"]) == (1, "post_attn", [16, 32],
+                                                                                         "float32")
+    detail = httpx.get(f"{live_server.url}/api/tensors/{planted['id']}").json()
+    assert detail == planted
+    reference_tensor = next(t for t in httpx.get(
+        f"{live_server.url}/api/runs/{session['runs'][0]['id']}/tensors").json() if t["name"] == "1_post_attn")
+    assert detail["digest"] != reference_tensor["digest"]
+    assert detail["stats"]["max"] > reference_tensor["stats"]["max"] or detail["stats"]["mean"] != \
+        reference_tensor["stats"]["mean"]
+
+
+def test_list_search_rename_delete(live_server: LiveServer, tmp_path: Path) -> None:
+    reference, candidate = two_runs(tmp_path)
+    first = upload(live_server, "alpha run", [("reference", reference)]).json()["session"]
+    second = upload(live_server, "Beta run", [("reference", candidate)]).json()["session"]
+    names = [s["name"] for s in httpx.get(live_server.url + "/api/sessions").json()]
+    assert names == ["Beta run", "alpha run"]  # newest first
+    assert [s["name"] for s in httpx.get(live_server.url + "/api/sessions", params={"q": "BETA"}).json()] == [
+        "Beta run"]
+    renamed = httpx.patch(f"{live_server.url}/api/sessions/{first['id']}", json={"name": "gamma", "notes": "n"})
+    assert renamed.status_code == 200 and renamed.json()["name"] == "gamma" and renamed.json()["notes"] == "n"
+    clash = httpx.patch(f"{live_server.url}/api/sessions/{first['id']}", json={"name": "Beta run"})
+    assert clash.status_code == 409 and "exists already" in clash.json()["detail"]
+    arrays = live_server.data_dir / "arrays" / "runs" / str(second["runs"][0]["id"])
+    assert arrays.exists()
+    assert httpx.delete(f"{live_server.url}/api/sessions/{second['id']}").status_code == 204
+    assert not arrays.exists()
+    assert httpx.get(f"{live_server.url}/api/sessions/{second['id']}").status_code == 404
+    assert [s["name"] for s in httpx.get(live_server.url + "/api/sessions").json()] == ["gamma"]
+
+
+def test_empty_session_then_add_runs(live_server: LiveServer, tmp_path: Path) -> None:
+    created = httpx.post(live_server.url + "/api/sessions", json={"name": "later"})
+    assert created.status_code == 201
+    session_id = created.json()["id"]
+    path = tmp_path / "0_query.npy"
+    np.save(path, np.arange(6, dtype=np.float32))
+    added = upload(live_server, "", [("files", path)], url=f"/api/sessions/{session_id}/runs?label=reference")
+    assert added.status_code == 201, added.text
+    assert added.json()["runs"][0]["label"] == "reference" and added.json()["runs"][0]["tensors"] == 1
+    again = upload(live_server, "", [("files", path)], url=f"/api/sessions/{session_id}/runs?label=reference")
+    assert again.status_code == 409
+
+
+def test_bad_uploads_get_clear_errors_and_the_server_stays_up(live_server: LiveServer, tmp_path: Path) -> None:
+    evil = tmp_path / "evil.zip"
+    with zipfile.ZipFile(evil, "w") as z:
+        buffer = io.BytesIO()
+        torch.save(seeded((2,), 0), buffer)
+        z.writestr("../../escape.pth", buffer.getvalue())
+    garbage = tmp_path / "garbage.pth"
+    garbage.write_bytes(b"\x00" * 100)
+    response = upload(live_server, "bad", [("reference", evil), ("candidate", garbage)])
+    assert response.status_code == 422
+    body = response.json()
+    problems = {p["file"]: p["reason"] for run in body["runs"] for p in run["problems"]}
+    assert "escape the archive" in problems["evil.zip"]
+    assert "not a readable PyTorch file" in problems["garbage.pth"]
+    assert httpx.get(live_server.url + "/api/sessions").json() == []
+    assert not (tmp_path.parent / "escape.pth").exists()
+    malformed = httpx.post(live_server.url + "/api/sessions", content=b"--x\r\nnonsense",
+                           headers={"content-type": "multipart/form-data; boundary=x"})
+    assert malformed.status_code == 400
+    assert httpx.get(live_server.url + "/api/sessions/12345").status_code == 404
+    assert live_server.alive()
+    staging = live_server.data_dir / "staging"
+    assert not staging.exists() or list(staging.iterdir()) == []
+
+
+def test_large_upload_streams_past_the_default_body_limit(live_server: LiveServer, tmp_path: Path) -> None:
+    path = tmp_path / "0_big.pth"
+    torch.save(seeded((256, 1024 * 64), 3), path)  # 64 MiB: past Litestar's 10 MB default
+    response = upload(live_server, "big", [("reference", path)])
+    assert response.status_code == 201, response.text
+    assert response.json()["session"]["runs"][0]["total_bytes"] == 64 * 1024 * 1024
+
+
+def test_uploads_stream_to_disk_not_memory(live_server: LiveServer, tmp_path: Path) -> None:
+    """128 MiB through the upload path (refused afterwards, as not a tensor) must not reach the heap."""
+    path = tmp_path / "blob.txt"
+    with open(path, "wb") as out:
+        for i in range(128):
+            out.write(bytes([i]) * (1024 * 1024))
+    assert live_server.process is not None
+    before = _peak_rss_kib(live_server.process.pid)
+    response = upload(live_server, "blob", [("reference", path)])
+    assert response.status_code == 422
+    grown_mib = (_peak_rss_kib(live_server.process.pid) - before) / 1024
+    assert grown_mib < 16, f"server peak RSS grew {grown_mib:.0f} MiB while receiving a 128 MiB upload"
+
+
+def _peak_rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def test_restart_finds_everything_unchanged(live_server: LiveServer, tmp_path: Path) -> None:
+    reference, candidate = two_runs(tmp_path)
+    assert upload(live_server, "persist", [("reference", reference), ("candidate", candidate)]).status_code == 201
+    httpx.post(live_server.url + "/api/sessions", json={"name": "empty one", "notes": "kept too"})
+    before = snapshot(live_server)
+    live_server.stop()
+    live_server.start()
+    assert snapshot(live_server) == before
+    assert len(before["tensors"]) == 2 and all(len(t) == 26 for t in before["tensors"].values())
+
+
+def test_openapi_lists_the_api(live_server: LiveServer) -> None:
+    schema = httpx.get(live_server.url + "/schema/openapi.json").json()
+    assert {"/api/sessions", "/api/sessions/{session_id}", "/api/runs/{run_id}/tensors",
+            "/api/tensors/{tensor_id}", "/api/sessions/{session_id}/runs"} <= set(schema["paths"])

@@ -1,0 +1,74 @@
+"""The CLI contract that scripts rely on: JSON shapes, exit codes, --data-dir and the environment variable."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+from tests.conftest import cli_command
+from tests.dumps import make_zip, seeded
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, env={**base, **(env or {})},
+                          timeout=120)
+
+
+def test_ingest_and_sessions_json(tmp_path: Path) -> None:
+    folder = tmp_path / "ref"
+    folder.mkdir()
+    torch.save(seeded((4, 4), 0), folder / "0_query.pth")
+    torch.save(seeded((4, 4), 1), folder / "0_key.pth")
+    (folder / "notes.txt").write_text("not a tensor")
+    archive = make_zip(folder, tmp_path / "ref.zip")
+    data = tmp_path / "data"
+    done = run_cli("--data-dir", str(data), "ingest", "--session", "port vs ref", "--run", "reference",
+                   str(archive), "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["session"]["name"] == "port vs ref" and isinstance(out["session"]["id"], int)
+    assert out["run"]["label"] == "reference" and out["run"]["tensors"] == 2
+    assert out["problems"] == [{"file": f"{archive}/notes.txt",
+                                "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}]
+    listed = run_cli("--data-dir", str(data), "sessions", "--json")
+    assert listed.returncode == 0
+    sessions = json.loads(listed.stdout)
+    assert [(s["name"], [(r["label"], r["tensors"]) for r in s["runs"]]) for s in sessions] == [
+        ("port vs ref", [("reference", 2)])]
+    assert sessions[0]["id"] == out["session"]["id"]
+
+
+def test_exit_two_when_nothing_usable(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes(b"definitely not a tensor")
+    done = run_cli("--data-dir", str(tmp_path / "data"), "ingest", "--session", "s", "--run", "r", str(bad),
+                   str(tmp_path / "missing.zip"), "--json")
+    assert done.returncode == 2
+    out = json.loads(done.stdout)
+    assert out["run"] is None
+    assert [p["file"] for p in out["problems"]] == [str(tmp_path / "missing.zip"), str(bad)] or \
+        sorted(p["file"] for p in out["problems"]) == sorted([str(bad), str(tmp_path / "missing.zip")])
+    listed = run_cli("--data-dir", str(tmp_path / "data"), "sessions", "--json")
+    assert json.loads(listed.stdout) == []  # the session the failed ingest would have created is not kept
+
+
+def test_environment_variable_sets_data_dir_and_human_output(tmp_path: Path) -> None:
+    path = tmp_path / "1_post_mlp.pth"
+    torch.save(seeded((2,), 0), path)
+    env = {"TENSOR_DEBUGGER_DATA_DIR": str(tmp_path / "envdata")}
+    done = run_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)
+    assert done.returncode == 0 and "stored 1 tensors" in done.stdout
+    assert (tmp_path / "envdata" / "metadata.sqlite3").exists()
+    assert "env" in run_cli("sessions", env=env).stdout
+    again = run_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)
+    assert again.returncode == 2 and "already has a run labelled 'a'" in again.stderr
+
+
+def test_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
+    done = run_cli("--data-dir", str(tmp_path), "sessions", env={"TENSOR_DEBUGGER_PORT": "eighty"})
+    assert done.returncode == 2 and "TENSOR_DEBUGGER_PORT='eighty' is not a valid int" in done.stderr

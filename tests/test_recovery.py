@@ -1,0 +1,85 @@
+"""An ingest killed midway (kill -9) leaves nothing visible after restart, and its arrays are removed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tests.conftest import cli_command
+
+
+def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeout: float = 90) -> int:
+    """The id of the run being ingested, once some of its arrays are on disk but it is not finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the ingest finished before it could be killed"
+        db = data / "metadata.sqlite3"
+        if db.exists():
+            with sqlite3.connect(db) as conn:
+                try:
+                    row = conn.execute("select id, status from runs").fetchone()
+                except sqlite3.OperationalError:
+                    row = None
+            if row is not None and row[1] == "ingesting":
+                arrays = data / "arrays" / "runs" / str(row[0])
+                if arrays.exists() and sum(1 for p in arrays.iterdir() if p.name.isdigit()) >= 3:
+                    return int(row[0])
+        time.sleep(0.02)
+    raise AssertionError("never saw a partial ingest")
+
+
+def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    for i in range(60):
+        torch.save(torch.full((1024, 2048), float(i)), dump / f"{i}_post_mlp.pth")  # 8 MiB each
+    data = tmp_path / "data"
+    process = subprocess.Popen(
+        [*cli_command(), "--data-dir", str(data), "ingest", "--session", "doomed", "--run", "ref", str(dump)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    run_id = wait_for_partial_ingest(data, process)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    with sqlite3.connect(data / "metadata.sqlite3") as conn:  # the debris is there before the restart
+        assert conn.execute("select count(*) from runs where status = 'ingesting'").fetchone() == (1,)
+    assert (data / "arrays" / "runs" / str(run_id)).exists()
+
+    services = open_services(Settings(data_dir=data, demo=False))
+    try:
+        assert services.recovery.runs_removed == 1
+        with sqlite3.connect(data / "metadata.sqlite3") as conn:
+            assert conn.execute("select count(*) from runs").fetchone() == (0,)
+            assert conn.execute("select count(*) from sessions").fetchone() == (0,)
+            assert conn.execute("select count(*) from tensors").fetchone() == (0,)
+        assert not (data / "arrays" / "runs" / str(run_id)).exists()
+    finally:
+        services.close()
+
+
+def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", demo=False)
+    services = open_services(settings)
+    path = tmp_path / "x.pth"
+    torch.save(torch.ones(3), path)
+    from tensor_debugger.inputs import InputFile
+
+    result = services.ingestor.ingest("keep", "ref", [InputFile(path, path.name)])
+    from tensor_debugger.dtypes import parse_dtype
+
+    services.store.create("runs/999/0", (3,), parse_dtype("float32"), (3,))  # as if a delete was cut short
+    services.close()
+    services = open_services(settings)
+    try:
+        assert services.recovery.orphan_arrays_removed == 1
+        assert [c for c in services.store.children("runs") if c.isdigit()] == [str(result.run_id)]
+    finally:
+        services.close()
