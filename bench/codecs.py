@@ -1,0 +1,145 @@
+"""Measure candidate Zarr v3 codecs for storing activations: write and read speed and stored size.
+
+    python bench/codecs.py              # about 256 MiB per case, best of 3
+    python bench/codecs.py --mib 64     # quicker
+
+Arrays are laid out as the app lays them out (tensor_debugger.chunking): (rows, 4096) with chunks of about 1 MiB
+spanning whole rows, written in blocks of 16 chunks (array_writer.CHUNKS_PER_BLOCK) and read back whole, into a
+LocalStore on this machine's disk. Writes land in the page cache (no fsync) and reads come from it, so the
+numbers are the codec's and zarr's cost, not the disk's. Nothing here asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import torch
+import zarr
+from zarr.codecs import BloscCodec, ZstdCodec
+from zarr.storage import LocalStore
+
+from tensor_debugger.store import DEFAULT_CODEC
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKDIR_PARENT = ROOT / "bench-data"  # gitignored
+HIDDEN = 4096
+CHUNK_BYTES = 1 << 20
+CHUNKS_PER_BLOCK = 16
+MIB, MB = 1 << 20, 1e6
+CODECS: dict[str, Any] = {
+    "none": None,
+    "blosc lz4 shuffle": BloscCodec(cname="lz4", clevel=1, shuffle="shuffle"),
+    "blosc lz4 bitshuffle": BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle"),
+    "blosc zstd bitshuffle": BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
+    "zstd 1": ZstdCodec(level=1),
+}
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def machine_line() -> str:
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
+            f"Python {platform.python_version()}, torch {torch.__version__}, zarr {zarr.__version__}, "
+            f"numcodecs {numcodecs.__version__}")
+
+
+def make_data(dtype: str, mib: float, seed: int) -> np.ndarray:
+    """Normal activations of about `mib` MiB as (rows, HIDDEN), in the dtype the store holds
+    (bfloat16 as its raw uint16 bits, as the app stores it)."""
+    itemsize = 4 if dtype == "float32" else 2
+    rows = max(1, int(mib * MIB) // (HIDDEN * itemsize))
+    t = torch.randn(rows, HIDDEN, generator=torch.Generator().manual_seed(seed))
+    if dtype == "bfloat16":
+        return t.to(torch.bfloat16).view(torch.int16).numpy().view("uint16")
+    if dtype == "float16":
+        return t.to(torch.float16).numpy()
+    return t.numpy()
+
+
+def stored_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def measure(root: Path, data: np.ndarray, compressor: Any, repeats: int) -> tuple[float, float, int]:
+    """Best write and read seconds over `repeats`, and the stored size in bytes."""
+    rows_per_chunk = max(1, CHUNK_BYTES // (HIDDEN * data.itemsize))
+    step = rows_per_chunk * CHUNKS_PER_BLOCK
+    store = LocalStore(root)
+    best_write = best_read = float("inf")
+    size = 0
+    for attempt in range(repeats):
+        name = f"a{attempt}"
+        started = time.perf_counter()
+        array = zarr.create_array(store, name=name, shape=data.shape, dtype=data.dtype,
+                                  chunks=(rows_per_chunk, HIDDEN), compressors=compressor,
+                                  fill_value=np.zeros((), dtype=data.dtype)[()])
+        for start in range(0, data.shape[0], step):
+            array[start:start + step] = data[start:start + step]
+        best_write = min(best_write, time.perf_counter() - started)
+
+        started = time.perf_counter()
+        back = zarr.open_array(store, path=name, mode="r")[:]
+        best_read = min(best_read, time.perf_counter() - started)
+        if attempt == 0:
+            bits = f"u{data.itemsize}"
+            if not np.array_equal(back.view(bits), data.view(bits)):
+                sys.exit(f"read-back differs from what was written ({data.dtype}, {compressor})")
+            size = stored_bytes(root / name)
+        del back
+        shutil.rmtree(root / name)
+    return best_write, best_read, size
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mib", type=float, default=256.0, help="MiB of data per case (default 256)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per case; the best is reported (default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    print(machine_line())
+    print(f"{args.mib:g} MiB per case, (rows, {HIDDEN}) arrays, ~{CHUNK_BYTES // MIB} MiB chunks written "
+          f"{CHUNKS_PER_BLOCK} at a time, best of {args.repeats}; 1 MB = 1e6 bytes; "
+          f"ratio = stored bytes / raw bytes; * = tensor_debugger.store.DEFAULT_CODEC")
+    print(f"{'dtype':<9} {'codec':<24} {'write MB/s':>10} {'read MB/s':>10} {'ratio':>6}")
+    default = DEFAULT_CODEC.to_dict()
+    WORKDIR_PARENT.mkdir(exist_ok=True)
+    workdir = Path(tempfile.mkdtemp(prefix="codecs-", dir=WORKDIR_PARENT))
+    started = time.perf_counter()
+    try:
+        for dtype in DTYPES:
+            data = make_data(dtype, args.mib, args.seed)
+            for label, codec in CODECS.items():
+                write_s, read_s, size = measure(workdir, data, codec, args.repeats)
+                mark = "*" if codec is not None and codec.to_dict() == default else " "
+                print(f"{dtype:<9} {label + mark:<24} {data.nbytes / MB / write_s:>10.0f} "
+                      f"{data.nbytes / MB / read_s:>10.0f} {size / data.nbytes:>6.3f}", flush=True)
+            del data
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"total {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""`pip install .` (not only editable) gives a working app: templates, static files and migrations ship."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(REPO)], check=True, timeout=300)
+    wheel = next(tmp_path.glob("tensor_debugger-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in ("tensor_debugger/web/templates/sessions.html", "tensor_debugger/web/static/app.css",
+                     "tensor_debugger/migrations/env.py", "tensor_debugger/migrations/script.py.mako",
+                     "tensor_debugger/cli.py"):
+        assert required in names, required
+    assert any(n.startswith("tensor_debugger/migrations/versions/") and n.endswith(".py") for n in names)
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, timeout=300)
+    probe = (
+        "import tensor_debugger, pathlib;"
+        "from tensor_debugger.resources import resource_dir;"
+        "from tensor_debugger.settings import Settings;"
+        "from tensor_debugger.app import create_app;"
+        "from litestar.testing import TestClient;"
+        f"s = Settings(data_dir=pathlib.Path({str(tmp_path / 'data')!r}), demo=False);"
+        "assert str(resource_dir('web')).startswith(str(pathlib.Path(tensor_debugger.__file__).parent));"
+        "c = TestClient(create_app(s)).__enter__();"
+        "r = c.get('/');"
+        "assert r.status_code == 200 and 'New session' in r.text, r.text[:300];"
+        "print(tensor_debugger.__file__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(str(site))

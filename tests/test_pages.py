@@ -1,0 +1,100 @@
+"""The pages in headless Chromium, as a user sees them. Each test saves a screenshot in test-artifacts/."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from tests.conftest import ARTIFACTS, LiveServer, free_port
+from tests.dumps import make_zip
+from tensor_debugger.synthetic import Plant, write_dump
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+def shot(page: Page, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture
+def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
+    server = LiveServer(tmp_path / "data", free_port(), demo=True)
+    server.data_dir.mkdir(parents=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_first_start_shows_the_demo_session(demo_server: LiveServer, page: Page) -> None:
+    page.goto(demo_server.url + "/")
+    link = page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn")
+    link.wait_for()
+    shot(page, "sessions-demo")
+    link.click()
+    page.wait_for_url("**/sessions/*")
+    assert page.get_by_role("heading", name="Reference run: reference").is_visible()
+    assert page.locator("table.tensors").first.locator("tbody tr").count() == 52
+    row = page.locator("#run-2 table.tensors tr", has_text="2_post_attn").first
+    assert "[16, 32]" in row.inner_text() and "float32" in row.inner_text()
+    shot(page, "session-demo")
+
+
+def test_upload_through_the_form_without_scripts(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
+    write_dump(tmp_path / "ref", layers=1, seed=2)
+    write_dump(tmp_path / "cand", layers=1, seed=2, plant=Plant(0, "post_mlp", (1, 1), 1.0))
+    reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
+    candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
+    bad = tmp_path / "readme.txt"
+    bad.write_text("not a tensor")
+    page.goto(live_server.url + "/")
+    page.get_by_label("Name", exact=True).fill("form upload ü")
+    page.get_by_label("Reference run").set_input_files(str(reference))
+    page.get_by_label("Candidate run").set_input_files([str(candidate), str(bad)])
+    page.get_by_role("button", name="Upload and ingest").click()
+    page.wait_for_url("**/sessions/*")
+    assert page.get_by_role("heading", name="form upload ü").is_visible()
+    assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
+    assert page.locator("#run-2 table.tensors tbody tr").count() == 13
+    shot(page, "session-form-upload")
+    page.goto(live_server.url + "/?q=FORM")
+    assert page.get_by_role("link", name="form upload ü").is_visible()
+
+
+def test_form_errors_are_shown_in_words(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
+    bad = tmp_path / "weights.pth"
+    bad.write_bytes(b"\0" * 64)
+    page.goto(live_server.url + "/")
+    page.get_by_label("Name", exact=True).fill("broken")
+    page.get_by_label("Reference run").set_input_files(str(bad))
+    page.get_by_role("button", name="Upload and ingest").click()
+    alert = page.get_by_role("alert")
+    alert.wait_for()
+    assert "no tensors found" in alert.inner_text()
+    assert "weights.pth: not a readable PyTorch file" in page.locator("ul.problems").inner_text()
+    shot(page, "form-error")
