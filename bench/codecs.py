@@ -25,10 +25,9 @@ import numcodecs
 import numpy as np
 import torch
 import zarr
+from tensor_debugger.store import DEFAULT_CODEC
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore
-
-from tensor_debugger.store import DEFAULT_CODEC
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKDIR_PARENT = ROOT / "bench-data"  # gitignored

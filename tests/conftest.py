@@ -11,7 +11,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 

@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
+from tensor_debugger.synthetic import Plant, write_dump
 
 from tests.conftest import LiveServer
 from tests.dumps import make_tar, make_zip, seeded
-from tensor_debugger.synthetic import Plant, write_dump
 
 
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
@@ -141,8 +141,7 @@ def test_uploads_stream_to_disk_not_memory(live_server: LiveServer, tmp_path: Pa
     """128 MiB through the upload path (refused afterwards, as not a tensor) must not reach the heap."""
     path = tmp_path / "blob.txt"
     with open(path, "wb") as out:
-        for i in range(128):
-            out.write(bytes([i]) * (1024 * 1024))
+        out.writelines(bytes([i]) * (1024 * 1024) for i in range(128))
     assert live_server.process is not None
     before = _peak_rss_kib(live_server.process.pid)
     response = upload(live_server, "blob", [("reference", path)])

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 from sqlalchemy import func, select
-
 from tensor_debugger.errors import NothingUsableError
 from tensor_debugger.ingest import Ingestor
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import RunRecord, SessionRecord
 from tensor_debugger.services import Services
+
 from tests.dumps import make_zip, seeded, tar_with
 
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from sqlalchemy import select
-
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import TensorRecord
 from tensor_debugger.services import Services
+
 from tests.dumps import make_tar, make_zip, seeded
 from tests.test_roundtrip import read_back, same_bits, stored
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
+from tensor_debugger.synthetic import Plant, write_dump
 
 from tests.conftest import ARTIFACTS, LiveServer, free_port
 from tests.dumps import make_zip
-from tensor_debugger.synthetic import Plant, write_dump
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 import torch
-
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
+
 from tests.conftest import cli_command
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 from sqlalchemy import select
-
 from tensor_debugger.dtypes import all_dtypes, parse_dtype
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import TensorRecord
 from tensor_debugger.services import Services
+
 from tests.dumps import random_bits, seeded
 
 DTYPES = [d.name for d in all_dtypes()]

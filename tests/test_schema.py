@@ -7,7 +7,6 @@ from pathlib import Path
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
-
 from tensor_debugger.database import create_db_engine, upgrade_database
 from tensor_debugger.models import Base
 

@@ -21,7 +21,12 @@ from tensor_debugger.controllers.sessions import SessionController
 from tensor_debugger.controllers.tensors import TensorController
 from tensor_debugger.demo import ensure_demo_session
 from tensor_debugger.errors import (
-    ConflictError, FileProblem, InvalidInputError, NothingUsableError, NotFoundError, TensorDebuggerError,
+    ConflictError,
+    FileProblem,
+    InvalidInputError,
+    NotFoundError,
+    NothingUsableError,
+    TensorDebuggerError,
 )
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.schemas import problem_json

@@ -162,9 +162,8 @@ def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
             name = parse_member_name(info.filename, label)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
-                raise UnsafeArchiveError(
-                    label, f"member {info.filename!r} is a symbolic link; links are not allowed and the archive was refused"
-                )
+                raise UnsafeArchiveError(label, f"member {info.filename!r} is a symbolic link; links are not "
+                                         "allowed and the archive was refused")
             if info.is_dir() or name is None:
                 continue
             checked.append((info, name))

@@ -51,7 +51,7 @@ def write_leaf(
     pending: Future[None] | None = None
 
     def account(block: np.ndarray) -> None:
-        hasher.update(block.reshape(-1).view(np.uint8))
+        hasher.update(block.reshape(-1).view(np.uint8).data)
         summary.add(storage_to_compute(block, leaf.dtype))
 
     for region in iter_blocks(layout, CHUNKS_PER_BLOCK):

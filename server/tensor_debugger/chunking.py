@@ -77,5 +77,5 @@ def region_flat_range(shape: tuple[int, ...], region: Region) -> tuple[int, int]
     if not shape:
         return (0, 1)
     strides = [math.prod(shape[i + 1 :]) for i in range(len(shape))]
-    start = sum(s.start * st for s, st in zip(region, strides))
+    start = sum(s.start * st for s, st in zip(region, strides, strict=True))
     return start, start + math.prod(region_shape(region))

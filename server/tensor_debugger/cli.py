@@ -115,7 +115,7 @@ def list_sessions(services: Services, as_json: bool) -> int:
     from tensor_debugger import catalog
 
     with services.sessions() as db:
-        data = [
+        data: list[dict[str, Any]] = [
             {"id": s.id, "name": s.name, "created_at": iso(s.created_at),
              "runs": [{"id": r.id, "label": r.label, "role": r.role, "status": r.status, "tensors": r.tensor_count}
                       for r in s.runs]}

@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import mmap
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ class PageReleaser:
                 self._madvise(ctypes.c_void_p(a), ctypes.c_size_t(b - a), _MADV_DONTNEED)
 
 
-def _libc_madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _libc_madvise() -> Callable[..., int] | None:
     if os.name != "posix":
         return None
     name = ctypes.util.find_library("c")
@@ -67,4 +68,4 @@ def _libc_madvise() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     fn = ctypes.CDLL(name, use_errno=True).madvise
     fn.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return fn  # type: ignore[no-any-return, unused-ignore]

@@ -16,7 +16,8 @@ _MODULE_LAYER = re.compile(r"(?:^|[./_])(?:layers?|blocks?|h)[._](\d+)(?:$|[./_]
 
 
 def tensor_name(relpath: PurePosixPath, key_path: tuple[str, ...]) -> str:
-    """`dir/3_query` for dir/3_query.pth; `weights.model.layers.0.w` for key `model.layers.0.w` in weights.safetensors."""
+    """`dir/3_query` for dir/3_query.pth; `weights.model.layers.0.w` for key `model.layers.0.w` of
+    weights.safetensors."""
     stem = str(relpath.with_suffix("")) if relpath.suffix else str(relpath)
     return ".".join((stem, *key_path)) if key_path else stem
 

@@ -7,6 +7,7 @@ candidate carries a smaller echo of it, as a real bug would propagate.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,9 +41,9 @@ class DumpShape:
 def stage_tensor(layer: int, stage: str, shape: DumpShape, seed: int) -> torch.Tensor | float:
     generator = torch.Generator().manual_seed(seed * 1_000_003 + layer * 101 + STAGES.index(stage))
     if stage == "scaling":
-        return float(shape.head_dim) ** -0.5
+        return 1.0 / math.sqrt(shape.head_dim)
     if stage == "sliding":
-        return torch.tensor(4096)
+        return torch.tensor(4096)  # an int64 scalar tensor
     if stage in ("query", "key", "value", "query_final", "key_final", "value_final"):
         return torch.randn(1, shape.heads, shape.tokens, shape.head_dim, generator=generator)
     return torch.randn(shape.tokens, shape.hidden, generator=generator)

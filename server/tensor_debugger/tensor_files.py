@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import numpy as np
 import torch
-from numpy.lib import _format_impl  # type: ignore[attr-defined]
+from numpy.lib import _format_impl
 
 from tensor_debugger.chunking import Region, region_flat_range, region_shape
 from tensor_debugger.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
@@ -113,7 +113,7 @@ class TorchReader:
         if self._contiguous:
             start, stop = region_flat_range(tuple(t.shape), region)
             offset = (t.storage_offset() + start) * t.element_size()
-            self._releaser.release(base + offset, (stop - start) * t.element_size())
+            self._releaser.release(base + int(offset), (stop - start) * t.element_size())
         elif region_flat_range(tuple(t.shape), region)[1] >= t.numel():
             self._releaser.release(base, t.untyped_storage().nbytes())
 
@@ -154,7 +154,7 @@ def _flatten(obj: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...
         yield prefix, obj
     elif isinstance(obj, bool | int | float | complex):
         try:  # Python floats are doubles: keep every bit
-            yield prefix, torch.tensor(obj, dtype=_SCALAR_DTYPES[type(obj)] if type(obj) in _SCALAR_DTYPES else None)
+            yield prefix, torch.tensor(obj, dtype=_SCALAR_DTYPES.get(type(obj)))
         except (OverflowError, RuntimeError):
             yield prefix, obj
     elif isinstance(obj, Mapping):
@@ -294,7 +294,7 @@ def _open_npy(path: Path, label: str) -> TensorFile:
     try:
         with open(path, "rb") as f:
             version = np.lib.format.read_magic(f)
-            read_header = _format_impl._read_array_header  # handles versions 1.0, 2.0 and 3.0 alike
+            read_header = _format_impl._read_array_header  # type: ignore[attr-defined]  # versions 1.0 to 3.0
             shape, fortran, dtype = read_header(f, version, max_header_size=1 << 20)
             offset = f.tell()
     except (ValueError, OSError, SyntaxError) as exc:

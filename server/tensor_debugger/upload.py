@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from multipart import MultipartSegment, ParserError, PushMultipartParser  # type: ignore[import-untyped]
+from multipart import MultipartSegment, ParserError, PushMultipartParser
 
 from tensor_debugger.errors import InvalidInputError
 
@@ -71,7 +71,7 @@ async def receive_multipart(content_type: str, chunks: AsyncIterator[bytes], sta
                             upload = UploadedFile(event.name or "", safe_filename(event.filename),
                                                   folder / safe_filename(event.filename))
                             batch.files.append(upload)
-                            out = open(upload.path, "wb")
+                            out = open(upload.path, "wb")  # noqa: ASYNC230 (local disk, small writes)
                         else:
                             text = bytearray()
                     elif event is None:

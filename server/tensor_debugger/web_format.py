@@ -8,7 +8,7 @@ from typing import Any
 from jinja2 import Environment
 
 
-def format_number(value: float | int | None) -> str:
+def format_number(value: float | None) -> str:
     if value is None:
         return "—"
     if isinstance(value, int):

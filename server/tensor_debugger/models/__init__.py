@@ -6,4 +6,4 @@ from tensor_debugger.models.run import RUN_STATUSES, RunRecord
 from tensor_debugger.models.session import SessionRecord
 from tensor_debugger.models.tensor import TensorRecord
 
-__all__ = ["Base", "ProblemRecord", "RUN_STATUSES", "RunRecord", "SessionRecord", "TensorRecord"]
+__all__ = ["RUN_STATUSES", "Base", "ProblemRecord", "RunRecord", "SessionRecord", "TensorRecord"]
