@@ -122,6 +122,22 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
+def raw_write_mb_s(workdir: Path, nbytes: int) -> float:
+    """Sequential 16 MiB writes of incompressible bytes, then fsync: what this disk takes at best."""
+    block = os.urandom(16 * MIB)
+    target = workdir / "raw-write-probe"
+    started = time.perf_counter()
+    with open(target, "wb") as out:
+        for _ in range(max(1, nbytes // len(block))):
+            out.write(block)
+        out.flush()
+        os.fsync(out.fileno())
+    elapsed = time.perf_counter() - started
+    written = target.stat().st_size
+    target.unlink()
+    return written / MB / elapsed
+
+
 def main() -> int:
     args = parse_args()
     sizes = int(args.size_gib * GIB), int(args.tensor_mib * MIB)
@@ -129,9 +145,9 @@ def main() -> int:
         write_dump(args.write_dump, *sizes, args.dtype, args.format, args.seed)
         return 0
     env = child_env()
-    wall, rss, versions = run_child([sys.executable, "-c", BASELINE], env)
+    baseline_wall, rss, versions = run_child([sys.executable, "-c", BASELINE], env)
     print(machine_line(versions.strip()))
-    print(f"baseline child (import tensor_debugger.cli, torch, zarr): {wall:.2f} s, peak RSS {rss:.0f} MB")
+    print(f"baseline child (import tensor_debugger.cli, torch, zarr): {baseline_wall:.2f} s, peak RSS {rss:.0f} MB")
     if args.workdir is None:
         DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
         workdir, own_workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=DEFAULT_WORKDIR_PARENT)), True
@@ -156,13 +172,18 @@ def main() -> int:
         print("command: " + " ".join(cmd))
         wall, rss, out = run_child(cmd, env)
         result = json.loads(out.strip().splitlines()[-1])
+        data_apparent, data_allocated = tree_bytes(data)
         for problem in result["problems"]:
             print(f"problem: {problem}")
-        data_apparent, data_allocated = tree_bytes(data)
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
         print(f"ingest: {result['run']['tensors']} of {written['count']} tensors stored in {wall:.2f} s wall "
               f"(process start-up included)")
-        print(f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files")
+        startup = baseline_wall
+        print(f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files; "
+              f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} MB/s without the {startup:.1f} s start-up")
+        limit = raw_write_mb_s(workdir, data_allocated)
+        print(f"the limit: plain sequential writes of the same {data_allocated / MB:.0f} MB to this disk "
+              f"(fsync at the end) run at {limit:.0f} MB/s")
         print(f"peak RSS of the ingest process: {rss:.0f} MB (this bench process peaked at {own:.0f} MB, "
               f"the floor of that reading)")
         print(f"data dir on disk: {data_allocated / MB:.0f} MB allocated ({data_apparent / MB:.0f} MB apparent), "

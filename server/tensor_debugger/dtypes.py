@@ -93,7 +93,9 @@ def all_dtypes() -> list[LogicalDtype]:
 
 
 def torch_to_storage(tensor: torch.Tensor) -> np.ndarray:
-    """A C-contiguous numpy copy of `tensor` in its storage dtype (bit patterns for raw-bit dtypes)."""
+    """`tensor` as a C-contiguous numpy array in its storage dtype (bit patterns for raw-bit dtypes).
+
+    A contiguous CPU tensor is not copied: the array shares its memory (a memory-mapped file, say)."""
     logical = from_torch(tensor.dtype)
     t = tensor.detach().cpu().contiguous()
     if logical.raw_bits:

@@ -14,7 +14,6 @@ import shutil
 import socket
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,7 +22,7 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.archive import ArchiveLimits
-from tensor_debugger.array_writer import StoredTensor, write_leaf
+from tensor_debugger.array_writer import StoredTensor, WritePools, write_leaf
 from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError, NothingUsableError
 from tensor_debugger.inputs import InputFile, TensorFileEntry, expand_inputs
 from tensor_debugger.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
@@ -138,7 +137,8 @@ class Ingestor:
                 progress(min(done, total), total)
 
         stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ingest-hash") as pool:
+        pools = WritePools.open()
+        try:
             for entry in expansion.entries:
                 first = len(stored)
                 try:
@@ -146,7 +146,7 @@ class Ingestor:
                         problems.extend(opened.skipped)
                         for leaf in opened.leaves:
                             key = f"{run_prefix(run_id)}/{len(stored)}"
-                            result = write_leaf(self.store, key, leaf, self.settings.chunk_bytes, pool, on_bytes)
+                            result = write_leaf(self.store, key, leaf, self.settings.chunk_bytes, pools, on_bytes)
                             stored.append((entry, entry.keys + leaf.key_path, result))
                         if not opened.leaves and not opened.skipped:
                             problems.append(FileProblem(entry.label, "holds no tensors"))
@@ -154,21 +154,25 @@ class Ingestor:
                             problems.append(FileProblem(entry.label, "holds no usable tensors"))
                 except FileProblem as problem:
                     problems.append(problem)
-                    self._drop(stored, first)
+                    self._drop(run_id, stored, first)
                 except OSError as exc:  # a file that ends early, a disk that fills
                     problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
-                    self._drop(stored, first)
+                    self._drop(run_id, stored, first)
                 finally:
                     if entry.staged:
                         entry.path.unlink(missing_ok=True)
+        finally:
+            pools.close()
         if progress is not None:
             progress(total, total)
         return stored, problems
 
-    def _drop(self, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int) -> None:
-        """Forget the tensors of a file that failed partway, arrays included."""
-        for _, _, tensor in stored[first:]:
-            self.store.delete(tensor.store_key)
+    def _drop(
+        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int
+    ) -> None:
+        """Forget the tensors of a file that failed partway, arrays included (the one cut short too)."""
+        for index in range(first, len(stored) + 1):
+            self.store.delete(f"{run_prefix(run_id)}/{index}")
         del stored[first:]
 
     def _finish(

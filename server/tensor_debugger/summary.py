@@ -57,29 +57,33 @@ class SummaryAccumulator:
             self.nan += int(np.count_nonzero(np.isnan(values)))
             self.inf += int(np.count_nonzero(np.isinf(values) & ~np.isnan(values)))
             values = np.abs(values)
-        elif values.dtype.kind == "f":
-            self.nan += int(np.count_nonzero(np.isnan(values)))
-            self.inf += int(np.count_nonzero(np.isinf(values)))
-        finite = values.ravel()
-        if finite.dtype.kind == "f":
-            mask = np.isfinite(finite)
-            if not mask.all():
-                finite = finite[mask]
-        if finite.size == 0:
-            return
-        wide = finite.astype(np.float64, copy=False)
-        n = wide.size
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = float(np.add.reduce(values, dtype=np.float64))
+        if values.dtype.kind == "f" and not np.isfinite(total):
+            # Only now look for NaN and Inf: a finite sum proves there are none (they would propagate).
+            nan = np.isnan(values)
+            inf = np.isinf(values)
+            self.nan += int(np.count_nonzero(nan))
+            self.inf += int(np.count_nonzero(inf))
+            values = values[~(nan | inf)]
+            if values.size == 0:
+                return
+            with np.errstate(over="ignore"):
+                total = float(np.add.reduce(values, dtype=np.float64))
+        n = values.size
         with np.errstate(over="ignore", invalid="ignore"):  # values near float64's limit overflow: see result()
-            mean = float(wide.mean())
-            m2 = float(np.square(wide - mean).sum())
-        self.lo = min(self.lo, float(wide.min()))
-        self.hi = max(self.hi, float(wide.max()))
-        total = self.count + n
+            mean = total / n
+            centred = values.astype(np.float64)
+            centred -= mean
+            m2 = float(np.dot(centred, centred))
+        self.lo = min(self.lo, float(values.min()))
+        self.hi = max(self.hi, float(values.max()))
+        count = self.count + n
         delta = mean - self.mean
         with np.errstate(over="ignore", invalid="ignore"):
-            self.mean += delta * n / total
-            self.m2 += m2 + delta * delta * self.count * n / total
-        self.count = total
+            self.mean += delta * n / count
+            self.m2 += m2 + delta * delta * self.count * n / count
+        self.count = count
 
     def result(self) -> TensorSummary:
         if self.count == 0:

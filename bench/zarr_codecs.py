@@ -1,12 +1,13 @@
 """Measure candidate Zarr v3 codecs for storing activations: write and read speed and stored size.
 
-    python bench/codecs.py              # about 256 MiB per case, best of 3
-    python bench/codecs.py --mib 64     # quicker
+    python bench/zarr_codecs.py              # about 256 MiB per case, best of 3
+    python bench/zarr_codecs.py --mib 64     # quicker
 
 Arrays are laid out as the app lays them out (tensor_debugger.chunking): (rows, 4096) with chunks of about 1 MiB
 spanning whole rows, written in blocks of 16 chunks (array_writer.CHUNKS_PER_BLOCK) and read back whole, into a
-LocalStore on this machine's disk. Writes land in the page cache (no fsync) and reads come from it, so the
-numbers are the codec's and zarr's cost, not the disk's. Nothing here asserts on timings.
+LocalStore on this machine's disk. Writes land in the page cache (no fsync; the store is synced before each
+timed step so that earlier write-back does not compete) and reads come from it, so the numbers are the codec's
+and zarr's cost, not the disk's. Nothing here asserts on timings.
 """
 
 from __future__ import annotations
@@ -76,26 +77,29 @@ def stored_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def measure(root: Path, data: np.ndarray, compressor: Any, repeats: int) -> tuple[float, float, int]:
-    """Best write and read seconds over `repeats`, and the stored size in bytes."""
+def measure(root: Path, data: np.ndarray, compressor: Any, repeats: int) -> tuple[list[float], list[float], int]:
+    """Write and read seconds of each of `repeats` runs, and the stored size in bytes."""
     rows_per_chunk = max(1, CHUNK_BYTES // (HIDDEN * data.itemsize))
     step = rows_per_chunk * CHUNKS_PER_BLOCK
     store = LocalStore(root)
-    best_write = best_read = float("inf")
+    writes: list[float] = []
+    reads: list[float] = []
     size = 0
     for attempt in range(repeats):
         name = f"a{attempt}"
+        os.sync()  # earlier runs' write-back must not compete with this one for the CPUs
         started = time.perf_counter()
         array = zarr.create_array(store, name=name, shape=data.shape, dtype=data.dtype,
                                   chunks=(rows_per_chunk, HIDDEN), compressors=compressor,
                                   fill_value=np.zeros((), dtype=data.dtype)[()])
         for start in range(0, data.shape[0], step):
             array[start:start + step] = data[start:start + step]
-        best_write = min(best_write, time.perf_counter() - started)
+        writes.append(time.perf_counter() - started)
 
+        os.sync()
         started = time.perf_counter()
-        back = zarr.open_array(store, path=name, mode="r")[:]
-        best_read = min(best_read, time.perf_counter() - started)
+        back: np.ndarray = np.asarray(zarr.open_array(store, path=name, mode="r")[:])
+        reads.append(time.perf_counter() - started)
         if attempt == 0:
             bits = f"u{data.itemsize}"
             if not np.array_equal(back.view(bits), data.view(bits)):
@@ -103,7 +107,7 @@ def measure(root: Path, data: np.ndarray, compressor: Any, repeats: int) -> tupl
             size = stored_bytes(root / name)
         del back
         shutil.rmtree(root / name)
-    return best_write, best_read, size
+    return writes, reads, size
 
 
 def parse_args() -> argparse.Namespace:
@@ -119,8 +123,9 @@ def main() -> int:
     print(machine_line())
     print(f"{args.mib:g} MiB per case, (rows, {HIDDEN}) arrays, ~{CHUNK_BYTES // MIB} MiB chunks written "
           f"{CHUNKS_PER_BLOCK} at a time, best of {args.repeats}; 1 MB = 1e6 bytes; "
-          f"ratio = stored bytes / raw bytes; * = tensor_debugger.store.DEFAULT_CODEC")
-    print(f"{'dtype':<9} {'codec':<24} {'write MB/s':>10} {'read MB/s':>10} {'ratio':>6}")
+          f"ratio = stored bytes / raw bytes; spread = slowest / fastest run, write and read; "
+          f"* = tensor_debugger.store.DEFAULT_CODEC")
+    print(f"{'dtype':<9} {'codec':<24} {'write MB/s':>10} {'read MB/s':>10} {'ratio':>6}  spread")
     default = DEFAULT_CODEC.to_dict()
     WORKDIR_PARENT.mkdir(exist_ok=True)
     workdir = Path(tempfile.mkdtemp(prefix="codecs-", dir=WORKDIR_PARENT))
@@ -129,10 +134,11 @@ def main() -> int:
         for dtype in DTYPES:
             data = make_data(dtype, args.mib, args.seed)
             for label, codec in CODECS.items():
-                write_s, read_s, size = measure(workdir, data, codec, args.repeats)
+                writes, reads, size = measure(workdir, data, codec, args.repeats)
                 mark = "*" if codec is not None and codec.to_dict() == default else " "
-                print(f"{dtype:<9} {label + mark:<24} {data.nbytes / MB / write_s:>10.0f} "
-                      f"{data.nbytes / MB / read_s:>10.0f} {size / data.nbytes:>6.3f}", flush=True)
+                print(f"{dtype:<9} {label + mark:<24} {data.nbytes / MB / min(writes):>10.0f} "
+                      f"{data.nbytes / MB / min(reads):>10.0f} {size / data.nbytes:>6.3f}  "
+                      f"x{max(writes) / min(writes):.1f} x{max(reads) / min(reads):.1f}", flush=True)
             del data
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
