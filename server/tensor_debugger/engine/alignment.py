@@ -1,0 +1,214 @@
+"""Alignment: the chain of views that makes a candidate's layout comparable with the reference's.
+
+Tried in order of cost, the cheapest chain wins: shards concatenated along the axis that makes the shapes agree,
+size-1 dimensions dropped, the other dimensions permuted with the last kept in place, extra leading rows of one
+side cut off, and, only as a last resort and marked so, both flattened when their element counts agree. The
+reference keeps its own order of dimensions: aligned coordinates are the reference's, less its size-1 dims.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+Shape = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One view applied to one side. `kind`: concat, squeeze, permute, truncate, flatten."""
+
+    side: str  # "a" (reference) or "b" (candidate)
+    kind: str
+    axis: int = -1  # concat, truncate
+    perm: tuple[int, ...] = ()  # permute: output dim i is input dim perm[i]
+    size: int = 0  # truncate: rows kept
+    shape: Shape = ()  # the side's shape after this step
+
+    def words(self) -> str:
+        who = "reference" if self.side == "a" else "candidate"
+        if self.kind == "concat":
+            return f"{who} shards concatenated along dim {self.axis} -> {list(self.shape)}"
+        if self.kind == "squeeze":
+            return f"{who} size-1 dims dropped -> {list(self.shape)}"
+        if self.kind == "permute":
+            return f"{who} dims permuted {list(self.perm)} -> {list(self.shape)}"
+        if self.kind == "truncate":
+            return f"{who} cut to its first {self.size} rows along dim {self.axis} (extra rows ignored)"
+        return f"{who} flattened -> {list(self.shape)} (last resort: element counts agree, layouts may not)"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"side": self.side, "kind": self.kind, "axis": self.axis, "perm": list(self.perm),
+                "size": self.size, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Step:
+        return cls(str(data["side"]), str(data["kind"]), int(data.get("axis", -1)),
+                   tuple(int(x) for x in data.get("perm", ())), int(data.get("size", 0)),
+                   tuple(int(x) for x in data.get("shape", ())))
+
+
+_COST = {"concat": 1, "squeeze": 1, "permute": 4, "truncate": 6, "flatten": 100}
+
+
+@dataclass(frozen=True)
+class Alignment:
+    shapes_a: tuple[Shape, ...]
+    shapes_b: tuple[Shape, ...]
+    steps: tuple[Step, ...] = field(default=())
+    shape: Shape = ()  # the aligned shape both sides are read in
+
+    @property
+    def last_resort(self) -> bool:
+        return any(s.kind == "flatten" for s in self.steps)
+
+    @property
+    def cost(self) -> int:
+        return sum(_COST[s.kind] for s in self.steps)
+
+    def words(self) -> str:
+        return "; ".join(s.words() for s in self.steps) or "same shape"
+
+    def side_steps(self, side: str) -> list[Step]:
+        return [s for s in self.steps if s.side == side]
+
+    def key(self) -> str:
+        """Canonical text of the steps, part of the comparison cache key."""
+        return json.dumps([s.to_json() for s in self.steps], separators=(",", ":"))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "steps": [s.to_json() for s in self.steps], "words": self.words(),
+                "last_resort": self.last_resort}
+
+    @classmethod
+    def from_steps(cls, shapes_a: list[Shape], shapes_b: list[Shape], steps: list[Step]) -> Alignment:
+        """An alignment given explicitly (a user's override); ValueError when the steps do not fit."""
+        final: dict[str, Shape] = {}
+        for side, shards in (("a", shapes_a), ("b", shapes_b)):
+            shape = _merged_without_steps(shards, [s for s in steps if s.side == side])
+            for step in (s for s in steps if s.side == side):
+                shape = _apply(shape, step, shards)
+            final[side] = shape
+        if final["a"] != final["b"]:
+            raise ValueError(f"the steps give {list(final['a'])} and {list(final['b'])}, which differ")
+        return cls(tuple(shapes_a), tuple(shapes_b), tuple(steps), final["a"])
+
+
+def _merged_without_steps(shards: list[Shape], steps: list[Step]) -> Shape:
+    if len(shards) > 1 and not any(s.kind == "concat" for s in steps):
+        raise ValueError("several shards need a concat step")
+    return shards[0]
+
+
+def _apply(shape: Shape, step: Step, shards: list[Shape]) -> Shape:
+    if step.kind == "concat":
+        return _concat_shape(shards, step.axis) or _fail(f"shards {shards} cannot join along dim {step.axis}")
+    if step.kind == "squeeze":
+        return tuple(d for d in shape if d != 1)
+    if step.kind == "permute":
+        if sorted(step.perm) != list(range(len(shape))):
+            _fail(f"{list(step.perm)} is not a permutation of {len(shape)} dims")
+        return tuple(shape[p] for p in step.perm)
+    if step.kind == "truncate":
+        if not 0 <= step.axis < len(shape) or step.size > shape[step.axis]:
+            _fail(f"cannot keep {step.size} rows of dim {step.axis} of {list(shape)}")
+        return shape[: step.axis] + (step.size,) + shape[step.axis + 1 :]
+    if step.kind == "flatten":
+        return (math.prod(shape),)
+    return _fail(f"unknown step {step.kind!r}")
+
+
+def _fail(message: str) -> Shape:
+    raise ValueError(message)
+
+
+def _concat_shape(shards: list[Shape], axis: int) -> Shape | None:
+    first = shards[0]
+    if not 0 <= axis < len(first) or any(len(s) != len(first) for s in shards):
+        return None
+    if any(s[:axis] + s[axis + 1 :] != first[:axis] + first[axis + 1 :] for s in shards):
+        return None
+    return first[:axis] + (sum(s[axis] for s in shards),) + first[axis + 1 :]
+
+
+def _merges(side: str, shards: list[Shape]) -> Iterator[tuple[Shape, list[Step]]]:
+    if len(shards) == 1:
+        yield shards[0], []
+        return
+    for axis in range(len(shards[0])):
+        merged = _concat_shape(shards, axis)
+        if merged is not None:
+            yield merged, [Step(side, "concat", axis=axis, shape=merged)]
+
+
+def _squeezed(side: str, shape: Shape) -> tuple[Shape, list[Step]]:
+    squeezed = tuple(d for d in shape if d != 1)
+    return (squeezed, [Step(side, "squeeze", shape=squeezed)]) if squeezed != shape else (shape, [])
+
+
+def _permutations(shape_b: Shape, target: Shape) -> Iterator[tuple[int, ...]]:
+    """Permutations of b's dims, last kept last, that give `target` (identity first)."""
+    n = len(shape_b)
+    if n != len(target) or n < 2 or shape_b[-1] != target[-1]:
+        return
+    for head in itertools.permutations(range(n - 1)):
+        perm = (*head, n - 1)
+        if tuple(shape_b[p] for p in perm) == target:
+            yield perm
+
+
+def _pair_single(a: Shape, b: Shape) -> list[tuple[list[Step], Shape]]:
+    """Every chain aligning one shape with another, cheapest later picked by the caller."""
+    if a == b:
+        return [([], a)]
+    found: list[tuple[list[Step], Shape]] = []
+    qa, steps_a = _squeezed("a", a)
+    qb, steps_b = _squeezed("b", b)
+    if qa == qb:
+        found.append((steps_a + steps_b, qa))
+    for perm in _permutations(qb, qa):
+        if perm != tuple(range(len(qb))):
+            found.append((steps_a + steps_b + [Step("b", "permute", perm=perm, shape=qa)], qa))
+            break
+    found.extend(_truncations(qa, qb, steps_a, steps_b))
+    if not found and math.prod(a) == math.prod(b):
+        n = math.prod(a)
+        found.append(([Step("a", "flatten", shape=(n,)), Step("b", "flatten", shape=(n,))], (n,)))
+    return found
+
+
+def _truncations(qa: Shape, qb: Shape, steps_a: list[Step], steps_b: list[Step]) -> list[tuple[list[Step], Shape]]:
+    """One side has extra leading rows (dim 0), possibly after permuting the candidate's other dims."""
+    if len(qa) != len(qb) or not qa or qa[0] == qb[0]:
+        return []
+    rows = min(qa[0], qb[0])
+    long_side = "a" if qa[0] > qb[0] else "b"
+    target = (rows,) + qa[1:]
+    candidates: list[tuple[list[Step], Shape]] = []
+    if qa[1:] == qb[1:]:
+        cut = Step(long_side, "truncate", axis=0, size=rows, shape=target)
+        candidates.append((steps_a + steps_b + [cut], target))
+    elif len(qb) > 2:
+        for perm in _permutations(qb[1:], qa[1:]):
+            full = (0, *(p + 1 for p in perm))
+            permuted = (qb[0],) + qa[1:]
+            cut = Step(long_side, "truncate", axis=0, size=rows, shape=target)
+            candidates.append((steps_a + steps_b + [Step("b", "permute", perm=full, shape=permuted), cut], target))
+            break
+    return candidates
+
+
+def align(shapes_a: list[Shape], shapes_b: list[Shape]) -> Alignment | None:
+    """The cheapest chain of views making both sides the same shape, or None: incomparable."""
+    best: Alignment | None = None
+    for merged_a, concat_a in _merges("a", shapes_a):
+        for merged_b, concat_b in _merges("b", shapes_b):
+            for steps, shape in _pair_single(merged_a, merged_b):
+                candidate = Alignment(tuple(shapes_a), tuple(shapes_b), tuple(concat_a + concat_b + steps), shape)
+                if best is None or candidate.cost < best.cost:
+                    best = candidate
+    return best

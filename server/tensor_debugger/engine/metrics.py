@@ -1,0 +1,236 @@
+"""Statistics of a pair, accumulated block by block in float64 (complex128 for complex values).
+
+Every statistic is over the aligned tensor. NaN is never folded away: NaN counts are kept per side, a NaN on
+either side makes its element a mismatch, and it makes the cosine similarity and SNR NaN. Relative differences
+are |b - a| / |a| over elements whose reference value is non-zero.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from tensor_debugger.engine.tolerances import Tolerance
+
+HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
+
+
+@dataclass(frozen=True)
+class PairStats:
+    numel: int
+    max_abs_diff: float
+    argmax: tuple[int, ...] | None  # aligned coordinates of the largest difference (NaN outranks all)
+    mean_abs_diff: float
+    max_rel_diff: float
+    mean_rel_diff: float
+    mse: float
+    rmse: float
+    cosine: float
+    snr_db: float
+    mismatched: int
+    mismatched_fraction: float
+    nan_a: int
+    nan_b: int
+    inf_a: int
+    inf_b: int
+    nan_one_side: int  # positions where exactly one side is NaN
+    histogram: list[int]  # [zero, decades HIST_LOW..HIST_HIGH-1 ..., >= 10**HIST_HIGH or inf]
+    rtol: float
+    atol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.mismatched == 0
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["argmax"] = list(self.argmax) if self.argmax is not None else None
+        return {k: json_number(v) if isinstance(v, float) else v for k, v in data.items()}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PairStats:
+        values = {k: parse_number(v) if k not in ("argmax", "histogram") else v for k, v in data.items()}
+        values["argmax"] = tuple(data["argmax"]) if data.get("argmax") is not None else None
+        return cls(**values)
+
+
+def json_number(value: float) -> float | str:
+    """JSON has no NaN or Infinity: those travel as the strings "nan", "inf" and "-inf"."""
+    if math.isnan(value):
+        return "nan"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def parse_number(value: Any) -> Any:
+    return float(value) if isinstance(value, str) else value
+
+
+class PairAccumulator:
+    """Partial statistics of some blocks; `merge` combines partials (blocks may be done in parallel)."""
+
+    def __init__(self, tolerance: Tolerance, exact: bool) -> None:
+        self.tol = tolerance
+        self.exact = exact
+        self.numel = 0
+        self.valid = 0  # elements where neither side is NaN
+        self.max_abs = -1.0
+        self.argmax: tuple[int, ...] | None = None
+        self.argmax_flat = -1
+        self.sum_abs = 0.0
+        self.sum_sq = 0.0
+        self.rel_count = 0
+        self.sum_rel = 0.0
+        self.max_rel = 0.0
+        self.dot = 0.0
+        self.norm_a = 0.0
+        self.norm_b = 0.0
+        self.mismatched = 0
+        self.nan_a = self.nan_b = self.inf_a = self.inf_b = self.nan_one = 0
+        self.unequal_inf = 0
+        self.hist = np.zeros(HIST_HIGH - HIST_LOW + 2, dtype=np.int64)
+
+    def add(self, a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], shape: tuple[int, ...]) -> None:
+        """Fold in one block: `a` and `b` hold the same aligned region (same shape), which starts at `origin`
+        of the aligned tensor of shape `shape`."""
+        n = a.size
+        self.numel += n
+        if n == 0:
+            return
+        if self.exact:
+            self.mismatched += int(np.count_nonzero(a != b))
+        wide_kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
+        a64 = a.astype(wide_kind).reshape(-1)
+        b64 = b.astype(wide_kind).reshape(-1)
+        nan_a, nan_b = np.isnan(a64), np.isnan(b64)
+        inf_a, inf_b = np.isinf(a64), np.isinf(b64)
+        self.nan_a += int(nan_a.sum())
+        self.nan_b += int(nan_b.sum())
+        self.inf_a += int(inf_a.sum())
+        self.inf_b += int(inf_b.sum())
+        any_nan = nan_a | nan_b
+        self.nan_one += int(np.count_nonzero(nan_a ^ nan_b))
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(a64 - b64)
+        diff[a64 == b64] = 0.0  # equal infinities are equal
+        diff[any_nan] = np.nan
+        valid = ~any_nan
+        n_valid = int(valid.sum())
+        self.valid += n_valid
+        abs_a = np.abs(a64)
+        if not self.exact:
+            with np.errstate(invalid="ignore"):
+                close = diff <= self.tol.atol + self.tol.rtol * abs_a
+            close &= ~inf_a | (a64 == b64)  # an infinite reference is close only to itself (torch.isclose)
+            self.mismatched += int(n - np.count_nonzero(close))  # NaN compares false: a mismatch
+        self._locate_max(diff, any_nan, origin, a.shape, shape)
+        if n_valid:
+            d = diff[valid]
+            self.sum_abs += float(d.sum())
+            with np.errstate(over="ignore"):
+                self.sum_sq += float(np.dot(d, d))
+            ref = abs_a[valid]
+            nonzero = (ref > 0) & np.isfinite(ref)
+            if nonzero.any():
+                with np.errstate(invalid="ignore"):
+                    rel = d[nonzero] / ref[nonzero]
+                self.rel_count += int(nonzero.sum())
+                self.sum_rel += float(rel.sum())
+                self.max_rel = max(self.max_rel, float(np.nanmax(rel)) if rel.size else 0.0)
+            finite = valid & ~inf_a & ~inf_b
+            self.unequal_inf += int(np.count_nonzero((inf_a | inf_b) & valid & (diff > 0)))
+            fa, fb = a64[finite], b64[finite]
+            self.dot += float(np.real(np.vdot(fa, fb)))
+            self.norm_a += float(np.real(np.vdot(fa, fa)))
+            self.norm_b += float(np.real(np.vdot(fb, fb)))
+            self._histogram(d)
+
+    def _locate_max(self, diff: np.ndarray, any_nan: np.ndarray, origin: tuple[int, ...],
+                    block_shape: tuple[int, ...], shape: tuple[int, ...]) -> None:
+        if any_nan.any():  # a NaN is the largest difference there is
+            local = int(np.argmax(any_nan))
+            value = math.inf
+            nan_here = True
+        else:
+            local = int(np.argmax(diff))
+            value = float(diff[local])
+            nan_here = False
+        index = tuple(int(o + i) for o, i in zip(origin, np.unravel_index(local, block_shape), strict=True))
+        flat = int(np.ravel_multi_index(index, shape)) if shape else 0
+        current = math.inf if self.argmax is not None and math.isnan(self.max_abs) else self.max_abs
+        better = value > current or (value == current and (self.argmax is None or flat < self.argmax_flat))
+        if better:
+            self.max_abs = math.nan if nan_here else value
+            self.argmax, self.argmax_flat = index, flat
+
+    def _histogram(self, d: np.ndarray) -> None:
+        zero = d == 0
+        self.hist[0] += int(zero.sum())
+        rest = d[~zero]
+        if rest.size == 0:
+            return
+        with np.errstate(divide="ignore"):
+            decades = np.floor(np.log10(rest))
+        bins = np.clip(decades, HIST_LOW, HIST_HIGH) - HIST_LOW + 1
+        bins[~np.isfinite(bins)] = len(self.hist) - 1
+        self.hist += np.bincount(bins.astype(np.int64), minlength=len(self.hist))[: len(self.hist)]
+
+    def merge(self, other: PairAccumulator) -> None:
+        for name in ("numel", "valid", "sum_abs", "sum_sq", "rel_count", "sum_rel", "dot", "norm_a", "norm_b",
+                     "mismatched", "nan_a", "nan_b", "inf_a", "inf_b", "nan_one", "unequal_inf"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.max_rel = max(self.max_rel, other.max_rel)
+        self.hist += other.hist
+        if other.argmax is None:
+            return
+        mine = math.inf if math.isnan(self.max_abs) else self.max_abs
+        theirs = math.inf if math.isnan(other.max_abs) else other.max_abs
+        if self.argmax is None or theirs > mine or (theirs == mine and other.argmax_flat < self.argmax_flat):
+            self.max_abs, self.argmax, self.argmax_flat = other.max_abs, other.argmax, other.argmax_flat
+
+    def result(self) -> PairStats:
+        valid = max(self.valid, 1)
+        has_nan = self.nan_a + self.nan_b > 0
+        if has_nan or self.unequal_inf:
+            cosine = snr = math.nan
+        else:
+            cosine = _cosine(self.dot, self.norm_a, self.norm_b)
+            snr = _snr(self.norm_a, self.sum_sq)
+        mse = self.sum_sq / valid if self.valid else math.nan
+        return PairStats(
+            numel=self.numel,
+            max_abs_diff=max(self.max_abs, 0.0) if not math.isnan(self.max_abs) else math.nan,
+            argmax=self.argmax,
+            mean_abs_diff=self.sum_abs / valid if self.valid else math.nan,
+            max_rel_diff=self.max_rel,
+            mean_rel_diff=self.sum_rel / self.rel_count if self.rel_count else 0.0,
+            mse=mse,
+            rmse=math.sqrt(mse) if not math.isnan(mse) else math.nan,
+            cosine=cosine,
+            snr_db=snr,
+            mismatched=self.mismatched,
+            mismatched_fraction=self.mismatched / self.numel if self.numel else 0.0,
+            nan_a=self.nan_a, nan_b=self.nan_b, inf_a=self.inf_a, inf_b=self.inf_b, nan_one_side=self.nan_one,
+            histogram=[int(x) for x in self.hist],
+            rtol=self.tol.rtol, atol=self.tol.atol,
+        )
+
+
+def _cosine(dot: float, norm_a: float, norm_b: float) -> float:
+    if norm_a == 0 and norm_b == 0:
+        return 1.0  # both all zeros: identical
+    if norm_a == 0 or norm_b == 0:
+        return 0.0
+    return max(-1.0, min(1.0, dot / math.sqrt(norm_a * norm_b)))
+
+
+def _snr(signal: float, noise: float) -> float:
+    if noise == 0:
+        return math.inf
+    if signal == 0:
+        return -math.inf
+    return 10.0 * math.log10(signal / noise)
