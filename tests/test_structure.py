@@ -11,7 +11,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "server" / "tensor_debugger"
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 # The pure core: values, layouts and statistics. It must not know about the web, the database or the store.
-PURE = ["dtypes.py", "chunking.py", "summary.py", "names.py", *(f"engine/{p.name}" for p in (PACKAGE / "engine").glob("*.py"))]
+PURE = ["dtypes.py", "chunking.py", "summary.py", "names.py",
+        *(f"engine/{p.name}" for p in (PACKAGE / "engine").glob("*.py"))]
 FORBIDDEN = ("litestar", "sqlalchemy", "alembic", "zarr", "jinja2", "uvicorn", "tensor_debugger.store",
              "tensor_debugger.models", "tensor_debugger.app", "tensor_debugger.controllers")
 

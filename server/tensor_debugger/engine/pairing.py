@@ -119,7 +119,10 @@ def normalize(name: str) -> str:
     return text
 
 
-def _unique_index(items: list[LogicalTensor], key: Callable[[LogicalTensor], Hashable | None]) -> dict[Hashable, LogicalTensor]:
+KeyFn = Callable[[LogicalTensor], Hashable | None]
+
+
+def _unique_index(items: list[LogicalTensor], key: KeyFn) -> dict[Hashable, LogicalTensor]:
     counts = Counter(k for k in map(key, items) if k is not None)
     return {k: item for item in items if (k := key(item)) is not None and counts[k] == 1}
 
