@@ -17,6 +17,8 @@ def test_upgrade_head_matches_models(tmp_path: Path) -> None:
     with engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         assert compare_metadata(context, Base.metadata) == []
-    assert set(inspect(engine).get_table_names()) == {"alembic_version", "sessions", "runs", "tensors", "problems"}
+    assert set(inspect(engine).get_table_names()) == {
+        "alembic_version", "sessions", "runs", "tensors", "problems", "pairs", "comparison_results", "pair_overrides",
+        "unmatched"}
     upgrade_database(engine)  # a second start is a no-op
     engine.dispose()

@@ -15,7 +15,9 @@ from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 
 from tensor_debugger import __version__
+from tensor_debugger.comparisons import sessions_needing_plan
 from tensor_debugger.controllers.pages import PageController
+from tensor_debugger.controllers.pairs import PairController, SessionPairsController
 from tensor_debugger.controllers.runs import RunController
 from tensor_debugger.controllers.sessions import SessionController
 from tensor_debugger.controllers.tensors import TensorController
@@ -33,6 +35,7 @@ from tensor_debugger.schemas import problem_json
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.web_format import register_filters
+from tensor_debugger.worker import ComparisonWorker
 
 _STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
 
@@ -70,11 +73,22 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     hashes = static_hashes()
 
     def startup(app: Litestar) -> None:
-        holder["services"] = services or open_services(settings)
+        opened = holder["services"] = services or open_services(settings)
+        worker = ComparisonWorker(opened.comparisons)
+        app.state.worker = worker
+        opened.on_planned = lambda _session_id: worker.wake()
+        with opened.sessions() as db:
+            unplanned = sessions_needing_plan(db)
+        for session_id in unplanned:  # runs ingested from the command line while no server ran
+            opened.comparisons.plan(session_id)
         if settings.demo:
-            ensure_demo_session(holder["services"])
+            ensure_demo_session(opened)
+        worker.start()  # picks up pending pairs, those of a computation killed last time included
 
     def shutdown(app: Litestar) -> None:
+        worker = getattr(app.state, "worker", None)
+        if worker is not None:
+            worker.stop()
         if services is None and "services" in holder:
             holder["services"].close()
 
@@ -89,7 +103,8 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
     return Litestar(
         route_handlers=[
-            SessionController, RunController, TensorController, PageController,
+            SessionController, SessionPairsController, PairController, RunController, TensorController,
+            PageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},

@@ -9,7 +9,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import selectinload
 
-from tensor_debugger.errors import ConflictError, NotFoundError
+from tensor_debugger.errors import ConflictError, InvalidInputError, NotFoundError
 from tensor_debugger.ingest import parse_label, run_prefix
 from tensor_debugger.models import RunRecord, SessionRecord, TensorRecord
 from tensor_debugger.store import ArrayStore
@@ -61,6 +61,14 @@ def update_session(db: DbSession, session_id: int, name: str | None, notes: str 
     except IntegrityError:
         raise ConflictError(f"a session named {name!r} exists already") from None
     return session
+
+
+def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | None) -> None:
+    """Set the session's tolerances (None: torch.testing's default for each pair's dtypes)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (value >= 0 and value < float("inf")):
+            raise InvalidInputError(f"{name} must be a non-negative finite number, got {value}")
+    session.rtol, session.atol = rtol, atol
 
 
 def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:

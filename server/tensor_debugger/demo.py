@@ -32,7 +32,8 @@ def ensure_demo_session(services: Services) -> bool:
         write_dump(folder / "reference", DEMO_LAYERS, seed=7)
         write_dump(folder / "candidate", DEMO_LAYERS, seed=7, plant=DEMO_PLANT)
         for label in ("reference", "candidate"):
-            services.ingestor.ingest(DEMO_NAME, label, [InputFile(folder / label, f"{label}/")])
+            result = services.ingestor.ingest(DEMO_NAME, label, [InputFile(folder / label, f"{label}/")])
+        services.plan(result.session_id)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     marker.touch()

@@ -41,6 +41,7 @@ def session_json(session: SessionRecord, with_problems: bool = False) -> dict[st
         "name": session.name,
         "notes": session.notes,
         "created_at": iso(session.created_at),
+        "tolerances": {"rtol": session.rtol, "atol": session.atol},
         "runs": [run_json(r, with_problems) for r in session.runs],
     }
 

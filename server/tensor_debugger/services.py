@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.comparisons import Comparisons
 from tensor_debugger.database import create_db_engine, make_sessionmaker, upgrade_database
 from tensor_debugger.ingest import Ingestor
 from tensor_debugger.recovery import RecoveryReport, recover
@@ -22,9 +24,18 @@ class Services:
     sessions: sessionmaker[Any]
     store: ArrayStore
     ingestor: Ingestor
+    comparisons: Comparisons
     recovery: RecoveryReport
+    on_planned: Callable[[int], None] | None = None  # the server's worker wakes up
+
+    def plan(self, session_id: int) -> None:
+        """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
+        self.comparisons.plan(session_id)
+        if self.on_planned is not None:
+            self.on_planned(session_id)
 
     def close(self) -> None:
+        self.comparisons.close()
         self.engine.dispose()
 
 
@@ -36,4 +47,5 @@ def open_services(settings: Settings) -> Services:
     sessions = make_sessionmaker(engine)
     store = ArrayStore(settings.store_url)
     report = recover(sessions, store)
-    return Services(settings, engine, sessions, store, Ingestor(settings, sessions, store), report)
+    return Services(settings, engine, sessions, store, Ingestor(settings, sessions, store),
+                    Comparisons(sessions, store), report)

@@ -46,4 +46,5 @@ def ingest_batch(services: Services, session_name: str, runs: dict[str, list[Inp
             outcomes.append(RunOutcome(label, None, 0, exc.problems))
         else:
             outcomes.append(RunOutcome(label, result.run_id, result.tensors, result.problems))
+            services.plan(result.session_id)
     return outcomes

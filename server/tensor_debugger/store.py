@@ -14,10 +14,11 @@ from urllib.parse import unquote, urlparse
 import numpy as np
 import torch
 import zarr
-from zarr.abc.store import Store
+from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
+from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.core.sync import sync
-from zarr.storage import LocalStore, MemoryStore
+from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
 from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
 
@@ -25,6 +26,31 @@ from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
 # while storing float32 activations at 0.91 and bfloat16 at 0.81 of their size; zstd saves a few percent more but
 # reads two to three times slower, and no compression reads slower still (more bytes from disk).
 DEFAULT_CODEC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
+
+
+_METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
+
+
+class ReadCounter:
+    def __init__(self) -> None:
+        self.chunks = 0
+
+
+class CountingStore(WrapperStore[Store]):
+    """Counts chunk reads (not metadata), so tests and benchmarks can see what a computation touched. Zarr
+    re-wraps stores (a read-only copy for `mode="r"`), so the copies share one counter."""
+
+    def __init__(self, store: Store, counter: ReadCounter | None = None) -> None:
+        super().__init__(store)
+        self.counter = counter or ReadCounter()
+
+    def _with_store(self, store: Store) -> CountingStore:
+        return CountingStore(store, self.counter)
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
+            self.counter.chunks += 1
+        return await self._store.get(key, prototype, byte_range)
 
 
 def open_store(url: str) -> Store:
@@ -39,7 +65,12 @@ def open_store(url: str) -> Store:
 class ArrayStore:
     def __init__(self, url: str) -> None:
         self.url = url
-        self._store = open_store(url)
+        self._store = CountingStore(open_store(url))
+
+    @property
+    def chunk_reads(self) -> int:
+        """Chunks read through this store since it was opened."""
+        return self._store.counter.chunks
 
     def create(
         self, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]

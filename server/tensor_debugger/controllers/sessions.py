@@ -22,6 +22,9 @@ UPLOAD_LIMIT_NOTE = "Upload size is limited by the max_upload_bytes setting."
 class SessionPatch:
     name: str | None = None
     notes: str | None = None
+    rtol: float | None = None  # the session's tolerances; verdicts follow
+    atol: float | None = None
+    default_tolerances: bool = False  # true: back to torch.testing's defaults per dtype
 
 
 @dataclass
@@ -49,7 +52,17 @@ class SessionController(Controller):
     @patch("/{session_id:int}", sync_to_thread=True)
     def update_session(self, services: Services, session_id: int, data: SessionPatch) -> dict[str, Any]:
         with services.sessions.begin() as db:
-            return session_json(catalog.update_session(db, session_id, data.name, data.notes))
+            session = catalog.update_session(db, session_id, data.name, data.notes)
+            tolerances_changed = data.rtol is not None or data.atol is not None or data.default_tolerances
+            if tolerances_changed:
+                catalog.set_tolerances(session, None if data.default_tolerances else data.rtol,
+                                       None if data.default_tolerances else data.atol)
+            body = session_json(session)
+        if tolerances_changed:
+            services.comparisons.refresh(session_id)
+            if services.on_planned is not None:
+                services.on_planned(session_id)
+        return body
 
     @delete("/{session_id:int}", sync_to_thread=True)
     def delete_session(self, services: Services, session_id: int) -> None:

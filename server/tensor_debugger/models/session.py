@@ -21,6 +21,8 @@ class SessionRecord(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     notes: Mapped[str] = mapped_column(Text, default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    rtol: Mapped[float | None]  # the session's tolerances; null: torch.testing's defaults for each pair's dtypes
+    atol: Mapped[float | None]
     runs: Mapped[list[RunRecord]] = relationship(
         back_populates="session", order_by="RunRecord.position", cascade="all, delete-orphan"
     )

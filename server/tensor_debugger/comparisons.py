@@ -1,0 +1,275 @@
+"""Pairs of a session: planned from the stored tensors, compared once (the cache), with verdicts.
+
+Planning pairs every candidate run with the reference run (the session's first) and records an alignment for
+each pair. Computing reads both sides block by block through lazy views and stores the statistics in the
+comparison cache under the two sides' content digests, the alignment and the tolerances: reopening a session,
+comparing the same dumps again or uploading an identical tensor never computes them twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.dtypes import parse_dtype, storage_to_compute
+from tensor_debugger.engine.alignment import Alignment, Step, align
+from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, pair_runs
+from tensor_debugger.engine.streaming import compare_views
+from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
+from tensor_debugger.engine.views import SourceView, View, build_view
+from tensor_debugger.errors import NotFoundError
+from tensor_debugger.models import (
+    ComparisonResultRecord,
+    PairOverrideRecord,
+    PairRecord,
+    SessionRecord,
+    TensorRecord,
+    UnmatchedRecord,
+)
+from tensor_debugger.store import ArrayStore
+
+ProgressCallback = Callable[[int, int], None]  # (pairs done, pairs to do)
+
+
+@dataclass(frozen=True)
+class Progress:
+    total: int
+    done: int  # pairs with a verdict (pass, fail, incomparable or error)
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.done
+
+
+def cache_key(digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance,
+              exact: bool) -> str:
+    text = json.dumps([list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, exact])
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def tensor_ref(t: TensorRecord) -> TensorRef:
+    return TensorRef(t.id, t.name, tuple(t.shape), t.dtype, t.position, t.layer, t.stage, tuple(t.key_path),
+                     t.digest)
+
+
+class Comparisons:
+    def __init__(self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int = 2) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
+        self._lock = threading.Lock()  # one computation at a time per process: the pool is already parallel
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+    # --- planning ---------------------------------------------------------------------------------------
+
+    def plan(self, session_id: int) -> None:
+        """(Re)build the session's pairs and unmatched lists from its ready runs and the user's overrides."""
+        with self.sessions.begin() as db:
+            session = db.get(SessionRecord, session_id)
+            if session is None:
+                raise NotFoundError(f"no session with id {session_id}")
+            db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
+            db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
+            runs = [r for r in session.runs if r.status == "ready"]
+            if len(runs) < 2:
+                return
+            reference = runs[0]
+            refs_a = self._refs(db, reference.id)
+            overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
+            position = 0
+            for candidate in runs[1:]:
+                mine = [o for o in overrides if o.run_b_id == candidate.id]
+                pairing = pair_runs(
+                    refs_a, self._refs(db, candidate.id),
+                    manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
+                    unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
+                )
+                aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
+                for plan in pairing.pairs:
+                    alignment, overridden = self._alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
+                    db.add(PairRecord(
+                        session_id=session_id, run_a_id=reference.id, run_b_id=candidate.id, position=position,
+                        name=plan.a.name, layer=plan.a.layer, stage=plan.a.stage, strategy=plan.strategy,
+                        a_name=plan.a.name, b_name=plan.b.name,
+                        a_tensor_ids=[s.id for s in plan.a.shards], b_tensor_ids=[s.id for s in plan.b.shards],
+                        alignment=alignment.to_json() if alignment else None, alignment_overridden=overridden,
+                        status="pending" if alignment else "incomparable",
+                    ))
+                    position += 1
+                for run_id, other, missing in ((reference.id, candidate.id, pairing.unmatched_a),
+                                               (candidate.id, reference.id, pairing.unmatched_b)):
+                    for n, tensor in enumerate(missing):
+                        db.add(UnmatchedRecord(session_id=session_id, run_id=run_id, other_run_id=other,
+                                               position=n, name=tensor.name, tensor_ids=[s.id for s in tensor.shards]))
+        self.refresh(session_id)
+
+    def _refs(self, db: DbSession, run_id: int) -> list[TensorRef]:
+        rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position))
+        return [tensor_ref(t) for t in rows]
+
+    @staticmethod
+    def _alignment(a: LogicalTensor, b: LogicalTensor, steps: list[Any] | None) -> tuple[Alignment | None, bool]:
+        if steps:
+            try:
+                return Alignment.from_steps(a.shapes, b.shapes, [Step.from_json(s) for s in steps]), True
+            except ValueError:
+                pass  # the tensors changed under the override: fall back to the automatic alignment
+        return align(a.shapes, b.shapes), False
+
+    # --- verdicts from the cache ------------------------------------------------------------------------
+
+    def tolerance(self, session: SessionRecord, dtype_a: str, dtype_b: str) -> tuple[Tolerance, bool]:
+        """The pair's tolerance and whether it compares exactly (integers and bools on both sides)."""
+        exact = is_exact_dtype(dtype_a) and is_exact_dtype(dtype_b)
+        if exact:
+            return Tolerance(0.0, 0.0), True
+        if session.rtol is not None or session.atol is not None:
+            base = default_tolerance(dtype_a, dtype_b)
+            return Tolerance(session.rtol if session.rtol is not None else base.rtol,
+                             session.atol if session.atol is not None else base.atol), False
+        return default_tolerance(dtype_a, dtype_b), False
+
+    def _key(self, db: DbSession, session: SessionRecord, pair: PairRecord) -> tuple[str, Tolerance, bool]:
+        tensors = self._tensors(db, pair)
+        a, b = tensors[: len(pair.a_tensor_ids)], tensors[len(pair.a_tensor_ids) :]
+        tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
+        alignment_key = json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
+        return cache_key([t.digest for t in a], [t.digest for t in b], alignment_key, tol, exact), tol, exact
+
+    def refresh(self, session_id: int) -> None:
+        """Give every comparable pair the verdict cached for its current key, or mark it pending."""
+        with self.sessions.begin() as db:
+            session = db.get_one(SessionRecord, session_id)
+            pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id,
+                                                        PairRecord.status != "incomparable")).all()
+            for pair in pairs:
+                key, _, _ = self._key(db, session, pair)
+                cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
+                pair.error = None
+                if cached is None:
+                    pair.result_id, pair.status = None, "pending"
+                else:
+                    pair.result_id = cached.id
+                    pair.status = "pass" if PairStats.from_json(cached.stats).passed else "fail"
+
+    # --- computing --------------------------------------------------------------------------------------
+
+    def compute_pending(
+        self, session_id: int | None = None, progress: ProgressCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> int:
+        """Compute every pending pair (of one session, or all), in execution order; returns how many."""
+        with self.sessions() as db:
+            query = select(PairRecord.id).where(PairRecord.status == "pending")
+            if session_id is not None:
+                query = query.where(PairRecord.session_id == session_id)
+            todo = list(db.scalars(query.order_by(PairRecord.session_id, PairRecord.position)))
+        for done, pair_id in enumerate(todo):
+            if should_stop is not None and should_stop():
+                return done
+            self.compute_pair(pair_id)
+            if progress is not None:
+                progress(done + 1, len(todo))
+        return len(todo)
+
+    def compute_pair(self, pair_id: int) -> None:
+        with self._lock:
+            with self.sessions() as db:
+                pair = db.get(PairRecord, pair_id)
+                if pair is None or pair.status != "pending" or pair.alignment is None:
+                    return
+                session = db.get_one(SessionRecord, pair.session_id)
+                key, tol, exact = self._key(db, session, pair)
+                cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
+                if cached is None:
+                    try:
+                        view_a, view_b, _ = self.views(db, pair)
+                        stats = compare_views(view_a, view_b, tol, exact, self.pool)
+                    except Exception as exc:  # a missing array, a corrupt chunk: the pair says so, work goes on
+                        self._fail(pair_id, f"{type(exc).__name__}: {exc}")
+                        return
+                    tensors = self._tensors(db, pair)
+                    cached = self._store_result(key, tensors[: len(pair.a_tensor_ids)],
+                                                tensors[len(pair.a_tensor_ids) :], pair, tol, stats)
+            with self.sessions.begin() as db:
+                pair = db.get(PairRecord, pair_id)
+                if pair is not None:
+                    pair.result_id = cached.id
+                    pair.status = "pass" if PairStats.from_json(cached.stats).passed else "fail"
+
+    def _store_result(self, key: str, a: list[TensorRecord], b: list[TensorRecord], pair: PairRecord,
+                      tol: Tolerance, stats: PairStats) -> ComparisonResultRecord:
+        record = ComparisonResultRecord(
+            cache_key=key, digests_a=[t.digest for t in a], digests_b=[t.digest for t in b],
+            alignment_key=json.dumps((pair.alignment or {}).get("steps", [])), rtol=tol.rtol, atol=tol.atol,
+            stats=stats.to_json(),
+        )
+        try:
+            with self.sessions.begin() as db:
+                db.add(record)
+            return record
+        except IntegrityError:  # another process computed the same comparison meanwhile
+            with self.sessions() as db:
+                return db.scalars(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key)).one()
+
+    def _fail(self, pair_id: int, message: str) -> None:
+        with self.sessions.begin() as db:
+            pair = db.get(PairRecord, pair_id)
+            if pair is not None:
+                pair.status, pair.error = "error", message[:2000]
+
+    def _tensors(self, db: DbSession, pair: PairRecord) -> list[TensorRecord]:
+        ids = [*pair.a_tensor_ids, *pair.b_tensor_ids]
+        found = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(ids)))}
+        return [found[i] for i in ids]
+
+    def views(self, db: DbSession, pair: PairRecord) -> tuple[View, View, Alignment]:
+        """Lazy views of both sides in aligned coordinates; reading one reads only the chunks it needs."""
+        if pair.alignment is None:
+            raise ValueError("the pair is incomparable: no alignment")
+        tensors = self._tensors(db, pair)
+        a, b = tensors[: len(pair.a_tensor_ids)], tensors[len(pair.a_tensor_ids) :]
+        steps = [Step.from_json(s) for s in pair.alignment["steps"]]
+        alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
+
+        def sources(side: list[TensorRecord]) -> list[View]:
+            return [SourceView(self.store.open(t.store_key), partial(storage_to_compute, logical=parse_dtype(t.dtype)),
+                               k) for k, t in enumerate(side)]
+
+        return (build_view(sources(a), alignment.side_steps("a")), build_view(sources(b), alignment.side_steps("b")),
+                alignment)
+
+    def progress(self, session_id: int) -> Progress:
+        with self.sessions() as db:
+            total = db.scalar(select(func.count()).where(PairRecord.session_id == session_id)) or 0
+            pending = db.scalar(select(func.count()).where(PairRecord.session_id == session_id,
+                                                           PairRecord.status == "pending")) or 0
+        return Progress(total, total - pending)
+
+
+def sessions_needing_plan(db: DbSession) -> list[int]:
+    """Sessions with two or more ready runs and no pairs yet (ingested by the CLI, say)."""
+    sessions = db.scalars(select(SessionRecord)).all()
+    found = []
+    for session in sessions:
+        ready = [r for r in session.runs if r.status == "ready"]
+        has_pairs = db.scalar(select(func.count()).where(PairRecord.session_id == session.id))
+        if len(ready) >= 2 and not has_pairs:
+            found.append(session.id)
+    return found
+
+
