@@ -3,6 +3,7 @@
     tensor-debugger [--data-dir DIR] serve [--host H] [--port P]
     tensor-debugger [--data-dir DIR] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
+    tensor-debugger [--data-dir DIR] compare A B [--name N] [--rtol R --atol T] [--json]
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tensor_debugger import __version__
+from tensor_debugger.compare_command import run_compare
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.progress import ProgressBar
@@ -49,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("paths", nargs="+", type=Path, help="tensor files, archives or folders")
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
 
+    compare = commands.add_parser("compare", help="ingest two runs, compare them, print the first divergence")
+    compare.add_argument("a", type=Path, help="the reference run: a tensor file, an archive or a folder")
+    compare.add_argument("b", type=Path, help="the candidate run")
+    compare.add_argument("--name", help="session name (default: 'A vs B')")
+    compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
+    compare.add_argument("--atol", type=float, help="absolute tolerance (default: torch.testing's per dtype)")
+    compare.add_argument("--json", action="store_true", help="print one JSON object")
+
     sessions = commands.add_parser("sessions", help="list sessions and their runs")
     sessions.add_argument("--json", action="store_true", help="print a JSON list")
     return parser
@@ -67,6 +77,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "ingest":
             return ingest(services, args.session, args.run, args.paths, args.json)
+        if args.command == "compare":
+            return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json)
         return list_sessions(services, args.json)
     finally:
         services.close()
@@ -97,6 +109,7 @@ def ingest(services: Services, session: str, run: str, paths: list[Path], as_jso
         _report({"session": None, "run": None, "problems": [], "error": str(exc)}, as_json, error=True)
         return EXIT_UNUSABLE
     bar.close()
+    services.comparisons.plan(result.session_id)  # the server's worker computes them
     payload = {
         "session": {"id": result.session_id, "name": result.session_name},
         "run": {"id": result.run_id, "label": result.run_label, "tensors": result.tensors},

@@ -1,0 +1,221 @@
+"""Comparisons end to end on real stores: `compare`, the cache, TP layouts, tolerances, overrides, slices."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from tensor_debugger import catalog
+from tensor_debugger.compare_command import run_compare
+from tensor_debugger.inputs import InputFile
+from tensor_debugger.pair_reports import pair_detail, session_pairs
+from tensor_debugger.services import Services
+from tensor_debugger.slicing import parse_slice_request, read_slice
+from tensor_debugger.synthetic import STAGES, Plant, write_dump
+
+from tests.dumps import make_tar, make_zip, seeded
+
+PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
+
+
+def dumps(tmp_path: Path, plant: Plant | None = PLANT) -> tuple[Path, Path]:
+    write_dump(tmp_path / "ref", layers=3, seed=4)
+    write_dump(tmp_path / "cand", layers=3, seed=4, plant=plant)
+    return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(tmp_path / "cand",
+                                                                                        tmp_path / "candidate.zip")
+
+
+def compare_json(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path,
+                 **kwargs: Any) -> tuple[int, dict[str, Any]]:
+    code = run_compare(services, a, b, kwargs.get("name"), kwargs.get("rtol"), kwargs.get("atol"), True)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_compare_finds_the_planted_first_divergence(services: Services, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    reference, candidate = dumps(tmp_path)
+    code, out = compare_json(services, capsys, reference, candidate, name="port vs ref")
+    assert code == 1
+    assert out["session"]["name"] == "port vs ref" and out["session"]["url"].endswith(f"/sessions/{out['session']['id']}")
+    names = [p["name"] for p in out["pairs"]]
+    assert names == [f"{layer}_{stage}" for layer in range(3) for stage in STAGES]  # execution order
+    assert out["first_divergence"] == {"name": "1_post_attn", "layer": 1, "stage": "post_attn"}
+    first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
+    assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]
+    assert first["stats"]["max_abs_diff"] == pytest.approx(0.5, abs=1e-6)
+    assert first["stats"]["mismatched"] == 1 and first["stats"]["numel"] == 16 * 32
+    assert first["a"] == {"name": "1_post_attn", "shape": [16, 32], "dtype": "float32"}
+    before = [p for p in out["pairs"] if (p["layer"], STAGES.index(p["stage"])) < (1, STAGES.index("post_attn"))]
+    assert before and all(p["status"] == "pass" for p in before)
+    assert out["unmatched"] == {"a": [], "b": []}
+
+
+def test_identical_runs_pass_and_exit_zero(services: Services, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    reference, candidate = dumps(tmp_path, plant=None)
+    code, out = compare_json(services, capsys, reference, candidate)
+    assert code == 0 and out["first_divergence"] is None
+    assert {p["status"] for p in out["pairs"]} == {"pass"}
+
+
+def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reference, _ = dumps(tmp_path)
+    junk = tmp_path / "junk.txt"
+    junk.write_text("no tensors")
+    code, out = compare_json(services, capsys, reference, junk)
+    assert code == 2 and out["problems"][0]["file"] == str(junk)
+    with services.sessions() as db:
+        assert catalog.list_sessions(db) == []
+
+
+def test_running_again_recomputes_nothing(services: Services, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    reference, candidate = dumps(tmp_path)
+    compare_json(services, capsys, reference, candidate, name="first")
+    reads_before = services.store.chunk_reads
+    code, out = compare_json(services, capsys, reference, candidate, name="first")
+    assert code == 1 and out["session"]["name"] == "first (2)"
+    assert services.store.chunk_reads == reads_before  # every statistic came from the cache
+    assert out["first_divergence"]["name"] == "1_post_attn"
+    with services.sessions() as db:  # reopening a session reads no chunk either
+        session_pairs(db, out["session"]["id"])
+    assert services.store.chunk_reads == reads_before
+
+
+def test_tolerances_change_verdicts(services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    reference, candidate = dumps(tmp_path)
+    code, out = compare_json(services, capsys, reference, candidate, atol=1.0)
+    assert code == 0 and out["first_divergence"] is None
+    session_id = out["session"]["id"]
+    with services.sessions.begin() as db:
+        catalog.set_tolerances(catalog.get_session(db, session_id), None, 1e-3)
+    services.comparisons.refresh(session_id)
+    services.comparisons.compute_pending(session_id)
+    with services.sessions() as db:
+        report = session_pairs(db, session_id)
+    assert report["first_divergence"]["name"] == "1_post_attn"
+    statuses = {p["name"]: p["status"] for p in report["pairs"]}
+    assert statuses["1_post_attn"] == "fail" and statuses["1_pre_mlp"] == "fail"  # 0.005 echo > 1e-3
+    assert statuses["1_post_ln_pre_attn"] == "pass"
+
+
+def save_all(folder: Path, tensors: dict[str, torch.Tensor]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, tensor in tensors.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        torch.save(tensor, folder / f"{name}.pth")
+    return folder
+
+
+def test_tp8_against_tp1_layouts(services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    full = seeded((76, 8, 64), 11)
+    mlp = seeded((76, 512), 12)
+    values = seeded((76, 8, 64), 13)
+    tp1 = save_all(tmp_path / "tp1", {"0_query": full, "0_post_mlp": mlp, "0_value": values,
+                                      "0_scaling": torch.tensor(0.125)})
+    permuted = full.permute(1, 0, 2).unsqueeze(0).clone()  # [1, 8, 76, 64]
+    permuted[0, 6, 40, 9] += 0.75
+    extra = torch.cat([mlp, seeded((4, 512), 14)])  # one rank's four extra rows
+    shards = {f"rank{k}/0_value": values[:, 2 * k : 2 * k + 2, :].clone() for k in range(4)}
+    shards["rank2/0_value"][70, 1, 63] -= 2.0
+    tp8 = save_all(tmp_path / "tp8", {"0_query": permuted, "0_post_mlp": extra, **shards,
+                                      "0_scaling": torch.tensor(0.125)})
+    code, out = compare_json(services, capsys, tp1, tp8)
+    assert code == 1
+    pairs = {p["name"]: p for p in out["pairs"]}
+    query = pairs["0_query"]
+    assert query["alignment"].startswith("candidate size-1 dims dropped") and "permuted [1, 0, 2]" in query["alignment"]
+    assert query["stats"]["argmax"] == [40, 6, 9] and query["stats"]["mismatched"] == 1
+    assert query["stats"]["max_abs_diff"] == pytest.approx(0.75, abs=1e-6)
+    mlp_pair = pairs["0_post_mlp"]
+    assert mlp_pair["status"] == "pass" and "first 76 rows" in mlp_pair["alignment"]
+    value_pair = pairs["0_value"]
+    assert value_pair["b"]["shape"] == [76, 8, 64] and "concatenated along dim 1" in value_pair["alignment"]
+    assert value_pair["stats"]["argmax"] == [70, 5, 63] and value_pair["stats"]["max_abs_diff"] == pytest.approx(2.0)
+    assert pairs["0_scaling"]["status"] == "pass"
+    # statistics equal a float64 reference computed in memory
+    a64 = full.double().numpy()
+    b64 = permuted[0].permute(1, 0, 2).double().numpy()
+    d = np.abs(a64 - b64)
+    assert query["stats"]["mean_abs_diff"] == pytest.approx(d.mean(), rel=1e-12)
+    assert query["stats"]["mse"] == pytest.approx((d**2).mean(), rel=1e-12)
+    assert query["stats"]["cosine"] == pytest.approx(float((a64 * b64).sum() / np.sqrt((a64**2).sum() * (b64**2).sum())),
+                                                     rel=1e-12)
+    # where the largest difference lies in each run's own tensors
+    with services.sessions() as db:
+        detail = pair_detail(db, services.comparisons, value_pair_id(services, out, "0_value"))
+    assert detail["argmax"]["aligned"] == [70, 5, 63]
+    assert (detail["argmax"]["a"]["tensor"], detail["argmax"]["a"]["index"]) == ("0_value", [70, 5, 63])
+    assert (detail["argmax"]["b"]["tensor"], detail["argmax"]["b"]["index"]) == ("rank2/0_value", [70, 1, 63])
+
+
+def value_pair_id(services: Services, out: dict[str, Any], name: str) -> int:
+    with services.sessions() as db:
+        report = session_pairs(db, out["session"]["id"])
+    return int(next(p["id"] for p in report["pairs"] if p["name"] == name))
+
+
+def test_incomparable_and_unmatched_are_listed(services: Services, tmp_path: Path,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    a = save_all(tmp_path / "a", {"0_query": seeded((3, 5), 1), "0_key": seeded((2,), 2), "only_a": seeded((9,), 3)})
+    b = save_all(tmp_path / "b", {"0_query": seeded((4, 4), 1), "0_key": seeded((2,), 2), "only_b": seeded((8,), 3)})
+    code, out = compare_json(services, capsys, a, b)
+    assert code == 1
+    query = next(p for p in out["pairs"] if p["name"] == "0_query")
+    assert query["status"] == "incomparable" and "[3, 5] vs [4, 4]" in query["alignment"]
+    assert out["unmatched"] == {"a": ["only_a"], "b": ["only_b"]}
+    assert out["first_divergence"] is None  # nothing failed its tolerance; the incomparable pair still exits 1
+
+
+def test_nan_is_never_hidden(services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    clean = seeded((8, 8), 5)
+    broken = clean.clone()
+    broken[2, 3] = float("nan")
+    broken[4, 4] = float("inf")
+    code, out = compare_json(services, capsys, save_all(tmp_path / "a", {"0_post_mlp": clean}),
+                             save_all(tmp_path / "b", {"0_post_mlp": broken}))
+    stats = out["pairs"][0]["stats"]
+    assert code == 1 and (stats["nan_a"], stats["nan_b"], stats["inf_a"], stats["inf_b"]) == (0, 1, 0, 1)
+    assert stats["cosine"] == "nan" and stats["max_abs_diff"] == "nan" and stats["argmax"] == [2, 3]
+    assert stats["mismatched"] == 2
+
+
+def test_identical_upload_in_another_session_reads_no_chunk(services: Services, tmp_path: Path) -> None:
+    a = save_all(tmp_path / "a", {"0_query": seeded((64, 64), 1)})
+    b = save_all(tmp_path / "b", {"0_query": seeded((64, 64), 2)})
+    for name in ("one", "two"):
+        services.ingestor.ingest(name, "ref", [InputFile(a, "a")])
+        result = services.ingestor.ingest(name, "cand", [InputFile(b, "b")])
+        services.comparisons.plan(result.session_id)
+        before = services.store.chunk_reads
+        services.comparisons.compute_pending(result.session_id)
+        reads = services.store.chunk_reads - before
+        assert reads > 0 if name == "one" else reads == 0
+
+
+def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Path) -> None:
+    big = torch.arange(512 * 4096, dtype=torch.float32).reshape(512, 4096)  # 8 MiB: 8 chunks of 64 rows
+    other = big.clone()
+    other[300, 1000] = -1.0
+    a = save_all(tmp_path / "a", {"0_post_mlp": big})
+    b = save_all(tmp_path / "b", {"0_post_mlp": other})
+    services.ingestor.ingest("slices", "ref", [InputFile(a, "a")])
+    result = services.ingestor.ingest("slices", "cand", [InputFile(b, "b")])
+    services.comparisons.plan(result.session_id)
+    with services.sessions() as db:
+        pair_id = session_pairs(db, result.session_id)["pairs"][0]["id"]
+        from tensor_debugger.models import PairRecord
+
+        view_a, view_b, alignment = services.comparisons.views(db, db.get_one(PairRecord, pair_id))
+    request = parse_slice_request(alignment.shape, "300,:", "998", "4")
+    before = services.store.chunk_reads
+    window = read_slice(view_a, view_b, request)
+    assert services.store.chunk_reads - before == 2  # one chunk per run
+    assert window["a"] == [float(300 * 4096 + c) for c in range(998, 1002)]
+    assert window["diff"][2] == pytest.approx(-1.0 - (300 * 4096 + 1000))
+    square = read_slice(view_a, view_b, parse_slice_request(alignment.shape, ":,:", "60,0", "8,64"))
+    assert len(square["a"]) == 8 and len(square["a"][0]) == 64
