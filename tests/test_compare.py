@@ -40,7 +40,8 @@ def test_compare_finds_the_planted_first_divergence(services: Services, tmp_path
     reference, candidate = dumps(tmp_path)
     code, out = compare_json(services, capsys, reference, candidate, name="port vs ref")
     assert code == 1
-    assert out["session"]["name"] == "port vs ref" and out["session"]["url"].endswith(f"/sessions/{out['session']['id']}")
+    assert out["session"]["name"] == "port vs ref"
+    assert out["session"]["url"].endswith(f"/sessions/{out['session']['id']}")
     names = [p["name"] for p in out["pairs"]]
     assert names == [f"{layer}_{stage}" for layer in range(3) for stage in STAGES]  # execution order
     assert out["first_divergence"] == {"name": "1_post_attn", "layer": 1, "stage": "post_attn"}
@@ -143,8 +144,8 @@ def test_tp8_against_tp1_layouts(services: Services, tmp_path: Path, capsys: pyt
     d = np.abs(a64 - b64)
     assert query["stats"]["mean_abs_diff"] == pytest.approx(d.mean(), rel=1e-12)
     assert query["stats"]["mse"] == pytest.approx((d**2).mean(), rel=1e-12)
-    assert query["stats"]["cosine"] == pytest.approx(float((a64 * b64).sum() / np.sqrt((a64**2).sum() * (b64**2).sum())),
-                                                     rel=1e-12)
+    cosine = float((a64 * b64).sum() / np.sqrt((a64**2).sum() * (b64**2).sum()))
+    assert query["stats"]["cosine"] == pytest.approx(cosine, rel=1e-12)
     # where the largest difference lies in each run's own tensors
     with services.sessions() as db:
         detail = pair_detail(db, services.comparisons, value_pair_id(services, out, "0_value"))

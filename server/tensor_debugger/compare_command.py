@@ -87,7 +87,8 @@ def contract_json(session_id: int, name: str, url: str, report: dict[str, Any],
     pairs = [{
         "name": p["name"], "layer": p["layer"], "stage": p["stage"], "status": p["status"],
         "alignment": p["alignment"], "strategy": p["strategy"],
-        "a": {k: p["a"][k] for k in ("name", "shape", "dtype")}, "b": {k: p["b"][k] for k in ("name", "shape", "dtype")},
+        "a": {k: p["a"][k] for k in ("name", "shape", "dtype")},
+        "b": {k: p["b"][k] for k in ("name", "shape", "dtype")},
         "stats": {k: p["stats"][k] for k in CONTRACT_STATS} if p["stats"] else None,
         "error": p["error"],
     } for p in report["pairs"]]
