@@ -1,0 +1,152 @@
+"""Pairs through the HTTP API of a real server: progress, first divergence, slices, manual pairing, alignment
+overrides, tolerances, and a computation killed with kill -9 that resumes on restart."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from tensor_debugger.synthetic import Plant, write_dump
+
+from tests.conftest import LiveServer, cli_command
+from tests.dumps import make_zip, seeded
+from tests.test_api import upload
+
+
+def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        report: dict[str, Any] = httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json()
+        if report["progress"]["total"] and report["progress"]["pending"] == 0:
+            return report
+        time.sleep(0.2)
+    raise AssertionError("pairs never finished")
+
+
+def session_with_plant(server: LiveServer, tmp_path: Path, extra: dict[str, torch.Tensor] | None = None) -> int:
+    write_dump(tmp_path / "ref", layers=2, seed=9)
+    write_dump(tmp_path / "cand", layers=2, seed=9, plant=Plant(0, "pre_mlp", (11, 30), -0.4))
+    for name, tensor in (extra or {}).items():
+        torch.save(tensor, tmp_path / ("ref" if name.startswith("a:") else "cand") / f"{name[2:]}.pth")
+    reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
+    candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
+    response = upload(server, "api pairs", [("reference", reference), ("candidate", candidate)])
+    assert response.status_code == 201, response.text
+    return int(response.json()["session"]["id"])
+
+
+def test_first_divergence_detail_and_slices(live_server: LiveServer, tmp_path: Path) -> None:
+    session_id = session_with_plant(live_server, tmp_path)
+    report = wait_done(live_server, session_id)
+    first = report["first_divergence"]
+    assert (first["name"], first["layer"], first["stage"], first["argmax"]) == ("0_pre_mlp", 0, "pre_mlp", [11, 30])
+    assert report["progress"]["failing"] == sum(1 for p in report["pairs"] if p["status"] == "fail")
+    again = httpx.get(f"{live_server.url}/api/sessions/{session_id}/first-divergence").json()
+    assert again["first_divergence"] == first
+    detail = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}").json()
+    assert detail["argmax"]["aligned"] == [11, 30] and detail["argmax"]["b"]["index"] == [11, 30]
+    assert sum(detail["stats"]["histogram"]) == 16 * 32
+    window = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}/slice",
+                       params={"index": "11,:", "start": "28", "count": "4"}).json()
+    assert window["window"] == [{"dim": 1, "start": 28, "count": 4}]
+    assert window["diff"][2] == pVal(-0.4)
+    bad = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
+    assert bad.status_code == 400 and "out of range" in bad.json()["detail"]
+
+
+def pVal(value: float) -> Any:
+    import pytest
+
+    return pytest.approx(value, abs=1e-6)
+
+
+def test_tolerances_manual_pairs_and_alignment_overrides(live_server: LiveServer, tmp_path: Path) -> None:
+    extra = {"a:orphan_reference": seeded((6, 4), 1), "b:renamed_candidate": seeded((6, 4), 1),
+             "a:0_mystery": seeded((4, 6), 2), "b:0_mystery": seeded((4, 6), 2).t().contiguous()}
+    session_id = session_with_plant(live_server, tmp_path, extra)
+    report = wait_done(live_server, session_id)
+    pairs = {p["name"]: p for p in report["pairs"]}
+    # a unique shape pairs these two automatically; unpair, then pair by hand
+    shape_pair = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
+    assert shape_pair["strategy"] == "shape"
+    assert httpx.delete(f"{live_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
+    report = wait_done(live_server, session_id)
+    assert {u["name"] for u in report["unmatched"]} == {"orphan_reference", "renamed_candidate"}
+    made = httpx.post(f"{live_server.url}/api/sessions/{session_id}/pairs",
+                      json={"a_name": "orphan_reference", "b_name": "renamed_candidate"})
+    assert made.status_code == 201 and made.json()["strategy"] == "manual"
+    report = wait_done(live_server, session_id)
+    assert report["unmatched"] == []
+    manual = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
+    assert manual["status"] == "pass"
+    # [4, 6] against [6, 4]: only flattening fits, marked as a last resort; a user overrides it
+    mystery = pairs["0_mystery"]
+    assert "last resort" in mystery["alignment"] and mystery["status"] == "fail"
+    steps = [{"side": "b", "kind": "permute", "perm": [1, 0], "shape": [4, 6]}]
+    overridden = httpx.put(f"{live_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
+    assert overridden.status_code == 200 and overridden.json()["alignment_overridden"]
+    report = wait_done(live_server, session_id)
+    mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
+    assert mystery["status"] == "pass" and "permuted [1, 0]" in mystery["alignment"]
+    wrong = httpx.put(f"{live_server.url}/api/pairs/{mystery['id']}/alignment",
+                      json={"steps": [{"side": "b", "kind": "permute", "perm": [0, 0]}]})
+    assert wrong.status_code == 400
+    # tolerances: loose enough and the planted difference passes; verdicts follow
+    patched = httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
+    assert patched.status_code == 200 and patched.json()["tolerances"] == {"rtol": None, "atol": 0.5}
+    report = wait_done(live_server, session_id)
+    assert report["first_divergence"] is None and {p["status"] for p in report["pairs"]} == {"pass"}
+    httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
+    report = wait_done(live_server, session_id)
+    assert report["first_divergence"]["name"] == "0_pre_mlp"
+
+
+def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
+    for side in ("ref", "cand"):
+        folder = tmp_path / side
+        folder.mkdir()
+        for i in range(12):
+            tensor = torch.full((2048, 4096), float(i))  # 32 MiB
+            if side == "cand" and i == 7:
+                tensor[5, 5] = -1.0
+            torch.save(tensor, folder / f"{i}_post_mlp.pth")
+    data = tmp_path / "data"
+    for side in ("ref", "cand"):
+        done = subprocess.run([*cli_command(), "--data-dir", str(data), "ingest", "--session", "big", "--run", side,
+                               str(tmp_path / side)], capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+    server = LiveServer(data, _port())
+    server.start()
+    assert server.process is not None
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        progress = httpx.get(f"{server.url}/api/sessions/1/pairs").json()["progress"]
+        if progress["done"] >= 1:
+            break
+        time.sleep(0.05)
+    os.kill(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+    with sqlite3.connect(data / "metadata.sqlite3") as conn:
+        pending = conn.execute("select count(*) from pairs where status = 'pending'").fetchone()[0]
+    assert pending > 0, "the computation finished before it could be killed"
+    server.start()
+    try:
+        report = wait_done(server, 1)
+        assert report["progress"]["total"] == 12
+        assert report["first_divergence"]["name"] == "7_post_mlp"
+        assert report["first_divergence"]["argmax"] == [5, 5]
+    finally:
+        server.stop()
+
+
+def _port() -> int:
+    from tests.conftest import free_port
+
+    return free_port()
