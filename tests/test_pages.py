@@ -58,10 +58,16 @@ def test_first_start_shows_the_demo_session(demo_server: LiveServer, page: Page)
     shot(page, "sessions-demo")
     link.click()
     page.wait_for_url("**/sessions/*")
-    assert page.get_by_role("heading", name="Reference run: reference").is_visible()
+    banner = page.locator(".banner.fail")
+    banner.wait_for(timeout=60_000)  # the page refreshes itself until every pair is compared
+    assert "First divergence: 2_post_attn (layer 2, stage post_attn)" in banner.inner_text()
+    assert "[5, 17]" in banner.inner_text()
+    assert page.locator("table.pairs tbody tr").count() == 52
+    row = page.locator("table.pairs tr", has_text="2_post_attn").first
+    assert "FAIL" in row.inner_text().upper() and "[16, 32]" in row.inner_text()
     assert page.locator("table.tensors").first.locator("tbody tr").count() == 52
-    row = page.locator("#run-2 table.tensors tr", has_text="2_post_attn").first
-    assert "[16, 32]" in row.inner_text() and "float32" in row.inner_text()
+    page.locator("#run-2 summary").click()
+    assert page.get_by_role("heading", name="Candidate run: candidate").is_visible()
     shot(page, "session-demo")
 
 
@@ -78,7 +84,11 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page: 
     page.get_by_label("Candidate run").set_input_files([str(candidate), str(bad)])
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
+    shot(page, "session-form-upload-landing")
+    page.locator(".banner").wait_for(timeout=60_000)  # once every pair is compared the page stops refreshing
+    assert "First divergence: 0_post_mlp" in page.locator(".banner").inner_text()
     assert page.get_by_role("heading", name="form upload ü").is_visible()
+    page.locator("#run-2 summary").click()
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
     assert page.locator("#run-2 table.tensors tbody tr").count() == 13
     shot(page, "session-form-upload")

@@ -20,6 +20,20 @@ def format_number(value: float | None) -> str:
     return f"{value:.6g}"
 
 
+def format_stat(value: object) -> str:
+    """A statistic from the API: numbers formatted, "nan"/"inf" shown as NaN/Inf so they stand out, nothing
+    while it is not computed yet."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return ""
+    if isinstance(value, str):
+        return {"nan": "NaN", "inf": "Inf", "-inf": "-Inf"}.get(value, value)
+    return format_number(value)
+
+
+def format_percent(part: int, whole: int) -> str:
+    return f"{100 * part / whole:.3g}%" if whole else "—"
+
+
 def format_bytes(value: int) -> str:
     size = float(value)
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -37,3 +51,5 @@ def register_filters(env: Environment) -> None:
     env.filters["num"] = format_number
     env.filters["bytes"] = format_bytes
     env.filters["shape"] = format_shape
+    env.filters["stat"] = format_stat
+    env.globals["percent"] = format_percent

@@ -11,6 +11,7 @@ from litestar.response import Redirect, Template
 
 from tensor_debugger import catalog
 from tensor_debugger.errors import TensorDebuggerError
+from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.services import Services
 from tensor_debugger.session_uploads import RunOutcome, group_by_run, ingest_batch
 from tensor_debugger.upload import receive_multipart
@@ -31,7 +32,8 @@ class PageController(Controller):
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
             tensors = {run.id: catalog.list_tensors(db, run.id) for run in session.runs}
-            return Template("session.html", context={"session": session, "tensors": tensors})
+            report = session_pairs(db, session_id)
+            return Template("session.html", context={"session": session, "tensors": tensors, "report": report})
 
     @post("/sessions", request_max_body_size=None)
     async def create_from_form(self, services: Services, request: Request[Any, Any, Any]) -> Template | Redirect:
