@@ -18,6 +18,11 @@ from tensor_debugger.engine.tolerances import Tolerance
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
 
 
+_SLICE = 1 << 16  # elements per step: 512 KiB of float64 per temporary
+# (block origin in aligned coordinates, block shape, aligned shape, offset of this slice in the flat block)
+_Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
+
+
 @dataclass(frozen=True)
 class PairStats:
     numel: int
@@ -104,8 +109,55 @@ class PairAccumulator:
         if self.exact:
             self.mismatched += int(np.count_nonzero(a != b))
         wide_kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
-        a64 = a.astype(wide_kind).reshape(-1)
-        b64 = b.astype(wide_kind).reshape(-1)
+        flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+        # Slices small enough for the float64 temporaries to stay in cache; offsets keep the argmax exact.
+        for start in range(0, n, _SLICE):
+            a64 = np.asarray(flat_a[start : start + _SLICE], dtype=wide_kind)
+            b64 = np.asarray(flat_b[start : start + _SLICE], dtype=wide_kind)
+            where = (origin, a.shape, shape, start)
+            if wide_kind is np.float64:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    all_finite = bool(np.isfinite(a64.sum()) and np.isfinite(b64.sum()))  # NaN, Inf propagate
+                if all_finite:
+                    self._add_finite(a64, b64, where)
+                    continue
+            self._add_general(a64, b64, where)
+
+    def _add_finite(self, a64: np.ndarray, b64: np.ndarray, where: _Where) -> None:
+        """The common case, no NaN or Inf on either side: fewer passes, no masks."""
+        n = a64.size
+        diff = np.subtract(a64, b64)
+        np.abs(diff, out=diff)
+        ref = np.abs(a64)
+        scratch = np.multiply(ref, self.tol.rtol)
+        if not self.exact:
+            scratch += self.tol.atol
+            self.mismatched += int(np.count_nonzero(diff > scratch))
+        local = int(np.argmax(diff))
+        self._consider_max(float(diff[local]), False, local, where)
+        self.valid += n
+        self.sum_abs += float(diff.sum())
+        self.sum_sq += float(np.dot(diff, diff))
+        if float(ref.min()) > 0:
+            np.divide(diff, ref, out=scratch)
+            self.rel_count += n
+            self.sum_rel += float(scratch.sum())
+            self.max_rel = max(self.max_rel, float(scratch.max()))
+        else:
+            nonzero = ref > 0
+            if nonzero.any():
+                rel = diff[nonzero] / ref[nonzero]
+                self.rel_count += rel.size
+                self.sum_rel += float(rel.sum())
+                self.max_rel = max(self.max_rel, float(rel.max()))
+        self.dot += float(np.dot(a64, b64))
+        self.norm_a += float(np.dot(a64, a64))
+        self.norm_b += float(np.dot(b64, b64))
+        self._histogram(diff)
+
+    def _add_general(self, a64: np.ndarray, b64: np.ndarray, where: _Where) -> None:
+        """Any values: NaN and Inf counted, complex values by magnitude of the difference."""
+        n = a64.size
         nan_a, nan_b = np.isnan(a64), np.isnan(b64)
         inf_a, inf_b = np.isinf(a64), np.isinf(b64)
         self.nan_a += int(nan_a.sum())
@@ -127,7 +179,11 @@ class PairAccumulator:
                 close = diff <= self.tol.atol + self.tol.rtol * abs_a
             close &= ~inf_a | (a64 == b64)  # an infinite reference is close only to itself (torch.isclose)
             self.mismatched += int(n - np.count_nonzero(close))  # NaN compares false: a mismatch
-        self._locate_max(diff, any_nan, origin, a.shape, shape)
+        if any_nan.any():  # a NaN is the largest difference there is
+            self._consider_max(math.inf, True, int(np.argmax(any_nan)), where)
+        else:
+            local = int(np.argmax(diff))
+            self._consider_max(float(diff[local]), False, local, where)
         if n_valid:
             d = diff[valid]
             self.sum_abs += float(d.sum())
@@ -149,35 +205,31 @@ class PairAccumulator:
             self.norm_b += float(np.real(np.vdot(fb, fb)))
             self._histogram(d)
 
-    def _locate_max(self, diff: np.ndarray, any_nan: np.ndarray, origin: tuple[int, ...],
-                    block_shape: tuple[int, ...], shape: tuple[int, ...]) -> None:
-        if any_nan.any():  # a NaN is the largest difference there is
-            local = int(np.argmax(any_nan))
-            value = math.inf
-            nan_here = True
-        else:
-            local = int(np.argmax(diff))
-            value = float(diff[local])
-            nan_here = False
-        index = tuple(int(o + i) for o, i in zip(origin, np.unravel_index(local, block_shape), strict=True))
-        flat = int(np.ravel_multi_index(index, shape)) if shape else 0
+    def _consider_max(self, value: float, is_nan: bool, local: int, where: _Where) -> None:
+        """Keep the largest difference seen (a NaN outranks all); on ties, the first in C order."""
         current = math.inf if self.argmax is not None and math.isnan(self.max_abs) else self.max_abs
-        better = value > current or (value == current and (self.argmax is None or flat < self.argmax_flat))
-        if better:
-            self.max_abs = math.nan if nan_here else value
+        if value < current:
+            return
+        origin, block_shape, shape, offset = where
+        in_block = np.unravel_index(offset + local, block_shape)
+        index = tuple(int(o + i) for o, i in zip(origin, in_block, strict=True))
+        flat = int(np.ravel_multi_index(index, shape)) if shape else 0
+        if value > current or (value == current and (self.argmax is None or flat < self.argmax_flat)):
+            self.max_abs = math.nan if is_nan else value
             self.argmax, self.argmax_flat = index, flat
 
     def _histogram(self, d: np.ndarray) -> None:
-        zero = d == 0
-        self.hist[0] += int(zero.sum())
-        rest = d[~zero]
-        if rest.size == 0:
-            return
-        with np.errstate(divide="ignore"):
-            decades = np.floor(np.log10(rest))
-        bins = np.clip(decades, HIST_LOW, HIST_HIGH) - HIST_LOW + 1
-        bins[~np.isfinite(bins)] = len(self.hist) - 1
-        self.hist += np.bincount(bins.astype(np.int64), minlength=len(self.hist))[: len(self.hist)]
+        """Count |difference| per decade: bin 0 exact zeros, then 10**HIST_LOW and below, ..., 10**HIST_HIGH and
+        above (infinity included)."""
+        zeros = d.size - int(np.count_nonzero(d))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            decades = np.log10(d)
+        np.floor(decades, out=decades)
+        np.clip(decades, HIST_LOW, HIST_HIGH, out=decades)  # -inf (zero) lands in the lowest decade: moved below
+        counts = np.bincount((decades - (HIST_LOW - 1)).astype(np.int64), minlength=len(self.hist))
+        counts[1] -= zeros
+        counts[0] += zeros
+        self.hist += counts[: len(self.hist)]
 
     def merge(self, other: PairAccumulator) -> None:
         for name in ("numel", "valid", "sum_abs", "sum_sq", "rel_count", "sum_rel", "dot", "norm_a", "norm_b",

@@ -1,0 +1,299 @@
+"""Benchmark comparing two runs: throughput against the store's raw read speed, peak RSS, and slice latency.
+
+    python bench/compare.py                      # 2 x 0.5 GiB of float32 (rows, 4096) tensors, 64 MiB each
+    python bench/compare.py --size-gib 4 --skip-slices
+
+Two runs (`{i}_post_mlp.pth`, the candidate = the reference plus a small planted difference in every tensor) are
+written one tensor at a time and ingested by the real CLI, which plans the pairs without computing them. A child
+process then computes them with the library API (so the peak RSS is the computation's own), and another child
+reads the same arrays whole with zarr directly, on one thread and on two (one per run): the limit. For slices,
+the real server runs on a loopback port over a session with one --slice-gib tensor per run, and one keep-alive
+client times windows of 64 and 64 x 64 values. Nothing here asserts on timings; the numbers are for reading.
+
+This process imports neither torch nor zarr (httpx only after the measured children): a child started with vfork
+(as subprocess does) reports max(its own peak RSS, its parent's) as ru_maxrss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
+DEFAULT_WORKDIR_PARENT = ROOT / "bench-data"  # gitignored
+HIDDEN = 4096  # last dimension of every generated tensor (float32)
+CHUNKS_PER_READ = 16  # the raw read takes this many whole chunks at a time
+MIB, GIB, MB, GB = 1 << 20, 1 << 30, 1e6, 1e9
+BASELINE = ("import tensor_debugger.services, torch, zarr, numpy; "
+            "print(f'torch {torch.__version__}, zarr {zarr.__version__}, numpy {numpy.__version__}')")
+
+
+def machine_line(versions: str) -> str:
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
+            f"Python {platform.python_version()}, {versions}")
+
+
+def run_child(cmd: list[str]) -> tuple[float, float, str]:
+    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}  # --data-dir decides
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
+                     f"stderr: {err.read().decode()}")
+        return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
+
+
+def child(mode: str, *args: object) -> tuple[float, float, dict[str, Any]]:
+    """This script in a child process, in one of the internal modes below; its last stdout line is JSON."""
+    wall, rss, out = run_child([sys.executable, __file__, "--child", mode, *map(str, args)])
+    return wall, rss, json.loads(out.strip().splitlines()[-1])
+
+
+def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int) -> None:
+    """ref/ and cand/ under `folder`, `per_run` bytes each of (rows, HIDDEN) float32 tensors (child process)."""
+    import torch
+
+    row_bytes = HIDDEN * 4
+    full_rows = max(1, tensor_bytes // row_bytes)
+    generator = torch.Generator().manual_seed(seed)
+    (folder / "ref").mkdir()
+    (folder / "cand").mkdir()
+    count = payload = 0
+    while payload < per_run:
+        rows = min(full_rows, -(-(per_run - payload) // row_bytes))
+        t = torch.randn(rows, HIDDEN, generator=generator)
+        torch.save(t, folder / "ref" / f"{count}_post_mlp.pth")
+        row = int(torch.randint(rows, (), generator=generator))
+        col = int(torch.randint(HIDDEN - 8, (), generator=generator))
+        t[row, col : col + 8] += 1e-2  # the planted difference: 8 values, far above float32's tolerance
+        torch.save(t, folder / "cand" / f"{count}_post_mlp.pth")
+        payload, count = payload + rows * row_bytes, count + 1
+        del t
+    os.sync()  # let write-back finish so that it does not run during the timed steps
+    print(json.dumps({"count": count, "payload": payload}))
+
+
+def measure(mode: str, data: Path, session_id: int) -> None:
+    """In a child: "compute" the session's pending pairs with the library API, or read its arrays "raw"."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from sqlalchemy import func, select
+    from tensor_debugger.models import PairRecord, RunRecord, TensorRecord
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    services = open_services(Settings(data_dir=data, demo=False))
+    with services.sessions() as db:
+        tensors = db.scalars(select(TensorRecord).join(RunRecord).where(RunRecord.session_id == session_id)
+                             .order_by(TensorRecord.run_id, TensorRecord.position)).all()
+        keys = {run: [t.store_key for t in tensors if t.run_id == run] for run in sorted({t.run_id for t in tensors})}
+        nbytes = sum(t.nbytes for t in tensors)
+    started = time.perf_counter()
+    if mode == "compute":
+        pairs = services.comparisons.compute_pending(session_id)
+        seconds = time.perf_counter() - started
+        with services.sessions() as db:
+            statuses = dict(db.execute(select(PairRecord.status, func.count()).where(
+                PairRecord.session_id == session_id).group_by(PairRecord.status)).tuples().all())
+        print(json.dumps({"pairs": pairs, "seconds": seconds, "bytes": nbytes, "statuses": statuses,
+                          "chunks": services.store.chunk_reads}))
+        return services.close()
+
+    def read_all(store_keys: list[str]) -> int:
+        n = 0
+        for key in store_keys:
+            array = services.store.open(key)  # (rows, HIDDEN), chunks of whole rows: blocks are C-order ranges
+            step = array.chunks[0] * CHUNKS_PER_READ
+            for start in range(0, array.shape[0], step):
+                n += np.asarray(array[start : start + step]).nbytes
+        return n
+
+    one = read_all([k for run_keys in keys.values() for k in run_keys])
+    one_s, started = time.perf_counter() - started, time.perf_counter()
+    with ThreadPoolExecutor(len(keys)) as pool:
+        two = sum(pool.map(read_all, keys.values()))
+    two_s = time.perf_counter() - started
+    print(json.dumps({"bytes": one, "one_s": one_s, "bytes_two": two, "two_s": two_s}))
+    return services.close()
+
+
+def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: int, args: argparse.Namespace) -> int:
+    """Generate a ref and a cand run and ingest both with the CLI; return the session id."""
+    wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed)
+    print(f"session {name!r}: 2 runs of {written['count']} float32 tensors of up to {tensor_bytes / MIB:g} MiB, "
+          f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s; ingest:")
+    for label in ("ref", "cand"):
+        cmd = [str(CLI), "--data-dir", str(data), "ingest", "--session", name, "--run", label, str(dump / label),
+               "--json"]
+        wall, rss, out = run_child(cmd)
+        result = json.loads(out.strip().splitlines()[-1])
+        print(f"  {' '.join(cmd)}\n    -> {result['run']['tensors']} tensors in {wall:.1f} s, peak RSS {rss:.0f} MB"
+              + "".join(f"\n    problem: {problem}" for problem in result["problems"]))
+    if not args.keep:
+        shutil.rmtree(dump)  # frees its page cache for the data dir
+    return int(result["session"]["id"])
+
+
+def throughput(data: Path, session_id: int) -> None:
+    wall, rss, res = child("compute", data, session_id)
+    rate = res["bytes"] / GB / res["seconds"]
+    print(f"comparison (compute_pending in a child): {res['pairs']} pairs, {res['bytes'] / GB:.2f} GB of tensors "
+          f"(both sides) in {res['seconds']:.2f} s = {rate:.2f} GB/s; {res['chunks']} chunks read; "
+          f"verdicts {res['statuses']}; child wall {wall:.1f} s with start-up")
+    print(f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs)")
+    _, _, raw = child("raw", data, session_id)
+    one, two = raw["bytes"] / GB / raw["one_s"], raw["bytes_two"] / GB / raw["two_s"]
+    print(f"the limit: zarr reads of the same arrays, {CHUNKS_PER_READ} whole chunks at a time in C order: "
+          f"{one:.2f} GB/s on 1 thread ({raw['one_s']:.2f} s), {two:.2f} GB/s on 2 threads, one per run "
+          f"({raw['two_s']:.2f} s)")
+    print(f"comparison at {100 * rate / max(one, two):.0f}% of the better raw read rate (target: at least 80%)")
+
+
+def time_requests(client: httpx.Client, url: str, queries: list[str]) -> tuple[list[float], int]:
+    """Latencies in ms, sorted, and the size of the first response in bytes."""
+    times, sizes = [], []
+    for query in queries:
+        started = time.perf_counter()
+        sizes.append(len(client.get(url + query).raise_for_status().content))
+        times.append(1000 * (time.perf_counter() - started))
+    return sorted(times), sizes[0]
+
+
+def nearest_rank(sorted_ms: list[float], q: float) -> float:
+    return sorted_ms[max(0, math.ceil(q * len(sorted_ms)) - 1)]
+
+
+def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
+    import httpx  # only now: this process's peak RSS no longer matters
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(CLI), "--data-dir", str(data), "serve", "--port", str(port), "--no-demo"]
+    print(f"server: {' '.join(cmd)}")
+    log = open(data.parent / "server.log", "w+b")
+    started = time.perf_counter()
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
+            report: dict[str, Any] = {}
+            while not report or report["progress"]["pending"]:
+                if server.poll() is not None:
+                    log.seek(0)
+                    sys.exit(f"the server exited ({server.returncode}):\n{log.read().decode()}")
+                with contextlib.suppress(httpx.TransportError):  # not listening yet
+                    report = client.get(f"/api/sessions/{session_id}/pairs").raise_for_status().json()
+                time.sleep(0.25)
+            pair = report["pairs"][0]
+            rows, cols = pair["aligned_shape"]
+            print(f"  the server's worker finished the pairs (pair {pair['id']}: {rows} x {cols}, "
+                  f"{pair['status']}) {time.perf_counter() - started:.1f} s after start (start-up included)")
+            rng, url = random.Random(args.seed), f"/api/pairs/{pair['id']}/slice?"
+            for kind, two_d in (("1-D window of 64", False), ("2-D window of 64 x 64", True)):
+                queries = [f"index=:,:&start={rng.randrange(rows - 63)},{rng.randrange(cols - 63)}&count=64,64"
+                           if two_d else f"index={rng.randrange(rows)},:&start={rng.randrange(cols - 63)}&count=64"
+                           for _ in range(args.requests + 1)]
+                (first, *_), _ = time_requests(client, url, queries[:1])
+                times, size = time_requests(client, url, queries[1:])
+                print(f"  slice, {kind} ({args.requests} requests after one warm-up of {first:.1f} ms, {size} B of "
+                      f"JSON each): p50 {nearest_rank(times, 0.5):.1f} ms, p99 {nearest_rank(times, 0.99):.1f} ms, "
+                      f"max {times[-1]:.1f} ms (targets: p50 under 10 ms, p99 under 50 ms)")
+        with open(f"/proc/{server.pid}/status", encoding="utf-8") as f:
+            hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+        print(f"  peak RSS of the server (VmHWM): {hwm * 1024 / MB:.0f} MB")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size-gib", type=float, default=1.0, help="total of both runs in GiB (default 1)")
+    p.add_argument("--tensor-mib", type=float, default=64.0, help="payload per tensor in MiB (default 64)")
+    p.add_argument("--slice-gib", type=float, default=1.0, help="the slice session's tensor, per run (default 1)")
+    p.add_argument("--requests", type=int, default=300, help="slice requests of each kind (default 300)")
+    p.add_argument("--skip-throughput", action="store_true")
+    p.add_argument("--skip-slices", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--keep", action="store_true", help="keep the generated dumps and data dir")
+    p.add_argument("--workdir", type=Path, help=f"folder for dumps and data (default: a new temp dir under "
+                   f"{DEFAULT_WORKDIR_PARENT})")
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # internal: MODE ARGS...
+    return p.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
+    if args.child:
+        mode, folder, *rest = args.child
+        if mode == "dump":
+            write_runs(Path(folder), *map(int, rest))
+        else:
+            measure(mode, Path(folder), int(rest[0]))
+        return 0
+    wall, rss, versions = run_child([sys.executable, "-c", BASELINE])
+    print(machine_line(versions.strip()))
+    print(f"baseline child (import tensor_debugger.services, torch, zarr): {wall:.2f} s, peak RSS {rss:.0f} MB")
+    DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="compare-", dir=DEFAULT_WORKDIR_PARENT))
+    workdir.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="run-", dir=workdir.resolve()))
+    data, slice_bytes = work / "data", int(args.slice_gib * GIB)
+    try:
+        session_id = None
+        if not args.skip_throughput:
+            per_run, tensor_bytes = int(args.size_gib * GIB) // 2, int(args.tensor_mib * MIB)
+            session_id = make_session(data, work / "dump", "bench", per_run, tensor_bytes, args)
+            print("note: the data dir was freshly written, so every read below comes from the page cache, not disk")
+            throughput(data, session_id)
+            session_id = session_id if min(tensor_bytes, per_run) >= slice_bytes else None  # its pair 0 will do
+        if not args.skip_slices:
+            slices(data, session_id or make_session(data, work / "slice-dump", "bench-slices", slice_bytes,
+                                                    slice_bytes, args), args)
+        if args.keep:
+            print(f"kept: {work}")
+        return 0
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+            if args.workdir is None:
+                shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
