@@ -3,15 +3,12 @@
     python bench/compare.py                      # 2 x 0.5 GiB of float32 (rows, 4096) tensors, 64 MiB each
     python bench/compare.py --size-gib 4 --skip-slices
 
-Two runs (`{i}_post_mlp.pth`, the candidate = the reference plus a small planted difference in every tensor) are
-written one tensor at a time and ingested by the real CLI, which plans the pairs without computing them. A child
-process then computes them with the library API (so the peak RSS is the computation's own), and another child
-reads the same arrays whole with zarr directly, on one thread and on two (one per run): the limit. For slices,
-the real server runs on a loopback port over a session with one --slice-gib tensor per run, and one keep-alive
-client times windows of 64 and 64 x 64 values. Nothing here asserts on timings; the numbers are for reading.
-
-This process imports neither torch nor zarr (httpx only after the measured children): a child started with vfork
-(as subprocess does) reports max(its own peak RSS, its parent's) as ru_maxrss.
+Two runs (`{i}_post_mlp.pth`; the candidate is the reference plus a small planted difference in every tensor) are
+written one tensor at a time and ingested by the real CLI, which plans the pairs. A child computes them with the
+library API (so the peak RSS is its own); another reads the same arrays with zarr directly, on 1 and 2 threads: the
+limit. The real server then serves windows of 64 and 64 x 64 values of a --slice-gib pair to one keep-alive client.
+Nothing here asserts on timings. This process imports neither torch nor zarr (httpx only after the measured
+children): a child started with vfork, as subprocess does, reports max(its own peak RSS, its parent's) as ru_maxrss.
 """
 
 from __future__ import annotations
@@ -55,12 +52,16 @@ def machine_line(versions: str) -> str:
             f"Python {platform.python_version()}, {versions}")
 
 
+def child_env() -> dict[str, str]:
+    """This environment without TENSOR_DEBUGGER_* settings, so --data-dir alone decides where data goes."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+
+
 def run_child(cmd: list[str]) -> tuple[float, float, str]:
     """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}  # --data-dir decides
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=child_env())
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -85,7 +86,7 @@ def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int) -> None
     row_bytes = HIDDEN * 4
     full_rows = max(1, tensor_bytes // row_bytes)
     generator = torch.Generator().manual_seed(seed)
-    (folder / "ref").mkdir()
+    (folder / "ref").mkdir(parents=True)
     (folder / "cand").mkdir()
     count = payload = 0
     while payload < per_run:
@@ -123,28 +124,26 @@ def measure(mode: str, data: Path, session_id: int) -> None:
         pairs = services.comparisons.compute_pending(session_id)
         seconds = time.perf_counter() - started
         with services.sessions() as db:
-            statuses = dict(db.execute(select(PairRecord.status, func.count()).where(
-                PairRecord.session_id == session_id).group_by(PairRecord.status)).tuples().all())
+            statuses = {status: count for status, count in db.execute(select(PairRecord.status, func.count())
+                        .where(PairRecord.session_id == session_id).group_by(PairRecord.status))}
         print(json.dumps({"pairs": pairs, "seconds": seconds, "bytes": nbytes, "statuses": statuses,
                           "chunks": services.store.chunk_reads}))
-        return services.close()
+    else:
+        def read_all(store_keys: list[str]) -> int:
+            n = 0
+            for key in store_keys:
+                array = services.store.open(key)  # (rows, HIDDEN), chunks of whole rows: blocks are C-order ranges
+                step = array.chunks[0] * CHUNKS_PER_READ
+                for start in range(0, array.shape[0], step):
+                    n += np.asarray(array[start : start + step]).nbytes
+            return n
 
-    def read_all(store_keys: list[str]) -> int:
-        n = 0
-        for key in store_keys:
-            array = services.store.open(key)  # (rows, HIDDEN), chunks of whole rows: blocks are C-order ranges
-            step = array.chunks[0] * CHUNKS_PER_READ
-            for start in range(0, array.shape[0], step):
-                n += np.asarray(array[start : start + step]).nbytes
-        return n
-
-    one = read_all([k for run_keys in keys.values() for k in run_keys])
-    one_s, started = time.perf_counter() - started, time.perf_counter()
-    with ThreadPoolExecutor(len(keys)) as pool:
-        two = sum(pool.map(read_all, keys.values()))
-    two_s = time.perf_counter() - started
-    print(json.dumps({"bytes": one, "one_s": one_s, "bytes_two": two, "two_s": two_s}))
-    return services.close()
+        one = read_all([k for run_keys in keys.values() for k in run_keys])
+        one_s, started = time.perf_counter() - started, time.perf_counter()
+        with ThreadPoolExecutor(len(keys)) as pool:
+            two = sum(pool.map(read_all, keys.values()))
+        print(json.dumps({"bytes": one, "one_s": one_s, "bytes_two": two, "two_s": time.perf_counter() - started}))
+    services.close()
 
 
 def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: int, args: argparse.Namespace) -> int:
@@ -179,18 +178,14 @@ def throughput(data: Path, session_id: int) -> None:
     print(f"comparison at {100 * rate / max(one, two):.0f}% of the better raw read rate (target: at least 80%)")
 
 
-def time_requests(client: httpx.Client, url: str, queries: list[str]) -> tuple[list[float], int]:
-    """Latencies in ms, sorted, and the size of the first response in bytes."""
+def time_requests(client: httpx.Client, url: str, queries: list[str]) -> tuple[list[float], list[int]]:
+    """Latencies in ms (sorted) and response sizes in bytes."""
     times, sizes = [], []
     for query in queries:
         started = time.perf_counter()
         sizes.append(len(client.get(url + query).raise_for_status().content))
         times.append(1000 * (time.perf_counter() - started))
-    return sorted(times), sizes[0]
-
-
-def nearest_rank(sorted_ms: list[float], q: float) -> float:
-    return sorted_ms[max(0, math.ceil(q * len(sorted_ms)) - 1)]
+    return sorted(times), sizes
 
 
 def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
@@ -203,7 +198,7 @@ def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
     print(f"server: {' '.join(cmd)}")
     log = open(data.parent / "server.log", "w+b")
     started = time.perf_counter()
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
             report: dict[str, Any] = {}
@@ -224,20 +219,19 @@ def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
                            if two_d else f"index={rng.randrange(rows)},:&start={rng.randrange(cols - 63)}&count=64"
                            for _ in range(args.requests + 1)]
                 (first, *_), _ = time_requests(client, url, queries[:1])
-                times, size = time_requests(client, url, queries[1:])
-                print(f"  slice, {kind} ({args.requests} requests after one warm-up of {first:.1f} ms, {size} B of "
-                      f"JSON each): p50 {nearest_rank(times, 0.5):.1f} ms, p99 {nearest_rank(times, 0.99):.1f} ms, "
-                      f"max {times[-1]:.1f} ms (targets: p50 under 10 ms, p99 under 50 ms)")
+                ms, sizes = time_requests(client, url, queries[1:])
+                p50, p99 = (ms[max(0, math.ceil(q * len(ms)) - 1)] for q in (0.5, 0.99))  # nearest rank
+                print(f"  slice, {kind}: {len(ms)} requests after one warm-up of {first:.1f} ms, JSON responses of "
+                      f"{min(sizes)}-{max(sizes)} B: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {ms[-1]:.1f} ms "
+                      f"(targets: p50 under 10 ms, p99 under 50 ms)")
         with open(f"/proc/{server.pid}/status", encoding="utf-8") as f:
             hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
         print(f"  peak RSS of the server (VmHWM): {hwm * 1024 / MB:.0f} MB")
     finally:
         server.terminate()
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        server.kill()  # a no-op once it has exited
         log.close()
 
 
@@ -269,7 +263,8 @@ def main() -> int:
     wall, rss, versions = run_child([sys.executable, "-c", BASELINE])
     print(machine_line(versions.strip()))
     print(f"baseline child (import tensor_debugger.services, torch, zarr): {wall:.2f} s, peak RSS {rss:.0f} MB")
-    DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
+    if args.workdir is None:
+        DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="compare-", dir=DEFAULT_WORKDIR_PARENT))
     workdir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="run-", dir=workdir.resolve()))

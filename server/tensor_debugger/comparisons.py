@@ -247,7 +247,8 @@ class Comparisons:
         alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 
         def sources(side: list[TensorRecord]) -> list[View]:
-            return [SourceView(self.store.open(t.store_key), partial(storage_to_compute, logical=parse_dtype(t.dtype)),
+            return [SourceView(self.store.open(t.store_key, t.digest),
+                               partial(storage_to_compute, logical=parse_dtype(t.dtype)),
                                k) for k, t in enumerate(side)]
 
         return (build_view(sources(a), alignment.side_steps("a")), build_view(sources(b), alignment.side_steps("b")),

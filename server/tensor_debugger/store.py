@@ -6,6 +6,8 @@ storage dtype; its logical dtype lives in the array's attributes and in the meta
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
 DEFAULT_CODEC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
 
 
+_OPENED_LIMIT = 512  # arrays kept open for slices and comparisons
 _METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
 
 
@@ -66,6 +69,8 @@ class ArrayStore:
     def __init__(self, url: str) -> None:
         self.url = url
         self._store = CountingStore(open_store(url))
+        self._opened: OrderedDict[tuple[str, str], zarr.Array[Any]] = OrderedDict()
+        self._lock = threading.Lock()
 
     @property
     def chunk_reads(self) -> int:
@@ -89,11 +94,30 @@ class ArrayStore:
             config={"write_empty_chunks": True},
         )
 
-    def open(self, key: str) -> zarr.Array[Any]:
-        return zarr.open_array(self._store, path=key, mode="r")
+    def open(self, key: str, content_digest: str | None = None) -> zarr.Array[Any]:
+        """The array at `key`, read-only. With the tensor's content digest, an array opened before is reused
+        (its metadata is not read again): arrays never change after ingest, and the digest tells a new array
+        apart from an old one that once had the same key."""
+        if content_digest is None:
+            return zarr.open_array(self._store, path=key, mode="r")
+        cache_key = (key, content_digest)
+        with self._lock:
+            found = self._opened.get(cache_key)
+            if found is not None:
+                self._opened.move_to_end(cache_key)
+                return found
+        array = zarr.open_array(self._store, path=key, mode="r")
+        with self._lock:
+            self._opened[cache_key] = array
+            while len(self._opened) > _OPENED_LIMIT:
+                self._opened.popitem(last=False)
+        return array
 
     def delete(self, prefix: str) -> None:
         """Delete every array under `prefix` ("runs/12")."""
+        with self._lock:
+            for cached in [k for k in self._opened if k[0] == prefix or k[0].startswith(prefix + "/")]:
+                del self._opened[cached]
         sync(self._store.delete_dir(prefix))
 
     def children(self, prefix: str) -> list[str]:

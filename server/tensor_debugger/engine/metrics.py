@@ -19,6 +19,7 @@ HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus 
 
 
 _SLICE = 1 << 16  # elements per step: 512 KiB of float64 per temporary
+_EDGES = 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)
 # (block origin in aligned coordinates, block shape, aligned shape, offset of this slice in the flat block)
 _Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
@@ -137,7 +138,7 @@ class PairAccumulator:
         self._consider_max(float(diff[local]), False, local, where)
         self.valid += n
         self.sum_abs += float(diff.sum())
-        self.sum_sq += float(np.dot(diff, diff))
+        self.sum_sq += _dot(diff, diff, scratch)
         if float(ref.min()) > 0:
             np.divide(diff, ref, out=scratch)
             self.rel_count += n
@@ -150,9 +151,9 @@ class PairAccumulator:
                 self.rel_count += rel.size
                 self.sum_rel += float(rel.sum())
                 self.max_rel = max(self.max_rel, float(rel.max()))
-        self.dot += float(np.dot(a64, b64))
-        self.norm_a += float(np.dot(a64, a64))
-        self.norm_b += float(np.dot(b64, b64))
+        self.dot += _dot(a64, b64, scratch)
+        self.norm_a += _dot(a64, a64, scratch)
+        self.norm_b += _dot(b64, b64, scratch)
         self._histogram(diff)
 
     def _add_general(self, a64: np.ndarray, b64: np.ndarray, where: _Where) -> None:
@@ -219,17 +220,14 @@ class PairAccumulator:
             self.argmax, self.argmax_flat = index, flat
 
     def _histogram(self, d: np.ndarray) -> None:
-        """Count |difference| per decade: bin 0 exact zeros, then 10**HIST_LOW and below, ..., 10**HIST_HIGH and
-        above (infinity included)."""
-        zeros = d.size - int(np.count_nonzero(d))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            decades = np.log10(d)
-        np.floor(decades, out=decades)
-        np.clip(decades, HIST_LOW, HIST_HIGH, out=decades)  # -inf (zero) lands in the lowest decade: moved below
-        counts = np.bincount((decades - (HIST_LOW - 1)).astype(np.int64), minlength=len(self.hist))
-        counts[1] -= zeros
-        counts[0] += zeros
-        self.hist += counts[: len(self.hist)]
+        """Count |difference| per decade: bin 0 exact zeros, bin 1 everything below 10**(HIST_LOW + 1), one bin
+        per decade after it, the last 10**HIST_HIGH and above (infinity included). NaN is never in `d`."""
+        nonzero = int(np.count_nonzero(d))
+        at_least = [int(np.count_nonzero(d >= edge)) for edge in _EDGES]
+        counts = [d.size - nonzero, nonzero - at_least[0]]
+        counts += [at_least[i] - at_least[i + 1] for i in range(len(at_least) - 1)]
+        counts.append(at_least[-1])
+        self.hist += np.asarray(counts, dtype=np.int64)
 
     def merge(self, other: PairAccumulator) -> None:
         for name in ("numel", "valid", "sum_abs", "sum_sq", "rel_count", "sum_rel", "dot", "norm_a", "norm_b",
@@ -270,6 +268,12 @@ class PairAccumulator:
             histogram=[int(x) for x in self.hist],
             rtol=self.tol.rtol, atol=self.tol.atol,
         )
+
+
+def _dot(x: np.ndarray, y: np.ndarray, scratch: np.ndarray) -> float:
+    """sum(x * y) with numpy's pairwise summation: no BLAS, whose own threads fight the comparison's."""
+    np.multiply(x, y, out=scratch)
+    return float(scratch.sum())
 
 
 def _cosine(dot: float, norm_a: float, norm_b: float) -> float:
