@@ -108,3 +108,35 @@ def test_form_errors_are_shown_in_words(live_server: LiveServer, page: Page, tmp
     assert "no tensors found" in alert.inner_text()
     assert "weights.pth: not a readable PyTorch file" in page.locator("ul.problems").inner_text()
     shot(page, "form-error")
+
+
+def test_inspector_jumps_to_the_planted_difference(demo_server: LiveServer, page: Page) -> None:
+    page.goto(demo_server.url + "/")
+    page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn").click()
+    page.locator(".banner.fail").wait_for(timeout=60_000)
+    page.locator(".banner.fail a").click()  # the first divergence's row
+    page.locator("table.pairs tr.verdict-fail a").first.click()
+    page.wait_for_url("**/pairs/*")
+    assert page.get_by_role("heading", name="2_post_attn").is_visible()
+    assert "Aligned [5, 17]" in page.locator("section.card", has_text="Layouts").inner_text()
+    page.locator("form.window input[name=index]").fill("0,:")
+    page.locator("form.window input[name=start]").fill("0")
+    page.locator("form.window input[name=count]").fill("8")
+    page.get_by_role("button", name="Show").click()
+    page.wait_for_function("document.querySelector('.caption').textContent.includes('Window [0, 0:8]')")
+    assert "index=0%2C%3A" in page.url and "count=8" in page.url
+    page.get_by_role("link", name="Jump to max diff").click()
+    page.wait_for_function("document.querySelector('.caption').textContent.includes('[5, ')")
+    biggest = page.locator("figure.grid", has_text="Difference").locator("td.max")
+    assert biggest.get_attribute("title").startswith("[5, 17] value 0.3")
+    assert "outside tolerance" in biggest.get_attribute("title")
+    assert "index=5%2C%3A" in page.url and "start=13" in page.url  # the window is in the URL
+    shot(page, "pair-jump-to-max")
+    page.locator("body").press("ArrowDown")  # the next row
+    page.wait_for_function("document.querySelector('.caption').textContent.includes('[6, ')")
+    assert "index=6%2C%3A" in page.url
+    page.go_back()
+    page.wait_for_function("document.querySelector('.caption').textContent.includes('[5, ')")
+    page.reload()  # a link shows the same values
+    assert page.locator("figure.grid", has_text="Difference").locator("td.max").get_attribute("title").startswith(
+        "[5, 17]")

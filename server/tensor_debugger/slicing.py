@@ -67,7 +67,24 @@ def _ints(text: str, n: int, what: str, default: int) -> list[int]:
     return values
 
 
-def read_slice(a: View, b: View, request: SliceRequest) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Window:
+    """Values of both runs in a window, in the window's own shape (one or two dims), and where it lies."""
+
+    request: SliceRequest
+    region: tuple[slice, ...]  # in aligned coordinates
+    a: np.ndarray
+    b: np.ndarray
+    diff: np.ndarray  # b - a, float64 (complex128 for complex values)
+
+    def index_of(self, position: tuple[int, ...]) -> tuple[int, ...]:
+        """The aligned index of a position inside the window."""
+        free = iter(position)
+        return tuple(r.start + next(free) if f is None else f for r, f in zip(self.region, self.request.index,
+                                                                               strict=True))
+
+
+def read_window(a: View, b: View, request: SliceRequest) -> Window:
     shape = a.shape
     region: list[slice] = []
     free = iter(zip(request.start, request.count, strict=True))
@@ -84,12 +101,17 @@ def read_slice(a: View, b: View, request: SliceRequest) -> dict[str, Any]:
     wide = np.complex128 if values_a.dtype.kind == "c" or values_b.dtype.kind == "c" else np.float64
     with np.errstate(invalid="ignore", over="ignore"):
         diff = values_b.astype(wide) - values_a.astype(wide)
+    return Window(request, box, values_a, values_b, diff)
+
+
+def read_slice(a: View, b: View, request: SliceRequest) -> dict[str, Any]:
+    window = read_window(a, b, request)
     return {
-        "shape": list(shape),
+        "shape": list(a.shape),
         "index": [v if v is not None else ":" for v in request.index],
         "window": [{"dim": d, "start": r.start, "count": r.stop - r.start}
-                   for d, (r, f) in enumerate(zip(box, request.index, strict=True)) if f is None],
-        "a": _values(values_a), "b": _values(values_b), "diff": _values(diff),
+                   for d, (r, f) in enumerate(zip(window.region, request.index, strict=True)) if f is None],
+        "a": _values(window.a), "b": _values(window.b), "diff": _values(window.diff),
     }
 
 

@@ -11,6 +11,7 @@ from litestar.response import Redirect, Template
 
 from tensor_debugger import catalog
 from tensor_debugger.errors import TensorDebuggerError
+from tensor_debugger.pair_page import pair_page_context
 from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.services import Services
 from tensor_debugger.session_uploads import RunOutcome, group_by_run, ingest_batch
@@ -34,6 +35,22 @@ class PageController(Controller):
             tensors = {run.id: catalog.list_tensors(db, run.id) for run in session.runs}
             report = session_pairs(db, session_id)
             return Template("session.html", context={"session": session, "tensors": tensors, "report": report})
+
+    @get("/pairs/{pair_id:int}", sync_to_thread=True)
+    def pair_page(self, services: Services, pair_id: int, index: str = "", start: str = "",
+                  count: str = "") -> Template:
+        """A pair's statistics, alignment and the value inspector; the window lives in the URL."""
+        with services.sessions() as db:
+            context = pair_page_context(db, services, pair_id, index, start, count)
+            return Template("pair.html", context=context)
+
+    @get("/pairs/{pair_id:int}/grid", sync_to_thread=True)
+    def pair_grid(self, services: Services, pair_id: int, index: str = "", start: str = "",
+                  count: str = "") -> Template:
+        """Just the inspector's grids, for the page's script to swap in without a reload."""
+        with services.sessions() as db:
+            context = pair_page_context(db, services, pair_id, index, start, count)
+            return Template("_inspector.html", context=context)
 
     @post("/sessions", request_max_body_size=None)
     async def create_from_form(self, services: Services, request: Request[Any, Any, Any]) -> Template | Redirect:

@@ -1,0 +1,78 @@
+"""What the pair page shows: the pair's detail, and the inspector's window taken from the URL."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.engine.alignment import Shape
+from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
+from tensor_debugger.inspector import build_inspector
+from tensor_debugger.models import PairRecord, SessionRecord
+from tensor_debugger.pair_reports import pair_detail
+from tensor_debugger.services import Services
+from tensor_debugger.slicing import SliceRequest, parse_slice_request, read_window
+
+DEFAULT_COUNT = 64
+
+
+def default_window(shape: Shape) -> dict[str, str]:
+    if not shape:
+        return {"index": "", "start": "", "count": ""}
+    return {"index": ",".join(["0"] * (len(shape) - 1) + [":"]), "start": "0",
+            "count": str(min(DEFAULT_COUNT, max(shape[-1], 1)))}
+
+
+def centred_window(shape: Shape, target: tuple[int, ...], current: SliceRequest) -> dict[str, str]:
+    """The current window moved so that it holds `target`, centred where it can be."""
+    if not shape:
+        return default_window(shape)
+    free = [d for d, v in enumerate(current.index) if v is None]
+    index, starts = [], []
+    for dim, size in enumerate(shape):
+        if dim in free:
+            count = current.count[free.index(dim)]
+            starts.append(max(0, min(target[dim] - count // 2, size - count)))
+            index.append(":")
+        else:
+            index.append(str(target[dim]))
+    return {"index": ",".join(index), "start": ",".join(map(str, starts)), "count": ",".join(map(str, current.count))}
+
+
+def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
+    labels = ["0", f"< 1e{HIST_LOW + 1}"] + [f"1e{k}" for k in range(HIST_LOW + 1, HIST_HIGH)] + [f"≥ 1e{HIST_HIGH}"]
+    top = max(counts) if counts else 0
+    return [{"label": label, "count": c, "percent": 100 * c / top if top else 0}
+            for label, c in zip(labels, counts, strict=False)]
+
+
+def pair_page_context(db: DbSession, services: Services, pair_id: int, index: str, start: str,
+                      count: str) -> dict[str, Any]:
+    detail = pair_detail(db, services.comparisons, pair_id)
+    pair = db.get_one(PairRecord, pair_id)
+    session = db.get_one(SessionRecord, pair.session_id)
+    runs = {r.id: r for r in session.runs}
+    context: dict[str, Any] = {"pair": detail, "session": session, "run_a": runs.get(pair.run_a_id),
+                               "run_b": runs.get(pair.run_b_id), "inspector": None, "window": None,
+                               "histogram": histogram_bars((detail["stats"] or {}).get("histogram", []))}
+    if pair.alignment is None:
+        return context
+    view_a, view_b, alignment = services.comparisons.views(db, pair)
+    shape = alignment.shape
+    params = {"index": index, "start": start, "count": count} if index or not shape else default_window(shape)
+    request = parse_slice_request(shape, params["index"], params["start"], params["count"])
+    window = read_window(view_a, view_b, request)
+    tensors = services.comparisons._tensors(db, pair)
+    tolerance, exact = services.comparisons.tolerance(session, tensors[0].dtype, tensors[-1].dtype)
+    context["inspector"] = build_inspector(window, tolerance, exact)
+    context["window"] = {**params, "shape": list(shape)}
+    argmax = detail.get("argmax")
+    if argmax:
+        jump = centred_window(shape, tuple(argmax["aligned"]), request)
+        context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
+    return context
+
+
+
