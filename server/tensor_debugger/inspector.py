@@ -88,9 +88,9 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
     max_pos: tuple[int, ...] | None = None
     if abs_diff.size:
         nan_rank = np.where(np.isnan(abs_diff), np.inf, abs_diff)
-        flat = int(np.argmax(nan_rank))
-        if nan_rank.reshape(-1)[flat] > 0:  # an all-equal window has no largest difference to point at
-            max_pos = tuple(int(i) for i in np.unravel_index(flat, abs_diff.shape))
+        largest = int(np.argmax(nan_rank))
+        if nan_rank.reshape(-1)[largest] > 0:  # an all-equal window has no largest difference to point at
+            max_pos = tuple(int(i) for i in np.unravel_index(largest, abs_diff.shape))
     positions = list(np.ndindex(*a.shape)) if a.ndim else [()]
 
     def cell(source: np.ndarray, pos: tuple[int, ...], is_diff: bool) -> Cell:
@@ -105,7 +105,7 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
         background = _background(float(np.real(value)), diff_scale if is_diff else value_scale)
         return Cell(_text(value), title, f"{background};{_border(magnitude, out, diff_scale)}", out, pos == max_pos)
 
-    grids = []
+    grids: list[Grid] = []
     sources = (("Reference", a, False), ("Candidate", b, False), ("Difference (candidate - reference)", diff, True))
     for label, source, diff_bg in sources:
         if two_d:
@@ -125,7 +125,6 @@ def _free(request: SliceRequest) -> list[int]:
 
 
 def _caption(window: Window) -> str:
-    parts = []
-    for dim, (region, fixed) in enumerate(zip(window.region, window.request.index, strict=True)):
-        parts.append(f"{region.start}:{region.stop}" if fixed is None else str(fixed))
+    parts = [f"{region.start}:{region.stop}" if fixed is None else str(fixed)
+             for region, fixed in zip(window.region, window.request.index, strict=True)]
     return f"[{', '.join(parts)}]"
