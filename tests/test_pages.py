@@ -114,8 +114,7 @@ def test_inspector_jumps_to_the_planted_difference(demo_server: LiveServer, page
     page.goto(demo_server.url + "/")
     page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn").click()
     page.locator(".banner.fail").wait_for(timeout=60_000)
-    page.locator(".banner.fail a").click()  # the first divergence's row
-    page.locator("table.pairs tr.verdict-fail a").first.click()
+    page.locator(".banner.fail").get_by_role("link", name="2_post_attn").click()
     page.wait_for_url("**/pairs/*")
     assert page.get_by_role("heading", name="2_post_attn").is_visible()
     assert "Aligned [5, 17]" in page.locator("section.card", has_text="Layouts").inner_text()
@@ -140,3 +139,56 @@ def test_inspector_jumps_to_the_planted_difference(demo_server: LiveServer, page
     page.reload()  # a link shows the same values
     assert page.locator("figure.grid", has_text="Difference").locator("td.max").get_attribute("title").startswith(
         "[5, 17]")
+
+
+def row_names(page: Page) -> list[str]:
+    return [page.locator("table.pairs tbody tr").nth(i).locator("td a").first.inner_text()
+            for i in range(page.locator("table.pairs tbody tr").count())]
+
+
+def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Page) -> None:
+    page.goto(demo_server.url + "/sessions/1")
+    page.locator(".banner.fail").wait_for(timeout=60_000)
+    assert page.locator("figure.chart circle.failing").count() == 15
+    page.get_by_label("Show").select_option("fail")
+    page.get_by_role("button", name="Apply", exact=True).click()
+    page.wait_for_url("**verdict=fail**")
+    assert page.locator("table.pairs tbody tr").count() == 15
+    assert all(text.strip().upper() == "FAIL" for text in page.locator("table.pairs td.verdict").all_inner_texts())
+    shot(page, "session-failing-only")
+    page.get_by_role("button", name="Collapse all").click()
+    assert not page.locator("details.group").first.evaluate("d => d.open")
+    page.get_by_role("button", name="Expand all").click()
+    # reorder: ungrouped, in execution order; drag the third row to the top, then move it down with the keyboard
+    page.goto(demo_server.url + "/sessions/1?group=none")
+    before = row_names(page)
+    page.locator("table.pairs tbody tr").nth(2).drag_to(page.locator("table.pairs tbody tr").nth(0),
+                                                        target_position={"x": 20, "y": 2})
+    page.wait_for_function("document.querySelector('table.pairs').dataset.saved === 'yes'")
+    page.reload()
+    after = row_names(page)
+    assert after[0] == before[2] and after[1:3] == before[0:2]
+    page.get_by_role("button", name=f"Move {before[0]} up").focus()
+    page.keyboard.press("Enter")
+    page.wait_for_load_state()
+    moved = row_names(page)
+    assert moved.index(before[0]) == after.index(before[0]) - 1
+    # tolerances: loose enough and every verdict passes
+    page.get_by_label("atol").fill("1")
+    page.get_by_role("button", name="Apply tolerances").click()
+    page.locator(".banner.pass").wait_for(timeout=60_000)
+    assert "No divergence" in page.locator(".banner.pass").inner_text()
+    shot(page, "session-tolerances")
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Download CSV").click()
+    csv_text = Path(download.value.path()).read_text()
+    assert csv_text.splitlines()[0].startswith("position,name,layer,stage,status")
+    assert len(csv_text.splitlines()) == 53 and csv_text.splitlines()[1].split(",")[1] == moved[0]
+    # restart: the session, its order and its tolerances are as they were
+    demo_server.stop()
+    demo_server.start()
+    page.goto(demo_server.url + "/sessions/1?group=none")
+    page.locator(".banner.pass").wait_for(timeout=60_000)
+    assert row_names(page) == moved
+    assert page.get_by_label("atol").input_value() == "1.0"
+    shot(page, "session-after-restart")

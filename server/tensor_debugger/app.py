@@ -17,7 +17,7 @@ from litestar.template import TemplateConfig
 from tensor_debugger import __version__
 from tensor_debugger.comparisons import sessions_needing_plan
 from tensor_debugger.controllers.pages import PageController
-from tensor_debugger.controllers.pairs import PairController, SessionPairsController
+from tensor_debugger.controllers.pairs import PairController, SessionOrderController, SessionPairsController
 from tensor_debugger.controllers.runs import RunController
 from tensor_debugger.controllers.sessions import SessionController
 from tensor_debugger.controllers.tensors import TensorController
@@ -103,7 +103,8 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
     return Litestar(
         route_handlers=[
-            SessionController, SessionPairsController, PairController, RunController, TensorController,
+            SessionController, SessionPairsController, SessionOrderController, PairController, RunController,
+            TensorController,
             PageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],

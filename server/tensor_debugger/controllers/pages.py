@@ -5,17 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
-from litestar import Controller, Request, get, post
-from litestar.params import Parameter
+from litestar import Controller, Request, Response, get, post
+from litestar.enums import RequestEncodingType
+from litestar.params import Body, Parameter
 from litestar.response import Redirect, Template
 
 from tensor_debugger import catalog
-from tensor_debugger.errors import TensorDebuggerError
+from tensor_debugger.errors import InvalidInputError, TensorDebuggerError
+from tensor_debugger.exports import pairs_to_csv
+from tensor_debugger.models import PairOverrideRecord
 from tensor_debugger.pair_page import pair_page_context
 from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.services import Services
 from tensor_debugger.session_uploads import RunOutcome, group_by_run, ingest_batch
+from tensor_debugger.session_view import ViewParams, apply_order, build_chart, build_groups, pair_key
 from tensor_debugger.upload import receive_multipart
+
+FormData = dict[str, str]
+FORM = Body(media_type=RequestEncodingType.URL_ENCODED)  # a plain HTML form's fields
 
 
 class PageController(Controller):
@@ -29,12 +36,77 @@ class PageController(Controller):
             return Template("sessions.html", context={"sessions": sessions, "q": q or ""})
 
     @get("/sessions/{session_id:int}", sync_to_thread=True)
-    def session_page(self, services: Services, session_id: int) -> Template:
+    def session_page(
+        self, services: Services, session_id: int, group: str | None = None, sort: str | None = None,
+        verdict: str | None = None, q: str | None = None,
+    ) -> Template:
+        """The session: first divergence, the chart of error through the model, and every pair, grouped,
+        sorted and filtered as the URL says (so the page works, and links, without any script)."""
+        params = ViewParams.parse(group, sort, verdict, q)
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
             tensors = {run.id: catalog.list_tensors(db, run.id) for run in session.runs}
             report = session_pairs(db, session_id)
-            return Template("session.html", context={"session": session, "tensors": tensors, "report": report})
+            ordered = apply_order(report["pairs"], session.pair_order)
+            return Template("session.html", context={
+                "session": session, "tensors": tensors, "report": report, "params": params,
+                "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
+                "reorderable": params.group == "none" and params.sort == "order" and params.verdict == "all"
+                and not params.q, "order_keys": [pair_key(p) for p in ordered],
+            })
+
+    @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
+    def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
+        with services.sessions() as db:
+            session = catalog.get_session(db, session_id)
+            report = session_pairs(db, session_id)
+            rows = apply_order(report["pairs"], session.pair_order)
+        return Response(pairs_to_csv(rows), media_type="text/csv; charset=utf-8", headers={
+            "content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'})
+
+    @post("/sessions/{session_id:int}/tolerances", sync_to_thread=True)
+    def set_tolerances(self, services: Services, session_id: int,
+                       data: FormData = FORM) -> Redirect:
+        with services.sessions.begin() as db:
+            session = catalog.get_session(db, session_id)
+            if data.get("action") == "reset":
+                catalog.set_tolerances(session, None, None)
+            else:
+                catalog.set_tolerances(session, _optional_float(data.get("rtol"), "rtol"),
+                                       _optional_float(data.get("atol"), "atol"))
+        services.comparisons.refresh(session_id)
+        if services.on_planned is not None:
+            services.on_planned(session_id)
+        return Redirect(f"/sessions/{session_id}", status_code=303)
+
+    @post("/sessions/{session_id:int}/pairs", sync_to_thread=True)
+    def pair_by_hand(self, services: Services, session_id: int,
+                     data: FormData = FORM) -> Redirect:
+        a_name, b_name = data.get("a_name", ""), data.get("b_name", "")
+        with services.sessions.begin() as db:
+            session = catalog.get_session(db, session_id)
+            candidate = next((r for r in session.runs if r.position > 0), None)
+            if candidate is None or not a_name or not b_name:
+                raise InvalidInputError("choose a tensor of each run to pair")
+            db.add(PairOverrideRecord(session_id=session_id, run_b_id=candidate.id, action="pair",
+                                      a_name=a_name, b_name=b_name))
+        services.plan(session_id)
+        return Redirect(f"/sessions/{session_id}", status_code=303)
+
+    @post("/sessions/{session_id:int}/order", sync_to_thread=True)
+    def move_pair(self, services: Services, session_id: int,
+                  data: FormData = FORM) -> Redirect:
+        """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same)."""
+        with services.sessions.begin() as db:
+            session = catalog.get_session(db, session_id)
+            keys = [pair_key(p) for p in apply_order(session_pairs(db, session_id)["pairs"], session.pair_order)]
+            key, step = data.get("pair", ""), -1 if data.get("direction") == "up" else 1
+            if key in keys:
+                i = keys.index(key)
+                j = min(max(i + step, 0), len(keys) - 1)
+                keys[i], keys[j] = keys[j], keys[i]
+                session.pair_order = keys
+        return Redirect(f"/sessions/{session_id}?group=none#row-{data.get('pair', '')}", status_code=303)
 
     @get("/pairs/{pair_id:int}", sync_to_thread=True)
     def pair_page(self, services: Services, pair_id: int, index: str = "", start: str = "",
@@ -70,6 +142,15 @@ class PageController(Controller):
         if session_id is None:
             return _form_error(services, name, "no tensors found in the uploads; nothing was kept", outcomes)
         return Redirect(f"/sessions/{session_id}", status_code=303)
+
+
+def _optional_float(text: str | None, name: str) -> float | None:
+    if text is None or not text.strip():
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise InvalidInputError(f"{name} must be a number, got {text!r}") from None
 
 
 def _create(services: Services, name: str, runs: dict[str, Any]) -> tuple[int | None, list[RunOutcome]]:

@@ -66,6 +66,28 @@ class SessionPairsController(Controller):
         return pair
 
 
+@dataclass
+class PairOrder:
+    pairs: list[str]  # "reference name|candidate name" of each pair, in the order wanted
+
+
+class SessionOrderController(Controller):
+    path = "/api/sessions/{session_id:int}/order"
+    tags = ["pairs"]
+
+    @put("/", sync_to_thread=True)
+    def set_order(self, services: Services, session_id: int, data: PairOrder) -> dict[str, Any]:
+        """Keep the user's order of pairs (pairs it does not name follow in execution order)."""
+        with services.sessions.begin() as db:
+            catalog.get_session(db, session_id).pair_order = list(data.pairs)
+        return {"pairs": data.pairs}
+
+    @delete("/", sync_to_thread=True)
+    def reset_order(self, services: Services, session_id: int) -> None:
+        with services.sessions.begin() as db:
+            catalog.get_session(db, session_id).pair_order = None
+
+
 class PairController(Controller):
     path = "/api/pairs"
     tags = ["pairs"]

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import String, Text
+from sqlalchemy import JSON, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from tensor_debugger.models.base import Base, utcnow
@@ -23,6 +23,8 @@ class SessionRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     rtol: Mapped[float | None]  # the session's tolerances; null: torch.testing's defaults for each pair's dtypes
     atol: Mapped[float | None]
+    # the user's order of pairs ("reference name|candidate name"), set by dragging rows; null: execution order
+    pair_order: Mapped[list[Any] | None] = mapped_column(JSON)
     runs: Mapped[list[RunRecord]] = relationship(
         back_populates="session", order_by="RunRecord.position", cascade="all, delete-orphan"
     )

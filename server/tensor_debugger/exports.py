@@ -1,0 +1,28 @@
+"""The session's pairs as CSV, in the order the user keeps them."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+COLUMNS = ("position", "name", "layer", "stage", "status", "strategy", "reference", "reference_shape",
+           "reference_dtype", "candidate", "candidate_shape", "candidate_dtype", "alignment", "max_abs_diff",
+           "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr_db", "mismatched",
+           "numel", "argmax", "nan_a", "nan_b", "inf_a", "inf_b")
+
+
+def pairs_to_csv(pairs: list[dict[str, Any]]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(COLUMNS)
+    for n, p in enumerate(pairs):
+        s = p["stats"] or {}
+        writer.writerow([
+            n, p["name"], p["layer"], p["stage"], p["status"], p["strategy"], p["a"]["name"], p["a"]["shape"],
+            p["a"]["dtype"], p["b"]["name"], p["b"]["shape"], p["b"]["dtype"], p["alignment"],
+            *(s.get(k, "") for k in ("max_abs_diff", "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse",
+                                     "rmse", "cosine", "snr_db", "mismatched", "numel", "argmax", "nan_a",
+                                     "nan_b", "inf_a", "inf_b")),
+        ])
+    return out.getvalue()
