@@ -192,3 +192,33 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     assert row_names(page) == moved
     assert page.get_by_label("atol").input_value() == "1.0"
     shot(page, "session-after-restart")
+
+
+def test_new_session_with_progress_bars_and_errors_next_to_files(live_server: LiveServer, page: Page,
+                                                                 tmp_path: Path) -> None:
+    write_dump(tmp_path / "ref", layers=2, seed=5)
+    write_dump(tmp_path / "cand", layers=2, seed=5, plant=Plant(1, "key", (0, 1, 3, 2), 0.2))
+    reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
+    candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
+    page.goto(live_server.url + "/")
+    page.get_by_label("Name", exact=True).fill("dropped")
+    page.get_by_label("Reference run").set_input_files(str(reference))
+    page.get_by_label("Candidate run").set_input_files(str(candidate))
+    assert page.locator(".dropzone li").count() == 2
+    page.get_by_role("button", name="Upload and ingest").click()
+    page.wait_for_url("**/sessions/*")
+    page.locator(".banner").wait_for(timeout=60_000)
+    assert "First divergence: 1_key (layer 1, stage key)" in page.locator(".banner").inner_text()
+    # a bad file gets its reason next to it, and nothing is kept
+    bad = tmp_path / "weights.pth"
+    bad.write_bytes(b"\0" * 32)
+    page.goto(live_server.url + "/")
+    page.get_by_label("Name", exact=True).fill("bad one")
+    page.get_by_label("Reference run").set_input_files(str(bad))
+    page.get_by_role("button", name="Upload and ingest").click()
+    note = page.locator(".dropzone li.bad .note")
+    note.wait_for()
+    assert "not a readable PyTorch file" in note.inner_text()
+    assert page.locator(".dropzone progress").evaluate("p => p.value === p.max")
+    assert "no tensors found" in page.locator("form.new-session .status").inner_text()
+    shot(page, "new-session-error")
