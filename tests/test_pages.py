@@ -37,6 +37,26 @@ def page(browser: Browser) -> Iterator[Page]:
     context.close()
 
 
+@pytest.fixture
+def page_without_scripts(browser: Browser) -> Iterator[Page]:
+    """A browser with JavaScript off: the pages must work before (and without) any script."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, java_script_enabled=False)
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+def wait_until_compared(page: Page, timeout: float = 60) -> None:
+    """Reload until no pair is pending (the page refreshes itself meanwhile; a reload is simpler to await)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while page.locator(".progress").count():
+        assert time.monotonic() < deadline, "pairs still pending"
+        time.sleep(0.5)
+        page.reload()
+
+
 def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -58,8 +78,8 @@ def test_first_start_shows_the_demo_session(demo_server: LiveServer, page: Page)
     shot(page, "sessions-demo")
     link.click()
     page.wait_for_url("**/sessions/*")
+    wait_until_compared(page)
     banner = page.locator(".banner.fail")
-    banner.wait_for(timeout=60_000)  # the page refreshes itself until every pair is compared
     assert "First divergence: 2_post_attn (layer 2, stage post_attn)" in banner.inner_text()
     assert "[5, 17]" in banner.inner_text()
     assert page.locator("table.pairs tbody tr").count() == 52
@@ -71,7 +91,9 @@ def test_first_start_shows_the_demo_session(demo_server: LiveServer, page: Page)
     shot(page, "session-demo")
 
 
-def test_upload_through_the_form_without_scripts(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
+def test_upload_through_the_form_without_scripts(live_server: LiveServer, page_without_scripts: Page,
+                                                 tmp_path: Path) -> None:
+    page = page_without_scripts
     write_dump(tmp_path / "ref", layers=1, seed=2)
     write_dump(tmp_path / "cand", layers=1, seed=2, plant=Plant(0, "post_mlp", (1, 1), 1.0))
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
@@ -84,8 +106,7 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page: 
     page.get_by_label("Candidate run").set_input_files([str(candidate), str(bad)])
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
-    shot(page, "session-form-upload-landing")
-    page.locator(".banner").wait_for(timeout=60_000)  # once every pair is compared the page stops refreshing
+    wait_until_compared(page)
     assert "First divergence: 0_post_mlp" in page.locator(".banner").inner_text()
     assert page.get_by_role("heading", name="form upload ü").is_visible()
     page.locator("#run-2 summary").click()
@@ -96,7 +117,8 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page: 
     assert page.get_by_role("link", name="form upload ü").is_visible()
 
 
-def test_form_errors_are_shown_in_words(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
+def test_form_errors_are_shown_in_words(live_server: LiveServer, page_without_scripts: Page, tmp_path: Path) -> None:
+    page = page_without_scripts
     bad = tmp_path / "weights.pth"
     bad.write_bytes(b"\0" * 64)
     page.goto(live_server.url + "/")
@@ -148,7 +170,7 @@ def row_names(page: Page) -> list[str]:
 
 def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Page) -> None:
     page.goto(demo_server.url + "/sessions/1")
-    page.locator(".banner.fail").wait_for(timeout=60_000)
+    wait_until_compared(page)
     assert page.locator("figure.chart circle.failing").count() == 15
     page.get_by_label("Show").select_option("fail")
     page.get_by_role("button", name="Apply", exact=True).click()
@@ -169,8 +191,8 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     after = row_names(page)
     assert after[0] == before[2] and after[1:3] == before[0:2]
     page.get_by_role("button", name=f"Move {before[0]} up").focus()
-    page.keyboard.press("Enter")
-    page.wait_for_load_state()
+    with page.expect_navigation():
+        page.keyboard.press("Enter")
     moved = row_names(page)
     assert moved.index(before[0]) == after.index(before[0]) - 1
     # tolerances: loose enough and every verdict passes

@@ -106,7 +106,7 @@ class PageController(Controller):
                 j = min(max(i + step, 0), len(keys) - 1)
                 keys[i], keys[j] = keys[j], keys[i]
                 session.pair_order = keys
-        return Redirect(f"/sessions/{session_id}?group=none#row-{data.get('pair', '')}", status_code=303)
+        return Redirect(f"/sessions/{session_id}?group=none", status_code=303)
 
     @get("/pairs/{pair_id:int}", sync_to_thread=True)
     def pair_page(self, services: Services, pair_id: int, index: str = "", start: str = "",
