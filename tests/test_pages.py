@@ -244,3 +244,26 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(live_server: Li
     assert page.locator(".dropzone progress").evaluate("p => p.value === p.max")
     assert "no tensors found" in page.locator("form.new-session .status").inner_text()
     shot(page, "new-session-error")
+
+
+def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServer, page: Page) -> None:
+    page.goto(demo_server.url + "/sessions/1")
+    wait_until_compared(page)
+    page.goto(demo_server.url + "/")
+    row = page.locator("table.sessions tbody tr").first
+    assert "52" in row.inner_text() and "15 failing" in row.inner_text().lower() and "2_post_attn" in row.inner_text()
+    row.locator("summary", has_text="Rename").click()
+    row.get_by_label("New name").fill("renamed demo")
+    row.get_by_role("button", name="Rename").click()
+    page.wait_for_url(demo_server.url + "/")
+    assert page.get_by_role("link", name="renamed demo").is_visible()
+    row = page.locator("table.sessions tbody tr").first
+    row.locator("summary", has_text="Delete…").click()
+    row.get_by_role("button", name="Delete for good").click()  # refused by the browser: the box is unticked
+    assert page.get_by_role("link", name="renamed demo").is_visible()
+    row.get_by_label("Delete “renamed demo” with its runs and arrays").check()
+    shot(page, "sessions-delete-confirm")
+    row.get_by_role("button", name="Delete for good").click()
+    page.wait_for_url(demo_server.url + "/")
+    assert page.get_by_text("No sessions yet").is_visible()
+    assert not (demo_server.data_dir / "arrays" / "runs" / "1").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
@@ -11,7 +12,7 @@ from sqlalchemy.orm import selectinload
 
 from tensor_debugger.errors import ConflictError, InvalidInputError, NotFoundError
 from tensor_debugger.ingest import parse_label, run_prefix
-from tensor_debugger.models import RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.models import PairRecord, RunRecord, SessionRecord, TensorRecord
 from tensor_debugger.store import ArrayStore
 
 
@@ -23,6 +24,43 @@ def list_sessions(db: DbSession, search: str | None = None) -> Sequence[SessionR
     if search:
         query = query.where(func.lower(SessionRecord.name).contains(search.lower(), autoescape=True))
     return db.scalars(query).all()
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    pairs: int
+    failing: int
+    pending: int
+    first_divergence: str | None  # the name of the earliest failing pair
+
+
+def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, SessionSummary]:
+    """Pair counts and first divergences of many sessions in three queries, for the sessions list."""
+    if not session_ids:
+        return {}
+    counts = db.execute(
+        select(PairRecord.session_id, PairRecord.status, func.count()).where(PairRecord.session_id.in_(session_ids))
+        .group_by(PairRecord.session_id, PairRecord.status)
+    ).all()
+    first_positions = (
+        select(PairRecord.session_id, func.min(PairRecord.position).label("position"))
+        .where(PairRecord.session_id.in_(session_ids), PairRecord.status == "fail").group_by(PairRecord.session_id)
+        .subquery()
+    )
+    firsts = db.execute(
+        select(PairRecord.session_id, PairRecord.name).join(
+            first_positions, (PairRecord.session_id == first_positions.c.session_id)
+            & (PairRecord.position == first_positions.c.position))
+    ).all()
+    total: dict[int, dict[str, int]] = {}
+    for session_id, status, n in counts:
+        total.setdefault(session_id, {})[status] = n
+    first = dict(firsts)
+    return {
+        sid: SessionSummary(sum(total.get(sid, {}).values()), total.get(sid, {}).get("fail", 0),
+                            total.get(sid, {}).get("pending", 0), first.get(sid))
+        for sid in session_ids
+    }
 
 
 def get_session(db: DbSession, session_id: int) -> SessionRecord:

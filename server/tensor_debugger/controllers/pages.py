@@ -33,7 +33,24 @@ class PageController(Controller):
     def sessions_page(self, services: Services, q: str | None = Parameter(default=None)) -> Template:
         with services.sessions() as db:
             sessions = catalog.list_sessions(db, q)
-            return Template("sessions.html", context={"sessions": sessions, "q": q or ""})
+            summaries = catalog.summarize_sessions(db, [s.id for s in sessions])
+            return Template("sessions.html", context={"sessions": sessions, "q": q or "", "summaries": summaries})
+
+    @post("/sessions/{session_id:int}/rename", sync_to_thread=True)
+    def rename(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+        with services.sessions.begin() as db:
+            catalog.update_session(db, session_id, data.get("name", ""), None)
+        return Redirect("/", status_code=303)
+
+    @post("/sessions/{session_id:int}/delete", sync_to_thread=True)
+    def delete(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+        """Deleting takes a second, explicit step: the form's `confirm` field must name the session."""
+        with services.sessions() as db:
+            session = catalog.get_session(db, session_id)
+            if data.get("confirm") != "yes":
+                raise InvalidInputError(f"tick the confirmation to delete {session.name!r}")
+            catalog.delete_session(db, services.store, session_id)
+        return Redirect("/", status_code=303)
 
     @get("/sessions/{session_id:int}", sync_to_thread=True)
     def session_page(
