@@ -62,15 +62,22 @@ class PageController(Controller):
         params = ViewParams.parse(group, sort, verdict, q)
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
-            tensors = {run.id: catalog.list_tensors(db, run.id) for run in session.runs}
             report = session_pairs(db, session_id)
             ordered = apply_order(report["pairs"], session.pair_order)
             return Template("session.html", context={
-                "session": session, "tensors": tensors, "report": report, "params": params,
+                "session": session, "report": report, "params": params,
                 "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
                 "reorderable": params.group == "none" and params.sort == "order" and params.verdict == "all"
                 and not params.q, "order_keys": [pair_key(p) for p in ordered],
             })
+
+    @get("/runs/{run_id:int}", sync_to_thread=True)
+    def run_page(self, services: Services, run_id: int) -> Template:
+        """One run's tensors with their summary statistics."""
+        with services.sessions() as db:
+            run = catalog.get_run(db, run_id)
+            return Template("run.html", context={"run": run, "session": catalog.get_session(db, run.session_id),
+                                                 "tensors": catalog.list_tensors(db, run_id)})
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: Services, session_id: int) -> Response[str]:

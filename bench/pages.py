@@ -1,0 +1,106 @@
+"""Render the session page of a 2,000-pair session and report server time and bytes sent.
+
+    python bench/pages.py                 # 2,002 pairs (154 layers x 13 stages)
+    python bench/pages.py --layers 40     # quicker
+
+The session is built with the library (seeded synthetic dumps, a planted divergence), its pairs computed, then
+the real server is started on a loopback port and the page is requested repeatedly. Timings are wall times of
+whole requests on loopback, so they bound the server's time from above. Target: under 300 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+CLI = Path(sys.executable).parent / "tensor-debugger"
+
+
+def build_session(data: Path, layers: int) -> int:
+    from tensor_debugger.inputs import InputFile
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+    from tensor_debugger.synthetic import Plant, write_dump
+
+    dumps = data.parent / "dumps"
+    write_dump(dumps / "ref", layers, seed=1)
+    write_dump(dumps / "cand", layers, seed=1, plant=Plant(layers // 2, "post_attn", (3, 3), 0.5))
+    services = open_services(Settings(data_dir=data, demo=False))
+    try:
+        services.ingestor.ingest("bench pages", "reference", [InputFile(dumps / "ref", "ref")])
+        result = services.ingestor.ingest("bench pages", "candidate", [InputFile(dumps / "cand", "cand")])
+        services.comparisons.plan(result.session_id)
+        services.comparisons.compute_pending(result.session_id)
+        return result.session_id
+    finally:
+        services.close()
+        shutil.rmtree(dumps, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layers", type=int, default=154, help="13 pairs per layer (default 154: 2,002 pairs)")
+    parser.add_argument("--requests", type=int, default=20)
+    args = parser.parse_args()
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+               platform.processor())
+    print(f"machine: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}")
+    work = Path(tempfile.mkdtemp(prefix="pages-"))
+    server: subprocess.Popen[bytes] | None = None
+    try:
+        started = time.perf_counter()
+        session_id = build_session(work / "data", args.layers)
+        print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")
+        port = free_port()
+        server = subprocess.Popen([str(CLI), "--data-dir", str(work / "data"), "serve", "--port", str(port),
+                                   "--no-demo"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=60) as client:
+            for _ in range(200):
+                try:
+                    client.get(base + "/api/sessions")
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+            for view, query in (("grouped by layer", ""), ("ungrouped, reorderable", "?group=none"),
+                                ("failing only", "?verdict=fail")):
+                page = client.get(f"{base}/sessions/{session_id}{query}")
+                times = []
+                for _ in range(args.requests):
+                    t0 = time.perf_counter()
+                    client.get(f"{base}/sessions/{session_id}{query}").raise_for_status()
+                    times.append((time.perf_counter() - t0) * 1000)
+                assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text)
+                asset_bytes = sum(len(client.get(base + a).content) for a in set(assets))
+                print(f"session page, {view}: p50 {statistics.median(times):.0f} ms, max {max(times):.0f} ms "
+                      f"over {args.requests} requests (target under 300 ms); HTML {len(page.content) / 1e3:.0f} kB, "
+                      f"script and style {asset_bytes / 1e3:.1f} kB")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
