@@ -18,7 +18,7 @@ SUMMARY_STATS = ("max_abs_diff", "mean_abs_diff", "max_rel_diff", "mean_rel_diff
                  "nan_one_side", "rtol", "atol")
 
 
-def _side(pair: PairRecord, side: str, tensors: dict[int, TensorRecord]) -> dict[str, Any]:
+def _side(pair: Any, side: str, tensors: dict[int, Any]) -> dict[str, Any]:
     ids = pair.a_tensor_ids if side == "a" else pair.b_tensor_ids
     shards = [tensors[i] for i in ids]
     shape = list(shards[0].shape)
@@ -29,8 +29,8 @@ def _side(pair: PairRecord, side: str, tensors: dict[int, TensorRecord]) -> dict
             "shards": len(shards), "tensor_ids": list(ids), "run_id": pair.run_a_id if side == "a" else pair.run_b_id}
 
 
-def pair_json(pair: PairRecord, tensors: dict[int, TensorRecord], result: ComparisonResultRecord | None,
-              full: bool = False) -> dict[str, Any]:
+def pair_json(pair: Any, tensors: dict[int, Any], result: Any | None, full: bool = False) -> dict[str, Any]:
+    """`tensors` rows have `name`, `shape` and `dtype`; `result` has `stats`."""
     alignment = pair.alignment or {}
     stats = None
     if result is not None:
@@ -55,23 +55,29 @@ def pair_json(pair: PairRecord, tensors: dict[int, TensorRecord], result: Compar
     }
 
 
-Loaded = tuple[dict[int, TensorRecord], dict[int, ComparisonResultRecord]]
+Loaded = tuple[dict[int, Any], dict[int, Any]]
 
 
-def _load(db: DbSession, pairs: Sequence[PairRecord]) -> Loaded:
+def _load(db: DbSession, pairs: Sequence[Any]) -> Loaded:
+    """The few columns of tensors and results that pairs show, as light rows (not ORM objects: a session of
+    thousands of pairs renders in a fraction of the time)."""
     ids = {i for p in pairs for i in (*p.a_tensor_ids, *p.b_tensor_ids)}
-    tensors = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(ids)))} if ids else {}
+    tensors: dict[int, Any] = {}
+    if ids:
+        columns = select(TensorRecord.id, TensorRecord.name, TensorRecord.shape, TensorRecord.dtype)
+        tensors = {row.id: row for row in db.execute(columns.where(TensorRecord.id.in_(ids)))}
     result_ids = {p.result_id for p in pairs if p.result_id is not None}
-    results = ({r.id: r for r in db.scalars(select(ComparisonResultRecord)
-                                           .where(ComparisonResultRecord.id.in_(result_ids)))}
-               if result_ids else {})
+    results: dict[int, Any] = {}
+    if result_ids:
+        columns = select(ComparisonResultRecord.id, ComparisonResultRecord.stats)
+        results = {row.id: row for row in db.execute(columns.where(ComparisonResultRecord.id.in_(result_ids)))}
     return tensors, results
 
 
 def session_pairs(db: DbSession, session_id: int) -> dict[str, Any]:
     """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress."""
-    pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)
-                       .order_by(PairRecord.position)).all()
+    pairs: Sequence[Any] = db.execute(select(*PairRecord.__table__.columns)  # light rows, as in _load
+                                      .where(PairRecord.session_id == session_id).order_by(PairRecord.position)).all()
     tensors, results = _load(db, pairs)
     items = [pair_json(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
     first = next((i for i in items if i["status"] == "fail"), None)
@@ -110,8 +116,8 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> dict[s
     return data
 
 
-def argmax_json(db: DbSession, comparisons: Comparisons, pair: PairRecord, result: ComparisonResultRecord | None,
-                tensors: dict[int, TensorRecord]) -> dict[str, Any] | None:
+def argmax_json(db: DbSession, comparisons: Comparisons, pair: PairRecord, result: Any | None,
+                tensors: dict[int, Any]) -> dict[str, Any] | None:
     """Where the largest difference is: in aligned coordinates, and in each run's own tensor (shard and index)."""
     if result is None or pair.alignment is None:
         return None

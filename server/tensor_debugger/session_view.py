@@ -129,7 +129,8 @@ def build_chart(pairs: list[dict[str, Any]], width: int = 1100, height: int = 22
         cosine = _number(p["stats"], "cosine")
         one_minus = 1 - cosine if not math.isnan(cosine) else math.nan
         points.append(ChartPoint(
-            pad + i * step, y_of(diff) if p["stats"] else None, y_of(one_minus) if p["stats"] else None,
+            round(pad + i * step, 1), _round(y_of(diff)) if p["stats"] else None,
+            _round(y_of(one_minus)) if p["stats"] else None,
             p["status"] == "fail", f"/pairs/{p['id']}",
             f"{p['name']}: {p['status']}, max |diff| {p['stats']['max_abs_diff'] if p['stats'] else '—'}",
         ))
@@ -137,6 +138,10 @@ def build_chart(pairs: list[dict[str, Any]], width: int = 1100, height: int = 22
              for k in range(int(low), int(high) + 1, 4)]
     return Chart(width, height, points, ticks, _path([(pt.x, pt.y_diff) for pt in points]),
                  _path([(pt.x, pt.y_cos) for pt in points]))
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _path(points: list[tuple[float, float | None]]) -> str:
