@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from sqlalchemy import select
 from tensor_debugger import catalog
 from tensor_debugger.compare_command import run_compare
 from tensor_debugger.inputs import InputFile
@@ -220,3 +221,32 @@ def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Pat
     assert window["diff"][2] == pytest.approx(-1.0 - (300 * 4096 + 1000))
     square = read_slice(view_a, view_b, parse_slice_request(alignment.shape, ":,:", "60,0", "8,64"))
     assert len(square["a"]) == 8 and len(square["a"][0]) == 64
+
+
+def test_heatmap_max_pools_so_a_spike_cannot_hide(services: Services, tmp_path: Path) -> None:
+    from tensor_debugger.heatmap import build_heatmap, heatmap_svg
+    from tensor_debugger.models import PairRecord
+
+    base = seeded((3, 300, 500), 1)
+    spiked = base.clone()
+    spiked[1, 211, 377] += 5.0
+    spiked[1, 7, 3] = float("nan")
+    a = save_all(tmp_path / "a", {"0_post_mlp": base})
+    b = save_all(tmp_path / "b", {"0_post_mlp": spiked})
+    services.ingestor.ingest("heat", "ref", [InputFile(a, "a")])
+    result = services.ingestor.ingest("heat", "cand", [InputFile(b, "b")])
+    services.comparisons.plan(result.session_id)
+    with services.sessions() as db:
+        pair = db.scalars(select(PairRecord)).one()
+        view_a, view_b, _ = services.comparisons.views(db, pair)
+    heat = build_heatmap(view_a, view_b, (1, None, None))
+    assert heat.cells.shape == (64, 96) and heat.shape == (300, 500)
+    row = next(r for r in range(64) if heat.row_edges[r] <= 211 < heat.row_edges[r + 1])
+    col = next(c for c in range(96) if heat.col_edges[c] <= 377 < heat.col_edges[c + 1])
+    assert heat.cells[row, col] == pytest.approx(5.0, abs=1e-5)  # the spike survives downsampling
+    assert np.isnan(heat.cells[1, 0])  # the NaN is shown, not averaged away
+    assert np.nansum(heat.cells) == pytest.approx(5.0, abs=1e-5)
+    other = build_heatmap(view_a, view_b, (0, None, None))
+    assert np.nanmax(other.cells) == 0.0
+    svg = heatmap_svg(heat)
+    assert svg.count("<rect") == 64 * 96 and "max |diff| NaN" in svg

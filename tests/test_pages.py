@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 from tensor_debugger.synthetic import Plant, write_dump
@@ -161,6 +162,10 @@ def test_inspector_jumps_to_the_planted_difference(demo_server: LiveServer, page
     assert "index=6%2C%3A" in page.url
     page.go_back()
     page.wait_for_function("document.querySelector('.caption').textContent.includes('[5, ')")
+    heatmap = page.locator("object.heatmap").get_attribute("data")
+    assert heatmap is not None
+    svg = httpx.get(demo_server.url + heatmap.replace("&amp;", "&")).text
+    assert svg.count("<rect") == 16 * 32 and "rows 5-5, cols 17-17: max |diff| 0.3" in svg
     page.reload()  # a link shows the same values
     assert page.locator("figure.grid", has_text="Difference").locator("td.max").get_attribute("title").startswith(
         "[5, 17]")

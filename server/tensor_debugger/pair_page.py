@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.engine.alignment import Shape
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
+from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.inspector import build_inspector
 from tensor_debugger.models import PairRecord, SessionRecord
 from tensor_debugger.pair_reports import pair_detail
@@ -41,6 +42,38 @@ def centred_window(shape: Shape, target: tuple[int, ...], current: SliceRequest)
     return {"index": ",".join(index), "start": ",".join(map(str, starts)), "count": ",".join(map(str, current.count))}
 
 
+def parse_fixed(shape: Shape, text: str) -> tuple[int | None, ...]:
+    """`3,:,0,:` -> (3, None, 0, None) for the heatmap: exactly two ':' and valid indices elsewhere."""
+    parts = [p.strip() for p in text.split(",")] if text else []
+    if len(parts) != len(shape) or parts.count(":") != 2:
+        raise InvalidInputError(f"give an index per dimension of {list(shape)} with ':' on exactly two")
+    fixed: list[int | None] = []
+    for dim, (part, size) in enumerate(zip(parts, shape, strict=True)):
+        if part == ":":
+            fixed.append(None)
+            continue
+        if not part.isdigit() or int(part) >= size:
+            raise InvalidInputError(f"index {part!r} does not fit dimension {dim} of size {size}")
+        fixed.append(int(part))
+    return tuple(fixed)
+
+
+def heatmap_spec(shape: Shape, request: SliceRequest) -> str | None:
+    """The heatmap beside the window: its last two dimensions, the others where the window is."""
+    if len(shape) < 2:
+        return None
+    free = [d for d, v in enumerate(request.index) if v is None]
+    parts = []
+    for dim in range(len(shape)):
+        if dim >= len(shape) - 2:
+            parts.append(":")
+        elif request.index[dim] is not None:
+            parts.append(str(request.index[dim]))
+        else:
+            parts.append(str(request.start[free.index(dim)]))
+    return ",".join(parts)
+
+
 def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
     labels = ["0", f"< 1e{HIST_LOW + 1}"] + [f"1e{k}" for k in range(HIST_LOW + 1, HIST_HIGH)] + [f"≥ 1e{HIST_HIGH}"]
     top = max(counts) if counts else 0
@@ -67,6 +100,10 @@ def pair_page_context(db: DbSession, services: Services, pair_id: int, index: st
     tensors = services.comparisons._tensors(db, pair)
     tolerance, exact = services.comparisons.tolerance(session, tensors[0].dtype, tensors[-1].dtype)
     context["inspector"] = build_inspector(window, tolerance, exact)
+    spec = heatmap_spec(shape, request)
+    if spec is not None:
+        context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.svg?{urlencode({'fixed': spec})}"
+        context["heatmap_spec"] = spec
     context["window"] = {**params, "shape": list(shape)}
     argmax = detail.get("argmax")
     if argmax:

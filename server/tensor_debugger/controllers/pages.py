@@ -11,10 +11,11 @@ from litestar.params import Body, Parameter
 from litestar.response import Redirect, Template
 
 from tensor_debugger import catalog
-from tensor_debugger.errors import InvalidInputError, TensorDebuggerError
+from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebuggerError
 from tensor_debugger.exports import pairs_to_csv
-from tensor_debugger.models import PairOverrideRecord
-from tensor_debugger.pair_page import pair_page_context
+from tensor_debugger.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.models import PairOverrideRecord, PairRecord
+from tensor_debugger.pair_page import pair_page_context, parse_fixed
 from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.services import Services
 from tensor_debugger.session_uploads import RunOutcome, group_by_run, ingest_batch
@@ -139,6 +140,18 @@ class PageController(Controller):
         with services.sessions() as db:
             context = pair_page_context(db, services, pair_id, index, start, count)
             return Template("pair.html", context=context)
+
+    @get("/pairs/{pair_id:int}/heatmap.svg", sync_to_thread=True, media_type="image/svg+xml")
+    def pair_heatmap(self, services: Services, pair_id: int, fixed: str = "") -> Response[str]:
+        """|difference| over a 2-D slice (`fixed`: an index per aligned dim, ':' on two), max-pooled."""
+        with services.sessions() as db:
+            pair = db.get(PairRecord, pair_id)
+            if pair is None:
+                raise NotFoundError(f"no pair with id {pair_id}")
+            view_a, view_b, alignment = services.comparisons.views(db, pair)
+            spec = parse_fixed(alignment.shape, fixed)
+            svg = heatmap_svg(build_heatmap(view_a, view_b, spec))
+        return Response(svg, media_type="image/svg+xml")
 
     @get("/pairs/{pair_id:int}/grid", sync_to_thread=True)
     def pair_grid(self, services: Services, pair_id: int, index: str = "", start: str = "",
