@@ -275,3 +275,36 @@ def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServ
     page.wait_for_url(demo_server.url + "/")
     assert page.get_by_text("No sessions yet").is_visible()
     assert not (demo_server.data_dir / "arrays" / "runs" / "1").exists()
+
+
+def test_manual_mode_shows_each_runs_own_layout(live_server: LiveServer, page_without_scripts: Page,
+                                                tmp_path: Path) -> None:
+    import torch
+
+    full = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    torch.save(full, tmp_path / "a" / "0_query.pth")
+    torch.save(full.permute(1, 0, 2).unsqueeze(0).contiguous(), tmp_path / "b" / "0_query.pth")  # [1, 3, 2, 4]
+    reference = make_zip(tmp_path / "a", tmp_path / "a.zip")
+    candidate = make_zip(tmp_path / "b", tmp_path / "b.zip")
+    response = httpx.post(live_server.url + "/api/sessions", data={"name": "manual"},
+                          files=[("reference", ("a.zip", reference.read_bytes())),
+                                 ("candidate", ("b.zip", candidate.read_bytes()))], timeout=60)
+    session_id = response.json()["session"]["id"]
+    pair_id = httpx.get(f"{live_server.url}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
+    page = page_without_scripts
+    page.goto(f"{live_server.url}/pairs/{pair_id}")
+    page.get_by_role("link", name="Open manual mode").click()
+    page.locator("input[name=a_index]").fill("1,2,:")  # the reference's own [2, 3, 4]
+    page.locator("input[name=a_count]").fill("4")
+    page.locator("input[name=b_index]").fill("0,2,1,:")
+    page.locator("input[name=b_count]").fill("4")
+    page.get_by_role("button", name="Show both").click()
+    grids = page.locator("section.manual figure.grid")
+    assert "0_query [2, 3, 4] float32" in grids.nth(0).inner_text()
+    assert "0_query [1, 3, 2, 4] float32" in grids.nth(1).inner_text()
+    ref_values = grids.nth(0).locator("td").all_inner_texts()
+    cand_values = grids.nth(1).locator("td").all_inner_texts()
+    assert ref_values == cand_values == ["20", "21", "22", "23"]  # the same elements, each in its own layout
+    shot(page, "pair-manual-mode")

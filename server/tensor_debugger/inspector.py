@@ -128,3 +128,30 @@ def _caption(window: Window) -> str:
     parts = [f"{region.start}:{region.stop}" if fixed is None else str(fixed)
              for region, fixed in zip(window.region, window.request.index, strict=True)]
     return f"[{', '.join(parts)}]"
+
+
+def build_raw_grid(label: str, values: np.ndarray, origin: tuple[int, ...], free: list[int]) -> Grid:
+    """One run's own values (manual mode: no alignment, no difference), coloured by sign and magnitude."""
+    flat_values = np.abs(values.astype(np.complex128 if values.dtype.kind == "c" else np.float64)).ravel()
+    finite = flat_values[np.isfinite(flat_values)]
+    scale = float(finite.max()) if finite.size else 0.0
+
+    def cell(pos: tuple[int, ...]) -> Cell:
+        value = values[pos].item()
+        index = list(origin)
+        for k, dim in enumerate(free):
+            index[dim] += pos[k]
+        title = f"[{', '.join(map(str, index))}] value {_text(value)}"
+        return Cell(_text(value), title, f"{_background(float(np.real(value)), scale)};border-color:#cfd6df",
+                    False, False)
+
+    if values.ndim == 2:
+        rows = [[cell((i, j)) for j in range(values.shape[1])] for i in range(values.shape[0])]
+        labels = [str(origin[free[0]] + i) for i in range(values.shape[0])]
+    else:
+        positions = list(np.ndindex(*values.shape)) if values.ndim else [()]
+        flat = [cell(pos) for pos in positions]
+        rows = [flat[i : i + PER_ROW_1D] for i in range(0, len(flat), PER_ROW_1D)]
+        start = origin[free[0]] if free else 0
+        labels = [str(start + i) for i in range(0, len(flat), PER_ROW_1D)]
+    return Grid(label, rows, labels)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.engine.alignment import Shape
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
+from tensor_debugger.engine.views import SourceView
 from tensor_debugger.errors import InvalidInputError
-from tensor_debugger.inspector import build_inspector
+from tensor_debugger.inspector import build_inspector, build_raw_grid
 from tensor_debugger.models import PairRecord, SessionRecord
 from tensor_debugger.pair_reports import pair_detail
 from tensor_debugger.services import Services
@@ -81,8 +85,54 @@ def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
             for label, c in zip(labels, counts, strict=False)]
 
 
+@dataclass(frozen=True)
+class ManualSide:
+    """Manual mode, one run: which of its tensors (shard) and which window of its own layout."""
+
+    shard: int = 0
+    index: str = ""
+    start: str = ""
+    count: str = ""
+
+
+def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dict[str, ManualSide]) -> list[Any]:
+    """Each run's own values, read straight from its stored tensor with its own dimensions: for when the
+    automatic alignment is in doubt."""
+    tensors = services.comparisons._tensors(db, pair)
+    groups = {"a": tensors[: len(pair.a_tensor_ids)], "b": tensors[len(pair.a_tensor_ids) :]}
+    out = []
+    for side, label in (("a", "Reference"), ("b", "Candidate")):
+        wanted = sides[side]
+        shards = groups[side]
+        if not 0 <= wanted.shard < len(shards):
+            raise InvalidInputError(f"{label.lower()} has {len(shards)} tensor(s); shard {wanted.shard} is not one")
+        tensor = shards[wanted.shard]
+        shape = tuple(tensor.shape)
+        params = ({"index": wanted.index, "start": wanted.start, "count": wanted.count} if wanted.index or not shape
+                  else default_window(shape))
+        request = parse_slice_request(shape, params["index"], params["start"], params["count"])
+        view = SourceView(services.store.open(tensor.store_key, tensor.digest),
+                          partial(storage_to_compute, logical=parse_dtype(tensor.dtype)))
+        region, free = [], []
+        starts = iter(zip(request.start, request.count, strict=True))
+        for dim, fixed in enumerate(request.index):
+            if fixed is None:
+                s, c = next(starts)
+                region.append(slice(s, min(s + c, shape[dim])))
+                free.append(dim)
+            else:
+                region.append(slice(fixed, fixed + 1))
+        values = view.read(tuple(region)).reshape(tuple(r.stop - r.start for r, d in zip(region, range(len(shape)),
+                                                                                           strict=True) if d in free))
+        grid = build_raw_grid(f"{label}: {tensor.name} {list(shape)} {tensor.dtype}", values,
+                              tuple(r.start for r in region), free)
+        out.append({"side": side, "grid": grid, "shards": [t.name for t in shards], "shard": wanted.shard,
+                    **params})
+    return out
+
+
 def pair_page_context(db: DbSession, services: Services, pair_id: int, index: str, start: str,
-                      count: str) -> dict[str, Any]:
+                      count: str, manual: dict[str, ManualSide] | None = None) -> dict[str, Any]:
     detail = pair_detail(db, services.comparisons, pair_id)
     pair = db.get_one(PairRecord, pair_id)
     session = db.get_one(SessionRecord, pair.session_id)
@@ -90,6 +140,8 @@ def pair_page_context(db: DbSession, services: Services, pair_id: int, index: st
     context: dict[str, Any] = {"pair": detail, "session": session, "run_a": runs.get(pair.run_a_id),
                                "run_b": runs.get(pair.run_b_id), "inspector": None, "window": None,
                                "histogram": histogram_bars((detail["stats"] or {}).get("histogram", []))}
+    if manual is not None:
+        context["manual"] = manual_grids(db, services, pair, manual)
     if pair.alignment is None:
         return context
     view_a, view_b, alignment = services.comparisons.views(db, pair)

@@ -15,7 +15,7 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebug
 from tensor_debugger.exports import pairs_to_csv
 from tensor_debugger.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.models import PairOverrideRecord, PairRecord
-from tensor_debugger.pair_page import pair_page_context, parse_fixed
+from tensor_debugger.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.services import Services
 from tensor_debugger.session_uploads import RunOutcome, group_by_run, ingest_batch
@@ -134,11 +134,18 @@ class PageController(Controller):
         return Redirect(f"/sessions/{session_id}?group=none", status_code=303)
 
     @get("/pairs/{pair_id:int}", sync_to_thread=True)
-    def pair_page(self, services: Services, pair_id: int, index: str = "", start: str = "",
-                  count: str = "") -> Template:
-        """A pair's statistics, alignment and the value inspector; the window lives in the URL."""
+    def pair_page(
+        self, services: Services, pair_id: int, index: str = "", start: str = "", count: str = "",
+        mode: str = "", a_shard: int = 0, a_index: str = "", a_start: str = "", a_count: str = "",
+        b_shard: int = 0, b_index: str = "", b_start: str = "", b_count: str = "",
+    ) -> Template:
+        """A pair's statistics, alignment and the value inspector; the window lives in the URL. `mode=manual`
+        adds each run's own values with its own dimension controls (a_* and b_* parameters)."""
+        manual = ({"a": ManualSide(a_shard, a_index, a_start, a_count), "b": ManualSide(b_shard, b_index, b_start,
+                                                                                      b_count)}
+                  if mode == "manual" else None)
         with services.sessions() as db:
-            context = pair_page_context(db, services, pair_id, index, start, count)
+            context = pair_page_context(db, services, pair_id, index, start, count, manual)
             return Template("pair.html", context=context)
 
     @get("/pairs/{pair_id:int}/heatmap.svg", sync_to_thread=True, media_type="image/svg+xml")
