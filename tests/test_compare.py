@@ -12,7 +12,11 @@ import torch
 from sqlalchemy import select
 from tensor_debugger import catalog
 from tensor_debugger.compare_command import run_compare
+from tensor_debugger.engine.alignment import Alignment
+from tensor_debugger.engine.views import View
+from tensor_debugger.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.inputs import InputFile
+from tensor_debugger.models import PairRecord
 from tensor_debugger.pair_reports import pair_detail, session_pairs
 from tensor_debugger.services import Services
 from tensor_debugger.slicing import parse_slice_request, read_slice
@@ -199,20 +203,24 @@ def test_identical_upload_in_another_session_reads_no_chunk(services: Services, 
         assert reads > 0 if name == "one" else reads == 0
 
 
+def stored_pair_views(services: Services, tmp_path: Path, a_tensor: torch.Tensor,
+                      b_tensor: torch.Tensor) -> tuple[View, View, Alignment]:
+    """Ingest one tensor per run as `0_post_mlp`, pair them, and hand back the pair's lazy views."""
+    a = save_all(tmp_path / "a", {"0_post_mlp": a_tensor})
+    b = save_all(tmp_path / "b", {"0_post_mlp": b_tensor})
+    services.ingestor.ingest("views", "ref", [InputFile(a, "a")])
+    result = services.ingestor.ingest("views", "cand", [InputFile(b, "b")])
+    services.comparisons.plan(result.session_id)
+    with services.sessions() as db:
+        pair = db.scalars(select(PairRecord).where(PairRecord.session_id == result.session_id)).one()
+        return services.comparisons.views(db, pair)
+
+
 def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Path) -> None:
     big = torch.arange(512 * 4096, dtype=torch.float32).reshape(512, 4096)  # 8 MiB: 8 chunks of 64 rows
     other = big.clone()
     other[300, 1000] = -1.0
-    a = save_all(tmp_path / "a", {"0_post_mlp": big})
-    b = save_all(tmp_path / "b", {"0_post_mlp": other})
-    services.ingestor.ingest("slices", "ref", [InputFile(a, "a")])
-    result = services.ingestor.ingest("slices", "cand", [InputFile(b, "b")])
-    services.comparisons.plan(result.session_id)
-    with services.sessions() as db:
-        pair_id = session_pairs(db, result.session_id)["pairs"][0]["id"]
-        from tensor_debugger.models import PairRecord
-
-        view_a, view_b, alignment = services.comparisons.views(db, db.get_one(PairRecord, pair_id))
+    view_a, view_b, alignment = stored_pair_views(services, tmp_path, big, other)
     request = parse_slice_request(alignment.shape, "300,:", "998", "4")
     before = services.store.chunk_reads
     window = read_slice(view_a, view_b, request)
@@ -224,21 +232,11 @@ def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Pat
 
 
 def test_heatmap_max_pools_so_a_spike_cannot_hide(services: Services, tmp_path: Path) -> None:
-    from tensor_debugger.heatmap import build_heatmap, heatmap_svg
-    from tensor_debugger.models import PairRecord
-
     base = seeded((3, 300, 500), 1)
     spiked = base.clone()
     spiked[1, 211, 377] += 5.0
     spiked[1, 7, 3] = float("nan")
-    a = save_all(tmp_path / "a", {"0_post_mlp": base})
-    b = save_all(tmp_path / "b", {"0_post_mlp": spiked})
-    services.ingestor.ingest("heat", "ref", [InputFile(a, "a")])
-    result = services.ingestor.ingest("heat", "cand", [InputFile(b, "b")])
-    services.comparisons.plan(result.session_id)
-    with services.sessions() as db:
-        pair = db.scalars(select(PairRecord)).one()
-        view_a, view_b, _ = services.comparisons.views(db, pair)
+    view_a, view_b, _ = stored_pair_views(services, tmp_path, base, spiked)
     heat = build_heatmap(view_a, view_b, (1, None, None))
     assert heat.cells.shape == (64, 96) and heat.shape == (300, 500)
     row = next(r for r in range(64) if heat.row_edges[r] <= 211 < heat.row_edges[r + 1])

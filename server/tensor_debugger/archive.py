@@ -7,7 +7,6 @@ count and expanded size. Declared sizes are never trusted: bytes are counted as 
 
 from __future__ import annotations
 
-import shutil
 import stat
 import tarfile
 import zipfile
@@ -188,6 +187,3 @@ def _describe(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
 
-
-def remove_tree(path: Path) -> None:
-    shutil.rmtree(path, ignore_errors=True)

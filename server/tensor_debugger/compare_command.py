@@ -4,6 +4,7 @@ divergence. Exit 0 when every pair passes, 1 when any does not, 2 on unusable in
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,8 +144,6 @@ def _num(value: Any) -> str:
 
 def _unusable(message: str, problems: list[dict[str, str]], as_json: bool,
               payload: dict[str, Any] | None = None) -> None:
-    import sys
-
     if as_json:
         print(json.dumps({**(payload or {"session": None, "pairs": [], "unmatched": {"a": [], "b": []},
                                          "first_divergence": None}), "problems": problems, "error": message}))

@@ -144,8 +144,7 @@ class Comparisons:
         return default_tolerance(dtype_a, dtype_b), False
 
     def _key(self, db: DbSession, session: SessionRecord, pair: PairRecord) -> tuple[str, Tolerance, bool]:
-        tensors = self._tensors(db, pair)
-        a, b = tensors[: len(pair.a_tensor_ids)], tensors[len(pair.a_tensor_ids) :]
+        a, b = self.tensors_of(db, pair)
         tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
         alignment_key = json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
         return cache_key([t.digest for t in a], [t.digest for t in b], alignment_key, tol, exact), tol, exact
@@ -202,9 +201,7 @@ class Comparisons:
                     except Exception as exc:  # a missing array, a corrupt chunk: the pair says so, work goes on
                         self._fail(pair_id, f"{type(exc).__name__}: {exc}")
                         return
-                    tensors = self._tensors(db, pair)
-                    cached = self._store_result(key, tensors[: len(pair.a_tensor_ids)],
-                                                tensors[len(pair.a_tensor_ids) :], pair, tol, stats)
+                    cached = self._store_result(key, *self.tensors_of(db, pair), pair, tol, stats)
             with self.sessions.begin() as db:
                 pair = db.get(PairRecord, pair_id)
                 if pair is not None:
@@ -232,17 +229,18 @@ class Comparisons:
             if pair is not None:
                 pair.status, pair.error = "error", message[:2000]
 
-    def _tensors(self, db: DbSession, pair: PairRecord) -> list[TensorRecord]:
+    @staticmethod
+    def tensors_of(db: DbSession, pair: PairRecord) -> tuple[list[TensorRecord], list[TensorRecord]]:
+        """The pair's stored tensors: the reference's shards and the candidate's, each in rank order."""
         ids = [*pair.a_tensor_ids, *pair.b_tensor_ids]
         found = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(ids)))}
-        return [found[i] for i in ids]
+        return [found[i] for i in pair.a_tensor_ids], [found[i] for i in pair.b_tensor_ids]
 
     def views(self, db: DbSession, pair: PairRecord) -> tuple[View, View, Alignment]:
         """Lazy views of both sides in aligned coordinates; reading one reads only the chunks it needs."""
         if pair.alignment is None:
             raise ValueError("the pair is incomparable: no alignment")
-        tensors = self._tensors(db, pair)
-        a, b = tensors[: len(pair.a_tensor_ids)], tensors[len(pair.a_tensor_ids) :]
+        a, b = self.tensors_of(db, pair)
         steps = [Step.from_json(s) for s in pair.alignment["steps"]]
         alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 

@@ -98,8 +98,8 @@ class ManualSide:
 def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dict[str, ManualSide]) -> list[Any]:
     """Each run's own values, read straight from its stored tensor with its own dimensions: for when the
     automatic alignment is in doubt."""
-    tensors = services.comparisons._tensors(db, pair)
-    groups = {"a": tensors[: len(pair.a_tensor_ids)], "b": tensors[len(pair.a_tensor_ids) :]}
+    side_a, side_b = services.comparisons.tensors_of(db, pair)
+    groups = {"a": side_a, "b": side_b}
     out = []
     for side, label in (("a", "Reference"), ("b", "Candidate")):
         wanted = sides[side]
@@ -149,8 +149,8 @@ def pair_page_context(db: DbSession, services: Services, pair_id: int, index: st
     params = {"index": index, "start": start, "count": count} if index or not shape else default_window(shape)
     request = parse_slice_request(shape, params["index"], params["start"], params["count"])
     window = read_window(view_a, view_b, request)
-    tensors = services.comparisons._tensors(db, pair)
-    tolerance, exact = services.comparisons.tolerance(session, tensors[0].dtype, tensors[-1].dtype)
+    side_a, side_b = services.comparisons.tensors_of(db, pair)
+    tolerance, exact = services.comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
     context["inspector"] = build_inspector(window, tolerance, exact)
     spec = heatmap_spec(shape, request)
     if spec is not None:

@@ -7,6 +7,7 @@ from litestar import Controller, Response, delete, get, post, put
 from litestar.params import Parameter
 
 from tensor_debugger import catalog
+from tensor_debugger.engine.alignment import Alignment, Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.models import PairOverrideRecord, PairRecord
 from tensor_debugger.pair_reports import pair_detail, session_pairs
@@ -135,13 +136,10 @@ class PairController(Controller):
     @put("/{pair_id:int}/alignment", sync_to_thread=True)
     def override_alignment(self, services: Services, pair_id: int, data: AlignmentOverride) -> Response[Any]:
         """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
-        from tensor_debugger.engine.alignment import Alignment, Step
-
         with services.sessions.begin() as db:
             pair = _pair(db, pair_id)
-            tensors = services.comparisons._tensors(db, pair)
-            shapes_a = [tuple(t.shape) for t in tensors[: len(pair.a_tensor_ids)]]
-            shapes_b = [tuple(t.shape) for t in tensors[len(pair.a_tensor_ids) :]]
+            side_a, side_b = services.comparisons.tensors_of(db, pair)
+            shapes_a, shapes_b = [tuple(t.shape) for t in side_a], [tuple(t.shape) for t in side_b]
             try:
                 Alignment.from_steps(shapes_a, shapes_b, [Step.from_json(s) for s in data.steps])
             except (ValueError, KeyError, TypeError) as exc:
