@@ -14,6 +14,7 @@ from tensor_debugger import catalog
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import SessionRecord
+from tensor_debugger.module_reports import format_error
 from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.progress import ProgressBar
 from tensor_debugger.schemas import problem_json
@@ -92,16 +93,21 @@ def contract_json(session_id: int, name: str, url: str, report: dict[str, Any],
         "b": {k: p["b"][k] for k in ("name", "shape", "dtype")},
         "stats": {k: p["stats"][k] for k in CONTRACT_STATS} if p["stats"] else None,
         "error": p["error"],
+        "module_path": p["module_path"], "place": p["place"], "summary": p["summary"],
     } for p in report["pairs"]]
     reference_run = report["pairs"][0]["a"]["run_id"] if report["pairs"] else None
     unmatched = {"a": [u["name"] for u in report["unmatched"] if u["run_id"] == reference_run],
                  "b": [u["name"] for u in report["unmatched"] if u["run_id"] != reference_run]}
     first = report["first_divergence"]
+    modules = report.get("modules") or {}
     return {
         "session": {"id": session_id, "name": name, "url": url},
         "pairs": pairs,
         "unmatched": unmatched,
         "first_divergence": {k: first[k] for k in ("name", "layer", "stage")} if first else None,
+        # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first
+        "culprits": [{k: c[k] for k in ("module_path", "added_error", "input_error", "output_error")}
+                     for c in modules.get("culprits", [])],
         "problems": problems,
     }
 
@@ -111,7 +117,8 @@ def print_table(payload: dict[str, Any]) -> None:
     for n, p in enumerate(payload["pairs"]):
         s = p["stats"] or {}
         mismatch = f"{100 * s['mismatched'] / s['numel']:.3g}%" if s and s["numel"] else ""
-        rows.append((str(n), "" if p["layer"] is None else str(p["layer"]), p["name"], p["status"].upper(),
+        verdict = p["status"].upper() + (" (summary)" if p["summary"] else "")
+        rows.append((str(n), "" if p["layer"] is None else str(p["layer"]), p["name"], verdict,
                      _num(s.get("max_abs_diff")), _num(s.get("mean_abs_diff")), _num(s.get("cosine")), mismatch,
                      "" if p["alignment"] == "same shape" else p["alignment"][:60]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -130,10 +137,34 @@ def print_table(payload: dict[str, Any]) -> None:
     else:
         pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
         stats = pair["stats"]
-        where = f"layer {first['layer']}, stage {first['stage']}" if first["layer"] is not None else "no layer"
-        print(f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {_num(stats['max_abs_diff'])} at "
-              f"{stats['argmax']}, {stats['mismatched']} of {stats['numel']} elements outside tolerance")
+        where = ("no layer" if first["layer"] is None else f"layer {first['layer']}" if first["stage"] is None
+                 else f"layer {first['layer']}, stage {first['stage']}")
+        if stats is None:
+            print(f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
+                  f"are not available in this trace)")
+        else:
+            print(f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {_num(stats['max_abs_diff'])} at "
+                  f"{stats['argmax']}, {stats['mismatched']} of {stats['numel']} elements outside tolerance")
+    print_culprits(payload["culprits"], failing > 0)
     print(f"open in the browser: {payload['session']['url']}")
+
+
+def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) -> None:
+    """The modules that added the most error (relative RMSE of the output minus that of the input)."""
+    if not culprits:
+        return
+    rows = [("module", "added error", "input error", "output error")]
+    rows += [(c["module_path"], format_error(c["added_error"]), format_error(c["input_error"]),
+              format_error(c["output_error"])) for c in culprits[:top]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(f"modules by the error they added (relative RMSE, output minus input), top {min(top, len(culprits))} "
+          f"of {len(culprits)}:")
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    best = culprits[0]
+    if failing and float(best["added_error"]) > 0:
+        print(f"CULPRIT: {best['module_path']} added {format_error(best['added_error'])} relative RMSE "
+              f"(input {format_error(best['input_error'])}, output {format_error(best['output_error'])})")
 
 
 def _num(value: Any) -> str:
@@ -145,8 +176,9 @@ def _num(value: Any) -> str:
 def _unusable(message: str, problems: list[dict[str, str]], as_json: bool,
               payload: dict[str, Any] | None = None) -> None:
     if as_json:
-        print(json.dumps({**(payload or {"session": None, "pairs": [], "unmatched": {"a": [], "b": []},
-                                         "first_divergence": None}), "problems": problems, "error": message}))
+        empty = {"session": None, "pairs": [], "unmatched": {"a": [], "b": []}, "first_divergence": None,
+                 "culprits": []}
+        print(json.dumps({**(payload or empty), "problems": problems, "error": message}))
         return
     print(f"tensor-debugger: {message}", file=sys.stderr)
     for p in problems:

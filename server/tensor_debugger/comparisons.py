@@ -27,6 +27,7 @@ from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, pair_runs
 from tensor_debugger.engine.streaming import compare_views
+from tensor_debugger.engine.summaries import TensorSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import NotFoundError
@@ -61,7 +62,11 @@ def cache_key(digests_a: Sequence[str], digests_b: Sequence[str], alignment_key:
 
 def tensor_ref(t: TensorRecord) -> TensorRef:
     return TensorRef(t.id, t.name, tuple(t.shape), t.dtype, t.position, t.layer, t.stage, tuple(t.key_path),
-                     t.digest)
+                     t.digest, t.module_path, t.place)
+
+
+def tensor_summary(t: TensorRecord) -> TensorSummary:
+    return TensorSummary(tuple(t.shape), t.dtype, {"mean": t.mean, "std": t.std, "min": t.min, "max": t.max})
 
 
 class Comparisons:
@@ -102,6 +107,7 @@ class Comparisons:
                 for plan in pairing.pairs:
                     alignment, overridden = self._alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
                     db.add(PairRecord(
+                        module_path=plan.a.first.module_path, place=plan.a.first.place,
                         session_id=session_id, run_a_id=reference.id, run_b_id=candidate.id, position=position,
                         name=plan.a.name, layer=plan.a.layer, stage=plan.a.stage, strategy=plan.strategy,
                         a_name=plan.a.name, b_name=plan.b.name,
@@ -150,12 +156,20 @@ class Comparisons:
         return cache_key([t.digest for t in a], [t.digest for t in b], alignment_key, tol, exact), tol, exact
 
     def refresh(self, session_id: int) -> None:
-        """Give every comparable pair the verdict cached for its current key, or mark it pending."""
+        """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
+        element values get their verdict on the summary statistics."""
         with self.sessions.begin() as db:
             session = db.get_one(SessionRecord, session_id)
             pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id,
                                                         PairRecord.status != "incomparable")).all()
             for pair in pairs:
+                a, b = self.tensors_of(db, pair)
+                if not all(t.has_values for t in (*a, *b)):
+                    tol, _ = self.tolerance(session, a[0].dtype, b[0].dtype)
+                    verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
+                    pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
+                    pair.status = "pass" if verdict.passed else "fail"
+                    continue
                 key, _, _ = self._key(db, session, pair)
                 cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
                 pair.error = None
@@ -189,7 +203,7 @@ class Comparisons:
         with self._lock:
             with self.sessions() as db:
                 pair = db.get(PairRecord, pair_id)
-                if pair is None or pair.status != "pending" or pair.alignment is None:
+                if pair is None or pair.status != "pending" or pair.alignment is None or pair.summary is not None:
                     return
                 session = db.get_one(SessionRecord, pair.session_id)
                 key, tol, exact = self._key(db, session, pair)

@@ -9,13 +9,14 @@ A run left "ingesting" by a process that died is removed, arrays and all, by `re
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
@@ -24,8 +25,9 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.archive import ArchiveLimits
 from tensor_debugger.array_writer import StoredTensor, WritePools, write_leaf
 from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError, NothingUsableError
-from tensor_debugger.inputs import InputFile, TensorFileEntry, expand_inputs
+from tensor_debugger.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
 from tensor_debugger.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.module_traces import TraceTensor
 from tensor_debugger.names import parse_layer_stage, tensor_name
 from tensor_debugger.settings import Settings
 from tensor_debugger.store import ArrayStore
@@ -61,6 +63,20 @@ def run_prefix(run_id: int) -> str:
     return f"runs/{run_id}"
 
 
+def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
+    """A tensor of a trace without element values: what its JSON says, and no array."""
+    shape = list(traced.shape or ())
+    stats = traced.stats
+    return TensorRecord(
+        run_id=run_id, position=position, name=run_trace.summary_name(traced), source_file=run_trace.label,
+        key_path=[], layer=parse_layer_stage(PurePosixPath(traced.module_path), ())[0], stage=None, shape=shape,
+        dtype=traced.dtype or "unknown", store_key="", nbytes=0, digest=f"none:{uuid.uuid4().hex}",
+        numel=math.prod(shape), min=stats.get("min"), max=stats.get("max"), mean=stats.get("mean"),
+        std=stats.get("std"), nan_count=0, inf_count=0, module_path=traced.module_path, place=traced.place,
+        has_values=False,
+    )
+
+
 class Ingestor:
     def __init__(self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore) -> None:
         self.settings = settings
@@ -84,16 +100,17 @@ class Ingestor:
         run_id, session_id, created = self._begin(session_name, run_label, inputs, create_session)
         staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
         try:
-            stored, problems = self._copy(run_id, inputs, staging, progress)
-            if not stored:
+            stored, problems, traces = self._copy(run_id, inputs, staging, progress)
+            summaries = [(t, tensor) for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
+            if not stored and not summaries:
                 raise NothingUsableError(problems)
-            self._finish(run_id, stored, problems)
+            self._finish(run_id, stored, problems, traces)
         except BaseException:
             self._abandon(run_id, session_id if created else None)
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return IngestResult(session_id, session_name, run_id, run_label, len(stored), problems)
+        return IngestResult(session_id, session_name, run_id, run_label, len(stored) + len(summaries), problems)
 
     def _begin(
         self, session_name: str, run_label: str, inputs: list[InputFile], create_session: bool
@@ -124,7 +141,7 @@ class Ingestor:
 
     def _copy(
         self, run_id: int, inputs: list[InputFile], staging: Path, progress: ProgressCallback | None
-    ) -> tuple[list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], list[FileProblem]]:
+    ) -> tuple[list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], list[FileProblem], list[RunTrace]]:
         expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
         problems = expansion.problems
         total = sum(e.path.stat().st_size for e in expansion.entries)
@@ -165,7 +182,7 @@ class Ingestor:
             pools.close()
         if progress is not None:
             progress(total, total)
-        return stored, problems
+        return stored, problems, expansion.traces
 
     def _drop(
         self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int
@@ -177,11 +194,13 @@ class Ingestor:
 
     def _finish(
         self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
-        problems: list[FileProblem],
+        problems: list[FileProblem], traces: list[RunTrace],
     ) -> None:
         seen: dict[str, int] = {}
         with self.sessions.begin() as db:
             for position, (entry, key_path, tensor) in enumerate(stored):
+                if entry.module_path is not None and key_path == ("data",):
+                    key_path = ()  # a trace's file holds one tensor under "data": the file names it
                 name = tensor_name(entry.relpath, key_path)
                 if name in seen:
                     seen[name] += 1
@@ -196,15 +215,27 @@ class Ingestor:
                     key_path=list(key_path), layer=layer, stage=stage, shape=list(tensor.shape),
                     dtype=tensor.dtype.name, store_key=tensor.store_key, nbytes=tensor.nbytes,
                     digest=tensor.digest, numel=s.numel, min=s.min, max=s.max, mean=s.mean, std=s.std,
-                    nan_count=s.nan_count, inf_count=s.inf_count,
+                    nan_count=s.nan_count, inf_count=s.inf_count, module_path=entry.module_path, place=entry.place,
                 ))
+            position = len(stored)
+            for run_trace in traces:
+                if run_trace.trace.has_values:
+                    continue
+                for traced in run_trace.trace.tensors:
+                    db.add(summary_record(run_id, position, run_trace, traced))
+                    position += 1
             for problem in problems:
                 db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"
             run.ingest_pid = None
-            run.tensor_count = len(stored)
+            run.tensor_count = position
             run.total_bytes = sum(t.nbytes for _, _, t in stored)
+            if traces:
+                run.module_tree = {
+                    "source": "hf-trace", "values": all(t.trace.has_values for t in traces),
+                    "roots": [t.trace.root.to_json() for t in traces],
+                }
 
     def _abandon(self, run_id: int, created_session_id: int | None) -> None:
         self.store.delete(run_prefix(run_id))

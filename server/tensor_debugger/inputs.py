@@ -3,17 +3,19 @@
 Archives are extracted into a staging folder (nested archives too, up to a depth), a single folder shared by
 every member of an archive is dropped from the names, and when a run is made of several archives or folders,
 each one's stem leads its names (`rank0/3_query`), so shards of one tensor stay apart. The arrays of a `.npz`
-are keys of the file, like the entries of a dict saved with torch.save.
+are keys of the file, like the entries of a dict saved with torch.save. A folder holding a Hugging Face debugger
+trace (`*_debug_tree_FULL_TENSORS.json`) gives its tensors in call order, each with its module path and place.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tensor_debugger.archive import ArchiveLimits, Member, archive_kind, archive_stem, extract_archive
 from tensor_debugger.errors import FileProblem
+from tensor_debugger.module_traces import Trace, TraceTensor, choose_trace_json, is_trace_json, read_trace
 from tensor_debugger.names import natural_key
 from tensor_debugger.tensor_files import is_tensor_file
 
@@ -33,12 +35,27 @@ class TensorFileEntry:
     label: str  # how errors name it: "ref.tar.gz/dump/3_query.pth"
     staged: bool  # extracted by us, so deleted once read
     keys: tuple[str, ...] = ()  # leading key path (the array's name inside a .npz)
+    module_path: str | None = None  # from a module trace: the module whose input or output this is
+    place: str | None = None  # from a module trace: "inputs_args_0", "outputs", ...
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    """A module trace found among the inputs; `prefix` leads its tensors' names ("" or "rank0/")."""
+
+    prefix: str
+    label: str
+    trace: Trace
+
+    def summary_name(self, tensor: TraceTensor) -> str:
+        return self.prefix + tensor.name
 
 
 @dataclass
 class Expansion:
     entries: list[TensorFileEntry]
     problems: list[FileProblem]
+    traces: list[RunTrace]
 
 
 class _Expander:
@@ -46,6 +63,7 @@ class _Expander:
         self.staging = staging
         self.limits = limits
         self.problems: list[FileProblem] = []
+        self.traces: list[RunTrace] = []
         self._folders = 0
 
     def folder(self) -> Path:
@@ -65,11 +83,46 @@ class _Expander:
             staged = True
         if not members:
             self.problems.append(FileProblem(label, "is empty: no files in it"))
+        members, names = yield from self.traced(members, names, base, label, staged)
         for member, name in zip(members, names, strict=True):
             try:
                 yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1)
             except FileProblem as problem:
                 self.problems.append(problem)
+
+    def traced(
+        self, members: list[Member], names: list[PurePosixPath], base: PurePosixPath, label: str, staged: bool
+    ) -> Generator[TensorFileEntry, None, tuple[list[Member], list[PurePosixPath]]]:
+        """The tensors of every module trace among `members`, in call order; returns the members left over."""
+        folders: dict[PurePosixPath, dict[str, int]] = {}
+        for index, name in enumerate(names):
+            folders.setdefault(name.parent, {})[name.name] = index
+        used: set[int] = set()
+        for folder, files in folders.items():
+            chosen = choose_trace_json(files)
+            if chosen is None:
+                continue
+            used.update(i for f, i in files.items() if is_trace_json(f))
+            member = members[files[chosen]]
+            json_label = f"{label}/{member.name}" if label else str(member.name)
+            try:
+                trace = read_trace(member.path, json_label, files)
+            except FileProblem as problem:
+                self.problems.append(problem)
+                continue
+            prefix = "" if str(base / folder) == "." else f"{base / folder}/"
+            self.traces.append(RunTrace(prefix, json_label, trace))
+            for tensor in trace.tensors:
+                if tensor.file is None:
+                    continue
+                index = files[tensor.file]
+                used.add(index)
+                found = members[index]
+                yield TensorFileEntry(found.path, base / names[index], f"{label}/{found.name}" if label else
+                                      str(found.name), staged,
+                                      module_path=tensor.module_path, place=tensor.place)
+        rest = [i for i in range(len(members)) if i not in used]
+        return [members[i] for i in rest], [names[i] for i in rest]
 
     def file(
         self, path: Path, relpath: PurePosixPath, label: str, staged: bool, depth: int
@@ -100,8 +153,10 @@ def expand_inputs(inputs: list[InputFile], staging: Path, limits: ArchiveLimits)
     expander = _Expander(staging, limits)
     containers = [i.path.is_dir() or archive_kind(i.path) in ("zip", "tar") for i in inputs]
     several = sum(containers) > 1
-    entries: list[TensorFileEntry] = []
+    entries, traced = _loose_trace(expander, [i for i, c in zip(inputs, containers, strict=True) if not c])
     for item, is_container in zip(inputs, containers, strict=True):
+        if id(item) in traced:
+            continue
         try:
             if not item.path.exists():
                 raise FileProblem(item.label, "no such file or folder")
@@ -112,7 +167,26 @@ def expand_inputs(inputs: list[InputFile], staging: Path, limits: ArchiveLimits)
                 entries.extend(expander.file(item.path, PurePosixPath(Path(item.label).name), item.label, False, 0))
         except FileProblem as problem:
             expander.problems.append(problem)
-    return Expansion(entries, expander.problems)
+    return Expansion(entries, expander.problems, expander.traces)
+
+
+def _loose_trace(expander: _Expander, loose: list[InputFile]) -> tuple[list[TensorFileEntry], set[int]]:
+    """A trace handed over as loose files (its JSON among them, the browser's upload of a folder's files): its
+    tensors, and the ids of the inputs it used."""
+    present = [i for i in loose if i.path.is_file()]
+    if not any(is_trace_json(Path(i.label).name) for i in present):
+        return [], set()
+    members = [Member(PurePosixPath(Path(i.label).name), i.path) for i in present]
+    names = [m.name for m in members]
+    entries: list[TensorFileEntry] = []
+    walk = expander.traced(members, names, PurePosixPath(), "", False)
+    try:
+        while True:
+            entries.append(next(walk))
+    except StopIteration as stop:
+        left, _ = stop.value
+    left_paths = {m.path for m in left}
+    return entries, {id(i) for i in present if i.path not in left_paths}
 
 
 def _strip_common_folder(names: list[PurePosixPath]) -> list[PurePosixPath]:

@@ -12,6 +12,7 @@ from tensor_debugger.comparisons import Comparisons
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord, UnmatchedRecord
+from tensor_debugger.module_reports import module_report
 
 SUMMARY_STATS = ("max_abs_diff", "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr_db",
                  "mismatched", "mismatched_fraction", "numel", "argmax", "nan_a", "nan_b", "inf_a", "inf_b",
@@ -52,6 +53,9 @@ def pair_json(pair: Any, tensors: dict[int, Any], result: Any | None, full: bool
         "b": _side(pair, "b", tensors),
         "stats": stats,
         "error": pair.error,
+        "module_path": pair.module_path,
+        "place": pair.place,
+        "summary": pair.summary,  # the verdict on summary statistics when element values are not available
     }
 
 
@@ -81,7 +85,10 @@ def session_pairs(db: DbSession, session_id: int) -> dict[str, Any]:
     tensors, results = _load(db, pairs)
     items = [pair_json(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
     first = next((i for i in items if i["status"] == "fail"), None)
-    runs = {r.id: r.label for r in db.scalars(select(RunRecord).where(RunRecord.session_id == session_id))}
+    run_rows = db.execute(select(RunRecord.id, RunRecord.label, RunRecord.module_tree)
+                          .where(RunRecord.session_id == session_id)).all()
+    runs = {r.id: r.label for r in run_rows}
+    trees = {r.id: r.module_tree for r in run_rows}
     unmatched = db.scalars(select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id)
                            .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)).all()
     done = sum(1 for i in items if i["status"] != "pending")
@@ -92,6 +99,7 @@ def session_pairs(db: DbSession, session_id: int) -> dict[str, Any]:
                        "name": u.name, "tensor_ids": list(u.tensor_ids)} for u in unmatched],
         "progress": {"total": len(items), "done": done, "pending": len(items) - done,
                      "failing": sum(1 for i in items if i["status"] == "fail")},
+        "modules": module_report(items, trees.get(items[0]["a"]["run_id"]) if items else None),
     }
 
 

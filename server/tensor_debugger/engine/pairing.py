@@ -2,8 +2,9 @@
 
 Tensor-parallel shards (`_rank{k}`, `_tp{k}` suffixes, `rank{k}/` or `tp{k}/` folders) first merge into one
 logical tensor per run. Then a chain of strategies pairs what is left, each pair remembering which matched it:
-manual pairs (which win over everything), layer + stage (+ key path), the same name, the same key path,
-normalised names, and a shape unique on both sides. Whatever stays unmatched is listed per run.
+manual pairs (which win over everything), layer + stage (+ key path), the same name, the same module path and
+place under a renamed model class, the same key path, normalised names, and a shape unique on both sides (dumps
+only). Whatever stays unmatched is listed per run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ class TensorRef:
     stage: str | None = None
     key_path: tuple[str, ...] = ()
     digest: str = ""
+    module_path: str | None = None  # from a module trace or a capture
+    place: str | None = None
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,7 @@ class LogicalTensor:
 class PairPlan:
     a: LogicalTensor  # reference
     b: LogicalTensor  # candidate
-    strategy: str  # "manual", "layer_stage", "name", "key", "normalized", "shape"
+    strategy: str  # "manual", "layer_stage", "name", "module", "key", "normalized", "shape"
 
 
 @dataclass
@@ -144,6 +147,20 @@ def _match(
     return [a for a in left if id(a) not in matched_a], [b for b in right if id(b) not in matched_b]
 
 
+def _module_place(t: LogicalTensor) -> Hashable | None:
+    """The module path without its root (the model's class name, which a port often renames) and the place."""
+    if t.first.module_path is None or t.first.place is None:
+        return None
+    return (t.first.module_path.partition(".")[2], t.first.place)
+
+
+def execution_order(t: LogicalTensor) -> tuple[object, ...]:
+    """Call order for traced tensors (their position); layer and stage order for dumps."""
+    if t.first.module_path is not None:
+        return (0, -1, (t.position,))
+    return execution_key(t.layer, t.stage, t.position, t.name)
+
+
 def _layer_stage(t: LogicalTensor) -> Hashable | None:
     if t.layer is None or t.stage is None:
         return None
@@ -153,9 +170,11 @@ def _layer_stage(t: LogicalTensor) -> Hashable | None:
 STRATEGIES: list[tuple[str, Callable[[LogicalTensor], Hashable | None]]] = [
     ("layer_stage", _layer_stage),
     ("name", lambda t: t.name),
+    ("module", _module_place),
     ("key", lambda t: t.first.key_path or None),
     ("normalized", lambda t: normalize(t.name)),
-    ("shape", lambda t: tuple(t.shapes)),
+    # traced tensors are named by module and place: a shape alone would pair an attention mask with a stranger
+    ("shape", lambda t: tuple(t.shapes) if t.first.module_path is None else None),
 ]
 
 
@@ -183,6 +202,5 @@ def pair_runs(
             pairs = [p for p in pairs if p not in refused]
             left += [p.a for p in refused]
             right += [p.b for p in refused]
-    pairs.sort(key=lambda p: execution_key(p.a.layer, p.a.stage, p.a.position, p.a.name))
-    order = lambda t: execution_key(t.layer, t.stage, t.position, t.name)  # noqa: E731
-    return Pairing(pairs, sorted(left, key=order), sorted(right, key=order))
+    pairs.sort(key=lambda p: execution_order(p.a))
+    return Pairing(pairs, sorted(left, key=execution_order), sorted(right, key=execution_order))

@@ -37,3 +37,7 @@ class PairRecord(Base):
     status: Mapped[str] = mapped_column(String(20), default="pending", index=True)
     result_id: Mapped[int | None] = mapped_column(ForeignKey("comparison_results.id", ondelete="SET NULL"))
     error: Mapped[str | None] = mapped_column(Text)
+    module_path: Mapped[str | None] = mapped_column(Text)  # the reference tensor's, from a module trace
+    place: Mapped[str | None] = mapped_column(String(200))
+    # when a side has no element values (a use_repr=True trace): the verdict on shape and summary statistics
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)

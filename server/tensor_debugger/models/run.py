@@ -39,6 +39,8 @@ class RunRecord(Base):
     tensor_count: Mapped[int] = mapped_column(default=0)
     total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # a module trace's or a capture's call tree: {"source": "hf-trace"|"capture", "values": bool, "roots": [...]}
+    module_tree: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     session: Mapped[SessionRecord] = relationship(back_populates="runs")
     tensors: Mapped[list[TensorRecord]] = relationship(

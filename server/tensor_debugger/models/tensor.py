@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, ForeignKey, String, Text, UniqueConstraint, true
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from tensor_debugger.models.base import Base
@@ -41,5 +41,9 @@ class TensorRecord(Base):
     std: Mapped[float | None]
     nan_count: Mapped[int] = mapped_column(BigInteger, default=0)
     inf_count: Mapped[int] = mapped_column(BigInteger, default=0)
+    module_path: Mapped[str | None] = mapped_column(Text)  # from a module trace or a capture
+    place: Mapped[str | None] = mapped_column(String(200))  # "inputs_args_0", "outputs", ...
+    # False for a trace written with use_repr=True: shape, dtype and mean/std/min/max only, no array stored
+    has_values: Mapped[bool] = mapped_column(default=True, server_default=true())
 
     run: Mapped[RunRecord] = relationship(back_populates="tensors")

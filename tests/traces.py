@@ -1,0 +1,47 @@
+"""Real Hugging Face debugger traces of a tiny randomly initialised Llama, built from a config (no download).
+
+Seeded, so two calls with the same arguments write the same tensors bit for bit; `perturb` adds a planted change to
+one weight so its module is where the error starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+LAYERS = 2
+MODEL_CLASS = "LlamaForCausalLM"
+
+
+def tiny_llama(attention: str = "eager", layers: int = LAYERS, perturb: str | None = None, seed: int = 0) -> Any:
+    """A 2-layer Llama with hidden size 32; `perturb` names a parameter (`model.layers.1.mlp.down_proj.weight`)
+    that gets 0.05 added to every element."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config._attn_implementation = attention
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    if perturb is not None:
+        with torch.no_grad():
+            model.get_parameter(perturb).add_(0.05)
+    return model
+
+
+def input_ids(seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(seed))
+
+
+def write_trace(folder: Path, attention: str = "eager", layers: int = LAYERS, perturb: str | None = None,
+                use_repr: bool = False, prune_layers: bool = True) -> Path:
+    """Run the model once under transformers' model_addition_debugger_context into `folder`."""
+    from transformers.model_debugging_utils import model_addition_debugger_context
+
+    model = tiny_llama(attention, layers, perturb)
+    with torch.no_grad(), model_addition_debugger_context(model, debug_path=str(folder), use_repr=use_repr,
+                                                          do_prune_layers=prune_layers):
+        model(input_ids())
+    return folder
