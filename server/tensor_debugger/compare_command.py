@@ -130,6 +130,10 @@ def print_table(payload: dict[str, Any]) -> None:
             print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
     for problem in payload["problems"]:
         print(f"problem: {problem['file']}: {problem['reason']}")
+    summaries = sum(1 for p in payload["pairs"] if p["summary"])
+    if summaries:
+        print(f"element values are not available for {summaries} pairs (a trace written with use_repr=True): their "
+              f"verdicts compare the shape and mean, std, min and max only")
     first = payload["first_divergence"]
     failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
     if first is None:

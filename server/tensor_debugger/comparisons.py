@@ -30,7 +30,7 @@ from tensor_debugger.engine.streaming import compare_views
 from tensor_debugger.engine.summaries import TensorSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
 from tensor_debugger.engine.views import SourceView, View, build_view
-from tensor_debugger.errors import NotFoundError
+from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.models import (
     ComparisonResultRecord,
     PairOverrideRecord,
@@ -63,6 +63,11 @@ def cache_key(digests_a: Sequence[str], digests_b: Sequence[str], alignment_key:
 def tensor_ref(t: TensorRecord) -> TensorRef:
     return TensorRef(t.id, t.name, tuple(t.shape), t.dtype, t.position, t.layer, t.stage, tuple(t.key_path),
                      t.digest, t.module_path, t.place)
+
+
+def values_unavailable(t: TensorRecord) -> str:
+    return (f"element values are not available: {t.name} comes from {t.source_file}, a trace written with "
+            f"use_repr=True, which keeps only its shape, dtype and mean, std, min and max")
 
 
 def tensor_summary(t: TensorRecord) -> TensorSummary:
@@ -255,6 +260,9 @@ class Comparisons:
         if pair.alignment is None:
             raise ValueError("the pair is incomparable: no alignment")
         a, b = self.tensors_of(db, pair)
+        for tensor in (*a, *b):
+            if not tensor.has_values:
+                raise InvalidInputError(values_unavailable(tensor))
         steps = [Step.from_json(s) for s in pair.alignment["steps"]]
         alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 

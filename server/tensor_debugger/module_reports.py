@@ -52,7 +52,7 @@ def module_report(items: list[dict[str, Any]], module_tree: dict[str, Any] | Non
     } for c in culprits]
     top = ranked[0] if ranked and failing and culprits[0].added_error > 0 else None
     return {
-        "values": bool((module_tree or {}).get("values", True)),
+        "has_values": bool((module_tree or {}).get("values", True)),
         "tree": [_node_json(r, by_module, added, top) for r in roots],
         "culprits": ranked,
         "culprit": top,
@@ -68,7 +68,7 @@ def _node_json(node: ModuleNode, by_module: dict[str, list[dict[str, Any]]], add
     culprit = added.get(node.path)
     return {
         "path": node.path,
-        "name": node.path.rsplit(".", 1)[-1] if "." in node.path else node.path,
+        "name": _short_name(node.path),
         "verdict": verdict,
         "failing_inside": sum(c["failing_inside"] + (c["verdict"] in _WORST[:3]) for c in children),
         "added_error": json_number(culprit.added_error) if culprit else None,
@@ -77,6 +77,12 @@ def _node_json(node: ModuleNode, by_module: dict[str, list[dict[str, Any]]], add
                   for p in pairs],
         "children": children,
     }
+
+
+def _short_name(path: str) -> str:
+    """The last part of a module path; a numbered block keeps its container's name ("layers.3")."""
+    parts = path.split(".")
+    return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
 
 
 def _error_json(item: dict[str, Any]) -> float | str | None:

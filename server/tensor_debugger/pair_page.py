@@ -140,6 +140,8 @@ def pair_page_context(db: DbSession, services: Services, pair_id: int, index: st
     context: dict[str, Any] = {"pair": detail, "session": session, "run_a": runs.get(pair.run_a_id),
                                "run_b": runs.get(pair.run_b_id), "inspector": None, "window": None,
                                "histogram": histogram_bars((detail["stats"] or {}).get("histogram", []))}
+    if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
+        return context
     if manual is not None:
         context["manual"] = manual_grids(db, services, pair, manual)
     if pair.alignment is None:

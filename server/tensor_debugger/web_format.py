@@ -30,6 +30,15 @@ def format_stat(value: object) -> str:
     return format_number(value)
 
 
+def format_error(value: object) -> str:
+    """A relative error (3 significant digits); "inf" from the API as Inf."""
+    if isinstance(value, str):
+        return format_stat(value)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return ""
+    return f"{value:.3g}"
+
+
 def format_percent(part: int, whole: int) -> str:
     return f"{100 * part / whole:.3g}%" if whole else "—"
 
@@ -52,4 +61,5 @@ def register_filters(env: Environment) -> None:
     env.filters["bytes"] = format_bytes
     env.filters["shape"] = format_shape
     env.filters["stat"] = format_stat
+    env.filters["error"] = format_error
     env.globals["percent"] = format_percent

@@ -44,7 +44,7 @@ class SummaryVerdict:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "values": False, "passed": self.passed, "shapes_equal": self.shapes_equal,
+            "has_values": False, "passed": self.passed, "shapes_equal": self.shapes_equal,
             "rtol": self.rtol, "atol": self.atol,
             "checks": [{"name": c.name, "a": _number(c.a), "b": _number(c.b), "diff": _number(c.diff), "ok": c.ok}
                        for c in self.checks],
