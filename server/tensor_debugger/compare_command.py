@@ -180,8 +180,8 @@ def _num(value: Any) -> str:
 def _unusable(message: str, problems: list[dict[str, str]], as_json: bool,
               payload: dict[str, Any] | None = None) -> None:
     if as_json:
-        empty = {"session": None, "pairs": [], "unmatched": {"a": [], "b": []}, "first_divergence": None,
-                 "culprits": []}
+        empty: dict[str, Any] = {"session": None, "pairs": [], "unmatched": {"a": [], "b": []},
+                                 "first_divergence": None, "culprits": []}
         print(json.dumps({**(payload or empty), "problems": problems, "error": message}))
         return
     print(f"tensor-debugger: {message}", file=sys.stderr)
