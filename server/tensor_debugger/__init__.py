@@ -1,4 +1,17 @@
 """Tensor Debugger: find which tensor went wrong first between two runs of a model."""
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+__all__ = ["__version__", "capture"]
+
+
+def __getattr__(name: str) -> Any:
+    """`from tensor_debugger import capture` without importing torch for every other use of the package."""
+    if name == "capture":
+        from tensor_debugger.activation_capture import capture
+
+        return capture
+    raise AttributeError(f"module 'tensor_debugger' has no attribute {name!r}")

@@ -117,7 +117,9 @@ def read_trace(json_path: Path, label: str, files: Collection[str]) -> Trace:
     missing = [t.name for t in tensors if t.file is None]
     if missing and len(missing) == len(tensors):
         raise FileProblem(label, f"names no tensor file present in its folder (first: {missing[0]}.safetensors)")
-    tensors = [t for t in tensors if t.file is not None]
+    # a module called twice overwrites its files: the one file holds the last call, so it goes where that call was
+    last = {t.file: i for i, t in enumerate(tensors) if t.file is not None}
+    tensors = [t for i, t in enumerate(tensors) if t.file is not None and last[t.file] == i]
     return Trace(model_class, True, root, _place_unreferenced(tensors, sorted(safetensors - referenced), root))
 
 
