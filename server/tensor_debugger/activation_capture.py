@@ -75,7 +75,7 @@ def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE
 def _write_chunk(f: BinaryIO, chunk: torch.Tensor) -> None:
     host = chunk.to("cpu").contiguous()
     raw = host.view(torch.uint8) if host.dtype != torch.bool else host.to(torch.uint8)
-    f.write(memoryview(raw.numpy()))
+    f.write(raw.numpy().data)
 
 
 class _Recorder:

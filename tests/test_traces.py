@@ -1,0 +1,165 @@
+"""Hugging Face debugger traces generated here from a tiny random Llama: reading, pairing, verdicts, culprits."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import select
+from tensor_debugger.compare_command import run_compare
+from tensor_debugger.inputs import InputFile
+from tensor_debugger.models import RunRecord, TensorRecord
+from tensor_debugger.services import Services
+
+from tests.conftest import LiveServer
+from tests.dumps import make_tar
+from tests.traces import MODEL_CLASS, write_trace
+
+PERTURBED = "model.layers.1.mlp.down_proj.weight"
+DOWN_PROJ = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
+MASKS = [f"{MODEL_CLASS}.model.layers.{n}{part}_inputs_kwargs_attention_mask"
+         for n in range(2) for part in ("", ".self_attn")]
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
+    """Written once for the module and only read by the tests."""
+    root = tmp_path_factory.mktemp("traces")
+    made = {
+        "eager": write_trace(root / "eager"),
+        "sdpa": write_trace(root / "sdpa", attention="sdpa"),
+        "perturbed": write_trace(root / "perturbed", perturb=PERTURBED),
+        "repr": write_trace(root / "repr", use_repr=True),
+        "repr_perturbed": write_trace(root / "repr_perturbed", use_repr=True, perturb=PERTURBED),
+        "four_layers": write_trace(root / "four_layers", layers=4),
+    }
+    yield made
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
+    code = run_compare(services, a, b, None, None, None, True)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def test_two_attention_implementations_pass_with_the_masks_unmatched(
+        services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = compare(services, capsys, traces["eager"], traces["sdpa"])
+    assert code == 0, [p["name"] for p in out["pairs"] if p["status"] != "pass"]
+    assert out["first_divergence"] is None
+    assert sorted(out["unmatched"]["a"]) == sorted(MASKS)  # sdpa is given no mask: it is None there
+    assert out["unmatched"]["b"] == []
+    assert {p["strategy"] for p in out["pairs"]} == {"name"}
+    first = out["pairs"][0]
+    assert (first["name"], first["module_path"], first["place"]) == (
+        f"{MODEL_CLASS}_inputs_args_0", MODEL_CLASS, "inputs_args_0")
+    # the root's logits are in no JSON node but on disk: ingested, and last in call order
+    assert out["pairs"][-1]["name"] == f"{MODEL_CLASS}_outputs_logits"
+    assert all(p["stats"]["max_abs_diff"] <= 1e-5 for p in out["pairs"])
+    assert len(out["pairs"]) == len(list(traces["sdpa"].glob("*.safetensors")))
+
+
+def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
+        services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = compare(services, capsys, traces["eager"], traces["perturbed"])
+    assert code == 1
+    assert out["first_divergence"] == {"name": f"{DOWN_PROJ}_outputs", "layer": 1, "stage": None}
+    top = out["culprits"][0]
+    assert top["module_path"] == DOWN_PROJ
+    assert top["input_error"] == 0 and top["added_error"] == top["output_error"] > 0.1
+    assert all(c["added_error"] < top["added_error"] for c in out["culprits"][1:])
+    names = [p["name"] for p in out["pairs"]]
+    first = names.index(f"{DOWN_PROJ}_outputs")
+    assert all(p["status"] == "pass" for p in out["pairs"][:first])
+    # the human table names it too
+    code = run_compare(services, traces["eager"], traces["perturbed"], "table", None, None, False)
+    text = capsys.readouterr().out
+    assert code == 1
+    assert f"CULPRIT: {DOWN_PROJ} added" in text
+    assert f"FIRST DIVERGENCE: {DOWN_PROJ}_outputs (layer 1)" in text
+
+
+def test_calls_are_in_tree_order_and_pruned_layers_come_back(services: Services, traces: dict[str, Path]) -> None:
+    folder = traces["four_layers"]
+    tree = json.loads(next(folder.glob("*_FULL_TENSORS.json")).read_text())
+    model = next(c for c in tree["children"] if c["module_path"] == f"{MODEL_CLASS}.model")
+    layers = [c["module_path"].rsplit(".", 1)[1] for c in model["children"] if ".layers." in c["module_path"]]
+    assert layers == ["0", "3"]  # the debugger dropped layers 1 and 2 from its JSON (their files stay)
+    result = services.ingestor.ingest("four", "ref", [InputFile(folder, "four_layers")])
+    assert result.problems == [] and result.tensors == len(list(folder.glob("*.safetensors")))
+    with services.sessions() as db:
+        rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == result.run_id)
+                          .order_by(TensorRecord.position)).all()
+        run = db.get_one(RunRecord, result.run_id)
+        layer_of = [t.layer for t in rows if t.layer is not None]
+        assert layer_of == sorted(layer_of) and set(layer_of) == {0, 1, 2, 3}
+        down = [t.name for t in rows if t.module_path and t.module_path.endswith("mlp.down_proj")
+                and t.place == "outputs"]
+        assert down == [f"{MODEL_CLASS}.model.layers.{n}.mlp.down_proj_outputs" for n in range(4)]
+        assert rows[-1].name == f"{MODEL_CLASS}_outputs_logits"
+        assert all(t.key_path == [] for t in rows)  # the one "data" key of each file is not part of the name
+        assert run.module_tree is not None and run.module_tree["source"] == "hf-trace"
+        blocks = run.module_tree["roots"][0]["children"][0]["children"]
+        assert [b["path"].rsplit(".", 1)[1] for b in blocks if ".layers." in b["path"]] == ["0", "1", "2", "3"]
+
+
+def test_an_archive_of_a_trace_reads_like_the_folder(services: Services, traces: dict[str, Path],
+                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    archive = make_tar(traces["perturbed"], tmp_path / "perturbed.tar.gz", "w:gz", prefix="trace/")
+    code, out = compare(services, capsys, traces["eager"], archive)
+    assert code == 1 and out["culprits"][0]["module_path"] == DOWN_PROJ
+    assert out["unmatched"] == {"a": [], "b": []}
+
+
+def test_use_repr_traces_compare_summaries_and_say_values_are_missing(
+        services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out = compare(services, capsys, traces["repr"], traces["repr"])
+    assert code == 0
+    assert out["pairs"] and all(p["summary"] and p["summary"]["has_values"] is False for p in out["pairs"])
+    assert all(p["stats"] is None for p in out["pairs"])
+    code, out = compare(services, capsys, traces["repr"], traces["repr_perturbed"])
+    assert code == 1
+    assert out["first_divergence"]["name"] == f"{DOWN_PROJ}_outputs"
+    failing = next(p for p in out["pairs"] if p["name"] == f"{DOWN_PROJ}_outputs")
+    assert {c["name"]: c["ok"] for c in failing["summary"]["checks"]}["std"] is False
+    assert out["culprits"] == []  # no element values: no relative RMSE to rank modules by
+    run_compare(services, traces["repr"], traces["repr_perturbed"], "repr table", None, None, False)
+    assert "element values are not available for" in capsys.readouterr().out
+
+
+def test_api_upload_of_loose_trace_files_and_values_unavailable(live_server: LiveServer,
+                                                                traces: dict[str, Path]) -> None:
+    """The browser's upload of a folder's files: the JSON among them makes them one trace."""
+    def files(label: str, folder: Path) -> list[tuple[str, tuple[str, bytes]]]:
+        return [(label, (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
+
+    with httpx.Client(base_url=live_server.url, timeout=120) as client:
+        created = client.post("/api/sessions", data={"name": "repr"},
+                              files=files("reference", traces["repr"]) + files("candidate", traces["repr_perturbed"]))
+        assert created.status_code == 201, created.text
+        assert all(r["problems"] == [] for r in created.json()["runs"])
+        session_id = created.json()["session"]["id"]
+        report = client.get(f"/api/sessions/{session_id}/pairs").json()
+        assert report["first_divergence"]["name"] == f"{DOWN_PROJ}_outputs"
+        assert report["modules"]["has_values"] is False
+        pair_id = report["first_divergence"]["pair_id"]
+        refused = client.get(f"/api/pairs/{pair_id}/slice")
+        assert refused.status_code == 400
+        assert "element values are not available" in refused.json()["detail"]
+        page = client.get(f"/pairs/{pair_id}")
+        assert page.status_code == 200 and "Element values are not available" in page.text
+
+
+def test_a_broken_trace_json_is_named_with_its_reason(services: Services, traces: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    folder = tmp_path / "broken"
+    shutil.copytree(traces["eager"], folder)
+    next(folder.glob("*_FULL_TENSORS.json")).write_text("{not json")
+    result = services.ingestor.ingest("broken", "ref", [InputFile(folder, "broken")])
+    reasons = {p.file: p.reason for p in result.problems}
+    assert any(f.endswith("_FULL_TENSORS.json") and "not a valid trace JSON" in r for f, r in reasons.items())
