@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tensor_debugger.synthetic import Plant, write_dump
 
 from tests.conftest import ARTIFACTS, LiveServer, free_port
 from tests.dumps import make_zip
+from tests.traces import MODEL_CLASS, write_trace
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -308,3 +310,34 @@ def test_manual_mode_shows_each_runs_own_layout(live_server: LiveServer, page_wi
     cand_values = grids.nth(1).locator("td").all_inner_texts()
     assert ref_values == cand_values == ["20", "21", "22", "23"]  # the same elements, each in its own layout
     shot(page, "pair-manual-mode")
+
+
+def test_module_tree_and_culprit_of_a_traced_session(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
+    reference = write_trace(tmp_path / "eager")
+    candidate = write_trace(tmp_path / "perturbed", perturb="model.layers.1.mlp.down_proj.weight")
+    files = [(label, (p.name, p.read_bytes())) for label, folder in (("reference", reference),
+                                                                      ("candidate", candidate))
+             for p in sorted(folder.iterdir())]
+    created = httpx.post(live_server.url + "/api/sessions", data={"name": "traced"}, files=files, timeout=120)
+    assert created.status_code == 201, created.text
+    page.goto(f"{live_server.url}/sessions/{created.json()['session']['id']}")
+    wait_until_compared(page)
+    culprit = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
+    banner = page.locator("#culprit")
+    expect(banner).to_contain_text(f"Introduced the most error: {culprit}")
+    expect(page.locator(".banner.fail")).to_contain_text(f"First divergence: {culprit}_outputs")
+    node = page.locator(f'details.module[data-module="{culprit}"]')
+    expect(node).to_have_class(re.compile(r"\bculprit\b"))
+    expect(node).to_have_class(re.compile(r"\bverdict-fail\b"))
+    expect(node.locator("> summary")).to_contain_text("introduced the most error")
+    assert node.evaluate("n => n.open") and node.is_visible()  # failing subtrees start open
+    passing = page.locator(f'details.module[data-module="{MODEL_CLASS}.model.layers.0"]')
+    expect(passing).to_have_class(re.compile(r"\bverdict-pass\b"))
+    assert not passing.evaluate("n => n.open")
+    passing.locator("> summary").click()  # collapsible: opens on a click
+    assert passing.evaluate("n => n.open")
+    expect(passing.locator(f'details.module[data-module="{MODEL_CLASS}.model.layers.0.mlp"]')).to_be_visible()
+    shot(page, "module-tree")
+    banner.get_by_role("link").click()
+    expect(page.locator("h1")).to_contain_text(f"{culprit}_outputs")
+    expect(page.locator(".meta")).to_contain_text(f"Module {culprit}, outputs")
