@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from tensor_debugger.errors import NothingUsableError
+from tensor_debugger.ingest import IngestCancelled
 from tensor_debugger.ingest_queue import IngestJob, IngestProgress, IngestQueue
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import RunRecord
@@ -117,3 +118,27 @@ def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced
         assert again.tensors == 1
     finally:
         queue.close()
+
+
+def test_closing_drops_the_waiting_ingests_and_their_runs(services: Services, tmp_path: Path) -> None:
+    gate = threading.Event()
+    queue = IngestQueue(services.ingestor, lambda _session_id: bool(gate.wait(60)), workers=1)
+    try:
+        a = services.ingestor.begin("stopping", "a", ["a.pth"])
+        b = services.ingestor.begin("stopping", "b", ["b.pth"])
+        first = queue.submit(IngestJob(a, [tensor_file(tmp_path, "0_a.pth", 1)], True, lambda: None))
+        second = queue.submit(IngestJob(b, [tensor_file(tmp_path, "0_b.pth", 2)], True, lambda: None))
+        wait_for(lambda: getattr(queue.progress(a.run_id), "stage", None) == "planning")
+        queue.close(timeout=0)  # the server stops while `a` is being paired and `b` waits
+        with pytest.raises(RuntimeError, match="stopping"):
+            queue.submit(IngestJob(b, [], True, lambda: None))
+        gate.set()
+        assert first.result(60).tensors == 1
+        with pytest.raises(IngestCancelled):
+            second.result(60)
+        assert (status_of(services, a.run_id), status_of(services, b.run_id)) == ("ready", None)
+        assert services.ingestor.live_runs() == frozenset()
+    finally:
+        gate.set()
+        queue.close()
+

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -71,16 +72,19 @@ class IngestQueue:
         with self._lock:
             return self._progress.get(run_id)
 
-    def close(self, timeout: float = 30) -> None:
-        """Stop: waiting jobs are dropped and running ones cancelled, their runs removed as if never begun
-        (their session too when the upload made it and nothing else is in it)."""
+    def close(self, timeout: float = 10) -> None:
+        """Stop: waiting jobs are dropped and running ones cancelled at their next block of bytes, their runs
+        removed as if never begun (their session too when the upload made it and nothing else is in it). An
+        ingest still unpacking an archive after `timeout` seconds is left to die with the process: its run
+        stays "ingesting" until the next start's recovery removes it."""
         self._stopping.set()
         with self._lock:
             threads = list(self._threads)
         for _ in threads:
             self._jobs.put(None)
+        deadline = time.monotonic() + timeout
         for thread in threads:
-            thread.join(timeout)
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def _set(self, run_id: int, progress: IngestProgress) -> None:
         with self._lock:
