@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -172,3 +173,78 @@ def test_openapi_lists_the_api(live_server: LiveServer) -> None:
     schema = httpx.get(live_server.url + "/schema/openapi.json").json()
     assert {"/api/sessions", "/api/sessions/{session_id}", "/api/runs/{run_id}/tensors",
             "/api/tensors/{tensor_id}", "/api/sessions/{session_id}/runs"} <= set(schema["paths"])
+
+
+def poll_progress(server: LiveServer, url: str, timeout: float = 120) -> dict[str, Any]:
+    """GET the progress until everything is done (ingest, planning, comparisons); the last answer."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        progress: dict[str, Any] = httpx.get(server.url + url, timeout=30).json()
+        if progress["stage"] == "done":
+            return progress
+        time.sleep(0.1)
+    raise AssertionError(f"never done: {progress}")
+
+
+def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(live_server: LiveServer,
+                                                                          tmp_path: Path) -> None:
+    reference, candidate = two_runs(tmp_path)
+    response = upload(live_server, "in the background", [("reference", reference), ("candidate", candidate)],
+                      url="/api/sessions?wait=false")
+    assert response.status_code == 202, response.text
+    body = response.json()
+    session_id = body["session"]["id"]
+    assert response.headers["location"] == body["url"] == f"/sessions/{session_id}"
+    assert body["progress"] == f"/api/sessions/{session_id}/progress"
+    assert [(r["label"], r["status"]) for r in body["runs"]] == [("reference", "ingesting"), ("candidate", "ingesting")]
+    assert [r["label"] for r in body["session"]["runs"]] == ["reference", "candidate"]
+
+    progress = poll_progress(live_server, body["progress"])
+    assert [(r["label"], r["status"], r["words"]) for r in progress["runs"]] == [
+        ("reference", "ready", "ready"), ("candidate", "ready", "ready")]
+    assert progress["pairs"] == {"total": 26, "done": 26, "pending": 0, "failing": progress["pairs"]["failing"]}
+    assert progress["pairs"]["failing"] > 0
+    run = httpx.get(f"{live_server.url}/api/runs/{body['runs'][1]['run_id']}").json()
+    assert (run["status"], run["tensors"], run["ingest"]) == ("ready", 26, None)
+    first = httpx.get(f"{live_server.url}/api/sessions/{session_id}/first-divergence").json()["first_divergence"]
+    assert (first["name"], first["argmax"]) == ("1_post_attn", [3, 4])
+    staging = live_server.data_dir / "staging"
+    assert not staging.exists() or list(staging.iterdir()) == []  # the uploaded files are gone once ingested
+
+
+def test_a_background_ingest_that_finds_nothing_says_why(live_server: LiveServer, tmp_path: Path) -> None:
+    """Corruption only the ingest can see: the request has answered 202 long before, so the run stays, "failed",
+    with every file's reason, on the API and on the session page; uploading that run again replaces it."""
+    _, candidate = two_runs(tmp_path)
+    garbage = tmp_path / "weights.pth"
+    garbage.write_bytes(b"\x00" * 100)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a tensor")
+    response = upload(live_server, "half broken", [("reference", garbage), ("reference", notes),
+                                                   ("candidate", candidate)], url="/api/sessions?wait=false")
+    assert response.status_code == 202, response.text
+    session_id = response.json()["session"]["id"]
+    progress = poll_progress(live_server, f"/api/sessions/{session_id}/progress")
+    assert [(r["label"], r["status"], r["problems"]) for r in progress["runs"]] == [
+        ("reference", "failed", 2), ("candidate", "ready", 0)]
+    assert progress["pairs"]["total"] == 0
+    session = httpx.get(f"{live_server.url}/api/sessions/{session_id}").json()
+    reasons = {p["file"]: p["reason"] for p in session["runs"][0]["problems"]}
+    assert set(reasons) == {"weights.pth", "notes.txt"}
+    assert "not a readable PyTorch file" in reasons["weights.pth"]
+    assert "unknown extension '.txt'" in reasons["notes.txt"]
+    assert not (live_server.data_dir / "arrays" / "runs" / str(session["runs"][0]["id"])).exists()
+
+    page = httpx.get(f"{live_server.url}/sessions/{session_id}").text
+    assert "The reference run “reference” could not be ingested" in page
+    assert "No tensors found in weights.pth, notes.txt" in page
+    assert "<strong>weights.pth</strong>: not a readable PyTorch file" in page
+    assert "<strong>notes.txt</strong>: not a tensor file or archive" in page
+
+    reference, _ = two_runs(tmp_path / "again")
+    again = upload(live_server, "", [("reference", reference)], url=f"/api/sessions/{session_id}/runs")
+    assert again.status_code == 201, again.text
+    runs = httpx.get(f"{live_server.url}/api/sessions/{session_id}").json()["runs"]
+    assert [(r["label"], r["role"], r["status"], r["problems"]) for r in runs] == [
+        ("reference", "reference", "ready", []), ("candidate", "candidate", "ready", [])]
+    assert poll_progress(live_server, f"/api/sessions/{session_id}/progress")["pairs"]["total"] == 26

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import re
+import shutil
+import sqlite3
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tensor_debugger.synthetic import Plant, write_dump
 
 from tests.conftest import ARTIFACTS, LiveServer, free_port
-from tests.dumps import make_zip
+from tests.dumps import make_zip, seeded
 from tests.traces import MODEL_CLASS, write_trace
 
 CHROMIUM = "/usr/bin/chromium"
@@ -60,6 +64,30 @@ def wait_until_compared(page: Page, timeout: float = 60) -> None:
         page.reload()
 
 
+@contextmanager
+def database_held(server: LiveServer) -> Iterator[sqlite3.Connection]:
+    """The server's SQLite write lock, held by the test: ingests under way copy their arrays but cannot finish
+    (their last transaction waits, up to the server's 30 s busy timeout), so pages show them under way for as
+    long as the test looks. Reading is not blocked (WAL)."""
+    connection = sqlite3.connect(server.data_dir / "metadata.sqlite3", isolation_level=None, timeout=30)
+    try:
+        connection.execute("BEGIN IMMEDIATE")
+        yield connection
+    finally:
+        connection.execute("ROLLBACK")
+        connection.close()
+
+
+def add_big_tensor(reference: Path, candidate: Path, seed: int) -> None:
+    """48 MiB, the same in both runs: enough bytes that an ingest is still copying when the test holds it."""
+    torch.save(seeded((3072, 4096), seed), reference / "weights.pth")
+    shutil.copy(reference / "weights.pth", candidate / "weights.pth")
+
+
+def run_statuses(connection: sqlite3.Connection) -> list[str]:
+    return [status for (status,) in connection.execute("select status from runs order by id")]
+
+
 def shot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
@@ -101,6 +129,7 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page_w
     page = page_without_scripts
     write_dump(tmp_path / "ref", layers=1, seed=2)
     write_dump(tmp_path / "cand", layers=1, seed=2, plant=Plant(0, "post_mlp", (1, 1), 1.0))
+    add_big_tensor(tmp_path / "ref", tmp_path / "cand", 2)
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
     bad = tmp_path / "readme.txt"
@@ -109,16 +138,28 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page_w
     page.get_by_label("Name", exact=True).fill("form upload ü")
     page.get_by_label("Reference run").set_input_files(str(reference))
     page.get_by_label("Candidate run").set_input_files([str(candidate), str(bad)])
-    page.get_by_role("button", name="Upload and ingest").click()
-    page.wait_for_url("**/sessions/*")
+    with page.expect_response(lambda r: r.url.endswith("/sessions") and r.request.method == "POST") as answer:
+        page.get_by_role("button", name="Upload and ingest").click()
+    assert answer.value.status == 303  # the files are on disk; their ingest goes on in the background
+    with database_held(live_server) as held:
+        assert run_statuses(held) == ["ingesting", "ingesting"], "the ingest ended before the test could hold it"
+        page.wait_for_url("**/sessions/*")
+        status = page.locator("section.ingest .progress")
+        assert "Ingesting the uploaded files" in status.inner_text()
+        status.get_by_role("link", name="refresh now").click()  # without scripts: a link (and a meta refresh)
+        assert "ingesting" in page.locator(".ingest-runs").inner_text()
+        assert page.locator("noscript").count() == 1
+        shot(page, "session-ingesting-without-scripts")
     wait_until_compared(page)
     assert "First divergence: 0_post_mlp" in page.locator(".banner").inner_text()
     assert page.get_by_role("heading", name="form upload ü").is_visible()
+    assert page.locator("section.ingest").count() == 0
     assert "1 problem" in page.locator("section.runs").inner_text()
+    assert "readme.txt: not a tensor file or archive" in page.locator("section.runs ul.problems").inner_text()
     shot(page, "session-form-upload")
     page.get_by_role("link", name="Candidate run: candidate").click()
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
-    assert page.locator("table.tensors tbody tr").count() == 13
+    assert page.locator("table.tensors tbody tr").count() == 14
     page.goto(live_server.url + "/?q=FORM")
     assert page.get_by_role("link", name="form upload ü").is_visible()
 
@@ -131,11 +172,20 @@ def test_form_errors_are_shown_in_words(live_server: LiveServer, page_without_sc
     page.get_by_label("Name", exact=True).fill("broken")
     page.get_by_label("Reference run").set_input_files(str(bad))
     page.get_by_role("button", name="Upload and ingest").click()
-    alert = page.get_by_role("alert")
-    alert.wait_for()
-    assert "no tensors found" in alert.inner_text()
-    assert "weights.pth: not a readable PyTorch file" in page.locator("ul.problems").inner_text()
+    page.wait_for_url("**/sessions/*")
+    failure = page.locator("section.failed-run")
+    failure.wait_for()  # the page refreshes itself until the ingest has failed
+    assert "The reference run “reference” could not be ingested" in failure.inner_text()
+    assert "No tensors found in weights.pth" in failure.inner_text()
+    assert "weights.pth: not a readable PyTorch file" in failure.locator("ul.problems").inner_text()
+    assert page.locator("section.ingest").count() == 0
     shot(page, "form-error")
+    # what is wrong before any ingest begins is said on the form itself
+    page.goto(live_server.url + "/")
+    page.get_by_label("Name", exact=True).fill("broken")
+    page.get_by_label("Reference run").set_input_files(str(bad))
+    page.get_by_role("button", name="Upload and ingest").click()
+    assert "a session named 'broken' exists already" in page.get_by_role("alert").inner_text()
 
 
 def test_inspector_jumps_to_the_planted_difference(demo_server: LiveServer, page: Page) -> None:
@@ -241,19 +291,63 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(live_server: Li
     page.wait_for_url("**/sessions/*")
     page.locator(".banner").wait_for(timeout=60_000)
     assert "First divergence: 1_key (layer 1, stage key)" in page.locator(".banner").inner_text()
-    # a bad file gets its reason next to it, and nothing is kept
+    # a file refused before its ingest begins (a name taken) gets the reason on the form
+    page.goto(live_server.url + "/")
+    page.get_by_label("Name", exact=True).fill("dropped")
+    page.get_by_label("Reference run").set_input_files(str(reference))
+    page.get_by_role("button", name="Upload and ingest").click()
+    page.locator("form.new-session .status", has_text="exists already").wait_for()
+    assert page.locator(".dropzone progress").evaluate("p => p.value === p.max")
+    # a file only its ingest finds corrupt: the session page names it with the reason, next to its run
     bad = tmp_path / "weights.pth"
     bad.write_bytes(b"\0" * 32)
-    page.goto(live_server.url + "/")
     page.get_by_label("Name", exact=True).fill("bad one")
     page.get_by_label("Reference run").set_input_files(str(bad))
     page.get_by_role("button", name="Upload and ingest").click()
-    note = page.locator(".dropzone li.bad .note")
-    note.wait_for()
-    assert "not a readable PyTorch file" in note.inner_text()
-    assert page.locator(".dropzone progress").evaluate("p => p.value === p.max")
-    assert "no tensors found" in page.locator("form.new-session .status").inner_text()
+    page.wait_for_url("**/sessions/*")
+    failure = page.locator("section.failed-run")
+    failure.wait_for(timeout=60_000)
+    assert "The reference run “reference” could not be ingested" in failure.inner_text()
+    assert "weights.pth: not a readable PyTorch file" in failure.locator("ul.problems").inner_text()
     shot(page, "new-session-error")
+
+
+def test_session_page_follows_the_ingest_live_then_shows_the_results(live_server: LiveServer, page: Page,
+                                                                     tmp_path: Path) -> None:
+    """The upload answers once its bytes are on disk; the session page shows each run's ingest with a bar and
+    "ingesting: X of Y MB (Z%)", then the comparisons, then the results, all without a reload."""
+    write_dump(tmp_path / "ref", layers=2, seed=6)
+    write_dump(tmp_path / "cand", layers=2, seed=6, plant=Plant(0, "query", (0, 2, 5, 3), 0.5))
+    add_big_tensor(tmp_path / "ref", tmp_path / "cand", 6)
+    reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
+    candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
+    page.goto(live_server.url + "/")
+    page.get_by_label("Name", exact=True).fill("live")
+    page.get_by_label("Reference run").set_input_files(str(reference))
+    page.get_by_label("Candidate run").set_input_files(str(candidate))
+    with page.expect_response(lambda r: r.url.endswith("/api/sessions?wait=false")) as answer:
+        page.get_by_role("button", name="Upload and ingest").click()
+    assert answer.value.status == 202
+    with database_held(live_server) as held:
+        assert run_statuses(held) == ["ingesting", "ingesting"], "the ingest ended before the test could hold it"
+        page.wait_for_url("**/sessions/*")
+        page.evaluate("window.sameDocument = true")  # gone if anything reloads the page
+        bars = page.locator(".ingest-runs progress")
+        assert bars.count() == 2
+        page.wait_for_function("""() => [...document.querySelectorAll('.ingest-runs li')].every(li =>
+            /ingesting: [0-9.]+ of 5[0-9.]+ MB \\([0-9]+%\\)/.test(li.querySelector('.words').textContent)
+            && li.querySelector('progress').max > 50e6)""", timeout=60_000)
+        words = page.locator(".ingest-runs li").first.locator(".words").inner_text()
+        assert re.fullmatch(r"ingesting: [0-9.]+ of 5[0-9.]+ MB \([0-9]+%\)", words), words
+        shot(page, "session-ingesting")
+    page.locator("#live").wait_for(state="detached", timeout=60_000)  # on the page while anything is under way
+    assert "First divergence: 0_query (layer 0, stage query)" in page.locator(".banner.fail").inner_text()
+    assert page.locator("section.ingest").count() == 0 and page.locator(".progress").count() == 0
+    assert page.locator("table.pairs tbody tr").count() == 27
+    assert page.evaluate("window.sameDocument") is True
+    page.get_by_role("button", name="Collapse all").click()  # the swapped-in page's controls work
+    assert not page.locator("details.group").first.evaluate("d => d.open")
+    shot(page, "session-live-done")
 
 
 def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServer, page: Page) -> None:

@@ -1,10 +1,13 @@
 """Ingest: add one run to a session from files, archives and folders.
 
 Lifecycle, so that nothing half-ingested is ever visible:
-1. a run row is committed with status "ingesting" and this process's id (the session too, if new);
-2. every tensor is copied into the array store under "runs/<run id>/";
+1. `begin` commits a run row with status "ingesting" and this process's id (the session too, if new);
+2. `complete` copies every tensor into the array store under "runs/<run id>/";
 3. one transaction inserts the tensor and problem rows and sets the status to "ready".
-A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`.
+When nothing usable was found the run is deleted, or (`keep_failure`, for uploads whose request has returned)
+kept as "failed" with its problems and no arrays, so the session page can say why.
+A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`; the runs this
+process is ingesting right now are in `Ingestor.live_runs()`, so its own recovery never takes them for dead.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 import os
 import shutil
 import socket
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +48,21 @@ class IngestResult:
     run_label: str
     tensors: int
     problems: list[FileProblem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """A run whose row says "ingesting": `begin` made it, `complete` fills it."""
+
+    session_id: int
+    session_name: str
+    run_id: int
+    run_label: str
+    created_session: bool  # undoing the run also removes the session when nothing else is in it
+
+
+class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
+    """Raised from a progress callback to stop an ingest; the run is removed as if it never began."""
 
 
 def parse_label(text: str, what: str) -> str:
@@ -82,6 +101,8 @@ class Ingestor:
         self.settings = settings
         self.sessions = sessions
         self.store = store
+        self._lock = threading.Lock()
+        self._live: set[int] = set()
 
     def ingest(
         self,
@@ -95,26 +116,19 @@ class Ingestor:
 
         Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
         """
+        pending = self.begin(session_name, run_label, [i.label for i in inputs], create_session)
+        return self.complete(pending, inputs, progress)
+
+    def begin(
+        self, session_name: str, run_label: str, sources: list[str], create_session: bool = True,
+        created_session: bool = False,
+    ) -> PendingRun:
+        """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
+        caller made the session for this run, so undoing the run may remove it as well.
+
+        A run of the same label that failed before is replaced, in its place; any other clash is refused."""
         session_name = parse_label(session_name, "session name")
         run_label = parse_label(run_label, "run label")
-        run_id, session_id, created = self._begin(session_name, run_label, inputs, create_session)
-        staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
-        try:
-            stored, problems, traces = self._copy(run_id, inputs, staging, progress)
-            summaries = [(t, tensor) for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
-            if not stored and not summaries:
-                raise NothingUsableError(problems)
-            self._finish(run_id, stored, problems, traces)
-        except BaseException:
-            self._abandon(run_id, session_id if created else None)
-            raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        return IngestResult(session_id, session_name, run_id, run_label, len(stored) + len(summaries), problems)
-
-    def _begin(
-        self, session_name: str, run_label: str, inputs: list[InputFile], create_session: bool
-    ) -> tuple[int, int, bool]:
         with self.sessions.begin() as db:
             session = db.scalar(select(SessionRecord).where(SessionRecord.name == session_name))
             created = session is None
@@ -124,20 +138,83 @@ class Ingestor:
                 session = SessionRecord(name=session_name)
                 db.add(session)
                 db.flush()
-            taken = db.scalar(select(RunRecord.id).where(RunRecord.session_id == session.id,
-                                                         RunRecord.label == run_label))
-            if taken is not None:
+            taken = db.scalar(select(RunRecord).where(RunRecord.session_id == session.id,
+                                                      RunRecord.label == run_label))
+            if taken is not None and taken.status != "failed":
                 raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
-            position = db.scalar(select(func.count()).where(RunRecord.session_id == session.id)) or 0
+            if taken is not None:
+                position = taken.position
+                db.delete(taken)
+                db.flush()
+            else:
+                position = db.scalar(select(func.count()).where(RunRecord.session_id == session.id)) or 0
             run = RunRecord(
                 session_id=session.id, label=run_label, position=position,
                 role="reference" if position == 0 else "candidate", status="ingesting",
-                ingest_pid=os.getpid(), ingest_host=socket.gethostname(), created_session=created,
-                sources=[i.label for i in inputs],
+                ingest_pid=os.getpid(), ingest_host=socket.gethostname(), created_session=created or created_session,
+                sources=sources,
             )
             db.add(run)
             db.flush()
-            return run.id, session.id, created
+            pending = PendingRun(session.id, session_name, run.id, run_label, created or created_session)
+        with self._lock:
+            self._live.add(pending.run_id)
+        return pending
+
+    def complete(
+        self, pending: PendingRun, inputs: list[InputFile], progress: ProgressCallback | None = None,
+        keep_failure: bool = False,
+    ) -> IngestResult:
+        """Copy the tensors of a run `begin` made, then mark it "ready".
+
+        Raises NothingUsableError when no tensor was found: the run is then removed (and the session, when the
+        run's ingest made it and nothing else is in it), or with `keep_failure` kept as "failed" with its
+        problems. Any other error removes the run, or with `keep_failure` (but not IngestCancelled) marks it
+        "failed" with the error as its problem, and is raised again."""
+        run_id = pending.run_id
+        staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
+        try:
+            stored, problems, traces = self._copy(run_id, inputs, staging, progress)
+            summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
+            if not stored and not summaries:
+                raise NothingUsableError(problems)
+            self._finish(run_id, stored, problems, traces)
+        except NothingUsableError as exc:
+            self._give_up(pending, exc.problems, keep_failure)
+            raise
+        except Exception as exc:
+            what = ", ".join(i.label for i in inputs) or "upload"
+            reason = f"the ingest failed: {exc}"
+            self._give_up(pending, [FileProblem(what, reason)], keep_failure and not isinstance(exc, IngestCancelled))
+            raise
+        except BaseException:
+            self._give_up(pending, [], False)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with self._lock:
+                self._live.discard(run_id)
+        return IngestResult(pending.session_id, pending.session_name, run_id, pending.run_label,
+                            len(stored) + len(summaries), problems)
+
+    def live_runs(self) -> frozenset[int]:
+        """The runs this process has begun and not yet completed: recovery must leave them alone."""
+        with self._lock:
+            return frozenset(self._live)
+
+    def cancel(self, pending: PendingRun) -> None:
+        """Remove a run `begin` made that will not be completed (as if it never began)."""
+        try:
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
+        finally:
+            with self._lock:
+                self._live.discard(pending.run_id)
+
+    def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
+        if keep_failure:
+            self._fail(pending.run_id, problems)
+        else:
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
 
     def _copy(
         self, run_id: int, inputs: list[InputFile], staging: Path, progress: ProgressCallback | None
@@ -146,6 +223,8 @@ class Ingestor:
         problems = expansion.problems
         total = sum(e.path.stat().st_size for e in expansion.entries)
         done = 0
+        if progress is not None:
+            progress(0, total)  # archives are unpacked: from here on, bytes copied of `total`
 
         def on_bytes(n: int) -> None:
             nonlocal done
@@ -236,6 +315,20 @@ class Ingestor:
                     "source": "hf-trace", "values": all(t.trace.has_values for t in traces),
                     "roots": [t.trace.root.to_json() for t in traces],
                 }
+
+    def _fail(self, run_id: int, problems: list[FileProblem]) -> None:
+        """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
+        self.store.delete(run_prefix(run_id))
+        with self.sessions.begin() as db:
+            run = db.get(RunRecord, run_id)
+            if run is None:
+                return
+            for problem in problems:
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+            run.status = "failed"
+            run.ingest_pid = None
+            run.tensor_count = 0
+            run.total_bytes = 0
 
     def _abandon(self, run_id: int, created_session_id: int | None) -> None:
         self.store.delete(run_prefix(run_id))

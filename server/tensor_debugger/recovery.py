@@ -2,12 +2,17 @@
 
 A run still "ingesting" whose process is gone on this host is deleted with its arrays (and its session, when
 that ingest created it and nothing else is in it); arrays under "runs/" that no run owns are deleted too.
+
+A run that names this very process is alive only if it is one of `live` (the runs this process's ingestor is
+working on, in its background threads): otherwise it was left by an earlier process that had the same id, as
+happens when a container restarts and the server is process 1 again.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
@@ -35,7 +40,15 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def recover(sessions: sessionmaker[DbSession], store: ArrayStore) -> RecoveryReport:
+def ingest_alive(pid: int | None, run_id: int, live: Collection[int]) -> bool:
+    if pid is None:
+        return False
+    if pid == os.getpid():
+        return run_id in live
+    return process_alive(pid)
+
+
+def recover(sessions: sessionmaker[DbSession], store: ArrayStore, live: Collection[int] = ()) -> RecoveryReport:
     host = socket.gethostname()
     removed = 0
     # Listed before the runs are read: a run row is always committed before its first array is written, so
@@ -44,7 +57,7 @@ def recover(sessions: sessionmaker[DbSession], store: ArrayStore) -> RecoveryRep
     with sessions.begin() as db:
         stale = [
             run for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
-            if run.ingest_host == host and (run.ingest_pid is None or not process_alive(run.ingest_pid))
+            if run.ingest_host == host and not ingest_alive(run.ingest_pid, run.id, live)
         ]
         for run in stale:
             store.delete(run_prefix(run.id))

@@ -1,9 +1,9 @@
-"""The parts one process works with, built from Settings: database, array store and ingestor."""
+"""The parts one process works with, built from Settings: database, array store, ingestor and its queue."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
@@ -12,6 +12,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.comparisons import Comparisons
 from tensor_debugger.database import create_db_engine, make_sessionmaker, upgrade_database
 from tensor_debugger.ingest import Ingestor
+from tensor_debugger.ingest_queue import IngestQueue
 from tensor_debugger.recovery import RecoveryReport, recover
 from tensor_debugger.settings import Settings
 from tensor_debugger.store import ArrayStore
@@ -27,6 +28,10 @@ class Services:
     comparisons: Comparisons
     recovery: RecoveryReport
     on_planned: Callable[[int], None] | None = None  # the server's worker wakes up
+    ingests: IngestQueue = field(init=False)  # uploads ingested in the background (threads start on demand)
+
+    def __post_init__(self) -> None:
+        self.ingests = IngestQueue(self.ingestor, self.plan, self.settings.ingest_workers)
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
@@ -35,6 +40,7 @@ class Services:
             self.on_planned(session_id)
 
     def close(self) -> None:
+        self.ingests.close()
         self.comparisons.close()
         self.engine.dispose()
 
@@ -46,6 +52,6 @@ def open_services(settings: Settings) -> Services:
     upgrade_database(engine)
     sessions = make_sessionmaker(engine)
     store = ArrayStore(settings.store_url)
-    report = recover(sessions, store)
-    return Services(settings, engine, sessions, store, Ingestor(settings, sessions, store),
-                    Comparisons(sessions, store), report)
+    ingestor = Ingestor(settings, sessions, store)
+    report = recover(sessions, store, ingestor.live_runs())
+    return Services(settings, engine, sessions, store, ingestor, Comparisons(sessions, store), report)

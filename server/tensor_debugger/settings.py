@@ -43,6 +43,7 @@ class Settings:
     )
     expansion_floor_bytes: int = _setting(GiB, "Expanded size below which the expansion ratio is not checked.")
     chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
+    ingest_workers: int = _setting(2, "How many uploaded runs the server ingests at once; more wait their turn.")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser().resolve())
@@ -51,7 +52,7 @@ class Settings:
         if not self.store_url:
             object.__setattr__(self, "store_url", (self.data_dir / "arrays").as_uri())
         for name in ("max_upload_bytes", "max_archive_members", "max_expanded_bytes", "expansion_floor_bytes",
-                     "chunk_bytes"):
+                     "chunk_bytes", "ingest_workers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
 

@@ -1,5 +1,7 @@
-// New session: drop zones, a real progress bar per file while the upload runs, then the session page. Bad
-// files get their reason next to them. Without this script the same form posts plainly and still works.
+// New session: drop zones, a real progress bar per file while the upload runs, then the session page, which
+// shows the ingest and the comparisons live (and, next to each file's name, why a file could not be used).
+// What is refused before the ingest begins gets its reason here, next to the file where it names one.
+// Without this script the same form posts plainly and still works.
 
 const form = document.querySelector("form.new-session");
 if (form) {
@@ -49,7 +51,7 @@ if (form) {
     for (const item of items) body.append(item.run, item.file, item.file.name);
     // Parts go out in order, so the bytes sent so far tell how far each file is.
     const xhr = new XMLHttpRequest();
-    xhr.open("POST", "/api/sessions");
+    xhr.open("POST", "/api/sessions?wait=false"); // answered once the bytes are on disk; ingest goes on
     xhr.upload.addEventListener("progress", (e) => {
       let left = e.loaded;
       for (const item of items) {
@@ -59,11 +61,11 @@ if (form) {
     });
     xhr.upload.addEventListener("load", () => {
       for (const item of items) item.bar.value = item.bar.max;
-      status.textContent = "Uploaded. Ingesting and pairing…";
+      status.textContent = "Uploaded. Opening the session page…";
     });
     xhr.addEventListener("load", () => {
       const reply = JSON.parse(xhr.responseText || "{}");
-      if (xhr.status === 201) { location.href = `/sessions/${reply.session.id}`; return; }
+      if (xhr.status === 202 || xhr.status === 201) { location.href = reply.url || `/sessions/${reply.session.id}`; return; }
       status.textContent = reply.detail || `The upload failed (${xhr.status}).`;
       for (const run of reply.runs || []) {
         for (const problem of run.problems) {

@@ -18,7 +18,8 @@ from tensor_debugger.models import PairOverrideRecord, PairRecord
 from tensor_debugger.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.services import Services
-from tensor_debugger.session_uploads import RunOutcome, group_by_run, ingest_batch
+from tensor_debugger.session_progress import PairCounts, session_progress
+from tensor_debugger.session_uploads import start_session
 from tensor_debugger.session_view import ViewParams, apply_order, build_chart, build_groups, pair_key
 from tensor_debugger.upload import receive_multipart
 
@@ -58,15 +59,20 @@ class PageController(Controller):
         self, services: Services, session_id: int, group: str | None = None, sort: str | None = None,
         verdict: str | None = None, q: str | None = None,
     ) -> Template:
-        """The session: first divergence, the chart of error through the model, and every pair, grouped,
-        sorted and filtered as the URL says (so the page works, and links, without any script)."""
+        """The session: its runs' ingest while it goes on (or why it failed), first divergence, the chart of error
+        through the model, and every pair, grouped, sorted and filtered as the URL says (so the page works, and
+        links, without any script). While anything is in progress the page refreshes itself (a script polls
+        the progress and swaps the page in place; without scripts, a meta refresh)."""
         params = ViewParams.parse(group, sort, verdict, q)
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
             report = session_pairs(db, session_id)
             ordered = apply_order(report["pairs"], session.pair_order)
+            counts = report["progress"]
+            progress = session_progress(session, services.ingests,
+                                        PairCounts(counts["total"], counts["done"], counts["failing"]))
             return Template("session.html", context={
-                "session": session, "report": report, "params": params,
+                "session": session, "report": report, "params": params, "progress": progress,
                 "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
                 "reorderable": params.group == "none" and params.sort == "order" and params.verdict == "all"
                 and not params.q, "order_keys": [pair_key(p) for p in ordered],
@@ -170,21 +176,22 @@ class PageController(Controller):
 
     @post("/sessions", request_max_body_size=None)
     async def create_from_form(self, services: Services, request: Request[Any, Any, Any]) -> Template | Redirect:
-        """The no-script form on the sessions page: a name and files for the reference and candidate runs."""
+        """The no-script form on the sessions page: a name and files for the reference and candidate runs. Once
+        the files are on disk it goes to the session page, which shows their ingest (and why one failed)."""
         batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
                                         services.settings.staging_dir)
         name = batch.fields.get("name", "").strip()
         try:
             if not batch.files:
-                raise TensorDebuggerError("choose at least one file for a run")
-            session_id, outcomes = await anyio.to_thread.run_sync(
-                _create, services, name or batch.files[0].filename, group_by_run(batch))
+                raise InvalidInputError("choose at least one file for a run")
+            session_id, _ = await anyio.to_thread.run_sync(start_session, services, name or batch.files[0].filename,
+                                                           "", batch, True)
         except TensorDebuggerError as exc:
-            return _form_error(services, name, str(exc), [])
-        finally:
             batch.discard()
-        if session_id is None:
-            return _form_error(services, name, "no tensors found in the uploads; nothing was kept", outcomes)
+            return _form_error(services, name, str(exc))
+        except BaseException:
+            batch.discard()
+            raise
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
 
@@ -197,19 +204,9 @@ def _optional_float(text: str | None, name: str) -> float | None:
         raise InvalidInputError(f"{name} must be a number, got {text!r}") from None
 
 
-def _create(services: Services, name: str, runs: dict[str, Any]) -> tuple[int | None, list[RunOutcome]]:
-    with services.sessions.begin() as db:
-        session_id = catalog.create_session(db, name).id
-    outcomes = ingest_batch(services, name, runs)
-    if all(o.run_id is None for o in outcomes):
-        with services.sessions() as db:
-            catalog.delete_session(db, services.store, session_id)
-        return None, outcomes
-    return session_id, outcomes
-
-
-def _form_error(services: Services, name: str, message: str, outcomes: list[RunOutcome]) -> Template:
+def _form_error(services: Services, name: str, message: str) -> Template:
     with services.sessions() as db:
         sessions = catalog.list_sessions(db)
         return Template("sessions.html", status_code=400, context={
-            "sessions": sessions, "q": "", "error": message, "outcomes": outcomes, "name": name})
+            "sessions": sessions, "q": "", "error": message, "name": name,
+            "summaries": catalog.summarize_sessions(db, [s.id for s in sessions])})

@@ -15,8 +15,14 @@ class RunController(Controller):
 
     @get("/{run_id:int}", sync_to_thread=True)
     def show_run(self, services: Services, run_id: int) -> dict[str, Any]:
+        """One run with its problems; `status` is "ingesting", "ready" or "failed" (nothing usable: the problems
+        say why). While this server ingests it, `ingest` has its `stage` and bytes copied of the total."""
         with services.sessions() as db:
-            return run_json(catalog.get_run(db, run_id), with_problems=True)
+            body = run_json(catalog.get_run(db, run_id), with_problems=True)
+        live = services.ingests.progress(run_id)
+        body["ingest"] = None if live is None else {"stage": live.stage, "bytes_done": live.bytes_done,
+                                                    "bytes_total": live.bytes_total}
+        return body
 
     @get("/{run_id:int}/tensors", sync_to_thread=True)
     def list_tensors(self, services: Services, run_id: int) -> list[dict[str, Any]]:

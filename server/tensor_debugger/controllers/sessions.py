@@ -6,16 +6,30 @@ from typing import Any
 import anyio
 from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.params import Parameter
-from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
+from litestar.status_codes import HTTP_201_CREATED, HTTP_202_ACCEPTED, HTTP_422_UNPROCESSABLE_ENTITY
 
 from tensor_debugger import catalog
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.schemas import session_json
 from tensor_debugger.services import Services
-from tensor_debugger.session_uploads import group_by_run, ingest_batch
+from tensor_debugger.session_progress import pair_counts, session_progress
+from tensor_debugger.session_uploads import (
+    RunOutcome,
+    StartedRun,
+    delete_if_empty,
+    group_by_run,
+    start_runs,
+    start_session,
+    wait_for_runs,
+)
 from tensor_debugger.upload import receive_multipart
 
 UPLOAD_LIMIT_NOTE = "Upload size is limited by the max_upload_bytes setting."
+WAIT_NOTE = ("Answers once every run is ingested (201 with the runs, or 422 with every file's problem when "
+             "nothing usable was found, and nothing kept); with `?wait=false`, 202 as soon as the upload is on "
+             "disk (`url`: the session page, `progress`: what to poll), the ingest going on in the background.")
+WAIT = Parameter(default=True, description="false: answer 202 once the upload is on disk and ingest in the "
+                 "background; a run with nothing usable is then kept as \"failed\" with its problems")
 
 
 @dataclass
@@ -69,10 +83,19 @@ class SessionController(Controller):
         with services.sessions() as db:
             catalog.delete_session(db, services.store, session_id)
 
+    @get("/{session_id:int}/progress", sync_to_thread=True)
+    def show_progress(self, services: Services, session_id: int) -> dict[str, Any]:
+        """How far the session has come: each run's ingest (`stage`, bytes copied of the total while it runs),
+        then its pairs compared. `stage` is "ingesting", "planning", "comparing", then "done"."""
+        with services.sessions() as db:
+            session = catalog.get_session(db, session_id)
+            return session_progress(session, services.ingests, pair_counts(db, session_id)).to_json()
+
     @post("/", request_max_body_size=None, description="JSON {name, notes} for an empty session, or "
           "multipart/form-data: a `name` field and files whose field name is their run's label (the first run "
-          "is the reference). " + UPLOAD_LIMIT_NOTE)
-    async def create_session(self, services: Services, request: Request[Any, Any, Any]) -> Response[Any]:
+          "is the reference). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
+    async def create_session(self, services: Services, request: Request[Any, Any, Any],
+                             wait: bool = WAIT) -> Response[Any]:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("application/json"):
             body = SessionCreate(**await request.json())
@@ -83,17 +106,22 @@ class SessionController(Controller):
             if not batch.files:
                 raise InvalidInputError("no files in the upload")
             name = batch.fields.get("name", "").strip() or batch.files[0].filename
-            return await anyio.to_thread.run_sync(_create_with_runs, services, name, batch.fields.get("notes", ""),
-                                                  group_by_run(batch))
-        finally:
+            session_id, started = await anyio.to_thread.run_sync(
+                start_session, services, name, batch.fields.get("notes", ""), batch, not wait)
+        except BaseException:
             batch.discard()
+            raise
+        if not wait:
+            return await anyio.to_thread.run_sync(_accepted, services, session_id, started)
+        outcomes = await anyio.to_thread.run_sync(wait_for_runs, started)
+        return await anyio.to_thread.run_sync(_created, services, session_id, outcomes)
 
     @post("/{session_id:int}/runs", request_max_body_size=None,
           description="multipart/form-data: files whose field name is their run's label, or `?label=` for all. "
-          + UPLOAD_LIMIT_NOTE)
+          + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
     async def add_runs(
         self, services: Services, request: Request[Any, Any, Any], session_id: int,
-        label: str | None = Parameter(default=None, description="run label for every file"),
+        label: str | None = Parameter(default=None, description="run label for every file"), wait: bool = WAIT,
     ) -> Response[Any]:
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
         _check_length(request, services)
@@ -102,10 +130,14 @@ class SessionController(Controller):
         try:
             if not batch.files:
                 raise InvalidInputError("no files in the upload")
-            runs = group_by_run(batch, label)
-            outcomes = await anyio.to_thread.run_sync(ingest_batch, services, session_name, runs)
-        finally:
+            started = await anyio.to_thread.run_sync(start_runs, services, session_name, batch,
+                                                     group_by_run(batch, label), not wait)
+        except BaseException:
             batch.discard()
+            raise
+        if not wait:
+            return await anyio.to_thread.run_sync(_accepted, services, session_id, started)
+        outcomes = await anyio.to_thread.run_sync(wait_for_runs, started)
         stored = any(o.run_id is not None for o in outcomes)
         return Response({"runs": [o.to_json() for o in outcomes]},
                         status_code=HTTP_201_CREATED if stored else HTTP_422_UNPROCESSABLE_ENTITY)
@@ -128,14 +160,20 @@ def _create_empty(services: Services, body: SessionCreate) -> dict[str, Any]:
         return session_json(catalog.create_session(db, body.name, body.notes))
 
 
-def _create_with_runs(services: Services, name: str, notes: str, runs: dict[str, Any]) -> Response[Any]:
-    with services.sessions.begin() as db:
-        session_id = catalog.create_session(db, name, notes).id
-    outcomes = ingest_batch(services, name, runs)
+def _accepted(services: Services, session_id: int, started: list[StartedRun]) -> Response[Any]:
+    """202: the upload is on disk and its runs are queued; the session page and `progress` follow them."""
+    page = f"/sessions/{session_id}"
+    with services.sessions() as db:
+        session = session_json(catalog.get_session(db, session_id), with_problems=True)
+    return Response({"session": session, "runs": [s.accepted().to_json() for s in started], "url": page,
+                     "progress": f"/api/sessions/{session_id}/progress"},
+                    status_code=HTTP_202_ACCEPTED, headers={"location": page})
+
+
+def _created(services: Services, session_id: int, outcomes: list[RunOutcome]) -> Response[Any]:
     body: dict[str, Any] = {"runs": [o.to_json() for o in outcomes]}
     if not any(o.run_id is not None for o in outcomes):
-        with services.sessions() as db:
-            catalog.delete_session(db, services.store, session_id)
+        delete_if_empty(services, session_id)
         body["detail"] = "no tensors found in any upload; the session was not kept"
         return Response(body, status_code=HTTP_422_UNPROCESSABLE_ENTITY)
     with services.sessions() as db:

@@ -13,14 +13,16 @@ if TYPE_CHECKING:
     from tensor_debugger.models.session import SessionRecord
     from tensor_debugger.models.tensor import TensorRecord
 
-RUN_STATUSES = ("ingesting", "ready")
+RUN_STATUSES = ("ingesting", "ready", "failed")
 
 
 class RunRecord(Base):
     """One side's dump. `position` 0 is the reference run; a session may hold more than two runs.
 
     A run is visible only once `status` is "ready": an ingest writes its arrays first and flips the status in
-    the same transaction that inserts its tensors, so a killed ingest leaves nothing half-visible.
+    the same transaction that inserts its tensors, so a killed ingest leaves nothing half-visible. A "failed"
+    run (an upload ingested in the background that held nothing usable) has no tensors and no arrays, only its
+    problems, so the session page can say why.
     """
 
     __tablename__ = "runs"
