@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import random
 import tarfile
 import zipfile
 from pathlib import Path
@@ -153,7 +154,7 @@ def test_truncated_archives(services: Services, tmp_path: Path, kind: str) -> No
 
 
 def test_corrupt_and_non_tensor_files(services: Services, tmp_path: Path) -> None:
-    (tmp_path / "garbage.pth").write_bytes(os.urandom(1000))
+    (tmp_path / "garbage.pth").write_bytes(random.Random(0).randbytes(1000))  # seeded: same bytes every run
     (tmp_path / "notes.txt").write_text("hello")
     (tmp_path / "broken.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0{not json")
     import numpy as np

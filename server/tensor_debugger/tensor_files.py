@@ -130,8 +130,10 @@ def _open_torch(path: Path, label: str) -> TensorFile:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise FileProblem(label, _refusal(str(exc))) from None
-    except (RuntimeError, EOFError, OSError, ValueError, struct.error, AttributeError, KeyError) as exc:
-        raise FileProblem(label, f"not a readable PyTorch file ({_first_line(exc)})") from None
+    except (RuntimeError, EOFError, OSError, ValueError, struct.error, AttributeError, KeyError, IndexError,
+            TypeError, MemoryError, OverflowError, UnicodeDecodeError) as exc:
+        # random bytes can trip the unpickler anywhere (an IndexError on an empty stack, say): all mean the same
+        raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
     releaser = PageReleaser(path) if mmapped else None
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
