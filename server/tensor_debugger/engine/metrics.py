@@ -7,6 +7,7 @@ are |b - a| / |a| over elements whose reference value is non-zero.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,7 +20,7 @@ HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus 
 
 
 _SLICE = 1 << 16  # elements per step: 512 KiB of float64 per temporary
-_EDGES = 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)
+_EDGES = [float(e) for e in 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)]  # the float64 decade edges
 # (block origin in aligned coordinates, block shape, aligned shape, offset of this slice in the flat block)
 _Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
@@ -98,7 +99,8 @@ class PairAccumulator:
         self.mismatched = 0
         self.nan_a = self.nan_b = self.inf_a = self.inf_b = self.nan_one = 0
         self.unequal_inf = 0
-        self.hist = np.zeros(HIST_HIGH - HIST_LOW + 2, dtype=np.int64)
+        self.nonzero = 0  # differences above zero (NaN excluded), and of those, how many reach each edge:
+        self.at_least = [0] * len(_EDGES)  # the histogram follows from these two
 
     def add(self, a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], shape: tuple[int, ...]) -> None:
         """Fold in one block: `a` and `b` hold the same aligned region (same shape), which starts at `origin`
@@ -119,18 +121,18 @@ class PairAccumulator:
         # Slices small enough for the float64 temporaries to stay in cache, in buffers reused from slice to slice;
         # offsets keep the argmax exact.
         buffers = _Buffers(min(n, _SLICE))
-        for start in range(0, n, _SLICE):
-            stop = min(start + _SLICE, n)
-            a64, b64 = buffers.a[: stop - start], buffers.b[: stop - start]
-            np.copyto(a64, flat_a[start:stop], casting="unsafe")  # exact: every real dtype here fits float64's range
-            np.copyto(b64, flat_b[start:stop], casting="unsafe")
-            where = (origin, a.shape, shape, start)
-            with np.errstate(over="ignore", invalid="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow gives inf, as it should
+            for start in range(0, n, _SLICE):
+                stop = min(start + _SLICE, n)
+                a64, b64 = buffers.a[: stop - start], buffers.b[: stop - start]
+                np.copyto(a64, flat_a[start:stop], casting="unsafe")  # exact: all real dtypes here fit float64's range
+                np.copyto(b64, flat_b[start:stop], casting="unsafe")
+                where = (origin, a.shape, shape, start)
                 norm_a, norm_b = _dot(a64, a64), _dot(b64, b64)
-            if math.isfinite(norm_a) and math.isfinite(norm_b):  # NaN and Inf propagate into the sums of squares
-                self._add_finite(a64, b64, norm_a, norm_b, buffers, where)
-            else:  # some NaN or Inf (or squares past float64's range)
-                self._add_general(a64, b64, where)
+                if math.isfinite(norm_a) and math.isfinite(norm_b):  # NaN and Inf propagate into sums of squares
+                    self._add_finite(a64, b64, norm_a, norm_b, buffers, where)
+                else:  # some NaN or Inf (or squares past float64's range)
+                    self._add_general(a64, b64, where)
 
     def _add_finite(self, a64: np.ndarray, b64: np.ndarray, norm_a: float, norm_b: float, buffers: _Buffers,
                     where: _Where) -> None:
@@ -242,23 +244,30 @@ class PairAccumulator:
         One pass per decade the differences span, not one per edge: edges above `top` count nothing, and the
         edges are counted downwards until one counts every non-zero difference, as all edges below it do."""
         nonzero = int(np.count_nonzero(np.greater(d, 0.0, out=flags)))  # on booleans: several times faster
-        at_least = [0] * len(_EDGES)
-        for i in range(int(np.searchsorted(_EDGES, top, side="right")) - 1, -1, -1):
-            at_least[i] = int(np.count_nonzero(np.greater_equal(d, _EDGES[i], out=flags)))
-            if at_least[i] == nonzero:
-                at_least[:i] = [nonzero] * i
+        self.nonzero += nonzero
+        for i in range(bisect.bisect_right(_EDGES, top) - 1, -1, -1):
+            reached = int(np.count_nonzero(np.greater_equal(d, _EDGES[i], out=flags)))
+            self.at_least[i] += reached
+            if reached == nonzero:
+                for j in range(i):
+                    self.at_least[j] += nonzero
                 break
-        counts = [d.size - nonzero, nonzero - at_least[0]]
+
+    def _histogram_counts(self) -> list[int]:
+        """[zero, below 10**(HIST_LOW + 1), one per decade, 10**HIST_HIGH and above]: of every valid element."""
+        at_least = self.at_least
+        counts = [self.valid - self.nonzero, self.nonzero - at_least[0]]
         counts += [at_least[i] - at_least[i + 1] for i in range(len(at_least) - 1)]
         counts.append(at_least[-1])
-        self.hist += np.asarray(counts, dtype=np.int64)
+        return counts
 
     def merge(self, other: PairAccumulator) -> None:
         for name in ("numel", "valid", "sum_abs", "sum_sq", "rel_count", "sum_rel", "dot", "norm_a", "norm_b",
                      "mismatched", "nan_a", "nan_b", "inf_a", "inf_b", "nan_one", "unequal_inf"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_rel = max(self.max_rel, other.max_rel)
-        self.hist += other.hist
+        self.nonzero += other.nonzero
+        self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, other.at_least, strict=True)]
         if other.argmax is None:
             return
         mine = math.inf if math.isnan(self.max_abs) else self.max_abs
@@ -289,7 +298,7 @@ class PairAccumulator:
             mismatched=self.mismatched,
             mismatched_fraction=self.mismatched / self.numel if self.numel else 0.0,
             nan_a=self.nan_a, nan_b=self.nan_b, inf_a=self.inf_a, inf_b=self.inf_b, nan_one_side=self.nan_one,
-            histogram=[int(x) for x in self.hist],
+            histogram=self._histogram_counts(),
             rtol=self.tol.rtol, atol=self.tol.atol,
         )
 
