@@ -117,4 +117,7 @@ class ChunkReader:
                 done += got
         finally:
             os.close(fd)
+        expected = int.from_bytes(view[4:8], "little") if size >= 16 else -1  # Blosc 1 header: decoded size
+        if expected != into.nbytes:  # Blosc would fill only part of `into`, silently
+            raise ValueError(f"chunk file {path} is not a Blosc frame of one chunk ({into.nbytes} bytes)")
         _BLOSC.decode(view, out=into.reshape(-1).view(np.uint8))
