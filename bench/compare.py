@@ -5,8 +5,9 @@
 
 Two runs (`{i}_post_mlp.pth`; the candidate is the reference plus a small planted difference in every tensor) are
 written one tensor at a time and ingested by the real CLI, which plans the pairs. A child computes them with the
-library API (so the peak RSS is its own); another reads the same arrays with zarr directly, on 1 and 2 threads: the
-limit. The real server then serves windows of 64 and 64 x 64 values of a --slice-gib pair to one keep-alive client.
+library API (so the peak RSS is its own); others read the same arrays, on 1 and 2 threads, through zarr and through
+the store's chunk reader that comparisons use: the limit. The real server then serves windows of 64 and 64 x 64
+values of a --slice-gib pair to one keep-alive client.
 Nothing here asserts on timings. This process imports neither torch nor zarr (httpx only after the measured
 children): a child started with vfork, as subprocess does, reports max(its own peak RSS, its parent's) as ru_maxrss.
 """
@@ -79,8 +80,9 @@ def child(mode: str, *args: object) -> tuple[float, float, dict[str, Any]]:
     return wall, rss, json.loads(out.strip().splitlines()[-1])
 
 
-def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int) -> None:
-    """ref/ and cand/ under `folder`, `per_run` bytes each of (rows, HIDDEN) float32 tensors (child process)."""
+def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: float) -> None:
+    """ref/ and cand/ under `folder`, `per_run` bytes each of (rows, HIDDEN) float32 tensors (child process); with
+    `noise`, every candidate value also differs from its reference by a relative `noise` times a normal draw."""
     import torch
 
     row_bytes = HIDDEN * 4
@@ -93,6 +95,8 @@ def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int) -> None
         rows = min(full_rows, -(-(per_run - payload) // row_bytes))
         t = torch.randn(rows, HIDDEN, generator=generator)
         torch.save(t, folder / "ref" / f"{count}_post_mlp.pth")
+        if noise:
+            t += t * torch.randn(t.shape, generator=generator) * noise
         row = int(torch.randint(rows, (), generator=generator))
         col = int(torch.randint(HIDDEN - 8, (), generator=generator))
         t[row, col : col + 8] += 1e-2  # the planted difference: 8 values, far above float32's tolerance
@@ -104,7 +108,8 @@ def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int) -> None
 
 
 def measure(mode: str, data: Path, session_id: int) -> None:
-    """In a child: "compute" the session's pending pairs with the library API, or read its arrays "raw"."""
+    """In a child: "compute" the session's pending pairs with the library API, or read its arrays, through zarr
+    ("raw") or through the store's chunk reader ("chunks")."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
@@ -119,38 +124,42 @@ def measure(mode: str, data: Path, session_id: int) -> None:
                              .order_by(TensorRecord.run_id, TensorRecord.position)).all()
         keys = {run: [t.store_key for t in tensors if t.run_id == run] for run in sorted({t.run_id for t in tensors})}
         nbytes = sum(t.nbytes for t in tensors)
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()  # CPU seconds: a fairer measure on a busy machine
     if mode == "compute":
         pairs = services.comparisons.compute_pending(session_id)
-        seconds = time.perf_counter() - started
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
         with services.sessions() as db:
             statuses = {status: count for status, count in db.execute(select(PairRecord.status, func.count())
                         .where(PairRecord.session_id == session_id).group_by(PairRecord.status))}
-        print(json.dumps({"pairs": pairs, "seconds": seconds, "bytes": nbytes, "statuses": statuses,
+        print(json.dumps({"pairs": pairs, "seconds": seconds, "cpu": cpu, "bytes": nbytes, "statuses": statuses,
                           "chunks": services.store.chunk_reads}))
     else:
         def read_all(store_keys: list[str]) -> int:
             n = 0
             for key in store_keys:
                 array = services.store.open(key)  # (rows, HIDDEN), chunks of whole rows: blocks are C-order ranges
+                source = services.store.reader(key) if mode == "chunks" else array
                 step = array.chunks[0] * CHUNKS_PER_READ
                 for start in range(0, array.shape[0], step):
-                    n += np.asarray(array[start : start + step]).nbytes
+                    n += np.asarray(source[slice(start, start + step), slice(0, array.shape[1])]).nbytes
             return n
 
         one = read_all([k for run_keys in keys.values() for k in run_keys])
-        one_s, started = time.perf_counter() - started, time.perf_counter()
+        one_s, one_cpu = time.perf_counter() - started, time.process_time() - cpu
+        started, cpu = time.perf_counter(), time.process_time()
         with ThreadPoolExecutor(len(keys)) as pool:
             two = sum(pool.map(read_all, keys.values()))
-        print(json.dumps({"bytes": one, "one_s": one_s, "bytes_two": two, "two_s": time.perf_counter() - started}))
+        print(json.dumps({"bytes": one, "one_s": one_s, "one_cpu": one_cpu, "bytes_two": two,
+                          "two_s": time.perf_counter() - started, "two_cpu": time.process_time() - cpu}))
     services.close()
 
 
 def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: int, args: argparse.Namespace) -> int:
     """Generate a ref and a cand run and ingest both with the CLI; return the session id."""
-    wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed)
+    wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed, args.noise)
     print(f"session {name!r}: 2 runs of {written['count']} float32 tensors of up to {tensor_bytes / MIB:g} MiB, "
-          f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s; ingest:")
+          f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s"
+          + (f", every candidate value off by a relative {args.noise:g} x N(0, 1)" if args.noise else "") + "; ingest:")
     for label in ("ref", "cand"):
         cmd = [str(CLI), "--data-dir", str(data), "ingest", "--session", name, "--run", label, str(dump / label),
                "--json"]
@@ -169,13 +178,17 @@ def throughput(data: Path, session_id: int) -> None:
     print(f"comparison (compute_pending in a child): {res['pairs']} pairs, {res['bytes'] / GB:.2f} GB of tensors "
           f"(both sides) in {res['seconds']:.2f} s = {rate:.2f} GB/s; {res['chunks']} chunks read; "
           f"verdicts {res['statuses']}; child wall {wall:.1f} s with start-up")
+    print(f"  CPU time: {res['cpu']:.2f} s = {res['bytes'] / GB / res['cpu']:.2f} GB per CPU-second")
     print(f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs)")
-    _, _, raw = child("raw", data, session_id)
-    one, two = raw["bytes"] / GB / raw["one_s"], raw["bytes_two"] / GB / raw["two_s"]
-    print(f"the limit: zarr reads of the same arrays, {CHUNKS_PER_READ} whole chunks at a time in C order: "
-          f"{one:.2f} GB/s on 1 thread ({raw['one_s']:.2f} s), {two:.2f} GB/s on 2 threads, one per run "
-          f"({raw['two_s']:.2f} s)")
-    print(f"comparison at {100 * rate / max(one, two):.0f}% of the better raw read rate (target: at least 80%)")
+    for mode, how in (("raw", "zarr reads"), ("chunks", "the store's chunk reader (what comparisons read with)")):
+        _, _, raw = child(mode, data, session_id)
+        one, two = raw["bytes"] / GB / raw["one_s"], raw["bytes_two"] / GB / raw["two_s"]
+        print(f"the limit: {how} of the same arrays, {CHUNKS_PER_READ} whole chunks at a time in C order: "
+              f"{one:.2f} GB/s on 1 thread ({raw['one_s']:.2f} s), {two:.2f} GB/s on 2 threads, one per run "
+              f"({raw['two_s']:.2f} s); {raw['bytes'] / GB / raw['one_cpu']:.2f} and "
+              f"{raw['bytes_two'] / GB / raw['two_cpu']:.2f} GB per CPU-second")
+        print(f"  comparison at {100 * rate / max(one, two):.0f}% of the better of these two rates "
+              f"(target: at least 80%)")
 
 
 def time_requests(client: httpx.Client, url: str, queries: list[str]) -> tuple[list[float], list[int]]:
@@ -244,6 +257,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-slices", action="store_true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise", type=float, default=0.0, help="relative noise on every candidate value, e.g. 0.004 "
+                   "for bfloat16-like differences (default 0: only the planted difference)")
     p.add_argument("--keep", action="store_true", help="keep the generated dumps and data dir")
     p.add_argument("--workdir", type=Path, help=f"folder for dumps and data (default: a new temp dir under "
                    f"{DEFAULT_WORKDIR_PARENT})")
@@ -256,7 +271,7 @@ def main() -> int:
     if args.child:
         mode, folder, *rest = args.child
         if mode == "dump":
-            write_runs(Path(folder), *map(int, rest))
+            write_runs(Path(folder), int(rest[0]), int(rest[1]), int(rest[2]), float(rest[3]))
         else:
             measure(mode, Path(folder), int(rest[0]))
         return 0

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from tensor_debugger.engine.alignment import align
-from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairStats
 from tensor_debugger.engine.pairing import TensorRef, group_shards, normalize, pair_runs, shard_of
 from tensor_debugger.engine.streaming import compare_views
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
@@ -56,6 +56,26 @@ def test_statistics_equal_a_float64_reference(pool: ThreadPoolExecutor) -> None:
         assert getattr(stats, name) == pytest.approx(value, rel=1e-9), name
     assert stats.argmax == (123, 456) and stats.numel == a.size
     assert sum(stats.histogram) == a.size
+
+
+@pytest.mark.parametrize("scale", [(-13.0, 5.0), (-9.0, -7.0)])
+def test_histogram_and_mismatches_equal_a_direct_count(pool: ThreadPoolExecutor, scale: tuple[float, float]) -> None:
+    """Differences spread over many decades, or all inside the tolerance, with exact zeros and zero references."""
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((300, 500)).astype(np.float32)
+    a[3, :10] = 0.0
+    b = (a + a * 10.0 ** rng.uniform(*scale, a.shape)).astype(np.float32)
+    b[::7] = a[::7]
+    tol = Tolerance(1e-3, 1e-6)
+    stats = compare_views(*views([a], [b]), tol, False, pool)
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64)).ravel()
+    edges = 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)
+    expected = [int((d == 0).sum()), int(((d > 0) & (d < edges[0])).sum())]
+    expected += [int(((d >= lo) & (d < hi)).sum()) for lo, hi in zip(edges, edges[1:], strict=False)]
+    expected.append(int((d >= edges[-1]).sum()))
+    assert stats.histogram == expected
+    assert stats.mismatched == int((d > tol.atol + tol.rtol * np.abs(a.astype(np.float64).ravel())).sum())
+    assert (stats.mismatched > 0) == (scale[1] > -7.0)
 
 
 def test_nan_and_inf_are_counted_never_hidden(pool: ThreadPoolExecutor) -> None:

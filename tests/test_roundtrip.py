@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from sqlalchemy import select
+from tensor_debugger.chunk_reader import ChunkReader
 from tensor_debugger.dtypes import all_dtypes, parse_dtype
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import TensorRecord
@@ -130,3 +132,31 @@ def test_summary_statistics_count_nan_and_inf(services: Services, tmp_path: Path
     assert (record.min, record.max) == (-2.0, 4.0)
     assert record.mean == pytest.approx(1.0)
     assert record.std == pytest.approx(float(np.std([1.0, -2.0, 4.0])))
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "int16", "bool", "complex64", "uint8", "bfloat16"])
+def test_chunk_reader_reads_what_zarr_reads(services: Services, dtype_name: str) -> None:
+    """Comparisons read through `ChunkReader`: any region, edge chunks included, bit for bit and chunk for chunk."""
+    dtype = parse_dtype(dtype_name)
+    rng = np.random.default_rng(7)
+    store = services.store
+    for n, (shape, chunks) in enumerate([((100, 37), (7, 37)), ((5, 6, 7), (1, 4, 7)), ((1000,), (64,))]):
+        storage = np.dtype(dtype.numpy_storage)
+        raw = rng.integers(0, 256, math.prod(shape) * storage.itemsize, dtype=np.uint8)  # every bit pattern
+        values = (raw % 2).astype(bool) if storage == np.bool_ else raw.view(storage)
+        array = store.create(f"runs/9/{n}", shape, dtype, chunks)
+        array[...] = values.reshape(shape)
+        reader = store.reader(f"runs/9/{n}")
+        assert isinstance(reader, ChunkReader)
+        regions = [tuple(slice(0, d) for d in shape), tuple(slice(0, 0) for _ in shape)]
+        for _ in range(60):
+            bounds = [sorted(int(x) for x in rng.integers(0, d + 1, 2)) for d in shape]
+            regions.append(tuple(slice(lo, hi) for lo, hi in bounds))
+        for region in regions:
+            before = store.chunk_reads
+            got = reader[region]
+            reads = store.chunk_reads - before
+            want = np.asarray(array[region])
+            assert store.chunk_reads - before - reads == reads, region  # as many chunks as Zarr reads
+            assert got.dtype == want.dtype and got.shape == want.shape, region
+            assert got.tobytes() == want.tobytes(), region

@@ -267,7 +267,7 @@ class Comparisons:
         alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 
         def sources(side: list[TensorRecord]) -> list[View]:
-            return [SourceView(self.store.open(t.store_key, t.digest),
+            return [SourceView(self.store.reader(t.store_key, t.digest),
                                partial(storage_to_compute, logical=parse_dtype(t.dtype)),
                                k) for k, t in enumerate(side)]
 

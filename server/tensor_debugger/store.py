@@ -22,6 +22,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
+from tensor_debugger.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
 
 # Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
@@ -32,11 +33,6 @@ DEFAULT_CODEC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
 
 _OPENED_LIMIT = 512  # arrays kept open for slices and comparisons
 _METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
-
-
-class ReadCounter:
-    def __init__(self) -> None:
-        self.chunks = 0
 
 
 class CountingStore(WrapperStore[Store]):
@@ -52,7 +48,7 @@ class CountingStore(WrapperStore[Store]):
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
-            self.counter.chunks += 1
+            self.counter.add(1)
         return await self._store.get(key, prototype, byte_range)
 
 
@@ -68,7 +64,9 @@ def open_store(url: str) -> Store:
 class ArrayStore:
     def __init__(self, url: str) -> None:
         self.url = url
-        self._store = CountingStore(open_store(url))
+        backend = open_store(url)
+        self._folder = backend.root if isinstance(backend, LocalStore) else None
+        self._store = CountingStore(backend)
         self._opened: OrderedDict[tuple[str, str], zarr.Array[Any]] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -112,6 +110,14 @@ class ArrayStore:
             while len(self._opened) > _OPENED_LIMIT:
                 self._opened.popitem(last=False)
         return array
+
+    def reader(self, key: str, content_digest: str | None = None) -> ChunkReader | zarr.Array[Any]:
+        """The array at `key` for reading regions in bulk (comparisons): a `ChunkReader` where the array's layout
+        allows one, else the Zarr array itself. Both index like numpy and count their chunk reads here."""
+        array = self.open(key, content_digest)
+        if self._folder is None or not ChunkReader.readable(array):
+            return array
+        return ChunkReader(array, self._folder / key, self._store.counter)
 
     def delete(self, prefix: str) -> None:
         """Delete every array under `prefix` ("runs/12")."""

@@ -7,6 +7,7 @@ are |b - a| / |a| over elements whose reference value is non-zero.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -19,7 +20,7 @@ HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus 
 
 
 _SLICE = 1 << 16  # elements per step: 512 KiB of float64 per temporary
-_EDGES = 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)
+_EDGES = [float(e) for e in 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)]  # the float64 decade edges
 # (block origin in aligned coordinates, block shape, aligned shape, offset of this slice in the flat block)
 _Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
@@ -98,7 +99,8 @@ class PairAccumulator:
         self.mismatched = 0
         self.nan_a = self.nan_b = self.inf_a = self.inf_b = self.nan_one = 0
         self.unequal_inf = 0
-        self.hist = np.zeros(HIST_HIGH - HIST_LOW + 2, dtype=np.int64)
+        self.nonzero = 0  # differences above zero (NaN excluded), and of those, how many reach each edge:
+        self.at_least = [0] * len(_EDGES)  # the histogram follows from these two
 
     def add(self, a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], shape: tuple[int, ...]) -> None:
         """Fold in one block: `a` and `b` hold the same aligned region (same shape), which starts at `origin`
@@ -109,37 +111,52 @@ class PairAccumulator:
             return
         if self.exact:
             self.mismatched += int(np.count_nonzero(a != b))
-        wide_kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
         flat_a, flat_b = a.reshape(-1), b.reshape(-1)
-        # Slices small enough for the float64 temporaries to stay in cache; offsets keep the argmax exact.
-        for start in range(0, n, _SLICE):
-            a64 = np.asarray(flat_a[start : start + _SLICE], dtype=wide_kind)
-            b64 = np.asarray(flat_b[start : start + _SLICE], dtype=wide_kind)
-            where = (origin, a.shape, shape, start)
-            if wide_kind is np.float64:
-                with np.errstate(over="ignore", invalid="ignore"):
-                    all_finite = bool(np.isfinite(a64.sum()) and np.isfinite(b64.sum()))  # NaN, Inf propagate
-                if all_finite:
-                    self._add_finite(a64, b64, where)
-                    continue
-            self._add_general(a64, b64, where)
+        if a.dtype.kind == "c" or b.dtype.kind == "c":
+            for start in range(0, n, _SLICE):
+                a128 = np.asarray(flat_a[start : start + _SLICE], dtype=np.complex128)
+                b128 = np.asarray(flat_b[start : start + _SLICE], dtype=np.complex128)
+                self._add_general(a128, b128, (origin, a.shape, shape, start))
+            return
+        # Slices small enough for the float64 temporaries to stay in cache, in buffers reused from slice to slice;
+        # offsets keep the argmax exact.
+        buffers = _Buffers(min(n, _SLICE))
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow gives inf, as it should
+            for start in range(0, n, _SLICE):
+                stop = min(start + _SLICE, n)
+                a64, b64 = buffers.a[: stop - start], buffers.b[: stop - start]
+                np.copyto(a64, flat_a[start:stop], casting="unsafe")  # exact: all real dtypes here fit float64's range
+                np.copyto(b64, flat_b[start:stop], casting="unsafe")
+                where = (origin, a.shape, shape, start)
+                norm_a, norm_b = _dot(a64, a64), _dot(b64, b64)
+                if math.isfinite(norm_a) and math.isfinite(norm_b):  # NaN and Inf propagate into sums of squares
+                    self._add_finite(a64, b64, norm_a, norm_b, buffers, where)
+                else:  # some NaN or Inf (or squares past float64's range)
+                    self._add_general(a64, b64, where)
 
-    def _add_finite(self, a64: np.ndarray, b64: np.ndarray, where: _Where) -> None:
-        """The common case, no NaN or Inf on either side: fewer passes, no masks."""
+    def _add_finite(self, a64: np.ndarray, b64: np.ndarray, norm_a: float, norm_b: float, buffers: _Buffers,
+                    where: _Where) -> None:
+        """The common case, no NaN or Inf on either side: fewer passes, no masks, nothing allocated."""
         n = a64.size
-        diff = np.subtract(a64, b64)
+        diff = np.subtract(a64, b64, out=buffers.diff[:n])
         np.abs(diff, out=diff)
-        ref = np.abs(a64)
-        scratch = np.multiply(ref, self.tol.rtol)
-        if not self.exact:
-            scratch += self.tol.atol
-            self.mismatched += int(np.count_nonzero(diff > scratch))
         local = int(np.argmax(diff))
-        self._consider_max(float(diff[local]), False, local, where)
+        top = float(diff[local])
+        self._consider_max(top, False, local, where)
         self.valid += n
         self.sum_abs += float(diff.sum())
-        self.sum_sq += _dot(diff, diff, scratch)
-        if float(ref.min()) > 0:
+        self.sum_sq += _dot(diff, diff)
+        ref = np.abs(a64, out=buffers.ref[:n])
+        low = float(ref.min())
+        scratch = buffers.scratch[:n]
+        # Elements outside atol + rtol * |a|: none when even the largest difference is within the smallest bound
+        # (rounding is monotonic, so every element's bound is at least that one).
+        if not self.exact and top > self.tol.atol + low * self.tol.rtol:
+            np.multiply(ref, self.tol.rtol, out=scratch)
+            scratch += self.tol.atol
+            outside = np.greater(diff, scratch, out=buffers.flags[:n])
+            self.mismatched += int(np.count_nonzero(outside))
+        if low > 0:
             np.divide(diff, ref, out=scratch)
             self.rel_count += n
             self.sum_rel += float(scratch.sum())
@@ -151,10 +168,10 @@ class PairAccumulator:
                 self.rel_count += rel.size
                 self.sum_rel += float(rel.sum())
                 self.max_rel = max(self.max_rel, float(rel.max()))
-        self.dot += _dot(a64, b64, scratch)
-        self.norm_a += _dot(a64, a64, scratch)
-        self.norm_b += _dot(b64, b64, scratch)
-        self._histogram(diff)
+        self.dot += _dot(a64, b64)
+        self.norm_a += norm_a
+        self.norm_b += norm_b
+        self._histogram(diff, top, buffers.flags[:n])
 
     def _add_general(self, a64: np.ndarray, b64: np.ndarray, where: _Where) -> None:
         """Any values: NaN and Inf counted, complex values by magnitude of the difference."""
@@ -204,7 +221,7 @@ class PairAccumulator:
             self.dot += float(np.real(np.vdot(fa, fb)))
             self.norm_a += float(np.real(np.vdot(fa, fa)))
             self.norm_b += float(np.real(np.vdot(fb, fb)))
-            self._histogram(d)
+            self._histogram(d, float(d.max()), np.empty(d.size, dtype=bool))
 
     def _consider_max(self, value: float, is_nan: bool, local: int, where: _Where) -> None:
         """Keep the largest difference seen (a NaN outranks all); on ties, the first in C order."""
@@ -219,22 +236,38 @@ class PairAccumulator:
             self.max_abs = math.nan if is_nan else value
             self.argmax, self.argmax_flat = index, flat
 
-    def _histogram(self, d: np.ndarray) -> None:
+    def _histogram(self, d: np.ndarray, top: float, flags: np.ndarray) -> None:
         """Count |difference| per decade: bin 0 exact zeros, bin 1 everything below 10**(HIST_LOW + 1), one bin
-        per decade after it, the last 10**HIST_HIGH and above (infinity included). NaN is never in `d`."""
-        nonzero = int(np.count_nonzero(d))
-        at_least = [int(np.count_nonzero(d >= edge)) for edge in _EDGES]
-        counts = [d.size - nonzero, nonzero - at_least[0]]
+        per decade after it, the last 10**HIST_HIGH and above (infinity included). NaN is never in `d`; `top` is
+        its largest value; `flags` a boolean scratch of its size.
+
+        One pass per decade the differences span, not one per edge: edges above `top` count nothing, and the
+        edges are counted downwards until one counts every non-zero difference, as all edges below it do."""
+        nonzero = int(np.count_nonzero(np.greater(d, 0.0, out=flags)))  # on booleans: several times faster
+        self.nonzero += nonzero
+        for i in range(bisect.bisect_right(_EDGES, top) - 1, -1, -1):
+            reached = int(np.count_nonzero(np.greater_equal(d, _EDGES[i], out=flags)))
+            self.at_least[i] += reached
+            if reached == nonzero:
+                for j in range(i):
+                    self.at_least[j] += nonzero
+                break
+
+    def _histogram_counts(self) -> list[int]:
+        """[zero, below 10**(HIST_LOW + 1), one per decade, 10**HIST_HIGH and above]: of every valid element."""
+        at_least = self.at_least
+        counts = [self.valid - self.nonzero, self.nonzero - at_least[0]]
         counts += [at_least[i] - at_least[i + 1] for i in range(len(at_least) - 1)]
         counts.append(at_least[-1])
-        self.hist += np.asarray(counts, dtype=np.int64)
+        return counts
 
     def merge(self, other: PairAccumulator) -> None:
         for name in ("numel", "valid", "sum_abs", "sum_sq", "rel_count", "sum_rel", "dot", "norm_a", "norm_b",
                      "mismatched", "nan_a", "nan_b", "inf_a", "inf_b", "nan_one", "unequal_inf"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_rel = max(self.max_rel, other.max_rel)
-        self.hist += other.hist
+        self.nonzero += other.nonzero
+        self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, other.at_least, strict=True)]
         if other.argmax is None:
             return
         mine = math.inf if math.isnan(self.max_abs) else self.max_abs
@@ -265,15 +298,22 @@ class PairAccumulator:
             mismatched=self.mismatched,
             mismatched_fraction=self.mismatched / self.numel if self.numel else 0.0,
             nan_a=self.nan_a, nan_b=self.nan_b, inf_a=self.inf_a, inf_b=self.inf_b, nan_one_side=self.nan_one,
-            histogram=[int(x) for x in self.hist],
+            histogram=self._histogram_counts(),
             rtol=self.tol.rtol, atol=self.tol.atol,
         )
 
 
-def _dot(x: np.ndarray, y: np.ndarray, scratch: np.ndarray) -> float:
-    """sum(x * y) with numpy's pairwise summation: no BLAS, whose own threads fight the comparison's."""
-    np.multiply(x, y, out=scratch)
-    return float(scratch.sum())
+class _Buffers:
+    """Temporaries of one `add`, reused by each of its slices."""
+
+    def __init__(self, size: int) -> None:
+        self.a, self.b, self.diff, self.ref, self.scratch = (np.empty(size) for _ in range(5))
+        self.flags = np.empty(size, dtype=bool)
+
+
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    """sum(x * y) in float64 in one pass with no temporary; not BLAS, whose own threads fight the comparison's."""
+    return float(np.einsum("i,i->", x, y))
 
 
 def _cosine(dot: float, norm_a: float, norm_b: float) -> float:
