@@ -110,8 +110,9 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, tmp_pa
                 assert [t.digest for t in a] == [t.digest for t in b], pair.name  # identical bytes
                 assert pair.status == "pass"
             # what the capture has beyond the trace: outputs of modules with children, which the debugger drops
-            extra = db.scalars(select(UnmatchedRecord.name).where(UnmatchedRecord.session_id == result.session_id))
-            assert all(n.endswith(("_outputs", "_outputs_0", "_outputs_1", "_outputs_last_hidden_state"))
+            extra = list(db.scalars(select(UnmatchedRecord.name)
+                                    .where(UnmatchedRecord.session_id == result.session_id)))
+            assert extra and all(n.endswith(("_outputs", "_outputs_0", "_outputs_1", "_outputs_last_hidden_state"))
                        for n in extra)
             report = session_pairs(db, result.session_id)
         assert report["first_divergence"] is None and report["modules"]["culprit"] is None

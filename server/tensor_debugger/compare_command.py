@@ -14,12 +14,11 @@ from tensor_debugger import catalog
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import SessionRecord
-from tensor_debugger.module_reports import format_error
 from tensor_debugger.pair_reports import session_pairs
 from tensor_debugger.progress import ProgressBar
 from tensor_debugger.schemas import problem_json
 from tensor_debugger.services import Services
-from tensor_debugger.web_format import format_number
+from tensor_debugger.web_format import format_error, format_number
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
 CONTRACT_STATS = ("max_abs_diff", "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse", "cosine", "mismatched",

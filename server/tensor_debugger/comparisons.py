@@ -154,8 +154,8 @@ class Comparisons:
                              session.atol if session.atol is not None else base.atol), False
         return default_tolerance(dtype_a, dtype_b), False
 
-    def _key(self, db: DbSession, session: SessionRecord, pair: PairRecord) -> tuple[str, Tolerance, bool]:
-        a, b = self.tensors_of(db, pair)
+    def _key(self, session: SessionRecord, pair: PairRecord, a: list[TensorRecord],
+             b: list[TensorRecord]) -> tuple[str, Tolerance, bool]:
         tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
         alignment_key = json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
         return cache_key([t.digest for t in a], [t.digest for t in b], alignment_key, tol, exact), tol, exact
@@ -175,7 +175,7 @@ class Comparisons:
                     pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
                     pair.status = "pass" if verdict.passed else "fail"
                     continue
-                key, _, _ = self._key(db, session, pair)
+                key, _, _ = self._key(session, pair, a, b)
                 cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
                 pair.error = None
                 if cached is None:
@@ -211,7 +211,8 @@ class Comparisons:
                 if pair is None or pair.status != "pending" or pair.alignment is None or pair.summary is not None:
                     return
                 session = db.get_one(SessionRecord, pair.session_id)
-                key, tol, exact = self._key(db, session, pair)
+                a, b = self.tensors_of(db, pair)
+                key, tol, exact = self._key(session, pair, a, b)
                 cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
                 if cached is None:
                     try:
@@ -220,7 +221,7 @@ class Comparisons:
                     except Exception as exc:  # a missing array, a corrupt chunk: the pair says so, work goes on
                         self._fail(pair_id, f"{type(exc).__name__}: {exc}")
                         return
-                    cached = self._store_result(key, *self.tensors_of(db, pair), pair, tol, stats)
+                    cached = self._store_result(key, a, b, pair, tol, stats)
             with self.sessions.begin() as db:
                 pair = db.get(PairRecord, pair_id)
                 if pair is not None:

@@ -3,7 +3,6 @@ error it added, and the modules ranked as culprits (see `engine/culprits.py`).""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +42,7 @@ def module_report(items: list[dict[str, Any]], module_tree: dict[str, Any] | Non
     for item in traced:
         by_module.setdefault(item["module_path"], []).append(item)
     added = {c.module_path: c for c in culprits}
-    roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])] or _tree_from_paths(by_module)
+    roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])]
     failing = any(i["status"] != "pass" for i in traced)
     ranked = [{
         "module_path": c.module_path, "added_error": json_number(c.added_error),
@@ -93,32 +92,3 @@ def _error_json(item: dict[str, Any]) -> float | str | None:
 def _first_output(pairs: list[dict[str, Any]]) -> int | None:
     outputs = [p for p in pairs if (p["place"] or "").startswith("outputs")]
     return outputs[0]["id"] if outputs else None
-
-
-def _tree_from_paths(by_module: dict[str, list[dict[str, Any]]]) -> list[ModuleNode]:
-    """A tree from dotted module paths alone, when the run has none stored: parents before children."""
-    children: dict[str, list[str]] = {}
-    order: list[str] = []
-    for path in by_module:
-        parts = path.split(".")
-        for depth in range(1, len(parts) + 1):
-            prefix = ".".join(parts[:depth])
-            if prefix not in children:
-                children[prefix] = []
-                order.append(prefix)
-                if depth > 1:
-                    children[".".join(parts[: depth - 1])].append(prefix)
-
-    def build(path: str) -> ModuleNode:
-        return ModuleNode(path, tuple(build(c) for c in children[path]))
-
-    return [build(p) for p in order if "." not in p]
-
-
-def format_error(value: float | str | None) -> str:
-    if value is None:
-        return ""
-    number = float(parse_number(value))
-    if math.isinf(number):
-        return "inf" if number > 0 else "-inf"
-    return f"{number:.3g}"

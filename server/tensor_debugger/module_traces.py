@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -260,7 +259,6 @@ def parse_tensor_repr(text: Any) -> float | None:
     if found is None:
         return None
     try:
-        value = float(found.group(1))
+        return float(found.group(1))
     except ValueError:
         return None
-    return value if not math.isnan(value) or "nan" in found.group(1) else None
