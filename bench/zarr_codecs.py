@@ -40,6 +40,8 @@ CODECS: dict[str, Any] = {
     "none": None,
     "blosc lz4 shuffle": BloscCodec(cname="lz4", clevel=1, shuffle="shuffle"),
     "blosc lz4 bitshuffle": BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle"),
+    "blosc lz4 bitshuffle level 5": BloscCodec(cname="lz4", clevel=5, shuffle="bitshuffle"),
+    "blosc lz4 bitshuffle level 9": BloscCodec(cname="lz4", clevel=9, shuffle="bitshuffle"),
     "blosc zstd bitshuffle": BloscCodec(cname="zstd", clevel=1, shuffle="bitshuffle"),
     "zstd 1": ZstdCodec(level=1),
 }

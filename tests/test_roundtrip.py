@@ -11,6 +11,7 @@ import pytest
 import torch
 from sqlalchemy import select
 from tensor_debugger.chunk_reader import ChunkReader
+from tensor_debugger.chunk_writer import ChunkWriter
 from tensor_debugger.dtypes import all_dtypes, parse_dtype
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import TensorRecord
@@ -160,3 +161,43 @@ def test_chunk_reader_reads_what_zarr_reads(services: Services, dtype_name: str)
             assert store.chunk_reads - before - reads == reads, region  # as many chunks as Zarr reads
             assert got.dtype == want.dtype and got.shape == want.shape, region
             assert got.tobytes() == want.tobytes(), region
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "int16", "bool", "complex64", "uint8", "bfloat16"])
+def test_chunk_writer_writes_what_zarr_writes(services: Services, dtype_name: str) -> None:
+    """Ingest writes through `ChunkWriter`: the same chunk files, byte for byte, as Zarr writes for the same
+    values, edge chunks included, and Zarr reads them back."""
+    dtype = parse_dtype(dtype_name)
+    rng = np.random.default_rng(11)
+    store = services.store
+    root = Path(store.url.removeprefix("file://"))
+    for n, (shape, chunks, per_block) in enumerate([((100, 37), (7, 37), 3), ((5, 6, 7), (1, 4, 7), 1),
+                                                    ((1000,), (64,), 5)]):
+        storage = np.dtype(dtype.numpy_storage)
+        raw = rng.integers(0, 256, math.prod(shape) * storage.itemsize, dtype=np.uint8)
+        values = ((raw % 2).astype(bool) if storage == np.bool_ else raw.view(storage)).reshape(shape)
+        by_zarr = store.create(f"runs/8/{n}", shape, dtype, chunks)
+        by_zarr[...] = values
+        writer = store.writer(f"runs/7/{n}", shape, dtype, chunks)
+        assert isinstance(writer, ChunkWriter)
+        axis = next(i for i, c in enumerate(chunks) if c != 1 or i == len(shape) - 1)
+        for lead in np.ndindex(*shape[:axis]):
+            for start in range(0, shape[axis], chunks[axis] * per_block):  # blocks of chunks, the last one short
+                region = tuple(slice(i, i + 1) for i in lead) + (slice(start, start + chunks[axis] * per_block),)
+                region += tuple(slice(0, d) for d in shape[axis + 1 :])
+                writer[region] = values[region]
+        written = sorted(p.relative_to(root / f"runs/7/{n}") for p in (root / f"runs/7/{n}/c").rglob("*")
+                         if p.is_file())
+        expected = sorted(p.relative_to(root / f"runs/8/{n}") for p in (root / f"runs/8/{n}/c").rglob("*")
+                          if p.is_file())
+        assert written == expected and written
+        for name in written:
+            assert (root / f"runs/7/{n}" / name).read_bytes() == (root / f"runs/8/{n}" / name).read_bytes(), name
+        assert same_bits(store.read_whole(f"runs/7/{n}", dtype), store.read_whole(f"runs/8/{n}", dtype))
+
+
+def test_chunk_writer_refuses_a_region_off_the_chunk_grid(services: Services) -> None:
+    writer = services.store.writer("runs/7/0", (10, 4), parse_dtype("float32"), (3, 4))
+    assert isinstance(writer, ChunkWriter)
+    with pytest.raises(ValueError, match="chunk boundary"):
+        writer[(slice(1, 4), slice(0, 4))] = np.zeros((3, 4), dtype=np.float32)

@@ -65,7 +65,7 @@ def write_leaf(
     thread) while up to `pools.in_flight` blocks are written, so memory stays at a few blocks whatever the
     tensor's size."""
     layout = plan_chunks(leaf.shape, leaf.dtype.itemsize, chunk_bytes)
-    array = store.create(key, leaf.shape, leaf.dtype, layout.chunks)
+    array = store.writer(key, leaf.shape, leaf.dtype, layout.chunks)
     hasher = hashlib.sha256(digest_header(leaf.dtype, leaf.shape))
     summary = SummaryAccumulator()
     in_flight: deque[tuple[Future[None], Future[None], Region]] = deque()

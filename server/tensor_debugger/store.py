@@ -23,6 +23,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
 from tensor_debugger.chunk_reader import ChunkReader, ReadCounter
+from tensor_debugger.chunk_writer import ChunkWriter
 from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
 
 # Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
@@ -91,6 +92,16 @@ class ArrayStore:
             # every chunk is written: the per-chunk comparison with the fill value costs more than it saves
             config={"write_empty_chunks": True},
         )
+
+    def writer(
+        self, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
+    ) -> ChunkWriter | zarr.Array[Any]:
+        """A new array at `key` for ingest to fill, region by chunk-aligned region: a `ChunkWriter` where the
+        store is a local folder, else the Zarr array itself."""
+        array = self.create(key, shape, dtype, chunks)
+        if self._folder is None or not ChunkWriter.writable(array):
+            return array
+        return ChunkWriter(array, self._folder / key)
 
     def open(self, key: str, content_digest: str | None = None) -> zarr.Array[Any]:
         """The array at `key`, read-only. With the tensor's content digest, an array opened before is reused

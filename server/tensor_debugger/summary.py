@@ -75,7 +75,7 @@ class SummaryAccumulator:
             mean = total / n
             centred = values.astype(np.float64)
             centred -= mean
-            m2 = float(np.dot(centred, centred))
+            m2 = float(np.einsum("i,i->", centred, centred))  # not BLAS: its threads spin on the cores ingest needs
         self.lo = min(self.lo, float(values.min()))
         self.hi = max(self.hi, float(values.max()))
         count = self.count + n
