@@ -54,8 +54,10 @@ def machine_line(versions: str) -> str:
 
 
 def child_env() -> dict[str, str]:
-    """This environment without TENSOR_DEBUGGER_* settings, so --data-dir alone decides where data goes."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    """This environment without TENSOR_DEBUGGER_* settings, so --data-dir alone decides where data goes (but
+    TENSOR_DEBUGGER_KERNEL, which picks the statistics kernel to measure)."""
+    kept = "TENSOR_DEBUGGER_KERNEL"
+    return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_") or k == kept}
 
 
 def run_child(cmd: list[str]) -> tuple[float, float, str]:
@@ -131,8 +133,10 @@ def measure(mode: str, data: Path, session_id: int) -> None:
         with services.sessions() as db:
             statuses = {status: count for status, count in db.execute(select(PairRecord.status, func.count())
                         .where(PairRecord.session_id == session_id).group_by(PairRecord.status))}
+        from tensor_debugger.engine.fused import kernel_name
+
         print(json.dumps({"pairs": pairs, "seconds": seconds, "cpu": cpu, "bytes": nbytes, "statuses": statuses,
-                          "chunks": services.store.chunk_reads}))
+                          "chunks": services.store.chunk_reads, "kernel": kernel_name()}))
     else:
         def read_all(store_keys: list[str]) -> int:
             n = 0
@@ -178,6 +182,7 @@ def throughput(data: Path, session_id: int) -> None:
     print(f"comparison (compute_pending in a child): {res['pairs']} pairs, {res['bytes'] / GB:.2f} GB of tensors "
           f"(both sides) in {res['seconds']:.2f} s = {rate:.2f} GB/s; {res['chunks']} chunks read; "
           f"verdicts {res['statuses']}; child wall {wall:.1f} s with start-up")
+    print(f"  statistics kernel: {res['kernel']} (TENSOR_DEBUGGER_KERNEL=numpy measures the numpy path)")
     print(f"  CPU time: {res['cpu']:.2f} s = {res['bytes'] / GB / res['cpu']:.2f} GB per CPU-second")
     print(f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs)")
     for mode, how in (("raw", "zarr reads"), ("chunks", "the store's chunk reader (what comparisons read with)")):

@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 from tensor_debugger.engine.alignment import align
+from tensor_debugger.engine.fused import kernel_name
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairStats
 from tensor_debugger.engine.pairing import TensorRef, group_shards, normalize, pair_runs, shard_of
 from tensor_debugger.engine.streaming import compare_views
@@ -16,8 +17,11 @@ from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.engine.views import SourceView, View, build_view, flat_boxes
 
 
-@pytest.fixture
-def pool() -> Iterator[ThreadPoolExecutor]:
+@pytest.fixture(params=["compiled", "numpy"])
+def pool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreadPoolExecutor]:
+    """Threads for the comparison, once with each statistics kernel (the compiled one must be the one in use)."""
+    monkeypatch.setenv("TENSOR_DEBUGGER_KERNEL", request.param)
+    assert kernel_name().split()[0] == request.param, kernel_name()
     with ThreadPoolExecutor(2) as executor:
         yield executor
 

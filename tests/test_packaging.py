@@ -1,4 +1,5 @@
-"""`pip install .` (not only editable) gives a working app: templates, static files and migrations ship."""
+"""`pip install .` (not only editable) gives a working app: templates, static files, migrations and the compiled
+statistics kernel ship."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in ("tensor_debugger/web/templates/sessions.html", "tensor_debugger/web/static/app.css",
                      "tensor_debugger/migrations/env.py", "tensor_debugger/migrations/script.py.mako",
-                     "tensor_debugger/cli.py"):
+                     "tensor_debugger/cli.py", "tensor_debugger/engine/_fused_stats.so"):
         assert required in names, required
+    assert not wheel.name.endswith("-none-any.whl"), wheel.name  # the compiled kernel makes it platform-specific
     assert any(n.startswith("tensor_debugger/migrations/versions/") and n.endswith(".py") for n in names)
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
@@ -35,6 +37,8 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
         "c = TestClient(create_app(s)).__enter__();"
         "r = c.get('/');"
         "assert r.status_code == 200 and 'New session' in r.text, r.text[:300];"
+        "from tensor_debugger.engine.fused import kernel_name;"
+        "assert kernel_name() == 'compiled', kernel_name();"
         "print(tensor_debugger.__file__)"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}

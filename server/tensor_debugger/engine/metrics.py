@@ -8,12 +8,14 @@ are |b - a| / |a| over elements whose reference value is non-zero.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from tensor_debugger.engine.fused import EDGE_COUNT, fused_partial
 from tensor_debugger.engine.tolerances import Tolerance
 
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
@@ -21,6 +23,7 @@ HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus 
 
 _SLICE = 1 << 16  # elements per step: 512 KiB of float64 per temporary
 _EDGES = [float(e) for e in 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)]  # the float64 decade edges
+assert len(_EDGES) == EDGE_COUNT
 # (block origin in aligned coordinates, block shape, aligned shape, offset of this slice in the flat block)
 _Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
@@ -118,6 +121,8 @@ class PairAccumulator:
                 b128 = np.asarray(flat_b[start : start + _SLICE], dtype=np.complex128)
                 self._add_general(a128, b128, (origin, a.shape, shape, start))
             return
+        if self._add_fused(flat_a, flat_b, (origin, a.shape, shape, 0)):
+            return
         # Slices small enough for the float64 temporaries to stay in cache, in buffers reused from slice to slice;
         # offsets keep the argmax exact.
         buffers = _Buffers(min(n, _SLICE))
@@ -133,6 +138,28 @@ class PairAccumulator:
                     self._add_finite(a64, b64, norm_a, norm_b, buffers, where)
                 else:  # some NaN or Inf (or squares past float64's range)
                     self._add_general(a64, b64, where)
+
+    def _add_fused(self, a: np.ndarray, b: np.ndarray, where: _Where) -> bool:
+        """The whole block in one pass of the compiled kernel, when it is in use and the block is finite (else
+        False, and nothing is folded in)."""
+        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact, _edges())
+        if part is None or not (math.isfinite(part.norm_a) and math.isfinite(part.norm_b)):
+            return False
+        self.valid += a.size
+        self._consider_max(part.max_abs, False, part.argmax, where)
+        self.sum_abs += part.sum_abs
+        self.sum_sq += part.sum_sq
+        if not self.exact:
+            self.mismatched += part.mismatched
+        self.rel_count += part.rel_count
+        self.sum_rel += part.sum_rel
+        self.max_rel = max(self.max_rel, part.max_rel)
+        self.dot += part.dot
+        self.norm_a += part.norm_a
+        self.norm_b += part.norm_b
+        self.nonzero += part.nonzero
+        self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, part.at_least, strict=True)]
+        return True
 
     def _add_finite(self, a64: np.ndarray, b64: np.ndarray, norm_a: float, norm_b: float, buffers: _Buffers,
                     where: _Where) -> None:
@@ -206,7 +233,7 @@ class PairAccumulator:
             d = diff[valid]
             self.sum_abs += float(d.sum())
             with np.errstate(over="ignore"):
-                self.sum_sq += float(np.dot(d, d))
+                self.sum_sq += _dot(d, d)
             ref = abs_a[valid]
             nonzero = (ref > 0) & np.isfinite(ref)
             if nonzero.any():
@@ -218,9 +245,9 @@ class PairAccumulator:
             finite = valid & ~inf_a & ~inf_b
             self.unequal_inf += int(np.count_nonzero((inf_a | inf_b) & valid & (diff > 0)))
             fa, fb = a64[finite], b64[finite]
-            self.dot += float(np.real(np.vdot(fa, fb)))
-            self.norm_a += float(np.real(np.vdot(fa, fa)))
-            self.norm_b += float(np.real(np.vdot(fb, fb)))
+            self.dot += _dot(np.conj(fa), fb)
+            self.norm_a += _dot(np.conj(fa), fa)
+            self.norm_b += _dot(np.conj(fb), fb)
             self._histogram(d, float(d.max()), np.empty(d.size, dtype=bool))
 
     def _consider_max(self, value: float, is_nan: bool, local: int, where: _Where) -> None:
@@ -303,6 +330,12 @@ class PairAccumulator:
         )
 
 
+@functools.cache
+def _edges() -> np.ndarray:
+    """The decade edges as the kernel reads them: float64, contiguous."""
+    return np.array(_EDGES, dtype=np.float64)
+
+
 class _Buffers:
     """Temporaries of one `add`, reused by each of its slices."""
 
@@ -312,8 +345,9 @@ class _Buffers:
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
-    """sum(x * y) in float64 in one pass with no temporary; not BLAS, whose own threads fight the comparison's."""
-    return float(np.einsum("i,i->", x, y))
+    """The real part of sum(x * y), in one pass with no temporary; not BLAS, whose threads spin on the cores the
+    comparison's own threads need."""
+    return float(np.real(np.einsum("i,i->", x, y)))
 
 
 def _cosine(dot: float, norm_a: float, norm_b: float) -> float:

@@ -1,0 +1,121 @@
+"""The compiled statistics kernel gives what the numpy path gives, value for value, on every kind of block."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from tensor_debugger.engine.fused import kernel_name
+from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats
+from tensor_debugger.engine.tolerances import Tolerance
+
+EXACT_FIELDS = ("numel", "max_abs_diff", "argmax", "max_rel_diff", "mismatched", "nan_a", "nan_b", "inf_a", "inf_b",
+                "nan_one_side", "histogram")
+
+
+def stats_with(kernel: str, monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance,
+               exact: bool = False, block: int = 0) -> PairStats:
+    """Fold `a` and `b` in blocks of `block` rows (all at once for 0) with the named kernel."""
+    monkeypatch.setenv("TENSOR_DEBUGGER_KERNEL", kernel)
+    assert kernel_name().split()[0] == kernel, kernel_name()
+    accumulator = PairAccumulator(tol, exact)
+    rows = block or max(1, a.shape[0] if a.ndim else 1)
+    if a.ndim == 0:
+        accumulator.add(a, b, (), ())
+    else:
+        for start in range(0, a.shape[0], rows):
+            origin = (start,) + (0,) * (a.ndim - 1)
+            accumulator.add(a[start : start + rows], b[start : start + rows], origin, a.shape)
+    return accumulator.result()
+
+
+def assert_same(monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance,
+                exact: bool = False, block: int = 0) -> PairStats:
+    compiled = stats_with("compiled", monkeypatch, a, b, tol, exact, block)
+    plain = stats_with("numpy", monkeypatch, a, b, tol, exact, block)
+    for field in EXACT_FIELDS:
+        assert getattr(compiled, field) == getattr(plain, field) or (
+            isinstance(getattr(plain, field), float) and math.isnan(getattr(plain, field))
+            and math.isnan(getattr(compiled, field))), field
+    for field in ("mean_abs_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr_db"):
+        want, got = getattr(plain, field), getattr(compiled, field)
+        assert got == pytest.approx(want, rel=1e-11, abs=1e-300, nan_ok=True), field
+    return compiled
+
+
+@pytest.mark.parametrize("size", [0, 1, 7, 8, 9, 2047, 2048, 2049, 5000, 70001])
+def test_every_length_around_vectors_and_sub_blocks(monkeypatch: pytest.MonkeyPatch, size: int) -> None:
+    rng = np.random.default_rng(size)
+    a = rng.standard_normal(size).astype(np.float32)
+    b = (a * (1 + 10.0 ** rng.uniform(-9, 0, size))).astype(np.float32)
+    if size:
+        a[rng.integers(0, size, max(1, size // 10))] = 0.0  # zero references: no relative difference there
+    assert_same(monkeypatch, a, b, Tolerance(1.3e-6, 1e-5))
+
+
+@pytest.mark.parametrize(("dtype_a", "dtype_b"), [("float32", "float32"), ("float64", "float64"),
+                                                  ("float32", "float64"), ("float64", "float32"),
+                                                  ("float16", "float16"), ("float16", "float32")])
+def test_dtypes_and_mixed_dtypes(monkeypatch: pytest.MonkeyPatch, dtype_a: str, dtype_b: str) -> None:
+    rng = np.random.default_rng(5)
+    base = rng.standard_normal((64, 300))
+    a = base.astype(dtype_a)
+    b = (base + rng.standard_normal(base.shape) * 1e-3).astype(dtype_b)
+    assert_same(monkeypatch, a, b, Tolerance(1e-3, 1e-5), block=7)
+
+
+def test_integers_and_bools_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(9)
+    a = rng.integers(-1000, 1000, (50, 41)).astype(np.int32)
+    b = a.copy()
+    b[3, 4] += 1
+    b[40, 0] -= 7
+    stats = assert_same(monkeypatch, a, b, Tolerance(0, 0), exact=True, block=9)
+    assert stats.mismatched == 2 and stats.argmax == (40, 0) and stats.max_abs_diff == 7.0
+    flags = rng.integers(0, 2, 999).astype(bool)
+    assert_same(monkeypatch, flags, ~flags, Tolerance(0, 0), exact=True)
+
+
+def test_ties_take_the_first_position_in_c_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    a = np.zeros((40, 100), dtype=np.float32)
+    b = a.copy()
+    for row, col in [(39, 99), (2, 51), (2, 50), (17, 3)]:  # the same difference in four places
+        b[row, col] = 0.5
+    for block in (0, 3):
+        assert assert_same(monkeypatch, a, b, Tolerance(0, 0), block=block).argmax == (2, 50)
+    assert assert_same(monkeypatch, a, a.copy(), Tolerance(0, 0)).argmax == (0, 0)
+
+
+def test_values_exactly_on_decade_edges_and_tolerance_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Differences of exactly 10**k (as float64 makes them), and just either side, fall in the same bins as a
+    direct count; a difference exactly at atol + rtol * |a| passes and the next one up fails."""
+    edges = 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)
+    offsets = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf)])
+    tol = Tolerance(rtol=2.0**-10, atol=2.0**-20)  # bounds exact in binary
+    bound = 1.0 + 2.0**-10 + 2.0**-20
+    a = np.concatenate([np.zeros(offsets.size), [1.0, 1.0, 3.0]])
+    b = np.concatenate([offsets, [bound, np.nextafter(bound, 2.0), 3.0 + 3 * 2.0**-10 + 2.0**-20]])
+    stats = assert_same(monkeypatch, a, b, tol)
+    d = np.abs(a - b)
+    want = [int((d == 0).sum()), int(((d > 0) & (d < edges[0])).sum())]
+    want += [int(((d >= lo) & (d < hi)).sum()) for lo, hi in zip(edges, edges[1:], strict=False)]
+    want.append(int((d >= edges[-1]).sum()))
+    assert stats.histogram == want
+    assert stats.mismatched == offsets.size - int((offsets <= tol.atol).sum()) + 1  # only nextafter(bound) of the 3
+
+
+def test_nan_and_inf_blocks_fall_back_and_are_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((30, 64)).astype(np.float32)
+    b = a + np.float32(1e-3)
+    a[4, 5], b[20, 1], a[25, 0], b[25, 0] = np.nan, np.inf, np.inf, np.inf
+    b[29, 63] = np.float32(3e38)  # finite, but its square is not: that block falls back too
+    stats = assert_same(monkeypatch, a, b, Tolerance(1e-5, 1e-8), block=5)
+    assert (stats.nan_a, stats.inf_a, stats.inf_b) == (1, 1, 2) and stats.argmax == (4, 5)
+
+
+def test_scalars(monkeypatch: pytest.MonkeyPatch) -> None:
+    stats = assert_same(monkeypatch, np.array(0.125, dtype=np.float32), np.array(0.25, dtype=np.float32),
+                        Tolerance(0, 0))
+    assert stats.argmax == () and stats.max_abs_diff == 0.125
