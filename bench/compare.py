@@ -182,7 +182,8 @@ def throughput(data: Path, session_id: int) -> None:
     print(f"comparison (compute_pending in a child): {res['pairs']} pairs, {res['bytes'] / GB:.2f} GB of tensors "
           f"(both sides) in {res['seconds']:.2f} s = {rate:.2f} GB/s; {res['chunks']} chunks read; "
           f"verdicts {res['statuses']}; child wall {wall:.1f} s with start-up")
-    print(f"  statistics kernel: {res['kernel']} (TENSOR_DEBUGGER_KERNEL=numpy measures the numpy path)")
+    hint = " (TENSOR_DEBUGGER_KERNEL=numpy measures the numpy path)" if res["kernel"] == "compiled" else ""
+    print(f"  statistics kernel: {res['kernel']}{hint}")
     print(f"  CPU time: {res['cpu']:.2f} s = {res['bytes'] / GB / res['cpu']:.2f} GB per CPU-second")
     print(f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs)")
     for mode, how in (("raw", "zarr reads"), ("chunks", "the store's chunk reader (what comparisons read with)")):

@@ -88,19 +88,22 @@ def test_ties_take_the_first_position_in_c_order(monkeypatch: pytest.MonkeyPatch
 
 
 def test_values_exactly_on_decade_edges_and_tolerance_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Differences of exactly 10**k (as float64 makes them), and just either side, fall in the same bins as a
-    direct count; a difference exactly at atol + rtol * |a| passes and the next one up fails."""
-    edges = 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)
-    offsets = np.concatenate([edges, np.nextafter(edges, 0), np.nextafter(edges, np.inf)])
+    """Differences of exactly 10**k (binned at float32 precision: the edges as float32 make them), and the next
+    float32 either side, fall in the same bins as a direct count; a difference exactly at atol + rtol * |a| passes
+    and the next one up fails."""
+    edges = (10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)).astype(np.float32)
+    offsets = np.concatenate([edges, np.nextafter(edges, np.float32(0)), np.nextafter(edges, np.float32(np.inf))])
+    offsets = offsets.astype(np.float64)
     tol = Tolerance(rtol=2.0**-10, atol=2.0**-20)  # bounds exact in binary
     bound = 1.0 + 2.0**-10 + 2.0**-20
     a = np.concatenate([np.zeros(offsets.size), [1.0, 1.0, 3.0]])
     b = np.concatenate([offsets, [bound, np.nextafter(bound, 2.0), 3.0 + 3 * 2.0**-10 + 2.0**-20]])
     stats = assert_same(monkeypatch, a, b, tol)
     d = np.abs(a - b)
-    want = [int((d == 0).sum()), int(((d > 0) & (d < edges[0])).sum())]
-    want += [int(((d >= lo) & (d < hi)).sum()) for lo, hi in zip(edges, edges[1:], strict=False)]
-    want.append(int((d >= edges[-1]).sum()))
+    d32 = d.astype(np.float32)
+    want = [int((d == 0).sum()), int(((d > 0) & (d32 < edges[0])).sum())]
+    want += [int(((d32 >= lo) & (d32 < hi)).sum()) for lo, hi in zip(edges, edges[1:], strict=False)]
+    want.append(int((d32 >= edges[-1]).sum()))
     assert stats.histogram == want
     assert stats.mismatched == offsets.size - int((offsets <= tol.atol).sum()) + 1  # only nextafter(bound) of the 3
 

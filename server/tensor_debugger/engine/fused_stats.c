@@ -4,7 +4,8 @@
  * Every value is widened to double before any arithmetic, and every sum accumulates in double (in eight lanes,
  * added together at the end). Element-wise results are exactly numpy's: |a - b|, the tolerance test
  * |a - b| > |a| * rtol + atol (no fused multiply-add: built with -ffp-contract=off), the decade of each difference
- * and the first position of the largest difference. Sums may differ from numpy's in the last bits (another order).
+ * (compared at float32 precision: |a - b| and the edges rounded to float32) and the first position of the largest
+ * difference. Sums may differ from numpy's in the last bits (another order).
  *
  * The kernel does not look for NaN or Inf: they reach the sums of squares, which the caller checks, and a block
  * where those are not finite is computed again by the general numpy path. Written with GCC vector extensions
@@ -15,12 +16,14 @@
 #include <string.h>
 
 #define LANES 8
-#define SUB 2048 /* elements per sub-block: 16 KiB of differences, kept in L1 for the histogram */
+#define SUB 2048 /* elements per sub-block: 8 KiB of float32 differences, kept in L1 for the histogram */
 #define EDGES 16
 
 typedef double vd __attribute__((vector_size(LANES * 8)));
 typedef int64_t vl __attribute__((vector_size(LANES * 8)));
 typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef float vh __attribute__((vector_size(64)));   /* sixteen floats: the histogram's passes */
+typedef int32_t vi __attribute__((vector_size(64)));
 
 typedef struct {
     double max_abs;          /* largest |a - b| (-1 when n == 0) */
@@ -67,7 +70,8 @@ static inline __attribute__((always_inline)) vd load_double(const double *p) {
 #define STEP(va, vb)                                                                                             \
     do {                                                                                                         \
         vd d = vabs(va - vb);                                                                                    \
-        memcpy(diff + j, &d, sizeof d);                                                                          \
+        vf d32 = __builtin_convertvector(d, vf);                                                                 \
+        memcpy(diff + j, &d32, sizeof d32);                                                                      \
         vl gt = d > L.max;                                                                                       \
         L.max = blend(gt, d, L.max);                                                                             \
         L.idx_max = blendl(gt, idx, L.idx_max);                                                                  \
@@ -88,21 +92,23 @@ static inline __attribute__((always_inline)) vd load_double(const double *p) {
         idx += LANES;                                                                                            \
     } while (0)
 
-/* Decades of the sub-block's differences: one counting pass per edge at or below its largest difference,
- * from the top down, stopping at the first edge that every non-zero difference reaches (as all below it do). */
-static inline __attribute__((always_inline)) void histogram(const double *diff, int64_t m, double top, int64_t nonzero, const double *edges,
-                             int64_t *at_least) {
+/* Decades of the sub-block's differences (as float32, m a multiple of 16): one counting pass per edge at or below
+ * its largest difference, from the top down, stopping at the first edge that every non-zero difference reaches
+ * (as all below it do). */
+static inline __attribute__((always_inline)) void histogram(const float *diff, int64_t m, float top, int64_t nonzero,
+                                                            const float *edges, int64_t *at_least) {
     int i = EDGES - 1;
     while (i >= 0 && edges[i] > top) i--;
     for (; i >= 0; i--) {
-        const vd e = (vd){0} + edges[i];
-        vl c = {0};
-        for (int64_t j = 0; j < m; j += LANES) {
-            vd d;
+        const vh e = (vh){0} + edges[i];
+        vi c = {0};
+        for (int64_t j = 0; j < m; j += 16) {
+            vh d;
             memcpy(&d, diff + j, sizeof d);
             c -= d >= e;
         }
-        int64_t reached = hsuml(c);
+        int64_t reached = 0;
+        for (int k = 0; k < 16; k++) reached += c[k];
         at_least[i] += reached;
         if (reached == nonzero) {
             for (int k = 0; k < i; k++) at_least[k] += nonzero;
@@ -114,7 +120,9 @@ static inline __attribute__((always_inline)) void histogram(const double *diff, 
 #define KERNEL(NAME, TA, TB)                                                                                     \
     CLONES int NAME(const TA *a, const TB *b, int64_t n, double atol, double rtol, int check,                   \
                     const double *edges, td_partial *out) {                                                      \
-        double diff[SUB] __attribute__((aligned(64)));                                                           \
+        float diff[SUB + 16] __attribute__((aligned(64)));                                                       \
+        float edges32[EDGES];                                                                                    \
+        for (int i = 0; i < EDGES; i++) edges32[i] = (float)edges[i];                                            \
         const vd vatol = (vd){0} + atol, vrtol = (vd){0} + rtol, zero = {0}, one = zero + 1.0;                   \
         lanes_t L;                                                                                               \
         memset(&L, 0, sizeof L);                                                                                 \
@@ -140,9 +148,10 @@ static inline __attribute__((always_inline)) void histogram(const double *diff, 
                 STEP(va, vb);                                                                                    \
                 j += LANES;                                                                                      \
             }                                                                                                    \
+            for (; j % 16; j++) diff[j] = 0.0f; /* zeros reach no edge */                                        \
             int64_t nonzero = hsuml(nz);                                                                         \
             out->nonzero += nonzero;                                                                             \
-            histogram(diff, j, hmax(top), nonzero, edges, out->at_least);                                        \
+            histogram(diff, j, (float)hmax(top), nonzero, edges32, out->at_least);                               \
         }                                                                                                        \
         double best = -1.0;                                                                                      \
         int64_t where = -1;                                                                                      \
