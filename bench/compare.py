@@ -19,7 +19,6 @@ import contextlib
 import json
 import math
 import os
-import platform
 import random
 import shutil
 import socket
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness import child_env, machine_line, run_child
+
 if TYPE_CHECKING:
     import httpx
 
@@ -39,46 +40,14 @@ DEFAULT_WORKDIR_PARENT = ROOT / "bench-data"  # gitignored
 HIDDEN = 4096  # last dimension of every generated tensor (float32)
 CHUNKS_PER_READ = 16  # the raw read takes this many whole chunks at a time
 MIB, GIB, MB, GB = 1 << 20, 1 << 30, 1e6, 1e9
+KEPT = ("TENSOR_DEBUGGER_KERNEL",)  # passed on to children: which statistics kernel to measure
 BASELINE = ("import tensor_debugger.services, torch, zarr, numpy; "
             "print(f'torch {torch.__version__}, zarr {zarr.__version__}, numpy {numpy.__version__}')")
 
 
-def machine_line(versions: str) -> str:
-    cpu = "unknown CPU"
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    with open("/proc/meminfo", encoding="utf-8") as f:
-        ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
-            f"Python {platform.python_version()}, {versions}")
-
-
-def child_env() -> dict[str, str]:
-    """This environment without TENSOR_DEBUGGER_* settings, so --data-dir alone decides where data goes (but
-    TENSOR_DEBUGGER_KERNEL, which picks the statistics kernel to measure)."""
-    kept = "TENSOR_DEBUGGER_KERNEL"
-    return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_") or k == kept}
-
-
-def run_child(cmd: list[str]) -> tuple[float, float, str]:
-    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=child_env())
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if proc.returncode != 0:
-            sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
-                     f"stderr: {err.read().decode()}")
-        return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
-
-
 def child(mode: str, *args: object) -> tuple[float, float, dict[str, Any]]:
     """This script in a child process, in one of the internal modes below; its last stdout line is JSON."""
-    wall, rss, out = run_child([sys.executable, __file__, "--child", mode, *map(str, args)])
+    wall, rss, out = run_child([sys.executable, __file__, "--child", mode, *map(str, args)], child_env(KEPT))
     return wall, rss, json.loads(out.strip().splitlines()[-1])
 
 
@@ -167,7 +136,7 @@ def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: 
     for label in ("ref", "cand"):
         cmd = [str(CLI), "--data-dir", str(data), "ingest", "--session", name, "--run", label, str(dump / label),
                "--json"]
-        wall, rss, out = run_child(cmd)
+        wall, rss, out = run_child(cmd, child_env(KEPT))
         result = json.loads(out.strip().splitlines()[-1])
         print(f"  {' '.join(cmd)}\n    -> {result['run']['tensors']} tensors in {wall:.1f} s, peak RSS {rss:.0f} MB"
               + "".join(f"\n    problem: {problem}" for problem in result["problems"]))
@@ -217,7 +186,7 @@ def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
     print(f"server: {' '.join(cmd)}")
     log = open(data.parent / "server.log", "w+b")
     started = time.perf_counter()
-    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env(KEPT))
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
             report: dict[str, Any] = {}
@@ -281,7 +250,7 @@ def main() -> int:
         else:
             measure(mode, Path(folder), int(rest[0]))
         return 0
-    wall, rss, versions = run_child([sys.executable, "-c", BASELINE])
+    wall, rss, versions = run_child([sys.executable, "-c", BASELINE], child_env(KEPT))
     print(machine_line(versions.strip()))
     print(f"baseline child (import tensor_debugger.services, torch, zarr): {wall:.2f} s, peak RSS {rss:.0f} MB")
     if args.workdir is None:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness import child_env, machine_line, run_child
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -33,19 +33,6 @@ STAGES = ("post_ln_pre_attn", "query", "key", "value", "post_attn", "post_attn_p
 HIDDEN = 4096  # last dimension of every generated tensor
 MIB, GIB, MB = 1 << 20, 1 << 30, 1e6
 BASELINE = "import tensor_debugger.cli, torch, zarr; print(f'torch {torch.__version__}, zarr {zarr.__version__}')"
-
-
-def machine_line(versions: str) -> str:
-    cpu = "unknown CPU"
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo", encoding="utf-8") as f:
-        ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
-            f"Python {platform.python_version()}, {versions}")
 
 
 def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype_name: str, fmt: str, seed: int) -> None:
@@ -85,27 +72,6 @@ def tree_bytes(folder: Path) -> tuple[int, int]:
             apparent += st.st_size
             allocated += st.st_blocks * 512
     return apparent, allocated
-
-
-def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
-        _, status, usage = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        if proc.returncode != 0:
-            sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
-                     f"stderr: {err.read().decode()}")
-        return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
-
-
-def child_env() -> dict[str, str]:
-    """This environment without TENSOR_DEBUGGER_* settings, so --data-dir alone decides where data goes."""
-    return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
 
 
 def parse_args() -> argparse.Namespace:

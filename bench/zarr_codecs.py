@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import numcodecs
 import numpy as np
 import torch
 import zarr
+from harness import machine_line
 from tensor_debugger.store import DEFAULT_CODEC
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore
@@ -46,20 +46,6 @@ CODECS: dict[str, Any] = {
     "zstd 1": ZstdCodec(level=1),
 }
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def machine_line() -> str:
-    cpu = "unknown CPU"
-    with open("/proc/cpuinfo", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    with open("/proc/meminfo", encoding="utf-8") as f:
-        ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
-            f"Python {platform.python_version()}, torch {torch.__version__}, zarr {zarr.__version__}, "
-            f"numcodecs {numcodecs.__version__}")
 
 
 def make_data(dtype: str, mib: float, seed: int) -> np.ndarray:
@@ -122,7 +108,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
-    print(machine_line())
+    print(machine_line(f"torch {torch.__version__}, zarr {zarr.__version__}, numcodecs {numcodecs.__version__}"))
     print(f"{args.mib:g} MiB per case, (rows, {HIDDEN}) arrays, ~{CHUNK_BYTES // MIB} MiB chunks written "
           f"{CHUNKS_PER_BLOCK} at a time, best of {args.repeats}; 1 MB = 1e6 bytes; "
           f"ratio = stored bytes / raw bytes; spread = slowest / fastest run, write and read; "

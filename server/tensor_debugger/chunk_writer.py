@@ -50,9 +50,9 @@ class ChunkWriter:
         return ChunkReader.readable(array)
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
-        bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
             raise ValueError(f"a ChunkWriter writes step-1 regions of all {len(self.shape)} dimensions")
+        bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
         if any(start % c for (start, _), c in zip(bounds, self.chunks, strict=True)):
             raise ValueError(f"region {region} does not start on a chunk boundary of {self.chunks}")
         values = np.asarray(values, dtype=self.dtype).reshape(tuple(stop - start for start, stop in bounds))

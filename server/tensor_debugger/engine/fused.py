@@ -51,9 +51,14 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
+def _numpy_asked() -> bool:
+    """TENSOR_DEBUGGER_KERNEL=numpy, read on every call so that a test or a benchmark can set it."""
+    return os.environ.get("TENSOR_DEBUGGER_KERNEL", "").strip().lower() == "numpy"
+
+
 def kernel_name() -> str:
     """Which statistics kernel comparisons use: "compiled" or "numpy" (and why)."""
-    if os.environ.get("TENSOR_DEBUGGER_KERNEL", "").strip().lower() == "numpy":
+    if _numpy_asked():
         return "numpy (TENSOR_DEBUGGER_KERNEL=numpy)"
     if _library() is None:
         return f"numpy (no usable {LIBRARY_NAME} beside {Path(__file__).name})"
@@ -72,9 +77,9 @@ def fused_partial(a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check:
                   edges: np.ndarray) -> FusedPartial | None:
     """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, or None where the kernel
     is not in use. NaN and Inf are not looked for: the caller checks that `norm_a` and `norm_b` are finite."""
-    if os.environ.get("TENSOR_DEBUGGER_KERNEL", "").strip().lower() == "numpy":
-        return None
-    library = _library()
+    if a.size != b.size:  # the kernel reads `a.size` values of each: never past the end of `b`
+        raise ValueError(f"blocks differ in size: {a.size} and {b.size}")
+    library = None if _numpy_asked() else _library()
     if library is None:
         return None
     a, b = _compute(a), _compute(b)

@@ -1,0 +1,46 @@
+"""What every benchmark here shares: the machine line it prints, and children run and measured (stdlib only, so
+that a benchmark's own process stays free of torch and zarr, whose memory would inflate its children's RSS)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+MB = 1e6
+
+
+def machine_line(versions: str) -> str:
+    """"machine: CPU, cores, RAM; Python and `versions`"."""
+    cpu = "unknown CPU"
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    with open("/proc/meminfo", encoding="utf-8") as f:
+        ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
+    return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
+            f"Python {platform.python_version()}, {versions}")
+
+
+def child_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
+    """This environment without TENSOR_DEBUGGER_* settings (but those in `keep`), so --data-dir alone decides
+    where data goes."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_") or k in keep}
+
+
+def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
+                     f"stderr: {err.read().decode()}")
+        return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
