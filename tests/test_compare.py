@@ -203,6 +203,24 @@ def test_identical_upload_in_another_session_reads_no_chunk(services: Services, 
         assert reads > 0 if name == "one" else reads == 0
 
 
+def test_the_same_comparison_twice_in_one_batch_is_computed_once(services: Services, tmp_path: Path) -> None:
+    """Two sessions of identical dumps, both pending at once: the second pair waits for the first pair's result
+    instead of reading every chunk again."""
+    a = save_all(tmp_path / "a", {"0_query": seeded((64, 64), 1)})
+    b = save_all(tmp_path / "b", {"0_query": seeded((64, 64), 2)})
+    sessions = []
+    for name in ("one", "two"):
+        services.ingestor.ingest(name, "ref", [InputFile(a, "a")])
+        sessions.append(services.ingestor.ingest(name, "cand", [InputFile(b, "b")]).session_id)
+        services.comparisons.plan(sessions[-1])
+    before = services.store.chunk_reads
+    assert services.comparisons.compute_pending() == 2
+    assert services.store.chunk_reads - before == 2  # one chunk of each run, once
+    with services.sessions() as db:
+        pairs = db.scalars(select(PairRecord).where(PairRecord.session_id.in_(sessions))).all()
+        assert [p.status for p in pairs] == ["fail", "fail"] and pairs[0].result_id == pairs[1].result_id
+
+
 def stored_pair_views(services: Services, tmp_path: Path, a_tensor: torch.Tensor,
                       b_tensor: torch.Tensor) -> tuple[View, View, Alignment]:
     """Ingest one tensor per run as `0_post_mlp`, pair them, and hand back the pair's lazy views."""

@@ -8,11 +8,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from tensor_debugger.chunking import Region
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.fused import kernel_name
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairStats
 from tensor_debugger.engine.pairing import TensorRef, group_shards, normalize, pair_runs, shard_of
-from tensor_debugger.engine.streaming import compare_views
+from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.engine.views import SourceView, View, build_view, flat_boxes
 
@@ -63,6 +64,42 @@ def test_statistics_equal_a_float64_reference(pool: ThreadPoolExecutor) -> None:
 
 
 @pytest.mark.parametrize("scale", [(-13.0, 5.0), (-9.0, -7.0)])
+class BrokenView:
+    """A view whose every read fails, as a corrupt chunk would."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+
+    def read(self, region: Region) -> np.ndarray:
+        raise OSError("chunk file c/0/0 is corrupt")
+
+    def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        return 0, index
+
+
+def test_a_stream_of_pairs_gives_each_its_own_result_in_order(pool: ThreadPoolExecutor) -> None:
+    """Blocks of consecutive pairs are in flight together; every result still belongs to its own pair, and one
+    pair's failure (a read error, views of different shapes) stays its own."""
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal(shape).astype(np.float32) for shape in [(700, 900), (3,), (), (1200, 1000)]]
+    others = [x + np.float32(0.5) * (k + 1) if x.ndim else np.float32(x + 2) for k, x in enumerate(arrays)]
+    tol = Tolerance(1.3e-6, 1e-5)
+    jobs = [PairJob(k, *views([x], [y]), tol, False) for k, (x, y) in enumerate(zip(arrays, others, strict=True))]
+    jobs.insert(2, PairJob(90, BrokenView((500, 900)), BrokenView((500, 900)), tol, False))
+    unaligned = SourceView(arrays[0], lambda v: v), SourceView(arrays[0][:10], lambda v: v)
+    jobs.insert(4, PairJob(91, *unaligned, tol, False))
+    results = list(compare_stream(jobs, pool, in_flight=3))
+    assert [key for key, _ in results] == [job.key for job in jobs]
+    by_key = dict(results)
+    assert isinstance(by_key[90], OSError) and "corrupt" in str(by_key[90])
+    assert isinstance(by_key[91], ValueError) and "differ in shape" in str(by_key[91])
+    for k, (x, y) in enumerate(zip(arrays, others, strict=True)):
+        stats = by_key[k]
+        assert isinstance(stats, PairStats) and stats.numel == x.size
+        assert stats == compare_views(*views([x], [y]), tol, False, pool)
+        assert stats.max_abs_diff == pytest.approx(float(np.abs(x.astype(np.float64) - y).max()), rel=1e-12)
+
+
 def test_histogram_and_mismatches_equal_a_direct_count(pool: ThreadPoolExecutor, scale: tuple[float, float]) -> None:
     """Differences spread over many decades, or all inside the tolerance, with exact zeros and zero references."""
     rng = np.random.default_rng(3)
