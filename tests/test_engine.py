@@ -63,7 +63,6 @@ def test_statistics_equal_a_float64_reference(pool: ThreadPoolExecutor) -> None:
     assert sum(stats.histogram) == a.size
 
 
-@pytest.mark.parametrize("scale", [(-13.0, 5.0), (-9.0, -7.0)])
 class BrokenView:
     """A view whose every read fails, as a corrupt chunk would."""
 
@@ -100,6 +99,7 @@ def test_a_stream_of_pairs_gives_each_its_own_result_in_order(pool: ThreadPoolEx
         assert stats.max_abs_diff == pytest.approx(float(np.abs(x.astype(np.float64) - y).max()), rel=1e-12)
 
 
+@pytest.mark.parametrize("scale", [(-13.0, 5.0), (-9.0, -7.0)])
 def test_histogram_and_mismatches_equal_a_direct_count(pool: ThreadPoolExecutor, scale: tuple[float, float]) -> None:
     """Differences spread over many decades, or all inside the tolerance, with exact zeros and zero references."""
     rng = np.random.default_rng(3)

@@ -11,14 +11,13 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from sqlalchemy import delete, func, select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -26,7 +25,6 @@ from tensor_debugger.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, pair_runs
-from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.summaries import TensorSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
 from tensor_debugger.engine.views import SourceView, View, build_view
@@ -39,9 +37,8 @@ from tensor_debugger.models import (
     TensorRecord,
     UnmatchedRecord,
 )
+from tensor_debugger.pending_pairs import ProgressCallback, compute_pending
 from tensor_debugger.store import ArrayStore
-
-ProgressCallback = Callable[[int, int], None]  # (pairs done, pairs to do)
 
 
 @dataclass(frozen=True)
@@ -74,24 +71,12 @@ def tensor_summary(t: TensorRecord) -> TensorSummary:
     return TensorSummary(tuple(t.shape), t.dtype, {"mean": t.mean, "std": t.std, "min": t.min, "max": t.max})
 
 
-@dataclass(frozen=True)
-class PendingPair:
-    """A pair being computed: what its result is stored under."""
-
-    pair_id: int
-    key: str  # the cache key (see `cache_key`)
-    digests_a: list[str]
-    digests_b: list[str]
-    alignment_key: str  # the alignment's steps as JSON
-    tolerance: Tolerance
-
-
 class Comparisons:
     def __init__(self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int = 2) -> None:
         self.sessions = sessions
         self.store = store
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()  # held while computing: one computation at a time per process
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
@@ -166,11 +151,16 @@ class Comparisons:
                              session.atol if session.atol is not None else base.atol), False
         return default_tolerance(dtype_a, dtype_b), False
 
-    def _key(self, session: SessionRecord, pair: PairRecord, a: list[TensorRecord],
-             b: list[TensorRecord]) -> tuple[str, Tolerance, bool]:
-        tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
+    def key(self, session: SessionRecord, pair: PairRecord, a: Sequence[TensorRecord],
+            b: Sequence[TensorRecord]) -> tuple[str, Tolerance, bool]:
+        """The pair's cache key, tolerance and exactness now."""
+        return self.key_of(session, pair, [t.digest for t in a], [t.digest for t in b], (a[0].dtype, b[0].dtype))
+
+    def key_of(self, session: SessionRecord, pair: PairRecord, digests_a: Sequence[str], digests_b: Sequence[str],
+               dtypes: tuple[str, str]) -> tuple[str, Tolerance, bool]:
+        tol, exact = self.tolerance(session, *dtypes)
         alignment_key = json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
-        return cache_key([t.digest for t in a], [t.digest for t in b], alignment_key, tol, exact), tol, exact
+        return cache_key(digests_a, digests_b, alignment_key, tol, exact), tol, exact
 
     def refresh(self, session_id: int) -> None:
         """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
@@ -187,7 +177,7 @@ class Comparisons:
                     pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
                     pair.status = "pass" if verdict.passed else "fail"
                     continue
-                key, _, _ = self._key(session, pair, a, b)
+                key, _, _ = self.key(session, pair, a, b)
                 cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
                 pair.error = None
                 if cached is None:
@@ -202,106 +192,9 @@ class Comparisons:
         self, session_id: int | None = None, progress: ProgressCallback | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> int:
-        """Compute every pending pair (of one session, or all), in execution order, as one stream of blocks
-        (`compare_stream`): a pair's set-up and its verdict's write overlap other pairs' blocks. Returns how many
-        pairs were settled (all of them unless `should_stop` said to stop)."""
-        with self.sessions() as db:
-            query = select(PairRecord.id).where(PairRecord.status == "pending")
-            if session_id is not None:
-                query = query.where(PairRecord.session_id == session_id)
-            todo = list(db.scalars(query.order_by(PairRecord.session_id, PairRecord.position)))
-        done = 0
-        waiting: dict[str, list[int]] = {}  # cache key in flight -> pairs with the same key, settled with it
-
-        def settled(count: int) -> None:
-            nonlocal done
-            done += count
-            if progress is not None:
-                progress(done, len(todo))
-
-        def jobs() -> Iterator[PairJob[PendingPair]]:
-            for pair_id in todo:
-                if should_stop is not None and should_stop():
-                    return
-                job = self._prepare(pair_id)
-                if job is None:
-                    settled(1)
-                elif job.key.key in waiting:  # the same comparison is already computing: no second pass
-                    waiting[job.key.key].append(pair_id)
-                else:
-                    waiting[job.key.key] = []
-                    yield job
-
-        with self._lock:  # one computation at a time per process: the pool is already parallel
-            for work, result in compare_stream(jobs(), self.pool):
-                pair_ids = [work.pair_id, *waiting.pop(work.key)]
-                if isinstance(result, Exception):  # a missing array, a corrupt chunk: the pair says so, work goes on
-                    for pair_id in pair_ids:
-                        self._fail(pair_id, f"{type(result).__name__}: {result}")
-                else:
-                    self._finish(work, result, pair_ids)
-                settled(len(pair_ids))
-        return done
-
-    def _prepare(self, pair_id: int) -> PairJob[PendingPair] | None:
-        """The comparison a pending pair needs, or None once it is settled without one (no longer pending, a
-        cached result, or views that cannot be built)."""
-        with self.sessions() as db:
-            pair = db.get(PairRecord, pair_id)
-            if pair is None or pair.status != "pending" or pair.alignment is None or pair.summary is not None:
-                return None
-            session = db.get_one(SessionRecord, pair.session_id)
-            a, b = self.tensors_of(db, pair)
-            key, tol, exact = self._key(session, pair, a, b)
-            cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
-            if cached is None:
-                try:
-                    view_a, view_b, _ = self.views(db, pair)
-                except Exception as exc:  # a missing array: the pair says so, work goes on
-                    self._fail(pair_id, f"{type(exc).__name__}: {exc}")
-                    return None
-                work = PendingPair(pair_id, key, [t.digest for t in a], [t.digest for t in b],
-                                   json.dumps(pair.alignment.get("steps", [])), tol)
-                return PairJob(work, view_a, view_b, tol, exact)
-        with self.sessions.begin() as db:
-            self._settle(db, [pair_id], key, cached)
-        return None
-
-    def _finish(self, work: PendingPair, stats: PairStats, pair_ids: list[int]) -> None:
-        """Store a computed result in the cache and give it to its pairs, in one transaction."""
-        try:
-            with self.sessions.begin() as db:
-                record = ComparisonResultRecord(
-                    cache_key=work.key, digests_a=work.digests_a, digests_b=work.digests_b,
-                    alignment_key=work.alignment_key, rtol=work.tolerance.rtol, atol=work.tolerance.atol,
-                    stats=stats.to_json(),
-                )
-                db.add(record)
-                db.flush()  # its id, for the pairs
-                self._settle(db, pair_ids, work.key, record)
-        except IntegrityError:  # another process stored the same comparison meanwhile: theirs serves
-            with self.sessions.begin() as db:
-                record = db.scalars(select(ComparisonResultRecord)
-                                    .where(ComparisonResultRecord.cache_key == work.key)).one()
-                self._settle(db, pair_ids, work.key, record)
-
-    def _settle(self, db: DbSession, pair_ids: list[int], key: str, record: ComparisonResultRecord) -> None:
-        """Give `record`'s verdict to those of `pair_ids` that still want it: pairs replanned, re-aligned or given
-        other tolerances while it computed have another key now, and keep waiting for their own."""
-        status = "pass" if PairStats.from_json(record.stats).passed else "fail"
-        for pair_id in pair_ids:
-            pair = db.get(PairRecord, pair_id)
-            if pair is None or pair.status != "pending" or pair.alignment is None or pair.summary is not None:
-                continue
-            a, b = self.tensors_of(db, pair)
-            if self._key(db.get_one(SessionRecord, pair.session_id), pair, a, b)[0] == key:
-                pair.result_id, pair.status = record.id, status
-
-    def _fail(self, pair_id: int, message: str) -> None:
-        with self.sessions.begin() as db:
-            pair = db.get(PairRecord, pair_id)
-            if pair is not None:
-                pair.status, pair.error = "error", message[:2000]
+        """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
+        settled (see `pending_pairs.compute_pending`)."""
+        return compute_pending(self, session_id, progress, should_stop)
 
     @staticmethod
     def tensors_of(db: DbSession, pair: PairRecord) -> tuple[list[TensorRecord], list[TensorRecord]]:
@@ -312,16 +205,20 @@ class Comparisons:
 
     def views(self, db: DbSession, pair: PairRecord) -> tuple[View, View, Alignment]:
         """Lazy views of both sides in aligned coordinates; reading one reads only the chunks it needs."""
+        return self.views_of(pair, *self.tensors_of(db, pair))
+
+    def views_of(self, pair: PairRecord, a: Sequence[TensorRecord],
+                 b: Sequence[TensorRecord]) -> tuple[View, View, Alignment]:
+        """`views`, given the pair's tensors (the reference's shards and the candidate's, in rank order)."""
         if pair.alignment is None:
             raise ValueError("the pair is incomparable: no alignment")
-        a, b = self.tensors_of(db, pair)
         for tensor in (*a, *b):
             if not tensor.has_values:
                 raise InvalidInputError(values_unavailable(tensor))
         steps = [Step.from_json(s) for s in pair.alignment["steps"]]
         alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 
-        def sources(side: list[TensorRecord]) -> list[View]:
+        def sources(side: Sequence[TensorRecord]) -> list[View]:
             return [SourceView(self.store.reader(t.store_key, t.digest),
                                partial(storage_to_compute, logical=parse_dtype(t.dtype)),
                                k) for k, t in enumerate(side)]
