@@ -161,6 +161,10 @@ def test_chunk_reader_reads_what_zarr_reads(services: Services, dtype_name: str)
             assert store.chunk_reads - before - reads == reads, region  # as many chunks as Zarr reads
             assert got.dtype == want.dtype and got.shape == want.shape, region
             assert got.tobytes() == want.tobytes(), region
+        stepped = tuple(slice(0, d, 2) for d in shape)  # left to Zarr, opened on demand
+        assert reader[stepped].tobytes() == np.asarray(array[stepped]).tobytes()
+    with pytest.raises(FileNotFoundError, match="runs/9/404"):
+        store.reader("runs/9/404", "sha256:0")
 
 
 @pytest.mark.parametrize("dtype_name", ["float32", "int16", "bool", "complex64", "uint8", "bfloat16"])

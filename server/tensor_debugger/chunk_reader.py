@@ -14,6 +14,7 @@ import itertools
 import os
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,34 +43,36 @@ class ReadCounter:
 class ChunkReader:
     """Reads any region of one array (numpy basic indexing with step-1 slices) from its chunk files."""
 
-    def __init__(self, array: Any, folder: Path, counter: ReadCounter) -> None:
-        self.array = array
-        self.shape: tuple[int, ...] = tuple(int(d) for d in array.shape)
-        self.dtype = np.dtype(array.dtype)
-        metadata: ArrayV3Metadata = array.metadata
+    def __init__(self, metadata: ArrayV3Metadata, folder: Path, counter: ReadCounter,
+                 open_array: Callable[[], Any]) -> None:
+        """`metadata` must be `readable`; `open_array` opens the Zarr array, for the rare region this reader
+        leaves to Zarr (slices with steps)."""
+        self.shape: tuple[int, ...] = tuple(int(d) for d in metadata.shape)
+        self.dtype = np.dtype(metadata.dtype.to_native_dtype())
         self.chunks: tuple[int, ...] = tuple(metadata.chunk_grid.chunk_shape)  # type: ignore[attr-defined]
         self._folder = folder
         self._metadata = metadata
-        self._fill = np.asarray(array.fill_value, dtype=self.dtype)
+        self._fill = np.asarray(metadata.fill_value, dtype=self.dtype)
         self._counter = counter
+        self._open_array = open_array
 
     @staticmethod
-    def readable(array: Any) -> bool:
-        """Whether `array`'s chunks are plain Blosc frames of native-order values that this reader decodes."""
-        metadata = array.metadata
+    def readable(metadata: Any) -> bool:
+        """Whether an array with `metadata` has chunks that are plain Blosc frames of native-order values, which
+        this reader decodes."""
         if not isinstance(metadata, ArrayV3Metadata) or not isinstance(metadata.chunk_grid, RegularChunkGrid):
             return False
         codecs = metadata.codecs
         if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], BloscCodec):
             return False
-        dtype = np.dtype(array.dtype)
+        dtype = np.dtype(metadata.dtype.to_native_dtype())
         endian = codecs[0].endian
         native = dtype.itemsize == 1 or (endian is not None and endian.value == sys.byteorder)
-        return native and dtype.isnative and not dtype.hasobject and len(array.shape) > 0
+        return native and dtype.isnative and not dtype.hasobject and len(metadata.shape) > 0
 
     def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
-            return np.asarray(self.array[region])
+            return np.asarray(self._open_array()[region])
         bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
         out = np.empty(tuple(max(0, stop - start) for start, stop in bounds), dtype=self.dtype)
         if out.size == 0:

@@ -29,7 +29,7 @@ class ChunkWriter:
     """Writes regions of one array that start on chunk boundaries (numpy basic indexing, step-1 slices)."""
 
     def __init__(self, array: Any, folder: Path) -> None:
-        if not ChunkReader.readable(array):
+        if not ChunkReader.readable(array.metadata):
             raise ValueError(f"array at {folder} is not in a layout a ChunkWriter writes")
         metadata: ArrayV3Metadata = array.metadata
         self.array = array
@@ -47,7 +47,7 @@ class ChunkWriter:
 
     @staticmethod
     def writable(array: Any) -> bool:
-        return ChunkReader.readable(array)
+        return ChunkReader.readable(array.metadata)
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):

@@ -6,9 +6,11 @@ storage dtype; its logical dtype lives in the array's attributes and in the meta
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -19,6 +21,7 @@ import zarr
 from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
 from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.core.metadata.v3 import ArrayV3Metadata
 from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
@@ -69,6 +72,7 @@ class ArrayStore:
         self._folder = backend.root if isinstance(backend, LocalStore) else None
         self._store = CountingStore(backend)
         self._opened: OrderedDict[tuple[str, str], zarr.Array[Any]] = OrderedDict()
+        self._metadata: OrderedDict[tuple[str, str], ArrayV3Metadata] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -124,17 +128,42 @@ class ArrayStore:
 
     def reader(self, key: str, content_digest: str | None = None) -> ChunkReader | zarr.Array[Any]:
         """The array at `key` for reading regions in bulk (comparisons): a `ChunkReader` where the array's layout
-        allows one, else the Zarr array itself. Both index like numpy and count their chunk reads here."""
-        array = self.open(key, content_digest)
-        if self._folder is None or not ChunkReader.readable(array):
-            return array
-        return ChunkReader(array, self._folder / key, self._store.counter)
+        allows one, else the Zarr array itself. Both index like numpy and count their chunk reads here. A
+        `ChunkReader` is built from the array's zarr.json alone (about 0.08 ms; opening the Zarr array takes 0.4)."""
+        if self._folder is not None:
+            metadata = self._array_metadata(key, content_digest)
+            if ChunkReader.readable(metadata):
+                return ChunkReader(metadata, self._folder / key, self._store.counter,
+                                   partial(self.open, key, content_digest))
+        return self.open(key, content_digest)
+
+    def _array_metadata(self, key: str, content_digest: str | None) -> ArrayV3Metadata:
+        """The parsed zarr.json of the array at `key` in the local folder (remembered like `open`'s arrays)."""
+        assert self._folder is not None
+        remembered = (key, content_digest) if content_digest is not None else None
+        with self._lock:
+            found = self._metadata.get(remembered) if remembered is not None else None
+        if found is not None:
+            return found
+        path = self._folder / key / "zarr.json"
+        try:
+            document = json.loads(path.read_bytes())
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no array {key!r} in the store ({path} is missing)") from None
+        metadata = ArrayV3Metadata.from_dict(document)
+        if remembered is not None:
+            with self._lock:
+                self._metadata[remembered] = metadata
+                while len(self._metadata) > _OPENED_LIMIT:
+                    self._metadata.popitem(last=False)
+        return metadata
 
     def delete(self, prefix: str) -> None:
         """Delete every array under `prefix` ("runs/12")."""
         with self._lock:
-            for cached in [k for k in self._opened if k[0] == prefix or k[0].startswith(prefix + "/")]:
-                del self._opened[cached]
+            for cache in (self._opened, self._metadata):
+                for cached in [k for k in cache if k[0] == prefix or k[0].startswith(prefix + "/")]:
+                    del cache[cached]
         sync(self._store.delete_dir(prefix))
 
     def children(self, prefix: str) -> list[str]:
