@@ -1,4 +1,5 @@
-"""The compiled statistics kernel gives what the numpy path gives, value for value, on every kind of block."""
+"""The compiled statistics kernels give what the numpy paths give, value for value, on every kind of block: a
+pair's statistics (comparisons) and one tensor's summary (ingest)."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import math
 
 import numpy as np
 import pytest
-from tensor_debugger.engine.fused import kernel_name
+from tensor_debugger.dtypes import parse_dtype
+from tensor_debugger.engine.fused import fused_summary, kernel_name
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.summary import SummaryAccumulator, TensorSummary
 
 EXACT_FIELDS = ("numel", "max_abs_diff", "argmax", "max_rel_diff", "mismatched", "nan_a", "nan_b", "inf_a", "inf_b",
                 "nan_one_side", "histogram")
@@ -122,3 +125,58 @@ def test_scalars(monkeypatch: pytest.MonkeyPatch) -> None:
     stats = assert_same(monkeypatch, np.array(0.125, dtype=np.float32), np.array(0.25, dtype=np.float32),
                         Tolerance(0, 0))
     assert stats.argmax == () and stats.max_abs_diff == 0.125
+
+
+# --- one tensor's summary (ingest) ---------------------------------------------------------------------------------
+
+
+def summary_with(kernel: str, monkeypatch: pytest.MonkeyPatch, stored: np.ndarray, dtype: str,
+                 blocks: int = 3) -> TensorSummary:
+    monkeypatch.setenv("TENSOR_DEBUGGER_KERNEL", kernel)
+    accumulator = SummaryAccumulator()
+    for block in np.array_split(stored, blocks):
+        accumulator.add_stored(block, parse_dtype(dtype))
+    return accumulator.result()
+
+
+def stored_as(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 `values` stored as `dtype` (bfloat16: the top 16 bits of each float32, as ingest stores it)."""
+    if dtype == "bfloat16":
+        return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return values.astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+@pytest.mark.parametrize("size", [1, 7, 8, 9, 2047, 2048, 2049, 6151, 100003])
+def test_summary_kernel_matches_numpy(monkeypatch: pytest.MonkeyPatch, dtype: str, size: int) -> None:
+    """min and max exactly; mean and std to 1e-12 (sums in another order); a block the kernel takes must be one."""
+    values = np.random.default_rng(size).standard_normal(size).astype(np.float32) * 3 + 1
+    stored = stored_as(values, dtype)
+    assert fused_summary(stored, dtype) is not None
+    compiled, plain = (summary_with(k, monkeypatch, stored, dtype) for k in ("compiled", "numpy"))
+    assert (compiled.numel, compiled.min, compiled.max) == (plain.numel, plain.min, plain.max)
+    assert compiled.mean is not None and plain.mean is not None and compiled.std is not None and plain.std is not None
+    assert compiled.mean == pytest.approx(plain.mean, rel=1e-12, abs=1e-15)
+    assert compiled.std == pytest.approx(plain.std, rel=1e-12)
+    widened = (stored.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else stored
+    assert compiled.std == pytest.approx(float(np.std(widened.astype(np.float64))), rel=1e-9)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
+def test_summary_blocks_with_nan_or_inf_fall_back_and_are_counted(monkeypatch: pytest.MonkeyPatch,
+                                                                   dtype: str) -> None:
+    values = np.random.default_rng(4).standard_normal(9000).astype(np.float32)
+    values[[10, 20]], values[4000], values[8999] = np.nan, np.inf, -np.inf
+    stored = stored_as(values, dtype)
+    assert fused_summary(stored, dtype) is None  # the kernel refuses the block: numpy counts and skips them
+    compiled, plain = (summary_with(k, monkeypatch, stored, dtype) for k in ("compiled", "numpy"))
+    assert (compiled.nan_count, compiled.inf_count) == (plain.nan_count, plain.inf_count) == (2, 2)
+    assert (compiled.min, compiled.max) == (plain.min, plain.max)
+    assert compiled.mean == pytest.approx(plain.mean, rel=1e-12, abs=1e-15)
+
+
+def test_summary_overflow_gives_no_mean_in_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    stored = np.array([1e308, 1e308, -1e308, 5.0])
+    assert fused_summary(stored, "float64") is None
+    compiled, plain = (summary_with(k, monkeypatch, stored, "float64", 1) for k in ("compiled", "numpy"))
+    assert compiled == plain and compiled.mean is None and compiled.max == 1e308

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensor_debugger.chunking import Region, iter_blocks, plan_chunks
-from tensor_debugger.dtypes import LogicalDtype, storage_to_compute
+from tensor_debugger.dtypes import LogicalDtype
 from tensor_debugger.store import ArrayStore
 from tensor_debugger.summary import SummaryAccumulator, TensorSummary
 from tensor_debugger.tensor_files import Leaf
@@ -72,7 +72,7 @@ def write_leaf(
 
     def account(block: np.ndarray) -> None:
         hasher.update(block.reshape(-1).view(np.uint8).data)
-        summary.add(storage_to_compute(block, leaf.dtype))
+        summary.add_stored(block, leaf.dtype)
 
     def store_block(region: Region, block: np.ndarray) -> None:
         array[region if region else ()] = block

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensor_debugger.dtypes import LogicalDtype, storage_to_compute
+from tensor_debugger.engine.fused import fused_summary
+
 
 @dataclass(frozen=True)
 class TensorSummary:
@@ -38,6 +41,16 @@ class SummaryAccumulator:
         self.m2 = 0.0
         self.lo = np.inf
         self.hi = -np.inf
+
+    def add_stored(self, stored: np.ndarray, logical: LogicalDtype) -> None:
+        """Fold in stored values (bit patterns for bfloat16 and float8): in one compiled pass where the kernel
+        has a loop for the dtype and the block is finite, else with numpy on their compute values."""
+        part = fused_summary(stored, logical.name) if stored.size else None
+        if part is None:
+            self.add(storage_to_compute(stored, logical))
+            return
+        self.numel += stored.size
+        self._merge(int(part.count), part.mean, part.m2, part.min, part.max)
 
     def add(self, values: np.ndarray) -> None:
         """Fold in compute values (see `dtypes.storage_to_compute`), a slice at a time so that the float64
@@ -76,8 +89,12 @@ class SummaryAccumulator:
             centred = values.astype(np.float64)
             centred -= mean
             m2 = float(np.einsum("i,i->", centred, centred))  # not BLAS: its threads spin on the cores ingest needs
-        self.lo = min(self.lo, float(values.min()))
-        self.hi = max(self.hi, float(values.max()))
+        self._merge(n, mean, m2, float(values.min()), float(values.max()))
+
+    def _merge(self, n: int, mean: float, m2: float, lo: float, hi: float) -> None:
+        """Fold in `n` finite values with this mean, sum of squared deviations from it, minimum and maximum."""
+        self.lo = min(self.lo, lo)
+        self.hi = max(self.hi, hi)
         count = self.count + n
         delta = mean - self.mean
         with np.errstate(over="ignore", invalid="ignore"):

@@ -1,4 +1,5 @@
-"""The compiled single-pass statistics kernel (fused_stats.c), loaded on first use.
+"""The compiled single-pass statistics kernels (fused_stats.c: a pair's statistics, a tensor's summary), loaded on
+first use.
 
 The package build compiles it next to this file (server/build_hooks.py); where it was not built, or
 TENSOR_DEBUGGER_KERNEL=numpy asks for it, `fused_partial` returns None and metrics.py computes with numpy alone.
@@ -31,6 +32,18 @@ class FusedPartial(ctypes.Structure):
     ]
 
 
+class FusedSummary(ctypes.Structure):
+    """Mirrors td_summary in fused_stats.c: one block's finite values (count, mean, M2, min, max)."""
+
+    _fields_ = [("count", ctypes.c_double), ("mean", ctypes.c_double), ("m2", ctypes.c_double),
+                ("min", ctypes.c_double), ("max", ctypes.c_double)]
+
+
+# logical dtype -> (the kernel's letter, the stored numpy dtype it reads): bfloat16 is stored as its raw bits
+_SUMMARY_KERNELS = {"float32": ("f", np.dtype(np.float32)), "float64": ("d", np.dtype(np.float64)),
+                    "float16": ("h", np.dtype(np.float16)), "bfloat16": ("b", np.dtype(np.uint16))}
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     path = Path(__file__).with_name(LIBRARY_NAME)
@@ -40,9 +53,14 @@ def _library() -> ctypes.CDLL | None:
         library = ctypes.CDLL(str(path))
     except OSError:
         return None
-    library.td_partial_size.restype = ctypes.c_int
-    if library.td_partial_size() != ctypes.sizeof(FusedPartial):  # built from another version of the source
+    sizes = (getattr(library, "td_partial_size", None), getattr(library, "td_summary_size", None))
+    if sizes[0] is None or sizes[1] is None or (sizes[0](), sizes[1]()) != (
+            ctypes.sizeof(FusedPartial), ctypes.sizeof(FusedSummary)):  # built from another version of the source
         return None
+    for code, _ in _SUMMARY_KERNELS.values():
+        function = getattr(library, f"td_summary_{code}")
+        function.restype = ctypes.c_int
+        function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(FusedSummary)]
     for pair in ("ff", "fd", "df", "dd"):
         function = getattr(library, f"td_stats_{pair}")
         function.restype = ctypes.c_int
@@ -86,4 +104,19 @@ def fused_partial(a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check:
     out = FusedPartial()
     function = getattr(library, f"td_stats_{_CODES[a.dtype]}{_CODES[b.dtype]}")
     function(a.ctypes.data, b.ctypes.data, a.size, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
+    return out
+
+
+def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
+    """The summary of a block of stored values of logical dtype `logical` in one compiled pass, or None where the
+    kernel is not in use, has no loop for the dtype, or met a NaN or an Inf or overflowed: the caller then
+    computes the block with numpy."""
+    kernel = _SUMMARY_KERNELS.get(logical)
+    library = None if kernel is None or _numpy_asked() else _library()
+    if kernel is None or library is None or stored.dtype != kernel[1]:
+        return None
+    values = np.ascontiguousarray(stored).reshape(-1)
+    out = FusedSummary()
+    if getattr(library, f"td_summary_{kernel[0]}")(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
+        return None
     return out

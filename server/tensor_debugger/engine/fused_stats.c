@@ -1,5 +1,6 @@
 /* The statistics of one block of a pair in a single pass: what engine/metrics.py computes for finite values with
- * about twenty numpy passes, fused into one loop over cache-sized sub-blocks.
+ * about twenty numpy passes, fused into one loop over cache-sized sub-blocks. Below them, one tensor's summary for
+ * ingest (summary.py).
  *
  * Every value is widened to double before any arithmetic, and every sum accumulates in double (in eight lanes,
  * added together at the end). Element-wise results are exactly numpy's: |a - b|, the tolerance test
@@ -178,6 +179,96 @@ KERNEL(td_stats_ff, float, float)
 KERNEL(td_stats_fd, float, double)
 KERNEL(td_stats_df, double, float)
 KERNEL(td_stats_dd, double, double)
+
+/* ---- One tensor's summary (ingest): count, mean, M2, min and max of a block, in double --------------------------
+ *
+ * Sub-blocks of SUB values: a first pass sums and bounds them, a second sums squared deviations from their mean
+ * (still in L1), and Chan et al.'s update merges each into the block's totals, as summary.py merges blocks. A NaN or
+ * an Inf reaches the sums, so a block whose sums are not finite (one with a NaN or an Inf, or one that overflowed)
+ * returns 1 untouched: the numpy path counts and skips those. */
+
+typedef struct {
+    double count, mean, m2, min, max;
+} td_summary;
+
+typedef uint16_t vu16 __attribute__((vector_size(LANES * 2)));
+typedef uint32_t vu32 __attribute__((vector_size(LANES * 4)));
+typedef _Float16 vhf __attribute__((vector_size(LANES * 2)));
+
+static inline __attribute__((always_inline)) vd load_bf16(const uint16_t *p) {
+    vu16 x;
+    memcpy(&x, p, sizeof x);
+    vu32 wide = __builtin_convertvector(x, vu32) << 16; /* bfloat16 is the top half of a float32 */
+    return __builtin_convertvector((vf)wide, vd);
+}
+static inline __attribute__((always_inline)) vd load_f16(const _Float16 *p) {
+    vhf x;
+    memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(__builtin_convertvector(x, vf), vd); /* via float32: F16C converts that */
+}
+static inline __attribute__((always_inline)) double scalar_bf16(const uint16_t *p) {
+    uint32_t wide = (uint32_t)*p << 16;
+    float f;
+    memcpy(&f, &wide, sizeof f);
+    return f;
+}
+#define SCALAR(p) ((double)*(p))
+
+#define SUMMARY(NAME, T, LOAD, ONE)                                                                              \
+    CLONES int NAME(const T *x, int64_t n, td_summary *out) {                                                    \
+        const vd inf = (vd){0} + __builtin_inf();                                                                \
+        double count = 0, mean = 0, m2 = 0, lo = __builtin_inf(), hi = -__builtin_inf();                        \
+        for (int64_t start = 0; start < n; start += SUB) {                                                       \
+            int64_t m = n - start < SUB ? n - start : SUB, whole = m / LANES * LANES, j;                         \
+            const T *p = x + start;                                                                              \
+            vd sum = {0}, vlo = inf, vhi = -inf;                                                                 \
+            for (j = 0; j < whole; j += LANES) {                                                                 \
+                vd v = LOAD(p + j);                                                                              \
+                sum += v;                                                                                        \
+                vlo = blend(v < vlo, v, vlo);                                                                    \
+                vhi = blend(v > vhi, v, vhi);                                                                    \
+            }                                                                                                    \
+            double s = hsum(sum), blo = -hmax(-vlo), bhi = hmax(vhi);                                            \
+            for (; j < m; j++) {                                                                                 \
+                double v = ONE(p + j);                                                                           \
+                s += v;                                                                                          \
+                blo = v < blo ? v : blo;                                                                         \
+                bhi = v > bhi ? v : bhi;                                                                         \
+            }                                                                                                    \
+            if (s - s != 0) return 1; /* NaN for a NaN or an infinite sum */                                      \
+            double mu = s / (double)m;                                                                           \
+            vd q = {0};                                                                                          \
+            for (j = 0; j < whole; j += LANES) {                                                                 \
+                vd d = LOAD(p + j) - mu;                                                                         \
+                q += d * d;                                                                                      \
+            }                                                                                                    \
+            double sq = hsum(q);                                                                                 \
+            for (; j < m; j++) {                                                                                 \
+                double d = ONE(p + j) - mu;                                                                      \
+                sq += d * d;                                                                                     \
+            }                                                                                                    \
+            double total = count + (double)m, delta = mu - mean;                                                 \
+            mean += delta * (double)m / total;                                                                   \
+            m2 += sq + delta * delta * count * (double)m / total;                                                \
+            count = total;                                                                                       \
+            lo = blo < lo ? blo : lo;                                                                            \
+            hi = bhi > hi ? bhi : hi;                                                                            \
+        }                                                                                                        \
+        if (mean - mean != 0 || m2 - m2 != 0) return 1; /* overflowed */                                          \
+        out->count = count;                                                                                      \
+        out->mean = mean;                                                                                        \
+        out->m2 = m2;                                                                                            \
+        out->min = lo;                                                                                           \
+        out->max = hi;                                                                                           \
+        return 0;                                                                                                \
+    }
+
+SUMMARY(td_summary_f, float, load_float, SCALAR)
+SUMMARY(td_summary_d, double, load_double, SCALAR)
+SUMMARY(td_summary_h, _Float16, load_f16, SCALAR)
+SUMMARY(td_summary_b, uint16_t, load_bf16, scalar_bf16)
+
+int td_summary_size(void) { return (int)sizeof(td_summary); }
 
 /* The layout of td_partial, so the loader can refuse a library built from another version of this file. */
 int td_partial_size(void) { return (int)sizeof(td_partial); }
