@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import save_file
 from sqlalchemy import select
 from tensor_debugger.chunk_reader import ChunkReader
 from tensor_debugger.chunk_writer import ChunkWriter
@@ -65,18 +66,26 @@ def test_every_dtype_round_trips_bit_exact(services: Services, tmp_path: Path, d
         assert same_bits(read_back(services, record), original), key
 
 
-def test_large_tensor_spans_many_chunks(services: Services, tmp_path: Path) -> None:
-    original = seeded((300, 1000), seed=5)  # 1.2 MB: more than one block of chunks at 64 KiB chunks
-    path = tmp_path / "big.pth"
-    torch.save(original, path)
+@pytest.mark.parametrize("suffix", [".pth", ".safetensors", ".npy"])
+def test_large_tensor_spans_many_chunks(services: Services, tmp_path: Path, suffix: str) -> None:
+    """Many blocks of many chunks, each read into a buffer an earlier block gave back (.safetensors and .npy),
+    or a view of the memory-mapped file (.pth): every bit arrives, and the summary covers every value."""
+    original = seeded((1100, 1000), seed=5)  # 4.4 MB: five blocks of 16 chunks of 64 KiB, the last one short
+    path = tmp_path / f"big{suffix}"
+    if suffix == ".pth":
+        torch.save(original, path)
+    elif suffix == ".safetensors":
+        save_file({"big": original}, str(path))
+    else:
+        np.save(path, original.numpy())
     small_chunks = services.settings.with_overrides(chunk_bytes=64 * 1024)
     from tensor_debugger.ingest import Ingestor
 
     ingestor = Ingestor(small_chunks, services.sessions, services.store)
     result = ingestor.ingest("chunks", "ref", [InputFile(path, path.name)])
-    record = stored(services, result.run_id)["big"]
+    (record,) = stored(services, result.run_id).values()
     array = services.store.open(record.store_key)
-    assert array.chunks == (16, 1000)
+    assert array.chunks == (16, 1000) and record.name.endswith("big")
     assert same_bits(read_back(services, record), original)
     values = original.double().numpy()
     assert record.min == values.min() and record.max == values.max()

@@ -209,30 +209,45 @@ def _where(label: str, key_path: tuple[str, ...]) -> str:
 
 
 class RawReader:
-    """C-order values at `offset` in an open file, read with os.pread (no mapping, no whole-file read)."""
+    """C-order values at `offset` in an open file, read with os.pread (no mapping, no whole-file read) into
+    buffers that `done` gives back for the next blocks: new memory costs this VM a page fault per 4 KiB, and a
+    zeroed bytearray one more pass (measured: about 9% of a bfloat16 ingest's samples were there)."""
 
     def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: LogicalDtype) -> None:
         self._fd = fd
         self._offset = offset
         self._shape = shape
         self._dtype = dtype
+        self._free: list[np.ndarray] = []  # byte buffers given back
+        self._lent: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
     def read(self, region: Region) -> np.ndarray:
         start, stop = region_flat_range(self._shape, region)
         size = self._dtype.itemsize
         nbytes = (stop - start) * size
-        data = bytearray(nbytes)
-        view = memoryview(data)
+        buffer = next((b for b in self._free if b.size >= nbytes), None)
+        if buffer is None:
+            buffer = np.empty(nbytes, dtype=np.uint8)
+        else:
+            self._free.remove(buffer)
+        self._lent[_bounds(region)] = buffer
+        view = memoryview(buffer)[:nbytes]  # type: ignore[arg-type]
         got = 0
         while got < nbytes:
             n = os.preadv(self._fd, [view[got:]], self._offset + start * size + got)
             if n == 0:
                 raise OSError("file ended before the tensor's data did")
             got += n
-        return np.frombuffer(data, dtype=self._dtype.numpy_storage).reshape(region_shape(region))
+        return buffer[:nbytes].view(self._dtype.numpy_storage).reshape(region_shape(region))
 
     def done(self, region: Region) -> None:
-        return None
+        buffer = self._lent.pop(_bounds(region), None)
+        if buffer is not None:
+            self._free.append(buffer)
+
+
+def _bounds(region: Region) -> tuple[tuple[int, int], ...]:
+    return tuple((s.start, s.stop) for s in region)
 
 
 class ArrayReader:
