@@ -137,7 +137,7 @@ def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
     if mode == "zarr":
         print(json.dumps({"bytes": nbytes, "one": timed(read_1), "two": timed(read_2)}))
     else:
-        figures: dict[str, list[dict[str, float]]] = {"compute": [], "one": [], "two": []}
+        figures: dict[str, list[dict[str, float]]] = {"compute": [], "one": [], "two": [], "warm-up": [timed(read_1)]}
         for _ in range(rounds):
             for name, work in (("compute", compute), ("one", read_1), ("two", read_2)):
                 figures[name].append(timed(work))
@@ -145,7 +145,7 @@ def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
             statuses = {status: count for status, count in db.execute(select(PairRecord.status, func.count())
                         .where(PairRecord.session_id == session_id).group_by(PairRecord.status))}
             pairs = sum(statuses.values())
-        chunks_per_round = services.store.chunk_reads // (3 * rounds)
+        chunks_per_round = services.store.chunk_reads // (3 * rounds + 1)
         print(json.dumps({"bytes": nbytes, "pairs": pairs, "statuses": statuses, "chunks": chunks_per_round,
                           "kernel": kernel_name(), **figures}))
     services.close()
@@ -189,6 +189,8 @@ def throughput(data: Path, session_id: int, rounds: int) -> None:
         return median([gb / r["cpu"] for r in res[name]])
 
     compute, one, two = rate("compute"), rate("one"), rate("two")
+    print(f"warm-up: one untimed read of every chunk ({res['warm-up'][0]['s']:.2f} s), so that every round reads from "
+          f"the page cache (this VM's DAMON pages out memory unused for about 30 s)")
     print(f"comparison (compute_pending in a child, the cache emptied before each of {rounds} rounds): {res['pairs']} "
           f"pairs, {gb:.2f} GB of tensors (both sides), {res['chunks']} chunks read a round; verdicts "
           f"{res['statuses']}")
