@@ -1,0 +1,51 @@
+"""Start-up cost of the CLI: what a command imports. torch alone takes about a second to import, so a command that
+does not read a PyTorch file must not import it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+# Runs the CLI in this interpreter's child, then reports the top-level packages it imported on stderr's last line.
+_PROBE = """
+import json, sys
+from tensor_debugger.cli import main
+code = main(sys.argv[1:])
+print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)
+raise SystemExit(code)
+"""
+
+
+def imported_by(*args: str) -> tuple[set[str], str]:
+    """The top-level packages `tensor-debugger ARGS` imported, and what it printed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stderr.strip().splitlines()[-1])), done.stdout
+
+
+def ingest(data: Path, run: str, path: Path) -> set[str]:
+    modules, out = imported_by("--data-dir", str(data), "ingest", "--session", "s", "--run", run, str(path), "--json")
+    assert json.loads(out)["run"]["tensors"] == 1
+    return modules
+
+
+def test_npy_and_safetensors_ingest_without_torch(tmp_path: Path) -> None:
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.arange(4, dtype=np.float32))
+    bf16 = tmp_path / "b.safetensors"
+    save_file({"w": torch.arange(8, dtype=torch.bfloat16)}, str(bf16))
+    data = tmp_path / "data"
+    assert "torch" not in ingest(data, "npy", npy)  # a new data folder
+    assert "torch" not in ingest(data, "safetensors", bf16)  # an existing one
+    pth = tmp_path / "c.pth"
+    torch.save(torch.arange(3), pth)
+    assert "torch" in ingest(data, "pth", pth)  # the one reader that needs it still gets it
