@@ -18,8 +18,10 @@ from safetensors.torch import save_file
 _PROBE = """
 import json, sys
 from tensor_debugger.cli import main
-code = main(sys.argv[1:])
-print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)
+try:
+    code = main(sys.argv[1:])
+finally:  # --help exits from inside main
+    print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)
 raise SystemExit(code)
 """
 
@@ -52,3 +54,12 @@ def test_npy_and_safetensors_ingest_without_torch(tmp_path: Path) -> None:
     pth = tmp_path / "c.pth"
     torch.save(torch.arange(3), pth)
     assert "torch" in ingest(data, "pth", pth)  # the one reader that needs it still gets it
+
+
+def test_help_and_sessions_import_only_what_they_use(tmp_path: Path) -> None:
+    modules, out = imported_by("--help")
+    assert "TENSOR_DEBUGGER_DATA_DIR" in out
+    assert not modules & {"torch", "numpy", "sqlalchemy", "zarr", "litestar", "alembic", "jinja2"}
+    modules, out = imported_by("--data-dir", str(tmp_path / "data"), "sessions", "--json")
+    assert json.loads(out) == []
+    assert not modules & {"torch", "litestar", "jinja2", "uvicorn"}

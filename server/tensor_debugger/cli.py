@@ -4,6 +4,9 @@
     tensor-debugger [--data-dir DIR] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger [--data-dir DIR] compare A B [--name N] [--rtol R --atol T] [--json]
+
+Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
+Litestar, and only `serve` imports the web framework.
 """
 
 from __future__ import annotations
@@ -14,16 +17,15 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tensor_debugger import __version__
-from tensor_debugger.compare_command import run_compare
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
-from tensor_debugger.inputs import InputFile
 from tensor_debugger.progress import ProgressBar
-from tensor_debugger.schemas import iso, problem_json
-from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings, setting_docs
+
+if TYPE_CHECKING:
+    from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
@@ -74,11 +76,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNUSABLE
     if args.command == "serve":
         return serve(settings.with_overrides(host=args.host, port=args.port, demo=False if args.no_demo else None))
+    from tensor_debugger.services import open_services
+
     services = open_services(settings)
     try:
         if args.command == "ingest":
             return ingest(services, args.session, args.run, args.paths, args.json)
         if args.command == "compare":
+            from tensor_debugger.compare_command import run_compare
+
             return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json)
         return list_sessions(services, args.json)
     finally:
@@ -102,6 +108,9 @@ def serve(settings: Settings) -> int:
 
 
 def ingest(services: Services, session: str, run: str, paths: list[Path], as_json: bool) -> int:
+    from tensor_debugger.inputs import InputFile
+    from tensor_debugger.schemas import problem_json
+
     inputs = [InputFile(p, str(p)) for p in paths]
     bar = ProgressBar(f"ingest {run}")
     try:
@@ -133,6 +142,7 @@ def ingest(services: Services, session: str, run: str, paths: list[Path], as_jso
 
 def list_sessions(services: Services, as_json: bool) -> int:
     from tensor_debugger import catalog
+    from tensor_debugger.schemas import iso
 
     with services.sessions() as db:
         data: list[dict[str, Any]] = [
