@@ -4,6 +4,7 @@ at the newest migration."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -63,3 +65,14 @@ def test_help_and_sessions_import_only_what_they_use(tmp_path: Path) -> None:
     modules, out = imported_by("--data-dir", str(tmp_path / "data"), "sessions", "--json")
     assert json.loads(out) == []
     assert not modules & {"torch", "litestar", "jinja2", "uvicorn"}
+
+
+def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tensor_debugger.cli import main
+
+    try:
+        assert main(["--data-dir", str(tmp_path / "data"), "sessions", "--json"]) == 0
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # what start-up built is frozen, collection is on
+    finally:
+        gc.unfreeze()
+    assert json.loads(capsys.readouterr().out) == []

@@ -15,7 +15,8 @@ import argparse
 import gc
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,9 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNUSABLE
     if args.command == "serve":
         return serve(settings.with_overrides(host=args.host, port=args.port, demo=False if args.no_demo else None))
-    from tensor_debugger.services import open_services
+    with _start_up_heap():
+        from tensor_debugger.services import open_services
 
-    services = open_services(settings)
+        services = open_services(settings)
     try:
         if args.command == "ingest":
             return ingest(services, args.session, args.run, args.paths, args.json)
@@ -89,6 +91,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return list_sessions(services, args.json)
     finally:
         services.close()
+
+
+@contextmanager
+def _start_up_heap() -> Iterator[None]:
+    """Run a one-shot command's imports and opening of the data dir with the garbage collector off, then freeze
+    what they built. Those objects (modules, classes, the engine) live until the process exits, so collecting
+    them is wasted work: a tenth of the import time went to collections, and tearing them down at exit took
+    0.15-0.2 s of a 0.8 s ingest. Objects the command itself creates are collected as usual."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
 
 
 def serve(settings: Settings) -> int:
