@@ -76,3 +76,15 @@ def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.Capture
     finally:
         gc.unfreeze()
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_pytorch_files_named_on_the_command_line(tmp_path: Path) -> None:
+    from tensor_debugger.cli import names_pytorch_file
+
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "dump" / "0_query.npy").write_bytes(b"")
+    assert not names_pytorch_file([tmp_path / "a.npy", tmp_path / "b.safetensors", tmp_path / "dump",
+                                   tmp_path / "missing"])
+    assert names_pytorch_file([tmp_path / "a.npy", tmp_path / "B.PTH"])
+    (tmp_path / "dump" / "1_key.bin").write_bytes(b"")
+    assert names_pytorch_file([tmp_path / "dump"])
