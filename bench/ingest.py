@@ -32,7 +32,14 @@ DEFAULT_WORKDIR_PARENT = ROOT / "bench-data"  # gitignored
 STAGES = ("post_ln_pre_attn", "query", "key", "value", "post_attn", "post_attn_pre_resid", "pre_mlp", "post_mlp")
 HIDDEN = 4096  # last dimension of every generated tensor
 MIB, GIB, MB = 1 << 20, 1 << 30, 1e6
-BASELINE = "import tensor_debugger.cli, torch, zarr; print(f'torch {torch.__version__}, zarr {zarr.__version__}')"
+
+
+def baseline_code(fmt: str) -> str:
+    """A child importing what the ingest's start-up imports: SQLAlchemy, numpy and Zarr (tensor_debugger.services),
+    Alembic (the data dir is new, so it is migrated), and torch only where the dump is .pth files."""
+    modules = "tensor_debugger.services, alembic.command" + (", torch" if fmt == "pth" else "")
+    return (f"import {modules}; from importlib.metadata import version; "
+            "print(f\"torch {version('torch')}, zarr {version('zarr')}\")")
 
 
 def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype_name: str, fmt: str, seed: int) -> None:
@@ -111,9 +118,10 @@ def main() -> int:
         write_dump(args.write_dump, *sizes, args.dtype, args.format, args.seed)
         return 0
     env = child_env()
-    baseline_wall, rss, versions = run_child([sys.executable, "-c", BASELINE], env)
+    baseline = baseline_code(args.format)
+    baseline_wall, rss, versions = run_child([sys.executable, "-c", baseline], env)
     print(machine_line(versions.strip()))
-    print(f"baseline child (import tensor_debugger.cli, torch, zarr): {baseline_wall:.2f} s, peak RSS {rss:.0f} MB")
+    print(f"baseline child ({baseline.split(';')[0]}): {baseline_wall:.2f} s, peak RSS {rss:.0f} MB")
     if args.workdir is None:
         DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
         workdir, own_workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=DEFAULT_WORKDIR_PARENT)), True

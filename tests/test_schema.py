@@ -1,24 +1,96 @@
-"""Alembic's `upgrade head` on an empty database gives exactly the models' schema."""
+"""Alembic's `upgrade head` on an empty database gives exactly the models' schema; a start-up runs Alembic only
+when the database is not at the newest migration already."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import inspect
-from tensor_debugger.database import create_db_engine, upgrade_database
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, inspect, text
+from tensor_debugger.database import (
+    alembic_config,
+    create_db_engine,
+    head_revision,
+    schema_is_current,
+    upgrade_database,
+)
 from tensor_debugger.models import Base
+from tensor_debugger.resources import resource_dir
+
+
+def assert_schema_matches_models(engine: Engine) -> None:
+    with engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+        assert context.get_current_revision() == alembic_head()
+
+
+def alembic_head() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
 def test_upgrade_head_matches_models(tmp_path: Path) -> None:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'fresh.sqlite3'}")
+    assert not schema_is_current(engine)  # no alembic_version table yet
     upgrade_database(engine)
-    with engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"compare_type": True})
-        assert compare_metadata(context, Base.metadata) == []
+    assert schema_is_current(engine)
+    assert_schema_matches_models(engine)
     assert set(inspect(engine).get_table_names()) == {
         "alembic_version", "sessions", "runs", "tensors", "problems", "pairs", "comparison_results", "pair_overrides",
         "unmatched"}
     upgrade_database(engine)  # a second start is a no-op
     engine.dispose()
+
+
+def test_head_read_from_the_files_is_alembics_head() -> None:
+    """The start-up's shortcut reads the head revision from the migration files; it must be Alembic's."""
+    head = head_revision(resource_dir("migrations") / "versions")
+    assert head is not None and head == alembic_head()
+
+
+def test_an_older_schema_is_upgraded(tmp_path: Path) -> None:
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'old.sqlite3'}")
+    config = alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0003")  # the schema before module traces
+    assert not schema_is_current(engine)
+    upgrade_database(engine)
+    assert schema_is_current(engine)
+    assert_schema_matches_models(engine)
+    engine.dispose()
+
+
+def test_a_stamp_other_than_the_head_is_not_current(tmp_path: Path) -> None:
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'odd.sqlite3'}")
+    upgrade_database(engine)
+    head = alembic_head()
+    with engine.begin() as connection:
+        connection.execute(text("INSERT INTO alembic_version (version_num) VALUES ('other')"))
+    assert not schema_is_current(engine)  # two rows: branches, left to Alembic
+    with engine.begin() as connection:
+        connection.execute(text("DELETE FROM alembic_version WHERE version_num = :head"), {"head": head})
+    assert not schema_is_current(engine)  # a revision these files do not know (a newer release's): Alembic says so
+    engine.dispose()
+
+
+def test_head_revision_of_branches_merges_and_odd_files(tmp_path: Path) -> None:
+    def migration(name: str, body: str) -> None:
+        (tmp_path / f"{name}.py").write_text(f'"""{name}"""\nfrom alembic import op\n{body}\n\ndef upgrade() -> None:\n'
+                                             "    pass\n")
+
+    assert head_revision(tmp_path) is None  # no migrations at all
+    migration("a", "revision = 'a'\ndown_revision = None")
+    migration("b", "revision: str = 'b'\ndown_revision: str | None = 'a'")  # the newer template's annotations
+    assert head_revision(tmp_path) == "b"
+    migration("c", "revision = 'c'\ndown_revision = 'a'")
+    assert head_revision(tmp_path) is None  # two heads
+    migration("d", "revision = 'd'\ndown_revision = ('b', 'c')")
+    assert head_revision(tmp_path) == "d"  # merged
+    (tmp_path / "__init__.py").write_text("")
+    assert head_revision(tmp_path) == "d"
+    migration("e", "revision = compute()\ndown_revision = 'd'")
+    assert head_revision(tmp_path) is None  # not a literal: left to Alembic

@@ -2,15 +2,20 @@
 
 Zarr 3 has no bfloat16, float8, float4 or complex32: those are stored as their raw bits in an unsigned integer
 array of the same item size, and the logical dtype is kept in metadata, so the round trip is bit-exact.
+
+torch is imported only by the functions that need it (PyTorch files, float8/complex32 widening): importing it
+takes about a second, and ingesting .npy or .safetensors files, or listing sessions, never does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 Kind = Literal["float", "int", "bool", "complex"]
 
@@ -25,6 +30,8 @@ class LogicalDtype:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         return getattr(torch, self.name)  # type: ignore[no-any-return]
 
     @property
@@ -96,6 +103,8 @@ def torch_to_storage(tensor: torch.Tensor) -> np.ndarray:
     """`tensor` as a C-contiguous numpy array in its storage dtype (bit patterns for raw-bit dtypes).
 
     A contiguous CPU tensor is not copied: the array shares its memory (a memory-mapped file, say)."""
+    import torch
+
     logical = from_torch(tensor.dtype)
     t = tensor.detach().cpu().contiguous()
     if logical.raw_bits:
@@ -106,6 +115,8 @@ def torch_to_storage(tensor: torch.Tensor) -> np.ndarray:
 
 def storage_to_torch(array: np.ndarray, logical: LogicalDtype) -> torch.Tensor:
     """The tensor whose storage form is `array`, bit for bit."""
+    import torch
+
     array = np.array(array, order="C", copy=True)  # keeps 0-d arrays 0-d, unlike ascontiguousarray
     if logical.raw_bits:
         signed = {1: np.int8, 2: np.int16, 4: np.int32}[logical.itemsize]
@@ -125,5 +136,7 @@ def storage_to_compute(array: np.ndarray, logical: LogicalDtype) -> np.ndarray:
     if logical.name == "float4_e2m1fn_x2":
         # Two packed 4-bit floats per byte: torch has no arithmetic for them, so they compare as raw bytes.
         return array
+    import torch
+
     target = torch.complex64 if logical.kind == "complex" else torch.float32
     return storage_to_torch(array, logical).to(target).numpy()

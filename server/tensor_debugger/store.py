@@ -12,11 +12,10 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-import torch
 import zarr
 from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
@@ -28,6 +27,9 @@ from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from tensor_debugger.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.chunk_writer import ChunkWriter
 from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
+
+if TYPE_CHECKING:
+    import torch
 
 # Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
 # while storing float32 activations at 0.91 and bfloat16 at 0.81 of their size; zstd saves a few percent more but

@@ -2,6 +2,8 @@
 
 Reading never loads a whole tensor: PyTorch files are memory-mapped (`weights_only=True, mmap=True`) and their
 pages dropped once copied; safetensors and .npy data are read with positioned reads at their byte offsets.
+
+Only PyTorch files import torch (about a second): .safetensors and .npy files are read as bytes without it.
 """
 
 from __future__ import annotations
@@ -16,16 +18,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import torch
 from numpy.lib import _format_impl
 
 from tensor_debugger.chunking import Region, region_flat_range, region_shape
 from tensor_debugger.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.mapped_pages import PageReleaser
+
+if TYPE_CHECKING:
+    import torch
 
 TORCH_SUFFIXES = frozenset({".pth", ".pt", ".bin"})
 TENSOR_SUFFIXES = TORCH_SUFFIXES | {".safetensors", ".npy"}
@@ -37,9 +41,6 @@ _SAFETENSORS_DTYPES = {
     "U64": "uint64", "U32": "uint32", "U16": "uint16", "U8": "uint8", "BOOL": "bool",
     "C64": "complex64",
 }  # fmt: skip
-
-
-_SCALAR_DTYPES = {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
 
 
 class BlockReader(Protocol):
@@ -119,6 +120,8 @@ class TorchReader:
 
 
 def _open_torch(path: Path, label: str) -> TensorFile:
+    import torch
+
     mmapped = True
     try:
         try:
@@ -152,11 +155,13 @@ def _open_torch(path: Path, label: str) -> TensorFile:
 
 def _flatten(obj: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
     """Every leaf of a dict/list/tuple nesting; Python scalars become 0-d tensors, None is dropped."""
+    import torch
+
     if isinstance(obj, torch.Tensor):
         yield prefix, obj
     elif isinstance(obj, bool | int | float | complex):
         try:  # Python floats are doubles: keep every bit
-            yield prefix, torch.tensor(obj, dtype=_SCALAR_DTYPES.get(type(obj)))
+            yield prefix, torch.tensor(obj, dtype=_scalar_dtypes().get(type(obj)))
         except (OverflowError, RuntimeError):
             yield prefix, obj
     elif isinstance(obj, Mapping):
@@ -169,7 +174,15 @@ def _flatten(obj: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...
         yield prefix, obj
 
 
+def _scalar_dtypes() -> dict[type, torch.dtype]:
+    import torch
+
+    return {bool: torch.bool, int: torch.int64, float: torch.float64, complex: torch.complex128}
+
+
 def _unsupported_tensor(t: torch.Tensor) -> str | None:
+    import torch
+
     if t.layout != torch.strided:
         return f"{t.layout} tensors are not supported; skipped"
     if t.device.type == "meta":

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jinja2 import Environment
+if TYPE_CHECKING:  # the CLI's `compare` formats numbers with these, without loading Jinja
+    from jinja2 import Environment
 
 
 def format_number(value: float | None) -> str:

@@ -1,0 +1,90 @@
+"""Start-up cost of the CLI: what a command imports. torch alone takes about a second to import, so a command that
+does not read a PyTorch file must not import it; Alembic (a quarter of a second) only runs on a database that is not
+at the newest migration."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+# Runs the CLI in this interpreter's child, then reports the top-level packages it imported on stderr's last line.
+_PROBE = """
+import json, sys
+from tensor_debugger.cli import main
+try:
+    code = main(sys.argv[1:])
+finally:  # --help exits from inside main
+    print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})), file=sys.stderr)
+raise SystemExit(code)
+"""
+
+
+def imported_by(*args: str) -> tuple[set[str], str]:
+    """The top-level packages `tensor-debugger ARGS` imported, and what it printed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    return set(json.loads(done.stderr.strip().splitlines()[-1])), done.stdout
+
+
+def ingest(data: Path, run: str, path: Path) -> set[str]:
+    modules, out = imported_by("--data-dir", str(data), "ingest", "--session", "s", "--run", run, str(path), "--json")
+    assert json.loads(out)["run"]["tensors"] == 1
+    return modules
+
+
+def test_npy_and_safetensors_ingest_without_torch(tmp_path: Path) -> None:
+    npy = tmp_path / "a.npy"
+    np.save(npy, np.arange(4, dtype=np.float32))
+    bf16 = tmp_path / "b.safetensors"
+    save_file({"w": torch.arange(8, dtype=torch.bfloat16)}, str(bf16))
+    data = tmp_path / "data"
+    first = ingest(data, "npy", npy)  # a new data folder: migrated
+    assert "torch" not in first and "alembic" in first
+    second = ingest(data, "safetensors", bf16)  # an existing one, already at the newest migration
+    assert not second & {"torch", "alembic", "mako", "pygments"}
+    pth = tmp_path / "c.pth"
+    torch.save(torch.arange(3), pth)
+    assert "torch" in ingest(data, "pth", pth)  # the one reader that needs it still gets it
+
+
+def test_help_and_sessions_import_only_what_they_use(tmp_path: Path) -> None:
+    modules, out = imported_by("--help")
+    assert "TENSOR_DEBUGGER_DATA_DIR" in out
+    assert not modules & {"torch", "numpy", "sqlalchemy", "zarr", "litestar", "alembic", "jinja2"}
+    modules, out = imported_by("--data-dir", str(tmp_path / "data"), "sessions", "--json")
+    assert json.loads(out) == []
+    assert not modules & {"torch", "litestar", "jinja2", "uvicorn"}
+
+
+def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tensor_debugger.cli import main
+
+    try:
+        assert main(["--data-dir", str(tmp_path / "data"), "sessions", "--json"]) == 0
+        assert gc.isenabled() and gc.get_freeze_count() > 0  # what start-up built is frozen, collection is on
+    finally:
+        gc.unfreeze()
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_pytorch_files_named_on_the_command_line(tmp_path: Path) -> None:
+    from tensor_debugger.cli import names_pytorch_file
+
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "dump" / "0_query.npy").write_bytes(b"")
+    assert not names_pytorch_file([tmp_path / "a.npy", tmp_path / "b.safetensors", tmp_path / "dump",
+                                   tmp_path / "missing"])
+    assert names_pytorch_file([tmp_path / "a.npy", tmp_path / "B.PTH"])
+    (tmp_path / "dump" / "1_key.bin").write_bytes(b"")
+    assert names_pytorch_file([tmp_path / "dump"])
