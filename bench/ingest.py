@@ -34,19 +34,20 @@ HIDDEN = 4096  # last dimension of every generated tensor
 MIB, GIB, MB = 1 << 20, 1 << 30, 1e6
 
 
-def baseline_code(fmt: str) -> str:
-    """A child importing what the ingest's start-up imports: SQLAlchemy, numpy and Zarr (tensor_debugger.services),
-    Alembic (the data dir is new, so it is migrated), and torch only where the dump is .pth files."""
-    modules = "tensor_debugger.services, alembic.command" + (", torch" if fmt == "pth" else "")
-    return (f"import {modules}; from importlib.metadata import version; "
-            "print(f\"torch {version('torch')}, zarr {version('zarr')}\")")
-
-
 def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype_name: str, fmt: str, seed: int) -> None:
-    """Write (rows, HIDDEN) tensors until `size_bytes` of payload; print {"count", "payload"} as JSON.
-    Runs in a child process (see the module docstring)."""
+    """Write (rows, HIDDEN) tensors until `size_bytes` of payload, and one tiny tensor in `folder`.tiny (for the
+    start-up measure); print {"count", "payload", "versions"} as JSON. Runs in a child process (see the module
+    docstring)."""
+    from importlib.metadata import version
+
     import torch
     from safetensors.torch import save_file
+
+    def save(t: torch.Tensor, path: Path) -> None:
+        if fmt == "pth":
+            torch.save(t, path)
+        else:
+            save_file({"activation": t}, str(path))
 
     dtype = getattr(torch, dtype_name)
     row_bytes = HIDDEN * torch.empty((), dtype=dtype).element_size()
@@ -58,16 +59,16 @@ def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype_name: str
         layer, stage = divmod(count, len(STAGES))
         # activations: normal, with a scale that grows with depth as residual streams do
         t = (torch.randn(rows, HIDDEN, generator=generator) * (1.0 + 0.1 * layer)).to(dtype)
-        path = folder / f"{layer}_{STAGES[stage]}.{fmt}"
-        if fmt == "pth":
-            torch.save(t, path)
-        else:
-            save_file({"activation": t}, str(path))
+        save(t, folder / f"{layer}_{STAGES[stage]}.{fmt}")
         payload += rows * row_bytes
         count += 1
         del t
+    tiny = folder.with_suffix(".tiny")
+    tiny.mkdir()
+    save(torch.ones(16, 16, dtype=dtype), tiny / f"0_query.{fmt}")
     os.sync()  # let write-back finish so that it does not run during the timed ingest
-    print(json.dumps({"count": count, "payload": payload}))
+    print(json.dumps({"count": count, "payload": payload,
+                      "versions": f"torch {torch.__version__}, zarr {version('zarr')}"}))
 
 
 def tree_bytes(folder: Path) -> tuple[int, int]:
@@ -118,10 +119,6 @@ def main() -> int:
         write_dump(args.write_dump, *sizes, args.dtype, args.format, args.seed)
         return 0
     env = child_env()
-    baseline = baseline_code(args.format)
-    baseline_wall, rss, versions = run_child([sys.executable, "-c", baseline], env)
-    print(machine_line(versions.strip()))
-    print(f"baseline child ({baseline.split(';')[0]}): {baseline_wall:.2f} s, peak RSS {rss:.0f} MB")
     if args.workdir is None:
         DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
         workdir, own_workdir = Path(tempfile.mkdtemp(prefix="ingest-", dir=DEFAULT_WORKDIR_PARENT)), True
@@ -136,12 +133,18 @@ def main() -> int:
                "--seed", str(args.seed)]
         wall, _, out = run_child(gen, env)
         written = json.loads(out)
+        print(machine_line(written["versions"]))
         dump_bytes, _ = tree_bytes(dump)
         print(f"dump: {written['count']} {args.dtype} tensors of up to {args.tensor_mib:g} MiB as .{args.format}, "
               f"{dump_bytes / GIB:.3f} GiB ({dump_bytes / MB:.0f} MB) in files, payload "
               f"{written['payload'] / MB:.0f} MB; written in {wall:.1f} s")
         print("note: the dump was freshly written (then synced), so ingest reads it from the page cache, not disk")
 
+        tiny = [str(CLI), "--data-dir", str(data.with_suffix(".tiny")), "ingest", "--session", "bench", "--run", "ref",
+                str(dump.with_suffix(".tiny")), "--json"]
+        startup, startup_rss, _ = run_child(tiny, env)
+        print(f"start-up: the same command on one 16 x 16 tensor in the same format, into a new data dir, takes "
+              f"{startup:.2f} s (peak RSS {startup_rss:.0f} MB)")
         cmd = [str(CLI), "--data-dir", str(data), "ingest", "--session", "bench", "--run", "ref", str(dump), "--json"]
         print("command: " + " ".join(cmd))
         wall, rss, out = run_child(cmd, env)
@@ -152,7 +155,6 @@ def main() -> int:
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
         print(f"ingest: {result['run']['tensors']} of {written['count']} tensors stored in {wall:.2f} s wall "
               f"(process start-up included)")
-        startup = baseline_wall
         print(f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files; "
               f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} MB/s without the {startup:.1f} s start-up")
         limit = raw_write_mb_s(workdir, data_allocated)
@@ -167,8 +169,8 @@ def main() -> int:
         return 0
     finally:
         if not args.keep:
-            shutil.rmtree(dump, ignore_errors=True)
-            shutil.rmtree(data, ignore_errors=True)
+            for folder in (dump, data, dump.with_suffix(".tiny"), data.with_suffix(".tiny")):
+                shutil.rmtree(folder, ignore_errors=True)
             if own_workdir:
                 shutil.rmtree(workdir, ignore_errors=True)
 
