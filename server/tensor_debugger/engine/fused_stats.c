@@ -8,6 +8,10 @@
  * (compared at float32 precision: |a - b| and the edges rounded to float32) and the first position of the largest
  * difference. Sums may differ from numpy's in the last bits (another order).
  *
+ * Per sub-block, the largest difference is kept as a value only; a sub-block that raises it is scanned again for
+ * its first position (rare after the first few). Relative differences assume non-zero references; a sub-block
+ * where one is zero gets a non-finite sum and is computed again, over its non-zero references only.
+ *
  * The kernel does not look for NaN or Inf: they reach the sums of squares, which the caller checks, and a block
  * where those are not finite is computed again by the general numpy path. Written with GCC vector extensions
  * (eight doubles a vector) and built for AVX-512, AVX2 and baseline x86-64, the best picked at load time.
@@ -52,8 +56,8 @@ static inline __attribute__((always_inline)) int64_t hsuml(vl x) { int64_t s = 0
 static inline __attribute__((always_inline)) double hmax(vd x) { double m = x[0]; for (int i = 1; i < LANES; i++) m = x[i] > m ? x[i] : m; return m; }
 
 typedef struct {
-    vd max, sum_abs, sum_sq, sum_rel, max_rel, dot, norm_a, norm_b;
-    vl idx_max, rel_count, mismatched;
+    vd sum_abs, sum_sq, dot, norm_a, norm_b;
+    vl mismatched;
 } lanes_t;
 
 static inline __attribute__((always_inline)) vd load_float(const float *p) {
@@ -66,31 +70,31 @@ static inline __attribute__((always_inline)) vd load_double(const double *p) {
     memcpy(&x, p, sizeof x);
     return x;
 }
+static inline __attribute__((always_inline)) double one_float(const float *p) { return (double)*p; }
+static inline __attribute__((always_inline)) double one_double(const double *p) { return *p; }
+/* The larger of two vectors of non-negative doubles (or NaN, in a block the caller discards anyway). */
+static inline __attribute__((always_inline)) vd vmax(vd x, vd y) { return blend(x > y, x, y); }
 
-/* Fold one vector of each side (positions idx) into `L`, its differences into `diff`. */
+/* Fold one vector of each side into `L` and the sub-block's own maxima and sums, its differences into `diff`.
+ * The relative difference assumes |a| > 0: where a lane's reference is zero, the sub-block's sum of relative
+ * differences is not finite and the caller computes that sub-block's relative differences again (rel_exact). */
 #define STEP(va, vb)                                                                                             \
     do {                                                                                                         \
         vd d = vabs(va - vb);                                                                                    \
         vf d32 = __builtin_convertvector(d, vf);                                                                 \
         memcpy(diff + j, &d32, sizeof d32);                                                                      \
-        vl gt = d > L.max;                                                                                       \
-        L.max = blend(gt, d, L.max);                                                                             \
-        L.idx_max = blendl(gt, idx, L.idx_max);                                                                  \
-        top = blend(d > top, d, top);                                                                            \
+        top = vmax(d, top);                                                                                      \
         L.sum_abs += d;                                                                                          \
         L.sum_sq += d * d;                                                                                       \
         vd r = vabs(va);                                                                                         \
         if (check) L.mismatched -= d > r * vrtol + vatol;                                                        \
-        vl pos = r > zero;                                                                                       \
-        vd q = blend(pos, d / blend(pos, r, one), zero);                                                         \
-        L.sum_rel += q;                                                                                          \
-        L.max_rel = blend(q > L.max_rel, q, L.max_rel);                                                          \
-        L.rel_count -= pos;                                                                                      \
+        vd q = d / r;                                                                                            \
+        rel += q;                                                                                                \
+        rel_top = vmax(q, rel_top);                                                                              \
         L.dot += va * vb;                                                                                        \
         L.norm_a += va * va;                                                                                     \
         L.norm_b += vb * vb;                                                                                     \
         nz -= d > zero;                                                                                          \
-        idx += LANES;                                                                                            \
     } while (0)
 
 /* Decades of the sub-block's differences (as float32, m a multiple of 16): one counting pass per edge at or below
@@ -118,23 +122,51 @@ static inline __attribute__((always_inline)) void histogram(const float *diff, i
     }
 }
 
+/* The first position in a sub-block where |a - b| equals `target`, computed as STEP computes it; -1 if none. */
+#define FIND(TA, TB)                                                                                             \
+    static inline __attribute__((always_inline)) int64_t find_##TA##_##TB(const TA *a, const TB *b, int64_t m,  \
+                                                                          double target) {                       \
+        for (int64_t k = 0; k < m; k++) {                                                                        \
+            double d = __builtin_fabs(one_##TA(a + k) - one_##TB(b + k));                                        \
+            if (d == target) return k;                                                                           \
+        }                                                                                                        \
+        return -1;                                                                                               \
+    }
+
+/* The relative differences of a sub-block where some reference is zero: only over non-zero references. */
+#define REL_EXACT(TA, TB)                                                                                        \
+    static inline __attribute__((always_inline)) void rel_exact_##TA##_##TB(const TA *a, const TB *b, int64_t m, \
+                                                                            double *sum, double *top,            \
+                                                                            int64_t *count) {                    \
+        for (int64_t k = 0; k < m; k++) {                                                                        \
+            double x = one_##TA(a + k), r = __builtin_fabs(x);                                                   \
+            if (r > 0) {                                                                                         \
+                double q = __builtin_fabs(x - one_##TB(b + k)) / r;                                              \
+                *sum += q;                                                                                       \
+                *top = q > *top ? q : *top;                                                                      \
+                *count += 1;                                                                                     \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
 #define KERNEL(NAME, TA, TB)                                                                                     \
+    FIND(TA, TB)                                                                                                 \
+    REL_EXACT(TA, TB)                                                                                            \
     CLONES int NAME(const TA *a, const TB *b, int64_t n, double atol, double rtol, int check,                   \
                     const double *edges, td_partial *out) {                                                      \
         float diff[SUB + 16] __attribute__((aligned(64)));                                                       \
         float edges32[EDGES];                                                                                    \
         for (int i = 0; i < EDGES; i++) edges32[i] = (float)edges[i];                                            \
-        const vd vatol = (vd){0} + atol, vrtol = (vd){0} + rtol, zero = {0}, one = zero + 1.0;                   \
+        const vd vatol = (vd){0} + atol, vrtol = (vd){0} + rtol, zero = {0};                                     \
         lanes_t L;                                                                                               \
         memset(&L, 0, sizeof L);                                                                                 \
-        L.max = zero - 1.0;                                                                                      \
-        L.idx_max = (vl){0} - 1;                                                                                 \
         memset(out, 0, sizeof *out);                                                                             \
-        vl idx = (vl){0, 1, 2, 3, 4, 5, 6, 7};                                                                   \
+        out->max_abs = -1.0;                                                                                     \
+        out->argmax = -1;                                                                                        \
         for (int64_t start = 0; start < n; start += SUB) {                                                       \
             int64_t m = n - start < SUB ? n - start : SUB;                                                       \
             int64_t whole = m / LANES * LANES;                                                                   \
-            vd top = zero - 1.0;                                                                                 \
+            vd top = zero - 1.0, rel = zero, rel_top = zero;                                                     \
             vl nz = {0};                                                                                         \
             const TA *pa = a + start;                                                                            \
             const TB *pb = b + start;                                                                            \
@@ -143,7 +175,8 @@ static inline __attribute__((always_inline)) void histogram(const float *diff, i
                 vd va = load_##TA(pa + j), vb = load_##TB(pb + j);                                               \
                 STEP(va, vb);                                                                                    \
             }                                                                                                    \
-            if (j < m) { /* the last, short vector: zeros after the end add nothing */                           \
+            if (j < m) { /* the last, short vector: zeros after the end add nothing (0 / 0 sends the sub-block's \
+                            relative differences to rel_exact, which reads only the real values) */              \
                 vd va = zero, vb = zero;                                                                         \
                 for (int64_t k = 0; k < m - j; k++) { va[k] = (double)pa[j + k]; vb[k] = (double)pb[j + k]; }    \
                 STEP(va, vb);                                                                                    \
@@ -151,23 +184,28 @@ static inline __attribute__((always_inline)) void histogram(const float *diff, i
             }                                                                                                    \
             for (; j % 16; j++) diff[j] = 0.0f; /* zeros reach no edge */                                        \
             int64_t nonzero = hsuml(nz);                                                                         \
+            double sub_top = hmax(top);                                                                          \
             out->nonzero += nonzero;                                                                             \
-            histogram(diff, j, (float)hmax(top), nonzero, edges32, out->at_least);                               \
+            histogram(diff, j, (float)sub_top, nonzero, edges32, out->at_least);                                 \
+            if (sub_top > out->max_abs) { /* a new largest difference: where it first is */                      \
+                int64_t k = find_##TA##_##TB(pa, pb, m, sub_top);                                                \
+                if (k >= 0) {                                                                                    \
+                    out->max_abs = sub_top;                                                                      \
+                    out->argmax = start + k;                                                                     \
+                }                                                                                                \
+            }                                                                                                    \
+            double rel_sum = hsum(rel);                                                                          \
+            if (rel_sum - rel_sum == 0) { /* every reference non-zero */                                         \
+                double t = hmax(rel_top);                                                                        \
+                out->sum_rel += rel_sum;                                                                         \
+                out->max_rel = t > out->max_rel ? t : out->max_rel;                                              \
+                out->rel_count += m;                                                                             \
+            } else {                                                                                             \
+                rel_exact_##TA##_##TB(pa, pb, m, &out->sum_rel, &out->max_rel, &out->rel_count);                 \
+            }                                                                                                    \
         }                                                                                                        \
-        double best = -1.0;                                                                                      \
-        int64_t where = -1;                                                                                      \
-        for (int i = 0; i < LANES; i++) {                                                                        \
-            int64_t at = L.idx_max[i];                                                                           \
-            if (at < 0 || at >= n) continue;                                                                     \
-            if (L.max[i] > best || (L.max[i] == best && at < where)) { best = L.max[i]; where = at; }            \
-        }                                                                                                        \
-        out->max_abs = best;                                                                                     \
-        out->argmax = where;                                                                                     \
         out->sum_abs = hsum(L.sum_abs);                                                                          \
         out->sum_sq = hsum(L.sum_sq);                                                                            \
-        out->sum_rel = hsum(L.sum_rel);                                                                          \
-        out->max_rel = hmax(L.max_rel);                                                                          \
-        out->rel_count = hsuml(L.rel_count);                                                                     \
         out->dot = hsum(L.dot);                                                                                  \
         out->norm_a = hsum(L.norm_a);                                                                            \
         out->norm_b = hsum(L.norm_b);                                                                            \
