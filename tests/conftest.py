@@ -53,12 +53,18 @@ class LiveServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> LiveServer:
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the server's process and return at once (`start` also waits until it answers)."""
         args = [*cli_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port)]
         if not self.demo:
             args.append("--no-demo")
         log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=_child_env())
+        return self.process
+
+    def start(self) -> LiveServer:
+        self.launch()
+        assert self.process is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:

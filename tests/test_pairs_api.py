@@ -123,16 +123,18 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
                                str(tmp_path / side)], capture_output=True, text=True, timeout=300, check=False)
         assert done.returncode == 0, done.stderr
     server = LiveServer(data, _port())
-    server.start()
-    assert server.process is not None
+    process = server.launch()
+    # Watch the database itself, from the moment the process starts: the worker computes as soon as the server is
+    # up, and the first verdict is written at once (later ones at most every 0.1 s), so the kill lands while most
+    # pairs are still pending.
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        progress = httpx.get(f"{server.url}/api/sessions/1/pairs").json()["progress"]
-        if progress["done"] >= 1:
-            break
-        time.sleep(0.05)
-    os.kill(server.process.pid, signal.SIGKILL)
-    server.process.wait()
+    with sqlite3.connect(data / "metadata.sqlite3", timeout=30) as conn:
+        while time.monotonic() < deadline and process.poll() is None:
+            if conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1:
+                break
+            time.sleep(0.002)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:
         pending = conn.execute("select count(*) from pairs where status = 'pending'").fetchone()[0]
     assert pending > 0, "the computation finished before it could be killed"
