@@ -17,6 +17,7 @@ from tensor_debugger.dtypes import all_dtypes, parse_dtype
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import TensorRecord
 from tensor_debugger.services import Services
+from tensor_debugger.tensor_files import open_tensor_file
 
 from tests.dumps import random_bits, seeded
 
@@ -91,6 +92,24 @@ def test_large_tensor_spans_many_chunks(services: Services, tmp_path: Path, suff
     assert record.min == values.min() and record.max == values.max()
     assert record.mean == pytest.approx(values.mean(), rel=1e-12)
     assert record.std == pytest.approx(values.std(), rel=1e-12)
+
+
+def test_a_file_of_many_tensors_keeps_a_few_buffers(tmp_path: Path) -> None:
+    """The readers of one safetensors file share one capped pool: memory stays at a few blocks however many
+    tensors the file holds (each tensor kept its own buffers once, and a 5 GB shard needed 5 GB)."""
+    path = tmp_path / "many.safetensors"
+    save_file({f"t{k}": torch.full((1 << 18,), float(k)) for k in range(40)}, str(path))  # 40 x 1 MiB
+    opened = open_tensor_file(path, path.name)
+    try:
+        for leaf in opened.leaves:
+            region = (slice(0, leaf.shape[0]),)
+            assert leaf.reader.read(region)[7] == float(leaf.key_path[0][1:])
+            leaf.reader.done(region)
+        pools = {id(leaf.reader._pool) for leaf in opened.leaves}  # type: ignore[attr-defined]
+        assert len(pools) == 1
+        assert opened.leaves[0].reader._pool.held <= 4 << 20  # type: ignore[attr-defined]
+    finally:
+        opened.close()
 
 
 def test_non_contiguous_and_shared_storage(services: Services, tmp_path: Path) -> None:
