@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +14,13 @@ from sqlalchemy import select
 from tensor_debugger import catalog
 from tensor_debugger.compare_command import run_compare
 from tensor_debugger.engine.alignment import Alignment
+from tensor_debugger.engine.streaming import compare_stream
 from tensor_debugger.engine.views import View
 from tensor_debugger.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import PairRecord
+from tensor_debugger.models import PairOverrideRecord, PairRecord
 from tensor_debugger.pair_reports import pair_detail, session_pairs
+from tensor_debugger.pending_pairs import FLUSH_SECONDS, ResultWriter, set_up
 from tensor_debugger.services import Services
 from tensor_debugger.slicing import parse_slice_request, read_slice
 from tensor_debugger.synthetic import STAGES, Plant, write_dump
@@ -219,6 +222,67 @@ def test_the_same_comparison_twice_in_one_batch_is_computed_once(services: Servi
     with services.sessions() as db:
         pairs = db.scalars(select(PairRecord).where(PairRecord.session_id.in_(sessions))).all()
         assert [p.status for p in pairs] == ["fail", "fail"] and pairs[0].result_id == pairs[1].result_id
+
+
+def two_pairs(services: Services, tmp_path: Path) -> tuple[int, list[PairRecord]]:
+    """A session whose pair 0_query fails (the candidate is off by one) and 0_key passes (identical)."""
+    x, y = seeded((64, 64), 1), seeded((64, 64), 2)
+    a = save_all(tmp_path / "a", {"0_query": x, "0_key": y})
+    b = save_all(tmp_path / "b", {"0_query": x + 1.0, "0_key": y.clone()})
+    services.ingestor.ingest("two", "ref", [InputFile(a, "a")])
+    session_id = services.ingestor.ingest("two", "cand", [InputFile(b, "b")]).session_id
+    services.comparisons.plan(session_id)
+    with services.sessions() as db:
+        return session_id, list(db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)
+                                           .order_by(PairRecord.id)))
+
+
+def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services, tmp_path: Path) -> None:
+    """Replanned while its pairs computed, a session's pair ids are reused (SQLite reuses row ids): a result is
+    given only to a pair whose tensors, alignment and tolerances still make its key."""
+    session_id, pairs = two_pairs(services, tmp_path)
+    assert [p.name for p in pairs] == ["0_query", "0_key"]
+    jobs, _ = set_up(services.comparisons, [p.id for p in pairs])
+    results = list(compare_stream(jobs, services.comparisons.pool))
+    with services.sessions.begin() as db:  # meanwhile the user unpairs 0_query: 0_key is replanned as pair 1
+        db.add(PairOverrideRecord(session_id=session_id, run_b_id=pairs[0].run_b_id, action="unpair",
+                                  a_name="0_query", b_name="0_query"))
+    services.comparisons.plan(session_id)
+    writer = ResultWriter(services.comparisons)
+    for work, result in results:
+        writer.add(work, result, [work.pair_id])
+    writer.flush()
+    with services.sessions() as db:
+        (replanned,) = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)).all()
+        assert (replanned.id, replanned.name, replanned.status, replanned.result_id) == (pairs[0].id, "0_key",
+                                                                                         "pending", None)
+    before = services.store.chunk_reads
+    services.comparisons.compute_pending(session_id)  # 0_key's own result is in the cache by now
+    assert services.store.chunk_reads == before
+    with services.sessions() as db:
+        assert db.get_one(PairRecord, pairs[0].id).status == "pass"
+
+
+def test_results_are_written_within_a_tick(services: Services, tmp_path: Path) -> None:
+    """The first result is written at once; one that arrives soon after waits at most FLUSH_SECONDS, for the
+    next result or the next tick, not for the end of the computation."""
+    _, pairs = two_pairs(services, tmp_path)
+    jobs, _ = set_up(services.comparisons, [p.id for p in pairs])
+    results = list(compare_stream(jobs, services.comparisons.pool))
+    writer = ResultWriter(services.comparisons)
+
+    def statuses() -> list[str]:
+        with services.sessions() as db:
+            return [db.get_one(PairRecord, p.id).status for p in pairs]
+
+    writer.add(results[0][0], results[0][1], [results[0][0].pair_id])
+    writer.add(results[1][0], results[1][1], [results[1][0].pair_id])
+    assert statuses() == ["fail", "pending"]
+    writer.tick()
+    assert statuses() == ["fail", "pending"]  # written 0.1 s ago at most: not yet
+    time.sleep(FLUSH_SECONDS)
+    writer.tick()
+    assert statuses() == ["fail", "pass"]
 
 
 def stored_pair_views(services: Services, tmp_path: Path, a_tensor: torch.Tensor,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -97,6 +99,49 @@ def test_a_stream_of_pairs_gives_each_its_own_result_in_order(pool: ThreadPoolEx
         assert isinstance(stats, PairStats) and stats.numel == x.size
         assert stats == compare_views(*views([x], [y]), tol, False, pool)
         assert stats.max_abs_diff == pytest.approx(float(np.abs(x.astype(np.float64) - y).max()), rel=1e-12)
+
+
+class GatedView:
+    """A view whose reads wait for `gate`, as a slow disk would."""
+
+    def __init__(self, values: np.ndarray, gate: threading.Event) -> None:
+        self.shape = values.shape
+        self._values = values
+        self._gate = gate
+
+    def read(self, region: Region) -> np.ndarray:
+        assert self._gate.wait(timeout=10)
+        return self._values[region]
+
+    def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        return 0, index
+
+
+def test_ticks_while_a_block_is_awaited_and_a_failed_pair_reads_no_more(pool: ThreadPoolExecutor) -> None:
+    gate = threading.Event()
+    ticks: list[float] = []
+
+    def tick() -> None:
+        ticks.append(time.monotonic())
+        if len(ticks) == 3:
+            gate.set()
+
+    values = np.arange(12.0).reshape(3, 4)
+    job = PairJob("slow", GatedView(values, gate), GatedView(values + 1, gate), Tolerance(0, 0), False)
+    ((_, stats),) = compare_stream([job], pool, on_tick=tick)
+    assert isinstance(stats, PairStats) and stats.max_abs_diff == 1.0 and len(ticks) >= 4  # 3 waiting, 1 after
+    # a pair whose first block fails submits no more of its blocks
+    reads: list[Region] = []
+
+    class CountingBroken(BrokenView):
+        def read(self, region: Region) -> np.ndarray:
+            reads.append(region)
+            return super().read(region)
+
+    big = (4096, 1024)  # 4 blocks of 1M values
+    ((_, error),) = compare_stream([PairJob("bad", CountingBroken(big), CountingBroken(big), Tolerance(0, 0), False)],
+                                   pool, in_flight=1)
+    assert isinstance(error, OSError) and len(reads) <= 2
 
 
 @pytest.mark.parametrize("scale", [(-13.0, 5.0), (-9.0, -7.0)])

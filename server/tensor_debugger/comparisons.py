@@ -154,13 +154,9 @@ class Comparisons:
     def key(self, session: SessionRecord, pair: PairRecord, a: Sequence[TensorRecord],
             b: Sequence[TensorRecord]) -> tuple[str, Tolerance, bool]:
         """The pair's cache key, tolerance and exactness now."""
-        return self.key_of(session, pair, [t.digest for t in a], [t.digest for t in b], (a[0].dtype, b[0].dtype))
-
-    def key_of(self, session: SessionRecord, pair: PairRecord, digests_a: Sequence[str], digests_b: Sequence[str],
-               dtypes: tuple[str, str]) -> tuple[str, Tolerance, bool]:
-        tol, exact = self.tolerance(session, *dtypes)
+        tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
         alignment_key = json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
-        return cache_key(digests_a, digests_b, alignment_key, tol, exact), tol, exact
+        return cache_key([t.digest for t in a], [t.digest for t in b], alignment_key, tol, exact), tol, exact
 
     def refresh(self, session_id: int) -> None:
         """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without

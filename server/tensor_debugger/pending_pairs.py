@@ -40,7 +40,6 @@ class PendingPair:
     key: str  # the cache key (see `comparisons.cache_key`)
     digests_a: tuple[str, ...]
     digests_b: tuple[str, ...]
-    dtypes: tuple[str, str]  # of the first tensor on each side: they choose the tolerance
     alignment_key: str  # the alignment's steps as JSON
     tolerance: Tolerance
 
@@ -68,6 +67,8 @@ def compute_pending(
 
     def jobs() -> Iterator[PairJob[PendingPair]]:
         for start in range(0, len(todo), SETUP_BATCH):
+            if should_stop is not None and should_stop():
+                return
             ready, finished = set_up(comparisons, todo[start : start + SETUP_BATCH])
             settled(finished)
             for job in ready:
@@ -82,7 +83,7 @@ def compute_pending(
     writer = ResultWriter(comparisons)
     with comparisons.lock:  # one computation at a time per process: the pool is already parallel
         try:
-            for work, result in compare_stream(jobs(), comparisons.pool):
+            for work, result in compare_stream(jobs(), comparisons.pool, on_tick=writer.tick):
                 pair_ids = [work.pair_id, *waiting.pop(work.key)]
                 writer.add(work, result, pair_ids)
                 settled(len(pair_ids))
@@ -95,46 +96,42 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
     """The comparisons that `pair_ids` need, in their order, and how many of them were settled without one: no
     longer pending, a cached result (its verdict given now), or views that cannot be built (the pair says why)."""
     jobs: list[PairJob[PendingPair]] = []
-    hits: list[tuple[int, str, ComparisonResultRecord]] = []
-    failed: list[tuple[int, str]] = []
+    hits: list[tuple[int, str]] = []
+    failed: list[tuple[int, str, str]] = []
     with comparisons.sessions() as db:
-        found = {p.id: p for p in db.scalars(select(PairRecord).where(PairRecord.id.in_(pair_ids)))}
-        pairs = [found[i] for i in pair_ids if i in found and _wants_result(found[i])]
-        tensors = {t.id: t for t in db.scalars(select(TensorRecord).where(
-            TensorRecord.id.in_({i for p in pairs for i in (*p.a_tensor_ids, *p.b_tensor_ids)})))}
-        sessions = {s.id: s for s in db.scalars(select(SessionRecord).where(
-            SessionRecord.id.in_({p.session_id for p in pairs})))}
-        keyed = []
-        for pair in pairs:
-            if any(i not in tensors for i in (*pair.a_tensor_ids, *pair.b_tensor_ids)):
-                continue  # deleted meanwhile, with its run: so is the pair
-            a, b = [tensors[i] for i in pair.a_tensor_ids], [tensors[i] for i in pair.b_tensor_ids]
-            keyed.append((pair, a, b, *comparisons.key(sessions[pair.session_id], pair, a, b)))
-        cached = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
-            ComparisonResultRecord.cache_key.in_({k[3] for k in keyed})))}
-        for pair, a, b, key, tol, exact in keyed:
+        current = CurrentPairs(comparisons, db, pair_ids)
+        keyed = [(pair_id, key) for pair_id in pair_ids if (key := current.key(pair_id)) is not None]
+        cached = set(db.scalars(select(ComparisonResultRecord.cache_key).where(
+            ComparisonResultRecord.cache_key.in_({key for _, key in keyed}))))
+        for pair_id, key in keyed:
             if key in cached:
-                hits.append((pair.id, key, cached[key]))
+                hits.append((pair_id, key))
                 continue
+            pair, a, b = current.sides(pair_id)
             try:
                 view_a, view_b, _ = comparisons.views_of(pair, a, b)
             except Exception as exc:  # a missing array: the pair says so, work goes on
-                failed.append((pair.id, f"{type(exc).__name__}: {exc}"))
+                failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
                 continue
-            work = PendingPair(pair.id, key, tuple(t.digest for t in a), tuple(t.digest for t in b),
-                               (a[0].dtype, b[0].dtype), json.dumps((pair.alignment or {}).get("steps", [])), tol)
+            _, tol, exact = comparisons.key(current.session(pair), pair, a, b)
+            work = PendingPair(pair_id, key, tuple(t.digest for t in a), tuple(t.digest for t in b),
+                               json.dumps((pair.alignment or {}).get("steps", [])), tol)
             jobs.append(PairJob(work, view_a, view_b, tol, exact))
     if hits or failed:
         with comparisons.sessions.begin() as db:
-            for pair_id, key, record in hits:
-                _settle(comparisons, db, [pair_id], key, record)
-            for pair_id, message in failed:
-                _fail(db, pair_id, message)
+            current = CurrentPairs(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
+            records = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
+                ComparisonResultRecord.cache_key.in_({key for _, key in hits})))}
+            for pair_id, key in hits:
+                current.settle(pair_id, key, records[key])
+            for pair_id, key, message in failed:
+                current.fail(pair_id, key, message)
     return jobs, len(pair_ids) - len(jobs)
 
 
 class ResultWriter:
-    """Results of computed pairs, stored in the cache and given to their pairs a batch per transaction."""
+    """Results of computed pairs, stored in the cache and given to their pairs a batch per transaction: when one
+    arrives or `tick` is called (between blocks) and the last batch was written `FLUSH_SECONDS` ago or more."""
 
     def __init__(self, comparisons: Comparisons) -> None:
         self._comparisons = comparisons
@@ -143,7 +140,13 @@ class ResultWriter:
 
     def add(self, work: PendingPair, result: PairStats | Exception, pair_ids: list[int]) -> None:
         self._waiting.append((work, result, pair_ids))
-        if len(self._waiting) >= FLUSH_RESULTS or time.monotonic() - self._written >= FLUSH_SECONDS:
+        if len(self._waiting) >= FLUSH_RESULTS:
+            self.flush()
+        else:
+            self.tick()
+
+    def tick(self) -> None:
+        if self._waiting and time.monotonic() - self._written >= FLUSH_SECONDS:
             self.flush()
 
     def flush(self) -> None:
@@ -157,15 +160,15 @@ class ResultWriter:
         self._written = time.monotonic()
 
     def _write(self) -> None:
-        comparisons = self._comparisons
-        with comparisons.sessions.begin() as db:
+        with self._comparisons.sessions.begin() as db:
+            current = CurrentPairs(self._comparisons, db, [i for _, _, ids in self._waiting for i in ids])
             keys = {work.key for work, result, _ in self._waiting if isinstance(result, PairStats)}
             records = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
                 ComparisonResultRecord.cache_key.in_(keys)))}
             for work, result, pair_ids in self._waiting:
                 if isinstance(result, Exception):  # a corrupt chunk: the pair says so, work goes on
                     for pair_id in pair_ids:
-                        _fail(db, pair_id, f"{type(result).__name__}: {result}")
+                        current.fail(pair_id, work.key, f"{type(result).__name__}: {result}")
                 elif work.key not in records:
                     records[work.key] = ComparisonResultRecord(
                         cache_key=work.key, digests_a=list(work.digests_a), digests_b=list(work.digests_b),
@@ -176,30 +179,49 @@ class ResultWriter:
             db.flush()  # their ids, for the pairs
             for work, result, pair_ids in self._waiting:
                 if isinstance(result, PairStats):
-                    _settle(comparisons, db, pair_ids, work.key, records[work.key], work)
+                    for pair_id in pair_ids:
+                        current.settle(pair_id, work.key, records[work.key])
 
 
-def _wants_result(pair: PairRecord) -> bool:
-    return pair.status == "pending" and pair.alignment is not None and pair.summary is None
+class CurrentPairs:
+    """Some pairs as they are now, with their tensors and sessions (three queries), to tell whether each still
+    wants the result of a comparison: replanning may have deleted a pair, or given its id (SQLite reuses row ids)
+    to another pair; re-aligning or new tolerances change its key."""
 
+    def __init__(self, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> None:
+        self._comparisons = comparisons
+        self.pairs = {p.id: p for p in db.scalars(select(PairRecord).where(PairRecord.id.in_(set(pair_ids))))}
+        self.tensors = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(
+            {i for p in self.pairs.values() for i in (*p.a_tensor_ids, *p.b_tensor_ids)})))}
+        self.sessions = {s.id: s for s in db.scalars(select(SessionRecord).where(
+            SessionRecord.id.in_({p.session_id for p in self.pairs.values()})))}
 
-def _settle(comparisons: Comparisons, db: DbSession, pair_ids: list[int], key: str,
-            record: ComparisonResultRecord, work: PendingPair | None = None) -> None:
-    """Give `record`'s verdict to those of `pair_ids` that still want it. A pair replanned while it computed is
-    gone; one re-aligned or given other tolerances meanwhile has another key now, and waits for its own."""
-    status = "pass" if PairStats.from_json(record.stats).passed else "fail"
-    for pair_id in pair_ids:
-        pair = db.get(PairRecord, pair_id)
-        if pair is None or not _wants_result(pair):
-            continue
-        if work is not None:
-            session = db.get_one(SessionRecord, pair.session_id)
-            if comparisons.key_of(session, pair, work.digests_a, work.digests_b, work.dtypes)[0] != key:
-                continue
-        pair.result_id, pair.status = record.id, status
+    def key(self, pair_id: int) -> str | None:
+        """The pair's cache key now; None where it wants no result (gone, settled, incomparable, summary-only)."""
+        pair = self.pairs.get(pair_id)
+        if pair is None or pair.status != "pending" or pair.alignment is None or pair.summary is not None:
+            return None
+        if any(i not in self.tensors for i in (*pair.a_tensor_ids, *pair.b_tensor_ids)):
+            return None  # deleted meanwhile, with its run: so is the pair
+        pair, a, b = self.sides(pair_id)
+        return self._comparisons.key(self.session(pair), pair, a, b)[0]
 
+    def sides(self, pair_id: int) -> tuple[PairRecord, list[TensorRecord], list[TensorRecord]]:
+        pair = self.pairs[pair_id]
+        return pair, [self.tensors[i] for i in pair.a_tensor_ids], [self.tensors[i] for i in pair.b_tensor_ids]
 
-def _fail(db: DbSession, pair_id: int, message: str) -> None:
-    pair = db.get(PairRecord, pair_id)
-    if pair is not None:
-        pair.status, pair.error = "error", message[:2000]
+    def session(self, pair: PairRecord) -> SessionRecord:
+        return self.sessions[pair.session_id]
+
+    def settle(self, pair_id: int, key: str, record: ComparisonResultRecord) -> None:
+        """Give `record` (the result for `key`) to the pair if that is still its key."""
+        if self.key(pair_id) == key:
+            pair = self.pairs[pair_id]
+            pair.result_id = record.id
+            pair.status = "pass" if PairStats.from_json(record.stats).passed else "fail"
+
+    def fail(self, pair_id: int, key: str, message: str) -> None:
+        """Mark the pair failed, if `key` (what failed to compute) is still its key."""
+        if self.key(pair_id) == key:
+            pair = self.pairs[pair_id]
+            pair.status, pair.error = "error", message[:2000]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -22,6 +22,7 @@ from tensor_debugger.engine.views import View
 BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side: about 1M elements, 4 stored float32 chunks: short drains
 # between pairs (measured: 4M-element blocks left a core idle while the last block of each pair finished)
 IN_FLIGHT = 3  # blocks queued or computing at once: two workers busy and one block ready for the first to free
+TICK_SECONDS = 0.1  # how often `on_tick` is called while a block is awaited
 
 Key = TypeVar("Key")
 
@@ -48,6 +49,8 @@ class _Running(Generic[Key]):
     def work(self, region: Region) -> PairAccumulator:
         job = self.job
         part = PairAccumulator(job.tolerance, job.exact)
+        if self.error is not None:  # an earlier block failed: this one's result would be thrown away
+            return part
         part.add(job.a.read(region), job.b.read(region), tuple(s.start for s in region), job.a.shape)
         return part
 
@@ -57,15 +60,21 @@ def compare_stream(
     pool: ThreadPoolExecutor,
     in_flight: int = IN_FLIGHT,
     on_elements: Callable[[int], None] | None = None,
+    on_tick: Callable[[], None] | None = None,
 ) -> Iterator[tuple[Key, PairStats | Exception]]:
     """Exact statistics of every job's two views, yielded in the jobs' order: `(key, stats)`, or `(key, error)`
     where reading or comparing failed (a missing array, a corrupt chunk, views of different shapes). At most
-    `in_flight` blocks per side are held at once, whatever the number and size of the pairs."""
+    `in_flight` blocks are submitted at once (one more is being read), whatever the number and size of the pairs;
+    a pair whose block failed submits no more blocks. `on_tick` is called after every block and every
+    `TICK_SECONDS` while one is awaited, so that a caller can write what it has (yielded results) on time."""
     pending: deque[tuple[_Running[Key], Future[PairAccumulator]]] = deque()
     running: deque[_Running[Key]] = deque()
 
     def settle() -> None:
         state, future = pending.popleft()
+        if on_tick is not None:
+            while not wait([future], timeout=TICK_SECONDS).done:
+                on_tick()
         state.blocks -= 1
         try:
             part = future.result()
@@ -76,6 +85,8 @@ def compare_stream(
             state.total.merge(part)
             if on_elements is not None:
                 on_elements(part.numel)
+        if on_tick is not None:
+            on_tick()
 
     def finished() -> Iterator[tuple[Key, PairStats | Exception]]:
         while running and running[0].submitted and running[0].blocks == 0:
@@ -86,6 +97,8 @@ def compare_stream(
         state = _Running(job, PairAccumulator(job.tolerance, job.exact))
         running.append(state)
         for region in _regions(job, state):
+            if state.error is not None:  # a block failed: the pair's result is that error, read no more
+                break
             pending.append((state, pool.submit(state.work, region)))
             state.blocks += 1
             while len(pending) > in_flight:
