@@ -58,9 +58,10 @@ def _library() -> ctypes.CDLL | None:
             ctypes.sizeof(FusedPartial), ctypes.sizeof(FusedSummary)):  # built from another version of the source
         return None
     for code, _ in _SUMMARY_KERNELS.values():
-        function = getattr(library, f"td_summary_{code}")
-        function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(FusedSummary)]
+        function = getattr(library, f"td_summary_{code}", None)  # float16 needs a compiler with _Float16
+        if function is not None:
+            function.restype = ctypes.c_int
+            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(FusedSummary)]
     for pair in ("ff", "fd", "df", "dd"):
         function = getattr(library, f"td_stats_{pair}")
         function.restype = ctypes.c_int
@@ -115,8 +116,11 @@ def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
     library = None if kernel is None or _numpy_asked() else _library()
     if kernel is None or library is None or stored.dtype != kernel[1]:
         return None
+    function = getattr(library, f"td_summary_{kernel[0]}", None)
+    if function is None:
+        return None
     values = np.ascontiguousarray(stored).reshape(-1)
     out = FusedSummary()
-    if getattr(library, f"td_summary_{kernel[0]}")(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
+    if function(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
         return None
     return out

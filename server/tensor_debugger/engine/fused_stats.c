@@ -122,14 +122,24 @@ static inline __attribute__((always_inline)) void histogram(const float *diff, i
     }
 }
 
-/* The first position in a sub-block where |a - b| equals `target`, computed as STEP computes it; -1 if none. */
+/* The first position in a sub-block where |a - b| equals `target`, computed as STEP computes it; -1 if none.
+ * Vector by vector, so that differences that grow along the tensor (every sub-block a new maximum) stay cheap. */
 #define FIND(TA, TB)                                                                                             \
     static inline __attribute__((always_inline)) int64_t find_##TA##_##TB(const TA *a, const TB *b, int64_t m,  \
                                                                           double target) {                       \
-        for (int64_t k = 0; k < m; k++) {                                                                        \
-            double d = __builtin_fabs(one_##TA(a + k) - one_##TB(b + k));                                        \
-            if (d == target) return k;                                                                           \
+        const vd t = (vd){0} + target;                                                                           \
+        int64_t k = 0;                                                                                           \
+        for (; k + LANES <= m; k += LANES) {                                                                     \
+            vl hit = vabs(load_##TA(a + k) - load_##TB(b + k)) == t;                                             \
+            vl any = hit;                                                                                        \
+            int64_t found = 0;                                                                                   \
+            for (int i = 0; i < LANES; i++) found |= any[i];                                                     \
+            if (found)                                                                                           \
+                for (int i = 0; i < LANES; i++)                                                                  \
+                    if (hit[i]) return k + i;                                                                    \
         }                                                                                                        \
+        for (; k < m; k++)                                                                                       \
+            if (__builtin_fabs(one_##TA(a + k) - one_##TB(b + k)) == target) return k;                           \
         return -1;                                                                                               \
     }
 
@@ -231,7 +241,9 @@ typedef struct {
 
 typedef uint16_t vu16 __attribute__((vector_size(LANES * 2)));
 typedef uint32_t vu32 __attribute__((vector_size(LANES * 4)));
+#ifdef __FLT16_MAX__ /* _Float16: GCC 12 and clang 15 on x86-64; without it, float16 summaries use numpy */
 typedef _Float16 vhf __attribute__((vector_size(LANES * 2)));
+#endif
 
 static inline __attribute__((always_inline)) vd load_bf16(const uint16_t *p) {
     vu16 x;
@@ -239,11 +251,13 @@ static inline __attribute__((always_inline)) vd load_bf16(const uint16_t *p) {
     vu32 wide = __builtin_convertvector(x, vu32) << 16; /* bfloat16 is the top half of a float32 */
     return __builtin_convertvector((vf)wide, vd);
 }
+#ifdef __FLT16_MAX__
 static inline __attribute__((always_inline)) vd load_f16(const _Float16 *p) {
     vhf x;
     memcpy(&x, p, sizeof x);
     return __builtin_convertvector(__builtin_convertvector(x, vf), vd); /* via float32: F16C converts that */
 }
+#endif
 static inline __attribute__((always_inline)) double scalar_bf16(const uint16_t *p) {
     uint32_t wide = (uint32_t)*p << 16;
     float f;
@@ -303,7 +317,9 @@ static inline __attribute__((always_inline)) double scalar_bf16(const uint16_t *
 
 SUMMARY(td_summary_f, float, load_float, SCALAR)
 SUMMARY(td_summary_d, double, load_double, SCALAR)
+#ifdef __FLT16_MAX__
 SUMMARY(td_summary_h, _Float16, load_f16, SCALAR)
+#endif
 SUMMARY(td_summary_b, uint16_t, load_bf16, scalar_bf16)
 
 int td_summary_size(void) { return (int)sizeof(td_summary); }
