@@ -129,24 +129,30 @@ def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
             list(pool.map(read_all, runs.values()))
 
     def compute() -> None:
-        with services.sessions.begin() as db:
-            db.execute(delete(ComparisonResultRecord))  # the cache: every round computes every pair
-        services.comparisons.refresh(session_id)
         services.comparisons.compute_pending(session_id)
+
+    def empty_cache() -> None:  # every round computes every pair (not timed)
+        with services.sessions.begin() as db:
+            db.execute(delete(ComparisonResultRecord))
+        services.comparisons.refresh(session_id)
 
     if mode == "zarr":
         print(json.dumps({"bytes": nbytes, "one": timed(read_1), "two": timed(read_2)}))
     else:
         figures: dict[str, list[dict[str, float]]] = {"compute": [], "one": [], "two": [], "warm-up": [timed(read_1)]}
+        chunks = 0
         for _ in range(rounds):
-            for name, work in (("compute", compute), ("one", read_1), ("two", read_2)):
+            empty_cache()
+            before = services.store.chunk_reads
+            figures["compute"].append(timed(compute))
+            chunks = services.store.chunk_reads - before
+            for name, work in (("one", read_1), ("two", read_2)):
                 figures[name].append(timed(work))
         with services.sessions() as db:
             statuses = {status: count for status, count in db.execute(select(PairRecord.status, func.count())
                         .where(PairRecord.session_id == session_id).group_by(PairRecord.status))}
             pairs = sum(statuses.values())
-        chunks_per_round = services.store.chunk_reads // (3 * rounds + 1)
-        print(json.dumps({"bytes": nbytes, "pairs": pairs, "statuses": statuses, "chunks": chunks_per_round,
+        print(json.dumps({"bytes": nbytes, "pairs": pairs, "statuses": statuses, "chunks": chunks,
                           "kernel": kernel_name(), **figures}))
     services.close()
 
@@ -192,7 +198,7 @@ def throughput(data: Path, session_id: int, rounds: int) -> None:
     print(f"warm-up: one untimed read of every chunk ({res['warm-up'][0]['s']:.2f} s), so that every round reads from "
           f"the page cache (this VM's DAMON pages out memory unused for about 30 s)")
     print(f"comparison (compute_pending in a child, the cache emptied before each of {rounds} rounds): {res['pairs']} "
-          f"pairs, {gb:.2f} GB of tensors (both sides), {res['chunks']} chunks read a round; verdicts "
+          f"pairs, {gb:.2f} GB of tensors (both sides), {res['chunks']} chunks read by a comparison; verdicts "
           f"{res['statuses']}")
     print(f"  {compute:.2f} GB/s (median; rounds: {rates('compute')}), {per_cpu('compute'):.2f} GB per CPU-second")
     hint = " (TENSOR_DEBUGGER_KERNEL=numpy measures the numpy path)" if res["kernel"] == "compiled" else ""

@@ -143,10 +143,12 @@ class ArrayStore:
         """The parsed zarr.json of the array at `key` in the local folder (remembered like `open`'s arrays)."""
         assert self._folder is not None
         remembered = (key, content_digest) if content_digest is not None else None
-        with self._lock:
-            found = self._metadata.get(remembered) if remembered is not None else None
-        if found is not None:
-            return found
+        if remembered is not None:
+            with self._lock:
+                found = self._metadata.get(remembered)
+                if found is not None:
+                    self._metadata.move_to_end(remembered)
+                    return found
         path = self._folder / key / "zarr.json"
         try:
             document = json.loads(path.read_bytes())

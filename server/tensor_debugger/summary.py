@@ -1,8 +1,9 @@
 """Summary statistics of one tensor, accumulated chunk by chunk in float64.
 
 min, max, mean and std are over finite values only (NaN and Inf are counted, never folded in); mean and std
-are None where float64 overflows. Complex tensors
-summarise their magnitudes; bools count as 0 and 1. A tensor with no finite value has no min, max, mean or std.
+are None where their float64 sums overflow (values near 1e308; the compiled kernel sums 2048 values at a time,
+numpy more, so a block may overflow in one and not the other). Complex tensors summarise their magnitudes; bools
+count as 0 and 1. A tensor with no finite value has no min, max, mean or std.
 """
 
 from __future__ import annotations
