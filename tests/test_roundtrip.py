@@ -17,7 +17,7 @@ from tensor_debugger.dtypes import all_dtypes, parse_dtype
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import TensorRecord
 from tensor_debugger.services import Services
-from tensor_debugger.tensor_files import open_tensor_file
+from tensor_debugger.tensor_files import BufferPool, open_tensor_file
 
 from tests.dumps import random_bits, seeded
 
@@ -110,6 +110,18 @@ def test_a_file_of_many_tensors_keeps_a_few_buffers(tmp_path: Path) -> None:
         assert opened.leaves[0].reader._pool.held <= 4 << 20  # type: ignore[attr-defined]
     finally:
         opened.close()
+
+
+def test_buffer_pool_lends_the_smallest_fitting_buffer_and_keeps_a_few() -> None:
+    pool = BufferPool(keep=2)
+    small, large = pool.take(16), pool.take(1000)
+    pool.give(large)
+    pool.give(small)
+    assert pool.take(10) is small and pool.take(10).size == 10  # the smallest fitting one, then a new one
+    assert pool.take(500) is large
+    for size in (100, 200, 300):
+        pool.give(np.empty(size, dtype=np.uint8))
+    assert pool.held == 500  # the smallest is dropped past `keep`
 
 
 def test_non_contiguous_and_shared_storage(services: Services, tmp_path: Path) -> None:

@@ -231,17 +231,16 @@ class BufferPool:
         self._free: list[np.ndarray] = []
 
     def take(self, nbytes: int) -> np.ndarray:
-        fitting = [b for b in self._free if b.size >= nbytes]
+        """The smallest kept buffer of at least `nbytes` bytes, else a new one."""
+        fitting = [i for i, b in enumerate(self._free) if b.size >= nbytes]
         if not fitting:
             return np.empty(nbytes, dtype=np.uint8)
-        buffer = min(fitting, key=lambda b: b.size)
-        self._free.remove(buffer)
-        return buffer
+        return self._free.pop(min(fitting, key=lambda i: self._free[i].size))  # by position: arrays have no ==
 
     def give(self, buffer: np.ndarray) -> None:
         self._free.append(buffer)
         if len(self._free) > self._keep:
-            self._free.remove(min(self._free, key=lambda b: b.size))
+            self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].size))
 
     @property
     def held(self) -> int:
