@@ -37,7 +37,7 @@ from tensor_debugger.models import (
     TensorRecord,
     UnmatchedRecord,
 )
-from tensor_debugger.pending_pairs import ProgressCallback, compute_pending
+from tensor_debugger.pending_pairs import CurrentPairs, ProgressCallback, compute_pending
 from tensor_debugger.store import ArrayStore
 
 
@@ -162,25 +162,31 @@ class Comparisons:
         """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
         element values get their verdict on the summary statistics."""
         with self.sessions.begin() as db:
-            session = db.get_one(SessionRecord, session_id)
             pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id,
                                                         PairRecord.status != "incomparable")).all()
+            current = CurrentPairs(self, db, pairs)  # every pair's tensors and session in two queries
+            keys: dict[int, str] = {}
             for pair in pairs:
-                a, b = self.tensors_of(db, pair)
-                if not all(t.has_values for t in (*a, *b)):
-                    tol, _ = self.tolerance(session, a[0].dtype, b[0].dtype)
-                    verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
-                    pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
-                    pair.status = "pass" if verdict.passed else "fail"
+                _, a, b = current.sides(pair.id)
+                if all(t.has_values for t in (*a, *b)):
+                    keys[pair.id] = current.keyed(pair.id)[0]
                     continue
-                key, _, _ = self.key(session, pair, a, b)
-                cached = db.scalar(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key == key))
+                tol, _ = self.tolerance(current.session(pair), a[0].dtype, b[0].dtype)
+                verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
+                pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
+                pair.status = "pass" if verdict.passed else "fail"
+            cached = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
+                ComparisonResultRecord.cache_key.in_(set(keys.values()))))}
+            for pair in pairs:
+                if pair.id not in keys:
+                    continue
+                found = cached.get(keys[pair.id])
                 pair.error = None
-                if cached is None:
+                if found is None:
                     pair.result_id, pair.status = None, "pending"
                 else:
-                    pair.result_id = cached.id
-                    pair.status = "pass" if PairStats.from_json(cached.stats).passed else "fail"
+                    pair.result_id = found.id
+                    pair.status = "pass" if PairStats.from_json(found.stats).passed else "fail"
 
     # --- computing --------------------------------------------------------------------------------------
 

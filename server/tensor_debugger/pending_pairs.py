@@ -99,7 +99,7 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
     hits: list[tuple[int, str]] = []
     failed: list[tuple[int, str, str]] = []
     with comparisons.sessions() as db:
-        current = CurrentPairs(comparisons, db, pair_ids)
+        current = CurrentPairs.by_id(comparisons, db, pair_ids)
         keyed = [(pair_id, key) for pair_id in pair_ids if (key := current.key(pair_id)) is not None]
         cached = set(db.scalars(select(ComparisonResultRecord.cache_key).where(
             ComparisonResultRecord.cache_key.in_({key for _, key in keyed}))))
@@ -113,13 +113,13 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
             except Exception as exc:  # a missing array: the pair says so, work goes on
                 failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
                 continue
-            _, tol, exact = comparisons.key(current.session(pair), pair, a, b)
+            _, tol, exact = current.keyed(pair_id)
             work = PendingPair(pair_id, key, tuple(t.digest for t in a), tuple(t.digest for t in b),
                                json.dumps((pair.alignment or {}).get("steps", [])), tol)
             jobs.append(PairJob(work, view_a, view_b, tol, exact))
     if hits or failed:
         with comparisons.sessions.begin() as db:
-            current = CurrentPairs(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
+            current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
             records = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
                 ComparisonResultRecord.cache_key.in_({key for _, key in hits})))}
             for pair_id, key in hits:
@@ -161,7 +161,7 @@ class ResultWriter:
 
     def _write(self) -> None:
         with self._comparisons.sessions.begin() as db:
-            current = CurrentPairs(self._comparisons, db, [i for _, _, ids in self._waiting for i in ids])
+            current = CurrentPairs.by_id(self._comparisons, db, [i for _, _, ids in self._waiting for i in ids])
             keys = {work.key for work, result, _ in self._waiting if isinstance(result, PairStats)}
             records = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
                 ComparisonResultRecord.cache_key.in_(keys)))}
@@ -188,13 +188,17 @@ class CurrentPairs:
     wants the result of a comparison: replanning may have deleted a pair, or given its id (SQLite reuses row ids)
     to another pair; re-aligning or new tolerances change its key."""
 
-    def __init__(self, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> None:
+    def __init__(self, comparisons: Comparisons, db: DbSession, pairs: Sequence[PairRecord]) -> None:
         self._comparisons = comparisons
-        self.pairs = {p.id: p for p in db.scalars(select(PairRecord).where(PairRecord.id.in_(set(pair_ids))))}
+        self.pairs = {p.id: p for p in pairs}
         self.tensors = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(
             {i for p in self.pairs.values() for i in (*p.a_tensor_ids, *p.b_tensor_ids)})))}
         self.sessions = {s.id: s for s in db.scalars(select(SessionRecord).where(
             SessionRecord.id.in_({p.session_id for p in self.pairs.values()})))}
+
+    @classmethod
+    def by_id(cls, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> CurrentPairs:
+        return cls(comparisons, db, db.scalars(select(PairRecord).where(PairRecord.id.in_(set(pair_ids)))).all())
 
     def key(self, pair_id: int) -> str | None:
         """The pair's cache key now; None where it wants no result (gone, settled, incomparable, summary-only)."""
@@ -203,8 +207,12 @@ class CurrentPairs:
             return None
         if any(i not in self.tensors for i in (*pair.a_tensor_ids, *pair.b_tensor_ids)):
             return None  # deleted meanwhile, with its run: so is the pair
+        return self.keyed(pair_id)[0]
+
+    def keyed(self, pair_id: int) -> tuple[str, Tolerance, bool]:
+        """The pair's cache key, tolerance and exactness now (see `Comparisons.key`), whatever its status."""
         pair, a, b = self.sides(pair_id)
-        return self._comparisons.key(self.session(pair), pair, a, b)[0]
+        return self._comparisons.key(self.session(pair), pair, a, b)
 
     def sides(self, pair_id: int) -> tuple[PairRecord, list[TensorRecord], list[TensorRecord]]:
         pair = self.pairs[pair_id]
