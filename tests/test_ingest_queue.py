@@ -18,7 +18,8 @@ from tensor_debugger.ingest_queue import IngestJob, IngestProgress, IngestQueue
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import RunRecord
 from tensor_debugger.recovery import recover
-from tensor_debugger.services import Services
+from tensor_debugger.services import Services, open_services
+from tensor_debugger.settings import Settings
 
 from tests.dumps import seeded
 
@@ -92,6 +93,24 @@ def test_recovery_leaves_this_process_s_live_runs_alone(services: Services, tmp_
     assert status_of(services, live.run_id) == "ready"
     assert services.ingestor.live_runs() == frozenset()
     assert recover(services.sessions, services.store, services.ingestor.live_runs()).runs_removed == 0
+
+
+def test_opening_the_data_dir_again_in_this_process_leaves_its_ingest_alone(services: Services,
+                                                                               settings: Settings,
+                                                                               tmp_path: Path) -> None:
+    """A second open_services on the same data dir (a capture beside a server, in one process) recovers; the run
+    the first one is ingesting is this process's, so it survives, and no other data dir's run ids count."""
+    live = services.ingestor.begin("mine", "live", ["x.pth"])
+    other = open_services(Settings(data_dir=tmp_path / "elsewhere", demo=False))
+    again = open_services(settings)
+    try:
+        assert again.recovery.runs_removed == 0 and status_of(services, live.run_id) == "ingesting"
+        assert other.ingestor.live_runs() == frozenset() and again.ingestor.live_runs() == {live.run_id}
+        services.ingestor.complete(live, [tensor_file(tmp_path, "0_x.pth", 3)])
+        assert status_of(again, live.run_id) == "ready"
+    finally:
+        again.close()
+        other.close()
 
 
 def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced(services: Services,

@@ -7,7 +7,8 @@ Lifecycle, so that nothing half-ingested is ever visible:
 When nothing usable was found the run is deleted, or (`keep_failure`, for uploads whose request has returned)
 kept as "failed" with its problems and no arrays, so the session page can say why.
 A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`; the runs this
-process is ingesting right now are in `Ingestor.live_runs()`, so its own recovery never takes them for dead.
+process is ingesting right now, through any of its Ingestors, are in `Ingestor.live_runs()`, so its own recovery
+never takes them for dead (a second `open_services` on the same data dir, say a capture beside a server).
 """
 
 from __future__ import annotations
@@ -96,13 +97,34 @@ def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: Trac
     )
 
 
+class _LiveRuns:
+    """The runs this process is ingesting, by database: what a process is doing belongs to the process, not to
+    one of the Ingestors it may hold for the same data dir."""
+
+    _lock = threading.Lock()
+    _runs: set[tuple[str, int]] = set()  # (database URL, run id)
+
+    @classmethod
+    def add(cls, database: str, run_id: int) -> None:
+        with cls._lock:
+            cls._runs.add((database, run_id))
+
+    @classmethod
+    def discard(cls, database: str, run_id: int) -> None:
+        with cls._lock:
+            cls._runs.discard((database, run_id))
+
+    @classmethod
+    def of(cls, database: str) -> frozenset[int]:
+        with cls._lock:
+            return frozenset(run for url, run in cls._runs if url == database)
+
+
 class Ingestor:
     def __init__(self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore) -> None:
         self.settings = settings
         self.sessions = sessions
         self.store = store
-        self._lock = threading.Lock()
-        self._live: set[int] = set()
 
     def ingest(
         self,
@@ -157,8 +179,7 @@ class Ingestor:
             db.add(run)
             db.flush()
             pending = PendingRun(session.id, session_name, run.id, run_label, created or created_session)
-        with self._lock:
-            self._live.add(pending.run_id)
+        _LiveRuns.add(self.settings.database_url, pending.run_id)
         return pending
 
     def complete(
@@ -192,23 +213,21 @@ class Ingestor:
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            with self._lock:
-                self._live.discard(run_id)
+            _LiveRuns.discard(self.settings.database_url, run_id)
         return IngestResult(pending.session_id, pending.session_name, run_id, pending.run_label,
                             len(stored) + len(summaries), problems)
 
     def live_runs(self) -> frozenset[int]:
-        """The runs this process has begun and not yet completed: recovery must leave them alone."""
-        with self._lock:
-            return frozenset(self._live)
+        """The runs of this data dir that this process has begun and not yet completed, through any Ingestor:
+        recovery must leave them alone."""
+        return _LiveRuns.of(self.settings.database_url)
 
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
             self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
         finally:
-            with self._lock:
-                self._live.discard(pending.run_id)
+            _LiveRuns.discard(self.settings.database_url, pending.run_id)
 
     def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         if keep_failure:
