@@ -70,7 +70,7 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
     finally:
         bar.close()
     with services.sessions() as db:
-        report = session_pairs(db, session_id)
+        report = session_pairs(db, session_id, modules=True)
     url = f"http://{services.settings.host}:{services.settings.port}/sessions/{session_id}"
     payload = contract_json(session_id, session_name, url, report, problems)
     if not report["pairs"]:

@@ -78,29 +78,31 @@ def _load(db: DbSession, pairs: Sequence[Any]) -> Loaded:
     return tensors, results
 
 
-def session_pairs(db: DbSession, session_id: int) -> dict[str, Any]:
-    """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress."""
+def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> dict[str, Any]:
+    """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress; with
+    `modules`, also the module view of a traced session (its tree and culprits: work the other callers skip)."""
     pairs: Sequence[Any] = db.execute(select(*PairRecord.__table__.columns)  # light rows, as in _load
                                       .where(PairRecord.session_id == session_id).order_by(PairRecord.position)).all()
     tensors, results = _load(db, pairs)
     items = [pair_json(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
     first = next((i for i in items if i["status"] == "fail"), None)
-    run_rows = db.execute(select(RunRecord.id, RunRecord.label, RunRecord.module_tree)
-                          .where(RunRecord.session_id == session_id)).all()
-    runs = {r.id: r.label for r in run_rows}
-    trees = {r.id: r.module_tree for r in run_rows}
+    runs = dict(db.execute(select(RunRecord.id, RunRecord.label).where(RunRecord.session_id == session_id)).all())
     unmatched = db.scalars(select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id)
                            .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)).all()
     done = sum(1 for i in items if i["status"] != "pending")
-    return {
+    report: dict[str, Any] = {
         "pairs": items,
         "first_divergence": divergence_json(first),
         "unmatched": [{"run_id": u.run_id, "run": runs.get(u.run_id), "against_run_id": u.other_run_id,
                        "name": u.name, "tensor_ids": list(u.tensor_ids)} for u in unmatched],
         "progress": {"total": len(items), "done": done, "pending": len(items) - done,
                      "failing": sum(1 for i in items if i["status"] == "fail")},
-        "modules": module_report(items, trees.get(items[0]["a"]["run_id"]) if items else None),
     }
+    if modules:
+        tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0]["a"]["run_id"])) if items \
+            else None  # the reference run's
+        report["modules"] = module_report(items, tree)
+    return report
 
 
 def divergence_json(item: dict[str, Any] | None) -> dict[str, Any] | None:

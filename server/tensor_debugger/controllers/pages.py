@@ -66,7 +66,7 @@ class PageController(Controller):
         params = ViewParams.parse(group, sort, verdict, q)
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
-            report = session_pairs(db, session_id)
+            report = session_pairs(db, session_id, modules=True)
             ordered = apply_order(report["pairs"], session.pair_order)
             counts = report["progress"]
             progress = session_progress(session, services.ingests,

@@ -37,7 +37,7 @@ class SessionPairsController(Controller):
         first divergence and progress (pairs done of total: finished pairs are served while others compute)."""
         with services.sessions() as db:
             catalog.get_session(db, session_id)
-            return session_pairs(db, session_id)
+            return session_pairs(db, session_id, modules=True)
 
     @get("/first-divergence", sync_to_thread=True)
     def first_divergence(self, services: Services, session_id: int) -> dict[str, Any]:
