@@ -8,8 +8,10 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from safetensors.torch import load_file
 from sqlalchemy import select
 from tensor_debugger import capture
+from tensor_debugger.activation_capture import safetensors_codes, write_safetensors
 from tensor_debugger.comparisons import Comparisons
 from tensor_debugger.inputs import InputFile
 from tensor_debugger.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
@@ -19,6 +21,7 @@ from tensor_debugger.settings import Settings
 from torch import nn
 
 from tests.conftest import LiveServer
+from tests.dumps import random_bits
 from tests.traces import MODEL_CLASS, input_ids, tiny_llama, write_trace
 
 
@@ -152,3 +155,18 @@ def test_nothing_is_kept_when_the_block_raises(settings: Settings) -> None:
             assert db.scalars(select(RunRecord)).all() == []
     finally:
         services.close()
+
+
+@pytest.mark.parametrize("dtype", sorted(safetensors_codes(), key=str))
+def test_a_captured_tensor_is_written_chunk_by_chunk_bit_for_bit(tmp_path: Path, dtype: torch.dtype) -> None:
+    """Every dtype ingest reads from safetensors, copied to the host 8 bytes at a time (many chunks, a short one
+    last), reads back bit for bit with the safetensors library."""
+    tensor = random_bits((37, 3), dtype, seed=9)
+    path = tmp_path / "x.safetensors"
+    write_safetensors(path, tensor, chunk_bytes=8)
+    back = load_file(str(path))["data"]
+    assert back.dtype == dtype and back.shape == tensor.shape
+    if dtype == torch.bool:
+        assert torch.equal(back, tensor)
+    else:
+        assert torch.equal(back.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8))

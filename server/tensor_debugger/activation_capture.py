@@ -21,6 +21,7 @@ ingested into the local data directory, or streamed to the server's upload API.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import shutil
 import struct
@@ -29,19 +30,24 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 
+from tensor_debugger.dtypes import torch_to_storage
 from tensor_debugger.module_traces import FULL_SUFFIX
+from tensor_debugger.tensor_files import SAFETENSORS_DTYPES
 
 WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # copied from the device and written this much at a time
 
-_SAFETENSORS_CODES = {
-    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-    torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-    torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2", torch.complex64: "C64",
-}  # fmt: skip
+
+
+@functools.cache
+def safetensors_codes() -> dict[torch.dtype, str]:
+    """torch dtype -> safetensors' code: the table ingest reads with (`tensor_files.SAFETENSORS_DTYPES`), turned
+    round, so that whatever capture writes, ingest reads."""
+    return {getattr(torch, name): code for code, name in SAFETENSORS_DTYPES.items()
+            if hasattr(torch, name) and code != "F4"}  # F4 counts 4-bit values; torch's float4 tensor, byte pairs
 
 
 @dataclass
@@ -58,7 +64,7 @@ class CaptureResult:
 
 def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE_CHUNK_BYTES) -> None:
     """`tensor` as a safetensors file holding the one key "data", copied to the host a chunk at a time."""
-    code = _SAFETENSORS_CODES.get(tensor.dtype)
+    code = safetensors_codes().get(tensor.dtype)
     if code is None:
         raise TypeError(f"dtype {tensor.dtype} cannot be captured")
     flat = tensor.detach().reshape(-1)
@@ -69,13 +75,7 @@ def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE
     with path.open("wb") as f:
         f.write(struct.pack("<Q", len(encoded)) + encoded)
         for start in range(0, flat.numel(), step):
-            _write_chunk(f, flat[start : start + step])
-
-
-def _write_chunk(f: BinaryIO, chunk: torch.Tensor) -> None:
-    host = chunk.to("cpu").contiguous()
-    raw = host.view(torch.uint8) if host.dtype != torch.bool else host.to(torch.uint8)
-    f.write(raw.numpy().data)
+            f.write(torch_to_storage(flat[start : start + step]).data)  # to the host, raw bits
 
 
 class _Recorder:
@@ -115,7 +115,7 @@ class _Recorder:
     def serialize(self, value: Any, name: str) -> Any:
         """The trace JSON's entry for `value`, its tensors written to files; mirrors the debugger's layout."""
         if isinstance(value, torch.Tensor):
-            if value.dtype not in _SAFETENSORS_CODES:
+            if value.dtype not in safetensors_codes():
                 self.skipped.append(f"{name}: dtype {value.dtype} cannot be captured")
                 return repr(value.dtype)
             file = f"{name}.safetensors"

@@ -22,13 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from tensor_debugger.engine.summaries import STATISTICS
 from tensor_debugger.errors import FileProblem
 
 FULL_SUFFIX = "_debug_tree_FULL_TENSORS.json"
 SUMMARY_SUFFIX = "_debug_tree_SUMMARY.json"
 TRACE_SUFFIXES = (FULL_SUFFIX, SUMMARY_SUFFIX)
 MAX_TRACE_JSON_BYTES = 512 * 1024 * 1024
-STAT_NAMES = ("mean", "std", "min", "max")
 
 _LAYER_BLOCK = re.compile(r"^(?P<prefix>.*)\.(?P<number>\d+)$")
 _PLACE = re.compile(r"_(?P<place>inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
@@ -66,7 +66,7 @@ class TraceTensor:
     file: str | None
     shape: tuple[int, ...] | None = None
     dtype: str | None = None  # torch's spelling without "torch."
-    stats: dict[str, float] = field(default_factory=dict)  # of the four STAT_NAMES, those the JSON gives
+    stats: dict[str, float] = field(default_factory=dict)  # of the four STATISTICS, those the JSON gives
 
     @property
     def name(self) -> str:
@@ -153,7 +153,7 @@ def _tensor(path: str, place: str, entry: dict[str, Any], files: set[str]) -> Tr
     if isinstance(value, str) and value.endswith(".safetensors"):
         name = PurePosixPath(value).name
         file = name if name in files else None
-    stats = {k: v for k in STAT_NAMES if (v := parse_tensor_repr(entry.get(k))) is not None}
+    stats = {k: v for k in STATISTICS if (v := parse_tensor_repr(entry.get(k))) is not None}
     return TraceTensor(path, place, file, parse_shape(entry.get("shape")), parse_dtype(entry.get("dtype")), stats)
 
 
@@ -196,7 +196,7 @@ def _number(node: dict[str, Any], prefix: str) -> int | None:
 def _renumber(value: Any, old: str, new: str) -> Any:
     """A copy of a layer's subtree for another layer: paths and file names renumbered, statistics dropped."""
     if isinstance(value, dict):
-        out = {k: _renumber(v, old, new) for k, v in value.items() if k not in STAT_NAMES}
+        out = {k: _renumber(v, old, new) for k, v in value.items() if k not in STATISTICS}
         for key in ("module_path", "value"):
             text = out.get(key)
             if isinstance(text, str):

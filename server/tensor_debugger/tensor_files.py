@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 TORCH_SUFFIXES = frozenset({".pth", ".pt", ".bin"})
 TENSOR_SUFFIXES = TORCH_SUFFIXES | {".safetensors", ".npy"}
 
-_SAFETENSORS_DTYPES = {
+SAFETENSORS_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "F8_E8M0": "float8_e8m0fnu",
     "F4": "float4_e2m1fn_x2", "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8",
@@ -320,7 +320,7 @@ def _open_safetensors(path: Path, label: str) -> TensorFile:
     skipped: list[FileProblem] = []
     for key in keys:
         entry = header[key]
-        name = _SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
+        name = SAFETENSORS_DTYPES.get(str(entry.get("dtype")))
         if name is None:
             skipped.append(FileProblem(_where(label, (key,)), f"unsupported dtype {entry.get('dtype')!r}; skipped"))
             continue

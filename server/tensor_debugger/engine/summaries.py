@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tensor_debugger.engine.metrics import json_number
 from tensor_debugger.engine.tolerances import Tolerance
 
 STATISTICS = ("mean", "std", "min", "max")
@@ -70,6 +71,4 @@ def _check(name: str, a: float | None, b: float | None, rtol: float, atol: float
 
 
 def _number(value: float | None) -> float | str | None:
-    if value is None or math.isfinite(value):
-        return value
-    return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    return None if value is None else json_number(value)
