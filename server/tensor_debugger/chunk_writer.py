@@ -32,7 +32,6 @@ class ChunkWriter:
         if not ChunkReader.readable(array.metadata):
             raise ValueError(f"array at {folder} is not in a layout a ChunkWriter writes")
         metadata: ArrayV3Metadata = array.metadata
-        self.array = array
         self.shape: tuple[int, ...] = tuple(int(d) for d in array.shape)
         self.dtype = np.dtype(array.dtype)
         self.chunks: tuple[int, ...] = tuple(metadata.chunk_grid.chunk_shape)  # type: ignore[attr-defined]
