@@ -1,9 +1,10 @@
-"""Hatch build hook: compile the statistics kernel (tensor_debugger/engine/fused_stats.c) into the wheel.
+"""Hatch build hook: compile the statistics kernel (tensor_debugger/engine/fused_stats.c) and the chunk-pair loop
+(tensor_debugger/chunk_pairs.c) into the wheel.
 
-A wheel gets `tensor_debugger/engine/_fused_stats.so` and a platform tag; an editable install gets the library
-beside its source, where the package is imported from. Without a C compiler (or when it fails) the build goes on
-pure Python, says so, and comparisons compute with numpy alone, about three times slower
-(`tensor_debugger.engine.fused.kernel_name()` tells which one is in use). CC names the compiler (default cc).
+A wheel gets `tensor_debugger/engine/_fused_stats.so`, `tensor_debugger/_chunk_pairs.so` and a platform tag; an
+editable install gets each library beside its source, where the package is imported from. Without a C compiler (or
+when it fails) the build goes on pure Python, says so, and comparisons compute with numpy alone, about three times
+slower (`tensor_debugger.engine.fused.kernel_name()` tells which one is in use). CC names the compiler (default cc).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
-SOURCE = Path("server/tensor_debugger/engine/fused_stats.c")
-LIBRARY = "_fused_stats.so"
+PACKAGE = Path("server/tensor_debugger")
+# source -> library, both relative to the package; the loop links nothing: it gets the kernel as a pointer
+LIBRARIES = {"engine/fused_stats.c": "engine/_fused_stats.so", "chunk_pairs.c": "_chunk_pairs.so"}
 # No fused multiply-add (the tolerance test must round as numpy does); the kernel's own vectors do the rest.
 FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall",
          "-Wno-psabi"]
@@ -30,15 +32,15 @@ FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fn
 X86_FLAGS = ["-mprefer-vector-width=512"]
 
 
-def compile_kernel(root: Path, output: Path) -> str | None:
-    """Compile the kernel to `output`; None on success, else why not."""
+def compile_library(root: Path, source: str, output: Path) -> str | None:
+    """Compile `source` (relative to the package) to `output`; None on success, else why not."""
     compiler = shlex.split(os.environ.get("CC", "cc"))
     if shutil.which(compiler[0]) is None:
         return f"no C compiler ({compiler[0]!r} not found; set CC)"
     if sys.platform == "win32":
         return "the kernel is built with a Unix C compiler only"
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / SOURCE)]
+    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / PACKAGE / source)]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         return f"{' '.join(command)} failed:\n{done.stderr.strip()}"
@@ -52,18 +54,24 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
         if self.target_name != "wheel":
             return
         root = Path(self.root)
-        if version == "editable":  # imported from server/: the library goes beside its source
-            output = root / SOURCE.parent / LIBRARY
-            problem = compile_kernel(root, output)
-        else:
+        problems = []
+        if version != "editable":
             self._scratch = tempfile.mkdtemp(prefix="tensor-debugger-kernel-")
-            output = Path(self._scratch) / LIBRARY
-            problem = compile_kernel(root, output)
-            if problem is None:
-                build_data["force_include"][str(output)] = "tensor_debugger/engine/" + LIBRARY
-        if problem is not None:
-            self.app.display_warning(f"tensor-debugger: statistics kernel not built, numpy will be used: {problem}")
-            return
+        for source, library in LIBRARIES.items():
+            if version == "editable":  # imported from server/: the library goes beside its source
+                problem = compile_library(root, source, root / PACKAGE / library)
+            else:
+                output = Path(self._scratch) / Path(library).name
+                problem = compile_library(root, source, output)
+                if problem is None:
+                    build_data["force_include"][str(output)] = "tensor_debugger/" + library
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            self.app.display_warning("tensor-debugger: compiled parts not built, numpy will be used: "
+                                     + "\n".join(problems))
+            if len(problems) == len(LIBRARIES):
+                return
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
 

@@ -11,6 +11,7 @@ releasing the GIL while it reads and decodes. Anything else is read through Zarr
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 import threading
@@ -40,6 +41,15 @@ class ReadCounter:
             self.chunks += chunks
 
 
+def _split_axis(shape: tuple[int, ...], chunks: tuple[int, ...]) -> int | None:
+    """The axis a chunk covers part of, where every chunk is a range of the flat array in C order: chunks of size 1
+    before it and whole dimensions after it. None for any other chunk shape."""
+    axis = len(shape) - 1
+    while axis > 0 and chunks[axis] == shape[axis]:
+        axis -= 1
+    return None if any(c != 1 for c in chunks[:axis]) else axis
+
+
 class ChunkReader:
     """Reads any region of one array (numpy basic indexing with step-1 slices) from its chunk files."""
 
@@ -55,6 +65,10 @@ class ChunkReader:
         self._fill = np.asarray(metadata.fill_value, dtype=self.dtype)
         self._counter = counter
         self._open_array = open_array
+        self.logical: str | None = metadata.attributes.get("logical_dtype")  # as ingest wrote it (bfloat16...)
+        self.chunk_bytes = math.prod(self.chunks) * self.dtype.itemsize  # decoded size of one (whole) chunk
+        self._split = _split_axis(self.shape, self.chunks)
+        self._folder_bytes = os.fsencode(folder)
 
     @staticmethod
     def readable(metadata: Any) -> bool:
@@ -69,6 +83,35 @@ class ChunkReader:
         endian = codecs[0].endian
         native = dtype.itemsize == 1 or (endian is not None and endian.value == sys.byteorder)
         return native and dtype.isnative and not dtype.hasobject and len(metadata.shape) > 0
+
+    def count_reads(self, chunks: int) -> None:
+        """Count chunks read without this reader (chunk_pairs reads its files itself)."""
+        self._counter.add(chunks)
+
+    def flat_pieces(self, start: int, stop: int) -> list[tuple[bytes, int, int]] | None:
+        """The chunk files that hold the C-order flat values [start, stop) of the array, in order, each as (path,
+        values of the decoded chunk before the piece, values in the piece); None where chunks are not ranges of
+        the flat array (a chunk shape other than (1, ..., 1, c, whole trailing dimensions), which this store
+        never writes)."""
+        axis = self._split
+        if axis is None:
+            return None
+        trailing = math.prod(self.shape[axis + 1 :])
+        rows, per_chunk = self.shape[axis], self.chunks[axis]
+        tail = (0,) * (len(self.shape) - axis - 1)
+        pieces = []
+        position = start
+        while position < stop:
+            lead, row = divmod(position // trailing, rows)
+            chunk = row // per_chunk
+            first_row = chunk * per_chunk
+            end = (lead * rows + first_row + min(per_chunk, rows - first_row)) * trailing  # past the chunk's values
+            count = min(stop, end) - position
+            coords = tuple(int(i) for i in np.unravel_index(lead, self.shape[:axis])) + (chunk,) + tail
+            key = self._metadata.encode_chunk_key(coords).encode()
+            pieces.append((self._folder_bytes + b"/" + key, (row - first_row) * trailing + position % trailing, count))
+            position += count
+        return pieces
 
     def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):

@@ -18,6 +18,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.chunk_pairs import chunk_pairs
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
@@ -116,7 +117,7 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
             _, tol, exact = current.keyed(pair_id)
             work = PendingPair(pair_id, key, tuple(t.digest for t in a), tuple(t.digest for t in b),
                                json.dumps((pair.alignment or {}).get("steps", [])), tol)
-            jobs.append(PairJob(work, view_a, view_b, tol, exact))
+            jobs.append(PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact)))
     if hits or failed:
         with comparisons.sessions.begin() as db:
             current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])

@@ -3,6 +3,8 @@ first use.
 
 The package build compiles it next to this file (server/build_hooks.py); where it was not built, or
 TENSOR_DEBUGGER_KERNEL=numpy asks for it, `fused_partial` returns None and metrics.py computes with numpy alone.
+TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
+(tensor_debugger.chunk_pairs): blocks are then read into arrays first, as before that loop existed.
 """
 
 from __future__ import annotations
@@ -70,9 +72,14 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
+def kernel_setting() -> str:
+    """TENSOR_DEBUGGER_KERNEL ("numpy", "blocks", or "" for the default), read on every call so that a test or a
+    benchmark can set it."""
+    return os.environ.get("TENSOR_DEBUGGER_KERNEL", "").strip().lower()
+
+
 def _numpy_asked() -> bool:
-    """TENSOR_DEBUGGER_KERNEL=numpy, read on every call so that a test or a benchmark can set it."""
-    return os.environ.get("TENSOR_DEBUGGER_KERNEL", "").strip().lower() == "numpy"
+    return kernel_setting() == "numpy"
 
 
 def kernel_name() -> str:
@@ -105,6 +112,24 @@ def fused_partial(a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check:
     out = FusedPartial()
     function = getattr(library, f"td_stats_{_CODES[a.dtype]}{_CODES[b.dtype]}")
     function(a.ctypes.data, b.ctypes.data, a.size, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
+    return out
+
+
+def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
+    """The address of the kernel that folds float32 or float64 values of dtypes `a` and `b` at given flat positions
+    into a partial (td_stats_XY_acc: a, b, n, base, atol, rtol, check, edges, partial), for a compiled loop that
+    feeds it; None where the kernel is not in use or has no such loop."""
+    library = None if _numpy_asked() else _library()
+    if library is None or a not in _CODES or b not in _CODES:
+        return None
+    function = getattr(library, f"td_stats_{_CODES[a]}{_CODES[b]}_acc", None)
+    return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
+
+
+def empty_partial() -> FusedPartial:
+    """A partial of no values (as td_partial_reset makes one), for an accumulating kernel to fold into."""
+    out = FusedPartial()
+    out.max_abs, out.argmax = -1.0, -1
     return out
 
 

@@ -159,20 +159,27 @@ static inline __attribute__((always_inline)) void histogram(const float *diff, i
         }                                                                                                        \
     }
 
+/* An empty partial, as every block's starts: no largest difference yet. */
+static inline void td_partial_reset(td_partial *out) {
+    memset(out, 0, sizeof *out);
+    out->max_abs = -1.0;
+    out->argmax = -1;
+}
+
+/* NAME(a, b, n, ...) is one block's partial; NAME_acc(a, b, n, base, ...) folds the values at flat positions
+ * base.. base + n of a longer block into `out` (reset once, then folded in order: the first largest difference
+ * keeps its place), which is how chunk_pairs.c reduces a block chunk by chunk. */
 #define KERNEL(NAME, TA, TB)                                                                                     \
     FIND(TA, TB)                                                                                                 \
     REL_EXACT(TA, TB)                                                                                            \
-    CLONES int NAME(const TA *a, const TB *b, int64_t n, double atol, double rtol, int check,                   \
-                    const double *edges, td_partial *out) {                                                      \
+    CLONES int NAME##_acc(const TA *a, const TB *b, int64_t n, int64_t base, double atol, double rtol,          \
+                          int check, const double *edges, td_partial *out) {                                     \
         float diff[SUB + 16] __attribute__((aligned(64)));                                                       \
         float edges32[EDGES];                                                                                    \
         for (int i = 0; i < EDGES; i++) edges32[i] = (float)edges[i];                                            \
         const vd vatol = (vd){0} + atol, vrtol = (vd){0} + rtol, zero = {0};                                     \
         lanes_t L;                                                                                               \
         memset(&L, 0, sizeof L);                                                                                 \
-        memset(out, 0, sizeof *out);                                                                             \
-        out->max_abs = -1.0;                                                                                     \
-        out->argmax = -1;                                                                                        \
         for (int64_t start = 0; start < n; start += SUB) {                                                       \
             int64_t m = n - start < SUB ? n - start : SUB;                                                       \
             int64_t whole = m / LANES * LANES;                                                                   \
@@ -201,7 +208,7 @@ static inline __attribute__((always_inline)) void histogram(const float *diff, i
                 int64_t k = find_##TA##_##TB(pa, pb, m, sub_top);                                                \
                 if (k >= 0) {                                                                                    \
                     out->max_abs = sub_top;                                                                      \
-                    out->argmax = start + k;                                                                     \
+                    out->argmax = base + start + k;                                                              \
                 }                                                                                                \
             }                                                                                                    \
             double rel_sum = hsum(rel);                                                                          \
@@ -214,13 +221,18 @@ static inline __attribute__((always_inline)) void histogram(const float *diff, i
                 rel_exact_##TA##_##TB(pa, pb, m, &out->sum_rel, &out->max_rel, &out->rel_count);                 \
             }                                                                                                    \
         }                                                                                                        \
-        out->sum_abs = hsum(L.sum_abs);                                                                          \
-        out->sum_sq = hsum(L.sum_sq);                                                                            \
-        out->dot = hsum(L.dot);                                                                                  \
-        out->norm_a = hsum(L.norm_a);                                                                            \
-        out->norm_b = hsum(L.norm_b);                                                                            \
-        out->mismatched = hsuml(L.mismatched);                                                                   \
+        out->sum_abs += hsum(L.sum_abs);                                                                         \
+        out->sum_sq += hsum(L.sum_sq);                                                                           \
+        out->dot += hsum(L.dot);                                                                                 \
+        out->norm_a += hsum(L.norm_a);                                                                           \
+        out->norm_b += hsum(L.norm_b);                                                                           \
+        out->mismatched += hsuml(L.mismatched);                                                                  \
         return 0;                                                                                                \
+    }                                                                                                            \
+    int NAME(const TA *a, const TB *b, int64_t n, double atol, double rtol, int check, const double *edges,     \
+             td_partial *out) {                                                                                  \
+        td_partial_reset(out);                                                                                   \
+        return NAME##_acc(a, b, n, 0, atol, rtol, check, edges, out);                                            \
     }
 
 KERNEL(td_stats_ff, float, float)

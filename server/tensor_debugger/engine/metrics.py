@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tensor_debugger.engine.fused import EDGE_COUNT, fused_partial
+from tensor_debugger.engine.fused import EDGE_COUNT, FusedPartial, fused_partial
 from tensor_debugger.engine.tolerances import Tolerance
 
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
@@ -142,13 +142,29 @@ class PairAccumulator:
                 else:  # some NaN or Inf (or squares past float64's range)
                     self._add_general(a64, b64, where)
 
+    def add_fused(self, part: FusedPartial, origin: tuple[int, ...], block_shape: tuple[int, ...],
+                  shape: tuple[int, ...]) -> bool:
+        """Fold in a block's statistics as the compiled kernel computed them elsewhere (chunk_pairs: read, decoded
+        and reduced chunk by chunk), with this accumulator's tolerance and `edges()`, for the block of
+        `block_shape` at `origin` of the aligned tensor of shape `shape`: True, or False (nothing folded in) where
+        the block holds a NaN or an Inf, which only `add` counts."""
+        n = math.prod(block_shape)
+        self.numel += n
+        if self._fold(part, n, (origin, block_shape, shape, 0)):
+            return True
+        self.numel -= n
+        return False
+
     def _add_fused(self, a: np.ndarray, b: np.ndarray, where: _Where) -> bool:
         """The whole block in one pass of the compiled kernel, when it is in use and the block is finite (else
         False, and nothing is folded in)."""
-        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact, _edges())
-        if part is None or not (math.isfinite(part.norm_a) and math.isfinite(part.norm_b)):
+        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact, edges())
+        return part is not None and self._fold(part, a.size, where)
+
+    def _fold(self, part: FusedPartial, n: int, where: _Where) -> bool:
+        if not (math.isfinite(part.norm_a) and math.isfinite(part.norm_b)):
             return False
-        self.valid += a.size
+        self.valid += n
         self._consider_max(part.max_abs, False, part.argmax, where)
         self.sum_abs += part.sum_abs
         self.sum_sq += part.sum_sq
@@ -337,7 +353,7 @@ class PairAccumulator:
 
 
 @functools.cache
-def _edges() -> np.ndarray:
+def edges() -> np.ndarray:
     """The decade edges as the kernel reads them: float64, contiguous."""
     return np.array(_EDGES, dtype=np.float64)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from tensor_debugger.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.fused import FusedPartial
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
@@ -25,6 +26,8 @@ IN_FLIGHT = 3  # blocks queued or computing at once: two workers busy and one bl
 TICK_SECONDS = 0.1  # how often `on_tick` is called while a block is awaited
 
 Key = TypeVar("Key")
+# A block's statistics computed straight from storage (chunk_pairs), or None to read the block through the views
+Reduce = Callable[[Region, Tolerance], FusedPartial | None]
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class PairJob(Generic[Key]):
     b: View
     tolerance: Tolerance
     exact: bool  # integers and bools: any difference is a mismatch
+    reduce: Reduce | None = None  # tried first for every block
 
 
 @dataclass
@@ -51,7 +55,13 @@ class _Running(Generic[Key]):
         part = PairAccumulator(job.tolerance, job.exact)
         if self.error is not None:  # an earlier block failed: this one's result would be thrown away
             return part
-        part.add(job.a.read(region), job.b.read(region), tuple(s.start for s in region), job.a.shape)
+        origin = tuple(s.start for s in region)
+        if job.reduce is not None:
+            fused = job.reduce(region, job.tolerance)
+            if fused is not None and part.add_fused(fused, origin, tuple(s.stop - s.start for s in region),
+                                                    job.a.shape):
+                return part
+        part.add(job.a.read(region), job.b.read(region), origin, job.a.shape)
         return part
 
 

@@ -115,6 +115,7 @@ class PermuteView:
 class TruncateView:
     def __init__(self, inner: View, axis: int, size: int) -> None:
         self.inner = inner
+        self.axis = axis
         self.shape: Shape = inner.shape[:axis] + (size,) + inner.shape[axis + 1 :]
 
     def read(self, region: Region) -> np.ndarray:
@@ -183,4 +184,18 @@ def build_view(shards: Sequence[View], steps: Sequence[Step]) -> View:
             view = TruncateView(view, step.axis, step.size)
         elif step.kind == "flatten":
             view = FlattenView(view)
+    return view
+
+
+def flat_source(view: View) -> SourceView | None:
+    """The stored tensor whose values, in C order from the first, are this view's values in C order (as many as the
+    view has), or None where the view reorders values or joins several tensors. Dropping or adding size-1
+    dimensions, flattening, and truncating the outermost non-trivial dimension keep that order; permuting and
+    concatenating do not."""
+    while not isinstance(view, SourceView):
+        order_kept = isinstance(view, SqueezeView | FlattenView) or (
+            isinstance(view, TruncateView) and all(d == 1 for d in view.shape[: view.axis]))
+        if not order_kept:
+            return None
+        view = view.inner  # type: ignore[attr-defined]
     return view
