@@ -163,7 +163,12 @@ class ChunkReader:
                 done += got
         finally:
             os.close(fd)
-        expected = int.from_bytes(view[4:8], "little") if size >= 16 else -1  # Blosc 1 header: decoded size
-        if expected != into.nbytes:  # Blosc would fill only part of `into`, silently
+        # A Blosc 1 header holds the decoded size (bytes 4-8) and the frame's own length (12-16). Blosc would fill
+        # only part of `into` for a smaller size, and decode past the end of the file for a longer frame (into this
+        # buffer's bytes from an earlier chunk), both silently.
+        decoded, length = (int.from_bytes(view[i : i + 4], "little") for i in (4, 12)) if size >= 16 else (-1, -1)
+        if decoded != into.nbytes:
             raise ValueError(f"chunk file {path} is not a Blosc frame of one chunk ({into.nbytes} bytes)")
+        if length != size:
+            raise ValueError(f"chunk file {path} is cut short or padded: {size} bytes, its Blosc frame {length}")
         _BLOSC.decode(view, out=into.reshape(-1).view(np.uint8))
