@@ -3,13 +3,14 @@ pair's statistics (comparisons) and one tensor's summary (ingest)."""
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import numpy as np
 import pytest
 from tensor_debugger.dtypes import parse_dtype
-from tensor_debugger.engine.fused import fused_summary, kernel_name
-from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats
+from tensor_debugger.engine.fused import _library, empty_partial, fused_summary, kernel_name
+from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats, edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.summary import SummaryAccumulator, TensorSummary
 
@@ -125,6 +126,40 @@ def test_scalars(monkeypatch: pytest.MonkeyPatch) -> None:
     stats = assert_same(monkeypatch, np.array(0.125, dtype=np.float32), np.array(0.25, dtype=np.float32),
                         Tolerance(0, 0))
     assert stats.argmax == () and stats.max_abs_diff == 0.125
+
+
+@pytest.mark.parametrize(("dtype_a", "dtype_b"), [("float32", "float32"), ("float64", "float32"),
+                                                  ("float32", "float64"), ("float64", "float64")])
+def test_avx512_and_generic_vector_kernels_agree(dtype_a: str, dtype_b: str) -> None:
+    """The pair kernel has an AVX-512 family of vector steps (this machine's) and a generic one (AVX2, baseline
+    x86-64, other architectures) that the tests above never run here: called directly, they agree, element-wise
+    results exactly."""
+    library = _library()
+    assert library is not None
+    if not hasattr(library, "td_v4_usable") or not library.td_v4_usable():
+        pytest.skip("no AVX-512 here: comparisons run the generic kernel, which the tests above check")
+    rng = np.random.default_rng(21)
+    code = {"float32": "f", "float64": "d"}
+    for size in (1, 7, 8, 9, 2047, 2048, 2049, 70001):
+        a = rng.standard_normal(size) * 10.0 ** rng.uniform(-6, 3, size)
+        b = a * (1 + 10.0 ** rng.uniform(-9, 0, size))
+        a[rng.integers(0, size, max(1, size // 10))] = 0.0
+        b[rng.integers(0, size, 3)] = a[0] + 1e3  # ties for the largest difference, maybe
+        a, b = np.ascontiguousarray(a, dtype=dtype_a), np.ascontiguousarray(b, dtype=dtype_b)
+        parts = []
+        for family in ("g", "v4"):
+            function = getattr(library, f"td_stats_{code[dtype_a]}{code[dtype_b]}_{family}")
+            out = empty_partial()
+            function(ctypes.c_void_p(a.ctypes.data), ctypes.c_void_p(b.ctypes.data), ctypes.c_int64(size),
+                     ctypes.c_int64(0), ctypes.c_double(1e-5), ctypes.c_double(1.3e-6), 1,
+                     ctypes.c_void_p(edges().ctypes.data), ctypes.byref(out))
+            parts.append(out)
+        generic, avx512 = parts
+        for field in ("max_abs", "argmax", "max_rel", "rel_count", "mismatched", "nonzero"):
+            assert getattr(avx512, field) == getattr(generic, field), (size, field)
+        assert list(avx512.at_least) == list(generic.at_least), size
+        for field in ("sum_abs", "sum_sq", "sum_rel", "dot", "norm_a", "norm_b"):
+            assert getattr(avx512, field) == pytest.approx(getattr(generic, field), rel=1e-12), (size, field)
 
 
 # --- one tensor's summary (ingest) ---------------------------------------------------------------------------------
