@@ -67,8 +67,8 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
                     build_data["force_include"][str(output)] = "tensor_debugger/" + library
             if problem is not None:
                 problems.append(problem)
-        if problems:
-            self.app.display_warning("tensor-debugger: compiled parts not built, numpy will be used: "
+        if problems:  # without the kernel, numpy computes; without the chunk loop, blocks are read into arrays
+            self.app.display_warning("tensor-debugger: compiled parts not built (comparisons will be slower): "
                                      + "\n".join(problems))
             if len(problems) == len(LIBRARIES):
                 return

@@ -175,10 +175,43 @@ def test_blocks_the_loop_cannot_finish_go_through_the_views(services: Services, 
     assert got.nan_b == 1 and got.nan_one_side == 1 and math.isnan(got.max_abs_diff) and got.argmax == (150, 3)
     assert_same(got, compare(a, b, pool, None)[0])
 
-    broken = chunk_file(services, "runs/2/0", "5/0")
-    broken.write_bytes(broken.read_bytes()[:-7])  # cut short
+
+
+def test_a_broken_chunk_file_is_named(services: Services, pool: ThreadPoolExecutor) -> None:
+    """A chunk file cut short, or with a sound header and a broken table of blocks: the loop stops, and the
+    error the views raise names the file."""
+    reference = np.linspace(0.0, 1.0, 200 * 300).reshape(200, 300)  # smooth: Blosc compresses it, in blocks
+    a = stored(services, "runs/1/0", reference, "float32", (40, 300))
+    b = stored(services, "runs/2/0", reference + 1e-3, "float32", (40, 300))
+    loop = chunk_pairs(a, b, exact=False)
+    assert loop is not None
+    broken = chunk_file(services, "runs/2/0", "2/0")
+    intact = broken.read_bytes()
+    assert not intact[2] & 0x02  # compressed, not stored as it is: the frame has a table of blocks
+    broken.write_bytes(intact[:-7])  # cut short
     ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
-    assert isinstance(error, ValueError) and "runs/2/0/c/5/0 is cut short" in str(error), error
+    assert isinstance(error, ValueError) and "runs/2/0/c/2/0 is cut short" in str(error), error
+    broken.write_bytes(intact[:16] + b"\xff" * 8 + intact[24:])
+    ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
+    assert isinstance(error, ValueError) and "runs/2/0/c/2/0 could not be decoded" in str(error), error
+    broken.write_bytes(intact)
+    assert compare(a, b, pool, loop)[1] == 200 // (1700 // 300)  # every block of 5 rows, once mended
+
+
+def test_a_nan_stops_the_loop_where_it_is_met(services: Services, pool: ThreadPoolExecutor) -> None:
+    """The loop reads no chunk past the first NaN or Inf of a block: the views read that block again anyway."""
+    reference = np.random.default_rng(4).standard_normal((100, 17))  # one block of 1700 values
+    cand = reference.copy()
+    cand[2, 0] = np.inf  # in the first of ten chunks
+    a = stored(services, "runs/1/0", reference, "float32", (10, 17))
+    b = stored(services, "runs/2/0", cand, "float32", (10, 17))
+    loop = chunk_pairs(a, b, exact=False)
+    assert loop is not None
+    before = services.store.chunk_reads
+    assert loop((slice(0, 100), slice(0, 17)), TOLERANCE) is None
+    assert services.store.chunk_reads == before  # a block it did not finish counts no reads
+    stats, finished = compare(a, b, pool, loop)
+    assert finished == 0 and stats.inf_b == 1 and stats.argmax == (2, 0) and stats.numel == 1700
 
 
 def test_flat_pieces_cover_any_flat_range(services: Services) -> None:

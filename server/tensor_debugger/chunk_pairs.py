@@ -3,8 +3,7 @@
 Reading a block through the views decodes every chunk into a fresh array, and the kernel then reads those arrays
 back from memory; between chunks, Python holds the GIL. The loop in chunk_pairs.c instead reads each side's chunk
 files, decodes each chunk into one small buffer that stays in cache, and hands the kernel the stretch where both
-sides' chunks overlap (measured on two runs of 1 GiB of float32 on 2 cores: 2.3 GB of tensor data per CPU-second
-and 4.3 GB/s, against 1.8 and 3.3 reading arrays first).
+sides' chunks overlap (bench/compare.py; the README's Performance section has the figures).
 
 It serves pairs that are compared with tolerances (not exactly) whose two sides are each one stored tensor read
 in C order (no alignment, or size-1 dimensions dropped or added, flattening, or rows truncated), stored as float32,
@@ -40,7 +39,7 @@ _STORED: dict[str, tuple[str, np.dtype[Any], np.dtype[Any]]] = {
     "float32": ("f", F32, F32), "float64": ("d", F64, F64), "bfloat16": ("b", np.dtype(np.uint16), F32),
     "float16": ("h", np.dtype(np.float16), F32)}
 _FAILURES = {1: "a chunk file is missing", 2: "a chunk file could not be read", 3: "not a Blosc frame of one chunk",
-             4: "Blosc could not decode it", 5: "a dtype the loop does not widen"}
+             4: "Blosc could not decode it", 5: "a dtype the loop does not widen", 6: "a NaN or an Inf"}
 
 
 class _Piece(ctypes.Structure):

@@ -171,4 +171,7 @@ class ChunkReader:
             raise ValueError(f"chunk file {path} is not a Blosc frame of one chunk ({into.nbytes} bytes)")
         if length != size:
             raise ValueError(f"chunk file {path} is cut short or padded: {size} bytes, its Blosc frame {length}")
-        _BLOSC.decode(view, out=into.reshape(-1).view(np.uint8))
+        try:
+            _BLOSC.decode(view, out=into.reshape(-1).view(np.uint8))
+        except RuntimeError as exc:  # numcodecs says only "error during blosc decompression: -1"
+            raise ValueError(f"chunk file {path} could not be decoded: {exc}") from None

@@ -220,7 +220,9 @@ static inline void td_partial_reset(td_partial *out) {
 
 /* NAME(a, b, n, ...) is one block's partial; NAME_acc(a, b, n, base, ...) folds the values at flat positions
  * base.. base + n of a longer block into `out` (reset once, then folded in order: the first largest difference
- * keeps its place), which is how chunk_pairs.c reduces a block chunk by chunk. */
+ * keeps its place), which is how chunk_pairs.c reduces a block chunk by chunk. Both return 1 once the partial's
+ * sums of squares are not finite (a NaN or an Inf was met, or they overflowed): the block is then the numpy
+ * path's, and a caller may stop early. */
 #define KERNEL_BODY(FN, TA, TB, P, ATTRS)                                                                        \
     ATTRS int FN(const TA *a, const TB *b, int64_t n, int64_t base, double atol, double rtol, int check,          \
                  const double *edges, td_partial *out) {                                                         \
@@ -277,7 +279,7 @@ static inline void td_partial_reset(td_partial *out) {
         out->norm_a += hsum(L.norm_a);                                                                           \
         out->norm_b += hsum(L.norm_b);                                                                           \
         out->mismatched += hsuml(L.mismatched);                                                                  \
-        return 0;                                                                                                \
+        return out->norm_a - out->norm_a == 0 && out->norm_b - out->norm_b == 0 ? 0 : 1; /* NaN, Inf, overflow */ \
     }
 
 #define PUBLIC(NAME, TA, TB, CHOSEN)                                                                             \

@@ -60,12 +60,17 @@ class _Running(Generic[Key]):
         if self.error is not None:  # an earlier block failed: this one's result would be thrown away
             return part
         origin = tuple(s.start for s in region)
-        if job.reduce is not None:
-            fused = job.reduce(region, job.tolerance)
-            if fused is not None and part.add_fused(fused, origin, tuple(s.stop - s.start for s in region),
-                                                    job.a.shape):
-                return part
-        part.add(job.a.read(region), job.b.read(region), origin, job.a.shape)
+        if job.reduce is None:
+            part.add(job.a.read(region), job.b.read(region), origin, job.a.shape)
+            return part
+        block_shape = tuple(s.stop - s.start for s in region)
+        fused = job.reduce(region, job.tolerance)
+        if fused is not None and part.add_fused(fused, origin, block_shape, job.a.shape):
+            return part
+        # Not finished from storage: read into arrays, in blocks of the usual size (this one is larger)
+        for inner in iter_blocks(plan_chunks(block_shape, 8, BLOCK_BYTES), 1):
+            sub = tuple(slice(o + s.start, o + s.stop) for o, s in zip(origin, inner, strict=True))
+            part.add(job.a.read(sub), job.b.read(sub), tuple(s.start for s in sub), job.a.shape)
         return part
 
 
