@@ -215,7 +215,7 @@ def throughput(data: Path, session_id: int, rounds: int) -> None:
           f"{res['statuses']}")
     print(f"  {compute:.2f} GB/s (median; rounds: {rates('compute')}), {per_cpu('compute'):.2f} GB per CPU-second")
     hint = (" (TENSOR_DEBUGGER_KERNEL=blocks measures reading arrays first, =numpy the numpy path)"
-            if res["kernel"] == "compiled" else "")
+            if res["loop"] == "chunk loop" else "")
     print(f"  statistics kernel: {res['kernel']}; chunks read by: {res['loop']}{hint}")
     print(f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs); "
           f"child wall {wall:.1f} s with start-up")
