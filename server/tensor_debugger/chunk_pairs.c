@@ -138,33 +138,32 @@ static int load_piece(tdc_side *side, int64_t p, tdc_decompress decompress, cons
 
 static int64_t width(int code) { return code == 'd' ? 8 : 4; } /* bytes of a value as the kernel reads it */
 
+/* Once `*left` values of the current piece are used up, load `side`'s next piece: TDC_OK (with *values, *left),
+ * -1 past the last piece, or a TDC_ code. */
+static int next_piece(tdc_side *side, int64_t *p, const void **values, int64_t *left, tdc_decompress decompress) {
+    if (*left != 0) return TDC_OK;
+    if (++*p == side->n) return -1;
+    int status = load_piece(side, *p, decompress, values);
+    if (status == TDC_OK) *left = side->pieces[*p].count;
+    return status;
+}
+
 /* Fold the block whose values are `a`'s pieces, in order, against `b`'s (both hold the same number of values) into
  * `out` (a reset td_partial): the pieces are merged like two sorted lists, one kernel call per overlap. Returns 0,
- * or a TDC_ code with the failing piece's side ('a' or 'b') and index in *failed_side and *failed_piece. */
+ * or a TDC_ code with the failing piece's side ('a' or 'b', 0 for a NaN or an Inf) and index in *failed_side and
+ * *failed_piece. */
 int tdc_pair(tdc_side *a, tdc_side *b, tdc_decompress decompress, tdc_kernel kernel, double atol, double rtol,
              int check, const double *edges, void *out, int *failed_side, int64_t *failed_piece) {
     const void *va = 0, *vb = 0;
     int64_t pa = -1, pb = -1, left_a = 0, left_b = 0, done = 0;
     for (;;) {
-        if (left_a == 0) {
-            if (++pa == a->n) break;
-            int status = load_piece(a, pa, decompress, &va);
-            if (status != TDC_OK) {
-                *failed_side = 'a';
-                *failed_piece = pa;
-                return status;
-            }
-            left_a = a->pieces[pa].count;
-        }
-        if (left_b == 0) {
-            if (++pb == b->n) break;
-            int status = load_piece(b, pb, decompress, &vb);
-            if (status != TDC_OK) {
-                *failed_side = 'b';
-                *failed_piece = pb;
-                return status;
-            }
-            left_b = b->pieces[pb].count;
+        int status_a = next_piece(a, &pa, &va, &left_a, decompress);
+        int status_b = status_a == TDC_OK ? next_piece(b, &pb, &vb, &left_b, decompress) : TDC_OK;
+        if (status_a == -1 || status_b == -1) break;
+        if (status_a != TDC_OK || status_b != TDC_OK) {
+            *failed_side = status_a != TDC_OK ? 'a' : 'b';
+            *failed_piece = status_a != TDC_OK ? pa : pb;
+            return status_a != TDC_OK ? status_a : status_b;
         }
         int64_t m = left_a < left_b ? left_a : left_b;
         const uint8_t *xa = (const uint8_t *)va + (a->pieces[pa].count - left_a) * width(a->code);

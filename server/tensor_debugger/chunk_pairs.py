@@ -26,7 +26,7 @@ import numpy as np
 
 from tensor_debugger.chunk_reader import ChunkReader
 from tensor_debugger.chunking import Region
-from tensor_debugger.engine.fused import FusedPartial, empty_partial, kernel_address, kernel_setting
+from tensor_debugger.engine.fused import FusedPartial, empty_partial, kernel_address, kernel_setting, load_library
 from tensor_debugger.engine.metrics import edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View, flat_source
@@ -58,15 +58,8 @@ class _Side(ctypes.Structure):
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    path = Path(__file__).with_name(LIBRARY_NAME)
-    if not path.is_file():
-        return None
-    try:
-        library = ctypes.CDLL(str(path))
-    except OSError:
-        return None
-    size = getattr(library, "tdc_side_size", None)
-    if size is None or size() != ctypes.sizeof(_Side):  # built from another version of the source
+    library = load_library(Path(__file__).with_name(LIBRARY_NAME), {"tdc_side_size": _Side})
+    if library is None:
         return None
     library.tdc_pair.restype = ctypes.c_int
     library.tdc_pair.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(_Side), ctypes.c_void_p, ctypes.c_void_p,

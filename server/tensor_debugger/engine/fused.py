@@ -46,18 +46,27 @@ _SUMMARY_KERNELS = {"float32": ("f", np.dtype(np.float32)), "float64": ("d", np.
                     "float16": ("h", np.dtype(np.float16)), "bfloat16": ("b", np.dtype(np.uint16))}
 
 
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    path = Path(__file__).with_name(LIBRARY_NAME)
+def load_library(path: Path, layouts: dict[str, type[ctypes.Structure]]) -> ctypes.CDLL | None:
+    """The compiled library at `path`, or None where it is missing, does not load, or was built from another
+    version of its source: each `layouts` function (say td_partial_size) must return its structure's size."""
     if not path.is_file():
         return None
     try:
         library = ctypes.CDLL(str(path))
     except OSError:
         return None
-    sizes = (getattr(library, "td_partial_size", None), getattr(library, "td_summary_size", None))
-    if sizes[0] is None or sizes[1] is None or (sizes[0](), sizes[1]()) != (
-            ctypes.sizeof(FusedPartial), ctypes.sizeof(FusedSummary)):  # built from another version of the source
+    for name, structure in layouts.items():
+        size = getattr(library, name, None)
+        if size is None or size() != ctypes.sizeof(structure):
+            return None
+    return library
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    library = load_library(Path(__file__).with_name(LIBRARY_NAME),
+                           {"td_partial_size": FusedPartial, "td_summary_size": FusedSummary})
+    if library is None:
         return None
     for code, _ in _SUMMARY_KERNELS.values():
         function = getattr(library, f"td_summary_{code}", None)  # float16 needs a compiler with _Float16
