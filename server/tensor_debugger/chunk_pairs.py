@@ -26,18 +26,20 @@ import numpy as np
 
 from tensor_debugger.chunk_reader import ChunkReader
 from tensor_debugger.chunking import Region
-from tensor_debugger.engine.fused import FusedPartial, empty_partial, kernel_address, kernel_setting, load_library
+from tensor_debugger.engine.fused import (
+    STORED_FLOATS,
+    FusedPartial,
+    empty_partial,
+    kernel_address,
+    kernel_setting,
+    load_library,
+)
 from tensor_debugger.engine.metrics import edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View, flat_source
 
 LIBRARY_NAME = "_chunk_pairs.so"
 BLOSC_HEADER = 16  # bytes: a Blosc 1 frame is never longer than its values plus this
-F32, F64 = np.dtype(np.float32), np.dtype(np.float64)
-# logical dtype -> (the loop's letter for the stored values, their stored dtype, the dtype the kernel reads)
-_STORED: dict[str, tuple[str, np.dtype[Any], np.dtype[Any]]] = {
-    "float32": ("f", F32, F32), "float64": ("d", F64, F64), "bfloat16": ("b", np.dtype(np.uint16), F32),
-    "float16": ("h", np.dtype(np.float16), F32)}
 _FAILURES = {1: "a chunk file is missing", 2: "a chunk file could not be read", 3: "not a Blosc frame of one chunk",
              4: "Blosc could not decode it", 5: "a dtype the loop does not widen", 6: "a NaN or an Inf"}
 
@@ -138,7 +140,7 @@ class ChunkPairs:
         the loop did not finish it: the caller then reads it through the views."""
         library = _library()
         assert library is not None  # `chunk_pairs` checked
-        start = sum(s.start * stride for s, stride in zip(region, _strides(self.shape), strict=True))
+        start = int(np.ravel_multi_index(tuple(s.start for s in region), self.shape))
         stop = start + math.prod(s.stop - s.start for s in region)
         pieces_a, pieces_b = self.a.flat_pieces(start, stop), self.b.flat_pieces(start, stop)
         assert pieces_a is not None and pieces_b is not None  # `chunk_pairs` checked
@@ -163,8 +165,8 @@ def chunk_pairs(a: View, b: View, exact: bool) -> ChunkPairs | None:
     reader_a, reader_b = _flat_reader(a), _flat_reader(b)
     if reader_a is None or reader_b is None:
         return None
-    (code_a, _, kernel_a), (code_b, _, kernel_b) = _STORED[reader_a.logical or ""], _STORED[reader_b.logical or ""]
-    library, kernel, decompress = _library(), kernel_address(kernel_a, kernel_b), _decompressor()
+    code_a, code_b = STORED_FLOATS[reader_a.logical or ""][0], STORED_FLOATS[reader_b.logical or ""][0]
+    library, kernel, decompress = _library(), kernel_address(_widened(code_a), _widened(code_b)), _decompressor()
     if library is None or kernel is None or decompress is None or ("h" in (code_a, code_b)
                                                                      and not library.tdc_float16()):
         return None
@@ -176,10 +178,15 @@ def _flat_reader(view: View) -> ChunkReader | None:
     dtype and layout."""
     source = flat_source(view)
     reader = source.array if source is not None else None
-    if not isinstance(reader, ChunkReader) or reader.flat_pieces(0, 0) is None:
+    if not isinstance(reader, ChunkReader) or not reader.flat_chunks:
         return None
-    stored = _STORED.get(reader.logical or "")
+    stored = STORED_FLOATS.get(reader.logical or "")
     return reader if stored is not None and stored[1] == reader.dtype else None
+
+
+def _widened(code: str) -> np.dtype[Any]:
+    """The dtype the pair kernel reads a side stored as `code` in: float64 as it is, the rest as float32."""
+    return np.dtype(np.float64 if code == "d" else np.float32)
 
 
 def read_chunks(reader: ChunkReader, start: int, stop: int) -> None:
@@ -197,10 +204,3 @@ def read_chunks(reader: ChunkReader, start: int, stop: int) -> None:
         raise OSError(f"chunk file {path}: {_FAILURES.get(status, f'error {status}')}")
     reader.count_reads(len(pieces))
 
-
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    """Values between consecutive indices of each dimension, in C order."""
-    strides = [1] * len(shape)
-    for i in range(len(shape) - 2, -1, -1):
-        strides[i] = strides[i + 1] * shape[i + 1]
-    return strides

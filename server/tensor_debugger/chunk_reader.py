@@ -84,6 +84,12 @@ class ChunkReader:
         native = dtype.itemsize == 1 or (endian is not None and endian.value == sys.byteorder)
         return native and dtype.isnative and not dtype.hasobject and len(metadata.shape) > 0
 
+    @property
+    def flat_chunks(self) -> bool:
+        """Whether every chunk is a range of the flat array in C order (as this store writes them): `flat_pieces`
+        serves only those."""
+        return self._split is not None
+
     def count_reads(self, chunks: int) -> None:
         """Count chunks read without this reader (chunk_pairs reads its files itself)."""
         self._counter.add(chunks)

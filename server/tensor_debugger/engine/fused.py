@@ -41,8 +41,9 @@ class FusedSummary(ctypes.Structure):
                 ("min", ctypes.c_double), ("max", ctypes.c_double)]
 
 
-# logical dtype -> (the kernel's letter, the stored numpy dtype it reads): bfloat16 is stored as its raw bits
-_SUMMARY_KERNELS = {"float32": ("f", np.dtype(np.float32)), "float64": ("d", np.dtype(np.float64)),
+# logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The
+# summary kernels read each; the chunk loop (chunk_pairs.c) widens "h" and "b" to float32 for the pair kernel.
+STORED_FLOATS = {"float32": ("f", np.dtype(np.float32)), "float64": ("d", np.dtype(np.float64)),
                     "float16": ("h", np.dtype(np.float16)), "bfloat16": ("b", np.dtype(np.uint16))}
 
 
@@ -68,7 +69,7 @@ def _library() -> ctypes.CDLL | None:
                            {"td_partial_size": FusedPartial, "td_summary_size": FusedSummary})
     if library is None:
         return None
-    for code, _ in _SUMMARY_KERNELS.values():
+    for code, _ in STORED_FLOATS.values():
         function = getattr(library, f"td_summary_{code}", None)  # float16 needs a compiler with _Float16
         if function is not None:
             function.restype = ctypes.c_int
@@ -146,7 +147,7 @@ def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
     """The summary of a block of stored values of logical dtype `logical` in one compiled pass, or None where the
     kernel is not in use, has no loop for the dtype, or met a NaN or an Inf or overflowed: the caller then
     computes the block with numpy."""
-    kernel = _SUMMARY_KERNELS.get(logical)
+    kernel = STORED_FLOATS.get(logical)
     library = None if kernel is None or _numpy_asked() else _library()
     if kernel is None or library is None or stored.dtype != kernel[1]:
         return None
