@@ -102,6 +102,18 @@ def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
     server.stop()
 
 
+def fill_new_session(page: Page, url: str | None, name: str, reference: Path,
+                     candidate: Path | list[Path] | None = None) -> None:
+    """The home page's new-session form filled in (the home page at `url` opened first, unless None), not sent."""
+    if url is not None:
+        page.goto(url + "/")
+    page.get_by_label("Name", exact=True).fill(name)
+    page.get_by_label("Reference run").set_input_files(str(reference))
+    if candidate is not None:
+        page.get_by_label("Candidate run").set_input_files(
+            [str(c) for c in candidate] if isinstance(candidate, list) else str(candidate))
+
+
 def test_first_start_shows_the_demo_session(demo_server: LiveServer, page: Page) -> None:
     page.goto(demo_server.url + "/")
     link = page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn")
@@ -134,10 +146,7 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page_w
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
     bad = tmp_path / "readme.txt"
     bad.write_text("not a tensor")
-    page.goto(live_server.url + "/")
-    page.get_by_label("Name", exact=True).fill("form upload ü")
-    page.get_by_label("Reference run").set_input_files(str(reference))
-    page.get_by_label("Candidate run").set_input_files([str(candidate), str(bad)])
+    fill_new_session(page, live_server.url, "form upload ü", reference, [candidate, bad])
     with page.expect_response(lambda r: r.url.endswith("/sessions") and r.request.method == "POST") as answer:
         page.get_by_role("button", name="Upload and ingest").click()
     assert answer.value.status == 303  # the files are on disk; their ingest goes on in the background
@@ -168,9 +177,7 @@ def test_form_errors_are_shown_in_words(live_server: LiveServer, page_without_sc
     page = page_without_scripts
     bad = tmp_path / "weights.pth"
     bad.write_bytes(b"\0" * 64)
-    page.goto(live_server.url + "/")
-    page.get_by_label("Name", exact=True).fill("broken")
-    page.get_by_label("Reference run").set_input_files(str(bad))
+    fill_new_session(page, live_server.url, "broken", bad)
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
     failure = page.locator("section.failed-run")
@@ -181,9 +188,7 @@ def test_form_errors_are_shown_in_words(live_server: LiveServer, page_without_sc
     assert page.locator("section.ingest").count() == 0
     shot(page, "form-error")
     # what is wrong before any ingest begins is said on the form itself
-    page.goto(live_server.url + "/")
-    page.get_by_label("Name", exact=True).fill("broken")
-    page.get_by_label("Reference run").set_input_files(str(bad))
+    fill_new_session(page, live_server.url, "broken", bad)
     page.get_by_role("button", name="Upload and ingest").click()
     assert "a session named 'broken' exists already" in page.get_by_role("alert").inner_text()
 
@@ -282,27 +287,21 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(live_server: Li
     write_dump(tmp_path / "cand", layers=2, seed=5, plant=Plant(1, "key", (0, 1, 3, 2), 0.2))
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
-    page.goto(live_server.url + "/")
-    page.get_by_label("Name", exact=True).fill("dropped")
-    page.get_by_label("Reference run").set_input_files(str(reference))
-    page.get_by_label("Candidate run").set_input_files(str(candidate))
+    fill_new_session(page, live_server.url, "dropped", reference, candidate)
     assert page.locator(".dropzone li").count() == 2
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
     page.locator(".banner").wait_for(timeout=60_000)
     assert "First divergence: 1_key (layer 1, stage key)" in page.locator(".banner").inner_text()
     # a file refused before its ingest begins (a name taken) gets the reason on the form
-    page.goto(live_server.url + "/")
-    page.get_by_label("Name", exact=True).fill("dropped")
-    page.get_by_label("Reference run").set_input_files(str(reference))
+    fill_new_session(page, live_server.url, "dropped", reference)
     page.get_by_role("button", name="Upload and ingest").click()
     page.locator("form.new-session .status", has_text="exists already").wait_for()
     assert page.locator(".dropzone progress").evaluate("p => p.value === p.max")
     # a file only its ingest finds corrupt: the session page names it with the reason, next to its run
     bad = tmp_path / "weights.pth"
     bad.write_bytes(b"\0" * 32)
-    page.get_by_label("Name", exact=True).fill("bad one")
-    page.get_by_label("Reference run").set_input_files(str(bad))
+    fill_new_session(page, None, "bad one", bad)
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
     failure = page.locator("section.failed-run")
@@ -321,10 +320,7 @@ def test_session_page_follows_the_ingest_live_then_shows_the_results(live_server
     add_big_tensor(tmp_path / "ref", tmp_path / "cand", 6)
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
-    page.goto(live_server.url + "/")
-    page.get_by_label("Name", exact=True).fill("live")
-    page.get_by_label("Reference run").set_input_files(str(reference))
-    page.get_by_label("Candidate run").set_input_files(str(candidate))
+    fill_new_session(page, live_server.url, "live", reference, candidate)
     with page.expect_response(lambda r: r.url.endswith("/api/sessions?wait=false")) as answer:
         page.get_by_role("button", name="Upload and ingest").click()
     assert answer.value.status == 202
