@@ -155,8 +155,13 @@ class Comparisons:
             b: Sequence[TensorRecord]) -> tuple[str, Tolerance, bool]:
         """The pair's cache key, tolerance and exactness now."""
         tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
-        alignment_key = json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
-        return cache_key([t.digest for t in a], [t.digest for t in b], alignment_key, tol, exact), tol, exact
+        return (cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact), tol,
+                exact)
+
+    @staticmethod
+    def alignment_key(pair: PairRecord) -> str:
+        """The pair's alignment steps as the cache key hashes them (and its result records them)."""
+        return json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
 
     def refresh(self, session_id: int) -> None:
         """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without

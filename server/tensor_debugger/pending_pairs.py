@@ -7,7 +7,6 @@ for tensors of 1 MiB that was more than comparing them (measured: 256 such pairs
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -41,7 +40,7 @@ class PendingPair:
     key: str  # the cache key (see `comparisons.cache_key`)
     digests_a: tuple[str, ...]
     digests_b: tuple[str, ...]
-    alignment_key: str  # the alignment's steps as JSON
+    alignment_key: str  # the alignment's steps as JSON, as the key hashed them (`Comparisons.alignment_key`)
     tolerance: Tolerance
 
 
@@ -101,10 +100,10 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
     failed: list[tuple[int, str, str]] = []
     with comparisons.sessions() as db:
         current = CurrentPairs.by_id(comparisons, db, pair_ids)
-        keyed = [(pair_id, key) for pair_id in pair_ids if (key := current.key(pair_id)) is not None]
+        keyed = [(pair_id, *wanted) for pair_id in pair_ids if (wanted := current.wanted(pair_id)) is not None]
         cached = set(db.scalars(select(ComparisonResultRecord.cache_key).where(
-            ComparisonResultRecord.cache_key.in_({key for _, key in keyed}))))
-        for pair_id, key in keyed:
+            ComparisonResultRecord.cache_key.in_({key for _, key, _, _ in keyed}))))
+        for pair_id, key, tol, exact in keyed:
             if key in cached:
                 hits.append((pair_id, key))
                 continue
@@ -114,9 +113,8 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
             except Exception as exc:  # a missing array: the pair says so, work goes on
                 failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
                 continue
-            _, tol, exact = current.keyed(pair_id)
             work = PendingPair(pair_id, key, tuple(t.digest for t in a), tuple(t.digest for t in b),
-                               json.dumps((pair.alignment or {}).get("steps", [])), tol)
+                               comparisons.alignment_key(pair), tol)
             jobs.append(PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact)))
     if hits or failed:
         with comparisons.sessions.begin() as db:
@@ -203,12 +201,17 @@ class CurrentPairs:
 
     def key(self, pair_id: int) -> str | None:
         """The pair's cache key now; None where it wants no result (gone, settled, incomparable, summary-only)."""
+        wanted = self.wanted(pair_id)
+        return None if wanted is None else wanted[0]
+
+    def wanted(self, pair_id: int) -> tuple[str, Tolerance, bool] | None:
+        """`keyed`, where the pair wants a result; else None (see `key`)."""
         pair = self.pairs.get(pair_id)
         if pair is None or pair.status != "pending" or pair.alignment is None or pair.summary is not None:
             return None
         if any(i not in self.tensors for i in (*pair.a_tensor_ids, *pair.b_tensor_ids)):
             return None  # deleted meanwhile, with its run: so is the pair
-        return self.keyed(pair_id)[0]
+        return self.keyed(pair_id)
 
     def keyed(self, pair_id: int) -> tuple[str, Tolerance, bool]:
         """The pair's cache key, tolerance and exactness now (see `Comparisons.key`), whatever its status."""
