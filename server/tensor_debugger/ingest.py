@@ -132,13 +132,12 @@ class Ingestor:
         run_label: str,
         inputs: list[InputFile],
         progress: ProgressCallback | None = None,
-        create_session: bool = True,
     ) -> IngestResult:
-        """Add a run labelled `run_label` to the session (created if needed and allowed).
+        """Add a run labelled `run_label` to the session (created if needed).
 
         Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
         """
-        pending = self.begin(session_name, run_label, [i.label for i in inputs], create_session)
+        pending = self.begin(session_name, run_label, [i.label for i in inputs])
         return self.complete(pending, inputs, progress)
 
     def begin(

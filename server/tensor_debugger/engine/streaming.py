@@ -78,7 +78,6 @@ def compare_stream(
     jobs: Iterable[PairJob[Key]],
     pool: ThreadPoolExecutor,
     in_flight: int = IN_FLIGHT,
-    on_elements: Callable[[int], None] | None = None,
     on_tick: Callable[[], None] | None = None,
 ) -> Iterator[tuple[Key, PairStats | Exception]]:
     """Exact statistics of every job's two views, yielded in the jobs' order: `(key, stats)`, or `(key, error)`
@@ -102,8 +101,6 @@ def compare_stream(
             return
         if state.error is None:
             state.total.merge(part)
-            if on_elements is not None:
-                on_elements(part.numel)
         if on_tick is not None:
             on_tick()
 
@@ -148,11 +145,10 @@ def compare_views(
     exact: bool,
     pool: ThreadPoolExecutor,
     in_flight: int = IN_FLIGHT,
-    on_elements: Callable[[int], None] | None = None,
 ) -> PairStats:
     """Exact statistics over every element of two views of the same shape (one pair of `compare_stream`);
     raises what reading or comparing raised."""
-    ((_, result),) = compare_stream([PairJob(None, a, b, tolerance, exact)], pool, in_flight, on_elements)
+    ((_, result),) = compare_stream([PairJob(None, a, b, tolerance, exact)], pool, in_flight)
     if isinstance(result, Exception):
         raise result
     return result
