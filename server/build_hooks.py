@@ -9,6 +9,7 @@ slower (`tensor_debugger.engine.fused.kernel_name()` tells which one is in use).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import shlex
@@ -24,12 +25,29 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 PACKAGE = Path("server/tensor_debugger")
 # source -> library, both relative to the package; the loop links nothing: it gets the kernel as a pointer
 LIBRARIES = {"engine/fused_stats.c": "engine/_fused_stats.so", "chunk_pairs.c": "_chunk_pairs.so"}
+NEEDS_BLOSC2 = frozenset({"chunk_pairs.c"})  # compiled against C-Blosc2, linked in statically
 # No fused multiply-add (the tolerance test must round as numpy does); the kernel's own vectors do the rest.
-FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall",
+FLAGS = ["-O3", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall",
          "-Wno-psabi"]
 # x86-64: the AVX-512 clone converts float32 to double 512 bits at a time, not in 256-bit halves (measured: 10%
 # faster on AMD EPYC); other architectures do not know the flag.
 X86_FLAGS = ["-mprefer-vector-width=512"]
+
+
+def blosc2_flags() -> list[str] | str:
+    """Compiler flags that build against C-Blosc2's header and link its static library in, both from the blosc2
+    package (a build requirement: its wheels ship C-Blosc2's headers and libraries for other programs to build
+    against); else why not."""
+    spec = importlib.util.find_spec("blosc2")  # finds the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return "the blosc2 package (C-Blosc2's header and library) is not installed where the build runs"
+    package = Path(next(iter(spec.submodule_search_locations)))
+    header, archive = package / "include" / "blosc2.h", package / "lib" / "libblosc2.a"
+    if not header.is_file() or not archive.is_file():
+        return f"the blosc2 package at {package} has no include/blosc2.h or lib/libblosc2.a (blosc2 4.0 or newer has)"
+    # the archive's own symbols stay private to the library, so another C-Blosc2 in the process is not disturbed
+    return [f"-I{header.parent}", str(archive), "-Wl,--exclude-libs,ALL", "-lm"] if sys.platform.startswith(
+        "linux") else [f"-I{header.parent}", str(archive), "-lm"]
 
 
 def compile_library(root: Path, source: str, output: Path) -> str | None:
@@ -39,8 +57,15 @@ def compile_library(root: Path, source: str, output: Path) -> str | None:
         return f"no C compiler ({compiler[0]!r} not found; set CC)"
     if sys.platform == "win32":
         return "the kernel is built with a Unix C compiler only"
+    extra: list[str] = []
+    if source in NEEDS_BLOSC2:
+        found = blosc2_flags()
+        if isinstance(found, str):
+            return f"{source} not built: {found}"
+        extra = found
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / PACKAGE / source)]
+    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / PACKAGE / source),
+               *extra]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         return f"{' '.join(command)} failed:\n{done.stderr.strip()}"

@@ -7,14 +7,18 @@
  * Python between chunks (measured in a prototype on 2 x 1 GiB of float32, 2 threads: 2.3 GB per CPU-second, 1.8
  * reading arrays first; README, Performance, has the benchmark's figures).
  *
- * Blosc's decompressor is handed in too (c-blosc's blosc_decompress_ctx, which numcodecs carries): this file links
- * against nothing. A chunk that is missing, short, or not one Blosc frame of one chunk stops the call with a code,
+ * Chunks are decoded by C-Blosc2's public API (blosc2_create_dctx, blosc2_decompress_ctx), which reads the Blosc 1
+ * frames numcodecs writes. The build links C-Blosc2 in statically, from the libblosc2.a and headers that the blosc2
+ * package ships for other programs to build against (a build requirement in pyproject.toml; nothing of it is needed
+ * at run time). A chunk that is missing, short, or not one Blosc frame of one chunk stops the call with a code,
  * as does a NaN or an Inf (whose block only the numpy path counts); the caller then reads the block the ordinary
  * way, which fills missing chunks, names the broken file and counts NaN.
  */
 
+#include <blosc2.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -46,7 +50,29 @@ typedef struct {
     float *widened;        /* chunk_bytes / 2 floats, for 'b' and 'h' */
 } tdc_side;
 
-typedef int (*tdc_decompress)(const void *src, void *dest, size_t destsize, int numinternalthreads);
+/* One C-Blosc2 decompression context per thread (a context is not thread-safe; the library's global one takes a
+ * lock), freed when its thread ends. */
+static pthread_key_t context_key;
+static pthread_once_t context_once = PTHREAD_ONCE_INIT;
+static void drop_context(void *context) { blosc2_free_ctx((blosc2_context *)context); }
+static void make_context_key(void) {
+    blosc2_init(); /* idempotent */
+    (void)pthread_key_create(&context_key, drop_context);
+}
+
+static blosc2_context *thread_context(void) {
+    (void)pthread_once(&context_once, make_context_key);
+    blosc2_context *context = (blosc2_context *)pthread_getspecific(context_key);
+    if (context == NULL) {
+        blosc2_dparams dparams = BLOSC2_DPARAMS_DEFAULTS; /* one internal thread: the caller's threads do the rest */
+        context = blosc2_create_dctx(dparams);
+        if (context != NULL && pthread_setspecific(context_key, context) != 0) {
+            blosc2_free_ctx(context);
+            context = NULL;
+        }
+    }
+    return context;
+}
 typedef int (*tdc_kernel)(const void *a, const void *b, int64_t n, int64_t base, double atol, double rtol, int check,
                           const double *edges, void *out);
 
@@ -81,13 +107,16 @@ static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] 
 
 /* One chunk of `side` decoded into side->decoded: the frame must say it holds exactly one chunk and be exactly as
  * long as the file (Blosc 1 takes the compressed length from the header, so a short file is refused here). */
-static int decode_chunk(tdc_side *side, const char *path, tdc_decompress decompress) {
+static int decode_chunk(tdc_side *side, const char *path) {
     int64_t size = 0;
     int status = read_file(path, side->compressed, side->chunk_bytes + BLOSC_HEADER, &size);
     if (status != TDC_OK) return status;
     if ((int64_t)le32(side->compressed + 4) != side->chunk_bytes || (int64_t)le32(side->compressed + 12) != size)
         return TDC_NOT_A_CHUNK;
-    if (decompress(side->compressed, side->decoded, (size_t)side->chunk_bytes, 1) != side->chunk_bytes)
+    blosc2_context *context = thread_context();
+    if (context == NULL ||
+        blosc2_decompress_ctx(context, side->compressed, (int32_t)size, side->decoded, (int32_t)side->chunk_bytes)
+            != side->chunk_bytes)
         return TDC_DECODE;
     return TDC_OK;
 }
@@ -115,9 +144,9 @@ CLONES static void widen_f16(const _Float16 *from, float *to, int64_t n) {
 #endif
 
 /* The values of piece `p` of `side` as the kernel reads them (float32 or float64), decoded and widened. */
-static int load_piece(tdc_side *side, int64_t p, tdc_decompress decompress, const void **values) {
+static int load_piece(tdc_side *side, int64_t p, const void **values) {
     const tdc_piece *piece = side->pieces + p;
-    int status = decode_chunk(side, piece->path, decompress);
+    int status = decode_chunk(side, piece->path);
     if (status != TDC_OK) return status;
     switch (side->code) {
     case 'f': *values = (const float *)side->decoded + piece->skip; return TDC_OK;
@@ -140,10 +169,10 @@ static int64_t width(int code) { return code == 'd' ? 8 : 4; } /* bytes of a val
 
 /* Once `*left` values of the current piece are used up, load `side`'s next piece: TDC_OK (with *values, *left),
  * -1 past the last piece, or a TDC_ code. */
-static int next_piece(tdc_side *side, int64_t *p, const void **values, int64_t *left, tdc_decompress decompress) {
+static int next_piece(tdc_side *side, int64_t *p, const void **values, int64_t *left) {
     if (*left != 0) return TDC_OK;
     if (++*p == side->n) return -1;
-    int status = load_piece(side, *p, decompress, values);
+    int status = load_piece(side, *p, values);
     if (status == TDC_OK) *left = side->pieces[*p].count;
     return status;
 }
@@ -152,13 +181,13 @@ static int next_piece(tdc_side *side, int64_t *p, const void **values, int64_t *
  * `out` (a reset td_partial): the pieces are merged like two sorted lists, one kernel call per overlap. Returns 0,
  * or a TDC_ code with the failing piece's side ('a' or 'b', 0 for a NaN or an Inf) and index in *failed_side and
  * *failed_piece. */
-int tdc_pair(tdc_side *a, tdc_side *b, tdc_decompress decompress, tdc_kernel kernel, double atol, double rtol,
+int tdc_pair(tdc_side *a, tdc_side *b, tdc_kernel kernel, double atol, double rtol,
              int check, const double *edges, void *out, int *failed_side, int64_t *failed_piece) {
     const void *va = 0, *vb = 0;
     int64_t pa = -1, pb = -1, left_a = 0, left_b = 0, done = 0;
     for (;;) {
-        int status_a = next_piece(a, &pa, &va, &left_a, decompress);
-        int status_b = status_a == TDC_OK ? next_piece(b, &pb, &vb, &left_b, decompress) : TDC_OK;
+        int status_a = next_piece(a, &pa, &va, &left_a);
+        int status_b = status_a == TDC_OK ? next_piece(b, &pb, &vb, &left_b) : TDC_OK;
         if (status_a == -1 || status_b == -1) break;
         if (status_a != TDC_OK || status_b != TDC_OK) {
             *failed_side = status_a != TDC_OK ? 'a' : 'b';
@@ -181,9 +210,9 @@ int tdc_pair(tdc_side *a, tdc_side *b, tdc_decompress decompress, tdc_kernel ker
 }
 
 /* Read and decode every piece of `side`, nothing else: the benchmark's measure of the store's raw read speed. */
-int tdc_read(tdc_side *side, tdc_decompress decompress, int64_t *failed_piece) {
+int tdc_read(tdc_side *side, int64_t *failed_piece) {
     for (int64_t p = 0; p < side->n; p++) {
-        int status = decode_chunk(side, side->pieces[p].path, decompress);
+        int status = decode_chunk(side, side->pieces[p].path);
         if (status != TDC_OK) {
             *failed_piece = p;
             return status;

@@ -40,6 +40,7 @@ from tensor_debugger.engine.views import View, flat_source
 
 LIBRARY_NAME = "_chunk_pairs.so"
 BLOSC_HEADER = 16  # bytes: a Blosc 1 frame is never longer than its values plus this
+_LARGEST_CHUNK = (1 << 31) - 1 - BLOSC_HEADER  # C-Blosc2 takes sizes as int32
 _FAILURES = {1: "a chunk file is missing", 2: "a chunk file could not be read", 3: "not a Blosc frame of one chunk",
              4: "Blosc could not decode it", 5: "a dtype the loop does not widen", 6: "a NaN or an Inf"}
 
@@ -64,30 +65,13 @@ def _library() -> ctypes.CDLL | None:
     if library is None:
         return None
     library.tdc_pair.restype = ctypes.c_int
-    library.tdc_pair.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(_Side), ctypes.c_void_p, ctypes.c_void_p,
+    library.tdc_pair.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(_Side), ctypes.c_void_p,
                                  ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p,
                                  ctypes.POINTER(FusedPartial), ctypes.POINTER(ctypes.c_int),
                                  ctypes.POINTER(ctypes.c_int64)]
     library.tdc_read.restype = ctypes.c_int
-    library.tdc_read.argtypes = [ctypes.POINTER(_Side), ctypes.c_void_p, ctypes.POINTER(ctypes.c_int64)]
+    library.tdc_read.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(ctypes.c_int64)]
     return library
-
-
-@functools.cache
-def _decompressor() -> int | None:
-    """The address of c-blosc 1's `blosc_decompress_ctx` (thread-safe, no global state), from the Blosc that
-    numcodecs carries in its extension module (and that Zarr's Blosc codec uses); None where it is not there."""
-    try:
-        import numcodecs.blosc
-
-        blosc = ctypes.CDLL(numcodecs.blosc.__file__)
-        version = ctypes.CFUNCTYPE(ctypes.c_char_p)(("blosc_get_version_string", blosc))()
-        function = blosc.blosc_decompress_ctx
-    except (ImportError, OSError, AttributeError):
-        return None
-    if not version or not version.startswith(b"1."):  # the frame checks in chunk_pairs.c are Blosc 1's
-        return None
-    return ctypes.cast(function, ctypes.c_void_p).value
 
 
 def loop_name() -> str:
@@ -99,8 +83,6 @@ def loop_name() -> str:
         return "off (the compiled kernel is not in use)"
     if _library() is None:
         return f"off (no usable {LIBRARY_NAME} beside {Path(__file__).name})"
-    if _decompressor() is None:
-        return "off (numcodecs carries no Blosc 1 decompressor)"
     return "chunk loop"
 
 
@@ -133,7 +115,6 @@ class ChunkPairs:
     codes: tuple[str, str]  # the loop's letters for each side's stored values
     shape: tuple[int, ...]  # the aligned shape that regions are of
     kernel: int  # td_stats_XY_acc's address
-    decompress: int  # blosc_decompress_ctx's address
 
     def __call__(self, region: Region, tolerance: Tolerance) -> FusedPartial | None:
         """The statistics of one block (C-contiguous in the aligned shape, as comparisons cut them), or None where
@@ -148,7 +129,7 @@ class ChunkPairs:
         side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1])
         out = empty_partial()
         failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
-        status = library.tdc_pair(side_a, side_b, self.decompress, self.kernel, tolerance.atol, tolerance.rtol, 1,
+        status = library.tdc_pair(side_a, side_b, self.kernel, tolerance.atol, tolerance.rtol, 1,
                                   edges().ctypes.data, out, failed_side, failed_piece)
         if status != 0:
             return None
@@ -166,11 +147,12 @@ def chunk_pairs(a: View, b: View, exact: bool) -> ChunkPairs | None:
     if reader_a is None or reader_b is None:
         return None
     code_a, code_b = STORED_FLOATS[reader_a.logical or ""][0], STORED_FLOATS[reader_b.logical or ""][0]
-    library, kernel, decompress = _library(), kernel_address(_widened(code_a), _widened(code_b)), _decompressor()
-    if library is None or kernel is None or decompress is None or ("h" in (code_a, code_b)
-                                                                     and not library.tdc_float16()):
+    library, kernel = _library(), kernel_address(_widened(code_a), _widened(code_b))
+    if library is None or kernel is None or ("h" in (code_a, code_b) and not library.tdc_float16()):
         return None
-    return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), kernel, decompress)
+    if max(reader_a.chunk_bytes, reader_b.chunk_bytes) > _LARGEST_CHUNK:
+        return None
+    return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), kernel)
 
 
 def _flat_reader(view: View) -> ChunkReader | None:
@@ -192,13 +174,13 @@ def _widened(code: str) -> np.dtype[Any]:
 def read_chunks(reader: ChunkReader, start: int, stop: int) -> None:
     """Read and decode the chunks holding flat values [start, stop) of `reader`'s array in the compiled loop, into
     the thread's buffer, and nothing else: the benchmark's measure of how fast the store can be read."""
-    library, decompress = _library(), _decompressor()
+    library = _library()
     pieces = reader.flat_pieces(start, stop)
-    if library is None or decompress is None or pieces is None:
+    if library is None or pieces is None or reader.chunk_bytes > _LARGEST_CHUNK:
         raise RuntimeError(f"the compiled chunk loop cannot read {reader.shape} chunks of {reader.chunks}")
     side = _BUFFERS[0].side(pieces, reader.chunk_bytes, "f")
     failed = ctypes.c_int64(-1)
-    status = library.tdc_read(side, decompress, failed)
+    status = library.tdc_read(side, failed)
     if status != 0:
         path = pieces[failed.value][0].decode(errors="replace")
         raise OSError(f"chunk file {path}: {_FAILURES.get(status, f'error {status}')}")

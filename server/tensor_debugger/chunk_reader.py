@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import math
 import os
-import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +20,8 @@ from typing import Any
 
 import numpy as np
 from numcodecs import Blosc
-from zarr.codecs import BloscCodec, BytesCodec
-from zarr.core.chunk_grids import RegularChunkGrid
-from zarr.core.metadata.v3 import ArrayV3Metadata
+
+from tensor_debugger.array_layout import ArrayLayout
 
 _BLOSC = Blosc()  # decoding reads its settings from each chunk's header
 _BUFFERS = threading.local()  # one growing byte buffer per thread for the compressed bytes of a chunk
@@ -53,36 +51,24 @@ def _split_axis(shape: tuple[int, ...], chunks: tuple[int, ...]) -> int | None:
 class ChunkReader:
     """Reads any region of one array (numpy basic indexing with step-1 slices) from its chunk files."""
 
-    def __init__(self, metadata: ArrayV3Metadata, folder: Path, counter: ReadCounter,
+    def __init__(self, layout: ArrayLayout, folder: Path, counter: ReadCounter,
                  open_array: Callable[[], Any]) -> None:
-        """`metadata` must be `readable`; `open_array` opens the Zarr array, for the rare region this reader
+        """`layout` must be `readable`; `open_array` opens the Zarr array, for the rare region this reader
         leaves to Zarr (slices with steps)."""
-        self.shape: tuple[int, ...] = tuple(int(d) for d in metadata.shape)
-        self.dtype = np.dtype(metadata.dtype.to_native_dtype())
-        self.chunks: tuple[int, ...] = tuple(metadata.chunk_grid.chunk_shape)  # type: ignore[attr-defined]
+        if not layout.readable:
+            raise ValueError(f"array at {folder} is not in a layout a ChunkReader reads")
+        self.shape = layout.shape
+        self.dtype = layout.dtype
+        self.chunks = layout.chunks
         self._folder = folder
-        self._metadata = metadata
-        self._fill = np.asarray(metadata.fill_value, dtype=self.dtype)
+        self._layout = layout
+        self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
         self._counter = counter
         self._open_array = open_array
-        self.logical: str | None = metadata.attributes.get("logical_dtype")  # as ingest wrote it (bfloat16...)
-        self.chunk_bytes = math.prod(self.chunks) * self.dtype.itemsize  # decoded size of one (whole) chunk
+        self.logical: str | None = layout.attributes.get("logical_dtype")  # as ingest wrote it (bfloat16...)
+        self.chunk_bytes = layout.chunk_bytes  # decoded size of one (whole) chunk
         self._split = _split_axis(self.shape, self.chunks)
         self._folder_bytes = os.fsencode(folder)
-
-    @staticmethod
-    def readable(metadata: Any) -> bool:
-        """Whether an array with `metadata` has chunks that are plain Blosc frames of native-order values, which
-        this reader decodes."""
-        if not isinstance(metadata, ArrayV3Metadata) or not isinstance(metadata.chunk_grid, RegularChunkGrid):
-            return False
-        codecs = metadata.codecs
-        if len(codecs) != 2 or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], BloscCodec):
-            return False
-        dtype = np.dtype(metadata.dtype.to_native_dtype())
-        endian = codecs[0].endian
-        native = dtype.itemsize == 1 or (endian is not None and endian.value == sys.byteorder)
-        return native and dtype.isnative and not dtype.hasobject and len(metadata.shape) > 0
 
     @property
     def flat_chunks(self) -> bool:
@@ -114,7 +100,7 @@ class ChunkReader:
             end = (lead * rows + first_row + min(per_chunk, rows - first_row)) * trailing  # past the chunk's values
             count = min(stop, end) - position
             coords = tuple(int(i) for i in np.unravel_index(lead, self.shape[:axis])) + (chunk,) + tail
-            key = self._metadata.encode_chunk_key(coords).encode()
+            key = self._layout.chunk_key(coords).encode()
             pieces.append((self._folder_bytes + b"/" + key, (row - first_row) * trailing + position % trailing, count))
             position += count
         return pieces
@@ -149,7 +135,7 @@ class ChunkReader:
 
     def _decode(self, coords: tuple[int, ...], into: np.ndarray) -> None:
         """Decode one chunk into `into` (C-contiguous, one whole chunk)."""
-        path = self._folder / self._metadata.encode_chunk_key(coords)
+        path = self._folder / self._layout.chunk_key(coords)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:  # never written: the fill value

@@ -17,10 +17,8 @@ from typing import Any
 
 import numpy as np
 from numcodecs import Blosc
-from zarr.codecs import BloscCodec
-from zarr.core.metadata.v3 import ArrayV3Metadata
 
-from tensor_debugger.chunk_reader import ChunkReader
+from tensor_debugger.array_layout import ArrayLayout
 
 _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
 
@@ -28,25 +26,20 @@ _SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle"
 class ChunkWriter:
     """Writes regions of one array that start on chunk boundaries (numpy basic indexing, step-1 slices)."""
 
-    def __init__(self, array: Any, folder: Path) -> None:
-        if not ChunkReader.readable(array.metadata):
+    def __init__(self, layout: ArrayLayout, folder: Path) -> None:
+        """`layout` (the array's zarr.json, as Zarr wrote it) must be `readable`."""
+        if layout.blosc is None or not layout.readable:
             raise ValueError(f"array at {folder} is not in a layout a ChunkWriter writes")
-        metadata: ArrayV3Metadata = array.metadata
-        self.shape: tuple[int, ...] = tuple(int(d) for d in array.shape)
-        self.dtype = np.dtype(array.dtype)
-        self.chunks: tuple[int, ...] = tuple(metadata.chunk_grid.chunk_shape)  # type: ignore[attr-defined]
-        self._metadata = metadata
+        self.shape = layout.shape
+        self.dtype = layout.dtype
+        self.chunks = layout.chunks
+        self._layout = layout
         self._folder = folder
-        self._fill = np.asarray(array.fill_value, dtype=self.dtype)
-        codec = metadata.codecs[1]
-        assert isinstance(codec, BloscCodec)
-        self._codec = Blosc(cname=codec.cname.value, clevel=codec.clevel, shuffle=_SHUFFLE[codec.shuffle.value],
-                            blocksize=codec.blocksize, typesize=codec.typesize or self.dtype.itemsize)
+        self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
+        codec = layout.blosc
+        self._codec = Blosc(cname=codec.cname, clevel=codec.clevel, shuffle=_SHUFFLE[codec.shuffle],
+                            blocksize=codec.blocksize, typesize=codec.typesize)
         self._made: set[Path] = set()
-
-    @staticmethod
-    def writable(array: Any) -> bool:
-        return ChunkReader.readable(array.metadata)
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
@@ -70,7 +63,7 @@ class ChunkWriter:
             self._write(coords, self._codec.encode(part.reshape(-1)))
 
     def _write(self, coords: tuple[int, ...], data: Any) -> None:
-        path = self._folder / self._metadata.encode_chunk_key(coords)
+        path = self._folder / self._layout.chunk_key(coords)
         if path.parent not in self._made:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made.add(path.parent)

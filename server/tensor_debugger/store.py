@@ -6,30 +6,32 @@ storage dtype; its logical dtype lives in the array's attributes and in the meta
 
 from __future__ import annotations
 
-import json
+import asyncio
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlparse
 
 import numpy as np
 import zarr
 from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
-from zarr.core.buffer import Buffer, BufferPrototype
-from zarr.core.metadata.v3 import ArrayV3Metadata
-from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
+from tensor_debugger.array_layout import ArrayLayout, read_layout
 from tensor_debugger.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.chunk_writer import ChunkWriter
 from tensor_debugger.dtypes import LogicalDtype, storage_to_torch
 
 if TYPE_CHECKING:
     import torch
+    from zarr.abc.buffer import Buffer, BufferPrototype
+
+T = TypeVar("T")
 
 # Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
 # while storing float32 activations at 0.91 and bfloat16 at 0.81 of their size; zstd saves a few percent more but
@@ -58,6 +60,14 @@ class CountingStore(WrapperStore[Store]):
         return await self._store.get(key, prototype, byte_range)
 
 
+def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run one of a Zarr store's coroutines to its end from synchronous code, in an event loop of its own (on a
+    thread of its own, so that a caller already inside an event loop is not disturbed). Only for rare calls
+    (listing, deleting): reading and writing arrays go through Zarr's synchronous API or the chunk files."""
+    with ThreadPoolExecutor(1, thread_name_prefix="store-sync") as thread:
+        return thread.submit(asyncio.run, coroutine).result()
+
+
 def open_store(url: str) -> Store:
     parsed = urlparse(url)
     if parsed.scheme == "file":
@@ -74,7 +84,7 @@ class ArrayStore:
         self._folder = backend.root if isinstance(backend, LocalStore) else None
         self._store = CountingStore(backend)
         self._opened: OrderedDict[tuple[str, str], zarr.Array[Any]] = OrderedDict()
-        self._metadata: OrderedDict[tuple[str, str], ArrayV3Metadata] = OrderedDict()
+        self._layouts: OrderedDict[tuple[str, str], ArrayLayout] = OrderedDict()
         self._lock = threading.Lock()
 
     @property
@@ -105,9 +115,10 @@ class ArrayStore:
         """A new array at `key` for ingest to fill, region by chunk-aligned region: a `ChunkWriter` where the
         store is a local folder, else the Zarr array itself."""
         array = self.create(key, shape, dtype, chunks)
-        if self._folder is None or not ChunkWriter.writable(array):
+        if self._folder is None:
             return array
-        return ChunkWriter(array, self._folder / key)
+        layout = read_layout(self._folder / key, key)
+        return ChunkWriter(layout, self._folder / key) if layout.readable else array
 
     def open(self, key: str, content_digest: str | None = None) -> zarr.Array[Any]:
         """The array at `key`, read-only. With the tensor's content digest, an array opened before is reused
@@ -133,42 +144,37 @@ class ArrayStore:
         allows one, else the Zarr array itself. Both index like numpy and count their chunk reads here. A
         `ChunkReader` is built from the array's zarr.json alone (about 0.08 ms; opening the Zarr array takes 0.4)."""
         if self._folder is not None:
-            metadata = self._array_metadata(key, content_digest)
-            if ChunkReader.readable(metadata):
-                return ChunkReader(metadata, self._folder / key, self._store.counter,
+            layout = self._layout(key, content_digest)
+            if layout.readable:
+                return ChunkReader(layout, self._folder / key, self._store.counter,
                                    partial(self.open, key, content_digest))
         return self.open(key, content_digest)
 
-    def _array_metadata(self, key: str, content_digest: str | None) -> ArrayV3Metadata:
+    def _layout(self, key: str, content_digest: str | None) -> ArrayLayout:
         """The parsed zarr.json of the array at `key` in the local folder (remembered like `open`'s arrays)."""
         assert self._folder is not None
         remembered = (key, content_digest) if content_digest is not None else None
         if remembered is not None:
             with self._lock:
-                found = self._metadata.get(remembered)
+                found = self._layouts.get(remembered)
                 if found is not None:
-                    self._metadata.move_to_end(remembered)
+                    self._layouts.move_to_end(remembered)
                     return found
-        path = self._folder / key / "zarr.json"
-        try:
-            document = json.loads(path.read_bytes())
-        except FileNotFoundError:
-            raise FileNotFoundError(f"no array {key!r} in the store ({path} is missing)") from None
-        metadata = ArrayV3Metadata.from_dict(document)
+        layout = read_layout(self._folder / key, key)
         if remembered is not None:
             with self._lock:
-                self._metadata[remembered] = metadata
-                while len(self._metadata) > _OPENED_LIMIT:
-                    self._metadata.popitem(last=False)
-        return metadata
+                self._layouts[remembered] = layout
+                while len(self._layouts) > _OPENED_LIMIT:
+                    self._layouts.popitem(last=False)
+        return layout
 
     def delete(self, prefix: str) -> None:
         """Delete every array under `prefix` ("runs/12")."""
         with self._lock:
-            for cache in (self._opened, self._metadata):
+            for cache in (self._opened, self._layouts):
                 for cached in [k for k in cache if k[0] == prefix or k[0].startswith(prefix + "/")]:
                     del cache[cached]
-        sync(self._store.delete_dir(prefix))
+        run_sync(self._store.delete_dir(prefix))
 
     def children(self, prefix: str) -> list[str]:
         """Names directly under `prefix` ("runs" -> ["1", "2"])."""
@@ -177,7 +183,7 @@ class ArrayStore:
             it: AsyncIterator[str] = self._store.list_dir(prefix)
             return [name async for name in it]
 
-        return sorted(sync(collect()))
+        return sorted(run_sync(collect()))
 
     def read_whole(self, key: str, dtype: LogicalDtype) -> torch.Tensor:
         """The whole tensor at `key`, bit-exact, in its logical dtype (for small tensors and tests)."""

@@ -8,6 +8,7 @@ Only PyTorch files import torch (about a second): .safetensors and .npy files ar
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import os
@@ -21,7 +22,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-from numpy.lib import _format_impl
 
 from tensor_debugger.chunking import Region, region_flat_range, region_shape
 from tensor_debugger.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
@@ -343,14 +343,42 @@ def _safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
     return header, 8 + length
 
 
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_LIMIT = 1 << 20  # numpy's own default refuses headers over 10,000 bytes; object arrays are refused
+
+
+def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
+    """Shape, Fortran order and dtype from the header of the .npy file `f` (positioned at its start), leaving `f`
+    at the first data byte. The format is numpy's published one (numpy.lib.format, versions 1.0 to 3.0): magic,
+    version, header length (2 bytes for 1.0, 4 after), then a Python literal dict, read with `ast.literal_eval`."""
+    prefix = f.read(8)
+    if len(prefix) < 8 or prefix[:6] != _NPY_MAGIC or prefix[6] not in (1, 2, 3) or prefix[7] != 0:
+        raise ValueError("not a .npy file (no NUMPY magic of version 1.0 to 3.0)")
+    width = 2 if prefix[6] == 1 else 4
+    raw_length = f.read(width)
+    length = int.from_bytes(raw_length, "little")
+    if len(raw_length) != width or length > _NPY_HEADER_LIMIT:
+        raise ValueError(f"header length {length} is cut short or over {_NPY_HEADER_LIMIT} bytes")
+    raw = f.read(length)
+    if len(raw) != length:
+        raise ValueError("header is cut short")
+    header = ast.literal_eval(raw.decode("utf8" if prefix[6] == 3 else "latin1"))
+    if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
+        raise ValueError(f"header is not a dict of descr, fortran_order and shape: {str(header)[:80]!r}")
+    shape, fortran = header["shape"], header["fortran_order"]
+    if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        raise ValueError(f"shape {shape!r} is not a tuple of sizes")
+    if not isinstance(fortran, bool):
+        raise ValueError(f"fortran_order {fortran!r} is not a bool")
+    return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
+
+
 def _open_npy(path: Path, label: str) -> TensorFile:
     try:
         with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            read_header = _format_impl._read_array_header  # type: ignore[attr-defined]  # versions 1.0 to 3.0
-            shape, fortran, dtype = read_header(f, version, max_header_size=1 << 20)
+            shape, fortran, dtype = read_npy_header(f)
             offset = f.tell()
-    except (ValueError, OSError, SyntaxError) as exc:
+    except (ValueError, OSError, SyntaxError, TypeError, RecursionError) as exc:
         raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
     if dtype.hasobject:
         raise FileProblem(label, "holds Python objects (a pickle); refused, never unpickled")

@@ -1,0 +1,138 @@
+"""The layout of one stored array, read from its zarr.json as the Zarr v3 specification defines it.
+
+The chunk reader and writer read and write chunk files themselves (see chunk_reader.py), so they need the array's
+shape, chunk shape, chunk key encoding, fill value and codecs. Those come from the on-disk format, which is a
+published specification (https://zarr-specs.readthedocs.io/en/latest/v3/core/index.html), not from Zarr's own
+classes, which are private and change between releases. Only the layout this store writes is `readable`: a regular
+chunk grid, native-order bytes and one Blosc codec; anything else is read through Zarr's public API.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# Zarr v3 data types that are numpy dtypes of the same name.
+_NUMPY_TYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+                          "float16", "float32", "float64", "complex64", "complex128"})
+_FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+@dataclass(frozen=True)
+class BloscSettings:
+    """The Blosc codec's configuration, as zarr.json records it."""
+
+    cname: str
+    clevel: int
+    shuffle: str  # "noshuffle", "shuffle" or "bitshuffle"
+    typesize: int
+    blocksize: int
+
+
+@dataclass(frozen=True)
+class ArrayLayout:
+    """What reading or writing the chunk files of one array needs, parsed from its zarr.json.
+
+    `blosc` is None (and `readable` False) for any layout other than the one this store writes."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype[Any]
+    chunks: tuple[int, ...]
+    separator: str
+    v2_keys: bool  # the "v2" chunk key encoding ("0.1"), else "default" ("c/0/1")
+    fill_value: Any
+    blosc: BloscSettings | None
+    attributes: dict[str, Any]
+
+    @property
+    def readable(self) -> bool:
+        """Whether the chunks are plain Blosc frames of native-order values that this package reads itself."""
+        return self.blosc is not None and len(self.shape) > 0
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Decoded size of one whole chunk."""
+        return math.prod(self.chunks) * self.dtype.itemsize
+
+    def chunk_key(self, coords: tuple[int, ...]) -> str:
+        """The chunk's key relative to the array, per the chunk key encoding."""
+        if self.v2_keys:
+            return self.separator.join(str(c) for c in coords) if coords else "0"
+        return self.separator.join(("c", *(str(c) for c in coords)))
+
+
+def read_layout(folder: Path, key: str) -> ArrayLayout:
+    """The layout of the array stored in `folder` (`key` names it in errors)."""
+    path = folder / "zarr.json"
+    try:
+        document = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"no array {key!r} in the store ({path} is missing)") from None
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"array {key!r}: {path} is not readable JSON ({exc})") from None
+    try:
+        return parse_layout(document)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"array {key!r}: {path} is not Zarr v3 array metadata ({exc!r})") from None
+
+
+def parse_layout(document: dict[str, Any]) -> ArrayLayout:
+    """An `ArrayLayout` from a parsed zarr.json document (Zarr format 3, node type "array")."""
+    if document.get("zarr_format") != 3 or document.get("node_type") != "array":
+        raise ValueError("not a Zarr format 3 array")
+    shape = tuple(int(d) for d in document["shape"])
+    data_type = document["data_type"]
+    dtype = np.dtype(data_type) if isinstance(data_type, str) and data_type in _NUMPY_TYPES else np.dtype("V1")
+    grid = document["chunk_grid"]
+    regular = _name(grid) == "regular"
+    chunks = tuple(int(c) for c in grid["configuration"]["chunk_shape"]) if regular else shape
+    encoding = document.get("chunk_key_encoding", {"name": "default"})
+    v2_keys = _name(encoding) == "v2"
+    separator = encoding.get("configuration", {}).get("separator", "." if v2_keys else "/")
+    blosc = _blosc(document.get("codecs", []), dtype) if regular and dtype.kind != "V" else None
+    if document.get("storage_transformers"):
+        blosc = None
+    return ArrayLayout(shape, dtype, chunks, separator, v2_keys, _fill_value(document["fill_value"], dtype), blosc,
+                       dict(document.get("attributes", {})))
+
+
+def _name(entry: Any) -> str:
+    return entry if isinstance(entry, str) else str(entry["name"])
+
+
+def _blosc(codecs: list[Any], dtype: np.dtype[Any]) -> BloscSettings | None:
+    """The Blosc settings where the codecs are exactly native-order bytes, then Blosc; else None."""
+    if len(codecs) != 2 or _name(codecs[0]) != "bytes" or _name(codecs[1]) != "blosc":
+        return None
+    endian = codecs[0].get("configuration", {}).get("endian") if isinstance(codecs[0], dict) else None
+    if dtype.itemsize > 1 and endian != sys.byteorder:
+        return None
+    config = codecs[1].get("configuration", {}) if isinstance(codecs[1], dict) else {}
+    shuffle = config.get("shuffle", "noshuffle")
+    if shuffle not in ("noshuffle", "shuffle", "bitshuffle"):
+        return None
+    return BloscSettings(str(config.get("cname", "zstd")), int(config.get("clevel", 5)), shuffle,
+                         int(config.get("typesize") or dtype.itemsize), int(config.get("blocksize") or 0))
+
+
+def _fill_value(value: Any, dtype: np.dtype[Any]) -> Any:
+    """The fill value as a numpy scalar of `dtype` (numbers, booleans and the spec's "NaN"/"Infinity" words)."""
+    if dtype.kind == "V":
+        return value
+    if isinstance(value, str):
+        if value in _FLOAT_WORDS:
+            return np.asarray(_FLOAT_WORDS[value]).astype(dtype)[()]
+        if value.startswith("0x"):  # the value's bytes, big-endian, as hex
+            raw = int(value, 16).to_bytes(dtype.itemsize, "big")
+            return np.frombuffer(raw, dtype=dtype.newbyteorder(">"))[0].astype(dtype)
+        raise ValueError(f"fill value {value!r}")
+    if isinstance(value, list):  # complex: [real, imaginary]
+        real, imaginary = (_FLOAT_WORDS[v] if isinstance(v, str) else float(v) for v in value)
+        return np.asarray(complex(real, imaginary)).astype(dtype)[()]
+    return np.asarray(value).astype(dtype)[()]
