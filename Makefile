@@ -13,7 +13,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml server/build_hooks.py server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/chunk_pairs.c
+$(VENV)/.installed: $(BIN)/python pyproject.toml server/build_hooks.py server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/chunk_loop.c
 	$(BIN)/python -m pip install "$(TORCH)"
 	$(BIN)/python -m pip install -e .
 	touch $@

@@ -90,13 +90,13 @@ def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
 
     import numpy as np
     from sqlalchemy import delete, func, select
-    from tensor_debugger.chunk_pairs import loop_name, read_chunks
-    from tensor_debugger.chunking import iter_blocks, plan_chunks
+    from tensor_debugger.compare.chunk_loop import loop_name, read_chunks
+    from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
     from tensor_debugger.engine.fused import kernel_name
     from tensor_debugger.engine.streaming import BLOCK_BYTES
-    from tensor_debugger.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
     from tensor_debugger.services import open_services
     from tensor_debugger.settings import Settings
+    from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
 
     services = open_services(Settings(data_dir=data, demo=False))
     with services.sessions() as db:

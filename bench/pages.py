@@ -30,10 +30,10 @@ CLI = Path(sys.executable).parent / "tensor-debugger"
 
 
 def build_session(data: Path, layers: int) -> int:
-    from tensor_debugger.inputs import InputFile
+    from tensor_debugger.demo.synthetic import Plant, write_dump
+    from tensor_debugger.ingest.inputs import InputFile
     from tensor_debugger.services import open_services
     from tensor_debugger.settings import Settings
-    from tensor_debugger.synthetic import Plant, write_dump
 
     dumps = data.parent / "dumps"
     write_dump(dumps / "ref", layers, seed=1)

@@ -3,7 +3,7 @@
     python bench/zarr_codecs.py              # about 256 MiB per case, best of 3
     python bench/zarr_codecs.py --mib 64     # quicker
 
-Arrays are laid out as the app lays them out (tensor_debugger.chunking): (rows, 4096) with chunks of about 1 MiB
+Arrays are laid out as the app lays them out (tensor_debugger.engine.chunking): (rows, 4096) with chunks of about 1 MiB
 spanning whole rows, written in blocks of 16 chunks (array_writer.CHUNKS_PER_BLOCK) and read back whole, into a
 LocalStore on this machine's disk. Writes land in the page cache (no fsync; the store is synced before each
 timed step so that earlier write-back does not compete) and reads come from it, so the numbers are the codec's
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import zarr
 from harness import machine_line
-from tensor_debugger.store import DEFAULT_CODEC
+from tensor_debugger.store.arrays import DEFAULT_CODEC
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore
 
@@ -112,7 +112,7 @@ def main() -> int:
     print(f"{args.mib:g} MiB per case, (rows, {HIDDEN}) arrays, ~{CHUNK_BYTES // MIB} MiB chunks written "
           f"{CHUNKS_PER_BLOCK} at a time, best of {args.repeats}; 1 MB = 1e6 bytes; "
           f"ratio = stored bytes / raw bytes; spread = slowest / fastest run, write and read; "
-          f"* = tensor_debugger.store.DEFAULT_CODEC")
+          f"* = tensor_debugger.store.arrays.DEFAULT_CODEC")
     print(f"{'dtype':<9} {'codec':<24} {'write MB/s':>10} {'read MB/s':>10} {'ratio':>6}  spread")
     default = DEFAULT_CODEC.to_dict()
     WORKDIR_PARENT.mkdir(exist_ok=True)

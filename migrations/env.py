@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection, create_engine
 
-from tensor_debugger.models import Base
+from tensor_debugger.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

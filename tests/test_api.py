@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import numpy as np
 import torch
-from tensor_debugger.synthetic import Plant, write_dump
+from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.conftest import LiveServer
 from tests.dumps import make_tar, make_zip, seeded

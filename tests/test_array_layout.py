@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
-from tensor_debugger.array_layout import parse_layout, read_layout
-from tensor_debugger.chunk_reader import ChunkReader, ReadCounter
+from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
+from tensor_debugger.store.layout import parse_layout, read_layout
 from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 from zarr.storage import LocalStore
 

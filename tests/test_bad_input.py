@@ -15,10 +15,10 @@ import pytest
 import torch
 from sqlalchemy import func, select
 from tensor_debugger.errors import NothingUsableError
-from tensor_debugger.ingest import Ingestor
-from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import RunRecord, SessionRecord
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.services import Services
+from tensor_debugger.store.models import RunRecord, SessionRecord
 
 from tests.dumps import make_zip, seeded, tar_with
 

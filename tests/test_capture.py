@@ -11,13 +11,13 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import select
 from tensor_debugger import capture
-from tensor_debugger.activation_capture import safetensors_codes, write_safetensors
-from tensor_debugger.comparisons import Comparisons
-from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
-from tensor_debugger.pair_reports import session_pairs
+from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.live.recorder import safetensors_codes, write_safetensors
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
 from torch import nn
 
 from tests.conftest import LiveServer

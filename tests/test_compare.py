@@ -10,19 +10,20 @@ import numpy as np
 import pytest
 import torch
 from sqlalchemy import select
-from tensor_debugger import catalog, pending_pairs
-from tensor_debugger.compare_command import run_compare
+from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.compare import pending as pending_pairs
+from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.compare.pair_reports import pair_detail, session_pairs
+from tensor_debugger.compare.pending import ResultWriter, set_up
+from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.demo.synthetic import STAGES, Plant, write_dump
 from tensor_debugger.engine.alignment import Alignment
 from tensor_debugger.engine.streaming import compare_stream
 from tensor_debugger.engine.views import View
-from tensor_debugger.heatmap import build_heatmap, heatmap_svg
-from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import PairOverrideRecord, PairRecord
-from tensor_debugger.pair_reports import pair_detail, session_pairs
-from tensor_debugger.pending_pairs import ResultWriter, set_up
+from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
-from tensor_debugger.slicing import parse_slice_request, read_slice
-from tensor_debugger.synthetic import STAGES, Plant, write_dump
+from tensor_debugger.store import catalog
+from tensor_debugger.store.models import PairOverrideRecord, PairRecord
 
 from tests.dumps import make_tar, make_zip, seeded
 

@@ -10,8 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from tensor_debugger.chunking import Region
 from tensor_debugger.engine.alignment import align
+from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.fused import kernel_name
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairStats
 from tensor_debugger.engine.pairing import TensorRef, group_shards, normalize, pair_runs, shard_of

@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 from tensor_debugger.errors import NothingUsableError
-from tensor_debugger.ingest import IngestCancelled
-from tensor_debugger.ingest_queue import IngestJob, IngestProgress, IngestQueue
-from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import RunRecord
-from tensor_debugger.recovery import recover
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.queue import IngestJob, IngestProgress, IngestQueue
+from tensor_debugger.ingest.recovery import recover
+from tensor_debugger.ingest.runs import IngestCancelled
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import RunRecord
 
 from tests.dumps import seeded
 

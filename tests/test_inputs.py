@@ -10,9 +10,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from sqlalchemy import select
-from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import TensorRecord
+from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
+from tensor_debugger.store.models import TensorRecord
 
 from tests.dumps import make_tar, make_zip, seeded
 from tests.test_roundtrip import read_back, same_bits, stored
@@ -145,7 +145,7 @@ def test_more_than_two_runs_per_session(services: Services, tmp_path: Path) -> N
     with services.sessions() as db:
         rows = db.scalars(select(TensorRecord)).all()
     assert len(rows) == 3
-    from tensor_debugger import catalog
+    from tensor_debugger.store import catalog
 
     with services.sessions() as db:
         session = catalog.list_sessions(db)[0]

@@ -8,11 +8,11 @@ import math
 
 import numpy as np
 import pytest
-from tensor_debugger.dtypes import parse_dtype
 from tensor_debugger.engine.fused import _library, empty_partial, fused_summary, kernel_name
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats, edges
 from tensor_debugger.engine.tolerances import Tolerance
-from tensor_debugger.summary import SummaryAccumulator, TensorSummary
+from tensor_debugger.ingest.summary import SummaryAccumulator, TensorSummary
+from tensor_debugger.store.dtypes import parse_dtype
 
 EXACT_FIELDS = ("numel", "max_abs_diff", "argmax", "max_rel_diff", "mismatched", "nan_a", "nan_b", "inf_a", "inf_b",
                 "nan_one_side", "histogram")

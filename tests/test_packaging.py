@@ -19,7 +19,8 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in ("tensor_debugger/web/templates/sessions.html", "tensor_debugger/web/static/app.css",
                      "tensor_debugger/migrations/env.py", "tensor_debugger/migrations/script.py.mako",
-                     "tensor_debugger/cli.py", "tensor_debugger/engine/_fused_stats.so"):
+                     "tensor_debugger/cli/main.py", "tensor_debugger/engine/_fused_stats.so",
+                     "tensor_debugger/compare/_chunk_loop.so"):
         assert required in names, required
     assert not wheel.name.endswith("-none-any.whl"), wheel.name  # the compiled kernel makes it platform-specific
     assert any(n.startswith("tensor_debugger/migrations/versions/") and n.endswith(".py") for n in names)
@@ -30,7 +31,7 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
         "import tensor_debugger, pathlib;"
         "from tensor_debugger.resources import resource_dir;"
         "from tensor_debugger.settings import Settings;"
-        "from tensor_debugger.app import create_app;"
+        "from tensor_debugger.web.app import create_app;"
         "from litestar.testing import TestClient;"
         f"s = Settings(data_dir=pathlib.Path({str(tmp_path / 'data')!r}), demo=False);"
         "assert str(resource_dir('web')).startswith(str(pathlib.Path(tensor_debugger.__file__).parent));"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 from playwright.sync_api import Browser, Page, expect, sync_playwright
-from tensor_debugger.synthetic import Plant, write_dump
+from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.conftest import ARTIFACTS, LiveServer, free_port
 from tests.dumps import make_zip, seeded

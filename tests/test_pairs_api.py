@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import torch
-from tensor_debugger.synthetic import Plant, write_dump
+from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.conftest import LiveServer, cli_command
 from tests.dumps import make_zip, seeded

@@ -74,8 +74,8 @@ def test_only_our_own_compiled_libraries_are_loaded() -> None:
     library (mapped_pages.py's madvise), never another package's extension module."""
     loaders = sorted(str(p.relative_to(ROOT)) for p in SOURCES if p.parent.parent.name != "tests"
                      and "CDLL(" in p.read_text() and p.name != "test_private_imports.py")
-    assert loaders == ["server/tensor_debugger/engine/fused.py", "server/tensor_debugger/mapped_pages.py"]
-    assert 'find_library("c")' in (ROOT / "server/tensor_debugger/mapped_pages.py").read_text()
+    assert loaders == ["server/tensor_debugger/engine/fused.py", "server/tensor_debugger/ingest/mapped_pages.py"]
+    assert 'find_library("c")' in (ROOT / "server/tensor_debugger/ingest/mapped_pages.py").read_text()
 
 
 def test_the_check_finds_the_private_uses_it_is_for() -> None:

@@ -70,10 +70,10 @@ def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path) -> None:
     services = open_services(settings)
     path = tmp_path / "x.pth"
     torch.save(torch.ones(3), path)
-    from tensor_debugger.inputs import InputFile
+    from tensor_debugger.ingest.inputs import InputFile
 
     result = services.ingestor.ingest("keep", "ref", [InputFile(path, path.name)])
-    from tensor_debugger.dtypes import parse_dtype
+    from tensor_debugger.store.dtypes import parse_dtype
 
     services.store.create("runs/999/0", (3,), parse_dtype("float32"), (3,))  # as if a delete was cut short
     services.close()

@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from sqlalchemy import select
-from tensor_debugger.chunk_reader import ChunkReader
-from tensor_debugger.chunk_writer import ChunkWriter
-from tensor_debugger.dtypes import all_dtypes, parse_dtype
-from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import TensorRecord
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.tensor_files import BufferPool, open_tensor_file
 from tensor_debugger.services import Services
-from tensor_debugger.tensor_files import BufferPool, open_tensor_file
+from tensor_debugger.store.chunk_reader import ChunkReader
+from tensor_debugger.store.chunk_writer import ChunkWriter
+from tensor_debugger.store.dtypes import all_dtypes, parse_dtype
+from tensor_debugger.store.models import TensorRecord
 
 from tests.dumps import random_bits, seeded
 
@@ -80,7 +80,7 @@ def test_large_tensor_spans_many_chunks(services: Services, tmp_path: Path, suff
     else:
         np.save(path, original.numpy())
     small_chunks = services.settings.with_overrides(chunk_bytes=64 * 1024)
-    from tensor_debugger.ingest import Ingestor
+    from tensor_debugger.ingest.runs import Ingestor
 
     ingestor = Ingestor(small_chunks, services.sessions, services.store)
     result = ingestor.ingest("chunks", "ref", [InputFile(path, path.name)])

@@ -10,15 +10,15 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, inspect, text
-from tensor_debugger.database import (
+from tensor_debugger.resources import resource_dir
+from tensor_debugger.store.database import (
     alembic_config,
     create_db_engine,
     head_revision,
     schema_is_current,
     upgrade_database,
 )
-from tensor_debugger.models import Base
-from tensor_debugger.resources import resource_dir
+from tensor_debugger.store.models import Base
 
 
 def assert_schema_matches_models(engine: Engine) -> None:

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 # Runs the CLI in this interpreter's child, then reports the top-level packages it imported on stderr's last line.
 _PROBE = """
 import json, sys
-from tensor_debugger.cli import main
+from tensor_debugger.cli.main import main
 try:
     code = main(sys.argv[1:])
 finally:  # --help exits from inside main
@@ -68,7 +68,7 @@ def test_help_and_sessions_import_only_what_they_use(tmp_path: Path) -> None:
 
 
 def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from tensor_debugger.cli import main
+    from tensor_debugger.cli.main import main
 
     try:
         assert main(["--data-dir", str(tmp_path / "data"), "sessions", "--json"]) == 0
@@ -79,7 +79,7 @@ def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.Capture
 
 
 def test_pytorch_files_named_on_the_command_line(tmp_path: Path) -> None:
-    from tensor_debugger.cli import names_pytorch_file
+    from tensor_debugger.cli.main import names_pytorch_file
 
     (tmp_path / "dump").mkdir()
     (tmp_path / "dump" / "0_query.npy").write_bytes(b"")

@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 from sqlalchemy import select
-from tensor_debugger.compare_command import run_compare
-from tensor_debugger.inputs import InputFile
-from tensor_debugger.models import RunRecord, TensorRecord
+from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
+from tensor_debugger.store.models import RunRecord, TensorRecord
 
 from tests.conftest import LiveServer
 from tests.dumps import make_tar

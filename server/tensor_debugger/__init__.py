@@ -11,7 +11,7 @@ __all__ = ["__version__", "capture"]
 def __getattr__(name: str) -> Any:
     """`from tensor_debugger import capture` without importing torch for every other use of the package."""
     if name == "capture":
-        from tensor_debugger.activation_capture import capture
+        from tensor_debugger.live.recorder import capture
 
         return capture
     raise AttributeError(f"module 'tensor_debugger' has no attribute {name!r}")

@@ -1,3 +1,3 @@
-from tensor_debugger.cli import main
+from tensor_debugger.cli.main import main
 
 raise SystemExit(main())

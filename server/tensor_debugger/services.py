@@ -9,13 +9,13 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.comparisons import Comparisons
-from tensor_debugger.database import create_db_engine, make_sessionmaker, upgrade_database
-from tensor_debugger.ingest import Ingestor
-from tensor_debugger.ingest_queue import IngestQueue
-from tensor_debugger.recovery import RecoveryReport, recover
+from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.ingest.queue import IngestQueue
+from tensor_debugger.ingest.recovery import RecoveryReport, recover
+from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.settings import Settings
-from tensor_debugger.store import ArrayStore
+from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.database import create_db_engine, make_sessionmaker, upgrade_database
 
 
 @dataclass

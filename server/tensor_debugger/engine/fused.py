@@ -4,7 +4,7 @@ first use.
 The package build compiles it next to this file (server/build_hooks.py); where it was not built, or
 TENSOR_DEBUGGER_KERNEL=numpy asks for it, `fused_partial` returns None and metrics.py computes with numpy alone.
 TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
-(tensor_debugger.chunk_pairs): blocks are then read into arrays first, as before that loop existed.
+(tensor_debugger.compare.chunk_loop): blocks are then read into arrays first, as before that loop existed.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class FusedSummary(ctypes.Structure):
 
 
 # logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The
-# summary kernels read each; the chunk loop (chunk_pairs.c) widens "h" and "b" to float32 for the pair kernel.
+# summary kernels read each; the chunk loop (compare/chunk_loop.c) widens "h" and "b" to float32 for the pair kernel.
 STORED_FLOATS = {"float32": ("f", np.dtype(np.float32)), "float64": ("d", np.dtype(np.float64)),
                     "float16": ("h", np.dtype(np.float16)), "bfloat16": ("b", np.dtype(np.uint16))}
 

@@ -220,7 +220,7 @@ static inline void td_partial_reset(td_partial *out) {
 
 /* NAME(a, b, n, ...) is one block's partial; NAME_acc(a, b, n, base, ...) folds the values at flat positions
  * base.. base + n of a longer block into `out` (reset once, then folded in order: the first largest difference
- * keeps its place), which is how chunk_pairs.c reduces a block chunk by chunk. Both return 1 once the partial's
+ * keeps its place), which is how compare/chunk_loop.c reduces a block chunk by chunk. Both return 1 once the partial's
  * sums of squares are not finite (a NaN or an Inf was met, or they overflowed): the block is then the numpy
  * path's, and a caller may stop early. */
 #define KERNEL_BODY(FN, TA, TB, P, ATTRS)                                                                        \

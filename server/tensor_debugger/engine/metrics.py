@@ -144,7 +144,7 @@ class PairAccumulator:
 
     def add_fused(self, part: FusedPartial, origin: tuple[int, ...], block_shape: tuple[int, ...],
                   shape: tuple[int, ...]) -> bool:
-        """Fold in a block's statistics as the compiled kernel computed them elsewhere (chunk_pairs: read, decoded
+        """Fold in a block's statistics as the compiled kernel computed them elsewhere (chunk_loop: read, decoded
         and reduced chunk by chunk), with this accumulator's tolerance and `edges()`, for the block of
         `block_shape` at `origin` of the aligned tensor of shape `shape`: True, or False (nothing folded in) where
         the block holds a NaN or an Inf, which only `add` counts."""

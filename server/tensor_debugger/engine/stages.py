@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tensor_debugger.names import natural_key
+from tensor_debugger.engine.names import natural_key
 
 STAGE_ORDER = (
     "post_ln_pre_attn", "query", "query_final", "key", "key_final", "value", "value_final", "post_attn",

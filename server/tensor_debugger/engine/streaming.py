@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from tensor_debugger.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.fused import FusedPartial
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
@@ -30,7 +30,7 @@ IN_FLIGHT = 3  # blocks queued or computing at once: two workers busy and one bl
 TICK_SECONDS = 0.1  # how often `on_tick` is called while a block is awaited
 
 Key = TypeVar("Key")
-# A block's statistics computed straight from storage (chunk_pairs), or None to read the block through the views
+# A block's statistics computed straight from storage (compare/chunk_loop), or None to read the block through the views
 Reduce = Callable[[Region, Tolerance], FusedPartial | None]
 
 

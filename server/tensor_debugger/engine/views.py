@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tensor_debugger.chunking import Region
 from tensor_debugger.engine.alignment import Shape, Step
+from tensor_debugger.engine.chunking import Region
 
 Convert = Callable[[np.ndarray], np.ndarray]
 

@@ -1,0 +1,1 @@
+"""The command line: argparse over services (main), the compare command and its progress bar."""

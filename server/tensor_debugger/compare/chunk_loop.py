@@ -1,0 +1,188 @@
+"""A pair's blocks compared chunk by chunk in compiled code (chunk_loop.c), without the GIL and without arrays.
+
+Reading a block through the views decodes every chunk into a fresh array, and the kernel then reads those arrays
+back from memory; between chunks, Python holds the GIL. The loop in chunk_loop.c instead reads each side's chunk
+files, decodes each chunk into one small buffer that stays in cache, and hands the kernel the stretch where both
+sides' chunks overlap (bench/compare.py; the README's Performance section has the figures).
+
+It serves pairs that are compared with tolerances (not exactly) whose two sides are each one stored tensor read
+in C order (no alignment, or size-1 dimensions dropped or added, flattening, or rows truncated), stored as float32,
+float64, bfloat16 or float16, in the chunk layout ingest writes. Any block the loop does not finish (a chunk never
+written, a broken chunk file, a NaN or an Inf) is read through the views instead, which fill, name the broken file,
+or count the NaN as before. TENSOR_DEBUGGER_KERNEL=blocks (or =numpy) turns the loop off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import math
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensor_debugger.engine.chunking import Region
+from tensor_debugger.engine.fused import (
+    STORED_FLOATS,
+    FusedPartial,
+    empty_partial,
+    kernel_address,
+    kernel_setting,
+    load_library,
+)
+from tensor_debugger.engine.metrics import edges
+from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.engine.views import View, flat_source
+from tensor_debugger.store.chunk_reader import ChunkReader
+
+LIBRARY_NAME = "_chunk_loop.so"
+BLOSC_HEADER = 16  # bytes: a Blosc 1 frame is never longer than its values plus this
+_LARGEST_CHUNK = (1 << 31) - 1 - BLOSC_HEADER  # C-Blosc2 takes sizes as int32
+_FAILURES = {1: "a chunk file is missing", 2: "a chunk file could not be read", 3: "not a Blosc frame of one chunk",
+             4: "Blosc could not decode it", 5: "a dtype the loop does not widen", 6: "a NaN or an Inf"}
+
+
+class _Piece(ctypes.Structure):
+    """Mirrors tdc_piece."""
+
+    _fields_ = [("path", ctypes.c_char_p), ("skip", ctypes.c_int64), ("count", ctypes.c_int64)]
+
+
+class _Side(ctypes.Structure):
+    """Mirrors tdc_side: one side's pieces of a block, and the thread's buffers for them."""
+
+    _fields_ = [("pieces", ctypes.POINTER(_Piece)), ("n", ctypes.c_int64), ("chunk_bytes", ctypes.c_int64),
+                ("code", ctypes.c_int), ("compressed", ctypes.c_void_p), ("decoded", ctypes.c_void_p),
+                ("widened", ctypes.c_void_p)]
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    library = load_library(Path(__file__).with_name(LIBRARY_NAME), {"tdc_side_size": _Side})
+    if library is None:
+        return None
+    library.tdc_pair.restype = ctypes.c_int
+    library.tdc_pair.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(_Side), ctypes.c_void_p,
+                                 ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p,
+                                 ctypes.POINTER(FusedPartial), ctypes.POINTER(ctypes.c_int),
+                                 ctypes.POINTER(ctypes.c_int64)]
+    library.tdc_read.restype = ctypes.c_int
+    library.tdc_read.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(ctypes.c_int64)]
+    return library
+
+
+def loop_name() -> str:
+    """Whether comparisons read chunks through the compiled loop: "chunk loop", or why not."""
+    setting = kernel_setting()
+    if setting in ("numpy", "blocks"):
+        return f"off (TENSOR_DEBUGGER_KERNEL={setting})"
+    if kernel_address(np.dtype(np.float32), np.dtype(np.float32)) is None:
+        return "off (the compiled kernel is not in use)"
+    if _library() is None:
+        return f"off (no usable {LIBRARY_NAME} beside {Path(__file__).name})"
+    return "chunk loop"
+
+
+class _Buffers(threading.local):
+    """One thread's buffers for one side: the compressed bytes of a chunk, its values, and them widened."""
+
+    def __init__(self) -> None:
+        self.compressed = self.decoded = self.widened = np.empty(0, dtype=np.uint8)
+
+    def side(self, pieces: list[tuple[bytes, int, int]], chunk_bytes: int, code: str) -> _Side:
+        if self.decoded.size < chunk_bytes:
+            self.compressed = np.empty(chunk_bytes + BLOSC_HEADER, dtype=np.uint8)
+            self.decoded = np.empty(chunk_bytes, dtype=np.uint8)
+        if code in "bh" and self.widened.size < 2 * chunk_bytes:  # 2-byte values as float32
+            self.widened = np.empty(2 * chunk_bytes, dtype=np.uint8)
+        array = (_Piece * len(pieces))(*(_Piece(*piece) for piece in pieces))
+        return _Side(array, len(pieces), chunk_bytes, ord(code), self.compressed.ctypes.data,  # keeps `array`
+                     self.decoded.ctypes.data, self.widened.ctypes.data)
+
+
+_BUFFERS = (_Buffers(), _Buffers())  # per thread: side a's and side b's
+
+
+@dataclass(frozen=True)
+class ChunkPairs:
+    """Compares blocks of one pair (regions of its aligned shape) in the compiled loop; see `chunk_pairs`."""
+
+    a: ChunkReader
+    b: ChunkReader
+    codes: tuple[str, str]  # the loop's letters for each side's stored values
+    shape: tuple[int, ...]  # the aligned shape that regions are of
+    kernel: int  # td_stats_XY_acc's address
+
+    def __call__(self, region: Region, tolerance: Tolerance) -> FusedPartial | None:
+        """The statistics of one block (C-contiguous in the aligned shape, as comparisons cut them), or None where
+        the loop did not finish it: the caller then reads it through the views."""
+        library = _library()
+        assert library is not None  # `chunk_pairs` checked
+        start = int(np.ravel_multi_index(tuple(s.start for s in region), self.shape))
+        stop = start + math.prod(s.stop - s.start for s in region)
+        pieces_a, pieces_b = self.a.flat_pieces(start, stop), self.b.flat_pieces(start, stop)
+        assert pieces_a is not None and pieces_b is not None  # `chunk_pairs` checked
+        side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0])
+        side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1])
+        out = empty_partial()
+        failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
+        status = library.tdc_pair(side_a, side_b, self.kernel, tolerance.atol, tolerance.rtol, 1,
+                                  edges().ctypes.data, out, failed_side, failed_piece)
+        if status != 0:
+            return None
+        self.a.count_reads(len(pieces_a))
+        self.b.count_reads(len(pieces_b))
+        return out
+
+
+def chunk_pairs(a: View, b: View, exact: bool) -> ChunkPairs | None:
+    """The compiled loop for a pair of aligned views `a` and `b`, or None where it does not serve them (see the
+    module's docstring): their blocks are then read through the views."""
+    if exact or a.shape != b.shape or loop_name() != "chunk loop":
+        return None
+    reader_a, reader_b = _flat_reader(a), _flat_reader(b)
+    if reader_a is None or reader_b is None:
+        return None
+    code_a, code_b = STORED_FLOATS[reader_a.logical or ""][0], STORED_FLOATS[reader_b.logical or ""][0]
+    library, kernel = _library(), kernel_address(_widened(code_a), _widened(code_b))
+    if library is None or kernel is None or ("h" in (code_a, code_b) and not library.tdc_float16()):
+        return None
+    if max(reader_a.chunk_bytes, reader_b.chunk_bytes) > _LARGEST_CHUNK:
+        return None
+    return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), kernel)
+
+
+def _flat_reader(view: View) -> ChunkReader | None:
+    """The chunk reader of the one stored tensor whose C-order values are `view`'s, where the loop reads its
+    dtype and layout."""
+    source = flat_source(view)
+    reader = source.array if source is not None else None
+    if not isinstance(reader, ChunkReader) or not reader.flat_chunks:
+        return None
+    stored = STORED_FLOATS.get(reader.logical or "")
+    return reader if stored is not None and stored[1] == reader.dtype else None
+
+
+def _widened(code: str) -> np.dtype[Any]:
+    """The dtype the pair kernel reads a side stored as `code` in: float64 as it is, the rest as float32."""
+    return np.dtype(np.float64 if code == "d" else np.float32)
+
+
+def read_chunks(reader: ChunkReader, start: int, stop: int) -> None:
+    """Read and decode the chunks holding flat values [start, stop) of `reader`'s array in the compiled loop, into
+    the thread's buffer, and nothing else: the benchmark's measure of how fast the store can be read."""
+    library = _library()
+    pieces = reader.flat_pieces(start, stop)
+    if library is None or pieces is None or reader.chunk_bytes > _LARGEST_CHUNK:
+        raise RuntimeError(f"the compiled chunk loop cannot read {reader.shape} chunks of {reader.chunks}")
+    side = _BUFFERS[0].side(pieces, reader.chunk_bytes, "f")
+    failed = ctypes.c_int64(-1)
+    status = library.tdc_read(side, failed)
+    if status != 0:
+        path = pieces[failed.value][0].decode(errors="replace")
+        raise OSError(f"chunk file {path}: {_FAILURES.get(status, f'error {status}')}")
+    reader.count_reads(len(pieces))
+

@@ -1,0 +1,157 @@
+"""The value inspector of the pair page: a window of both runs' values and their difference, as cells ready to
+render. Backgrounds go from blue (negative) to orange (positive) by magnitude within the window; borders are
+green within tolerance and orange outside it, stronger the larger the difference. Colour is never the only
+signal: every cell's title says its value, index, and absolute and relative difference, and cells outside the
+tolerance are marked in text for screen readers."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from tensor_debugger.compare.formatting import format_number
+from tensor_debugger.compare.slices import SliceRequest, Window
+from tensor_debugger.engine.tolerances import Tolerance
+
+PER_ROW_1D = 16  # a 1-D window wraps into rows of this many cells
+
+
+@dataclass(frozen=True)
+class Cell:
+    text: str
+    title: str
+    style: str
+    outside: bool  # outside the tolerance
+    is_max: bool  # the largest difference in the window
+
+
+@dataclass(frozen=True)
+class Grid:
+    label: str
+    rows: list[list[Cell]]
+    row_labels: list[str]
+
+
+@dataclass(frozen=True)
+class InspectorView:
+    grids: list[Grid]
+    caption: str  # what the window shows, in words
+    max_index: tuple[int, ...] | None  # aligned index of the largest difference in the window
+
+
+def _scalar(value: complex | float) -> float:
+    return abs(value) if isinstance(value, complex) else float(value)
+
+
+def _text(value: complex | float) -> str:
+    if isinstance(value, complex):
+        return f"{format_number(value.real)}{value.imag:+.4g}j"
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Inf" if value > 0 else "-Inf"
+    return format_number(value)
+
+
+def _background(value: float, scale: float) -> str:
+    if not math.isfinite(value):
+        return "background:#d7d7d7"
+    strength = min(1.0, abs(value) / scale) if scale > 0 else 0.0
+    light, full = ((232, 242, 250), (96, 160, 214)) if value < 0 else ((254, 243, 226), (240, 150, 58))
+    rgb = tuple(round(lo + (hi - lo) * strength) for lo, hi in zip(light, full, strict=True))
+    return f"background:rgb{rgb}"
+
+
+def _border(diff: float, outside: bool, scale: float) -> str:
+    if not outside:
+        return "border-color:#6cc070"
+    strength = 1.0 if not math.isfinite(diff) or scale <= 0 else 0.35 + 0.65 * min(1.0, abs(diff) / scale)
+    rgb = tuple(round(lo + (hi - lo) * strength) for lo, hi in zip((250, 200, 140), (230, 110, 0), strict=True))
+    return f"border-color:rgb{rgb}"
+
+
+def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> InspectorView:
+    a, b, diff = window.a, window.b, window.diff
+    two_d = a.ndim == 2
+    abs_diff = np.abs(diff)
+    with np.errstate(invalid="ignore"):
+        ref = np.abs(a.astype(np.complex128 if a.dtype.kind == "c" else np.float64))
+        allowed = tolerance.atol + tolerance.rtol * ref
+        outside = ~(abs_diff <= allowed) if not exact else (a != b)
+    finite_diff = abs_diff[np.isfinite(abs_diff)]
+    diff_scale = float(finite_diff.max()) if finite_diff.size else 0.0
+    values = np.concatenate([np.abs(a).ravel().astype(np.float64), np.abs(b).ravel().astype(np.float64)])
+    finite_values = values[np.isfinite(values)]
+    value_scale = float(finite_values.max()) if finite_values.size else 0.0
+    max_pos: tuple[int, ...] | None = None
+    if abs_diff.size:
+        nan_rank = np.where(np.isnan(abs_diff), np.inf, abs_diff)
+        largest = int(np.argmax(nan_rank))
+        if nan_rank.reshape(-1)[largest] > 0:  # an all-equal window has no largest difference to point at
+            max_pos = tuple(int(i) for i in np.unravel_index(largest, abs_diff.shape))
+    positions = list(np.ndindex(*a.shape)) if a.ndim else [()]
+
+    def cell(source: np.ndarray, pos: tuple[int, ...], is_diff: bool) -> Cell:
+        value = source[pos].item()
+        magnitude = _scalar(diff[pos].item())
+        reference = _scalar(a[pos].item())
+        rel = magnitude / abs(reference) if reference != 0 and math.isfinite(reference) else math.inf
+        index = window.index_of(pos)
+        out = bool(outside[pos])
+        title = (f"[{', '.join(map(str, index))}] value {_text(value)}; |diff| {_text(magnitude)}; "
+                 f"rel {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance")
+        background = _background(float(np.real(value)), diff_scale if is_diff else value_scale)
+        return Cell(_text(value), title, f"{background};{_border(magnitude, out, diff_scale)}", out, pos == max_pos)
+
+    grids: list[Grid] = []
+    sources = (("Reference", a, False), ("Candidate", b, False), ("Difference (candidate - reference)", diff, True))
+    for label, source, diff_bg in sources:
+        if two_d:
+            rows = [[cell(source, (i, j), diff_bg) for j in range(a.shape[1])] for i in range(a.shape[0])]
+            row_labels = [str(window.region[_free(window.request)[0]].start + i) for i in range(a.shape[0])]
+        else:
+            flat = [cell(source, pos, diff_bg) for pos in positions]
+            rows = [flat[i : i + PER_ROW_1D] for i in range(0, len(flat), PER_ROW_1D)]
+            start = window.region[_free(window.request)[0]].start if a.ndim else 0
+            row_labels = [str(start + i) for i in range(0, len(flat), PER_ROW_1D)]
+        grids.append(Grid(label, rows, row_labels))
+    return InspectorView(grids, _caption(window), window.index_of(max_pos) if max_pos is not None else None)
+
+
+def _free(request: SliceRequest) -> list[int]:
+    return [d for d, v in enumerate(request.index) if v is None]
+
+
+def _caption(window: Window) -> str:
+    parts = [f"{region.start}:{region.stop}" if fixed is None else str(fixed)
+             for region, fixed in zip(window.region, window.request.index, strict=True)]
+    return f"[{', '.join(parts)}]"
+
+
+def build_raw_grid(label: str, values: np.ndarray, origin: tuple[int, ...], free: list[int]) -> Grid:
+    """One run's own values (manual mode: no alignment, no difference), coloured by sign and magnitude."""
+    flat_values = np.abs(values.astype(np.complex128 if values.dtype.kind == "c" else np.float64)).ravel()
+    finite = flat_values[np.isfinite(flat_values)]
+    scale = float(finite.max()) if finite.size else 0.0
+
+    def cell(pos: tuple[int, ...]) -> Cell:
+        value = values[pos].item()
+        index = list(origin)
+        for k, dim in enumerate(free):
+            index[dim] += pos[k]
+        title = f"[{', '.join(map(str, index))}] value {_text(value)}"
+        return Cell(_text(value), title, f"{_background(float(np.real(value)), scale)};border-color:#cfd6df",
+                    False, False)
+
+    if values.ndim == 2:
+        rows = [[cell((i, j)) for j in range(values.shape[1])] for i in range(values.shape[0])]
+        labels = [str(origin[free[0]] + i) for i in range(values.shape[0])]
+    else:
+        positions = list(np.ndindex(*values.shape)) if values.ndim else [()]
+        flat = [cell(pos) for pos in positions]
+        rows = [flat[i : i + PER_ROW_1D] for i in range(0, len(flat), PER_ROW_1D)]
+        start = origin[free[0]] if free else 0
+        labels = [str(start + i) for i in range(0, len(flat), PER_ROW_1D)]
+    return Grid(label, rows, labels)

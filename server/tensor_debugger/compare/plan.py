@@ -1,0 +1,255 @@
+"""Pairs of a session: planned from the stored tensors, compared once (the cache), with verdicts.
+
+Planning pairs every candidate run with the reference run (the session's first) and records an alignment for
+each pair. Computing reads both sides block by block through lazy views and stores the statistics in the
+comparison cache under the two sides' content digests, the alignment and the tolerances: reopening a session,
+comparing the same dumps again or uploading an identical tensor never computes them twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
+from tensor_debugger.engine.alignment import Alignment, Step, align
+from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, pair_runs
+from tensor_debugger.engine.summaries import TensorSummary, compare_summaries
+from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
+from tensor_debugger.engine.views import SourceView, View, build_view
+from tensor_debugger.errors import InvalidInputError, NotFoundError
+from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
+from tensor_debugger.store.models import (
+    ComparisonResultRecord,
+    PairOverrideRecord,
+    PairRecord,
+    SessionRecord,
+    TensorRecord,
+    UnmatchedRecord,
+)
+
+
+@dataclass(frozen=True)
+class Progress:
+    total: int
+    done: int  # pairs with a verdict (pass, fail, incomparable or error)
+
+    @property
+    def pending(self) -> int:
+        return self.total - self.done
+
+
+def cache_key(digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance,
+              exact: bool) -> str:
+    text = json.dumps([list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, exact])
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def tensor_ref(t: TensorRecord) -> TensorRef:
+    return TensorRef(t.id, t.name, tuple(t.shape), t.dtype, t.position, t.layer, t.stage, tuple(t.key_path),
+                     t.digest, t.module_path, t.place)
+
+
+def values_unavailable(t: TensorRecord) -> str:
+    return (f"element values are not available: {t.name} comes from {t.source_file}, a trace written with "
+            f"use_repr=True, which keeps only its shape, dtype and mean, std, min and max")
+
+
+def tensor_summary(t: TensorRecord) -> TensorSummary:
+    return TensorSummary(tuple(t.shape), t.dtype, {"mean": t.mean, "std": t.std, "min": t.min, "max": t.max})
+
+
+class Comparisons:
+    def __init__(self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int = 2) -> None:
+        self.sessions = sessions
+        self.store = store
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
+        self.lock = threading.Lock()  # held while computing: one computation at a time per process
+
+    def close(self) -> None:
+        self.pool.shutdown(cancel_futures=True)
+
+    # --- planning ---------------------------------------------------------------------------------------
+
+    def plan(self, session_id: int) -> None:
+        """(Re)build the session's pairs and unmatched lists from its ready runs and the user's overrides."""
+        with self.sessions.begin() as db:
+            session = db.get(SessionRecord, session_id)
+            if session is None:
+                raise NotFoundError(f"no session with id {session_id}")
+            db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
+            db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
+            runs = [r for r in session.runs if r.status == "ready"]
+            if len(runs) < 2:
+                return
+            reference = runs[0]
+            refs_a = self._refs(db, reference.id)
+            overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
+            position = 0
+            for candidate in runs[1:]:
+                mine = [o for o in overrides if o.run_b_id == candidate.id]
+                pairing = pair_runs(
+                    refs_a, self._refs(db, candidate.id),
+                    manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
+                    unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
+                )
+                aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
+                for plan in pairing.pairs:
+                    alignment, overridden = self._alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
+                    db.add(PairRecord(
+                        module_path=plan.a.first.module_path, place=plan.a.first.place,
+                        session_id=session_id, run_a_id=reference.id, run_b_id=candidate.id, position=position,
+                        name=plan.a.name, layer=plan.a.layer, stage=plan.a.stage, strategy=plan.strategy,
+                        a_name=plan.a.name, b_name=plan.b.name,
+                        a_tensor_ids=[s.id for s in plan.a.shards], b_tensor_ids=[s.id for s in plan.b.shards],
+                        alignment=alignment.to_json() if alignment else None, alignment_overridden=overridden,
+                        status="pending" if alignment else "incomparable",
+                    ))
+                    position += 1
+                for run_id, other, missing in ((reference.id, candidate.id, pairing.unmatched_a),
+                                               (candidate.id, reference.id, pairing.unmatched_b)):
+                    for n, tensor in enumerate(missing):
+                        db.add(UnmatchedRecord(session_id=session_id, run_id=run_id, other_run_id=other,
+                                               position=n, name=tensor.name, tensor_ids=[s.id for s in tensor.shards]))
+        self.refresh(session_id)
+
+    def _refs(self, db: DbSession, run_id: int) -> list[TensorRef]:
+        rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position))
+        return [tensor_ref(t) for t in rows]
+
+    @staticmethod
+    def _alignment(a: LogicalTensor, b: LogicalTensor, steps: list[Any] | None) -> tuple[Alignment | None, bool]:
+        if steps:
+            try:
+                return Alignment.from_steps(a.shapes, b.shapes, [Step.from_json(s) for s in steps]), True
+            except ValueError:
+                pass  # the tensors changed under the override: fall back to the automatic alignment
+        return align(a.shapes, b.shapes), False
+
+    # --- verdicts from the cache ------------------------------------------------------------------------
+
+    def tolerance(self, session: SessionRecord, dtype_a: str, dtype_b: str) -> tuple[Tolerance, bool]:
+        """The pair's tolerance and whether it compares exactly (integers and bools on both sides)."""
+        exact = is_exact_dtype(dtype_a) and is_exact_dtype(dtype_b)
+        if exact:
+            return Tolerance(0.0, 0.0), True
+        if session.rtol is not None or session.atol is not None:
+            base = default_tolerance(dtype_a, dtype_b)
+            return Tolerance(session.rtol if session.rtol is not None else base.rtol,
+                             session.atol if session.atol is not None else base.atol), False
+        return default_tolerance(dtype_a, dtype_b), False
+
+    def key(self, session: SessionRecord, pair: PairRecord, a: Sequence[TensorRecord],
+            b: Sequence[TensorRecord]) -> tuple[str, Tolerance, bool]:
+        """The pair's cache key, tolerance and exactness now."""
+        tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
+        return (cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact), tol,
+                exact)
+
+    @staticmethod
+    def alignment_key(pair: PairRecord) -> str:
+        """The pair's alignment steps as the cache key hashes them (and its result records them)."""
+        return json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
+
+    def refresh(self, session_id: int) -> None:
+        """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
+        element values get their verdict on the summary statistics."""
+        with self.sessions.begin() as db:
+            pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id,
+                                                        PairRecord.status != "incomparable")).all()
+            current = CurrentPairs(self, db, pairs)  # every pair's tensors and session in two queries
+            keys: dict[int, str] = {}
+            for pair in pairs:
+                _, a, b = current.sides(pair.id)
+                if all(t.has_values for t in (*a, *b)):
+                    keys[pair.id] = current.keyed(pair.id)[0]
+                    continue
+                tol, _ = self.tolerance(current.session(pair), a[0].dtype, b[0].dtype)
+                verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
+                pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
+                pair.status = "pass" if verdict.passed else "fail"
+            cached = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
+                ComparisonResultRecord.cache_key.in_(set(keys.values()))))}
+            for pair in pairs:
+                if pair.id not in keys:
+                    continue
+                found = cached.get(keys[pair.id])
+                pair.error = None
+                if found is None:
+                    pair.result_id, pair.status = None, "pending"
+                else:
+                    pair.result_id = found.id
+                    pair.status = "pass" if PairStats.from_json(found.stats).passed else "fail"
+
+    # --- computing --------------------------------------------------------------------------------------
+
+    def compute_pending(
+        self, session_id: int | None = None, progress: ProgressCallback | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> int:
+        """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
+        settled (see `pending_pairs.compute_pending`)."""
+        return compute_pending(self, session_id, progress, should_stop)
+
+    @staticmethod
+    def tensors_of(db: DbSession, pair: PairRecord) -> tuple[list[TensorRecord], list[TensorRecord]]:
+        """The pair's stored tensors: the reference's shards and the candidate's, each in rank order."""
+        ids = [*pair.a_tensor_ids, *pair.b_tensor_ids]
+        found = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(ids)))}
+        return [found[i] for i in pair.a_tensor_ids], [found[i] for i in pair.b_tensor_ids]
+
+    def views(self, db: DbSession, pair: PairRecord) -> tuple[View, View, Alignment]:
+        """Lazy views of both sides in aligned coordinates; reading one reads only the chunks it needs."""
+        return self.views_of(pair, *self.tensors_of(db, pair))
+
+    def views_of(self, pair: PairRecord, a: Sequence[TensorRecord],
+                 b: Sequence[TensorRecord]) -> tuple[View, View, Alignment]:
+        """`views`, given the pair's tensors (the reference's shards and the candidate's, in rank order)."""
+        if pair.alignment is None:
+            raise ValueError("the pair is incomparable: no alignment")
+        for tensor in (*a, *b):
+            if not tensor.has_values:
+                raise InvalidInputError(values_unavailable(tensor))
+        steps = [Step.from_json(s) for s in pair.alignment["steps"]]
+        alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
+
+        def sources(side: Sequence[TensorRecord]) -> list[View]:
+            return [SourceView(self.store.reader(t.store_key, t.digest),
+                               partial(storage_to_compute, logical=parse_dtype(t.dtype)),
+                               k) for k, t in enumerate(side)]
+
+        return (build_view(sources(a), alignment.side_steps("a")), build_view(sources(b), alignment.side_steps("b")),
+                alignment)
+
+    def progress(self, session_id: int) -> Progress:
+        with self.sessions() as db:
+            total = db.scalar(select(func.count()).where(PairRecord.session_id == session_id)) or 0
+            pending = db.scalar(select(func.count()).where(PairRecord.session_id == session_id,
+                                                           PairRecord.status == "pending")) or 0
+        return Progress(total, total - pending)
+
+
+def sessions_needing_plan(db: DbSession) -> list[int]:
+    """Sessions with two or more ready runs and no pairs yet (ingested by the CLI, say)."""
+    sessions = db.scalars(select(SessionRecord)).all()
+    found = []
+    for session in sessions:
+        ready = [r for r in session.runs if r.status == "ready"]
+        has_pairs = db.scalar(select(func.count()).where(PairRecord.session_id == session.id))
+        if len(ready) >= 2 and not has_pairs:
+            found.append(session.id)
+    return found
+
+

@@ -1,0 +1,41 @@
+"""The background worker: computes pending pairs while the server answers, and resumes after a restart
+(pending pairs are rows in the database, so a killed computation is simply pending again)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from tensor_debugger.compare.plan import Comparisons
+
+log = logging.getLogger(__name__)
+
+
+class ComparisonWorker:
+    def __init__(self, comparisons: Comparisons, idle_seconds: float = 5.0) -> None:
+        self.comparisons = comparisons
+        self.idle_seconds = idle_seconds
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="comparison-worker", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._wake.set()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(self.idle_seconds)
+            self._wake.clear()
+            try:
+                self.comparisons.compute_pending(should_stop=self._stop.is_set)
+            except Exception:  # keep the worker alive; the pair in question is marked "error" where it can be
+                log.exception("comparison worker failed; will retry")

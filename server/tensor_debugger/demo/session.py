@@ -1,0 +1,40 @@
+"""The demo session, generated on the first start of a new data directory."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+
+from sqlalchemy import func, select
+
+from tensor_debugger.demo.synthetic import Plant, write_dump
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import Services
+from tensor_debugger.store.models import SessionRecord
+
+DEMO_NAME = "demo: planted divergence at layer 2 post_attn"
+DEMO_PLANT = Plant(layer=2, stage="post_attn", index=(5, 17), offset=0.3)
+DEMO_LAYERS = 4
+_MARKER = ".demo-created"
+
+
+def ensure_demo_session(services: Services) -> bool:
+    """Create the demo session unless this data directory ever had one or holds sessions already."""
+    marker = services.settings.data_dir / _MARKER
+    if marker.exists():
+        return False
+    with services.sessions() as db:
+        if db.scalar(select(func.count()).select_from(SessionRecord)):
+            marker.touch()
+            return False
+    folder = services.settings.staging_dir / f"demo-{uuid.uuid4().hex}"
+    try:
+        write_dump(folder / "reference", DEMO_LAYERS, seed=7)
+        write_dump(folder / "candidate", DEMO_LAYERS, seed=7, plant=DEMO_PLANT)
+        for label in ("reference", "candidate"):
+            result = services.ingestor.ingest(DEMO_NAME, label, [InputFile(folder / label, f"{label}/")])
+        services.plan(result.session_id)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    marker.touch()
+    return True

@@ -1,0 +1,129 @@
+"""The server's ingests: uploads are ingested in background threads, a few at a time, the rest waiting in
+line, so an upload's request can return as soon as its bytes are on disk.
+
+Each run's live figures (waiting, unpacking, bytes copied of the total, planning its pairs) are kept in memory
+while its job runs; the run's row says "ingesting" all along, so a page or a client that finds no figures here
+(another process is ingesting it, say) still knows.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+
+from tensor_debugger.errors import NothingUsableError
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
+
+log = logging.getLogger(__name__)
+
+STAGES = ("queued", "unpacking", "copying", "planning")
+
+
+@dataclass(frozen=True)
+class IngestProgress:
+    stage: str  # one of STAGES
+    bytes_done: int = 0  # of the run's tensor files, once unpacked
+    bytes_total: int = 0
+
+
+@dataclass(frozen=True)
+class IngestJob:
+    pending: PendingRun
+    inputs: list[InputFile]
+    keep_failure: bool  # True: a run with nothing usable stays as "failed", so its page can say why
+    done: Callable[[], None]  # called once the job is over, whatever its outcome (removes the uploaded files)
+
+
+class IngestQueue:
+    """`workers` threads take jobs in the order they came; after each ingest, `plan` pairs the session again."""
+
+    def __init__(self, ingestor: Ingestor, plan: Callable[[int], None], workers: int = 2) -> None:
+        self.ingestor = ingestor
+        self.plan = plan
+        self.workers = workers
+        self._jobs: queue.Queue[tuple[IngestJob, Future[IngestResult]] | None] = queue.Queue()
+        self._progress: dict[int, IngestProgress] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    def submit(self, job: IngestJob) -> Future[IngestResult]:
+        """Queue the job; the future holds its result, or NothingUsableError (or what else went wrong)."""
+        future: Future[IngestResult] = Future()
+        with self._lock:
+            if self._stopping.is_set():
+                raise RuntimeError("the server is stopping; no new ingests")
+            self._progress[job.pending.run_id] = IngestProgress("queued")
+            if len(self._threads) < self.workers:  # started on demand: a CLI process never needs them
+                thread = threading.Thread(target=self._work, name=f"ingest-{len(self._threads)}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        self._jobs.put((job, future))
+        return future
+
+    def progress(self, run_id: int) -> IngestProgress | None:
+        """The live figures of a run this process is ingesting (or planning after); None for any other run."""
+        with self._lock:
+            return self._progress.get(run_id)
+
+    def close(self, timeout: float = 10) -> None:
+        """Stop: waiting jobs are dropped and running ones cancelled at their next block of bytes, their runs
+        removed as if never begun (their session too when the upload made it and nothing else is in it). An
+        ingest still unpacking an archive after `timeout` seconds is left to die with the process: its run
+        stays "ingesting" until the next start's recovery removes it."""
+        self._stopping.set()
+        with self._lock:
+            threads = list(self._threads)
+        for _ in threads:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _set(self, run_id: int, progress: IngestProgress) -> None:
+        with self._lock:
+            self._progress[run_id] = progress
+
+    def _work(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, future = item
+            try:
+                future.set_result(self._ingest(job))
+            except BaseException as exc:  # handed to whoever waits on the future
+                if not isinstance(exc, NothingUsableError | IngestCancelled):
+                    log.exception("ingest of run %s failed", job.pending.run_id)
+                future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._progress.pop(job.pending.run_id, None)
+                job.done()
+
+    def _ingest(self, job: IngestJob) -> IngestResult:
+        run_id = job.pending.run_id
+        self._set(run_id, IngestProgress("unpacking"))
+
+        def on_progress(done: int, total: int) -> None:
+            if self._stopping.is_set():
+                raise IngestCancelled("the server is stopping")
+            self._set(run_id, IngestProgress("copying", done, total))
+
+        if self._stopping.is_set():
+            self.ingestor.cancel(job.pending)
+            raise IngestCancelled("the server stopped before this ingest began")
+        result = self.ingestor.complete(job.pending, job.inputs, on_progress, job.keep_failure)
+        with self._lock:
+            self._progress[run_id] = replace(self._progress[run_id], stage="planning")
+        try:
+            self.plan(result.session_id)
+        except Exception:  # the run is stored: the next start plans sessions that have no pairs
+            log.exception("planning session %s after ingest failed", result.session_id)
+        return result

@@ -1,0 +1,75 @@
+"""Start-up recovery: remove what an ingest killed midway (kill -9, power loss) left behind.
+
+A run still "ingesting" whose process is gone on this host is deleted with its arrays (and its session, when
+that ingest created it and nothing else is in it); arrays under "runs/" that no run owns are deleted too.
+
+A run that names this very process is alive only if it is one of `live` (the runs this process's ingestor is
+working on, in its background threads): otherwise it was left by an earlier process that had the same id, as
+happens when a container restarts and the server is process 1 again.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.store.arrays import ArrayStore, run_prefix
+from tensor_debugger.store.models import RunRecord, SessionRecord
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    runs_removed: int
+    orphan_arrays_removed: int
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def ingest_alive(pid: int | None, run_id: int, live: Collection[int]) -> bool:
+    if pid is None:
+        return False
+    if pid == os.getpid():
+        return run_id in live
+    return process_alive(pid)
+
+
+def recover(sessions: sessionmaker[DbSession], store: ArrayStore, live: Collection[int] = ()) -> RecoveryReport:
+    host = socket.gethostname()
+    removed = 0
+    # Listed before the runs are read: a run row is always committed before its first array is written, so
+    # every array seen here whose run is alive is known by the query below.
+    stored = [name for name in store.children("runs") if name.isdigit()]  # not the group's zarr.json
+    with sessions.begin() as db:
+        stale = [
+            run for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
+            if run.ingest_host == host and not ingest_alive(run.ingest_pid, run.id, live)
+        ]
+        for run in stale:
+            store.delete(run_prefix(run.id))
+            session_id, created = run.session_id, run.created_session
+            db.delete(run)
+            db.flush()
+            removed += 1
+            if created and not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
+                session = db.get(SessionRecord, session_id)
+                if session is not None:
+                    db.delete(session)
+        known = {str(run_id) for run_id in db.scalars(select(RunRecord.id))}
+    orphans = [name for name in stored if name not in known]
+    for name in orphans:
+        store.delete(f"runs/{name}")
+    return RecoveryReport(removed, len(orphans))

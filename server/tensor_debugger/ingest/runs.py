@@ -1,0 +1,351 @@
+"""Ingest: add one run to a session from files, archives and folders.
+
+Lifecycle, so that nothing half-ingested is ever visible:
+1. `begin` commits a run row with status "ingesting" and this process's id (the session too, if new);
+2. `complete` copies every tensor into the array store under "runs/<run id>/";
+3. one transaction inserts the tensor and problem rows and sets the status to "ready".
+When nothing usable was found the run is deleted, or (`keep_failure`, for uploads whose request has returned)
+kept as "failed" with its problems and no arrays, so the session page can say why.
+A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`; the runs this
+process is ingesting right now, through any of its Ingestors, are in `Ingestor.live_runs()`, so its own recovery
+never takes them for dead (a second `open_services` on the same data dir, say a capture beside a server).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.engine.names import parse_layer_stage, tensor_name
+from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError, NothingUsableError
+from tensor_debugger.ingest.archives import ArchiveLimits
+from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
+from tensor_debugger.ingest.tensor_files import open_tensor_file
+from tensor_debugger.ingest.traces import TraceTensor
+from tensor_debugger.ingest.writer import StoredTensor, WritePools, write_leaf
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.arrays import ArrayStore, run_prefix
+from tensor_debugger.store.catalog import parse_label
+from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+
+ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
+
+
+@dataclass(frozen=True)
+class IngestResult:
+    session_id: int
+    session_name: str
+    run_id: int
+    run_label: str
+    tensors: int
+    problems: list[FileProblem] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """A run whose row says "ingesting": `begin` made it, `complete` fills it."""
+
+    session_id: int
+    session_name: str
+    run_id: int
+    run_label: str
+    created_session: bool  # undoing the run also removes the session when nothing else is in it
+
+
+class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
+    """Raised from a progress callback to stop an ingest; the run is removed as if it never began."""
+
+
+def archive_limits(settings: Settings) -> ArchiveLimits:
+    return ArchiveLimits(settings.max_archive_members, settings.max_expanded_bytes, settings.max_expansion_ratio,
+                         settings.expansion_floor_bytes)
+
+
+def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
+    """A tensor of a trace without element values: what its JSON says, and no array."""
+    shape = list(traced.shape or ())
+    stats = traced.stats
+    return TensorRecord(
+        run_id=run_id, position=position, name=run_trace.summary_name(traced), source_file=run_trace.label,
+        key_path=[], layer=parse_layer_stage(PurePosixPath(traced.module_path), ())[0], stage=None, shape=shape,
+        dtype=traced.dtype or "unknown", store_key="", nbytes=0, digest=f"none:{uuid.uuid4().hex}",
+        numel=math.prod(shape), min=stats.get("min"), max=stats.get("max"), mean=stats.get("mean"),
+        std=stats.get("std"), nan_count=0, inf_count=0, module_path=traced.module_path, place=traced.place,
+        has_values=False,
+    )
+
+
+class _LiveRuns:
+    """The runs this process is ingesting, by database: what a process is doing belongs to the process, not to
+    one of the Ingestors it may hold for the same data dir."""
+
+    _lock = threading.Lock()
+    _runs: set[tuple[str, int]] = set()  # (database URL, run id)
+
+    @classmethod
+    def add(cls, database: str, run_id: int) -> None:
+        with cls._lock:
+            cls._runs.add((database, run_id))
+
+    @classmethod
+    def discard(cls, database: str, run_id: int) -> None:
+        with cls._lock:
+            cls._runs.discard((database, run_id))
+
+    @classmethod
+    def of(cls, database: str) -> frozenset[int]:
+        with cls._lock:
+            return frozenset(run for url, run in cls._runs if url == database)
+
+
+class Ingestor:
+    def __init__(self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.store = store
+
+    def ingest(
+        self,
+        session_name: str,
+        run_label: str,
+        inputs: list[InputFile],
+        progress: ProgressCallback | None = None,
+    ) -> IngestResult:
+        """Add a run labelled `run_label` to the session (created if needed).
+
+        Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
+        """
+        pending = self.begin(session_name, run_label, [i.label for i in inputs])
+        return self.complete(pending, inputs, progress)
+
+    def begin(
+        self, session_name: str, run_label: str, sources: list[str], create_session: bool = True,
+        created_session: bool = False,
+    ) -> PendingRun:
+        """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
+        caller made the session for this run, so undoing the run may remove it as well.
+
+        A run of the same label that failed before is replaced, in its place; any other clash is refused."""
+        session_name = parse_label(session_name, "session name")
+        run_label = parse_label(run_label, "run label")
+        with self.sessions.begin() as db:
+            session = db.scalar(select(SessionRecord).where(SessionRecord.name == session_name))
+            created = session is None
+            if session is None:
+                if not create_session:
+                    raise InvalidInputError(f"no session named {session_name!r}")
+                session = SessionRecord(name=session_name)
+                db.add(session)
+                db.flush()
+            taken = db.scalar(select(RunRecord).where(RunRecord.session_id == session.id,
+                                                      RunRecord.label == run_label))
+            if taken is not None and taken.status != "failed":
+                raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
+            if taken is not None:
+                position = taken.position
+                db.delete(taken)
+                db.flush()
+            else:
+                position = db.scalar(select(func.count()).where(RunRecord.session_id == session.id)) or 0
+            run = RunRecord(
+                session_id=session.id, label=run_label, position=position,
+                role="reference" if position == 0 else "candidate", status="ingesting",
+                ingest_pid=os.getpid(), ingest_host=socket.gethostname(), created_session=created or created_session,
+                sources=sources,
+            )
+            db.add(run)
+            db.flush()
+            pending = PendingRun(session.id, session_name, run.id, run_label, created or created_session)
+        _LiveRuns.add(self.settings.database_url, pending.run_id)
+        return pending
+
+    def complete(
+        self, pending: PendingRun, inputs: list[InputFile], progress: ProgressCallback | None = None,
+        keep_failure: bool = False,
+    ) -> IngestResult:
+        """Copy the tensors of a run `begin` made, then mark it "ready".
+
+        Raises NothingUsableError when no tensor was found: the run is then removed (and the session, when the
+        run's ingest made it and nothing else is in it), or with `keep_failure` kept as "failed" with its
+        problems. Any other error removes the run, or with `keep_failure` (but not IngestCancelled) marks it
+        "failed" with the error as its problem, and is raised again."""
+        run_id = pending.run_id
+        staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
+        try:
+            stored, problems, traces = self._copy(run_id, inputs, staging, progress)
+            summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
+            if not stored and not summaries:
+                raise NothingUsableError(problems)
+            self._finish(run_id, stored, problems, traces)
+        except NothingUsableError as exc:
+            self._give_up(pending, exc.problems, keep_failure)
+            raise
+        except Exception as exc:
+            what = ", ".join(i.label for i in inputs) or "upload"
+            reason = f"the ingest failed: {exc}"
+            self._give_up(pending, [FileProblem(what, reason)], keep_failure and not isinstance(exc, IngestCancelled))
+            raise
+        except BaseException:
+            self._give_up(pending, [], False)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            _LiveRuns.discard(self.settings.database_url, run_id)
+        return IngestResult(pending.session_id, pending.session_name, run_id, pending.run_label,
+                            len(stored) + len(summaries), problems)
+
+    def live_runs(self) -> frozenset[int]:
+        """The runs of this data dir that this process has begun and not yet completed, through any Ingestor:
+        recovery must leave them alone."""
+        return _LiveRuns.of(self.settings.database_url)
+
+    def cancel(self, pending: PendingRun) -> None:
+        """Remove a run `begin` made that will not be completed (as if it never began)."""
+        try:
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
+        finally:
+            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+
+    def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
+        if keep_failure:
+            self._fail(pending.run_id, problems)
+        else:
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
+
+    def _copy(
+        self, run_id: int, inputs: list[InputFile], staging: Path, progress: ProgressCallback | None
+    ) -> tuple[list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], list[FileProblem], list[RunTrace]]:
+        expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
+        problems = expansion.problems
+        total = sum(e.path.stat().st_size for e in expansion.entries)
+        done = 0
+        if progress is not None:
+            progress(0, total)  # archives are unpacked: from here on, bytes copied of `total`
+
+        def on_bytes(n: int) -> None:
+            nonlocal done
+            done += n
+            if progress is not None:
+                progress(min(done, total), total)
+
+        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
+        pools = WritePools.open()
+        try:
+            for entry in expansion.entries:
+                first = len(stored)
+                try:
+                    with open_tensor_file(entry.path, entry.label) as opened:
+                        problems.extend(opened.skipped)
+                        for leaf in opened.leaves:
+                            key = f"{run_prefix(run_id)}/{len(stored)}"
+                            result = write_leaf(self.store, key, leaf, self.settings.chunk_bytes, pools, on_bytes)
+                            stored.append((entry, entry.keys + leaf.key_path, result))
+                        if not opened.leaves and not opened.skipped:
+                            problems.append(FileProblem(entry.label, "holds no tensors"))
+                        elif not opened.leaves:
+                            problems.append(FileProblem(entry.label, "holds no usable tensors"))
+                except FileProblem as problem:
+                    problems.append(problem)
+                    self._drop(run_id, stored, first)
+                except OSError as exc:  # a file that ends early, a disk that fills
+                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
+                    self._drop(run_id, stored, first)
+                finally:
+                    if entry.staged:
+                        entry.path.unlink(missing_ok=True)
+        finally:
+            pools.close()
+        if progress is not None:
+            progress(total, total)
+        return stored, problems, expansion.traces
+
+    def _drop(
+        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int
+    ) -> None:
+        """Forget the tensors of a file that failed partway, arrays included (the one cut short too)."""
+        for index in range(first, len(stored) + 1):
+            self.store.delete(f"{run_prefix(run_id)}/{index}")
+        del stored[first:]
+
+    def _finish(
+        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        problems: list[FileProblem], traces: list[RunTrace],
+    ) -> None:
+        seen: dict[str, int] = {}
+        with self.sessions.begin() as db:
+            for position, (entry, key_path, tensor) in enumerate(stored):
+                if entry.module_path is not None and key_path == ("data",):
+                    key_path = ()  # a trace's file holds one tensor under "data": the file names it
+                name = tensor_name(entry.relpath, key_path)
+                if name in seen:
+                    seen[name] += 1
+                    problems.append(FileProblem(entry.label, f"a second tensor named {name!r}; kept as "
+                                                f"{name} ({seen[name]})"))
+                    name = f"{name} ({seen[name]})"
+                seen.setdefault(name, 1)
+                layer, stage = parse_layer_stage(entry.relpath, key_path)
+                s = tensor.summary
+                db.add(TensorRecord(
+                    run_id=run_id, position=position, name=name, source_file=entry.label,
+                    key_path=list(key_path), layer=layer, stage=stage, shape=list(tensor.shape),
+                    dtype=tensor.dtype.name, store_key=tensor.store_key, nbytes=tensor.nbytes,
+                    digest=tensor.digest, numel=s.numel, min=s.min, max=s.max, mean=s.mean, std=s.std,
+                    nan_count=s.nan_count, inf_count=s.inf_count, module_path=entry.module_path, place=entry.place,
+                ))
+            position = len(stored)
+            for run_trace in traces:
+                if run_trace.trace.has_values:
+                    continue
+                for traced in run_trace.trace.tensors:
+                    db.add(summary_record(run_id, position, run_trace, traced))
+                    position += 1
+            for problem in problems:
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+            run = db.get_one(RunRecord, run_id)
+            run.status = "ready"
+            run.ingest_pid = None
+            run.tensor_count = position
+            run.total_bytes = sum(t.nbytes for _, _, t in stored)
+            if traces:
+                run.module_tree = {
+                    "source": "hf-trace", "values": all(t.trace.has_values for t in traces),
+                    "roots": [t.trace.root.to_json() for t in traces],
+                }
+
+    def _fail(self, run_id: int, problems: list[FileProblem]) -> None:
+        """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
+        self.store.delete(run_prefix(run_id))
+        with self.sessions.begin() as db:
+            run = db.get(RunRecord, run_id)
+            if run is None:
+                return
+            for problem in problems:
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+            run.status = "failed"
+            run.ingest_pid = None
+            run.tensor_count = 0
+            run.total_bytes = 0
+
+    def _abandon(self, run_id: int, created_session_id: int | None) -> None:
+        self.store.delete(run_prefix(run_id))
+        with self.sessions.begin() as db:
+            run = db.get(RunRecord, run_id)
+            if run is not None:
+                db.delete(run)
+            db.flush()
+            if created_session_id is not None:
+                remaining = db.scalar(select(func.count()).where(RunRecord.session_id == created_session_id))
+                session = db.get(SessionRecord, created_session_id)
+                if session is not None and not remaining:
+                    db.delete(session)

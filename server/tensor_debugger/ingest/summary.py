@@ -1,0 +1,115 @@
+"""Summary statistics of one tensor, accumulated chunk by chunk in float64.
+
+min, max, mean and std are over finite values only (NaN and Inf are counted, never folded in); mean and std
+are None where their float64 sums overflow (values near 1e308; the compiled kernel sums 2048 values at a time,
+numpy more, so a block may overflow in one and not the other). Complex tensors summarise their magnitudes; bools
+count as 0 and 1. A tensor with no finite value has no min, max, mean or std.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tensor_debugger.engine.fused import fused_summary
+from tensor_debugger.store.dtypes import LogicalDtype, storage_to_compute
+
+
+@dataclass(frozen=True)
+class TensorSummary:
+    numel: int
+    nan_count: int
+    inf_count: int
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None  # population standard deviation
+
+
+_SLICE = 1 << 17  # elements per step: 1 MiB of float64 temporaries
+
+
+class SummaryAccumulator:
+    """Chan et al.'s parallel update of count, mean and M2, so chunks may arrive in any order and size."""
+
+    def __init__(self) -> None:
+        self.numel = 0
+        self.nan = 0
+        self.inf = 0
+        self.count = 0
+        self.mean = 0.0
+        self.m2 = 0.0
+        self.lo = np.inf
+        self.hi = -np.inf
+
+    def add_stored(self, stored: np.ndarray, logical: LogicalDtype) -> None:
+        """Fold in stored values (bit patterns for bfloat16 and float8): in one compiled pass where the kernel
+        has a loop for the dtype and the block is finite, else with numpy on their compute values."""
+        part = fused_summary(stored, logical.name) if stored.size else None
+        if part is None:
+            self.add(storage_to_compute(stored, logical))
+            return
+        self.numel += stored.size
+        self._merge(int(part.count), part.mean, part.m2, part.min, part.max)
+
+    def add(self, values: np.ndarray) -> None:
+        """Fold in compute values (see `dtypes.storage_to_compute`), a slice at a time so that the float64
+        temporaries stay small and in cache."""
+        flat = values.reshape(-1)
+        if flat.size <= _SLICE:
+            self._add(flat)
+            return
+        for start in range(0, flat.size, _SLICE):
+            self._add(flat[start : start + _SLICE])
+
+    def _add(self, values: np.ndarray) -> None:
+        self.numel += values.size
+        if values.size == 0:
+            return
+        if values.dtype.kind == "c":
+            self.nan += int(np.count_nonzero(np.isnan(values)))
+            self.inf += int(np.count_nonzero(np.isinf(values) & ~np.isnan(values)))
+            values = np.abs(values)
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = float(np.add.reduce(values, dtype=np.float64))
+        if values.dtype.kind == "f" and not np.isfinite(total):
+            # Only now look for NaN and Inf: a finite sum proves there are none (they would propagate).
+            nan = np.isnan(values)
+            inf = np.isinf(values)
+            self.nan += int(np.count_nonzero(nan))
+            self.inf += int(np.count_nonzero(inf))
+            values = values[~(nan | inf)]
+            if values.size == 0:
+                return
+            with np.errstate(over="ignore"):
+                total = float(np.add.reduce(values, dtype=np.float64))
+        n = values.size
+        with np.errstate(over="ignore", invalid="ignore"):  # values near float64's limit overflow: see result()
+            mean = total / n
+            centred = values.astype(np.float64)
+            centred -= mean
+            m2 = float(np.einsum("i,i->", centred, centred))  # not BLAS: its threads spin on the cores ingest needs
+        self._merge(n, mean, m2, float(values.min()), float(values.max()))
+
+    def _merge(self, n: int, mean: float, m2: float, lo: float, hi: float) -> None:
+        """Fold in `n` finite values with this mean, sum of squared deviations from it, minimum and maximum."""
+        self.lo = min(self.lo, lo)
+        self.hi = max(self.hi, hi)
+        count = self.count + n
+        delta = mean - self.mean
+        with np.errstate(over="ignore", invalid="ignore"):
+            self.mean += delta * n / count
+            self.m2 += m2 + delta * delta * self.count * n / count
+        self.count = count
+
+    def result(self) -> TensorSummary:
+        if self.count == 0:
+            return TensorSummary(self.numel, self.nan, self.inf, None, None, None, None)
+        std = float(np.sqrt(self.m2 / self.count))
+        return TensorSummary(self.numel, self.nan, self.inf, self.lo, self.hi, _finite(self.mean), _finite(std))
+
+
+def _finite(value: float) -> float | None:
+    """None where float64 overflowed (values near 1e308), so no Infinity reaches JSON."""
+    return value if np.isfinite(value) else None

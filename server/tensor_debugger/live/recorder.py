@@ -1,0 +1,212 @@
+"""Capture every module's inputs and outputs from a live model into a run of a named session.
+
+    from tensor_debugger import capture
+
+    with torch.no_grad(), capture(model, session="llama port", run="reference"):   # into the local data dir
+        model(input_ids)
+    with capture(port, session="llama port", run="candidate", server="http://127.0.0.1:8000"):
+        port(input_ids)
+
+Tensors are named as Hugging Face's `model_addition_debugger_context` names them (`{Class}.{module}_inputs_args_0`,
+`..._inputs_kwargs_{name}`, `..._outputs`, `..._outputs_{i}` for tuples, `..._outputs_{key}` for dicts), so a
+capture pairs with a trace of the same model and compares bit for bit. Unlike the trace, outputs of modules with
+children are kept too (they rank as culprits), and a module called more than once keeps every call: the second is
+`{path}#2`, the third `{path}#3`. Non-tensor values are left out.
+
+Each tensor is written when its hook fires (so a later in-place change cannot alter it), chunk by chunk from its
+device, as one safetensors file of a trace folder staged on disk; when the block ends, the folder becomes a run:
+ingested into the local data directory, or streamed to the server's upload API.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import json
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tensor_debugger.ingest.tensor_files import SAFETENSORS_DTYPES
+from tensor_debugger.ingest.traces import FULL_SUFFIX
+from tensor_debugger.store.dtypes import torch_to_storage
+
+WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # copied from the device and written this much at a time
+
+
+
+@functools.cache
+def safetensors_codes() -> dict[torch.dtype, str]:
+    """torch dtype -> safetensors' code: the table ingest reads with (`tensor_files.SAFETENSORS_DTYPES`), turned
+    round, so that whatever capture writes, ingest reads."""
+    return {getattr(torch, name): code for code, name in SAFETENSORS_DTYPES.items()
+            if hasattr(torch, name) and code != "F4"}  # F4 counts 4-bit values; torch's float4 tensor, byte pairs
+
+
+@dataclass
+class CaptureResult:
+    """Filled in when the block ends: where the run went and how many tensors it holds."""
+
+    session: str
+    run: str
+    tensors: int = 0
+    session_id: int | None = None
+    run_id: int | None = None
+    skipped: list[str] = field(default_factory=list)  # values left out and why ("...: a str, not a tensor")
+
+
+def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE_CHUNK_BYTES) -> None:
+    """`tensor` as a safetensors file holding the one key "data", copied to the host a chunk at a time."""
+    code = safetensors_codes().get(tensor.dtype)
+    if code is None:
+        raise TypeError(f"dtype {tensor.dtype} cannot be captured")
+    flat = tensor.detach().reshape(-1)
+    nbytes = flat.numel() * flat.element_size()
+    header = json.dumps({"data": {"dtype": code, "shape": list(tensor.shape), "data_offsets": [0, nbytes]}})
+    encoded = header.encode() + b" " * (-len(header) % 8)
+    step = max(1, chunk_bytes // max(1, flat.element_size()))
+    with path.open("wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded)
+        for start in range(0, flat.numel(), step):
+            f.write(torch_to_storage(flat[start : start + step]).data)  # to the host, raw bits
+
+
+class _Recorder:
+    """The hooks' state: the call tree being built and the files written."""
+
+    def __init__(self, folder: Path, root_name: str, patterns: Sequence[str]) -> None:
+        self.folder = folder
+        self.root_name = root_name
+        self.patterns = patterns
+        self.stack: list[dict[str, Any]] = []
+        self.root: dict[str, Any] | None = None
+        self.calls: dict[str, int] = {}
+        self.count = 0
+        self.skipped: list[str] = []
+
+    def wanted(self, path: str) -> bool:
+        if not self.patterns:
+            return True
+        short = path.partition(".")[2]
+        return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in self.patterns)
+
+    def enter(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.calls[path] = self.calls.get(path, 0) + 1
+        call = path if self.calls[path] == 1 else f"{path}#{self.calls[path]}"
+        inputs = {k: v for k, v in (("args", list(args)), ("kwargs", kwargs)) if v}
+        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs"), "children": []}
+        if self.stack:
+            self.stack[-1]["children"].append(node)
+        else:
+            self.root = node
+        self.stack.append(node)
+
+    def leave(self, output: Any) -> None:
+        node = self.stack.pop()
+        node["outputs"] = self.serialize(output, f"{node['module_path']}_outputs")
+
+    def serialize(self, value: Any, name: str) -> Any:
+        """The trace JSON's entry for `value`, its tensors written to files; mirrors the debugger's layout."""
+        if isinstance(value, torch.Tensor):
+            if value.dtype not in safetensors_codes():
+                self.skipped.append(f"{name}: dtype {value.dtype} cannot be captured")
+                return repr(value.dtype)
+            file = f"{name}.safetensors"
+            write_safetensors(self.folder / file, value)
+            self.count += 1
+            return {"shape": repr(value.shape), "dtype": repr(value.dtype), "value": f"./{file}"}
+        if isinstance(value, list | tuple):
+            return [self.serialize(v, f"{name}_{i}") for i, v in enumerate(value)]
+        if isinstance(value, dict):  # ModelOutput is a dict too
+            return {str(k): self.serialize(v, f"{name}_{k}") for k, v in value.items()}
+        return type(value).__name__ if value is not None else "None"
+
+    def write_tree(self) -> Path:
+        path = self.folder / f"{self.root_name}{FULL_SUFFIX}"
+        path.write_text(json.dumps(self.root or {"module_path": self.root_name}, indent=1), encoding="utf-8")
+        return path
+
+
+def _hook(model: torch.nn.Module, recorder: _Recorder) -> list[torch.utils.hooks.RemovableHandle]:
+    handles = []
+    for name, module in model.named_modules():
+        path = recorder.root_name if not name else f"{recorder.root_name}.{name}"
+        if module is not model and not recorder.wanted(path):
+            continue
+
+        def pre(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], path: str = path) -> None:
+            recorder.enter(path, args, kwargs)
+
+        def post(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+            recorder.leave(output)
+
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+    return handles
+
+
+@contextmanager
+def capture(
+    model: torch.nn.Module,
+    session: str,
+    run: str,
+    *,
+    data_dir: str | Path | None = None,
+    server: str | None = None,
+    modules: str | Sequence[str] = (),
+    staging: str | Path | None = None,
+) -> Iterator[CaptureResult]:
+    """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
+
+    `server` (e.g. "http://127.0.0.1:8000") sends the run through the API; otherwise it goes into `data_dir`
+    (default: TENSOR_DEBUGGER_DATA_DIR, else the app's default). `modules` keeps only modules whose path, with or
+    without the model's class name, matches one of these glob patterns ("model.layers.*.mlp*"); the model itself
+    is always recorded. Nothing is kept when the block raises.
+    """
+    patterns = [modules] if isinstance(modules, str) else list(modules)
+    root_name = type(model).__name__
+    folder = Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
+    recorder = _Recorder(folder, root_name, patterns)
+    result = CaptureResult(session, run)
+    handles = _hook(model, recorder)
+    try:
+        yield result
+        for handle in handles:
+            handle.remove()
+        handles = []
+        if recorder.root is None:
+            raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
+        recorder.write_tree()
+        result.tensors, result.skipped = recorder.count, recorder.skipped
+        if server is not None:
+            from tensor_debugger.live.upload import upload_run
+
+            result.session_id, result.run_id = upload_run(server, session, run, folder)
+        else:
+            _ingest_locally(folder, result, data_dir)
+    finally:
+        for handle in handles:
+            handle.remove()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _ingest_locally(folder: Path, result: CaptureResult, data_dir: str | Path | None) -> None:
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
+    services = open_services(settings)
+    try:
+        ingested = services.ingestor.ingest(result.session, result.run, [InputFile(folder, result.run)])
+        services.plan(ingested.session_id)
+        result.session_id, result.run_id = ingested.session_id, ingested.run_id
+    finally:
+        services.close()

@@ -1,0 +1,146 @@
+"""Reading and changing what is stored: sessions, runs and tensors (metadata and arrays together)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import selectinload
+
+from tensor_debugger.errors import ConflictError, InvalidInputError, NotFoundError
+from tensor_debugger.store.arrays import ArrayStore, run_prefix
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, TensorRecord
+
+
+def parse_label(text: str, what: str) -> str:
+    """A session name or run label: 1 to 200 characters, not only spaces, no control characters."""
+    value = text.strip()
+    if not value or len(value) > 200 or any(ord(c) < 32 for c in value):
+        raise InvalidInputError(f"{what} must be 1 to 200 printable characters, got {text!r}")
+    return value
+
+
+def list_sessions(db: DbSession, search: str | None = None) -> Sequence[SessionRecord]:
+    """Every session, newest first; `search` keeps those whose name contains it (any case)."""
+    query = select(SessionRecord).options(selectinload(SessionRecord.runs)).order_by(
+        SessionRecord.created_at.desc(), SessionRecord.id.desc()
+    )
+    if search:
+        query = query.where(func.lower(SessionRecord.name).contains(search.lower(), autoescape=True))
+    return db.scalars(query).all()
+
+
+@dataclass(frozen=True)
+class SessionSummary:
+    pairs: int
+    failing: int
+    pending: int
+    first_divergence: str | None  # the name of the earliest failing pair
+
+
+def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, SessionSummary]:
+    """Pair counts and first divergences of many sessions in three queries, for the sessions list."""
+    if not session_ids:
+        return {}
+    counts = db.execute(
+        select(PairRecord.session_id, PairRecord.status, func.count()).where(PairRecord.session_id.in_(session_ids))
+        .group_by(PairRecord.session_id, PairRecord.status)
+    ).all()
+    first_positions = (
+        select(PairRecord.session_id, func.min(PairRecord.position).label("position"))
+        .where(PairRecord.session_id.in_(session_ids), PairRecord.status == "fail").group_by(PairRecord.session_id)
+        .subquery()
+    )
+    firsts = db.execute(
+        select(PairRecord.session_id, PairRecord.name).join(
+            first_positions, (PairRecord.session_id == first_positions.c.session_id)
+            & (PairRecord.position == first_positions.c.position))
+    ).all()
+    total: dict[int, dict[str, int]] = {}
+    for session_id, status, n in counts:
+        total.setdefault(session_id, {})[status] = n
+    first = dict(firsts)
+    return {
+        sid: SessionSummary(sum(total.get(sid, {}).values()), total.get(sid, {}).get("fail", 0),
+                            total.get(sid, {}).get("pending", 0), first.get(sid))
+        for sid in session_ids
+    }
+
+
+def get_session(db: DbSession, session_id: int) -> SessionRecord:
+    session = db.scalar(
+        select(SessionRecord).where(SessionRecord.id == session_id).options(
+            selectinload(SessionRecord.runs).selectinload(RunRecord.problems)
+        )
+    )
+    if session is None:
+        raise NotFoundError(f"no session with id {session_id}")
+    return session
+
+
+def create_session(db: DbSession, name: str, notes: str = "") -> SessionRecord:
+    name = parse_label(name, "session name")
+    if db.scalar(select(SessionRecord.id).where(SessionRecord.name == name)) is not None:
+        raise ConflictError(f"a session named {name!r} exists already")
+    session = SessionRecord(name=name, notes=notes)
+    db.add(session)
+    db.flush()
+    return session
+
+
+def update_session(db: DbSession, session_id: int, name: str | None, notes: str | None) -> SessionRecord:
+    session = get_session(db, session_id)
+    if name is not None:
+        name = parse_label(name, "session name")
+        clash = db.scalar(select(SessionRecord.id).where(SessionRecord.name == name, SessionRecord.id != session_id))
+        if clash is not None:
+            raise ConflictError(f"a session named {name!r} exists already")
+        session.name = name
+    if notes is not None:
+        session.notes = notes
+    try:
+        db.flush()
+    except IntegrityError:
+        raise ConflictError(f"a session named {name!r} exists already") from None
+    return session
+
+
+def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | None) -> None:
+    """Set the session's tolerances (None: torch.testing's default for each pair's dtypes)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if value is not None and not (value >= 0 and value < float("inf")):
+            raise InvalidInputError(f"{name} must be a non-negative finite number, got {value}")
+    session.rtol, session.atol = rtol, atol
+
+
+def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
+    """Delete the session's rows, then its arrays (an interruption between leaves orphans that recovery
+    removes, never rows without arrays)."""
+    session = get_session(db, session_id)
+    run_ids = [run.id for run in session.runs]
+    db.delete(session)
+    db.commit()
+    for run_id in run_ids:
+        store.delete(run_prefix(run_id))
+
+
+def get_run(db: DbSession, run_id: int) -> RunRecord:
+    run = db.scalar(select(RunRecord).where(RunRecord.id == run_id).options(selectinload(RunRecord.problems)))
+    if run is None:
+        raise NotFoundError(f"no run with id {run_id}")
+    return run
+
+
+def list_tensors(db: DbSession, run_id: int) -> Sequence[TensorRecord]:
+    get_run(db, run_id)
+    return db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)).all()
+
+
+def get_tensor(db: DbSession, tensor_id: int) -> TensorRecord:
+    tensor = db.get(TensorRecord, tensor_id)
+    if tensor is None:
+        raise NotFoundError(f"no tensor with id {tensor_id}")
+    return tensor

@@ -1,0 +1,78 @@
+"""Writing stored arrays without Zarr's event loop: each chunk Blosc-encoded and written in the calling thread.
+
+The write-side twin of `chunk_reader`. Zarr 3 writes a chunk by building a full chunk of fill values, copying the
+new values into it, encoding it on a thread of its own through its asyncio event loop, and writing a temporary
+file that is then renamed. Ingest writes every chunk exactly once, whole, into an array that no one reads until
+its run is committed (a killed ingest leaves only orphans that recovery deletes), so a `ChunkWriter` encodes each
+chunk straight from the block it is handed and writes the final file at once, releasing the GIL for both. The
+bytes are the ones Zarr would write: the same codec, with the settings Zarr gives it for this array.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numcodecs import Blosc
+
+from tensor_debugger.store.layout import ArrayLayout
+
+_SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+
+
+class ChunkWriter:
+    """Writes regions of one array that start on chunk boundaries (numpy basic indexing, step-1 slices)."""
+
+    def __init__(self, layout: ArrayLayout, folder: Path) -> None:
+        """`layout` (the array's zarr.json, as Zarr wrote it) must be `readable`."""
+        if layout.blosc is None or not layout.readable:
+            raise ValueError(f"array at {folder} is not in a layout a ChunkWriter writes")
+        self.shape = layout.shape
+        self.dtype = layout.dtype
+        self.chunks = layout.chunks
+        self._layout = layout
+        self._folder = folder
+        self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
+        codec = layout.blosc
+        self._codec = Blosc(cname=codec.cname, clevel=codec.clevel, shuffle=_SHUFFLE[codec.shuffle],
+                            blocksize=codec.blocksize, typesize=codec.typesize)
+        self._made: set[Path] = set()
+
+    def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
+        if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
+            raise ValueError(f"a ChunkWriter writes step-1 regions of all {len(self.shape)} dimensions")
+        bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
+        if any(start % c for (start, _), c in zip(bounds, self.chunks, strict=True)):
+            raise ValueError(f"region {region} does not start on a chunk boundary of {self.chunks}")
+        values = np.asarray(values, dtype=self.dtype).reshape(tuple(stop - start for start, stop in bounds))
+        if values.size == 0:
+            return
+        grid = [range(start // c, (stop - 1) // c + 1) for (start, stop), c in zip(bounds, self.chunks, strict=True)]
+        for coords in itertools.product(*grid):
+            origin = [i * c for i, c in zip(coords, self.chunks, strict=True)]
+            part = values[tuple(slice(o - lo, min(o + c, hi) - lo)
+                                for (lo, hi), o, c in zip(bounds, origin, self.chunks, strict=True))]
+            if part.shape != self.chunks or not part.flags.c_contiguous:
+                # an edge chunk (stored whole, padded with the fill value, as Zarr does) or a strided view
+                whole = np.full(self.chunks, self._fill, dtype=self.dtype)
+                whole[tuple(slice(0, n) for n in part.shape)] = part
+                part = whole
+            self._write(coords, self._codec.encode(part.reshape(-1)))
+
+    def _write(self, coords: tuple[int, ...], data: Any) -> None:
+        path = self._folder / self._layout.chunk_key(coords)
+        if path.parent not in self._made:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._made.add(path.parent)
+        view = memoryview(data).cast("B")
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            done = 0
+            while done < len(view):
+                done += os.write(fd, view[done:])
+        finally:
+            os.close(fd)
+

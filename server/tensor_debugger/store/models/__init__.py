@@ -1,0 +1,16 @@
+"""Typed SQLAlchemy models, one per module."""
+
+from tensor_debugger.store.models.base import Base
+from tensor_debugger.store.models.comparison_result import ComparisonResultRecord
+from tensor_debugger.store.models.pair import PAIR_STATUSES, PairRecord
+from tensor_debugger.store.models.pair_override import OVERRIDE_ACTIONS, PairOverrideRecord
+from tensor_debugger.store.models.problem import ProblemRecord
+from tensor_debugger.store.models.run import RUN_STATUSES, RunRecord
+from tensor_debugger.store.models.session import SessionRecord
+from tensor_debugger.store.models.tensor import TensorRecord
+from tensor_debugger.store.models.unmatched import UnmatchedRecord
+
+__all__ = [
+    "Base", "ComparisonResultRecord", "OVERRIDE_ACTIONS", "PAIR_STATUSES", "PairOverrideRecord", "PairRecord",
+    "ProblemRecord", "RUN_STATUSES", "RunRecord", "SessionRecord", "TensorRecord", "UnmatchedRecord",
+]

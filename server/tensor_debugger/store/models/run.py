@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, String, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from tensor_debugger.store.models.base import Base, utcnow
+
+if TYPE_CHECKING:
+    from tensor_debugger.store.models.problem import ProblemRecord
+    from tensor_debugger.store.models.session import SessionRecord
+    from tensor_debugger.store.models.tensor import TensorRecord
+
+RUN_STATUSES = ("ingesting", "ready", "failed")
+
+
+class RunRecord(Base):
+    """One side's dump. `position` 0 is the reference run; a session may hold more than two runs.
+
+    A run is visible only once `status` is "ready": an ingest writes its arrays first and flips the status in
+    the same transaction that inserts its tensors, so a killed ingest leaves nothing half-visible. A "failed"
+    run (an upload ingested in the background that held nothing usable) has no tensors and no arrays, only its
+    problems, so the session page can say why.
+    """
+
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("session_id", "label", name="uq_runs_session_label"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_id: Mapped[int] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)
+    label: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(20))  # "reference" or "candidate"
+    position: Mapped[int]
+    status: Mapped[str] = mapped_column(String(20), default="ingesting")
+    ingest_pid: Mapped[int | None]  # the process writing it while "ingesting"
+    ingest_host: Mapped[str | None] = mapped_column(String(255))
+    created_session: Mapped[bool] = mapped_column(default=False)  # its ingest made the session; undo removes it
+    sources: Mapped[list[Any]] = mapped_column(JSON, default=list)  # file names as the user gave them
+    tensor_count: Mapped[int] = mapped_column(default=0)
+    total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # a module trace's or a capture's call tree: {"source": "hf-trace"|"capture", "values": bool, "roots": [...]}
+    module_tree: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+
+    session: Mapped[SessionRecord] = relationship(back_populates="runs")
+    tensors: Mapped[list[TensorRecord]] = relationship(
+        back_populates="run", order_by="TensorRecord.position", cascade="all, delete-orphan"
+    )
+    problems: Mapped[list[ProblemRecord]] = relationship(
+        back_populates="run", order_by="ProblemRecord.id", cascade="all, delete-orphan"
+    )

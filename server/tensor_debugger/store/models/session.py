@@ -1,0 +1,30 @@
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import JSON, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from tensor_debugger.store.models.base import Base, utcnow
+
+if TYPE_CHECKING:
+    from tensor_debugger.store.models.run import RunRecord
+
+
+class SessionRecord(Base):
+    """A named comparison a user keeps: two or more runs of the same model."""
+
+    __tablename__ = "sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    notes: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    rtol: Mapped[float | None]  # the session's tolerances; null: torch.testing's defaults for each pair's dtypes
+    atol: Mapped[float | None]
+    # the user's order of pairs ("reference name|candidate name"), set by dragging rows; null: execution order
+    pair_order: Mapped[list[Any] | None] = mapped_column(JSON)
+    runs: Mapped[list[RunRecord]] = relationship(
+        back_populates="session", order_by="RunRecord.position", cascade="all, delete-orphan"
+    )

@@ -1,0 +1,1 @@
+"""Litestar: the app, its controllers, page views, multipart uploads and session progress."""

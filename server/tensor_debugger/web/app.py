@@ -1,0 +1,129 @@
+"""create_app(settings): the Litestar application. Nothing is built at import time."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Response
+from litestar.contrib.jinja import JinjaTemplateEngine
+from litestar.di import Provide
+from litestar.exceptions import HTTPException
+from litestar.openapi import OpenAPIConfig
+from litestar.response import Template
+from litestar.static_files import create_static_files_router
+from litestar.template import TemplateConfig
+
+from tensor_debugger import __version__
+from tensor_debugger.compare.formatting import register_filters
+from tensor_debugger.compare.plan import sessions_needing_plan
+from tensor_debugger.compare.worker import ComparisonWorker
+from tensor_debugger.demo.session import ensure_demo_session
+from tensor_debugger.errors import (
+    ConflictError,
+    FileProblem,
+    InvalidInputError,
+    NotFoundError,
+    NothingUsableError,
+    TensorDebuggerError,
+)
+from tensor_debugger.resources import resource_dir
+from tensor_debugger.services import Services, open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.reports import problem_json
+from tensor_debugger.web.controllers.pages import PageController
+from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
+from tensor_debugger.web.controllers.runs import RunController
+from tensor_debugger.web.controllers.sessions import SessionController
+from tensor_debugger.web.controllers.tensors import TensorController
+
+_STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
+
+
+def status_for(exc: TensorDebuggerError) -> int:
+    for kind, status in _STATUS.items():
+        if isinstance(exc, kind):
+            return status
+    return 400
+
+
+def _error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -> Response[Any]:
+    status = status_for(exc)
+    body: dict[str, Any] = {"status_code": status, "detail": str(exc)}
+    if isinstance(exc, NothingUsableError):
+        body["problems"] = [problem_json(p) for p in exc.problems]
+    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
+        return Template("error.html", status_code=status, context={"status": status, "detail": str(exc)})
+    return Response(body, status_code=status, media_type=MediaType.JSON)
+
+
+def static_hashes() -> dict[str, str]:
+    """Content hash of every static file, so its URL changes whenever it does (no stale cache, no bundler)."""
+    folder = resource_dir("web") / "static"
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()[:12]
+        for p in sorted(folder.rglob("*")) if p.is_file()
+    }
+
+
+def create_app(settings: Settings, services: Services | None = None) -> Litestar:
+    """The app for `settings`. On start-up it migrates the database, recovers from killed ingests and, on a
+    new data directory, creates the demo session."""
+    holder: dict[str, Services] = {}
+    hashes = static_hashes()
+
+    def startup(app: Litestar) -> None:
+        opened = holder["services"] = services or open_services(settings)
+        worker = ComparisonWorker(opened.comparisons)
+        app.state.worker = worker
+        opened.on_planned = lambda _session_id: worker.wake()
+        with opened.sessions() as db:
+            unplanned = sessions_needing_plan(db)
+        for session_id in unplanned:  # runs ingested from the command line while no server ran
+            opened.comparisons.plan(session_id)
+        if settings.demo:
+            ensure_demo_session(opened)
+        worker.start()  # picks up pending pairs, those of a computation killed last time included
+
+    def shutdown(app: Litestar) -> None:
+        worker = getattr(app.state, "worker", None)
+        if worker is not None:
+            worker.stop()
+        if services is None and "services" in holder:
+            holder["services"].close()
+
+    def provide_services() -> Services:
+        return holder["services"]
+
+    def configure_jinja(engine: JinjaTemplateEngine) -> None:
+        env = engine.engine
+        env.globals["static"] = lambda name: f"/static/{name}?h={hashes.get(name, '0')}"
+        env.globals["version"] = __version__
+        register_filters(env)
+
+    return Litestar(
+        route_handlers=[
+            SessionController, SessionPairsController, SessionOrderController, PairController, RunController,
+            TensorController,
+            PageController,
+            create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
+        ],
+        dependencies={"services": Provide(provide_services, sync_to_thread=False)},
+        on_startup=[startup],
+        on_shutdown=[shutdown],
+        exception_handlers={TensorDebuggerError: _error_response, HTTPException: _http_error},
+        template_config=TemplateConfig(
+            directory=resource_dir("web") / "templates", engine=JinjaTemplateEngine, engine_callback=configure_jinja
+        ),
+        openapi_config=OpenAPIConfig(title="Tensor Debugger", version=__version__, path="/schema"),
+        request_max_body_size=settings.max_upload_bytes,
+        debug=False,
+    )
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    body = {"status_code": exc.status_code, "detail": exc.detail}
+    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
+        return Template("error.html", status_code=exc.status_code,
+                        context={"status": exc.status_code, "detail": exc.detail})
+    return Response(body, status_code=exc.status_code, media_type=MediaType.JSON)

@@ -1,0 +1,146 @@
+"""Ingest the files of one upload request: each form field is a run, labelled by the field's name.
+
+Every run's row is made ("ingesting") while the request is open, then its ingest waits in the server's queue;
+the request either returns at once (the session page shows the progress) or waits for the outcomes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensor_debugger.errors import FileProblem, NotFoundError, NothingUsableError
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.queue import IngestJob
+from tensor_debugger.ingest.runs import IngestResult, PendingRun
+from tensor_debugger.services import Services
+from tensor_debugger.store import catalog
+from tensor_debugger.store.reports import problem_json
+from tensor_debugger.web.multipart import UploadBatch
+
+
+@dataclass
+class RunOutcome:
+    label: str
+    run_id: int | None  # None: nothing usable was found, and no run was kept
+    tensors: int = 0
+    problems: list[FileProblem] = field(default_factory=list)
+    status: str = "ready"  # "ready", "failed" (nothing kept) or "ingesting" (the request did not wait)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "label": self.label,
+            "run_id": self.run_id,
+            "status": self.status,
+            "tensors": self.tensors,
+            "problems": [problem_json(p) for p in self.problems],
+        }
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    label: str
+    pending: PendingRun
+    result: Future[IngestResult]
+
+    def accepted(self) -> RunOutcome:
+        return RunOutcome(self.label, self.pending.run_id, status="ingesting")
+
+
+def group_by_run(batch: UploadBatch, default_label: str | None = None) -> dict[str, list[InputFile]]:
+    """Files grouped by form field, in the order the fields first appear; `default_label` overrides them."""
+    runs: dict[str, list[InputFile]] = {}
+    for upload in batch.files:
+        label = default_label or upload.field or "run"
+        runs.setdefault(label, []).append(InputFile(upload.path, upload.filename))
+    return runs
+
+
+def start_runs(
+    services: Services, session_name: str, batch: UploadBatch, runs: dict[str, list[InputFile]],
+    keep_failure: bool, created_session: bool = False,
+) -> list[StartedRun]:
+    """Make every run's row, then queue their ingests. From here on the queue owns `batch`: its files are
+    removed once the last of these ingests is over. `keep_failure`: a run with nothing usable stays, "failed",
+    with its problems (for the session page); otherwise it is removed. `created_session`: the request made
+    the session, so removing its last run (a restart cutting an ingest short, say) removes it too."""
+    begun: list[tuple[str, PendingRun, list[InputFile]]] = []
+    try:
+        for label, inputs in runs.items():
+            pending = services.ingestor.begin(session_name, label, [i.label for i in inputs], create_session=False,
+                                              created_session=created_session)
+            begun.append((label, pending, inputs))
+    except BaseException:
+        for _, pending, _ in reversed(begun):
+            services.ingestor.cancel(pending)
+        raise
+    release = _after_last(len(begun), batch.discard)
+    started: list[StartedRun] = []
+    for n, (label, pending, inputs) in enumerate(begun):
+        try:
+            started.append(StartedRun(label, pending, services.ingests.submit(
+                IngestJob(pending, inputs, keep_failure, release))))
+        except BaseException:  # the server is stopping: the runs not queued are undone here
+            for _, rest, _ in begun[n:]:
+                services.ingestor.cancel(rest)
+                release()
+            raise
+    return started
+
+
+def start_session(services: Services, name: str, notes: str, batch: UploadBatch,
+                  keep_failure: bool) -> tuple[int, list[StartedRun]]:
+    """A new session with a run per form field, each queued for ingest (see `start_runs`)."""
+    with services.sessions.begin() as db:
+        session = catalog.create_session(db, name, notes)
+        session_id, name = session.id, session.name
+    try:
+        return session_id, start_runs(services, name, batch, group_by_run(batch), keep_failure,
+                                      created_session=True)
+    except BaseException:
+        delete_if_empty(services, session_id)
+        raise
+
+
+def delete_if_empty(services: Services, session_id: int) -> None:
+    """Remove a session an upload made, when none of its runs was kept (each run's undo may have already)."""
+    with services.sessions() as db:
+        try:
+            session = catalog.get_session(db, session_id)
+        except NotFoundError:
+            return
+        if not session.runs:
+            catalog.delete_session(db, services.store, session_id)
+
+
+def wait_for_runs(started: list[StartedRun]) -> list[RunOutcome]:
+    """Block until every run's ingest is over."""
+    outcomes: list[RunOutcome] = []
+    for run in started:
+        try:
+            result = run.result.result()
+        except NothingUsableError as exc:
+            outcomes.append(RunOutcome(run.label, None, 0, exc.problems, status="failed"))
+        else:
+            outcomes.append(RunOutcome(run.label, result.run_id, result.tensors, result.problems))
+    return outcomes
+
+
+def _after_last(count: int, action: Callable[[], None]) -> Callable[[], None]:
+    """A callable that runs `action` on its `count`-th call (from whichever thread makes it)."""
+    left = [count]
+    lock = threading.Lock()
+
+    def release() -> None:
+        with lock:
+            left[0] -= 1
+            last = left[0] == 0
+        if last:
+            action()
+
+    if count == 0:
+        action()
+    return release

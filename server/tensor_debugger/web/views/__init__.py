@@ -1,0 +1,1 @@
+"""What the pages show, built from reports: one module per page."""

@@ -1,0 +1,169 @@
+"""What the pair page shows: the pair's detail, and the inspector's window taken from the URL."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+from urllib.parse import urlencode
+
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.compare.inspector import build_inspector, build_raw_grid
+from tensor_debugger.compare.pair_reports import pair_detail
+from tensor_debugger.compare.slices import SliceRequest, parse_slice_request, read_window
+from tensor_debugger.engine.alignment import Shape
+from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
+from tensor_debugger.engine.views import SourceView
+from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.services import Services
+from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
+from tensor_debugger.store.models import PairRecord, SessionRecord
+
+DEFAULT_COUNT = 64
+
+
+def default_window(shape: Shape) -> dict[str, str]:
+    if not shape:
+        return {"index": "", "start": "", "count": ""}
+    return {"index": ",".join(["0"] * (len(shape) - 1) + [":"]), "start": "0",
+            "count": str(min(DEFAULT_COUNT, max(shape[-1], 1)))}
+
+
+def centred_window(shape: Shape, target: tuple[int, ...], current: SliceRequest) -> dict[str, str]:
+    """The current window moved so that it holds `target`, centred where it can be."""
+    if not shape:
+        return default_window(shape)
+    free = [d for d, v in enumerate(current.index) if v is None]
+    index, starts = [], []
+    for dim, size in enumerate(shape):
+        if dim in free:
+            count = current.count[free.index(dim)]
+            starts.append(max(0, min(target[dim] - count // 2, size - count)))
+            index.append(":")
+        else:
+            index.append(str(target[dim]))
+    return {"index": ",".join(index), "start": ",".join(map(str, starts)), "count": ",".join(map(str, current.count))}
+
+
+def parse_fixed(shape: Shape, text: str) -> tuple[int | None, ...]:
+    """`3,:,0,:` -> (3, None, 0, None) for the heatmap: exactly two ':' and valid indices elsewhere."""
+    parts = [p.strip() for p in text.split(",")] if text else []
+    if len(parts) != len(shape) or parts.count(":") != 2:
+        raise InvalidInputError(f"give an index per dimension of {list(shape)} with ':' on exactly two")
+    fixed: list[int | None] = []
+    for dim, (part, size) in enumerate(zip(parts, shape, strict=True)):
+        if part == ":":
+            fixed.append(None)
+            continue
+        if not part.isdigit() or int(part) >= size:
+            raise InvalidInputError(f"index {part!r} does not fit dimension {dim} of size {size}")
+        fixed.append(int(part))
+    return tuple(fixed)
+
+
+def heatmap_spec(shape: Shape, request: SliceRequest) -> str | None:
+    """The heatmap beside the window: its last two dimensions, the others where the window is."""
+    if len(shape) < 2:
+        return None
+    free = [d for d, v in enumerate(request.index) if v is None]
+    parts = []
+    for dim in range(len(shape)):
+        if dim >= len(shape) - 2:
+            parts.append(":")
+        elif request.index[dim] is not None:
+            parts.append(str(request.index[dim]))
+        else:
+            parts.append(str(request.start[free.index(dim)]))
+    return ",".join(parts)
+
+
+def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
+    labels = ["0", f"< 1e{HIST_LOW + 1}"] + [f"1e{k}" for k in range(HIST_LOW + 1, HIST_HIGH)] + [f"≥ 1e{HIST_HIGH}"]
+    top = max(counts) if counts else 0
+    return [{"label": label, "count": c, "percent": 100 * c / top if top else 0}
+            for label, c in zip(labels, counts, strict=False)]
+
+
+@dataclass(frozen=True)
+class ManualSide:
+    """Manual mode, one run: which of its tensors (shard) and which window of its own layout."""
+
+    shard: int = 0
+    index: str = ""
+    start: str = ""
+    count: str = ""
+
+
+def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dict[str, ManualSide]) -> list[Any]:
+    """Each run's own values, read straight from its stored tensor with its own dimensions: for when the
+    automatic alignment is in doubt."""
+    side_a, side_b = services.comparisons.tensors_of(db, pair)
+    groups = {"a": side_a, "b": side_b}
+    out = []
+    for side, label in (("a", "Reference"), ("b", "Candidate")):
+        wanted = sides[side]
+        shards = groups[side]
+        if not 0 <= wanted.shard < len(shards):
+            raise InvalidInputError(f"{label.lower()} has {len(shards)} tensor(s); shard {wanted.shard} is not one")
+        tensor = shards[wanted.shard]
+        shape = tuple(tensor.shape)
+        params = ({"index": wanted.index, "start": wanted.start, "count": wanted.count} if wanted.index or not shape
+                  else default_window(shape))
+        request = parse_slice_request(shape, params["index"], params["start"], params["count"])
+        view = SourceView(services.store.open(tensor.store_key, tensor.digest),
+                          partial(storage_to_compute, logical=parse_dtype(tensor.dtype)))
+        region, free = [], []
+        starts = iter(zip(request.start, request.count, strict=True))
+        for dim, fixed in enumerate(request.index):
+            if fixed is None:
+                s, c = next(starts)
+                region.append(slice(s, min(s + c, shape[dim])))
+                free.append(dim)
+            else:
+                region.append(slice(fixed, fixed + 1))
+        values = view.read(tuple(region)).reshape(tuple(r.stop - r.start for r, d in zip(region, range(len(shape)),
+                                                                                           strict=True) if d in free))
+        grid = build_raw_grid(f"{label}: {tensor.name} {list(shape)} {tensor.dtype}", values,
+                              tuple(r.start for r in region), free)
+        out.append({"side": side, "grid": grid, "shards": [t.name for t in shards], "shard": wanted.shard,
+                    **params})
+    return out
+
+
+def pair_page_context(db: DbSession, services: Services, pair_id: int, index: str, start: str,
+                      count: str, manual: dict[str, ManualSide] | None = None) -> dict[str, Any]:
+    detail = pair_detail(db, services.comparisons, pair_id)
+    pair = db.get_one(PairRecord, pair_id)
+    session = db.get_one(SessionRecord, pair.session_id)
+    runs = {r.id: r for r in session.runs}
+    context: dict[str, Any] = {"pair": detail, "session": session, "run_a": runs.get(pair.run_a_id),
+                               "run_b": runs.get(pair.run_b_id), "inspector": None, "window": None,
+                               "histogram": histogram_bars((detail["stats"] or {}).get("histogram", []))}
+    if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
+        return context
+    if manual is not None:
+        context["manual"] = manual_grids(db, services, pair, manual)
+    if pair.alignment is None:
+        return context
+    view_a, view_b, alignment = services.comparisons.views(db, pair)
+    shape = alignment.shape
+    params = {"index": index, "start": start, "count": count} if index or not shape else default_window(shape)
+    request = parse_slice_request(shape, params["index"], params["start"], params["count"])
+    window = read_window(view_a, view_b, request)
+    side_a, side_b = services.comparisons.tensors_of(db, pair)
+    tolerance, exact = services.comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
+    context["inspector"] = build_inspector(window, tolerance, exact)
+    spec = heatmap_spec(shape, request)
+    if spec is not None:
+        context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.svg?{urlencode({'fixed': spec})}"
+        context["heatmap_spec"] = spec
+    context["window"] = {**params, "shape": list(shape)}
+    argmax = detail.get("argmax")
+    if argmax:
+        jump = centred_window(shape, tuple(argmax["aligned"]), request)
+        context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
+    return context
+
+
+
