@@ -2,13 +2,14 @@
 
     python bench/compare.py                      # 2 x 0.5 GiB of float32 (rows, 4096) tensors, 64 MiB each
     python bench/compare.py --size-gib 4 --skip-slices
+    python bench/compare.py --workers 1,2 --skip-slices   # comparisons on 1 and on 2 threads, side by side
 
 Two runs (`{i}_post_mlp.pth`; the candidate is the reference plus a small planted difference in every tensor) are
 written one tensor at a time and ingested by the real CLI, which plans the pairs. A child computes them with the
-library API (so the peak RSS is its own), in rounds that alternate with reading the same arrays, region by region as
-the comparison reads them, on 1 and 2 threads, both through the store's chunk reader (into arrays) and through the
-compiled chunk loop reading and decoding only (into a buffer that stays in cache): the best of those is the limit.
-Medians are reported.
+library API (so the peak RSS is its own) with each --workers count, in rounds that alternate with reading the same
+arrays, region by region as the comparison reads them, on 1 thread and on the most workers' threads, both through
+the store's chunk reader (into arrays) and through the compiled chunk loop reading and decoding only (into a buffer
+that stays in cache): the best of those is the limit. Medians are reported.
 Another child reads them through zarr, for context. The real server then serves windows of 64 and 64 x 64 values of
 a --slice-gib pair to one keep-alive client.
 Nothing here asserts on timings. This process imports neither torch nor zarr (httpx only after the measured
@@ -33,7 +34,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness import child_env, machine_line, run_child
+from harness import child_env, machine_line, resolve, run_child, worker_counts
 
 if TYPE_CHECKING:
     import httpx
@@ -81,16 +82,17 @@ def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: 
     print(json.dumps({"count": count, "payload": payload}))
 
 
-def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
+def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[int]) -> None:
     """In a child: `rounds` rounds of computing the session's pairs with the library API (the cache emptied
-    first) and of reading the same arrays through the store's chunk reader, region by region as the comparison
-    reads them, on 1 and 2 threads ("rounds"); or one read through zarr itself ("zarr"). Rounds interleave the
-    three so that a slow spell of this VM slows all of them alike."""
+    first) once per count in `workers`, and of reading the same arrays through the store's chunk reader, region by
+    region as the comparison reads them, on 1 thread and on the most workers ("rounds"); or one read through zarr
+    itself ("zarr"). Rounds interleave them all so that a slow spell of this VM slows all of them alike."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
     from sqlalchemy import delete, func, select
     from tensor_debugger.compare.chunk_loop import loop_name, read_chunks
+    from tensor_debugger.compare.plan import Comparisons
     from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
     from tensor_debugger.engine.fused import kernel_name
     from tensor_debugger.engine.streaming import BLOCK_BYTES
@@ -98,7 +100,9 @@ def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
     from tensor_debugger.settings import Settings
     from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
 
-    services = open_services(Settings(data_dir=data, demo=False))
+    services = open_services(Settings(data_dir=data, demo=False, workers=max(workers)))
+    threads = services.settings.threads
+    comparisons = {w: Comparisons(services.sessions, services.store, resolve(w)) for w in workers}
     with services.sessions() as db:
         tensors = db.scalars(select(TensorRecord).join(RunRecord).where(RunRecord.session_id == session_id)
                              .order_by(TensorRecord.run_id, TensorRecord.position)).all()
@@ -134,12 +138,12 @@ def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
     def read_1(how: str = "reader") -> None:
         read_all([a for arrays in runs.values() for a in arrays], how)
 
-    def read_2(how: str = "reader") -> None:
-        with ThreadPoolExecutor(len(runs)) as pool:
-            list(pool.map(partial(read_all, how=how), runs.values()))
+    def read_n(how: str = "reader") -> None:  # on `threads` threads, an array at a time each
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda array: read_all([array], how), [a for arrays in runs.values() for a in arrays]))
 
-    def compute() -> None:
-        services.comparisons.compute_pending(session_id)
+    def compute(count: int) -> None:
+        comparisons[count].compute_pending(session_id)
 
     def empty_cache() -> None:  # every round computes every pair (not timed)
         with services.sessions.begin() as db:
@@ -147,26 +151,29 @@ def measure(mode: str, data: Path, session_id: int, rounds: int) -> None:
         services.comparisons.refresh(session_id)
 
     if mode == "zarr":
-        print(json.dumps({"bytes": nbytes, "one": timed(partial(read_1, "zarr")),
-                          "two": timed(partial(read_2, "zarr"))}))
+        print(json.dumps({"bytes": nbytes, "threads": threads, "one": timed(partial(read_1, "zarr")),
+                          "n": timed(partial(read_n, "zarr"))}))
     else:
-        figures: dict[str, list[dict[str, float]]] = {"compute": [], "one": [], "two": [], "loop one": [],
-                                                      "loop two": [], "warm-up": [timed(read_1)]}
+        figures: dict[str, list[dict[str, float]]] = {"one": [], "n": [], "loop one": [], "loop n": [],
+                                                      "warm-up": [timed(read_1)]}
         chunks = 0
         for _ in range(rounds):
-            empty_cache()
-            before = services.store.chunk_reads
-            figures["compute"].append(timed(compute))
-            chunks = services.store.chunk_reads - before
-            for name, work in (("one", read_1), ("two", read_2), ("loop one", partial(read_1, "loop")),
-                               ("loop two", partial(read_2, "loop"))):
+            for count in workers:
+                empty_cache()
+                before = services.store.chunk_reads
+                figures.setdefault(f"compute {count}", []).append(timed(partial(compute, count)))
+                chunks = services.store.chunk_reads - before
+            for name, work in (("one", read_1), ("n", read_n), ("loop one", partial(read_1, "loop")),
+                               ("loop n", partial(read_n, "loop"))):
                 figures[name].append(timed(work))
         with services.sessions() as db:
             statuses = {status: count for status, count in db.execute(select(PairRecord.status, func.count())
                         .where(PairRecord.session_id == session_id).group_by(PairRecord.status))}
             pairs = sum(statuses.values())
-        print(json.dumps({"bytes": nbytes, "pairs": pairs, "statuses": statuses, "chunks": chunks,
+        print(json.dumps({"bytes": nbytes, "pairs": pairs, "statuses": statuses, "chunks": chunks, "threads": threads,
                           "kernel": kernel_name(), "loop": loop_name(), **figures}))
+    for each in comparisons.values():
+        each.close()
     services.close()
 
 
@@ -177,8 +184,8 @@ def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: 
           f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s"
           + (f", every candidate value off by a relative {args.noise:g} x N(0, 1)" if args.noise else "") + "; ingest:")
     for label in ("ref", "cand"):
-        cmd = [str(CLI), "--data-dir", str(data), "ingest", "--session", name, "--run", label, str(dump / label),
-               "--json"]
+        cmd = [str(CLI), "--data-dir", str(data), "--workers", str(max(args.workers)), "ingest", "--session", name,
+               "--run", label, str(dump / label), "--json"]
         wall, rss, out = run_child(cmd, child_env(KEPT))
         result = json.loads(out.strip().splitlines()[-1])
         print(f"  {' '.join(cmd)}\n    -> {result['run']['tensors']} tensors in {wall:.1f} s, peak RSS {rss:.0f} MB"
@@ -194,9 +201,9 @@ def median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def throughput(data: Path, session_id: int, rounds: int) -> None:
-    wall, rss, res = child("rounds", data, session_id, rounds)
-    gb = res["bytes"] / GB
+def throughput(data: Path, session_id: int, rounds: int, workers: list[int]) -> None:
+    wall, rss, res = child("rounds", data, session_id, rounds, ",".join(map(str, workers)))
+    gb, threads = res["bytes"] / GB, res["threads"]
 
     def rates(name: str) -> str:
         return ", ".join(f"{gb / r['s']:.2f}" for r in res[name])
@@ -207,32 +214,43 @@ def throughput(data: Path, session_id: int, rounds: int) -> None:
     def per_cpu(name: str) -> float:
         return median([gb / r["cpu"] for r in res[name]])
 
-    compute = rate("compute")
     print(f"warm-up: one untimed read of every chunk ({res['warm-up'][0]['s']:.2f} s), so that every round reads from "
           f"the page cache (this VM's DAMON pages out memory unused for about 30 s)")
     print(f"comparison (compute_pending in a child, the cache emptied before each of {rounds} rounds): {res['pairs']} "
           f"pairs, {gb:.2f} GB of tensors (both sides), {res['chunks']} chunks read by a comparison; verdicts "
           f"{res['statuses']}")
-    print(f"  {compute:.2f} GB/s (median; rounds: {rates('compute')}), {per_cpu('compute'):.2f} GB per CPU-second")
+    for count in workers:
+        name = f"compute {count}"
+        print(f"  workers {count} ({resolve(count)} threads): {rate(name):.2f} GB/s (median; rounds: {rates(name)}), "
+              f"{per_cpu(name):.2f} GB per CPU-second")
     hint = (" (TENSOR_DEBUGGER_KERNEL=blocks measures reading arrays first, =numpy the numpy path)"
             if res["loop"] == "chunk loop" else "")
     print(f"  statistics kernel: {res['kernel']}; chunks read by: {res['loop']}{hint}")
     print(f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs); "
           f"child wall {wall:.1f} s with start-up")
-    print("the limit: the same arrays read in the same regions, without statistics, in the same rounds (2 threads: "
-          "one per run)")
+    print(f"the limit: the same arrays read in the same regions, without statistics, in the same rounds (1 thread, and "
+          f"{threads} threads: an array at a time each)")
     limits = {}
-    for name, label in (("one", "chunk reader into arrays, 1 thread"), ("two", "chunk reader into arrays, 2 threads"),
+    for name, label in (("one", "chunk reader into arrays, 1 thread"),
+                        ("n", f"chunk reader into arrays, {threads} threads"),
                         ("loop one", "compiled chunk loop, decoding only, 1 thread"),
-                        ("loop two", "compiled chunk loop, decoding only, 2 threads")):
+                        ("loop n", f"compiled chunk loop, decoding only, {threads} threads")):
         limits[label] = rate(name)
         print(f"  {label}: {rate(name):.2f} GB/s (rounds: {rates(name)}), {per_cpu(name):.2f} GB per CPU-second")
     best = max(limits, key=limits.__getitem__)
-    print(f"  comparison at {100 * compute / limits[best]:.0f}% of the best of these medians ({best}; "
-          f"target: at least 80%)")
-    _, _, raw = child("zarr", data, session_id, 1)
+    for count in workers:
+        print(f"  comparison with {count} workers at {100 * rate(f'compute {count}') / limits[best]:.0f}% of the best "
+              f"of these medians ({best}; target: at least 80% with every CPU)")
+    if len(workers) > 1:
+        print("\n| workers | threads | comparison GB/s (median) | rounds | GB per CPU-second | share of the limit |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for count in workers:
+            name = f"compute {count}"
+            print(f"| {count} | {resolve(count)} | {rate(name):.2f} | {rates(name)} | {per_cpu(name):.2f} | "
+                  f"{100 * rate(name) / limits[best]:.0f}% |")
+    _, _, raw = child("zarr", data, session_id, 1, str(max(workers)))
     print(f"for context, zarr's own reads of the same arrays, 16 chunks at a time: {gb / raw['one']['s']:.2f} GB/s on "
-          f"1 thread, {gb / raw['two']['s']:.2f} GB/s on 2 threads")
+          f"1 thread, {gb / raw['n']['s']:.2f} GB/s on {raw['threads']} threads")
 
 
 def time_requests(client: httpx.Client, url: str, queries: list[str]) -> tuple[list[float], list[int]]:
@@ -251,7 +269,8 @@ def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(CLI), "--data-dir", str(data), "serve", "--port", str(port), "--no-demo"]
+    cmd = [str(CLI), "--data-dir", str(data), "--workers", str(max(args.workers)), "serve", "--port", str(port),
+           "--no-demo"]
     print(f"server: {' '.join(cmd)}")
     log = open(data.parent / "server.log", "w+b")
     started = time.perf_counter()
@@ -308,6 +327,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the generated dumps and data dir")
     p.add_argument("--workdir", type=Path, help=f"folder for dumps and data (default: a new temp dir under "
                    f"{DEFAULT_WORKDIR_PARENT})")
+    p.add_argument("--workers", type=worker_counts, default=[0], help="TENSOR_DEBUGGER_WORKERS of the comparison, "
+                   "or a list such as 1,2 to compare with each, in the same rounds, side by side (default 0: one "
+                   "thread per CPU available to the process)")
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # internal: MODE ARGS...
     return p.parse_args()
 
@@ -319,7 +341,7 @@ def main() -> int:
         if mode == "dump":
             write_runs(Path(folder), int(rest[0]), int(rest[1]), int(rest[2]), float(rest[3]))
         else:
-            measure(mode, Path(folder), int(rest[0]), int(rest[1]))
+            measure(mode, Path(folder), int(rest[0]), int(rest[1]), worker_counts(rest[2]))
         return 0
     wall, rss, versions = run_child([sys.executable, "-c", BASELINE], child_env(KEPT))
     print(machine_line(versions.strip()))
@@ -337,7 +359,7 @@ def main() -> int:
             per_run, tensor_bytes = int(args.size_gib * GIB) // 2, int(args.tensor_mib * MIB)
             session_id = make_session(data, work / "dump", "bench", per_run, tensor_bytes, args)
             print("note: the data dir was freshly written, so every read below comes from the page cache, not disk")
-            throughput(data, session_id, args.rounds)
+            throughput(data, session_id, args.rounds, args.workers)
             session_id = session_id if min(tensor_bytes, per_run) >= slice_bytes else None  # its pair 0 will do
         if not args.skip_slices:
             slices(data, session_id or make_session(data, work / "slice-dump", "bench-slices", slice_bytes,

@@ -3,6 +3,7 @@ that a benchmark's own process stays free of torch and zarr, whose memory would 
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import subprocess
@@ -44,3 +45,19 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
             sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
                      f"stderr: {err.read().decode()}")
         return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
+
+
+def worker_counts(text: str) -> list[int]:
+    """"1,2" -> [1, 2]: values of TENSOR_DEBUGGER_WORKERS (0: one per available CPU), for --workers."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or any(c < 0 for c in counts):
+        raise argparse.ArgumentTypeError(f"expected numbers of workers such as 1,2 (0: every CPU), got {text!r}")
+    return counts
+
+
+def resolve(workers: int) -> int:
+    """The threads a worker count gives (Settings.threads, without importing the library into this process)."""
+    return workers or len(os.sched_getaffinity(0))

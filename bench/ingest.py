@@ -2,6 +2,7 @@
 
     python bench/ingest.py                      # 1 GiB of float32 .pth files, 64 MiB each
     python bench/ingest.py --size-gib 4 --tensor-mib 256 --dtype bfloat16 --format safetensors
+    python bench/ingest.py --workers 1,2        # one ingest per worker count, side by side
 
 The dump is written one tensor at a time (never held whole in memory) as `{layer}_{stage}.{pth,safetensors}`,
 then ingested by the real CLI in a child process, so the peak RSS reported is the ingest process's own.
@@ -24,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import child_env, machine_line, run_child
+from harness import child_env, machine_line, resolve, run_child, worker_counts
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -92,6 +93,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the generated dump and data dir")
     p.add_argument("--workdir", type=Path, help=f"folder for the dump and data dir (default: a new temp dir "
                    f"under {DEFAULT_WORKDIR_PARENT})")
+    p.add_argument("--workers", type=worker_counts, default=[0], help="TENSOR_DEBUGGER_WORKERS of the ingest, or "
+                   "a list such as 1,2 to ingest the dump once per value and print them side by side (default 0: "
+                   "one thread per CPU available to the process)")
     p.add_argument("--write-dump", type=Path, help=argparse.SUPPRESS)  # internal: the generating child
     return p.parse_args()
 
@@ -140,30 +144,44 @@ def main() -> int:
               f"{written['payload'] / MB:.0f} MB; written in {wall:.1f} s")
         print("note: the dump was freshly written (then synced), so ingest reads it from the page cache, not disk")
 
+        print(f"workers: {', '.join(f'{w} ({resolve(w)} threads)' if not w else str(w) for w in args.workers)}; "
+              f"this process may run on {len(os.sched_getaffinity(0))} CPUs")
         tiny = [str(CLI), "--data-dir", str(data.with_suffix(".tiny")), "ingest", "--session", "bench", "--run", "ref",
                 str(dump.with_suffix(".tiny")), "--json"]
         startup, startup_rss, _ = run_child(tiny, env)
         print(f"start-up: the same command on one 16 x 16 tensor in the same format, into a new data dir, takes "
               f"{startup:.2f} s (peak RSS {startup_rss:.0f} MB)")
-        cmd = [str(CLI), "--data-dir", str(data), "ingest", "--session", "bench", "--run", "ref", str(dump), "--json"]
-        print("command: " + " ".join(cmd))
-        wall, rss, out = run_child(cmd, env)
-        result = json.loads(out.strip().splitlines()[-1])
-        data_apparent, data_allocated = tree_bytes(data)
-        for problem in result["problems"]:
-            print(f"problem: {problem}")
-        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
-        print(f"ingest: {result['run']['tensors']} of {written['count']} tensors stored in {wall:.2f} s wall "
-              f"(process start-up included)")
-        print(f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files; "
-              f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} MB/s without the {startup:.1f} s start-up")
+        rows = []
+        for workers in args.workers:
+            shutil.rmtree(data, ignore_errors=True)
+            cmd = [str(CLI), "--data-dir", str(data), "--workers", str(workers), "ingest", "--session", "bench",
+                   "--run", "ref", str(dump), "--json"]
+            print("command: " + " ".join(cmd))
+            wall, rss, out = run_child(cmd, env)
+            result = json.loads(out.strip().splitlines()[-1])
+            data_apparent, data_allocated = tree_bytes(data)
+            for problem in result["problems"]:
+                print(f"problem: {problem}")
+            print(f"ingest: {result['run']['tensors']} of {written['count']} tensors stored in {wall:.2f} s wall "
+                  f"(process start-up included)")
+            print(f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files; "
+                  f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} MB/s without the {startup:.1f} s start-up")
+            print(f"peak RSS of the ingest process: {rss:.0f} MB")
+            print(f"data dir on disk: {data_allocated / MB:.0f} MB allocated ({data_apparent / MB:.0f} MB apparent), "
+                  f"{data_allocated / dump_bytes:.3f} x the dump")
+            rows.append((workers, wall, rss))
         limit = raw_write_mb_s(workdir, data_allocated)
         print(f"the limit: plain sequential writes of the same {data_allocated / MB:.0f} MB to this disk "
               f"(fsync at the end) run at {limit:.0f} MB/s")
-        print(f"peak RSS of the ingest process: {rss:.0f} MB (this bench process peaked at {own:.0f} MB, "
-              f"the floor of that reading)")
-        print(f"data dir on disk: {data_allocated / MB:.0f} MB allocated ({data_apparent / MB:.0f} MB apparent), "
-              f"{data_allocated / dump_bytes:.3f} x the dump")
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
+        print(f"(this bench process peaked at {own:.0f} MB, the floor of the peak RSS readings)")
+        if len(rows) > 1:
+            print("\n| workers | threads | wall, start-up included | MB/s of dump files | without start-up "
+                  "| peak RSS |")
+            print("| --- | --- | --- | --- | --- | --- |")
+            for workers, wall, rss in rows:
+                print(f"| {workers} | {resolve(workers)} | {wall:.2f} s | {dump_bytes / MB / wall:.0f} | "
+                      f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} | {rss:.0f} MB |")
         if args.keep:
             print(f"kept: dump in {dump}, data dir in {data}")
         return 0

@@ -51,7 +51,7 @@ def test_one_worker_ingests_one_run_at_a_time_and_the_next_waits(services: Servi
         planned.append(session_id)
         gate.wait(60)
 
-    queue = IngestQueue(services.ingestor, plan, workers=1)
+    queue = IngestQueue(services.ingestor, plan, at_once=1)
     try:
         done: list[str] = []
         a = services.ingestor.begin("queued", "a", ["a.pth"])
@@ -115,7 +115,7 @@ def test_opening_the_data_dir_again_in_this_process_leaves_its_ingest_alone(serv
 
 def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced(services: Services,
                                                                                  tmp_path: Path) -> None:
-    queue = IngestQueue(services.ingestor, services.plan, workers=2)
+    queue = IngestQueue(services.ingestor, services.plan, at_once=2)
     try:
         garbage = tmp_path / "weights.pth"
         garbage.write_bytes(b"\x00" * 64)
@@ -141,7 +141,7 @@ def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced
 
 def test_closing_drops_the_waiting_ingests_and_their_runs(services: Services, tmp_path: Path) -> None:
     gate = threading.Event()
-    queue = IngestQueue(services.ingestor, lambda _session_id: bool(gate.wait(60)), workers=1)
+    queue = IngestQueue(services.ingestor, lambda _session_id: bool(gate.wait(60)), at_once=1)
     try:
         a = services.ingestor.begin("stopping", "a", ["a.pth"])
         b = services.ingestor.begin("stopping", "b", ["b.pth"])

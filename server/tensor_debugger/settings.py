@@ -18,6 +18,14 @@ def default_data_dir(environ: Mapping[str, str]) -> Path:
     return Path(base) / "tensor-debugger"
 
 
+def available_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, which taskset, cgroups' cpusets and container runtimes
+    narrow), else all the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def _setting(default: Any, help: str) -> Any:
     return field(default=default, metadata={"help": help})
 
@@ -25,7 +33,7 @@ def _setting(default: Any, help: str) -> Any:
 @dataclass(frozen=True)
 class Settings:
     """Everything the app and the CLI can be configured with. Each field is also the environment variable
-    TENSOR_DEBUGGER_<NAME> (upper case), and `--data-dir` on the command line."""
+    TENSOR_DEBUGGER_<NAME> (upper case); `--data-dir` and `--workers` on the command line."""
 
     data_dir: Path = _setting(Path("."), "Folder holding the SQLite metadata file and the Zarr arrays.")
     database_url: str = _setting(
@@ -43,7 +51,13 @@ class Settings:
     )
     expansion_floor_bytes: int = _setting(GiB, "Expanded size below which the expansion ratio is not checked.")
     chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
-    ingest_workers: int = _setting(2, "How many uploaded runs the server ingests at once; more wait their turn.")
+    ingest_workers: int = _setting(
+        2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
+    )
+    workers: int = _setting(
+        0, "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
+        "run on (os.sched_getaffinity). Results are the same for any value."
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser().resolve())
@@ -55,6 +69,14 @@ class Settings:
                      "chunk_bytes", "ingest_workers"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
+        if self.workers < 0:
+            raise ValueError(f"setting workers ({ENV_PREFIX}WORKERS, --workers) must be 0 (one per available CPU) "
+                             f"or a positive number of threads, got {self.workers}")
+
+    @property
+    def threads(self) -> int:
+        """How many threads a pool of this process's work uses: `workers`, or with 0 the CPUs available to it."""
+        return self.workers or available_cpus()
 
     @property
     def staging_dir(self) -> Path:

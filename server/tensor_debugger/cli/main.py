@@ -1,9 +1,9 @@
 """The `tensor-debugger` command: a thin argparse layer over the library.
 
-    tensor-debugger [--data-dir DIR] serve [--host H] [--port P]
-    tensor-debugger [--data-dir DIR] ingest --session NAME --run LABEL PATH... [--json]
+    tensor-debugger [--data-dir DIR] [--workers N] serve [--host H] [--port P]
+    tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
-    tensor-debugger [--data-dir DIR] compare A B [--name N] [--rtol R --atol T] [--json]
+    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
 Litestar, and only `serve` imports the web framework.
@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--data-dir", type=Path, help="data directory (default: TENSOR_DEBUGGER_DATA_DIR, "
                         "else ~/.local/share/tensor-debugger)")
+    parser.add_argument("--workers", type=int, metavar="N", help="threads that compare and ingest (default: "
+                        "TENSOR_DEBUGGER_WORKERS, else 0: one per CPU this process may run on)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the web app and API")
@@ -73,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.from_environ(data_dir=args.data_dir)
+        settings = Settings.from_environ(data_dir=args.data_dir, workers=args.workers)
     except ValueError as exc:
         print(f"tensor-debugger: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE

@@ -83,7 +83,8 @@ def compute_pending(
     writer = ResultWriter(comparisons)
     with comparisons.lock:  # one computation at a time per process: the pool is already parallel
         try:
-            for work, result in compare_stream(jobs(), comparisons.pool, on_tick=writer.tick):
+            for work, result in compare_stream(jobs(), comparisons.pool, comparisons.workers + 1,
+                                               on_tick=writer.tick):
                 pair_ids = [work.pair_id, *waiting.pop(work.key)]
                 writer.add(work, result, pair_ids)
                 settled(len(pair_ids))

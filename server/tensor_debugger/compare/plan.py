@@ -72,9 +72,13 @@ def tensor_summary(t: TensorRecord) -> TensorSummary:
 
 
 class Comparisons:
-    def __init__(self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int = 2) -> None:
+    def __init__(self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int) -> None:
+        """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it."""
+        if workers < 1:
+            raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
         self.sessions = sessions
         self.store = store
+        self.workers = workers
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
         self.lock = threading.Lock()  # held while computing: one computation at a time per process
 

@@ -26,7 +26,6 @@ BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side: about 1M elements, 4 store
 # larger, so that the Python around each (submitting, merging) costs less (measured: 7% of the CPU time with blocks of
 # 1M elements)
 REDUCED_BLOCK_BYTES = 4 * BLOCK_BYTES
-IN_FLIGHT = 3  # blocks queued or computing at once: two workers busy and one block ready for the first to free
 TICK_SECONDS = 0.1  # how often `on_tick` is called while a block is awaited
 
 Key = TypeVar("Key")
@@ -77,14 +76,18 @@ class _Running(Generic[Key]):
 def compare_stream(
     jobs: Iterable[PairJob[Key]],
     pool: ThreadPoolExecutor,
-    in_flight: int = IN_FLIGHT,
+    in_flight: int | None = None,
     on_tick: Callable[[], None] | None = None,
 ) -> Iterator[tuple[Key, PairStats | Exception]]:
     """Exact statistics of every job's two views, yielded in the jobs' order: `(key, stats)`, or `(key, error)`
     where reading or comparing failed (a missing array, a corrupt chunk, views of different shapes). At most
     `in_flight` blocks are submitted at once (one more is being read), whatever the number and size of the pairs;
-    a pair whose block failed submits no more blocks. `on_tick` is called after every block and every
+    by default one more than the pool's threads: every thread busy and one block ready for the first to free. A
+    pair whose block failed submits no more blocks. Blocks are merged in their order, so the statistics are the
+    same whatever the number of threads. `on_tick` is called after every block and every
     `TICK_SECONDS` while one is awaited, so that a caller can write what it has (yielded results) on time."""
+    if in_flight is None:
+        in_flight = pool_threads(pool) + 1
     pending: deque[tuple[_Running[Key], Future[PairAccumulator]]] = deque()
     running: deque[_Running[Key]] = deque()
 
@@ -128,6 +131,11 @@ def compare_stream(
     yield from finished()
 
 
+def pool_threads(pool: ThreadPoolExecutor) -> int:
+    """The most threads `pool` runs at once (the size it was made with)."""
+    return int(pool._max_workers)
+
+
 def _regions(job: PairJob[Key], state: _Running[Key]) -> Iterator[Region]:
     """The blocks of a job's aligned shape (one empty region for a 0-d pair); none where the views disagree."""
     if job.a.shape != job.b.shape:
@@ -144,7 +152,7 @@ def compare_views(
     tolerance: Tolerance,
     exact: bool,
     pool: ThreadPoolExecutor,
-    in_flight: int = IN_FLIGHT,
+    in_flight: int | None = None,
 ) -> PairStats:
     """Exact statistics over every element of two views of the same shape (one pair of `compare_stream`);
     raises what reading or comparing raised."""

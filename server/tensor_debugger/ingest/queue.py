@@ -41,12 +41,13 @@ class IngestJob:
 
 
 class IngestQueue:
-    """`workers` threads take jobs in the order they came; after each ingest, `plan` pairs the session again."""
+    """`at_once` threads (Settings.ingest_workers) take jobs in the order they came, one run each; after each
+    ingest, `plan` pairs the session again. Each ingest copies its run with a pool of its own (Settings.workers)."""
 
-    def __init__(self, ingestor: Ingestor, plan: Callable[[int], None], workers: int = 2) -> None:
+    def __init__(self, ingestor: Ingestor, plan: Callable[[int], None], at_once: int) -> None:
         self.ingestor = ingestor
         self.plan = plan
-        self.workers = workers
+        self.at_once = at_once
         self._jobs: queue.Queue[tuple[IngestJob, Future[IngestResult]] | None] = queue.Queue()
         self._progress: dict[int, IngestProgress] = {}
         self._lock = threading.Lock()
@@ -60,7 +61,7 @@ class IngestQueue:
             if self._stopping.is_set():
                 raise RuntimeError("the server is stopping; no new ingests")
             self._progress[job.pending.run_id] = IngestProgress("queued")
-            if len(self._threads) < self.workers:  # started on demand: a CLI process never needs them
+            if len(self._threads) < self.at_once:  # started on demand: a CLI process never needs them
                 thread = threading.Thread(target=self._work, name=f"ingest-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()

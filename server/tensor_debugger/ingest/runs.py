@@ -33,7 +33,7 @@ from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.traces import TraceTensor
-from tensor_debugger.ingest.writer import StoredTensor, WritePools, write_leaf
+from tensor_debugger.ingest.writer import StoredTensor, TensorWriter, WritePools
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
@@ -240,27 +240,30 @@ class Ingestor:
                 progress(min(done, total), total)
 
         stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
-        pools = WritePools.open()
+        pools = WritePools.open(self.settings.threads)
         try:
             for entry in expansion.entries:
-                first = len(stored)
+                first = made = len(stored)
                 try:
-                    with open_tensor_file(entry.path, entry.label) as opened:
+                    with (open_tensor_file(entry.path, entry.label, pools.buffers) as opened,
+                          TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer):
                         problems.extend(opened.skipped)
+                        results = []
                         for leaf in opened.leaves:
-                            key = f"{run_prefix(run_id)}/{len(stored)}"
-                            result = write_leaf(self.store, key, leaf, self.settings.chunk_bytes, pools, on_bytes)
-                            stored.append((entry, entry.keys + leaf.key_path, result))
+                            made += 1
+                            results.append((leaf, writer.add(f"{run_prefix(run_id)}/{made - 1}", leaf)))
+                        writer.finish()
+                        stored.extend((entry, entry.keys + leaf.key_path, result()) for leaf, result in results)
                         if not opened.leaves and not opened.skipped:
                             problems.append(FileProblem(entry.label, "holds no tensors"))
                         elif not opened.leaves:
                             problems.append(FileProblem(entry.label, "holds no usable tensors"))
                 except FileProblem as problem:
                     problems.append(problem)
-                    self._drop(run_id, stored, first)
+                    self._drop(run_id, stored, first, made)
                 except OSError as exc:  # a file that ends early, a disk that fills
                     problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
-                    self._drop(run_id, stored, first)
+                    self._drop(run_id, stored, first, made)
                 finally:
                     if entry.staged:
                         entry.path.unlink(missing_ok=True)
@@ -271,10 +274,12 @@ class Ingestor:
         return stored, problems, expansion.traces
 
     def _drop(
-        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int
+        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int,
+        made: int,
     ) -> None:
-        """Forget the tensors of a file that failed partway, arrays included (the one cut short too)."""
-        for index in range(first, len(stored) + 1):
+        """Forget the tensors of a file that failed partway, arrays included: those from `first` on, up to the
+        `made` arrays begun (the ones cut short too)."""
+        for index in range(first, made):
             self.store.delete(f"{run_prefix(run_id)}/{index}")
         del stored[first:]
 

@@ -8,7 +8,7 @@ count as 0 and 1. A tensor with no finite value has no min, max, mean or std.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +29,73 @@ class TensorSummary:
 
 _SLICE = 1 << 17  # elements per step: 1 MiB of float64 temporaries
 
+# Finite values of a stretch: (count, mean, sum of squared deviations from it, minimum, maximum)
+Part = tuple[int, float, float, float, float]
+
+
+@dataclass
+class BlockSummary:
+    """What one block adds to a tensor's summary, computed on its own (on any thread): its counts and the parts
+    that `SummaryAccumulator.fold` merges, in their order. Folding blocks in the tensor's order gives the same
+    floats whichever threads computed them, and the same as folding every stretch as it was computed."""
+
+    numel: int = 0
+    nan: int = 0
+    inf: int = 0
+    parts: list[Part] = field(default_factory=list)
+
+
+def summarise_stored(stored: np.ndarray, logical: LogicalDtype) -> BlockSummary:
+    """Stored values (bit patterns for bfloat16 and float8): in one compiled pass where the kernel has a loop for
+    the dtype and the block is finite, else with numpy on their compute values."""
+    part = fused_summary(stored, logical.name) if stored.size else None
+    if part is None:
+        return summarise(storage_to_compute(stored, logical))
+    return BlockSummary(stored.size, 0, 0, [(int(part.count), part.mean, part.m2, part.min, part.max)])
+
+
+def summarise(values: np.ndarray) -> BlockSummary:
+    """Compute values (see `dtypes.storage_to_compute`), a slice at a time so that the float64 temporaries stay
+    small and in cache."""
+    block = BlockSummary()
+    flat = values.reshape(-1)
+    if flat.size <= _SLICE:
+        _summarise_slice(flat, block)
+        return block
+    for start in range(0, flat.size, _SLICE):
+        _summarise_slice(flat[start : start + _SLICE], block)
+    return block
+
+
+def _summarise_slice(values: np.ndarray, block: BlockSummary) -> None:
+    block.numel += values.size
+    if values.size == 0:
+        return
+    if values.dtype.kind == "c":
+        block.nan += int(np.count_nonzero(np.isnan(values)))
+        block.inf += int(np.count_nonzero(np.isinf(values) & ~np.isnan(values)))
+        values = np.abs(values)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(np.add.reduce(values, dtype=np.float64))
+    if values.dtype.kind == "f" and not np.isfinite(total):
+        # Only now look for NaN and Inf: a finite sum proves there are none (they would propagate).
+        nan = np.isnan(values)
+        inf = np.isinf(values)
+        block.nan += int(np.count_nonzero(nan))
+        block.inf += int(np.count_nonzero(inf))
+        values = values[~(nan | inf)]
+        if values.size == 0:
+            return
+        with np.errstate(over="ignore"):
+            total = float(np.add.reduce(values, dtype=np.float64))
+    n = values.size
+    with np.errstate(over="ignore", invalid="ignore"):  # values near float64's limit overflow: see result()
+        mean = total / n
+        centred = values.astype(np.float64)
+        centred -= mean
+        m2 = float(np.einsum("i,i->", centred, centred))  # not BLAS: its threads spin on the cores ingest needs
+    block.parts.append((n, mean, m2, float(values.min()), float(values.max())))
+
 
 class SummaryAccumulator:
     """Chan et al.'s parallel update of count, mean and M2, so chunks may arrive in any order and size."""
@@ -44,53 +111,20 @@ class SummaryAccumulator:
         self.hi = -np.inf
 
     def add_stored(self, stored: np.ndarray, logical: LogicalDtype) -> None:
-        """Fold in stored values (bit patterns for bfloat16 and float8): in one compiled pass where the kernel
-        has a loop for the dtype and the block is finite, else with numpy on their compute values."""
-        part = fused_summary(stored, logical.name) if stored.size else None
-        if part is None:
-            self.add(storage_to_compute(stored, logical))
-            return
-        self.numel += stored.size
-        self._merge(int(part.count), part.mean, part.m2, part.min, part.max)
+        """Fold in stored values (see `summarise_stored`)."""
+        self.fold(summarise_stored(stored, logical))
 
     def add(self, values: np.ndarray) -> None:
-        """Fold in compute values (see `dtypes.storage_to_compute`), a slice at a time so that the float64
-        temporaries stay small and in cache."""
-        flat = values.reshape(-1)
-        if flat.size <= _SLICE:
-            self._add(flat)
-            return
-        for start in range(0, flat.size, _SLICE):
-            self._add(flat[start : start + _SLICE])
+        """Fold in compute values (see `summarise`)."""
+        self.fold(summarise(values))
 
-    def _add(self, values: np.ndarray) -> None:
-        self.numel += values.size
-        if values.size == 0:
-            return
-        if values.dtype.kind == "c":
-            self.nan += int(np.count_nonzero(np.isnan(values)))
-            self.inf += int(np.count_nonzero(np.isinf(values) & ~np.isnan(values)))
-            values = np.abs(values)
-        with np.errstate(over="ignore", invalid="ignore"):
-            total = float(np.add.reduce(values, dtype=np.float64))
-        if values.dtype.kind == "f" and not np.isfinite(total):
-            # Only now look for NaN and Inf: a finite sum proves there are none (they would propagate).
-            nan = np.isnan(values)
-            inf = np.isinf(values)
-            self.nan += int(np.count_nonzero(nan))
-            self.inf += int(np.count_nonzero(inf))
-            values = values[~(nan | inf)]
-            if values.size == 0:
-                return
-            with np.errstate(over="ignore"):
-                total = float(np.add.reduce(values, dtype=np.float64))
-        n = values.size
-        with np.errstate(over="ignore", invalid="ignore"):  # values near float64's limit overflow: see result()
-            mean = total / n
-            centred = values.astype(np.float64)
-            centred -= mean
-            m2 = float(np.einsum("i,i->", centred, centred))  # not BLAS: its threads spin on the cores ingest needs
-        self._merge(n, mean, m2, float(values.min()), float(values.max()))
+    def fold(self, block: BlockSummary) -> None:
+        """Fold in a block summarised apart (`summarise_stored`, `summarise`)."""
+        self.numel += block.numel
+        self.nan += block.nan
+        self.inf += block.inf
+        for part in block.parts:
+            self._merge(*part)
 
     def _merge(self, n: int, mean: float, m2: float, lo: float, hi: float) -> None:
         """Fold in `n` finite values with this mean, sum of squared deviations from it, minimum and maximum."""

@@ -82,15 +82,16 @@ def is_tensor_file(path: Path) -> bool:
     return path.suffix.lower() in TENSOR_SUFFIXES
 
 
-def open_tensor_file(path: Path, label: str) -> TensorFile:
-    """Open `path`; `label` is how errors name the file to the user. Raises FileProblem."""
+def open_tensor_file(path: Path, label: str, buffers: int = 4) -> TensorFile:
+    """Open `path`; `label` is how errors name the file to the user. Raises FileProblem. `buffers`: how many read
+    buffers that finished blocks give back are kept for later ones (the blocks a writer holds at once)."""
     suffix = path.suffix.lower()
     if suffix in TORCH_SUFFIXES:
         return _open_torch(path, label)
     if suffix == ".safetensors":
-        return _open_safetensors(path, label)
+        return _open_safetensors(path, label, buffers)
     if suffix == ".npy":
-        return _open_npy(path, label)
+        return _open_npy(path, label, buffers)
     raise FileProblem(label, f"not a tensor file (unknown extension {suffix or 'none'!r})")
 
 
@@ -227,7 +228,7 @@ class BufferPool:
     and a zeroed bytearray one more pass (measured: about 9% of a bfloat16 ingest's samples were there)."""
 
     def __init__(self, keep: int = 4) -> None:
-        self._keep = keep  # the writer holds three blocks at most (two being written, one being read)
+        self._keep = keep  # as many as the writer holds blocks at once (WritePools.buffers)
         self._free: list[np.ndarray] = []
 
     def take(self, nbytes: int) -> np.ndarray:
@@ -304,7 +305,7 @@ def _open_fd(path: Path, stack: ExitStack) -> int:
     return fd
 
 
-def _open_safetensors(path: Path, label: str) -> TensorFile:
+def _open_safetensors(path: Path, label: str, buffers: int) -> TensorFile:
     from safetensors import safe_open
 
     try:
@@ -315,7 +316,7 @@ def _open_safetensors(path: Path, label: str) -> TensorFile:
     header, data_start = _safetensors_header(path, label)
     stack = ExitStack()
     fd = _open_fd(path, stack)
-    pool = BufferPool()  # one for the file: its tensors are copied one after another
+    pool = BufferPool(buffers)  # one for the file: its tensors are copied one after another
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
     for key in keys:
@@ -373,7 +374,7 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
 
 
-def _open_npy(path: Path, label: str) -> TensorFile:
+def _open_npy(path: Path, label: str, buffers: int) -> TensorFile:
     try:
         with open(path, "rb") as f:
             shape, fortran, dtype = read_npy_header(f)
@@ -395,5 +396,5 @@ def _open_npy(path: Path, label: str) -> TensorFile:
     if fortran and len(shape) > 1:
         reader = ArrayReader(np.load(path, mmap_mode="r", allow_pickle=False))
     else:
-        reader = RawReader(_open_fd(path, stack), offset, tuple(shape), logical, BufferPool())
+        reader = RawReader(_open_fd(path, stack), offset, tuple(shape), logical, BufferPool(buffers))
     return TensorFile([Leaf((), tuple(shape), logical, reader)], [], stack)

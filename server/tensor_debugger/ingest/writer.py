@@ -5,15 +5,17 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import threading
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
-from tensor_debugger.ingest.summary import SummaryAccumulator, TensorSummary
+from tensor_debugger.ingest.summary import BlockSummary, SummaryAccumulator, TensorSummary, summarise_stored
 from tensor_debugger.ingest.tensor_files import Leaf
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.dtypes import LogicalDtype
@@ -37,20 +39,186 @@ def digest_header(dtype: LogicalDtype, shape: tuple[int, ...]) -> bytes:
 
 @dataclass(frozen=True)
 class WritePools:
-    """Threads an ingest shares: one hashes and summarises blocks in order, the others write to the store."""
+    """The threads an ingest shares: they write (compress and store) blocks, summarise them and hash them."""
 
-    hashing: ThreadPoolExecutor
-    writing: ThreadPoolExecutor
-    in_flight: int  # blocks being written at once (two keep both compression and the disk busy)
+    pool: ThreadPoolExecutor
+    in_flight: int  # blocks handed to the pool at once: one per thread, and one ready for the first to free
 
     @classmethod
-    def open(cls, writers: int = 2) -> WritePools:
-        return cls(ThreadPoolExecutor(1, thread_name_prefix="ingest-hash"),
-                   ThreadPoolExecutor(writers, thread_name_prefix="ingest-write"), writers)
+    def open(cls, threads: int) -> WritePools:
+        if threads < 1:
+            raise ValueError(f"an ingest needs at least one worker thread, got {threads}")
+        return cls(ThreadPoolExecutor(threads, thread_name_prefix="ingest"), threads + 1)
+
+    @property
+    def buffers(self) -> int:
+        """Read buffers worth keeping for later blocks: every block in flight, and the one being read."""
+        return self.in_flight + 1
 
     def close(self) -> None:
-        self.hashing.shutdown()
-        self.writing.shutdown()
+        self.pool.shutdown()
+
+
+class SerialLane:
+    """Tasks run one after another in the order they were submitted, on the threads of a shared pool, and no
+    thread waits for its turn: a lane holds at most one of the pool's threads, while other lanes and tasks use
+    the rest. Hashing needs this: a digest takes its bytes in order, but the digests of several tensors may grow
+    at once."""
+
+    def __init__(self, pool: ThreadPoolExecutor) -> None:
+        self._pool = pool
+        self._lock = threading.Lock()
+        self._queue: deque[tuple[Future[None], Callable[[], None]]] = deque()
+        self._draining = False
+
+    def submit(self, task: Callable[[], None]) -> Future[None]:
+        future: Future[None] = Future()
+        with self._lock:
+            self._queue.append((future, task))
+            if self._draining:
+                return future
+            self._draining = True
+        try:
+            self._pool.submit(self._drain)
+        except BaseException:
+            with self._lock:
+                self._draining = False
+            raise
+        return future
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    self._draining = False
+                    return
+                future, task = self._queue.popleft()
+            if not future.set_running_or_notify_cancel():
+                continue  # cancelled while it waited
+            try:
+                task()
+            except BaseException as exc:
+                future.set_exception(exc)
+            else:
+                future.set_result(None)
+
+
+@dataclass
+class _Tensor:
+    key: str
+    leaf: Leaf
+    hasher: Any  # hashlib's sha256 object (its type is private)
+    lane: SerialLane
+    summary: SummaryAccumulator = field(default_factory=SummaryAccumulator)
+    unsettled: int = 0  # blocks handed to the pool and not yet settled
+    submitted: bool = False  # every block has been handed over
+    result: StoredTensor | None = None
+
+    def finish(self) -> None:
+        leaf = self.leaf
+        nbytes = math.prod(leaf.shape) * leaf.dtype.itemsize
+        self.result = StoredTensor(self.key, leaf.shape, leaf.dtype, nbytes, "sha256:" + self.hasher.hexdigest(),
+                                   self.summary.result())
+
+
+@dataclass(frozen=True)
+class _Block:
+    tensor: _Tensor
+    region: Region
+    written: Future[None]
+    summarised: Future[BlockSummary]
+    hashed: Future[None]
+
+
+class TensorWriter:
+    """Copies tensors into the array store as one stream of blocks: each block is written, summarised and hashed
+    on the pool's threads while the next blocks are read, and the next tensor's blocks start while the last ones
+    of the tensor before are still hashing, so the digests of neighbouring tensors grow at once. Memory stays at
+    `pools.in_flight` blocks (and the one being read) whatever the tensors' sizes. Every tensor's digest, summary
+    and stored chunks are the same whatever the number of threads: blocks are cut the same way, hashed in order,
+    and their summaries folded in order.
+
+    Use as a context manager: leaving it early (an error) cancels and waits for what is in flight, so that no
+    thread touches a block after its file is closed."""
+
+    def __init__(self, store: ArrayStore, chunk_bytes: int, pools: WritePools,
+                 on_bytes: Callable[[int], None] | None = None) -> None:
+        self.store = store
+        self.chunk_bytes = chunk_bytes
+        self.pools = pools
+        self.on_bytes = on_bytes
+        self._window: deque[_Block] = deque()
+
+    def __enter__(self) -> TensorWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.abandon()
+
+    def add(self, key: str, leaf: Leaf) -> Callable[[], StoredTensor]:
+        """Start storing `leaf` at `key`; the returned function gives its StoredTensor once `finish` returned."""
+        layout = plan_chunks(leaf.shape, leaf.dtype.itemsize, self.chunk_bytes)
+        array = self.store.writer(key, leaf.shape, leaf.dtype, layout.chunks)
+        tensor = _Tensor(key, leaf, hashlib.sha256(digest_header(leaf.dtype, leaf.shape)),
+                         SerialLane(self.pools.pool))
+        pool = self.pools.pool
+
+        def store_block(region: Region, block: np.ndarray) -> None:
+            array[region if region else ()] = block
+
+        def hash_block(block: np.ndarray) -> Callable[[], None]:
+            return lambda: tensor.hasher.update(block.reshape(-1).view(np.uint8).data)
+
+        for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
+            block = leaf.reader.read(region)  # may be a view of a memory-mapped file
+            self._window.append(_Block(tensor, region, pool.submit(store_block, region, block),
+                                       pool.submit(summarise_stored, block, leaf.dtype),
+                                       tensor.lane.submit(hash_block(block))))
+            tensor.unsettled += 1
+            if self.on_bytes is not None:
+                self.on_bytes(block.nbytes)
+            while len(self._window) > self.pools.in_flight:
+                self._settle()
+        tensor.submitted = True
+        if tensor.unsettled == 0:  # no block at all
+            tensor.finish()
+
+        def result() -> StoredTensor:
+            if tensor.result is None:
+                raise RuntimeError(f"tensor {key} is not finished: call finish() first")
+            return tensor.result
+
+        return result
+
+    def finish(self) -> None:
+        """Wait for every block handed over; raises what writing, summarising or hashing one raised."""
+        while self._window:
+            self._settle()
+
+    def abandon(self) -> None:
+        """Cancel the blocks not yet started and wait for the others (after a failure; a no-op after `finish`)."""
+        while self._window:
+            block = self._window.popleft()
+            futures: list[Future[Any]] = [block.written, block.summarised, block.hashed]
+            for future in futures:
+                future.cancel()
+            wait(futures)
+
+    def _settle(self) -> None:
+        block = self._window.popleft()
+        try:
+            block.written.result()
+            part = block.summarised.result()
+            block.hashed.result()
+        except BaseException:
+            self._window.appendleft(block)  # for `abandon`, which waits for its other futures
+            raise
+        tensor = block.tensor
+        tensor.summary.fold(part)  # in block order: the same floats whatever thread computed each part
+        tensor.leaf.reader.done(block.region)  # only now may its pages go: nothing touches the block any more
+        tensor.unsettled -= 1
+        if tensor.submitted and tensor.unsettled == 0:
+            tensor.finish()
 
 
 def write_leaf(
@@ -61,43 +229,8 @@ def write_leaf(
     pools: WritePools,
     on_bytes: Callable[[int], None] | None = None,
 ) -> StoredTensor:
-    """Store `leaf` at `key`. Blocks are read one at a time; each is hashed and summarised (in order, on one
-    thread) while up to `pools.in_flight` blocks are written, so memory stays at a few blocks whatever the
-    tensor's size."""
-    layout = plan_chunks(leaf.shape, leaf.dtype.itemsize, chunk_bytes)
-    array = store.writer(key, leaf.shape, leaf.dtype, layout.chunks)
-    hasher = hashlib.sha256(digest_header(leaf.dtype, leaf.shape))
-    summary = SummaryAccumulator()
-    in_flight: deque[tuple[Future[None], Future[None], Region]] = deque()
-
-    def account(block: np.ndarray) -> None:
-        hasher.update(block.reshape(-1).view(np.uint8).data)
-        summary.add_stored(block, leaf.dtype)
-
-    def store_block(region: Region, block: np.ndarray) -> None:
-        array[region if region else ()] = block
-
-    def settle() -> None:
-        written, accounted, region = in_flight.popleft()
-        written.result()
-        accounted.result()
-        leaf.reader.done(region)  # only now may its pages go: nothing touches the block any more
-
-    try:
-        for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
-            block = leaf.reader.read(region)  # may be a view of a memory-mapped file
-            in_flight.append((pools.writing.submit(store_block, region, block), pools.hashing.submit(account, block),
-                              region))
-            if on_bytes is not None:
-                on_bytes(block.nbytes)
-            while len(in_flight) > pools.in_flight:
-                settle()
-        while in_flight:
-            settle()
-    finally:
-        for written, accounted, _ in in_flight:  # a failure midway: let nothing run on after we return
-            written.cancel()
-            accounted.cancel()
-            wait([written, accounted])
-    nbytes = math.prod(leaf.shape) * leaf.dtype.itemsize
-    return StoredTensor(key, leaf.shape, leaf.dtype, nbytes, "sha256:" + hasher.hexdigest(), summary.result())
+    """Store `leaf` at `key` on its own (see `TensorWriter`, which overlaps tensors)."""
+    with TensorWriter(store, chunk_bytes, pools, on_bytes) as writer:
+        result = writer.add(key, leaf)
+        writer.finish()
+    return result()
