@@ -122,8 +122,8 @@ def main() -> None:
                         help="capture()'s host buffer budget, when the capture() measured takes one")
     args = parser.parse_args()
 
-    import torch
     import tensor_debugger
+    import torch
     from tensor_debugger import capture
 
     device = torch.device(args.device)
