@@ -196,7 +196,8 @@ class _ArrayReader:
         self._array = array
 
     def read(self, region: Region) -> np.ndarray:
-        return np.ascontiguousarray(self._array[region] if region else self._array)
+        block = self._array[region] if region else self._array
+        return block if block.flags.c_contiguous else block.copy(order="C")  # ascontiguousarray makes 0-d 1-d
 
     def done(self, region: Region) -> None:
         return None
