@@ -10,7 +10,8 @@ outputs are captured, as `capture()` does by default. "Capture" is the wall time
 block (the forward pass inside it, the writes, and the run's rows committed) into a new data dir; "activations"
 is the bytes of every tensor captured, so GB/s is activations / capture time. Peak RSS is this process's high-water
 mark during the captures (reset before them through /proc/self/clear_refs), and the resident size before them
-(model weights, input) beside it. Nothing here asserts on timings; the numbers are for reading.
+(model weights, input) beside it. CPU time (this process's, all threads) says what a run costs on a busy machine,
+where wall times vary with what else runs. Nothing here asserts on timings; the numbers are for reading.
 
 `PYTHONPATH=/path/to/other/server` measures another checkout's `tensor_debugger` with the same model.
 """
@@ -18,6 +19,7 @@ mark during the captures (reset before them through /proc/self/clear_refs), and 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -167,16 +169,18 @@ def main() -> None:
     options = {} if args.host_memory_mib is None else {"host_memory": args.host_memory_mib << 20}
     work = Path(tempfile.mkdtemp(prefix="bench-capture-", dir=args.workdir))
     times: list[float] = []
+    cpu: list[float] = []
     try:
         base_rss = rss_mb("VmRSS")
         peak_known = reset_peak_rss()
         for run in range(args.runs):
             sync()
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), sum(os.times()[:2])
             with torch.no_grad(), capture(model, session="bench", run=f"run {run}",  # type: ignore[arg-type]
                                           data_dir=work / "data", **options) as result:
                 model(x)  # type: ignore[operator]
             times.append(time.perf_counter() - start)
+            cpu.append(sum(os.times()[:2]) - start_cpu)
             print(f"run {run}: {times[-1]:.2f} s, {result.tensors} tensors", file=sys.stderr)
         peak = rss_mb("VmHWM")
         stored = sum(p.stat().st_size for p in (work / "data").rglob("*") if p.is_file())
@@ -193,7 +197,9 @@ def main() -> None:
           f"{stored / MB:.0f} MB)")
     print(f"forward pass alone: {forward_s:.3f} s (median of 3)")
     print(f"capture per run: {capture_s:.2f} s (median of {args.runs}: {', '.join(f'{t:.2f}' for t in times)} s), "
-          f"{activations / capture_s / GB:.3f} GB/s of activations")
+          f"{activations / capture_s / GB:.3f} GB/s of activations; CPU time (user + system, all threads) "
+          f"{statistics.median(cpu):.2f} s per run")
+    print(f"load average when done: {os.getloadavg()[0]:.1f} (other processes share these cores when above 0)")
     if peak_known:
         print(f"peak RSS during captures: {peak:.0f} MB (resident before them: {base_rss:.0f} MB; "
               f"+{peak - base_rss:.0f} MB)")
