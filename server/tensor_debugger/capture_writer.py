@@ -6,8 +6,9 @@ the array store, or a safetensors file), and give the buffer back.
 
 - A CUDA tensor is copied into a pinned buffer with `copy_(non_blocking=True)` on a side stream of its device
   (which first waits for the model's stream, and owns the tensor's memory until the copy is done through
-  `record_stream`); a CUDA event recorded after the copy is what the worker waits for. The forward pass is not
-  held up by the copy, nor by compression and writes.
+  `record_stream`); a CUDA event recorded after the copy is what the worker waits for, and what the model's
+  stream waits for before its next kernel (so a later in-place change cannot race the copy). The Python side of
+  the forward pass is not held up by the copy, nor by compression and writes.
 - A CPU tensor is copied too (a memcpy, a small share of the cost of compressing it): the model may change an
   activation in place later (`x += ...`, `relu_`), and what is written must be its value when the hook fired.
 - The pool lends at most its budget of bytes at once: when it is spent, the hook waits until a worker gives
@@ -140,14 +141,16 @@ class DeviceCopier:
         stream = self._streams.get(device)
         if stream is None:
             stream = self._streams[device] = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
-        stream.wait_stream(torch.cuda.current_stream(device))  # the values the model has computed so far
+        model = torch.cuda.current_stream(device)
+        stream.wait_stream(model)  # the values the model has computed so far
         with torch.cuda.stream(stream):
             host.copy_(source, non_blocking=True)
             source.record_stream(stream)  # the allocator keeps `source`'s memory until the copy is done
             # a worker waiting on the event sleeps rather than spins
             event = torch.cuda.Event(blocking=True)  # type: ignore[no-untyped-call]
             event.record(stream)
-        return event
+        model.wait_event(event)  # the model's later kernels (an in-place change of `source`) run after the copy;
+        return event  # the host is not held up
 
 
 @dataclass
