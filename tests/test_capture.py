@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -14,7 +16,9 @@ from tensor_debugger import capture
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.recorder import safetensors_codes, write_safetensors
+from tensor_debugger.live.writer import CaptureError, CaptureWriter, HostBufferPool, Job, Sink
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
@@ -170,3 +174,174 @@ def test_a_captured_tensor_is_written_chunk_by_chunk_bit_for_bit(tmp_path: Path,
         assert torch.equal(back, tensor)
     else:
         assert torch.equal(back.reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8))
+
+
+# --- the writer behind the hooks ----------------------------------------------------------------------------------
+
+
+def wait_until(condition: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.005)
+
+
+def test_the_buffer_pool_lends_no_more_than_its_budget_and_makes_takers_wait() -> None:
+    made: list[int] = []
+
+    def allocate(nbytes: int, pinned: bool) -> torch.Tensor:
+        assert not pinned
+        made.append(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    pool = HostBufferPool(100, allocate)
+    first = pool.take(60)
+    got: list[torch.Tensor] = []
+    taker = threading.Thread(target=lambda: got.append(pool.take(60)))
+    taker.start()
+    wait_until(lambda: pool.waits == 1)  # blocked: 60 + 60 would pass the budget
+    assert not got and pool.lent == 60
+    pool.give(first)
+    taker.join()
+    assert got[0].data_ptr() == first.data_ptr() and made == [60]  # the buffer given back is lent again
+    second = pool.take(30)  # fits beside the 60 lent: a new buffer
+    assert made == [60, 30] and pool.lent == 90 and pool.peak_lent == 90
+    pool.give(got[0])
+    pool.give(second)
+    # 80 bytes: neither kept buffer is large enough; they are let go until a new one fits the budget
+    big = pool.take(80)
+    assert made == [60, 30, 80] and pool.held <= 100
+    pool.give(big)
+    # larger than the whole budget: lent alone, once nothing else is out
+    huge = pool.take(250)
+    assert huge.numel() == 250 and pool.held == 250
+    pool.give(huge)
+    assert pool.take(10).numel() >= 10 and pool.held <= 250
+    assert pool.peak_lent == 250
+
+
+class Recording(Sink):
+    """Keeps a copy of every tensor written, and may be held up or fail."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.written: dict[int, tuple[str, torch.Tensor]] = {}
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail_on = fail_on
+        self.lock = threading.Lock()
+
+    def write(self, job: Job, pools: WritePools) -> None:
+        self.gate.wait()
+        if job.name == self.fail_on:
+            raise OSError("no space left on device")
+        with self.lock:
+            self.written[job.index] = (job.name, job.host.clone())
+
+
+def test_the_writer_holds_hooks_back_when_its_budget_is_spent_and_writes_values_as_submitted() -> None:
+    sink = Recording()
+    sink.gate.clear()  # workers hold on to what they take until the gate opens
+    writer = CaptureWriter(sink, host_memory=3 * 64 * 4, workers=2)
+    tensors = [torch.full((64,), float(i)) for i in range(8)]  # 256 bytes each
+    submitter = threading.Thread(target=lambda: [writer.submit(i, f"t{i}", t) for i, t in enumerate(tensors)])
+    submitter.start()
+    wait_until(lambda: writer.pool.waits >= 1)  # the fourth tensor waits for a buffer to come back
+    assert writer.pool.lent == 3 * 256
+    tensors[0].add_(100)  # changed in place after its hook: what is written is the value when it was submitted
+    sink.gate.set()
+    submitter.join()
+    writer.close()
+    assert writer.pool.peak_lent <= 3 * 256 and writer.copier is None  # a CPU-only capture never touches CUDA
+    assert sorted(sink.written) == list(range(8))
+    for i, (name, value) in sink.written.items():
+        assert name == f"t{i}" and torch.equal(value, torch.full((64,), float(i)))
+
+
+def test_a_failed_write_is_raised_from_the_next_hook_or_the_end() -> None:
+    sink = Recording(fail_on="t1")
+    writer = CaptureWriter(sink, host_memory=1 << 20, workers=1)
+    writer.submit(0, "t0", torch.ones(4))
+    writer.submit(1, "t1", torch.ones(4))
+    wait_until(lambda: writer._error is not None)
+    with pytest.raises(CaptureError, match="no space left"):
+        writer.submit(2, "t2", torch.ones(4))
+    with pytest.raises(CaptureError, match="no space left"):
+        writer.close()
+    assert writer.pool.lent == 0
+
+
+class AllDtypes(nn.Module):
+    """Returns a tensor of every dtype capture writes, a strided view, a scalar and an empty tensor, then changes
+    one of them in place."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = {str(d).removeprefix("torch."): random_bits((37, 3), d, seed=9) for d in safetensors_codes()}
+        out["strided"] = random_bits((6, 5), torch.bfloat16, seed=3).t()
+        out["scalar"] = x.sum()
+        out["empty"] = torch.empty(0, 4, dtype=torch.float16)
+        return out
+
+
+class Mutates(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = AllDtypes()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = self.inner(x)
+        out["float32"].add_(1)  # after the inner module's hook fired: the capture keeps the value before
+        return out
+
+
+@pytest.mark.parametrize("host_memory", [1 << 30, 64])
+def test_captured_arrays_are_the_bytes_ingest_stores_for_every_dtype(settings: Settings, tmp_path: Path,
+                                                                    host_memory: int) -> None:
+    """What the hooks write straight into the store, with a budget that fits everything or one small tensor at a
+    time, has the digest and stored bytes that ingesting the same tensors as safetensors files gives."""
+    model = Mutates()
+    x = torch.randn(5)
+    with torch.no_grad(), capture(model, session="dtypes", run="captured", data_dir=settings.data_dir,
+                                  host_memory=host_memory) as result:
+        model(x)
+    files = tmp_path / "files"
+    files.mkdir()
+    for name, tensor in AllDtypes()(x).items():
+        write_safetensors(files / f"Mutates.inner_outputs_{name}.safetensors", tensor)
+    services = open_services(settings)
+    try:
+        ingested = services.ingestor.ingest("dtypes", "files", [InputFile(files, "files")])
+        assert result.run_id is not None
+        captured = {t.name: t for t in tensors_of(services, result.run_id)}
+        expected = tensors_of(services, ingested.run_id)
+        assert len(expected) == len(safetensors_codes()) + 3
+        for want in expected:
+            got = captured[want.name.removesuffix(".data")]  # a loose file's key is part of its tensor's name
+            assert (got.digest, got.shape, got.dtype, got.nbytes) == (want.digest, want.shape, want.dtype,
+                                                                       want.nbytes), want.name
+            assert (got.min, got.max, got.nan_count) == (want.min, want.max, want.nan_count), want.name
+            a = services.store.open(got.store_key, got.digest)[...]
+            b = services.store.open(want.store_key, want.digest)[...]
+            assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), want.name
+        assert captured["Mutates_outputs_float32"].digest != captured["Mutates.inner_outputs_float32"].digest
+    finally:
+        services.close()
+
+
+def test_a_failed_write_keeps_nothing(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tensor_debugger.live import writer as capture_writer
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(capture_writer, "write_leaf", broken)
+    net = Net()
+    with pytest.raises(CaptureError, match="no space left"), capture(net, session="full", run="r",
+                                                                     data_dir=settings.data_dir):
+        net(torch.randn(2, 4))
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            assert db.scalars(select(RunRecord)).all() == []
+        assert not list((settings.data_dir).rglob("runs/*/*"))
+    finally:
+        services.close()

@@ -205,6 +205,23 @@ class Ingestor:
         return IngestResult(pending.session_id, pending.session_name, run_id, pending.run_label,
                             len(stored) + len(summaries), problems)
 
+    def complete_stored(
+        self, pending: PendingRun, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        traces: list[RunTrace],
+    ) -> IngestResult:
+        """Mark a run `begin` made "ready" with tensors its caller has already written into the array store under
+        the run's prefix (a live capture writes them as the model produces them). Any error removes the run and
+        is raised again."""
+        try:
+            self._finish(pending.run_id, stored, [], traces)
+        except BaseException:
+            self._give_up(pending, [], False)
+            raise
+        finally:
+            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+        return IngestResult(pending.session_id, pending.session_name, pending.run_id, pending.run_label,
+                            len(stored))
+
     def live_runs(self) -> frozenset[int]:
         """The runs of this data dir that this process has begun and not yet completed, through any Ingestor:
         recovery must leave them alone."""

@@ -13,9 +13,12 @@ capture pairs with a trace of the same model and compares bit for bit. Unlike th
 children are kept too (they rank as culprits), and a module called more than once keeps every call: the second is
 `{path}#2`, the third `{path}#3`. Non-tensor values are left out.
 
-Each tensor is written when its hook fires (so a later in-place change cannot alter it), chunk by chunk from its
-device, as one safetensors file of a trace folder staged on disk; when the block ends, the folder becomes a run:
-ingested into the local data directory, or streamed to the server's upload API.
+Each tensor is copied to the host when its hook fires (so a later in-place change cannot alter it; from a CUDA
+device, asynchronously into pinned buffers) and written by background threads (`capture_writer`), while the model
+runs on, with at most `host_memory` bytes of copies held at once. Into the local data directory, the tensors go
+straight into the array store, compressed and hashed as ingest does, under a run begun when the block opens and
+made ready when it ends. For a server, they are written as the safetensors files of a trace folder staged on disk,
+streamed to the upload API when the block ends.
 """
 
 from __future__ import annotations
@@ -29,17 +32,22 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from tensor_debugger.ingest.tensor_files import SAFETENSORS_DTYPES
 from tensor_debugger.ingest.traces import FULL_SUFFIX
+from tensor_debugger.ingest.writer import WritePools
+from tensor_debugger.live.writer import DEFAULT_HOST_MEMORY, CaptureWriter, Job, Sink, StoreSink
 from tensor_debugger.store.dtypes import torch_to_storage
 
-WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # copied from the device and written this much at a time
+if TYPE_CHECKING:
+    from tensor_debugger.ingest.runs import PendingRun
+    from tensor_debugger.services import Services
 
+WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # written to a file this much at a time
 
 
 @functools.cache
@@ -81,10 +89,12 @@ def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE
 class _Recorder:
     """The hooks' state: the call tree being built and the files written."""
 
-    def __init__(self, folder: Path, root_name: str, patterns: Sequence[str]) -> None:
+    def __init__(self, folder: Path, root_name: str, patterns: Sequence[str], writer: CaptureWriter) -> None:
         self.folder = folder
         self.root_name = root_name
         self.patterns = patterns
+        self.writer = writer
+        self.files: list[str] = []  # the tensors' file names, in call order
         self.stack: list[dict[str, Any]] = []
         self.root: dict[str, Any] | None = None
         self.calls: dict[str, int] = {}
@@ -113,13 +123,14 @@ class _Recorder:
         node["outputs"] = self.serialize(output, f"{node['module_path']}_outputs")
 
     def serialize(self, value: Any, name: str) -> Any:
-        """The trace JSON's entry for `value`, its tensors written to files; mirrors the debugger's layout."""
+        """The trace JSON's entry for `value`, its tensors handed to the writer; mirrors the debugger's layout."""
         if isinstance(value, torch.Tensor):
             if value.dtype not in safetensors_codes():
                 self.skipped.append(f"{name}: dtype {value.dtype} cannot be captured")
                 return repr(value.dtype)
             file = f"{name}.safetensors"
-            write_safetensors(self.folder / file, value)
+            self.writer.submit(self.count, file, value)
+            self.files.append(file)
             self.count += 1
             return {"shape": repr(value.shape), "dtype": repr(value.dtype), "value": f"./{file}"}
         if isinstance(value, list | tuple):
@@ -152,6 +163,63 @@ def _hook(model: torch.nn.Module, recorder: _Recorder) -> list[torch.utils.hooks
     return handles
 
 
+class _FileSink(Sink):
+    """Writes each tensor as the safetensors file the recorder named, in the trace folder (to be uploaded)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def write(self, job: Job, pools: WritePools) -> None:
+        write_safetensors(self.folder / job.name, job.host)
+
+
+class _LocalRun:
+    """A run of the local data directory that the capture writes into as it goes: begun (status "ingesting") when
+    the block opens, made ready from the trace when it ends, removed if it never is."""
+
+    def __init__(self, session: str, run: str, data_dir: str | Path | None) -> None:
+        from tensor_debugger.services import open_services
+        from tensor_debugger.settings import Settings
+        from tensor_debugger.store.arrays import run_prefix
+
+        settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
+        self.services: Services = open_services(settings)
+        try:
+            self.pending: PendingRun = self.services.ingestor.begin(session, run, [run])
+        except BaseException:
+            self.services.close()
+            raise
+        self.sink = StoreSink(self.services.store, run_prefix(self.pending.run_id), settings.chunk_bytes)
+        self.finished = False
+
+    def finish(self, tree: Path, files: list[str], result: CaptureResult) -> None:
+        """Make the run ready: its tensors in call order, named, placed and given the module tree as ingest does
+        for the same trace folder."""
+        from tensor_debugger.ingest.inputs import RunTrace, TensorFileEntry
+        from tensor_debugger.ingest.traces import read_trace
+
+        label = self.pending.run_label
+        json_label = f"{label}/{tree.name}"
+        trace = read_trace(tree, json_label, [*files, tree.name])
+        index = {file: i for i, file in enumerate(files)}
+        key_path: tuple[str, ...] = ("data",)
+        stored = [(TensorFileEntry(tree.parent / t.file, PurePosixPath(t.file), f"{label}/{t.file}", False,
+                                   module_path=t.module_path, place=t.place), key_path,
+                   self.sink.stored[index[t.file]])
+                  for t in trace.tensors if t.file is not None]
+        self.finished = True  # complete_stored removes the run itself if it fails
+        self.services.ingestor.complete_stored(self.pending, stored, [RunTrace("", json_label, trace)])
+        self.services.plan(self.pending.session_id)
+        result.session_id, result.run_id = self.pending.session_id, self.pending.run_id
+
+    def close(self) -> None:
+        try:
+            if not self.finished:
+                self.services.ingestor.cancel(self.pending)
+        finally:
+            self.services.close()
+
+
 @contextmanager
 def capture(
     model: torch.nn.Module,
@@ -162,51 +230,54 @@ def capture(
     server: str | None = None,
     modules: str | Sequence[str] = (),
     staging: str | Path | None = None,
+    host_memory: int = DEFAULT_HOST_MEMORY,
+    workers: int | None = None,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
     `server` (e.g. "http://127.0.0.1:8000") sends the run through the API; otherwise it goes into `data_dir`
     (default: TENSOR_DEBUGGER_DATA_DIR, else the app's default). `modules` keeps only modules whose path, with or
     without the model's class name, matches one of these glob patterns ("model.layers.*.mlp*"); the model itself
-    is always recorded. Nothing is kept when the block raises.
+    is always recorded. `host_memory` bounds the bytes of host copies waiting to be written (default 1 GiB; a hook
+    waits while it is spent); `workers` is the number of writing threads (default: TENSOR_DEBUGGER_WORKERS, else
+    the CPUs this process may use). Nothing is kept when the block raises.
     """
     patterns = [modules] if isinstance(modules, str) else list(modules)
     root_name = type(model).__name__
     folder = Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
-    recorder = _Recorder(folder, root_name, patterns)
     result = CaptureResult(session, run)
-    handles = _hook(model, recorder)
+    local: _LocalRun | None = None
+    writer: CaptureWriter | None = None
+    handles: list[torch.utils.hooks.RemovableHandle] = []
     try:
+        local = _LocalRun(session, run, data_dir) if server is None else None
+        writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
+        recorder = _Recorder(folder, root_name, patterns, writer)
+        handles = _hook(model, recorder)
         yield result
         for handle in handles:
             handle.remove()
         handles = []
         if recorder.root is None:
             raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
-        recorder.write_tree()
+        closing, writer = writer, None
+        closing.close()  # every tensor written; raises CaptureError if one could not be
+        tree = recorder.write_tree()
         result.tensors, result.skipped = recorder.count, recorder.skipped
-        if server is not None:
+        if local is not None:
+            local.finish(tree, recorder.files, result)
+        else:
+            assert server is not None
             from tensor_debugger.live.upload import upload_run
 
             result.session_id, result.run_id = upload_run(server, session, run, folder)
-        else:
-            _ingest_locally(folder, result, data_dir)
     finally:
         for handle in handles:
             handle.remove()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _ingest_locally(folder: Path, result: CaptureResult, data_dir: str | Path | None) -> None:
-    from tensor_debugger.ingest.inputs import InputFile
-    from tensor_debugger.services import open_services
-    from tensor_debugger.settings import Settings
-
-    settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
-    services = open_services(settings)
-    try:
-        ingested = services.ingestor.ingest(result.session, result.run, [InputFile(folder, result.run)])
-        services.plan(ingested.session_id)
-        result.session_id, result.run_id = ingested.session_id, ingested.run_id
-    finally:
-        services.close()
+        try:
+            if writer is not None:
+                writer.close(cancel=True)
+        finally:
+            if local is not None:
+                local.close()
+            shutil.rmtree(folder, ignore_errors=True)
