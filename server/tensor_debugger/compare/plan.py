@@ -25,7 +25,7 @@ from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, comp
 from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, pair_runs
-from tensor_debugger.engine.summaries import TensorSummary, compare_summaries
+from tensor_debugger.engine.summaries import ReportedSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
@@ -67,8 +67,8 @@ def values_unavailable(t: TensorRecord) -> str:
             f"use_repr=True, which keeps only its shape, dtype and mean, std, min and max")
 
 
-def tensor_summary(t: TensorRecord) -> TensorSummary:
-    return TensorSummary(tuple(t.shape), t.dtype, {"mean": t.mean, "std": t.std, "min": t.min, "max": t.max})
+def tensor_summary(t: TensorRecord) -> ReportedSummary:
+    return ReportedSummary(tuple(t.shape), t.dtype, {"mean": t.mean, "std": t.std, "min": t.min, "max": t.max})
 
 
 class Comparisons:

@@ -20,7 +20,9 @@ SUMMARY_RTOL_FLOOR = 1e-4  # two values rounded to 5 significant digits differ b
 
 
 @dataclass(frozen=True)
-class TensorSummary:
+class ReportedSummary:
+    """A tensor known by its shape, dtype and statistics (as a trace written with use_repr=True reports them, or as
+    ingest summarised it), compared without its values."""
     shape: tuple[int, ...]
     dtype: str
     stats: dict[str, float | None]  # of STATISTICS; None when unknown
@@ -52,7 +54,7 @@ class SummaryVerdict:
         }
 
 
-def compare_summaries(a: TensorSummary, b: TensorSummary, tolerance: Tolerance) -> SummaryVerdict:
+def compare_summaries(a: ReportedSummary, b: ReportedSummary, tolerance: Tolerance) -> SummaryVerdict:
     rtol = max(tolerance.rtol, SUMMARY_RTOL_FLOOR)
     checks = tuple(_check(name, a.stats.get(name), b.stats.get(name), rtol, tolerance.atol) for name in STATISTICS)
     shapes_equal = a.shape == b.shape

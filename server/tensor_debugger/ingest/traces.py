@@ -154,7 +154,7 @@ def _tensor(path: str, place: str, entry: dict[str, Any], files: set[str]) -> Tr
         name = PurePosixPath(value).name
         file = name if name in files else None
     stats = {k: v for k in STATISTICS if (v := parse_tensor_repr(entry.get(k))) is not None}
-    return TraceTensor(path, place, file, parse_shape(entry.get("shape")), parse_dtype(entry.get("dtype")), stats)
+    return TraceTensor(path, place, file, parse_shape(entry.get("shape")), trace_dtype(entry.get("dtype")), stats)
 
 
 def _restore_pruned_layers(node: dict[str, Any], files: set[str]) -> None:
@@ -247,7 +247,8 @@ def parse_shape(text: Any) -> tuple[int, ...] | None:
         return None
 
 
-def parse_dtype(text: Any) -> str | None:
+def trace_dtype(text: Any) -> str | None:
+    """"torch.bfloat16" -> "bfloat16", as a trace names a dtype."""
     return text.removeprefix("torch.") if isinstance(text, str) else None
 
 
