@@ -5,6 +5,11 @@ A wheel gets `tensor_debugger/engine/_fused_stats.so`, `tensor_debugger/_chunk_p
 editable install gets each library beside its source, where the package is imported from. Without a C compiler (or
 when it fails) the build goes on pure Python, says so, and comparisons compute with numpy alone, about three times
 slower (`tensor_debugger.engine.fused.kernel_name()` tells which one is in use). CC names the compiler (default cc).
+
+The kernel is compiled once per vector family of the target architecture (FAMILIES: the instruction set and the
+doubles per vector of each) and once for the functions the families share, into one library; the loader picks
+the best family the CPU runs. A family the compiler cannot build (say, one too old for -march=x86-64-v4) is left
+out, with a warning.
 """
 
 from __future__ import annotations
@@ -24,27 +29,67 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 PACKAGE = Path("server/tensor_debugger")
 # source -> library, both relative to the package; the loop links nothing: it gets the kernel as a pointer
 LIBRARIES = {"engine/fused_stats.c": "engine/_fused_stats.so", "chunk_pairs.c": "_chunk_pairs.so"}
+# The sources compiled once per family (with TD_FAMILY and TD_LANES defined) and once without.
+PER_FAMILY = {"engine/fused_stats.c"}
 # No fused multiply-add (the tolerance test must round as numpy does); the kernel's own vectors do the rest.
-FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall",
-         "-Wno-psabi"]
-# x86-64: the AVX-512 clone converts float32 to double 512 bits at a time, not in 256-bit halves (measured: 10%
+FLAGS = ["-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-psabi"]
+# x86-64: the AVX-512 code converts float32 to double 512 bits at a time, not in 256-bit halves (measured: 10%
 # faster on AMD EPYC); other architectures do not know the flag.
 X86_FLAGS = ["-mprefer-vector-width=512"]
+# architecture -> family -> (doubles per vector, flags), best first; any other architecture gets BASELINE alone.
+BASELINE = {"baseline": (2, [])}
+FAMILIES = {
+    "x86_64": {"avx512": (8, ["-march=x86-64-v4", *X86_FLAGS]), "avx2": (4, ["-march=x86-64-v3"]), **BASELINE},
+    "aarch64": BASELINE,  # NEON: 128 bits
+}
 
 
-def compile_library(root: Path, source: str, output: Path) -> str | None:
-    """Compile `source` (relative to the package) to `output`; None on success, else why not."""
-    compiler = shlex.split(os.environ.get("CC", "cc"))
-    if shutil.which(compiler[0]) is None:
-        return f"no C compiler ({compiler[0]!r} not found; set CC)"
-    if sys.platform == "win32":
-        return "the kernel is built with a Unix C compiler only"
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / PACKAGE / source)]
+def architecture(machine: str) -> str:
+    """FAMILIES' name for `machine` as platform.machine() gives it."""
+    machine = machine.lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def _run(command: list[str]) -> str | None:
     done = subprocess.run(command, capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"{' '.join(command)} failed:\n{done.stderr.strip()}"
-    return None
+    return None if done.returncode == 0 else f"{' '.join(command)} failed:\n{done.stderr.strip()}"
+
+
+def compile_library(root: Path, source: str, output: Path, compiler: list[str] | None = None,
+                    machine: str | None = None) -> tuple[bool, list[str]]:
+    """Compile `source` (relative to the package) to the shared library `output` with `compiler` (default: CC) for
+    the CPU architecture `machine` (default: this one's). Whether the library was built, and what went wrong (a
+    family left out is named there though the library was built)."""
+    compiler = compiler or shlex.split(os.environ.get("CC", "cc"))
+    if shutil.which(compiler[0]) is None:
+        return False, [f"no C compiler ({compiler[0]!r} not found; set CC)"]
+    if sys.platform == "win32":
+        return False, ["the kernel is built with a Unix C compiler only"]
+    arch = architecture(machine or platform.machine())
+    path = str(root / PACKAGE / source)
+    if source not in PER_FAMILY:
+        problem = _run([*compiler, *FLAGS, *(X86_FLAGS if arch == "x86_64" else []), "-shared", "-o", str(output),
+                        path])
+        return problem is None, [] if problem is None else [problem]
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="tensor-debugger-kernel-") as scratch:
+        shared = Path(scratch) / "shared.o"
+        problem = _run([*compiler, *FLAGS, "-c", "-o", str(shared), path])
+        if problem is not None:
+            return False, [problem]
+        objects = [str(shared)]
+        for family, (lanes, flags) in FAMILIES.get(arch, BASELINE).items():
+            target = Path(scratch) / f"{family}.o"
+            problem = _run([*compiler, *FLAGS, *flags, f"-DTD_FAMILY={family}", f"-DTD_LANES={lanes}", "-c", "-o",
+                            str(target), path])
+            if problem is None:
+                objects.append(str(target))
+            else:
+                problems.append(f"kernel family {family} left out: {problem}")
+        if len(objects) == 1:
+            return False, problems
+        problem = _run([*compiler, "-shared", "-o", str(output), *objects])
+        return problem is None, problems + ([] if problem is None else [problem])
 
 
 class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
@@ -55,23 +100,24 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             return
         root = Path(self.root)
         problems = []
+        built = 0
         if version != "editable":
             self._scratch = tempfile.mkdtemp(prefix="tensor-debugger-kernel-")
         for source, library in LIBRARIES.items():
             if version == "editable":  # imported from server/: the library goes beside its source
-                problem = compile_library(root, source, root / PACKAGE / library)
+                done, trouble = compile_library(root, source, root / PACKAGE / library)
             else:
                 output = Path(self._scratch) / Path(library).name
-                problem = compile_library(root, source, output)
-                if problem is None:
+                done, trouble = compile_library(root, source, output)
+                if done:
                     build_data["force_include"][str(output)] = "tensor_debugger/" + library
-            if problem is not None:
-                problems.append(problem)
+            built += done
+            problems += trouble
         if problems:  # without the kernel, numpy computes; without the chunk loop, blocks are read into arrays
-            self.app.display_warning("tensor-debugger: compiled parts not built (comparisons will be slower): "
-                                     + "\n".join(problems))
-            if len(problems) == len(LIBRARIES):
-                return
+            self.app.display_warning("tensor-debugger: compiled parts not built or not whole (comparisons may be "
+                                     "slower): " + "\n".join(problems))
+        if not built:
+            return
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
 
