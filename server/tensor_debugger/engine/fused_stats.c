@@ -81,17 +81,19 @@ INLINE vd load_double(const double *p) {
 INLINE double one_float(const float *p) { return (double)*p; }
 INLINE double one_double(const double *p) { return *p; }
 
-/* The pair kernel's vector steps: the larger of two vectors of non-negative doubles (y where x is NaN: only in a
- * block the caller discards), acc + x * y, a count of lanes where x > y (false for NaN, as C's >), |a - b| rounded
- * to float32, and how many of a sub-block's differences (as float32, m a multiple of 16) reach `edge`. GCC 12
- * widens float32 in halves, blends instead of taking a maximum and has no generic fused multiply-add, so AVX-512
- * and AVX2 have their own (measured, ns per pair of float32 in generic vectors and in intrinsics: avx512 on an AMD
- * EPYC, 0.60 and 0.36; avx2 on an Intel Xeon, 0.96 and 0.57). The fused multiply-adds round once where generic vectors round twice: the sums of products differ
- * between families in the last bits, no element-wise result does (the tolerance test is never fused). */
+/* The kernels' vector steps: vmax(x, y) and vmin(x, y), x where x > y (x < y) else y, lane by lane (as maxpd and
+ * minpd take them, NaN and signed zeros included; a NaN only reaches a block the caller discards), acc + x * y, a
+ * count of lanes where x > y (false for NaN, as C's >), |a - b| rounded to float32, and how many of a sub-block's
+ * differences (as float32, m a multiple of 16) reach `edge`. GCC 12 widens float32 in halves, blends instead of
+ * taking a maximum and has no generic fused multiply-add, so AVX-512 and AVX2 have their own (measured, ns per
+ * pair of float32 in generic vectors and in intrinsics: avx512 on an AMD EPYC, 0.60 and 0.36; avx2 on an Intel
+ * Xeon, 0.96 and 0.57). The fused multiply-adds round once where generic vectors round twice: the sums of products
+ * differ between families in the last bits, no element-wise result does (the tolerance test is never fused). */
 #if defined(__AVX512F__) && LANES == 8
 #include <immintrin.h>
 INLINE vd load_float(const float *p) { return (vd)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
 INLINE vd vmax(vd x, vd y) { return (vd)_mm512_max_pd((__m512d)x, (__m512d)y); }
+INLINE vd vmin(vd x, vd y) { return (vd)_mm512_min_pd((__m512d)x, (__m512d)y); }
 INLINE vd madd(vd acc, vd x, vd y) { return (vd)_mm512_fmadd_pd((__m512d)x, (__m512d)y, (__m512d)acc); }
 INLINE vl count_gt(vl count, vd x, vd y) {
     __mmask8 gt = _mm512_cmp_pd_mask((__m512d)x, (__m512d)y, _CMP_GT_OQ);
@@ -111,6 +113,7 @@ INLINE int64_t reaching(const float *diff, int64_t m, float edge) {
 #include <immintrin.h>
 INLINE vd load_float(const float *p) { return (vd)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
 INLINE vd vmax(vd x, vd y) { return (vd)_mm256_max_pd((__m256d)x, (__m256d)y); }
+INLINE vd vmin(vd x, vd y) { return (vd)_mm256_min_pd((__m256d)x, (__m256d)y); }
 INLINE vd madd(vd acc, vd x, vd y) { return (vd)_mm256_fmadd_pd((__m256d)x, (__m256d)y, (__m256d)acc); }
 INLINE vf narrow(vd x) { return (vf)_mm256_cvtpd_ps((__m256d)x); }
 #else
@@ -120,6 +123,7 @@ INLINE vd load_float(const float *p) {
     return __builtin_convertvector(x, vd);
 }
 INLINE vd vmax(vd x, vd y) { return blend(x > y, x, y); }
+INLINE vd vmin(vd x, vd y) { return blend(x < y, x, y); }
 INLINE vd madd(vd acc, vd x, vd y) { return acc + x * y; }
 INLINE vf narrow(vd x) { return __builtin_convertvector(x, vf); }
 #endif
@@ -327,8 +331,8 @@ INLINE double scalar_bf16(const uint16_t *p) {
             for (j = 0; j < whole; j += LANES) {                                                                 \
                 vd v = LOAD(p + j);                                                                              \
                 sum += v;                                                                                        \
-                vlo = blend(v < vlo, v, vlo);                                                                    \
-                vhi = blend(v > vhi, v, vhi);                                                                    \
+                vlo = vmin(v, vlo);                                                                              \
+                vhi = vmax(v, vhi);                                                                              \
             }                                                                                                    \
             double s = hsum(sum), blo = -hmax(-vlo), bhi = hmax(vhi);                                            \
             for (; j < m; j++) {                                                                                 \
