@@ -7,9 +7,9 @@ when it fails) the build goes on pure Python, says so, and comparisons compute w
 slower (`tensor_debugger.engine.fused.kernel_name()` tells which one is in use). CC names the compiler (default cc).
 
 The kernel is compiled once per vector family of the target architecture (FAMILIES: the instruction set and the
-doubles per vector of each) and once for the functions the families share, into one library; the loader picks
-the best family the CPU runs. A family the compiler cannot build (say, one too old for -march=x86-64-v4) is left
-out, with a warning.
+doubles per vector of each) and once for the functions the families share, into one library (compile_families);
+the loader picks the best family the CPU runs. A family the compiler cannot build (say, one too old for
+-march=x86-64-v4) is left out, with a warning.
 """
 
 from __future__ import annotations
@@ -29,13 +29,31 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 PACKAGE = Path("server/tensor_debugger")
 # source -> library, both relative to the package; the loop links nothing: it gets the kernel as a pointer
 LIBRARIES = {"engine/fused_stats.c": "engine/_fused_stats.so", "chunk_pairs.c": "_chunk_pairs.so"}
-# The sources compiled once per family (with TD_FAMILY and TD_LANES defined) and once without.
-PER_FAMILY = {"engine/fused_stats.c"}
 # No fused multiply-add (the tolerance test must round as numpy does); the kernel's own vectors do the rest.
-FLAGS = ["-O3", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-psabi"]
-# x86-64: the AVX-512 code converts float32 to double 512 bits at a time, not in 256-bit halves (measured: 10%
+FLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall",
+         "-Wno-psabi"]
+# x86-64: the AVX-512 clone converts float32 to double 512 bits at a time, not in 256-bit halves (measured: 10%
 # faster on AMD EPYC); other architectures do not know the flag.
 X86_FLAGS = ["-mprefer-vector-width=512"]
+
+
+def compile_library(root: Path, source: str, output: Path) -> str | None:
+    """Compile `source` (relative to the package) to `output`; None on success, else why not."""
+    compiler = shlex.split(os.environ.get("CC", "cc"))
+    if shutil.which(compiler[0]) is None:
+        return f"no C compiler ({compiler[0]!r} not found; set CC)"
+    if sys.platform == "win32":
+        return "the kernel is built with a Unix C compiler only"
+    x86 = platform.machine().lower() in ("x86_64", "amd64")
+    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / PACKAGE / source)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"{' '.join(command)} failed:\n{done.stderr.strip()}"
+    return None
+
+
+# The sources compiled by compile_families.
+PER_FAMILY = {"engine/fused_stats.c"}
 # architecture -> family -> (doubles per vector, flags), best first; any other architecture gets BASELINE alone.
 BASELINE = {"baseline": (2, [])}
 FAMILIES = {
@@ -55,22 +73,18 @@ def _run(command: list[str]) -> str | None:
     return None if done.returncode == 0 else f"{' '.join(command)} failed:\n{done.stderr.strip()}"
 
 
-def compile_library(root: Path, source: str, output: Path, compiler: list[str] | None = None,
-                    machine: str | None = None) -> tuple[bool, list[str]]:
-    """Compile `source` (relative to the package) to the shared library `output` with `compiler` (default: CC) for
-    the CPU architecture `machine` (default: this one's). Whether the library was built, and what went wrong (a
-    family left out is named there though the library was built)."""
+def compile_families(root: Path, source: str, output: Path, compiler: list[str] | None = None,
+                     machine: str | None = None) -> tuple[bool, list[str]]:
+    """Compile `source` (relative to the package) once per family of the CPU architecture `machine` (default: this
+    one's) with TD_FAMILY and TD_LANES defined, once without, and link the objects into the shared library
+    `output`, with `compiler` (default: CC). Whether the library was built, and what went wrong (a family left out
+    is named there though the library was built)."""
     compiler = compiler or shlex.split(os.environ.get("CC", "cc"))
     if shutil.which(compiler[0]) is None:
         return False, [f"no C compiler ({compiler[0]!r} not found; set CC)"]
     if sys.platform == "win32":
         return False, ["the kernel is built with a Unix C compiler only"]
-    arch = architecture(machine or platform.machine())
     path = str(root / PACKAGE / source)
-    if source not in PER_FAMILY:
-        problem = _run([*compiler, *FLAGS, *(X86_FLAGS if arch == "x86_64" else []), "-shared", "-o", str(output),
-                        path])
-        return problem is None, [] if problem is None else [problem]
     problems = []
     with tempfile.TemporaryDirectory(prefix="tensor-debugger-kernel-") as scratch:
         shared = Path(scratch) / "shared.o"
@@ -78,7 +92,7 @@ def compile_library(root: Path, source: str, output: Path, compiler: list[str] |
         if problem is not None:
             return False, [problem]
         objects = [str(shared)]
-        for family, (lanes, flags) in FAMILIES.get(arch, BASELINE).items():
+        for family, (lanes, flags) in FAMILIES.get(architecture(machine or platform.machine()), BASELINE).items():
             target = Path(scratch) / f"{family}.o"
             problem = _run([*compiler, *FLAGS, *flags, f"-DTD_FAMILY={family}", f"-DTD_LANES={lanes}", "-c", "-o",
                             str(target), path])
@@ -90,6 +104,14 @@ def compile_library(root: Path, source: str, output: Path, compiler: list[str] |
             return False, problems
         problem = _run([*compiler, "-shared", "-o", str(output), *objects])
         return problem is None, problems + ([] if problem is None else [problem])
+
+
+def build(root: Path, source: str, output: Path) -> tuple[bool, list[str]]:
+    """compile_families or compile_library, as `source` needs."""
+    if source in PER_FAMILY:
+        return compile_families(root, source, output)
+    problem = compile_library(root, source, output)
+    return problem is None, [] if problem is None else [problem]
 
 
 class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
@@ -105,10 +127,10 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             self._scratch = tempfile.mkdtemp(prefix="tensor-debugger-kernel-")
         for source, library in LIBRARIES.items():
             if version == "editable":  # imported from server/: the library goes beside its source
-                done, trouble = compile_library(root, source, root / PACKAGE / library)
+                done, trouble = build(root, source, root / PACKAGE / library)
             else:
                 output = Path(self._scratch) / Path(library).name
-                done, trouble = compile_library(root, source, output)
+                done, trouble = build(root, source, output)
                 if done:
                     build_data["force_include"][str(output)] = "tensor_debugger/" + library
             built += done
