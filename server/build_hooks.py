@@ -5,6 +5,11 @@ A wheel gets `tensor_debugger/engine/_fused_stats.so`, `tensor_debugger/compare/
 editable install gets each library beside its source, where the package is imported from. Without a C compiler (or
 when it fails) the build goes on pure Python, says so, and comparisons compute with numpy alone, about three times
 slower (`tensor_debugger.engine.fused.kernel_name()` tells which one is in use). CC names the compiler (default cc).
+
+The kernel is compiled once per vector family of the target architecture (FAMILIES: the instruction set and the
+doubles per vector of each) and once for the functions the families share, into one library (compile_families);
+the loader picks the best family the CPU runs. A family the compiler cannot build (say, one too old for
+-march=x86-64-v4) is left out, with a warning.
 """
 
 from __future__ import annotations
@@ -72,6 +77,68 @@ def compile_library(root: Path, source: str, output: Path) -> str | None:
     return None
 
 
+# The sources compiled by compile_families.
+PER_FAMILY = {"engine/fused_stats.c"}
+# architecture -> family -> (doubles per vector, flags), best first; any other architecture gets BASELINE alone.
+BASELINE = {"baseline": (2, [])}
+FAMILIES = {
+    "x86_64": {"avx512": (8, ["-march=x86-64-v4", *X86_FLAGS]), "avx2": (4, ["-march=x86-64-v3"]), **BASELINE},
+    "aarch64": BASELINE,  # NEON: 128 bits
+}
+
+
+def architecture(machine: str) -> str:
+    """FAMILIES' name for `machine` as platform.machine() gives it."""
+    machine = machine.lower()
+    return {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+
+
+def _run(command: list[str]) -> str | None:
+    done = subprocess.run(command, capture_output=True, text=True)
+    return None if done.returncode == 0 else f"{' '.join(command)} failed:\n{done.stderr.strip()}"
+
+
+def compile_families(root: Path, source: str, output: Path, compiler: list[str] | None = None,
+                     machine: str | None = None) -> tuple[bool, list[str]]:
+    """Compile `source` (relative to the package) once per family of the CPU architecture `machine` (default: this
+    one's) with TD_FAMILY and TD_LANES defined, once without, and link the objects into the shared library
+    `output`, with `compiler` (default: CC). Whether the library was built, and what went wrong (a family left out
+    is named there though the library was built)."""
+    compiler = compiler or shlex.split(os.environ.get("CC", "cc"))
+    if shutil.which(compiler[0]) is None:
+        return False, [f"no C compiler ({compiler[0]!r} not found; set CC)"]
+    if sys.platform == "win32":
+        return False, ["the kernel is built with a Unix C compiler only"]
+    path = str(root / PACKAGE / source)
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="tensor-debugger-kernel-") as scratch:
+        shared = Path(scratch) / "shared.o"
+        problem = _run([*compiler, *FLAGS, "-c", "-o", str(shared), path])
+        if problem is not None:
+            return False, [problem]
+        objects = [str(shared)]
+        for family, (lanes, flags) in FAMILIES.get(architecture(machine or platform.machine()), BASELINE).items():
+            target = Path(scratch) / f"{family}.o"
+            problem = _run([*compiler, *FLAGS, *flags, f"-DTD_FAMILY={family}", f"-DTD_LANES={lanes}", "-c", "-o",
+                            str(target), path])
+            if problem is None:
+                objects.append(str(target))
+            else:
+                problems.append(f"kernel family {family} left out: {problem}")
+        if len(objects) == 1:
+            return False, problems
+        problem = _run([*compiler, "-shared", "-o", str(output), *objects])
+        return problem is None, problems + ([] if problem is None else [problem])
+
+
+def build(root: Path, source: str, output: Path) -> tuple[bool, list[str]]:
+    """compile_families or compile_library, as `source` needs."""
+    if source in PER_FAMILY:
+        return compile_families(root, source, output)
+    problem = compile_library(root, source, output)
+    return problem is None, [] if problem is None else [problem]
+
+
 class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
     PLUGIN_NAME = "custom"
 
@@ -80,23 +147,24 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             return
         root = Path(self.root)
         problems = []
+        built = 0
         if version != "editable":
             self._scratch = tempfile.mkdtemp(prefix="tensor-debugger-kernel-")
         for source, library in LIBRARIES.items():
             if version == "editable":  # imported from server/: the library goes beside its source
-                problem = compile_library(root, source, root / PACKAGE / library)
+                done, trouble = build(root, source, root / PACKAGE / library)
             else:
                 output = Path(self._scratch) / Path(library).name
-                problem = compile_library(root, source, output)
-                if problem is None:
+                done, trouble = build(root, source, output)
+                if done:
                     build_data["force_include"][str(output)] = "tensor_debugger/" + library
-            if problem is not None:
-                problems.append(problem)
+            built += done
+            problems += trouble
         if problems:  # without the kernel, numpy computes; without the chunk loop, blocks are read into arrays
-            self.app.display_warning("tensor-debugger: compiled parts not built (comparisons will be slower): "
-                                     + "\n".join(problems))
-            if len(problems) == len(LIBRARIES):
-                return
+            self.app.display_warning("tensor-debugger: compiled parts not built or not whole (comparisons may be "
+                                     "slower): " + "\n".join(problems))
+        if not built:
+            return
         build_data["pure_python"] = False
         build_data["infer_tag"] = True
 

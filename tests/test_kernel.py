@@ -1,21 +1,53 @@
 """The compiled statistics kernels give what the numpy paths give, value for value, on every kind of block: a
-pair's statistics (comparisons) and one tensor's summary (ingest)."""
+pair's statistics (comparisons) and one tensor's summary (ingest). Every test runs once per vector family of the
+kernels (avx512, avx2, baseline), each family this CPU runs; the others are skipped, saying why."""
 
 from __future__ import annotations
 
 import ctypes
+import logging
 import math
+import platform
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from tensor_debugger.engine.fused import _library, empty_partial, fused_summary, kernel_name
+from tensor_debugger.engine.fused import (
+    FAMILIES,
+    FAMILY_VARIABLE,
+    FusedPartial,
+    _library,
+    empty_partial,
+    families,
+    fused_summary,
+    kernel_family,
+    kernel_name,
+    use_family,
+)
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats, edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.summary import SummaryAccumulator, TensorSummary
 from tensor_debugger.store.dtypes import parse_dtype
 
+from tests.kernel_reference import check_partial, pair_case
+
 EXACT_FIELDS = ("numel", "max_abs_diff", "argmax", "max_rel_diff", "mismatched", "nan_a", "nan_b", "inf_a", "inf_b",
                 "nan_one_side", "histogram")
+
+
+@pytest.fixture(params=FAMILIES, autouse=True)
+def family(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The kernels run the family `request.param` for the test."""
+    name: str = request.param
+    if name not in families():
+        library = _library()
+        if library is None or not hasattr(library, f"td_stats_ff_{name}"):
+            pytest.skip(f"the kernel library here has no {name} family (built for {platform.machine()}: "
+                        f"{', '.join(families()) or 'no kernel'})")
+        pytest.skip(f"this CPU does not run the {name} family (it runs {', '.join(families())})")
+    use_family(name)
+    yield name
+    use_family(None)
 
 
 def stats_with(kernel: str, monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance,
@@ -130,40 +162,46 @@ def test_scalars(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(("dtype_a", "dtype_b"), [("float32", "float32"), ("float64", "float32"),
                                                   ("float32", "float64"), ("float64", "float64")])
-def test_avx512_and_generic_vector_kernels_agree(dtype_a: str, dtype_b: str) -> None:
-    """The pair kernel has an AVX-512 family of vector steps (this machine's) and a generic one (AVX2, baseline
-    x86-64, other architectures) that the tests above never run here: called directly, they agree, element-wise
-    results exactly."""
+def test_a_family_folded_in_two_calls_gives_what_numpy_computes(family: str, dtype_a: str, dtype_b: str) -> None:
+    """The family's pair kernel called directly, a block folded in two calls (the second at a base, as the chunk
+    loop folds chunks): element-wise results equal numpy's, sums to the last bits."""
     library = _library()
-    assert library is not None
-    if not hasattr(library, "td_v4_usable") or not library.td_v4_usable():
-        pytest.skip("no AVX-512 here: comparisons run the generic kernel, which the tests above check")
-    rng = np.random.default_rng(21)
+    assert library is not None and kernel_family() == family
     code = {"float32": "f", "float64": "d"}
-    for size in (1, 7, 8, 9, 2047, 2048, 2049, 70001):
-        a = rng.standard_normal(size) * 10.0 ** rng.uniform(-6, 3, size)
-        b = a * (1 + 10.0 ** rng.uniform(-9, 0, size))
-        a[rng.integers(0, size, max(1, size // 10))] = 0.0
-        b[rng.integers(0, size, 3)] = a[0] + 1e3  # ties for the largest difference, maybe
+    function = getattr(library, f"td_stats_{code[dtype_a]}{code[dtype_b]}_{family}")
+    atol, rtol = 1e-5, 1.3e-6
+    bins = edges()
+    for size in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 2047, 2048, 2049, 70001):
+        a, b = pair_case(size, seed=size)
         a, b = np.ascontiguousarray(a, dtype=dtype_a), np.ascontiguousarray(b, dtype=dtype_b)
-        parts = []
-        for family in ("g", "v4"):
-            function = getattr(library, f"td_stats_{code[dtype_a]}{code[dtype_b]}_{family}")
-            out = empty_partial()
-            half = size // 2  # folded in two calls, the second at a base, as the chunk loop folds chunks
-            for start, stop in ((0, half), (half, size)):
-                function(ctypes.c_void_p(a[start:].ctypes.data), ctypes.c_void_p(b[start:].ctypes.data),
-                         ctypes.c_int64(stop - start), ctypes.c_int64(start), ctypes.c_double(1e-5),
-                         ctypes.c_double(1.3e-6), 1, ctypes.c_void_p(edges().ctypes.data), ctypes.byref(out))
-            parts.append(out)
-        assert 0 <= parts[0].argmax < size and parts[0].argmax == int(np.argmax(np.abs(
-            a.astype(np.float64) - b.astype(np.float64))))
-        generic, avx512 = parts
-        for field in ("max_abs", "argmax", "max_rel", "rel_count", "mismatched", "nonzero"):
-            assert getattr(avx512, field) == getattr(generic, field), (size, field)
-        assert list(avx512.at_least) == list(generic.at_least), size
-        for field in ("sum_abs", "sum_sq", "sum_rel", "dot", "norm_a", "norm_b"):
-            assert getattr(avx512, field) == pytest.approx(getattr(generic, field), rel=1e-12), (size, field)
+        out = empty_partial()
+        half = size // 2
+        for start, stop in ((0, half), (half, size)):
+            assert function(ctypes.c_void_p(a[start:].ctypes.data), ctypes.c_void_p(b[start:].ctypes.data),
+                            ctypes.c_int64(stop - start), ctypes.c_int64(start), ctypes.c_double(atol),
+                            ctypes.c_double(rtol), 1, ctypes.c_void_p(bins.ctypes.data), ctypes.byref(out)) == 0
+        fields = {name: getattr(out, name) for name, _ in FusedPartial._fields_}
+        check_partial({**fields, "at_least": list(out.at_least)}, a, b, atol, rtol, bins, size)
+
+
+def test_the_family_setting_is_read_once_and_overridden_explicitly(monkeypatch: pytest.MonkeyPatch,
+                                                                    caplog: pytest.LogCaptureFixture,
+                                                                    family: str) -> None:
+    available = families()
+    with pytest.raises(ValueError, match="not available here"):
+        use_family("sse9")
+    monkeypatch.setenv(FAMILY_VARIABLE, available[-1])
+    use_family(None)
+    assert kernel_family() == available[-1]
+    monkeypatch.setenv(FAMILY_VARIABLE, available[0])
+    assert kernel_family() == available[-1]  # read once, on first use
+    use_family(family)
+    assert kernel_family() == family
+    monkeypatch.setenv(FAMILY_VARIABLE, "sse9")
+    use_family(None)
+    with caplog.at_level(logging.WARNING, logger="tensor_debugger.engine.fused"):
+        assert kernel_family() == available[0]
+    assert f"{FAMILY_VARIABLE}=sse9: not a kernel family this CPU runs" in caplog.text
 
 
 # --- one tensor's summary (ingest) ---------------------------------------------------------------------------------

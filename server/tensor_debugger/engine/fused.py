@@ -5,19 +5,29 @@ The package build compiles it next to this file (server/build_hooks.py); where i
 TENSOR_DEBUGGER_KERNEL=numpy asks for it, `fused_partial` returns None and metrics.py computes with numpy alone.
 TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
 (tensor_debugger.compare.chunk_loop): blocks are then read into arrays first, as before that loop existed.
+
+The library holds the kernels once per vector family (FAMILIES; fused_stats.c's header says what each is), and the
+kernels run the best family this CPU runs, or the one TENSOR_DEBUGGER_KERNEL_FAMILY names (read once, on first
+use), or the one `use_family` sets (tests and benchmarks).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 LIBRARY_NAME = "_fused_stats.so"
 EDGE_COUNT = 16
+FAMILY_VARIABLE = "TENSOR_DEBUGGER_KERNEL_FAMILY"
+# The vector families a library may hold, best first (server/build_hooks.py builds those of its architecture).
+FAMILIES = ("avx512", "avx2", "baseline")
+_PAIRS = ("ff", "fd", "df", "dd")
 _CODES = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
 
@@ -69,17 +79,68 @@ def _library() -> ctypes.CDLL | None:
                            {"td_partial_size": FusedPartial, "td_summary_size": FusedSummary})
     if library is None:
         return None
-    for code, _ in STORED_FLOATS.values():
-        function = getattr(library, f"td_summary_{code}", None)  # float16 needs a compiler with _Float16
-        if function is not None:
-            function.restype = ctypes.c_int
-            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(FusedSummary)]
-    for pair in ("ff", "fd", "df", "dd"):
-        function = getattr(library, f"td_stats_{pair}")
-        function.restype = ctypes.c_int
-        function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double, ctypes.c_double,
-                             ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(FusedPartial)]
+    library.td_family_runs.restype = ctypes.c_int
+    library.td_family_runs.argtypes = [ctypes.c_char_p]
+    for family in FAMILIES:
+        for code, _ in STORED_FLOATS.values():
+            function = getattr(library, f"td_summary_{code}_{family}", None)  # float16 needs _Float16, any family
+            if function is not None:
+                function.restype = ctypes.c_int
+                function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(FusedSummary)]
+        for pair in _PAIRS:
+            function = getattr(library, f"td_stats_{pair}_{family}", None)  # a family the compiler could not build
+            if function is not None:
+                function.restype = ctypes.c_int
+                function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                                     ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p,
+                                     ctypes.POINTER(FusedPartial)]
     return library
+
+
+def families() -> list[str]:
+    """The vector families of the kernels that were built and that this CPU runs, best first (none without the
+    kernel)."""
+    library = _library()
+    if library is None:
+        return []
+    return [family for family in FAMILIES
+            if all(hasattr(library, f"td_stats_{pair}_{family}") for pair in _PAIRS)
+            and library.td_family_runs(family.encode())]
+
+
+class _Choice:
+    """The family the kernels run, once chosen."""
+
+    family: str | None = None
+
+
+def use_family(name: str | None) -> None:
+    """Run the kernels of the vector family `name` from now on (ValueError unless families() has it); None goes back
+    to the family TENSOR_DEBUGGER_KERNEL_FAMILY names, or the best, read again on next use."""
+    if name is not None and name not in families():
+        raise ValueError(f"kernel family {name!r} is not available here (this CPU runs: {families()})")
+    _Choice.family = name
+
+
+def kernel_family() -> str | None:
+    """The vector family the kernels run (None without the kernel): the one use_family chose, else the one
+    TENSOR_DEBUGGER_KERNEL_FAMILY names if this CPU runs it (a warning says when it does not), else the best."""
+    if _Choice.family is None:
+        available = families()
+        if not available:
+            return None
+        asked = os.environ.get(FAMILY_VARIABLE, "").strip().lower()
+        if asked and asked not in available:
+            logging.getLogger(__name__).warning("%s=%s: not a kernel family this CPU runs (%s); using %s",
+                                                FAMILY_VARIABLE, asked, ", ".join(available), available[0])
+        _Choice.family = asked if asked in available else available[0]
+    return _Choice.family
+
+
+def _function(library: ctypes.CDLL, name: str) -> Any:
+    """The library's function `name` of the family in use (a ctypes function), or None where not built."""
+    family = kernel_family()
+    return None if family is None else getattr(library, f"{name}_{family}", None)
 
 
 def kernel_setting() -> str:
@@ -98,6 +159,8 @@ def kernel_name() -> str:
         return "numpy (TENSOR_DEBUGGER_KERNEL=numpy)"
     if _library() is None:
         return f"numpy (no usable {LIBRARY_NAME} beside {Path(__file__).name})"
+    if kernel_family() is None:
+        return f"numpy ({LIBRARY_NAME} has no kernel family this CPU runs)"
     return "compiled"
 
 
@@ -119,25 +182,27 @@ def fused_partial(a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check:
     if library is None:
         return None
     a, b = _compute(a), _compute(b)
-    out = FusedPartial()
-    function = getattr(library, f"td_stats_{_CODES[a.dtype]}{_CODES[b.dtype]}")
-    function(a.ctypes.data, b.ctypes.data, a.size, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
+    function = _function(library, f"td_stats_{_CODES[a.dtype]}{_CODES[b.dtype]}")
+    if function is None:
+        return None
+    out = empty_partial()
+    function(a.ctypes.data, b.ctypes.data, a.size, 0, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
     return out
 
 
 def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
     """The address of the kernel that folds float32 or float64 values of dtypes `a` and `b` at given flat positions
-    into a partial (td_stats_XY_acc: a, b, n, base, atol, rtol, check, edges, partial), for a compiled loop that
-    feeds it; None where the kernel is not in use or has no such loop."""
+    into a partial (td_stats_XY_<family>: a, b, n, base, atol, rtol, check, edges, partial), for a compiled loop
+    that feeds it; None where the kernel is not in use or has no such loop."""
     library = None if _numpy_asked() else _library()
     if library is None or a not in _CODES or b not in _CODES:
         return None
-    function = getattr(library, f"td_stats_{_CODES[a]}{_CODES[b]}_acc", None)
+    function = _function(library, f"td_stats_{_CODES[a]}{_CODES[b]}")
     return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
 
 def empty_partial() -> FusedPartial:
-    """A partial of no values (as td_partial_reset makes one), for an accumulating kernel to fold into."""
+    """A partial of no values (max_abs and argmax -1, the rest 0), for a kernel to fold values into."""
     out = FusedPartial()
     out.max_abs, out.argmax = -1.0, -1
     return out
@@ -151,7 +216,7 @@ def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
     library = None if kernel is None or _numpy_asked() else _library()
     if kernel is None or library is None or stored.dtype != kernel[1]:
         return None
-    function = getattr(library, f"td_summary_{kernel[0]}", None)
+    function = _function(library, f"td_summary_{kernel[0]}")
     if function is None:
         return None
     values = np.ascontiguousarray(stored).reshape(-1)

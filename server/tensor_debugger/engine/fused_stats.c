@@ -2,8 +2,8 @@
  * about twenty numpy passes, fused into one loop over cache-sized sub-blocks. Below them, one tensor's summary for
  * ingest (summary.py).
  *
- * Every value is widened to double before any arithmetic, and every sum accumulates in double (in eight lanes,
- * added together at the end). Element-wise results are exactly numpy's: |a - b|, the tolerance test
+ * Every value is widened to double before any arithmetic, and every sum accumulates in double (in one vector's
+ * lanes, added together at the end). Element-wise results are exactly numpy's: |a - b|, the tolerance test
  * |a - b| > |a| * rtol + atol (no fused multiply-add: built with -ffp-contract=off), the decade of each difference
  * (compared at float32 precision: |a - b| and the edges rounded to float32) and the first position of the largest
  * difference. Sums may differ from numpy's in the last bits (another order).
@@ -13,23 +13,23 @@
  * where one is zero gets a non-finite sum and is computed again, over its non-zero references only.
  *
  * The kernel does not look for NaN or Inf: they reach the sums of squares, which the caller checks, and a block
- * where those are not finite is computed again by the general numpy path. Written with GCC vector extensions
- * (eight doubles a vector) and built for AVX2 and baseline x86-64, and for AVX-512 with intrinsics for the pair
- * kernel's steps (see g_ and v4_ below); the best is picked at load time.
+ * where those are not finite is computed again by the general numpy path.
+ *
+ * Vector families. The build (server/build_hooks.py) compiles this file once per family, each time for the family's
+ * instruction set (-march) with TD_FAMILY (its name) and TD_LANES (doubles per vector) defined, and once without
+ * TD_FAMILY for the few functions that every family shares (at the end); it links them into one library. On
+ * x86-64: avx512 (8 lanes; the pair kernel's steps in AVX-512 intrinsics), avx2 (4 lanes, AVX2 and FMA
+ * intrinsics for the steps that generic vectors compile badly) and baseline (2 lanes, SSE2); elsewhere baseline
+ * alone (2 lanes: NEON on aarch64). Each family exports its kernels with its name appended (td_stats_ff_avx2);
+ * engine/fused.py picks the best family this CPU runs (td_family_runs), once. GCC's generic vectors wider than the
+ * instruction set's registers compile to mostly scalar code, hence one lane count per family.
  */
 
 #include <stdint.h>
 #include <string.h>
 
-#define LANES 8
 #define SUB 2048 /* elements per sub-block: 8 KiB of float32 differences, kept in L1 for the histogram */
 #define EDGES 16
-
-typedef double vd __attribute__((vector_size(LANES * 8)));
-typedef int64_t vl __attribute__((vector_size(LANES * 8)));
-typedef float vf __attribute__((vector_size(LANES * 4)));
-typedef float vh __attribute__((vector_size(64)));   /* sixteen floats: the histogram's passes */
-typedef int32_t vi __attribute__((vector_size(64)));
 
 typedef struct {
     double max_abs;          /* largest |a - b| (-1 when n == 0) */
@@ -43,106 +43,64 @@ typedef struct {
     int64_t at_least[EDGES];    /* |a - b| >= edges[i] */
 } td_partial;
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define CLONES
-#endif
+typedef struct {
+    double count, mean, m2, min, max;
+} td_summary;
 
-static inline __attribute__((always_inline)) vd blend(vl mask, vd yes, vd no) { return (vd)(((vl)yes & mask) | ((vl)no & ~mask)); }
-static inline __attribute__((always_inline)) vl blendl(vl mask, vl yes, vl no) { return (yes & mask) | (no & ~mask); }
-static inline __attribute__((always_inline)) vd vabs(vd x) { return (vd)((vl)x & ((vl){0} + INT64_MAX)); }
-static inline __attribute__((always_inline)) double hsum(vd x) { double s = 0; for (int i = 0; i < LANES; i++) s += x[i]; return s; }
-static inline __attribute__((always_inline)) int64_t hsuml(vl x) { int64_t s = 0; for (int i = 0; i < LANES; i++) s += x[i]; return s; }
-static inline __attribute__((always_inline)) double hmax(vd x) { double m = x[0]; for (int i = 1; i < LANES; i++) m = x[i] > m ? x[i] : m; return m; }
+#ifdef TD_FAMILY
+
+#define LANES TD_LANES
+#define JOIN_(name, family) name##_##family
+#define JOIN(name, family) JOIN_(name, family)
+#define FAMILY(name) JOIN(name, TD_FAMILY) /* td_stats_ff -> td_stats_ff_avx2 */
+#define INLINE static inline __attribute__((always_inline))
+
+typedef double vd __attribute__((vector_size(LANES * 8)));
+typedef int64_t vl __attribute__((vector_size(LANES * 8)));
+typedef float vf __attribute__((vector_size(LANES * 4)));
+typedef float vh __attribute__((vector_size(LANES * 8)));   /* 2 * LANES floats: the histogram's passes */
+typedef int32_t vi __attribute__((vector_size(LANES * 8)));
+#define HLANES (2 * LANES) /* at most 16, which divides the histogram's lengths */
+
+INLINE vd blend(vl mask, vd yes, vd no) { return (vd)(((vl)yes & mask) | ((vl)no & ~mask)); }
+INLINE vd vabs(vd x) { return (vd)((vl)x & ((vl){0} + INT64_MAX)); }
+INLINE double hsum(vd x) { double s = 0; for (int i = 0; i < LANES; i++) s += x[i]; return s; }
+INLINE int64_t hsuml(vl x) { int64_t s = 0; for (int i = 0; i < LANES; i++) s += x[i]; return s; }
+INLINE double hmax(vd x) { double m = x[0]; for (int i = 1; i < LANES; i++) m = x[i] > m ? x[i] : m; return m; }
 
 typedef struct {
     vd sum_abs, sum_sq, dot, norm_a, norm_b;
     vl mismatched;
 } lanes_t;
 
-static inline __attribute__((always_inline)) vd load_float(const float *p) {
-    vf x;
-    memcpy(&x, p, sizeof x);
-    return __builtin_convertvector(x, vd);
-}
-static inline __attribute__((always_inline)) vd load_double(const double *p) {
+INLINE vd load_double(const double *p) {
     vd x;
     memcpy(&x, p, sizeof x);
     return x;
 }
-static inline __attribute__((always_inline)) double one_float(const float *p) { return (double)*p; }
-static inline __attribute__((always_inline)) double one_double(const double *p) { return *p; }
-/* The larger of two vectors of non-negative doubles (or NaN, in a block the caller discards anyway). */
-static inline __attribute__((always_inline)) vd vmax(vd x, vd y) { return blend(x > y, x, y); }
+INLINE double one_float(const float *p) { return (double)*p; }
+INLINE double one_double(const double *p) { return *p; }
 
-/* The pair kernel's vector steps come in two families: g_ in GCC's generic vectors (built for AVX2 and baseline
- * x86-64, and for any other architecture), and v4_ in AVX-512 intrinsics, because GCC 12 widens float32 in 256-bit
- * halves, blends instead of taking a maximum and has no generic fused multiply-add (measured: 0.60 ns per pair of
- * float32 with g_ built for AVX-512, 0.36 with v4_). The fused multiply-adds round once where g_ rounds twice: the
- * sums of products differ in the last bits, no element-wise result does (the tolerance test is never fused). */
-static inline __attribute__((always_inline)) vd g_load_float(const float *p) { return load_float(p); }
-static inline __attribute__((always_inline)) vd g_load_double(const double *p) { return load_double(p); }
-static inline __attribute__((always_inline)) vd g_max(vd x, vd y) { return vmax(x, y); }
-static inline __attribute__((always_inline)) vd g_madd(vd acc, vd x, vd y) { return acc + x * y; }
-static inline __attribute__((always_inline)) vl g_count_gt(vl count, vd x, vd y) { return count - (x > y); }
-static inline __attribute__((always_inline)) vf g_narrow(vd x) { return __builtin_convertvector(x, vf); }
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+/* The kernels' vector steps: vmax(x, y) and vmin(x, y), x where x > y (x < y) else y, lane by lane (as maxpd and
+ * minpd take them, NaN and signed zeros included; a NaN only reaches a block the caller discards), acc + x * y, a
+ * count of lanes where x > y (false for NaN, as C's >), |a - b| rounded to float32, and how many of a sub-block's
+ * differences (as float32, m a multiple of 16) reach `edge`. GCC 12 widens float32 in halves, blends instead of
+ * taking a maximum and has no generic fused multiply-add, so AVX-512 and AVX2 have their own (measured, ns per
+ * pair of float32 in generic vectors and in intrinsics: avx512 on an AMD EPYC, 0.60 and 0.36; avx2 on an Intel
+ * Xeon, 0.96 and 0.57). The fused multiply-adds round once where generic vectors round twice: the sums of products
+ * differ between families in the last bits, no element-wise result does (the tolerance test is never fused). */
+#if defined(__AVX512F__) && LANES == 8
 #include <immintrin.h>
-#define V4_KERNELS 1
-#define V4 __attribute__((target("arch=x86-64-v4"), always_inline)) static inline
-V4 vd v4_load_float(const float *p) { return (vd)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
-V4 vd v4_load_double(const double *p) { return (vd)_mm512_loadu_pd(p); }
-V4 vd v4_max(vd x, vd y) { return (vd)_mm512_max_pd((__m512d)x, (__m512d)y); } /* y where x is NaN, as g_max */
-V4 vd v4_madd(vd acc, vd x, vd y) { return (vd)_mm512_fmadd_pd((__m512d)x, (__m512d)y, (__m512d)acc); }
-V4 vl v4_count_gt(vl count, vd x, vd y) {
-    __mmask8 gt = _mm512_cmp_pd_mask((__m512d)x, (__m512d)y, _CMP_GT_OQ); /* false for NaN, as C's > */
+INLINE vd load_float(const float *p) { return (vd)_mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+INLINE vd vmax(vd x, vd y) { return (vd)_mm512_max_pd((__m512d)x, (__m512d)y); }
+INLINE vd vmin(vd x, vd y) { return (vd)_mm512_min_pd((__m512d)x, (__m512d)y); }
+INLINE vd madd(vd acc, vd x, vd y) { return (vd)_mm512_fmadd_pd((__m512d)x, (__m512d)y, (__m512d)acc); }
+INLINE vl count_gt(vl count, vd x, vd y) {
+    __mmask8 gt = _mm512_cmp_pd_mask((__m512d)x, (__m512d)y, _CMP_GT_OQ);
     return (vl)_mm512_mask_sub_epi64((__m512i)count, gt, (__m512i)count, _mm512_set1_epi64(-1));
 }
-V4 vf v4_narrow(vd x) { return (vf)_mm512_cvtpd_ps((__m512d)x); }
-#undef V4
-#endif
-
-/* Fold one vector of each side into `L` and the sub-block's own maxima and sums, its differences into `diff`.
- * The relative difference assumes |a| > 0: where a lane's reference is zero, the sub-block's sum of relative
- * differences is not finite and the caller computes that sub-block's relative differences again (rel_exact). */
-#define STEP(P, va, vb)                                                                                          \
-    do {                                                                                                         \
-        vd d = vabs(va - vb);                                                                                    \
-        vf d32 = P##narrow(d);                                                                                   \
-        memcpy(diff + j, &d32, sizeof d32);                                                                      \
-        top = P##max(d, top);                                                                                    \
-        L.sum_abs += d;                                                                                          \
-        L.sum_sq = P##madd(L.sum_sq, d, d);                                                                      \
-        vd r = vabs(va);                                                                                         \
-        if (check) L.mismatched = P##count_gt(L.mismatched, d, r * vrtol + vatol);                               \
-        vd q = d / r;                                                                                            \
-        rel += q;                                                                                                \
-        rel_top = P##max(q, rel_top);                                                                            \
-        L.dot = P##madd(L.dot, va, vb);                                                                          \
-        L.norm_a = P##madd(L.norm_a, va, va);                                                                    \
-        L.norm_b = P##madd(L.norm_b, vb, vb);                                                                    \
-        nz = P##count_gt(nz, d, zero);                                                                           \
-    } while (0)
-
-/* How many of the sub-block's differences (as float32, m a multiple of 16) reach `edge`. */
-static inline __attribute__((always_inline)) int64_t g_reaching(const float *diff, int64_t m, float edge) {
-    const vh e = (vh){0} + edge;
-    vi c = {0};
-    for (int64_t j = 0; j < m; j += 16) {
-        vh d;
-        memcpy(&d, diff + j, sizeof d);
-        c -= d >= e;
-    }
-    int64_t reached = 0;
-    for (int k = 0; k < 16; k++) reached += c[k];
-    return reached;
-}
-
-#ifdef V4_KERNELS
-__attribute__((target("arch=x86-64-v4"), always_inline)) static inline int64_t v4_reaching(const float *diff,
-                                                                                             int64_t m, float edge) {
+INLINE vf narrow(vd x) { return (vf)_mm512_cvtpd_ps((__m512d)x); }
+INLINE int64_t reaching(const float *diff, int64_t m, float edge) {
     const __m512 e = _mm512_set1_ps(edge);
     const __m512i one = _mm512_set1_epi32(1);
     __m512i c = _mm512_setzero_si512();
@@ -150,42 +108,89 @@ __attribute__((target("arch=x86-64-v4"), always_inline)) static inline int64_t v
         c = _mm512_mask_add_epi32(c, _mm512_cmp_ps_mask(_mm512_load_ps(diff + j), e, _CMP_GE_OQ), c, one);
     return _mm512_reduce_add_epi32(c);
 }
+#else
+#if defined(__AVX2__) && defined(__FMA__) && LANES == 4
+#include <immintrin.h>
+INLINE vd load_float(const float *p) { return (vd)_mm256_cvtps_pd(_mm_loadu_ps(p)); }
+INLINE vd vmax(vd x, vd y) { return (vd)_mm256_max_pd((__m256d)x, (__m256d)y); }
+INLINE vd vmin(vd x, vd y) { return (vd)_mm256_min_pd((__m256d)x, (__m256d)y); }
+INLINE vd madd(vd acc, vd x, vd y) { return (vd)_mm256_fmadd_pd((__m256d)x, (__m256d)y, (__m256d)acc); }
+INLINE vf narrow(vd x) { return (vf)_mm256_cvtpd_ps((__m256d)x); }
+#else
+INLINE vd load_float(const float *p) {
+    vf x;
+    memcpy(&x, p, sizeof x);
+    return __builtin_convertvector(x, vd);
+}
+INLINE vd vmax(vd x, vd y) { return blend(x > y, x, y); }
+INLINE vd vmin(vd x, vd y) { return blend(x < y, x, y); }
+INLINE vd madd(vd acc, vd x, vd y) { return acc + x * y; }
+INLINE vf narrow(vd x) { return __builtin_convertvector(x, vf); }
 #endif
+INLINE vl count_gt(vl count, vd x, vd y) { return count - (x > y); }
+INLINE int64_t reaching(const float *diff, int64_t m, float edge) {
+    const vh e = (vh){0} + edge;
+    vi c = {0};
+    for (int64_t j = 0; j < m; j += HLANES) {
+        vh d;
+        memcpy(&d, diff + j, sizeof d);
+        c -= d >= e;
+    }
+    int64_t reached = 0;
+    for (int k = 0; k < HLANES; k++) reached += c[k];
+    return reached;
+}
+#endif
+
+/* Fold one vector of each side into `L` and the sub-block's own maxima and sums, its differences into `diff`.
+ * The relative difference assumes |a| > 0: where a lane's reference is zero, the sub-block's sum of relative
+ * differences is not finite and the caller computes that sub-block's relative differences again (rel_exact). */
+#define STEP(va, vb)                                                                                             \
+    do {                                                                                                         \
+        vd d = vabs(va - vb);                                                                                    \
+        vf d32 = narrow(d);                                                                                      \
+        memcpy(diff + j, &d32, sizeof d32);                                                                      \
+        top = vmax(d, top);                                                                                      \
+        L.sum_abs += d;                                                                                          \
+        L.sum_sq = madd(L.sum_sq, d, d);                                                                         \
+        vd r = vabs(va);                                                                                         \
+        if (check) L.mismatched = count_gt(L.mismatched, d, r * vrtol + vatol);                                  \
+        vd q = d / r;                                                                                            \
+        rel += q;                                                                                                \
+        rel_top = vmax(q, rel_top);                                                                              \
+        L.dot = madd(L.dot, va, vb);                                                                             \
+        L.norm_a = madd(L.norm_a, va, va);                                                                       \
+        L.norm_b = madd(L.norm_b, vb, vb);                                                                       \
+        nz = count_gt(nz, d, zero);                                                                              \
+    } while (0)
 
 /* Decades of the sub-block's differences (as float32, m a multiple of 16): one counting pass per edge at or below
  * its largest difference, from the top down, stopping at the first edge that every non-zero difference reaches
  * (as all below it do). */
-#define HISTOGRAM(P, ATTRS)                                                                                      \
-    ATTRS static inline void P##histogram(const float *diff, int64_t m, float top, int64_t nonzero,              \
-                                          const float *edges, int64_t *at_least) {                               \
-        int i = EDGES - 1;                                                                                       \
-        while (i >= 0 && edges[i] > top) i--;                                                                    \
-        for (; i >= 0; i--) {                                                                                    \
-            int64_t reached = P##reaching(diff, m, edges[i]);                                                    \
-            at_least[i] += reached;                                                                              \
-            if (reached == nonzero) {                                                                            \
-                for (int k = 0; k < i; k++) at_least[k] += nonzero;                                              \
-                break;                                                                                           \
-            }                                                                                                    \
-        }                                                                                                        \
+INLINE void histogram(const float *diff, int64_t m, float top, int64_t nonzero, const float *edges,
+                      int64_t *at_least) {
+    int i = EDGES - 1;
+    while (i >= 0 && edges[i] > top) i--;
+    for (; i >= 0; i--) {
+        int64_t reached = reaching(diff, m, edges[i]);
+        at_least[i] += reached;
+        if (reached == nonzero) {
+            for (int k = 0; k < i; k++) at_least[k] += nonzero;
+            break;
+        }
     }
-HISTOGRAM(g_, __attribute__((always_inline)))
-#ifdef V4_KERNELS
-HISTOGRAM(v4_, __attribute__((target("arch=x86-64-v4"), always_inline)))
-#endif
+}
 
 /* The first position in a sub-block where |a - b| equals `target`, computed as STEP computes it; -1 if none.
  * Vector by vector, so that differences that grow along the tensor (every sub-block a new maximum) stay cheap. */
 #define FIND(TA, TB)                                                                                             \
-    static inline __attribute__((always_inline)) int64_t find_##TA##_##TB(const TA *a, const TB *b, int64_t m,  \
-                                                                          double target) {                       \
+    INLINE int64_t find_##TA##_##TB(const TA *a, const TB *b, int64_t m, double target) {                         \
         const vd t = (vd){0} + target;                                                                           \
         int64_t k = 0;                                                                                           \
         for (; k + LANES <= m; k += LANES) {                                                                     \
             vl hit = vabs(load_##TA(a + k) - load_##TB(b + k)) == t;                                             \
-            vl any = hit;                                                                                        \
             int64_t found = 0;                                                                                   \
-            for (int i = 0; i < LANES; i++) found |= any[i];                                                     \
+            for (int i = 0; i < LANES; i++) found |= hit[i];                                                     \
             if (found)                                                                                           \
                 for (int i = 0; i < LANES; i++)                                                                  \
                     if (hit[i]) return k + i;                                                                    \
@@ -197,9 +202,8 @@ HISTOGRAM(v4_, __attribute__((target("arch=x86-64-v4"), always_inline)))
 
 /* The relative differences of a sub-block where some reference is zero: only over non-zero references. */
 #define REL_EXACT(TA, TB)                                                                                        \
-    static inline __attribute__((always_inline)) void rel_exact_##TA##_##TB(const TA *a, const TB *b, int64_t m, \
-                                                                            double *sum, double *top,            \
-                                                                            int64_t *count) {                    \
+    INLINE void rel_exact_##TA##_##TB(const TA *a, const TB *b, int64_t m, double *sum, double *top,              \
+                                      int64_t *count) {                                                          \
         for (int64_t k = 0; k < m; k++) {                                                                        \
             double x = one_##TA(a + k), r = __builtin_fabs(x);                                                   \
             if (r > 0) {                                                                                         \
@@ -211,21 +215,16 @@ HISTOGRAM(v4_, __attribute__((target("arch=x86-64-v4"), always_inline)))
         }                                                                                                        \
     }
 
-/* An empty partial, as every block's starts: no largest difference yet. */
-static inline void td_partial_reset(td_partial *out) {
-    memset(out, 0, sizeof *out);
-    out->max_abs = -1.0;
-    out->argmax = -1;
-}
-
-/* NAME(a, b, n, ...) is one block's partial; NAME_acc(a, b, n, base, ...) folds the values at flat positions
- * base.. base + n of a longer block into `out` (reset once, then folded in order: the first largest difference
- * keeps its place), which is how compare/chunk_loop.c reduces a block chunk by chunk. Both return 1 once the partial's
- * sums of squares are not finite (a NaN or an Inf was met, or they overflowed): the block is then the numpy
- * path's, and a caller may stop early. */
-#define KERNEL_BODY(FN, TA, TB, P, ATTRS)                                                                        \
-    ATTRS int FN(const TA *a, const TB *b, int64_t n, int64_t base, double atol, double rtol, int check,          \
-                 const double *edges, td_partial *out) {                                                         \
+/* NAME(a, b, n, base, ...) folds the values at flat positions base.. base + n of a block into `out` (which starts
+ * as an empty partial: max_abs -1, argmax -1, the rest 0; then folded in order, so that the first largest
+ * difference keeps its place), which is how compare/chunk_loop.c reduces a block chunk by chunk. It returns 1 once the
+ * partial's sums of squares are not finite (a NaN or an Inf was met, or they overflowed): the block is then the
+ * numpy path's, and a caller may stop early. */
+#define KERNEL(NAME, TA, TB)                                                                                     \
+    FIND(TA, TB)                                                                                                 \
+    REL_EXACT(TA, TB)                                                                                            \
+    int FAMILY(NAME)(const TA *a, const TB *b, int64_t n, int64_t base, double atol, double rtol, int check,     \
+                     const double *edges, td_partial *out) {                                                     \
         float diff[SUB + 16] __attribute__((aligned(64)));                                                       \
         float edges32[EDGES];                                                                                    \
         for (int i = 0; i < EDGES; i++) edges32[i] = (float)edges[i];                                            \
@@ -241,21 +240,21 @@ static inline void td_partial_reset(td_partial *out) {
             const TB *pb = b + start;                                                                            \
             int64_t j = 0;                                                                                       \
             for (; j < whole; j += LANES) {                                                                      \
-                vd va = P##load_##TA(pa + j), vb = P##load_##TB(pb + j);                                         \
-                STEP(P, va, vb);                                                                                 \
+                vd va = load_##TA(pa + j), vb = load_##TB(pb + j);                                               \
+                STEP(va, vb);                                                                                    \
             }                                                                                                    \
             if (j < m) { /* the last, short vector: zeros after the end add nothing (0 / 0 sends the sub-block's \
                             relative differences to rel_exact, which reads only the real values) */              \
                 vd va = zero, vb = zero;                                                                         \
                 for (int64_t k = 0; k < m - j; k++) { va[k] = (double)pa[j + k]; vb[k] = (double)pb[j + k]; }    \
-                STEP(P, va, vb);                                                                                 \
+                STEP(va, vb);                                                                                    \
                 j += LANES;                                                                                      \
             }                                                                                                    \
             for (; j % 16; j++) diff[j] = 0.0f; /* zeros reach no edge */                                        \
             int64_t nonzero = hsuml(nz);                                                                         \
             double sub_top = hmax(top);                                                                          \
             out->nonzero += nonzero;                                                                             \
-            P##histogram(diff, j, (float)sub_top, nonzero, edges32, out->at_least);                                 \
+            histogram(diff, j, (float)sub_top, nonzero, edges32, out->at_least);                                 \
             if (sub_top > out->max_abs) { /* a new largest difference: where it first is */                      \
                 int64_t k = find_##TA##_##TB(pa, pb, m, sub_top);                                                \
                 if (k >= 0) {                                                                                    \
@@ -282,42 +281,6 @@ static inline void td_partial_reset(td_partial *out) {
         return out->norm_a - out->norm_a == 0 && out->norm_b - out->norm_b == 0 ? 0 : 1; /* NaN, Inf, overflow */ \
     }
 
-#define PUBLIC(NAME, TA, TB, CHOSEN)                                                                             \
-    int NAME##_acc(const TA *a, const TB *b, int64_t n, int64_t base, double atol, double rtol, int check,       \
-                   const double *edges, td_partial *out) {                                                       \
-        return CHOSEN(a, b, n, base, atol, rtol, check, edges, out);                                             \
-    }                                                                                                            \
-    int NAME(const TA *a, const TB *b, int64_t n, double atol, double rtol, int check, const double *edges,     \
-             td_partial *out) {                                                                                  \
-        td_partial_reset(out);                                                                                   \
-        return NAME##_acc(a, b, n, 0, atol, rtol, check, edges, out);                                            \
-    }
-
-#ifdef V4_KERNELS
-/* Whether this CPU runs the v4_ kernels (checked once; a race only repeats the check). NAME_acc calls NAME_v4
- * where it does and NAME_g elsewhere; both are exported, so that a test can compare them. */
-int td_v4_usable(void) {
-    static int known = -1;
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("x86-64-v4") ? 1 : 0;
-    }
-    return known;
-}
-#define KERNEL(NAME, TA, TB)                                                                                     \
-    FIND(TA, TB)                                                                                                 \
-    REL_EXACT(TA, TB)                                                                                            \
-    KERNEL_BODY(NAME##_g, TA, TB, g_, __attribute__((target_clones("arch=x86-64-v3", "default"))))               \
-    KERNEL_BODY(NAME##_v4, TA, TB, v4_, __attribute__((target("arch=x86-64-v4"))))                               \
-    PUBLIC(NAME, TA, TB, (td_v4_usable() ? NAME##_v4 : NAME##_g))
-#else
-#define KERNEL(NAME, TA, TB)                                                                                     \
-    FIND(TA, TB)                                                                                                 \
-    REL_EXACT(TA, TB)                                                                                            \
-    KERNEL_BODY(NAME##_g, TA, TB, g_, )                                                                          \
-    PUBLIC(NAME, TA, TB, NAME##_g)
-#endif
-
 KERNEL(td_stats_ff, float, float)
 KERNEL(td_stats_fd, float, double)
 KERNEL(td_stats_df, double, float)
@@ -330,30 +293,26 @@ KERNEL(td_stats_dd, double, double)
  * an Inf reaches the sums, so a block whose sums are not finite (one with a NaN or an Inf, or one that overflowed)
  * returns 1 untouched: the numpy path counts and skips those. */
 
-typedef struct {
-    double count, mean, m2, min, max;
-} td_summary;
-
 typedef uint16_t vu16 __attribute__((vector_size(LANES * 2)));
 typedef uint32_t vu32 __attribute__((vector_size(LANES * 4)));
-#ifdef __FLT16_MAX__ /* _Float16: GCC 12 and clang 15 on x86-64; without it, float16 summaries use numpy */
+#ifdef __FLT16_MAX__ /* _Float16: GCC 12 and clang 15 on x86-64, aarch64; without it, float16 summaries use numpy */
 typedef _Float16 vhf __attribute__((vector_size(LANES * 2)));
 #endif
 
-static inline __attribute__((always_inline)) vd load_bf16(const uint16_t *p) {
+INLINE vd load_bf16(const uint16_t *p) {
     vu16 x;
     memcpy(&x, p, sizeof x);
     vu32 wide = __builtin_convertvector(x, vu32) << 16; /* bfloat16 is the top half of a float32 */
     return __builtin_convertvector((vf)wide, vd);
 }
 #ifdef __FLT16_MAX__
-static inline __attribute__((always_inline)) vd load_f16(const _Float16 *p) {
+INLINE vd load_f16(const _Float16 *p) {
     vhf x;
     memcpy(&x, p, sizeof x);
     return __builtin_convertvector(__builtin_convertvector(x, vf), vd); /* via float32: F16C converts that */
 }
 #endif
-static inline __attribute__((always_inline)) double scalar_bf16(const uint16_t *p) {
+INLINE double scalar_bf16(const uint16_t *p) {
     uint32_t wide = (uint32_t)*p << 16;
     float f;
     memcpy(&f, &wide, sizeof f);
@@ -362,7 +321,7 @@ static inline __attribute__((always_inline)) double scalar_bf16(const uint16_t *
 #define SCALAR(p) ((double)*(p))
 
 #define SUMMARY(NAME, T, LOAD, ONE)                                                                              \
-    CLONES int NAME(const T *x, int64_t n, td_summary *out) {                                                    \
+    int FAMILY(NAME)(const T *x, int64_t n, td_summary *out) {                                                   \
         const vd inf = (vd){0} + __builtin_inf();                                                                \
         double count = 0, mean = 0, m2 = 0, lo = __builtin_inf(), hi = -__builtin_inf();                        \
         for (int64_t start = 0; start < n; start += SUB) {                                                       \
@@ -372,8 +331,8 @@ static inline __attribute__((always_inline)) double scalar_bf16(const uint16_t *
             for (j = 0; j < whole; j += LANES) {                                                                 \
                 vd v = LOAD(p + j);                                                                              \
                 sum += v;                                                                                        \
-                vlo = blend(v < vlo, v, vlo);                                                                    \
-                vhi = blend(v > vhi, v, vhi);                                                                    \
+                vlo = vmin(v, vlo);                                                                              \
+                vhi = vmax(v, vhi);                                                                              \
             }                                                                                                    \
             double s = hsum(sum), blo = -hmax(-vlo), bhi = hmax(vhi);                                            \
             for (; j < m; j++) {                                                                                 \
@@ -417,7 +376,31 @@ SUMMARY(td_summary_h, _Float16, load_f16, SCALAR)
 #endif
 SUMMARY(td_summary_b, uint16_t, load_bf16, scalar_bf16)
 
+#else /* ---- Shared by every family ---------------------------------------------------------------------------- */
+
+/* Whether this CPU runs the family named `name` (compiled for x86-64-v4, -v3, or the baseline). */
+int td_family_runs(const char *name) {
+    if (strcmp(name, "baseline") == 0) return 1;
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+#if defined(__clang__) /* clang 18 and older know no levels: their features, but for movbe and xsave */
+    int v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi") &&
+             __builtin_cpu_supports("bmi2") && __builtin_cpu_supports("f16c") && __builtin_cpu_supports("lzcnt");
+    int v4 = v3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512cd") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("avx512vl");
+#else
+    int v3 = __builtin_cpu_supports("x86-64-v3"), v4 = __builtin_cpu_supports("x86-64-v4");
+#endif
+    if (strcmp(name, "avx2") == 0) return v3 != 0;
+    if (strcmp(name, "avx512") == 0) return v4 != 0;
+#endif
+    return 0;
+}
+
 int td_summary_size(void) { return (int)sizeof(td_summary); }
 
 /* The layout of td_partial, so the loader can refuse a library built from another version of this file. */
 int td_partial_size(void) { return (int)sizeof(td_partial); }
+
+#endif
