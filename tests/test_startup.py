@@ -43,7 +43,7 @@ def ingest(data: Path, run: str, path: Path) -> set[str]:
     return modules
 
 
-def test_npy_and_safetensors_ingest_without_torch(tmp_path: Path) -> None:
+def test_npy_safetensors_and_pth_ingest_without_torch(tmp_path: Path) -> None:
     npy = tmp_path / "a.npy"
     np.save(npy, np.arange(4, dtype=np.float32))
     bf16 = tmp_path / "b.safetensors"
@@ -55,7 +55,10 @@ def test_npy_and_safetensors_ingest_without_torch(tmp_path: Path) -> None:
     assert not second & {"torch", "alembic", "mako", "pygments"}
     pth = tmp_path / "c.pth"
     torch.save(torch.arange(3), pth)
-    assert "torch" in ingest(data, "pth", pth)  # the one reader that needs it still gets it
+    assert "torch" not in ingest(data, "pth", pth)  # PyTorch's zip format is read without torch
+    legacy = tmp_path / "d.pth"
+    torch.save(torch.arange(3), legacy, _use_new_zipfile_serialization=False)
+    assert "torch" in ingest(data, "legacy", legacy)  # the pre-1.6 format is left to torch.load
 
 
 def test_help_and_sessions_import_only_what_they_use(tmp_path: Path) -> None:
@@ -76,15 +79,3 @@ def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.Capture
     finally:
         gc.unfreeze()
     assert json.loads(capsys.readouterr().out) == []
-
-
-def test_pytorch_files_named_on_the_command_line(tmp_path: Path) -> None:
-    from tensor_debugger.cli.main import names_pytorch_file
-
-    (tmp_path / "dump").mkdir()
-    (tmp_path / "dump" / "0_query.npy").write_bytes(b"")
-    assert not names_pytorch_file([tmp_path / "a.npy", tmp_path / "b.safetensors", tmp_path / "dump",
-                                   tmp_path / "missing"])
-    assert names_pytorch_file([tmp_path / "a.npy", tmp_path / "B.PTH"])
-    (tmp_path / "dump" / "1_key.bin").write_bytes(b"")
-    assert names_pytorch_file([tmp_path / "dump"])

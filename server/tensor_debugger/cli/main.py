@@ -15,7 +15,6 @@ import argparse
 import atexit
 import gc
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -84,10 +83,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _start_up_heap():
         from tensor_debugger.services import open_services
 
-        if args.command in ("ingest", "compare") and names_pytorch_file(
-                args.paths if args.command == "ingest" else [args.a, args.b]):
-            import torch  # noqa: F401  # it will be needed; imported here, its objects are frozen with the rest
-
         services = open_services(settings)
     try:
         if args.command == "ingest":
@@ -120,24 +115,6 @@ def _start_up_heap() -> Iterator[None]:
             gc.enable()
         atexit.unregister(gc.freeze)  # once, however often main runs in one process
         atexit.register(gc.freeze)
-
-
-def names_pytorch_file(paths: Sequence[Path]) -> bool:
-    """Whether one of `paths`, or a file directly in one of them (a folder), is a PyTorch file. A cheap look, no
-    walk: archives and deeper folders are not opened, and torch is then imported when a file needs it."""
-    from tensor_debugger.ingest.tensor_files import TORCH_SUFFIXES
-
-    for path in paths:
-        try:
-            if path.is_dir():
-                with os.scandir(path) as entries:
-                    if any(Path(e.name).suffix.lower() in TORCH_SUFFIXES for e in entries):
-                        return True
-            elif path.suffix.lower() in TORCH_SUFFIXES:
-                return True
-        except OSError:
-            continue  # reported by the ingest itself
-    return False
 
 
 def serve(settings: Settings) -> int:

@@ -1,9 +1,9 @@
 """Open one tensor file (.pth/.pt/.bin, .safetensors, .npy) and list its leaves, each readable block by block.
 
-Reading never loads a whole tensor: PyTorch files are memory-mapped (`weights_only=True, mmap=True`) and their
-pages dropped once copied; safetensors and .npy data are read with positioned reads at their byte offsets.
-
-Only PyTorch files import torch (about a second): .safetensors and .npy files are read as bytes without it.
+Reading never loads a whole tensor: PyTorch zip files (pth_files.py), safetensors and .npy data are read with
+positioned reads at their byte offsets, without torch (importing it takes about a second). Only what pth_files.py
+leaves to torch (the legacy format, sparse or quantized tensors, unknown globals) is loaded with
+`torch.load(weights_only=True, mmap=True)`, its pages dropped once copied.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import os
 import pickle
 import re
 import struct
+import zipfile
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ import numpy as np
 from tensor_debugger.engine.chunking import Region, region_flat_range, region_shape
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest.mapped_pages import PageReleaser
+from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
 from tensor_debugger.store.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
 
 if TYPE_CHECKING:
@@ -87,7 +89,10 @@ def open_tensor_file(path: Path, label: str, buffers: int = 4) -> TensorFile:
     buffers that finished blocks give back are kept for later ones (the blocks a writer holds at once)."""
     suffix = path.suffix.lower()
     if suffix in TORCH_SUFFIXES:
-        return _open_torch(path, label)
+        try:
+            return _open_pth(path, label, buffers)
+        except NeedsTorch:  # legacy format, other globals (refused or not), compressed storages: torch decides
+            return _open_torch(path, label)
     if suffix == ".safetensors":
         return _open_safetensors(path, label, buffers)
     if suffix == ".npy":
@@ -96,6 +101,67 @@ def open_tensor_file(path: Path, label: str, buffers: int = 4) -> TensorFile:
 
 
 # --- PyTorch ---------------------------------------------------------------------------------------------
+
+
+def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
+    """A PyTorch zip file read without torch (pth_files.py); NeedsTorch where torch.load must read it."""
+    try:
+        obj = read_pth(path)
+    except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, OSError, ValueError, struct.error, KeyError,
+            IndexError, TypeError, AttributeError, MemoryError, OverflowError, UnicodeDecodeError,
+            RecursionError) as exc:
+        raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
+    stack = ExitStack()
+    fd = _open_fd(path, stack)
+    pool = BufferPool(buffers)
+    leaves: list[Leaf] = []
+    skipped: list[FileProblem] = []
+    for key_path, value in _flatten_plain(obj, ()):
+        if isinstance(value, PthTensor):
+            reader: BlockReader
+            if value.contiguous:
+                reader = RawReader(fd, value.data_offset, value.shape, value.dtype, pool)
+            else:
+                reader = ArrayReader(_strided_view(path, value))
+            leaves.append(Leaf(key_path, value.shape, value.dtype, reader))
+        elif isinstance(value, np.ndarray):
+            leaves.append(Leaf(key_path, (), from_numpy(value.dtype), ArrayReader(value)))
+        else:
+            skipped.append(FileProblem(_where(label, key_path), f"not a tensor ({type(value).__name__}); skipped"))
+    return TensorFile(leaves, skipped, stack)
+
+
+def _strided_view(path: Path, tensor: PthTensor) -> np.ndarray:
+    """A non-contiguous tensor (a view sharing its storage) as a read-only strided view of the mapped file (unmapped
+    once the leaves are dropped, when the file is closed)."""
+    storage = tensor.dtype.numpy_storage
+    count = tensor.storage_bytes // storage.itemsize
+    mapped = np.memmap(path, dtype=storage, mode="r", offset=tensor.data_offset, shape=(count,))
+    return np.lib.stride_tricks.as_strided(mapped, tensor.shape, tuple(s * storage.itemsize for s in tensor.strides),
+                                           writeable=False)
+
+
+_PLAIN_SCALARS: dict[type, str] = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
+
+
+def _flatten_plain(obj: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every leaf of a dict/list/tuple nesting, as `_flatten` gives them, without torch: Python scalars become 0-d
+    arrays (of torch's dtypes for them), None is dropped."""
+    if isinstance(obj, PthTensor):
+        yield prefix, obj
+    elif isinstance(obj, bool | int | float | complex):
+        try:  # Python floats are doubles: keep every bit
+            yield prefix, np.asarray(obj, dtype=_PLAIN_SCALARS[type(obj)])
+        except OverflowError:
+            yield prefix, obj
+    elif isinstance(obj, Mapping):
+        for key, value in obj.items():
+            yield from _flatten_plain(value, (*prefix, str(key)))
+    elif isinstance(obj, list | tuple):
+        for index, value in enumerate(obj):
+            yield from _flatten_plain(value, (*prefix, str(index)))
+    elif obj is not None:
+        yield prefix, obj
 
 
 class TorchReader:
