@@ -102,3 +102,25 @@ def test_the_check_sees_an_undeclared_import(tmp_path: Path) -> None:
     missing = f"{script}: no_such_module_here (not installed)"
     assert undeclared([script], {"numpy"}) == [f"{script}: anyio (anyio)", missing]
     assert undeclared([script], {"anyio"}) == [missing]
+
+
+def lowest_pins() -> list[str]:
+    """`name==bound` for each declared requirement but torch, from its `>=` bound: what constraints-lowest.txt holds."""
+    pins: list[str] = []
+    project = PYPROJECT["project"]
+    for requirement in [*project["dependencies"], *project["optional-dependencies"]["test"]]:
+        name = requirement_names([requirement]).pop()
+        if name == "torch":  # the Makefile installs the CPU wheel on disk first; a resolver must never pick one
+            continue
+        bound = re.search(r">=\s*([^,;\s]+)", requirement)
+        assert bound is not None, f"{requirement!r} has no lower bound for `make test-lowest` to try"
+        pins.append(f"{name}=={bound.group(1)}")
+    return sorted(pins)
+
+
+def test_the_lowest_constraints_are_the_declared_lower_bounds() -> None:
+    """`make test-lowest` installs constraints-lowest.txt: it must pin exactly pyproject.toml's lower bounds, so a
+    bound cannot be raised or added (a new dependency) without the lowest run trying it."""
+    lines = (REPO / "constraints-lowest.txt").read_text().splitlines()
+    pins = sorted(line for line in lines if line.strip() and not line.startswith("#"))
+    assert pins == lowest_pins(), "constraints-lowest.txt should pin:\n" + "\n".join(lowest_pins())
