@@ -1,4 +1,6 @@
 # Two commands for a new user: `make run` and `make test`. Both install what is missing first.
+# `make ci` is the full check CI runs (.ci/run): lint, the suite on the newest dependencies, and the suite again
+# on the lowest versions pyproject.toml declares (`make test-lowest`).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -7,7 +9,13 @@ TORCH ?= torch==2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: run test install install-test browser cross bench lint
+# A second environment for `make test-lowest`: the same torch, then every other direct dependency at its declared
+# lower bound (constraints-lowest.txt, which tests/test_dependencies.py keeps equal to pyproject.toml's bounds);
+# what those pull in comes newest, as for a user who pins nothing.
+LOWEST ?= .venv-lowest
+LOWEST_BIN := $(LOWEST)/bin
+
+.PHONY: run test install install-test browser cross bench lint test-lowest ci
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +28,16 @@ $(VENV)/.installed: $(BIN)/python pyproject.toml server/build_hooks.py server/te
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(BIN)/python -m pip install -e ".[test]"
+	touch $@
+
+$(LOWEST_BIN)/python:
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST_BIN)/python -m pip install --upgrade pip
+
+# torch first, so that no resolver picks one; -c holds the rest at the lowest versions.
+$(LOWEST)/.installed-test: $(LOWEST_BIN)/python pyproject.toml constraints-lowest.txt server/build_hooks.py server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/chunk_pairs.c
+	$(LOWEST_BIN)/python -m pip install "$(TORCH)"
+	$(LOWEST_BIN)/python -m pip install -c constraints-lowest.txt -e ".[test]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -48,6 +66,14 @@ run: install
 
 test: install-test
 	$(BIN)/python -m pytest
+
+# The whole suite, browser tests included (Playwright's lowest version counts), but for tests/test_lint.py: what
+# mypy --strict says depends on each library's own type annotations (SQLAlchemy's Row, numpy's, safetensors'), not
+# on what runs, so lint is checked on the newest versions only (make lint, make test).
+test-lowest: $(LOWEST)/.installed-test browser
+	$(LOWEST_BIN)/python -m pytest --deselect tests/test_lint.py
+
+ci: lint test test-lowest
 
 bench: install
 	$(BIN)/python bench/ingest.py --size-gib 1

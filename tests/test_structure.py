@@ -57,3 +57,13 @@ def test_every_setting_is_documented_in_the_readme() -> None:
 def test_no_grab_bag_modules() -> None:
     names = {p.stem for p in PACKAGE.rglob("*.py")}
     assert not names & {"utils", "helpers", "misc", "common"}
+
+
+def test_the_readme_names_the_command_ci_runs() -> None:
+    """CI runs .ci/run; a reader of the README must be able to run the same check by hand."""
+    script = (README.parent / ".ci" / "run").read_text().splitlines()
+    commands = [line.strip() for line in script if line.strip() and not line.lstrip().startswith("#")]
+    command = commands[-1]  # the script's last command is the check; the lines before it set the shell up
+    assert command.startswith("make "), command
+    lines = [line for line in README.read_text().splitlines() if ".ci/run" in line and command in line]
+    assert lines, f"no README line names .ci/run with {command!r}"
