@@ -39,14 +39,16 @@ FLAGS = ["-O3", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-
 X86_FLAGS = ["-mprefer-vector-width=512"]
 
 
-def blosc2_flags() -> list[str] | str:
+def blosc2_flags(package: Path | None = None) -> list[str] | str:
     """Compiler flags that build against C-Blosc2's header and link its static library in, both from the blosc2
     package (a build requirement: its wheels ship C-Blosc2's headers and libraries for other programs to build
-    against); else why not."""
-    spec = importlib.util.find_spec("blosc2")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return "the blosc2 package (C-Blosc2's header and library) is not installed where the build runs"
-    package = Path(next(iter(spec.submodule_search_locations)))
+    against); else why not. `package` is the package's folder (say, one unpacked from another architecture's wheel
+    for a cross build); by default, the one installed where the build runs."""
+    if package is None:
+        spec = importlib.util.find_spec("blosc2")  # finds the package without importing it
+        if spec is None or not spec.submodule_search_locations:
+            return "the blosc2 package (C-Blosc2's header and library) is not installed where the build runs"
+        package = Path(next(iter(spec.submodule_search_locations)))
     header, archive = package / "include" / "blosc2.h", package / "lib" / "libblosc2.a"
     if not header.is_file() or not archive.is_file():
         return f"the blosc2 package at {package} has no include/blosc2.h or lib/libblosc2.a (blosc2 4.0 or newer has)"

@@ -114,7 +114,7 @@ class ChunkPairs:
     b: ChunkReader
     codes: tuple[str, str]  # the loop's letters for each side's stored values
     shape: tuple[int, ...]  # the aligned shape that regions are of
-    kernel: int  # td_stats_XY_acc's address
+    kernel: int  # the address of td_stats_XY_<family> (fused.kernel_address)
 
     def __call__(self, region: Region, tolerance: Tolerance) -> FusedPartial | None:
         """The statistics of one block (C-contiguous in the aligned shape, as comparisons cut them), or None where
