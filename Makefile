@@ -13,6 +13,8 @@ PORT ?= 8000
 # lower bound (constraints-lowest.txt, which tests/test_dependencies.py keeps equal to pyproject.toml's bounds);
 # what those pull in comes newest, as for a user who pins nothing.
 LOWEST ?= .venv-lowest
+# what the install compiles: a change to one rebuilds the package
+BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/chunk_loop.c
 LOWEST_BIN := $(LOWEST)/bin
 
 .PHONY: run test install install-test browser cross bench lint test-lowest ci
@@ -21,7 +23,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
 
-$(VENV)/.installed: $(BIN)/python pyproject.toml server/build_hooks.py server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/chunk_loop.c
+$(VENV)/.installed: $(BIN)/python pyproject.toml $(BUILT_FROM)
 	$(BIN)/python -m pip install "$(TORCH)"
 	$(BIN)/python -m pip install -e .
 	touch $@
@@ -35,7 +37,7 @@ $(LOWEST_BIN)/python:
 	$(LOWEST_BIN)/python -m pip install --upgrade pip
 
 # torch first, so that no resolver picks one; -c holds the rest at the lowest versions.
-$(LOWEST)/.installed-test: $(LOWEST_BIN)/python pyproject.toml constraints-lowest.txt server/build_hooks.py server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/chunk_pairs.c
+$(LOWEST)/.installed-test: $(LOWEST_BIN)/python pyproject.toml constraints-lowest.txt $(BUILT_FROM)
 	$(LOWEST_BIN)/python -m pip install "$(TORCH)"
 	$(LOWEST_BIN)/python -m pip install -c constraints-lowest.txt -e ".[test]"
 	touch $@
