@@ -1,0 +1,149 @@
+"""Time to the first answer: `tensor-debugger compare` against the throw-away script a user would write.
+
+    python bench/first_answer.py                         # 2 x 200 MB of float32 .pth, 32 files per run, in zips
+    python bench/first_answer.py --size-mb 2048 --form folders --rounds 1
+
+Two runs of `{layer}_{stage}.pth` files (the candidate differs from the reference from layer 1 on) are written
+once, as zip archives (members stored, as `zip -0` and most tools writing .pth dumps do) or folders. Then, in each
+round and in turn:
+- the plain script: `torch.load` of each file pair, float64 statistics (max and mean |diff|, cosine), the first
+  pair outside torch.testing's float32 tolerance (the peer users would pick);
+- the CLI cold: `tensor-debugger compare A B --json` into a new data dir;
+- the CLI again: the same command on the same files and data dir.
+Each is a child process; the figures are wall seconds and the child's peak RSS. Nothing asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from harness import child_env, machine_line, run_child
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
+PYTHON = ROOT / ".venv" / "bin" / "python"
+STAGES = ("post_ln_pre_attn", "query", "key", "value", "post_attn", "post_attn_pre_resid", "pre_mlp", "post_mlp")
+HIDDEN = 1024
+
+SCRIPT = r'''
+import io, sys, time, zipfile
+from pathlib import Path
+import torch
+
+def members(path):
+    path = Path(path)
+    if path.is_dir():
+        return {p.name: p.read_bytes for p in sorted(path.iterdir())}
+    archive = zipfile.ZipFile(path)
+    return {Path(n).name: (lambda n=n: archive.read(n)) for n in archive.namelist() if n.endswith(".pth")}
+
+a, b = members(sys.argv[1]), members(sys.argv[2])
+stages = sys.argv[3].split(",")
+first = None
+for name in sorted(a, key=lambda n: (int(n.split("_")[0]), stages.index(n[:-4].split("_", 1)[1]))):
+    x = torch.load(io.BytesIO(a[name]()), weights_only=True).double()
+    y = torch.load(io.BytesIO(b[name]()), weights_only=True).double()
+    diff = (y - x).abs()
+    cosine = torch.nn.functional.cosine_similarity(x.flatten(), y.flatten(), dim=0).item()
+    bad = (diff > 1e-5 + 1.3e-6 * x.abs()).sum().item()
+    if bad and first is None:
+        first = name
+    print(name, diff.max().item(), diff.mean().item(), cosine, bad)
+print("FIRST", first)
+'''
+
+
+def write_runs(folder: Path, size_mb: int, files: int) -> None:
+    """Write the two runs' files (in a child: this process stays free of torch)."""
+    import torch
+
+    per_file = size_mb * 1_000_000 // files
+    rows = max(1, per_file // (HIDDEN * 4))
+    generator = torch.Generator().manual_seed(0)
+    for run in ("reference", "candidate"):
+        (folder / run).mkdir(parents=True)
+    for index in range(files):
+        layer, stage = divmod(index, len(STAGES))
+        name = f"{layer}_{STAGES[stage]}.pth"
+        values = torch.randn(rows, HIDDEN, generator=generator)
+        torch.save(values, folder / "reference" / name)
+        if layer >= 1:
+            values = values + 1e-3 * torch.randn(rows, HIDDEN, generator=generator)
+        torch.save(values, folder / "candidate" / name)
+
+
+def zipped(folder: Path) -> Path:
+    target = folder.with_suffix(".zip")
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
+        for path in sorted(folder.iterdir()):
+            archive.write(path, f"{folder.name}/{path.name}")
+    return target
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size-mb", type=int, default=200, help="MB of float32 per run")
+    parser.add_argument("--files", type=int, default=32, help=".pth files per run")
+    parser.add_argument("--form", choices=("archives", "folders"), default="archives")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary folder)")
+    parser.add_argument("--write-runs", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.write_runs:
+        write_runs(Path(args.write_runs[0]), int(args.write_runs[1]), int(args.write_runs[2]))
+        return
+    work = Path(tempfile.mkdtemp(prefix="first-answer-", dir=args.workdir))
+    env = child_env()
+    try:
+        run_child([str(PYTHON), __file__, "--write-runs", str(work / "dump"), str(args.size_mb), str(args.files)], env)
+        a, b = work / "dump" / "reference", work / "dump" / "candidate"
+        if args.form == "archives":
+            a, b = zipped(a), zipped(b)
+        script = work / "script.py"
+        script.write_text(SCRIPT)
+        _, _, versions = run_child([str(PYTHON), "-c", "import torch, numpy; print(f'torch {torch.__version__}, "
+                                    "numpy {numpy.__version__}')"], env)
+        print(machine_line(versions.strip()))
+        print(f"two runs of {args.files} float32 .pth files, {args.size_mb} MB each, as {args.form}; "
+              f"{args.rounds} rounds, in turn")
+        times: dict[str, list[float]] = {"plain script": [], "compare, cold": [], "compare, again": []}
+        peaks: dict[str, list[float]] = {name: [] for name in times}
+        for round_index in range(args.rounds):
+            data = work / f"data{round_index}"
+            wall, rss, out = run_child([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
+            times["plain script"].append(wall)
+            peaks["plain script"].append(rss)
+            first_script = out.strip().splitlines()[-1].split()[-1]
+            for label in ("compare, cold", "compare, again"):
+                wall, rss, out = run_child_allowing([str(CLI), "--data-dir", str(data), "compare", str(a), str(b),
+                                                    "--json"], env)
+                times[label].append(wall)
+                peaks[label].append(rss)
+                found = json.loads(out)["first_divergence"]
+                if found is None or f"{found['name']}.pth" != first_script:
+                    sys.exit(f"{label} found {found}, the script {first_script}")
+            shutil.rmtree(data, ignore_errors=True)
+        script_median = statistics.median(times["plain script"])
+        print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'peak RSS MB':>12}")
+        for name, values in times.items():
+            print(f"{name:16} {statistics.median(values):9.2f} {min(values):7.2f} {max(values):7.2f} "
+                  f"{statistics.median(values) / script_median:9.2f} {max(peaks[name]):12.0f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_child_allowing(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+    """`compare` exits 1 when a pair fails, as it must here: run it through a shell that turns 1 into 0."""
+    quoted = " ".join(f"'{part}'" for part in cmd)
+    return run_child(["/bin/sh", "-c", f"{quoted}; code=$?; [ $code -le 1 ] || exit $code"], env)
+
+
+if __name__ == "__main__":
+    main()
