@@ -30,7 +30,7 @@ from tensor_debugger.errors import (
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.reports import problem_json
+from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.controllers.pages import PageController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
 from tensor_debugger.web.controllers.runs import RunController
@@ -51,7 +51,7 @@ def _error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -
     status = status_for(exc)
     body: dict[str, Any] = {"status_code": status, "detail": str(exc)}
     if isinstance(exc, NothingUsableError):
-        body["problems"] = [problem_json(p) for p in exc.problems]
+        body["problems"] = problem_reports(exc.problems)
     if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
         return Template("error.html", status_code=status, context={"status": status, "detail": str(exc)})
     return Response(body, status_code=status, media_type=MediaType.JSON)

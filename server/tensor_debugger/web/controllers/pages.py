@@ -13,12 +13,12 @@ from litestar.response import Redirect, Template
 from tensor_debugger.compare.exports import pairs_to_csv
 from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.progress import PairProgress, session_progress
 from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebuggerError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord
 from tensor_debugger.web.multipart import receive_multipart
-from tensor_debugger.web.session_progress import PairCounts, session_progress
 from tensor_debugger.web.uploads import start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.web.views.session_view import ViewParams, apply_order, build_chart, build_groups, pair_key
@@ -70,7 +70,7 @@ class PageController(Controller):
             ordered = apply_order(report["pairs"], session.pair_order)
             counts = report["progress"]
             progress = session_progress(session, services.ingests,
-                                        PairCounts(counts["total"], counts["done"], counts["failing"]))
+                                        PairProgress.of(counts["total"], counts["done"], counts["failing"]))
             return Template("session.html", context={
                 "session": session, "report": report, "params": params, "progress": progress,
                 "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
