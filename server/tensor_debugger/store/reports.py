@@ -27,6 +27,26 @@ class RunRole(enum.StrEnum):
     CANDIDATE = "candidate"
 
 
+class PairStatus(enum.StrEnum):
+    PENDING = "pending"  # not compared yet
+    PASS = "pass"
+    FAIL = "fail"
+    INCOMPARABLE = "incomparable"  # no alignment makes the shapes comparable
+    ERROR = "error"  # comparing it failed; `error` says why
+
+
+class PairingStrategy(enum.StrEnum):
+    """How a pair was found (engine.pairing's strategies, strongest first)."""
+
+    MANUAL = "manual"
+    LAYER_STAGE = "layer_stage"
+    NAME = "name"
+    MODULE = "module"
+    KEY = "key"
+    NORMALIZED = "normalized"
+    SHAPE = "shape"
+
+
 def iso(moment: datetime) -> str:
     """ISO 8601 with the zone; SQLite hands back naive datetimes, which are stored as UTC."""
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()

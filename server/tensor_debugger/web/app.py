@@ -17,7 +17,6 @@ from litestar.template import TemplateConfig
 from tensor_debugger import __version__
 from tensor_debugger.compare.formatting import register_filters
 from tensor_debugger.compare.plan import sessions_needing_plan
-from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.demo.session import ensure_demo_session
 from tensor_debugger.errors import (
     ConflictError,
@@ -74,9 +73,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
     def startup(app: Litestar) -> None:
         opened = holder["services"] = services or open_services(settings)
-        worker = ComparisonWorker(opened.comparisons)
-        app.state.worker = worker
-        opened.on_planned = lambda _session_id: worker.wake()
+        worker = app.state.worker = opened.worker
         with opened.sessions() as db:
             unplanned = sessions_needing_plan(db)
         for session_id in unplanned:  # runs ingested from the command line while no server ran

@@ -73,18 +73,8 @@ class SessionController(Controller):
 
     @patch("/{session_id:int}", sync_to_thread=True)
     def update_session(self, services: Services, session_id: int, data: SessionPatch) -> SessionReport:
-        with services.sessions.begin() as db:
-            session = catalog.update_session(db, session_id, data.name, data.notes)
-            tolerances_changed = data.rtol is not None or data.atol is not None or data.default_tolerances
-            if tolerances_changed:
-                catalog.set_tolerances(session, None if data.default_tolerances else data.rtol,
-                                       None if data.default_tolerances else data.atol)
-            body = SessionReport.of(session)
-        if tolerances_changed:
-            services.comparisons.refresh(session_id)
-            if services.on_planned is not None:
-                services.on_planned(session_id)
-        return body
+        return services.actions.update_session(session_id, data.name, data.notes, data.rtol, data.atol,
+                                               data.default_tolerances)
 
     @delete("/{session_id:int}", sync_to_thread=True)
     def delete_session(self, services: Services, session_id: int) -> None:
