@@ -122,7 +122,7 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, tmp_pa
             assert extra and all(n.endswith(("_outputs", "_outputs_0", "_outputs_1", "_outputs_last_hidden_state"))
                        for n in extra)
             report = session_pairs(db, result.session_id, modules=True)
-        assert report["first_divergence"] is None and report["modules"]["culprit"] is None
+        assert report.first_divergence is None and report.modules is not None and report.modules.culprit is None
     finally:
         services.close()
 

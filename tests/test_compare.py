@@ -106,8 +106,8 @@ def test_tolerances_change_verdicts(services: Services, tmp_path: Path, capsys: 
     services.comparisons.compute_pending(session_id)
     with services.sessions() as db:
         report = session_pairs(db, session_id)
-    assert report["first_divergence"]["name"] == "1_post_attn"
-    statuses = {p["name"]: p["status"] for p in report["pairs"]}
+    assert report.first_divergence is not None and report.first_divergence.name == "1_post_attn"
+    statuses = {p.name: p.status for p in report.pairs}
     assert statuses["1_post_attn"] == "fail" and statuses["1_pre_mlp"] == "fail"  # 0.005 echo > 1e-3
     assert statuses["1_post_ln_pre_attn"] == "pass"
 
@@ -157,15 +157,15 @@ def test_tp8_against_tp1_layouts(services: Services, tmp_path: Path, capsys: pyt
     # where the largest difference lies in each run's own tensors
     with services.sessions() as db:
         detail = pair_detail(db, services.comparisons, value_pair_id(services, out, "0_value"))
-    assert detail["argmax"]["aligned"] == [70, 5, 63]
-    assert (detail["argmax"]["a"]["tensor"], detail["argmax"]["a"]["index"]) == ("0_value", [70, 5, 63])
-    assert (detail["argmax"]["b"]["tensor"], detail["argmax"]["b"]["index"]) == ("rank2/0_value", [70, 1, 63])
+    assert detail.argmax is not None and detail.argmax.aligned == [70, 5, 63]
+    assert (detail.argmax.a.tensor, detail.argmax.a.index) == ("0_value", [70, 5, 63])
+    assert (detail.argmax.b.tensor, detail.argmax.b.index) == ("rank2/0_value", [70, 1, 63])
 
 
 def value_pair_id(services: Services, out: dict[str, Any], name: str) -> int:
     with services.sessions() as db:
         report = session_pairs(db, out["session"]["id"])
-    return int(next(p["id"] for p in report["pairs"] if p["name"] == name))
+    return next(p.id for p in report.pairs if p.name == name)
 
 
 def test_incomparable_and_unmatched_are_listed(services: Services, tmp_path: Path,
@@ -309,10 +309,10 @@ def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Pat
     before = services.store.chunk_reads
     window = read_slice(view_a, view_b, request)
     assert services.store.chunk_reads - before == 2  # one chunk per run
-    assert window["a"] == [float(300 * 4096 + c) for c in range(998, 1002)]
-    assert window["diff"][2] == pytest.approx(-1.0 - (300 * 4096 + 1000))
+    assert window.a == [float(300 * 4096 + c) for c in range(998, 1002)]
+    assert window.diff[2] == pytest.approx(-1.0 - (300 * 4096 + 1000))
     square = read_slice(view_a, view_b, parse_slice_request(alignment.shape, ":,:", "60,0", "8,64"))
-    assert len(square["a"]) == 8 and len(square["a"][0]) == 64
+    assert len(square.a) == 8 and len(square.a[0]) == 64
 
 
 def test_heatmap_max_pools_so_a_spike_cannot_hide(services: Services, tmp_path: Path) -> None:

@@ -67,3 +67,17 @@ def test_the_readme_names_the_command_ci_runs() -> None:
     assert command.startswith("make "), command
     lines = [line for line in README.read_text().splitlines() if ".ci/run" in line and command in line]
     assert lines, f"no README line names .ci/run with {command!r}"
+
+
+def test_the_web_layer_builds_no_records() -> None:
+    """Controllers and views stay thin: every change to the rows is a call below the web layer (compare/actions.py
+    for what users do), so no module of web/ constructs a `*Record(...)` itself."""
+    built = []
+    for path in sorted((PACKAGE / "web").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.id if isinstance(node.func, ast.Name) else \
+                    node.func.attr if isinstance(node.func, ast.Attribute) else ""
+                if name.endswith("Record"):
+                    built.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name}(")
+    assert not built, f"web/ builds records: {built}"

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.compare.actions import SessionActions
 from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.ingest.queue import IngestQueue
 from tensor_debugger.ingest.recovery import RecoveryReport, recover
 from tensor_debugger.ingest.runs import Ingestor
@@ -27,17 +28,18 @@ class Services:
     ingestor: Ingestor
     comparisons: Comparisons
     recovery: RecoveryReport
-    on_planned: Callable[[int], None] | None = None  # the server's worker wakes up
+    worker: ComparisonWorker = field(init=False)  # computes pending pairs in the background once the server starts it
+    actions: SessionActions = field(init=False)  # what users do to sessions and pairs, one call per action
     ingests: IngestQueue = field(init=False)  # uploads ingested in the background (threads start on demand)
 
     def __post_init__(self) -> None:
+        self.worker = ComparisonWorker(self.comparisons)
+        self.actions = SessionActions(self.sessions, self.comparisons, self.worker.wake)
         self.ingests = IngestQueue(self.ingestor, self.plan, self.settings.ingest_workers)
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
-        self.comparisons.plan(session_id)
-        if self.on_planned is not None:
-            self.on_planned(session_id)
+        self.actions.plan(session_id)
 
     def close(self) -> None:
         self.ingests.close()

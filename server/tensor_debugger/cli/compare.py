@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from tensor_debugger.cli.progress_bar import ProgressBar
 from tensor_debugger.compare.formatting import format_error, format_number
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.pair_reports import SessionPairs, session_pairs
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -73,7 +73,7 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
         report = session_pairs(db, session_id, modules=True)
     url = f"http://{services.settings.host}:{services.settings.port}/sessions/{session_id}"
     payload = contract_json(session_id, session_name, url, report, problems)
-    if not report["pairs"]:
+    if not report.pairs:
         _unusable("no tensor of one run could be paired with a tensor of the other", problems, as_json, payload)
         return EXIT_UNUSABLE
     if as_json:
@@ -83,30 +83,31 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
     return EXIT_PASS if all(p["status"] == "pass" for p in payload["pairs"]) else EXIT_FAIL
 
 
-def contract_json(session_id: int, name: str, url: str, report: dict[str, Any],
+def contract_json(session_id: int, name: str, url: str, report: SessionPairs,
                   problems: list[dict[str, str]]) -> dict[str, Any]:
+    """The CLI's JSON (a stable contract, narrower than the API's), read from the same reports."""
     pairs = [{
-        "name": p["name"], "layer": p["layer"], "stage": p["stage"], "status": p["status"],
-        "alignment": p["alignment"], "strategy": p["strategy"],
-        "a": {k: p["a"][k] for k in ("name", "shape", "dtype")},
-        "b": {k: p["b"][k] for k in ("name", "shape", "dtype")},
-        "stats": {k: p["stats"][k] for k in CONTRACT_STATS} if p["stats"] else None,
-        "error": p["error"],
-        "module_path": p["module_path"], "place": p["place"], "summary": p["summary"],
-    } for p in report["pairs"]]
-    reference_run = report["pairs"][0]["a"]["run_id"] if report["pairs"] else None
-    unmatched = {"a": [u["name"] for u in report["unmatched"] if u["run_id"] == reference_run],
-                 "b": [u["name"] for u in report["unmatched"] if u["run_id"] != reference_run]}
-    first = report["first_divergence"]
-    modules = report.get("modules") or {}
+        "name": p.name, "layer": p.layer, "stage": p.stage, "status": str(p.status),
+        "alignment": p.alignment, "strategy": str(p.strategy),
+        "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
+        "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
+        "stats": {k: getattr(p.stats, k) for k in CONTRACT_STATS} if p.stats else None,
+        "error": p.error,
+        "module_path": p.module_path, "place": p.place, "summary": p.summary,
+    } for p in report.pairs]
+    reference_run = report.pairs[0].a.run_id if report.pairs else None
+    unmatched = {"a": [u.name for u in report.unmatched if u.run_id == reference_run],
+                 "b": [u.name for u in report.unmatched if u.run_id != reference_run]}
+    first = report.first_divergence
+    culprits = report.modules.culprits if report.modules else []
     return {
         "session": {"id": session_id, "name": name, "url": url},
         "pairs": pairs,
         "unmatched": unmatched,
-        "first_divergence": {k: first[k] for k in ("name", "layer", "stage")} if first else None,
+        "first_divergence": {"name": first.name, "layer": first.layer, "stage": first.stage} if first else None,
         # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first
-        "culprits": [{k: c[k] for k in ("module_path", "added_error", "input_error", "output_error")}
-                     for c in modules.get("culprits", [])],
+        "culprits": [{"module_path": c.module_path, "added_error": c.added_error, "input_error": c.input_error,
+                      "output_error": c.output_error} for c in culprits],
         "problems": problems,
     }
 

@@ -3,79 +3,121 @@ error it added, and the modules ranked as culprits (see `engine/culprits.py`).""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from tensor_debugger.engine.culprits import TensorError, rank_culprits, relative_rmse
 from tensor_debugger.engine.metrics import json_number, parse_number
 from tensor_debugger.ingest.traces import ModuleNode
+from tensor_debugger.store.reports import PairStatus
 
-_WORST = ("error", "incomparable", "fail", "pending", "pass")  # a module's verdict is its worst pair's
+if TYPE_CHECKING:  # pair_reports builds this report from its pairs
+    from tensor_debugger.compare.pair_reports import PairReport
+
+Number = float | str  # JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (metrics.json_number)
 
 
-@dataclass
-class _Module:
+class ModuleVerdict(enum.StrEnum):
+    """A module's verdict is its worst pair's; "none" without pairs of its own."""
+
+    ERROR = "error"
+    INCOMPARABLE = "incomparable"
+    FAIL = "fail"
+    PENDING = "pending"
+    PASS = "pass"
+    NONE = "none"
+
+
+_WORST = ("error", "incomparable", "fail", "pending", "pass")
+
+
+@dataclass(frozen=True)
+class ModulePair:
+    id: int
+    place: str | None
+    status: PairStatus
+    error: Number | None  # the pair's relative RMSE
+
+
+@dataclass(frozen=True)
+class ModuleNodeReport:
     path: str
-    pairs: list[dict[str, Any]] = field(default_factory=list)
-    children: list[_Module] = field(default_factory=list)
+    name: str
+    verdict: ModuleVerdict
+    failing_inside: int  # failing modules below it
+    added_error: Number | None
+    is_culprit: bool
+    pairs: list[ModulePair]
+    children: list[ModuleNodeReport]
 
 
-def pair_error(item: dict[str, Any]) -> float | None:
+@dataclass(frozen=True)
+class CulpritReport:
+    module_path: str
+    added_error: Number  # relative RMSE of its output minus that of its input
+    input_error: Number
+    output_error: Number
+    pair_id: int | None  # its first output's pair
+
+
+@dataclass(frozen=True)
+class ModuleReport:
+    has_values: bool
+    tree: list[ModuleNodeReport]
+    culprits: list[CulpritReport]  # largest added error first
+    culprit: CulpritReport | None  # the module that introduced the most error, when any pair fails
+
+
+def pair_error(item: PairReport) -> float | None:
     """A compared pair's relative RMSE; None before it is compared or without element values."""
-    stats = item.get("stats")
+    stats = item.stats
     if not stats:
         return None
-    return relative_rmse(float(parse_number(stats["snr_db"])), int(stats.get("nan_one_side") or 0))
+    return relative_rmse(float(parse_number(stats.snr_db)), int(stats.nan_one_side or 0))
 
 
-def module_report(items: list[dict[str, Any]], module_tree: dict[str, Any] | None) -> dict[str, Any] | None:
+def module_report(items: list[PairReport], module_tree: dict[str, Any] | None) -> ModuleReport | None:
     """`items` are `pair_reports.session_pairs` pairs; None when no pair comes from a module trace or capture."""
-    traced = [i for i in items if i.get("module_path")]
+    traced = [i for i in items if i.module_path]
     if not traced:
         return None
-    candidate = traced[0]["b"]["run_id"]  # with several candidate runs, the first one's modules
-    traced = [i for i in traced if i["b"]["run_id"] == candidate]
-    errors = [TensorError(i["module_path"], i["place"] or "", i["position"], e)
+    candidate = traced[0].b.run_id  # with several candidate runs, the first one's modules
+    traced = [i for i in traced if i.b.run_id == candidate]
+    errors = [TensorError(i.module_path or "", i.place or "", i.position, e)
               for i in traced if (e := pair_error(i)) is not None]
     culprits = rank_culprits(errors)
-    by_module: dict[str, list[dict[str, Any]]] = {}
+    by_module: dict[str, list[PairReport]] = {}
     for item in traced:
-        by_module.setdefault(item["module_path"], []).append(item)
+        by_module.setdefault(item.module_path or "", []).append(item)
     added = {c.module_path: c for c in culprits}
     roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])]
-    failing = any(i["status"] != "pass" for i in traced)
-    ranked = [{
-        "module_path": c.module_path, "added_error": json_number(c.added_error),
-        "input_error": json_number(c.input_error), "output_error": json_number(c.output_error),
-        "pair_id": _first_output(by_module[c.module_path]),
-    } for c in culprits]
+    failing = any(i.status != "pass" for i in traced)
+    ranked = [CulpritReport(c.module_path, json_number(c.added_error), json_number(c.input_error),
+                            json_number(c.output_error), _first_output(by_module[c.module_path]))
+              for c in culprits]
     top = ranked[0] if ranked and failing and culprits[0].added_error > 0 else None
-    return {
-        "has_values": bool((module_tree or {}).get("values", True)),
-        "tree": [_node_json(r, by_module, added, top) for r in roots],
-        "culprits": ranked,
-        "culprit": top,
-    }
+    return ModuleReport(bool((module_tree or {}).get("values", True)),
+                        [_node_report(r, by_module, added, top) for r in roots], ranked, top)
 
 
-def _node_json(node: ModuleNode, by_module: dict[str, list[dict[str, Any]]], added: dict[str, Any],
-               top: dict[str, Any] | None) -> dict[str, Any]:
-    children = [_node_json(c, by_module, added, top) for c in node.children]
+def _node_report(node: ModuleNode, by_module: dict[str, list[PairReport]], added: dict[str, Any],
+                 top: CulpritReport | None) -> ModuleNodeReport:
+    children = [_node_report(c, by_module, added, top) for c in node.children]
     pairs = by_module.get(node.path, [])
-    statuses = {p["status"] for p in pairs}
-    verdict = next((s for s in _WORST if s in statuses), "none")
+    statuses = {p.status for p in pairs}
+    verdict = ModuleVerdict(next((s for s in _WORST if s in statuses), "none"))
     culprit = added.get(node.path)
-    return {
-        "path": node.path,
-        "name": _short_name(node.path),
-        "verdict": verdict,
-        "failing_inside": sum(c["failing_inside"] + (c["verdict"] in _WORST[:3]) for c in children),
-        "added_error": json_number(culprit.added_error) if culprit else None,
-        "is_culprit": top is not None and top["module_path"] == node.path,
-        "pairs": [{"id": p["id"], "place": p["place"], "status": p["status"], "error": _error_json(p)}
-                  for p in pairs],
-        "children": children,
-    }
+    return ModuleNodeReport(
+        path=node.path,
+        name=_short_name(node.path),
+        verdict=verdict,
+        failing_inside=sum(c.failing_inside + (c.verdict in _WORST[:3]) for c in children),
+        added_error=json_number(culprit.added_error) if culprit else None,
+        is_culprit=top is not None and top.module_path == node.path,
+        pairs=[ModulePair(p.id, p.place, p.status, _error_json(p)) for p in pairs],
+        children=children,
+    )
 
 
 def _short_name(path: str) -> str:
@@ -84,11 +126,11 @@ def _short_name(path: str) -> str:
     return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
 
 
-def _error_json(item: dict[str, Any]) -> float | str | None:
+def _error_json(item: PairReport) -> float | str | None:
     error = pair_error(item)
     return None if error is None else json_number(error)
 
 
-def _first_output(pairs: list[dict[str, Any]]) -> int | None:
-    outputs = [p for p in pairs if (p["place"] or "").startswith("outputs")]
-    return outputs[0]["id"] if outputs else None
+def _first_output(pairs: list[PairReport]) -> int | None:
+    outputs = [p for p in pairs if (p.place or "").startswith("outputs")]
+    return outputs[0].id if outputs else None

@@ -1,62 +1,208 @@
-"""The JSON of pairs, first divergences and unmatched tensors: one shape for the API, the CLI and the pages."""
+"""Reports of pairs, first divergences and unmatched tensors: typed, frozen structures for the API (which
+documents them in its OpenAPI schema), the CLI, the CSV export and the pages alike."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.module_reports import module_report
+from tensor_debugger.compare.module_reports import ModuleReport, Number, module_report
 from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.progress import PairProgress
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord, UnmatchedRecord
-
-SUMMARY_STATS = ("max_abs_diff", "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr_db",
-                 "mismatched", "mismatched_fraction", "numel", "argmax", "nan_a", "nan_b", "inf_a", "inf_b",
-                 "nan_one_side", "rtol", "atol")
+from tensor_debugger.store.reports import PairingStrategy, PairStatus
 
 
-def _side(pair: Any, side: str, tensors: dict[int, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class PairStatsSummary:
+    """A compared pair's statistics over the aligned tensors (see engine.metrics.PairStats)."""
+
+    max_abs_diff: Number
+    mean_abs_diff: Number
+    max_rel_diff: Number
+    mean_rel_diff: Number
+    mse: Number
+    rmse: Number
+    cosine: Number
+    snr_db: Number
+    mismatched: int
+    mismatched_fraction: Number
+    numel: int
+    argmax: list[int] | None
+    nan_a: int
+    nan_b: int
+    inf_a: int
+    inf_b: int
+    nan_one_side: int
+    rtol: Number
+    atol: Number
+
+    @classmethod
+    def from_json(cls, stats: dict[str, Any]) -> PairStatsSummary:
+        """From the stored statistics (PairStats.to_json)."""
+        return cls(**{k: stats[k] for k in SUMMARY_STATS})
+
+
+@dataclass(frozen=True)
+class PairStatsFull(PairStatsSummary):
+    """The statistics with the histogram of |difference|: [zero, one decade each from 1e-12 to 1e4, the rest]."""
+
+    histogram: list[int]
+
+    @classmethod
+    def from_json(cls, stats: dict[str, Any]) -> PairStatsFull:
+        return cls(**{k: stats[k] for k in SUMMARY_STATS}, histogram=list(stats["histogram"]))
+
+
+SUMMARY_STATS = tuple(PairStatsSummary.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class PairSide:
+    """One run's side of a pair: its logical tensor (several shards when a tensor-parallel run split it)."""
+
+    name: str
+    shape: list[int]  # after concatenating its shards
+    dtype: str
+    shards: int
+    tensor_ids: list[int]
+    run_id: int
+
+
+@dataclass(frozen=True)
+class PairReport:
+    id: int
+    position: int
+    name: str
+    layer: int | None
+    stage: str | None
+    strategy: PairingStrategy
+    status: PairStatus
+    alignment: str  # in words
+    aligned_shape: list[int] | None
+    alignment_overridden: bool
+    a: PairSide
+    b: PairSide
+    stats: PairStatsSummary | None
+    error: str | None
+    module_path: str | None
+    place: str | None
+    summary: dict[str, Any] | None  # the verdict on summary statistics when element values are not available
+
+    @property
+    def key(self) -> str:
+        """The pair's key in the user's order: "reference name|candidate name"."""
+        return f"{self.a.name}|{self.b.name}"
+
+
+@dataclass(frozen=True)
+class ArgmaxSide:
+    tensor: str
+    tensor_id: int
+    index: list[int]  # in the run's own tensor (shard)
+
+
+@dataclass(frozen=True)
+class ArgmaxReport:
+    """Where the largest difference is: in aligned coordinates, and in each run's own tensor."""
+
+    aligned: list[int]
+    max_abs_diff: Number
+    a: ArgmaxSide
+    b: ArgmaxSide
+
+
+@dataclass(frozen=True)
+class PairShapes:
+    a: list[list[int]]  # each shard's
+    b: list[list[int]]
+
+
+@dataclass(frozen=True)
+class PairDetail(PairReport):
+    """A pair with its full statistics, alignment steps, shards' shapes and the argmax."""
+
+    stats: PairStatsFull | None
+    alignment_steps: list[dict[str, Any]]
+    shapes: PairShapes
+    argmax: ArgmaxReport | None
+
+
+@dataclass(frozen=True)
+class FirstDivergence:
+    pair_id: int
+    name: str
+    layer: int | None
+    stage: str | None
+    max_abs_diff: Number | None
+    argmax: list[int] | None
+
+
+@dataclass(frozen=True)
+class UnmatchedReport:
+    """A tensor of one run that no tensor of the other run was paired with."""
+
+    run_id: int
+    run: str | None  # the run's label
+    against_run_id: int
+    name: str
+    tensor_ids: list[int]
+
+
+@dataclass(frozen=True)
+class SessionPairs:
+    """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress;
+    `modules`: the module view of a traced session, when asked for."""
+
+    pairs: list[PairReport]
+    first_divergence: FirstDivergence | None
+    unmatched: list[UnmatchedReport]
+    progress: PairProgress
+    modules: ModuleReport | None = None
+
+
+@dataclass(frozen=True)
+class DivergenceReport:
+    first_divergence: FirstDivergence | None
+    progress: PairProgress
+
+
+def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
     ids = pair.a_tensor_ids if side == "a" else pair.b_tensor_ids
     shards = [tensors[i] for i in ids]
     shape = list(shards[0].shape)
     for step in (pair.alignment or {}).get("steps", []):
         if step["side"] == side and step["kind"] == "concat":
             shape = list(step["shape"])
-    return {"name": pair.a_name if side == "a" else pair.b_name, "shape": shape, "dtype": shards[0].dtype,
-            "shards": len(shards), "tensor_ids": list(ids), "run_id": pair.run_a_id if side == "a" else pair.run_b_id}
+    return PairSide(pair.a_name if side == "a" else pair.b_name, shape, shards[0].dtype, len(shards), list(ids),
+                    pair.run_a_id if side == "a" else pair.run_b_id)
 
 
-def pair_json(pair: Any, tensors: dict[int, Any], result: Any | None, full: bool = False) -> dict[str, Any]:
-    """`tensors` rows have `name`, `shape` and `dtype`; `result` has `stats`."""
+def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
+    """`tensors` rows have `name`, `shape` and `dtype`."""
     alignment = pair.alignment or {}
-    stats = None
-    if result is not None:
-        stats = {k: result.stats[k] for k in SUMMARY_STATS} if not full else dict(result.stats)
+    a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
     return {
-        "id": pair.id,
-        "position": pair.position,
-        "name": pair.name,
-        "layer": pair.layer,
-        "stage": pair.stage,
-        "strategy": pair.strategy,
-        "status": pair.status,
+        "id": pair.id, "position": pair.position, "name": pair.name, "layer": pair.layer, "stage": pair.stage,
+        "strategy": PairingStrategy(pair.strategy), "status": PairStatus(pair.status),
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
-        if pair.alignment is not None else "incomparable: " + " vs ".join(
-            str(_side(pair, s, tensors)["shape"]) for s in ("a", "b")),
-        "aligned_shape": alignment.get("shape"),
-        "alignment_overridden": pair.alignment_overridden,
-        "a": _side(pair, "a", tensors),
-        "b": _side(pair, "b", tensors),
-        "stats": stats,
-        "error": pair.error,
-        "module_path": pair.module_path,
-        "place": pair.place,
-        "summary": pair.summary,  # the verdict on summary statistics when element values are not available
+        if pair.alignment is not None else f"incomparable: {a.shape} vs {b.shape}",
+        "aligned_shape": alignment.get("shape"), "alignment_overridden": pair.alignment_overridden,
+        "a": a, "b": b, "error": pair.error, "module_path": pair.module_path, "place": pair.place,
+        "summary": pair.summary,
     }
+
+
+def pair_report(pair: Any, tensors: dict[int, Any], result: Any | None) -> PairReport:
+    """`result` has `stats` (the stored PairStats.to_json)."""
+    stats = PairStatsSummary.from_json(result.stats) if result is not None else None
+    return PairReport(**_pair_fields(pair, tensors), stats=stats)
 
 
 Loaded = tuple[dict[int, Any], dict[int, Any]]
@@ -78,56 +224,64 @@ def _load(db: DbSession, pairs: Sequence[Any]) -> Loaded:
     return tensors, results
 
 
-def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> dict[str, Any]:
+def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> SessionPairs:
     """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress; with
     `modules`, also the module view of a traced session (its tree and culprits: work the other callers skip)."""
     pairs: Sequence[Any] = db.execute(select(*PairRecord.__table__.columns)  # light rows, as in _load
                                       .where(PairRecord.session_id == session_id).order_by(PairRecord.position)).all()
     tensors, results = _load(db, pairs)
-    items = [pair_json(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
-    first = next((i for i in items if i["status"] == "fail"), None)
+    items = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
+    first = next((i for i in items if i.status == PairStatus.FAIL), None)
     runs = dict(db.execute(select(RunRecord.id, RunRecord.label).where(RunRecord.session_id == session_id)).all())
     unmatched = db.scalars(select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id)
                            .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)).all()
-    done = sum(1 for i in items if i["status"] != "pending")
-    report: dict[str, Any] = {
-        "pairs": items,
-        "first_divergence": divergence_json(first),
-        "unmatched": [{"run_id": u.run_id, "run": runs.get(u.run_id), "against_run_id": u.other_run_id,
-                       "name": u.name, "tensor_ids": list(u.tensor_ids)} for u in unmatched],
-        "progress": {"total": len(items), "done": done, "pending": len(items) - done,
-                     "failing": sum(1 for i in items if i["status"] == "fail")},
-    }
-    if modules:
-        tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0]["a"]["run_id"])) if items \
-            else None  # the reference run's
-        report["modules"] = module_report(items, tree)
-    return report
+    done = sum(1 for i in items if i.status != PairStatus.PENDING)
+    module_view = None
+    if modules and items:
+        tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
+        module_view = module_report(items, tree)
+    return SessionPairs(
+        pairs=items,
+        first_divergence=first_divergence(first),
+        unmatched=[UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids))
+                   for u in unmatched],
+        progress=PairProgress.of(len(items), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
+        modules=module_view,
+    )
 
 
-def divergence_json(item: dict[str, Any] | None) -> dict[str, Any] | None:
+def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairReport]:
+    """The user's own order (by pair key "a_name|b_name"), pairs it does not name after, in execution order."""
+    if not order:
+        return pairs
+    rank = {key: i for i, key in enumerate(order)}
+    return sorted(pairs, key=lambda p: (rank.get(p.key, len(rank)), p.position))
+
+
+def first_divergence(item: PairReport | None) -> FirstDivergence | None:
     if item is None:
         return None
-    return {"pair_id": item["id"], "name": item["name"], "layer": item["layer"], "stage": item["stage"],
-            "max_abs_diff": (item["stats"] or {}).get("max_abs_diff"), "argmax": (item["stats"] or {}).get("argmax")}
+    return FirstDivergence(item.id, item.name, item.layer, item.stage,
+                           item.stats.max_abs_diff if item.stats else None, item.stats.argmax if item.stats else None)
 
 
-def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> dict[str, Any]:
+def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDetail:
     pair = db.get(PairRecord, pair_id)
     if pair is None:
         raise NotFoundError(f"no pair with id {pair_id}")
     tensors, results = _load(db, [pair])
     result = results.get(pair.result_id) if pair.result_id else None
-    data = pair_json(pair, tensors, result, full=True)
-    data["alignment_steps"] = (pair.alignment or {}).get("steps", [])
-    data["shapes"] = {"a": [tensors[i].shape for i in pair.a_tensor_ids],
-                      "b": [tensors[i].shape for i in pair.b_tensor_ids]}
-    data["argmax"] = argmax_json(db, comparisons, pair, result, tensors)
-    return data
+    return PairDetail(
+        **_pair_fields(pair, tensors),
+        stats=PairStatsFull.from_json(result.stats) if result is not None else None,
+        alignment_steps=(pair.alignment or {}).get("steps", []),
+        shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),
+        argmax=argmax_report(db, comparisons, pair, result, tensors),
+    )
 
 
-def argmax_json(db: DbSession, comparisons: Comparisons, pair: PairRecord, result: Any | None,
-                tensors: dict[int, Any]) -> dict[str, Any] | None:
+def argmax_report(db: DbSession, comparisons: Comparisons, pair: PairRecord, result: Any | None,
+                  tensors: dict[int, Any]) -> ArgmaxReport | None:
     """Where the largest difference is: in aligned coordinates, and in each run's own tensor (shard and index)."""
     if result is None or pair.alignment is None:
         return None
@@ -135,9 +289,9 @@ def argmax_json(db: DbSession, comparisons: Comparisons, pair: PairRecord, resul
     if stats.argmax is None:
         return None
     view_a, view_b, _ = comparisons.views(db, pair)
-    out: dict[str, Any] = {"aligned": list(stats.argmax), "max_abs_diff": json_number(stats.max_abs_diff)}
-    for side, view, ids in (("a", view_a, pair.a_tensor_ids), ("b", view_b, pair.b_tensor_ids)):
+    sides = []
+    for view, ids in ((view_a, pair.a_tensor_ids), (view_b, pair.b_tensor_ids)):
         shard, index = view.locate(stats.argmax)
         tensor = tensors[ids[shard]]
-        out[side] = {"tensor": tensor.name, "tensor_id": tensor.id, "index": list(index)}
-    return out
+        sides.append(ArgmaxSide(tensor.name, tensor.id, list(index)))
+    return ArgmaxReport(list(stats.argmax), json_number(stats.max_abs_diff), sides[0], sides[1])

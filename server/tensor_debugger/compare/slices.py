@@ -104,15 +104,36 @@ def read_window(a: View, b: View, request: SliceRequest) -> Window:
     return Window(request, box, values_a, values_b, diff)
 
 
-def read_slice(a: View, b: View, request: SliceRequest) -> dict[str, Any]:
+@dataclass(frozen=True)
+class WindowDim:
+    dim: int  # an aligned dimension the window runs along
+    start: int
+    count: int
+
+
+@dataclass(frozen=True)
+class SliceReport:
+    """Values of both runs and their difference (candidate - reference) in a window of the aligned tensors:
+    nested lists in the window's shape; NaN and infinities as "nan", "inf", "-inf"; complex values as
+    [real, imag]."""
+
+    shape: list[int]  # the aligned shape
+    index: list[int | str]  # a fixed index per dimension, ":" where the window runs
+    window: list[WindowDim]
+    a: Any
+    b: Any
+    diff: Any
+
+
+def read_slice(a: View, b: View, request: SliceRequest) -> SliceReport:
     window = read_window(a, b, request)
-    return {
-        "shape": list(a.shape),
-        "index": [v if v is not None else ":" for v in request.index],
-        "window": [{"dim": d, "start": r.start, "count": r.stop - r.start}
-                   for d, (r, f) in enumerate(zip(window.region, request.index, strict=True)) if f is None],
-        "a": _values(window.a), "b": _values(window.b), "diff": _values(window.diff),
-    }
+    return SliceReport(
+        shape=list(a.shape),
+        index=[v if v is not None else ":" for v in request.index],
+        window=[WindowDim(d, r.start, r.stop - r.start)
+                for d, (r, f) in enumerate(zip(window.region, request.index, strict=True)) if f is None],
+        a=_values(window.a), b=_values(window.b), diff=_values(window.diff),
+    )
 
 
 def _values(array: np.ndarray) -> Any:

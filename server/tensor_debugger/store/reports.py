@@ -1,12 +1,50 @@
-"""The JSON shapes of sessions, runs, tensors and problems: one place for the API, the CLI and the pages."""
+"""Reports of sessions, runs, tensors and problems: typed, frozen structures that the API serves as JSON (and
+documents in its OpenAPI schema), the CLI prints and the pages show. One place for all three."""
 
 from __future__ import annotations
 
+import enum
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+
+
+class RunStatus(enum.StrEnum):
+    """A run's row: visible once "ready"; "failed" when nothing usable was found (its problems say why)."""
+
+    INGESTING = "ingesting"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class RunRole(enum.StrEnum):
+    """The session's first run is the reference; every other run is a candidate compared with it."""
+
+    REFERENCE = "reference"
+    CANDIDATE = "candidate"
+
+
+class PairStatus(enum.StrEnum):
+    PENDING = "pending"  # not compared yet
+    PASS = "pass"
+    FAIL = "fail"
+    INCOMPARABLE = "incomparable"  # no alignment makes the shapes comparable
+    ERROR = "error"  # comparing it failed; `error` says why
+
+
+class PairingStrategy(enum.StrEnum):
+    """How a pair was found (engine.pairing's strategies, strongest first)."""
+
+    MANUAL = "manual"
+    LAYER_STAGE = "layer_stage"
+    NAME = "name"
+    MODULE = "module"
+    KEY = "key"
+    NORMALIZED = "normalized"
+    SHAPE = "shape"
 
 
 def iso(moment: datetime) -> str:
@@ -14,58 +52,128 @@ def iso(moment: datetime) -> str:
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
 
 
+@dataclass(frozen=True)
+class ProblemReport:
+    """A file that could not be used, and why."""
+
+    file: str
+    reason: str
+
+    @classmethod
+    def of(cls, problem: FileProblem | ProblemRecord) -> ProblemReport:
+        return cls(problem.file, problem.reason)
+
+
+def problem_reports(problems: Sequence[FileProblem | ProblemRecord]) -> list[ProblemReport]:
+    return [ProblemReport.of(p) for p in problems]
+
+
+@dataclass(frozen=True)
+class RunReport:
+    id: int
+    label: str
+    role: RunRole
+    position: int
+    status: RunStatus
+    sources: list[str]
+    tensors: int
+    total_bytes: int
+    created_at: str
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunReport:
+        return cls(run.id, run.label, RunRole(run.role), run.position, RunStatus(run.status), list(run.sources),
+                   run.tensor_count, run.total_bytes, iso(run.created_at))
+
+
+@dataclass(frozen=True)
+class RunWithProblems(RunReport):
+    """A run with the problems of its files."""
+
+    problems: list[ProblemReport]
+
+    @classmethod
+    def of(cls, run: RunRecord) -> RunWithProblems:
+        return cls(run.id, run.label, RunRole(run.role), run.position, RunStatus(run.status), list(run.sources),
+                   run.tensor_count, run.total_bytes, iso(run.created_at), problem_reports(run.problems))
+
+
+@dataclass(frozen=True)
+class Tolerances:
+    """The session's own tolerances; None: torch.testing's default for each pair's dtypes."""
+
+    rtol: float | None
+    atol: float | None
+
+
+@dataclass(frozen=True)
+class SessionReport:
+    id: int
+    name: str
+    notes: str
+    created_at: str
+    tolerances: Tolerances
+    runs: list[RunReport]
+
+    @classmethod
+    def of(cls, session: SessionRecord) -> SessionReport:
+        return cls(session.id, session.name, session.notes, iso(session.created_at),
+                   Tolerances(session.rtol, session.atol), [RunReport.of(r) for r in session.runs])
+
+
+@dataclass(frozen=True)
+class SessionDetail:
+    """A session whose runs have their problems."""
+
+    id: int
+    name: str
+    notes: str
+    created_at: str
+    tolerances: Tolerances
+    runs: list[RunWithProblems]
+
+    @classmethod
+    def of(cls, session: SessionRecord) -> SessionDetail:
+        return cls(session.id, session.name, session.notes, iso(session.created_at),
+                   Tolerances(session.rtol, session.atol), [RunWithProblems.of(r) for r in session.runs])
+
+
+@dataclass(frozen=True)
+class TensorStats:
+    """A tensor's summary statistics (min, max, mean and std are None where they do not apply)."""
+
+    numel: int
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    nan: int
+    inf: int
+
+
+@dataclass(frozen=True)
+class TensorReport:
+    id: int
+    run_id: int
+    name: str
+    source_file: str
+    key_path: list[str | int]
+    layer: int | None
+    stage: str | None
+    shape: list[int]
+    dtype: str
+    nbytes: int
+    digest: str
+    stats: TensorStats
+
+    @classmethod
+    def of(cls, tensor: TensorRecord) -> TensorReport:
+        return cls(tensor.id, tensor.run_id, tensor.name, tensor.source_file, list(tensor.key_path), tensor.layer,
+                   tensor.stage, list(tensor.shape), tensor.dtype, tensor.nbytes, tensor.digest,
+                   TensorStats(tensor.numel, tensor.min, tensor.max, tensor.mean, tensor.std, tensor.nan_count,
+                               tensor.inf_count))
+
+
 def problem_json(problem: FileProblem | ProblemRecord) -> dict[str, str]:
-    return {"file": problem.file, "reason": problem.reason}
-
-
-def run_json(run: RunRecord, with_problems: bool = False) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "id": run.id,
-        "label": run.label,
-        "role": run.role,
-        "position": run.position,
-        "status": run.status,
-        "sources": list(run.sources),
-        "tensors": run.tensor_count,
-        "total_bytes": run.total_bytes,
-        "created_at": iso(run.created_at),
-    }
-    if with_problems:
-        data["problems"] = [problem_json(p) for p in run.problems]
-    return data
-
-
-def session_json(session: SessionRecord, with_problems: bool = False) -> dict[str, Any]:
-    return {
-        "id": session.id,
-        "name": session.name,
-        "notes": session.notes,
-        "created_at": iso(session.created_at),
-        "tolerances": {"rtol": session.rtol, "atol": session.atol},
-        "runs": [run_json(r, with_problems) for r in session.runs],
-    }
-
-
-def tensor_json(tensor: TensorRecord) -> dict[str, Any]:
-    return {
-        "id": tensor.id,
-        "run_id": tensor.run_id,
-        "name": tensor.name,
-        "source_file": tensor.source_file,
-        "key_path": list(tensor.key_path),
-        "layer": tensor.layer,
-        "stage": tensor.stage,
-        "shape": list(tensor.shape),
-        "dtype": tensor.dtype,
-        "nbytes": tensor.nbytes,
-        "digest": tensor.digest,
-        "stats": {
-            "numel": tensor.numel,
-            "min": tensor.min,
-            "max": tensor.max,
-            "mean": tensor.mean,
-            "std": tensor.std,
-            "nan": tensor.nan_count,
-            "inf": tensor.inf_count,
-        },
-    }
+    """A problem as the CLI's JSON prints it."""
+    return asdict(ProblemReport.of(problem))

@@ -17,7 +17,6 @@ from litestar.template import TemplateConfig
 from tensor_debugger import __version__
 from tensor_debugger.compare.formatting import register_filters
 from tensor_debugger.compare.plan import sessions_needing_plan
-from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.demo.session import ensure_demo_session
 from tensor_debugger.errors import (
     ConflictError,
@@ -30,7 +29,7 @@ from tensor_debugger.errors import (
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.reports import problem_json
+from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.controllers.pages import PageController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
 from tensor_debugger.web.controllers.runs import RunController
@@ -51,7 +50,7 @@ def _error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -
     status = status_for(exc)
     body: dict[str, Any] = {"status_code": status, "detail": str(exc)}
     if isinstance(exc, NothingUsableError):
-        body["problems"] = [problem_json(p) for p in exc.problems]
+        body["problems"] = problem_reports(exc.problems)
     if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
         return Template("error.html", status_code=status, context={"status": status, "detail": str(exc)})
     return Response(body, status_code=status, media_type=MediaType.JSON)
@@ -74,9 +73,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
     def startup(app: Litestar) -> None:
         opened = holder["services"] = services or open_services(settings)
-        worker = ComparisonWorker(opened.comparisons)
-        app.state.worker = worker
-        opened.on_planned = lambda _session_id: worker.wake()
+        worker = app.state.worker = opened.worker
         with opened.sessions() as db:
             unplanned = sessions_needing_plan(db)
         for session_id in unplanned:  # runs ingested from the command line while no server ran

@@ -12,32 +12,65 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensor_debugger.errors import FileProblem, NotFoundError, NothingUsableError
+from litestar import Response
+from litestar.status_codes import HTTP_201_CREATED, HTTP_202_ACCEPTED, HTTP_422_UNPROCESSABLE_ENTITY
+
+from tensor_debugger.errors import NotFoundError, NothingUsableError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.queue import IngestJob
 from tensor_debugger.ingest.runs import IngestResult, PendingRun
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.reports import problem_json
+from tensor_debugger.store.reports import ProblemReport, RunStatus, SessionDetail, problem_reports
 from tensor_debugger.web.multipart import UploadBatch
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunOutcome:
+    """What became of one run of an upload."""
+
     label: str
     run_id: int | None  # None: nothing usable was found, and no run was kept
+    status: RunStatus  # "ready", "failed" (nothing kept) or "ingesting" (the request did not wait)
     tensors: int = 0
-    problems: list[FileProblem] = field(default_factory=list)
-    status: str = "ready"  # "ready", "failed" (nothing kept) or "ingesting" (the request did not wait)
+    problems: list[ProblemReport] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "label": self.label,
-            "run_id": self.run_id,
-            "status": self.status,
-            "tensors": self.tensors,
-            "problems": [problem_json(p) for p in self.problems],
-        }
+    @property
+    def stored(self) -> bool:
+        return self.run_id is not None
+
+
+@dataclass(frozen=True)
+class RunOutcomes:
+    """201 (some run was stored) or 422 (none was)."""
+
+    runs: list[RunOutcome]
+
+
+@dataclass(frozen=True)
+class UploadCreated:
+    """201: the new session, and what became of each run."""
+
+    runs: list[RunOutcome]
+    session: SessionDetail
+
+
+@dataclass(frozen=True)
+class UploadRejected:
+    """422: nothing usable in any run; the session was not kept."""
+
+    runs: list[RunOutcome]
+    detail: str
+
+
+@dataclass(frozen=True)
+class UploadAccepted:
+    """202: the upload is on disk and its runs are queued; `url` (the session page) and `progress` follow them."""
+
+    session: SessionDetail
+    runs: list[RunOutcome]
+    url: str
+    progress: str
 
 
 @dataclass(frozen=True)
@@ -47,7 +80,7 @@ class StartedRun:
     result: Future[IngestResult]
 
     def accepted(self) -> RunOutcome:
-        return RunOutcome(self.label, self.pending.run_id, status="ingesting")
+        return RunOutcome(self.label, self.pending.run_id, RunStatus.INGESTING)
 
 
 def group_by_run(batch: UploadBatch, default_label: str | None = None) -> dict[str, list[InputFile]]:
@@ -123,9 +156,10 @@ def wait_for_runs(started: list[StartedRun]) -> list[RunOutcome]:
         try:
             result = run.result.result()
         except NothingUsableError as exc:
-            outcomes.append(RunOutcome(run.label, None, 0, exc.problems, status="failed"))
+            outcomes.append(RunOutcome(run.label, None, RunStatus.FAILED, 0, problem_reports(exc.problems)))
         else:
-            outcomes.append(RunOutcome(run.label, result.run_id, result.tensors, result.problems))
+            outcomes.append(RunOutcome(run.label, result.run_id, RunStatus.READY, result.tensors,
+                                       problem_reports(result.problems)))
     return outcomes
 
 
@@ -144,3 +178,27 @@ def _after_last(count: int, action: Callable[[], None]) -> Callable[[], None]:
     if count == 0:
         action()
     return release
+
+
+def accepted(services: Services, session_id: int, started: list[StartedRun]) -> Response[Any]:
+    """An `UploadAccepted`, 202: the upload is on disk and its runs are queued; the session page and `progress`
+    follow them."""
+    page = f"/sessions/{session_id}"
+    with services.sessions() as db:
+        session = SessionDetail.of(catalog.get_session(db, session_id))
+    return Response(UploadAccepted(session, [s.accepted() for s in started], page,
+                                   f"/api/sessions/{session_id}/progress"),
+                    status_code=HTTP_202_ACCEPTED, headers={"location": page})
+
+
+def created(services: Services, session_id: int,
+            outcomes: list[RunOutcome]) -> Response[Any]:
+    """An `UploadCreated`, 201 with the session, or an `UploadRejected`, 422 (and the session removed) when no run
+    was kept."""
+    if not any(o.stored for o in outcomes):
+        delete_if_empty(services, session_id)
+        return Response(UploadRejected(outcomes, "no tensors found in any upload; the session was not kept"),
+                        status_code=HTTP_422_UNPROCESSABLE_ENTITY)
+    with services.sessions() as db:
+        session = SessionDetail.of(catalog.get_session(db, session_id))
+    return Response(UploadCreated(outcomes, session), status_code=HTTP_201_CREATED)

@@ -12,16 +12,16 @@ from litestar.response import Redirect, Template
 
 from tensor_debugger.compare.exports import pairs_to_csv
 from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.pair_reports import apply_order, session_pairs
+from tensor_debugger.compare.progress import session_progress
 from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebuggerError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairOverrideRecord, PairRecord
+from tensor_debugger.store.models import PairRecord
 from tensor_debugger.web.multipart import receive_multipart
-from tensor_debugger.web.session_progress import PairCounts, session_progress
 from tensor_debugger.web.uploads import start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
-from tensor_debugger.web.views.session_view import ViewParams, apply_order, build_chart, build_groups, pair_key
+from tensor_debugger.web.views.session_view import ViewParams, build_chart, build_groups
 
 FormData = dict[str, str]
 FORM = Body(media_type=RequestEncodingType.URL_ENCODED)  # a plain HTML form's fields
@@ -40,8 +40,7 @@ class PageController(Controller):
 
     @post("/sessions/{session_id:int}/rename", sync_to_thread=True)
     def rename(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
-        with services.sessions.begin() as db:
-            catalog.update_session(db, session_id, data.get("name", ""), None)
+        services.actions.rename(session_id, data.get("name", ""))
         return Redirect("/", status_code=303)
 
     @post("/sessions/{session_id:int}/delete", sync_to_thread=True)
@@ -67,15 +66,13 @@ class PageController(Controller):
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
             report = session_pairs(db, session_id, modules=True)
-            ordered = apply_order(report["pairs"], session.pair_order)
-            counts = report["progress"]
-            progress = session_progress(session, services.ingests,
-                                        PairCounts(counts["total"], counts["done"], counts["failing"]))
+            ordered = apply_order(report.pairs, session.pair_order)
+            progress = session_progress(session, services.ingests, report.progress)
             return Template("session.html", context={
                 "session": session, "report": report, "params": params, "progress": progress,
                 "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
                 "reorderable": params.group == "none" and params.sort == "order" and params.verdict == "all"
-                and not params.q, "order_keys": [pair_key(p) for p in ordered],
+                and not params.q, "order_keys": [p.key for p in ordered],
             })
 
     @get("/runs/{run_id:int}", sync_to_thread=True)
@@ -91,52 +88,34 @@ class PageController(Controller):
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
             report = session_pairs(db, session_id)
-            rows = apply_order(report["pairs"], session.pair_order)
+            rows = apply_order(report.pairs, session.pair_order)
         return Response(pairs_to_csv(rows), media_type="text/csv; charset=utf-8", headers={
             "content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'})
 
     @post("/sessions/{session_id:int}/tolerances", sync_to_thread=True)
     def set_tolerances(self, services: Services, session_id: int,
                        data: FormData = FORM) -> Redirect:
-        with services.sessions.begin() as db:
-            session = catalog.get_session(db, session_id)
-            if data.get("action") == "reset":
-                catalog.set_tolerances(session, None, None)
-            else:
-                catalog.set_tolerances(session, _optional_float(data.get("rtol"), "rtol"),
-                                       _optional_float(data.get("atol"), "atol"))
-        services.comparisons.refresh(session_id)
-        if services.on_planned is not None:
-            services.on_planned(session_id)
+        if data.get("action") == "reset":
+            services.actions.set_tolerances(session_id, None, None)
+        else:
+            services.actions.set_tolerances(session_id, _optional_float(data.get("rtol"), "rtol"),
+                                            _optional_float(data.get("atol"), "atol"))
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
     @post("/sessions/{session_id:int}/pairs", sync_to_thread=True)
     def pair_by_hand(self, services: Services, session_id: int,
                      data: FormData = FORM) -> Redirect:
         a_name, b_name = data.get("a_name", ""), data.get("b_name", "")
-        with services.sessions.begin() as db:
-            session = catalog.get_session(db, session_id)
-            candidate = next((r for r in session.runs if r.position > 0), None)
-            if candidate is None or not a_name or not b_name:
-                raise InvalidInputError("choose a tensor of each run to pair")
-            db.add(PairOverrideRecord(session_id=session_id, run_b_id=candidate.id, action="pair",
-                                      a_name=a_name, b_name=b_name))
-        services.plan(session_id)
+        if not a_name or not b_name:
+            raise InvalidInputError("choose a tensor of each run to pair")
+        services.actions.pair_by_hand(session_id, a_name, b_name)
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
     @post("/sessions/{session_id:int}/order", sync_to_thread=True)
     def move_pair(self, services: Services, session_id: int,
                   data: FormData = FORM) -> Redirect:
         """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same)."""
-        with services.sessions.begin() as db:
-            session = catalog.get_session(db, session_id)
-            keys = [pair_key(p) for p in apply_order(session_pairs(db, session_id)["pairs"], session.pair_order)]
-            key, step = data.get("pair", ""), -1 if data.get("direction") == "up" else 1
-            if key in keys:
-                i = keys.index(key)
-                j = min(max(i + step, 0), len(keys) - 1)
-                keys[i], keys[j] = keys[j], keys[i]
-                session.pair_order = keys
+        services.actions.move_pair(session_id, data.get("pair", ""), up=data.get("direction") == "up")
         return Redirect(f"/sessions/{session_id}?group=none", status_code=303)
 
     @get("/pairs/{pair_id:int}", sync_to_thread=True)

@@ -5,19 +5,23 @@ from typing import Any
 
 import anyio
 from litestar import Controller, Request, Response, delete, get, patch, post
+from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
-from litestar.status_codes import HTTP_201_CREATED, HTTP_202_ACCEPTED, HTTP_422_UNPROCESSABLE_ENTITY
+from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
 
+from tensor_debugger.compare.progress import SessionProgress, pair_progress, session_progress
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.reports import session_json
+from tensor_debugger.store.reports import SessionDetail, SessionReport
 from tensor_debugger.web.multipart import receive_multipart
-from tensor_debugger.web.session_progress import pair_counts, session_progress
 from tensor_debugger.web.uploads import (
-    RunOutcome,
-    StartedRun,
-    delete_if_empty,
+    RunOutcomes,
+    UploadAccepted,
+    UploadCreated,
+    UploadRejected,
+    accepted,
+    created,
     group_by_run,
     start_runs,
     start_session,
@@ -28,6 +32,10 @@ UPLOAD_LIMIT_NOTE = "Upload size is limited by the max_upload_bytes setting."
 WAIT_NOTE = ("Answers once every run is ingested (201 with the runs, or 422 with every file's problem when "
              "nothing usable was found, and nothing kept); with `?wait=false`, 202 as soon as the upload is on "
              "disk (`url`: the session page, `progress`: what to poll), the ingest going on in the background.")
+UPLOAD_RESPONSES = {
+    202: ResponseSpec(UploadAccepted, description="the upload is on disk; its runs are ingested in the background"),
+    422: ResponseSpec(UploadRejected, description="nothing usable was found in any run; nothing was kept"),
+}
 WAIT = Parameter(default=True, description="false: answer 202 once the upload is on disk and ingest in the "
                  "background; a run with nothing usable is then kept as \"failed\" with its problems")
 
@@ -54,29 +62,19 @@ class SessionController(Controller):
     @get("/", sync_to_thread=True)
     def list_sessions(
         self, services: Services, q: str | None = Parameter(default=None, description="name contains")
-    ) -> list[dict[str, Any]]:
+    ) -> list[SessionReport]:
         with services.sessions() as db:
-            return [session_json(s) for s in catalog.list_sessions(db, q)]
+            return [SessionReport.of(s) for s in catalog.list_sessions(db, q)]
 
     @get("/{session_id:int}", sync_to_thread=True)
-    def show_session(self, services: Services, session_id: int) -> dict[str, Any]:
+    def show_session(self, services: Services, session_id: int) -> SessionDetail:
         with services.sessions() as db:
-            return session_json(catalog.get_session(db, session_id), with_problems=True)
+            return SessionDetail.of(catalog.get_session(db, session_id))
 
     @patch("/{session_id:int}", sync_to_thread=True)
-    def update_session(self, services: Services, session_id: int, data: SessionPatch) -> dict[str, Any]:
-        with services.sessions.begin() as db:
-            session = catalog.update_session(db, session_id, data.name, data.notes)
-            tolerances_changed = data.rtol is not None or data.atol is not None or data.default_tolerances
-            if tolerances_changed:
-                catalog.set_tolerances(session, None if data.default_tolerances else data.rtol,
-                                       None if data.default_tolerances else data.atol)
-            body = session_json(session)
-        if tolerances_changed:
-            services.comparisons.refresh(session_id)
-            if services.on_planned is not None:
-                services.on_planned(session_id)
-        return body
+    def update_session(self, services: Services, session_id: int, data: SessionPatch) -> SessionReport:
+        return services.actions.update_session(session_id, data.name, data.notes, data.rtol, data.atol,
+                                               data.default_tolerances)
 
     @delete("/{session_id:int}", sync_to_thread=True)
     def delete_session(self, services: Services, session_id: int) -> None:
@@ -84,18 +82,19 @@ class SessionController(Controller):
             catalog.delete_session(db, services.store, session_id)
 
     @get("/{session_id:int}/progress", sync_to_thread=True)
-    def show_progress(self, services: Services, session_id: int) -> dict[str, Any]:
+    def show_progress(self, services: Services, session_id: int) -> SessionProgress:
         """How far the session has come: each run's ingest (`stage`, bytes copied of the total while it runs),
         then its pairs compared. `stage` is "ingesting", "planning", "comparing", then "done"."""
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
-            return session_progress(session, services.ingests, pair_counts(db, session_id)).to_json()
+            return session_progress(session, services.ingests, pair_progress(db, session_id))
 
-    @post("/", request_max_body_size=None, description="JSON {name, notes} for an empty session, or "
-          "multipart/form-data: a `name` field and files whose field name is their run's label (the first run "
+    @post("/", request_max_body_size=None, responses=UPLOAD_RESPONSES,
+          description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
+          "whose field name is their run's label (the first run "
           "is the reference). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
     async def create_session(self, services: Services, request: Request[Any, Any, Any],
-                             wait: bool = WAIT) -> Response[Any]:
+                             wait: bool = WAIT) -> Response[SessionReport | UploadCreated]:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("application/json"):
             body = SessionCreate(**await request.json())
@@ -112,17 +111,17 @@ class SessionController(Controller):
             batch.discard()
             raise
         if not wait:
-            return await anyio.to_thread.run_sync(_accepted, services, session_id, started)
+            return await anyio.to_thread.run_sync(accepted, services, session_id, started)
         outcomes = await anyio.to_thread.run_sync(wait_for_runs, started)
-        return await anyio.to_thread.run_sync(_created, services, session_id, outcomes)
+        return await anyio.to_thread.run_sync(created, services, session_id, outcomes)
 
-    @post("/{session_id:int}/runs", request_max_body_size=None,
+    @post("/{session_id:int}/runs", request_max_body_size=None, responses=UPLOAD_RESPONSES,
           description="multipart/form-data: files whose field name is their run's label, or `?label=` for all. "
           + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
     async def add_runs(
         self, services: Services, request: Request[Any, Any, Any], session_id: int,
         label: str | None = Parameter(default=None, description="run label for every file"), wait: bool = WAIT,
-    ) -> Response[Any]:
+    ) -> Response[RunOutcomes]:
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
         _check_length(request, services)
         batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
@@ -136,10 +135,10 @@ class SessionController(Controller):
             batch.discard()
             raise
         if not wait:
-            return await anyio.to_thread.run_sync(_accepted, services, session_id, started)
+            return await anyio.to_thread.run_sync(accepted, services, session_id, started)
         outcomes = await anyio.to_thread.run_sync(wait_for_runs, started)
-        stored = any(o.run_id is not None for o in outcomes)
-        return Response({"runs": [o.to_json() for o in outcomes]},
+        stored = any(o.stored for o in outcomes)
+        return Response(RunOutcomes(outcomes),
                         status_code=HTTP_201_CREATED if stored else HTTP_422_UNPROCESSABLE_ENTITY)
 
 
@@ -155,27 +154,6 @@ def _session_name(services: Services, session_id: int) -> str:
         return catalog.get_session(db, session_id).name
 
 
-def _create_empty(services: Services, body: SessionCreate) -> dict[str, Any]:
+def _create_empty(services: Services, body: SessionCreate) -> SessionReport:
     with services.sessions.begin() as db:
-        return session_json(catalog.create_session(db, body.name, body.notes))
-
-
-def _accepted(services: Services, session_id: int, started: list[StartedRun]) -> Response[Any]:
-    """202: the upload is on disk and its runs are queued; the session page and `progress` follow them."""
-    page = f"/sessions/{session_id}"
-    with services.sessions() as db:
-        session = session_json(catalog.get_session(db, session_id), with_problems=True)
-    return Response({"session": session, "runs": [s.accepted().to_json() for s in started], "url": page,
-                     "progress": f"/api/sessions/{session_id}/progress"},
-                    status_code=HTTP_202_ACCEPTED, headers={"location": page})
-
-
-def _created(services: Services, session_id: int, outcomes: list[RunOutcome]) -> Response[Any]:
-    body: dict[str, Any] = {"runs": [o.to_json() for o in outcomes]}
-    if not any(o.run_id is not None for o in outcomes):
-        delete_if_empty(services, session_id)
-        body["detail"] = "no tensors found in any upload; the session was not kept"
-        return Response(body, status_code=HTTP_422_UNPROCESSABLE_ENTITY)
-    with services.sessions() as db:
-        body["session"] = session_json(catalog.get_session(db, session_id), with_problems=True)
-    return Response(body, status_code=HTTP_201_CREATED)
+        return SessionReport.of(catalog.create_session(db, body.name, body.notes))

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-from typing import Any
-
 from litestar import Controller, get
 
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.reports import tensor_json
+from tensor_debugger.store.reports import TensorReport
 
 
 class TensorController(Controller):
@@ -14,6 +12,6 @@ class TensorController(Controller):
     tags = ["tensors"]
 
     @get("/{tensor_id:int}", sync_to_thread=True)
-    def show_tensor(self, services: Services, tensor_id: int) -> dict[str, Any]:
+    def show_tensor(self, services: Services, tensor_id: int) -> TensorReport:
         with services.sessions() as db:
-            return tensor_json(catalog.get_tensor(db, tensor_id))
+            return TensorReport.of(catalog.get_tensor(db, tensor_id))

@@ -139,7 +139,7 @@ def pair_page_context(db: DbSession, services: Services, pair_id: int, index: st
     runs = {r.id: r for r in session.runs}
     context: dict[str, Any] = {"pair": detail, "session": session, "run_a": runs.get(pair.run_a_id),
                                "run_b": runs.get(pair.run_b_id), "inspector": None, "window": None,
-                               "histogram": histogram_bars((detail["stats"] or {}).get("histogram", []))}
+                               "histogram": histogram_bars(detail.stats.histogram if detail.stats else [])}
     if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
         return context
     if manual is not None:
@@ -159,9 +159,8 @@ def pair_page_context(db: DbSession, services: Services, pair_id: int, index: st
         context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.svg?{urlencode({'fixed': spec})}"
         context["heatmap_spec"] = spec
     context["window"] = {**params, "shape": list(shape)}
-    argmax = detail.get("argmax")
-    if argmax:
-        jump = centred_window(shape, tuple(argmax["aligned"]), request)
+    if detail.argmax:
+        jump = centred_window(shape, tuple(detail.argmax.aligned), request)
         context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
     return context
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
+from tensor_debugger.compare.pair_reports import PairReport, PairStatsSummary, SessionPairs, apply_order
 from tensor_debugger.engine.metrics import parse_number
 from tensor_debugger.engine.names import natural_key
 
@@ -32,53 +32,41 @@ class ViewParams:
 @dataclass
 class Group:
     label: str
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    rows: list[PairReport] = field(default_factory=list)
 
     @property
     def failing(self) -> int:
-        return sum(1 for r in self.rows if r["status"] == "fail")
+        return sum(1 for r in self.rows if r.status == "fail")
 
 
-def _number(stats: dict[str, Any] | None, key: str) -> float:
+def _number(stats: PairStatsSummary | None, key: str) -> float:
     if not stats:
         return math.nan
-    value = parse_number(stats.get(key))
+    value = parse_number(getattr(stats, key))
     return float(value) if value is not None else math.nan
 
 
-def apply_order(pairs: list[dict[str, Any]], order: list[str] | None) -> list[dict[str, Any]]:
-    """The user's own order (by pair key "a_name|b_name"), pairs it does not name after, in execution order."""
-    if not order:
-        return pairs
-    rank = {key: i for i, key in enumerate(order)}
-    return sorted(pairs, key=lambda p: (rank.get(pair_key(p), len(rank)), p["position"]))
-
-
-def pair_key(pair: dict[str, Any]) -> str:
-    return f"{pair['a']['name']}|{pair['b']['name']}"
-
-
-def build_groups(report: dict[str, Any], params: ViewParams, order: list[str] | None) -> list[Group]:
-    pairs = apply_order(report["pairs"], order)
+def build_groups(report: SessionPairs, params: ViewParams, order: list[str] | None) -> list[Group]:
+    pairs = apply_order(report.pairs, order)
     if params.verdict not in ("all", "unmatched"):
-        pairs = [p for p in pairs if p["status"] == params.verdict]
+        pairs = [p for p in pairs if p.status == params.verdict]
     if params.verdict == "unmatched":
         pairs = []
     if params.q:
         needle = params.q.lower()
-        pairs = [p for p in pairs if needle in p["name"].lower() or needle in p["b"]["name"].lower()]
+        pairs = [p for p in pairs if needle in p.name.lower() or needle in p.b.name.lower()]
     if params.sort == "diff":
-        pairs = sorted(pairs, key=lambda p: -_rank_value(_number(p["stats"], "max_abs_diff")))
+        pairs = sorted(pairs, key=lambda p: -_rank_value(_number(p.stats, "max_abs_diff")))
     elif params.sort == "cosine":
-        pairs = sorted(pairs, key=lambda p: _rank_value(-_number(p["stats"], "cosine")), reverse=True)
+        pairs = sorted(pairs, key=lambda p: _rank_value(-_number(p.stats, "cosine")), reverse=True)
     elif params.sort == "name":
-        pairs = sorted(pairs, key=lambda p: natural_key(p["name"]))
+        pairs = sorted(pairs, key=lambda p: natural_key(p.name))
     if params.group == "none":
         return [Group("All pairs", pairs)] if pairs else []
     groups: dict[str, Group] = {}
     for p in pairs:
-        label = (f"Layer {p['layer']}" if p["layer"] is not None else "No layer") if params.group == "layer" \
-            else p["name"].split(".")[0].split("/")[0].rsplit("_", 1)[0] or p["name"]
+        label = (f"Layer {p.layer}" if p.layer is not None else "No layer") if params.group == "layer" \
+            else p.name.split(".")[0].split("/")[0].rsplit("_", 1)[0] or p.name
         groups.setdefault(label, Group(label)).rows.append(p)
     return list(groups.values())
 
@@ -108,7 +96,7 @@ class Chart:
     cos_path: str
 
 
-def build_chart(pairs: list[dict[str, Any]], width: int = 1100, height: int = 220) -> Chart | None:
+def build_chart(pairs: list[PairReport], width: int = 1100, height: int = 220) -> Chart | None:
     """Max |diff| and 1 - cosine of every pair in execution order, on one log scale (1e-12 to 1e4)."""
     if not pairs:
         return None
@@ -125,14 +113,14 @@ def build_chart(pairs: list[dict[str, Any]], width: int = 1100, height: int = 22
     step = (width - 2 * pad) / max(len(pairs) - 1, 1)
     points = []
     for i, p in enumerate(pairs):
-        diff = _number(p["stats"], "max_abs_diff")
-        cosine = _number(p["stats"], "cosine")
+        diff = _number(p.stats, "max_abs_diff")
+        cosine = _number(p.stats, "cosine")
         one_minus = 1 - cosine if not math.isnan(cosine) else math.nan
         points.append(ChartPoint(
-            round(pad + i * step, 1), _round(y_of(diff)) if p["stats"] else None,
-            _round(y_of(one_minus)) if p["stats"] else None,
-            p["status"] == "fail", f"/pairs/{p['id']}",
-            f"{p['name']}: {p['status']}, max |diff| {p['stats']['max_abs_diff'] if p['stats'] else '—'}",
+            round(pad + i * step, 1), _round(y_of(diff)) if p.stats else None,
+            _round(y_of(one_minus)) if p.stats else None,
+            p.status == "fail", f"/pairs/{p.id}",
+            f"{p.name}: {p.status}, max |diff| {p.stats.max_abs_diff if p.stats else '—'}",
         ))
     ticks = [(pad + (high - k) / (high - low) * (height - 2 * pad), f"1e{k}")
              for k in range(int(low), int(high) + 1, 4)]

@@ -1,0 +1,167 @@
+"""What users do to a session, one call per action: rename it, change its tolerances, pair two tensors by hand,
+undo a pair, reorder the pairs, set or clear a pair's alignment. The API's controllers and the pages' forms call
+the same methods; each one changes the rows, pairs the session again (or refreshes its verdicts) where the
+action asks for it, and wakes the comparison worker."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.compare.pair_reports import PairReport, apply_order, session_pairs
+from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.engine.alignment import Alignment, Step
+from tensor_debugger.errors import InvalidInputError, NotFoundError
+from tensor_debugger.store import catalog
+from tensor_debugger.store.models import PairOverrideRecord, PairRecord
+from tensor_debugger.store.reports import SessionReport
+
+
+class SessionActions:
+    """`wake`: tells whoever computes pending pairs (the server's worker) that there is work."""
+
+    def __init__(self, sessions: sessionmaker[DbSession], comparisons: Comparisons, wake: Callable[[], None]) -> None:
+        self.sessions = sessions
+        self.comparisons = comparisons
+        self.wake = wake
+
+    def plan(self, session_id: int) -> None:
+        """Pair the session's runs again (after an ingest or a user's override) and wake the worker."""
+        self.comparisons.plan(session_id)
+        self.wake()
+
+    def refresh(self, session_id: int) -> None:
+        """Give every pair the verdict cached for its current key (new tolerances), and wake the worker."""
+        self.comparisons.refresh(session_id)
+        self.wake()
+
+    # --- the session ------------------------------------------------------------------------------------
+
+    def update_session(self, session_id: int, name: str | None = None, notes: str | None = None,
+                       rtol: float | None = None, atol: float | None = None,
+                       default_tolerances: bool = False) -> SessionReport:
+        """Rename, change the notes and/or the tolerances (`default_tolerances`: torch.testing's defaults per
+        dtype); verdicts follow new tolerances."""
+        tolerances_changed = rtol is not None or atol is not None or default_tolerances
+        with self.sessions.begin() as db:
+            session = catalog.update_session(db, session_id, name, notes)
+            if tolerances_changed:
+                catalog.set_tolerances(session, None if default_tolerances else rtol,
+                                       None if default_tolerances else atol)
+            report = SessionReport.of(session)
+        if tolerances_changed:
+            self.refresh(session_id)
+        return report
+
+    def rename(self, session_id: int, name: str) -> SessionReport:
+        return self.update_session(session_id, name=name)
+
+    def set_tolerances(self, session_id: int, rtol: float | None, atol: float | None) -> None:
+        """The session's tolerances; None for both: torch.testing's defaults per dtype."""
+        with self.sessions.begin() as db:
+            catalog.set_tolerances(catalog.get_session(db, session_id), rtol, atol)
+        self.refresh(session_id)
+
+    # --- pairing ----------------------------------------------------------------------------------------
+
+    def pair_by_hand(self, session_id: int, a_name: str, b_name: str, run_id: int | None = None) -> PairReport | None:
+        """Pair two tensors by hand (the candidate run `run_id`, else the session's first candidate); manual pairs
+        persist and win over every automatic strategy. The pair made; None when no such unmatched tensors were
+        there to pair."""
+        with self.sessions.begin() as db:
+            session = catalog.get_session(db, session_id)
+            run = next((r for r in session.runs if r.position > 0 and run_id in (None, r.id)), None)
+            if run is None:
+                raise InvalidInputError("the session has no such candidate run")
+            db.add(PairOverrideRecord(session_id=session_id, run_b_id=run.id, action="pair", a_name=a_name,
+                                      b_name=b_name))
+        self.plan(session_id)
+        return self._find(session_id, (a_name, b_name))
+
+    def unpair(self, pair_id: int) -> None:
+        """Undo a pair: both tensors become unmatched, and stay so when the session is paired again."""
+        with self.sessions.begin() as db:
+            pair = _pair(db, pair_id)
+            session_id = pair.session_id
+            db.add(PairOverrideRecord(session_id=session_id, run_b_id=pair.run_b_id, action="unpair",
+                                      a_name=pair.a_name, b_name=pair.b_name))
+            _delete_overrides(db, pair, "pair")
+        self.plan(session_id)
+
+    def set_alignment(self, pair_id: int, steps: list[dict[str, Any]]) -> PairReport:
+        """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
+        with self.sessions.begin() as db:
+            pair = _pair(db, pair_id)
+            side_a, side_b = self.comparisons.tensors_of(db, pair)
+            shapes_a, shapes_b = [tuple(t.shape) for t in side_a], [tuple(t.shape) for t in side_b]
+            try:
+                Alignment.from_steps(shapes_a, shapes_b, [Step.from_json(s) for s in steps])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise InvalidInputError(f"these steps do not align the pair: {exc}") from None
+            _delete_overrides(db, pair, "align")
+            db.add(PairOverrideRecord(session_id=pair.session_id, run_b_id=pair.run_b_id, action="align",
+                                      a_name=pair.a_name, b_name=pair.b_name, steps=steps))
+            session_id, names = pair.session_id, (pair.a_name, pair.b_name)
+        self.plan(session_id)
+        return self._pair_named(session_id, names)
+
+    def clear_alignment(self, pair_id: int) -> PairReport:
+        """Back to the automatic alignment."""
+        with self.sessions.begin() as db:
+            pair = _pair(db, pair_id)
+            _delete_overrides(db, pair, "align")
+            session_id, names = pair.session_id, (pair.a_name, pair.b_name)
+        self.plan(session_id)
+        return self._pair_named(session_id, names)
+
+    # --- the user's order of pairs ----------------------------------------------------------------------
+
+    def set_order(self, session_id: int, keys: list[str]) -> list[str]:
+        """Keep the user's order of pairs ("reference name|candidate name"; pairs it does not name follow in
+        execution order)."""
+        with self.sessions.begin() as db:
+            catalog.get_session(db, session_id).pair_order = list(keys)
+        return keys
+
+    def reset_order(self, session_id: int) -> None:
+        with self.sessions.begin() as db:
+            catalog.get_session(db, session_id).pair_order = None
+
+    def move_pair(self, session_id: int, key: str, up: bool) -> None:
+        """Move one pair a place up or down in the user's order."""
+        with self.sessions.begin() as db:
+            session = catalog.get_session(db, session_id)
+            keys = [p.key for p in apply_order(session_pairs(db, session_id).pairs, session.pair_order)]
+            if key in keys:
+                i = keys.index(key)
+                j = min(max(i + (-1 if up else 1), 0), len(keys) - 1)
+                keys[i], keys[j] = keys[j], keys[i]
+                session.pair_order = keys
+
+    # ---------------------------------------------------------------------------------------------------
+
+    def _find(self, session_id: int, names: tuple[str, str]) -> PairReport | None:
+        with self.sessions() as db:
+            report = session_pairs(db, session_id)
+        return next((p for p in report.pairs if (p.a.name, p.b.name) == names), None)
+
+    def _pair_named(self, session_id: int, names: tuple[str, str]) -> PairReport:
+        found = self._find(session_id, names)
+        if found is None:
+            raise NotFoundError(f"no pair of {names[0]!r} and {names[1]!r} any more")
+        return found
+
+
+def _pair(db: DbSession, pair_id: int) -> PairRecord:
+    pair = db.get(PairRecord, pair_id)
+    if pair is None:
+        raise NotFoundError(f"no pair with id {pair_id}")
+    return pair
+
+
+def _delete_overrides(db: DbSession, pair: PairRecord, action: str) -> None:
+    db.query(PairOverrideRecord).filter_by(session_id=pair.session_id, run_b_id=pair.run_b_id, action=action,
+                                           a_name=pair.a_name, b_name=pair.b_name).delete()

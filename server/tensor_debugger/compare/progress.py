@@ -1,0 +1,165 @@
+"""How far a session has come: each run's ingest (waiting, unpacking, bytes copied, planning, ready or
+failed), then its pairs being compared. One report for the session page and GET /api/sessions/{id}/progress,
+whose script polls it to keep the page live until everything is done."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
+from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, iso, problem_reports
+
+MB = 1_000_000  # the unit the page counts ingests in, as the CLI's progress bar does
+
+
+class RunStage(enum.StrEnum):
+    """Where a run's ingest is: the live stages of this process's queue, else the run's status."""
+
+    QUEUED = "queued"
+    UNPACKING = "unpacking"
+    COPYING = "copying"
+    PLANNING = "planning"
+    INGESTING = "ingesting"  # by another process
+    READY = "ready"
+    FAILED = "failed"
+
+
+class SessionStage(enum.StrEnum):
+    INGESTING = "ingesting"
+    PLANNING = "planning"
+    COMPARING = "comparing"
+    DONE = "done"
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """The live figures of a run this server is ingesting."""
+
+    stage: RunStage
+    bytes_done: int
+    bytes_total: int
+
+
+@dataclass(frozen=True)
+class RunDetail(RunWithProblems):
+    """A run with its problems and, while this server ingests it, its ingest's figures."""
+
+    ingest: IngestReport | None
+
+
+def run_detail(run: RunRecord, ingests: IngestQueue) -> RunDetail:
+    live = ingests.progress(run.id)
+    return RunDetail(run.id, run.label, RunRole(run.role), run.position, RunStatus(run.status), list(run.sources),
+                     run.tensor_count, run.total_bytes, iso(run.created_at), problem_reports(run.problems),
+                     None if live is None else IngestReport(RunStage(live.stage), live.bytes_done, live.bytes_total))
+
+
+@dataclass(frozen=True)
+class RunProgress:
+    id: int
+    label: str
+    role: RunRole
+    status: RunStatus  # the row's
+    stage: RunStage  # "queued", "unpacking", "copying", "planning" (live, this process); else the status
+    bytes_done: int | None  # of the run's tensor files, once unpacked; None when not known here
+    bytes_total: int | None
+    percent: int | None
+    problems: int
+    words: str  # the stage in words, as the page shows it
+
+
+def _percent(done: int | None, total: int | None) -> int | None:
+    if total is None or done is None:
+        return None
+    return 100 if not total else min(100, done * 100 // total)
+
+
+def _words(status: RunStatus, stage: RunStage, done: int | None, total: int | None) -> str:
+    if stage == RunStage.QUEUED:
+        return "waiting: another upload is being ingested"
+    if stage == RunStage.UNPACKING:
+        return "ingesting: unpacking the uploaded files"
+    if stage == RunStage.COPYING and total is not None and done is not None:
+        return f"ingesting: {done / MB:.1f} of {total / MB:.1f} MB ({_percent(done, total)}%)"
+    if stage == RunStage.PLANNING:
+        return "ingested; planning: pairing its tensors with the other runs'"
+    if status == RunStatus.INGESTING:
+        return "ingesting (by another process)"
+    if status == RunStatus.FAILED:
+        return "failed: nothing usable was found"
+    return "ready"
+
+
+def run_progress(run: RunRecord, live: IngestProgress | None) -> RunProgress:
+    """`run` with its problems loaded; `live`: this process's figures of its ingest, if any."""
+    status = RunStatus(run.status)
+    if live is not None:
+        known = live.stage == RunStage.COPYING or status != RunStatus.INGESTING
+        stage = RunStage(live.stage)
+        done = live.bytes_done if known else None
+        total = live.bytes_total if known else None
+    else:
+        stage = RunStage(run.status)
+        done = total = run.total_bytes if status == RunStatus.READY else None
+    return RunProgress(run.id, run.label, RunRole(run.role), status, stage, done, total, _percent(done, total),
+                       len(run.problems), _words(status, stage, done, total))
+
+
+@dataclass(frozen=True)
+class PairProgress:
+    """Pairs with a verdict (`done`) of all the session's pairs; `failing`: those that fail."""
+
+    total: int
+    done: int
+    pending: int
+    failing: int
+
+    @classmethod
+    def of(cls, total: int, done: int, failing: int) -> PairProgress:
+        return cls(total, done, total - done, failing)
+
+
+@dataclass(frozen=True)
+class SessionProgress:
+    session_id: int
+    stage: SessionStage  # "ingesting" while any run is, then "planning", "comparing" while pairs are pending, "done"
+    signature: str  # changes whenever the page shows something new besides the moving figures of an ingest
+    runs: list[RunProgress]
+    pairs: PairProgress
+
+
+def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
+    stages = {r.stage for r in runs}
+    if stages & {RunStage.QUEUED, RunStage.UNPACKING, RunStage.COPYING, RunStage.INGESTING}:
+        return SessionStage.INGESTING
+    if RunStage.PLANNING in stages:
+        return SessionStage.PLANNING
+    return SessionStage.COMPARING if pairs.pending else SessionStage.DONE
+
+
+def _signature(stage: SessionStage, runs: list[RunProgress], pairs: PairProgress) -> str:
+    """The page's script fetches the page again when this changes."""
+    marks = ",".join(f"{r.id}:{r.stage if r.stage in (RunStage.QUEUED, RunStage.PLANNING) else r.status}"
+                     for r in runs)
+    return f"{stage}|{marks}|{pairs.done}/{pairs.total}"
+
+
+def pair_progress(db: DbSession, session_id: int) -> PairProgress:
+    rows = db.execute(select(PairRecord.status, func.count()).where(PairRecord.session_id == session_id)
+                      .group_by(PairRecord.status)).all()
+    counts = {status: n for status, n in rows}
+    total = sum(counts.values())
+    return PairProgress.of(total, total - counts.get("pending", 0), counts.get("fail", 0))
+
+
+def session_progress(session: SessionRecord, ingests: IngestQueue, pairs: PairProgress) -> SessionProgress:
+    """`session` with its runs and their problems loaded (catalog.get_session)."""
+    runs = [run_progress(run, ingests.progress(run.id)) for run in session.runs]
+    stage = _stage(runs, pairs)
+    return SessionProgress(session.id, stage, _signature(stage, runs, pairs), runs, pairs)
+
