@@ -13,7 +13,8 @@ from sqlalchemy import select
 from tensor_debugger.cli.progress_bar import ProgressBar
 from tensor_debugger.compare.formatting import format_error, format_number
 from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
+from tensor_debugger.compare.pairing_files import check_file, import_pairing
+from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -36,8 +37,35 @@ def free_name(services: Services, wanted: str) -> str:
     return f"{wanted} ({n})"
 
 
+def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: str | None) -> dict[str, Any]:
+    """The pairing to apply: the file's (if any), with the command line's strategies and pattern over it.
+    Raises InvalidInputError naming what is wrong."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInputError(f"pairing file {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"pairing file {path}: not a JSON object")
+    if strategies is not None:
+        data["strategies"] = strategies.split(",")
+    if name_pattern is not None:
+        data["name_pattern"] = name_pattern
+    try:
+        return check_file(data)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"pairing file {path}: {exc}" if path else str(exc)) from None
+
+
 def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: float | None, atol: float | None,
-                as_json: bool) -> int:
+                as_json: bool, *, strategies: str | None = None, name_pattern: str | None = None,
+                pairing: Path | None = None) -> int:
+    try:
+        pairing_file = read_pairing_file(pairing, strategies, name_pattern)
+    except InvalidInputError as exc:
+        _unusable(str(exc), [], as_json)
+        return EXIT_UNUSABLE
     session_name = free_name(services, name or f"{a.name} vs {b.name}")
     labels = (a.name or "reference", b.name if b.name != a.name else f"{b.name} (candidate)")
     problems: list[dict[str, str]] = []
@@ -63,6 +91,15 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
     if rtol is not None or atol is not None:
         with services.sessions.begin() as db:
             catalog.set_tolerances(catalog.get_session(db, session_id), rtol, atol)
+    if pairing_file:
+        try:
+            with services.sessions.begin() as db:
+                import_pairing(db, session_id, pairing_file)
+        except InvalidInputError as exc:  # a candidate run's label the file names and this session lacks
+            with services.sessions() as db:
+                catalog.delete_session(db, services.store, session_id)
+            _unusable(f"pairing file {pairing}: {exc}", problems, as_json)
+            return EXIT_UNUSABLE
     services.comparisons.plan(session_id)
     bar = ProgressBar("compare")
     try:

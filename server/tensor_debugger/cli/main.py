@@ -4,6 +4,7 @@
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
+        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
 Litestar, and only `serve` imports the web framework.
@@ -65,6 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
     compare.add_argument("--atol", type=float, help="absolute tolerance (default: torch.testing's per dtype)")
+    compare.add_argument("--strategies", metavar="LIST", help="pairing strategies in the order tried, e.g. "
+                         "layer_stage,name,normalized,fuzzy:0.8,shape (default: layer_stage,name,module,key,"
+                         "normalized,fuzzy,shape)")
+    compare.add_argument("--name-pattern", metavar="REGEX", help="a regex with named groups layer and stage "
+                         "(and optionally rank) that names match, e.g. 'L(?P<layer>\\d+)_(?P<stage>[a-z_]+)'")
+    compare.add_argument("--pairing", type=Path, metavar="FILE", help="a pairing file (JSON, as GET "
+                         "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it")
     compare.add_argument("--json", action="store_true", help="print one JSON object")
 
     sessions = commands.add_parser("sessions", help="list sessions and their runs")
@@ -95,7 +103,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "compare":
             from tensor_debugger.cli.compare import run_compare
 
-            return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json)
+            return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json,
+                               strategies=args.strategies, name_pattern=args.name_pattern, pairing=args.pairing)
         return list_sessions(services, args.json)
     finally:
         services.close()
