@@ -120,6 +120,58 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
     return EXIT_PASS if all(p["status"] == "pass" for p in payload["pairs"]) else EXIT_FAIL
 
 
+def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
+    """Ingest one run and compare every tensor of it with every other (those matching `match`); the JSON is
+    compare's. Exit 0 once done, whatever the verdicts; 2 on unusable input or too many pairs."""
+    from tensor_debugger.compare.explore import plan_explore
+
+    session_name = free_name(services, name or f"explore {path.name}")
+    bar = ProgressBar(f"ingest {path.name}")
+    try:
+        result = services.ingestor.ingest(session_name, path.name or "run", [InputFile(path, str(path))],
+                                          progress=bar.update)
+    except (NothingUsableError, TensorDebuggerError) as exc:
+        bar.close()
+        details = [problem_json(p) for p in exc.problems] if isinstance(exc, NothingUsableError) else []
+        _unusable(str(exc), details, as_json)
+        return EXIT_UNUSABLE
+    bar.close()
+    problems = [problem_json(p) for p in result.problems]
+    try:
+        plan_explore(services.comparisons, result.session_id, match)
+    except TensorDebuggerError as exc:
+        with services.sessions() as db:
+            catalog.delete_session(db, services.store, result.session_id)
+        _unusable(str(exc), problems, as_json)
+        return EXIT_UNUSABLE
+    bar = ProgressBar("compare")
+    try:
+        services.comparisons.compute_pending(result.session_id, progress=bar.update)
+    finally:
+        bar.close()
+    with services.sessions() as db:
+        report = session_pairs(db, result.session_id)
+    url = f"http://{services.settings.host}:{services.settings.port}/sessions/{result.session_id}"
+    payload = contract_json(result.session_id, session_name, url, report, problems)
+    if as_json:
+        print(json.dumps(payload))
+        return EXIT_PASS
+    rows = [("a", "b", "verdict", "max |diff|", "cosine", "alignment")]
+    for p in payload["pairs"]:
+        s = p["stats"] or {}
+        rows.append((p["a"]["name"], p["b"]["name"], p["status"].upper(), _num(s.get("max_abs_diff")),
+                     _num(s.get("cosine")), "" if p["alignment"] == "same shape" else p["alignment"][:60]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    equal = sum(1 for p in payload["pairs"] if p["status"] == "pass")
+    print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
+    for problem in problems:
+        print(f"problem: {problem['file']}: {problem['reason']}")
+    print(f"open in the browser: {url}")
+    return EXIT_PASS
+
+
 def contract_json(session_id: int, name: str, url: str, report: dict[str, Any],
                   problems: list[dict[str, str]]) -> dict[str, Any]:
     pairs = [{

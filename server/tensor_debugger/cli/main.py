@@ -5,6 +5,7 @@
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
         [--strategies LIST] [--name-pattern REGEX] [--pairing FILE]
+    tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
 Litestar, and only `serve` imports the web framework.
@@ -75,6 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it")
     compare.add_argument("--json", action="store_true", help="print one JSON object")
 
+    explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
+    explore.add_argument("path", type=Path, help="the run: a tensor file, an archive or a folder")
+    explore.add_argument("--match", metavar="GLOB", help="only tensors whose names match (any case), e.g. '*attn*'")
+    explore.add_argument("--name", help="session name (default: 'explore PATH')")
+    explore.add_argument("--json", action="store_true", help="print one JSON object, as compare does")
+
     sessions = commands.add_parser("sessions", help="list sessions and their runs")
     sessions.add_argument("--json", action="store_true", help="print a JSON list")
     return parser
@@ -92,8 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _start_up_heap():
         from tensor_debugger.services import open_services
 
-        if args.command in ("ingest", "compare") and names_pytorch_file(
-                args.paths if args.command == "ingest" else [args.a, args.b]):
+        if args.command in ("ingest", "compare", "explore") and names_pytorch_file(
+                args.paths if args.command == "ingest" else [args.path] if args.command == "explore"
+                else [args.a, args.b]):
             import torch  # noqa: F401  # it will be needed; imported here, its objects are frozen with the rest
 
         services = open_services(settings)
@@ -105,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json,
                                strategies=args.strategies, name_pattern=args.name_pattern, pairing=args.pairing)
+        if args.command == "explore":
+            from tensor_debugger.cli.compare import run_explore
+
+            return run_explore(services, args.path, args.match, args.name, args.json)
         return list_sessions(services, args.json)
     finally:
         services.close()
