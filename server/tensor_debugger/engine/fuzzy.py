@@ -4,10 +4,10 @@
 A name (its identity, normalised) splits into tokens at separators, case changes and digits. Two names are
 compared only when their parsed layers and their numbers are the same, so no pair crosses layers or indices.
 Tokens pair one to one: equal tokens score 1, an abbreviation (`attn` of `attention`, `out` of `output`) 0.8,
-a near spelling up to 0.9 times its similarity; a name's score is twice the sum over the sum of both token
-counts (Dice). Two tokens that differ with no likeness at all (`q` against `k`) rule the pair out, however the
-rest agrees. Pairs at or above the threshold are made best first, one to one, and never where a tensor has two
-candidates equally close.
+a word of a compound (`norm` of `layernorm`) 0.7, a near spelling up to 0.9 times its similarity; a name's
+score is twice the sum over the sum of both token counts (Dice). Two tokens that differ with no likeness at all
+(`q` against `k`) rule the pair out, however the rest agrees. Pairs at or above the threshold are made best
+first, one to one, and never where a tensor has two candidates equally close.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import re
 from collections import defaultdict
 from collections.abc import Hashable, Sequence
 from difflib import SequenceMatcher
+from functools import lru_cache
 from typing import Protocol
 
 from tensor_debugger.engine.names import CLASS_NAME, normalize
@@ -57,6 +58,7 @@ def _is_abbreviation(short: str, long: str) -> bool:
     return all(c in rest for c in short)
 
 
+@lru_cache(maxsize=1 << 16)  # a run's names share few distinct tokens
 def token_similarity(x: str, y: str) -> float:
     if x == y:
         return 1.0
@@ -65,14 +67,35 @@ def token_similarity(x: str, y: str) -> float:
     short, long = sorted((x, y), key=len)
     if _is_abbreviation(short, long):
         return 0.8
+    if len(short) >= 3 and short in long:
+        return 0.7  # a word of a compound: norm in layernorm
     ratio = SequenceMatcher(None, x, y).ratio()
     return 0.9 * ratio if ratio >= 0.75 else 0.0
 
 
 def similarity(a: tuple[str, ...], b: tuple[str, ...]) -> float:
     """Dice score over tokens paired one to one, best first; 0 when two tokens differ beyond likeness."""
+    if a == b:
+        return 1.0 if a else 0.0
     if not a or not b:
         return 0.0
+    rest_b = list(b)
+    rest_a = []
+    for token in a:  # equal tokens first: nothing scores higher
+        if token in rest_b:
+            rest_b.remove(token)
+        else:
+            rest_a.append(token)
+    matched = _leftovers(tuple(sorted(rest_a)), tuple(sorted(rest_b)))
+    if matched < 0:
+        return 0.0
+    return 2 * (len(a) - len(rest_a) + matched) / (len(a) + len(b))
+
+
+@lru_cache(maxsize=1 << 16)  # the same renaming recurs in every layer
+def _leftovers(a: tuple[str, ...], b: tuple[str, ...]) -> float:
+    """The summed similarity of the tokens that differ, paired best first; -1 when a token of each side is left
+    with nothing alike (a substitution: q_proj against k_proj)."""
     scored = sorted(((token_similarity(x, y), i, j) for i, x in enumerate(a) for j, y in enumerate(b)),
                     reverse=True)
     used_a: set[int] = set()
@@ -87,8 +110,8 @@ def similarity(a: tuple[str, ...], b: tuple[str, ...]) -> float:
         used_b.add(j)
         total += score
     if len(used_a) < len(a) and len(used_b) < len(b):
-        return 0.0  # a token of each side left over: a substitution with nothing alike (q_proj against k_proj)
-    return 2 * total / (len(a) + len(b))
+        return -1.0
+    return total
 
 
 def _bucket(t: Named, words: tuple[str, ...]) -> Hashable:

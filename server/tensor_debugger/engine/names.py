@@ -8,6 +8,7 @@ Module paths such as `model.layers.7.mlp` give the layer alone.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import PurePosixPath
 
 _LAYER_STAGE = re.compile(r"^(\d+)_([A-Za-z][\w.\-]*)$")
@@ -45,6 +46,7 @@ def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part)
 
 
+@lru_cache(maxsize=1 << 17)  # each name is normalised by several strategies, on both sides
 def normalize(name: str) -> str:
     """Lower case, one separator, no common wrapper prefixes (`model.`, `module.`, `_orig_mod.`,
     `transformer.`) and no leading model class name (`LlamaForCausalLM.`)."""

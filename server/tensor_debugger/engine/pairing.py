@@ -207,8 +207,9 @@ KeyFn = Callable[[LogicalTensor], Hashable | None]
 
 
 def _unique_index(items: list[LogicalTensor], key: KeyFn) -> dict[Hashable, LogicalTensor]:
-    counts = Counter(k for k in map(key, items) if k is not None)
-    return {k: item for item in items if (k := key(item)) is not None and counts[k] == 1}
+    keyed = [(k, item) for item in items if (k := key(item)) is not None]
+    counts = Counter(k for k, _ in keyed)
+    return {k: item for k, item in keyed if counts[k] == 1}
 
 
 def _match(
@@ -216,6 +217,8 @@ def _match(
     strategy: str, pairs: list[PairPlan],
 ) -> tuple[list[LogicalTensor], list[LogicalTensor]]:
     """Pair items whose key is unique on both sides; hand back what is left on each."""
+    if not left or not right:
+        return left, right
     index_a, index_b = _unique_index(left, key), _unique_index(right, key)
     matched_a: set[int] = set()
     matched_b: set[int] = set()
@@ -225,6 +228,8 @@ def _match(
             pairs.append(PairPlan(a, b, strategy))
             matched_a.add(id(a))
             matched_b.add(id(b))
+    if not matched_a:
+        return left, right
     return [a for a in left if id(a) not in matched_a], [b for b in right if id(b) not in matched_b]
 
 
@@ -254,7 +259,7 @@ STRATEGIES: dict[str, list[KeyFn]] = {
     "name": [lambda t: t.name, lambda t: t.identity or None],
     "module": [_module_place],
     "key": [lambda t: t.first.key_path or None],
-    "normalized": [lambda t: normalize(t.name), lambda t: normalize(t.identity) or None],
+    "normalized": [lambda t: normalize(t.identity or t.name) or None],
     "fuzzy": [],  # fuzzy.fuzzy_matches, not a key
     # traced tensors are named by module and place: a shape alone would pair an attention mask with a stranger
     "shape": [lambda t: tuple(t.shapes) if t.first.module_path is None else None],
@@ -297,8 +302,8 @@ def pair_runs(
     chain = parse_strategies(strategies)
     left = group_shards(apply_name_pattern(reference, pattern), pattern)
     right = group_shards(apply_name_pattern(candidate, pattern), pattern)
-    left = [replace(t, identity=i) for t, i in zip(left, identities(left), strict=True)]
-    right = [replace(t, identity=i) for t, i in zip(right, identities(right), strict=True)]
+    left = [LogicalTensor(t.name, t.shards, i) for t, i in zip(left, identities(left), strict=True)]
+    right = [LogicalTensor(t.name, t.shards, i) for t, i in zip(right, identities(right), strict=True)]
     pairs: list[PairPlan] = []
     by_name_a = {t.name: t for t in left}
     by_name_b = {t.name: t for t in right}
