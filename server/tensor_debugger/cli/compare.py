@@ -13,7 +13,8 @@ from sqlalchemy import select
 from tensor_debugger.cli.progress_bar import ProgressBar
 from tensor_debugger.compare.formatting import format_error, format_number
 from tensor_debugger.compare.pair_reports import SessionPairs, session_pairs
-from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
+from tensor_debugger.compare.pairing_files import check_file, import_pairing
+from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -36,8 +37,35 @@ def free_name(services: Services, wanted: str) -> str:
     return f"{wanted} ({n})"
 
 
+def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: str | None) -> dict[str, Any]:
+    """The pairing to apply: the file's (if any), with the command line's strategies and pattern over it.
+    Raises InvalidInputError naming what is wrong."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInputError(f"pairing file {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"pairing file {path}: not a JSON object")
+    if strategies is not None:
+        data["strategies"] = strategies.split(",")
+    if name_pattern is not None:
+        data["name_pattern"] = name_pattern
+    try:
+        return check_file(data)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"pairing file {path}: {exc}" if path else str(exc)) from None
+
+
 def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: float | None, atol: float | None,
-                as_json: bool) -> int:
+                as_json: bool, *, strategies: str | None = None, name_pattern: str | None = None,
+                pairing: Path | None = None) -> int:
+    try:
+        pairing_file = read_pairing_file(pairing, strategies, name_pattern)
+    except InvalidInputError as exc:
+        _unusable(str(exc), [], as_json)
+        return EXIT_UNUSABLE
     session_name = free_name(services, name or f"{a.name} vs {b.name}")
     labels = (a.name or "reference", b.name if b.name != a.name else f"{b.name} (candidate)")
     problems: list[dict[str, str]] = []
@@ -63,6 +91,15 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
     if rtol is not None or atol is not None:
         with services.sessions.begin() as db:
             catalog.set_tolerances(catalog.get_session(db, session_id), rtol, atol)
+    if pairing_file:
+        try:
+            with services.sessions.begin() as db:
+                import_pairing(db, session_id, pairing_file)
+        except InvalidInputError as exc:  # a candidate run's label the file names and this session lacks
+            with services.sessions() as db:
+                catalog.delete_session(db, services.store, session_id)
+            _unusable(f"pairing file {pairing}: {exc}", problems, as_json)
+            return EXIT_UNUSABLE
     services.comparisons.plan(session_id)
     bar = ProgressBar("compare")
     try:
@@ -81,6 +118,58 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
     else:
         print_table(payload)
     return EXIT_PASS if all(p["status"] == "pass" for p in payload["pairs"]) else EXIT_FAIL
+
+
+def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
+    """Ingest one run and compare every tensor of it with every other (those matching `match`); the JSON is
+    compare's. Exit 0 once done, whatever the verdicts; 2 on unusable input or too many pairs."""
+    from tensor_debugger.compare.explore import plan_explore
+
+    session_name = free_name(services, name or f"explore {path.name}")
+    bar = ProgressBar(f"ingest {path.name}")
+    try:
+        result = services.ingestor.ingest(session_name, path.name or "run", [InputFile(path, str(path))],
+                                          progress=bar.update)
+    except (NothingUsableError, TensorDebuggerError) as exc:
+        bar.close()
+        details = [problem_json(p) for p in exc.problems] if isinstance(exc, NothingUsableError) else []
+        _unusable(str(exc), details, as_json)
+        return EXIT_UNUSABLE
+    bar.close()
+    problems = [problem_json(p) for p in result.problems]
+    try:
+        plan_explore(services.comparisons, result.session_id, match)
+    except TensorDebuggerError as exc:
+        with services.sessions() as db:
+            catalog.delete_session(db, services.store, result.session_id)
+        _unusable(str(exc), problems, as_json)
+        return EXIT_UNUSABLE
+    bar = ProgressBar("compare")
+    try:
+        services.comparisons.compute_pending(result.session_id, progress=bar.update)
+    finally:
+        bar.close()
+    with services.sessions() as db:
+        report = session_pairs(db, result.session_id)
+    url = f"http://{services.settings.host}:{services.settings.port}/sessions/{result.session_id}"
+    payload = contract_json(result.session_id, session_name, url, report, problems)
+    if as_json:
+        print(json.dumps(payload))
+        return EXIT_PASS
+    rows = [("a", "b", "verdict", "max |diff|", "cosine", "alignment")]
+    for p in payload["pairs"]:
+        s = p["stats"] or {}
+        rows.append((p["a"]["name"], p["b"]["name"], p["status"].upper(), _num(s.get("max_abs_diff")),
+                     _num(s.get("cosine")), "" if p["alignment"] == "same shape" else p["alignment"][:60]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    equal = sum(1 for p in payload["pairs"] if p["status"] == "pass")
+    print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
+    for problem in problems:
+        print(f"problem: {problem['file']}: {problem['reason']}")
+    print(f"open in the browser: {url}")
+    return EXIT_PASS
 
 
 def contract_json(session_id: int, name: str, url: str, report: SessionPairs,

@@ -4,6 +4,8 @@
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
+        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE]
+    tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
 Litestar, and only `serve` imports the web framework.
@@ -64,7 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
     compare.add_argument("--atol", type=float, help="absolute tolerance (default: torch.testing's per dtype)")
+    compare.add_argument("--strategies", metavar="LIST", help="pairing strategies in the order tried, e.g. "
+                         "layer_stage,name,normalized,fuzzy:0.8,shape (default: layer_stage,name,module,key,"
+                         "normalized,fuzzy,shape)")
+    compare.add_argument("--name-pattern", metavar="REGEX", help="a regex with named groups layer and stage "
+                         "(and optionally rank) that names match, e.g. 'L(?P<layer>\\d+)_(?P<stage>[a-z_]+)'")
+    compare.add_argument("--pairing", type=Path, metavar="FILE", help="a pairing file (JSON, as GET "
+                         "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it")
     compare.add_argument("--json", action="store_true", help="print one JSON object")
+
+    explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
+    explore.add_argument("path", type=Path, help="the run: a tensor file, an archive or a folder")
+    explore.add_argument("--match", metavar="GLOB", help="only tensors whose names match (any case), e.g. '*attn*'")
+    explore.add_argument("--name", help="session name (default: 'explore PATH')")
+    explore.add_argument("--json", action="store_true", help="print one JSON object, as compare does")
 
     sessions = commands.add_parser("sessions", help="list sessions and their runs")
     sessions.add_argument("--json", action="store_true", help="print a JSON list")
@@ -90,7 +105,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "compare":
             from tensor_debugger.cli.compare import run_compare
 
-            return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json)
+            return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json,
+                               strategies=args.strategies, name_pattern=args.name_pattern, pairing=args.pairing)
+        if args.command == "explore":
+            from tensor_debugger.cli.compare import run_explore
+
+            return run_explore(services, args.path, args.match, args.name, args.json)
         return list_sessions(services, args.json)
     finally:
         services.close()

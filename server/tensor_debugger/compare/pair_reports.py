@@ -16,7 +16,7 @@ from tensor_debugger.compare.progress import PairProgress
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord, UnmatchedRecord
-from tensor_debugger.store.reports import PairingStrategy, PairStatus
+from tensor_debugger.store.reports import PairStatus, parse_strategy
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class PairReport:
     name: str
     layer: int | None
     stage: str | None
-    strategy: PairingStrategy
+    strategy: str  # a PairingStrategy, and for fuzzy pairs their score ("fuzzy 0.95")
     status: PairStatus
     alignment: str  # in words
     aligned_shape: list[int] | None
@@ -190,7 +190,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
     return {
         "id": pair.id, "position": pair.position, "name": pair.name, "layer": pair.layer, "stage": pair.stage,
-        "strategy": PairingStrategy(pair.strategy), "status": PairStatus(pair.status),
+        "strategy": parse_strategy(pair.strategy), "status": PairStatus(pair.status),
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
         if pair.alignment is not None else f"incomparable: {a.shape} vs {b.shape}",
         "aligned_shape": alignment.get("shape"), "alignment_overridden": pair.alignment_overridden,

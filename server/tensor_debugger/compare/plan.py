@@ -24,7 +24,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
 from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import PairStats
-from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, pair_runs
+from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, compile_name_pattern, pair_runs
 from tensor_debugger.engine.summaries import ReportedSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
 from tensor_debugger.engine.views import SourceView, View, build_view
@@ -102,13 +102,21 @@ class Comparisons:
             refs_a = self._refs(db, reference.id)
             overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
             position = 0
+            try:
+                pattern = compile_name_pattern(session.name_pattern)
+            except ValueError as exc:
+                raise InvalidInputError(str(exc)) from None
             for candidate in runs[1:]:
                 mine = [o for o in overrides if o.run_b_id == candidate.id]
-                pairing = pair_runs(
-                    refs_a, self._refs(db, candidate.id),
-                    manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
-                    unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
-                )
+                try:
+                    pairing = pair_runs(
+                        refs_a, self._refs(db, candidate.id),
+                        manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
+                        unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
+                        strategies=session.strategies, pattern=pattern,
+                    )
+                except ValueError as exc:
+                    raise InvalidInputError(f"the session's pairing strategies: {exc}") from None
                 aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
                 for plan in pairing.pairs:
                     alignment, overridden = self._alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))

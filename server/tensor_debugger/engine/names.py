@@ -8,10 +8,14 @@ Module paths such as `model.layers.7.mlp` give the layer alone.
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import PurePosixPath
 
 _LAYER_STAGE = re.compile(r"^(\d+)_([A-Za-z][\w.\-]*)$")
 _SHARD_SUFFIX = re.compile(r"_(?:rank|tp)\d+$", re.IGNORECASE)
+_PREFIXES = ("orig.mod.", "module.", "model.", "transformer.", "base.model.")  # after normalising separators
+# a leading model class name: LlamaForCausalLM., GPT2Model/ (two capitals and a small letter, at least)
+CLASS_NAME = re.compile(r"^(?=[A-Za-z0-9]*[a-z])(?=[A-Z][A-Za-z0-9]*[A-Z])[A-Za-z0-9]+[./]")
 _MODULE_LAYER = re.compile(r"(?:^|[./_])(?:layers?|blocks?|h)[._](\d+)(?:$|[./_])")
 
 
@@ -28,6 +32,9 @@ def parse_layer_stage(relpath: PurePosixPath, key_path: tuple[str, ...]) -> tupl
     if found:
         stage = _SHARD_SUFFIX.sub("", found.group(2))
         return int(found.group(1)), stage
+    keyed = _LAYER_STAGE.match(key_path[-1]) if len(key_path) == 1 else None
+    if keyed:  # one file holding {"3_query": ...}, as a folder of 3_query.pth would
+        return int(keyed.group(1)), _SHARD_SUFFIX.sub("", keyed.group(2))
     module = _MODULE_LAYER.search(".".join((stem, *key_path)))
     if module:
         return int(module.group(1)), None
@@ -37,3 +44,18 @@ def parse_layer_stage(relpath: PurePosixPath, key_path: tuple[str, ...]) -> tupl
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     """Sort key that orders "10_x" after "9_x"."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part)
+
+
+@lru_cache(maxsize=1 << 17)  # each name is normalised by several strategies, on both sides
+def normalize(name: str) -> str:
+    """Lower case, one separator, no common wrapper prefixes (`model.`, `module.`, `_orig_mod.`,
+    `transformer.`) and no leading model class name (`LlamaForCausalLM.`)."""
+    name = CLASS_NAME.sub("", name)
+    text = re.sub(r"[\s/\\\-_.:]+", ".", name.lower()).strip(".")
+    changed = True
+    while changed:
+        changed = False
+        for prefix in _PREFIXES:
+            if text.startswith(prefix):
+                text, changed = text[len(prefix) :], True
+    return text

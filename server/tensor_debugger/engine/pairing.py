@@ -1,24 +1,30 @@
 """Pair the tensors of a reference run with those of a candidate run.
 
-Tensor-parallel shards (`_rank{k}`, `_tp{k}` suffixes, `rank{k}/` or `tp{k}/` folders) first merge into one
-logical tensor per run. Then a chain of strategies pairs what is left, each pair remembering which matched it:
-manual pairs (which win over everything), layer + stage (+ key path), the same name, the same module path and
-place under a renamed model class, the same key path, normalised names, and a shape unique on both sides (dumps
-only). Whatever stays unmatched is listed per run.
+Tensor-parallel shards (`_rank{k}`, `_tp{k}` suffixes, `rank{k}/` or `tp{k}/` folders, or a name pattern's
+`rank` group) first merge into one logical tensor per run. Each logical tensor also gets an identity: its name
+less what only packages it (see `identities`). Then a chain of strategies pairs what is left, each pair
+remembering which matched it: manual pairs (which win over everything), layer + stage (+ key path), the same
+name or identity, the same module path and place under a renamed model class, the same key path, normalised
+names, fuzzy names (`fuzzy.py`), and a shape unique on both sides (dumps only). The chain is the session's
+choice (`parse_strategies`). Whatever stays unmatched is listed per run.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Callable, Hashable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 
+from tensor_debugger.engine.fuzzy import fuzzy_matches, parse_threshold
+from tensor_debugger.engine.names import normalize
 from tensor_debugger.engine.stages import execution_key
+
+__all__ = ["normalize"]  # where callers have always found it
 
 _SHARD_SUFFIX = re.compile(r"^(?P<base>.+?)_(?:rank|tp)(?P<rank>\d+)(?P<rest>(?:\..*)?)$", re.IGNORECASE)
 _SHARD_FOLDER = re.compile(r"(?:^|/)(?:rank|tp)[_-]?(?P<rank>\d+)(?:/|$)", re.IGNORECASE)
-_PREFIXES = ("orig.mod.", "module.", "model.", "transformer.", "base.model.")  # after normalising separators
+_SHARD_FILE = re.compile(r"^(?P<stem>.+?)-\d+-of-\d+$")  # model-00001-of-00004 (Hugging Face shards)
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,7 @@ class LogicalTensor:
 
     name: str
     shards: tuple[TensorRef, ...]  # in rank order
+    identity: str = ""  # the name less what only packages it (`identities`); set by `pair_runs`
 
     @property
     def first(self) -> TensorRef:
@@ -70,7 +77,7 @@ class LogicalTensor:
 class PairPlan:
     a: LogicalTensor  # reference
     b: LogicalTensor  # candidate
-    strategy: str  # "manual", "layer_stage", "name", "module", "key", "normalized", "shape"
+    strategy: str  # "manual", "layer_stage", "name", "module", "key", "normalized", "fuzzy 0.93", "shape"
 
 
 @dataclass
@@ -80,8 +87,14 @@ class Pairing:
     unmatched_b: list[LogicalTensor] = field(default_factory=list)
 
 
-def shard_of(name: str) -> tuple[str, int | None]:
-    """(logical name, rank) of a stored tensor's name; rank None when it is not a shard."""
+def shard_of(name: str, pattern: re.Pattern[str] | None = None) -> tuple[str, int | None]:
+    """(logical name, rank) of a stored tensor's name; rank None when it is not a shard. A name pattern's `rank`
+    group, where it matches, decides instead (the logical name is the name less that group's text)."""
+    if pattern is not None and "rank" in pattern.groupindex:
+        found = pattern.search(name)
+        if found and found.group("rank") is not None and found.group("rank").isdigit():
+            start, end = found.span("rank")
+            return name[:start] + name[end:], int(found.group("rank"))
     folder = _SHARD_FOLDER.search(name)
     if folder:
         start, end = folder.span()
@@ -93,11 +106,11 @@ def shard_of(name: str) -> tuple[str, int | None]:
     return name, None
 
 
-def group_shards(tensors: Iterable[TensorRef]) -> list[LogicalTensor]:
+def group_shards(tensors: Iterable[TensorRef], pattern: re.Pattern[str] | None = None) -> list[LogicalTensor]:
     """Merge shards of one tensor; a lone `_rank0` stays a tensor of its own name without the mark."""
     groups: dict[str, list[tuple[int, TensorRef]]] = {}
     for tensor in tensors:
-        logical, rank = shard_of(tensor.name)
+        logical, rank = shard_of(tensor.name, pattern)
         groups.setdefault(logical, []).append((rank if rank is not None else -1, tensor))
     merged: list[LogicalTensor] = []
     for logical, members in groups.items():
@@ -110,24 +123,93 @@ def group_shards(tensors: Iterable[TensorRef]) -> list[LogicalTensor]:
     return merged
 
 
-def normalize(name: str) -> str:
-    """Lower case, one separator, no common wrapper prefixes (`model.`, `module.`, `_orig_mod.`)."""
-    text = re.sub(r"[\s/\\\-_.:]+", ".", name.lower()).strip(".")
-    changed = True
-    while changed:
-        changed = False
-        for prefix in _PREFIXES:
-            if text.startswith(prefix):
-                text, changed = text[len(prefix) :], True
-    return text
+def _file_and_key(t: LogicalTensor) -> tuple[str, str]:
+    """The part of a logical tensor's name that names its file, and the part that is its key path inside it."""
+    key = ".".join(t.first.key_path)
+    if key:
+        logical_key = shard_of(key)[0]
+        for tail in (key, logical_key):
+            if t.name.endswith("." + tail):
+                return t.name[: -len(tail) - 1], logical_key
+    return t.name, ""
+
+
+def identities(tensors: Sequence[LogicalTensor]) -> list[str]:
+    """Each tensor's name less what only packages it, decided over the whole run:
+
+    - the file names of a sharded checkpoint (`model-00001-of-00004`) become one (`model`);
+    - folders that every file of the run sits in are dropped;
+    - when every tensor comes from one file and has a key path inside it (a state dict, a checkpoint, however
+      many shards), the file's name is dropped: `a.pth` holding `layers.0.w` gives `layers.0.w`.
+    Files holding one tensor each keep their names (`0_query`): there the file name is the tensor's name."""
+    parts = [_file_and_key(t) for t in tensors]
+    files = []
+    for file, _ in parts:
+        folder, _, stem = file.rpartition("/")
+        shard = _SHARD_FILE.match(stem)
+        files.append(f"{folder}/{shard.group('stem')}" if shard and folder else shard.group("stem") if shard
+                     else file)
+    folders = [f.split("/")[:-1] for f in files]
+    common = 0
+    if folders:
+        shortest = min(len(f) for f in folders)
+        while common < shortest and len({f[common] for f in folders}) == 1:
+            common += 1
+    if common:
+        files = ["/".join(f.split("/")[common:]) for f in files]
+    if len(set(files)) == 1 and all(key for _, key in parts):
+        files = [""] * len(files)
+    return [f"{file}.{key}" if file and key else file or key for file, (_, key) in zip(files, parts, strict=True)]
+
+
+def apply_name_pattern(tensors: Iterable[TensorRef], pattern: re.Pattern[str] | None) -> list[TensorRef]:
+    """Layer and stage from the pattern's `layer` and `stage` groups where it matches a name (the parsed ones
+    elsewhere)."""
+    if pattern is None:
+        return list(tensors)
+    found: list[TensorRef] = []
+    for tensor in tensors:
+        match = pattern.search(tensor.name)
+        if match is None:
+            found.append(tensor)
+            continue
+        groups = match.groupdict()
+        layer_text, stage = groups.get("layer"), groups.get("stage")
+        layer = int(layer_text) if layer_text is not None and layer_text.isdigit() else tensor.layer
+        found.append(replace(tensor, layer=layer, stage=stage if stage else tensor.stage))
+    return found
+
+
+PATTERN_GROUPS = ("layer", "stage", "rank")
+
+
+def compile_name_pattern(text: str | None) -> re.Pattern[str] | None:
+    """A user's name pattern: a regular expression with named groups `layer` and `stage` (and optionally
+    `rank`). Raises ValueError naming the problem."""
+    if text is None or text == "":
+        return None
+    try:
+        pattern = re.compile(text)
+    except re.error as exc:
+        raise ValueError(f"name pattern {text!r} is not a regular expression: {exc}") from None
+    missing = [g for g in ("layer", "stage") if g not in pattern.groupindex]
+    if missing:
+        raise ValueError(f"name pattern {text!r} has no named group {' or '.join(repr(g) for g in missing)}: "
+                         f"write (?P<layer>\\d+) and (?P<stage>...)")
+    unknown = [g for g in pattern.groupindex if g not in PATTERN_GROUPS]
+    if unknown:
+        raise ValueError(f"name pattern {text!r} has a named group {unknown[0]!r}: only layer, stage and rank "
+                         f"are understood")
+    return pattern
 
 
 KeyFn = Callable[[LogicalTensor], Hashable | None]
 
 
 def _unique_index(items: list[LogicalTensor], key: KeyFn) -> dict[Hashable, LogicalTensor]:
-    counts = Counter(k for k in map(key, items) if k is not None)
-    return {k: item for item in items if (k := key(item)) is not None and counts[k] == 1}
+    keyed = [(k, item) for item in items if (k := key(item)) is not None]
+    counts = Counter(k for k, _ in keyed)
+    return {k: item for k, item in keyed if counts[k] == 1}
 
 
 def _match(
@@ -135,6 +217,8 @@ def _match(
     strategy: str, pairs: list[PairPlan],
 ) -> tuple[list[LogicalTensor], list[LogicalTensor]]:
     """Pair items whose key is unique on both sides; hand back what is left on each."""
+    if not left or not right:
+        return left, right
     index_a, index_b = _unique_index(left, key), _unique_index(right, key)
     matched_a: set[int] = set()
     matched_b: set[int] = set()
@@ -144,6 +228,8 @@ def _match(
             pairs.append(PairPlan(a, b, strategy))
             matched_a.add(id(a))
             matched_b.add(id(b))
+    if not matched_a:
+        return left, right
     return [a for a in left if id(a) not in matched_a], [b for b in right if id(b) not in matched_b]
 
 
@@ -167,23 +253,57 @@ def _layer_stage(t: LogicalTensor) -> Hashable | None:
     return (t.layer, t.stage, t.first.key_path)
 
 
-STRATEGIES: list[tuple[str, Callable[[LogicalTensor], Hashable | None]]] = [
-    ("layer_stage", _layer_stage),
-    ("name", lambda t: t.name),
-    ("module", _module_place),
-    ("key", lambda t: t.first.key_path or None),
-    ("normalized", lambda t: normalize(t.name)),
+# Each strategy's keys, tried in turn: a pair is made where a key is unique on both sides.
+STRATEGIES: dict[str, list[KeyFn]] = {
+    "layer_stage": [_layer_stage],
+    "name": [lambda t: t.name, lambda t: t.identity or None],
+    "module": [_module_place],
+    "key": [lambda t: t.first.key_path or None],
+    "normalized": [lambda t: normalize(t.identity or t.name) or None],
+    "fuzzy": [],  # fuzzy.fuzzy_matches, not a key
     # traced tensors are named by module and place: a shape alone would pair an attention mask with a stranger
-    ("shape", lambda t: tuple(t.shapes) if t.first.module_path is None else None),
-]
+    "shape": [lambda t: tuple(t.shapes) if t.first.module_path is None else None],
+}
+DEFAULT_STRATEGIES = ("layer_stage", "name", "module", "key", "normalized", "fuzzy", "shape")
+
+
+def parse_strategies(items: str | Sequence[str] | None) -> list[str]:
+    """A chain of strategy names, in order ("layer_stage,name,fuzzy:0.8,shape" or a list); `fuzzy:T` sets the
+    fuzzy threshold T (0 to 1). None or empty: the default chain. Raises ValueError naming the problem."""
+    if items is None:
+        return list(DEFAULT_STRATEGIES)
+    names = [part.strip() for part in (items.split(",") if isinstance(items, str) else items)]
+    names = [n for n in names if n]
+    if not names:
+        return list(DEFAULT_STRATEGIES)
+    seen: set[str] = set()
+    for name in names:
+        base, _, threshold = name.partition(":")
+        if base not in STRATEGIES:
+            raise ValueError(f"unknown pairing strategy {base!r}: choose from {', '.join(STRATEGIES)}")
+        if threshold and base != "fuzzy":
+            raise ValueError(f"strategy {base!r} takes no value (only fuzzy:THRESHOLD does), got {name!r}")
+        if threshold:
+            parse_threshold(threshold)
+        if base in seen:
+            raise ValueError(f"strategy {base!r} is named twice")
+        seen.add(base)
+    return names
 
 
 def pair_runs(
     reference: Iterable[TensorRef], candidate: Iterable[TensorRef],
     manual: Iterable[tuple[str, str]] = (), unpaired: Iterable[tuple[str, str]] = (),
+    strategies: Sequence[str] | None = None, pattern: re.Pattern[str] | None = None,
 ) -> Pairing:
-    """Pair two runs. `manual` (reference name, candidate name) pairs win; `unpaired` pairs are never made."""
-    left, right = group_shards(reference), group_shards(candidate)
+    """Pair two runs. `manual` (reference name, candidate name) pairs win; `unpaired` pairs are never made (an
+    empty name on one side: that side's tensor is never paired automatically). `strategies`: the chain, in
+    order (`parse_strategies`; None: the default). `pattern`: a name pattern (`compile_name_pattern`)."""
+    chain = parse_strategies(strategies)
+    left = group_shards(apply_name_pattern(reference, pattern), pattern)
+    right = group_shards(apply_name_pattern(candidate, pattern), pattern)
+    left = [LogicalTensor(t.name, t.shards, i) for t, i in zip(left, identities(left), strict=True)]
+    right = [LogicalTensor(t.name, t.shards, i) for t, i in zip(right, identities(right), strict=True)]
     pairs: list[PairPlan] = []
     by_name_a = {t.name: t for t in left}
     by_name_b = {t.name: t for t in right}
@@ -194,13 +314,28 @@ def pair_runs(
             left = [t for t in left if t is not a]
             right = [t for t in right if t is not b]
     forbidden = set(unpaired)
-    for strategy, key in STRATEGIES:
+    alone_a = {a for a, b in forbidden if not b}
+    alone_b = {b for a, b in forbidden if not a}
+    held_a = [t for t in left if t.name in alone_a]
+    held_b = [t for t in right if t.name in alone_b]
+    left = [t for t in left if t.name not in alone_a]
+    right = [t for t in right if t.name not in alone_b]
+    for item in chain:
+        strategy, _, value = item.partition(":")
         before = len(pairs)
-        left, right = _match(left, right, key, strategy, pairs)
+        if strategy == "fuzzy":
+            threshold = parse_threshold(value) if value else None
+            found = fuzzy_matches(left, right, threshold)
+            pairs += [PairPlan(left[i], right[j], f"fuzzy {score:.2f}") for i, j, score in found]
+            made_a, made_b = {i for i, _, _ in found}, {j for _, j, _ in found}
+            left = [t for i, t in enumerate(left) if i not in made_a]
+            right = [t for j, t in enumerate(right) if j not in made_b]
+        for key in STRATEGIES[strategy]:
+            left, right = _match(left, right, key, strategy, pairs)
         refused = [p for p in pairs[before:] if (p.a.name, p.b.name) in forbidden]
         if refused:
             pairs = [p for p in pairs if p not in refused]
             left += [p.a for p in refused]
             right += [p.b for p in refused]
     pairs.sort(key=lambda p: execution_order(p.a))
-    return Pairing(pairs, sorted(left, key=execution_order), sorted(right, key=execution_order))
+    return Pairing(pairs, sorted(left + held_a, key=execution_order), sorted(right + held_b, key=execution_order))

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from tensor_debugger.engine.names import natural_key
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest.archives import ArchiveLimits, Member, archive_kind, archive_stem, extract_archive
+from tensor_debugger.ingest.checkpoints import check_index, is_checkpoint_index
 from tensor_debugger.ingest.tensor_files import is_tensor_file
 from tensor_debugger.ingest.traces import Trace, TraceTensor, choose_trace_json, is_trace_json, read_trace
 
@@ -84,6 +85,7 @@ class _Expander:
         if not members:
             self.problems.append(FileProblem(label, "is empty: no files in it"))
         members, names = yield from self.traced(members, names, base, label, staged)
+        members, names = self.indexes(members, names, label)
         for member, name in zip(members, names, strict=True):
             try:
                 yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1)
@@ -123,6 +125,20 @@ class _Expander:
                                       module_path=tensor.module_path, place=tensor.place)
         rest = [i for i in range(len(members)) if i not in used]
         return [members[i] for i in rest], [names[i] for i in rest]
+
+    def indexes(
+        self, members: list[Member], names: list[PurePosixPath], label: str
+    ) -> tuple[list[Member], list[PurePosixPath]]:
+        """Read the index of every sharded checkpoint among `members` (checking that its shards are there); returns
+        the members left over, indexes taken out."""
+        present = set(names)
+        kept: list[tuple[Member, PurePosixPath]] = []
+        for member, name in zip(members, names, strict=True):
+            if is_checkpoint_index(name.name):
+                self.problems.extend(check_index(member.path, f"{label}/{member.name}", name.parent, present))
+            else:
+                kept.append((member, name))
+        return [m for m, _ in kept], [n for _, n in kept]
 
     def file(
         self, path: Path, relpath: PurePosixPath, label: str, staged: bool, depth: int

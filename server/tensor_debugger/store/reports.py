@@ -36,7 +36,8 @@ class PairStatus(enum.StrEnum):
 
 
 class PairingStrategy(enum.StrEnum):
-    """How a pair was found (engine.pairing's strategies, strongest first)."""
+    """How a pair was found (engine.pairing's strategies, strongest first; `explore` pairs every two tensors of one
+    run). A pair's `strategy` text starts with one of these: fuzzy pairs add their score ("fuzzy 0.95")."""
 
     MANUAL = "manual"
     LAYER_STAGE = "layer_stage"
@@ -44,7 +45,15 @@ class PairingStrategy(enum.StrEnum):
     MODULE = "module"
     KEY = "key"
     NORMALIZED = "normalized"
+    FUZZY = "fuzzy"
     SHAPE = "shape"
+    EXPLORE = "explore"
+
+
+def parse_strategy(text: str) -> str:
+    """A stored pair's strategy text, checked: its first word must be a PairingStrategy (ValueError otherwise)."""
+    PairingStrategy(text.split(" ", 1)[0])
+    return text
 
 
 def iso(moment: datetime) -> str:

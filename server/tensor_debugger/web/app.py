@@ -31,6 +31,7 @@ from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.controllers.pages import PageController
+from tensor_debugger.web.controllers.pairing import SessionPairingController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
 from tensor_debugger.web.controllers.runs import RunController
 from tensor_debugger.web.controllers.sessions import SessionController
@@ -101,7 +102,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     return Litestar(
         route_handlers=[
             SessionController, SessionPairsController, SessionOrderController, PairController, RunController,
-            TensorController,
+            TensorController, SessionPairingController,
             PageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],

@@ -25,6 +25,9 @@ class SessionRecord(Base):
     atol: Mapped[float | None]
     # the user's order of pairs ("reference name|candidate name"), set by dragging rows; null: execution order
     pair_order: Mapped[list[Any] | None] = mapped_column(JSON)
+    # the pairing strategies in the order tried ("layer_stage", "name", "fuzzy:0.8", ...); null: the default chain
+    strategies: Mapped[list[Any] | None] = mapped_column(JSON)
+    name_pattern: Mapped[str | None] = mapped_column(Text)  # a regex with groups layer, stage (rank); null: none
     runs: Mapped[list[RunRecord]] = relationship(
         back_populates="session", order_by="RunRecord.position", cascade="all, delete-orphan"
     )

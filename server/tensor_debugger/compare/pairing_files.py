@@ -1,0 +1,128 @@
+"""A session's pairing as a file: its rules (the chain of strategies and the name pattern), its pairs and what
+stays unpaired, exported as JSON and imported again (into the same session, another one, or `compare
+--pairing`).
+
+    {"strategies": ["layer_stage", "name", "fuzzy:0.8"], "name_pattern": "L(?P<layer>\\d+)_(?P<stage>\\w+)",
+     "pairs": [{"a": "reference name", "b": "candidate name"}],
+     "unpaired": [{"a": "never paired with", "b": "this one"}, {"a": "never paired at all"}, {"b": "..."}]}
+
+Every key is optional; one left out leaves that part of the session as it is. Imported pairs become manual
+pairs (they win over every strategy) and `unpaired` entries the user's refusals; in a session with several
+candidate runs an entry may name its candidate run's label as `"run"` (otherwise it applies to every one).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.engine.pairing import compile_name_pattern, parse_strategies
+from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.store import catalog
+from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord, UnmatchedRecord
+
+KEYS = ("strategies", "name_pattern", "pairs", "unpaired")
+
+
+def check_rules(strategies: Any, name_pattern: Any) -> tuple[list[str] | None, str | None]:
+    """The chain and the pattern as stored (None: the default chain, no pattern). Raises InvalidInputError."""
+    if strategies is not None and not (isinstance(strategies, str) or (
+            isinstance(strategies, list) and all(isinstance(s, str) for s in strategies))):
+        raise InvalidInputError(f"strategies must be a list of strategy names, got {strategies!r}")
+    if name_pattern is not None and not isinstance(name_pattern, str):
+        raise InvalidInputError(f"name_pattern must be a string, got {name_pattern!r}")
+    try:
+        chain = parse_strategies(strategies) if strategies else None
+        compile_name_pattern(name_pattern)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+    return chain, name_pattern or None
+
+
+def set_rules(session: SessionRecord, strategies: Any, name_pattern: Any) -> None:
+    session.strategies, session.name_pattern = check_rules(strategies, name_pattern)
+
+
+def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
+    session = catalog.get_session(db, session_id)
+    labels = {r.id: r.label for r in session.runs}
+    several = sum(1 for r in session.runs if r.position > 0) > 1
+    reference = session.runs[0].id if session.runs else None
+
+    def entry(run_b_id: int, **names: str) -> dict[str, str]:
+        return {**names, "run": labels[run_b_id]} if several else dict(names)
+
+    pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)
+                       .order_by(PairRecord.position)).all()
+    refusals = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id,
+                                                           PairOverrideRecord.action == "unpair")).all()
+    unmatched = db.scalars(select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id)
+                           .order_by(UnmatchedRecord.id)).all()
+    unpaired = [entry(o.run_b_id, **{k: v for k, v in (("a", o.a_name), ("b", o.b_name)) if v}) for o in refusals]
+    for u in unmatched:
+        side, candidate = ("a", u.other_run_id) if u.run_id == reference else ("b", u.run_id)
+        item = entry(candidate, **{side: u.name})
+        if item not in unpaired:
+            unpaired.append(item)
+    return {
+        "strategies": session.strategies, "name_pattern": session.name_pattern,
+        "pairs": [entry(p.run_b_id, a=p.a_name, b=p.b_name) for p in pairs],
+        "unpaired": unpaired,
+    }
+
+
+def _entries(data: dict[str, Any], key: str) -> list[dict[str, str]]:
+    items = data[key]
+    if not isinstance(items, list):
+        raise InvalidInputError(f"{key} must be a list of objects, got {type(items).__name__}")
+    for n, item in enumerate(items):
+        wanted = ("a", "b") if key == "pairs" else ()
+        if (not isinstance(item, dict) or set(item) - {"a", "b", "run"}
+                or not all(isinstance(v, str) and v for v in item.values())
+                or any(k not in item for k in wanted) or not (set(item) & {"a", "b"})):
+            need = '"a" and "b"' if key == "pairs" else '"a", "b" or both'
+            raise InvalidInputError(f"{key}[{n}] must be an object with {need} (names) and optionally \"run\" "
+                                    f"(a candidate run's label), got {item!r}")
+    return items
+
+
+def check_file(data: Any) -> dict[str, Any]:
+    """The pairing file `data` if it is one (keys, rules and entries well formed); raises InvalidInputError."""
+    if not isinstance(data, dict):
+        raise InvalidInputError("a pairing file is a JSON object")
+    unknown = sorted(set(data) - set(KEYS))
+    if unknown:
+        raise InvalidInputError(f"a pairing file has no key {unknown[0]!r}: the keys are {', '.join(KEYS)}")
+    check_rules(data.get("strategies"), data.get("name_pattern"))
+    for key in ("pairs", "unpaired"):
+        if key in data:
+            _entries(data, key)
+    return data
+
+
+def import_pairing(db: DbSession, session_id: int, data: Any) -> None:
+    """Apply a pairing file to the session (the caller plans again). Raises InvalidInputError, changing nothing,
+    on anything it does not understand."""
+    check_file(data)
+    session = catalog.get_session(db, session_id)
+    strategies, pattern = check_rules(data.get("strategies", session.strategies),
+                                      data.get("name_pattern", session.name_pattern))
+    pairs = _entries(data, "pairs") if "pairs" in data else None
+    unpaired = _entries(data, "unpaired") if "unpaired" in data else None
+    candidates = {r.label: r.id for r in session.runs if r.position > 0}
+    for item in (*(pairs or ()), *(unpaired or ())):
+        if "run" in item and item["run"] not in candidates:
+            raise InvalidInputError(f"the session has no candidate run labelled {item['run']!r}")
+    session.strategies, session.name_pattern = strategies, pattern
+    for action, items in (("pair", pairs), ("unpair", unpaired)):
+        if items is None:
+            continue
+        db.execute(delete(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id,
+                                                    PairOverrideRecord.action == action))
+        for item in items:
+            for label, run_id in candidates.items():
+                if item.get("run", label) == label:
+                    db.add(PairOverrideRecord(session_id=session_id, run_b_id=run_id, action=action,
+                                              a_name=item.get("a", ""), b_name=item.get("b", "")))

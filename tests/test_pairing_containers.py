@@ -1,0 +1,130 @@
+"""Pairing that does not depend on how each run was packaged: a state dict in one `.pth` against the same
+weights in a `.safetensors` with a `model.` prefix, an archive of per-tensor files against one dict, and a
+Hugging Face checkpoint saved whole, sharded (with its index) and as a plain state dict, in every combination."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.services import Services
+
+from tests.dumps import make_tar, make_zip, seeded
+
+
+def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
+    code = run_compare(services, a, b, None, None, None, True)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def state_dict() -> dict[str, torch.Tensor]:
+    names = ["embed_tokens.weight", "layers.0.q_proj.weight", "layers.0.k_proj.weight", "layers.0.v_proj.weight",
+             "layers.0.o_proj.weight", "layers.0.mlp.weight", "norm.weight"]
+    return {name: seeded((8, 8) if "norm" not in name else (8,), n) for n, name in enumerate(names)}
+
+
+def test_state_dict_pth_against_prefixed_safetensors(services: Services, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    weights = state_dict()
+    torch.save(weights, tmp_path / "a.pth")
+    save_file({f"model.{k}": v.contiguous() for k, v in weights.items()}, str(tmp_path / "b.safetensors"))
+    code, out = compare(services, capsys, tmp_path / "a.pth", tmp_path / "b.safetensors")
+    assert code == 0, out
+    assert len(out["pairs"]) == 7 and out["unmatched"] == {"a": [], "b": []}
+    names = {(p["a"]["name"], p["b"]["name"]) for p in out["pairs"]}
+    # names shown keep the file: where to find each tensor
+    assert ("a.layers.0.q_proj.weight", "b.model.layers.0.q_proj.weight") in names
+    assert all(p["status"] == "pass" for p in out["pairs"])
+
+
+@pytest.mark.parametrize("packed", ["zip", "tar", "folder"])
+def test_archive_of_tensor_files_against_one_dict(services: Services, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str], packed: str) -> None:
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    tensors = {f"{layer}_{stage}": seeded((4, 6), 10 * layer + n)
+               for layer in range(2) for n, stage in enumerate(("query", "key", "post_mlp"))}
+    for name, tensor in tensors.items():
+        torch.save(tensor, folder / f"{name}.pth")
+    torch.save(tensors, tmp_path / "all.pth")
+    run = {"zip": lambda: make_zip(folder, tmp_path / "dump.zip", prefix="dump/"),
+           "tar": lambda: make_tar(folder, tmp_path / "dump.tar.gz", "w:gz", prefix="dump/"),
+           "folder": lambda: folder}[packed]()
+    for a, b in ((run, tmp_path / "all.pth"), (tmp_path / "all.pth", run)):
+        code, out = compare(services, capsys, a, b)
+        assert code == 0, out
+        assert len(out["pairs"]) == 6 and out["unmatched"] == {"a": [], "b": []}
+        # the dict's keys give layer and stage too, so the pairs come in execution order
+        assert [(p["layer"], p["stage"]) for p in out["pairs"]][:3] == [(0, "query"), (0, "key"), (0, "post_mlp")]
+
+
+def tiny_llama() -> Any:
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    model = tiny_llama()
+    root = tmp_path_factory.mktemp("hf")
+    made = {
+        "safetensors": root / "whole_safetensors", "bin": root / "whole_bin",
+        "sharded_safetensors": root / "sharded_safetensors", "sharded_bin": root / "sharded_bin",
+    }
+    model.save_pretrained(made["safetensors"], safe_serialization=True)
+    model.save_pretrained(made["bin"], safe_serialization=False)
+    model.save_pretrained(made["sharded_safetensors"], safe_serialization=True, max_shard_size="20KB")
+    model.save_pretrained(made["sharded_bin"], safe_serialization=False, max_shard_size="20KB")
+    plain = root / "plain"
+    plain.mkdir()
+    torch.save(model.state_dict(), plain / "state_dict.pth")
+    made["state_dict"] = plain / "state_dict.pth"
+    made["sharded_zip"] = make_zip(made["sharded_safetensors"], root / "sharded.zip", prefix="checkpoint/")
+    return made
+
+
+def test_checkpoints_are_really_sharded(checkpoints: dict[str, Path]) -> None:
+    shards = sorted(p.name for p in checkpoints["sharded_safetensors"].glob("*.safetensors"))
+    assert len(shards) > 2 and shards[0].startswith("model-00001-of-")
+    assert (checkpoints["sharded_safetensors"] / "model.safetensors.index.json").exists()
+
+
+@pytest.mark.parametrize(("a", "b"), [
+    ("bin", "sharded_safetensors"), ("sharded_safetensors", "bin"), ("safetensors", "state_dict"),
+    ("state_dict", "sharded_safetensors"), ("sharded_bin", "safetensors"), ("sharded_zip", "state_dict"),
+    ("sharded_bin", "sharded_zip"),
+])
+def test_hugging_face_checkpoints_pair_in_any_packaging(services: Services, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str],
+                                                        checkpoints: dict[str, Path], a: str, b: str) -> None:
+    expected = len(tiny_llama().state_dict())
+    code, out = compare(services, capsys, checkpoints[a], checkpoints[b])
+    assert out["unmatched"] == {"a": [], "b": []}
+    assert len(out["pairs"]) == expected
+    assert code == 0 and all(p["status"] == "pass" for p in out["pairs"])
+    # the index is read, never reported as a file that is not a tensor
+    assert not [p for p in out["problems"] if "index.json" in p["file"]]
+
+
+def test_missing_shard_is_reported_by_the_index(services: Services, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str],
+                                                checkpoints: dict[str, Path]) -> None:
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(checkpoints["sharded_safetensors"], broken)
+    gone = sorted(broken.glob("model-*.safetensors"))[-1]
+    gone.unlink()
+    code, out = compare(services, capsys, checkpoints["safetensors"], broken)
+    assert code == 0  # what is there pairs and passes
+    assert [p for p in out["problems"] if gone.name in p["reason"] and "index.json" in p["file"]]
+    assert out["unmatched"]["a"] and not out["unmatched"]["b"]
