@@ -18,31 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct { /* td_partial, checked against td_partial_size() */
-    double max_abs;
-    int64_t argmax;
-    double sum_abs, sum_sq, sum_rel, max_rel;
-    int64_t rel_count;
-    double dot, norm_a, norm_b;
-    int64_t mismatched, nonzero, at_least[16];
-} partial;
+#include "../server/tensor_debugger/engine/kernel_structs.h" /* the libraries' structures, from their one source */
 
-typedef struct { /* td_summary, checked against td_summary_size() */
-    double count, mean, m2, min, max;
-} summary;
-
-typedef struct { /* tdc_piece */
-    const char *path;
-    int64_t skip, count;
-} piece;
-
-typedef struct { /* tdc_side, checked against tdc_side_size() */
-    const piece *pieces;
-    int64_t n, chunk_bytes;
-    int code;
-    uint8_t *compressed, *decoded;
-    float *widened;
-} side;
+typedef td_partial partial;
+typedef td_summary summary;
+typedef tdc_piece piece;
+typedef tdc_side side;
 
 typedef int (*stats_fn)(const void *, const void *, int64_t, int64_t, double, double, int, const double *, partial *);
 typedef int (*pair_fn)(side *, side *, stats_fn, double, double, int, const double *, partial *, int *, int64_t *);
@@ -86,7 +67,7 @@ static void print_partial(const partial *out) {
     printf("rel_count %" PRId64 "\ndot %.17g\nnorm_a %.17g\nnorm_b %.17g\nmismatched %" PRId64 "\n",
            out->rel_count, out->dot, out->norm_a, out->norm_b, out->mismatched);
     printf("nonzero %" PRId64 "\nat_least", out->nonzero);
-    for (int i = 0; i < 16; i++) printf(" %" PRId64, out->at_least[i]);
+    for (int i = 0; i < TD_EDGES; i++) printf(" %" PRId64, out->at_least[i]);
     printf("\n");
 }
 
@@ -125,7 +106,7 @@ static int loop(void *library, const char *family, int argc, char **argv) {
     snprintf(name, sizeof name, "td_stats_%c%c_%s", codes[0] == 'd' ? 'd' : 'f', codes[1] == 'd' ? 'd' : 'f', family);
     stats_fn kernel = (stats_fn)symbol(library, name);
     double atol = strtod(argv[6], NULL), rtol = strtod(argv[7], NULL);
-    const double *edges = read_all(argv[8], 16 * sizeof(double));
+    const double *edges = read_all(argv[8], TD_EDGES * sizeof(double));
     int at = 9;
     side a = read_side(argc, argv, &at, codes[0]);
     side b = read_side(argc, argv, &at, codes[1]);
@@ -161,7 +142,7 @@ int main(int argc, char **argv) {
         double atol = strtod(argv[6], NULL), rtol = strtod(argv[7], NULL);
         const char *a = read_all(argv[8], (size_t)n * width(code[0]));
         const char *b = read_all(argv[9], (size_t)n * width(code[1]));
-        const double *edges = read_all(argv[10], 16 * sizeof(double));
+        const double *edges = read_all(argv[10], TD_EDGES * sizeof(double));
         partial out = {0};
         out.max_abs = -1;
         out.argmax = -1;

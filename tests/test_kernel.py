@@ -15,13 +15,13 @@ import pytest
 from tensor_debugger.engine.fused import (
     FAMILIES,
     FAMILY_VARIABLE,
-    FusedPartial,
     _library,
     empty_partial,
     families,
     fused_summary,
     kernel_family,
     kernel_name,
+    partial_type,
     use_family,
 )
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats, edges
@@ -180,7 +180,7 @@ def test_a_family_folded_in_two_calls_gives_what_numpy_computes(family: str, dty
             assert function(ctypes.c_void_p(a[start:].ctypes.data), ctypes.c_void_p(b[start:].ctypes.data),
                             ctypes.c_int64(stop - start), ctypes.c_int64(start), ctypes.c_double(atol),
                             ctypes.c_double(rtol), 1, ctypes.c_void_p(bins.ctypes.data), ctypes.byref(out)) == 0
-        fields = {name: getattr(out, name) for name, _ in FusedPartial._fields_}
+        fields = {name: getattr(out, name) for name, _ in partial_type()._fields_}
         check_partial({**fields, "at_least": list(out.at_least)}, a, b, atol, rtol, bins, size)
 
 
@@ -257,3 +257,14 @@ def test_summary_overflow_gives_no_mean_in_both_paths(monkeypatch: pytest.Monkey
     assert fused_summary(stored, "float64") is None
     compiled, plain = (summary_with(k, monkeypatch, stored, "float64", 1) for k in ("compiled", "numpy"))
     assert compiled == plain and compiled.mean is None and compiled.max == 1e308
+
+
+def test_structures_come_from_the_header_and_match_the_library() -> None:
+    """kernel_structs.h is the one source of the shared structures: the histogram's edges are TD_EDGES, and the
+    library built from it loads (its *_size() functions agree with the structures read from the header)."""
+    from tensor_debugger.engine.layouts import constant
+    from tensor_debugger.engine.metrics import edges
+
+    assert len(edges()) == constant("TD_EDGES")
+    assert [name for name, _ in partial_type()._fields_][:2] == ["max_abs", "argmax"]
+    assert _library() is not None

@@ -20,7 +20,7 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
     for required in ("tensor_debugger/web/templates/sessions.html", "tensor_debugger/web/static/app.css",
                      "tensor_debugger/migrations/env.py", "tensor_debugger/migrations/script.py.mako",
                      "tensor_debugger/cli/main.py", "tensor_debugger/engine/_fused_stats.so",
-                     "tensor_debugger/compare/_chunk_loop.so"):
+                     "tensor_debugger/compare/_chunk_loop.so", "tensor_debugger/engine/kernel_structs.h"):
         assert required in names, required
     assert not wheel.name.endswith("-none-any.whl"), wheel.name  # the compiled kernel makes it platform-specific
     assert any(n.startswith("tensor_debugger/migrations/versions/") and n.endswith(".py") for n in names)

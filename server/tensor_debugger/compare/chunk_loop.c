@@ -24,6 +24,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "../engine/kernel_structs.h" /* tdc_piece and tdc_side, shared with engine/layouts.py */
+
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -34,21 +36,6 @@ enum { TDC_OK = 0, TDC_MISSING = 1, TDC_IO = 2, TDC_NOT_A_CHUNK = 3, TDC_DECODE 
        TDC_NOT_FINITE = 6 };
 #define BLOSC_HEADER 16 /* c-blosc 1: version, versionlz, flags, typesize, nbytes, blocksize, cbytes */
 
-typedef struct {
-    const char *path; /* the chunk file */
-    int64_t skip;     /* values of the decoded chunk before the piece */
-    int64_t count;    /* values in the piece */
-} tdc_piece;
-
-typedef struct {
-    const tdc_piece *pieces;
-    int64_t n;
-    int64_t chunk_bytes;   /* decoded size of one whole chunk */
-    int code;              /* stored values: 'f' float32, 'd' float64, 'b' bfloat16 bits, 'h' float16 */
-    uint8_t *compressed;   /* chunk_bytes + BLOSC_HEADER bytes: Blosc never writes more */
-    uint8_t *decoded;      /* chunk_bytes */
-    float *widened;        /* chunk_bytes / 2 floats, for 'b' and 'h' */
-} tdc_side;
 
 /* One C-Blosc2 decompression context per thread (a context is not thread-safe; the library's global one takes a
  * lock), freed when its thread ends. */

@@ -32,7 +32,9 @@ from tensor_debugger.engine.fused import (
     kernel_address,
     kernel_setting,
     load_library,
+    partial_type,
 )
+from tensor_debugger.engine.layouts import fields
 from tensor_debugger.engine.metrics import edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View, flat_source
@@ -45,32 +47,30 @@ _FAILURES = {1: "a chunk file is missing", 2: "a chunk file could not be read", 
              4: "Blosc could not decode it", 5: "a dtype the loop does not widen", 6: "a NaN or an Inf"}
 
 
-class _Piece(ctypes.Structure):
-    """Mirrors tdc_piece."""
+@functools.cache
+def _piece_type() -> type[ctypes.Structure]:
+    """tdc_piece (kernel_structs.h's TDC_PIECE_FIELDS): a stretch of one chunk file."""
+    return type("Piece", (ctypes.Structure,), {"_fields_": fields("TDC_PIECE_FIELDS")})
 
-    _fields_ = [("path", ctypes.c_char_p), ("skip", ctypes.c_int64), ("count", ctypes.c_int64)]
 
-
-class _Side(ctypes.Structure):
-    """Mirrors tdc_side: one side's pieces of a block, and the thread's buffers for them."""
-
-    _fields_ = [("pieces", ctypes.POINTER(_Piece)), ("n", ctypes.c_int64), ("chunk_bytes", ctypes.c_int64),
-                ("code", ctypes.c_int), ("compressed", ctypes.c_void_p), ("decoded", ctypes.c_void_p),
-                ("widened", ctypes.c_void_p)]
+@functools.cache
+def _side_type() -> type[ctypes.Structure]:
+    """tdc_side (kernel_structs.h's TDC_SIDE_FIELDS): one side's pieces of a block, and the thread's buffers."""
+    return type("Side", (ctypes.Structure,), {"_fields_": fields("TDC_SIDE_FIELDS")})
 
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    library = load_library(Path(__file__).with_name(LIBRARY_NAME), {"tdc_side_size": _Side})
+    library = load_library(Path(__file__).with_name(LIBRARY_NAME), {"tdc_side_size": _side_type()})
     if library is None:
         return None
     library.tdc_pair.restype = ctypes.c_int
-    library.tdc_pair.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(_Side), ctypes.c_void_p,
+    library.tdc_pair.argtypes = [ctypes.POINTER(_side_type()), ctypes.POINTER(_side_type()), ctypes.c_void_p,
                                  ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p,
-                                 ctypes.POINTER(FusedPartial), ctypes.POINTER(ctypes.c_int),
+                                 ctypes.POINTER(partial_type()), ctypes.POINTER(ctypes.c_int),
                                  ctypes.POINTER(ctypes.c_int64)]
     library.tdc_read.restype = ctypes.c_int
-    library.tdc_read.argtypes = [ctypes.POINTER(_Side), ctypes.POINTER(ctypes.c_int64)]
+    library.tdc_read.argtypes = [ctypes.POINTER(_side_type()), ctypes.POINTER(ctypes.c_int64)]
     return library
 
 
@@ -91,16 +91,18 @@ class _Buffers(threading.local):
 
     def __init__(self) -> None:
         self.compressed = self.decoded = self.widened = np.empty(0, dtype=np.uint8)
+        self.pieces: ctypes.Array[ctypes.Structure] | None = None  # the last side's, alive while C reads them
 
-    def side(self, pieces: list[tuple[bytes, int, int]], chunk_bytes: int, code: str) -> _Side:
+    def side(self, pieces: list[tuple[bytes, int, int]], chunk_bytes: int, code: str) -> ctypes.Structure:
         if self.decoded.size < chunk_bytes:
             self.compressed = np.empty(chunk_bytes + BLOSC_HEADER, dtype=np.uint8)
             self.decoded = np.empty(chunk_bytes, dtype=np.uint8)
         if code in "bh" and self.widened.size < 2 * chunk_bytes:  # 2-byte values as float32
             self.widened = np.empty(2 * chunk_bytes, dtype=np.uint8)
-        array = (_Piece * len(pieces))(*(_Piece(*piece) for piece in pieces))
-        return _Side(array, len(pieces), chunk_bytes, ord(code), self.compressed.ctypes.data,  # keeps `array`
-                     self.decoded.ctypes.data, self.widened.ctypes.data)
+        piece = _piece_type()
+        self.pieces = (piece * len(pieces))(*(piece(*p) for p in pieces))
+        return _side_type()(ctypes.addressof(self.pieces), len(pieces), chunk_bytes, ord(code),
+                            self.compressed.ctypes.data, self.decoded.ctypes.data, self.widened.ctypes.data)
 
 
 _BUFFERS = (_Buffers(), _Buffers())  # per thread: side a's and side b's

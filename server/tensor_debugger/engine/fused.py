@@ -18,12 +18,13 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 
+from tensor_debugger.engine.layouts import constant, fields
+
 LIBRARY_NAME = "_fused_stats.so"
-EDGE_COUNT = 16
 FAMILY_VARIABLE = "TENSOR_DEBUGGER_KERNEL_FAMILY"
 # The vector families a library may hold, best first (server/build_hooks.py builds those of its architecture).
 FAMILIES = ("avx512", "avx2", "baseline")
@@ -31,24 +32,27 @@ _PAIRS = ("ff", "fd", "df", "dd")
 _CODES = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
 
-class FusedPartial(ctypes.Structure):
-    """Mirrors td_partial in fused_stats.c."""
-
-    _fields_ = [
-        ("max_abs", ctypes.c_double), ("argmax", ctypes.c_int64),
-        ("sum_abs", ctypes.c_double), ("sum_sq", ctypes.c_double),
-        ("sum_rel", ctypes.c_double), ("max_rel", ctypes.c_double), ("rel_count", ctypes.c_int64),
-        ("dot", ctypes.c_double), ("norm_a", ctypes.c_double), ("norm_b", ctypes.c_double),
-        ("mismatched", ctypes.c_int64), ("nonzero", ctypes.c_int64),
-        ("at_least", ctypes.c_int64 * EDGE_COUNT),
-    ]
+# A block's statistics (td_partial) and a block's summary (td_summary: count, mean, M2, min, max), as ctypes
+# structures built from kernel_structs.h by partial_type() and summary_type(); these names are for annotations.
+FusedPartial: TypeAlias = ctypes.Structure
+FusedSummary: TypeAlias = ctypes.Structure
 
 
-class FusedSummary(ctypes.Structure):
-    """Mirrors td_summary in fused_stats.c: one block's finite values (count, mean, M2, min, max)."""
+@functools.cache
+def partial_type() -> type[ctypes.Structure]:
+    """td_partial (kernel_structs.h's TD_PARTIAL_FIELDS) as a ctypes structure."""
+    return type("FusedPartial", (ctypes.Structure,), {"_fields_": fields("TD_PARTIAL_FIELDS")})
 
-    _fields_ = [("count", ctypes.c_double), ("mean", ctypes.c_double), ("m2", ctypes.c_double),
-                ("min", ctypes.c_double), ("max", ctypes.c_double)]
+
+@functools.cache
+def summary_type() -> type[ctypes.Structure]:
+    """td_summary (kernel_structs.h's TD_SUMMARY_FIELDS) as a ctypes structure."""
+    return type("FusedSummary", (ctypes.Structure,), {"_fields_": fields("TD_SUMMARY_FIELDS")})
+
+
+def edge_count() -> int:
+    """How many histogram edges a partial counts (TD_EDGES)."""
+    return constant("TD_EDGES")
 
 
 # logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The
@@ -76,7 +80,7 @@ def load_library(path: Path, layouts: dict[str, type[ctypes.Structure]]) -> ctyp
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     library = load_library(Path(__file__).with_name(LIBRARY_NAME),
-                           {"td_partial_size": FusedPartial, "td_summary_size": FusedSummary})
+                           {"td_partial_size": partial_type(), "td_summary_size": summary_type()})
     if library is None:
         return None
     library.td_family_runs.restype = ctypes.c_int
@@ -86,14 +90,14 @@ def _library() -> ctypes.CDLL | None:
             function = getattr(library, f"td_summary_{code}_{family}", None)  # float16 needs _Float16, any family
             if function is not None:
                 function.restype = ctypes.c_int
-                function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(FusedSummary)]
+                function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(summary_type())]
         for pair in _PAIRS:
             function = getattr(library, f"td_stats_{pair}_{family}", None)  # a family the compiler could not build
             if function is not None:
                 function.restype = ctypes.c_int
                 function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                                      ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p,
-                                     ctypes.POINTER(FusedPartial)]
+                                     ctypes.POINTER(partial_type())]
     return library
 
 
@@ -203,7 +207,7 @@ def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
 
 def empty_partial() -> FusedPartial:
     """A partial of no values (max_abs and argmax -1, the rest 0), for a kernel to fold values into."""
-    out = FusedPartial()
+    out = partial_type()()
     out.max_abs, out.argmax = -1.0, -1
     return out
 
@@ -220,7 +224,7 @@ def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
     if function is None:
         return None
     values = np.ascontiguousarray(stored).reshape(-1)
-    out = FusedSummary()
+    out = summary_type()()
     if function(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
         return None
     return out

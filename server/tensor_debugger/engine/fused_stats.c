@@ -28,24 +28,10 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kernel_structs.h" /* td_partial and td_summary, shared with engine/layouts.py */
+
 #define SUB 2048 /* elements per sub-block: 8 KiB of float32 differences, kept in L1 for the histogram */
-#define EDGES 16
-
-typedef struct {
-    double max_abs;          /* largest |a - b| (-1 when n == 0) */
-    int64_t argmax;          /* its first flat position in the block */
-    double sum_abs, sum_sq;  /* of |a - b| and (a - b)^2 */
-    double sum_rel, max_rel; /* of |a - b| / |a| where a != 0 */
-    int64_t rel_count;
-    double dot, norm_a, norm_b;
-    int64_t mismatched;         /* |a - b| > |a| * rtol + atol (when asked) */
-    int64_t nonzero;            /* |a - b| > 0 */
-    int64_t at_least[EDGES];    /* |a - b| >= edges[i] */
-} td_partial;
-
-typedef struct {
-    double count, mean, m2, min, max;
-} td_summary;
+#define EDGES TD_EDGES
 
 #ifdef TD_FAMILY
 

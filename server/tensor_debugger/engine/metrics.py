@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from tensor_debugger.engine.fused import EDGE_COUNT, FusedPartial, fused_partial
+from tensor_debugger.engine.fused import FusedPartial, fused_partial
 from tensor_debugger.engine.tolerances import Tolerance
 
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
@@ -26,7 +26,6 @@ _EDGES = [float(e) for e in 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)]  # t
 # The histogram bins |difference| rounded to float32 against the edges rounded to float32: a display needs no more,
 # and the compiled kernel counts twice as many values per instruction so.
 _EDGES32 = [float(np.float32(e)) for e in _EDGES]
-assert len(_EDGES) == EDGE_COUNT
 # (block origin in aligned coordinates, block shape, aligned shape, offset of this slice in the flat block)
 _Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
