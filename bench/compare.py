@@ -100,7 +100,8 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
     from tensor_debugger.settings import Settings
     from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
 
-    services = open_services(Settings(data_dir=data, demo=False, workers=max(workers)))
+    # TENSOR_DEBUGGER_KERNEL (kept in this child's environment) picks the statistics path to measure
+    services = open_services(Settings.from_environ(data_dir=data, demo=False, workers=max(workers)))
     threads = services.settings.threads
     comparisons = {w: Comparisons(services.sessions, services.store, resolve(w)) for w in workers}
     with services.sessions() as db:

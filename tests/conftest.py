@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from tensor_debugger.engine.fused import configure
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
@@ -103,3 +104,12 @@ def live_server(tmp_path: Path) -> Iterator[LiveServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture(autouse=True)
+def default_kernels() -> Iterator[None]:
+    """Every test starts and ends with the default statistics path and kernel family (a process-wide choice that
+    some tests change)."""
+    configure()
+    yield
+    configure()

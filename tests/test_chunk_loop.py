@@ -16,7 +16,7 @@ from tensor_debugger.compare.chunk_loop import ChunkPairs, chunk_pairs, loop_nam
 from tensor_debugger.engine import streaming
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region
-from tensor_debugger.engine.fused import FusedPartial
+from tensor_debugger.engine.fused import FusedPartial, configure
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
@@ -34,7 +34,6 @@ SUMMED_FIELDS = ("mean_abs_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr
 @pytest.fixture
 def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreadPoolExecutor]:
     """Two threads, and blocks small enough that every pair here has several, with edges inside chunks."""
-    monkeypatch.delenv("TENSOR_DEBUGGER_KERNEL", raising=False)
     assert loop_name() == "chunk loop", loop_name()
     monkeypatch.setattr(streaming, "BLOCK_BYTES", 8 * 1000)
     monkeypatch.setattr(streaming, "REDUCED_BLOCK_BYTES", 8 * 1700)
@@ -148,7 +147,7 @@ def test_no_loop_for_exact_comparisons_other_dtypes_or_when_turned_off(services:
     in_memory = SourceView(values.astype(np.float32), lambda v: v)
     assert chunk_pairs(f32, in_memory, exact=False) is None
     for setting in ("blocks", "numpy"):
-        monkeypatch.setenv("TENSOR_DEBUGGER_KERNEL", setting)
+        configure(kernel=setting)
         assert loop_name() == f"off (TENSOR_DEBUGGER_KERNEL={setting})"
         assert chunk_pairs(f32, f32, exact=False) is None
 

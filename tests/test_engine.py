@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region
-from tensor_debugger.engine.fused import kernel_name
+from tensor_debugger.engine.fused import configure, kernel_name
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairStats
 from tensor_debugger.engine.pairing import TensorRef, group_shards, normalize, pair_runs, shard_of
 from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
@@ -23,7 +23,7 @@ from tensor_debugger.engine.views import SourceView, View, build_view, flat_boxe
 @pytest.fixture(params=["compiled", "numpy"])
 def pool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreadPoolExecutor]:
     """Threads for the comparison, once with each statistics kernel (the compiled one must be the one in use)."""
-    monkeypatch.setenv("TENSOR_DEBUGGER_KERNEL", request.param)
+    configure(kernel=request.param)
     assert kernel_name().split()[0] == request.param, kernel_name()
     with ThreadPoolExecutor(2) as executor:
         yield executor

@@ -9,6 +9,7 @@ import logging
 import math
 import platform
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from tensor_debugger.engine.fused import (
     FAMILIES,
     FAMILY_VARIABLE,
     _library,
+    configure,
     empty_partial,
     families,
     fused_summary,
@@ -27,6 +29,8 @@ from tensor_debugger.engine.fused import (
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats, edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.summary import SummaryAccumulator, TensorSummary
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
 from tensor_debugger.store.dtypes import parse_dtype
 
 from tests.kernel_reference import check_partial, pair_case
@@ -53,7 +57,7 @@ def family(request: pytest.FixtureRequest) -> Iterator[str]:
 def stats_with(kernel: str, monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance,
                exact: bool = False, block: int = 0) -> PairStats:
     """Fold `a` and `b` in blocks of `block` rows (all at once for 0) with the named kernel."""
-    monkeypatch.setenv("TENSOR_DEBUGGER_KERNEL", kernel)
+    configure(kernel=kernel)
     assert kernel_name().split()[0] == kernel, kernel_name()
     accumulator = PairAccumulator(tol, exact)
     rows = block or max(1, a.shape[0] if a.ndim else 1)
@@ -184,24 +188,25 @@ def test_a_family_folded_in_two_calls_gives_what_numpy_computes(family: str, dty
         check_partial({**fields, "at_least": list(out.at_least)}, a, b, atol, rtol, bins, size)
 
 
-def test_the_family_setting_is_read_once_and_overridden_explicitly(monkeypatch: pytest.MonkeyPatch,
-                                                                    caplog: pytest.LogCaptureFixture,
-                                                                    family: str) -> None:
+def test_the_family_setting_applies_and_is_overridden_explicitly(caplog: pytest.LogCaptureFixture,
+                                                                  family: str, tmp_path: Path) -> None:
     available = families()
     with pytest.raises(ValueError, match="not available here"):
         use_family("sse9")
-    monkeypatch.setenv(FAMILY_VARIABLE, available[-1])
-    use_family(None)
+    configure(family=available[-1])
     assert kernel_family() == available[-1]
-    monkeypatch.setenv(FAMILY_VARIABLE, available[0])
-    assert kernel_family() == available[-1]  # read once, on first use
     use_family(family)
     assert kernel_family() == family
-    monkeypatch.setenv(FAMILY_VARIABLE, "sse9")
-    use_family(None)
+    configure(family="sse9")
     with caplog.at_level(logging.WARNING, logger="tensor_debugger.engine.fused"):
         assert kernel_family() == available[0]
     assert f"{FAMILY_VARIABLE}=sse9: not a kernel family this CPU runs" in caplog.text
+    settings = Settings.from_environ({"TENSOR_DEBUGGER_KERNEL": "numpy",
+                                      "TENSOR_DEBUGGER_KERNEL_FAMILY": available[-1]}, data_dir=tmp_path)
+    open_services(settings).close()  # the services apply the declared settings to the process
+    assert kernel_name().startswith("numpy") and kernel_family() == available[-1]
+    with pytest.raises(ValueError, match="setting kernel must be"):
+        Settings(data_dir=tmp_path, kernel="fast")
 
 
 # --- one tensor's summary (ingest) ---------------------------------------------------------------------------------
@@ -209,7 +214,7 @@ def test_the_family_setting_is_read_once_and_overridden_explicitly(monkeypatch: 
 
 def summary_with(kernel: str, monkeypatch: pytest.MonkeyPatch, stored: np.ndarray, dtype: str,
                  blocks: int = 3) -> TensorSummary:
-    monkeypatch.setenv("TENSOR_DEBUGGER_KERNEL", kernel)
+    configure(kernel=kernel)
     accumulator = SummaryAccumulator()
     for block in np.array_split(stored, blocks):
         accumulator.add_stored(block, parse_dtype(dtype))

@@ -11,6 +11,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.compare.actions import SessionActions
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.worker import ComparisonWorker
+from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.ingest.queue import IngestQueue
 from tensor_debugger.ingest.recovery import RecoveryReport, recover
 from tensor_debugger.ingest.runs import Ingestor
@@ -49,6 +50,7 @@ class Services:
 
 def open_services(settings: Settings) -> Services:
     """Migrate the database to the newest schema, clean up after killed ingests, and hand back the parts."""
+    configure_kernels(settings.kernel, settings.kernel_family)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     engine = create_db_engine(settings.database_url)
     upgrade_database(engine)

@@ -59,7 +59,18 @@ class Settings:
         "run on (os.sched_getaffinity). Results are the same for any value."
     )
 
+    kernel: str = _setting(
+        "compiled", "Statistics path: compiled (the kernels and the chunk loop), blocks (the kernels on blocks read "
+        "into arrays, no chunk loop) or numpy (neither). For checking a result or measuring."
+    )
+    kernel_family: str = _setting(
+        "", "The compiled kernels' vector family: avx512, avx2 or baseline; empty for the best this CPU runs (one it "
+        "does not run is ignored with a warning). For checking a result or measuring."
+    )
+
     def __post_init__(self) -> None:
+        if self.kernel not in ("compiled", "blocks", "numpy"):
+            raise ValueError(f"setting kernel must be compiled, blocks or numpy, got {self.kernel!r}")
         object.__setattr__(self, "data_dir", Path(self.data_dir).expanduser().resolve())
         if not self.database_url:
             object.__setattr__(self, "database_url", f"sqlite:///{self.data_dir / 'metadata.sqlite3'}")

@@ -7,8 +7,9 @@ TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds
 (tensor_debugger.compare.chunk_loop): blocks are then read into arrays first, as before that loop existed.
 
 The library holds the kernels once per vector family (FAMILIES; fused_stats.c's header says what each is), and the
-kernels run the best family this CPU runs, or the one TENSOR_DEBUGGER_KERNEL_FAMILY names (read once, on first
-use), or the one `use_family` sets (tests and benchmarks).
+kernels run the best family this CPU runs, or the one Settings.kernel_family (TENSOR_DEBUGGER_KERNEL_FAMILY) names,
+or the one `use_family` sets (tests and benchmarks). Both choices are declared settings that `configure` applies to
+the process; nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -116,11 +116,25 @@ class _Choice:
     """The family the kernels run, once chosen."""
 
     family: str | None = None
+    asked_family = ""  # Settings.kernel_family: "" for the best
+    kernel = "compiled"  # Settings.kernel
+
+
+KERNELS = ("compiled", "blocks", "numpy")
+
+
+def configure(kernel: str = "compiled", family: str = "") -> None:
+    """Which statistics path this process takes (Settings.kernel: "compiled"; "blocks", the kernel without the
+    chunk loop; "numpy", neither) and which vector family the kernels run (Settings.kernel_family; "" for the best
+    this CPU runs). Process-wide: services apply their settings when they open."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel {kernel!r} is not one of {', '.join(KERNELS)}")
+    _Choice.kernel, _Choice.asked_family, _Choice.family = kernel, family.strip().lower(), None
 
 
 def use_family(name: str | None) -> None:
     """Run the kernels of the vector family `name` from now on (ValueError unless families() has it); None goes back
-    to the family TENSOR_DEBUGGER_KERNEL_FAMILY names, or the best, read again on next use."""
+    to the family configured (TENSOR_DEBUGGER_KERNEL_FAMILY), or the best, on next use."""
     if name is not None and name not in families():
         raise ValueError(f"kernel family {name!r} is not available here (this CPU runs: {families()})")
     _Choice.family = name
@@ -133,7 +147,7 @@ def kernel_family() -> str | None:
         available = families()
         if not available:
             return None
-        asked = os.environ.get(FAMILY_VARIABLE, "").strip().lower()
+        asked = _Choice.asked_family
         if asked and asked not in available:
             logging.getLogger(__name__).warning("%s=%s: not a kernel family this CPU runs (%s); using %s",
                                                 FAMILY_VARIABLE, asked, ", ".join(available), available[0])
@@ -148,9 +162,8 @@ def _function(library: ctypes.CDLL, name: str) -> Any:
 
 
 def kernel_setting() -> str:
-    """TENSOR_DEBUGGER_KERNEL ("numpy", "blocks", or "" for the default), read on every call so that a test or a
-    benchmark can set it."""
-    return os.environ.get("TENSOR_DEBUGGER_KERNEL", "").strip().lower()
+    """The statistics path `configure` chose: "compiled", "blocks" or "numpy"."""
+    return _Choice.kernel
 
 
 def _numpy_asked() -> bool:
