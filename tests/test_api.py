@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,9 @@ import numpy as np
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.conftest import LiveServer
 from tests.dumps import make_tar, make_zip, seeded
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
 
 
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
@@ -177,13 +177,10 @@ def test_openapi_lists_the_api(live_server: LiveServer) -> None:
 
 def poll_progress(server: LiveServer, url: str, timeout: float = 120) -> dict[str, Any]:
     """GET the progress until everything is done (ingest, planning, comparisons); the last answer."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        progress: dict[str, Any] = httpx.get(server.url + url, timeout=30).json()
-        if progress["stage"] == "done":
-            return progress
-        time.sleep(0.1)
-    raise AssertionError(f"never done: {progress}")
+    progress: dict[str, Any] = wait_until(lambda: httpx.get(server.url + url, timeout=30).json(),
+                                          until=lambda p: p["stage"] == "done", what=f"{url} to say stage 'done'",
+                                          timeout=timeout, interval=0.1)
+    return progress
 
 
 def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(live_server: LiveServer,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from tests.conftest import cli_command
 from tests.dumps import make_zip, seeded
+from tests.support.servers import cli_command
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -15,8 +15,10 @@ import torch
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.conftest import ARTIFACTS, LiveServer, free_port
 from tests.dumps import make_zip, seeded
+from tests.support import ARTIFACTS
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, free_port
 from tests.traces import MODEL_CLASS, write_trace
 
 CHROMIUM = "/usr/bin/chromium"
@@ -55,13 +57,13 @@ def page_without_scripts(browser: Browser) -> Iterator[Page]:
 
 def wait_until_compared(page: Page, timeout: float = 60) -> None:
     """Reload until no pair is pending (the page refreshes itself meanwhile; a reload is simpler to await)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while page.locator(".progress").count():
-        assert time.monotonic() < deadline, "pairs still pending"
-        time.sleep(0.5)
+    def compared() -> bool:
+        if page.locator(".progress").count() == 0:
+            return True
         page.reload()
+        return False
+
+    wait_until(compared, what=f"{page.url} to show no pair pending", timeout=timeout, interval=0.5)
 
 
 @contextmanager

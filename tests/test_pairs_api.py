@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,19 +14,18 @@ import httpx
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.conftest import LiveServer, cli_command
 from tests.dumps import make_zip, seeded
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, cli_command, free_port
 from tests.test_api import upload
 
 
 def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        report: dict[str, Any] = httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json()
-        if report["progress"]["total"] and report["progress"]["pending"] == 0:
-            return report
-        time.sleep(0.2)
-    raise AssertionError("pairs never finished")
+    report: dict[str, Any] = wait_until(
+        lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json(),
+        until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
+        what=f"session {session_id}'s pairs to be computed", timeout=timeout, interval=0.1)
+    return report
 
 
 def session_with_plant(server: LiveServer, tmp_path: Path, extra: dict[str, torch.Tensor] | None = None) -> int:
@@ -122,17 +120,15 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         done = subprocess.run([*cli_command(), "--data-dir", str(data), "ingest", "--session", "big", "--run", side,
                                str(tmp_path / side)], capture_output=True, text=True, timeout=300, check=False)
         assert done.returncode == 0, done.stderr
-    server = LiveServer(data, _port())
+    server = LiveServer(data, free_port())
     process = server.launch()
     # Watch the database itself, from the moment the process starts: the worker computes as soon as the server is
     # up, and the first verdict is written at once (later ones at most every 0.1 s), so the kill lands while most
     # pairs are still pending.
-    deadline = time.monotonic() + 120
     with sqlite3.connect(data / "metadata.sqlite3", timeout=30) as conn:
-        while time.monotonic() < deadline and process.poll() is None:
-            if conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1:
-                break
-            time.sleep(0.002)
+        wait_until(lambda: process.poll() is not None or
+                   conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1,
+                   what="the first verdict (or the server's exit)", timeout=120, interval=0.002)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:
@@ -146,9 +142,3 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         assert report["first_divergence"]["argmax"] == [5, 5]
     finally:
         server.stop()
-
-
-def _port() -> int:
-    from tests.conftest import free_port
-
-    return free_port()

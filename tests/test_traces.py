@@ -16,8 +16,8 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import RunRecord, TensorRecord
 
-from tests.conftest import LiveServer
 from tests.dumps import make_tar
+from tests.support.servers import LiveServer
 from tests.traces import MODEL_CLASS, write_trace
 
 PERTURBED = "model.layers.1.mlp.down_proj.weight"
