@@ -7,7 +7,7 @@ import pytest
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
-from tests.support.servers import LiveServer, free_port
+from tests.support.servers import LiveServer, started_server
 
 
 @pytest.fixture
@@ -20,12 +20,6 @@ def services(settings: Settings) -> Iterator[Services]:
     opened = open_services(settings)
     yield opened
     opened.close()
-
-
-def started_server(root: Path, demo: bool = False) -> LiveServer:
-    server = LiveServer(root / "data", free_port(), demo=demo)
-    server.data_dir.mkdir(parents=True)
-    return server.start()
 
 
 @pytest.fixture

@@ -126,14 +126,14 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, tmp_pa
         services.close()
 
 
-def test_capture_with_a_pattern_and_through_the_server(live_server: LiveServer) -> None:
+def test_capture_with_a_pattern_and_through_the_server(shared_server: LiveServer) -> None:
     reference, candidate = tiny_llama(), tiny_llama(perturb="model.layers.1.mlp.down_proj.weight")
     for model, run in ((reference, "reference"), (candidate, "candidate")):
-        with torch.no_grad(), capture(model, session="over http", run=run, server=live_server.url,
+        with torch.no_grad(), capture(model, session="over http", run=run, server=shared_server.url,
                                       modules="model.layers.*") as result:
             model(input_ids())
     assert result.session_id is not None
-    with httpx.Client(base_url=live_server.url, timeout=30) as client:
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
         report = wait_until(lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
                             until=lambda r: r["pairs"] and not r["progress"]["pending"],
                             what="the captured session's pairs to be computed", timeout=120, interval=0.1)

@@ -28,34 +28,35 @@ def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict
     return report
 
 
-def session_with_plant(server: LiveServer, tmp_path: Path, extra: dict[str, torch.Tensor] | None = None) -> int:
+def session_with_plant(server: LiveServer, tmp_path: Path, name: str,
+                       extra: dict[str, torch.Tensor] | None = None) -> int:
     write_dump(tmp_path / "ref", layers=2, seed=9)
     write_dump(tmp_path / "cand", layers=2, seed=9, plant=Plant(0, "pre_mlp", (11, 30), -0.4))
     for name, tensor in (extra or {}).items():
         torch.save(tensor, tmp_path / ("ref" if name.startswith("a:") else "cand") / f"{name[2:]}.pth")
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
-    response = upload(server, "api pairs", [("reference", reference), ("candidate", candidate)])
+    response = upload(server, name, [("reference", reference), ("candidate", candidate)])
     assert response.status_code == 201, response.text
     return int(response.json()["session"]["id"])
 
 
-def test_first_divergence_detail_and_slices(live_server: LiveServer, tmp_path: Path) -> None:
-    session_id = session_with_plant(live_server, tmp_path)
-    report = wait_done(live_server, session_id)
+def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path: Path) -> None:
+    session_id = session_with_plant(shared_server, tmp_path, "api pairs: slices")
+    report = wait_done(shared_server, session_id)
     first = report["first_divergence"]
     assert (first["name"], first["layer"], first["stage"], first["argmax"]) == ("0_pre_mlp", 0, "pre_mlp", [11, 30])
     assert report["progress"]["failing"] == sum(1 for p in report["pairs"] if p["status"] == "fail")
-    again = httpx.get(f"{live_server.url}/api/sessions/{session_id}/first-divergence").json()
+    again = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()
     assert again["first_divergence"] == first
-    detail = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}").json()
+    detail = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
     assert detail["argmax"]["aligned"] == [11, 30] and detail["argmax"]["b"]["index"] == [11, 30]
     assert sum(detail["stats"]["histogram"]) == 16 * 32
-    window = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}/slice",
+    window = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice",
                        params={"index": "11,:", "start": "28", "count": "4"}).json()
     assert window["window"] == [{"dim": 1, "start": 28, "count": 4}]
     assert window["diff"][2] == pVal(-0.4)
-    bad = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
+    bad = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
     assert bad.status_code == 400 and "out of range" in bad.json()["detail"]
 
 
@@ -65,22 +66,22 @@ def pVal(value: float) -> Any:
     return pytest.approx(value, abs=1e-6)
 
 
-def test_tolerances_manual_pairs_and_alignment_overrides(live_server: LiveServer, tmp_path: Path) -> None:
+def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServer, tmp_path: Path) -> None:
     extra = {"a:orphan_reference": seeded((6, 4), 1), "b:renamed_candidate": seeded((6, 4), 1),
              "a:0_mystery": seeded((4, 6), 2), "b:0_mystery": seeded((4, 6), 2).t().contiguous()}
-    session_id = session_with_plant(live_server, tmp_path, extra)
-    report = wait_done(live_server, session_id)
+    session_id = session_with_plant(shared_server, tmp_path, "api pairs: overrides", extra)
+    report = wait_done(shared_server, session_id)
     pairs = {p["name"]: p for p in report["pairs"]}
     # a unique shape pairs these two automatically; unpair, then pair by hand
     shape_pair = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
     assert shape_pair["strategy"] == "shape"
-    assert httpx.delete(f"{live_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
-    report = wait_done(live_server, session_id)
+    assert httpx.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
+    report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"orphan_reference", "renamed_candidate"}
-    made = httpx.post(f"{live_server.url}/api/sessions/{session_id}/pairs",
+    made = httpx.post(f"{shared_server.url}/api/sessions/{session_id}/pairs",
                       json={"a_name": "orphan_reference", "b_name": "renamed_candidate"})
     assert made.status_code == 201 and made.json()["strategy"] == "manual"
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     assert report["unmatched"] == []
     manual = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
     assert manual["status"] == "pass"
@@ -88,21 +89,21 @@ def test_tolerances_manual_pairs_and_alignment_overrides(live_server: LiveServer
     mystery = pairs["0_mystery"]
     assert "last resort" in mystery["alignment"] and mystery["status"] == "fail"
     steps = [{"side": "b", "kind": "permute", "perm": [1, 0], "shape": [4, 6]}]
-    overridden = httpx.put(f"{live_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
+    overridden = httpx.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
     assert overridden.status_code == 200 and overridden.json()["alignment_overridden"]
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
     assert mystery["status"] == "pass" and "permuted [1, 0]" in mystery["alignment"]
-    wrong = httpx.put(f"{live_server.url}/api/pairs/{mystery['id']}/alignment",
+    wrong = httpx.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment",
                       json={"steps": [{"side": "b", "kind": "permute", "perm": [0, 0]}]})
     assert wrong.status_code == 400
     # tolerances: loose enough and the planted difference passes; verdicts follow
-    patched = httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
+    patched = httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
     assert patched.status_code == 200 and patched.json()["tolerances"] == {"rtol": None, "atol": 0.5}
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     assert report["first_divergence"] is None and {p["status"] for p in report["pairs"]} == {"pass"}
-    httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
-    report = wait_done(live_server, session_id)
+    httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
+    report = wait_done(shared_server, session_id)
     assert report["first_divergence"]["name"] == "0_pre_mlp"
 
 

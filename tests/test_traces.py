@@ -132,13 +132,13 @@ def test_use_repr_traces_compare_summaries_and_say_values_are_missing(
     assert "element values are not available for" in capsys.readouterr().out
 
 
-def test_api_upload_of_loose_trace_files_and_values_unavailable(live_server: LiveServer,
+def test_api_upload_of_loose_trace_files_and_values_unavailable(shared_server: LiveServer,
                                                                 traces: dict[str, Path]) -> None:
     """The browser's upload of a folder's files: the JSON among them makes them one trace."""
     def files(label: str, folder: Path) -> list[tuple[str, tuple[str, bytes]]]:
         return [(label, (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
 
-    with httpx.Client(base_url=live_server.url, timeout=120) as client:
+    with httpx.Client(base_url=shared_server.url, timeout=120) as client:
         created = client.post("/api/sessions", data={"name": "repr"},
                               files=files("reference", traces["repr"]) + files("candidate", traces["repr_perturbed"]))
         assert created.status_code == 201, created.text

@@ -85,3 +85,10 @@ class LiveServer:
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
+
+
+def started_server(root: Path, demo: bool = False) -> LiveServer:
+    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir)."""
+    server = LiveServer(root / "data", free_port(), demo=demo)
+    server.data_dir.mkdir(parents=True)
+    return server.start()
