@@ -25,7 +25,7 @@ from torch import nn
 from tests.dumps import random_bits
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
-from tests.traces import MODEL_CLASS, input_ids, tiny_llama, write_trace
+from tests.traces import MODEL_CLASS, PERTURBED, WrittenTraces, input_ids, tiny_llama
 
 
 class Pair(nn.Module):
@@ -97,8 +97,8 @@ EXPECTED_NAMES = [
 ]
 
 
-def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, tmp_path: Path) -> None:
-    trace = write_trace(tmp_path / "trace")
+def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, hf_traces: WrittenTraces) -> None:
+    trace = hf_traces["eager"]
     model = tiny_llama()
     with torch.no_grad(), capture(model, session="both", run="captured", data_dir=settings.data_dir) as result:
         model(input_ids())
@@ -127,7 +127,7 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, tmp_pa
 
 
 def test_capture_with_a_pattern_and_through_the_server(shared_server: LiveServer) -> None:
-    reference, candidate = tiny_llama(), tiny_llama(perturb="model.layers.1.mlp.down_proj.weight")
+    reference, candidate = tiny_llama(), tiny_llama(perturb=PERTURBED)
     for model, run in ((reference, "reference"), (candidate, "candidate")):
         with torch.no_grad(), capture(model, session="over http", run=run, server=shared_server.url,
                                       modules="model.layers.*") as result:

@@ -19,7 +19,7 @@ from tests.dumps import make_zip, seeded
 from tests.support import ARTIFACTS
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, started_server
-from tests.traces import MODEL_CLASS, write_trace
+from tests.traces import MODEL_CLASS, WrittenTraces
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -420,9 +420,9 @@ def test_manual_mode_shows_each_runs_own_layout(shared_server: LiveServer, page_
     shot(page, "pair-manual-mode")
 
 
-def test_module_tree_and_culprit_of_a_traced_session(shared_server: LiveServer, page: Page, tmp_path: Path) -> None:
-    reference = write_trace(tmp_path / "eager")
-    candidate = write_trace(tmp_path / "perturbed", perturb="model.layers.1.mlp.down_proj.weight")
+def test_module_tree_and_culprit_of_a_traced_session(shared_server: LiveServer, page: Page,
+                                                     hf_traces: WrittenTraces) -> None:
+    reference, candidate = hf_traces["eager"], hf_traces["perturbed"]
     files = [(label, (p.name, p.read_bytes())) for label, folder in (("reference", reference),
                                                                       ("candidate", candidate))
              for p in sorted(folder.iterdir())]
