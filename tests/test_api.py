@@ -14,7 +14,7 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.dumps import make_tar, make_zip, seeded
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer
+from tests.support.servers import LiveServer, upload
 
 
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
@@ -22,15 +22,6 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
     write_dump(tmp_path / "cand", layers=2, seed=1, plant=Plant(1, "post_attn", (3, 4), 0.5))
     return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(tmp_path / "cand",
                                                                                         tmp_path / "candidate.zip")
-
-
-def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: str = "/api/sessions") -> httpx.Response:
-    handles = [(field, (path.name, open(path, "rb"))) for field, path in files]
-    try:
-        return httpx.post(server.url + url, data={"name": name}, files=handles, timeout=120)
-    finally:
-        for _, (_, handle) in handles:
-            handle.close()
 
 
 def snapshot(server: LiveServer) -> dict[str, Any]:

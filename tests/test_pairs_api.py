@@ -16,8 +16,7 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.dumps import make_zip, seeded
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, cli_command, free_port
-from tests.test_api import upload
+from tests.support.servers import LiveServer, cli_command, free_port, upload
 
 
 def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""`tensor-debugger serve` in a child process on a loopback port, as a user runs it, and the CLI's command line."""
+"""`tensor-debugger serve` in a child process on a loopback port, as a user runs it, uploads to it, and the CLI in a
+child process."""
 
 from __future__ import annotations
 
@@ -22,6 +23,13 @@ def free_port() -> int:
 
 def cli_command() -> list[str]:
     return [sys.executable, "-m", "tensor_debugger"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`tensor-debugger ARGS` in a child process, with no TENSOR_DEBUGGER_ setting but those in `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, env={**base, **(env or {})},
+                          timeout=120)
 
 
 def child_env() -> dict[str, str]:
@@ -92,3 +100,13 @@ def started_server(root: Path, demo: bool = False) -> LiveServer:
     server = LiveServer(root / "data", free_port(), demo=demo)
     server.data_dir.mkdir(parents=True)
     return server.start()
+
+
+def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: str = "/api/sessions") -> httpx.Response:
+    """POST `files` (form field, path) as a multipart upload, as the browser's form sends them."""
+    handles = [(field, (path.name, open(path, "rb"))) for field, path in files]
+    try:
+        return httpx.post(server.url + url, data={"name": name}, files=handles, timeout=120)
+    finally:
+        for _, (_, handle) in handles:
+            handle.close()
