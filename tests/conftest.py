@@ -8,7 +8,7 @@ from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
 from tests.support.servers import LiveServer, started_server
-from tests.traces import WrittenTraces
+from tests.support.traces import WrittenTraces
 
 
 @pytest.fixture
@@ -25,8 +25,8 @@ def services(settings: Settings) -> Iterator[Services]:
 
 @pytest.fixture(scope="session")
 def hf_traces(tmp_path_factory: pytest.TempPathFactory) -> WrittenTraces:
-    """Hugging Face debugger traces of a tiny random Llama (tests/traces.py), each written once per run when a test
-    first asks for it, and only read by the tests."""
+    """Hugging Face debugger traces of a tiny random Llama (tests/support/traces.py), each written once per run when
+    a test first asks for it, and only read by the tests."""
     return WrittenTraces(tmp_path_factory.mktemp("traces"))
 
 

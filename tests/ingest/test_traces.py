@@ -15,9 +15,9 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import RunRecord, TensorRecord
 
-from tests.dumps import make_tar
+from tests.support.dumps import make_tar
 from tests.support.servers import LiveServer
-from tests.traces import MODEL_CLASS, TRACES, WrittenTraces
+from tests.support.traces import MODEL_CLASS, TRACES, WrittenTraces
 
 DOWN_PROJ = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
 MASKS = [f"{MODEL_CLASS}.model.layers.{n}{part}_inputs_kwargs_attention_mask"

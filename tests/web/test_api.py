@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.dumps import make_tar, make_zip, seeded
+from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, upload
 

@@ -22,10 +22,10 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
 from torch import nn
 
-from tests.dumps import random_bits
+from tests.support.dumps import random_bits
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
-from tests.traces import MODEL_CLASS, PERTURBED, WrittenTraces, input_ids, tiny_llama
+from tests.support.traces import MODEL_CLASS, PERTURBED, WrittenTraces, input_ids, tiny_llama
 
 
 class Pair(nn.Module):

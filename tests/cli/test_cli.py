@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from tests.dumps import make_zip, seeded
+from tests.support.dumps import make_zip, seeded
 from tests.support.servers import run_cli
 
 

@@ -23,7 +23,7 @@ from tensor_debugger.settings import Settings, available_cpus
 from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
-from tests.dumps import seeded
+from tests.support.dumps import seeded
 from tests.support.servers import run_cli
 
 BIG = (1100, 4096)  # 4.5M float32 values: several comparison blocks, and many ingest blocks of small chunks

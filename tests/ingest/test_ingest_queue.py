@@ -19,7 +19,7 @@ from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord
 
-from tests.dumps import seeded
+from tests.support.dumps import seeded
 from tests.support.polling import wait_until
 
 

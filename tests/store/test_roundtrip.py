@@ -17,7 +17,7 @@ from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import all_dtypes, parse_dtype
 
-from tests.dumps import random_bits, seeded
+from tests.support.dumps import random_bits, seeded
 from tests.support.stored import read_back, same_bits, stored
 
 DTYPES = [d.name for d in all_dtypes()]

@@ -15,11 +15,11 @@ import torch
 from playwright.sync_api import Browser, Page, Response, expect, sync_playwright
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.dumps import make_zip, seeded
 from tests.support import ARTIFACTS
+from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, started_server
-from tests.traces import MODEL_CLASS, WrittenTraces
+from tests.support.traces import MODEL_CLASS, WrittenTraces
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

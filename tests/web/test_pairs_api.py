@@ -14,7 +14,7 @@ import httpx
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.dumps import make_zip, seeded
+from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, cli_command, free_port, upload
 
