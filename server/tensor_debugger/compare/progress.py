@@ -98,7 +98,7 @@ def _words(status: RunStatus, stage: RunStage, done: int | None, total: int | No
 def run_progress(run: RunRecord, live: IngestProgress | None) -> RunProgress:
     """`run` with its problems loaded; `live`: this process's figures of its ingest, if any."""
     status = RunStatus(run.status)
-    if live is not None:
+    if live is not None and status != RunStatus.FAILED:  # a failed run is done, even while its job winds down
         known = live.stage == RunStage.COPYING or status != RunStatus.INGESTING
         stage = RunStage(live.stage)
         done = live.bytes_done if known else None

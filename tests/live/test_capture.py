@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,9 +22,10 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
 from torch import nn
 
-from tests.conftest import LiveServer
-from tests.dumps import random_bits
-from tests.traces import MODEL_CLASS, input_ids, tiny_llama, write_trace
+from tests.support.dumps import random_bits
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
+from tests.support.traces import MODEL_CLASS, PERTURBED, WrittenTraces, input_ids, tiny_llama
 
 
 class Pair(nn.Module):
@@ -98,8 +97,8 @@ EXPECTED_NAMES = [
 ]
 
 
-def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, tmp_path: Path) -> None:
-    trace = write_trace(tmp_path / "trace")
+def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, hf_traces: WrittenTraces) -> None:
+    trace = hf_traces["eager"]
     model = tiny_llama()
     with torch.no_grad(), capture(model, session="both", run="captured", data_dir=settings.data_dir) as result:
         model(input_ids())
@@ -127,19 +126,17 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, tmp_pa
         services.close()
 
 
-def test_capture_with_a_pattern_and_through_the_server(live_server: LiveServer) -> None:
-    reference, candidate = tiny_llama(), tiny_llama(perturb="model.layers.1.mlp.down_proj.weight")
+def test_capture_with_a_pattern_and_through_the_server(shared_server: LiveServer) -> None:
+    reference, candidate = tiny_llama(), tiny_llama(perturb=PERTURBED)
     for model, run in ((reference, "reference"), (candidate, "candidate")):
-        with torch.no_grad(), capture(model, session="over http", run=run, server=live_server.url,
+        with torch.no_grad(), capture(model, session="over http", run=run, server=shared_server.url,
                                       modules="model.layers.*") as result:
             model(input_ids())
     assert result.session_id is not None
-    with httpx.Client(base_url=live_server.url, timeout=30) as client:
-        deadline = time.monotonic() + 120
-        while (report := client.get(f"/api/sessions/{result.session_id}/pairs").json())["progress"]["pending"] or \
-                not report["pairs"]:
-            assert time.monotonic() < deadline, "pairs still pending"
-            time.sleep(0.3)
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report = wait_until(lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
+                            until=lambda r: r["pairs"] and not r["progress"]["pending"],
+                            what="the captured session's pairs to be computed", timeout=120, interval=0.1)
         names = {p["name"] for p in report["pairs"]}
         assert f"{MODEL_CLASS}_inputs_args_0" in names  # the model itself is always recorded
         assert not any(".embed_tokens" in n or ".lm_head" in n for n in names)  # not matching the pattern
@@ -179,13 +176,6 @@ def test_a_captured_tensor_is_written_chunk_by_chunk_bit_for_bit(tmp_path: Path,
 # --- the writer behind the hooks ----------------------------------------------------------------------------------
 
 
-def wait_until(condition: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 30
-    while not condition():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.005)
-
-
 def test_the_buffer_pool_lends_no_more_than_its_budget_and_makes_takers_wait() -> None:
     made: list[int] = []
 
@@ -199,7 +189,8 @@ def test_the_buffer_pool_lends_no_more_than_its_budget_and_makes_takers_wait() -
     got: list[torch.Tensor] = []
     taker = threading.Thread(target=lambda: got.append(pool.take(60)))
     taker.start()
-    wait_until(lambda: pool.waits == 1)  # blocked: 60 + 60 would pass the budget
+    # blocked: 60 + 60 would pass the budget
+    wait_until(lambda: pool.waits == 1, what="the second taker to wait", timeout=30, interval=0.005)
     assert not got and pool.lent == 60
     pool.give(first)
     taker.join()
@@ -245,7 +236,8 @@ def test_the_writer_holds_hooks_back_when_its_budget_is_spent_and_writes_values_
     tensors = [torch.full((64,), float(i)) for i in range(8)]  # 256 bytes each
     submitter = threading.Thread(target=lambda: [writer.submit(i, f"t{i}", t) for i, t in enumerate(tensors)])
     submitter.start()
-    wait_until(lambda: writer.pool.waits >= 1)  # the fourth tensor waits for a buffer to come back
+    wait_until(lambda: writer.pool.waits >= 1, what="a hook to wait for a buffer", timeout=30,
+               interval=0.005)  # the fourth tensor waits for a buffer to come back
     assert writer.pool.lent == 3 * 256
     tensors[0].add_(100)  # changed in place after its hook: what is written is the value when it was submitted
     sink.gate.set()
@@ -262,7 +254,7 @@ def test_a_failed_write_is_raised_from_the_next_hook_or_the_end() -> None:
     writer = CaptureWriter(sink, host_memory=1 << 20, workers=1)
     writer.submit(0, "t0", torch.ones(4))
     writer.submit(1, "t1", torch.ones(4))
-    wait_until(lambda: writer._error is not None)
+    wait_until(lambda: writer._error is not None, what="the write to fail", timeout=30, interval=0.005)
     with pytest.raises(CaptureError, match="no space left"):
         writer.submit(2, "t2", torch.ones(4))
     with pytest.raises(CaptureError, match="no space left"):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,30 +15,19 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import RunRecord, TensorRecord
 
-from tests.conftest import LiveServer
-from tests.dumps import make_tar
-from tests.traces import MODEL_CLASS, write_trace
+from tests.support.dumps import make_tar
+from tests.support.servers import LiveServer
+from tests.support.traces import MODEL_CLASS, TRACES, WrittenTraces
 
-PERTURBED = "model.layers.1.mlp.down_proj.weight"
 DOWN_PROJ = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
 MASKS = [f"{MODEL_CLASS}.model.layers.{n}{part}_inputs_kwargs_attention_mask"
          for n in range(2) for part in ("", ".self_attn")]
 
 
 @pytest.fixture(scope="module")
-def traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Path]]:
-    """Written once for the module and only read by the tests."""
-    root = tmp_path_factory.mktemp("traces")
-    made = {
-        "eager": write_trace(root / "eager"),
-        "sdpa": write_trace(root / "sdpa", attention="sdpa"),
-        "perturbed": write_trace(root / "perturbed", perturb=PERTURBED),
-        "repr": write_trace(root / "repr", use_repr=True),
-        "repr_perturbed": write_trace(root / "repr_perturbed", use_repr=True, perturb=PERTURBED),
-        "four_layers": write_trace(root / "four_layers", layers=4),
-    }
-    yield made
-    shutil.rmtree(root, ignore_errors=True)
+def traces(hf_traces: WrittenTraces) -> dict[str, Path]:
+    """Written once for the run (conftest's hf_traces) and only read by the tests."""
+    return {name: hf_traces[name] for name in TRACES}
 
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
@@ -132,13 +120,13 @@ def test_use_repr_traces_compare_summaries_and_say_values_are_missing(
     assert "element values are not available for" in capsys.readouterr().out
 
 
-def test_api_upload_of_loose_trace_files_and_values_unavailable(live_server: LiveServer,
+def test_api_upload_of_loose_trace_files_and_values_unavailable(shared_server: LiveServer,
                                                                 traces: dict[str, Path]) -> None:
     """The browser's upload of a folder's files: the JSON among them makes them one trace."""
     def files(label: str, folder: Path) -> list[tuple[str, tuple[str, bytes]]]:
         return [(label, (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
 
-    with httpx.Client(base_url=live_server.url, timeout=120) as client:
+    with httpx.Client(base_url=shared_server.url, timeout=120) as client:
         created = client.post("/api/sessions", data={"name": "repr"},
                               files=files("reference", traces["repr"]) + files("candidate", traces["repr_perturbed"]))
         assert created.status_code == 201, created.text

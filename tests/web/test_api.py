@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import time
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -13,8 +12,9 @@ import numpy as np
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.conftest import LiveServer
-from tests.dumps import make_tar, make_zip, seeded
+from tests.support.dumps import make_tar, make_zip, seeded
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, upload
 
 
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
@@ -22,15 +22,6 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
     write_dump(tmp_path / "cand", layers=2, seed=1, plant=Plant(1, "post_attn", (3, 4), 0.5))
     return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(tmp_path / "cand",
                                                                                         tmp_path / "candidate.zip")
-
-
-def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: str = "/api/sessions") -> httpx.Response:
-    handles = [(field, (path.name, open(path, "rb"))) for field, path in files]
-    try:
-        return httpx.post(server.url + url, data={"name": name}, files=handles, timeout=120)
-    finally:
-        for _, (_, handle) in handles:
-            handle.close()
 
 
 def snapshot(server: LiveServer) -> dict[str, Any]:
@@ -44,11 +35,11 @@ def snapshot(server: LiveServer) -> dict[str, Any]:
     return full
 
 
-def test_create_session_with_two_uploaded_runs(live_server: LiveServer, tmp_path: Path) -> None:
+def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_path: Path) -> None:
     reference, candidate = two_runs(tmp_path)
     junk = tmp_path / "notes.txt"
     junk.write_text("not a tensor")
-    response = upload(live_server, "port vs ref", [("reference", reference), ("candidate", candidate),
+    response = upload(shared_server, "port vs ref", [("reference", reference), ("candidate", candidate),
                                                    ("candidate", junk)])
     assert response.status_code == 201, response.text
     body = response.json()
@@ -59,14 +50,14 @@ def test_create_session_with_two_uploaded_runs(live_server: LiveServer, tmp_path
     assert session["runs"][1]["sources"] == ["candidate.zip", "notes.txt"]
     assert session["runs"][1]["problems"] == [
         {"file": "notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}]
-    tensors = httpx.get(f"{live_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()
+    tensors = httpx.get(f"{shared_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()
     planted = next(t for t in tensors if t["name"] == "1_post_attn")
     assert (planted["layer"], planted["stage"], planted["shape"], planted["dtype"]) == (1, "post_attn", [16, 32],
                                                                                          "float32")
-    detail = httpx.get(f"{live_server.url}/api/tensors/{planted['id']}").json()
+    detail = httpx.get(f"{shared_server.url}/api/tensors/{planted['id']}").json()
     assert detail == planted
     reference_tensor = next(t for t in httpx.get(
-        f"{live_server.url}/api/runs/{session['runs'][0]['id']}/tensors").json() if t["name"] == "1_post_attn")
+        f"{shared_server.url}/api/runs/{session['runs'][0]['id']}/tensors").json() if t["name"] == "1_post_attn")
     assert detail["digest"] != reference_tensor["digest"]
     assert detail["stats"]["max"] > reference_tensor["stats"]["max"] or detail["stats"]["mean"] != \
         reference_tensor["stats"]["mean"]
@@ -92,16 +83,16 @@ def test_list_search_rename_delete(live_server: LiveServer, tmp_path: Path) -> N
     assert [s["name"] for s in httpx.get(live_server.url + "/api/sessions").json()] == ["gamma"]
 
 
-def test_empty_session_then_add_runs(live_server: LiveServer, tmp_path: Path) -> None:
-    created = httpx.post(live_server.url + "/api/sessions", json={"name": "later"})
+def test_empty_session_then_add_runs(shared_server: LiveServer, tmp_path: Path) -> None:
+    created = httpx.post(shared_server.url + "/api/sessions", json={"name": "later"})
     assert created.status_code == 201
     session_id = created.json()["id"]
     path = tmp_path / "0_query.npy"
     np.save(path, np.arange(6, dtype=np.float32))
-    added = upload(live_server, "", [("files", path)], url=f"/api/sessions/{session_id}/runs?label=reference")
+    added = upload(shared_server, "", [("files", path)], url=f"/api/sessions/{session_id}/runs?label=reference")
     assert added.status_code == 201, added.text
     assert added.json()["runs"][0]["label"] == "reference" and added.json()["runs"][0]["tensors"] == 1
-    again = upload(live_server, "", [("files", path)], url=f"/api/sessions/{session_id}/runs?label=reference")
+    again = upload(shared_server, "", [("files", path)], url=f"/api/sessions/{session_id}/runs?label=reference")
     assert again.status_code == 409
 
 
@@ -130,10 +121,10 @@ def test_bad_uploads_get_clear_errors_and_the_server_stays_up(live_server: LiveS
     assert not staging.exists() or list(staging.iterdir()) == []
 
 
-def test_large_upload_streams_past_the_default_body_limit(live_server: LiveServer, tmp_path: Path) -> None:
+def test_large_upload_streams_past_the_default_body_limit(shared_server: LiveServer, tmp_path: Path) -> None:
     path = tmp_path / "0_big.pth"
     torch.save(seeded((256, 1024 * 64), 3), path)  # 64 MiB: past Litestar's 10 MB default
-    response = upload(live_server, "big", [("reference", path)])
+    response = upload(shared_server, "big", [("reference", path)])
     assert response.status_code == 201, response.text
     assert response.json()["session"]["runs"][0]["total_bytes"] == 64 * 1024 * 1024
 
@@ -169,27 +160,24 @@ def test_restart_finds_everything_unchanged(live_server: LiveServer, tmp_path: P
     assert len(before["tensors"]) == 2 and all(len(t) == 26 for t in before["tensors"].values())
 
 
-def test_openapi_lists_the_api(live_server: LiveServer) -> None:
-    schema = httpx.get(live_server.url + "/schema/openapi.json").json()
+def test_openapi_lists_the_api(shared_server: LiveServer) -> None:
+    schema = httpx.get(shared_server.url + "/schema/openapi.json").json()
     assert {"/api/sessions", "/api/sessions/{session_id}", "/api/runs/{run_id}/tensors",
             "/api/tensors/{tensor_id}", "/api/sessions/{session_id}/runs"} <= set(schema["paths"])
 
 
 def poll_progress(server: LiveServer, url: str, timeout: float = 120) -> dict[str, Any]:
     """GET the progress until everything is done (ingest, planning, comparisons); the last answer."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        progress: dict[str, Any] = httpx.get(server.url + url, timeout=30).json()
-        if progress["stage"] == "done":
-            return progress
-        time.sleep(0.1)
-    raise AssertionError(f"never done: {progress}")
+    progress: dict[str, Any] = wait_until(lambda: httpx.get(server.url + url, timeout=30).json(),
+                                          until=lambda p: p["stage"] == "done", what=f"{url} to say stage 'done'",
+                                          timeout=timeout, interval=0.1)
+    return progress
 
 
-def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(live_server: LiveServer,
+def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(shared_server: LiveServer,
                                                                           tmp_path: Path) -> None:
     reference, candidate = two_runs(tmp_path)
-    response = upload(live_server, "in the background", [("reference", reference), ("candidate", candidate)],
+    response = upload(shared_server, "in the background", [("reference", reference), ("candidate", candidate)],
                       url="/api/sessions?wait=false")
     assert response.status_code == 202, response.text
     body = response.json()
@@ -199,20 +187,20 @@ def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(live_
     assert [(r["label"], r["status"]) for r in body["runs"]] == [("reference", "ingesting"), ("candidate", "ingesting")]
     assert [r["label"] for r in body["session"]["runs"]] == ["reference", "candidate"]
 
-    progress = poll_progress(live_server, body["progress"])
+    progress = poll_progress(shared_server, body["progress"])
     assert [(r["label"], r["status"], r["words"]) for r in progress["runs"]] == [
         ("reference", "ready", "ready"), ("candidate", "ready", "ready")]
     assert progress["pairs"] == {"total": 26, "done": 26, "pending": 0, "failing": progress["pairs"]["failing"]}
     assert progress["pairs"]["failing"] > 0
-    run = httpx.get(f"{live_server.url}/api/runs/{body['runs'][1]['run_id']}").json()
+    run = httpx.get(f"{shared_server.url}/api/runs/{body['runs'][1]['run_id']}").json()
     assert (run["status"], run["tensors"], run["ingest"]) == ("ready", 26, None)
-    first = httpx.get(f"{live_server.url}/api/sessions/{session_id}/first-divergence").json()["first_divergence"]
+    first = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()["first_divergence"]
     assert (first["name"], first["argmax"]) == ("1_post_attn", [3, 4])
-    staging = live_server.data_dir / "staging"
+    staging = shared_server.data_dir / "staging"
     assert not staging.exists() or list(staging.iterdir()) == []  # the uploaded files are gone once ingested
 
 
-def test_a_background_ingest_that_finds_nothing_says_why(live_server: LiveServer, tmp_path: Path) -> None:
+def test_a_background_ingest_that_finds_nothing_says_why(shared_server: LiveServer, tmp_path: Path) -> None:
     """Corruption only the ingest can see: the request has answered 202 long before, so the run stays, "failed",
     with every file's reason, on the API and on the session page; uploading that run again replaces it."""
     _, candidate = two_runs(tmp_path)
@@ -220,31 +208,31 @@ def test_a_background_ingest_that_finds_nothing_says_why(live_server: LiveServer
     garbage.write_bytes(b"\x00" * 100)
     notes = tmp_path / "notes.txt"
     notes.write_text("not a tensor")
-    response = upload(live_server, "half broken", [("reference", garbage), ("reference", notes),
+    response = upload(shared_server, "half broken", [("reference", garbage), ("reference", notes),
                                                    ("candidate", candidate)], url="/api/sessions?wait=false")
     assert response.status_code == 202, response.text
     session_id = response.json()["session"]["id"]
-    progress = poll_progress(live_server, f"/api/sessions/{session_id}/progress")
+    progress = poll_progress(shared_server, f"/api/sessions/{session_id}/progress")
     assert [(r["label"], r["status"], r["problems"]) for r in progress["runs"]] == [
         ("reference", "failed", 2), ("candidate", "ready", 0)]
     assert progress["pairs"]["total"] == 0
-    session = httpx.get(f"{live_server.url}/api/sessions/{session_id}").json()
+    session = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()
     reasons = {p["file"]: p["reason"] for p in session["runs"][0]["problems"]}
     assert set(reasons) == {"weights.pth", "notes.txt"}
     assert "not a readable PyTorch file" in reasons["weights.pth"]
     assert "unknown extension '.txt'" in reasons["notes.txt"]
-    assert not (live_server.data_dir / "arrays" / "runs" / str(session["runs"][0]["id"])).exists()
+    assert not (shared_server.data_dir / "arrays" / "runs" / str(session["runs"][0]["id"])).exists()
 
-    page = httpx.get(f"{live_server.url}/sessions/{session_id}").text
+    page = httpx.get(f"{shared_server.url}/sessions/{session_id}").text
     assert "The reference run “reference” could not be ingested" in page
     assert "No tensors found in weights.pth, notes.txt" in page
     assert "<strong>weights.pth</strong>: not a readable PyTorch file" in page
     assert "<strong>notes.txt</strong>: not a tensor file or archive" in page
 
     reference, _ = two_runs(tmp_path / "again")
-    again = upload(live_server, "", [("reference", reference)], url=f"/api/sessions/{session_id}/runs")
+    again = upload(shared_server, "", [("reference", reference)], url=f"/api/sessions/{session_id}/runs")
     assert again.status_code == 201, again.text
-    runs = httpx.get(f"{live_server.url}/api/sessions/{session_id}").json()["runs"]
+    runs = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"]
     assert [(r["label"], r["role"], r["status"], r["problems"]) for r in runs] == [
         ("reference", "reference", "ready", []), ("candidate", "candidate", "ready", [])]
-    assert poll_progress(live_server, f"/api/sessions/{session_id}/progress")["pairs"]["total"] == 26
+    assert poll_progress(shared_server, f"/api/sessions/{session_id}/progress")["pairs"]["total"] == 26

@@ -25,7 +25,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord
 
-from tests.dumps import make_tar, make_zip, seeded
+from tests.support.dumps import make_tar, make_zip, seeded
 
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 

@@ -23,9 +23,9 @@ from tensor_debugger.engine.fused import STORED_FLOATS
 from tensor_debugger.engine.metrics import edges
 from tensor_debugger.store.arrays import DEFAULT_CODEC
 
-from tests.kernel_reference import check_partial, pair_case
+from tests.support.kernel_reference import check_partial, pair_case
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CROSS = "aarch64-linux-gnu-gcc"
 EMULATOR = "qemu-aarch64"
 SYSROOT = Path("/usr/aarch64-linux-gnu")  # the aarch64 C library, for the emulator's -L
@@ -61,8 +61,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     done, problems = build_hooks().compile_families(REPO, "engine/fused_stats.c", library, compiler=[CROSS],
                                                     machine="aarch64")
     assert done and not problems, problems
-    subprocess.run([CROSS, "-O1", "-Wall", "-Werror", "-o", str(driver), str(REPO / "tests" / "kernel_driver.c")],
-                   check=True, capture_output=True, text=True)
+    source = REPO / "tests" / "support" / "kernel_driver.c"
+    subprocess.run([CROSS, "-O1", "-Wall", "-Werror", "-o", str(driver), str(source)], check=True, capture_output=True,
+                   text=True)
     return library, driver
 
 

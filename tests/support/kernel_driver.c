@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../server/tensor_debugger/engine/kernel_structs.h" /* the libraries' structures, from their one source */
+#include "../../server/tensor_debugger/engine/kernel_structs.h" /* the libraries' structures, from their one source */
 
 typedef td_partial partial;
 typedef td_summary summary;

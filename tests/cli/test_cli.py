@@ -3,20 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import torch
 
-from tests.conftest import cli_command
-from tests.dumps import make_zip, seeded
-
-
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
-    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, env={**base, **(env or {})},
-                          timeout=120)
+from tests.support.dumps import make_zip, seeded
+from tests.support.servers import run_cli
 
 
 def test_ingest_and_sessions_json(tmp_path: Path) -> None:

@@ -45,3 +45,29 @@ def write_trace(folder: Path, attention: str = "eager", layers: int = LAYERS, pe
                                                           do_prune_layers=prune_layers):
         model(input_ids())
     return folder
+
+
+PERTURBED = "model.layers.1.mlp.down_proj.weight"
+
+# The traces the tests read, by name: write_trace's arguments for each.
+TRACES: dict[str, dict[str, Any]] = {
+    "eager": {},
+    "sdpa": {"attention": "sdpa"},
+    "perturbed": {"perturb": PERTURBED},
+    "repr": {"use_repr": True},
+    "repr_perturbed": {"use_repr": True, "perturb": PERTURBED},
+    "four_layers": {"layers": 4},
+}
+
+
+class WrittenTraces:
+    """The traces of TRACES under `root`, each written the first time a test asks for it; tests only read them."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.written: dict[str, Path] = {}
+
+    def __getitem__(self, name: str) -> Path:
+        if name not in self.written:
+            self.written[name] = write_trace(self.root / name, **TRACES[name])
+        return self.written[name]

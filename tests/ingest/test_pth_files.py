@@ -19,7 +19,7 @@ from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.store.dtypes import all_dtypes, torch_to_storage
 
-from tests.dumps import random_bits
+from tests.support.dumps import random_bits
 
 
 def _whole(shape: tuple[int, ...]) -> Region:

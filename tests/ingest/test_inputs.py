@@ -14,8 +14,8 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import TensorRecord
 
-from tests.dumps import make_tar, make_zip, seeded
-from tests.test_roundtrip import read_back, same_bits, stored
+from tests.support.dumps import make_tar, make_zip, seeded
+from tests.support.stored import read_back, same_bits, stored
 
 
 def dump_folder(folder: Path) -> dict[str, torch.Tensor]:

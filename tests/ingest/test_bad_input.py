@@ -20,7 +20,7 @@ from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import RunRecord, SessionRecord
 
-from tests.dumps import make_zip, seeded, tar_with
+from tests.support.dumps import make_zip, seeded, tar_with
 
 
 def tree(root: Path) -> set[str]:
@@ -143,7 +143,7 @@ def test_truncated_archives(services: Services, tmp_path: Path, kind: str) -> No
     if kind == "zip":
         full = make_zip(folder, tmp_path / "full.zip").read_bytes()
     else:
-        from tests.dumps import make_tar
+        from tests.support.dumps import make_tar
 
         full = make_tar(folder, tmp_path / "full.tar.gz", mode="w:gz").read_bytes()
     cut = tmp_path / f"cut.{kind}"

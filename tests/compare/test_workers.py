@@ -23,8 +23,8 @@ from tensor_debugger.settings import Settings, available_cpus
 from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
-from tests.dumps import seeded
-from tests.test_cli import run_cli
+from tests.support.dumps import seeded
+from tests.support.servers import run_cli
 
 BIG = (1100, 4096)  # 4.5M float32 values: several comparison blocks, and many ingest blocks of small chunks
 SMALL_CHUNKS = "16384"  # bytes per stored chunk: blocks of 256 KiB, so every tensor is many blocks

@@ -6,8 +6,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,20 +19,14 @@ from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord
 
-from tests.dumps import seeded
+from tests.support.dumps import seeded
+from tests.support.polling import wait_until
 
 
 def tensor_file(tmp_path: Path, name: str, seed: int) -> InputFile:
     path = tmp_path / name
     torch.save(seeded((64, 64), seed), path)
     return InputFile(path, name)
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "the condition never came true"
-        time.sleep(0.01)
 
 
 def status_of(services: Services, run_id: int) -> str | None:
@@ -58,7 +50,7 @@ def test_one_worker_ingests_one_run_at_a_time_and_the_next_waits(services: Servi
         b = services.ingestor.begin("queued", "b", ["b.pth"])
         first = queue.submit(IngestJob(a, [tensor_file(tmp_path, "0_a.pth", 1)], True, lambda: done.append("a")))
         second = queue.submit(IngestJob(b, [tensor_file(tmp_path, "0_b.pth", 2)], True, lambda: done.append("b")))
-        wait_for(lambda: planned == [a.session_id])
+        wait_until(lambda: planned == [a.session_id], what="the first job to be planned", interval=0.01)
         live_a = queue.progress(a.run_id)
         assert live_a is not None and live_a.stage == "planning"
         assert live_a.bytes_total > 0 and live_a.bytes_done == live_a.bytes_total
@@ -67,7 +59,7 @@ def test_one_worker_ingests_one_run_at_a_time_and_the_next_waits(services: Servi
         assert done == []
         gate.set()
         assert first.result(60).tensors == 1 and second.result(60).tensors == 1
-        wait_for(lambda: len(done) == 2)
+        wait_until(lambda: len(done) == 2, what="both jobs' callbacks", interval=0.01)
         assert done == ["a", "b"] and planned == [a.session_id, b.session_id]
         assert queue.progress(a.run_id) is None and queue.progress(b.run_id) is None
         assert status_of(services, b.run_id) == "ready"
@@ -147,7 +139,8 @@ def test_closing_drops_the_waiting_ingests_and_their_runs(services: Services, tm
         b = services.ingestor.begin("stopping", "b", ["b.pth"])
         first = queue.submit(IngestJob(a, [tensor_file(tmp_path, "0_a.pth", 1)], True, lambda: None))
         second = queue.submit(IngestJob(b, [tensor_file(tmp_path, "0_b.pth", 2)], True, lambda: None))
-        wait_for(lambda: getattr(queue.progress(a.run_id), "stage", None) == "planning")
+        wait_until(lambda: getattr(queue.progress(a.run_id), "stage", None) == "planning",
+                   what="run a's ingest to reach planning", interval=0.01)
         queue.close(timeout=0)  # the server stops while `a` is being paired and `b` waits
         with pytest.raises(RuntimeError, match="stopping"):
             queue.submit(IngestJob(b, [], True, lambda: None))

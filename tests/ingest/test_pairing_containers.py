@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.services import Services
 
-from tests.dumps import make_tar, make_zip, seeded
+from tests.support.dumps import make_tar, make_zip, seeded
 
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:

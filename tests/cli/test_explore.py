@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from tests.dumps import seeded
-from tests.test_cli import run_cli
+from tests.support.dumps import seeded
+from tests.support.servers import run_cli
 
 
 def test_explore_pairs_every_tensor_with_every_other(tmp_path: Path) -> None:

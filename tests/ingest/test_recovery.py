@@ -6,20 +6,19 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 
 import torch
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
-from tests.conftest import cli_command
+from tests.support.polling import wait_until
+from tests.support.servers import cli_command
 
 
 def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeout: float = 90) -> int:
     """The id of the run being ingested, once some of its arrays are on disk but it is not finished."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def partial_run() -> int | None:
         assert process.poll() is None, "the ingest finished before it could be killed"
         db = data / "metadata.sqlite3"
         if db.exists():
@@ -32,8 +31,10 @@ def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeou
                 arrays = data / "arrays" / "runs" / str(row[0])
                 if arrays.exists() and sum(1 for p in arrays.iterdir() if p.name.isdigit()) >= 3:
                     return int(row[0])
-        time.sleep(0.02)
-    raise AssertionError("never saw a partial ingest")
+        return None
+
+    return wait_until(partial_run, what="a partial ingest (a run 'ingesting' with 3 arrays on disk)",
+                      timeout=timeout, interval=0.02)
 
 
 def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:

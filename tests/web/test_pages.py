@@ -12,12 +12,14 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Response, expect, sync_playwright
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.conftest import ARTIFACTS, LiveServer, free_port
-from tests.dumps import make_zip, seeded
-from tests.traces import MODEL_CLASS, write_trace
+from tests.support import ARTIFACTS
+from tests.support.dumps import make_zip, seeded
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, started_server
+from tests.support.traces import MODEL_CLASS, WrittenTraces
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -26,8 +28,9 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Browser]:
+    """One Chromium for the run; each test gets a context (cookies, storage, cache) and a page of its own."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     with sync_playwright() as playwright:
@@ -55,13 +58,13 @@ def page_without_scripts(browser: Browser) -> Iterator[Page]:
 
 def wait_until_compared(page: Page, timeout: float = 60) -> None:
     """Reload until no pair is pending (the page refreshes itself meanwhile; a reload is simpler to await)."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while page.locator(".progress").count():
-        assert time.monotonic() < deadline, "pairs still pending"
-        time.sleep(0.5)
+    def compared() -> bool:
+        if page.locator(".progress").count() == 0:
+            return True
         page.reload()
+        return False
+
+    wait_until(compared, what=f"{page.url} to show no pair pending", timeout=timeout, interval=0.5)
 
 
 @contextmanager
@@ -84,8 +87,14 @@ def add_big_tensor(reference: Path, candidate: Path, seed: int) -> None:
     shutil.copy(reference / "weights.pth", candidate / "weights.pth")
 
 
-def run_statuses(connection: sqlite3.Connection) -> list[str]:
-    return [status for (status,) in connection.execute("select status from runs order by id")]
+def run_statuses(connection: sqlite3.Connection, session_id: int) -> list[str]:
+    return [status for (status,) in connection.execute("select status from runs where session_id = ? order by id",
+                                                       (session_id,))]
+
+
+def session_of(answer: Response) -> int:
+    """The id of the session an upload created, from the location it answered with (`/sessions/{id}`)."""
+    return int(answer.headers["location"].rsplit("/", 1)[1])
 
 
 def shot(page: Page, name: str) -> None:
@@ -95,9 +104,16 @@ def shot(page: Page, name: str) -> None:
 
 @pytest.fixture
 def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path / "data", free_port(), demo=True)
-    server.data_dir.mkdir(parents=True)
-    server.start()
+    """A first start with the demo, of the test's own: for a test that changes the demo session or restarts."""
+    server = started_server(tmp_path, demo=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A first start with the demo, for the tests that only look at the demo session."""
+    server = started_server(tmp_path_factory.mktemp("demo-server"), demo=True)
     yield server
     server.stop()
 
@@ -114,8 +130,8 @@ def fill_new_session(page: Page, url: str | None, name: str, reference: Path,
             [str(c) for c in candidate] if isinstance(candidate, list) else str(candidate))
 
 
-def test_first_start_shows_the_demo_session(demo_server: LiveServer, page: Page) -> None:
-    page.goto(demo_server.url + "/")
+def test_first_start_shows_the_demo_session(shared_demo_server: LiveServer, page: Page) -> None:
+    page.goto(shared_demo_server.url + "/")
     link = page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn")
     link.wait_for()
     shot(page, "sessions-demo")
@@ -136,7 +152,7 @@ def test_first_start_shows_the_demo_session(demo_server: LiveServer, page: Page)
     assert "[16, 32]" in row.inner_text() and "float32" in row.inner_text()
 
 
-def test_upload_through_the_form_without_scripts(live_server: LiveServer, page_without_scripts: Page,
+def test_upload_through_the_form_without_scripts(shared_server: LiveServer, page_without_scripts: Page,
                                                  tmp_path: Path) -> None:
     page = page_without_scripts
     write_dump(tmp_path / "ref", layers=1, seed=2)
@@ -146,12 +162,13 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page_w
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
     bad = tmp_path / "readme.txt"
     bad.write_text("not a tensor")
-    fill_new_session(page, live_server.url, "form upload ü", reference, [candidate, bad])
+    fill_new_session(page, shared_server.url, "form upload ü", reference, [candidate, bad])
     with page.expect_response(lambda r: r.url.endswith("/sessions") and r.request.method == "POST") as answer:
         page.get_by_role("button", name="Upload and ingest").click()
     assert answer.value.status == 303  # the files are on disk; their ingest goes on in the background
-    with database_held(live_server) as held:
-        assert run_statuses(held) == ["ingesting", "ingesting"], "the ingest ended before the test could hold it"
+    with database_held(shared_server) as held:
+        assert run_statuses(held, session_of(answer.value)) == ["ingesting", "ingesting"], \
+            "the ingest ended before the test could hold it"
         page.wait_for_url("**/sessions/*")
         status = page.locator("section.ingest .progress")
         assert "Ingesting the uploaded files" in status.inner_text()
@@ -169,15 +186,15 @@ def test_upload_through_the_form_without_scripts(live_server: LiveServer, page_w
     page.get_by_role("link", name="Candidate run: candidate").click()
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
     assert page.locator("table.tensors tbody tr").count() == 14
-    page.goto(live_server.url + "/?q=FORM")
+    page.goto(shared_server.url + "/?q=FORM")
     assert page.get_by_role("link", name="form upload ü").is_visible()
 
 
-def test_form_errors_are_shown_in_words(live_server: LiveServer, page_without_scripts: Page, tmp_path: Path) -> None:
+def test_form_errors_are_shown_in_words(shared_server: LiveServer, page_without_scripts: Page, tmp_path: Path) -> None:
     page = page_without_scripts
     bad = tmp_path / "weights.pth"
     bad.write_bytes(b"\0" * 64)
-    fill_new_session(page, live_server.url, "broken", bad)
+    fill_new_session(page, shared_server.url, "broken", bad)
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
     failure = page.locator("section.failed-run")
@@ -188,13 +205,13 @@ def test_form_errors_are_shown_in_words(live_server: LiveServer, page_without_sc
     assert page.locator("section.ingest").count() == 0
     shot(page, "form-error")
     # what is wrong before any ingest begins is said on the form itself
-    fill_new_session(page, live_server.url, "broken", bad)
+    fill_new_session(page, shared_server.url, "broken", bad)
     page.get_by_role("button", name="Upload and ingest").click()
     assert "a session named 'broken' exists already" in page.get_by_role("alert").inner_text()
 
 
-def test_inspector_jumps_to_the_planted_difference(demo_server: LiveServer, page: Page) -> None:
-    page.goto(demo_server.url + "/")
+def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServer, page: Page) -> None:
+    page.goto(shared_demo_server.url + "/")
     page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn").click()
     page.locator(".banner.fail").wait_for(timeout=60_000)
     page.locator(".banner.fail").get_by_role("link", name="2_post_attn").click()
@@ -221,7 +238,7 @@ def test_inspector_jumps_to_the_planted_difference(demo_server: LiveServer, page
     page.wait_for_function("document.querySelector('.caption').textContent.includes('[5, ')")
     heatmap = page.locator("object.heatmap").get_attribute("data")
     assert heatmap is not None
-    svg = httpx.get(demo_server.url + heatmap.replace("&amp;", "&")).text
+    svg = httpx.get(shared_demo_server.url + heatmap.replace("&amp;", "&")).text
     assert svg.count("<rect") == 16 * 32 and "rows 5-5, cols 17-17: max |diff| 0.3" in svg
     page.reload()  # a link shows the same values
     assert page.locator("figure.grid", has_text="Difference").locator("td.max").get_attribute("title").startswith(
@@ -281,20 +298,20 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     shot(page, "session-after-restart")
 
 
-def test_new_session_with_progress_bars_and_errors_next_to_files(live_server: LiveServer, page: Page,
+def test_new_session_with_progress_bars_and_errors_next_to_files(shared_server: LiveServer, page: Page,
                                                                  tmp_path: Path) -> None:
     write_dump(tmp_path / "ref", layers=2, seed=5)
     write_dump(tmp_path / "cand", layers=2, seed=5, plant=Plant(1, "key", (0, 1, 3, 2), 0.2))
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
-    fill_new_session(page, live_server.url, "dropped", reference, candidate)
+    fill_new_session(page, shared_server.url, "dropped", reference, candidate)
     assert page.locator(".dropzone li").count() == 2
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
     page.locator(".banner").wait_for(timeout=60_000)
     assert "First divergence: 1_key (layer 1, stage key)" in page.locator(".banner").inner_text()
     # a file refused before its ingest begins (a name taken) gets the reason on the form
-    fill_new_session(page, live_server.url, "dropped", reference)
+    fill_new_session(page, shared_server.url, "dropped", reference)
     page.get_by_role("button", name="Upload and ingest").click()
     page.locator("form.new-session .status", has_text="exists already").wait_for()
     assert page.locator(".dropzone progress").evaluate("p => p.value === p.max")
@@ -311,7 +328,7 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(live_server: Li
     shot(page, "new-session-error")
 
 
-def test_session_page_follows_the_ingest_live_then_shows_the_results(live_server: LiveServer, page: Page,
+def test_session_page_follows_the_ingest_live_then_shows_the_results(shared_server: LiveServer, page: Page,
                                                                      tmp_path: Path) -> None:
     """The upload answers once its bytes are on disk; the session page shows each run's ingest with a bar and
     "ingesting: X of Y MB (Z%)", then the comparisons, then the results, all without a reload."""
@@ -320,12 +337,13 @@ def test_session_page_follows_the_ingest_live_then_shows_the_results(live_server
     add_big_tensor(tmp_path / "ref", tmp_path / "cand", 6)
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
-    fill_new_session(page, live_server.url, "live", reference, candidate)
+    fill_new_session(page, shared_server.url, "live", reference, candidate)
     with page.expect_response(lambda r: r.url.endswith("/api/sessions?wait=false")) as answer:
         page.get_by_role("button", name="Upload and ingest").click()
     assert answer.value.status == 202
-    with database_held(live_server) as held:
-        assert run_statuses(held) == ["ingesting", "ingesting"], "the ingest ended before the test could hold it"
+    with database_held(shared_server) as held:
+        assert run_statuses(held, session_of(answer.value)) == ["ingesting", "ingesting"], \
+            "the ingest ended before the test could hold it"
         page.wait_for_url("**/sessions/*")
         page.evaluate("window.sameDocument = true")  # gone if anything reloads the page
         bars = page.locator(".ingest-runs progress")
@@ -369,7 +387,7 @@ def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServ
     assert not (demo_server.data_dir / "arrays" / "runs" / "1").exists()
 
 
-def test_manual_mode_shows_each_runs_own_layout(live_server: LiveServer, page_without_scripts: Page,
+def test_manual_mode_shows_each_runs_own_layout(shared_server: LiveServer, page_without_scripts: Page,
                                                 tmp_path: Path) -> None:
     import torch
 
@@ -380,13 +398,13 @@ def test_manual_mode_shows_each_runs_own_layout(live_server: LiveServer, page_wi
     torch.save(full.permute(1, 0, 2).unsqueeze(0).contiguous(), tmp_path / "b" / "0_query.pth")  # [1, 3, 2, 4]
     reference = make_zip(tmp_path / "a", tmp_path / "a.zip")
     candidate = make_zip(tmp_path / "b", tmp_path / "b.zip")
-    response = httpx.post(live_server.url + "/api/sessions", data={"name": "manual"},
+    response = httpx.post(shared_server.url + "/api/sessions", data={"name": "manual"},
                           files=[("reference", ("a.zip", reference.read_bytes())),
                                  ("candidate", ("b.zip", candidate.read_bytes()))], timeout=60)
     session_id = response.json()["session"]["id"]
-    pair_id = httpx.get(f"{live_server.url}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
+    pair_id = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
     page = page_without_scripts
-    page.goto(f"{live_server.url}/pairs/{pair_id}")
+    page.goto(f"{shared_server.url}/pairs/{pair_id}")
     page.get_by_role("link", name="Open manual mode").click()
     page.locator("input[name=a_index]").fill("1,2,:")  # the reference's own [2, 3, 4]
     page.locator("input[name=a_count]").fill("4")
@@ -402,15 +420,15 @@ def test_manual_mode_shows_each_runs_own_layout(live_server: LiveServer, page_wi
     shot(page, "pair-manual-mode")
 
 
-def test_module_tree_and_culprit_of_a_traced_session(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
-    reference = write_trace(tmp_path / "eager")
-    candidate = write_trace(tmp_path / "perturbed", perturb="model.layers.1.mlp.down_proj.weight")
+def test_module_tree_and_culprit_of_a_traced_session(shared_server: LiveServer, page: Page,
+                                                     hf_traces: WrittenTraces) -> None:
+    reference, candidate = hf_traces["eager"], hf_traces["perturbed"]
     files = [(label, (p.name, p.read_bytes())) for label, folder in (("reference", reference),
                                                                       ("candidate", candidate))
              for p in sorted(folder.iterdir())]
-    created = httpx.post(live_server.url + "/api/sessions", data={"name": "traced"}, files=files, timeout=120)
+    created = httpx.post(shared_server.url + "/api/sessions", data={"name": "traced"}, files=files, timeout=120)
     assert created.status_code == 201, created.text
-    page.goto(f"{live_server.url}/sessions/{created.json()['session']['id']}")
+    page.goto(f"{shared_server.url}/sessions/{created.json()['session']['id']}")
     wait_until_compared(page)
     culprit = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
     banner = page.locator("#culprit")

@@ -33,7 +33,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.dtypes import parse_dtype
 
-from tests.kernel_reference import check_partial, pair_case
+from tests.support.kernel_reference import check_partial, pair_case
 
 EXACT_FIELDS = ("numel", "max_abs_diff", "argmax", "max_rel_diff", "mismatched", "nan_a", "nan_b", "inf_a", "inf_b",
                 "nan_one_side", "histogram")

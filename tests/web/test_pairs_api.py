@@ -7,7 +7,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,49 +14,48 @@ import httpx
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.conftest import LiveServer, cli_command
-from tests.dumps import make_zip, seeded
-from tests.test_api import upload
+from tests.support.dumps import make_zip, seeded
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, cli_command, free_port, upload
 
 
 def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        report: dict[str, Any] = httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json()
-        if report["progress"]["total"] and report["progress"]["pending"] == 0:
-            return report
-        time.sleep(0.2)
-    raise AssertionError("pairs never finished")
+    report: dict[str, Any] = wait_until(
+        lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json(),
+        until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
+        what=f"session {session_id}'s pairs to be computed", timeout=timeout, interval=0.1)
+    return report
 
 
-def session_with_plant(server: LiveServer, tmp_path: Path, extra: dict[str, torch.Tensor] | None = None) -> int:
+def session_with_plant(server: LiveServer, tmp_path: Path, name: str,
+                       extra: dict[str, torch.Tensor] | None = None) -> int:
     write_dump(tmp_path / "ref", layers=2, seed=9)
     write_dump(tmp_path / "cand", layers=2, seed=9, plant=Plant(0, "pre_mlp", (11, 30), -0.4))
     for name, tensor in (extra or {}).items():
         torch.save(tensor, tmp_path / ("ref" if name.startswith("a:") else "cand") / f"{name[2:]}.pth")
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
     candidate = make_zip(tmp_path / "cand", tmp_path / "candidate.zip")
-    response = upload(server, "api pairs", [("reference", reference), ("candidate", candidate)])
+    response = upload(server, name, [("reference", reference), ("candidate", candidate)])
     assert response.status_code == 201, response.text
     return int(response.json()["session"]["id"])
 
 
-def test_first_divergence_detail_and_slices(live_server: LiveServer, tmp_path: Path) -> None:
-    session_id = session_with_plant(live_server, tmp_path)
-    report = wait_done(live_server, session_id)
+def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path: Path) -> None:
+    session_id = session_with_plant(shared_server, tmp_path, "api pairs: slices")
+    report = wait_done(shared_server, session_id)
     first = report["first_divergence"]
     assert (first["name"], first["layer"], first["stage"], first["argmax"]) == ("0_pre_mlp", 0, "pre_mlp", [11, 30])
     assert report["progress"]["failing"] == sum(1 for p in report["pairs"] if p["status"] == "fail")
-    again = httpx.get(f"{live_server.url}/api/sessions/{session_id}/first-divergence").json()
+    again = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()
     assert again["first_divergence"] == first
-    detail = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}").json()
+    detail = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
     assert detail["argmax"]["aligned"] == [11, 30] and detail["argmax"]["b"]["index"] == [11, 30]
     assert sum(detail["stats"]["histogram"]) == 16 * 32
-    window = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}/slice",
+    window = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice",
                        params={"index": "11,:", "start": "28", "count": "4"}).json()
     assert window["window"] == [{"dim": 1, "start": 28, "count": 4}]
     assert window["diff"][2] == pVal(-0.4)
-    bad = httpx.get(f"{live_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
+    bad = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
     assert bad.status_code == 400 and "out of range" in bad.json()["detail"]
 
 
@@ -67,22 +65,22 @@ def pVal(value: float) -> Any:
     return pytest.approx(value, abs=1e-6)
 
 
-def test_tolerances_manual_pairs_and_alignment_overrides(live_server: LiveServer, tmp_path: Path) -> None:
+def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServer, tmp_path: Path) -> None:
     extra = {"a:orphan_reference": seeded((6, 4), 1), "b:renamed_candidate": seeded((6, 4), 1),
              "a:0_mystery": seeded((4, 6), 2), "b:0_mystery": seeded((4, 6), 2).t().contiguous()}
-    session_id = session_with_plant(live_server, tmp_path, extra)
-    report = wait_done(live_server, session_id)
+    session_id = session_with_plant(shared_server, tmp_path, "api pairs: overrides", extra)
+    report = wait_done(shared_server, session_id)
     pairs = {p["name"]: p for p in report["pairs"]}
     # a unique shape pairs these two automatically; unpair, then pair by hand
     shape_pair = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
     assert shape_pair["strategy"] == "shape"
-    assert httpx.delete(f"{live_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
-    report = wait_done(live_server, session_id)
+    assert httpx.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
+    report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"orphan_reference", "renamed_candidate"}
-    made = httpx.post(f"{live_server.url}/api/sessions/{session_id}/pairs",
+    made = httpx.post(f"{shared_server.url}/api/sessions/{session_id}/pairs",
                       json={"a_name": "orphan_reference", "b_name": "renamed_candidate"})
     assert made.status_code == 201 and made.json()["strategy"] == "manual"
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     assert report["unmatched"] == []
     manual = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
     assert manual["status"] == "pass"
@@ -90,21 +88,21 @@ def test_tolerances_manual_pairs_and_alignment_overrides(live_server: LiveServer
     mystery = pairs["0_mystery"]
     assert "last resort" in mystery["alignment"] and mystery["status"] == "fail"
     steps = [{"side": "b", "kind": "permute", "perm": [1, 0], "shape": [4, 6]}]
-    overridden = httpx.put(f"{live_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
+    overridden = httpx.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
     assert overridden.status_code == 200 and overridden.json()["alignment_overridden"]
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
     assert mystery["status"] == "pass" and "permuted [1, 0]" in mystery["alignment"]
-    wrong = httpx.put(f"{live_server.url}/api/pairs/{mystery['id']}/alignment",
+    wrong = httpx.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment",
                       json={"steps": [{"side": "b", "kind": "permute", "perm": [0, 0]}]})
     assert wrong.status_code == 400
     # tolerances: loose enough and the planted difference passes; verdicts follow
-    patched = httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
+    patched = httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
     assert patched.status_code == 200 and patched.json()["tolerances"] == {"rtol": None, "atol": 0.5}
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     assert report["first_divergence"] is None and {p["status"] for p in report["pairs"]} == {"pass"}
-    httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
-    report = wait_done(live_server, session_id)
+    httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
+    report = wait_done(shared_server, session_id)
     assert report["first_divergence"]["name"] == "0_pre_mlp"
 
 
@@ -122,17 +120,15 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         done = subprocess.run([*cli_command(), "--data-dir", str(data), "ingest", "--session", "big", "--run", side,
                                str(tmp_path / side)], capture_output=True, text=True, timeout=300, check=False)
         assert done.returncode == 0, done.stderr
-    server = LiveServer(data, _port())
+    server = LiveServer(data, free_port())
     process = server.launch()
     # Watch the database itself, from the moment the process starts: the worker computes as soon as the server is
     # up, and the first verdict is written at once (later ones at most every 0.1 s), so the kill lands while most
     # pairs are still pending.
-    deadline = time.monotonic() + 120
     with sqlite3.connect(data / "metadata.sqlite3", timeout=30) as conn:
-        while time.monotonic() < deadline and process.poll() is None:
-            if conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1:
-                break
-            time.sleep(0.002)
+        wait_until(lambda: process.poll() is not None or
+                   conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1,
+                   what="the first verdict (or the server's exit)", timeout=120, interval=0.002)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:
@@ -146,9 +142,3 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         assert report["first_divergence"]["argmax"] == [5, 5]
     finally:
         server.stop()
-
-
-def _port() -> int:
-    from tests.conftest import free_port
-
-    return free_port()

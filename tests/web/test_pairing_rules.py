@@ -14,9 +14,8 @@ from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 
-from tests.conftest import LiveServer
-from tests.dumps import make_zip, seeded
-from tests.test_api import upload
+from tests.support.dumps import make_zip, seeded
+from tests.support.servers import LiveServer, upload
 
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path,

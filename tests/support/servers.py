@@ -1,0 +1,112 @@
+"""`tensor-debugger serve` in a child process on a loopback port, as a user runs it, uploads to it, and the CLI in a
+child process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.support.polling import wait_until
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cli_command() -> list[str]:
+    return [sys.executable, "-m", "tensor_debugger"]
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`tensor-debugger ARGS` in a child process, with no TENSOR_DEBUGGER_ setting but those in `env`."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, env={**base, **(env or {})},
+                          timeout=120)
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment without any TENSOR_DEBUGGER_ setting, so a child sees only what a test gives it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@dataclass
+class LiveServer:
+    """`tensor-debugger serve` in a child process on loopback, as a user runs it."""
+
+    data_dir: Path
+    port: int
+    demo: bool = False
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.data_dir.parent / f"server-{self.port}.log"
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        """Start the server's process and return at once (`start` also waits until it answers)."""
+        args = [*cli_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port)]
+        if not self.demo:
+            args.append("--no-demo")
+        log = open(self.log, "ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        log.close()  # the child has its own copy
+        return self.process
+
+    def start(self) -> LiveServer:
+        self.launch()
+        wait_until(self.answers, what=f"the server on port {self.port} to answer GET /api/sessions", timeout=60,
+                   interval=0.1)
+        return self
+
+    def answers(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"server exited with {self.process.returncode}; its log: {self.log}")
+        try:
+            return httpx.get(self.url + "/api/sessions", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+
+def started_server(root: Path, demo: bool = False) -> LiveServer:
+    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir)."""
+    server = LiveServer(root / "data", free_port(), demo=demo)
+    server.data_dir.mkdir(parents=True)
+    return server.start()
+
+
+def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: str = "/api/sessions") -> httpx.Response:
+    """POST `files` (form field, path) as a multipart upload, as the browser's form sends them."""
+    handles = [(field, (path.name, open(path, "rb"))) for field, path in files]
+    try:
+        return httpx.post(server.url + url, data={"name": name}, files=handles, timeout=120)
+    finally:
+        for _, (_, handle) in handles:
+            handle.close()
