@@ -6,6 +6,9 @@ Create Date: 2026-11-22 12:40:00.000000
 
 Rows written before this revision have no fingerprint (their runs are never reused) and each names an array of
 its own run, which the index on `store_key` and the deletion by reference treat like any shared array.
+Downgrading leaves shared arrays shared, and the previous version deletes an array with the run that wrote it:
+delete the sessions made since first. (As with every downgrade here that drops a column, SQLite copies the table:
+run it with foreign keys off, or dropping the old `runs` cascades to its tensors.)
 """
 
 from __future__ import annotations
