@@ -1,7 +1,9 @@
 """Start-up recovery: remove what an ingest killed midway (kill -9, power loss) left behind.
 
 A run still "ingesting" whose process is gone on this host is deleted with its arrays (and its session, when
-that ingest created it and nothing else is in it); arrays under "runs/" that no run owns are deleted too.
+that ingest created it and nothing else is in it). The folder under "runs/" of a run that no longer exists is
+deleted too, but for the arrays in it that tensor rows of other runs still name (arrays are shared: see
+`catalog.release_arrays`).
 
 A run that names this very process is alive only if it is one of `live` (the runs this process's ingestor is
 working on, in its background threads): otherwise it was left by an earlier process that had the same id, as
@@ -20,7 +22,8 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
-from tensor_debugger.store.models import RunRecord, SessionRecord
+from tensor_debugger.store.catalog import keys_under
+from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,18 @@ def recover(sessions: sessionmaker[DbSession], store: ArrayStore, live: Collecti
                 if session is not None:
                     db.delete(session)
         known = {str(run_id) for run_id in db.scalars(select(RunRecord.id))}
-    orphans = [name for name in stored if name not in known]
+        orphans = [name for name in stored if name not in known]
+        shared = {name: set(db.scalars(select(TensorRecord.store_key).where(keys_under(f"runs/{name}"))))
+                  for name in orphans}
+    removed_arrays = 0
     for name in orphans:
-        store.delete(f"runs/{name}")
-    return RecoveryReport(removed, len(orphans))
+        if not shared[name]:
+            store.delete(f"runs/{name}")
+            removed_arrays += 1
+            continue
+        for child in store.children(f"runs/{name}"):
+            key = f"runs/{name}/{child}"
+            if child.isdigit() and key not in shared[name]:
+                store.delete(key)
+                removed_arrays += 1
+    return RecoveryReport(removed, removed_arrays)

@@ -6,6 +6,12 @@ Lifecycle, so that nothing half-ingested is ever visible:
 3. one transaction inserts the tensor and problem rows and sets the status to "ready".
 When nothing usable was found the run is deleted, or (`keep_failure`, for uploads whose request has returned)
 kept as "failed" with its problems and no arrays, so the session page can say why.
+An ingest given the fingerprint of its inputs (`fingerprints.py`; `ingest` takes it) first looks for a ready run
+with the same fingerprint: found, the new run's tensor and problem rows are copies of that run's, naming the same
+arrays, and no file is read. Otherwise `_finish` records the fingerprint, and any tensor bit-identical to one an
+older run stored (the same digest) names that array and the copy just written is deleted. An array is thus shared
+by every row that names it; `catalog.release_arrays` deletes it with the last.
+
 A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`; the runs this
 process is ingesting right now, through any of its Ingestors, are in `Ingestor.live_runs()`, so its own recovery
 never takes them for dead (a second `open_services` on the same data dir, say a capture beside a server).
@@ -23,13 +29,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.engine.names import parse_layer_stage, tensor_name
 from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError, NothingUsableError
 from tensor_debugger.ingest.archives import ArchiveLimits
+from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.traces import TraceTensor
@@ -50,6 +57,7 @@ class IngestResult:
     run_label: str
     tensors: int
     problems: list[FileProblem] = field(default_factory=list)
+    reused_run_id: int | None = None  # the ready run of the same inputs whose tensors this run shares
 
 
 @dataclass(frozen=True)
@@ -121,13 +129,18 @@ class Ingestor:
         run_label: str,
         inputs: list[InputFile],
         progress: ProgressCallback | None = None,
+        reuse: bool = True,
     ) -> IngestResult:
-        """Add a run labelled `run_label` to the session (created if needed).
+        """Add a run labelled `run_label` to the session (created if needed). With `reuse`, a ready run of the
+        same unchanged inputs lends its tensors (and their arrays) instead of the files being read again.
 
         Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
         """
+        # Taken before anything is read: a file changed while it is being ingested gets another fingerprint.
+        fingerprint = (fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads)
+                       if reuse else None)
         pending = self.begin(session_name, run_label, [i.label for i in inputs])
-        return self.complete(pending, inputs, progress)
+        return self.complete(pending, inputs, progress, fingerprint=fingerprint)
 
     def begin(
         self, session_name: str, run_label: str, sources: list[str], create_session: bool = True,
@@ -172,9 +185,11 @@ class Ingestor:
 
     def complete(
         self, pending: PendingRun, inputs: list[InputFile], progress: ProgressCallback | None = None,
-        keep_failure: bool = False,
+        keep_failure: bool = False, fingerprint: Fingerprint | None = None,
     ) -> IngestResult:
-        """Copy the tensors of a run `begin` made, then mark it "ready".
+        """Copy the tensors of a run `begin` made, then mark it "ready". With the inputs' `fingerprint`, a ready
+        run of the same fingerprint is reused instead (its rows copied, its arrays shared), and otherwise the
+        fingerprint is recorded on this run.
 
         Raises NothingUsableError when no tensor was found: the run is then removed (and the session, when the
         run's ingest made it and nothing else is in it), or with `keep_failure` kept as "failed" with its
@@ -183,11 +198,16 @@ class Ingestor:
         run_id = pending.run_id
         staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
         try:
+            reused = self._reuse(pending, fingerprint) if fingerprint is not None else None
+            if reused is not None:
+                if progress is not None:
+                    progress(1, 1)
+                return reused
             stored, problems, traces = self._copy(run_id, inputs, staging, progress)
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)
-            self._finish(run_id, stored, problems, traces)
+            self._finish(run_id, stored, problems, traces, fingerprint)
         except NothingUsableError as exc:
             self._give_up(pending, exc.problems, keep_failure)
             raise
@@ -300,11 +320,50 @@ class Ingestor:
             self.store.delete(f"{run_prefix(run_id)}/{index}")
         del stored[first:]
 
+    def _reuse(self, pending: PendingRun, fingerprint: Fingerprint) -> IngestResult | None:
+        """Make the run a copy of the newest ready run ingested from the same fingerprint, in one transaction:
+        its tensor rows (naming the same arrays) and problems. None when there is no such run."""
+        run_id = pending.run_id
+        with self.sessions.begin() as db:
+            run = db.get_one(RunRecord, run_id)
+            # Written first, so the transaction holds SQLite's write lock before it reads (pysqlite begins one
+            # at the first write): a session deleted meanwhile is either gone here or waits for this commit,
+            # when its deletion sees these rows and keeps the arrays they name.
+            run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
+            db.flush()
+            source = db.scalar(
+                select(RunRecord).where(RunRecord.input_key == fingerprint.key, RunRecord.status == "ready",
+                                        RunRecord.id < run_id).order_by(RunRecord.id.desc()).limit(1))
+            if source is None or source.input_fingerprint != fingerprint.data:
+                return None
+            skipped = {"id", "run_id"}
+            rows = []
+            for tensor in db.scalars(select(TensorRecord).where(TensorRecord.run_id == source.id)
+                                     .order_by(TensorRecord.position)):
+                row = {c.key: getattr(tensor, c.key) for c in TensorRecord.__table__.columns if c.key not in skipped}
+                if not tensor.has_values:
+                    row["digest"] = f"none:{uuid.uuid4().hex}"  # summaries never share cached results
+                rows.append({**row, "run_id": run_id})
+            if rows:
+                db.execute(insert(TensorRecord), rows)
+            problems = [FileProblem(p.file, p.reason) for p in source.problems]
+            for problem in problems:
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+            run.status = "ready"
+            run.ingest_pid = None
+            run.tensor_count = source.tensor_count
+            run.total_bytes = source.total_bytes
+            run.module_tree = source.module_tree
+            reused_from = source.id
+        return IngestResult(pending.session_id, pending.session_name, run_id, pending.run_label, len(rows),
+                            problems, reused_from)
+
     def _finish(
         self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
-        problems: list[FileProblem], traces: list[RunTrace],
+        problems: list[FileProblem], traces: list[RunTrace], fingerprint: Fingerprint | None = None,
     ) -> None:
         seen: dict[str, int] = {}
+        records: list[TensorRecord] = []
         with self.sessions.begin() as db:
             for position, (entry, key_path, tensor) in enumerate(stored):
                 if entry.module_path is not None and key_path == ("data",):
@@ -318,13 +377,16 @@ class Ingestor:
                 seen.setdefault(name, 1)
                 layer, stage = parse_layer_stage(entry.relpath, key_path)
                 s = tensor.summary
-                db.add(TensorRecord(
+                records.append(TensorRecord(
                     run_id=run_id, position=position, name=name, source_file=entry.label,
                     key_path=list(key_path), layer=layer, stage=stage, shape=list(tensor.shape),
                     dtype=tensor.dtype.name, store_key=tensor.store_key, nbytes=tensor.nbytes,
                     digest=tensor.digest, numel=s.numel, min=s.min, max=s.max, mean=s.mean, std=s.std,
                     nan_count=s.nan_count, inf_count=s.inf_count, module_path=entry.module_path, place=entry.place,
                 ))
+            db.add_all(records)
+            db.flush()  # the write lock is held from here: the arrays found below cannot be deleted meanwhile
+            self._share_identical(db, run_id, records)
             position = len(stored)
             for run_trace in traces:
                 if run_trace.trace.has_values:
@@ -339,11 +401,31 @@ class Ingestor:
             run.ingest_pid = None
             run.tensor_count = position
             run.total_bytes = sum(t.nbytes for _, _, t in stored)
+            if fingerprint is not None:
+                run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
             if traces:
                 run.module_tree = {
                     "source": "hf-trace", "values": all(t.trace.has_values for t in traces),
                     "roots": [t.trace.root.to_json() for t in traces],
                 }
+
+    def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
+        """Point each of `records` bit-identical to a tensor an older run stored (or an earlier one of this run) at
+        that array, and delete the copy just written. Done before the commit: should it fail, the run is removed
+        all the same."""
+        digests = sorted({r.digest for r in records})
+        found: dict[str, str] = {}
+        for start in range(0, len(digests), 500):
+            for digest, key in db.execute(
+                select(TensorRecord.digest, TensorRecord.store_key).where(
+                    TensorRecord.digest.in_(digests[start:start + 500]), TensorRecord.run_id < run_id,
+                    TensorRecord.has_values, TensorRecord.store_key != "")):
+                found[digest] = key
+        for record in records:
+            shared = found.setdefault(record.digest, record.store_key)  # the run's own repeats share too
+            if shared != record.store_key:
+                self.store.delete(record.store_key)
+                record.store_key = shared
 
     def _fail(self, run_id: int, problems: list[FileProblem]) -> None:
         """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""

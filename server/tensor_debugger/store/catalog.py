@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import selectinload
@@ -117,14 +117,47 @@ def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | Non
 
 
 def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
-    """Delete the session's rows, then its arrays (an interruption between leaves orphans that recovery
-    removes, never rows without arrays)."""
+    """Delete the session's rows, then the arrays no other run's tensors share (an interruption between leaves
+    orphans that recovery removes, never rows without arrays)."""
     session = get_session(db, session_id)
     run_ids = [run.id for run in session.runs]
+    keys = set(db.scalars(select(TensorRecord.store_key).where(TensorRecord.run_id.in_(run_ids),
+                                                                 TensorRecord.store_key != "")))
     db.delete(session)
     db.commit()
-    for run_id in run_ids:
-        store.delete(run_prefix(run_id))
+    release_arrays(db, store, run_ids, keys)
+
+
+def keys_under(prefix: str) -> ColumnElement[bool]:
+    """Tensor rows whose array lies under `prefix` ("runs/12"), as a range the index on store_key serves ("/"
+    sorts just before "0")."""
+    return (TensorRecord.store_key > f"{prefix}/") & (TensorRecord.store_key < f"{prefix}0")
+
+
+def release_arrays(db: DbSession, store: ArrayStore, run_ids: Iterable[int], keys: Iterable[str]) -> None:
+    """After the rows of runs `run_ids` (naming the arrays `keys`) are deleted and committed: delete each of
+    `keys` that no tensor row names any more, and the folder of each run gone whose arrays no row names.
+
+    An array belongs to every tensor row that names it, in any run of any session; a row names an array under its
+    own run's folder or an older run's, whose folder outlives the run while a row names something in it."""
+    keys = set(keys)
+    still: set[str] = set()
+    listed = sorted(keys)
+    for start in range(0, len(listed), 500):
+        still.update(db.scalars(select(TensorRecord.store_key).where(
+            TensorRecord.store_key.in_(listed[start:start + 500]))))
+    folders = set(run_ids) | {int(k.split("/")[1]) for k in keys if k.startswith("runs/") and k.count("/") >= 2
+                              and k.split("/")[1].isdigit()}
+    emptied: set[str] = set()
+    for run_id in folders:
+        prefix = run_prefix(run_id)
+        if db.get(RunRecord, run_id) is None and db.scalar(select(TensorRecord.id).where(keys_under(prefix))
+                                                          .limit(1)) is None:
+            store.delete(prefix)
+            emptied.add(f"{prefix}/")
+    for key in sorted(keys - still):
+        if not any(key.startswith(folder) for folder in emptied):
+            store.delete(key)
 
 
 def get_run(db: DbSession, run_id: int) -> RunRecord:

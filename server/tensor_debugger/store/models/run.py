@@ -23,6 +23,10 @@ class RunRecord(Base):
     the same transaction that inserts its tensors, so a killed ingest leaves nothing half-visible. A "failed"
     run (an upload ingested in the background that held nothing usable) has no tensors and no arrays, only its
     problems, so the session page can say why.
+
+    `input_key` (a digest of `input_fingerprint`: each input file's path, size, modification time and content
+    digest, and the run's labels) says what the run was ingested from: an ingest of the same unchanged files
+    reuses a ready run's tensors (their rows point at the same arrays) instead of reading the files again.
     """
 
     __tablename__ = "runs"
@@ -43,6 +47,8 @@ class RunRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     # a module trace's or a capture's call tree: {"source": "hf-trace"|"capture", "values": bool, "roots": [...]}
     module_tree: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    input_fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # ingest/fingerprints.py; None: unknown
+    input_key: Mapped[str | None] = mapped_column(String(80), index=True)
 
     session: Mapped[SessionRecord] = relationship(back_populates="runs")
     tensors: Mapped[list[TensorRecord]] = relationship(

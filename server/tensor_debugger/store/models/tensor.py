@@ -16,6 +16,10 @@ class TensorRecord(Base):
 
     Summary statistics are over finite values (see `summary.py`); `digest` is "sha256:<hex>" of the logical
     dtype, the shape and the raw bytes in C order, so equal digests mean bit-identical tensors.
+
+    Bit-identical tensors share one array: rows of several runs (of any sessions) may hold the same `store_key`,
+    under the prefix of the run that wrote it or of an older run. These rows are the array's references: it is
+    deleted with the last row that names it (`catalog.release_arrays`).
     """
 
     __tablename__ = "tensors"
@@ -31,7 +35,7 @@ class TensorRecord(Base):
     stage: Mapped[str | None] = mapped_column(String(200))
     shape: Mapped[list[Any]] = mapped_column(JSON)
     dtype: Mapped[str] = mapped_column(String(40))  # logical dtype, torch's spelling
-    store_key: Mapped[str] = mapped_column(String(200))
+    store_key: Mapped[str] = mapped_column(String(200), index=True)  # "": no array (a summary-only tensor)
     nbytes: Mapped[int] = mapped_column(BigInteger)
     digest: Mapped[str] = mapped_column(String(80), index=True)
     numel: Mapped[int] = mapped_column(BigInteger)
