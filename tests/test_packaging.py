@@ -35,7 +35,7 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
         "from litestar.testing import TestClient;"
         f"s = Settings(data_dir=pathlib.Path({str(tmp_path / 'data')!r}), demo=False);"
         "assert str(resource_dir('web')).startswith(str(pathlib.Path(tensor_debugger.__file__).parent));"
-        "c = TestClient(create_app(s)).__enter__();"
+        "c = TestClient(create_app(s), base_url='http://127.0.0.1').__enter__();"  # an allowed Host
         "r = c.get('/');"
         "assert r.status_code == 200 and 'New session' in r.text, r.text[:300];"
         "from tensor_debugger.engine.fused import kernel_name;"

@@ -42,6 +42,10 @@ class Settings:
     store_url: str = _setting("", "Zarr store URL for tensor arrays; empty means file://<data_dir>/arrays.")
     host: str = _setting("127.0.0.1", "Address `serve` binds to. Loopback only unless told otherwise.")
     port: int = _setting(8000, "Port `serve` listens on.")
+    allowed_hosts: str = _setting(
+        "", "More host names the server answers to, comma-separated, besides localhost, 127.0.0.1, [::1] and `host` "
+        "(`.example.org` also allows its subdomains; `*` allows any name). Other Host headers are refused."
+    )
     demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
     max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
     max_archive_members: int = _setting(20_000, "Most members one archive may hold.")

@@ -222,20 +222,20 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
     page.locator("form.window input[name=start]").fill("0")
     page.locator("form.window input[name=count]").fill("8")
     page.get_by_role("button", name="Show").click()
-    page.wait_for_function("document.querySelector('.caption').textContent.includes('Window [0, 0:8]')")
+    page.wait_for_function("() => document.querySelector('.caption').textContent.includes('Window [0, 0:8]')")
     assert "index=0%2C%3A" in page.url and "count=8" in page.url
     page.get_by_role("link", name="Jump to max diff").click()
-    page.wait_for_function("document.querySelector('.caption').textContent.includes('[5, ')")
+    page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[5, ')")
     biggest = page.locator("figure.grid", has_text="Difference").locator("td.max")
     assert biggest.get_attribute("title").startswith("[5, 17] value 0.3")
     assert "outside tolerance" in biggest.get_attribute("title")
     assert "index=5%2C%3A" in page.url and "start=13" in page.url  # the window is in the URL
     shot(page, "pair-jump-to-max")
     page.locator("body").press("ArrowDown")  # the next row
-    page.wait_for_function("document.querySelector('.caption').textContent.includes('[6, ')")
+    page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[6, ')")
     assert "index=6%2C%3A" in page.url
     page.go_back()
-    page.wait_for_function("document.querySelector('.caption').textContent.includes('[5, ')")
+    page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[5, ')")
     heatmap = page.locator("object.heatmap").get_attribute("data")
     assert heatmap is not None
     svg = httpx.get(shared_demo_server.url + heatmap.replace("&amp;", "&")).text
@@ -268,7 +268,7 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     before = row_names(page)
     page.locator("table.pairs tbody tr").nth(2).drag_to(page.locator("table.pairs tbody tr").nth(0),
                                                         target_position={"x": 20, "y": 2})
-    page.wait_for_function("document.querySelector('table.pairs').dataset.saved === 'yes'")
+    page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
     page.reload()
     after = row_names(page)
     assert after[0] == before[2] and after[1:3] == before[0:2]

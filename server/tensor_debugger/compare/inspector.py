@@ -2,7 +2,10 @@
 render. Backgrounds go from blue (negative) to orange (positive) by magnitude within the window; borders are
 green within tolerance and orange outside it, stronger the larger the difference. Colour is never the only
 signal: every cell's title says its value, index, and absolute and relative difference, and cells outside the
-tolerance are marked in text for screen readers."""
+tolerance are marked in text for screen readers.
+
+Colours are CSS classes in steps of a tenth (`cell_css()` writes their rules, which web/static/app.css holds), not
+inline styles: the pages' Content-Security-Policy allows no inline style."""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ PER_ROW_1D = 16  # a 1-D window wraps into rows of this many cells
 class Cell:
     text: str
     title: str
-    style: str
+    classes: str  # background and border colour classes (cell_css)
     outside: bool  # outside the tolerance
     is_max: bool  # the largest difference in the window
 
@@ -55,21 +58,47 @@ def _text(value: complex | float) -> str:
     return format_number(value)
 
 
+STEPS = 10  # colour strengths are rounded to tenths
+_NEGATIVE, _POSITIVE = ((232, 242, 250), (96, 160, 214)), ((254, 243, 226), (240, 150, 58))
+_OUTSIDE = ((250, 200, 140), (230, 110, 0))
+_NONFINITE, _WITHIN, _RAW_BORDER = "#d7d7d7", "#6cc070", "#cfd6df"
+
+
+def _level(strength: float) -> int:
+    return round(min(1.0, max(0.0, strength)) * STEPS)
+
+
+def _blend(ends: tuple[tuple[int, int, int], tuple[int, int, int]], level: int) -> str:
+    light, full = ends
+    rgb = tuple(round(lo + (hi - lo) * level / STEPS) for lo, hi in zip(light, full, strict=True))
+    return f"rgb{rgb}".replace(" ", "")
+
+
 def _background(value: float, scale: float) -> str:
     if not math.isfinite(value):
-        return "background:#d7d7d7"
-    strength = min(1.0, abs(value) / scale) if scale > 0 else 0.0
-    light, full = ((232, 242, 250), (96, 160, 214)) if value < 0 else ((254, 243, 226), (240, 150, 58))
-    rgb = tuple(round(lo + (hi - lo) * strength) for lo, hi in zip(light, full, strict=True))
-    return f"background:rgb{rgb}"
+        return "bg-nonfinite"
+    level = _level(abs(value) / scale if scale > 0 else 0.0)
+    return f"bg-n{level}" if value < 0 else f"bg-p{level}"
 
 
 def _border(diff: float, outside: bool, scale: float) -> str:
     if not outside:
-        return "border-color:#6cc070"
+        return "bd-within"
     strength = 1.0 if not math.isfinite(diff) or scale <= 0 else 0.35 + 0.65 * min(1.0, abs(diff) / scale)
-    rgb = tuple(round(lo + (hi - lo) * strength) for lo, hi in zip((250, 200, 140), (230, 110, 0), strict=True))
-    return f"border-color:rgb{rgb}"
+    return f"bd-out{_level(strength)}"
+
+
+def cell_css() -> str:
+    """The rules of every colour class a cell may get, as web/static/app.css holds them (a test compares)."""
+    rules = [f"table.values td.bg-nonfinite {{ background: {_NONFINITE}; }}"]
+    for level in range(STEPS + 1):
+        rules.append(f"table.values td.bg-n{level} {{ background: {_blend(_NEGATIVE, level)}; }}")
+        rules.append(f"table.values td.bg-p{level} {{ background: {_blend(_POSITIVE, level)}; }}")
+    rules.append(f"table.values td.bd-within {{ border-color: {_WITHIN}; }}")
+    rules.append(f"table.values td.bd-raw {{ border-color: {_RAW_BORDER}; }}")
+    rules += [f"table.values td.bd-out{level} {{ border-color: {_blend(_OUTSIDE, level)}; }}"
+              for level in range(_level(0.35), STEPS + 1)]
+    return "\n".join(rules) + "\n"
 
 
 def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> InspectorView:
@@ -103,7 +132,7 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
         title = (f"[{', '.join(map(str, index))}] value {_text(value)}; |diff| {_text(magnitude)}; "
                  f"rel {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance")
         background = _background(float(np.real(value)), diff_scale if is_diff else value_scale)
-        return Cell(_text(value), title, f"{background};{_border(magnitude, out, diff_scale)}", out, pos == max_pos)
+        return Cell(_text(value), title, f"{background} {_border(magnitude, out, diff_scale)}", out, pos == max_pos)
 
     grids: list[Grid] = []
     sources = (("Reference", a, False), ("Candidate", b, False), ("Difference (candidate - reference)", diff, True))
@@ -142,7 +171,7 @@ def build_raw_grid(label: str, values: np.ndarray, origin: tuple[int, ...], free
         for k, dim in enumerate(free):
             index[dim] += pos[k]
         title = f"[{', '.join(map(str, index))}] value {_text(value)}"
-        return Cell(_text(value), title, f"{_background(float(np.real(value)), scale)};border-color:#cfd6df",
+        return Cell(_text(value), title, f"{_background(float(np.real(value)), scale)} bd-raw",
                     False, False)
 
     if values.ndim == 2:

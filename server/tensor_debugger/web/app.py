@@ -9,7 +9,6 @@ from litestar import Litestar, MediaType, Request, Response
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
-from litestar.openapi import OpenAPIConfig
 from litestar.response import Template
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
@@ -36,6 +35,8 @@ from tensor_debugger.web.controllers.pairs import PairController, SessionOrderCo
 from tensor_debugger.web.controllers.runs import RunController
 from tensor_debugger.web.controllers.sessions import SessionController
 from tensor_debugger.web.controllers.tensors import TensorController
+from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
+from tensor_debugger.web.security import SecurityPolicy, install
 
 _STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
 
@@ -71,6 +72,10 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     new data directory, creates the demo session."""
     holder: dict[str, Services] = {}
     hashes = static_hashes()
+    policy = SecurityPolicy.from_settings(settings)
+
+    def static_url(name: str) -> str:
+        return f"/static/{name}?h={hashes.get(name, '0')}"
 
     def startup(app: Litestar) -> None:
         opened = holder["services"] = services or open_services(settings)
@@ -95,11 +100,12 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
     def configure_jinja(engine: JinjaTemplateEngine) -> None:
         env = engine.engine
-        env.globals["static"] = lambda name: f"/static/{name}?h={hashes.get(name, '0')}"
+        env.globals["static"] = static_url
         env.globals["version"] = __version__
+        env.globals["csrf_token"] = policy.form_token  # every POST form's first field (web/security.py)
         register_filters(env)
 
-    return Litestar(
+    app = Litestar(
         route_handlers=[
             SessionController, SessionPairsController, SessionOrderController, PairController, RunController,
             TensorController, SessionPairingController,
@@ -113,10 +119,12 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         template_config=TemplateConfig(
             directory=resource_dir("web") / "templates", engine=JinjaTemplateEngine, engine_callback=configure_jinja
         ),
-        openapi_config=OpenAPIConfig(title="Tensor Debugger", version=__version__, path="/schema"),
+        openapi_config=openapi_config("Tensor Debugger", __version__, redoc_url=static_url(REDOC_BUNDLE)),
         request_max_body_size=settings.max_upload_bytes,
         debug=False,
     )
+    install(app, policy)  # Host, same-origin and form-token checks; security headers on every response
+    return app
 
 
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:

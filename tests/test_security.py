@@ -1,0 +1,389 @@
+"""Safe to share: what another site can make the user's browser send is refused, on the real server process.
+
+Each attack is sent as a browser would send it (its Origin, Sec-Fetch-Site or Host) and then the test checks that
+nothing changed; requests from the app's own pages and from scripts without those headers still work."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from tensor_debugger.compare.inspector import cell_css
+from tensor_debugger.web.security import PAGE_POLICY
+
+from tests.conftest import REPO, LiveServer, _child_env, cli_command, free_port
+
+EVIL = "http://evil.example"
+SECURITY_HEADERS = {"x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "same-origin"}
+
+
+def new_session(server: LiveServer, name: str) -> int:
+    """An empty session, made the way a script makes one (no Origin, no Sec-Fetch-Site)."""
+    response = httpx.post(server.url + "/api/sessions", json={"name": name})
+    assert response.status_code == 201, response.text
+    body = response.json()
+    return int(body.get("session", body)["id"])
+
+
+def session_names(server: LiveServer) -> set[str]:
+    return {s["name"] for s in httpx.get(server.url + "/api/sessions").json()}
+
+
+def tolerances(server: LiveServer, session_id: int) -> dict[str, Any]:
+    return dict(httpx.get(f"{server.url}/api/sessions/{session_id}").json()["tolerances"])
+
+
+def from_evil(**extra: str) -> dict[str, str]:
+    """What a page on another site sends along with a request it makes the browser send here."""
+    return {"origin": EVIL, "sec-fetch-site": "cross-site", **extra}
+
+
+def from_own_page(server: LiveServer) -> dict[str, str]:
+    return {"origin": server.url, "sec-fetch-site": "same-origin"}
+
+
+class Forms(HTMLParser):
+    """Every form of a page: its method, action and its inputs in order (name, type, value)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forms: list[dict[str, Any]] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        values = {k: v or "" for k, v in attrs}
+        if tag == "form":
+            self.forms.append({"method": values.get("method", "get").lower(), "action": values.get("action", ""),
+                               "inputs": []})
+        elif tag in ("input", "button", "select", "textarea") and self.forms and "name" in values:
+            self.forms[-1]["inputs"].append((values["name"], values.get("type", ""), values.get("value", "")))
+
+
+def post_forms(html: str) -> list[dict[str, Any]]:
+    parser = Forms()
+    parser.feed(html)
+    return [f for f in parser.forms if f["method"] == "post"]
+
+
+def form_token(server: LiveServer) -> str:
+    forms = post_forms(httpx.get(server.url + "/").text)
+    name, kind, value = forms[0]["inputs"][0]
+    assert (name, kind) == ("csrf_token", "hidden")
+    return str(value)
+
+
+def npy(path: Path) -> Path:
+    np.save(path, np.arange(12, dtype=np.float32).reshape(3, 4))
+    return path
+
+
+# --- state-changing requests from another origin --------------------------------------------------------------
+
+
+def test_an_api_delete_from_another_origin_is_refused(live_server: LiveServer) -> None:
+    session_id = new_session(live_server, "keep me")
+    for headers in (from_evil(), {"origin": EVIL}, {"sec-fetch-site": "cross-site"}, {"sec-fetch-site": "same-site"},
+                    {"origin": "null"}, {"origin": live_server.url.replace("127.0.0.1", "localhost")}):
+        response = httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=headers)
+        assert response.status_code == 403, (headers, response.text)
+        assert "may not change anything here" in response.json()["detail"]
+    assert "keep me" in session_names(live_server)
+    # the same request from the app's own page, and from a script (neither header), goes through
+    assert httpx.delete(f"{live_server.url}/api/sessions/{session_id}",
+                        headers=from_own_page(live_server)).status_code == 204
+    other = new_session(live_server, "deleted by a script")
+    assert httpx.delete(f"{live_server.url}/api/sessions/{other}").status_code == 204
+    assert not {"keep me", "deleted by a script"} & session_names(live_server)
+
+
+def test_a_form_delete_from_another_origin_is_refused_even_with_the_token(live_server: LiveServer) -> None:
+    session_id = new_session(live_server, "keep me")
+    token = form_token(live_server)
+    response = httpx.post(f"{live_server.url}/sessions/{session_id}/delete", headers=from_evil(),
+                          data={"csrf_token": token, "confirm": "yes"})
+    assert response.status_code == 403
+    assert "keep me" in session_names(live_server)
+    response = httpx.post(f"{live_server.url}/sessions/{session_id}/delete", headers=from_own_page(live_server),
+                          data={"csrf_token": token, "confirm": "yes"})
+    assert response.status_code == 303
+    assert "keep me" not in session_names(live_server)
+
+
+def test_tolerances_from_another_origin_are_refused(live_server: LiveServer) -> None:
+    session_id = new_session(live_server, "tolerances")
+    token = form_token(live_server)
+    url = f"{live_server.url}/sessions/{session_id}/tolerances"
+    assert httpx.post(url, headers=from_evil(), data={"csrf_token": token, "rtol": "1000"}).status_code == 403
+    assert httpx.patch(f"{live_server.url}/api/sessions/{session_id}", headers=from_evil(),
+                       json={"rtol": 1000}).status_code == 403
+    assert tolerances(live_server, session_id) == {"rtol": None, "atol": None}
+    assert httpx.post(url, headers=from_own_page(live_server),
+                      data={"csrf_token": token, "rtol": "0.5"}).status_code == 303
+    assert tolerances(live_server, session_id)["rtol"] == 0.5
+    assert httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"rtol": 0.25}).status_code == 200
+    assert tolerances(live_server, session_id)["rtol"] == 0.25
+
+
+def test_an_upload_from_another_origin_is_refused(live_server: LiveServer, tmp_path: Path) -> None:
+    weights = npy(tmp_path / "weights.npy")
+    token = form_token(live_server)
+    for url, data in (("/api/sessions", {"name": "planted"}), ("/sessions", {"csrf_token": token, "name": "planted"})):
+        with open(weights, "rb") as handle:
+            response = httpx.post(live_server.url + url, headers=from_evil(), data=data,
+                                  files=[("reference", ("weights.npy", handle))])
+        assert response.status_code == 403, (url, response.text)
+    assert "planted" not in session_names(live_server)
+    assert not any((live_server.data_dir / "staging").glob("**/*.npy"))
+    with open(weights, "rb") as handle:  # the app's own upload script, and curl, go through
+        response = httpx.post(live_server.url + "/api/sessions", headers=from_own_page(live_server),
+                              data={"name": "uploaded"}, files=[("reference", ("weights.npy", handle))], timeout=60)
+    assert response.status_code == 201, response.text
+    assert "uploaded" in session_names(live_server)
+
+
+def test_requests_that_change_nothing_are_not_checked_for_origin(live_server: LiveServer) -> None:
+    """A link from another site to a page (GET, cross-site) opens it; `Sec-Fetch-Site: none` (typed, bookmarked)
+    is the user's own request."""
+    assert httpx.get(live_server.url + "/", headers=from_evil()).status_code == 200
+    assert httpx.post(live_server.url + "/api/sessions", json={"name": "typed"},
+                      headers={"sec-fetch-site": "none"}).status_code == 201
+
+
+# --- Host ------------------------------------------------------------------------------------------------------
+
+
+def test_a_host_that_is_not_allowed_is_refused(live_server: LiveServer) -> None:
+    session_id = new_session(live_server, "rebound")
+    for path in ("/", "/api/sessions", f"/sessions/{session_id}", "/static/app.css", "/schema"):
+        response = httpx.get(live_server.url + path, headers={"host": "evil.example"})
+        assert response.status_code == 400, path
+        assert "does not answer to the host name 'evil.example'" in response.json()["detail"]
+        assert "TENSOR_DEBUGGER_ALLOWED_HOSTS" in response.json()["detail"]
+    response = httpx.delete(f"{live_server.url}/api/sessions/{session_id}",
+                            headers={"host": f"evil.example:{live_server.port}"})
+    assert response.status_code == 400
+    assert "rebound" in session_names(live_server)
+    for host in (f"localhost:{live_server.port}", f"127.0.0.1:{live_server.port}", f"LOCALHOST.:{live_server.port}",
+                 f"[::1]:{live_server.port}"):
+        assert httpx.get(live_server.url + "/api/sessions", headers={"host": host}).status_code == 200, host
+
+
+@dataclass
+class ConfiguredServer(LiveServer):
+    """A server started with settings from the environment (the shared fixture's strips them)."""
+
+    environ: dict[str, str] = field(default_factory=dict)
+
+    def launch(self) -> subprocess.Popen[bytes]:
+        args = [*cli_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port), "--no-demo"]
+        log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+                                        env={**_child_env(), **self.environ})
+        return self.process
+
+
+@pytest.fixture
+def server_with_allowed_hosts(tmp_path: Path) -> Iterator[LiveServer]:
+    server = ConfiguredServer(tmp_path / "data", free_port(),
+                              environ={"TENSOR_DEBUGGER_ALLOWED_HOSTS": "tensors.example, .lab.example"})
+    server.data_dir.mkdir(parents=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_allowed_hosts_adds_names(server_with_allowed_hosts: LiveServer) -> None:
+    server = server_with_allowed_hosts
+    for host, status in (("tensors.example", 200), ("lab.example", 200), ("gpu1.lab.example:8000", 200),
+                         ("localhost", 200), ("evil.example", 400), ("notlab.example", 400)):
+        assert httpx.get(server.url + "/api/sessions", headers={"host": host}).status_code == status, host
+    # a same-origin request under an added name: its Origin is that name
+    response = httpx.post(server.url + "/api/sessions", json={"name": "named"},
+                          headers={"host": "tensors.example:8000", "origin": "http://tensors.example:8000",
+                                   "sec-fetch-site": "same-origin"})
+    assert response.status_code == 201
+
+
+# --- headers ---------------------------------------------------------------------------------------------------
+
+
+def assert_security_headers(response: httpx.Response, policy: str = PAGE_POLICY) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        assert response.headers.get(name) == value, (response.url, name)
+    assert response.headers.get("content-security-policy") == policy, response.url
+
+
+def test_every_response_carries_the_security_headers(live_server: LiveServer) -> None:
+    session_id = new_session(live_server, "headers")
+    csp = PAGE_POLICY
+    assert "script-src 'self'" in csp and "'unsafe-inline'" not in csp and "frame-ancestors 'none'" in csp
+    for path in ("/", f"/sessions/{session_id}", "/api/sessions", f"/api/sessions/{session_id}", "/static/app.css",
+                 "/static/session.js", "/api/sessions/999999", "/no-such-page"):
+        assert_security_headers(httpx.get(live_server.url + path), csp)
+    refused = httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=from_evil())
+    assert refused.status_code == 403
+    assert_security_headers(refused, csp)
+    assert_security_headers(httpx.get(live_server.url + "/", headers={"host": "evil.example"}), csp)
+    schema = httpx.get(live_server.url + "/schema")
+    assert schema.headers["content-security-policy"].startswith("default-src 'self'; script-src 'self';")
+    assert schema.headers["x-frame-options"] == "DENY"
+
+
+def test_no_template_has_inline_script_or_style() -> None:
+    for template in sorted((REPO / "web" / "templates").glob("*.html")):
+        text = template.read_text()
+        assert not re.search(r"<script(?![^>]*\bsrc=)", text), template.name
+        assert not re.search(r"\sstyle=", text), template.name
+        assert not re.search(r"<style", text), template.name
+        assert not re.search(r"\son[a-z]+=", text), template.name
+        assert "javascript:" not in text, template.name
+
+
+def test_the_inspector_colour_classes_are_in_the_stylesheet() -> None:
+    css = (REPO / "web" / "static" / "app.css").read_text()
+    assert cell_css() in css, "web/static/app.css misses compare/inspector.py cell_css(): paste it in again"
+
+
+# --- the form token --------------------------------------------------------------------------------------------
+
+
+def test_every_post_form_carries_the_token_first(live_server: LiveServer) -> None:
+    session_id = new_session(live_server, "forms")
+    token = form_token(live_server)
+    assert re.fullmatch(r"[0-9a-f]{32}", token)
+    pages = ["/", f"/sessions/{session_id}", f"/sessions/{session_id}?group=none"]
+    seen = 0
+    for path in pages:
+        for form in post_forms(httpx.get(live_server.url + path).text):
+            assert form["inputs"][0] == ("csrf_token", "hidden", token), (path, form)
+            seen += 1
+    assert seen >= 4  # new session, rename, delete, tolerances
+
+
+def test_a_form_post_with_a_missing_or_forged_token_is_refused(live_server: LiveServer, tmp_path: Path) -> None:
+    session_id = new_session(live_server, "original")
+    token = form_token(live_server)
+    url = f"{live_server.url}/sessions/{session_id}/rename"
+    own = from_own_page(live_server)
+    for headers, data in ((own, {"name": "renamed"}), ({}, {"name": "renamed"}),
+                          (own, {"csrf_token": "0" * 32, "name": "renamed"}),
+                          (own, {"csrf_token": token[:-1], "name": "renamed"}),
+                          ({**own, "x-csrf-token": "forged"}, {"name": "renamed"})):
+        response = httpx.post(url, headers={**headers, "accept": "text/html"}, data=data)
+        assert response.status_code == 403, (headers, data)
+        assert "reload the page" in response.text
+    assert "original" in session_names(live_server)
+    weights = npy(tmp_path / "weights.npy")
+    for data in ({"name": "no token"}, {"name": "token not first", "csrf_token": token},
+                 {"csrf_token": "forged", "name": "forged"}):
+        with open(weights, "rb") as handle:
+            response = httpx.post(live_server.url + "/sessions", headers=own, data=data,
+                                  files=[("reference", ("weights.npy", handle))])
+        assert response.status_code == 403, data
+    assert not {"no token", "token not first", "forged"} & session_names(live_server)
+    # the right token, as the page's own form sends it (first field), or as a header
+    assert httpx.post(url, headers=own, data={"csrf_token": token, "name": "renamed"}).status_code == 303
+    assert httpx.post(url, headers={"x-csrf-token": token}, data={"name": "again"}).status_code == 303
+    assert "again" in session_names(live_server)
+    with open(weights, "rb") as handle:
+        response = httpx.post(live_server.url + "/sessions", headers=own, data={"csrf_token": token, "name": "form"},
+                              files=[("reference", ("weights.npy", handle))])
+    assert response.status_code == 303
+    assert "form" in session_names(live_server)
+
+
+# --- the OpenAPI viewer ----------------------------------------------------------------------------------------
+
+
+def test_the_schema_page_loads_nothing_from_elsewhere(live_server: LiveServer) -> None:
+    page = httpx.get(live_server.url + "/schema")
+    assert page.status_code == 200
+    assert not re.search(r"(https?:)?//[a-z0-9.-]+", page.text.replace('href="data:,"', "")), page.text
+    scripts = re.findall(r'<script[^>]*src="([^"]+)"', page.text)
+    assert scripts and all(s.startswith("/static/vendor/redoc/") for s in scripts)
+    assert "<script>" not in page.text and "<style" not in page.text
+    bundle = httpx.get(live_server.url + scripts[0])
+    assert bundle.status_code == 200 and bundle.headers["content-type"].startswith("text/javascript")
+    assert len(bundle.content) > 500_000
+    assert httpx.get(live_server.url + "/schema/openapi.json").json()["info"]["title"] == "Tensor Debugger"
+    licence = REPO / "web" / "static" / "vendor" / "redoc" / "LICENSE"
+    assert "MIT License" in licence.read_text()
+
+
+# --- the pages in a browser, under the policy ------------------------------------------------------------------
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+         "--disable-sync", "--no-first-run"]
+REPORT_VIOLATIONS = """document.addEventListener("securitypolicyviolation", (e) =>
+  console.error(`CSP violation: ${e.violatedDirective} blocked ${e.blockedURI} in ${e.sourceFile}:${e.lineNumber}`));"""
+
+
+@pytest.fixture
+def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
+    server = LiveServer(tmp_path / "data", free_port(), demo=True)
+    server.data_dir.mkdir(parents=True)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def watched_page() -> Iterator[tuple[Any, list[str]]]:
+    """A Chromium page, and the list of every CSP violation and script error it reports (empty is good)."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
+    problems: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.add_init_script(REPORT_VIOLATIONS)
+        page = context.new_page()
+        page.on("console", lambda m: problems.append(m.text) if m.type == "error" and (
+            "Content Security Policy" in m.text or "CSP violation" in m.text) else None)
+        page.on("pageerror", lambda e: problems.append(f"script error: {e}"))
+        yield page, problems
+        context.close()
+        browser.close()
+
+
+@pytest.mark.browser
+def test_the_pages_run_under_the_policy_without_a_violation(demo_server: LiveServer,
+                                                             watched_page: tuple[Any, list[str]]) -> None:
+    page, problems = watched_page
+    page.goto(demo_server.url + "/")
+    page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn").click()
+    page.locator(".banner.fail").wait_for(timeout=60_000)
+    page.get_by_role("button", name="Collapse all").click()  # session.js runs
+    assert not page.locator("details.group").first.evaluate("d => d.open")
+    page.get_by_role("button", name="Expand all").click()
+    page.goto(page.url.split("?")[0] + "?group=none")
+    assert page.locator("td.move form input[name=csrf_token]").count() > 0
+    page.locator(".banner.fail").get_by_role("link", name="2_post_attn").click()
+    page.wait_for_url("**/pairs/*")
+    page.get_by_role("link", name="Jump to max diff").click()  # inspector.js fetches the grids and swaps them in
+    page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[5, ')")
+    biggest = page.locator("figure.grid", has_text="Difference").locator("td.max")
+    assert "bd-out10" in (biggest.get_attribute("class") or "")
+    # the colours come from the stylesheet's classes, not inline style
+    assert biggest.evaluate("td => getComputedStyle(td).borderTopColor") == "rgb(230, 110, 0)"
+    assert biggest.evaluate("td => getComputedStyle(td).backgroundColor") != "rgba(0, 0, 0, 0)"
+    bars = page.locator("table.histogram svg.bar rect")
+    assert bars.count() > 0 and max(float(bars.nth(i).get_attribute("width") or 0) for i in range(bars.count())) == 100
+    assert bars.first.evaluate("r => r.getBoundingClientRect().width") > 0
+    heatmap = page.locator("object.heatmap")  # the SVG may be embedded by the app's own page
+    heatmap.wait_for()
+    page.wait_for_function("() => document.querySelector('object.heatmap').contentDocument?.querySelector('rect')")
+    page.goto(demo_server.url + "/schema")
+    page.get_by_role("heading", name=re.compile("Tensor Debugger")).first.wait_for(timeout=30_000)
+    page.get_by_text("/api/sessions").first.wait_for()
+    assert problems == [], problems
