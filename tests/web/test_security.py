@@ -19,7 +19,9 @@ import pytest
 from tensor_debugger.compare.inspector import cell_css
 from tensor_debugger.web.security import PAGE_POLICY
 
-from tests.conftest import REPO, LiveServer, _child_env, cli_command, free_port
+from tests.support import REPO
+from tests.support.servers import LiveServer, cli_command, free_port
+from tests.support.servers import child_env as _child_env
 
 EVIL = "http://evil.example"
 SECURITY_HEADERS = {"x-content-type-options": "nosniff", "x-frame-options": "DENY", "referrer-policy": "same-origin"}
