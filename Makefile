@@ -95,3 +95,4 @@ bench: install
 lint: install-test
 	$(BIN)/ruff check server tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports

@@ -176,7 +176,7 @@ def main() -> None:
         for run in range(args.runs):
             sync()
             start, start_cpu = time.perf_counter(), sum(os.times()[:2])
-            with torch.no_grad(), capture(model, session="bench", run=f"run {run}",  # type: ignore[arg-type]
+            with torch.no_grad(), capture(model, session="bench", run=f"run {run}",
                                           data_dir=work / "data", **options) as result:
                 model(x)  # type: ignore[operator]
             times.append(time.perf_counter() - start)

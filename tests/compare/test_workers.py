@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,6 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from sqlalchemy import select
-from tensor_debugger import settings as settings_module
 from tensor_debugger.compare.heatmap import build_heatmap
 from tensor_debugger.compare.slices import parse_slice_request, read_slice
 from tensor_debugger.ingest.writer import SerialLane, WritePools, digest_header
@@ -33,7 +33,7 @@ SMALL_CHUNKS = "16384"  # bytes per stored chunk: blocks of 256 KiB, so every te
 def test_the_default_is_the_cpus_this_process_may_run_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings(data_dir=tmp_path).workers == 0
     assert Settings(data_dir=tmp_path).threads == len(os.sched_getaffinity(0)) == available_cpus()
-    monkeypatch.setattr(settings_module.os, "sched_getaffinity", lambda _pid: {0, 2, 5})  # a narrowed mask
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: {0, 2, 5})  # a narrowed mask
     assert Settings(data_dir=tmp_path).threads == 3
     assert Settings.from_environ({"TENSOR_DEBUGGER_WORKERS": "5"}, data_dir=tmp_path).threads == 5
     assert Settings.from_environ({"TENSOR_DEBUGGER_WORKERS": "5"}, data_dir=tmp_path, workers=1).threads == 1
@@ -45,8 +45,8 @@ def test_the_default_is_the_cpus_this_process_may_run_on(tmp_path: Path, monkeyp
 
 
 def test_without_an_affinity_mask_every_cpu_counts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(settings_module.os, "sched_getaffinity")
-    monkeypatch.setattr(settings_module.os, "cpu_count", lambda: 7)
+    monkeypatch.delattr(os, "sched_getaffinity")
+    monkeypatch.setattr(os, "cpu_count", lambda: 7)
     assert available_cpus() == 7
 
 
@@ -73,7 +73,10 @@ def test_a_serial_lane_runs_in_order_beside_other_work() -> None:
     try:
         seen: list[int] = []
         lane = SerialLane(pools.pool)
-        futures = [lane.submit(lambda n=n: seen.append(n)) for n in range(200)]
+        def appender(n: int) -> Callable[[], None]:
+            return lambda: seen.append(n)
+
+        futures = [lane.submit(appender(n)) for n in range(200)]
         others = [pools.pool.submit(sum, range(n)) for n in range(50)]
         for future in futures:
             future.result()

@@ -83,7 +83,7 @@ def test_a_stream_of_pairs_gives_each_its_own_result_in_order(pool: ThreadPoolEx
     pair's failure (a read error, views of different shapes) stays its own."""
     rng = np.random.default_rng(5)
     arrays = [rng.standard_normal(shape).astype(np.float32) for shape in [(700, 900), (3,), (), (1200, 1000)]]
-    others = [x + np.float32(0.5) * (k + 1) if x.ndim else np.float32(x + 2) for k, x in enumerate(arrays)]
+    others = [np.asarray(x + np.float32(0.5) * (k + 1) if x.ndim else np.float32(x + 2)) for k, x in enumerate(arrays)]
     tol = Tolerance(1.3e-6, 1e-5)
     jobs = [PairJob(k, *views([x], [y]), tol, False) for k, (x, y) in enumerate(zip(arrays, others, strict=True))]
     jobs.insert(2, PairJob(90, BrokenView((500, 900)), BrokenView((500, 900)), tol, False))

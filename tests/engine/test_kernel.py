@@ -184,7 +184,7 @@ def test_a_family_folded_in_two_calls_gives_what_numpy_computes(family: str, dty
             assert function(ctypes.c_void_p(a[start:].ctypes.data), ctypes.c_void_p(b[start:].ctypes.data),
                             ctypes.c_int64(stop - start), ctypes.c_int64(start), ctypes.c_double(atol),
                             ctypes.c_double(rtol), 1, ctypes.c_void_p(bins.ctypes.data), ctypes.byref(out)) == 0
-        fields = {name: getattr(out, name) for name, _ in partial_type()._fields_}
+        fields = {field[0]: getattr(out, field[0]) for field in partial_type()._fields_}
         check_partial({**fields, "at_least": list(out.at_least)}, a, b, atol, rtol, bins, size)
 
 
@@ -271,5 +271,5 @@ def test_structures_come_from_the_header_and_match_the_library() -> None:
     from tensor_debugger.engine.metrics import edges
 
     assert len(edges()) == constant("TD_EDGES")
-    assert [name for name, _ in partial_type()._fields_][:2] == ["max_abs", "argmax"]
+    assert [field[0] for field in partial_type()._fields_][:2] == ["max_abs", "argmax"]
     assert _library() is not None

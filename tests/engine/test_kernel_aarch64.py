@@ -67,7 +67,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return library, driver
 
 
-def run(built: tuple[Path, Path], *args: str | Path) -> dict[str, str]:
+def run(built: tuple[Path, Path], *args: object) -> dict[str, str]:
     """The driver's output lines under the emulator, by name."""
     library, driver = built
     done = subprocess.run([EMULATOR, "-L", str(SYSROOT), str(driver), str(library), "baseline", *map(str, args)],
@@ -125,8 +125,9 @@ def test_nan_inf_and_overflow_are_reported_on_aarch64(built: tuple[Path, Path], 
 def test_summary_kernel_on_aarch64_gives_what_numpy_computes(built: tuple[Path, Path], tmp_path: Path,
                                                             code: str) -> None:
     values = np.random.default_rng(3).standard_normal(5003).astype(np.float32) * 3 + 1
-    stored = {"f": values, "d": values.astype(np.float64), "h": values.astype(np.float16),
-              "b": (values.view(np.uint32) >> 16).astype(np.uint16)}[code]
+    by_code: dict[str, np.ndarray] = {"f": values, "d": values.astype(np.float64), "h": values.astype(np.float16),
+                                      "b": (values.view(np.uint32) >> 16).astype(np.uint16)}
+    stored = by_code[code]
     widened = (stored.astype(np.uint32) << 16).view(np.float32) if code == "b" else stored
     exact = widened.astype(np.float64)
     (tmp_path / "values").write_bytes(stored.tobytes())

@@ -133,7 +133,10 @@ def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced
 
 def test_closing_drops_the_waiting_ingests_and_their_runs(services: Services, tmp_path: Path) -> None:
     gate = threading.Event()
-    queue = IngestQueue(services.ingestor, lambda _session_id: bool(gate.wait(60)), at_once=1)
+    def on_ingested(_session_id: int) -> None:
+        gate.wait(60)
+
+    queue = IngestQueue(services.ingestor, on_ingested, at_once=1)
     try:
         a = services.ingestor.begin("stopping", "a", ["a.pth"])
         b = services.ingestor.begin("stopping", "b", ["b.pth"])

@@ -33,8 +33,10 @@ def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeou
                     return int(row[0])
         return None
 
-    return wait_until(partial_run, what="a partial ingest (a run 'ingesting' with 3 arrays on disk)",
-                      timeout=timeout, interval=0.02)
+    found = wait_until(partial_run, what="a partial ingest (a run 'ingesting' with 3 arrays on disk)",
+                       timeout=timeout, interval=0.02)
+    assert found is not None  # wait_until returns only a truthy answer
+    return found
 
 
 def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:

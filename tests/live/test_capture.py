@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -76,7 +77,7 @@ def test_capture_keeps_every_call_tuples_dicts_and_skips_non_tensors(settings: S
             "Net.block#2", "outputs_0")
         assert by_name["Net_outputs"].dtype == "bfloat16"
         view = services.store.open(by_name["Net_outputs"].store_key, by_name["Net_outputs"].digest)
-        stored = torch.from_numpy(view[...].copy()).view(torch.bfloat16)
+        stored = torch.from_numpy(np.array(view[...])).view(torch.bfloat16)
         assert torch.equal(stored, expected)  # bit for bit
         with services.sessions() as db:
             tree = db.get_one(RunRecord, result.run_id).module_tree
@@ -234,7 +235,11 @@ def test_the_writer_holds_hooks_back_when_its_budget_is_spent_and_writes_values_
     sink.gate.clear()  # workers hold on to what they take until the gate opens
     writer = CaptureWriter(sink, host_memory=3 * 64 * 4, workers=2)
     tensors = [torch.full((64,), float(i)) for i in range(8)]  # 256 bytes each
-    submitter = threading.Thread(target=lambda: [writer.submit(i, f"t{i}", t) for i, t in enumerate(tensors)])
+    def submit_all() -> None:
+        for i, t in enumerate(tensors):
+            writer.submit(i, f"t{i}", t)
+
+    submitter = threading.Thread(target=submit_all)
     submitter.start()
     wait_until(lambda: writer.pool.waits >= 1, what="a hook to wait for a buffer", timeout=30,
                interval=0.005)  # the fourth tensor waits for a buffer to come back
@@ -280,7 +285,7 @@ class Mutates(nn.Module):
         self.inner = AllDtypes()
 
     def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = self.inner(x)
+        out: dict[str, torch.Tensor] = self.inner(x)
         out["float32"].add_(1)  # after the inner module's hook fired: the capture keeps the value before
         return out
 
@@ -311,8 +316,8 @@ def test_captured_arrays_are_the_bytes_ingest_stores_for_every_dtype(settings: S
             assert (got.digest, got.shape, got.dtype, got.nbytes) == (want.digest, want.shape, want.dtype,
                                                                        want.nbytes), want.name
             assert (got.min, got.max, got.nan_count) == (want.min, want.max, want.nan_count), want.name
-            a = services.store.open(got.store_key, got.digest)[...]
-            b = services.store.open(want.store_key, want.digest)[...]
+            a = np.asarray(services.store.open(got.store_key, got.digest)[...])
+            b = np.asarray(services.store.open(want.store_key, want.digest)[...])
             assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), want.name
         assert captured["Mutates_outputs_float32"].digest != captured["Mutates.inner_outputs_float32"].digest
     finally:

@@ -6,6 +6,7 @@ import io
 import tarfile
 import zipfile
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -34,7 +35,7 @@ def make_zip(folder: Path, target: Path, prefix: str = "") -> Path:
     return target
 
 
-def make_tar(folder: Path, target: Path, mode: str = "w", prefix: str = "") -> Path:
+def make_tar(folder: Path, target: Path, mode: Literal["w", "w:gz", "w:bz2", "w:xz"] = "w", prefix: str = "") -> Path:
     with tarfile.open(target, mode) as archive:
         for path in sorted(folder.rglob("*")):
             if path.is_file():

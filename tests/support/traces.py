@@ -24,7 +24,7 @@ def tiny_llama(attention: str = "eager", layers: int = LAYERS, perturb: str | No
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
     config._attn_implementation = attention
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
+    model = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]  # transformers is untyped
     if perturb is not None:
         with torch.no_grad():
             model.get_parameter(perturb).add_(0.05)

@@ -57,8 +57,10 @@ def edge_count() -> int:
 
 # logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The
 # summary kernels read each; the chunk loop (compare/chunk_loop.c) widens "h" and "b" to float32 for the pair kernel.
-STORED_FLOATS = {"float32": ("f", np.dtype(np.float32)), "float64": ("d", np.dtype(np.float64)),
-                    "float16": ("h", np.dtype(np.float16)), "bfloat16": ("b", np.dtype(np.uint16))}
+STORED_FLOATS: dict[str, tuple[str, np.dtype[Any]]] = {
+    "float32": ("f", np.dtype(np.float32)), "float64": ("d", np.dtype(np.float64)),
+    "float16": ("h", np.dtype(np.float16)), "bfloat16": ("b", np.dtype(np.uint16)),
+}
 
 
 def load_library(path: Path, layouts: dict[str, type[ctypes.Structure]]) -> ctypes.CDLL | None:
