@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from playwright.sync_api import Browser, Page, Response, expect, sync_playwright
+from playwright.sync_api import Browser, Page, Response, expect
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support import ARTIFACTS
@@ -21,22 +21,7 @@ from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, started_server
 from tests.support.traces import MODEL_CLASS, WrittenTraces
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]
-
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
-    """One Chromium for the run; each test gets a context (cookies, storage, cache) and a page of its own."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        yield launched
-        launched.close()
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from playwright.sync_api import Browser
 from tensor_debugger.compare.inspector import cell_css
 from tensor_debugger.web.security import PAGE_POLICY
 
@@ -321,9 +322,6 @@ def test_the_schema_page_loads_nothing_from_elsewhere(live_server: LiveServer) -
 
 # --- the pages in a browser, under the policy ------------------------------------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]
 REPORT_VIOLATIONS = """document.addEventListener("securitypolicyviolation", (e) =>
   console.error(`CSP violation: ${e.violatedDirective} blocked ${e.blockedURI} in ${e.sourceFile}:${e.lineNumber}`));"""
 
@@ -338,24 +336,17 @@ def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
 
 
 @pytest.fixture
-def watched_page() -> Iterator[tuple[Any, list[str]]]:
+def watched_page(browser: Browser) -> Iterator[tuple[Any, list[str]]]:
     """A Chromium page, and the list of every CSP violation and script error it reports (empty is good)."""
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     problems: list[str] = []
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        context.add_init_script(REPORT_VIOLATIONS)
-        page = context.new_page()
-        page.on("console", lambda m: problems.append(m.text) if m.type == "error" and (
-            "Content Security Policy" in m.text or "CSP violation" in m.text) else None)
-        page.on("pageerror", lambda e: problems.append(f"script error: {e}"))
-        yield page, problems
-        context.close()
-        browser.close()
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script(REPORT_VIOLATIONS)
+    page = context.new_page()
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" and (
+        "Content Security Policy" in m.text or "CSP violation" in m.text) else None)
+    page.on("pageerror", lambda e: problems.append(f"script error: {e}"))
+    yield page, problems
+    context.close()
 
 
 @pytest.mark.browser
