@@ -2,7 +2,29 @@
 
 from __future__ import annotations
 
+from playwright.sync_api import Page
+
+from tests.support import ARTIFACTS
+from tests.support.polling import wait_until
+
 CHROMIUM = "/usr/bin/chromium"
 # no sandbox (tests run as root here), no GPU, and none of Chromium's own network traffic
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run"]
+
+
+def shot(page: Page, name: str) -> None:
+    """A screenshot of the whole page into test-artifacts/ (looked at before a page change is called done)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def wait_until_compared(page: Page, timeout: float = 60) -> None:
+    """Reload until no pair is pending (the page refreshes itself meanwhile; a reload is simpler to await)."""
+    def compared() -> bool:
+        if page.locator(".progress").count() == 0:
+            return True
+        page.reload()
+        return False
+
+    wait_until(compared, what=f"{page.url} to show no pair pending", timeout=timeout, interval=0.5)

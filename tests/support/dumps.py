@@ -52,3 +52,11 @@ def tar_with(target: Path, members: list[tarfile.TarInfo], data: bytes = b"x") -
             else:
                 archive.addfile(info)
     return target
+
+
+def named_dump(folder: Path, names: list[str], seed: int = 0) -> Path:
+    """A folder of 4 x 4 seeded tensors, one `.pth` per name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for n, name in enumerate(names):
+        torch.save(seeded((4, 4), seed + n), folder / f"{name}.pth")
+    return folder

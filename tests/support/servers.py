@@ -9,6 +9,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -110,3 +111,12 @@ def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: st
     finally:
         for _, (_, handle) in handles:
             handle.close()
+
+
+def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:
+    """The session's pairs report once every pair has a verdict."""
+    report: dict[str, Any] = wait_until(
+        lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json(),
+        until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
+        what=f"session {session_id}'s pairs to be computed", timeout=timeout, interval=0.1)
+    return report

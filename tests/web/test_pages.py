@@ -15,9 +15,8 @@ import torch
 from playwright.sync_api import Browser, Page, Response, expect
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
-from tests.support import ARTIFACTS
+from tests.support.browser import shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
-from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, started_server
 from tests.support.traces import MODEL_CLASS, WrittenTraces
 
@@ -39,17 +38,6 @@ def page_without_scripts(browser: Browser) -> Iterator[Page]:
     opened = context.new_page()
     yield opened
     context.close()
-
-
-def wait_until_compared(page: Page, timeout: float = 60) -> None:
-    """Reload until no pair is pending (the page refreshes itself meanwhile; a reload is simpler to await)."""
-    def compared() -> bool:
-        if page.locator(".progress").count() == 0:
-            return True
-        page.reload()
-        return False
-
-    wait_until(compared, what=f"{page.url} to show no pair pending", timeout=timeout, interval=0.5)
 
 
 @contextmanager
@@ -80,11 +68,6 @@ def run_statuses(connection: sqlite3.Connection, session_id: int) -> list[str]:
 def session_of(answer: Response) -> int:
     """The id of the session an upload created, from the location it answered with (`/sessions/{id}`)."""
     return int(answer.headers["location"].rsplit("/", 1)[1])
-
-
-def shot(page: Page, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 
-from tests.support.dumps import make_zip, seeded
+from tests.support.dumps import make_zip
+from tests.support.dumps import named_dump as dump
 from tests.support.servers import LiveServer, upload
 
 
@@ -22,13 +22,6 @@ def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: 
             **kwargs: Any) -> tuple[int, dict[str, Any]]:
     code = run_compare(services, a, b, None, None, None, True, **kwargs)
     return code, json.loads(capsys.readouterr().out)
-
-
-def dump(folder: Path, names: list[str], seed: int = 0) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for n, name in enumerate(names):
-        torch.save(seeded((4, 4), seed + n), folder / f"{name}.pth")
-    return folder
 
 
 def test_name_pattern_gives_layers_and_stages(services: Services, tmp_path: Path,

@@ -16,15 +16,7 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, cli_command, free_port, upload
-
-
-def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:
-    report: dict[str, Any] = wait_until(
-        lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json(),
-        until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
-        what=f"session {session_id}'s pairs to be computed", timeout=timeout, interval=0.1)
-    return report
+from tests.support.servers import LiveServer, cli_command, free_port, upload, wait_done
 
 
 def session_with_plant(server: LiveServer, tmp_path: Path, name: str,

@@ -11,7 +11,10 @@ from typing import Any
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.compare.explore import CLI_FILTER, plan_explore
+from tensor_debugger.compare.hand_pairing import candidate_run, check_choice
 from tensor_debugger.compare.pair_reports import PairReport, apply_order, session_pairs
+from tensor_debugger.compare.pairing_files import export_pairing, import_pairing, set_rules
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.engine.alignment import Alignment, Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
@@ -42,19 +45,42 @@ class SessionActions:
 
     def update_session(self, session_id: int, name: str | None = None, notes: str | None = None,
                        rtol: float | None = None, atol: float | None = None,
-                       default_tolerances: bool = False) -> SessionReport:
-        """Rename, change the notes and/or the tolerances (`default_tolerances`: torch.testing's defaults per
-        dtype); verdicts follow new tolerances."""
+                       default_tolerances: bool = False, strategies: str | list[str] | None = None,
+                       name_pattern: str | None = None) -> SessionReport:
+        """Rename, change the notes, the tolerances (`default_tolerances`: torch.testing's defaults per dtype)
+        and/or the pairing rules: `strategies` (a chain as the CLI's --strategies takes it, a comma list or a
+        list; empty: the default chain) and `name_pattern` (empty: none). Rules are checked before anything
+        changes (InvalidInputError naming the problem); new rules pair the session again, new tolerances
+        refresh its verdicts."""
         tolerances_changed = rtol is not None or atol is not None or default_tolerances
+        rules_changed = strategies is not None or name_pattern is not None
         with self.sessions.begin() as db:
             session = catalog.update_session(db, session_id, name, notes)
+            if rules_changed:
+                set_rules(session, session.strategies if strategies is None else strategies,
+                          session.name_pattern if name_pattern is None else name_pattern)
             if tolerances_changed:
                 catalog.set_tolerances(session, None if default_tolerances else rtol,
                                        None if default_tolerances else atol)
             report = SessionReport.of(session)
-        if tolerances_changed:
+        if rules_changed:
+            self.plan(session_id)
+        elif tolerances_changed:
             self.refresh(session_id)
         return report
+
+    def set_pairing_rules(self, session_id: int, strategies: str | list[str], name_pattern: str) -> SessionReport:
+        """The session's chain of strategies and name pattern (the page's form); pairs the session again."""
+        return self.update_session(session_id, strategies=strategies, name_pattern=name_pattern)
+
+    def import_pairing(self, session_id: int, data: Any) -> dict[str, Any]:
+        """Apply a pairing file (compare/pairing_files.py; nothing changes when it is not one) and pair the
+        session again; the session's pairing file now."""
+        with self.sessions.begin() as db:
+            import_pairing(db, session_id, data)
+        self.plan(session_id)
+        with self.sessions() as db:
+            return export_pairing(db, session_id)
 
     def rename(self, session_id: int, name: str) -> SessionReport:
         return self.update_session(session_id, name=name)
@@ -67,17 +93,30 @@ class SessionActions:
 
     # --- pairing ----------------------------------------------------------------------------------------
 
-    def pair_by_hand(self, session_id: int, a_name: str, b_name: str, run_id: int | None = None) -> PairReport | None:
+    def explore(self, session_id: int, match: str | None = None, filter_hint: str = CLI_FILTER) -> int:
+        """Pair every tensor of the session's one run with every other whose name matches the glob `match`
+        (compare/explore.py: past 5,000 pairs, InvalidInputError asking for a filter); how many pairs."""
+        count = plan_explore(self.comparisons, session_id, match, filter_hint=filter_hint)
+        self.wake()
+        return count
+
+    def pair_by_hand(self, session_id: int, a_name: str, b_name: str, run_id: int | None = None,
+                     alignment: list[dict[str, Any]] | None = None) -> PairReport | None:
         """Pair two tensors by hand (the candidate run `run_id`, else the session's first candidate); manual pairs
-        persist and win over every automatic strategy. The pair made; None when no such unmatched tensors were
-        there to pair."""
+        persist and win over every automatic strategy. `alignment`: the steps of a chosen alignment (one of
+        `hand_pair_choices`), checked against both tensors; None: the automatic one. The pair made; None when
+        no such unmatched tensors were there to pair."""
         with self.sessions.begin() as db:
-            session = catalog.get_session(db, session_id)
-            run = next((r for r in session.runs if r.position > 0 and run_id in (None, r.id)), None)
-            if run is None:
-                raise InvalidInputError("the session has no such candidate run")
+            run = candidate_run(db, session_id, run_id)
+            if alignment:
+                check_choice(db, session_id, a_name, b_name, run, alignment)
             db.add(PairOverrideRecord(session_id=session_id, run_b_id=run.id, action="pair", a_name=a_name,
                                       b_name=b_name))
+            if alignment:
+                db.query(PairOverrideRecord).filter_by(session_id=session_id, run_b_id=run.id, action="align",
+                                                       a_name=a_name, b_name=b_name).delete()
+                db.add(PairOverrideRecord(session_id=session_id, run_b_id=run.id, action="align", a_name=a_name,
+                                          b_name=b_name, steps=alignment))
         self.plan(session_id)
         return self._find(session_id, (a_name, b_name))
 

@@ -19,12 +19,14 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord
 
 MAX_PAIRS = 5000
+CLI_FILTER = "--match GLOB (e.g. --match '*attn*')"
 
 
 def plan_explore(comparisons: Comparisons, session_id: int, match: str | None = None,
-                 max_pairs: int = MAX_PAIRS) -> int:
+                 max_pairs: int = MAX_PAIRS, filter_hint: str = CLI_FILTER) -> int:
     """Pair every tensor of the session's (one) run with every other whose name matches `match` (a glob, any
-    case); returns how many pairs. Raises InvalidInputError past `max_pairs`."""
+    case); returns how many pairs. Raises InvalidInputError past `max_pairs`, asking for a filter in the words
+    of `filter_hint` (the CLI's option, or the page's field)."""
     with comparisons.sessions.begin() as db:
         session = catalog.get_session(db, session_id)
         ready = [r for r in session.runs if r.status == "ready"]
@@ -38,8 +40,7 @@ def plan_explore(comparisons: Comparisons, session_id: int, match: str | None = 
         count = len(tensors) * (len(tensors) - 1) // 2
         if count > max_pairs:
             raise InvalidInputError(
-                f"{len(tensors)} tensors make {count:,} pairs, over {max_pairs:,}: choose fewer with --match GLOB "
-                f"(e.g. --match '*attn*')")
+                f"{len(tensors)} tensors make {count:,} pairs, over {max_pairs:,}: choose fewer with {filter_hint}")
         db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
         db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
         for position, (a, b) in enumerate(combinations(tensors, 2)):

@@ -93,9 +93,11 @@ class Comparisons:
             session = db.get(SessionRecord, session_id)
             if session is None:
                 raise NotFoundError(f"no session with id {session_id}")
+            runs = [r for r in session.runs if r.status == "ready"]
+            if len(runs) == 1 and self._explored(db, session_id, runs[0].id):
+                return  # an explore session (compare/explore.py) keeps its pairs of one run
             db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
             db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
-            runs = [r for r in session.runs if r.status == "ready"]
             if len(runs) < 2:
                 return
             reference = runs[0]
@@ -136,6 +138,13 @@ class Comparisons:
                         db.add(UnmatchedRecord(session_id=session_id, run_id=run_id, other_run_id=other,
                                                position=n, name=tensor.name, tensor_ids=[s.id for s in tensor.shards]))
         self.refresh(session_id)
+
+    @staticmethod
+    def _explored(db: DbSession, session_id: int, run_id: int) -> bool:
+        """Whether the session's pairs are an exploration of this run (each pairs two of its own tensors)."""
+        sides = db.execute(select(PairRecord.run_a_id, PairRecord.run_b_id)
+                           .where(PairRecord.session_id == session_id).limit(1)).first()
+        return sides is not None and tuple(sides) == (run_id, run_id)
 
     def _refs(self, db: DbSession, run_id: int) -> list[TensorRef]:
         rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position))

@@ -212,3 +212,38 @@ def align(shapes_a: list[Shape], shapes_b: list[Shape]) -> Alignment | None:
                 if best is None or candidate.cost < best.cost:
                     best = candidate
     return best
+
+
+def _any_permutations(shape_b: Shape, target: Shape, limit: int = 6) -> Iterator[tuple[int, ...]]:
+    """Every permutation of b's dims (the last one moving too: a transpose) that gives `target`, not the
+    identity; none past `limit` dims (too many to list)."""
+    n = len(shape_b)
+    if n != len(target) or n < 2 or n > limit or sorted(shape_b) != sorted(target):
+        return
+    for perm in itertools.permutations(range(n)):
+        if perm != tuple(range(n)) and tuple(shape_b[p] for p in perm) == target:
+            yield perm
+
+
+def alignment_choices(shapes_a: list[Shape], shapes_b: list[Shape]) -> list[Alignment]:
+    """Every alignment that fits, cheapest first, for a user to choose from (pairing two tensors by hand):
+    each concat axis of the shards, size-1 dims dropped, any permutation of the candidate's dims (transposes
+    included, which `align` does not try on its own), extra leading rows cut off. Flattening both is offered
+    only when nothing else fits. The same final steps are listed once."""
+    found: dict[str, Alignment] = {}
+    flat: list[Alignment] = []
+    for merged_a, concat_a in _merges("a", shapes_a):
+        for merged_b, concat_b in _merges("b", shapes_b):
+            chains = _pair_single(merged_a, merged_b)
+            qa, steps_a = _squeezed("a", merged_a)
+            qb, steps_b = _squeezed("b", merged_b)
+            chains += [(steps_a + steps_b + [Step("b", "permute", perm=perm, shape=qa)], qa)
+                       for perm in _any_permutations(qb, qa)]
+            for steps, shape in chains:
+                candidate = Alignment(tuple(shapes_a), tuple(shapes_b), tuple(concat_a + concat_b + steps), shape)
+                if candidate.last_resort:
+                    flat.append(candidate)
+                else:
+                    found.setdefault(candidate.key(), candidate)
+    choices = sorted(found.values(), key=lambda c: c.cost)
+    return choices or sorted({c.key(): c for c in flat}.values(), key=lambda c: c.cost)

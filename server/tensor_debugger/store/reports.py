@@ -117,17 +117,23 @@ class Tolerances:
 
 @dataclass(frozen=True)
 class SessionReport:
+    """`strategies`: the chain of pairing strategies in the order tried (null: the default chain); `name_pattern`:
+    the regular expression giving layer, stage (and rank) from names (null: none)."""
+
     id: int
     name: str
     notes: str
     created_at: str
     tolerances: Tolerances
     runs: list[RunReport]
+    strategies: list[str] | None
+    name_pattern: str | None
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionReport:
         return cls(session.id, session.name, session.notes, iso(session.created_at),
-                   Tolerances(session.rtol, session.atol), [RunReport.of(r) for r in session.runs])
+                   Tolerances(session.rtol, session.atol), [RunReport.of(r) for r in session.runs],
+                   _strategies(session), session.name_pattern)
 
 
 @dataclass(frozen=True)
@@ -140,11 +146,18 @@ class SessionDetail:
     created_at: str
     tolerances: Tolerances
     runs: list[RunWithProblems]
+    strategies: list[str] | None  # as in SessionReport
+    name_pattern: str | None
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionDetail:
         return cls(session.id, session.name, session.notes, iso(session.created_at),
-                   Tolerances(session.rtol, session.atol), [RunWithProblems.of(r) for r in session.runs])
+                   Tolerances(session.rtol, session.atol), [RunWithProblems.of(r) for r in session.runs],
+                   _strategies(session), session.name_pattern)
+
+
+def _strategies(session: SessionRecord) -> list[str] | None:
+    return [str(s) for s in session.strategies] if session.strategies else None
 
 
 @dataclass(frozen=True)

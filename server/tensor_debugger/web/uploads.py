@@ -125,17 +125,39 @@ def start_runs(
 
 
 def start_session(services: Services, name: str, notes: str, batch: UploadBatch,
-                  keep_failure: bool) -> tuple[int, list[StartedRun]]:
-    """A new session with a run per form field, each queued for ingest (see `start_runs`)."""
+                  keep_failure: bool, label: str | None = None) -> tuple[int, list[StartedRun]]:
+    """A new session with a run per form field (`label`: one run of every file), each queued for ingest (see
+    `start_runs`)."""
     with services.sessions.begin() as db:
         session = catalog.create_session(db, name, notes)
         session_id, name = session.id, session.name
     try:
-        return session_id, start_runs(services, name, batch, group_by_run(batch), keep_failure,
+        return session_id, start_runs(services, name, batch, group_by_run(batch, label), keep_failure,
                                       created_session=True)
     except BaseException:
         delete_if_empty(services, session_id)
         raise
+
+
+def explore_session(services: Services, name: str, notes: str, batch: UploadBatch, match: str | None,
+                    filter_hint: str) -> tuple[int, list[RunOutcome]]:
+    """A new session of one run (every file of the upload), ingested, then explored: each of its tensors paired
+    with every other whose name matches `match` (SessionActions.explore). Waits for the ingest. When no tensor
+    was found the session is gone (the outcomes say why); when the exploration is refused (too many pairs), the
+    session is removed and InvalidInputError says why."""
+    first = batch.files[0]
+    session_id, started = start_session(services, name, notes, batch, False, first.field or "run")
+    outcomes = wait_for_runs(started)
+    if not any(o.stored for o in outcomes):
+        delete_if_empty(services, session_id)
+        return session_id, outcomes
+    try:
+        services.actions.explore(session_id, match or None, filter_hint)
+    except BaseException:
+        with services.sessions() as db:
+            catalog.delete_session(db, services.store, session_id)
+        raise
+    return session_id, outcomes
 
 
 def delete_if_empty(services: Services, session_id: int) -> None:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from functools import partial
 from typing import Any
+from urllib.parse import urlencode
 
 import anyio
 from litestar import Controller, Request, Response, get, post
@@ -11,19 +14,23 @@ from litestar.params import Body, Parameter
 from litestar.response import Redirect, Template
 
 from tensor_debugger.compare.exports import pairs_to_csv
+from tensor_debugger.compare.hand_pairing import hand_pair_choices
 from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.compare.pair_reports import apply_order, session_pairs
+from tensor_debugger.compare.pairing_files import export_pairing
 from tensor_debugger.compare.progress import session_progress
 from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebuggerError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord
 from tensor_debugger.web.multipart import receive_multipart
-from tensor_debugger.web.uploads import start_session
+from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
+from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
 from tensor_debugger.web.views.session_view import ViewParams, build_chart, build_groups
 
 FormData = dict[str, str]
+PAIRING_FILE_LIMIT = 16 * 1024 * 1024  # a pairing file names tensors: megabytes at most
 FORM = Body(media_type=RequestEncodingType.URL_ENCODED)  # a plain HTML form's fields
 
 
@@ -56,24 +63,15 @@ class PageController(Controller):
     @get("/sessions/{session_id:int}", sync_to_thread=True)
     def session_page(
         self, services: Services, session_id: int, group: str | None = None, sort: str | None = None,
-        verdict: str | None = None, q: str | None = None,
+        verdict: str | None = None, q: str | None = None, pair_a: str | None = None, pair_b: str | None = None,
     ) -> Template:
         """The session: its runs' ingest while it goes on (or why it failed), first divergence, the chart of error
         through the model, and every pair, grouped, sorted and filtered as the URL says (so the page works, and
         links, without any script). While anything is in progress the page refreshes itself (a script polls
-        the progress and swaps the page in place; without scripts, a meta refresh)."""
-        params = ViewParams.parse(group, sort, verdict, q)
-        with services.sessions() as db:
-            session = catalog.get_session(db, session_id)
-            report = session_pairs(db, session_id, modules=True)
-            ordered = apply_order(report.pairs, session.pair_order)
-            progress = session_progress(session, services.ingests, report.progress)
-            return Template("session.html", context={
-                "session": session, "report": report, "params": params, "progress": progress,
-                "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
-                "reorderable": params.group == "none" and params.sort == "order" and params.verdict == "all"
-                and not params.q, "order_keys": [p.key for p in ordered],
-            })
+        the progress and swaps the page in place; without scripts, a meta refresh). `pair_a` and `pair_b`: two
+        tensors being paired by hand, whose alignments the page offers."""
+        return _session_template(services, session_id, ViewParams.parse(group, sort, verdict, q),
+                                 hand=(pair_a, pair_b) if pair_a and pair_b else None)
 
     @get("/runs/{run_id:int}", sync_to_thread=True)
     def run_page(self, services: Services, run_id: int) -> Template:
@@ -104,12 +102,71 @@ class PageController(Controller):
 
     @post("/sessions/{session_id:int}/pairs", sync_to_thread=True)
     def pair_by_hand(self, services: Services, session_id: int,
-                     data: FormData = FORM) -> Redirect:
+                     data: FormData = FORM) -> Template | Redirect:
+        """Pair two tensors by hand. Where their shapes differ, the page first offers the alignments that fit
+        (`alignment`: the number of the one chosen, or "auto"); pairs at once where they agree."""
         a_name, b_name = data.get("a_name", ""), data.get("b_name", "")
         if not a_name or not b_name:
             raise InvalidInputError("choose a tensor of each run to pair")
-        services.actions.pair_by_hand(session_id, a_name, b_name)
+        chosen = data.get("alignment")
+        try:
+            with services.sessions() as db:
+                offered = hand_pair_choices(db, session_id, a_name, b_name)
+            steps = None
+            if chosen is None and not offered.same_shape and offered.choices:
+                query = urlencode({"pair_a": a_name, "pair_b": b_name})
+                return Redirect(f"/sessions/{session_id}?{query}#hand-pair", status_code=303)
+            if chosen not in (None, "auto"):
+                if not chosen.isdigit() or int(chosen) >= len(offered.choices):
+                    raise InvalidInputError(f"no alignment numbered {chosen!r} fits these tensors")
+                steps = offered.choices[int(chosen)].steps
+            services.actions.pair_by_hand(session_id, a_name, b_name, alignment=steps)
+        except InvalidInputError as exc:
+            return _session_template(services, session_id, ViewParams(), hand_error=str(exc), status_code=400)
         return Redirect(f"/sessions/{session_id}", status_code=303)
+
+    @post("/sessions/{session_id:int}/pairing-rules", sync_to_thread=True)
+    def set_pairing_rules(self, services: Services, session_id: int,
+                          data: FormData = FORM) -> Template | Redirect:
+        """The chain of strategies (a comma list, the fuzzy threshold apart) and the name pattern; pairs the
+        session again. Refused rules are shown on the page, next to the form, as typed."""
+        try:
+            strategies, pattern = rules_from_form(data)
+            services.actions.set_pairing_rules(session_id, strategies, pattern)
+        except InvalidInputError as exc:
+            return _session_template(services, session_id, ViewParams(),
+                                     pairing=PairingForm.typed(data, str(exc)), status_code=400)
+        return Redirect(f"/sessions/{session_id}#pairing", status_code=303)
+
+    @get("/sessions/{session_id:int}/pairing.json", sync_to_thread=True)
+    def pairing_file(self, services: Services, session_id: int) -> Response[dict[str, Any]]:
+        """The session's pairing file (what GET /api/sessions/{id}/pairing answers) as a download."""
+        with services.sessions() as db:
+            data = export_pairing(db, session_id)
+        return Response(data, media_type="application/json", headers={
+            "content-disposition": f'attachment; filename="session-{session_id}-pairing.json"'})
+
+    @post("/sessions/{session_id:int}/pairing", request_max_body_size=PAIRING_FILE_LIMIT)
+    async def upload_pairing_file(self, services: Services, session_id: int,
+                                  request: Request[Any, Any, Any]) -> Template | Redirect:
+        """A pairing file posted from the page (`file`), applied as PUT /api/sessions/{id}/pairing applies it."""
+        batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
+                                        services.settings.staging_dir)
+        try:
+            if not batch.files:
+                raise InvalidInputError("choose a pairing file (JSON) to upload")
+            upload = batch.files[0]
+            try:
+                data = json.loads(upload.path.read_bytes())
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise InvalidInputError(f"{upload.filename} is not JSON: {exc}") from None
+            await anyio.to_thread.run_sync(services.actions.import_pairing, session_id, data)
+        except InvalidInputError as exc:
+            return await anyio.to_thread.run_sync(partial(
+                _session_template, services, session_id, ViewParams(), upload_error=str(exc), status_code=400))
+        finally:
+            batch.discard()
+        return Redirect(f"/sessions/{session_id}#pairing", status_code=303)
 
     @post("/sessions/{session_id:int}/order", sync_to_thread=True)
     def move_pair(self, services: Services, session_id: int,
@@ -173,6 +230,64 @@ class PageController(Controller):
             raise
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
+    @post("/sessions/explore", request_max_body_size=None)
+    async def explore_from_form(self, services: Services, request: Request[Any, Any, Any]) -> Template | Redirect:
+        """The sessions page's explore form: one run's files (`run`), a name and a name filter (`match`, a glob).
+        Waits for the ingest, then pairs every tensor with every other; past 5,000 pairs, or when nothing usable
+        was found, the form says why (and no session is kept)."""
+        batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
+                                        services.settings.staging_dir)
+        fields = {"name": batch.fields.get("name", "").strip(), "match": batch.fields.get("match", "").strip()}
+        try:
+            if not batch.files:
+                raise InvalidInputError("choose the files of the run to explore")
+            session_id, outcomes = await anyio.to_thread.run_sync(
+                explore_session, services, fields["name"] or f"explore {batch.files[0].filename}", "", batch,
+                fields["match"] or None, "a name filter (e.g. *attn*)")
+        except TensorDebuggerError as exc:
+            batch.discard()
+            return await anyio.to_thread.run_sync(partial(_form_error, services, "", str(exc), explore=fields))
+        except BaseException:
+            batch.discard()
+            raise
+        refused = await anyio.to_thread.run_sync(_explore_error, services, fields, outcomes)
+        return refused or Redirect(f"/sessions/{session_id}", status_code=303)
+
+
+def _explore_error(services: Services, fields: dict[str, str], outcomes: list[RunOutcome]) -> Template | None:
+    """The sessions page with why nothing was explored, when no tensor was found (None otherwise)."""
+    if any(o.stored for o in outcomes):
+        return None
+    reasons = "; ".join(f"{p.file}: {p.reason}" for o in outcomes for p in o.problems)
+    return _form_error(services, "", f"no tensors found{': ' + reasons if reasons else ''}", explore=fields)
+
+
+def _session_template(services: Services, session_id: int, params: ViewParams,
+                      hand: tuple[str, str] | None = None, pairing: PairingForm | None = None,
+                      upload_error: str | None = None, hand_error: str | None = None,
+                      status_code: int = 200) -> Template:
+    """The session page; a form's refusal is shown next to that form (`pairing`: the rules as typed, with the
+    error; `upload_error`: the pairing file's; `hand_error`: pairing by hand's)."""
+    with services.sessions() as db:
+        session = catalog.get_session(db, session_id)
+        report = session_pairs(db, session_id, modules=True)
+        ordered = apply_order(report.pairs, session.pair_order)
+        progress = session_progress(session, services.ingests, report.progress)
+        choices = None
+        if hand is not None:
+            try:
+                choices = hand_pair_choices(db, session_id, *hand)
+            except InvalidInputError as exc:
+                hand_error = str(exc)
+        return Template("session.html", status_code=status_code, context={
+            "session": session, "report": report, "params": params, "progress": progress,
+            "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
+            "reorderable": params.group == "none" and params.sort == "order" and params.verdict == "all"
+            and not params.q, "order_keys": [p.key for p in ordered],
+            "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),
+            "upload_error": upload_error, "hand_error": hand_error, "choices": choices,
+        })
+
 
 def _optional_float(text: str | None, name: str) -> float | None:
     if text is None or not text.strip():
@@ -183,9 +298,12 @@ def _optional_float(text: str | None, name: str) -> float | None:
         raise InvalidInputError(f"{name} must be a number, got {text!r}") from None
 
 
-def _form_error(services: Services, name: str, message: str) -> Template:
+def _form_error(services: Services, name: str, message: str, explore: dict[str, str] | None = None) -> Template:
+    """The sessions page with the new-session form's error, or (`explore`: the fields typed) the explore form's."""
     with services.sessions() as db:
         sessions = catalog.list_sessions(db)
+        errors = {"explore_error": message, "explore": explore} if explore is not None else {"error": message,
+                                                                                                 "name": name}
         return Template("sessions.html", status_code=400, context={
-            "sessions": sessions, "q": "", "error": message, "name": name,
+            "sessions": sessions, "q": "", **errors,
             "summaries": catalog.summarize_sessions(db, [s.id for s in sessions])})

@@ -6,7 +6,7 @@ from typing import Any
 
 from litestar import Controller, get, put
 
-from tensor_debugger.compare.pairing_files import export_pairing, import_pairing
+from tensor_debugger.compare.pairing_files import export_pairing
 from tensor_debugger.services import Services
 
 
@@ -25,8 +25,4 @@ class SessionPairingController(Controller):
     def import_file(self, services: Services, session_id: int, data: dict[str, Any]) -> dict[str, Any]:
         """Apply a pairing file (every key optional: one left out leaves that part as it is); pairs again and
         answers with the session's pairing now."""
-        with services.sessions.begin() as db:
-            import_pairing(db, session_id, data)
-        services.plan(session_id)
-        with services.sessions() as db:
-            return export_pairing(db, session_id)
+        return services.actions.import_pairing(session_id, data)

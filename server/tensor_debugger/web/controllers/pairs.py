@@ -6,6 +6,7 @@ from typing import Any
 from litestar import Controller, delete, get, post, put
 from litestar.params import Parameter
 
+from tensor_debugger.compare.hand_pairing import HandPairChoices, hand_pair_choices
 from tensor_debugger.compare.pair_reports import (
     ArgmaxReport,
     DivergenceReport,
@@ -27,6 +28,8 @@ class ManualPair:
     a_name: str  # the reference run's tensor
     b_name: str  # the candidate run's tensor
     run_id: int | None = None  # the candidate run; the session's second run when left out
+    # the steps of the alignment chosen (a choice's `steps` from GET .../alignments); left out: the automatic one
+    alignment: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -53,10 +56,22 @@ class SessionPairsController(Controller):
             report = session_pairs(db, session_id)
         return DivergenceReport(report.first_divergence, report.progress)
 
+    @get("/alignments", sync_to_thread=True)
+    def alignment_choices(
+        self, services: Services, session_id: int,
+        a_name: str = Parameter(description="the reference run's tensor"),
+        b_name: str = Parameter(description="the candidate run's tensor"),
+        run_id: int | None = Parameter(default=None, description="the candidate run (default: the first)"),
+    ) -> HandPairChoices:
+        """The alignments two tensors could be paired by hand with (transposes and other permutations, size-1
+        dims dropped, shard concatenations, cut rows; flattening only when nothing else fits), cheapest first."""
+        with services.sessions() as db:
+            return hand_pair_choices(db, session_id, a_name, b_name, run_id)
+
     @post("/pairs", sync_to_thread=True, status_code=201)
     def pair_by_hand(self, services: Services, session_id: int, data: ManualPair) -> PairReport:
         """Pair two tensors by hand; manual pairs persist and win over every automatic strategy."""
-        made = services.actions.pair_by_hand(session_id, data.a_name, data.b_name, data.run_id)
+        made = services.actions.pair_by_hand(session_id, data.a_name, data.b_name, data.run_id, data.alignment)
         if made is None:
             raise InvalidInputError(f"no unmatched tensors named {data.a_name!r} and {data.b_name!r} to pair")
         return made

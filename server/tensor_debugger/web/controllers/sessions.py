@@ -14,7 +14,7 @@ from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.reports import SessionDetail, SessionReport
-from tensor_debugger.web.multipart import receive_multipart
+from tensor_debugger.web.multipart import UploadBatch, receive_multipart
 from tensor_debugger.web.uploads import (
     RunOutcomes,
     UploadAccepted,
@@ -22,6 +22,7 @@ from tensor_debugger.web.uploads import (
     UploadRejected,
     accepted,
     created,
+    explore_session,
     group_by_run,
     start_runs,
     start_session,
@@ -36,6 +37,11 @@ UPLOAD_RESPONSES = {
     202: ResponseSpec(UploadAccepted, description="the upload is on disk; its runs are ingested in the background"),
     422: ResponseSpec(UploadRejected, description="nothing usable was found in any run; nothing was kept"),
 }
+EXPLORE = Parameter(default=False, description="true: every file is one run, and the session compares each of its "
+                    "tensors with every other (as `tensor-debugger explore`); always waits for the ingest, and "
+                    "answers 400 past 5,000 pairs, asking for `match`")
+MATCH = Parameter(default=None, description="with explore: only tensors whose names match this glob (any case)")
+EXPLORE_FILTER = "the match parameter (e.g. match=*attn*)"
 WAIT = Parameter(default=True, description="false: answer 202 once the upload is on disk and ingest in the "
                  "background; a run with nothing usable is then kept as \"failed\" with its problems")
 
@@ -47,6 +53,10 @@ class SessionPatch:
     rtol: float | None = None  # the session's tolerances; verdicts follow
     atol: float | None = None
     default_tolerances: bool = False  # true: back to torch.testing's defaults per dtype
+    # the chain of pairing strategies, a list or a comma list as --strategies takes it ("name,fuzzy:0.8");
+    # [] or "": the default chain. A change pairs the session again.
+    strategies: list[str] | str | None = None
+    name_pattern: str | None = None  # a regex with groups layer and stage (and rank); "": none
 
 
 @dataclass
@@ -73,8 +83,11 @@ class SessionController(Controller):
 
     @patch("/{session_id:int}", sync_to_thread=True)
     def update_session(self, services: Services, session_id: int, data: SessionPatch) -> SessionReport:
+        """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
+        them (400 naming the problem, nothing changed) and pair the session again; new tolerances refresh its
+        verdicts."""
         return services.actions.update_session(session_id, data.name, data.notes, data.rtol, data.atol,
-                                               data.default_tolerances)
+                                               data.default_tolerances, data.strategies, data.name_pattern)
 
     @delete("/{session_id:int}", sync_to_thread=True)
     def delete_session(self, services: Services, session_id: int) -> None:
@@ -92,15 +105,18 @@ class SessionController(Controller):
     @post("/", request_max_body_size=None, responses=UPLOAD_RESPONSES,
           description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
           "whose field name is their run's label (the first run "
-          "is the reference). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
+          "is the reference; with `?explore=true`, one run explored). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
     async def create_session(self, services: Services, request: Request[Any, Any, Any],
-                             wait: bool = WAIT) -> Response[SessionReport | UploadCreated]:
+                             wait: bool = WAIT, explore: bool = EXPLORE,
+                             match: str | None = MATCH) -> Response[SessionReport | UploadCreated]:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("application/json"):
             body = SessionCreate(**await request.json())
             return Response(await anyio.to_thread.run_sync(_create_empty, services, body), status_code=201)
         _check_length(request, services)
         batch = await receive_multipart(content_type, request.stream(), services.settings.staging_dir)
+        if explore:
+            return await _explore(services, batch, match)
         try:
             if not batch.files:
                 raise InvalidInputError("no files in the upload")
@@ -140,6 +156,19 @@ class SessionController(Controller):
         stored = any(o.stored for o in outcomes)
         return Response(RunOutcomes(outcomes),
                         status_code=HTTP_201_CREATED if stored else HTTP_422_UNPROCESSABLE_ENTITY)
+
+
+async def _explore(services: Services, batch: UploadBatch, match: str | None) -> Response[Any]:
+    try:
+        if not batch.files:
+            raise InvalidInputError("no files in the upload")
+        name = batch.fields.get("name", "").strip() or f"explore {batch.files[0].filename}"
+        session_id, outcomes = await anyio.to_thread.run_sync(
+            explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER)
+    except BaseException:
+        batch.discard()
+        raise
+    return await anyio.to_thread.run_sync(created, services, session_id, outcomes)
 
 
 def _check_length(request: Request[Any, Any, Any], services: Services) -> None:

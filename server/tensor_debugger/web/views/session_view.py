@@ -10,8 +10,9 @@ from tensor_debugger.compare.pair_reports import PairReport, PairStatsSummary, S
 from tensor_debugger.engine.metrics import parse_number
 from tensor_debugger.engine.names import natural_key
 
-GROUPS = ("layer", "name", "none")
-SORTS = ("order", "diff", "cosine", "name")
+GROUPS = ("layer", "name", "band", "none")
+SORTS = ("order", "diff", "cosine", "name", "numel")
+BANDS = ("Identical", "Within tolerance", "Failing", "Incomparable", "Error", "Not compared yet")
 VERDICTS = ("all", "fail", "pass", "incomparable", "unmatched")
 
 
@@ -61,14 +62,37 @@ def build_groups(report: SessionPairs, params: ViewParams, order: list[str] | No
         pairs = sorted(pairs, key=lambda p: _rank_value(-_number(p.stats, "cosine")), reverse=True)
     elif params.sort == "name":
         pairs = sorted(pairs, key=lambda p: natural_key(p.name))
+    elif params.sort == "numel":
+        pairs = sorted(pairs, key=lambda p: -numel(p))
     if params.group == "none":
         return [Group("All pairs", pairs)] if pairs else []
     groups: dict[str, Group] = {}
+    if params.group == "band":
+        groups = {label: Group(label) for label in BANDS}
     for p in pairs:
-        label = (f"Layer {p.layer}" if p.layer is not None else "No layer") if params.group == "layer" \
-            else p.name.split(".")[0].split("/")[0].rsplit("_", 1)[0] or p.name
+        if params.group == "band":
+            label = band(p)
+        elif params.group == "layer":
+            label = f"Layer {p.layer}" if p.layer is not None else "No layer"
+        else:
+            label = p.name.split(".")[0].split("/")[0].rsplit("_", 1)[0] or p.name
         groups.setdefault(label, Group(label)).rows.append(p)
-    return list(groups.values())
+    return [g for g in groups.values() if g.rows]
+
+
+def numel(pair: PairReport) -> int:
+    """The pair's size: elements compared, else the reference's element count."""
+    return pair.stats.numel if pair.stats else math.prod(pair.a.shape)
+
+
+def band(pair: PairReport) -> str:
+    """The pair's similarity band: identical (no difference at all), within tolerance, failing; or why it has
+    none yet."""
+    if pair.status == "pass":
+        identical = pair.stats is not None and _number(pair.stats, "max_abs_diff") == 0 \
+            and not pair.stats.nan_a and not pair.stats.nan_b
+        return "Identical" if identical else "Within tolerance"
+    return {"fail": "Failing", "incomparable": "Incomparable", "error": "Error"}.get(pair.status, "Not compared yet")
 
 
 def _rank_value(value: float) -> float:

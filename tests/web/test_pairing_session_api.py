@@ -1,0 +1,126 @@
+"""Pairing through the session API of a live server: the rules as fields of `GET`/`PATCH /api/sessions/{id}`,
+a session exploring one uploaded run (`POST /api/sessions?explore=true`), and pairing two tensors by hand with a
+chosen alignment (`GET .../alignments`, `POST .../pairs` with `alignment`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+from tests.support.dumps import make_zip, seeded
+from tests.support.dumps import named_dump as dump
+from tests.support.servers import LiveServer, upload, wait_done
+
+
+def test_rules_are_fields_of_the_session(live_server: LiveServer, tmp_path: Path) -> None:
+    a = make_zip(dump(tmp_path / "a", ["L0_attention_out", "L0_mlp", "L1_mlp"]), tmp_path / "a.zip")
+    b = make_zip(dump(tmp_path / "b", ["L0_attn_out", "L0_mlp", "L1_mlp"], seed=1), tmp_path / "b.zip")
+    response = upload(live_server, "rules api", [("reference", a), ("candidate", b)])
+    assert response.status_code == 201, response.text
+    session_id = response.json()["session"]["id"]
+    url = f"{live_server.url}/api/sessions/{session_id}"
+    shown = httpx.get(url).json()
+    assert shown["strategies"] is None and shown["name_pattern"] is None
+    assert {(p["a"]["name"], p["strategy"]) for p in wait_done(live_server, session_id)["pairs"]} == {
+        ("L0_attention_out", "fuzzy 0.95"), ("L0_mlp", "name"), ("L1_mlp", "name")}
+    # a change pairs the session again, as PUT .../pairing does
+    pattern = r"L(?P<layer>\d+)_(?P<stage>\w+)"
+    patched = httpx.patch(url, json={"strategies": "layer_stage,name", "name_pattern": pattern})
+    assert patched.status_code == 200, patched.text
+    assert patched.json()["strategies"] == ["layer_stage", "name"]
+    shown = httpx.get(url).json()
+    assert shown["strategies"] == ["layer_stage", "name"] and shown["name_pattern"] == pattern
+    report = wait_done(live_server, session_id)
+    assert {(p["a"]["name"], p["strategy"]) for p in report["pairs"]} == {("L0_mlp", "layer_stage"),
+                                                                          ("L1_mlp", "layer_stage")}
+    assert {u["name"] for u in report["unmatched"]} == {"L0_attention_out", "L0_attn_out"}
+    # bad rules: 400 naming the problem, as the CLI says it, and nothing changed
+    bad_rules: list[tuple[dict[str, Any], str]] = [({"name_pattern": "L(?P<layer>\\d+"}, "is not a regular expression"),
+                        ({"name_pattern": "L(?P<layer>\\d+)"}, "has no named group 'stage'"),
+                        ({"strategies": "name,fuzy"}, "unknown pairing strategy 'fuzy'"),
+                        ({"strategies": ["name", "fuzzy:2"]}, "fuzzy"),
+                        ({"strategies": ["name", "name"]}, "named twice")]
+    for body, words in bad_rules:
+        bad = httpx.patch(url, json={"name": "renamed", **body})
+        assert bad.status_code == 400 and words in bad.json()["detail"], bad.text
+    unchanged = httpx.get(url).json()
+    assert unchanged["name"] == "rules api" and unchanged["strategies"] == ["layer_stage", "name"]
+    # back to the default chain and no pattern
+    reset = httpx.patch(url, json={"strategies": [], "name_pattern": ""}).json()
+    assert reset["strategies"] is None and reset["name_pattern"] is None
+    assert len(wait_done(live_server, session_id)["pairs"]) == 3
+
+
+def test_explore_one_uploaded_run(live_server: LiveServer, tmp_path: Path) -> None:
+    folder = tmp_path / "acts"
+    folder.mkdir()
+    torch.save({"q": seeded((4, 8), 1), "k": seeded((4, 8), 1), "v": seeded((8, 4), 2), "o": seeded((3,), 3)},
+               folder / "acts.pth")
+    response = upload(live_server, "", [("run", folder / "acts.pth")], url="/api/sessions?explore=true")
+    assert response.status_code == 201, response.text
+    session = response.json()["session"]
+    assert session["name"] == "explore acts.pth" and len(session["runs"]) == 1
+    report = wait_done(live_server, session["id"])
+    assert len(report["pairs"]) == 6 and {p["strategy"] for p in report["pairs"]} == {"explore"}
+    same = next(p for p in report["pairs"] if {p["a"]["name"], p["b"]["name"]} == {"acts.q", "acts.k"})
+    assert same["status"] == "pass"
+    assert sum(1 for p in report["pairs"] if p["status"] == "incomparable") == 3  # o against the others
+    # the exploration survives what pairs a session again (new rules, say)
+    url = f"{live_server.url}/api/sessions/{session['id']}"
+    assert httpx.patch(url, json={"strategies": "name"}).status_code == 200
+    assert len(wait_done(live_server, session["id"])["pairs"]) == 6
+    # the name filter
+    matched = upload(live_server, "explore qk", [("run", folder / "acts.pth")],
+                     url="/api/sessions?explore=true&match=*.[QK]")
+    assert matched.status_code == 201, matched.text
+    assert [(p["a"]["name"], p["b"]["name"]) for p in
+            wait_done(live_server, matched.json()["session"]["id"])["pairs"]] in ([("acts.q", "acts.k")],
+                                                                                    [("acts.k", "acts.q")])
+    # past 5,000 pairs: a filter is asked for, and no session is kept
+    torch.save({f"t{i}": torch.full((2,), float(i)) for i in range(101)}, tmp_path / "many.pth")
+    many = upload(live_server, "too many", [("run", tmp_path / "many.pth")], url="/api/sessions?explore=true")
+    assert many.status_code == 400
+    assert "101 tensors make 5,050 pairs, over 5,000: choose fewer with the match parameter" in many.json()["detail"]
+    assert "too many" not in {s["name"] for s in httpx.get(f"{live_server.url}/api/sessions").json()}
+
+
+def test_pair_by_hand_with_a_transpose(live_server: LiveServer, tmp_path: Path) -> None:
+    weight = seeded((32, 64), 5)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    torch.save(weight, a / "proj_weight.pth")
+    torch.save(weight.t().contiguous(), b / "weight_t.pth")
+    torch.save(seeded((3, 3), 6), a / "same.pth")
+    torch.save(seeded((3, 3), 6), b / "same.pth")
+    response = upload(live_server, "transpose", [("reference", make_zip(a, tmp_path / "a.zip")),
+                                                 ("candidate", make_zip(b, tmp_path / "b.zip"))])
+    assert response.status_code == 201, response.text
+    session_id = response.json()["session"]["id"]
+    base = f"{live_server.url}/api/sessions/{session_id}"
+    httpx.patch(base, json={"strategies": "name"})
+    report = wait_done(live_server, session_id)
+    assert {u["name"] for u in report["unmatched"]} == {"proj_weight", "weight_t"}
+    choices = httpx.get(f"{base}/alignments", params={"a_name": "proj_weight", "b_name": "weight_t"})
+    assert choices.status_code == 200, choices.text
+    listed = choices.json()
+    assert listed["a_shapes"] == [[32, 64]] and listed["b_shapes"] == [[64, 32]] and not listed["same_shape"]
+    transpose = next(c for c in listed["choices"] if "permuted [1, 0]" in c["words"])
+    assert not transpose["last_resort"] and transpose["shape"] == [32, 64]
+    assert not any(c["last_resort"] for c in listed["choices"])  # flattening is not offered where a view fits
+    made = httpx.post(f"{base}/pairs", json={"a_name": "proj_weight", "b_name": "weight_t",
+                                             "alignment": transpose["steps"]})
+    assert made.status_code == 201, made.text
+    assert made.json()["strategy"] == "manual" and made.json()["alignment_overridden"]
+    report = wait_done(live_server, session_id)
+    pair = next(p for p in report["pairs"] if p["a"]["name"] == "proj_weight")
+    assert pair["status"] == "pass" and "permuted [1, 0]" in pair["alignment"]
+    # an alignment that does not fit: 400, and nothing paired
+    wrong = httpx.post(f"{base}/pairs", json={"a_name": "same", "b_name": "same",
+                                              "alignment": [{"side": "b", "kind": "flatten", "shape": [9]}]})
+    assert wrong.status_code == 400 and "does not fit" in wrong.json()["detail"], wrong.text
+    missing = httpx.get(f"{base}/alignments", params={"a_name": "nope", "b_name": "weight_t"})
+    assert missing.status_code == 400 and "no tensor named 'nope'" in missing.json()["detail"]
