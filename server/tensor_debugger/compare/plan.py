@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -90,7 +90,12 @@ class Comparisons:
     def plan(self, session_id: int) -> None:
         """(Re)build the session's pairs and unmatched lists from its ready runs and the user's overrides."""
         with self.sessions.begin() as db:
-            session = db.get(SessionRecord, session_id)
+            # Write first, so that this transaction holds the write lock (SQLite) or the session's row (another
+            # database) before it reads the runs: two ingests finishing at once each plan, and a plan that read
+            # "one run ready" before the other's plan committed would otherwise delete that plan's pairs after it.
+            locked = db.execute(update(SessionRecord).where(SessionRecord.id == session_id)
+                                .values(id=SessionRecord.id))
+            session = db.get(SessionRecord, session_id) if locked.rowcount else None  # type: ignore[attr-defined]
             if session is None:
                 raise NotFoundError(f"no session with id {session_id}")
             runs = [r for r in session.runs if r.status == "ready"]
