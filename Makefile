@@ -94,5 +94,6 @@ bench: install
 
 lint: install-test
 	$(BIN)/ruff check server tests bench
+	$(BIN)/ruff format --check server tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports

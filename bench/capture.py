@@ -56,8 +56,9 @@ def build_model(layers: int, hidden: int, intermediate: int, heads: int, dtype_n
     class Attention(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(hidden, hidden, bias=False)
-                                                                  for _ in range(4))
+            self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+                nn.Linear(hidden, hidden, bias=False) for _ in range(4)
+            )
 
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             b, t, _ = x.shape
@@ -120,8 +121,12 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--runs", type=int, default=2, help="captures measured, each a new run (default 2)")
     parser.add_argument("--workdir", type=Path, default=None, help="parent of the data dir (default: the temp dir)")
-    parser.add_argument("--host-memory-mib", type=int, default=None,
-                        help="capture()'s host buffer budget, when the capture() measured takes one")
+    parser.add_argument(
+        "--host-memory-mib",
+        type=int,
+        default=None,
+        help="capture()'s host buffer budget, when the capture() measured takes one",
+    )
     args = parser.parse_args()
 
     import tensor_debugger
@@ -133,7 +138,8 @@ def main() -> None:
         sys.exit("--device cuda: no CUDA device here")
     model = build_model(args.layers, args.hidden, args.intermediate, args.heads, args.dtype, args.device)
     x = torch.randn(1, args.tokens, args.hidden, generator=torch.Generator().manual_seed(1)).to(
-        device=device, dtype=getattr(torch, args.dtype))
+        device=device, dtype=getattr(torch, args.dtype)
+    )
 
     def sync() -> None:
         if device.type == "cuda":
@@ -176,8 +182,10 @@ def main() -> None:
         for run in range(args.runs):
             sync()
             start, start_cpu = time.perf_counter(), sum(os.times()[:2])
-            with torch.no_grad(), capture(model, session="bench", run=f"run {run}",
-                                          data_dir=work / "data", **options) as result:
+            with (
+                torch.no_grad(),
+                capture(model, session="bench", run=f"run {run}", data_dir=work / "data", **options) as result,
+            ):
                 model(x)  # type: ignore[operator]
             times.append(time.perf_counter() - start)
             cpu.append(sum(os.times()[:2]) - start_cpu)
@@ -191,18 +199,26 @@ def main() -> None:
     gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
     print(machine_line(f"torch {torch.__version__}{gpu}"))
     print(f"tensor_debugger from {Path(tensor_debugger.__file__).parent.parent}")
-    print(f"model: {args.layers} layers, hidden {args.hidden}, MLP {args.intermediate}, {args.tokens} tokens, "
-          f"{args.dtype} on {args.device}")
-    print(f"activations per run: {count} tensors, {activations / MB:.0f} MB (stored, all runs, compressed: "
-          f"{stored / MB:.0f} MB)")
+    print(
+        f"model: {args.layers} layers, hidden {args.hidden}, MLP {args.intermediate}, {args.tokens} tokens, "
+        f"{args.dtype} on {args.device}"
+    )
+    print(
+        f"activations per run: {count} tensors, {activations / MB:.0f} MB (stored, all runs, compressed: "
+        f"{stored / MB:.0f} MB)"
+    )
     print(f"forward pass alone: {forward_s:.3f} s (median of 3)")
-    print(f"capture per run: {capture_s:.2f} s (median of {args.runs}: {', '.join(f'{t:.2f}' for t in times)} s), "
-          f"{activations / capture_s / GB:.3f} GB/s of activations; CPU time (user + system, all threads) "
-          f"{statistics.median(cpu):.2f} s per run")
+    print(
+        f"capture per run: {capture_s:.2f} s (median of {args.runs}: {', '.join(f'{t:.2f}' for t in times)} s), "
+        f"{activations / capture_s / GB:.3f} GB/s of activations; CPU time (user + system, all threads) "
+        f"{statistics.median(cpu):.2f} s per run"
+    )
     print(f"load average when done: {os.getloadavg()[0]:.1f} (other processes share these cores when above 0)")
     if peak_known:
-        print(f"peak RSS during captures: {peak:.0f} MB (resident before them: {base_rss:.0f} MB; "
-              f"+{peak - base_rss:.0f} MB)")
+        print(
+            f"peak RSS during captures: {peak:.0f} MB (resident before them: {base_rss:.0f} MB; "
+            f"+{peak - base_rss:.0f} MB)"
+        )
 
 
 if __name__ == "__main__":

@@ -45,8 +45,10 @@ DEFAULT_WORKDIR_PARENT = ROOT / "bench-data"  # gitignored
 HIDDEN = 4096  # last dimension of every generated tensor (float32)
 MIB, GIB, MB, GB = 1 << 20, 1 << 30, 1e6, 1e9
 KEPT = ("TENSOR_DEBUGGER_KERNEL",)  # passed on to children: which statistics kernel to measure
-BASELINE = ("import tensor_debugger.services, zarr, numpy; from importlib.metadata import version; "
-            "print(f\"torch {version('torch')}, zarr {zarr.__version__}, numpy {numpy.__version__}\")")
+BASELINE = (
+    "import tensor_debugger.services, zarr, numpy; from importlib.metadata import version; "
+    "print(f\"torch {version('torch')}, zarr {zarr.__version__}, numpy {numpy.__version__}\")"
+)
 
 
 def child(mode: str, *args: object) -> tuple[float, float, dict[str, Any]]:
@@ -105,10 +107,16 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
     threads = services.settings.threads
     comparisons = {w: Comparisons(services.sessions, services.store, resolve(w)) for w in workers}
     with services.sessions() as db:
-        tensors = db.scalars(select(TensorRecord).join(RunRecord).where(RunRecord.session_id == session_id)
-                             .order_by(TensorRecord.run_id, TensorRecord.position)).all()
-        runs = {run: [(t.store_key, t.digest) for t in tensors if t.run_id == run]
-                for run in sorted({t.run_id for t in tensors})}
+        tensors = db.scalars(
+            select(TensorRecord)
+            .join(RunRecord)
+            .where(RunRecord.session_id == session_id)
+            .order_by(TensorRecord.run_id, TensorRecord.position)
+        ).all()
+        runs = {
+            run: [(t.store_key, t.digest) for t in tensors if t.run_id == run]
+            for run in sorted({t.run_id for t in tensors})
+        }
         nbytes = sum(t.nbytes for t in tensors)
 
     def read_all(arrays: list[tuple[str, str]], how: str = "reader") -> int:
@@ -152,11 +160,24 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
         services.comparisons.refresh(session_id)
 
     if mode == "zarr":
-        print(json.dumps({"bytes": nbytes, "threads": threads, "one": timed(partial(read_1, "zarr")),
-                          "n": timed(partial(read_n, "zarr"))}))
+        print(
+            json.dumps(
+                {
+                    "bytes": nbytes,
+                    "threads": threads,
+                    "one": timed(partial(read_1, "zarr")),
+                    "n": timed(partial(read_n, "zarr")),
+                }
+            )
+        )
     else:
-        figures: dict[str, list[dict[str, float]]] = {"one": [], "n": [], "loop one": [], "loop n": [],
-                                                      "warm-up": [timed(read_1)]}
+        figures: dict[str, list[dict[str, float]]] = {
+            "one": [],
+            "n": [],
+            "loop one": [],
+            "loop n": [],
+            "warm-up": [timed(read_1)],
+        }
         chunks = 0
         for _ in range(rounds):
             for count in workers:
@@ -164,15 +185,37 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
                 before = services.store.chunk_reads
                 figures.setdefault(f"compute {count}", []).append(timed(partial(compute, count)))
                 chunks = services.store.chunk_reads - before
-            for name, work in (("one", read_1), ("n", read_n), ("loop one", partial(read_1, "loop")),
-                               ("loop n", partial(read_n, "loop"))):
+            for name, work in (
+                ("one", read_1),
+                ("n", read_n),
+                ("loop one", partial(read_1, "loop")),
+                ("loop n", partial(read_n, "loop")),
+            ):
                 figures[name].append(timed(work))
         with services.sessions() as db:
-            statuses = {status: count for status, count in db.execute(select(PairRecord.status, func.count())
-                        .where(PairRecord.session_id == session_id).group_by(PairRecord.status))}
+            statuses = {
+                status: count
+                for status, count in db.execute(
+                    select(PairRecord.status, func.count())
+                    .where(PairRecord.session_id == session_id)
+                    .group_by(PairRecord.status)
+                )
+            }
             pairs = sum(statuses.values())
-        print(json.dumps({"bytes": nbytes, "pairs": pairs, "statuses": statuses, "chunks": chunks, "threads": threads,
-                          "kernel": kernel_name(), "loop": loop_name(), **figures}))
+        print(
+            json.dumps(
+                {
+                    "bytes": nbytes,
+                    "pairs": pairs,
+                    "statuses": statuses,
+                    "chunks": chunks,
+                    "threads": threads,
+                    "kernel": kernel_name(),
+                    "loop": loop_name(),
+                    **figures,
+                }
+            )
+        )
     for each in comparisons.values():
         each.close()
     services.close()
@@ -181,16 +224,33 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
 def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: int, args: argparse.Namespace) -> int:
     """Generate a ref and a cand run and ingest both with the CLI; return the session id."""
     wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed, args.noise)
-    print(f"session {name!r}: 2 runs of {written['count']} float32 tensors of up to {tensor_bytes / MIB:g} MiB, "
-          f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s"
-          + (f", every candidate value off by a relative {args.noise:g} x N(0, 1)" if args.noise else "") + "; ingest:")
+    print(
+        f"session {name!r}: 2 runs of {written['count']} float32 tensors of up to {tensor_bytes / MIB:g} MiB, "
+        f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s"
+        + (f", every candidate value off by a relative {args.noise:g} x N(0, 1)" if args.noise else "")
+        + "; ingest:"
+    )
     for label in ("ref", "cand"):
-        cmd = [str(CLI), "--data-dir", str(data), "--workers", str(max(args.workers)), "ingest", "--session", name,
-               "--run", label, str(dump / label), "--json"]
+        cmd = [
+            str(CLI),
+            "--data-dir",
+            str(data),
+            "--workers",
+            str(max(args.workers)),
+            "ingest",
+            "--session",
+            name,
+            "--run",
+            label,
+            str(dump / label),
+            "--json",
+        ]
         wall, rss, out = run_child(cmd, child_env(KEPT))
         result = json.loads(out.strip().splitlines()[-1])
-        print(f"  {' '.join(cmd)}\n    -> {result['run']['tensors']} tensors in {wall:.1f} s, peak RSS {rss:.0f} MB"
-              + "".join(f"\n    problem: {problem}" for problem in result["problems"]))
+        print(
+            f"  {' '.join(cmd)}\n    -> {result['run']['tensors']} tensors in {wall:.1f} s, peak RSS {rss:.0f} MB"
+            + "".join(f"\n    problem: {problem}" for problem in result["problems"])
+        )
     if not args.keep:
         shutil.rmtree(dump)  # frees its page cache for the data dir
     return int(result["session"]["id"])
@@ -215,43 +275,64 @@ def throughput(data: Path, session_id: int, rounds: int, workers: list[int]) -> 
     def per_cpu(name: str) -> float:
         return median([gb / r["cpu"] for r in res[name]])
 
-    print(f"warm-up: one untimed read of every chunk ({res['warm-up'][0]['s']:.2f} s), so that every round reads from "
-          f"the page cache (this VM's DAMON pages out memory unused for about 30 s)")
-    print(f"comparison (compute_pending in a child, the cache emptied before each of {rounds} rounds): {res['pairs']} "
-          f"pairs, {gb:.2f} GB of tensors (both sides), {res['chunks']} chunks read by a comparison; verdicts "
-          f"{res['statuses']}")
+    print(
+        f"warm-up: one untimed read of every chunk ({res['warm-up'][0]['s']:.2f} s), so that every round reads from "
+        f"the page cache (this VM's DAMON pages out memory unused for about 30 s)"
+    )
+    print(
+        f"comparison (compute_pending in a child, the cache emptied before each of {rounds} rounds): {res['pairs']} "
+        f"pairs, {gb:.2f} GB of tensors (both sides), {res['chunks']} chunks read by a comparison; verdicts "
+        f"{res['statuses']}"
+    )
     for count in workers:
         name = f"compute {count}"
-        print(f"  workers {count} ({resolve(count)} threads): {rate(name):.2f} GB/s (median; rounds: {rates(name)}), "
-              f"{per_cpu(name):.2f} GB per CPU-second")
-    hint = (" (TENSOR_DEBUGGER_KERNEL=blocks measures reading arrays first, =numpy the numpy path)"
-            if res["loop"] == "chunk loop" else "")
+        print(
+            f"  workers {count} ({resolve(count)} threads): {rate(name):.2f} GB/s (median; rounds: {rates(name)}), "
+            f"{per_cpu(name):.2f} GB per CPU-second"
+        )
+    hint = (
+        " (TENSOR_DEBUGGER_KERNEL=blocks measures reading arrays first, =numpy the numpy path)"
+        if res["loop"] == "chunk loop"
+        else ""
+    )
     print(f"  statistics kernel: {res['kernel']}; chunks read by: {res['loop']}{hint}")
-    print(f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs); "
-          f"child wall {wall:.1f} s with start-up")
-    print(f"the limit: the same arrays read in the same regions, without statistics, in the same rounds (1 thread, and "
-          f"{threads} threads: an array at a time each)")
+    print(
+        f"peak RSS of the comparing child: {rss:.0f} MB (target: under {GIB / MB:.0f} MB, however large the runs); "
+        f"child wall {wall:.1f} s with start-up"
+    )
+    print(
+        f"the limit: the same arrays read in the same regions, without statistics, in the same rounds (1 thread, and "
+        f"{threads} threads: an array at a time each)"
+    )
     limits = {}
-    for name, label in (("one", "chunk reader into arrays, 1 thread"),
-                        ("n", f"chunk reader into arrays, {threads} threads"),
-                        ("loop one", "compiled chunk loop, decoding only, 1 thread"),
-                        ("loop n", f"compiled chunk loop, decoding only, {threads} threads")):
+    for name, label in (
+        ("one", "chunk reader into arrays, 1 thread"),
+        ("n", f"chunk reader into arrays, {threads} threads"),
+        ("loop one", "compiled chunk loop, decoding only, 1 thread"),
+        ("loop n", f"compiled chunk loop, decoding only, {threads} threads"),
+    ):
         limits[label] = rate(name)
         print(f"  {label}: {rate(name):.2f} GB/s (rounds: {rates(name)}), {per_cpu(name):.2f} GB per CPU-second")
     best = max(limits, key=limits.__getitem__)
     for count in workers:
-        print(f"  comparison with {count} workers at {100 * rate(f'compute {count}') / limits[best]:.0f}% of the best "
-              f"of these medians ({best}; target: at least 80% with every CPU)")
+        print(
+            f"  comparison with {count} workers at {100 * rate(f'compute {count}') / limits[best]:.0f}% of the best "
+            f"of these medians ({best}; target: at least 80% with every CPU)"
+        )
     if len(workers) > 1:
         print("\n| workers | threads | comparison GB/s (median) | rounds | GB per CPU-second | share of the limit |")
         print("| --- | --- | --- | --- | --- | --- |")
         for count in workers:
             name = f"compute {count}"
-            print(f"| {count} | {resolve(count)} | {rate(name):.2f} | {rates(name)} | {per_cpu(name):.2f} | "
-                  f"{100 * rate(name) / limits[best]:.0f}% |")
+            print(
+                f"| {count} | {resolve(count)} | {rate(name):.2f} | {rates(name)} | {per_cpu(name):.2f} | "
+                f"{100 * rate(name) / limits[best]:.0f}% |"
+            )
     _, _, raw = child("zarr", data, session_id, 1, str(max(workers)))
-    print(f"for context, zarr's own reads of the same arrays, 16 chunks at a time: {gb / raw['one']['s']:.2f} GB/s on "
-          f"1 thread, {gb / raw['n']['s']:.2f} GB/s on {raw['threads']} threads")
+    print(
+        f"for context, zarr's own reads of the same arrays, 16 chunks at a time: {gb / raw['one']['s']:.2f} GB/s on "
+        f"1 thread, {gb / raw['n']['s']:.2f} GB/s on {raw['threads']} threads"
+    )
 
 
 def time_requests(client: httpx.Client, url: str, queries: list[str]) -> tuple[list[float], list[int]]:
@@ -270,8 +351,17 @@ def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(CLI), "--data-dir", str(data), "--workers", str(max(args.workers)), "serve", "--port", str(port),
-           "--no-demo"]
+    cmd = [
+        str(CLI),
+        "--data-dir",
+        str(data),
+        "--workers",
+        str(max(args.workers)),
+        "serve",
+        "--port",
+        str(port),
+        "--no-demo",
+    ]
     print(f"server: {' '.join(cmd)}")
     log = open(data.parent / "server.log", "w+b")
     started = time.perf_counter()
@@ -288,19 +378,26 @@ def slices(data: Path, session_id: int, args: argparse.Namespace) -> None:
                 time.sleep(0.25)
             pair = report["pairs"][0]
             rows, cols = pair["aligned_shape"]
-            print(f"  the server's worker finished the pairs (pair {pair['id']}: {rows} x {cols}, "
-                  f"{pair['status']}) {time.perf_counter() - started:.1f} s after start (start-up included)")
+            print(
+                f"  the server's worker finished the pairs (pair {pair['id']}: {rows} x {cols}, "
+                f"{pair['status']}) {time.perf_counter() - started:.1f} s after start (start-up included)"
+            )
             rng, url = random.Random(args.seed), f"/api/pairs/{pair['id']}/slice?"
             for kind, two_d in (("1-D window of 64", False), ("2-D window of 64 x 64", True)):
-                queries = [f"index=:,:&start={rng.randrange(rows - 63)},{rng.randrange(cols - 63)}&count=64,64"
-                           if two_d else f"index={rng.randrange(rows)},:&start={rng.randrange(cols - 63)}&count=64"
-                           for _ in range(args.requests + 1)]
+                queries = [
+                    f"index=:,:&start={rng.randrange(rows - 63)},{rng.randrange(cols - 63)}&count=64,64"
+                    if two_d
+                    else f"index={rng.randrange(rows)},:&start={rng.randrange(cols - 63)}&count=64"
+                    for _ in range(args.requests + 1)
+                ]
                 (first, *_), _ = time_requests(client, url, queries[:1])
                 ms, sizes = time_requests(client, url, queries[1:])
                 p50, p99 = (ms[max(0, math.ceil(q * len(ms)) - 1)] for q in (0.5, 0.99))  # nearest rank
-                print(f"  slice, {kind}: {len(ms)} requests after one warm-up of {first:.1f} ms, JSON responses of "
-                      f"{min(sizes)}-{max(sizes)} B: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {ms[-1]:.1f} ms "
-                      f"(targets: p50 under 10 ms, p99 under 50 ms)")
+                print(
+                    f"  slice, {kind}: {len(ms)} requests after one warm-up of {first:.1f} ms, JSON responses of "
+                    f"{min(sizes)}-{max(sizes)} B: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {ms[-1]:.1f} ms "
+                    f"(targets: p50 under 10 ms, p99 under 50 ms)"
+                )
         with open(f"/proc/{server.pid}/status", encoding="utf-8") as f:
             hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
         print(f"  peak RSS of the server (VmHWM): {hwm * 1024 / MB:.0f} MB")
@@ -320,17 +417,31 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=300, help="slice requests of each kind (default 300)")
     p.add_argument("--skip-throughput", action="store_true")
     p.add_argument("--skip-slices", action="store_true")
-    p.add_argument("--rounds", type=int, default=3, help="rounds of comparing and reading (default 3): the medians "
-                   "are reported")
+    p.add_argument(
+        "--rounds", type=int, default=3, help="rounds of comparing and reading (default 3): the medians are reported"
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--noise", type=float, default=0.0, help="relative noise on every candidate value, e.g. 0.004 "
-                   "for bfloat16-like differences (default 0: only the planted difference)")
+    p.add_argument(
+        "--noise",
+        type=float,
+        default=0.0,
+        help="relative noise on every candidate value, e.g. 0.004 "
+        "for bfloat16-like differences (default 0: only the planted difference)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the generated dumps and data dir")
-    p.add_argument("--workdir", type=Path, help=f"folder for dumps and data (default: a new temp dir under "
-                   f"{DEFAULT_WORKDIR_PARENT})")
-    p.add_argument("--workers", type=worker_counts, default=[0], help="TENSOR_DEBUGGER_WORKERS of the comparison, "
-                   "or a list such as 1,2 to compare with each, in the same rounds, side by side (default 0: one "
-                   "thread per CPU available to the process)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help=f"folder for dumps and data (default: a new temp dir under {DEFAULT_WORKDIR_PARENT})",
+    )
+    p.add_argument(
+        "--workers",
+        type=worker_counts,
+        default=[0],
+        help="TENSOR_DEBUGGER_WORKERS of the comparison, "
+        "or a list such as 1,2 to compare with each, in the same rounds, side by side (default 0: one "
+        "thread per CPU available to the process)",
+    )
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # internal: MODE ARGS...
     return p.parse_args()
 
@@ -346,8 +457,10 @@ def main() -> int:
         return 0
     wall, rss, versions = run_child([sys.executable, "-c", BASELINE], child_env(KEPT))
     print(machine_line(versions.strip()))
-    print(f"baseline child (import tensor_debugger.services, zarr; what a comparing child imports before it "
-          f"works): {wall:.2f} s, peak RSS {rss:.0f} MB")
+    print(
+        f"baseline child (import tensor_debugger.services, zarr; what a comparing child imports before it "
+        f"works): {wall:.2f} s, peak RSS {rss:.0f} MB"
+    )
     if args.workdir is None:
         DEFAULT_WORKDIR_PARENT.mkdir(exist_ok=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="compare-", dir=DEFAULT_WORKDIR_PARENT))
@@ -363,8 +476,11 @@ def main() -> int:
             throughput(data, session_id, args.rounds, args.workers)
             session_id = session_id if min(tensor_bytes, per_run) >= slice_bytes else None  # its pair 0 will do
         if not args.skip_slices:
-            slices(data, session_id or make_session(data, work / "slice-dump", "bench-slices", slice_bytes,
-                                                    slice_bytes, args), args)
+            slices(
+                data,
+                session_id or make_session(data, work / "slice-dump", "bench-slices", slice_bytes, slice_bytes, args),
+                args,
+            )
         if args.keep:
             print(f"kept: {work}")
         return 0

@@ -32,7 +32,7 @@ PYTHON = ROOT / ".venv" / "bin" / "python"
 STAGES = ("post_ln_pre_attn", "query", "key", "value", "post_attn", "post_attn_pre_resid", "pre_mlp", "post_mlp")
 HIDDEN = 1024
 
-SCRIPT = r'''
+SCRIPT = r"""
 import io, sys, time, zipfile
 from pathlib import Path
 import torch
@@ -57,7 +57,7 @@ for name in sorted(a, key=lambda n: (int(n.split("_")[0]), stages.index(n[:-4].s
         first = name
     print(name, diff.max().item(), diff.mean().item(), cosine, bad)
 print("FIRST", first)
-'''
+"""
 
 
 def write_runs(folder: Path, size_mb: int, files: int) -> None:
@@ -108,11 +108,15 @@ def main() -> None:
             a, b = zipped(a), zipped(b)
         script = work / "script.py"
         script.write_text(SCRIPT)
-        _, _, versions = run_child([str(PYTHON), "-c", "import torch, numpy; print(f'torch {torch.__version__}, "
-                                    "numpy {numpy.__version__}')"], env)
+        _, _, versions = run_child(
+            [str(PYTHON), "-c", "import torch, numpy; print(f'torch {torch.__version__}, numpy {numpy.__version__}')"],
+            env,
+        )
         print(machine_line(versions.strip()))
-        print(f"two runs of {args.files} float32 .pth files, {args.size_mb} MB each, as {args.form}; "
-              f"{args.rounds} rounds, in turn")
+        print(
+            f"two runs of {args.files} float32 .pth files, {args.size_mb} MB each, as {args.form}; "
+            f"{args.rounds} rounds, in turn"
+        )
         times: dict[str, list[float]] = {"plain script": [], "compare, cold": [], "compare, again": []}
         peaks: dict[str, list[float]] = {name: [] for name in times}
         for round_index in range(args.rounds):
@@ -122,8 +126,9 @@ def main() -> None:
             peaks["plain script"].append(rss)
             first_script = out.strip().splitlines()[-1].split()[-1]
             for label in ("compare, cold", "compare, again"):
-                wall, rss, out = run_child_allowing([str(CLI), "--data-dir", str(data), "compare", str(a), str(b),
-                                                    "--json"], env)
+                wall, rss, out = run_child_allowing(
+                    [str(CLI), "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
+                )
                 times[label].append(wall)
                 peaks[label].append(rss)
                 found = json.loads(out)["first_divergence"]
@@ -133,8 +138,10 @@ def main() -> None:
         script_median = statistics.median(times["plain script"])
         print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'peak RSS MB':>12}")
         for name, values in times.items():
-            print(f"{name:16} {statistics.median(values):9.2f} {min(values):7.2f} {max(values):7.2f} "
-                  f"{statistics.median(values) / script_median:9.2f} {max(peaks[name]):12.0f}")
+            print(
+                f"{name:16} {statistics.median(values):9.2f} {min(values):7.2f} {max(values):7.2f} "
+                f"{statistics.median(values) / script_median:9.2f} {max(peaks[name]):12.0f}"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -15,14 +15,16 @@ MB = 1e6
 
 
 def machine_line(versions: str) -> str:
-    """"machine: CPU, cores, RAM; Python and `versions`"."""
+    """ "machine: CPU, cores, RAM; Python and `versions`"."""
     cpu = "unknown CPU"
     with open("/proc/cpuinfo", encoding="utf-8") as f:
         cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     with open("/proc/meminfo", encoding="utf-8") as f:
         ram_kib = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-    return (f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
-            f"Python {platform.python_version()}, {versions}")
+    return (
+        f"machine: {cpu}, {os.cpu_count()} cores, {ram_kib / (1 << 20):.1f} GiB RAM; "
+        f"Python {platform.python_version()}, {versions}"
+    )
 
 
 def child_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
@@ -42,13 +44,15 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
         out.seek(0)
         err.seek(0)
         if proc.returncode != 0:
-            sys.exit(f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
-                     f"stderr: {err.read().decode()}")
+            sys.exit(
+                f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
+                f"stderr: {err.read().decode()}"
+            )
         return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
 
 
 def worker_counts(text: str) -> list[int]:
-    """"1,2" -> [1, 2]: values of TENSOR_DEBUGGER_WORKERS (0: one per available CPU), for --workers."""
+    """ "1,2" -> [1, 2]: values of TENSOR_DEBUGGER_WORKERS (0: one per available CPU), for --workers."""
     try:
         counts = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:

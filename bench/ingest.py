@@ -68,8 +68,11 @@ def write_dump(folder: Path, size_bytes: int, tensor_bytes: int, dtype_name: str
     tiny.mkdir()
     save(torch.ones(16, 16, dtype=dtype), tiny / f"0_query.{fmt}")
     os.sync()  # let write-back finish so that it does not run during the timed ingest
-    print(json.dumps({"count": count, "payload": payload,
-                      "versions": f"torch {torch.__version__}, zarr {version('zarr')}"}))
+    print(
+        json.dumps(
+            {"count": count, "payload": payload, "versions": f"torch {torch.__version__}, zarr {version('zarr')}"}
+        )
+    )
 
 
 def tree_bytes(folder: Path) -> tuple[int, int]:
@@ -91,11 +94,19 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--format", choices=("pth", "safetensors"), default="pth")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--keep", action="store_true", help="keep the generated dump and data dir")
-    p.add_argument("--workdir", type=Path, help=f"folder for the dump and data dir (default: a new temp dir "
-                   f"under {DEFAULT_WORKDIR_PARENT})")
-    p.add_argument("--workers", type=worker_counts, default=[0], help="TENSOR_DEBUGGER_WORKERS of the ingest, or "
-                   "a list such as 1,2 to ingest the dump once per value and print them side by side (default 0: "
-                   "one thread per CPU available to the process)")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        help=f"folder for the dump and data dir (default: a new temp dir under {DEFAULT_WORKDIR_PARENT})",
+    )
+    p.add_argument(
+        "--workers",
+        type=worker_counts,
+        default=[0],
+        help="TENSOR_DEBUGGER_WORKERS of the ingest, or "
+        "a list such as 1,2 to ingest the dump once per value and print them side by side (default 0: "
+        "one thread per CPU available to the process)",
+    )
     p.add_argument("--write-dump", type=Path, help=argparse.SUPPRESS)  # internal: the generating child
     return p.parse_args()
 
@@ -132,56 +143,108 @@ def main() -> int:
     dump = Path(tempfile.mkdtemp(prefix="dump-", dir=workdir))
     data = Path(tempfile.mkdtemp(prefix="data-", dir=workdir))
     try:
-        gen = [sys.executable, __file__, "--write-dump", str(dump), "--size-gib", str(args.size_gib),
-               "--tensor-mib", str(args.tensor_mib), "--dtype", args.dtype, "--format", args.format,
-               "--seed", str(args.seed)]
+        gen = [
+            sys.executable,
+            __file__,
+            "--write-dump",
+            str(dump),
+            "--size-gib",
+            str(args.size_gib),
+            "--tensor-mib",
+            str(args.tensor_mib),
+            "--dtype",
+            args.dtype,
+            "--format",
+            args.format,
+            "--seed",
+            str(args.seed),
+        ]
         wall, _, out = run_child(gen, env)
         written = json.loads(out)
         print(machine_line(written["versions"]))
         dump_bytes, _ = tree_bytes(dump)
-        print(f"dump: {written['count']} {args.dtype} tensors of up to {args.tensor_mib:g} MiB as .{args.format}, "
-              f"{dump_bytes / GIB:.3f} GiB ({dump_bytes / MB:.0f} MB) in files, payload "
-              f"{written['payload'] / MB:.0f} MB; written in {wall:.1f} s")
+        print(
+            f"dump: {written['count']} {args.dtype} tensors of up to {args.tensor_mib:g} MiB as .{args.format}, "
+            f"{dump_bytes / GIB:.3f} GiB ({dump_bytes / MB:.0f} MB) in files, payload "
+            f"{written['payload'] / MB:.0f} MB; written in {wall:.1f} s"
+        )
         print("note: the dump was freshly written (then synced), so ingest reads it from the page cache, not disk")
 
-        print(f"workers: {', '.join(f'{w} ({resolve(w)} threads)' if not w else str(w) for w in args.workers)}; "
-              f"this process may run on {len(os.sched_getaffinity(0))} CPUs")
-        tiny = [str(CLI), "--data-dir", str(data.with_suffix(".tiny")), "ingest", "--session", "bench", "--run", "ref",
-                str(dump.with_suffix(".tiny")), "--json"]
+        print(
+            f"workers: {', '.join(f'{w} ({resolve(w)} threads)' if not w else str(w) for w in args.workers)}; "
+            f"this process may run on {len(os.sched_getaffinity(0))} CPUs"
+        )
+        tiny = [
+            str(CLI),
+            "--data-dir",
+            str(data.with_suffix(".tiny")),
+            "ingest",
+            "--session",
+            "bench",
+            "--run",
+            "ref",
+            str(dump.with_suffix(".tiny")),
+            "--json",
+        ]
         startup, startup_rss, _ = run_child(tiny, env)
-        print(f"start-up: the same command on one 16 x 16 tensor in the same format, into a new data dir, takes "
-              f"{startup:.2f} s (peak RSS {startup_rss:.0f} MB)")
+        print(
+            f"start-up: the same command on one 16 x 16 tensor in the same format, into a new data dir, takes "
+            f"{startup:.2f} s (peak RSS {startup_rss:.0f} MB)"
+        )
         rows = []
         for workers in args.workers:
             shutil.rmtree(data, ignore_errors=True)
-            cmd = [str(CLI), "--data-dir", str(data), "--workers", str(workers), "ingest", "--session", "bench",
-                   "--run", "ref", str(dump), "--json"]
+            cmd = [
+                str(CLI),
+                "--data-dir",
+                str(data),
+                "--workers",
+                str(workers),
+                "ingest",
+                "--session",
+                "bench",
+                "--run",
+                "ref",
+                str(dump),
+                "--json",
+            ]
             print("command: " + " ".join(cmd))
             wall, rss, out = run_child(cmd, env)
             result = json.loads(out.strip().splitlines()[-1])
             data_apparent, data_allocated = tree_bytes(data)
             for problem in result["problems"]:
                 print(f"problem: {problem}")
-            print(f"ingest: {result['run']['tensors']} of {written['count']} tensors stored in {wall:.2f} s wall "
-                  f"(process start-up included)")
-            print(f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files; "
-                  f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} MB/s without the {startup:.1f} s start-up")
+            print(
+                f"ingest: {result['run']['tensors']} of {written['count']} tensors stored in {wall:.2f} s wall "
+                f"(process start-up included)"
+            )
+            print(
+                f"throughput: {dump_bytes / MB / wall:.0f} MB/s of dump files; "
+                f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} MB/s without the {startup:.1f} s start-up"
+            )
             print(f"peak RSS of the ingest process: {rss:.0f} MB")
-            print(f"data dir on disk: {data_allocated / MB:.0f} MB allocated ({data_apparent / MB:.0f} MB apparent), "
-                  f"{data_allocated / dump_bytes:.3f} x the dump")
+            print(
+                f"data dir on disk: {data_allocated / MB:.0f} MB allocated ({data_apparent / MB:.0f} MB apparent), "
+                f"{data_allocated / dump_bytes:.3f} x the dump"
+            )
             rows.append((workers, wall, rss))
         limit = raw_write_mb_s(workdir, data_allocated)
-        print(f"the limit: plain sequential writes of the same {data_allocated / MB:.0f} MB to this disk "
-              f"(fsync at the end) run at {limit:.0f} MB/s")
+        print(
+            f"the limit: plain sequential writes of the same {data_allocated / MB:.0f} MB to this disk "
+            f"(fsync at the end) run at {limit:.0f} MB/s"
+        )
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / MB
         print(f"(this bench process peaked at {own:.0f} MB, the floor of the peak RSS readings)")
         if len(rows) > 1:
-            print("\n| workers | threads | wall, start-up included | MB/s of dump files | without start-up "
-                  "| peak RSS |")
+            print(
+                "\n| workers | threads | wall, start-up included | MB/s of dump files | without start-up | peak RSS |"
+            )
             print("| --- | --- | --- | --- | --- | --- |")
             for workers, wall, rss in rows:
-                print(f"| {workers} | {resolve(workers)} | {wall:.2f} s | {dump_bytes / MB / wall:.0f} | "
-                      f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} | {rss:.0f} MB |")
+                print(
+                    f"| {workers} | {resolve(workers)} | {wall:.2f} s | {dump_bytes / MB / wall:.0f} | "
+                    f"{dump_bytes / MB / max(wall - startup, 1e-9):.0f} | {rss:.0f} MB |"
+                )
         if args.keep:
             print(f"kept: dump in {dump}, data dir in {data}")
         return 0

@@ -29,9 +29,17 @@ def ns_per_pair(function: Callable[..., int], reference: np.ndarray, candidate: 
         started = time.process_time()
         for _ in range(repeats):
             out = empty_partial()
-            function(ctypes.c_void_p(reference.ctypes.data), ctypes.c_void_p(candidate.ctypes.data),
-                     ctypes.c_int64(reference.size), ctypes.c_int64(0), ctypes.c_double(1e-5), ctypes.c_double(1.3e-6),
-                     1, ctypes.c_void_p(edges().ctypes.data), ctypes.byref(out))
+            function(
+                ctypes.c_void_p(reference.ctypes.data),
+                ctypes.c_void_p(candidate.ctypes.data),
+                ctypes.c_int64(reference.size),
+                ctypes.c_int64(0),
+                ctypes.c_double(1e-5),
+                ctypes.c_double(1.3e-6),
+                1,
+                ctypes.c_void_p(edges().ctypes.data),
+                ctypes.byref(out),
+            )
         best = min(best, time.process_time() - started)
     return best / (repeats * reference.size) * 1e9
 
@@ -53,12 +61,16 @@ def main() -> int:
     planted = reference.copy()
     planted[args.pairs // 3] += 1
     noisy = (reference * (1 + np.float32(4e-3) * rng.standard_normal(args.pairs, dtype=np.float32))).astype(np.float32)
-    print(f"ns per pair of float32 ({args.pairs} pairs in cache, {args.repeats} calls, best of 3; in brackets: speed "
-          f"as a share of {runs[0]}'s)")
+    print(
+        f"ns per pair of float32 ({args.pairs} pairs in cache, {args.repeats} calls, best of 3; in brackets: speed "
+        f"as a share of {runs[0]}'s)"
+    )
     print(f"{'case':22s}" + "".join(f"{family:>18s}" for family in runs))
     for label, candidate in (("planted difference", planted), ("every value differs", noisy)):
-        times = [ns_per_pair(getattr(library, f"td_stats_ff_{family}"), reference, candidate, args.repeats)
-                 for family in runs]
+        times = [
+            ns_per_pair(getattr(library, f"td_stats_ff_{family}"), reference, candidate, args.repeats)
+            for family in runs
+        ]
         print(f"{label:22s}" + "".join(f"{f'{t:.3f} ns ({times[0] / t:.0%})':>18s}" for t in times))
     return 0
 

@@ -61,8 +61,10 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=154, help="13 pairs per layer (default 154: 2,002 pairs)")
     parser.add_argument("--requests", type=int, default=20)
     args = parser.parse_args()
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+        platform.processor(),
+    )
     print(f"machine: {cpu}, {os.cpu_count()} cores; Python {platform.python_version()}")
     work = Path(tempfile.mkdtemp(prefix="pages-"))
     server: subprocess.Popen[bytes] | None = None
@@ -71,8 +73,11 @@ def main() -> int:
         session_id = build_session(work / "data", args.layers)
         print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")
         port = free_port()
-        server = subprocess.Popen([str(CLI), "--data-dir", str(work / "data"), "serve", "--port", str(port),
-                                   "--no-demo"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [str(CLI), "--data-dir", str(work / "data"), "serve", "--port", str(port), "--no-demo"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(timeout=60) as client:
             for _ in range(200):
@@ -81,8 +86,11 @@ def main() -> int:
                     break
                 except httpx.HTTPError:
                     time.sleep(0.1)
-            for view, query in (("grouped by layer", ""), ("ungrouped, reorderable", "?group=none"),
-                                ("failing only", "?verdict=fail")):
+            for view, query in (
+                ("grouped by layer", ""),
+                ("ungrouped, reorderable", "?group=none"),
+                ("failing only", "?verdict=fail"),
+            ):
                 page = client.get(f"{base}/sessions/{session_id}{query}")
                 times = []
                 for _ in range(args.requests):
@@ -91,9 +99,11 @@ def main() -> int:
                     times.append((time.perf_counter() - t0) * 1000)
                 assets = re.findall(r'(?:src|href)="(/static/[^"]+)"', page.text)
                 asset_bytes = sum(len(client.get(base + a).content) for a in set(assets))
-                print(f"session page, {view}: p50 {statistics.median(times):.0f} ms, max {max(times):.0f} ms "
-                      f"over {args.requests} requests (target under 300 ms); HTML {len(page.content) / 1e3:.0f} kB, "
-                      f"script and style {asset_bytes / 1e3:.1f} kB")
+                print(
+                    f"session page, {view}: p50 {statistics.median(times):.0f} ms, max {max(times):.0f} ms "
+                    f"over {args.requests} requests (target under 300 ms); HTML {len(page.content) / 1e3:.0f} kB, "
+                    f"script and style {asset_bytes / 1e3:.1f} kB"
+                )
     finally:
         if server is not None:
             server.terminate()

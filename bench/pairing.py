@@ -22,13 +22,30 @@ from collections.abc import Callable
 from harness import machine_line
 from tensor_debugger.engine.pairing import TensorRef, pair_runs
 
-STAGES = ("post_ln_pre_attn", "query", "key", "value", "post_attn", "post_attn_pre_resid", "pre_mlp", "post_mlp",
-          "q_norm", "k_norm")
-WEIGHTS = (("self_attn.q_proj", "attn.q_proj"), ("self_attn.k_proj", "attn.k_proj"),
-           ("self_attn.v_proj", "attn.v_proj"), ("self_attn.o_proj", "attn.o_proj"),
-           ("mlp.gate_proj", "mlp.gate_projection"), ("mlp.up_proj", "mlp.up_projection"),
-           ("mlp.down_proj", "mlp.down_projection"), ("input_layernorm", "input_norm"),
-           ("post_attention_layernorm", "post_attention_norm"), ("attention_output", "attn_out"))
+STAGES = (
+    "post_ln_pre_attn",
+    "query",
+    "key",
+    "value",
+    "post_attn",
+    "post_attn_pre_resid",
+    "pre_mlp",
+    "post_mlp",
+    "q_norm",
+    "k_norm",
+)
+WEIGHTS = (
+    ("self_attn.q_proj", "attn.q_proj"),
+    ("self_attn.k_proj", "attn.k_proj"),
+    ("self_attn.v_proj", "attn.v_proj"),
+    ("self_attn.o_proj", "attn.o_proj"),
+    ("mlp.gate_proj", "mlp.gate_projection"),
+    ("mlp.up_proj", "mlp.up_projection"),
+    ("mlp.down_proj", "mlp.down_projection"),
+    ("input_layernorm", "input_norm"),
+    ("post_attention_layernorm", "post_attention_norm"),
+    ("attention_output", "attn_out"),
+)
 
 
 def refs(names: list[str], keyed: bool, shape: Callable[[int], tuple[int, ...]]) -> list[TensorRef]:
@@ -48,6 +65,7 @@ def scenarios(n: int) -> dict[str, tuple[list[TensorRef], list[TensorRef]]]:
     b_weights = [f"b.model.layers.{layer}.{old}.weight" for layer in range(layers) for old, _ in WEIGHTS]
     renamed = [f"layers.{layer}.{new}" for layer in range(layers) for _, new in WEIGHTS]
     original = [f"layers.{layer}.{old}" for layer in range(layers) for old, _ in WEIGHTS]
+
     def unique(i: int) -> tuple[int, ...]:
         return (i + 1,)
 
@@ -58,8 +76,10 @@ def scenarios(n: int) -> dict[str, tuple[list[TensorRef], list[TensorRef]]]:
         "dumps": (refs(dumps, False, unique), refs(list(reversed(dumps)), False, unique)),
         "state dicts": (refs(a_weights, True, repeated), refs(b_weights, True, repeated)),
         "renamed": (refs(original, False, repeated), refs(renamed, False, repeated)),
-        "strangers": (refs([f"x{i}" for i in range(n)], False, repeated),
-                      refs([f"y{i}.z" for i in range(n)], False, repeated)),
+        "strangers": (
+            refs([f"x{i}" for i in range(n)], False, repeated),
+            refs([f"y{i}.z" for i in range(n)], False, repeated),
+        ),
     }
 
 
@@ -76,9 +96,11 @@ def main() -> int:
             pairing = pair_runs(a, b)
             best = min(best, time.perf_counter() - start)
         strategies = sorted({p.strategy.split()[0] for p in pairing.pairs})
-        print(f"{name:12s} {len(a):>6} x {len(b):>6} tensors: {best:6.3f} s, {len(pairing.pairs)} pairs "
-              f"({', '.join(strategies) or 'none'}), {len(pairing.unmatched_a)} + {len(pairing.unmatched_b)} "
-              f"unmatched")
+        print(
+            f"{name:12s} {len(a):>6} x {len(b):>6} tensors: {best:6.3f} s, {len(pairing.pairs)} pairs "
+            f"({', '.join(strategies) or 'none'}), {len(pairing.unmatched_a)} + {len(pairing.unmatched_b)} "
+            f"unmatched"
+        )
     return 0
 
 

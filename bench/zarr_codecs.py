@@ -77,11 +77,17 @@ def measure(root: Path, data: np.ndarray, compressor: Any, repeats: int) -> tupl
         name = f"a{attempt}"
         os.sync()  # earlier runs' write-back must not compete with this one for the CPUs
         started = time.perf_counter()
-        array = zarr.create_array(store, name=name, shape=data.shape, dtype=data.dtype,
-                                  chunks=(rows_per_chunk, HIDDEN), compressors=compressor,
-                                  fill_value=np.zeros((), dtype=data.dtype)[()])
+        array = zarr.create_array(
+            store,
+            name=name,
+            shape=data.shape,
+            dtype=data.dtype,
+            chunks=(rows_per_chunk, HIDDEN),
+            compressors=compressor,
+            fill_value=np.zeros((), dtype=data.dtype)[()],
+        )
         for start in range(0, data.shape[0], step):
-            array[start:start + step] = data[start:start + step]
+            array[start : start + step] = data[start : start + step]
         writes.append(time.perf_counter() - started)
 
         os.sync()
@@ -109,10 +115,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     print(machine_line(f"torch {torch.__version__}, zarr {zarr.__version__}, numcodecs {numcodecs.__version__}"))
-    print(f"{args.mib:g} MiB per case, (rows, {HIDDEN}) arrays, ~{CHUNK_BYTES // MIB} MiB chunks written "
-          f"{CHUNKS_PER_BLOCK} at a time, best of {args.repeats}; 1 MB = 1e6 bytes; "
-          f"ratio = stored bytes / raw bytes; spread = slowest / fastest run, write and read; "
-          f"* = tensor_debugger.store.arrays.DEFAULT_CODEC")
+    print(
+        f"{args.mib:g} MiB per case, (rows, {HIDDEN}) arrays, ~{CHUNK_BYTES // MIB} MiB chunks written "
+        f"{CHUNKS_PER_BLOCK} at a time, best of {args.repeats}; 1 MB = 1e6 bytes; "
+        f"ratio = stored bytes / raw bytes; spread = slowest / fastest run, write and read; "
+        f"* = tensor_debugger.store.arrays.DEFAULT_CODEC"
+    )
     print(f"{'dtype':<9} {'codec':<24} {'write MB/s':>10} {'read MB/s':>10} {'ratio':>6}  spread")
     default = DEFAULT_CODEC.to_dict()
     WORKDIR_PARENT.mkdir(exist_ok=True)
@@ -124,9 +132,12 @@ def main() -> int:
             for label, codec in CODECS.items():
                 writes, reads, size = measure(workdir, data, codec, args.repeats)
                 mark = "*" if codec is not None and codec.to_dict() == default else " "
-                print(f"{dtype:<9} {label + mark:<24} {data.nbytes / MB / min(writes):>10.0f} "
-                      f"{data.nbytes / MB / min(reads):>10.0f} {size / data.nbytes:>6.3f}  "
-                      f"x{max(writes) / min(writes):.1f} x{max(reads) / min(reads):.1f}", flush=True)
+                print(
+                    f"{dtype:<9} {label + mark:<24} {data.nbytes / MB / min(writes):>10.0f} "
+                    f"{data.nbytes / MB / min(reads):>10.0f} {size / data.nbytes:>6.3f}  "
+                    f"x{max(writes) / min(writes):.1f} x{max(reads) / min(reads):.1f}",
+                    flush=True,
+                )
             del data
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

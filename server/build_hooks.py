@@ -32,8 +32,17 @@ PACKAGE = Path("server/tensor_debugger")
 LIBRARIES = {"engine/fused_stats.c": "engine/_fused_stats.so", "compare/chunk_loop.c": "compare/_chunk_loop.so"}
 NEEDS_BLOSC2 = frozenset({"compare/chunk_loop.c"})  # compiled against C-Blosc2, linked in statically
 # No fused multiply-add (the tolerance test must round as numpy does); the kernel's own vectors do the rest.
-FLAGS = ["-O3", "-shared", "-fPIC", "-pthread", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-Wall",
-         "-Wno-psabi"]
+FLAGS = [
+    "-O3",
+    "-shared",
+    "-fPIC",
+    "-pthread",
+    "-ffp-contract=off",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-Wall",
+    "-Wno-psabi",
+]
 # x86-64: the AVX-512 clone converts float32 to double 512 bits at a time, not in 256-bit halves (measured: 10%
 # faster on AMD EPYC); other architectures do not know the flag.
 X86_FLAGS = ["-mprefer-vector-width=512"]
@@ -53,8 +62,11 @@ def blosc2_flags(package: Path | None = None) -> list[str] | str:
     if not header.is_file() or not archive.is_file():
         return f"the blosc2 package at {package} has no include/blosc2.h or lib/libblosc2.a (blosc2 4.0 or newer has)"
     # the archive's own symbols stay private to the library, so another C-Blosc2 in the process is not disturbed
-    return [f"-I{header.parent}", str(archive), "-Wl,--exclude-libs,ALL", "-lm"] if sys.platform.startswith(
-        "linux") else [f"-I{header.parent}", str(archive), "-lm"]
+    return (
+        [f"-I{header.parent}", str(archive), "-Wl,--exclude-libs,ALL", "-lm"]
+        if sys.platform.startswith("linux")
+        else [f"-I{header.parent}", str(archive), "-lm"]
+    )
 
 
 def compile_library(root: Path, source: str, output: Path) -> str | None:
@@ -71,8 +83,7 @@ def compile_library(root: Path, source: str, output: Path) -> str | None:
             return f"{source} not built: {found}"
         extra = found
     x86 = platform.machine().lower() in ("x86_64", "amd64")
-    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / PACKAGE / source),
-               *extra]
+    command = [*compiler, *FLAGS, *(X86_FLAGS if x86 else []), "-o", str(output), str(root / PACKAGE / source), *extra]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         return f"{' '.join(command)} failed:\n{done.stderr.strip()}"
@@ -100,8 +111,9 @@ def _run(command: list[str]) -> str | None:
     return None if done.returncode == 0 else f"{' '.join(command)} failed:\n{done.stderr.strip()}"
 
 
-def compile_families(root: Path, source: str, output: Path, compiler: list[str] | None = None,
-                     machine: str | None = None) -> tuple[bool, list[str]]:
+def compile_families(
+    root: Path, source: str, output: Path, compiler: list[str] | None = None, machine: str | None = None
+) -> tuple[bool, list[str]]:
     """Compile `source` (relative to the package) once per family of the CPU architecture `machine` (default: this
     one's) with TD_FAMILY and TD_LANES defined, once without, and link the objects into the shared library
     `output`, with `compiler` (default: CC). Whether the library was built, and what went wrong (a family left out
@@ -121,8 +133,19 @@ def compile_families(root: Path, source: str, output: Path, compiler: list[str] 
         objects = [str(shared)]
         for family, (lanes, flags) in FAMILIES.get(architecture(machine or platform.machine()), BASELINE).items():
             target = Path(scratch) / f"{family}.o"
-            problem = _run([*compiler, *FLAGS, *flags, f"-DTD_FAMILY={family}", f"-DTD_LANES={lanes}", "-c", "-o",
-                            str(target), path])
+            problem = _run(
+                [
+                    *compiler,
+                    *FLAGS,
+                    *flags,
+                    f"-DTD_FAMILY={family}",
+                    f"-DTD_LANES={lanes}",
+                    "-c",
+                    "-o",
+                    str(target),
+                    path,
+                ]
+            )
             if problem is None:
                 objects.append(str(target))
             else:
@@ -163,8 +186,10 @@ class CustomBuildHook(BuildHookInterface):  # type: ignore[type-arg]
             built += done
             problems += trouble
         if problems:  # without the kernel, numpy computes; without the chunk loop, blocks are read into arrays
-            self.app.display_warning("tensor-debugger: compiled parts not built or not whole (comparisons may be "
-                                     "slower): " + "\n".join(problems))
+            self.app.display_warning(
+                "tensor-debugger: compiled parts not built or not whole (comparisons may be "
+                "slower): " + "\n".join(problems)
+            )
         if not built:
             return
         build_data["pure_python"] = False

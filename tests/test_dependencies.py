@@ -58,8 +58,10 @@ def imported_modules(path: Path) -> set[str]:
 
 def is_local(module: str, path: Path) -> bool:
     """The project's own code: its package and tests, or a module beside the importing script (bench/harness.py)."""
-    return any((folder / module).is_dir() or (folder / f"{module}.py").is_file()
-               for folder in (REPO, REPO / "server", path.parent))
+    return any(
+        (folder / module).is_dir() or (folder / f"{module}.py").is_file()
+        for folder in (REPO, REPO / "server", path.parent)
+    )
 
 
 def undeclared(files: Iterable[Path], declared: set[str]) -> list[str]:

@@ -11,8 +11,20 @@ BIN = Path(sys.executable).parent
 
 
 def test_ruff_is_clean() -> None:
-    done = subprocess.run([str(BIN / "ruff"), "check", "server", "tests", "bench"], cwd=REPO, capture_output=True,
-                          text=True, check=False)
+    done = subprocess.run(
+        [str(BIN / "ruff"), "check", "server", "tests", "bench"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_ruff_format_is_kept() -> None:
+    done = subprocess.run(
+        [str(BIN / "ruff"), "format", "--check", "server", "tests", "bench"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 

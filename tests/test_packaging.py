@@ -13,20 +13,43 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path), str(REPO)], check=True, timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(REPO),
+        ],
+        check=True,
+        timeout=300,
+    )
     wheel = next(tmp_path.glob("tensor_debugger-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    for required in ("tensor_debugger/web/templates/sessions.html", "tensor_debugger/web/static/app.css",
-                     "tensor_debugger/migrations/env.py", "tensor_debugger/migrations/script.py.mako",
-                     "tensor_debugger/cli/main.py", "tensor_debugger/engine/_fused_stats.so",
-                     "tensor_debugger/compare/_chunk_loop.so", "tensor_debugger/engine/kernel_structs.h"):
+    for required in (
+        "tensor_debugger/web/templates/sessions.html",
+        "tensor_debugger/web/static/app.css",
+        "tensor_debugger/migrations/env.py",
+        "tensor_debugger/migrations/script.py.mako",
+        "tensor_debugger/cli/main.py",
+        "tensor_debugger/engine/_fused_stats.so",
+        "tensor_debugger/compare/_chunk_loop.so",
+        "tensor_debugger/engine/kernel_structs.h",
+    ):
         assert required in names, required
     assert not wheel.name.endswith("-none-any.whl"), wheel.name  # the compiled kernel makes it platform-specific
     assert any(n.startswith("tensor_debugger/migrations/versions/") and n.endswith(".py") for n in names)
     site = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-                   check=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True,
+        timeout=300,
+    )
     probe = (
         "import tensor_debugger, pathlib;"
         "from tensor_debugger.resources import resource_dir;"
@@ -43,7 +66,8 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
         "print(tensor_debugger.__file__)"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path,
-                          timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(str(site))

@@ -20,8 +20,9 @@ def _private(dotted: str) -> bool:
         return False
     if parts[:2] == ["zarr", "core"]:
         return True
-    return any(p == "__file__" or (p.startswith("_") and not (p.startswith("__") and p.endswith("__")))
-               for p in parts[1:])
+    return any(
+        p == "__file__" or (p.startswith("_") and not (p.startswith("__") and p.endswith("__"))) for p in parts[1:]
+    )
 
 
 def _dotted(node: ast.expr, aliases: dict[str, str]) -> str | None:
@@ -72,8 +73,11 @@ def test_no_source_uses_private_interfaces_of_its_dependencies() -> None:
 def test_only_our_own_compiled_libraries_are_loaded() -> None:
     """ctypes loads this package's own libraries, through one function (engine/fused.py's load_library), and the C
     library (mapped_pages.py's madvise), never another package's extension module."""
-    loaders = sorted(str(p.relative_to(ROOT)) for p in SOURCES
-                     if p.relative_to(ROOT).parts[0] != "tests" and "CDLL(" in p.read_text())
+    loaders = sorted(
+        str(p.relative_to(ROOT))
+        for p in SOURCES
+        if p.relative_to(ROOT).parts[0] != "tests" and "CDLL(" in p.read_text()
+    )
     assert loaders == ["server/tensor_debugger/engine/fused.py", "server/tensor_debugger/ingest/mapped_pages.py"]
     assert 'find_library("c")' in (ROOT / "server/tensor_debugger/ingest/mapped_pages.py").read_text()
 
@@ -93,7 +97,10 @@ z = zarr.core.sync.sync
 ok = np.lib.format.read_magic, np.__version__, zarr.codecs.BloscCodec
 """
     assert [use.split(": ")[1] for use in private_uses(old)] == [
-        "from numpy.lib import _format_impl", "from zarr.core.chunk_grids import RegularChunkGrid",
-        "from zarr.core.metadata.v3 import ArrayV3Metadata", "numpy.lib._format_impl._read_array_header",
-        "numcodecs.blosc.__file__", "zarr.core.sync.sync",
+        "from numpy.lib import _format_impl",
+        "from zarr.core.chunk_grids import RegularChunkGrid",
+        "from zarr.core.metadata.v3 import ArrayV3Metadata",
+        "numpy.lib._format_impl._read_array_header",
+        "numcodecs.blosc.__file__",
+        "zarr.core.sync.sync",
     ]

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "server" / "tensor_debugger"
 README = REPO / "README.md"
 
+
 def imports_of(path: Path) -> set[str]:
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
@@ -29,16 +30,20 @@ LAYERS = ["cli", "web", "live", "demo", "services.py", "compare", "ingest", "sto
 def test_import_contracts_hold() -> None:
     """The layers, the pure engine and the absence of cycles, as pyproject.toml's [tool.importlinter] states
     them, checked by import-linter over the installed package."""
-    done = subprocess.run([str(Path(sys.executable).parent / "lint-imports"), "--no-cache"], cwd=REPO,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "lint-imports"), "--no-cache"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr
 
 
 def test_the_tree_shows_the_layers() -> None:
     """Every module lives in a layer: the package's root holds only the wiring."""
     root = sorted(p.name for p in PACKAGE.iterdir() if p.suffix == ".py" or (p.is_dir() and p.name != "__pycache__"))
-    assert root == sorted(["__init__.py", "__main__.py", "errors.py", "resources.py", "settings.py",
-                           *LAYERS])
+    assert root == sorted(["__init__.py", "__main__.py", "errors.py", "resources.py", "settings.py", *LAYERS])
 
 
 def test_engine_imports_nothing_of_the_other_layers() -> None:
@@ -76,8 +81,13 @@ def test_the_web_layer_builds_no_records() -> None:
     for path in sorted((PACKAGE / "web").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Call):
-                name = node.func.id if isinstance(node.func, ast.Name) else \
-                    node.func.attr if isinstance(node.func, ast.Attribute) else ""
+                name = (
+                    node.func.id
+                    if isinstance(node.func, ast.Name)
+                    else node.func.attr
+                    if isinstance(node.func, ast.Attribute)
+                    else ""
+                )
                 if name.endswith("Record"):
                     built.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {name}(")
     assert not built, f"web/ builds records: {built}"

@@ -43,8 +43,9 @@ class Settings:
     host: str = _setting("127.0.0.1", "Address `serve` binds to. Loopback only unless told otherwise.")
     port: int = _setting(8000, "Port `serve` listens on.")
     allowed_hosts: str = _setting(
-        "", "More host names the server answers to, comma-separated, besides localhost, 127.0.0.1, [::1] and `host` "
-        "(`.example.org` also allows its subdomains; `*` allows any name). Other Host headers are refused."
+        "",
+        "More host names the server answers to, comma-separated, besides localhost, 127.0.0.1, [::1] and `host` "
+        "(`.example.org` also allows its subdomains; `*` allows any name). Other Host headers are refused.",
     )
     demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
     max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
@@ -59,17 +60,20 @@ class Settings:
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
     )
     workers: int = _setting(
-        0, "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
-        "run on (os.sched_getaffinity). Results are the same for any value."
+        0,
+        "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
+        "run on (os.sched_getaffinity). Results are the same for any value.",
     )
 
     kernel: str = _setting(
-        "compiled", "Statistics path: compiled (the kernels and the chunk loop), blocks (the kernels on blocks read "
-        "into arrays, no chunk loop) or numpy (neither). For checking a result or measuring."
+        "compiled",
+        "Statistics path: compiled (the kernels and the chunk loop), blocks (the kernels on blocks read "
+        "into arrays, no chunk loop) or numpy (neither). For checking a result or measuring.",
     )
     kernel_family: str = _setting(
-        "", "The compiled kernels' vector family: avx512, avx2 or baseline; empty for the best this CPU runs (one it "
-        "does not run is ignored with a warning). For checking a result or measuring."
+        "",
+        "The compiled kernels' vector family: avx512, avx2 or baseline; empty for the best this CPU runs (one it "
+        "does not run is ignored with a warning). For checking a result or measuring.",
     )
 
     def __post_init__(self) -> None:
@@ -80,13 +84,21 @@ class Settings:
             object.__setattr__(self, "database_url", f"sqlite:///{self.data_dir / 'metadata.sqlite3'}")
         if not self.store_url:
             object.__setattr__(self, "store_url", (self.data_dir / "arrays").as_uri())
-        for name in ("max_upload_bytes", "max_archive_members", "max_expanded_bytes", "expansion_floor_bytes",
-                     "chunk_bytes", "ingest_workers"):
+        for name in (
+            "max_upload_bytes",
+            "max_archive_members",
+            "max_expanded_bytes",
+            "expansion_floor_bytes",
+            "chunk_bytes",
+            "ingest_workers",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
         if self.workers < 0:
-            raise ValueError(f"setting workers ({ENV_PREFIX}WORKERS, --workers) must be 0 (one per available CPU) "
-                             f"or a positive number of threads, got {self.workers}")
+            raise ValueError(
+                f"setting workers ({ENV_PREFIX}WORKERS, --workers) must be 0 (one per available CPU) "
+                f"or a positive number of threads, got {self.workers}"
+            )
 
     @property
     def threads(self) -> int:

@@ -19,32 +19,46 @@ def test_ingest_and_sessions_json(tmp_path: Path) -> None:
     (folder / "notes.txt").write_text("not a tensor")
     archive = make_zip(folder, tmp_path / "ref.zip")
     data = tmp_path / "data"
-    done = run_cli("--data-dir", str(data), "ingest", "--session", "port vs ref", "--run", "reference",
-                   str(archive), "--json")
+    done = run_cli(
+        "--data-dir", str(data), "ingest", "--session", "port vs ref", "--run", "reference", str(archive), "--json"
+    )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["session"]["name"] == "port vs ref" and isinstance(out["session"]["id"], int)
     assert out["run"]["label"] == "reference" and out["run"]["tensors"] == 2
-    assert out["problems"] == [{"file": f"{archive}/notes.txt",
-                                "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}]
+    assert out["problems"] == [
+        {"file": f"{archive}/notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}
+    ]
     listed = run_cli("--data-dir", str(data), "sessions", "--json")
     assert listed.returncode == 0
     sessions = json.loads(listed.stdout)
     assert [(s["name"], [(r["label"], r["tensors"]) for r in s["runs"]]) for s in sessions] == [
-        ("port vs ref", [("reference", 2)])]
+        ("port vs ref", [("reference", 2)])
+    ]
     assert sessions[0]["id"] == out["session"]["id"]
 
 
 def test_exit_two_when_nothing_usable(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"definitely not a tensor")
-    done = run_cli("--data-dir", str(tmp_path / "data"), "ingest", "--session", "s", "--run", "r", str(bad),
-                   str(tmp_path / "missing.zip"), "--json")
+    done = run_cli(
+        "--data-dir",
+        str(tmp_path / "data"),
+        "ingest",
+        "--session",
+        "s",
+        "--run",
+        "r",
+        str(bad),
+        str(tmp_path / "missing.zip"),
+        "--json",
+    )
     assert done.returncode == 2
     out = json.loads(done.stdout)
     assert out["run"] is None
-    assert [p["file"] for p in out["problems"]] == [str(tmp_path / "missing.zip"), str(bad)] or \
-        sorted(p["file"] for p in out["problems"]) == sorted([str(bad), str(tmp_path / "missing.zip")])
+    assert [p["file"] for p in out["problems"]] == [str(tmp_path / "missing.zip"), str(bad)] or sorted(
+        p["file"] for p in out["problems"]
+    ) == sorted([str(bad), str(tmp_path / "missing.zip")])
     listed = run_cli("--data-dir", str(tmp_path / "data"), "sessions", "--json")
     assert json.loads(listed.stdout) == []  # the session the failed ingest would have created is not kept
 

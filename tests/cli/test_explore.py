@@ -13,8 +13,10 @@ from tests.support.servers import run_cli
 
 def test_explore_pairs_every_tensor_with_every_other(tmp_path: Path) -> None:
     same = seeded((4, 6), 1)
-    torch.save({"q": same, "k": same.clone(), "v": seeded((4, 6), 2), "o": seeded((6, 4), 3),
-                "bias": seeded((5,), 4)}, tmp_path / "acts.pth")
+    torch.save(
+        {"q": same, "k": same.clone(), "v": seeded((4, 6), 2), "o": seeded((6, 4), 3), "bias": seeded((5,), 4)},
+        tmp_path / "acts.pth",
+    )
     data = str(tmp_path / "data")
     done = run_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--json")
     assert done.returncode == 0, done.stderr
@@ -26,8 +28,9 @@ def test_explore_pairs_every_tensor_with_every_other(tmp_path: Path) -> None:
     assert verdicts[("acts.q", "acts.v")] == "fail"
     assert verdicts[("acts.q", "acts.bias")] == "incomparable"
     assert all(p["strategy"] == "explore" for p in out["pairs"])
-    matched = json.loads(run_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--match", "*.[qk]",
-                                 "--json").stdout)
+    matched = json.loads(
+        run_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--match", "*.[qk]", "--json").stdout
+    )
     assert [(p["a"]["name"], p["b"]["name"]) for p in matched["pairs"]] == [("acts.q", "acts.k")]
     human = run_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"))
     assert human.returncode == 0 and "10 pairs: 1 equal within tolerance" in human.stdout

@@ -31,8 +31,7 @@ raise SystemExit(code)
 def imported_by(*args: str) -> tuple[set[str], str]:
     """The top-level packages `tensor-debugger ARGS` imported, and what it printed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
-    done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     return set(json.loads(done.stderr.strip().splitlines()[-1])), done.stdout
 

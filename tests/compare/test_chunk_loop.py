@@ -26,8 +26,19 @@ from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 
 TOLERANCE = Tolerance(1.3e-6, 1e-5)
-EXACT_FIELDS = ("numel", "max_abs_diff", "argmax", "max_rel_diff", "mismatched", "histogram", "nan_a", "nan_b",
-                "inf_a", "inf_b", "nan_one_side")
+EXACT_FIELDS = (
+    "numel",
+    "max_abs_diff",
+    "argmax",
+    "max_rel_diff",
+    "mismatched",
+    "histogram",
+    "nan_a",
+    "nan_b",
+    "inf_a",
+    "inf_b",
+    "nan_one_side",
+)
 SUMMED_FIELDS = ("mean_abs_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr_db")
 
 
@@ -85,16 +96,31 @@ def candidate(reference: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return values
 
 
-@pytest.mark.parametrize(("dtype_a", "dtype_b"), [("float32", "float32"), ("float64", "float32"),
-                                                  ("float32", "float64"), ("bfloat16", "bfloat16"),
-                                                  ("float16", "float16"), ("float32", "bfloat16"),
-                                                  ("float64", "float16")])
-@pytest.mark.parametrize(("shape", "chunks_a", "chunks_b"), [((300, 37), (7, 37), (11, 37)),
-                                                            ((5, 6, 70), (1, 4, 70), (1, 6, 70)),
-                                                            ((4999,), (640,), (4999,))])
-def test_the_loop_gives_what_reading_blocks_gives(services: Services, pool: ThreadPoolExecutor, dtype_a: str,
-                                                  dtype_b: str, shape: tuple[int, ...], chunks_a: tuple[int, ...],
-                                                  chunks_b: tuple[int, ...]) -> None:
+@pytest.mark.parametrize(
+    ("dtype_a", "dtype_b"),
+    [
+        ("float32", "float32"),
+        ("float64", "float32"),
+        ("float32", "float64"),
+        ("bfloat16", "bfloat16"),
+        ("float16", "float16"),
+        ("float32", "bfloat16"),
+        ("float64", "float16"),
+    ],
+)
+@pytest.mark.parametrize(
+    ("shape", "chunks_a", "chunks_b"),
+    [((300, 37), (7, 37), (11, 37)), ((5, 6, 70), (1, 4, 70), (1, 6, 70)), ((4999,), (640,), (4999,))],
+)
+def test_the_loop_gives_what_reading_blocks_gives(
+    services: Services,
+    pool: ThreadPoolExecutor,
+    dtype_a: str,
+    dtype_b: str,
+    shape: tuple[int, ...],
+    chunks_a: tuple[int, ...],
+    chunks_b: tuple[int, ...],
+) -> None:
     """Every dtype the loop widens, mixed; chunks of different sizes on each side, padded edge chunks, chunks that
     stop short of a dimension (5, 6, 70 in chunks of 1, 4, 70), and blocks whose edges fall inside chunks."""
     rng = np.random.default_rng(3)
@@ -118,17 +144,22 @@ def test_alignments_that_keep_c_order_use_the_loop(services: Services, pool: Thr
     so the loop reads them; a permutation reorders them, so it does not."""
     rng = np.random.default_rng(5)
     reference = rng.standard_normal((4, 30, 64))
-    cases = [(reference.reshape(1, 120, 64), reference.reshape(120, 64), False),  # size-1 dimension dropped
-             (np.concatenate([reference.reshape(120, 64), reference[0, :10]]), reference.reshape(120, 64), False),
-             (reference.reshape(120, 64), reference.reshape(8, 15, 64), False),  # flattened, the last resort
-             (reference, reference.transpose(1, 0, 2), True)]  # heads permuted
+    cases = [
+        (reference.reshape(1, 120, 64), reference.reshape(120, 64), False),  # size-1 dimension dropped
+        (np.concatenate([reference.reshape(120, 64), reference[0, :10]]), reference.reshape(120, 64), False),
+        (reference.reshape(120, 64), reference.reshape(8, 15, 64), False),  # flattened, the last resort
+        (reference, reference.transpose(1, 0, 2), True),
+    ]  # heads permuted
     for n, (a_values, b_values, permuted) in enumerate(cases):
         alignment = align([a_values.shape], [b_values.shape])
         assert alignment is not None, (a_values.shape, b_values.shape)
-        a = build_view([stored(services, f"runs/1/{n}", a_values, "float32", (1, *a_values.shape[1:]))],
-                       alignment.side_steps("a"))
-        b = build_view([stored(services, f"runs/2/{n}", candidate(b_values, rng), "float32",
-                               (1, *b_values.shape[1:]))], alignment.side_steps("b"))
+        a = build_view(
+            [stored(services, f"runs/1/{n}", a_values, "float32", (1, *a_values.shape[1:]))], alignment.side_steps("a")
+        )
+        b = build_view(
+            [stored(services, f"runs/2/{n}", candidate(b_values, rng), "float32", (1, *b_values.shape[1:]))],
+            alignment.side_steps("b"),
+        )
         loop = chunk_pairs(a, b, exact=False)
         assert (loop is None) == permuted, alignment.words()
         got, finished = compare(a, b, pool, loop)
@@ -136,8 +167,9 @@ def test_alignments_that_keep_c_order_use_the_loop(services: Services, pool: Thr
         assert_same(got, compare(a, b, pool, None)[0])
 
 
-def test_no_loop_for_exact_comparisons_other_dtypes_or_when_turned_off(services: Services,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_no_loop_for_exact_comparisons_other_dtypes_or_when_turned_off(
+    services: Services, monkeypatch: pytest.MonkeyPatch
+) -> None:
     values = np.arange(64.0).reshape(8, 8)
     f32 = stored(services, "runs/1/0", values, "float32", (2, 8))
     assert chunk_pairs(f32, f32, exact=False) is not None
@@ -173,7 +205,6 @@ def test_blocks_the_loop_cannot_finish_go_through_the_views(services: Services, 
     assert finished == blocks - 2  # the NaN's block and the missing chunk's
     assert got.nan_b == 1 and got.nan_one_side == 1 and math.isnan(got.max_abs_diff) and got.argmax == (150, 3)
     assert_same(got, compare(a, b, pool, None)[0])
-
 
 
 def test_a_broken_chunk_file_is_named(services: Services, pool: ThreadPoolExecutor) -> None:
@@ -217,8 +248,9 @@ def test_flat_pieces_cover_any_flat_range(services: Services) -> None:
     """The pieces of a flat range, decoded and cut as the loop cuts them, are that range of the array."""
     rng = np.random.default_rng(13)
     codec = Blosc()
-    for n, (shape, chunks) in enumerate([((100, 37), (7, 37)), ((5, 6, 7), (1, 4, 7)), ((1000,), (64,)),
-                                         ((3, 1, 5), (1, 1, 5))]):
+    for n, (shape, chunks) in enumerate(
+        [((100, 37), (7, 37)), ((5, 6, 7), (1, 4, 7)), ((1000,), (64,)), ((3, 1, 5), (1, 1, 5))]
+    ):
         values = rng.standard_normal(shape).astype(np.float32)
         stored(services, f"runs/1/{n}", values, "float32", chunks)
         reader = services.store.reader(f"runs/1/{n}")
@@ -228,8 +260,10 @@ def test_flat_pieces_cover_any_flat_range(services: Services) -> None:
             start, stop = sorted(int(x) for x in rng.integers(0, flat.size + 1, 2))
             pieces = reader.flat_pieces(start, stop)
             assert pieces is not None
-            parts = [np.frombuffer(codec.decode(Path(path.decode()).read_bytes()), dtype=np.float32)[skip: skip + count]
-                     for path, skip, count in pieces]
+            parts = [
+                np.frombuffer(codec.decode(Path(path.decode()).read_bytes()), dtype=np.float32)[skip : skip + count]
+                for path, skip, count in pieces
+            ]
             got = np.concatenate(parts) if parts else np.empty(0, dtype=np.float32)
             assert got.tobytes() == flat[start:stop].tobytes(), (shape, start, stop)
             if start < stop:

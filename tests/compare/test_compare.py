@@ -33,18 +33,21 @@ PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 def dumps(tmp_path: Path, plant: Plant | None = PLANT) -> tuple[Path, Path]:
     write_dump(tmp_path / "ref", layers=3, seed=4)
     write_dump(tmp_path / "cand", layers=3, seed=4, plant=plant)
-    return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(tmp_path / "cand",
-                                                                                        tmp_path / "candidate.zip")
+    return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(
+        tmp_path / "cand", tmp_path / "candidate.zip"
+    )
 
 
-def compare_json(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path,
-                 **kwargs: Any) -> tuple[int, dict[str, Any]]:
+def compare_json(
+    services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path, **kwargs: Any
+) -> tuple[int, dict[str, Any]]:
     code = run_compare(services, a, b, kwargs.get("name"), kwargs.get("rtol"), kwargs.get("atol"), True)
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_compare_finds_the_planted_first_divergence(services: Services, tmp_path: Path,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_finds_the_planted_first_divergence(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     reference, candidate = dumps(tmp_path)
     code, out = compare_json(services, capsys, reference, candidate, name="port vs ref")
     assert code == 1
@@ -63,8 +66,9 @@ def test_compare_finds_the_planted_first_divergence(services: Services, tmp_path
     assert out["unmatched"] == {"a": [], "b": []}
 
 
-def test_identical_runs_pass_and_exit_zero(services: Services, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def test_identical_runs_pass_and_exit_zero(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     reference, candidate = dumps(tmp_path, plant=None)
     code, out = compare_json(services, capsys, reference, candidate)
     assert code == 0 and out["first_divergence"] is None
@@ -81,8 +85,9 @@ def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: py
         assert catalog.list_sessions(db) == []
 
 
-def test_running_again_recomputes_nothing(services: Services, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_running_again_recomputes_nothing(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     reference, candidate = dumps(tmp_path)
     compare_json(services, capsys, reference, candidate, name="first")
     reads_before = services.store.chunk_reads
@@ -124,15 +129,17 @@ def test_tp8_against_tp1_layouts(services: Services, tmp_path: Path, capsys: pyt
     full = seeded((76, 8, 64), 11)
     mlp = seeded((76, 512), 12)
     values = seeded((76, 8, 64), 13)
-    tp1 = save_all(tmp_path / "tp1", {"0_query": full, "0_post_mlp": mlp, "0_value": values,
-                                      "0_scaling": torch.tensor(0.125)})
+    tp1 = save_all(
+        tmp_path / "tp1", {"0_query": full, "0_post_mlp": mlp, "0_value": values, "0_scaling": torch.tensor(0.125)}
+    )
     permuted = full.permute(1, 0, 2).unsqueeze(0).clone()  # [1, 8, 76, 64]
     permuted[0, 6, 40, 9] += 0.75
     extra = torch.cat([mlp, seeded((4, 512), 14)])  # one rank's four extra rows
     shards = {f"rank{k}/0_value": values[:, 2 * k : 2 * k + 2, :].clone() for k in range(4)}
     shards["rank2/0_value"][70, 1, 63] -= 2.0
-    tp8 = save_all(tmp_path / "tp8", {"0_query": permuted, "0_post_mlp": extra, **shards,
-                                      "0_scaling": torch.tensor(0.125)})
+    tp8 = save_all(
+        tmp_path / "tp8", {"0_query": permuted, "0_post_mlp": extra, **shards, "0_scaling": torch.tensor(0.125)}
+    )
     code, out = compare_json(services, capsys, tp1, tp8)
     assert code == 1
     pairs = {p["name"]: p for p in out["pairs"]}
@@ -168,8 +175,9 @@ def value_pair_id(services: Services, out: dict[str, Any], name: str) -> int:
     return next(p.id for p in report.pairs if p.name == name)
 
 
-def test_incomparable_and_unmatched_are_listed(services: Services, tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_incomparable_and_unmatched_are_listed(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = save_all(tmp_path / "a", {"0_query": seeded((3, 5), 1), "0_key": seeded((2,), 2), "only_a": seeded((9,), 3)})
     b = save_all(tmp_path / "b", {"0_query": seeded((4, 4), 1), "0_key": seeded((2,), 2), "only_b": seeded((8,), 3)})
     code, out = compare_json(services, capsys, a, b)
@@ -185,8 +193,12 @@ def test_nan_is_never_hidden(services: Services, tmp_path: Path, capsys: pytest.
     broken = clean.clone()
     broken[2, 3] = float("nan")
     broken[4, 4] = float("inf")
-    code, out = compare_json(services, capsys, save_all(tmp_path / "a", {"0_post_mlp": clean}),
-                             save_all(tmp_path / "b", {"0_post_mlp": broken}))
+    code, out = compare_json(
+        services,
+        capsys,
+        save_all(tmp_path / "a", {"0_post_mlp": clean}),
+        save_all(tmp_path / "b", {"0_post_mlp": broken}),
+    )
     stats = out["pairs"][0]["stats"]
     assert code == 1 and (stats["nan_a"], stats["nan_b"], stats["inf_a"], stats["inf_b"]) == (0, 1, 0, 1)
     assert stats["cosine"] == "nan" and stats["max_abs_diff"] == "nan" and stats["argmax"] == [2, 3]
@@ -233,8 +245,9 @@ def two_pairs(services: Services, tmp_path: Path) -> tuple[int, list[PairRecord]
     session_id = services.ingestor.ingest("two", "cand", [InputFile(b, "b")]).session_id
     services.comparisons.plan(session_id)
     with services.sessions() as db:
-        return session_id, list(db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)
-                                           .order_by(PairRecord.id)))
+        return session_id, list(
+            db.scalars(select(PairRecord).where(PairRecord.session_id == session_id).order_by(PairRecord.id))
+        )
 
 
 def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services, tmp_path: Path) -> None:
@@ -245,8 +258,11 @@ def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services,
     jobs, _ = set_up(services.comparisons, [p.id for p in pairs])
     results = list(compare_stream(jobs, services.comparisons.pool))
     with services.sessions.begin() as db:  # meanwhile the user unpairs 0_query: 0_key is replanned as pair 1
-        db.add(PairOverrideRecord(session_id=session_id, run_b_id=pairs[0].run_b_id, action="unpair",
-                                  a_name="0_query", b_name="0_query"))
+        db.add(
+            PairOverrideRecord(
+                session_id=session_id, run_b_id=pairs[0].run_b_id, action="unpair", a_name="0_query", b_name="0_query"
+            )
+        )
     services.comparisons.plan(session_id)
     writer = ResultWriter(services.comparisons)
     for work, result in results:
@@ -254,8 +270,12 @@ def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services,
     writer.flush()
     with services.sessions() as db:
         (replanned,) = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)).all()
-        assert (replanned.id, replanned.name, replanned.status, replanned.result_id) == (pairs[0].id, "0_key",
-                                                                                         "pending", None)
+        assert (replanned.id, replanned.name, replanned.status, replanned.result_id) == (
+            pairs[0].id,
+            "0_key",
+            "pending",
+            None,
+        )
     before = services.store.chunk_reads
     services.comparisons.compute_pending(session_id)  # 0_key's own result is in the cache by now
     assert services.store.chunk_reads == before
@@ -263,8 +283,7 @@ def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services,
         assert db.get_one(PairRecord, pairs[0].id).status == "pass"
 
 
-def test_results_are_written_within_a_tick(services: Services, tmp_path: Path,
-                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_results_are_written_within_a_tick(services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The first result is written at once; one that arrives soon after waits at most FLUSH_SECONDS, for the
     next result or the next tick, not for the end of the computation."""
     monkeypatch.setattr(pending_pairs, "FLUSH_SECONDS", 60.0)  # "soon after", however slow this machine is
@@ -287,8 +306,9 @@ def test_results_are_written_within_a_tick(services: Services, tmp_path: Path,
     assert statuses() == ["fail", "pass"]
 
 
-def stored_pair_views(services: Services, tmp_path: Path, a_tensor: torch.Tensor,
-                      b_tensor: torch.Tensor) -> tuple[View, View, Alignment]:
+def stored_pair_views(
+    services: Services, tmp_path: Path, a_tensor: torch.Tensor, b_tensor: torch.Tensor
+) -> tuple[View, View, Alignment]:
     """Ingest one tensor per run as `0_post_mlp`, pair them, and hand back the pair's lazy views."""
     a = save_all(tmp_path / "a", {"0_post_mlp": a_tensor})
     b = save_all(tmp_path / "b", {"0_post_mlp": b_tensor})

@@ -50,14 +50,22 @@ def test_without_an_affinity_mask_every_cpu_counts(monkeypatch: pytest.MonkeyPat
     assert available_cpus() == 7
 
 
-@pytest.mark.parametrize(("env", "flag", "message"), [
-    ({"TENSOR_DEBUGGER_WORKERS": "-1"}, [], "setting workers (TENSOR_DEBUGGER_WORKERS, --workers) must be 0 (one "
-     "per available CPU) or a positive number of threads, got -1"),
-    ({"TENSOR_DEBUGGER_WORKERS": "many"}, [], "TENSOR_DEBUGGER_WORKERS='many' is not a valid int"),
-    ({}, ["--workers", "-3"], "must be 0 (one per available CPU) or a positive number of threads, got -3"),
-])
-def test_a_bad_number_of_workers_is_a_clear_error(tmp_path: Path, env: dict[str, str], flag: list[str],
-                                                  message: str) -> None:
+@pytest.mark.parametrize(
+    ("env", "flag", "message"),
+    [
+        (
+            {"TENSOR_DEBUGGER_WORKERS": "-1"},
+            [],
+            "setting workers (TENSOR_DEBUGGER_WORKERS, --workers) must be 0 (one "
+            "per available CPU) or a positive number of threads, got -1",
+        ),
+        ({"TENSOR_DEBUGGER_WORKERS": "many"}, [], "TENSOR_DEBUGGER_WORKERS='many' is not a valid int"),
+        ({}, ["--workers", "-3"], "must be 0 (one per available CPU) or a positive number of threads, got -3"),
+    ],
+)
+def test_a_bad_number_of_workers_is_a_clear_error(
+    tmp_path: Path, env: dict[str, str], flag: list[str], message: str
+) -> None:
     done = run_cli("--data-dir", str(tmp_path), *flag, "sessions", env=env)
     assert done.returncode == 2
     assert message in done.stderr
@@ -73,6 +81,7 @@ def test_a_serial_lane_runs_in_order_beside_other_work() -> None:
     try:
         seen: list[int] = []
         lane = SerialLane(pools.pool)
+
         def appender(n: int) -> Callable[[], None]:
             return lambda: seen.append(n)
 
@@ -95,14 +104,20 @@ def write_run(folder: Path, noise: float) -> dict[str, torch.Tensor]:
         t = seeded(BIG, layer)
         if noise:
             t = t + noise * seeded(BIG, 100 + layer)
-            t[layer * 7, 11 : 19] += 1.0
+            t[layer * 7, 11:19] += 1.0
         torch.save(t, folder / f"{layer}_post_mlp.pth")
         written[f"{layer}_post_mlp"] = t
-    group = {"query": seeded((96, 513), 3), "key": seeded((64, 1000), 4, torch.bfloat16),
-             "value": seeded((3, 5, 7), 5, torch.float16), "scale": seeded((), 6)}
+    group = {
+        "query": seeded((96, 513), 3),
+        "key": seeded((64, 1000), 4, torch.bfloat16),
+        "value": seeded((3, 5, 7), 5, torch.float16),
+        "scale": seeded((), 6),
+    }
     if noise:
-        group = {k: (v.float() + noise * seeded(tuple(v.shape), 200 + n)).to(v.dtype)
-                 for n, (k, v) in enumerate(group.items())}
+        group = {
+            k: (v.float() + noise * seeded(tuple(v.shape), 200 + n)).to(v.dtype)
+            for n, (k, v) in enumerate(group.items())
+        }
     save_file(group, str(folder / "2_attn.safetensors"))
     counts = torch.arange(10_000, dtype=torch.int64).reshape(100, 100)
     if noise:
@@ -119,10 +134,25 @@ def stored_state(data: Path) -> dict[str, Any]:
         state: dict[str, Any] = {}
         with services.sessions() as db:
             state["tensors"] = sorted(
-                (t.name, t.run_id, t.digest, t.numel, t.min, t.max, t.mean, t.std, t.nan_count, t.inf_count,
-                 t.shape, t.dtype) for t in db.scalars(select(TensorRecord)))
-            state["results"] = sorted((r.cache_key, json.dumps(r.stats, sort_keys=True))
-                                      for r in db.scalars(select(ComparisonResultRecord)))
+                (
+                    t.name,
+                    t.run_id,
+                    t.digest,
+                    t.numel,
+                    t.min,
+                    t.max,
+                    t.mean,
+                    t.std,
+                    t.nan_count,
+                    t.inf_count,
+                    t.shape,
+                    t.dtype,
+                )
+                for t in db.scalars(select(TensorRecord))
+            )
+            state["results"] = sorted(
+                (r.cache_key, json.dumps(r.stats, sort_keys=True)) for r in db.scalars(select(ComparisonResultRecord))
+            )
             slices = []
             for pair in db.scalars(select(PairRecord).order_by(PairRecord.position)):
                 a, b, _ = services.comparisons.views(db, pair)
@@ -133,8 +163,11 @@ def stored_state(data: Path) -> dict[str, Any]:
                     slices.append((pair.name, read_slice(a, b, request), heat.cells.tolist()))
             state["slices"] = slices
         arrays = data / "arrays"
-        state["chunks"] = {str(p.relative_to(arrays)): hashlib.sha256(p.read_bytes()).hexdigest()
-                           for p in sorted(arrays.rglob("*")) if p.is_file() and p.name != "zarr.json"}
+        state["chunks"] = {
+            str(p.relative_to(arrays)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(arrays.rglob("*"))
+            if p.is_file() and p.name != "zarr.json"
+        }
         return state
     finally:
         services.close()
@@ -146,9 +179,17 @@ def test_results_are_the_same_for_any_number_of_workers(tmp_path: Path) -> None:
     outputs, states = [], []
     for workers in ("1", "3"):
         data = tmp_path / f"data-{workers}"
-        done = run_cli("--data-dir", str(data), "compare", str(tmp_path / "ref"), str(tmp_path / "cand"),
-                       "--name", "workers", "--json",
-                       env={"TENSOR_DEBUGGER_WORKERS": workers, "TENSOR_DEBUGGER_CHUNK_BYTES": SMALL_CHUNKS})
+        done = run_cli(
+            "--data-dir",
+            str(data),
+            "compare",
+            str(tmp_path / "ref"),
+            str(tmp_path / "cand"),
+            "--name",
+            "workers",
+            "--json",
+            env={"TENSOR_DEBUGGER_WORKERS": workers, "TENSOR_DEBUGGER_CHUNK_BYTES": SMALL_CHUNKS},
+        )
         assert done.returncode == 1, done.stderr  # the planted differences fail
         outputs.append(json.loads(done.stdout))
         states.append(stored_state(data))
@@ -163,6 +204,7 @@ def test_results_are_the_same_for_any_number_of_workers(tmp_path: Path) -> None:
     first_run = min(run for _, run in digests)
     for name, tensor in reference.items():
         dtype = parse_dtype(str(tensor.dtype).removeprefix("torch."))
-        expected = hashlib.sha256(digest_header(dtype, tuple(tensor.shape)) + np.ascontiguousarray(tensor.numpy())
-                                  .tobytes()).hexdigest()
+        expected = hashlib.sha256(
+            digest_header(dtype, tuple(tensor.shape)) + np.ascontiguousarray(tensor.numpy()).tobytes()
+        ).hexdigest()
         assert digests[(name, first_run)] == "sha256:" + expected

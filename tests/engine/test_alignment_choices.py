@@ -17,16 +17,21 @@ def test_a_transpose_is_offered_instead_of_flattening() -> None:
     assert words([(32, 64)], [(64, 32)]) == ["candidate dims permuted [1, 0] -> [32, 64]"]
     assert words([(2, 3, 4)], [(4, 3, 2)]) == ["candidate dims permuted [2, 1, 0] -> [2, 3, 4]"]
     assert words([(1, 8, 4)], [(4, 8)]) == [
-        "reference size-1 dims dropped -> [8, 4]; candidate dims permuted [1, 0] -> [8, 4]"]
+        "reference size-1 dims dropped -> [8, 4]; candidate dims permuted [1, 0] -> [8, 4]"
+    ]
 
 
 def test_every_fitting_alignment_cheapest_first_and_each_one_valid() -> None:
     assert words([(8, 4)], [(4, 4), (4, 4)]) == [
         "candidate shards concatenated along dim 0 -> [8, 4]",
-        "candidate shards concatenated along dim 1 -> [4, 8]; candidate dims permuted [1, 0] -> [8, 4]"]
+        "candidate shards concatenated along dim 1 -> [4, 8]; candidate dims permuted [1, 0] -> [8, 4]",
+    ]
     assert words([(4, 4)], [(4, 4)]) == ["same shape", "candidate dims permuted [1, 0] -> [4, 4]"]
     cases: list[tuple[list[tuple[int, ...]], list[tuple[int, ...]]]] = [
-        ([(8, 4)], [(4, 4), (4, 4)]), ([(6, 5, 4)], [(4, 6, 5)]), ([(10, 3)], [(12, 3)])]
+        ([(8, 4)], [(4, 4), (4, 4)]),
+        ([(6, 5, 4)], [(4, 6, 5)]),
+        ([(10, 3)], [(12, 3)]),
+    ]
     for shapes_a, shapes_b in cases:
         for choice in alignment_choices(shapes_a, shapes_b):
             again = Alignment.from_steps(shapes_a, shapes_b, [Step.from_json(s.to_json()) for s in choice.steps])
@@ -41,7 +46,9 @@ def test_flattening_only_when_nothing_else_fits() -> None:
 
 def test_the_rules_form() -> None:
     assert rules_from_form({"strategies": " name , fuzzy", "threshold": "0.8", "name_pattern": " x "}) == (
-        "name,fuzzy:0.8", "x")
+        "name,fuzzy:0.8",
+        "x",
+    )
     assert rules_from_form({"threshold": "0.9"})[0].split(",")[-2] == "fuzzy:0.9"  # the default chain's fuzzy
     assert rules_from_form({}) == ("", "")
     with pytest.raises(InvalidInputError, match="needs fuzzy in the chain"):

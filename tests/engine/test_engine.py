@@ -42,8 +42,11 @@ def reference_stats(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> dict[str, f
     d = np.abs(a64 - b64)
     nz = a64 != 0
     return {
-        "max_abs_diff": d.max(), "mean_abs_diff": d.mean(), "mse": (d**2).mean(),
-        "max_rel_diff": (d[nz] / np.abs(a64[nz])).max(), "mean_rel_diff": (d[nz] / np.abs(a64[nz])).mean(),
+        "max_abs_diff": d.max(),
+        "mean_abs_diff": d.mean(),
+        "mse": (d**2).mean(),
+        "max_rel_diff": (d[nz] / np.abs(a64[nz])).max(),
+        "mean_rel_diff": (d[nz] / np.abs(a64[nz])).mean(),
         "cosine": a64 @ b64 / np.sqrt((a64 @ a64) * (b64 @ b64)),
         "mismatched": int((d > tol.atol + tol.rtol * np.abs(a64)).sum()),
         "snr_db": 10 * np.log10((a64 @ a64) / (d @ d)),
@@ -139,8 +142,9 @@ def test_ticks_while_a_block_is_awaited_and_a_failed_pair_reads_no_more(pool: Th
             return super().read(region)
 
     big = (4096, 1024)  # 4 blocks of 1M values
-    ((_, error),) = compare_stream([PairJob("bad", CountingBroken(big), CountingBroken(big), Tolerance(0, 0), False)],
-                                   pool, in_flight=1)
+    ((_, error),) = compare_stream(
+        [PairJob("bad", CountingBroken(big), CountingBroken(big), Tolerance(0, 0), False)], pool, in_flight=1
+    )
     assert isinstance(error, OSError) and len(reads) <= 2
 
 
@@ -242,21 +246,38 @@ def test_flat_boxes_cover_ranges_exactly() -> None:
 
 
 def test_pairing_chain_and_execution_order() -> None:
-    def ref(i: int, name: str, shape: tuple[int, ...] = (2,), layer: int | None = None,
-            stage: str | None = None) -> TensorRef:
+    def ref(
+        i: int, name: str, shape: tuple[int, ...] = (2,), layer: int | None = None, stage: str | None = None
+    ) -> TensorRef:
         return TensorRef(i, name, shape, "float32", i, layer, stage)
 
-    a = [ref(0, "1_post_mlp", layer=1, stage="post_mlp"), ref(1, "0_query", layer=0, stage="query"),
-         ref(2, "0_post_ln_pre_attn", layer=0, stage="post_ln_pre_attn"), ref(3, "model.Embed", (9,)),
-         ref(4, "lonely", (3,)), ref(5, "odd_one", (7, 7)), ref(6, "0_zeta", layer=0, stage="zeta")]
-    b = [ref(0, "port/1_post_mlp", layer=1, stage="post_mlp"), ref(1, "0_query", layer=0, stage="query"),
-         ref(2, "0_post_ln_pre_attn", layer=0, stage="post_ln_pre_attn"), ref(3, "module.embed", (9,)),
-         ref(4, "something_else", (7, 7)), ref(5, "only_b", (5,)), ref(6, "0_zeta", layer=0, stage="zeta")]
+    a = [
+        ref(0, "1_post_mlp", layer=1, stage="post_mlp"),
+        ref(1, "0_query", layer=0, stage="query"),
+        ref(2, "0_post_ln_pre_attn", layer=0, stage="post_ln_pre_attn"),
+        ref(3, "model.Embed", (9,)),
+        ref(4, "lonely", (3,)),
+        ref(5, "odd_one", (7, 7)),
+        ref(6, "0_zeta", layer=0, stage="zeta"),
+    ]
+    b = [
+        ref(0, "port/1_post_mlp", layer=1, stage="post_mlp"),
+        ref(1, "0_query", layer=0, stage="query"),
+        ref(2, "0_post_ln_pre_attn", layer=0, stage="post_ln_pre_attn"),
+        ref(3, "module.embed", (9,)),
+        ref(4, "something_else", (7, 7)),
+        ref(5, "only_b", (5,)),
+        ref(6, "0_zeta", layer=0, stage="zeta"),
+    ]
     pairing = pair_runs(a, b)
     assert [(p.a.name, p.b.name, p.strategy) for p in pairing.pairs] == [
-        ("0_post_ln_pre_attn", "0_post_ln_pre_attn", "layer_stage"), ("0_query", "0_query", "layer_stage"),
-        ("0_zeta", "0_zeta", "layer_stage"), ("1_post_mlp", "port/1_post_mlp", "layer_stage"),
-        ("model.Embed", "module.embed", "normalized"), ("odd_one", "something_else", "shape")]
+        ("0_post_ln_pre_attn", "0_post_ln_pre_attn", "layer_stage"),
+        ("0_query", "0_query", "layer_stage"),
+        ("0_zeta", "0_zeta", "layer_stage"),
+        ("1_post_mlp", "port/1_post_mlp", "layer_stage"),
+        ("model.Embed", "module.embed", "normalized"),
+        ("odd_one", "something_else", "shape"),
+    ]
     assert [t.name for t in pairing.unmatched_a] == ["lonely"]
     assert [t.name for t in pairing.unmatched_b] == ["only_b"]
     manual = pair_runs(a, b, manual=[("lonely", "only_b")], unpaired=[("odd_one", "something_else")])
@@ -277,8 +298,9 @@ def test_shards_merge_into_one_logical_tensor() -> None:
 
 
 def test_stats_json_round_trip_keeps_nan_and_inf() -> None:
-    stats = PairStats(1, math.nan, (0,), math.inf, 0.0, 0.0, 0.0, 0.0, math.nan, -math.inf, 1, 1.0, 1, 0, 0, 0, 1,
-                      [0] * 18, 0.0, 0.0)
+    stats = PairStats(
+        1, math.nan, (0,), math.inf, 0.0, 0.0, 0.0, 0.0, math.nan, -math.inf, 1, 1.0, 1, 0, 0, 0, 1, [0] * 18, 0.0, 0.0
+    )
     data = stats.to_json()
     assert data["max_abs_diff"] == "nan" and data["mean_abs_diff"] == "inf" and data["snr_db"] == "-inf"
     again = PairStats.from_json(data)

@@ -35,8 +35,19 @@ from tensor_debugger.store.dtypes import parse_dtype
 
 from tests.support.kernel_reference import check_partial, pair_case
 
-EXACT_FIELDS = ("numel", "max_abs_diff", "argmax", "max_rel_diff", "mismatched", "nan_a", "nan_b", "inf_a", "inf_b",
-                "nan_one_side", "histogram")
+EXACT_FIELDS = (
+    "numel",
+    "max_abs_diff",
+    "argmax",
+    "max_rel_diff",
+    "mismatched",
+    "nan_a",
+    "nan_b",
+    "inf_a",
+    "inf_b",
+    "nan_one_side",
+    "histogram",
+)
 
 
 @pytest.fixture(params=FAMILIES, autouse=True)
@@ -46,16 +57,25 @@ def family(request: pytest.FixtureRequest) -> Iterator[str]:
     if name not in families():
         library = _library()
         if library is None or not hasattr(library, f"td_stats_ff_{name}"):
-            pytest.skip(f"the kernel library here has no {name} family (built for {platform.machine()}: "
-                        f"{', '.join(families()) or 'no kernel'})")
+            pytest.skip(
+                f"the kernel library here has no {name} family (built for {platform.machine()}: "
+                f"{', '.join(families()) or 'no kernel'})"
+            )
         pytest.skip(f"this CPU does not run the {name} family (it runs {', '.join(families())})")
     use_family(name)
     yield name
     use_family(None)
 
 
-def stats_with(kernel: str, monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance,
-               exact: bool = False, block: int = 0) -> PairStats:
+def stats_with(
+    kernel: str,
+    monkeypatch: pytest.MonkeyPatch,
+    a: np.ndarray,
+    b: np.ndarray,
+    tol: Tolerance,
+    exact: bool = False,
+    block: int = 0,
+) -> PairStats:
     """Fold `a` and `b` in blocks of `block` rows (all at once for 0) with the named kernel."""
     configure(kernel=kernel)
     assert kernel_name().split()[0] == kernel, kernel_name()
@@ -70,14 +90,17 @@ def stats_with(kernel: str, monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: n
     return accumulator.result()
 
 
-def assert_same(monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance,
-                exact: bool = False, block: int = 0) -> PairStats:
+def assert_same(
+    monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance, exact: bool = False, block: int = 0
+) -> PairStats:
     compiled = stats_with("compiled", monkeypatch, a, b, tol, exact, block)
     plain = stats_with("numpy", monkeypatch, a, b, tol, exact, block)
     for field in EXACT_FIELDS:
         assert getattr(compiled, field) == getattr(plain, field) or (
-            isinstance(getattr(plain, field), float) and math.isnan(getattr(plain, field))
-            and math.isnan(getattr(compiled, field))), field
+            isinstance(getattr(plain, field), float)
+            and math.isnan(getattr(plain, field))
+            and math.isnan(getattr(compiled, field))
+        ), field
     for field in ("mean_abs_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr_db"):
         want, got = getattr(plain, field), getattr(compiled, field)
         assert got == pytest.approx(want, rel=1e-11, abs=1e-300, nan_ok=True), field
@@ -94,9 +117,17 @@ def test_every_length_around_vectors_and_sub_blocks(monkeypatch: pytest.MonkeyPa
     assert_same(monkeypatch, a, b, Tolerance(1.3e-6, 1e-5))
 
 
-@pytest.mark.parametrize(("dtype_a", "dtype_b"), [("float32", "float32"), ("float64", "float64"),
-                                                  ("float32", "float64"), ("float64", "float32"),
-                                                  ("float16", "float16"), ("float16", "float32")])
+@pytest.mark.parametrize(
+    ("dtype_a", "dtype_b"),
+    [
+        ("float32", "float32"),
+        ("float64", "float64"),
+        ("float32", "float64"),
+        ("float64", "float32"),
+        ("float16", "float16"),
+        ("float16", "float32"),
+    ],
+)
 def test_dtypes_and_mixed_dtypes(monkeypatch: pytest.MonkeyPatch, dtype_a: str, dtype_b: str) -> None:
     rng = np.random.default_rng(5)
     base = rng.standard_normal((64, 300))
@@ -159,13 +190,16 @@ def test_nan_and_inf_blocks_fall_back_and_are_counted(monkeypatch: pytest.Monkey
 
 
 def test_scalars(monkeypatch: pytest.MonkeyPatch) -> None:
-    stats = assert_same(monkeypatch, np.array(0.125, dtype=np.float32), np.array(0.25, dtype=np.float32),
-                        Tolerance(0, 0))
+    stats = assert_same(
+        monkeypatch, np.array(0.125, dtype=np.float32), np.array(0.25, dtype=np.float32), Tolerance(0, 0)
+    )
     assert stats.argmax == () and stats.max_abs_diff == 0.125
 
 
-@pytest.mark.parametrize(("dtype_a", "dtype_b"), [("float32", "float32"), ("float64", "float32"),
-                                                  ("float32", "float64"), ("float64", "float64")])
+@pytest.mark.parametrize(
+    ("dtype_a", "dtype_b"),
+    [("float32", "float32"), ("float64", "float32"), ("float32", "float64"), ("float64", "float64")],
+)
 def test_a_family_folded_in_two_calls_gives_what_numpy_computes(family: str, dtype_a: str, dtype_b: str) -> None:
     """The family's pair kernel called directly, a block folded in two calls (the second at a base, as the chunk
     loop folds chunks): element-wise results equal numpy's, sums to the last bits."""
@@ -181,15 +215,27 @@ def test_a_family_folded_in_two_calls_gives_what_numpy_computes(family: str, dty
         out = empty_partial()
         half = size // 2
         for start, stop in ((0, half), (half, size)):
-            assert function(ctypes.c_void_p(a[start:].ctypes.data), ctypes.c_void_p(b[start:].ctypes.data),
-                            ctypes.c_int64(stop - start), ctypes.c_int64(start), ctypes.c_double(atol),
-                            ctypes.c_double(rtol), 1, ctypes.c_void_p(bins.ctypes.data), ctypes.byref(out)) == 0
+            assert (
+                function(
+                    ctypes.c_void_p(a[start:].ctypes.data),
+                    ctypes.c_void_p(b[start:].ctypes.data),
+                    ctypes.c_int64(stop - start),
+                    ctypes.c_int64(start),
+                    ctypes.c_double(atol),
+                    ctypes.c_double(rtol),
+                    1,
+                    ctypes.c_void_p(bins.ctypes.data),
+                    ctypes.byref(out),
+                )
+                == 0
+            )
         fields = {field[0]: getattr(out, field[0]) for field in partial_type()._fields_}
         check_partial({**fields, "at_least": list(out.at_least)}, a, b, atol, rtol, bins, size)
 
 
-def test_the_family_setting_applies_and_is_overridden_explicitly(caplog: pytest.LogCaptureFixture,
-                                                                  family: str, tmp_path: Path) -> None:
+def test_the_family_setting_applies_and_is_overridden_explicitly(
+    caplog: pytest.LogCaptureFixture, family: str, tmp_path: Path
+) -> None:
     available = families()
     with pytest.raises(ValueError, match="not available here"):
         use_family("sse9")
@@ -201,8 +247,9 @@ def test_the_family_setting_applies_and_is_overridden_explicitly(caplog: pytest.
     with caplog.at_level(logging.WARNING, logger="tensor_debugger.engine.fused"):
         assert kernel_family() == available[0]
     assert f"{FAMILY_VARIABLE}=sse9: not a kernel family this CPU runs" in caplog.text
-    settings = Settings.from_environ({"TENSOR_DEBUGGER_KERNEL": "numpy",
-                                      "TENSOR_DEBUGGER_KERNEL_FAMILY": available[-1]}, data_dir=tmp_path)
+    settings = Settings.from_environ(
+        {"TENSOR_DEBUGGER_KERNEL": "numpy", "TENSOR_DEBUGGER_KERNEL_FAMILY": available[-1]}, data_dir=tmp_path
+    )
     open_services(settings).close()  # the services apply the declared settings to the process
     assert kernel_name().startswith("numpy") and kernel_family() == available[-1]
     with pytest.raises(ValueError, match="setting kernel must be"):
@@ -212,8 +259,9 @@ def test_the_family_setting_applies_and_is_overridden_explicitly(caplog: pytest.
 # --- one tensor's summary (ingest) ---------------------------------------------------------------------------------
 
 
-def summary_with(kernel: str, monkeypatch: pytest.MonkeyPatch, stored: np.ndarray, dtype: str,
-                 blocks: int = 3) -> TensorSummary:
+def summary_with(
+    kernel: str, monkeypatch: pytest.MonkeyPatch, stored: np.ndarray, dtype: str, blocks: int = 3
+) -> TensorSummary:
     configure(kernel=kernel)
     accumulator = SummaryAccumulator()
     for block in np.array_split(stored, blocks):
@@ -245,8 +293,7 @@ def test_summary_kernel_matches_numpy(monkeypatch: pytest.MonkeyPatch, dtype: st
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "bfloat16"])
-def test_summary_blocks_with_nan_or_inf_fall_back_and_are_counted(monkeypatch: pytest.MonkeyPatch,
-                                                                   dtype: str) -> None:
+def test_summary_blocks_with_nan_or_inf_fall_back_and_are_counted(monkeypatch: pytest.MonkeyPatch, dtype: str) -> None:
     values = np.random.default_rng(4).standard_normal(9000).astype(np.float32)
     values[[10, 20]], values[4000], values[8999] = np.nan, np.inf, -np.inf
     stored = stored_as(values, dtype)

@@ -32,10 +32,20 @@ SYSROOT = Path("/usr/aarch64-linux-gnu")  # the aarch64 C library, for the emula
 EM_AARCH64 = 183  # ELF e_machine
 BLOSC2 = Path(sys.prefix) / "cross" / "blosc2"  # the blosc2 wheel for aarch64, unpacked by `make cross`
 
-MISSING = [what for what, present in ((CROSS, shutil.which(CROSS)), (EMULATOR, shutil.which(EMULATOR)),
-                                       (str(SYSROOT / "lib"), (SYSROOT / "lib").is_dir())) if not present]
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=f"no {', '.join(MISSING)}: cannot build and run for aarch64 "
-                                "here (apt-get install gcc-aarch64-linux-gnu qemu-user libc6-arm64-cross)")
+MISSING = [
+    what
+    for what, present in (
+        (CROSS, shutil.which(CROSS)),
+        (EMULATOR, shutil.which(EMULATOR)),
+        (str(SYSROOT / "lib"), (SYSROOT / "lib").is_dir()),
+    )
+    if not present
+]
+pytestmark = pytest.mark.skipif(
+    bool(MISSING),
+    reason=f"no {', '.join(MISSING)}: cannot build and run for aarch64 "
+    "here (apt-get install gcc-aarch64-linux-gnu qemu-user libc6-arm64-cross)",
+)
 
 
 @functools.cache
@@ -58,20 +68,26 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The kernel library for aarch64, as the build hook makes it there, and the driver."""
     folder = tmp_path_factory.mktemp("aarch64")
     library, driver = folder / "_fused_stats.so", folder / "kernel_driver"
-    done, problems = build_hooks().compile_families(REPO, "engine/fused_stats.c", library, compiler=[CROSS],
-                                                    machine="aarch64")
+    done, problems = build_hooks().compile_families(
+        REPO, "engine/fused_stats.c", library, compiler=[CROSS], machine="aarch64"
+    )
     assert done and not problems, problems
     source = REPO / "tests" / "support" / "kernel_driver.c"
-    subprocess.run([CROSS, "-O1", "-Wall", "-Werror", "-o", str(driver), str(source)], check=True, capture_output=True,
-                   text=True)
+    subprocess.run(
+        [CROSS, "-O1", "-Wall", "-Werror", "-o", str(driver), str(source)], check=True, capture_output=True, text=True
+    )
     return library, driver
 
 
 def run(built: tuple[Path, Path], *args: object) -> dict[str, str]:
     """The driver's output lines under the emulator, by name."""
     library, driver = built
-    done = subprocess.run([EMULATOR, "-L", str(SYSROOT), str(driver), str(library), "baseline", *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [EMULATOR, "-L", str(SYSROOT), str(driver), str(library), "baseline", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines())
     assert lines["runs"] == "1"
@@ -80,8 +96,9 @@ def run(built: tuple[Path, Path], *args: object) -> dict[str, str]:
 
 def fields(out: dict[str, str]) -> dict[str, object]:
     """The partial's fields from the driver's lines, at_least as a list."""
-    got: dict[str, object] = {name: float(value) for name, value in out.items()
-                              if name not in ("runs", "returned", "at_least", "float16")}
+    got: dict[str, object] = {
+        name: float(value) for name, value in out.items() if name not in ("runs", "returned", "at_least", "float16")
+    }
     got["at_least"] = [int(v) for v in out["at_least"].split()]
     return got
 
@@ -91,8 +108,7 @@ def test_the_library_and_the_driver_are_built_for_aarch64(built: tuple[Path, Pat
 
 
 @pytest.mark.parametrize("pair", ["ff", "fd", "df", "dd"])
-def test_pair_kernel_on_aarch64_gives_what_numpy_computes(built: tuple[Path, Path], tmp_path: Path,
-                                                         pair: str) -> None:
+def test_pair_kernel_on_aarch64_gives_what_numpy_computes(built: tuple[Path, Path], tmp_path: Path, pair: str) -> None:
     dtypes = {"f": np.float32, "d": np.float64}
     atol, rtol = 1e-5, 1.3e-6
     bins = edges()
@@ -122,11 +138,16 @@ def test_nan_inf_and_overflow_are_reported_on_aarch64(built: tuple[Path, Path], 
 
 
 @pytest.mark.parametrize("code", ["f", "d", "h", "b"])
-def test_summary_kernel_on_aarch64_gives_what_numpy_computes(built: tuple[Path, Path], tmp_path: Path,
-                                                            code: str) -> None:
+def test_summary_kernel_on_aarch64_gives_what_numpy_computes(
+    built: tuple[Path, Path], tmp_path: Path, code: str
+) -> None:
     values = np.random.default_rng(3).standard_normal(5003).astype(np.float32) * 3 + 1
-    by_code: dict[str, np.ndarray] = {"f": values, "d": values.astype(np.float64), "h": values.astype(np.float16),
-                                      "b": (values.view(np.uint32) >> 16).astype(np.uint16)}
+    by_code: dict[str, np.ndarray] = {
+        "f": values,
+        "d": values.astype(np.float64),
+        "h": values.astype(np.float16),
+        "b": (values.view(np.uint32) >> 16).astype(np.uint16),
+    }
     stored = by_code[code]
     widened = (stored.astype(np.uint32) << 16).view(np.float32) if code == "b" else stored
     exact = widened.astype(np.float64)
@@ -149,11 +170,17 @@ def chunk_loop(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
     flags = hooks.blosc2_flags(BLOSC2)
     if isinstance(flags, str):
         why = "it is not there" if not BLOSC2.is_dir() else flags
-        pytest.skip(f"no C-Blosc2 for aarch64: `make cross` unpacks the blosc2 wheel for manylinux aarch64 into "
-                    f"{BLOSC2.parent}, and {why} (say, it could not be downloaded)")
+        pytest.skip(
+            f"no C-Blosc2 for aarch64: `make cross` unpacks the blosc2 wheel for manylinux aarch64 into "
+            f"{BLOSC2.parent}, and {why} (say, it could not be downloaded)"
+        )
     library = tmp_path_factory.mktemp("aarch64-loop") / "_chunk_loop.so"
-    subprocess.run([CROSS, *hooks.FLAGS, "-o", str(library), str(REPO / hooks.PACKAGE / "compare" / "chunk_loop.c"),
-                    *flags], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [CROSS, *hooks.FLAGS, "-o", str(library), str(REPO / hooks.PACKAGE / "compare" / "chunk_loop.c"), *flags],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert elf_machine(library) == EM_AARCH64
     return library
 
@@ -178,16 +205,20 @@ def widened(stored: np.ndarray, code: str) -> np.ndarray:
 def write_chunks(folder: Path, stored: np.ndarray, chunk: int) -> list[Path]:
     """`stored` (flat) in chunk files of `chunk` values each, Blosc-encoded with the store's codec settings (the
     last chunk whole, padded with zeros, as Zarr stores an edge chunk)."""
-    codec = Blosc(cname=DEFAULT_CODEC.cname.value, clevel=DEFAULT_CODEC.clevel,
-                  shuffle=getattr(Blosc, DEFAULT_CODEC.shuffle.value.upper()), blocksize=DEFAULT_CODEC.blocksize,
-                  typesize=stored.itemsize)
+    codec = Blosc(
+        cname=DEFAULT_CODEC.cname.value,
+        clevel=DEFAULT_CODEC.clevel,
+        shuffle=getattr(Blosc, DEFAULT_CODEC.shuffle.value.upper()),
+        blocksize=DEFAULT_CODEC.blocksize,
+        typesize=stored.itemsize,
+    )
     folder.mkdir()
     padded = np.zeros(-(-stored.size // chunk) * chunk, dtype=stored.dtype)
-    padded[:stored.size] = stored
+    padded[: stored.size] = stored
     paths = []
     for i in range(padded.size // chunk):
         path = folder / str(i)
-        path.write_bytes(codec.encode(padded[i * chunk:(i + 1) * chunk]))
+        path.write_bytes(codec.encode(padded[i * chunk : (i + 1) * chunk]))
         paths.append(path)
     return paths
 
@@ -203,8 +234,9 @@ def side(paths: list[Path], chunk: int, itemsize: int, start: int, stop: int) ->
 
 
 @pytest.mark.parametrize("codes", ["ff", "bb", "hh", "fb", "hd", "df"])
-def test_chunk_loop_on_aarch64_gives_what_numpy_computes(built: tuple[Path, Path], chunk_loop: Path, tmp_path: Path,
-                                                         codes: str) -> None:
+def test_chunk_loop_on_aarch64_gives_what_numpy_computes(
+    built: tuple[Path, Path], chunk_loop: Path, tmp_path: Path, codes: str
+) -> None:
     """Chunks of 640 values on one side and 1000 on the other; blocks from the whole array to one value, starting
     at a chunk's start or inside one on either side."""
     atol, rtol = 1e-5, 1.3e-6
@@ -214,20 +246,30 @@ def test_chunk_loop_on_aarch64_gives_what_numpy_computes(built: tuple[Path, Path
     a, b = pair_case(size, seed=7)
     stored = storage(a, codes[0]), storage(b, codes[1])
     wa, wb = widened(stored[0], codes[0]), widened(stored[1], codes[1])
-    paths = [write_chunks(tmp_path / name, values, chunk) for name, values, chunk in zip("ab", stored, chunks,
-                                                                                         strict=True)]
+    paths = [
+        write_chunks(tmp_path / name, values, chunk) for name, values, chunk in zip("ab", stored, chunks, strict=True)
+    ]
     for start, stop in ((0, size), (300, 4321), (1280, 3000), (2500, 2501), (4990, size)):
-        out = run(built, "loop", chunk_loop, codes, atol, rtol, tmp_path / "edges",
-                  *side(paths[0], chunks[0], stored[0].itemsize, start, stop),
-                  *side(paths[1], chunks[1], stored[1].itemsize, start, stop))
+        out = run(
+            built,
+            "loop",
+            chunk_loop,
+            codes,
+            atol,
+            rtol,
+            tmp_path / "edges",
+            *side(paths[0], chunks[0], stored[0].itemsize, start, stop),
+            *side(paths[1], chunks[1], stored[1].itemsize, start, stop),
+        )
         if "h" in codes and out["float16"] == "0":
             pytest.skip("the aarch64 compiler has no _Float16: the loop does not widen float16 there")
         assert out["returned"] == "0 - -1", (codes, start, stop)
         check_partial(fields(out), wa[start:stop], wb[start:stop], atol, rtol, bins, (codes, start, stop))
 
 
-def test_chunk_loop_on_aarch64_stops_at_a_missing_or_cut_chunk_or_a_nan(built: tuple[Path, Path], chunk_loop: Path,
-                                                                        tmp_path: Path) -> None:
+def test_chunk_loop_on_aarch64_stops_at_a_missing_or_cut_chunk_or_a_nan(
+    built: tuple[Path, Path], chunk_loop: Path, tmp_path: Path
+) -> None:
     """A missing chunk file gives TDC_MISSING (1), one cut short TDC_NOT_A_CHUNK (3), each with its side and piece;
     a NaN gives TDC_NOT_FINITE (6)."""
     (tmp_path / "edges").write_bytes(edges().astype(np.float64).tobytes())
@@ -236,8 +278,17 @@ def test_chunk_loop_on_aarch64_stops_at_a_missing_or_cut_chunk_or_a_nan(built: t
     paths = [write_chunks(tmp_path / name, values, 500) for name, values in (("a", a), ("b", b))]
 
     def returned() -> str:
-        out = run(built, "loop", chunk_loop, "ff", 1e-5, 1e-5, tmp_path / "edges", *side(paths[0], 500, 4, 100, 2900),
-                  *side(paths[1], 500, 4, 100, 2900))
+        out = run(
+            built,
+            "loop",
+            chunk_loop,
+            "ff",
+            1e-5,
+            1e-5,
+            tmp_path / "edges",
+            *side(paths[0], 500, 4, 100, 2900),
+            *side(paths[1], 500, 4, 100, 2900),
+        )
         return out["returned"]
 
     assert returned() == "0 - -1"

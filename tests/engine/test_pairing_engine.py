@@ -75,8 +75,12 @@ def test_the_chain_is_the_users() -> None:
     assert made(a, b, strategies=["shape"]) == []  # shapes not unique
     assert parse_strategies("layer_stage, name,fuzzy:0.8") == ["layer_stage", "name", "fuzzy:0.8"]
     assert parse_strategies(None)[0] == "layer_stage" and parse_strategies("") == parse_strategies(None)
-    for bad, words in [("name,nmae", "unknown pairing strategy 'nmae'"), ("name,name", "named twice"),
-                       ("fuzzy:2", "fuzzy threshold"), ("shape:1", "takes no value")]:
+    for bad, words in [
+        ("name,nmae", "unknown pairing strategy 'nmae'"),
+        ("name,name", "named twice"),
+        ("fuzzy:2", "fuzzy threshold"),
+        ("shape:1", "takes no value"),
+    ]:
         with pytest.raises(ValueError, match=words):
             parse_strategies(bad)
 
@@ -87,15 +91,21 @@ def test_name_pattern_gives_layer_stage_order_and_shards() -> None:
     b = refs("L1_mlp_r0", "L1_mlp_r1", "L0_attn_out", "L0_attn_in")
     pairing = pair_runs(a, b, pattern=pattern, strategies=["layer_stage"])
     assert [(p.a.name, p.b.name, p.a.layer, p.strategy) for p in pairing.pairs] == [
-        ("L0_attn_in", "L0_attn_in", 0, "layer_stage"), ("L0_attn_out", "L0_attn_out", 0, "layer_stage"),
-        ("L1_mlp", "L1_mlp_r", 1, "layer_stage")]
+        ("L0_attn_in", "L0_attn_in", 0, "layer_stage"),
+        ("L0_attn_out", "L0_attn_out", 0, "layer_stage"),
+        ("L1_mlp", "L1_mlp_r", 1, "layer_stage"),
+    ]
     assert [s.name for s in pairing.pairs[2].b.shards] == ["L1_mlp_r0", "L1_mlp_r1"]
 
 
-@pytest.mark.parametrize(("text", "words"), [
-    ("L(?P<layer>\\d+", "not a regular expression"), ("L(?P<layer>\\d+)", "no named group 'stage'"),
-    ("(?P<layer>\\d)(?P<stage>x)(?P<step>y)", "named group 'step'"),
-])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("L(?P<layer>\\d+", "not a regular expression"),
+        ("L(?P<layer>\\d+)", "no named group 'stage'"),
+        ("(?P<layer>\\d)(?P<stage>x)(?P<step>y)", "named group 'step'"),
+    ],
+)
 def test_bad_name_patterns_are_named(text: str, words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         compile_name_pattern(text)

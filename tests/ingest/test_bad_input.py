@@ -76,8 +76,12 @@ def test_tar_links_and_paths(services: Services, tmp_path: Path, kind: str) -> N
         info.name = "/tmp/outside.pth"
     archive = tar_with(tmp_path / "evil.tar.gz", [info], good_pth(tmp_path))
     problems = refused(services, archive)
-    expected = {"symlink": "symbolic link", "hardlink": "hard link", "traversal": "escape the archive",
-                "absolute": "absolute path"}[kind]
+    expected = {
+        "symlink": "symbolic link",
+        "hardlink": "hard link",
+        "traversal": "escape the archive",
+        "absolute": "absolute path",
+    }[kind]
     assert problems[0][0] == "evil.tar.gz" and expected in problems[0][1]
     assert not (tmp_path.parent / "outside.pth").exists()
 
@@ -86,7 +90,7 @@ def test_zip_symlink_member(services: Services, tmp_path: Path) -> None:
     archive = tmp_path / "link.zip"
     with zipfile.ZipFile(archive, "w") as z:
         info = zipfile.ZipInfo("0_query.pth")
-        info.external_attr = (0o120777 << 16)
+        info.external_attr = 0o120777 << 16
         z.writestr(info, "/etc/passwd")
     assert "symbolic link" in refused(services, archive)[0][1]
 
@@ -112,8 +116,7 @@ def test_archive_over_the_expanded_byte_limit(services: Services, tmp_path: Path
     (folder / "a.pth").write_bytes(b"\1" * 300_000)
     with tarfile.open(archive, "w") as t:
         t.add(folder / "a.pth", "a.pth")
-    ingestor = Ingestor(services.settings.with_overrides(max_expanded_bytes=100_000), services.sessions,
-                        services.store)
+    ingestor = Ingestor(services.settings.with_overrides(max_expanded_bytes=100_000), services.sessions, services.store)
     with pytest.raises(NothingUsableError) as info:
         ingestor.ingest("big", "ref", [InputFile(archive, archive.name)])
     assert "expands past 100000 bytes" in info.value.problems[0].reason
@@ -125,8 +128,7 @@ def test_archive_with_thousands_of_members(services: Services, tmp_path: Path) -
     with zipfile.ZipFile(archive, "w") as z:
         for i in range(3000):
             z.writestr(f"f{i}.txt", b"")
-    ingestor = Ingestor(services.settings.with_overrides(max_archive_members=2000), services.sessions,
-                        services.store)
+    ingestor = Ingestor(services.settings.with_overrides(max_archive_members=2000), services.sessions, services.store)
     with pytest.raises(NothingUsableError) as info:
         ingestor.ingest("many", "ref", [InputFile(archive, archive.name)])
     assert info.value.problems[0].file == "many.zip"
@@ -221,7 +223,8 @@ def test_problems_are_kept_beside_a_stored_run(services: Services, tmp_path: Pat
     result = services.ingestor.ingest("mixed", "ref", [InputFile(archive, archive.name)])
     assert result.tensors == 1
     assert [(p.file, p.reason.split(" (")[0]) for p in result.problems] == [
-        ("mixed.zip/1_query.pth", "not a readable PyTorch file")]
+        ("mixed.zip/1_query.pth", "not a readable PyTorch file")
+    ]
     with services.sessions() as db:
         run = db.scalar(select(RunRecord))
         assert run is not None and run.status == "ready"

@@ -73,8 +73,15 @@ def test_recovery_leaves_this_process_s_live_runs_alone(services: Services, tmp_
     does not know was left by an earlier process with the same id (a container's process 1 restarted)."""
     live = services.ingestor.begin("mine", "live", ["x.pth"])
     with services.sessions.begin() as db:
-        stale = RunRecord(session_id=live.session_id, label="left over", position=1, role="candidate",
-                          status="ingesting", ingest_pid=os.getpid(), ingest_host=socket.gethostname())
+        stale = RunRecord(
+            session_id=live.session_id,
+            label="left over",
+            position=1,
+            role="candidate",
+            status="ingesting",
+            ingest_pid=os.getpid(),
+            ingest_host=socket.gethostname(),
+        )
         db.add(stale)
         db.flush()
         stale_id = stale.id
@@ -87,9 +94,9 @@ def test_recovery_leaves_this_process_s_live_runs_alone(services: Services, tmp_
     assert recover(services.sessions, services.store, services.ingestor.live_runs()).runs_removed == 0
 
 
-def test_opening_the_data_dir_again_in_this_process_leaves_its_ingest_alone(services: Services,
-                                                                               settings: Settings,
-                                                                               tmp_path: Path) -> None:
+def test_opening_the_data_dir_again_in_this_process_leaves_its_ingest_alone(
+    services: Services, settings: Settings, tmp_path: Path
+) -> None:
     """A second open_services on the same data dir (a capture beside a server, in one process) recovers; the run
     the first one is ingesting is this process's, so it survives, and no other data dir's run ids count."""
     live = services.ingestor.begin("mine", "live", ["x.pth"])
@@ -105,8 +112,9 @@ def test_opening_the_data_dir_again_in_this_process_leaves_its_ingest_alone(serv
         other.close()
 
 
-def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced(services: Services,
-                                                                                 tmp_path: Path) -> None:
+def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced(
+    services: Services, tmp_path: Path
+) -> None:
     queue = IngestQueue(services.ingestor, services.plan, at_once=2)
     try:
         garbage = tmp_path / "weights.pth"
@@ -119,13 +127,13 @@ def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced
             run = db.get_one(RunRecord, pending.run_id)
             assert (run.status, run.ingest_pid, run.tensor_count) == ("failed", None, 0)
             assert [(p.file, p.reason.split(" (")[0]) for p in run.problems] == [
-                ("weights.pth", "not a readable PyTorch file")]
+                ("weights.pth", "not a readable PyTorch file")
+            ]
         assert not services.store.children(f"runs/{pending.run_id}")
         again = services.ingestor.ingest("broken", "reference", [tensor_file(tmp_path, "0_ok.pth", 4)])
         with services.sessions() as db:
             runs = db.query(RunRecord).filter_by(session_id=pending.session_id).all()
-            assert [(r.label, r.position, r.role, r.status) for r in runs] == [
-                ("reference", 0, "reference", "ready")]
+            assert [(r.label, r.position, r.role, r.status) for r in runs] == [("reference", 0, "reference", "ready")]
         assert again.tensors == 1
     finally:
         queue.close()
@@ -133,6 +141,7 @@ def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced
 
 def test_closing_drops_the_waiting_ingests_and_their_runs(services: Services, tmp_path: Path) -> None:
     gate = threading.Event()
+
     def on_ingested(_session_id: int) -> None:
         gate.wait(60)
 
@@ -142,8 +151,11 @@ def test_closing_drops_the_waiting_ingests_and_their_runs(services: Services, tm
         b = services.ingestor.begin("stopping", "b", ["b.pth"])
         first = queue.submit(IngestJob(a, [tensor_file(tmp_path, "0_a.pth", 1)], True, lambda: None))
         second = queue.submit(IngestJob(b, [tensor_file(tmp_path, "0_b.pth", 2)], True, lambda: None))
-        wait_until(lambda: getattr(queue.progress(a.run_id), "stage", None) == "planning",
-                   what="run a's ingest to reach planning", interval=0.01)
+        wait_until(
+            lambda: getattr(queue.progress(a.run_id), "stage", None) == "planning",
+            what="run a's ingest to reach planning",
+            interval=0.01,
+        )
         queue.close(timeout=0)  # the server stops while `a` is being paired and `b` waits
         with pytest.raises(RuntimeError, match="stopping"):
             queue.submit(IngestJob(b, [], True, lambda: None))
@@ -156,4 +168,3 @@ def test_closing_drops_the_waiting_ingests_and_their_runs(services: Services, tm
     finally:
         gate.set()
         queue.close()
-

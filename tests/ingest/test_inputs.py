@@ -20,8 +20,11 @@ from tests.support.stored import read_back, same_bits, stored
 
 def dump_folder(folder: Path) -> dict[str, torch.Tensor]:
     """Three layer/stage files in a sub-folder, as a model's hooks write them."""
-    tensors = {"0_post_ln_pre_attn": seeded((4, 8), 0), "0_query": seeded((1, 2, 4, 4), 1),
-               "1_post_mlp": seeded((4, 8), 2)}
+    tensors = {
+        "0_post_ln_pre_attn": seeded((4, 8), 0),
+        "0_query": seeded((1, 2, 4, 4), 1),
+        "1_post_mlp": seeded((4, 8), 2),
+    }
     (folder / "dump").mkdir(parents=True)
     for name, tensor in tensors.items():
         torch.save(tensor, folder / "dump" / f"{name}.pth")
@@ -68,9 +71,12 @@ def test_legacy_torch_format_loads(services: Services, tmp_path: Path) -> None:
 
 
 def test_safetensors_every_key(services: Services, tmp_path: Path) -> None:
-    tensors = {"model.layers.0.mlp.weight": seeded((6, 4), 1, torch.bfloat16),
-               "model.layers.1.attn.bias": seeded((4,), 2), "ids": torch.arange(5, dtype=torch.int32),
-               "fp8": seeded((3, 3), 3).to(torch.float8_e4m3fn)}
+    tensors = {
+        "model.layers.0.mlp.weight": seeded((6, 4), 1, torch.bfloat16),
+        "model.layers.1.attn.bias": seeded((4,), 2),
+        "ids": torch.arange(5, dtype=torch.int32),
+        "fp8": seeded((3, 3), 3).to(torch.float8_e4m3fn),
+    }
     path = tmp_path / "weights.safetensors"
     save_file(tensors, path)
     result = services.ingestor.ingest("st", "ref", [InputFile(path, path.name)])
@@ -150,4 +156,7 @@ def test_more_than_two_runs_per_session(services: Services, tmp_path: Path) -> N
     with services.sessions() as db:
         session = catalog.list_sessions(db)[0]
         assert [(r.label, r.role, r.position) for r in session.runs] == [
-            ("reference", "reference", 0), ("bf16", "candidate", 1), ("tp8", "candidate", 2)]
+            ("reference", "reference", 0),
+            ("bf16", "candidate", 1),
+            ("tp8", "candidate", 2),
+        ]

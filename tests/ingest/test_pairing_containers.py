@@ -23,13 +23,21 @@ def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: 
 
 
 def state_dict() -> dict[str, torch.Tensor]:
-    names = ["embed_tokens.weight", "layers.0.q_proj.weight", "layers.0.k_proj.weight", "layers.0.v_proj.weight",
-             "layers.0.o_proj.weight", "layers.0.mlp.weight", "norm.weight"]
+    names = [
+        "embed_tokens.weight",
+        "layers.0.q_proj.weight",
+        "layers.0.k_proj.weight",
+        "layers.0.v_proj.weight",
+        "layers.0.o_proj.weight",
+        "layers.0.mlp.weight",
+        "norm.weight",
+    ]
     return {name: seeded((8, 8) if "norm" not in name else (8,), n) for n, name in enumerate(names)}
 
 
-def test_state_dict_pth_against_prefixed_safetensors(services: Services, tmp_path: Path,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_state_dict_pth_against_prefixed_safetensors(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     weights = state_dict()
     torch.save(weights, tmp_path / "a.pth")
     save_file({f"model.{k}": v.contiguous() for k, v in weights.items()}, str(tmp_path / "b.safetensors"))
@@ -43,18 +51,24 @@ def test_state_dict_pth_against_prefixed_safetensors(services: Services, tmp_pat
 
 
 @pytest.mark.parametrize("packed", ["zip", "tar", "folder"])
-def test_archive_of_tensor_files_against_one_dict(services: Services, tmp_path: Path,
-                                                  capsys: pytest.CaptureFixture[str], packed: str) -> None:
+def test_archive_of_tensor_files_against_one_dict(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str], packed: str
+) -> None:
     folder = tmp_path / "dump"
     folder.mkdir()
-    tensors = {f"{layer}_{stage}": seeded((4, 6), 10 * layer + n)
-               for layer in range(2) for n, stage in enumerate(("query", "key", "post_mlp"))}
+    tensors = {
+        f"{layer}_{stage}": seeded((4, 6), 10 * layer + n)
+        for layer in range(2)
+        for n, stage in enumerate(("query", "key", "post_mlp"))
+    }
     for name, tensor in tensors.items():
         torch.save(tensor, folder / f"{name}.pth")
     torch.save(tensors, tmp_path / "all.pth")
-    run = {"zip": lambda: make_zip(folder, tmp_path / "dump.zip", prefix="dump/"),
-           "tar": lambda: make_tar(folder, tmp_path / "dump.tar.gz", "w:gz", prefix="dump/"),
-           "folder": lambda: folder}[packed]()
+    run = {
+        "zip": lambda: make_zip(folder, tmp_path / "dump.zip", prefix="dump/"),
+        "tar": lambda: make_tar(folder, tmp_path / "dump.tar.gz", "w:gz", prefix="dump/"),
+        "folder": lambda: folder,
+    }[packed]()
     for a, b in ((run, tmp_path / "all.pth"), (tmp_path / "all.pth", run)):
         code, out = compare(services, capsys, a, b)
         assert code == 0, out
@@ -65,9 +79,16 @@ def test_archive_of_tensor_files_against_one_dict(services: Services, tmp_path: 
 
 def tiny_llama() -> Any:
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                                      tie_word_embeddings=False)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -77,8 +98,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     model = tiny_llama()
     root = tmp_path_factory.mktemp("hf")
     made = {
-        "safetensors": root / "whole_safetensors", "bin": root / "whole_bin",
-        "sharded_safetensors": root / "sharded_safetensors", "sharded_bin": root / "sharded_bin",
+        "safetensors": root / "whole_safetensors",
+        "bin": root / "whole_bin",
+        "sharded_safetensors": root / "sharded_safetensors",
+        "sharded_bin": root / "sharded_bin",
     }
     model.save_pretrained(made["safetensors"], safe_serialization=True)
     model.save_pretrained(made["bin"], safe_serialization=False)
@@ -98,14 +121,21 @@ def test_checkpoints_are_really_sharded(checkpoints: dict[str, Path]) -> None:
     assert (checkpoints["sharded_safetensors"] / "model.safetensors.index.json").exists()
 
 
-@pytest.mark.parametrize(("a", "b"), [
-    ("bin", "sharded_safetensors"), ("sharded_safetensors", "bin"), ("safetensors", "state_dict"),
-    ("state_dict", "sharded_safetensors"), ("sharded_bin", "safetensors"), ("sharded_zip", "state_dict"),
-    ("sharded_bin", "sharded_zip"),
-])
-def test_hugging_face_checkpoints_pair_in_any_packaging(services: Services, tmp_path: Path,
-                                                        capsys: pytest.CaptureFixture[str],
-                                                        checkpoints: dict[str, Path], a: str, b: str) -> None:
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("bin", "sharded_safetensors"),
+        ("sharded_safetensors", "bin"),
+        ("safetensors", "state_dict"),
+        ("state_dict", "sharded_safetensors"),
+        ("sharded_bin", "safetensors"),
+        ("sharded_zip", "state_dict"),
+        ("sharded_bin", "sharded_zip"),
+    ],
+)
+def test_hugging_face_checkpoints_pair_in_any_packaging(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str], checkpoints: dict[str, Path], a: str, b: str
+) -> None:
     expected = len(tiny_llama().state_dict())
     code, out = compare(services, capsys, checkpoints[a], checkpoints[b])
     assert out["unmatched"] == {"a": [], "b": []}
@@ -115,9 +145,9 @@ def test_hugging_face_checkpoints_pair_in_any_packaging(services: Services, tmp_
     assert not [p for p in out["problems"] if "index.json" in p["file"]]
 
 
-def test_missing_shard_is_reported_by_the_index(services: Services, tmp_path: Path,
-                                                capsys: pytest.CaptureFixture[str],
-                                                checkpoints: dict[str, Path]) -> None:
+def test_missing_shard_is_reported_by_the_index(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str], checkpoints: dict[str, Path]
+) -> None:
     import shutil
 
     broken = tmp_path / "broken"

@@ -18,6 +18,7 @@ from tests.support.servers import cli_command
 
 def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeout: float = 90) -> int:
     """The id of the run being ingested, once some of its arrays are on disk but it is not finished."""
+
     def partial_run() -> int | None:
         assert process.poll() is None, "the ingest finished before it could be killed"
         db = data / "metadata.sqlite3"
@@ -33,8 +34,9 @@ def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeou
                     return int(row[0])
         return None
 
-    found = wait_until(partial_run, what="a partial ingest (a run 'ingesting' with 3 arrays on disk)",
-                       timeout=timeout, interval=0.02)
+    found = wait_until(
+        partial_run, what="a partial ingest (a run 'ingesting' with 3 arrays on disk)", timeout=timeout, interval=0.02
+    )
     assert found is not None  # wait_until returns only a truthy answer
     return found
 
@@ -47,7 +49,8 @@ def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:
     data = tmp_path / "data"
     process = subprocess.Popen(
         [*cli_command(), "--data-dir", str(data), "ingest", "--session", "doomed", "--run", "ref", str(dump)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     run_id = wait_for_partial_ingest(data, process)
     os.kill(process.pid, signal.SIGKILL)

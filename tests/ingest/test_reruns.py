@@ -75,8 +75,9 @@ def stored_arrays(data: Path) -> dict[str, set[str]]:
     runs = data / "arrays" / "runs"
     if not runs.exists():
         return {}
-    return {run.name: {a.name for a in run.iterdir() if a.name.isdigit()} for run in runs.iterdir()
-            if run.name.isdigit()}
+    return {
+        run.name: {a.name for a in run.iterdir() if a.name.isdigit()} for run in runs.iterdir() if run.name.isdigit()
+    }
 
 
 def chunk_files(data: Path) -> int:
@@ -164,8 +165,11 @@ def test_a_touched_or_changed_file_is_ingested_again(
     assert touched.stat().st_size == stat.st_size
     os.utime(touched, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     third = compare(services, a, b, capsys)
-    changed = [name for (name, _, stats), (_, _, before) in zip(verdicts(third), verdicts(first), strict=True)
-               if stats != before]
+    changed = [
+        name
+        for (name, _, stats), (_, _, before) in zip(verdicts(third), verdicts(first), strict=True)
+        if stats != before
+    ]
     assert changed == ["2_post_mlp"]
     candidate = session_runs(services, third["session"]["id"])[1]
     assert str(candidate.id) in stored_arrays(data)
@@ -222,7 +226,9 @@ def test_an_array_is_deleted_with_the_last_row_naming_it(services: Services, tmp
     with services.sessions() as db:
         catalog.delete_session(db, services.store, first.session_id)
     assert stored_arrays(services.settings.data_dir) == {
-        str(first.run_id): {keys["0_query"].rsplit("/", 1)[1]}, str(second.run_id): {keys["0_key"].rsplit("/", 1)[1]}}
+        str(first.run_id): {keys["0_query"].rsplit("/", 1)[1]},
+        str(second.run_id): {keys["0_key"].rsplit("/", 1)[1]},
+    }
     assert torch.equal(services.store.read_whole(keys["0_query"], parse_dtype("float32")), shared)
     with services.sessions() as db:
         catalog.delete_session(db, services.store, second.session_id)
@@ -249,10 +255,12 @@ def test_recovery_leaves_shared_arrays_alone(tmp_path: Path, capsys: pytest.Capt
             conn.execute("PRAGMA foreign_keys=ON")
             # the first session's deletion killed between its commit and its arrays' deletion
             conn.execute("DELETE FROM sessions WHERE id = ?", (first["session"]["id"],))
-            conn.execute("INSERT INTO runs (session_id, label, role, position, status, ingest_pid, ingest_host, "
-                         "created_session, sources, tensor_count, total_bytes, created_at) VALUES (?, 'killed', "
-                         "'candidate', 2, 'ingesting', ?, ?, 0, '[]', 0, 0, '2026-01-01 00:00:00')",
-                         (second["session"]["id"], dead.pid, socket.gethostname()))
+            conn.execute(
+                "INSERT INTO runs (session_id, label, role, position, status, ingest_pid, ingest_host, "
+                "created_session, sources, tensor_count, total_bytes, created_at) VALUES (?, 'killed', "
+                "'candidate', 2, 'ingesting', ?, ?, 0, '[]', 0, 0, '2026-01-01 00:00:00')",
+                (second["session"]["id"], dead.pid, socket.gethostname()),
+            )
             killed = conn.execute("SELECT max(id) FROM runs").fetchone()[0]
         services.store.create(f"runs/{killed}/0", (3,), parse_dtype("float32"), (3,))  # an ingest killed midway
     finally:
@@ -285,5 +293,7 @@ def test_an_ingest_without_reuse_reads_the_files(services: Services, tmp_path: P
     assert missing.reused_run_id is None and missing.problems
     with services.sessions() as db:
         assert db.get_one(RunRecord, missing.run_id).input_key is None
-    assert np.array_equal(services.store.read_whole(f"runs/{first.run_id}/0", parse_dtype("float32")).numpy(),
-                          torch.load(folder / "0_query.pth", weights_only=True).numpy())
+    assert np.array_equal(
+        services.store.read_whole(f"runs/{first.run_id}/0", parse_dtype("float32")).numpy(),
+        torch.load(folder / "0_query.pth", weights_only=True).numpy(),
+    )

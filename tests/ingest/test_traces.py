@@ -20,8 +20,11 @@ from tests.support.servers import LiveServer
 from tests.support.traces import MODEL_CLASS, TRACES, WrittenTraces
 
 DOWN_PROJ = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
-MASKS = [f"{MODEL_CLASS}.model.layers.{n}{part}_inputs_kwargs_attention_mask"
-         for n in range(2) for part in ("", ".self_attn")]
+MASKS = [
+    f"{MODEL_CLASS}.model.layers.{n}{part}_inputs_kwargs_attention_mask"
+    for n in range(2)
+    for part in ("", ".self_attn")
+]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +39,8 @@ def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: 
 
 
 def test_two_attention_implementations_pass_with_the_masks_unmatched(
-        services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out = compare(services, capsys, traces["eager"], traces["sdpa"])
     assert code == 0, [p["name"] for p in out["pairs"] if p["status"] != "pass"]
     assert out["first_divergence"] is None
@@ -45,7 +49,10 @@ def test_two_attention_implementations_pass_with_the_masks_unmatched(
     assert {p["strategy"] for p in out["pairs"]} == {"name"}
     first = out["pairs"][0]
     assert (first["name"], first["module_path"], first["place"]) == (
-        f"{MODEL_CLASS}_inputs_args_0", MODEL_CLASS, "inputs_args_0")
+        f"{MODEL_CLASS}_inputs_args_0",
+        MODEL_CLASS,
+        "inputs_args_0",
+    )
     # the root's logits are in no JSON node but on disk: ingested, and last in call order
     assert out["pairs"][-1]["name"] == f"{MODEL_CLASS}_outputs_logits"
     assert all(p["stats"]["max_abs_diff"] <= 1e-5 for p in out["pairs"])
@@ -53,7 +60,8 @@ def test_two_attention_implementations_pass_with_the_masks_unmatched(
 
 
 def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
-        services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out = compare(services, capsys, traces["eager"], traces["perturbed"])
     assert code == 1
     assert out["first_divergence"] == {"name": f"{DOWN_PROJ}_outputs", "layer": 1, "stage": None}
@@ -81,13 +89,15 @@ def test_calls_are_in_tree_order_and_pruned_layers_come_back(services: Services,
     result = services.ingestor.ingest("four", "ref", [InputFile(folder, "four_layers")])
     assert result.problems == [] and result.tensors == len(list(folder.glob("*.safetensors")))
     with services.sessions() as db:
-        rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == result.run_id)
-                          .order_by(TensorRecord.position)).all()
+        rows = db.scalars(
+            select(TensorRecord).where(TensorRecord.run_id == result.run_id).order_by(TensorRecord.position)
+        ).all()
         run = db.get_one(RunRecord, result.run_id)
         layer_of = [t.layer for t in rows if t.layer is not None]
         assert layer_of == sorted(layer_of) and set(layer_of) == {0, 1, 2, 3}
-        down = [t.name for t in rows if t.module_path and t.module_path.endswith("mlp.down_proj")
-                and t.place == "outputs"]
+        down = [
+            t.name for t in rows if t.module_path and t.module_path.endswith("mlp.down_proj") and t.place == "outputs"
+        ]
         assert down == [f"{MODEL_CLASS}.model.layers.{n}.mlp.down_proj_outputs" for n in range(4)]
         assert rows[-1].name == f"{MODEL_CLASS}_outputs_logits"
         assert all(t.key_path == [] for t in rows)  # the one "data" key of each file is not part of the name
@@ -96,8 +106,9 @@ def test_calls_are_in_tree_order_and_pruned_layers_come_back(services: Services,
         assert [b["path"].rsplit(".", 1)[1] for b in blocks if ".layers." in b["path"]] == ["0", "1", "2", "3"]
 
 
-def test_an_archive_of_a_trace_reads_like_the_folder(services: Services, traces: dict[str, Path],
-                                                     tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_archive_of_a_trace_reads_like_the_folder(
+    services: Services, traces: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     archive = make_tar(traces["perturbed"], tmp_path / "perturbed.tar.gz", "w:gz", prefix="trace/")
     code, out = compare(services, capsys, traces["eager"], archive)
     assert code == 1 and out["culprits"][0]["module_path"] == DOWN_PROJ
@@ -105,7 +116,8 @@ def test_an_archive_of_a_trace_reads_like_the_folder(services: Services, traces:
 
 
 def test_use_repr_traces_compare_summaries_and_say_values_are_missing(
-        services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     code, out = compare(services, capsys, traces["repr"], traces["repr"])
     assert code == 0
     assert out["pairs"] and all(p["summary"] and p["summary"]["has_values"] is False for p in out["pairs"])
@@ -120,15 +132,20 @@ def test_use_repr_traces_compare_summaries_and_say_values_are_missing(
     assert "element values are not available for" in capsys.readouterr().out
 
 
-def test_api_upload_of_loose_trace_files_and_values_unavailable(shared_server: LiveServer,
-                                                                traces: dict[str, Path]) -> None:
+def test_api_upload_of_loose_trace_files_and_values_unavailable(
+    shared_server: LiveServer, traces: dict[str, Path]
+) -> None:
     """The browser's upload of a folder's files: the JSON among them makes them one trace."""
+
     def files(label: str, folder: Path) -> list[tuple[str, tuple[str, bytes]]]:
         return [(label, (p.name, p.read_bytes())) for p in sorted(folder.iterdir())]
 
     with httpx.Client(base_url=shared_server.url, timeout=120) as client:
-        created = client.post("/api/sessions", data={"name": "repr"},
-                              files=files("reference", traces["repr"]) + files("candidate", traces["repr_perturbed"]))
+        created = client.post(
+            "/api/sessions",
+            data={"name": "repr"},
+            files=files("reference", traces["repr"]) + files("candidate", traces["repr_perturbed"]),
+        )
         assert created.status_code == 201, created.text
         assert all(r["problems"] == [] for r in created.json()["runs"])
         session_id = created.json()["session"]["id"]
@@ -143,8 +160,9 @@ def test_api_upload_of_loose_trace_files_and_values_unavailable(shared_server: L
         assert page.status_code == 200 and "Element values are not available" in page.text
 
 
-def test_a_broken_trace_json_is_named_with_its_reason(services: Services, traces: dict[str, Path],
-                                                      tmp_path: Path) -> None:
+def test_a_broken_trace_json_is_named_with_its_reason(
+    services: Services, traces: dict[str, Path], tmp_path: Path
+) -> None:
     folder = tmp_path / "broken"
     shutil.copytree(traces["eager"], folder)
     next(folder.glob("*_FULL_TENSORS.json")).write_text("{not json")

@@ -56,8 +56,9 @@ class Net(nn.Module):
 
 def tensors_of(services: Services, run_id: int) -> list[TensorRecord]:
     with services.sessions() as db:
-        return list(db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id)
-                               .order_by(TensorRecord.position)))
+        return list(
+            db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position))
+        )
 
 
 def test_capture_keeps_every_call_tuples_dicts_and_skips_non_tensors(settings: Settings) -> None:
@@ -74,7 +75,9 @@ def test_capture_keeps_every_call_tuples_dicts_and_skips_non_tensors(settings: S
         by_name = {t.name: t for t in rows}
         assert "Net.block#2_inputs_kwargs_scale" not in by_name  # a float kwarg is no tensor
         assert (by_name["Net.block#2_outputs_0"].module_path, by_name["Net.block#2_outputs_0"].place) == (
-            "Net.block#2", "outputs_0")
+            "Net.block#2",
+            "outputs_0",
+        )
         assert by_name["Net_outputs"].dtype == "bfloat16"
         view = services.store.open(by_name["Net_outputs"].store_key, by_name["Net_outputs"].digest)
         stored = torch.from_numpy(np.array(view[...])).view(torch.bfloat16)
@@ -89,11 +92,18 @@ def test_capture_keeps_every_call_tuples_dicts_and_skips_non_tensors(settings: S
 
 EXPECTED_NAMES = [
     "Net_inputs_args_0",
-    "Net.block_inputs_args_0", "Net.block.proj_inputs_args_0", "Net.block.proj_outputs",
-    "Net.block_outputs_0", "Net.block_outputs_1_sum",
-    "Net.block#2_inputs_args_0", "Net.block.proj#2_inputs_args_0", "Net.block.proj#2_outputs",
-    "Net.block#2_outputs_0", "Net.block#2_outputs_1_sum",
-    "Net.head_inputs_args_0", "Net.head_outputs",
+    "Net.block_inputs_args_0",
+    "Net.block.proj_inputs_args_0",
+    "Net.block.proj_outputs",
+    "Net.block_outputs_0",
+    "Net.block_outputs_1_sum",
+    "Net.block#2_inputs_args_0",
+    "Net.block.proj#2_inputs_args_0",
+    "Net.block.proj#2_outputs",
+    "Net.block#2_outputs_0",
+    "Net.block#2_outputs_1_sum",
+    "Net.head_inputs_args_0",
+    "Net.head_outputs",
     "Net_outputs",
 ]
 
@@ -117,10 +127,12 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, hf_tra
                 assert [t.digest for t in a] == [t.digest for t in b], pair.name  # identical bytes
                 assert pair.status == "pass"
             # what the capture has beyond the trace: outputs of modules with children, which the debugger drops
-            extra = list(db.scalars(select(UnmatchedRecord.name)
-                                    .where(UnmatchedRecord.session_id == result.session_id)))
-            assert extra and all(n.endswith(("_outputs", "_outputs_0", "_outputs_1", "_outputs_last_hidden_state"))
-                       for n in extra)
+            extra = list(
+                db.scalars(select(UnmatchedRecord.name).where(UnmatchedRecord.session_id == result.session_id))
+            )
+            assert extra and all(
+                n.endswith(("_outputs", "_outputs_0", "_outputs_1", "_outputs_last_hidden_state")) for n in extra
+            )
             report = session_pairs(db, result.session_id, modules=True)
         assert report.first_divergence is None and report.modules is not None and report.modules.culprit is None
     finally:
@@ -130,14 +142,20 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, hf_tra
 def test_capture_with_a_pattern_and_through_the_server(shared_server: LiveServer) -> None:
     reference, candidate = tiny_llama(), tiny_llama(perturb=PERTURBED)
     for model, run in ((reference, "reference"), (candidate, "candidate")):
-        with torch.no_grad(), capture(model, session="over http", run=run, server=shared_server.url,
-                                      modules="model.layers.*") as result:
+        with (
+            torch.no_grad(),
+            capture(model, session="over http", run=run, server=shared_server.url, modules="model.layers.*") as result,
+        ):
             model(input_ids())
     assert result.session_id is not None
     with httpx.Client(base_url=shared_server.url, timeout=30) as client:
-        report = wait_until(lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
-                            until=lambda r: r["pairs"] and not r["progress"]["pending"],
-                            what="the captured session's pairs to be computed", timeout=120, interval=0.1)
+        report = wait_until(
+            lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
+            until=lambda r: r["pairs"] and not r["progress"]["pending"],
+            what="the captured session's pairs to be computed",
+            timeout=120,
+            interval=0.1,
+        )
         names = {p["name"] for p in report["pairs"]}
         assert f"{MODEL_CLASS}_inputs_args_0" in names  # the model itself is always recorded
         assert not any(".embed_tokens" in n or ".lm_head" in n for n in names)  # not matching the pattern
@@ -235,14 +253,16 @@ def test_the_writer_holds_hooks_back_when_its_budget_is_spent_and_writes_values_
     sink.gate.clear()  # workers hold on to what they take until the gate opens
     writer = CaptureWriter(sink, host_memory=3 * 64 * 4, workers=2)
     tensors = [torch.full((64,), float(i)) for i in range(8)]  # 256 bytes each
+
     def submit_all() -> None:
         for i, t in enumerate(tensors):
             writer.submit(i, f"t{i}", t)
 
     submitter = threading.Thread(target=submit_all)
     submitter.start()
-    wait_until(lambda: writer.pool.waits >= 1, what="a hook to wait for a buffer", timeout=30,
-               interval=0.005)  # the fourth tensor waits for a buffer to come back
+    wait_until(
+        lambda: writer.pool.waits >= 1, what="a hook to wait for a buffer", timeout=30, interval=0.005
+    )  # the fourth tensor waits for a buffer to come back
     assert writer.pool.lent == 3 * 256
     tensors[0].add_(100)  # changed in place after its hook: what is written is the value when it was submitted
     sink.gate.set()
@@ -291,14 +311,17 @@ class Mutates(nn.Module):
 
 
 @pytest.mark.parametrize("host_memory", [1 << 30, 64])
-def test_captured_arrays_are_the_bytes_ingest_stores_for_every_dtype(settings: Settings, tmp_path: Path,
-                                                                    host_memory: int) -> None:
+def test_captured_arrays_are_the_bytes_ingest_stores_for_every_dtype(
+    settings: Settings, tmp_path: Path, host_memory: int
+) -> None:
     """What the hooks write straight into the store, with a budget that fits everything or one small tensor at a
     time, has the digest and stored bytes that ingesting the same tensors as safetensors files gives."""
     model = Mutates()
     x = torch.randn(5)
-    with torch.no_grad(), capture(model, session="dtypes", run="captured", data_dir=settings.data_dir,
-                                  host_memory=host_memory) as result:
+    with (
+        torch.no_grad(),
+        capture(model, session="dtypes", run="captured", data_dir=settings.data_dir, host_memory=host_memory) as result,
+    ):
         model(x)
     files = tmp_path / "files"
     files.mkdir()
@@ -313,8 +336,12 @@ def test_captured_arrays_are_the_bytes_ingest_stores_for_every_dtype(settings: S
         assert len(expected) == len(safetensors_codes()) + 3
         for want in expected:
             got = captured[want.name.removesuffix(".data")]  # a loose file's key is part of its tensor's name
-            assert (got.digest, got.shape, got.dtype, got.nbytes) == (want.digest, want.shape, want.dtype,
-                                                                       want.nbytes), want.name
+            assert (got.digest, got.shape, got.dtype, got.nbytes) == (
+                want.digest,
+                want.shape,
+                want.dtype,
+                want.nbytes,
+            ), want.name
             assert (got.min, got.max, got.nan_count) == (want.min, want.max, want.nan_count), want.name
             a = np.asarray(services.store.open(got.store_key, got.digest)[...])
             b = np.asarray(services.store.open(want.store_key, want.digest)[...])
@@ -332,8 +359,10 @@ def test_a_failed_write_keeps_nothing(settings: Settings, monkeypatch: pytest.Mo
 
     monkeypatch.setattr(capture_writer, "write_leaf", broken)
     net = Net()
-    with pytest.raises(CaptureError, match="no space left"), capture(net, session="full", run="r",
-                                                                     data_dir=settings.data_dir):
+    with (
+        pytest.raises(CaptureError, match="no space left"),
+        capture(net, session="full", run="r", data_dir=settings.data_dir),
+    ):
         net(torch.randn(2, 4))
     services = open_services(settings)
     try:

@@ -18,8 +18,16 @@ BLOSC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
 
 
 def _written(folder: Path, values: np.ndarray, chunks: tuple[int, ...], fill: Any, **options: Any) -> zarr.Array[Any]:
-    array = zarr.create_array(LocalStore(folder), name="a", shape=values.shape, dtype=values.dtype, chunks=chunks,
-                              compressors=options.pop("compressors", BLOSC), fill_value=fill, **options)
+    array = zarr.create_array(
+        LocalStore(folder),
+        name="a",
+        shape=values.shape,
+        dtype=values.dtype,
+        chunks=chunks,
+        compressors=options.pop("compressors", BLOSC),
+        fill_value=fill,
+        **options,
+    )
     array[...] = values
     return array
 
@@ -41,8 +49,9 @@ def test_reader_reads_what_zarr_reads(tmp_path: Path, dtype: str, keys: dict[str
 
 @pytest.mark.parametrize("fill", [np.nan, np.inf, -np.inf, 7.5, 0.0])
 def test_fill_values_of_chunks_never_written(tmp_path: Path, fill: float) -> None:
-    array = zarr.create_array(LocalStore(tmp_path), name="a", shape=(6, 4), dtype="float32", chunks=(2, 4),
-                              compressors=BLOSC, fill_value=fill)
+    array = zarr.create_array(
+        LocalStore(tmp_path), name="a", shape=(6, 4), dtype="float32", chunks=(2, 4), compressors=BLOSC, fill_value=fill
+    )
     array[0:2] = np.ones((2, 4), dtype=np.float32)  # the other chunks are never written
     layout = read_layout(tmp_path / "a", "a")
     reader = ChunkReader(layout, tmp_path / "a", ReadCounter(), lambda: array)
@@ -53,8 +62,9 @@ def test_layouts_read_through_zarr_instead(tmp_path: Path) -> None:
     values = np.arange(12, dtype=np.float32).reshape(3, 4)
     zstd = _written(tmp_path / "zstd", values, (1, 4), 0.0, compressors=ZstdCodec())
     big = _written(tmp_path / "big", values, (1, 4), 0.0, serializer=BytesCodec(endian="big"))
-    scalar = zarr.create_array(LocalStore(tmp_path / "scalar"), name="a", shape=(), dtype="float32",
-                               compressors=BLOSC, fill_value=0.0)
+    scalar = zarr.create_array(
+        LocalStore(tmp_path / "scalar"), name="a", shape=(), dtype="float32", compressors=BLOSC, fill_value=0.0
+    )
     for array, folder in ((zstd, "zstd"), (big, "big"), (scalar, "scalar")):
         assert array is not None
         assert not read_layout(tmp_path / folder / "a", "a").readable
@@ -72,8 +82,15 @@ def test_broken_metadata_is_named(tmp_path: Path) -> None:
 
 
 def test_chunk_keys_follow_the_encoding() -> None:
-    base = {"zarr_format": 3, "node_type": "array", "shape": [4, 4], "data_type": "float32", "fill_value": 0,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2, 2]}}, "codecs": []}
+    base = {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": [4, 4],
+        "data_type": "float32",
+        "fill_value": 0,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2, 2]}},
+        "codecs": [],
+    }
     assert parse_layout(base).chunk_key((1, 0)) == "c/1/0"
     v2 = parse_layout({**base, "chunk_key_encoding": {"name": "v2", "configuration": {"separator": "."}}})
     assert v2.chunk_key((1, 0)) == "1.0" and v2.chunk_key(()) == "0"

@@ -64,8 +64,7 @@ def downgrade_to_previous_schema(data: Path) -> None:
     engine.dispose()
 
 
-def test_a_data_dir_of_the_previous_version_keeps_working(tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_data_dir_of_the_previous_version_keeps_working(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a, b = tmp_path / "reference", tmp_path / "candidate"
     write_dump(a, seed=1)
     write_dump(b, seed=2)
@@ -97,8 +96,9 @@ def test_a_data_dir_of_the_previous_version_keeps_working(tmp_path: Path,
         with services.sessions() as db:
             new_runs = catalog.get_session(db, again["session"]["id"]).runs
             # bit-identical to the old runs' tensors: the new rows name the old arrays
-            assert all(t.store_key.split("/")[1] in old_folders
-                       for run in new_runs for t in catalog.list_tensors(db, run.id))
+            assert all(
+                t.store_key.split("/")[1] in old_folders for run in new_runs for t in catalog.list_tensors(db, run.id)
+            )
         third = compare(services, a, b, capsys)
         assert [p["stats"] for p in third["pairs"]] == [p["stats"] for p in old["pairs"]]
         with services.sessions() as db:

@@ -129,10 +129,17 @@ def test_nested_containers_and_python_scalars(services: Services, tmp_path: Path
     torch.save(payload, path)
     result = services.ingestor.ingest("nest", "ref", [InputFile(path, path.name)])
     records = stored(services, result.run_id)
-    assert sorted(records) == sorted([
-        "3_post_mlp.hidden", "3_post_mlp.outputs.0", "3_post_mlp.outputs.1.0", "3_post_mlp.outputs.1.1",
-        "3_post_mlp.outputs.1.2", "3_post_mlp.meta.step", "3_post_mlp.meta.inner.deep",
-    ])
+    assert sorted(records) == sorted(
+        [
+            "3_post_mlp.hidden",
+            "3_post_mlp.outputs.0",
+            "3_post_mlp.outputs.1.0",
+            "3_post_mlp.outputs.1.1",
+            "3_post_mlp.outputs.1.2",
+            "3_post_mlp.meta.step",
+            "3_post_mlp.meta.inner.deep",
+        ]
+    )
     assert records["3_post_mlp.outputs.1.1"].dtype == "float64"
     assert read_back(services, records["3_post_mlp.outputs.1.1"]).item() == 2.5
     assert records["3_post_mlp.outputs.1.0"].dtype == "int64"
@@ -193,8 +200,9 @@ def test_chunk_writer_writes_what_zarr_writes(services: Services, dtype_name: st
     rng = np.random.default_rng(11)
     store = services.store
     root = Path(store.url.removeprefix("file://"))
-    for n, (shape, chunks, per_block) in enumerate([((100, 37), (7, 37), 3), ((5, 6, 7), (1, 4, 7), 1),
-                                                    ((1000,), (64,), 5)]):
+    for n, (shape, chunks, per_block) in enumerate(
+        [((100, 37), (7, 37), 3), ((5, 6, 7), (1, 4, 7), 1), ((1000,), (64,), 5)]
+    ):
         storage = np.dtype(dtype.numpy_storage)
         raw = rng.integers(0, 256, math.prod(shape) * storage.itemsize, dtype=np.uint8)
         values = ((raw % 2).astype(bool) if storage == np.bool_ else raw.view(storage)).reshape(shape)
@@ -208,10 +216,12 @@ def test_chunk_writer_writes_what_zarr_writes(services: Services, dtype_name: st
                 region = tuple(slice(i, i + 1) for i in lead) + (slice(start, start + chunks[axis] * per_block),)
                 region += tuple(slice(0, d) for d in shape[axis + 1 :])
                 writer[region] = values[region]
-        written = sorted(p.relative_to(root / f"runs/7/{n}") for p in (root / f"runs/7/{n}/c").rglob("*")
-                         if p.is_file())
-        expected = sorted(p.relative_to(root / f"runs/8/{n}") for p in (root / f"runs/8/{n}/c").rglob("*")
-                          if p.is_file())
+        written = sorted(
+            p.relative_to(root / f"runs/7/{n}") for p in (root / f"runs/7/{n}/c").rglob("*") if p.is_file()
+        )
+        expected = sorted(
+            p.relative_to(root / f"runs/8/{n}") for p in (root / f"runs/8/{n}/c").rglob("*") if p.is_file()
+        )
         assert written == expected and written
         for name in written:
             assert (root / f"runs/7/{n}" / name).read_bytes() == (root / f"runs/8/{n}" / name).read_bytes(), name

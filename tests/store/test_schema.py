@@ -39,8 +39,16 @@ def test_upgrade_head_matches_models(tmp_path: Path) -> None:
     assert schema_is_current(engine)
     assert_schema_matches_models(engine)
     assert set(inspect(engine).get_table_names()) == {
-        "alembic_version", "sessions", "runs", "tensors", "problems", "pairs", "comparison_results", "pair_overrides",
-        "unmatched"}
+        "alembic_version",
+        "sessions",
+        "runs",
+        "tensors",
+        "problems",
+        "pairs",
+        "comparison_results",
+        "pair_overrides",
+        "unmatched",
+    }
     upgrade_database(engine)  # a second start is a no-op
     engine.dispose()
 
@@ -79,8 +87,9 @@ def test_a_stamp_other_than_the_head_is_not_current(tmp_path: Path) -> None:
 
 def test_head_revision_of_branches_merges_and_odd_files(tmp_path: Path) -> None:
     def migration(name: str, body: str) -> None:
-        (tmp_path / f"{name}.py").write_text(f'"""{name}"""\nfrom alembic import op\n{body}\n\ndef upgrade() -> None:\n'
-                                             "    pass\n")
+        (tmp_path / f"{name}.py").write_text(
+            f'"""{name}"""\nfrom alembic import op\n{body}\n\ndef upgrade() -> None:\n    pass\n'
+        )
 
     assert head_revision(tmp_path) is None  # no migrations at all
     migration("a", "revision = 'a'\ndown_revision = None")

@@ -9,8 +9,14 @@ from tests.support.polling import wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 # no sandbox (tests run as root here), no GPU, and none of Chromium's own network traffic
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def shot(page: Page, name: str) -> None:
@@ -21,6 +27,7 @@ def shot(page: Page, name: str) -> None:
 
 def wait_until_compared(page: Page, timeout: float = 60) -> None:
     """Reload until no pair is pending (the page refreshes itself meanwhile; a reload is simpler to await)."""
+
     def compared() -> bool:
         if page.locator(".progress").count() == 0:
             return True

@@ -10,21 +10,39 @@ import numpy as np
 import pytest
 
 
-def check_partial(got: Mapping[str, Any], a: np.ndarray, b: np.ndarray, atol: float, rtol: float,
-                  edges: np.ndarray, where: object = None) -> None:
+def check_partial(
+    got: Mapping[str, Any],
+    a: np.ndarray,
+    b: np.ndarray,
+    atol: float,
+    rtol: float,
+    edges: np.ndarray,
+    where: object = None,
+) -> None:
     """`got` (a partial's fields by name, at_least as a list) is numpy's result for flat blocks `a` and `b` (with the
     tolerance test and decade `edges`); `where` names the case in failures."""
     x, y = a.astype(np.float64), b.astype(np.float64)
     d = np.abs(x - y)
     rel = d[x != 0] / np.abs(x[x != 0])
-    exact = {"max_abs": float(d.max(initial=-1.0)), "argmax": int(np.argmax(d)) if d.size else -1,
-             "max_rel": float(rel.max(initial=0.0)), "rel_count": rel.size,
-             "mismatched": int((d > np.abs(x) * rtol + atol).sum()), "nonzero": int((d > 0).sum()),
-             "at_least": [int((d.astype(np.float32) >= edge).sum()) for edge in edges.astype(np.float32)]}
+    exact = {
+        "max_abs": float(d.max(initial=-1.0)),
+        "argmax": int(np.argmax(d)) if d.size else -1,
+        "max_rel": float(rel.max(initial=0.0)),
+        "rel_count": rel.size,
+        "mismatched": int((d > np.abs(x) * rtol + atol).sum()),
+        "nonzero": int((d > 0).sum()),
+        "at_least": [int((d.astype(np.float32) >= edge).sum()) for edge in edges.astype(np.float32)],
+    }
     for field, want in exact.items():
         assert got[field] == want, (where, field)
-    sums = {"sum_abs": d.sum(), "sum_sq": (d * d).sum(), "sum_rel": rel.sum(), "dot": (x * y).sum(),
-            "norm_a": (x * x).sum(), "norm_b": (y * y).sum()}
+    sums = {
+        "sum_abs": d.sum(),
+        "sum_sq": (d * d).sum(),
+        "sum_rel": rel.sum(),
+        "dot": (x * y).sum(),
+        "norm_a": (x * x).sum(),
+        "norm_b": (y * y).sum(),
+    }
     for field, value in sums.items():
         assert got[field] == pytest.approx(float(value), rel=1e-12), (where, field)
 

@@ -9,8 +9,14 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(check: Callable[[], T], *, what: str, timeout: float = 60, interval: float = 0.05,
-               until: Callable[[T], object] | None = None) -> T:
+def wait_until(
+    check: Callable[[], T],
+    *,
+    what: str,
+    timeout: float = 60,
+    interval: float = 0.05,
+    until: Callable[[T], object] | None = None,
+) -> T:
     """Call `check` until its answer is truthy (or, given `until`, until `until(answer)` is) and return that answer.
 
     After `timeout` seconds, fail with an AssertionError naming `what` was waited for and the last answer. An exception
@@ -20,7 +26,7 @@ def wait_until(check: Callable[[], T], *, what: str, timeout: float = 60, interv
     deadline = time.monotonic() + timeout
     while True:
         answer = check()
-        if (until(answer) if until is not None else answer):
+        if until(answer) if until is not None else answer:
             return answer
         if time.monotonic() >= deadline:
             last = repr(answer)

@@ -29,8 +29,9 @@ def cli_command() -> list[str]:
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`tensor-debugger ARGS` in a child process, with no TENSOR_DEBUGGER_ setting but those in `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
-    return subprocess.run([*cli_command(), *args], capture_output=True, text=True, env={**base, **(env or {})},
-                          timeout=120)
+    return subprocess.run(
+        [*cli_command(), *args], capture_output=True, text=True, env={**base, **(env or {})}, timeout=120
+    )
 
 
 def child_env() -> dict[str, str]:
@@ -69,8 +70,9 @@ class LiveServer:
 
     def start(self) -> LiveServer:
         self.launch()
-        wait_until(self.answers, what=f"the server on port {self.port} to answer GET /api/sessions", timeout=60,
-                   interval=0.1)
+        wait_until(
+            self.answers, what=f"the server on port {self.port} to answer GET /api/sessions", timeout=60, interval=0.1
+        )
         return self
 
     def answers(self) -> bool:
@@ -118,5 +120,8 @@ def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict
     report: dict[str, Any] = wait_until(
         lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json(),
         until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
-        what=f"session {session_id}'s pairs to be computed", timeout=timeout, interval=0.1)
+        what=f"session {session_id}'s pairs to be computed",
+        timeout=timeout,
+        interval=0.1,
+    )
     return report

@@ -20,8 +20,15 @@ def tiny_llama(attention: str = "eager", layers: int = LAYERS, perturb: str | No
     that gets 0.05 added to every element."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     config._attn_implementation = attention
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]  # transformers is untyped
@@ -35,14 +42,22 @@ def input_ids(seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(seed))
 
 
-def write_trace(folder: Path, attention: str = "eager", layers: int = LAYERS, perturb: str | None = None,
-                use_repr: bool = False, prune_layers: bool = True) -> Path:
+def write_trace(
+    folder: Path,
+    attention: str = "eager",
+    layers: int = LAYERS,
+    perturb: str | None = None,
+    use_repr: bool = False,
+    prune_layers: bool = True,
+) -> Path:
     """Run the model once under transformers' model_addition_debugger_context into `folder`."""
     from transformers.model_debugging_utils import model_addition_debugger_context
 
     model = tiny_llama(attention, layers, perturb)
-    with torch.no_grad(), model_addition_debugger_context(model, debug_path=str(folder), use_repr=use_repr,
-                                                          do_prune_layers=prune_layers):
+    with (
+        torch.no_grad(),
+        model_addition_debugger_context(model, debug_path=str(folder), use_repr=use_repr, do_prune_layers=prune_layers),
+    ):
         model(input_ids())
     return folder
 

@@ -20,8 +20,9 @@ from tests.support.servers import LiveServer, upload
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
     write_dump(tmp_path / "ref", layers=2, seed=1)
     write_dump(tmp_path / "cand", layers=2, seed=1, plant=Plant(1, "post_attn", (3, 4), 0.5))
-    return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(tmp_path / "cand",
-                                                                                        tmp_path / "candidate.zip")
+    return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(
+        tmp_path / "cand", tmp_path / "candidate.zip"
+    )
 
 
 def snapshot(server: LiveServer) -> dict[str, Any]:
@@ -39,28 +40,41 @@ def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_pa
     reference, candidate = two_runs(tmp_path)
     junk = tmp_path / "notes.txt"
     junk.write_text("not a tensor")
-    response = upload(shared_server, "port vs ref", [("reference", reference), ("candidate", candidate),
-                                                   ("candidate", junk)])
+    response = upload(
+        shared_server, "port vs ref", [("reference", reference), ("candidate", candidate), ("candidate", junk)]
+    )
     assert response.status_code == 201, response.text
     body = response.json()
     session = body["session"]
     assert session["name"] == "port vs ref"
     assert [(r["label"], r["role"], r["status"], r["tensors"]) for r in session["runs"]] == [
-        ("reference", "reference", "ready", 26), ("candidate", "candidate", "ready", 26)]
+        ("reference", "reference", "ready", 26),
+        ("candidate", "candidate", "ready", 26),
+    ]
     assert session["runs"][1]["sources"] == ["candidate.zip", "notes.txt"]
     assert session["runs"][1]["problems"] == [
-        {"file": "notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}]
+        {"file": "notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}
+    ]
     tensors = httpx.get(f"{shared_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()
     planted = next(t for t in tensors if t["name"] == "1_post_attn")
-    assert (planted["layer"], planted["stage"], planted["shape"], planted["dtype"]) == (1, "post_attn", [16, 32],
-                                                                                         "float32")
+    assert (planted["layer"], planted["stage"], planted["shape"], planted["dtype"]) == (
+        1,
+        "post_attn",
+        [16, 32],
+        "float32",
+    )
     detail = httpx.get(f"{shared_server.url}/api/tensors/{planted['id']}").json()
     assert detail == planted
-    reference_tensor = next(t for t in httpx.get(
-        f"{shared_server.url}/api/runs/{session['runs'][0]['id']}/tensors").json() if t["name"] == "1_post_attn")
+    reference_tensor = next(
+        t
+        for t in httpx.get(f"{shared_server.url}/api/runs/{session['runs'][0]['id']}/tensors").json()
+        if t["name"] == "1_post_attn"
+    )
     assert detail["digest"] != reference_tensor["digest"]
-    assert detail["stats"]["max"] > reference_tensor["stats"]["max"] or detail["stats"]["mean"] != \
-        reference_tensor["stats"]["mean"]
+    assert (
+        detail["stats"]["max"] > reference_tensor["stats"]["max"]
+        or detail["stats"]["mean"] != reference_tensor["stats"]["mean"]
+    )
 
 
 def test_list_search_rename_delete(live_server: LiveServer, tmp_path: Path) -> None:
@@ -70,7 +84,8 @@ def test_list_search_rename_delete(live_server: LiveServer, tmp_path: Path) -> N
     names = [s["name"] for s in httpx.get(live_server.url + "/api/sessions").json()]
     assert names == ["Beta run", "alpha run"]  # newest first
     assert [s["name"] for s in httpx.get(live_server.url + "/api/sessions", params={"q": "BETA"}).json()] == [
-        "Beta run"]
+        "Beta run"
+    ]
     renamed = httpx.patch(f"{live_server.url}/api/sessions/{first['id']}", json={"name": "gamma", "notes": "n"})
     assert renamed.status_code == 200 and renamed.json()["name"] == "gamma" and renamed.json()["notes"] == "n"
     clash = httpx.patch(f"{live_server.url}/api/sessions/{first['id']}", json={"name": "Beta run"})
@@ -112,8 +127,11 @@ def test_bad_uploads_get_clear_errors_and_the_server_stays_up(live_server: LiveS
     assert "not a readable PyTorch file" in problems["garbage.pth"]
     assert httpx.get(live_server.url + "/api/sessions").json() == []
     assert not (tmp_path.parent / "escape.pth").exists()
-    malformed = httpx.post(live_server.url + "/api/sessions", content=b"--x\r\nnonsense",
-                           headers={"content-type": "multipart/form-data; boundary=x"})
+    malformed = httpx.post(
+        live_server.url + "/api/sessions",
+        content=b"--x\r\nnonsense",
+        headers={"content-type": "multipart/form-data; boundary=x"},
+    )
     assert malformed.status_code == 400
     assert httpx.get(live_server.url + "/api/sessions/12345").status_code == 404
     assert live_server.alive()
@@ -162,23 +180,37 @@ def test_restart_finds_everything_unchanged(live_server: LiveServer, tmp_path: P
 
 def test_openapi_lists_the_api(shared_server: LiveServer) -> None:
     schema = httpx.get(shared_server.url + "/schema/openapi.json").json()
-    assert {"/api/sessions", "/api/sessions/{session_id}", "/api/runs/{run_id}/tensors",
-            "/api/tensors/{tensor_id}", "/api/sessions/{session_id}/runs"} <= set(schema["paths"])
+    assert {
+        "/api/sessions",
+        "/api/sessions/{session_id}",
+        "/api/runs/{run_id}/tensors",
+        "/api/tensors/{tensor_id}",
+        "/api/sessions/{session_id}/runs",
+    } <= set(schema["paths"])
 
 
 def poll_progress(server: LiveServer, url: str, timeout: float = 120) -> dict[str, Any]:
     """GET the progress until everything is done (ingest, planning, comparisons); the last answer."""
-    progress: dict[str, Any] = wait_until(lambda: httpx.get(server.url + url, timeout=30).json(),
-                                          until=lambda p: p["stage"] == "done", what=f"{url} to say stage 'done'",
-                                          timeout=timeout, interval=0.1)
+    progress: dict[str, Any] = wait_until(
+        lambda: httpx.get(server.url + url, timeout=30).json(),
+        until=lambda p: p["stage"] == "done",
+        what=f"{url} to say stage 'done'",
+        timeout=timeout,
+        interval=0.1,
+    )
     return progress
 
 
-def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(shared_server: LiveServer,
-                                                                          tmp_path: Path) -> None:
+def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
     reference, candidate = two_runs(tmp_path)
-    response = upload(shared_server, "in the background", [("reference", reference), ("candidate", candidate)],
-                      url="/api/sessions?wait=false")
+    response = upload(
+        shared_server,
+        "in the background",
+        [("reference", reference), ("candidate", candidate)],
+        url="/api/sessions?wait=false",
+    )
     assert response.status_code == 202, response.text
     body = response.json()
     session_id = body["session"]["id"]
@@ -189,7 +221,9 @@ def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(share
 
     progress = poll_progress(shared_server, body["progress"])
     assert [(r["label"], r["status"], r["words"]) for r in progress["runs"]] == [
-        ("reference", "ready", "ready"), ("candidate", "ready", "ready")]
+        ("reference", "ready", "ready"),
+        ("candidate", "ready", "ready"),
+    ]
     assert progress["pairs"] == {"total": 26, "done": 26, "pending": 0, "failing": progress["pairs"]["failing"]}
     assert progress["pairs"]["failing"] > 0
     run = httpx.get(f"{shared_server.url}/api/runs/{body['runs'][1]['run_id']}").json()
@@ -208,13 +242,19 @@ def test_a_background_ingest_that_finds_nothing_says_why(shared_server: LiveServ
     garbage.write_bytes(b"\x00" * 100)
     notes = tmp_path / "notes.txt"
     notes.write_text("not a tensor")
-    response = upload(shared_server, "half broken", [("reference", garbage), ("reference", notes),
-                                                   ("candidate", candidate)], url="/api/sessions?wait=false")
+    response = upload(
+        shared_server,
+        "half broken",
+        [("reference", garbage), ("reference", notes), ("candidate", candidate)],
+        url="/api/sessions?wait=false",
+    )
     assert response.status_code == 202, response.text
     session_id = response.json()["session"]["id"]
     progress = poll_progress(shared_server, f"/api/sessions/{session_id}/progress")
     assert [(r["label"], r["status"], r["problems"]) for r in progress["runs"]] == [
-        ("reference", "failed", 2), ("candidate", "ready", 0)]
+        ("reference", "failed", 2),
+        ("candidate", "ready", 0),
+    ]
     assert progress["pairs"]["total"] == 0
     session = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()
     reasons = {p["file"]: p["reason"] for p in session["runs"][0]["problems"]}
@@ -234,5 +274,7 @@ def test_a_background_ingest_that_finds_nothing_says_why(shared_server: LiveServ
     assert again.status_code == 201, again.text
     runs = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"]
     assert [(r["label"], r["role"], r["status"], r["problems"]) for r in runs] == [
-        ("reference", "reference", "ready", []), ("candidate", "candidate", "ready", [])]
+        ("reference", "reference", "ready", []),
+        ("candidate", "candidate", "ready", []),
+    ]
     assert poll_progress(shared_server, f"/api/sessions/{session_id}/progress")["pairs"]["total"] == 26

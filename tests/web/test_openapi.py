@@ -60,6 +60,8 @@ def test_reports_are_documented_with_their_fields(tmp_path: Path) -> None:
 
 
 def test_the_check_catches_an_undocumented_response() -> None:
-    document = {"paths": {"/api/things": {"get": {"responses": {"200": {"content": {
-        "application/json": {"schema": {}}}}}}}}, "components": {"schemas": {}}}
+    document = {
+        "paths": {"/api/things": {"get": {"responses": {"200": {"content": {"application/json": {"schema": {}}}}}}}},
+        "components": {"schemas": {}},
+    }
     assert undocumented_json_responses(document) == ["GET /api/things 200"]

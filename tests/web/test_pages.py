@@ -61,8 +61,10 @@ def add_big_tensor(reference: Path, candidate: Path, seed: int) -> None:
 
 
 def run_statuses(connection: sqlite3.Connection, session_id: int) -> list[str]:
-    return [status for (status,) in connection.execute("select status from runs where session_id = ? order by id",
-                                                       (session_id,))]
+    return [
+        status
+        for (status,) in connection.execute("select status from runs where session_id = ? order by id", (session_id,))
+    ]
 
 
 def session_of(answer: Response) -> int:
@@ -86,8 +88,9 @@ def shared_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
     server.stop()
 
 
-def fill_new_session(page: Page, url: str | None, name: str, reference: Path,
-                     candidate: Path | list[Path] | None = None) -> None:
+def fill_new_session(
+    page: Page, url: str | None, name: str, reference: Path, candidate: Path | list[Path] | None = None
+) -> None:
     """The home page's new-session form filled in (the home page at `url` opened first, unless None), not sent."""
     if url is not None:
         page.goto(url + "/")
@@ -95,7 +98,8 @@ def fill_new_session(page: Page, url: str | None, name: str, reference: Path,
     page.get_by_label("Reference run").set_input_files(str(reference))
     if candidate is not None:
         page.get_by_label("Candidate run").set_input_files(
-            [str(c) for c in candidate] if isinstance(candidate, list) else str(candidate))
+            [str(c) for c in candidate] if isinstance(candidate, list) else str(candidate)
+        )
 
 
 def test_first_start_shows_the_demo_session(shared_demo_server: LiveServer, page: Page) -> None:
@@ -120,8 +124,9 @@ def test_first_start_shows_the_demo_session(shared_demo_server: LiveServer, page
     assert "[16, 32]" in row.inner_text() and "float32" in row.inner_text()
 
 
-def test_upload_through_the_form_without_scripts(shared_server: LiveServer, page_without_scripts: Page,
-                                                 tmp_path: Path) -> None:
+def test_upload_through_the_form_without_scripts(
+    shared_server: LiveServer, page_without_scripts: Page, tmp_path: Path
+) -> None:
     page = page_without_scripts
     write_dump(tmp_path / "ref", layers=1, seed=2)
     write_dump(tmp_path / "cand", layers=1, seed=2, plant=Plant(0, "post_mlp", (1, 1), 1.0))
@@ -135,8 +140,9 @@ def test_upload_through_the_form_without_scripts(shared_server: LiveServer, page
         page.get_by_role("button", name="Upload and ingest").click()
     assert answer.value.status == 303  # the files are on disk; their ingest goes on in the background
     with database_held(shared_server) as held:
-        assert run_statuses(held, session_of(answer.value)) == ["ingesting", "ingesting"], \
+        assert run_statuses(held, session_of(answer.value)) == ["ingesting", "ingesting"], (
             "the ingest ended before the test could hold it"
+        )
         page.wait_for_url("**/sessions/*")
         status = page.locator("section.ingest .progress")
         assert "Ingesting the uploaded files" in status.inner_text()
@@ -214,8 +220,10 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
 
 
 def row_names(page: Page) -> list[str]:
-    return [page.locator("table.pairs tbody tr").nth(i).locator("td a").first.inner_text()
-            for i in range(page.locator("table.pairs tbody tr").count())]
+    return [
+        page.locator("table.pairs tbody tr").nth(i).locator("td a").first.inner_text()
+        for i in range(page.locator("table.pairs tbody tr").count())
+    ]
 
 
 def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Page) -> None:
@@ -234,8 +242,9 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     # reorder: ungrouped, in execution order; drag the third row to the top, then move it down with the keyboard
     page.goto(demo_server.url + "/sessions/1?group=none")
     before = row_names(page)
-    page.locator("table.pairs tbody tr").nth(2).drag_to(page.locator("table.pairs tbody tr").nth(0),
-                                                        target_position={"x": 20, "y": 2})
+    page.locator("table.pairs tbody tr").nth(2).drag_to(
+        page.locator("table.pairs tbody tr").nth(0), target_position={"x": 20, "y": 2}
+    )
     page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
     page.reload()
     after = row_names(page)
@@ -266,8 +275,9 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     shot(page, "session-after-restart")
 
 
-def test_new_session_with_progress_bars_and_errors_next_to_files(shared_server: LiveServer, page: Page,
-                                                                 tmp_path: Path) -> None:
+def test_new_session_with_progress_bars_and_errors_next_to_files(
+    shared_server: LiveServer, page: Page, tmp_path: Path
+) -> None:
     write_dump(tmp_path / "ref", layers=2, seed=5)
     write_dump(tmp_path / "cand", layers=2, seed=5, plant=Plant(1, "key", (0, 1, 3, 2), 0.2))
     reference = make_zip(tmp_path / "ref", tmp_path / "reference.zip")
@@ -296,8 +306,9 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(shared_server: 
     shot(page, "new-session-error")
 
 
-def test_session_page_follows_the_ingest_live_then_shows_the_results(shared_server: LiveServer, page: Page,
-                                                                     tmp_path: Path) -> None:
+def test_session_page_follows_the_ingest_live_then_shows_the_results(
+    shared_server: LiveServer, page: Page, tmp_path: Path
+) -> None:
     """The upload answers once its bytes are on disk; the session page shows each run's ingest with a bar and
     "ingesting: X of Y MB (Z%)", then the comparisons, then the results, all without a reload."""
     write_dump(tmp_path / "ref", layers=2, seed=6)
@@ -310,15 +321,19 @@ def test_session_page_follows_the_ingest_live_then_shows_the_results(shared_serv
         page.get_by_role("button", name="Upload and ingest").click()
     assert answer.value.status == 202
     with database_held(shared_server) as held:
-        assert run_statuses(held, session_of(answer.value)) == ["ingesting", "ingesting"], \
+        assert run_statuses(held, session_of(answer.value)) == ["ingesting", "ingesting"], (
             "the ingest ended before the test could hold it"
+        )
         page.wait_for_url("**/sessions/*")
         page.evaluate("window.sameDocument = true")  # gone if anything reloads the page
         bars = page.locator(".ingest-runs progress")
         assert bars.count() == 2
-        page.wait_for_function("""() => [...document.querySelectorAll('.ingest-runs li')].every(li =>
+        page.wait_for_function(
+            """() => [...document.querySelectorAll('.ingest-runs li')].every(li =>
             /ingesting: [0-9.]+ of 5[0-9.]+ MB \\([0-9]+%\\)/.test(li.querySelector('.words').textContent)
-            && li.querySelector('progress').max > 50e6)""", timeout=60_000)
+            && li.querySelector('progress').max > 50e6)""",
+            timeout=60_000,
+        )
         words = page.locator(".ingest-runs li").first.locator(".words").inner_text()
         assert re.fullmatch(r"ingesting: [0-9.]+ of 5[0-9.]+ MB \([0-9]+%\)", words), words
         shot(page, "session-ingesting")
@@ -355,8 +370,9 @@ def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServ
     assert not (demo_server.data_dir / "arrays" / "runs" / "1").exists()
 
 
-def test_manual_mode_shows_each_runs_own_layout(shared_server: LiveServer, page_without_scripts: Page,
-                                                tmp_path: Path) -> None:
+def test_manual_mode_shows_each_runs_own_layout(
+    shared_server: LiveServer, page_without_scripts: Page, tmp_path: Path
+) -> None:
     import torch
 
     full = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
@@ -366,9 +382,12 @@ def test_manual_mode_shows_each_runs_own_layout(shared_server: LiveServer, page_
     torch.save(full.permute(1, 0, 2).unsqueeze(0).contiguous(), tmp_path / "b" / "0_query.pth")  # [1, 3, 2, 4]
     reference = make_zip(tmp_path / "a", tmp_path / "a.zip")
     candidate = make_zip(tmp_path / "b", tmp_path / "b.zip")
-    response = httpx.post(shared_server.url + "/api/sessions", data={"name": "manual"},
-                          files=[("reference", ("a.zip", reference.read_bytes())),
-                                 ("candidate", ("b.zip", candidate.read_bytes()))], timeout=60)
+    response = httpx.post(
+        shared_server.url + "/api/sessions",
+        data={"name": "manual"},
+        files=[("reference", ("a.zip", reference.read_bytes())), ("candidate", ("b.zip", candidate.read_bytes()))],
+        timeout=60,
+    )
     session_id = response.json()["session"]["id"]
     pair_id = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
     page = page_without_scripts
@@ -388,12 +407,15 @@ def test_manual_mode_shows_each_runs_own_layout(shared_server: LiveServer, page_
     shot(page, "pair-manual-mode")
 
 
-def test_module_tree_and_culprit_of_a_traced_session(shared_server: LiveServer, page: Page,
-                                                     hf_traces: WrittenTraces) -> None:
+def test_module_tree_and_culprit_of_a_traced_session(
+    shared_server: LiveServer, page: Page, hf_traces: WrittenTraces
+) -> None:
     reference, candidate = hf_traces["eager"], hf_traces["perturbed"]
-    files = [(label, (p.name, p.read_bytes())) for label, folder in (("reference", reference),
-                                                                      ("candidate", candidate))
-             for p in sorted(folder.iterdir())]
+    files = [
+        (label, (p.name, p.read_bytes()))
+        for label, folder in (("reference", reference), ("candidate", candidate))
+        for p in sorted(folder.iterdir())
+    ]
     created = httpx.post(shared_server.url + "/api/sessions", data={"name": "traced"}, files=files, timeout=120)
     assert created.status_code == 201, created.text
     page.goto(f"{shared_server.url}/sessions/{created.json()['session']['id']}")

@@ -22,8 +22,9 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture
 def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, java_script_enabled=False,
-                                  accept_downloads=True)
+    context = browser.new_context(
+        viewport={"width": 1280, "height": 900}, java_script_enabled=False, accept_downloads=True
+    )
     opened = context.new_page()
     yield opened
     context.close()
@@ -110,8 +111,9 @@ def test_rules_form_and_pairing_file(live_server: LiveServer, page: Page, tmp_pa
     page.get_by_role("button", name="Upload pairing file").click()
     wait_until_compared(page)
     pairs = wait_done(live_server, session_id)["pairs"]
-    assert ("L0_attention_out", "L0_attn_out", "manual") in {(p["a"]["name"], p["b"]["name"], p["strategy"])
-                                                             for p in pairs}
+    assert ("L0_attention_out", "L0_attn_out", "manual") in {
+        (p["a"]["name"], p["b"]["name"], p["strategy"]) for p in pairs
+    }
     # a file that is not one: said next to the upload form
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"pears": []}))

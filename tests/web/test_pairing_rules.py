@@ -18,34 +18,41 @@ from tests.support.dumps import named_dump as dump
 from tests.support.servers import LiveServer, upload
 
 
-def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path,
-            **kwargs: Any) -> tuple[int, dict[str, Any]]:
+def compare(
+    services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path, **kwargs: Any
+) -> tuple[int, dict[str, Any]]:
     code = run_compare(services, a, b, None, None, None, True, **kwargs)
     return code, json.loads(capsys.readouterr().out)
 
 
-def test_name_pattern_gives_layers_and_stages(services: Services, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
+def test_name_pattern_gives_layers_and_stages(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     a = dump(tmp_path / "a", ["L1_mlp", "L0_attn_out", "L0_norm"])
     b = dump(tmp_path / "b", ["L1_mlp", "L0_attn_out", "L0_norm"])
     code, out = compare(services, capsys, a, b, name_pattern=r"L(?P<layer>\d+)_(?P<stage>[a-z_]+)")
     assert code == 0
     assert [(p["name"], p["layer"], p["stage"], p["strategy"]) for p in out["pairs"]] == [
-        ("L0_attn_out", 0, "attn_out", "layer_stage"), ("L0_norm", 0, "norm", "layer_stage"),
-        ("L1_mlp", 1, "mlp", "layer_stage")]
+        ("L0_attn_out", 0, "attn_out", "layer_stage"),
+        ("L0_norm", 0, "norm", "layer_stage"),
+        ("L1_mlp", 1, "mlp", "layer_stage"),
+    ]
     with services.sessions() as db:
         session = catalog.get_session(db, out["session"]["id"])
         assert session.name_pattern == r"L(?P<layer>\d+)_(?P<stage>[a-z_]+)" and session.strategies is None
 
 
-@pytest.mark.parametrize(("kwargs", "words"), [
-    ({"name_pattern": "L(?P<layer>\\d+"}, "is not a regular expression"),
-    ({"name_pattern": "L(?P<layer>\\d+)"}, "has no named group 'stage'"),
-    ({"strategies": "name,fuzy"}, "unknown pairing strategy 'fuzy'"),
-])
-def test_bad_rules_exit_two_before_any_ingest(services: Services, tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str], kwargs: dict[str, str],
-                                              words: str) -> None:
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"name_pattern": "L(?P<layer>\\d+"}, "is not a regular expression"),
+        ({"name_pattern": "L(?P<layer>\\d+)"}, "has no named group 'stage'"),
+        ({"strategies": "name,fuzy"}, "unknown pairing strategy 'fuzy'"),
+    ],
+)
+def test_bad_rules_exit_two_before_any_ingest(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str], kwargs: dict[str, str], words: str
+) -> None:
     a = dump(tmp_path / "a", ["x"])
     code, out = compare(services, capsys, a, a, **kwargs)
     assert code == 2 and words in out["error"]
@@ -53,23 +60,29 @@ def test_bad_rules_exit_two_before_any_ingest(services: Services, tmp_path: Path
         assert not catalog.list_sessions(db)
 
 
-def test_strategies_and_pairing_file(services: Services, tmp_path: Path,
-                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_strategies_and_pairing_file(services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     a = dump(tmp_path / "a", ["blocks.3.attention_out", "blocks.3.mlp", "odd"])
     b = dump(tmp_path / "b", ["blocks.3.attn_out", "blocks.3.mlp", "even"])
     code, out = compare(services, capsys, a, b)
     assert {(p["a"]["name"], p["b"]["name"], p["strategy"]) for p in out["pairs"]} == {
-        ("blocks.3.attention_out", "blocks.3.attn_out", "fuzzy 0.95"), ("blocks.3.mlp", "blocks.3.mlp", "name"),
-        ("odd", "even", "shape")}
+        ("blocks.3.attention_out", "blocks.3.attn_out", "fuzzy 0.95"),
+        ("blocks.3.mlp", "blocks.3.mlp", "name"),
+        ("odd", "even", "shape"),
+    }
     code, out = compare(services, capsys, a, b, strategies="name")
     assert [p["strategy"] for p in out["pairs"]] == ["name"] and code == 0
     assert out["unmatched"] == {"a": ["blocks.3.attention_out", "odd"], "b": ["blocks.3.attn_out", "even"]}
     pairing = tmp_path / "pairing.json"
-    pairing.write_text(json.dumps({"strategies": ["name", "fuzzy"], "pairs": [{"a": "odd", "b": "even"}],
-                                   "unpaired": [{"a": "blocks.3.mlp"}]}))
+    pairing.write_text(
+        json.dumps(
+            {"strategies": ["name", "fuzzy"], "pairs": [{"a": "odd", "b": "even"}], "unpaired": [{"a": "blocks.3.mlp"}]}
+        )
+    )
     code, out = compare(services, capsys, a, b, pairing=pairing)
     assert {(p["a"]["name"], p["b"]["name"], p["strategy"]) for p in out["pairs"]} == {
-        ("blocks.3.attention_out", "blocks.3.attn_out", "fuzzy 0.95"), ("odd", "even", "manual")}
+        ("blocks.3.attention_out", "blocks.3.attn_out", "fuzzy 0.95"),
+        ("odd", "even", "manual"),
+    }
     assert out["unmatched"] == {"a": ["blocks.3.mlp"], "b": ["blocks.3.mlp"]}
     pairing.write_text(json.dumps({"pairs": [{"a": "odd"}]}))
     code, out = compare(services, capsys, a, b, pairing=pairing)
@@ -85,22 +98,31 @@ def test_pairing_file_through_the_api(live_server: LiveServer, tmp_path: Path) -
     exported = httpx.get(url).json()
     assert exported["strategies"] is None and exported["name_pattern"] is None
     assert {(p["a"], p["b"]) for p in exported["pairs"]} == {
-        ("L0_attention_out", "L0_attn_out"), ("L0_mlp", "L0_mlp"), ("L1_mlp", "L1_mlp"), ("lonely", "alone")}
+        ("L0_attention_out", "L0_attn_out"),
+        ("L0_mlp", "L0_mlp"),
+        ("L1_mlp", "L1_mlp"),
+        ("lonely", "alone"),
+    }
     assert exported["unpaired"] == []
-    changed = httpx.put(url, json={"strategies": ["layer_stage", "name"],
-                                   "name_pattern": r"L(?P<layer>\d+)_(?P<stage>\w+)", "pairs": []}).json()
+    changed = httpx.put(
+        url,
+        json={"strategies": ["layer_stage", "name"], "name_pattern": r"L(?P<layer>\d+)_(?P<stage>\w+)", "pairs": []},
+    ).json()
     assert changed["strategies"] == ["layer_stage", "name"]
     assert {(p["a"], p["b"]) for p in changed["pairs"]} == {("L0_mlp", "L0_mlp"), ("L1_mlp", "L1_mlp")}
     assert {json.dumps(u, sort_keys=True) for u in changed["unpaired"]} == {
-        json.dumps(u, sort_keys=True) for u in [{"a": "L0_attention_out"}, {"a": "lonely"}, {"b": "L0_attn_out"},
-                                                {"b": "alone"}]}
+        json.dumps(u, sort_keys=True)
+        for u in [{"a": "L0_attention_out"}, {"a": "lonely"}, {"b": "L0_attn_out"}, {"b": "alone"}]
+    }
     # what was exported comes back: its pairs are manual now
     again = httpx.put(url, json=exported).json()
     assert {(p["a"], p["b"]) for p in again["pairs"]} == {(p["a"], p["b"]) for p in exported["pairs"]}
     pairs = httpx.get(url.replace("/pairing", "/pairs")).json()["pairs"]
     assert {p["strategy"] for p in pairs} == {"manual"}
-    for body, words in [({"name_pattern": "L(?P<layer>"}, "not a regular expression"),
-                        ({"strategies": ["shape", "nope"]}, "unknown pairing strategy 'nope'"),
-                        ({"pears": []}, "no key 'pears'")]:
+    for body, words in [
+        ({"name_pattern": "L(?P<layer>"}, "not a regular expression"),
+        ({"strategies": ["shape", "nope"]}, "unknown pairing strategy 'nope'"),
+        ({"pears": []}, "no key 'pears'"),
+    ]:
         bad = httpx.put(url, json=body)
         assert bad.status_code == 400 and words in bad.json()["detail"], bad.text

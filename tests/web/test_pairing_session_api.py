@@ -25,7 +25,10 @@ def test_rules_are_fields_of_the_session(live_server: LiveServer, tmp_path: Path
     shown = httpx.get(url).json()
     assert shown["strategies"] is None and shown["name_pattern"] is None
     assert {(p["a"]["name"], p["strategy"]) for p in wait_done(live_server, session_id)["pairs"]} == {
-        ("L0_attention_out", "fuzzy 0.95"), ("L0_mlp", "name"), ("L1_mlp", "name")}
+        ("L0_attention_out", "fuzzy 0.95"),
+        ("L0_mlp", "name"),
+        ("L1_mlp", "name"),
+    }
     # a change pairs the session again, as PUT .../pairing does
     pattern = r"L(?P<layer>\d+)_(?P<stage>\w+)"
     patched = httpx.patch(url, json={"strategies": "layer_stage,name", "name_pattern": pattern})
@@ -34,15 +37,19 @@ def test_rules_are_fields_of_the_session(live_server: LiveServer, tmp_path: Path
     shown = httpx.get(url).json()
     assert shown["strategies"] == ["layer_stage", "name"] and shown["name_pattern"] == pattern
     report = wait_done(live_server, session_id)
-    assert {(p["a"]["name"], p["strategy"]) for p in report["pairs"]} == {("L0_mlp", "layer_stage"),
-                                                                          ("L1_mlp", "layer_stage")}
+    assert {(p["a"]["name"], p["strategy"]) for p in report["pairs"]} == {
+        ("L0_mlp", "layer_stage"),
+        ("L1_mlp", "layer_stage"),
+    }
     assert {u["name"] for u in report["unmatched"]} == {"L0_attention_out", "L0_attn_out"}
     # bad rules: 400 naming the problem, as the CLI says it, and nothing changed
-    bad_rules: list[tuple[dict[str, Any], str]] = [({"name_pattern": "L(?P<layer>\\d+"}, "is not a regular expression"),
-                        ({"name_pattern": "L(?P<layer>\\d+)"}, "has no named group 'stage'"),
-                        ({"strategies": "name,fuzy"}, "unknown pairing strategy 'fuzy'"),
-                        ({"strategies": ["name", "fuzzy:2"]}, "fuzzy"),
-                        ({"strategies": ["name", "name"]}, "named twice")]
+    bad_rules: list[tuple[dict[str, Any], str]] = [
+        ({"name_pattern": "L(?P<layer>\\d+"}, "is not a regular expression"),
+        ({"name_pattern": "L(?P<layer>\\d+)"}, "has no named group 'stage'"),
+        ({"strategies": "name,fuzy"}, "unknown pairing strategy 'fuzy'"),
+        ({"strategies": ["name", "fuzzy:2"]}, "fuzzy"),
+        ({"strategies": ["name", "name"]}, "named twice"),
+    ]
     for body, words in bad_rules:
         bad = httpx.patch(url, json={"name": "renamed", **body})
         assert bad.status_code == 400 and words in bad.json()["detail"], bad.text
@@ -57,8 +64,10 @@ def test_rules_are_fields_of_the_session(live_server: LiveServer, tmp_path: Path
 def test_explore_one_uploaded_run(live_server: LiveServer, tmp_path: Path) -> None:
     folder = tmp_path / "acts"
     folder.mkdir()
-    torch.save({"q": seeded((4, 8), 1), "k": seeded((4, 8), 1), "v": seeded((8, 4), 2), "o": seeded((3,), 3)},
-               folder / "acts.pth")
+    torch.save(
+        {"q": seeded((4, 8), 1), "k": seeded((4, 8), 1), "v": seeded((8, 4), 2), "o": seeded((3,), 3)},
+        folder / "acts.pth",
+    )
     response = upload(live_server, "", [("run", folder / "acts.pth")], url="/api/sessions?explore=true")
     assert response.status_code == 201, response.text
     session = response.json()["session"]
@@ -73,12 +82,13 @@ def test_explore_one_uploaded_run(live_server: LiveServer, tmp_path: Path) -> No
     assert httpx.patch(url, json={"strategies": "name"}).status_code == 200
     assert len(wait_done(live_server, session["id"])["pairs"]) == 6
     # the name filter
-    matched = upload(live_server, "explore qk", [("run", folder / "acts.pth")],
-                     url="/api/sessions?explore=true&match=*.[QK]")
+    matched = upload(
+        live_server, "explore qk", [("run", folder / "acts.pth")], url="/api/sessions?explore=true&match=*.[QK]"
+    )
     assert matched.status_code == 201, matched.text
-    assert [(p["a"]["name"], p["b"]["name"]) for p in
-            wait_done(live_server, matched.json()["session"]["id"])["pairs"]] in ([("acts.q", "acts.k")],
-                                                                                    [("acts.k", "acts.q")])
+    assert [
+        (p["a"]["name"], p["b"]["name"]) for p in wait_done(live_server, matched.json()["session"]["id"])["pairs"]
+    ] in ([("acts.q", "acts.k")], [("acts.k", "acts.q")])
     # past 5,000 pairs: a filter is asked for, and no session is kept
     torch.save({f"t{i}": torch.full((2,), float(i)) for i in range(101)}, tmp_path / "many.pth")
     many = upload(live_server, "too many", [("run", tmp_path / "many.pth")], url="/api/sessions?explore=true")
@@ -96,8 +106,11 @@ def test_pair_by_hand_with_a_transpose(live_server: LiveServer, tmp_path: Path) 
     torch.save(weight.t().contiguous(), b / "weight_t.pth")
     torch.save(seeded((3, 3), 6), a / "same.pth")
     torch.save(seeded((3, 3), 6), b / "same.pth")
-    response = upload(live_server, "transpose", [("reference", make_zip(a, tmp_path / "a.zip")),
-                                                 ("candidate", make_zip(b, tmp_path / "b.zip"))])
+    response = upload(
+        live_server,
+        "transpose",
+        [("reference", make_zip(a, tmp_path / "a.zip")), ("candidate", make_zip(b, tmp_path / "b.zip"))],
+    )
     assert response.status_code == 201, response.text
     session_id = response.json()["session"]["id"]
     base = f"{live_server.url}/api/sessions/{session_id}"
@@ -111,16 +124,19 @@ def test_pair_by_hand_with_a_transpose(live_server: LiveServer, tmp_path: Path) 
     transpose = next(c for c in listed["choices"] if "permuted [1, 0]" in c["words"])
     assert not transpose["last_resort"] and transpose["shape"] == [32, 64]
     assert not any(c["last_resort"] for c in listed["choices"])  # flattening is not offered where a view fits
-    made = httpx.post(f"{base}/pairs", json={"a_name": "proj_weight", "b_name": "weight_t",
-                                             "alignment": transpose["steps"]})
+    made = httpx.post(
+        f"{base}/pairs", json={"a_name": "proj_weight", "b_name": "weight_t", "alignment": transpose["steps"]}
+    )
     assert made.status_code == 201, made.text
     assert made.json()["strategy"] == "manual" and made.json()["alignment_overridden"]
     report = wait_done(live_server, session_id)
     pair = next(p for p in report["pairs"] if p["a"]["name"] == "proj_weight")
     assert pair["status"] == "pass" and "permuted [1, 0]" in pair["alignment"]
     # an alignment that does not fit: 400, and nothing paired
-    wrong = httpx.post(f"{base}/pairs", json={"a_name": "same", "b_name": "same",
-                                              "alignment": [{"side": "b", "kind": "flatten", "shape": [9]}]})
+    wrong = httpx.post(
+        f"{base}/pairs",
+        json={"a_name": "same", "b_name": "same", "alignment": [{"side": "b", "kind": "flatten", "shape": [9]}]},
+    )
     assert wrong.status_code == 400 and "does not fit" in wrong.json()["detail"], wrong.text
     missing = httpx.get(f"{base}/alignments", params={"a_name": "nope", "b_name": "weight_t"})
     assert missing.status_code == 400 and "no tensor named 'nope'" in missing.json()["detail"]

@@ -19,8 +19,9 @@ from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, cli_command, free_port, upload, wait_done
 
 
-def session_with_plant(server: LiveServer, tmp_path: Path, name: str,
-                       extra: dict[str, torch.Tensor] | None = None) -> int:
+def session_with_plant(
+    server: LiveServer, tmp_path: Path, name: str, extra: dict[str, torch.Tensor] | None = None
+) -> int:
     write_dump(tmp_path / "ref", layers=2, seed=9)
     write_dump(tmp_path / "cand", layers=2, seed=9, plant=Plant(0, "pre_mlp", (11, 30), -0.4))
     for name, tensor in (extra or {}).items():
@@ -43,8 +44,9 @@ def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path:
     detail = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
     assert detail["argmax"]["aligned"] == [11, 30] and detail["argmax"]["b"]["index"] == [11, 30]
     assert sum(detail["stats"]["histogram"]) == 16 * 32
-    window = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice",
-                       params={"index": "11,:", "start": "28", "count": "4"}).json()
+    window = httpx.get(
+        f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "11,:", "start": "28", "count": "4"}
+    ).json()
     assert window["window"] == [{"dim": 1, "start": 28, "count": 4}]
     assert window["diff"][2] == pVal(-0.4)
     bad = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
@@ -58,8 +60,12 @@ def pVal(value: float) -> Any:
 
 
 def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServer, tmp_path: Path) -> None:
-    extra = {"a:orphan_reference": seeded((6, 4), 1), "b:renamed_candidate": seeded((6, 4), 1),
-             "a:0_mystery": seeded((4, 6), 2), "b:0_mystery": seeded((4, 6), 2).t().contiguous()}
+    extra = {
+        "a:orphan_reference": seeded((6, 4), 1),
+        "b:renamed_candidate": seeded((6, 4), 1),
+        "a:0_mystery": seeded((4, 6), 2),
+        "b:0_mystery": seeded((4, 6), 2).t().contiguous(),
+    }
     session_id = session_with_plant(shared_server, tmp_path, "api pairs: overrides", extra)
     report = wait_done(shared_server, session_id)
     pairs = {p["name"]: p for p in report["pairs"]}
@@ -69,8 +75,10 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     assert httpx.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
     report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"orphan_reference", "renamed_candidate"}
-    made = httpx.post(f"{shared_server.url}/api/sessions/{session_id}/pairs",
-                      json={"a_name": "orphan_reference", "b_name": "renamed_candidate"})
+    made = httpx.post(
+        f"{shared_server.url}/api/sessions/{session_id}/pairs",
+        json={"a_name": "orphan_reference", "b_name": "renamed_candidate"},
+    )
     assert made.status_code == 201 and made.json()["strategy"] == "manual"
     report = wait_done(shared_server, session_id)
     assert report["unmatched"] == []
@@ -85,8 +93,10 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     report = wait_done(shared_server, session_id)
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
     assert mystery["status"] == "pass" and "permuted [1, 0]" in mystery["alignment"]
-    wrong = httpx.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment",
-                      json={"steps": [{"side": "b", "kind": "permute", "perm": [0, 0]}]})
+    wrong = httpx.put(
+        f"{shared_server.url}/api/pairs/{mystery['id']}/alignment",
+        json={"steps": [{"side": "b", "kind": "permute", "perm": [0, 0]}]},
+    )
     assert wrong.status_code == 400
     # tolerances: loose enough and the planted difference passes; verdicts follow
     patched = httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
@@ -109,8 +119,23 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
             torch.save(tensor, folder / f"{i}_post_mlp.pth")
     data = tmp_path / "data"
     for side in ("ref", "cand"):
-        done = subprocess.run([*cli_command(), "--data-dir", str(data), "ingest", "--session", "big", "--run", side,
-                               str(tmp_path / side)], capture_output=True, text=True, timeout=300, check=False)
+        done = subprocess.run(
+            [
+                *cli_command(),
+                "--data-dir",
+                str(data),
+                "ingest",
+                "--session",
+                "big",
+                "--run",
+                side,
+                str(tmp_path / side),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
     server = LiveServer(data, free_port())
     process = server.launch()
@@ -118,9 +143,15 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
     # up, and the first verdict is written at once (later ones at most every 0.1 s), so the kill lands while most
     # pairs are still pending.
     with sqlite3.connect(data / "metadata.sqlite3", timeout=30) as conn:
-        wait_until(lambda: process.poll() is not None or
-                   conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1,
-                   what="the first verdict (or the server's exit)", timeout=120, interval=0.002)
+        wait_until(
+            lambda: (
+                process.poll() is not None
+                or conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1
+            ),
+            what="the first verdict (or the server's exit)",
+            timeout=120,
+            interval=0.002,
+        )
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:

@@ -63,8 +63,9 @@ class Forms(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         values = {k: v or "" for k, v in attrs}
         if tag == "form":
-            self.forms.append({"method": values.get("method", "get").lower(), "action": values.get("action", ""),
-                               "inputs": []})
+            self.forms.append(
+                {"method": values.get("method", "get").lower(), "action": values.get("action", ""), "inputs": []}
+            )
         elif tag in ("input", "button", "select", "textarea") and self.forms and "name" in values:
             self.forms[-1]["inputs"].append((values["name"], values.get("type", ""), values.get("value", "")))
 
@@ -92,15 +93,23 @@ def npy(path: Path) -> Path:
 
 def test_an_api_delete_from_another_origin_is_refused(live_server: LiveServer) -> None:
     session_id = new_session(live_server, "keep me")
-    for headers in (from_evil(), {"origin": EVIL}, {"sec-fetch-site": "cross-site"}, {"sec-fetch-site": "same-site"},
-                    {"origin": "null"}, {"origin": live_server.url.replace("127.0.0.1", "localhost")}):
+    for headers in (
+        from_evil(),
+        {"origin": EVIL},
+        {"sec-fetch-site": "cross-site"},
+        {"sec-fetch-site": "same-site"},
+        {"origin": "null"},
+        {"origin": live_server.url.replace("127.0.0.1", "localhost")},
+    ):
         response = httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=headers)
         assert response.status_code == 403, (headers, response.text)
         assert "may not change anything here" in response.json()["detail"]
     assert "keep me" in session_names(live_server)
     # the same request from the app's own page, and from a script (neither header), goes through
-    assert httpx.delete(f"{live_server.url}/api/sessions/{session_id}",
-                        headers=from_own_page(live_server)).status_code == 204
+    assert (
+        httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=from_own_page(live_server)).status_code
+        == 204
+    )
     other = new_session(live_server, "deleted by a script")
     assert httpx.delete(f"{live_server.url}/api/sessions/{other}").status_code == 204
     assert not {"keep me", "deleted by a script"} & session_names(live_server)
@@ -109,12 +118,18 @@ def test_an_api_delete_from_another_origin_is_refused(live_server: LiveServer) -
 def test_a_form_delete_from_another_origin_is_refused_even_with_the_token(live_server: LiveServer) -> None:
     session_id = new_session(live_server, "keep me")
     token = form_token(live_server)
-    response = httpx.post(f"{live_server.url}/sessions/{session_id}/delete", headers=from_evil(),
-                          data={"csrf_token": token, "confirm": "yes"})
+    response = httpx.post(
+        f"{live_server.url}/sessions/{session_id}/delete",
+        headers=from_evil(),
+        data={"csrf_token": token, "confirm": "yes"},
+    )
     assert response.status_code == 403
     assert "keep me" in session_names(live_server)
-    response = httpx.post(f"{live_server.url}/sessions/{session_id}/delete", headers=from_own_page(live_server),
-                          data={"csrf_token": token, "confirm": "yes"})
+    response = httpx.post(
+        f"{live_server.url}/sessions/{session_id}/delete",
+        headers=from_own_page(live_server),
+        data={"csrf_token": token, "confirm": "yes"},
+    )
     assert response.status_code == 303
     assert "keep me" not in session_names(live_server)
 
@@ -124,11 +139,17 @@ def test_tolerances_from_another_origin_are_refused(live_server: LiveServer) -> 
     token = form_token(live_server)
     url = f"{live_server.url}/sessions/{session_id}/tolerances"
     assert httpx.post(url, headers=from_evil(), data={"csrf_token": token, "rtol": "1000"}).status_code == 403
-    assert httpx.patch(f"{live_server.url}/api/sessions/{session_id}", headers=from_evil(),
-                       json={"rtol": 1000}).status_code == 403
+    assert (
+        httpx.patch(
+            f"{live_server.url}/api/sessions/{session_id}", headers=from_evil(), json={"rtol": 1000}
+        ).status_code
+        == 403
+    )
     assert tolerances(live_server, session_id) == {"rtol": None, "atol": None}
-    assert httpx.post(url, headers=from_own_page(live_server),
-                      data={"csrf_token": token, "rtol": "0.5"}).status_code == 303
+    assert (
+        httpx.post(url, headers=from_own_page(live_server), data={"csrf_token": token, "rtol": "0.5"}).status_code
+        == 303
+    )
     assert tolerances(live_server, session_id)["rtol"] == 0.5
     assert httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"rtol": 0.25}).status_code == 200
     assert tolerances(live_server, session_id)["rtol"] == 0.25
@@ -139,14 +160,20 @@ def test_an_upload_from_another_origin_is_refused(live_server: LiveServer, tmp_p
     token = form_token(live_server)
     for url, data in (("/api/sessions", {"name": "planted"}), ("/sessions", {"csrf_token": token, "name": "planted"})):
         with open(weights, "rb") as handle:
-            response = httpx.post(live_server.url + url, headers=from_evil(), data=data,
-                                  files=[("reference", ("weights.npy", handle))])
+            response = httpx.post(
+                live_server.url + url, headers=from_evil(), data=data, files=[("reference", ("weights.npy", handle))]
+            )
         assert response.status_code == 403, (url, response.text)
     assert "planted" not in session_names(live_server)
     assert not any((live_server.data_dir / "staging").glob("**/*.npy"))
     with open(weights, "rb") as handle:  # the app's own upload script, and curl, go through
-        response = httpx.post(live_server.url + "/api/sessions", headers=from_own_page(live_server),
-                              data={"name": "uploaded"}, files=[("reference", ("weights.npy", handle))], timeout=60)
+        response = httpx.post(
+            live_server.url + "/api/sessions",
+            headers=from_own_page(live_server),
+            data={"name": "uploaded"},
+            files=[("reference", ("weights.npy", handle))],
+            timeout=60,
+        )
     assert response.status_code == 201, response.text
     assert "uploaded" in session_names(live_server)
 
@@ -155,8 +182,12 @@ def test_requests_that_change_nothing_are_not_checked_for_origin(live_server: Li
     """A link from another site to a page (GET, cross-site) opens it; `Sec-Fetch-Site: none` (typed, bookmarked)
     is the user's own request."""
     assert httpx.get(live_server.url + "/", headers=from_evil()).status_code == 200
-    assert httpx.post(live_server.url + "/api/sessions", json={"name": "typed"},
-                      headers={"sec-fetch-site": "none"}).status_code == 201
+    assert (
+        httpx.post(
+            live_server.url + "/api/sessions", json={"name": "typed"}, headers={"sec-fetch-site": "none"}
+        ).status_code
+        == 201
+    )
 
 
 # --- Host ------------------------------------------------------------------------------------------------------
@@ -169,12 +200,17 @@ def test_a_host_that_is_not_allowed_is_refused(live_server: LiveServer) -> None:
         assert response.status_code == 400, path
         assert "does not answer to the host name 'evil.example'" in response.json()["detail"]
         assert "TENSOR_DEBUGGER_ALLOWED_HOSTS" in response.json()["detail"]
-    response = httpx.delete(f"{live_server.url}/api/sessions/{session_id}",
-                            headers={"host": f"evil.example:{live_server.port}"})
+    response = httpx.delete(
+        f"{live_server.url}/api/sessions/{session_id}", headers={"host": f"evil.example:{live_server.port}"}
+    )
     assert response.status_code == 400
     assert "rebound" in session_names(live_server)
-    for host in (f"localhost:{live_server.port}", f"127.0.0.1:{live_server.port}", f"LOCALHOST.:{live_server.port}",
-                 f"[::1]:{live_server.port}"):
+    for host in (
+        f"localhost:{live_server.port}",
+        f"127.0.0.1:{live_server.port}",
+        f"LOCALHOST.:{live_server.port}",
+        f"[::1]:{live_server.port}",
+    ):
         assert httpx.get(live_server.url + "/api/sessions", headers={"host": host}).status_code == 200, host
 
 
@@ -187,15 +223,17 @@ class ConfiguredServer(LiveServer):
     def launch(self) -> subprocess.Popen[bytes]:
         args = [*cli_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port), "--no-demo"]
         log = open(self.data_dir.parent / f"server-{self.port}.log", "ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
-                                        env={**_child_env(), **self.environ})
+        self.process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, env={**_child_env(), **self.environ}
+        )
         return self.process
 
 
 @pytest.fixture
 def server_with_allowed_hosts(tmp_path: Path) -> Iterator[LiveServer]:
-    server = ConfiguredServer(tmp_path / "data", free_port(),
-                              environ={"TENSOR_DEBUGGER_ALLOWED_HOSTS": "tensors.example, .lab.example"})
+    server = ConfiguredServer(
+        tmp_path / "data", free_port(), environ={"TENSOR_DEBUGGER_ALLOWED_HOSTS": "tensors.example, .lab.example"}
+    )
     server.data_dir.mkdir(parents=True)
     server.start()
     yield server
@@ -204,13 +242,25 @@ def server_with_allowed_hosts(tmp_path: Path) -> Iterator[LiveServer]:
 
 def test_allowed_hosts_adds_names(server_with_allowed_hosts: LiveServer) -> None:
     server = server_with_allowed_hosts
-    for host, status in (("tensors.example", 200), ("lab.example", 200), ("gpu1.lab.example:8000", 200),
-                         ("localhost", 200), ("evil.example", 400), ("notlab.example", 400)):
+    for host, status in (
+        ("tensors.example", 200),
+        ("lab.example", 200),
+        ("gpu1.lab.example:8000", 200),
+        ("localhost", 200),
+        ("evil.example", 400),
+        ("notlab.example", 400),
+    ):
         assert httpx.get(server.url + "/api/sessions", headers={"host": host}).status_code == status, host
     # a same-origin request under an added name: its Origin is that name
-    response = httpx.post(server.url + "/api/sessions", json={"name": "named"},
-                          headers={"host": "tensors.example:8000", "origin": "http://tensors.example:8000",
-                                   "sec-fetch-site": "same-origin"})
+    response = httpx.post(
+        server.url + "/api/sessions",
+        json={"name": "named"},
+        headers={
+            "host": "tensors.example:8000",
+            "origin": "http://tensors.example:8000",
+            "sec-fetch-site": "same-origin",
+        },
+    )
     assert response.status_code == 201
 
 
@@ -227,8 +277,16 @@ def test_every_response_carries_the_security_headers(live_server: LiveServer) ->
     session_id = new_session(live_server, "headers")
     csp = PAGE_POLICY
     assert "script-src 'self'" in csp and "'unsafe-inline'" not in csp and "frame-ancestors 'none'" in csp
-    for path in ("/", f"/sessions/{session_id}", "/api/sessions", f"/api/sessions/{session_id}", "/static/app.css",
-                 "/static/session.js", "/api/sessions/999999", "/no-such-page"):
+    for path in (
+        "/",
+        f"/sessions/{session_id}",
+        "/api/sessions",
+        f"/api/sessions/{session_id}",
+        "/static/app.css",
+        "/static/session.js",
+        "/api/sessions/999999",
+        "/no-such-page",
+    ):
         assert_security_headers(httpx.get(live_server.url + path), csp)
     refused = httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=from_evil())
     assert refused.status_code == 403
@@ -275,20 +333,27 @@ def test_a_form_post_with_a_missing_or_forged_token_is_refused(live_server: Live
     token = form_token(live_server)
     url = f"{live_server.url}/sessions/{session_id}/rename"
     own = from_own_page(live_server)
-    for headers, data in ((own, {"name": "renamed"}), ({}, {"name": "renamed"}),
-                          (own, {"csrf_token": "0" * 32, "name": "renamed"}),
-                          (own, {"csrf_token": token[:-1], "name": "renamed"}),
-                          ({**own, "x-csrf-token": "forged"}, {"name": "renamed"})):
+    for headers, data in (
+        (own, {"name": "renamed"}),
+        ({}, {"name": "renamed"}),
+        (own, {"csrf_token": "0" * 32, "name": "renamed"}),
+        (own, {"csrf_token": token[:-1], "name": "renamed"}),
+        ({**own, "x-csrf-token": "forged"}, {"name": "renamed"}),
+    ):
         response = httpx.post(url, headers={**headers, "accept": "text/html"}, data=data)
         assert response.status_code == 403, (headers, data)
         assert "reload the page" in response.text
     assert "original" in session_names(live_server)
     weights = npy(tmp_path / "weights.npy")
-    for data in ({"name": "no token"}, {"name": "token not first", "csrf_token": token},
-                 {"csrf_token": "forged", "name": "forged"}):
+    for data in (
+        {"name": "no token"},
+        {"name": "token not first", "csrf_token": token},
+        {"csrf_token": "forged", "name": "forged"},
+    ):
         with open(weights, "rb") as handle:
-            response = httpx.post(live_server.url + "/sessions", headers=own, data=data,
-                                  files=[("reference", ("weights.npy", handle))])
+            response = httpx.post(
+                live_server.url + "/sessions", headers=own, data=data, files=[("reference", ("weights.npy", handle))]
+            )
         assert response.status_code == 403, data
     assert not {"no token", "token not first", "forged"} & session_names(live_server)
     # the right token, as the page's own form sends it (first field), or as a header
@@ -296,8 +361,12 @@ def test_a_form_post_with_a_missing_or_forged_token_is_refused(live_server: Live
     assert httpx.post(url, headers={"x-csrf-token": token}, data={"name": "again"}).status_code == 303
     assert "again" in session_names(live_server)
     with open(weights, "rb") as handle:
-        response = httpx.post(live_server.url + "/sessions", headers=own, data={"csrf_token": token, "name": "form"},
-                              files=[("reference", ("weights.npy", handle))])
+        response = httpx.post(
+            live_server.url + "/sessions",
+            headers=own,
+            data={"csrf_token": token, "name": "form"},
+            files=[("reference", ("weights.npy", handle))],
+        )
     assert response.status_code == 303
     assert "form" in session_names(live_server)
 
@@ -342,16 +411,23 @@ def watched_page(browser: Browser) -> Iterator[tuple[Any, list[str]]]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     context.add_init_script(REPORT_VIOLATIONS)
     page = context.new_page()
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" and (
-        "Content Security Policy" in m.text or "CSP violation" in m.text) else None)
+    page.on(
+        "console",
+        lambda m: (
+            problems.append(m.text)
+            if m.type == "error" and ("Content Security Policy" in m.text or "CSP violation" in m.text)
+            else None
+        ),
+    )
     page.on("pageerror", lambda e: problems.append(f"script error: {e}"))
     yield page, problems
     context.close()
 
 
 @pytest.mark.browser
-def test_the_pages_run_under_the_policy_without_a_violation(demo_server: LiveServer,
-                                                             watched_page: tuple[Any, list[str]]) -> None:
+def test_the_pages_run_under_the_policy_without_a_violation(
+    demo_server: LiveServer, watched_page: tuple[Any, list[str]]
+) -> None:
     page, problems = watched_page
     page.goto(demo_server.url + "/")
     page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn").click()

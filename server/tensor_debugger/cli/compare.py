@@ -22,8 +22,21 @@ from tensor_debugger.store.models import SessionRecord
 from tensor_debugger.store.reports import problem_json
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
-CONTRACT_STATS = ("max_abs_diff", "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse", "cosine", "mismatched",
-                  "numel", "argmax", "nan_a", "nan_b", "inf_a", "inf_b")
+CONTRACT_STATS = (
+    "max_abs_diff",
+    "mean_abs_diff",
+    "max_rel_diff",
+    "mean_rel_diff",
+    "mse",
+    "cosine",
+    "mismatched",
+    "numel",
+    "argmax",
+    "nan_a",
+    "nan_b",
+    "inf_a",
+    "inf_b",
+)
 
 
 def free_name(services: Services, wanted: str) -> str:
@@ -58,9 +71,19 @@ def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: s
         raise InvalidInputError(f"pairing file {path}: {exc}" if path else str(exc)) from None
 
 
-def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: float | None, atol: float | None,
-                as_json: bool, *, strategies: str | None = None, name_pattern: str | None = None,
-                pairing: Path | None = None) -> int:
+def run_compare(
+    services: Services,
+    a: Path,
+    b: Path,
+    name: str | None,
+    rtol: float | None,
+    atol: float | None,
+    as_json: bool,
+    *,
+    strategies: str | None = None,
+    name_pattern: str | None = None,
+    pairing: Path | None = None,
+) -> int:
     try:
         pairing_file = read_pairing_file(pairing, strategies, name_pattern)
     except InvalidInputError as exc:
@@ -74,8 +97,9 @@ def run_compare(services: Services, a: Path, b: Path, name: str | None, rtol: fl
         for label, path in zip(labels, (a, b), strict=True):
             bar = ProgressBar(f"ingest {label}")
             try:
-                result = services.ingestor.ingest(session_name, label, [InputFile(path, str(path))],
-                                                  progress=bar.update)
+                result = services.ingestor.ingest(
+                    session_name, label, [InputFile(path, str(path))], progress=bar.update
+                )
             finally:
                 bar.close()
             session_id = result.session_id
@@ -128,8 +152,9 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     session_name = free_name(services, name or f"explore {path.name}")
     bar = ProgressBar(f"ingest {path.name}")
     try:
-        result = services.ingestor.ingest(session_name, path.name or "run", [InputFile(path, str(path))],
-                                          progress=bar.update)
+        result = services.ingestor.ingest(
+            session_name, path.name or "run", [InputFile(path, str(path))], progress=bar.update
+        )
     except (NothingUsableError, TensorDebuggerError) as exc:
         bar.close()
         details = [problem_json(p) for p in exc.problems] if isinstance(exc, NothingUsableError) else []
@@ -159,8 +184,16 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     rows = [("a", "b", "verdict", "max |diff|", "cosine", "alignment")]
     for p in payload["pairs"]:
         s = p["stats"] or {}
-        rows.append((p["a"]["name"], p["b"]["name"], p["status"].upper(), _num(s.get("max_abs_diff")),
-                     _num(s.get("cosine")), "" if p["alignment"] == "same shape" else p["alignment"][:60]))
+        rows.append(
+            (
+                p["a"]["name"],
+                p["b"]["name"],
+                p["status"].upper(),
+                _num(s.get("max_abs_diff")),
+                _num(s.get("cosine")),
+                "" if p["alignment"] == "same shape" else p["alignment"][:60],
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -172,21 +205,33 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     return EXIT_PASS
 
 
-def contract_json(session_id: int, name: str, url: str, report: SessionPairs,
-                  problems: list[dict[str, str]]) -> dict[str, Any]:
+def contract_json(
+    session_id: int, name: str, url: str, report: SessionPairs, problems: list[dict[str, str]]
+) -> dict[str, Any]:
     """The CLI's JSON (a stable contract, narrower than the API's), read from the same reports."""
-    pairs = [{
-        "name": p.name, "layer": p.layer, "stage": p.stage, "status": str(p.status),
-        "alignment": p.alignment, "strategy": str(p.strategy),
-        "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
-        "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
-        "stats": {k: getattr(p.stats, k) for k in CONTRACT_STATS} if p.stats else None,
-        "error": p.error,
-        "module_path": p.module_path, "place": p.place, "summary": p.summary,
-    } for p in report.pairs]
+    pairs = [
+        {
+            "name": p.name,
+            "layer": p.layer,
+            "stage": p.stage,
+            "status": str(p.status),
+            "alignment": p.alignment,
+            "strategy": str(p.strategy),
+            "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
+            "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
+            "stats": {k: getattr(p.stats, k) for k in CONTRACT_STATS} if p.stats else None,
+            "error": p.error,
+            "module_path": p.module_path,
+            "place": p.place,
+            "summary": p.summary,
+        }
+        for p in report.pairs
+    ]
     reference_run = report.pairs[0].a.run_id if report.pairs else None
-    unmatched = {"a": [u.name for u in report.unmatched if u.run_id == reference_run],
-                 "b": [u.name for u in report.unmatched if u.run_id != reference_run]}
+    unmatched = {
+        "a": [u.name for u in report.unmatched if u.run_id == reference_run],
+        "b": [u.name for u in report.unmatched if u.run_id != reference_run],
+    }
     first = report.first_divergence
     culprits = report.modules.culprits if report.modules else []
     return {
@@ -195,8 +240,15 @@ def contract_json(session_id: int, name: str, url: str, report: SessionPairs,
         "unmatched": unmatched,
         "first_divergence": {"name": first.name, "layer": first.layer, "stage": first.stage} if first else None,
         # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first
-        "culprits": [{"module_path": c.module_path, "added_error": c.added_error, "input_error": c.input_error,
-                      "output_error": c.output_error} for c in culprits],
+        "culprits": [
+            {
+                "module_path": c.module_path,
+                "added_error": c.added_error,
+                "input_error": c.input_error,
+                "output_error": c.output_error,
+            }
+            for c in culprits
+        ],
         "problems": problems,
     }
 
@@ -207,9 +259,19 @@ def print_table(payload: dict[str, Any]) -> None:
         s = p["stats"] or {}
         mismatch = f"{100 * s['mismatched'] / s['numel']:.3g}%" if s and s["numel"] else ""
         verdict = p["status"].upper() + (" (summary)" if p["summary"] else "")
-        rows.append((str(n), "" if p["layer"] is None else str(p["layer"]), p["name"], verdict,
-                     _num(s.get("max_abs_diff")), _num(s.get("mean_abs_diff")), _num(s.get("cosine")), mismatch,
-                     "" if p["alignment"] == "same shape" else p["alignment"][:60]))
+        rows.append(
+            (
+                str(n),
+                "" if p["layer"] is None else str(p["layer"]),
+                p["name"],
+                verdict,
+                _num(s.get("max_abs_diff")),
+                _num(s.get("mean_abs_diff")),
+                _num(s.get("cosine")),
+                mismatch,
+                "" if p["alignment"] == "same shape" else p["alignment"][:60],
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
@@ -221,8 +283,10 @@ def print_table(payload: dict[str, Any]) -> None:
         print(f"problem: {problem['file']}: {problem['reason']}")
     summaries = sum(1 for p in payload["pairs"] if p["summary"])
     if summaries:
-        print(f"element values are not available for {summaries} pairs (a trace written with use_repr=True): their "
-              f"verdicts compare the shape and mean, std, min and max only")
+        print(
+            f"element values are not available for {summaries} pairs (a trace written with use_repr=True): their "
+            f"verdicts compare the shape and mean, std, min and max only"
+        )
     first = payload["first_divergence"]
     failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
     if first is None:
@@ -230,14 +294,23 @@ def print_table(payload: dict[str, Any]) -> None:
     else:
         pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
         stats = pair["stats"]
-        where = ("no layer" if first["layer"] is None else f"layer {first['layer']}" if first["stage"] is None
-                 else f"layer {first['layer']}, stage {first['stage']}")
+        where = (
+            "no layer"
+            if first["layer"] is None
+            else f"layer {first['layer']}"
+            if first["stage"] is None
+            else f"layer {first['layer']}, stage {first['stage']}"
+        )
         if stats is None:
-            print(f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
-                  f"are not available in this trace)")
+            print(
+                f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
+                f"are not available in this trace)"
+            )
         else:
-            print(f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {_num(stats['max_abs_diff'])} at "
-                  f"{stats['argmax']}, {stats['mismatched']} of {stats['numel']} elements outside tolerance")
+            print(
+                f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {_num(stats['max_abs_diff'])} at "
+                f"{stats['argmax']}, {stats['mismatched']} of {stats['numel']} elements outside tolerance"
+            )
     print_culprits(payload["culprits"], failing > 0)
     print(f"open in the browser: {payload['session']['url']}")
 
@@ -247,17 +320,28 @@ def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) 
     if not culprits:
         return
     rows = [("module", "added error", "input error", "output error")]
-    rows += [(c["module_path"], format_error(c["added_error"]), format_error(c["input_error"]),
-              format_error(c["output_error"])) for c in culprits[:top]]
+    rows += [
+        (
+            c["module_path"],
+            format_error(c["added_error"]),
+            format_error(c["input_error"]),
+            format_error(c["output_error"]),
+        )
+        for c in culprits[:top]
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    print(f"modules by the error they added (relative RMSE, output minus input), top {min(top, len(culprits))} "
-          f"of {len(culprits)}:")
+    print(
+        f"modules by the error they added (relative RMSE, output minus input), top {min(top, len(culprits))} "
+        f"of {len(culprits)}:"
+    )
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     best = culprits[0]
     if failing and float(best["added_error"]) > 0:
-        print(f"CULPRIT: {best['module_path']} added {format_error(best['added_error'])} relative RMSE "
-              f"(input {format_error(best['input_error'])}, output {format_error(best['output_error'])})")
+        print(
+            f"CULPRIT: {best['module_path']} added {format_error(best['added_error'])} relative RMSE "
+            f"(input {format_error(best['input_error'])}, output {format_error(best['output_error'])})"
+        )
 
 
 def _num(value: Any) -> str:
@@ -266,11 +350,17 @@ def _num(value: Any) -> str:
     return value if isinstance(value, str) else format_number(value)
 
 
-def _unusable(message: str, problems: list[dict[str, str]], as_json: bool,
-              payload: dict[str, Any] | None = None) -> None:
+def _unusable(
+    message: str, problems: list[dict[str, str]], as_json: bool, payload: dict[str, Any] | None = None
+) -> None:
     if as_json:
-        empty: dict[str, Any] = {"session": None, "pairs": [], "unmatched": {"a": [], "b": []},
-                                 "first_divergence": None, "culprits": []}
+        empty: dict[str, Any] = {
+            "session": None,
+            "pairs": [],
+            "unmatched": {"a": [], "b": []},
+            "first_divergence": None,
+            "culprits": [],
+        }
         print(json.dumps({**(payload or empty), "problems": problems, "error": message}))
         return
     print(f"tensor-debugger: {message}", file=sys.stderr)

@@ -43,10 +43,18 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--data-dir", type=Path, help="data directory (default: TENSOR_DEBUGGER_DATA_DIR, "
-                        "else ~/.local/share/tensor-debugger)")
-    parser.add_argument("--workers", type=int, metavar="N", help="threads that compare and ingest (default: "
-                        "TENSOR_DEBUGGER_WORKERS, else 0: one per CPU this process may run on)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="data directory (default: TENSOR_DEBUGGER_DATA_DIR, else ~/.local/share/tensor-debugger)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="threads that compare and ingest (default: "
+        "TENSOR_DEBUGGER_WORKERS, else 0: one per CPU this process may run on)",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
 
     serve = commands.add_parser("serve", help="run the web app and API")
@@ -66,13 +74,26 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
     compare.add_argument("--atol", type=float, help="absolute tolerance (default: torch.testing's per dtype)")
-    compare.add_argument("--strategies", metavar="LIST", help="pairing strategies in the order tried, e.g. "
-                         "layer_stage,name,normalized,fuzzy:0.8,shape (default: layer_stage,name,module,key,"
-                         "normalized,fuzzy,shape)")
-    compare.add_argument("--name-pattern", metavar="REGEX", help="a regex with named groups layer and stage "
-                         "(and optionally rank) that names match, e.g. 'L(?P<layer>\\d+)_(?P<stage>[a-z_]+)'")
-    compare.add_argument("--pairing", type=Path, metavar="FILE", help="a pairing file (JSON, as GET "
-                         "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it")
+    compare.add_argument(
+        "--strategies",
+        metavar="LIST",
+        help="pairing strategies in the order tried, e.g. "
+        "layer_stage,name,normalized,fuzzy:0.8,shape (default: layer_stage,name,module,key,"
+        "normalized,fuzzy,shape)",
+    )
+    compare.add_argument(
+        "--name-pattern",
+        metavar="REGEX",
+        help="a regex with named groups layer and stage "
+        "(and optionally rank) that names match, e.g. 'L(?P<layer>\\d+)_(?P<stage>[a-z_]+)'",
+    )
+    compare.add_argument(
+        "--pairing",
+        type=Path,
+        metavar="FILE",
+        help="a pairing file (JSON, as GET "
+        "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it",
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
 
     explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
@@ -105,8 +126,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "compare":
             from tensor_debugger.cli.compare import run_compare
 
-            return run_compare(services, args.a, args.b, args.name, args.rtol, args.atol, args.json,
-                               strategies=args.strategies, name_pattern=args.name_pattern, pairing=args.pairing)
+            return run_compare(
+                services,
+                args.a,
+                args.b,
+                args.name,
+                args.rtol,
+                args.atol,
+                args.json,
+                strategies=args.strategies,
+                name_pattern=args.name_pattern,
+                pairing=args.pairing,
+            )
         if args.command == "explore":
             from tensor_debugger.cli.compare import run_explore
 
@@ -163,8 +194,11 @@ def ingest(services: Services, session: str, run: str, paths: list[Path], as_jso
         result = services.ingestor.ingest(session, run, inputs, progress=bar.update)
     except NothingUsableError as exc:
         bar.close()
-        _report({"session": None, "run": None, "problems": [problem_json(p) for p in exc.problems],
-                 "error": str(exc)}, as_json, error=True)
+        _report(
+            {"session": None, "run": None, "problems": [problem_json(p) for p in exc.problems], "error": str(exc)},
+            as_json,
+            error=True,
+        )
         return EXIT_UNUSABLE
     except TensorDebuggerError as exc:
         bar.close()
@@ -192,9 +226,15 @@ def list_sessions(services: Services, as_json: bool) -> int:
 
     with services.sessions() as db:
         data: list[dict[str, Any]] = [
-            {"id": s.id, "name": s.name, "created_at": iso(s.created_at),
-             "runs": [{"id": r.id, "label": r.label, "role": r.role, "status": r.status, "tensors": r.tensor_count}
-                      for r in s.runs]}
+            {
+                "id": s.id,
+                "name": s.name,
+                "created_at": iso(s.created_at),
+                "runs": [
+                    {"id": r.id, "label": r.label, "role": r.role, "status": r.status, "tensors": r.tensor_count}
+                    for r in s.runs
+                ],
+            }
             for s in catalog.list_sessions(db)
         ]
     if as_json:
@@ -203,8 +243,10 @@ def list_sessions(services: Services, as_json: bool) -> int:
     if not data:
         print("no sessions")
     for s in data:
-        runs = ", ".join(f"{r['label']} ({r['tensors']} tensors{'' if r['status'] == 'ready' else ', ' + r['status']})"
-                         for r in s["runs"])
+        runs = ", ".join(
+            f"{r['label']} ({r['tensors']} tensors{'' if r['status'] == 'ready' else ', ' + r['status']})"
+            for r in s["runs"]
+        )
         print(f"{s['id']:>4}  {s['name']}  [{runs}]")
     return EXIT_OK
 

@@ -43,10 +43,17 @@ class SessionActions:
 
     # --- the session ------------------------------------------------------------------------------------
 
-    def update_session(self, session_id: int, name: str | None = None, notes: str | None = None,
-                       rtol: float | None = None, atol: float | None = None,
-                       default_tolerances: bool = False, strategies: str | list[str] | None = None,
-                       name_pattern: str | None = None) -> SessionReport:
+    def update_session(
+        self,
+        session_id: int,
+        name: str | None = None,
+        notes: str | None = None,
+        rtol: float | None = None,
+        atol: float | None = None,
+        default_tolerances: bool = False,
+        strategies: str | list[str] | None = None,
+        name_pattern: str | None = None,
+    ) -> SessionReport:
         """Rename, change the notes, the tolerances (`default_tolerances`: torch.testing's defaults per dtype)
         and/or the pairing rules: `strategies` (a chain as the CLI's --strategies takes it, a comma list or a
         list; empty: the default chain) and `name_pattern` (empty: none). Rules are checked before anything
@@ -57,11 +64,15 @@ class SessionActions:
         with self.sessions.begin() as db:
             session = catalog.update_session(db, session_id, name, notes)
             if rules_changed:
-                set_rules(session, session.strategies if strategies is None else strategies,
-                          session.name_pattern if name_pattern is None else name_pattern)
+                set_rules(
+                    session,
+                    session.strategies if strategies is None else strategies,
+                    session.name_pattern if name_pattern is None else name_pattern,
+                )
             if tolerances_changed:
-                catalog.set_tolerances(session, None if default_tolerances else rtol,
-                                       None if default_tolerances else atol)
+                catalog.set_tolerances(
+                    session, None if default_tolerances else rtol, None if default_tolerances else atol
+                )
             report = SessionReport.of(session)
         if rules_changed:
             self.plan(session_id)
@@ -100,8 +111,14 @@ class SessionActions:
         self.wake()
         return count
 
-    def pair_by_hand(self, session_id: int, a_name: str, b_name: str, run_id: int | None = None,
-                     alignment: list[dict[str, Any]] | None = None) -> PairReport | None:
+    def pair_by_hand(
+        self,
+        session_id: int,
+        a_name: str,
+        b_name: str,
+        run_id: int | None = None,
+        alignment: list[dict[str, Any]] | None = None,
+    ) -> PairReport | None:
         """Pair two tensors by hand (the candidate run `run_id`, else the session's first candidate); manual pairs
         persist and win over every automatic strategy. `alignment`: the steps of a chosen alignment (one of
         `hand_pair_choices`), checked against both tensors; None: the automatic one. The pair made; None when
@@ -110,13 +127,23 @@ class SessionActions:
             run = candidate_run(db, session_id, run_id)
             if alignment:
                 check_choice(db, session_id, a_name, b_name, run, alignment)
-            db.add(PairOverrideRecord(session_id=session_id, run_b_id=run.id, action="pair", a_name=a_name,
-                                      b_name=b_name))
+            db.add(
+                PairOverrideRecord(session_id=session_id, run_b_id=run.id, action="pair", a_name=a_name, b_name=b_name)
+            )
             if alignment:
-                db.query(PairOverrideRecord).filter_by(session_id=session_id, run_b_id=run.id, action="align",
-                                                       a_name=a_name, b_name=b_name).delete()
-                db.add(PairOverrideRecord(session_id=session_id, run_b_id=run.id, action="align", a_name=a_name,
-                                          b_name=b_name, steps=alignment))
+                db.query(PairOverrideRecord).filter_by(
+                    session_id=session_id, run_b_id=run.id, action="align", a_name=a_name, b_name=b_name
+                ).delete()
+                db.add(
+                    PairOverrideRecord(
+                        session_id=session_id,
+                        run_b_id=run.id,
+                        action="align",
+                        a_name=a_name,
+                        b_name=b_name,
+                        steps=alignment,
+                    )
+                )
         self.plan(session_id)
         return self._find(session_id, (a_name, b_name))
 
@@ -125,8 +152,15 @@ class SessionActions:
         with self.sessions.begin() as db:
             pair = _pair(db, pair_id)
             session_id = pair.session_id
-            db.add(PairOverrideRecord(session_id=session_id, run_b_id=pair.run_b_id, action="unpair",
-                                      a_name=pair.a_name, b_name=pair.b_name))
+            db.add(
+                PairOverrideRecord(
+                    session_id=session_id,
+                    run_b_id=pair.run_b_id,
+                    action="unpair",
+                    a_name=pair.a_name,
+                    b_name=pair.b_name,
+                )
+            )
             _delete_overrides(db, pair, "pair")
         self.plan(session_id)
 
@@ -141,8 +175,16 @@ class SessionActions:
             except (ValueError, KeyError, TypeError) as exc:
                 raise InvalidInputError(f"these steps do not align the pair: {exc}") from None
             _delete_overrides(db, pair, "align")
-            db.add(PairOverrideRecord(session_id=pair.session_id, run_b_id=pair.run_b_id, action="align",
-                                      a_name=pair.a_name, b_name=pair.b_name, steps=steps))
+            db.add(
+                PairOverrideRecord(
+                    session_id=pair.session_id,
+                    run_b_id=pair.run_b_id,
+                    action="align",
+                    a_name=pair.a_name,
+                    b_name=pair.b_name,
+                    steps=steps,
+                )
+            )
             session_id, names = pair.session_id, (pair.a_name, pair.b_name)
         self.plan(session_id)
         return self._pair_named(session_id, names)
@@ -202,5 +244,6 @@ def _pair(db: DbSession, pair_id: int) -> PairRecord:
 
 
 def _delete_overrides(db: DbSession, pair: PairRecord, action: str) -> None:
-    db.query(PairOverrideRecord).filter_by(session_id=pair.session_id, run_b_id=pair.run_b_id, action=action,
-                                           a_name=pair.a_name, b_name=pair.b_name).delete()
+    db.query(PairOverrideRecord).filter_by(
+        session_id=pair.session_id, run_b_id=pair.run_b_id, action=action, a_name=pair.a_name, b_name=pair.b_name
+    ).delete()

@@ -43,8 +43,14 @@ from tensor_debugger.store.chunk_reader import ChunkReader
 LIBRARY_NAME = "_chunk_loop.so"
 BLOSC_HEADER = 16  # bytes: a Blosc 1 frame is never longer than its values plus this
 _LARGEST_CHUNK = (1 << 31) - 1 - BLOSC_HEADER  # C-Blosc2 takes sizes as int32
-_FAILURES = {1: "a chunk file is missing", 2: "a chunk file could not be read", 3: "not a Blosc frame of one chunk",
-             4: "Blosc could not decode it", 5: "a dtype the loop does not widen", 6: "a NaN or an Inf"}
+_FAILURES = {
+    1: "a chunk file is missing",
+    2: "a chunk file could not be read",
+    3: "not a Blosc frame of one chunk",
+    4: "Blosc could not decode it",
+    5: "a dtype the loop does not widen",
+    6: "a NaN or an Inf",
+}
 
 
 @functools.cache
@@ -65,10 +71,18 @@ def _library() -> ctypes.CDLL | None:
     if library is None:
         return None
     library.tdc_pair.restype = ctypes.c_int
-    library.tdc_pair.argtypes = [ctypes.POINTER(_side_type()), ctypes.POINTER(_side_type()), ctypes.c_void_p,
-                                 ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p,
-                                 ctypes.POINTER(partial_type()), ctypes.POINTER(ctypes.c_int),
-                                 ctypes.POINTER(ctypes.c_int64)]
+    library.tdc_pair.argtypes = [
+        ctypes.POINTER(_side_type()),
+        ctypes.POINTER(_side_type()),
+        ctypes.c_void_p,
+        ctypes.c_double,
+        ctypes.c_double,
+        ctypes.c_int,
+        ctypes.c_void_p,
+        ctypes.POINTER(partial_type()),
+        ctypes.POINTER(ctypes.c_int),
+        ctypes.POINTER(ctypes.c_int64),
+    ]
     library.tdc_read.restype = ctypes.c_int
     library.tdc_read.argtypes = [ctypes.POINTER(_side_type()), ctypes.POINTER(ctypes.c_int64)]
     return library
@@ -101,8 +115,15 @@ class _Buffers(threading.local):
             self.widened = np.empty(2 * chunk_bytes, dtype=np.uint8)
         piece = _piece_type()
         self.pieces = (piece * len(pieces))(*(piece(*p) for p in pieces))
-        return _side_type()(ctypes.addressof(self.pieces), len(pieces), chunk_bytes, ord(code),
-                            self.compressed.ctypes.data, self.decoded.ctypes.data, self.widened.ctypes.data)
+        return _side_type()(
+            ctypes.addressof(self.pieces),
+            len(pieces),
+            chunk_bytes,
+            ord(code),
+            self.compressed.ctypes.data,
+            self.decoded.ctypes.data,
+            self.widened.ctypes.data,
+        )
 
 
 _BUFFERS = (_Buffers(), _Buffers())  # per thread: side a's and side b's
@@ -131,8 +152,18 @@ class ChunkPairs:
         side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1])
         out = empty_partial()
         failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
-        status = library.tdc_pair(side_a, side_b, self.kernel, tolerance.atol, tolerance.rtol, 1,
-                                  edges().ctypes.data, out, failed_side, failed_piece)
+        status = library.tdc_pair(
+            side_a,
+            side_b,
+            self.kernel,
+            tolerance.atol,
+            tolerance.rtol,
+            1,
+            edges().ctypes.data,
+            out,
+            failed_side,
+            failed_piece,
+        )
         if status != 0:
             return None
         self.a.count_reads(len(pieces_a))
@@ -187,4 +218,3 @@ def read_chunks(reader: ChunkReader, start: int, stop: int) -> None:
         path = pieces[failed.value][0].decode(errors="replace")
         raise OSError(f"chunk file {path}: {_FAILURES.get(status, f'error {status}')}")
     reader.count_reads(len(pieces))
-

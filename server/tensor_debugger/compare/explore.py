@@ -22,8 +22,13 @@ MAX_PAIRS = 5000
 CLI_FILTER = "--match GLOB (e.g. --match '*attn*')"
 
 
-def plan_explore(comparisons: Comparisons, session_id: int, match: str | None = None,
-                 max_pairs: int = MAX_PAIRS, filter_hint: str = CLI_FILTER) -> int:
+def plan_explore(
+    comparisons: Comparisons,
+    session_id: int,
+    match: str | None = None,
+    max_pairs: int = MAX_PAIRS,
+    filter_hint: str = CLI_FILTER,
+) -> int:
     """Pair every tensor of the session's (one) run with every other whose name matches `match` (a glob, any
     case); returns how many pairs. Raises InvalidInputError past `max_pairs`, asking for a filter in the words
     of `filter_hint` (the CLI's option, or the page's field)."""
@@ -40,18 +45,31 @@ def plan_explore(comparisons: Comparisons, session_id: int, match: str | None = 
         count = len(tensors) * (len(tensors) - 1) // 2
         if count > max_pairs:
             raise InvalidInputError(
-                f"{len(tensors)} tensors make {count:,} pairs, over {max_pairs:,}: choose fewer with {filter_hint}")
+                f"{len(tensors)} tensors make {count:,} pairs, over {max_pairs:,}: choose fewer with {filter_hint}"
+            )
         db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
         db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
         for position, (a, b) in enumerate(combinations(tensors, 2)):
             alignment = align(a.shapes, b.shapes)
-            db.add(PairRecord(
-                session_id=session_id, run_a_id=run.id, run_b_id=run.id, position=position,
-                name=f"{a.name} ~ {b.name}", layer=a.layer, stage=a.stage, strategy="explore",
-                a_name=a.name, b_name=b.name, a_tensor_ids=[s.id for s in a.shards],
-                b_tensor_ids=[s.id for s in b.shards], alignment=alignment.to_json() if alignment else None,
-                status="pending" if alignment else "incomparable", module_path=a.first.module_path,
-                place=a.first.place,
-            ))
+            db.add(
+                PairRecord(
+                    session_id=session_id,
+                    run_a_id=run.id,
+                    run_b_id=run.id,
+                    position=position,
+                    name=f"{a.name} ~ {b.name}",
+                    layer=a.layer,
+                    stage=a.stage,
+                    strategy="explore",
+                    a_name=a.name,
+                    b_name=b.name,
+                    a_tensor_ids=[s.id for s in a.shards],
+                    b_tensor_ids=[s.id for s in b.shards],
+                    alignment=alignment.to_json() if alignment else None,
+                    status="pending" if alignment else "incomparable",
+                    module_path=a.first.module_path,
+                    place=a.first.place,
+                )
+            )
     comparisons.refresh(session_id)
     return count

@@ -7,14 +7,55 @@ import io
 
 from tensor_debugger.compare.pair_reports import PairReport
 
-COLUMNS = ("position", "name", "layer", "stage", "status", "strategy", "reference", "reference_shape",
-           "reference_dtype", "candidate", "candidate_shape", "candidate_dtype", "alignment", "max_abs_diff",
-           "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse", "rmse", "cosine", "snr_db", "mismatched",
-           "numel", "argmax", "nan_a", "nan_b", "inf_a", "inf_b")
+COLUMNS = (
+    "position",
+    "name",
+    "layer",
+    "stage",
+    "status",
+    "strategy",
+    "reference",
+    "reference_shape",
+    "reference_dtype",
+    "candidate",
+    "candidate_shape",
+    "candidate_dtype",
+    "alignment",
+    "max_abs_diff",
+    "mean_abs_diff",
+    "max_rel_diff",
+    "mean_rel_diff",
+    "mse",
+    "rmse",
+    "cosine",
+    "snr_db",
+    "mismatched",
+    "numel",
+    "argmax",
+    "nan_a",
+    "nan_b",
+    "inf_a",
+    "inf_b",
+)
 
 
-STAT_COLUMNS = ("max_abs_diff", "mean_abs_diff", "max_rel_diff", "mean_rel_diff", "mse", "rmse", "cosine",
-                "snr_db", "mismatched", "numel", "argmax", "nan_a", "nan_b", "inf_a", "inf_b")
+STAT_COLUMNS = (
+    "max_abs_diff",
+    "mean_abs_diff",
+    "max_rel_diff",
+    "mean_rel_diff",
+    "mse",
+    "rmse",
+    "cosine",
+    "snr_db",
+    "mismatched",
+    "numel",
+    "argmax",
+    "nan_a",
+    "nan_b",
+    "inf_a",
+    "inf_b",
+)
 
 
 def pairs_to_csv(pairs: list[PairReport]) -> str:
@@ -23,8 +64,22 @@ def pairs_to_csv(pairs: list[PairReport]) -> str:
     writer.writerow(COLUMNS)
     for n, p in enumerate(pairs):
         s = p.stats
-        writer.writerow([
-            n, p.name, p.layer, p.stage, p.status, p.strategy, p.a.name, p.a.shape, p.a.dtype, p.b.name, p.b.shape,
-            p.b.dtype, p.alignment, *(getattr(s, k) if s is not None else "" for k in STAT_COLUMNS),
-        ])
+        writer.writerow(
+            [
+                n,
+                p.name,
+                p.layer,
+                p.stage,
+                p.status,
+                p.strategy,
+                p.a.name,
+                p.a.shape,
+                p.a.dtype,
+                p.b.name,
+                p.b.shape,
+                p.b.dtype,
+                p.alignment,
+                *(getattr(s, k) if s is not None else "" for k in STAT_COLUMNS),
+            ]
+        )
     return out.getvalue()

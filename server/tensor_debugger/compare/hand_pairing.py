@@ -54,41 +54,70 @@ def _shapes(db: DbSession, session_id: int, run: RunRecord, name: str, side: str
     unmatched or paired now."""
     run_id = run.id
     if side == "a":
-        ids = db.scalar(select(UnmatchedRecord.tensor_ids).where(
-            UnmatchedRecord.session_id == session_id, UnmatchedRecord.other_run_id == run_id,
-            UnmatchedRecord.name == name))
+        ids = db.scalar(
+            select(UnmatchedRecord.tensor_ids).where(
+                UnmatchedRecord.session_id == session_id,
+                UnmatchedRecord.other_run_id == run_id,
+                UnmatchedRecord.name == name,
+            )
+        )
         if ids is None:
-            ids = db.scalar(select(PairRecord.a_tensor_ids).where(
-                PairRecord.session_id == session_id, PairRecord.run_b_id == run_id, PairRecord.a_name == name))
+            ids = db.scalar(
+                select(PairRecord.a_tensor_ids).where(
+                    PairRecord.session_id == session_id, PairRecord.run_b_id == run_id, PairRecord.a_name == name
+                )
+            )
     else:
-        ids = db.scalar(select(UnmatchedRecord.tensor_ids).where(
-            UnmatchedRecord.session_id == session_id, UnmatchedRecord.run_id == run_id,
-            UnmatchedRecord.name == name))
+        ids = db.scalar(
+            select(UnmatchedRecord.tensor_ids).where(
+                UnmatchedRecord.session_id == session_id, UnmatchedRecord.run_id == run_id, UnmatchedRecord.name == name
+            )
+        )
         if ids is None:
-            ids = db.scalar(select(PairRecord.b_tensor_ids).where(
-                PairRecord.session_id == session_id, PairRecord.run_b_id == run_id, PairRecord.b_name == name))
+            ids = db.scalar(
+                select(PairRecord.b_tensor_ids).where(
+                    PairRecord.session_id == session_id, PairRecord.run_b_id == run_id, PairRecord.b_name == name
+                )
+            )
     if not ids:
         who = "reference" if side == "a" else f"candidate run {run.label!r}"
         raise InvalidInputError(f"the {who} has no tensor named {name!r}")
     shapes: dict[int, list[int]] = dict(
-        db.execute(select(TensorRecord.id, TensorRecord.shape).where(TensorRecord.id.in_(ids))).tuples().all())
+        db.execute(select(TensorRecord.id, TensorRecord.shape).where(TensorRecord.id.in_(ids))).tuples().all()
+    )
     return [tuple(shapes[i]) for i in ids]
 
 
-def hand_pair_choices(db: DbSession, session_id: int, a_name: str, b_name: str,
-                      run_id: int | None = None) -> HandPairChoices:
+def hand_pair_choices(
+    db: DbSession, session_id: int, a_name: str, b_name: str, run_id: int | None = None
+) -> HandPairChoices:
     run = candidate_run(db, session_id, run_id)
     shapes_a, shapes_b = _shapes(db, session_id, run, a_name, "a"), _shapes(db, session_id, run, b_name, "b")
     automatic = align(shapes_a, shapes_b)
-    choices = [AlignmentChoice(c.words(), list(c.shape), [s.to_json() for s in c.steps], c.last_resort,
-                               automatic is not None and c.key() == automatic.key())
-               for c in alignment_choices(shapes_a, shapes_b)]
-    return HandPairChoices(a_name, b_name, run.id, [list(s) for s in shapes_a], [list(s) for s in shapes_b],
-                           automatic is not None and not automatic.steps, choices)
+    choices = [
+        AlignmentChoice(
+            c.words(),
+            list(c.shape),
+            [s.to_json() for s in c.steps],
+            c.last_resort,
+            automatic is not None and c.key() == automatic.key(),
+        )
+        for c in alignment_choices(shapes_a, shapes_b)
+    ]
+    return HandPairChoices(
+        a_name,
+        b_name,
+        run.id,
+        [list(s) for s in shapes_a],
+        [list(s) for s in shapes_b],
+        automatic is not None and not automatic.steps,
+        choices,
+    )
 
 
-def check_choice(db: DbSession, session_id: int, a_name: str, b_name: str, run: RunRecord,
-                 steps: list[dict[str, Any]]) -> None:
+def check_choice(
+    db: DbSession, session_id: int, a_name: str, b_name: str, run: RunRecord, steps: list[dict[str, Any]]
+) -> None:
     """InvalidInputError unless `steps` align the two named tensors."""
     shapes_a, shapes_b = _shapes(db, session_id, run, a_name, "a"), _shapes(db, session_id, run, b_name, "b")
     try:

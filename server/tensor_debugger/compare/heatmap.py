@@ -43,13 +43,17 @@ def build_heatmap(a: View, b: View, fixed: tuple[int | None, ...]) -> Heatmap:
     step = max(1, BLOCK_ELEMENTS // max(width, 1))
     for start in range(0, height, step):
         stop = min(start + step, height)
-        region = tuple(slice(start, stop) if d == rows_dim else slice(0, width) if d == cols_dim
-                       else slice(v or 0, (v or 0) + 1) for d, v in enumerate(fixed))
+        region = tuple(
+            slice(start, stop) if d == rows_dim else slice(0, width) if d == cols_dim else slice(v or 0, (v or 0) + 1)
+            for d, v in enumerate(fixed)
+        )
         block_a = a.read(region).reshape(stop - start, width)
         block_b = b.read(region).reshape(stop - start, width)
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(block_b.astype(np.complex128 if block_b.dtype.kind == "c" else np.float64)
-                          - block_a.astype(np.complex128 if block_a.dtype.kind == "c" else np.float64))
+            diff = np.abs(
+                block_b.astype(np.complex128 if block_b.dtype.kind == "c" else np.float64)
+                - block_a.astype(np.complex128 if block_a.dtype.kind == "c" else np.float64)
+            )
         nan = np.isnan(diff)
         diff = np.where(nan, 0.0, diff)
         for r in range(len(row_edges) - 1):
@@ -82,14 +86,20 @@ def heatmap_svg(heatmap: Heatmap, cell: int = 8) -> str:
     high = float(values.max()) if values.size else 0.0
     low = max(float(values.min()) if values.size else 0.0, high * 1e-6)
     rows, cols = heatmap.cells.shape
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {cols * cell} {rows * cell}" '
-             f'width="{cols * cell}" height="{rows * cell}" role="img" aria-label="max |difference| per cell">']
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {cols * cell} {rows * cell}" '
+        f'width="{cols * cell}" height="{rows * cell}" role="img" aria-label="max |difference| per cell">'
+    ]
     for r in range(rows):
         for c in range(cols):
             v = float(heatmap.cells[r, c])
-            title = (f"rows {heatmap.row_edges[r]}-{heatmap.row_edges[r + 1] - 1}, cols {heatmap.col_edges[c]}-"
-                     f"{heatmap.col_edges[c + 1] - 1}: max |diff| {'NaN' if math.isnan(v) else f'{v:.4g}'}")
-            parts.append(f'<rect x="{c * cell}" y="{r * cell}" width="{cell}" height="{cell}" '
-                         f'fill="{colour(v, low, high)}"><title>{title}</title></rect>')
+            title = (
+                f"rows {heatmap.row_edges[r]}-{heatmap.row_edges[r + 1] - 1}, cols {heatmap.col_edges[c]}-"
+                f"{heatmap.col_edges[c + 1] - 1}: max |diff| {'NaN' if math.isnan(v) else f'{v:.4g}'}"
+            )
+            parts.append(
+                f'<rect x="{c * cell}" y="{r * cell}" width="{cell}" height="{cell}" '
+                f'fill="{colour(v, low, high)}"><title>{title}</title></rect>'
+            )
     parts.append("</svg>")
     return "".join(parts)

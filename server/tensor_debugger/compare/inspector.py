@@ -96,8 +96,10 @@ def cell_css() -> str:
         rules.append(f"table.values td.bg-p{level} {{ background: {_blend(_POSITIVE, level)}; }}")
     rules.append(f"table.values td.bd-within {{ border-color: {_WITHIN}; }}")
     rules.append(f"table.values td.bd-raw {{ border-color: {_RAW_BORDER}; }}")
-    rules += [f"table.values td.bd-out{level} {{ border-color: {_blend(_OUTSIDE, level)}; }}"
-              for level in range(_level(0.35), STEPS + 1)]
+    rules += [
+        f"table.values td.bd-out{level} {{ border-color: {_blend(_OUTSIDE, level)}; }}"
+        for level in range(_level(0.35), STEPS + 1)
+    ]
     return "\n".join(rules) + "\n"
 
 
@@ -129,8 +131,10 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
         rel = magnitude / abs(reference) if reference != 0 and math.isfinite(reference) else math.inf
         index = window.index_of(pos)
         out = bool(outside[pos])
-        title = (f"[{', '.join(map(str, index))}] value {_text(value)}; |diff| {_text(magnitude)}; "
-                 f"rel {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance")
+        title = (
+            f"[{', '.join(map(str, index))}] value {_text(value)}; |diff| {_text(magnitude)}; "
+            f"rel {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance"
+        )
         background = _background(float(np.real(value)), diff_scale if is_diff else value_scale)
         return Cell(_text(value), title, f"{background} {_border(magnitude, out, diff_scale)}", out, pos == max_pos)
 
@@ -154,8 +158,10 @@ def _free(request: SliceRequest) -> list[int]:
 
 
 def _caption(window: Window) -> str:
-    parts = [f"{region.start}:{region.stop}" if fixed is None else str(fixed)
-             for region, fixed in zip(window.region, window.request.index, strict=True)]
+    parts = [
+        f"{region.start}:{region.stop}" if fixed is None else str(fixed)
+        for region, fixed in zip(window.region, window.request.index, strict=True)
+    ]
     return f"[{', '.join(parts)}]"
 
 
@@ -171,8 +177,7 @@ def build_raw_grid(label: str, values: np.ndarray, origin: tuple[int, ...], free
         for k, dim in enumerate(free):
             index[dim] += pos[k]
         title = f"[{', '.join(map(str, index))}] value {_text(value)}"
-        return Cell(_text(value), title, f"{_background(float(np.real(value)), scale)} bd-raw",
-                    False, False)
+        return Cell(_text(value), title, f"{_background(float(np.real(value)), scale)} bd-raw", False, False)
 
     if values.ndim == 2:
         rows = [[cell((i, j)) for j in range(values.shape[1])] for i in range(values.shape[0])]

@@ -84,8 +84,11 @@ def module_report(items: list[PairReport], module_tree: dict[str, Any] | None) -
         return None
     candidate = traced[0].b.run_id  # with several candidate runs, the first one's modules
     traced = [i for i in traced if i.b.run_id == candidate]
-    errors = [TensorError(i.module_path or "", i.place or "", i.position, e)
-              for i in traced if (e := pair_error(i)) is not None]
+    errors = [
+        TensorError(i.module_path or "", i.place or "", i.position, e)
+        for i in traced
+        if (e := pair_error(i)) is not None
+    ]
     culprits = rank_culprits(errors)
     by_module: dict[str, list[PairReport]] = {}
     for item in traced:
@@ -93,16 +96,28 @@ def module_report(items: list[PairReport], module_tree: dict[str, Any] | None) -
     added = {c.module_path: c for c in culprits}
     roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])]
     failing = any(i.status != "pass" for i in traced)
-    ranked = [CulpritReport(c.module_path, json_number(c.added_error), json_number(c.input_error),
-                            json_number(c.output_error), _first_output(by_module[c.module_path]))
-              for c in culprits]
+    ranked = [
+        CulpritReport(
+            c.module_path,
+            json_number(c.added_error),
+            json_number(c.input_error),
+            json_number(c.output_error),
+            _first_output(by_module[c.module_path]),
+        )
+        for c in culprits
+    ]
     top = ranked[0] if ranked and failing and culprits[0].added_error > 0 else None
-    return ModuleReport(bool((module_tree or {}).get("values", True)),
-                        [_node_report(r, by_module, added, top) for r in roots], ranked, top)
+    return ModuleReport(
+        bool((module_tree or {}).get("values", True)),
+        [_node_report(r, by_module, added, top) for r in roots],
+        ranked,
+        top,
+    )
 
 
-def _node_report(node: ModuleNode, by_module: dict[str, list[PairReport]], added: dict[str, Any],
-                 top: CulpritReport | None) -> ModuleNodeReport:
+def _node_report(
+    node: ModuleNode, by_module: dict[str, list[PairReport]], added: dict[str, Any], top: CulpritReport | None
+) -> ModuleNodeReport:
     children = [_node_report(c, by_module, added, top) for c in node.children]
     pairs = by_module.get(node.path, [])
     statuses = {p.status for p in pairs}

@@ -180,8 +180,14 @@ def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
     for step in (pair.alignment or {}).get("steps", []):
         if step["side"] == side and step["kind"] == "concat":
             shape = list(step["shape"])
-    return PairSide(pair.a_name if side == "a" else pair.b_name, shape, shards[0].dtype, len(shards), list(ids),
-                    pair.run_a_id if side == "a" else pair.run_b_id)
+    return PairSide(
+        pair.a_name if side == "a" else pair.b_name,
+        shape,
+        shards[0].dtype,
+        len(shards),
+        list(ids),
+        pair.run_a_id if side == "a" else pair.run_b_id,
+    )
 
 
 def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
@@ -189,12 +195,23 @@ def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
     return {
-        "id": pair.id, "position": pair.position, "name": pair.name, "layer": pair.layer, "stage": pair.stage,
-        "strategy": parse_strategy(pair.strategy), "status": PairStatus(pair.status),
+        "id": pair.id,
+        "position": pair.position,
+        "name": pair.name,
+        "layer": pair.layer,
+        "stage": pair.stage,
+        "strategy": parse_strategy(pair.strategy),
+        "status": PairStatus(pair.status),
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
-        if pair.alignment is not None else f"incomparable: {a.shape} vs {b.shape}",
-        "aligned_shape": alignment.get("shape"), "alignment_overridden": pair.alignment_overridden,
-        "a": a, "b": b, "error": pair.error, "module_path": pair.module_path, "place": pair.place,
+        if pair.alignment is not None
+        else f"incomparable: {a.shape} vs {b.shape}",
+        "aligned_shape": alignment.get("shape"),
+        "alignment_overridden": pair.alignment_overridden,
+        "a": a,
+        "b": b,
+        "error": pair.error,
+        "module_path": pair.module_path,
+        "place": pair.place,
         "summary": pair.summary,
     }
 
@@ -227,14 +244,20 @@ def _load(db: DbSession, pairs: Sequence[Any]) -> Loaded:
 def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> SessionPairs:
     """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress; with
     `modules`, also the module view of a traced session (its tree and culprits: work the other callers skip)."""
-    pairs: Sequence[Any] = db.execute(select(*PairRecord.__table__.columns)  # light rows, as in _load
-                                      .where(PairRecord.session_id == session_id).order_by(PairRecord.position)).all()
+    pairs: Sequence[Any] = db.execute(
+        select(*PairRecord.__table__.columns)  # light rows, as in _load
+        .where(PairRecord.session_id == session_id)
+        .order_by(PairRecord.position)
+    ).all()
     tensors, results = _load(db, pairs)
     items = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
     first = next((i for i in items if i.status == PairStatus.FAIL), None)
     runs = dict(db.execute(select(RunRecord.id, RunRecord.label).where(RunRecord.session_id == session_id)).all())
-    unmatched = db.scalars(select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id)
-                           .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)).all()
+    unmatched = db.scalars(
+        select(UnmatchedRecord)
+        .where(UnmatchedRecord.session_id == session_id)
+        .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
+    ).all()
     done = sum(1 for i in items if i.status != PairStatus.PENDING)
     module_view = None
     if modules and items:
@@ -243,8 +266,9 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
     return SessionPairs(
         pairs=items,
         first_divergence=first_divergence(first),
-        unmatched=[UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids))
-                   for u in unmatched],
+        unmatched=[
+            UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids)) for u in unmatched
+        ],
         progress=PairProgress.of(len(items), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
         modules=module_view,
     )
@@ -261,8 +285,14 @@ def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairRe
 def first_divergence(item: PairReport | None) -> FirstDivergence | None:
     if item is None:
         return None
-    return FirstDivergence(item.id, item.name, item.layer, item.stage,
-                           item.stats.max_abs_diff if item.stats else None, item.stats.argmax if item.stats else None)
+    return FirstDivergence(
+        item.id,
+        item.name,
+        item.layer,
+        item.stage,
+        item.stats.max_abs_diff if item.stats else None,
+        item.stats.argmax if item.stats else None,
+    )
 
 
 def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDetail:
@@ -280,8 +310,9 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDe
     )
 
 
-def argmax_report(db: DbSession, comparisons: Comparisons, pair: PairRecord, result: Any | None,
-                  tensors: dict[int, Any]) -> ArgmaxReport | None:
+def argmax_report(
+    db: DbSession, comparisons: Comparisons, pair: PairRecord, result: Any | None, tensors: dict[int, Any]
+) -> ArgmaxReport | None:
     """Where the largest difference is: in aligned coordinates, and in each run's own tensor (shard and index)."""
     if result is None or pair.alignment is None:
         return None

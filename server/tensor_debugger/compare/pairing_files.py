@@ -28,8 +28,9 @@ KEYS = ("strategies", "name_pattern", "pairs", "unpaired")
 
 def check_rules(strategies: Any, name_pattern: Any) -> tuple[list[str] | None, str | None]:
     """The chain and the pattern as stored (None: the default chain, no pattern). Raises InvalidInputError."""
-    if strategies is not None and not (isinstance(strategies, str) or (
-            isinstance(strategies, list) and all(isinstance(s, str) for s in strategies))):
+    if strategies is not None and not (
+        isinstance(strategies, str) or (isinstance(strategies, list) and all(isinstance(s, str) for s in strategies))
+    ):
         raise InvalidInputError(f"strategies must be a list of strategy names, got {strategies!r}")
     if name_pattern is not None and not isinstance(name_pattern, str):
         raise InvalidInputError(f"name_pattern must be a string, got {name_pattern!r}")
@@ -54,12 +55,17 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
     def entry(run_b_id: int, **names: str) -> dict[str, str]:
         return {**names, "run": labels[run_b_id]} if several else dict(names)
 
-    pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)
-                       .order_by(PairRecord.position)).all()
-    refusals = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id,
-                                                           PairOverrideRecord.action == "unpair")).all()
-    unmatched = db.scalars(select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id)
-                           .order_by(UnmatchedRecord.id)).all()
+    pairs = db.scalars(
+        select(PairRecord).where(PairRecord.session_id == session_id).order_by(PairRecord.position)
+    ).all()
+    refusals = db.scalars(
+        select(PairOverrideRecord).where(
+            PairOverrideRecord.session_id == session_id, PairOverrideRecord.action == "unpair"
+        )
+    ).all()
+    unmatched = db.scalars(
+        select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id).order_by(UnmatchedRecord.id)
+    ).all()
     unpaired = [entry(o.run_b_id, **{k: v for k, v in (("a", o.a_name), ("b", o.b_name)) if v}) for o in refusals]
     for u in unmatched:
         side, candidate = ("a", u.other_run_id) if u.run_id == reference else ("b", u.run_id)
@@ -67,7 +73,8 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
         if item not in unpaired:
             unpaired.append(item)
     return {
-        "strategies": session.strategies, "name_pattern": session.name_pattern,
+        "strategies": session.strategies,
+        "name_pattern": session.name_pattern,
         "pairs": [entry(p.run_b_id, a=p.a_name, b=p.b_name) for p in pairs],
         "unpaired": unpaired,
     }
@@ -79,12 +86,18 @@ def _entries(data: dict[str, Any], key: str) -> list[dict[str, str]]:
         raise InvalidInputError(f"{key} must be a list of objects, got {type(items).__name__}")
     for n, item in enumerate(items):
         wanted = ("a", "b") if key == "pairs" else ()
-        if (not isinstance(item, dict) or set(item) - {"a", "b", "run"}
-                or not all(isinstance(v, str) and v for v in item.values())
-                or any(k not in item for k in wanted) or not (set(item) & {"a", "b"})):
+        if (
+            not isinstance(item, dict)
+            or set(item) - {"a", "b", "run"}
+            or not all(isinstance(v, str) and v for v in item.values())
+            or any(k not in item for k in wanted)
+            or not (set(item) & {"a", "b"})
+        ):
             need = '"a" and "b"' if key == "pairs" else '"a", "b" or both'
-            raise InvalidInputError(f"{key}[{n}] must be an object with {need} (names) and optionally \"run\" "
-                                    f"(a candidate run's label), got {item!r}")
+            raise InvalidInputError(
+                f'{key}[{n}] must be an object with {need} (names) and optionally "run" '
+                f"(a candidate run's label), got {item!r}"
+            )
     return items
 
 
@@ -107,8 +120,9 @@ def import_pairing(db: DbSession, session_id: int, data: Any) -> None:
     on anything it does not understand."""
     check_file(data)
     session = catalog.get_session(db, session_id)
-    strategies, pattern = check_rules(data.get("strategies", session.strategies),
-                                      data.get("name_pattern", session.name_pattern))
+    strategies, pattern = check_rules(
+        data.get("strategies", session.strategies), data.get("name_pattern", session.name_pattern)
+    )
     pairs = _entries(data, "pairs") if "pairs" in data else None
     unpaired = _entries(data, "unpaired") if "unpaired" in data else None
     candidates = {r.label: r.id for r in session.runs if r.position > 0}
@@ -119,10 +133,20 @@ def import_pairing(db: DbSession, session_id: int, data: Any) -> None:
     for action, items in (("pair", pairs), ("unpair", unpaired)):
         if items is None:
             continue
-        db.execute(delete(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id,
-                                                    PairOverrideRecord.action == action))
+        db.execute(
+            delete(PairOverrideRecord).where(
+                PairOverrideRecord.session_id == session_id, PairOverrideRecord.action == action
+            )
+        )
         for item in items:
             for label, run_id in candidates.items():
                 if item.get("run", label) == label:
-                    db.add(PairOverrideRecord(session_id=session_id, run_b_id=run_id, action=action,
-                                              a_name=item.get("a", ""), b_name=item.get("b", "")))
+                    db.add(
+                        PairOverrideRecord(
+                            session_id=session_id,
+                            run_b_id=run_id,
+                            action=action,
+                            a_name=item.get("a", ""),
+                            b_name=item.get("b", ""),
+                        )
+                    )

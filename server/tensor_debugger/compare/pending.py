@@ -45,7 +45,9 @@ class PendingPair:
 
 
 def compute_pending(
-    comparisons: Comparisons, session_id: int | None = None, progress: ProgressCallback | None = None,
+    comparisons: Comparisons,
+    session_id: int | None = None,
+    progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> int:
     """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
@@ -83,8 +85,7 @@ def compute_pending(
     writer = ResultWriter(comparisons)
     with comparisons.lock:  # one computation at a time per process: the pool is already parallel
         try:
-            for work, result in compare_stream(jobs(), comparisons.pool, comparisons.workers + 1,
-                                               on_tick=writer.tick):
+            for work, result in compare_stream(jobs(), comparisons.pool, comparisons.workers + 1, on_tick=writer.tick):
                 pair_ids = [work.pair_id, *waiting.pop(work.key)]
                 writer.add(work, result, pair_ids)
                 settled(len(pair_ids))
@@ -102,8 +103,13 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
     with comparisons.sessions() as db:
         current = CurrentPairs.by_id(comparisons, db, pair_ids)
         keyed = [(pair_id, *wanted) for pair_id in pair_ids if (wanted := current.wanted(pair_id)) is not None]
-        cached = set(db.scalars(select(ComparisonResultRecord.cache_key).where(
-            ComparisonResultRecord.cache_key.in_({key for _, key, _, _ in keyed}))))
+        cached = set(
+            db.scalars(
+                select(ComparisonResultRecord.cache_key).where(
+                    ComparisonResultRecord.cache_key.in_({key for _, key, _, _ in keyed})
+                )
+            )
+        )
         for pair_id, key, tol, exact in keyed:
             if key in cached:
                 hits.append((pair_id, key))
@@ -114,14 +120,24 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
             except Exception as exc:  # a missing array: the pair says so, work goes on
                 failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
                 continue
-            work = PendingPair(pair_id, key, tuple(t.digest for t in a), tuple(t.digest for t in b),
-                               comparisons.alignment_key(pair), tol)
+            work = PendingPair(
+                pair_id,
+                key,
+                tuple(t.digest for t in a),
+                tuple(t.digest for t in b),
+                comparisons.alignment_key(pair),
+                tol,
+            )
             jobs.append(PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact)))
     if hits or failed:
         with comparisons.sessions.begin() as db:
             current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
-            records = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
-                ComparisonResultRecord.cache_key.in_({key for _, key in hits})))}
+            records = {
+                r.cache_key: r
+                for r in db.scalars(
+                    select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_({key for _, key in hits}))
+                )
+            }
             for pair_id, key in hits:
                 current.settle(pair_id, key, records[key])
             for pair_id, key, message in failed:
@@ -163,16 +179,22 @@ class ResultWriter:
         with self._comparisons.sessions.begin() as db:
             current = CurrentPairs.by_id(self._comparisons, db, [i for _, _, ids in self._waiting for i in ids])
             keys = {work.key for work, result, _ in self._waiting if isinstance(result, PairStats)}
-            records = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
-                ComparisonResultRecord.cache_key.in_(keys)))}
+            records = {
+                r.cache_key: r
+                for r in db.scalars(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(keys)))
+            }
             for work, result, pair_ids in self._waiting:
                 if isinstance(result, Exception):  # a corrupt chunk: the pair says so, work goes on
                     for pair_id in pair_ids:
                         current.fail(pair_id, work.key, f"{type(result).__name__}: {result}")
                 elif work.key not in records:
                     records[work.key] = ComparisonResultRecord(
-                        cache_key=work.key, digests_a=list(work.digests_a), digests_b=list(work.digests_b),
-                        alignment_key=work.alignment_key, rtol=work.tolerance.rtol, atol=work.tolerance.atol,
+                        cache_key=work.key,
+                        digests_a=list(work.digests_a),
+                        digests_b=list(work.digests_b),
+                        alignment_key=work.alignment_key,
+                        rtol=work.tolerance.rtol,
+                        atol=work.tolerance.atol,
                         stats=result.to_json(),
                     )
                     db.add(records[work.key])
@@ -191,10 +213,20 @@ class CurrentPairs:
     def __init__(self, comparisons: Comparisons, db: DbSession, pairs: Sequence[PairRecord]) -> None:
         self._comparisons = comparisons
         self.pairs = {p.id: p for p in pairs}
-        self.tensors = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(
-            {i for p in self.pairs.values() for i in (*p.a_tensor_ids, *p.b_tensor_ids)})))}
-        self.sessions = {s.id: s for s in db.scalars(select(SessionRecord).where(
-            SessionRecord.id.in_({p.session_id for p in self.pairs.values()})))}
+        self.tensors = {
+            t.id: t
+            for t in db.scalars(
+                select(TensorRecord).where(
+                    TensorRecord.id.in_({i for p in self.pairs.values() for i in (*p.a_tensor_ids, *p.b_tensor_ids)})
+                )
+            )
+        }
+        self.sessions = {
+            s.id: s
+            for s in db.scalars(
+                select(SessionRecord).where(SessionRecord.id.in_({p.session_id for p in self.pairs.values()}))
+            )
+        }
 
     @classmethod
     def by_id(cls, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> CurrentPairs:

@@ -51,20 +51,34 @@ class Progress:
         return self.total - self.done
 
 
-def cache_key(digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance,
-              exact: bool) -> str:
+def cache_key(
+    digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance, exact: bool
+) -> str:
     text = json.dumps([list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, exact])
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def tensor_ref(t: TensorRecord) -> TensorRef:
-    return TensorRef(t.id, t.name, tuple(t.shape), t.dtype, t.position, t.layer, t.stage, tuple(t.key_path),
-                     t.digest, t.module_path, t.place)
+    return TensorRef(
+        t.id,
+        t.name,
+        tuple(t.shape),
+        t.dtype,
+        t.position,
+        t.layer,
+        t.stage,
+        tuple(t.key_path),
+        t.digest,
+        t.module_path,
+        t.place,
+    )
 
 
 def values_unavailable(t: TensorRecord) -> str:
-    return (f"element values are not available: {t.name} comes from {t.source_file}, a trace written with "
-            f"use_repr=True, which keeps only its shape, dtype and mean, std, min and max")
+    return (
+        f"element values are not available: {t.name} comes from {t.source_file}, a trace written with "
+        f"use_repr=True, which keeps only its shape, dtype and mean, std, min and max"
+    )
 
 
 def tensor_summary(t: TensorRecord) -> ReportedSummary:
@@ -93,8 +107,7 @@ class Comparisons:
             # Write first, so that this transaction holds the write lock (SQLite) or the session's row (another
             # database) before it reads the runs: two ingests finishing at once each plan, and a plan that read
             # "one run ready" before the other's plan committed would otherwise delete that plan's pairs after it.
-            locked = db.execute(update(SessionRecord).where(SessionRecord.id == session_id)
-                                .values(id=SessionRecord.id))
+            locked = db.execute(update(SessionRecord).where(SessionRecord.id == session_id).values(id=SessionRecord.id))
             session = db.get(SessionRecord, session_id) if locked.rowcount else None  # type: ignore[attr-defined]
             if session is None:
                 raise NotFoundError(f"no session with id {session_id}")
@@ -117,38 +130,63 @@ class Comparisons:
                 mine = [o for o in overrides if o.run_b_id == candidate.id]
                 try:
                     pairing = pair_runs(
-                        refs_a, self._refs(db, candidate.id),
+                        refs_a,
+                        self._refs(db, candidate.id),
                         manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
                         unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
-                        strategies=session.strategies, pattern=pattern,
+                        strategies=session.strategies,
+                        pattern=pattern,
                     )
                 except ValueError as exc:
                     raise InvalidInputError(f"the session's pairing strategies: {exc}") from None
                 aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
                 for plan in pairing.pairs:
                     alignment, overridden = self._alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
-                    db.add(PairRecord(
-                        module_path=plan.a.first.module_path, place=plan.a.first.place,
-                        session_id=session_id, run_a_id=reference.id, run_b_id=candidate.id, position=position,
-                        name=plan.a.name, layer=plan.a.layer, stage=plan.a.stage, strategy=plan.strategy,
-                        a_name=plan.a.name, b_name=plan.b.name,
-                        a_tensor_ids=[s.id for s in plan.a.shards], b_tensor_ids=[s.id for s in plan.b.shards],
-                        alignment=alignment.to_json() if alignment else None, alignment_overridden=overridden,
-                        status="pending" if alignment else "incomparable",
-                    ))
+                    db.add(
+                        PairRecord(
+                            module_path=plan.a.first.module_path,
+                            place=plan.a.first.place,
+                            session_id=session_id,
+                            run_a_id=reference.id,
+                            run_b_id=candidate.id,
+                            position=position,
+                            name=plan.a.name,
+                            layer=plan.a.layer,
+                            stage=plan.a.stage,
+                            strategy=plan.strategy,
+                            a_name=plan.a.name,
+                            b_name=plan.b.name,
+                            a_tensor_ids=[s.id for s in plan.a.shards],
+                            b_tensor_ids=[s.id for s in plan.b.shards],
+                            alignment=alignment.to_json() if alignment else None,
+                            alignment_overridden=overridden,
+                            status="pending" if alignment else "incomparable",
+                        )
+                    )
                     position += 1
-                for run_id, other, missing in ((reference.id, candidate.id, pairing.unmatched_a),
-                                               (candidate.id, reference.id, pairing.unmatched_b)):
+                for run_id, other, missing in (
+                    (reference.id, candidate.id, pairing.unmatched_a),
+                    (candidate.id, reference.id, pairing.unmatched_b),
+                ):
                     for n, tensor in enumerate(missing):
-                        db.add(UnmatchedRecord(session_id=session_id, run_id=run_id, other_run_id=other,
-                                               position=n, name=tensor.name, tensor_ids=[s.id for s in tensor.shards]))
+                        db.add(
+                            UnmatchedRecord(
+                                session_id=session_id,
+                                run_id=run_id,
+                                other_run_id=other,
+                                position=n,
+                                name=tensor.name,
+                                tensor_ids=[s.id for s in tensor.shards],
+                            )
+                        )
         self.refresh(session_id)
 
     @staticmethod
     def _explored(db: DbSession, session_id: int, run_id: int) -> bool:
         """Whether the session's pairs are an exploration of this run (each pairs two of its own tensors)."""
-        sides = db.execute(select(PairRecord.run_a_id, PairRecord.run_b_id)
-                           .where(PairRecord.session_id == session_id).limit(1)).first()
+        sides = db.execute(
+            select(PairRecord.run_a_id, PairRecord.run_b_id).where(PairRecord.session_id == session_id).limit(1)
+        ).first()
         return sides is not None and tuple(sides) == (run_id, run_id)
 
     def _refs(self, db: DbSession, run_id: int) -> list[TensorRef]:
@@ -173,16 +211,22 @@ class Comparisons:
             return Tolerance(0.0, 0.0), True
         if session.rtol is not None or session.atol is not None:
             base = default_tolerance(dtype_a, dtype_b)
-            return Tolerance(session.rtol if session.rtol is not None else base.rtol,
-                             session.atol if session.atol is not None else base.atol), False
+            return Tolerance(
+                session.rtol if session.rtol is not None else base.rtol,
+                session.atol if session.atol is not None else base.atol,
+            ), False
         return default_tolerance(dtype_a, dtype_b), False
 
-    def key(self, session: SessionRecord, pair: PairRecord, a: Sequence[TensorRecord],
-            b: Sequence[TensorRecord]) -> tuple[str, Tolerance, bool]:
+    def key(
+        self, session: SessionRecord, pair: PairRecord, a: Sequence[TensorRecord], b: Sequence[TensorRecord]
+    ) -> tuple[str, Tolerance, bool]:
         """The pair's cache key, tolerance and exactness now."""
         tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
-        return (cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact), tol,
-                exact)
+        return (
+            cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact),
+            tol,
+            exact,
+        )
 
     @staticmethod
     def alignment_key(pair: PairRecord) -> str:
@@ -193,8 +237,9 @@ class Comparisons:
         """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
         element values get their verdict on the summary statistics."""
         with self.sessions.begin() as db:
-            pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id,
-                                                        PairRecord.status != "incomparable")).all()
+            pairs = db.scalars(
+                select(PairRecord).where(PairRecord.session_id == session_id, PairRecord.status != "incomparable")
+            ).all()
             current = CurrentPairs(self, db, pairs)  # every pair's tensors and session in two queries
             keys: dict[int, str] = {}
             for pair in pairs:
@@ -206,8 +251,12 @@ class Comparisons:
                 verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
                 pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
                 pair.status = "pass" if verdict.passed else "fail"
-            cached = {r.cache_key: r for r in db.scalars(select(ComparisonResultRecord).where(
-                ComparisonResultRecord.cache_key.in_(set(keys.values()))))}
+            cached = {
+                r.cache_key: r
+                for r in db.scalars(
+                    select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(set(keys.values())))
+                )
+            }
             for pair in pairs:
                 if pair.id not in keys:
                     continue
@@ -222,7 +271,9 @@ class Comparisons:
     # --- computing --------------------------------------------------------------------------------------
 
     def compute_pending(
-        self, session_id: int | None = None, progress: ProgressCallback | None = None,
+        self,
+        session_id: int | None = None,
+        progress: ProgressCallback | None = None,
         should_stop: Callable[[], bool] | None = None,
     ) -> int:
         """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
@@ -240,8 +291,9 @@ class Comparisons:
         """Lazy views of both sides in aligned coordinates; reading one reads only the chunks it needs."""
         return self.views_of(pair, *self.tensors_of(db, pair))
 
-    def views_of(self, pair: PairRecord, a: Sequence[TensorRecord],
-                 b: Sequence[TensorRecord]) -> tuple[View, View, Alignment]:
+    def views_of(
+        self, pair: PairRecord, a: Sequence[TensorRecord], b: Sequence[TensorRecord]
+    ) -> tuple[View, View, Alignment]:
         """`views`, given the pair's tensors (the reference's shards and the candidate's, in rank order)."""
         if pair.alignment is None:
             raise ValueError("the pair is incomparable: no alignment")
@@ -252,18 +304,30 @@ class Comparisons:
         alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 
         def sources(side: Sequence[TensorRecord]) -> list[View]:
-            return [SourceView(self.store.reader(t.store_key, t.digest),
-                               partial(storage_to_compute, logical=parse_dtype(t.dtype)),
-                               k) for k, t in enumerate(side)]
+            return [
+                SourceView(
+                    self.store.reader(t.store_key, t.digest),
+                    partial(storage_to_compute, logical=parse_dtype(t.dtype)),
+                    k,
+                )
+                for k, t in enumerate(side)
+            ]
 
-        return (build_view(sources(a), alignment.side_steps("a")), build_view(sources(b), alignment.side_steps("b")),
-                alignment)
+        return (
+            build_view(sources(a), alignment.side_steps("a")),
+            build_view(sources(b), alignment.side_steps("b")),
+            alignment,
+        )
 
     def progress(self, session_id: int) -> Progress:
         with self.sessions() as db:
             total = db.scalar(select(func.count()).where(PairRecord.session_id == session_id)) or 0
-            pending = db.scalar(select(func.count()).where(PairRecord.session_id == session_id,
-                                                           PairRecord.status == "pending")) or 0
+            pending = (
+                db.scalar(
+                    select(func.count()).where(PairRecord.session_id == session_id, PairRecord.status == "pending")
+                )
+                or 0
+            )
         return Progress(total, total - pending)
 
 
@@ -277,5 +341,3 @@ def sessions_needing_plan(db: DbSession) -> list[int]:
         if len(ready) >= 2 and not has_pairs:
             found.append(session.id)
     return found
-
-

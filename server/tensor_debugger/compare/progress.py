@@ -54,9 +54,19 @@ class RunDetail(RunWithProblems):
 
 def run_detail(run: RunRecord, ingests: IngestQueue) -> RunDetail:
     live = ingests.progress(run.id)
-    return RunDetail(run.id, run.label, RunRole(run.role), run.position, RunStatus(run.status), list(run.sources),
-                     run.tensor_count, run.total_bytes, iso(run.created_at), problem_reports(run.problems),
-                     None if live is None else IngestReport(RunStage(live.stage), live.bytes_done, live.bytes_total))
+    return RunDetail(
+        run.id,
+        run.label,
+        RunRole(run.role),
+        run.position,
+        RunStatus(run.status),
+        list(run.sources),
+        run.tensor_count,
+        run.total_bytes,
+        iso(run.created_at),
+        problem_reports(run.problems),
+        None if live is None else IngestReport(RunStage(live.stage), live.bytes_done, live.bytes_total),
+    )
 
 
 @dataclass(frozen=True)
@@ -106,8 +116,18 @@ def run_progress(run: RunRecord, live: IngestProgress | None) -> RunProgress:
     else:
         stage = RunStage(run.status)
         done = total = run.total_bytes if status == RunStatus.READY else None
-    return RunProgress(run.id, run.label, RunRole(run.role), status, stage, done, total, _percent(done, total),
-                       len(run.problems), _words(status, stage, done, total))
+    return RunProgress(
+        run.id,
+        run.label,
+        RunRole(run.role),
+        status,
+        stage,
+        done,
+        total,
+        _percent(done, total),
+        len(run.problems),
+        _words(status, stage, done, total),
+    )
 
 
 @dataclass(frozen=True)
@@ -144,14 +164,14 @@ def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
 
 def _signature(stage: SessionStage, runs: list[RunProgress], pairs: PairProgress) -> str:
     """The page's script fetches the page again when this changes."""
-    marks = ",".join(f"{r.id}:{r.stage if r.stage in (RunStage.QUEUED, RunStage.PLANNING) else r.status}"
-                     for r in runs)
+    marks = ",".join(f"{r.id}:{r.stage if r.stage in (RunStage.QUEUED, RunStage.PLANNING) else r.status}" for r in runs)
     return f"{stage}|{marks}|{pairs.done}/{pairs.total}"
 
 
 def pair_progress(db: DbSession, session_id: int) -> PairProgress:
-    rows = db.execute(select(PairRecord.status, func.count()).where(PairRecord.session_id == session_id)
-                      .group_by(PairRecord.status)).all()
+    rows = db.execute(
+        select(PairRecord.status, func.count()).where(PairRecord.session_id == session_id).group_by(PairRecord.status)
+    ).all()
     counts = {status: n for status, n in rows}
     total = sum(counts.values())
     return PairProgress.of(total, total - counts.get("pending", 0), counts.get("fail", 0))
@@ -162,4 +182,3 @@ def session_progress(session: SessionRecord, ingests: IngestQueue, pairs: PairPr
     runs = [run_progress(run, ingests.progress(run.id)) for run in session.runs]
     stage = _stage(runs, pairs)
     return SessionProgress(session.id, stage, _signature(stage, runs, pairs), runs, pairs)
-

@@ -48,8 +48,10 @@ def parse_slice_request(shape: tuple[int, ...], index: str, start: str, count: s
     counts = _ints(count, len(free), "count", 64)
     for dim, s, c in zip(free, starts, counts, strict=True):
         if not 0 <= s < max(shape[dim], 1) or not 1 <= c <= MAX_COUNT:
-            raise InvalidInputError(f"window start {s} count {c} does not fit dimension {dim} of size {shape[dim]} "
-                                    f"(count at most {MAX_COUNT})")
+            raise InvalidInputError(
+                f"window start {s} count {c} does not fit dimension {dim} of size {shape[dim]} "
+                f"(count at most {MAX_COUNT})"
+            )
     if math.prod(counts) > MAX_VALUES:
         raise InvalidInputError(f"a window holds at most {MAX_VALUES} values")
     return SliceRequest(tuple(fixed), tuple(starts), tuple(counts))
@@ -80,8 +82,9 @@ class Window:
     def index_of(self, position: tuple[int, ...]) -> tuple[int, ...]:
         """The aligned index of a position inside the window."""
         free = iter(position)
-        return tuple(r.start + next(free) if f is None else f for r, f in zip(self.region, self.request.index,
-                                                                               strict=True))
+        return tuple(
+            r.start + next(free) if f is None else f for r, f in zip(self.region, self.request.index, strict=True)
+        )
 
 
 def read_window(a: View, b: View, request: SliceRequest) -> Window:
@@ -130,9 +133,14 @@ def read_slice(a: View, b: View, request: SliceRequest) -> SliceReport:
     return SliceReport(
         shape=list(a.shape),
         index=[v if v is not None else ":" for v in request.index],
-        window=[WindowDim(d, r.start, r.stop - r.start)
-                for d, (r, f) in enumerate(zip(window.region, request.index, strict=True)) if f is None],
-        a=_values(window.a), b=_values(window.b), diff=_values(window.diff),
+        window=[
+            WindowDim(d, r.start, r.stop - r.start)
+            for d, (r, f) in enumerate(zip(window.region, request.index, strict=True))
+            if f is None
+        ],
+        a=_values(window.a),
+        b=_values(window.b),
+        diff=_values(window.diff),
     )
 
 

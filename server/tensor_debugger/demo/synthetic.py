@@ -50,7 +50,11 @@ def stage_tensor(layer: int, stage: str, shape: DumpShape, seed: int) -> torch.T
 
 
 def write_dump(
-    folder: Path, layers: int, seed: int = 0, plant: Plant | None = None, shape: DumpShape = DumpShape(),
+    folder: Path,
+    layers: int,
+    seed: int = 0,
+    plant: Plant | None = None,
+    shape: DumpShape = DumpShape(),
     dtype: torch.dtype = torch.float32,
 ) -> list[Path]:
     """Write one run's dump into `folder`; the same seed gives the same values, with or without a plant."""

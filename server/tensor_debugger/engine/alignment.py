@@ -42,14 +42,25 @@ class Step:
         return f"{who} flattened -> {list(self.shape)} (last resort: element counts agree, layouts may not)"
 
     def to_json(self) -> dict[str, Any]:
-        return {"side": self.side, "kind": self.kind, "axis": self.axis, "perm": list(self.perm),
-                "size": self.size, "shape": list(self.shape)}
+        return {
+            "side": self.side,
+            "kind": self.kind,
+            "axis": self.axis,
+            "perm": list(self.perm),
+            "size": self.size,
+            "shape": list(self.shape),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Step:
-        return cls(str(data["side"]), str(data["kind"]), int(data.get("axis", -1)),
-                   tuple(int(x) for x in data.get("perm", ())), int(data.get("size", 0)),
-                   tuple(int(x) for x in data.get("shape", ())))
+        return cls(
+            str(data["side"]),
+            str(data["kind"]),
+            int(data.get("axis", -1)),
+            tuple(int(x) for x in data.get("perm", ())),
+            int(data.get("size", 0)),
+            tuple(int(x) for x in data.get("shape", ())),
+        )
 
 
 _COST = {"concat": 1, "squeeze": 1, "permute": 4, "truncate": 6, "flatten": 100}
@@ -81,8 +92,12 @@ class Alignment:
         return json.dumps([s.to_json() for s in self.steps], separators=(",", ":"))
 
     def to_json(self) -> dict[str, Any]:
-        return {"shape": list(self.shape), "steps": [s.to_json() for s in self.steps], "words": self.words(),
-                "last_resort": self.last_resort}
+        return {
+            "shape": list(self.shape),
+            "steps": [s.to_json() for s in self.steps],
+            "words": self.words(),
+            "last_resort": self.last_resort,
+        }
 
     @classmethod
     def from_steps(cls, shapes_a: list[Shape], shapes_b: list[Shape], steps: list[Step]) -> Alignment:
@@ -237,8 +252,10 @@ def alignment_choices(shapes_a: list[Shape], shapes_b: list[Shape]) -> list[Alig
             chains = _pair_single(merged_a, merged_b)
             qa, steps_a = _squeezed("a", merged_a)
             qb, steps_b = _squeezed("b", merged_b)
-            chains += [(steps_a + steps_b + [Step("b", "permute", perm=perm, shape=qa)], qa)
-                       for perm in _any_permutations(qb, qa)]
+            chains += [
+                (steps_a + steps_b + [Step("b", "permute", perm=perm, shape=qa)], qa)
+                for perm in _any_permutations(qb, qa)
+            ]
             for steps, shape in chains:
                 candidate = Alignment(tuple(shapes_a), tuple(shapes_b), tuple(concat_a + concat_b + steps), shape)
                 if candidate.last_resort:

@@ -66,7 +66,8 @@ def rank_culprits(errors: list[TensorError]) -> list[Culprit]:
             outputs[e.module_path] = (max(worst, e.error), min(first, e.position))
     culprits = [
         Culprit(path, added_error(inputs[path], out), inputs[path], out, position)
-        for path, (out, position) in outputs.items() if path in inputs
+        for path, (out, position) in outputs.items()
+        if path in inputs
     ]
     culprits.sort(key=lambda c: (-c.added_error, -c.depth, c.position))
     return culprits

@@ -58,8 +58,10 @@ def edge_count() -> int:
 # logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The
 # summary kernels read each; the chunk loop (compare/chunk_loop.c) widens "h" and "b" to float32 for the pair kernel.
 STORED_FLOATS: dict[str, tuple[str, np.dtype[Any]]] = {
-    "float32": ("f", np.dtype(np.float32)), "float64": ("d", np.dtype(np.float64)),
-    "float16": ("h", np.dtype(np.float16)), "bfloat16": ("b", np.dtype(np.uint16)),
+    "float32": ("f", np.dtype(np.float32)),
+    "float64": ("d", np.dtype(np.float64)),
+    "float16": ("h", np.dtype(np.float16)),
+    "bfloat16": ("b", np.dtype(np.uint16)),
 }
 
 
@@ -81,8 +83,9 @@ def load_library(path: Path, layouts: dict[str, type[ctypes.Structure]]) -> ctyp
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    library = load_library(Path(__file__).with_name(LIBRARY_NAME),
-                           {"td_partial_size": partial_type(), "td_summary_size": summary_type()})
+    library = load_library(
+        Path(__file__).with_name(LIBRARY_NAME), {"td_partial_size": partial_type(), "td_summary_size": summary_type()}
+    )
     if library is None:
         return None
     library.td_family_runs.restype = ctypes.c_int
@@ -97,9 +100,17 @@ def _library() -> ctypes.CDLL | None:
             function = getattr(library, f"td_stats_{pair}_{family}", None)  # a family the compiler could not build
             if function is not None:
                 function.restype = ctypes.c_int
-                function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                                     ctypes.c_double, ctypes.c_double, ctypes.c_int, ctypes.c_void_p,
-                                     ctypes.POINTER(partial_type())]
+                function.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_void_p,
+                    ctypes.c_int64,
+                    ctypes.c_int64,
+                    ctypes.c_double,
+                    ctypes.c_double,
+                    ctypes.c_int,
+                    ctypes.c_void_p,
+                    ctypes.POINTER(partial_type()),
+                ]
     return library
 
 
@@ -109,9 +120,12 @@ def families() -> list[str]:
     library = _library()
     if library is None:
         return []
-    return [family for family in FAMILIES
-            if all(hasattr(library, f"td_stats_{pair}_{family}") for pair in _PAIRS)
-            and library.td_family_runs(family.encode())]
+    return [
+        family
+        for family in FAMILIES
+        if all(hasattr(library, f"td_stats_{pair}_{family}") for pair in _PAIRS)
+        and library.td_family_runs(family.encode())
+    ]
 
 
 class _Choice:
@@ -151,8 +165,13 @@ def kernel_family() -> str | None:
             return None
         asked = _Choice.asked_family
         if asked and asked not in available:
-            logging.getLogger(__name__).warning("%s=%s: not a kernel family this CPU runs (%s); using %s",
-                                                FAMILY_VARIABLE, asked, ", ".join(available), available[0])
+            logging.getLogger(__name__).warning(
+                "%s=%s: not a kernel family this CPU runs (%s); using %s",
+                FAMILY_VARIABLE,
+                asked,
+                ", ".join(available),
+                available[0],
+            )
         _Choice.family = asked if asked in available else available[0]
     return _Choice.family
 
@@ -191,8 +210,9 @@ def _compute(values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values)
 
 
-def fused_partial(a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool,
-                  edges: np.ndarray) -> FusedPartial | None:
+def fused_partial(
+    a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray
+) -> FusedPartial | None:
     """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, or None where the kernel
     is not in use. NaN and Inf are not looked for: the caller checks that `norm_a` and `norm_b` are finite."""
     if a.size != b.size:  # the kernel reads `a.size` values of each: never past the end of `b`

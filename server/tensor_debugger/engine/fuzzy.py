@@ -32,6 +32,7 @@ class Named(Protocol):
     @property
     def layer(self) -> int | None: ...
 
+
 DEFAULT_THRESHOLD = 0.75
 _SPLIT = re.compile(r"[^a-z0-9]+|(?<=[a-z])(?=[0-9])|(?<=[0-9])(?=[a-z])")
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
@@ -96,8 +97,7 @@ def similarity(a: tuple[str, ...], b: tuple[str, ...]) -> float:
 def _leftovers(a: tuple[str, ...], b: tuple[str, ...]) -> float:
     """The summed similarity of the tokens that differ, paired best first; -1 when a token of each side is left
     with nothing alike (a substitution: q_proj against k_proj)."""
-    scored = sorted(((token_similarity(x, y), i, j) for i, x in enumerate(a) for j, y in enumerate(b)),
-                    reverse=True)
+    scored = sorted(((token_similarity(x, y), i, j) for i, x in enumerate(a) for j, y in enumerate(b)), reverse=True)
     used_a: set[int] = set()
     used_b: set[int] = set()
     total = 0.0
@@ -119,7 +119,9 @@ def _bucket(t: Named, words: tuple[str, ...]) -> Hashable:
 
 
 def fuzzy_matches(
-    left: Sequence[Named], right: Sequence[Named], threshold: float | None = None,
+    left: Sequence[Named],
+    right: Sequence[Named],
+    threshold: float | None = None,
 ) -> list[tuple[int, int, float]]:
     """(index in left, index in right, score) of each fuzzy pair (see the module)."""
     limit = DEFAULT_THRESHOLD if threshold is None else threshold

@@ -16,7 +16,10 @@ from typing import Any
 HEADER = Path(__file__).with_name("kernel_structs.h")
 
 _SCALARS: dict[str, Any] = {
-    "double": ctypes.c_double, "float": ctypes.c_float, "int64_t": ctypes.c_int64, "int": ctypes.c_int,
+    "double": ctypes.c_double,
+    "float": ctypes.c_float,
+    "int64_t": ctypes.c_int64,
+    "int": ctypes.c_int,
     "const char *": ctypes.c_char_p,
 }
 _LIST = re.compile(r"#define (\w+)\(FIELD, ARRAY\)((?:[^\n]*\\\n)*[^\n]*)")

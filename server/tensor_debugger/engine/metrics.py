@@ -141,8 +141,9 @@ class PairAccumulator:
                 else:  # some NaN or Inf (or squares past float64's range)
                     self._add_general(a64, b64, where)
 
-    def add_fused(self, part: FusedPartial, origin: tuple[int, ...], block_shape: tuple[int, ...],
-                  shape: tuple[int, ...]) -> bool:
+    def add_fused(
+        self, part: FusedPartial, origin: tuple[int, ...], block_shape: tuple[int, ...], shape: tuple[int, ...]
+    ) -> bool:
         """Fold in a block's statistics as the compiled kernel computed them elsewhere (chunk_loop: read, decoded
         and reduced chunk by chunk), with this accumulator's tolerance and `edges()`, for the block of
         `block_shape` at `origin` of the aligned tensor of shape `shape`: True, or False (nothing folded in) where
@@ -179,8 +180,9 @@ class PairAccumulator:
         self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, part.at_least, strict=True)]
         return True
 
-    def _add_finite(self, a64: np.ndarray, b64: np.ndarray, norm_a: float, norm_b: float, buffers: _Buffers,
-                    where: _Where) -> None:
+    def _add_finite(
+        self, a64: np.ndarray, b64: np.ndarray, norm_a: float, norm_b: float, buffers: _Buffers, where: _Where
+    ) -> None:
         """The common case, no NaN or Inf on either side: fewer passes, no masks, nothing allocated."""
         n = a64.size
         diff = np.subtract(a64, b64, out=buffers.diff[:n])
@@ -310,8 +312,24 @@ class PairAccumulator:
         return counts
 
     def merge(self, other: PairAccumulator) -> None:
-        for name in ("numel", "valid", "sum_abs", "sum_sq", "rel_count", "sum_rel", "dot", "norm_a", "norm_b",
-                     "mismatched", "nan_a", "nan_b", "inf_a", "inf_b", "nan_one", "unequal_inf"):
+        for name in (
+            "numel",
+            "valid",
+            "sum_abs",
+            "sum_sq",
+            "rel_count",
+            "sum_rel",
+            "dot",
+            "norm_a",
+            "norm_b",
+            "mismatched",
+            "nan_a",
+            "nan_b",
+            "inf_a",
+            "inf_b",
+            "nan_one",
+            "unequal_inf",
+        ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_rel = max(self.max_rel, other.max_rel)
         self.nonzero += other.nonzero
@@ -345,9 +363,14 @@ class PairAccumulator:
             snr_db=snr,
             mismatched=self.mismatched,
             mismatched_fraction=self.mismatched / self.numel if self.numel else 0.0,
-            nan_a=self.nan_a, nan_b=self.nan_b, inf_a=self.inf_a, inf_b=self.inf_b, nan_one_side=self.nan_one,
+            nan_a=self.nan_a,
+            nan_b=self.nan_b,
+            inf_a=self.inf_a,
+            inf_b=self.inf_b,
+            nan_one_side=self.nan_one,
             histogram=self._histogram_counts(),
-            rtol=self.tol.rtol, atol=self.tol.atol,
+            rtol=self.tol.rtol,
+            atol=self.tol.atol,
         )
 
 

@@ -147,8 +147,7 @@ def identities(tensors: Sequence[LogicalTensor]) -> list[str]:
     for file, _ in parts:
         folder, _, stem = file.rpartition("/")
         shard = _SHARD_FILE.match(stem)
-        files.append(f"{folder}/{shard.group('stem')}" if shard and folder else shard.group("stem") if shard
-                     else file)
+        files.append(f"{folder}/{shard.group('stem')}" if shard and folder else shard.group("stem") if shard else file)
     folders = [f.split("/")[:-1] for f in files]
     common = 0
     if folders:
@@ -194,12 +193,15 @@ def compile_name_pattern(text: str | None) -> re.Pattern[str] | None:
         raise ValueError(f"name pattern {text!r} is not a regular expression: {exc}") from None
     missing = [g for g in ("layer", "stage") if g not in pattern.groupindex]
     if missing:
-        raise ValueError(f"name pattern {text!r} has no named group {' or '.join(repr(g) for g in missing)}: "
-                         f"write (?P<layer>\\d+) and (?P<stage>...)")
+        raise ValueError(
+            f"name pattern {text!r} has no named group {' or '.join(repr(g) for g in missing)}: "
+            f"write (?P<layer>\\d+) and (?P<stage>...)"
+        )
     unknown = [g for g in pattern.groupindex if g not in PATTERN_GROUPS]
     if unknown:
-        raise ValueError(f"name pattern {text!r} has a named group {unknown[0]!r}: only layer, stage and rank "
-                         f"are understood")
+        raise ValueError(
+            f"name pattern {text!r} has a named group {unknown[0]!r}: only layer, stage and rank are understood"
+        )
     return pattern
 
 
@@ -213,8 +215,11 @@ def _unique_index(items: list[LogicalTensor], key: KeyFn) -> dict[Hashable, Logi
 
 
 def _match(
-    left: list[LogicalTensor], right: list[LogicalTensor], key: Callable[[LogicalTensor], Hashable | None],
-    strategy: str, pairs: list[PairPlan],
+    left: list[LogicalTensor],
+    right: list[LogicalTensor],
+    key: Callable[[LogicalTensor], Hashable | None],
+    strategy: str,
+    pairs: list[PairPlan],
 ) -> tuple[list[LogicalTensor], list[LogicalTensor]]:
     """Pair items whose key is unique on both sides; hand back what is left on each."""
     if not left or not right:
@@ -292,9 +297,12 @@ def parse_strategies(items: str | Sequence[str] | None) -> list[str]:
 
 
 def pair_runs(
-    reference: Iterable[TensorRef], candidate: Iterable[TensorRef],
-    manual: Iterable[tuple[str, str]] = (), unpaired: Iterable[tuple[str, str]] = (),
-    strategies: Sequence[str] | None = None, pattern: re.Pattern[str] | None = None,
+    reference: Iterable[TensorRef],
+    candidate: Iterable[TensorRef],
+    manual: Iterable[tuple[str, str]] = (),
+    unpaired: Iterable[tuple[str, str]] = (),
+    strategies: Sequence[str] | None = None,
+    pattern: re.Pattern[str] | None = None,
 ) -> Pairing:
     """Pair two runs. `manual` (reference name, candidate name) pairs win; `unpaired` pairs are never made (an
     empty name on one side: that side's tensor is never paired automatically). `strategies`: the chain, in

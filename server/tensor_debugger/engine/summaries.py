@@ -23,6 +23,7 @@ SUMMARY_RTOL_FLOOR = 1e-4  # two values rounded to 5 significant digits differ b
 class ReportedSummary:
     """A tensor known by its shape, dtype and statistics (as a trace written with use_repr=True reports them, or as
     ingest summarised it), compared without its values."""
+
     shape: tuple[int, ...]
     dtype: str
     stats: dict[str, float | None]  # of STATISTICS; None when unknown
@@ -47,10 +48,15 @@ class SummaryVerdict:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "has_values": False, "passed": self.passed, "shapes_equal": self.shapes_equal,
-            "rtol": self.rtol, "atol": self.atol,
-            "checks": [{"name": c.name, "a": _number(c.a), "b": _number(c.b), "diff": _number(c.diff), "ok": c.ok}
-                       for c in self.checks],
+            "has_values": False,
+            "passed": self.passed,
+            "shapes_equal": self.shapes_equal,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "checks": [
+                {"name": c.name, "a": _number(c.a), "b": _number(c.b), "diff": _number(c.diff), "ok": c.ok}
+                for c in self.checks
+            ],
         }
 
 

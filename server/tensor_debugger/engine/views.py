@@ -194,7 +194,8 @@ def flat_source(view: View) -> SourceView | None:
     concatenating do not."""
     while not isinstance(view, SourceView):
         order_kept = isinstance(view, SqueezeView | FlattenView) or (
-            isinstance(view, TruncateView) and all(d == 1 for d in view.shape[: view.axis]))
+            isinstance(view, TruncateView) and all(d == 1 for d in view.shape[: view.axis])
+        )
         if not order_kept:
             return None
         view = view.inner  # type: ignore[attr-defined]

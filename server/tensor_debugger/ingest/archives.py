@@ -40,7 +40,7 @@ class Member:
 
 
 def archive_kind(path: Path) -> str | None:
-    """"zip", "tar" or "npz" from the file name, or None for anything else."""
+    """ "zip", "tar" or "npz" from the file name, or None for anything else."""
     lower = path.name.lower()
     if lower.endswith(".zip"):
         return "zip"
@@ -134,7 +134,8 @@ def _extract_tar(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
             name = parse_member_name(info.name, label)
             if info.issym() or info.islnk():
                 raise UnsafeArchiveError(
-                    label, f"member {info.name!r} is a {'symbolic' if info.issym() else 'hard'} link "
+                    label,
+                    f"member {info.name!r} is a {'symbolic' if info.issym() else 'hard'} link "
                     f"(to {info.linkname!r}); links are not allowed and the archive was refused",
                 )
             if info.isdir() or name is None:
@@ -161,8 +162,10 @@ def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
             name = parse_member_name(info.filename, label)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
-                raise UnsafeArchiveError(label, f"member {info.filename!r} is a symbolic link; links are not "
-                                         "allowed and the archive was refused")
+                raise UnsafeArchiveError(
+                    label,
+                    f"member {info.filename!r} is a symbolic link; links are not allowed and the archive was refused",
+                )
             if info.is_dir() or name is None:
                 continue
             checked.append((info, name))
@@ -186,4 +189,3 @@ def _write_member(source: IO[bytes], dest: Path, name: PurePosixPath, budget: _B
 def _describe(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0][:200]
-

@@ -23,7 +23,11 @@ def is_checkpoint_index(name: str) -> bool:
     """`model.safetensors.index.json`, `pytorch_model.bin.index.json` and the like."""
     lowered = name.lower()
     return lowered.endswith(INDEX_SUFFIX) and Path(lowered[: -len(INDEX_SUFFIX)]).suffix in (
-        ".safetensors", ".bin", ".pt", ".pth")
+        ".safetensors",
+        ".bin",
+        ".pt",
+        ".pth",
+    )
 
 
 def check_index(path: Path, label: str, folder: PurePosixPath, present: set[PurePosixPath]) -> list[FileProblem]:
@@ -39,6 +43,12 @@ def check_index(path: Path, label: str, folder: PurePosixPath, present: set[Pure
     except (OSError, ValueError, KeyError, TypeError) as exc:
         return [FileProblem(label, f"not a readable checkpoint index ({type(exc).__name__}: {exc})")]
     shards = Counter(weight_map.values())
-    return [FileProblem(label, f"names shard {shard!r} ({count} weights), which is not among the files; its "
-                               f"weights are missing from the run")
-            for shard, count in sorted(shards.items()) if folder / shard not in present]
+    return [
+        FileProblem(
+            label,
+            f"names shard {shard!r} ({count} weights), which is not among the files; its "
+            f"weights are missing from the run",
+        )
+        for shard, count in sorted(shards.items())
+        if folder / shard not in present
+    ]

@@ -53,18 +53,29 @@ def fingerprint_inputs(inputs: list[InputFile], limits: ArchiveLimits, threads: 
     described = iter(zip(files, stats, digests, strict=True))
     entries = []
     for item, root, paths in listed:
-        entries.append({"label": item.label, "path": str(root), "files": [
-            {"name": _name(root, path), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
-             "ctime_ns": stat.st_ctime_ns, "digest": digest}
-            for path, stat, digest in (next(described) for _ in paths)
-        ]})
+        entries.append(
+            {
+                "label": item.label,
+                "path": str(root),
+                "files": [
+                    {
+                        "name": _name(root, path),
+                        "size": stat.st_size,
+                        "mtime_ns": stat.st_mtime_ns,
+                        "ctime_ns": stat.st_ctime_ns,
+                        "digest": digest,
+                    }
+                    for path, stat, digest in (next(described) for _ in paths)
+                ],
+            }
+        )
     data = {"version": FINGERPRINT_VERSION, "limits": dataclasses.asdict(limits), "inputs": entries}
     canonical = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
     return Fingerprint(data, "sha256:" + hashlib.sha256(canonical).hexdigest())
 
 
 def file_digest(path: Path) -> str:
-    """"sha256-ends:<hex>" of the file's size, first MiB and last MiB (of the whole file when it is smaller)."""
+    """ "sha256-ends:<hex>" of the file's size, first MiB and last MiB (of the whole file when it is smaller)."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         size = os.fstat(f.fileno()).st_size

@@ -120,9 +120,14 @@ class _Expander:
                 index = files[tensor.file]
                 used.add(index)
                 found = members[index]
-                yield TensorFileEntry(found.path, base / names[index], f"{label}/{found.name}" if label else
-                                      str(found.name), staged,
-                                      module_path=tensor.module_path, place=tensor.place)
+                yield TensorFileEntry(
+                    found.path,
+                    base / names[index],
+                    f"{label}/{found.name}" if label else str(found.name),
+                    staged,
+                    module_path=tensor.module_path,
+                    place=tensor.place,
+                )
         rest = [i for i in range(len(members)) if i not in used]
         return [members[i] for i in rest], [names[i] for i in rest]
 

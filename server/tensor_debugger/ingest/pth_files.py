@@ -29,9 +29,17 @@ from tensor_debugger.store.dtypes import LogicalDtype, parse_dtype
 
 # torch's typed storage classes, by the dtype their bytes hold (torch/storage.py)
 _STORAGE_DTYPES = {
-    "DoubleStorage": "float64", "FloatStorage": "float32", "HalfStorage": "float16", "BFloat16Storage": "bfloat16",
-    "LongStorage": "int64", "IntStorage": "int32", "ShortStorage": "int16", "CharStorage": "int8",
-    "ByteStorage": "uint8", "BoolStorage": "bool", "ComplexFloatStorage": "complex64",
+    "DoubleStorage": "float64",
+    "FloatStorage": "float32",
+    "HalfStorage": "float16",
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": "int64",
+    "IntStorage": "int32",
+    "ShortStorage": "int16",
+    "CharStorage": "int8",
+    "ByteStorage": "uint8",
+    "BoolStorage": "bool",
+    "ComplexFloatStorage": "complex64",
     "ComplexDoubleStorage": "complex128",
 }
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # a zip member's local file header (30 bytes)
@@ -80,8 +88,9 @@ def _rebuild_v2(storage: StorageRef, offset: int, size: Any, stride: Any, *_: An
     return _Rebuilt(storage, int(offset), tuple(int(s) for s in size), tuple(int(s) for s in stride), None)
 
 
-def _rebuild_v3(storage: StorageRef, offset: int, size: Any, stride: Any, _grad: Any, _hooks: Any, dtype: Any,
-                *_: Any) -> _Rebuilt:
+def _rebuild_v3(
+    storage: StorageRef, offset: int, size: Any, stride: Any, _grad: Any, _hooks: Any, dtype: Any, *_: Any
+) -> _Rebuilt:
     if not isinstance(dtype, _TorchDtype):
         raise NeedsTorch(f"tensor dtype {dtype!r}")
     return _Rebuilt(storage, int(offset), tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype.name)
@@ -139,8 +148,13 @@ class _Unpickler(pickle.Unpickler):
         return found
 
     def persistent_load(self, pid: Any) -> StorageRef:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"
-                and isinstance(pid[1], _StorageType) and isinstance(pid[2], str)):
+        if not (
+            isinstance(pid, tuple)
+            and len(pid) == 5
+            and pid[0] == "storage"
+            and isinstance(pid[1], _StorageType)
+            and isinstance(pid[2], str)
+        ):
             raise NeedsTorch(f"persistent id {str(pid)[:80]}")
         return StorageRef(pid[2], pid[1].dtype, int(pid[4]))
 

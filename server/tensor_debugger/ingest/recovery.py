@@ -58,7 +58,8 @@ def recover(sessions: sessionmaker[DbSession], store: ArrayStore, live: Collecti
     stored = [name for name in store.children("runs") if name.isdigit()]  # not the group's zarr.json
     with sessions.begin() as db:
         stale = [
-            run for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
+            run
+            for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
             if run.ingest_host == host and not ingest_alive(run.ingest_pid, run.id, live)
         ]
         for run in stale:
@@ -73,8 +74,9 @@ def recover(sessions: sessionmaker[DbSession], store: ArrayStore, live: Collecti
                     db.delete(session)
         known = {str(run_id) for run_id in db.scalars(select(RunRecord.id))}
         orphans = [name for name in stored if name not in known]
-        shared = {name: set(db.scalars(select(TensorRecord.store_key).where(keys_under(f"runs/{name}"))))
-                  for name in orphans}
+        shared = {
+            name: set(db.scalars(select(TensorRecord.store_key).where(keys_under(f"runs/{name}")))) for name in orphans
+        }
     removed_arrays = 0
     for name in orphans:
         if not shared[name]:

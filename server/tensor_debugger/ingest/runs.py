@@ -76,8 +76,12 @@ class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the ser
 
 
 def archive_limits(settings: Settings) -> ArchiveLimits:
-    return ArchiveLimits(settings.max_archive_members, settings.max_expanded_bytes, settings.max_expansion_ratio,
-                         settings.expansion_floor_bytes)
+    return ArchiveLimits(
+        settings.max_archive_members,
+        settings.max_expanded_bytes,
+        settings.max_expansion_ratio,
+        settings.expansion_floor_bytes,
+    )
 
 
 def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
@@ -85,11 +89,27 @@ def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: Trac
     shape = list(traced.shape or ())
     stats = traced.stats
     return TensorRecord(
-        run_id=run_id, position=position, name=run_trace.summary_name(traced), source_file=run_trace.label,
-        key_path=[], layer=parse_layer_stage(PurePosixPath(traced.module_path), ())[0], stage=None, shape=shape,
-        dtype=traced.dtype or "unknown", store_key="", nbytes=0, digest=f"none:{uuid.uuid4().hex}",
-        numel=math.prod(shape), min=stats.get("min"), max=stats.get("max"), mean=stats.get("mean"),
-        std=stats.get("std"), nan_count=0, inf_count=0, module_path=traced.module_path, place=traced.place,
+        run_id=run_id,
+        position=position,
+        name=run_trace.summary_name(traced),
+        source_file=run_trace.label,
+        key_path=[],
+        layer=parse_layer_stage(PurePosixPath(traced.module_path), ())[0],
+        stage=None,
+        shape=shape,
+        dtype=traced.dtype or "unknown",
+        store_key="",
+        nbytes=0,
+        digest=f"none:{uuid.uuid4().hex}",
+        numel=math.prod(shape),
+        min=stats.get("min"),
+        max=stats.get("max"),
+        mean=stats.get("mean"),
+        std=stats.get("std"),
+        nan_count=0,
+        inf_count=0,
+        module_path=traced.module_path,
+        place=traced.place,
         has_values=False,
     )
 
@@ -137,13 +157,18 @@ class Ingestor:
         Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
         """
         # Taken before anything is read: a file changed while it is being ingested gets another fingerprint.
-        fingerprint = (fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads)
-                       if reuse else None)
+        fingerprint = (
+            fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
+        )
         pending = self.begin(session_name, run_label, [i.label for i in inputs])
         return self.complete(pending, inputs, progress, fingerprint=fingerprint)
 
     def begin(
-        self, session_name: str, run_label: str, sources: list[str], create_session: bool = True,
+        self,
+        session_name: str,
+        run_label: str,
+        sources: list[str],
+        create_session: bool = True,
         created_session: bool = False,
     ) -> PendingRun:
         """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
@@ -161,8 +186,7 @@ class Ingestor:
                 session = SessionRecord(name=session_name)
                 db.add(session)
                 db.flush()
-            taken = db.scalar(select(RunRecord).where(RunRecord.session_id == session.id,
-                                                      RunRecord.label == run_label))
+            taken = db.scalar(select(RunRecord).where(RunRecord.session_id == session.id, RunRecord.label == run_label))
             if taken is not None and taken.status != "failed":
                 raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
             if taken is not None:
@@ -172,9 +196,14 @@ class Ingestor:
             else:
                 position = db.scalar(select(func.count()).where(RunRecord.session_id == session.id)) or 0
             run = RunRecord(
-                session_id=session.id, label=run_label, position=position,
-                role="reference" if position == 0 else "candidate", status="ingesting",
-                ingest_pid=os.getpid(), ingest_host=socket.gethostname(), created_session=created or created_session,
+                session_id=session.id,
+                label=run_label,
+                position=position,
+                role="reference" if position == 0 else "candidate",
+                status="ingesting",
+                ingest_pid=os.getpid(),
+                ingest_host=socket.gethostname(),
+                created_session=created or created_session,
                 sources=sources,
             )
             db.add(run)
@@ -184,8 +213,12 @@ class Ingestor:
         return pending
 
     def complete(
-        self, pending: PendingRun, inputs: list[InputFile], progress: ProgressCallback | None = None,
-        keep_failure: bool = False, fingerprint: Fingerprint | None = None,
+        self,
+        pending: PendingRun,
+        inputs: list[InputFile],
+        progress: ProgressCallback | None = None,
+        keep_failure: bool = False,
+        fingerprint: Fingerprint | None = None,
     ) -> IngestResult:
         """Copy the tensors of a run `begin` made, then mark it "ready". With the inputs' `fingerprint`, a ready
         run of the same fingerprint is reused instead (its rows copied, its arrays shared), and otherwise the
@@ -222,11 +255,14 @@ class Ingestor:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             _LiveRuns.discard(self.settings.database_url, run_id)
-        return IngestResult(pending.session_id, pending.session_name, run_id, pending.run_label,
-                            len(stored) + len(summaries), problems)
+        return IngestResult(
+            pending.session_id, pending.session_name, run_id, pending.run_label, len(stored) + len(summaries), problems
+        )
 
     def complete_stored(
-        self, pending: PendingRun, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        self,
+        pending: PendingRun,
+        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
         traces: list[RunTrace],
     ) -> IngestResult:
         """Mark a run `begin` made "ready" with tensors its caller has already written into the array store under
@@ -239,8 +275,7 @@ class Ingestor:
             raise
         finally:
             _LiveRuns.discard(self.settings.database_url, pending.run_id)
-        return IngestResult(pending.session_id, pending.session_name, pending.run_id, pending.run_label,
-                            len(stored))
+        return IngestResult(pending.session_id, pending.session_name, pending.run_id, pending.run_label, len(stored))
 
     def live_runs(self) -> frozenset[int]:
         """The runs of this data dir that this process has begun and not yet completed, through any Ingestor:
@@ -282,8 +317,10 @@ class Ingestor:
             for entry in expansion.entries:
                 first = made = len(stored)
                 try:
-                    with (open_tensor_file(entry.path, entry.label, pools.buffers) as opened,
-                          TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer):
+                    with (
+                        open_tensor_file(entry.path, entry.label, pools.buffers) as opened,
+                        TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer,
+                    ):
                         problems.extend(opened.skipped)
                         results = []
                         for leaf in opened.leaves:
@@ -311,7 +348,10 @@ class Ingestor:
         return stored, problems, expansion.traces
 
     def _drop(
-        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], first: int,
+        self,
+        run_id: int,
+        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        first: int,
         made: int,
     ) -> None:
         """Forget the tensors of a file that failed partway, arrays included: those from `first` on, up to the
@@ -332,14 +372,18 @@ class Ingestor:
             run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
             db.flush()
             source = db.scalar(
-                select(RunRecord).where(RunRecord.input_key == fingerprint.key, RunRecord.status == "ready",
-                                        RunRecord.id < run_id).order_by(RunRecord.id.desc()).limit(1))
+                select(RunRecord)
+                .where(RunRecord.input_key == fingerprint.key, RunRecord.status == "ready", RunRecord.id < run_id)
+                .order_by(RunRecord.id.desc())
+                .limit(1)
+            )
             if source is None or source.input_fingerprint != fingerprint.data:
                 return None
             skipped = {"id", "run_id"}
             rows = []
-            for tensor in db.scalars(select(TensorRecord).where(TensorRecord.run_id == source.id)
-                                     .order_by(TensorRecord.position)):
+            for tensor in db.scalars(
+                select(TensorRecord).where(TensorRecord.run_id == source.id).order_by(TensorRecord.position)
+            ):
                 row = {c.key: getattr(tensor, c.key) for c in TensorRecord.__table__.columns if c.key not in skipped}
                 if not tensor.has_values:
                     row["digest"] = f"none:{uuid.uuid4().hex}"  # summaries never share cached results
@@ -355,12 +399,17 @@ class Ingestor:
             run.total_bytes = source.total_bytes
             run.module_tree = source.module_tree
             reused_from = source.id
-        return IngestResult(pending.session_id, pending.session_name, run_id, pending.run_label, len(rows),
-                            problems, reused_from)
+        return IngestResult(
+            pending.session_id, pending.session_name, run_id, pending.run_label, len(rows), problems, reused_from
+        )
 
     def _finish(
-        self, run_id: int, stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
-        problems: list[FileProblem], traces: list[RunTrace], fingerprint: Fingerprint | None = None,
+        self,
+        run_id: int,
+        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        problems: list[FileProblem],
+        traces: list[RunTrace],
+        fingerprint: Fingerprint | None = None,
     ) -> None:
         seen: dict[str, int] = {}
         records: list[TensorRecord] = []
@@ -371,19 +420,38 @@ class Ingestor:
                 name = tensor_name(entry.relpath, key_path)
                 if name in seen:
                     seen[name] += 1
-                    problems.append(FileProblem(entry.label, f"a second tensor named {name!r}; kept as "
-                                                f"{name} ({seen[name]})"))
+                    problems.append(
+                        FileProblem(entry.label, f"a second tensor named {name!r}; kept as {name} ({seen[name]})")
+                    )
                     name = f"{name} ({seen[name]})"
                 seen.setdefault(name, 1)
                 layer, stage = parse_layer_stage(entry.relpath, key_path)
                 s = tensor.summary
-                records.append(TensorRecord(
-                    run_id=run_id, position=position, name=name, source_file=entry.label,
-                    key_path=list(key_path), layer=layer, stage=stage, shape=list(tensor.shape),
-                    dtype=tensor.dtype.name, store_key=tensor.store_key, nbytes=tensor.nbytes,
-                    digest=tensor.digest, numel=s.numel, min=s.min, max=s.max, mean=s.mean, std=s.std,
-                    nan_count=s.nan_count, inf_count=s.inf_count, module_path=entry.module_path, place=entry.place,
-                ))
+                records.append(
+                    TensorRecord(
+                        run_id=run_id,
+                        position=position,
+                        name=name,
+                        source_file=entry.label,
+                        key_path=list(key_path),
+                        layer=layer,
+                        stage=stage,
+                        shape=list(tensor.shape),
+                        dtype=tensor.dtype.name,
+                        store_key=tensor.store_key,
+                        nbytes=tensor.nbytes,
+                        digest=tensor.digest,
+                        numel=s.numel,
+                        min=s.min,
+                        max=s.max,
+                        mean=s.mean,
+                        std=s.std,
+                        nan_count=s.nan_count,
+                        inf_count=s.inf_count,
+                        module_path=entry.module_path,
+                        place=entry.place,
+                    )
+                )
             db.add_all(records)
             db.flush()  # the write lock is held from here: the arrays found below cannot be deleted meanwhile
             self._share_identical(db, run_id, records)
@@ -405,7 +473,8 @@ class Ingestor:
                 run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
             if traces:
                 run.module_tree = {
-                    "source": "hf-trace", "values": all(t.trace.has_values for t in traces),
+                    "source": "hf-trace",
+                    "values": all(t.trace.has_values for t in traces),
                     "roots": [t.trace.root.to_json() for t in traces],
                 }
 
@@ -418,8 +487,12 @@ class Ingestor:
         for start in range(0, len(digests), 500):
             for digest, key in db.execute(
                 select(TensorRecord.digest, TensorRecord.store_key).where(
-                    TensorRecord.digest.in_(digests[start:start + 500]), TensorRecord.run_id < run_id,
-                    TensorRecord.has_values, TensorRecord.store_key != "")):
+                    TensorRecord.digest.in_(digests[start : start + 500]),
+                    TensorRecord.run_id < run_id,
+                    TensorRecord.has_values,
+                    TensorRecord.store_key != "",
+                )
+            ):
                 found[digest] = key
         for record in records:
             shared = found.setdefault(record.digest, record.store_key)  # the run's own repeats share too

@@ -107,9 +107,22 @@ def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
     """A PyTorch zip file read without torch (pth_files.py); NeedsTorch where torch.load must read it."""
     try:
         obj = read_pth(path)
-    except (zipfile.BadZipFile, pickle.UnpicklingError, EOFError, OSError, ValueError, struct.error, KeyError,
-            IndexError, TypeError, AttributeError, MemoryError, OverflowError, UnicodeDecodeError,
-            RecursionError) as exc:
+    except (
+        zipfile.BadZipFile,
+        pickle.UnpicklingError,
+        EOFError,
+        OSError,
+        ValueError,
+        struct.error,
+        KeyError,
+        IndexError,
+        TypeError,
+        AttributeError,
+        MemoryError,
+        OverflowError,
+        UnicodeDecodeError,
+        RecursionError,
+    ) as exc:
         raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
     stack = ExitStack()
     fd = _open_fd(path, stack)
@@ -137,8 +150,9 @@ def _strided_view(path: Path, tensor: PthTensor) -> np.ndarray:
     storage = tensor.dtype.numpy_storage
     count = tensor.storage_bytes // storage.itemsize
     mapped = np.memmap(path, dtype=storage, mode="r", offset=tensor.data_offset, shape=(count,))
-    return np.lib.stride_tricks.as_strided(mapped, tensor.shape, tuple(s * storage.itemsize for s in tensor.strides),
-                                           writeable=False)
+    return np.lib.stride_tricks.as_strided(
+        mapped, tensor.shape, tuple(s * storage.itemsize for s in tensor.strides), writeable=False
+    )
 
 
 _PLAIN_SCALARS: dict[type, str] = {bool: "bool", int: "int64", float: "float64", complex: "complex128"}
@@ -200,8 +214,20 @@ def _open_torch(path: Path, label: str) -> TensorFile:
             obj = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         raise FileProblem(label, _refusal(str(exc))) from None
-    except (RuntimeError, EOFError, OSError, ValueError, struct.error, AttributeError, KeyError, IndexError,
-            TypeError, MemoryError, OverflowError, UnicodeDecodeError) as exc:
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        ValueError,
+        struct.error,
+        AttributeError,
+        KeyError,
+        IndexError,
+        TypeError,
+        MemoryError,
+        OverflowError,
+        UnicodeDecodeError,
+    ) as exc:
         # random bytes can trip the unpickler anywhere (an IndexError on an empty stack, say): all mean the same
         raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
     releaser = PageReleaser(path) if mmapped else None

@@ -184,7 +184,7 @@ def _layer_of(file: str, prefix: str) -> int | None:
     head = prefix + "."
     if not file.startswith(head):
         return None
-    digits = re.match(r"(\d+)[._]", file[len(head):])
+    digits = re.match(r"(\d+)[._]", file[len(head) :])
     return int(digits.group(1)) if digits else None
 
 
@@ -220,8 +220,9 @@ def _place_unreferenced(tensors: list[TraceTensor], extra: list[str], root: Modu
         else:
             module, place = stem[: len(stem) - len(found[0])], found["place"]
         tensor = TraceTensor(module, place, file)
-        inside = [i for i, t in enumerate(ordered) if t.module_path == module or
-                  t.module_path.startswith(module + ".")]  # the module's own tensors and its children's
+        inside = [
+            i for i, t in enumerate(ordered) if t.module_path == module or t.module_path.startswith(module + ".")
+        ]  # the module's own tensors and its children's
         if module in known and inside and place.startswith("inputs"):
             ordered.insert(inside[0], tensor)
         elif module in known and inside:
@@ -235,7 +236,7 @@ def _place_unreferenced(tensors: list[TraceTensor], extra: list[str], root: Modu
 
 
 def parse_shape(text: Any) -> tuple[int, ...] | None:
-    """"torch.Size([1, 8, 32])" -> (1, 8, 32)."""
+    """ "torch.Size([1, 8, 32])" -> (1, 8, 32)."""
     if not isinstance(text, str):
         return None
     found = _SHAPE.search(text)
@@ -248,12 +249,12 @@ def parse_shape(text: Any) -> tuple[int, ...] | None:
 
 
 def trace_dtype(text: Any) -> str | None:
-    """"torch.bfloat16" -> "bfloat16", as a trace names a dtype."""
+    """ "torch.bfloat16" -> "bfloat16", as a trace names a dtype."""
     return text.removeprefix("torch.") if isinstance(text, str) else None
 
 
 def parse_tensor_repr(text: Any) -> float | None:
-    """"tensor(-8.2584e-04)" -> -0.00082584; "tensor(-inf)" -> -inf; anything else -> None."""
+    """ "tensor(-8.2584e-04)" -> -0.00082584; "tensor(-inf)" -> -inf; anything else -> None."""
     if not isinstance(text, str):
         return None
     found = _TENSOR_REPR.search(text)

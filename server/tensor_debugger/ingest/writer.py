@@ -117,8 +117,9 @@ class _Tensor:
     def finish(self) -> None:
         leaf = self.leaf
         nbytes = math.prod(leaf.shape) * leaf.dtype.itemsize
-        self.result = StoredTensor(self.key, leaf.shape, leaf.dtype, nbytes, "sha256:" + self.hasher.hexdigest(),
-                                   self.summary.result())
+        self.result = StoredTensor(
+            self.key, leaf.shape, leaf.dtype, nbytes, "sha256:" + self.hasher.hexdigest(), self.summary.result()
+        )
 
 
 @dataclass(frozen=True)
@@ -141,8 +142,9 @@ class TensorWriter:
     Use as a context manager: leaving it early (an error) cancels and waits for what is in flight, so that no
     thread touches a block after its file is closed."""
 
-    def __init__(self, store: ArrayStore, chunk_bytes: int, pools: WritePools,
-                 on_bytes: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, store: ArrayStore, chunk_bytes: int, pools: WritePools, on_bytes: Callable[[int], None] | None = None
+    ) -> None:
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.pools = pools
@@ -159,8 +161,7 @@ class TensorWriter:
         """Start storing `leaf` at `key`; the returned function gives its StoredTensor once `finish` returned."""
         layout = plan_chunks(leaf.shape, leaf.dtype.itemsize, self.chunk_bytes)
         array = self.store.writer(key, leaf.shape, leaf.dtype, layout.chunks)
-        tensor = _Tensor(key, leaf, hashlib.sha256(digest_header(leaf.dtype, leaf.shape)),
-                         SerialLane(self.pools.pool))
+        tensor = _Tensor(key, leaf, hashlib.sha256(digest_header(leaf.dtype, leaf.shape)), SerialLane(self.pools.pool))
         pool = self.pools.pool
 
         def store_block(region: Region, block: np.ndarray) -> None:
@@ -171,9 +172,15 @@ class TensorWriter:
 
         for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
             block = leaf.reader.read(region)  # may be a view of a memory-mapped file
-            self._window.append(_Block(tensor, region, pool.submit(store_block, region, block),
-                                       pool.submit(summarise_stored, block, leaf.dtype),
-                                       tensor.lane.submit(hash_block(block))))
+            self._window.append(
+                _Block(
+                    tensor,
+                    region,
+                    pool.submit(store_block, region, block),
+                    pool.submit(summarise_stored, block, leaf.dtype),
+                    tensor.lane.submit(hash_block(block)),
+                )
+            )
             tensor.unsettled += 1
             if self.on_bytes is not None:
                 self.on_bytes(block.nbytes)

@@ -54,8 +54,9 @@ WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # written to a file this much at a time
 def safetensors_codes() -> dict[torch.dtype, str]:
     """torch dtype -> safetensors' code: the table ingest reads with (`tensor_files.SAFETENSORS_DTYPES`), turned
     round, so that whatever capture writes, ingest reads."""
-    return {getattr(torch, name): code for code, name in SAFETENSORS_DTYPES.items()
-            if hasattr(torch, name) and code != "F4"}  # F4 counts 4-bit values; torch's float4 tensor, byte pairs
+    return {
+        getattr(torch, name): code for code, name in SAFETENSORS_DTYPES.items() if hasattr(torch, name) and code != "F4"
+    }  # F4 counts 4-bit values; torch's float4 tensor, byte pairs
 
 
 @dataclass
@@ -203,10 +204,22 @@ class _LocalRun:
         trace = read_trace(tree, json_label, [*files, tree.name])
         index = {file: i for i, file in enumerate(files)}
         key_path: tuple[str, ...] = ("data",)
-        stored = [(TensorFileEntry(tree.parent / t.file, PurePosixPath(t.file), f"{label}/{t.file}", False,
-                                   module_path=t.module_path, place=t.place), key_path,
-                   self.sink.stored[index[t.file]])
-                  for t in trace.tensors if t.file is not None]
+        stored = [
+            (
+                TensorFileEntry(
+                    tree.parent / t.file,
+                    PurePosixPath(t.file),
+                    f"{label}/{t.file}",
+                    False,
+                    module_path=t.module_path,
+                    place=t.place,
+                ),
+                key_path,
+                self.sink.stored[index[t.file]],
+            )
+            for t in trace.tensors
+            if t.file is not None
+        ]
         self.finished = True  # complete_stored removes the run itself if it fails
         self.services.ingestor.complete_stored(self.pending, stored, [RunTrace("", json_label, trace)])
         self.services.plan(self.pending.session_id)

@@ -20,13 +20,15 @@ def upload_run(server: str, session: str, run: str, folder: Path) -> tuple[int, 
         _check(found, base)
         existing = next((s for s in found.json() if s["name"] == session), None)
         with ExitStack() as stack:
-            files = [(run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream"))
-                     for p in sorted(folder.iterdir()) if p.is_file()]
+            files = [
+                (run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream"))
+                for p in sorted(folder.iterdir())
+                if p.is_file()
+            ]
             if existing is None:
                 response = client.post(f"{base}/api/sessions", data={"name": session}, files=files)
             else:
-                response = client.post(f"{base}/api/sessions/{existing['id']}/runs", params={"label": run},
-                                       files=files)
+                response = client.post(f"{base}/api/sessions/{existing['id']}/runs", params={"label": run}, files=files)
         _check(response, base)
         body = response.json()
     return _ids(body, existing)

@@ -97,9 +97,7 @@ class ArrayStore:
         """Chunks read through this store since it was opened."""
         return self._store.counter.chunks
 
-    def create(
-        self, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
-    ) -> zarr.Array[Any]:
+    def create(self, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]) -> zarr.Array[Any]:
         return zarr.create_array(
             self._store,
             name=key,
@@ -151,8 +149,9 @@ class ArrayStore:
         if self._folder is not None:
             layout = self._layout(key, content_digest)
             if layout.readable:
-                return ChunkReader(layout, self._folder / key, self._store.counter,
-                                   partial(self.open, key, content_digest))
+                return ChunkReader(
+                    layout, self._folder / key, self._store.counter, partial(self.open, key, content_digest)
+                )
         return self.open(key, content_digest)
 
     def _layout(self, key: str, content_digest: str | None) -> ArrayLayout:

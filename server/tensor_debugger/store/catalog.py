@@ -25,8 +25,10 @@ def parse_label(text: str, what: str) -> str:
 
 def list_sessions(db: DbSession, search: str | None = None) -> Sequence[SessionRecord]:
     """Every session, newest first; `search` keeps those whose name contains it (any case)."""
-    query = select(SessionRecord).options(selectinload(SessionRecord.runs)).order_by(
-        SessionRecord.created_at.desc(), SessionRecord.id.desc()
+    query = (
+        select(SessionRecord)
+        .options(selectinload(SessionRecord.runs))
+        .order_by(SessionRecord.created_at.desc(), SessionRecord.id.desc())
     )
     if search:
         query = query.where(func.lower(SessionRecord.name).contains(search.lower(), autoescape=True))
@@ -46,35 +48,43 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
     if not session_ids:
         return {}
     counts = db.execute(
-        select(PairRecord.session_id, PairRecord.status, func.count()).where(PairRecord.session_id.in_(session_ids))
+        select(PairRecord.session_id, PairRecord.status, func.count())
+        .where(PairRecord.session_id.in_(session_ids))
         .group_by(PairRecord.session_id, PairRecord.status)
     ).all()
     first_positions = (
         select(PairRecord.session_id, func.min(PairRecord.position).label("position"))
-        .where(PairRecord.session_id.in_(session_ids), PairRecord.status == "fail").group_by(PairRecord.session_id)
+        .where(PairRecord.session_id.in_(session_ids), PairRecord.status == "fail")
+        .group_by(PairRecord.session_id)
         .subquery()
     )
     firsts = db.execute(
         select(PairRecord.session_id, PairRecord.name).join(
-            first_positions, (PairRecord.session_id == first_positions.c.session_id)
-            & (PairRecord.position == first_positions.c.position))
+            first_positions,
+            (PairRecord.session_id == first_positions.c.session_id)
+            & (PairRecord.position == first_positions.c.position),
+        )
     ).all()
     total: dict[int, dict[str, int]] = {}
     for session_id, status, n in counts:
         total.setdefault(session_id, {})[status] = n
     first = dict(firsts)
     return {
-        sid: SessionSummary(sum(total.get(sid, {}).values()), total.get(sid, {}).get("fail", 0),
-                            total.get(sid, {}).get("pending", 0), first.get(sid))
+        sid: SessionSummary(
+            sum(total.get(sid, {}).values()),
+            total.get(sid, {}).get("fail", 0),
+            total.get(sid, {}).get("pending", 0),
+            first.get(sid),
+        )
         for sid in session_ids
     }
 
 
 def get_session(db: DbSession, session_id: int) -> SessionRecord:
     session = db.scalar(
-        select(SessionRecord).where(SessionRecord.id == session_id).options(
-            selectinload(SessionRecord.runs).selectinload(RunRecord.problems)
-        )
+        select(SessionRecord)
+        .where(SessionRecord.id == session_id)
+        .options(selectinload(SessionRecord.runs).selectinload(RunRecord.problems))
     )
     if session is None:
         raise NotFoundError(f"no session with id {session_id}")
@@ -121,8 +131,9 @@ def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
     orphans that recovery removes, never rows without arrays)."""
     session = get_session(db, session_id)
     run_ids = [run.id for run in session.runs]
-    keys = set(db.scalars(select(TensorRecord.store_key).where(TensorRecord.run_id.in_(run_ids),
-                                                                 TensorRecord.store_key != "")))
+    keys = set(
+        db.scalars(select(TensorRecord.store_key).where(TensorRecord.run_id.in_(run_ids), TensorRecord.store_key != ""))
+    )
     db.delete(session)
     db.commit()
     release_arrays(db, store, run_ids, keys)
@@ -144,15 +155,19 @@ def release_arrays(db: DbSession, store: ArrayStore, run_ids: Iterable[int], key
     still: set[str] = set()
     listed = sorted(keys)
     for start in range(0, len(listed), 500):
-        still.update(db.scalars(select(TensorRecord.store_key).where(
-            TensorRecord.store_key.in_(listed[start:start + 500]))))
-    folders = set(run_ids) | {int(k.split("/")[1]) for k in keys if k.startswith("runs/") and k.count("/") >= 2
-                              and k.split("/")[1].isdigit()}
+        still.update(
+            db.scalars(select(TensorRecord.store_key).where(TensorRecord.store_key.in_(listed[start : start + 500])))
+        )
+    folders = set(run_ids) | {
+        int(k.split("/")[1]) for k in keys if k.startswith("runs/") and k.count("/") >= 2 and k.split("/")[1].isdigit()
+    }
     emptied: set[str] = set()
     for run_id in folders:
         prefix = run_prefix(run_id)
-        if db.get(RunRecord, run_id) is None and db.scalar(select(TensorRecord.id).where(keys_under(prefix))
-                                                          .limit(1)) is None:
+        if (
+            db.get(RunRecord, run_id) is None
+            and db.scalar(select(TensorRecord.id).where(keys_under(prefix)).limit(1)) is None
+        ):
             store.delete(prefix)
             emptied.add(f"{prefix}/")
     for key in sorted(keys - still):

@@ -51,8 +51,7 @@ def _split_axis(shape: tuple[int, ...], chunks: tuple[int, ...]) -> int | None:
 class ChunkReader:
     """Reads any region of one array (numpy basic indexing with step-1 slices) from its chunk files."""
 
-    def __init__(self, layout: ArrayLayout, folder: Path, counter: ReadCounter,
-                 open_array: Callable[[], Any]) -> None:
+    def __init__(self, layout: ArrayLayout, folder: Path, counter: ReadCounter, open_array: Callable[[], Any]) -> None:
         """`layout` must be `readable`; `open_array` opens the Zarr array, for the rare region this reader
         leaves to Zarr (slices with steps)."""
         if not layout.readable:
@@ -117,10 +116,16 @@ class ChunkReader:
         count = 0
         for coords in itertools.product(*grid):
             origin = [i * c for i, c in zip(coords, self.chunks, strict=True)]
-            inner = tuple(slice(max(lo, o) - o, min(hi, o + c) - o)
-                          for (lo, hi), o, c in zip(bounds, origin, self.chunks, strict=True))
-            target = out[tuple(slice(o + s.start - lo, o + s.stop - lo)
-                               for (lo, _), o, s in zip(bounds, origin, inner, strict=True))]
+            inner = tuple(
+                slice(max(lo, o) - o, min(hi, o + c) - o)
+                for (lo, hi), o, c in zip(bounds, origin, self.chunks, strict=True)
+            )
+            target = out[
+                tuple(
+                    slice(o + s.start - lo, o + s.stop - lo)
+                    for (lo, _), o, s in zip(bounds, origin, inner, strict=True)
+                )
+            ]
             whole = all(s.stop - s.start == c for s, c in zip(inner, self.chunks, strict=True))
             count += 1
             if whole and target.flags.c_contiguous:

@@ -37,8 +37,13 @@ class ChunkWriter:
         self._folder = folder
         self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
         codec = layout.blosc
-        self._codec = Blosc(cname=codec.cname, clevel=codec.clevel, shuffle=_SHUFFLE[codec.shuffle],
-                            blocksize=codec.blocksize, typesize=codec.typesize)
+        self._codec = Blosc(
+            cname=codec.cname,
+            clevel=codec.clevel,
+            shuffle=_SHUFFLE[codec.shuffle],
+            blocksize=codec.blocksize,
+            typesize=codec.typesize,
+        )
         self._made: set[Path] = set()
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
@@ -53,8 +58,12 @@ class ChunkWriter:
         grid = [range(start // c, (stop - 1) // c + 1) for (start, stop), c in zip(bounds, self.chunks, strict=True)]
         for coords in itertools.product(*grid):
             origin = [i * c for i, c in zip(coords, self.chunks, strict=True)]
-            part = values[tuple(slice(o - lo, min(o + c, hi) - lo)
-                                for (lo, hi), o, c in zip(bounds, origin, self.chunks, strict=True))]
+            part = values[
+                tuple(
+                    slice(o - lo, min(o + c, hi) - lo)
+                    for (lo, hi), o, c in zip(bounds, origin, self.chunks, strict=True)
+                )
+            ]
             if part.shape != self.chunks or not part.flags.c_contiguous:
                 # an edge chunk (stored whole, padded with the fill value, as Zarr does) or a strided view
                 whole = np.full(self.chunks, self._fill, dtype=self.dtype)
@@ -75,4 +84,3 @@ class ChunkWriter:
                 done += os.write(fd, view[done:])
         finally:
             os.close(fd)
-

@@ -19,8 +19,24 @@ from typing import Any
 import numpy as np
 
 # Zarr v3 data types that are numpy dtypes of the same name.
-_NUMPY_TYPES = frozenset({"bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-                          "float16", "float32", "float64", "complex64", "complex128"})
+_NUMPY_TYPES = frozenset(
+    {
+        "bool",
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    }
+)
 _FLOAT_WORDS = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
@@ -98,8 +114,16 @@ def parse_layout(document: dict[str, Any]) -> ArrayLayout:
     blosc = _blosc(document.get("codecs", []), dtype) if regular and dtype.kind != "V" else None
     if document.get("storage_transformers"):
         blosc = None
-    return ArrayLayout(shape, dtype, chunks, separator, v2_keys, _fill_value(document["fill_value"], dtype), blosc,
-                       dict(document.get("attributes", {})))
+    return ArrayLayout(
+        shape,
+        dtype,
+        chunks,
+        separator,
+        v2_keys,
+        _fill_value(document["fill_value"], dtype),
+        blosc,
+        dict(document.get("attributes", {})),
+    )
 
 
 def _name(entry: Any) -> str:
@@ -117,8 +141,13 @@ def _blosc(codecs: list[Any], dtype: np.dtype[Any]) -> BloscSettings | None:
     shuffle = config.get("shuffle", "noshuffle")
     if shuffle not in ("noshuffle", "shuffle", "bitshuffle"):
         return None
-    return BloscSettings(str(config.get("cname", "zstd")), int(config.get("clevel", 5)), shuffle,
-                         int(config.get("typesize") or dtype.itemsize), int(config.get("blocksize") or 0))
+    return BloscSettings(
+        str(config.get("cname", "zstd")),
+        int(config.get("clevel", 5)),
+        shuffle,
+        int(config.get("typesize") or dtype.itemsize),
+        int(config.get("blocksize") or 0),
+    )
 
 
 def _fill_value(value: Any, dtype: np.dtype[Any]) -> Any:

@@ -91,8 +91,17 @@ class RunReport:
 
     @classmethod
     def of(cls, run: RunRecord) -> RunReport:
-        return cls(run.id, run.label, RunRole(run.role), run.position, RunStatus(run.status), list(run.sources),
-                   run.tensor_count, run.total_bytes, iso(run.created_at))
+        return cls(
+            run.id,
+            run.label,
+            RunRole(run.role),
+            run.position,
+            RunStatus(run.status),
+            list(run.sources),
+            run.tensor_count,
+            run.total_bytes,
+            iso(run.created_at),
+        )
 
 
 @dataclass(frozen=True)
@@ -103,8 +112,18 @@ class RunWithProblems(RunReport):
 
     @classmethod
     def of(cls, run: RunRecord) -> RunWithProblems:
-        return cls(run.id, run.label, RunRole(run.role), run.position, RunStatus(run.status), list(run.sources),
-                   run.tensor_count, run.total_bytes, iso(run.created_at), problem_reports(run.problems))
+        return cls(
+            run.id,
+            run.label,
+            RunRole(run.role),
+            run.position,
+            RunStatus(run.status),
+            list(run.sources),
+            run.tensor_count,
+            run.total_bytes,
+            iso(run.created_at),
+            problem_reports(run.problems),
+        )
 
 
 @dataclass(frozen=True)
@@ -131,9 +150,16 @@ class SessionReport:
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionReport:
-        return cls(session.id, session.name, session.notes, iso(session.created_at),
-                   Tolerances(session.rtol, session.atol), [RunReport.of(r) for r in session.runs],
-                   _strategies(session), session.name_pattern)
+        return cls(
+            session.id,
+            session.name,
+            session.notes,
+            iso(session.created_at),
+            Tolerances(session.rtol, session.atol),
+            [RunReport.of(r) for r in session.runs],
+            _strategies(session),
+            session.name_pattern,
+        )
 
 
 @dataclass(frozen=True)
@@ -151,9 +177,16 @@ class SessionDetail:
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionDetail:
-        return cls(session.id, session.name, session.notes, iso(session.created_at),
-                   Tolerances(session.rtol, session.atol), [RunWithProblems.of(r) for r in session.runs],
-                   _strategies(session), session.name_pattern)
+        return cls(
+            session.id,
+            session.name,
+            session.notes,
+            iso(session.created_at),
+            Tolerances(session.rtol, session.atol),
+            [RunWithProblems.of(r) for r in session.runs],
+            _strategies(session),
+            session.name_pattern,
+        )
 
 
 def _strategies(session: SessionRecord) -> list[str] | None:
@@ -190,10 +223,22 @@ class TensorReport:
 
     @classmethod
     def of(cls, tensor: TensorRecord) -> TensorReport:
-        return cls(tensor.id, tensor.run_id, tensor.name, tensor.source_file, list(tensor.key_path), tensor.layer,
-                   tensor.stage, list(tensor.shape), tensor.dtype, tensor.nbytes, tensor.digest,
-                   TensorStats(tensor.numel, tensor.min, tensor.max, tensor.mean, tensor.std, tensor.nan_count,
-                               tensor.inf_count))
+        return cls(
+            tensor.id,
+            tensor.run_id,
+            tensor.name,
+            tensor.source_file,
+            list(tensor.key_path),
+            tensor.layer,
+            tensor.stage,
+            list(tensor.shape),
+            tensor.dtype,
+            tensor.nbytes,
+            tensor.digest,
+            TensorStats(
+                tensor.numel, tensor.min, tensor.max, tensor.mean, tensor.std, tensor.nan_count, tensor.inf_count
+            ),
+        )
 
 
 def problem_json(problem: FileProblem | ProblemRecord) -> dict[str, str]:

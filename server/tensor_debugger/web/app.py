@@ -63,7 +63,8 @@ def static_hashes() -> dict[str, str]:
     folder = resource_dir("web") / "static"
     return {
         str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()[:12]
-        for p in sorted(folder.rglob("*")) if p.is_file()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
     }
 
 
@@ -107,8 +108,13 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
     app = Litestar(
         route_handlers=[
-            SessionController, SessionPairsController, SessionOrderController, PairController, RunController,
-            TensorController, SessionPairingController,
+            SessionController,
+            SessionPairsController,
+            SessionOrderController,
+            PairController,
+            RunController,
+            TensorController,
+            SessionPairingController,
             PageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],
@@ -130,6 +136,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     body = {"status_code": exc.status_code, "detail": exc.detail}
     if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template("error.html", status_code=exc.status_code,
-                        context={"status": exc.status_code, "detail": exc.detail})
+        return Template(
+            "error.html", status_code=exc.status_code, context={"status": exc.status_code, "detail": exc.detail}
+        )
     return Response(body, status_code=exc.status_code, media_type=MediaType.JSON)

@@ -68,8 +68,9 @@ async def receive_multipart(content_type: str, chunks: AsyncIterator[bytes], sta
                         if event.filename is not None:
                             folder = batch.folder / str(len(batch.files))
                             folder.mkdir()
-                            upload = UploadedFile(event.name or "", safe_filename(event.filename),
-                                                  folder / safe_filename(event.filename))
+                            upload = UploadedFile(
+                                event.name or "", safe_filename(event.filename), folder / safe_filename(event.filename)
+                            )
                             batch.files.append(upload)
                             out = open(upload.path, "wb")  # noqa: ASYNC230 (local disk, small writes)
                         else:

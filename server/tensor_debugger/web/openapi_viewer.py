@@ -31,7 +31,11 @@ class LocalRedoc(RedocRenderPlugin):
 def openapi_config(title: str, version: str, redoc_url: str) -> OpenAPIConfig:
     """/schema (and /schema/redoc): the viewer, loading `redoc_url`; /schema/openapi.json: the schema."""
     return OpenAPIConfig(
-        title=title, version=version, path="/schema",
-        render_plugins=[LocalRedoc(js_url=redoc_url, google_fonts=False, path=["/", "/redoc"], favicon=""),
-                        JsonRenderPlugin()],
+        title=title,
+        version=version,
+        path="/schema",
+        render_plugins=[
+            LocalRedoc(js_url=redoc_url, google_fonts=False, path=["/", "/redoc"], favicon=""),
+            JsonRenderPlugin(),
+        ],
     )

@@ -44,11 +44,15 @@ TOKEN_HEADER = "x-csrf-token"
 MAX_FORM_BYTES = 1024 * 1024  # a url-encoded form is read whole to find its token; the pages' are a few hundred bytes
 MAX_FIRST_PART_BYTES = 64 * 1024  # a multipart form's token is its first part, which must arrive within this
 
-PAGE_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-               "frame-ancestors 'none'; base-uri 'self'; form-action 'self'")
+PAGE_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
+)
 # Redoc's bundle styles its elements at run time (styled-components) and searches in a worker made from a blob.
-SCHEMA_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-                 "worker-src 'self' blob:; frame-ancestors 'none'; base-uri 'self'; form-action 'self'")
+SCHEMA_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "worker-src 'self' blob:; frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
+)
 # The heatmap is an SVG document the pair page embeds (<object>, for the cells' hover titles): same origin only.
 EMBEDDED_POLICY = "default-src 'none'; style-src 'self'; img-src 'self' data:; frame-ancestors 'self'"
 SCHEMA_PREFIX = "/schema"
@@ -228,8 +232,13 @@ def security_headers(path: str, response_headers: Iterable[tuple[bytes, bytes]])
         policy, frames = SCHEMA_POLICY, b"DENY"
     else:
         policy, frames = PAGE_POLICY, b"DENY"
-    return [*kept, (b"content-security-policy", policy.encode()), (b"x-content-type-options", b"nosniff"),
-            (b"x-frame-options", frames), (b"referrer-policy", b"same-origin")]
+    return [
+        *kept,
+        (b"content-security-policy", policy.encode()),
+        (b"x-content-type-options", b"nosniff"),
+        (b"x-frame-options", frames),
+        (b"referrer-policy", b"same-origin"),
+    ]
 
 
 class SecurityMiddleware:
@@ -262,8 +271,11 @@ class SecurityMiddleware:
         """The request's receive (replaying what was read of the body) if it may go on; raises _Refused if not."""
         host = headers.get("host")
         if host is not None and not self.policy.host_allowed(normalise_host(host)):
-            raise _Refused(400, f"this server does not answer to the host name {normalise_host(host)!r}; "
-                                f"a name it should answer to goes in {ENV_PREFIX}ALLOWED_HOSTS")
+            raise _Refused(
+                400,
+                f"this server does not answer to the host name {normalise_host(host)!r}; "
+                f"a name it should answer to goes in {ENV_PREFIX}ALLOWED_HOSTS",
+            )
         if str(scope.get("method", "GET")).upper() not in UNSAFE_METHODS:
             return receive
         reason = cross_origin_reason(scope, headers)
@@ -276,22 +288,31 @@ class SecurityMiddleware:
         if token is None:
             token, read = await _read_form_token(headers, receive)
         if not self.policy.token_matches(token):
-            raise _Refused(403, "the form's token is missing or out of date (the server restarted, or the form "
-                                "is not one of its pages): reload the page and send it again")
+            raise _Refused(
+                403,
+                "the form's token is missing or out of date (the server restarted, or the form "
+                "is not one of its pages): reload the page and send it again",
+            )
         return _replaying(read, receive) if read else receive
 
 
 async def _refuse(send: Send, headers: dict[str, str], status: int, detail: str) -> None:
     if "text/html" in headers.get("accept", ""):
-        body = (f"<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{status}</title></head>"
-                f"<body><h1>{status}</h1><p>{_escape(detail)}</p><p><a href=\"/\">Sessions</a></p></body></html>"
-                ).encode()
+        body = (
+            f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status}</title></head>'
+            f'<body><h1>{status}</h1><p>{_escape(detail)}</p><p><a href="/">Sessions</a></p></body></html>'
+        ).encode()
         content_type = b"text/html; charset=utf-8"
     else:
         body = json.dumps({"status_code": status, "detail": detail}).encode()
         content_type = b"application/json"
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 

@@ -93,8 +93,12 @@ def group_by_run(batch: UploadBatch, default_label: str | None = None) -> dict[s
 
 
 def start_runs(
-    services: Services, session_name: str, batch: UploadBatch, runs: dict[str, list[InputFile]],
-    keep_failure: bool, created_session: bool = False,
+    services: Services,
+    session_name: str,
+    batch: UploadBatch,
+    runs: dict[str, list[InputFile]],
+    keep_failure: bool,
+    created_session: bool = False,
 ) -> list[StartedRun]:
     """Make every run's row, then queue their ingests. From here on the queue owns `batch`: its files are
     removed once the last of these ingests is over. `keep_failure`: a run with nothing usable stays, "failed",
@@ -103,8 +107,9 @@ def start_runs(
     begun: list[tuple[str, PendingRun, list[InputFile]]] = []
     try:
         for label, inputs in runs.items():
-            pending = services.ingestor.begin(session_name, label, [i.label for i in inputs], create_session=False,
-                                              created_session=created_session)
+            pending = services.ingestor.begin(
+                session_name, label, [i.label for i in inputs], create_session=False, created_session=created_session
+            )
             begun.append((label, pending, inputs))
     except BaseException:
         for _, pending, _ in reversed(begun):
@@ -114,8 +119,9 @@ def start_runs(
     started: list[StartedRun] = []
     for n, (label, pending, inputs) in enumerate(begun):
         try:
-            started.append(StartedRun(label, pending, services.ingests.submit(
-                IngestJob(pending, inputs, keep_failure, release))))
+            started.append(
+                StartedRun(label, pending, services.ingests.submit(IngestJob(pending, inputs, keep_failure, release)))
+            )
         except BaseException:  # the server is stopping: the runs not queued are undone here
             for _, rest, _ in begun[n:]:
                 services.ingestor.cancel(rest)
@@ -124,23 +130,26 @@ def start_runs(
     return started
 
 
-def start_session(services: Services, name: str, notes: str, batch: UploadBatch,
-                  keep_failure: bool, label: str | None = None) -> tuple[int, list[StartedRun]]:
+def start_session(
+    services: Services, name: str, notes: str, batch: UploadBatch, keep_failure: bool, label: str | None = None
+) -> tuple[int, list[StartedRun]]:
     """A new session with a run per form field (`label`: one run of every file), each queued for ingest (see
     `start_runs`)."""
     with services.sessions.begin() as db:
         session = catalog.create_session(db, name, notes)
         session_id, name = session.id, session.name
     try:
-        return session_id, start_runs(services, name, batch, group_by_run(batch, label), keep_failure,
-                                      created_session=True)
+        return session_id, start_runs(
+            services, name, batch, group_by_run(batch, label), keep_failure, created_session=True
+        )
     except BaseException:
         delete_if_empty(services, session_id)
         raise
 
 
-def explore_session(services: Services, name: str, notes: str, batch: UploadBatch, match: str | None,
-                    filter_hint: str) -> tuple[int, list[RunOutcome]]:
+def explore_session(
+    services: Services, name: str, notes: str, batch: UploadBatch, match: str | None, filter_hint: str
+) -> tuple[int, list[RunOutcome]]:
     """A new session of one run (every file of the upload), ingested, then explored: each of its tensors paired
     with every other whose name matches `match` (SessionActions.explore). Waits for the ingest. When no tensor
     was found the session is gone (the outcomes say why); when the exploration is refused (too many pairs), the
@@ -180,8 +189,9 @@ def wait_for_runs(started: list[StartedRun]) -> list[RunOutcome]:
         except NothingUsableError as exc:
             outcomes.append(RunOutcome(run.label, None, RunStatus.FAILED, 0, problem_reports(exc.problems)))
         else:
-            outcomes.append(RunOutcome(run.label, result.run_id, RunStatus.READY, result.tensors,
-                                       problem_reports(result.problems)))
+            outcomes.append(
+                RunOutcome(run.label, result.run_id, RunStatus.READY, result.tensors, problem_reports(result.problems))
+            )
     return outcomes
 
 
@@ -208,19 +218,22 @@ def accepted(services: Services, session_id: int, started: list[StartedRun]) -> 
     page = f"/sessions/{session_id}"
     with services.sessions() as db:
         session = SessionDetail.of(catalog.get_session(db, session_id))
-    return Response(UploadAccepted(session, [s.accepted() for s in started], page,
-                                   f"/api/sessions/{session_id}/progress"),
-                    status_code=HTTP_202_ACCEPTED, headers={"location": page})
+    return Response(
+        UploadAccepted(session, [s.accepted() for s in started], page, f"/api/sessions/{session_id}/progress"),
+        status_code=HTTP_202_ACCEPTED,
+        headers={"location": page},
+    )
 
 
-def created(services: Services, session_id: int,
-            outcomes: list[RunOutcome]) -> Response[Any]:
+def created(services: Services, session_id: int, outcomes: list[RunOutcome]) -> Response[Any]:
     """An `UploadCreated`, 201 with the session, or an `UploadRejected`, 422 (and the session removed) when no run
     was kept."""
     if not any(o.stored for o in outcomes):
         delete_if_empty(services, session_id)
-        return Response(UploadRejected(outcomes, "no tensors found in any upload; the session was not kept"),
-                        status_code=HTTP_422_UNPROCESSABLE_ENTITY)
+        return Response(
+            UploadRejected(outcomes, "no tensors found in any upload; the session was not kept"),
+            status_code=HTTP_422_UNPROCESSABLE_ENTITY,
+        )
     with services.sessions() as db:
         session = SessionDetail.of(catalog.get_session(db, session_id))
     return Response(UploadCreated(outcomes, session), status_code=HTTP_201_CREATED)

@@ -11,6 +11,16 @@ from tensor_debugger.store.models.tensor import TensorRecord
 from tensor_debugger.store.models.unmatched import UnmatchedRecord
 
 __all__ = [
-    "Base", "ComparisonResultRecord", "OVERRIDE_ACTIONS", "PAIR_STATUSES", "PairOverrideRecord", "PairRecord",
-    "ProblemRecord", "RUN_STATUSES", "RunRecord", "SessionRecord", "TensorRecord", "UnmatchedRecord",
+    "Base",
+    "ComparisonResultRecord",
+    "OVERRIDE_ACTIONS",
+    "PAIR_STATUSES",
+    "PairOverrideRecord",
+    "PairRecord",
+    "ProblemRecord",
+    "RUN_STATUSES",
+    "RunRecord",
+    "SessionRecord",
+    "TensorRecord",
+    "UnmatchedRecord",
 ]

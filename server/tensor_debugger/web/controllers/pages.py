@@ -62,24 +62,41 @@ class PageController(Controller):
 
     @get("/sessions/{session_id:int}", sync_to_thread=True)
     def session_page(
-        self, services: Services, session_id: int, group: str | None = None, sort: str | None = None,
-        verdict: str | None = None, q: str | None = None, pair_a: str | None = None, pair_b: str | None = None,
+        self,
+        services: Services,
+        session_id: int,
+        group: str | None = None,
+        sort: str | None = None,
+        verdict: str | None = None,
+        q: str | None = None,
+        pair_a: str | None = None,
+        pair_b: str | None = None,
     ) -> Template:
         """The session: its runs' ingest while it goes on (or why it failed), first divergence, the chart of error
         through the model, and every pair, grouped, sorted and filtered as the URL says (so the page works, and
         links, without any script). While anything is in progress the page refreshes itself (a script polls
         the progress and swaps the page in place; without scripts, a meta refresh). `pair_a` and `pair_b`: two
         tensors being paired by hand, whose alignments the page offers."""
-        return _session_template(services, session_id, ViewParams.parse(group, sort, verdict, q),
-                                 hand=(pair_a, pair_b) if pair_a and pair_b else None)
+        return _session_template(
+            services,
+            session_id,
+            ViewParams.parse(group, sort, verdict, q),
+            hand=(pair_a, pair_b) if pair_a and pair_b else None,
+        )
 
     @get("/runs/{run_id:int}", sync_to_thread=True)
     def run_page(self, services: Services, run_id: int) -> Template:
         """One run's tensors with their summary statistics."""
         with services.sessions() as db:
             run = catalog.get_run(db, run_id)
-            return Template("run.html", context={"run": run, "session": catalog.get_session(db, run.session_id),
-                                                 "tensors": catalog.list_tensors(db, run_id)})
+            return Template(
+                "run.html",
+                context={
+                    "run": run,
+                    "session": catalog.get_session(db, run.session_id),
+                    "tensors": catalog.list_tensors(db, run_id),
+                },
+            )
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
@@ -87,22 +104,24 @@ class PageController(Controller):
             session = catalog.get_session(db, session_id)
             report = session_pairs(db, session_id)
             rows = apply_order(report.pairs, session.pair_order)
-        return Response(pairs_to_csv(rows), media_type="text/csv; charset=utf-8", headers={
-            "content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'})
+        return Response(
+            pairs_to_csv(rows),
+            media_type="text/csv; charset=utf-8",
+            headers={"content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'},
+        )
 
     @post("/sessions/{session_id:int}/tolerances", sync_to_thread=True)
-    def set_tolerances(self, services: Services, session_id: int,
-                       data: FormData = FORM) -> Redirect:
+    def set_tolerances(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
         if data.get("action") == "reset":
             services.actions.set_tolerances(session_id, None, None)
         else:
-            services.actions.set_tolerances(session_id, _optional_float(data.get("rtol"), "rtol"),
-                                            _optional_float(data.get("atol"), "atol"))
+            services.actions.set_tolerances(
+                session_id, _optional_float(data.get("rtol"), "rtol"), _optional_float(data.get("atol"), "atol")
+            )
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
     @post("/sessions/{session_id:int}/pairs", sync_to_thread=True)
-    def pair_by_hand(self, services: Services, session_id: int,
-                     data: FormData = FORM) -> Template | Redirect:
+    def pair_by_hand(self, services: Services, session_id: int, data: FormData = FORM) -> Template | Redirect:
         """Pair two tensors by hand. Where their shapes differ, the page first offers the alignments that fit
         (`alignment`: the number of the one chosen, or "auto"); pairs at once where they agree."""
         a_name, b_name = data.get("a_name", ""), data.get("b_name", "")
@@ -126,16 +145,16 @@ class PageController(Controller):
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
     @post("/sessions/{session_id:int}/pairing-rules", sync_to_thread=True)
-    def set_pairing_rules(self, services: Services, session_id: int,
-                          data: FormData = FORM) -> Template | Redirect:
+    def set_pairing_rules(self, services: Services, session_id: int, data: FormData = FORM) -> Template | Redirect:
         """The chain of strategies (a comma list, the fuzzy threshold apart) and the name pattern; pairs the
         session again. Refused rules are shown on the page, next to the form, as typed."""
         try:
             strategies, pattern = rules_from_form(data)
             services.actions.set_pairing_rules(session_id, strategies, pattern)
         except InvalidInputError as exc:
-            return _session_template(services, session_id, ViewParams(),
-                                     pairing=PairingForm.typed(data, str(exc)), status_code=400)
+            return _session_template(
+                services, session_id, ViewParams(), pairing=PairingForm.typed(data, str(exc)), status_code=400
+            )
         return Redirect(f"/sessions/{session_id}#pairing", status_code=303)
 
     @get("/sessions/{session_id:int}/pairing.json", sync_to_thread=True)
@@ -143,15 +162,20 @@ class PageController(Controller):
         """The session's pairing file (what GET /api/sessions/{id}/pairing answers) as a download."""
         with services.sessions() as db:
             data = export_pairing(db, session_id)
-        return Response(data, media_type="application/json", headers={
-            "content-disposition": f'attachment; filename="session-{session_id}-pairing.json"'})
+        return Response(
+            data,
+            media_type="application/json",
+            headers={"content-disposition": f'attachment; filename="session-{session_id}-pairing.json"'},
+        )
 
     @post("/sessions/{session_id:int}/pairing", request_max_body_size=PAIRING_FILE_LIMIT)
-    async def upload_pairing_file(self, services: Services, session_id: int,
-                                  request: Request[Any, Any, Any]) -> Template | Redirect:
+    async def upload_pairing_file(
+        self, services: Services, session_id: int, request: Request[Any, Any, Any]
+    ) -> Template | Redirect:
         """A pairing file posted from the page (`file`), applied as PUT /api/sessions/{id}/pairing applies it."""
-        batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
-                                        services.settings.staging_dir)
+        batch = await receive_multipart(
+            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+        )
         try:
             if not batch.files:
                 raise InvalidInputError("choose a pairing file (JSON) to upload")
@@ -162,30 +186,44 @@ class PageController(Controller):
                 raise InvalidInputError(f"{upload.filename} is not JSON: {exc}") from None
             await anyio.to_thread.run_sync(services.actions.import_pairing, session_id, data)
         except InvalidInputError as exc:
-            return await anyio.to_thread.run_sync(partial(
-                _session_template, services, session_id, ViewParams(), upload_error=str(exc), status_code=400))
+            return await anyio.to_thread.run_sync(
+                partial(_session_template, services, session_id, ViewParams(), upload_error=str(exc), status_code=400)
+            )
         finally:
             batch.discard()
         return Redirect(f"/sessions/{session_id}#pairing", status_code=303)
 
     @post("/sessions/{session_id:int}/order", sync_to_thread=True)
-    def move_pair(self, services: Services, session_id: int,
-                  data: FormData = FORM) -> Redirect:
+    def move_pair(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
         """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same)."""
         services.actions.move_pair(session_id, data.get("pair", ""), up=data.get("direction") == "up")
         return Redirect(f"/sessions/{session_id}?group=none", status_code=303)
 
     @get("/pairs/{pair_id:int}", sync_to_thread=True)
     def pair_page(
-        self, services: Services, pair_id: int, index: str = "", start: str = "", count: str = "",
-        mode: str = "", a_shard: int = 0, a_index: str = "", a_start: str = "", a_count: str = "",
-        b_shard: int = 0, b_index: str = "", b_start: str = "", b_count: str = "",
+        self,
+        services: Services,
+        pair_id: int,
+        index: str = "",
+        start: str = "",
+        count: str = "",
+        mode: str = "",
+        a_shard: int = 0,
+        a_index: str = "",
+        a_start: str = "",
+        a_count: str = "",
+        b_shard: int = 0,
+        b_index: str = "",
+        b_start: str = "",
+        b_count: str = "",
     ) -> Template:
         """A pair's statistics, alignment and the value inspector; the window lives in the URL. `mode=manual`
         adds each run's own values with its own dimension controls (a_* and b_* parameters)."""
-        manual = ({"a": ManualSide(a_shard, a_index, a_start, a_count), "b": ManualSide(b_shard, b_index, b_start,
-                                                                                      b_count)}
-                  if mode == "manual" else None)
+        manual = (
+            {"a": ManualSide(a_shard, a_index, a_start, a_count), "b": ManualSide(b_shard, b_index, b_start, b_count)}
+            if mode == "manual"
+            else None
+        )
         with services.sessions() as db:
             context = pair_page_context(db, services, pair_id, index, start, count, manual)
             return Template("pair.html", context=context)
@@ -203,8 +241,9 @@ class PageController(Controller):
         return Response(svg, media_type="image/svg+xml")
 
     @get("/pairs/{pair_id:int}/grid", sync_to_thread=True)
-    def pair_grid(self, services: Services, pair_id: int, index: str = "", start: str = "",
-                  count: str = "") -> Template:
+    def pair_grid(
+        self, services: Services, pair_id: int, index: str = "", start: str = "", count: str = ""
+    ) -> Template:
         """Just the inspector's grids, for the page's script to swap in without a reload."""
         with services.sessions() as db:
             context = pair_page_context(db, services, pair_id, index, start, count)
@@ -214,14 +253,16 @@ class PageController(Controller):
     async def create_from_form(self, services: Services, request: Request[Any, Any, Any]) -> Template | Redirect:
         """The no-script form on the sessions page: a name and files for the reference and candidate runs. Once
         the files are on disk it goes to the session page, which shows their ingest (and why one failed)."""
-        batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
-                                        services.settings.staging_dir)
+        batch = await receive_multipart(
+            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+        )
         name = batch.fields.get("name", "").strip()
         try:
             if not batch.files:
                 raise InvalidInputError("choose at least one file for a run")
-            session_id, _ = await anyio.to_thread.run_sync(start_session, services, name or batch.files[0].filename,
-                                                           "", batch, True)
+            session_id, _ = await anyio.to_thread.run_sync(
+                start_session, services, name or batch.files[0].filename, "", batch, True
+            )
         except TensorDebuggerError as exc:
             batch.discard()
             return _form_error(services, name, str(exc))
@@ -235,15 +276,22 @@ class PageController(Controller):
         """The sessions page's explore form: one run's files (`run`), a name and a name filter (`match`, a glob).
         Waits for the ingest, then pairs every tensor with every other; past 5,000 pairs, or when nothing usable
         was found, the form says why (and no session is kept)."""
-        batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
-                                        services.settings.staging_dir)
+        batch = await receive_multipart(
+            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+        )
         fields = {"name": batch.fields.get("name", "").strip(), "match": batch.fields.get("match", "").strip()}
         try:
             if not batch.files:
                 raise InvalidInputError("choose the files of the run to explore")
             session_id, outcomes = await anyio.to_thread.run_sync(
-                explore_session, services, fields["name"] or f"explore {batch.files[0].filename}", "", batch,
-                fields["match"] or None, "a name filter (e.g. *attn*)")
+                explore_session,
+                services,
+                fields["name"] or f"explore {batch.files[0].filename}",
+                "",
+                batch,
+                fields["match"] or None,
+                "a name filter (e.g. *attn*)",
+            )
         except TensorDebuggerError as exc:
             batch.discard()
             return await anyio.to_thread.run_sync(partial(_form_error, services, "", str(exc), explore=fields))
@@ -262,10 +310,16 @@ def _explore_error(services: Services, fields: dict[str, str], outcomes: list[Ru
     return _form_error(services, "", f"no tensors found{': ' + reasons if reasons else ''}", explore=fields)
 
 
-def _session_template(services: Services, session_id: int, params: ViewParams,
-                      hand: tuple[str, str] | None = None, pairing: PairingForm | None = None,
-                      upload_error: str | None = None, hand_error: str | None = None,
-                      status_code: int = 200) -> Template:
+def _session_template(
+    services: Services,
+    session_id: int,
+    params: ViewParams,
+    hand: tuple[str, str] | None = None,
+    pairing: PairingForm | None = None,
+    upload_error: str | None = None,
+    hand_error: str | None = None,
+    status_code: int = 200,
+) -> Template:
     """The session page; a form's refusal is shown next to that form (`pairing`: the rules as typed, with the
     error; `upload_error`: the pairing file's; `hand_error`: pairing by hand's)."""
     with services.sessions() as db:
@@ -279,14 +333,27 @@ def _session_template(services: Services, session_id: int, params: ViewParams,
                 choices = hand_pair_choices(db, session_id, *hand)
             except InvalidInputError as exc:
                 hand_error = str(exc)
-        return Template("session.html", status_code=status_code, context={
-            "session": session, "report": report, "params": params, "progress": progress,
-            "groups": build_groups(report, params, session.pair_order), "chart": build_chart(ordered),
-            "reorderable": params.group == "none" and params.sort == "order" and params.verdict == "all"
-            and not params.q, "order_keys": [p.key for p in ordered],
-            "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),
-            "upload_error": upload_error, "hand_error": hand_error, "choices": choices,
-        })
+        return Template(
+            "session.html",
+            status_code=status_code,
+            context={
+                "session": session,
+                "report": report,
+                "params": params,
+                "progress": progress,
+                "groups": build_groups(report, params, session.pair_order),
+                "chart": build_chart(ordered),
+                "reorderable": params.group == "none"
+                and params.sort == "order"
+                and params.verdict == "all"
+                and not params.q,
+                "order_keys": [p.key for p in ordered],
+                "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),
+                "upload_error": upload_error,
+                "hand_error": hand_error,
+                "choices": choices,
+            },
+        )
 
 
 def _optional_float(text: str | None, name: str) -> float | None:
@@ -302,8 +369,16 @@ def _form_error(services: Services, name: str, message: str, explore: dict[str, 
     """The sessions page with the new-session form's error, or (`explore`: the fields typed) the explore form's."""
     with services.sessions() as db:
         sessions = catalog.list_sessions(db)
-        errors = {"explore_error": message, "explore": explore} if explore is not None else {"error": message,
-                                                                                                 "name": name}
-        return Template("sessions.html", status_code=400, context={
-            "sessions": sessions, "q": "", **errors,
-            "summaries": catalog.summarize_sessions(db, [s.id for s in sessions])})
+        errors = (
+            {"explore_error": message, "explore": explore} if explore is not None else {"error": message, "name": name}
+        )
+        return Template(
+            "sessions.html",
+            status_code=400,
+            context={
+                "sessions": sessions,
+                "q": "",
+                **errors,
+                "summaries": catalog.summarize_sessions(db, [s.id for s in sessions]),
+            },
+        )

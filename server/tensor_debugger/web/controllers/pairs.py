@@ -58,7 +58,9 @@ class SessionPairsController(Controller):
 
     @get("/alignments", sync_to_thread=True)
     def alignment_choices(
-        self, services: Services, session_id: int,
+        self,
+        services: Services,
+        session_id: int,
         a_name: str = Parameter(description="the reference run's tensor"),
         b_name: str = Parameter(description="the candidate run's tensor"),
         run_id: int | None = Parameter(default=None, description="the candidate run (default: the first)"),
@@ -113,9 +115,12 @@ class PairController(Controller):
 
     @get("/{pair_id:int}/slice", sync_to_thread=True)
     def slice_values(
-        self, services: Services, pair_id: int,
-        index: str = Parameter(default="", description="one entry per aligned dim: an integer, or ':' for a "
-                               "window dim (one or two)"),
+        self,
+        services: Services,
+        pair_id: int,
+        index: str = Parameter(
+            default="", description="one entry per aligned dim: an integer, or ':' for a window dim (one or two)"
+        ),
         start: str = Parameter(default="", description="window start per ':' dim, comma separated"),
         count: str = Parameter(default="", description="window length per ':' dim (at most 4096)"),
     ) -> SliceReport:

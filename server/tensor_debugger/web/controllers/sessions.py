@@ -30,20 +30,28 @@ from tensor_debugger.web.uploads import (
 )
 
 UPLOAD_LIMIT_NOTE = "Upload size is limited by the max_upload_bytes setting."
-WAIT_NOTE = ("Answers once every run is ingested (201 with the runs, or 422 with every file's problem when "
-             "nothing usable was found, and nothing kept); with `?wait=false`, 202 as soon as the upload is on "
-             "disk (`url`: the session page, `progress`: what to poll), the ingest going on in the background.")
+WAIT_NOTE = (
+    "Answers once every run is ingested (201 with the runs, or 422 with every file's problem when "
+    "nothing usable was found, and nothing kept); with `?wait=false`, 202 as soon as the upload is on "
+    "disk (`url`: the session page, `progress`: what to poll), the ingest going on in the background."
+)
 UPLOAD_RESPONSES = {
     202: ResponseSpec(UploadAccepted, description="the upload is on disk; its runs are ingested in the background"),
     422: ResponseSpec(UploadRejected, description="nothing usable was found in any run; nothing was kept"),
 }
-EXPLORE = Parameter(default=False, description="true: every file is one run, and the session compares each of its "
-                    "tensors with every other (as `tensor-debugger explore`); always waits for the ingest, and "
-                    "answers 400 past 5,000 pairs, asking for `match`")
+EXPLORE = Parameter(
+    default=False,
+    description="true: every file is one run, and the session compares each of its "
+    "tensors with every other (as `tensor-debugger explore`); always waits for the ingest, and "
+    "answers 400 past 5,000 pairs, asking for `match`",
+)
 MATCH = Parameter(default=None, description="with explore: only tensors whose names match this glob (any case)")
 EXPLORE_FILTER = "the match parameter (e.g. match=*attn*)"
-WAIT = Parameter(default=True, description="false: answer 202 once the upload is on disk and ingest in the "
-                 "background; a run with nothing usable is then kept as \"failed\" with its problems")
+WAIT = Parameter(
+    default=True,
+    description="false: answer 202 once the upload is on disk and ingest in the "
+    'background; a run with nothing usable is then kept as "failed" with its problems',
+)
 
 
 @dataclass
@@ -86,8 +94,16 @@ class SessionController(Controller):
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
         them (400 naming the problem, nothing changed) and pair the session again; new tolerances refresh its
         verdicts."""
-        return services.actions.update_session(session_id, data.name, data.notes, data.rtol, data.atol,
-                                               data.default_tolerances, data.strategies, data.name_pattern)
+        return services.actions.update_session(
+            session_id,
+            data.name,
+            data.notes,
+            data.rtol,
+            data.atol,
+            data.default_tolerances,
+            data.strategies,
+            data.name_pattern,
+        )
 
     @delete("/{session_id:int}", sync_to_thread=True)
     def delete_session(self, services: Services, session_id: int) -> None:
@@ -102,13 +118,22 @@ class SessionController(Controller):
             session = catalog.get_session(db, session_id)
             return session_progress(session, services.ingests, pair_progress(db, session_id))
 
-    @post("/", request_max_body_size=None, responses=UPLOAD_RESPONSES,
-          description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
-          "whose field name is their run's label (the first run "
-          "is the reference; with `?explore=true`, one run explored). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
-    async def create_session(self, services: Services, request: Request[Any, Any, Any],
-                             wait: bool = WAIT, explore: bool = EXPLORE,
-                             match: str | None = MATCH) -> Response[SessionReport | UploadCreated]:
+    @post(
+        "/",
+        request_max_body_size=None,
+        responses=UPLOAD_RESPONSES,
+        description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
+        "whose field name is their run's label (the first run "
+        "is the reference; with `?explore=true`, one run explored). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE,
+    )
+    async def create_session(
+        self,
+        services: Services,
+        request: Request[Any, Any, Any],
+        wait: bool = WAIT,
+        explore: bool = EXPLORE,
+        match: str | None = MATCH,
+    ) -> Response[SessionReport | UploadCreated]:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("application/json"):
             body = SessionCreate(**await request.json())
@@ -122,7 +147,8 @@ class SessionController(Controller):
                 raise InvalidInputError("no files in the upload")
             name = batch.fields.get("name", "").strip() or batch.files[0].filename
             session_id, started = await anyio.to_thread.run_sync(
-                start_session, services, name, batch.fields.get("notes", ""), batch, not wait)
+                start_session, services, name, batch.fields.get("notes", ""), batch, not wait
+            )
         except BaseException:
             batch.discard()
             raise
@@ -131,22 +157,34 @@ class SessionController(Controller):
         outcomes = await anyio.to_thread.run_sync(wait_for_runs, started)
         return await anyio.to_thread.run_sync(created, services, session_id, outcomes)
 
-    @post("/{session_id:int}/runs", request_max_body_size=None, responses=UPLOAD_RESPONSES,
-          description="multipart/form-data: files whose field name is their run's label, or `?label=` for all. "
-          + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE)
+    @post(
+        "/{session_id:int}/runs",
+        request_max_body_size=None,
+        responses=UPLOAD_RESPONSES,
+        description="multipart/form-data: files whose field name is their run's label, or `?label=` for all. "
+        + WAIT_NOTE
+        + " "
+        + UPLOAD_LIMIT_NOTE,
+    )
     async def add_runs(
-        self, services: Services, request: Request[Any, Any, Any], session_id: int,
-        label: str | None = Parameter(default=None, description="run label for every file"), wait: bool = WAIT,
+        self,
+        services: Services,
+        request: Request[Any, Any, Any],
+        session_id: int,
+        label: str | None = Parameter(default=None, description="run label for every file"),
+        wait: bool = WAIT,
     ) -> Response[RunOutcomes]:
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
         _check_length(request, services)
-        batch = await receive_multipart(request.headers.get("content-type", ""), request.stream(),
-                                        services.settings.staging_dir)
+        batch = await receive_multipart(
+            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+        )
         try:
             if not batch.files:
                 raise InvalidInputError("no files in the upload")
-            started = await anyio.to_thread.run_sync(start_runs, services, session_name, batch,
-                                                     group_by_run(batch, label), not wait)
+            started = await anyio.to_thread.run_sync(
+                start_runs, services, session_name, batch, group_by_run(batch, label), not wait
+            )
         except BaseException:
             batch.discard()
             raise
@@ -154,8 +192,9 @@ class SessionController(Controller):
             return await anyio.to_thread.run_sync(accepted, services, session_id, started)
         outcomes = await anyio.to_thread.run_sync(wait_for_runs, started)
         stored = any(o.stored for o in outcomes)
-        return Response(RunOutcomes(outcomes),
-                        status_code=HTTP_201_CREATED if stored else HTTP_422_UNPROCESSABLE_ENTITY)
+        return Response(
+            RunOutcomes(outcomes), status_code=HTTP_201_CREATED if stored else HTTP_422_UNPROCESSABLE_ENTITY
+        )
 
 
 async def _explore(services: Services, batch: UploadBatch, match: str | None) -> Response[Any]:
@@ -164,7 +203,8 @@ async def _explore(services: Services, batch: UploadBatch, match: str | None) ->
             raise InvalidInputError("no files in the upload")
         name = batch.fields.get("name", "").strip() or f"explore {batch.files[0].filename}"
         session_id, outcomes = await anyio.to_thread.run_sync(
-            explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER)
+            explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER
+        )
     except BaseException:
         batch.discard()
         raise
@@ -175,7 +215,8 @@ def _check_length(request: Request[Any, Any, Any], services: Services) -> None:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > services.settings.max_upload_bytes:
         raise InvalidInputError(
-            f"upload of {length} bytes exceeds max_upload_bytes={services.settings.max_upload_bytes}")
+            f"upload of {length} bytes exceeds max_upload_bytes={services.settings.max_upload_bytes}"
+        )
 
 
 def _session_name(services: Services, session_id: int) -> str:

@@ -26,8 +26,11 @@ DEFAULT_COUNT = 64
 def default_window(shape: Shape) -> dict[str, str]:
     if not shape:
         return {"index": "", "start": "", "count": ""}
-    return {"index": ",".join(["0"] * (len(shape) - 1) + [":"]), "start": "0",
-            "count": str(min(DEFAULT_COUNT, max(shape[-1], 1)))}
+    return {
+        "index": ",".join(["0"] * (len(shape) - 1) + [":"]),
+        "start": "0",
+        "count": str(min(DEFAULT_COUNT, max(shape[-1], 1))),
+    }
 
 
 def centred_window(shape: Shape, target: tuple[int, ...], current: SliceRequest) -> dict[str, str]:
@@ -81,8 +84,10 @@ def heatmap_spec(shape: Shape, request: SliceRequest) -> str | None:
 def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
     labels = ["0", f"< 1e{HIST_LOW + 1}"] + [f"1e{k}" for k in range(HIST_LOW + 1, HIST_HIGH)] + [f"≥ 1e{HIST_HIGH}"]
     top = max(counts) if counts else 0
-    return [{"label": label, "count": c, "percent": 100 * c / top if top else 0}
-            for label, c in zip(labels, counts, strict=False)]
+    return [
+        {"label": label, "count": c, "percent": 100 * c / top if top else 0}
+        for label, c in zip(labels, counts, strict=False)
+    ]
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,16 @@ def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dic
             raise InvalidInputError(f"{label.lower()} has {len(shards)} tensor(s); shard {wanted.shard} is not one")
         tensor = shards[wanted.shard]
         shape = tuple(tensor.shape)
-        params = ({"index": wanted.index, "start": wanted.start, "count": wanted.count} if wanted.index or not shape
-                  else default_window(shape))
+        params = (
+            {"index": wanted.index, "start": wanted.start, "count": wanted.count}
+            if wanted.index or not shape
+            else default_window(shape)
+        )
         request = parse_slice_request(shape, params["index"], params["start"], params["count"])
-        view = SourceView(services.store.open(tensor.store_key, tensor.digest),
-                          partial(storage_to_compute, logical=parse_dtype(tensor.dtype)))
+        view = SourceView(
+            services.store.open(tensor.store_key, tensor.digest),
+            partial(storage_to_compute, logical=parse_dtype(tensor.dtype)),
+        )
         region, free = [], []
         starts = iter(zip(request.start, request.count, strict=True))
         for dim, fixed in enumerate(request.index):
@@ -122,24 +132,38 @@ def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dic
                 free.append(dim)
             else:
                 region.append(slice(fixed, fixed + 1))
-        values = view.read(tuple(region)).reshape(tuple(r.stop - r.start for r, d in zip(region, range(len(shape)),
-                                                                                           strict=True) if d in free))
-        grid = build_raw_grid(f"{label}: {tensor.name} {list(shape)} {tensor.dtype}", values,
-                              tuple(r.start for r in region), free)
-        out.append({"side": side, "grid": grid, "shards": [t.name for t in shards], "shard": wanted.shard,
-                    **params})
+        values = view.read(tuple(region)).reshape(
+            tuple(r.stop - r.start for r, d in zip(region, range(len(shape)), strict=True) if d in free)
+        )
+        grid = build_raw_grid(
+            f"{label}: {tensor.name} {list(shape)} {tensor.dtype}", values, tuple(r.start for r in region), free
+        )
+        out.append({"side": side, "grid": grid, "shards": [t.name for t in shards], "shard": wanted.shard, **params})
     return out
 
 
-def pair_page_context(db: DbSession, services: Services, pair_id: int, index: str, start: str,
-                      count: str, manual: dict[str, ManualSide] | None = None) -> dict[str, Any]:
+def pair_page_context(
+    db: DbSession,
+    services: Services,
+    pair_id: int,
+    index: str,
+    start: str,
+    count: str,
+    manual: dict[str, ManualSide] | None = None,
+) -> dict[str, Any]:
     detail = pair_detail(db, services.comparisons, pair_id)
     pair = db.get_one(PairRecord, pair_id)
     session = db.get_one(SessionRecord, pair.session_id)
     runs = {r.id: r for r in session.runs}
-    context: dict[str, Any] = {"pair": detail, "session": session, "run_a": runs.get(pair.run_a_id),
-                               "run_b": runs.get(pair.run_b_id), "inspector": None, "window": None,
-                               "histogram": histogram_bars(detail.stats.histogram if detail.stats else [])}
+    context: dict[str, Any] = {
+        "pair": detail,
+        "session": session,
+        "run_a": runs.get(pair.run_a_id),
+        "run_b": runs.get(pair.run_b_id),
+        "inspector": None,
+        "window": None,
+        "histogram": histogram_bars(detail.stats.histogram if detail.stats else []),
+    }
     if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
         return context
     if manual is not None:
@@ -163,6 +187,3 @@ def pair_page_context(db: DbSession, services: Services, pair_id: int, index: st
         jump = centred_window(shape, tuple(detail.argmax.aligned), request)
         context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
     return context
-
-
-

@@ -26,8 +26,12 @@ class ViewParams:
     @classmethod
     def parse(cls, group: str | None, sort: str | None, verdict: str | None, q: str | None) -> ViewParams:
         """Unknown values fall back to the defaults rather than failing the page."""
-        return cls(group if group in GROUPS else "layer", sort if sort in SORTS else "order",
-                   verdict if verdict in VERDICTS else "all", (q or "").strip())
+        return cls(
+            group if group in GROUPS else "layer",
+            sort if sort in SORTS else "order",
+            verdict if verdict in VERDICTS else "all",
+            (q or "").strip(),
+        )
 
 
 @dataclass
@@ -89,8 +93,12 @@ def band(pair: PairReport) -> str:
     """The pair's similarity band: identical (no difference at all), within tolerance, failing; or why it has
     none yet."""
     if pair.status == "pass":
-        identical = pair.stats is not None and _number(pair.stats, "max_abs_diff") == 0 \
-            and not pair.stats.nan_a and not pair.stats.nan_b
+        identical = (
+            pair.stats is not None
+            and _number(pair.stats, "max_abs_diff") == 0
+            and not pair.stats.nan_a
+            and not pair.stats.nan_b
+        )
         return "Identical" if identical else "Within tolerance"
     return {"fail": "Failing", "incomparable": "Incomparable", "error": "Error"}.get(pair.status, "Not compared yet")
 
@@ -140,16 +148,27 @@ def build_chart(pairs: list[PairReport], width: int = 1100, height: int = 220) -
         diff = _number(p.stats, "max_abs_diff")
         cosine = _number(p.stats, "cosine")
         one_minus = 1 - cosine if not math.isnan(cosine) else math.nan
-        points.append(ChartPoint(
-            round(pad + i * step, 1), _round(y_of(diff)) if p.stats else None,
-            _round(y_of(one_minus)) if p.stats else None,
-            p.status == "fail", f"/pairs/{p.id}",
-            f"{p.name}: {p.status}, max |diff| {p.stats.max_abs_diff if p.stats else '—'}",
-        ))
-    ticks = [(pad + (high - k) / (high - low) * (height - 2 * pad), f"1e{k}")
-             for k in range(int(low), int(high) + 1, 4)]
-    return Chart(width, height, points, ticks, _path([(pt.x, pt.y_diff) for pt in points]),
-                 _path([(pt.x, pt.y_cos) for pt in points]))
+        points.append(
+            ChartPoint(
+                round(pad + i * step, 1),
+                _round(y_of(diff)) if p.stats else None,
+                _round(y_of(one_minus)) if p.stats else None,
+                p.status == "fail",
+                f"/pairs/{p.id}",
+                f"{p.name}: {p.status}, max |diff| {p.stats.max_abs_diff if p.stats else '—'}",
+            )
+        )
+    ticks = [
+        (pad + (high - k) / (high - low) * (height - 2 * pad), f"1e{k}") for k in range(int(low), int(high) + 1, 4)
+    ]
+    return Chart(
+        width,
+        height,
+        points,
+        ticks,
+        _path([(pt.x, pt.y_diff) for pt in points]),
+        _path([(pt.x, pt.y_cos) for pt in points]),
+    )
 
 
 def _round(value: float | None) -> float | None:
