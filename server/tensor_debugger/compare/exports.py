@@ -7,20 +7,7 @@ import io
 
 from tensor_debugger.compare.pair_reports import PairReport
 
-COLUMNS = (
-    "position",
-    "name",
-    "layer",
-    "stage",
-    "status",
-    "strategy",
-    "reference",
-    "reference_shape",
-    "reference_dtype",
-    "candidate",
-    "candidate_shape",
-    "candidate_dtype",
-    "alignment",
+STAT_COLUMNS = (
     "max_abs_diff",
     "mean_abs_diff",
     "max_rel_diff",
@@ -39,22 +26,21 @@ COLUMNS = (
 )
 
 
-STAT_COLUMNS = (
-    "max_abs_diff",
-    "mean_abs_diff",
-    "max_rel_diff",
-    "mean_rel_diff",
-    "mse",
-    "rmse",
-    "cosine",
-    "snr_db",
-    "mismatched",
-    "numel",
-    "argmax",
-    "nan_a",
-    "nan_b",
-    "inf_a",
-    "inf_b",
+COLUMNS = (
+    "position",
+    "name",
+    "layer",
+    "stage",
+    "status",
+    "strategy",
+    "reference",
+    "reference_shape",
+    "reference_dtype",
+    "candidate",
+    "candidate_shape",
+    "candidate_dtype",
+    "alignment",
+    *STAT_COLUMNS,
 )
 
 
