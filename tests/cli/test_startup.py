@@ -69,6 +69,23 @@ def test_help_and_sessions_import_only_what_they_use(tmp_path: Path) -> None:
     assert not modules & {"torch", "litestar", "jinja2", "uvicorn"}
 
 
+def test_a_server_without_the_demo_does_not_import_torch(tmp_path: Path) -> None:
+    """Every test server, and a user's with --no-demo, starts without torch's second (the demo's generator uses it)."""
+    probe = (
+        "import pathlib, sys;"
+        "from litestar.testing import TestClient;"
+        "from tensor_debugger.settings import Settings;"
+        "from tensor_debugger.web.app import create_app;"
+        f"s = Settings(data_dir=pathlib.Path({str(tmp_path / 'data')!r}), demo=False);"
+        "c = TestClient(create_app(s), base_url='http://127.0.0.1').__enter__();"
+        "assert c.get('/').status_code == 200;"
+        "print('torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"
+
+
 def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tensor_debugger.cli.main import main
 

@@ -1,4 +1,4 @@
-"""What the page tests share: one Chromium for the run."""
+"""What the web tests share: one Chromium, and one first start with the demo, for the run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from playwright.sync_api import Browser, sync_playwright
 
 from tests.support.browser import CHROMIUM, FLAGS
+from tests.support.servers import LiveServer, started_server
 
 
 @pytest.fixture(scope="session")
@@ -20,3 +21,11 @@ def browser() -> Iterator[Browser]:
         launched = playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS, headless=True)
         yield launched
         launched.close()
+
+
+@pytest.fixture(scope="session")
+def shared_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """A first start with the demo, for the tests that only look at the demo session (and never change it)."""
+    server = started_server(tmp_path_factory.mktemp("demo-server"), demo=True)
+    yield server
+    server.stop()

@@ -80,14 +80,6 @@ def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def shared_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """A first start with the demo, for the tests that only look at the demo session."""
-    server = started_server(tmp_path_factory.mktemp("demo-server"), demo=True)
-    yield server
-    server.stop()
-
-
 def fill_new_session(
     page: Page, url: str | None, name: str, reference: Path, candidate: Path | list[Path] | None = None
 ) -> None:

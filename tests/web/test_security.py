@@ -21,6 +21,7 @@ from tensor_debugger.compare.inspector import cell_css
 from tensor_debugger.web.security import PAGE_POLICY
 
 from tests.support import REPO
+from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, cli_command, free_port
 from tests.support.servers import child_env as _child_env
 
@@ -91,100 +92,101 @@ def npy(path: Path) -> Path:
 # --- state-changing requests from another origin --------------------------------------------------------------
 
 
-def test_an_api_delete_from_another_origin_is_refused(live_server: LiveServer) -> None:
-    session_id = new_session(live_server, "keep me")
+def test_an_api_delete_from_another_origin_is_refused(shared_server: LiveServer) -> None:
+    session_id = new_session(shared_server, "security: keep me (api)")
     for headers in (
         from_evil(),
         {"origin": EVIL},
         {"sec-fetch-site": "cross-site"},
         {"sec-fetch-site": "same-site"},
         {"origin": "null"},
-        {"origin": live_server.url.replace("127.0.0.1", "localhost")},
+        {"origin": shared_server.url.replace("127.0.0.1", "localhost")},
     ):
-        response = httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=headers)
+        response = httpx.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=headers)
         assert response.status_code == 403, (headers, response.text)
         assert "may not change anything here" in response.json()["detail"]
-    assert "keep me" in session_names(live_server)
+    assert "security: keep me (api)" in session_names(shared_server)
     # the same request from the app's own page, and from a script (neither header), goes through
     assert (
-        httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=from_own_page(live_server)).status_code
+        httpx.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=from_own_page(shared_server)).status_code
         == 204
     )
-    other = new_session(live_server, "deleted by a script")
-    assert httpx.delete(f"{live_server.url}/api/sessions/{other}").status_code == 204
-    assert not {"keep me", "deleted by a script"} & session_names(live_server)
+    other = new_session(shared_server, "security: deleted by a script")
+    assert httpx.delete(f"{shared_server.url}/api/sessions/{other}").status_code == 204
+    assert not {"security: keep me (api)", "security: deleted by a script"} & session_names(shared_server)
 
 
-def test_a_form_delete_from_another_origin_is_refused_even_with_the_token(live_server: LiveServer) -> None:
-    session_id = new_session(live_server, "keep me")
-    token = form_token(live_server)
+def test_a_form_delete_from_another_origin_is_refused_even_with_the_token(shared_server: LiveServer) -> None:
+    session_id = new_session(shared_server, "security: keep me (form)")
+    token = form_token(shared_server)
     response = httpx.post(
-        f"{live_server.url}/sessions/{session_id}/delete",
+        f"{shared_server.url}/sessions/{session_id}/delete",
         headers=from_evil(),
         data={"csrf_token": token, "confirm": "yes"},
     )
     assert response.status_code == 403
-    assert "keep me" in session_names(live_server)
+    assert "security: keep me (form)" in session_names(shared_server)
     response = httpx.post(
-        f"{live_server.url}/sessions/{session_id}/delete",
-        headers=from_own_page(live_server),
+        f"{shared_server.url}/sessions/{session_id}/delete",
+        headers=from_own_page(shared_server),
         data={"csrf_token": token, "confirm": "yes"},
     )
     assert response.status_code == 303
-    assert "keep me" not in session_names(live_server)
+    assert "security: keep me (form)" not in session_names(shared_server)
 
 
-def test_tolerances_from_another_origin_are_refused(live_server: LiveServer) -> None:
-    session_id = new_session(live_server, "tolerances")
-    token = form_token(live_server)
-    url = f"{live_server.url}/sessions/{session_id}/tolerances"
+def test_tolerances_from_another_origin_are_refused(shared_server: LiveServer) -> None:
+    session_id = new_session(shared_server, "security: tolerances")
+    token = form_token(shared_server)
+    url = f"{shared_server.url}/sessions/{session_id}/tolerances"
     assert httpx.post(url, headers=from_evil(), data={"csrf_token": token, "rtol": "1000"}).status_code == 403
     assert (
         httpx.patch(
-            f"{live_server.url}/api/sessions/{session_id}", headers=from_evil(), json={"rtol": 1000}
+            f"{shared_server.url}/api/sessions/{session_id}", headers=from_evil(), json={"rtol": 1000}
         ).status_code
         == 403
     )
-    assert tolerances(live_server, session_id) == {"rtol": None, "atol": None}
+    assert tolerances(shared_server, session_id) == {"rtol": None, "atol": None}
     assert (
-        httpx.post(url, headers=from_own_page(live_server), data={"csrf_token": token, "rtol": "0.5"}).status_code
+        httpx.post(url, headers=from_own_page(shared_server), data={"csrf_token": token, "rtol": "0.5"}).status_code
         == 303
     )
-    assert tolerances(live_server, session_id)["rtol"] == 0.5
-    assert httpx.patch(f"{live_server.url}/api/sessions/{session_id}", json={"rtol": 0.25}).status_code == 200
-    assert tolerances(live_server, session_id)["rtol"] == 0.25
+    assert tolerances(shared_server, session_id)["rtol"] == 0.5
+    assert httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"rtol": 0.25}).status_code == 200
+    assert tolerances(shared_server, session_id)["rtol"] == 0.25
 
 
-def test_an_upload_from_another_origin_is_refused(live_server: LiveServer, tmp_path: Path) -> None:
-    weights = npy(tmp_path / "weights.npy")
-    token = form_token(live_server)
-    for url, data in (("/api/sessions", {"name": "planted"}), ("/sessions", {"csrf_token": token, "name": "planted"})):
+def test_an_upload_from_another_origin_is_refused(shared_server: LiveServer, tmp_path: Path) -> None:
+    weights = npy(tmp_path / "security-refused.npy")
+    token = form_token(shared_server)
+    name = "security: planted"
+    for url, data in (("/api/sessions", {"name": name}), ("/sessions", {"csrf_token": token, "name": name})):
         with open(weights, "rb") as handle:
             response = httpx.post(
-                live_server.url + url, headers=from_evil(), data=data, files=[("reference", ("weights.npy", handle))]
+                shared_server.url + url, headers=from_evil(), data=data, files=[("reference", (weights.name, handle))]
             )
         assert response.status_code == 403, (url, response.text)
-    assert "planted" not in session_names(live_server)
-    assert not any((live_server.data_dir / "staging").glob("**/*.npy"))
+    assert "security: planted" not in session_names(shared_server)
+    assert not any((shared_server.data_dir / "staging").glob(f"**/{weights.name}"))  # nothing of it was kept
     with open(weights, "rb") as handle:  # the app's own upload script, and curl, go through
         response = httpx.post(
-            live_server.url + "/api/sessions",
-            headers=from_own_page(live_server),
-            data={"name": "uploaded"},
-            files=[("reference", ("weights.npy", handle))],
+            shared_server.url + "/api/sessions",
+            headers=from_own_page(shared_server),
+            data={"name": "security: uploaded"},
+            files=[("reference", (weights.name, handle))],
             timeout=60,
         )
     assert response.status_code == 201, response.text
-    assert "uploaded" in session_names(live_server)
+    assert "security: uploaded" in session_names(shared_server)
 
 
-def test_requests_that_change_nothing_are_not_checked_for_origin(live_server: LiveServer) -> None:
+def test_requests_that_change_nothing_are_not_checked_for_origin(shared_server: LiveServer) -> None:
     """A link from another site to a page (GET, cross-site) opens it; `Sec-Fetch-Site: none` (typed, bookmarked)
     is the user's own request."""
-    assert httpx.get(live_server.url + "/", headers=from_evil()).status_code == 200
+    assert httpx.get(shared_server.url + "/", headers=from_evil()).status_code == 200
     assert (
         httpx.post(
-            live_server.url + "/api/sessions", json={"name": "typed"}, headers={"sec-fetch-site": "none"}
+            shared_server.url + "/api/sessions", json={"name": "security: typed"}, headers={"sec-fetch-site": "none"}
         ).status_code
         == 201
     )
@@ -193,25 +195,25 @@ def test_requests_that_change_nothing_are_not_checked_for_origin(live_server: Li
 # --- Host ------------------------------------------------------------------------------------------------------
 
 
-def test_a_host_that_is_not_allowed_is_refused(live_server: LiveServer) -> None:
-    session_id = new_session(live_server, "rebound")
+def test_a_host_that_is_not_allowed_is_refused(shared_server: LiveServer) -> None:
+    session_id = new_session(shared_server, "security: rebound")
     for path in ("/", "/api/sessions", f"/sessions/{session_id}", "/static/app.css", "/schema"):
-        response = httpx.get(live_server.url + path, headers={"host": "evil.example"})
+        response = httpx.get(shared_server.url + path, headers={"host": "evil.example"})
         assert response.status_code == 400, path
         assert "does not answer to the host name 'evil.example'" in response.json()["detail"]
         assert "TENSOR_DEBUGGER_ALLOWED_HOSTS" in response.json()["detail"]
     response = httpx.delete(
-        f"{live_server.url}/api/sessions/{session_id}", headers={"host": f"evil.example:{live_server.port}"}
+        f"{shared_server.url}/api/sessions/{session_id}", headers={"host": f"evil.example:{shared_server.port}"}
     )
     assert response.status_code == 400
-    assert "rebound" in session_names(live_server)
+    assert "security: rebound" in session_names(shared_server)
     for host in (
-        f"localhost:{live_server.port}",
-        f"127.0.0.1:{live_server.port}",
-        f"LOCALHOST.:{live_server.port}",
-        f"[::1]:{live_server.port}",
+        f"localhost:{shared_server.port}",
+        f"127.0.0.1:{shared_server.port}",
+        f"LOCALHOST.:{shared_server.port}",
+        f"[::1]:{shared_server.port}",
     ):
-        assert httpx.get(live_server.url + "/api/sessions", headers={"host": host}).status_code == 200, host
+        assert httpx.get(shared_server.url + "/api/sessions", headers={"host": host}).status_code == 200, host
 
 
 @dataclass
@@ -273,8 +275,8 @@ def assert_security_headers(response: httpx.Response, policy: str = PAGE_POLICY)
     assert response.headers.get("content-security-policy") == policy, response.url
 
 
-def test_every_response_carries_the_security_headers(live_server: LiveServer) -> None:
-    session_id = new_session(live_server, "headers")
+def test_every_response_carries_the_security_headers(shared_server: LiveServer) -> None:
+    session_id = new_session(shared_server, "security: headers")
     csp = PAGE_POLICY
     assert "script-src 'self'" in csp and "'unsafe-inline'" not in csp and "frame-ancestors 'none'" in csp
     for path in (
@@ -287,12 +289,12 @@ def test_every_response_carries_the_security_headers(live_server: LiveServer) ->
         "/api/sessions/999999",
         "/no-such-page",
     ):
-        assert_security_headers(httpx.get(live_server.url + path), csp)
-    refused = httpx.delete(f"{live_server.url}/api/sessions/{session_id}", headers=from_evil())
+        assert_security_headers(httpx.get(shared_server.url + path), csp)
+    refused = httpx.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=from_evil())
     assert refused.status_code == 403
     assert_security_headers(refused, csp)
-    assert_security_headers(httpx.get(live_server.url + "/", headers={"host": "evil.example"}), csp)
-    schema = httpx.get(live_server.url + "/schema")
+    assert_security_headers(httpx.get(shared_server.url + "/", headers={"host": "evil.example"}), csp)
+    schema = httpx.get(shared_server.url + "/schema")
     assert schema.headers["content-security-policy"].startswith("default-src 'self'; script-src 'self';")
     assert schema.headers["x-frame-options"] == "DENY"
 
@@ -315,76 +317,78 @@ def test_the_inspector_colour_classes_are_in_the_stylesheet() -> None:
 # --- the form token --------------------------------------------------------------------------------------------
 
 
-def test_every_post_form_carries_the_token_first(live_server: LiveServer) -> None:
-    session_id = new_session(live_server, "forms")
-    token = form_token(live_server)
+def test_every_post_form_carries_the_token_first(shared_server: LiveServer) -> None:
+    session_id = new_session(shared_server, "security: forms")
+    token = form_token(shared_server)
     assert re.fullmatch(r"[0-9a-f]{32}", token)
     pages = ["/", f"/sessions/{session_id}", f"/sessions/{session_id}?group=none"]
     seen = 0
     for path in pages:
-        for form in post_forms(httpx.get(live_server.url + path).text):
+        for form in post_forms(httpx.get(shared_server.url + path).text):
             assert form["inputs"][0] == ("csrf_token", "hidden", token), (path, form)
             seen += 1
     assert seen >= 4  # new session, rename, delete, tolerances
 
 
-def test_a_form_post_with_a_missing_or_forged_token_is_refused(live_server: LiveServer, tmp_path: Path) -> None:
-    session_id = new_session(live_server, "original")
-    token = form_token(live_server)
-    url = f"{live_server.url}/sessions/{session_id}/rename"
-    own = from_own_page(live_server)
+def test_a_form_post_with_a_missing_or_forged_token_is_refused(shared_server: LiveServer, tmp_path: Path) -> None:
+    session_id = new_session(shared_server, "security: original")
+    token = form_token(shared_server)
+    url = f"{shared_server.url}/sessions/{session_id}/rename"
+    own = from_own_page(shared_server)
     for headers, data in (
-        (own, {"name": "renamed"}),
-        ({}, {"name": "renamed"}),
-        (own, {"csrf_token": "0" * 32, "name": "renamed"}),
-        (own, {"csrf_token": token[:-1], "name": "renamed"}),
-        ({**own, "x-csrf-token": "forged"}, {"name": "renamed"}),
+        (own, {"name": "security: renamed"}),
+        ({}, {"name": "security: renamed"}),
+        (own, {"csrf_token": "0" * 32, "name": "security: renamed"}),
+        (own, {"csrf_token": token[:-1], "name": "security: renamed"}),
+        ({**own, "x-csrf-token": "forged"}, {"name": "security: renamed"}),
     ):
         response = httpx.post(url, headers={**headers, "accept": "text/html"}, data=data)
         assert response.status_code == 403, (headers, data)
         assert "reload the page" in response.text
-    assert "original" in session_names(live_server)
+    assert "security: original" in session_names(shared_server)
     weights = npy(tmp_path / "weights.npy")
     for data in (
-        {"name": "no token"},
-        {"name": "token not first", "csrf_token": token},
-        {"csrf_token": "forged", "name": "forged"},
+        {"name": "security: no token"},
+        {"name": "security: token not first", "csrf_token": token},
+        {"csrf_token": "forged", "name": "security: forged"},
     ):
         with open(weights, "rb") as handle:
             response = httpx.post(
-                live_server.url + "/sessions", headers=own, data=data, files=[("reference", ("weights.npy", handle))]
+                shared_server.url + "/sessions", headers=own, data=data, files=[("reference", ("weights.npy", handle))]
             )
         assert response.status_code == 403, data
-    assert not {"no token", "token not first", "forged"} & session_names(live_server)
+    assert not {"security: no token", "security: token not first", "security: forged"} & session_names(shared_server)
     # the right token, as the page's own form sends it (first field), or as a header
-    assert httpx.post(url, headers=own, data={"csrf_token": token, "name": "renamed"}).status_code == 303
-    assert httpx.post(url, headers={"x-csrf-token": token}, data={"name": "again"}).status_code == 303
-    assert "again" in session_names(live_server)
+    assert httpx.post(url, headers=own, data={"csrf_token": token, "name": "security: renamed"}).status_code == 303
+    assert httpx.post(url, headers={"x-csrf-token": token}, data={"name": "security: again"}).status_code == 303
+    assert "security: again" in session_names(shared_server)
     with open(weights, "rb") as handle:
         response = httpx.post(
-            live_server.url + "/sessions",
+            shared_server.url + "/sessions",
             headers=own,
-            data={"csrf_token": token, "name": "form"},
+            data={"csrf_token": token, "name": "security: form"},
             files=[("reference", ("weights.npy", handle))],
         )
     assert response.status_code == 303
-    assert "form" in session_names(live_server)
+    assert "security: form" in session_names(shared_server)
+    progress = f"{shared_server.url}/api{response.headers['location']}/progress"  # left done, on the shared server
+    wait_until(lambda: httpx.get(progress).json()["stage"], until=lambda s: s == "done", what=f"{progress} to be done")
 
 
 # --- the OpenAPI viewer ----------------------------------------------------------------------------------------
 
 
-def test_the_schema_page_loads_nothing_from_elsewhere(live_server: LiveServer) -> None:
-    page = httpx.get(live_server.url + "/schema")
+def test_the_schema_page_loads_nothing_from_elsewhere(shared_server: LiveServer) -> None:
+    page = httpx.get(shared_server.url + "/schema")
     assert page.status_code == 200
     assert not re.search(r"(https?:)?//[a-z0-9.-]+", page.text.replace('href="data:,"', "")), page.text
     scripts = re.findall(r'<script[^>]*src="([^"]+)"', page.text)
     assert scripts and all(s.startswith("/static/vendor/redoc/") for s in scripts)
     assert "<script>" not in page.text and "<style" not in page.text
-    bundle = httpx.get(live_server.url + scripts[0])
+    bundle = httpx.get(shared_server.url + scripts[0])
     assert bundle.status_code == 200 and bundle.headers["content-type"].startswith("text/javascript")
     assert len(bundle.content) > 500_000
-    assert httpx.get(live_server.url + "/schema/openapi.json").json()["info"]["title"] == "Tensor Debugger"
+    assert httpx.get(shared_server.url + "/schema/openapi.json").json()["info"]["title"] == "Tensor Debugger"
     licence = REPO / "web" / "static" / "vendor" / "redoc" / "LICENSE"
     assert "MIT License" in licence.read_text()
 
@@ -393,15 +397,6 @@ def test_the_schema_page_loads_nothing_from_elsewhere(live_server: LiveServer) -
 
 REPORT_VIOLATIONS = """document.addEventListener("securitypolicyviolation", (e) =>
   console.error(`CSP violation: ${e.violatedDirective} blocked ${e.blockedURI} in ${e.sourceFile}:${e.lineNumber}`));"""
-
-
-@pytest.fixture
-def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
-    server = LiveServer(tmp_path / "data", free_port(), demo=True)
-    server.data_dir.mkdir(parents=True)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -426,10 +421,10 @@ def watched_page(browser: Browser) -> Iterator[tuple[Any, list[str]]]:
 
 @pytest.mark.browser
 def test_the_pages_run_under_the_policy_without_a_violation(
-    demo_server: LiveServer, watched_page: tuple[Any, list[str]]
+    shared_demo_server: LiveServer, watched_page: tuple[Any, list[str]]
 ) -> None:
     page, problems = watched_page
-    page.goto(demo_server.url + "/")
+    page.goto(shared_demo_server.url + "/")
     page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn").click()
     page.locator(".banner.fail").wait_for(timeout=60_000)
     page.get_by_role("button", name="Collapse all").click()  # session.js runs
@@ -452,7 +447,7 @@ def test_the_pages_run_under_the_policy_without_a_violation(
     heatmap = page.locator("object.heatmap")  # the SVG may be embedded by the app's own page
     heatmap.wait_for()
     page.wait_for_function("() => document.querySelector('object.heatmap').contentDocument?.querySelector('rect')")
-    page.goto(demo_server.url + "/schema")
+    page.goto(shared_demo_server.url + "/schema")
     page.get_by_role("heading", name=re.compile("Tensor Debugger")).first.wait_for(timeout=30_000)
     page.get_by_text("/api/sessions").first.wait_for()
     assert problems == [], problems

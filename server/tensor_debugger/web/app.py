@@ -16,7 +16,6 @@ from litestar.template import TemplateConfig
 from tensor_debugger import __version__
 from tensor_debugger.compare.formatting import register_filters
 from tensor_debugger.compare.plan import sessions_needing_plan
-from tensor_debugger.demo.session import ensure_demo_session
 from tensor_debugger.errors import (
     ConflictError,
     FileProblem,
@@ -86,6 +85,9 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         for session_id in unplanned:  # runs ingested from the command line while no server ran
             opened.comparisons.plan(session_id)
         if settings.demo:
+            # only here: the demo's generator imports torch (about a second), which a server without it never needs
+            from tensor_debugger.demo.session import ensure_demo_session
+
             ensure_demo_session(opened)
         worker.start()  # picks up pending pairs, those of a computation killed last time included
 
