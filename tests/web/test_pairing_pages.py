@@ -58,8 +58,8 @@ def new_session(page: Page, server: LiveServer, name: str, reference: Path, cand
     return page.url
 
 
-def test_rules_form_and_pairing_file(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
-    url = new_session(page, live_server, "rules page", *two_runs(tmp_path))
+def test_rules_form_and_pairing_file(shared_server: LiveServer, page: Page, tmp_path: Path) -> None:
+    url = new_session(page, shared_server, "rules page", *two_runs(tmp_path))
     session_id = int(url.rstrip("/").rsplit("/", 1)[1])
     form = page.locator("form.pairing-rules")
     assert form.get_by_label("Strategies").input_value() == ""  # the default chain
@@ -76,7 +76,7 @@ def test_rules_form_and_pairing_file(live_server: LiveServer, page: Page, tmp_pa
     form.get_by_label("Strategies").fill("name, fuzy")
     form.get_by_role("button", name="Apply and pair again").click()
     assert "unknown pairing strategy 'fuzy'" in page.locator("section.pairing").get_by_role("alert").inner_text()
-    assert httpx.get(f"{live_server.url}/api/sessions/{session_id}").json()["name_pattern"] is None
+    assert httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["name_pattern"] is None
     # a fuzzy threshold without fuzzy in the chain
     form = page.locator("form.pairing-rules")
     form.get_by_label("Strategies").fill("name")
@@ -93,7 +93,7 @@ def test_rules_form_and_pairing_file(live_server: LiveServer, page: Page, tmp_pa
     assert page.locator("section.pairing").get_by_role("alert").count() == 0
     assert page.locator("form.pairing-rules").get_by_label("Strategies").input_value() == "name, fuzzy"
     assert page.locator("form.pairing-rules").get_by_label("Fuzzy threshold").input_value() == "0.99"
-    shown = httpx.get(f"{live_server.url}/api/sessions/{session_id}").json()
+    shown = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()
     assert shown["strategies"] == ["name", "fuzzy:0.99"]
     unmatched = page.locator("ul.unmatched").inner_text()
     assert "L0_attention_out" in unmatched and "L0_attn_out" in unmatched  # 0.95 is under 0.99 now
@@ -110,7 +110,7 @@ def test_rules_form_and_pairing_file(live_server: LiveServer, page: Page, tmp_pa
     page.get_by_label("Pairing file").set_input_files(str(good))
     page.get_by_role("button", name="Upload pairing file").click()
     wait_until_compared(page)
-    pairs = wait_done(live_server, session_id)["pairs"]
+    pairs = wait_done(shared_server, session_id)["pairs"]
     assert ("L0_attention_out", "L0_attn_out", "manual") in {
         (p["a"]["name"], p["b"]["name"], p["strategy"]) for p in pairs
     }
@@ -130,8 +130,8 @@ def test_rules_form_and_pairing_file(live_server: LiveServer, page: Page, tmp_pa
     shot(page, "pairing-file-error")
 
 
-def test_bands_size_and_a_transpose_by_hand(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
-    url = new_session(page, live_server, "bands page", *two_runs(tmp_path))
+def test_bands_size_and_a_transpose_by_hand(shared_server: LiveServer, page: Page, tmp_path: Path) -> None:
+    url = new_session(page, shared_server, "bands page", *two_runs(tmp_path))
     page.get_by_label("Group by").select_option("band")
     page.get_by_label("Sort by").select_option("numel")
     page.get_by_role("button", name="Apply", exact=True).click()
@@ -165,10 +165,10 @@ def test_bands_size_and_a_transpose_by_hand(live_server: LiveServer, page: Page,
     assert "permuted [1, 0]" in row.locator(".alignment").inner_text()
 
 
-def test_explore_one_run_from_the_sessions_page(live_server: LiveServer, page: Page, tmp_path: Path) -> None:
+def test_explore_one_run_from_the_sessions_page(shared_server: LiveServer, page: Page, tmp_path: Path) -> None:
     torch.save({"q": seeded((4, 8), 1), "k": seeded((4, 8), 1), "v": seeded((8, 4), 2)}, tmp_path / "acts.pth")
     torch.save({f"t{i}": torch.full((2,), float(i)) for i in range(101)}, tmp_path / "many.pth")
-    page.goto(live_server.url + "/")
+    page.goto(shared_server.url + "/")
     explore = page.locator("form.explore-run")
     explore.get_by_label("Run to explore").set_input_files(str(tmp_path / "many.pth"))
     with page.expect_response(lambda r: r.url.endswith("/sessions/explore")) as answer:
@@ -185,7 +185,7 @@ def test_explore_one_run_from_the_sessions_page(live_server: LiveServer, page: P
     wait_until_compared(page)
     assert page.get_by_role("heading", name="explore many.pth").is_visible()
     assert page.locator("table.pairs tbody tr").count() == 45
-    page.goto(live_server.url + "/")
+    page.goto(shared_server.url + "/")
     explore = page.locator("form.explore-run")
     explore.get_by_label("Session name").fill("my exploration")
     explore.get_by_label("Run to explore").set_input_files(str(tmp_path / "acts.pth"))

@@ -89,12 +89,12 @@ def test_strategies_and_pairing_file(services: Services, tmp_path: Path, capsys:
     assert code == 2 and 'pairs[0] must be an object with "a" and "b"' in out["error"]
 
 
-def test_pairing_file_through_the_api(live_server: LiveServer, tmp_path: Path) -> None:
+def test_pairing_file_through_the_api(shared_server: LiveServer, tmp_path: Path) -> None:
     a = make_zip(dump(tmp_path / "a", ["L0_attention_out", "L0_mlp", "L1_mlp", "lonely"]), tmp_path / "a.zip")
     b = make_zip(dump(tmp_path / "b", ["L0_attn_out", "L0_mlp", "L1_mlp", "alone"], seed=1), tmp_path / "b.zip")
-    response = upload(live_server, "pairing api", [("reference", a), ("candidate", b)])
+    response = upload(shared_server, "pairing api", [("reference", a), ("candidate", b)])
     assert response.status_code == 201, response.text
-    url = f"{live_server.url}/api/sessions/{response.json()['session']['id']}/pairing"
+    url = f"{shared_server.url}/api/sessions/{response.json()['session']['id']}/pairing"
     exported = httpx.get(url).json()
     assert exported["strategies"] is None and exported["name_pattern"] is None
     assert {(p["a"], p["b"]) for p in exported["pairs"]} == {

@@ -15,16 +15,16 @@ from tests.support.dumps import named_dump as dump
 from tests.support.servers import LiveServer, upload, wait_done
 
 
-def test_rules_are_fields_of_the_session(live_server: LiveServer, tmp_path: Path) -> None:
+def test_rules_are_fields_of_the_session(shared_server: LiveServer, tmp_path: Path) -> None:
     a = make_zip(dump(tmp_path / "a", ["L0_attention_out", "L0_mlp", "L1_mlp"]), tmp_path / "a.zip")
     b = make_zip(dump(tmp_path / "b", ["L0_attn_out", "L0_mlp", "L1_mlp"], seed=1), tmp_path / "b.zip")
-    response = upload(live_server, "rules api", [("reference", a), ("candidate", b)])
+    response = upload(shared_server, "rules api", [("reference", a), ("candidate", b)])
     assert response.status_code == 201, response.text
     session_id = response.json()["session"]["id"]
-    url = f"{live_server.url}/api/sessions/{session_id}"
+    url = f"{shared_server.url}/api/sessions/{session_id}"
     shown = httpx.get(url).json()
     assert shown["strategies"] is None and shown["name_pattern"] is None
-    assert {(p["a"]["name"], p["strategy"]) for p in wait_done(live_server, session_id)["pairs"]} == {
+    assert {(p["a"]["name"], p["strategy"]) for p in wait_done(shared_server, session_id)["pairs"]} == {
         ("L0_attention_out", "fuzzy 0.95"),
         ("L0_mlp", "name"),
         ("L1_mlp", "name"),
@@ -36,7 +36,7 @@ def test_rules_are_fields_of_the_session(live_server: LiveServer, tmp_path: Path
     assert patched.json()["strategies"] == ["layer_stage", "name"]
     shown = httpx.get(url).json()
     assert shown["strategies"] == ["layer_stage", "name"] and shown["name_pattern"] == pattern
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     assert {(p["a"]["name"], p["strategy"]) for p in report["pairs"]} == {
         ("L0_mlp", "layer_stage"),
         ("L1_mlp", "layer_stage"),
@@ -58,46 +58,48 @@ def test_rules_are_fields_of_the_session(live_server: LiveServer, tmp_path: Path
     # back to the default chain and no pattern
     reset = httpx.patch(url, json={"strategies": [], "name_pattern": ""}).json()
     assert reset["strategies"] is None and reset["name_pattern"] is None
-    assert len(wait_done(live_server, session_id)["pairs"]) == 3
+    assert len(wait_done(shared_server, session_id)["pairs"]) == 3
 
 
-def test_explore_one_uploaded_run(live_server: LiveServer, tmp_path: Path) -> None:
+def test_explore_one_uploaded_run(shared_server: LiveServer, tmp_path: Path) -> None:
     folder = tmp_path / "acts"
     folder.mkdir()
     torch.save(
         {"q": seeded((4, 8), 1), "k": seeded((4, 8), 1), "v": seeded((8, 4), 2), "o": seeded((3,), 3)},
         folder / "acts.pth",
     )
-    response = upload(live_server, "", [("run", folder / "acts.pth")], url="/api/sessions?explore=true")
+    response = upload(shared_server, "", [("run", folder / "acts.pth")], url="/api/sessions?explore=true")
     assert response.status_code == 201, response.text
     session = response.json()["session"]
     assert session["name"] == "explore acts.pth" and len(session["runs"]) == 1
-    report = wait_done(live_server, session["id"])
+    report = wait_done(shared_server, session["id"])
     assert len(report["pairs"]) == 6 and {p["strategy"] for p in report["pairs"]} == {"explore"}
     same = next(p for p in report["pairs"] if {p["a"]["name"], p["b"]["name"]} == {"acts.q", "acts.k"})
     assert same["status"] == "pass"
     assert sum(1 for p in report["pairs"] if p["status"] == "incomparable") == 3  # o against the others
     # the exploration survives what pairs a session again (new rules, say)
-    url = f"{live_server.url}/api/sessions/{session['id']}"
+    url = f"{shared_server.url}/api/sessions/{session['id']}"
     assert httpx.patch(url, json={"strategies": "name"}).status_code == 200
-    assert len(wait_done(live_server, session["id"])["pairs"]) == 6
+    assert len(wait_done(shared_server, session["id"])["pairs"]) == 6
     # the name filter
     matched = upload(
-        live_server, "explore qk", [("run", folder / "acts.pth")], url="/api/sessions?explore=true&match=*.[QK]"
+        shared_server, "explore qk", [("run", folder / "acts.pth")], url="/api/sessions?explore=true&match=*.[QK]"
     )
     assert matched.status_code == 201, matched.text
     assert [
-        (p["a"]["name"], p["b"]["name"]) for p in wait_done(live_server, matched.json()["session"]["id"])["pairs"]
+        (p["a"]["name"], p["b"]["name"]) for p in wait_done(shared_server, matched.json()["session"]["id"])["pairs"]
     ] in ([("acts.q", "acts.k")], [("acts.k", "acts.q")])
     # past 5,000 pairs: a filter is asked for, and no session is kept
     torch.save({f"t{i}": torch.full((2,), float(i)) for i in range(101)}, tmp_path / "many.pth")
-    many = upload(live_server, "too many", [("run", tmp_path / "many.pth")], url="/api/sessions?explore=true")
+    many = upload(
+        shared_server, "pairing api: too many", [("run", tmp_path / "many.pth")], url="/api/sessions?explore=true"
+    )
     assert many.status_code == 400
     assert "101 tensors make 5,050 pairs, over 5,000: choose fewer with the match parameter" in many.json()["detail"]
-    assert "too many" not in {s["name"] for s in httpx.get(f"{live_server.url}/api/sessions").json()}
+    assert "pairing api: too many" not in {s["name"] for s in httpx.get(f"{shared_server.url}/api/sessions").json()}
 
 
-def test_pair_by_hand_with_a_transpose(live_server: LiveServer, tmp_path: Path) -> None:
+def test_pair_by_hand_with_a_transpose(shared_server: LiveServer, tmp_path: Path) -> None:
     weight = seeded((32, 64), 5)
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir()
@@ -107,15 +109,15 @@ def test_pair_by_hand_with_a_transpose(live_server: LiveServer, tmp_path: Path) 
     torch.save(seeded((3, 3), 6), a / "same.pth")
     torch.save(seeded((3, 3), 6), b / "same.pth")
     response = upload(
-        live_server,
+        shared_server,
         "transpose",
         [("reference", make_zip(a, tmp_path / "a.zip")), ("candidate", make_zip(b, tmp_path / "b.zip"))],
     )
     assert response.status_code == 201, response.text
     session_id = response.json()["session"]["id"]
-    base = f"{live_server.url}/api/sessions/{session_id}"
+    base = f"{shared_server.url}/api/sessions/{session_id}"
     httpx.patch(base, json={"strategies": "name"})
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"proj_weight", "weight_t"}
     choices = httpx.get(f"{base}/alignments", params={"a_name": "proj_weight", "b_name": "weight_t"})
     assert choices.status_code == 200, choices.text
@@ -129,7 +131,7 @@ def test_pair_by_hand_with_a_transpose(live_server: LiveServer, tmp_path: Path) 
     )
     assert made.status_code == 201, made.text
     assert made.json()["strategy"] == "manual" and made.json()["alignment_overridden"]
-    report = wait_done(live_server, session_id)
+    report = wait_done(shared_server, session_id)
     pair = next(p for p in report["pairs"] if p["a"]["name"] == "proj_weight")
     assert pair["status"] == "pass" and "permuted [1, 0]" in pair["alignment"]
     # an alignment that does not fit: 400, and nothing paired
