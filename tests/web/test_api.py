@@ -77,25 +77,28 @@ def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_pa
     )
 
 
-def test_list_search_rename_delete(live_server: LiveServer, tmp_path: Path) -> None:
+def test_list_search_rename_delete(shared_server: LiveServer, tmp_path: Path) -> None:
     reference, candidate = two_runs(tmp_path)
-    first = upload(live_server, "alpha run", [("reference", reference)]).json()["session"]
-    second = upload(live_server, "Beta run", [("reference", candidate)]).json()["session"]
-    names = [s["name"] for s in httpx.get(live_server.url + "/api/sessions").json()]
-    assert names == ["Beta run", "alpha run"]  # newest first
-    assert [s["name"] for s in httpx.get(live_server.url + "/api/sessions", params={"q": "BETA"}).json()] == [
-        "Beta run"
-    ]
-    renamed = httpx.patch(f"{live_server.url}/api/sessions/{first['id']}", json={"name": "gamma", "notes": "n"})
-    assert renamed.status_code == 200 and renamed.json()["name"] == "gamma" and renamed.json()["notes"] == "n"
-    clash = httpx.patch(f"{live_server.url}/api/sessions/{first['id']}", json={"name": "Beta run"})
+    first = upload(shared_server, "api list: alpha run", [("reference", reference)]).json()["session"]
+    second = upload(shared_server, "api list: Beta run", [("reference", candidate)]).json()["session"]
+
+    def listed(q: str) -> list[str]:
+        return [s["name"] for s in httpx.get(shared_server.url + "/api/sessions", params={"q": q}).json()]
+
+    assert listed("API LIST:") == ["api list: Beta run", "api list: alpha run"]  # newest first
+    assert listed("api list: BETA") == ["api list: Beta run"]
+    renamed = httpx.patch(
+        f"{shared_server.url}/api/sessions/{first['id']}", json={"name": "api list: gamma", "notes": "n"}
+    )
+    assert renamed.status_code == 200 and renamed.json()["name"] == "api list: gamma" and renamed.json()["notes"] == "n"
+    clash = httpx.patch(f"{shared_server.url}/api/sessions/{first['id']}", json={"name": "api list: Beta run"})
     assert clash.status_code == 409 and "exists already" in clash.json()["detail"]
-    arrays = live_server.data_dir / "arrays" / "runs" / str(second["runs"][0]["id"])
+    arrays = shared_server.data_dir / "arrays" / "runs" / str(second["runs"][0]["id"])
     assert arrays.exists()
-    assert httpx.delete(f"{live_server.url}/api/sessions/{second['id']}").status_code == 204
+    assert httpx.delete(f"{shared_server.url}/api/sessions/{second['id']}").status_code == 204
     assert not arrays.exists()
-    assert httpx.get(f"{live_server.url}/api/sessions/{second['id']}").status_code == 404
-    assert [s["name"] for s in httpx.get(live_server.url + "/api/sessions").json()] == ["gamma"]
+    assert httpx.get(f"{shared_server.url}/api/sessions/{second['id']}").status_code == 404
+    assert listed("api list:") == ["api list: gamma"]
 
 
 def test_empty_session_then_add_runs(shared_server: LiveServer, tmp_path: Path) -> None:
@@ -111,7 +114,7 @@ def test_empty_session_then_add_runs(shared_server: LiveServer, tmp_path: Path) 
     assert again.status_code == 409
 
 
-def test_bad_uploads_get_clear_errors_and_the_server_stays_up(live_server: LiveServer, tmp_path: Path) -> None:
+def test_bad_uploads_get_clear_errors_and_the_server_stays_up(shared_server: LiveServer, tmp_path: Path) -> None:
     evil = tmp_path / "evil.zip"
     with zipfile.ZipFile(evil, "w") as z:
         buffer = io.BytesIO()
@@ -119,23 +122,23 @@ def test_bad_uploads_get_clear_errors_and_the_server_stays_up(live_server: LiveS
         z.writestr("../../escape.pth", buffer.getvalue())
     garbage = tmp_path / "garbage.pth"
     garbage.write_bytes(b"\x00" * 100)
-    response = upload(live_server, "bad", [("reference", evil), ("candidate", garbage)])
+    response = upload(shared_server, "api: bad uploads", [("reference", evil), ("candidate", garbage)])
     assert response.status_code == 422
     body = response.json()
     problems = {p["file"]: p["reason"] for run in body["runs"] for p in run["problems"]}
     assert "escape the archive" in problems["evil.zip"]
     assert "not a readable PyTorch file" in problems["garbage.pth"]
-    assert httpx.get(live_server.url + "/api/sessions").json() == []
+    assert "api: bad uploads" not in {s["name"] for s in httpx.get(shared_server.url + "/api/sessions").json()}
     assert not (tmp_path.parent / "escape.pth").exists()
     malformed = httpx.post(
-        live_server.url + "/api/sessions",
+        shared_server.url + "/api/sessions",
         content=b"--x\r\nnonsense",
         headers={"content-type": "multipart/form-data; boundary=x"},
     )
     assert malformed.status_code == 400
-    assert httpx.get(live_server.url + "/api/sessions/12345").status_code == 404
-    assert live_server.alive()
-    staging = live_server.data_dir / "staging"
+    assert httpx.get(shared_server.url + "/api/sessions/12345").status_code == 404
+    assert shared_server.alive()
+    staging = shared_server.data_dir / "staging"
     assert not staging.exists() or list(staging.iterdir()) == []
 
 
