@@ -6,17 +6,19 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
 
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, cli_command, free_port, upload, wait_done
+from tests.support.servers import LiveServer, free_port, upload, wait_done
 
 
 def session_with_plant(
@@ -113,30 +115,19 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         folder = tmp_path / side
         folder.mkdir()
         for i in range(12):
-            tensor = torch.full((2048, 4096), float(i))  # 32 MiB
+            tensor = torch.full((2048, 2048), float(i))  # 16 MiB: each pair takes long enough to kill the server midway
             if side == "cand" and i == 7:
                 tensor[5, 5] = -1.0
             torch.save(tensor, folder / f"{i}_post_mlp.pth")
+    # both runs ingested while no server runs, as `tensor-debugger ingest` does (here without two more interpreters)
     data = tmp_path / "data"
-    for side in ("ref", "cand"):
-        done = subprocess.run(
-            [
-                *cli_command(),
-                "--data-dir",
-                str(data),
-                "ingest",
-                "--session",
-                "big",
-                "--run",
-                side,
-                str(tmp_path / side),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        assert done.returncode == 0, done.stderr
+    services = open_services(Settings(data_dir=data, demo=False))
+    try:
+        for side in ("ref", "cand"):
+            files = sorted((tmp_path / side).iterdir())
+            assert services.ingestor.ingest("big", side, [InputFile(p, str(p)) for p in files]).tensors == 12
+    finally:
+        services.close()
     server = LiveServer(data, free_port())
     process = server.launch()
     # Watch the database itself, from the moment the process starts: the worker computes as soon as the server is
