@@ -154,7 +154,7 @@ def test_capture_with_a_pattern_and_through_the_server(shared_server: LiveServer
             until=lambda r: r["pairs"] and not r["progress"]["pending"],
             what="the captured session's pairs to be computed",
             timeout=120,
-            interval=0.1,
+            interval=0.03,
         )
         names = {p["name"] for p in report["pairs"]}
         assert f"{MODEL_CLASS}_inputs_args_0" in names  # the model itself is always recorded

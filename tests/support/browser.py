@@ -34,4 +34,4 @@ def wait_until_compared(page: Page, timeout: float = 60) -> None:
         page.reload()
         return False
 
-    wait_until(compared, what=f"{page.url} to show no pair pending", timeout=timeout, interval=0.5)
+    wait_until(compared, what=f"{page.url} to show no pair pending", timeout=timeout, interval=0.2)

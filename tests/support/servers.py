@@ -71,7 +71,7 @@ class LiveServer:
     def start(self) -> LiveServer:
         self.launch()
         wait_until(
-            self.answers, what=f"the server on port {self.port} to answer GET /api/sessions", timeout=60, interval=0.1
+            self.answers, what=f"the server on port {self.port} to answer GET /api/sessions", timeout=60, interval=0.02
         )
         return self
 
@@ -122,6 +122,6 @@ def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict
         until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
         what=f"session {session_id}'s pairs to be computed",
         timeout=timeout,
-        interval=0.1,
+        interval=0.03,
     )
     return report

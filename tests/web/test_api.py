@@ -199,7 +199,7 @@ def poll_progress(server: LiveServer, url: str, timeout: float = 120) -> dict[st
         until=lambda p: p["stage"] == "done",
         what=f"{url} to say stage 'done'",
         timeout=timeout,
-        interval=0.1,
+        interval=0.03,
     )
     return progress
 
