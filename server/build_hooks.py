@@ -22,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -124,16 +125,13 @@ def compile_families(
     if sys.platform == "win32":
         return False, ["the kernel is built with a Unix C compiler only"]
     path = str(root / PACKAGE / source)
-    problems = []
+    families = FAMILIES.get(architecture(machine or platform.machine()), BASELINE)
     with tempfile.TemporaryDirectory(prefix="tensor-debugger-kernel-") as scratch:
         shared = Path(scratch) / "shared.o"
-        problem = _run([*compiler, *FLAGS, "-c", "-o", str(shared), path])
-        if problem is not None:
-            return False, [problem]
-        objects = [str(shared)]
-        for family, (lanes, flags) in FAMILIES.get(architecture(machine or platform.machine()), BASELINE).items():
+        commands = [[*compiler, *FLAGS, "-c", "-o", str(shared), path]]
+        for family, (lanes, flags) in families.items():
             target = Path(scratch) / f"{family}.o"
-            problem = _run(
+            commands.append(
                 [
                     *compiler,
                     *FLAGS,
@@ -146,8 +144,16 @@ def compile_families(
                     path,
                 ]
             )
+        # the objects are independent: compiled side by side, one compiler per CPU
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            shared_problem, *family_problems = pool.map(_run, commands)
+        if shared_problem is not None:
+            return False, [shared_problem]
+        objects = [str(shared)]
+        problems = []
+        for family, problem in zip(families, family_problems, strict=True):
             if problem is None:
-                objects.append(str(target))
+                objects.append(str(Path(scratch) / f"{family}.o"))
             else:
                 problems.append(f"kernel family {family} left out: {problem}")
         if len(objects) == 1:
