@@ -26,7 +26,7 @@ from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, Ten
 from tests.support.dumps import seeded
 from tests.support.servers import run_cli
 
-BIG = (1100, 4096)  # 4.5M float32 values: several comparison blocks, and many ingest blocks of small chunks
+BIG = (600, 4096)  # 2.5M float32 values: three comparison blocks, and many ingest blocks of small chunks
 SMALL_CHUNKS = "16384"  # bytes per stored chunk: blocks of 256 KiB, so every tensor is many blocks
 
 
