@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +11,7 @@ import pytest
 from playwright.sync_api import Browser, sync_playwright
 
 from tests.support.browser import CHROMIUM, FLAGS
-from tests.support.servers import LiveServer, started_server
+from tests.support.servers import LiveServer, free_port, started_server, wait_done
 
 
 @pytest.fixture(scope="session")
@@ -27,5 +29,33 @@ def browser() -> Iterator[Browser]:
 def shared_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """A first start with the demo, for the tests that only look at the demo session (and never change it)."""
     server = started_server(tmp_path_factory.mktemp("demo-server"), demo=True)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def demo_data(shared_demo_server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the shared demo server's data dir once the demo session is computed (the database copied by
+    SQLite's backup, the arrays as files), taken once: each server of a test's own with the demo starts from a copy
+    of it instead of generating the demo again."""
+    wait_done(shared_demo_server, 1)
+    copy = tmp_path_factory.mktemp("demo-data") / "data"
+    shutil.copytree(shared_demo_server.data_dir, copy, ignore=shutil.ignore_patterns("metadata.sqlite3*", "staging"))
+    source = sqlite3.connect(shared_demo_server.data_dir / "metadata.sqlite3")
+    target = sqlite3.connect(copy / "metadata.sqlite3")
+    try:
+        source.backup(target)
+    finally:
+        target.close()
+        source.close()
+    return copy
+
+
+@pytest.fixture
+def demo_server(demo_data: Path, tmp_path: Path) -> Iterator[LiveServer]:
+    """A server of the test's own with the demo session computed (a copy of `demo_data`), as it is after the first
+    start: for a test that changes the demo session or restarts the server."""
+    shutil.copytree(demo_data, tmp_path / "data")
+    server = LiveServer(tmp_path / "data", free_port(), demo=True).start()
     yield server
     server.stop()

@@ -17,7 +17,7 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support.browser import shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer, started_server
+from tests.support.servers import LiveServer
 from tests.support.traces import MODEL_CLASS, WrittenTraces
 
 pytestmark = pytest.mark.browser
@@ -70,14 +70,6 @@ def run_statuses(connection: sqlite3.Connection, session_id: int) -> list[str]:
 def session_of(answer: Response) -> int:
     """The id of the session an upload created, from the location it answered with (`/sessions/{id}`)."""
     return int(answer.headers["location"].rsplit("/", 1)[1])
-
-
-@pytest.fixture
-def demo_server(tmp_path: Path) -> Iterator[LiveServer]:
-    """A first start with the demo, of the test's own: for a test that changes the demo session or restarts."""
-    server = started_server(tmp_path, demo=True)
-    yield server
-    server.stop()
 
 
 def fill_new_session(
