@@ -7,6 +7,10 @@ the same key (digests, alignment, tolerance) for every pair planned as guessed h
 costs only its computation: results are stored under their key and nothing else, so what users see is the same as
 when nothing was compared early. Only the plain case is guessed: one tensor of each name on both sides, not a
 shard of a tensor split across ranks, with element values, and shapes that align.
+
+With `fail_fast` the guesses stop once one fails and every reference tensor before it (in execution order) has a
+passing guess: what comes after is left to the plan, which computes only what it still needs to know where the
+first divergence is (`pipeline.compare_runs`).
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from sqlalchemy import select
 
 from tensor_debugger.compare.chunk_loop import chunk_pairs
 from tensor_debugger.compare.pending import PendingPair, ResultWriter
-from tensor_debugger.compare.plan import Comparisons, cache_key
+from tensor_debugger.compare.plan import Comparisons, cache_key, tensor_ref
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.names import tensor_name
-from tensor_debugger.engine.pairing import shard_of
+from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.ingest.runs import Stored
 from tensor_debugger.store.models import ComparisonResultRecord, SessionRecord, TensorRecord
@@ -50,9 +54,11 @@ class EarlyComparisons:
         session_id: int,
         reference_run_id: int,
         progress: EarlyProgress | None = None,
+        fail_fast: bool = False,
     ) -> None:
         self._comparisons = comparisons
         self._progress = progress
+        self._fail_fast = fail_fast
         with comparisons.sessions() as db:
             session = db.get_one(SessionRecord, session_id)
             db.expunge(session)
@@ -64,6 +70,11 @@ class EarlyComparisons:
         for row in rows:
             counts[row.name] = counts.get(row.name, 0) + 1
         self._reference = {r.name: r for r in rows if counts[r.name] == 1 and r.has_values}
+        ordered = sorted(rows, key=lambda r: execution_order(LogicalTensor(r.name, (tensor_ref(r),))))
+        self._order = {r.name: n for n, r in enumerate(ordered)}  # a reference tensor's place in execution order
+        self._places: dict[str, int] = {}  # cache key -> the place of the reference tensor it compares
+        self._verdicts: dict[int, bool] = {}  # place -> whether its guess passed
+        self._stopped = False  # with fail_fast: a guess failed, and every one before it passed
         self._seen: set[str] = set()  # candidate names met (a second one is renamed by the ingest: not guessed)
         self._keys: set[str] = set()  # cache keys queued
         self._queue: queue.Queue[PairJob[PendingPair] | None] = queue.Queue()
@@ -91,7 +102,7 @@ class EarlyComparisons:
         except Exception:  # a guess that cannot be set up is simply not made: the plan computes the pair
             return
         for job in jobs:
-            if job.key.key not in cached and job.key.key not in self._keys:
+            if not self._stopped and job.key.key not in cached and job.key.key not in self._keys:
                 self._keys.add(job.key.key)
                 self._queue.put(job)
 
@@ -122,11 +133,23 @@ class EarlyComparisons:
         key = cache_key([partner.digest], [candidate.digest], alignment_key, tol, exact)
         view_a, view_b, _ = self._comparisons.aligned_views(steps, [partner], [candidate])
         work = PendingPair(0, key, (partner.digest,), (candidate.digest,), alignment_key, tol)
+        self._places[key] = self._order[name]
         return PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact))
 
     def _jobs(self) -> Iterator[PairJob[PendingPair]]:
-        while (job := self._queue.get()) is not None:
+        while not self._stopped and (job := self._queue.get()) is not None:
             yield job
+
+    def _judge(self, key: str, passed: bool) -> None:
+        """Record a guess's verdict; with fail_fast, stop once the first in execution order is a failure."""
+        self._verdicts[self._places[key]] = passed
+        if not self._fail_fast:
+            return
+        place = 0
+        while self._verdicts.get(place):
+            place += 1
+        if self._verdicts.get(place) is False:
+            self._stopped = True
 
     def _run(self) -> None:
         writer = ResultWriter(self._comparisons)
@@ -138,6 +161,7 @@ class EarlyComparisons:
                 if isinstance(result, Exception):
                     continue  # not cached: the plan's computation meets it again and the pair says why
                 writer.add(work, result, [])
+                self._judge(work.key, result.passed)
                 self._count = EarlyCount(self._count.compared + 1, self._count.failed + (not result.passed))
                 if self._progress is not None:
                     self._progress(self._count.compared, self._count.failed)

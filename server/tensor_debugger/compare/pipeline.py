@@ -96,7 +96,9 @@ def compare_runs(
             if session_id is not None:  # the reference is ready: compare the candidate's tensors as they land
                 with sessions.begin() as db:
                     catalog.set_tolerances(catalog.get_session(db, session_id), request.rtol, request.atol)
-                early = EarlyComparisons(comparisons, session_id, reference_run_id, step("early"))
+                early = EarlyComparisons(
+                    comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
+                )
             result = ingestor.ingest(
                 session_name, label, [InputFile(path, shown)], progress=step(f"ingest {label}"), listener=early
             )
