@@ -36,9 +36,7 @@ def comparable(payload: dict[str, Any]) -> list[tuple[Any, ...]]:
     return [(p["name"], p["status"], p["alignment"], p["stats"]) for p in payload["pairs"]]
 
 
-def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(
-    services: Services, tmp_path: Path
-) -> None:
+def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(services: Services, tmp_path: Path) -> None:
     a, b = runs(tmp_path, layers=2, plant=Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5))
     events: list[tuple[str, int, int]] = []
     outcome = compare_runs(
