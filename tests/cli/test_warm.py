@@ -106,3 +106,11 @@ def test_the_app_removes_its_address_when_it_stops(tmp_path: Path) -> None:
         mine = client.get("/api/local/", headers={"x-tensor-debugger-token": address.token})
         assert mine.status_code == 200 and mine.json()["database_url"] == settings.database_url
     assert not address_path(settings.data_dir).exists()
+
+
+def test_finding_a_server_imports_nothing_heavy() -> None:
+    """The warm path's point is to start nothing: what it imports leaves the database, arrays and torch alone."""
+    heavy = ("sqlalchemy", "numpy", "zarr", "torch", "litestar")
+    code = f"import sys, tensor_debugger.cli.warm; print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

@@ -72,7 +72,7 @@ class EarlyComparisons:
         self._reference = {r.name: r for r in rows if counts[r.name] == 1 and r.has_values}
         ordered = sorted(rows, key=lambda r: execution_order(LogicalTensor(r.name, (tensor_ref(r),))))
         self._order = {r.name: n for n, r in enumerate(ordered)}  # a reference tensor's place in execution order
-        self._places: dict[str, int] = {}  # cache key -> the place of the reference tensor it compares
+        self._places: dict[str, list[int]] = {}  # cache key -> the places of the reference tensors it compares
         self._verdicts: dict[int, bool] = {}  # place -> whether its guess passed
         self._stopped = False  # with fail_fast: a guess failed, and every one before it passed
         self._seen: set[str] = set()  # candidate names met (a second one is renamed by the ingest: not guessed)
@@ -133,7 +133,7 @@ class EarlyComparisons:
         key = cache_key([partner.digest], [candidate.digest], alignment_key, tol, exact)
         view_a, view_b, _ = self._comparisons.aligned_views(steps, [partner], [candidate])
         work = PendingPair(0, key, (partner.digest,), (candidate.digest,), alignment_key, tol)
-        self._places[key] = self._order[name]
+        self._places.setdefault(key, []).append(self._order[name])
         return PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact))
 
     def _jobs(self) -> Iterator[PairJob[PendingPair]]:
@@ -142,7 +142,8 @@ class EarlyComparisons:
 
     def _judge(self, key: str, passed: bool) -> None:
         """Record a guess's verdict; with fail_fast, stop once the first in execution order is a failure."""
-        self._verdicts[self._places[key]] = passed
+        for place in self._places[key]:
+            self._verdicts[place] = passed
         if not self._fail_fast:
             return
         place = 0
