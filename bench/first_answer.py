@@ -9,8 +9,11 @@ round and in turn:
 - the plain script: `torch.load` of each file pair, float64 statistics (max and mean |diff|, cosine), the first
   pair outside torch.testing's float32 tolerance (the peer users would pick);
 - the CLI cold: `tensor-debugger compare A B --json` into a new data dir;
-- the CLI again: the same command on the same files and data dir.
-Each is a child process; the figures are wall seconds and the child's peak RSS. Nothing asserts on timings.
+- the CLI again: the same command on the same files and data dir;
+- the CLI warm, and warm again: the same two with `tensor-debugger serve` already running on another new data dir
+  (started before the clock starts), which the command hands the work to (the warm path).
+Each is a child process; the figures are wall seconds and the child's peak RSS (for the warm path, the command's
+own, not the server's). Nothing asserts on timings.
 """
 
 from __future__ import annotations
@@ -18,10 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import time
+import urllib.request
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from harness import child_env, machine_line, run_child
@@ -117,24 +126,30 @@ def main() -> None:
             f"two runs of {args.files} float32 .pth files, {args.size_mb} MB each, as {args.form}; "
             f"{args.rounds} rounds, in turn"
         )
-        times: dict[str, list[float]] = {"plain script": [], "compare, cold": [], "compare, again": []}
+        labels = ("compare, cold", "compare, again", "compare, warm", "warm, again")
+        times: dict[str, list[float]] = {"plain script": [], **{label: [] for label in labels}}
         peaks: dict[str, list[float]] = {name: [] for name in times}
         for round_index in range(args.rounds):
-            data = work / f"data{round_index}"
             wall, rss, out = run_child([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
             times["plain script"].append(wall)
             peaks["plain script"].append(rss)
             first_script = out.strip().splitlines()[-1].split()[-1]
-            for label in ("compare, cold", "compare, again"):
-                wall, rss, out = run_child_allowing(
-                    [str(CLI), "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
-                )
-                times[label].append(wall)
-                peaks[label].append(rss)
-                found = json.loads(out)["first_divergence"]
-                if found is None or f"{found['name']}.pth" != first_script:
-                    sys.exit(f"{label} found {found}, the script {first_script}")
-            shutil.rmtree(data, ignore_errors=True)
+            for path in ("cold", "warm"):
+                data = work / f"{path}{round_index}"
+                with serving(data, env) if path == "warm" else nothing() as url:
+                    for label in labels[:2] if path == "cold" else labels[2:]:
+                        wall, rss, out = run_child_allowing(
+                            [str(CLI), "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
+                        )
+                        times[label].append(wall)
+                        peaks[label].append(rss)
+                        answer = json.loads(out)
+                        found = answer["first_divergence"]
+                        if found is None or f"{found['name']}.pth" != first_script:
+                            sys.exit(f"{label} found {found}, the script {first_script}")
+                        if url is not None and not answer["session"]["url"].startswith(url):
+                            sys.exit(f"{label}: the server at {url} was not used ({answer['session']['url']})")
+                shutil.rmtree(data, ignore_errors=True)
         script_median = statistics.median(times["plain script"])
         print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'peak RSS MB':>12}")
         for name, values in times.items():
@@ -144,6 +159,36 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+@contextmanager
+def serving(data: Path, env: dict[str, str]) -> Iterator[str]:
+    """`tensor-debugger serve` on `data` and a free loopback port, answering before this yields its URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    url = f"http://127.0.0.1:{port}"
+    args = [str(CLI), "--data-dir", str(data), "serve", "--port", str(port), "--no-demo"]
+    server = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(url + "/api/sessions", timeout=2).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"the server on {url} did not start")
+                time.sleep(0.1)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+@contextmanager
+def nothing() -> Iterator[None]:
+    yield None
 
 
 def run_child_allowing(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:

@@ -4,11 +4,12 @@
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
-        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE]
+        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
-Litestar, and only `serve` imports the web framework.
+Litestar, and only `serve` imports the web framework. `compare` and `ingest` hand their work to a server running
+on the same data dir when there is one (`warm.py`), and then import none of those either.
 """
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from typing import TYPE_CHECKING, Any
 
 from tensor_debugger import __version__
 from tensor_debugger.cli.progress_bar import ProgressBar
-from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
+from tensor_debugger.errors import TensorDebuggerError
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
+    from tensor_debugger.compare.requests import CompareOutcome
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -94,6 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a pairing file (JSON, as GET "
         "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it",
     )
+    compare.add_argument(
+        "--fail-fast",
+        action="store_true",
+        help="stop at the first divergence in execution order, once every pair before it is known (exit 1; "
+        "the pairs after it are left uncompared)",
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
 
     explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
@@ -116,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_UNUSABLE
     if args.command == "serve":
         return serve(settings.with_overrides(host=args.host, port=args.port, demo=False if args.no_demo else None))
+    if args.command in ("compare", "ingest"):
+        code = warm(settings, args)
+        if code is not None:
+            return code
     with _start_up_heap():
         from tensor_debugger.services import open_services
 
@@ -137,6 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 strategies=args.strategies,
                 name_pattern=args.name_pattern,
                 pairing=args.pairing,
+                fail_fast=args.fail_fast,
             )
         if args.command == "explore":
             from tensor_debugger.cli.compare import run_explore
@@ -184,40 +197,68 @@ def serve(settings: Settings) -> int:
     return EXIT_OK
 
 
-def ingest(services: Services, session: str, run: str, paths: list[Path], as_json: bool) -> int:
-    from tensor_debugger.ingest.inputs import InputFile
-    from tensor_debugger.store.reports import problem_json
+def warm(settings: Settings, args: argparse.Namespace) -> int | None:
+    """`compare` or `ingest` done by the server of this data dir, printed as if done here; None when no server
+    runs there (or it could not be reached), and the command does the work itself."""
+    from tensor_debugger.cli.warm import find_server, remote_compare, remote_ingest
 
-    inputs = [InputFile(p, str(p)) for p in paths]
+    address = find_server(settings)
+    if address is None:
+        return None
+    if args.command == "ingest":
+        outcome = remote_ingest(address, args.session, args.run, args.paths)
+        return None if outcome is None else show_ingest(outcome, args.json)
+    from tensor_debugger.cli.compare_output import compare_request, print_unusable
+
+    try:
+        request = compare_request(
+            args.a,
+            args.b,
+            args.name,
+            args.rtol,
+            args.atol,
+            strategies=args.strategies,
+            name_pattern=args.name_pattern,
+            pairing=args.pairing,
+            fail_fast=args.fail_fast,
+        )
+    except TensorDebuggerError as exc:
+        print_unusable(str(exc), [], args.json)
+        return EXIT_UNUSABLE
+    return remote_compare(address, request, args.json)
+
+
+def ingest(services: Services, session: str, run: str, paths: list[Path], as_json: bool) -> int:
+    from tensor_debugger.compare.pipeline import ingest_run
+    from tensor_debugger.ingest.inputs import InputFile
+
     bar = ProgressBar(f"ingest {run}")
     try:
-        result = services.ingestor.ingest(session, run, inputs, progress=bar.update)
-    except NothingUsableError as exc:
+        outcome = ingest_run(
+            services.ingestor,
+            services.comparisons,
+            session,
+            run,
+            [InputFile(p, str(p)) for p in paths],
+            progress=lambda _, done, total: bar.update(done, total),
+        )  # planned: the server's worker computes the pairs
+    finally:
         bar.close()
-        _report(
-            {"session": None, "run": None, "problems": [problem_json(p) for p in exc.problems], "error": str(exc)},
-            as_json,
-            error=True,
-        )
-        return EXIT_UNUSABLE
-    except TensorDebuggerError as exc:
-        bar.close()
-        _report({"session": None, "run": None, "problems": [], "error": str(exc)}, as_json, error=True)
-        return EXIT_UNUSABLE
-    bar.close()
-    services.comparisons.plan(result.session_id)  # the server's worker computes them
-    payload = {
-        "session": {"id": result.session_id, "name": result.session_name},
-        "run": {"id": result.run_id, "label": result.run_label, "tensors": result.tensors},
-        "problems": [problem_json(p) for p in result.problems],
-    }
-    if as_json:
+    return show_ingest(outcome, as_json)
+
+
+def show_ingest(outcome: CompareOutcome, as_json: bool) -> int:
+    payload = outcome.payload
+    if outcome.error is not None:
+        _report(payload, as_json, error=True)
+    elif as_json:
         print(json.dumps(payload))
     else:
-        print(f"stored {result.tensors} tensors as run {result.run_label!r} of session {result.session_name!r}")
-        for p in result.problems:
-            print(f"  problem: {p.file}: {p.reason}")
-    return EXIT_OK
+        session, run = payload["session"], payload["run"]
+        print(f"stored {run['tensors']} tensors as run {run['label']!r} of session {session['name']!r}")
+        for p in payload["problems"]:
+            print(f"  problem: {p['file']}: {p['reason']}")
+    return outcome.exit_code
 
 
 def list_sessions(services: Services, as_json: bool) -> int:

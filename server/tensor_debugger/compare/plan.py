@@ -231,7 +231,12 @@ class Comparisons:
     @staticmethod
     def alignment_key(pair: PairRecord) -> str:
         """The pair's alignment steps as the cache key hashes them (and its result records them)."""
-        return json.dumps((pair.alignment or {}).get("steps", []), separators=(",", ":"))
+        return Comparisons.alignment_key_of(pair.alignment or {})
+
+    @staticmethod
+    def alignment_key_of(alignment_json: dict[str, Any]) -> str:
+        """`alignment_key` of an alignment (`Alignment.to_json`)."""
+        return json.dumps(alignment_json.get("steps", []), separators=(",", ":"))
 
     def refresh(self, session_id: int) -> None:
         """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
@@ -297,10 +302,17 @@ class Comparisons:
         """`views`, given the pair's tensors (the reference's shards and the candidate's, in rank order)."""
         if pair.alignment is None:
             raise ValueError("the pair is incomparable: no alignment")
+        return self.aligned_views(pair.alignment, a, b)
+
+    def aligned_views(
+        self, alignment_json: dict[str, Any], a: Sequence[TensorRecord], b: Sequence[TensorRecord]
+    ) -> tuple[View, View, Alignment]:
+        """Lazy views of tensors `a` and `b` (rank order) in the coordinates of an alignment (`Alignment.to_json`);
+        the tensors need only their store key, digest, dtype and shape (rows not yet written will do)."""
         for tensor in (*a, *b):
             if not tensor.has_values:
                 raise InvalidInputError(values_unavailable(tensor))
-        steps = [Step.from_json(s) for s in pair.alignment["steps"]]
+        steps = [Step.from_json(s) for s in alignment_json["steps"]]
         alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 
         def sources(side: Sequence[TensorRecord]) -> list[View]:

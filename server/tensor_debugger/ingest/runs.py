@@ -25,9 +25,10 @@ import shutil
 import socket
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session as DbSession
@@ -47,6 +48,19 @@ from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
+Stored = tuple[TensorFileEntry, tuple[str, ...], StoredTensor]  # a tensor's file, key path and array
+
+
+class StoredListener(Protocol):
+    """Told of a run's tensors as their arrays are written, before the run is ready (a comparison that starts
+    while the rest ingests: `compare/early.py`)."""
+
+    def stored(self, tensors: Sequence[Stored]) -> None:
+        """The tensors of one file, their arrays complete, under the run's prefix."""
+
+    def settle(self) -> None:
+        """Return once done with the arrays `stored` named: the ingest may now move or delete them (sharing an
+        identical array, removing a failed run)."""
 
 
 @dataclass(frozen=True)
@@ -150,6 +164,7 @@ class Ingestor:
         inputs: list[InputFile],
         progress: ProgressCallback | None = None,
         reuse: bool = True,
+        listener: StoredListener | None = None,
     ) -> IngestResult:
         """Add a run labelled `run_label` to the session (created if needed). With `reuse`, a ready run of the
         same unchanged inputs lends its tensors (and their arrays) instead of the files being read again.
@@ -161,7 +176,7 @@ class Ingestor:
             fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
         )
         pending = self.begin(session_name, run_label, [i.label for i in inputs])
-        return self.complete(pending, inputs, progress, fingerprint=fingerprint)
+        return self.complete(pending, inputs, progress, fingerprint=fingerprint, listener=listener)
 
     def begin(
         self,
@@ -219,10 +234,12 @@ class Ingestor:
         progress: ProgressCallback | None = None,
         keep_failure: bool = False,
         fingerprint: Fingerprint | None = None,
+        listener: StoredListener | None = None,
     ) -> IngestResult:
         """Copy the tensors of a run `begin` made, then mark it "ready". With the inputs' `fingerprint`, a ready
         run of the same fingerprint is reused instead (its rows copied, its arrays shared), and otherwise the
-        fingerprint is recorded on this run.
+        fingerprint is recorded on this run. A `listener` hears of the tensors as they are stored (not those of a
+        reused run) and is settled before the run's arrays can move.
 
         Raises NothingUsableError when no tensor was found: the run is then removed (and the session, when the
         run's ingest made it and nothing else is in it), or with `keep_failure` kept as "failed" with its
@@ -236,7 +253,7 @@ class Ingestor:
                 if progress is not None:
                     progress(1, 1)
                 return reused
-            stored, problems, traces = self._copy(run_id, inputs, staging, progress)
+            stored, problems, traces = self._copy(run_id, inputs, staging, progress, listener)
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)
@@ -296,8 +313,13 @@ class Ingestor:
             self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
 
     def _copy(
-        self, run_id: int, inputs: list[InputFile], staging: Path, progress: ProgressCallback | None
-    ) -> tuple[list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]], list[FileProblem], list[RunTrace]]:
+        self,
+        run_id: int,
+        inputs: list[InputFile],
+        staging: Path,
+        progress: ProgressCallback | None,
+        listener: StoredListener | None = None,
+    ) -> tuple[list[Stored], list[FileProblem], list[RunTrace]]:
         expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
         problems = expansion.problems
         total = sum(e.path.stat().st_size for e in expansion.entries)
@@ -328,6 +350,8 @@ class Ingestor:
                             results.append((leaf, writer.add(f"{run_prefix(run_id)}/{made - 1}", leaf)))
                         writer.finish()
                         stored.extend((entry, entry.keys + leaf.key_path, result()) for leaf, result in results)
+                        if listener is not None and results:
+                            listener.stored(stored[first:])
                         if not opened.leaves and not opened.skipped:
                             problems.append(FileProblem(entry.label, "holds no tensors"))
                         elif not opened.leaves:
@@ -343,6 +367,8 @@ class Ingestor:
                         entry.path.unlink(missing_ok=True)
         finally:
             pools.close()
+            if listener is not None:  # before `_finish` shares arrays or `_give_up` deletes them
+                listener.settle()
         if progress is not None:
             progress(total, total)
         return stored, problems, expansion.traces

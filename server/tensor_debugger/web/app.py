@@ -28,6 +28,8 @@ from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.reports import problem_reports
+from tensor_debugger.web.address import ServerAddress, remove_address, write_address
+from tensor_debugger.web.controllers.local import LocalController
 from tensor_debugger.web.controllers.pages import PageController
 from tensor_debugger.web.controllers.pairing import SessionPairingController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
@@ -69,7 +71,7 @@ def static_hashes() -> dict[str, str]:
 
 def create_app(settings: Settings, services: Services | None = None) -> Litestar:
     """The app for `settings`. On start-up it migrates the database, recovers from killed ingests and, on a
-    new data directory, creates the demo session."""
+    new data directory, creates the demo session; then it says where it answers (`address.py`), until it stops."""
     holder: dict[str, Services] = {}
     hashes = static_hashes()
     policy = SecurityPolicy.from_settings(settings)
@@ -90,8 +92,13 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
             ensure_demo_session(opened)
         worker.start()  # picks up pending pairs, those of a computation killed last time included
+        address = app.state.address = ServerAddress.drawn(settings.host, settings.port)
+        write_address(settings.data_dir, address)
 
     def shutdown(app: Litestar) -> None:
+        address = getattr(app.state, "address", None)
+        if address is not None:
+            remove_address(settings.data_dir, address)
         worker = getattr(app.state, "worker", None)
         if worker is not None:
             worker.stop()
@@ -117,6 +124,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             RunController,
             TensorController,
             SessionPairingController,
+            LocalController,
             PageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],

@@ -1,0 +1,181 @@
+"""What `tensor-debugger compare` asks for and prints, the same whether this process or a running server did the
+work: the request from the command line, the table, the first divergence, the culprits, the JSON, the exit code.
+Light on purpose (no database, no arrays): the warm path (`cli/warm.py`) imports only this."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tensor_debugger.compare.formatting import format_error, format_number
+from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unusable_json
+from tensor_debugger.errors import InvalidInputError
+
+
+def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: str | None) -> dict[str, Any]:
+    """The pairing to apply: the file's (if any), with the command line's strategies and pattern over it.
+    Raises InvalidInputError naming the file when it cannot be read or is not a JSON object."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InvalidInputError(f"pairing file {path}: {exc}") from None
+        if not isinstance(data, dict):
+            raise InvalidInputError(f"pairing file {path}: not a JSON object")
+    if strategies is not None:
+        data["strategies"] = strategies.split(",")
+    if name_pattern is not None:
+        data["name_pattern"] = name_pattern
+    return data  # checked where the compare runs (`compare_runs`), which names the file in what it says
+
+
+def compare_request(
+    a: Path,
+    b: Path,
+    name: str | None,
+    rtol: float | None,
+    atol: float | None,
+    *,
+    strategies: str | None = None,
+    name_pattern: str | None = None,
+    pairing: Path | None = None,
+    fail_fast: bool = False,
+) -> CompareRequest:
+    """What the command line asks for. Raises InvalidInputError on an unusable pairing file."""
+    return CompareRequest(
+        a.absolute(),
+        b.absolute(),
+        str(a),
+        str(b),
+        name,
+        rtol,
+        atol,
+        read_pairing_file(pairing, strategies, name_pattern),
+        None if pairing is None else str(pairing),
+        fail_fast,
+    )
+
+
+def show_compare(outcome: CompareOutcome, as_json: bool) -> int:
+    """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code."""
+    if outcome.error is not None:
+        print_unusable(outcome.error, outcome.payload["problems"], as_json, outcome.payload)
+    elif as_json:
+        print(json.dumps(outcome.payload))
+    else:
+        print_table(outcome.payload)
+    return outcome.exit_code
+
+
+def print_table(payload: dict[str, Any]) -> None:
+    rows = [("#", "layer", "tensor", "verdict", "max |diff|", "mean |diff|", "cosine", "mismatch", "alignment")]
+    for n, p in enumerate(payload["pairs"]):
+        s = p["stats"] or {}
+        mismatch = f"{100 * s['mismatched'] / s['numel']:.3g}%" if s and s["numel"] else ""
+        verdict = p["status"].upper() + (" (summary)" if p["summary"] else "")
+        rows.append(
+            (
+                str(n),
+                "" if p["layer"] is None else str(p["layer"]),
+                p["name"],
+                verdict,
+                cell(s.get("max_abs_diff")),
+                cell(s.get("mean_abs_diff")),
+                cell(s.get("cosine")),
+                mismatch,
+                "" if p["alignment"] == "same shape" else p["alignment"][:60],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    for side, names in payload["unmatched"].items():
+        if names:
+            which = "reference" if side == "a" else "candidate"
+            print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
+    for problem in payload["problems"]:
+        print(f"problem: {problem['file']}: {problem['reason']}")
+    summaries = sum(1 for p in payload["pairs"] if p["summary"])
+    if summaries:
+        print(
+            f"element values are not available for {summaries} pairs (a trace written with use_repr=True): their "
+            f"verdicts compare the shape and mean, std, min and max only"
+        )
+    first = payload["first_divergence"]
+    failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
+    if first is None:
+        print(f"no divergence: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass")
+    else:
+        pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
+        stats = pair["stats"]
+        where = (
+            "no layer"
+            if first["layer"] is None
+            else f"layer {first['layer']}"
+            if first["stage"] is None
+            else f"layer {first['layer']}, stage {first['stage']}"
+        )
+        if stats is None:
+            print(
+                f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
+                f"are not available in this trace)"
+            )
+        else:
+            print(
+                f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
+                f"{stats['argmax']}, {stats['mismatched']} of {stats['numel']} elements outside tolerance"
+            )
+    pending = sum(1 for p in payload["pairs"] if p["status"] == "pending")
+    if pending:
+        print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
+    print_culprits(payload["culprits"], failing > 0)
+    print(f"open in the browser: {payload['session']['url']}")
+
+
+def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) -> None:
+    """The modules that added the most error (relative RMSE of the output minus that of the input)."""
+    if not culprits:
+        return
+    rows = [("module", "added error", "input error", "output error")]
+    rows += [
+        (
+            c["module_path"],
+            format_error(c["added_error"]),
+            format_error(c["input_error"]),
+            format_error(c["output_error"]),
+        )
+        for c in culprits[:top]
+    ]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(
+        f"modules by the error they added (relative RMSE, output minus input), top {min(top, len(culprits))} "
+        f"of {len(culprits)}:"
+    )
+    for row in rows:
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    best = culprits[0]
+    if failing and float(best["added_error"]) > 0:
+        print(
+            f"CULPRIT: {best['module_path']} added {format_error(best['added_error'])} relative RMSE "
+            f"(input {format_error(best['input_error'])}, output {format_error(best['output_error'])})"
+        )
+
+
+def cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else format_number(value)
+
+
+def print_unusable(
+    message: str, problems: list[dict[str, str]], as_json: bool, payload: dict[str, Any] | None = None
+) -> None:
+    if as_json:
+        print(json.dumps(unusable_json(message, problems, payload)))
+        return
+    print(f"tensor-debugger: {message}", file=sys.stderr)
+    for p in problems:
+        print(f"  {p['file']}: {p['reason']}", file=sys.stderr)

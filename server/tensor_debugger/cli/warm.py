@@ -1,0 +1,103 @@
+"""The warm path: `compare` and `ingest` hand their work to a server running on the same data dir (found through
+`<data dir>/server.json`, `web/address.py`) and print what the server's answer says, exactly as they would have
+printed it themselves: the server has its imports done and its database open, the command then has nothing to
+start. No server, or one that does not answer as the data dir's (a stale file): the command does the work itself.
+
+Only the standard library and the light `compare_output` are imported here, so finding out costs next to nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from tensor_debugger.cli.compare_output import show_compare
+from tensor_debugger.cli.progress_bar import StatusLine
+from tensor_debugger.compare.requests import EXIT_UNUSABLE, CompareOutcome, CompareRequest
+from tensor_debugger.settings import Settings
+from tensor_debugger.web.address import TOKEN_HEADER, ServerAddress, process_alive, read_address
+
+PROBE_SECONDS = 2.0  # a server that takes longer to say who it is is treated as not there
+
+
+class ServerGone(Exception):  # noqa: N818 (a condition, reported in words)
+    """The server stopped answering part way: what it did is unknown to this command."""
+
+
+def find_server(settings: Settings) -> ServerAddress | None:
+    """The server of this data dir, if one runs and answers as it (same database and array store)."""
+    address = read_address(settings.data_dir)
+    if address is None or not process_alive(address.pid):
+        return None
+    try:
+        answer = _call(address, "GET", "/api/local/", None, PROBE_SECONDS)
+        found = json.loads(answer.read())
+    except (OSError, ValueError):
+        return None
+    same = found.get("database_url") == settings.database_url and found.get("store_url") == settings.store_url
+    return address if same and found.get("pid") == address.pid else None
+
+
+def remote_compare(address: ServerAddress, request: CompareRequest, as_json: bool) -> int | None:
+    """Have the server compare; print and return the exit code. None when the server could not be reached at
+    all (nothing was done: the caller does the work itself)."""
+    try:
+        answer = _call(address, "POST", "/api/local/compare", request.to_json(), None)
+    except OSError:
+        return None
+    line = StatusLine()
+    outcome: CompareOutcome | None = None
+    try:
+        for raw in answer:
+            event: dict[str, Any] = json.loads(raw)
+            if "step" in event:
+                line.update(str(event["step"]), int(event["done"]), int(event["total"]))
+            elif "outcome" in event:
+                outcome = CompareOutcome.from_json(event["outcome"])
+            else:
+                raise ServerGone(str(event.get("failure", event)))
+    except (OSError, ValueError, ServerGone) as exc:
+        line.close()
+        print(f"tensor-debugger: the server at {address.url} failed while comparing: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    finally:
+        line.close()
+    if outcome is None:
+        print(f"tensor-debugger: the server at {address.url} stopped answering while comparing", file=sys.stderr)
+        return EXIT_UNUSABLE
+    return show_compare(outcome, as_json)
+
+
+def remote_ingest(address: ServerAddress, session: str, run: str, paths: list[Path]) -> CompareOutcome | None:
+    """Have the server ingest the run; None when it could not be reached (nothing was done)."""
+    body = {
+        "session": session,
+        "run": run,
+        "paths": [str(p.absolute()) for p in paths],
+        "shown": [str(p) for p in paths],
+    }
+    try:
+        answer = _call(address, "POST", "/api/local/ingest", body, None)
+    except urllib.error.HTTPError as exc:  # refused (a malformed request): said as the command would say it
+        return CompareOutcome(
+            EXIT_UNUSABLE, {"session": None, "run": None, "problems": [], "error": str(exc)}, str(exc)
+        )
+    except OSError:
+        return None
+    return CompareOutcome.from_json(json.loads(answer.read()))
+
+
+def _call(address: ServerAddress, method: str, path: str, body: dict[str, Any] | None, timeout: float | None) -> Any:
+    request = urllib.request.Request(
+        address.url + path,
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={TOKEN_HEADER: address.token, "content-type": "application/json"},
+    )
+    # No proxy: the address is this machine's own server, whatever the environment says of proxies.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    return opener.open(request, timeout=timeout)

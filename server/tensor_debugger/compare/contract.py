@@ -1,0 +1,72 @@
+"""The JSON `tensor-debugger compare --json` prints: a stable contract for scripts, narrower than the API's, read
+from the same reports. The server builds it too, for a command line that hands it the work (the warm path)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tensor_debugger.compare.pair_reports import SessionPairs
+
+CONTRACT_STATS = (
+    "max_abs_diff",
+    "mean_abs_diff",
+    "max_rel_diff",
+    "mean_rel_diff",
+    "mse",
+    "cosine",
+    "mismatched",
+    "numel",
+    "argmax",
+    "nan_a",
+    "nan_b",
+    "inf_a",
+    "inf_b",
+)
+
+
+def contract_json(
+    session_id: int, name: str, url: str, report: SessionPairs, problems: list[dict[str, str]]
+) -> dict[str, Any]:
+    """The CLI's JSON (a stable contract, narrower than the API's), read from the same reports."""
+    pairs = [
+        {
+            "name": p.name,
+            "layer": p.layer,
+            "stage": p.stage,
+            "status": str(p.status),
+            "alignment": p.alignment,
+            "strategy": str(p.strategy),
+            "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
+            "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
+            "stats": {k: getattr(p.stats, k) for k in CONTRACT_STATS} if p.stats else None,
+            "error": p.error,
+            "module_path": p.module_path,
+            "place": p.place,
+            "summary": p.summary,
+        }
+        for p in report.pairs
+    ]
+    reference_run = report.pairs[0].a.run_id if report.pairs else None
+    unmatched = {
+        "a": [u.name for u in report.unmatched if u.run_id == reference_run],
+        "b": [u.name for u in report.unmatched if u.run_id != reference_run],
+    }
+    first = report.first_divergence
+    culprits = report.modules.culprits if report.modules else []
+    return {
+        "session": {"id": session_id, "name": name, "url": url},
+        "pairs": pairs,
+        "unmatched": unmatched,
+        "first_divergence": {"name": first.name, "layer": first.layer, "stage": first.stage} if first else None,
+        # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first
+        "culprits": [
+            {
+                "module_path": c.module_path,
+                "added_error": c.added_error,
+                "input_error": c.input_error,
+                "output_error": c.output_error,
+            }
+            for c in culprits
+        ],
+        "problems": problems,
+    }

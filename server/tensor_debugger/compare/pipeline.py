@@ -1,0 +1,176 @@
+"""What `tensor-debugger compare` and `ingest` do, whoever does it: the command itself, or a server running on the
+same data dir that the command hands the work to (`web/controllers/local.py`). Same steps, same answer.
+
+`compare_runs`: ingest the reference run, then the candidate run while comparing each of its tensors with its
+reference partner as soon as its array is stored (`early.py`); then plan the session (every pairing rule, as
+always), compute what the early comparisons did not, and build the CLI's JSON. With `fail_fast` it stops once the
+first divergence in execution order is known (every pair before it settled): pairs not yet computed stay pending,
+whole and resumable, as after any interrupted computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger.compare.contract import contract_json
+from tensor_debugger.compare.early import EarlyComparisons
+from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.pairing_files import check_file, import_pairing
+from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.requests import (
+    EXIT_FAIL,
+    EXIT_PASS,
+    EXIT_UNUSABLE,
+    CompareOutcome,
+    CompareRequest,
+    StepProgress,
+    unusable_json,
+)
+from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.runs import Ingestor
+from tensor_debugger.store import catalog
+from tensor_debugger.store.models import PairRecord, SessionRecord
+from tensor_debugger.store.reports import problem_json
+
+
+def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
+    with sessions() as db:
+        taken = set(db.scalars(select(SessionRecord.name)))
+    if wanted not in taken:
+        return wanted
+    n = 2
+    while f"{wanted} ({n})" in taken:
+        n += 1
+    return f"{wanted} ({n})"
+
+
+def divergence_known(sessions: sessionmaker[DbSession], session_id: int) -> bool:
+    """Whether the session's first divergence is settled: a failing pair with every pair before it (in execution
+    order) settled."""
+    with sessions() as db:
+        for status in db.scalars(
+            select(PairRecord.status).where(PairRecord.session_id == session_id).order_by(PairRecord.position)
+        ):
+            if status == "pending":
+                return False
+            if status == "fail":
+                return True
+    return False
+
+
+def compare_runs(
+    ingestor: Ingestor,
+    comparisons: Comparisons,
+    request: CompareRequest,
+    base_url: str,
+    progress: StepProgress | None = None,
+) -> CompareOutcome:
+    """Ingest both runs, compare them, and say what the command prints; `base_url` leads the session's URL."""
+    sessions = comparisons.sessions
+    try:
+        check_file(request.pairing)
+    except InvalidInputError as exc:
+        shown = request.pairing_shown
+        return _unusable(f"pairing file {shown}: {exc}" if shown else str(exc), [])
+    a_name, b_name = Path(request.a_shown).name, Path(request.b_shown).name
+    session_name = free_name(sessions, request.name or f"{a_name} vs {b_name}")
+    labels = (a_name or "reference", b_name if b_name != a_name else f"{b_name} (candidate)")
+    problems: list[dict[str, str]] = []
+    session_id: int | None = None
+    reference_run_id = 0
+    early: EarlyComparisons | None = None
+
+    def step(name: str) -> Callable[[int, int], None] | None:
+        return None if progress is None else lambda done, total: progress(name, done, total)
+
+    try:
+        inputs = zip(labels, (request.a, request.b), (request.a_shown, request.b_shown), strict=True)
+        for label, path, shown in inputs:
+            if session_id is not None:  # the reference is ready: compare the candidate's tensors as they land
+                with sessions.begin() as db:
+                    catalog.set_tolerances(catalog.get_session(db, session_id), request.rtol, request.atol)
+                early = EarlyComparisons(
+                    comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
+                )
+            result = ingestor.ingest(
+                session_name, label, [InputFile(path, shown)], progress=step(f"ingest {label}"), listener=early
+            )
+            session_id, reference_run_id = result.session_id, result.run_id
+            problems += [problem_json(p) for p in result.problems]
+    except (NothingUsableError, TensorDebuggerError) as exc:
+        if early is not None:
+            early.settle()  # before the session's arrays go
+        if session_id is not None:
+            with sessions() as db:
+                catalog.delete_session(db, comparisons.store, session_id)
+        details = [problem_json(p) for p in exc.problems] if isinstance(exc, NothingUsableError) else []
+        return _unusable(str(exc), problems + details)
+    finally:
+        if early is not None:
+            early.settle()  # done already when the candidate was ingested; not when it was refused or reused
+    assert session_id is not None
+    if request.pairing:
+        try:
+            with sessions.begin() as db:
+                import_pairing(db, session_id, request.pairing)
+        except InvalidInputError as exc:  # a candidate run's label the file names and this session lacks
+            with sessions() as db:
+                catalog.delete_session(db, comparisons.store, session_id)
+            return _unusable(f"pairing file {request.pairing_shown}: {exc}", problems)
+    comparisons.plan(session_id)
+
+    def stop() -> bool:
+        return request.fail_fast and divergence_known(sessions, session_id)
+
+    if not stop():
+        comparisons.compute_pending(session_id, progress=step("compare"), should_stop=stop)
+    with sessions() as db:
+        report = session_pairs(db, session_id, modules=True)
+    payload = contract_json(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
+    if not report.pairs:
+        return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
+    passed = all(p["status"] == "pass" for p in payload["pairs"])
+    return CompareOutcome(EXIT_PASS if passed else EXIT_FAIL, payload)
+
+
+def ingest_run(
+    ingestor: Ingestor,
+    comparisons: Comparisons,
+    session: str,
+    run: str,
+    inputs: list[InputFile],
+    progress: StepProgress | None = None,
+) -> CompareOutcome:
+    """`tensor-debugger ingest`: add the run and plan the session (whoever serves the data dir computes the pairs).
+    The payload: the session, the run and the problems; with "error" (exit code 2) when nothing was stored."""
+    try:
+        result = ingestor.ingest(
+            session, run, inputs, progress=None if progress is None else lambda d, t: progress(f"ingest {run}", d, t)
+        )
+    except NothingUsableError as exc:
+        problems = [problem_json(p) for p in exc.problems]
+        return CompareOutcome(
+            EXIT_UNUSABLE, {"session": None, "run": None, "problems": problems, "error": str(exc)}, str(exc)
+        )
+    except TensorDebuggerError as exc:
+        return CompareOutcome(
+            EXIT_UNUSABLE, {"session": None, "run": None, "problems": [], "error": str(exc)}, str(exc)
+        )
+    comparisons.plan(result.session_id)
+    payload = {
+        "session": {"id": result.session_id, "name": result.session_name},
+        "run": {"id": result.run_id, "label": result.run_label, "tensors": result.tensors},
+        "problems": [problem_json(p) for p in result.problems],
+    }
+    return CompareOutcome(EXIT_PASS, payload)
+
+
+def _unusable(message: str, problems: list[dict[str, str]], payload: dict[str, Any] | None = None) -> CompareOutcome:
+    return CompareOutcome(EXIT_UNUSABLE, unusable_json(message, problems, payload), message)

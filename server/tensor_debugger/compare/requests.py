@@ -1,0 +1,73 @@
+"""A compare asked for and its outcome, as the command line and a server it hands the work to exchange them (JSON
+over the local API: `web/controllers/local.py`). Light on purpose: the command line that finds a server running
+imports this and not the database or the array store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensor_debugger.errors import InvalidInputError
+
+EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
+# (step, done, total): "ingest <label>" in bytes; "early" the pairs compared while the candidate ingests and how
+# many of them are outside tolerance; "compare" the pairs computed after the plan, of those it had to compute
+StepProgress = Callable[[str, int, int], None]
+
+
+@dataclass(frozen=True)
+class CompareRequest:
+    a: Path  # the reference run's input, absolute (a server's working folder is not the command's)
+    b: Path
+    a_shown: str  # each as the user typed it: labels, names and problems say it so
+    b_shown: str
+    name: str | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    pairing: dict[str, Any] = field(default_factory=dict)  # a pairing file's JSON, checked by `compare_runs`
+    pairing_shown: str | None = None  # the pairing file's path, for messages
+    fail_fast: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "a": str(self.a), "b": str(self.b)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CompareRequest:
+        """Raises InvalidInputError on a request that is not one."""
+        try:
+            request = cls(**{**data, "a": Path(data["a"]), "b": Path(data["b"])})
+        except (KeyError, TypeError) as exc:
+            raise InvalidInputError(f"not a compare request: {exc}") from None
+        if not (request.a.is_absolute() and request.b.is_absolute()):
+            raise InvalidInputError("a compare request names its inputs by absolute paths")
+        return request
+
+
+@dataclass(frozen=True)
+class CompareOutcome:
+    exit_code: int
+    payload: dict[str, Any]  # the contract JSON (`contract.py`), with "error" when nothing could be compared
+    error: str | None = None  # what makes the input unusable (exit code 2)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"exit_code": self.exit_code, "payload": self.payload, "error": self.error}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CompareOutcome:
+        return cls(int(data["exit_code"]), dict(data["payload"]), data.get("error"))
+
+
+def unusable_json(
+    message: str, problems: list[dict[str, str]], payload: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The JSON of a compare that found nothing to compare: `payload` (or an empty one) with the error."""
+    empty: dict[str, Any] = {
+        "session": None,
+        "pairs": [],
+        "unmatched": {"a": [], "b": []},
+        "first_divergence": None,
+        "culprits": [],
+    }
+    return {**(payload or empty), "problems": problems, "error": message}

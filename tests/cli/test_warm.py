@@ -1,0 +1,116 @@
+"""The warm path: `compare` and `ingest` on the data dir of a running server hand it the work (found through
+`<data dir>/server.json`) and print what they print without one; a file left by a server that is gone is ignored."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from litestar.testing import TestClient
+from tensor_debugger.cli.warm import find_server
+from tensor_debugger.demo.synthetic import Plant, write_dump
+from tensor_debugger.settings import Settings
+from tensor_debugger.web.address import ServerAddress, address_path, read_address, write_address
+from tensor_debugger.web.app import create_app
+
+from tests.support.dumps import make_zip, seeded
+from tests.support.servers import LiveServer, free_port, run_cli
+
+
+def dumps(tmp_path: Path) -> tuple[Path, Path]:
+    write_dump(tmp_path / "ref", layers=2, seed=5)
+    write_dump(tmp_path / "cand", layers=2, seed=5, plant=Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5))
+    return make_zip(tmp_path / "ref", tmp_path / "ref.zip"), make_zip(tmp_path / "cand", tmp_path / "cand.zip")
+
+
+def without_ids(payload: dict[str, Any]) -> dict[str, Any]:
+    """The payload less what differs between data dirs: ids and the URL."""
+    return {
+        key: {k: v for k, v in value.items() if k not in ("id", "url")} if key in ("session", "run") else value
+        for key, value in payload.items()
+    }
+
+
+def test_compare_uses_the_running_server_and_prints_the_same(shared_server: LiveServer, tmp_path: Path) -> None:
+    a, b = dumps(tmp_path)
+    address = read_address(shared_server.data_dir)
+    assert address is not None and address.url == shared_server.url  # the server said where it answers
+    assert address_path(shared_server.data_dir).stat().st_mode & 0o077 == 0  # its token: the owner's only
+
+    warm = run_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(b), "--name", "warm", "--json")
+    assert warm.returncode == 1, warm.stderr
+    payload = json.loads(warm.stdout)
+    # the server did it: the session URL is the server's own (a command alone names its settings' port, 8000)
+    assert payload["session"]["url"] == f"{shared_server.url}/sessions/{payload['session']['id']}"
+    listed = httpx.get(f"{shared_server.url}/api/sessions", timeout=30).json()
+    assert payload["session"]["id"] in [s["id"] for s in listed]
+
+    cold = run_cli("--data-dir", str(tmp_path / "alone"), "compare", str(a), str(b), "--name", "warm", "--json")
+    assert cold.returncode == 1, cold.stderr
+    assert without_ids(json.loads(cold.stdout)) == without_ids(payload)
+
+    failing = run_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(b), "--fail-fast")
+    assert failing.returncode == 1
+    assert "FIRST DIVERGENCE: 1_post_attn" in failing.stdout
+
+    missing = run_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(tmp_path / "nothing"))
+    assert missing.returncode == 2 and str(tmp_path / "nothing") in missing.stderr
+
+
+def test_ingest_uses_the_running_server(shared_server: LiveServer, tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    folder.mkdir()
+    torch.save(seeded((4, 4), 0), folder / "0_query.pth")
+    (folder / "notes.txt").write_text("not a tensor")
+    args = ("ingest", "--session", "warm ingest", "--run", "reference", str(folder), "--json")
+    warm = run_cli("--data-dir", str(shared_server.data_dir), *args)
+    cold = run_cli("--data-dir", str(tmp_path / "alone"), *args)
+    assert warm.returncode == cold.returncode == 0, warm.stderr + cold.stderr
+    out = json.loads(warm.stdout)
+    assert without_ids(out) == without_ids(json.loads(cold.stdout))
+    assert out["run"]["tensors"] == 1 and out["problems"][0]["file"] == f"{folder}/notes.txt"
+    session = httpx.get(f"{shared_server.url}/api/sessions/{out['session']['id']}", timeout=30).json()
+    assert [r["label"] for r in session["runs"]] == ["reference"]
+
+
+def test_a_stale_address_is_ignored(tmp_path: Path) -> None:
+    a, b = dumps(tmp_path)
+    settings = Settings(data_dir=tmp_path / "data")
+    settings.data_dir.mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for stale in (
+        ServerAddress(os.getpid(), f"http://127.0.0.1:{free_port()}", "t"),  # alive, but nothing answers there
+        ServerAddress(int(gone.stdout), f"http://127.0.0.1:{free_port()}", "t"),  # its process has exited
+    ):
+        write_address(settings.data_dir, stale)
+        assert find_server(settings) is None
+    done = run_cli("--data-dir", str(settings.data_dir), "compare", str(a), str(b), "--json")
+    assert done.returncode == 1, done.stderr
+    assert json.loads(done.stdout)["session"]["url"].startswith("http://127.0.0.1:8000/")  # done by itself
+
+
+def test_the_app_removes_its_address_when_it_stops(tmp_path: Path) -> None:
+    """The app's own start-up and shutdown (in this process: no port needed to see the file come and go)."""
+    settings = Settings(data_dir=tmp_path / "data", demo=False)
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        address = read_address(settings.data_dir)
+        assert address is not None and address.pid == os.getpid()
+        assert client.get("/api/local/", headers={"x-tensor-debugger-token": "guess"}).status_code == 403
+        assert client.get("/api/local/").status_code == 403  # reading local paths takes the token
+        mine = client.get("/api/local/", headers={"x-tensor-debugger-token": address.token})
+        assert mine.status_code == 200 and mine.json()["database_url"] == settings.database_url
+    assert not address_path(settings.data_dir).exists()
+
+
+def test_finding_a_server_imports_nothing_heavy() -> None:
+    """The warm path's point is to start nothing: what it imports leaves the database, arrays and torch alone."""
+    heavy = ("sqlalchemy", "numpy", "zarr", "torch", "litestar")
+    code = f"import sys, tensor_debugger.cli.warm; print([m for m in {heavy!r} if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

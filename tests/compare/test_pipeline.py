@@ -1,0 +1,101 @@
+"""The compare pipeline: the candidate's tensors compared while it ingests, with the same answer as comparing after
+both runs are stored, and `--fail-fast` stopping at the first divergence in execution order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.compare.contract import contract_json
+from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.pipeline import compare_runs
+from tensor_debugger.compare.requests import CompareRequest
+from tensor_debugger.demo.synthetic import Plant, write_dump
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import Services, open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
+
+from tests.support.dumps import make_zip
+
+
+def runs(tmp_path: Path, layers: int, plant: Plant) -> tuple[Path, Path]:
+    write_dump(tmp_path / "ref", layers=layers, seed=2)
+    write_dump(tmp_path / "cand", layers=layers, seed=2, plant=plant)
+    return make_zip(tmp_path / "ref", tmp_path / "ref.zip"), make_zip(tmp_path / "cand", tmp_path / "cand.zip")
+
+
+def request(a: Path, b: Path, **kwargs: Any) -> CompareRequest:
+    return CompareRequest(a, b, str(a), str(b), **kwargs)
+
+
+def comparable(payload: dict[str, Any]) -> list[tuple[Any, ...]]:
+    return [(p["name"], p["status"], p["alignment"], p["stats"]) for p in payload["pairs"]]
+
+
+def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(services: Services, tmp_path: Path) -> None:
+    a, b = runs(tmp_path, layers=2, plant=Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5))
+    events: list[tuple[str, int, int]] = []
+    outcome = compare_runs(
+        services.ingestor,
+        services.comparisons,
+        request(a, b),
+        "http://here",
+        lambda step, done, total: events.append((step, done, total)),
+    )
+    assert outcome.exit_code == 1 and outcome.payload["first_divergence"]["name"] == "1_post_attn"
+    pairs = len(outcome.payload["pairs"])
+    assert pairs >= 20
+    # every pair was compared before the candidate was ready: after the plan there was nothing left to compute
+    # (pairs of identical comparisons, such as the same scalar in every layer, share one result)
+    with services.sessions() as db:
+        results = db.scalar(select(func.count()).select_from(ComparisonResultRecord))
+        assert db.scalar(select(func.count(PairRecord.result_id.distinct()))) == results
+    assert max(done for step, done, _ in events if step == "early") == results
+    assert not [e for e in events if e[0] == "compare"]
+
+    # the same runs stored first and compared after, as before the pipeline, in another data dir
+    other = open_services(Settings(data_dir=tmp_path / "other", demo=False))
+    try:
+        for label, path in (("ref.zip", a), ("cand.zip", b)):
+            ingested = other.ingestor.ingest("after", label, [InputFile(path, str(path))])
+        other.comparisons.plan(ingested.session_id)
+        assert other.comparisons.compute_pending(ingested.session_id) == pairs
+        with other.sessions() as db:
+            report = session_pairs(db, ingested.session_id, modules=True)
+        after = contract_json(ingested.session_id, "after", "", report, [])
+    finally:
+        other.close()
+    assert comparable(outcome.payload) == comparable(after)
+    assert outcome.payload["first_divergence"] == after["first_divergence"]
+
+
+def test_fail_fast_stops_at_the_first_divergence(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a, b = runs(tmp_path, layers=5, plant=Plant(layer=0, stage="post_attn", index=(3, 7), offset=1.0))
+    code = run_compare(services, a, b, "fail fast", None, None, False, fail_fast=True)
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "FIRST DIVERGENCE: 0_post_attn" in out
+    assert "stopped at the first divergence (--fail-fast)" in out
+    with services.sessions() as db:
+        session_id = db.scalar(select(PairRecord.session_id).limit(1))
+        assert session_id is not None
+        report = session_pairs(db, session_id)
+        statuses = [str(p.status) for p in report.pairs]
+        first = next(n for n, p in enumerate(report.pairs) if p.name == "0_post_attn")
+        assert statuses[: first + 1] == ["pass"] * first + ["fail"]  # everything before the divergence known
+        left = [n for n, p in enumerate(report.pairs) if str(p.status) == "pending"]
+        assert left and min(left) > first  # what comes after is left pending: whole, resumable
+        assert all(report.pairs[n].stats is None for n in left)
+        assert report.first_divergence is not None and report.first_divergence.name == "0_post_attn"
+    # what was left is computed by whoever computes pending pairs next (a server's worker), as after any stop
+    services.comparisons.compute_pending(session_id)
+    with services.sessions() as db:
+        report = session_pairs(db, session_id)
+        assert not [p for p in report.pairs if str(p.status) == "pending"]
+        assert report.first_divergence is not None and report.first_divergence.name == "0_post_attn"
