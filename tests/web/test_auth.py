@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import pytest
 from litestar.routes import HTTPRoute
+from playwright.sync_api import Browser
 from tensor_debugger.live.upload import upload_files
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
@@ -201,3 +202,33 @@ def test_the_token_changes_things(token_server: LiveServer) -> None:
     session_id = created.json().get("session", created.json())["id"]
     gone = httpx.delete(f"{token_server.url}/api/sessions/{session_id}", headers=bearer(WRITE_TOKEN))
     assert gone.status_code == 204
+
+
+@pytest.mark.browser
+def test_chromium_signs_in_changes_things_and_signs_out(
+    token_server: LiveServer, seeded: dict[str, Any], browser: Browser
+) -> None:
+    context = browser.new_context()
+    page = context.new_page()
+    try:
+        page.goto(f"{token_server.url}/sessions/{seeded['session']}?group=none")
+        page.wait_for_url("**/login?next=*")
+        page.get_by_label("Token").fill(WRITE_TOKEN)
+        page.get_by_role("button", name="Sign in").click()
+        page.wait_for_url(f"**/sessions/{seeded['session']}?group=none")
+        (cookie,) = [c for c in context.cookies() if c["name"] == COOKIE_NAME]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert page.evaluate("() => document.cookie") == ""  # no script can read it
+
+        rows = page.locator("table.pairs tbody tr")
+        first = rows.first.get_attribute("data-key")
+        page.locator("td.move button[value=down]").first.click()  # a form POST, with the cookie and its form token
+        page.wait_for_function(f"() => document.querySelector('table.pairs tbody tr').dataset.key !== {first!r}")
+        assert page.evaluate("() => fetch('/api/sessions').then(r => r.status)") == 200  # the scripts' calls too
+
+        page.get_by_role("button", name="Sign out").click()
+        page.wait_for_url("**/login")
+        page.goto(f"{token_server.url}/sessions/{seeded['session']}")
+        page.wait_for_url("**/login?next=*")
+    finally:
+        context.close()
