@@ -8,7 +8,7 @@ from tensor_debugger.engine.fused import configure
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
-from tests.support.servers import LiveServer, started_server
+from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.traces import WrittenTraces
 
 
@@ -63,3 +63,16 @@ def shared_server(_shared_server: LiveServer) -> LiveServer:
     and never stops, restarts or kills it."""
     assert _shared_server.alive(), f"the shared server has exited; its log: {_shared_server.log}"
     return _shared_server
+
+
+@pytest.fixture(scope="session")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server with a token and a read-only token for the whole run, bound to every address (0.0.0.0, which
+    it may be since it has a token), for the tests of authentication. The same manners as `shared_server`."""
+    server = started_server(
+        tmp_path_factory.mktemp("token-server"),
+        env={"TENSOR_DEBUGGER_TOKEN": WRITE_TOKEN, "TENSOR_DEBUGGER_READ_TOKEN": READ_TOKEN},
+        args=("--host", "0.0.0.0"),
+    )
+    yield server
+    server.stop()

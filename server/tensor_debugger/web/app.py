@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from jinja2 import pass_context
+from jinja2.runtime import Context
 from litestar import Litestar, MediaType, Request, Response
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
@@ -29,7 +31,9 @@ from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.address import ServerAddress, remove_address, write_address
+from tensor_debugger.web.auth import COOKIE_NAME, Access, Authenticator, AuthMiddleware, request_access
 from tensor_debugger.web.controllers.local import LocalController
+from tensor_debugger.web.controllers.login import LoginController
 from tensor_debugger.web.controllers.pages import PageController
 from tensor_debugger.web.controllers.pairing import SessionPairingController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
@@ -75,6 +79,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     holder: dict[str, Services] = {}
     hashes = static_hashes()
     policy = SecurityPolicy.from_settings(settings)
+    authenticator = Authenticator.from_settings(settings)  # None: no token, every request may do everything
 
     def static_url(name: str) -> str:
         return f"/static/{name}?h={hashes.get(name, '0')}"
@@ -113,10 +118,13 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         env.globals["static"] = static_url
         env.globals["version"] = __version__
         env.globals["csrf_token"] = policy.form_token  # every POST form's first field (web/security.py)
+        env.globals["can_change"] = _can_change
+        env.globals["signed_in"] = _signed_in
         register_filters(env)
 
     app = Litestar(
         route_handlers=[
+            *([LoginController] if authenticator is not None else []),
             SessionController,
             SessionPairsController,
             SessionOrderController,
@@ -128,7 +136,10 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             PageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],
-        dependencies={"services": Provide(provide_services, sync_to_thread=False)},
+        dependencies={
+            "services": Provide(provide_services, sync_to_thread=False),
+            "authenticator": Provide(lambda: authenticator, sync_to_thread=False),
+        },
         on_startup=[startup],
         on_shutdown=[shutdown],
         exception_handlers={TensorDebuggerError: _error_response, HTTPException: _http_error},
@@ -139,6 +150,8 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         request_max_body_size=settings.max_upload_bytes,
         debug=False,
     )
+    if authenticator is not None:  # tokens and read-only access (web/auth.py), checked after what `install` checks
+        app.asgi_handler = AuthMiddleware(app.asgi_handler, authenticator)
     install(app, policy)  # Host, same-origin and form-token checks; security headers on every response
     return app
 
@@ -150,3 +163,17 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
             "error.html", status_code=exc.status_code, context={"status": exc.status_code, "detail": exc.detail}
         )
     return Response(body, status_code=exc.status_code, media_type=MediaType.JSON)
+
+
+@pass_context
+def _can_change(context: Context) -> bool:
+    """Whether the page's viewer may change things: the pages leave out the controls that would be refused."""
+    request = context.get("request")
+    return request is None or request_access(request.scope) is Access.WRITE
+
+
+@pass_context
+def _signed_in(context: Context) -> bool:
+    """Whether the viewer signed in on the login page (and so has a session to sign out of)."""
+    request = context.get("request")
+    return request is not None and request_access(request.scope) is not None and COOKIE_NAME in request.cookies
