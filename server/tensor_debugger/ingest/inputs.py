@@ -1,6 +1,8 @@
 """Turn what a user hands over (files, archives, folders) into a list of tensor files with their names.
 
-Archives are extracted into a staging folder (nested archives too, up to a depth), a single folder shared by
+Tensor files stored uncompressed in an archive (zip members stored as they are, members of a plain tar, the arrays
+of a `.npz` written by `np.savez`) are read in place, as byte ranges of the archive; the rest of an archive is
+extracted into a staging folder (nested archives too, up to a depth), a single folder shared by
 every member of an archive is dropped from the names, and when a run is made of several archives or folders,
 each one's stem leads its names (`rank0/3_query`), so shards of one tensor stay apart. The arrays of a `.npz`
 are keys of the file, like the entries of a dict saved with torch.save. A folder holding a Hugging Face debugger
@@ -15,7 +17,7 @@ from pathlib import Path, PurePosixPath
 
 from tensor_debugger.engine.names import natural_key
 from tensor_debugger.errors import FileProblem
-from tensor_debugger.ingest.archives import ArchiveLimits, Member, archive_kind, archive_stem, extract_archive
+from tensor_debugger.ingest.archives import ArchiveLimits, Member, Span, archive_kind, archive_stem, extract_archive
 from tensor_debugger.ingest.checkpoints import check_index, is_checkpoint_index
 from tensor_debugger.ingest.tensor_files import is_tensor_file
 from tensor_debugger.ingest.traces import Trace, TraceTensor, choose_trace_json, is_trace_json, read_trace
@@ -31,13 +33,18 @@ class InputFile:
 
 @dataclass(frozen=True)
 class TensorFileEntry:
-    path: Path
+    path: Path  # with a `span`, the archive that holds the file
     relpath: PurePosixPath  # the name-giving path inside the run
     label: str  # how errors name it: "ref.tar.gz/dump/3_query.pth"
     staged: bool  # extracted by us, so deleted once read
     keys: tuple[str, ...] = ()  # leading key path (the array's name inside a .npz)
     module_path: str | None = None  # from a module trace: the module whose input or output this is
     place: str | None = None  # from a module trace: "inputs_args_0", "outputs", ...
+    span: Span | None = None  # read in place: the file's bytes in the archive at `path`
+
+    @property
+    def nbytes(self) -> int:
+        return self.span.size if self.span is not None else self.path.stat().st_size
 
 
 @dataclass(frozen=True)
@@ -79,7 +86,7 @@ class _Expander:
             names = [m.name for m in members]
             staged = False
         else:
-            members = extract_archive(path, label, self.folder(), self.limits)
+            members = extract_archive(path, label, self.folder(), self.limits, _readable_in_place)
             names = _strip_common_folder([m.name for m in members])
             staged = True
         if not members:
@@ -88,7 +95,7 @@ class _Expander:
         members, names = self.indexes(members, names, label)
         for member, name in zip(members, names, strict=True):
             try:
-                yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1)
+                yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1, member.span)
             except FileProblem as problem:
                 self.problems.append(problem)
 
@@ -124,9 +131,10 @@ class _Expander:
                     found.path,
                     base / names[index],
                     f"{label}/{found.name}" if label else str(found.name),
-                    staged,
+                    staged and found.span is None,
                     module_path=tensor.module_path,
                     place=tensor.place,
+                    span=found.span,
                 )
         rest = [i for i in range(len(members)) if i not in used]
         return [members[i] for i in rest], [names[i] for i in rest]
@@ -146,18 +154,24 @@ class _Expander:
         return [m for m, _ in kept], [n for _, n in kept]
 
     def file(
-        self, path: Path, relpath: PurePosixPath, label: str, staged: bool, depth: int
+        self, path: Path, relpath: PurePosixPath, label: str, staged: bool, depth: int, span: Span | None = None
     ) -> Iterator[TensorFileEntry]:
+        if span is not None:  # a tensor file read in place (`_readable_in_place`): `path` is its archive
+            yield TensorFileEntry(path, relpath, label, False, span=span)
+            return
         if path.is_symlink() and depth > 0:
             raise FileProblem(label, "is a symbolic link; skipped")
         kind = archive_kind(path)
         if kind == "npz":
-            for member in extract_archive(path, label, self.folder(), self.limits):
+            for member in extract_archive(path, label, self.folder(), self.limits, _readable_in_place):
                 if member.name.suffix != ".npy":
                     self.problems.append(FileProblem(f"{label}/{member.name}", "not a .npy member; skipped"))
                     continue
                 key = str(member.name.with_suffix(""))
-                yield TensorFileEntry(member.path, relpath, f"{label}/{member.name}", True, (key,))
+                in_place = member.span is not None
+                yield TensorFileEntry(
+                    member.path, relpath, f"{label}/{member.name}", not in_place, (key,), span=member.span
+                )
         elif kind is not None:
             if depth >= MAX_NESTING:
                 raise FileProblem(label, f"archives nested more than {MAX_NESTING} deep; skipped")
@@ -208,6 +222,11 @@ def _loose_trace(expander: _Expander, loose: list[InputFile]) -> tuple[list[Tens
         left, _ = stop.value
     left_paths = {m.path for m in left}
     return entries, {id(i) for i in present if i.path not in left_paths}
+
+
+def _readable_in_place(name: PurePosixPath) -> bool:
+    """Archive members that are read as byte ranges of their archive when stored uncompressed: tensor files."""
+    return is_tensor_file(Path(name.name))
 
 
 def _strip_common_folder(names: list[PurePosixPath]) -> list[PurePosixPath]:

@@ -1,7 +1,8 @@
 """Open one tensor file (.pth/.pt/.bin, .safetensors, .npy) and list its leaves, each readable block by block.
 
 Reading never loads a whole tensor: PyTorch zip files (pth_files.py), safetensors and .npy data are read with
-positioned reads at their byte offsets, without torch (importing it takes about a second). Only what pth_files.py
+positioned reads at their byte offsets, without torch (importing it takes about a second). A file stored
+uncompressed in an archive is read the same way, at its `Span` of the archive (byte_ranges.py). Only what pth_files.py
 leaves to torch (the legacy format, sparse or quantized tensors, unknown globals) is loaded with
 `torch.load(weights_only=True, mmap=True)`, its pages dropped once copied.
 """
@@ -20,12 +21,14 @@ from collections.abc import Iterator, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from tensor_debugger.engine.chunking import Region, region_flat_range, region_shape
 from tensor_debugger.errors import FileProblem
+from tensor_debugger.ingest.archives import Span
+from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.ingest.mapped_pages import PageReleaser
 from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
 from tensor_debugger.store.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
@@ -84,29 +87,31 @@ def is_tensor_file(path: Path) -> bool:
     return path.suffix.lower() in TENSOR_SUFFIXES
 
 
-def open_tensor_file(path: Path, label: str, buffers: int = 4) -> TensorFile:
-    """Open `path`; `label` is how errors name the file to the user. Raises FileProblem. `buffers`: how many read
-    buffers that finished blocks give back are kept for later ones (the blocks a writer holds at once)."""
-    suffix = path.suffix.lower()
+def open_tensor_file(path: Path, label: str, buffers: int = 4, span: Span | None = None) -> TensorFile:
+    """Open `path` (with `span`, the tensor file that is that byte range of it); `label` is how errors name the
+    file to the user, and gives its extension. Raises FileProblem. `buffers`: how many read buffers that finished
+    blocks give back are kept for later ones (the blocks a writer holds at once)."""
+    suffix = (Path(label).suffix if span is not None else path.suffix).lower()
     if suffix in TORCH_SUFFIXES:
         try:
-            return _open_pth(path, label, buffers)
+            return _open_pth(path, label, buffers, span)
         except NeedsTorch:  # legacy format, other globals (refused or not), compressed storages: torch decides
-            return _open_torch(path, label)
+            return _open_torch(path, label, span)
     if suffix == ".safetensors":
-        return _open_safetensors(path, label, buffers)
+        return _open_safetensors(path, label, buffers, span)
     if suffix == ".npy":
-        return _open_npy(path, label, buffers)
+        return _open_npy(path, label, buffers, span)
     raise FileProblem(label, f"not a tensor file (unknown extension {suffix or 'none'!r})")
 
 
 # --- PyTorch ---------------------------------------------------------------------------------------------
 
 
-def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
+def _open_pth(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
     """A PyTorch zip file read without torch (pth_files.py); NeedsTorch where torch.load must read it."""
+    base = span.offset if span is not None else 0
     try:
-        obj = read_pth(path)
+        obj = read_pth(path, span)
     except (
         zipfile.BadZipFile,
         pickle.UnpicklingError,
@@ -133,9 +138,9 @@ def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
         if isinstance(value, PthTensor):
             reader: BlockReader
             if value.contiguous:
-                reader = RawReader(fd, value.data_offset, value.shape, value.dtype, pool)
+                reader = RawReader(fd, base + value.data_offset, value.shape, value.dtype, pool)
             else:
-                reader = ArrayReader(_strided_view(path, value))
+                reader = ArrayReader(_strided_view(path, value, base))
             leaves.append(Leaf(key_path, value.shape, value.dtype, reader))
         elif isinstance(value, np.ndarray):
             leaves.append(Leaf(key_path, (), from_numpy(value.dtype), ArrayReader(value)))
@@ -144,12 +149,12 @@ def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
     return TensorFile(leaves, skipped, stack)
 
 
-def _strided_view(path: Path, tensor: PthTensor) -> np.ndarray:
+def _strided_view(path: Path, tensor: PthTensor, base: int) -> np.ndarray:
     """A non-contiguous tensor (a view sharing its storage) as a read-only strided view of the mapped file (unmapped
-    once the leaves are dropped, when the file is closed)."""
+    once the leaves are dropped, when the file is closed); `base`: where the .pth file starts in `path`."""
     storage = tensor.dtype.numpy_storage
     count = tensor.storage_bytes // storage.itemsize
-    mapped = np.memmap(path, dtype=storage, mode="r", offset=tensor.data_offset, shape=(count,))
+    mapped = np.memmap(path, dtype=storage, mode="r", offset=base + tensor.data_offset, shape=(count,))
     return np.lib.stride_tricks.as_strided(
         mapped, tensor.shape, tuple(s * storage.itemsize for s in tensor.strides), writeable=False
     )
@@ -200,18 +205,16 @@ class TorchReader:
             self._releaser.release(base, t.untyped_storage().nbytes())
 
 
-def _open_torch(path: Path, label: str) -> TensorFile:
+def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
     import torch
 
-    mmapped = True
+    mmapped = span is None
     try:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "zipfile" not in str(exc) and "mmap" not in str(exc):
-                raise
-            mmapped = False  # the legacy (pre-1.6) format cannot be mapped; it loads whole
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+        if span is not None:  # a file in an archive: loaded whole from its byte range (torch maps only files)
+            with open_range(path, span) as source:
+                obj = torch.load(source, map_location="cpu", weights_only=True)
+        else:
+            obj = _load_mapped(path)
     except pickle.UnpicklingError as exc:
         raise FileProblem(label, _refusal(str(exc))) from None
     except (
@@ -230,7 +233,7 @@ def _open_torch(path: Path, label: str) -> TensorFile:
     ) as exc:
         # random bytes can trip the unpickler anywhere (an IndexError on an empty stack, say): all mean the same
         raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
-    releaser = PageReleaser(path) if mmapped else None
+    releaser = PageReleaser(path) if mmapped else None  # a no-op for the legacy format, which is not mapped
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
     for key_path, value in _flatten(obj, ()):
@@ -244,6 +247,18 @@ def _open_torch(path: Path, label: str) -> TensorFile:
             continue
         leaves.append(Leaf(key_path, tuple(value.shape), from_torch(value.dtype), TorchReader(value, releaser)))
     return TensorFile(leaves, skipped)
+
+
+def _load_mapped(path: Path) -> Any:
+    """torch.load of `path`, mapped (the legacy pre-1.6 format cannot be: it loads whole)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "zipfile" not in str(exc) and "mmap" not in str(exc):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _flatten(obj: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -397,15 +412,24 @@ def _open_fd(path: Path, stack: ExitStack) -> int:
     return fd
 
 
-def _open_safetensors(path: Path, label: str, buffers: int) -> TensorFile:
-    from safetensors import safe_open
+def _open_safetensors(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
+    if span is None:
+        from safetensors import safe_open
 
-    try:
-        with safe_open(str(path), framework="np") as handle:  # validates header, offsets and file size
-            keys = list(handle.keys())
-    except Exception as exc:  # safetensors raises its own SafetensorError and others
-        raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
-    header, data_start = _safetensors_header(path, label)
+        try:
+            with safe_open(str(path), framework="np") as handle:  # validates header, offsets and file size
+                keys = list(handle.keys())
+        except Exception as exc:  # safetensors raises its own SafetensorError and others
+            raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
+        header, data_start = _safetensors_header(path, label)
+    else:  # safetensors reads only whole files: the same checks on the byte range
+        try:
+            with open_range(path, span) as source:
+                header, data_start = _checked_safetensors_header(source, span.size)
+        except (ValueError, OSError, struct.error, TypeError, KeyError) as exc:
+            raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
+        keys = sorted(header)  # in safe_open's order
+    base = span.offset if span is not None else 0
     stack = ExitStack()
     fd = _open_fd(path, stack)
     pool = BufferPool(buffers)  # one for the file: its tensors are copied one after another
@@ -422,7 +446,7 @@ def _open_safetensors(path: Path, label: str, buffers: int) -> TensorFile:
         begin, end = (int(x) for x in entry["data_offsets"])
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise FileProblem(label, f"tensor {key!r}: data size does not match its shape and dtype")
-        leaves.append(Leaf((key,), shape, dtype, RawReader(fd, data_start + begin, shape, dtype, pool)))
+        leaves.append(Leaf((key,), shape, dtype, RawReader(fd, base + data_start + begin, shape, dtype, pool)))
     return TensorFile(leaves, skipped, stack)
 
 
@@ -433,6 +457,40 @@ def _safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
     header.pop("__metadata__", None)
     if not isinstance(header, dict):
         raise FileProblem(label, "safetensors header is not an object")
+    return header, 8 + length
+
+
+_SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own limit
+
+
+def _checked_safetensors_header(f: IO[bytes], size: int) -> tuple[dict[str, Any], int]:
+    """The header of the safetensors file `f` of `size` bytes, checked as safetensors checks it: a JSON object of
+    entries with a dtype, a shape and data offsets that tile the data after the header exactly. Raises
+    ValueError."""
+    (length,) = struct.unpack("<Q", f.read(8))
+    if length > min(size - 8, _SAFETENSORS_HEADER_LIMIT):
+        raise ValueError(f"header length {length} is past the file's {size} bytes or too large")
+    header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    header.pop("__metadata__", None)
+    ranges = []
+    for key, entry in header.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
+            raise ValueError(f"tensor {key!r} has no shape")
+        offsets = entry.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(x, int) for x in offsets)):
+            raise ValueError(f"tensor {key!r} has no data offsets")
+        if not all(isinstance(d, int) and d >= 0 for d in entry["shape"]):
+            raise ValueError(f"tensor {key!r} has shape {entry['shape']!r}")
+        ranges.append((offsets[0], offsets[1], key))
+    position = 0
+    for begin, end, key in sorted(ranges):
+        if begin != position or end < begin:
+            raise ValueError(f"tensor {key!r}: its data offsets [{begin}, {end}] do not follow the tensor before")
+        position = end
+    if 8 + length + position != size:
+        raise ValueError(f"the data ends at {8 + length + position} bytes, the file at {size}")
     return header, 8 + length
 
 
@@ -466,9 +524,9 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
 
 
-def _open_npy(path: Path, label: str, buffers: int) -> TensorFile:
+def _open_npy(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
     try:
-        with open(path, "rb") as f:
+        with open_range(path, span) as f:
             shape, fortran, dtype = read_npy_header(f)
             offset = f.tell()
     except (ValueError, OSError, SyntaxError, TypeError, RecursionError) as exc:
@@ -480,13 +538,19 @@ def _open_npy(path: Path, label: str, buffers: int) -> TensorFile:
     except ValueError as exc:
         raise FileProblem(label, str(exc)) from None
     expected = math.prod(shape) * dtype.itemsize
-    actual = path.stat().st_size - offset
+    actual = (span.size if span is not None else path.stat().st_size) - offset
     if actual < expected:
         raise FileProblem(label, f"truncated: {expected} bytes of data expected, {actual} found")
+    base = span.offset if span is not None else 0
     stack = ExitStack()
     reader: BlockReader
     if fortran and len(shape) > 1:
-        reader = ArrayReader(np.load(path, mmap_mode="r", allow_pickle=False))
+        values = (
+            np.memmap(path, dtype=dtype, mode="r", offset=base + offset, shape=tuple(shape), order="F")
+            if expected
+            else np.empty(tuple(shape), dtype=dtype, order="F")  # nothing to map
+        )
+        reader = ArrayReader(values)
     else:
-        reader = RawReader(_open_fd(path, stack), offset, tuple(shape), logical, BufferPool(buffers))
+        reader = RawReader(_open_fd(path, stack), base + offset, tuple(shape), logical, BufferPool(buffers))
     return TensorFile([Leaf((), tuple(shape), logical, reader)], [], stack)
