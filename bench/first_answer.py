@@ -1,7 +1,8 @@
 """Time to the first answer: `tensor-debugger compare` against the throw-away script a user would write.
 
     python bench/first_answer.py                         # 2 x 200 MB of float32 .pth, 32 files per run, in zips
-    python bench/first_answer.py --size-mb 2048 --form folders --rounds 1
+    python bench/first_answer.py --large                 # 2 x 2 GiB in folders, one round (minutes)
+    python bench/first_answer.py --baseline /elsewhere/server   # also time another checkout's CLI, in turn
 
 Two runs of `{layer}_{stage}.pth` files (the candidate differs from the reference from layer 1 on) are written
 once, as zip archives (members stored, as `zip -0` and most tools writing .pth dumps do) or folders. Then, in each
@@ -9,8 +10,11 @@ round and in turn:
 - the plain script: `torch.load` of each file pair, float64 statistics (max and mean |diff|, cosine), the first
   pair outside torch.testing's float32 tolerance (the peer users would pick);
 - the CLI cold: `tensor-debugger compare A B --json` into a new data dir;
-- the CLI again: the same command on the same files and data dir.
-Each is a child process; the figures are wall seconds and the child's peak RSS. Nothing asserts on timings.
+- the CLI again: the same command on the same files and data dir;
+- with `--baseline DIR`, the same two again with the package found in DIR (another checkout's `server/` folder,
+  its compiled libraries built), so that a change is timed beside the code before it.
+Each is a child process; the figures are wall seconds and the child's peak RSS (its largest process's). Nothing
+asserts on timings.
 """
 
 from __future__ import annotations
@@ -93,12 +97,27 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=32, help=".pth files per run")
     parser.add_argument("--form", choices=("archives", "folders"), default="archives")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--large", action="store_true", help="2 x 2 GiB (2048 MiB per run) in folders, one round: --size-mb 2147 ..."
+    )
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout's server/ folder to time too")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary folder)")
     parser.add_argument("--write-runs", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write_runs:
         write_runs(Path(args.write_runs[0]), int(args.write_runs[1]), int(args.write_runs[2]))
         return
+    if args.large:
+        args.size_mb, args.form, args.rounds = 2147, "folders", 1  # 2 GiB
+    commands = {"compare": [str(CLI)]}
+    if args.baseline is not None:
+        commands["baseline"] = [
+            "/usr/bin/env",
+            f"PYTHONPATH={args.baseline.resolve()}",
+            str(PYTHON),
+            "-m",
+            "tensor_debugger",
+        ]
     work = Path(tempfile.mkdtemp(prefix="first-answer-", dir=args.workdir))
     env = child_env()
     try:
@@ -117,24 +136,27 @@ def main() -> None:
             f"two runs of {args.files} float32 .pth files, {args.size_mb} MB each, as {args.form}; "
             f"{args.rounds} rounds, in turn"
         )
-        times: dict[str, list[float]] = {"plain script": [], "compare, cold": [], "compare, again": []}
+        times: dict[str, list[float]] = {"plain script": []}
+        times.update({f"{name}, {when}": [] for name in commands for when in ("cold", "again")})
         peaks: dict[str, list[float]] = {name: [] for name in times}
         for round_index in range(args.rounds):
-            data = work / f"data{round_index}"
             wall, rss, out = run_child([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
             times["plain script"].append(wall)
             peaks["plain script"].append(rss)
             first_script = out.strip().splitlines()[-1].split()[-1]
-            for label in ("compare, cold", "compare, again"):
-                wall, rss, out = run_child_allowing(
-                    [str(CLI), "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
-                )
-                times[label].append(wall)
-                peaks[label].append(rss)
-                found = json.loads(out)["first_divergence"]
-                if found is None or f"{found['name']}.pth" != first_script:
-                    sys.exit(f"{label} found {found}, the script {first_script}")
-            shutil.rmtree(data, ignore_errors=True)
+            for name, command in commands.items():
+                data = work / f"data-{name}-{round_index}"
+                for when in ("cold", "again"):
+                    label = f"{name}, {when}"
+                    wall, rss, out = run_child_allowing(
+                        [*command, "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
+                    )
+                    times[label].append(wall)
+                    peaks[label].append(rss)
+                    found = json.loads(out)["first_divergence"]
+                    if found is None or f"{found['name']}.pth" != first_script:
+                        sys.exit(f"{label} found {found}, the script {first_script}")
+                shutil.rmtree(data, ignore_errors=True)
         script_median = statistics.median(times["plain script"])
         print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'peak RSS MB':>12}")
         for name, values in times.items():
