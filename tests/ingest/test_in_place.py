@@ -1,6 +1,8 @@
-"""Tensor files inside archives read in place: stored zip members, members of a plain tar and the arrays of an
-`np.savez` file are read as byte ranges of the archive (nothing staged); compressed members are extracted. Either
-way every tensor is stored bit for bit as from a folder, and the user's archive is left as it was."""
+"""Tensor files inside archives read without staged copies where they can be: stored zip members, members of a
+plain tar and the arrays of an `np.savez` file are read as byte ranges of the archive; compressed `.npy` and
+safetensors zip members through a decompressing stream; the rest (a compressed `.pth`, members of a tar.gz) is
+extracted. Every way, each tensor is stored bit for bit as from a folder, and the user's archive is left as it
+was."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest.archives import ArchiveLimits, extract_archive
-from tensor_debugger.ingest.inputs import InputFile, expand_inputs
+from tensor_debugger.ingest.inputs import InputFile, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.services import Services
 
@@ -61,29 +63,40 @@ def tarred(folder: Path, target: Path, mode: str) -> Path:
     return target
 
 
+def how_read(entry: TensorFileEntry) -> str:
+    if entry.span is not None:
+        return "in place"
+    return "streamed" if entry.packed is not None else "extracted"
+
+
 @pytest.mark.parametrize(
-    ("kind", "in_place"),
-    [("stored.zip", True), ("deflated.zip", False), ("plain.tar", True), ("packed.tar.gz", False)],
+    ("kind", "expected"),
+    [
+        ("stored.zip", {".pth": "in place", ".npy": "in place", ".safetensors": "in place"}),
+        ("deflated.zip", {".pth": "extracted", ".npy": "streamed", ".safetensors": "streamed"}),
+        ("plain.tar", {".pth": "in place", ".npy": "in place", ".safetensors": "in place"}),
+        ("packed.tar.gz", {".pth": "extracted", ".npy": "extracted", ".safetensors": "extracted"}),
+    ],
 )
-def test_archive_members_read_in_place_or_extracted(
-    services: Services, tmp_path: Path, kind: str, in_place: bool
+def test_archive_members_read_in_place_streamed_or_extracted(
+    services: Services, tmp_path: Path, kind: str, expected: dict[str, str]
 ) -> None:
     tensors = dump(tmp_path / "src")
     target = tmp_path / kind
     if kind.endswith(".zip"):
-        zipped(tmp_path / "src", target, zipfile.ZIP_STORED if in_place else zipfile.ZIP_DEFLATED)
+        zipped(tmp_path / "src", target, zipfile.ZIP_STORED if kind == "stored.zip" else zipfile.ZIP_DEFLATED)
     else:
-        tarred(tmp_path / "src", target, "w" if in_place else "w:gz")
+        tarred(tmp_path / "src", target, "w" if kind == "plain.tar" else "w:gz")
     before = hashlib.sha256(target.read_bytes()).hexdigest()
 
     expansion = expand_inputs([InputFile(target, kind)], tmp_path / "staging", LIMITS)
     assert len(expansion.entries) == 5
     for entry in expansion.entries:
-        assert (entry.span is not None) == in_place, entry.label
-        assert entry.staged != in_place
-        assert entry.path == target if in_place else entry.path.is_relative_to(tmp_path / "staging")
+        assert how_read(entry) == expected[entry.relpath.suffix], entry.label
+        assert entry.staged == (how_read(entry) == "extracted")
+        assert entry.path.is_relative_to(tmp_path / "staging") == entry.staged
     staged = [p for p in (tmp_path / "staging").rglob("*") if p.is_file() and p.suffix != ".txt"]
-    assert len(staged) == (0 if in_place else 5)  # no copy of a tensor file read in place
+    assert len(staged) == sum(how_read(e) == "extracted" for e in expansion.entries)  # no copy of the others
 
     result = services.ingestor.ingest("in-place", kind, [InputFile(target, kind)])
     records = stored(services, result.run_id)
@@ -104,7 +117,7 @@ def test_npz_arrays(services: Services, tmp_path: Path, compressed: bool) -> Non
     save = np.savez_compressed if compressed else np.savez
     save(path, x=arrays["x"], y=arrays["y"])
     expansion = expand_inputs([InputFile(path, path.name)], tmp_path / "staging", LIMITS)
-    assert [e.span is None for e in expansion.entries] == [compressed, compressed]
+    assert [how_read(e) for e in expansion.entries] == ["streamed" if compressed else "in place"] * 2
     result = services.ingestor.ingest("npz", f"run-{compressed}", [InputFile(path, path.name)])
     records = stored(services, result.run_id)
     for key, values in arrays.items():
@@ -150,3 +163,25 @@ def test_a_bad_safetensors_member_names_the_member(tmp_path: Path) -> None:
     assert member.span is not None
     with pytest.raises(FileProblem, match=r"bad.zip/0_query.safetensors: not a readable safetensors file"):
         open_tensor_file(member.path, "bad.zip/0_query.safetensors", span=member.span)
+
+
+def test_a_corrupt_compressed_member_is_a_problem_naming_it(services: Services, tmp_path: Path) -> None:
+    """A deflated .npy whose data is damaged: zipfile's stream fails while the tensor is read; the ingest reports
+    the file and keeps the others."""
+    target = tmp_path / "run.zip"
+    big = np.arange(400_000, dtype=np.float32)
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as archive:
+        with archive.open("0_query.npy", "w") as out:
+            np.save(out, big)
+        with archive.open("1_query.npy", "w") as out:
+            np.save(out, big + 1)
+    with zipfile.ZipFile(target) as archive:
+        info = archive.getinfo("0_query.npy")
+    raw = bytearray(target.read_bytes())
+    middle = info.header_offset + 30 + len(info.filename) + info.compress_size // 2
+    raw[middle : middle + 64] = bytes(64)
+    target.write_bytes(bytes(raw))
+    result = services.ingestor.ingest("corrupt", "run", [InputFile(target, "run.zip")])
+    assert sorted(stored(services, result.run_id)) == ["1_query"]
+    (problem,) = result.problems
+    assert problem.file == "run.zip/0_query.npy" and "could not be read" in problem.reason

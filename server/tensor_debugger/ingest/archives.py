@@ -3,7 +3,9 @@ extracted safely into a staging folder.
 
 A member the caller may read in place (`in_place`: tensor files) whose bytes lie in the archive as they are (a
 zip member stored without compression, any member of an uncompressed tar) is not copied: its `span` says where
-its bytes are in the archive, and readers read that byte range. Everything else is extracted.
+its bytes are in the archive, and readers read that byte range. A compressed zip member that its reader takes in
+order (`streamed`: `.npy` and safetensors files) is read through zipfile's decompressing stream (`packed`), which
+yields no more than the member's declared size. Everything else is extracted.
 
 An archive is refused whole, before anything from it is used, when a member would land outside the folder
 (absolute paths, `..`, drive letters), when it holds links or devices, or when it exceeds the limits on member
@@ -47,13 +49,23 @@ class Span:
 
 
 @dataclass(frozen=True)
+class Packed:
+    """A compressed zip member read through a decompressing stream: its name in the zip, and its size (zipfile
+    reads no byte past it)."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Member:
     """One regular file of an archive: where it sits inside the archive, and where its bytes are: a file of its own
-    (extracted), or with a `span` the byte range of the archive file at `path`."""
+    (extracted), with a `span` the byte range of the archive file at `path`, or `packed` in the zip at `path`."""
 
     name: PurePosixPath
     path: Path
     span: Span | None = None
+    packed: Packed | None = None
 
 
 def _nowhere(name: PurePosixPath) -> bool:
@@ -137,9 +149,11 @@ def extract_archive(
     dest: Path,
     limits: ArchiveLimits,
     in_place: Callable[[PurePosixPath], bool] = _nowhere,
+    streamed: Callable[[PurePosixPath], bool] = _nowhere,
 ) -> list[Member]:
     """Every regular file of the archive at `path`: those `in_place` accepts whose bytes lie uncompressed in the
-    archive as spans of it, the others extracted under `dest`. Raises FileProblem."""
+    archive as spans of it, compressed zip members `streamed` accepts as packed members, the others extracted
+    under `dest`. Raises FileProblem."""
     kind = archive_kind(path)
     size = path.stat().st_size
     budget = _Budget(label, size, limits)
@@ -148,7 +162,7 @@ def extract_archive(
         if kind == "tar":
             return list(_extract_tar(path, label, dest, budget, in_place if _plain_tar(path) else _nowhere))
         if kind in ("zip", "npz"):
-            return list(_extract_zip(path, label, dest, budget, in_place))
+            return list(_extract_zip(path, label, dest, budget, in_place, streamed))
     except FileProblem:
         raise
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
@@ -203,7 +217,12 @@ def _extract_tar(
 
 
 def _extract_zip(
-    path: Path, label: str, dest: Path, budget: _Budget, in_place: Callable[[PurePosixPath], bool]
+    path: Path,
+    label: str,
+    dest: Path,
+    budget: _Budget,
+    in_place: Callable[[PurePosixPath], bool],
+    streamed: Callable[[PurePosixPath], bool],
 ) -> Iterator[Member]:
     with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
         infos = archive.infolist()
@@ -229,10 +248,15 @@ def _extract_zip(
                 span = Span(zip_data_offset(handle, info, label), info.file_size)
                 yield Member(name, path, _in_archive(budget, info.filename, span))
                 continue
+            if streamed(name) and info.compress_type in _STREAMED and not info.flag_bits & 0x1:
+                budget.add_bytes(info.file_size)  # what zipfile's stream yields at most
+                yield Member(name, path, packed=Packed(info.filename, info.file_size))
+                continue
             with archive.open(info) as source:
                 yield Member(name, _write_member(source, dest, name, budget))
 
 
+_STREAMED = (zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # a zip member's local file header (30 bytes)
 
 

@@ -318,7 +318,7 @@ class Ingestor:
                 first = made = len(stored)
                 try:
                     with (
-                        open_tensor_file(entry.path, entry.label, pools.buffers, entry.span) as opened,
+                        open_tensor_file(entry.path, entry.label, pools.buffers, entry.span, entry.packed) as opened,
                         TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer,
                     ):
                         problems.extend(opened.skipped)

@@ -12,22 +12,31 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import pickle
 import re
 import struct
 import zipfile
-from collections.abc import Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from tensor_debugger.engine.chunking import Region, region_flat_range, region_shape
+from tensor_debugger.engine.chunking import Region, region_flat_range
 from tensor_debugger.errors import FileProblem
-from tensor_debugger.ingest.archives import Span
+from tensor_debugger.ingest.archives import Packed, Span
+from tensor_debugger.ingest.block_readers import (
+    ArrayReader,
+    BlockReader,
+    BufferPool,
+    Leaf,
+    RawReader,
+    StreamReader,
+    TensorFile,
+    open_fd,
+)
 from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.ingest.mapped_pages import PageReleaser
 from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
@@ -48,50 +57,20 @@ SAFETENSORS_DTYPES = {
 }  # fmt: skip
 
 
-class BlockReader(Protocol):
-    def read(self, region: Region) -> np.ndarray:
-        """The region's values in the storage dtype, C-contiguous."""
-
-    def done(self, region: Region) -> None:
-        """The region has been copied; its resources may be given back."""
-
-
-@dataclass(frozen=True)
-class Leaf:
-    key_path: tuple[str, ...]
-    shape: tuple[int, ...]
-    dtype: LogicalDtype
-    reader: BlockReader
-
-
-@dataclass
-class TensorFile:
-    """The leaves of one opened file, and what in it was not a tensor. Close it to unmap the file."""
-
-    leaves: list[Leaf]
-    skipped: list[FileProblem] = field(default_factory=list)
-    _stack: ExitStack = field(default_factory=ExitStack)
-
-    def close(self) -> None:
-        self.leaves.clear()
-        self._stack.close()
-
-    def __enter__(self) -> TensorFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def is_tensor_file(path: Path) -> bool:
     return path.suffix.lower() in TENSOR_SUFFIXES
 
 
-def open_tensor_file(path: Path, label: str, buffers: int = 4, span: Span | None = None) -> TensorFile:
-    """Open `path` (with `span`, the tensor file that is that byte range of it); `label` is how errors name the
-    file to the user, and gives its extension. Raises FileProblem. `buffers`: how many read buffers that finished
-    blocks give back are kept for later ones (the blocks a writer holds at once)."""
-    suffix = (Path(label).suffix if span is not None else path.suffix).lower()
+def open_tensor_file(
+    path: Path, label: str, buffers: int = 4, span: Span | None = None, packed: Packed | None = None
+) -> TensorFile:
+    """Open `path` (with `span`, the tensor file that is that byte range of it; with `packed`, the compressed
+    member of the zip at `path`); `label` is how errors name the file to the user, and gives its extension.
+    Raises FileProblem. `buffers`: how many read buffers that finished blocks give back are kept for later ones
+    (the blocks a writer holds at once)."""
+    suffix = (Path(label).suffix if span is not None or packed is not None else path.suffix).lower()
+    if packed is not None:
+        return _open_packed(path, label, buffers, packed, suffix)
     if suffix in TORCH_SUFFIXES:
         try:
             return _open_pth(path, label, buffers, span)
@@ -130,7 +109,7 @@ def _open_pth(path: Path, label: str, buffers: int, span: Span | None) -> Tensor
     ) as exc:
         raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
     stack = ExitStack()
-    fd = _open_fd(path, stack)
+    fd = open_fd(path, stack)
     pool = BufferPool(buffers)
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
@@ -326,90 +305,7 @@ def _where(label: str, key_path: tuple[str, ...]) -> str:
     return f"{label}[{']['.join(key_path)}]" if key_path else label
 
 
-# --- raw byte ranges (safetensors, .npy) ---------------------------------------------------------------
-
-
-class BufferPool:
-    """Byte buffers that finished blocks give back, shared by the readers of one file and capped, so that memory
-    stays at a few blocks however many tensors the file holds: new memory costs this VM a page fault per 4 KiB,
-    and a zeroed bytearray one more pass (measured: about 9% of a bfloat16 ingest's samples were there)."""
-
-    def __init__(self, keep: int = 4) -> None:
-        self._keep = keep  # as many as the writer holds blocks at once (WritePools.buffers)
-        self._free: list[np.ndarray] = []
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """The smallest kept buffer of at least `nbytes` bytes, else a new one."""
-        fitting = [i for i, b in enumerate(self._free) if b.size >= nbytes]
-        if not fitting:
-            return np.empty(nbytes, dtype=np.uint8)
-        return self._free.pop(min(fitting, key=lambda i: self._free[i].size))  # by position: arrays have no ==
-
-    def give(self, buffer: np.ndarray) -> None:
-        self._free.append(buffer)
-        if len(self._free) > self._keep:
-            self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].size))
-
-    @property
-    def held(self) -> int:
-        """Bytes kept for later blocks."""
-        return sum(b.size for b in self._free)
-
-
-class RawReader:
-    """C-order values at `offset` in an open file, read with os.pread (no mapping, no whole-file read) into
-    buffers of the file's `BufferPool`, which `done` gives back."""
-
-    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: LogicalDtype, pool: BufferPool) -> None:
-        self._fd = fd
-        self._offset = offset
-        self._shape = shape
-        self._dtype = dtype
-        self._pool = pool
-        self._lent: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
-
-    def read(self, region: Region) -> np.ndarray:
-        start, stop = region_flat_range(self._shape, region)
-        size = self._dtype.itemsize
-        nbytes = (stop - start) * size
-        buffer = self._pool.take(nbytes)
-        self._lent[_bounds(region)] = buffer
-        view = memoryview(buffer)[:nbytes]  # type: ignore[arg-type]
-        got = 0
-        while got < nbytes:
-            n = os.preadv(self._fd, [view[got:]], self._offset + start * size + got)
-            if n == 0:
-                raise OSError("file ended before the tensor's data did")
-            got += n
-        return buffer[:nbytes].view(self._dtype.numpy_storage).reshape(region_shape(region))
-
-    def done(self, region: Region) -> None:
-        buffer = self._lent.pop(_bounds(region), None)
-        if buffer is not None:
-            self._pool.give(buffer)
-
-
-def _bounds(region: Region) -> tuple[tuple[int, int], ...]:
-    return tuple((s.start, s.stop) for s in region)
-
-
-class ArrayReader:
-    """Any array-like with numpy indexing (a Fortran-ordered .npy memory map)."""
-
-    def __init__(self, array: Any) -> None:
-        self._array = array
-
-    def read(self, region: Region) -> np.ndarray:
-        return np.array(self._array[region] if region else self._array, order="C", copy=True)
-
-    def done(self, region: Region) -> None:
-        return None
-
-
-def _open_fd(path: Path, stack: ExitStack) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    stack.callback(os.close, fd)
-    return fd
+# --- safetensors and .npy: raw byte ranges -------------------------------------------------------------
 
 
 def _open_safetensors(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
@@ -431,8 +327,21 @@ def _open_safetensors(path: Path, label: str, buffers: int, span: Span | None) -
         keys = sorted(header)  # in safe_open's order
     base = span.offset if span is not None else 0
     stack = ExitStack()
-    fd = _open_fd(path, stack)
+    fd = open_fd(path, stack)
     pool = BufferPool(buffers)  # one for the file: its tensors are copied one after another
+    leaves, skipped = _safetensors_leaves(
+        header, keys, label, lambda shape, dtype, begin: RawReader(fd, base + data_start + begin, shape, dtype, pool)
+    )
+    return TensorFile(leaves, skipped, stack)
+
+
+def _safetensors_leaves(
+    header: dict[str, Any],
+    keys: list[str],
+    label: str,
+    reader: Callable[[tuple[int, ...], LogicalDtype, int], BlockReader],
+) -> tuple[list[Leaf], list[FileProblem]]:
+    """The leaves of a safetensors file in the order of `keys`, each read by `reader(shape, dtype, data offset)`."""
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
     for key in keys:
@@ -446,8 +355,8 @@ def _open_safetensors(path: Path, label: str, buffers: int, span: Span | None) -
         begin, end = (int(x) for x in entry["data_offsets"])
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise FileProblem(label, f"tensor {key!r}: data size does not match its shape and dtype")
-        leaves.append(Leaf((key,), shape, dtype, RawReader(fd, base + data_start + begin, shape, dtype, pool)))
-    return TensorFile(leaves, skipped, stack)
+        leaves.append(Leaf((key,), shape, dtype, reader(shape, dtype, begin)))
+    return leaves, skipped
 
 
 def _safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
@@ -524,6 +433,69 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
 
 
+def _open_packed(path: Path, label: str, buffers: int, packed: Packed, suffix: str) -> TensorFile:
+    """A compressed .npy or safetensors member of the zip at `path`, its tensors read through zipfile's stream."""
+    stack = ExitStack()
+    try:
+        archive = stack.enter_context(zipfile.ZipFile(path))
+        stream = stack.enter_context(archive.open(packed.name))
+        if suffix == ".npy":
+            leaves = [_packed_npy(stream, label, buffers)]
+        elif suffix == ".safetensors":
+            leaves, skipped = _packed_safetensors(stream, label, buffers, packed.size)
+            return TensorFile(leaves, skipped, stack)
+        else:
+            raise FileProblem(label, f"not a tensor file read from a compressed member ({suffix!r})")
+    except BaseException:
+        stack.close()
+        raise
+    return TensorFile(leaves, [], stack)
+
+
+def _packed_npy(stream: IO[bytes], label: str, buffers: int) -> Leaf:
+    try:
+        shape, fortran, dtype = read_npy_header(stream)
+        offset = stream.tell()
+    except (ValueError, OSError, SyntaxError, TypeError, RecursionError, EOFError, zlib.error) as exc:
+        raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
+    logical = _npy_dtype(dtype, label)
+    reader: BlockReader
+    if fortran and len(shape) > 1:  # rare: read whole, in the file's order
+        count = math.prod(shape)
+        try:
+            values = np.frombuffer(stream.read(count * dtype.itemsize), dtype=dtype, count=count)
+        except (ValueError, OSError, EOFError, zlib.error) as exc:
+            raise FileProblem(label, f"truncated or corrupt ({_first_line(exc)})") from None
+        reader = ArrayReader(values.reshape(shape, order="F"))
+    else:
+        reader = StreamReader(stream, offset, tuple(shape), logical, BufferPool(buffers), label)
+    return Leaf((), tuple(shape), logical, reader)
+
+
+def _packed_safetensors(stream: IO[bytes], label: str, buffers: int, size: int) -> tuple[list[Leaf], list[FileProblem]]:
+    try:
+        header, data_start = _checked_safetensors_header(stream, size)
+    except (ValueError, OSError, struct.error, TypeError, KeyError, EOFError, zlib.error) as exc:
+        raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
+    pool = BufferPool(buffers)
+
+    # safe_open's order (by name), as from a file: their data is in that order when they share a dtype (safetensors
+    # writes by dtype size, then name); a tensor behind the stream costs decompressing from the start again
+    def reader(shape: tuple[int, ...], dtype: LogicalDtype, begin: int) -> BlockReader:
+        return StreamReader(stream, data_start + begin, shape, dtype, pool, label)
+
+    return _safetensors_leaves(header, sorted(header), label, reader)
+
+
+def _npy_dtype(dtype: np.dtype[Any], label: str) -> LogicalDtype:
+    if dtype.hasobject:
+        raise FileProblem(label, "holds Python objects (a pickle); refused, never unpickled")
+    try:
+        return from_numpy(dtype)
+    except ValueError as exc:
+        raise FileProblem(label, str(exc)) from None
+
+
 def _open_npy(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
     try:
         with open_range(path, span) as f:
@@ -531,12 +503,7 @@ def _open_npy(path: Path, label: str, buffers: int, span: Span | None) -> Tensor
             offset = f.tell()
     except (ValueError, OSError, SyntaxError, TypeError, RecursionError) as exc:
         raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
-    if dtype.hasobject:
-        raise FileProblem(label, "holds Python objects (a pickle); refused, never unpickled")
-    try:
-        logical = from_numpy(dtype)
-    except ValueError as exc:
-        raise FileProblem(label, str(exc)) from None
+    logical = _npy_dtype(dtype, label)
     expected = math.prod(shape) * dtype.itemsize
     actual = (span.size if span is not None else path.stat().st_size) - offset
     if actual < expected:
@@ -552,5 +519,5 @@ def _open_npy(path: Path, label: str, buffers: int, span: Span | None) -> Tensor
         )
         reader = ArrayReader(values)
     else:
-        reader = RawReader(_open_fd(path, stack), base + offset, tuple(shape), logical, BufferPool(buffers))
+        reader = RawReader(open_fd(path, stack), base + offset, tuple(shape), logical, BufferPool(buffers))
     return TensorFile([Leaf((), tuple(shape), logical, reader)], [], stack)

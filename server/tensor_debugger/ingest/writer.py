@@ -24,8 +24,8 @@ import blake3
 import numpy as np
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.ingest.block_readers import Leaf
 from tensor_debugger.ingest.summary import BlockSummary, SummaryAccumulator, TensorSummary, summarise_stored
-from tensor_debugger.ingest.tensor_files import Leaf
 from tensor_debugger.store.arrays import ArrayStore, worth_compressing
 from tensor_debugger.store.dtypes import LogicalDtype
 
