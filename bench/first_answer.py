@@ -12,15 +12,16 @@ round and in turn:
 - the CLI cold: `tensor-debugger compare A B --json` into a new data dir;
 - the CLI again: the same command on the same files and data dir;
 - with `--baseline DIR`, the same two again with the package found in DIR (another checkout's `server/` folder,
-  its compiled libraries built), so that a change is timed beside the code before it.
-Each is a child process; the figures are wall seconds and the child's peak RSS (its largest process's). Nothing
-asserts on timings.
+  its compiled libraries built, its `migrations/` beside it), so that a change is timed beside the code before it.
+Each is a child process; the figures are wall seconds, CPU seconds (user and system: steadier than wall time on a
+loaded machine) and the child's peak RSS (its largest process's). Nothing asserts on timings.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -28,7 +29,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from harness import child_env, machine_line, run_child
+from harness import child_env, machine_line, run_child, run_child_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -139,39 +140,47 @@ def main() -> None:
         times: dict[str, list[float]] = {"plain script": []}
         times.update({f"{name}, {when}": [] for name in commands for when in ("cold", "again")})
         peaks: dict[str, list[float]] = {name: [] for name in times}
+        cpu: dict[str, list[float]] = {name: [] for name in times}
         for round_index in range(args.rounds):
-            wall, rss, out = run_child([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
+            wall, rss, seconds, out = run_child_cpu([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
             times["plain script"].append(wall)
             peaks["plain script"].append(rss)
+            cpu["plain script"].append(seconds)
             first_script = out.strip().splitlines()[-1].split()[-1]
             for name, command in commands.items():
                 data = work / f"data-{name}-{round_index}"
                 for when in ("cold", "again"):
                     label = f"{name}, {when}"
-                    wall, rss, out = run_child_allowing(
+                    wall, rss, seconds, out = run_child_allowing(
                         [*command, "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
                     )
                     times[label].append(wall)
                     peaks[label].append(rss)
-                    found = json.loads(out)["first_divergence"]
+                    cpu[label].append(seconds)
+                    try:
+                        found = json.loads(out)["first_divergence"]
+                    except ValueError:
+                        sys.exit(f"{label} printed no JSON: {out[:2000]}")
                     if found is None or f"{found['name']}.pth" != first_script:
                         sys.exit(f"{label} found {found}, the script {first_script}")
                 shutil.rmtree(data, ignore_errors=True)
         script_median = statistics.median(times["plain script"])
-        print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'peak RSS MB':>12}")
+        print(f"{os.getloadavg()[0]:.1f} load average (1 minute) at the end")
+        print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'CPU s':>7} {'peak RSS MB':>12}")
         for name, values in times.items():
             print(
                 f"{name:16} {statistics.median(values):9.2f} {min(values):7.2f} {max(values):7.2f} "
-                f"{statistics.median(values) / script_median:9.2f} {max(peaks[name]):12.0f}"
+                f"{statistics.median(values) / script_median:9.2f} {statistics.median(cpu[name]):7.2f} "
+                f"{max(peaks[name]):12.0f}"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run_child_allowing(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+def run_child_allowing(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
     """`compare` exits 1 when a pair fails, as it must here: run it through a shell that turns 1 into 0."""
     quoted = " ".join(f"'{part}'" for part in cmd)
-    return run_child(["/bin/sh", "-c", f"{quoted}; code=$?; [ $code -le 1 ] || exit $code"], env)
+    return run_child_cpu(["/bin/sh", "-c", f"{quoted}; code=$?; [ $code -le 1 ] || exit $code"], env)
 
 
 if __name__ == "__main__":

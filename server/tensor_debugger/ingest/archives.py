@@ -155,8 +155,7 @@ def extract_archive(
     archive as spans of it, compressed zip members `streamed` accepts as packed members, the others extracted
     under `dest`. Raises FileProblem."""
     kind = archive_kind(path)
-    size = path.stat().st_size
-    budget = _Budget(label, size, limits)
+    budget = _Budget(label, path.stat().st_size, limits)
     dest.mkdir(parents=True, exist_ok=True)
     try:
         if kind == "tar":
