@@ -52,7 +52,8 @@ def seeded(token_server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -
 @pytest.fixture(scope="module")
 def routes(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str]]:
     """(method, path) of every route the app has, as the app itself lists them (so a new one cannot slip through
-    these tests), except the login page and the warm path's `/api/local` (its own data-dir token: tests/cli/test_warm.py)."""
+    these tests), except the login page and the warm path's `/api/local` (its own data-dir token, in
+    tests/cli/test_warm.py)."""
     settings = Settings(data_dir=tmp_path_factory.mktemp("routes"), token=WRITE_TOKEN, read_token=READ_TOKEN)
     found: list[tuple[str, str]] = []
     for route in create_app(settings).routes:

@@ -1,17 +1,26 @@
-"""Safe extraction of .zip, .tar(.gz/.bz2/.xz), .tgz and .npz archives into a staging folder.
+"""The members of .zip, .tar(.gz/.bz2/.xz), .tgz and .npz archives: read in place where they can be, else
+extracted safely into a staging folder.
+
+A member the caller may read in place (`in_place`: tensor files) whose bytes lie in the archive as they are (a
+zip member stored without compression, any member of an uncompressed tar) is not copied: its `span` says where
+its bytes are in the archive, and readers read that byte range. A compressed zip member that its reader takes in
+order (`streamed`: `.npy` and safetensors files) is read through zipfile's decompressing stream (`packed`), which
+yields no more than the member's declared size. Everything else is extracted.
 
 An archive is refused whole, before anything from it is used, when a member would land outside the folder
 (absolute paths, `..`, drive letters), when it holds links or devices, or when it exceeds the limits on member
-count and expanded size. Declared sizes are never trusted: bytes are counted as they are written.
+count and expanded size. Declared sizes are never trusted: bytes are counted as they are written, and a member
+read in place must lie inside the archive file.
 """
 
 from __future__ import annotations
 
 import stat
+import struct
 import tarfile
 import zipfile
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
@@ -32,11 +41,35 @@ class ArchiveLimits:
 
 
 @dataclass(frozen=True)
+class Span:
+    """A member's bytes in place: `size` bytes from `offset` of the archive file."""
+
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A compressed zip member read through a decompressing stream: its name in the zip, and its size (zipfile
+    reads no byte past it)."""
+
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
 class Member:
-    """One extracted regular file: where it sits inside the archive, and where it was written."""
+    """One regular file of an archive: where it sits inside the archive, and where its bytes are: a file of its own
+    (extracted), with a `span` the byte range of the archive file at `path`, or `packed` in the zip at `path`."""
 
     name: PurePosixPath
     path: Path
+    span: Span | None = None
+    packed: Packed | None = None
+
+
+def _nowhere(name: PurePosixPath) -> bool:
+    return False
 
 
 def archive_kind(path: Path) -> str | None:
@@ -110,16 +143,25 @@ class _Budget:
             )
 
 
-def extract_archive(path: Path, label: str, dest: Path, limits: ArchiveLimits) -> list[Member]:
-    """Extract every regular file of the archive at `path` under `dest`. Raises FileProblem."""
+def extract_archive(
+    path: Path,
+    label: str,
+    dest: Path,
+    limits: ArchiveLimits,
+    in_place: Callable[[PurePosixPath], bool] = _nowhere,
+    streamed: Callable[[PurePosixPath], bool] = _nowhere,
+) -> list[Member]:
+    """Every regular file of the archive at `path`: those `in_place` accepts whose bytes lie uncompressed in the
+    archive as spans of it, compressed zip members `streamed` accepts as packed members, the others extracted
+    under `dest`. Raises FileProblem."""
     kind = archive_kind(path)
     budget = _Budget(label, path.stat().st_size, limits)
     dest.mkdir(parents=True, exist_ok=True)
     try:
         if kind == "tar":
-            return list(_extract_tar(path, label, dest, budget))
+            return list(_extract_tar(path, label, dest, budget, in_place if _plain_tar(path) else _nowhere))
         if kind in ("zip", "npz"):
-            return list(_extract_zip(path, label, dest, budget))
+            return list(_extract_zip(path, label, dest, budget, in_place, streamed))
     except FileProblem:
         raise
     except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
@@ -127,7 +169,28 @@ def extract_archive(path: Path, label: str, dest: Path, limits: ArchiveLimits) -
     raise FileProblem(label, "not an archive")
 
 
-def _extract_tar(path: Path, label: str, dest: Path, budget: _Budget) -> Iterator[Member]:
+# the first bytes of the compressed files tarfile opens (gzip, bzip2, xz, and zstd for Python 3.14's)
+_COMPRESSED_MAGIC = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ\x00", b"\x28\xb5\x2f\xfd")
+
+
+def _plain_tar(path: Path) -> bool:
+    """Whether the tar at `path` is uncompressed, so that its members' bytes lie in the file as they are."""
+    with open(path, "rb") as f:
+        head = f.read(6)
+    return not head.startswith(_COMPRESSED_MAGIC)
+
+
+def _in_archive(budget: _Budget, name: str, span: Span) -> Span:
+    """`span`, checked to lie inside the archive file, and counted like extracted bytes."""
+    if span.offset < 0 or span.size < 0 or span.offset + span.size > budget.archive_bytes:
+        raise FileProblem(budget.label, f"truncated or corrupt archive (member {name!r} reaches past its end)")
+    budget.add_bytes(span.size)
+    return span
+
+
+def _extract_tar(
+    path: Path, label: str, dest: Path, budget: _Budget, in_place: Callable[[PurePosixPath], bool]
+) -> Iterator[Member]:
     with tarfile.open(path, mode="r|*") as tar:  # streaming: one pass, whatever the compression
         for info in tar:
             budget.add_member()
@@ -142,6 +205,9 @@ def _extract_tar(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
                 continue
             if not info.isfile():
                 raise UnsafeArchiveError(label, f"member {info.name!r} is a device or FIFO; the archive was refused")
+            if in_place(name) and not info.issparse():  # the stream skips its bytes when it moves on
+                yield Member(name, path, _in_archive(budget, info.name, Span(info.offset_data, info.size)))
+                continue
             source = tar.extractfile(info)
             if source is None:
                 continue
@@ -149,8 +215,15 @@ def _extract_tar(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
                 yield Member(name, _write_member(source, dest, name, budget))
 
 
-def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterator[Member]:
-    with zipfile.ZipFile(path) as archive:
+def _extract_zip(
+    path: Path,
+    label: str,
+    dest: Path,
+    budget: _Budget,
+    in_place: Callable[[PurePosixPath], bool],
+    streamed: Callable[[PurePosixPath], bool],
+) -> Iterator[Member]:
+    with zipfile.ZipFile(path) as archive, open(path, "rb") as handle:
         infos = archive.infolist()
         if infos and min(i.header_offset for i in infos) != 0:
             # zipfile found a central directory that does not start the file: that of a zip stored *inside*
@@ -170,8 +243,37 @@ def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
                 continue
             checked.append((info, name))
         for info, name in checked:
+            if in_place(name) and _stored(info):
+                span = Span(zip_data_offset(handle, info, label), info.file_size)
+                yield Member(name, path, _in_archive(budget, info.filename, span))
+                continue
+            if streamed(name) and info.compress_type in _STREAMED and not info.flag_bits & 0x1:
+                budget.add_bytes(info.file_size)  # what zipfile's stream yields at most
+                yield Member(name, path, packed=Packed(info.filename, info.file_size))
+                continue
             with archive.open(info) as source:
                 yield Member(name, _write_member(source, dest, name, budget))
+
+
+_STREAMED = (zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA)
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")  # a zip member's local file header (30 bytes)
+
+
+def _stored(info: zipfile.ZipInfo) -> bool:
+    """Whether the member's bytes lie in the archive as they are: stored, not encrypted, its sizes agreeing."""
+    plain = info.compress_type == zipfile.ZIP_STORED and not info.flag_bits & 0x1
+    return plain and info.compress_size == info.file_size
+
+
+def zip_data_offset(handle: IO[bytes], info: zipfile.ZipInfo, label: str) -> int:
+    """Where a stored member's bytes begin in the zip file open as `handle`: after its local header, whose name and
+    extra field lengths may differ from the central directory's. Raises FileProblem."""
+    handle.seek(info.header_offset)
+    header = handle.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise FileProblem(label, f"truncated or corrupt archive (member {info.filename!r} has no local header)")
+    fields = _LOCAL_HEADER.unpack(header)
+    return int(info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10])
 
 
 def _write_member(source: IO[bytes], dest: Path, name: PurePosixPath, budget: _Budget) -> Path:

@@ -322,7 +322,7 @@ class Ingestor:
     ) -> tuple[list[Stored], list[FileProblem], list[RunTrace]]:
         expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
         problems = expansion.problems
-        total = sum(e.path.stat().st_size for e in expansion.entries)
+        total = sum(e.nbytes for e in expansion.entries)
         done = 0
         if progress is not None:
             progress(0, total)  # archives are unpacked: from here on, bytes copied of `total`
@@ -340,7 +340,7 @@ class Ingestor:
                 first = made = len(stored)
                 try:
                     with (
-                        open_tensor_file(entry.path, entry.label, pools.buffers) as opened,
+                        open_tensor_file(entry.path, entry.label, pools.buffers, entry.span, entry.packed) as opened,
                         TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer,
                     ):
                         problems.extend(opened.skipped)
