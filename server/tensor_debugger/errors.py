@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
 
 class TensorDebuggerError(Exception):
     """Base of every error this project raises on purpose."""
@@ -39,3 +43,18 @@ class NothingUsableError(TensorDebuggerError):
         detail = "; ".join(f"{p.file}: {p.reason}" for p in problems) or "no input files"
         super().__init__(f"no tensors found ({detail})")
         self.problems = problems
+
+
+class DiskFullError(TensorDebuggerError):
+    """The disk (or the quota) holding the data directory is full: nothing about the input is wrong."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"out of disk space writing {where}; free some space and try again")
+        self.where = where
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError saying there is no space left (ENOSPC, EDQUOT), or SQLite's "database or disk is full"."""
+    if isinstance(exc, OSError):
+        return exc.errno in NO_SPACE
+    return "database or disk is full" in str(exc)

@@ -2,11 +2,13 @@
 
 An archive is refused whole, before anything from it is used, when a member would land outside the folder
 (absolute paths, `..`, drive letters), when it holds links or devices, or when it exceeds the limits on member
-count and expanded size. Declared sizes are never trusted: bytes are counted as they are written.
+count and expanded size, counted over every archive one ingest unpacks (`ExpansionBudget`). Declared sizes are
+never trusted to let anything through, only to refuse early: bytes are counted as they are written.
 """
 
 from __future__ import annotations
 
+import shutil
 import stat
 import tarfile
 import zipfile
@@ -16,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import IO
 
-from tensor_debugger.errors import FileProblem, UnsafeArchiveError
+from tensor_debugger.errors import DiskFullError, FileProblem, UnsafeArchiveError, is_disk_full
 
 GiB = 1024**3
 _COPY_BUFFER = 4 * 1024 * 1024
+_CORRUPT = (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError)
 _TAR_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 
 
@@ -73,64 +76,84 @@ def parse_member_name(raw: str, label: str) -> PurePosixPath | None:
     return PurePosixPath(*parts) if parts else None
 
 
-class _Budget:
-    """Counts members and bytes across one archive; raises the moment a limit is passed."""
+class ExpansionBudget:
+    """One budget for everything one ingest unpacks (an upload, a CLI run): members and expanded bytes are counted
+    across every archive at every nesting level, and the expansion ratio is taken against the size of the
+    outermost archives only, so a zip of zips gets no fresh allowance per inner archive. Raises the moment a
+    limit is passed, and before writing a member whose declared size alone would pass one."""
 
-    def __init__(self, label: str, archive_bytes: int, limits: ArchiveLimits) -> None:
-        self.label = label
-        self.archive_bytes = max(1, archive_bytes)
+    def __init__(self, limits: ArchiveLimits) -> None:
         self.limits = limits
         self.members = 0
         self.bytes = 0
+        self.outer_bytes = 0  # the size of the outermost archives: what the ratio is taken against
 
-    def add_member(self) -> None:
+    def add_outer(self, archive_bytes: int) -> None:
+        self.outer_bytes += archive_bytes
+
+    def add_member(self, label: str) -> None:
         self.members += 1
         if self.members > self.limits.max_members:
             raise UnsafeArchiveError(
-                self.label,
-                f"more than {self.limits.max_members} members (limit TENSOR_DEBUGGER_MAX_ARCHIVE_MEMBERS); "
-                "the archive was refused",
+                label,
+                f"more than {self.limits.max_members} members, counted over every archive of the run (limit "
+                "TENSOR_DEBUGGER_MAX_ARCHIVE_MEMBERS); the archive was refused",
             )
 
-    def add_bytes(self, n: int) -> None:
+    def check_declared(self, label: str, n: int) -> None:
+        """Refuse, before writing anything, members whose declared sizes alone would pass a limit (zip and tar
+        readers never return more than a member declares, so a lie only makes the archive corrupt)."""
+        self._check(label, self.bytes + n)
+
+    def add_bytes(self, label: str, n: int) -> None:
         self.bytes += n
+        self._check(label, self.bytes)
+
+    def _check(self, label: str, total: int) -> None:
         limits = self.limits
-        if self.bytes > limits.max_expanded_bytes:
+        if total > limits.max_expanded_bytes:
             raise UnsafeArchiveError(
-                self.label,
-                f"expands past {limits.max_expanded_bytes} bytes (limit TENSOR_DEBUGGER_MAX_EXPANDED_BYTES); "
+                label,
+                f"expands past {limits.max_expanded_bytes} bytes, counted over every archive of the run (limit "
+                "TENSOR_DEBUGGER_MAX_EXPANDED_BYTES); the archive was refused",
+            )
+        outer = max(1, self.outer_bytes)
+        if total > limits.ratio_floor_bytes and total / outer > limits.max_expansion_ratio:
+            raise UnsafeArchiveError(
+                label,
+                f"expands more than {limits.max_expansion_ratio:g} times the {outer} bytes of the run's outermost "
+                "archives, counted over every archive in them (limit TENSOR_DEBUGGER_MAX_EXPANSION_RATIO); "
                 "the archive was refused",
             )
-        ratio = self.bytes / self.archive_bytes
-        if self.bytes > limits.ratio_floor_bytes and ratio > limits.max_expansion_ratio:
-            raise UnsafeArchiveError(
-                self.label,
-                f"expands more than {limits.max_expansion_ratio:g} times its size of {self.archive_bytes} bytes "
-                "(limit TENSOR_DEBUGGER_MAX_EXPANSION_RATIO); the archive was refused",
-            )
 
 
-def extract_archive(path: Path, label: str, dest: Path, limits: ArchiveLimits) -> list[Member]:
-    """Extract every regular file of the archive at `path` under `dest`. Raises FileProblem."""
+def extract_archive(path: Path, label: str, dest: Path, budget: ExpansionBudget, nested: bool) -> list[Member]:
+    """Extract every regular file of the archive at `path` under `dest`, counted against the ingest's `budget`
+    (`nested`: the archive was itself unpacked from one, so its size adds nothing to the ratio's allowance).
+    Raises FileProblem."""
     kind = archive_kind(path)
-    budget = _Budget(label, path.stat().st_size, limits)
+    if not nested:
+        budget.add_outer(path.stat().st_size)
     dest.mkdir(parents=True, exist_ok=True)
     try:
         if kind == "tar":
             return list(_extract_tar(path, label, dest, budget))
         if kind in ("zip", "npz"):
             return list(_extract_zip(path, label, dest, budget))
-    except FileProblem:
-        raise
-    except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError) as exc:
+    except BaseException as exc:
+        shutil.rmtree(dest, ignore_errors=True)  # a refused archive leaves nothing in staging
+        if is_disk_full(exc):
+            raise DiskFullError(f"the members of {label}") from exc
+        if isinstance(exc, FileProblem) or not isinstance(exc, _CORRUPT):
+            raise
         raise FileProblem(label, f"truncated or corrupt archive ({_describe(exc)})") from None
     raise FileProblem(label, "not an archive")
 
 
-def _extract_tar(path: Path, label: str, dest: Path, budget: _Budget) -> Iterator[Member]:
+def _extract_tar(path: Path, label: str, dest: Path, budget: ExpansionBudget) -> Iterator[Member]:
     with tarfile.open(path, mode="r|*") as tar:  # streaming: one pass, whatever the compression
         for info in tar:
-            budget.add_member()
+            budget.add_member(label)
             name = parse_member_name(info.name, label)
             if info.issym() or info.islnk():
                 raise UnsafeArchiveError(
@@ -142,14 +165,15 @@ def _extract_tar(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
                 continue
             if not info.isfile():
                 raise UnsafeArchiveError(label, f"member {info.name!r} is a device or FIFO; the archive was refused")
+            budget.check_declared(label, info.size)
             source = tar.extractfile(info)
             if source is None:
                 continue
             with source:
-                yield Member(name, _write_member(source, dest, name, budget))
+                yield Member(name, _write_member(source, label, dest, name, budget))
 
 
-def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterator[Member]:
+def _extract_zip(path: Path, label: str, dest: Path, budget: ExpansionBudget) -> Iterator[Member]:
     with zipfile.ZipFile(path) as archive:
         infos = archive.infolist()
         if infos and min(i.header_offset for i in infos) != 0:
@@ -158,7 +182,7 @@ def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
             raise FileProblem(label, "truncated or corrupt archive (its directory does not describe the file)")
         checked: list[tuple[zipfile.ZipInfo, PurePosixPath]] = []
         for info in infos:  # validate the whole central directory before writing anything
-            budget.add_member()
+            budget.add_member(label)
             name = parse_member_name(info.filename, label)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
@@ -169,19 +193,20 @@ def _extract_zip(path: Path, label: str, dest: Path, budget: _Budget) -> Iterato
             if info.is_dir() or name is None:
                 continue
             checked.append((info, name))
+        budget.check_declared(label, sum(info.file_size for info, _ in checked))
         for info, name in checked:
             with archive.open(info) as source:
-                yield Member(name, _write_member(source, dest, name, budget))
+                yield Member(name, _write_member(source, label, dest, name, budget))
 
 
-def _write_member(source: IO[bytes], dest: Path, name: PurePosixPath, budget: _Budget) -> Path:
+def _write_member(source: IO[bytes], label: str, dest: Path, name: PurePosixPath, budget: ExpansionBudget) -> Path:
     target = dest.joinpath(*name.parts)
     if not target.resolve().is_relative_to(dest.resolve()):
-        raise UnsafeArchiveError(budget.label, f"member {str(name)!r} would escape the archive's folder")
+        raise UnsafeArchiveError(label, f"member {str(name)!r} would escape the archive's folder")
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "wb") as out:
         while block := source.read(_COPY_BUFFER):
-            budget.add_bytes(len(block))
+            budget.add_bytes(label, len(block))
             out.write(block)
     return target
 
