@@ -97,8 +97,8 @@ def run_compare(
         for label, path in zip(labels, (a, b), strict=True):
             bar = ProgressBar(f"ingest {label}")
             try:
-                result = services.ingestor.ingest(
-                    session_name, label, [InputFile(path, str(path))], progress=bar.update
+                result = services.ingestor.ingest(  # A is the reference, whatever the folders are named
+                    session_name, label, [InputFile(path, str(path))], progress=bar.update, by_label=False
                 )
             finally:
                 bar.close()

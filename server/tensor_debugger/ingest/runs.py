@@ -29,7 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -69,6 +70,10 @@ class PendingRun:
     run_id: int
     run_label: str
     created_session: bool  # undoing the run also removes the session when nothing else is in it
+
+
+def is_reference_label(label: str) -> bool:
+    return label.strip().casefold() == "reference"
 
 
 class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
@@ -150,17 +155,24 @@ class Ingestor:
         inputs: list[InputFile],
         progress: ProgressCallback | None = None,
         reuse: bool = True,
+        by_label: bool = True,
     ) -> IngestResult:
         """Add a run labelled `run_label` to the session (created if needed). With `reuse`, a ready run of the
-        same unchanged inputs lends its tensors (and their arrays) instead of the files being read again.
+        same unchanged inputs lends its tensors (and their arrays) instead of the files being read again. `by_label`:
+        see `begin`.
 
         Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
         """
-        # Taken before anything is read: a file changed while it is being ingested gets another fingerprint.
-        fingerprint = (
-            fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
-        )
-        pending = self.begin(session_name, run_label, [i.label for i in inputs])
+        # The run's row first, so its place (the reference is the run sent first) is taken before any slow work;
+        # the fingerprint next, before anything is read: a file changed while it is being ingested gets another.
+        pending = self.begin(session_name, run_label, [i.label for i in inputs], by_label=by_label)
+        try:
+            fingerprint = (
+                fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
+            )
+        except BaseException:
+            self.cancel(pending)
+            raise
         return self.complete(pending, inputs, progress, fingerprint=fingerprint)
 
     def begin(
@@ -170,14 +182,38 @@ class Ingestor:
         sources: list[str],
         create_session: bool = True,
         created_session: bool = False,
+        by_label: bool = True,
     ) -> PendingRun:
         """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
         caller made the session for this run, so undoing the run may remove it as well.
 
-        A run of the same label that failed before is replaced, in its place; any other clash is refused."""
+        The run takes the next place, so the session's reference (its first run) is the run begun first, not the
+        first to finish; but with `by_label`, a run labelled "reference" (any case) takes the first place when no
+        other run has that label. Two processes making the same new session at once both land in it (the
+        transaction takes the write lock before it reads, and a clash on the name is tried once more). A run of
+        the same label that failed before is replaced, in its place; any other clash is refused."""
         session_name = parse_label(session_name, "session name")
         run_label = parse_label(run_label, "run label")
+        try:
+            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label)
+        except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
+            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label)
+        _LiveRuns.add(self.settings.database_url, pending.run_id)
+        return pending
+
+    def _begin(
+        self,
+        session_name: str,
+        run_label: str,
+        sources: list[str],
+        create_session: bool,
+        created_session: bool,
+        by_label: bool,
+    ) -> PendingRun:
         with self.sessions.begin() as db:
+            # A write first, so that this transaction holds SQLite's write lock before it reads: two begins for
+            # one new session take turns (the second finds the session) and never take the same place.
+            db.execute(update(SessionRecord).where(SessionRecord.name == session_name).values(name=SessionRecord.name))
             session = db.scalar(select(SessionRecord).where(SessionRecord.name == session_name))
             created = session is None
             if session is None:
@@ -186,15 +222,23 @@ class Ingestor:
                 session = SessionRecord(name=session_name)
                 db.add(session)
                 db.flush()
-            taken = db.scalar(select(RunRecord).where(RunRecord.session_id == session.id, RunRecord.label == run_label))
+            runs = list(db.scalars(select(RunRecord).where(RunRecord.session_id == session.id)))
+            taken = next((r for r in runs if r.label == run_label), None)
             if taken is not None and taken.status != "failed":
                 raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
+            others = [r for r in runs if r is not taken]
             if taken is not None:
                 position = taken.position
                 db.delete(taken)
                 db.flush()
+            elif by_label and is_reference_label(run_label) and not any(is_reference_label(r.label) for r in others):
+                position = 0
+                for other in others:  # the labelled reference goes first; the others keep their order
+                    other.position += 1
             else:
-                position = db.scalar(select(func.count()).where(RunRecord.session_id == session.id)) or 0
+                position = max((r.position for r in others), default=-1) + 1
+            for other in others:
+                other.role = "reference" if other.position == 0 else "candidate"
             run = RunRecord(
                 session_id=session.id,
                 label=run_label,
@@ -208,9 +252,7 @@ class Ingestor:
             )
             db.add(run)
             db.flush()
-            pending = PendingRun(session.id, session_name, run.id, run_label, created or created_session)
-        _LiveRuns.add(self.settings.database_url, pending.run_id)
-        return pending
+            return PendingRun(session.id, session_name, run.id, run_label, created or created_session)
 
     def complete(
         self,
