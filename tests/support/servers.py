@@ -49,6 +49,7 @@ class LiveServer:
     port: int
     demo: bool = False
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] | None = None  # TENSOR_DEBUGGER_ settings for the child
 
     @property
     def url(self) -> str:
@@ -64,7 +65,8 @@ class LiveServer:
         if not self.demo:
             args.append("--no-demo")
         log = open(self.log, "ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        env = {**child_env(), **(self.env or {})}
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()  # the child has its own copy
         return self.process
 
@@ -98,9 +100,10 @@ class LiveServer:
         return self.process is not None and self.process.poll() is None
 
 
-def started_server(root: Path, demo: bool = False) -> LiveServer:
-    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir)."""
-    server = LiveServer(root / "data", free_port(), demo=demo)
+def started_server(root: Path, demo: bool = False, env: dict[str, str] | None = None) -> LiveServer:
+    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir), with the
+    settings in `env`."""
+    server = LiveServer(root / "data", free_port(), demo=demo, env=env)
     server.data_dir.mkdir(parents=True)
     return server.start()
 

@@ -39,6 +39,7 @@ from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError
 from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
+from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.traces import TraceTensor
 from tensor_debugger.ingest.writer import StoredTensor, TensorWriter, WritePools
@@ -198,7 +199,6 @@ class Ingestor:
             pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label)
         except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
             pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label)
-        _LiveRuns.add(self.settings.database_url, pending.run_id)
         return pending
 
     def _begin(
@@ -252,6 +252,8 @@ class Ingestor:
             )
             db.add(run)
             db.flush()
+            # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
+            _LiveRuns.add(self.settings.database_url, run.id)
             return PendingRun(session.id, session_name, run.id, run_label, created or created_session)
 
     def complete(
@@ -271,7 +273,7 @@ class Ingestor:
         problems. Any other error removes the run, or with `keep_failure` (but not IngestCancelled) marks it
         "failed" with the error as its problem, and is raised again."""
         run_id = pending.run_id
-        staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
+        staging = new_folder(self.settings.staging_dir, "ingest")
         try:
             reused = self._reuse(pending, fingerprint) if fingerprint is not None else None
             if reused is not None:

@@ -25,6 +25,7 @@ from tensor_debugger.errors import (
     NothingUsableError,
     TensorDebuggerError,
 )
+from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
@@ -88,11 +89,16 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         if settings.demo:
             ensure_demo_session(opened)
         worker.start()  # picks up pending pairs, those of a computation killed last time included
+        sweeper = app.state.sweeper = Sweeper(opened.sweep, settings.staging_sweep_seconds)
+        sweeper.start()
 
     def shutdown(app: Litestar) -> None:
         worker = getattr(app.state, "worker", None)
         if worker is not None:
             worker.stop()
+        sweeper = getattr(app.state, "sweeper", None)
+        if sweeper is not None:
+            sweeper.stop()
         if services is None and "services" in holder:
             holder["services"].close()
 
