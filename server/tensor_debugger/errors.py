@@ -54,7 +54,17 @@ class DiskFullError(TensorDebuggerError):
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    """An OSError saying there is no space left (ENOSPC, EDQUOT), or SQLite's "database or disk is full"."""
-    if isinstance(exc, OSError):
-        return exc.errno in NO_SPACE
-    return "database or disk is full" in str(exc)
+    """An OSError saying there is no space left (ENOSPC, EDQUOT), SQLite's "database or disk is full", or an error
+    raised because of either."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DiskFullError):
+            return True
+        if isinstance(current, OSError) and current.errno in NO_SPACE:
+            return True
+        if "database or disk is full" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

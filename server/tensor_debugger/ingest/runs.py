@@ -19,6 +19,7 @@ never takes them for dead (a second `open_services` on the same data dir, say a 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -35,7 +36,14 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.engine.names import parse_layer_stage, tensor_name
-from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError, NothingUsableError
+from tensor_debugger.errors import (
+    ConflictError,
+    DiskFullError,
+    FileProblem,
+    InvalidInputError,
+    NothingUsableError,
+    is_disk_full,
+)
 from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
@@ -47,6 +55,8 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+
+log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 
@@ -289,7 +299,16 @@ class Ingestor:
             self._give_up(pending, exc.problems, keep_failure)
             raise
         except Exception as exc:
+            shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
             what = ", ".join(i.label for i in inputs) or "upload"
+            if is_disk_full(exc) and not isinstance(exc, DiskFullError):
+                exc = DiskFullError(f"the run {pending.run_label!r}")
+            if isinstance(exc, DiskFullError):  # kept, "failed", whoever asked: the session says why
+                try:
+                    self._give_up(pending, [FileProblem(what, str(exc))], True)
+                except Exception:  # still no room for the row: the next sweep removes the run instead
+                    log.exception("could not mark run %s failed", run_id)
+                raise exc from None
             reason = f"the ingest failed: {exc}"
             self._give_up(pending, [FileProblem(what, reason)], keep_failure and not isinstance(exc, IngestCancelled))
             raise
@@ -379,9 +398,11 @@ class Ingestor:
                 except FileProblem as problem:
                     problems.append(problem)
                     self._drop(run_id, stored, first, made)
-                except OSError as exc:  # a file that ends early, a disk that fills
-                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
+                except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
                     self._drop(run_id, stored, first, made)
+                    if is_disk_full(exc):
+                        raise DiskFullError(f"the arrays of {entry.label}") from exc
+                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
                 finally:
                     if entry.staged:
                         entry.path.unlink(missing_ok=True)

@@ -19,6 +19,7 @@ from tensor_debugger.compare.plan import sessions_needing_plan
 from tensor_debugger.demo.session import ensure_demo_session
 from tensor_debugger.errors import (
     ConflictError,
+    DiskFullError,
     FileProblem,
     InvalidInputError,
     NotFoundError,
@@ -39,7 +40,14 @@ from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
 from tensor_debugger.web.security import SecurityPolicy, install
 
-_STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
+_STATUS = {
+    DiskFullError: 507,
+    NotFoundError: 404,
+    InvalidInputError: 400,
+    ConflictError: 409,
+    NothingUsableError: 422,
+    FileProblem: 422,
+}
 
 
 def status_for(exc: TensorDebuggerError) -> int:

@@ -11,7 +11,7 @@ from typing import IO
 
 from multipart import MultipartSegment, ParserError, PushMultipartParser
 
-from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.errors import DiskFullError, InvalidInputError, is_disk_full
 from tensor_debugger.ingest.staging import new_folder
 
 MAX_FIELD_BYTES = 64 * 1024
@@ -92,8 +92,10 @@ async def receive_multipart(content_type: str, chunks: AsyncIterator[bytes], sta
     except ParserError as exc:
         batch.discard()
         raise InvalidInputError(f"malformed multipart body: {exc}") from None
-    except BaseException:
+    except BaseException as exc:
         batch.discard()
+        if is_disk_full(exc):
+            raise DiskFullError(f"the upload to {staging}") from exc
         raise
     finally:
         if out is not None:
