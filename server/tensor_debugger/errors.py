@@ -31,6 +31,9 @@ class FileProblem(TensorDebuggerError):
         self.file = file
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[FileProblem], tuple[str, str]]:  # sent back by a child process
+        return type(self), (self.file, self.reason)
+
 
 class UnsafeArchiveError(FileProblem):
     """An archive that tries to escape its folder, link elsewhere or expand beyond the limits."""
@@ -44,6 +47,9 @@ class NothingUsableError(TensorDebuggerError):
         super().__init__(f"no tensors found ({detail})")
         self.problems = problems
 
+    def __reduce__(self) -> tuple[type[NothingUsableError], tuple[list[FileProblem]]]:
+        return type(self), (self.problems,)
+
 
 class DiskFullError(TensorDebuggerError):
     """The disk (or the quota) holding the data directory is full: nothing about the input is wrong."""
@@ -51,6 +57,9 @@ class DiskFullError(TensorDebuggerError):
     def __init__(self, where: str) -> None:
         super().__init__(f"out of disk space writing {where}; free some space and try again")
         self.where = where
+
+    def __reduce__(self) -> tuple[type[DiskFullError], tuple[str]]:
+        return type(self), (self.where,)
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -13,6 +13,7 @@ from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.ingest import staging
+from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.queue import IngestQueue
 from tensor_debugger.ingest.recovery import RecoveryReport, recover
 from tensor_debugger.ingest.runs import Ingestor
@@ -37,7 +38,9 @@ class Services:
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.comparisons)
         self.actions = SessionActions(self.sessions, self.comparisons, self.worker.wake)
-        self.ingests = IngestQueue(self.ingestor, self.plan, self.settings.ingest_workers)
+        at_once = self.settings.ingest_workers
+        children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
+        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children)
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""

@@ -345,6 +345,18 @@ class Ingestor:
         recovery must leave them alone."""
         return _LiveRuns.of(self.settings.database_url)
 
+    def give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
+        """End a run whose ingest stopped without ending it (its process died): removed, or with `keep_failure`
+        kept as "failed" with `problems`."""
+        try:
+            self._give_up(pending, problems, keep_failure)
+        finally:
+            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+
+    def forget(self, run_id: int) -> None:
+        """Take a run off this process's live runs once another process (`child.py`) has completed it."""
+        _LiveRuns.discard(self.settings.database_url, run_id)
+
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
