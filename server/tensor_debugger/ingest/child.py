@@ -4,8 +4,8 @@ An ingest in one of the server's threads competes with every request for the int
 Python loops between the C calls) and, on a machine with few cores, for the CPU. Here each runs in a child process
 (started with spawn: no lock or thread is inherited), at a lower CPU priority (nice 5): the server's threads keep
 their interpreter lock to themselves, and its requests get the CPU first. The children are started on the first
-ingest, `at_once` of them at most, and kept for the next ones; each dies with the server (Linux's parent-death
-signal), so a killed server leaves no ingest running (its start-up and staging sweeps then clean up).
+ingest, `at_once` of them at most, and kept for the next ones; each ends within a fraction of a second of the
+server's death, whatever killed it, so a killed server leaves no ingest running (the next start cleans up).
 
 The server makes the run's row (`Ingestor.begin`) and keeps it among its live runs while a child fills it; the child
 reports progress through a queue and stops at its next block when the server asks (`close`). A child that dies
@@ -15,7 +15,6 @@ midway (killed, out of memory) leaves the run to the server, which removes it or
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import logging
 import multiprocessing
@@ -42,7 +41,7 @@ log = logging.getLogger(__name__)
 
 NICENESS = 5  # added to the child's CPU priority: the server's requests come first, ingests still progress
 PROGRESS_EVERY = 0.1  # seconds between two progress messages of one ingest
-_PR_SET_PDEATHSIG = 1
+PARENT_POLL = 0.2  # seconds between a child's checks that the server is still there
 
 ProgressCallback = Callable[[int, int], None]
 
@@ -141,9 +140,8 @@ _child: dict[str, Any] = {}  # in a child only, filled by `_start`: its ingestor
 
 def _start(settings: Settings, messages: Any, cancel: Event | None) -> None:
     os.nice(NICENESS)
-    # Die with the server, whatever kills it (not on Linux: a child outlives a killed server until its ingest ends).
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    server = os.getppid()
+    threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the children
     configure_kernels(settings.kernel, settings.kernel_family)
     engine = create_db_engine(settings.database_url)
@@ -152,6 +150,13 @@ def _start(settings: Settings, messages: Any, cancel: Event | None) -> None:
         messages=messages,
         cancel=cancel,
     )
+
+
+def _die_with(server: int) -> None:
+    """End this child as soon as the server is gone, whatever killed it: it is then adopted by another process."""
+    while os.getppid() == server:
+        time.sleep(PARENT_POLL)
+    os._exit(1)
 
 
 def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool) -> IngestResult:
