@@ -192,3 +192,35 @@ def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(small_di
     assert done.returncode == 2 and "out of disk space" in done.stderr, done.stderr
     listed = run_cli("--data-dir", str(cli), "sessions", "--json")
     assert [(r["label"], r["status"]) for r in json.loads(listed.stdout)[0]["runs"]] == [("ref", "failed")]
+
+
+def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works(
+    shared_server: LiveServer, tmp_path: Path, big_tar: Path
+) -> None:
+    made = httpx.post(shared_server.url + "/api/sessions", json={"name": "child killed"})
+    session_id = made.json()["id"]
+    runs_url = f"{shared_server.url}/api/sessions/{session_id}/runs"
+    with open(big_tar, "rb") as f:
+        sent = httpx.post(
+            runs_url, params={"label": "big", "wait": "false"}, files=[("r", ("big.tar", f))], timeout=120
+        )
+    assert sent.status_code == 202, sent.text
+    [folder] = wait_until(
+        lambda: folders(shared_server, "ingest"), what="the ingest's staging folder", timeout=60, interval=0.01
+    )
+    child = int(folder.name.split("-")[2].split(".")[0])  # the folder is named for the process that ingests
+    assert shared_server.process is not None and child != shared_server.process.pid
+    os.kill(child, signal.SIGKILL)
+    runs = wait_until(
+        lambda: httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"],
+        until=lambda runs: runs[0]["status"] != "ingesting",
+        what="the run to end",
+        timeout=60,
+    )
+    assert runs[0]["status"] == "failed"
+    assert "the ingest's process died" in runs[0]["problems"][0]["reason"]
+    small = tmp_path / "0_query.npy"
+    np.save(small, np.ones((4, 4), dtype=np.float32))
+    again = upload(shared_server, "", [("small", small)], url=f"/api/sessions/{session_id}/runs")
+    assert again.status_code == 201, again.text
+    assert not folders(shared_server, "ingest")  # the dead child's staging was swept

@@ -31,6 +31,7 @@ from typing import Any
 
 from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.errors import FileProblem
+from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
 from tensor_debugger.settings import Settings
@@ -67,15 +68,24 @@ class ChildIngests:
     ) -> IngestResult:
         """`Ingestor.complete` in a child process; raises what it raises (NothingUsableError, DiskFullError,
         IngestCancelled, ...)."""
-        pool = self._open()
         with self._lock:
             self._callbacks[pending.run_id] = progress
         try:
-            return pool.submit(_complete, pending, inputs, keep_failure).result()
+            try:
+                pool = self._open()
+            except IngestCancelled:  # the server is stopping: the run is undone as if it never began
+                self.ingestor.cancel(pending)
+                raise
+            try:
+                future = pool.submit(_complete, pending, inputs, keep_failure)
+            except BrokenProcessPool:  # an idle child died (killed, say): the ingest has not begun; new children
+                self._reset(pool)
+                pool = self._open()
+                future = pool.submit(_complete, pending, inputs, keep_failure)
+            return future.result()
         except BrokenProcessPool:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None  # the next ingest starts new children
+            self._reset(pool)
+            staging.sweep(self.settings.staging_dir)  # what the dead child left
             what = ", ".join(i.label for i in inputs) or "upload"
             if self._closed:
                 self.ingestor.give_up(pending, [], False)
@@ -86,6 +96,13 @@ class ChildIngests:
             with self._lock:
                 self._callbacks.pop(pending.run_id, None)
             self.ingestor.forget(pending.run_id)
+
+    def _reset(self, pool: ProcessPoolExecutor) -> None:
+        """Let go of a pool one of whose children died; the next ingest starts new ones."""
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.shutdown(wait=False)
 
     def close(self) -> None:
         """Ask every child to stop at its next block of bytes, and let them go."""
