@@ -12,6 +12,8 @@ from tensor_debugger.compare.actions import SessionActions
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.engine.fused import configure as configure_kernels
+from tensor_debugger.ingest import staging
+from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.queue import IngestQueue
 from tensor_debugger.ingest.recovery import RecoveryReport, recover
 from tensor_debugger.ingest.runs import Ingestor
@@ -36,11 +38,19 @@ class Services:
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.comparisons)
         self.actions = SessionActions(self.sessions, self.comparisons, self.worker.wake)
-        self.ingests = IngestQueue(self.ingestor, self.plan, self.settings.ingest_workers)
+        at_once = self.settings.ingest_workers
+        children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
+        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children)
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
         self.actions.plan(session_id)
+
+    def sweep(self) -> None:
+        """Remove what processes killed meanwhile left behind: their runs still "ingesting" (arrays and all) and
+        their staging folders. A server calls it every `staging_sweep_seconds`."""
+        self.recovery = recover(self.sessions, self.store, self.ingestor.live_runs())
+        staging.sweep(self.settings.staging_dir)
 
     def close(self) -> None:
         self.ingests.close()
@@ -58,4 +68,5 @@ def open_services(settings: Settings) -> Services:
     store = ArrayStore(settings.store_url)
     ingestor = Ingestor(settings, sessions, store)
     report = recover(sessions, store, ingestor.live_runs())
+    staging.sweep(settings.staging_dir)
     return Services(settings, engine, sessions, store, ingestor, Comparisons(sessions, store, settings.threads), report)

@@ -65,12 +65,17 @@ class Settings:
     )
     demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
     max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
-    max_archive_members: int = _setting(20_000, "Most members one archive may hold.")
-    max_expanded_bytes: int = _setting(256 * GiB, "Most bytes one archive may expand to.")
+    max_archive_members: int = _setting(20_000, "Most archive members one run may hold, nested archives' included.")
+    max_expanded_bytes: int = _setting(
+        256 * GiB, "Most bytes one run's archives may expand to, nested archives' included."
+    )
     max_expansion_ratio: float = _setting(
-        200.0, "Most an archive may expand relative to its own size, once past expansion_floor_bytes."
+        200.0, "Most a run's archives may expand relative to the outermost one's size, once past expansion_floor_bytes."
     )
     expansion_floor_bytes: int = _setting(GiB, "Expanded size below which the expansion ratio is not checked.")
+    staging_sweep_seconds: int = _setting(
+        300, "How often a server removes staging folders and runs left by killed processes, in seconds."
+    )
     chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
     ingest_workers: int = _setting(
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
@@ -107,6 +112,7 @@ class Settings:
             "expansion_floor_bytes",
             "chunk_bytes",
             "ingest_workers",
+            "staging_sweep_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")

@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tensor_debugger.errors import FileProblem
-from tensor_debugger.ingest.archives import ArchiveLimits, extract_archive
+from tensor_debugger.ingest.archives import ArchiveLimits, ExpansionBudget, extract_archive
 from tensor_debugger.ingest.inputs import InputFile, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.services import Services
@@ -133,7 +133,9 @@ def test_a_pth_stored_in_a_zip_is_read_without_torch_by_offset(tmp_path: Path) -
         archive.write(tmp_path / "inner.pth", "inner.pth")
     (member,) = [
         m
-        for m in extract_archive(outer, "outer.zip", tmp_path / "x", LIMITS, lambda n: n.suffix == ".pth")
+        for m in extract_archive(
+            outer, "outer.zip", tmp_path / "x", ExpansionBudget(LIMITS), False, lambda n: n.suffix == ".pth"
+        )
         if m.span is not None
     ]
     with open_tensor_file(member.path, "outer.zip/inner.pth", span=member.span) as opened:
@@ -147,7 +149,7 @@ def test_a_tar_cut_short_inside_a_member_is_refused(tmp_path: Path) -> None:
     target = tarred(tmp_path / "src", tmp_path / "cut.tar", "w")
     target.write_bytes(target.read_bytes()[:3000])  # inside the first member's data
     with pytest.raises(FileProblem, match="truncated or corrupt archive"):
-        extract_archive(target, "cut.tar", tmp_path / "x", LIMITS, lambda n: True)
+        extract_archive(target, "cut.tar", tmp_path / "x", ExpansionBudget(LIMITS), False, lambda n: True)
 
 
 def test_a_bad_safetensors_member_names_the_member(tmp_path: Path) -> None:
@@ -159,7 +161,7 @@ def test_a_bad_safetensors_member_names_the_member(tmp_path: Path) -> None:
     target = tmp_path / "bad.zip"
     with zipfile.ZipFile(target, "w") as archive:
         archive.writestr("0_query.safetensors", bytes(raw))
-    (member,) = extract_archive(target, "bad.zip", tmp_path / "x", LIMITS, lambda n: True)
+    (member,) = extract_archive(target, "bad.zip", tmp_path / "x", ExpansionBudget(LIMITS), False, lambda n: True)
     assert member.span is not None
     with pytest.raises(FileProblem, match=r"bad.zip/0_query.safetensors: not a readable safetensors file"):
         open_tensor_file(member.path, "bad.zip/0_query.safetensors", span=member.span)

@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--run", required=True, help="run label, e.g. reference or candidate")
     ingest.add_argument("paths", nargs="+", type=Path, help="tensor files, archives or folders")
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
+    ingest.add_argument(
+        "--in-process",
+        action="store_true",
+        help="do the work in this process even when a server runs on the data dir (no warm path)",
+    )
     _server_options(ingest)
 
     compare = commands.add_parser("compare", help="ingest two runs, compare them, print the first divergence")
@@ -110,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
         "the pairs after it are left uncompared)",
     )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
+    compare.add_argument(
+        "--in-process",
+        action="store_true",
+        help="do the work in this process even when a server runs on the data dir (no warm path)",
+    )
 
     explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
     explore.add_argument("path", type=Path, help="the run: a tensor file, an archive or a folder")
@@ -149,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ingest":
             return remote_ingest(args.server, args.token, args.session, args.run, args.paths, args.json)
         return remote_sessions(args.server, args.token, args.json)
-    if args.command in ("compare", "ingest"):
+    if args.command in ("compare", "ingest") and not args.in_process:
         code = warm(settings, args)
         if code is not None:
             return code

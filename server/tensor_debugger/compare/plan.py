@@ -111,13 +111,14 @@ class Comparisons:
             session = db.get(SessionRecord, session_id) if locked.rowcount else None  # type: ignore[attr-defined]
             if session is None:
                 raise NotFoundError(f"no session with id {session_id}")
-            runs = [r for r in session.runs if r.status == "ready"]
+            kept = [r for r in session.runs if r.status != "failed"]
+            runs = [r for r in kept if r.status == "ready"]
             if len(runs) == 1 and self._explored(db, session_id, runs[0].id):
                 return  # an explore session (compare/explore.py) keeps its pairs of one run
             db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
             db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
-            if len(runs) < 2:
-                return
+            if len(runs) < 2 or runs[0] is not kept[0]:
+                return  # while the reference (the first run) is ingesting, no other run stands in for it
             reference = runs[0]
             refs_a = self._refs(db, reference.id)
             overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()

@@ -20,6 +20,7 @@ from tensor_debugger.engine.names import natural_key
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest.archives import (
     ArchiveLimits,
+    ExpansionBudget,
     Member,
     Packed,
     Span,
@@ -83,7 +84,7 @@ class Expansion:
 class _Expander:
     def __init__(self, staging: Path, limits: ArchiveLimits) -> None:
         self.staging = staging
-        self.limits = limits
+        self.budget = ExpansionBudget(limits)  # one for every archive of the run, however deeply nested
         self.problems: list[FileProblem] = []
         self.traces: list[RunTrace] = []
         self._folders = 0
@@ -92,15 +93,18 @@ class _Expander:
         self._folders += 1
         return self.staging / str(self._folders)
 
-    def container(self, path: Path, base: PurePosixPath, label: str, depth: int) -> Iterator[TensorFileEntry]:
-        """A folder or a .zip/.tar archive: every file in it, named under `base`."""
+    def container(
+        self, path: Path, base: PurePosixPath, label: str, depth: int, nested: bool = False
+    ) -> Iterator[TensorFileEntry]:
+        """A folder or a .zip/.tar archive (`nested`: itself unpacked from an archive): every file in it, named
+        under `base`."""
         if path.is_dir():
             files = sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: natural_key(str(p)))
             members = [Member(PurePosixPath(*p.relative_to(path).parts), p) for p in files]
             names = [m.name for m in members]
             staged = False
         else:
-            members = extract_archive(path, label, self.folder(), self.limits, _readable_in_place, _streamed)
+            members = extract_archive(path, label, self.folder(), self.budget, nested, _readable_in_place, _streamed)
             names = _strip_common_folder([m.name for m in members])
             staged = True
         if not members:
@@ -178,7 +182,9 @@ class _Expander:
             raise FileProblem(label, "is a symbolic link; skipped")
         kind = archive_kind(path)
         if kind == "npz":
-            for member in extract_archive(path, label, self.folder(), self.limits, _readable_in_place, _streamed):
+            for member in extract_archive(
+                path, label, self.folder(), self.budget, staged, _readable_in_place, _streamed
+            ):
                 if member.name.suffix != ".npy":
                     self.problems.append(FileProblem(f"{label}/{member.name}", "not a .npy member; skipped"))
                     continue
@@ -196,7 +202,7 @@ class _Expander:
         elif kind is not None:
             if depth >= MAX_NESTING:
                 raise FileProblem(label, f"archives nested more than {MAX_NESTING} deep; skipped")
-            yield from self.container(path, relpath.parent / archive_stem(relpath.name), label, depth)
+            yield from self.container(path, relpath.parent / archive_stem(relpath.name), label, depth, staged)
         elif is_tensor_file(path):
             yield TensorFileEntry(path, relpath, label, staged)
         else:

@@ -16,6 +16,7 @@ import os
 import socket
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
@@ -33,13 +34,20 @@ class RecoveryReport:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs: one that exited but was not yet reaped by its parent (a zombie, such as a
+    killed ingest child its pool has not joined yet) is dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (another OS): signal 0 is all there is to go by
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces and parentheses
+    return not fields or fields[0] not in ("Z", "X")
 
 
 def ingest_alive(pid: int | None, run_id: int, live: Collection[int]) -> bool:

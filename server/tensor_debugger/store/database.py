@@ -8,6 +8,9 @@ newest migration file's: Alembic is imported and run only where they differ (a n
 from __future__ import annotations
 
 import ast
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,9 +60,27 @@ def upgrade_database(engine: Engine) -> None:
     from alembic import command
 
     config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
+    with _migration_lock(engine), engine.begin() as connection:
+        if schema_is_current(engine):  # another process migrated it while this one waited
+            return
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    """Held while migrating a SQLite file: two processes opening a new data dir at once (two CLI ingests) would
+    otherwise both create the tables, and one fail. Other databases lock within their transactional DDL."""
+    database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def schema_is_current(engine: Engine) -> bool:

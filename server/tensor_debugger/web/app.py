@@ -20,12 +20,14 @@ from tensor_debugger.compare.formatting import register_filters
 from tensor_debugger.compare.plan import sessions_needing_plan
 from tensor_debugger.errors import (
     ConflictError,
+    DiskFullError,
     FileProblem,
     InvalidInputError,
     NotFoundError,
     NothingUsableError,
     TensorDebuggerError,
 )
+from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
@@ -43,7 +45,14 @@ from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
 from tensor_debugger.web.security import SecurityPolicy, install
 
-_STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
+_STATUS = {
+    DiskFullError: 507,
+    NotFoundError: 404,
+    InvalidInputError: 400,
+    ConflictError: 409,
+    NothingUsableError: 422,
+    FileProblem: 422,
+}
 
 
 def status_for(exc: TensorDebuggerError) -> int:
@@ -99,6 +108,8 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         worker.start()  # picks up pending pairs, those of a computation killed last time included
         address = app.state.address = ServerAddress.drawn(settings.host, settings.port)
         write_address(settings.data_dir, address)
+        sweeper = app.state.sweeper = Sweeper(opened.sweep, settings.staging_sweep_seconds)
+        sweeper.start()
 
     def shutdown(app: Litestar) -> None:
         address = getattr(app.state, "address", None)
@@ -107,6 +118,9 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         worker = getattr(app.state, "worker", None)
         if worker is not None:
             worker.stop()
+        sweeper = getattr(app.state, "sweeper", None)
+        if sweeper is not None:
+            sweeper.stop()
         if services is None and "services" in holder:
             holder["services"].close()
 

@@ -38,6 +38,9 @@ WAIT_NOTE = (
 UPLOAD_RESPONSES = {
     202: ResponseSpec(UploadAccepted, description="the upload is on disk; its runs are ingested in the background"),
     422: ResponseSpec(UploadRejected, description="nothing usable was found in any run; nothing was kept"),
+    507: ResponseSpec(
+        dict[str, Any], description="out of disk space: nothing of the upload was kept, or its run is 'failed'"
+    ),
 }
 EXPLORE = Parameter(
     default=False,
