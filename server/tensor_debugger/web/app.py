@@ -6,9 +6,11 @@ import hashlib
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response
+from litestar.connection import ASGIConnection
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
-from litestar.exceptions import HTTPException
+from litestar.exceptions import HTTPException, NotFoundException, ValidationException
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.response import Template
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
@@ -24,6 +26,7 @@ from tensor_debugger.errors import (
     NotFoundError,
     NothingUsableError,
     TensorDebuggerError,
+    TooLargeError,
 )
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
@@ -35,10 +38,19 @@ from tensor_debugger.web.controllers.pairs import PairController, SessionOrderCo
 from tensor_debugger.web.controllers.runs import RunController
 from tensor_debugger.web.controllers.sessions import SessionController
 from tensor_debugger.web.controllers.tensors import TensorController
+from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
+from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
 from tensor_debugger.web.security import SecurityPolicy, install
 
-_STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
+_STATUS = {
+    TooLargeError: 413,
+    NotFoundError: 404,
+    InvalidInputError: 400,
+    ConflictError: 409,
+    NothingUsableError: 422,
+    FileProblem: 422,
+}
 
 
 def status_for(exc: TensorDebuggerError) -> int:
@@ -50,12 +62,50 @@ def status_for(exc: TensorDebuggerError) -> int:
 
 def _error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -> Response[Any]:
     status = status_for(exc)
-    body: dict[str, Any] = {"status_code": status, "detail": str(exc)}
-    if isinstance(exc, NothingUsableError):
-        body["problems"] = problem_reports(exc.problems)
+    problems = problem_reports(exc.problems) if isinstance(exc, NothingUsableError) else None
+    return _refusal(request, ErrorReport(status, str(exc), problems))
+
+
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    """Litestar's own refusals (validation, no such route, a method the route does not take, a body too large),
+    with their headers (a 405's `Allow`) and, for a validation error, what failed where."""
+    detail = _reason(exc)
+    if exc.status_code == 413 and isinstance(handler := request.scope.get("route_handler"), HTTPRouteHandler):
+        detail = f"the body is larger than the {handler.resolve_request_max_body_size()} bytes this operation takes"
+    return _refusal(request, ErrorReport(exc.status_code, detail), exc.headers)
+
+
+def _reason(exc: HTTPException) -> str:
+    if not isinstance(exc, ValidationException) or not isinstance(exc.extra, list) or not exc.extra:
+        return exc.detail
+    failures = "; ".join(
+        f"{e.get('source', 'body')} {e['key']!r}: {e.get('message')}" if e.get("key") else str(e.get("message"))
+        for e in exc.extra
+        if isinstance(e, dict)
+    )
+    return f"{exc.detail}: {failures}" if failures else exc.detail
+
+
+def _refusal(
+    request: Request[Any, Any, Any], report: ErrorReport, headers: dict[str, str] | None = None
+) -> Response[Any]:
+    """The error page for a browser outside /api; the report as JSON otherwise."""
     if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template("error.html", status_code=status, context={"status": status, "detail": str(exc)})
-    return Response(body, status_code=status, media_type=MediaType.JSON)
+        return Template(
+            "error.html",
+            status_code=report.status_code,
+            context={"status": report.status_code, "detail": report.detail},
+            headers=headers,
+        )
+    return Response(report, status_code=report.status_code, media_type=MediaType.JSON, headers=headers)
+
+
+def known_ids(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Every route's guard: an id in the path outside 0 to 2^63-1 names nothing (404), rather than reaching the
+    database, whose integers it does not fit."""
+    for name, value in connection.path_params.items():
+        if isinstance(value, int) and not 0 <= value <= MAX_INT64:
+            raise NotFoundException(f"no {name.removesuffix('_id')} with id {value}")
 
 
 def static_hashes() -> dict[str, str]:
@@ -122,6 +172,8 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         on_startup=[startup],
         on_shutdown=[shutdown],
         exception_handlers={TensorDebuggerError: _error_response, HTTPException: _http_error},
+        guards=[known_ids],
+        request_class=BoundedRequest,
         template_config=TemplateConfig(
             directory=resource_dir("web") / "templates", engine=JinjaTemplateEngine, engine_callback=configure_jinja
         ),
@@ -131,12 +183,3 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     )
     install(app, policy)  # Host, same-origin and form-token checks; security headers on every response
     return app
-
-
-def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    body = {"status_code": exc.status_code, "detail": exc.detail}
-    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template(
-            "error.html", status_code=exc.status_code, context={"status": exc.status_code, "detail": exc.detail}
-        )
-    return Response(body, status_code=exc.status_code, media_type=MediaType.JSON)
