@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response
@@ -12,6 +13,7 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException, NotFoundException, ValidationException
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.response import Template
+from litestar.routes import HTTPRoute
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 
@@ -72,7 +74,20 @@ def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response
     detail = _reason(exc)
     if exc.status_code == 413 and isinstance(handler := request.scope.get("route_handler"), HTTPRouteHandler):
         detail = f"the body is larger than the {handler.resolve_request_max_body_size()} bytes this operation takes"
-    return _refusal(request, ErrorReport(exc.status_code, detail), exc.headers)
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405 and not any(k.lower() == "allow" for k in headers):  # Litestar before 2.18 sends none
+        headers["allow"] = ", ".join(allowed_methods(request.app, request.url.path))
+    return _refusal(request, ErrorReport(exc.status_code, detail), headers)
+
+
+def allowed_methods(app: Litestar, path: str) -> list[str]:
+    """The methods of the route that `path` matches (its parameters' types aside), for a 405's `Allow`."""
+    path = path.rstrip("/") or "/"
+    for route in app.routes:
+        pattern = re.sub(r"\\{[^}]*\\}", "[^/]+", re.escape(route.path.rstrip("/") or "/"))
+        if isinstance(route, HTTPRoute) and re.fullmatch(pattern, path):
+            return sorted(route.methods)
+    return []
 
 
 def _reason(exc: HTTPException) -> str:
