@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, Phase
 from tests.support.servers import LiveServer, started_server
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
-EXAMPLES = 6  # per operation, mode and pass
+EXAMPLES = 5  # per operation, mode and pass
 
 # The uploads take any file and say what is wrong with it: schema-valid bytes that are not a tensor file are
 # refused with 422 naming each file's problem, which the schema cannot say in advance.

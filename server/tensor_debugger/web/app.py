@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import re
-from typing import Any
 
-from litestar import Litestar, MediaType, Request, Response
-from litestar.connection import ASGIConnection
+from litestar import Litestar
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
-from litestar.exceptions import HTTPException, NotFoundException, ValidationException
-from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
-from litestar.response import Template
-from litestar.routes import HTTPRoute
+from litestar.exceptions import HTTPException
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 
@@ -21,106 +15,20 @@ from tensor_debugger import __version__
 from tensor_debugger.compare.formatting import register_filters
 from tensor_debugger.compare.plan import sessions_needing_plan
 from tensor_debugger.demo.session import ensure_demo_session
-from tensor_debugger.errors import (
-    ConflictError,
-    FileProblem,
-    InvalidInputError,
-    NotFoundError,
-    NothingUsableError,
-    TensorDebuggerError,
-    TooLargeError,
-)
+from tensor_debugger.errors import TensorDebuggerError
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.controllers.pages import PageController
 from tensor_debugger.web.controllers.pairing import SessionPairingController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
 from tensor_debugger.web.controllers.runs import RunController
 from tensor_debugger.web.controllers.sessions import SessionController
 from tensor_debugger.web.controllers.tensors import TensorController
-from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
 from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
+from tensor_debugger.web.refusals import error_response, http_error, known_ids
 from tensor_debugger.web.security import SecurityPolicy, install
-
-_STATUS = {
-    TooLargeError: 413,
-    NotFoundError: 404,
-    InvalidInputError: 400,
-    ConflictError: 409,
-    NothingUsableError: 422,
-    FileProblem: 422,
-}
-
-
-def status_for(exc: TensorDebuggerError) -> int:
-    for kind, status in _STATUS.items():
-        if isinstance(exc, kind):
-            return status
-    return 400
-
-
-def _error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -> Response[Any]:
-    status = status_for(exc)
-    problems = problem_reports(exc.problems) if isinstance(exc, NothingUsableError) else None
-    return _refusal(request, ErrorReport(status, str(exc), problems))
-
-
-def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    """Litestar's own refusals (validation, no such route, a method the route does not take, a body too large),
-    with their headers (a 405's `Allow`) and, for a validation error, what failed where."""
-    detail = _reason(exc)
-    if exc.status_code == 413 and isinstance(handler := request.scope.get("route_handler"), HTTPRouteHandler):
-        detail = f"the body is larger than the {handler.resolve_request_max_body_size()} bytes this operation takes"
-    headers = dict(exc.headers or {})
-    if exc.status_code == 405 and not any(k.lower() == "allow" for k in headers):  # Litestar before 2.18 sends none
-        headers["allow"] = ", ".join(allowed_methods(request.app, request.url.path))
-    return _refusal(request, ErrorReport(exc.status_code, detail), headers)
-
-
-def allowed_methods(app: Litestar, path: str) -> list[str]:
-    """The methods of the route that `path` matches (its parameters' types aside), for a 405's `Allow`."""
-    path = path.rstrip("/") or "/"
-    for route in app.routes:
-        pattern = re.sub(r"\\{[^}]*\\}", "[^/]+", re.escape(route.path.rstrip("/") or "/"))
-        if isinstance(route, HTTPRoute) and re.fullmatch(pattern, path):
-            return sorted(route.methods)
-    return []
-
-
-def _reason(exc: HTTPException) -> str:
-    if not isinstance(exc, ValidationException) or not isinstance(exc.extra, list) or not exc.extra:
-        return exc.detail
-    failures = "; ".join(
-        f"{e.get('source', 'body')} {e['key']!r}: {e.get('message')}" if e.get("key") else str(e.get("message"))
-        for e in exc.extra
-        if isinstance(e, dict)
-    )
-    return f"{exc.detail}: {failures}" if failures else exc.detail
-
-
-def _refusal(
-    request: Request[Any, Any, Any], report: ErrorReport, headers: dict[str, str] | None = None
-) -> Response[Any]:
-    """The error page for a browser outside /api; the report as JSON otherwise."""
-    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template(
-            "error.html",
-            status_code=report.status_code,
-            context={"status": report.status_code, "detail": report.detail},
-            headers=headers,
-        )
-    return Response(report, status_code=report.status_code, media_type=MediaType.JSON, headers=headers)
-
-
-def known_ids(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Every route's guard: an id in the path outside 0 to 2^63-1 names nothing (404), rather than reaching the
-    database, whose integers it does not fit."""
-    for name, value in connection.path_params.items():
-        if isinstance(value, int) and not 0 <= value <= MAX_INT64:
-            raise NotFoundException(f"no {name.removesuffix('_id')} with id {value}")
 
 
 def static_hashes() -> dict[str, str]:
@@ -186,7 +94,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         dependencies={"services": Provide(provide_services, sync_to_thread=False)},
         on_startup=[startup],
         on_shutdown=[shutdown],
-        exception_handlers={TensorDebuggerError: _error_response, HTTPException: _http_error},
+        exception_handlers={TensorDebuggerError: error_response, HTTPException: http_error},
         guards=[known_ids],
         request_class=BoundedRequest,
         template_config=TemplateConfig(

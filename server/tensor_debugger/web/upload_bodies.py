@@ -33,6 +33,7 @@ def multipart_runs(with_session: bool) -> Schema:
         properties={**fields, "reference": _file(), "candidate": _file()},
         required=["reference"],
         additional_properties=_file(),
+        property_names=name_schema(),  # a file field's name is its run's label, a name as a session's is
     )
 
 

@@ -202,7 +202,9 @@ class SessionController(Controller):
         services: Services,
         request: Request[Any, Any, Any],
         session_id: int,
-        label: str | None = Parameter(default=None, description="run label for every file"),
+        label: str | None = Parameter(
+            default=None, description="run label for every file", max_length=MAX_LABEL, pattern=NAME_PATTERN
+        ),
         wait: bool = WAIT,
     ) -> Response[RunOutcomes]:
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
