@@ -15,6 +15,10 @@ class InvalidInputError(TensorDebuggerError, ValueError):
     """A request or argument that cannot be used as given."""
 
 
+class TooLargeError(InvalidInputError):
+    """A request body, field or value larger than the limit for it."""
+
+
 class NotFoundError(TensorDebuggerError, LookupError):
     """A session, run or tensor that does not exist."""
 

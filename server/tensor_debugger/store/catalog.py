@@ -14,13 +14,23 @@ from tensor_debugger.errors import ConflictError, InvalidInputError, NotFoundErr
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, TensorRecord
 
+MAX_LABEL = 200  # characters of a session name or run label
+MAX_NOTES = 64 * 1024  # characters of a session's notes (every session list carries them)
+
 
 def parse_label(text: str, what: str) -> str:
-    """A session name or run label: 1 to 200 characters, not only spaces, no control characters."""
+    """A session name or run label: at most 200 characters, not only spaces, no control characters; stripped of
+    the spaces around it."""
     value = text.strip()
-    if not value or len(value) > 200 or any(ord(c) < 32 for c in value):
-        raise InvalidInputError(f"{what} must be 1 to 200 printable characters, got {text!r}")
+    if not value or len(text) > MAX_LABEL or any(ord(c) < 32 for c in text):
+        raise InvalidInputError(f"{what} must be 1 to {MAX_LABEL} printable characters, got {text[:MAX_LABEL]!r}")
     return value
+
+
+def parse_notes(text: str) -> str:
+    if len(text) > MAX_NOTES:
+        raise InvalidInputError(f"notes may take at most {MAX_NOTES} characters, got {len(text)}")
+    return text
 
 
 def list_sessions(db: DbSession, search: str | None = None) -> Sequence[SessionRecord]:
@@ -95,7 +105,7 @@ def create_session(db: DbSession, name: str, notes: str = "") -> SessionRecord:
     name = parse_label(name, "session name")
     if db.scalar(select(SessionRecord.id).where(SessionRecord.name == name)) is not None:
         raise ConflictError(f"a session named {name!r} exists already")
-    session = SessionRecord(name=name, notes=notes)
+    session = SessionRecord(name=name, notes=parse_notes(notes))
     db.add(session)
     db.flush()
     return session
@@ -110,7 +120,7 @@ def update_session(db: DbSession, session_id: int, name: str | None, notes: str 
             raise ConflictError(f"a session named {name!r} exists already")
         session.name = name
     if notes is not None:
-        session.notes = notes
+        session.notes = parse_notes(notes)
     try:
         db.flush()
     except IntegrityError:

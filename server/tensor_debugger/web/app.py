@@ -3,35 +3,24 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
 from jinja2 import pass_context
 from jinja2.runtime import Context
-from litestar import Litestar, MediaType, Request, Response
+from litestar import Litestar
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
-from litestar.response import Template
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 
 from tensor_debugger import __version__
 from tensor_debugger.compare.formatting import register_filters
 from tensor_debugger.compare.plan import sessions_needing_plan
-from tensor_debugger.errors import (
-    ConflictError,
-    DiskFullError,
-    FileProblem,
-    InvalidInputError,
-    NotFoundError,
-    NothingUsableError,
-    TensorDebuggerError,
-)
+from tensor_debugger.errors import TensorDebuggerError
 from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.address import ServerAddress, remove_address, write_address
 from tensor_debugger.web.auth import COOKIE_NAME, Access, Authenticator, AuthMiddleware, request_access
 from tensor_debugger.web.controllers.local import LocalController
@@ -42,34 +31,10 @@ from tensor_debugger.web.controllers.pairs import PairController, SessionOrderCo
 from tensor_debugger.web.controllers.runs import RunController
 from tensor_debugger.web.controllers.sessions import SessionController
 from tensor_debugger.web.controllers.tensors import TensorController
+from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
+from tensor_debugger.web.refusals import error_response, http_error, known_ids
 from tensor_debugger.web.security import SecurityPolicy, install
-
-_STATUS = {
-    DiskFullError: 507,
-    NotFoundError: 404,
-    InvalidInputError: 400,
-    ConflictError: 409,
-    NothingUsableError: 422,
-    FileProblem: 422,
-}
-
-
-def status_for(exc: TensorDebuggerError) -> int:
-    for kind, status in _STATUS.items():
-        if isinstance(exc, kind):
-            return status
-    return 400
-
-
-def _error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -> Response[Any]:
-    status = status_for(exc)
-    body: dict[str, Any] = {"status_code": status, "detail": str(exc)}
-    if isinstance(exc, NothingUsableError):
-        body["problems"] = problem_reports(exc.problems)
-    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template("error.html", status_code=status, context={"status": status, "detail": str(exc)})
-    return Response(body, status_code=status, media_type=MediaType.JSON)
 
 
 def static_hashes() -> dict[str, str]:
@@ -156,7 +121,9 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         },
         on_startup=[startup],
         on_shutdown=[shutdown],
-        exception_handlers={TensorDebuggerError: _error_response, HTTPException: _http_error},
+        exception_handlers={TensorDebuggerError: error_response, HTTPException: http_error},
+        guards=[known_ids],
+        request_class=BoundedRequest,
         template_config=TemplateConfig(
             directory=resource_dir("web") / "templates", engine=JinjaTemplateEngine, engine_callback=configure_jinja
         ),
@@ -168,15 +135,6 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         app.asgi_handler = AuthMiddleware(app.asgi_handler, authenticator)
     install(app, policy)  # Host, same-origin and form-token checks; security headers on every response
     return app
-
-
-def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    body = {"status_code": exc.status_code, "detail": exc.detail}
-    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template(
-            "error.html", status_code=exc.status_code, context={"status": exc.status_code, "detail": exc.detail}
-        )
-    return Response(body, status_code=exc.status_code, media_type=MediaType.JSON)
 
 
 @pass_context

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from typing import Any
 from urllib.parse import urlencode
@@ -23,6 +22,7 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebug
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord
+from tensor_debugger.web.json_bodies import PAIRING_FILE_LIMIT, parse_json
 from tensor_debugger.web.multipart import receive_multipart
 from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
@@ -30,7 +30,7 @@ from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
 from tensor_debugger.web.views.session_view import ViewParams, build_chart, build_groups
 
 FormData = dict[str, str]
-PAIRING_FILE_LIMIT = 16 * 1024 * 1024  # a pairing file names tensors: megabytes at most
+
 FORM = Body(media_type=RequestEncodingType.URL_ENCODED)  # a plain HTML form's fields
 
 
@@ -180,10 +180,7 @@ class PageController(Controller):
             if not batch.files:
                 raise InvalidInputError("choose a pairing file (JSON) to upload")
             upload = batch.files[0]
-            try:
-                data = json.loads(upload.path.read_bytes())
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise InvalidInputError(f"{upload.filename} is not JSON: {exc}") from None
+            data = parse_json(upload.path.read_bytes(), Any, what=upload.filename)
             await anyio.to_thread.run_sync(services.actions.import_pairing, session_id, data)
         except InvalidInputError as exc:
             return await anyio.to_thread.run_sync(
