@@ -64,6 +64,11 @@ class Settings:
         "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
         "run on (os.sched_getaffinity). Results are the same for any value.",
     )
+    claim_seconds: float = _setting(
+        30.0,
+        "How long work a process has claimed (pending pairs, a run it ingests) stays its own without renewal; "
+        "a process renews its claims every third of this, and others take over those of one that died after it.",
+    )
 
     kernel: str = _setting(
         "compiled",
@@ -91,6 +96,7 @@ class Settings:
             "expansion_floor_bytes",
             "chunk_bytes",
             "ingest_workers",
+            "claim_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")

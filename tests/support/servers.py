@@ -49,6 +49,7 @@ class LiveServer:
     port: int
     demo: bool = False
     process: subprocess.Popen[bytes] | None = None
+    database_url: str = ""  # "": SQLite in the data dir
 
     @property
     def url(self) -> str:
@@ -64,7 +65,10 @@ class LiveServer:
         if not self.demo:
             args.append("--no-demo")
         log = open(self.log, "ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        env = child_env()
+        if self.database_url:
+            env["TENSOR_DEBUGGER_DATABASE_URL"] = self.database_url
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()  # the child has its own copy
         return self.process
 
@@ -98,9 +102,10 @@ class LiveServer:
         return self.process is not None and self.process.poll() is None
 
 
-def started_server(root: Path, demo: bool = False) -> LiveServer:
-    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir)."""
-    server = LiveServer(root / "data", free_port(), demo=demo)
+def started_server(root: Path, demo: bool = False, database_url: str = "") -> LiveServer:
+    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir), its metadata
+    in `database_url` ("": SQLite in the data dir)."""
+    server = LiveServer(root / "data", free_port(), demo=demo, database_url=database_url)
     server.data_dir.mkdir(parents=True)
     return server.start()
 
