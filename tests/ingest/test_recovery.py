@@ -8,11 +8,13 @@ import sqlite3
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support.polling import wait_until
+from tests.support.postgres import DATABASES
 from tests.support.servers import cli_command
 
 
@@ -71,8 +73,8 @@ def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:
         services.close()
 
 
-def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", demo=False)
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path, settings: Settings) -> None:
     services = open_services(settings)
     path = tmp_path / "x.pth"
     torch.save(torch.ones(3), path)
