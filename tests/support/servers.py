@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ class LiveServer:
     demo: bool = False
     process: subprocess.Popen[bytes] | None = None
     database_url: str = ""  # "": SQLite in the data dir
+    settings: dict[str, str] = field(default_factory=dict)  # more TENSOR_DEBUGGER_* variables for the process
 
     @property
     def url(self) -> str:
@@ -68,6 +69,7 @@ class LiveServer:
         env = child_env()
         if self.database_url:
             env["TENSOR_DEBUGGER_DATABASE_URL"] = self.database_url
+        env.update(self.settings)
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()  # the child has its own copy
         return self.process
