@@ -85,6 +85,11 @@ class Settings:
         "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
         "run on (os.sched_getaffinity). Results are the same for any value.",
     )
+    claim_seconds: float = _setting(
+        30.0,
+        "How long work a process has claimed (pending pairs, a run it ingests) stays its own without renewal; "
+        "a process renews its claims every third of this, and others take over those of one that died after it.",
+    )
 
     kernel: str = _setting(
         "compiled",
@@ -113,6 +118,7 @@ class Settings:
             "chunk_bytes",
             "ingest_workers",
             "staging_sweep_seconds",
+            "claim_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")

@@ -26,6 +26,7 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord
 
 from tests.support.dumps import make_tar, make_zip, seeded
+from tests.support.postgres import DATABASES
 
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 
@@ -45,6 +46,7 @@ def compare_json(
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_compare_finds_the_planted_first_divergence(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -85,6 +87,7 @@ def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: py
         assert catalog.list_sessions(db) == []
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_running_again_recomputes_nothing(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -218,6 +221,7 @@ def test_identical_upload_in_another_session_reads_no_chunk(services: Services, 
         assert reads > 0 if name == "one" else reads == 0
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_the_same_comparison_twice_in_one_batch_is_computed_once(services: Services, tmp_path: Path) -> None:
     """Two sessions of identical dumps, both pending at once: the second pair waits for the first pair's result
     instead of reading every chunk again."""

@@ -58,6 +58,7 @@ class LiveServer:
     process: subprocess.Popen[bytes] | None = None
     env: dict[str, str] = field(default_factory=dict)  # TENSOR_DEBUGGER_ settings of the child
     args: tuple[str, ...] = ()  # more `serve` options
+    database_url: str = ""  # "": SQLite in the data dir
 
     @property
     def token(self) -> str | None:
@@ -83,6 +84,8 @@ class LiveServer:
             args.append("--no-demo")
         log = open(self.log, "ab")
         env = {**child_env(), **self.env}
+        if self.database_url:
+            env["TENSOR_DEBUGGER_DATABASE_URL"] = self.database_url
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()  # the child has its own copy
         return self.process
@@ -118,11 +121,18 @@ class LiveServer:
 
 
 def started_server(
-    root: Path, demo: bool = False, env: dict[str, str] | None = None, args: tuple[str, ...] = ()
+    root: Path,
+    demo: bool = False,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    database_url: str = "",
 ) -> LiveServer:
     """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir), with the
-    TENSOR_DEBUGGER_ settings in `env` and more `serve` options in `args`."""
-    server = LiveServer(root / "data", free_port(), demo=demo, env=dict(env or {}), args=args)
+    TENSOR_DEBUGGER_ settings in `env`, more `serve` options in `args`, its metadata in `database_url` ("": SQLite
+    in the data dir)."""
+    server = LiveServer(
+        root / "data", free_port(), demo=demo, env=dict(env or {}), args=args, database_url=database_url
+    )
     server.data_dir.mkdir(parents=True)
     return server.start()
 

@@ -30,6 +30,7 @@ from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_e
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -86,11 +87,15 @@ def tensor_summary(t: TensorRecord) -> ReportedSummary:
 
 
 class Comparisons:
-    def __init__(self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int) -> None:
-        """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it."""
+    def __init__(
+        self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int, claims: Claims | None = None
+    ) -> None:
+        """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it.
+        `claims`: this process's, on the pending pairs it computes (a new owner with the default lease if None)."""
         if workers < 1:
             raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
         self.sessions = sessions
+        self.claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
         self.store = store
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")

@@ -55,6 +55,8 @@ from tensor_debugger.ingest.writer import StoredTensor, TensorWriter, WritePools
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
+from tensor_debugger.store.claims import Claims
+from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
@@ -168,10 +170,14 @@ class _LiveRuns:
 
 
 class Ingestor:
-    def __init__(self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore) -> None:
+    def __init__(
+        self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore, claims: Claims | None = None
+    ) -> None:
+        """`claims`: this process's, on the runs it ingests (a new owner with the settings' lease if None)."""
         self.settings = settings
         self.sessions = sessions
         self.store = store
+        self.claims = claims or Claims(sessions, settings.claim_seconds)
 
     def ingest(
         self,
@@ -272,6 +278,7 @@ class Ingestor:
                 status="ingesting",
                 ingest_pid=os.getpid(),
                 ingest_host=socket.gethostname(),
+                **self.claims.run_claim(),
                 created_session=created or created_session,
                 sources=sources,
             )
@@ -556,7 +563,8 @@ class Ingestor:
                     )
                 )
             db.add_all(records)
-            db.flush()  # the write lock is held from here: the arrays found below cannot be deleted meanwhile
+            db.flush()  # SQLite's write lock is held from here: the arrays found below cannot be deleted meanwhile
+            lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
             self._share_identical(db, run_id, records)
             position = len(stored)
             for run_trace in traces:

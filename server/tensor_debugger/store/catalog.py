@@ -12,6 +12,7 @@ from sqlalchemy.orm import selectinload
 
 from tensor_debugger.errors import ConflictError, InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
+from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, TensorRecord
 
 MAX_LABEL = 200  # characters of a session name or run label
@@ -139,6 +140,7 @@ def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | Non
 def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
     """Delete the session's rows, then the arrays no other run's tensors share (an interruption between leaves
     orphans that recovery removes, never rows without arrays)."""
+    lock_arrays(db)
     session = get_session(db, session_id)
     run_ids = [run.id for run in session.runs]
     keys = set(

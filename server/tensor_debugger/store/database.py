@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.resources import resource_dir
@@ -131,6 +132,18 @@ def head_revision(versions: Path) -> str | None:
             return None
     heads = revisions - revised
     return heads.pop() if len(heads) == 1 else None
+
+
+ARRAYS_LOCK = 0x7464_6172_7261_7973  # "tdarrays": the advisory lock key of `lock_arrays`
+
+
+def lock_arrays(db: DbSession) -> None:
+    """Hold, until `db`'s transaction ends, the right to share or release arrays: on PostgreSQL a transaction-level
+    advisory lock, taken by an ingest before it points new rows at arrays older rows name and by a deletion before
+    it deletes rows (whose arrays it then releases), so that neither reads the other's half-done work. On SQLite the
+    writer lock, which both already hold, does the same."""
+    if db.get_bind().dialect.name == "postgresql":
+        db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ARRAYS_LOCK})
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:
