@@ -27,7 +27,8 @@ from tensor_debugger.web.multipart import receive_multipart
 from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
-from tensor_debugger.web.views.session_view import ViewParams, build_chart, build_groups
+from tensor_debugger.web.views.session_chart import build_chart
+from tensor_debugger.web.views.session_view import PAGE_SIZE, ViewParams, build_groups
 
 FormData = dict[str, str]
 PAIRING_FILE_LIMIT = 16 * 1024 * 1024  # a pairing file names tensors: megabytes at most
@@ -71,18 +72,60 @@ class PageController(Controller):
         q: str | None = None,
         pair_a: str | None = None,
         pair_b: str | None = None,
+        open_group: str | None = Parameter(query="open", default=None),
+        page: str | None = None,
+        lo: str | None = None,
+        hi: str | None = None,
     ) -> Template:
         """The session: its runs' ingest while it goes on (or why it failed), first divergence, the chart of error
         through the model, and every pair, grouped, sorted and filtered as the URL says (so the page works, and
         links, without any script). While anything is in progress the page refreshes itself (a script polls
         the progress and swaps the page in place; without scripts, a meta refresh). `pair_a` and `pair_b`: two
-        tensors being paired by hand, whose alignments the page offers."""
+        tensors being paired by hand, whose alignments the page offers. `open` and `page`: a group the user
+        opened and the page of its rows shown; `lo` and `hi`: a range of execution positions (from the chart)."""
         return _session_template(
             services,
             session_id,
-            ViewParams.parse(group, sort, verdict, q),
+            ViewParams.parse(group, sort, verdict, q, open_group, page, lo, hi),
             hand=(pair_a, pair_b) if pair_a and pair_b else None,
         )
+
+    @get("/sessions/{session_id:int}/group", sync_to_thread=True)
+    def session_group(
+        self,
+        services: Services,
+        session_id: int,
+        group: str | None = None,
+        sort: str | None = None,
+        verdict: str | None = None,
+        q: str | None = None,
+        open_group: str | None = Parameter(query="open", default=None),
+        page: str | None = None,
+        lo: str | None = None,
+        hi: str | None = None,
+    ) -> Template:
+        """One group of the session page's table (`open`: its key) at `page`, as the page renders it: what the
+        page's script swaps in when a group is opened or paged without a reload."""
+        params = ViewParams.parse(group, sort, verdict, q, open_group, page, lo, hi)
+        with services.sessions() as db:
+            session = catalog.get_session(db, session_id)
+            report = session_pairs(db, session_id)
+            groups = build_groups(report, params, session.pair_order, budget=0)
+            found = next((g for g in groups if g.key == params.open), None)
+            if found is None:
+                raise NotFoundError(f"no group {params.open!r} in this view of session {session_id}")
+            found.open = found.loaded = True
+            return Template(
+                "_group.html",
+                context={
+                    "session": session,
+                    "params": params,
+                    "group": found,
+                    "reorderable": params.reorderable,
+                    "first_id": report.first_divergence.pair_id if report.first_divergence else None,
+                    "page_size": PAGE_SIZE,
+                },
+            )
 
     @get("/runs/{run_id:int}", sync_to_thread=True)
     def run_page(self, services: Services, run_id: int) -> Template:
@@ -327,6 +370,7 @@ def _session_template(
         report = session_pairs(db, session_id, modules=True)
         ordered = apply_order(report.pairs, session.pair_order)
         progress = session_progress(session, services.ingests, report.progress)
+        first_id = report.first_divergence.pair_id if report.first_divergence else None
         choices = None
         if hand is not None:
             try:
@@ -342,11 +386,10 @@ def _session_template(
                 "params": params,
                 "progress": progress,
                 "groups": build_groups(report, params, session.pair_order),
-                "chart": build_chart(ordered),
-                "reorderable": params.group == "none"
-                and params.sort == "order"
-                and params.verdict == "all"
-                and not params.q,
+                "chart": build_chart(report.pairs, first_id),
+                "first_id": first_id,
+                "page_size": PAGE_SIZE,
+                "reorderable": params.reorderable,
                 "order_keys": [p.key for p in ordered],
                 "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),
                 "upload_error": upload_error,
