@@ -126,14 +126,15 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
 
     def cell(source: np.ndarray, pos: tuple[int, ...], is_diff: bool) -> Cell:
         value = source[pos].item()
-        magnitude = _scalar(diff[pos].item())
+        signed = diff[pos].item()  # candidate - reference, with its sign (complex: as is)
+        magnitude = abs(signed)
         reference = _scalar(a[pos].item())
         rel = magnitude / abs(reference) if reference != 0 and math.isfinite(reference) else math.inf
         index = window.index_of(pos)
         out = bool(outside[pos])
         title = (
-            f"[{', '.join(map(str, index))}] value {_text(value)}; |diff| {_text(magnitude)}; "
-            f"rel {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance"
+            f"[{', '.join(map(str, index))}] value {_text(value)}; candidate − reference {_text(signed)}; "
+            f"|diff| / |reference| {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance"
         )
         background = _background(float(np.real(value)), diff_scale if is_diff else value_scale)
         return Cell(_text(value), title, f"{background} {_border(magnitude, out, diff_scale)}", out, pos == max_pos)
