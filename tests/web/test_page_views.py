@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import httpx
 import pytest
 import torch
 from playwright.sync_api import Browser, Page
@@ -135,3 +136,56 @@ def test_reordering_keeps_the_page_and_its_scroll(sessions: Sessions, page: Page
     assert page.locator("tr.row").nth(39).locator("td.name a").inner_text() == name
     page.get_by_role("button", name=f"Move {name} down").click()  # back where it was, for the other tests
     page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
+
+
+def pair_named(sessions: Sessions, session_id: int, name: str) -> int:
+    pairs = httpx.get(f"{sessions.server.url}/api/sessions/{session_id}/pairs", timeout=30).json()["pairs"]
+    return int(next(p["id"] for p in pairs if p["name"] == name))
+
+
+def test_the_pair_page_opens_where_the_error_is(sessions: Sessions, page: Page) -> None:
+    url = f"{sessions.server.url}/pairs/{pair_named(sessions, sessions.heads, '9_value')}"
+    page.goto(url)  # values [1, 8, 16, 8]: the difference is in head 5, token 11, element 2
+    caption = page.locator(".caption")
+    assert caption.inner_text().startswith("Window [0, 5, 11, 0:8]")
+    assert "largest difference here at [0, 5, 11, 2]" in caption.inner_text()
+    biggest = page.locator("figure.grid", has_text="Difference").locator("td.max")
+    assert "candidate − reference 0.5;" in (biggest.get_attribute("title") or "")
+    heatmap = page.locator("object.heatmap")
+    assert "fixed=0%2C5%2C%3A%2C%3A" in (heatmap.get_attribute("data") or "")  # head 5's slice
+    assert page.locator("figure.heatmap figcaption").inner_text().startswith("Heatmap of the difference over [0,5,:,:]")
+    # sliders for the three dimensions that have more than one index, none for the batch of 1
+    assert page.locator(".sliders .slider").count() == 3
+    assert "dim 0" not in page.locator(".sliders").inner_text()
+    # the three grids side by side, in one scroll area
+    tops = [box["y"] for box in (g.bounding_box() for g in page.locator(".grids figure.grid").all()) if box]
+    assert len(tops) == 3 and max(tops) == min(tops)
+    shot(page, "pair-head-5")
+    # the heatmap follows the window without a reload; a click on a cell opens that spot
+    page.evaluate("window.sameDocument = true")
+    page.locator("body").press("ArrowDown")  # the next token
+    page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[0, 5, 12, ')")
+    page.locator("body").press("ArrowUp")
+    page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[0, 5, 11, ')")
+    page.get_by_label("dim 1 (size 8)", exact=True).fill("2")  # head 2: the heatmap moves to its slice
+    page.wait_for_function("() => document.querySelector('object.heatmap').data.includes('fixed=0%2C2%2C')")
+    page.wait_for_function(
+        "() => document.querySelector('object.heatmap').contentDocument?.querySelector('rect[data-index=\"0,2,3,4\"]')"
+    )
+    page.evaluate(
+        "document.querySelector('object.heatmap').contentDocument.querySelector('rect[data-index=\"0,2,3,4\"]')"
+        ".dispatchEvent(new MouseEvent('click', {bubbles: true}))"
+    )
+    page.wait_for_function("() => document.querySelector('.caption').textContent.startsWith('Window [0, 2, 3, 0:8]')")
+    assert page.evaluate("window.sameDocument") is True and "index=0%2C2%2C3%2C%3A" in page.url
+
+
+def test_a_bad_index_is_said_next_to_the_form(sessions: Sessions, page: Page) -> None:
+    pair = pair_named(sessions, sessions.heads, "9_value")
+    answer = page.goto(f"{sessions.server.url}/pairs/{pair}?index=0,99,0,:&start=0&count=8")
+    assert answer is not None and answer.status == 200
+    error = page.locator("#window-error")
+    assert "index 99 is out of range for dimension 1 of size 8" in error.inner_text()
+    assert page.get_by_role("heading", name="9_value").is_visible()
+    assert page.locator("form.window input[name=index]").input_value() == "0,99,0,:"  # as typed
+    assert page.locator("figure.grid").count() == 3  # the largest difference shown meanwhile

@@ -216,7 +216,8 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
     heatmap = page.locator("object.heatmap").get_attribute("data")
     assert heatmap is not None
     svg = httpx.get(shared_demo_server.url + heatmap.replace("&amp;", "&")).text
-    assert svg.count("<rect") == 16 * 32 and "rows 5-5, cols 17-17: max |diff| 0.3" in svg
+    assert svg.count("<rect") == 16 * 32 + 21  # a cell per element, and the colour scale's steps
+    assert "rows 5-5, cols 17-17: largest difference (candidate − reference) 0.3" in svg
     page.reload()  # a link shows the same values
     title = page.locator("figure.grid", has_text="Difference").locator("td.max").get_attribute("title") or ""
     assert title.startswith("[5, 17]")

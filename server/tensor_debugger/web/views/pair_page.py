@@ -175,8 +175,13 @@ def pair_page_context(
         return context
     view_a, view_b, alignment = services.comparisons.views(db, pair)
     shape = alignment.shape
-    params = {"index": index, "start": start, "count": count} if index or not shape else default_window(shape)
-    request = parse_slice_request(shape, params["index"], params["start"], params["count"])
+    opening = opening_window(shape, detail.argmax.aligned if detail.argmax else None)
+    params = {"index": index, "start": start, "count": count} if index or not shape else opening
+    try:
+        request = parse_slice_request(shape, params["index"], params["start"], params["count"])
+    except InvalidInputError as exc:  # said next to the form, which keeps what was typed; the grids stay usable
+        context["window_error"] = str(exc)
+        request = parse_slice_request(shape, opening["index"], opening["start"], opening["count"])
     window = read_window(view_a, view_b, request)
     side_a, side_b = services.comparisons.tensors_of(db, pair)
     tolerance, exact = services.comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
@@ -190,3 +195,13 @@ def pair_page_context(
         jump = centred_window(shape, tuple(detail.argmax.aligned), request)
         context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
     return context
+
+
+def opening_window(shape: Shape, argmax: list[int] | None) -> dict[str, str]:
+    """Where the page opens when the URL names no window: on the largest difference (the default window's
+    dimensions and count, centred on it), else at the start."""
+    first = default_window(shape)
+    if not shape or argmax is None or len(argmax) != len(shape):
+        return first
+    request = parse_slice_request(shape, first["index"], first["start"], first["count"])
+    return centred_window(shape, tuple(argmax), request)
