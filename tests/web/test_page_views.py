@@ -4,6 +4,7 @@ One server holds all three for the module; each test saves screenshots in test-a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -189,3 +190,40 @@ def test_a_bad_index_is_said_next_to_the_form(sessions: Sessions, page: Page) ->
     assert page.get_by_role("heading", name="9_value").is_visible()
     assert page.locator("form.window input[name=index]").input_value() == "0,99,0,:"  # as typed
     assert page.locator("figure.grid").count() == 3  # the largest difference shown meanwhile
+
+
+def test_the_chart_zooms_reads_and_filters_the_table(sessions: Sessions, page: Page) -> None:
+    page.goto(f"{sessions.server.url}/sessions/{sessions.heads}")
+    chart = page.locator("figure.chart")
+    over = chart.locator(".u-over")
+    over.wait_for()
+    assert chart.locator("svg.static-chart").is_hidden()  # the server's SVG is for browsers without scripts
+    focusable = "a[href], button, input, select, [tabindex]:not([tabindex='-1'])"
+    assert chart.locator(focusable).count() == 1  # the chart is one tab stop
+    box = over.bounding_box()
+    assert box is not None
+    # the crosshair reads the pair under the pointer
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    assert re.match(r"#\d+ \d+_\w+ \(layer 1[12]\): (pass|fail)", chart.locator(".chart-readout").inner_text())
+    # the keyboard moves it, from the first divergence
+    chart.locator(".chart-plot").focus()
+    page.keyboard.press("ArrowRight")
+    assert chart.locator(".chart-readout").inner_text().startswith("#")
+    # dragging across layers 2 to 5 zooms there and filters the table to those pairs, without a reload
+    page.evaluate("window.sameDocument = true")
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] + box["width"] * 2.2 / 24, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 5.8 / 24, y, steps=5)
+    page.mouse.up()
+    page.wait_for_function("() => location.search.includes('lo=')")
+    note = page.locator(".range-note")
+    note.wait_for()
+    layers = {int(name.split("_")[0]) for name in page.locator("tr.row td.name a").all_inner_texts()}
+    heads = {int(t.split()[1]) for t in page.locator("tr.group-head a.toggle").all_inner_texts()}
+    assert heads and heads <= set(range(1, 7)) and layers <= heads
+    assert page.evaluate("window.sameDocument") is True
+    shot(page, "session-24-layers-chart-range")
+    page.get_by_role("link", name="Show every pair").click()
+    page.wait_for_url(re.compile(r"/sessions/\d+\?$|/sessions/\d+$"))
+    assert page.locator("tr.group-head").count() == 24

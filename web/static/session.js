@@ -192,5 +192,6 @@ async function followProgress() {
   }
 }
 
+document.addEventListener("pairs:replaced", enhance); // the chart filtered the table (chart.js)
 enhance();
 followProgress();
