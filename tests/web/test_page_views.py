@@ -227,3 +227,35 @@ def test_the_chart_zooms_reads_and_filters_the_table(sessions: Sessions, page: P
     page.get_by_role("link", name="Show every pair").click()
     page.wait_for_url(re.compile(r"/sessions/\d+\?$|/sessions/\d+$"))
     assert page.locator("tr.group-head").count() == 24
+
+
+def test_runs_are_named_for_their_files_and_list_tensors_in_execution_order(sessions: Sessions, page: Page) -> None:
+    page.goto(f"{sessions.server.url}/sessions/{sessions.heads}")
+    assert page.locator(".runs-header").inner_text().split() == ["reference:", "ref.zip", "candidate:", "cand.zip"]
+    page.get_by_role("link", name="Candidate run: cand.zip").click()
+    names = page.locator("table.tensors td:first-child").all_inner_texts()
+    assert names[:3] == ["0_post_ln_pre_attn", "0_query", "0_query_final"]  # execution order, not the zip's
+    assert names.index("9_value") < names.index("10_post_ln_pre_attn") and len(names) == 24 * 13
+    shot(page, "run-24-layers")
+    page.get_by_label("Name contains").fill("9_value")
+    page.get_by_role("button", name="Search").click()
+    assert page.locator("table.tensors td:first-child").all_inner_texts() == [
+        "9_value",
+        "9_value_final",
+        "19_value",
+        "19_value_final",
+    ]
+    page.get_by_role("link", name="9_value", exact=True).click()
+    page.get_by_role("heading", name="9_value").wait_for()
+    # a label can be changed; another run's label is refused
+    page.goto(f"{sessions.server.url}/sessions/{sessions.heads}")
+    runs = page.locator("section.runs")
+    runs.locator("details.relabel summary").nth(1).click()
+    runs.get_by_label("Label of the candidate run").fill("fixed kernel")
+    runs.locator("details.relabel[open] button[type=submit]").click()
+    page.wait_for_url("**#runs")
+    assert "candidate: fixed kernel" in page.locator(".runs-header").inner_text()
+    runs.locator("details.relabel summary").nth(1).click()
+    runs.get_by_label("Label of the candidate run").fill("cand.zip")  # back, for the other tests
+    runs.locator("details.relabel[open] button[type=submit]").click()
+    page.wait_for_url("**#runs")

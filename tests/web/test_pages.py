@@ -120,8 +120,9 @@ def test_first_start_shows_the_demo_session(shared_demo_server: LiveServer, page
     row = page.locator("table.pairs tr", has_text="2_post_attn").first
     assert "FAIL" in row.inner_text().upper() and "[16, 32]" in row.inner_text()
     shot(page, "session-demo")
-    page.get_by_role("link", name="Candidate run: candidate").click()
-    assert page.get_by_role("heading", name="Candidate run: candidate").is_visible()
+    assert "reference: reference/" in page.locator(".runs-header").inner_text()  # named for what was uploaded
+    page.get_by_role("link", name="Candidate run: candidate/").click()
+    assert page.get_by_role("heading", name="Candidate run: candidate/").is_visible()
     assert page.locator("table.tensors tbody tr").count() == 52
     row = page.locator("table.tensors tr", has_text="2_post_attn").first
     assert "[16, 32]" in row.inner_text() and "float32" in row.inner_text()
@@ -160,7 +161,7 @@ def test_upload_through_the_form_without_scripts(
     assert "1 problem" in page.locator("section.runs").inner_text()
     assert "readme.txt: not a tensor file or archive" in page.locator("section.runs ul.problems").inner_text()
     shot(page, "session-form-upload")
-    page.get_by_role("link", name="Candidate run: candidate").click()
+    page.get_by_role("link", name="Candidate run: candidate.zip and 1 more file").click()
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
     assert page.locator("table.tensors tbody tr").count() == 14
     page.goto(shared_server.url + "/?q=FORM")

@@ -37,6 +37,7 @@ from tensor_debugger.web.controllers.sessions import SessionController
 from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
 from tensor_debugger.web.security import SecurityPolicy, install
+from tensor_debugger.web.views.run_view import run_title
 
 _STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
 
@@ -104,6 +105,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         env.globals["static"] = static_url
         env.globals["version"] = __version__
         env.globals["csrf_token"] = policy.form_token  # every POST form's first field (web/security.py)
+        env.globals["run_title"] = run_title
         register_filters(env)
 
     app = Litestar(

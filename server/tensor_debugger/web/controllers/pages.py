@@ -27,6 +27,7 @@ from tensor_debugger.web.multipart import receive_multipart
 from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
+from tensor_debugger.web.views.run_view import run_rows
 from tensor_debugger.web.views.session_chart import build_chart
 from tensor_debugger.web.views.session_view import PAGE_SIZE, ViewParams, build_groups
 
@@ -128,8 +129,9 @@ class PageController(Controller):
             )
 
     @get("/runs/{run_id:int}", sync_to_thread=True)
-    def run_page(self, services: Services, run_id: int) -> Template:
-        """One run's tensors with their summary statistics."""
+    def run_page(self, services: Services, run_id: int, q: str | None = None) -> Template:
+        """One run's tensors in execution order with their summary statistics, each linked to its pair; `q`
+        keeps the names containing it."""
         with services.sessions() as db:
             run = catalog.get_run(db, run_id)
             return Template(
@@ -137,9 +139,18 @@ class PageController(Controller):
                 context={
                     "run": run,
                     "session": catalog.get_session(db, run.session_id),
-                    "tensors": catalog.list_tensors(db, run_id),
+                    "rows": run_rows(db, run, q or ""),
+                    "q": (q or "").strip(),
                 },
             )
+
+    @post("/runs/{run_id:int}/label", sync_to_thread=True)
+    def relabel_run(self, services: Services, run_id: int, data: FormData = FORM) -> Redirect:
+        """Rename a run (its label is unique in its session)."""
+        with services.sessions.begin() as db:
+            run = catalog.relabel_run(db, run_id, data.get("label", ""))
+            session_id = run.session_id
+        return Redirect(f"/sessions/{session_id}#runs", status_code=303)
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
