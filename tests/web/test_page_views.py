@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -259,3 +260,54 @@ def test_runs_are_named_for_their_files_and_list_tensors_in_execution_order(sess
     runs.get_by_label("Label of the candidate run").fill("cand.zip")  # back, for the other tests
     runs.locator("details.relabel[open] button[type=submit]").click()
     page.wait_for_url("**#runs")
+
+
+AXE = Path(__file__).resolve().parents[1] / "support" / "axe" / "axe.min.js"
+
+
+def every_page(sessions: Sessions) -> dict[str, str]:
+    """A name for the screenshots, and the address of each kind of page."""
+    base = sessions.server.url
+    first = pair_named(sessions, sessions.heads, "9_value")
+    run = httpx.get(f"{base}/api/sessions/{sessions.heads}", timeout=30).json()["runs"][1]["id"]
+    return {
+        "sessions": "/",
+        "session-demo": f"/sessions/{sessions.demo}",
+        "session-24-layers": f"/sessions/{sessions.heads}",
+        "session-2016-pairs-ungrouped": f"/sessions/{sessions.big}?group=none",
+        "pair": f"/pairs/{first}",
+        "pair-manual": f"/pairs/{first}?mode=manual",
+        "run": f"/runs/{run}",
+        "not-found": "/sessions/999999",
+    }
+
+
+def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Browser) -> None:
+    """No serious or critical axe-core violation at 1440 px, and no horizontal scrolling at 390 px; a screenshot
+    of each page at both sizes. (The context bypasses the pages' CSP only so that axe can be injected.)"""
+    found: list[str] = []
+    missing: list[str] = []  # files the pages asked for in vain (the favicon, say)
+    for width, height in ((1440, 900), (390, 844)):
+        context = browser.new_context(viewport={"width": width, "height": height}, bypass_csp=True)
+        page = context.new_page()
+        page.on("response", lambda r: missing.append(r.url) if r.status == 404 and "/sessions/" not in r.url else None)
+        for name, path in every_page(sessions).items():
+            page.goto(sessions.server.url + path)
+            page.wait_for_load_state("load")
+            if width == 1440:
+                page.add_script_tag(path=str(AXE))
+                violations = page.evaluate(
+                    """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
+                    .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                    .map(v => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map(n => n.target.join(' '))}`)"""
+                )
+                found += [f"{name}: {v}" for v in violations]
+            else:
+                wide = page.evaluate("document.documentElement.scrollWidth")
+                if wide > width:
+                    found.append(f"{name}: {wide} px wide at {width} px")
+            assert page.locator("a.skip").count() == 1, name
+            shot(page, f"{name}-{width}")
+        assert not missing, missing
+        context.close()
+    assert not found, "\n".join(found)

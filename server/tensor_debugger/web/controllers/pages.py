@@ -47,6 +47,11 @@ class PageController(Controller):
             summaries = catalog.summarize_sessions(db, [s.id for s in sessions])
             return Template("sessions.html", context={"sessions": sessions, "q": q or "", "summaries": summaries})
 
+    @get("/favicon.ico", sync_to_thread=False)
+    def favicon(self) -> Redirect:
+        """For pages without the icon link (the API viewer) and browsers that ask anyway."""
+        return Redirect("/static/favicon.svg", status_code=301)
+
     @post("/sessions/{session_id:int}/rename", sync_to_thread=True)
     def rename(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
         services.actions.rename(session_id, data.get("name", ""))
