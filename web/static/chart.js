@@ -75,7 +75,7 @@ function draw(figure, data) {
       ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
       const label = `first divergence: ${data.name[firstAt]}`;
       const textWidth = ctx.measureText(label).width;
-      ctx.fillText(label, Math.min(x + 4 * devicePixelRatio, left + width - textWidth), top + 12 * devicePixelRatio);
+      ctx.fillText(label, Math.max(left, Math.min(x + 4 * devicePixelRatio, left + width - textWidth)), top + 12 * devicePixelRatio);
     }
     ctx.restore();
   }
