@@ -311,3 +311,18 @@ def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Bro
         assert not missing, missing
         context.close()
     assert not found, "\n".join(found)
+
+
+def test_reordering_without_scripts_comes_back_to_the_row(sessions: Sessions, browser: Browser) -> None:
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, java_script_enabled=False)
+    page = context.new_page()
+    page.goto(f"{sessions.server.url}/sessions/{sessions.heads}?group=none&open=all&page=1")
+    first = page.locator("tr.row").first  # the 101st pair
+    name = first.locator("td.name a").inner_text()
+    page.get_by_role("button", name=f"Move {name} up").click()  # onto the first page's last row
+    page.wait_for_url(re.compile(r"group=none&open=all&page=0#pair-\d+$"))
+    assert page.locator("tr.row").nth(99).locator("td.name a").inner_text() == name
+    page.get_by_role("button", name=f"Move {name} down").click()  # back to the second page
+    page.wait_for_url(re.compile(r"group=none&open=all&page=1#pair-\d+$"))
+    assert page.locator("tr.row").first.locator("td.name a").inner_text() == name
+    context.close()

@@ -12,6 +12,7 @@ from litestar import Controller, Request, Response, get, post
 from litestar.enums import RequestEncodingType
 from litestar.params import Body, Parameter
 from litestar.response import Redirect, Template
+from sqlalchemy import select
 
 from tensor_debugger.compare.exports import pairs_to_csv
 from tensor_debugger.compare.hand_pairing import hand_pair_choices
@@ -254,9 +255,21 @@ class PageController(Controller):
 
     @post("/sessions/{session_id:int}/order", sync_to_thread=True)
     def move_pair(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
-        """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same)."""
-        services.actions.move_pair(session_id, data.get("pair", ""), up=data.get("direction") == "up")
-        return Redirect(f"/sessions/{session_id}?group=none", status_code=303)
+        """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same). Without
+        scripts the page comes back on the table's page that holds the pair, at its row."""
+        key = data.get("pair", "")
+        services.actions.move_pair(session_id, key, up=data.get("direction") == "up")
+        with services.sessions() as db:
+            order = catalog.get_session(db, session_id).pair_order or []
+            a_name, _, b_name = key.partition("|")
+            pair_id = db.scalar(
+                select(PairRecord.id).where(
+                    PairRecord.session_id == session_id, PairRecord.a_name == a_name, PairRecord.b_name == b_name
+                )
+            )
+        page = order.index(key) // PAGE_SIZE if key in order else 0
+        anchor = f"#pair-{pair_id}" if pair_id is not None else ""
+        return Redirect(f"/sessions/{session_id}?group=none&open=all&page={page}{anchor}", status_code=303)
 
     @get("/pairs/{pair_id:int}", sync_to_thread=True)
     def pair_page(
