@@ -83,9 +83,10 @@ function draw(figure, data) {
   function layerSplits(u, axis, min, max) {
     const shown = layerStarts.filter((i) => i >= min && i <= max);
     const ticks = shown.length ? shown : xs.filter((i) => i >= min && i <= max);
-    const room = Math.max(1, Math.floor(u.bbox.width / devicePixelRatio / 48));
-    const every = Math.max(1, Math.ceil(ticks.length / room));
-    return ticks.filter((_, k) => k % every === 0);
+    const gap = ((max - min) * 44) / Math.max(1, u.bbox.width / devicePixelRatio); // 44 px between labels
+    const out = [];
+    for (const i of ticks) if (!out.length || i - out[out.length - 1] >= gap) out.push(i);
+    return out;
   }
 
   const options = {

@@ -79,7 +79,7 @@ def build_chart(pairs: list[PairReport], first_pair: int | None, width: int = 11
         width,
         height,
         y_ticks,
-        _layer_ticks(pairs, xs, width),
+        _layer_ticks(pairs, xs),
         floor_y,
         plot_bottom,
         _path(xs, [y_of(v) for v in diffs]),
@@ -107,8 +107,8 @@ def _json(value: float | None) -> float | str | None:
     return "nan" if math.isnan(value) else "inf"
 
 
-def _layer_ticks(pairs: list[PairReport], xs: list[float], width: int) -> list[Tick]:
-    """A tick where each layer starts, thinned to one every ~50 px; numbered positions where no pair has a layer."""
+def _layer_ticks(pairs: list[PairReport], xs: list[float]) -> list[Tick]:
+    """A tick where each layer starts, thinned to keep them apart; numbered positions where no pair has a layer."""
     starts: list[tuple[float, str]] = []
     last: int | None = None
     for x, p in zip(xs, pairs, strict=True):
@@ -117,9 +117,11 @@ def _layer_ticks(pairs: list[PairReport], xs: list[float], width: int) -> list[T
             last = p.layer
     if not starts:
         starts = [(x, str(p.position)) for x, p in zip(xs, pairs, strict=True)]
-    room = max(1, int((width - PAD_LEFT - PAD_RIGHT) / 50))
-    every = max(1, math.ceil(len(starts) / room))
-    return [Tick(round(x, 1), label) for x, label in starts[::every]]
+    kept: list[Tick] = []
+    for x, label in starts:  # at least 44 px apart, so labels never overlap
+        if not kept or x - kept[-1].at >= 44:
+            kept.append(Tick(round(x, 1), label))
+    return kept
 
 
 def _path(xs: list[float], ys: list[float | None]) -> str:
