@@ -7,9 +7,13 @@
 
 /* global uPlot */
 
-const figure = document.getElementById("chart");
-const source = document.getElementById("chart-data");
-if (figure && source && window.uPlot) draw(figure, JSON.parse(source.textContent));
+function start() {
+  const figure = document.getElementById("chart");
+  const source = document.getElementById("chart-data");
+  if (figure && source && window.uPlot && !figure.classList.contains("live")) draw(figure, JSON.parse(source.textContent));
+}
+start();
+document.addEventListener("page:swapped", start); // session.js swapped in a fresher page while comparing
 
 function number(value) {
   // the pages' one format: 4 significant digits, scientific only outside 1e-3..1e4

@@ -168,6 +168,7 @@ async function swapPage() {
   if (!main) return false;
   document.querySelector("main").replaceChildren(...main.childNodes);
   enhance();
+  document.dispatchEvent(new CustomEvent("page:swapped"));
   return true;
 }
 
