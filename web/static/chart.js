@@ -70,8 +70,9 @@ function draw(figure, data) {
       ctx.moveTo(x, top + height); ctx.lineTo(x, top + height - 6 * devicePixelRatio);
     });
     ctx.stroke();
-    if (firstAt >= 0) {
-      const x = u.valToPos(firstAt, "x", true);
+    const firstX = firstAt >= 0 ? u.valToPos(firstAt, "x", true) : NaN;
+    if (firstX >= left && firstX <= left + width) { // only while the zoom shows it
+      const x = firstX;
       ctx.setLineDash([5, 4]);
       ctx.beginPath(); ctx.moveTo(x, top); ctx.lineTo(x, top + height); ctx.stroke();
       ctx.setLineDash([]);
