@@ -1,5 +1,5 @@
 // The session page's chart of error through the model, drawn with uPlot (web/static/vendor/uplot) from the data
-// the server puts beside its SVG chart (#chart-data): max |diff| and 1 − cosine of every pair in execution order
+// the server puts on its SVG chart's figure (data-series): max |diff| and 1 − cosine of every pair in execution order
 // on a log scale, exact pairs on a floor line marked 0, the layers along the x axis, the first divergence marked,
 // a red tick under each failing pair. A crosshair shows the pair under the pointer; dragging zooms into a range and
 // filters the table to it (double-click: everything again); a click opens the pair. The chart is one tab stop:
@@ -9,8 +9,9 @@
 
 function start() {
   const figure = document.getElementById("chart");
-  const source = document.getElementById("chart-data");
-  if (figure && source && window.uPlot && !figure.classList.contains("live")) draw(figure, JSON.parse(source.textContent));
+  if (figure && figure.dataset.series && window.uPlot && !figure.classList.contains("live")) {
+    draw(figure, JSON.parse(figure.dataset.series));
+  }
 }
 start();
 document.addEventListener("page:swapped", start); // session.js swapped in a fresher page while comparing

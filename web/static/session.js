@@ -73,12 +73,12 @@ document.addEventListener("click", async (event) => {
 
 function pairOrder() {
   const data = document.getElementById("pair-order");
-  return data ? JSON.parse(data.textContent) : null;
+  return data ? JSON.parse(data.dataset.keys) : null;
 }
 
 async function saveOrder(keys) {
   const table = pairsTable();
-  document.getElementById("pair-order").textContent = JSON.stringify(keys);
+  document.getElementById("pair-order").dataset.keys = JSON.stringify(keys);
   const response = await fetch(table.dataset.reorder, {
     method: "PUT", headers: { "content-type": "application/json" }, body: JSON.stringify({ pairs: keys }),
   });
