@@ -350,9 +350,10 @@ def test_heatmap_max_pools_so_a_spike_cannot_hide(services: Services, tmp_path: 
     row = next(r for r in range(64) if heat.row_edges[r] <= 211 < heat.row_edges[r + 1])
     col = next(c for c in range(96) if heat.col_edges[c] <= 377 < heat.col_edges[c + 1])
     assert heat.cells[row, col] == pytest.approx(5.0, abs=1e-5)  # the spike survives downsampling
+    assert heat.signs[row, col] == 1  # the candidate is higher there: drawn red
     assert np.isnan(heat.cells[1, 0])  # the NaN is shown, not averaged away
     assert np.nansum(heat.cells) == pytest.approx(5.0, abs=1e-5)
     other = build_heatmap(view_a, view_b, (0, None, None))
     assert np.nanmax(other.cells) == 0.0
     svg = heatmap_svg(heat)
-    assert svg.count("<rect") == 64 * 96 and "max |diff| NaN" in svg
+    assert svg.count("<rect") == 64 * 96 + 21 and "largest difference (candidate − reference) NaN" in svg  # + the scale

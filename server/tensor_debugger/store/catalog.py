@@ -194,6 +194,21 @@ def get_run(db: DbSession, run_id: int) -> RunRecord:
     return run
 
 
+def relabel_run(db: DbSession, run_id: int, label: str) -> RunRecord:
+    """Rename a run; refused when another run of its session has that label."""
+    run = get_run(db, run_id)
+    value = parse_label(label, "run label")
+    clash = db.scalar(
+        select(RunRecord.id).where(
+            RunRecord.session_id == run.session_id, RunRecord.label == value, RunRecord.id != run_id
+        )
+    )
+    if clash is not None:
+        raise InvalidInputError(f"another run of this session is labelled {value!r}")
+    run.label = value
+    return run
+
+
 def list_tensors(db: DbSession, run_id: int) -> Sequence[TensorRecord]:
     get_run(db, run_id)
     return db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)).all()

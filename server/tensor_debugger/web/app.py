@@ -35,6 +35,7 @@ from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
 from tensor_debugger.web.refusals import error_response, http_error, known_ids
 from tensor_debugger.web.security import SecurityPolicy, install
+from tensor_debugger.web.views.run_view import run_title
 
 
 def static_hashes() -> dict[str, str]:
@@ -99,6 +100,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         env.globals["csrf_token"] = policy.form_token  # every POST form's first field (web/security.py)
         env.globals["can_change"] = _can_change
         env.globals["signed_in"] = _signed_in
+        env.globals["run_title"] = run_title
         register_filters(env)
 
     app = Litestar(
