@@ -4,7 +4,7 @@
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
-    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
+    tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T] [--json]
         [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
@@ -77,9 +77,14 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
     _server_options(ingest)
 
-    compare = commands.add_parser("compare", help="ingest two runs, compare them, print the first divergence")
+    compare = commands.add_parser(
+        "compare", help="ingest a reference run and candidates, compare them, print the first divergence"
+    )
     compare.add_argument("a", type=Path, help="the reference run: a tensor file, an archive or a folder")
     compare.add_argument("b", type=Path, help="the candidate run")
+    compare.add_argument(
+        "more", nargs="*", type=Path, metavar="C", help="further candidate runs, each compared with the reference"
+    )
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
     compare.add_argument("--atol", type=float, help="absolute tolerance (default: torch.testing's per dtype)")
@@ -175,6 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name_pattern=args.name_pattern,
                 pairing=args.pairing,
                 fail_fast=args.fail_fast,
+                more=args.more,
             )
         if args.command == "explore":
             from tensor_debugger.cli.compare import run_explore
@@ -281,6 +287,7 @@ def warm(settings: Settings, args: argparse.Namespace) -> int | None:
             name_pattern=args.name_pattern,
             pairing=args.pairing,
             fail_fast=args.fail_fast,
+            more=args.more,
         )
     except TensorDebuggerError as exc:
         print_unusable(str(exc), [], args.json)

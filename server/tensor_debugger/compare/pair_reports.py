@@ -4,7 +4,7 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
@@ -156,15 +156,30 @@ class UnmatchedReport:
 
 
 @dataclass(frozen=True)
+class CandidateReport:
+    """One candidate run of the session (compared with the reference) and its own first divergence."""
+
+    run_id: int
+    label: str
+    first_divergence: FirstDivergence | None
+
+
+@dataclass(frozen=True)
 class SessionPairs:
-    """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress;
-    `modules`: the module view of a traced session, when asked for."""
+    """Every pair in execution order, the unmatched tensors of each run, the first divergence (the first
+    candidate's) and progress; `modules`: the module view of a traced session, when asked for; `candidates`: every
+    candidate run in the session's order, each with its first divergence."""
 
     pairs: list[PairReport]
     first_divergence: FirstDivergence | None
     unmatched: list[UnmatchedReport]
     progress: PairProgress
     modules: ModuleReport | None = None
+    candidates: list[CandidateReport] = field(default_factory=list)
+
+    def candidate_of(self, pair: PairReport) -> str:
+        """The label of the pair's candidate run."""
+        return next((c.label for c in self.candidates if c.run_id == pair.b.run_id), "")
 
 
 @dataclass(frozen=True)
@@ -251,8 +266,20 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
     ).all()
     tensors, results = _load(db, pairs)
     items = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
-    first = next((i for i in items if i.status == PairStatus.FAIL), None)
-    runs = dict(db.execute(select(RunRecord.id, RunRecord.label).where(RunRecord.session_id == session_id)).all())
+    ordered_runs = db.execute(
+        select(RunRecord.id, RunRecord.label).where(RunRecord.session_id == session_id).order_by(RunRecord.position)
+    ).all()
+    runs = dict(ordered_runs)
+    compared = {i.b.run_id for i in items}
+    candidates = [
+        CandidateReport(
+            run_id,
+            label,
+            first_divergence(next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None)),
+        )
+        for run_id, label in ordered_runs
+        if run_id in compared
+    ]
     unmatched = db.scalars(
         select(UnmatchedRecord)
         .where(UnmatchedRecord.session_id == session_id)
@@ -262,15 +289,17 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
     module_view = None
     if modules and items:
         tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
-        module_view = module_report(items, tree)
+        first_candidate = candidates[0].run_id if candidates else None
+        module_view = module_report([i for i in items if i.b.run_id == first_candidate], tree)
     return SessionPairs(
         pairs=items,
-        first_divergence=first_divergence(first),
+        first_divergence=candidates[0].first_divergence if candidates else None,
         unmatched=[
             UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids)) for u in unmatched
         ],
         progress=PairProgress.of(len(items), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
         modules=module_view,
+        candidates=candidates,
     )
 
 

@@ -51,6 +51,17 @@ def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
     return f"{wanted} ({n})"
 
 
+def run_labels(shown: list[str]) -> list[str]:
+    """Each run's label: its input's file or folder name, made unique ("x (candidate 2)") where two are alike."""
+    labels: list[str] = []
+    for n, typed in enumerate(shown):
+        label = Path(typed).name or ("reference" if n == 0 else "candidate")
+        if label in labels:
+            label = f"{label} (candidate)" if n == 1 else f"{label} (candidate {n})"
+        labels.append(label)
+    return labels
+
+
 def divergence_known(sessions: sessionmaker[DbSession], session_id: int) -> bool:
     """Whether the session's first divergence is settled: a failing pair with every pair before it (in execution
     order) settled."""
@@ -79,9 +90,10 @@ def compare_runs(
     except InvalidInputError as exc:
         shown = request.pairing_shown
         return _unusable(f"pairing file {shown}: {exc}" if shown else str(exc), [])
-    a_name, b_name = Path(request.a_shown).name, Path(request.b_shown).name
-    session_name = free_name(sessions, request.name or f"{a_name} vs {b_name}")
-    labels = (a_name or "reference", b_name if b_name != a_name else f"{b_name} (candidate)")
+    typed_inputs = [request.a_shown, *(typed for _, typed in request.candidates)]
+    labels = run_labels(typed_inputs)
+    names = [Path(typed).name for typed in typed_inputs]
+    session_name = free_name(sessions, request.name or f"{names[0]} vs {', '.join(names[1:])}")
     problems: list[dict[str, str]] = []
     session_id: int | None = None
     reference_run_id = 0
@@ -91,18 +103,22 @@ def compare_runs(
         return None if progress is None else lambda done, total: progress(name, done, total)
 
     try:
-        inputs = zip(labels, (request.a, request.b), (request.a_shown, request.b_shown), strict=True)
-        for label, path, shown in inputs:
-            if session_id is not None:  # the reference is ready: compare the candidate's tensors as they land
+        paths = [request.a, *(path for path, _ in request.candidates)]
+        for label, path, typed in zip(labels, paths, typed_inputs, strict=True):
+            if session_id is not None:  # the reference is ready: compare each candidate's tensors as they land
+                if early is not None:
+                    early.settle()
                 with sessions.begin() as db:
                     catalog.set_tolerances(catalog.get_session(db, session_id), request.rtol, request.atol)
                 early = EarlyComparisons(
                     comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
                 )
             result = ingestor.ingest(
-                session_name, label, [InputFile(path, shown)], progress=step(f"ingest {label}"), listener=early
+                session_name, label, [InputFile(path, typed)], progress=step(f"ingest {label}"), listener=early
             )
-            session_id, reference_run_id = result.session_id, result.run_id
+            if session_id is None:
+                reference_run_id = result.run_id
+            session_id = result.session_id
             problems += [problem_json(p) for p in result.problems]
     except (NothingUsableError, TensorDebuggerError) as exc:
         if early is not None:

@@ -27,7 +27,7 @@ from tensor_debugger.web.multipart import receive_multipart
 from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
-from tensor_debugger.web.views.session_view import ViewParams, build_chart, build_groups
+from tensor_debugger.web.views.session_view import ViewParams, build_candidates, build_chart, build_groups
 
 FormData = dict[str, str]
 PAIRING_FILE_LIMIT = 16 * 1024 * 1024  # a pairing file names tensors: megabytes at most
@@ -343,6 +343,7 @@ def _session_template(
                 "progress": progress,
                 "groups": build_groups(report, params, session.pair_order),
                 "chart": build_chart(ordered),
+                "candidates": build_candidates(report),
                 "reorderable": params.group == "none"
                 and params.sort == "order"
                 and params.verdict == "all"
