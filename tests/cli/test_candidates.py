@@ -9,31 +9,16 @@ from pathlib import Path
 
 import httpx
 import pytest
-import torch
 
+from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer, run_cli, upload, wait_done
-
-LAYERS = 4
-
-
-def dump(folder: Path, bug_from: int | None) -> Path:
-    """Two stages a layer; from layer `bug_from` on every tensor is 0.5 off the reference's."""
-    folder.mkdir(parents=True)
-    generator = torch.Generator().manual_seed(0)
-    for layer in range(LAYERS):
-        for stage in ("attn", "mlp"):
-            tensor = torch.randn(8, 16, generator=generator)
-            if bug_from is not None and layer >= bug_from:
-                tensor = tensor + 0.5
-            torch.save(tensor, folder / f"{layer}_{stage}.pth")
-    return folder
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """A reference and three candidates: one diverging at layer 2, one at layer 1, one not at all."""
     root = tmp_path_factory.mktemp("candidates")
-    return {name: dump(root / name, bug) for name, bug in (("ref", None), ("c1", 2), ("c2", 1), ("c3", None))}
+    return {name: layered_dump(root / name, bug) for name, bug in (("ref", None), ("c1", 2), ("c2", 1), ("c3", None))}
 
 
 def check_payload(out: dict[str, object]) -> None:

@@ -6,6 +6,7 @@
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T] [--json]
         [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+    tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
@@ -122,6 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--name", help="session name (default: 'explore PATH')")
     explore.add_argument("--json", action="store_true", help="print one JSON object, as compare does")
 
+    diff = commands.add_parser(
+        "compare-sessions", help="two sessions' pairs matched by name: each one's error in both and the change"
+    )
+    diff.add_argument("s1", metavar="S1", help="the session before (its id or name)")
+    diff.add_argument("s2", metavar="S2", help="the session after (its id or name)")
+    diff.add_argument("--json", action="store_true", help="print one JSON object")
+
     sessions = commands.add_parser("sessions", help="list sessions and their runs")
     sessions.add_argument("--json", action="store_true", help="print a JSON list")
     _server_options(sessions)
@@ -182,6 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 fail_fast=args.fail_fast,
                 more=args.more,
             )
+        if args.command == "compare-sessions":
+            from tensor_debugger.cli.session_diff import run_compare_sessions
+
+            return run_compare_sessions(services, args.s1, args.s2, args.json)
         if args.command == "explore":
             from tensor_debugger.cli.compare import run_explore
 
