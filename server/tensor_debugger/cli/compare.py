@@ -35,6 +35,8 @@ def run_compare(
     pairing: Path | None = None,
     fail_fast: bool = False,
     more: Sequence[Path] = (),
+    noise: Path | None = None,
+    noise_factor: float | None = None,
 ) -> int:
     """Compare in this process; prints what `show_compare` prints and returns the exit code."""
     try:
@@ -49,6 +51,8 @@ def run_compare(
             pairing=pairing,
             fail_fast=fail_fast,
             more=more,
+            noise=noise,
+            noise_factor=noise_factor,
         )
     except InvalidInputError as exc:
         print_unusable(str(exc), [], as_json)

@@ -45,6 +45,8 @@ def compare_request(
     pairing: Path | None = None,
     fail_fast: bool = False,
     more: Sequence[Path] = (),
+    noise: Path | None = None,
+    noise_factor: float | None = None,
 ) -> CompareRequest:
     """What the command line asks for. Raises InvalidInputError on an unusable pairing file."""
     return CompareRequest(
@@ -60,6 +62,9 @@ def compare_request(
         fail_fast,
         tuple(p.absolute() for p in more),
         tuple(str(p) for p in more),
+        None if noise is None else noise.absolute(),
+        None if noise is None else str(noise),
+        noise_factor,
     )
 
 
@@ -78,11 +83,28 @@ def print_table(payload: dict[str, Any]) -> None:
     if len(payload.get("first_divergences", {})) > 1:
         print_candidates(payload)
         return
-    rows = [("#", "layer", "tensor", "verdict", "max |diff|", "mean |diff|", "cosine", "mismatch", "alignment")]
+    noise = any(p.get("noise_max_abs_diff") is not None for p in payload["pairs"])
+    floor_header = ("noise floor",) if noise else ()
+    rows: list[tuple[str, ...]] = [
+        (
+            "#",
+            "layer",
+            "tensor",
+            "verdict",
+            "max |diff|",
+            *floor_header,
+            "mean |diff|",
+            "cosine",
+            "mismatch",
+            "alignment",
+        )
+    ]
     for n, p in enumerate(payload["pairs"]):
         s = p["stats"] or {}
         mismatch = f"{100 * s['mismatched'] / s['numel']:.3g}%" if s and s["numel"] else ""
         verdict = p["status"].upper() + (" (summary)" if p["summary"] else "")
+        verdict += " (noise)" if p.get("rule") == "noise" else ""
+        floor = (cell(p.get("noise_max_abs_diff")),) if noise else ()
         rows.append(
             (
                 str(n),
@@ -90,6 +112,7 @@ def print_table(payload: dict[str, Any]) -> None:
                 p["name"],
                 verdict,
                 cell(s.get("max_abs_diff")),
+                *floor,
                 cell(s.get("mean_abs_diff")),
                 cell(s.get("cosine")),
                 mismatch,
@@ -129,6 +152,11 @@ def print_table(payload: dict[str, Any]) -> None:
             print(
                 f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
                 f"are not available in this trace)"
+            )
+        elif pair.get("rule") == "noise":
+            print(
+                f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
+                f"{stats['argmax']}, beyond the noise factor times the rerun's {cell(pair['noise_max_abs_diff'])}"
             )
         else:
             print(

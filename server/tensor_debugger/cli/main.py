@@ -5,7 +5,7 @@
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T] [--json]
-        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast] [--noise A2 [--noise-factor K]]
     tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
@@ -115,6 +115,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop at the first divergence in execution order, once every pair before it is known (exit 1; "
         "the pairs after it are left uncompared)",
     )
+    compare.add_argument(
+        "--noise",
+        type=Path,
+        metavar="A2",
+        help="a rerun of the reference: each pair passes when the candidate's max |diff| is within "
+        "--noise-factor times the rerun's at that tensor (its noise floor)",
+    )
+    compare.add_argument(
+        "--noise-factor",
+        type=float,
+        metavar="K",
+        help="how many times the noise floor a pair's error may be (default 4)",
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
 
     explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
@@ -189,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pairing=args.pairing,
                 fail_fast=args.fail_fast,
                 more=args.more,
+                noise=args.noise,
+                noise_factor=args.noise_factor,
             )
         if args.command == "compare-sessions":
             from tensor_debugger.cli.session_diff import run_compare_sessions
@@ -300,6 +315,8 @@ def warm(settings: Settings, args: argparse.Namespace) -> int | None:
             pairing=args.pairing,
             fail_fast=args.fail_fast,
             more=args.more,
+            noise=args.noise,
+            noise_factor=args.noise_factor,
         )
     except TensorDebuggerError as exc:
         print_unusable(str(exc), [], args.json)

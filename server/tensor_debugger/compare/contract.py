@@ -44,6 +44,8 @@ def contract_json(
             "place": p.place,
             "summary": p.summary,
             "candidate": report.candidate_of(p),  # the label of the candidate run
+            "rule": p.rule,  # what judged the verdict: "tolerance", or "noise" (a rerun of the reference's floor)
+            "noise_max_abs_diff": p.noise_max_abs_diff,  # that floor: the reference's rerun's max |diff| here
         }
         for p in report.pairs
     ]

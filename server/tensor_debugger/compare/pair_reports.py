@@ -4,18 +4,26 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.module_reports import ModuleReport, Number, module_report
+from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.progress import PairProgress
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
-from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord, UnmatchedRecord
+from tensor_debugger.store.models import (
+    ComparisonResultRecord,
+    PairRecord,
+    RunRecord,
+    SessionRecord,
+    TensorRecord,
+    UnmatchedRecord,
+)
 from tensor_debugger.store.reports import PairStatus, parse_strategy
 
 
@@ -94,6 +102,8 @@ class PairReport:
     module_path: str | None
     place: str | None
     summary: dict[str, Any] | None  # the verdict on summary statistics when element values are not available
+    rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
+    noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
 
     @property
     def key(self) -> str:
@@ -228,6 +238,8 @@ def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
         "module_path": pair.module_path,
         "place": pair.place,
         "summary": pair.summary,
+        "rule": "tolerance",
+        "noise_max_abs_diff": None,
     }
 
 
@@ -265,11 +277,18 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
         .order_by(PairRecord.position)
     ).all()
     tensors, results = _load(db, pairs)
-    items = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
+    everything = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
     ordered_runs = db.execute(
-        select(RunRecord.id, RunRecord.label).where(RunRecord.session_id == session_id).order_by(RunRecord.position)
+        select(RunRecord.id, RunRecord.label, RunRecord.role)
+        .where(RunRecord.session_id == session_id)
+        .order_by(RunRecord.position)
     ).all()
-    runs = dict(ordered_runs)
+    runs = {r.id: r.label for r in ordered_runs}
+    noise_runs = {r.id for r in ordered_runs if r.role == "noise"}
+    items = [i for i in everything if i.b.run_id not in noise_runs]
+    if noise_runs:
+        factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id))
+        items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor or NOISE_FACTOR)
     compared = {i.b.run_id for i in items}
     candidates = [
         CandidateReport(
@@ -277,7 +296,7 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
             label,
             first_divergence(next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None)),
         )
-        for run_id, label in ordered_runs
+        for run_id, label, _ in ordered_runs
         if run_id in compared
     ]
     unmatched = db.scalars(
@@ -285,7 +304,7 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
         .where(UnmatchedRecord.session_id == session_id)
         .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
     ).all()
-    done = sum(1 for i in items if i.status != PairStatus.PENDING)
+    done = sum(1 for i in everything if i.status != PairStatus.PENDING)
     module_view = None
     if modules and items:
         tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
@@ -297,10 +316,27 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
         unmatched=[
             UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids)) for u in unmatched
         ],
-        progress=PairProgress.of(len(items), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
+        progress=PairProgress.of(len(everything), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
         modules=module_view,
         candidates=candidates,
     )
+
+
+def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:
+    """Each candidate pair with its noise floor (the reference tensor's pair with the rerun) and the verdict of the
+    noise rule where it applies (`noise.py`)."""
+    floors = {n.a.name: n for n in noise}
+    judged = []
+    for item in items:
+        floor = floors.get(item.a.name)
+        floor_error = floor.stats.max_abs_diff if floor is not None and floor.stats is not None else None
+        verdict = noise_judges(item.stats.max_abs_diff if item.stats else None, floor_error, factor)
+        if verdict is None or item.status not in (PairStatus.PASS, PairStatus.FAIL):
+            judged.append(replace(item, noise_max_abs_diff=floor_error))
+        else:
+            status = PairStatus.PASS if verdict else PairStatus.FAIL
+            judged.append(replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error))
+    return judged
 
 
 def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairReport]:

@@ -91,9 +91,15 @@ def compare_runs(
         shown = request.pairing_shown
         return _unusable(f"pairing file {shown}: {exc}" if shown else str(exc), [])
     typed_inputs = [request.a_shown, *(typed for _, typed in request.candidates)]
-    labels = run_labels(typed_inputs)
     names = [Path(typed).name for typed in typed_inputs]
     session_name = free_name(sessions, request.name or f"{names[0]} vs {', '.join(names[1:])}")
+    paths = [request.a, *(path for path, _ in request.candidates)]
+    roles: list[str | None] = [None] * len(paths)
+    if request.noise is not None:  # the rerun right after the reference: each candidate's pairs find their floor
+        typed_inputs.insert(1, request.noise_shown or str(request.noise))
+        paths.insert(1, request.noise)
+        roles.insert(1, "noise")
+    labels = run_labels(typed_inputs)
     problems: list[dict[str, str]] = []
     session_id: int | None = None
     reference_run_id = 0
@@ -103,18 +109,25 @@ def compare_runs(
         return None if progress is None else lambda done, total: progress(name, done, total)
 
     try:
-        paths = [request.a, *(path for path, _ in request.candidates)]
-        for label, path, typed in zip(labels, paths, typed_inputs, strict=True):
-            if session_id is not None:  # the reference is ready: compare each candidate's tensors as they land
+        for label, path, typed, role in zip(labels, paths, typed_inputs, roles, strict=True):
+            if session_id is not None and role is None:  # the reference is ready: compare each candidate's tensors
+                # as they land
                 if early is not None:
                     early.settle()
                 with sessions.begin() as db:
-                    catalog.set_tolerances(catalog.get_session(db, session_id), request.rtol, request.atol)
+                    session = catalog.get_session(db, session_id)
+                    catalog.set_tolerances(session, request.rtol, request.atol)
+                    catalog.set_noise_factor(session, request.noise_factor)
                 early = EarlyComparisons(
                     comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
                 )
             result = ingestor.ingest(
-                session_name, label, [InputFile(path, typed)], progress=step(f"ingest {label}"), listener=early
+                session_name,
+                label,
+                [InputFile(path, typed)],
+                progress=step(f"ingest {label}"),
+                listener=early if role is None else None,
+                role=role,
             )
             if session_id is None:
                 reference_run_id = result.run_id

@@ -118,7 +118,8 @@ class Comparisons:
             db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
             if len(runs) < 2:
                 return
-            reference = runs[0]
+            reference = next((r for r in runs if r.role != "noise"), runs[0])
+            runs = [reference, *(r for r in runs if r is not reference)]
             refs_a = self._refs(db, reference.id)
             overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
             position = 0
@@ -126,7 +127,9 @@ class Comparisons:
                 pattern = compile_name_pattern(session.name_pattern)
             except ValueError as exc:
                 raise InvalidInputError(str(exc)) from None
-            for candidate in runs[1:]:
+            # candidates first, then any rerun of the reference (its pairs are each candidate pair's noise floor)
+            others = [r for r in runs[1:] if r.role != "noise"] + [r for r in runs[1:] if r.role == "noise"]
+            for candidate in others:
                 mine = [o for o in overrides if o.run_b_id == candidate.id]
                 try:
                     pairing = pair_runs(

@@ -31,6 +31,9 @@ class CompareRequest:
     fail_fast: bool = False
     more: tuple[Path, ...] = ()  # further candidate runs after `b`, absolute, each compared with the reference
     more_shown: tuple[str, ...] = ()
+    noise: Path | None = None  # a rerun of the reference, absolute: the noise floor (`compare/noise.py`)
+    noise_shown: str | None = None
+    noise_factor: float | None = None  # None: NOISE_FACTOR
 
     @property
     def candidates(self) -> list[tuple[Path, str]]:
@@ -44,6 +47,7 @@ class CompareRequest:
             "b": str(self.b),
             "more": [str(p) for p in self.more],
             "more_shown": list(self.more_shown),
+            "noise": None if self.noise is None else str(self.noise),
         }
 
     @classmethod
@@ -57,13 +61,15 @@ class CompareRequest:
                     "b": Path(data["b"]),
                     "more": tuple(Path(p) for p in data.get("more", ())),
                     "more_shown": tuple(str(p) for p in data.get("more_shown", ())),
+                    "noise": None if data.get("noise") is None else Path(data["noise"]),
                 }
             )
         except (KeyError, TypeError) as exc:
             raise InvalidInputError(f"not a compare request: {exc}") from None
         if len(request.more) != len(request.more_shown):
             raise InvalidInputError("not a compare request: every further candidate needs the path as typed")
-        if not all(p.is_absolute() for p in (request.a, request.b, *request.more)):
+        noise = () if request.noise is None else (request.noise,)
+        if not all(p.is_absolute() for p in (request.a, request.b, *request.more, *noise)):
             raise InvalidInputError("a compare request names its inputs by absolute paths")
         return request
 

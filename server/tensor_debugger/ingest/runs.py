@@ -165,6 +165,7 @@ class Ingestor:
         progress: ProgressCallback | None = None,
         reuse: bool = True,
         listener: StoredListener | None = None,
+        role: str | None = None,
     ) -> IngestResult:
         """Add a run labelled `run_label` to the session (created if needed). With `reuse`, a ready run of the
         same unchanged inputs lends its tensors (and their arrays) instead of the files being read again.
@@ -175,7 +176,7 @@ class Ingestor:
         fingerprint = (
             fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
         )
-        pending = self.begin(session_name, run_label, [i.label for i in inputs])
+        pending = self.begin(session_name, run_label, [i.label for i in inputs], role=role)
         return self.complete(pending, inputs, progress, fingerprint=fingerprint, listener=listener)
 
     def begin(
@@ -185,9 +186,11 @@ class Ingestor:
         sources: list[str],
         create_session: bool = True,
         created_session: bool = False,
+        role: str | None = None,
     ) -> PendingRun:
         """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
-        caller made the session for this run, so undoing the run may remove it as well.
+        caller made the session for this run, so undoing the run may remove it as well. `role`: "noise" for a
+        rerun of the reference (its noise floor); left out, the first run is the reference, the others candidates.
 
         A run of the same label that failed before is replaced, in its place; any other clash is refused."""
         session_name = parse_label(session_name, "session name")
@@ -214,7 +217,7 @@ class Ingestor:
                 session_id=session.id,
                 label=run_label,
                 position=position,
-                role="reference" if position == 0 else "candidate",
+                role=role or ("reference" if position == 0 else "candidate"),
                 status="ingesting",
                 ingest_pid=os.getpid(),
                 ingest_host=socket.gethostname(),
