@@ -53,6 +53,11 @@ def test_noise_through_a_server_its_upload_and_page(shared_server: LiveServer, r
         "--noise-factor", "0.01", "--json",
     )  # fmt: skip
     assert json.loads(tight.stdout)["first_divergence"]["name"] == "0_attn"  # within 1% of the floor: nothing is
+    fast = run_cli(
+        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
+        "--fail-fast", "--json",
+    )  # fmt: skip
+    assert fast.returncode == 1 and json.loads(fast.stdout)["first_divergence"]["name"] == "2_attn"
     refused = run_cli(
         "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
         "--noise-factor", "-1", "--json",

@@ -331,7 +331,13 @@ def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: flo
         floor = floors.get(item.a.name)
         floor_error = floor.stats.max_abs_diff if floor is not None and floor.stats is not None else None
         verdict = noise_judges(item.stats.max_abs_diff if item.stats else None, floor_error, factor)
-        if verdict is None or item.status not in (PairStatus.PASS, PairStatus.FAIL):
+        if (
+            floor is not None
+            and floor.status == PairStatus.PENDING
+            and item.status in (PairStatus.PASS, PairStatus.FAIL)
+        ):
+            judged.append(replace(item, status=PairStatus.PENDING))  # its verdict waits for its floor
+        elif verdict is None or item.status not in (PairStatus.PASS, PairStatus.FAIL):
             judged.append(replace(item, noise_max_abs_diff=floor_error))
         else:
             status = PairStatus.PASS if verdict else PairStatus.FAIL

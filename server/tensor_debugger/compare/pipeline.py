@@ -36,7 +36,7 @@ from tensor_debugger.errors import InvalidInputError, NothingUsableError, Tensor
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairRecord, SessionRecord
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import problem_json
 
 
@@ -66,6 +66,15 @@ def divergence_known(sessions: sessionmaker[DbSession], session_id: int) -> bool
     """Whether the session's first divergence is settled: a failing pair with every pair before it (in execution
     order) settled."""
     with sessions() as db:
+        noise = db.scalar(select(RunRecord.id).where(RunRecord.session_id == session_id, RunRecord.role == "noise"))
+        if noise is not None:  # verdicts against the noise floor: the report's, not the rows'
+            report = session_pairs(db, session_id)
+            for pair in report.pairs:
+                if pair.status == "pending":
+                    return False
+                if pair.status == "fail":
+                    return True
+            return False
         for status in db.scalars(
             select(PairRecord.status).where(PairRecord.session_id == session_id).order_by(PairRecord.position)
         ):
