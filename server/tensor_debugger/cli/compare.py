@@ -5,6 +5,7 @@ not, 2 on unusable input. Also `explore`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tensor_debugger.cli.compare_output import cell, compare_request, print_unusable, show_compare
@@ -33,6 +34,9 @@ def run_compare(
     name_pattern: str | None = None,
     pairing: Path | None = None,
     fail_fast: bool = False,
+    more: Sequence[Path] = (),
+    noise: Path | None = None,
+    noise_factor: float | None = None,
 ) -> int:
     """Compare in this process; prints what `show_compare` prints and returns the exit code."""
     try:
@@ -46,6 +50,9 @@ def run_compare(
             name_pattern=name_pattern,
             pairing=pairing,
             fail_fast=fail_fast,
+            more=more,
+            noise=noise,
+            noise_factor=noise_factor,
         )
     except InvalidInputError as exc:
         print_unusable(str(exc), [], as_json)

@@ -4,8 +4,9 @@
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
-    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
-        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+    tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T] [--json]
+        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast] [--noise A2 [--noise-factor K]]
+    tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
@@ -82,9 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _server_options(ingest)
 
-    compare = commands.add_parser("compare", help="ingest two runs, compare them, print the first divergence")
+    compare = commands.add_parser(
+        "compare", help="ingest a reference run and candidates, compare them, print the first divergence"
+    )
     compare.add_argument("a", type=Path, help="the reference run: a tensor file, an archive or a folder")
     compare.add_argument("b", type=Path, help="the candidate run")
+    compare.add_argument(
+        "more", nargs="*", type=Path, metavar="C", help="further candidate runs, each compared with the reference"
+    )
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
     compare.add_argument("--atol", type=float, help="absolute tolerance (default: torch.testing's per dtype)")
@@ -114,6 +120,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop at the first divergence in execution order, once every pair before it is known (exit 1; "
         "the pairs after it are left uncompared)",
     )
+    compare.add_argument(
+        "--noise",
+        type=Path,
+        metavar="A2",
+        help="a rerun of the reference: each pair passes when the candidate's max |diff| is within "
+        "--noise-factor times the rerun's at that tensor (its noise floor)",
+    )
+    compare.add_argument(
+        "--noise-factor",
+        type=float,
+        metavar="K",
+        help="how many times the noise floor a pair's error may be (default 4)",
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
     compare.add_argument(
         "--in-process",
@@ -126,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--match", metavar="GLOB", help="only tensors whose names match (any case), e.g. '*attn*'")
     explore.add_argument("--name", help="session name (default: 'explore PATH')")
     explore.add_argument("--json", action="store_true", help="print one JSON object, as compare does")
+
+    diff = commands.add_parser(
+        "compare-sessions", help="two sessions' pairs matched by name: each one's error in both and the change"
+    )
+    diff.add_argument("s1", metavar="S1", help="the session before (its id or name)")
+    diff.add_argument("s2", metavar="S2", help="the session after (its id or name)")
+    diff.add_argument("--json", action="store_true", help="print one JSON object")
 
     sessions = commands.add_parser("sessions", help="list sessions and their runs")
     sessions.add_argument("--json", action="store_true", help="print a JSON list")
@@ -185,7 +211,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name_pattern=args.name_pattern,
                 pairing=args.pairing,
                 fail_fast=args.fail_fast,
+                more=args.more,
+                noise=args.noise,
+                noise_factor=args.noise_factor,
             )
+        if args.command == "compare-sessions":
+            from tensor_debugger.cli.session_diff import run_compare_sessions
+
+            return run_compare_sessions(services, args.s1, args.s2, args.json)
         if args.command == "explore":
             from tensor_debugger.cli.compare import run_explore
 
@@ -291,6 +324,9 @@ def warm(settings: Settings, args: argparse.Namespace) -> int | None:
             name_pattern=args.name_pattern,
             pairing=args.pairing,
             fail_fast=args.fail_fast,
+            more=args.more,
+            noise=args.noise,
+            noise_factor=args.noise_factor,
         )
     except TensorDebuggerError as exc:
         print_unusable(str(exc), [], args.json)

@@ -122,9 +122,12 @@ class Comparisons:
                 return  # an explore session (compare/explore.py) keeps its pairs of one run
             db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
             db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
-            if len(runs) < 2 or runs[0] is not kept[0]:
+            if len(runs) < 2:
+                return
+            reference = next((r for r in runs if r.role != "noise"), runs[0])
+            if reference is not next((r for r in kept if r.role != "noise"), kept[0]):
                 return  # while the reference (the first run) is ingesting, no other run stands in for it
-            reference = runs[0]
+            runs = [reference, *(r for r in runs if r is not reference)]
             refs_a = self._refs(db, reference.id)
             overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
             position = 0
@@ -132,7 +135,9 @@ class Comparisons:
                 pattern = compile_name_pattern(session.name_pattern)
             except ValueError as exc:
                 raise InvalidInputError(str(exc)) from None
-            for candidate in runs[1:]:
+            # candidates first, then any rerun of the reference (its pairs are each candidate pair's noise floor)
+            others = [r for r in runs[1:] if r.role != "noise"] + [r for r in runs[1:] if r.role == "noise"]
+            for candidate in others:
                 mine = [o for o in overrides if o.run_b_id == candidate.id]
                 try:
                     pairing = pair_runs(

@@ -188,6 +188,7 @@ class Ingestor:
         reuse: bool = True,
         listener: StoredListener | None = None,
         by_label: bool = True,
+        role: str | None = None,
     ) -> IngestResult:
         """Add a run labelled `run_label` to the session (created if needed). With `reuse`, a ready run of the
         same unchanged inputs lends its tensors (and their arrays) instead of the files being read again. `by_label`:
@@ -197,7 +198,7 @@ class Ingestor:
         """
         # The run's row first, so its place (the reference is the run sent first) is taken before any slow work;
         # the fingerprint next, before anything is read: a file changed while it is being ingested gets another.
-        pending = self.begin(session_name, run_label, [i.label for i in inputs], by_label=by_label)
+        pending = self.begin(session_name, run_label, [i.label for i in inputs], by_label=by_label, role=role)
         try:
             fingerprint = (
                 fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
@@ -215,9 +216,11 @@ class Ingestor:
         create_session: bool = True,
         created_session: bool = False,
         by_label: bool = True,
+        role: str | None = None,
     ) -> PendingRun:
         """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
-        caller made the session for this run, so undoing the run may remove it as well.
+        caller made the session for this run, so undoing the run may remove it as well. `role`: "noise" for a
+        rerun of the reference (its noise floor); left out, the first run is the reference, the others candidates.
 
         The run takes the next place, so the session's reference (its first run) is the run begun first, not the
         first to finish; but with `by_label`, a run labelled "reference" (any case) takes the first place when no
@@ -227,9 +230,9 @@ class Ingestor:
         session_name = parse_label(session_name, "session name")
         run_label = parse_label(run_label, "run label")
         try:
-            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label)
+            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
         except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
-            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label)
+            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
         return pending
 
     def _begin(
@@ -240,6 +243,7 @@ class Ingestor:
         create_session: bool,
         created_session: bool,
         by_label: bool,
+        role: str | None,
     ) -> PendingRun:
         with self.sessions.begin() as db:
             # A write first, so that this transaction holds SQLite's write lock before it reads: two begins for
@@ -269,12 +273,13 @@ class Ingestor:
             else:
                 position = max((r.position for r in others), default=-1) + 1
             for other in others:
-                other.role = "reference" if other.position == 0 else "candidate"
+                if other.role != "noise":  # a rerun of the reference keeps its role wherever it stands
+                    other.role = "reference" if other.position == 0 else "candidate"
             run = RunRecord(
                 session_id=session.id,
                 label=run_label,
                 position=position,
-                role="reference" if position == 0 else "candidate",
+                role=role or ("reference" if position == 0 else "candidate"),
                 status="ingesting",
                 ingest_pid=os.getpid(),
                 ingest_host=socket.gethostname(),

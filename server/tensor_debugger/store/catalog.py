@@ -137,6 +137,13 @@ def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | Non
     session.rtol, session.atol = rtol, atol
 
 
+def set_noise_factor(session: SessionRecord, factor: float | None) -> None:
+    """Set how many times the noise floor a candidate's error may be (None: the default, NOISE_FACTOR)."""
+    if factor is not None and not (factor > 0 and factor < float("inf")):
+        raise InvalidInputError(f"the noise factor must be a positive finite number, got {factor}")
+    session.noise_factor = factor
+
+
 def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
     """Delete the session's rows, then the arrays no other run's tensors share (an interruption between leaves
     orphans that recovery removes, never rows without arrays)."""

@@ -29,6 +29,7 @@ from tensor_debugger.web.controllers.pages import PageController
 from tensor_debugger.web.controllers.pairing import SessionPairingController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
 from tensor_debugger.web.controllers.runs import RunController
+from tensor_debugger.web.controllers.session_diff import SessionDiffController
 from tensor_debugger.web.controllers.sessions import SessionController
 from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.json_bodies import BoundedRequest
@@ -106,6 +107,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     app = Litestar(
         route_handlers=[
             *([LoginController] if authenticator is not None else []),
+            SessionDiffController,
             SessionController,
             SessionPairsController,
             SessionOrderController,

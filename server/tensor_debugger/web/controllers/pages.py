@@ -30,7 +30,13 @@ from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, p
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
 from tensor_debugger.web.views.run_view import run_rows
 from tensor_debugger.web.views.session_chart import build_chart
-from tensor_debugger.web.views.session_view import PAGE_SIZE, ViewParams, build_groups
+from tensor_debugger.web.views.session_view import (
+    PAGE_SIZE,
+    ViewParams,
+    build_candidates,
+    build_groups,
+    has_noise_floor,
+)
 
 FormData = dict[str, str]
 
@@ -131,6 +137,7 @@ class PageController(Controller):
                     "reorderable": params.reorderable,
                     "first_id": report.first_divergence.pair_id if report.first_divergence else None,
                     "page_size": PAGE_SIZE,
+                    "noise_floor": has_noise_floor(report),
                 },
             )
 
@@ -416,6 +423,8 @@ def _session_template(
                 "first_id": first_id,
                 "page_size": PAGE_SIZE,
                 "reorderable": params.reorderable,
+                "candidates": build_candidates(report),
+                "noise_floor": has_noise_floor(report),
                 "order_keys": [p.key for p in ordered],
                 "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),
                 "upload_error": upload_error,

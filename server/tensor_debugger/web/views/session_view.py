@@ -258,3 +258,112 @@ def band(pair: PairReport) -> str:
 def _rank_value(value: float) -> float:
     """NaN sorts as the worst value there is."""
     return math.inf if math.isnan(value) else value
+
+
+@dataclass(frozen=True)
+class ChartPoint:
+    """A point of the candidates' chart (server-rendered SVG)."""
+
+    x: float
+    y_diff: float | None
+    y_cos: float | None
+    failing: bool
+    href: str
+    title: str
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _path(points: list[tuple[float, float | None]]) -> str:
+    parts: list[str] = []
+    pen_down = False
+    for x, y in points:
+        if y is None:
+            pen_down = False
+            continue
+        parts.append(f"{'L' if pen_down else 'M'}{x:.1f},{y:.1f}")
+        pen_down = True
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class CandidateSeries:
+    label: str
+    path: str  # max |diff| of its pairs along the rows
+    points: list[ChartPoint]
+    first_divergence: str | None  # the tensor's name
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    name: str  # the reference tensor's
+    layer: int | None
+    cells: list[PairReport | None]  # one per candidate, None where it has no partner
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Several candidates side by side: a row per reference tensor, a column per candidate, and the chart of
+    max |diff| through the model with a series per candidate."""
+
+    labels: list[str]
+    rows: list[CandidateRow]
+    series: list[CandidateSeries]
+    width: int
+    height: int
+    ticks: list[tuple[float, str]]
+
+
+def build_candidates(report: SessionPairs, width: int = 1100, height: int = 220) -> Candidates | None:
+    """None unless the session has two candidates or more."""
+    if len(report.candidates) < 2:
+        return None
+    column = {c.run_id: n for n, c in enumerate(report.candidates)}
+    rows: dict[str, CandidateRow] = {}
+    for p in report.pairs:
+        row = rows.setdefault(p.a.name, CandidateRow(p.a.name, p.layer, [None] * len(column)))
+        if p.b.run_id in column:
+            row.cells[column[p.b.run_id]] = p
+    low, high, pad = -12.0, 4.0, 30.0
+    step = (width - 2 * pad) / max(len(rows) - 1, 1)
+    series = []
+    for n, candidate in enumerate(report.candidates):
+        points = []
+        for i, row in enumerate(rows.values()):
+            pair = row.cells[n]
+            if pair is None or pair.stats is None:
+                continue
+            diff = _number(pair.stats, "max_abs_diff")
+            if diff <= 0:
+                y = float(height - pad)  # no difference: drawn on the floor of the scale
+            elif math.isnan(diff):
+                y = pad
+            else:
+                y = pad + (high - min(max(math.log10(diff), low), high)) / (high - low) * (height - 2 * pad)
+            points.append(
+                ChartPoint(
+                    round(pad + i * step, 1),
+                    round(y, 1),
+                    None,
+                    pair.status == "fail",
+                    f"/pairs/{pair.id}",
+                    f"{candidate.label} · {pair.name}: {pair.status}, max |diff| {pair.stats.max_abs_diff}",
+                )
+            )
+        first = candidate.first_divergence
+        series.append(
+            CandidateSeries(
+                candidate.label, _path([(p.x, p.y_diff) for p in points]), points, first.name if first else None
+            )
+        )
+    ticks = [
+        (pad + (high - k) / (high - low) * (height - 2 * pad), f"1e{k}") for k in range(int(low), int(high) + 1, 4)
+    ]
+    return Candidates([c.label for c in report.candidates], list(rows.values()), series, width, height, ticks)
+
+
+def has_noise_floor(report: SessionPairs) -> bool:
+    """Whether the session has a rerun of the reference, so its table shows each pair's noise floor."""
+    return any(p.noise_max_abs_diff is not None for p in report.pairs)
