@@ -7,22 +7,27 @@ from litestar import Controller, get
 from litestar.response import Template
 
 from tensor_debugger.compare.session_diff import SessionDiff, diff_sessions
+from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
+from tensor_debugger.web.error_responses import MAX_INT64, error_responses
 
 
 class SessionDiffController(Controller):
     tags = ["sessions"]
 
-    @get("/api/sessions/compare", sync_to_thread=True)
+    @get("/api/sessions/compare", sync_to_thread=True, responses=error_responses(404))
     def compare_sessions(self, services: Services, a: int, b: int) -> SessionDiff:
         """Pairs of session `a` and session `b` matched by name (by candidate label too where a session has
         several candidates): each one's verdict and max |diff| in both, B / A, and the change ("fixed",
         "broken", "better", "worse", "same", "only in A", "only in B"), with how many of each."""
+        for given in (a, b):
+            if not 0 <= given <= MAX_INT64:  # names no session, and fits no database integer
+                raise NotFoundError(f"no session with id {given}")
         with services.sessions() as db:
             return diff_sessions(db, a, b)
 
-    @get("/sessions/compare", sync_to_thread=True)
+    @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like PageController's
     def compare_sessions_page(self, services: Services, a: int | None = None, b: int | None = None) -> Template:
         """Did my fix help, and did it break anything else: session `a` (before) against `b` (after)."""
         with services.sessions() as db:
