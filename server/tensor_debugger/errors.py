@@ -39,3 +39,8 @@ class NothingUsableError(TensorDebuggerError):
         detail = "; ".join(f"{p.file}: {p.reason}" for p in problems) or "no input files"
         super().__init__(f"no tensors found ({detail})")
         self.problems = problems
+
+
+class StoreUnavailableError(TensorDebuggerError):
+    """The array store the settings name cannot be used: a missing bucket, refused credentials, an endpoint that
+    does not answer. The message names the setting to change."""

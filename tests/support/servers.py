@@ -7,7 +7,7 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +49,7 @@ class LiveServer:
     port: int
     demo: bool = False
     process: subprocess.Popen[bytes] | None = None
+    settings: dict[str, str] = field(default_factory=dict)  # more variables for the process (TENSOR_DEBUGGER_*, AWS_*)
 
     @property
     def url(self) -> str:
@@ -64,7 +65,9 @@ class LiveServer:
         if not self.demo:
             args.append("--no-demo")
         log = open(self.log, "ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        env = child_env()
+        env.update(self.settings)
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()  # the child has its own copy
         return self.process
 
@@ -98,9 +101,10 @@ class LiveServer:
         return self.process is not None and self.process.poll() is None
 
 
-def started_server(root: Path, demo: bool = False) -> LiveServer:
-    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir)."""
-    server = LiveServer(root / "data", free_port(), demo=demo)
+def started_server(root: Path, demo: bool = False, settings: dict[str, str] | None = None) -> LiveServer:
+    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir), with more
+    environment variables `settings` (an s3:// store URL and the AWS variables, say)."""
+    server = LiveServer(root / "data", free_port(), demo=demo, settings=dict(settings or {}))
     server.data_dir.mkdir(parents=True)
     return server.start()
 
