@@ -33,8 +33,9 @@ def child_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_") or k in keep}
 
 
-def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
+def run_child(cmd: list[str], env: dict[str, str], ok: frozenset[int] = frozenset({0})) -> tuple[float, float, str]:
+    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if its exit status
+    is not in `ok`."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
@@ -43,7 +44,7 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        if proc.returncode != 0:
+        if proc.returncode not in ok:
             sys.exit(
                 f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
                 f"stderr: {err.read().decode()}"
