@@ -60,4 +60,6 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None) 
     sessions = make_sessionmaker(engine)
     ingestor = Ingestor(settings, sessions, store)
     report = recover(sessions, store, ingestor.live_runs())
-    return Services(settings, engine, sessions, store, ingestor, Comparisons(sessions, store, settings.threads), report)
+    return Services(
+        settings, engine, sessions, store, ingestor, Comparisons(sessions, store, settings.threads, settings), report
+    )

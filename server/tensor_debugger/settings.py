@@ -68,6 +68,11 @@ class Settings:
         "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
         "run on (os.sched_getaffinity). Results are the same for any value.",
     )
+    dask_scheduler: str = _setting(
+        "",
+        "Address of a Dask scheduler (tcp://host:8786) whose workers compute pending pairs, reading the same "
+        "database and store; empty computes them in this process (the cluster extra).",
+    )
 
     kernel: str = _setting(
         "compiled",

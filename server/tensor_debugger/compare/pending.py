@@ -49,14 +49,17 @@ def compute_pending(
     session_id: int | None = None,
     progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
+    pair_ids: Sequence[int] | None = None,
 ) -> int:
-    """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
-    settled (all of them unless `should_stop` said to stop). Identical comparisons pending together are computed
-    once."""
+    """Compute every pending pair (of one session, or all, or those of `pair_ids` still pending), in execution
+    order; returns how many pairs were settled (all of them unless `should_stop` said to stop). Identical
+    comparisons pending together are computed once."""
     with comparisons.sessions() as db:
         query = select(PairRecord.id).where(PairRecord.status == "pending")
         if session_id is not None:
             query = query.where(PairRecord.session_id == session_id)
+        if pair_ids is not None:
+            query = query.where(PairRecord.id.in_(pair_ids))
         todo = list(db.scalars(query.order_by(PairRecord.session_id, PairRecord.position)))
     done = 0
     waiting: dict[str, list[int]] = {}  # cache key in flight -> pairs with the same key, settled with it
