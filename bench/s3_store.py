@@ -20,6 +20,7 @@ import os
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -107,10 +108,14 @@ def main() -> None:
                                     str(reference)], env)  # fmt: skip
             print(f"{store:>5}: ingest {size / MB / wall:7.1f} MB/s of input ({wall:.2f} s)")
             compare_env = store_env(store, s3)
-            wall, _, out = run_child(
-                [str(CLI), "--data-dir", str(args.workdir / f"compare-{store}"), "compare", str(reference),
-                 str(candidate), "--json"], compare_env, frozenset({0, 1}),
-            )  # fmt: skip
+            command = [str(CLI), "--data-dir", str(args.workdir / f"compare-{store}"), "compare", str(reference),
+                       str(candidate), "--json"]  # fmt: skip
+            start = time.perf_counter()
+            done = subprocess.run(command, env=compare_env, capture_output=True, text=True)
+            wall = time.perf_counter() - start
+            if done.returncode not in (0, 1) or not done.stdout.strip():  # 1: a divergence, as planted
+                sys.exit(f"compare on {store} failed (exit {done.returncode}): {done.stderr}")
+            out = done.stdout
             verdicts = [p["status"] for p in json.loads(out)["pairs"]]
             print(f"{store:>5}: compare {2 * size / MB / wall:7.1f} MB/s of input ({wall:.2f} s; {verdicts})")
             url = env.get("TENSOR_DEBUGGER_STORE_URL") or (data / "arrays").resolve().as_uri()

@@ -94,7 +94,8 @@ def start_seaweed(root: Path) -> SeaweedS3 | str:
         f"-volume.port.grpc={grpc[1]}",
         f"-filer.port={filer}",
         f"-filer.port.grpc={grpc[2]}",
-        "-master.volumeSizeLimitMB=64",  # small volumes: the tests store megabytes
+        "-master.volumeSizeLimitMB=64",  # small volumes, made as they fill: the tests store megabytes
+        "-volume.max=100",  # up to 6.4 GB (the default, 8 volumes, answers 500 past 512 MB: bench/s3_store.py)
         "-master.telemetry=false",
         "-s3",
         f"-s3.port={s3}",
