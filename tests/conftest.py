@@ -65,7 +65,7 @@ def hf_traces(tmp_path_factory: pytest.TempPathFactory) -> WrittenTraces:
 def live_server(tmp_path: Path, store_url: str, store_environ: dict[str, str]) -> Iterator[LiveServer]:
     """A server of the test's own, on an empty data dir: for a test that restarts or kills it, looks at everything
     it holds (every session, its peak memory), or needs it empty."""
-    server = started_server(tmp_path, settings=_store_settings(store_url, store_environ))
+    server = started_server(tmp_path, env=_store_settings(store_url, store_environ))
     yield server
     server.stop()
 
@@ -88,9 +88,7 @@ def _shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
 
 @pytest.fixture(scope="session")
 def _shared_s3_server(tmp_path_factory: pytest.TempPathFactory, s3: SeaweedS3) -> Iterator[LiveServer]:
-    server = started_server(
-        tmp_path_factory.mktemp("shared-s3-server"), settings=_store_settings(s3.new_url(), s3.environ)
-    )
+    server = started_server(tmp_path_factory.mktemp("shared-s3-server"), env=_store_settings(s3.new_url(), s3.environ))
     yield server
     server.stop()
 

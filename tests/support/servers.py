@@ -49,7 +49,7 @@ class LiveServer:
     port: int
     demo: bool = False
     process: subprocess.Popen[bytes] | None = None
-    settings: dict[str, str] = field(default_factory=dict)  # more variables for the process (TENSOR_DEBUGGER_*, AWS_*)
+    env: dict[str, str] = field(default_factory=dict)  # TENSOR_DEBUGGER_ settings of the child (and AWS_* ones)
 
     @property
     def url(self) -> str:
@@ -65,8 +65,7 @@ class LiveServer:
         if not self.demo:
             args.append("--no-demo")
         log = open(self.log, "ab")
-        env = child_env()
-        env.update(self.settings)
+        env = {**child_env(), **self.env}
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()  # the child has its own copy
         return self.process
@@ -101,10 +100,10 @@ class LiveServer:
         return self.process is not None and self.process.poll() is None
 
 
-def started_server(root: Path, demo: bool = False, settings: dict[str, str] | None = None) -> LiveServer:
-    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir), with more
-    environment variables `settings` (an s3:// store URL and the AWS variables, say)."""
-    server = LiveServer(root / "data", free_port(), demo=demo, settings=dict(settings or {}))
+def started_server(root: Path, demo: bool = False, env: dict[str, str] | None = None) -> LiveServer:
+    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir), with the
+    settings in `env` (an s3:// store URL and the AWS variables, say)."""
+    server = LiveServer(root / "data", free_port(), demo=demo, env=dict(env or {}))
     server.data_dir.mkdir(parents=True)
     return server.start()
 
