@@ -8,9 +8,20 @@ from tensor_debugger.engine.fused import configure
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
+from tests.support.postgres import PostgresCluster, start_cluster
 from tests.support.s3 import SeaweedS3, start_seaweed
-from tests.support.servers import LiveServer, started_server
+from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.traces import WrittenTraces
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster of the run's own (tests/support/postgres.py), started when a test first asks for it."""
+    started = start_cluster()
+    if isinstance(started, str):
+        pytest.skip(started)
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="session")
@@ -21,6 +32,16 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
         pytest.skip(started)
     yield started
     started.stop()
+
+
+@pytest.fixture
+def database_url(request: pytest.FixtureRequest) -> str:
+    """The metadata database a test's settings name: "" (SQLite in the data dir) unless the test is parametrized
+    over `tests.support.postgres.DATABASES` (indirect), where "postgresql" is a new database in the run's cluster."""
+    if getattr(request, "param", "sqlite") == "sqlite":
+        return ""
+    cluster: PostgresCluster = request.getfixturevalue("postgres")
+    return cluster.create_database()
 
 
 @pytest.fixture
@@ -43,8 +64,8 @@ def store_environ(request: pytest.FixtureRequest, store_url: str) -> dict[str, s
 
 
 @pytest.fixture
-def settings(tmp_path: Path, store_url: str) -> Settings:
-    return Settings(data_dir=tmp_path / "data", demo=False, store_url=store_url)
+def settings(tmp_path: Path, database_url: str, store_url: str) -> Settings:
+    return Settings(data_dir=tmp_path / "data", demo=False, database_url=database_url, store_url=store_url)
 
 
 @pytest.fixture
@@ -62,10 +83,12 @@ def hf_traces(tmp_path_factory: pytest.TempPathFactory) -> WrittenTraces:
 
 
 @pytest.fixture
-def live_server(tmp_path: Path, store_url: str, store_environ: dict[str, str]) -> Iterator[LiveServer]:
+def live_server(
+    tmp_path: Path, database_url: str, store_url: str, store_environ: dict[str, str]
+) -> Iterator[LiveServer]:
     """A server of the test's own, on an empty data dir: for a test that restarts or kills it, looks at everything
     it holds (every session, its peak memory), or needs it empty."""
-    server = started_server(tmp_path, env=_store_settings(store_url, store_environ))
+    server = started_server(tmp_path, env=_store_settings(store_url, store_environ), database_url=database_url)
     yield server
     server.stop()
 
@@ -87,6 +110,15 @@ def _shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveSer
 
 
 @pytest.fixture(scope="session")
+def _shared_postgres_server(
+    tmp_path_factory: pytest.TempPathFactory, postgres: PostgresCluster
+) -> Iterator[LiveServer]:
+    server = started_server(tmp_path_factory.mktemp("shared-postgres-server"), database_url=postgres.create_database())
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def _shared_s3_server(tmp_path_factory: pytest.TempPathFactory, s3: SeaweedS3) -> Iterator[LiveServer]:
     server = started_server(tmp_path_factory.mktemp("shared-s3-server"), env=_store_settings(s3.new_url(), s3.environ))
     yield server
@@ -94,11 +126,15 @@ def _shared_s3_server(tmp_path_factory: pytest.TempPathFactory, s3: SeaweedS3) -
 
 
 @pytest.fixture
-def shared_server(request: pytest.FixtureRequest, store_url: str) -> LiveServer:
-    """One server for the whole run, on a fresh data dir, for every test that only needs "a server" (one more with
-    its arrays on S3, for a test parametrized over both stores). A test using it names its sessions uniquely, looks
-    only at its own sessions (by id), leaves nothing under way when it ends, and never stops, restarts or kills it."""
-    shared: LiveServer = request.getfixturevalue("_shared_s3_server" if store_url else "_shared_server")
+def shared_server(request: pytest.FixtureRequest, database_url: str, store_url: str) -> LiveServer:
+    """One server for the whole run, on a fresh data dir, for every test that only needs "a server" (one more on
+    PostgreSQL and one more with its arrays on S3, for a test parametrized over tests/support/backends.py). A test
+    using it names its sessions uniquely, looks only at its own sessions (by id), leaves nothing under way when it
+    ends, and never stops, restarts or kills it."""
+    if database_url and store_url:
+        pytest.fail("no shared server has PostgreSQL and S3 at once: parametrize over tests.support.backends.BACKENDS")
+    which = "_shared_postgres_server" if database_url else "_shared_s3_server" if store_url else "_shared_server"
+    shared: LiveServer = request.getfixturevalue(which)
     assert shared.alive(), f"the shared server has exited; its log: {shared.log}"
     return shared
 
@@ -106,3 +142,16 @@ def shared_server(request: pytest.FixtureRequest, store_url: str) -> LiveServer:
 def _store_settings(store_url: str, store_environ: dict[str, str]) -> dict[str, str]:
     """The environment variables that give a server process the store `store_url` ("" for its data dir's folder)."""
     return {"TENSOR_DEBUGGER_STORE_URL": store_url, **store_environ} if store_url else {}
+
+
+@pytest.fixture(scope="session")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server with a token and a read-only token for the whole run, bound to every address (0.0.0.0, which
+    it may be since it has a token), for the tests of authentication. The same manners as `shared_server`."""
+    server = started_server(
+        tmp_path_factory.mktemp("token-server"),
+        env={"TENSOR_DEBUGGER_TOKEN": WRITE_TOKEN, "TENSOR_DEBUGGER_READ_TOKEN": READ_TOKEN},
+        args=("--host", "0.0.0.0"),
+    )
+    yield server
+    server.stop()

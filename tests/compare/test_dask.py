@@ -8,15 +8,19 @@ import dataclasses
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import select
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
+from tensor_debugger.store.claims import Claims
+from tensor_debugger.store.models import PairRecord
 
 from tests.support.polling import wait_until
 from tests.support.servers import child_env, free_port
@@ -99,3 +103,38 @@ def test_without_the_setting_nothing_of_dask_is_imported(tmp_path: Path) -> None
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), timeout=120)
     assert done.stdout.splitlines()[-1] == "1 []", done.stderr
+
+
+def test_the_workers_leave_pairs_another_process_holds_to_it(tmp_path: Path, dask_scheduler: str) -> None:
+    """Claims split the work between the Dask workers and other processes: pairs another replica holds are not
+    computed by the workers, the session's computation waits for them, and takes them over once let go."""
+    write_dump(tmp_path / "ref", layers=3, seed=4)
+    write_dump(tmp_path / "cand", layers=3, seed=4, plant=PLANT)
+    services = open_services(Settings(data_dir=tmp_path / "data", demo=False, dask_scheduler=dask_scheduler))
+    try:
+        for label in ("ref", "cand"):
+            path = tmp_path / label
+            session_id = services.ingestor.ingest("held", label, [InputFile(path, label)]).session_id
+        services.plan(session_id)
+        other = Claims(services.sessions, 60)  # another replica's, computing two of the pairs
+        held = other.claim_pairs(session_id, 2)
+        assert len(held) == 2
+
+        def statuses() -> dict[int, str]:
+            with services.sessions() as db:
+                return {pair: status for pair, status in db.execute(select(PairRecord.id, PairRecord.status))}
+
+        with ThreadPoolExecutor(1) as pool:
+            computing = pool.submit(services.comparisons.compute_pending, session_id)
+            wait_until(
+                lambda: all(status != "pending" for pair, status in statuses().items() if pair not in held),
+                what="the workers to settle the pairs nobody else holds",
+                timeout=120,
+            )
+            assert [statuses()[pair] for pair in held] == ["pending", "pending"]  # in the same batch, left alone
+            assert not computing.done()  # the session's computation waits for the other replica
+            other.release_pairs()  # it stops: what it held is taken over
+            assert computing.result(timeout=120) == len(statuses())
+        assert "pending" not in statuses().values()
+    finally:
+        services.close()

@@ -3,6 +3,7 @@ the bucket, what a slice fetches, and the errors a store that cannot be used giv
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import obstore
@@ -11,6 +12,7 @@ import torch
 from obstore.store import S3Store
 from tensor_debugger.errors import StoreUnavailableError
 from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.queue import IngestJob
 from tensor_debugger.services import Services
 from tensor_debugger.store.arrays import ArrayStore
 
@@ -67,3 +69,21 @@ def test_the_cli_says_which_setting_before_doing_anything(s3: SeaweedS3, tmp_pat
     assert "TENSOR_DEBUGGER_STORE_URL=s3://no-such-bucket/arrays" in done.stderr
     assert "does not exist" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "data" / "metadata.sqlite3").exists()  # nothing was done
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_an_ingest_in_a_child_process_reaches_the_store_the_services_were_given(
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The AWS variables reach the services here only as an argument (not this process's environment, which the
+    child inherits): the server's child process that ingests an upload (ingest/child.py) opens the same store."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    original = seeded((64, 64), seed=3)
+    path = tmp_path / "child.pth"
+    torch.save(original, path)
+    pending = services.ingestor.begin("s3 child", "ref", ["child.pth"])
+    result = services.ingests.submit(IngestJob(pending, [InputFile(path, "child.pth")], True, lambda: None)).result(120)
+    (record,) = stored(services, result.run_id).values()
+    assert same_bits(read_back(services, record), original)  # written by the child, read back here from S3
+    assert not (services.settings.data_dir / "arrays").exists()

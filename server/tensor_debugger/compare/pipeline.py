@@ -99,8 +99,13 @@ def compare_runs(
                 early = EarlyComparisons(
                     comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
                 )
-            result = ingestor.ingest(
-                session_name, label, [InputFile(path, shown)], progress=step(f"ingest {label}"), listener=early
+            result = ingestor.ingest(  # A is the reference, whatever the folders are named
+                session_name,
+                label,
+                [InputFile(path, shown)],
+                progress=step(f"ingest {label}"),
+                listener=early,
+                by_label=False,
             )
             session_id, reference_run_id = result.session_id, result.run_id
             problems += [problem_json(p) for p in result.problems]

@@ -30,6 +30,7 @@ from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_e
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -90,13 +91,20 @@ def tensor_summary(t: TensorRecord) -> ReportedSummary:
 
 class Comparisons:
     def __init__(
-        self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int, cluster: Settings | None = None
+        self,
+        sessions: sessionmaker[DbSession],
+        store: ArrayStore,
+        workers: int,
+        claims: Claims | None = None,
+        cluster: Settings | None = None,
     ) -> None:
         """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it.
+        `claims`: this process's, on the pending pairs it computes (a new owner with the default lease if None).
         `cluster`: settings naming a Dask scheduler whose workers compute pending pairs instead (dask_pairs.py)."""
         if workers < 1:
             raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
         self.sessions = sessions
+        self.claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
         self.store = store
         self.workers = workers
         self.cluster = cluster if cluster is not None and cluster.dask_scheduler else None
@@ -118,13 +126,14 @@ class Comparisons:
             session = db.get(SessionRecord, session_id) if locked.rowcount else None  # type: ignore[attr-defined]
             if session is None:
                 raise NotFoundError(f"no session with id {session_id}")
-            runs = [r for r in session.runs if r.status == "ready"]
+            kept = [r for r in session.runs if r.status != "failed"]
+            runs = [r for r in kept if r.status == "ready"]
             if len(runs) == 1 and self._explored(db, session_id, runs[0].id):
                 return  # an explore session (compare/explore.py) keeps its pairs of one run
             db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
             db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
-            if len(runs) < 2:
-                return
+            if len(runs) < 2 or runs[0] is not kept[0]:
+                return  # while the reference (the first run) is ingesting, no other run stands in for it
             reference = runs[0]
             refs_a = self._refs(db, reference.id)
             overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()

@@ -35,6 +35,11 @@ _AWS_CONFIG = {
 _TRUE = ("1", "true", "yes", "on")
 
 
+def aws_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The AWS_* variables of `environ`: what another process needs to reach the same S3 store."""
+    return {name: value for name, value in environ.items() if name.startswith("AWS_")}
+
+
 def parse_s3_url(url: str) -> tuple[str, str]:
     """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix may be empty)."""
     parsed = urlparse(url)
