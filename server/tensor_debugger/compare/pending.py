@@ -95,9 +95,9 @@ def compute_pending(
     with comparisons.lock:  # one computation at a time per process: the pool is already parallel
         try:
             for work, result in compare_stream(jobs(), comparisons.pool, comparisons.workers + 1, on_tick=writer.tick):
-                pair_ids = [work.pair_id, *waiting.pop(work.key)]
-                writer.add(work, result, pair_ids)
-                settled(len(pair_ids))
+                same = [work.pair_id, *waiting.pop(work.key)]  # not `pair_ids`: jobs() still claims among those
+                writer.add(work, result, same)
+                settled(len(same))
         finally:
             writer.flush()
             comparisons.claims.release_pairs()  # those not settled (stopped, or failed midway): free for others
