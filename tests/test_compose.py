@@ -164,7 +164,15 @@ def test_the_image_builds_in_two_stages_and_runs_as_a_user_installing_nothing() 
     assert ".venv" in ignored and ".git" in ignored
 
 
+def test_the_app_listening_beyond_loopback_has_a_token() -> None:
+    """`serve` on 0.0.0.0 refuses to start without a token: the file asks for one rather than starting nothing."""
+    environment = SERVICES["app"]["environment"]
+    assert environment["TENSOR_DEBUGGER_HOST"] == "0.0.0.0"
+    assert str(environment["TENSOR_DEBUGGER_TOKEN"]).startswith("${TENSOR_DEBUGGER_TOKEN:?")
+
+
 def test_the_health_checks_ask_what_the_server_answers(shared_server: LiveServer) -> None:
+    """What they ask must answer 200 with a token set too: a static file, which needs none."""
     checks = [" ".join(SERVICES[name]["healthcheck"]["test"]) for name in ("app", "app-2")]
     checks.append(re.search(r"HEALTHCHECK .*", re.sub(r"\\\n\s*", "", DOCKERFILE)).group(0))  # type: ignore[union-attr]
     for check in checks:
