@@ -33,13 +33,16 @@ def child_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_") or k in keep}
 
 
-def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
-    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
-    wall, rss, _, out = run_child_cpu(cmd, env)
+def run_child(cmd: list[str], env: dict[str, str], ok: frozenset[int] = frozenset({0})) -> tuple[float, float, str]:
+    """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if its exit status
+    is not in `ok`."""
+    wall, rss, _, out = run_child_cpu(cmd, env, ok)
     return wall, rss, out
 
 
-def run_child_cpu(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+def run_child_cpu(
+    cmd: list[str], env: dict[str, str], ok: frozenset[int] = frozenset({0})
+) -> tuple[float, float, float, str]:
     """`run_child`, with the CPU seconds (user and system) of the child and the children it waited for, which a
     loaded machine changes far less than wall time: (wall seconds, peak RSS in MB, CPU seconds, stdout)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -50,7 +53,7 @@ def run_child_cpu(cmd: list[str], env: dict[str, str]) -> tuple[float, float, fl
         proc.returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         err.seek(0)
-        if proc.returncode != 0:
+        if proc.returncode not in ok:
             sys.exit(
                 f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
                 f"stderr: {err.read().decode()}"

@@ -120,6 +120,29 @@ def test_the_dask_services_run_the_image_against_the_scheduler() -> None:
     for name in ("dask-worker-1", "dask-worker-2"):
         worker = command_words(SERVICES[name]["command"])
         assert worker[:3] == ["dask", "worker", "tcp://dask-scheduler:8786"], name
+    for name in ("app", "app-2"):  # the replicas send their pending pairs there, and start once it answers
+        assert SERVICES[name]["environment"]["TENSOR_DEBUGGER_DASK_SCHEDULER"] == "tcp://dask-scheduler:8786", name
+        assert SERVICES[name]["depends_on"]["dask-scheduler"] == {"condition": "service_healthy"}, name
+    assert not any("profiles" in service for service in SERVICES.values())  # the image holds distributed
+
+
+def test_the_replicas_and_the_dask_workers_keep_the_arrays_in_minio() -> None:
+    minio = SERVICES["minio"]["environment"]
+    bucket = SERVICES["createbuckets"]["environment"]["BUCKET"]
+    published = {port.rsplit(":", 1)[1] for port in SERVICES["minio"]["ports"]}
+    for name in ("app", "app-2", "dask-worker-1", "dask-worker-2"):
+        environment = SERVICES[name]["environment"]
+        store = urlsplit(environment["TENSOR_DEBUGGER_STORE_URL"])
+        assert (store.scheme, store.hostname) == ("s3", bucket) and store.path.strip("/"), name
+        endpoint = urlsplit(environment["AWS_ENDPOINT_URL"])
+        assert endpoint.hostname == "minio" and str(endpoint.port) in published, name
+        assert endpoint.scheme == "http" and environment["AWS_ALLOW_HTTP"] == "true", name  # MinIO here is plain
+        assert (environment["AWS_ACCESS_KEY_ID"], environment["AWS_SECRET_ACCESS_KEY"]) == (
+            minio["MINIO_ROOT_USER"],
+            minio["MINIO_ROOT_PASSWORD"],
+        ), name
+        assert environment["AWS_REGION"], name
+        assert SERVICES[name]["depends_on"]["createbuckets"] == {"condition": "service_completed_successfully"}
 
 
 def test_the_image_builds_in_two_stages_and_runs_as_a_user_installing_nothing() -> None:
@@ -141,7 +164,15 @@ def test_the_image_builds_in_two_stages_and_runs_as_a_user_installing_nothing() 
     assert ".venv" in ignored and ".git" in ignored
 
 
+def test_the_app_listening_beyond_loopback_has_a_token() -> None:
+    """`serve` on 0.0.0.0 refuses to start without a token: the file asks for one rather than starting nothing."""
+    environment = SERVICES["app"]["environment"]
+    assert environment["TENSOR_DEBUGGER_HOST"] == "0.0.0.0"
+    assert str(environment["TENSOR_DEBUGGER_TOKEN"]).startswith("${TENSOR_DEBUGGER_TOKEN:?")
+
+
 def test_the_health_checks_ask_what_the_server_answers(shared_server: LiveServer) -> None:
+    """What they ask must answer 200 with a token set too: a static file, which needs none."""
     checks = [" ".join(SERVICES[name]["healthcheck"]["test"]) for name in ("app", "app-2")]
     checks.append(re.search(r"HEALTHCHECK .*", re.sub(r"\\\n\s*", "", DOCKERFILE)).group(0))  # type: ignore[union-attr]
     for check in checks:

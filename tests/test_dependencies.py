@@ -1,5 +1,6 @@
 """Every third-party module the code imports comes from a distribution pyproject.toml declares: the package's own
-code and its migrations from [project.dependencies], the build hook from [build-system.requires], the tests and the
+code and its migrations from [project.dependencies] (and the `cluster` extra, imported only where a setting asks for
+it: an s3:// store URL), the build hook from [build-system.requires], the tests and the
 benchmarks from those plus the `test` extra. A module that is only there because something else pulls it in (anyio
 through litestar, say) breaks the day that something stops pulling it, and the lowest-versions run
 (`make test-lowest`) cannot check a bound that is not declared."""
@@ -34,7 +35,9 @@ def requirement_names(requirements: Iterable[str]) -> set[str]:
     return names
 
 
-RUNTIME = requirement_names(PYPROJECT["project"]["dependencies"])
+RUNTIME = requirement_names(PYPROJECT["project"]["dependencies"]) | requirement_names(
+    PYPROJECT["project"]["optional-dependencies"]["cluster"]
+)
 TEST = RUNTIME | requirement_names(PYPROJECT["project"]["optional-dependencies"]["test"])
 BUILD = requirement_names(PYPROJECT["build-system"]["requires"])
 

@@ -81,3 +81,8 @@ def is_disk_full(exc: BaseException) -> bool:
             return True
         current = current.__cause__ or current.__context__
     return False
+
+
+class StoreUnavailableError(TensorDebuggerError):
+    """The array store the settings name cannot be used: a missing bucket, refused credentials, an endpoint that
+    does not answer. The message names the setting to change."""

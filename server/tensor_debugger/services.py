@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,17 +67,18 @@ class Services:
         self.engine.dispose()
 
 
-def open_services(settings: Settings) -> Services:
-    """Migrate the database to the newest schema, clean up after killed ingests, and hand back the parts."""
+def open_services(settings: Settings, environ: Mapping[str, str] | None = None) -> Services:
+    """Migrate the database to the newest schema, clean up after killed ingests, and hand back the parts. An s3://
+    array store reads the AWS variables from `environ` (this process's environment unless given)."""
     configure_kernels(settings.kernel, settings.kernel_family)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    store = ArrayStore(settings.store_url, environ)  # first: a store that cannot be used stops here, doing nothing
     engine = create_db_engine(settings.database_url)
     upgrade_database(engine)
     sessions = make_sessionmaker(engine)
-    store = ArrayStore(settings.store_url)
     claims = Claims(sessions, settings.claim_seconds)
     ingestor = Ingestor(settings, sessions, store, claims)
     report = recover(sessions, store, ingestor.live_runs(), claims)
     staging.sweep(settings.staging_dir)
-    comparisons = Comparisons(sessions, store, settings.threads, claims)
+    comparisons = Comparisons(sessions, store, settings.threads, claims, settings)
     return Services(settings, engine, sessions, store, claims, ingestor, comparisons, report)

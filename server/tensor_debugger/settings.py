@@ -41,7 +41,11 @@ class Settings:
     database_url: str = _setting(
         "", "SQLAlchemy URL of the metadata database; empty means sqlite:///<data_dir>/metadata.sqlite3."
     )
-    store_url: str = _setting("", "Zarr store URL for tensor arrays; empty means file://<data_dir>/arrays.")
+    store_url: str = _setting(
+        "",
+        "Zarr store URL for tensor arrays: file:///folder, or s3://bucket/prefix with the AWS_* variables (the "
+        "cluster extra); empty means file://<data_dir>/arrays.",
+    )
     host: str = _setting("127.0.0.1", "Address `serve` binds to. Loopback only unless told otherwise.")
     port: int = _setting(8000, "Port `serve` listens on.")
     allowed_hosts: str = _setting(
@@ -89,6 +93,11 @@ class Settings:
         30.0,
         "How long work a process has claimed (pending pairs, a run it ingests) stays its own without renewal; "
         "a process renews its claims every third of this, and others take over those of one that died after it.",
+    )
+    dask_scheduler: str = _setting(
+        "",
+        "Address of a Dask scheduler (tcp://host:8786) whose workers compute pending pairs, reading the same "
+        "database and store; empty computes them in this process (the cluster extra).",
     )
 
     kernel: str = _setting(

@@ -25,8 +25,10 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord
 
+from tests.support.backends import BACKENDS
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.postgres import DATABASES
+from tests.support.s3 import STORES
 
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 
@@ -46,7 +48,7 @@ def compare_json(
     return code, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
 def test_compare_finds_the_planted_first_divergence(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -87,7 +89,7 @@ def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: py
         assert catalog.list_sessions(db) == []
 
 
-@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
 def test_running_again_recomputes_nothing(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -324,6 +326,7 @@ def stored_pair_views(
         return services.comparisons.views(db, pair)
 
 
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
 def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Path) -> None:
     big = torch.arange(512 * 4096, dtype=torch.float32).reshape(512, 4096)  # 8 MiB: 8 chunks of 64 rows
     other = big.clone()

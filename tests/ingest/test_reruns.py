@@ -23,10 +23,11 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store import catalog
+from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
 
-from tests.support.postgres import DATABASES
+from tests.support.backends import BACKENDS
 
 STAGES = ("query", "post_attn", "post_mlp")
 
@@ -72,8 +73,17 @@ def verdicts(payload: dict[str, Any]) -> list[tuple[str, str, Any]]:
     return [(p["name"], p["status"], p["stats"]) for p in payload["pairs"]]
 
 
-def stored_arrays(data: Path) -> dict[str, set[str]]:
-    """Every array in the store by run folder: {"1": {"0", "1", ...}}."""
+def stored_arrays(data: Path | ArrayStore) -> dict[str, set[str]]:
+    """Every array in the store (a data dir's folder, or any store listed through its interface) by run folder:
+    {"1": {"0", "1", ...}}."""
+    if isinstance(data, ArrayStore):  # an array is there while its zarr.json is: SeaweedFS lists emptied "folders"
+
+        def array_names(run: str) -> set[str]:
+            names = (a for a in data.children(f"runs/{run}") if a.isdigit())
+            return {a for a in names if "zarr.json" in data.children(f"runs/{run}/{a}")}
+
+        listed = {run: array_names(run) for run in data.children("runs") if run.isdigit()}
+        return {run: arrays for run, arrays in listed.items() if arrays}
     runs = data / "arrays" / "runs"
     if not runs.exists():
         return {}
@@ -177,31 +187,30 @@ def test_a_touched_or_changed_file_is_ingested_again(
     assert str(candidate.id) in stored_arrays(data)
 
 
-@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
 def test_deleting_one_session_keeps_the_arrays_another_shares(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a, b = tmp_path / "reference", tmp_path / "candidate"
     write_dump(a, candidate=False)
     write_dump(b, candidate=True)
-    data = services.settings.data_dir
     first = compare(services, a, b, capsys)
     second = compare(services, a, b, capsys)
-    arrays = stored_arrays(data)
+    arrays = stored_arrays(services.store)
 
     with services.sessions() as db:
         catalog.delete_session(db, services.store, first["session"]["id"])
-    assert stored_arrays(data) == arrays  # every array is named by the second session's rows
+    assert stored_arrays(services.store) == arrays  # every array is named by the second session's rows
     assert_slices_read(services, second["session"]["id"])
     assert_tensors_read(services, second["session"]["id"], {"reference": a, "candidate": b})
     third = compare(services, a, b, capsys)  # the second session's runs are reused in turn
     assert verdicts(third) == verdicts(first)
-    assert stored_arrays(data) == arrays
+    assert stored_arrays(services.store) == arrays
 
     for payload in (second, third):
         with services.sessions() as db:
             catalog.delete_session(db, services.store, payload["session"]["id"])
-    assert stored_arrays(data) == {}
+    assert stored_arrays(services.store) == {}
     with services.sessions() as db:
         assert db.scalar(select(TensorRecord.id).limit(1)) is None
 

@@ -56,7 +56,7 @@ class LiveServer:
     port: int
     demo: bool = False
     process: subprocess.Popen[bytes] | None = None
-    env: dict[str, str] = field(default_factory=dict)  # TENSOR_DEBUGGER_ settings of the child
+    env: dict[str, str] = field(default_factory=dict)  # TENSOR_DEBUGGER_ settings of the child (and AWS_* ones)
     args: tuple[str, ...] = ()  # more `serve` options
     database_url: str = ""  # "": SQLite in the data dir
 

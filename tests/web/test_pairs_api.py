@@ -17,6 +17,7 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
+from tests.support.backends import BACKENDS
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
@@ -37,8 +38,8 @@ def session_with_plant(
     return int(response.json()["session"]["id"])
 
 
-@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
-def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
+def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path: Path, store_url: str) -> None:
     session_id = session_with_plant(shared_server, tmp_path, "api pairs: slices")
     report = wait_done(shared_server, session_id)
     first = report["first_divergence"]
@@ -49,6 +50,8 @@ def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path:
     detail = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
     assert detail["argmax"]["aligned"] == [11, 30] and detail["argmax"]["b"]["index"] == [11, 30]
     assert sum(detail["stats"]["histogram"]) == 16 * 32
+    page = httpx.get(f"{shared_server.url}/pairs/{first['pair_id']}")
+    assert page.status_code == 200 and "0_pre_mlp" in page.text
     window = httpx.get(
         f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "11,:", "start": "28", "count": "4"}
     ).json()
@@ -56,11 +59,10 @@ def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path:
     assert window["diff"][2] == pVal(-0.4)
     bad = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
     assert bad.status_code == 400 and "out of range" in bad.json()["detail"]
+    assert (shared_server.data_dir / "arrays").exists() == (not store_url)  # on S3, no array on local disk
 
 
 def pVal(value: float) -> Any:
-    import pytest
-
     return pytest.approx(value, abs=1e-6)
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from tensor_debugger import __version__
 from tensor_debugger.cli.progress_bar import ProgressBar
-from tensor_debugger.errors import TensorDebuggerError
+from tensor_debugger.errors import StoreUnavailableError, TensorDebuggerError
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
@@ -192,7 +192,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     with _start_up_heap():
         from tensor_debugger.services import open_services
 
-        services = open_services(settings)
+        try:
+            services = open_services(settings)
+        except StoreUnavailableError as exc:
+            print(f"tensor-debugger: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
     try:
         if args.command == "ingest":
             return ingest(services, args.session, args.run, args.paths, args.json)
@@ -278,6 +282,13 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
+    from tensor_debugger.store.arrays import open_store
+
+    try:
+        open_store(settings.store_url)  # a store that cannot be used is said here, not in a traceback at start-up
+    except StoreUnavailableError as exc:
+        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
     import uvicorn
 
     from tensor_debugger.web.app import create_app

@@ -51,13 +51,15 @@ def compute_pending(
     session_id: int | None = None,
     progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
+    pair_ids: Sequence[int] | None = None,
 ) -> int:
-    """Compute the pending pairs (of one session, or all) that no other process holds, claiming them a batch at a
-    time in execution order (store/claims.py); returns how many pairs this call settled. Identical comparisons
-    pending together are computed once. For one session, pairs another process holds are then waited for (taken
-    over should its claim expire), so that the session is settled on return unless `should_stop` said to stop."""
+    """Compute the pending pairs (of one session, or all, or those of `pair_ids`) that no other process holds,
+    claiming them a batch at a time in execution order (store/claims.py); returns how many pairs this call settled.
+    Identical comparisons pending together are computed once. For one session without `pair_ids`, pairs another
+    process holds are then waited for (taken over should its claim expire), so that the session is settled on return
+    unless `should_stop` said to stop."""
     with comparisons.sessions() as db:
-        total = db.scalar(pending_query(session_id, select(func.count()))) or 0
+        total = db.scalar(pending_query(session_id, select(func.count()), pair_ids)) or 0
     done = 0
     waiting: dict[str, list[int]] = {}  # cache key in flight -> pairs with the same key, settled with it
 
@@ -72,9 +74,9 @@ def compute_pending(
 
     def jobs() -> Iterator[PairJob[PendingPair]]:
         while not stopping():
-            claimed = comparisons.claims.claim_pairs(session_id, SETUP_BATCH)
+            claimed = comparisons.claims.claim_pairs(session_id, SETUP_BATCH, pair_ids)
             if not claimed:
-                if session_id is None or not others_hold(comparisons, session_id):
+                if session_id is None or pair_ids is not None or not others_hold(comparisons, session_id):
                     return
                 time.sleep(OTHERS_POLL_SECONDS)
                 continue
@@ -93,17 +95,19 @@ def compute_pending(
     with comparisons.lock:  # one computation at a time per process: the pool is already parallel
         try:
             for work, result in compare_stream(jobs(), comparisons.pool, comparisons.workers + 1, on_tick=writer.tick):
-                pair_ids = [work.pair_id, *waiting.pop(work.key)]
-                writer.add(work, result, pair_ids)
-                settled(len(pair_ids))
+                same = [work.pair_id, *waiting.pop(work.key)]  # not `pair_ids`: jobs() still claims among those
+                writer.add(work, result, same)
+                settled(len(same))
         finally:
             writer.flush()
             comparisons.claims.release_pairs()  # those not settled (stopped, or failed midway): free for others
     return done
 
 
-def pending_query(session_id: int | None, query: Select[T]) -> Select[T]:
+def pending_query(session_id: int | None, query: Select[T], pair_ids: Sequence[int] | None = None) -> Select[T]:
     query = query.select_from(PairRecord).where(PairRecord.status == "pending")
+    if pair_ids is not None:
+        query = query.where(PairRecord.id.in_(pair_ids))
     return query if session_id is None else query.where(PairRecord.session_id == session_id)
 
 

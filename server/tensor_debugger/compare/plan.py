@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session as DbSession
@@ -40,6 +40,9 @@ from tensor_debugger.store.models import (
     TensorRecord,
     UnmatchedRecord,
 )
+
+if TYPE_CHECKING:
+    from tensor_debugger.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -88,16 +91,23 @@ def tensor_summary(t: TensorRecord) -> ReportedSummary:
 
 class Comparisons:
     def __init__(
-        self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int, claims: Claims | None = None
+        self,
+        sessions: sessionmaker[DbSession],
+        store: ArrayStore,
+        workers: int,
+        claims: Claims | None = None,
+        cluster: Settings | None = None,
     ) -> None:
         """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it.
-        `claims`: this process's, on the pending pairs it computes (a new owner with the default lease if None)."""
+        `claims`: this process's, on the pending pairs it computes (a new owner with the default lease if None).
+        `cluster`: settings naming a Dask scheduler whose workers compute pending pairs instead (dask_pairs.py)."""
         if workers < 1:
             raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
         self.sessions = sessions
         self.claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
         self.store = store
         self.workers = workers
+        self.cluster = cluster if cluster is not None and cluster.dask_scheduler else None
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
         self.lock = threading.Lock()  # held while computing: one computation at a time per process
 
@@ -293,7 +303,11 @@ class Comparisons:
         should_stop: Callable[[], bool] | None = None,
     ) -> int:
         """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
-        settled (see `pending_pairs.compute_pending`)."""
+        settled (see `pending_pairs.compute_pending`), on the Dask cluster where the settings name one."""
+        if self.cluster is not None:
+            from tensor_debugger.compare.dask_pairs import compute_on_dask
+
+            return compute_on_dask(self.cluster, self, session_id, progress, should_stop)
         return compute_pending(self, session_id, progress, should_stop)
 
     @staticmethod

@@ -130,7 +130,9 @@ class ChildIngests:
                 self._pool = ProcessPoolExecutor(
                     self.at_once,
                     mp_context=self._context,
-                    initializer=functools.partial(_start, self.settings, self._messages, self._cancel),
+                    initializer=functools.partial(
+                        _start, self.settings, self.ingestor.store.environ, self._messages, self._cancel
+                    ),
                 )
             return self._pool
 
@@ -155,7 +157,10 @@ class ChildIngests:
 _child: dict[str, Any] = {}  # in a child only, filled by `_start`: its ingestor, queue and stop signal
 
 
-def _start(settings: Settings, messages: Any, cancel: Event | None) -> None:
+def _start(settings: Settings, store_environ: dict[str, str], messages: Any, cancel: Event | None) -> None:
+    """A child's set-up: its own database engine, and the server's array store opened with the server's AWS
+    variables (`store_environ`: an s3:// store's endpoint and credentials, which the server may have been given
+    otherwise than in its environment)."""
     os.nice(NICENESS)
     server = os.getppid()
     threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
@@ -163,7 +168,7 @@ def _start(settings: Settings, messages: Any, cancel: Event | None) -> None:
     configure_kernels(settings.kernel, settings.kernel_family)
     engine = create_db_engine(settings.database_url)
     _child.update(
-        ingestor=Ingestor(settings, make_sessionmaker(engine), ArrayStore(settings.store_url)),
+        ingestor=Ingestor(settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ)),
         messages=messages,
         cancel=cancel,
     )

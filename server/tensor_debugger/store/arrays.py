@@ -1,15 +1,17 @@
 """Tensor arrays in a Zarr v3 store, addressed by key ("runs/<run id>/<index>"), configured by URL.
 
-Supported URLs: file:///absolute/folder and memory:// (tests). Each tensor is one chunked array holding its
-storage dtype; its logical dtype lives in the array's attributes and in the metadata database.
+Supported URLs: file:///absolute/folder, s3://bucket/prefix (store/object_stores.py) and memory:// (tests). Each
+tensor is one chunked array holding its storage dtype; its logical dtype lives in the array's attributes and in the
+metadata database.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -27,6 +29,7 @@ from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
 from tensor_debugger.store.layout import ArrayLayout, read_layout
+from tensor_debugger.store.object_stores import aws_variables, open_s3_store
 
 if TYPE_CHECKING:
     import torch
@@ -80,19 +83,25 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
         return thread.submit(asyncio.run, coroutine).result()
 
 
-def open_store(url: str) -> Store:
+def open_store(url: str, environ: Mapping[str, str] | None = None) -> Store:
+    """The Zarr store of `url`; an s3:// store is configured from the AWS variables in `environ` (this process's
+    environment unless given) and tried once (StoreUnavailableError naming the setting when it fails)."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return LocalStore(Path(unquote(parsed.path)))
+    if parsed.scheme == "s3":
+        return open_s3_store(url, os.environ if environ is None else environ)
     if parsed.scheme == "memory":
         return MemoryStore()
-    raise ValueError(f"unsupported store URL {url!r}: use file:///folder or memory://")
+    raise ValueError(f"unsupported store URL {url!r}: use file:///folder, s3://bucket/prefix or memory://")
 
 
 class ArrayStore:
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, environ: Mapping[str, str] | None = None) -> None:
         self.url = url
-        backend = open_store(url)
+        # the AWS variables an s3:// store was opened with, for a child process opening the same store
+        self.environ = aws_variables(os.environ if environ is None else environ)
+        backend = open_store(url, environ)
         self._folder = backend.root if isinstance(backend, LocalStore) else None
         self._store = CountingStore(backend)
         self._opened: OrderedDict[tuple[str, str], zarr.Array[Any]] = OrderedDict()

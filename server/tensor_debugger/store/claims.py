@@ -20,7 +20,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, or_, select, update
@@ -61,13 +61,15 @@ class Claims:
 
     # --- pending pairs ------------------------------------------------------------------------------------
 
-    def claim_pairs(self, session_id: int | None, limit: int) -> list[int]:
-        """Claim up to `limit` pending pairs nobody holds (of one session, or any), the first in execution order
-        first; returns their ids in that order."""
+    def claim_pairs(self, session_id: int | None, limit: int, pair_ids: Sequence[int] | None = None) -> list[int]:
+        """Claim up to `limit` pending pairs nobody holds (of one session, or any; among `pair_ids` if given), the
+        first in execution order first; returns their ids in that order."""
         now = time.time()
         wanted = select(PairRecord.id).where(PairRecord.status == "pending", claimable(PairRecord, now))
         if session_id is not None:
             wanted = wanted.where(PairRecord.session_id == session_id)
+        if pair_ids is not None:
+            wanted = wanted.where(PairRecord.id.in_(pair_ids))
         wanted = wanted.order_by(PairRecord.session_id, PairRecord.position).limit(limit)
         statement = (
             update(PairRecord)

@@ -1,0 +1,124 @@
+"""Pending pairs computed by the workers of a Dask cluster (TENSOR_DEBUGGER_DASK_SCHEDULER=tcp://host:8786).
+
+The pending pairs nobody holds when a computation starts are cut into batches in execution order, one Dask task per
+batch. Each task runs in a worker process that reaches the same database and array store as the server (the
+settings sent name them, its own AWS_* variables reach an S3 store): it computes the pairs of its batch that it can
+claim, exactly as this process would (`compute_pending`, with the chunk loop where the store is a local folder),
+and writes the results through the database, so the server reads them as it reads its own. The claims
+(store/claims.py) keep a pair from being computed twice, by two workers or by a worker and another replica; a
+worker renews its claims, and those of one that died expire for others to take over. Rounds go on while the workers
+settle pairs; what is left (pairs another process held, or added meanwhile) is then computed here as without Dask,
+which also waits, for one session, for pairs another process still holds. Only the settings (without tokens) and
+the pair ids travel to the workers. `distributed` is imported here only, when the setting is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from sqlalchemy import func, select
+
+from tensor_debugger.compare.pending import ProgressCallback, compute_pending, pending_query
+from tensor_debugger.store.claims import Claims, claimable
+from tensor_debugger.store.models import PairRecord
+
+if TYPE_CHECKING:
+    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.settings import Settings
+
+log = logging.getLogger(__name__)
+BATCH_PAIRS = 32  # pairs per task: a task's set-up (a few queries) is small beside comparing them
+CONNECT_SECONDS = 30
+
+_opened: dict[Settings, Comparisons] = {}  # a worker process's comparisons, by the settings it was sent
+_opening = threading.Lock()
+
+
+def compute_on_dask(
+    settings: Settings,
+    comparisons: Comparisons,
+    session_id: int | None = None,
+    progress: ProgressCallback | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> int:
+    """Compute every pending pair (of one session, or all) on the Dask cluster at `settings.dask_scheduler`, and
+    here what the workers left; returns how many pairs were settled (as `compute_pending` counts them)."""
+    from distributed import Client
+
+    with comparisons.sessions() as db:
+        total = db.scalar(pending_query(session_id, select(func.count()))) or 0
+    done = 0
+
+    def settled(count: int) -> None:
+        nonlocal done
+        done += count
+        if count and progress is not None:
+            progress(done, max(total, done))
+
+    def stopping() -> bool:
+        return should_stop is not None and should_stop()
+
+    sent = dataclasses.replace(settings, token="", read_token="")  # the workers need no token: none travels
+    client = Client(settings.dask_scheduler, timeout=CONNECT_SECONDS, set_as_default=False)  # type: ignore[no-untyped-call]
+    with client:
+        kind = type(comparisons)  # sent by reference: this module does not import plan.py, which imports it
+        while not stopping():
+            todo = claimable_pairs(comparisons, session_id)
+            if not todo:
+                break
+            batches = [todo[i : i + BATCH_PAIRS] for i in range(0, len(todo), BATCH_PAIRS)]
+            futures = [client.submit(compute_batch, kind, sent, batch, pure=False) for batch in batches]
+            before = done
+            for future in futures:  # in execution order, as the workers finish them
+                settled(int(future.result()))
+                if stopping():
+                    client.cancel(futures)  # type: ignore[no-untyped-call]
+                    return done
+            if done == before:  # the workers settled none: they may see another database
+                log.warning("the Dask workers at %s settled none of %d pairs", settings.dask_scheduler, len(todo))
+                break
+    if stopping():
+        return done
+    on_dask = done
+
+    def progress_here(count: int, of: int) -> None:
+        if progress is not None:
+            progress(on_dask + count, max(total, on_dask + of))
+
+    return on_dask + compute_pending(comparisons, session_id, progress_here, should_stop)
+
+
+def claimable_pairs(comparisons: Comparisons, session_id: int | None) -> list[int]:
+    """The pending pairs (of one session, or all) that no process holds now, in execution order."""
+    query = pending_query(session_id, select(PairRecord.id)).where(claimable(PairRecord, time.time()))
+    with comparisons.sessions() as db:
+        return list(db.scalars(query.order_by(PairRecord.session_id, PairRecord.position)))
+
+
+def compute_batch(kind: type[Comparisons], settings: Settings, pair_ids: Sequence[int]) -> int:
+    """In a Dask worker: compute the pairs of `pair_ids` still pending that no other process holds; how many were
+    settled."""
+    return compute_pending(worker_comparisons(kind, settings), pair_ids=pair_ids)
+
+
+def worker_comparisons(kind: type[Comparisons], settings: Settings) -> Comparisons:
+    """This worker process's database, store, claims (renewed while it runs) and comparison threads (a `kind`) for
+    `settings`, opened once. Nothing is migrated or recovered here: the server does that."""
+    from tensor_debugger.engine.fused import configure
+    from tensor_debugger.store.arrays import ArrayStore
+    from tensor_debugger.store.database import create_db_engine, make_sessionmaker
+
+    with _opening:
+        found = _opened.get(settings)
+        if found is None:
+            configure(settings.kernel, settings.kernel_family)
+            sessions = make_sessionmaker(create_db_engine(settings.database_url))
+            claims = Claims(sessions, settings.claim_seconds)
+            claims.start()
+            found = _opened[settings] = kind(sessions, ArrayStore(settings.store_url), settings.threads, claims)
+        return found

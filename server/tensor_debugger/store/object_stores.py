@@ -1,0 +1,95 @@
+"""Arrays in S3-compatible object storage: the store URL `s3://BUCKET/PREFIX`, reached through obstore (the
+`cluster` extra) and Zarr's `ObjectStore` over it.
+
+The endpoint and credentials come from the standard AWS variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, and `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint
+such as a MinIO or SeaweedFS on the local network). Zarr reads and writes a region's chunks concurrently, one
+request per chunk, so ingest uploads the chunks of a block at once and a comparison or a slice fetches only the
+chunks its region covers. The store is tried once when it is opened: a missing bucket, refused credentials or an
+endpoint that does not answer is an error naming the setting to change, before any work starts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
+from urllib.parse import urlparse
+
+from zarr.abc.store import Store
+
+from tensor_debugger.errors import StoreUnavailableError
+
+if TYPE_CHECKING:
+    from obstore.store import S3Config
+
+STORE_SETTING = "TENSOR_DEBUGGER_STORE_URL"
+# the AWS variable -> obstore's S3 configuration key
+_AWS_CONFIG = {
+    "AWS_ENDPOINT_URL": "endpoint",
+    "AWS_ACCESS_KEY_ID": "access_key_id",
+    "AWS_SECRET_ACCESS_KEY": "secret_access_key",
+    "AWS_SESSION_TOKEN": "session_token",
+    "AWS_REGION": "region",
+}
+_TRUE = ("1", "true", "yes", "on")
+
+
+def aws_variables(environ: Mapping[str, str]) -> dict[str, str]:
+    """The AWS_* variables of `environ`: what another process needs to reach the same S3 store."""
+    return {name: value for name, value in environ.items() if name.startswith("AWS_")}
+
+
+def parse_s3_url(url: str) -> tuple[str, str]:
+    """(bucket, prefix) of `s3://BUCKET/PREFIX` (the prefix may be empty)."""
+    parsed = urlparse(url)
+    bucket, prefix = parsed.netloc, parsed.path.strip("/")
+    if parsed.scheme != "s3" or not bucket:
+        raise StoreUnavailableError(f"{STORE_SETTING}={url!r} is not an s3://BUCKET/PREFIX URL")
+    return bucket, prefix
+
+
+def open_s3_store(url: str, environ: Mapping[str, str]) -> Store:
+    """The Zarr store of `s3://BUCKET/PREFIX`, configured from the AWS variables in `environ`, once a listing of
+    its prefix has succeeded."""
+    bucket, prefix = parse_s3_url(url)
+    try:
+        import obstore
+        from obstore.store import S3Store
+        from zarr.storage import ObjectStore
+    except ImportError as exc:
+        raise StoreUnavailableError(
+            f"{STORE_SETTING}={url!r} needs obstore, which the cluster extra installs: "
+            f"pip install 'tensor-debugger[cluster]' ({exc})"
+        ) from None
+    values = {key: environ[name] for name, key in _AWS_CONFIG.items() if environ.get(name)}
+    if "region" not in values and environ.get("AWS_DEFAULT_REGION"):
+        values["region"] = environ["AWS_DEFAULT_REGION"]
+    config = cast("S3Config", values)
+    allow_http = environ.get("AWS_ALLOW_HTTP", "").lower() in _TRUE
+    try:
+        store = S3Store(bucket, prefix=prefix or None, config=config, client_options={"allow_http": allow_http})
+        obstore.list(store, chunk_size=1).__next__()
+    except StopIteration:  # an empty prefix: the bucket is there and answers
+        pass
+    except Exception as exc:  # obstore raises its GenericError for most HTTP answers: the text says which
+        raise StoreUnavailableError(_explain(url, bucket, config.get("endpoint", ""), allow_http, exc)) from None
+    return ObjectStore(store)
+
+
+def _explain(url: str, bucket: str, endpoint: str, allow_http: bool, exc: Exception) -> str:
+    """What went wrong opening the store, naming the setting to look at, and obstore's own words (first line)."""
+    text = str(exc)
+    detail = text.splitlines()[0][:300] if text else type(exc).__name__
+    where = f"{STORE_SETTING}={url}" + (f" at AWS_ENDPOINT_URL={endpoint}" if endpoint else "")
+    if "NoSuchBucket" in text or re.search(r"\b404\b", text):
+        reason = f"bucket {bucket!r} does not exist (create it, or name another in {STORE_SETTING})"
+    elif any(code in text for code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")) or re.search(
+        r"\b40[13]\b", text
+    ):
+        reason = f"the credentials were refused for bucket {bucket!r} (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY)"
+    elif endpoint.startswith("http://") and not allow_http:
+        reason = "AWS_ENDPOINT_URL is plain http: set AWS_ALLOW_HTTP=true to allow it"
+    else:
+        reason = "the store did not answer (AWS_ENDPOINT_URL, AWS_REGION, the network)"
+    return f"cannot open the array store {where}: {reason}; {detail}"

