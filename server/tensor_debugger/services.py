@@ -58,4 +58,12 @@ def open_services(settings: Settings) -> Services:
     store = ArrayStore(settings.store_url)
     ingestor = Ingestor(settings, sessions, store)
     report = recover(sessions, store, ingestor.live_runs())
-    return Services(settings, engine, sessions, store, ingestor, Comparisons(sessions, store, settings.threads), report)
+    return Services(
+        settings,
+        engine,
+        sessions,
+        store,
+        ingestor,
+        Comparisons(sessions, store, settings.threads, settings.top),
+        report,
+    )

@@ -65,6 +65,10 @@ class Settings:
         "run on (os.sched_getaffinity). Results are the same for any value.",
     )
 
+    top: int = _setting(
+        8, "How many worst elements (the largest differences) each pair's statistics keep, 0 to 64 (`compare --top`)."
+    )
+
     kernel: str = _setting(
         "compiled",
         "Statistics path: compiled (the kernels and the chunk loop), blocks (the kernels on blocks read "
@@ -94,6 +98,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
+        if not 0 <= self.top <= 64:
+            raise ValueError(f"setting top ({ENV_PREFIX}TOP, --top) must be 0 to 64, got {self.top}")
         if self.workers < 0:
             raise ValueError(
                 f"setting workers ({ENV_PREFIX}WORKERS, --workers) must be 0 (one per available CPU) "

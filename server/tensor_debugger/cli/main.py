@@ -3,7 +3,7 @@
     tensor-debugger [--data-dir DIR] [--workers N] serve [--host H] [--port P]
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
-    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--json]
+    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--top K] [--json]
         [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
@@ -102,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="stop at the first divergence in execution order, once every pair before it is known (exit 1; "
         "the pairs after it are left uncompared)",
     )
+    compare.add_argument(
+        "--top",
+        type=int,
+        metavar="K",
+        help="keep each pair's K largest differences, 0 to 64 (default 8; TENSOR_DEBUGGER_TOP)",
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
 
     explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
@@ -118,13 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.from_environ(data_dir=args.data_dir, workers=args.workers)
+        settings = Settings.from_environ(data_dir=args.data_dir, workers=args.workers, top=getattr(args, "top", None))
     except ValueError as exc:
         print(f"tensor-debugger: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.command == "serve":
         return serve(settings.with_overrides(host=args.host, port=args.port, demo=False if args.no_demo else None))
-    if args.command in ("compare", "ingest"):
+    if args.command == "ingest" or (args.command == "compare" and args.top is None):  # a server keeps its own top
         code = warm(settings, args)
         if code is not None:
             return code

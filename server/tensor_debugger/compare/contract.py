@@ -3,6 +3,7 @@ from the same reports. The server builds it too, for a command line that hands i
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from tensor_debugger.compare.pair_reports import SessionPairs
@@ -38,7 +39,9 @@ def contract_json(
             "strategy": str(p.strategy),
             "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
             "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
-            "stats": {k: getattr(p.stats, k) for k in CONTRACT_STATS} if p.stats else None,
+            "stats": {**{k: getattr(p.stats, k) for k in CONTRACT_STATS}, "worst": [asdict(w) for w in p.stats.worst]}
+            if p.stats
+            else None,
             "error": p.error,
             "module_path": p.module_path,
             "place": p.place,

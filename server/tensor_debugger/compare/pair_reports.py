@@ -20,6 +20,16 @@ from tensor_debugger.store.reports import PairStatus, parse_strategy
 
 
 @dataclass(frozen=True)
+class WorstElement:
+    """One of a pair's largest differences: where (in aligned coordinates), both values and |a - b|."""
+
+    index: list[int]
+    a: Number  # a complex value as text
+    b: Number
+    abs_diff: Number
+
+
+@dataclass(frozen=True)
 class PairStatsSummary:
     """A compared pair's statistics over the aligned tensors (see engine.metrics.PairStats)."""
 
@@ -42,11 +52,12 @@ class PairStatsSummary:
     nan_one_side: int
     rtol: Number
     atol: Number
+    worst: list[WorstElement]  # the largest differences, largest first (Settings.top of them)
 
     @classmethod
     def from_json(cls, stats: dict[str, Any]) -> PairStatsSummary:
         """From the stored statistics (PairStats.to_json)."""
-        return cls(**{k: stats[k] for k in SUMMARY_STATS})
+        return cls(**_summary_values(stats))
 
 
 @dataclass(frozen=True)
@@ -57,10 +68,17 @@ class PairStatsFull(PairStatsSummary):
 
     @classmethod
     def from_json(cls, stats: dict[str, Any]) -> PairStatsFull:
-        return cls(**{k: stats[k] for k in SUMMARY_STATS}, histogram=list(stats["histogram"]))
+        return cls(**_summary_values(stats), histogram=list(stats["histogram"]))
 
 
 SUMMARY_STATS = tuple(PairStatsSummary.__dataclass_fields__)
+
+
+def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:
+    """PairStatsSummary's fields from stored statistics (results stored before worst elements existed have none)."""
+    values = {k: stats[k] for k in SUMMARY_STATS if k != "worst"}
+    values["worst"] = [WorstElement(**w) for w in stats.get("worst", [])]
+    return values
 
 
 @dataclass(frozen=True)

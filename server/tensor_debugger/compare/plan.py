@@ -23,7 +23,7 @@ from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
 from tensor_debugger.engine.alignment import Alignment, Step, align
-from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.metrics import DEFAULT_TOP, PairStats
 from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, compile_name_pattern, pair_runs
 from tensor_debugger.engine.summaries import ReportedSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
@@ -52,9 +52,10 @@ class Progress:
 
 
 def cache_key(
-    digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance, exact: bool
+    digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance, exact: bool, top: int
 ) -> str:
-    text = json.dumps([list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, exact])
+    """A result's key: the sides' contents, the alignment, the tolerance and how many worst elements it keeps."""
+    text = json.dumps([list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, exact, top])
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -86,8 +87,12 @@ def tensor_summary(t: TensorRecord) -> ReportedSummary:
 
 
 class Comparisons:
-    def __init__(self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int) -> None:
-        """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it."""
+    def __init__(
+        self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int, top: int = DEFAULT_TOP
+    ) -> None:
+        """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it. `top`:
+        worst elements kept per pair (Settings.top)."""
+        self.top = top
         if workers < 1:
             raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
         self.sessions = sessions
@@ -223,7 +228,7 @@ class Comparisons:
         """The pair's cache key, tolerance and exactness now."""
         tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
         return (
-            cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact),
+            cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact, self.top),
             tol,
             exact,
         )

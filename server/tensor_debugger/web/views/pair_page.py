@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import urlencode
@@ -163,6 +163,7 @@ def pair_page_context(
         "inspector": None,
         "window": None,
         "histogram": histogram_bars(detail.stats.histogram if detail.stats else []),
+        "worst": [{**asdict(w), "url": None} for w in detail.stats.worst] if detail.stats else [],
     }
     if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
         return context
@@ -186,4 +187,6 @@ def pair_page_context(
     if detail.argmax:
         jump = centred_window(shape, tuple(detail.argmax.aligned), request)
         context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
+    for row in context["worst"]:  # each opens the inspector on its element
+        row["url"] = f"/pairs/{pair_id}?{urlencode(centred_window(shape, tuple(row['index']), request))}"
     return context
