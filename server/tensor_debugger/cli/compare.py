@@ -33,6 +33,7 @@ def run_compare(
     name_pattern: str | None = None,
     pairing: Path | None = None,
     fail_fast: bool = False,
+    ulp: int | None = None,
 ) -> int:
     """Compare in this process; prints what `show_compare` prints and returns the exit code."""
     try:
@@ -46,6 +47,7 @@ def run_compare(
             name_pattern=name_pattern,
             pairing=pairing,
             fail_fast=fail_fast,
+            ulp=ulp,
         )
     except InvalidInputError as exc:
         print_unusable(str(exc), [], as_json)

@@ -43,6 +43,7 @@ def compare_request(
     name_pattern: str | None = None,
     pairing: Path | None = None,
     fail_fast: bool = False,
+    ulp: int | None = None,
 ) -> CompareRequest:
     """What the command line asks for. Raises InvalidInputError on an unusable pairing file."""
     return CompareRequest(
@@ -56,6 +57,7 @@ def compare_request(
         read_pairing_file(pairing, strategies, name_pattern),
         None if pairing is None else str(pairing),
         fail_fast,
+        ulp,
     )
 
 

@@ -3,8 +3,8 @@
     tensor-debugger [--data-dir DIR] [--workers N] serve [--host H] [--port P]
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
-    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T] [--top K] [--json]
-        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T | --ulp N] [--json]
+        [--top K] [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
         "the pairs after it are left uncompared)",
     )
     compare.add_argument(
+        "--ulp",
+        type=int,
+        metavar="N",
+        help="an element passes within N units in the last place of the pair's lower-precision dtype (instead of "
+        "--rtol and --atol)",
+    )
+    compare.add_argument(
         "--top",
         type=int,
         metavar="K",
@@ -156,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name_pattern=args.name_pattern,
                 pairing=args.pairing,
                 fail_fast=args.fail_fast,
+                ulp=args.ulp,
             )
         if args.command == "explore":
             from tensor_debugger.cli.compare import run_explore
@@ -227,6 +235,7 @@ def warm(settings: Settings, args: argparse.Namespace) -> int | None:
             name_pattern=args.name_pattern,
             pairing=args.pairing,
             fail_fast=args.fail_fast,
+            ulp=args.ulp,
         )
     except TensorDebuggerError as exc:
         print_unusable(str(exc), [], args.json)

@@ -135,7 +135,9 @@ class EarlyComparisons:
         work = PendingPair(0, key, (partner.digest,), (candidate.digest,), alignment_key, tol)
         self._places.setdefault(key, []).append(self._order[name])
         top = self._comparisons.top
-        return PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact, top), top)
+        return PairJob(
+            work, view_a, view_b, tol, exact, None if tol.ulp else chunk_pairs(view_a, view_b, exact, top), top
+        )
 
     def _jobs(self) -> Iterator[PairJob[PendingPair]]:
         while not self._stopped and (job := self._queue.get()) is not None:

@@ -53,6 +53,8 @@ class PairStatsSummary:
     rtol: Number
     atol: Number
     worst: list[WorstElement]  # the largest differences, largest first (Settings.top of them)
+    ulp: int  # above 0: elements passed within this many ULPs of ulp_dtype (rtol and atol unused)
+    ulp_dtype: str
 
     @classmethod
     def from_json(cls, stats: dict[str, Any]) -> PairStatsSummary:
@@ -76,8 +78,9 @@ SUMMARY_STATS = tuple(PairStatsSummary.__dataclass_fields__)
 
 def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:
     """PairStatsSummary's fields from stored statistics (results stored before worst elements existed have none)."""
-    values = {k: stats[k] for k in SUMMARY_STATS if k != "worst"}
+    values = {k: stats[k] for k in SUMMARY_STATS if k not in ("worst", "ulp", "ulp_dtype")}
     values["worst"] = [WorstElement(**w) for w in stats.get("worst", [])]
+    values["ulp"], values["ulp_dtype"] = stats.get("ulp", 0), stats.get("ulp_dtype", "")
     return values
 
 

@@ -128,7 +128,7 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
                 comparisons.alignment_key(pair),
                 tol,
             )
-            reduce = chunk_pairs(view_a, view_b, exact, comparisons.top)
+            reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, comparisons.top)
             jobs.append(PairJob(work, view_a, view_b, tol, exact, reduce, comparisons.top))
     if hits or failed:
         with comparisons.sessions.begin() as db:

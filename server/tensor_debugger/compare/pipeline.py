@@ -95,7 +95,7 @@ def compare_runs(
         for label, path, shown in inputs:
             if session_id is not None:  # the reference is ready: compare the candidate's tensors as they land
                 with sessions.begin() as db:
-                    catalog.set_tolerances(catalog.get_session(db, session_id), request.rtol, request.atol)
+                    catalog.set_tolerances(catalog.get_session(db, session_id), request.rtol, request.atol, request.ulp)
                 early = EarlyComparisons(
                     comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
                 )

@@ -26,7 +26,7 @@ from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairStats
 from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, compile_name_pattern, pair_runs
 from tensor_debugger.engine.summaries import ReportedSummary, compare_summaries
-from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
+from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_ulp, is_exact_dtype, lower_precision
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore
@@ -55,7 +55,9 @@ def cache_key(
     digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance, exact: bool, top: int
 ) -> str:
     """A result's key: the sides' contents, the alignment, the tolerance and how many worst elements it keeps."""
-    text = json.dumps([list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, exact, top])
+    text = json.dumps(
+        [list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, tol.ulp, tol.ulp_dtype, exact, top]
+    )
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -214,6 +216,8 @@ class Comparisons:
         exact = is_exact_dtype(dtype_a) and is_exact_dtype(dtype_b)
         if exact:
             return Tolerance(0.0, 0.0), True
+        if session.ulp and has_ulp(dtype_a) and has_ulp(dtype_b):
+            return Tolerance(0.0, 0.0, session.ulp, lower_precision(dtype_a, dtype_b)), False
         if session.rtol is not None or session.atol is not None:
             base = default_tolerance(dtype_a, dtype_b)
             return Tolerance(

@@ -29,6 +29,7 @@ class CompareRequest:
     pairing: dict[str, Any] = field(default_factory=dict)  # a pairing file's JSON, checked by `compare_runs`
     pairing_shown: str | None = None  # the pairing file's path, for messages
     fail_fast: bool = False
+    ulp: int | None = None  # set: pairs pass within this many ULPs of their lower-precision dtype
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "a": str(self.a), "b": str(self.b)}

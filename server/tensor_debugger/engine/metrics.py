@@ -61,6 +61,8 @@ class PairStats:
     atol: float
     # the largest differences, largest first: {"index": aligned index, "a", "b", "abs_diff"} (JSON-ready numbers)
     worst: list[dict[str, Any]] = field(default_factory=list)
+    ulp: int = 0  # above 0: the tolerance was this many ULPs of ulp_dtype (rtol and atol unused)
+    ulp_dtype: str = ""
 
     @property
     def passed(self) -> bool:
@@ -73,7 +75,9 @@ class PairStats:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PairStats:
-        values = {k: parse_number(v) if k not in ("argmax", "histogram", "worst") else v for k, v in data.items()}
+        values = {
+            k: parse_number(v) if k not in ("argmax", "histogram", "worst", "ulp_dtype") else v for k, v in data.items()
+        }
         values["argmax"] = tuple(data["argmax"]) if data.get("argmax") is not None else None
         return cls(**values)
 
@@ -179,8 +183,16 @@ class PairAccumulator:
     def _add_fused(self, a: np.ndarray, b: np.ndarray, where: _Where) -> bool:
         """The whole block in one pass of the compiled kernel, when it is in use and the block is finite (else
         False, and nothing is folded in)."""
-        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact, edges(), self.top)
-        return part is not None and self._fold(part, a.size, where)
+        ulp = bool(self.tol.ulp) and not self.exact  # the kernel tests rtol and atol only: ULPs are counted here
+        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact and not ulp, edges(), self.top)
+        if part is None or not self._fold(part, a.size, where):
+            return False
+        if ulp:
+            for start in range(0, a.size, _SLICE):
+                x = a[start : start + _SLICE].astype(np.float64)
+                outside = np.abs(x - b[start : start + _SLICE]) > self.tol.bound(np.abs(x))
+                self.mismatched += int(np.count_nonzero(outside))
+        return True
 
     def _fold(self, part: FusedPartial, n: int, where: _Where) -> bool:
         if not (math.isfinite(part.norm_a) and math.isfinite(part.norm_b)):
@@ -268,9 +280,12 @@ class PairAccumulator:
         scratch = buffers.scratch[:n]
         # Elements outside atol + rtol * |a|: none when even the largest difference is within the smallest bound
         # (rounding is monotonic, so every element's bound is at least that one).
-        if not self.exact and top > self.tol.atol + low * self.tol.rtol:
-            np.multiply(ref, self.tol.rtol, out=scratch)
-            scratch += self.tol.atol
+        if not self.exact and top > self.tol.smallest_bound(low):
+            if self.tol.ulp:
+                scratch[:] = self.tol.bound(ref)
+            else:
+                np.multiply(ref, self.tol.rtol, out=scratch)
+                scratch += self.tol.atol
             outside = np.greater(diff, scratch, out=buffers.flags[:n])
             self.mismatched += int(np.count_nonzero(outside))
         if low > 0:
@@ -311,7 +326,7 @@ class PairAccumulator:
         abs_a = np.abs(a64)
         if not self.exact:
             with np.errstate(invalid="ignore"):
-                close = diff <= self.tol.atol + self.tol.rtol * abs_a
+                close = diff <= (self.tol.bound(abs_a) if self.tol.ulp else self.tol.atol + self.tol.rtol * abs_a)
             close &= ~inf_a | (a64 == b64)  # an infinite reference is close only to itself (torch.isclose)
             self.mismatched += int(n - np.count_nonzero(close))  # NaN compares false: a mismatch
         if self.top:
@@ -444,6 +459,8 @@ class PairAccumulator:
             histogram=self._histogram_counts(),
             rtol=self.tol.rtol,
             atol=self.tol.atol,
+            ulp=self.tol.ulp,
+            ulp_dtype=self.tol.ulp_dtype,
             worst=[
                 {"index": list(index), "a": _json_value(x), "b": _json_value(y), "abs_diff": json_number(d)}
                 for _, _, _, index, d, x, y in self.worst

@@ -115,8 +115,14 @@ class PageController(Controller):
         if data.get("action") == "reset":
             services.actions.set_tolerances(session_id, None, None)
         else:
+            ulp = _optional_float(data.get("ulp"), "ulp")
+            if ulp is not None and not ulp.is_integer():
+                raise InvalidInputError(f"ulp must be a whole number, got {ulp}")
             services.actions.set_tolerances(
-                session_id, _optional_float(data.get("rtol"), "rtol"), _optional_float(data.get("atol"), "atol")
+                session_id,
+                _optional_float(data.get("rtol"), "rtol"),
+                _optional_float(data.get("atol"), "atol"),
+                None if ulp is None else int(ulp),
             )
         return Redirect(f"/sessions/{session_id}", status_code=303)
 

@@ -1,0 +1,27 @@
+"""a session's tolerance in ULPs of each pair's lower-precision dtype
+
+Revision ID: 0009
+Revises: 0006
+Create Date: 2026-11-23 15:30:00.000000
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+
+revision = '0009'
+down_revision = '0006'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table('sessions', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('ulp', sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('sessions', schema=None) as batch_op:
+        batch_op.drop_column('ulp')
