@@ -1,4 +1,4 @@
-"""a session's tolerance in ULPs of each pair's lower-precision dtype
+"""a session's tolerance in ULPs of each pair's lower-precision dtype; error profiles kept with a result
 
 Revision ID: 0009
 Revises: 0006
@@ -20,8 +20,12 @@ depends_on = None
 def upgrade() -> None:
     with op.batch_alter_table('sessions', schema=None) as batch_op:
         batch_op.add_column(sa.Column('ulp', sa.Integer(), nullable=True))
+    with op.batch_alter_table('comparison_results', schema=None) as batch_op:
+        batch_op.add_column(sa.Column('profiles', sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('comparison_results', schema=None) as batch_op:
+        batch_op.drop_column('profiles')
     with op.batch_alter_table('sessions', schema=None) as batch_op:
         batch_op.drop_column('ulp')
