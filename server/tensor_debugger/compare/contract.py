@@ -61,7 +61,8 @@ def contract_json(
         "pairs": pairs,
         "unmatched": unmatched,
         "first_divergence": {"name": first.name, "layer": first.layer, "stage": first.stage} if first else None,
-        # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first
+        # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first;
+        # in a plain dump, its stages by the error each added to the tensor before it
         "culprits": [
             {
                 "module_path": c.module_path,
@@ -70,6 +71,18 @@ def contract_json(
                 "output_error": c.output_error,
             }
             for c in culprits
+        ]
+        or [
+            {
+                "name": c.name,
+                "layer": c.layer,
+                "stage": c.stage,
+                "previous": c.previous,
+                "added_error": c.added_error,
+                "input_error": c.input_error,
+                "output_error": c.output_error,
+            }
+            for c in report.stage_culprits
         ],
         "problems": problems,
     }

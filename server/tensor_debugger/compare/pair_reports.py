@@ -4,13 +4,19 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.module_reports import ModuleReport, Number, module_report
+from tensor_debugger.compare.module_reports import (
+    ModuleReport,
+    Number,
+    StageCulpritReport,
+    module_report,
+    stage_culprits,
+)
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.progress import PairProgress
 from tensor_debugger.engine.metrics import PairStats, json_number
@@ -186,6 +192,8 @@ class SessionPairs:
     unmatched: list[UnmatchedReport]
     progress: PairProgress
     modules: ModuleReport | None = None
+    # without module traces (and asked for with `modules`): the stages that add the most error, largest first
+    stage_culprits: list[StageCulpritReport] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -292,6 +300,7 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
         ],
         progress=PairProgress.of(len(items), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
         modules=module_view,
+        stage_culprits=stage_culprits(items) if modules and module_view is None else [],
     )
 
 
