@@ -341,3 +341,25 @@ def test_worst_elements_rank_nan_first_then_the_largest_first_in_aligned_coordin
     ranked = assert_same(monkeypatch, a, finite, Tolerance(1e-5, 1e-5))
     assert [w["index"] for w in ranked.worst] == [[1, 10], [2, 4999], [0, 1]]
     assert PairStats.from_json(ranked.to_json()) == ranked
+
+
+@pytest.mark.parametrize("top", [1, 8, 64])
+def test_worst_elements_of_differences_that_grow_along_the_tensor(monkeypatch: pytest.MonkeyPatch, top: int) -> None:
+    """Every sub-block raises the worst kept (the kernel's threshold search), ties among the largest, float64 too:
+    the same worst elements as numpy's."""
+    rng = np.random.default_rng(top)
+    for dtype in (np.float32, np.float64):
+        a: np.ndarray = rng.standard_normal(50_000).astype(dtype)
+        b = (a + np.linspace(0, 1, a.size) * 1e-3 * (1 + rng.random(a.size))).astype(dtype)
+        a[[100, 30_000, 49_999]], b[[100, 30_000, 49_999]] = 0.0, 10.0
+        stats = assert_same(monkeypatch, a, b, Tolerance(1e-5, 1e-5))
+        accumulator = PairAccumulator(Tolerance(1e-5, 1e-5), False, top)
+        configure(kernel="compiled")
+        accumulator.add(a, b, (0,), a.shape)
+        mine = accumulator.result().worst
+        configure(kernel="numpy")
+        plain = PairAccumulator(Tolerance(1e-5, 1e-5), False, top)
+        plain.add(a, b, (0,), a.shape)
+        assert mine == plain.result().worst and len(mine) == top
+        assert [w["index"] for w in mine[:3]] == [[100], [30_000], [49_999]][:top]
+        assert stats.worst[: min(3, top)] == mine[: min(3, top)]

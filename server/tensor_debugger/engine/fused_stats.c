@@ -224,24 +224,55 @@ INLINE void keep_worst(td_partial *h, double d, int64_t at, double x, double y) 
  * with it comes later in the block, so it stays out). */
 INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.0 : h->top_abs[0]; }
 
-/* Offer a sub-block's differences above the heap's floor to it, vector by vector (computed as STEP computes them);
- * called only where the sub-block's largest difference is above the floor, which after its first few sub-blocks is
- * rare. */
+/* Offer a sub-block's differences above the heap's floor to it (computed as STEP computes them); called only where
+ * the sub-block's largest difference is above the floor. Until the heap is full, every element is looked at. Then the
+ * sub-block's float32 differences (`diff`, `padded` of them, zeros after the m real ones) pick the candidates: an
+ * element above the floor has a float32 difference of at least the floor's (rounding is monotonic), and where more
+ * than 4 * top_k reach that, a higher threshold that at least top_k of them reach is found by bisecting float32 bit
+ * patterns (an element below it is smaller than top_k others of the sub-block, so not among the worst). Only
+ * candidates are computed again exactly. */
 #define WORST(TA, TB)                                                                                            \
-    static void worst_##TA##_##TB(const TA *a, const TB *b, int64_t m, int64_t base, td_partial *out) {          \
-        int64_t k = 0;                                                                                           \
-        for (; k + LANES <= m; k += LANES) {                                                                     \
-            vd va = load_##TA(a + k), vb = load_##TB(b + k), d = vabs(va - vb);                                  \
-            vl hit = d > ((vd){0} + worst_floor(out));                                                           \
-            int64_t found = 0;                                                                                   \
-            for (int i = 0; i < LANES; i++) found |= hit[i];                                                     \
-            if (found)                                                                                           \
-                for (int i = 0; i < LANES; i++)                                                                  \
-                    if (d[i] > worst_floor(out)) keep_worst(out, d[i], base + k + i, va[i], vb[i]);              \
+    static void worst_##TA##_##TB(const TA *a, const TB *b, const float *diff, int64_t m, int64_t padded,        \
+                                  float sub_top, int64_t base, td_partial *out) {                                \
+        float t = (float)worst_floor(out);                                                                       \
+        if (out->top_n < out->top_k || !(t > 0)) {                                                               \
+            for (int64_t k = 0; k < m; k++) {                                                                    \
+                double x = one_##TA(a + k), y = one_##TB(b + k), d = __builtin_fabs(x - y);                      \
+                if (d > worst_floor(out)) keep_worst(out, d, base + k, x, y);                                    \
+            }                                                                                                    \
+            return;                                                                                              \
         }                                                                                                        \
-        for (; k < m; k++) {                                                                                     \
-            double x = one_##TA(a + k), y = one_##TB(b + k), d = __builtin_fabs(x - y);                          \
-            if (d > worst_floor(out)) keep_worst(out, d, base + k, x, y);                                        \
+        int64_t count = reaching(diff, padded, t);                                                               \
+        uint32_t lo, hi;                                                                                         \
+        memcpy(&lo, &t, sizeof lo);                                                                              \
+        memcpy(&hi, &sub_top, sizeof hi);                                                                        \
+        hi += 1;                                                                                                 \
+        while (count > 4 * out->top_k && hi - lo > 1) { /* count: how many reach lo, at least top_k */           \
+            uint32_t mid = lo + (hi - lo) / 2;                                                                   \
+            float u;                                                                                             \
+            memcpy(&u, &mid, sizeof u);                                                                          \
+            int64_t c = reaching(diff, padded, u);                                                               \
+            if (c >= out->top_k) {                                                                               \
+                lo = mid;                                                                                        \
+                count = c;                                                                                       \
+            } else {                                                                                             \
+                hi = mid;                                                                                        \
+            }                                                                                                    \
+        }                                                                                                        \
+        memcpy(&t, &lo, sizeof t);                                                                               \
+        const vh e = (vh){0} + t;                                                                                \
+        for (int64_t j = 0; j < m; j += HLANES) {                                                                \
+            vh d32;                                                                                              \
+            memcpy(&d32, diff + j, sizeof d32);                                                                  \
+            vi hit = d32 >= e;                                                                                   \
+            int found = 0;                                                                                       \
+            for (int i = 0; i < HLANES; i++) found |= hit[i];                                                    \
+            if (!found) continue;                                                                                \
+            for (int i = 0; i < HLANES && j + i < m; i++) {                                                      \
+                if (!hit[i]) continue;                                                                           \
+                double x = one_##TA(a + j + i), y = one_##TB(b + j + i), d = __builtin_fabs(x - y);              \
+                if (d > worst_floor(out)) keep_worst(out, d, base + j + i, x, y);                                \
+            }                                                                                                    \
         }                                                                                                        \
     }
 
@@ -309,7 +340,7 @@ INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.
                 }                                                                                                \
             }                                                                                                    \
             if (out->top_k > 0 && sub_top > worst_floor(out)) /* some element may be among the worst */          \
-                worst_##TA##_##TB(pa, pb, m, base + start, out);                                                 \
+                worst_##TA##_##TB(pa, pb, diff, m, j, (float)sub_top, base + start, out);                        \
             double rel_sum = hsum(rel);                                                                          \
             if (rel_sum - rel_sum == 0) { /* every reference non-zero */                                         \
                 double t = hmax(rel_top);                                                                        \
