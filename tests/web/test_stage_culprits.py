@@ -39,6 +39,8 @@ def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) 
     assert (first["layer"], first["stage"], first["previous"]) == (1, "attn_out", "0_mlp_out")
     assert abs(first["output_error"] - 0.05) < 1e-4 and abs(first["input_error"] - 1e-3) < 1e-5
     assert abs(first["added_error"] - (first["output_error"] - first["input_error"])) < 1e-12
+    table = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
+    assert "stages by the error they added" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
 
 
 def test_session_page_explains_and_lists_the_stages(shared_server: LiveServer, tmp_path: Path) -> None:
