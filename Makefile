@@ -17,7 +17,7 @@ LOWEST ?= .venv-lowest
 BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/chunk_loop.c
 LOWEST_BIN := $(LOWEST)/bin
 
-.PHONY: run test install install-test browser cross bench lint test-lowest ci
+.PHONY: run test install install-test browser cross postgres bench lint test-lowest ci
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ $(LOWEST)/.installed-test: $(LOWEST_BIN)/python pyproject.toml constraints-lowes
 
 install: $(VENV)/.installed
 
-install-test: $(VENV)/.installed-test browser cross
+install-test: $(VENV)/.installed-test browser cross postgres
 
 # Debian's Chromium for the browser tests (Playwright cannot download its own browsers here).
 browser:
@@ -75,6 +75,15 @@ cross: $(BIN)/python
 	  test -f $(CROSS_BLOSC2)/include/blosc2.h && test -f $(CROSS_BLOSC2)/lib/libblosc2.a; } || \
 	  echo "no blosc2 wheel for aarch64 in $(VENV)/cross (offline?): the aarch64 chunk-loop test will be skipped"
 
+# Debian's PostgreSQL server, for the tests that run on both metadata databases (each run starts a private cluster
+# with initdb and pg_ctl in a temporary folder: tests/support/postgres.py); skipped, saying why, without it.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  { command -v apt-get >/dev/null 2>&1 && $$SUDO apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql; } || \
+	  echo "postgresql not installed: the tests on PostgreSQL will be skipped"; }
+
 run: install
 	$(BIN)/tensor-debugger serve --host $(HOST) --port $(PORT)
 
@@ -84,7 +93,7 @@ test: install-test
 # The whole suite, browser tests included (Playwright's lowest version counts), but for tests/test_lint.py: what
 # mypy --strict says depends on each library's own type annotations (SQLAlchemy's Row, numpy's, safetensors'), not
 # on what runs, so lint is checked on the newest versions only (make lint, make test).
-test-lowest: $(LOWEST)/.installed-test browser
+test-lowest: $(LOWEST)/.installed-test browser postgres
 	$(LOWEST_BIN)/python -m pytest --deselect tests/test_lint.py
 
 ci: lint test test-lowest

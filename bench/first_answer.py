@@ -1,7 +1,8 @@
 """Time to the first answer: `tensor-debugger compare` against the throw-away script a user would write.
 
     python bench/first_answer.py                         # 2 x 200 MB of float32 .pth, 32 files per run, in zips
-    python bench/first_answer.py --size-mb 2048 --form folders --rounds 1
+    python bench/first_answer.py --large                 # 2 x 2 GiB in folders, one round (minutes)
+    python bench/first_answer.py --baseline /elsewhere/server   # also time another checkout's CLI, in turn
 
 Two runs of `{layer}_{stage}.pth` files (the candidate differs from the reference from layer 1 on) are written
 once, as zip archives (members stored, as `zip -0` and most tools writing .pth dumps do) or folders. Then, in each
@@ -11,15 +12,19 @@ round and in turn:
 - the CLI cold: `tensor-debugger compare A B --json` into a new data dir;
 - the CLI again: the same command on the same files and data dir;
 - the CLI warm, and warm again: the same two with `tensor-debugger serve` already running on another new data dir
-  (started before the clock starts), which the command hands the work to (the warm path).
-Each is a child process; the figures are wall seconds and the child's peak RSS (for the warm path, the command's
-own, not the server's). Nothing asserts on timings.
+  (started before the clock starts), which the command hands the work to (the warm path; for it, the peak RSS is
+  the command's own, not the server's);
+- with `--baseline DIR`, the same two again with the package found in DIR (another checkout's `server/` folder,
+  its compiled libraries built, its `migrations/` beside it), so that a change is timed beside the code before it.
+Each is a child process; the figures are wall seconds, CPU seconds (user and system: steadier than wall time on a
+loaded machine) and the child's peak RSS (its largest process's). Nothing asserts on timings.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -33,7 +38,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness import child_env, machine_line, run_child
+from harness import child_env, machine_line, run_child, run_child_cpu
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -102,12 +107,27 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=32, help=".pth files per run")
     parser.add_argument("--form", choices=("archives", "folders"), default="archives")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--large", action="store_true", help="2 x 2 GiB (2048 MiB per run) in folders, one round: --size-mb 2147 ..."
+    )
+    parser.add_argument("--baseline", type=Path, default=None, help="another checkout's server/ folder to time too")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary folder)")
     parser.add_argument("--write-runs", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write_runs:
         write_runs(Path(args.write_runs[0]), int(args.write_runs[1]), int(args.write_runs[2]))
         return
+    if args.large:
+        args.size_mb, args.form, args.rounds = 2147, "folders", 1  # 2 GiB
+    commands = {"compare": [str(CLI)]}
+    if args.baseline is not None:
+        commands["baseline"] = [
+            "/usr/bin/env",
+            f"PYTHONPATH={args.baseline.resolve()}",
+            str(PYTHON),
+            "-m",
+            "tensor_debugger",
+        ]
     work = Path(tempfile.mkdtemp(prefix="first-answer-", dir=args.workdir))
     env = child_env()
     try:
@@ -126,24 +146,34 @@ def main() -> None:
             f"two runs of {args.files} float32 .pth files, {args.size_mb} MB each, as {args.form}; "
             f"{args.rounds} rounds, in turn"
         )
-        labels = ("compare, cold", "compare, again", "compare, warm", "warm, again")
-        times: dict[str, list[float]] = {"plain script": [], **{label: [] for label in labels}}
+        times: dict[str, list[float]] = {"plain script": []}
+        times.update({f"{name}, {when}": [] for name in commands for when in ("cold", "again")})
+        times.update({"compare, warm": [], "warm, again": []})
         peaks: dict[str, list[float]] = {name: [] for name in times}
+        cpu: dict[str, list[float]] = {name: [] for name in times}
         for round_index in range(args.rounds):
-            wall, rss, out = run_child([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
+            wall, rss, seconds, out = run_child_cpu([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
             times["plain script"].append(wall)
             peaks["plain script"].append(rss)
+            cpu["plain script"].append(seconds)
             first_script = out.strip().splitlines()[-1].split()[-1]
-            for path in ("cold", "warm"):
-                data = work / f"{path}{round_index}"
-                with serving(data, env) if path == "warm" else nothing() as url:
-                    for label in labels[:2] if path == "cold" else labels[2:]:
-                        wall, rss, out = run_child_allowing(
-                            [str(CLI), "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
+            ways = [(name, command, ("cold", "again"), False) for name, command in commands.items()]
+            ways.append(("compare", [str(CLI)], ("warm", "again"), True))
+            for name, command, whens, warm in ways:
+                data = work / f"data-{name}-{'warm' if warm else 'cold'}-{round_index}"
+                with serving(data, env) if warm else nothing() as url:
+                    for when in whens:
+                        label = ("warm, again" if when == "again" else "compare, warm") if warm else f"{name}, {when}"
+                        wall, rss, seconds, out = run_child_allowing(
+                            [*command, "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
                         )
                         times[label].append(wall)
                         peaks[label].append(rss)
-                        answer = json.loads(out)
+                        cpu[label].append(seconds)
+                        try:
+                            answer = json.loads(out)
+                        except ValueError:
+                            sys.exit(f"{label} printed no JSON: {out[:2000]}")
                         found = answer["first_divergence"]
                         if found is None or f"{found['name']}.pth" != first_script:
                             sys.exit(f"{label} found {found}, the script {first_script}")
@@ -151,11 +181,13 @@ def main() -> None:
                             sys.exit(f"{label}: the server at {url} was not used ({answer['session']['url']})")
                 shutil.rmtree(data, ignore_errors=True)
         script_median = statistics.median(times["plain script"])
-        print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'peak RSS MB':>12}")
+        print(f"{os.getloadavg()[0]:.1f} load average (1 minute) at the end")
+        print(f"{'':16} {'median s':>9} {'min s':>7} {'max s':>7} {'x script':>9} {'CPU s':>7} {'peak RSS MB':>12}")
         for name, values in times.items():
             print(
                 f"{name:16} {statistics.median(values):9.2f} {min(values):7.2f} {max(values):7.2f} "
-                f"{statistics.median(values) / script_median:9.2f} {max(peaks[name]):12.0f}"
+                f"{statistics.median(values) / script_median:9.2f} {statistics.median(cpu[name]):7.2f} "
+                f"{max(peaks[name]):12.0f}"
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -191,10 +223,10 @@ def nothing() -> Iterator[None]:
     yield None
 
 
-def run_child_allowing(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
+def run_child_allowing(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
     """`compare` exits 1 when a pair fails, as it must here: run it through a shell that turns 1 into 0."""
     quoted = " ".join(f"'{part}'" for part in cmd)
-    return run_child(["/bin/sh", "-c", f"{quoted}; code=$?; [ $code -le 1 ] || exit $code"], env)
+    return run_child_cpu(["/bin/sh", "-c", f"{quoted}; code=$?; [ $code -le 1 ] || exit $code"], env)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,13 @@ def child_env(keep: tuple[str, ...] = ()) -> dict[str, str]:
 
 def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
     """Run `cmd`; return (wall seconds, peak RSS in MB from wait4, stdout). Exits with its stderr if it fails."""
+    wall, rss, _, out = run_child_cpu(cmd, env)
+    return wall, rss, out
+
+
+def run_child_cpu(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
+    """`run_child`, with the CPU seconds (user and system) of the child and the children it waited for, which a
+    loaded machine changes far less than wall time: (wall seconds, peak RSS in MB, CPU seconds, stdout)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
@@ -48,7 +55,8 @@ def run_child(cmd: list[str], env: dict[str, str]) -> tuple[float, float, str]:
                 f"failed (exit {proc.returncode}): {' '.join(cmd)}\nstdout: {out.read().decode()}\n"
                 f"stderr: {err.read().decode()}"
             )
-        return wall, usage.ru_maxrss * 1024 / MB, out.read().decode()  # ru_maxrss is in KiB on Linux
+        rss = usage.ru_maxrss * 1024 / MB  # ru_maxrss is in KiB on Linux
+        return wall, rss, usage.ru_utime + usage.ru_stime, out.read().decode()
 
 
 def worker_counts(text: str) -> list[int]:

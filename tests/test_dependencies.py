@@ -107,16 +107,18 @@ def test_the_check_sees_an_undeclared_import(tmp_path: Path) -> None:
 
 
 def lowest_pins() -> list[str]:
-    """`name==bound` for each declared requirement but torch, from its `>=` bound: what constraints-lowest.txt holds."""
-    pins: list[str] = []
+    """`name==bound` for each declared requirement but torch (those of every extra too), from its `>=` bound: what
+    constraints-lowest.txt holds."""
+    pins: set[str] = set()
     project = PYPROJECT["project"]
-    for requirement in [*project["dependencies"], *project["optional-dependencies"]["test"]]:
+    extras = [r for requirements in project["optional-dependencies"].values() for r in requirements]
+    for requirement in [*project["dependencies"], *extras]:
         name = requirement_names([requirement]).pop()
         if name == "torch":  # the Makefile installs the CPU wheel on disk first; a resolver must never pick one
             continue
         bound = re.search(r">=\s*([^,;\s]+)", requirement)
         assert bound is not None, f"{requirement!r} has no lower bound for `make test-lowest` to try"
-        pins.append(f"{name}=={bound.group(1)}")
+        pins.add(f"{name}=={bound.group(1)}")
     return sorted(pins)
 
 

@@ -1,7 +1,7 @@
 """a session's tolerance in ULPs of each pair's lower-precision dtype; error profiles kept with a result
 
 Revision ID: 0009
-Revises: 0006
+Revises: 0008
 Create Date: 2026-11-23 15:30:00.000000
 """
 
@@ -12,7 +12,7 @@ from alembic import op
 
 
 revision = '0009'
-down_revision = '0006'
+down_revision = '0008'
 branch_labels = None
 depends_on = None
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
+
 
 class TensorDebuggerError(Exception):
     """Base of every error this project raises on purpose."""
@@ -9,6 +13,10 @@ class TensorDebuggerError(Exception):
 
 class InvalidInputError(TensorDebuggerError, ValueError):
     """A request or argument that cannot be used as given."""
+
+
+class TooLargeError(InvalidInputError):
+    """A request body, field or value larger than the limit for it."""
 
 
 class NotFoundError(TensorDebuggerError, LookupError):
@@ -27,6 +35,9 @@ class FileProblem(TensorDebuggerError):
         self.file = file
         self.reason = reason
 
+    def __reduce__(self) -> tuple[type[FileProblem], tuple[str, str]]:  # sent back by a child process
+        return type(self), (self.file, self.reason)
+
 
 class UnsafeArchiveError(FileProblem):
     """An archive that tries to escape its folder, link elsewhere or expand beyond the limits."""
@@ -39,3 +50,34 @@ class NothingUsableError(TensorDebuggerError):
         detail = "; ".join(f"{p.file}: {p.reason}" for p in problems) or "no input files"
         super().__init__(f"no tensors found ({detail})")
         self.problems = problems
+
+    def __reduce__(self) -> tuple[type[NothingUsableError], tuple[list[FileProblem]]]:
+        return type(self), (self.problems,)
+
+
+class DiskFullError(TensorDebuggerError):
+    """The disk (or the quota) holding the data directory is full: nothing about the input is wrong."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(f"out of disk space writing {where}; free some space and try again")
+        self.where = where
+
+    def __reduce__(self) -> tuple[type[DiskFullError], tuple[str]]:
+        return type(self), (self.where,)
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """An OSError saying there is no space left (ENOSPC, EDQUOT), SQLite's "database or disk is full", or an error
+    raised because of either."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, DiskFullError):
+            return True
+        if isinstance(current, OSError) and current.errno in NO_SPACE:
+            return True
+        if "database or disk is full" in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

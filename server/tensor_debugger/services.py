@@ -12,11 +12,14 @@ from tensor_debugger.compare.actions import SessionActions
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.engine.fused import configure as configure_kernels
+from tensor_debugger.ingest import staging
+from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.queue import IngestQueue
-from tensor_debugger.ingest.recovery import RecoveryReport, recover
+from tensor_debugger.ingest.recovery import RecoveryReport, recover, remove_dead_ingests
 from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker, upgrade_database
 
 
@@ -26,6 +29,7 @@ class Services:
     engine: Engine
     sessions: sessionmaker[Any]
     store: ArrayStore
+    claims: Claims  # this process's claims on pending pairs and runs it ingests, renewed by a heartbeat
     ingestor: Ingestor
     comparisons: Comparisons
     recovery: RecoveryReport
@@ -36,14 +40,28 @@ class Services:
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.comparisons)
         self.actions = SessionActions(self.sessions, self.comparisons, self.worker.wake)
-        self.ingests = IngestQueue(self.ingestor, self.plan, self.settings.ingest_workers)
+        at_once = self.settings.ingest_workers
+        children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
+        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children)
+        self.claims.start(also=self.remove_dead_ingests)
+
+    def remove_dead_ingests(self) -> None:
+        """Remove the runs of ingests that died meanwhile (another replica's, whose lease expired)."""
+        remove_dead_ingests(self.sessions, self.store, self.ingestor.live_runs(), self.claims)
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
         self.actions.plan(session_id)
 
+    def sweep(self) -> None:
+        """Remove what processes killed meanwhile left behind: their runs still "ingesting" (arrays and all) and
+        their staging folders. A server calls it every `staging_sweep_seconds`."""
+        self.recovery = recover(self.sessions, self.store, self.ingestor.live_runs(), self.claims)
+        staging.sweep(self.settings.staging_dir)
+
     def close(self) -> None:
         self.ingests.close()
+        self.claims.stop()
         self.comparisons.close()
         self.engine.dispose()
 
@@ -56,14 +74,9 @@ def open_services(settings: Settings) -> Services:
     upgrade_database(engine)
     sessions = make_sessionmaker(engine)
     store = ArrayStore(settings.store_url)
-    ingestor = Ingestor(settings, sessions, store)
-    report = recover(sessions, store, ingestor.live_runs())
-    return Services(
-        settings,
-        engine,
-        sessions,
-        store,
-        ingestor,
-        Comparisons(sessions, store, settings.threads, settings.top),
-        report,
-    )
+    claims = Claims(sessions, settings.claim_seconds)
+    ingestor = Ingestor(settings, sessions, store, claims)
+    report = recover(sessions, store, ingestor.live_runs(), claims)
+    staging.sweep(settings.staging_dir)
+    comparisons = Comparisons(sessions, store, settings.threads, claims, settings.top)
+    return Services(settings, engine, sessions, store, claims, ingestor, comparisons, report)

@@ -10,6 +10,7 @@ from typing import Any
 
 ENV_PREFIX = "TENSOR_DEBUGGER_"
 GiB = 1024**3
+MIN_TOKEN_LENGTH = 16
 
 
 def default_data_dir(environ: Mapping[str, str]) -> Path:
@@ -26,8 +27,9 @@ def available_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _setting(default: Any, help: str) -> Any:
-    return field(default=default, metadata={"help": help})
+def _setting(default: Any, help: str, secret: bool = False) -> Any:
+    """A setting's field; a secret one is left out of the settings' repr (and so of logs and tracebacks)."""
+    return field(default=default, metadata={"help": help}, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -47,14 +49,33 @@ class Settings:
         "More host names the server answers to, comma-separated, besides localhost, 127.0.0.1, [::1] and `host` "
         "(`.example.org` also allows its subdomains; `*` allows any name). Other Host headers are refused.",
     )
+    token: str = _setting(
+        "",
+        "Bearer token the API requires and the login page asks for (at least 16 characters); `serve` on an "
+        "address other than loopback refuses to start without it unless given `--no-auth`.",
+        secret=True,
+    )
+    read_token: str = _setting(
+        "", "A second token that opens every page, the API's reads and exports, and changes nothing.", secret=True
+    )
+    trusted_proxies: str = _setting(
+        "127.0.0.1",
+        "Addresses of reverse proxies whose X-Forwarded-Proto and X-Forwarded-For are believed, comma-separated "
+        "(`*`: any); a request they mark https gets https's origin and a Secure cookie.",
+    )
     demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
     max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
-    max_archive_members: int = _setting(20_000, "Most members one archive may hold.")
-    max_expanded_bytes: int = _setting(256 * GiB, "Most bytes one archive may expand to.")
+    max_archive_members: int = _setting(20_000, "Most archive members one run may hold, nested archives' included.")
+    max_expanded_bytes: int = _setting(
+        256 * GiB, "Most bytes one run's archives may expand to, nested archives' included."
+    )
     max_expansion_ratio: float = _setting(
-        200.0, "Most an archive may expand relative to its own size, once past expansion_floor_bytes."
+        200.0, "Most a run's archives may expand relative to the outermost one's size, once past expansion_floor_bytes."
     )
     expansion_floor_bytes: int = _setting(GiB, "Expanded size below which the expansion ratio is not checked.")
+    staging_sweep_seconds: int = _setting(
+        300, "How often a server removes staging folders and runs left by killed processes, in seconds."
+    )
     chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
     ingest_workers: int = _setting(
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
@@ -63,6 +84,11 @@ class Settings:
         0,
         "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
         "run on (os.sched_getaffinity). Results are the same for any value.",
+    )
+    claim_seconds: float = _setting(
+        30.0,
+        "How long work a process has claimed (pending pairs, a run it ingests) stays its own without renewal; "
+        "a process renews its claims every third of this, and others take over those of one that died after it.",
     )
 
     top: int = _setting(
@@ -95,11 +121,22 @@ class Settings:
             "expansion_floor_bytes",
             "chunk_bytes",
             "ingest_workers",
+            "staging_sweep_seconds",
+            "claim_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
         if not 0 <= self.top <= 64:
             raise ValueError(f"setting top ({ENV_PREFIX}TOP, --top) must be 0 to 64, got {self.top}")
+        for name in ("token", "read_token"):
+            value = getattr(self, name)
+            if value and (len(value) < MIN_TOKEN_LENGTH or value != value.strip()):
+                raise ValueError(
+                    f"setting {name} ({ENV_PREFIX}{name.upper()}) must be at least {MIN_TOKEN_LENGTH} characters "
+                    "without surrounding spaces (e.g. python -c 'import secrets; print(secrets.token_urlsafe())')"
+                )
+        if self.token and self.token == self.read_token:
+            raise ValueError(f"{ENV_PREFIX}READ_TOKEN must differ from {ENV_PREFIX}TOKEN")
         if self.workers < 0:
             raise ValueError(
                 f"setting workers ({ENV_PREFIX}WORKERS, --workers) must be 0 (one per available CPU) "
@@ -110,6 +147,11 @@ class Settings:
     def threads(self) -> int:
         """How many threads a pool of this process's work uses: `workers`, or with 0 the CPUs available to it."""
         return self.workers or available_cpus()
+
+    @property
+    def auth_required(self) -> bool:
+        """Whether requests must carry a token (or the session cookie the login page sets)."""
+        return bool(self.token or self.read_token)
 
     @property
     def staging_dir(self) -> Path:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.support.dumps import make_zip, seeded
+from tests.support.postgres import DATABASES
 from tests.support.servers import run_cli
 
 
-def test_ingest_and_sessions_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_ingest_and_sessions_json(tmp_path: Path, database_url: str) -> None:
     folder = tmp_path / "ref"
     folder.mkdir()
     torch.save(seeded((4, 4), 0), folder / "0_query.pth")
@@ -19,8 +22,18 @@ def test_ingest_and_sessions_json(tmp_path: Path) -> None:
     (folder / "notes.txt").write_text("not a tensor")
     archive = make_zip(folder, tmp_path / "ref.zip")
     data = tmp_path / "data"
+    env = {"TENSOR_DEBUGGER_DATABASE_URL": database_url}
     done = run_cli(
-        "--data-dir", str(data), "ingest", "--session", "port vs ref", "--run", "reference", str(archive), "--json"
+        "--data-dir",
+        str(data),
+        "ingest",
+        "--session",
+        "port vs ref",
+        "--run",
+        "reference",
+        str(archive),
+        "--json",
+        env=env,
     )
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
@@ -29,7 +42,7 @@ def test_ingest_and_sessions_json(tmp_path: Path) -> None:
     assert out["problems"] == [
         {"file": f"{archive}/notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}
     ]
-    listed = run_cli("--data-dir", str(data), "sessions", "--json")
+    listed = run_cli("--data-dir", str(data), "sessions", "--json", env=env)
     assert listed.returncode == 0
     sessions = json.loads(listed.stdout)
     assert [(s["name"], [(r["label"], r["tensors"]) for r in s["runs"]]) for s in sessions] == [

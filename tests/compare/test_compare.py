@@ -26,6 +26,7 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord
 
 from tests.support.dumps import make_tar, make_zip, seeded
+from tests.support.postgres import DATABASES
 
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 
@@ -45,6 +46,7 @@ def compare_json(
     return code, json.loads(capsys.readouterr().out)
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_compare_finds_the_planted_first_divergence(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -85,6 +87,7 @@ def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: py
         assert catalog.list_sessions(db) == []
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_running_again_recomputes_nothing(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -218,6 +221,7 @@ def test_identical_upload_in_another_session_reads_no_chunk(services: Services, 
         assert reads > 0 if name == "one" else reads == 0
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_the_same_comparison_twice_in_one_batch_is_computed_once(services: Services, tmp_path: Path) -> None:
     """Two sessions of identical dumps, both pending at once: the second pair waits for the first pair's result
     instead of reading every chunk again."""
@@ -346,9 +350,10 @@ def test_heatmap_max_pools_so_a_spike_cannot_hide(services: Services, tmp_path: 
     row = next(r for r in range(64) if heat.row_edges[r] <= 211 < heat.row_edges[r + 1])
     col = next(c for c in range(96) if heat.col_edges[c] <= 377 < heat.col_edges[c + 1])
     assert heat.cells[row, col] == pytest.approx(5.0, abs=1e-5)  # the spike survives downsampling
+    assert heat.signs[row, col] == 1  # the candidate is higher there: drawn red
     assert np.isnan(heat.cells[1, 0])  # the NaN is shown, not averaged away
     assert np.nansum(heat.cells) == pytest.approx(5.0, abs=1e-5)
     other = build_heatmap(view_a, view_b, (0, None, None))
     assert np.nanmax(other.cells) == 0.0
     svg = heatmap_svg(heat)
-    assert svg.count("<rect") == 64 * 96 and "max |diff| NaN" in svg
+    assert svg.count("<rect") == 64 * 96 + 21 and "largest difference (candidate − reference) NaN" in svg  # + the scale

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import blake3
 import numpy as np
 import pytest
 import torch
@@ -199,12 +200,12 @@ def test_results_are_the_same_for_any_number_of_workers(tmp_path: Path) -> None:
     assert sorted(p["status"] for p in one["pairs"]).count("fail") >= 3
     assert states[0] == states[1]
     assert len(states[0]["chunks"]) > 500  # many chunks, so many blocks ran at once
-    # the digest is defined as before: sha256 of the dtype and shape header, then the C-order bytes
+    # the digest: BLAKE3 of the dtype and shape header, then the C-order bytes
     digests = {(name, run): digest for name, run, digest, *_ in states[0]["tensors"]}
     first_run = min(run for _, run in digests)
     for name, tensor in reference.items():
         dtype = parse_dtype(str(tensor.dtype).removeprefix("torch."))
-        expected = hashlib.sha256(
+        expected = blake3.blake3(
             digest_header(dtype, tuple(tensor.shape)) + np.ascontiguousarray(tensor.numpy()).tobytes()
         ).hexdigest()
-        assert digests[(name, first_run)] == "sha256:" + expected
+        assert digests[(name, first_run)] == "blake3:" + expected

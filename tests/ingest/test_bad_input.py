@@ -20,6 +20,7 @@ from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import RunRecord, SessionRecord
 
+from tests.support.bombs import zeros_zip
 from tests.support.dumps import make_zip, seeded, tar_with
 
 
@@ -106,6 +107,39 @@ def test_archive_that_expands_far_beyond_its_size(services: Services, tmp_path: 
         ingestor.ingest("bomb", "ref", [InputFile(archive, archive.name)])
     problem = info.value.problems[0]
     assert problem.file == "bomb.zip" and "expands more than 10 times" in problem.reason
+    assert_nothing_kept(services)
+
+
+def test_nested_archives_share_one_budget(services: Services, tmp_path: Path) -> None:
+    """Three inner zips each under the floor on its own: counted together they pass it, and the ratio is taken
+    against the outer archive's size; the second inner zip is refused before any of it is written."""
+    archive = tmp_path / "nest.zip"
+    with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for i in range(3):
+            z.writestr(f"inner{i}.zip", zeros_zip("zeros.pth", 1))
+    tight = services.settings.with_overrides(max_expansion_ratio=10.0, expansion_floor_bytes=1536 * 1024)
+    with pytest.raises(NothingUsableError) as info:
+        Ingestor(tight, services.sessions, services.store).ingest("nest", "ref", [InputFile(archive, archive.name)])
+    refusals = [(p.file, p.reason) for p in info.value.problems if "TENSOR_DEBUGGER_MAX_EXPANSION_RATIO" in p.reason]
+    assert [f for f, _ in refusals] == ["nest.zip/inner1.zip", "nest.zip/inner2.zip"]
+    assert f"times the {archive.stat().st_size} bytes of the run's outermost archives" in refusals[0][1]
+    assert_nothing_kept(services)
+
+
+def test_members_are_counted_over_every_nesting_level(services: Services, tmp_path: Path) -> None:
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as z:
+        for i in range(60):
+            z.writestr(f"f{i}.txt", b"")
+    archive = tmp_path / "many.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for i in range(3):
+            z.writestr(f"inner{i}.zip", inner.getvalue())
+    tight = services.settings.with_overrides(max_archive_members=100)
+    with pytest.raises(NothingUsableError) as info:
+        Ingestor(tight, services.sessions, services.store).ingest("many", "ref", [InputFile(archive, archive.name)])
+    refusals = [p.file for p in info.value.problems if "more than 100 members" in p.reason]
+    assert refusals == ["many.zip/inner1.zip", "many.zip/inner2.zip"]
     assert_nothing_kept(services)
 
 

@@ -21,6 +21,7 @@ from tensor_debugger.store.models import RunRecord
 
 from tests.support.dumps import seeded
 from tests.support.polling import wait_until
+from tests.support.postgres import DATABASES
 
 
 def tensor_file(tmp_path: Path, name: str, seed: int) -> InputFile:
@@ -68,6 +69,7 @@ def test_one_worker_ingests_one_run_at_a_time_and_the_next_waits(services: Servi
         queue.close()
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_recovery_leaves_this_process_s_live_runs_alone(services: Services, tmp_path: Path) -> None:
     """A run begun here and still being ingested is alive; one that names this process but that its ingestor
     does not know was left by an earlier process with the same id (a container's process 1 restarted)."""

@@ -6,13 +6,19 @@ import os
 import signal
 import sqlite3
 import subprocess
+import threading
+import time
 from pathlib import Path
 
+import pytest
 import torch
-from tensor_debugger.services import open_services
+from tensor_debugger.ingest.recovery import remove_dead_ingests
+from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import RunRecord, SessionRecord
 
 from tests.support.polling import wait_until
+from tests.support.postgres import DATABASES
 from tests.support.servers import cli_command
 
 
@@ -71,8 +77,8 @@ def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:
         services.close()
 
 
-def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", demo=False)
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path, settings: Settings) -> None:
     services = open_services(settings)
     path = tmp_path / "x.pth"
     torch.save(torch.ones(3), path)
@@ -89,3 +95,45 @@ def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path) -> None:
         assert [c for c in services.store.children("runs") if c.isdigit()] == [str(result.run_id)]
     finally:
         services.close()
+
+
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_another_hosts_ingest_is_removed_once_its_lease_expires_and_by_one_process(services: Services) -> None:
+    """A replica on another host died ingesting: its run is left while its lease holds, then removed by one of the
+    processes recovering at once."""
+    with services.sessions.begin() as db:
+        session = SessionRecord(name="replica died")
+        db.add(session)
+        db.flush()
+        runs = [
+            RunRecord(
+                session_id=session.id,
+                label=label,
+                position=position,
+                role="reference" if position == 0 else "candidate",
+                status="ingesting",
+                ingest_pid=1,
+                ingest_host="another-host",
+                claimed_by="another-host:1:0",
+                claimed_until=time.time() + offset,
+            )
+            for position, (label, offset) in enumerate([("dead", -1.0), ("alive", 600.0)])
+        ]
+        db.add_all(runs)
+        db.flush()
+        dead, alive = runs[0].id, runs[1].id
+    start = threading.Barrier(4)
+    removed: list[int] = []
+
+    def recover_once() -> None:
+        start.wait()
+        removed.append(remove_dead_ingests(services.sessions, services.store))
+
+    threads = [threading.Thread(target=recover_once) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sorted(removed) == [0, 0, 0, 1]
+    with services.sessions() as db:
+        assert db.get(RunRecord, dead) is None and db.get_one(RunRecord, alive).status == "ingesting"

@@ -26,6 +26,8 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
 
+from tests.support.postgres import DATABASES
+
 STAGES = ("query", "post_attn", "post_mlp")
 
 
@@ -175,6 +177,7 @@ def test_a_touched_or_changed_file_is_ingested_again(
     assert str(candidate.id) in stored_arrays(data)
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_deleting_one_session_keeps_the_arrays_another_shares(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -25,7 +25,7 @@ from torch import nn
 
 from tests.support.dumps import random_bits
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer
+from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer
 from tests.support.traces import MODEL_CLASS, PERTURBED, WrittenTraces, input_ids, tiny_llama
 
 
@@ -162,6 +162,24 @@ def test_capture_with_a_pattern_and_through_the_server(shared_server: LiveServer
         assert report["modules"]["culprit"]["module_path"] == f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
         session = client.get(f"/api/sessions/{result.session_id}").json()
         assert [r["label"] for r in session["runs"]] == ["reference", "candidate"]
+
+
+def test_capture_sends_the_servers_token(token_server: LiveServer) -> None:
+    net = Net()
+    for token, status in ((None, "401"), (READ_TOKEN, "403")):
+        with (
+            pytest.raises(RuntimeError, match=status),
+            torch.no_grad(),
+            capture(net, session="captured with a token", run="r", server=token_server.url, token=token),
+        ):
+            net(torch.randn(2, 4))
+    with (
+        torch.no_grad(),
+        capture(net, session="captured with a token", run="r", server=token_server.url, token=WRITE_TOKEN) as result,
+    ):
+        net(torch.randn(2, 4))
+    session = httpx.get(f"{token_server.url}/api/sessions/{result.session_id}", headers=bearer(READ_TOKEN)).json()
+    assert session["name"] == "captured with a token" and [r["id"] for r in session["runs"]] == [result.run_id]
 
 
 def test_nothing_is_kept_when_the_block_raises(settings: Settings) -> None:

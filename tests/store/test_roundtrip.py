@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.tensor_files import BufferPool, open_tensor_file
+from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.services import Services
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.chunk_writer import ChunkWriter

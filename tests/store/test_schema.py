@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
@@ -20,6 +21,8 @@ from tensor_debugger.store.database import (
 )
 from tensor_debugger.store.models import Base
 
+from tests.support.postgres import DATABASES, PostgresCluster
+
 
 def assert_schema_matches_models(engine: Engine) -> None:
     with engine.connect() as connection:
@@ -32,8 +35,13 @@ def alembic_head() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
-def test_upgrade_head_matches_models(tmp_path: Path) -> None:
-    engine = create_db_engine(f"sqlite:///{tmp_path / 'fresh.sqlite3'}")
+@pytest.mark.parametrize("database", DATABASES)
+def test_upgrade_head_matches_models(tmp_path: Path, database: str, request: pytest.FixtureRequest) -> None:
+    if database == "sqlite":
+        engine = create_db_engine(f"sqlite:///{tmp_path / 'fresh.sqlite3'}")
+    else:
+        cluster: PostgresCluster = request.getfixturevalue("postgres")
+        engine = create_db_engine(cluster.create_database("schema", migrated=False))
     assert not schema_is_current(engine)  # no alembic_version table yet
     upgrade_database(engine)
     assert schema_is_current(engine)

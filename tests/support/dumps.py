@@ -60,3 +60,23 @@ def named_dump(folder: Path, names: list[str], seed: int = 0) -> Path:
     for n, name in enumerate(names):
         torch.save(seeded((4, 4), seed + n), folder / f"{name}.pth")
     return folder
+
+
+def layered_dump(
+    folder: Path, bug_from: int | None, layers: int = 4, noise: float = 0.0, seed: int = 0, bug_to: int | None = None
+) -> Path:
+    """A run of `layers` layers, two stages each (`{layer}_attn.pth`, `{layer}_mlp.pth`, 8 x 16 float32, the same
+    values for every seed's run); from layer `bug_from` on (up to `bug_to`, excluded) every tensor is 0.5 off, and
+    every tensor carries uniform noise of `noise` (drawn from `seed`), as a rerun of nondeterministic kernels would."""
+    folder.mkdir(parents=True)
+    values = torch.Generator().manual_seed(0)
+    jitter = torch.Generator().manual_seed(seed)
+    for layer in range(layers):
+        for stage in ("attn", "mlp"):
+            tensor = torch.randn(8, 16, generator=values)
+            if bug_from is not None and bug_from <= layer < (bug_to if bug_to is not None else layers):
+                tensor = tensor + 0.5
+            if noise:
+                tensor = tensor + noise * (2 * torch.rand(8, 16, generator=jitter) - 1)
+            torch.save(tensor, folder / f"{layer}_{stage}.pth")
+    return folder

@@ -7,13 +7,20 @@ import os
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from tests.support.polling import wait_until
+
+WRITE_TOKEN = "write-token-for-tests-0123456789"
+READ_TOKEN = "read-token-for-tests-0123456789"
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"}
 
 
 def free_port() -> int:
@@ -49,6 +56,18 @@ class LiveServer:
     port: int
     demo: bool = False
     process: subprocess.Popen[bytes] | None = None
+    env: dict[str, str] = field(default_factory=dict)  # TENSOR_DEBUGGER_ settings of the child
+    args: tuple[str, ...] = ()  # more `serve` options
+    database_url: str = ""  # "": SQLite in the data dir
+
+    @property
+    def token(self) -> str | None:
+        return self.env.get("TENSOR_DEBUGGER_TOKEN")
+
+    @property
+    def auth(self) -> dict[str, str]:
+        """The headers a script sends it: its token, when it has one."""
+        return bearer(self.token) if self.token else {}
 
     @property
     def url(self) -> str:
@@ -60,11 +79,14 @@ class LiveServer:
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the server's process and return at once (`start` also waits until it answers)."""
-        args = [*cli_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port)]
+        args = [*cli_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port), *self.args]
         if not self.demo:
             args.append("--no-demo")
         log = open(self.log, "ab")
-        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=child_env())
+        env = {**child_env(), **self.env}
+        if self.database_url:
+            env["TENSOR_DEBUGGER_DATABASE_URL"] = self.database_url
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()  # the child has its own copy
         return self.process
 
@@ -80,7 +102,7 @@ class LiveServer:
         if self.process.poll() is not None:
             raise RuntimeError(f"server exited with {self.process.returncode}; its log: {self.log}")
         try:
-            return httpx.get(self.url + "/api/sessions", timeout=2).status_code == 200
+            return httpx.get(self.url + "/api/sessions", headers=self.auth, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -98,9 +120,19 @@ class LiveServer:
         return self.process is not None and self.process.poll() is None
 
 
-def started_server(root: Path, demo: bool = False) -> LiveServer:
-    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir)."""
-    server = LiveServer(root / "data", free_port(), demo=demo)
+def started_server(
+    root: Path,
+    demo: bool = False,
+    env: dict[str, str] | None = None,
+    args: tuple[str, ...] = (),
+    database_url: str = "",
+) -> LiveServer:
+    """A server on a new data dir, `root/data`, answering on a free port (its log beside the data dir), with the
+    TENSOR_DEBUGGER_ settings in `env`, more `serve` options in `args`, its metadata in `database_url` ("": SQLite
+    in the data dir)."""
+    server = LiveServer(
+        root / "data", free_port(), demo=demo, env=dict(env or {}), args=args, database_url=database_url
+    )
     server.data_dir.mkdir(parents=True)
     return server.start()
 
@@ -109,7 +141,7 @@ def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: st
     """POST `files` (form field, path) as a multipart upload, as the browser's form sends them."""
     handles = [(field, (path.name, open(path, "rb"))) for field, path in files]
     try:
-        return httpx.post(server.url + url, data={"name": name}, files=handles, timeout=120)
+        return httpx.post(server.url + url, data={"name": name}, files=handles, headers=server.auth, timeout=120)
     finally:
         for _, (_, handle) in handles:
             handle.close()
@@ -118,7 +150,7 @@ def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: st
 def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:
     """The session's pairs report once every pair has a verdict."""
     report: dict[str, Any] = wait_until(
-        lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json(),
+        lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", headers=server.auth, timeout=30).json(),
         until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
         what=f"session {session_id}'s pairs to be computed",
         timeout=timeout,

@@ -9,11 +9,13 @@ from typing import Any
 
 import httpx
 import numpy as np
+import pytest
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.polling import wait_until
+from tests.support.postgres import DATABASES
 from tests.support.servers import LiveServer, upload
 
 
@@ -36,6 +38,7 @@ def snapshot(server: LiveServer) -> dict[str, Any]:
     return full
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_path: Path) -> None:
     reference, candidate = two_runs(tmp_path)
     junk = tmp_path / "notes.txt"

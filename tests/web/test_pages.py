@@ -97,12 +97,16 @@ def test_first_start_shows_the_demo_session(shared_demo_server: LiveServer, page
     banner = page.locator(".banner.fail")
     assert "First divergence: 2_post_attn (layer 2, stage post_attn)" in banner.inner_text()
     assert "[5, 17]" in banner.inner_text()
-    assert page.locator("table.pairs tbody tr").count() == 52
+    assert pairs_in_groups(page) == 52
+    # layers 0 and 1 pass: collapsed, their rows not even on the page; layers 2 and 3 fail: open
+    assert page.locator("table.pairs tr.row").count() == 26
+    assert page.get_by_role("link", name="Layer 0", exact=True).get_attribute("aria-expanded") == "false"
     row = page.locator("table.pairs tr", has_text="2_post_attn").first
     assert "FAIL" in row.inner_text().upper() and "[16, 32]" in row.inner_text()
     shot(page, "session-demo")
-    page.get_by_role("link", name="Candidate run: candidate").click()
-    assert page.get_by_role("heading", name="Candidate run: candidate").is_visible()
+    assert "reference: reference/" in page.locator(".runs-header").inner_text()  # named for what was uploaded
+    page.get_by_role("link", name="Candidate run: candidate/").click()
+    assert page.get_by_role("heading", name="Candidate run: candidate/").is_visible()
     assert page.locator("table.tensors tbody tr").count() == 52
     row = page.locator("table.tensors tr", has_text="2_post_attn").first
     assert "[16, 32]" in row.inner_text() and "float32" in row.inner_text()
@@ -141,7 +145,7 @@ def test_upload_through_the_form_without_scripts(
     assert "1 problem" in page.locator("section.runs").inner_text()
     assert "readme.txt: not a tensor file or archive" in page.locator("section.runs ul.problems").inner_text()
     shot(page, "session-form-upload")
-    page.get_by_role("link", name="Candidate run: candidate").click()
+    page.get_by_role("link", name="Candidate run: candidate.zip and 1 more file").click()
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
     assert page.locator("table.tensors tbody tr").count() == 14
     page.goto(shared_server.url + "/?q=FORM")
@@ -197,7 +201,8 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
     heatmap = page.locator("object.heatmap").get_attribute("data")
     assert heatmap is not None
     svg = httpx.get(shared_demo_server.url + heatmap.replace("&amp;", "&")).text
-    assert svg.count("<rect") == 16 * 32 and "rows 5-5, cols 17-17: max |diff| 0.3" in svg
+    assert svg.count("<rect") == 16 * 32 + 21  # a cell per element, and the colour scale's steps
+    assert "rows 5-5, cols 17-17: largest difference (candidate − reference) 0.3" in svg
     page.reload()  # a link shows the same values
     title = page.locator("figure.grid", has_text="Difference").locator("td.max").get_attribute("title") or ""
     assert title.startswith("[5, 17]")
@@ -205,38 +210,47 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
 
 def row_names(page: Page) -> list[str]:
     return [
-        page.locator("table.pairs tbody tr").nth(i).locator("td a").first.inner_text()
-        for i in range(page.locator("table.pairs tbody tr").count())
+        page.locator("table.pairs tr.row").nth(i).locator("td a").first.inner_text()
+        for i in range(page.locator("table.pairs tr.row").count())
     ]
+
+
+def pairs_in_groups(page: Page) -> int:
+    """The pairs of every group of the table, as their headers count them (collapsed groups' rows are not loaded)."""
+    return sum(int(text.split()[0]) for text in page.locator("tr.group-head .count").all_inner_texts())
 
 
 def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Page) -> None:
     page.goto(demo_server.url + "/sessions/1")
     wait_until_compared(page)
-    assert page.locator("figure.chart circle.failing").count() == 15
+    assert page.locator("figure.chart line.first").count() == 1  # the first divergence, marked
     page.get_by_label("Show").select_option("fail")
     page.get_by_role("button", name="Apply", exact=True).click()
     page.wait_for_url("**verdict=fail**")
-    assert page.locator("table.pairs tbody tr").count() == 15
+    assert page.locator("table.pairs tr.row").count() == 15
     assert all(text.strip().upper() == "FAIL" for text in page.locator("table.pairs td.verdict").all_inner_texts())
     shot(page, "session-failing-only")
     page.get_by_role("button", name="Collapse all").click()
-    assert not page.locator("details.group").first.evaluate("d => d.open")
+    assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
     page.get_by_role("button", name="Expand all").click()
     # reorder: ungrouped, in execution order; drag the third row to the top, then move it down with the keyboard
     page.goto(demo_server.url + "/sessions/1?group=none")
     before = row_names(page)
-    page.locator("table.pairs tbody tr").nth(2).drag_to(
-        page.locator("table.pairs tbody tr").nth(0), target_position={"x": 20, "y": 2}
+    page.locator("table.pairs tr.row").nth(2).drag_to(
+        page.locator("table.pairs tr.row").nth(0), target_position={"x": 20, "y": 2}
     )
     page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
     page.reload()
     after = row_names(page)
     assert after[0] == before[2] and after[1:3] == before[0:2]
     page.get_by_role("button", name=f"Move {before[0]} up").focus()
-    with page.expect_navigation():
-        page.keyboard.press("Enter")
+    page.evaluate("window.sameDocument = true; document.querySelector('table.pairs').dataset.saved = ''")
+    page.keyboard.press("Enter")  # moved in place and saved, no reload
+    page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
+    assert page.evaluate("window.sameDocument") is True
     moved = row_names(page)
+    page.reload()
+    assert row_names(page) == moved
     assert moved.index(before[0]) == after.index(before[0]) - 1
     # tolerances: loose enough and every verdict passes
     page.get_by_label("atol").fill("1")
@@ -324,10 +338,10 @@ def test_session_page_follows_the_ingest_live_then_shows_the_results(
     page.locator("#live").wait_for(state="detached", timeout=60_000)  # on the page while anything is under way
     assert "First divergence: 0_query (layer 0, stage query)" in page.locator(".banner.fail").inner_text()
     assert page.locator("section.ingest").count() == 0 and page.locator(".progress").count() == 0
-    assert page.locator("table.pairs tbody tr").count() == 27
+    assert pairs_in_groups(page) == 27
     assert page.evaluate("window.sameDocument") is True
     page.get_by_role("button", name="Collapse all").click()  # the swapped-in page's controls work
-    assert not page.locator("details.group").first.evaluate("d => d.open")
+    assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
     shot(page, "session-live-done")
 
 

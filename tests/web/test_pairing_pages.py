@@ -136,15 +136,17 @@ def test_bands_size_and_a_transpose_by_hand(shared_server: LiveServer, page: Pag
     page.get_by_label("Sort by").select_option("numel")
     page.get_by_role("button", name="Apply", exact=True).click()
     assert "group=band" in page.url and "sort=numel" in page.url
-    summaries = [s.split(" · ")[0] for s in page.locator("details.group summary").all_inner_texts()]
-    assert summaries == ["Identical", "Within tolerance", "Failing"]
-    identical = page.locator("details.group", has_text="Identical").locator("tbody tr").all_inner_texts()
-    assert any("L0_attention_out" in row for row in identical)
-    assert "L0_mlp" in page.locator("details.group", has_text="Within tolerance").inner_text()
-    assert "L1_mlp" in page.locator("details.group", has_text="Failing").inner_text()
+    assert page.locator("tr.group-head a.toggle").all_inner_texts() == ["Identical", "Within tolerance", "Failing"]
+    # passing groups start collapsed; without scripts, a group's header is a link to the page with it open
+    page.get_by_role("link", name="Identical", exact=True).click()
+    identical = page.locator("tbody.group", has_text="Identical").locator("tr.row")
+    assert any("L0_attention_out" in row for row in identical.all_inner_texts())
+    page.get_by_role("link", name="Within tolerance", exact=True).click()
+    assert "L0_mlp" in page.locator("tbody.group", has_text="Within tolerance").locator("tr.row").inner_text()
+    assert "L1_mlp" in page.locator("tbody.group", has_text="Failing").inner_text()
     page.get_by_label("Group by").select_option("none")
     page.get_by_role("button", name="Apply", exact=True).click()
-    names = [row.split("\t")[2] for row in page.locator("table.pairs tbody tr").all_inner_texts()]
+    names = [row.split("\t")[1] for row in page.locator("table.pairs tr.row").all_inner_texts()]
     assert names[0].startswith("L1_mlp") and names[-1].startswith("L0_mlp")  # 256, 64, 16 elements
     shot(page, "pairs-by-size")
     # [32, 64] against [64, 32]: paired as a transpose, not flattened
@@ -184,7 +186,7 @@ def test_explore_one_run_from_the_sessions_page(shared_server: LiveServer, page:
     page.wait_for_url("**/sessions/*")
     wait_until_compared(page)
     assert page.get_by_role("heading", name="explore many.pth").is_visible()
-    assert page.locator("table.pairs tbody tr").count() == 45
+    assert page.locator("table.pairs tr.row").count() == 45  # one group: open
     page.goto(shared_server.url + "/")
     explore = page.locator("form.explore-run")
     explore.get_by_label("Session name").fill("my exploration")
@@ -192,7 +194,7 @@ def test_explore_one_run_from_the_sessions_page(shared_server: LiveServer, page:
     explore.get_by_role("button", name="Upload and explore").click()
     page.wait_for_url("**/sessions/*")
     wait_until_compared(page)
-    assert page.locator("table.pairs tbody tr").count() == 3
+    assert page.locator("table.pairs tr.row").count() == 3
     row = page.locator("table.pairs tr", has_text="acts.k")
     assert "pass" in row.first.locator(".verdict").inner_text().lower()
     shot(page, "explore-session")

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 
 from tests.support.dumps import make_zip, seeded
 from tests.support.dumps import named_dump as dump
+from tests.support.postgres import DATABASES
 from tests.support.servers import LiveServer, upload, wait_done
 
 
@@ -99,6 +101,7 @@ def test_explore_one_uploaded_run(shared_server: LiveServer, tmp_path: Path) -> 
     assert "pairing api: too many" not in {s["name"] for s in httpx.get(f"{shared_server.url}/api/sessions").json()}
 
 
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_pair_by_hand_with_a_transpose(shared_server: LiveServer, tmp_path: Path) -> None:
     weight = seeded((32, 64), 5)
     a, b = tmp_path / "a", tmp_path / "b"

@@ -428,7 +428,7 @@ def test_the_pages_run_under_the_policy_without_a_violation(
     page.get_by_role("link", name="demo: planted divergence at layer 2 post_attn").click()
     page.locator(".banner.fail").wait_for(timeout=60_000)
     page.get_by_role("button", name="Collapse all").click()  # session.js runs
-    assert not page.locator("details.group").first.evaluate("d => d.open")
+    assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
     page.get_by_role("button", name="Expand all").click()
     page.goto(page.url.split("?")[0] + "?group=none")
     assert page.locator("td.move form input[name=csrf_token]").count() > 0

@@ -1,5 +1,5 @@
-// The value inspector: sliders and number boxes per dimension, arrow keys, "Jump to max diff" without a
-// reload. The window lives in the URL (index, start, count), so links and the back button work; the server
+// The value inspector: sliders and number boxes per dimension of more than one index, arrow keys, "Jump to max
+// diff" and a click on the heatmap (which moves with the window) without a reload. The window lives in the URL (index, start, count), so links and the back button work; the server
 // renders the grids (the same partial as the page), so this script only moves the window.
 
 const form = document.querySelector("form.window");
@@ -34,6 +34,47 @@ if (form) {
     if (push) history.pushState(null, "", `/pairs/${pairId}?${q}`);
     const response = await fetch(`/pairs/${pairId}/grid?${q}`);
     grids.innerHTML = await response.text();
+    bindHeatmap();
+    showLargest();
+  }
+
+  // the window's largest difference scrolled into view inside the grids' own scroll area (not the page)
+  function showLargest() {
+    const area = grids.querySelector(".grids");
+    const cell = area && area.querySelector("td.max");
+    if (!cell) return;
+    const box = area.getBoundingClientRect();
+    const at = cell.getBoundingClientRect();
+    area.scrollTop += at.top - box.top - area.clientHeight / 2;
+    area.scrollLeft += at.left - box.left - area.clientWidth / 2;
+  }
+
+  // the window moved so that it holds `target` (an aligned index), centred where it can be
+  function moveTo(target) {
+    const next = structuredClone(state);
+    shape.forEach((size, dim) => {
+      const w = next.free.indexOf(dim);
+      if (w >= 0) next.starts[w] = clamp(target[dim] - Math.floor(next.counts[w] / 2), 0, Math.max(0, size - next.counts[w]));
+      else next.index[dim] = String(target[dim]);
+    });
+    show(next);
+  }
+
+  // a click on a heatmap cell opens that spot (the SVG is the app's own document, so its cells can be read)
+  function bindHeatmap() {
+    const heatmap = grids.querySelector("object.heatmap");
+    if (!heatmap) return;
+    const listen = () => {
+      const svg = heatmap.contentDocument;
+      if (!svg || svg.documentElement.dataset.bound) return;
+      svg.documentElement.dataset.bound = "yes";
+      svg.addEventListener("click", (event) => {
+        const cell = event.target.closest("rect[data-index]");
+        if (cell) moveTo(cell.dataset.index.split(",").map(Number));
+      });
+    };
+    heatmap.addEventListener("load", listen);
+    listen();
   }
 
   function control(label, max, value, onChange) {
@@ -54,7 +95,8 @@ if (form) {
   let controls = [];
   function buildSliders() {
     sliders.replaceChildren();
-    controls = shape.map((size, dim) => {
+    controls = shape.flatMap((size, dim) => {
+      if (size <= 1) return []; // nothing to move along
       const w = state.free.indexOf(dim);
       const isWindow = w >= 0;
       const max = isWindow ? Math.max(0, size - state.counts[w]) : size - 1;
@@ -66,9 +108,9 @@ if (form) {
         schedule(next);
       });
       sliders.append(c.row);
-      return { ...c, dim, isWindow, w };
+      return [{ ...c, dim, isWindow, w }];
     });
-    sliders.hidden = shape.length === 0;
+    sliders.hidden = controls.length === 0;
   }
 
   function syncSliders() {
@@ -85,6 +127,8 @@ if (form) {
   }
 
   buildSliders();
+  bindHeatmap();
+  showLargest();
 
   form.addEventListener("submit", (event) => {
     event.preventDefault();
@@ -99,14 +143,7 @@ if (form) {
     jump.addEventListener("click", (event) => {
       event.preventDefault();
       // centre the current window (same dimensions and counts) on the largest difference
-      const target = jump.dataset.argmax.split(",").map(Number);
-      const next = structuredClone(state);
-      shape.forEach((size, dim) => {
-        const w = next.free.indexOf(dim);
-        if (w >= 0) next.starts[w] = clamp(target[dim] - Math.floor(next.counts[w] / 2), 0, Math.max(0, size - next.counts[w]));
-        else next.index[dim] = String(target[dim]);
-      });
-      show(next);
+      moveTo(jump.dataset.argmax.split(",").map(Number));
     });
   }
 

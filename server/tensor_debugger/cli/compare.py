@@ -5,6 +5,7 @@ not, 2 on unusable input. Also `explore`."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 from tensor_debugger.cli.compare_output import cell, compare_request, print_unusable, show_compare
@@ -34,6 +35,9 @@ def run_compare(
     pairing: Path | None = None,
     fail_fast: bool = False,
     ulp: int | None = None,
+    more: Sequence[Path] = (),
+    noise: Path | None = None,
+    noise_factor: float | None = None,
 ) -> int:
     """Compare in this process; prints what `show_compare` prints and returns the exit code."""
     try:
@@ -48,6 +52,9 @@ def run_compare(
             pairing=pairing,
             fail_fast=fail_fast,
             ulp=ulp,
+            more=more,
+            noise=noise,
+            noise_factor=noise_factor,
         )
     except InvalidInputError as exc:
         print_unusable(str(exc), [], as_json)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,9 @@ def compare_request(
     pairing: Path | None = None,
     fail_fast: bool = False,
     ulp: int | None = None,
+    more: Sequence[Path] = (),
+    noise: Path | None = None,
+    noise_factor: float | None = None,
 ) -> CompareRequest:
     """What the command line asks for. Raises InvalidInputError on an unusable pairing file."""
     return CompareRequest(
@@ -58,6 +62,11 @@ def compare_request(
         None if pairing is None else str(pairing),
         fail_fast,
         ulp,
+        tuple(p.absolute() for p in more),
+        tuple(str(p) for p in more),
+        None if noise is None else noise.absolute(),
+        None if noise is None else str(noise),
+        noise_factor,
     )
 
 
@@ -73,11 +82,31 @@ def show_compare(outcome: CompareOutcome, as_json: bool) -> int:
 
 
 def print_table(payload: dict[str, Any]) -> None:
-    rows = [("#", "layer", "tensor", "verdict", "max |diff|", "mean |diff|", "cosine", "mismatch", "alignment")]
+    if len(payload.get("first_divergences", {})) > 1:
+        print_candidates(payload)
+        return
+    noise = any(p.get("noise_max_abs_diff") is not None for p in payload["pairs"])
+    floor_header = ("noise floor",) if noise else ()
+    rows: list[tuple[str, ...]] = [
+        (
+            "#",
+            "layer",
+            "tensor",
+            "verdict",
+            "max |diff|",
+            *floor_header,
+            "mean |diff|",
+            "cosine",
+            "mismatch",
+            "alignment",
+        )
+    ]
     for n, p in enumerate(payload["pairs"]):
         s = p["stats"] or {}
         mismatch = f"{100 * s['mismatched'] / s['numel']:.3g}%" if s and s["numel"] else ""
         verdict = p["status"].upper() + (" (summary)" if p["summary"] else "")
+        verdict += " (noise)" if p.get("rule") == "noise" else ""
+        floor = (cell(p.get("noise_max_abs_diff")),) if noise else ()
         rows.append(
             (
                 str(n),
@@ -85,6 +114,7 @@ def print_table(payload: dict[str, Any]) -> None:
                 p["name"],
                 verdict,
                 cell(s.get("max_abs_diff")),
+                *floor,
                 cell(s.get("mean_abs_diff")),
                 cell(s.get("cosine")),
                 mismatch,
@@ -125,6 +155,11 @@ def print_table(payload: dict[str, Any]) -> None:
                 f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
                 f"are not available in this trace)"
             )
+        elif pair.get("rule") == "noise":
+            print(
+                f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
+                f"{stats['argmax']}, beyond the noise factor times the rerun's {cell(pair['noise_max_abs_diff'])}"
+            )
         else:
             print(
                 f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
@@ -134,6 +169,34 @@ def print_table(payload: dict[str, Any]) -> None:
     if pending:
         print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
     print_culprits(payload["culprits"], failing > 0)
+    print(f"open in the browser: {payload['session']['url']}")
+
+
+def print_candidates(payload: dict[str, Any]) -> None:
+    """Several candidates side by side: a row per reference tensor, a column per candidate (verdict and
+    max |diff|), then each candidate's first divergence."""
+    labels = list(payload["first_divergences"])
+    cells: dict[str, dict[str, str]] = {}
+    layers: dict[str, str] = {}
+    for p in payload["pairs"]:
+        name = p["a"]["name"]
+        layers.setdefault(name, "" if p["layer"] is None else str(p["layer"]))
+        stats = p["stats"] or {}
+        cells.setdefault(name, {})[p["candidate"]] = f"{p['status'].upper()} {cell(stats.get('max_abs_diff'))}".rstrip()
+    rows = [("#", "layer", "tensor", *(f"{label} (max |diff|)" for label in labels))]
+    for n, (name, verdicts) in enumerate(cells.items()):
+        rows.append((str(n), layers[name], name, *(verdicts.get(label, "unmatched") for label in labels)))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
+    for problem in payload["problems"]:
+        print(f"problem: {problem['file']}: {problem['reason']}")
+    for label, first in payload["first_divergences"].items():
+        if first is None:
+            print(f"{label}: no divergence")
+        else:
+            where = "no layer" if first["layer"] is None else f"layer {first['layer']}"
+            print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where})")
     print(f"open in the browser: {payload['session']['url']}")
 
 

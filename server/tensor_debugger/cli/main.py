@@ -3,8 +3,11 @@
     tensor-debugger [--data-dir DIR] [--workers N] serve [--host H] [--port P]
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
-    tensor-debugger [--data-dir DIR] [--workers N] compare A B [--name N] [--rtol R --atol T | --ulp N] [--json]
+    tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
+    tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T | --ulp N] [--json]
         [--top K] [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+        [--noise A2 [--noise-factor K]]
+    tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
@@ -63,16 +66,32 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="address to bind (default 127.0.0.1: this machine only)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--no-demo", action="store_true", help="do not create the demo session")
+    serve.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve a non-loopback address without a token: anyone who reaches it may read and delete everything",
+    )
 
     ingest = commands.add_parser("ingest", help="add a run to a session (created if needed)")
     ingest.add_argument("--session", required=True, help="session name")
     ingest.add_argument("--run", required=True, help="run label, e.g. reference or candidate")
     ingest.add_argument("paths", nargs="+", type=Path, help="tensor files, archives or folders")
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
+    ingest.add_argument(
+        "--in-process",
+        action="store_true",
+        help="do the work in this process even when a server runs on the data dir (no warm path)",
+    )
+    _server_options(ingest)
 
-    compare = commands.add_parser("compare", help="ingest two runs, compare them, print the first divergence")
+    compare = commands.add_parser(
+        "compare", help="ingest a reference run and candidates, compare them, print the first divergence"
+    )
     compare.add_argument("a", type=Path, help="the reference run: a tensor file, an archive or a folder")
     compare.add_argument("b", type=Path, help="the candidate run")
+    compare.add_argument(
+        "more", nargs="*", type=Path, metavar="C", help="further candidate runs, each compared with the reference"
+    )
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
     compare.add_argument("--atol", type=float, help="absolute tolerance (default: torch.testing's per dtype)")
@@ -115,7 +134,25 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="keep each pair's K largest differences, 0 to 64 (default 8; TENSOR_DEBUGGER_TOP)",
     )
+    compare.add_argument(
+        "--noise",
+        type=Path,
+        metavar="A2",
+        help="a rerun of the reference: each pair passes when the candidate's max |diff| is within "
+        "--noise-factor times the rerun's at that tensor (its noise floor)",
+    )
+    compare.add_argument(
+        "--noise-factor",
+        type=float,
+        metavar="K",
+        help="how many times the noise floor a pair's error may be (default 4)",
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
+    compare.add_argument(
+        "--in-process",
+        action="store_true",
+        help="do the work in this process even when a server runs on the data dir (no warm path)",
+    )
 
     explore = commands.add_parser("explore", help="compare every tensor of one run with every other")
     explore.add_argument("path", type=Path, help="the run: a tensor file, an archive or a folder")
@@ -123,9 +160,26 @@ def build_parser() -> argparse.ArgumentParser:
     explore.add_argument("--name", help="session name (default: 'explore PATH')")
     explore.add_argument("--json", action="store_true", help="print one JSON object, as compare does")
 
+    diff = commands.add_parser(
+        "compare-sessions", help="two sessions' pairs matched by name: each one's error in both and the change"
+    )
+    diff.add_argument("s1", metavar="S1", help="the session before (its id or name)")
+    diff.add_argument("s2", metavar="S2", help="the session after (its id or name)")
+    diff.add_argument("--json", action="store_true", help="print one JSON object")
+
     sessions = commands.add_parser("sessions", help="list sessions and their runs")
     sessions.add_argument("--json", action="store_true", help="print a JSON list")
+    _server_options(sessions)
     return parser
+
+
+def _server_options(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--server", metavar="URL", help="a running server to send to (e.g. https://gpu-box:8000), not the data dir"
+    )
+    command.add_argument(
+        "--token", help="the server's token (default: TENSOR_DEBUGGER_TOKEN); sent as Authorization: Bearer"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -136,8 +190,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tensor-debugger: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     if args.command == "serve":
-        return serve(settings.with_overrides(host=args.host, port=args.port, demo=False if args.no_demo else None))
-    if args.command == "ingest" or (args.command == "compare" and args.top is None):  # a server keeps its own top
+        return serve(
+            settings.with_overrides(host=args.host, port=args.port, demo=False if args.no_demo else None), args.no_auth
+        )
+    if getattr(args, "server", None):
+        from tensor_debugger.cli.remote import remote_ingest, remote_sessions
+
+        if args.command == "ingest":
+            return remote_ingest(args.server, args.token, args.session, args.run, args.paths, args.json)
+        return remote_sessions(args.server, args.token, args.json)
+    # a warm server keeps its own top: a compare with --top runs here
+    if (args.command == "ingest" or (args.command == "compare" and args.top is None)) and not args.in_process:
         code = warm(settings, args)
         if code is not None:
             return code
@@ -164,7 +227,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 pairing=args.pairing,
                 fail_fast=args.fail_fast,
                 ulp=args.ulp,
+                more=args.more,
+                noise=args.noise,
+                noise_factor=args.noise_factor,
             )
+        if args.command == "compare-sessions":
+            from tensor_debugger.cli.session_diff import run_compare_sessions
+
+            return run_compare_sessions(services, args.s1, args.s2, args.json)
         if args.command == "explore":
             from tensor_debugger.cli.compare import run_explore
 
@@ -195,7 +265,35 @@ def _start_up_heap() -> Iterator[None]:
         atexit.register(gc.freeze)
 
 
-def serve(settings: Settings) -> int:
+def is_loopback(host: str) -> bool:
+    """Whether binding `host` keeps the server to this machine: localhost, 127.0.0.0/8 or ::1."""
+    import ipaddress
+
+    name = host.strip().strip("[]").lower()
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, other machines may reach it
+
+
+def serve(settings: Settings, no_auth: bool = False) -> int:
+    if not is_loopback(settings.host) and not settings.auth_required:
+        if not no_auth:
+            print(
+                f"tensor-debugger: refusing to serve {settings.host} (beyond this machine) without a token: set "
+                "TENSOR_DEBUGGER_TOKEN (and TENSOR_DEBUGGER_READ_TOKEN for read-only access), or pass --no-auth "
+                "to let anyone who reaches the address read, change and delete every session",
+                file=sys.stderr,
+            )
+            return EXIT_UNUSABLE
+        print(
+            f"WARNING: --no-auth: serving {settings.host}:{settings.port} WITHOUT AUTHENTICATION. Anyone who can "
+            "reach this address can read, change and delete every session. Set TENSOR_DEBUGGER_TOKEN instead.",
+            file=sys.stderr,
+            flush=True,
+        )
     import uvicorn
 
     from tensor_debugger.web.app import create_app
@@ -207,7 +305,14 @@ def serve(settings: Settings) -> int:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        proxy_headers=True,
+        forwarded_allow_ips=settings.trusted_proxies,
+    )
     return EXIT_OK
 
 
@@ -236,6 +341,9 @@ def warm(settings: Settings, args: argparse.Namespace) -> int | None:
             pairing=args.pairing,
             fail_fast=args.fail_fast,
             ulp=args.ulp,
+            more=args.more,
+            noise=args.noise,
+            noise_factor=args.noise_factor,
         )
     except TensorDebuggerError as exc:
         print_unusable(str(exc), [], args.json)
@@ -277,6 +385,13 @@ def show_ingest(outcome: CompareOutcome, as_json: bool) -> int:
 
 
 def list_sessions(services: Services, as_json: bool) -> int:
+    from tensor_debugger.cli.session_list import print_sessions
+
+    print_sessions(_session_list(services), as_json)
+    return EXIT_OK
+
+
+def _session_list(services: Services) -> list[dict[str, Any]]:
     from tensor_debugger.store import catalog
     from tensor_debugger.store.reports import iso
 
@@ -293,18 +408,7 @@ def list_sessions(services: Services, as_json: bool) -> int:
             }
             for s in catalog.list_sessions(db)
         ]
-    if as_json:
-        print(json.dumps(data))
-        return EXIT_OK
-    if not data:
-        print("no sessions")
-    for s in data:
-        runs = ", ".join(
-            f"{r['label']} ({r['tensors']} tensors{'' if r['status'] == 'ready' else ', ' + r['status']})"
-            for r in s["runs"]
-        )
-        print(f"{s['id']:>4}  {s['name']}  [{runs}]")
-    return EXIT_OK
+    return data
 
 
 def _report(payload: dict[str, Any], as_json: bool, error: bool) -> None:

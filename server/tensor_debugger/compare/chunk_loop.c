@@ -10,7 +10,8 @@
  * Chunks are decoded by C-Blosc2's public API (blosc2_create_dctx, blosc2_decompress_ctx), which reads the Blosc 1
  * frames numcodecs writes. The build links C-Blosc2 in statically, from the libblosc2.a and headers that the blosc2
  * package ships for other programs to build against (a build requirement in pyproject.toml; nothing of it is needed
- * at run time). A chunk that is missing, short, or not one Blosc frame of one chunk stops the call with a code,
+ * at run time). A side stored raw (no compressor) has its chunk files read straight into the values' buffer. A chunk
+ * that is missing, short, or not one Blosc frame of one chunk stops the call with a code,
  * as does a NaN or an Inf (whose block only the numpy path counts); the caller then reads the block the ordinary
  * way, which fills missing chunks, names the broken file and counts NaN.
  */
@@ -63,7 +64,7 @@ static blosc2_context *thread_context(void) {
 typedef int (*tdc_kernel)(const void *a, const void *b, int64_t n, int64_t base, double atol, double rtol, int check,
                           const double *edges, void *out);
 
-static int read_file(const char *path, uint8_t *into, int64_t capacity, int64_t *size) {
+static int read_file(const char *path, uint8_t *into, int64_t minimum, int64_t capacity, int64_t *size) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return errno == ENOENT ? TDC_MISSING : TDC_IO;
     struct stat st;
@@ -71,7 +72,7 @@ static int read_file(const char *path, uint8_t *into, int64_t capacity, int64_t 
         close(fd);
         return TDC_IO;
     }
-    if (st.st_size < BLOSC_HEADER || st.st_size > capacity) {
+    if (st.st_size < minimum || st.st_size > capacity) {
         close(fd);
         return TDC_NOT_A_CHUNK;
     }
@@ -96,7 +97,9 @@ static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] 
  * long as the file (Blosc 1 takes the compressed length from the header, so a short file is refused here). */
 static int decode_chunk(tdc_side *side, const char *path) {
     int64_t size = 0;
-    int status = read_file(path, side->compressed, side->chunk_bytes + BLOSC_HEADER, &size);
+    if (side->raw) /* the file is the chunk's values: exactly one chunk long */
+        return read_file(path, side->decoded, side->chunk_bytes, side->chunk_bytes, &size);
+    int status = read_file(path, side->compressed, BLOSC_HEADER, side->chunk_bytes + BLOSC_HEADER, &size);
     if (status != TDC_OK) return status;
     if ((int64_t)le32(side->compressed + 4) != side->chunk_bytes || (int64_t)le32(side->compressed + 12) != size)
         return TDC_NOT_A_CHUNK;

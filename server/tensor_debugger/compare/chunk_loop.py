@@ -107,7 +107,7 @@ class _Buffers(threading.local):
         self.compressed = self.decoded = self.widened = np.empty(0, dtype=np.uint8)
         self.pieces: ctypes.Array[ctypes.Structure] | None = None  # the last side's, alive while C reads them
 
-    def side(self, pieces: list[tuple[bytes, int, int]], chunk_bytes: int, code: str) -> ctypes.Structure:
+    def side(self, pieces: list[tuple[bytes, int, int]], chunk_bytes: int, code: str, raw: bool) -> ctypes.Structure:
         if self.decoded.size < chunk_bytes:
             self.compressed = np.empty(chunk_bytes + BLOSC_HEADER, dtype=np.uint8)
             self.decoded = np.empty(chunk_bytes, dtype=np.uint8)
@@ -120,6 +120,7 @@ class _Buffers(threading.local):
             len(pieces),
             chunk_bytes,
             ord(code),
+            int(raw),
             self.compressed.ctypes.data,
             self.decoded.ctypes.data,
             self.widened.ctypes.data,
@@ -149,8 +150,8 @@ class ChunkPairs:
         stop = start + math.prod(s.stop - s.start for s in region)
         pieces_a, pieces_b = self.a.flat_pieces(start, stop), self.b.flat_pieces(start, stop)
         assert pieces_a is not None and pieces_b is not None  # `chunk_pairs` checked
-        side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0])
-        side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1])
+        side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0], self.a.raw)
+        side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1], self.b.raw)
         out = empty_partial(self.top)
         failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
         status = library.tdc_pair(
@@ -212,7 +213,7 @@ def read_chunks(reader: ChunkReader, start: int, stop: int) -> None:
     pieces = reader.flat_pieces(start, stop)
     if library is None or pieces is None or reader.chunk_bytes > _LARGEST_CHUNK:
         raise RuntimeError(f"the compiled chunk loop cannot read {reader.shape} chunks of {reader.chunks}")
-    side = _BUFFERS[0].side(pieces, reader.chunk_bytes, "f")
+    side = _BUFFERS[0].side(pieces, reader.chunk_bytes, "f", reader.raw)
     failed = ctypes.c_int64(-1)
     status = library.tdc_read(side, failed)
     if status != 0:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from tensor_debugger.compare.pair_reports import SessionPairs
+from tensor_debugger.compare.pair_reports import FirstDivergence, SessionPairs
 
 CONTRACT_STATS = (
     "max_abs_diff",
@@ -46,6 +46,9 @@ def contract_json(
             "module_path": p.module_path,
             "place": p.place,
             "summary": p.summary,
+            "candidate": report.candidate_of(p),  # the label of the candidate run
+            "rule": p.rule,  # what judged the verdict: "tolerance", or "noise" (a rerun of the reference's floor)
+            "noise_max_abs_diff": p.noise_max_abs_diff,  # that floor: the reference's rerun's max |diff| here
         }
         for p in report.pairs
     ]
@@ -55,12 +58,17 @@ def contract_json(
         "b": [u.name for u in report.unmatched if u.run_id != reference_run],
     }
     first = report.first_divergence
+
+    def where(found: FirstDivergence | None) -> dict[str, Any] | None:
+        return {"name": found.name, "layer": found.layer, "stage": found.stage} if found else None
+
     culprits = report.modules.culprits if report.modules else []
     return {
         "session": {"id": session_id, "name": name, "url": url},
         "pairs": pairs,
         "unmatched": unmatched,
-        "first_divergence": {"name": first.name, "layer": first.layer, "stage": first.stage} if first else None,
+        "first_divergence": where(first),  # the first candidate's
+        "first_divergences": {c.label: where(c.first_divergence) for c in report.candidates},
         # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first;
         # in a plain dump, its stages by the error each added to the tensor before it
         "culprits": [

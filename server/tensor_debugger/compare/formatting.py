@@ -10,15 +10,40 @@ if TYPE_CHECKING:  # the CLI's `compare` formats numbers with these, without loa
 
 
 def format_number(value: float | None) -> str:
+    """One format for every number shown: 4 significant digits, no trailing zeros, scientific notation only
+    outside 1e-3 <= |value| < 1e4 (`1.3e-06` is written `1.3e-6`)."""
     if value is None:
         return "—"
     if isinstance(value, int):
         return str(value)
     if math.isnan(value) or math.isinf(value):
         return str(value)
-    if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
-        return f"{value:.4e}"
-    return f"{value:.6g}"
+    if value == 0:
+        return "0"
+    fixed = f"{value:.4g}"
+    if 1e-3 <= abs(float(fixed)) < 1e4 and "e" not in fixed:
+        return fixed
+    mantissa, exponent = f"{value:.3e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def format_cosine(value: object) -> str:
+    """A cosine similarity; one that would read as a bare 1 but is not exactly 1 is shown as `1 − x` (x = 1 − cos),
+    so a failing pair never reads as perfectly similar."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        text = format_number(float(value))
+        if text == "1" and value != 1:
+            return f"1 − {format_number(1 - float(value))}"
+        return text
+    return format_stat(value)
+
+
+def format_fraction(value: object) -> str:
+    """A fraction in [0, 1] as a percentage with up to 3 significant digits."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return format_stat(value)
+    return f"{100 * value:.3g}%"
 
 
 def format_stat(value: object) -> str:
@@ -63,4 +88,6 @@ def register_filters(env: Environment) -> None:
     env.filters["shape"] = format_shape
     env.filters["stat"] = format_stat
     env.filters["error"] = format_error
+    env.filters["cosine"] = format_cosine
+    env.filters["fraction"] = format_fraction
     env.globals["percent"] = format_percent

@@ -41,9 +41,13 @@ class HandPairChoices:
 
 
 def candidate_run(db: DbSession, session_id: int, run_id: int | None) -> RunRecord:
-    """The candidate run `run_id`, else the session's first candidate; InvalidInputError when there is none."""
+    """The candidate run `run_id`, else the session's first candidate (not a rerun of the reference: its noise
+    floor); InvalidInputError when there is none."""
     session = catalog.get_session(db, session_id)
-    run = next((r for r in session.runs if r.position > 0 and run_id in (None, r.id)), None)
+    run = next(
+        (r for r in session.runs if r.position > 0 and (r.id == run_id or (run_id is None and r.role != "noise"))),
+        None,
+    )
     if run is None:
         raise InvalidInputError("the session has no such candidate run")
     return run

@@ -1,5 +1,8 @@
-"""A heatmap of |difference| over a 2-D slice of a pair, max-pooled down to at most ROWS x COLS cells, so no
-single spike can hide in an average. The slice is read block by block through the lazy views."""
+"""A heatmap of the difference over a 2-D slice of a pair, max-pooled down to at most ROWS x COLS cells, so no
+single spike can hide in an average: each cell holds the largest |difference| of the elements it covers, with
+the sign of that difference (candidate - reference). Drawn in diverging colours (blue where the candidate is
+lower, red where higher, white where equal, black for NaN) on a log scale of |difference|, with the slice's row
+and column indices on its axes and a colour scale. The slice is read block by block through the lazy views."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tensor_debugger.compare.formatting import format_number
 from tensor_debugger.engine.views import View
 
 ROWS, COLS = 64, 96
@@ -20,6 +24,7 @@ class Heatmap:
     fixed: tuple[int | None, ...]  # the index of every other dimension (None on the two shown)
     shape: tuple[int, int]  # of the slice
     cells: np.ndarray  # max |diff| per cell; NaN where any element was NaN
+    signs: np.ndarray  # the sign (-1, 0, 1) of the difference whose |diff| is the cell's
     row_edges: list[int]  # slice rows each cell row starts at (len = cells rows + 1)
     col_edges: list[int]
 
@@ -38,6 +43,8 @@ def build_heatmap(a: View, b: View, fixed: tuple[int | None, ...]) -> Heatmap:
     height, width = a.shape[rows_dim], a.shape[cols_dim]
     row_edges, col_edges = _edges(height, ROWS), _edges(width, COLS)
     cells = np.zeros((len(row_edges) - 1, len(col_edges) - 1))
+    highest = np.full(cells.shape, -np.inf)  # the largest and smallest signed difference per cell
+    lowest = np.full(cells.shape, np.inf)
     nan_cells = np.zeros(cells.shape, dtype=bool)
     col_starts = np.asarray(col_edges[:-1])
     step = max(1, BLOCK_ELEMENTS // max(width, 1))
@@ -50,56 +57,115 @@ def build_heatmap(a: View, b: View, fixed: tuple[int | None, ...]) -> Heatmap:
         block_a = a.read(region).reshape(stop - start, width)
         block_b = b.read(region).reshape(stop - start, width)
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(
-                block_b.astype(np.complex128 if block_b.dtype.kind == "c" else np.float64)
-                - block_a.astype(np.complex128 if block_a.dtype.kind == "c" else np.float64)
+            signed = block_b.astype(np.complex128 if block_b.dtype.kind == "c" else np.float64) - block_a.astype(
+                np.complex128 if block_a.dtype.kind == "c" else np.float64
             )
+            diff = np.abs(signed)
         nan = np.isnan(diff)
         diff = np.where(nan, 0.0, diff)
+        real = np.where(nan, 0.0, signed.real if signed.dtype.kind == "c" else signed)
+        if signed.dtype.kind == "c":  # a complex difference has no sign: its magnitude is drawn as positive
+            real = diff
         for r in range(len(row_edges) - 1):
             lo, hi = max(row_edges[r], start), min(row_edges[r + 1], stop)
             if lo >= hi:
                 continue
             part = diff[lo - start : hi - start]
             cells[r] = np.maximum(cells[r], np.maximum.reduceat(part.max(axis=0), col_starts))
+            real_part = real[lo - start : hi - start]
+            highest[r] = np.maximum(highest[r], np.maximum.reduceat(real_part.max(axis=0), col_starts))
+            lowest[r] = np.minimum(lowest[r], np.minimum.reduceat(real_part.min(axis=0), col_starts))
             nan_cells[r] |= np.logical_or.reduceat(nan[lo - start : hi - start].any(axis=0), col_starts)
+    signs = np.where(highest >= -lowest, np.sign(highest), np.sign(lowest))
     cells[nan_cells] = math.nan
-    return Heatmap((rows_dim, cols_dim), fixed, (height, width), cells, row_edges, col_edges)
+    return Heatmap((rows_dim, cols_dim), fixed, (height, width), cells, signs, row_edges, col_edges)
 
 
-def colour(value: float, low: float, high: float) -> str:
-    """White for zero, then light orange to dark red on a log scale between `low` and `high`; NaN black."""
+NEGATIVE, POSITIVE = ((222, 235, 247), (8, 69, 148)), ((254, 224, 210), (165, 15, 21))  # light to dark
+MARGIN_LEFT, MARGIN_TOP, LEGEND = 40, 28, 70  # px: row indices, column indices, the colour scale on the right
+
+
+def colour(value: float, low: float, high: float, sign: float = 1.0) -> str:
+    """White for zero; light to dark on a log scale of |value| between `low` and `high`, red where the candidate
+    is higher, blue where lower; NaN black."""
     if math.isnan(value):
         return "#111"
     if value <= 0 or high <= 0:
         return "#fff"
-    span = max(math.log10(high) - math.log10(low), 1e-9)
-    t = min(1.0, max(0.0, (math.log10(value) - math.log10(low)) / span))
-    start, end = (253, 232, 200), (160, 20, 10)
+    span = math.log10(high) - math.log10(low) if low > 0 else 0.0
+    t = min(1.0, max(0.0, (math.log10(value) - math.log10(low)) / span)) if span > 0 else 1.0
+    start, end = NEGATIVE if sign < 0 else POSITIVE
     r, g, b = (round(s + (e - s) * t) for s, e in zip(start, end, strict=True))
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+def _ticks(edges: list[int], every_px: int, cell: int) -> list[tuple[int, int]]:
+    """(cell, slice index) of the cells to label: about one every `every_px`."""
+    step = max(1, math.ceil(every_px / cell))
+    return [(i, edges[i]) for i in range(0, len(edges) - 1, step)]
+
+
 def heatmap_svg(heatmap: Heatmap, cell: int = 8) -> str:
-    """The heatmap as SVG; each cell's title says its slice range and max |diff|."""
+    """The heatmap as SVG, with the slice's indices on both axes and a colour scale. Each cell's title says its
+    slice range and its largest difference; `data-index` is the aligned index of the cell's first element (a
+    click on the page opens the inspector there)."""
     values = heatmap.cells[np.isfinite(heatmap.cells) & (heatmap.cells > 0)]
     high = float(values.max()) if values.size else 0.0
     low = max(float(values.min()) if values.size else 0.0, high * 1e-6)
     rows, cols = heatmap.cells.shape
+    cell = max(cell, min(24, 640 // max(cols, 1)))  # small slices get bigger cells
+    width, height = MARGIN_LEFT + cols * cell + LEGEND, MARGIN_TOP + rows * cell + 4
+    row_dim, col_dim = heatmap.dims
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {cols * cell} {rows * cell}" '
-        f'width="{cols * cell}" height="{rows * cell}" role="img" aria-label="max |difference| per cell">'
+        f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {max(height, 150)}" '
+        f'width="{width}" height="{max(height, 150)}" role="img" font-family="sans-serif" font-size="10" '
+        f'aria-label="largest difference per cell, dimension {row_dim} down, dimension {col_dim} across">',
+        f'<text x="{MARGIN_LEFT}" y="10" fill="#444">dim {col_dim} →</text>',
+        f'<text x="2" y="{MARGIN_TOP - 4}" fill="#444">dim {row_dim} ↓</text>',
     ]
+    for c, index in _ticks(heatmap.col_edges, 40, cell):
+        parts.append(f'<text x="{MARGIN_LEFT + c * cell}" y="{MARGIN_TOP - 4}" fill="#444">{index}</text>')
+    for r, index in _ticks(heatmap.row_edges, 16, cell):
+        y = MARGIN_TOP + r * cell + min(cell, 10)
+        parts.append(f'<text x="{MARGIN_LEFT - 4}" y="{y}" fill="#444" text-anchor="end">{index}</text>')
     for r in range(rows):
         for c in range(cols):
             v = float(heatmap.cells[r, c])
+            sign = float(heatmap.signs[r, c])
+            shown = "NaN" if math.isnan(v) else format_number(v * (sign or 1))
             title = (
                 f"rows {heatmap.row_edges[r]}-{heatmap.row_edges[r + 1] - 1}, cols {heatmap.col_edges[c]}-"
-                f"{heatmap.col_edges[c + 1] - 1}: max |diff| {'NaN' if math.isnan(v) else f'{v:.4g}'}"
+                f"{heatmap.col_edges[c + 1] - 1}: largest difference (candidate − reference) {shown}"
             )
+            spot = [
+                heatmap.row_edges[r] if d == row_dim else heatmap.col_edges[c] if d == col_dim else v0 or 0
+                for d, v0 in enumerate(heatmap.fixed)
+            ]
             parts.append(
-                f'<rect x="{c * cell}" y="{r * cell}" width="{cell}" height="{cell}" '
-                f'fill="{colour(v, low, high)}"><title>{title}</title></rect>'
+                f'<rect x="{MARGIN_LEFT + c * cell}" y="{MARGIN_TOP + r * cell}" width="{cell}" height="{cell}" '
+                f'fill="{colour(v, low, high, sign)}" data-index="{",".join(map(str, spot))}">'
+                f"<title>{title}</title></rect>"
             )
+    parts.append(_legend(MARGIN_LEFT + cols * cell + 14, MARGIN_TOP, low, high))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _legend(x: int, y: int, low: float, high: float) -> str:
+    """The colour scale: + high at the top through 0 to - high at the bottom, in 10 steps a side."""
+    steps, h = 10, 5
+    parts = []
+    for i in range(steps):  # from the largest positive down to the smallest
+        t = low * (high / low) ** ((steps - 1 - i) / (steps - 1)) if high > 0 and low > 0 else 0.0
+        parts.append(f'<rect x="{x}" y="{y + i * h}" width="12" height="{h}" fill="{colour(t, low, high, 1)}"/>')
+    parts.append(f'<rect x="{x}" y="{y + steps * h}" width="12" height="{h}" fill="#fff" stroke="#ccc"/>')
+    for i in range(steps):
+        t = low * (high / low) ** (i / (steps - 1)) if high > 0 and low > 0 else 0.0
+        yy = y + (steps + 1 + i) * h
+        parts.append(f'<rect x="{x}" y="{yy}" width="12" height="{h}" fill="{colour(t, low, high, -1)}"/>')
+    bottom = y + (2 * steps + 1) * h
+    return "".join(parts) + (
+        f'<text x="{x + 15}" y="{y + 8}" fill="#444">+{format_number(high)}</text>'
+        f'<text x="{x + 15}" y="{y + steps * h + 5}" fill="#444">0</text>'
+        f'<text x="{x + 15}" y="{bottom}" fill="#444">−{format_number(high)}</text>'
+    )

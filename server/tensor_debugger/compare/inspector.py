@@ -10,7 +10,7 @@ inline styles: the pages' Content-Security-Policy allows no inline style."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -18,7 +18,7 @@ from tensor_debugger.compare.formatting import format_number
 from tensor_debugger.compare.slices import SliceRequest, Window
 from tensor_debugger.engine.tolerances import Tolerance
 
-PER_ROW_1D = 16  # a 1-D window wraps into rows of this many cells
+PER_ROW_1D = 1  # a 1-D window is a column: one value a row, so the three grids side by side line up
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ class Grid:
     label: str
     rows: list[list[Cell]]
     row_labels: list[str]
+    col_labels: list[str] = field(default_factory=list)  # the index along the columns' dimension (2-D windows)
 
 
 @dataclass(frozen=True)
@@ -126,14 +127,15 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
 
     def cell(source: np.ndarray, pos: tuple[int, ...], is_diff: bool) -> Cell:
         value = source[pos].item()
-        magnitude = _scalar(diff[pos].item())
+        signed = diff[pos].item()  # candidate - reference, with its sign (complex: as is)
+        magnitude = abs(signed)
         reference = _scalar(a[pos].item())
         rel = magnitude / abs(reference) if reference != 0 and math.isfinite(reference) else math.inf
         index = window.index_of(pos)
         out = bool(outside[pos])
         title = (
-            f"[{', '.join(map(str, index))}] value {_text(value)}; |diff| {_text(magnitude)}; "
-            f"rel {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance"
+            f"[{', '.join(map(str, index))}] value {_text(value)}; candidate − reference {_text(signed)}; "
+            f"|diff| / |reference| {_text(rel) if magnitude else '0'}; {'outside' if out else 'within'} tolerance"
         )
         background = _background(float(np.real(value)), diff_scale if is_diff else value_scale)
         return Cell(_text(value), title, f"{background} {_border(magnitude, out, diff_scale)}", out, pos == max_pos)
@@ -141,15 +143,17 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
     grids: list[Grid] = []
     sources = (("Reference", a, False), ("Candidate", b, False), ("Difference (candidate - reference)", diff, True))
     for label, source, diff_bg in sources:
+        col_labels: list[str] = []
         if two_d:
             rows = [[cell(source, (i, j), diff_bg) for j in range(a.shape[1])] for i in range(a.shape[0])]
             row_labels = [str(window.region[_free(window.request)[0]].start + i) for i in range(a.shape[0])]
+            col_labels = [str(window.region[_free(window.request)[1]].start + j) for j in range(a.shape[1])]
         else:
             flat = [cell(source, pos, diff_bg) for pos in positions]
             rows = [flat[i : i + PER_ROW_1D] for i in range(0, len(flat), PER_ROW_1D)]
             start = window.region[_free(window.request)[0]].start if a.ndim else 0
             row_labels = [str(start + i) for i in range(0, len(flat), PER_ROW_1D)]
-        grids.append(Grid(label, rows, row_labels))
+        grids.append(Grid(label, rows, row_labels, col_labels))
     return InspectorView(grids, _caption(window), window.index_of(max_pos) if max_pos is not None else None)
 
 
@@ -179,13 +183,15 @@ def build_raw_grid(label: str, values: np.ndarray, origin: tuple[int, ...], free
         title = f"[{', '.join(map(str, index))}] value {_text(value)}"
         return Cell(_text(value), title, f"{_background(float(np.real(value)), scale)} bd-raw", False, False)
 
+    col_labels: list[str] = []
     if values.ndim == 2:
         rows = [[cell((i, j)) for j in range(values.shape[1])] for i in range(values.shape[0])]
         labels = [str(origin[free[0]] + i) for i in range(values.shape[0])]
+        col_labels = [str(origin[free[1]] + j) for j in range(values.shape[1])]
     else:
         positions = list(np.ndindex(*values.shape)) if values.ndim else [()]
         flat = [cell(pos) for pos in positions]
         rows = [flat[i : i + PER_ROW_1D] for i in range(0, len(flat), PER_ROW_1D)]
         start = origin[free[0]] if free else 0
         labels = [str(start + i) for i in range(0, len(flat), PER_ROW_1D)]
-    return Grid(label, rows, labels)
+    return Grid(label, rows, labels, col_labels)

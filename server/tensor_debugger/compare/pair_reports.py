@@ -4,7 +4,7 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -17,11 +17,19 @@ from tensor_debugger.compare.module_reports import (
     module_report,
     stage_culprits,
 )
+from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.progress import PairProgress
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
-from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord, UnmatchedRecord
+from tensor_debugger.store.models import (
+    ComparisonResultRecord,
+    PairRecord,
+    RunRecord,
+    SessionRecord,
+    TensorRecord,
+    UnmatchedRecord,
+)
 from tensor_debugger.store.reports import PairStatus, parse_strategy
 
 
@@ -121,6 +129,8 @@ class PairReport:
     module_path: str | None
     place: str | None
     summary: dict[str, Any] | None  # the verdict on summary statistics when element values are not available
+    rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
+    noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
 
     @property
     def key(self) -> str:
@@ -183,9 +193,19 @@ class UnmatchedReport:
 
 
 @dataclass(frozen=True)
+class CandidateReport:
+    """One candidate run of the session (compared with the reference) and its own first divergence."""
+
+    run_id: int
+    label: str
+    first_divergence: FirstDivergence | None
+
+
+@dataclass(frozen=True)
 class SessionPairs:
-    """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress;
-    `modules`: the module view of a traced session, when asked for."""
+    """Every pair in execution order, the unmatched tensors of each run, the first divergence (the first
+    candidate's) and progress; `modules`: the module view of a traced session, when asked for; `candidates`: every
+    candidate run in the session's order, each with its first divergence."""
 
     pairs: list[PairReport]
     first_divergence: FirstDivergence | None
@@ -194,6 +214,11 @@ class SessionPairs:
     modules: ModuleReport | None = None
     # without module traces (and asked for with `modules`): the stages that add the most error, largest first
     stage_culprits: list[StageCulpritReport] = field(default_factory=list)
+    candidates: list[CandidateReport] = field(default_factory=list)
+
+    def candidate_of(self, pair: PairReport) -> str:
+        """The label of the pair's candidate run."""
+        return next((c.label for c in self.candidates if c.run_id == pair.b.run_id), "")
 
 
 @dataclass(frozen=True)
@@ -242,6 +267,8 @@ def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
         "module_path": pair.module_path,
         "place": pair.place,
         "summary": pair.summary,
+        "rule": "tolerance",
+        "noise_max_abs_diff": None,
     }
 
 
@@ -279,29 +306,73 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
         .order_by(PairRecord.position)
     ).all()
     tensors, results = _load(db, pairs)
-    items = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
-    first = next((i for i in items if i.status == PairStatus.FAIL), None)
-    runs = dict(db.execute(select(RunRecord.id, RunRecord.label).where(RunRecord.session_id == session_id)).all())
+    everything = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
+    ordered_runs = db.execute(
+        select(RunRecord.id, RunRecord.label, RunRecord.role)
+        .where(RunRecord.session_id == session_id)
+        .order_by(RunRecord.position)
+    ).all()
+    runs = {r.id: r.label for r in ordered_runs}
+    noise_runs = {r.id for r in ordered_runs if r.role == "noise"}
+    items = [i for i in everything if i.b.run_id not in noise_runs]
+    if noise_runs:
+        factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id))
+        items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor or NOISE_FACTOR)
+    compared = {i.b.run_id for i in items}
+    candidates = [
+        CandidateReport(
+            run_id,
+            label,
+            first_divergence(next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None)),
+        )
+        for run_id, label, _ in ordered_runs
+        if run_id in compared
+    ]
     unmatched = db.scalars(
         select(UnmatchedRecord)
         .where(UnmatchedRecord.session_id == session_id)
         .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
     ).all()
-    done = sum(1 for i in items if i.status != PairStatus.PENDING)
+    done = sum(1 for i in everything if i.status != PairStatus.PENDING)
     module_view = None
     if modules and items:
         tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
-        module_view = module_report(items, tree)
+        first_candidate = candidates[0].run_id if candidates else None
+        module_view = module_report([i for i in items if i.b.run_id == first_candidate], tree)
     return SessionPairs(
         pairs=items,
-        first_divergence=first_divergence(first),
+        first_divergence=candidates[0].first_divergence if candidates else None,
         unmatched=[
             UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids)) for u in unmatched
         ],
-        progress=PairProgress.of(len(items), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
+        progress=PairProgress.of(len(everything), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
         modules=module_view,
         stage_culprits=stage_culprits(items) if modules and module_view is None else [],
+        candidates=candidates,
     )
+
+
+def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:
+    """Each candidate pair with its noise floor (the reference tensor's pair with the rerun) and the verdict of the
+    noise rule where it applies (`noise.py`)."""
+    floors = {n.a.name: n for n in noise}
+    judged = []
+    for item in items:
+        floor = floors.get(item.a.name)
+        floor_error = floor.stats.max_abs_diff if floor is not None and floor.stats is not None else None
+        verdict = noise_judges(item.stats.max_abs_diff if item.stats else None, floor_error, factor)
+        if (
+            floor is not None
+            and floor.status == PairStatus.PENDING
+            and item.status in (PairStatus.PASS, PairStatus.FAIL)
+        ):
+            judged.append(replace(item, status=PairStatus.PENDING))  # its verdict waits for its floor
+        elif verdict is None or item.status not in (PairStatus.PASS, PairStatus.FAIL):
+            judged.append(replace(item, noise_max_abs_diff=floor_error))
+        else:
+            status = PairStatus.PASS if verdict else PairStatus.FAIL
+            judged.append(replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error))
+    return judged
 
 
 def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairReport]:

@@ -11,9 +11,9 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
@@ -30,6 +30,8 @@ ProgressCallback = Callable[[int, int], None]  # (pairs done, pairs to do)
 SETUP_BATCH = 64  # pairs set up per round of queries
 FLUSH_SECONDS = 0.1  # results are written at most this often (the first at once), so the API's progress stays live
 FLUSH_RESULTS = 256  # or when this many are waiting
+OTHERS_POLL_SECONDS = 0.2  # how often a session's computation looks again at pairs another process holds
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -50,14 +52,12 @@ def compute_pending(
     progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> int:
-    """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
-    settled (all of them unless `should_stop` said to stop). Identical comparisons pending together are computed
-    once."""
+    """Compute the pending pairs (of one session, or all) that no other process holds, claiming them a batch at a
+    time in execution order (store/claims.py); returns how many pairs this call settled. Identical comparisons
+    pending together are computed once. For one session, pairs another process holds are then waited for (taken
+    over should its claim expire), so that the session is settled on return unless `should_stop` said to stop."""
     with comparisons.sessions() as db:
-        query = select(PairRecord.id).where(PairRecord.status == "pending")
-        if session_id is not None:
-            query = query.where(PairRecord.session_id == session_id)
-        todo = list(db.scalars(query.order_by(PairRecord.session_id, PairRecord.position)))
+        total = db.scalar(pending_query(session_id, select(func.count()))) or 0
     done = 0
     waiting: dict[str, list[int]] = {}  # cache key in flight -> pairs with the same key, settled with it
 
@@ -65,16 +65,23 @@ def compute_pending(
         nonlocal done
         done += count
         if count and progress is not None:
-            progress(done, len(todo))
+            progress(done, max(total, done))
+
+    def stopping() -> bool:
+        return should_stop is not None and should_stop()
 
     def jobs() -> Iterator[PairJob[PendingPair]]:
-        for start in range(0, len(todo), SETUP_BATCH):
-            if should_stop is not None and should_stop():
-                return
-            ready, finished = set_up(comparisons, todo[start : start + SETUP_BATCH])
+        while not stopping():
+            claimed = comparisons.claims.claim_pairs(session_id, SETUP_BATCH)
+            if not claimed:
+                if session_id is None or not others_hold(comparisons, session_id):
+                    return
+                time.sleep(OTHERS_POLL_SECONDS)
+                continue
+            ready, finished = set_up(comparisons, claimed)
             settled(finished)
             for job in ready:
-                if should_stop is not None and should_stop():
+                if stopping():
                     return
                 if job.key.key in waiting:  # the same comparison is already computing: no second pass
                     waiting[job.key.key].append(job.key.pair_id)
@@ -91,7 +98,22 @@ def compute_pending(
                 settled(len(pair_ids))
         finally:
             writer.flush()
+            comparisons.claims.release_pairs()  # those not settled (stopped, or failed midway): free for others
     return done
+
+
+def pending_query(session_id: int | None, query: Select[T]) -> Select[T]:
+    query = query.select_from(PairRecord).where(PairRecord.status == "pending")
+    return query if session_id is None else query.where(PairRecord.session_id == session_id)
+
+
+def others_hold(comparisons: Comparisons, session_id: int) -> bool:
+    """Whether pairs of the session are still pending, held by another process's lease."""
+    query = pending_query(session_id, select(PairRecord.id)).where(
+        PairRecord.claimed_by != comparisons.claims.owner, PairRecord.claimed_until >= time.time()
+    )
+    with comparisons.sessions() as db:
+        return db.scalar(query.limit(1)) is not None
 
 
 def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[PairJob[PendingPair]], int]:
@@ -265,9 +287,11 @@ class CurrentPairs:
             pair = self.pairs[pair_id]
             pair.result_id = record.id
             pair.status = "pass" if PairStats.from_json(record.stats).passed else "fail"
+            pair.claimed_by = pair.claimed_until = None
 
     def fail(self, pair_id: int, key: str, message: str) -> None:
         """Mark the pair failed, if `key` (what failed to compute) is still its key."""
         if self.key(pair_id) == key:
             pair = self.pairs[pair_id]
             pair.status, pair.error = "error", message[:2000]
+            pair.claimed_by = pair.claimed_until = None

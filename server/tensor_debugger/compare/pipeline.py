@@ -36,7 +36,7 @@ from tensor_debugger.errors import InvalidInputError, NothingUsableError, Tensor
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairRecord, SessionRecord
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import problem_json
 
 
@@ -51,10 +51,30 @@ def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
     return f"{wanted} ({n})"
 
 
+def run_labels(shown: list[str]) -> list[str]:
+    """Each run's label: its input's file or folder name, made unique ("x (candidate 2)") where two are alike."""
+    labels: list[str] = []
+    for n, typed in enumerate(shown):
+        label = Path(typed).name or ("reference" if n == 0 else "candidate")
+        if label in labels:
+            label = f"{label} (candidate)" if n == 1 else f"{label} (candidate {n})"
+        labels.append(label)
+    return labels
+
+
 def divergence_known(sessions: sessionmaker[DbSession], session_id: int) -> bool:
     """Whether the session's first divergence is settled: a failing pair with every pair before it (in execution
     order) settled."""
     with sessions() as db:
+        noise = db.scalar(select(RunRecord.id).where(RunRecord.session_id == session_id, RunRecord.role == "noise"))
+        if noise is not None:  # verdicts against the noise floor: the report's, not the rows'
+            report = session_pairs(db, session_id)
+            for pair in report.pairs:
+                if pair.status == "pending":
+                    return False
+                if pair.status == "fail":
+                    return True
+            return False
         for status in db.scalars(
             select(PairRecord.status).where(PairRecord.session_id == session_id).order_by(PairRecord.position)
         ):
@@ -79,9 +99,16 @@ def compare_runs(
     except InvalidInputError as exc:
         shown = request.pairing_shown
         return _unusable(f"pairing file {shown}: {exc}" if shown else str(exc), [])
-    a_name, b_name = Path(request.a_shown).name, Path(request.b_shown).name
-    session_name = free_name(sessions, request.name or f"{a_name} vs {b_name}")
-    labels = (a_name or "reference", b_name if b_name != a_name else f"{b_name} (candidate)")
+    typed_inputs = [request.a_shown, *(typed for _, typed in request.candidates)]
+    names = [Path(typed).name for typed in typed_inputs]
+    session_name = free_name(sessions, request.name or f"{names[0]} vs {', '.join(names[1:])}")
+    paths = [request.a, *(path for path, _ in request.candidates)]
+    roles: list[str | None] = [None] * len(paths)
+    if request.noise is not None:  # the rerun right after the reference: each candidate's pairs find their floor
+        typed_inputs.insert(1, request.noise_shown or str(request.noise))
+        paths.insert(1, request.noise)
+        roles.insert(1, "noise")
+    labels = run_labels(typed_inputs)
     problems: list[dict[str, str]] = []
     session_id: int | None = None
     reference_run_id = 0
@@ -91,18 +118,30 @@ def compare_runs(
         return None if progress is None else lambda done, total: progress(name, done, total)
 
     try:
-        inputs = zip(labels, (request.a, request.b), (request.a_shown, request.b_shown), strict=True)
-        for label, path, shown in inputs:
-            if session_id is not None:  # the reference is ready: compare the candidate's tensors as they land
+        for label, path, typed, role in zip(labels, paths, typed_inputs, roles, strict=True):
+            if session_id is not None and role is None:  # the reference is ready: compare each candidate's tensors
+                # as they land
+                if early is not None:
+                    early.settle()
                 with sessions.begin() as db:
-                    catalog.set_tolerances(catalog.get_session(db, session_id), request.rtol, request.atol, request.ulp)
+                    session = catalog.get_session(db, session_id)
+                    catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
+                    catalog.set_noise_factor(session, request.noise_factor)
                 early = EarlyComparisons(
                     comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
                 )
             result = ingestor.ingest(
-                session_name, label, [InputFile(path, shown)], progress=step(f"ingest {label}"), listener=early
+                session_name,
+                label,
+                [InputFile(path, typed)],
+                progress=step(f"ingest {label}"),
+                listener=early if role is None else None,
+                role=role,
+                by_label=False,  # A is the reference, whatever the folders are named
             )
-            session_id, reference_run_id = result.session_id, result.run_id
+            if session_id is None:
+                reference_run_id = result.run_id
+            session_id = result.session_id
             problems += [problem_json(p) for p in result.problems]
     except (NothingUsableError, TensorDebuggerError) as exc:
         if early is not None:

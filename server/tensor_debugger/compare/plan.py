@@ -30,6 +30,7 @@ from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -90,14 +91,21 @@ def tensor_summary(t: TensorRecord) -> ReportedSummary:
 
 class Comparisons:
     def __init__(
-        self, sessions: sessionmaker[DbSession], store: ArrayStore, workers: int, top: int = DEFAULT_TOP
+        self,
+        sessions: sessionmaker[DbSession],
+        store: ArrayStore,
+        workers: int,
+        claims: Claims | None = None,
+        top: int = DEFAULT_TOP,
     ) -> None:
-        """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it. `top`:
-        worst elements kept per pair (Settings.top)."""
+        """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it.
+        `claims`: this process's, on the pending pairs it computes (a new owner with the default lease if None).
+        `top`: worst elements kept per pair (Settings.top)."""
         self.top = top
         if workers < 1:
             raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
         self.sessions = sessions
+        self.claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
         self.store = store
         self.workers = workers
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
@@ -118,14 +126,18 @@ class Comparisons:
             session = db.get(SessionRecord, session_id) if locked.rowcount else None  # type: ignore[attr-defined]
             if session is None:
                 raise NotFoundError(f"no session with id {session_id}")
-            runs = [r for r in session.runs if r.status == "ready"]
+            kept = [r for r in session.runs if r.status != "failed"]
+            runs = [r for r in kept if r.status == "ready"]
             if len(runs) == 1 and self._explored(db, session_id, runs[0].id):
                 return  # an explore session (compare/explore.py) keeps its pairs of one run
             db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
             db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
             if len(runs) < 2:
                 return
-            reference = runs[0]
+            reference = next((r for r in runs if r.role != "noise"), runs[0])
+            if reference is not next((r for r in kept if r.role != "noise"), kept[0]):
+                return  # while the reference (the first run) is ingesting, no other run stands in for it
+            runs = [reference, *(r for r in runs if r is not reference)]
             refs_a = self._refs(db, reference.id)
             overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
             position = 0
@@ -133,7 +145,9 @@ class Comparisons:
                 pattern = compile_name_pattern(session.name_pattern)
             except ValueError as exc:
                 raise InvalidInputError(str(exc)) from None
-            for candidate in runs[1:]:
+            # candidates first, then any rerun of the reference (its pairs are each candidate pair's noise floor)
+            others = [r for r in runs[1:] if r.role != "noise"] + [r for r in runs[1:] if r.role == "noise"]
+            for candidate in others:
                 mine = [o for o in overrides if o.run_b_id == candidate.id]
                 try:
                     pairing = pair_runs(

@@ -30,18 +30,47 @@ class CompareRequest:
     pairing_shown: str | None = None  # the pairing file's path, for messages
     fail_fast: bool = False
     ulp: int | None = None  # set: pairs pass within this many ULPs of their lower-precision dtype
+    more: tuple[Path, ...] = ()  # further candidate runs after `b`, absolute, each compared with the reference
+    more_shown: tuple[str, ...] = ()
+    noise: Path | None = None  # a rerun of the reference, absolute: the noise floor (`compare/noise.py`)
+    noise_shown: str | None = None
+    noise_factor: float | None = None  # None: NOISE_FACTOR
+
+    @property
+    def candidates(self) -> list[tuple[Path, str]]:
+        """Every candidate run's input and how the user typed it: `b`, then `more`."""
+        return [(self.b, self.b_shown), *zip(self.more, self.more_shown, strict=True)]
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "a": str(self.a), "b": str(self.b)}
+        return {
+            **self.__dict__,
+            "a": str(self.a),
+            "b": str(self.b),
+            "more": [str(p) for p in self.more],
+            "more_shown": list(self.more_shown),
+            "noise": None if self.noise is None else str(self.noise),
+        }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CompareRequest:
         """Raises InvalidInputError on a request that is not one."""
         try:
-            request = cls(**{**data, "a": Path(data["a"]), "b": Path(data["b"])})
+            request = cls(
+                **{
+                    **data,
+                    "a": Path(data["a"]),
+                    "b": Path(data["b"]),
+                    "more": tuple(Path(p) for p in data.get("more", ())),
+                    "more_shown": tuple(str(p) for p in data.get("more_shown", ())),
+                    "noise": None if data.get("noise") is None else Path(data["noise"]),
+                }
+            )
         except (KeyError, TypeError) as exc:
             raise InvalidInputError(f"not a compare request: {exc}") from None
-        if not (request.a.is_absolute() and request.b.is_absolute()):
+        if len(request.more) != len(request.more_shown):
+            raise InvalidInputError("not a compare request: every further candidate needs the path as typed")
+        noise = () if request.noise is None else (request.noise,)
+        if not all(p.is_absolute() for p in (request.a, request.b, *request.more, *noise)):
             raise InvalidInputError("a compare request names its inputs by absolute paths")
         return request
 
@@ -69,6 +98,7 @@ def unusable_json(
         "pairs": [],
         "unmatched": {"a": [], "b": []},
         "first_divergence": None,
+        "first_divergences": {},
         "culprits": [],
     }
     return {**(payload or empty), "problems": problems, "error": message}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import uuid
 
 from sqlalchemy import func, select
 
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import SessionRecord
 
@@ -27,7 +27,7 @@ def ensure_demo_session(services: Services) -> bool:
         if db.scalar(select(func.count()).select_from(SessionRecord)):
             marker.touch()
             return False
-    folder = services.settings.staging_dir / f"demo-{uuid.uuid4().hex}"
+    folder = new_folder(services.settings.staging_dir, "demo")
     try:
         write_dump(folder / "reference", DEMO_LAYERS, seed=7)
         write_dump(folder / "candidate", DEMO_LAYERS, seed=7, plant=DEMO_PLANT)

@@ -57,13 +57,15 @@
     FIELD(int64_t, count)
 
 /* One side of a block (compare/chunk_loop.c): its pieces and how many; the decoded size of one whole chunk; the
- * stored values' letter ('f' float32, 'd' float64, 'b' bfloat16 bits, 'h' float16); and the thread's buffers for
- * a chunk's compressed bytes (chunk_bytes + 16), its values (chunk_bytes) and them widened to float32. */
+ * stored values' letter ('f' float32, 'd' float64, 'b' bfloat16 bits, 'h' float16); whether its chunk files are
+ * raw values (1) or Blosc frames (0); and the thread's buffers for a chunk's compressed bytes (chunk_bytes + 16),
+ * its values (chunk_bytes) and them widened to float32. */
 #define TDC_SIDE_FIELDS(FIELD, ARRAY)                                                                             \
     FIELD(const tdc_piece *, pieces)                                                                             \
     FIELD(int64_t, n)                                                                                            \
     FIELD(int64_t, chunk_bytes)                                                                                  \
     FIELD(int, code)                                                                                             \
+    FIELD(int, raw)                                                                                              \
     FIELD(uint8_t *, compressed)                                                                                 \
     FIELD(uint8_t *, decoded)                                                                                    \
     FIELD(float *, widened)

@@ -1,6 +1,9 @@
 """Turn what a user hands over (files, archives, folders) into a list of tensor files with their names.
 
-Archives are extracted into a staging folder (nested archives too, up to a depth), a single folder shared by
+Tensor files stored uncompressed in an archive (zip members stored as they are, members of a plain tar, the arrays
+of a `.npz` written by `np.savez`) are read in place, as byte ranges of the archive; compressed `.npy` and
+safetensors members of a zip (`np.savez_compressed`) are read through a decompressing stream; the rest of an archive is
+extracted into a staging folder (nested archives too, up to a depth), a single folder shared by
 every member of an archive is dropped from the names, and when a run is made of several archives or folders,
 each one's stem leads its names (`rank0/3_query`), so shards of one tensor stay apart. The arrays of a `.npz`
 are keys of the file, like the entries of a dict saved with torch.save. A folder holding a Hugging Face debugger
@@ -15,7 +18,16 @@ from pathlib import Path, PurePosixPath
 
 from tensor_debugger.engine.names import natural_key
 from tensor_debugger.errors import FileProblem
-from tensor_debugger.ingest.archives import ArchiveLimits, Member, archive_kind, archive_stem, extract_archive
+from tensor_debugger.ingest.archives import (
+    ArchiveLimits,
+    ExpansionBudget,
+    Member,
+    Packed,
+    Span,
+    archive_kind,
+    archive_stem,
+    extract_archive,
+)
 from tensor_debugger.ingest.checkpoints import check_index, is_checkpoint_index
 from tensor_debugger.ingest.tensor_files import is_tensor_file
 from tensor_debugger.ingest.traces import Trace, TraceTensor, choose_trace_json, is_trace_json, read_trace
@@ -31,13 +43,23 @@ class InputFile:
 
 @dataclass(frozen=True)
 class TensorFileEntry:
-    path: Path
+    path: Path  # with a `span`, the archive that holds the file
     relpath: PurePosixPath  # the name-giving path inside the run
     label: str  # how errors name it: "ref.tar.gz/dump/3_query.pth"
     staged: bool  # extracted by us, so deleted once read
     keys: tuple[str, ...] = ()  # leading key path (the array's name inside a .npz)
     module_path: str | None = None  # from a module trace: the module whose input or output this is
     place: str | None = None  # from a module trace: "inputs_args_0", "outputs", ...
+    span: Span | None = None  # read in place: the file's bytes in the archive at `path`
+    packed: Packed | None = None  # read through a decompressing stream: a compressed member of the zip at `path`
+
+    @property
+    def nbytes(self) -> int:
+        if self.span is not None:
+            return self.span.size
+        if self.packed is not None:
+            return self.packed.size
+        return self.path.stat().st_size
 
 
 @dataclass(frozen=True)
@@ -62,7 +84,7 @@ class Expansion:
 class _Expander:
     def __init__(self, staging: Path, limits: ArchiveLimits) -> None:
         self.staging = staging
-        self.limits = limits
+        self.budget = ExpansionBudget(limits)  # one for every archive of the run, however deeply nested
         self.problems: list[FileProblem] = []
         self.traces: list[RunTrace] = []
         self._folders = 0
@@ -71,15 +93,18 @@ class _Expander:
         self._folders += 1
         return self.staging / str(self._folders)
 
-    def container(self, path: Path, base: PurePosixPath, label: str, depth: int) -> Iterator[TensorFileEntry]:
-        """A folder or a .zip/.tar archive: every file in it, named under `base`."""
+    def container(
+        self, path: Path, base: PurePosixPath, label: str, depth: int, nested: bool = False
+    ) -> Iterator[TensorFileEntry]:
+        """A folder or a .zip/.tar archive (`nested`: itself unpacked from an archive): every file in it, named
+        under `base`."""
         if path.is_dir():
             files = sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: natural_key(str(p)))
             members = [Member(PurePosixPath(*p.relative_to(path).parts), p) for p in files]
             names = [m.name for m in members]
             staged = False
         else:
-            members = extract_archive(path, label, self.folder(), self.limits)
+            members = extract_archive(path, label, self.folder(), self.budget, nested, _readable_in_place, _streamed)
             names = _strip_common_folder([m.name for m in members])
             staged = True
         if not members:
@@ -88,7 +113,7 @@ class _Expander:
         members, names = self.indexes(members, names, label)
         for member, name in zip(members, names, strict=True):
             try:
-                yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1)
+                yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1, member)
             except FileProblem as problem:
                 self.problems.append(problem)
 
@@ -124,9 +149,11 @@ class _Expander:
                     found.path,
                     base / names[index],
                     f"{label}/{found.name}" if label else str(found.name),
-                    staged,
+                    staged and found.span is None and found.packed is None,
                     module_path=tensor.module_path,
                     place=tensor.place,
+                    span=found.span,
+                    packed=found.packed,
                 )
         rest = [i for i in range(len(members)) if i not in used]
         return [members[i] for i in rest], [names[i] for i in rest]
@@ -146,22 +173,36 @@ class _Expander:
         return [m for m, _ in kept], [n for _, n in kept]
 
     def file(
-        self, path: Path, relpath: PurePosixPath, label: str, staged: bool, depth: int
+        self, path: Path, relpath: PurePosixPath, label: str, staged: bool, depth: int, member: Member | None = None
     ) -> Iterator[TensorFileEntry]:
+        if member is not None and (member.span or member.packed):  # a tensor file not extracted: `path` holds it
+            yield TensorFileEntry(path, relpath, label, False, span=member.span, packed=member.packed)
+            return
         if path.is_symlink() and depth > 0:
             raise FileProblem(label, "is a symbolic link; skipped")
         kind = archive_kind(path)
         if kind == "npz":
-            for member in extract_archive(path, label, self.folder(), self.limits):
+            for member in extract_archive(
+                path, label, self.folder(), self.budget, staged, _readable_in_place, _streamed
+            ):
                 if member.name.suffix != ".npy":
                     self.problems.append(FileProblem(f"{label}/{member.name}", "not a .npy member; skipped"))
                     continue
                 key = str(member.name.with_suffix(""))
-                yield TensorFileEntry(member.path, relpath, f"{label}/{member.name}", True, (key,))
+                extracted = member.span is None and member.packed is None
+                yield TensorFileEntry(
+                    member.path,
+                    relpath,
+                    f"{label}/{member.name}",
+                    extracted,
+                    (key,),
+                    span=member.span,
+                    packed=member.packed,
+                )
         elif kind is not None:
             if depth >= MAX_NESTING:
                 raise FileProblem(label, f"archives nested more than {MAX_NESTING} deep; skipped")
-            yield from self.container(path, relpath.parent / archive_stem(relpath.name), label, depth)
+            yield from self.container(path, relpath.parent / archive_stem(relpath.name), label, depth, staged)
         elif is_tensor_file(path):
             yield TensorFileEntry(path, relpath, label, staged)
         else:
@@ -208,6 +249,17 @@ def _loose_trace(expander: _Expander, loose: list[InputFile]) -> tuple[list[Tens
         left, _ = stop.value
     left_paths = {m.path for m in left}
     return entries, {id(i) for i in present if i.path not in left_paths}
+
+
+def _readable_in_place(name: PurePosixPath) -> bool:
+    """Archive members that are read as byte ranges of their archive when stored uncompressed: tensor files."""
+    return is_tensor_file(Path(name.name))
+
+
+def _streamed(name: PurePosixPath) -> bool:
+    """Compressed zip members read through a decompressing stream: files whose reader takes their bytes in order
+    (a `.pth` is a zip, read from its end first: those are extracted)."""
+    return name.suffix.lower() in (".npy", ".safetensors")
 
 
 def _strip_common_folder(names: list[PurePosixPath]) -> list[PurePosixPath]:

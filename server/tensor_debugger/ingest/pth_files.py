@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from tensor_debugger.ingest.archives import Span
+from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.store.dtypes import LogicalDtype, parse_dtype
 
 # torch's typed storage classes, by the dtype their bytes hold (torch/storage.py)
@@ -169,13 +171,19 @@ def _data_offset(handle: IO[bytes], info: zipfile.ZipInfo) -> int:
     return int(info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10])
 
 
-def read_pth(path: Path) -> Any:
-    """The object `torch.save` wrote to `path`, with every tensor a `PthTensor`. Raises NeedsTorch for what only
-    torch reads (files that are no zip archive among them: the legacy format, or no PyTorch file, which torch.load
-    then names)."""
-    if not zipfile.is_zipfile(path):
-        raise NeedsTorch("not a zip archive")
-    with zipfile.ZipFile(path) as archive:
+def read_pth(path: Path, span: Span | None = None) -> Any:
+    """The object `torch.save` wrote to `path` (with `span`, to that byte range of it: a `.pth` stored in an
+    archive), with every tensor a `PthTensor` whose `data_offset` counts from the start of the range. Raises
+    NeedsTorch for what only torch reads (files that are no zip archive among them: the legacy format, or no
+    PyTorch file, which torch.load then names)."""
+    with open_range(path, span) as source:
+        if not zipfile.is_zipfile(source):
+            raise NeedsTorch("not a zip archive")
+        return _read_zip(source)
+
+
+def _read_zip(source: IO[bytes]) -> Any:
+    with zipfile.ZipFile(source) as archive:
         infos = {info.filename: info for info in archive.infolist()}
         pickles = [name for name in infos if name.endswith("/data.pkl") and name.count("/") == 1]
         if len(pickles) != 1:
@@ -186,20 +194,22 @@ def read_pth(path: Path) -> Any:
             raise NeedsTorch("big-endian storages")
         with archive.open(pickles[0]) as raw:
             obj = _Unpickler(raw, _globals()).load()
-        with open(path, "rb") as handle:
-            offsets: dict[str, int] = {}
+    offsets: dict[str, int] = {}
+    size = source.seek(0, 2)  # the storages must lie inside the file (or the byte range read as one)
 
-            def locate(storage: StorageRef) -> int:
-                if storage.key not in offsets:
-                    info = infos.get(f"{root}data/{storage.key}")
-                    if info is None:
-                        raise ValueError(f"storage {storage.key} is missing from the archive")
-                    if info.compress_type != zipfile.ZIP_STORED:
-                        raise NeedsTorch(f"storage {storage.key} is compressed")
-                    offsets[storage.key] = _data_offset(handle, info)
-                return offsets[storage.key]
+    def locate(storage: StorageRef) -> int:
+        if storage.key not in offsets:
+            info = infos.get(f"{root}data/{storage.key}")
+            if info is None:
+                raise ValueError(f"storage {storage.key} is missing from the archive")
+            if info.compress_type != zipfile.ZIP_STORED:
+                raise NeedsTorch(f"storage {storage.key} is compressed")
+            offsets[storage.key] = _data_offset(source, info)
+            if offsets[storage.key] + info.file_size > size:
+                raise ValueError(f"storage {storage.key} reaches past the end of the file")
+        return offsets[storage.key]
 
-            return _resolve(obj, locate, {k: v.file_size for k, v in infos.items()}, root)
+    return _resolve(obj, locate, {k: v.file_size for k, v in infos.items()}, root)
 
 
 def _resolve(obj: Any, locate: Callable[[StorageRef], int], sizes: dict[str, int], root: str) -> Any:

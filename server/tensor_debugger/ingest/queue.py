@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from tensor_debugger.errors import NothingUsableError
+from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
 
@@ -44,8 +45,11 @@ class IngestQueue:
     """`at_once` threads (Settings.ingest_workers) take jobs in the order they came, one run each; after each
     ingest, `plan` pairs the session again. Each ingest copies its run with a pool of its own (Settings.workers)."""
 
-    def __init__(self, ingestor: Ingestor, plan: Callable[[int], None], at_once: int) -> None:
+    def __init__(
+        self, ingestor: Ingestor, plan: Callable[[int], None], at_once: int, children: ChildIngests | None = None
+    ) -> None:
         self.ingestor = ingestor
+        self.children = children  # given: each ingest runs in a child process (child.py), else in the thread
         self.plan = plan
         self.at_once = at_once
         self._jobs: queue.Queue[tuple[IngestJob, Future[IngestResult]] | None] = queue.Queue()
@@ -79,6 +83,8 @@ class IngestQueue:
         ingest still unpacking an archive after `timeout` seconds is left to die with the process: its run
         stays "ingesting" until the next start's recovery removes it."""
         self._stopping.set()
+        if self.children is not None:
+            self.children.close()
         with self._lock:
             threads = list(self._threads)
         for _ in threads:
@@ -120,7 +126,10 @@ class IngestQueue:
         if self._stopping.is_set():
             self.ingestor.cancel(job.pending)
             raise IngestCancelled("the server stopped before this ingest began")
-        result = self.ingestor.complete(job.pending, job.inputs, on_progress, job.keep_failure)
+        if self.children is not None:
+            result = self.children.complete(job.pending, job.inputs, job.keep_failure, on_progress)
+        else:
+            result = self.ingestor.complete(job.pending, job.inputs, on_progress, job.keep_failure)
         with self._lock:
             self._progress[run_id] = replace(self._progress[run_id], stage="planning")
         try:

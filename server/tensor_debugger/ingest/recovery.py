@@ -1,9 +1,10 @@
 """Start-up recovery: remove what an ingest killed midway (kill -9, power loss) left behind.
 
-A run still "ingesting" whose process is gone on this host is deleted with its arrays (and its session, when
-that ingest created it and nothing else is in it). The folder under "runs/" of a run that no longer exists is
-deleted too, but for the arrays in it that tensor rows of other runs still name (arrays are shared: see
-`catalog.release_arrays`).
+A run still "ingesting" whose process is gone on this host, or whose ingest on another host (a server replica)
+stopped renewing its lease (store/claims.py), is deleted with its arrays (and its session, when that ingest
+created it and nothing else is in it); the server also does this on its claims' heartbeat. The folder under
+"runs/" of a run that no longer exists is deleted too, but for the arrays in it that tensor rows of other runs
+still name (arrays are shared: see `catalog.release_arrays`).
 
 A run that names this very process is alive only if it is one of `live` (the runs this process's ingestor is
 working on, in its background threads): otherwise it was left by an earlier process that had the same id, as
@@ -14,8 +15,10 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Collection
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
@@ -23,6 +26,8 @@ from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import keys_under
+from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
+from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
 
 
@@ -33,13 +38,20 @@ class RecoveryReport:
 
 
 def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs: one that exited but was not yet reaped by its parent (a zombie, such as a
+    killed ingest child its pool has not joined yet) is dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc (another OS): signal 0 is all there is to go by
+    fields = stat.rsplit(")", 1)[-1].split()  # after the command name, which may hold spaces and parentheses
+    return not fields or fields[0] not in ("Z", "X")
 
 
 def ingest_alive(pid: int | None, run_id: int, live: Collection[int]) -> bool:
@@ -50,28 +62,23 @@ def ingest_alive(pid: int | None, run_id: int, live: Collection[int]) -> bool:
     return process_alive(pid)
 
 
-def recover(sessions: sessionmaker[DbSession], store: ArrayStore, live: Collection[int] = ()) -> RecoveryReport:
-    host = socket.gethostname()
-    removed = 0
+def stale(run: RunRecord, host: str, now: float, live: Collection[int]) -> bool:
+    """Whether the run's ingest is dead: on this host, its process is gone (or is this one, not ingesting it);
+    on another host, its lease has expired (that process renewed it while it lived)."""
+    if run.ingest_host == host:
+        return not ingest_alive(run.ingest_pid, run.id, live)
+    return run.claimed_until is not None and run.claimed_until < now
+
+
+def recover(
+    sessions: sessionmaker[DbSession], store: ArrayStore, live: Collection[int] = (), claims: Claims | None = None
+) -> RecoveryReport:
+    """Remove the runs whose ingest died and the arrays no run owns (see the module's docstring)."""
     # Listed before the runs are read: a run row is always committed before its first array is written, so
     # every array seen here whose run is alive is known by the query below.
     stored = [name for name in store.children("runs") if name.isdigit()]  # not the group's zarr.json
-    with sessions.begin() as db:
-        stale = [
-            run
-            for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
-            if run.ingest_host == host and not ingest_alive(run.ingest_pid, run.id, live)
-        ]
-        for run in stale:
-            store.delete(run_prefix(run.id))
-            session_id, created = run.session_id, run.created_session
-            db.delete(run)
-            db.flush()
-            removed += 1
-            if created and not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
-                session = db.get(SessionRecord, session_id)
-                if session is not None:
-                    db.delete(session)
+    removed = remove_dead_ingests(sessions, store, live, claims)
+    with sessions() as db:
         known = {str(run_id) for run_id in db.scalars(select(RunRecord.id))}
         orphans = [name for name in stored if name not in known]
         shared = {
@@ -89,3 +96,36 @@ def recover(sessions: sessionmaker[DbSession], store: ArrayStore, live: Collecti
                 store.delete(key)
                 removed_arrays += 1
     return RecoveryReport(removed, removed_arrays)
+
+
+def remove_dead_ingests(
+    sessions: sessionmaker[DbSession], store: ArrayStore, live: Collection[int] = (), claims: Claims | None = None
+) -> int:
+    """Remove each run left "ingesting" by a dead ingest, with its arrays (and its session, when that ingest made
+    it and nothing else is in it); returns how many. Each is first claimed from the claim it was read with, so of
+    several processes recovering at once (server replicas) one removes it."""
+    host, now = socket.gethostname(), time.time()
+    claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
+    with sessions() as db:
+        dead = [
+            (run.id, run.claimed_by, run.claimed_until)
+            for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
+            if stale(run, host, now, live)
+        ]
+    removed = 0
+    for run_id, owner, until in dead:
+        with sessions.begin() as db:
+            if not claims.take_run(db, run_id, owner, until):
+                continue  # another process took it meanwhile (or its ingest finished)
+            lock_arrays(db)
+            run = db.get_one(RunRecord, run_id)
+            store.delete(run_prefix(run.id))
+            session_id, created = run.session_id, run.created_session
+            db.delete(run)
+            db.flush()
+            removed += 1
+            if created and not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
+                session = db.get(SessionRecord, session_id)
+                if session is not None:
+                    db.delete(session)
+    return removed

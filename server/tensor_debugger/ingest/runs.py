@@ -19,6 +19,7 @@ never takes them for dead (a second `open_services` on the same data dir, say a 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import shutil
@@ -30,22 +31,35 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.engine.names import parse_layer_stage, tensor_name
-from tensor_debugger.errors import ConflictError, FileProblem, InvalidInputError, NothingUsableError
+from tensor_debugger.errors import (
+    ConflictError,
+    DiskFullError,
+    FileProblem,
+    InvalidInputError,
+    NothingUsableError,
+    is_disk_full,
+)
 from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
+from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.traces import TraceTensor
 from tensor_debugger.ingest.writer import StoredTensor, TensorWriter, WritePools
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
+from tensor_debugger.store.claims import Claims
+from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+
+log = logging.getLogger(__name__)
 
 ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
 Stored = tuple[TensorFileEntry, tuple[str, ...], StoredTensor]  # a tensor's file, key path and array
@@ -83,6 +97,10 @@ class PendingRun:
     run_id: int
     run_label: str
     created_session: bool  # undoing the run also removes the session when nothing else is in it
+
+
+def is_reference_label(label: str) -> bool:
+    return label.strip().casefold() == "reference"
 
 
 class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
@@ -152,10 +170,14 @@ class _LiveRuns:
 
 
 class Ingestor:
-    def __init__(self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore) -> None:
+    def __init__(
+        self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore, claims: Claims | None = None
+    ) -> None:
+        """`claims`: this process's, on the runs it ingests (a new owner with the settings' lease if None)."""
         self.settings = settings
         self.sessions = sessions
         self.store = store
+        self.claims = claims or Claims(sessions, settings.claim_seconds)
 
     def ingest(
         self,
@@ -165,17 +187,25 @@ class Ingestor:
         progress: ProgressCallback | None = None,
         reuse: bool = True,
         listener: StoredListener | None = None,
+        by_label: bool = True,
+        role: str | None = None,
     ) -> IngestResult:
         """Add a run labelled `run_label` to the session (created if needed). With `reuse`, a ready run of the
-        same unchanged inputs lends its tensors (and their arrays) instead of the files being read again.
+        same unchanged inputs lends its tensors (and their arrays) instead of the files being read again. `by_label`:
+        see `begin`.
 
         Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
         """
-        # Taken before anything is read: a file changed while it is being ingested gets another fingerprint.
-        fingerprint = (
-            fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
-        )
-        pending = self.begin(session_name, run_label, [i.label for i in inputs])
+        # The run's row first, so its place (the reference is the run sent first) is taken before any slow work;
+        # the fingerprint next, before anything is read: a file changed while it is being ingested gets another.
+        pending = self.begin(session_name, run_label, [i.label for i in inputs], by_label=by_label, role=role)
+        try:
+            fingerprint = (
+                fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
+            )
+        except BaseException:
+            self.cancel(pending)
+            raise
         return self.complete(pending, inputs, progress, fingerprint=fingerprint, listener=listener)
 
     def begin(
@@ -185,14 +215,40 @@ class Ingestor:
         sources: list[str],
         create_session: bool = True,
         created_session: bool = False,
+        by_label: bool = True,
+        role: str | None = None,
     ) -> PendingRun:
         """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
-        caller made the session for this run, so undoing the run may remove it as well.
+        caller made the session for this run, so undoing the run may remove it as well. `role`: "noise" for a
+        rerun of the reference (its noise floor); left out, the first run is the reference, the others candidates.
 
-        A run of the same label that failed before is replaced, in its place; any other clash is refused."""
+        The run takes the next place, so the session's reference (its first run) is the run begun first, not the
+        first to finish; but with `by_label`, a run labelled "reference" (any case) takes the first place when no
+        other run has that label. Two processes making the same new session at once both land in it (the
+        transaction takes the write lock before it reads, and a clash on the name is tried once more). A run of
+        the same label that failed before is replaced, in its place; any other clash is refused."""
         session_name = parse_label(session_name, "session name")
         run_label = parse_label(run_label, "run label")
+        try:
+            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
+        except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
+            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
+        return pending
+
+    def _begin(
+        self,
+        session_name: str,
+        run_label: str,
+        sources: list[str],
+        create_session: bool,
+        created_session: bool,
+        by_label: bool,
+        role: str | None,
+    ) -> PendingRun:
         with self.sessions.begin() as db:
+            # A write first, so that this transaction holds SQLite's write lock before it reads: two begins for
+            # one new session take turns (the second finds the session) and never take the same place.
+            db.execute(update(SessionRecord).where(SessionRecord.name == session_name).values(name=SessionRecord.name))
             session = db.scalar(select(SessionRecord).where(SessionRecord.name == session_name))
             created = session is None
             if session is None:
@@ -201,31 +257,41 @@ class Ingestor:
                 session = SessionRecord(name=session_name)
                 db.add(session)
                 db.flush()
-            taken = db.scalar(select(RunRecord).where(RunRecord.session_id == session.id, RunRecord.label == run_label))
+            runs = list(db.scalars(select(RunRecord).where(RunRecord.session_id == session.id)))
+            taken = next((r for r in runs if r.label == run_label), None)
             if taken is not None and taken.status != "failed":
                 raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
+            others = [r for r in runs if r is not taken]
             if taken is not None:
                 position = taken.position
                 db.delete(taken)
                 db.flush()
+            elif by_label and is_reference_label(run_label) and not any(is_reference_label(r.label) for r in others):
+                position = 0
+                for other in others:  # the labelled reference goes first; the others keep their order
+                    other.position += 1
             else:
-                position = db.scalar(select(func.count()).where(RunRecord.session_id == session.id)) or 0
+                position = max((r.position for r in others), default=-1) + 1
+            for other in others:
+                if other.role != "noise":  # a rerun of the reference keeps its role wherever it stands
+                    other.role = "reference" if other.position == 0 else "candidate"
             run = RunRecord(
                 session_id=session.id,
                 label=run_label,
                 position=position,
-                role="reference" if position == 0 else "candidate",
+                role=role or ("reference" if position == 0 else "candidate"),
                 status="ingesting",
                 ingest_pid=os.getpid(),
                 ingest_host=socket.gethostname(),
+                **self.claims.run_claim(),
                 created_session=created or created_session,
                 sources=sources,
             )
             db.add(run)
             db.flush()
-            pending = PendingRun(session.id, session_name, run.id, run_label, created or created_session)
-        _LiveRuns.add(self.settings.database_url, pending.run_id)
-        return pending
+            # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
+            _LiveRuns.add(self.settings.database_url, run.id)
+            return PendingRun(session.id, session_name, run.id, run_label, created or created_session)
 
     def complete(
         self,
@@ -246,7 +312,7 @@ class Ingestor:
         problems. Any other error removes the run, or with `keep_failure` (but not IngestCancelled) marks it
         "failed" with the error as its problem, and is raised again."""
         run_id = pending.run_id
-        staging = self.settings.staging_dir / f"ingest-{uuid.uuid4().hex}"
+        staging = new_folder(self.settings.staging_dir, "ingest")
         try:
             reused = self._reuse(pending, fingerprint) if fingerprint is not None else None
             if reused is not None:
@@ -262,7 +328,16 @@ class Ingestor:
             self._give_up(pending, exc.problems, keep_failure)
             raise
         except Exception as exc:
+            shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
             what = ", ".join(i.label for i in inputs) or "upload"
+            if is_disk_full(exc) and not isinstance(exc, DiskFullError):
+                exc = DiskFullError(f"the run {pending.run_label!r}")
+            if isinstance(exc, DiskFullError):  # kept, "failed", whoever asked: the session says why
+                try:
+                    self._give_up(pending, [FileProblem(what, str(exc))], True)
+                except Exception:  # still no room for the row: the next sweep removes the run instead
+                    log.exception("could not mark run %s failed", run_id)
+                raise exc from None
             reason = f"the ingest failed: {exc}"
             self._give_up(pending, [FileProblem(what, reason)], keep_failure and not isinstance(exc, IngestCancelled))
             raise
@@ -299,6 +374,18 @@ class Ingestor:
         recovery must leave them alone."""
         return _LiveRuns.of(self.settings.database_url)
 
+    def give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
+        """End a run whose ingest stopped without ending it (its process died): removed, or with `keep_failure`
+        kept as "failed" with `problems`."""
+        try:
+            self._give_up(pending, problems, keep_failure)
+        finally:
+            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+
+    def forget(self, run_id: int) -> None:
+        """Take a run off this process's live runs once another process (`child.py`) has completed it."""
+        _LiveRuns.discard(self.settings.database_url, run_id)
+
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
@@ -322,7 +409,7 @@ class Ingestor:
     ) -> tuple[list[Stored], list[FileProblem], list[RunTrace]]:
         expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
         problems = expansion.problems
-        total = sum(e.path.stat().st_size for e in expansion.entries)
+        total = sum(e.nbytes for e in expansion.entries)
         done = 0
         if progress is not None:
             progress(0, total)  # archives are unpacked: from here on, bytes copied of `total`
@@ -340,7 +427,7 @@ class Ingestor:
                 first = made = len(stored)
                 try:
                     with (
-                        open_tensor_file(entry.path, entry.label, pools.buffers) as opened,
+                        open_tensor_file(entry.path, entry.label, pools.buffers, entry.span, entry.packed) as opened,
                         TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer,
                     ):
                         problems.extend(opened.skipped)
@@ -359,9 +446,11 @@ class Ingestor:
                 except FileProblem as problem:
                     problems.append(problem)
                     self._drop(run_id, stored, first, made)
-                except OSError as exc:  # a file that ends early, a disk that fills
-                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
+                except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
                     self._drop(run_id, stored, first, made)
+                    if is_disk_full(exc):
+                        raise DiskFullError(f"the arrays of {entry.label}") from exc
+                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
                 finally:
                     if entry.staged:
                         entry.path.unlink(missing_ok=True)
@@ -479,7 +568,8 @@ class Ingestor:
                     )
                 )
             db.add_all(records)
-            db.flush()  # the write lock is held from here: the arrays found below cannot be deleted meanwhile
+            db.flush()  # SQLite's write lock is held from here: the arrays found below cannot be deleted meanwhile
+            lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
             self._share_identical(db, run_id, records)
             position = len(stored)
             for run_trace in traces:

@@ -1,7 +1,8 @@
 """Open one tensor file (.pth/.pt/.bin, .safetensors, .npy) and list its leaves, each readable block by block.
 
 Reading never loads a whole tensor: PyTorch zip files (pth_files.py), safetensors and .npy data are read with
-positioned reads at their byte offsets, without torch (importing it takes about a second). Only what pth_files.py
+positioned reads at their byte offsets, without torch (importing it takes about a second). A file stored
+uncompressed in an archive is read the same way, at its `Span` of the archive (byte_ranges.py). Only what pth_files.py
 leaves to torch (the legacy format, sparse or quantized tensors, unknown globals) is loaded with
 `torch.load(weights_only=True, mmap=True)`, its pages dropped once copied.
 """
@@ -11,21 +12,32 @@ from __future__ import annotations
 import ast
 import json
 import math
-import os
 import pickle
 import re
 import struct
 import zipfile
-from collections.abc import Iterator, Mapping
+import zlib
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from tensor_debugger.engine.chunking import Region, region_flat_range, region_shape
+from tensor_debugger.engine.chunking import Region, region_flat_range
 from tensor_debugger.errors import FileProblem
+from tensor_debugger.ingest.archives import Packed, Span
+from tensor_debugger.ingest.block_readers import (
+    ArrayReader,
+    BlockReader,
+    BufferPool,
+    Leaf,
+    RawReader,
+    StreamReader,
+    TensorFile,
+    open_fd,
+)
+from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.ingest.mapped_pages import PageReleaser
 from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
 from tensor_debugger.store.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
@@ -45,68 +57,40 @@ SAFETENSORS_DTYPES = {
 }  # fmt: skip
 
 
-class BlockReader(Protocol):
-    def read(self, region: Region) -> np.ndarray:
-        """The region's values in the storage dtype, C-contiguous."""
-
-    def done(self, region: Region) -> None:
-        """The region has been copied; its resources may be given back."""
-
-
-@dataclass(frozen=True)
-class Leaf:
-    key_path: tuple[str, ...]
-    shape: tuple[int, ...]
-    dtype: LogicalDtype
-    reader: BlockReader
-
-
-@dataclass
-class TensorFile:
-    """The leaves of one opened file, and what in it was not a tensor. Close it to unmap the file."""
-
-    leaves: list[Leaf]
-    skipped: list[FileProblem] = field(default_factory=list)
-    _stack: ExitStack = field(default_factory=ExitStack)
-
-    def close(self) -> None:
-        self.leaves.clear()
-        self._stack.close()
-
-    def __enter__(self) -> TensorFile:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def is_tensor_file(path: Path) -> bool:
     return path.suffix.lower() in TENSOR_SUFFIXES
 
 
-def open_tensor_file(path: Path, label: str, buffers: int = 4) -> TensorFile:
-    """Open `path`; `label` is how errors name the file to the user. Raises FileProblem. `buffers`: how many read
-    buffers that finished blocks give back are kept for later ones (the blocks a writer holds at once)."""
-    suffix = path.suffix.lower()
+def open_tensor_file(
+    path: Path, label: str, buffers: int = 4, span: Span | None = None, packed: Packed | None = None
+) -> TensorFile:
+    """Open `path` (with `span`, the tensor file that is that byte range of it; with `packed`, the compressed
+    member of the zip at `path`); `label` is how errors name the file to the user, and gives its extension.
+    Raises FileProblem. `buffers`: how many read buffers that finished blocks give back are kept for later ones
+    (the blocks a writer holds at once)."""
+    suffix = (Path(label).suffix if span is not None or packed is not None else path.suffix).lower()
+    if packed is not None:
+        return _open_packed(path, label, buffers, packed, suffix)
     if suffix in TORCH_SUFFIXES:
         try:
-            return _open_pth(path, label, buffers)
+            return _open_pth(path, label, buffers, span)
         except NeedsTorch:  # legacy format, other globals (refused or not), compressed storages: torch decides
-            return _open_torch(path, label)
+            return _open_torch(path, label, span)
     if suffix == ".safetensors":
-        return _open_safetensors(path, label, buffers)
+        return _open_safetensors(path, label, buffers, span)
     if suffix == ".npy":
-        return _open_npy(path, label, buffers)
+        return _open_npy(path, label, buffers, span)
     raise FileProblem(label, f"not a tensor file (unknown extension {suffix or 'none'!r})")
 
 
 # --- PyTorch ---------------------------------------------------------------------------------------------
 
 
-def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
+def _open_pth(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
     """A PyTorch zip file read without torch (pth_files.py); NeedsTorch where torch.load must read it."""
+    base = span.offset if span is not None else 0
     try:
-        obj = read_pth(path)
+        obj = read_pth(path, span)
     except (
         zipfile.BadZipFile,
         pickle.UnpicklingError,
@@ -125,7 +109,7 @@ def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
     ) as exc:
         raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
     stack = ExitStack()
-    fd = _open_fd(path, stack)
+    fd = open_fd(path, stack)
     pool = BufferPool(buffers)
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
@@ -133,9 +117,9 @@ def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
         if isinstance(value, PthTensor):
             reader: BlockReader
             if value.contiguous:
-                reader = RawReader(fd, value.data_offset, value.shape, value.dtype, pool)
+                reader = RawReader(fd, base + value.data_offset, value.shape, value.dtype, pool)
             else:
-                reader = ArrayReader(_strided_view(path, value))
+                reader = ArrayReader(_strided_view(path, value, base))
             leaves.append(Leaf(key_path, value.shape, value.dtype, reader))
         elif isinstance(value, np.ndarray):
             leaves.append(Leaf(key_path, (), from_numpy(value.dtype), ArrayReader(value)))
@@ -144,12 +128,12 @@ def _open_pth(path: Path, label: str, buffers: int) -> TensorFile:
     return TensorFile(leaves, skipped, stack)
 
 
-def _strided_view(path: Path, tensor: PthTensor) -> np.ndarray:
+def _strided_view(path: Path, tensor: PthTensor, base: int) -> np.ndarray:
     """A non-contiguous tensor (a view sharing its storage) as a read-only strided view of the mapped file (unmapped
-    once the leaves are dropped, when the file is closed)."""
+    once the leaves are dropped, when the file is closed); `base`: where the .pth file starts in `path`."""
     storage = tensor.dtype.numpy_storage
     count = tensor.storage_bytes // storage.itemsize
-    mapped = np.memmap(path, dtype=storage, mode="r", offset=tensor.data_offset, shape=(count,))
+    mapped = np.memmap(path, dtype=storage, mode="r", offset=base + tensor.data_offset, shape=(count,))
     return np.lib.stride_tricks.as_strided(
         mapped, tensor.shape, tuple(s * storage.itemsize for s in tensor.strides), writeable=False
     )
@@ -200,18 +184,16 @@ class TorchReader:
             self._releaser.release(base, t.untyped_storage().nbytes())
 
 
-def _open_torch(path: Path, label: str) -> TensorFile:
+def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
     import torch
 
-    mmapped = True
+    mmapped = span is None
     try:
-        try:
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "zipfile" not in str(exc) and "mmap" not in str(exc):
-                raise
-            mmapped = False  # the legacy (pre-1.6) format cannot be mapped; it loads whole
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+        if span is not None:  # a file in an archive: loaded whole from its byte range (torch maps only files)
+            with open_range(path, span) as source:
+                obj = torch.load(source, map_location="cpu", weights_only=True)
+        else:
+            obj = _load_mapped(path)
     except pickle.UnpicklingError as exc:
         raise FileProblem(label, _refusal(str(exc))) from None
     except (
@@ -230,7 +212,7 @@ def _open_torch(path: Path, label: str) -> TensorFile:
     ) as exc:
         # random bytes can trip the unpickler anywhere (an IndexError on an empty stack, say): all mean the same
         raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
-    releaser = PageReleaser(path) if mmapped else None
+    releaser = PageReleaser(path) if mmapped else None  # a no-op for the legacy format, which is not mapped
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
     for key_path, value in _flatten(obj, ()):
@@ -244,6 +226,18 @@ def _open_torch(path: Path, label: str) -> TensorFile:
             continue
         leaves.append(Leaf(key_path, tuple(value.shape), from_torch(value.dtype), TorchReader(value, releaser)))
     return TensorFile(leaves, skipped)
+
+
+def _load_mapped(path: Path) -> Any:
+    """torch.load of `path`, mapped (the legacy pre-1.6 format cannot be: it loads whole)."""
+    import torch
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "zipfile" not in str(exc) and "mmap" not in str(exc):
+            raise
+        return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def _flatten(obj: Any, prefix: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -311,104 +305,43 @@ def _where(label: str, key_path: tuple[str, ...]) -> str:
     return f"{label}[{']['.join(key_path)}]" if key_path else label
 
 
-# --- raw byte ranges (safetensors, .npy) ---------------------------------------------------------------
+# --- safetensors and .npy: raw byte ranges -------------------------------------------------------------
 
 
-class BufferPool:
-    """Byte buffers that finished blocks give back, shared by the readers of one file and capped, so that memory
-    stays at a few blocks however many tensors the file holds: new memory costs this VM a page fault per 4 KiB,
-    and a zeroed bytearray one more pass (measured: about 9% of a bfloat16 ingest's samples were there)."""
+def _open_safetensors(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
+    if span is None:
+        from safetensors import safe_open
 
-    def __init__(self, keep: int = 4) -> None:
-        self._keep = keep  # as many as the writer holds blocks at once (WritePools.buffers)
-        self._free: list[np.ndarray] = []
-
-    def take(self, nbytes: int) -> np.ndarray:
-        """The smallest kept buffer of at least `nbytes` bytes, else a new one."""
-        fitting = [i for i, b in enumerate(self._free) if b.size >= nbytes]
-        if not fitting:
-            return np.empty(nbytes, dtype=np.uint8)
-        return self._free.pop(min(fitting, key=lambda i: self._free[i].size))  # by position: arrays have no ==
-
-    def give(self, buffer: np.ndarray) -> None:
-        self._free.append(buffer)
-        if len(self._free) > self._keep:
-            self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].size))
-
-    @property
-    def held(self) -> int:
-        """Bytes kept for later blocks."""
-        return sum(b.size for b in self._free)
-
-
-class RawReader:
-    """C-order values at `offset` in an open file, read with os.pread (no mapping, no whole-file read) into
-    buffers of the file's `BufferPool`, which `done` gives back."""
-
-    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: LogicalDtype, pool: BufferPool) -> None:
-        self._fd = fd
-        self._offset = offset
-        self._shape = shape
-        self._dtype = dtype
-        self._pool = pool
-        self._lent: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
-
-    def read(self, region: Region) -> np.ndarray:
-        start, stop = region_flat_range(self._shape, region)
-        size = self._dtype.itemsize
-        nbytes = (stop - start) * size
-        buffer = self._pool.take(nbytes)
-        self._lent[_bounds(region)] = buffer
-        view = memoryview(buffer)[:nbytes]  # type: ignore[arg-type]
-        got = 0
-        while got < nbytes:
-            n = os.preadv(self._fd, [view[got:]], self._offset + start * size + got)
-            if n == 0:
-                raise OSError("file ended before the tensor's data did")
-            got += n
-        return buffer[:nbytes].view(self._dtype.numpy_storage).reshape(region_shape(region))
-
-    def done(self, region: Region) -> None:
-        buffer = self._lent.pop(_bounds(region), None)
-        if buffer is not None:
-            self._pool.give(buffer)
-
-
-def _bounds(region: Region) -> tuple[tuple[int, int], ...]:
-    return tuple((s.start, s.stop) for s in region)
-
-
-class ArrayReader:
-    """Any array-like with numpy indexing (a Fortran-ordered .npy memory map)."""
-
-    def __init__(self, array: Any) -> None:
-        self._array = array
-
-    def read(self, region: Region) -> np.ndarray:
-        return np.array(self._array[region] if region else self._array, order="C", copy=True)
-
-    def done(self, region: Region) -> None:
-        return None
-
-
-def _open_fd(path: Path, stack: ExitStack) -> int:
-    fd = os.open(path, os.O_RDONLY)
-    stack.callback(os.close, fd)
-    return fd
-
-
-def _open_safetensors(path: Path, label: str, buffers: int) -> TensorFile:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="np") as handle:  # validates header, offsets and file size
-            keys = list(handle.keys())
-    except Exception as exc:  # safetensors raises its own SafetensorError and others
-        raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
-    header, data_start = _safetensors_header(path, label)
+        try:
+            with safe_open(str(path), framework="np") as handle:  # validates header, offsets and file size
+                keys = list(handle.keys())
+        except Exception as exc:  # safetensors raises its own SafetensorError and others
+            raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
+        header, data_start = _safetensors_header(path, label)
+    else:  # safetensors reads only whole files: the same checks on the byte range
+        try:
+            with open_range(path, span) as source:
+                header, data_start = _checked_safetensors_header(source, span.size)
+        except (ValueError, OSError, struct.error, TypeError, KeyError) as exc:
+            raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
+        keys = sorted(header)  # in safe_open's order
+    base = span.offset if span is not None else 0
     stack = ExitStack()
-    fd = _open_fd(path, stack)
+    fd = open_fd(path, stack)
     pool = BufferPool(buffers)  # one for the file: its tensors are copied one after another
+    leaves, skipped = _safetensors_leaves(
+        header, keys, label, lambda shape, dtype, begin: RawReader(fd, base + data_start + begin, shape, dtype, pool)
+    )
+    return TensorFile(leaves, skipped, stack)
+
+
+def _safetensors_leaves(
+    header: dict[str, Any],
+    keys: list[str],
+    label: str,
+    reader: Callable[[tuple[int, ...], LogicalDtype, int], BlockReader],
+) -> tuple[list[Leaf], list[FileProblem]]:
+    """The leaves of a safetensors file in the order of `keys`, each read by `reader(shape, dtype, data offset)`."""
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
     for key in keys:
@@ -422,8 +355,8 @@ def _open_safetensors(path: Path, label: str, buffers: int) -> TensorFile:
         begin, end = (int(x) for x in entry["data_offsets"])
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise FileProblem(label, f"tensor {key!r}: data size does not match its shape and dtype")
-        leaves.append(Leaf((key,), shape, dtype, RawReader(fd, data_start + begin, shape, dtype, pool)))
-    return TensorFile(leaves, skipped, stack)
+        leaves.append(Leaf((key,), shape, dtype, reader(shape, dtype, begin)))
+    return leaves, skipped
 
 
 def _safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
@@ -433,6 +366,40 @@ def _safetensors_header(path: Path, label: str) -> tuple[dict[str, Any], int]:
     header.pop("__metadata__", None)
     if not isinstance(header, dict):
         raise FileProblem(label, "safetensors header is not an object")
+    return header, 8 + length
+
+
+_SAFETENSORS_HEADER_LIMIT = 100 * 1024 * 1024  # safetensors' own limit
+
+
+def _checked_safetensors_header(f: IO[bytes], size: int) -> tuple[dict[str, Any], int]:
+    """The header of the safetensors file `f` of `size` bytes, checked as safetensors checks it: a JSON object of
+    entries with a dtype, a shape and data offsets that tile the data after the header exactly. Raises
+    ValueError."""
+    (length,) = struct.unpack("<Q", f.read(8))
+    if length > min(size - 8, _SAFETENSORS_HEADER_LIMIT):
+        raise ValueError(f"header length {length} is past the file's {size} bytes or too large")
+    header = json.loads(f.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("the header is not a JSON object")
+    header.pop("__metadata__", None)
+    ranges = []
+    for key, entry in header.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("shape"), list):
+            raise ValueError(f"tensor {key!r} has no shape")
+        offsets = entry.get("data_offsets")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(x, int) for x in offsets)):
+            raise ValueError(f"tensor {key!r} has no data offsets")
+        if not all(isinstance(d, int) and d >= 0 for d in entry["shape"]):
+            raise ValueError(f"tensor {key!r} has shape {entry['shape']!r}")
+        ranges.append((offsets[0], offsets[1], key))
+    position = 0
+    for begin, end, key in sorted(ranges):
+        if begin != position or end < begin:
+            raise ValueError(f"tensor {key!r}: its data offsets [{begin}, {end}] do not follow the tensor before")
+        position = end
+    if 8 + length + position != size:
+        raise ValueError(f"the data ends at {8 + length + position} bytes, the file at {size}")
     return header, 8 + length
 
 
@@ -466,27 +433,91 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
 
 
-def _open_npy(path: Path, label: str, buffers: int) -> TensorFile:
+def _open_packed(path: Path, label: str, buffers: int, packed: Packed, suffix: str) -> TensorFile:
+    """A compressed .npy or safetensors member of the zip at `path`, its tensors read through zipfile's stream."""
+    stack = ExitStack()
     try:
-        with open(path, "rb") as f:
+        archive = stack.enter_context(zipfile.ZipFile(path))
+        stream = stack.enter_context(archive.open(packed.name))
+        if suffix == ".npy":
+            leaves = [_packed_npy(stream, label, buffers)]
+        elif suffix == ".safetensors":
+            leaves, skipped = _packed_safetensors(stream, label, buffers, packed.size)
+            return TensorFile(leaves, skipped, stack)
+        else:
+            raise FileProblem(label, f"not a tensor file read from a compressed member ({suffix!r})")
+    except BaseException:
+        stack.close()
+        raise
+    return TensorFile(leaves, [], stack)
+
+
+def _packed_npy(stream: IO[bytes], label: str, buffers: int) -> Leaf:
+    try:
+        shape, fortran, dtype = read_npy_header(stream)
+        offset = stream.tell()
+    except (ValueError, OSError, SyntaxError, TypeError, RecursionError, EOFError, zlib.error) as exc:
+        raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
+    logical = _npy_dtype(dtype, label)
+    reader: BlockReader
+    if fortran and len(shape) > 1:  # rare: read whole, in the file's order
+        count = math.prod(shape)
+        try:
+            values = np.frombuffer(stream.read(count * dtype.itemsize), dtype=dtype, count=count)
+        except (ValueError, OSError, EOFError, zlib.error) as exc:
+            raise FileProblem(label, f"truncated or corrupt ({_first_line(exc)})") from None
+        reader = ArrayReader(values.reshape(shape, order="F"))
+    else:
+        reader = StreamReader(stream, offset, tuple(shape), logical, BufferPool(buffers), label)
+    return Leaf((), tuple(shape), logical, reader)
+
+
+def _packed_safetensors(stream: IO[bytes], label: str, buffers: int, size: int) -> tuple[list[Leaf], list[FileProblem]]:
+    try:
+        header, data_start = _checked_safetensors_header(stream, size)
+    except (ValueError, OSError, struct.error, TypeError, KeyError, EOFError, zlib.error) as exc:
+        raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
+    pool = BufferPool(buffers)
+
+    # safe_open's order (by name), as from a file: their data is in that order when they share a dtype (safetensors
+    # writes by dtype size, then name); a tensor behind the stream costs decompressing from the start again
+    def reader(shape: tuple[int, ...], dtype: LogicalDtype, begin: int) -> BlockReader:
+        return StreamReader(stream, data_start + begin, shape, dtype, pool, label)
+
+    return _safetensors_leaves(header, sorted(header), label, reader)
+
+
+def _npy_dtype(dtype: np.dtype[Any], label: str) -> LogicalDtype:
+    if dtype.hasobject:
+        raise FileProblem(label, "holds Python objects (a pickle); refused, never unpickled")
+    try:
+        return from_numpy(dtype)
+    except ValueError as exc:
+        raise FileProblem(label, str(exc)) from None
+
+
+def _open_npy(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
+    try:
+        with open_range(path, span) as f:
             shape, fortran, dtype = read_npy_header(f)
             offset = f.tell()
     except (ValueError, OSError, SyntaxError, TypeError, RecursionError) as exc:
         raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
-    if dtype.hasobject:
-        raise FileProblem(label, "holds Python objects (a pickle); refused, never unpickled")
-    try:
-        logical = from_numpy(dtype)
-    except ValueError as exc:
-        raise FileProblem(label, str(exc)) from None
+    logical = _npy_dtype(dtype, label)
     expected = math.prod(shape) * dtype.itemsize
-    actual = path.stat().st_size - offset
+    actual = (span.size if span is not None else path.stat().st_size) - offset
     if actual < expected:
         raise FileProblem(label, f"truncated: {expected} bytes of data expected, {actual} found")
+    base = span.offset if span is not None else 0
     stack = ExitStack()
     reader: BlockReader
     if fortran and len(shape) > 1:
-        reader = ArrayReader(np.load(path, mmap_mode="r", allow_pickle=False))
+        values = (
+            np.memmap(path, dtype=dtype, mode="r", offset=base + offset, shape=tuple(shape), order="F")
+            if expected
+            else np.empty(tuple(shape), dtype=dtype, order="F")  # nothing to map
+        )
+        reader = ArrayReader(values)
     else:
-        reader = RawReader(_open_fd(path, stack), offset, tuple(shape), logical, BufferPool(buffers))
+        reader = RawReader(open_fd(path, stack), base + offset, tuple(shape), logical, BufferPool(buffers))
     return TensorFile([Leaf((), tuple(shape), logical, reader)], [], stack)

@@ -241,6 +241,7 @@ def capture(
     *,
     data_dir: str | Path | None = None,
     server: str | None = None,
+    token: str | None = None,
     modules: str | Sequence[str] = (),
     staging: str | Path | None = None,
     host_memory: int = DEFAULT_HOST_MEMORY,
@@ -248,8 +249,9 @@ def capture(
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
-    `server` (e.g. "http://127.0.0.1:8000") sends the run through the API; otherwise it goes into `data_dir`
-    (default: TENSOR_DEBUGGER_DATA_DIR, else the app's default). `modules` keeps only modules whose path, with or
+    `server` (e.g. "http://127.0.0.1:8000") sends the run through the API, with `token` (default: the
+    TENSOR_DEBUGGER_TOKEN variable) when the server needs one; otherwise it goes into `data_dir` (default:
+    TENSOR_DEBUGGER_DATA_DIR, else the app's default). `modules` keeps only modules whose path, with or
     without the model's class name, matches one of these glob patterns ("model.layers.*.mlp*"); the model itself
     is always recorded. `host_memory` bounds the bytes of host copies waiting to be written (default 1 GiB; a hook
     waits while it is spent); `workers` is the number of writing threads (default: TENSOR_DEBUGGER_WORKERS, else
@@ -283,7 +285,7 @@ def capture(
             assert server is not None
             from tensor_debugger.live.upload import upload_run
 
-            result.session_id, result.run_id = upload_run(server, session, run, folder)
+            result.session_id, result.run_id = upload_run(server, session, run, folder, token)
     finally:
         for handle in handles:
             handle.remove()

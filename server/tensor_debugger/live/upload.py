@@ -1,7 +1,10 @@
-"""Send a captured trace folder to a running server as a run of a named session, streamed from disk."""
+"""Talking to a running server: send a run's files as a run of a named session (streamed from disk), list its
+sessions. A server with a token (TENSOR_DEBUGGER_TOKEN) is sent it as `Authorization: Bearer`."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -9,39 +12,61 @@ from typing import Any
 import httpx
 
 TIMEOUT_S = 600.0
+TOKEN_VARIABLE = "TENSOR_DEBUGGER_TOKEN"
 
 
-def upload_run(server: str, session: str, run: str, folder: Path) -> tuple[int, int]:
-    """Upload every file of `folder` as run `run` of session `session` (created when no session has that name);
-    returns (session id, run id). Raises RuntimeError with the server's reasons when it refuses."""
-    base = server.rstrip("/")
-    with httpx.Client(timeout=TIMEOUT_S) as client:
-        found = client.get(f"{base}/api/sessions", params={"q": session})
-        _check(found, base)
+def server_client(server: str, token: str | None = None) -> httpx.Client:
+    """A client of `server` that sends `token`, else the TENSOR_DEBUGGER_TOKEN variable's, when there is one."""
+    token = token or os.environ.get(TOKEN_VARIABLE) or None
+    headers = {"authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=TIMEOUT_S)
+
+
+def upload_run(server: str, session: str, run: str, folder: Path, token: str | None = None) -> tuple[int, int]:
+    """Upload every file of `folder` as run `run` of session `session`; see `upload_files`."""
+    return upload_files(server, session, run, sorted(p for p in folder.iterdir() if p.is_file()), token)
+
+
+def upload_files(
+    server: str, session: str, run: str, paths: Sequence[Path], token: str | None = None
+) -> tuple[int, int]:
+    """Upload `paths` (tensor files and archives) as run `run` of session `session` (created when no session has
+    that name); returns (session id, run id). Raises RuntimeError with the server's reasons when it refuses."""
+    with server_client(server, token) as client:
+        found = client.get("/api/sessions", params={"q": session})
+        _check(found, server)
         existing = next((s for s in found.json() if s["name"] == session), None)
         with ExitStack() as stack:
-            files = [
-                (run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream"))
-                for p in sorted(folder.iterdir())
-                if p.is_file()
-            ]
+            files = [(run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream")) for p in paths]
             if existing is None:
-                response = client.post(f"{base}/api/sessions", data={"name": session}, files=files)
+                response = client.post("/api/sessions", data={"name": session}, files=files)
             else:
-                response = client.post(f"{base}/api/sessions/{existing['id']}/runs", params={"label": run}, files=files)
-        _check(response, base)
+                response = client.post(f"/api/sessions/{existing['id']}/runs", params={"label": run}, files=files)
+        _check(response, server)
         body = response.json()
     return _ids(body, existing)
 
 
-def _check(response: httpx.Response, base: str) -> None:
+def server_sessions(server: str, token: str | None = None) -> list[dict[str, Any]]:
+    """The server's sessions as GET /api/sessions lists them."""
+    with server_client(server, token) as client:
+        response = client.get("/api/sessions")
+        _check(response, server)
+        sessions: list[dict[str, Any]] = response.json()
+    return sessions
+
+
+def _check(response: httpx.Response, server: str) -> None:
     if response.is_success:
         return
     try:
         detail: Any = response.json()
     except ValueError:
         detail = response.text[:2000]
-    raise RuntimeError(f"{base} refused the capture ({response.status_code}): {detail}")
+    hint = ""
+    if response.status_code == 401:
+        hint = f" (this server needs a token: --token, or the {TOKEN_VARIABLE} variable)"
+    raise RuntimeError(f"{server.rstrip('/')} refused the request ({response.status_code}){hint}: {detail}")
 
 
 def _ids(body: dict[str, Any], existing: dict[str, Any] | None) -> tuple[int, int]:

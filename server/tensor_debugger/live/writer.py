@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.engine.chunking import Region
-from tensor_debugger.ingest.tensor_files import Leaf
+from tensor_debugger.ingest.block_readers import Leaf
 from tensor_debugger.ingest.writer import StoredTensor, WritePools, write_leaf
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore

@@ -22,6 +22,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
+from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
@@ -35,7 +36,7 @@ T = TypeVar("T")
 
 # Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
 # while storing float32 activations at 0.91 and bfloat16 at 0.81 of their size; zstd saves a few percent more but
-# reads two to three times slower, and no compression reads slower still (more bytes from disk).
+# reads two to three times slower. Where it saves under compression.RAW_BELOW, ingest stores the tensor raw.
 DEFAULT_CODEC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
 
 
@@ -58,6 +59,12 @@ class CountingStore(WrapperStore[Store]):
         if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
             self.counter.add(1)
         return await self._store.get(key, prototype, byte_range)
+
+
+def worth_compressing(block: np.ndarray) -> bool:
+    """Whether `DEFAULT_CODEC` saves enough on a sample of `block` (compression.py) to store its tensor so."""
+    codec = DEFAULT_CODEC
+    return compression.worth_compressing(block, codec.cname.value, codec.clevel, codec.shuffle.value)
 
 
 def run_prefix(run_id: int) -> str:
@@ -97,14 +104,22 @@ class ArrayStore:
         """Chunks read through this store since it was opened."""
         return self._store.counter.chunks
 
-    def create(self, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]) -> zarr.Array[Any]:
+    def create(
+        self,
+        key: str,
+        shape: tuple[int, ...],
+        dtype: LogicalDtype,
+        chunks: tuple[int, ...],
+        compressed: bool = True,
+    ) -> zarr.Array[Any]:
+        """A new array at `key`, its chunks compressed with `DEFAULT_CODEC` or (not `compressed`) stored raw."""
         return zarr.create_array(
             self._store,
             name=key,
             shape=shape,
             dtype=dtype.numpy_storage,
             chunks=chunks,
-            compressors=DEFAULT_CODEC,
+            compressors=DEFAULT_CODEC if compressed else None,
             fill_value=np.zeros((), dtype=dtype.numpy_storage)[()],
             attributes={"logical_dtype": dtype.name},
             overwrite=True,
@@ -113,11 +128,16 @@ class ArrayStore:
         )
 
     def writer(
-        self, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
+        self,
+        key: str,
+        shape: tuple[int, ...],
+        dtype: LogicalDtype,
+        chunks: tuple[int, ...],
+        compressed: bool = True,
     ) -> ChunkWriter | zarr.Array[Any]:
         """A new array at `key` for ingest to fill, region by chunk-aligned region: a `ChunkWriter` where the
         store is a local folder, else the Zarr array itself."""
-        array = self.create(key, shape, dtype, chunks)
+        array = self.create(key, shape, dtype, chunks, compressed)
         if self._folder is None:
             return array
         layout = read_layout(self._folder / key, key)

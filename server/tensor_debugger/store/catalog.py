@@ -12,15 +12,26 @@ from sqlalchemy.orm import selectinload
 
 from tensor_debugger.errors import ConflictError, InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
+from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, TensorRecord
+
+MAX_LABEL = 200  # characters of a session name or run label
+MAX_NOTES = 64 * 1024  # characters of a session's notes (every session list carries them)
 
 
 def parse_label(text: str, what: str) -> str:
-    """A session name or run label: 1 to 200 characters, not only spaces, no control characters."""
+    """A session name or run label: at most 200 characters, not only spaces, no control characters; stripped of
+    the spaces around it."""
     value = text.strip()
-    if not value or len(value) > 200 or any(ord(c) < 32 for c in value):
-        raise InvalidInputError(f"{what} must be 1 to 200 printable characters, got {text!r}")
+    if not value or len(text) > MAX_LABEL or any(ord(c) < 32 for c in text):
+        raise InvalidInputError(f"{what} must be 1 to {MAX_LABEL} printable characters, got {text[:MAX_LABEL]!r}")
     return value
+
+
+def parse_notes(text: str) -> str:
+    if len(text) > MAX_NOTES:
+        raise InvalidInputError(f"notes may take at most {MAX_NOTES} characters, got {len(text)}")
+    return text
 
 
 def list_sessions(db: DbSession, search: str | None = None) -> Sequence[SessionRecord]:
@@ -95,7 +106,7 @@ def create_session(db: DbSession, name: str, notes: str = "") -> SessionRecord:
     name = parse_label(name, "session name")
     if db.scalar(select(SessionRecord.id).where(SessionRecord.name == name)) is not None:
         raise ConflictError(f"a session named {name!r} exists already")
-    session = SessionRecord(name=name, notes=notes)
+    session = SessionRecord(name=name, notes=parse_notes(notes))
     db.add(session)
     db.flush()
     return session
@@ -110,7 +121,7 @@ def update_session(db: DbSession, session_id: int, name: str | None, notes: str 
             raise ConflictError(f"a session named {name!r} exists already")
         session.name = name
     if notes is not None:
-        session.notes = notes
+        session.notes = parse_notes(notes)
     try:
         db.flush()
     except IntegrityError:
@@ -129,9 +140,17 @@ def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | Non
     session.rtol, session.atol, session.ulp = rtol, atol, ulp
 
 
+def set_noise_factor(session: SessionRecord, factor: float | None) -> None:
+    """Set how many times the noise floor a candidate's error may be (None: the default, NOISE_FACTOR)."""
+    if factor is not None and not (factor > 0 and factor < float("inf")):
+        raise InvalidInputError(f"the noise factor must be a positive finite number, got {factor}")
+    session.noise_factor = factor
+
+
 def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
     """Delete the session's rows, then the arrays no other run's tensors share (an interruption between leaves
     orphans that recovery removes, never rows without arrays)."""
+    lock_arrays(db)
     session = get_session(db, session_id)
     run_ids = [run.id for run in session.runs]
     keys = set(
@@ -182,6 +201,21 @@ def get_run(db: DbSession, run_id: int) -> RunRecord:
     run = db.scalar(select(RunRecord).where(RunRecord.id == run_id).options(selectinload(RunRecord.problems)))
     if run is None:
         raise NotFoundError(f"no run with id {run_id}")
+    return run
+
+
+def relabel_run(db: DbSession, run_id: int, label: str) -> RunRecord:
+    """Rename a run; refused when another run of its session has that label."""
+    run = get_run(db, run_id)
+    value = parse_label(label, "run label")
+    clash = db.scalar(
+        select(RunRecord.id).where(
+            RunRecord.session_id == run.session_id, RunRecord.label == value, RunRecord.id != run_id
+        )
+    )
+    if clash is not None:
+        raise InvalidInputError(f"another run of this session is labelled {value!r}")
+    run.label = value
     return run
 
 

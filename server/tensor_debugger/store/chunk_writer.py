@@ -1,11 +1,13 @@
-"""Writing stored arrays without Zarr's event loop: each chunk Blosc-encoded and written in the calling thread.
+"""Writing stored arrays without Zarr's event loop: each chunk Blosc-encoded (or kept raw) and written in the
+calling thread.
 
 The write-side twin of `chunk_reader`. Zarr 3 writes a chunk by building a full chunk of fill values, copying the
 new values into it, encoding it on a thread of its own through its asyncio event loop, and writing a temporary
 file that is then renamed. Ingest writes every chunk exactly once, whole, into an array that no one reads until
 its run is committed (a killed ingest leaves only orphans that recovery deletes), so a `ChunkWriter` encodes each
 chunk straight from the block it is handed and writes the final file at once, releasing the GIL for both. The
-bytes are the ones Zarr would write: the same codec, with the settings Zarr gives it for this array.
+bytes are the ones Zarr would write: the same codec, with the settings Zarr gives it for this array, or for an
+array stored raw (no compressor) the chunk's values as they are.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ class ChunkWriter:
 
     def __init__(self, layout: ArrayLayout, folder: Path) -> None:
         """`layout` (the array's zarr.json, as Zarr wrote it) must be `readable`."""
-        if layout.blosc is None or not layout.readable:
+        if not layout.readable:
             raise ValueError(f"array at {folder} is not in a layout a ChunkWriter writes")
         self.shape = layout.shape
         self.dtype = layout.dtype
@@ -37,12 +39,16 @@ class ChunkWriter:
         self._folder = folder
         self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
         codec = layout.blosc
-        self._codec = Blosc(
-            cname=codec.cname,
-            clevel=codec.clevel,
-            shuffle=_SHUFFLE[codec.shuffle],
-            blocksize=codec.blocksize,
-            typesize=codec.typesize,
+        self._codec = (
+            None
+            if codec is None  # raw chunks
+            else Blosc(
+                cname=codec.cname,
+                clevel=codec.clevel,
+                shuffle=_SHUFFLE[codec.shuffle],
+                blocksize=codec.blocksize,
+                typesize=codec.typesize,
+            )
         )
         self._made: set[Path] = set()
 
@@ -69,14 +75,15 @@ class ChunkWriter:
                 whole = np.full(self.chunks, self._fill, dtype=self.dtype)
                 whole[tuple(slice(0, n) for n in part.shape)] = part
                 part = whole
-            self._write(coords, self._codec.encode(part.reshape(-1)))
+            flat = part.reshape(-1)
+            self._write(coords, flat if self._codec is None else self._codec.encode(flat))
 
     def _write(self, coords: tuple[int, ...], data: Any) -> None:
         path = self._folder / self._layout.chunk_key(coords)
         if path.parent not in self._made:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made.add(path.parent)
-        view = memoryview(data).cast("B")
+        view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else memoryview(data.view(np.uint8).data)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             done = 0

@@ -8,11 +8,15 @@ newest migration file's: Alembic is imported and run only where they differ (a n
 from __future__ import annotations
 
 import ast
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.resources import resource_dir
@@ -57,9 +61,27 @@ def upgrade_database(engine: Engine) -> None:
     from alembic import command
 
     config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:
+    with _migration_lock(engine), engine.begin() as connection:
+        if schema_is_current(engine):  # another process migrated it while this one waited
+            return
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+@contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    """Held while migrating a SQLite file: two processes opening a new data dir at once (two CLI ingests) would
+    otherwise both create the tables, and one fail. Other databases lock within their transactional DDL."""
+    database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate-lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def schema_is_current(engine: Engine) -> bool:
@@ -110,6 +132,18 @@ def head_revision(versions: Path) -> str | None:
             return None
     heads = revisions - revised
     return heads.pop() if len(heads) == 1 else None
+
+
+ARRAYS_LOCK = 0x7464_6172_7261_7973  # "tdarrays": the advisory lock key of `lock_arrays`
+
+
+def lock_arrays(db: DbSession) -> None:
+    """Hold, until `db`'s transaction ends, the right to share or release arrays: on PostgreSQL a transaction-level
+    advisory lock, taken by an ingest before it points new rows at arrays older rows name and by a deletion before
+    it deletes rows (whose arrays it then releases), so that neither reads the other's half-done work. On SQLite the
+    writer lock, which both already hold, does the same."""
+    if db.get_bind().dialect.name == "postgresql":
+        db.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": ARRAYS_LOCK})
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:

@@ -3,8 +3,9 @@
 The chunk reader and writer read and write chunk files themselves (see chunk_reader.py), so they need the array's
 shape, chunk shape, chunk key encoding, fill value and codecs. Those come from the on-disk format, which is a
 published specification (https://zarr-specs.readthedocs.io/en/latest/v3/core/index.html), not from Zarr's own
-classes, which are private and change between releases. Only the layout this store writes is `readable`: a regular
-chunk grid, native-order bytes and one Blosc codec; anything else is read through Zarr's public API.
+classes, which are private and change between releases. Only the layouts this store writes are `readable`: a regular
+chunk grid of native-order bytes, then one Blosc codec or none (a tensor the codec would shrink by less than
+`arrays.RAW_BELOW` is stored raw); anything else is read through Zarr's public API.
 """
 
 from __future__ import annotations
@@ -55,7 +56,8 @@ class BloscSettings:
 class ArrayLayout:
     """What reading or writing the chunk files of one array needs, parsed from its zarr.json.
 
-    `blosc` is None (and `readable` False) for any layout other than the one this store writes."""
+    `blosc` is None for raw chunks (`raw`: each chunk file is the chunk's native-order bytes) and for any layout
+    other than those this store writes (`readable` False)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype[Any]
@@ -65,11 +67,13 @@ class ArrayLayout:
     fill_value: Any
     blosc: BloscSettings | None
     attributes: dict[str, Any]
+    raw: bool = False
 
     @property
     def readable(self) -> bool:
-        """Whether the chunks are plain Blosc frames of native-order values that this package reads itself."""
-        return self.blosc is not None and len(self.shape) > 0
+        """Whether the chunks are plain Blosc frames, or raw bytes, of native-order values that this package reads
+        itself."""
+        return (self.blosc is not None or self.raw) and len(self.shape) > 0
 
     @property
     def chunk_bytes(self) -> int:
@@ -111,9 +115,10 @@ def parse_layout(document: dict[str, Any]) -> ArrayLayout:
     encoding = document.get("chunk_key_encoding", {"name": "default"})
     v2_keys = _name(encoding) == "v2"
     separator = encoding.get("configuration", {}).get("separator", "." if v2_keys else "/")
-    blosc = _blosc(document.get("codecs", []), dtype) if regular and dtype.kind != "V" else None
-    if document.get("storage_transformers"):
-        blosc = None
+    codecs = document.get("codecs", [])
+    plain = regular and dtype.kind != "V" and not document.get("storage_transformers")
+    blosc = _blosc(codecs, dtype) if plain else None
+    raw = plain and len(codecs) == 1 and _native_bytes(codecs[0], dtype)
     return ArrayLayout(
         shape,
         dtype,
@@ -123,6 +128,7 @@ def parse_layout(document: dict[str, Any]) -> ArrayLayout:
         _fill_value(document["fill_value"], dtype),
         blosc,
         dict(document.get("attributes", {})),
+        raw,
     )
 
 
@@ -132,10 +138,7 @@ def _name(entry: Any) -> str:
 
 def _blosc(codecs: list[Any], dtype: np.dtype[Any]) -> BloscSettings | None:
     """The Blosc settings where the codecs are exactly native-order bytes, then Blosc; else None."""
-    if len(codecs) != 2 or _name(codecs[0]) != "bytes" or _name(codecs[1]) != "blosc":
-        return None
-    endian = codecs[0].get("configuration", {}).get("endian") if isinstance(codecs[0], dict) else None
-    if dtype.itemsize > 1 and endian != sys.byteorder:
+    if len(codecs) != 2 or not _native_bytes(codecs[0], dtype) or _name(codecs[1]) != "blosc":
         return None
     config = codecs[1].get("configuration", {}) if isinstance(codecs[1], dict) else {}
     shuffle = config.get("shuffle", "noshuffle")
@@ -148,6 +151,14 @@ def _blosc(codecs: list[Any], dtype: np.dtype[Any]) -> BloscSettings | None:
         int(config.get("typesize") or dtype.itemsize),
         int(config.get("blocksize") or 0),
     )
+
+
+def _native_bytes(codec: Any, dtype: np.dtype[Any]) -> bool:
+    """Whether `codec` is the "bytes" codec in this machine's byte order (any order for one-byte values)."""
+    if _name(codec) != "bytes":
+        return False
+    endian = codec.get("configuration", {}).get("endian") if isinstance(codec, dict) else None
+    return dtype.itemsize == 1 or endian == sys.byteorder
 
 
 def _fill_value(value: Any, dtype: np.dtype[Any]) -> Any:

@@ -25,6 +25,7 @@ class RunRole(enum.StrEnum):
 
     REFERENCE = "reference"
     CANDIDATE = "candidate"
+    NOISE = "noise"  # a rerun of the reference: the noise floor each candidate's error is judged against
 
 
 class PairStatus(enum.StrEnum):

@@ -3,60 +3,40 @@
 from __future__ import annotations
 
 import hashlib
-from typing import Any
 
-from litestar import Litestar, MediaType, Request, Response
+from jinja2 import pass_context
+from jinja2.runtime import Context
+from litestar import Litestar
 from litestar.contrib.jinja import JinjaTemplateEngine
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
-from litestar.response import Template
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 
 from tensor_debugger import __version__
 from tensor_debugger.compare.formatting import register_filters
 from tensor_debugger.compare.plan import sessions_needing_plan
-from tensor_debugger.errors import (
-    ConflictError,
-    FileProblem,
-    InvalidInputError,
-    NotFoundError,
-    NothingUsableError,
-    TensorDebuggerError,
-)
+from tensor_debugger.errors import TensorDebuggerError
+from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.address import ServerAddress, remove_address, write_address
+from tensor_debugger.web.auth import COOKIE_NAME, Access, Authenticator, AuthMiddleware, request_access
 from tensor_debugger.web.controllers.local import LocalController
+from tensor_debugger.web.controllers.login import LoginController
 from tensor_debugger.web.controllers.pages import PageController
 from tensor_debugger.web.controllers.pairing import SessionPairingController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
 from tensor_debugger.web.controllers.runs import RunController
+from tensor_debugger.web.controllers.session_diff import SessionDiffController
 from tensor_debugger.web.controllers.sessions import SessionController
 from tensor_debugger.web.controllers.tensors import TensorController
+from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
+from tensor_debugger.web.refusals import error_response, http_error, known_ids
 from tensor_debugger.web.security import SecurityPolicy, install
-
-_STATUS = {NotFoundError: 404, InvalidInputError: 400, ConflictError: 409, NothingUsableError: 422, FileProblem: 422}
-
-
-def status_for(exc: TensorDebuggerError) -> int:
-    for kind, status in _STATUS.items():
-        if isinstance(exc, kind):
-            return status
-    return 400
-
-
-def _error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -> Response[Any]:
-    status = status_for(exc)
-    body: dict[str, Any] = {"status_code": status, "detail": str(exc)}
-    if isinstance(exc, NothingUsableError):
-        body["problems"] = problem_reports(exc.problems)
-    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template("error.html", status_code=status, context={"status": status, "detail": str(exc)})
-    return Response(body, status_code=status, media_type=MediaType.JSON)
+from tensor_debugger.web.views.run_view import run_title
 
 
 def static_hashes() -> dict[str, str]:
@@ -75,6 +55,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     holder: dict[str, Services] = {}
     hashes = static_hashes()
     policy = SecurityPolicy.from_settings(settings)
+    authenticator = Authenticator.from_settings(settings)  # None: no token, every request may do everything
 
     def static_url(name: str) -> str:
         return f"/static/{name}?h={hashes.get(name, '0')}"
@@ -94,6 +75,8 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         worker.start()  # picks up pending pairs, those of a computation killed last time included
         address = app.state.address = ServerAddress.drawn(settings.host, settings.port)
         write_address(settings.data_dir, address)
+        sweeper = app.state.sweeper = Sweeper(opened.sweep, settings.staging_sweep_seconds)
+        sweeper.start()
 
     def shutdown(app: Litestar) -> None:
         address = getattr(app.state, "address", None)
@@ -102,6 +85,9 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         worker = getattr(app.state, "worker", None)
         if worker is not None:
             worker.stop()
+        sweeper = getattr(app.state, "sweeper", None)
+        if sweeper is not None:
+            sweeper.stop()
         if services is None and "services" in holder:
             holder["services"].close()
 
@@ -113,10 +99,15 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         env.globals["static"] = static_url
         env.globals["version"] = __version__
         env.globals["csrf_token"] = policy.form_token  # every POST form's first field (web/security.py)
+        env.globals["can_change"] = _can_change
+        env.globals["signed_in"] = _signed_in
+        env.globals["run_title"] = run_title
         register_filters(env)
 
     app = Litestar(
         route_handlers=[
+            *([LoginController] if authenticator is not None else []),
+            SessionDiffController,
             SessionController,
             SessionPairsController,
             SessionOrderController,
@@ -128,10 +119,15 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             PageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],
-        dependencies={"services": Provide(provide_services, sync_to_thread=False)},
+        dependencies={
+            "services": Provide(provide_services, sync_to_thread=False),
+            "authenticator": Provide(lambda: authenticator, sync_to_thread=False),
+        },
         on_startup=[startup],
         on_shutdown=[shutdown],
-        exception_handlers={TensorDebuggerError: _error_response, HTTPException: _http_error},
+        exception_handlers={TensorDebuggerError: error_response, HTTPException: http_error},
+        guards=[known_ids],
+        request_class=BoundedRequest,
         template_config=TemplateConfig(
             directory=resource_dir("web") / "templates", engine=JinjaTemplateEngine, engine_callback=configure_jinja
         ),
@@ -139,14 +135,21 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         request_max_body_size=settings.max_upload_bytes,
         debug=False,
     )
+    if authenticator is not None:  # tokens and read-only access (web/auth.py), checked after what `install` checks
+        app.asgi_handler = AuthMiddleware(app.asgi_handler, authenticator)
     install(app, policy)  # Host, same-origin and form-token checks; security headers on every response
     return app
 
 
-def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    body = {"status_code": exc.status_code, "detail": exc.detail}
-    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
-        return Template(
-            "error.html", status_code=exc.status_code, context={"status": exc.status_code, "detail": exc.detail}
-        )
-    return Response(body, status_code=exc.status_code, media_type=MediaType.JSON)
+@pass_context
+def _can_change(context: Context) -> bool:
+    """Whether the page's viewer may change things: the pages leave out the controls that would be refused."""
+    request = context.get("request")
+    return request is None or request_access(request.scope) is Access.WRITE
+
+
+@pass_context
+def _signed_in(context: Context) -> bool:
+    """Whether the viewer signed in on the login page (and so has a session to sign out of)."""
+    request = context.get("request")
+    return request is not None and request_access(request.scope) is not None and COOKIE_NAME in request.cookies

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +11,8 @@ from typing import IO
 
 from multipart import MultipartSegment, ParserError, PushMultipartParser
 
-from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.errors import DiskFullError, InvalidInputError, is_disk_full
+from tensor_debugger.ingest.staging import new_folder
 
 MAX_FIELD_BYTES = 64 * 1024
 _UNSAFE = re.compile(r"[\x00-\x1f/\\]")
@@ -52,8 +52,7 @@ def safe_filename(raw: str) -> str:
 
 async def receive_multipart(content_type: str, chunks: AsyncIterator[bytes], staging: Path) -> UploadBatch:
     """Write every file part to its own file under a new folder in `staging`; collect text fields."""
-    batch = UploadBatch(staging / f"upload-{uuid.uuid4().hex}")
-    batch.folder.mkdir(parents=True)
+    batch = UploadBatch(new_folder(staging, "upload"))
     out: IO[bytes] | None = None
     text: bytearray | None = None
     segment: MultipartSegment | None = None
@@ -93,8 +92,10 @@ async def receive_multipart(content_type: str, chunks: AsyncIterator[bytes], sta
     except ParserError as exc:
         batch.discard()
         raise InvalidInputError(f"malformed multipart body: {exc}") from None
-    except BaseException:
+    except BaseException as exc:
         batch.discard()
+        if is_disk_full(exc):
+            raise DiskFullError(f"the upload to {staging}") from exc
         raise
     finally:
         if out is not None:

@@ -115,7 +115,7 @@ def _origin_tuple(origin: str) -> tuple[str, str, int | None] | None:
     return parts.scheme, host, port or (443 if parts.scheme == "https" else 80)
 
 
-def _headers(scope: Scope) -> dict[str, str]:
+def request_headers(scope: Scope) -> dict[str, str]:
     """The request's headers, lower-cased names, the first of each (latin-1, as HTTP sends them)."""
     found: dict[str, str] = {}
     for name, value in scope.get("headers", ()):
@@ -123,7 +123,7 @@ def _headers(scope: Scope) -> dict[str, str]:
     return found
 
 
-def _is_api(path: str) -> bool:
+def is_api(path: str) -> bool:
     return path == "/api" or path.startswith("/api/")
 
 
@@ -259,11 +259,11 @@ class SecurityMiddleware:
                 message = {**message, "headers": security_headers(path, message.get("headers", ()))}
             await send(message)
 
-        headers = _headers(scope)
+        headers = request_headers(scope)
         try:
             receive = await self._check(scope, headers, receive)
         except _Refused as refused:
-            await _refuse(send_with_headers, headers, refused.status, refused.detail)
+            await send_refusal(send_with_headers, headers, refused.status, refused.detail)
             return
         await self.app(scope, receive, send_with_headers)
 
@@ -281,7 +281,7 @@ class SecurityMiddleware:
         reason = cross_origin_reason(scope, headers)
         if reason is not None:
             raise _Refused(403, reason)
-        if _is_api(scope.get("path", "")):
+        if is_api(scope.get("path", "")):
             return receive
         token = headers.get(TOKEN_HEADER)
         read: list[ReceiveMessage] = []
@@ -296,7 +296,10 @@ class SecurityMiddleware:
         return _replaying(read, receive) if read else receive
 
 
-async def _refuse(send: Send, headers: dict[str, str], status: int, detail: str) -> None:
+async def send_refusal(
+    send: Send, headers: dict[str, str], status: int, detail: str, extra: Iterable[tuple[bytes, bytes]] = ()
+) -> None:
+    """Answer `status` with `detail`: a short page for a browser (Accept: text/html), else the API's JSON error."""
     if "text/html" in headers.get("accept", ""):
         body = (
             f'<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{status}</title></head>'
@@ -310,7 +313,7 @@ async def _refuse(send: Send, headers: dict[str, str], status: int, detail: str)
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *extra],
         }
     )
     await send({"type": "http.response.body", "body": body, "more_body": False})

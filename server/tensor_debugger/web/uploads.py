@@ -1,4 +1,5 @@
-"""Ingest the files of one upload request: each form field is a run, labelled by the field's name.
+"""Ingest the files of one upload request: each form field is a run, labelled by the field's name (the field
+`noise`: a rerun of the reference, whose pairs with it are each pair's noise floor).
 
 Every run's row is made ("ingesting") while the request is open, then its ingest waits in the server's queue;
 the request either returns at once (the session page shows the progress) or waits for the outcomes.
@@ -83,6 +84,9 @@ class StartedRun:
         return RunOutcome(self.label, self.pending.run_id, RunStatus.INGESTING)
 
 
+NOISE_FIELD = "noise"  # the form field of a rerun of the reference: the noise floor of each pair (compare/noise.py)
+
+
 def group_by_run(batch: UploadBatch, default_label: str | None = None) -> dict[str, list[InputFile]]:
     """Files grouped by form field, in the order the fields first appear; `default_label` overrides them."""
     runs: dict[str, list[InputFile]] = {}
@@ -108,7 +112,12 @@ def start_runs(
     try:
         for label, inputs in runs.items():
             pending = services.ingestor.begin(
-                session_name, label, [i.label for i in inputs], create_session=False, created_session=created_session
+                session_name,
+                label,
+                [i.label for i in inputs],
+                create_session=False,
+                created_session=created_session,
+                role="noise" if label == NOISE_FIELD else None,
             )
             begun.append((label, pending, inputs))
     except BaseException:

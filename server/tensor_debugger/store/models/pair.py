@@ -41,3 +41,6 @@ class PairRecord(Base):
     place: Mapped[str | None] = mapped_column(String(200))
     # when a side has no element values (a use_repr=True trace): the verdict on shape and summary statistics
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # the process computing it while "pending", and until when (Unix seconds): store/claims.py
+    claimed_by: Mapped[str | None] = mapped_column(String(100))
+    claimed_until: Mapped[float | None]

@@ -40,6 +40,9 @@ class RunRecord(Base):
     status: Mapped[str] = mapped_column(String(20), default="ingesting")
     ingest_pid: Mapped[int | None]  # the process writing it while "ingesting"
     ingest_host: Mapped[str | None] = mapped_column(String(255))
+    # the process ingesting it while "ingesting", and until when its lease holds (Unix seconds): store/claims.py
+    claimed_by: Mapped[str | None] = mapped_column(String(100))
+    claimed_until: Mapped[float | None]
     created_session: Mapped[bool] = mapped_column(default=False)  # its ingest made the session; undo removes it
     sources: Mapped[list[Any]] = mapped_column(JSON, default=list)  # file names as the user gave them
     tensor_count: Mapped[int] = mapped_column(default=0)

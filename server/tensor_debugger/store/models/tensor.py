@@ -14,8 +14,9 @@ if TYPE_CHECKING:
 class TensorRecord(Base):
     """One stored tensor of a run; its values live in the array store at `store_key`.
 
-    Summary statistics are over finite values (see `summary.py`); `digest` is "sha256:<hex>" of the logical
-    dtype, the shape and the raw bytes in C order, so equal digests mean bit-identical tensors.
+    Summary statistics are over finite values (see `summary.py`); `digest` is "blake3:<hex>" (rows written before
+    BLAKE3: "sha256:<hex>") of the logical dtype, the shape and the raw bytes in C order, so equal digests mean
+    bit-identical tensors.
 
     Bit-identical tensors share one array: rows of several runs (of any sessions) may hold the same `store_key`,
     under the prefix of the run that wrote it or of an older run. These rows are the array's references: it is

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from functools import partial
 from typing import Any
 from urllib.parse import urlencode
@@ -12,6 +11,7 @@ from litestar import Controller, Request, Response, get, post
 from litestar.enums import RequestEncodingType
 from litestar.params import Body, Parameter
 from litestar.response import Redirect, Template
+from sqlalchemy import select
 
 from tensor_debugger.compare.exports import pairs_to_csv
 from tensor_debugger.compare.hand_pairing import hand_pair_choices
@@ -23,14 +23,23 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebug
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord
+from tensor_debugger.web.json_bodies import PAIRING_FILE_LIMIT, parse_json
 from tensor_debugger.web.multipart import receive_multipart
 from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
-from tensor_debugger.web.views.session_view import ViewParams, build_chart, build_groups
+from tensor_debugger.web.views.run_view import run_rows
+from tensor_debugger.web.views.session_chart import build_chart
+from tensor_debugger.web.views.session_view import (
+    PAGE_SIZE,
+    ViewParams,
+    build_candidates,
+    build_groups,
+    has_noise_floor,
+)
 
 FormData = dict[str, str]
-PAIRING_FILE_LIMIT = 16 * 1024 * 1024  # a pairing file names tensors: megabytes at most
+
 FORM = Body(media_type=RequestEncodingType.URL_ENCODED)  # a plain HTML form's fields
 
 
@@ -44,6 +53,11 @@ class PageController(Controller):
             sessions = catalog.list_sessions(db, q)
             summaries = catalog.summarize_sessions(db, [s.id for s in sessions])
             return Template("sessions.html", context={"sessions": sessions, "q": q or "", "summaries": summaries})
+
+    @get("/favicon.ico", sync_to_thread=False)
+    def favicon(self) -> Redirect:
+        """For pages without the icon link (the API viewer) and browsers that ask anyway."""
+        return Redirect("/static/favicon.svg", status_code=301)
 
     @post("/sessions/{session_id:int}/rename", sync_to_thread=True)
     def rename(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
@@ -71,22 +85,66 @@ class PageController(Controller):
         q: str | None = None,
         pair_a: str | None = None,
         pair_b: str | None = None,
+        open_group: str | None = Parameter(query="open", default=None),
+        page: str | None = None,
+        lo: str | None = None,
+        hi: str | None = None,
     ) -> Template:
         """The session: its runs' ingest while it goes on (or why it failed), first divergence, the chart of error
         through the model, and every pair, grouped, sorted and filtered as the URL says (so the page works, and
         links, without any script). While anything is in progress the page refreshes itself (a script polls
         the progress and swaps the page in place; without scripts, a meta refresh). `pair_a` and `pair_b`: two
-        tensors being paired by hand, whose alignments the page offers."""
+        tensors being paired by hand, whose alignments the page offers. `open` and `page`: a group the user
+        opened and the page of its rows shown; `lo` and `hi`: a range of execution positions (from the chart)."""
         return _session_template(
             services,
             session_id,
-            ViewParams.parse(group, sort, verdict, q),
+            ViewParams.parse(group, sort, verdict, q, open_group, page, lo, hi),
             hand=(pair_a, pair_b) if pair_a and pair_b else None,
         )
 
+    @get("/sessions/{session_id:int}/group", sync_to_thread=True)
+    def session_group(
+        self,
+        services: Services,
+        session_id: int,
+        group: str | None = None,
+        sort: str | None = None,
+        verdict: str | None = None,
+        q: str | None = None,
+        open_group: str | None = Parameter(query="open", default=None),
+        page: str | None = None,
+        lo: str | None = None,
+        hi: str | None = None,
+    ) -> Template:
+        """One group of the session page's table (`open`: its key) at `page`, as the page renders it: what the
+        page's script swaps in when a group is opened or paged without a reload."""
+        params = ViewParams.parse(group, sort, verdict, q, open_group, page, lo, hi)
+        with services.sessions() as db:
+            session = catalog.get_session(db, session_id)
+            report = session_pairs(db, session_id)
+            groups = build_groups(report, params, session.pair_order, budget=0)
+            found = next((g for g in groups if g.key == params.open), None)
+            if found is None:
+                raise NotFoundError(f"no group {params.open!r} in this view of session {session_id}")
+            found.open = found.loaded = True
+            return Template(
+                "_group.html",
+                context={
+                    "session": session,
+                    "params": params,
+                    "group": found,
+                    "reorderable": params.reorderable,
+                    "first_id": report.first_divergence.pair_id if report.first_divergence else None,
+                    "page_size": PAGE_SIZE,
+                    "noise_floor": has_noise_floor(report),
+                },
+            )
+
     @get("/runs/{run_id:int}", sync_to_thread=True)
-    def run_page(self, services: Services, run_id: int) -> Template:
-        """One run's tensors with their summary statistics."""
+    def run_page(self, services: Services, run_id: int, q: str | None = None) -> Template:
+        """One run's tensors in execution order with their summary statistics, each linked to its pair; `q`
+        keeps the names containing it."""
         with services.sessions() as db:
             run = catalog.get_run(db, run_id)
             return Template(
@@ -94,9 +152,18 @@ class PageController(Controller):
                 context={
                     "run": run,
                     "session": catalog.get_session(db, run.session_id),
-                    "tensors": catalog.list_tensors(db, run_id),
+                    "rows": run_rows(db, run, q or ""),
+                    "q": (q or "").strip(),
                 },
             )
+
+    @post("/runs/{run_id:int}/label", sync_to_thread=True)
+    def relabel_run(self, services: Services, run_id: int, data: FormData = FORM) -> Redirect:
+        """Rename a run (its label is unique in its session)."""
+        with services.sessions.begin() as db:
+            run = catalog.relabel_run(db, run_id, data.get("label", ""))
+            session_id = run.session_id
+        return Redirect(f"/sessions/{session_id}#runs", status_code=303)
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
@@ -186,10 +253,7 @@ class PageController(Controller):
             if not batch.files:
                 raise InvalidInputError("choose a pairing file (JSON) to upload")
             upload = batch.files[0]
-            try:
-                data = json.loads(upload.path.read_bytes())
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise InvalidInputError(f"{upload.filename} is not JSON: {exc}") from None
+            data = parse_json(upload.path.read_bytes(), Any, what=upload.filename)
             await anyio.to_thread.run_sync(services.actions.import_pairing, session_id, data)
         except InvalidInputError as exc:
             return await anyio.to_thread.run_sync(
@@ -201,9 +265,21 @@ class PageController(Controller):
 
     @post("/sessions/{session_id:int}/order", sync_to_thread=True)
     def move_pair(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
-        """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same)."""
-        services.actions.move_pair(session_id, data.get("pair", ""), up=data.get("direction") == "up")
-        return Redirect(f"/sessions/{session_id}?group=none", status_code=303)
+        """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same). Without
+        scripts the page comes back on the table's page that holds the pair, at its row."""
+        key = data.get("pair", "")
+        services.actions.move_pair(session_id, key, up=data.get("direction") == "up")
+        with services.sessions() as db:
+            order = catalog.get_session(db, session_id).pair_order or []
+            a_name, _, b_name = key.partition("|")
+            pair_id = db.scalar(
+                select(PairRecord.id).where(
+                    PairRecord.session_id == session_id, PairRecord.a_name == a_name, PairRecord.b_name == b_name
+                )
+            )
+        page = order.index(key) // PAGE_SIZE if key in order else 0
+        anchor = f"#pair-{pair_id}" if pair_id is not None else ""
+        return Redirect(f"/sessions/{session_id}?group=none&open=all&page={page}{anchor}", status_code=303)
 
     @get("/pairs/{pair_id:int}", sync_to_thread=True)
     def pair_page(
@@ -335,6 +411,7 @@ def _session_template(
         report = session_pairs(db, session_id, modules=True)
         ordered = apply_order(report.pairs, session.pair_order)
         progress = session_progress(session, services.ingests, report.progress)
+        first_id = report.first_divergence.pair_id if report.first_divergence else None
         choices = None
         if hand is not None:
             try:
@@ -350,11 +427,12 @@ def _session_template(
                 "params": params,
                 "progress": progress,
                 "groups": build_groups(report, params, session.pair_order),
-                "chart": build_chart(ordered),
-                "reorderable": params.group == "none"
-                and params.sort == "order"
-                and params.verdict == "all"
-                and not params.q,
+                "chart": build_chart(report.pairs, first_id),
+                "first_id": first_id,
+                "page_size": PAGE_SIZE,
+                "reorderable": params.reorderable,
+                "candidates": build_candidates(report),
+                "noise_floor": has_noise_floor(report),
                 "order_keys": [p.key for p in ordered],
                 "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),
                 "upload_error": upload_error,

@@ -5,24 +5,62 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Controller, get, put
+from litestar.openapi.spec import OpenAPIType, Schema
+from litestar.params import Body
 
 from tensor_debugger.compare.pairing_files import export_pairing
 from tensor_debugger.services import Services
+from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, error_responses
+from tensor_debugger.web.json_bodies import PAIRING_FILE_LIMIT
+
+
+def _entry(required: list[str] | None) -> Schema:
+    name = Schema(type=OpenAPIType.STRING, min_length=1)
+    run = Schema(type=OpenAPIType.STRING, min_length=1, description="a candidate run's label")
+    return Schema(
+        type=OpenAPIType.OBJECT,
+        properties={"a": name, "b": name, "run": run},
+        required=required,
+        additional_properties=False,
+    )
+
+
+def _pairing_file() -> Any:
+    """The body's schema: the four keys (compare/pairing_files.py checks the rest: strategy names, the pattern's
+    groups, each entry's names)."""
+    text = Schema(type=OpenAPIType.STRING)
+    nothing = Schema(type=OpenAPIType.NULL)
+    strategies = Schema(one_of=[Schema(type=OpenAPIType.ARRAY, items=text), text, nothing])
+    properties = {
+        "strategies": strategies,
+        "name_pattern": Schema(one_of=[text, nothing]),
+        "pairs": Schema(type=OpenAPIType.ARRAY, items=_entry(["a", "b"])),
+        "unpaired": Schema(type=OpenAPIType.ARRAY, items=_entry(None), description='each with "a", "b" or both'),
+    }
+    return Body(schema_extra={"properties": properties, "additional_properties": False})
+
+
+PAIRING_FILE = _pairing_file()
 
 
 class SessionPairingController(Controller):
     path = "/api/sessions/{session_id:int}/pairing"
     tags = ["pairs"]
 
-    @get("/", sync_to_thread=True)
+    @get("/", sync_to_thread=True, responses=error_responses(404))
     def export(self, services: Services, session_id: int) -> dict[str, Any]:
         """`strategies` (the chain, null: the default), `name_pattern`, `pairs` ({"a", "b"}) and `unpaired`
         ({"a", "b"}: never these two; {"a"} or {"b"}: this tensor stays unpaired)."""
         with services.sessions() as db:
             return export_pairing(db, session_id)
 
-    @put("/", sync_to_thread=True)
-    def import_file(self, services: Services, session_id: int, data: dict[str, Any]) -> dict[str, Any]:
+    @put(
+        "/",
+        sync_to_thread=True,
+        request_max_body_size=PAIRING_FILE_LIMIT,
+        responses=error_responses(*CHANGES, *JSON_BODY, 404),
+    )
+    def import_file(self, services: Services, session_id: int, data: dict[str, Any] = PAIRING_FILE) -> dict[str, Any]:
         """Apply a pairing file (every key optional: one left out leaves that part as it is); pairs again and
         answers with the session's pairing now."""
         return services.actions.import_pairing(session_id, data)

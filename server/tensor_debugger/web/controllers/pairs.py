@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from litestar import Controller, delete, get, post, put
 from litestar.params import Parameter
 
@@ -22,10 +22,14 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord
+from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, error_responses
+from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY
+
+WRITE = error_responses(*CHANGES, *JSON_BODY, 404)  # a JSON body about a session or pair
+DELETE = error_responses(*CHANGES, 404)
 
 
-@dataclass
-class ManualPair:
+class ManualPair(msgspec.Struct, forbid_unknown_fields=True):
     a_name: str  # the reference run's tensor
     b_name: str  # the candidate run's tensor
     run_id: int | None = None  # the candidate run; the session's second run when left out
@@ -33,16 +37,15 @@ class ManualPair:
     alignment: list[dict[str, Any]] | None = None
 
 
-@dataclass
-class AlignmentOverride:
-    steps: list[dict[str, Any]] = field(default_factory=list)
+class AlignmentOverride(msgspec.Struct, forbid_unknown_fields=True):
+    steps: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
 
 class SessionPairsController(Controller):
     path = "/api/sessions/{session_id:int}"
     tags = ["pairs"]
 
-    @get("/pairs", sync_to_thread=True)
+    @get("/pairs", sync_to_thread=True, responses=error_responses(404))
     def list_pairs(self, services: Services, session_id: int) -> SessionPairs:
         """Pairs in execution order with their statistics and verdicts, the unmatched tensors of each run, the
         first divergence and progress (pairs done of total: finished pairs are served while others compute)."""
@@ -50,14 +53,14 @@ class SessionPairsController(Controller):
             catalog.get_session(db, session_id)
             return session_pairs(db, session_id, modules=True)
 
-    @get("/first-divergence", sync_to_thread=True)
+    @get("/first-divergence", sync_to_thread=True, responses=error_responses(404))
     def first_divergence(self, services: Services, session_id: int) -> DivergenceReport:
         with services.sessions() as db:
             catalog.get_session(db, session_id)
             report = session_pairs(db, session_id)
         return DivergenceReport(report.first_divergence, report.progress)
 
-    @get("/alignments", sync_to_thread=True)
+    @get("/alignments", sync_to_thread=True, responses=error_responses(404))
     def alignment_choices(
         self,
         services: Services,
@@ -71,8 +74,8 @@ class SessionPairsController(Controller):
         with services.sessions() as db:
             return hand_pair_choices(db, session_id, a_name, b_name, run_id)
 
-    @post("/pairs", sync_to_thread=True, status_code=201)
-    def pair_by_hand(self, services: Services, session_id: int, data: ManualPair) -> PairReport:
+    @post("/pairs", sync_to_thread=True, status_code=201, request_max_body_size=JSON_BODY_LIMIT, responses=WRITE)
+    def pair_by_hand(self, services: Services, session_id: int, data: ManualPair = STRICT_BODY) -> PairReport:
         """Pair two tensors by hand; manual pairs persist and win over every automatic strategy."""
         made = services.actions.pair_by_hand(session_id, data.a_name, data.b_name, data.run_id, data.alignment)
         if made is None:
@@ -80,8 +83,7 @@ class SessionPairsController(Controller):
         return made
 
 
-@dataclass
-class PairOrder:
+class PairOrder(msgspec.Struct, forbid_unknown_fields=True):
     pairs: list[str]  # "reference name|candidate name" of each pair, in the order wanted
 
 
@@ -89,12 +91,12 @@ class SessionOrderController(Controller):
     path = "/api/sessions/{session_id:int}/order"
     tags = ["pairs"]
 
-    @put("/", sync_to_thread=True)
-    def set_order(self, services: Services, session_id: int, data: PairOrder) -> PairOrder:
+    @put("/", sync_to_thread=True, request_max_body_size=JSON_BODY_LIMIT, responses=WRITE)
+    def set_order(self, services: Services, session_id: int, data: PairOrder = STRICT_BODY) -> PairOrder:
         """Keep the user's order of pairs (pairs it does not name follow in execution order)."""
         return PairOrder(services.actions.set_order(session_id, data.pairs))
 
-    @delete("/", sync_to_thread=True)
+    @delete("/", sync_to_thread=True, responses=DELETE)
     def reset_order(self, services: Services, session_id: int) -> None:
         services.actions.reset_order(session_id)
 
@@ -103,18 +105,18 @@ class PairController(Controller):
     path = "/api/pairs"
     tags = ["pairs"]
 
-    @get("/{pair_id:int}", sync_to_thread=True)
+    @get("/{pair_id:int}", sync_to_thread=True, responses=error_responses(404))
     def show_pair(self, services: Services, pair_id: int) -> PairDetail:
         """Statistics (with the histogram of |difference| per decade), shapes, alignment steps and the argmax."""
         with services.sessions() as db:
             return pair_detail(db, services.comparisons, pair_id)
 
-    @get("/{pair_id:int}/argmax", sync_to_thread=True)
+    @get("/{pair_id:int}/argmax", sync_to_thread=True, responses=error_responses(404))
     def argmax(self, services: Services, pair_id: int) -> ArgmaxReport | None:
         with services.sessions() as db:
             return pair_detail(db, services.comparisons, pair_id).argmax
 
-    @get("/{pair_id:int}/profile", sync_to_thread=True)
+    @get("/{pair_id:int}/profile", sync_to_thread=True, responses=error_responses(404))
     def profile(
         self,
         services: Services,
@@ -126,7 +128,7 @@ class PairController(Controller):
         with services.sessions() as db:
             return error_profile(db, services.comparisons, pair_id, dim)
 
-    @get("/{pair_id:int}/slice", sync_to_thread=True)
+    @get("/{pair_id:int}/slice", sync_to_thread=True, responses=error_responses(404))
     def slice_values(
         self,
         services: Services,
@@ -145,17 +147,17 @@ class PairController(Controller):
             request = parse_slice_request(alignment.shape, index, start, count)
             return read_slice(view_a, view_b, request)
 
-    @delete("/{pair_id:int}", sync_to_thread=True)
+    @delete("/{pair_id:int}", sync_to_thread=True, responses=DELETE)
     def unpair(self, services: Services, pair_id: int) -> None:
         """Undo a pair: both tensors become unmatched, and stay so when the session is paired again."""
         services.actions.unpair(pair_id)
 
-    @put("/{pair_id:int}/alignment", sync_to_thread=True)
-    def override_alignment(self, services: Services, pair_id: int, data: AlignmentOverride) -> PairReport:
+    @put("/{pair_id:int}/alignment", sync_to_thread=True, request_max_body_size=JSON_BODY_LIMIT, responses=WRITE)
+    def override_alignment(self, services: Services, pair_id: int, data: AlignmentOverride = STRICT_BODY) -> PairReport:
         """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
         return services.actions.set_alignment(pair_id, data.steps)
 
-    @delete("/{pair_id:int}/alignment", sync_to_thread=True, status_code=200)
+    @delete("/{pair_id:int}/alignment", sync_to_thread=True, status_code=200, responses=DELETE)
     def reset_alignment(self, services: Services, pair_id: int) -> PairReport:
         return services.actions.clear_alignment(pair_id)
 

@@ -1,20 +1,24 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 import anyio
+import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post
 from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
 
 from tensor_debugger.compare.progress import SessionProgress, pair_progress, session_progress
-from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.errors import InvalidInputError, TooLargeError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
+from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES
 from tensor_debugger.store.reports import SessionDetail, SessionReport
+from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, ErrorReport, error_responses
+from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY, read_json
 from tensor_debugger.web.multipart import UploadBatch, receive_multipart
+from tensor_debugger.web.upload_bodies import NAME_PATTERN, AddRunsOperation, CreateSessionOperation
 from tensor_debugger.web.uploads import (
     RunOutcomes,
     UploadAccepted,
@@ -36,8 +40,13 @@ WAIT_NOTE = (
     "disk (`url`: the session page, `progress`: what to poll), the ingest going on in the background."
 )
 UPLOAD_RESPONSES = {
+    **error_responses(*CHANGES, 409, 413, 507),
     202: ResponseSpec(UploadAccepted, description="the upload is on disk; its runs are ingested in the background"),
-    422: ResponseSpec(UploadRejected, description="nothing usable was found in any run; nothing was kept"),
+    422: ResponseSpec(
+        UploadRejected | ErrorReport,
+        description="nothing usable was found in any run (nothing was kept), or a file could not be used",
+        generate_examples=False,
+    ),
 }
 EXPLORE = Parameter(
     default=False,
@@ -54,10 +63,18 @@ WAIT = Parameter(
 )
 
 
-@dataclass
-class SessionPatch:
-    name: str | None = None
-    notes: str | None = None
+SessionName = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1, max_length=MAX_LABEL, pattern=NAME_PATTERN, description="not only spaces, no control characters"
+    ),
+]
+Notes = Annotated[str, msgspec.Meta(max_length=MAX_NOTES)]
+
+
+class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
+    name: SessionName | None = None
+    notes: Notes | None = None
     rtol: float | None = None  # the session's tolerances; verdicts follow
     atol: float | None = None
     default_tolerances: bool = False  # true: back to torch.testing's defaults per dtype
@@ -68,30 +85,34 @@ class SessionPatch:
     name_pattern: str | None = None  # a regex with groups layer and stage (and rank); "": none
 
 
-@dataclass
-class SessionCreate:
-    name: str
-    notes: str = ""
+class SessionCreate(msgspec.Struct, forbid_unknown_fields=True):
+    name: SessionName
+    notes: Notes = ""
 
 
 class SessionController(Controller):
     path = "/api/sessions"
     tags = ["sessions"]
 
-    @get("/", sync_to_thread=True)
+    @get("/", sync_to_thread=True, responses=error_responses())
     def list_sessions(
         self, services: Services, q: str | None = Parameter(default=None, description="name contains")
     ) -> list[SessionReport]:
         with services.sessions() as db:
             return [SessionReport.of(s) for s in catalog.list_sessions(db, q)]
 
-    @get("/{session_id:int}", sync_to_thread=True)
+    @get("/{session_id:int}", sync_to_thread=True, responses=error_responses(404))
     def show_session(self, services: Services, session_id: int) -> SessionDetail:
         with services.sessions() as db:
             return SessionDetail.of(catalog.get_session(db, session_id))
 
-    @patch("/{session_id:int}", sync_to_thread=True)
-    def update_session(self, services: Services, session_id: int, data: SessionPatch) -> SessionReport:
+    @patch(
+        "/{session_id:int}",
+        sync_to_thread=True,
+        request_max_body_size=JSON_BODY_LIMIT,
+        responses=error_responses(*CHANGES, *JSON_BODY, 404, 409),
+    )
+    def update_session(self, services: Services, session_id: int, data: SessionPatch = STRICT_BODY) -> SessionReport:
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
         them (400 naming the problem, nothing changed) and pair the session again; new tolerances refresh its
         verdicts."""
@@ -107,12 +128,12 @@ class SessionController(Controller):
             ulp=data.ulp,
         )
 
-    @delete("/{session_id:int}", sync_to_thread=True)
+    @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))
     def delete_session(self, services: Services, session_id: int) -> None:
         with services.sessions() as db:
             catalog.delete_session(db, services.store, session_id)
 
-    @get("/{session_id:int}/progress", sync_to_thread=True)
+    @get("/{session_id:int}/progress", sync_to_thread=True, responses=error_responses(404))
     def show_progress(self, services: Services, session_id: int) -> SessionProgress:
         """How far the session has come: each run's ingest (`stage`, bytes copied of the total while it runs),
         then its pairs compared. `stage` is "ingesting", "planning", "comparing", then "done"."""
@@ -124,6 +145,7 @@ class SessionController(Controller):
         "/",
         request_max_body_size=None,
         responses=UPLOAD_RESPONSES,
+        operation_class=CreateSessionOperation,
         description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
         "whose field name is their run's label (the first run "
         "is the reference; with `?explore=true`, one run explored). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE,
@@ -138,7 +160,7 @@ class SessionController(Controller):
     ) -> Response[SessionReport | UploadCreated]:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("application/json"):
-            body = SessionCreate(**await request.json())
+            body = await read_json(request, SessionCreate)
             return Response(await anyio.to_thread.run_sync(_create_empty, services, body), status_code=201)
         _check_length(request, services)
         batch = await receive_multipart(content_type, request.stream(), services.settings.staging_dir)
@@ -162,7 +184,16 @@ class SessionController(Controller):
     @post(
         "/{session_id:int}/runs",
         request_max_body_size=None,
-        responses=UPLOAD_RESPONSES,
+        operation_class=AddRunsOperation,
+        responses={
+            **UPLOAD_RESPONSES,
+            **error_responses(*CHANGES, 404, 409, 413),
+            422: ResponseSpec(
+                RunOutcomes | ErrorReport,
+                description="nothing usable was found in any run (nothing was kept), or a file could not be used",
+                generate_examples=False,
+            ),
+        },
         description="multipart/form-data: files whose field name is their run's label, or `?label=` for all. "
         + WAIT_NOTE
         + " "
@@ -173,7 +204,9 @@ class SessionController(Controller):
         services: Services,
         request: Request[Any, Any, Any],
         session_id: int,
-        label: str | None = Parameter(default=None, description="run label for every file"),
+        label: str | None = Parameter(
+            default=None, description="run label for every file", max_length=MAX_LABEL, pattern=NAME_PATTERN
+        ),
         wait: bool = WAIT,
     ) -> Response[RunOutcomes]:
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
@@ -216,9 +249,7 @@ async def _explore(services: Services, batch: UploadBatch, match: str | None) ->
 def _check_length(request: Request[Any, Any, Any], services: Services) -> None:
     length = request.headers.get("content-length")
     if length is not None and length.isdigit() and int(length) > services.settings.max_upload_bytes:
-        raise InvalidInputError(
-            f"upload of {length} bytes exceeds max_upload_bytes={services.settings.max_upload_bytes}"
-        )
+        raise TooLargeError(f"upload of {length} bytes exceeds max_upload_bytes={services.settings.max_upload_bytes}")
 
 
 def _session_name(services: Services, session_id: int) -> str:

@@ -1,9 +1,16 @@
-"""The session page's table: the pairs grouped, sorted and filtered as the URL asks, and the chart of error
-through the model. Everything is computed here so the template only loops."""
+"""The session page's table: the pairs grouped, sorted and filtered as the URL asks, with each group's worst
+values, which groups start open, and the page of each open group's rows that is rendered. Everything is computed
+here so the template only loops.
+
+A 2,000-pair session must load in well under a second with a DOM a browser handles easily, so the page never
+renders every row: a collapsed group is one header row, an open group shows at most PAGE_SIZE rows at a time, and
+once ROW_BUDGET rows are rendered, further open groups are rendered empty (the page's script fetches their rows
+when they scroll into view; without scripts, a link opens them)."""
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
 from tensor_debugger.compare.pair_reports import PairReport, PairStatsSummary, SessionPairs, apply_order
@@ -14,6 +21,9 @@ GROUPS = ("layer", "name", "band", "none")
 SORTS = ("order", "diff", "cosine", "name", "numel")
 BANDS = ("Identical", "Within tolerance", "Failing", "Incomparable", "Error", "Not compared yet")
 VERDICTS = ("all", "fail", "pass", "incomparable", "unmatched")
+PAGE_SIZE = 100  # rows of one group shown at a time
+ROW_BUDGET = 300  # rows rendered with the page; at ~25 elements a row, about 7,500 elements
+OPENING = ("fail", "error")  # a group holding a pair with one of these verdicts starts open
 
 
 @dataclass(frozen=True)
@@ -22,26 +32,125 @@ class ViewParams:
     sort: str = "order"
     verdict: str = "all"
     q: str = ""
+    open: str = ""  # a group opened by the user (its key), shown first and at `page`
+    page: int = 0
+    lo: int | None = None  # a range of execution positions picked on the chart (inclusive)
+    hi: int | None = None
 
     @classmethod
-    def parse(cls, group: str | None, sort: str | None, verdict: str | None, q: str | None) -> ViewParams:
+    def parse(
+        cls,
+        group: str | None,
+        sort: str | None,
+        verdict: str | None,
+        q: str | None,
+        open_group: str | None = None,
+        page: str | None = None,
+        lo: str | None = None,
+        hi: str | None = None,
+    ) -> ViewParams:
         """Unknown values fall back to the defaults rather than failing the page."""
         return cls(
             group if group in GROUPS else "layer",
             sort if sort in SORTS else "order",
             verdict if verdict in VERDICTS else "all",
             (q or "").strip(),
+            (open_group or "").strip(),
+            _count(page) or 0,
+            _count(lo),
+            _count(hi),
         )
+
+    @property
+    def reorderable(self) -> bool:
+        """Rows can be moved only where the table shows the user's order itself, unfiltered."""
+        return (
+            self.group == "none" and self.sort == "order" and self.verdict == "all" and not self.q and self.lo is None
+        )
+
+    def query(self, **changes: str | int | None) -> dict[str, str]:
+        """The URL query of this view with `changes`, leaving out what is at its default."""
+        values = {
+            "group": self.group,
+            "sort": self.sort,
+            "verdict": self.verdict,
+            "q": self.q,
+            "open": self.open,
+            "page": self.page,
+            "lo": self.lo,
+            "hi": self.hi,
+        }
+        values.update(changes)
+        defaults = {"group": "layer", "sort": "order", "verdict": "all", "q": "", "open": "", "page": 0}
+        return {k: str(v) for k, v in values.items() if v is not None and defaults.get(k) != v}
+
+
+def _count(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() and len(text) < 10 else None
+
+
+@dataclass(frozen=True)
+class Worst:
+    """The worst of each statistic over a group's pairs (NaN where a pair had one; None where none compared)."""
+
+    max_abs_diff: float | None
+    mean_abs_diff: float | None
+    max_rel_diff: float | None
+    mse: float | None
+    cosine: float | None
+    mismatched_fraction: float | None
 
 
 @dataclass
 class Group:
+    key: str
     label: str
     rows: list[PairReport] = field(default_factory=list)
+    open: bool = False
+    loaded: bool = False  # its rows are rendered with the page (else the script fetches them)
+    page: int = 0
+
+    @property
+    def anchor(self) -> str:
+        return "group-" + (re.sub(r"[^A-Za-z0-9_-]+", "-", self.key).strip("-") or "all")
 
     @property
     def failing(self) -> int:
         return sum(1 for r in self.rows if r.status == "fail")
+
+    @property
+    def pages(self) -> int:
+        return max(1, math.ceil(len(self.rows) / PAGE_SIZE))
+
+    @property
+    def shown(self) -> list[PairReport]:
+        """The rows of the group's current page, when they are rendered."""
+        if not (self.open and self.loaded):
+            return []
+        return self.rows[self.page * PAGE_SIZE : (self.page + 1) * PAGE_SIZE]
+
+    @property
+    def first_shown(self) -> int:
+        return self.page * PAGE_SIZE + 1
+
+    @property
+    def worst(self) -> Worst:
+        def values(key: str) -> list[float]:
+            return [_number(r.stats, key) for r in self.rows if r.stats]
+
+        def highest(key: str) -> float | None:
+            found = values(key)
+            return max(found, key=_rank_value) if found else None
+
+        cosines = values("cosine")
+        return Worst(
+            highest("max_abs_diff"),
+            highest("mean_abs_diff"),
+            highest("max_rel_diff"),
+            highest("mse"),
+            min(cosines, key=lambda c: -_rank_value(-c)) if cosines else None,
+            highest("mismatched_fraction"),
+        )
 
 
 def _number(stats: PairStatsSummary | None, key: str) -> float:
@@ -51,7 +160,8 @@ def _number(stats: PairStatsSummary | None, key: str) -> float:
     return float(value) if value is not None else math.nan
 
 
-def build_groups(report: SessionPairs, params: ViewParams, order: list[str] | None) -> list[Group]:
+def filtered_pairs(report: SessionPairs, params: ViewParams, order: list[str] | None) -> list[PairReport]:
+    """The pairs the view shows, in the user's order, filtered and sorted as it asks."""
     pairs = apply_order(report.pairs, order)
     if params.verdict not in ("all", "unmatched"):
         pairs = [p for p in pairs if p.status == params.verdict]
@@ -60,6 +170,9 @@ def build_groups(report: SessionPairs, params: ViewParams, order: list[str] | No
     if params.q:
         needle = params.q.lower()
         pairs = [p for p in pairs if needle in p.name.lower() or needle in p.b.name.lower()]
+    if params.lo is not None or params.hi is not None:
+        lo, hi = params.lo or 0, params.hi if params.hi is not None else math.inf
+        pairs = [p for p in pairs if lo <= p.position <= hi]
     if params.sort == "diff":
         pairs = sorted(pairs, key=lambda p: -_rank_value(_number(p.stats, "max_abs_diff")))
     elif params.sort == "cosine":
@@ -68,20 +181,59 @@ def build_groups(report: SessionPairs, params: ViewParams, order: list[str] | No
         pairs = sorted(pairs, key=lambda p: natural_key(p.name))
     elif params.sort == "numel":
         pairs = sorted(pairs, key=lambda p: -numel(p))
+    return pairs
+
+
+def build_groups(
+    report: SessionPairs, params: ViewParams, order: list[str] | None, budget: int = ROW_BUDGET
+) -> list[Group]:
+    """The groups of the view, which are open and which of those have their rows rendered with the page: the
+    group the user opened first, then the first divergence's, then the failing ones, until `budget` rows. Groups
+    start collapsed unless they hold a failing pair or the first divergence (or are the only group)."""
+    pairs = filtered_pairs(report, params, order)
     if params.group == "none":
-        return [Group("All pairs", pairs)] if pairs else []
-    groups: dict[str, Group] = {}
-    if params.group == "band":
-        groups = {label: Group(label) for label in BANDS}
-    for p in pairs:
+        groups = [Group("all", "All pairs", pairs, open=True)] if pairs else []
+    else:
+        by_label: dict[str, Group] = {}
         if params.group == "band":
-            label = band(p)
-        elif params.group == "layer":
-            label = f"Layer {p.layer}" if p.layer is not None else "No layer"
-        else:
-            label = p.name.split(".")[0].split("/")[0].rsplit("_", 1)[0] or p.name
-        groups.setdefault(label, Group(label)).rows.append(p)
-    return [g for g in groups.values() if g.rows]
+            by_label = {label: Group(label, label) for label in BANDS}
+        for p in pairs:
+            label = _label(p, params.group)
+            by_label.setdefault(label, Group(label, label)).rows.append(p)
+        groups = [g for g in by_label.values() if g.rows]
+    first = report.first_divergence.pair_id if report.first_divergence else None
+    for g in groups:
+        g.open = (
+            g.open
+            or len(groups) == 1
+            or g.key == params.open
+            or any(r.status in OPENING or r.id == first for r in g.rows)
+        )
+        if g.key == params.open:
+            g.page = min(params.page, g.pages - 1)
+        elif first is not None:
+            at = next((i for i, r in enumerate(g.rows) if r.id == first), None)
+            g.page = at // PAGE_SIZE if at is not None else 0
+
+    def priority(g: Group) -> int:
+        return 0 if g.key == params.open else 1 if any(r.id == first for r in g.rows) else 2
+
+    left = budget
+    for g in sorted((g for g in groups if g.open), key=priority):
+        size = len(g.rows[g.page * PAGE_SIZE : (g.page + 1) * PAGE_SIZE])
+        if size <= left or priority(g) < 2:
+            g.loaded = True
+            left -= size
+    return groups
+
+
+def _label(pair: PairReport, group: str) -> str:
+    if group == "band":
+        return band(pair)
+    if group == "layer":
+        return f"Layer {pair.layer}" if pair.layer is not None else "No layer"
+    # by name: what the tensor is, whichever layer it belongs to (its stage, else its name with numbers as N)
+    return pair.stage or re.sub(r"\d+", "N", pair.name)
 
 
 def numel(pair: PairReport) -> int:
@@ -110,65 +262,14 @@ def _rank_value(value: float) -> float:
 
 @dataclass(frozen=True)
 class ChartPoint:
+    """A point of the candidates' chart (server-rendered SVG)."""
+
     x: float
     y_diff: float | None
     y_cos: float | None
     failing: bool
     href: str
     title: str
-
-
-@dataclass(frozen=True)
-class Chart:
-    width: int
-    height: int
-    points: list[ChartPoint]
-    ticks: list[tuple[float, str]]  # (y, label) for powers of ten
-    diff_path: str
-    cos_path: str
-
-
-def build_chart(pairs: list[PairReport], width: int = 1100, height: int = 220) -> Chart | None:
-    """Max |diff| and 1 - cosine of every pair in execution order, on one log scale (1e-12 to 1e4)."""
-    if not pairs:
-        return None
-    low, high, pad = -12.0, 4.0, 30.0
-
-    def y_of(value: float) -> float | None:
-        if math.isnan(value):
-            return pad  # NaN is drawn at the top: as bad as it gets
-        if value <= 0:
-            return None
-        clipped = min(max(math.log10(value), low), high)
-        return pad + (high - clipped) / (high - low) * (height - 2 * pad)
-
-    step = (width - 2 * pad) / max(len(pairs) - 1, 1)
-    points = []
-    for i, p in enumerate(pairs):
-        diff = _number(p.stats, "max_abs_diff")
-        cosine = _number(p.stats, "cosine")
-        one_minus = 1 - cosine if not math.isnan(cosine) else math.nan
-        points.append(
-            ChartPoint(
-                round(pad + i * step, 1),
-                _round(y_of(diff)) if p.stats else None,
-                _round(y_of(one_minus)) if p.stats else None,
-                p.status == "fail",
-                f"/pairs/{p.id}",
-                f"{p.name}: {p.status}, max |diff| {p.stats.max_abs_diff if p.stats else '—'}",
-            )
-        )
-    ticks = [
-        (pad + (high - k) / (high - low) * (height - 2 * pad), f"1e{k}") for k in range(int(low), int(high) + 1, 4)
-    ]
-    return Chart(
-        width,
-        height,
-        points,
-        ticks,
-        _path([(pt.x, pt.y_diff) for pt in points]),
-        _path([(pt.x, pt.y_cos) for pt in points]),
-    )
 
 
 def _round(value: float | None) -> float | None:
@@ -185,3 +286,84 @@ def _path(points: list[tuple[float, float | None]]) -> str:
         parts.append(f"{'L' if pen_down else 'M'}{x:.1f},{y:.1f}")
         pen_down = True
     return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class CandidateSeries:
+    label: str
+    path: str  # max |diff| of its pairs along the rows
+    points: list[ChartPoint]
+    first_divergence: str | None  # the tensor's name
+
+
+@dataclass(frozen=True)
+class CandidateRow:
+    name: str  # the reference tensor's
+    layer: int | None
+    cells: list[PairReport | None]  # one per candidate, None where it has no partner
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Several candidates side by side: a row per reference tensor, a column per candidate, and the chart of
+    max |diff| through the model with a series per candidate."""
+
+    labels: list[str]
+    rows: list[CandidateRow]
+    series: list[CandidateSeries]
+    width: int
+    height: int
+    ticks: list[tuple[float, str]]
+
+
+def build_candidates(report: SessionPairs, width: int = 1100, height: int = 220) -> Candidates | None:
+    """None unless the session has two candidates or more."""
+    if len(report.candidates) < 2:
+        return None
+    column = {c.run_id: n for n, c in enumerate(report.candidates)}
+    rows: dict[str, CandidateRow] = {}
+    for p in report.pairs:
+        row = rows.setdefault(p.a.name, CandidateRow(p.a.name, p.layer, [None] * len(column)))
+        if p.b.run_id in column:
+            row.cells[column[p.b.run_id]] = p
+    low, high, pad = -12.0, 4.0, 30.0
+    step = (width - 2 * pad) / max(len(rows) - 1, 1)
+    series = []
+    for n, candidate in enumerate(report.candidates):
+        points = []
+        for i, row in enumerate(rows.values()):
+            pair = row.cells[n]
+            if pair is None or pair.stats is None:
+                continue
+            diff = _number(pair.stats, "max_abs_diff")
+            if diff <= 0:
+                y = float(height - pad)  # no difference: drawn on the floor of the scale
+            elif math.isnan(diff):
+                y = pad
+            else:
+                y = pad + (high - min(max(math.log10(diff), low), high)) / (high - low) * (height - 2 * pad)
+            points.append(
+                ChartPoint(
+                    round(pad + i * step, 1),
+                    round(y, 1),
+                    None,
+                    pair.status == "fail",
+                    f"/pairs/{pair.id}",
+                    f"{candidate.label} · {pair.name}: {pair.status}, max |diff| {pair.stats.max_abs_diff}",
+                )
+            )
+        first = candidate.first_divergence
+        series.append(
+            CandidateSeries(
+                candidate.label, _path([(p.x, p.y_diff) for p in points]), points, first.name if first else None
+            )
+        )
+    ticks = [
+        (pad + (high - k) / (high - low) * (height - 2 * pad), f"1e{k}") for k in range(int(low), int(high) + 1, 4)
+    ]
+    return Candidates([c.label for c in report.candidates], list(rows.values()), series, width, height, ticks)
+
+
+def has_noise_floor(report: SessionPairs) -> bool:
+    """Whether the session has a rerun of the reference, so its table shows each pair's noise floor."""
+    return any(p.noise_max_abs_diff is not None for p in report.pairs)

@@ -1,0 +1,78 @@
+"""`ingest --server` and `sessions --server`: the same commands through a running server's API (live/upload.py),
+with its token (`--token`, else TENSOR_DEBUGGER_TOKEN)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import httpx
+
+from tensor_debugger.cli.session_list import print_sessions
+from tensor_debugger.live.upload import server_sessions, upload_files
+
+EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2  # as cli/main.py's
+
+
+def files_to_send(paths: list[Path]) -> list[Path]:
+    """The files of `paths`, a folder's (at any depth) included. The server keeps only a file's base name, so
+    two files of one name would collide: that is refused, naming both (send the folder as an archive instead)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(p for p in path.rglob("*") if p.is_file()))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ValueError(f"{path}: no such file or folder")
+    seen: dict[str, Path] = {}
+    for file in files:
+        if file.name in seen:
+            raise ValueError(
+                f"{seen[file.name]} and {file} have one name, which the server cannot tell apart: "
+                "send their folder as an archive (.zip, .tar) instead"
+            )
+        seen[file.name] = file
+    return files
+
+
+def remote_ingest(server: str, token: str | None, session: str, run: str, paths: list[Path], as_json: bool) -> int:
+    try:
+        files = files_to_send(paths)
+    except ValueError as exc:
+        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    try:
+        session_id, run_id = upload_files(server, session, run, files, token)
+    except (RuntimeError, httpx.HTTPError) as exc:
+        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    payload = {"session": {"id": session_id, "name": session}, "run": {"id": run_id, "label": run}, "server": server}
+    if as_json:
+        print(json.dumps(payload))
+    else:
+        print(f"sent {len(files)} files as run {run!r} of session {session!r} to {server} (the server ingests them)")
+    return EXIT_OK
+
+
+def remote_sessions(server: str, token: str | None, as_json: bool) -> int:
+    try:
+        listed = server_sessions(server, token)
+    except (RuntimeError, httpx.HTTPError) as exc:
+        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    data = [
+        {
+            "id": s["id"],
+            "name": s["name"],
+            "created_at": s["created_at"],
+            "runs": [
+                {"id": r["id"], "label": r["label"], "role": r["role"], "status": r["status"], "tensors": r["tensors"]}
+                for r in s["runs"]
+            ],
+        }
+        for s in listed
+    ]
+    print_sessions(data, as_json)
+    return EXIT_OK

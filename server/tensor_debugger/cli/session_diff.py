@@ -1,0 +1,59 @@
+"""`tensor-debugger compare-sessions S1 S2`: two sessions' pairs matched by name, each with its error (max |diff|)
+in both and the change (`compare/session_diff.py`). Exit 0 when no pair that passed in S1 fails in S2, 1 when one
+does, 2 when a session is not found."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from tensor_debugger.cli.compare_output import cell
+from tensor_debugger.compare.requests import EXIT_FAIL, EXIT_PASS, EXIT_UNUSABLE
+from tensor_debugger.compare.session_diff import Change, SessionDiff, diff_sessions, find_session
+from tensor_debugger.errors import NotFoundError
+from tensor_debugger.services import Services
+
+
+def run_compare_sessions(services: Services, first: str, second: str, as_json: bool) -> int:
+    try:
+        with services.sessions() as db:
+            diff = diff_sessions(db, find_session(db, first), find_session(db, second))
+    except NotFoundError as exc:
+        if as_json:
+            print(json.dumps({"error": str(exc)}))
+        else:
+            print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    if as_json:
+        print(json.dumps(dataclasses.asdict(diff)))
+    else:
+        print_diff(diff)
+    return EXIT_FAIL if diff.broke else EXIT_PASS
+
+
+def print_diff(diff: SessionDiff) -> None:
+    rows = [("pair", "layer", "A", "B", "A max |diff|", "B max |diff|", "B / A", "change")]
+    for p in diff.pairs:
+        rows.append(
+            (
+                p.key,
+                "" if p.layer is None else str(p.layer),
+                (p.status_a or "-").upper(),
+                (p.status_b or "-").upper(),
+                cell(p.error_a),
+                cell(p.error_b),
+                cell(p.ratio),
+                str(p.change).upper() if p.change in (Change.FIXED, Change.BROKEN) else str(p.change),
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
+    for side, name in (("A", diff.a), ("B", diff.b)):
+        first = name.first_divergence
+        print(
+            f"{side}: {name.name} (session {name.id}): "
+            + (f"first divergence {first.name}" if first else "no divergence")
+        )
+    print(", ".join(f"{n} {c}" for c, n in diff.counts.items()))

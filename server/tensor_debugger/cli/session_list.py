@@ -1,0 +1,20 @@
+"""`sessions`' output, for the data dir's sessions and a server's alike."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def print_sessions(data: list[dict[str, Any]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(data))
+        return
+    if not data:
+        print("no sessions")
+    for s in data:
+        runs = ", ".join(
+            f"{r['label']} ({r['tensors']} tensors{'' if r['status'] == 'ready' else ', ' + r['status']})"
+            for r in s["runs"]
+        )
+        print(f"{s['id']:>4}  {s['name']}  [{runs}]")

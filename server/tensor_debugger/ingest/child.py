@@ -1,0 +1,193 @@
+"""The server's ingests, run in child processes so that they cannot starve request handling.
+
+An ingest in one of the server's threads competes with every request for the interpreter lock (unpickling,
+Python loops between the C calls) and, on a machine with few cores, for the CPU. Here each runs in a child process
+(started with spawn: no lock or thread is inherited), at a lower CPU priority (nice 5): the server's threads keep
+their interpreter lock to themselves, and its requests get the CPU first. The children are started on the first
+ingest, `at_once` of them at most, and kept for the next ones; each ends within a fraction of a second of the
+server's death, whatever killed it, so a killed server leaves no ingest running (the next start cleans up).
+
+The server makes the run's row (`Ingestor.begin`) and keeps it among its live runs while a child fills it; the child
+reports progress through a queue and stops at its next block when the server asks (`close`). A child that dies
+midway (killed, out of memory) leaves the run to the server, which removes it or marks it failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.synchronize import Event
+from typing import Any
+
+from tensor_debugger.engine.fused import configure as configure_kernels
+from tensor_debugger.errors import FileProblem
+from tensor_debugger.ingest import staging
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.database import create_db_engine, make_sessionmaker
+
+log = logging.getLogger(__name__)
+
+NICENESS = 5  # added to the child's CPU priority: the server's requests come first, ingests still progress
+PROGRESS_EVERY = 0.1  # seconds between two progress messages of one ingest
+PARENT_POLL = 0.2  # seconds between a child's checks that the server is still there
+
+ProgressCallback = Callable[[int, int], None]
+
+
+class ChildIngests:
+    """Runs `Ingestor.complete` in child processes, `at_once` at most."""
+
+    def __init__(self, settings: Settings, ingestor: Ingestor, at_once: int) -> None:
+        self.settings = settings
+        self.ingestor = ingestor  # the server's: it began the runs, and takes them back from a child that died
+        self.at_once = at_once
+        self._context = multiprocessing.get_context("spawn")
+        self._lock = threading.Lock()
+        self._pool: ProcessPoolExecutor | None = None
+        self._messages: Any = None  # a multiprocessing queue of (run id, done, total), made with the pool
+        self._cancel: Event | None = None
+        self._callbacks: dict[int, ProgressCallback] = {}
+        self._reader: threading.Thread | None = None
+        self._closed = False
+
+    def complete(
+        self, pending: PendingRun, inputs: list[InputFile], keep_failure: bool, progress: ProgressCallback
+    ) -> IngestResult:
+        """`Ingestor.complete` in a child process; raises what it raises (NothingUsableError, DiskFullError,
+        IngestCancelled, ...)."""
+        with self._lock:
+            self._callbacks[pending.run_id] = progress
+        try:
+            try:
+                pool = self._open()
+            except IngestCancelled:  # the server is stopping: the run is undone as if it never began
+                self.ingestor.cancel(pending)
+                raise
+            try:
+                future = pool.submit(_complete, pending, inputs, keep_failure)
+            except BrokenProcessPool:  # an idle child died (killed, say): the ingest has not begun; new children
+                self._reset(pool)
+                pool = self._open()
+                future = pool.submit(_complete, pending, inputs, keep_failure)
+            return future.result()
+        except BrokenProcessPool:
+            self._reset(pool)
+            staging.sweep(self.settings.staging_dir)  # what the dead child left
+            what = ", ".join(i.label for i in inputs) or "upload"
+            if self._closed:
+                self.ingestor.give_up(pending, [], False)
+                raise IngestCancelled("the server is stopping") from None
+            self.ingestor.give_up(pending, [FileProblem(what, "the ingest's process died")], keep_failure)
+            raise
+        finally:
+            with self._lock:
+                self._callbacks.pop(pending.run_id, None)
+            self.ingestor.forget(pending.run_id)
+
+    def _reset(self, pool: ProcessPoolExecutor) -> None:
+        """Let go of a pool one of whose children died; the next ingest starts new ones."""
+        with self._lock:
+            if self._pool is pool:
+                self._pool = None
+        pool.shutdown(wait=False)
+
+    def close(self) -> None:
+        """Ask every child to stop at its next block of bytes, and let them go."""
+        with self._lock:
+            self._closed = True
+            pool, cancel, messages = self._pool, self._cancel, self._messages
+            self._pool = None
+        if cancel is not None:
+            cancel.set()
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+        if messages is not None:
+            messages.put(None)  # ends the reader
+
+    def _open(self) -> ProcessPoolExecutor:
+        with self._lock:
+            if self._closed:
+                raise IngestCancelled("the server is stopping")
+            if self._pool is None:
+                if self._messages is None:
+                    self._messages = self._context.Queue()
+                    self._cancel = self._context.Event()
+                    self._reader = threading.Thread(target=self._read, name="ingest-progress", daemon=True)
+                    self._reader.start()
+                self._pool = ProcessPoolExecutor(
+                    self.at_once,
+                    mp_context=self._context,
+                    initializer=functools.partial(_start, self.settings, self._messages, self._cancel),
+                )
+            return self._pool
+
+    def _read(self) -> None:
+        while True:
+            message = self._messages.get()
+            if message is None:
+                return
+            run_id, done, total = message
+            with self._lock:
+                callback = self._callbacks.get(run_id)
+            if callback is None:
+                continue
+            try:
+                callback(done, total)
+            except IngestCancelled:
+                continue  # the child sees the same request to stop
+            except Exception:
+                log.exception("progress of run %s", run_id)
+
+
+_child: dict[str, Any] = {}  # in a child only, filled by `_start`: its ingestor, queue and stop signal
+
+
+def _start(settings: Settings, messages: Any, cancel: Event | None) -> None:
+    os.nice(NICENESS)
+    server = os.getppid()
+    threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the children
+    configure_kernels(settings.kernel, settings.kernel_family)
+    engine = create_db_engine(settings.database_url)
+    _child.update(
+        ingestor=Ingestor(settings, make_sessionmaker(engine), ArrayStore(settings.store_url)),
+        messages=messages,
+        cancel=cancel,
+    )
+
+
+def _die_with(server: int) -> None:
+    """End this child as soon as the server is gone, whatever killed it: it is then adopted by another process."""
+    while os.getppid() == server:
+        time.sleep(PARENT_POLL)
+    os._exit(1)
+
+
+def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool) -> IngestResult:
+    ingestor: Ingestor = _child["ingestor"]
+    messages, cancel = _child["messages"], _child["cancel"]
+    last = [0.0]
+
+    def progress(done: int, total: int) -> None:
+        if cancel.is_set():
+            raise IngestCancelled("the server is stopping")
+        now = time.monotonic()
+        if now - last[0] >= PROGRESS_EVERY or done >= total:
+            last[0] = now
+            with contextlib.suppress(queue.Full):
+                messages.put_nowait((pending.run_id, done, total))
+
+    return ingestor.complete(pending, inputs, progress, keep_failure)

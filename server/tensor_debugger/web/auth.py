@@ -1,0 +1,225 @@
+"""Who may use a server that has a token (`TENSOR_DEBUGGER_TOKEN`, `TENSOR_DEBUGGER_READ_TOKEN`).
+
+Without either setting nothing here runs: the server is one user's, on loopback. With one, every request must
+show a token, one of two ways:
+
+- **Bearer.** `Authorization: Bearer <token>` (the API's clients: scripts, the CLI, `capture(server=...)`). A
+  request without it, or with another token, is answered 401 with `WWW-Authenticate: Bearer`.
+- **Session cookie.** A browser signs in on `/login` with a token and gets a cookie (HttpOnly, SameSite=Strict,
+  Secure over https): `<access>.<expiry>.<nonce>.<mac>`, the MAC an HMAC-SHA256 keyed by a key derived from that
+  access's token. It holds no token; changing a token ends the sessions signed with it; signing out revokes one
+  (in this process's memory). A browser without a valid cookie asking for a page is sent to `/login`.
+
+Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so the time taken says nothing of the token,
+its length included. The read token's holder may GET anything (pages, API, slices, exports) and is refused with
+403 on every POST, PUT, PATCH and DELETE, signing out excepted. The login page and the static files it needs are
+open to all.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from urllib.parse import quote
+
+from litestar.enums import ScopeType
+from litestar.types import ASGIApp, Receive, Scope, Send
+
+from tensor_debugger.settings import Settings
+from tensor_debugger.web.security import UNSAFE_METHODS, is_api, request_headers, send_refusal
+
+ACCESS_KEY = "tensor_debugger.access"  # where the middleware leaves the request's Access in the ASGI scope
+COOKIE_NAME = "tensor_debugger_session"
+SESSION_SECONDS = 12 * 3600  # a working day; then the login page again
+LOGIN_PATH = "/login"
+LOGOUT_PATH = "/logout"
+# the login page's style sheet; the command line's warm path (web/controllers/local.py), which checks the token
+# of server.json in the data dir, readable by its owner only, instead of these tokens
+OPEN_PREFIXES = ("/static/", "/api/local")
+_COOKIE_KEY_LABEL = b"tensor-debugger session cookie v1"
+
+
+class Access(enum.Enum):
+    """What a request may do: `write` (the token) changes things, `read` (the read token) only looks."""
+
+    WRITE = "write"
+    READ = "read"
+
+
+def _digest(value: str) -> bytes:
+    return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
+
+
+class Authenticator:
+    """The tokens of one server and the sessions signed out in this process."""
+
+    def __init__(self, tokens: dict[Access, str]) -> None:
+        self.tokens = tokens
+        self.revoked: dict[str, float] = {}  # nonce -> when its cookie would expire
+        self.lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Authenticator | None:
+        """None when the settings name no token: nothing to check."""
+        tokens = {Access.WRITE: settings.token, Access.READ: settings.read_token}
+        present = {access: token for access, token in tokens.items() if token}
+        return cls(present) if present else None
+
+    def access_for_token(self, candidate: str | None) -> Access | None:
+        if not candidate:
+            return None
+        found = None
+        given = _digest(candidate)
+        for access, token in self.tokens.items():  # every token compared, whichever matches
+            if hmac.compare_digest(given, _digest(token)):
+                found = access
+        return found
+
+    def _mac(self, access: Access, payload: str) -> str:
+        key = hmac.new(self.tokens[access].encode(), _COOKIE_KEY_LABEL, hashlib.sha256).digest()
+        return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+
+    def issue(self, access: Access, now: float | None = None) -> str:
+        """A new session cookie's value for `access`."""
+        expires = int((time.time() if now is None else now) + SESSION_SECONDS)
+        payload = f"{access.value}.{expires}.{secrets.token_urlsafe(16)}"
+        return f"{payload}.{self._mac(access, payload)}"
+
+    def _parse(self, cookie: str, now: float) -> tuple[Access, str, float] | None:
+        """(access, nonce, expiry) of a cookie this server signed that has not expired; None for any other."""
+        parts = cookie.split(".")
+        if len(parts) != 4:
+            return None
+        kind, expires, nonce, mac = parts
+        try:
+            access = Access(kind)
+            expiry = float(int(expires))
+        except ValueError:
+            return None
+        if access not in self.tokens or expiry <= now:
+            return None
+        if not hmac.compare_digest(mac.encode(), self._mac(access, f"{kind}.{expires}.{nonce}").encode()):
+            return None
+        return access, nonce, expiry
+
+    def access_for_cookie(self, cookie: str | None, now: float | None = None) -> Access | None:
+        if not cookie:
+            return None
+        parsed = self._parse(cookie, time.time() if now is None else now)
+        if parsed is None:
+            return None
+        with self.lock:
+            if parsed[1] in self.revoked:
+                return None
+        return parsed[0]
+
+    def revoke(self, cookie: str | None, now: float | None = None) -> None:
+        """Sign a session out: its cookie is refused from now on, even if the browser keeps it."""
+        moment = time.time() if now is None else now
+        parsed = self._parse(cookie or "", moment)
+        with self.lock:
+            for nonce in [n for n, expiry in self.revoked.items() if expiry <= moment]:
+                del self.revoked[nonce]  # expired cookies are refused anyway
+            if parsed is not None:
+                self.revoked[parsed[1]] = parsed[2]
+
+
+def request_access(scope: Scope) -> Access | None:
+    """The request's access as the middleware found it; WRITE when the server has no token (its user may do all)."""
+    access = scope.get(ACCESS_KEY, Access.WRITE)
+    return access if isinstance(access, Access) else None
+
+
+def cookie_value(headers: dict[str, str], name: str = COOKIE_NAME) -> str | None:
+    for item in headers.get("cookie", "").split(";"):
+        key, _, value = item.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def bearer_token(headers: dict[str, str]) -> str | None:
+    """The token of an `Authorization: Bearer` header; "" for an Authorization header of another kind."""
+    header = headers.get("authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _is_open(path: str) -> bool:
+    return path in (LOGIN_PATH, LOGOUT_PATH) or path.startswith(OPEN_PREFIXES)
+
+
+class AuthMiddleware:
+    """Finds each request's access and refuses what it may not do (inside SecurityMiddleware, which checks Host,
+    Origin and form tokens first and adds the security headers to these refusals too)."""
+
+    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
+        self.app = app
+        self.authenticator = authenticator
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != ScopeType.HTTP:
+            await self.app(scope, receive, send)
+            return
+        headers = request_headers(scope)
+        path = scope.get("path", "")
+        method = str(scope.get("method", "GET")).upper()
+        bearer = bearer_token(headers)
+        if bearer is not None:
+            access = self.authenticator.access_for_token(bearer)
+            if access is None:
+                await send_refusal(
+                    send, headers, 401, "the bearer token is not this server's", _challenge('error="invalid_token"')
+                )
+                return
+        else:
+            access = self.authenticator.access_for_cookie(cookie_value(headers))
+        scope[ACCESS_KEY] = access  # type: ignore[literal-required]
+        if _is_open(path):
+            await self.app(scope, receive, send)
+            return
+        if access is None:
+            if method in ("GET", "HEAD") and not is_api(path) and "text/html" in headers.get("accept", ""):
+                await _redirect_to_login(send, scope)
+            else:
+                await send_refusal(
+                    send, headers, 401, "this server needs a token: Authorization: Bearer <token>", _challenge()
+                )
+            return
+        if access is Access.READ and method in UNSAFE_METHODS:
+            await send_refusal(send, headers, 403, "a read-only token may look at everything and change nothing")
+            return
+        await self.app(scope, receive, send)
+
+
+def _challenge(extra: str = "") -> list[tuple[bytes, bytes]]:
+    value = 'Bearer realm="tensor-debugger"' + (f", {extra}" if extra else "")
+    return [(b"www-authenticate", value.encode())]
+
+
+async def _redirect_to_login(send: Send, scope: Scope) -> None:
+    target = scope.get("path", "/")
+    if scope.get("query_string"):
+        target += "?" + scope["query_string"].decode("latin-1")
+    location = f"{LOGIN_PATH}?next={quote(target, safe='')}"
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [(b"location", location.encode()), (b"content-length", b"0")],
+        }
+    )
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def safe_next(target: str | None) -> str:
+    """Where to go after signing in: a path of this server, never another site (`//evil`, `/\\evil`, a scheme)."""
+    if not target or not target.startswith("/") or target.startswith(("//", "/\\")) or any(c in target for c in "\r\n"):
+        return "/"
+    return target

@@ -1,0 +1,43 @@
+"""Every refusal the API can answer, as one typed body, and declared in the OpenAPI document for each operation
+that can answer it (a test runs Schemathesis over the document: an undeclared status code fails it)."""
+
+from __future__ import annotations
+
+import msgspec
+from litestar.openapi import ResponseSpec
+
+from tensor_debugger.store.reports import ProblemReport
+
+MAX_INT64 = 2**63 - 1  # ids are SQLite integers: a larger one names nothing
+
+
+class ErrorReport(msgspec.Struct, frozen=True, omit_defaults=True):
+    """A refusal: its status again and why (`problems`: each file's, when an upload had nothing usable)."""
+
+    status_code: int
+    detail: str
+    problems: list[ProblemReport] | None = None
+
+
+WHY = {
+    400: "the request is malformed (the detail says what and where), or its Host is not a name this server answers to",
+    401: "a server with a token (TENSOR_DEBUGGER_TOKEN) wants `Authorization: Bearer <token>`",
+    403: "a browser's request from another site, or a read-only token, which may not change anything here",
+    404: "no such session, run, pair or tensor (an id outside 0 to 2^63-1 names none)",
+    409: "a session name or run label that is taken",
+    413: "the body is larger than this operation takes",
+    422: "the files have nothing usable (`problems` says why for each)",
+    507: "out of disk space: nothing of the upload was kept, or its run is 'failed' saying so",
+}
+
+CHANGES = (403,)  # every POST, PUT, PATCH and DELETE
+JSON_BODY = (413,)  # every operation that takes a JSON body: it is bounded in size
+
+
+def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """The declarations of `statuses` (and 400 and 401, which every operation can answer: 401 where the server has
+    a token) for a handler's `responses`."""
+    return {
+        status: ResponseSpec(ErrorReport, description=WHY[status], generate_examples=False)
+        for status in sorted({400, 401, *statuses})
+    }

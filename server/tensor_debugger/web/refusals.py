@@ -1,0 +1,111 @@
+"""How the app refuses a request: the project's errors and Litestar's own (validation, no such route, a method
+the route does not take, a body too large) as one `ErrorReport` (an error page for a browser outside /api), and
+the guard that keeps ids too large for the database from reaching it."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Response
+from litestar.connection import ASGIConnection
+from litestar.exceptions import HTTPException, NotFoundException, ValidationException
+from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
+from litestar.response import Template
+from litestar.routes import HTTPRoute
+
+from tensor_debugger.errors import (
+    ConflictError,
+    DiskFullError,
+    FileProblem,
+    InvalidInputError,
+    NotFoundError,
+    NothingUsableError,
+    TensorDebuggerError,
+    TooLargeError,
+)
+from tensor_debugger.store.reports import problem_reports
+from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
+
+_STATUS = {
+    DiskFullError: 507,
+    TooLargeError: 413,
+    NotFoundError: 404,
+    InvalidInputError: 400,
+    ConflictError: 409,
+    NothingUsableError: 422,
+    FileProblem: 422,
+}
+
+
+def status_for(exc: TensorDebuggerError) -> int:
+    for kind, status in _STATUS.items():
+        if isinstance(exc, kind):
+            return status
+    return 400
+
+
+def error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -> Response[Any]:
+    status = status_for(exc)
+    problems = problem_reports(exc.problems) if isinstance(exc, NothingUsableError) else None
+    return _refusal(request, ErrorReport(status, str(exc), problems))
+
+
+def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+    """Litestar's own refusals (validation, no such route, a method the route does not take, a body too large),
+    with their headers (a 405's `Allow`) and, for a validation error, what failed where."""
+    detail = _reason(exc)
+    if exc.status_code == 413 and isinstance(handler := request.scope.get("route_handler"), HTTPRouteHandler):
+        detail = f"the body is larger than the {handler.resolve_request_max_body_size()} bytes this operation takes"
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405 and not any(k.lower() == "allow" for k in headers):  # Litestar before 2.18 sends none
+        headers["allow"] = ", ".join(allowed_methods(request.app, request.url.path))
+    return _refusal(request, ErrorReport(exc.status_code, detail), headers)
+
+
+def allowed_methods(app: Litestar, path: str) -> list[str]:
+    """The methods of the route that `path` matches (its parameters' types aside), for a 405's `Allow`."""
+    path = path.rstrip("/") or "/"
+    for route in app.routes:
+        pattern = re.sub(r"\\{[^}]*\\}", "[^/]+", re.escape(route.path.rstrip("/") or "/"))
+        if isinstance(route, HTTPRoute) and re.fullmatch(pattern, path):
+            return sorted(route.methods)
+    return []
+
+
+def _reason(exc: HTTPException) -> str:
+    """The detail, and for a validation error what failed where (Litestar keeps that in `extra`)."""
+    if not isinstance(exc, ValidationException) or not isinstance(exc.extra, list):
+        return exc.detail
+    failures = "; ".join(_failure(e) for e in exc.extra if isinstance(e, dict))
+    return f"{exc.detail}: {failures}" if failures else exc.detail
+
+
+def _failure(error: dict[str, Any]) -> str:
+    """One of a ValidationException's errors: "body 'name': Expected `str`, got `int`"."""
+    if not error.get("key"):
+        return str(error.get("message"))
+    source = error.get("source", "body")
+    return f"{getattr(source, 'value', source)} {error['key']!r}: {error.get('message')}"
+
+
+def _refusal(
+    request: Request[Any, Any, Any], report: ErrorReport, headers: dict[str, str] | None = None
+) -> Response[Any]:
+    """The error page for a browser outside /api; the report as JSON otherwise."""
+    if not request.url.path.startswith("/api") and "text/html" in request.headers.get("accept", ""):
+        return Template(
+            "error.html",
+            status_code=report.status_code,
+            context={"status": report.status_code, "detail": report.detail},
+            headers=headers,
+        )
+    return Response(report, status_code=report.status_code, media_type=MediaType.JSON, headers=headers)
+
+
+def known_ids(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Every route's guard: an id in the path outside 0 to 2^63-1 names nothing (404), rather than reaching the
+    database, whose integers it does not fit."""
+    for name, value in connection.path_params.items():
+        if isinstance(value, int) and not 0 <= value <= MAX_INT64:
+            raise NotFoundException(f"no {name.removesuffix('_id')} with id {value}")

@@ -1,0 +1,136 @@
+"""The session page's chart of error through the model, drawn on the server as SVG: max |diff| and 1 - cosine
+of every pair in execution order on a log scale, exact pairs on a floor line below it, the first divergence
+marked and the layers along the x axis. The page's script draws a zoomable chart from the same data (`series`);
+this one is what a browser without scripts shows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tensor_debugger.compare.pair_reports import PairReport
+from tensor_debugger.engine.metrics import parse_number
+
+PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 44.0, 12.0, 10.0, 34.0
+FLOOR_GAP = 14.0  # px between the lowest decade and the floor line where exact (zero) values are drawn
+
+
+@dataclass(frozen=True)
+class Tick:
+    at: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Chart:
+    width: int
+    height: int
+    y_ticks: list[Tick]
+    x_ticks: list[Tick]
+    floor_y: float
+    plot_bottom: float
+    diff_path: str
+    cos_path: str
+    failing_path: str  # a short tick under each failing pair, along the x axis
+    first_x: float | None  # the first divergence
+    first_label: str
+    series: dict[str, list[float | int | str | None]]  # for the script: position, layer, name, id, diff, 1-cos, status
+
+
+def _value(pair: PairReport, key: str) -> float | None:
+    if pair.stats is None:
+        return None
+    value = parse_number(getattr(pair.stats, key))
+    return None if value is None else float(value)
+
+
+def build_chart(pairs: list[PairReport], first_pair: int | None, width: int = 1100, height: int = 240) -> Chart | None:
+    """The chart of `pairs` (in execution order); `first_pair`: the first divergence's pair id."""
+    if not pairs:
+        return None
+    diffs = [_value(p, "max_abs_diff") for p in pairs]
+    coss = [_value(p, "cosine") for p in pairs]
+    ones = [None if c is None else (math.nan if math.isnan(c) else max(1 - c, 0.0)) for c in coss]
+    positive = [v for v in diffs + ones if v is not None and math.isfinite(v) and v > 0]
+    low = math.floor(math.log10(min(positive))) if positive else -8
+    high = math.ceil(math.log10(max(positive))) if positive else 0
+    high = max(high, low + 1)
+    plot_bottom = height - PAD_BOTTOM
+    floor_y = plot_bottom - 2
+    span_bottom = floor_y - FLOOR_GAP
+
+    def y_of(value: float | None) -> float | None:
+        if value is None:
+            return None
+        if math.isnan(value) or math.isinf(value):
+            return PAD_TOP  # NaN and Inf drawn at the top: as bad as it gets
+        if value <= 0:
+            return floor_y
+        return PAD_TOP + (high - math.log10(value)) / (high - low) * (span_bottom - PAD_TOP)
+
+    step = (width - PAD_LEFT - PAD_RIGHT) / max(len(pairs) - 1, 1)
+    xs = [PAD_LEFT + i * step for i in range(len(pairs))]
+    every = max(1, math.ceil((high - low) / 6))
+    y_ticks = [Tick(round(y_of(10.0**k) or 0, 1), f"1e{k}") for k in range(low, high + 1, every)]
+    y_ticks.append(Tick(floor_y, "0"))
+    first_x = next((x for x, p in zip(xs, pairs, strict=True) if p.id == first_pair), None)
+    first = next((p for p in pairs if p.id == first_pair), None)
+    return Chart(
+        width,
+        height,
+        y_ticks,
+        _layer_ticks(pairs, xs),
+        floor_y,
+        plot_bottom,
+        _path(xs, [y_of(v) for v in diffs]),
+        _path(xs, [y_of(v) for v in ones]),
+        " ".join(
+            f"M{x:.1f},{plot_bottom:.1f}v5" for x, p in zip(xs, pairs, strict=True) if p.status in ("fail", "error")
+        ),
+        None if first_x is None else round(first_x, 1),
+        f"first divergence: {first.name}" if first else "",
+        {
+            "position": [p.position for p in pairs],
+            "layer": [p.layer for p in pairs],
+            "name": [p.name for p in pairs],
+            "id": [p.id for p in pairs],
+            "diff": [_json(v) for v in diffs],
+            "one_minus_cos": [_json(v) for v in ones],
+            "status": [str(p.status) for p in pairs],
+        },
+    )
+
+
+def _json(value: float | None) -> float | str | None:
+    if value is None or math.isfinite(value):
+        return value if value is None else float(f"{value:.4g}")  # what the chart's labels show: smaller JSON
+    return "nan" if math.isnan(value) else "inf"
+
+
+def _layer_ticks(pairs: list[PairReport], xs: list[float]) -> list[Tick]:
+    """A tick where each layer starts, thinned to keep them apart; numbered positions where no pair has a layer."""
+    starts: list[tuple[float, str]] = []
+    last: int | None = None
+    for x, p in zip(xs, pairs, strict=True):
+        if p.layer is not None and p.layer != last:
+            starts.append((x, str(p.layer)))
+            last = p.layer
+    if not starts:
+        starts = [(x, str(p.position)) for x, p in zip(xs, pairs, strict=True)]
+    kept: list[Tick] = []
+    for x, label in starts:  # at least 44 px apart, so labels never overlap
+        if not kept or x - kept[-1].at >= 44:
+            kept.append(Tick(round(x, 1), label))
+    return kept
+
+
+def _path(xs: list[float], ys: list[float | None]) -> str:
+    parts: list[str] = []
+    pen_down = False
+    for x, y in zip(xs, ys, strict=True):
+        if y is None:
+            pen_down = False
+            continue
+        parts.append(f"{'L' if pen_down else 'M'}{x:.1f},{y:.1f}")
+        pen_down = True
+    return " ".join(parts)

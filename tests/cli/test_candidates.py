@@ -1,0 +1,86 @@
+"""Several candidates in one session: `compare REF C1 C2 C3`, in this process and handed to a running server, the
+API's and the session page's side-by-side view."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.dumps import layered_dump
+from tests.support.servers import LiveServer, run_cli, upload, wait_done
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A reference and three candidates: one diverging at layer 2, one at layer 1, one not at all."""
+    root = tmp_path_factory.mktemp("candidates")
+    return {name: layered_dump(root / name, bug) for name, bug in (("ref", None), ("c1", 2), ("c2", 1), ("c3", None))}
+
+
+def check_payload(out: dict[str, object]) -> None:
+    pairs = out["pairs"]
+    assert isinstance(pairs, list)
+    assert [p["candidate"] for p in pairs] == ["c1"] * 8 + ["c2"] * 8 + ["c3"] * 8
+    failing = {(p["candidate"], p["name"]) for p in pairs if p["status"] == "fail"}
+    assert failing == {("c1", f"{k}_{s}") for k in (2, 3) for s in ("attn", "mlp")} | {
+        ("c2", f"{k}_{s}") for k in (1, 2, 3) for s in ("attn", "mlp")
+    }
+    assert out["first_divergence"] == {"name": "2_attn", "layer": 2, "stage": "attn"}  # the first candidate's
+    assert out["first_divergences"] == {
+        "c1": {"name": "2_attn", "layer": 2, "stage": "attn"},
+        "c2": {"name": "1_attn", "layer": 1, "stage": "attn"},
+        "c3": None,
+    }
+
+
+def test_compare_three_candidates_in_this_process(runs: dict[str, Path], tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    done = run_cli("--data-dir", data, "compare", *(str(runs[k]) for k in ("ref", "c1", "c2", "c3")), "--json")
+    assert done.returncode == 1, done.stderr
+    check_payload(json.loads(done.stdout))
+
+
+def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveServer, runs: dict[str, Path]) -> None:
+    data = str(shared_server.data_dir)
+    warm = run_cli(
+        "--data-dir", data, "compare", *(str(runs[k]) for k in ("ref", "c1", "c2", "c3")), "--name", "3 cand", "--json"
+    )
+    assert warm.returncode == 1, warm.stderr
+    out = json.loads(warm.stdout)
+    check_payload(out)
+    session_id = out["session"]["id"]
+    page = httpx.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth, timeout=30)
+    assert page.status_code == 200
+    section = page.text.split('aria-label="Candidates"')[1].split("</section>")[0]
+    assert re.findall(r"<th>(c\d)</th>", section) == ["c1", "c2", "c3"]
+    assert len(re.findall(r'<path class="line candidate series-\d"', section)) == 3  # a series per candidate
+    row = re.search(r"<td>1_attn</td>(.*?)</tr>", section, re.S)
+    assert row is not None
+    assert re.findall(r'badge (\w+)">', row.group(1)) == ["pass", "fail", "pass"]
+    assert "first divergence at <strong>1_attn</strong>" in section and "no divergence" in section
+
+    # the table: a column per candidate; exit 1 when any candidate diverges, not only the first
+    table = run_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["c2"]))
+    assert table.returncode == 1, table.stderr
+    lines = table.stdout.splitlines()
+    assert re.split(r"\s{2,}", lines[0]) == ["#", "layer", "tensor", "c3 (max |diff|)", "c2 (max |diff|)"]
+    assert re.split(r"\s{2,}", lines[3]) == ["2", "1", "1_attn", "PASS 0", "FAIL 0.5"]
+    assert "c3: no divergence" in lines and "c2: FIRST DIVERGENCE: 1_attn (layer 1)" in lines
+    clean = run_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["ref"]), "--json")
+    assert clean.returncode == 0, clean.stdout
+    assert list(json.loads(clean.stdout)["first_divergences"]) == ["c3", "ref (candidate 2)"]
+
+
+def test_upload_of_three_runs_pairs_each_candidate(shared_server: LiveServer, runs: dict[str, Path]) -> None:
+    files = [(name, path) for name in ("ref", "c1", "c2") for path in sorted(runs[name].iterdir())]
+    created = upload(shared_server, "three runs by upload", files)
+    assert created.status_code in (201, 202), created.text
+    session_id = created.json()["session"]["id"]
+    report = wait_done(shared_server, session_id)
+    assert [c["label"] for c in report["candidates"]] == ["c1", "c2"]
+    assert [c["first_divergence"]["name"] for c in report["candidates"]] == ["2_attn", "1_attn"]
+    assert report["first_divergence"]["name"] == "2_attn"

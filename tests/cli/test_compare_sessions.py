@@ -1,0 +1,87 @@
+"""`compare-sessions S1 S2`: did my fix help, and did it break anything else? Through the CLI, the API and the
+page, on two sessions of the shared server (each made by a compare handed to it)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import httpx
+import pytest
+
+from tests.support.dumps import layered_dump
+from tests.support.servers import LiveServer, run_cli
+
+
+@pytest.fixture(scope="module")
+def sessions(_shared_server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> tuple[int, int]:
+    """ "diff before": a candidate diverging from layer 1; "diff after": one diverging from layer 2 (the fix)."""
+    root = tmp_path_factory.mktemp("session-diff")
+    ref = layered_dump(root / "ref", None)
+    ids = []
+    for name, bug in (("diff before", 1), ("diff after", 2)):
+        candidate = layered_dump(root / name.replace(" ", "-"), bug)
+        done = run_cli(
+            "--data-dir", str(_shared_server.data_dir), "compare", str(ref), str(candidate), "--name", name, "--json"
+        )
+        assert done.returncode == 1, done.stderr
+        ids.append(json.loads(done.stdout)["session"]["id"])
+    return ids[0], ids[1]
+
+
+def test_compare_sessions_cli(shared_server: LiveServer, sessions: tuple[int, int]) -> None:
+    data = str(shared_server.data_dir)
+    done = run_cli("--data-dir", data, "compare-sessions", "diff before", str(sessions[1]), "--json")
+    assert done.returncode == 0, done.stderr  # nothing broke
+    out = json.loads(done.stdout)
+    assert (out["a"]["name"], out["b"]["name"]) == ("diff before", "diff after")
+    assert out["a"]["first_divergence"]["name"] == "1_attn" and out["b"]["first_divergence"]["name"] == "2_attn"
+    changes = {p["key"]: (p["status_a"], p["status_b"], p["change"]) for p in out["pairs"]}
+    assert changes["0_attn"] == ("pass", "pass", "same")
+    assert changes["1_mlp"] == ("fail", "pass", "fixed")
+    assert changes["3_mlp"] == ("fail", "fail", "same")
+    assert out["counts"] == {
+        "fixed": 2,
+        "broken": 0,
+        "better": 0,
+        "worse": 0,
+        "same": 6,
+        "only in A": 0,
+        "only in B": 0,
+    }
+    fixed = next(p for p in out["pairs"] if p["key"] == "1_attn")
+    assert fixed["error_b"] == 0 and fixed["ratio"] == 0 and abs(fixed["error_a"] - 0.5) < 1e-5
+    # the other way round a fix is a break: exit 1, and the table says which
+    table = run_cli("--data-dir", data, "compare-sessions", str(sessions[1]), str(sessions[0]))
+    assert table.returncode == 1, table.stderr
+    rows = {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line) for line in table.stdout.splitlines()}
+    assert rows["1_attn"] == ["1_attn", "1", "PASS", "FAIL", "0", "0.5", "inf", "BROKEN"]
+    assert "0 fixed, 2 broken, 0 better, 0 worse, 6 same, 0 only in A, 0 only in B" in table.stdout
+    missing = run_cli("--data-dir", data, "compare-sessions", "no such session", str(sessions[0]))
+    assert missing.returncode == 2 and "no session with id or name 'no such session'" in missing.stderr
+
+
+def test_compare_sessions_api_and_page(shared_server: LiveServer, sessions: tuple[int, int]) -> None:
+    before, after = sessions
+    api = httpx.get(
+        f"{shared_server.url}/api/sessions/compare", params={"a": before, "b": after}, headers=shared_server.auth
+    )
+    assert api.status_code == 200, api.text
+    assert api.json()["counts"]["fixed"] == 2
+    assert (
+        httpx.get(
+            f"{shared_server.url}/api/sessions/compare", params={"a": before, "b": 10**9}, headers=shared_server.auth
+        ).status_code
+        == 404
+    )
+    page = httpx.get(
+        f"{shared_server.url}/sessions/compare", params={"a": before, "b": after}, headers=shared_server.auth
+    )
+    assert page.status_code == 200
+    section = page.text.split('aria-label="Changes"')[1]
+    assert "2 fixed, 6 same" in section
+    row = re.search(r'<tr class="change-fixed"><td>1_attn</td>(.*?)</tr>', section, re.S)
+    assert row is not None and "<strong>fixed</strong>" in row.group(1)
+    form = httpx.get(f"{shared_server.url}/sessions/compare", headers=shared_server.auth)  # no sessions picked yet
+    assert form.status_code == 200 and f'<option value="{after}">diff after' in form.text
+    assert 'aria-label="Changes"' not in form.text

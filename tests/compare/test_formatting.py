@@ -1,0 +1,43 @@
+"""Numbers as every page and the CLI show them: one format, 4 significant digits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from tensor_debugger.compare.formatting import format_cosine, format_fraction, format_number
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (0.0, "0"),
+        (1.3e-6, "1.3e-6"),  # scientific below 1e-3, without trailing zeros
+        (0.001234, "0.001234"),
+        (0.0009999, "9.999e-4"),
+        (0.0625, "0.0625"),
+        (3.14159, "3.142"),
+        (100.0, "100"),
+        (9999.0, "9999"),
+        (12345.6, "1.235e4"),  # scientific from 1e4
+        (-2.5e-8, "-2.5e-8"),
+        (math.nan, "nan"),
+        (None, "—"),
+    ],
+)
+def test_one_number_format(value: float | None, text: str) -> None:
+    assert format_number(value) == text
+
+
+def test_a_cosine_that_would_read_1_shows_how_far_from_1_it_is() -> None:
+    assert format_cosine(1.0) == "1"
+    assert format_cosine(0.99999997) == "1 − 3e-8"
+    assert format_cosine(0.9961) == "0.9961"
+    assert format_cosine("nan") == "NaN"
+    assert format_cosine(None) == ""
+
+
+def test_fractions_as_percentages() -> None:
+    assert format_fraction(0.001953125) == "0.195%"
+    assert format_fraction(0.0) == "0%"
+    assert format_fraction(None) == ""

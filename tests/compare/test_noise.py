@@ -1,0 +1,81 @@
+"""The noise floor: a rerun of the reference with 1e-4 noise, a candidate with the same noise and a real bug at
+layer 2 only. By tolerance every pair fails; against the noise floor only the bug's pairs do. Through the CLI (in
+this process and handed to a server), the API's upload with a `noise` field and the session page."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support.dumps import layered_dump
+from tests.support.servers import LiveServer, run_cli, upload, wait_done
+
+BUG = {"2_attn", "2_mlp"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("noise")
+    return {
+        "ref": layered_dump(root / "ref", None, noise=1e-4, seed=1),
+        "rerun": layered_dump(root / "rerun", None, noise=1e-4, seed=2),
+        "cand": layered_dump(root / "cand", 2, noise=1e-4, seed=3, bug_to=3),
+    }
+
+
+def test_only_the_bug_diverges_against_the_noise_floor(runs: dict[str, Path], tmp_path: Path) -> None:
+    done = run_cli(
+        "--data-dir", str(tmp_path / "data"), "compare", str(runs["ref"]), str(runs["cand"]), "--noise",
+        str(runs["rerun"]), "--json",
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    out = json.loads(done.stdout)
+    assert {p["name"] for p in out["pairs"] if p["status"] == "fail"} == BUG
+    assert out["first_divergence"]["name"] == "2_attn"
+    assert {p["rule"] for p in out["pairs"]} == {"noise"}
+    assert {p["candidate"] for p in out["pairs"]} == {"cand"}  # the rerun is no candidate
+    floors = [p["noise_max_abs_diff"] for p in out["pairs"]]
+    assert all(1e-4 < f < 2e-4 for f in floors), floors  # two draws of ±1e-4: at most 2e-4 apart
+
+
+def test_noise_through_a_server_its_upload_and_page(shared_server: LiveServer, runs: dict[str, Path]) -> None:
+    data = str(shared_server.data_dir)
+    plain = run_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--name", "no floor", "--json")
+    assert plain.returncode == 1
+    out = json.loads(plain.stdout)
+    assert all(p["status"] == "fail" and p["rule"] == "tolerance" for p in out["pairs"])  # noise beats tolerances
+    assert out["first_divergence"]["name"] == "0_attn"
+    tight = run_cli(
+        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
+        "--noise-factor", "0.01", "--json",
+    )  # fmt: skip
+    assert json.loads(tight.stdout)["first_divergence"]["name"] == "0_attn"  # within 1% of the floor: nothing is
+    fast = run_cli(
+        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
+        "--fail-fast", "--json",
+    )  # fmt: skip
+    assert fast.returncode == 1 and json.loads(fast.stdout)["first_divergence"]["name"] == "2_attn"
+    refused = run_cli(
+        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
+        "--noise-factor", "-1", "--json",
+    )  # fmt: skip
+    assert refused.returncode == 2 and "noise factor must be a positive" in json.loads(refused.stdout)["error"]
+
+    files = [(field, path) for field, run in (("reference", "ref"), ("candidate", "cand"), ("noise", "rerun"))
+             for path in sorted(runs[run].iterdir())]  # fmt: skip
+    created = upload(shared_server, "noise floor upload", files)
+    assert created.status_code in (201, 202), created.text
+    session_id = created.json()["session"]["id"]
+    report = wait_done(shared_server, session_id)
+    assert {p["name"] for p in report["pairs"] if p["status"] == "fail"} == BUG
+    assert [c["label"] for c in report["candidates"]] == ["candidate"]
+    assert {p["rule"] for p in report["pairs"]} == {"noise"}
+    # one group of every pair (the grouped view opens only the failing groups)
+    page = httpx.get(f"{shared_server.url}/sessions/{session_id}?group=none", headers=shared_server.auth).text
+    assert ">Noise floor</th>" in page and page.count('<small class="rule">by noise</small>') == 8
+    assert "within 4× the rerun" in page
+    form = httpx.get(f"{shared_server.url}/", headers=shared_server.auth).text
+    assert '<input type="file" name="noise" multiple>' in form
