@@ -154,7 +154,8 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
                 comparisons.alignment_key(pair),
                 tol,
             )
-            jobs.append(PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact)))
+            reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, comparisons.top)
+            jobs.append(PairJob(work, view_a, view_b, tol, exact, reduce, comparisons.top))
     if hits or failed:
         with comparisons.sessions.begin() as db:
             current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
