@@ -90,7 +90,10 @@ def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, bi
         server.port = free_port()
         server.start()  # its start-up removes what the killed process left
         assert staging_left(server) == []
-        assert httpx.get(server.url + "/api/sessions").json() == []  # the half-ingested run and its session too
+        # The half-ingested run and its session are gone; only an ingest that had committed every tensor before
+        # the kill (a fast machine, between the poll and the signal) may stay, and then complete.
+        left = httpx.get(server.url + "/api/sessions").json()
+        assert left == [] or [(r["status"], r["tensors"]) for r in left[0]["runs"]] == [("ready", 1)], left
     finally:
         server.stop()
 

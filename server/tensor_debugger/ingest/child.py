@@ -171,6 +171,7 @@ def _start(settings: Settings, store_environ: dict[str, str], messages: Any, can
         ingestor=Ingestor(settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ)),
         messages=messages,
         cancel=cancel,
+        server=server,
     )
 
 
@@ -189,6 +190,8 @@ def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool) 
     def progress(done: int, total: int) -> None:
         if cancel.is_set():
             raise IngestCancelled("the server is stopping")
+        if os.getppid() != _child["server"]:  # killed: `_die_with` may not have woken yet; commit nothing
+            raise IngestCancelled("the server is gone")
         now = time.monotonic()
         if now - last[0] >= PROGRESS_EVERY or done >= total:
             last[0] = now
