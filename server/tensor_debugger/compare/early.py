@@ -130,11 +130,14 @@ class EarlyComparisons:
         steps = alignment.to_json()
         tol, exact = self._comparisons.tolerance(self._session, partner.dtype, candidate.dtype)
         alignment_key = self._comparisons.alignment_key_of(steps)
-        key = cache_key([partner.digest], [candidate.digest], alignment_key, tol, exact)
+        key = cache_key([partner.digest], [candidate.digest], alignment_key, tol, exact, self._comparisons.top)
         view_a, view_b, _ = self._comparisons.aligned_views(steps, [partner], [candidate])
         work = PendingPair(0, key, (partner.digest,), (candidate.digest,), alignment_key, tol)
         self._places.setdefault(key, []).append(self._order[name])
-        return PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact))
+        top = self._comparisons.top
+        return PairJob(
+            work, view_a, view_b, tol, exact, None if tol.ulp else chunk_pairs(view_a, view_b, exact, top), top
+        )
 
     def _jobs(self) -> Iterator[PairJob[PendingPair]]:
         while not self._stopped and (job := self._queue.get()) is not None:

@@ -125,7 +125,7 @@ def compare_runs(
                     early.settle()
                 with sessions.begin() as db:
                     session = catalog.get_session(db, session_id)
-                    catalog.set_tolerances(session, request.rtol, request.atol)
+                    catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
                     catalog.set_noise_factor(session, request.noise_factor)
                 early = EarlyComparisons(
                     comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
