@@ -122,7 +122,7 @@ class PageController(Controller):
         params = ViewParams.parse(group, sort, verdict, q, open_group, page, lo, hi)
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
-            report = session_pairs(db, session_id)
+            report = session_pairs(db, session_id, cache=services.comparisons.stats)
             groups = build_groups(report, params, session.pair_order, budget=0)
             found = next((g for g in groups if g.key == params.open), None)
             if found is None:
@@ -169,7 +169,7 @@ class PageController(Controller):
     def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
-            report = session_pairs(db, session_id)
+            report = session_pairs(db, session_id, cache=services.comparisons.stats)
             rows = apply_order(report.pairs, session.pair_order)
         return Response(
             pairs_to_csv(rows),
@@ -400,7 +400,7 @@ def _session_template(
     error; `upload_error`: the pairing file's; `hand_error`: pairing by hand's)."""
     with services.sessions() as db:
         session = catalog.get_session(db, session_id)
-        report = session_pairs(db, session_id, modules=True)
+        report = session_pairs(db, session_id, modules=True, cache=services.comparisons.stats)
         ordered = apply_order(report.pairs, session.pair_order)
         progress = session_progress(session, services.ingests, report.progress)
         first_id = report.first_divergence.pair_id if report.first_divergence else None
