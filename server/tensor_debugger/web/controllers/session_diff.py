@@ -27,7 +27,7 @@ class SessionDiffController(Controller):
         with services.sessions() as db:
             return diff_sessions(db, a, b)
 
-    @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like PageController's
+    @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like the page controllers'
     def compare_sessions_page(self, services: Services, a: int | None = None, b: int | None = None) -> Template:
         """Did my fix help, and did it break anything else: session `a` (before) against `b` (after)."""
         with services.sessions() as db:
