@@ -139,7 +139,7 @@ def test_upload_through_the_form_without_scripts(
         assert page.locator("noscript").count() == 1
         shot(page, "session-ingesting-without-scripts")
     wait_until_compared(page)
-    assert "First divergence: 0_post_mlp" in page.locator(".banner").inner_text()
+    assert "First divergence: 0_post_mlp" in page.locator(".banner.fail").inner_text()
     assert page.get_by_role("heading", name="form upload ü").is_visible()
     assert page.locator("section.ingest").count() == 0
     assert "1 problem" in page.locator("section.runs").inner_text()
@@ -284,8 +284,8 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(
     assert page.locator(".dropzone li").count() == 2
     page.get_by_role("button", name="Upload and ingest").click()
     page.wait_for_url("**/sessions/*")
-    page.locator(".banner").wait_for(timeout=60_000)
-    assert "First divergence: 1_key (layer 1, stage key)" in page.locator(".banner").inner_text()
+    page.locator(".banner.fail").wait_for(timeout=60_000)
+    assert "First divergence: 1_key (layer 1, stage key)" in page.locator(".banner.fail").inner_text()
     # a file refused before its ingest begins (a name taken) gets the reason on the form
     fill_new_session(page, shared_server.url, "dropped", reference)
     page.get_by_role("button", name="Upload and ingest").click()

@@ -79,9 +79,16 @@ function draw(figure, data) {
       ctx.setLineDash([]);
       ctx.fillStyle = "#8e1b10";
       ctx.font = `${11 * devicePixelRatio}px system-ui, sans-serif`;
-      const label = `first divergence: ${data.name[firstAt]}`;
+      ctx.textAlign = "left"; // uPlot leaves the x axis's "center", which put half the label off the plot
+      ctx.textBaseline = "alphabetic";
+      // beside the line on the side with more room, the name alone where the whole label does not fit
+      const gap = 4 * devicePixelRatio;
+      const room = Math.max(x - left, left + width - x) - gap;
+      let label = `first divergence: ${data.name[firstAt]}`;
+      if (ctx.measureText(label).width > room) label = data.name[firstAt];
       const textWidth = ctx.measureText(label).width;
-      ctx.fillText(label, Math.max(left, Math.min(x + 4 * devicePixelRatio, left + width - textWidth)), top + 12 * devicePixelRatio);
+      const start = x - left > left + width - x ? x - gap - textWidth : x + gap;
+      ctx.fillText(label, Math.max(left, Math.min(start, left + width - textWidth)), top + 12 * devicePixelRatio);
     }
     ctx.restore();
   }

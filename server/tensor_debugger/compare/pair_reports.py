@@ -3,7 +3,6 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -18,84 +17,16 @@ from tensor_debugger.compare.module_reports import (
     stage_culprits,
 )
 from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
+from tensor_debugger.compare.pair_rows import StatsCache, read_pairs, read_stats, read_tensors
+from tensor_debugger.compare.pair_stats import PairStatsFull, PairStatsSummary
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.progress import PairProgress
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
-from tensor_debugger.store.models import (
-    ComparisonResultRecord,
-    PairRecord,
-    RunRecord,
-    SessionRecord,
-    TensorRecord,
-    UnmatchedRecord,
-)
+from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, SessionRecord, UnmatchedRecord
 from tensor_debugger.store.reports import PairStatus, parse_strategy
 
-
-@dataclass(frozen=True)
-class WorstElement:
-    """One of a pair's largest differences: where (in aligned coordinates), both values and |a - b|."""
-
-    index: list[int]
-    a: Number  # a complex value as text
-    b: Number
-    abs_diff: Number
-
-
-@dataclass(frozen=True)
-class PairStatsSummary:
-    """A compared pair's statistics over the aligned tensors (see engine.metrics.PairStats)."""
-
-    max_abs_diff: Number
-    mean_abs_diff: Number
-    max_rel_diff: Number
-    mean_rel_diff: Number
-    mse: Number
-    rmse: Number
-    cosine: Number
-    snr_db: Number
-    mismatched: int
-    mismatched_fraction: Number
-    numel: int
-    argmax: list[int] | None
-    nan_a: int
-    nan_b: int
-    inf_a: int
-    inf_b: int
-    nan_one_side: int
-    rtol: Number
-    atol: Number
-    worst: list[WorstElement]  # the largest differences, largest first (Settings.top of them)
-    ulp: int  # above 0: elements passed within this many ULPs of ulp_dtype (rtol and atol unused)
-    ulp_dtype: str
-
-    @classmethod
-    def from_json(cls, stats: dict[str, Any]) -> PairStatsSummary:
-        """From the stored statistics (PairStats.to_json)."""
-        return cls(**_summary_values(stats))
-
-
-@dataclass(frozen=True)
-class PairStatsFull(PairStatsSummary):
-    """The statistics with the histogram of |difference|: [zero, one decade each from 1e-12 to 1e4, the rest]."""
-
-    histogram: list[int]
-
-    @classmethod
-    def from_json(cls, stats: dict[str, Any]) -> PairStatsFull:
-        return cls(**_summary_values(stats), histogram=list(stats["histogram"]))
-
-
-SUMMARY_STATS = tuple(PairStatsSummary.__dataclass_fields__)
-
-
-def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:
-    """PairStatsSummary's fields from stored statistics (results stored before worst elements existed have none)."""
-    values = {k: stats[k] for k in SUMMARY_STATS if k not in ("worst", "ulp", "ulp_dtype")}
-    values["worst"] = [WorstElement(**w) for w in stats.get("worst", [])]
-    values["ulp"], values["ulp_dtype"] = stats.get("ulp", 0), stats.get("ulp_dtype", "")
-    return values
+_STATUSES = {str(s): s for s in PairStatus}  # a dict lookup: calling the enum took 10% of a session's report
 
 
 @dataclass(frozen=True)
@@ -255,7 +186,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
         "layer": pair.layer,
         "stage": pair.stage,
         "strategy": parse_strategy(pair.strategy),
-        "status": PairStatus(pair.status),
+        "status": _STATUSES[pair.status],
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
         if pair.alignment is not None
         else f"incomparable: {a.shape} vs {b.shape}",
@@ -272,41 +203,21 @@ def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
     }
 
 
-def pair_report(pair: Any, tensors: dict[int, Any], result: Any | None) -> PairReport:
-    """`result` has `stats` (the stored PairStats.to_json)."""
-    stats = PairStatsSummary.from_json(result.stats) if result is not None else None
+def pair_report(pair: Any, tensors: dict[int, Any], stats: PairStatsSummary | None) -> PairReport:
     return PairReport(**_pair_fields(pair, tensors), stats=stats)
 
 
-Loaded = tuple[dict[int, Any], dict[int, Any]]
-
-
-def _load(db: DbSession, pairs: Sequence[Any]) -> Loaded:
-    """The few columns of tensors and results that pairs show, as light rows (not ORM objects: a session of
-    thousands of pairs renders in a fraction of the time)."""
-    ids = {i for p in pairs for i in (*p.a_tensor_ids, *p.b_tensor_ids)}
-    tensors: dict[int, Any] = {}
-    if ids:
-        columns = select(TensorRecord.id, TensorRecord.name, TensorRecord.shape, TensorRecord.dtype)
-        tensors = {row.id: row for row in db.execute(columns.where(TensorRecord.id.in_(ids)))}
-    result_ids = {p.result_id for p in pairs if p.result_id is not None}
-    results: dict[int, Any] = {}
-    if result_ids:
-        columns = select(ComparisonResultRecord.id, ComparisonResultRecord.stats)
-        results = {row.id: row for row in db.execute(columns.where(ComparisonResultRecord.id.in_(result_ids)))}
-    return tensors, results
-
-
-def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> SessionPairs:
+def session_pairs(
+    db: DbSession, session_id: int, modules: bool = False, cache: StatsCache | None = None
+) -> SessionPairs:
     """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress; with
-    `modules`, also the module view of a traced session (its tree and culprits: work the other callers skip)."""
-    pairs: Sequence[Any] = db.execute(
-        select(*PairRecord.__table__.columns)  # light rows, as in _load
-        .where(PairRecord.session_id == session_id)
-        .order_by(PairRecord.position)
-    ).all()
-    tensors, results = _load(db, pairs)
-    everything = [pair_report(p, tensors, results.get(p.result_id) if p.result_id else None) for p in pairs]
+    `modules`, also the module view of a traced session (its tree and culprits: work the other callers skip).
+    `cache`: the process's decoded statistics (the pages and the API pass theirs, Comparisons.stats)."""
+    pairs = read_pairs(db, session_id)
+    tensors = read_tensors(db, pairs)
+    result_ids = {p.result_id for p in pairs if p.result_id is not None}
+    stats = cache.read(db, result_ids) if cache is not None else read_stats(db, result_ids)
+    everything = [pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None) for p in pairs]
     ordered_runs = db.execute(
         select(RunRecord.id, RunRecord.label, RunRecord.role)
         .where(RunRecord.session_id == session_id)
@@ -400,8 +311,8 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDe
     pair = db.get(PairRecord, pair_id)
     if pair is None:
         raise NotFoundError(f"no pair with id {pair_id}")
-    tensors, results = _load(db, [pair])
-    result = results.get(pair.result_id) if pair.result_id else None
+    tensors = read_tensors(db, [pair])
+    result = db.get(ComparisonResultRecord, pair.result_id) if pair.result_id else None
     return PairDetail(
         **_pair_fields(pair, tensors),
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,

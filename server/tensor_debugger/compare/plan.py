@@ -21,6 +21,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.compare.pair_rows import StatsCache
 from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
 from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairStats
@@ -116,6 +117,7 @@ class Comparisons:
         self.cluster = cluster if cluster is not None and cluster.dask_scheduler else None
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
         self.lock = threading.Lock()  # held while computing: one computation at a time per process
+        self.stats = StatsCache()  # decoded statistics of results, for reports (pair_rows.py)
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)

@@ -51,9 +51,14 @@ class PairingStrategy(enum.StrEnum):
     EXPLORE = "explore"
 
 
+_STRATEGIES = frozenset(str(s) for s in PairingStrategy)
+
+
 def parse_strategy(text: str) -> str:
     """A stored pair's strategy text, checked: its first word must be a PairingStrategy (ValueError otherwise)."""
-    PairingStrategy(text.split(" ", 1)[0])
+    first = text.split(" ", 1)[0]
+    if first not in _STRATEGIES:  # a set's lookup: this runs for every pair of every report
+        raise ValueError(f"{first!r} is not a valid PairingStrategy")
     return text
 
 

@@ -25,12 +25,16 @@ from tensor_debugger.web.address import ServerAddress, remove_address, write_add
 from tensor_debugger.web.auth import COOKIE_NAME, Access, Authenticator, AuthMiddleware, request_access
 from tensor_debugger.web.controllers.local import LocalController
 from tensor_debugger.web.controllers.login import LoginController
-from tensor_debugger.web.controllers.pages import PageController
+from tensor_debugger.web.controllers.pair_page import PairPageController
 from tensor_debugger.web.controllers.pairing import SessionPairingController
+from tensor_debugger.web.controllers.pairing_page import PairingPageController
 from tensor_debugger.web.controllers.pairs import PairController, SessionOrderController, SessionPairsController
+from tensor_debugger.web.controllers.run_page import RunPageController
 from tensor_debugger.web.controllers.runs import RunController
 from tensor_debugger.web.controllers.session_diff import SessionDiffController
+from tensor_debugger.web.controllers.session_page import SessionPageController
 from tensor_debugger.web.controllers.sessions import SessionController
+from tensor_debugger.web.controllers.sessions_page import SessionsPageController
 from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
@@ -116,7 +120,11 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             TensorController,
             SessionPairingController,
             LocalController,
-            PageController,
+            SessionsPageController,
+            SessionPageController,
+            PairingPageController,
+            PairPageController,
+            RunPageController,
             create_static_files_router(path="/static", directories=[resource_dir("web") / "static"]),
         ],
         dependencies={

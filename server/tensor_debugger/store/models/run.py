@@ -48,9 +48,12 @@ class RunRecord(Base):
     tensor_count: Mapped[int] = mapped_column(default=0)
     total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The next two are loaded only when read (deferred): a run of 2,000 files has a 400 kB fingerprint, which
+    # every page listing a session's runs decoded (70 ms of the session page) and none of them shows.
     # a module trace's or a capture's call tree: {"source": "hf-trace"|"capture", "values": bool, "roots": [...]}
-    module_tree: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    input_fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # ingest/fingerprints.py; None: unknown
+    module_tree: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
+    # ingest/fingerprints.py; None: unknown
+    input_fingerprint: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
     input_key: Mapped[str | None] = mapped_column(String(80), index=True)
 
     session: Mapped[SessionRecord] = relationship(back_populates="runs")

@@ -51,13 +51,13 @@ class SessionPairsController(Controller):
         first divergence and progress (pairs done of total: finished pairs are served while others compute)."""
         with services.sessions() as db:
             catalog.get_session(db, session_id)
-            return session_pairs(db, session_id, modules=True)
+            return session_pairs(db, session_id, modules=True, cache=services.comparisons.stats)
 
     @get("/first-divergence", sync_to_thread=True, responses=error_responses(404))
     def first_divergence(self, services: Services, session_id: int) -> DivergenceReport:
         with services.sessions() as db:
             catalog.get_session(db, session_id)
-            report = session_pairs(db, session_id)
+            report = session_pairs(db, session_id, cache=services.comparisons.stats)
         return DivergenceReport(report.first_divergence, report.progress)
 
     @get("/alignments", sync_to_thread=True, responses=error_responses(404))

@@ -32,7 +32,7 @@ class SessionDiffController(Controller):
         "broken", "better", "worse", "same", "only in A", "only in B"), with how many of each."""
         return checked_diff(services, a, b)
 
-    @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)
+    @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like the page controllers'
     def compare_sessions_page(self, services: Services, a: int | None = None, b: int | None = None) -> Template:
         """Did my fix help, and did it break anything else: session `a` (before) against `b` (after)."""
         diff = checked_diff(services, a, b) if a is not None and b is not None else None

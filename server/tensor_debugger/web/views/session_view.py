@@ -13,7 +13,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from tensor_debugger.compare.pair_reports import PairReport, PairStatsSummary, SessionPairs, apply_order
+from tensor_debugger.compare.pair_reports import PairReport, SessionPairs, apply_order
+from tensor_debugger.compare.pair_stats import PairStatsSummary
 from tensor_debugger.engine.metrics import parse_number
 from tensor_debugger.engine.names import natural_key
 

@@ -1,0 +1,129 @@
+"""The rows pair reports are built from, read as light rows (not ORM objects) with their JSON columns fetched as
+text and decoded by msgspec, typed where their shape is known. SQLAlchemy's JSON type ran `json.loads` per column
+into dicts and the statistics were then copied field by field into their dataclass; msgspec decodes the stored
+statistics straight into the frozen dataclass, skipping the histogram a summary does not show. For a session of
+2,002 pairs the report's CPU time fell by about half (bench/RESULTS.md, "Pages")."""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from sqlalchemy import Text, cast, select
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.compare.pair_stats import PairStatsSummary
+from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
+
+# msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)
+_IDS = msgspec.json.Decoder(list[int])
+_ANY = msgspec.json.Decoder()
+_SUMMARY = msgspec.json.Decoder(PairStatsSummary)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorRow:
+    """What a pair shows of each of its tensors."""
+
+    id: int
+    name: str
+    shape: list[int]
+    dtype: str
+
+
+@dataclass(frozen=True, slots=True)
+class PairRow:
+    """A pair's columns that its report reads (the names of PairRecord's, which pair_reports also accepts)."""
+
+    id: int
+    position: int
+    name: str
+    layer: int | None
+    stage: str | None
+    strategy: str
+    a_name: str
+    b_name: str
+    a_tensor_ids: list[int]
+    b_tensor_ids: list[int]
+    alignment: dict[str, Any] | None
+    alignment_overridden: bool
+    status: str
+    result_id: int | None
+    error: str | None
+    module_path: str | None
+    place: str | None
+    summary: dict[str, Any] | None
+    run_a_id: int
+    run_b_id: int
+
+
+def _text(column: Any) -> Any:
+    """A JSON column as the text stored (decoded here, not by SQLAlchemy's JSON type), under its own name."""
+    return cast(column, Text).label(column.key)
+
+
+def _json(raw: str | None) -> Any:
+    return None if raw is None else _ANY.decode(raw)
+
+
+def read_pairs(db: DbSession, session_id: int) -> list[PairRow]:
+    """The session's pairs in execution order."""
+    p = PairRecord
+    plain = (p.id, p.position, p.name, p.layer, p.stage, p.strategy, p.a_name, p.b_name)
+    rest = (p.alignment_overridden, p.status, p.result_id, p.error, p.module_path, p.place)
+    json_columns = (p.a_tensor_ids, p.b_tensor_ids, p.alignment, p.summary)
+    rows: Sequence[Any] = db.execute(
+        select(*plain, *rest, p.run_a_id, p.run_b_id, *(_text(c) for c in json_columns))
+        .where(p.session_id == session_id)
+        .order_by(p.position)
+    ).all()
+    # pairs of one shape share their alignment's text: decoded once, the dict shared (reports only read it)
+    alignments = {raw: _json(raw) for raw in {r[-2] for r in rows}}
+    return [
+        PairRow(*(*r[:8], _IDS.decode(r[-4]), _IDS.decode(r[-3]), alignments[r[-2]], *r[8:14], _json(r[-1]), *r[14:16]))
+        for r in rows
+    ]
+
+
+def read_tensors(db: DbSession, pairs: Sequence[Any]) -> dict[int, TensorRow]:
+    """The tensors of `pairs` (anything with `a_tensor_ids` and `b_tensor_ids`), by id."""
+    ids = {i for p in pairs for i in (*p.a_tensor_ids, *p.b_tensor_ids)}
+    if not ids:
+        return {}
+    t = TensorRecord
+    rows = db.execute(select(t.id, t.name, _text(t.shape), t.dtype).where(t.id.in_(ids))).all()
+    shapes = {raw: _IDS.decode(raw) for raw in {r[2] for r in rows}}  # a model repeats a few shapes
+    return {r[0]: TensorRow(r[0], r[1], shapes[r[2]], r[3]) for r in rows}
+
+
+class StatsCache:
+    """Decoded statistics of the comparison cache's results, by result id, kept by one process (Services) for the
+    pages and the API. A result row is written once and never changed or deleted (its key names everything its
+    statistics depend on), so an entry never goes stale: no invalidation, whichever process wrote the row.
+    Bounded: past `limit` entries it starts again (about 1 kB each)."""
+
+    def __init__(self, limit: int = 50_000) -> None:
+        self.limit = limit
+        self.entries: dict[int, PairStatsSummary] = {}
+
+    def read(self, db: DbSession, result_ids: Collection[int]) -> dict[int, PairStatsSummary]:
+        """The statistics of these results: those not kept yet read (and kept), the others from memory."""
+        entries = self.entries
+        missing = [i for i in result_ids if i not in entries]
+        if missing:
+            read = read_stats(db, missing)
+            if len(entries) + len(read) > self.limit:
+                entries = self.entries = {}
+            entries.update(read)
+        return {i: entries[i] for i in result_ids if i in entries}
+
+
+def read_stats(db: DbSession, result_ids: Collection[int]) -> dict[int, PairStatsSummary]:
+    """The statistics of the comparison cache's results, by id (the histogram, which summaries leave out, skipped)."""
+    if not result_ids:
+        return {}
+    r = ComparisonResultRecord
+    rows = db.execute(select(r.id, _text(r.stats)).where(r.id.in_(result_ids)))
+    return {row[0]: _SUMMARY.decode(row[1]) for row in rows}

@@ -1,0 +1,70 @@
+"""The pair page: a pair's statistics, alignment and value inspector, its heatmap, and the inspector's grids for
+the page's script."""
+
+from __future__ import annotations
+
+from litestar import Controller, Response, get
+from litestar.response import Template
+
+from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.errors import NotFoundError
+from tensor_debugger.services import Services
+from tensor_debugger.store.models import PairRecord
+from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
+
+
+class PairPageController(Controller):
+    path = "/"
+    include_in_schema = False
+
+    @get("/pairs/{pair_id:int}", sync_to_thread=True)
+    def pair_page(
+        self,
+        services: Services,
+        pair_id: int,
+        index: str = "",
+        start: str = "",
+        count: str = "",
+        mode: str = "",
+        a_shard: int = 0,
+        a_index: str = "",
+        a_start: str = "",
+        a_count: str = "",
+        b_shard: int = 0,
+        b_index: str = "",
+        b_start: str = "",
+        b_count: str = "",
+        profile: str = "",
+    ) -> Template:
+        """A pair's statistics, alignment and the value inspector; the window lives in the URL. `mode=manual`
+        adds each run's own values with its own dimension controls (a_* and b_* parameters); `profile=D` plots the
+        error profile along aligned dimension D."""
+        manual = (
+            {"a": ManualSide(a_shard, a_index, a_start, a_count), "b": ManualSide(b_shard, b_index, b_start, b_count)}
+            if mode == "manual"
+            else None
+        )
+        with services.sessions() as db:
+            context = pair_page_context(db, services, pair_id, index, start, count, manual, profile)
+            return Template("pair.html", context=context)
+
+    @get("/pairs/{pair_id:int}/heatmap.svg", sync_to_thread=True, media_type="image/svg+xml")
+    def pair_heatmap(self, services: Services, pair_id: int, fixed: str = "") -> Response[str]:
+        """|difference| over a 2-D slice (`fixed`: an index per aligned dim, ':' on two), max-pooled."""
+        with services.sessions() as db:
+            pair = db.get(PairRecord, pair_id)
+            if pair is None:
+                raise NotFoundError(f"no pair with id {pair_id}")
+            view_a, view_b, alignment = services.comparisons.views(db, pair)
+            spec = parse_fixed(alignment.shape, fixed)
+            svg = heatmap_svg(build_heatmap(view_a, view_b, spec))
+        return Response(svg, media_type="image/svg+xml")
+
+    @get("/pairs/{pair_id:int}/grid", sync_to_thread=True)
+    def pair_grid(
+        self, services: Services, pair_id: int, index: str = "", start: str = "", count: str = ""
+    ) -> Template:
+        """Just the inspector's grids, for the page's script to swap in without a reload."""
+        with services.sessions() as db:
+            context = pair_page_context(db, services, pair_id, index, start, count)
+            return Template("_inspector.html", context=context)

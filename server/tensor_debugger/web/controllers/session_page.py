@@ -1,0 +1,201 @@
+"""The session page: its pairs grouped, sorted and filtered as the URL says, one group's rows for the page's
+script, the CSV export, and the forms that change the table (tolerances, the order of pairs)."""
+
+from __future__ import annotations
+
+from litestar import Controller, Response, get, post
+from litestar.params import Parameter
+from litestar.response import Redirect, Template
+from sqlalchemy import select
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.compare.exports import pairs_to_csv
+from tensor_debugger.compare.hand_pairing import hand_pair_choices
+from tensor_debugger.compare.pair_reports import SessionPairs, apply_order, session_pairs
+from tensor_debugger.compare.progress import session_progress
+from tensor_debugger.errors import InvalidInputError, NotFoundError
+from tensor_debugger.services import Services
+from tensor_debugger.store import catalog
+from tensor_debugger.store.models import PairRecord, SessionRecord
+from tensor_debugger.web.controllers.forms import FORM, FormData, optional_float
+from tensor_debugger.web.views.pairing_form import PairingForm
+from tensor_debugger.web.views.session_chart import build_chart
+from tensor_debugger.web.views.session_view import (
+    PAGE_SIZE,
+    ViewParams,
+    build_candidates,
+    build_groups,
+    has_noise_floor,
+)
+
+
+class SessionPageController(Controller):
+    path = "/"
+    include_in_schema = False
+
+    @get("/sessions/{session_id:int}", sync_to_thread=True)
+    def session_page(
+        self,
+        services: Services,
+        session_id: int,
+        group: str | None = None,
+        sort: str | None = None,
+        verdict: str | None = None,
+        q: str | None = None,
+        pair_a: str | None = None,
+        pair_b: str | None = None,
+        open_group: str | None = Parameter(query="open", default=None),
+        page: str | None = None,
+        lo: str | None = None,
+        hi: str | None = None,
+    ) -> Template:
+        """The session: its runs' ingest while it goes on (or why it failed), first divergence, the chart of error
+        through the model, and every pair, grouped, sorted and filtered as the URL says (so the page works, and
+        links, without any script). While anything is in progress the page refreshes itself (a script polls
+        the progress and swaps the page in place; without scripts, a meta refresh). `pair_a` and `pair_b`: two
+        tensors being paired by hand, whose alignments the page offers. `open` and `page`: a group the user
+        opened and the page of its rows shown; `lo` and `hi`: a range of execution positions (from the chart)."""
+        return session_template(
+            services,
+            session_id,
+            ViewParams.parse(group, sort, verdict, q, open_group, page, lo, hi),
+            hand=(pair_a, pair_b) if pair_a and pair_b else None,
+        )
+
+    @get("/sessions/{session_id:int}/group", sync_to_thread=True)
+    def session_group(
+        self,
+        services: Services,
+        session_id: int,
+        group: str | None = None,
+        sort: str | None = None,
+        verdict: str | None = None,
+        q: str | None = None,
+        open_group: str | None = Parameter(query="open", default=None),
+        page: str | None = None,
+        lo: str | None = None,
+        hi: str | None = None,
+    ) -> Template:
+        """One group of the session page's table (`open`: its key) at `page`, as the page renders it: what the
+        page's script swaps in when a group is opened or paged without a reload."""
+        params = ViewParams.parse(group, sort, verdict, q, open_group, page, lo, hi)
+        with services.sessions() as db:
+            session, report = read_session(db, services, session_id)
+            groups = build_groups(report, params, session.pair_order, budget=0)
+            found = next((g for g in groups if g.key == params.open), None)
+            if found is None:
+                raise NotFoundError(f"no group {params.open!r} in this view of session {session_id}")
+            found.open = found.loaded = True
+            return Template(
+                "_group.html",
+                context={
+                    "session": session,
+                    "params": params,
+                    "group": found,
+                    "reorderable": params.reorderable,
+                    "first_id": report.first_divergence.pair_id if report.first_divergence else None,
+                    "page_size": PAGE_SIZE,
+                    "noise_floor": has_noise_floor(report),
+                },
+            )
+
+    @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
+    def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
+        with services.sessions() as db:
+            session, report = read_session(db, services, session_id)
+            rows = apply_order(report.pairs, session.pair_order)
+        return Response(
+            pairs_to_csv(rows),
+            media_type="text/csv; charset=utf-8",
+            headers={"content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'},
+        )
+
+    @post("/sessions/{session_id:int}/tolerances", sync_to_thread=True)
+    def set_tolerances(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+        if data.get("action") == "reset":
+            services.actions.set_tolerances(session_id, None, None)
+        else:
+            ulp = optional_float(data.get("ulp"), "ulp")
+            if ulp is not None and not ulp.is_integer():
+                raise InvalidInputError(f"ulp must be a whole number, got {ulp}")
+            services.actions.set_tolerances(
+                session_id,
+                optional_float(data.get("rtol"), "rtol"),
+                optional_float(data.get("atol"), "atol"),
+                None if ulp is None else int(ulp),
+            )
+        return Redirect(f"/sessions/{session_id}", status_code=303)
+
+    @post("/sessions/{session_id:int}/order", sync_to_thread=True)
+    def move_pair(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+        """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same). Without
+        scripts the page comes back on the table's page that holds the pair, at its row."""
+        key = data.get("pair", "")
+        services.actions.move_pair(session_id, key, up=data.get("direction") == "up")
+        with services.sessions() as db:
+            order = catalog.get_session(db, session_id).pair_order or []
+            a_name, _, b_name = key.partition("|")
+            pair_id = db.scalar(
+                select(PairRecord.id).where(
+                    PairRecord.session_id == session_id, PairRecord.a_name == a_name, PairRecord.b_name == b_name
+                )
+            )
+        page = order.index(key) // PAGE_SIZE if key in order else 0
+        anchor = f"#pair-{pair_id}" if pair_id is not None else ""
+        return Redirect(f"/sessions/{session_id}?group=none&open=all&page={page}{anchor}", status_code=303)
+
+
+def read_session(
+    db: DbSession, services: Services, session_id: int, modules: bool = False
+) -> tuple[SessionRecord, SessionPairs]:
+    """The session (NotFoundError when there is none) and its pairs' report (with `modules`, the module view),
+    read with the process's decoded statistics."""
+    session = catalog.get_session(db, session_id)
+    return session, session_pairs(db, session_id, modules=modules, cache=services.comparisons.stats)
+
+
+def session_template(
+    services: Services,
+    session_id: int,
+    params: ViewParams,
+    hand: tuple[str, str] | None = None,
+    pairing: PairingForm | None = None,
+    upload_error: str | None = None,
+    hand_error: str | None = None,
+    status_code: int = 200,
+) -> Template:
+    """The session page; a form's refusal is shown next to that form (`pairing`: the rules as typed, with the
+    error; `upload_error`: the pairing file's; `hand_error`: pairing by hand's)."""
+    with services.sessions() as db:
+        session, report = read_session(db, services, session_id, modules=True)
+        ordered = apply_order(report.pairs, session.pair_order)
+        progress = session_progress(session, services.ingests, report.progress)
+        first_id = report.first_divergence.pair_id if report.first_divergence else None
+        choices = None
+        if hand is not None:
+            try:
+                choices = hand_pair_choices(db, session_id, *hand)
+            except InvalidInputError as exc:
+                hand_error = str(exc)
+        return Template(
+            "session.html",
+            status_code=status_code,
+            context={
+                "session": session,
+                "report": report,
+                "params": params,
+                "progress": progress,
+                "groups": build_groups(report, params, session.pair_order),
+                "chart": build_chart(report.pairs, first_id),
+                "first_id": first_id,
+                "page_size": PAGE_SIZE,
+                "reorderable": params.reorderable,
+                "candidates": build_candidates(report),
+                "noise_floor": has_noise_floor(report),
+                "order_keys": [p.key for p in ordered],
+                "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),
+                "upload_error": upload_error,
+                "hand_error": hand_error,
+                "choices": choices,
+            },
+        )
