@@ -86,3 +86,17 @@ def is_disk_full(exc: BaseException) -> bool:
 class StoreUnavailableError(TensorDebuggerError):
     """The array store the settings name cannot be used: a missing bucket, refused credentials, an endpoint that
     does not answer. The message names the setting to change."""
+
+
+class StoreWriteError(TensorDebuggerError):
+    """The array store failed a write or a deletion (S3: access denied, the bucket removed, the endpoint gone) of
+    `where` (while ingesting `file`, when known): nothing about the input is wrong."""
+
+    def __init__(self, where: str, reason: str, file: str = "") -> None:
+        super().__init__(f"the array store failed writing {where}: {reason}")
+        self.where = where
+        self.reason = reason
+        self.file = file
+
+    def __reduce__(self) -> tuple[type[StoreWriteError], tuple[str, str, str]]:  # sent back by a child process
+        return type(self), (self.where, self.reason, self.file)

@@ -11,8 +11,9 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -24,12 +25,13 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
+from tensor_debugger.errors import StoreWriteError, TensorDebuggerError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
 from tensor_debugger.store.layout import ArrayLayout, read_layout
-from tensor_debugger.store.object_stores import aws_variables, open_s3_store
+from tensor_debugger.store.object_stores import aws_variables, describe_failure, open_s3_store
 
 if TYPE_CHECKING:
     import torch
@@ -49,14 +51,44 @@ _METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmet
 
 class CountingStore(WrapperStore[Store]):
     """Counts chunk reads (not metadata), so tests and benchmarks can see what a computation touched. Zarr
-    re-wraps stores (a read-only copy for `mode="r"`), so the copies share one counter."""
+    re-wraps stores (a read-only copy for `mode="r"`), so the copies share one counter. Over an object store
+    (`remote`), a failed write or deletion is a StoreWriteError naming the key; a local folder's are OSErrors,
+    a full disk among them (errors.is_disk_full)."""
 
-    def __init__(self, store: Store, counter: ReadCounter | None = None) -> None:
+    def __init__(self, store: Store, counter: ReadCounter | None = None, remote: bool = False) -> None:
         super().__init__(store)
         self.counter = counter or ReadCounter()
+        self.remote = remote
 
     def _with_store(self, store: Store) -> CountingStore:
-        return CountingStore(store, self.counter)
+        return CountingStore(store, self.counter, self.remote)
+
+    @contextmanager
+    def _writing(self, key: str) -> Iterator[None]:
+        try:
+            yield
+        except TensorDebuggerError:
+            raise
+        except Exception as exc:
+            if not self.remote:
+                raise
+            raise StoreWriteError(key, describe_failure(exc)) from exc
+
+    async def set(self, key: str, value: Buffer) -> None:
+        with self._writing(key):
+            await self._store.set(key, value)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        with self._writing(key):
+            await self._store.set_if_not_exists(key, value)
+
+    async def delete(self, key: str) -> None:
+        with self._writing(key):
+            await self._store.delete(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        with self._writing(prefix):
+            await self._store.delete_dir(prefix)
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
@@ -103,7 +135,7 @@ class ArrayStore:
         self.environ = aws_variables(os.environ if environ is None else environ)
         backend = open_store(url, environ)
         self._folder = backend.root if isinstance(backend, LocalStore) else None
-        self._store = CountingStore(backend)
+        self._store = CountingStore(backend, remote=not isinstance(backend, LocalStore | MemoryStore))
         self._opened: OrderedDict[tuple[str, str], zarr.Array[Any]] = OrderedDict()
         self._layouts: OrderedDict[tuple[str, str], ArrayLayout] = OrderedDict()
         self._lock = threading.Lock()

@@ -21,6 +21,7 @@ from tensor_debugger.errors import (
     InvalidInputError,
     NotFoundError,
     NothingUsableError,
+    StoreWriteError,
     TensorDebuggerError,
     TooLargeError,
 )
@@ -29,6 +30,7 @@ from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
 
 _STATUS = {
     DiskFullError: 507,
+    StoreWriteError: 503,
     TooLargeError: 413,
     NotFoundError: 404,
     InvalidInputError: 400,
