@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from urllib.parse import quote
 
+import anyio.to_thread
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
@@ -200,7 +201,10 @@ class AuthMiddleware:
                 )
                 return
         else:
-            access = self.authenticator.access_for_cookie(cookie_value(headers))
+            cookie = cookie_value(headers)
+            # a signed cookie is looked up among the sign-outs in the database: off the event loop, which a
+            # slow database (PostgreSQL across a network) would otherwise hold up for every request
+            access = await anyio.to_thread.run_sync(self.authenticator.access_for_cookie, cookie) if cookie else None
         scope[ACCESS_KEY] = access  # type: ignore[literal-required]
         if _is_open(path):
             await self.app(scope, receive, send)
