@@ -19,6 +19,15 @@ class TooLargeError(InvalidInputError):
     """A request body, field or value larger than the limit for it."""
 
 
+class TooManyWrongTokens(TensorDebuggerError):
+    """A client address that presented too many wrong tokens lately (web/sign_in_limits.py): it may try again in
+    `retry_after` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many wrong tokens from this address: try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
 class NotFoundError(TensorDebuggerError, LookupError):
     """A session, run or tensor that does not exist."""
 

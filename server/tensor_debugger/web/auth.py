@@ -31,6 +31,7 @@ import anyio.to_thread
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from tensor_debugger.errors import TooManyWrongTokens
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.sign_outs import SignOuts
 from tensor_debugger.web.security import UNSAFE_METHODS, is_api, request_headers, send_refusal
@@ -56,14 +57,6 @@ class Access(enum.Enum):
 
 def _digest(value: str) -> bytes:
     return hashlib.sha256(value.encode("utf-8", "surrogateescape")).digest()
-
-
-class TooManyWrongTokens(Exception):
-    """A client address that presented too many wrong tokens lately: it may try again in `retry_after` seconds."""
-
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"too many wrong tokens from this address: try again in {retry_after} s")
-        self.retry_after = retry_after
 
 
 class Authenticator:

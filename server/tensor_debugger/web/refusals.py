@@ -24,6 +24,7 @@ from tensor_debugger.errors import (
     StoreWriteError,
     TensorDebuggerError,
     TooLargeError,
+    TooManyWrongTokens,
 )
 from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
@@ -31,6 +32,7 @@ from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
 _STATUS = {
     DiskFullError: 507,
     StoreWriteError: 503,
+    TooManyWrongTokens: 429,
     TooLargeError: 413,
     NotFoundError: 404,
     InvalidInputError: 400,

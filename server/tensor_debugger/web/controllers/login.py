@@ -10,13 +10,13 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 from litestar.response import Redirect, Template
 
+from tensor_debugger.errors import TooManyWrongTokens
 from tensor_debugger.web.auth import (
     COOKIE_NAME,
     LOGIN_PATH,
     LOGOUT_PATH,
     SESSION_SECONDS,
     Authenticator,
-    TooManyWrongTokens,
     client_address,
     cookie_value,
     request_access,
