@@ -19,6 +19,15 @@ class TooLargeError(InvalidInputError):
     """A request body, field or value larger than the limit for it."""
 
 
+class TooManyWrongTokens(TensorDebuggerError):
+    """A client address that presented too many wrong tokens lately (web/sign_in_limits.py): it may try again in
+    `retry_after` seconds."""
+
+    def __init__(self, retry_after: int) -> None:
+        super().__init__(f"too many wrong tokens from this address: try again in {retry_after} s")
+        self.retry_after = retry_after
+
+
 class NotFoundError(TensorDebuggerError, LookupError):
     """A session, run or tensor that does not exist."""
 
@@ -86,3 +95,17 @@ def is_disk_full(exc: BaseException) -> bool:
 class StoreUnavailableError(TensorDebuggerError):
     """The array store the settings name cannot be used: a missing bucket, refused credentials, an endpoint that
     does not answer. The message names the setting to change."""
+
+
+class StoreWriteError(TensorDebuggerError):
+    """The array store failed a write or a deletion (S3: access denied, the bucket removed, the endpoint gone) of
+    `where` (while ingesting `file`, when known): nothing about the input is wrong."""
+
+    def __init__(self, where: str, reason: str, file: str = "") -> None:
+        super().__init__(f"the array store failed writing {where}: {reason}")
+        self.where = where
+        self.reason = reason
+        self.file = file
+
+    def __reduce__(self) -> tuple[type[StoreWriteError], tuple[str, str, str]]:  # sent back by a child process
+        return type(self), (self.where, self.reason, self.file)

@@ -22,6 +22,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker, upgrade_database
+from tensor_debugger.store.sign_outs import SignOuts
 
 
 @dataclass
@@ -37,10 +38,12 @@ class Services:
     worker: ComparisonWorker = field(init=False)  # computes pending pairs in the background once the server starts it
     actions: SessionActions = field(init=False)  # what users do to sessions and pairs, one call per action
     ingests: IngestQueue = field(init=False)  # uploads ingested in the background (threads start on demand)
+    sign_outs: SignOuts = field(init=False)  # browser sessions signed out (web/auth.py)
 
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.comparisons)
         self.actions = SessionActions(self.sessions, self.comparisons, self.worker.wake)
+        self.sign_outs = SignOuts(self.sessions)
         at_once = self.settings.ingest_workers
         children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
         self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children)

@@ -76,6 +76,19 @@ def test_exit_two_when_nothing_usable(tmp_path: Path) -> None:
     assert json.loads(listed.stdout) == []  # the session the failed ingest would have created is not kept
 
 
+def test_an_unreadable_pairing_file_is_refused_before_anything_is_done(tmp_path: Path) -> None:
+    runs = [tmp_path / "a.pth", tmp_path / "b.pth"]
+    for path in runs:
+        torch.save({"x": seeded((4, 4), seed=1)}, path)
+    pairing = tmp_path / "pairing.json"
+    pairing.write_text("[1, 2]")
+    data = tmp_path / "data"
+    done = run_cli("--data-dir", str(data), "compare", *map(str, runs), "--pairing", str(pairing), "--json")
+    assert done.returncode == 2, done.stderr
+    assert json.loads(done.stdout)["error"] == f"pairing file {pairing}: not a JSON object"
+    assert not (data / "metadata.sqlite3").exists()  # no data dir opened, no run ingested
+
+
 def test_environment_variable_sets_data_dir_and_human_output(tmp_path: Path) -> None:
     path = tmp_path / "1_post_mlp.pth"
     torch.save(seeded((2,), 0), path)

@@ -11,6 +11,7 @@ import pytest
 import torch
 from sqlalchemy import select
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare import pending as pending_pairs
 from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.compare.pair_reports import pair_detail, session_pairs
@@ -44,7 +45,9 @@ def dumps(tmp_path: Path, plant: Plant | None = PLANT) -> tuple[Path, Path]:
 def compare_json(
     services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path, **kwargs: Any
 ) -> tuple[int, dict[str, Any]]:
-    code = run_compare(services, a, b, kwargs.get("name"), kwargs.get("rtol"), kwargs.get("atol"), True)
+    code = run_compare(
+        services, compare_request(a, b, kwargs.get("name"), kwargs.get("rtol"), kwargs.get("atol")), True
+    )
     return code, json.loads(capsys.readouterr().out)
 
 

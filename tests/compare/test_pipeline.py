@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs
@@ -77,7 +78,7 @@ def test_fail_fast_stops_at_the_first_divergence(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     a, b = runs(tmp_path, layers=5, plant=Plant(layer=0, stage="post_attn", index=(3, 7), offset=1.0))
-    code = run_compare(services, a, b, "fail fast", None, None, False, fail_fast=True)
+    code = run_compare(services, compare_request(a, b, "fail fast", None, None, fail_fast=True), False)
     out = capsys.readouterr().out
     assert code == 1
     assert "FIRST DIVERGENCE: 0_post_attn" in out

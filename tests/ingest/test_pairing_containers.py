@@ -12,13 +12,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.services import Services
 
 from tests.support.dumps import make_tar, make_zip, seeded
 
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
-    code = run_compare(services, a, b, None, None, None, True)
+    code = run_compare(services, compare_request(a, b, None, None, None), True)
     return code, json.loads(capsys.readouterr().out)
 
 

@@ -18,6 +18,7 @@ import pytest
 import torch
 from sqlalchemy import select
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.slices import parse_slice_request, read_slice
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
@@ -63,7 +64,7 @@ def dumps(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Path, Path]:
 
 
 def compare(services: Services, a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    code = run_compare(services, a, b, None, None, None, True)
+    code = run_compare(services, compare_request(a, b, None, None, None), True)
     assert code == 1  # the candidate diverges
     payload: dict[str, Any] = json.loads(capsys.readouterr().out)
     return payload

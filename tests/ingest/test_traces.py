@@ -11,6 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import select
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import RunRecord, TensorRecord
@@ -34,7 +35,7 @@ def traces(hf_traces: WrittenTraces) -> dict[str, Path]:
 
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
-    code = run_compare(services, a, b, None, None, None, True)
+    code = run_compare(services, compare_request(a, b, None, None, None), True)
     return code, json.loads(capsys.readouterr().out)
 
 
@@ -73,7 +74,7 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
     first = names.index(f"{DOWN_PROJ}_outputs")
     assert all(p["status"] == "pass" for p in out["pairs"][:first])
     # the human table names it too
-    code = run_compare(services, traces["eager"], traces["perturbed"], "table", None, None, False)
+    code = run_compare(services, compare_request(traces["eager"], traces["perturbed"], "table", None, None), False)
     text = capsys.readouterr().out
     assert code == 1
     assert f"CULPRIT: {DOWN_PROJ} added" in text
@@ -128,7 +129,7 @@ def test_use_repr_traces_compare_summaries_and_say_values_are_missing(
     failing = next(p for p in out["pairs"] if p["name"] == f"{DOWN_PROJ}_outputs")
     assert {c["name"]: c["ok"] for c in failing["summary"]["checks"]}["std"] is False
     assert out["culprits"] == []  # no element values: no relative RMSE to rank modules by
-    run_compare(services, traces["repr"], traces["repr_perturbed"], "repr table", None, None, False)
+    run_compare(services, compare_request(traces["repr"], traces["repr_perturbed"], "repr table", None, None), False)
     assert "element values are not available for" in capsys.readouterr().out
 
 

@@ -10,14 +10,17 @@ import obstore
 import pytest
 import torch
 from obstore.store import S3Store
+from sqlalchemy import select
 from tensor_debugger.errors import StoreUnavailableError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.queue import IngestJob
 from tensor_debugger.services import Services
 from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.database import create_db_engine, make_sessionmaker
+from tensor_debugger.store.models import RunRecord, TensorRecord
 
 from tests.support.dumps import seeded
-from tests.support.s3 import ACCESS_KEY, BUCKET, SECRET_KEY, SeaweedS3
+from tests.support.s3 import ACCESS_KEY, BUCKET, PARTLY_WRITABLE, SECRET_KEY, SeaweedS3
 from tests.support.servers import run_cli
 from tests.support.stored import read_back, same_bits, stored
 
@@ -50,6 +53,49 @@ def test_ingest_uploads_every_chunk_to_the_bucket_and_reads_back_bit_exact(
     array = services.store.reader(record.store_key, record.digest)
     assert torch.equal(torch.from_numpy(array[17:19, 3:5]), original[17:19, 3:5])
     assert services.store.chunk_reads - before == 1  # the one chunk holding those rows, nothing else
+
+
+def bucket_keys(s3: SeaweedS3, prefix: str) -> set[str]:
+    """Every object under `prefix` of the bucket, listed with the writing identity's keys."""
+    bucket = S3Store(
+        BUCKET,
+        prefix=prefix,
+        endpoint=s3.endpoint,
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+        client_options={"allow_http": True},
+    )
+    return {item["path"] for batch in obstore.list(bucket) for item in batch}
+
+
+def test_a_store_refusing_writes_mid_ingest_fails_the_run_naming_the_file(s3: SeaweedS3, tmp_path: Path) -> None:
+    """The store opens (its listing succeeds), stores the first file's tensor, then refuses the second's (the
+    identity may write only run 1's first array): the CLI says which file and why, exits 2 without a traceback,
+    the run is kept "failed" saying so, and what it had written is deleted again."""
+    inputs = []
+    for n in range(2):
+        inputs.append(tmp_path / f"part{n}.pth")
+        torch.save({"hidden": seeded((64, 64), seed=n)}, inputs[-1])
+    env = {**s3.read_only_environ, "TENSOR_DEBUGGER_STORE_URL": f"s3://{BUCKET}/{PARTLY_WRITABLE}"}
+    data = tmp_path / "data"
+    done = run_cli(
+        "--data-dir", str(data), "ingest", "--session", "s3 refused", "--run", "ref", *map(str, inputs), env=env
+    )
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    message = f"the array store failed writing the arrays of {inputs[1]}: access denied"
+    assert message in done.stderr and "403 Forbidden" in done.stderr, done.stderr
+
+    engine = create_db_engine(f"sqlite:///{data / 'metadata.sqlite3'}")
+    try:
+        with make_sessionmaker(engine)() as db:
+            (run,) = db.scalars(select(RunRecord)).all()
+            assert run.id == 1 and run.status == "failed"  # the run the identity may write the first array of
+            assert [(p.file, p.reason.startswith(message)) for p in run.problems] == [(str(inputs[1]), True)]
+            assert db.scalars(select(TensorRecord)).all() == []
+    finally:
+        engine.dispose()
+    assert not [key for key in bucket_keys(s3, PARTLY_WRITABLE) if key.startswith("runs/1/")]  # part0's deleted
 
 
 def test_a_store_that_cannot_be_used_is_a_clear_error_naming_the_setting(s3: SeaweedS3) -> None:

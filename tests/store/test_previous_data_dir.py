@@ -14,6 +14,7 @@ import torch
 from alembic import command
 from sqlalchemy import inspect, select
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.slices import parse_slice_request, read_slice
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
@@ -31,7 +32,7 @@ def write_dump(folder: Path, seed: int) -> None:
 
 
 def compare(services: Services, a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    assert run_compare(services, a, b, None, None, None, True) == 1
+    assert run_compare(services, compare_request(a, b, None, None, None), True) == 1
     payload: dict[str, Any] = json.loads(capsys.readouterr().out)
     return payload
 

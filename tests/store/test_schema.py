@@ -56,6 +56,7 @@ def test_upgrade_head_matches_models(tmp_path: Path, database: str, request: pyt
         "comparison_results",
         "pair_overrides",
         "unmatched",
+        "sign_outs",
     }
     upgrade_database(engine)  # a second start is a no-op
     engine.dispose()

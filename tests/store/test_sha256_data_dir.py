@@ -22,6 +22,7 @@ import pytest
 import torch
 import zarr
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.writer import digest_header
 from tensor_debugger.services import Services, open_services
@@ -83,7 +84,7 @@ def codecs(data: Path, key: str) -> list[str]:
 
 
 def compare(services: Services, a: Path, b: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
-    assert run_compare(services, a, b, None, None, None, True) == 0
+    assert run_compare(services, compare_request(a, b, None, None, None), True) == 0
     payload: dict[str, Any] = json.loads(capsys.readouterr().out)
     return payload
 

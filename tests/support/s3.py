@@ -25,6 +25,12 @@ STORES = ("files", "s3")
 BUCKET = "tensor-debugger-tests"
 ACCESS_KEY = "tensor-debugger-tests"
 SECRET_KEY = "tensor-debugger-tests-secret"
+# a second identity that may list and read the bucket but not write to it: a store that opens, then refuses writes
+READ_ONLY_ACCESS_KEY = "tensor-debugger-tests-read-only"
+READ_ONLY_SECRET_KEY = "tensor-debugger-tests-read-only-secret"
+# and with those keys, writes allowed under PARTLY_WRITABLE only to the first array of run 1 and its parents' metadata:
+# the first tensor an ingest stores there is written, the second refused (a store failing mid-ingest)
+PARTLY_WRITABLE = "partly-writable"
 
 
 def weed_binary() -> str | None:
@@ -57,6 +63,15 @@ class SeaweedS3:
             "AWS_ALLOW_HTTP": "true",
         }
 
+    @property
+    def read_only_environ(self) -> dict[str, str]:
+        """The AWS variables of the identity that may read and list the bucket, not write to it."""
+        return {
+            **self.environ,
+            "AWS_ACCESS_KEY_ID": READ_ONLY_ACCESS_KEY,
+            "AWS_SECRET_ACCESS_KEY": READ_ONLY_SECRET_KEY,
+        }
+
     def new_url(self) -> str:
         """A store URL under a new prefix of the bucket."""
         return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
@@ -66,6 +81,12 @@ class SeaweedS3:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+
+
+_FIRST_ARRAY = [
+    f"Write:{BUCKET}/{PARTLY_WRITABLE}/{key}*"
+    for key in ("zarr.json", "runs/zarr.json", "runs/1/zarr.json", "runs/1/0/")
+]
 
 
 def start_seaweed(root: Path) -> SeaweedS3 | str:
@@ -78,8 +99,16 @@ def start_seaweed(root: Path) -> SeaweedS3 | str:
     identities = root / "s3.json"
     credentials = {"accessKey": ACCESS_KEY, "secretKey": SECRET_KEY}
     actions = ["Admin", "Read", "Write", "List", "Tagging"]
+    reader = {"accessKey": READ_ONLY_ACCESS_KEY, "secretKey": READ_ONLY_SECRET_KEY}
     identities.write_text(
-        json.dumps({"identities": [{"name": "tests", "credentials": [credentials], "actions": actions}]})
+        json.dumps(
+            {
+                "identities": [
+                    {"name": "tests", "credentials": [credentials], "actions": actions},
+                    {"name": "reader", "credentials": [reader], "actions": ["Read", "List", *_FIRST_ARRAY]},
+                ]
+            }
+        )
     )
     s3, master, volume, filer, *grpc = (free_port() for _ in range(8))
     args = [

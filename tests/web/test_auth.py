@@ -15,6 +15,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
 from tensor_debugger.web.auth import COOKIE_NAME, LOGIN_PATH, LOGOUT_PATH
 from tensor_debugger.web.security import UNSAFE_METHODS
+from tensor_debugger.web.sign_in_limits import FAILURES, WINDOW_SECONDS
 
 from tests.support.dumps import named_dump
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer, wait_done
@@ -237,3 +238,27 @@ def test_chromium_signs_in_changes_things_and_signs_out(
         page.wait_for_url("**/login?next=*")
     finally:
         context.close()
+
+
+def test_wrong_tokens_from_one_address_are_slowed_down(token_server: LiveServer) -> None:
+    """After FAILURES wrong tokens (the login form's and bearer tokens alike) one client address is answered 429
+    with Retry-After, even with the right token, while another address is not. The addresses are those a proxy
+    on this machine (trusted by default) forwards, so this server's other tests, from 127.0.0.1, are not slowed."""
+    guesser, neighbour = {"x-forwarded-for": "198.51.100.23"}, {"x-forwarded-for": "198.51.100.24"}
+    api = f"{token_server.url}/api/sessions"
+    with httpx.Client(base_url=token_server.url, headers=guesser, timeout=30) as browser:
+        form = {"csrf_token": hidden(browser.get("/login").text, "csrf_token")}
+        for guess in range(FAILURES - 2):
+            assert browser.post("/login", data={**form, "token": f"guess-{guess}"}).status_code == 401
+        for guess in range(2):
+            assert httpx.get(api, headers={**guesser, **bearer(f"guess-{guess}")}).status_code == 401
+
+        signed = browser.post("/login", data={**form, "token": WRITE_TOKEN})
+        assert signed.status_code == 429, signed.text
+        assert 1 <= int(signed.headers["retry-after"]) <= WINDOW_SECONDS
+        assert "Too many wrong tokens from this address: try again in" in signed.text
+        assert COOKIE_NAME not in browser.cookies
+        refused = httpx.get(api, headers={**guesser, **bearer(WRITE_TOKEN)})
+        assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= WINDOW_SECONDS
+        assert refused.json()["detail"].startswith("too many wrong tokens from this address")
+    assert httpx.get(api, headers={**neighbour, **bearer(WRITE_TOKEN)}).status_code == 200

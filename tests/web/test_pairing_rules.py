@@ -10,6 +10,7 @@ from typing import Any
 import httpx
 import pytest
 from tensor_debugger.cli.compare import run_compare
+from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 
@@ -21,7 +22,7 @@ from tests.support.servers import LiveServer, upload
 def compare(
     services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path, **kwargs: Any
 ) -> tuple[int, dict[str, Any]]:
-    code = run_compare(services, a, b, None, None, None, True, **kwargs)
+    code = run_compare(services, compare_request(a, b, None, None, None, **kwargs), True)
     return code, json.loads(capsys.readouterr().out)
 
 

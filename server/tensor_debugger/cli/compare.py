@@ -5,60 +5,23 @@ not, 2 on unusable input. Also `explore`."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from pathlib import Path
 
-from tensor_debugger.cli.compare_output import cell, compare_request, print_unusable, show_compare
+from tensor_debugger.cli.compare_output import cell, print_unusable, show_compare
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs, free_name
-from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE
-from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
+from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest
+from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.reports import problem_json
 
 
-def run_compare(
-    services: Services,
-    a: Path,
-    b: Path,
-    name: str | None,
-    rtol: float | None,
-    atol: float | None,
-    as_json: bool,
-    *,
-    strategies: str | None = None,
-    name_pattern: str | None = None,
-    pairing: Path | None = None,
-    fail_fast: bool = False,
-    ulp: int | None = None,
-    more: Sequence[Path] = (),
-    noise: Path | None = None,
-    noise_factor: float | None = None,
-) -> int:
+def run_compare(services: Services, request: CompareRequest, as_json: bool) -> int:
     """Compare in this process; prints what `show_compare` prints and returns the exit code."""
-    try:
-        request = compare_request(
-            a,
-            b,
-            name,
-            rtol,
-            atol,
-            strategies=strategies,
-            name_pattern=name_pattern,
-            pairing=pairing,
-            fail_fast=fail_fast,
-            ulp=ulp,
-            more=more,
-            noise=noise,
-            noise_factor=noise_factor,
-        )
-    except InvalidInputError as exc:
-        print_unusable(str(exc), [], as_json)
-        return EXIT_UNUSABLE
     line = StatusLine()
     try:
         outcome = compare_runs(

@@ -4,6 +4,7 @@ Light on purpose (no database, no arrays): the warm path (`cli/warm.py`) imports
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -67,6 +68,26 @@ def compare_request(
         None if noise is None else noise.absolute(),
         None if noise is None else str(noise),
         noise_factor,
+    )
+
+
+def request_from_args(args: argparse.Namespace) -> CompareRequest:
+    """`compare`'s request from its parsed command line (cli/main.py). Raises InvalidInputError as
+    `compare_request` does."""
+    return compare_request(
+        args.a,
+        args.b,
+        args.name,
+        args.rtol,
+        args.atol,
+        strategies=args.strategies,
+        name_pattern=args.name_pattern,
+        pairing=args.pairing,
+        fail_fast=args.fail_fast,
+        ulp=args.ulp,
+        more=args.more,
+        noise=args.noise,
+        noise_factor=args.noise_factor,
     )
 
 

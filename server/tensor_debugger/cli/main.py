@@ -33,7 +33,7 @@ from tensor_debugger.errors import StoreUnavailableError, TensorDebuggerError
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
-    from tensor_debugger.compare.requests import CompareOutcome
+    from tensor_debugger.compare.requests import CompareOutcome, CompareRequest
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -199,9 +199,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ingest":
             return remote_ingest(args.server, args.token, args.session, args.run, args.paths, args.json)
         return remote_sessions(args.server, args.token, args.json)
+    request = None
+    if args.command == "compare":  # asked for once, whichever process does the work
+        from tensor_debugger.cli.compare_output import print_unusable, request_from_args
+
+        try:
+            request = request_from_args(args)
+        except TensorDebuggerError as exc:  # a bad argument or an unreadable pairing file
+            print_unusable(str(exc), [], args.json)
+            return EXIT_UNUSABLE
     # a warm server keeps its own top: a compare with --top runs here
     if (args.command == "ingest" or (args.command == "compare" and args.top is None)) and not args.in_process:
-        code = warm(settings, args)
+        code = warm(settings, args, request)
         if code is not None:
             return code
     with _start_up_heap():
@@ -215,26 +224,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "ingest":
             return ingest(services, args.session, args.run, args.paths, args.json)
-        if args.command == "compare":
+        if request is not None:
             from tensor_debugger.cli.compare import run_compare
 
-            return run_compare(
-                services,
-                args.a,
-                args.b,
-                args.name,
-                args.rtol,
-                args.atol,
-                args.json,
-                strategies=args.strategies,
-                name_pattern=args.name_pattern,
-                pairing=args.pairing,
-                fail_fast=args.fail_fast,
-                ulp=args.ulp,
-                more=args.more,
-                noise=args.noise,
-                noise_factor=args.noise_factor,
-            )
+            return run_compare(services, request, args.json)
         if args.command == "compare-sessions":
             from tensor_debugger.cli.session_diff import run_compare_sessions
 
@@ -327,7 +320,7 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
     return EXIT_OK
 
 
-def warm(settings: Settings, args: argparse.Namespace) -> int | None:
+def warm(settings: Settings, args: argparse.Namespace, request: CompareRequest | None) -> int | None:
     """`compare` or `ingest` done by the server of this data dir, printed as if done here; None when no server
     runs there (or it could not be reached), and the command does the work itself."""
     from tensor_debugger.cli.warm import find_server, remote_compare, remote_ingest
@@ -335,30 +328,9 @@ def warm(settings: Settings, args: argparse.Namespace) -> int | None:
     address = find_server(settings)
     if address is None:
         return None
-    if args.command == "ingest":
+    if request is None:  # `ingest`; `compare` comes with its request
         outcome = remote_ingest(address, args.session, args.run, args.paths)
         return None if outcome is None else show_ingest(outcome, args.json)
-    from tensor_debugger.cli.compare_output import compare_request, print_unusable
-
-    try:
-        request = compare_request(
-            args.a,
-            args.b,
-            args.name,
-            args.rtol,
-            args.atol,
-            strategies=args.strategies,
-            name_pattern=args.name_pattern,
-            pairing=args.pairing,
-            fail_fast=args.fail_fast,
-            ulp=args.ulp,
-            more=args.more,
-            noise=args.noise,
-            noise_factor=args.noise_factor,
-        )
-    except TensorDebuggerError as exc:
-        print_unusable(str(exc), [], args.json)
-        return EXIT_UNUSABLE
     return remote_compare(address, request, args.json)
 
 

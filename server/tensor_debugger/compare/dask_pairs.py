@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 
-from tensor_debugger.compare.pending import ProgressCallback, compute_pending, pending_query
+from tensor_debugger.compare.pending import ProgressCallback, Tally, compute_pending, pending_query
 from tensor_debugger.store.claims import Claims, claimable
 from tensor_debugger.store.models import PairRecord
 
@@ -50,18 +50,8 @@ def compute_on_dask(
     here what the workers left; returns how many pairs were settled (as `compute_pending` counts them)."""
     from distributed import Client
 
-    with comparisons.sessions() as db:
-        total = db.scalar(pending_query(session_id, select(func.count()))) or 0
-    done = 0
-
-    def settled(count: int) -> None:
-        nonlocal done
-        done += count
-        if count and progress is not None:
-            progress(done, max(total, done))
-
-    def stopping() -> bool:
-        return should_stop is not None and should_stop()
+    tally = Tally(comparisons, session_id, progress, should_stop)
+    stopping = tally.stopping
 
     sent = dataclasses.replace(settings, token="", read_token="")  # the workers need no token: none travels
     client = Client(settings.dask_scheduler, timeout=CONNECT_SECONDS, set_as_default=False)  # type: ignore[no-untyped-call]
@@ -73,18 +63,18 @@ def compute_on_dask(
                 break
             batches = [todo[i : i + BATCH_PAIRS] for i in range(0, len(todo), BATCH_PAIRS)]
             futures = [client.submit(compute_batch, kind, sent, batch, pure=False) for batch in batches]
-            before = done
+            before = tally.done
             for future in futures:  # in execution order, as the workers finish them
-                settled(int(future.result()))
+                tally.settled(int(future.result()))
                 if stopping():
                     client.cancel(futures)  # type: ignore[no-untyped-call]
-                    return done
-            if done == before:  # the workers settled none: they may see another database
+                    return tally.done
+            if tally.done == before:  # the workers settled none: they may see another database
                 log.warning("the Dask workers at %s settled none of %d pairs", settings.dask_scheduler, len(todo))
                 break
     if stopping():
-        return done
-    on_dask = done
+        return tally.done
+    on_dask, total = tally.done, tally.total
 
     def progress_here(count: int, of: int) -> None:
         if progress is not None:

@@ -47,6 +47,33 @@ class PendingPair:
     tolerance: Tolerance
 
 
+class Tally:
+    """How many pairs a computation has settled of those pending when it began, told to `progress` as they come,
+    and whether it was asked to stop (`should_stop`)."""
+
+    def __init__(
+        self,
+        comparisons: Comparisons,
+        session_id: int | None,
+        progress: ProgressCallback | None,
+        should_stop: Callable[[], bool] | None,
+        pair_ids: Sequence[int] | None = None,
+    ) -> None:
+        with comparisons.sessions() as db:
+            self.total = db.scalar(pending_query(session_id, select(func.count()), pair_ids)) or 0
+        self.done = 0
+        self._progress = progress
+        self._should_stop = should_stop
+
+    def settled(self, count: int) -> None:
+        self.done += count
+        if count and self._progress is not None:
+            self._progress(self.done, max(self.total, self.done))
+
+    def stopping(self) -> bool:
+        return self._should_stop is not None and self._should_stop()
+
+
 def compute_pending(
     comparisons: Comparisons,
     session_id: int | None = None,
@@ -59,19 +86,9 @@ def compute_pending(
     Identical comparisons pending together are computed once. For one session without `pair_ids`, pairs another
     process holds are then waited for (taken over should its claim expire), so that the session is settled on return
     unless `should_stop` said to stop."""
-    with comparisons.sessions() as db:
-        total = db.scalar(pending_query(session_id, select(func.count()), pair_ids)) or 0
-    done = 0
+    tally = Tally(comparisons, session_id, progress, should_stop, pair_ids)
+    settled, stopping = tally.settled, tally.stopping
     waiting: dict[str, list[int]] = {}  # cache key in flight -> pairs with the same key, settled with it
-
-    def settled(count: int) -> None:
-        nonlocal done
-        done += count
-        if count and progress is not None:
-            progress(done, max(total, done))
-
-    def stopping() -> bool:
-        return should_stop is not None and should_stop()
 
     def jobs() -> Iterator[PairJob[PendingPair]]:
         while not stopping():
@@ -102,7 +119,7 @@ def compute_pending(
         finally:
             writer.flush()
             comparisons.claims.release_pairs()  # those not settled (stopped, or failed midway): free for others
-    return done
+    return tally.done
 
 
 def pending_query(session_id: int | None, query: Select[T], pair_ids: Sequence[int] | None = None) -> Select[T]:

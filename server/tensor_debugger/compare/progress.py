@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
-from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, iso, problem_reports
+from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, problem_reports, run_fields
 
 MB = 1_000_000  # the unit the page counts ingests in, as the CLI's progress bar does
 
@@ -54,19 +54,8 @@ class RunDetail(RunWithProblems):
 
 def run_detail(run: RunRecord, ingests: IngestQueue) -> RunDetail:
     live = ingests.progress(run.id)
-    return RunDetail(
-        run.id,
-        run.label,
-        RunRole(run.role),
-        run.position,
-        RunStatus(run.status),
-        list(run.sources),
-        run.tensor_count,
-        run.total_bytes,
-        iso(run.created_at),
-        problem_reports(run.problems),
-        None if live is None else IngestReport(RunStage(live.stage), live.bytes_done, live.bytes_total),
-    )
+    figures = None if live is None else IngestReport(RunStage(live.stage), live.bytes_done, live.bytes_total)
+    return RunDetail(*run_fields(run), problem_reports(run.problems), figures)
 
 
 @dataclass(frozen=True)

@@ -79,12 +79,11 @@ class BufferPool:
         return sum(b.size for b in self._free)
 
 
-class RawReader:
-    """C-order values at `offset` in an open file, read with os.pread (no mapping, no whole-file read) into
-    buffers of the file's `BufferPool`, which `done` gives back."""
+class _PooledReader:
+    """C-order values at `offset` of a file, read region by region into buffers of the file's `BufferPool`, which
+    `done` gives back. A subclass says how to fill a buffer from a position (`_fill`)."""
 
-    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: LogicalDtype, pool: BufferPool) -> None:
-        self._fd = fd
+    def __init__(self, offset: int, shape: tuple[int, ...], dtype: LogicalDtype, pool: BufferPool) -> None:
         self._offset = offset
         self._shape = shape
         self._dtype = dtype
@@ -97,19 +96,33 @@ class RawReader:
         nbytes = (stop - start) * size
         buffer = self._pool.take(nbytes)
         self._lent[_bounds(region)] = buffer
-        view = memoryview(buffer)[:nbytes]  # type: ignore[arg-type]
-        got = 0
-        while got < nbytes:
-            n = os.preadv(self._fd, [view[got:]], self._offset + start * size + got)
-            if n == 0:
-                raise OSError("file ended before the tensor's data did")
-            got += n
+        self._fill(memoryview(buffer)[:nbytes], self._offset + start * size)  # type: ignore[arg-type]
         return buffer[:nbytes].view(self._dtype.numpy_storage).reshape(region_shape(region))
 
     def done(self, region: Region) -> None:
         buffer = self._lent.pop(_bounds(region), None)
         if buffer is not None:
             self._pool.give(buffer)
+
+    def _fill(self, view: memoryview, position: int) -> None:
+        """Fill all of `view` with the file's bytes from `position` on."""
+        raise NotImplementedError
+
+
+class RawReader(_PooledReader):
+    """Values in an open file, read with os.pread (no mapping, no whole-file read)."""
+
+    def __init__(self, fd: int, offset: int, shape: tuple[int, ...], dtype: LogicalDtype, pool: BufferPool) -> None:
+        super().__init__(offset, shape, dtype, pool)
+        self._fd = fd
+
+    def _fill(self, view: memoryview, position: int) -> None:
+        got = 0
+        while got < len(view):
+            n = os.preadv(self._fd, [view[got:]], position + got)
+            if n == 0:
+                raise OSError("file ended before the tensor's data did")
+            got += n
 
 
 def _bounds(region: Region) -> tuple[tuple[int, int], ...]:
@@ -135,36 +148,25 @@ def open_fd(path: Path, stack: ExitStack) -> int:
     return fd
 
 
-class StreamReader:
-    """C-order values at `offset` of a decompressing stream (a compressed zip member), read into buffers of the
-    file's `BufferPool`. Regions are read in the order a writer reads them, so the stream only moves forward; a
-    region behind it is still read right (zipfile's stream then decompresses again from the start). An error of
-    the stream (corrupt data, a bad checksum) is an OSError naming `label`."""
+class StreamReader(_PooledReader):
+    """Values of a decompressing stream (a compressed zip member). Regions are read in the order a writer reads
+    them, so the stream only moves forward; a region behind it is still read right (zipfile's stream then
+    decompresses again from the start). An error of the stream (corrupt data, a bad checksum) is an OSError naming
+    `label`."""
 
     def __init__(
         self, stream: IO[bytes], offset: int, shape: tuple[int, ...], dtype: LogicalDtype, pool: BufferPool, label: str
     ) -> None:
+        super().__init__(offset, shape, dtype, pool)
         self._stream = stream
-        self._offset = offset
-        self._shape = shape
-        self._dtype = dtype
-        self._pool = pool
         self._label = label
-        self._lent: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
 
-    def read(self, region: Region) -> np.ndarray:
-        start, stop = region_flat_range(self._shape, region)
-        size = self._dtype.itemsize
-        nbytes = (stop - start) * size
-        buffer = self._pool.take(nbytes)
-        self._lent[_bounds(region)] = buffer
-        view = memoryview(buffer)[:nbytes]  # type: ignore[arg-type]
-        position = self._offset + start * size
+    def _fill(self, view: memoryview, position: int) -> None:
         try:
             if self._stream.tell() != position:
                 self._stream.seek(position)
             got = 0
-            while got < nbytes:
+            while got < len(view):
                 n = self._stream.readinto(view[got:])  # type: ignore[attr-defined]
                 if not n:
                     raise OSError("the member ended before the tensor's data did")
@@ -173,9 +175,3 @@ class StreamReader:
             raise
         except Exception as exc:  # zlib.error, zipfile.BadZipFile (a bad CRC), EOFError, lzma and bz2 errors
             raise OSError(f"{self._label}: the compressed member could not be read ({exc})") from None
-        return buffer[:nbytes].view(self._dtype.numpy_storage).reshape(region_shape(region))
-
-    def done(self, region: Region) -> None:
-        buffer = self._lent.pop(_bounds(region), None)
-        if buffer is not None:
-            self._pool.give(buffer)

@@ -43,6 +43,7 @@ from tensor_debugger.errors import (
     FileProblem,
     InvalidInputError,
     NothingUsableError,
+    StoreWriteError,
     is_disk_full,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
@@ -332,9 +333,10 @@ class Ingestor:
             what = ", ".join(i.label for i in inputs) or "upload"
             if is_disk_full(exc) and not isinstance(exc, DiskFullError):
                 exc = DiskFullError(f"the run {pending.run_label!r}")
-            if isinstance(exc, DiskFullError):  # kept, "failed", whoever asked: the session says why
+            if isinstance(exc, DiskFullError | StoreWriteError):  # kept, "failed", whoever asked: the session says why
+                file = exc.file if isinstance(exc, StoreWriteError) and exc.file else what
                 try:
-                    self._give_up(pending, [FileProblem(what, str(exc))], True)
+                    self._give_up(pending, [FileProblem(file, str(exc))], True)
                 except Exception:  # still no room for the row: the next sweep removes the run instead
                     log.exception("could not mark run %s failed", run_id)
                 raise exc from None
@@ -446,6 +448,9 @@ class Ingestor:
                 except FileProblem as problem:
                     problems.append(problem)
                     self._drop(run_id, stored, first, made)
+                except StoreWriteError as exc:  # the store, not the file: the whole run stops
+                    self._drop(run_id, stored, first, made)
+                    raise StoreWriteError(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
                 except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
                     self._drop(run_id, stored, first, made)
                     if is_disk_full(exc):
@@ -471,9 +476,17 @@ class Ingestor:
     ) -> None:
         """Forget the tensors of a file that failed partway, arrays included: those from `first` on, up to the
         `made` arrays begun (the ones cut short too)."""
-        for index in range(first, made):
-            self.store.delete(f"{run_prefix(run_id)}/{index}")
         del stored[first:]
+        for index in range(first, made):
+            self._delete_arrays(f"{run_prefix(run_id)}/{index}")
+
+    def _delete_arrays(self, prefix: str) -> None:
+        """Delete the arrays under `prefix` of a run that stops; where the store fails that too (S3 gone), they
+        are left for the run's deletion (or, with no row naming them, recovery's) to remove."""
+        try:
+            self.store.delete(prefix)
+        except StoreWriteError:
+            log.warning("could not delete %s from the array store; deleting its run removes it", prefix, exc_info=True)
 
     def _reuse(self, pending: PendingRun, fingerprint: Fingerprint) -> IngestResult | None:
         """Make the run a copy of the newest ready run ingested from the same fingerprint, in one transaction:
@@ -618,7 +631,7 @@ class Ingestor:
 
     def _fail(self, run_id: int, problems: list[FileProblem]) -> None:
         """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
-        self.store.delete(run_prefix(run_id))
+        self._delete_arrays(run_prefix(run_id))
         with self.sessions.begin() as db:
             run = db.get(RunRecord, run_id)
             if run is None:
@@ -631,7 +644,7 @@ class Ingestor:
             run.total_bytes = 0
 
     def _abandon(self, run_id: int, created_session_id: int | None) -> None:
-        self.store.delete(run_prefix(run_id))
+        self._delete_arrays(run_prefix(run_id))
         with self.sessions.begin() as db:
             run = db.get(RunRecord, run_id)
             if run is not None:

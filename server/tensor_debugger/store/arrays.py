@@ -11,11 +11,12 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -24,12 +25,13 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
+from tensor_debugger.errors import StoreWriteError, TensorDebuggerError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
 from tensor_debugger.store.layout import ArrayLayout, read_layout
-from tensor_debugger.store.object_stores import aws_variables, open_s3_store
+from tensor_debugger.store.object_stores import aws_variables, describe_failure, open_s3_store
 
 if TYPE_CHECKING:
     import torch
@@ -49,14 +51,44 @@ _METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmet
 
 class CountingStore(WrapperStore[Store]):
     """Counts chunk reads (not metadata), so tests and benchmarks can see what a computation touched. Zarr
-    re-wraps stores (a read-only copy for `mode="r"`), so the copies share one counter."""
+    re-wraps stores (a read-only copy for `mode="r"`), so the copies share one counter. Over an object store
+    (`remote`), a failed write or deletion is a StoreWriteError naming the key; a local folder's are OSErrors,
+    a full disk among them (errors.is_disk_full)."""
 
-    def __init__(self, store: Store, counter: ReadCounter | None = None) -> None:
+    def __init__(self, store: Store, counter: ReadCounter | None = None, remote: bool = False) -> None:
         super().__init__(store)
         self.counter = counter or ReadCounter()
+        self.remote = remote
 
     def _with_store(self, store: Store) -> CountingStore:
-        return CountingStore(store, self.counter)
+        return CountingStore(store, self.counter, self.remote)
+
+    @contextmanager
+    def _writing(self, key: str) -> Iterator[None]:
+        try:
+            yield
+        except TensorDebuggerError:
+            raise
+        except Exception as exc:
+            if not self.remote:
+                raise
+            raise StoreWriteError(key, describe_failure(exc)) from exc
+
+    async def set(self, key: str, value: Buffer) -> None:
+        with self._writing(key):
+            await self._store.set(key, value)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        with self._writing(key):
+            await self._store.set_if_not_exists(key, value)
+
+    async def delete(self, key: str) -> None:
+        with self._writing(key):
+            await self._store.delete(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        with self._writing(prefix):
+            await self._store.delete_dir(prefix)
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
@@ -96,6 +128,40 @@ def open_store(url: str, environ: Mapping[str, str] | None = None) -> Store:
     raise ValueError(f"unsupported store URL {url!r}: use file:///folder, s3://bucket/prefix or memory://")
 
 
+class Remembered(Generic[T]):
+    """The `limit` values last made for arrays (opened arrays, parsed layouts), by key and content digest:
+    arrays never change after ingest, and the digest tells a new array apart from an old one that once had the
+    same key."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._values: OrderedDict[tuple[str, str], T] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: str, content_digest: str | None, make: Callable[[], T]) -> T:
+        """The value remembered for (key, digest), else `make()`'s (remembered, unless there is no digest)."""
+        if content_digest is None:
+            return make()
+        remembered = (key, content_digest)
+        with self._lock:
+            found = self._values.get(remembered)
+            if found is not None:
+                self._values.move_to_end(remembered)
+                return found
+        value = make()
+        with self._lock:
+            self._values[remembered] = value
+            while len(self._values) > self._limit:
+                self._values.popitem(last=False)
+        return value
+
+    def forget(self, prefix: str) -> None:
+        """Forget the values of the arrays at or under `prefix`."""
+        with self._lock:
+            for remembered in [k for k in self._values if k[0] == prefix or k[0].startswith(prefix + "/")]:
+                del self._values[remembered]
+
+
 class ArrayStore:
     def __init__(self, url: str, environ: Mapping[str, str] | None = None) -> None:
         self.url = url
@@ -103,10 +169,9 @@ class ArrayStore:
         self.environ = aws_variables(os.environ if environ is None else environ)
         backend = open_store(url, environ)
         self._folder = backend.root if isinstance(backend, LocalStore) else None
-        self._store = CountingStore(backend)
-        self._opened: OrderedDict[tuple[str, str], zarr.Array[Any]] = OrderedDict()
-        self._layouts: OrderedDict[tuple[str, str], ArrayLayout] = OrderedDict()
-        self._lock = threading.Lock()
+        self._store = CountingStore(backend, remote=not isinstance(backend, LocalStore | MemoryStore))
+        self._opened: Remembered[zarr.Array[Any]] = Remembered(_OPENED_LIMIT)
+        self._layouts: Remembered[ArrayLayout] = Remembered(_OPENED_LIMIT)
 
     @property
     def chunk_reads(self) -> int:
@@ -156,20 +221,7 @@ class ArrayStore:
         """The array at `key`, read-only. With the tensor's content digest, an array opened before is reused
         (its metadata is not read again): arrays never change after ingest, and the digest tells a new array
         apart from an old one that once had the same key."""
-        if content_digest is None:
-            return zarr.open_array(self._store, path=key, mode="r")
-        cache_key = (key, content_digest)
-        with self._lock:
-            found = self._opened.get(cache_key)
-            if found is not None:
-                self._opened.move_to_end(cache_key)
-                return found
-        array = zarr.open_array(self._store, path=key, mode="r")
-        with self._lock:
-            self._opened[cache_key] = array
-            while len(self._opened) > _OPENED_LIMIT:
-                self._opened.popitem(last=False)
-        return array
+        return self._opened.get(key, content_digest, lambda: zarr.open_array(self._store, path=key, mode="r"))
 
     def reader(self, key: str, content_digest: str | None = None) -> ChunkReader | zarr.Array[Any]:
         """The array at `key` for reading regions in bulk (comparisons): a `ChunkReader` where the array's layout
@@ -185,28 +237,14 @@ class ArrayStore:
 
     def _layout(self, key: str, content_digest: str | None) -> ArrayLayout:
         """The parsed zarr.json of the array at `key` in the local folder (remembered like `open`'s arrays)."""
-        assert self._folder is not None
-        remembered = (key, content_digest) if content_digest is not None else None
-        if remembered is not None:
-            with self._lock:
-                found = self._layouts.get(remembered)
-                if found is not None:
-                    self._layouts.move_to_end(remembered)
-                    return found
-        layout = read_layout(self._folder / key, key)
-        if remembered is not None:
-            with self._lock:
-                self._layouts[remembered] = layout
-                while len(self._layouts) > _OPENED_LIMIT:
-                    self._layouts.popitem(last=False)
-        return layout
+        folder = self._folder
+        assert folder is not None
+        return self._layouts.get(key, content_digest, lambda: read_layout(folder / key, key))
 
     def delete(self, prefix: str) -> None:
         """Delete every array under `prefix` ("runs/12")."""
-        with self._lock:
-            for cache in (self._opened, self._layouts):
-                for cached in [k for k in cache if k[0] == prefix or k[0].startswith(prefix + "/")]:
-                    del cache[cached]
+        self._opened.forget(prefix)
+        self._layouts.forget(prefix)
         run_sync(self._store.delete_dir(prefix))
 
     def children(self, prefix: str) -> list[str]:

@@ -157,12 +157,7 @@ class ChunkReader:
             if buffer is None or len(buffer) < size:
                 buffer = _BUFFERS.buffer = bytearray(max(size, 1 << 20))
             view = memoryview(buffer)[:size]
-            done = 0
-            while done < size:
-                got = os.readv(fd, [view[done:]])
-                if got == 0:
-                    raise OSError(f"chunk file {path} ended after {done} of {size} bytes")
-                done += got
+            _read_exactly(fd, path, view)
         finally:
             os.close(fd)
         # A Blosc 1 header holds the decoded size (bytes 4-8) and the frame's own length (12-16). Blosc would fill
@@ -185,12 +180,17 @@ def _read_raw(fd: int, path: Path, into: np.ndarray) -> None:
         size = os.fstat(fd).st_size
         if size != into.nbytes:
             raise ValueError(f"chunk file {path} is not one raw chunk ({into.nbytes} bytes): it has {size}")
-        view = into.reshape(-1).view(np.uint8).data
-        done = 0
-        while done < size:
-            got = os.readv(fd, [view[done:]])
-            if got == 0:
-                raise OSError(f"chunk file {path} ended after {done} of {size} bytes")
-            done += got
+        _read_exactly(fd, path, into.reshape(-1).view(np.uint8).data)
     finally:
         os.close(fd)
+
+
+def _read_exactly(fd: int, path: Path, view: memoryview) -> None:
+    """Fill `view` (bytes) from `fd`'s position on; OSError naming `path` if the file ends first."""
+    size = len(view)
+    done = 0
+    while done < size:
+        got = os.readv(fd, [view[done:]])
+        if got == 0:
+            raise OSError(f"chunk file {path} ended after {done} of {size} bytes")
+        done += got

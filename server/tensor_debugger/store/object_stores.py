@@ -93,3 +93,15 @@ def _explain(url: str, bucket: str, endpoint: str, allow_http: bool, exc: Except
     else:
         reason = "the store did not answer (AWS_ENDPOINT_URL, AWS_REGION, the network)"
     return f"cannot open the array store {where}: {reason}; {detail}"
+
+
+def describe_failure(exc: Exception) -> str:
+    """A failed request in a few words: what S3 answered (its status, and what that means here) or why it never
+    did, and obstore's own first line, without the response body it quotes."""
+    text = str(exc)
+    first = (text.splitlines()[0] if text else type(exc).__name__).split(": <?xml", 1)[0][:300]
+    if "NoSuchBucket" in text:
+        return f"the bucket no longer exists ({first})"
+    if "AccessDenied" in text or re.search(r"status code: 403\b", text):
+        return f"access denied: these credentials may not write to the bucket ({first})"
+    return first

@@ -97,17 +97,25 @@ class RunReport:
 
     @classmethod
     def of(cls, run: RunRecord) -> RunReport:
-        return cls(
-            run.id,
-            run.label,
-            RunRole(run.role),
-            run.position,
-            RunStatus(run.status),
-            list(run.sources),
-            run.tensor_count,
-            run.total_bytes,
-            iso(run.created_at),
-        )
+        return RunReport(*run_fields(run))
+
+
+RunFields = tuple[int, str, RunRole, int, RunStatus, list[str], int, int, str]
+
+
+def run_fields(run: RunRecord) -> RunFields:
+    """RunReport's fields of `run`, in order: what every report of a run (RunWithProblems, RunDetail) begins with."""
+    return (
+        run.id,
+        run.label,
+        RunRole(run.role),
+        run.position,
+        RunStatus(run.status),
+        list(run.sources),
+        run.tensor_count,
+        run.total_bytes,
+        iso(run.created_at),
+    )
 
 
 @dataclass(frozen=True)
@@ -118,18 +126,7 @@ class RunWithProblems(RunReport):
 
     @classmethod
     def of(cls, run: RunRecord) -> RunWithProblems:
-        return cls(
-            run.id,
-            run.label,
-            RunRole(run.role),
-            run.position,
-            RunStatus(run.status),
-            list(run.sources),
-            run.tensor_count,
-            run.total_bytes,
-            iso(run.created_at),
-            problem_reports(run.problems),
-        )
+        return RunWithProblems(*run_fields(run), problem_reports(run.problems))
 
 
 @dataclass(frozen=True)
@@ -157,16 +154,7 @@ class SessionReport:
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionReport:
-        return cls(
-            session.id,
-            session.name,
-            session.notes,
-            iso(session.created_at),
-            Tolerances(session.rtol, session.atol, session.ulp),
-            [RunReport.of(r) for r in session.runs],
-            _strategies(session),
-            session.name_pattern,
-        )
+        return SessionReport(*_session_head(session), [RunReport.of(r) for r in session.runs], *_rules(session))
 
 
 @dataclass(frozen=True)
@@ -184,20 +172,23 @@ class SessionDetail:
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionDetail:
-        return cls(
-            session.id,
-            session.name,
-            session.notes,
-            iso(session.created_at),
-            Tolerances(session.rtol, session.atol, session.ulp),
-            [RunWithProblems.of(r) for r in session.runs],
-            _strategies(session),
-            session.name_pattern,
-        )
+        return SessionDetail(*_session_head(session), [RunWithProblems.of(r) for r in session.runs], *_rules(session))
 
 
-def _strategies(session: SessionRecord) -> list[str] | None:
-    return [str(s) for s in session.strategies] if session.strategies else None
+def _session_head(session: SessionRecord) -> tuple[int, str, str, str, Tolerances]:
+    """The fields SessionReport and SessionDetail begin with (their runs come next, then `_rules`)."""
+    return (
+        session.id,
+        session.name,
+        session.notes,
+        iso(session.created_at),
+        Tolerances(session.rtol, session.atol, session.ulp),
+    )
+
+
+def _rules(session: SessionRecord) -> tuple[list[str] | None, str | None]:
+    """The pairing strategies (None: the default chain) and name pattern SessionReport and SessionDetail end with."""
+    return [str(s) for s in session.strategies] if session.strategies else None, session.name_pattern
 
 
 @dataclass(frozen=True)

@@ -59,7 +59,8 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
     holder: dict[str, Services] = {}
     hashes = static_hashes()
     policy = SecurityPolicy.from_settings(settings)
-    authenticator = Authenticator.from_settings(settings)  # None: no token, every request may do everything
+    # None: no token, every request may do everything; requests come once started, with the services opened
+    authenticator = Authenticator.from_settings(settings, lambda: holder["services"].sign_outs)
 
     def static_url(name: str) -> str:
         return f"/static/{name}?h={hashes.get(name, '0')}"

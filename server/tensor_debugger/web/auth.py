@@ -8,12 +8,13 @@ show a token, one of two ways:
 - **Session cookie.** A browser signs in on `/login` with a token and gets a cookie (HttpOnly, SameSite=Strict,
   Secure over https): `<access>.<expiry>.<nonce>.<mac>`, the MAC an HMAC-SHA256 keyed by a key derived from that
   access's token. It holds no token; changing a token ends the sessions signed with it; signing out revokes one
-  (in this process's memory). A browser without a valid cookie asking for a page is sent to `/login`.
+  in the database (store/sign_outs.py), so no replica, and no restart, takes it again. A browser without a valid
+  cookie asking for a page is sent to `/login`.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so the time taken says nothing of the token,
-its length included. The read token's holder may GET anything (pages, API, slices, exports) and is refused with
-403 on every POST, PUT, PATCH and DELETE, signing out excepted. The login page and the static files it needs are
-open to all.
+its length included; a client address that presents too many wrong ones waits (web/sign_in_limits.py: 429).
+The read token's holder may GET anything (pages, API, slices, exports) and is refused with 403 on every POST, PUT,
+PATCH and DELETE, signing out excepted. The login page and the static files it needs are open to all.
 """
 
 from __future__ import annotations
@@ -22,15 +23,19 @@ import enum
 import hashlib
 import hmac
 import secrets
-import threading
 import time
+from collections.abc import Callable
 from urllib.parse import quote
 
+import anyio.to_thread
 from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Receive, Scope, Send
 
+from tensor_debugger.errors import TooManyWrongTokens
 from tensor_debugger.settings import Settings
+from tensor_debugger.store.sign_outs import SignOuts
 from tensor_debugger.web.security import UNSAFE_METHODS, is_api, request_headers, send_refusal
+from tensor_debugger.web.sign_in_limits import SignInLimits
 
 ACCESS_KEY = "tensor_debugger.access"  # where the middleware leaves the request's Access in the ASGI scope
 COOKIE_NAME = "tensor_debugger_session"
@@ -55,19 +60,19 @@ def _digest(value: str) -> bytes:
 
 
 class Authenticator:
-    """The tokens of one server and the sessions signed out in this process."""
+    """The tokens of one server, the wrong tokens lately presented, and where sign-outs are kept."""
 
-    def __init__(self, tokens: dict[Access, str]) -> None:
+    def __init__(self, tokens: dict[Access, str], sign_outs: Callable[[], SignOuts]) -> None:
         self.tokens = tokens
-        self.revoked: dict[str, float] = {}  # nonce -> when its cookie would expire
-        self.lock = threading.Lock()
+        self.sign_outs = sign_outs  # the database's, once the server has started
+        self.limits = SignInLimits()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Authenticator | None:
+    def from_settings(cls, settings: Settings, sign_outs: Callable[[], SignOuts]) -> Authenticator | None:
         """None when the settings name no token: nothing to check."""
         tokens = {Access.WRITE: settings.token, Access.READ: settings.read_token}
         present = {access: token for access, token in tokens.items() if token}
-        return cls(present) if present else None
+        return cls(present, sign_outs) if present else None
 
     def access_for_token(self, candidate: str | None) -> Access | None:
         if not candidate:
@@ -78,6 +83,17 @@ class Authenticator:
             if hmac.compare_digest(given, _digest(token)):
                 found = access
         return found
+
+    def sign_in(self, candidate: str | None, client: str) -> Access | None:
+        """The access of the token a client at address `client` presents (None for a wrong one, which counts
+        against it); raises TooManyWrongTokens, comparing nothing, while that address must wait."""
+        wait = self.limits.retry_after(client)
+        if wait is not None:
+            raise TooManyWrongTokens(wait)
+        access = self.access_for_token(candidate)
+        if access is None:
+            self.limits.failed(client)
+        return access
 
     def _mac(self, access: Access, payload: str) -> str:
         key = hmac.new(self.tokens[access].encode(), _COOKIE_KEY_LABEL, hashlib.sha256).digest()
@@ -110,22 +126,17 @@ class Authenticator:
         if not cookie:
             return None
         parsed = self._parse(cookie, time.time() if now is None else now)
-        if parsed is None:
+        if parsed is None or self.sign_outs().signed_out(parsed[1]):  # one row asked for by its primary key
             return None
-        with self.lock:
-            if parsed[1] in self.revoked:
-                return None
         return parsed[0]
 
     def revoke(self, cookie: str | None, now: float | None = None) -> None:
-        """Sign a session out: its cookie is refused from now on, even if the browser keeps it."""
+        """Sign a session out: its cookie is refused from now on, by every process on the database, even if the
+        browser keeps it."""
         moment = time.time() if now is None else now
         parsed = self._parse(cookie or "", moment)
-        with self.lock:
-            for nonce in [n for n, expiry in self.revoked.items() if expiry <= moment]:
-                del self.revoked[nonce]  # expired cookies are refused anyway
-            if parsed is not None:
-                self.revoked[parsed[1]] = parsed[2]
+        if parsed is not None:
+            self.sign_outs().record(parsed[1], parsed[2], moment)
 
 
 def request_access(scope: Scope) -> Access | None:
@@ -172,14 +183,21 @@ class AuthMiddleware:
         method = str(scope.get("method", "GET")).upper()
         bearer = bearer_token(headers)
         if bearer is not None:
-            access = self.authenticator.access_for_token(bearer)
+            try:
+                access = self.authenticator.sign_in(bearer, client_address(scope))
+            except TooManyWrongTokens as refused:
+                await send_refusal(send, headers, 429, str(refused), retry_after(refused))
+                return
             if access is None:
                 await send_refusal(
                     send, headers, 401, "the bearer token is not this server's", _challenge('error="invalid_token"')
                 )
                 return
         else:
-            access = self.authenticator.access_for_cookie(cookie_value(headers))
+            cookie = cookie_value(headers)
+            # a signed cookie is looked up among the sign-outs in the database: off the event loop, which a
+            # slow database (PostgreSQL across a network) would otherwise hold up for every request
+            access = await anyio.to_thread.run_sync(self.authenticator.access_for_cookie, cookie) if cookie else None
         scope[ACCESS_KEY] = access  # type: ignore[literal-required]
         if _is_open(path):
             await self.app(scope, receive, send)
@@ -196,6 +214,16 @@ class AuthMiddleware:
             await send_refusal(send, headers, 403, "a read-only token may look at everything and change nothing")
             return
         await self.app(scope, receive, send)
+
+
+def client_address(scope: Scope) -> str:
+    """The client's address as uvicorn gives it (a trusted proxy's `X-Forwarded-For` already applied)."""
+    client = scope.get("client")
+    return str(client[0]) if client else ""
+
+
+def retry_after(refused: TooManyWrongTokens) -> list[tuple[bytes, bytes]]:
+    return [(b"retry-after", str(refused.retry_after).encode())]
 
 
 def _challenge(extra: str = "") -> list[tuple[bytes, bytes]]:

@@ -21,14 +21,18 @@ from tensor_debugger.errors import (
     InvalidInputError,
     NotFoundError,
     NothingUsableError,
+    StoreWriteError,
     TensorDebuggerError,
     TooLargeError,
+    TooManyWrongTokens,
 )
 from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
 
 _STATUS = {
     DiskFullError: 507,
+    StoreWriteError: 503,
+    TooManyWrongTokens: 429,
     TooLargeError: 413,
     NotFoundError: 404,
     InvalidInputError: 400,

@@ -7,6 +7,7 @@ from tensor_debugger.store.models.pair_override import OVERRIDE_ACTIONS, PairOve
 from tensor_debugger.store.models.problem import ProblemRecord
 from tensor_debugger.store.models.run import RUN_STATUSES, RunRecord
 from tensor_debugger.store.models.session import SessionRecord
+from tensor_debugger.store.models.sign_out import SignOutRecord
 from tensor_debugger.store.models.tensor import TensorRecord
 from tensor_debugger.store.models.unmatched import UnmatchedRecord
 
@@ -21,6 +22,7 @@ __all__ = [
     "RUN_STATUSES",
     "RunRecord",
     "SessionRecord",
+    "SignOutRecord",
     "TensorRecord",
     "UnmatchedRecord",
 ]

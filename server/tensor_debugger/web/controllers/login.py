@@ -10,12 +10,14 @@ from litestar.enums import RequestEncodingType
 from litestar.params import Body
 from litestar.response import Redirect, Template
 
+from tensor_debugger.errors import TooManyWrongTokens
 from tensor_debugger.web.auth import (
     COOKIE_NAME,
     LOGIN_PATH,
     LOGOUT_PATH,
     SESSION_SECONDS,
     Authenticator,
+    client_address,
     cookie_value,
     request_access,
     safe_next,
@@ -54,7 +56,15 @@ class LoginController(Controller):
         self, request: Request[Any, Any, Any], authenticator: Authenticator, data: FormData = FORM
     ) -> Template | Redirect:
         target = safe_next(data.get("next"))
-        access = authenticator.access_for_token(data.get("token", "").strip())
+        try:
+            access = authenticator.sign_in(data.get("token", "").strip(), client_address(request.scope))
+        except TooManyWrongTokens as refused:
+            return Template(
+                "login.html",
+                status_code=429,
+                headers={"retry-after": str(refused.retry_after)},
+                context={"next": target, "error": str(refused).capitalize() + ".", "current": None},
+            )
         if access is None:
             return Template(
                 "login.html",
@@ -64,7 +74,7 @@ class LoginController(Controller):
         cookie = _session_cookie(request, authenticator.issue(access), SESSION_SECONDS)
         return Redirect(target, status_code=303, cookies=[cookie])
 
-    @post(LOGOUT_PATH, sync_to_thread=False)
+    @post(LOGOUT_PATH, sync_to_thread=True)  # writes the sign-out: may wait for the database's writer lock
     def logout(self, request: Request[Any, Any, Any], authenticator: Authenticator, data: FormData = FORM) -> Redirect:
         authenticator.revoke(cookie_value({"cookie": request.headers.get("cookie", "")}))
         return Redirect(LOGIN_PATH, status_code=303, cookies=[_session_cookie(request, "", 0)])

@@ -6,6 +6,7 @@ this one is what a browser without scripts shows."""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tensor_debugger.compare.pair_reports import PairReport
@@ -82,8 +83,8 @@ def build_chart(pairs: list[PairReport], first_pair: int | None, width: int = 11
         _layer_ticks(pairs, xs),
         floor_y,
         plot_bottom,
-        _path(xs, [y_of(v) for v in diffs]),
-        _path(xs, [y_of(v) for v in ones]),
+        svg_path(zip(xs, [y_of(v) for v in diffs], strict=True)),
+        svg_path(zip(xs, [y_of(v) for v in ones], strict=True)),
         " ".join(
             f"M{x:.1f},{plot_bottom:.1f}v5" for x, p in zip(xs, pairs, strict=True) if p.status in ("fail", "error")
         ),
@@ -124,10 +125,11 @@ def _layer_ticks(pairs: list[PairReport], xs: list[float]) -> list[Tick]:
     return kept
 
 
-def _path(xs: list[float], ys: list[float | None]) -> str:
+def svg_path(points: Iterable[tuple[float, float | None]]) -> str:
+    """An SVG path through (x, y) points, lifting the pen over those without a y (a gap in the line)."""
     parts: list[str] = []
     pen_down = False
-    for x, y in zip(xs, ys, strict=True):
+    for x, y in points:
         if y is None:
             pen_down = False
             continue

@@ -17,6 +17,7 @@ from tensor_debugger.compare.pair_reports import PairReport, SessionPairs, apply
 from tensor_debugger.compare.pair_stats import PairStatsSummary
 from tensor_debugger.engine.metrics import parse_number
 from tensor_debugger.engine.names import natural_key
+from tensor_debugger.web.views.session_chart import svg_path
 
 GROUPS = ("layer", "name", "band", "none")
 SORTS = ("order", "diff", "cosine", "name", "numel")
@@ -277,18 +278,6 @@ def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 1)
 
 
-def _path(points: list[tuple[float, float | None]]) -> str:
-    parts: list[str] = []
-    pen_down = False
-    for x, y in points:
-        if y is None:
-            pen_down = False
-            continue
-        parts.append(f"{'L' if pen_down else 'M'}{x:.1f},{y:.1f}")
-        pen_down = True
-    return " ".join(parts)
-
-
 @dataclass(frozen=True)
 class CandidateSeries:
     label: str
@@ -356,7 +345,7 @@ def build_candidates(report: SessionPairs, width: int = 1100, height: int = 220)
         first = candidate.first_divergence
         series.append(
             CandidateSeries(
-                candidate.label, _path([(p.x, p.y_diff) for p in points]), points, first.name if first else None
+                candidate.label, svg_path((p.x, p.y_diff) for p in points), points, first.name if first else None
             )
         )
     ticks = [
