@@ -140,21 +140,10 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
             if key in cached:
                 hits.append((pair_id, key))
                 continue
-            pair, a, b = current.sides(pair_id)
             try:
-                view_a, view_b, _ = comparisons.views_of(pair, a, b)
+                jobs.append(current.job(pair_id, key, tol, exact))
             except Exception as exc:  # a missing array: the pair says so, work goes on
                 failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
-                continue
-            work = PendingPair(
-                pair_id,
-                key,
-                tuple(t.digest for t in a),
-                tuple(t.digest for t in b),
-                comparisons.alignment_key(pair),
-                tol,
-            )
-            jobs.append(PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact)))
     if hits or failed:
         with comparisons.sessions.begin() as db:
             current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
@@ -276,6 +265,14 @@ class CurrentPairs:
         """The pair's cache key, tolerance and exactness now (see `Comparisons.key`), whatever its status."""
         pair, a, b = self.sides(pair_id)
         return self._comparisons.key(self.session(pair), pair, a, b)
+
+    def job(self, pair_id: int, key: str, tol: Tolerance, exact: bool) -> PairJob[PendingPair]:
+        """The comparison the pair wants (`wanted`'s key, tolerance and exactness), its views opened."""
+        pair, a, b = self.sides(pair_id)
+        view_a, view_b, _ = self._comparisons.views_of(pair, a, b)
+        digests_a, digests_b = tuple(t.digest for t in a), tuple(t.digest for t in b)
+        work = PendingPair(pair_id, key, digests_a, digests_b, self._comparisons.alignment_key(pair), tol)
+        return PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact))
 
     def sides(self, pair_id: int) -> tuple[PairRecord, list[TensorRecord], list[TensorRecord]]:
         pair = self.pairs[pair_id]
