@@ -15,6 +15,7 @@ to the workers. `distributed` is imported here only, when the setting is given.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -75,7 +76,8 @@ def compute_on_dask(
             batches = [whole[i : i + BATCH_PAIRS] for i in range(0, len(whole), BATCH_PAIRS)]
             futures = [client.submit(compute_batch, kind, sent, batch, pure=False) for batch in batches]
             before = done
-            with comparisons.lock:  # the claims of the big pairs are this process's, as in `compute_pending`
+            # The big pairs are claimed by this process, as `compute_pending` claims: one such computation at a time
+            with comparisons.lock if big else contextlib.nullcontext():
                 splits, finished = submit_split(client, kind, sent, comparisons, [p for p in todo if p in big])
                 settled(finished)
                 for future in futures:  # in execution order, as the workers finish them
