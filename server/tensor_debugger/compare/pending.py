@@ -30,6 +30,9 @@ ProgressCallback = Callable[[int, int], None]  # (pairs done, pairs to do)
 SETUP_BATCH = 64  # pairs set up per round of queries
 FLUSH_SECONDS = 0.1  # results are written at most this often (the first at once), so the API's progress stays live
 FLUSH_RESULTS = 256  # or when this many are waiting
+# Passes at writing a batch of results: each pass that fails found a result another process stored meanwhile (a
+# Dask worker, a replica), which the next pass uses; several processes storing a batch's other keys each take one
+WRITE_ATTEMPTS = 8
 OTHERS_POLL_SECONDS = 0.2  # how often a session's computation looks again at pairs another process holds
 T = TypeVar("T")
 
@@ -183,10 +186,13 @@ class ResultWriter:
     def flush(self) -> None:
         if not self._waiting:
             return
-        try:
-            self._write()
-        except IntegrityError:  # another process stored one of these meanwhile: a second pass finds and uses it
-            self._write()
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                self._write()
+                break
+            except IntegrityError:  # another process stored one of these meanwhile: the next pass finds and uses it
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
         self._waiting.clear()
         self._written = time.monotonic()
 
