@@ -8,6 +8,7 @@ from tensor_debugger.engine.fused import configure
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
+from tests.support.dask_cluster import DaskCluster, start_dask
 from tests.support.postgres import PostgresCluster, start_cluster
 from tests.support.s3 import SeaweedS3, start_seaweed
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
@@ -34,6 +35,19 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
     started.stop()
 
 
+@pytest.fixture(scope="session")
+def dask_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCluster]:
+    """A Dask scheduler and two worker processes of the run's own (tests/support/dask_cluster.py), started when a
+    test first asks for it; the workers reach the run's S3 server where there is one."""
+    try:
+        environ = request.getfixturevalue("s3").environ
+    except pytest.skip.Exception:  # no SeaweedFS here: the workers read arrays in folders only
+        environ = {}
+    started = start_dask(tmp_path_factory.mktemp("dask"), workers=2, environ=environ)
+    yield started
+    started.stop()
+
+
 @pytest.fixture
 def database_url(request: pytest.FixtureRequest) -> str:
     """The metadata database a test's settings name: "" (SQLite in the data dir) unless the test is parametrized
@@ -55,6 +69,16 @@ def store_url(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def dask_scheduler(request: pytest.FixtureRequest) -> str:
+    """The Dask scheduler a test's settings name: "" (pairs computed in the process) unless the test is parametrized
+    over tests/support/backends.py (indirect), where "dask" is the run's cluster."""
+    if getattr(request, "param", "") != "dask":
+        return ""
+    cluster: DaskCluster = request.getfixturevalue("dask_cluster")
+    return cluster.address
+
+
+@pytest.fixture
 def store_environ(request: pytest.FixtureRequest, store_url: str) -> dict[str, str]:
     """The AWS variables that reach the test's S3 store (none for a folder)."""
     if not store_url.startswith("s3://"):
@@ -64,8 +88,24 @@ def store_environ(request: pytest.FixtureRequest, store_url: str) -> dict[str, s
 
 
 @pytest.fixture
-def settings(tmp_path: Path, database_url: str, store_url: str) -> Settings:
-    return Settings(data_dir=tmp_path / "data", demo=False, database_url=database_url, store_url=store_url)
+def settings(tmp_path: Path, database_url: str, store_url: str, dask_scheduler: str) -> Settings:
+    return Settings(
+        data_dir=tmp_path / "data",
+        demo=False,
+        database_url=database_url,
+        store_url=store_url,
+        dask_scheduler=dask_scheduler,
+    )
+
+
+@pytest.fixture
+def backend_env(
+    database_url: str, store_url: str, dask_scheduler: str, store_environ: dict[str, str]
+) -> dict[str, str]:
+    """The environment variables that give a child process (the CLI, a server) the test's database, store and Dask
+    scheduler: none for SQLite, a folder and no cluster."""
+    env = {"TENSOR_DEBUGGER_DATABASE_URL": database_url, "TENSOR_DEBUGGER_DASK_SCHEDULER": dask_scheduler}
+    return {k: v for k, v in env.items() if v} | _store_settings(store_url, store_environ)
 
 
 @pytest.fixture
@@ -84,11 +124,14 @@ def hf_traces(tmp_path_factory: pytest.TempPathFactory) -> WrittenTraces:
 
 @pytest.fixture
 def live_server(
-    tmp_path: Path, database_url: str, store_url: str, store_environ: dict[str, str]
+    tmp_path: Path, database_url: str, store_url: str, dask_scheduler: str, store_environ: dict[str, str]
 ) -> Iterator[LiveServer]:
     """A server of the test's own, on an empty data dir: for a test that restarts or kills it, looks at everything
     it holds (every session, its peak memory), or needs it empty."""
-    server = started_server(tmp_path, env=_store_settings(store_url, store_environ), database_url=database_url)
+    env = _store_settings(store_url, store_environ)
+    if dask_scheduler:
+        env["TENSOR_DEBUGGER_DASK_SCHEDULER"] = dask_scheduler
+    server = started_server(tmp_path, env=env, database_url=database_url)
     yield server
     server.stop()
 
@@ -125,15 +168,35 @@ def _shared_s3_server(tmp_path_factory: pytest.TempPathFactory, s3: SeaweedS3) -
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def _shared_cluster_server(
+    tmp_path_factory: pytest.TempPathFactory, postgres: PostgresCluster, s3: SeaweedS3, dask_cluster: DaskCluster
+) -> Iterator[LiveServer]:
+    env = {**_store_settings(s3.new_url(), s3.environ), "TENSOR_DEBUGGER_DASK_SCHEDULER": dask_cluster.address}
+    server = started_server(
+        tmp_path_factory.mktemp("shared-cluster-server"), env=env, database_url=postgres.create_database()
+    )
+    yield server
+    server.stop()
+
+
 @pytest.fixture
-def shared_server(request: pytest.FixtureRequest, database_url: str, store_url: str) -> LiveServer:
+def shared_server(request: pytest.FixtureRequest, database_url: str, store_url: str, dask_scheduler: str) -> LiveServer:
     """One server for the whole run, on a fresh data dir, for every test that only needs "a server" (one more on
-    PostgreSQL and one more with its arrays on S3, for a test parametrized over tests/support/backends.py). A test
-    using it names its sessions uniquely, looks only at its own sessions (by id), leaves nothing under way when it
-    ends, and never stops, restarts or kills it."""
-    if database_url and store_url:
-        pytest.fail("no shared server has PostgreSQL and S3 at once: parametrize over tests.support.backends.BACKENDS")
-    which = "_shared_postgres_server" if database_url else "_shared_s3_server" if store_url else "_shared_server"
+    PostgreSQL, one more with its arrays on S3, and one on PostgreSQL, S3 and the Dask cluster for a test
+    parametrized over tests/support/backends.py). A test using it names its sessions uniquely, looks only at its own
+    sessions (by id), leaves nothing under way when it ends, and never stops, restarts or kills it."""
+    if bool(database_url) + bool(store_url) + bool(dask_scheduler) not in (0, 1, 3):
+        pytest.fail("no shared server has that mix of backends: parametrize over tests.support.backends.BACKENDS")
+    which = (
+        "_shared_cluster_server"
+        if dask_scheduler
+        else "_shared_postgres_server"
+        if database_url
+        else "_shared_s3_server"
+        if store_url
+        else "_shared_server"
+    )
     shared: LiveServer = request.getfixturevalue(which)
     assert shared.alive(), f"the shared server has exited; its log: {shared.log}"
     return shared

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer, run_cli, upload, wait_done
 
@@ -37,9 +38,13 @@ def check_payload(out: dict[str, object]) -> None:
     }
 
 
-def test_compare_three_candidates_in_this_process(runs: dict[str, Path], tmp_path: Path) -> None:
+@pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
+def test_compare_three_candidates_in_this_process(
+    runs: dict[str, Path], tmp_path: Path, backend_env: dict[str, str]
+) -> None:
     data = str(tmp_path / "data")
-    done = run_cli("--data-dir", data, "compare", *(str(runs[k]) for k in ("ref", "c1", "c2", "c3")), "--json")
+    runs_given = (str(runs[k]) for k in ("ref", "c1", "c2", "c3"))
+    done = run_cli("--data-dir", data, "compare", *runs_given, "--json", env=backend_env)
     assert done.returncode == 1, done.stderr
     check_payload(json.loads(done.stdout))
 

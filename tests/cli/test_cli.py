@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.dumps import make_zip, seeded
-from tests.support.postgres import DATABASES
 from tests.support.servers import run_cli
 
 
-@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
-def test_ingest_and_sessions_json(tmp_path: Path, database_url: str) -> None:
+@pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
+def test_ingest_and_sessions_json(tmp_path: Path, backend_env: dict[str, str]) -> None:
     folder = tmp_path / "ref"
     folder.mkdir()
     torch.save(seeded((4, 4), 0), folder / "0_query.pth")
@@ -22,7 +22,7 @@ def test_ingest_and_sessions_json(tmp_path: Path, database_url: str) -> None:
     (folder / "notes.txt").write_text("not a tensor")
     archive = make_zip(folder, tmp_path / "ref.zip")
     data = tmp_path / "data"
-    env = {"TENSOR_DEBUGGER_DATABASE_URL": database_url}
+    env = backend_env
     done = run_cli(
         "--data-dir",
         str(data),

@@ -26,7 +26,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord
 
-from tests.support.backends import BACKENDS
+from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.postgres import DATABASES
 from tests.support.s3 import STORES
@@ -51,7 +51,7 @@ def compare_json(
     return code, json.loads(capsys.readouterr().out)
 
 
-@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
+@pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
 def test_compare_finds_the_planted_first_divergence(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -92,7 +92,7 @@ def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: py
         assert catalog.list_sessions(db) == []
 
 
-@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
+@pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
 def test_running_again_recomputes_nothing(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

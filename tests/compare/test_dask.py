@@ -1,18 +1,17 @@
-"""Pending pairs computed by Dask workers (TENSOR_DEBUGGER_DASK_SCHEDULER): a real `dask scheduler` and `dask
-worker` started as processes on loopback, the same results as computed here, and nothing of Dask imported without
-the setting."""
+"""Pending pairs computed by Dask workers (TENSOR_DEBUGGER_DASK_SCHEDULER): a real `dask scheduler` and two `dask
+worker` processes on loopback (the run's cluster: tests/conftest.py), the same results as computed here, big pairs
+one task per block, and nothing of Dask imported without the setting."""
 
 from __future__ import annotations
 
 import dataclasses
 import subprocess
 import sys
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import pytest
+import torch
 from sqlalchemy import select
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.demo.synthetic import Plant, write_dump
@@ -22,51 +21,20 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.models import PairRecord
 
+from tests.support.dask_cluster import DaskCluster
+from tests.support.dumps import seeded
 from tests.support.polling import wait_until
-from tests.support.servers import child_env, free_port
+from tests.support.servers import child_env
 
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 
 
-@pytest.fixture(scope="module")
-def dask_scheduler(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The address of a Dask scheduler with one worker process (two threads), both on loopback."""
-    from distributed import Client
-
-    dask = str(Path(sys.executable).with_name("dask"))
-    port = free_port()
-    address = f"tcp://127.0.0.1:{port}"
-    logs = tmp_path_factory.mktemp("dask")
-    started: list[subprocess.Popen[bytes]] = []
-    try:
-        for name, args in (
-            ("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"]),
-            ("worker", ["worker", address, "--host", "127.0.0.1", "--nthreads", "2", "--no-dashboard"]),
-        ):
-            with open(logs / f"{name}.log", "ab") as log:
-                started.append(subprocess.Popen([dask, *args], stdout=log, stderr=subprocess.STDOUT, env=child_env()))
-
-        def workers() -> int:
-            for process in started:
-                assert process.poll() is None, f"a dask process exited; logs in {logs}"
-            try:
-                with Client(address, timeout=2, set_as_default=False) as client:  # type: ignore[no-untyped-call]
-                    return len(client.scheduler_info()["workers"])
-            except OSError:
-                return 0
-
-        wait_until(workers, what="the Dask scheduler to have its worker", timeout=90, interval=0.5)
-        yield address
-    finally:
-        for process in started:
-            process.kill()
-            process.wait()
-
-
-def computed(data_dir: Path, runs: tuple[Path, Path], scheduler: str) -> tuple[list[dict[str, Any]], int]:
+def computed(
+    data_dir: Path, runs: tuple[Path, Path], scheduler: str, kernel: str = "compiled"
+) -> tuple[list[dict[str, Any]], int]:
     """Every pair report of a session of `runs` computed with `scheduler` ("" here), and the chunks this process
     read doing it."""
-    services = open_services(Settings(data_dir=data_dir, demo=False, dask_scheduler=scheduler))
+    services = open_services(Settings(data_dir=data_dir, demo=False, dask_scheduler=scheduler, kernel=kernel))
     try:
         for label, path in zip(("reference", "candidate"), runs, strict=True):
             session_id = services.ingestor.ingest("dask", label, [InputFile(path, path.name)]).session_id
@@ -81,15 +49,46 @@ def computed(data_dir: Path, runs: tuple[Path, Path], scheduler: str) -> tuple[l
         services.close()
 
 
-def test_dask_workers_compute_the_same_results_as_this_process(tmp_path: Path, dask_scheduler: str) -> None:
+def test_dask_workers_compute_the_same_results_as_this_process(tmp_path: Path, dask_cluster: DaskCluster) -> None:
     write_dump(tmp_path / "ref", layers=3, seed=4)
     write_dump(tmp_path / "cand", layers=3, seed=4, plant=PLANT)
     runs = (tmp_path / "ref", tmp_path / "cand")
     local, read_here = computed(tmp_path / "local", runs, "")
-    remote, read_by_server = computed(tmp_path / "dask", runs, dask_scheduler)
+    remote, read_by_server = computed(tmp_path / "dask", runs, dask_cluster.address)
     assert remote == local
     assert read_here > 0 and read_by_server == 0  # every chunk was read by the Dask worker
     assert any(p["status"] == "fail" for p in remote) and any(p["status"] == "pass" for p in remote)
+
+
+def test_a_big_pair_is_computed_one_task_per_block_with_the_same_statistics(
+    tmp_path: Path, dask_cluster: DaskCluster
+) -> None:
+    """A tensor spanning three blocks: each block is a task on the cluster, and their partial statistics, merged
+    here in block order, are the bits computed locally (differences in each block, so that the merge decides the
+    argmax, the counts and the sums)."""
+    from distributed import Client, get_task_stream
+
+    reference = seeded((3000, 1024), seed=8)  # blocks of 1,048,576 float64 values without the chunk loop: 3
+    candidate = reference.clone()
+    candidate[100:400] += 1e-3  # block 1
+    candidate[1500, 7] = float("nan")  # block 2: where the difference is largest (a NaN on one side)
+    candidate[2900, 1000] += 0.75  # block 3
+    small = seeded((16, 16), seed=9)
+    for label, values in (("ref", reference), ("cand", candidate)):
+        (tmp_path / label).mkdir()
+        torch.save({"big": values, "small": small}, tmp_path / label / "tensors.pt")
+    runs = (tmp_path / "ref", tmp_path / "cand")
+    local, _ = computed(tmp_path / "local", runs, "", kernel="blocks")
+    client = Client(dask_cluster.address, timeout=10, set_as_default=False)  # type: ignore[no-untyped-call]
+    with client, get_task_stream(client) as stream:
+        remote, read_by_server = computed(tmp_path / "dask", runs, dask_cluster.address, kernel="blocks")
+    assert remote == local
+    assert read_by_server == 0
+    big = next(p for p in remote if "big" in p["name"])
+    assert big["status"] == "fail" and big["stats"]["argmax"] == [1500, 7] and big["stats"]["nan_one_side"] == 1
+    assert big["stats"]["mismatched"] == 300 * 1024 + 2  # block 1's differences pass no tolerance either
+    blocks = [task for task in stream.data if str(task["key"]).startswith("compute_block-")]
+    assert len(blocks) == 3  # one task per block; the small pair went in a batch
 
 
 def test_without_the_setting_nothing_of_dask_is_imported(tmp_path: Path) -> None:
@@ -105,12 +104,12 @@ def test_without_the_setting_nothing_of_dask_is_imported(tmp_path: Path) -> None
     assert done.stdout.splitlines()[-1] == "1 []", done.stderr
 
 
-def test_the_workers_leave_pairs_another_process_holds_to_it(tmp_path: Path, dask_scheduler: str) -> None:
+def test_the_workers_leave_pairs_another_process_holds_to_it(tmp_path: Path, dask_cluster: DaskCluster) -> None:
     """Claims split the work between the Dask workers and other processes: pairs another replica holds are not
     computed by the workers, the session's computation waits for them, and takes them over once let go."""
     write_dump(tmp_path / "ref", layers=3, seed=4)
     write_dump(tmp_path / "cand", layers=3, seed=4, plant=PLANT)
-    services = open_services(Settings(data_dir=tmp_path / "data", demo=False, dask_scheduler=dask_scheduler))
+    services = open_services(Settings(data_dir=tmp_path / "data", demo=False, dask_scheduler=dask_cluster.address))
     try:
         for label in ("ref", "cand"):
             path = tmp_path / label

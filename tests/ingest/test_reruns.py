@@ -28,7 +28,7 @@ from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
 
-from tests.support.backends import BACKENDS
+from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 
 STAGES = ("query", "post_attn", "post_mlp")
 
@@ -188,7 +188,7 @@ def test_a_touched_or_changed_file_is_ingested_again(
     assert str(candidate.id) in stored_arrays(data)
 
 
-@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
+@pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
 def test_deleting_one_session_keeps_the_arrays_another_shares(
     services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

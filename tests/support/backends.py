@@ -1,14 +1,15 @@
-"""The metadata databases and array stores a representative set of tests runs on, for
-`pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)`: each database with the arrays
-in a folder, and S3 with SQLite (the database and the store are independent parts: both at once would test
-nothing either does not test alone, at the cost of one more run of each test)."""
+"""The stacks a representative set of tests (the API's, the CLI's and the pairs') runs on, for
+`pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)`: the embedded default, SQLite with arrays in
+a folder and pairs computed in the process; and the cluster, PostgreSQL with arrays in S3 (SeaweedFS) and pairs
+computed by Dask workers, one of each for the whole run (tests/conftest.py). Each part alone has tests of its own
+(tests/support/postgres.py's DATABASES, tests/support/s3.py's STORES, tests/compare/test_dask.py)."""
 
 from __future__ import annotations
 
 import pytest
 
+BACKEND_FIXTURES = ("database_url", "store_url", "dask_scheduler")
 BACKENDS = [
-    pytest.param("sqlite", "files", id="sqlite-files"),
-    pytest.param("postgresql", "files", id="postgresql-files"),
-    pytest.param("sqlite", "s3", id="sqlite-s3"),
+    pytest.param("sqlite", "files", "", id="sqlite-files"),
+    pytest.param("postgresql", "s3", "dask", id="postgresql-s3-dask"),
 ]

@@ -17,7 +17,7 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
-from tests.support.backends import BACKENDS
+from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
@@ -38,7 +38,7 @@ def session_with_plant(
     return int(response.json()["session"]["id"])
 
 
-@pytest.mark.parametrize(("database_url", "store_url"), BACKENDS, indirect=True)
+@pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
 def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path: Path, store_url: str) -> None:
     session_id = session_with_plant(shared_server, tmp_path, "api pairs: slices")
     report = wait_done(shared_server, session_id)

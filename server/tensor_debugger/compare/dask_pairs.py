@@ -1,30 +1,33 @@
 """Pending pairs computed by the workers of a Dask cluster (TENSOR_DEBUGGER_DASK_SCHEDULER=tcp://host:8786).
 
 The pending pairs nobody holds when a computation starts are cut into batches in execution order, one Dask task per
-batch. Each task runs in a worker process that reaches the same database and array store as the server (the
-settings sent name them, its own AWS_* variables reach an S3 store): it computes the pairs of its batch that it can
-claim, exactly as this process would (`compute_pending`, with the chunk loop where the store is a local folder),
-and writes the results through the database, so the server reads them as it reads its own. The claims
-(store/claims.py) keep a pair from being computed twice, by two workers or by a worker and another replica; a
-worker renews its claims, and those of one that died expire for others to take over. Rounds go on while the workers
-settle pairs; what is left (pairs another process held, or added meanwhile) is then computed here as without Dask,
-which also waits, for one session, for pairs another process still holds. Only the settings (without tokens) and
-the pair ids travel to the workers. `distributed` is imported here only, when the setting is given.
+batch; a pair larger than one block is instead computed one task per block (compare/dask_blocks.py). Each task runs
+in a worker process that reaches the same database and array store as the server (the settings sent name them, its
+own AWS_* variables reach an S3 store): it computes the pairs of its batch that it can claim, exactly as this
+process would (`compute_pending`, with the chunk loop where the store is a local folder), and writes the results
+through the database, so the server reads them as it reads its own. The claims (store/claims.py) keep a pair from
+being computed twice, by two workers or by a worker and another replica; a worker renews its claims, and those of
+one that died expire for others to take over. Rounds go on while the workers settle pairs; what is left (pairs
+another process held, or added meanwhile) is then computed here as without Dask, which also waits, for one session,
+for pairs another process still holds. Only the settings (without tokens), the pair ids and blocks' regions travel
+to the workers. `distributed` is imported here only, when the setting is given.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
+from tensor_debugger.compare.dask_blocks import big_pairs, collect_split, submit_split
+from tensor_debugger.compare.dask_workers import worker_comparisons
 from tensor_debugger.compare.pending import ProgressCallback, Tally, compute_pending, pending_query
-from tensor_debugger.store.claims import Claims, claimable
+from tensor_debugger.store.claims import claimable
 from tensor_debugger.store.models import PairRecord
 
 if TYPE_CHECKING:
@@ -34,9 +37,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 BATCH_PAIRS = 32  # pairs per task: a task's set-up (a few queries) is small beside comparing them
 CONNECT_SECONDS = 30
-
-_opened: dict[Settings, Comparisons] = {}  # a worker process's comparisons, by the settings it was sent
-_opening = threading.Lock()
 
 
 def compute_on_dask(
@@ -61,14 +61,23 @@ def compute_on_dask(
             todo = claimable_pairs(comparisons, session_id)
             if not todo:
                 break
-            batches = [todo[i : i + BATCH_PAIRS] for i in range(0, len(todo), BATCH_PAIRS)]
+            big = big_pairs(comparisons, todo)
+            whole = [pair for pair in todo if pair not in big]
+            batches = [whole[i : i + BATCH_PAIRS] for i in range(0, len(whole), BATCH_PAIRS)]
             futures = [client.submit(compute_batch, kind, sent, batch, pure=False) for batch in batches]
             before = tally.done
-            for future in futures:  # in execution order, as the workers finish them
-                tally.settled(int(future.result()))
-                if stopping():
-                    client.cancel(futures)  # type: ignore[no-untyped-call]
-                    return tally.done
+            # The big pairs are claimed by this process, as `compute_pending` claims: one such computation at a time
+            with comparisons.lock if big else contextlib.nullcontext():
+                splits, finished = submit_split(client, kind, sent, comparisons, [p for p in todo if p in big])
+                tally.settled(finished)
+                for future in futures:  # in execution order, as the workers finish them
+                    tally.settled(int(future.result()))
+                    if stopping():
+                        break
+                collect_split(comparisons, splits, tally.settled, stopping)
+            if stopping():
+                client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
+                return tally.done
             if tally.done == before:  # the workers settled none: they may see another database
                 log.warning("the Dask workers at %s settled none of %d pairs", settings.dask_scheduler, len(todo))
                 break
@@ -94,21 +103,3 @@ def compute_batch(kind: type[Comparisons], settings: Settings, pair_ids: Sequenc
     """In a Dask worker: compute the pairs of `pair_ids` still pending that no other process holds; how many were
     settled."""
     return compute_pending(worker_comparisons(kind, settings), pair_ids=pair_ids)
-
-
-def worker_comparisons(kind: type[Comparisons], settings: Settings) -> Comparisons:
-    """This worker process's database, store, claims (renewed while it runs) and comparison threads (a `kind`) for
-    `settings`, opened once. Nothing is migrated or recovered here: the server does that."""
-    from tensor_debugger.engine.fused import configure
-    from tensor_debugger.store.arrays import ArrayStore
-    from tensor_debugger.store.database import create_db_engine, make_sessionmaker
-
-    with _opening:
-        found = _opened.get(settings)
-        if found is None:
-            configure(settings.kernel, settings.kernel_family)
-            sessions = make_sessionmaker(create_db_engine(settings.database_url))
-            claims = Claims(sessions, settings.claim_seconds)
-            claims.start()
-            found = _opened[settings] = kind(sessions, ArrayStore(settings.store_url), settings.threads, claims)
-        return found

@@ -31,6 +31,9 @@ ProgressCallback = Callable[[int, int], None]  # (pairs done, pairs to do)
 SETUP_BATCH = 64  # pairs set up per round of queries
 FLUSH_SECONDS = 0.1  # results are written at most this often (the first at once), so the API's progress stays live
 FLUSH_RESULTS = 256  # or when this many are waiting
+# Passes at writing a batch of results: each pass that fails found a result another process stored meanwhile (a
+# Dask worker, a replica), which the next pass uses; several processes storing a batch's other keys each take one
+WRITE_ATTEMPTS = 8
 OTHERS_POLL_SECONDS = 0.2  # how often a session's computation looks again at pairs another process holds
 T = TypeVar("T")
 
@@ -159,22 +162,10 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
             if key in cached:
                 hits.append((pair_id, key))
                 continue
-            pair, a, b = current.sides(pair_id)
             try:
-                view_a, view_b, _ = comparisons.views_of(pair, a, b)
+                jobs.append(current.job(pair_id, key, tol, exact))
             except Exception as exc:  # a missing array: the pair says so, work goes on
                 failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
-                continue
-            work = PendingPair(
-                pair_id,
-                key,
-                tuple(t.digest for t in a),
-                tuple(t.digest for t in b),
-                comparisons.alignment_key(pair),
-                tol,
-            )
-            reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, comparisons.top)
-            jobs.append(PairJob(work, view_a, view_b, tol, exact, reduce, comparisons.top))
     if hits or failed:
         with comparisons.sessions.begin() as db:
             current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
@@ -214,10 +205,13 @@ class ResultWriter:
     def flush(self) -> None:
         if not self._waiting:
             return
-        try:
-            self._write()
-        except IntegrityError:  # another process stored one of these meanwhile: a second pass finds and uses it
-            self._write()
+        for attempt in range(WRITE_ATTEMPTS):
+            try:
+                self._write()
+                break
+            except IntegrityError:  # another process stored one of these meanwhile: the next pass finds and uses it
+                if attempt == WRITE_ATTEMPTS - 1:
+                    raise
         self._waiting.clear()
         self._written = time.monotonic()
 
@@ -296,6 +290,16 @@ class CurrentPairs:
         """The pair's cache key, tolerance and exactness now (see `Comparisons.key`), whatever its status."""
         pair, a, b = self.sides(pair_id)
         return self._comparisons.key(self.session(pair), pair, a, b)
+
+    def job(self, pair_id: int, key: str, tol: Tolerance, exact: bool) -> PairJob[PendingPair]:
+        """The comparison the pair wants (`wanted`'s key, tolerance and exactness), its views opened."""
+        pair, a, b = self.sides(pair_id)
+        view_a, view_b, _ = self._comparisons.views_of(pair, a, b)
+        digests_a, digests_b = tuple(t.digest for t in a), tuple(t.digest for t in b)
+        work = PendingPair(pair_id, key, digests_a, digests_b, self._comparisons.alignment_key(pair), tol)
+        top = self._comparisons.top
+        reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, top)  # the chunk loop knows no ULPs
+        return PairJob(work, view_a, view_b, tol, exact, reduce, top)
 
     def sides(self, pair_id: int) -> tuple[PairRecord, list[TensorRecord], list[TensorRecord]]:
         pair = self.pairs[pair_id]

@@ -55,23 +55,29 @@ class _Running(Generic[Key]):
     error: Exception | None = None
 
     def work(self, region: Region) -> PairAccumulator:
-        job = self.job
-        part = PairAccumulator(job.tolerance, job.exact, job.top)
         if self.error is not None:  # an earlier block failed: this one's result would be thrown away
-            return part
-        origin = tuple(s.start for s in region)
-        if job.reduce is None:
-            part.add(job.a.read(region), job.b.read(region), origin, job.a.shape)
-            return part
-        block_shape = tuple(s.stop - s.start for s in region)
-        fused = job.reduce(region, job.tolerance)
-        if fused is not None and part.add_fused(fused, origin, block_shape, job.a.shape):
-            return part
-        # Not finished from storage: read into arrays, in blocks of the usual size (this one is larger)
-        for inner in iter_blocks(plan_chunks(block_shape, 8, BLOCK_BYTES), 1):
-            sub = tuple(slice(o + s.start, o + s.stop) for o, s in zip(origin, inner, strict=True))
-            part.add(job.a.read(sub), job.b.read(sub), tuple(s.start for s in sub), job.a.shape)
+            return PairAccumulator(self.job.tolerance, self.job.exact, self.job.top)
+        return compare_block(self.job, region)
+
+
+def compare_block(job: PairJob[Key], region: Region) -> PairAccumulator:
+    """The partial statistics of one block of a pair (one region of `pair_blocks`): what `compare_stream` merges,
+    in block order, into the pair's statistics. A Dask worker computes a big pair's blocks with it
+    (compare/dask_pairs.py), so that merging them in the same order gives the same statistics."""
+    part = PairAccumulator(job.tolerance, job.exact, job.top)
+    origin = tuple(s.start for s in region)
+    if job.reduce is None:
+        part.add(job.a.read(region), job.b.read(region), origin, job.a.shape)
         return part
+    block_shape = tuple(s.stop - s.start for s in region)
+    fused = job.reduce(region, job.tolerance)
+    if fused is not None and part.add_fused(fused, origin, block_shape, job.a.shape):
+        return part
+    # Not finished from storage: read into arrays, in blocks of the usual size (this one is larger)
+    for inner in iter_blocks(plan_chunks(block_shape, 8, BLOCK_BYTES), 1):
+        sub = tuple(slice(o + s.start, o + s.stop) for o, s in zip(origin, inner, strict=True))
+        part.add(job.a.read(sub), job.b.read(sub), tuple(s.start for s in sub), job.a.shape)
+    return part
 
 
 def compare_stream(
@@ -138,10 +144,18 @@ def pool_threads(pool: ThreadPoolExecutor) -> int:
 
 
 def _regions(job: PairJob[Key], state: _Running[Key]) -> Iterator[Region]:
-    """The blocks of a job's aligned shape (one empty region for a 0-d pair); none where the views disagree."""
-    if job.a.shape != job.b.shape:
-        state.error = ValueError(f"views differ in shape: {list(job.a.shape)} and {list(job.b.shape)}")
+    try:
+        return pair_blocks(job)
+    except ValueError as exc:
+        state.error = exc
         return iter(())
+
+
+def pair_blocks(job: PairJob[Key]) -> Iterator[Region]:
+    """The blocks of a job's aligned shape, in the order their statistics are merged (one empty region for a 0-d
+    pair); ValueError where the views differ in shape."""
+    if job.a.shape != job.b.shape:
+        raise ValueError(f"views differ in shape: {list(job.a.shape)} and {list(job.b.shape)}")
     if not job.a.shape:
         return iter([()])
     return iter_blocks(plan_chunks(job.a.shape, 8, BLOCK_BYTES if job.reduce is None else REDUCED_BLOCK_BYTES), 1)

@@ -1,0 +1,189 @@
+"""Benchmark of the cluster stack (PostgreSQL, S3 on SeaweedFS, Dask) against the local path, on the same data.
+
+    python bench/cluster.py                         # 2 runs of 4 x 16 MiB float32 tensors; 1, 2 and 4 workers
+    python bench/cluster.py --tensors 8 --tensor-mib 64 --dask-workers 1,2,4,8,16
+
+It starts what it measures on loopback, as the tests do (tests/support: a private PostgreSQL cluster, a SeaweedFS
+server, a Dask scheduler and worker processes of one thread each) and stops it at the end. Two runs are written
+(the candidate differs from the reference in one value of each tensor), then:
+
+- ingest: the real CLI ingests both runs into SQLite and a folder, and into PostgreSQL and S3 (input MB/s);
+- compare: the pairs of that session are computed in this process on SQLite and a folder (the local path: the
+  compiled chunk loop, `Settings.threads` threads), on PostgreSQL and S3 in this process, and on PostgreSQL and S3
+  by 1, 2 and 4 Dask workers (a fresh cluster for each count); before each, the results are deleted and the pairs
+  made pending again; each is computed twice (the first time, Dask workers import the package and open the
+  database and the store): MB/s of input (both sides) the second time, and the verdicts, the same on every row;
+- slices: windows of 64 and 64 x 64 values read at random places of one stored tensor from S3 and from the folder
+  (`ArrayStore.reader`, as a slice request does): p50 and p99.
+
+On loopback the figures are this machine's CPU cost of each path, not a network's. With 2 cores the Dask rows show
+the overhead and the shape of scaling more than any speed-up: 4 workers share the 2 cores with the scheduler,
+PostgreSQL and SeaweedFS. A machine with more cores (the 16-core GPU machine) gives a fuller table. Nothing here
+asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from harness import child_env, machine_line, run_child, worker_counts
+from s3_store import slice_latencies, write_run
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # tests.support: the same servers the tests start
+
+from tests.support.dask_cluster import start_dask  # noqa: E402
+from tests.support.postgres import PostgresCluster, start_cluster  # noqa: E402
+from tests.support.s3 import SeaweedS3, start_seaweed  # noqa: E402
+
+CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
+MB = 1e6
+
+
+def ingest(data: Path, env: dict[str, str], runs: tuple[Path, Path]) -> tuple[int, float]:
+    """The session id and wall seconds of ingesting both runs with the CLI, one after the other."""
+    total = 0.0
+    session = 0
+    for label, path in zip(("reference", "candidate"), runs, strict=True):
+        command = [
+            str(CLI),
+            "--data-dir",
+            str(data),
+            "ingest",
+            "--session",
+            "bench",
+            "--run",
+            label,
+            str(path),
+            "--json",
+        ]
+        wall, _, out = run_child(command, env)
+        total += wall
+        session = int(json.loads(out)["session"]["id"])
+    return session, total
+
+
+def compare(data: Path, stack: dict[str, str], session_id: int, scheduler: str = "") -> tuple[float, float, list[str]]:
+    """Wall seconds of computing the session's pairs afresh (results deleted first), the first time and again
+    (Dask workers then have their imports, database connections and store open), and the verdicts."""
+    from sqlalchemy import delete, update
+    from tensor_debugger.compare.pair_reports import session_pairs
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+    from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
+
+    settings = Settings(
+        data_dir=data,
+        demo=False,
+        database_url=stack.get("TENSOR_DEBUGGER_DATABASE_URL", ""),
+        store_url=stack.get("TENSOR_DEBUGGER_STORE_URL", ""),
+        dask_scheduler=scheduler,
+    )
+    services = open_services(settings, {k: v for k, v in stack.items() if k.startswith("AWS_")})
+    try:
+        services.plan(session_id)
+        walls = []
+        for _ in range(2):
+            with services.sessions.begin() as db:
+                db.execute(update(PairRecord).values(status="pending", result_id=None, error=None))
+                db.execute(delete(ComparisonResultRecord))
+            start = time.perf_counter()
+            services.comparisons.compute_pending(session_id)
+            walls.append(time.perf_counter() - start)
+        with services.sessions() as db:
+            verdicts = [str(p.status) for p in session_pairs(db, session_id).pairs]
+    finally:
+        services.close()
+    return walls[0], walls[1], verdicts
+
+
+def table(rows: list[tuple[str, ...]]) -> None:
+    print("| " + " | ".join(rows[0]) + " |")
+    print("|" + " --- |" * len(rows[0]))
+    for row in rows[1:]:
+        print("| " + " | ".join(row) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tensors", type=int, default=4, help="tensors per run")
+    parser.add_argument("--tensor-mib", type=int, default=16, help="MiB per tensor (float32, rows x 4096)")
+    parser.add_argument("--dask-workers", type=worker_counts, default=[1, 2, 4], help="Dask worker counts: 1,2,4")
+    parser.add_argument("--windows", type=int, default=200, help="slice windows read per size")
+    parser.add_argument("--workdir", type=Path, default=ROOT / "bench-data" / "cluster")
+    args = parser.parse_args()
+    shutil.rmtree(args.workdir, ignore_errors=True)
+    args.workdir.mkdir(parents=True)
+    print(machine_line(f"{args.tensors} x {args.tensor_mib} MiB float32 per run; servers on loopback"))
+    runs = (args.workdir / "reference", args.workdir / "candidate")
+    size = write_run(runs[0], args.tensors, args.tensor_mib, 0.0)
+    write_run(runs[1], args.tensors, args.tensor_mib, 0.5)
+    postgres: PostgresCluster | str = start_cluster()
+    s3: SeaweedS3 | str = start_seaweed(args.workdir / "seaweedfs")
+    try:
+        if isinstance(postgres, str) or isinstance(s3, str):
+            sys.exit(f"cannot start the stack: {postgres if isinstance(postgres, str) else s3}")
+        local: dict[str, str] = {}
+        cluster = {
+            "TENSOR_DEBUGGER_DATABASE_URL": postgres.create_database(),
+            "TENSOR_DEBUGGER_STORE_URL": s3.new_url(),
+        }
+        cluster.update(s3.environ)
+        sessions: dict[str, int] = {}
+        ingested: list[tuple[str, ...]] = [("ingest both runs", "MB/s of input", "seconds")]
+        stacks = {
+            "SQLite + folder": (args.workdir / "data-local", local),
+            "PostgreSQL + S3": (args.workdir / "data-cluster", cluster),
+        }
+        for name, (data, stack) in stacks.items():
+            sessions[name], wall = ingest(data, {**child_env(), **stack}, runs)
+            ingested.append((name, f"{2 * size / MB / wall:.1f}", f"{wall:.2f}"))
+        compared: list[tuple[str, ...]] = [
+            ("compare (the same session)", "MB/s of input", "seconds", "first time: s", "verdicts")
+        ]
+        expected: list[str] | None = None
+
+        def row(label: str, first: float, wall: float, verdicts: list[str]) -> None:
+            nonlocal expected
+            expected = expected or verdicts
+            same = "same" if verdicts == expected else f"DIFFERENT: {verdicts}"
+            compared.append((label, f"{2 * size / MB / wall:.1f}", f"{wall:.2f}", f"{first:.2f}", same))
+
+        data, cluster_data = stacks["SQLite + folder"][0], stacks["PostgreSQL + S3"][0]
+        row("local: SQLite + folder, in process", *compare(data, local, sessions["SQLite + folder"]))
+        row("PostgreSQL + S3, in process", *compare(cluster_data, cluster, sessions["PostgreSQL + S3"]))
+        for workers in args.dask_workers:
+            dask = start_dask(args.workdir / f"dask-{workers}", workers, s3.environ)
+            try:
+                label = f"PostgreSQL + S3, {workers} Dask worker{'s' if workers > 1 else ''}"
+                row(label, *compare(cluster_data, cluster, sessions["PostgreSQL + S3"], dask.address))
+            finally:
+                dask.stop()
+        sliced: list[tuple[str, ...]] = [("slice from", "64 p50", "64 p99", "64x64 p50", "64x64 p99")]
+        for name, url, environ in (
+            ("folder", (data / "arrays").resolve().as_uri(), {}),
+            ("S3", cluster["TENSOR_DEBUGGER_STORE_URL"], s3.environ),
+        ):
+            found: dict[str, Any] = slice_latencies(url, environ, args.windows)
+            sliced.append((name, *(f"{found[k]:.2f} ms" for k in ("64 p50", "64 p99", "64x64 p50", "64x64 p99"))))
+        for rows in (ingested, compared, sliced):
+            print()
+            table(rows)
+        print(f"\nverdicts: {expected}")
+    finally:
+        for server in (postgres, s3):
+            if not isinstance(server, str):
+                server.stop()
+        if os.environ.get("KEEP_BENCH_DATA") is None:
+            shutil.rmtree(args.workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""A real Dask cluster for the tests and benchmarks: `dask scheduler` and `dask worker` processes (from the
+`distributed` package of the test extra) on loopback, each worker with one thread and no nanny, given the
+environment that reaches the run's stores (the AWS variables of an S3 server)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.support.polling import wait_until
+from tests.support.servers import child_env, free_port
+
+
+@dataclass
+class DaskCluster:
+    """A running scheduler and its workers; `stop` kills them all."""
+
+    address: str  # tcp://127.0.0.1:PORT
+    logs: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def workers(self) -> int:
+        """How many workers the scheduler knows now."""
+        from distributed import Client
+
+        for process in self.processes:
+            if process.poll() is not None:
+                raise RuntimeError(f"a dask process exited with {process.returncode}; logs in {self.logs}")
+        try:
+            with Client(self.address, timeout=2, set_as_default=False) as client:  # type: ignore[no-untyped-call]
+                return len(client.scheduler_info()["workers"])
+        except OSError:
+            return 0
+
+    def stop(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+
+
+def start_dask(logs: Path, workers: int, environ: dict[str, str] | None = None) -> DaskCluster:
+    """A scheduler and `workers` worker processes (one thread each) on free loopback ports, their logs under
+    `logs`, the workers' environment this process's plus `environ`; returned once every worker has joined."""
+    dask = str(Path(sys.executable).with_name("dask"))
+    port = free_port()
+    logs.mkdir(parents=True, exist_ok=True)
+    cluster = DaskCluster(f"tcp://127.0.0.1:{port}", logs)
+    plain = ["--host", "127.0.0.1", "--no-dashboard"]
+    commands = [("scheduler", ["scheduler", "--port", str(port), *plain])]
+    commands += [
+        (f"worker{n}", ["worker", cluster.address, "--nthreads", "1", "--no-nanny", *plain]) for n in range(workers)
+    ]
+    try:
+        for name, args in commands:
+            with open(logs / f"{name}.log", "ab") as log:
+                env = {**child_env(), **(environ or {})}
+                cluster.processes.append(subprocess.Popen([dask, *args], stdout=log, stderr=subprocess.STDOUT, env=env))
+        wait_until(
+            lambda: cluster.workers() == workers, what=f"{workers} Dask workers to join", timeout=90, interval=0.5
+        )
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
