@@ -36,7 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.engine.names import parse_layer_stage, tensor_name
+from tensor_debugger.engine.names import parse_layer_stage
 from tensor_debugger.errors import (
     ConflictError,
     DiskFullError,
@@ -49,6 +49,7 @@ from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.staging import new_folder
+from tensor_debugger.ingest.stored import stored_name
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.traces import TraceTensor
 from tensor_debugger.ingest.writer import StoredTensor, TensorWriter, WritePools
@@ -530,9 +531,9 @@ class Ingestor:
         records: list[TensorRecord] = []
         with self.sessions.begin() as db:
             for position, (entry, key_path, tensor) in enumerate(stored):
+                name = stored_name(entry, key_path)
                 if entry.module_path is not None and key_path == ("data",):
-                    key_path = ()  # a trace's file holds one tensor under "data": the file names it
-                name = tensor_name(entry.relpath, key_path)
+                    key_path = ()  # as `stored_name` names it
                 if name in seen:
                     seen[name] += 1
                     problems.append(

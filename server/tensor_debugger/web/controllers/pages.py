@@ -402,7 +402,7 @@ def _session_template(
         session = catalog.get_session(db, session_id)
         report = session_pairs(db, session_id, modules=True)
         ordered = apply_order(report.pairs, session.pair_order)
-        progress = session_progress(session, services.ingests, report.progress)
+        progress = session_progress(session, services.ingests, report.progress, services.early.figures(session_id))
         first_id = report.first_divergence.pair_id if report.first_divergence else None
         choices = None
         if hand is not None:
