@@ -596,16 +596,16 @@ class Ingestor:
                 }
 
     def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
-        """Point each of `records` bit-identical to a tensor an older run stored (or an earlier one of this run) at
-        that array, and delete the copy just written. Done before the commit: should it fail, the run is removed
-        all the same."""
+        """Point each of `records` bit-identical to a tensor another ready run stored (older or not: runs ingested at
+        once are ready in any order), or an earlier one of this run, at that array, and delete the copy just written.
+        Done before the commit: should it fail, the run is removed all the same."""
         digests = sorted({r.digest for r in records})
         found: dict[str, str] = {}
         for start in range(0, len(digests), 500):
             for digest, key in db.execute(
                 select(TensorRecord.digest, TensorRecord.store_key).where(
                     TensorRecord.digest.in_(digests[start : start + 500]),
-                    TensorRecord.run_id < run_id,
+                    TensorRecord.run_id != run_id,  # rows of committed runs only: those ingesting are not seen
                     TensorRecord.has_values,
                     TensorRecord.store_key != "",
                 )
