@@ -30,14 +30,14 @@ from harness import child_env, machine_line, run_child
 POLL = 0.01  # seconds between two looks at the progress
 
 
-def one_upload(url: str, a: Path, b: Path) -> dict[str, float]:
+def one_upload(url: str, name: str, a: Path, b: Path) -> dict[str, float]:
     """Upload the two runs and time, from the upload's start, what the progress shows."""
     marks: dict[str, float] = {}
     start = time.perf_counter()
     with a.open("rb") as fa, b.open("rb") as fb:
         response = httpx.post(
             f"{url}/api/sessions?wait=false",
-            data={"name": "upload pipeline"},
+            data={"name": name},
             files=[("reference", (a.name, fa)), ("candidate", (b.name, fb))],
             timeout=600,
         )
@@ -92,8 +92,8 @@ def main() -> None:
         for round_index in range(args.rounds):
             data = work / f"data-{round_index}"
             with serving(data, env) as url:
-                one_upload(url, *small)  # the server's ingest processes start
-                rounds.append(one_upload(url, a, b))
+                one_upload(url, "warm-up", *small)  # the server's ingest processes start
+                rounds.append(one_upload(url, "upload pipeline", a, b))
             shutil.rmtree(data, ignore_errors=True)
         print(f"{os.getloadavg()[0]:.1f} load average (1 minute) at the end")
         print(f"{'seconds from the upload start':30} {'median s':>9} {'min s':>7} {'max s':>7} {'x ingested':>11}")

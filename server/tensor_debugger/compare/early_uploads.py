@@ -207,11 +207,21 @@ class EarlyUploads:
     def end(self, pending: PendingRun, ready: bool) -> None:
         """The run's ingest is over (`ready`: it succeeded); once a session's last one is, its comparisons end."""
         with self._lock:
-            early = self._live[pending.session_id][0]
-        if ready:
-            early.ready(pending.run_id)
-            early.wait_for(pending.run_id)  # cached before the plan that follows
+            live = self._live.get(pending.session_id)
+        if live is None:  # closed: the server is stopping
+            return
+        early = live[0]
+        try:
+            if ready:
+                early.ready(pending.run_id)
+                early.wait_for(pending.run_id)  # cached before the plan that follows
+        finally:
+            self._ended(pending, early)
+
+    def _ended(self, pending: PendingRun, early: SessionComparisons) -> None:
         with self._lock:
+            if pending.session_id not in self._live:
+                return
             ingesting = self._live[pending.session_id][1]
             last = ingesting == 1
             if last:

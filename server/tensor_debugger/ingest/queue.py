@@ -162,7 +162,10 @@ class IngestQueue:
             ready = True
         finally:
             if watcher is not None:
-                watcher.end(job.pending, ready)
+                try:
+                    watcher.end(job.pending, ready)
+                except Exception:  # the run is as ingested; pairs not compared yet are computed after the plan
+                    log.exception("comparing run %s while it ingested did not end well", run_id)
         with self._lock:
             self._progress[run_id] = replace(self._progress[run_id], stage="planning")
         try:
