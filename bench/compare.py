@@ -44,7 +44,7 @@ CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
 DEFAULT_WORKDIR_PARENT = ROOT / "bench-data"  # gitignored
 HIDDEN = 4096  # last dimension of every generated tensor (float32)
 MIB, GIB, MB, GB = 1 << 20, 1 << 30, 1e6, 1e9
-KEPT = ("TENSOR_DEBUGGER_KERNEL",)  # passed on to children: which statistics kernel to measure
+KEPT = ("TENSOR_DEBUGGER_KERNEL", "TENSOR_DEBUGGER_TOP")  # passed on to children: which kernel, how many worst elements
 BASELINE = (
     "import tensor_debugger.services, zarr, numpy; from importlib.metadata import version; "
     "print(f\"torch {version('torch')}, zarr {zarr.__version__}, numpy {numpy.__version__}\")"

@@ -100,6 +100,10 @@ class Settings:
         "database and store; empty computes them in this process (the cluster extra).",
     )
 
+    top: int = _setting(
+        8, "How many worst elements (the largest differences) each pair's statistics keep, 0 to 64 (`compare --top`)."
+    )
+
     kernel: str = _setting(
         "compiled",
         "Statistics path: compiled (the kernels and the chunk loop), blocks (the kernels on blocks read "
@@ -131,6 +135,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
+        if not 0 <= self.top <= 64:
+            raise ValueError(f"setting top ({ENV_PREFIX}TOP, --top) must be 0 to 64, got {self.top}")
         for name in ("token", "read_token"):
             value = getattr(self, name)
             if value and (len(value) < MIN_TOKEN_LENGTH or value != value.strip()):

@@ -47,6 +47,7 @@ EXACT_FIELDS = (
     "inf_b",
     "nan_one_side",
     "histogram",
+    "worst",
 )
 
 
@@ -212,7 +213,7 @@ def test_a_family_folded_in_two_calls_gives_what_numpy_computes(family: str, dty
     for size in (1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 2047, 2048, 2049, 70001):
         a, b = pair_case(size, seed=size)
         a, b = np.ascontiguousarray(a, dtype=dtype_a), np.ascontiguousarray(b, dtype=dtype_b)
-        out = empty_partial()
+        out = empty_partial(8)
         half = size // 2
         for start, stop in ((0, half), (half, size)):
             assert (
@@ -320,3 +321,45 @@ def test_structures_come_from_the_header_and_match_the_library() -> None:
     assert len(edges()) == constant("TD_EDGES")
     assert [field[0] for field in partial_type()._fields_][:2] == ["max_abs", "argmax"]
     assert _library() is not None
+
+
+def test_worst_elements_rank_nan_first_then_the_largest_first_in_aligned_coordinates(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Both paths keep the same worst elements, blocks merged: a NaN, then an infinite difference, then the largest,
+    ties in C order; only differences above zero."""
+    a = np.zeros((3, 5000), dtype=np.float32)
+    b = a.copy()
+    b[2, 4999] = b[1, 10] = 5.0
+    b[0, 3], b[2, 0], b[0, 1] = np.nan, np.inf, 1e-3
+    stats = assert_same(monkeypatch, a, b, Tolerance(1e-5, 1e-5), block=1)
+    assert [w["index"] for w in stats.worst] == [[0, 3], [2, 0], [1, 10], [2, 4999], [0, 1]]
+    assert stats.worst[0] == {"index": [0, 3], "a": 0.0, "b": "nan", "abs_diff": "nan"}
+    assert stats.worst[2] == {"index": [1, 10], "a": 0.0, "b": 5.0, "abs_diff": 5.0}
+    finite = b.copy()
+    finite[0, 3] = finite[2, 0] = 0.0
+    ranked = assert_same(monkeypatch, a, finite, Tolerance(1e-5, 1e-5))
+    assert [w["index"] for w in ranked.worst] == [[1, 10], [2, 4999], [0, 1]]
+    assert PairStats.from_json(ranked.to_json()) == ranked
+
+
+@pytest.mark.parametrize("top", [1, 8, 64])
+def test_worst_elements_of_differences_that_grow_along_the_tensor(monkeypatch: pytest.MonkeyPatch, top: int) -> None:
+    """Every sub-block raises the worst kept (the kernel's threshold search), ties among the largest, float64 too:
+    the same worst elements as numpy's."""
+    rng = np.random.default_rng(top)
+    for dtype in (np.float32, np.float64):
+        a: np.ndarray = rng.standard_normal(50_000).astype(dtype)
+        b = (a + np.linspace(0, 1, a.size) * 1e-3 * (1 + rng.random(a.size))).astype(dtype)
+        a[[100, 30_000, 49_999]], b[[100, 30_000, 49_999]] = 0.0, 10.0
+        stats = assert_same(monkeypatch, a, b, Tolerance(1e-5, 1e-5))
+        accumulator = PairAccumulator(Tolerance(1e-5, 1e-5), False, top)
+        configure(kernel="compiled")
+        accumulator.add(a, b, (0,), a.shape)
+        mine = accumulator.result().worst
+        configure(kernel="numpy")
+        plain = PairAccumulator(Tolerance(1e-5, 1e-5), False, top)
+        plain.add(a, b, (0,), a.shape)
+        assert mine == plain.result().worst and len(mine) == top
+        assert [w["index"] for w in mine[:3]] == [[100], [30_000], [49_999]][:top]
+        assert stats.worst[: min(3, top)] == mine[: min(3, top)]

@@ -20,7 +20,8 @@ def check_partial(
     where: object = None,
 ) -> None:
     """`got` (a partial's fields by name, at_least as a list) is numpy's result for flat blocks `a` and `b` (with the
-    tolerance test and decade `edges`); `where` names the case in failures."""
+    tolerance test and decade `edges`; its top_k worst elements where it kept any); `where` names the case in
+    failures."""
     x, y = a.astype(np.float64), b.astype(np.float64)
     d = np.abs(x - y)
     rel = d[x != 0] / np.abs(x[x != 0])
@@ -35,6 +36,17 @@ def check_partial(
     }
     for field, want in exact.items():
         assert got[field] == want, (where, field)
+    top_k = int(got.get("top_k", 0))
+    if top_k:  # the largest differences above zero, largest first, ties in position order: exactly
+        order = np.lexsort((np.arange(d.size), -d))
+        order = order[d[order] > 0][:top_k]
+        n = int(got["top_n"])
+        kept = sorted(
+            zip(got["top_abs"][:n], got["top_at"][:n], got["top_a"][:n], got["top_b"][:n], strict=True),
+            key=lambda e: (-e[0], e[1]),
+        )
+        want_worst = [(float(d[i]), int(i), float(x[i]), float(y[i])) for i in order]
+        assert kept == want_worst, (where, "worst")
     sums = {
         "sum_abs": d.sum(),
         "sum_sq": (d * d).sum(),

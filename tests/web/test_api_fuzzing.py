@@ -24,9 +24,10 @@ EXAMPLES = 5  # per operation, mode and pass
 # The uploads take any file and say what is wrong with it: schema-valid bytes that are not a tensor file are
 # refused with 422 naming each file's problem, which the schema cannot say in advance.
 UPLOADS = ["POST /api/sessions", "POST /api/sessions/{session_id}/runs"]
-# These take names of tensors, pairing strategies, regular expressions, alignment steps or index windows, which
-# must name what the session holds or what the engine knows: the schema says their type, and a request that fits
-# it but names nothing usable is refused with 400 saying what it named (never a 5xx, never undocumented).
+# These take names of tensors, pairing strategies, regular expressions, alignment steps, index windows or
+# dimensions, which must name what the session holds or what the engine knows: the schema says their type, and a
+# request that fits it but names nothing usable is refused with 400 saying what it named (never a 5xx, never
+# undocumented).
 CHECKED_AGAINST_THE_SESSION = [
     "PATCH /api/sessions/{session_id}",
     "PUT /api/sessions/{session_id}/pairing",
@@ -34,6 +35,7 @@ CHECKED_AGAINST_THE_SESSION = [
     "POST /api/sessions/{session_id}/pairs",
     "PUT /api/pairs/{pair_id}/alignment",
     "GET /api/pairs/{pair_id}/slice",
+    "GET /api/pairs/{pair_id}/profile",
 ]
 
 

@@ -110,7 +110,7 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     assert wrong.status_code == 400
     # tolerances: loose enough and the planted difference passes; verdicts follow
     patched = httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
-    assert patched.status_code == 200 and patched.json()["tolerances"] == {"rtol": None, "atol": 0.5}
+    assert patched.status_code == 200 and patched.json()["tolerances"] == {"rtol": None, "atol": 0.5, "ulp": None}
     report = wait_done(shared_server, session_id)
     assert report["first_divergence"] is None and {p["status"] for p in report["pairs"]} == {"pass"}
     httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})

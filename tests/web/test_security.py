@@ -146,7 +146,7 @@ def test_tolerances_from_another_origin_are_refused(shared_server: LiveServer) -
         ).status_code
         == 403
     )
-    assert tolerances(shared_server, session_id) == {"rtol": None, "atol": None}
+    assert tolerances(shared_server, session_id) == {"rtol": None, "atol": None, "ulp": None}
     assert (
         httpx.post(url, headers=from_own_page(shared_server), data={"csrf_token": token, "rtol": "0.5"}).status_code
         == 303

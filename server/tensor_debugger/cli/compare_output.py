@@ -44,6 +44,7 @@ def compare_request(
     name_pattern: str | None = None,
     pairing: Path | None = None,
     fail_fast: bool = False,
+    ulp: int | None = None,
     more: Sequence[Path] = (),
     noise: Path | None = None,
     noise_factor: float | None = None,
@@ -60,6 +61,7 @@ def compare_request(
         read_pairing_file(pairing, strategies, name_pattern),
         None if pairing is None else str(pairing),
         fail_fast,
+        ulp,
         tuple(p.absolute() for p in more),
         tuple(str(p) for p in more),
         None if noise is None else noise.absolute(),
@@ -199,13 +201,15 @@ def print_candidates(payload: dict[str, Any]) -> None:
 
 
 def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) -> None:
-    """The modules that added the most error (relative RMSE of the output minus that of the input)."""
+    """The modules that added the most error (relative RMSE of the output minus that of the input), or in a plain
+    dump the stages (relative RMSE minus that of the tensor before)."""
     if not culprits:
         return
-    rows = [("module", "added error", "input error", "output error")]
+    modules = "module_path" in culprits[0]
+    rows = [("module" if modules else "stage", "added error", "input error", "output error")]
     rows += [
         (
-            c["module_path"],
+            c["module_path"] if modules else c["name"],
             format_error(c["added_error"]),
             format_error(c["input_error"]),
             format_error(c["output_error"]),
@@ -213,16 +217,17 @@ def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) 
         for c in culprits[:top]
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    rule = "output minus input" if modules else "minus the tensor before"
     print(
-        f"modules by the error they added (relative RMSE, output minus input), top {min(top, len(culprits))} "
-        f"of {len(culprits)}:"
+        f"{'modules' if modules else 'stages'} by the error they added (relative RMSE, {rule}), top "
+        f"{min(top, len(culprits))} of {len(culprits)}:"
     )
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     best = culprits[0]
     if failing and float(best["added_error"]) > 0:
         print(
-            f"CULPRIT: {best['module_path']} added {format_error(best['added_error'])} relative RMSE "
+            f"CULPRIT: {rows[1][0]} added {format_error(best['added_error'])} relative RMSE "
             f"(input {format_error(best['input_error'])}, output {format_error(best['output_error'])})"
         )
 

@@ -4,8 +4,9 @@
     tensor-debugger [--data-dir DIR] [--workers N] ingest --session NAME --run LABEL PATH... [--json]
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
-    tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T] [--json]
-        [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast] [--noise A2 [--noise-factor K]]
+    tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T | --ulp N] [--json]
+        [--top K] [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+        [--noise A2 [--noise-factor K]]
     tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
@@ -121,6 +122,19 @@ def build_parser() -> argparse.ArgumentParser:
         "the pairs after it are left uncompared)",
     )
     compare.add_argument(
+        "--ulp",
+        type=int,
+        metavar="N",
+        help="an element passes within N units in the last place of the pair's lower-precision dtype (instead of "
+        "--rtol and --atol)",
+    )
+    compare.add_argument(
+        "--top",
+        type=int,
+        metavar="K",
+        help="keep each pair's K largest differences, 0 to 64 (default 8; TENSOR_DEBUGGER_TOP)",
+    )
+    compare.add_argument(
         "--noise",
         type=Path,
         metavar="A2",
@@ -171,7 +185,7 @@ def _server_options(command: argparse.ArgumentParser) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = Settings.from_environ(data_dir=args.data_dir, workers=args.workers)
+        settings = Settings.from_environ(data_dir=args.data_dir, workers=args.workers, top=getattr(args, "top", None))
     except ValueError as exc:
         print(f"tensor-debugger: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
@@ -185,7 +199,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "ingest":
             return remote_ingest(args.server, args.token, args.session, args.run, args.paths, args.json)
         return remote_sessions(args.server, args.token, args.json)
-    if args.command in ("compare", "ingest") and not args.in_process:
+    # a warm server keeps its own top: a compare with --top runs here
+    if (args.command == "ingest" or (args.command == "compare" and args.top is None)) and not args.in_process:
         code = warm(settings, args)
         if code is not None:
             return code
@@ -215,6 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 name_pattern=args.name_pattern,
                 pairing=args.pairing,
                 fail_fast=args.fail_fast,
+                ulp=args.ulp,
                 more=args.more,
                 noise=args.noise,
                 noise_factor=args.noise_factor,
@@ -335,6 +351,7 @@ def warm(settings: Settings, args: argparse.Namespace) -> int | None:
             name_pattern=args.name_pattern,
             pairing=args.pairing,
             fail_fast=args.fail_fast,
+            ulp=args.ulp,
             more=args.more,
             noise=args.noise,
             noise_factor=args.noise_factor,

@@ -53,13 +53,14 @@ class SessionActions:
         default_tolerances: bool = False,
         strategies: str | list[str] | None = None,
         name_pattern: str | None = None,
+        ulp: int | None = None,
     ) -> SessionReport:
         """Rename, change the notes, the tolerances (`default_tolerances`: torch.testing's defaults per dtype)
         and/or the pairing rules: `strategies` (a chain as the CLI's --strategies takes it, a comma list or a
         list; empty: the default chain) and `name_pattern` (empty: none). Rules are checked before anything
         changes (InvalidInputError naming the problem); new rules pair the session again, new tolerances
         refresh its verdicts."""
-        tolerances_changed = rtol is not None or atol is not None or default_tolerances
+        tolerances_changed = rtol is not None or atol is not None or ulp is not None or default_tolerances
         rules_changed = strategies is not None or name_pattern is not None
         with self.sessions.begin() as db:
             session = catalog.update_session(db, session_id, name, notes)
@@ -71,7 +72,10 @@ class SessionActions:
                 )
             if tolerances_changed:
                 catalog.set_tolerances(
-                    session, None if default_tolerances else rtol, None if default_tolerances else atol
+                    session,
+                    None if default_tolerances else rtol,
+                    None if default_tolerances else atol,
+                    None if default_tolerances else ulp,
                 )
             report = SessionReport.of(session)
         if rules_changed:
@@ -96,10 +100,10 @@ class SessionActions:
     def rename(self, session_id: int, name: str) -> SessionReport:
         return self.update_session(session_id, name=name)
 
-    def set_tolerances(self, session_id: int, rtol: float | None, atol: float | None) -> None:
-        """The session's tolerances; None for both: torch.testing's defaults per dtype."""
+    def set_tolerances(self, session_id: int, rtol: float | None, atol: float | None, ulp: int | None = None) -> None:
+        """The session's tolerances; None for all: torch.testing's defaults per dtype; `ulp`: in ULPs instead."""
         with self.sessions.begin() as db:
-            catalog.set_tolerances(catalog.get_session(db, session_id), rtol, atol)
+            catalog.set_tolerances(catalog.get_session(db, session_id), rtol, atol, ulp)
         self.refresh(session_id)
 
     # --- pairing ----------------------------------------------------------------------------------------

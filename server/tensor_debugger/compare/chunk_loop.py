@@ -35,7 +35,7 @@ from tensor_debugger.engine.fused import (
     partial_type,
 )
 from tensor_debugger.engine.layouts import fields
-from tensor_debugger.engine.metrics import edges
+from tensor_debugger.engine.metrics import DEFAULT_TOP, edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View, flat_source
 from tensor_debugger.store.chunk_reader import ChunkReader
@@ -139,6 +139,7 @@ class ChunkPairs:
     codes: tuple[str, str]  # the loop's letters for each side's stored values
     shape: tuple[int, ...]  # the aligned shape that regions are of
     kernel: int  # the address of td_stats_XY_<family> (fused.kernel_address)
+    top: int  # worst elements kept per block
 
     def __call__(self, region: Region, tolerance: Tolerance) -> FusedPartial | None:
         """The statistics of one block (C-contiguous in the aligned shape, as comparisons cut them), or None where
@@ -151,7 +152,7 @@ class ChunkPairs:
         assert pieces_a is not None and pieces_b is not None  # `chunk_pairs` checked
         side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0], self.a.raw)
         side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1], self.b.raw)
-        out = empty_partial()
+        out = empty_partial(self.top)
         failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
         status = library.tdc_pair(
             side_a,
@@ -172,9 +173,9 @@ class ChunkPairs:
         return out
 
 
-def chunk_pairs(a: View, b: View, exact: bool) -> ChunkPairs | None:
-    """The compiled loop for a pair of aligned views `a` and `b`, or None where it does not serve them (see the
-    module's docstring): their blocks are then read through the views."""
+def chunk_pairs(a: View, b: View, exact: bool, top: int = DEFAULT_TOP) -> ChunkPairs | None:
+    """The compiled loop for a pair of aligned views `a` and `b` (keeping `top` worst elements), or None where it
+    does not serve them (see the module's docstring): their blocks are then read through the views."""
     if exact or a.shape != b.shape or loop_name() != "chunk loop":
         return None
     reader_a, reader_b = _flat_reader(a), _flat_reader(b)
@@ -186,7 +187,7 @@ def chunk_pairs(a: View, b: View, exact: bool) -> ChunkPairs | None:
         return None
     if max(reader_a.chunk_bytes, reader_b.chunk_bytes) > _LARGEST_CHUNK:
         return None
-    return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), kernel)
+    return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), kernel, top)
 
 
 def _flat_reader(view: View) -> ChunkReader | None:

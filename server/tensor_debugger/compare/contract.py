@@ -3,6 +3,7 @@ from the same reports. The server builds it too, for a command line that hands i
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from tensor_debugger.compare.pair_reports import FirstDivergence, SessionPairs
@@ -38,7 +39,9 @@ def contract_json(
             "strategy": str(p.strategy),
             "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
             "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
-            "stats": {k: getattr(p.stats, k) for k in CONTRACT_STATS} if p.stats else None,
+            "stats": {**{k: getattr(p.stats, k) for k in CONTRACT_STATS}, "worst": [asdict(w) for w in p.stats.worst]}
+            if p.stats
+            else None,
             "error": p.error,
             "module_path": p.module_path,
             "place": p.place,
@@ -66,7 +69,8 @@ def contract_json(
         "unmatched": unmatched,
         "first_divergence": where(first),  # the first candidate's
         "first_divergences": {c.label: where(c.first_divergence) for c in report.candidates},
-        # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first
+        # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first;
+        # in a plain dump, its stages by the error each added to the tensor before it
         "culprits": [
             {
                 "module_path": c.module_path,
@@ -75,6 +79,18 @@ def contract_json(
                 "output_error": c.output_error,
             }
             for c in culprits
+        ]
+        or [
+            {
+                "name": c.name,
+                "layer": c.layer,
+                "stage": c.stage,
+                "previous": c.previous,
+                "added_error": c.added_error,
+                "input_error": c.input_error,
+                "output_error": c.output_error,
+            }
+            for c in report.stage_culprits
         ],
         "problems": problems,
     }

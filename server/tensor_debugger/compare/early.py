@@ -163,10 +163,11 @@ def guess(
     steps = alignment.to_json()
     tol, exact = comparisons.tolerance(session, reference.dtype, candidate.dtype)
     alignment_key = comparisons.alignment_key_of(steps)
-    key = cache_key([reference.digest], [candidate.digest], alignment_key, tol, exact)
+    top = comparisons.top
+    key = cache_key([reference.digest], [candidate.digest], alignment_key, tol, exact, top)
     view_a, view_b, _ = comparisons.aligned_views(steps, [reference], [candidate])
     work = PendingPair(0, key, (reference.digest,), (candidate.digest,), alignment_key, tol)
-    return PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact))
+    return PairJob(work, view_a, view_b, tol, exact, None if tol.ulp else chunk_pairs(view_a, view_b, exact, top), top)
 
 
 def stored_record(note: StoredNote) -> TensorRecord | None:

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tensor_debugger.engine.culprits import TensorError, rank_culprits, relative_rmse
+from tensor_debugger.engine.culprits import TensorError, rank_culprits, rank_stages, relative_rmse
 from tensor_debugger.engine.metrics import json_number, parse_number
 from tensor_debugger.ingest.traces import ModuleNode
 from tensor_debugger.store.reports import PairStatus
@@ -59,6 +59,51 @@ class CulpritReport:
     input_error: Number
     output_error: Number
     pair_id: int | None  # its first output's pair
+
+
+@dataclass(frozen=True)
+class StageCulpritReport:
+    """A stage of a plain dump ranked by the error it adds (engine/culprits.py's rank_stages)."""
+
+    name: str
+    layer: int | None
+    stage: str | None
+    previous: str | None  # the tensor before it in execution order
+    added_error: Number  # its relative RMSE minus that of the tensor before it
+    input_error: Number
+    output_error: Number
+    pair_id: int
+
+
+STAGE_CULPRITS = 10  # the most a report lists
+
+
+def stage_culprits(items: list[PairReport]) -> list[StageCulpritReport]:
+    """Without module traces, the stages that add the most error, largest first (at most STAGE_CULPRITS): each
+    compared pair's relative RMSE minus that of the pair before it in execution order (the first candidate's)."""
+    if not items or any(i.module_path for i in items):
+        return []
+    candidate = items[0].b.run_id
+    mine = [i for i in items if i.b.run_id == candidate]
+    by_position = {i.position: i for i in mine}
+    errors = [(i.position, e) for i in mine if (e := pair_error(i)) is not None]
+    reports = []
+    for c in rank_stages(errors)[:STAGE_CULPRITS]:
+        item = by_position[c.position]
+        before = by_position[c.previous].name if c.previous is not None else None
+        reports.append(
+            StageCulpritReport(
+                item.name,
+                item.layer,
+                item.stage,
+                before,
+                json_number(c.added_error),
+                json_number(c.input_error),
+                json_number(c.output_error),
+                item.id,
+            )
+        )
+    return reports
 
 
 @dataclass(frozen=True)

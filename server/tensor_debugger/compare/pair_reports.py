@@ -10,7 +10,13 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.module_reports import ModuleReport, Number, module_report
+from tensor_debugger.compare.module_reports import (
+    ModuleReport,
+    Number,
+    StageCulpritReport,
+    module_report,
+    stage_culprits,
+)
 from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.progress import PairProgress
@@ -25,6 +31,16 @@ from tensor_debugger.store.models import (
     UnmatchedRecord,
 )
 from tensor_debugger.store.reports import PairStatus, parse_strategy
+
+
+@dataclass(frozen=True)
+class WorstElement:
+    """One of a pair's largest differences: where (in aligned coordinates), both values and |a - b|."""
+
+    index: list[int]
+    a: Number  # a complex value as text
+    b: Number
+    abs_diff: Number
 
 
 @dataclass(frozen=True)
@@ -50,11 +66,14 @@ class PairStatsSummary:
     nan_one_side: int
     rtol: Number
     atol: Number
+    worst: list[WorstElement]  # the largest differences, largest first (Settings.top of them)
+    ulp: int  # above 0: elements passed within this many ULPs of ulp_dtype (rtol and atol unused)
+    ulp_dtype: str
 
     @classmethod
     def from_json(cls, stats: dict[str, Any]) -> PairStatsSummary:
         """From the stored statistics (PairStats.to_json)."""
-        return cls(**{k: stats[k] for k in SUMMARY_STATS})
+        return cls(**_summary_values(stats))
 
 
 @dataclass(frozen=True)
@@ -65,10 +84,18 @@ class PairStatsFull(PairStatsSummary):
 
     @classmethod
     def from_json(cls, stats: dict[str, Any]) -> PairStatsFull:
-        return cls(**{k: stats[k] for k in SUMMARY_STATS}, histogram=list(stats["histogram"]))
+        return cls(**_summary_values(stats), histogram=list(stats["histogram"]))
 
 
 SUMMARY_STATS = tuple(PairStatsSummary.__dataclass_fields__)
+
+
+def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:
+    """PairStatsSummary's fields from stored statistics (results stored before worst elements existed have none)."""
+    values = {k: stats[k] for k in SUMMARY_STATS if k not in ("worst", "ulp", "ulp_dtype")}
+    values["worst"] = [WorstElement(**w) for w in stats.get("worst", [])]
+    values["ulp"], values["ulp_dtype"] = stats.get("ulp", 0), stats.get("ulp_dtype", "")
+    return values
 
 
 @dataclass(frozen=True)
@@ -185,6 +212,8 @@ class SessionPairs:
     unmatched: list[UnmatchedReport]
     progress: PairProgress
     modules: ModuleReport | None = None
+    # without module traces (and asked for with `modules`): the stages that add the most error, largest first
+    stage_culprits: list[StageCulpritReport] = field(default_factory=list)
     candidates: list[CandidateReport] = field(default_factory=list)
 
     def candidate_of(self, pair: PairReport) -> str:
@@ -318,6 +347,7 @@ def session_pairs(db: DbSession, session_id: int, modules: bool = False) -> Sess
         ],
         progress=PairProgress.of(len(everything), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
         modules=module_view,
+        stage_culprits=stage_culprits(items) if modules and module_view is None else [],
         candidates=candidates,
     )
 

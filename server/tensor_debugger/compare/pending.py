@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
@@ -21,6 +21,7 @@ from tensor_debugger.compare.chunk_loop import chunk_pairs
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.store.claims import claimable
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord, TensorRecord
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ def compute_pending(
         while not stopping():
             claimed = comparisons.claims.claim_pairs(session_id, SETUP_BATCH, pair_ids)
             if not claimed:
-                if session_id is None or pair_ids is not None or not others_hold(comparisons, session_id):
+                if session_id is None or pair_ids is not None or not left_to_settle(comparisons, session_id):
                     return
                 time.sleep(OTHERS_POLL_SECONDS)
                 continue
@@ -111,10 +112,11 @@ def pending_query(session_id: int | None, query: Select[T], pair_ids: Sequence[i
     return query if session_id is None else query.where(PairRecord.session_id == session_id)
 
 
-def others_hold(comparisons: Comparisons, session_id: int) -> bool:
-    """Whether pairs of the session are still pending, held by another process's lease."""
+def left_to_settle(comparisons: Comparisons, session_id: int) -> bool:
+    """Whether pairs of the session are still pending that this process does not hold: held by another process's
+    lease, or free again (another process let them go between this one's claim that found none and this look)."""
     query = pending_query(session_id, select(PairRecord.id)).where(
-        PairRecord.claimed_by != comparisons.claims.owner, PairRecord.claimed_until >= time.time()
+        or_(PairRecord.claimed_by != comparisons.claims.owner, claimable(PairRecord, time.time()))
     )
     with comparisons.sessions() as db:
         return db.scalar(query.limit(1)) is not None
@@ -154,7 +156,8 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
                 comparisons.alignment_key(pair),
                 tol,
             )
-            jobs.append(PairJob(work, view_a, view_b, tol, exact, chunk_pairs(view_a, view_b, exact)))
+            reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, comparisons.top)
+            jobs.append(PairJob(work, view_a, view_b, tol, exact, reduce, comparisons.top))
     if hits or failed:
         with comparisons.sessions.begin() as db:
             current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])

@@ -117,7 +117,7 @@ def _ingest_at_once(
         session_id = pending[0].session_id
         with comparisons.sessions.begin() as db:
             session = catalog.get_session(db, session_id)
-            catalog.set_tolerances(session, request.rtol, request.atol)
+            catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
             catalog.set_noise_factor(session, request.noise_factor)
     except BaseException as exc:
         for run in reversed(pending):  # the first last: it made the session, removed with it
@@ -193,7 +193,7 @@ def _ingest_in_turn(
                     early.settle()
                 with comparisons.sessions.begin() as db:
                     session = catalog.get_session(db, session_id)
-                    catalog.set_tolerances(session, request.rtol, request.atol)
+                    catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
                     catalog.set_noise_factor(session, request.noise_factor)
                 early = EarlyComparisons(
                     comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast

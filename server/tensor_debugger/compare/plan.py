@@ -23,10 +23,10 @@ from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
 from tensor_debugger.engine.alignment import Alignment, Step, align
-from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.metrics import DEFAULT_TOP, PairStats
 from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, compile_name_pattern, pair_runs
 from tensor_debugger.engine.summaries import ReportedSummary, compare_summaries
-from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, is_exact_dtype
+from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_ulp, is_exact_dtype, lower_precision
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore
@@ -56,9 +56,12 @@ class Progress:
 
 
 def cache_key(
-    digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance, exact: bool
+    digests_a: Sequence[str], digests_b: Sequence[str], alignment_key: str, tol: Tolerance, exact: bool, top: int
 ) -> str:
-    text = json.dumps([list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, exact])
+    """A result's key: the sides' contents, the alignment, the tolerance and how many worst elements it keeps."""
+    text = json.dumps(
+        [list(digests_a), list(digests_b), alignment_key, tol.rtol, tol.atol, tol.ulp, tol.ulp_dtype, exact, top]
+    )
     return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -97,10 +100,13 @@ class Comparisons:
         workers: int,
         claims: Claims | None = None,
         cluster: Settings | None = None,
+        top: int = DEFAULT_TOP,
     ) -> None:
         """`workers`: threads that read and reduce blocks (Settings.threads); results do not depend on it.
         `claims`: this process's, on the pending pairs it computes (a new owner with the default lease if None).
-        `cluster`: settings naming a Dask scheduler whose workers compute pending pairs instead (dask_pairs.py)."""
+        `cluster`: settings naming a Dask scheduler whose workers compute pending pairs instead (dask_pairs.py).
+        `top`: worst elements kept per pair (Settings.top)."""
+        self.top = top
         if workers < 1:
             raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
         self.sessions = sessions
@@ -230,6 +236,8 @@ class Comparisons:
         exact = is_exact_dtype(dtype_a) and is_exact_dtype(dtype_b)
         if exact:
             return Tolerance(0.0, 0.0), True
+        if session.ulp and has_ulp(dtype_a) and has_ulp(dtype_b):
+            return Tolerance(0.0, 0.0, session.ulp, lower_precision(dtype_a, dtype_b)), False
         if session.rtol is not None or session.atol is not None:
             base = default_tolerance(dtype_a, dtype_b)
             return Tolerance(
@@ -244,7 +252,7 @@ class Comparisons:
         """The pair's cache key, tolerance and exactness now."""
         tol, exact = self.tolerance(session, a[0].dtype, b[0].dtype)
         return (
-            cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact),
+            cache_key([t.digest for t in a], [t.digest for t in b], self.alignment_key(pair), tol, exact, self.top),
             tol,
             exact,
         )

@@ -29,6 +29,7 @@ class CompareRequest:
     pairing: dict[str, Any] = field(default_factory=dict)  # a pairing file's JSON, checked by `compare_runs`
     pairing_shown: str | None = None  # the pairing file's path, for messages
     fail_fast: bool = False
+    ulp: int | None = None  # set: pairs pass within this many ULPs of their lower-precision dtype
     more: tuple[Path, ...] = ()  # further candidate runs after `b`, absolute, each compared with the reference
     more_shown: tuple[str, ...] = ()
     noise: Path | None = None  # a rerun of the reference, absolute: the noise floor (`compare/noise.py`)

@@ -71,3 +71,30 @@ def rank_culprits(errors: list[TensorError]) -> list[Culprit]:
     ]
     culprits.sort(key=lambda c: (-c.added_error, -c.depth, c.position))
     return culprits
+
+
+@dataclass(frozen=True)
+class StageCulprit:
+    """A stage of a plain dump (no module traces) and the error it adds: its relative RMSE minus that of the
+    tensor before it in execution order (within its layer, or the last of the layer before for a layer's first)."""
+
+    position: int
+    previous: int | None  # the position of the tensor before it; None for the first
+    added_error: float
+    input_error: float
+    output_error: float
+
+
+def rank_stages(errors: list[tuple[int, float]]) -> list[StageCulprit]:
+    """Stages by the error they add, largest first (on a tie, the earlier): `errors` holds each compared tensor's
+    (execution position, relative RMSE) in execution order; only those that add some error are ranked."""
+    ranked: list[StageCulprit] = []
+    previous: tuple[int, float] | None = None
+    for position, error in errors:
+        before = previous[1] if previous is not None else 0.0
+        added = added_error(before, error)
+        if added > 0:
+            ranked.append(StageCulprit(position, previous[0] if previous else None, added, before, error))
+        previous = (position, error)
+    ranked.sort(key=lambda c: (-c.added_error, c.position))
+    return ranked

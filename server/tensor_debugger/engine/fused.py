@@ -50,6 +50,11 @@ def summary_type() -> type[ctypes.Structure]:
     return type("FusedSummary", (ctypes.Structure,), {"_fields_": fields("TD_SUMMARY_FIELDS")})
 
 
+def top_limit() -> int:
+    """The most worst elements a partial keeps (TD_TOP)."""
+    return constant("TD_TOP")
+
+
 def edge_count() -> int:
     """How many histogram edges a partial counts (TD_EDGES)."""
     return constant("TD_EDGES")
@@ -211,10 +216,11 @@ def _compute(values: np.ndarray) -> np.ndarray:
 
 
 def fused_partial(
-    a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray
+    a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
 ) -> FusedPartial | None:
-    """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, or None where the kernel
-    is not in use. NaN and Inf are not looked for: the caller checks that `norm_a` and `norm_b` are finite."""
+    """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, with their `top` worst
+    elements, or None where the kernel is not in use. NaN and Inf are not looked for: the caller checks that
+    `norm_a` and `norm_b` are finite."""
     if a.size != b.size:  # the kernel reads `a.size` values of each: never past the end of `b`
         raise ValueError(f"blocks differ in size: {a.size} and {b.size}")
     library = None if _numpy_asked() else _library()
@@ -224,7 +230,7 @@ def fused_partial(
     function = _function(library, f"td_stats_{_CODES[a.dtype]}{_CODES[b.dtype]}")
     if function is None:
         return None
-    out = empty_partial()
+    out = empty_partial(top)
     function(a.ctypes.data, b.ctypes.data, a.size, 0, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
     return out
 
@@ -240,10 +246,13 @@ def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
     return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
 
-def empty_partial() -> FusedPartial:
-    """A partial of no values (max_abs and argmax -1, the rest 0), for a kernel to fold values into."""
+def empty_partial(top: int = 0) -> FusedPartial:
+    """A partial of no values (max_abs and argmax -1, the rest 0) that keeps `top` worst elements (0 to
+    top_limit()), for a kernel to fold values into."""
+    if not 0 <= top <= top_limit():
+        raise ValueError(f"the number of worst elements must be 0 to {top_limit()}, got {top}")
     out = partial_type()()
-    out.max_abs, out.argmax = -1.0, -1
+    out.max_abs, out.argmax, out.top_k = -1.0, -1, top
     return out
 
 

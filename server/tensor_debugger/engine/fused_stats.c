@@ -186,6 +186,96 @@ INLINE void histogram(const float *diff, int64_t m, float top, int64_t nonzero, 
         return -1;                                                                                               \
     }
 
+/* The worst elements (td_partial's heap, kernel_structs.h): whether (d, at) ranks below the heap's entry i (a
+ * smaller difference, or the same at a later position), and keeping (d, at, x, y) in place of the smallest once the
+ * heap holds top_k. */
+INLINE int worse(const td_partial *h, double d, int64_t at, int64_t i) {
+    return d < h->top_abs[i] || (d == h->top_abs[i] && at > h->top_at[i]);
+}
+INLINE void heap_set(td_partial *h, int64_t i, double d, int64_t at, double x, double y) {
+    h->top_abs[i] = d;
+    h->top_at[i] = at;
+    h->top_a[i] = x;
+    h->top_b[i] = y;
+}
+INLINE void keep_worst(td_partial *h, double d, int64_t at, double x, double y) {
+    int64_t i;
+    if (h->top_n < h->top_k) { /* not full: sift up from the end */
+        i = h->top_n++;
+        while (i > 0 && worse(h, d, at, (i - 1) / 2)) {
+            int64_t p = (i - 1) / 2;
+            heap_set(h, i, h->top_abs[p], h->top_at[p], h->top_a[p], h->top_b[p]);
+            i = p;
+        }
+    } else { /* in place of the smallest: sift down */
+        i = 0;
+        for (;;) {
+            int64_t c = 2 * i + 1;
+            if (c >= h->top_n) break;
+            if (c + 1 < h->top_n && !worse(h, h->top_abs[c], h->top_at[c], c + 1)) c++;
+            if (worse(h, d, at, c)) break;
+            heap_set(h, i, h->top_abs[c], h->top_at[c], h->top_a[c], h->top_b[c]);
+            i = c;
+        }
+    }
+    heap_set(h, i, d, at, x, y);
+}
+/* The difference an element must exceed to enter the heap: above zero until it is full, then its smallest (a tie
+ * with it comes later in the block, so it stays out). */
+INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.0 : h->top_abs[0]; }
+
+/* Offer a sub-block's differences above the heap's floor to it (computed as STEP computes them); called only where
+ * the sub-block's largest difference is above the floor. Until the heap is full, every element is looked at. Then the
+ * sub-block's float32 differences (`diff`, `padded` of them, zeros after the m real ones) pick the candidates: an
+ * element above the floor has a float32 difference of at least the floor's (rounding is monotonic), and where more
+ * than 4 * top_k reach that, a higher threshold that at least top_k of them reach is found by bisecting float32 bit
+ * patterns (an element below it is smaller than top_k others of the sub-block, so not among the worst). Only
+ * candidates are computed again exactly. */
+#define WORST(TA, TB)                                                                                            \
+    static void worst_##TA##_##TB(const TA *a, const TB *b, const float *diff, int64_t m, int64_t padded,        \
+                                  float sub_top, int64_t base, td_partial *out) {                                \
+        float t = (float)worst_floor(out);                                                                       \
+        if (out->top_n < out->top_k || !(t > 0)) {                                                               \
+            for (int64_t k = 0; k < m; k++) {                                                                    \
+                double x = one_##TA(a + k), y = one_##TB(b + k), d = __builtin_fabs(x - y);                      \
+                if (d > worst_floor(out)) keep_worst(out, d, base + k, x, y);                                    \
+            }                                                                                                    \
+            return;                                                                                              \
+        }                                                                                                        \
+        int64_t count = reaching(diff, padded, t);                                                               \
+        uint32_t lo, hi;                                                                                         \
+        memcpy(&lo, &t, sizeof lo);                                                                              \
+        memcpy(&hi, &sub_top, sizeof hi);                                                                        \
+        hi += 1;                                                                                                 \
+        while (count > 4 * out->top_k && hi - lo > 1) { /* count: how many reach lo, at least top_k */           \
+            uint32_t mid = lo + (hi - lo) / 2;                                                                   \
+            float u;                                                                                             \
+            memcpy(&u, &mid, sizeof u);                                                                          \
+            int64_t c = reaching(diff, padded, u);                                                               \
+            if (c >= out->top_k) {                                                                               \
+                lo = mid;                                                                                        \
+                count = c;                                                                                       \
+            } else {                                                                                             \
+                hi = mid;                                                                                        \
+            }                                                                                                    \
+        }                                                                                                        \
+        memcpy(&t, &lo, sizeof t);                                                                               \
+        const vh e = (vh){0} + t;                                                                                \
+        for (int64_t j = 0; j < m; j += HLANES) {                                                                \
+            vh d32;                                                                                              \
+            memcpy(&d32, diff + j, sizeof d32);                                                                  \
+            vi hit = d32 >= e;                                                                                   \
+            int found = 0;                                                                                       \
+            for (int i = 0; i < HLANES; i++) found |= hit[i];                                                    \
+            if (!found) continue;                                                                                \
+            for (int i = 0; i < HLANES && j + i < m; i++) {                                                      \
+                if (!hit[i]) continue;                                                                           \
+                double x = one_##TA(a + j + i), y = one_##TB(b + j + i), d = __builtin_fabs(x - y);              \
+                if (d > worst_floor(out)) keep_worst(out, d, base + j + i, x, y);                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
 /* The relative differences of a sub-block where some reference is zero: only over non-zero references. */
 #define REL_EXACT(TA, TB)                                                                                        \
     INLINE void rel_exact_##TA##_##TB(const TA *a, const TB *b, int64_t m, double *sum, double *top,              \
@@ -208,6 +298,7 @@ INLINE void histogram(const float *diff, int64_t m, float top, int64_t nonzero, 
  * numpy path's, and a caller may stop early. */
 #define KERNEL(NAME, TA, TB)                                                                                     \
     FIND(TA, TB)                                                                                                 \
+    WORST(TA, TB)                                                                                                \
     REL_EXACT(TA, TB)                                                                                            \
     int FAMILY(NAME)(const TA *a, const TB *b, int64_t n, int64_t base, double atol, double rtol, int check,     \
                      const double *edges, td_partial *out) {                                                     \
@@ -248,6 +339,8 @@ INLINE void histogram(const float *diff, int64_t m, float top, int64_t nonzero, 
                     out->argmax = base + start + k;                                                              \
                 }                                                                                                \
             }                                                                                                    \
+            if (out->top_k > 0 && sub_top > worst_floor(out)) /* some element may be among the worst */          \
+                worst_##TA##_##TB(pa, pb, diff, m, j, (float)sub_top, base + start, out);                        \
             double rel_sum = hsum(rel);                                                                          \
             if (rel_sum - rel_sum == 0) { /* every reference non-zero */                                         \
                 double t = hmax(rel_top);                                                                        \

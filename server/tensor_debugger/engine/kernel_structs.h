@@ -12,11 +12,14 @@
 #include <stdint.h>
 
 #define TD_EDGES 16 /* histogram edges: |a - b| >= 1e-12, 1e-11, ..., 1e3 */
+#define TD_TOP 64   /* the most worst elements a partial keeps */
 
 /* One block's statistics of a pair (fused_stats.c): the largest |a - b| (-1 when empty) and its first flat
  * position; sums of |a - b| and (a - b)^2; of |a - b| / |a| where a != 0, their largest and how many; the dot
  * product and both norms; elements outside the tolerance; elements that differ; and per histogram edge, the
- * elements whose |a - b| is at least the edge. */
+ * elements whose |a - b| is at least the edge. Then the worst elements: top_k (set by the caller, 0 to TD_TOP) is how
+ * many to keep, top_n how many are kept: a heap of the largest |a - b| above zero (the smallest at 0; on ties, the
+ * later position is the smaller), with each one's flat position and both values. */
 #define TD_PARTIAL_FIELDS(FIELD, ARRAY)                                                                           \
     FIELD(double, max_abs)                                                                                       \
     FIELD(int64_t, argmax)                                                                                       \
@@ -30,7 +33,13 @@
     FIELD(double, norm_b)                                                                                        \
     FIELD(int64_t, mismatched)                                                                                   \
     FIELD(int64_t, nonzero)                                                                                      \
-    ARRAY(int64_t, at_least, TD_EDGES)
+    ARRAY(int64_t, at_least, TD_EDGES)                                                                          \
+    FIELD(int64_t, top_k)                                                                                        \
+    FIELD(int64_t, top_n)                                                                                        \
+    ARRAY(double, top_abs, TD_TOP)                                                                               \
+    ARRAY(int64_t, top_at, TD_TOP)                                                                               \
+    ARRAY(double, top_a, TD_TOP)                                                                                 \
+    ARRAY(double, top_b, TD_TOP)
 
 /* One block's finite values (fused_stats.c's summary kernels): count, mean, sum of squared deviations, min, max. */
 #define TD_SUMMARY_FIELDS(FIELD, ARRAY)                                                                           \

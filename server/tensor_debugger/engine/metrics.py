@@ -2,20 +2,23 @@
 
 Every statistic is over the aligned tensor. NaN is never folded away: NaN counts are kept per side, a NaN on
 either side makes its element a mismatch, and it makes the cosine similarity and SNR NaN. Relative differences
-are |b - a| / |a| over elements whose reference value is non-zero.
+are |b - a| / |a| over elements whose reference value is non-zero. The worst elements are the `top` largest
+differences above zero, largest first (a NaN outranks all, as for the largest difference; on ties, the first in C
+order), with their aligned index and both values.
 """
 
 from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from tensor_debugger.engine.fused import FusedPartial, fused_partial
+from tensor_debugger.engine.fused import FusedPartial, fused_partial, top_limit
 from tensor_debugger.engine.tolerances import Tolerance
 
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
@@ -28,6 +31,10 @@ _EDGES = [float(e) for e in 10.0 ** np.arange(HIST_LOW + 1, HIST_HIGH + 1)]  # t
 _EDGES32 = [float(np.float32(e)) for e in _EDGES]
 # (block origin in aligned coordinates, block shape, aligned shape, offset of this slice in the flat block)
 _Where = tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
+DEFAULT_TOP = 8  # worst elements kept per pair (Settings.top, `compare --top`)
+# A worst element, ordered as they rank: (0 for a NaN else 1, -|a - b| (0 for a NaN), aligned flat position, aligned
+# index, |a - b|, a, b)
+_Worst = tuple[int, float, int, tuple[int, ...], float, Any, Any]
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class PairStats:
     histogram: list[int]  # [zero, decades HIST_LOW..HIST_HIGH-1 ..., >= 10**HIST_HIGH or inf]
     rtol: float
     atol: float
+    # the largest differences, largest first: {"index": aligned index, "a", "b", "abs_diff"} (JSON-ready numbers)
+    worst: list[dict[str, Any]] = field(default_factory=list)
+    ulp: int = 0  # above 0: the tolerance was this many ULPs of ulp_dtype (rtol and atol unused)
+    ulp_dtype: str = ""
 
     @property
     def passed(self) -> bool:
@@ -64,7 +75,9 @@ class PairStats:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PairStats:
-        values = {k: parse_number(v) if k not in ("argmax", "histogram") else v for k, v in data.items()}
+        values = {
+            k: parse_number(v) if k not in ("argmax", "histogram", "worst", "ulp_dtype") else v for k, v in data.items()
+        }
         values["argmax"] = tuple(data["argmax"]) if data.get("argmax") is not None else None
         return cls(**values)
 
@@ -78,6 +91,13 @@ def json_number(value: float) -> float | str:
     return value
 
 
+def _json_value(value: Any) -> float | int | str:
+    """An element's value in JSON: numbers as json_number writes them, a complex value as text ("(1+2j)")."""
+    if isinstance(value, complex):
+        return str(value)
+    return json_number(float(value)) if isinstance(value, float) else int(value)
+
+
 def parse_number(value: Any) -> Any:
     return float(value) if isinstance(value, str) else value
 
@@ -85,9 +105,14 @@ def parse_number(value: Any) -> Any:
 class PairAccumulator:
     """Partial statistics of some blocks; `merge` combines partials (blocks may be done in parallel)."""
 
-    def __init__(self, tolerance: Tolerance, exact: bool) -> None:
+    def __init__(self, tolerance: Tolerance, exact: bool, top: int = DEFAULT_TOP) -> None:
+        """`top`: how many worst elements to keep (0 to fused.top_limit())."""
+        if not 0 <= top <= top_limit():
+            raise ValueError(f"the number of worst elements must be 0 to {top_limit()}, got {top}")
         self.tol = tolerance
         self.exact = exact
+        self.top = top
+        self.worst: list[_Worst] = []  # at most `top`, in rank order
         self.numel = 0
         self.valid = 0  # elements where neither side is NaN
         self.max_abs = -1.0
@@ -158,8 +183,16 @@ class PairAccumulator:
     def _add_fused(self, a: np.ndarray, b: np.ndarray, where: _Where) -> bool:
         """The whole block in one pass of the compiled kernel, when it is in use and the block is finite (else
         False, and nothing is folded in)."""
-        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact, edges())
-        return part is not None and self._fold(part, a.size, where)
+        ulp = bool(self.tol.ulp) and not self.exact  # the kernel tests rtol and atol only: ULPs are counted here
+        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact and not ulp, edges(), self.top)
+        if part is None or not self._fold(part, a.size, where):
+            return False
+        if ulp:
+            for start in range(0, a.size, _SLICE):
+                x = a[start : start + _SLICE].astype(np.float64)
+                outside = np.abs(x - b[start : start + _SLICE]) > self.tol.bound(np.abs(x))
+                self.mismatched += int(np.count_nonzero(outside))
+        return True
 
     def _fold(self, part: FusedPartial, n: int, where: _Where) -> bool:
         if not (math.isfinite(part.norm_a) and math.isfinite(part.norm_b)):
@@ -178,7 +211,54 @@ class PairAccumulator:
         self.norm_b += part.norm_b
         self.nonzero += part.nonzero
         self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, part.at_least, strict=True)]
+        if part.top_n:
+            n_top = part.top_n
+            at = np.array(part.top_at[:n_top], dtype=np.int64)
+            entries = zip(
+                self._positions(at, where), part.top_abs[:n_top], part.top_a[:n_top], part.top_b[:n_top], strict=True
+            )
+            self._take([(1, -d, flat, index, d, x, y) for (flat, index), d, x, y in entries])
         return True
+
+    def _positions(self, local: np.ndarray, where: _Where) -> list[tuple[int, tuple[int, ...]]]:
+        """(aligned flat position, aligned index) of flat positions `local` of the slice `where` says."""
+        origin, block_shape, shape, offset = where
+        if not shape:
+            return [(0, ())] * local.size
+        in_block = np.unravel_index(local + offset, block_shape)
+        index = np.stack([o + i for o, i in zip(origin, in_block, strict=True)])
+        flat = np.ravel_multi_index(tuple(index), shape)
+        return [(int(f), tuple(int(i) for i in column)) for f, column in zip(flat, index.T, strict=True)]
+
+    def _floor(self) -> float:
+        """The difference an element must exceed to be among the worst kept (a NaN among them: infinity)."""
+        if len(self.worst) < self.top:
+            return 0.0
+        last = self.worst[-1]
+        return math.inf if last[0] == 0 else last[4]
+
+    def _take(self, entries: list[_Worst]) -> None:
+        if entries:
+            self.worst = heapq.nsmallest(self.top, self.worst + entries)
+
+    def _offer(self, diff: np.ndarray, a64: np.ndarray, b64: np.ndarray, nan: np.ndarray | None, where: _Where) -> None:
+        """Keep the worst of a slice's differences `diff` (NaN where `nan`; a NaN compares false below) and values."""
+        floor = self._floor()
+        above = np.flatnonzero(diff > floor)
+        if above.size > self.top:  # the `top` largest, ties at the last included: ranked exactly by _take
+            cut = np.partition(diff[above], above.size - self.top)[above.size - self.top]
+            above = above[diff[above] >= cut]
+        entries: list[_Worst] = [
+            (1, -float(diff[i]), flat, index, float(diff[i]), a64[i].item(), b64[i].item())
+            for i, (flat, index) in zip(above, self._positions(above, where), strict=True)
+        ]
+        if nan is not None and math.isfinite(floor):
+            first = np.flatnonzero(nan)[: self.top]
+            entries += [
+                (0, 0.0, flat, index, math.nan, a64[i].item(), b64[i].item())
+                for i, (flat, index) in zip(first, self._positions(first, where), strict=True)
+            ]
+        self._take(entries)
 
     def _add_finite(
         self, a64: np.ndarray, b64: np.ndarray, norm_a: float, norm_b: float, buffers: _Buffers, where: _Where
@@ -190,6 +270,8 @@ class PairAccumulator:
         local = int(np.argmax(diff))
         top = float(diff[local])
         self._consider_max(top, False, local, where)
+        if self.top and top > self._floor():
+            self._offer(diff, a64, b64, None, where)
         self.valid += n
         self.sum_abs += float(diff.sum())
         self.sum_sq += _dot(diff, diff)
@@ -198,9 +280,12 @@ class PairAccumulator:
         scratch = buffers.scratch[:n]
         # Elements outside atol + rtol * |a|: none when even the largest difference is within the smallest bound
         # (rounding is monotonic, so every element's bound is at least that one).
-        if not self.exact and top > self.tol.atol + low * self.tol.rtol:
-            np.multiply(ref, self.tol.rtol, out=scratch)
-            scratch += self.tol.atol
+        if not self.exact and top > self.tol.smallest_bound(low):
+            if self.tol.ulp:
+                scratch[:] = self.tol.bound(ref)
+            else:
+                np.multiply(ref, self.tol.rtol, out=scratch)
+                scratch += self.tol.atol
             outside = np.greater(diff, scratch, out=buffers.flags[:n])
             self.mismatched += int(np.count_nonzero(outside))
         if low > 0:
@@ -241,9 +326,11 @@ class PairAccumulator:
         abs_a = np.abs(a64)
         if not self.exact:
             with np.errstate(invalid="ignore"):
-                close = diff <= self.tol.atol + self.tol.rtol * abs_a
+                close = diff <= (self.tol.bound(abs_a) if self.tol.ulp else self.tol.atol + self.tol.rtol * abs_a)
             close &= ~inf_a | (a64 == b64)  # an infinite reference is close only to itself (torch.isclose)
             self.mismatched += int(n - np.count_nonzero(close))  # NaN compares false: a mismatch
+        if self.top:
+            self._offer(diff, a64, b64, any_nan, where)
         if any_nan.any():  # a NaN is the largest difference there is
             self._consider_max(math.inf, True, int(np.argmax(any_nan)), where)
         else:
@@ -334,6 +421,7 @@ class PairAccumulator:
         self.max_rel = max(self.max_rel, other.max_rel)
         self.nonzero += other.nonzero
         self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, other.at_least, strict=True)]
+        self._take(other.worst)
         if other.argmax is None:
             return
         mine = math.inf if math.isnan(self.max_abs) else self.max_abs
@@ -371,6 +459,12 @@ class PairAccumulator:
             histogram=self._histogram_counts(),
             rtol=self.tol.rtol,
             atol=self.tol.atol,
+            ulp=self.tol.ulp,
+            ulp_dtype=self.tol.ulp_dtype,
+            worst=[
+                {"index": list(index), "a": _json_value(x), "b": _json_value(y), "abs_diff": json_number(d)}
+                for _, _, _, index, d, x, y in self.worst
+            ],
         )
 
 

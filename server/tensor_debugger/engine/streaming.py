@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.fused import FusedPartial
-from tensor_debugger.engine.metrics import PairAccumulator, PairStats
+from tensor_debugger.engine.metrics import DEFAULT_TOP, PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
 
@@ -43,6 +43,7 @@ class PairJob(Generic[Key]):
     tolerance: Tolerance
     exact: bool  # integers and bools: any difference is a mismatch
     reduce: Reduce | None = None  # tried first for every block
+    top: int = DEFAULT_TOP  # worst elements kept (the reducer keeps as many)
 
 
 @dataclass
@@ -55,7 +56,7 @@ class _Running(Generic[Key]):
 
     def work(self, region: Region) -> PairAccumulator:
         job = self.job
-        part = PairAccumulator(job.tolerance, job.exact)
+        part = PairAccumulator(job.tolerance, job.exact, job.top)
         if self.error is not None:  # an earlier block failed: this one's result would be thrown away
             return part
         origin = tuple(s.start for s in region)
@@ -113,7 +114,7 @@ def compare_stream(
             yield state.job.key, state.error if state.error is not None else state.total.result()
 
     for job in jobs:  # taking the next job runs the caller's set-up while the pool computes
-        state = _Running(job, PairAccumulator(job.tolerance, job.exact))
+        state = _Running(job, PairAccumulator(job.tolerance, job.exact, job.top))
         running.append(state)
         for region in _regions(job, state):
             if state.error is not None:  # a block failed: the pair's result is that error, read no more
@@ -153,10 +154,11 @@ def compare_views(
     exact: bool,
     pool: ThreadPoolExecutor,
     in_flight: int | None = None,
+    top: int = DEFAULT_TOP,
 ) -> PairStats:
     """Exact statistics over every element of two views of the same shape (one pair of `compare_stream`);
     raises what reading or comparing raised."""
-    ((_, result),) = compare_stream([PairJob(None, a, b, tolerance, exact)], pool, in_flight)
+    ((_, result),) = compare_stream([PairJob(None, a, b, tolerance, exact, None, top)], pool, in_flight)
     if isinstance(result, Exception):
         raise result
     return result

@@ -129,12 +129,15 @@ def update_session(db: DbSession, session_id: int, name: str | None, notes: str 
     return session
 
 
-def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | None) -> None:
-    """Set the session's tolerances (None: torch.testing's default for each pair's dtypes)."""
+def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | None, ulp: int | None = None) -> None:
+    """Set the session's tolerances (None: torch.testing's default for each pair's dtypes); `ulp` (1 or more)
+    judges float pairs in ULPs of their lower-precision dtype instead."""
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (value >= 0 and value < float("inf")):
             raise InvalidInputError(f"{name} must be a non-negative finite number, got {value}")
-    session.rtol, session.atol = rtol, atol
+    if ulp is not None and (isinstance(ulp, bool) or not isinstance(ulp, int) or not 1 <= ulp <= 2**20):
+        raise InvalidInputError(f"ulp must be a whole number of units in the last place, 1 to {2**20}, got {ulp}")
+    session.rtol, session.atol, session.ulp = rtol, atol, ulp
 
 
 def set_noise_factor(session: SessionRecord, factor: float | None) -> None:

@@ -133,6 +133,7 @@ class Tolerances:
 
     rtol: float | None
     atol: float | None
+    ulp: int | None  # set: an element passes within this many ULPs of the pair's lower-precision dtype instead
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class SessionReport:
             session.name,
             session.notes,
             iso(session.created_at),
-            Tolerances(session.rtol, session.atol),
+            Tolerances(session.rtol, session.atol, session.ulp),
             [RunReport.of(r) for r in session.runs],
             _strategies(session),
             session.name_pattern,
@@ -183,7 +184,7 @@ class SessionDetail:
             session.name,
             session.notes,
             iso(session.created_at),
-            Tolerances(session.rtol, session.atol),
+            Tolerances(session.rtol, session.atol, session.ulp),
             [RunWithProblems.of(r) for r in session.runs],
             _strategies(session),
             session.name_pattern,

@@ -23,4 +23,6 @@ class ComparisonResultRecord(Base):
     rtol: Mapped[float]
     atol: Mapped[float]
     stats: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # error profiles computed on request (compare/profiles.py), by aligned dimension ("0", "1", ...); null: none yet
+    profiles: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

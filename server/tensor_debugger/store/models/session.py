@@ -23,6 +23,7 @@ class SessionRecord(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     rtol: Mapped[float | None]  # the session's tolerances; null: torch.testing's defaults for each pair's dtypes
     atol: Mapped[float | None]
+    ulp: Mapped[int | None]  # above 0: pairs pass within this many ULPs of their lower-precision dtype, not rtol/atol
     noise_factor: Mapped[float | None]  # with a noise run: a pair passes when its error is within this times the noise
     # the user's order of pairs ("reference name|candidate name"), set by dragging rows; null: execution order
     pair_order: Mapped[list[Any] | None] = mapped_column(JSON)

@@ -182,8 +182,14 @@ class PageController(Controller):
         if data.get("action") == "reset":
             services.actions.set_tolerances(session_id, None, None)
         else:
+            ulp = _optional_float(data.get("ulp"), "ulp")
+            if ulp is not None and not ulp.is_integer():
+                raise InvalidInputError(f"ulp must be a whole number, got {ulp}")
             services.actions.set_tolerances(
-                session_id, _optional_float(data.get("rtol"), "rtol"), _optional_float(data.get("atol"), "atol")
+                session_id,
+                _optional_float(data.get("rtol"), "rtol"),
+                _optional_float(data.get("atol"), "atol"),
+                None if ulp is None else int(ulp),
             )
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
@@ -292,16 +298,18 @@ class PageController(Controller):
         b_index: str = "",
         b_start: str = "",
         b_count: str = "",
+        profile: str = "",
     ) -> Template:
         """A pair's statistics, alignment and the value inspector; the window lives in the URL. `mode=manual`
-        adds each run's own values with its own dimension controls (a_* and b_* parameters)."""
+        adds each run's own values with its own dimension controls (a_* and b_* parameters); `profile=D` plots the
+        error profile along aligned dimension D."""
         manual = (
             {"a": ManualSide(a_shard, a_index, a_start, a_count), "b": ManualSide(b_shard, b_index, b_start, b_count)}
             if mode == "manual"
             else None
         )
         with services.sessions() as db:
-            context = pair_page_context(db, services, pair_id, index, start, count, manual)
+            context = pair_page_context(db, services, pair_id, index, start, count, manual, profile)
             return Template("pair.html", context=context)
 
     @get("/pairs/{pair_id:int}/heatmap.svg", sync_to_thread=True, media_type="image/svg+xml")

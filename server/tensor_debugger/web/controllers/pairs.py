@@ -16,6 +16,7 @@ from tensor_debugger.compare.pair_reports import (
     pair_detail,
     session_pairs,
 )
+from tensor_debugger.compare.profiles import ErrorProfile, error_profile
 from tensor_debugger.compare.slices import SliceReport, parse_slice_request, read_slice
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
@@ -114,6 +115,18 @@ class PairController(Controller):
     def argmax(self, services: Services, pair_id: int) -> ArgmaxReport | None:
         with services.sessions() as db:
             return pair_detail(db, services.comparisons, pair_id).argmax
+
+    @get("/{pair_id:int}/profile", sync_to_thread=True, responses=error_responses(404))
+    def profile(
+        self,
+        services: Services,
+        pair_id: int,
+        dim: int = Parameter(description="the aligned dimension to profile (0 for the first)"),
+    ) -> ErrorProfile:
+        """Per index of aligned dimension `dim`: the largest and the mean |difference| and the elements outside the
+        tolerance, read chunk by chunk on first request and kept with the pair's result."""
+        with services.sessions() as db:
+            return error_profile(db, services.comparisons, pair_id, dim)
 
     @get("/{pair_id:int}/slice", sync_to_thread=True, responses=error_responses(404))
     def slice_values(

@@ -13,6 +13,15 @@ from tensor_debugger.store import catalog
 from tensor_debugger.web.error_responses import MAX_INT64, error_responses
 
 
+def checked_diff(services: Services, a: int, b: int) -> SessionDiff:
+    """The diff of sessions `a` and `b`; an id outside 0 to 2^63-1 names no session (404), as in a path."""
+    for session_id in (a, b):
+        if not 0 <= session_id <= MAX_INT64:
+            raise NotFoundError(f"no session with id {session_id}")
+    with services.sessions() as db:
+        return diff_sessions(db, a, b)
+
+
 class SessionDiffController(Controller):
     tags = ["sessions"]
 
@@ -21,16 +30,12 @@ class SessionDiffController(Controller):
         """Pairs of session `a` and session `b` matched by name (by candidate label too where a session has
         several candidates): each one's verdict and max |diff| in both, B / A, and the change ("fixed",
         "broken", "better", "worse", "same", "only in A", "only in B"), with how many of each."""
-        for given in (a, b):
-            if not 0 <= given <= MAX_INT64:  # names no session, and fits no database integer
-                raise NotFoundError(f"no session with id {given}")
-        with services.sessions() as db:
-            return diff_sessions(db, a, b)
+        return checked_diff(services, a, b)
 
-    @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like PageController's
+    @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)
     def compare_sessions_page(self, services: Services, a: int | None = None, b: int | None = None) -> Template:
         """Did my fix help, and did it break anything else: session `a` (before) against `b` (after)."""
+        diff = checked_diff(services, a, b) if a is not None and b is not None else None
         with services.sessions() as db:
             sessions = catalog.list_sessions(db)
-            diff = diff_sessions(db, a, b) if a is not None and b is not None else None
         return Template("session_diff.html", context={"sessions": sessions, "diff": diff, "a": a, "b": b})

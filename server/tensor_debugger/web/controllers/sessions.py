@@ -78,6 +78,7 @@ class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
     rtol: float | None = None  # the session's tolerances; verdicts follow
     atol: float | None = None
     default_tolerances: bool = False  # true: back to torch.testing's defaults per dtype
+    ulp: int | None = None  # pass within this many ULPs of each pair's lower-precision dtype, instead of rtol/atol
     # the chain of pairing strategies, a list or a comma list as --strategies takes it ("name,fuzzy:0.8");
     # [] or "": the default chain. A change pairs the session again.
     strategies: list[str] | str | None = None
@@ -124,6 +125,7 @@ class SessionController(Controller):
             data.default_tolerances,
             data.strategies,
             data.name_pattern,
+            ulp=data.ulp,
         )
 
     @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))

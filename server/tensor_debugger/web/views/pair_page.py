@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import urlencode
@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.inspector import build_inspector, build_raw_grid
 from tensor_debugger.compare.pair_reports import pair_detail
+from tensor_debugger.compare.profiles import ErrorProfile, error_profile
 from tensor_debugger.compare.slices import SliceRequest, parse_slice_request, read_window
 from tensor_debugger.engine.alignment import Shape
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
@@ -80,6 +81,45 @@ def heatmap_spec(shape: Shape, request: SliceRequest) -> str | None:
         else:
             parts.append(str(request.start[free.index(dim)]))
     return ",".join(parts)
+
+
+PROFILE_WIDTH, PROFILE_HEIGHT = 600.0, 160.0
+
+
+def profile_chart(profile: ErrorProfile) -> dict[str, Any]:
+    """An error profile as SVG polylines (log10 of the largest and the mean |difference| per index) in a
+    PROFILE_WIDTH x PROFILE_HEIGHT box, with the decades it spans and its worst index."""
+
+    def numbers(values: list[Any]) -> list[float | None]:
+        return [v if isinstance(v, int | float) and v > 0 else None for v in values]
+
+    top, mean = numbers(profile.max_abs_diff), numbers(profile.mean_abs_diff)
+    present = [math.log10(v) for v in (*top, *mean) if v is not None]
+    low, high = (math.floor(min(present)), math.ceil(max(present))) if present else (0, 1)
+    high = max(high, low + 1)
+    step = PROFILE_WIDTH / max(profile.size - 1, 1)
+
+    def points(values: list[float | None]) -> str:
+        return " ".join(
+            f"{i * step:.1f},{PROFILE_HEIGHT - (math.log10(v) - low) / (high - low) * PROFILE_HEIGHT:.1f}"
+            for i, v in enumerate(values)
+            if v is not None
+        )
+
+    nan = [i for i, v in enumerate(profile.max_abs_diff) if v == "nan"]
+    ranked = [(v, i) for i, v in enumerate(top) if v is not None]
+    return {
+        "profile": profile,
+        "top_points": points(top),
+        "mean_points": points(mean),
+        "low": low,
+        "high": high,
+        "nan": nan,
+        "worst_index": max(ranked)[1] if ranked else None,
+        "mismatched_indices": sum(1 for m in profile.mismatched if m),
+        "width": PROFILE_WIDTH,
+        "height": PROFILE_HEIGHT,
+    }
 
 
 def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
@@ -153,6 +193,7 @@ def pair_page_context(
     start: str,
     count: str,
     manual: dict[str, ManualSide] | None = None,
+    profile: str = "",
 ) -> dict[str, Any]:
     detail = pair_detail(db, services.comparisons, pair_id)
     pair = db.get_one(PairRecord, pair_id)
@@ -166,6 +207,7 @@ def pair_page_context(
         "inspector": None,
         "window": None,
         "histogram": histogram_bars(detail.stats.histogram if detail.stats else []),
+        "worst": [{**asdict(w), "url": None} for w in detail.stats.worst] if detail.stats else [],
     }
     if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
         return context
@@ -191,9 +233,18 @@ def pair_page_context(
         context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.svg?{urlencode({'fixed': spec})}"
         context["heatmap_spec"] = spec
     context["window"] = {**params, "shape": list(shape)}
+    context["profile_dims"] = list(enumerate(shape))
+    if profile.strip():
+        try:
+            dim = int(profile)
+        except ValueError:
+            raise InvalidInputError(f"profile must be an aligned dimension (a whole number), got {profile!r}") from None
+        context["profile"] = profile_chart(error_profile(db, services.comparisons, pair_id, dim))
     if detail.argmax:
         jump = centred_window(shape, tuple(detail.argmax.aligned), request)
         context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
+    for row in context["worst"]:  # each opens the inspector on its element
+        row["url"] = f"/pairs/{pair_id}?{urlencode(centred_window(shape, tuple(row['index']), request))}"
     return context
 
 

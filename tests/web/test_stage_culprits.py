@@ -1,0 +1,56 @@
+"""Culprits of a plain dump (no module traces) through `compare --json` and the session page: the stage that
+creates an error ranks above those that carry it on."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import torch
+
+from tests.support.dumps import make_zip, seeded
+from tests.support.servers import LiveServer, run_cli, upload, wait_done
+
+# (name, relative error of the candidate): 0_mlp_out starts a small error, 1_attn_out adds the large one
+STAGES = [("0_attn_out", 0.0), ("0_mlp_out", 1e-3), ("1_attn_out", 0.05), ("1_mlp_out", 0.05), ("2_attn_out", 0.05)]
+
+
+def plain_runs(root: Path) -> tuple[Path, Path]:
+    ref, cand = root / "ref", root / "cand"
+    ref.mkdir()
+    cand.mkdir()
+    for n, (name, error) in enumerate(STAGES):
+        a = seeded((32, 64), n)
+        noise = seeded((32, 64), 100 + n)
+        b = a + noise * (error * a.norm() / noise.norm())
+        torch.save(a, ref / f"{name}.pth")
+        torch.save(b, cand / f"{name}.pth")
+    return ref, cand
+
+
+def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) -> None:
+    ref, cand = plain_runs(tmp_path)
+    done = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
+    assert done.returncode == 1, done.stderr
+    culprits = json.loads(done.stdout)["culprits"]
+    assert [c["name"] for c in culprits][:2] == ["1_attn_out", "0_mlp_out"]
+    first = culprits[0]
+    assert (first["layer"], first["stage"], first["previous"]) == (1, "attn_out", "0_mlp_out")
+    assert abs(first["output_error"] - 0.05) < 1e-4 and abs(first["input_error"] - 1e-3) < 1e-5
+    assert abs(first["added_error"] - (first["output_error"] - first["input_error"])) < 1e-12
+    table = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
+    assert "stages by the error they added" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
+
+
+def test_session_page_explains_and_lists_the_stages(shared_server: LiveServer, tmp_path: Path) -> None:
+    ref, cand = plain_runs(tmp_path)
+    files = [("reference", make_zip(ref, tmp_path / "r.zip")), ("candidate", make_zip(cand, tmp_path / "c.zip"))]
+    response = upload(shared_server, "stage culprits", files)
+    assert response.status_code == 201, response.text
+    session_id = int(response.json()["session"]["id"])
+    wait_done(shared_server, session_id)
+    page = httpx.get(f"{shared_server.url}/sessions/{session_id}").text
+    section = page[page.index('id="stage-culprits"') :]
+    assert "minus that of the tensor before it" in section
+    assert section.index(">1_attn_out</a>") < section.index(">0_mlp_out</a>")
