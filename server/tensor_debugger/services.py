@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.actions import SessionActions
+from tensor_debugger.compare.early_uploads import EarlyUploads
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.engine.fused import configure as configure_kernels
@@ -39,6 +40,7 @@ class Services:
     actions: SessionActions = field(init=False)  # what users do to sessions and pairs, one call per action
     ingests: IngestQueue = field(init=False)  # uploads ingested in the background (threads start on demand)
     sign_outs: SignOuts = field(init=False)  # browser sessions signed out (web/auth.py)
+    early: EarlyUploads = field(init=False)  # their pairs compared while they ingest
 
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.comparisons)
@@ -46,7 +48,8 @@ class Services:
         self.sign_outs = SignOuts(self.sessions)
         at_once = self.settings.ingest_workers
         children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
-        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children)
+        self.early = EarlyUploads(self.comparisons)
+        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children, self.early)
         self.claims.start(also=self.remove_dead_ingests)
 
     def remove_dead_ingests(self) -> None:
@@ -65,6 +68,7 @@ class Services:
 
     def close(self) -> None:
         self.ingests.close()
+        self.early.close()
         self.claims.stop()
         self.comparisons.close()
         self.engine.dispose()

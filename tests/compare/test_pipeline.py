@@ -18,7 +18,7 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
+from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord, TensorRecord
 
 from tests.support.dumps import make_zip
 
@@ -100,3 +100,19 @@ def test_fail_fast_stops_at_the_first_divergence(
         report = session_pairs(db, session_id)
         assert not [p for p in report.pairs if str(p.status) == "pending"]
         assert report.first_divergence is not None and report.first_divergence.name == "0_post_attn"
+
+
+def test_a_run_refused_while_the_others_ingest_leaves_nothing(services: Services, tmp_path: Path) -> None:
+    a, _ = runs(tmp_path, layers=1, plant=Plant(layer=0, stage="post_attn", index=(0, 0), offset=0.5))
+    bad = tmp_path / "bad.pth"
+    bad.write_bytes(b"definitely not a tensor")
+    outcome = compare_runs(services.ingestor, services.comparisons, request(a, bad), "http://here")
+    assert outcome.exit_code == 2
+    assert "no tensors" in outcome.payload["error"]
+    assert [p["file"] for p in outcome.payload["problems"]] == [str(bad)]
+    with services.sessions() as db:  # the session, the reference ingested beside the refused run, and its arrays
+        assert db.scalar(select(func.count()).select_from(TensorRecord)) == 0
+        assert db.scalar(select(func.count()).select_from(SessionRecord)) == 0
+    assert not [
+        p for p in (services.settings.data_dir / "arrays" / "runs").rglob("zarr.json") if p.parent.name.isdigit()
+    ]

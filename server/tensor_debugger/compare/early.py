@@ -20,7 +20,6 @@ import queue
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 
 from sqlalchemy import select
 
@@ -28,10 +27,10 @@ from tensor_debugger.compare.chunk_loop import chunk_pairs
 from tensor_debugger.compare.pending import PendingPair, ResultWriter
 from tensor_debugger.compare.plan import Comparisons, cache_key, tensor_ref
 from tensor_debugger.engine.alignment import align
-from tensor_debugger.engine.names import tensor_name
 from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.ingest.runs import Stored
+from tensor_debugger.ingest.stored import StoredNote, note_of
 from tensor_debugger.store.models import ComparisonResultRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,146 @@ class EarlyCount:
     failed: int = 0
 
 
-class EarlyComparisons:
+class EarlyEngine:
+    """The thread that compares guessed pairs as they are queued and caches each result under its key; shared by
+    the CLI's pipeline (`EarlyComparisons`) and the server's uploads (`compare/early_uploads.py`). Each job names
+    the runs whose in-flight arrays it reads, so one run's ingest can wait (`wait_for`) for just those."""
+
+    def __init__(self, comparisons: Comparisons, progress: EarlyProgress | None = None) -> None:
+        self.comparisons = comparisons
+        self._progress = progress
+        self._queue: queue.Queue[tuple[PairJob[PendingPair], tuple[int, ...]] | None] = queue.Queue()
+        self._keys: set[str] = set()  # cache keys queued
+        self._busy: dict[int, int] = {}  # run id -> jobs queued or running that read its arrays
+        self._done = threading.Condition()
+        self._over = False  # the thread has ended: nothing queued will run
+        self.stopped = False  # no more jobs are taken (fail_fast)
+        self._ending = False  # the end mark was taken
+        self.count = EarlyCount()
+        self._thread = threading.Thread(target=self._run, name="compare-early", daemon=True)
+        self._thread.start()
+
+    def enqueue(self, jobs: Sequence[tuple[PairJob[PendingPair], tuple[int, ...]]]) -> None:
+        """Queue the jobs whose keys are neither cached nor queued already; each with the runs it reads."""
+        if not jobs:
+            return
+        try:
+            with self.comparisons.sessions() as db:
+                cached = set(
+                    db.scalars(
+                        select(ComparisonResultRecord.cache_key).where(
+                            ComparisonResultRecord.cache_key.in_({j.key.key for j, _ in jobs})
+                        )
+                    )
+                )
+        except Exception:  # a guess that cannot be set up is simply not made: the plan computes the pair
+            return
+        with self._done:
+            for job, runs in jobs:
+                if self.stopped or self._over or job.key.key in cached or job.key.key in self._keys:
+                    continue
+                self._keys.add(job.key.key)
+                for run in runs:
+                    self._busy[run] = self._busy.get(run, 0) + 1
+                self._queue.put((job, runs))
+
+    def wait_for(self, run_id: int) -> None:
+        """Return once no queued or running job reads the arrays of `run_id`."""
+        with self._done:
+            self._done.wait_for(lambda: self._over or not self._busy.get(run_id))
+
+    def settle(self) -> None:
+        """Finish what is queued and end the thread."""
+        self._queue.put(None)
+        self._thread.join()
+
+    def judged(self, work: PendingPair, passed: bool) -> None:
+        """A result was cached (override: fail_fast's bookkeeping)."""
+
+    def _batch(
+        self, first: tuple[PairJob[PendingPair], tuple[int, ...]], running: dict[str, tuple[int, ...]]
+    ) -> Iterator[PairJob[PendingPair]]:
+        """The jobs queued from `first` on, taken as the comparisons go: the batch ends when the queue is empty
+        (the stream yields a job's result only once it has taken the next job or ended) or at the end mark."""
+        item: tuple[PairJob[PendingPair], tuple[int, ...]] | None = first
+        while item is not None and not self.stopped:
+            job, runs = item
+            running[job.key.key] = runs
+            yield job
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+        if item is None:
+            self._ending = True
+
+    def _release(self, runs: tuple[int, ...]) -> None:
+        with self._done:
+            for run in runs:
+                self._busy[run] -= 1
+            self._done.notify_all()
+
+    def _run(self) -> None:
+        writer = ResultWriter(self.comparisons)
+        running: dict[str, tuple[int, ...]] = {}
+        try:
+            while not self._ending and not self.stopped and (first := self._queue.get()) is not None:
+                stream = compare_stream(
+                    self._batch(first, running), self.comparisons.pool, self.comparisons.workers + 1, writer.tick
+                )
+                for work, result in stream:
+                    runs = running.pop(work.key, ())
+                    if isinstance(result, Exception):
+                        self._release(runs)
+                        continue  # not cached: the plan's computation meets it again and the pair says why
+                    writer.add(work, result, [])
+                    if any(self._busy.get(run) == 1 for run in runs):
+                        writer.flush()  # cached before a run waiting on it goes on (to its plan: `wait_for`)
+                    self._release(runs)
+                    self.judged(work, result.passed)
+                    self.count = EarlyCount(self.count.compared + 1, self.count.failed + (not result.passed))
+                    if self._progress is not None:
+                        self._progress(self.count.compared, self.count.failed)
+                writer.flush()
+        except Exception:  # nothing is lost: every pair not cached here is computed after the plan
+            log.exception("comparing while ingesting failed; the pairs are compared once the runs are ready")
+        finally:
+            with self._done:
+                self._over = True
+                self._done.notify_all()
+
+
+def guess(
+    comparisons: Comparisons, session: SessionRecord, reference: TensorRecord, candidate: TensorRecord
+) -> PairJob[PendingPair] | None:
+    """The comparison of two same-named tensors under the key the plan gives their pair, or None when their shapes
+    do not align (the plan says why)."""
+    alignment = align([tuple(reference.shape)], [tuple(candidate.shape)])
+    if alignment is None:
+        return None
+    steps = alignment.to_json()
+    tol, exact = comparisons.tolerance(session, reference.dtype, candidate.dtype)
+    alignment_key = comparisons.alignment_key_of(steps)
+    top = comparisons.top
+    key = cache_key([reference.digest], [candidate.digest], alignment_key, tol, exact, top)
+    view_a, view_b, _ = comparisons.aligned_views(steps, [reference], [candidate])
+    work = PendingPair(0, key, (reference.digest,), (candidate.digest,), alignment_key, tol)
+    return PairJob(work, view_a, view_b, tol, exact, None if tol.ulp else chunk_pairs(view_a, view_b, exact, top), top)
+
+
+def stored_record(note: StoredNote) -> TensorRecord | None:
+    """A stored tensor as the row its run will have (name, array, digest), or None for a shard of a tensor split
+    across ranks (not guessed)."""
+    if shard_of(note.name)[1] is not None:
+        return None
+    record = TensorRecord(
+        name=note.name, store_key=note.store_key, digest=note.digest, dtype=note.dtype, has_values=True
+    )
+    record.shape = list(note.shape)
+    return record
+
+
+class EarlyComparisons(EarlyEngine):
     """A `StoredListener` (ingest/runs.py) for the candidate run's ingest: compares, in a thread of its own, each
     stored tensor with its guessed reference partner, as the ingest goes on."""
 
@@ -56,9 +194,6 @@ class EarlyComparisons:
         progress: EarlyProgress | None = None,
         fail_fast: bool = False,
     ) -> None:
-        self._comparisons = comparisons
-        self._progress = progress
-        self._fail_fast = fail_fast
         with comparisons.sessions() as db:
             session = db.get_one(SessionRecord, session_id)
             db.expunge(session)
@@ -74,78 +209,34 @@ class EarlyComparisons:
         self._order = {r.name: n for n, r in enumerate(ordered)}  # a reference tensor's place in execution order
         self._places: dict[str, list[int]] = {}  # cache key -> the places of the reference tensors it compares
         self._verdicts: dict[int, bool] = {}  # place -> whether its guess passed
-        self._stopped = False  # with fail_fast: a guess failed, and every one before it passed
+        self._fail_fast = fail_fast
         self._seen: set[str] = set()  # candidate names met (a second one is renamed by the ingest: not guessed)
-        self._keys: set[str] = set()  # cache keys queued
-        self._queue: queue.Queue[PairJob[PendingPair] | None] = queue.Queue()
-        self._count = EarlyCount()
-        self._thread = threading.Thread(target=self._run, name="compare-early", daemon=True)
-        self._thread.start()
-
-    @property
-    def count(self) -> EarlyCount:
-        return self._count
+        super().__init__(comparisons, progress)
 
     def stored(self, tensors: Sequence[Stored]) -> None:
         try:
-            jobs = [job for item in tensors if (job := self._job(item)) is not None]
-            if not jobs:
-                return
-            with self._comparisons.sessions() as db:
-                cached = set(
-                    db.scalars(
-                        select(ComparisonResultRecord.cache_key).where(
-                            ComparisonResultRecord.cache_key.in_({j.key.key for j in jobs})
-                        )
-                    )
-                )
+            jobs = [(job, ()) for item in tensors if (job := self._job(item)) is not None]
         except Exception:  # a guess that cannot be set up is simply not made: the plan computes the pair
             return
-        for job in jobs:
-            if not self._stopped and job.key.key not in cached and job.key.key not in self._keys:
-                self._keys.add(job.key.key)
-                self._queue.put(job)
-
-    def settle(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        self.enqueue(jobs)
 
     def _job(self, item: Stored) -> PairJob[PendingPair] | None:
-        entry, key_path, tensor = item
-        if entry.module_path is not None and key_path == ("data",):
-            key_path = ()  # as the ingest names a trace's tensors (`Ingestor._finish`)
-        name = tensor_name(PurePosixPath(entry.relpath), key_path)
-        first = name not in self._seen
-        self._seen.add(name)
-        partner = self._reference.get(name)
-        if not first or partner is None or shard_of(name)[1] is not None:
+        candidate = stored_record(note_of(*item))
+        if candidate is None:
             return None
-        alignment = align([tuple(partner.shape)], [tensor.shape])
-        if alignment is None:
+        first = candidate.name not in self._seen
+        self._seen.add(candidate.name)
+        partner = self._reference.get(candidate.name)
+        if not first or partner is None:
             return None
-        candidate = TensorRecord(
-            name=name, store_key=tensor.store_key, digest=tensor.digest, dtype=tensor.dtype.name, has_values=True
-        )
-        candidate.shape = list(tensor.shape)
-        steps = alignment.to_json()
-        tol, exact = self._comparisons.tolerance(self._session, partner.dtype, candidate.dtype)
-        alignment_key = self._comparisons.alignment_key_of(steps)
-        key = cache_key([partner.digest], [candidate.digest], alignment_key, tol, exact, self._comparisons.top)
-        view_a, view_b, _ = self._comparisons.aligned_views(steps, [partner], [candidate])
-        work = PendingPair(0, key, (partner.digest,), (candidate.digest,), alignment_key, tol)
-        self._places.setdefault(key, []).append(self._order[name])
-        top = self._comparisons.top
-        return PairJob(
-            work, view_a, view_b, tol, exact, None if tol.ulp else chunk_pairs(view_a, view_b, exact, top), top
-        )
+        job = guess(self.comparisons, self._session, partner, candidate)
+        if job is not None:
+            self._places.setdefault(job.key.key, []).append(self._order[candidate.name])
+        return job
 
-    def _jobs(self) -> Iterator[PairJob[PendingPair]]:
-        while not self._stopped and (job := self._queue.get()) is not None:
-            yield job
-
-    def _judge(self, key: str, passed: bool) -> None:
+    def judged(self, work: PendingPair, passed: bool) -> None:
         """Record a guess's verdict; with fail_fast, stop once the first in execution order is a failure."""
-        for place in self._places[key]:
+        for place in self._places[work.key]:
             self._verdicts[place] = passed
         if not self._fail_fast:
             return
@@ -153,22 +244,4 @@ class EarlyComparisons:
         while self._verdicts.get(place):
             place += 1
         if self._verdicts.get(place) is False:
-            self._stopped = True
-
-    def _run(self) -> None:
-        writer = ResultWriter(self._comparisons)
-        try:
-            stream = compare_stream(
-                self._jobs(), self._comparisons.pool, self._comparisons.workers + 1, on_tick=writer.tick
-            )
-            for work, result in stream:
-                if isinstance(result, Exception):
-                    continue  # not cached: the plan's computation meets it again and the pair says why
-                writer.add(work, result, [])
-                self._judge(work.key, result.passed)
-                self._count = EarlyCount(self._count.compared + 1, self._count.failed + (not result.passed))
-                if self._progress is not None:
-                    self._progress(self._count.compared, self._count.failed)
-            writer.flush()
-        except Exception:  # nothing is lost: every pair not cached here is computed after the plan
-            log.exception("comparing while ingesting failed; the pairs are compared once the run is ready")
+            self.stopped = True

@@ -1,16 +1,19 @@
 """What `tensor-debugger compare` and `ingest` do, whoever does it: the command itself, or a server running on the
 same data dir that the command hands the work to (`web/controllers/local.py`). Same steps, same answer.
 
-`compare_runs`: ingest the reference run, then the candidate run while comparing each of its tensors with its
-reference partner as soon as its array is stored (`early.py`); then plan the session (every pairing rule, as
-always), compute what the early comparisons did not, and build the CLI's JSON. With `fail_fast` it stops once the
-first divergence in execution order is known (every pair before it settled): pairs not yet computed stay pending,
+`compare_runs`: ingest every run at once, comparing each pair as soon as both its tensors are stored
+(`early_uploads.py`, as for uploads); then plan the session (every pairing rule, as always), compute what the
+early comparisons did not, and build the CLI's JSON. With `fail_fast` the reference is ingested first, then each
+candidate while comparing its tensors with their reference partners (`early.py`), and it stops once the first
+divergence in execution order is known (every pair before it settled): pairs not yet computed stay pending,
 whole and resumable, as after any interrupted computation.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.early import EarlyComparisons
+from tensor_debugger.compare.early_uploads import SessionComparisons
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pairing_files import check_file, import_pairing
 from tensor_debugger.compare.plan import Comparisons
@@ -33,8 +37,10 @@ from tensor_debugger.compare.requests import (
     unusable_json,
 )
 from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
+from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.runs import Ingestor
+from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, archive_limits
+from tensor_debugger.ingest.stored import NotesOf
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import problem_json
@@ -85,6 +91,140 @@ def divergence_known(sessions: sessionmaker[DbSession], session_id: int) -> bool
     return False
 
 
+class _Refused(Exception):
+    """A run ingested with the others could not be (`cause`); its session is deleted. `problems`: the other
+    runs'."""
+
+    def __init__(self, cause: TensorDebuggerError, problems: list[dict[str, str]]) -> None:
+        super().__init__(str(cause))
+        self.cause, self.problems = cause, problems
+
+
+def _ingest_at_once(
+    ingestor: Ingestor,
+    comparisons: Comparisons,
+    request: CompareRequest,
+    session_name: str,
+    runs: list[tuple[str, InputFile, str | None]],
+    step: Callable[[str], Callable[[int, int], None] | None],
+) -> tuple[int, list[dict[str, str]]]:
+    """Ingest `runs` (label, input, role) at once, each pair compared as soon as both its tensors are stored; the
+    session's id and the runs' problems. One progress step counts the bytes of all. Raises _Refused."""
+    pending: list[PendingRun] = []
+    try:
+        for label, given, role in runs:  # in order: the first begun is the reference
+            pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
+        session_id = pending[0].session_id
+        with comparisons.sessions.begin() as db:
+            session = catalog.get_session(db, session_id)
+            catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
+            catalog.set_noise_factor(session, request.noise_factor)
+    except BaseException as exc:
+        for run in reversed(pending):  # the first last: it made the session, removed with it
+            ingestor.cancel(run)
+        if isinstance(exc, TensorDebuggerError):
+            raise _Refused(exc, []) from None
+        raise
+    ingest_step = step("ingest " + ", ".join(label for label, _, _ in runs))
+    figures = [(0, 0)] * len(runs)
+    lock = threading.Lock()
+
+    def progress(index: int) -> Callable[[int, int], None] | None:
+        if ingest_step is None:
+            return None
+
+        def report(done: int, total: int) -> None:
+            with lock:
+                figures[index] = (done, total)
+                ingest_step(sum(d for d, _ in figures), sum(t for _, t in figures))
+
+        return report
+
+    early = SessionComparisons(comparisons, session_id, step("early"))
+
+    def ingest(index: int) -> IngestResult:
+        run, given = pending[index], runs[index][1]
+        try:
+            fingerprint = fingerprint_inputs([given], archive_limits(ingestor.settings), ingestor.settings.threads)
+        except BaseException:
+            ingestor.cancel(run)
+            raise
+        listener = NotesOf(early.listener(run.run_id))
+        result = ingestor.complete(run, [given], progress(index), fingerprint=fingerprint, listener=listener)
+        early.ready(run.run_id)  # the tensors of runs still ingesting pair with this one's rows
+        return result
+
+    try:
+        with ThreadPoolExecutor(len(runs), thread_name_prefix="ingest-run") as pool:
+            futures = [pool.submit(ingest, index) for index in range(len(runs))]
+            outcomes = [f.exception() or f.result() for f in futures]
+    finally:
+        early.settle()
+    problems = [problem_json(p) for o in outcomes if isinstance(o, IngestResult) for p in o.problems]
+    failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
+    if failed is not None:
+        with comparisons.sessions() as db:
+            catalog.delete_session(db, comparisons.store, session_id)
+        if isinstance(failed, TensorDebuggerError):
+            raise _Refused(failed, problems)
+        raise failed
+    return session_id, problems
+
+
+def _ingest_in_turn(
+    ingestor: Ingestor,
+    comparisons: Comparisons,
+    request: CompareRequest,
+    session_name: str,
+    runs: list[tuple[str, InputFile, str | None]],
+    step: Callable[[str], Callable[[int, int], None] | None],
+) -> tuple[int, list[dict[str, str]]]:
+    """Ingest the reference, then each other run while comparing its tensors with their reference partners as they
+    land (`early.py`, which stops at the first divergence in execution order); as `_ingest_at_once`."""
+    problems: list[dict[str, str]] = []
+    session_id: int | None = None
+    reference_run_id = 0
+    early: EarlyComparisons | None = None
+    try:
+        for label, given, role in runs:
+            if session_id is not None and role is None:  # the reference is ready: compare each candidate's tensors
+                # as they land
+                if early is not None:
+                    early.settle()
+                with comparisons.sessions.begin() as db:
+                    session = catalog.get_session(db, session_id)
+                    catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
+                    catalog.set_noise_factor(session, request.noise_factor)
+                early = EarlyComparisons(
+                    comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
+                )
+            result = ingestor.ingest(
+                session_name,
+                label,
+                [given],
+                progress=step(f"ingest {label}"),
+                listener=early if role is None else None,
+                role=role,
+                by_label=False,  # A is the reference, whatever the folders are named
+            )
+            if session_id is None:
+                reference_run_id = result.run_id
+            session_id = result.session_id
+            problems += [problem_json(p) for p in result.problems]
+    except TensorDebuggerError as exc:
+        if early is not None:
+            early.settle()  # before the session's arrays go
+        if session_id is not None:
+            with comparisons.sessions() as db:
+                catalog.delete_session(db, comparisons.store, session_id)
+        raise _Refused(exc, problems) from None
+    finally:
+        if early is not None:
+            early.settle()  # done already when the candidate was ingested; not when it was refused or reused
+    assert session_id is not None
+    return session_id, problems
+
+
 def compare_runs(
     ingestor: Ingestor,
     comparisons: Comparisons,
@@ -109,52 +249,21 @@ def compare_runs(
         paths.insert(1, request.noise)
         roles.insert(1, "noise")
     labels = run_labels(typed_inputs)
-    problems: list[dict[str, str]] = []
-    session_id: int | None = None
-    reference_run_id = 0
-    early: EarlyComparisons | None = None
+    runs = [
+        (label, InputFile(path, typed), role)
+        for label, path, typed, role in zip(labels, paths, typed_inputs, roles, strict=True)
+    ]
 
     def step(name: str) -> Callable[[int, int], None] | None:
         return None if progress is None else lambda done, total: progress(name, done, total)
 
+    ingest = _ingest_in_turn if request.fail_fast else _ingest_at_once
     try:
-        for label, path, typed, role in zip(labels, paths, typed_inputs, roles, strict=True):
-            if session_id is not None and role is None:  # the reference is ready: compare each candidate's tensors
-                # as they land
-                if early is not None:
-                    early.settle()
-                with sessions.begin() as db:
-                    session = catalog.get_session(db, session_id)
-                    catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
-                    catalog.set_noise_factor(session, request.noise_factor)
-                early = EarlyComparisons(
-                    comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
-                )
-            result = ingestor.ingest(
-                session_name,
-                label,
-                [InputFile(path, typed)],
-                progress=step(f"ingest {label}"),
-                listener=early if role is None else None,
-                role=role,
-                by_label=False,  # A is the reference, whatever the folders are named
-            )
-            if session_id is None:
-                reference_run_id = result.run_id
-            session_id = result.session_id
-            problems += [problem_json(p) for p in result.problems]
-    except (NothingUsableError, TensorDebuggerError) as exc:
-        if early is not None:
-            early.settle()  # before the session's arrays go
-        if session_id is not None:
-            with sessions() as db:
-                catalog.delete_session(db, comparisons.store, session_id)
-        details = [problem_json(p) for p in exc.problems] if isinstance(exc, NothingUsableError) else []
-        return _unusable(str(exc), problems + details)
-    finally:
-        if early is not None:
-            early.settle()  # done already when the candidate was ingested; not when it was refused or reused
-    assert session_id is not None
+        session_id, problems = ingest(ingestor, comparisons, request, session_name, runs, step)
+    except _Refused as refused:
+        cause = refused.cause
+        details = [problem_json(p) for p in cause.problems] if isinstance(cause, NothingUsableError) else []
+        return _unusable(str(cause), refused.problems + details)
     if request.pairing:
         try:
             with sessions.begin() as db:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.early_uploads import EarlyFigures
 from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, problem_reports, run_fields
@@ -133,6 +134,42 @@ class PairProgress:
         return cls(total, done, total - done, failing)
 
 
+class EarlyStatus(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class EarlyPair:
+    """A pair compared while its runs ingest: the candidate run, the tensors' name, the verdict."""
+
+    run_id: int
+    name: str
+    status: EarlyStatus
+
+
+@dataclass(frozen=True)
+class EarlyPairs:
+    """Pairs this server compared while their runs ingest, before the plan makes them pairs of the session (each
+    then takes its result from the cache); `failing`: of them outside tolerance; `pairs`: the first 1000."""
+
+    compared: int
+    failing: int
+    words: str  # as the page shows it; empty when none was
+    pairs: list[EarlyPair]
+
+    @classmethod
+    def of(cls, figures: EarlyFigures | None) -> EarlyPairs:
+        if figures is None or not figures.count.compared:
+            return cls(0, 0, "", [])
+        n, failing = figures.count.compared, figures.count.failed
+        words = f"{n} pair{'s' if n != 1 else ''} compared while ingesting, {failing} outside tolerance"
+        pairs = [
+            EarlyPair(r.run_id, r.name, EarlyStatus.PASS if r.passed else EarlyStatus.FAIL) for r in figures.results
+        ]
+        return cls(n, failing, words, pairs)
+
+
 @dataclass(frozen=True)
 class SessionProgress:
     session_id: int
@@ -140,6 +177,7 @@ class SessionProgress:
     signature: str  # changes whenever the page shows something new besides the moving figures of an ingest
     runs: list[RunProgress]
     pairs: PairProgress
+    early: EarlyPairs  # while runs ingest: the pairs already compared
 
 
 def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
@@ -151,10 +189,10 @@ def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
     return SessionStage.COMPARING if pairs.pending else SessionStage.DONE
 
 
-def _signature(stage: SessionStage, runs: list[RunProgress], pairs: PairProgress) -> str:
+def _signature(stage: SessionStage, runs: list[RunProgress], pairs: PairProgress, early: EarlyPairs) -> str:
     """The page's script fetches the page again when this changes."""
     marks = ",".join(f"{r.id}:{r.stage if r.stage in (RunStage.QUEUED, RunStage.PLANNING) else r.status}" for r in runs)
-    return f"{stage}|{marks}|{pairs.done}/{pairs.total}"
+    return f"{stage}|{marks}|{pairs.done}/{pairs.total}|{early.compared}"
 
 
 def pair_progress(db: DbSession, session_id: int) -> PairProgress:
@@ -166,8 +204,12 @@ def pair_progress(db: DbSession, session_id: int) -> PairProgress:
     return PairProgress.of(total, total - counts.get("pending", 0), counts.get("fail", 0))
 
 
-def session_progress(session: SessionRecord, ingests: IngestQueue, pairs: PairProgress) -> SessionProgress:
-    """`session` with its runs and their problems loaded (catalog.get_session)."""
+def session_progress(
+    session: SessionRecord, ingests: IngestQueue, pairs: PairProgress, early: EarlyFigures | None = None
+) -> SessionProgress:
+    """`session` with its runs and their problems loaded (catalog.get_session); `early`: its pairs compared while
+    its runs ingest (`EarlyUploads.figures`)."""
     runs = [run_progress(run, ingests.progress(run.id)) for run in session.runs]
     stage = _stage(runs, pairs)
-    return SessionProgress(session.id, stage, _signature(stage, runs, pairs), runs, pairs)
+    shown = EarlyPairs.of(early)
+    return SessionProgress(session.id, stage, _signature(stage, runs, pairs, shown), runs, pairs, shown)

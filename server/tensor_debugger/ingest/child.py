@@ -8,8 +8,10 @@ ingest, `at_once` of them at most, and kept for the next ones; each ends within 
 server's death, whatever killed it, so a killed server leaves no ingest running (the next start cleans up).
 
 The server makes the run's row (`Ingestor.begin`) and keeps it among its live runs while a child fills it; the child
-reports progress through a queue and stops at its next block when the server asks (`close`). A child that dies
-midway (killed, out of memory) leaves the run to the server, which removes it or marks it failed.
+reports progress through a queue and stops at its next block when the server asks (`close`). Given a listener, the
+child also tells each file's stored tensors (`stored.StoredNote`) and, before its run's arrays may move, waits
+until the server's listener has settled (its comparisons reading them are done: `compare/early_uploads.py`). A
+child that dies midway (killed, out of memory) leaves the run to the server, which removes it or marks it failed.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ import queue
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from typing import Any
 
@@ -33,7 +36,8 @@ from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
+from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, Stored
+from tensor_debugger.ingest.stored import NoteListener, StoredNote, note_of
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker
@@ -47,6 +51,25 @@ PARENT_POLL = 0.2  # seconds between a child's checks that the server is still t
 ProgressCallback = Callable[[int, int], None]
 
 
+@dataclass(frozen=True)
+class _Progress:  # child to server: bytes copied of the run's total
+    run_id: int
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class _Stored:  # child to server: the tensors of one file are stored
+    run_id: int
+    notes: tuple[StoredNote, ...]
+
+
+@dataclass(frozen=True)
+class _Settle:  # child to server: the run's arrays are about to move; reply with the run's id on `replies[slot]`
+    run_id: int
+    slot: int
+
+
 class ChildIngests:
     """Runs `Ingestor.complete` in child processes, `at_once` at most."""
 
@@ -57,19 +80,29 @@ class ChildIngests:
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
         self._pool: ProcessPoolExecutor | None = None
-        self._messages: Any = None  # a multiprocessing queue of (run id, done, total), made with the pool
+        self._messages: Any = None  # a multiprocessing queue of _Progress, _Stored and _Settle, made with the pool
+        self._replies: list[Any] = []  # the pool's children's queues of settled run ids, one per child
         self._cancel: Event | None = None
         self._callbacks: dict[int, ProgressCallback] = {}
+        self._listeners: dict[int, NoteListener] = {}
         self._reader: threading.Thread | None = None
         self._closed = False
 
     def complete(
-        self, pending: PendingRun, inputs: list[InputFile], keep_failure: bool, progress: ProgressCallback
+        self,
+        pending: PendingRun,
+        inputs: list[InputFile],
+        keep_failure: bool,
+        progress: ProgressCallback,
+        listener: NoteListener | None = None,
     ) -> IngestResult:
         """`Ingestor.complete` in a child process; raises what it raises (NothingUsableError, DiskFullError,
-        IngestCancelled, ...)."""
+        IngestCancelled, ...). `listener` hears, in the server, of the tensors the child stores."""
+        notes = listener is not None
         with self._lock:
             self._callbacks[pending.run_id] = progress
+            if listener is not None:
+                self._listeners[pending.run_id] = listener
         try:
             try:
                 pool = self._open()
@@ -77,11 +110,11 @@ class ChildIngests:
                 self.ingestor.cancel(pending)
                 raise
             try:
-                future = pool.submit(_complete, pending, inputs, keep_failure)
+                future = pool.submit(_complete, pending, inputs, keep_failure, notes)
             except BrokenProcessPool:  # an idle child died (killed, say): the ingest has not begun; new children
                 self._reset(pool)
                 pool = self._open()
-                future = pool.submit(_complete, pending, inputs, keep_failure)
+                future = pool.submit(_complete, pending, inputs, keep_failure, notes)
             return future.result()
         except BrokenProcessPool:
             self._reset(pool)
@@ -95,6 +128,7 @@ class ChildIngests:
         finally:
             with self._lock:
                 self._callbacks.pop(pending.run_id, None)
+                self._listeners.pop(pending.run_id, None)
             self.ingestor.forget(pending.run_id)
 
     def _reset(self, pool: ProcessPoolExecutor) -> None:
@@ -127,11 +161,20 @@ class ChildIngests:
                     self._cancel = self._context.Event()
                     self._reader = threading.Thread(target=self._read, name="ingest-progress", daemon=True)
                     self._reader.start()
+                # per pool: a pool's children take a slot each (its queue of replies) as they start
+                self._replies = [self._context.Queue() for _ in range(self.at_once)]
+                slots = self._context.Value("i", 0)
                 self._pool = ProcessPoolExecutor(
                     self.at_once,
                     mp_context=self._context,
                     initializer=functools.partial(
-                        _start, self.settings, self.ingestor.store.environ, self._messages, self._cancel
+                        _start,
+                        self.settings,
+                        self.ingestor.store.environ,
+                        self._messages,
+                        self._cancel,
+                        self._replies,
+                        slots,
                     ),
                 )
             return self._pool
@@ -141,26 +184,56 @@ class ChildIngests:
             message = self._messages.get()
             if message is None:
                 return
-            run_id, done, total = message
             with self._lock:
-                callback = self._callbacks.get(run_id)
-            if callback is None:
-                continue
+                callback = self._callbacks.get(message.run_id)
+                listener = self._listeners.get(message.run_id)
+                replies = self._replies
             try:
-                callback(done, total)
+                if isinstance(message, _Progress) and callback is not None:
+                    callback(message.done, message.total)
+                elif isinstance(message, _Stored) and listener is not None:
+                    listener.stored(message.notes)
+                elif isinstance(message, _Settle):  # in a thread of its own: progress of other runs goes on
+                    threading.Thread(
+                        target=_settle,
+                        args=(listener, message.run_id, replies[message.slot]),
+                        name=f"settle-{message.run_id}",
+                        daemon=True,
+                    ).start()
             except IngestCancelled:
                 continue  # the child sees the same request to stop
             except Exception:
-                log.exception("progress of run %s", run_id)
+                log.exception("progress of run %s", message.run_id)
+
+
+def _settle(listener: NoteListener | None, run_id: int, replies: Any) -> None:
+    """Settle the run's listener, then let its child go on (whatever the listener did: the child must not wait)."""
+    try:
+        if listener is not None:
+            listener.settle()
+    except Exception:
+        log.exception("settling the comparisons of run %s", run_id)
+    finally:
+        replies.put(run_id)
 
 
 _child: dict[str, Any] = {}  # in a child only, filled by `_start`: its ingestor, queue and stop signal
 
 
-def _start(settings: Settings, store_environ: dict[str, str], messages: Any, cancel: Event | None) -> None:
+def _start(
+    settings: Settings,
+    store_environ: dict[str, str],
+    messages: Any,
+    cancel: Event | None,
+    replies: list[Any],
+    slots: Any,
+) -> None:
     """A child's set-up: its own database engine, and the server's array store opened with the server's AWS
     variables (`store_environ`: an s3:// store's endpoint and credentials, which the server may have been given
-    otherwise than in its environment)."""
+    otherwise than in its environment); its slot, the queue of replies to its `_Settle`s."""
+    with slots.get_lock():
+        slot = slots.value % len(replies)
+        slots.value += 1
     os.nice(NICENESS)
     server = os.getppid()
     threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
@@ -172,6 +245,8 @@ def _start(settings: Settings, store_environ: dict[str, str], messages: Any, can
         messages=messages,
         cancel=cancel,
         server=server,
+        slot=slot,
+        replies=replies[slot],
     )
 
 
@@ -182,20 +257,47 @@ def _die_with(server: int) -> None:
     os._exit(1)
 
 
-def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool) -> IngestResult:
+def _check(cancel: Event) -> None:
+    if cancel.is_set():
+        raise IngestCancelled("the server is stopping")
+    if os.getppid() != _child["server"]:  # killed: `_die_with` may not have woken yet; commit nothing
+        raise IngestCancelled("the server is gone")
+
+
+class _Notes:
+    """The child's `StoredListener`: tells the server what is stored, and waits for its listener to settle."""
+
+    def __init__(self, run_id: int) -> None:
+        self.run_id = run_id
+
+    def stored(self, tensors: Sequence[Stored]) -> None:
+        _child["messages"].put(_Stored(self.run_id, tuple(note_of(*item) for item in tensors)))
+
+    def settle(self) -> None:
+        replies, cancel = _child["replies"], _child["cancel"]
+        _child["messages"].put(_Settle(self.run_id, _child["slot"]))
+        while True:
+            _check(cancel)
+            try:
+                settled = replies.get(timeout=PARENT_POLL)
+            except queue.Empty:
+                continue
+            if settled == self.run_id:
+                return
+
+
+def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool, notes: bool) -> IngestResult:
     ingestor: Ingestor = _child["ingestor"]
     messages, cancel = _child["messages"], _child["cancel"]
     last = [0.0]
 
     def progress(done: int, total: int) -> None:
-        if cancel.is_set():
-            raise IngestCancelled("the server is stopping")
-        if os.getppid() != _child["server"]:  # killed: `_die_with` may not have woken yet; commit nothing
-            raise IngestCancelled("the server is gone")
+        _check(cancel)
         now = time.monotonic()
         if now - last[0] >= PROGRESS_EVERY or done >= total:
             last[0] = now
             with contextlib.suppress(queue.Full):
-                messages.put_nowait((pending.run_id, done, total))
+                messages.put_nowait(_Progress(pending.run_id, done, total))
 
-    return ingestor.complete(pending, inputs, progress, keep_failure)
+    listener = _Notes(pending.run_id) if notes else None
+    return ingestor.complete(pending, inputs, progress, keep_failure, listener=listener)

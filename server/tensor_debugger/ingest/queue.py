@@ -15,11 +15,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from tensor_debugger.errors import NothingUsableError
 from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
+from tensor_debugger.ingest.stored import NoteListener, NotesOf
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +33,17 @@ class IngestProgress:
     stage: str  # one of STAGES
     bytes_done: int = 0  # of the run's tensor files, once unpacked
     bytes_total: int = 0
+
+
+class IngestWatcher(Protocol):
+    """Told of each ingest the queue runs (the server compares pairs while their runs ingest:
+    `compare/early_uploads.py`)."""
+
+    def begin(self, pending: PendingRun) -> NoteListener | None:
+        """The ingest of `pending` starts; what it returns hears of the run's tensors as they are stored."""
+
+    def end(self, pending: PendingRun, ready: bool) -> None:
+        """The ingest is over, before its session is planned; `ready`: the run is ready."""
 
 
 @dataclass(frozen=True)
@@ -46,10 +59,16 @@ class IngestQueue:
     ingest, `plan` pairs the session again. Each ingest copies its run with a pool of its own (Settings.workers)."""
 
     def __init__(
-        self, ingestor: Ingestor, plan: Callable[[int], None], at_once: int, children: ChildIngests | None = None
+        self,
+        ingestor: Ingestor,
+        plan: Callable[[int], None],
+        at_once: int,
+        children: ChildIngests | None = None,
+        watcher: IngestWatcher | None = None,
     ) -> None:
         self.ingestor = ingestor
         self.children = children  # given: each ingest runs in a child process (child.py), else in the thread
+        self.watcher = watcher
         self.plan = plan
         self.at_once = at_once
         self._jobs: queue.Queue[tuple[IngestJob, Future[IngestResult]] | None] = queue.Queue()
@@ -126,10 +145,27 @@ class IngestQueue:
         if self._stopping.is_set():
             self.ingestor.cancel(job.pending)
             raise IngestCancelled("the server stopped before this ingest began")
-        if self.children is not None:
-            result = self.children.complete(job.pending, job.inputs, job.keep_failure, on_progress)
-        else:
-            result = self.ingestor.complete(job.pending, job.inputs, on_progress, job.keep_failure)
+        watcher, listener = self.watcher, None
+        if watcher is not None:
+            try:
+                listener = watcher.begin(job.pending)
+            except Exception:  # the run is ingested all the same; its pairs are compared after the plan
+                log.exception("comparing run %s while it ingests could not start", run_id)
+                watcher = None
+        ready = False
+        try:
+            if self.children is not None:
+                result = self.children.complete(job.pending, job.inputs, job.keep_failure, on_progress, listener)
+            else:
+                stored = None if listener is None else NotesOf(listener)
+                result = self.ingestor.complete(job.pending, job.inputs, on_progress, job.keep_failure, listener=stored)
+            ready = True
+        finally:
+            if watcher is not None:
+                try:
+                    watcher.end(job.pending, ready)
+                except Exception:  # the run is as ingested; pairs not compared yet are computed after the plan
+                    log.exception("comparing run %s while it ingested did not end well", run_id)
         with self._lock:
             self._progress[run_id] = replace(self._progress[run_id], stage="planning")
         try:

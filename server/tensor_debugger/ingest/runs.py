@@ -36,7 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.engine.names import parse_layer_stage, tensor_name
+from tensor_debugger.engine.names import parse_layer_stage
 from tensor_debugger.errors import (
     ConflictError,
     DiskFullError,
@@ -50,6 +50,7 @@ from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.staging import new_folder
+from tensor_debugger.ingest.stored import stored_name
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.traces import TraceTensor
 from tensor_debugger.ingest.writer import StoredTensor, TensorWriter, WritePools
@@ -543,9 +544,9 @@ class Ingestor:
         records: list[TensorRecord] = []
         with self.sessions.begin() as db:
             for position, (entry, key_path, tensor) in enumerate(stored):
+                name = stored_name(entry, key_path)
                 if entry.module_path is not None and key_path == ("data",):
-                    key_path = ()  # a trace's file holds one tensor under "data": the file names it
-                name = tensor_name(entry.relpath, key_path)
+                    key_path = ()  # as `stored_name` names it
                 if name in seen:
                     seen[name] += 1
                     problems.append(
@@ -608,16 +609,16 @@ class Ingestor:
                 }
 
     def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
-        """Point each of `records` bit-identical to a tensor an older run stored (or an earlier one of this run) at
-        that array, and delete the copy just written. Done before the commit: should it fail, the run is removed
-        all the same."""
+        """Point each of `records` bit-identical to a tensor another ready run stored (older or not: runs ingested at
+        once are ready in any order), or an earlier one of this run, at that array, and delete the copy just written.
+        Done before the commit: should it fail, the run is removed all the same."""
         digests = sorted({r.digest for r in records})
         found: dict[str, str] = {}
         for start in range(0, len(digests), 500):
             for digest, key in db.execute(
                 select(TensorRecord.digest, TensorRecord.store_key).where(
                     TensorRecord.digest.in_(digests[start : start + 500]),
-                    TensorRecord.run_id < run_id,
+                    TensorRecord.run_id != run_id,  # rows of committed runs only: those ingesting are not seen
                     TensorRecord.has_values,
                     TensorRecord.store_key != "",
                 )

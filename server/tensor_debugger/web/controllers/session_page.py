@@ -169,7 +169,7 @@ def session_template(
     with services.sessions() as db:
         session, report = read_session(db, services, session_id, modules=True)
         ordered = apply_order(report.pairs, session.pair_order)
-        progress = session_progress(session, services.ingests, report.progress)
+        progress = session_progress(session, services.ingests, report.progress, services.early.figures(session_id))
         first_id = report.first_divergence.pair_id if report.first_divergence else None
         choices = None
         if hand is not None:

@@ -139,7 +139,8 @@ class SessionController(Controller):
         then its pairs compared. `stage` is "ingesting", "planning", "comparing", then "done"."""
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
-            return session_progress(session, services.ingests, pair_progress(db, session_id))
+            pairs = pair_progress(db, session_id)
+            return session_progress(session, services.ingests, pairs, services.early.figures(session_id))
 
     @post(
         "/",

@@ -1,0 +1,252 @@
+"""Comparing while the server ingests an upload's runs (`compare/early.py` for the CLI's pipeline): the runs of
+an upload ingest at once, so whichever of a pair's two tensors lands second starts its comparison, with the
+same guess and cache key as the CLI's (`early.guess`): results identical by construction, and a pair the plan
+does not make costs only its computation.
+
+The ingests run in child processes (`ingest/child.py`): each tells the server the tensors of each file it has
+stored (`ingest/stored.StoredNote`), and before its run's arrays may move (shared with an identical array, or
+deleted with a failed run) it waits for the server's listener to settle (`wait_for`: every comparison reading them
+is done and cached, so neither reads a moved array nor runs again once the run is planned). Once the run is ready
+its rows stand for it, and the tensors of runs still ingesting that met nothing meanwhile are paired with them.
+The reference is the run the plan will take: the session's first by position that is no rerun and has not failed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from tensor_debugger.compare.early import EarlyCount, EarlyEngine, EarlyProgress, guess, stored_record
+from tensor_debugger.compare.pending import PendingPair
+from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.engine.pairing import shard_of
+from tensor_debugger.engine.streaming import PairJob
+from tensor_debugger.ingest.runs import PendingRun
+from tensor_debugger.ingest.stored import NoteListener, StoredNote
+from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
+
+Job = tuple[PairJob[PendingPair], tuple[int, ...]]
+KEPT_RESULTS = 1000  # results of one session kept for its page (the counts go on)
+KEPT_SESSIONS = 100  # sessions whose figures are kept once their ingests are over (until they are planned)
+
+
+@dataclass(frozen=True)
+class EarlyResult:
+    """One pair compared while its runs ingest: the candidate run and the tensors' name, and its verdict."""
+
+    run_id: int
+    name: str
+    passed: bool
+
+
+@dataclass(frozen=True)
+class EarlyFigures:
+    count: EarlyCount
+    results: tuple[EarlyResult, ...]  # in the order they came, the first KEPT_RESULTS
+
+
+class SessionComparisons(EarlyEngine):
+    """The early comparisons of one session while this server ingests runs of it."""
+
+    def __init__(self, comparisons: Comparisons, session_id: int, progress: EarlyProgress | None = None) -> None:
+        self._lock = threading.Lock()
+        self._tensors: dict[int, dict[str, TensorRecord]] = {}  # run -> its tensors to pair, by name
+        self._seen: dict[int, set[str]] = {}  # in-flight run -> names met (a second one is renamed: not guessed)
+        with comparisons.sessions() as db:
+            session = db.get_one(SessionRecord, session_id)
+            db.expunge(session)
+            self._session = session
+        self._session_id = session_id
+        self._reference: int | None = None
+        self._named: dict[str, list[tuple[int, str]]] = {}  # cache key -> (candidate run, name) of its guesses
+        self.results: list[EarlyResult] = []
+        super().__init__(comparisons, progress)
+        self._load_reference()
+        for run_id in self._ready_runs():
+            self._tensors[run_id] = self._rows(run_id)
+
+    def listener(self, run_id: int) -> NoteListener:
+        with self._lock:
+            self._load_reference()  # a run added to the session since
+            self._tensors.setdefault(run_id, {})
+            self._seen[run_id] = set()
+        return _RunListener(self, run_id)
+
+    def ready(self, run_id: int) -> None:
+        """The run's ingest is over and it is ready: its rows stand for it; pair the in-flight tensors that wait."""
+        rows = self._rows(run_id)
+        with self._lock:
+            self._tensors[run_id] = rows
+            self.enqueue(self._pairs_of(run_id, list(rows.values())))
+
+    def stored(self, run_id: int, notes: Sequence[StoredNote]) -> None:
+        with self._lock:
+            if run_id not in self._seen:
+                return  # settled already
+            fresh: list[TensorRecord] = []
+            for note in notes:
+                record = stored_record(note)
+                if record is None or record.name in self._seen[run_id]:
+                    continue
+                self._seen[run_id].add(record.name)
+                self._tensors[run_id][record.name] = record
+                fresh.append(record)
+            self.enqueue(self._pairs_of(run_id, fresh))
+
+    def close(self, run_id: int) -> None:
+        """The run's ingest settles: no new comparison reads its in-flight arrays; wait for those that do."""
+        with self._lock:
+            self._seen.pop(run_id, None)
+            self._tensors.pop(run_id, None)
+        self.wait_for(run_id)
+
+    def _pairs_of(self, run_id: int, records: Sequence[TensorRecord]) -> list[Job]:
+        """The comparisons `records` of `run_id` complete (under the lock)."""
+        reference = self._reference
+        if reference is None or reference not in self._tensors:
+            return []
+        jobs: list[Job] = []
+        try:
+            if run_id == reference:
+                for other, tensors in self._tensors.items():
+                    if other != reference:
+                        jobs += self._guesses(reference, other, [(r, tensors.get(r.name)) for r in records])
+            else:
+                partners = self._tensors[reference]
+                jobs += self._guesses(reference, run_id, [(partners.get(r.name), r) for r in records])
+        except Exception:  # a guess that cannot be set up is simply not made: the plan computes the pair
+            return jobs
+        return jobs
+
+    def _guesses(
+        self, reference: int, candidate: int, pairs: Sequence[tuple[TensorRecord | None, TensorRecord | None]]
+    ) -> list[Job]:
+        jobs: list[Job] = []
+        for a, b in pairs:
+            if a is not None and b is not None and (job := guess(self.comparisons, self._session, a, b)) is not None:
+                jobs.append((job, (reference, candidate)))
+                self._named.setdefault(job.key.key, []).append((candidate, a.name))
+        return jobs
+
+    def judged(self, work: PendingPair, passed: bool) -> None:
+        with self._lock:
+            for run_id, name in self._named.pop(work.key, []):
+                if len(self.results) < KEPT_RESULTS:
+                    self.results.append(EarlyResult(run_id, name, passed))
+
+    def figures(self) -> EarlyFigures:
+        with self._lock:
+            return EarlyFigures(self.count, tuple(self.results))
+
+    def _load_reference(self) -> None:
+        with self.comparisons.sessions() as db:
+            kept = db.execute(
+                select(RunRecord.id, RunRecord.role)
+                .where(RunRecord.session_id == self._session_id, RunRecord.status != "failed")
+                .order_by(RunRecord.position)
+            ).all()
+        # as the plan takes it (`Comparisons.plan`)
+        self._reference = next((run for run, role in kept if role != "noise"), kept[0][0] if kept else None)
+
+    def _ready_runs(self) -> list[int]:
+        with self.comparisons.sessions() as db:
+            return list(
+                db.scalars(
+                    select(RunRecord.id).where(RunRecord.session_id == self._session_id, RunRecord.status == "ready")
+                )
+            )
+
+    def _rows(self, run_id: int) -> dict[str, TensorRecord]:
+        """A ready run's tensors that a guess may pair: one of each name, with values, not a shard."""
+        with self.comparisons.sessions() as db:
+            rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id)).all()
+            for row in rows:
+                db.expunge(row)
+        counts: dict[str, int] = {}
+        for row in rows:
+            counts[row.name] = counts.get(row.name, 0) + 1
+        return {r.name: r for r in rows if counts[r.name] == 1 and r.has_values and shard_of(r.name)[1] is None}
+
+
+class _RunListener:
+    """One run's ingest's `NoteListener`, feeding its session's comparisons."""
+
+    def __init__(self, comparisons: SessionComparisons, run_id: int) -> None:
+        self._comparisons = comparisons
+        self._run_id = run_id
+
+    def stored(self, notes: Sequence[StoredNote]) -> None:
+        self._comparisons.stored(self._run_id, notes)
+
+    def settle(self) -> None:
+        self._comparisons.close(self._run_id)
+
+
+class EarlyUploads:
+    """The server's `IngestWatcher` (ingest/queue.py): one `SessionComparisons` per session while this server
+    ingests runs of it; its figures kept after, for the session page until the session is planned."""
+
+    def __init__(self, comparisons: Comparisons) -> None:
+        self._comparisons = comparisons
+        self._lock = threading.Lock()
+        self._live: dict[int, tuple[SessionComparisons, int]] = {}  # session -> its comparisons, runs ingesting
+        self._over: OrderedDict[int, EarlyFigures] = OrderedDict()  # session -> figures of its last ones
+
+    def begin(self, pending: PendingRun) -> NoteListener | None:
+        with self._lock:
+            live = self._live.get(pending.session_id)
+            if live is None:
+                live = (SessionComparisons(self._comparisons, pending.session_id), 0)
+            self._live[pending.session_id] = (live[0], live[1] + 1)
+        return live[0].listener(pending.run_id)
+
+    def end(self, pending: PendingRun, ready: bool) -> None:
+        """The run's ingest is over (`ready`: it succeeded); once a session's last one is, its comparisons end."""
+        with self._lock:
+            live = self._live.get(pending.session_id)
+        if live is None:  # closed: the server is stopping
+            return
+        early = live[0]
+        try:
+            if ready:
+                early.ready(pending.run_id)
+                early.wait_for(pending.run_id)  # cached before the plan that follows
+        finally:
+            self._ended(pending, early)
+
+    def _ended(self, pending: PendingRun, early: SessionComparisons) -> None:
+        with self._lock:
+            if pending.session_id not in self._live:
+                return
+            ingesting = self._live[pending.session_id][1]
+            last = ingesting == 1
+            if last:
+                del self._live[pending.session_id]
+            else:
+                self._live[pending.session_id] = (early, ingesting - 1)
+        if last:
+            early.settle()
+            with self._lock:
+                self._over[pending.session_id] = early.figures()
+                while len(self._over) > KEPT_SESSIONS:
+                    self._over.popitem(last=False)
+
+    def figures(self, session_id: int) -> EarlyFigures | None:
+        """The pairs compared early in the session (so far, while its runs ingest), or None when none were here."""
+        with self._lock:
+            live = self._live.get(session_id)
+            if live is None:
+                return self._over.get(session_id)
+        return live[0].figures()
+
+    def close(self) -> None:
+        with self._lock:
+            live = [early for early, _ in self._live.values()]
+            self._live.clear()
+        for early in live:
+            early.stopped = True  # the server is stopping: what is not cached is computed after its next start
+            early.settle()
