@@ -33,6 +33,7 @@ def plan_explore(
     case); returns how many pairs. Raises InvalidInputError past `max_pairs`, asking for a filter in the words
     of `filter_hint` (the CLI's option, or the page's field)."""
     with comparisons.sessions.begin() as db:
+        catalog.lock_sessions(db, [session_id])  # as a plan does, before reading the runs
         session = catalog.get_session(db, session_id)
         ready = [r for r in session.runs if r.status == "ready"]
         if len(ready) != 1:

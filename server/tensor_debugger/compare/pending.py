@@ -21,6 +21,7 @@ from tensor_debugger.compare.chunk_loop import chunk_pairs
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.store.catalog import lock_sessions_of_pairs
 from tensor_debugger.store.claims import claimable
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord, TensorRecord
 
@@ -168,7 +169,7 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
                 failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
     if hits or failed:
         with comparisons.sessions.begin() as db:
-            current = CurrentPairs.by_id(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
+            current = CurrentPairs.locked(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
             records = {
                 r.cache_key: r
                 for r in db.scalars(
@@ -217,7 +218,7 @@ class ResultWriter:
 
     def _write(self) -> None:
         with self._comparisons.sessions.begin() as db:
-            current = CurrentPairs.by_id(self._comparisons, db, [i for _, _, ids in self._waiting for i in ids])
+            current = CurrentPairs.locked(self._comparisons, db, [i for _, _, ids in self._waiting for i in ids])
             keys = {work.key for work, result, _ in self._waiting if isinstance(result, PairStats)}
             records = {
                 r.cache_key: r
@@ -271,6 +272,14 @@ class CurrentPairs:
     @classmethod
     def by_id(cls, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> CurrentPairs:
         return cls(comparisons, db, db.scalars(select(PairRecord).where(PairRecord.id.in_(set(pair_ids)))).all())
+
+    @classmethod
+    def locked(cls, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> CurrentPairs:
+        """`by_id`, read once their sessions are locked (`catalog.lock_sessions`), to give them verdicts: a plan
+        cannot then delete them and give their ids to other pairs before the verdicts are written."""
+        if pair_ids:
+            lock_sessions_of_pairs(db, pair_ids)
+        return cls.by_id(comparisons, db, pair_ids)
 
     def key(self, pair_id: int) -> str | None:
         """The pair's cache key now; None where it wants no result (gone, settled, incomparable, summary-only)."""

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -31,6 +31,7 @@ from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore
+from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import (
@@ -127,11 +128,9 @@ class Comparisons:
     def plan(self, session_id: int) -> None:
         """(Re)build the session's pairs and unmatched lists from its ready runs and the user's overrides."""
         with self.sessions.begin() as db:
-            # Write first, so that this transaction holds the write lock (SQLite) or the session's row (another
-            # database) before it reads the runs: two ingests finishing at once each plan, and a plan that read
+            # Locked first, before the runs are read: two ingests finishing at once each plan, and a plan that read
             # "one run ready" before the other's plan committed would otherwise delete that plan's pairs after it.
-            locked = db.execute(update(SessionRecord).where(SessionRecord.id == session_id).values(id=SessionRecord.id))
-            session = db.get(SessionRecord, session_id) if locked.rowcount else None  # type: ignore[attr-defined]
+            session = db.get(SessionRecord, session_id) if lock_sessions(db, [session_id]) else None
             if session is None:
                 raise NotFoundError(f"no session with id {session_id}")
             kept = [r for r in session.runs if r.status != "failed"]
@@ -273,6 +272,7 @@ class Comparisons:
         """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
         element values get their verdict on the summary statistics."""
         with self.sessions.begin() as db:
+            lock_sessions(db, [session_id])  # a plan between reading the pairs and writing would reuse their ids
             pairs = db.scalars(
                 select(PairRecord).where(PairRecord.session_id == session_id, PairRecord.status != "incomparable")
             ).all()

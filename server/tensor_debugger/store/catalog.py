@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, func, select
+from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import selectinload
@@ -89,6 +89,30 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
         )
         for sid in session_ids
     }
+
+
+def lock_sessions(db: DbSession, session_ids: Iterable[int]) -> set[int]:
+    """Hold, until `db`'s transaction ends, the right to change the pairs of these sessions; returns the ids of those
+    that exist. Taken before reading what a change of pairs depends on: a plan deletes a session's pairs and makes
+    them again, and SQLite gives the new pairs the ids of those deleted, so a verdict read for one pair before a
+    plan and written by id after it would land on another pair. A write to each session's row, in id order (two
+    lockers never wait for each other), holds SQLite's writer lock from here (pysqlite begins a transaction at the
+    first write, not the first read) and, on another database, the sessions' rows."""
+    locked: set[int] = set()
+    for session_id in sorted(set(session_ids)):
+        done = db.execute(update(SessionRecord).where(SessionRecord.id == session_id).values(id=SessionRecord.id))
+        if done.rowcount:  # type: ignore[attr-defined]
+            locked.add(session_id)
+    return locked
+
+
+def lock_sessions_of_pairs(db: DbSession, pair_ids: Iterable[int]) -> None:
+    """`lock_sessions` for the sessions of these pairs (before reading the pairs to give them verdicts)."""
+    ids = sorted(set(pair_ids))
+    sessions: set[int] = set()
+    for start in range(0, len(ids), 500):
+        sessions.update(db.scalars(select(PairRecord.session_id).where(PairRecord.id.in_(ids[start : start + 500]))))
+    lock_sessions(db, sessions)
 
 
 def get_session(db: DbSession, session_id: int) -> SessionRecord:
