@@ -4,6 +4,7 @@ child process."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -135,6 +136,13 @@ def started_server(
     )
     server.data_dir.mkdir(parents=True)
     return server.start()
+
+
+def started_with_demo(demo_data: Path, root: Path) -> LiveServer:
+    """A server of its own on `root/data`, a copy of a data dir whose demo session is computed (tests/web/conftest.py's
+    `demo_data`): as after a first start with the demo, without generating and computing the demo again."""
+    shutil.copytree(demo_data, root / "data")
+    return LiveServer(root / "data", free_port(), demo=True).start()
 
 
 def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: str = "/api/sessions") -> httpx.Response:

@@ -11,7 +11,7 @@ import pytest
 from playwright.sync_api import Browser, sync_playwright
 
 from tests.support.browser import CHROMIUM, FLAGS
-from tests.support.servers import LiveServer, free_port, started_server, wait_done
+from tests.support.servers import LiveServer, started_server, started_with_demo, wait_done
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +55,6 @@ def demo_data(shared_demo_server: LiveServer, tmp_path_factory: pytest.TempPathF
 def demo_server(demo_data: Path, tmp_path: Path) -> Iterator[LiveServer]:
     """A server of the test's own with the demo session computed (a copy of `demo_data`), as it is after the first
     start: for a test that changes the demo session or restarts the server."""
-    shutil.copytree(demo_data, tmp_path / "data")
-    server = LiveServer(tmp_path / "data", free_port(), demo=True).start()
+    server = started_with_demo(demo_data, tmp_path)
     yield server
     server.stop()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import hypothesis
@@ -16,7 +17,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, Phase
 
-from tests.support.servers import LiveServer, started_server
+from tests.support.servers import LiveServer, started_with_demo
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
 EXAMPLES = 5  # per operation, mode and pass
@@ -58,10 +59,10 @@ def fuzzing_config() -> schemathesis.Config:
 
 
 @pytest.fixture(scope="module")
-def fuzzed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def fuzzed_server(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Iterator[LiveServer]:
     """A server of its own (the requests rename, change and delete what they find), with the demo session: its
     session, runs, pairs and tensors all have id 1."""
-    server = started_server(tmp_path_factory.mktemp("fuzzed"), demo=True)
+    server = started_with_demo(demo_data, tmp_path_factory.mktemp("fuzzed"))
     yield server
     server.stop()
 

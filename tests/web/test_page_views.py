@@ -17,7 +17,7 @@ from tensor_debugger.demo.synthetic import DumpShape, Plant, write_dump
 
 from tests.support.browser import shot
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer, started_server, upload, wait_done
+from tests.support.servers import LiveServer, started_with_demo, upload, wait_done
 
 pytestmark = pytest.mark.browser
 
@@ -34,9 +34,9 @@ class Sessions:
 
 
 @pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sessions]:
+def sessions(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Iterator[Sessions]:
     root = tmp_path_factory.mktemp("page-views")
-    server = started_server(root, demo=True)
+    server = started_with_demo(demo_data, root)
     try:
         write_dump(root / "ref", 24, seed=3, shape=HEADS)
         write_dump(root / "cand", 24, seed=3, shape=HEADS, plant=PLANT)
