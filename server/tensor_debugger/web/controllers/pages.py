@@ -171,8 +171,9 @@ class PageController(Controller):
             session = catalog.get_session(db, session_id)
             report = session_pairs(db, session_id)
             rows = apply_order(report.pairs, session.pair_order)
+        several = {c.run_id: c.label for c in report.candidates} if len(report.candidates) > 1 else None
         return Response(
-            pairs_to_csv(rows),
+            pairs_to_csv(rows, several),
             media_type="text/csv; charset=utf-8",
             headers={"content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'},
         )
