@@ -19,6 +19,7 @@ from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.compare.pair_reports import apply_order, session_pairs
 from tensor_debugger.compare.pairing_files import export_pairing
 from tensor_debugger.compare.progress import session_progress
+from tensor_debugger.compare.session_profiles import session_profiles
 from tensor_debugger.errors import InvalidInputError, NotFoundError, TensorDebuggerError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -28,6 +29,7 @@ from tensor_debugger.web.multipart import receive_multipart
 from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
+from tensor_debugger.web.views.profile_heatmap import heatmap
 from tensor_debugger.web.views.run_view import run_rows
 from tensor_debugger.web.views.session_chart import build_chart
 from tensor_debugger.web.views.session_view import (
@@ -164,6 +166,25 @@ class PageController(Controller):
             run = catalog.relabel_run(db, run_id, data.get("label", ""))
             session_id = run.session_id
         return Redirect(f"/sessions/{session_id}#runs", status_code=303)
+
+    @get("/sessions/{session_id:int}/profiles", sync_to_thread=True)
+    def session_profiles_page(self, services: Services, session_id: int, dim: str = "") -> Template:
+        """Every pair's error profile along the aligned dimension `dim`, as one heatmap (pairs × index); without
+        `dim`, the form to pick it."""
+        with services.sessions() as db:
+            session = catalog.get_session(db, session_id)
+            ranks = [len(p.aligned_shape) for p in session_pairs(db, session_id).pairs if p.aligned_shape is not None]
+            dims = [(d, sum(1 for r in ranks if r > d)) for d in range(max(ranks, default=0))]
+            chosen, profiles = None, None
+            if dim.strip():
+                try:
+                    chosen = int(dim)
+                except ValueError:
+                    raise InvalidInputError(f"dim must be an aligned dimension (a whole number), got {dim!r}") from None
+                profiles = session_profiles(db, services.comparisons, session_id, chosen)
+            context = {"session": session, "dims": dims, "dim": chosen, "profiles": profiles}
+            context["heatmap"] = heatmap(profiles) if profiles is not None else None
+            return Template("session_profiles.html", context=context)
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
