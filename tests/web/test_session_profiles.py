@@ -74,7 +74,7 @@ def test_api_rows_in_execution_order_with_the_planted_tokens(shared_server: Live
     assert again == out  # each pair's profile kept with its result
     assert len(httpx.get(api, params={"dim": 3}, headers=shared_server.auth).json()["skipped"]) == LAYERS + 1
     refused = httpx.get(api, params={"dim": -1}, headers=shared_server.auth)
-    assert refused.status_code == 400 and "dim must be 0 or more" in refused.json()["detail"]
+    assert refused.status_code == 400 and "dim" in refused.text
     assert (
         httpx.get(f"{shared_server.url}/api/sessions/999999/profiles?dim=1", headers=shared_server.auth).status_code
         == 404

@@ -66,7 +66,7 @@ class SessionPairsController(Controller):
         self,
         services: Services,
         session_id: int,
-        dim: int = Parameter(description="the aligned dimension to profile (0 for the first)"),
+        dim: int = Parameter(ge=0, description="the aligned dimension to profile (0 for the first)"),
     ) -> SessionProfiles:
         """For every pair with aligned dimension `dim`, in execution order: its largest and mean |difference| per
         index of that dimension (each pair's profile computed once and kept with its result); the pairs without
