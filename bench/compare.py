@@ -58,9 +58,10 @@ def child(mode: str, *args: object) -> tuple[float, float, dict[str, Any]]:
     return wall, rss, json.loads(out.strip().splitlines()[-1])
 
 
-def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: float) -> None:
+def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: float, growing: float) -> None:
     """ref/ and cand/ under `folder`, `per_run` bytes each of (rows, HIDDEN) float32 tensors (child process); with
-    `noise`, every candidate value also differs from its reference by a relative `noise` times a normal draw."""
+    `noise`, every candidate value also differs from its reference by a relative `noise` times a normal draw; with
+    `growing`, by a difference growing along each tensor from 0 to `growing` (every sub-block a new largest)."""
     import torch
 
     row_bytes = HIDDEN * 4
@@ -75,6 +76,8 @@ def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: 
         torch.save(t, folder / "ref" / f"{count}_post_mlp.pth")
         if noise:
             t += t * torch.randn(t.shape, generator=generator) * noise
+        if growing:
+            t += torch.linspace(0, growing, t.numel()).reshape(t.shape)
         row = int(torch.randint(rows, (), generator=generator))
         col = int(torch.randint(HIDDEN - 8, (), generator=generator))
         t[row, col : col + 8] += 1e-2  # the planted difference: 8 values, far above float32's tolerance
@@ -230,11 +233,12 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
 
 def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: int, args: argparse.Namespace) -> int:
     """Generate a ref and a cand run and ingest both with the CLI; return the session id."""
-    wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed, args.noise)
+    wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed, args.noise, args.growing)
     print(
         f"session {name!r}: 2 runs of {written['count']} float32 tensors of up to {tensor_bytes / MIB:g} MiB, "
         f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s"
         + (f", every candidate value off by a relative {args.noise:g} x N(0, 1)" if args.noise else "")
+        + (f", a difference growing along each tensor from 0 to {args.growing:g}" if args.growing else "")
         + "; ingest:"
     )
     for label in ("ref", "cand"):
@@ -445,6 +449,13 @@ def parse_args() -> argparse.Namespace:
         help="relative noise on every candidate value, e.g. 0.004 "
         "for bfloat16-like differences (default 0: only the planted difference)",
     )
+    p.add_argument(
+        "--growing",
+        type=float,
+        default=0.0,
+        help="a difference growing linearly along each candidate tensor from 0 to this, e.g. 0.01: every sub-block "
+        "holds new largest differences, the worst elements' costliest case (default 0)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the generated dumps and data dir")
     p.add_argument(
         "--workdir",
@@ -475,7 +486,7 @@ def main() -> int:
     if args.child:
         mode, folder, *rest = args.child
         if mode == "dump":
-            write_runs(Path(folder), int(rest[0]), int(rest[1]), int(rest[2]), float(rest[3]))
+            write_runs(Path(folder), int(rest[0]), int(rest[1]), int(rest[2]), float(rest[3]), float(rest[4]))
         else:
             tops = [int(k) for k in rest[3].split(",")] if len(rest) > 3 and rest[3] else []
             measure(mode, Path(folder), int(rest[0]), int(rest[1]), worker_counts(rest[2]), tops)
