@@ -3,6 +3,7 @@
     python bench/compare.py                      # 2 x 0.5 GiB of float32 (rows, 4096) tensors, 64 MiB each
     python bench/compare.py --size-gib 4 --skip-slices
     python bench/compare.py --workers 1,2 --skip-slices   # comparisons on 1 and on 2 threads, side by side
+    python bench/compare.py --top 0,8 --skip-slices       # without and with the worst elements, side by side
 
 Two runs (`{i}_post_mlp.pth`; the candidate is the reference plus a small planted difference in every tensor) are
 written one tensor at a time and ingested by the real CLI, which plans the pairs. A child computes them with the
@@ -57,9 +58,10 @@ def child(mode: str, *args: object) -> tuple[float, float, dict[str, Any]]:
     return wall, rss, json.loads(out.strip().splitlines()[-1])
 
 
-def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: float) -> None:
+def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: float, growing: float) -> None:
     """ref/ and cand/ under `folder`, `per_run` bytes each of (rows, HIDDEN) float32 tensors (child process); with
-    `noise`, every candidate value also differs from its reference by a relative `noise` times a normal draw."""
+    `noise`, every candidate value also differs from its reference by a relative `noise` times a normal draw; with
+    `growing`, by a difference growing along each tensor from 0 to `growing` (every sub-block a new largest)."""
     import torch
 
     row_bytes = HIDDEN * 4
@@ -74,6 +76,8 @@ def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: 
         torch.save(t, folder / "ref" / f"{count}_post_mlp.pth")
         if noise:
             t += t * torch.randn(t.shape, generator=generator) * noise
+        if growing:
+            t += torch.linspace(0, growing, t.numel()).reshape(t.shape)
         row = int(torch.randint(rows, (), generator=generator))
         col = int(torch.randint(HIDDEN - 8, (), generator=generator))
         t[row, col : col + 8] += 1e-2  # the planted difference: 8 values, far above float32's tolerance
@@ -84,11 +88,12 @@ def write_runs(folder: Path, per_run: int, tensor_bytes: int, seed: int, noise: 
     print(json.dumps({"count": count, "payload": payload}))
 
 
-def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[int]) -> None:
+def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[int], tops: list[int]) -> None:
     """In a child: `rounds` rounds of computing the session's pairs with the library API (the cache emptied
     first) once per count in `workers`, and of reading the same arrays through the store's chunk reader, region by
     region as the comparison reads them, on 1 thread and on the most workers ("rounds"); or one read through zarr
-    itself ("zarr"). Rounds interleave them all so that a slow spell of this VM slows all of them alike."""
+    itself ("zarr"). Rounds interleave them all so that a slow spell of this VM slows all of them alike. `tops`:
+    the worst elements kept per pair, each measured in the same rounds (empty: the setting's)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
@@ -105,7 +110,10 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
     # TENSOR_DEBUGGER_KERNEL (kept in this child's environment) picks the statistics path to measure
     services = open_services(Settings.from_environ(data_dir=data, demo=False, workers=max(workers)))
     threads = services.settings.threads
-    comparisons = {w: Comparisons(services.sessions, services.store, resolve(w)) for w in workers}
+    tops = tops or [services.settings.top]
+    comparisons = {
+        (w, k): Comparisons(services.sessions, services.store, resolve(w), top=k) for w in workers for k in tops
+    }
     with services.sessions() as db:
         tensors = db.scalars(
             select(TensorRecord)
@@ -151,8 +159,8 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
         with ThreadPoolExecutor(threads) as pool:
             list(pool.map(lambda array: read_all([array], how), [a for arrays in runs.values() for a in arrays]))
 
-    def compute(count: int) -> None:
-        comparisons[count].compute_pending(session_id)
+    def compute(count: int, top: int) -> None:
+        comparisons[count, top].compute_pending(session_id)
 
     def empty_cache() -> None:  # every round computes every pair (not timed)
         with services.sessions.begin() as db:
@@ -181,10 +189,11 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
         chunks = 0
         for _ in range(rounds):
             for count in workers:
-                empty_cache()
-                before = services.store.chunk_reads
-                figures.setdefault(f"compute {count}", []).append(timed(partial(compute, count)))
-                chunks = services.store.chunk_reads - before
+                for top in tops:
+                    empty_cache()
+                    before = services.store.chunk_reads
+                    figures.setdefault(f"compute {count} top {top}", []).append(timed(partial(compute, count, top)))
+                    chunks = services.store.chunk_reads - before
             for name, work in (
                 ("one", read_1),
                 ("n", read_n),
@@ -212,6 +221,7 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
                     "threads": threads,
                     "kernel": kernel_name(),
                     "loop": loop_name(),
+                    "tops": tops,
                     **figures,
                 }
             )
@@ -223,11 +233,12 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
 
 def make_session(data: Path, dump: Path, name: str, per_run: int, tensor_bytes: int, args: argparse.Namespace) -> int:
     """Generate a ref and a cand run and ingest both with the CLI; return the session id."""
-    wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed, args.noise)
+    wall, _, written = child("dump", dump, per_run, tensor_bytes, args.seed, args.noise, args.growing)
     print(
         f"session {name!r}: 2 runs of {written['count']} float32 tensors of up to {tensor_bytes / MIB:g} MiB, "
         f"{written['payload'] / MB:.0f} MB each, written in {wall:.1f} s"
         + (f", every candidate value off by a relative {args.noise:g} x N(0, 1)" if args.noise else "")
+        + (f", a difference growing along each tensor from 0 to {args.growing:g}" if args.growing else "")
         + "; ingest:"
     )
     for label in ("ref", "cand"):
@@ -262,9 +273,9 @@ def median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def throughput(data: Path, session_id: int, rounds: int, workers: list[int]) -> None:
-    wall, rss, res = child("rounds", data, session_id, rounds, ",".join(map(str, workers)))
-    gb, threads = res["bytes"] / GB, res["threads"]
+def throughput(data: Path, session_id: int, rounds: int, workers: list[int], tops: list[int]) -> None:
+    wall, rss, res = child("rounds", data, session_id, rounds, ",".join(map(str, workers)), ",".join(map(str, tops)))
+    gb, threads, tops = res["bytes"] / GB, res["threads"], res["tops"]
 
     def rates(name: str) -> str:
         return ", ".join(f"{gb / r['s']:.2f}" for r in res[name])
@@ -285,11 +296,12 @@ def throughput(data: Path, session_id: int, rounds: int, workers: list[int]) -> 
         f"{res['statuses']}"
     )
     for count in workers:
-        name = f"compute {count}"
-        print(
-            f"  workers {count} ({resolve(count)} threads): {rate(name):.2f} GB/s (median; rounds: {rates(name)}), "
-            f"{per_cpu(name):.2f} GB per CPU-second"
-        )
+        for top in tops:
+            name = f"compute {count} top {top}"
+            print(
+                f"  workers {count} ({resolve(count)} threads), top {top}: {rate(name):.2f} GB/s (median; rounds: "
+                f"{rates(name)}), {per_cpu(name):.2f} GB per CPU-second"
+            )
     hint = (
         " (TENSOR_DEBUGGER_KERNEL=blocks measures reading arrays first, =numpy the numpy path)"
         if res["loop"] == "chunk loop"
@@ -315,20 +327,29 @@ def throughput(data: Path, session_id: int, rounds: int, workers: list[int]) -> 
         print(f"  {label}: {rate(name):.2f} GB/s (rounds: {rates(name)}), {per_cpu(name):.2f} GB per CPU-second")
     best = max(limits, key=limits.__getitem__)
     for count in workers:
-        print(
-            f"  comparison with {count} workers at {100 * rate(f'compute {count}') / limits[best]:.0f}% of the best "
-            f"of these medians ({best}; target: at least 80% with every CPU)"
-        )
-    if len(workers) > 1:
-        print("\n| workers | threads | comparison GB/s (median) | rounds | GB per CPU-second | share of the limit |")
-        print("| --- | --- | --- | --- | --- | --- |")
-        for count in workers:
-            name = f"compute {count}"
+        for top in tops:
             print(
-                f"| {count} | {resolve(count)} | {rate(name):.2f} | {rates(name)} | {per_cpu(name):.2f} | "
-                f"{100 * rate(name) / limits[best]:.0f}% |"
+                f"  comparison with {count} workers, top {top}, at "
+                f"{100 * rate(f'compute {count} top {top}') / limits[best]:.0f}% of the best of these medians "
+                f"({best}; target: at least 80% with every CPU)"
             )
-    _, _, raw = child("zarr", data, session_id, 1, str(max(workers)))
+    if len(workers) > 1 or len(tops) > 1:
+        print(
+            "\n| workers | threads | top | comparison GB/s (median) | rounds | GB per CPU-second | share of the limit "
+            "| "
+            f"time vs top {tops[0]} (median of per-round ratios) |"
+        )
+        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for count in workers:
+            first = res[f"compute {count} top {tops[0]}"]
+            for top in tops:
+                name = f"compute {count} top {top}"
+                ratio = median([r["s"] / f["s"] for r, f in zip(res[name], first, strict=True)])
+                print(
+                    f"| {count} | {resolve(count)} | {top} | {rate(name):.2f} | {rates(name)} | {per_cpu(name):.2f} | "
+                    f"{100 * rate(name) / limits[best]:.0f}% | {100 * (ratio - 1):+.1f}% |"
+                )
+    _, _, raw = child("zarr", data, session_id, 1, str(max(workers)), "")
     print(
         f"for context, zarr's own reads of the same arrays, 16 chunks at a time: {gb / raw['one']['s']:.2f} GB/s on "
         f"1 thread, {gb / raw['n']['s']:.2f} GB/s on {raw['threads']} threads"
@@ -428,6 +449,13 @@ def parse_args() -> argparse.Namespace:
         help="relative noise on every candidate value, e.g. 0.004 "
         "for bfloat16-like differences (default 0: only the planted difference)",
     )
+    p.add_argument(
+        "--growing",
+        type=float,
+        default=0.0,
+        help="a difference growing linearly along each candidate tensor from 0 to this, e.g. 0.01: every sub-block "
+        "holds new largest differences, the worst elements' costliest case (default 0)",
+    )
     p.add_argument("--keep", action="store_true", help="keep the generated dumps and data dir")
     p.add_argument(
         "--workdir",
@@ -442,6 +470,13 @@ def parse_args() -> argparse.Namespace:
         "or a list such as 1,2 to compare with each, in the same rounds, side by side (default 0: one "
         "thread per CPU available to the process)",
     )
+    p.add_argument(
+        "--top",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=[],
+        help="worst elements kept per pair (TENSOR_DEBUGGER_TOP), or a list such as 0,8 to measure each in the same "
+        "rounds, side by side (default: the setting's)",
+    )
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)  # internal: MODE ARGS...
     return p.parse_args()
 
@@ -451,9 +486,10 @@ def main() -> int:
     if args.child:
         mode, folder, *rest = args.child
         if mode == "dump":
-            write_runs(Path(folder), int(rest[0]), int(rest[1]), int(rest[2]), float(rest[3]))
+            write_runs(Path(folder), int(rest[0]), int(rest[1]), int(rest[2]), float(rest[3]), float(rest[4]))
         else:
-            measure(mode, Path(folder), int(rest[0]), int(rest[1]), worker_counts(rest[2]))
+            tops = [int(k) for k in rest[3].split(",")] if len(rest) > 3 and rest[3] else []
+            measure(mode, Path(folder), int(rest[0]), int(rest[1]), worker_counts(rest[2]), tops)
         return 0
     wall, rss, versions = run_child([sys.executable, "-c", BASELINE], child_env(KEPT))
     print(machine_line(versions.strip()))
@@ -473,7 +509,7 @@ def main() -> int:
             per_run, tensor_bytes = int(args.size_gib * GIB) // 2, int(args.tensor_mib * MIB)
             session_id = make_session(data, work / "dump", "bench", per_run, tensor_bytes, args)
             print("note: the data dir was freshly written, so every read below comes from the page cache, not disk")
-            throughput(data, session_id, args.rounds, args.workers)
+            throughput(data, session_id, args.rounds, args.workers, args.top)
             session_id = session_id if min(tensor_bytes, per_run) >= slice_bytes else None  # its pair 0 will do
         if not args.skip_slices:
             slices(

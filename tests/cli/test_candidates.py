@@ -3,6 +3,8 @@ API's and the session page's side-by-side view."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -67,6 +69,12 @@ def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveSe
     assert row is not None
     assert re.findall(r'badge (\w+)">', row.group(1)) == ["pass", "fail", "pass"]
     assert "first divergence at <strong>1_attn</strong>" in section and "no divergence" in section
+    exported = httpx.get(f"{shared_server.url}/sessions/{session_id}/pairs.csv", headers=shared_server.auth).text
+    rows = list(csv.DictReader(io.StringIO(exported)))
+    assert [r["candidate_run"] for r in rows] == ["c1"] * 8 + ["c2"] * 8 + ["c3"] * 8
+    assert {(r["candidate_run"], r["name"]) for r in rows if r["status"] == "fail"} == {
+        (p["candidate"], p["name"]) for p in out["pairs"] if p["status"] == "fail"
+    }
 
     # the table: a column per candidate; exit 1 when any candidate diverges, not only the first
     table = run_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["c2"]))

@@ -1,4 +1,5 @@
-"""The session's pairs as CSV, in the order the user keeps them."""
+"""The session's pairs as CSV, in the order the user keeps them; with several candidate runs, a `candidate_run`
+column (the run's label) says whose each pair is (`candidate` is the candidate tensor's name, as always)."""
 
 from __future__ import annotations
 
@@ -44,15 +45,18 @@ COLUMNS = (
 )
 
 
-def pairs_to_csv(pairs: list[PairReport]) -> str:
+def pairs_to_csv(pairs: list[PairReport], runs: dict[int, str] | None = None) -> str:
+    """One row per pair; `runs` (candidate run id to label), given when the session has several candidates, adds
+    the `candidate_run` column after `position`."""
     out = io.StringIO()
     writer = csv.writer(out)
-    writer.writerow(COLUMNS)
+    writer.writerow((COLUMNS[0], "candidate_run", *COLUMNS[1:]) if runs else COLUMNS)
     for n, p in enumerate(pairs):
         s = p.stats
         writer.writerow(
             [
                 n,
+                *([runs.get(p.b.run_id, "")] if runs else []),
                 p.name,
                 p.layer,
                 p.stage,

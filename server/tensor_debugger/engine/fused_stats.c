@@ -186,6 +186,53 @@ INLINE void histogram(const float *diff, int64_t m, float top, int64_t nonzero, 
         return -1;                                                                                               \
     }
 
+/* Which of the HLANES float32 differences at p (aligned as `diff` is) reach `edge`, as a bit mask: the worst
+ * elements' candidates are found a vector at a time, without looking at each lane of the vectors without one. */
+#if defined(__AVX512F__) && LANES == 8
+INLINE uint32_t hits(const float *p, float edge) {
+    return _mm512_cmp_ps_mask(_mm512_load_ps(p), _mm512_set1_ps(edge), _CMP_GE_OQ);
+}
+#elif defined(__AVX2__) && defined(__FMA__) && LANES == 4
+INLINE uint32_t hits(const float *p, float edge) {
+    return (uint32_t)_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(p), _mm256_set1_ps(edge), _CMP_GE_OQ));
+}
+#else
+INLINE uint32_t hits(const float *p, float edge) {
+    vh d;
+    memcpy(&d, p, sizeof d);
+    vi hit = d >= ((vh){0} + edge);
+    uint32_t mask = 0;
+    for (int i = 0; i < HLANES; i++) mask |= (uint32_t)(hit[i] & 1) << i;
+    return mask;
+}
+#endif
+
+/* A threshold that at least `k` (at most 16) of a sub-block's `padded` float32 differences (a multiple of 16)
+ * reach, in one pass: 16 maxima, each over the positions of one residue mod 16, merged into k groups, and the
+ * least of the groups' maxima (each group's is a distinct element). Where differences grow along the tensor, every
+ * element of a sub-block is above the heap's floor, and this leaves about k candidates where bisection needed a
+ * dozen passes. 0 where k > 16. */
+INLINE float kth_of_16_maxima(const float *diff, int64_t padded, int64_t k) {
+    enum { Q = 16 / HLANES };
+    if (k > 16 || padded < 16) return 0.0f;
+    vh top[Q];
+    memcpy(top, diff, sizeof top);
+    for (int64_t j = 16; j < padded; j += 16)
+        for (int q = 0; q < Q; q++) {
+            vh d;
+            memcpy(&d, diff + j + q * HLANES, sizeof d);
+            vi gt = d > top[q];
+            top[q] = (vh)(((vi)d & gt) | ((vi)top[q] & ~gt));
+        }
+    float m[16], group[16];
+    memcpy(m, top, sizeof m);
+    for (int64_t g = 0; g < k; g++) group[g] = m[g]; /* k groups of strides, each its largest: k elements reach */
+    for (int64_t i = k; i < 16; i++) group[i % k] = m[i] > group[i % k] ? m[i] : group[i % k];
+    float least = group[0];
+    for (int64_t g = 1; g < k; g++) least = group[g] < least ? group[g] : least;
+    return least;
+}
+
 /* The worst elements (td_partial's heap, kernel_structs.h): whether (d, at) ranks below the heap's entry i (a
  * smaller difference, or the same at a later position), and keeping (d, at, x, y) in place of the smallest once the
  * heap holds top_k. */
@@ -229,8 +276,9 @@ INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.
  * sub-block's float32 differences (`diff`, `padded` of them, zeros after the m real ones) pick the candidates: an
  * element above the floor has a float32 difference of at least the floor's (rounding is monotonic), and where more
  * than 4 * top_k reach that, a higher threshold that at least top_k of them reach is found by bisecting float32 bit
- * patterns (an element below it is smaller than top_k others of the sub-block, so not among the worst). Only
- * candidates are computed again exactly. */
+ * patterns (an element below it is smaller than top_k others of the sub-block, so not among the worst), starting
+ * from the k-th largest of 16 strided maxima (kth_of_16_maxima) where that is higher. Only candidates are computed
+ * again exactly. */
 #define WORST(TA, TB)                                                                                            \
     static void worst_##TA##_##TB(const TA *a, const TB *b, const float *diff, int64_t m, int64_t padded,        \
                                   float sub_top, int64_t base, td_partial *out) {                                \
@@ -242,7 +290,23 @@ INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.
             }                                                                                                    \
             return;                                                                                              \
         }                                                                                                        \
-        int64_t count = reaching(diff, padded, t);                                                               \
+        float s = kth_of_16_maxima(diff, padded, out->top_k);                                                    \
+        if (s > t) t = s; /* at least top_k of the sub-block reach s: an element below it is not among the worst */ \
+        int32_t picked[4 * TD_TOP + 32]; /* the candidates' positions, in one pass where there are few */        \
+        int64_t n = 0;                                                                                           \
+        for (int64_t j = 0; j < padded && n <= 4 * out->top_k; j += HLANES)                                      \
+            for (uint32_t hit = hits(diff + j, t); hit && n <= 4 * out->top_k; hit &= hit - 1)                  \
+                picked[n++] = (int32_t)(j + __builtin_ctz(hit));                                                 \
+        if (n <= 4 * out->top_k) {                                                                               \
+            for (int64_t c = 0; c < n; c++) {                                                                    \
+                int64_t k = picked[c];                                                                           \
+                if (k >= m) break;                                                                               \
+                double x = one_##TA(a + k), y = one_##TB(b + k), d = __builtin_fabs(x - y);                      \
+                if (d > worst_floor(out)) keep_worst(out, d, base + k, x, y);                                    \
+            }                                                                                                    \
+            return;                                                                                              \
+        }                                                                                                        \
+        int64_t count = reaching(diff, padded, t); /* many: bisect for a higher threshold */                    \
         uint32_t lo, hi;                                                                                         \
         memcpy(&lo, &t, sizeof lo);                                                                              \
         memcpy(&hi, &sub_top, sizeof hi);                                                                        \
@@ -260,16 +324,10 @@ INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.
             }                                                                                                    \
         }                                                                                                        \
         memcpy(&t, &lo, sizeof t);                                                                               \
-        const vh e = (vh){0} + t;                                                                                \
         for (int64_t j = 0; j < m; j += HLANES) {                                                                \
-            vh d32;                                                                                              \
-            memcpy(&d32, diff + j, sizeof d32);                                                                  \
-            vi hit = d32 >= e;                                                                                   \
-            int found = 0;                                                                                       \
-            for (int i = 0; i < HLANES; i++) found |= hit[i];                                                    \
-            if (!found) continue;                                                                                \
-            for (int i = 0; i < HLANES && j + i < m; i++) {                                                      \
-                if (!hit[i]) continue;                                                                           \
+            for (uint32_t hit = hits(diff + j, t); hit; hit &= hit - 1) { /* in order of position */             \
+                int64_t i = __builtin_ctz(hit);                                                                  \
+                if (j + i >= m) break;                                                                           \
                 double x = one_##TA(a + j + i), y = one_##TB(b + j + i), d = __builtin_fabs(x - y);              \
                 if (d > worst_floor(out)) keep_worst(out, d, base + j + i, x, y);                                \
             }                                                                                                    \

@@ -17,6 +17,7 @@ from tensor_debugger.compare.pair_reports import (
     session_pairs,
 )
 from tensor_debugger.compare.profiles import ErrorProfile, error_profile
+from tensor_debugger.compare.session_profiles import SessionProfiles, session_profiles
 from tensor_debugger.compare.slices import SliceReport, parse_slice_request, read_slice
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
@@ -59,6 +60,19 @@ class SessionPairsController(Controller):
             catalog.get_session(db, session_id)
             report = session_pairs(db, session_id, cache=services.comparisons.stats)
         return DivergenceReport(report.first_divergence, report.progress)
+
+    @get("/profiles", sync_to_thread=True, responses=error_responses(404))
+    def profiles(
+        self,
+        services: Services,
+        session_id: int,
+        dim: int = Parameter(ge=0, description="the aligned dimension to profile (0 for the first)"),
+    ) -> SessionProfiles:
+        """For every pair with aligned dimension `dim`, in execution order: its largest and mean |difference| per
+        index of that dimension (each pair's profile computed once and kept with its result); the pairs without
+        it are listed as skipped, with why."""
+        with services.sessions() as db:
+            return session_profiles(db, services.comparisons, session_id, dim)
 
     @get("/alignments", sync_to_thread=True, responses=error_responses(404))
     def alignment_choices(

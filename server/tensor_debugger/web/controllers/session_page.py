@@ -13,12 +13,14 @@ from tensor_debugger.compare.exports import pairs_to_csv
 from tensor_debugger.compare.hand_pairing import hand_pair_choices
 from tensor_debugger.compare.pair_reports import SessionPairs, apply_order, session_pairs
 from tensor_debugger.compare.progress import session_progress
+from tensor_debugger.compare.session_profiles import session_profiles
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, SessionRecord
 from tensor_debugger.web.controllers.forms import FORM, FormData, optional_float
 from tensor_debugger.web.views.pairing_form import PairingForm
+from tensor_debugger.web.views.profile_heatmap import heatmap
 from tensor_debugger.web.views.session_chart import build_chart
 from tensor_debugger.web.views.session_view import (
     PAGE_SIZE,
@@ -99,13 +101,33 @@ class SessionPageController(Controller):
                 },
             )
 
+    @get("/sessions/{session_id:int}/profiles", sync_to_thread=True)
+    def session_profiles_page(self, services: Services, session_id: int, dim: str = "") -> Template:
+        """Every pair's error profile along the aligned dimension `dim`, as one heatmap (pairs × index); without
+        `dim`, the form to pick it."""
+        with services.sessions() as db:
+            session, report = read_session(db, services, session_id)
+            ranks = [len(p.aligned_shape) for p in report.pairs if p.aligned_shape is not None]
+            dims = [(d, sum(1 for r in ranks if r > d)) for d in range(max(ranks, default=0))]
+            chosen, profiles = None, None
+            if dim.strip():
+                try:
+                    chosen = int(dim)
+                except ValueError:
+                    raise InvalidInputError(f"dim must be an aligned dimension (a whole number), got {dim!r}") from None
+                profiles = session_profiles(db, services.comparisons, session_id, chosen)
+            context = {"session": session, "dims": dims, "dim": chosen, "profiles": profiles}
+            context["heatmap"] = heatmap(profiles) if profiles is not None else None
+            return Template("session_profiles.html", context=context)
+
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
         with services.sessions() as db:
             session, report = read_session(db, services, session_id)
             rows = apply_order(report.pairs, session.pair_order)
+        several = {c.run_id: c.label for c in report.candidates} if len(report.candidates) > 1 else None
         return Response(
-            pairs_to_csv(rows),
+            pairs_to_csv(rows, several),
             media_type="text/csv; charset=utf-8",
             headers={"content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'},
         )

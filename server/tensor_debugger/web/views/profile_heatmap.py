@@ -1,0 +1,105 @@
+"""The session's error profiles as one heatmap (pairs × index of a chosen aligned dimension), drawn as SVG on the
+server: a row per pair in execution order, a cell per index (indices max-pooled into at most MAX_COLUMNS
+columns), coloured by log10 of the largest |difference| with a legend; each cell opens its pair's page with the
+inspector on that index and the pair's profile along the dimension."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from urllib.parse import urlencode
+
+from tensor_debugger.compare.session_profiles import ProfileRow, SessionProfiles
+from tensor_debugger.compare.slices import parse_slice_request
+from tensor_debugger.web.views.pair_page import centred_window, default_window
+
+MAX_COLUMNS = 128
+CELL_W, CELL_H, LABEL_W = 6.0, 14.0, 150.0
+# viridis, sampled: dark for the smallest decade, yellow for the largest
+STOPS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
+ZERO, NAN = "#eeeeee", "#d62728"
+
+
+def colour(t: float) -> str:
+    """The scale's colour at t in [0, 1]."""
+    t = min(max(t, 0.0), 1.0) * (len(STOPS) - 1)
+    k = min(int(t), len(STOPS) - 2)
+    f = t - k
+    r, g, b = (round(x + (y - x) * f) for x, y in zip(STOPS[k], STOPS[k + 1], strict=True))
+    return f"#{r:02x}{g:02x}{b:02x}"
+
+
+def _cell_value(values: list[Any]) -> float | None:
+    """The largest |difference| of a column's indices: NaN when a NaN met one, None when there is none."""
+    if any(v == "nan" for v in values):
+        return math.nan
+    numbers = [float(v) for v in values if isinstance(v, int | float)]
+    return max(numbers) if numbers else None
+
+
+def _cell_url(row: ProfileRow, dim: int, index: int) -> str:
+    shape = tuple(row.aligned_shape)
+    first = default_window(shape)
+    request = parse_slice_request(shape, first["index"], first["start"], first["count"])
+    point = tuple(index if d == dim else 0 for d in range(len(shape)))
+    return f"/pairs/{row.pair_id}?{urlencode({**centred_window(shape, point, request), 'profile': dim})}#inspector"
+
+
+def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
+    """The SVG's cells (x, y, fill, link, label), row labels, size, and the legend's decades."""
+    step = max(1, math.ceil(profiles.size / MAX_COLUMNS))
+    present = [
+        math.log10(float(v))
+        for row in profiles.rows
+        for v in row.max_abs_diff
+        if isinstance(v, int | float) and math.isfinite(v) and v > 0
+    ]
+    # decades with a little slack, so that float32's 0.0100002 does not open a decade of its own
+    low, high = (math.floor(min(present) + 0.01), math.ceil(max(present) - 0.01)) if present else (0, 1)
+    high = max(high, low + 1)
+    cells, labels = [], []
+    for r, row in enumerate(profiles.rows):
+        y = r * CELL_H
+        who = f"{row.name} ({row.candidate})" if len({p.candidate for p in profiles.rows}) > 1 else row.name
+        labels.append({"y": y + CELL_H * 0.75, "text": who if len(who) <= 24 else "…" + who[-23:]})
+        for c, start in enumerate(range(0, len(row.max_abs_diff), step)):
+            part = row.max_abs_diff[start : start + step]
+            value = _cell_value(part)
+            if value is None:
+                continue
+            if math.isnan(value):
+                fill, said = NAN, "NaN"
+            elif value <= 0:
+                fill, said = ZERO, "0"
+            else:
+                fill, said = colour((math.log10(value) - low) / (high - low)), f"{value:.3g}"
+            worst = start + max(range(len(part)), key=lambda i: float(part[i]) if part[i] != "nan" else math.inf)
+            span = f"indices {start} to {start + len(part) - 1}" if len(part) > 1 else f"index {start}"
+            cells.append(
+                {
+                    "x": LABEL_W + c * CELL_W,
+                    "y": y,
+                    "fill": fill,
+                    "url": _cell_url(row, profiles.dim, worst),
+                    "label": f"{who}, {span}: max |diff| {said}",
+                }
+            )
+    columns = math.ceil(profiles.size / step) if profiles.size else 0
+    every = next(n * 10**k for k in range(12) for n in (1, 2, 5) if n * 10**k * 8 >= profiles.size)
+    ticks = [{"x": LABEL_W + (i // step + 0.5) * CELL_W, "text": i} for i in range(0, profiles.size, every)]
+    return {
+        "ticks": ticks,
+        "axis_y": len(profiles.rows) * CELL_H + 11,
+        "cells": cells,
+        "labels": labels,
+        "step": step,
+        "width": LABEL_W + max(columns, 1) * CELL_W,
+        "height": max(len(profiles.rows), 1) * CELL_H + 14,  # and the index axis
+        "cell_w": CELL_W,
+        "cell_h": CELL_H,
+        "low": low,
+        "high": high,
+        "legend": [{"decade": d, "fill": colour((d - low) / (high - low))} for d in range(low, high + 1)],
+        "zero": ZERO,
+        "nan": NAN,
+    }
