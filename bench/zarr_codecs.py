@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import zarr
 from harness import machine_line
-from tensor_debugger.store.arrays import DEFAULT_CODEC
+from tensor_debugger.store.zarr_backend import DEFAULT_CODEC
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore
 
@@ -119,7 +119,7 @@ def main() -> int:
         f"{args.mib:g} MiB per case, (rows, {HIDDEN}) arrays, ~{CHUNK_BYTES // MIB} MiB chunks written "
         f"{CHUNKS_PER_BLOCK} at a time, best of {args.repeats}; 1 MB = 1e6 bytes; "
         f"ratio = stored bytes / raw bytes; spread = slowest / fastest run, write and read; "
-        f"* = tensor_debugger.store.arrays.DEFAULT_CODEC"
+        f"* = tensor_debugger.store.zarr_backend.DEFAULT_CODEC"
     )
     print(f"{'dtype':<9} {'codec':<24} {'write MB/s':>10} {'read MB/s':>10} {'ratio':>6}  spread")
     default = DEFAULT_CODEC.to_dict()

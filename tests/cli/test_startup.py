@@ -95,3 +95,21 @@ def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.Capture
     finally:
         gc.unfreeze()
     assert json.loads(capsys.readouterr().out) == []
+
+
+def test_compare_again_on_unchanged_files_imports_neither_zarr_nor_torch(tmp_path: Path) -> None:
+    """A re-run reuses both runs' stored tensors and every stored result: Zarr and numcodecs (0.17 s) stay out."""
+    for run, shift in (("a", 0.0), ("b", 1.0)):
+        (tmp_path / run).mkdir()
+        for name in ("0_x", "1_x"):
+            np.save(tmp_path / run / f"{name}.npy", np.arange(4, dtype=np.float32) + (shift if name == "1_x" else 0))
+    args = ("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    first = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert first.returncode == 1, first.stderr  # a divergence found
+    assert "zarr" in json.loads(first.stderr.strip().splitlines()[-1])  # the first compare stores the tensors
+    again = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert again.returncode == 1, again.stderr
+    modules = set(json.loads(again.stderr.strip().splitlines()[-1]))
+    assert not modules & {"zarr", "numcodecs", "torch", "alembic", "litestar", "jinja2"}
+    assert json.loads(again.stdout)["first_divergence"] == json.loads(first.stdout)["first_divergence"]

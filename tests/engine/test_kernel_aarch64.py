@@ -21,7 +21,7 @@ import pytest
 from numcodecs import Blosc
 from tensor_debugger.engine.fused import STORED_FLOATS
 from tensor_debugger.engine.metrics import edges
-from tensor_debugger.store.arrays import DEFAULT_CODEC
+from tensor_debugger.store.zarr_backend import DEFAULT_CODEC
 
 from tests.support.kernel_reference import check_partial, pair_case
 

@@ -291,7 +291,7 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
-    from tensor_debugger.store.arrays import open_store
+    from tensor_debugger.store.zarr_backend import open_store
 
     try:
         open_store(settings.store_url)  # a store that cannot be used is said here, not in a traceback at start-up

@@ -11,94 +11,37 @@ import asyncio
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from functools import partial
+from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import unquote, urlparse
 
 import numpy as np
-import zarr
-from zarr.abc.store import ByteRequest, Store
-from zarr.codecs import BloscCodec
-from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
-from tensor_debugger.errors import StoreWriteError, TensorDebuggerError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
 from tensor_debugger.store.layout import ArrayLayout, read_layout
-from tensor_debugger.store.object_stores import aws_variables, describe_failure, open_s3_store
+from tensor_debugger.store.object_stores import aws_variables
 
 if TYPE_CHECKING:
     import torch
-    from zarr.abc.buffer import Buffer, BufferPrototype
+    import zarr
+
+    from tensor_debugger.store.zarr_backend import CountingStore
 
 T = TypeVar("T")
 
-# Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
-# while storing float32 activations at 0.91 and bfloat16 at 0.81 of their size; zstd saves a few percent more but
-# reads two to three times slower. Where it saves under compression.RAW_BELOW, ingest stores the tensor raw.
-DEFAULT_CODEC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
-
-
 _OPENED_LIMIT = 512  # arrays kept open for slices and comparisons
-_METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
-
-
-class CountingStore(WrapperStore[Store]):
-    """Counts chunk reads (not metadata), so tests and benchmarks can see what a computation touched. Zarr
-    re-wraps stores (a read-only copy for `mode="r"`), so the copies share one counter. Over an object store
-    (`remote`), a failed write or deletion is a StoreWriteError naming the key; a local folder's are OSErrors,
-    a full disk among them (errors.is_disk_full)."""
-
-    def __init__(self, store: Store, counter: ReadCounter | None = None, remote: bool = False) -> None:
-        super().__init__(store)
-        self.counter = counter or ReadCounter()
-        self.remote = remote
-
-    def _with_store(self, store: Store) -> CountingStore:
-        return CountingStore(store, self.counter, self.remote)
-
-    @contextmanager
-    def _writing(self, key: str) -> Iterator[None]:
-        try:
-            yield
-        except TensorDebuggerError:
-            raise
-        except Exception as exc:
-            if not self.remote:
-                raise
-            raise StoreWriteError(key, describe_failure(exc)) from exc
-
-    async def set(self, key: str, value: Buffer) -> None:
-        with self._writing(key):
-            await self._store.set(key, value)
-
-    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
-        with self._writing(key):
-            await self._store.set_if_not_exists(key, value)
-
-    async def delete(self, key: str) -> None:
-        with self._writing(key):
-            await self._store.delete(key)
-
-    async def delete_dir(self, prefix: str) -> None:
-        with self._writing(prefix):
-            await self._store.delete_dir(prefix)
-
-    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
-        if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
-            self.counter.add(1)
-        return await self._store.get(key, prototype, byte_range)
 
 
 def worth_compressing(block: np.ndarray) -> bool:
     """Whether `DEFAULT_CODEC` saves enough on a sample of `block` (compression.py) to store its tensor so."""
-    codec = DEFAULT_CODEC
+    from tensor_debugger.store.zarr_backend import DEFAULT_CODEC as codec
+
     return compression.worth_compressing(block, codec.cname.value, codec.clevel, codec.shuffle.value)
 
 
@@ -113,19 +56,6 @@ def run_sync(coroutine: Coroutine[Any, Any, T]) -> T:
     (listing, deleting): reading and writing arrays go through Zarr's synchronous API or the chunk files."""
     with ThreadPoolExecutor(1, thread_name_prefix="store-sync") as thread:
         return thread.submit(asyncio.run, coroutine).result()
-
-
-def open_store(url: str, environ: Mapping[str, str] | None = None) -> Store:
-    """The Zarr store of `url`; an s3:// store is configured from the AWS variables in `environ` (this process's
-    environment unless given) and tried once (StoreUnavailableError naming the setting when it fails)."""
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        return LocalStore(Path(unquote(parsed.path)))
-    if parsed.scheme == "s3":
-        return open_s3_store(url, os.environ if environ is None else environ)
-    if parsed.scheme == "memory":
-        return MemoryStore()
-    raise ValueError(f"unsupported store URL {url!r}: use file:///folder, s3://bucket/prefix or memory://")
 
 
 class Remembered(Generic[T]):
@@ -167,16 +97,36 @@ class ArrayStore:
         self.url = url
         # the AWS variables an s3:// store was opened with, for a child process opening the same store
         self.environ = aws_variables(os.environ if environ is None else environ)
-        backend = open_store(url, environ)
-        self._folder = backend.root if isinstance(backend, LocalStore) else None
-        self._store = CountingStore(backend, remote=not isinstance(backend, LocalStore | MemoryStore))
+        # the read counter, shared with the Zarr store once one is opened (chunk readers count in it too)
+        self._counter = ReadCounter()
         self._opened: Remembered[zarr.Array[Any]] = Remembered(_OPENED_LIMIT)
         self._layouts: Remembered[ArrayLayout] = Remembered(_OPENED_LIMIT)
+        parsed = urlparse(url)
+        # A local folder's Zarr store is opened on first use (what only lists the folder needs no Zarr: see
+        # zarr_backend.py); any other is opened now, so that a store that cannot be used stops here.
+        self._folder = Path(unquote(parsed.path)) if parsed.scheme == "file" else None
+        if self._folder is None:
+            self._open_store(environ)
+
+    def _open_store(self, environ: Mapping[str, str] | None = None) -> CountingStore:
+        from zarr.storage import LocalStore, MemoryStore
+
+        from tensor_debugger.store.zarr_backend import CountingStore, open_store
+
+        backend = open_store(self.url, environ)
+        remote = not isinstance(backend, LocalStore | MemoryStore)
+        self.__dict__["_store"] = store = CountingStore(backend, self._counter, remote=remote)
+        return store
+
+    @cached_property
+    def _store(self) -> CountingStore:
+        """The Zarr store (a local folder's, opened on first use)."""
+        return self._open_store()
 
     @property
     def chunk_reads(self) -> int:
         """Chunks read through this store since it was opened."""
-        return self._store.counter.chunks
+        return self._counter.chunks
 
     def create(
         self,
@@ -187,6 +137,10 @@ class ArrayStore:
         compressed: bool = True,
     ) -> zarr.Array[Any]:
         """A new array at `key`, its chunks compressed with `DEFAULT_CODEC` or (not `compressed`) stored raw."""
+        import zarr
+
+        from tensor_debugger.store.zarr_backend import DEFAULT_CODEC
+
         return zarr.create_array(
             self._store,
             name=key,
@@ -221,6 +175,8 @@ class ArrayStore:
         """The array at `key`, read-only. With the tensor's content digest, an array opened before is reused
         (its metadata is not read again): arrays never change after ingest, and the digest tells a new array
         apart from an old one that once had the same key."""
+        import zarr
+
         return self._opened.get(key, content_digest, lambda: zarr.open_array(self._store, path=key, mode="r"))
 
     def reader(self, key: str, content_digest: str | None = None) -> ChunkReader | zarr.Array[Any]:
@@ -230,9 +186,7 @@ class ArrayStore:
         if self._folder is not None:
             layout = self._layout(key, content_digest)
             if layout.readable:
-                return ChunkReader(
-                    layout, self._folder / key, self._store.counter, partial(self.open, key, content_digest)
-                )
+                return ChunkReader(layout, self._folder / key, self._counter, partial(self.open, key, content_digest))
         return self.open(key, content_digest)
 
     def _layout(self, key: str, content_digest: str | None) -> ArrayLayout:
@@ -249,6 +203,11 @@ class ArrayStore:
 
     def children(self, prefix: str) -> list[str]:
         """Names directly under `prefix` ("runs" -> ["1", "2"])."""
+        if self._folder is not None:  # as Zarr's LocalStore.list_dir, without starting an event loop
+            try:
+                return sorted(os.listdir(self._folder / prefix))
+            except (FileNotFoundError, NotADirectoryError):
+                return []
 
         async def collect() -> list[str]:
             it: AsyncIterator[str] = self._store.list_dir(prefix)

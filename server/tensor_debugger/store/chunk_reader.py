@@ -11,6 +11,7 @@ through Zarr, as before.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import os
@@ -20,11 +21,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numcodecs import Blosc
 
 from tensor_debugger.store.layout import ArrayLayout
 
-_BLOSC = Blosc()  # decoding reads its settings from each chunk's header
+
+@functools.cache
+def _blosc() -> Any:
+    """The Blosc codec chunks are decoded with (its settings are read from each chunk's header); numcodecs is
+    imported on the first chunk read, not by what only reads the metadata database."""
+    from numcodecs import Blosc
+
+    return Blosc()
+
+
 _BUFFERS = threading.local()  # one growing byte buffer per thread for the compressed bytes of a chunk
 
 
@@ -169,7 +178,7 @@ class ChunkReader:
         if length != size:
             raise ValueError(f"chunk file {path} is cut short or padded: {size} bytes, its Blosc frame {length}")
         try:
-            _BLOSC.decode(view, out=into.reshape(-1).view(np.uint8))
+            _blosc().decode(view, out=into.reshape(-1).view(np.uint8))
         except RuntimeError as exc:  # numcodecs says only "error during blosc decompression: -1"
             raise ValueError(f"chunk file {path} could not be decoded: {exc}") from None
 

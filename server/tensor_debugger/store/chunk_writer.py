@@ -18,11 +18,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numcodecs import Blosc
 
 from tensor_debugger.store.layout import ArrayLayout
 
-_SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+
+def _shuffle(name: str) -> int:
+    """numcodecs' constant for Blosc's `name`d shuffle (numcodecs is imported by what encodes, when it does)."""
+    from numcodecs import Blosc
+
+    shuffles: dict[str, int] = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+    return shuffles[name]
 
 
 class ChunkWriter:
@@ -38,6 +43,8 @@ class ChunkWriter:
         self._layout = layout
         self._folder = folder
         self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
+        from numcodecs import Blosc  # here, not at the top: what only reads the metadata database needs none
+
         codec = layout.blosc
         self._codec = (
             None
@@ -45,7 +52,7 @@ class ChunkWriter:
             else Blosc(
                 cname=codec.cname,
                 clevel=codec.clevel,
-                shuffle=_SHUFFLE[codec.shuffle],
+                shuffle=_shuffle(codec.shuffle),
                 blocksize=codec.blocksize,
                 typesize=codec.typesize,
             )

@@ -10,13 +10,18 @@ zarr.json (its codecs: "bytes" alone, or "bytes" then "blosc").
 from __future__ import annotations
 
 import numpy as np
-from numcodecs import Blosc
 
 RAW_BELOW = 0.15  # stored raw when the codec saves less than this fraction of the sample's bytes
 SAMPLE_PIECES = 8  # spread over the block: a tensor's start (padding, say) is not the whole tensor
 PIECE_BYTES = 32 * 1024  # 256 KiB in all: about 0.3 ms of lz4 on one core
 
-_SHUFFLE = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+
+def _shuffle(name: str) -> int:
+    """numcodecs' constant for Blosc's `name`d shuffle (numcodecs is imported by what encodes, when it does)."""
+    from numcodecs import Blosc
+
+    shuffles: dict[str, int] = {"noshuffle": Blosc.NOSHUFFLE, "shuffle": Blosc.SHUFFLE, "bitshuffle": Blosc.BITSHUFFLE}
+    return shuffles[name]
 
 
 def sample_bytes(block: np.ndarray) -> np.ndarray:
@@ -36,6 +41,8 @@ def worth_compressing(block: np.ndarray, cname: str, clevel: int, shuffle: str) 
     sample = sample_bytes(block)
     if sample.size == 0:
         return True
-    codec = Blosc(cname=cname, clevel=clevel, shuffle=_SHUFFLE[shuffle], typesize=max(1, block.dtype.itemsize))
+    from numcodecs import Blosc
+
+    codec = Blosc(cname=cname, clevel=clevel, shuffle=_shuffle(shuffle), typesize=max(1, block.dtype.itemsize))
     encoded = codec.encode(sample)
     return len(encoded) <= (1 - RAW_BELOW) * sample.size

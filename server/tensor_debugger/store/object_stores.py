@@ -16,12 +16,11 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, cast
 from urllib.parse import urlparse
 
-from zarr.abc.store import Store
-
 from tensor_debugger.errors import StoreUnavailableError
 
 if TYPE_CHECKING:
     from obstore.store import S3Config
+    from zarr.abc.store import Store
 
 STORE_SETTING = "TENSOR_DEBUGGER_STORE_URL"
 # the AWS variable -> obstore's S3 configuration key
