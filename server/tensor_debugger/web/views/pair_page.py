@@ -215,7 +215,8 @@ def pair_page_context(
         context["manual"] = manual_grids(db, services, pair, manual)
     if pair.alignment is None:
         return context
-    view_a, view_b, alignment = services.comparisons.views(db, pair)
+    side_a, side_b = services.comparisons.tensors_of(db, pair)  # read once: the views and the tolerance need them
+    view_a, view_b, alignment = services.comparisons.views_of(pair, side_a, side_b)
     shape = alignment.shape
     opening = opening_window(shape, detail.argmax.aligned if detail.argmax else None)
     params = {"index": index, "start": start, "count": count} if index or not shape else opening
@@ -225,7 +226,6 @@ def pair_page_context(
         context["window_error"] = str(exc)
         request = parse_slice_request(shape, opening["index"], opening["start"], opening["count"])
     window = read_window(view_a, view_b, request)
-    side_a, side_b = services.comparisons.tensors_of(db, pair)
     tolerance, exact = services.comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
     context["inspector"] = build_inspector(window, tolerance, exact)
     spec = heatmap_spec(shape, request)
