@@ -345,6 +345,17 @@ def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Pat
     assert len(square.a) == 8 and len(square.a[0]) == 64
 
 
+def test_slices_write_nan_and_infinities_as_text(services: Services, tmp_path: Path) -> None:
+    a = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    b = a.clone()
+    b[1, 1], b[1, 2], b[2, 3] = float("nan"), float("inf"), float("-inf")
+    view_a, view_b, alignment = stored_pair_views(services, tmp_path, a, b)
+    window = read_slice(view_a, view_b, parse_slice_request(alignment.shape, ":,:", "0,0", "3,4"))
+    assert window.a[1] == [4.0, 5.0, 6.0, 7.0]  # all finite: the values as they are
+    assert window.b[1] == [4.0, "nan", "inf", 7.0] and window.b[2][3] == "-inf"
+    assert window.diff[1][1] == "nan" and window.diff[0] == [0.0, 0.0, 0.0, 0.0]
+
+
 def test_heatmap_max_pools_so_a_spike_cannot_hide(services: Services, tmp_path: Path) -> None:
     base = seeded((3, 300, 500), 1)
     spiked = base.clone()

@@ -324,7 +324,16 @@ class Comparisons:
     def tensors_of(db: DbSession, pair: PairRecord) -> tuple[list[TensorRecord], list[TensorRecord]]:
         """The pair's stored tensors: the reference's shards and the candidate's, each in rank order."""
         ids = [*pair.a_tensor_ids, *pair.b_tensor_ids]
-        found = {t.id: t for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(ids)))}
+        found: dict[int, TensorRecord] = {}
+        if not (db.new or db.dirty or db.deleted):  # nothing a query's autoflush would change: what this
+            # session holds already is what the query would return (a page asks twice: its views, its tolerance)
+            for i in ids:
+                held = db.identity_map.get(db.identity_key(TensorRecord, i))
+                if isinstance(held, TensorRecord):
+                    found[i] = held
+        missing = [i for i in ids if i not in found]
+        if missing:
+            found.update((t.id, t) for t in db.scalars(select(TensorRecord).where(TensorRecord.id.in_(missing))))
         return [found[i] for i in pair.a_tensor_ids], [found[i] for i in pair.b_tensor_ids]
 
     def views(self, db: DbSession, pair: PairRecord) -> tuple[View, View, Alignment]:

@@ -152,7 +152,10 @@ def _values(array: np.ndarray) -> Any:
         return array.astype(int).tolist()
     if array.dtype.kind in "iu":
         return array.tolist()
-    as_list = array.astype(np.float64).tolist()
+    wide = array.astype(np.float64)
+    as_list = wide.tolist()
+    if np.isfinite(wide).all():  # the common case: nothing to replace, no walk over every element
+        return as_list
     return _clean(as_list)
 
 

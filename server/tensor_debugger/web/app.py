@@ -101,6 +101,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
     def configure_jinja(engine: JinjaTemplateEngine) -> None:
         env = engine.engine
+        env.auto_reload = False  # the templates are the installed package's: compiled once, no stat per render
         env.globals["static"] = static_url
         env.globals["version"] = __version__
         env.globals["csrf_token"] = policy.form_token  # every POST form's first field (web/security.py)

@@ -17,7 +17,7 @@ from tensor_debugger.compare.slices import SliceRequest, parse_slice_request, re
 from tensor_debugger.engine.alignment import Shape
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
 from tensor_debugger.engine.views import SourceView
-from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import PairRecord, SessionRecord
@@ -195,8 +195,13 @@ def pair_page_context(
     manual: dict[str, ManualSide] | None = None,
     profile: str = "",
 ) -> dict[str, Any]:
+    pair = db.get(PairRecord, pair_id)
+    if pair is None:
+        raise NotFoundError(f"no pair with id {pair_id}")
+    # held here, so that the session (whose identity map holds what nobody references only weakly) answers the
+    # reads of pair_detail and of the views below from memory: the pair and its tensors are read once
+    sides = services.comparisons.tensors_of(db, pair)
     detail = pair_detail(db, services.comparisons, pair_id)
-    pair = db.get_one(PairRecord, pair_id)
     session = db.get_one(SessionRecord, pair.session_id)
     runs = {r.id: r for r in session.runs}
     context: dict[str, Any] = {
@@ -215,7 +220,8 @@ def pair_page_context(
         context["manual"] = manual_grids(db, services, pair, manual)
     if pair.alignment is None:
         return context
-    view_a, view_b, alignment = services.comparisons.views(db, pair)
+    side_a, side_b = sides
+    view_a, view_b, alignment = services.comparisons.views_of(pair, side_a, side_b)
     shape = alignment.shape
     opening = opening_window(shape, detail.argmax.aligned if detail.argmax else None)
     params = {"index": index, "start": start, "count": count} if index or not shape else opening
@@ -225,7 +231,6 @@ def pair_page_context(
         context["window_error"] = str(exc)
         request = parse_slice_request(shape, opening["index"], opening["start"], opening["count"])
     window = read_window(view_a, view_b, request)
-    side_a, side_b = services.comparisons.tensors_of(db, pair)
     tolerance, exact = services.comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
     context["inspector"] = build_inspector(window, tolerance, exact)
     spec = heatmap_spec(shape, request)
