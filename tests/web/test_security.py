@@ -439,8 +439,17 @@ def test_the_pages_run_under_the_policy_without_a_violation(
     biggest = page.locator("figure.grid", has_text="Difference").locator("td.max")
     assert "bd-out10" in (biggest.get_attribute("class") or "")
     # the colours come from the stylesheet's classes, not inline style
-    assert biggest.evaluate("td => getComputedStyle(td).borderTopColor") == "rgb(230, 110, 0)"
-    assert biggest.evaluate("td => getComputedStyle(td).backgroundColor") != "rgba(0, 0, 0, 0)"
+    # read once the cell is in the document and styled: the inspector may still be swapping a grid in
+    styled = page.wait_for_function(
+        """() => {
+            const grid = [...document.querySelectorAll('figure.grid')].find(f => f.textContent.includes('Difference'));
+            const td = grid && grid.querySelector('td.max');
+            const style = td && td.isConnected && getComputedStyle(td);
+            return style && style.borderTopColor ? [style.borderTopColor, style.backgroundColor] : null;
+        }"""
+    ).json_value()
+    assert styled[0] == "rgb(230, 110, 0)"
+    assert styled[1] != "rgba(0, 0, 0, 0)"
     bars = page.locator("table.histogram svg.bar rect")
     assert bars.count() > 0 and max(float(bars.nth(i).get_attribute("width") or 0) for i in range(bars.count())) == 100
     assert bars.first.evaluate("r => r.getBoundingClientRect().width") > 0
