@@ -18,10 +18,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.chunk_loop import chunk_pairs
 from tensor_debugger.compare.pending import PendingPair, ResultWriter
@@ -198,13 +200,8 @@ class EarlyComparisons(EarlyEngine):
             session = db.get_one(SessionRecord, session_id)
             db.expunge(session)
             self._session = session
-            rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == reference_run_id)).all()
-            for row in rows:
-                db.expunge(row)
-        counts: dict[str, int] = {}
-        for row in rows:
-            counts[row.name] = counts.get(row.name, 0) + 1
-        self._reference = {r.name: r for r in rows if counts[r.name] == 1 and r.has_values}
+            rows = detached_tensors(db, reference_run_id)
+        self._reference = pairable_by_name(rows)
         ordered = sorted(rows, key=lambda r: execution_order(LogicalTensor(r.name, (tensor_ref(r),))))
         self._order = {r.name: n for n, r in enumerate(ordered)}  # a reference tensor's place in execution order
         self._places: dict[str, list[int]] = {}  # cache key -> the places of the reference tensors it compares
@@ -245,3 +242,17 @@ class EarlyComparisons(EarlyEngine):
             place += 1
         if self._verdicts.get(place) is False:
             self.stopped = True
+
+
+def detached_tensors(db: DbSession, run_id: int) -> list[TensorRecord]:
+    """A run's tensor rows, detached from `db` so that they outlive it."""
+    rows = list(db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id)))
+    for row in rows:
+        db.expunge(row)
+    return rows
+
+
+def pairable_by_name(rows: Sequence[TensorRecord]) -> dict[str, TensorRecord]:
+    """The tensors a same-name guess may pair, by name: those whose name occurs once and that hold values."""
+    counts = Counter(r.name for r in rows)
+    return {r.name: r for r in rows if counts[r.name] == 1 and r.has_values}

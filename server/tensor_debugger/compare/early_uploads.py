@@ -20,7 +20,15 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from tensor_debugger.compare.early import EarlyCount, EarlyEngine, EarlyProgress, guess, stored_record
+from tensor_debugger.compare.early import (
+    EarlyCount,
+    EarlyEngine,
+    EarlyProgress,
+    detached_tensors,
+    guess,
+    pairable_by_name,
+    stored_record,
+)
 from tensor_debugger.compare.pending import PendingPair
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.engine.pairing import shard_of
@@ -163,13 +171,8 @@ class SessionComparisons(EarlyEngine):
     def _rows(self, run_id: int) -> dict[str, TensorRecord]:
         """A ready run's tensors that a guess may pair: one of each name, with values, not a shard."""
         with self.comparisons.sessions() as db:
-            rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id)).all()
-            for row in rows:
-                db.expunge(row)
-        counts: dict[str, int] = {}
-        for row in rows:
-            counts[row.name] = counts.get(row.name, 0) + 1
-        return {r.name: r for r in rows if counts[r.name] == 1 and r.has_values and shard_of(r.name)[1] is None}
+            rows = detached_tensors(db, run_id)
+        return {name: r for name, r in pairable_by_name(rows).items() if shard_of(name)[1] is None}
 
 
 class _RunListener:
