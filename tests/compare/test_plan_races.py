@@ -1,5 +1,6 @@
-"""Verdicts given while the session is planned again: a pair's row id, reused by SQLite for another pair, never
-carries the verdict of the pair that had it before."""
+"""Verdicts given while the session is planned again never land on another pair than the one they judge (before
+pair ids were kept across plans and never reused, SQLite gave a planned-away pair's id to another pair, which then
+carried its verdict)."""
 
 from __future__ import annotations
 

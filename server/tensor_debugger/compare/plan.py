@@ -137,6 +137,16 @@ class Comparisons:
             runs = [r for r in kept if r.status == "ready"]
             if len(runs) == 1 and self._explored(db, session_id, runs[0].id):
                 return  # an explore session (compare/explore.py) keeps its pairs of one run
+            # a pair planned again (same candidate, same two names) keeps its id: its page's address and an action
+            # on it still name it; a new pair gets an id never used before (the table's AUTOINCREMENT)
+            ids = {
+                (run_b, a_name, b_name): pair_id
+                for pair_id, run_b, a_name, b_name in db.execute(
+                    select(PairRecord.id, PairRecord.run_b_id, PairRecord.a_name, PairRecord.b_name).where(
+                        PairRecord.session_id == session_id
+                    )
+                )
+            }
             db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
             db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
             if len(runs) < 2:
@@ -172,6 +182,7 @@ class Comparisons:
                     alignment, overridden = self._alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
                     db.add(
                         PairRecord(
+                            id=ids.get((candidate.id, plan.a.name, plan.b.name)),
                             module_path=plan.a.first.module_path,
                             place=plan.a.first.place,
                             session_id=session_id,
