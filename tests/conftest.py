@@ -53,13 +53,14 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
 
 @pytest.fixture(scope="session")
 def dask_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCluster]:
-    """A Dask scheduler and two worker processes of the run's own (tests/support/dask_cluster.py), started when a
-    test first asks for it; the workers reach the run's S3 server where there is one."""
+    """A Dask scheduler (with its dashboard) and two worker processes of the run's own
+    (tests/support/dask_cluster.py), started when a test first asks for it; the workers reach the run's S3 server
+    where there is one."""
     try:
         environ = request.getfixturevalue("s3").environ
     except pytest.skip.Exception:  # no SeaweedFS here: the workers read arrays in folders only
         environ = {}
-    started = start_dask(tmp_path_factory.mktemp("dask"), workers=2, environ=environ)
+    started = start_dask(tmp_path_factory.mktemp("dask"), workers=2, environ=environ, dashboard=True)
     yield started
     started.stop()
 

@@ -19,6 +19,7 @@ class DaskCluster:
 
     address: str  # tcp://127.0.0.1:PORT
     logs: Path
+    dashboard: str = ""  # http://127.0.0.1:PORT of the scheduler's dashboard, "" when started without
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def workers(self) -> int:
@@ -41,15 +42,18 @@ class DaskCluster:
             process.wait()
 
 
-def start_dask(logs: Path, workers: int, environ: dict[str, str] | None = None) -> DaskCluster:
+def start_dask(logs: Path, workers: int, environ: dict[str, str] | None = None, dashboard: bool = False) -> DaskCluster:
     """A scheduler and `workers` worker processes (one thread each) on free loopback ports, their logs under
-    `logs`, the workers' environment this process's plus `environ`; returned once every worker has joined."""
+    `logs`, the workers' environment this process's plus `environ`, the scheduler's dashboard on a free port too
+    with `dashboard`; returned once every worker has joined."""
     dask = str(Path(sys.executable).with_name("dask"))
     port = free_port()
     logs.mkdir(parents=True, exist_ok=True)
     cluster = DaskCluster(f"tcp://127.0.0.1:{port}", logs)
     plain = ["--host", "127.0.0.1", "--no-dashboard"]
-    commands = [("scheduler", ["scheduler", "--port", str(port), *plain])]
+    shown = ["--host", "127.0.0.1", "--dashboard-address", f"127.0.0.1:{free_port()}"] if dashboard else plain
+    cluster.dashboard = f"http://{shown[-1]}" if dashboard else ""
+    commands = [("scheduler", ["scheduler", "--port", str(port), *shown])]
     commands += [
         (f"worker{n}", ["worker", cluster.address, "--nthreads", "1", "--no-nanny", *plain]) for n in range(workers)
     ]

@@ -1,0 +1,48 @@
+"""The Dask dashboard (README, "Cluster"): served by the scheduler with the cluster extra installed (Bokeh), and
+showing a comparison's work, read the way a browser reads it (Bokeh's client API on the dashboard's documents)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+
+from tests.support.dask_cluster import DaskCluster
+from tests.support.dumps import layered_dump
+
+
+def compute_times(dashboard: str) -> dict[str, float]:
+    """Seconds of compute per task name, as the dashboard's "Compute Time Per Key" chart shows them."""
+    from bokeh.client import pull_session
+    from bokeh.models import ColumnDataSource
+
+    with pull_session(url=f"{dashboard}/individual-compute-time-per-key") as session:
+        sources = [s for s in session.document.select({"type": ColumnDataSource}) if "names" in s.data]
+    return {name: float(t) for s in sources for name, t in zip(s.data["names"], s.data["times"], strict=True)}
+
+
+def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, dask_cluster: DaskCluster) -> None:
+    status = httpx.get(f"{dask_cluster.dashboard}/status", follow_redirects=True, timeout=30)
+    assert status.status_code == 200, status.text
+    assert "Dask Diagnostic UI" in status.text and "needs bokeh" not in status.text
+    plots = httpx.get(f"{dask_cluster.dashboard}/individual-plots.json", timeout=30).json()
+    assert {"Individual Task Stream", "Individual Progress", "Individual Workers"} <= plots.keys()
+    try:
+        before = compute_times(dask_cluster.dashboard).get("compute_batch", 0.0)
+    except RuntimeError:  # before a cluster's first task the chart has no data, and Bokeh fails to send it
+        before = 0.0
+
+    services = open_services(Settings(data_dir=tmp_path / "data", demo=False, dask_scheduler=dask_cluster.address))
+    try:
+        for label, bug in (("reference", None), ("candidate", 2)):
+            folder = layered_dump(tmp_path / label, bug)
+            inputs = [InputFile(p, p.name) for p in sorted(folder.iterdir())]
+            session_id = services.ingestor.ingest("dashboard", label, inputs).session_id
+        services.plan(session_id)
+        assert services.comparisons.compute_pending(session_id) == 8
+    finally:
+        services.close()
+    assert compute_times(dask_cluster.dashboard).get("compute_batch", 0.0) > before
