@@ -20,7 +20,8 @@ def compute_times(dashboard: str) -> dict[str, float]:
     from bokeh.models import ColumnDataSource
 
     with pull_session(url=f"{dashboard}/individual-compute-time-per-key") as session:
-        sources = [s for s in session.document.select({"type": ColumnDataSource}) if "names" in s.data]
+        found = session.document.select({"type": ColumnDataSource})
+        sources = [s for s in found if isinstance(s, ColumnDataSource) and "names" in s.data]
     return {name: float(t) for s in sources for name, t in zip(s.data["names"], s.data["times"], strict=True)}
 
 
