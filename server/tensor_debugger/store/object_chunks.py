@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
 # Requests in flight for one region or block: enough to keep a loopback SeaweedFS or a remote S3 busy (a block of the
 # chunk loop is about 16 chunks a side), few enough not to open hundreds of connections for a large slice.
 FETCHES_AT_ONCE = 32
+SLICE_BATCH = 64  # chunk objects of a region fetched together (64 MiB of chunks as ingest writes them)
 
 _LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # by process id: a forked child starts a loop of its own
 _LOOPS_LOCK = threading.Lock()
@@ -113,11 +115,23 @@ class ObjectChunkReader(ChunkReader):
         return self.objects.submit([key.decode() for key, _, _ in pieces])
 
     def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], np.ndarray], None]:
-        """Decode from the region's chunk objects, all fetched first (at once)."""
+        """Decode from the region's chunk objects (decoded in the order of `every`), fetched `SLICE_BATCH` at a time,
+        the next batch while the one before is decoded: a large region holds that many chunks' bytes, not all."""
         keys = [f"{self._key}/{self._layout.chunk_key(coords)}" for coords in every]
-        fetched = dict(zip(every, zip(keys, self.objects.fetch(keys), strict=True), strict=True))
+        batches = [(every[i : i + SLICE_BATCH], keys[i : i + SLICE_BATCH]) for i in range(0, len(every), SLICE_BATCH)]
+        fetched: dict[tuple[int, ...], tuple[str, Bytes | None]] = {}  # the batch being decoded
+        fetching = deque(self.objects.submit(batch_keys) for _, batch_keys in batches[:1])
+        taken = 0  # batches decoded or being decoded
 
         def decode(coords: tuple[int, ...], into: np.ndarray) -> None:
+            nonlocal taken
+            if coords not in fetched:
+                chunks, batch_keys = batches[taken]
+                taken += 1
+                if taken < len(batches):  # the next batch, fetched while this one is decoded
+                    fetching.append(self.objects.submit(batches[taken][1]))
+                fetched.clear()
+                fetched.update(zip(chunks, zip(batch_keys, fetching.popleft().result(), strict=True), strict=True))
             key, data = fetched[coords]
             if data is None:  # never written: the fill value
                 into[...] = self._fill
