@@ -44,8 +44,7 @@ from tensor_debugger.engine.views import View, flat_source
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.object_chunks import ObjectChunkReader
 
-# A side's pieces as flat_pieces gives them, and for chunks in memory, each one's bytes (kept alive by the caller
-# while C reads them)
+# A side's pieces as flat_pieces gives them: (chunk file path or chunk object key, values before, values in it)
 Pieces = list[tuple[bytes, int, int]]
 
 LIBRARY_NAME = "_chunk_loop.so"

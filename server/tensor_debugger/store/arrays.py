@@ -187,9 +187,10 @@ class ArrayStore:
         return self._opened.get(key, content_digest, lambda: zarr.open_array(self._store, path=key, mode="r"))
 
     def reader(self, key: str, content_digest: str | None = None) -> ChunkReader | zarr.Array[Any]:
-        """The array at `key` for reading regions in bulk (comparisons): a `ChunkReader` where the array's layout
-        allows one, else the Zarr array itself. Both index like numpy and count their chunk reads here. A
-        `ChunkReader` is built from the array's zarr.json alone (about 0.08 ms; opening the Zarr array takes 0.4)."""
+        """The array at `key` for reading regions in bulk (comparisons, slices): a `ChunkReader` where the array's
+        layout allows one (in S3, an `ObjectChunkReader`: store/object_chunks.py), else the Zarr array itself. Both
+        index like numpy and count their chunk reads here. A `ChunkReader` is built from the array's zarr.json alone
+        (about 0.08 ms; opening the Zarr array takes 0.4)."""
         open_array = partial(self.open, key, content_digest)
         if self._folder is not None:
             layout = self._layout(key, content_digest)
