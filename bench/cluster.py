@@ -12,7 +12,8 @@ server, a Dask scheduler and worker processes of one thread each) and stops it a
   compiled chunk loop, `Settings.threads` threads), on PostgreSQL and S3 in this process, and on PostgreSQL and S3
   by 1, 2 and 4 Dask workers (a fresh cluster for each count); before each, the results are deleted and the pairs
   made pending again; each is computed twice (the first time, Dask workers import the package and open the
-  database and the store): MB/s of input (both sides) the second time, and the verdicts, the same on every row;
+  database and the store): MB/s of input (both sides) and this process's CPU seconds (for the Dask rows, only
+  what the client does) the second time, and the verdicts, the same on every row;
 - slices: windows of 64 and 64 x 64 values read at random places of one stored tensor from S3 and from the folder
   (`ArrayStore.reader`, as a slice request does): p50 and p99.
 
@@ -70,9 +71,12 @@ def ingest(data: Path, env: dict[str, str], runs: tuple[Path, Path]) -> tuple[in
     return session, total
 
 
-def compare(data: Path, stack: dict[str, str], session_id: int, scheduler: str = "") -> tuple[float, float, list[str]]:
+def compare(
+    data: Path, stack: dict[str, str], session_id: int, scheduler: str = ""
+) -> tuple[float, float, float, list[str]]:
     """Wall seconds of computing the session's pairs afresh (results deleted first), the first time and again
-    (Dask workers then have their imports, database connections and store open), and the verdicts."""
+    (Dask workers then have their imports, database connections and store open), this process's CPU seconds the
+    second time, and the verdicts."""
     from sqlalchemy import delete, update
     from tensor_debugger.compare.pair_reports import session_pairs
     from tensor_debugger.services import open_services
@@ -89,19 +93,20 @@ def compare(data: Path, stack: dict[str, str], session_id: int, scheduler: str =
     services = open_services(settings, {k: v for k, v in stack.items() if k.startswith("AWS_")})
     try:
         services.plan(session_id)
-        walls = []
+        walls, cpu = [], 0.0
         for _ in range(2):
             with services.sessions.begin() as db:
                 db.execute(update(PairRecord).values(status="pending", result_id=None, error=None))
                 db.execute(delete(ComparisonResultRecord))
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             services.comparisons.compute_pending(session_id)
             walls.append(time.perf_counter() - start)
+            cpu = time.process_time() - cpu
         with services.sessions() as db:
             verdicts = [str(p.status) for p in session_pairs(db, session_id).pairs]
     finally:
         services.close()
-    return walls[0], walls[1], verdicts
+    return walls[0], walls[1], cpu, verdicts
 
 
 def table(rows: list[tuple[str, ...]]) -> None:
@@ -146,15 +151,15 @@ def main() -> None:
             sessions[name], wall = ingest(data, {**child_env(), **stack}, runs)
             ingested.append((name, f"{2 * size / MB / wall:.1f}", f"{wall:.2f}"))
         compared: list[tuple[str, ...]] = [
-            ("compare (the same session)", "MB/s of input", "seconds", "first time: s", "verdicts")
+            ("compare (the same session)", "MB/s of input", "seconds", "CPU s here", "first time: s", "verdicts")
         ]
         expected: list[str] | None = None
 
-        def row(label: str, first: float, wall: float, verdicts: list[str]) -> None:
+        def row(label: str, first: float, wall: float, cpu: float, verdicts: list[str]) -> None:
             nonlocal expected
             expected = expected or verdicts
             same = "same" if verdicts == expected else f"DIFFERENT: {verdicts}"
-            compared.append((label, f"{2 * size / MB / wall:.1f}", f"{wall:.2f}", f"{first:.2f}", same))
+            compared.append((label, f"{2 * size / MB / wall:.1f}", f"{wall:.2f}", f"{cpu:.2f}", f"{first:.2f}", same))
 
         data, cluster_data = stacks["SQLite + folder"][0], stacks["PostgreSQL + S3"][0]
         row("local: SQLite + folder, in process", *compare(data, local, sessions["SQLite + folder"]))

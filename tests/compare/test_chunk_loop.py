@@ -10,6 +10,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import obstore
 import pytest
 from numcodecs import Blosc
 from tensor_debugger.compare.chunk_loop import ChunkPairs, chunk_pairs, loop_name, read_chunks
@@ -22,8 +23,12 @@ from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.services import Services
+from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
+from tensor_debugger.store.object_chunks import ObjectChunkReader
+
+from tests.support.s3 import SeaweedS3
 
 TOLERANCE = Tolerance(1.3e-6, 1e-5)
 EXACT_FIELDS = (
@@ -52,15 +57,24 @@ def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreadPoolExecutor]:
         yield executor
 
 
-def stored(services: Services, key: str, values: np.ndarray, dtype_name: str, chunks: tuple[int, ...]) -> View:
-    """`values` stored at `key` as `dtype_name` (bfloat16 as its raw bits) and read back as a comparison reads it."""
+def stored(
+    services: Services | ArrayStore,
+    key: str,
+    values: np.ndarray,
+    dtype_name: str,
+    chunks: tuple[int, ...],
+    compressed: bool = True,
+) -> View:
+    """`values` stored at `key` as `dtype_name` (bfloat16 as its raw bits; Blosc-compressed chunks, or raw ones) and
+    read back as a comparison reads it."""
+    store = services if isinstance(services, ArrayStore) else services.store
     dtype = parse_dtype(dtype_name)
     if dtype_name == "bfloat16":
         storage = (np.asarray(values, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
     else:
         storage = np.asarray(values, dtype=dtype.numpy_storage)
-    services.store.create(key, values.shape, dtype, chunks)[...] = storage
-    reader = services.store.reader(key)
+    store.create(key, values.shape, dtype, chunks, compressed)[...] = storage
+    reader = store.reader(key)
     assert isinstance(reader, ChunkReader)
     return SourceView(reader, partial(storage_to_compute, logical=dtype))
 
@@ -280,3 +294,63 @@ def reader_of(services: Services, key: str) -> ChunkReader:
     reader = services.store.reader(key)
     assert isinstance(reader, ChunkReader)
     return reader
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+@pytest.mark.parametrize(
+    ("dtype_a", "dtype_b", "compressed"),
+    [("float32", "float32", True), ("float64", "float64", False), ("bfloat16", "bfloat16", True),
+     ("float16", "float16", False), ("float32", "bfloat16", False)],
+)  # fmt: skip
+def test_the_loop_reads_chunk_objects_as_it_reads_chunk_files(
+    services: Services, pool: ThreadPoolExecutor, tmp_path: Path, dtype_a: str, dtype_b: str, compressed: bool
+) -> None:
+    """The same pair stored in a folder and in S3 (a real SeaweedFS): the loop finishes every block from the fetched
+    chunk objects, counts as many chunk reads, and gives the same statistics, bit for bit."""
+    rng = np.random.default_rng(11)
+    reference = rng.standard_normal((300, 37)) * np.logspace(-3, 1, 37)
+    cand = candidate(reference, rng)
+    folder = ArrayStore((tmp_path / "arrays").as_uri())
+    results, reads, readers = [], [], []
+    for store in (folder, services.store):
+        a = stored(store, "runs/1/0", reference, dtype_a, (7, 37), compressed)
+        b = stored(store, "runs/2/0", cand, dtype_b, (11, 37), compressed)
+        loop = chunk_pairs(a, b, exact=False)
+        assert loop is not None
+        before = store.chunk_reads
+        got, finished = compare(a, b, pool, loop)
+        assert finished == math.ceil(300 * 37 / 1700)  # every block, none read through the views
+        results.append(got)
+        reads.append(store.chunk_reads - before)
+        readers.append((type(loop.a), type(loop.b)))
+    assert readers == [(ChunkReader, ChunkReader), (ObjectChunkReader, ObjectChunkReader)]
+    assert results[0] == results[1]
+    assert reads[0] == reads[1] >= 300 // 7 + 300 // 11
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_a_deleted_or_broken_chunk_object_is_read_as_a_chunk_file_would_be(
+    services: Services, pool: ThreadPoolExecutor, s3: SeaweedS3
+) -> None:
+    """A chunk object deleted: its blocks are read through the views, which fill it; one cut short or with a broken
+    table of blocks: the error names the object."""
+    reference = np.linspace(0.0, 1.0, 200 * 300).reshape(200, 300)  # smooth: Blosc compresses it, in blocks
+    a = stored(services, "runs/1/0", reference, "float32", (40, 300))
+    b = stored(services, "runs/2/0", reference + 1e-3, "float32", (40, 300))
+    loop = chunk_pairs(a, b, exact=False)
+    assert loop is not None
+    bucket = s3.bucket(services.settings.store_url)
+    obstore.delete(bucket, "runs/1/0/c/1/0")  # rows 40 to 79 of the reference: zeros
+    got, finished = compare(a, b, pool, loop)
+    assert finished == 40 - 8  # blocks of 5 rows: those of rows 40 to 79 went through the views
+    assert got.max_abs_diff == pytest.approx(float(np.float32(reference[79, -1] + 1e-3)))
+    assert_same(got, compare(a, b, pool, None)[0])
+    intact = bytes(obstore.get(bucket, "runs/2/0/c/2/0").bytes())
+    name = f"chunk object {services.settings.store_url}/runs/2/0/c/2/0"
+    for broken, says in (
+        (intact[:-7], "is cut short"),
+        (intact[:16] + b"\xff" * 8 + intact[24:], "could not be decoded"),
+    ):
+        obstore.put(bucket, "runs/2/0/c/2/0", broken)
+        ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
+        assert isinstance(error, ValueError) and f"{name} {says}" in str(error), error

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import obstore
 import pytest
 import torch
@@ -15,9 +16,12 @@ from tensor_debugger.errors import StoreUnavailableError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.queue import IngestJob
 from tensor_debugger.services import Services
+from tensor_debugger.store import object_chunks
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker
+from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import RunRecord, TensorRecord
+from tensor_debugger.store.object_chunks import ObjectChunkReader
 
 from tests.support.dumps import seeded
 from tests.support.s3 import ACCESS_KEY, BUCKET, PARTLY_WRITABLE, SECRET_KEY, SeaweedS3
@@ -133,3 +137,34 @@ def test_an_ingest_in_a_child_process_reaches_the_store_the_services_were_given(
     (record,) = stored(services, result.run_id).values()
     assert same_bits(read_back(services, record), original)  # written by the child, read back here from S3
     assert not (services.settings.data_dir / "arrays").exists()
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_slices_fetch_their_chunk_objects_and_read_what_zarr_reads(
+    services: Services, s3: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Any region of an array in S3, Blosc-compressed or raw, edge chunks included: the chunk objects it covers,
+    fetched in batches (of 4 here), decoded bit for bit as Zarr decodes them and counted as Zarr counts them; a
+    deleted chunk object reads as the fill value, as a chunk file never written does."""
+    monkeypatch.setattr(object_chunks, "SLICE_BATCH", 4)
+    store = services.store
+    rng = np.random.default_rng(5)
+    values = rng.standard_normal((100, 37)).astype(np.float32)
+    for n, compressed in enumerate((True, False)):
+        array = store.create(f"runs/1/{n}", values.shape, parse_dtype("float32"), (7, 37), compressed)
+        array[...] = values
+        reader = store.reader(f"runs/1/{n}", f"digest-{n}")
+        assert isinstance(reader, ObjectChunkReader)
+        for k in range(12):
+            region = tuple(slice(*sorted(int(x) for x in rng.integers(0, d + 1, 2))) for d in values.shape)
+            region = region if k else (slice(0, 100), slice(0, 37))  # the whole array: 15 chunks, 4 batches
+            before = store.chunk_reads
+            got = reader[region]
+            reads = store.chunk_reads - before
+            assert got.tobytes() == np.asarray(array[region]).tobytes(), region
+            assert store.chunk_reads - before - reads == reads, region  # as many chunks as Zarr reads
+    obstore.delete(s3.bucket(services.settings.store_url), "runs/1/1/c/2/0")  # rows 14 to 20
+    rows = np.asarray(reader[10:30, 0:37])
+    assert not rows[4:11].any() and rows[:4].all() and rows[11:].all()
+    with pytest.raises(FileNotFoundError, match="runs/1/404"):
+        store.reader("runs/1/404", "sha256:0")

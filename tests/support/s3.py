@@ -15,11 +15,15 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 
 from tests.support.polling import wait_until
 from tests.support.servers import free_port
+
+if TYPE_CHECKING:
+    from obstore.store import S3Store
 
 STORES = ("files", "s3")
 BUCKET = "tensor-debugger-tests"
@@ -71,6 +75,20 @@ class SeaweedS3:
             "AWS_ACCESS_KEY_ID": READ_ONLY_ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": READ_ONLY_SECRET_KEY,
         }
+
+    def bucket(self, url: str) -> S3Store:
+        """The obstore store of the store URL `url` (s3://BUCKET/PREFIX), reached with the writing identity's keys:
+        what a test uses to look at, delete or break the objects the package wrote."""
+        from obstore.store import S3Store
+
+        return S3Store(
+            BUCKET,
+            prefix=url.removeprefix(f"s3://{BUCKET}/"),
+            endpoint=self.endpoint,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
+            client_options={"allow_http": True},
+        )
 
     def new_url(self) -> str:
         """A store URL under a new prefix of the bucket."""

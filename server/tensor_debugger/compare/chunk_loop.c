@@ -10,7 +10,9 @@
  * Chunks are decoded by C-Blosc2's public API (blosc2_create_dctx, blosc2_decompress_ctx), which reads the Blosc 1
  * frames numcodecs writes. The build links C-Blosc2 in statically, from the libblosc2.a and headers that the blosc2
  * package ships for other programs to build against (a build requirement in pyproject.toml; nothing of it is needed
- * at run time). A side stored raw (no compressor) has its chunk files read straight into the values' buffer. A chunk
+ * at run time). A side stored raw (no compressor) has its chunk files read straight into the values' buffer. A piece
+ * may instead carry its chunk's bytes in memory (fetched from object storage by store/object_chunks.py), decoded
+ * from there with the same checks (a raw chunk's bytes are read in place). A chunk
  * that is missing, short, or not one Blosc frame of one chunk stops the call with a code,
  * as does a NaN or an Inf (whose block only the numpy path counts); the caller then reads the block the ordinary
  * way, which fills missing chunks, names the broken file and counts NaN.
@@ -93,22 +95,41 @@ static int read_file(const char *path, uint8_t *into, int64_t minimum, int64_t c
 
 static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 
-/* One chunk of `side` decoded into side->decoded: the frame must say it holds exactly one chunk and be exactly as
- * long as the file (Blosc 1 takes the compressed length from the header, so a short file is refused here). */
-static int decode_chunk(tdc_side *side, const char *path) {
-    int64_t size = 0;
-    if (side->raw) /* the file is the chunk's values: exactly one chunk long */
-        return read_file(path, side->decoded, side->chunk_bytes, side->chunk_bytes, &size);
-    int status = read_file(path, side->compressed, BLOSC_HEADER, side->chunk_bytes + BLOSC_HEADER, &size);
-    if (status != TDC_OK) return status;
-    if ((int64_t)le32(side->compressed + 4) != side->chunk_bytes || (int64_t)le32(side->compressed + 12) != size)
-        return TDC_NOT_A_CHUNK;
+/* Whether `size` bytes, starting with `frame`, are one Blosc frame of one chunk of `side`: the frame must say it
+ * holds exactly one chunk and be exactly as long as the bytes (Blosc 1 takes the compressed length from the header,
+ * so a short file is refused here). */
+static int one_frame(const tdc_side *side, const uint8_t *frame, int64_t size) {
+    return size >= BLOSC_HEADER && (int64_t)le32(frame + 4) == side->chunk_bytes && (int64_t)le32(frame + 12) == size;
+}
+
+static int decompress(tdc_side *side, const uint8_t *frame, int64_t size) {
     blosc2_context *context = thread_context();
     if (context == NULL ||
-        blosc2_decompress_ctx(context, side->compressed, (int32_t)size, side->decoded, (int32_t)side->chunk_bytes)
+        blosc2_decompress_ctx(context, frame, (int32_t)size, side->decoded, (int32_t)side->chunk_bytes)
             != side->chunk_bytes)
         return TDC_DECODE;
     return TDC_OK;
+}
+
+/* The chunk of `piece` decoded: *values points at its values (side->decoded, or a raw chunk's bytes in memory). */
+static int decode_chunk(tdc_side *side, const tdc_piece *piece, const uint8_t **values) {
+    int64_t size = 0;
+    *values = side->decoded;
+    if (piece->bytes != NULL) { /* fetched: the object's bytes, as a file would hold them */
+        size = piece->size;
+        if (side->raw) {
+            if (size != side->chunk_bytes) return TDC_NOT_A_CHUNK;
+            if ((uintptr_t)piece->bytes % sizeof(double) == 0) *values = piece->bytes; /* in place */
+            else memcpy(side->decoded, piece->bytes, (size_t)size); /* the kernel reads aligned values */
+            return TDC_OK;
+        }
+        return one_frame(side, piece->bytes, size) ? decompress(side, piece->bytes, size) : TDC_NOT_A_CHUNK;
+    }
+    if (side->raw) /* the file is the chunk's values: exactly one chunk long */
+        return read_file(piece->path, side->decoded, side->chunk_bytes, side->chunk_bytes, &size);
+    int status = read_file(piece->path, side->compressed, BLOSC_HEADER, side->chunk_bytes + BLOSC_HEADER, &size);
+    if (status != TDC_OK) return status;
+    return one_frame(side, side->compressed, size) ? decompress(side, side->compressed, size) : TDC_NOT_A_CHUNK;
 }
 
 CLONES static void widen_bf16(const uint16_t *from, float *to, int64_t n) {
@@ -136,18 +157,19 @@ CLONES static void widen_f16(const _Float16 *from, float *to, int64_t n) {
 /* The values of piece `p` of `side` as the kernel reads them (float32 or float64), decoded and widened. */
 static int load_piece(tdc_side *side, int64_t p, const void **values) {
     const tdc_piece *piece = side->pieces + p;
-    int status = decode_chunk(side, piece->path);
+    const uint8_t *decoded = NULL;
+    int status = decode_chunk(side, piece, &decoded);
     if (status != TDC_OK) return status;
     switch (side->code) {
-    case 'f': *values = (const float *)side->decoded + piece->skip; return TDC_OK;
-    case 'd': *values = (const double *)side->decoded + piece->skip; return TDC_OK;
+    case 'f': *values = (const float *)decoded + piece->skip; return TDC_OK;
+    case 'd': *values = (const double *)decoded + piece->skip; return TDC_OK;
     case 'b':
-        widen_bf16((const uint16_t *)side->decoded + piece->skip, side->widened, piece->count);
+        widen_bf16((const uint16_t *)decoded + piece->skip, side->widened, piece->count);
         *values = side->widened;
         return TDC_OK;
 #ifdef __FLT16_MAX__
     case 'h':
-        widen_f16((const _Float16 *)side->decoded + piece->skip, side->widened, piece->count);
+        widen_f16((const _Float16 *)decoded + piece->skip, side->widened, piece->count);
         *values = side->widened;
         return TDC_OK;
 #endif
@@ -202,7 +224,8 @@ int tdc_pair(tdc_side *a, tdc_side *b, tdc_kernel kernel, double atol, double rt
 /* Read and decode every piece of `side`, nothing else: the benchmark's measure of the store's raw read speed. */
 int tdc_read(tdc_side *side, int64_t *failed_piece) {
     for (int64_t p = 0; p < side->n; p++) {
-        int status = decode_chunk(side, side->pieces[p].path);
+        const uint8_t *values = NULL;
+        int status = decode_chunk(side, side->pieces + p, &values);
         if (status != TDC_OK) {
             *failed_piece = p;
             return status;

@@ -3,7 +3,9 @@
 Reading a block through the views decodes every chunk into a fresh array, and the kernel then reads those arrays
 back from memory; between chunks, Python holds the GIL. The loop in chunk_loop.c instead reads each side's chunk
 files, decodes each chunk into one small buffer that stays in cache, and hands the kernel the stretch where both
-sides' chunks overlap (bench/compare.py; the README's Performance section has the figures).
+sides' chunks overlap (bench/compare.py; the README's Performance section has the figures). For arrays in object
+storage, the block's chunk objects of both sides are fetched first, concurrently (store/object_chunks.py), and the
+loop decodes their bytes in memory as it decodes files (bench/cluster.py).
 
 It serves pairs that are compared with tolerances (not exactly) whose two sides are each one stored tensor read
 in C order (no alignment, or size-1 dimensions dropped or added, flattening, or rows truncated), stored as float32,
@@ -18,6 +20,7 @@ import ctypes
 import functools
 import math
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +42,10 @@ from tensor_debugger.engine.metrics import DEFAULT_TOP, edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View, flat_source
 from tensor_debugger.store.chunk_reader import ChunkReader
+from tensor_debugger.store.object_chunks import ObjectChunkReader
+
+# A side's pieces as flat_pieces gives them: (chunk file path or chunk object key, values before, values in it)
+Pieces = list[tuple[bytes, int, int]]
 
 LIBRARY_NAME = "_chunk_loop.so"
 BLOSC_HEADER = 16  # bytes: a Blosc 1 frame is never longer than its values plus this
@@ -107,14 +114,23 @@ class _Buffers(threading.local):
         self.compressed = self.decoded = self.widened = np.empty(0, dtype=np.uint8)
         self.pieces: ctypes.Array[ctypes.Structure] | None = None  # the last side's, alive while C reads them
 
-    def side(self, pieces: list[tuple[bytes, int, int]], chunk_bytes: int, code: str, raw: bool) -> ctypes.Structure:
+    def side(
+        self, pieces: Pieces, chunk_bytes: int, code: str, raw: bool, fetched: list[np.ndarray] | None = None
+    ) -> ctypes.Structure:
+        """The side of `pieces`, their chunks read from their files, or with `fetched` (each piece's chunk object's
+        bytes, which the caller keeps alive until C is done) from memory."""
         if self.decoded.size < chunk_bytes:
             self.compressed = np.empty(chunk_bytes + BLOSC_HEADER, dtype=np.uint8)
             self.decoded = np.empty(chunk_bytes, dtype=np.uint8)
         if code in "bh" and self.widened.size < 2 * chunk_bytes:  # 2-byte values as float32
             self.widened = np.empty(2 * chunk_bytes, dtype=np.uint8)
         piece = _piece_type()
-        self.pieces = (piece * len(pieces))(*(piece(*p) for p in pieces))
+        if fetched is None:
+            self.pieces = (piece * len(pieces))(*(piece(*p) for p in pieces))
+        else:
+            self.pieces = (piece * len(pieces))(
+                *(piece(*p, data.ctypes.data, data.size) for p, data in zip(pieces, fetched, strict=True))
+            )
         return _side_type()(
             ctypes.addressof(self.pieces),
             len(pieces),
@@ -150,8 +166,13 @@ class ChunkPairs:
         stop = start + math.prod(s.stop - s.start for s in region)
         pieces_a, pieces_b = self.a.flat_pieces(start, stop), self.b.flat_pieces(start, stop)
         assert pieces_a is not None and pieces_b is not None  # `chunk_pairs` checked
-        side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0], self.a.raw)
-        side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1], self.b.raw)
+        fetching_a, fetching_b = _fetch(self.a, pieces_a), _fetch(self.b, pieces_b)  # both sides' objects at once
+        try:
+            held_a, held_b = _held(fetching_a), _held(fetching_b)
+        except _LeftToViews:
+            return None
+        side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0], self.a.raw, held_a)
+        side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1], self.b.raw, held_b)
         out = empty_partial(self.top)
         failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
         status = library.tdc_pair(
@@ -166,6 +187,7 @@ class ChunkPairs:
             failed_side,
             failed_piece,
         )
+        del held_a, held_b  # the fetched bytes: C is done with them
         if status != 0:
             return None
         self.a.count_reads(len(pieces_a))
@@ -188,6 +210,30 @@ def chunk_pairs(a: View, b: View, exact: bool, top: int = DEFAULT_TOP) -> ChunkP
     if max(reader_a.chunk_bytes, reader_b.chunk_bytes) > _LARGEST_CHUNK:
         return None
     return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), kernel, top)
+
+
+def _fetch(reader: ChunkReader, pieces: Pieces) -> Future[list[Any]] | None:
+    """The fetch of `pieces`' chunk objects, started, where `reader`'s array is in object storage; None for files."""
+    return reader.fetch_pieces(pieces) if isinstance(reader, ObjectChunkReader) else None
+
+
+class _LeftToViews(Exception):
+    """A block's chunk objects that the loop does not read: one is not there (the fill value), is empty, or could not
+    be fetched (the views fetch it again, and name it)."""
+
+
+def _held(fetching: Future[list[Any]] | None) -> list[np.ndarray] | None:
+    """The fetched chunk objects' bytes, as arrays over them (None for files); _LeftToViews where the loop leaves the
+    block to the views."""
+    if fetching is None:
+        return None
+    try:
+        found = fetching.result()
+    except OSError:
+        raise _LeftToViews from None
+    if any(data is None or len(data) == 0 for data in found):
+        raise _LeftToViews
+    return [np.frombuffer(data, dtype=np.uint8) for data in found]
 
 
 def _flat_reader(view: View) -> ChunkReader | None:
@@ -213,9 +259,14 @@ def read_chunks(reader: ChunkReader, start: int, stop: int) -> None:
     pieces = reader.flat_pieces(start, stop)
     if library is None or pieces is None or reader.chunk_bytes > _LARGEST_CHUNK:
         raise RuntimeError(f"the compiled chunk loop cannot read {reader.shape} chunks of {reader.chunks}")
-    side = _BUFFERS[0].side(pieces, reader.chunk_bytes, "f", reader.raw)
+    try:
+        held = _held(_fetch(reader, pieces))
+    except _LeftToViews:
+        raise OSError(f"the chunk objects of values [{start}, {stop}) could not all be fetched") from None
+    side = _BUFFERS[0].side(pieces, reader.chunk_bytes, "f", reader.raw, held)
     failed = ctypes.c_int64(-1)
     status = library.tdc_read(side, failed)
+    del held
     if status != 0:
         path = pieces[failed.value][0].decode(errors="replace")
         raise OSError(f"chunk file {path}: {_FAILURES.get(status, f'error {status}')}")

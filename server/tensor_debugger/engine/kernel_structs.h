@@ -49,12 +49,15 @@
     FIELD(double, min)                                                                                           \
     FIELD(double, max)
 
-/* A stretch of one chunk file (compare/chunk_loop.c): the file, the values of the decoded chunk before the
- * stretch, and the values in it. */
+/* A stretch of one chunk (compare/chunk_loop.c): its file (or, for a chunk in memory, its name), the values of the
+ * decoded chunk before the stretch, and the values in it; then, for a chunk fetched from object storage, its bytes
+ * as stored and how many (NULL: read the file). */
 #define TDC_PIECE_FIELDS(FIELD, ARRAY)                                                                            \
     FIELD(const char *, path)                                                                                    \
     FIELD(int64_t, skip)                                                                                         \
-    FIELD(int64_t, count)
+    FIELD(int64_t, count)                                                                                        \
+    FIELD(const uint8_t *, bytes)                                                                                \
+    FIELD(int64_t, size)
 
 /* One side of a block (compare/chunk_loop.c): its pieces and how many; the decoded size of one whole chunk; the
  * stored values' letter ('f' float32, 'd' float64, 'b' bfloat16 bits, 'h' float16); whether its chunk files are

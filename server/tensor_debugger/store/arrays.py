@@ -25,12 +25,13 @@ from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
 from tensor_debugger.store.layout import ArrayLayout, read_layout
-from tensor_debugger.store.object_stores import aws_variables
+from tensor_debugger.store.object_stores import aws_variables, open_s3_bucket
 
 if TYPE_CHECKING:
     import torch
     import zarr
 
+    from tensor_debugger.store.object_chunks import ChunkObjects
     from tensor_debugger.store.zarr_backend import CountingStore
 
 T = TypeVar("T")
@@ -105,6 +106,12 @@ class ArrayStore:
         # A local folder's Zarr store is opened on first use (what only lists the folder needs no Zarr: see
         # zarr_backend.py); any other is opened now, so that a store that cannot be used stops here.
         self._folder = Path(unquote(parsed.path)) if parsed.scheme == "file" else None
+        # An s3:// store's objects, which comparisons and slices fetch themselves (store/object_chunks.py)
+        self._objects: ChunkObjects | None = None
+        if parsed.scheme == "s3":
+            from tensor_debugger.store.object_chunks import ChunkObjects
+
+            self._objects = ChunkObjects(open_s3_bucket(url, os.environ if environ is None else environ), url)
         if self._folder is None:
             self._open_store(environ)
 
@@ -113,7 +120,7 @@ class ArrayStore:
 
         from tensor_debugger.store.zarr_backend import CountingStore, open_store
 
-        backend = open_store(self.url, environ)
+        backend = open_store(self.url, environ, self._objects.bucket if self._objects is not None else None)
         remote = not isinstance(backend, LocalStore | MemoryStore)
         self.__dict__["_store"] = store = CountingStore(backend, self._counter, remote=remote)
         return store
@@ -180,20 +187,31 @@ class ArrayStore:
         return self._opened.get(key, content_digest, lambda: zarr.open_array(self._store, path=key, mode="r"))
 
     def reader(self, key: str, content_digest: str | None = None) -> ChunkReader | zarr.Array[Any]:
-        """The array at `key` for reading regions in bulk (comparisons): a `ChunkReader` where the array's layout
-        allows one, else the Zarr array itself. Both index like numpy and count their chunk reads here. A
-        `ChunkReader` is built from the array's zarr.json alone (about 0.08 ms; opening the Zarr array takes 0.4)."""
+        """The array at `key` for reading regions in bulk (comparisons, slices): a `ChunkReader` where the array's
+        layout allows one (in S3, an `ObjectChunkReader`: store/object_chunks.py), else the Zarr array itself. Both
+        index like numpy and count their chunk reads here. A `ChunkReader` is built from the array's zarr.json alone
+        (about 0.08 ms; opening the Zarr array takes 0.4)."""
+        open_array = partial(self.open, key, content_digest)
         if self._folder is not None:
             layout = self._layout(key, content_digest)
             if layout.readable:
-                return ChunkReader(layout, self._folder / key, self._counter, partial(self.open, key, content_digest))
+                return ChunkReader(layout, self._folder / key, self._counter, open_array)
+        elif self._objects is not None:
+            from tensor_debugger.store.object_chunks import ObjectChunkReader
+
+            layout = self._layout(key, content_digest)
+            if layout.readable:
+                return ObjectChunkReader(layout, self._objects, key, self._counter, open_array)
         return self.open(key, content_digest)
 
     def _layout(self, key: str, content_digest: str | None) -> ArrayLayout:
-        """The parsed zarr.json of the array at `key` in the local folder (remembered like `open`'s arrays)."""
-        folder = self._folder
-        assert folder is not None
-        return self._layouts.get(key, content_digest, lambda: read_layout(folder / key, key))
+        """The parsed zarr.json of the array at `key` in the local folder or the bucket (remembered like `open`'s
+        arrays)."""
+        folder, objects = self._folder, self._objects
+        if folder is not None:
+            return self._layouts.get(key, content_digest, lambda: read_layout(folder / key, key))
+        assert objects is not None
+        return self._layouts.get(key, content_digest, lambda: objects.layout(key))
 
     def delete(self, prefix: str) -> None:
         """Delete every array under `prefix` ("runs/12")."""

@@ -62,8 +62,9 @@ class ChunkReader:
     """Reads any region of one array (numpy basic indexing with step-1 slices) from its chunk files."""
 
     def __init__(self, layout: ArrayLayout, folder: Path, counter: ReadCounter, open_array: Callable[[], Any]) -> None:
-        """`layout` must be `readable`; `open_array` opens the Zarr array, for the rare region this reader
-        leaves to Zarr (slices with steps)."""
+        """`layout` must be `readable`; `folder` is where the chunks are (for an array in object storage, its key:
+        store/object_chunks.py); `open_array` opens the Zarr array, for the rare region this reader leaves to Zarr
+        (slices with steps)."""
         if not layout.readable:
             raise ValueError(f"array at {folder} is not in a layout a ChunkReader reads")
         self.shape = layout.shape
@@ -123,9 +124,11 @@ class ChunkReader:
         if out.size == 0:
             return out
         grid = [range(start // c, (stop - 1) // c + 1) for (start, stop), c in zip(bounds, self.chunks, strict=True)]
+        every = list(itertools.product(*grid))
+        decode = self._decoder(every)
         scratch: np.ndarray | None = None
         count = 0
-        for coords in itertools.product(*grid):
+        for coords in every:
             origin = [i * c for i, c in zip(coords, self.chunks, strict=True)]
             inner = tuple(
                 slice(max(lo, o) - o, min(hi, o + c) - o)
@@ -140,14 +143,19 @@ class ChunkReader:
             whole = all(s.stop - s.start == c for s, c in zip(inner, self.chunks, strict=True))
             count += 1
             if whole and target.flags.c_contiguous:
-                self._decode(coords, target)  # straight into place: no copy
+                decode(coords, target)  # straight into place: no copy
                 continue
             if scratch is None:
                 scratch = np.empty(self.chunks, dtype=self.dtype)
-            self._decode(coords, scratch)
+            decode(coords, scratch)
             target[...] = scratch[inner]
         self._counter.add(count)  # like the store: a chunk never written counts as a read too
         return out
+
+    def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], np.ndarray], None]:
+        """What decodes each chunk of a region (`every` chunk's coordinates) into a whole chunk's array: here, one
+        chunk file read at a time (store/object_chunks.py fetches a region's chunk objects at once first)."""
+        return self._decode
 
     def _decode(self, coords: tuple[int, ...], into: np.ndarray) -> None:
         """Decode one chunk into `into` (C-contiguous, one whole chunk)."""
@@ -169,18 +177,25 @@ class ChunkReader:
             _read_exactly(fd, path, view)
         finally:
             os.close(fd)
-        # A Blosc 1 header holds the decoded size (bytes 4-8) and the frame's own length (12-16). Blosc would fill
-        # only part of `into` for a smaller size, and decode past the end of the file for a longer frame (into this
-        # buffer's bytes from an earlier chunk), both silently.
-        decoded, length = (int.from_bytes(view[i : i + 4], "little") for i in (4, 12)) if size >= 16 else (-1, -1)
-        if decoded != into.nbytes:
-            raise ValueError(f"chunk file {path} is not a Blosc frame of one chunk ({into.nbytes} bytes)")
-        if length != size:
-            raise ValueError(f"chunk file {path} is cut short or padded: {size} bytes, its Blosc frame {length}")
-        try:
-            _blosc().decode(view, out=into.reshape(-1).view(np.uint8))
-        except RuntimeError as exc:  # numcodecs says only "error during blosc decompression: -1"
-            raise ValueError(f"chunk file {path} could not be decoded: {exc}") from None
+        decode_frame(view, into, f"chunk file {path}")
+
+
+def decode_frame(frame: memoryview, into: np.ndarray, name: str) -> None:
+    """Decode the Blosc frame `frame`, one whole chunk, into `into` (C-contiguous); ValueError starting with `name`
+    (the chunk file or object) where it is not such a frame."""
+    size = len(frame)
+    # A Blosc 1 header holds the decoded size (bytes 4-8) and the frame's own length (12-16). Blosc would fill
+    # only part of `into` for a smaller size, and decode past the end of the frame (into a buffer's bytes from an
+    # earlier chunk), both silently.
+    decoded, length = (int.from_bytes(frame[i : i + 4], "little") for i in (4, 12)) if size >= 16 else (-1, -1)
+    if decoded != into.nbytes:
+        raise ValueError(f"{name} is not a Blosc frame of one chunk ({into.nbytes} bytes)")
+    if length != size:
+        raise ValueError(f"{name} is cut short or padded: {size} bytes, its Blosc frame {length}")
+    try:
+        _blosc().decode(frame, out=into.reshape(-1).view(np.uint8))
+    except RuntimeError as exc:  # numcodecs says only "error during blosc decompression: -1"
+        raise ValueError(f"{name} could not be decoded: {exc}") from None
 
 
 def _read_raw(fd: int, path: Path, into: np.ndarray) -> None:

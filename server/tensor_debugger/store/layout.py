@@ -91,15 +91,24 @@ def read_layout(folder: Path, key: str) -> ArrayLayout:
     """The layout of the array stored in `folder` (`key` names it in errors)."""
     path = folder / "zarr.json"
     try:
-        document = json.loads(path.read_bytes())
+        text = path.read_bytes()
     except FileNotFoundError:
         raise FileNotFoundError(f"no array {key!r} in the store ({path} is missing)") from None
-    except (OSError, ValueError) as exc:
+    except OSError as exc:
         raise ValueError(f"array {key!r}: {path} is not readable JSON ({exc})") from None
+    return layout_of(text, str(path), key)
+
+
+def layout_of(text: bytes, where: str, key: str) -> ArrayLayout:
+    """The layout in `text`, the zarr.json at `where` (a file or an object) of the array `key`."""
+    try:
+        document = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"array {key!r}: {where} is not readable JSON ({exc})") from None
     try:
         return parse_layout(document)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(f"array {key!r}: {path} is not Zarr v3 array metadata ({exc!r})") from None
+        raise ValueError(f"array {key!r}: {where} is not Zarr v3 array metadata ({exc!r})") from None
 
 
 def parse_layout(document: dict[str, Any]) -> ArrayLayout:

@@ -3,10 +3,11 @@
 
 The endpoint and credentials come from the standard AWS variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, and `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint
-such as a MinIO or SeaweedFS on the local network). Zarr reads and writes a region's chunks concurrently, one
-request per chunk, so ingest uploads the chunks of a block at once and a comparison or a slice fetches only the
-chunks its region covers. The store is tried once when it is opened: a missing bucket, refused credentials or an
-endpoint that does not answer is an error naming the setting to change, before any work starts.
+such as a MinIO or SeaweedFS on the local network). Zarr writes a region's chunks concurrently, one request per
+chunk, so ingest uploads the chunks of a block at once; a comparison or a slice fetches only the chunks its region
+covers, concurrently (store/object_chunks.py, over the same obstore store; Zarr for layouts it does not read). The
+store is tried once when it is opened: a missing bucket, refused credentials or an endpoint that does not answer
+is an error naming the setting to change, before any work starts.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from urllib.parse import urlparse
 from tensor_debugger.errors import StoreUnavailableError
 
 if TYPE_CHECKING:
-    from obstore.store import S3Config
+    from obstore.store import S3Config, S3Store
     from zarr.abc.store import Store
 
 STORE_SETTING = "TENSOR_DEBUGGER_STORE_URL"
@@ -48,14 +49,20 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def open_s3_store(url: str, environ: Mapping[str, str]) -> Store:
-    """The Zarr store of `s3://BUCKET/PREFIX`, configured from the AWS variables in `environ`, once a listing of
+def open_s3_store(url: str, environ: Mapping[str, str], bucket: S3Store | None = None) -> Store:
+    """The Zarr store of `s3://BUCKET/PREFIX` over `bucket` (`open_s3_bucket`'s, opened here if not given)."""
+    from zarr.storage import ObjectStore
+
+    return ObjectStore(bucket if bucket is not None else open_s3_bucket(url, environ))
+
+
+def open_s3_bucket(url: str, environ: Mapping[str, str]) -> S3Store:
+    """The obstore store of `s3://BUCKET/PREFIX`, configured from the AWS variables in `environ`, once a listing of
     its prefix has succeeded."""
     bucket, prefix = parse_s3_url(url)
     try:
         import obstore
         from obstore.store import S3Store
-        from zarr.storage import ObjectStore
     except ImportError as exc:
         raise StoreUnavailableError(
             f"{STORE_SETTING}={url!r} needs obstore, which the cluster extra installs: "
@@ -73,7 +80,7 @@ def open_s3_store(url: str, environ: Mapping[str, str]) -> Store:
         pass
     except Exception as exc:  # obstore raises its GenericError for most HTTP answers: the text says which
         raise StoreUnavailableError(_explain(url, bucket, config.get("endpoint", ""), allow_http, exc)) from None
-    return ObjectStore(store)
+    return store
 
 
 def _explain(url: str, bucket: str, endpoint: str, allow_http: bool, exc: Exception) -> str:

@@ -20,6 +20,7 @@ from tensor_debugger.store.chunk_reader import ReadCounter
 from tensor_debugger.store.object_stores import describe_failure, open_s3_store
 
 if TYPE_CHECKING:
+    from obstore.store import S3Store
     from zarr.abc.buffer import Buffer, BufferPrototype
 
 # Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
@@ -78,14 +79,15 @@ class CountingStore(WrapperStore[Store]):
         return await self._store.get(key, prototype, byte_range)
 
 
-def open_store(url: str, environ: Mapping[str, str] | None = None) -> Store:
-    """The Zarr store of `url`; an s3:// store is configured from the AWS variables in `environ` (this process's
-    environment unless given) and tried once (StoreUnavailableError naming the setting when it fails)."""
+def open_store(url: str, environ: Mapping[str, str] | None = None, bucket: S3Store | None = None) -> Store:
+    """The Zarr store of `url`; an s3:// store is over `bucket` where given, else configured from the AWS variables
+    in `environ` (this process's environment unless given) and tried once (StoreUnavailableError naming the setting
+    when it fails)."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return LocalStore(Path(unquote(parsed.path)))
     if parsed.scheme == "s3":
-        return open_s3_store(url, os.environ if environ is None else environ)
+        return open_s3_store(url, os.environ if environ is None else environ, bucket)
     if parsed.scheme == "memory":
         return MemoryStore()
     raise ValueError(f"unsupported store URL {url!r}: use file:///folder, s3://bucket/prefix or memory://")

@@ -1,0 +1,150 @@
+"""Arrays in object storage read as chunk files are: the chunk objects a region needs fetched at once, then decoded.
+
+Through Zarr's `ObjectStore`, every chunk of a region is a request on Zarr's event loop and an array of its own,
+decoded by numcodecs on another thread: on two cores that machinery, not the network, bounded comparisons on S3
+(bench/cluster.py: 121 MB/s against 717 from a folder). For an array whose layout the chunk reader reads
+(store/layout.py), `ObjectChunkReader` instead fetches the chunk objects a region covers with concurrent GETs
+(obstore's `get_async`, at most `FETCHES_AT_ONCE` at a time, on an event loop of this module's own thread) and
+decodes them as `ChunkReader` decodes chunk files, with the same checks; the compiled chunk loop
+(compare/chunk_loop.py) hands the fetched bytes to C instead of paths. A chunk object that is not there is the fill
+value, as a chunk file that is not there is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter, decode_frame
+from tensor_debugger.store.layout import ArrayLayout, layout_of
+from tensor_debugger.store.object_stores import describe_failure
+
+if TYPE_CHECKING:
+    from obstore import Bytes
+    from obstore.store import S3Store
+
+# Requests in flight for one region or block: enough to keep a loopback SeaweedFS or a remote S3 busy (a block of the
+# chunk loop is about 16 chunks a side), few enough not to open hundreds of connections for a large slice.
+FETCHES_AT_ONCE = 32
+SLICE_BATCH = 64  # chunk objects of a region fetched together (64 MiB of chunks as ingest writes them)
+
+_LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # by process id: a forked child starts a loop of its own
+_LOOPS_LOCK = threading.Lock()
+
+
+def _event_loop() -> asyncio.AbstractEventLoop:
+    """This process's event loop for fetches, running on a daemon thread of its own (started on the first fetch)."""
+    pid = os.getpid()
+    with _LOOPS_LOCK:
+        loop = _LOOPS.get(pid)
+        if loop is None:
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="chunk-objects", daemon=True).start()
+            _LOOPS.clear()
+            _LOOPS[pid] = loop
+        return loop
+
+
+class ChunkObjects:
+    """The objects of one bucket prefix (the store URL `url`), fetched concurrently."""
+
+    def __init__(self, bucket: S3Store, url: str) -> None:
+        self.bucket = bucket
+        self.url = url.rstrip("/")
+
+    def name(self, key: str) -> str:
+        """The object at `key` as errors name it: the store URL and the key."""
+        return f"{self.url}/{key}"
+
+    def submit(self, keys: Sequence[str]) -> Future[list[Bytes | None]]:
+        """Start fetching the objects at `keys`: their bytes, in order, None for one that is not there. An object
+        that cannot be fetched fails the future with an OSError naming it."""
+        return asyncio.run_coroutine_threadsafe(self._fetch_all(keys), _event_loop())
+
+    def fetch(self, keys: Sequence[str]) -> list[Bytes | None]:
+        """`submit`'s result, waited for."""
+        return self.submit(keys).result()
+
+    async def _fetch_all(self, keys: Sequence[str]) -> list[Bytes | None]:
+        import obstore
+
+        limit = asyncio.Semaphore(FETCHES_AT_ONCE)
+
+        async def one(key: str) -> Bytes | None:
+            async with limit:
+                try:
+                    result = await obstore.get_async(self.bucket, key)
+                    return await result.bytes_async()
+                except FileNotFoundError:  # what obstore raises for an object that is not there
+                    return None
+                except Exception as exc:  # obstore's GenericError for most HTTP answers: its text says which
+                    reason = describe_failure(exc)
+                    raise OSError(f"chunk object {self.name(key)} could not be fetched: {reason}") from None
+
+        return list(await asyncio.gather(*(one(key) for key in keys)))
+
+    def layout(self, key: str) -> ArrayLayout:
+        """The layout of the array at `key`, from its zarr.json object."""
+        (text,) = self.fetch([f"{key}/zarr.json"])
+        where = self.name(f"{key}/zarr.json")
+        if text is None:
+            raise FileNotFoundError(f"no array {key!r} in the store ({where} is missing)")
+        return layout_of(bytes(text), where, key)
+
+
+class ObjectChunkReader(ChunkReader):
+    """A `ChunkReader` over the chunk objects of one array in object storage: `flat_pieces` gives their keys."""
+
+    def __init__(
+        self, layout: ArrayLayout, objects: ChunkObjects, key: str, counter: ReadCounter, open_array: Callable[[], Any]
+    ) -> None:
+        super().__init__(layout, Path(key), counter, open_array)
+        self.objects = objects
+        self._key = key
+
+    def fetch_pieces(self, pieces: Sequence[tuple[bytes, int, int]]) -> Future[list[Bytes | None]]:
+        """Start fetching the chunk objects of `flat_pieces`' pieces."""
+        return self.objects.submit([key.decode() for key, _, _ in pieces])
+
+    def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], np.ndarray], None]:
+        """Decode from the region's chunk objects (decoded in the order of `every`), fetched `SLICE_BATCH` at a time,
+        the next batch while the one before is decoded: a large region holds that many chunks' bytes, not all."""
+        keys = [f"{self._key}/{self._layout.chunk_key(coords)}" for coords in every]
+        batches = [(every[i : i + SLICE_BATCH], keys[i : i + SLICE_BATCH]) for i in range(0, len(every), SLICE_BATCH)]
+        fetched: dict[tuple[int, ...], tuple[str, Bytes | None]] = {}  # the batch being decoded
+        fetching = deque(self.objects.submit(batch_keys) for _, batch_keys in batches[:1])
+        taken = 0  # batches decoded or being decoded
+
+        def decode(coords: tuple[int, ...], into: np.ndarray) -> None:
+            nonlocal taken
+            if coords not in fetched:
+                chunks, batch_keys = batches[taken]
+                taken += 1
+                if taken < len(batches):  # the next batch, fetched while this one is decoded
+                    fetching.append(self.objects.submit(batches[taken][1]))
+                fetched.clear()
+                fetched.update(zip(chunks, zip(batch_keys, fetching.popleft().result(), strict=True), strict=True))
+            key, data = fetched[coords]
+            if data is None:  # never written: the fill value
+                into[...] = self._fill
+                return
+            frame = memoryview(data)
+            if not self.raw:
+                decode_frame(frame, into, f"chunk object {self.objects.name(key)}")
+            elif len(frame) != into.nbytes:
+                raise ValueError(
+                    f"chunk object {self.objects.name(key)} is not one raw chunk ({into.nbytes} bytes): "
+                    f"it has {len(frame)}"
+                )
+            else:
+                into.reshape(-1).view(np.uint8)[...] = np.frombuffer(frame, dtype=np.uint8)
+
+        return decode
