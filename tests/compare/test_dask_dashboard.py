@@ -10,19 +10,8 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
-from tests.support.dask_cluster import DaskCluster
+from tests.support.dask_cluster import DaskCluster, dashboard_compute_times
 from tests.support.dumps import layered_dump
-
-
-def compute_times(dashboard: str) -> dict[str, float]:
-    """Seconds of compute per task name, as the dashboard's "Compute Time Per Key" chart shows them."""
-    from bokeh.client import pull_session
-    from bokeh.models import ColumnDataSource
-
-    with pull_session(url=f"{dashboard}/individual-compute-time-per-key") as session:
-        found = session.document.select({"type": ColumnDataSource})
-        sources = [s for s in found if isinstance(s, ColumnDataSource) and "names" in s.data]
-    return {name: float(t) for s in sources for name, t in zip(s.data["names"], s.data["times"], strict=True)}
 
 
 def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, dask_cluster: DaskCluster) -> None:
@@ -32,7 +21,7 @@ def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, d
     plots = httpx.get(f"{dask_cluster.dashboard}/individual-plots.json", timeout=30).json()
     assert {"Individual Task Stream", "Individual Progress", "Individual Workers"} <= plots.keys()
     try:
-        before = compute_times(dask_cluster.dashboard).get("compute_batch", 0.0)
+        before = dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0)
     except RuntimeError:  # before a cluster's first task the chart has no data, and Bokeh fails to send it
         before = 0.0
 
@@ -46,4 +35,4 @@ def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, d
         assert services.comparisons.compute_pending(session_id) == 8
     finally:
         services.close()
-    assert compute_times(dask_cluster.dashboard).get("compute_batch", 0.0) > before
+    assert dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0) > before

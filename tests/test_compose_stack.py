@@ -1,0 +1,140 @@
+"""docker-compose.yml's stack run as processes (no Docker engine runs here): every service of ours runs the command
+and environment the file gives it, the other services' names mapped to this run's servers on loopback (`postgres`
+to the run's PostgreSQL, `minio` and its bucket to SeaweedFS, `dask-scheduler` to the scheduler started here from
+its own service's command), the shared volume to one folder. Then what a user does after `docker compose up`:
+compare two uploads on one replica, read them on the other, see the work on the Dask dashboard, the arrays in the
+bucket, and every health check pass."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tensor_debugger.demo.synthetic import Plant, write_dump
+
+from tests.support.dask_cluster import dashboard_compute_times
+from tests.support.dumps import make_zip
+from tests.support.polling import wait_until
+from tests.support.postgres import PostgresCluster
+from tests.support.s3 import SeaweedS3
+from tests.support.servers import LiveServer, child_env, free_port, upload, wait_done
+from tests.test_compose import SERVICES, command_words
+
+
+class Stack:
+    """The file's services as this run's processes, and where each published port landed here."""
+
+    def __init__(self, root: Path, postgres: PostgresCluster, s3: SeaweedS3) -> None:
+        self.root = root
+        self.ports = {port: free_port() for port in (8000, 8001, 8786, 8787, 8788)}  # the file's ports -> here's
+        self.scheduler = f"tcp://127.0.0.1:{self.ports[8786]}"
+        self.store_url = s3.new_url()
+        self.token = secrets.token_hex(16)
+        self.services = {  # what the file's host names and volumes stand for here
+            "TENSOR_DEBUGGER_DATABASE_URL": postgres.create_database("stack"),
+            "TENSOR_DEBUGGER_DATA_DIR": str(root / "data"),
+            "TENSOR_DEBUGGER_STORE_URL": self.store_url,
+            "TENSOR_DEBUGGER_DASK_SCHEDULER": self.scheduler,
+            "TENSOR_DEBUGGER_TOKEN": self.token,
+            "TENSOR_DEBUGGER_HOST": "127.0.0.1",  # tests listen on loopback only
+            **{k: v for k, v in s3.environ.items() if k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID")},
+            "AWS_SECRET_ACCESS_KEY": s3.environ["AWS_SECRET_ACCESS_KEY"],
+        }
+        (root / "data").mkdir()
+
+    def environment(self, service: str) -> dict[str, str]:
+        """The service's environment from the file, each value naming another service replaced by this run's."""
+        declared: dict[str, Any] = SERVICES[service].get("environment") or {}
+        mapped = {name: str(self.services.get(name, value)) for name, value in declared.items()}
+        if "TENSOR_DEBUGGER_PORT" in mapped:
+            mapped["TENSOR_DEBUGGER_PORT"] = str(self.ports[8000 if service == "app" else 8001])
+        return mapped
+
+    def command(self, service: str) -> list[str]:
+        """The service's `dask ...` command from the file, on loopback and this run's ports."""
+        words = command_words(SERVICES[service]["command"])
+        assert words[0] == "dask", service
+        here = [str(Path(sys.executable).with_name("dask"))]
+        for word in words[1:]:
+            if word == "tcp://dask-scheduler:8786":
+                word = self.scheduler
+            elif word.startswith(":") and word[1:].isdigit():  # a port on every interface in the container
+                word = f"127.0.0.1:{self.ports[int(word[1:])]}"
+            elif word.isdigit() and int(word) in self.ports:
+                word = str(self.ports[int(word)])
+            here.append(word)
+        return [*here, "--host", "127.0.0.1"]
+
+    def health_check(self, service: str, inside: int, published: int) -> list[str]:
+        """The service's health check command, asking the port its process has here (published on the file's
+        `published`) for the one it has inside its container (`inside`)."""
+        test = SERVICES[service]["healthcheck"]["test"]
+        assert test[0] == "CMD" and test[1] == "python", service
+        here = f"127.0.0.1:{self.ports[published]}"
+        return [sys.executable, *(w.replace(f"127.0.0.1:{inside}", here) for w in test[2:])]
+
+
+@pytest.fixture
+def stack(tmp_path: Path, postgres: PostgresCluster, s3: SeaweedS3) -> Iterator[Stack]:
+    stack = Stack(tmp_path, postgres, s3)
+    with ExitStack() as running:
+        logs = tmp_path / "logs"
+        logs.mkdir()
+        for service in ("dask-scheduler", "dask-worker-1", "dask-worker-2"):
+            env = {**child_env(), **stack.environment(service)}
+            with open(logs / f"{service}.log", "ab") as log:
+                process = subprocess.Popen(stack.command(service), stdout=log, stderr=subprocess.STDOUT, env=env)
+            running.callback(lambda p=process: (p.kill(), p.wait()))
+        replicas = [
+            LiveServer(tmp_path / "data", stack.ports[port], demo=True, env=stack.environment(name))
+            for name, port in (("app", 8000), ("app-2", 8001))
+        ]
+        for replica in replicas:
+            replica.launch()  # at once, as compose starts them
+            running.callback(replica.stop)
+        for replica in replicas:
+            wait_until(replica.answers, what=f"the replica on {replica.port} to answer", timeout=90, interval=0.1)
+        yield stack
+
+
+def test_the_stack_compares_two_uploads_on_its_replicas_workers_and_bucket(
+    stack: Stack, tmp_path: Path, s3: SeaweedS3
+) -> None:
+    app = LiveServer(tmp_path / "data", stack.ports[8000], env={"TENSOR_DEBUGGER_TOKEN": stack.token})
+    other = LiveServer(tmp_path / "data", stack.ports[8001], env={"TENSOR_DEBUGGER_TOKEN": stack.token})
+    dashboard = f"http://127.0.0.1:{stack.ports[8787]}"
+    wait_until(lambda: httpx.get(f"{dashboard}/health", timeout=5).status_code == 200, what="the dashboard", timeout=60)
+    services = [
+        ("app", 8000, 8000),
+        ("app-2", 8000, 8001),
+        ("dask-scheduler", 8787, 8787),
+        ("dask-worker-1", 8788, 8788),
+    ]
+    for service, inside, published in services:
+        check = subprocess.run(stack.health_check(service, inside, published), capture_output=True, timeout=30)
+        assert check.returncode == 0, (service, check.stderr)
+
+    write_dump(tmp_path / "ref", layers=3, seed=7)
+    write_dump(tmp_path / "cand", layers=3, seed=7, plant=Plant(1, "post_attn", (2, 3), 0.5))
+    files = [(label, make_zip(tmp_path / label, tmp_path / f"{label}.zip")) for label in ("ref", "cand")]
+    created = upload(app, "on the stack", [("reference", files[0][1]), ("candidate", files[1][1])])
+    assert created.status_code == 201, created.text
+    session_id = created.json()["session"]["id"]
+    report = wait_done(other, session_id)
+    assert report["first_divergence"]["name"] == "1_post_attn"
+    assert httpx.get(f"{other.url}/sessions/{session_id}", headers=other.auth, timeout=30).status_code == 200
+
+    # the replicas computed nothing themselves: the work is on the dashboard, the arrays in the bucket
+    assert dashboard_compute_times(dashboard).get("compute_batch", 0.0) > 0
+    bucket = s3.bucket(stack.store_url)
+    import obstore
+
+    keys = [item["path"] for batch in obstore.list(bucket) for item in batch]
+    assert any(key.endswith("zarr.json") for key in keys) and len(keys) > 20
