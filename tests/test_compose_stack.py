@@ -81,6 +81,11 @@ class Stack:
         return [sys.executable, *(w.replace(f"127.0.0.1:{inside}", here) for w in test[2:])]
 
 
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.kill()
+    process.wait()
+
+
 @pytest.fixture
 def stack(tmp_path: Path, postgres: PostgresCluster, s3: SeaweedS3) -> Iterator[Stack]:
     stack = Stack(tmp_path, postgres, s3)
@@ -91,7 +96,7 @@ def stack(tmp_path: Path, postgres: PostgresCluster, s3: SeaweedS3) -> Iterator[
             env = {**child_env(), **stack.environment(service)}
             with open(logs / f"{service}.log", "ab") as log:
                 process = subprocess.Popen(stack.command(service), stdout=log, stderr=subprocess.STDOUT, env=env)
-            running.callback(lambda p=process: (p.kill(), p.wait()))
+            running.callback(stop, process)
         replicas = [
             LiveServer(tmp_path / "data", stack.ports[port], demo=True, env=stack.environment(name))
             for name, port in (("app", 8000), ("app-2", 8001))
