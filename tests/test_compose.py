@@ -6,7 +6,6 @@ anything at start-up, and the app's health check asks a path the server answers.
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +14,7 @@ import httpx
 import yaml
 from tensor_debugger.settings import ENV_PREFIX, setting_docs
 
+from tests.support.compose import command_words
 from tests.support.servers import LiveServer
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,12 +34,6 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
             word, _, rest = line.strip().partition(" ")
             found.append((word.upper(), rest.strip()))
     return found
-
-
-def command_words(value: Any) -> list[str]:
-    if value is None:
-        return []
-    return [str(v) for v in value] if isinstance(value, list) else shlex.split(str(value))
 
 
 def test_the_stack_has_its_services() -> None:

@@ -7,6 +7,7 @@ bucket, and every health check pass."""
 
 from __future__ import annotations
 
+import functools
 import secrets
 import subprocess
 import sys
@@ -19,13 +20,13 @@ import httpx
 import pytest
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
+from tests.support.compose import command_words, services
 from tests.support.dask_cluster import dashboard_compute_times
 from tests.support.dumps import make_zip
 from tests.support.polling import wait_until
 from tests.support.postgres import PostgresCluster
 from tests.support.s3 import SeaweedS3
 from tests.support.servers import LiveServer, child_env, free_port, upload, wait_done
-from tests.test_compose import SERVICES, command_words
 
 
 class Stack:
@@ -33,17 +34,21 @@ class Stack:
 
     def __init__(self, root: Path, postgres: PostgresCluster, s3: SeaweedS3) -> None:
         self.root = root
-        self.ports = {port: free_port() for port in (8000, 8001, 8786, 8787, 8788)}  # the file's ports -> here's
-        self.scheduler = f"tcp://127.0.0.1:{self.ports[8786]}"
+        # (service, a port inside its container) -> the port its process has here
+        inside = [("app", 8000), ("app-2", 8000), ("dask-scheduler", 8786), ("dask-scheduler", 8787)]
+        inside += [("dask-worker-1", 8788), ("dask-worker-2", 8788)]
+        self.ports = {service_port: free_port() for service_port in inside}
+        self.scheduler = f"tcp://127.0.0.1:{self.ports['dask-scheduler', 8786]}"
         self.store_url = s3.new_url()
         self.token = secrets.token_hex(16)
-        self.services = {  # what the file's host names and volumes stand for here
+        self.stands_for = {  # what the file's host names and volumes stand for here
             "TENSOR_DEBUGGER_DATABASE_URL": postgres.create_database("stack"),
             "TENSOR_DEBUGGER_DATA_DIR": str(root / "data"),
             "TENSOR_DEBUGGER_STORE_URL": self.store_url,
             "TENSOR_DEBUGGER_DASK_SCHEDULER": self.scheduler,
             "TENSOR_DEBUGGER_TOKEN": self.token,
             "TENSOR_DEBUGGER_HOST": "127.0.0.1",  # tests listen on loopback only
+            "TENSOR_DEBUGGER_DEMO": "false",  # the demo is tested on its own; here it would only add its 52 pairs
             **{k: v for k, v in s3.environ.items() if k in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID")},
             "AWS_SECRET_ACCESS_KEY": s3.environ["AWS_SECRET_ACCESS_KEY"],
         }
@@ -51,34 +56,38 @@ class Stack:
 
     def environment(self, service: str) -> dict[str, str]:
         """The service's environment from the file, each value naming another service replaced by this run's."""
-        declared: dict[str, Any] = SERVICES[service].get("environment") or {}
-        mapped = {name: str(self.services.get(name, value)) for name, value in declared.items()}
+        declared: dict[str, Any] = services()[service].get("environment") or {}
+        mapped = {name: str(self.stands_for.get(name, value)) for name, value in declared.items()}
         if "TENSOR_DEBUGGER_PORT" in mapped:
-            mapped["TENSOR_DEBUGGER_PORT"] = str(self.ports[8000 if service == "app" else 8001])
+            mapped["TENSOR_DEBUGGER_PORT"] = str(self.ports[service, int(mapped["TENSOR_DEBUGGER_PORT"])])
         return mapped
 
     def command(self, service: str) -> list[str]:
         """The service's `dask ...` command from the file, on loopback and this run's ports."""
-        words = command_words(SERVICES[service]["command"])
+        words = command_words(services()[service]["command"])
         assert words[0] == "dask", service
         here = [str(Path(sys.executable).with_name("dask"))]
         for word in words[1:]:
             if word == "tcp://dask-scheduler:8786":
                 word = self.scheduler
             elif word.startswith(":") and word[1:].isdigit():  # a port on every interface in the container
-                word = f"127.0.0.1:{self.ports[int(word[1:])]}"
-            elif word.isdigit() and int(word) in self.ports:
-                word = str(self.ports[int(word)])
+                word = f"127.0.0.1:{self.ports[service, int(word[1:])]}"
+            elif word.isdigit() and (service, int(word)) in self.ports:
+                word = str(self.ports[service, int(word)])
             here.append(word)
         return [*here, "--host", "127.0.0.1"]
 
-    def health_check(self, service: str, inside: int, published: int) -> list[str]:
-        """The service's health check command, asking the port its process has here (published on the file's
-        `published`) for the one it has inside its container (`inside`)."""
-        test = SERVICES[service]["healthcheck"]["test"]
+    def health_check(self, service: str, inside: int) -> list[str]:
+        """The service's health check command, asking the port its process has here for the one it has inside its
+        container (`inside`)."""
+        test = services()[service]["healthcheck"]["test"]
         assert test[0] == "CMD" and test[1] == "python", service
-        here = f"127.0.0.1:{self.ports[published]}"
+        here = f"127.0.0.1:{self.ports[service, inside]}"
         return [sys.executable, *(w.replace(f"127.0.0.1:{inside}", here) for w in test[2:])]
+
+    def healthy(self, service: str, inside: int) -> bool:
+        """Whether the service's health check passes now."""
+        return subprocess.run(self.health_check(service, inside), capture_output=True, timeout=30).returncode == 0
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -98,8 +107,8 @@ def stack(tmp_path: Path, postgres: PostgresCluster, s3: SeaweedS3) -> Iterator[
                 process = subprocess.Popen(stack.command(service), stdout=log, stderr=subprocess.STDOUT, env=env)
             running.callback(stop, process)
         replicas = [
-            LiveServer(tmp_path / "data", stack.ports[port], demo=True, env=stack.environment(name))
-            for name, port in (("app", 8000), ("app-2", 8001))
+            LiveServer(tmp_path / "data", stack.ports[name, 8000], demo=True, env=stack.environment(name))
+            for name in ("app", "app-2")
         ]
         for replica in replicas:
             replica.launch()  # at once, as compose starts them
@@ -112,20 +121,26 @@ def stack(tmp_path: Path, postgres: PostgresCluster, s3: SeaweedS3) -> Iterator[
 def test_the_stack_compares_two_uploads_on_its_replicas_workers_and_bucket(
     stack: Stack, tmp_path: Path, s3: SeaweedS3
 ) -> None:
-    app = LiveServer(tmp_path / "data", stack.ports[8000], env={"TENSOR_DEBUGGER_TOKEN": stack.token})
-    other = LiveServer(tmp_path / "data", stack.ports[8001], env={"TENSOR_DEBUGGER_TOKEN": stack.token})
-    dashboard = f"http://127.0.0.1:{stack.ports[8787]}"
-    wait_until(lambda: httpx.get(f"{dashboard}/health", timeout=5).status_code == 200, what="the dashboard", timeout=60)
-    services = [
-        ("app", 8000, 8000),
-        ("app-2", 8000, 8001),
-        ("dask-scheduler", 8787, 8787),
-        ("dask-worker-1", 8788, 8788),
+    app, other = (
+        LiveServer(tmp_path / "data", stack.ports[name, 8000], env={"TENSOR_DEBUGGER_TOKEN": stack.token})
+        for name in ("app", "app-2")
+    )
+    dashboard = f"http://127.0.0.1:{stack.ports['dask-scheduler', 8787]}"
+    checks = [
+        ("app", 8000),
+        ("app-2", 8000),
+        ("dask-scheduler", 8787),
+        ("dask-worker-1", 8788),
+        ("dask-worker-2", 8788),
     ]
-    for service, inside, published in services:
-        check = subprocess.run(stack.health_check(service, inside, published), capture_output=True, timeout=30)
-        assert check.returncode == 0, (service, check.stderr)
+    for service, inside in checks:  # as compose waits for them: retried until they pass
+        passes = functools.partial(stack.healthy, service, inside)
+        wait_until(passes, what=f"{service}'s health check", timeout=60, interval=0.2)
 
+    try:
+        before = dashboard_compute_times(dashboard).get("compute_batch", 0.0)
+    except RuntimeError:  # no task yet on this cluster
+        before = 0.0
     write_dump(tmp_path / "ref", layers=3, seed=7)
     write_dump(tmp_path / "cand", layers=3, seed=7, plant=Plant(1, "post_attn", (2, 3), 0.5))
     files = [(label, make_zip(tmp_path / label, tmp_path / f"{label}.zip")) for label in ("ref", "cand")]
@@ -136,8 +151,8 @@ def test_the_stack_compares_two_uploads_on_its_replicas_workers_and_bucket(
     assert report["first_divergence"]["name"] == "1_post_attn"
     assert httpx.get(f"{other.url}/sessions/{session_id}", headers=other.auth, timeout=30).status_code == 200
 
-    # the replicas computed nothing themselves: the work is on the dashboard, the arrays in the bucket
-    assert dashboard_compute_times(dashboard).get("compute_batch", 0.0) > 0
+    # the pairs were computed by the workers: their work is on the dashboard, the arrays in the bucket
+    assert dashboard_compute_times(dashboard).get("compute_batch", 0.0) > before
     bucket = s3.bucket(stack.store_url)
     import obstore
 

@@ -49,7 +49,9 @@ class Services:
         at_once = self.settings.ingest_workers
         children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
         self.early = EarlyUploads(self.comparisons)
-        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children, self.early)
+        # with a Dask cluster the pairs are computed by its workers once planned, not here while their runs ingest
+        watcher = None if self.settings.dask_scheduler else self.early
+        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children, watcher)
         self.claims.start(also=self.remove_dead_ingests)
 
     def remove_dead_ingests(self) -> None:
