@@ -1,6 +1,6 @@
 """The session and pair pages on sessions of real sizes, in headless Chromium: the demo, a 24-layer model whose
 divergence is inside one attention head, and a session of 2,016 pairs (64 tensors explored against each other).
-One server holds all three for the module; each test saves screenshots in test-artifacts/."""
+One server holds all three for the module; screenshots of the views a person checks go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -132,7 +132,6 @@ def test_its_row_shows_the_first_divergence_below_the_sticky_header(sessions: Se
     header = page.locator("table.pairs thead th").first.bounding_box()
     assert header is not None and header["y"] + header["height"] <= top < 900
     assert "9_value" in row.inner_text()
-    shot(page, "session-24-layers-its-row")
 
 
 def test_reordering_keeps_the_page_and_its_scroll(sessions: Sessions, page: Page) -> None:

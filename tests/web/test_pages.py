@@ -1,4 +1,5 @@
-"""The pages in headless Chromium, as a user sees them. Each test saves a screenshot in test-artifacts/."""
+"""The pages in headless Chromium, as a user sees them; screenshots of the views a person checks go to
+test-artifacts/."""
 
 from __future__ import annotations
 
@@ -137,14 +138,12 @@ def test_upload_through_the_form_without_scripts(
         status.get_by_role("link", name="refresh now").click()  # without scripts: a link (and a meta refresh)
         assert "ingesting" in page.locator(".ingest-runs").inner_text()
         assert page.locator("noscript").count() == 1
-        shot(page, "session-ingesting-without-scripts")
     wait_until_compared(page)
     assert "First divergence: 0_post_mlp" in page.locator(".banner.fail").inner_text()
     assert page.get_by_role("heading", name="form upload ü").is_visible()
     assert page.locator("section.ingest").count() == 0
     assert "1 problem" in page.locator("section.runs").inner_text()
     assert "readme.txt: not a tensor file or archive" in page.locator("section.runs ul.problems").inner_text()
-    shot(page, "session-form-upload")
     page.get_by_role("link", name="Candidate run: candidate.zip and 1 more file").click()
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
     assert page.locator("table.tensors tbody tr").count() == 14
@@ -229,7 +228,6 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     page.wait_for_url("**verdict=fail**")
     assert page.locator("table.pairs tr.row").count() == 15
     assert all(text.strip().upper() == "FAIL" for text in page.locator("table.pairs td.verdict").all_inner_texts())
-    shot(page, "session-failing-only")
     page.get_by_role("button", name="Collapse all").click()
     assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
     page.get_by_role("button", name="Expand all").click()
@@ -257,7 +255,6 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     page.get_by_role("button", name="Apply tolerances").click()
     page.locator(".banner.pass").wait_for(timeout=60_000)
     assert "No divergence" in page.locator(".banner.pass").inner_text()
-    shot(page, "session-tolerances")
     with page.expect_download() as download:
         page.get_by_role("link", name="Download CSV").click()
     csv_text = Path(download.value.path()).read_text()
@@ -270,7 +267,6 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     page.locator(".banner.pass").wait_for(timeout=60_000)
     assert row_names(page) == moved
     assert page.get_by_label("atol").input_value() == "1.0"
-    shot(page, "session-after-restart")
 
 
 def test_new_session_with_progress_bars_and_errors_next_to_files(
@@ -301,7 +297,6 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(
     failure.wait_for(timeout=60_000)
     assert "The reference run “reference” could not be ingested" in failure.inner_text()
     assert "weights.pth: not a readable PyTorch file" in failure.locator("ul.problems").inner_text()
-    shot(page, "new-session-error")
 
 
 def test_session_page_follows_the_ingest_live_then_shows_the_results(
@@ -342,7 +337,6 @@ def test_session_page_follows_the_ingest_live_then_shows_the_results(
     assert page.evaluate("window.sameDocument") is True
     page.get_by_role("button", name="Collapse all").click()  # the swapped-in page's controls work
     assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
-    shot(page, "session-live-done")
 
 
 def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServer, page: Page) -> None:
