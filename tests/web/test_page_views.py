@@ -24,6 +24,7 @@ from tensor_debugger.settings import Settings
 
 from tests.support.browser import shot
 from tests.support.dumps import make_zip, seeded
+from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port, wait_done
 
 pytestmark = pytest.mark.browser
@@ -42,10 +43,10 @@ class Sessions:
 
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Iterator[Sessions]:
-    """A copy of the computed demo, to which this process adds the 24-layer session and the 2,016-pair one through
-    the services (as `compare` and `explore` do) before the server starts on it: these tests are about the pages,
-    and an upload would only make the server start its ingest processes and wait for them (tests/web/test_pages.py
-    and test_pairing_pages.py upload through the pages)."""
+    """A server on a copy of the computed demo, to which this process adds the 24-layer session and the 2,016-pair
+    one through the services (as `compare` and `explore` do) while the server starts: these tests are about the
+    pages, and an upload would only make the server start its ingest processes and wait for them
+    (tests/web/test_pages.py and test_pairing_pages.py upload through the pages)."""
     root = tmp_path_factory.mktemp("page-views")
     shutil.copytree(demo_data, root / "data")
     write_dump(root / "ref", 24, seed=3, shape=HEADS)
@@ -55,17 +56,19 @@ def sessions(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Itera
     tensors["layers.0.out"] = tensors["layers.0.out"] + 0.25
     torch.save(tensors, root / "acts.pth")
     services = open_services(Settings(data_dir=root / "data", demo=False))
+    server = LiveServer(root / "data", free_port(), demo=True)
+    server.launch()  # starting while this process ingests, as a server runs beside a `compare --in-process`
     try:
-        request = compare_request(make_zip(root / "ref", root / "ref.zip"), make_zip(root / "cand", root / "cand.zip"),
-                                  "24 layers", None, None)  # fmt: skip
-        heads = int(compare_runs(services.ingestor, services.comparisons, request, "").payload["session"]["id"])
-        big = services.ingestor.ingest("explore acts.pth", "acts.pth", [InputFile(root / "acts.pth", "acts.pth")])
-        plan_explore(services.comparisons, big.session_id)
-        services.comparisons.compute_pending(big.session_id)
-    finally:
-        services.close()
-    server = LiveServer(root / "data", free_port(), demo=True).start()
-    try:
+        try:
+            request = compare_request(make_zip(root / "ref", root / "ref.zip"),
+                                      make_zip(root / "cand", root / "cand.zip"), "24 layers", None, None)  # fmt: skip
+            heads = int(compare_runs(services.ingestor, services.comparisons, request, "").payload["session"]["id"])
+            big = services.ingestor.ingest("explore acts.pth", "acts.pth", [InputFile(root / "acts.pth", "acts.pth")])
+            plan_explore(services.comparisons, big.session_id)
+            services.comparisons.compute_pending(big.session_id)
+        finally:
+            services.close()
+        wait_until(server.answers, what="the page-view server to answer", timeout=60, interval=0.02)
         for session_id in (1, heads, big.session_id):
             wait_done(server, session_id)
         yield Sessions(server, 1, heads, big.session_id)
