@@ -18,7 +18,8 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support.browser import shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, free_port
 from tests.support.traces import MODEL_CLASS, WrittenTraces
 
 pytestmark = pytest.mark.browser
@@ -39,6 +40,26 @@ def page_without_scripts(browser: Browser) -> Iterator[Page]:
     opened = context.new_page()
     yield opened
     context.close()
+
+
+@pytest.fixture(scope="module")
+def demo_servers(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LiveServer]]:
+    """Two servers of these tests' own, each on a copy of the computed demo (as `demo_server` gives one), started at
+    once (a start is mostly imports, on one core each): one to filter, reorder and restart ("restart"), one to
+    rename and delete the demo ("delete")."""
+    servers: dict[str, LiveServer] = {}
+    try:
+        for use in ("restart", "delete"):
+            root = tmp_path_factory.mktemp(f"demo-{use}")
+            shutil.copytree(demo_data, root / "data")
+            servers[use] = LiveServer(root / "data", free_port(), demo=True)
+            servers[use].launch()
+        for server in servers.values():
+            wait_until(server.answers, what=f"the server on port {server.port} to answer", timeout=60, interval=0.02)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 @contextmanager
@@ -219,7 +240,8 @@ def pairs_in_groups(page: Page) -> int:
     return sum(int(text.split()[0]) for text in page.locator("tr.group-head .count").all_inner_texts())
 
 
-def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Page) -> None:
+def test_filter_reorder_tolerances_and_restart(demo_servers: dict[str, LiveServer], page: Page) -> None:
+    demo_server = demo_servers["restart"]
     page.goto(demo_server.url + "/sessions/1")
     wait_until_compared(page)
     assert page.locator("figure.chart line.first").count() == 1  # the first divergence, marked
@@ -339,7 +361,8 @@ def test_session_page_follows_the_ingest_live_then_shows_the_results(
     assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
 
 
-def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServer, page: Page) -> None:
+def test_sessions_list_rename_and_delete_with_confirmation(demo_servers: dict[str, LiveServer], page: Page) -> None:
+    demo_server = demo_servers["delete"]
     page.goto(demo_server.url + "/sessions/1")
     wait_until_compared(page)
     page.goto(demo_server.url + "/")
