@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.cli import run_main
 from tests.support.dumps import layered_dump
-from tests.support.servers import LiveServer, run_cli, upload, wait_done
+from tests.support.servers import LiveServer, upload, wait_done
 
 BUG = {"2_attn", "2_mlp"}
 
@@ -26,8 +27,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def test_only_the_bug_diverges_against_the_noise_floor(runs: dict[str, Path], tmp_path: Path) -> None:
-    done = run_cli(
+def test_only_the_bug_diverges_against_the_noise_floor(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = run_main(
+        capsys,
         "--data-dir", str(tmp_path / "data"), "compare", str(runs["ref"]), str(runs["cand"]), "--noise",
         str(runs["rerun"]), "--json",
     )  # fmt: skip
@@ -41,24 +45,31 @@ def test_only_the_bug_diverges_against_the_noise_floor(runs: dict[str, Path], tm
     assert all(1e-4 < f < 2e-4 for f in floors), floors  # two draws of ±1e-4: at most 2e-4 apart
 
 
-def test_noise_through_a_server_its_upload_and_page(shared_server: LiveServer, runs: dict[str, Path]) -> None:
+def test_noise_through_a_server_its_upload_and_page(
+    shared_server: LiveServer, runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
     data = str(shared_server.data_dir)
-    plain = run_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--name", "no floor", "--json")
+    plain = run_main(
+        capsys, "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--name", "no floor", "--json"
+    )
     assert plain.returncode == 1
     out = json.loads(plain.stdout)
     assert all(p["status"] == "fail" and p["rule"] == "tolerance" for p in out["pairs"])  # noise beats tolerances
     assert out["first_divergence"]["name"] == "0_attn"
-    tight = run_cli(
+    tight = run_main(
+        capsys,
         "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
         "--noise-factor", "0.01", "--json",
     )  # fmt: skip
     assert json.loads(tight.stdout)["first_divergence"]["name"] == "0_attn"  # within 1% of the floor: nothing is
-    fast = run_cli(
+    fast = run_main(
+        capsys,
         "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
         "--fail-fast", "--json",
     )  # fmt: skip
     assert fast.returncode == 1 and json.loads(fast.stdout)["first_divergence"]["name"] == "2_attn"
-    refused = run_cli(
+    refused = run_main(
+        capsys,
         "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
         "--noise-factor", "-1", "--json",
     )  # fmt: skip

@@ -1,10 +1,11 @@
 """The session and pair pages on sessions of real sizes, in headless Chromium: the demo, a 24-layer model whose
 divergence is inside one attention head, and a session of 2,016 pairs (64 tensors explored against each other).
-One server holds all three for the module; each test saves screenshots in test-artifacts/."""
+One server holds all three for the module; screenshots of the views a person checks go to test-artifacts/."""
 
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,11 +14,18 @@ import httpx
 import pytest
 import torch
 from playwright.sync_api import Browser, Page
+from tensor_debugger.cli.compare_output import compare_request
+from tensor_debugger.compare.explore import plan_explore
+from tensor_debugger.compare.pipeline import compare_runs
 from tensor_debugger.demo.synthetic import DumpShape, Plant, write_dump
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
 
 from tests.support.browser import shot
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer, started_with_demo, upload, wait_done
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, free_port, wait_done
 
 pytestmark = pytest.mark.browser
 
@@ -35,24 +43,35 @@ class Sessions:
 
 @pytest.fixture(scope="module")
 def sessions(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Iterator[Sessions]:
+    """A server on a copy of the computed demo, to which this process adds the 24-layer session and the 2,016-pair
+    one through the services (as `compare` and `explore` do) while the server starts: these tests are about the
+    pages, and an upload would only make the server start its ingest processes and wait for them
+    (tests/web/test_pages.py and test_pairing_pages.py upload through the pages)."""
     root = tmp_path_factory.mktemp("page-views")
-    server = started_with_demo(demo_data, root)
+    shutil.copytree(demo_data, root / "data")
+    write_dump(root / "ref", 24, seed=3, shape=HEADS)
+    write_dump(root / "cand", 24, seed=3, shape=HEADS, plant=PLANT)
+    # 64 tensors, each paired with every other: the same values everywhere but in layer 0's
+    tensors = {f"layers.{k}.out": seeded((8, 16), 1) for k in range(64)}
+    tensors["layers.0.out"] = tensors["layers.0.out"] + 0.25
+    torch.save(tensors, root / "acts.pth")
+    services = open_services(Settings(data_dir=root / "data", demo=False))
+    server = LiveServer(root / "data", free_port(), demo=True)
+    server.launch()  # starting while this process ingests, as a server runs beside a `compare --in-process`
     try:
-        write_dump(root / "ref", 24, seed=3, shape=HEADS)
-        write_dump(root / "cand", 24, seed=3, shape=HEADS, plant=PLANT)
-        files = [
-            ("reference", make_zip(root / "ref", root / "ref.zip")),
-            ("candidate", make_zip(root / "cand", root / "cand.zip")),
-        ]
-        heads = upload(server, "24 layers", files).json()["session"]["id"]
-        # 64 tensors, each paired with every other: the same values everywhere but in layer 0's
-        tensors = {f"layers.{k}.out": seeded((8, 16), 1) for k in range(64)}
-        tensors["layers.0.out"] = tensors["layers.0.out"] + 0.25
-        torch.save(tensors, root / "acts.pth")
-        big = upload(server, "", [("run", root / "acts.pth")], url="/api/sessions?explore=true").json()["session"]["id"]
-        for session_id in (1, heads, big):
+        try:
+            request = compare_request(make_zip(root / "ref", root / "ref.zip"),
+                                      make_zip(root / "cand", root / "cand.zip"), "24 layers", None, None)  # fmt: skip
+            heads = int(compare_runs(services.ingestor, services.comparisons, request, "").payload["session"]["id"])
+            big = services.ingestor.ingest("explore acts.pth", "acts.pth", [InputFile(root / "acts.pth", "acts.pth")])
+            plan_explore(services.comparisons, big.session_id)
+            services.comparisons.compute_pending(big.session_id)
+        finally:
+            services.close()
+        wait_until(server.answers, what="the page-view server to answer", timeout=60, interval=0.02)
+        for session_id in (1, heads, big.session_id):
             wait_done(server, session_id)
-        yield Sessions(server, 1, heads, big)
+        yield Sessions(server, 1, heads, big.session_id)
     finally:
         server.stop()
 
@@ -116,7 +135,6 @@ def test_its_row_shows_the_first_divergence_below_the_sticky_header(sessions: Se
     header = page.locator("table.pairs thead th").first.bounding_box()
     assert header is not None and header["y"] + header["height"] <= top < 900
     assert "9_value" in row.inner_text()
-    shot(page, "session-24-layers-its-row")
 
 
 def test_reordering_keeps_the_page_and_its_scroll(sessions: Sessions, page: Page) -> None:
@@ -282,9 +300,13 @@ def every_page(sessions: Sessions) -> dict[str, str]:
     }
 
 
+PHONE_SHOTS = {"session-24-layers", "pair"}  # the other pages' wide views are in the other tests' screenshots
+
+
 def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Browser) -> None:
-    """No serious or critical axe-core violation at 1440 px, and no horizontal scrolling at 390 px; a screenshot
-    of each page at both sizes. (The context bypasses the pages' CSP only so that axe can be injected.)"""
+    """No serious or critical axe-core violation at 1440 px, and no horizontal scrolling at 390 px (the page's
+    scrollWidth, which a screenshot would show as a cut-off page); a screenshot of the phone views of the pages
+    people look at on one. (The context bypasses the pages' CSP only so that axe can be injected.)"""
     found: list[str] = []
     missing: list[str] = []  # files the pages asked for in vain (the favicon, say)
     for width, height in ((1440, 900), (390, 844)):
@@ -306,8 +328,9 @@ def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Bro
                 wide = page.evaluate("document.documentElement.scrollWidth")
                 if wide > width:
                     found.append(f"{name}: {wide} px wide at {width} px")
+                if name in PHONE_SHOTS:
+                    shot(page, f"{name}-{width}")
             assert page.locator("a.skip").count() == 1, name
-            shot(page, f"{name}-{width}")
         assert not missing, missing
         context.close()
     assert not found, "\n".join(found)

@@ -1,4 +1,5 @@
-"""The pages in headless Chromium, as a user sees them. Each test saves a screenshot in test-artifacts/."""
+"""The pages in headless Chromium, as a user sees them; screenshots of the views a person checks go to
+test-artifacts/."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support.browser import shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, free_port
 from tests.support.traces import MODEL_CLASS, WrittenTraces
 
 pytestmark = pytest.mark.browser
@@ -38,6 +40,26 @@ def page_without_scripts(browser: Browser) -> Iterator[Page]:
     opened = context.new_page()
     yield opened
     context.close()
+
+
+@pytest.fixture(scope="module")
+def demo_servers(demo_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, LiveServer]]:
+    """Two servers of these tests' own, each on a copy of the computed demo (as `demo_server` gives one), started at
+    once (a start is mostly imports, on one core each): one to filter, reorder and restart ("restart"), one to
+    rename and delete the demo ("delete")."""
+    servers: dict[str, LiveServer] = {}
+    try:
+        for use in ("restart", "delete"):
+            root = tmp_path_factory.mktemp(f"demo-{use}")
+            shutil.copytree(demo_data, root / "data")
+            servers[use] = LiveServer(root / "data", free_port(), demo=True)
+            servers[use].launch()
+        for server in servers.values():
+            wait_until(server.answers, what=f"the server on port {server.port} to answer", timeout=60, interval=0.02)
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
 
 
 @contextmanager
@@ -137,14 +159,12 @@ def test_upload_through_the_form_without_scripts(
         status.get_by_role("link", name="refresh now").click()  # without scripts: a link (and a meta refresh)
         assert "ingesting" in page.locator(".ingest-runs").inner_text()
         assert page.locator("noscript").count() == 1
-        shot(page, "session-ingesting-without-scripts")
     wait_until_compared(page)
     assert "First divergence: 0_post_mlp" in page.locator(".banner.fail").inner_text()
     assert page.get_by_role("heading", name="form upload ü").is_visible()
     assert page.locator("section.ingest").count() == 0
     assert "1 problem" in page.locator("section.runs").inner_text()
     assert "readme.txt: not a tensor file or archive" in page.locator("section.runs ul.problems").inner_text()
-    shot(page, "session-form-upload")
     page.get_by_role("link", name="Candidate run: candidate.zip and 1 more file").click()
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
     assert page.locator("table.tensors tbody tr").count() == 14
@@ -220,7 +240,8 @@ def pairs_in_groups(page: Page) -> int:
     return sum(int(text.split()[0]) for text in page.locator("tr.group-head .count").all_inner_texts())
 
 
-def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Page) -> None:
+def test_filter_reorder_tolerances_and_restart(demo_servers: dict[str, LiveServer], page: Page) -> None:
+    demo_server = demo_servers["restart"]
     page.goto(demo_server.url + "/sessions/1")
     wait_until_compared(page)
     assert page.locator("figure.chart line.first").count() == 1  # the first divergence, marked
@@ -229,7 +250,6 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     page.wait_for_url("**verdict=fail**")
     assert page.locator("table.pairs tr.row").count() == 15
     assert all(text.strip().upper() == "FAIL" for text in page.locator("table.pairs td.verdict").all_inner_texts())
-    shot(page, "session-failing-only")
     page.get_by_role("button", name="Collapse all").click()
     assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
     page.get_by_role("button", name="Expand all").click()
@@ -257,7 +277,6 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     page.get_by_role("button", name="Apply tolerances").click()
     page.locator(".banner.pass").wait_for(timeout=60_000)
     assert "No divergence" in page.locator(".banner.pass").inner_text()
-    shot(page, "session-tolerances")
     with page.expect_download() as download:
         page.get_by_role("link", name="Download CSV").click()
     csv_text = Path(download.value.path()).read_text()
@@ -270,7 +289,6 @@ def test_filter_reorder_tolerances_and_restart(demo_server: LiveServer, page: Pa
     page.locator(".banner.pass").wait_for(timeout=60_000)
     assert row_names(page) == moved
     assert page.get_by_label("atol").input_value() == "1.0"
-    shot(page, "session-after-restart")
 
 
 def test_new_session_with_progress_bars_and_errors_next_to_files(
@@ -301,7 +319,6 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(
     failure.wait_for(timeout=60_000)
     assert "The reference run “reference” could not be ingested" in failure.inner_text()
     assert "weights.pth: not a readable PyTorch file" in failure.locator("ul.problems").inner_text()
-    shot(page, "new-session-error")
 
 
 def test_session_page_follows_the_ingest_live_then_shows_the_results(
@@ -342,10 +359,10 @@ def test_session_page_follows_the_ingest_live_then_shows_the_results(
     assert page.evaluate("window.sameDocument") is True
     page.get_by_role("button", name="Collapse all").click()  # the swapped-in page's controls work
     assert not page.locator("tbody.group").first.evaluate("g => g.classList.contains('open')")
-    shot(page, "session-live-done")
 
 
-def test_sessions_list_rename_and_delete_with_confirmation(demo_server: LiveServer, page: Page) -> None:
+def test_sessions_list_rename_and_delete_with_confirmation(demo_servers: dict[str, LiveServer], page: Page) -> None:
+    demo_server = demo_servers["delete"]
     page.goto(demo_server.url + "/sessions/1")
     wait_until_compared(page)
     page.goto(demo_server.url + "/")

@@ -71,7 +71,6 @@ def test_rules_form_and_pairing_file(shared_server: LiveServer, page: Page, tmp_
     alert = page.locator("section.pairing").get_by_role("alert")
     assert "has no named group 'stage'" in alert.inner_text()
     assert page.locator("form.pairing-rules").get_by_label("Name pattern").input_value() == r"L(?P<layer>\d+)"
-    shot(page, "pairing-rules-error")
     form = page.locator("form.pairing-rules")
     form.get_by_label("Strategies").fill("name, fuzy")
     form.get_by_role("button", name="Apply and pair again").click()
@@ -148,7 +147,6 @@ def test_bands_size_and_a_transpose_by_hand(shared_server: LiveServer, page: Pag
     page.get_by_role("button", name="Apply", exact=True).click()
     names = [row.split("\t")[1] for row in page.locator("table.pairs tr.row").all_inner_texts()]
     assert names[0].startswith("L1_mlp") and names[-1].startswith("L0_mlp")  # 256, 64, 16 elements
-    shot(page, "pairs-by-size")
     # [32, 64] against [64, 32]: paired as a transpose, not flattened
     page.goto(url)
     hand = page.locator("form.pair-by-hand")
@@ -178,7 +176,6 @@ def test_explore_one_run_from_the_sessions_page(shared_server: LiveServer, page:
     assert answer.value.status == 400
     alert = page.locator("section.explore").get_by_role("alert")
     assert "101 tensors make 5,050 pairs, over 5,000: choose fewer with a name filter" in alert.inner_text()
-    shot(page, "explore-too-many")
     explore = page.locator("form.explore-run")
     explore.get_by_label("Run to explore").set_input_files(str(tmp_path / "many.pth"))
     explore.get_by_label("Only names matching").fill("*T1?")
@@ -197,4 +194,3 @@ def test_explore_one_run_from_the_sessions_page(shared_server: LiveServer, page:
     assert page.locator("table.pairs tr.row").count() == 3
     row = page.locator("table.pairs tr", has_text="acts.k")
     assert "pass" in row.first.locator(".verdict").inner_text().lower()
-    shot(page, "explore-session")

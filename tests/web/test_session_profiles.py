@@ -112,7 +112,6 @@ def test_heatmap_page_opens_the_pair_at_the_cell(shared_server: LiveServer, sess
     shot(page, "session-profiles-1440")
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
-    shot(page, "session-profiles-390")
     page.get_by_label("2_hidden, index 40: max |diff| 0.001", exact=True).click()
     page.wait_for_url(re.compile(r"/pairs/\d+\?"))
     window = dict(parse_qsl(urlsplit(page.url).query))

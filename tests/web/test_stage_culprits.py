@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 
+from tests.support.cli import run_main
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer, run_cli, upload, wait_done
+from tests.support.servers import LiveServer, upload, wait_done
 
 # (name, relative error of the candidate): 0_mlp_out starts a small error, 1_attn_out adds the large one
 STAGES = [("0_attn_out", 0.0), ("0_mlp_out", 1e-3), ("1_attn_out", 0.05), ("1_mlp_out", 0.05), ("2_attn_out", 0.05)]
@@ -29,9 +31,11 @@ def plain_runs(root: Path) -> tuple[Path, Path]:
     return ref, cand
 
 
-def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) -> None:
+def test_compare_json_ranks_the_stage_that_adds_the_error_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ref, cand = plain_runs(tmp_path)
-    done = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
+    done = run_main(capsys, "--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
     assert done.returncode == 1, done.stderr
     culprits = json.loads(done.stdout)["culprits"]
     assert [c["name"] for c in culprits][:2] == ["1_attn_out", "0_mlp_out"]
@@ -39,7 +43,7 @@ def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) 
     assert (first["layer"], first["stage"], first["previous"]) == (1, "attn_out", "0_mlp_out")
     assert abs(first["output_error"] - 0.05) < 1e-4 and abs(first["input_error"] - 1e-3) < 1e-5
     assert abs(first["added_error"] - (first["output_error"] - first["input_error"])) < 1e-12
-    table = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
+    table = run_main(capsys, "--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
     assert "stages by the error they added" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
 
 
