@@ -123,7 +123,7 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         folder = tmp_path / side
         folder.mkdir()
         for i in range(12):
-            tensor = torch.full((2048, 2048), float(i))  # 16 MiB: each pair takes long enough to kill the server midway
+            tensor = torch.full((1024, 1024), float(i))  # 4 MiB: with one thread each pair takes a while to compare
             if side == "cand" and i == 7:
                 tensor[5, 5] = -1.0
             torch.save(tensor, folder / f"{i}_post_mlp.pth")
@@ -136,11 +136,13 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
             assert services.ingestor.ingest("big", side, [InputFile(p, str(p)) for p in files]).tensors == 12
     finally:
         services.close()
-    server = LiveServer(data, free_port())
+    # short leases: the pairs the killed process had claimed are free again a second after it died, not 30 s
+    env = {"TENSOR_DEBUGGER_CLAIM_SECONDS": "1", "TENSOR_DEBUGGER_WORKERS": "1"}
+    server = LiveServer(data, free_port(), env=env)
     process = server.launch()
     # Watch the database itself, from the moment the process starts: the worker computes as soon as the server is
-    # up, and the first verdict is written at once (later ones at most every 0.1 s), so the kill lands while most
-    # pairs are still pending.
+    # up, and the first verdict is written at once (later ones at most every 0.1 s). The process is stopped the
+    # moment it is seen, so that what it had stored is what it leaves when killed: some pairs done, most pending.
     with sqlite3.connect(data / "metadata.sqlite3", timeout=30) as conn:
         wait_until(
             lambda: (
@@ -151,11 +153,18 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
             timeout=120,
             interval=0.002,
         )
+    os.kill(process.pid, signal.SIGSTOP)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:
         pending = conn.execute("select count(*) from pairs where status = 'pending'").fetchone()[0]
+        claimed = conn.execute("select count(*) from pairs where claimed_by is not null and status = 'pending'")
+        assert claimed.fetchone()[0] > 0, "the killed process held no claim on the pairs it was computing"
+        finished = conn.execute(
+            "select p.id, p.result_id, r.created_at from pairs p join comparison_results r on r.id = p.result_id"
+        ).fetchall()
     assert pending > 0, "the computation finished before it could be killed"
+    assert finished, "the computation was killed before it finished a pair"
     server.start()
     try:
         report = wait_done(server, 1)
@@ -164,3 +173,13 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         assert report["first_divergence"]["argmax"] == [5, 5]
     finally:
         server.stop()
+    with sqlite3.connect(data / "metadata.sqlite3") as conn:
+        # the pairs done before the kill kept their results, not computed again; the others were computed once each
+        for pair_id, result_id, created_at in finished:
+            row = conn.execute(
+                "select p.result_id, r.created_at from pairs p join comparison_results r on r.id = p.result_id "
+                "where p.id = ?",
+                (pair_id,),
+            ).fetchone()
+            assert row == (result_id, created_at)
+        assert conn.execute("select count(*) from comparison_results").fetchone()[0] == 12
