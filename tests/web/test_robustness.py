@@ -3,6 +3,7 @@ process: a zip of zips, a full disk, a server killed mid-upload, two runs racing
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -15,10 +16,11 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from tensor_debugger.cli.main import main
 
 from tests.support.bombs import nested_zip_bomb
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, child_env, cli_command, free_port, run_cli, started_server, upload
+from tests.support.servers import LiveServer, child_env, cli_command, free_port, started_server, upload
 
 
 def staging_left(server: LiveServer) -> list[str]:
@@ -134,14 +136,14 @@ def test_a_running_server_sweeps_what_a_killed_cli_ingest_left(tmp_path: Path, b
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 48 MiB file system of its own: a tmpfs, else a loop device (both need root); skipped when neither mounts."""
+    """A 16 MiB file system of its own: a tmpfs, else a loop device (both need root); skipped when neither mounts."""
     where = tmp_path / "small"
     where.mkdir()
-    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(where)], capture_output=True)
+    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True)
     if tried.returncode != 0:
         image = tmp_path / "small.img"
         with open(image, "wb") as f:
-            f.truncate(48 << 20)
+            f.truncate(16 << 20)
         made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
         looped = made.returncode == 0 and (
             subprocess.run(["mount", "-o", "loop", str(image), str(where)], capture_output=True).returncode == 0
@@ -156,12 +158,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(small_disk: Path, tmp_path: Path) -> None:
+def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(
+    small_disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = started_server(small_disk)
     try:
         rng = np.random.default_rng(1)
-        big = tmp_path / "big.npy"  # 28 MiB that do not compress: staged, then copied into arrays, past 48 MiB
-        np.save(big, rng.standard_normal((7, 1024, 1024), dtype=np.float32))
+        big = tmp_path / "big.npy"  # 12 MiB that do not compress: staged, then copied into arrays, past 16 MiB
+        np.save(big, rng.standard_normal((3, 1024, 1024), dtype=np.float32))
         made = upload(server, "full disk", [("ref", big)])
         assert made.status_code == 507, made.text
         assert "out of disk space" in made.json()["detail"]
@@ -174,7 +178,7 @@ def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(small_di
 
         huge = tmp_path / "huge.pth"  # more than the disk holds: the upload itself runs out
         with open(huge, "wb") as f:
-            f.truncate(64 << 20)
+            f.truncate(24 << 20)
         sent = upload(server, "too big", [("ref", huge)], url=f"/api/sessions/{session['id']}/runs")
         assert sent.status_code == 507, sent.text
         assert "out of disk space writing the upload" in sent.json()["detail"]
@@ -188,14 +192,21 @@ def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(small_di
     finally:
         server.stop()
     cli = small_disk / "cli"  # the command line: exit status 2, the reason, and the run kept as failed
-    dump = tmp_path / "dump"  # 56 MiB of arrays to write
+    dump = tmp_path / "dump"  # 24 MiB of arrays to write
     dump.mkdir()
     for name in ("0_a.npy", "0_b.npy"):
         os.link(big, dump / name)
-    done = run_cli("--data-dir", str(cli), "ingest", "--session", "full", "--run", "ref", str(dump))
-    assert done.returncode == 2 and "out of disk space" in done.stderr, done.stderr
-    listed = run_cli("--data-dir", str(cli), "sessions", "--json")
-    assert [(r["label"], r["status"]) for r in json.loads(listed.stdout)[0]["runs"]] == [("ref", "failed")]
+    # in this process (what it prints and stores is the point here, not its start-up)
+    for name in [k for k in os.environ if k.startswith("TENSOR_DEBUGGER_")]:
+        monkeypatch.delenv(name)
+    try:
+        assert main(["--data-dir", str(cli), "ingest", "--session", "full", "--run", "ref", str(dump)]) == 2
+        assert "out of disk space" in capsys.readouterr().err
+        assert main(["--data-dir", str(cli), "sessions", "--json"]) == 0
+    finally:
+        gc.unfreeze()  # what `main` froze at its start-up
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["label"], r["status"]) for r in listed[0]["runs"]] == [("ref", "failed")]
 
 
 def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works(
