@@ -147,23 +147,23 @@ def test_bad_uploads_get_clear_errors_and_the_server_stays_up(shared_server: Liv
 
 def test_large_upload_streams_past_the_default_body_limit(shared_server: LiveServer, tmp_path: Path) -> None:
     path = tmp_path / "0_big.pth"
-    torch.save(seeded((256, 1024 * 64), 3), path)  # 64 MiB: past Litestar's 10 MB default
+    torch.save(seeded((64, 1024 * 64), 3), path)  # 16 MiB: past Litestar's 10 MB default
     response = upload(shared_server, "big", [("reference", path)])
     assert response.status_code == 201, response.text
-    assert response.json()["session"]["runs"][0]["total_bytes"] == 64 * 1024 * 1024
+    assert response.json()["session"]["runs"][0]["total_bytes"] == 16 * 1024 * 1024
 
 
 def test_uploads_stream_to_disk_not_memory(live_server: LiveServer, tmp_path: Path) -> None:
-    """128 MiB through the upload path (refused afterwards, as not a tensor) must not reach the heap."""
+    """64 MiB through the upload path (refused afterwards, as not a tensor) must not reach the heap."""
     path = tmp_path / "blob.txt"
     with open(path, "wb") as out:
-        out.writelines(bytes([i]) * (1024 * 1024) for i in range(128))
+        out.writelines(bytes([i]) * (1024 * 1024) for i in range(64))
     assert live_server.process is not None
     before = _peak_rss_kib(live_server.process.pid)
     response = upload(live_server, "blob", [("reference", path)])
     assert response.status_code == 422
     grown_mib = (_peak_rss_kib(live_server.process.pid) - before) / 1024
-    assert grown_mib < 16, f"server peak RSS grew {grown_mib:.0f} MiB while receiving a 128 MiB upload"
+    assert grown_mib < 16, f"server peak RSS grew {grown_mib:.0f} MiB while receiving a 64 MiB upload"
 
 
 def _peak_rss_kib(pid: int) -> int:
