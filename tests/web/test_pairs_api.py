@@ -9,7 +9,6 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
@@ -17,6 +16,7 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
+from tests.support import loopback_http as http
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
@@ -45,19 +45,19 @@ def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path:
     first = report["first_divergence"]
     assert (first["name"], first["layer"], first["stage"], first["argmax"]) == ("0_pre_mlp", 0, "pre_mlp", [11, 30])
     assert report["progress"]["failing"] == sum(1 for p in report["pairs"] if p["status"] == "fail")
-    again = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()
+    again = http.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()
     assert again["first_divergence"] == first
-    detail = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
+    detail = http.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
     assert detail["argmax"]["aligned"] == [11, 30] and detail["argmax"]["b"]["index"] == [11, 30]
     assert sum(detail["stats"]["histogram"]) == 16 * 32
-    page = httpx.get(f"{shared_server.url}/pairs/{first['pair_id']}")
+    page = http.get(f"{shared_server.url}/pairs/{first['pair_id']}")
     assert page.status_code == 200 and "0_pre_mlp" in page.text
-    window = httpx.get(
+    window = http.get(
         f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "11,:", "start": "28", "count": "4"}
     ).json()
     assert window["window"] == [{"dim": 1, "start": 28, "count": 4}]
     assert window["diff"][2] == pVal(-0.4)
-    bad = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
+    bad = http.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
     assert bad.status_code == 400 and "out of range" in bad.json()["detail"]
     assert (shared_server.data_dir / "arrays").exists() == (not store_url)  # on S3, no array on local disk
 
@@ -80,10 +80,10 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     # a unique shape pairs these two automatically; unpair, then pair by hand
     shape_pair = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
     assert shape_pair["strategy"] == "shape"
-    assert httpx.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
+    assert http.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
     report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"orphan_reference", "renamed_candidate"}
-    made = httpx.post(
+    made = http.post(
         f"{shared_server.url}/api/sessions/{session_id}/pairs",
         json={"a_name": "orphan_reference", "b_name": "renamed_candidate"},
     )
@@ -98,22 +98,22 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
     assert "last resort" in mystery["alignment"] and mystery["status"] == "fail"
     steps = [{"side": "b", "kind": "permute", "perm": [1, 0], "shape": [4, 6]}]
-    overridden = httpx.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
+    overridden = http.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
     assert overridden.status_code == 200 and overridden.json()["alignment_overridden"]
     report = wait_done(shared_server, session_id)
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
     assert mystery["status"] == "pass" and "permuted [1, 0]" in mystery["alignment"]
-    wrong = httpx.put(
+    wrong = http.put(
         f"{shared_server.url}/api/pairs/{mystery['id']}/alignment",
         json={"steps": [{"side": "b", "kind": "permute", "perm": [0, 0]}]},
     )
     assert wrong.status_code == 400
     # tolerances: loose enough and the planted difference passes; verdicts follow
-    patched = httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
+    patched = http.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
     assert patched.status_code == 200 and patched.json()["tolerances"] == {"rtol": None, "atol": 0.5, "ulp": None}
     report = wait_done(shared_server, session_id)
     assert report["first_divergence"] is None and {p["status"] for p in report["pairs"]} == {"pass"}
-    httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
+    http.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
     report = wait_done(shared_server, session_id)
     assert report["first_divergence"]["name"] == "0_pre_mlp"
 

@@ -13,11 +13,11 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from tensor_debugger.cli.main import main
 
+from tests.support import loopback_http as http
 from tests.support.bombs import nested_zip_bomb
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, child_env, cli_command, free_port, started_server, upload
@@ -36,7 +36,7 @@ def test_zip_of_zips_is_refused_within_seconds(shared_server: LiveServer, tmp_pa
     assert [p["file"] for p in problems] == [f"bomb.zip/inner{i}.zip" for i in range(8)]
     assert all("TENSOR_DEBUGGER_MAX_EXPANSION_RATIO" in p["reason"] for p in problems)
     wait_until(lambda: staging_left(shared_server) == [], what="staging to be emptied", timeout=10)
-    assert httpx.get(shared_server.url + "/api/sessions").status_code == 200
+    assert http.get(shared_server.url + "/api/sessions").status_code == 200
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +75,7 @@ def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, bi
         sock = stalled_upload(server, "stalled.pth", 4 << 20)
         wait_until(lambda: folders(server, "upload"), what="the stalled upload's staging folder", timeout=30)
         with open(big_tar, "rb") as f:
-            sent = httpx.post(
+            sent = http.post(
                 server.url + "/api/sessions",
                 params={"wait": "false"},
                 data={"name": "killed mid-ingest"},
@@ -94,7 +94,7 @@ def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, bi
         assert staging_left(server) == []
         # The half-ingested run and its session are gone; only an ingest that had committed every tensor before
         # the kill (a fast machine, between the poll and the signal) may stay, and then complete.
-        left = httpx.get(server.url + "/api/sessions").json()
+        left = http.get(server.url + "/api/sessions").json()
         assert left == [] or [(r["status"], r["tensors"]) for r in left[0]["runs"]] == [("ready", 1)], left
     finally:
         server.stop()
@@ -126,7 +126,7 @@ def test_a_running_server_sweeps_what_a_killed_cli_ingest_left(tmp_path: Path, b
         assert folders(server, "ingest")
         wait_until(lambda: staging_left(server) == [], what="the sweep to remove the CLI's staging", timeout=30)
         wait_until(
-            lambda: httpx.get(server.url + "/api/sessions").json() == [],
+            lambda: http.get(server.url + "/api/sessions").json() == [],
             what="the sweep to remove the CLI's half-ingested run",
             timeout=30,
         )
@@ -169,10 +169,10 @@ def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(
         made = upload(server, "full disk", [("ref", big)])
         assert made.status_code == 507, made.text
         assert "out of disk space" in made.json()["detail"]
-        [session] = httpx.get(server.url + "/api/sessions").json()
+        [session] = http.get(server.url + "/api/sessions").json()
         [run] = session["runs"]
         assert (run["label"], run["status"]) == ("ref", "failed")
-        detail = httpx.get(f"{server.url}/api/sessions/{session['id']}").json()
+        detail = http.get(f"{server.url}/api/sessions/{session['id']}").json()
         assert any("out of disk space" in p["reason"] for p in detail["runs"][0]["problems"]), detail
         assert staging_left(server) == []
 
@@ -188,7 +188,7 @@ def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(
         np.save(small, rng.standard_normal((4, 4), dtype=np.float32))
         added = upload(server, "", [("cand", small)], url=f"/api/sessions/{session['id']}/runs")
         assert added.status_code == 201, added.text
-        assert httpx.get(f"{server.url}/sessions/{session['id']}").status_code == 200
+        assert http.get(f"{server.url}/sessions/{session['id']}").status_code == 200
     finally:
         server.stop()
     cli = small_disk / "cli"  # the command line: exit status 2, the reason, and the run kept as failed
@@ -213,11 +213,11 @@ def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works
     shared_server: LiveServer, tmp_path: Path, big_tar: Path
 ) -> None:
     for _ in range(5):  # a fast machine may finish the ingest before the child is caught: then upload again
-        made = httpx.post(shared_server.url + "/api/sessions", json={"name": "child killed"})
+        made = http.post(shared_server.url + "/api/sessions", json={"name": "child killed"})
         session_id = made.json()["id"]
         runs_url = f"{shared_server.url}/api/sessions/{session_id}/runs"
         with open(big_tar, "rb") as f:
-            sent = httpx.post(
+            sent = http.post(
                 runs_url, params={"label": "big", "wait": "false"}, files=[("r", ("big.tar", f))], timeout=120
             )
         assert sent.status_code == 202, sent.text
@@ -227,14 +227,14 @@ def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works
         child = int(folder.name.split("-")[2].split(".")[0])  # the folder is named for the process that ingests
         assert shared_server.process is not None and child != shared_server.process.pid
         os.kill(child, signal.SIGSTOP)  # frozen: what the run's row says now is what it will say when killed
-        status = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"][0]["status"]
+        status = http.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"][0]["status"]
         os.kill(child, signal.SIGKILL)
         if status == "ingesting":
             break
     else:
         pytest.fail("every ingest was done before its child could be stopped")
     runs = wait_until(
-        lambda: httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"],
+        lambda: http.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"],
         until=lambda runs: runs[0]["status"] != "ingesting",
         what="the run to end",
         timeout=60,
