@@ -7,9 +7,9 @@ import json
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import loopback_http as http
 from tests.support.dumps import named_dump
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer, free_port, run_cli
 
@@ -31,8 +31,8 @@ def test_no_auth_serves_beyond_loopback_with_a_warning(tmp_path: Path) -> None:
     (tmp_path / "data").mkdir()
     server = LiveServer(tmp_path / "data", free_port(), args=("--host", "0.0.0.0", "--no-auth")).start()
     try:
-        assert httpx.get(server.url + "/api/sessions").status_code == 200  # no token asked
-        assert httpx.get(server.url + "/login").status_code == 404  # and no login page
+        assert http.get(server.url + "/api/sessions").status_code == 200  # no token asked
+        assert http.get(server.url + "/login").status_code == 404  # and no login page
     finally:
         server.stop()
     log = server.log.read_text()
@@ -51,7 +51,7 @@ def test_ingest_and_sessions_through_a_server_with_its_token(token_server: LiveS
     sent = run_cli(*args, "--server", token_server.url, "--token", WRITE_TOKEN)
     assert sent.returncode == 0, sent.stderr
     payload = json.loads(sent.stdout)
-    session = httpx.get(f"{token_server.url}/api/sessions/{payload['session']['id']}", headers=bearer(READ_TOKEN))
+    session = http.get(f"{token_server.url}/api/sessions/{payload['session']['id']}", headers=bearer(READ_TOKEN))
     assert session.json()["name"] == "cli over http"
     assert [r["id"] for r in session.json()["runs"]] == [payload["run"]["id"]]
 

@@ -7,12 +7,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
+from tests.support import loopback_http as http
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
@@ -29,12 +29,12 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
 
 def snapshot(server: LiveServer) -> dict[str, Any]:
     """Everything the API says about every session, run and tensor."""
-    sessions = httpx.get(server.url + "/api/sessions").json()
+    sessions = http.get(server.url + "/api/sessions").json()
     full: dict[str, Any] = {"sessions": sessions, "detail": {}, "tensors": {}}
     for s in sessions:
-        full["detail"][s["id"]] = httpx.get(f"{server.url}/api/sessions/{s['id']}").json()
+        full["detail"][s["id"]] = http.get(f"{server.url}/api/sessions/{s['id']}").json()
         for r in s["runs"]:
-            full["tensors"][r["id"]] = httpx.get(f"{server.url}/api/runs/{r['id']}/tensors").json()
+            full["tensors"][r["id"]] = http.get(f"{server.url}/api/runs/{r['id']}/tensors").json()
     return full
 
 
@@ -58,7 +58,7 @@ def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_pa
     assert session["runs"][1]["problems"] == [
         {"file": "notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}
     ]
-    tensors = httpx.get(f"{shared_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()
+    tensors = http.get(f"{shared_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()
     planted = next(t for t in tensors if t["name"] == "1_post_attn")
     assert (planted["layer"], planted["stage"], planted["shape"], planted["dtype"]) == (
         1,
@@ -66,11 +66,11 @@ def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_pa
         [16, 32],
         "float32",
     )
-    detail = httpx.get(f"{shared_server.url}/api/tensors/{planted['id']}").json()
+    detail = http.get(f"{shared_server.url}/api/tensors/{planted['id']}").json()
     assert detail == planted
     reference_tensor = next(
         t
-        for t in httpx.get(f"{shared_server.url}/api/runs/{session['runs'][0]['id']}/tensors").json()
+        for t in http.get(f"{shared_server.url}/api/runs/{session['runs'][0]['id']}/tensors").json()
         if t["name"] == "1_post_attn"
     )
     assert detail["digest"] != reference_tensor["digest"]
@@ -86,26 +86,26 @@ def test_list_search_rename_delete(shared_server: LiveServer, tmp_path: Path) ->
     second = upload(shared_server, "api list: Beta run", [("reference", candidate)]).json()["session"]
 
     def listed(q: str) -> list[str]:
-        return [s["name"] for s in httpx.get(shared_server.url + "/api/sessions", params={"q": q}).json()]
+        return [s["name"] for s in http.get(shared_server.url + "/api/sessions", params={"q": q}).json()]
 
     assert listed("API LIST:") == ["api list: Beta run", "api list: alpha run"]  # newest first
     assert listed("api list: BETA") == ["api list: Beta run"]
-    renamed = httpx.patch(
+    renamed = http.patch(
         f"{shared_server.url}/api/sessions/{first['id']}", json={"name": "api list: gamma", "notes": "n"}
     )
     assert renamed.status_code == 200 and renamed.json()["name"] == "api list: gamma" and renamed.json()["notes"] == "n"
-    clash = httpx.patch(f"{shared_server.url}/api/sessions/{first['id']}", json={"name": "api list: Beta run"})
+    clash = http.patch(f"{shared_server.url}/api/sessions/{first['id']}", json={"name": "api list: Beta run"})
     assert clash.status_code == 409 and "exists already" in clash.json()["detail"]
     arrays = shared_server.data_dir / "arrays" / "runs" / str(second["runs"][0]["id"])
     assert arrays.exists()
-    assert httpx.delete(f"{shared_server.url}/api/sessions/{second['id']}").status_code == 204
+    assert http.delete(f"{shared_server.url}/api/sessions/{second['id']}").status_code == 204
     assert not arrays.exists()
-    assert httpx.get(f"{shared_server.url}/api/sessions/{second['id']}").status_code == 404
+    assert http.get(f"{shared_server.url}/api/sessions/{second['id']}").status_code == 404
     assert listed("api list:") == ["api list: gamma"]
 
 
 def test_empty_session_then_add_runs(shared_server: LiveServer, tmp_path: Path) -> None:
-    created = httpx.post(shared_server.url + "/api/sessions", json={"name": "later"})
+    created = http.post(shared_server.url + "/api/sessions", json={"name": "later"})
     assert created.status_code == 201
     session_id = created.json()["id"]
     path = tmp_path / "0_query.npy"
@@ -131,15 +131,15 @@ def test_bad_uploads_get_clear_errors_and_the_server_stays_up(shared_server: Liv
     problems = {p["file"]: p["reason"] for run in body["runs"] for p in run["problems"]}
     assert "escape the archive" in problems["evil.zip"]
     assert "not a readable PyTorch file" in problems["garbage.pth"]
-    assert "api: bad uploads" not in {s["name"] for s in httpx.get(shared_server.url + "/api/sessions").json()}
+    assert "api: bad uploads" not in {s["name"] for s in http.get(shared_server.url + "/api/sessions").json()}
     assert not (tmp_path.parent / "escape.pth").exists()
-    malformed = httpx.post(
+    malformed = http.post(
         shared_server.url + "/api/sessions",
         content=b"--x\r\nnonsense",
         headers={"content-type": "multipart/form-data; boundary=x"},
     )
     assert malformed.status_code == 400
-    assert httpx.get(shared_server.url + "/api/sessions/12345").status_code == 404
+    assert http.get(shared_server.url + "/api/sessions/12345").status_code == 404
     assert shared_server.alive()
     staging = shared_server.data_dir / "staging"
     assert not staging.exists() or list(staging.iterdir()) == []
@@ -147,23 +147,23 @@ def test_bad_uploads_get_clear_errors_and_the_server_stays_up(shared_server: Liv
 
 def test_large_upload_streams_past_the_default_body_limit(shared_server: LiveServer, tmp_path: Path) -> None:
     path = tmp_path / "0_big.pth"
-    torch.save(seeded((256, 1024 * 64), 3), path)  # 64 MiB: past Litestar's 10 MB default
+    torch.save(seeded((64, 1024 * 64), 3), path)  # 16 MiB: past Litestar's 10 MB default
     response = upload(shared_server, "big", [("reference", path)])
     assert response.status_code == 201, response.text
-    assert response.json()["session"]["runs"][0]["total_bytes"] == 64 * 1024 * 1024
+    assert response.json()["session"]["runs"][0]["total_bytes"] == 16 * 1024 * 1024
 
 
 def test_uploads_stream_to_disk_not_memory(live_server: LiveServer, tmp_path: Path) -> None:
-    """128 MiB through the upload path (refused afterwards, as not a tensor) must not reach the heap."""
+    """64 MiB through the upload path (refused afterwards, as not a tensor) must not reach the heap."""
     path = tmp_path / "blob.txt"
     with open(path, "wb") as out:
-        out.writelines(bytes([i]) * (1024 * 1024) for i in range(128))
+        out.writelines(bytes([i]) * (1024 * 1024) for i in range(64))
     assert live_server.process is not None
     before = _peak_rss_kib(live_server.process.pid)
     response = upload(live_server, "blob", [("reference", path)])
     assert response.status_code == 422
     grown_mib = (_peak_rss_kib(live_server.process.pid) - before) / 1024
-    assert grown_mib < 16, f"server peak RSS grew {grown_mib:.0f} MiB while receiving a 128 MiB upload"
+    assert grown_mib < 16, f"server peak RSS grew {grown_mib:.0f} MiB while receiving a 64 MiB upload"
 
 
 def _peak_rss_kib(pid: int) -> int:
@@ -176,7 +176,7 @@ def _peak_rss_kib(pid: int) -> int:
 def test_restart_finds_everything_unchanged(live_server: LiveServer, tmp_path: Path) -> None:
     reference, candidate = two_runs(tmp_path)
     assert upload(live_server, "persist", [("reference", reference), ("candidate", candidate)]).status_code == 201
-    httpx.post(live_server.url + "/api/sessions", json={"name": "empty one", "notes": "kept too"})
+    http.post(live_server.url + "/api/sessions", json={"name": "empty one", "notes": "kept too"})
     before = snapshot(live_server)
     live_server.stop()
     live_server.start()
@@ -185,7 +185,7 @@ def test_restart_finds_everything_unchanged(live_server: LiveServer, tmp_path: P
 
 
 def test_openapi_lists_the_api(shared_server: LiveServer) -> None:
-    schema = httpx.get(shared_server.url + "/schema/openapi.json").json()
+    schema = http.get(shared_server.url + "/schema/openapi.json").json()
     assert {
         "/api/sessions",
         "/api/sessions/{session_id}",
@@ -198,7 +198,7 @@ def test_openapi_lists_the_api(shared_server: LiveServer) -> None:
 def poll_progress(server: LiveServer, url: str, timeout: float = 120) -> dict[str, Any]:
     """GET the progress until everything is done (ingest, planning, comparisons); the last answer."""
     progress: dict[str, Any] = wait_until(
-        lambda: httpx.get(server.url + url, timeout=30).json(),
+        lambda: http.get(server.url + url, timeout=30).json(),
         until=lambda p: p["stage"] == "done",
         what=f"{url} to say stage 'done'",
         timeout=timeout,
@@ -232,9 +232,9 @@ def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(
     ]
     assert progress["pairs"] == {"total": 26, "done": 26, "pending": 0, "failing": progress["pairs"]["failing"]}
     assert progress["pairs"]["failing"] > 0
-    run = httpx.get(f"{shared_server.url}/api/runs/{body['runs'][1]['run_id']}").json()
+    run = http.get(f"{shared_server.url}/api/runs/{body['runs'][1]['run_id']}").json()
     assert (run["status"], run["tensors"], run["ingest"]) == ("ready", 26, None)
-    first = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()["first_divergence"]
+    first = http.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()["first_divergence"]
     assert (first["name"], first["argmax"]) == ("1_post_attn", [3, 4])
     staging = shared_server.data_dir / "staging"
     assert not staging.exists() or list(staging.iterdir()) == []  # the uploaded files are gone once ingested
@@ -262,14 +262,14 @@ def test_a_background_ingest_that_finds_nothing_says_why(shared_server: LiveServ
         ("candidate", "ready", 0),
     ]
     assert progress["pairs"]["total"] == 0
-    session = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()
+    session = http.get(f"{shared_server.url}/api/sessions/{session_id}").json()
     reasons = {p["file"]: p["reason"] for p in session["runs"][0]["problems"]}
     assert set(reasons) == {"weights.pth", "notes.txt"}
     assert "not a readable PyTorch file" in reasons["weights.pth"]
     assert "unknown extension '.txt'" in reasons["notes.txt"]
     assert not (shared_server.data_dir / "arrays" / "runs" / str(session["runs"][0]["id"])).exists()
 
-    page = httpx.get(f"{shared_server.url}/sessions/{session_id}").text
+    page = http.get(f"{shared_server.url}/sessions/{session_id}").text
     assert "The reference run “reference” could not be ingested" in page
     assert "No tensors found in weights.pth, notes.txt" in page
     assert "<strong>weights.pth</strong>: not a readable PyTorch file" in page
@@ -278,7 +278,7 @@ def test_a_background_ingest_that_finds_nothing_says_why(shared_server: LiveServ
     reference, _ = two_runs(tmp_path / "again")
     again = upload(shared_server, "", [("reference", reference)], url=f"/api/sessions/{session_id}/runs")
     assert again.status_code == 201, again.text
-    runs = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"]
+    runs = http.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"]
     assert [(r["label"], r["role"], r["status"], r["problems"]) for r in runs] == [
         ("reference", "reference", "ready", []),
         ("candidate", "candidate", "ready", []),

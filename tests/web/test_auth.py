@@ -17,6 +17,7 @@ from tensor_debugger.web.auth import COOKIE_NAME, LOGIN_PATH, LOGOUT_PATH
 from tensor_debugger.web.security import UNSAFE_METHODS
 from tensor_debugger.web.sign_in_limits import FAILURES, WINDOW_SECONDS
 
+from tests.support import loopback_http as http
 from tests.support.dumps import named_dump
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer, wait_done
 
@@ -79,28 +80,28 @@ def test_the_api_answers_only_the_bearer_of_a_token(
     basic, empty = {"authorization": f"Basic {WRITE_TOKEN}"}, {"authorization": "Bearer"}
     wrong: list[dict[str, str]] = [{}, bearer("not-the-token-0123456789"), basic, empty]
     for headers in wrong:
-        refused = httpx.get(url, headers=headers)
+        refused = http.get(url, headers=headers)
         assert refused.status_code == 401, (headers, refused.text)
         assert refused.headers["www-authenticate"].startswith("Bearer")
         assert "name" not in refused.json()  # nothing of the session
     for token in (WRITE_TOKEN, READ_TOKEN):
-        assert httpx.get(url, headers=bearer(token)).json()["name"] == "auth seeded"
+        assert http.get(url, headers=bearer(token)).json()["name"] == "auth seeded"
     # every kind of read, to the read token: pages, the API, slices and exports, on every route that reads
     ids = {"session_id": seeded["session"], "pair_id": seeded["pair"], "run_id": seeded["run"], "tensor_id": 1}
     reads = [fill(path, ids) for method, path in routes if method == "GET" and not path.startswith("/static")]
     assert len(reads) >= 20 and f"/api/pairs/{seeded['pair']}/slice" in reads
     for path in reads:
-        answer = httpx.get(token_server.url + path, headers=bearer(READ_TOKEN))
+        answer = http.get(token_server.url + path, headers=bearer(READ_TOKEN))
         assert answer.status_code not in (401, 403) and answer.status_code < 500, (path, answer.text[:300])
-        assert httpx.get(token_server.url + path).status_code == 401, path
+        assert http.get(token_server.url + path).status_code == 401, path
     window = {"index": ":,:", "start": "0,0", "count": "4,4"}
     url = f"{token_server.url}/api/pairs/{seeded['pair']}/slice"
-    slice_ = httpx.get(url, params=window, headers=bearer(READ_TOKEN))
+    slice_ = http.get(url, params=window, headers=bearer(READ_TOKEN))
     assert slice_.status_code == 200 and slice_.json(), slice_.text
     # what the login page needs stays open; nothing else does
-    assert httpx.get(token_server.url + "/static/app.css").status_code == 200
-    assert httpx.get(token_server.url + "/login").status_code == 200
-    assert httpx.get(token_server.url + "/schema").status_code == 401
+    assert http.get(token_server.url + "/static/app.css").status_code == 200
+    assert http.get(token_server.url + "/login").status_code == 200
+    assert http.get(token_server.url + "/schema").status_code == 401
 
 
 def test_a_browser_signs_in_and_out_with_a_session_cookie(token_server: LiveServer, seeded: dict[str, Any]) -> None:
@@ -193,20 +194,20 @@ def test_the_read_token_changes_nothing_on_any_route(
             html = browser.get(page).text
             assert post_actions(html) == ["/logout"], page
             assert "read-only" in html and "data-reorder" not in html
-            assert post_actions(httpx.get(token_server.url + page, headers=bearer(READ_TOKEN)).text) == []
+            assert post_actions(http.get(token_server.url + page, headers=bearer(READ_TOKEN)).text) == []
         assert browser.post("/logout", data={"csrf_token": form_token}).status_code == 303  # signing out is allowed
 
-    session = httpx.get(f"{token_server.url}/api/sessions/{seeded['session']}", headers=bearer(WRITE_TOKEN)).json()
+    session = http.get(f"{token_server.url}/api/sessions/{seeded['session']}", headers=bearer(WRITE_TOKEN)).json()
     assert session["name"] == "auth seeded" and len(session["runs"]) == 2  # nothing changed
-    write_page = httpx.get(f"{token_server.url}/sessions/{seeded['session']}", headers=bearer(WRITE_TOKEN)).text
+    write_page = http.get(f"{token_server.url}/sessions/{seeded['session']}", headers=bearer(WRITE_TOKEN)).text
     assert len(post_actions(write_page)) >= 3 and "read-only" not in write_page
 
 
 def test_the_token_changes_things(token_server: LiveServer) -> None:
-    created = httpx.post(f"{token_server.url}/api/sessions", json={"name": "auth made"}, headers=bearer(WRITE_TOKEN))
+    created = http.post(f"{token_server.url}/api/sessions", json={"name": "auth made"}, headers=bearer(WRITE_TOKEN))
     assert created.status_code == 201, created.text
     session_id = created.json().get("session", created.json())["id"]
-    gone = httpx.delete(f"{token_server.url}/api/sessions/{session_id}", headers=bearer(WRITE_TOKEN))
+    gone = http.delete(f"{token_server.url}/api/sessions/{session_id}", headers=bearer(WRITE_TOKEN))
     assert gone.status_code == 204
 
 
@@ -251,14 +252,14 @@ def test_wrong_tokens_from_one_address_are_slowed_down(token_server: LiveServer)
         for guess in range(FAILURES - 2):
             assert browser.post("/login", data={**form, "token": f"guess-{guess}"}).status_code == 401
         for guess in range(2):
-            assert httpx.get(api, headers={**guesser, **bearer(f"guess-{guess}")}).status_code == 401
+            assert http.get(api, headers={**guesser, **bearer(f"guess-{guess}")}).status_code == 401
 
         signed = browser.post("/login", data={**form, "token": WRITE_TOKEN})
         assert signed.status_code == 429, signed.text
         assert 1 <= int(signed.headers["retry-after"]) <= WINDOW_SECONDS
         assert "Too many wrong tokens from this address: try again in" in signed.text
         assert COOKIE_NAME not in browser.cookies
-        refused = httpx.get(api, headers={**guesser, **bearer(WRITE_TOKEN)})
+        refused = http.get(api, headers={**guesser, **bearer(WRITE_TOKEN)})
         assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= WINDOW_SECONDS
         assert refused.json()["detail"].startswith("too many wrong tokens from this address")
-    assert httpx.get(api, headers={**neighbour, **bearer(WRITE_TOKEN)}).status_code == 200
+    assert http.get(api, headers={**neighbour, **bearer(WRITE_TOKEN)}).status_code == 200

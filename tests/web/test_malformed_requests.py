@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support import loopback_http as http
 from tests.support.servers import LiveServer
 
 INT64_MAX = 2**63 - 1
@@ -47,11 +48,11 @@ def refusal(response: httpx.Response, status: int, *words: str) -> str:
 
 def send_json(method: str, url: str, body: Any) -> httpx.Response:
     """`body` as JSON, whatever it is (`None` too: httpx's json= would send no body for it)."""
-    return httpx.request(method, url, content=json.dumps(body), headers={"content-type": "application/json"})
+    return http.request(method, url, content=json.dumps(body), headers={"content-type": "application/json"})
 
 
 def new_session(server: LiveServer, **fields: Any) -> dict[str, Any]:
-    response = httpx.post(f"{server.url}/api/sessions", json={"name": f"malformed {uuid.uuid4().hex}", **fields})
+    response = http.post(f"{server.url}/api/sessions", json={"name": f"malformed {uuid.uuid4().hex}", **fields})
     assert response.status_code == 201, response.text
     session: dict[str, Any] = response.json()
     return session
@@ -107,7 +108,7 @@ def test_a_session_patch_of_the_wrong_shape_is_400_and_changes_nothing(
     session = new_session(shared_server)
     url = f"{shared_server.url}/api/sessions/{session['id']}"
     refusal(send_json("PATCH", url, body), 400, reason)
-    assert httpx.get(url).json()["name"] == session["name"]
+    assert http.get(url).json()["name"] == session["name"]
 
 
 def test_names_take_at_most_200_characters_and_notes_64_ki(shared_server: LiveServer) -> None:
@@ -115,15 +116,15 @@ def test_names_take_at_most_200_characters_and_notes_64_ki(shared_server: LiveSe
     longest = (stem * 10)[:200]
     assert new_session(shared_server, name=longest, notes="n" * 65536)["name"] == longest
     url = f"{shared_server.url}/api/sessions"
-    refusal(httpx.post(url, json={"name": longest + "x"}), 400, "200")
-    refusal(httpx.post(url, json={"name": f"{stem} notes", "notes": "n" * 65537}), 400, "65536")
+    refusal(http.post(url, json={"name": longest + "x"}), 400, "200")
+    refusal(http.post(url, json={"name": f"{stem} notes", "notes": "n" * 65537}), 400, "65536")
     session = new_session(shared_server)
     one = f"{url}/{session['id']}"
-    refusal(httpx.patch(one, json={"name": "y" * 201}), 400, "200")
-    refusal(httpx.patch(one, json={"notes": "é" * 65537}), 400, "65536")
-    refusal(httpx.patch(one, json={"name": "   "}), 400)
-    refusal(httpx.patch(one, json={"name": "tab\there"}), 400)
-    assert httpx.get(one).json()["notes"] == ""
+    refusal(http.patch(one, json={"name": "y" * 201}), 400, "200")
+    refusal(http.patch(one, json={"notes": "é" * 65537}), 400, "65536")
+    refusal(http.patch(one, json={"name": "   "}), 400)
+    refusal(http.patch(one, json={"name": "tab\there"}), 400)
+    assert http.get(one).json()["notes"] == ""
 
 
 @pytest.mark.parametrize(
@@ -140,9 +141,9 @@ def test_names_take_at_most_200_characters_and_notes_64_ki(shared_server: LiveSe
 def test_json_nested_5000_deep_is_400(shared_server: LiveServer, method: str, path: str) -> None:
     session = new_session(shared_server)
     url = shared_server.url + path.format(id=session["id"])
-    response = httpx.request(method, url, content=DEEP, headers={"content-type": "application/json"})
+    response = http.request(method, url, content=DEEP, headers={"content-type": "application/json"})
     refusal(response, 400, "more than 32 deep")
-    assert httpx.get(f"{shared_server.url}/api/sessions/{session['id']}").status_code == 200  # and the server is up
+    assert http.get(f"{shared_server.url}/api/sessions/{session['id']}").status_code == 200  # and the server is up
 
 
 def test_a_pairing_file_nested_too_deep_is_refused_on_the_page(shared_server: LiveServer) -> None:
@@ -161,22 +162,22 @@ def test_a_pairing_file_nested_too_deep_is_refused_on_the_page(shared_server: Li
 def test_json_bodies_past_their_size_are_413(shared_server: LiveServer) -> None:
     session = new_session(shared_server)
     big = {"name": "big", "notes": "x" * (1024 * 1024)}
-    refusal(httpx.post(f"{shared_server.url}/api/sessions", json=big), 413, "1048576 bytes")
-    refusal(httpx.patch(f"{shared_server.url}/api/sessions/{session['id']}", json=big), 413, "1048576 bytes")
+    refusal(http.post(f"{shared_server.url}/api/sessions", json=big), 413, "1048576 bytes")
+    refusal(http.patch(f"{shared_server.url}/api/sessions/{session['id']}", json=big), 413, "1048576 bytes")
 
 
 def test_multipart_bodies_are_checked_like_json_ones(shared_server: LiveServer) -> None:
     url = f"{shared_server.url}/api/sessions"
     files = {"reference": ("a.npy", b"not really", "application/octet-stream")}
-    refusal(httpx.post(url, data={"name": "n" * 201}, files=files), 400, "200")
-    refusal(httpx.post(url, data={"name": "ok", "notes": "x" * 70000}, files=files), 400, "too long")
-    refusal(httpx.post(url, content=b"--x\r\nnonsense", headers={"content-type": "multipart/form-data"}), 400)
+    refusal(http.post(url, data={"name": "n" * 201}, files=files), 400, "200")
+    refusal(http.post(url, data={"name": "ok", "notes": "x" * 70000}, files=files), 400, "too long")
+    refusal(http.post(url, content=b"--x\r\nnonsense", headers={"content-type": "multipart/form-data"}), 400)
     refusal(
-        httpx.post(url, content=b"--x\r\nnonsense", headers={"content-type": "multipart/form-data; boundary=x"}),
+        http.post(url, content=b"--x\r\nnonsense", headers={"content-type": "multipart/form-data; boundary=x"}),
         400,
         "malformed multipart",
     )
-    refusal(httpx.post(url, content=b"name=x", headers={"content-type": "text/plain"}), 400, "multipart")
+    refusal(http.post(url, content=b"name=x", headers={"content-type": "text/plain"}), 400, "multipart")
 
 
 def form_token(client: httpx.Client) -> str:
@@ -215,6 +216,6 @@ def form_headers() -> dict[str, str]:
 def test_a_method_the_route_does_not_take_is_405_with_allow(
     shared_server: LiveServer, method: str, path: str, allowed: set[str]
 ) -> None:
-    response = httpx.request(method, shared_server.url + path)
+    response = http.request(method, shared_server.url + path)
     refusal(response, 405)
     assert allowed <= {m.strip() for m in response.headers["allow"].split(",")}

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 
+from tests.support import loopback_http as http
 from tests.support.dumps import make_zip
 from tests.support.dumps import named_dump as dump
 from tests.support.servers import LiveServer, upload
@@ -96,7 +96,7 @@ def test_pairing_file_through_the_api(shared_server: LiveServer, tmp_path: Path)
     response = upload(shared_server, "pairing api", [("reference", a), ("candidate", b)])
     assert response.status_code == 201, response.text
     url = f"{shared_server.url}/api/sessions/{response.json()['session']['id']}/pairing"
-    exported = httpx.get(url).json()
+    exported = http.get(url).json()
     assert exported["strategies"] is None and exported["name_pattern"] is None
     assert {(p["a"], p["b"]) for p in exported["pairs"]} == {
         ("L0_attention_out", "L0_attn_out"),
@@ -105,7 +105,7 @@ def test_pairing_file_through_the_api(shared_server: LiveServer, tmp_path: Path)
         ("lonely", "alone"),
     }
     assert exported["unpaired"] == []
-    changed = httpx.put(
+    changed = http.put(
         url,
         json={"strategies": ["layer_stage", "name"], "name_pattern": r"L(?P<layer>\d+)_(?P<stage>\w+)", "pairs": []},
     ).json()
@@ -116,14 +116,14 @@ def test_pairing_file_through_the_api(shared_server: LiveServer, tmp_path: Path)
         for u in [{"a": "L0_attention_out"}, {"a": "lonely"}, {"b": "L0_attn_out"}, {"b": "alone"}]
     }
     # what was exported comes back: its pairs are manual now
-    again = httpx.put(url, json=exported).json()
+    again = http.put(url, json=exported).json()
     assert {(p["a"], p["b"]) for p in again["pairs"]} == {(p["a"], p["b"]) for p in exported["pairs"]}
-    pairs = httpx.get(url.replace("/pairing", "/pairs")).json()["pairs"]
+    pairs = http.get(url.replace("/pairing", "/pairs")).json()["pairs"]
     assert {p["strategy"] for p in pairs} == {"manual"}
     for body, words in [
         ({"name_pattern": "L(?P<layer>"}, "not a regular expression"),
         ({"strategies": ["shape", "nope"]}, "unknown pairing strategy 'nope'"),
         ({"pears": []}, "no key 'pears'"),
     ]:
-        bad = httpx.put(url, json=body)
+        bad = http.put(url, json=body)
         assert bad.status_code == 400 and words in bad.json()["detail"], bad.text

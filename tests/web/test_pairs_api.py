@@ -9,7 +9,6 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 from tensor_debugger.demo.synthetic import Plant, write_dump
@@ -17,6 +16,7 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
+from tests.support import loopback_http as http
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
@@ -45,19 +45,19 @@ def test_first_divergence_detail_and_slices(shared_server: LiveServer, tmp_path:
     first = report["first_divergence"]
     assert (first["name"], first["layer"], first["stage"], first["argmax"]) == ("0_pre_mlp", 0, "pre_mlp", [11, 30])
     assert report["progress"]["failing"] == sum(1 for p in report["pairs"] if p["status"] == "fail")
-    again = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()
+    again = http.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()
     assert again["first_divergence"] == first
-    detail = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
+    detail = http.get(f"{shared_server.url}/api/pairs/{first['pair_id']}").json()
     assert detail["argmax"]["aligned"] == [11, 30] and detail["argmax"]["b"]["index"] == [11, 30]
     assert sum(detail["stats"]["histogram"]) == 16 * 32
-    page = httpx.get(f"{shared_server.url}/pairs/{first['pair_id']}")
+    page = http.get(f"{shared_server.url}/pairs/{first['pair_id']}")
     assert page.status_code == 200 and "0_pre_mlp" in page.text
-    window = httpx.get(
+    window = http.get(
         f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "11,:", "start": "28", "count": "4"}
     ).json()
     assert window["window"] == [{"dim": 1, "start": 28, "count": 4}]
     assert window["diff"][2] == pVal(-0.4)
-    bad = httpx.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
+    bad = http.get(f"{shared_server.url}/api/pairs/{first['pair_id']}/slice", params={"index": "99,:"})
     assert bad.status_code == 400 and "out of range" in bad.json()["detail"]
     assert (shared_server.data_dir / "arrays").exists() == (not store_url)  # on S3, no array on local disk
 
@@ -80,10 +80,10 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     # a unique shape pairs these two automatically; unpair, then pair by hand
     shape_pair = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
     assert shape_pair["strategy"] == "shape"
-    assert httpx.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
+    assert http.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
     report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"orphan_reference", "renamed_candidate"}
-    made = httpx.post(
+    made = http.post(
         f"{shared_server.url}/api/sessions/{session_id}/pairs",
         json={"a_name": "orphan_reference", "b_name": "renamed_candidate"},
     )
@@ -98,22 +98,22 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
     assert "last resort" in mystery["alignment"] and mystery["status"] == "fail"
     steps = [{"side": "b", "kind": "permute", "perm": [1, 0], "shape": [4, 6]}]
-    overridden = httpx.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
+    overridden = http.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
     assert overridden.status_code == 200 and overridden.json()["alignment_overridden"]
     report = wait_done(shared_server, session_id)
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
     assert mystery["status"] == "pass" and "permuted [1, 0]" in mystery["alignment"]
-    wrong = httpx.put(
+    wrong = http.put(
         f"{shared_server.url}/api/pairs/{mystery['id']}/alignment",
         json={"steps": [{"side": "b", "kind": "permute", "perm": [0, 0]}]},
     )
     assert wrong.status_code == 400
     # tolerances: loose enough and the planted difference passes; verdicts follow
-    patched = httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
+    patched = http.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"atol": 0.5})
     assert patched.status_code == 200 and patched.json()["tolerances"] == {"rtol": None, "atol": 0.5, "ulp": None}
     report = wait_done(shared_server, session_id)
     assert report["first_divergence"] is None and {p["status"] for p in report["pairs"]} == {"pass"}
-    httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
+    http.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"default_tolerances": True})
     report = wait_done(shared_server, session_id)
     assert report["first_divergence"]["name"] == "0_pre_mlp"
 
@@ -123,7 +123,7 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         folder = tmp_path / side
         folder.mkdir()
         for i in range(12):
-            tensor = torch.full((2048, 2048), float(i))  # 16 MiB: each pair takes long enough to kill the server midway
+            tensor = torch.full((1024, 1024), float(i))  # 4 MiB: with one thread each pair takes a while to compare
             if side == "cand" and i == 7:
                 tensor[5, 5] = -1.0
             torch.save(tensor, folder / f"{i}_post_mlp.pth")
@@ -136,11 +136,13 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
             assert services.ingestor.ingest("big", side, [InputFile(p, str(p)) for p in files]).tensors == 12
     finally:
         services.close()
-    server = LiveServer(data, free_port())
+    # short leases: the pairs the killed process had claimed are free again a second after it died, not 30 s
+    env = {"TENSOR_DEBUGGER_CLAIM_SECONDS": "1", "TENSOR_DEBUGGER_WORKERS": "1"}
+    server = LiveServer(data, free_port(), env=env)
     process = server.launch()
     # Watch the database itself, from the moment the process starts: the worker computes as soon as the server is
-    # up, and the first verdict is written at once (later ones at most every 0.1 s), so the kill lands while most
-    # pairs are still pending.
+    # up, and the first verdict is written at once (later ones at most every 0.1 s). The process is stopped the
+    # moment it is seen, so that what it had stored is what it leaves when killed: some pairs done, most pending.
     with sqlite3.connect(data / "metadata.sqlite3", timeout=30) as conn:
         wait_until(
             lambda: (
@@ -151,11 +153,18 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
             timeout=120,
             interval=0.002,
         )
+    os.kill(process.pid, signal.SIGSTOP)
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:
         pending = conn.execute("select count(*) from pairs where status = 'pending'").fetchone()[0]
+        claimed = conn.execute("select count(*) from pairs where claimed_by is not null and status = 'pending'")
+        assert claimed.fetchone()[0] > 0, "the killed process held no claim on the pairs it was computing"
+        finished = conn.execute(
+            "select p.id, p.result_id, r.created_at from pairs p join comparison_results r on r.id = p.result_id"
+        ).fetchall()
     assert pending > 0, "the computation finished before it could be killed"
+    assert finished, "the computation was killed before it finished a pair"
     server.start()
     try:
         report = wait_done(server, 1)
@@ -164,3 +173,13 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
         assert report["first_divergence"]["argmax"] == [5, 5]
     finally:
         server.stop()
+    with sqlite3.connect(data / "metadata.sqlite3") as conn:
+        # the pairs done before the kill kept their results, not computed again; the others were computed once each
+        for pair_id, result_id, created_at in finished:
+            row = conn.execute(
+                "select p.result_id, r.created_at from pairs p join comparison_results r on r.id = p.result_id "
+                "where p.id = ?",
+                (pair_id,),
+            ).fetchone()
+            assert row == (result_id, created_at)
+        assert conn.execute("select count(*) from comparison_results").fetchone()[0] == 12

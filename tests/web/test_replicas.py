@@ -7,13 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 from sqlalchemy import select
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker
 from tensor_debugger.store.models import PairRecord
 
+from tests.support import loopback_http as http
 from tests.support.dumps import make_zip
 from tests.support.polling import wait_until
 from tests.support.postgres import PostgresCluster
@@ -58,16 +58,16 @@ def test_an_upload_to_one_replica_is_served_and_changed_through_the_other(
     assert report["first_divergence"]["name"] == "2_post_mlp"
     assert wait_done(one, session_id) == report
     pair = next(p for p in report["pairs"] if p["name"] == "2_post_mlp")
-    sliced = httpx.get(
+    sliced = http.get(
         f"{other.url}/api/pairs/{pair['id']}/slice", params={"index": "1,:", "start": "0", "count": "8"}, timeout=30
     )
     assert sliced.status_code == 200, sliced.text  # the arrays one wrote, read by the other
-    assert httpx.get(f"{other.url}/sessions/{session_id}", timeout=30).status_code == 200
+    assert http.get(f"{other.url}/sessions/{session_id}", timeout=30).status_code == 200
 
-    renamed = httpx.patch(f"{other.url}/api/sessions/{session_id}", json={"name": "renamed on the other"})
+    renamed = http.patch(f"{other.url}/api/sessions/{session_id}", json={"name": "renamed on the other"})
     assert renamed.status_code == 200, renamed.text
-    assert httpx.get(f"{one.url}/api/sessions/{session_id}").json()["name"] == "renamed on the other"
-    loose = httpx.patch(f"{one.url}/api/sessions/{session_id}", json={"rtol": 0, "atol": 1.0})
+    assert http.get(f"{one.url}/api/sessions/{session_id}").json()["name"] == "renamed on the other"
+    loose = http.patch(f"{one.url}/api/sessions/{session_id}", json={"rtol": 0, "atol": 1.0})
     assert loose.status_code == 200, loose.text
     assert wait_done(other, session_id)["first_divergence"] is None  # recomputed by whichever claimed the pairs
 
@@ -79,6 +79,6 @@ def test_an_upload_to_one_replica_is_served_and_changed_through_the_other(
             assert all(p.claimed_by is None for p in pairs)  # settled pairs hold no claim
     finally:
         engine.dispose()
-    assert httpx.delete(f"{other.url}/api/sessions/{session_id}").status_code == 204
-    assert httpx.get(f"{one.url}/api/sessions/{session_id}").status_code == 404
+    assert http.delete(f"{other.url}/api/sessions/{session_id}").status_code == 204
+    assert http.get(f"{one.url}/api/sessions/{session_id}").status_code == 404
     assert one.alive() and other.alive()

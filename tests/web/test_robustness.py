@@ -3,6 +3,7 @@ process: a zip of zips, a full disk, a server killed mid-upload, two runs racing
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -12,13 +13,14 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
+from tensor_debugger.cli.main import main
 
+from tests.support import loopback_http as http
 from tests.support.bombs import nested_zip_bomb
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, child_env, cli_command, free_port, run_cli, started_server, upload
+from tests.support.servers import LiveServer, child_env, cli_command, free_port, started_server, upload
 
 
 def staging_left(server: LiveServer) -> list[str]:
@@ -34,7 +36,7 @@ def test_zip_of_zips_is_refused_within_seconds(shared_server: LiveServer, tmp_pa
     assert [p["file"] for p in problems] == [f"bomb.zip/inner{i}.zip" for i in range(8)]
     assert all("TENSOR_DEBUGGER_MAX_EXPANSION_RATIO" in p["reason"] for p in problems)
     wait_until(lambda: staging_left(shared_server) == [], what="staging to be emptied", timeout=10)
-    assert httpx.get(shared_server.url + "/api/sessions").status_code == 200
+    assert http.get(shared_server.url + "/api/sessions").status_code == 200
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,7 @@ def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, bi
         sock = stalled_upload(server, "stalled.pth", 4 << 20)
         wait_until(lambda: folders(server, "upload"), what="the stalled upload's staging folder", timeout=30)
         with open(big_tar, "rb") as f:
-            sent = httpx.post(
+            sent = http.post(
                 server.url + "/api/sessions",
                 params={"wait": "false"},
                 data={"name": "killed mid-ingest"},
@@ -92,7 +94,7 @@ def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, bi
         assert staging_left(server) == []
         # The half-ingested run and its session are gone; only an ingest that had committed every tensor before
         # the kill (a fast machine, between the poll and the signal) may stay, and then complete.
-        left = httpx.get(server.url + "/api/sessions").json()
+        left = http.get(server.url + "/api/sessions").json()
         assert left == [] or [(r["status"], r["tensors"]) for r in left[0]["runs"]] == [("ready", 1)], left
     finally:
         server.stop()
@@ -124,7 +126,7 @@ def test_a_running_server_sweeps_what_a_killed_cli_ingest_left(tmp_path: Path, b
         assert folders(server, "ingest")
         wait_until(lambda: staging_left(server) == [], what="the sweep to remove the CLI's staging", timeout=30)
         wait_until(
-            lambda: httpx.get(server.url + "/api/sessions").json() == [],
+            lambda: http.get(server.url + "/api/sessions").json() == [],
             what="the sweep to remove the CLI's half-ingested run",
             timeout=30,
         )
@@ -134,14 +136,14 @@ def test_a_running_server_sweeps_what_a_killed_cli_ingest_left(tmp_path: Path, b
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 48 MiB file system of its own: a tmpfs, else a loop device (both need root); skipped when neither mounts."""
+    """A 16 MiB file system of its own: a tmpfs, else a loop device (both need root); skipped when neither mounts."""
     where = tmp_path / "small"
     where.mkdir()
-    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=48m", "tmpfs", str(where)], capture_output=True)
+    tried = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True)
     if tried.returncode != 0:
         image = tmp_path / "small.img"
         with open(image, "wb") as f:
-            f.truncate(48 << 20)
+            f.truncate(16 << 20)
         made = subprocess.run(["mkfs.ext4", "-q", "-F", str(image)], capture_output=True)
         looped = made.returncode == 0 and (
             subprocess.run(["mount", "-o", "loop", str(image), str(where)], capture_output=True).returncode == 0
@@ -156,25 +158,27 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(small_disk: Path, tmp_path: Path) -> None:
+def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(
+    small_disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     server = started_server(small_disk)
     try:
         rng = np.random.default_rng(1)
-        big = tmp_path / "big.npy"  # 28 MiB that do not compress: staged, then copied into arrays, past 48 MiB
-        np.save(big, rng.standard_normal((7, 1024, 1024), dtype=np.float32))
+        big = tmp_path / "big.npy"  # 12 MiB that do not compress: staged, then copied into arrays, past 16 MiB
+        np.save(big, rng.standard_normal((3, 1024, 1024), dtype=np.float32))
         made = upload(server, "full disk", [("ref", big)])
         assert made.status_code == 507, made.text
         assert "out of disk space" in made.json()["detail"]
-        [session] = httpx.get(server.url + "/api/sessions").json()
+        [session] = http.get(server.url + "/api/sessions").json()
         [run] = session["runs"]
         assert (run["label"], run["status"]) == ("ref", "failed")
-        detail = httpx.get(f"{server.url}/api/sessions/{session['id']}").json()
+        detail = http.get(f"{server.url}/api/sessions/{session['id']}").json()
         assert any("out of disk space" in p["reason"] for p in detail["runs"][0]["problems"]), detail
         assert staging_left(server) == []
 
         huge = tmp_path / "huge.pth"  # more than the disk holds: the upload itself runs out
         with open(huge, "wb") as f:
-            f.truncate(64 << 20)
+            f.truncate(24 << 20)
         sent = upload(server, "too big", [("ref", huge)], url=f"/api/sessions/{session['id']}/runs")
         assert sent.status_code == 507, sent.text
         assert "out of disk space writing the upload" in sent.json()["detail"]
@@ -184,29 +188,36 @@ def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(small_di
         np.save(small, rng.standard_normal((4, 4), dtype=np.float32))
         added = upload(server, "", [("cand", small)], url=f"/api/sessions/{session['id']}/runs")
         assert added.status_code == 201, added.text
-        assert httpx.get(f"{server.url}/sessions/{session['id']}").status_code == 200
+        assert http.get(f"{server.url}/sessions/{session['id']}").status_code == 200
     finally:
         server.stop()
     cli = small_disk / "cli"  # the command line: exit status 2, the reason, and the run kept as failed
-    dump = tmp_path / "dump"  # 56 MiB of arrays to write
+    dump = tmp_path / "dump"  # 24 MiB of arrays to write
     dump.mkdir()
     for name in ("0_a.npy", "0_b.npy"):
         os.link(big, dump / name)
-    done = run_cli("--data-dir", str(cli), "ingest", "--session", "full", "--run", "ref", str(dump))
-    assert done.returncode == 2 and "out of disk space" in done.stderr, done.stderr
-    listed = run_cli("--data-dir", str(cli), "sessions", "--json")
-    assert [(r["label"], r["status"]) for r in json.loads(listed.stdout)[0]["runs"]] == [("ref", "failed")]
+    # in this process (what it prints and stores is the point here, not its start-up)
+    for name in [k for k in os.environ if k.startswith("TENSOR_DEBUGGER_")]:
+        monkeypatch.delenv(name)
+    try:
+        assert main(["--data-dir", str(cli), "ingest", "--session", "full", "--run", "ref", str(dump)]) == 2
+        assert "out of disk space" in capsys.readouterr().err
+        assert main(["--data-dir", str(cli), "sessions", "--json"]) == 0
+    finally:
+        gc.unfreeze()  # what `main` froze at its start-up
+    listed = json.loads(capsys.readouterr().out)
+    assert [(r["label"], r["status"]) for r in listed[0]["runs"]] == [("ref", "failed")]
 
 
 def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works(
     shared_server: LiveServer, tmp_path: Path, big_tar: Path
 ) -> None:
     for _ in range(5):  # a fast machine may finish the ingest before the child is caught: then upload again
-        made = httpx.post(shared_server.url + "/api/sessions", json={"name": "child killed"})
+        made = http.post(shared_server.url + "/api/sessions", json={"name": "child killed"})
         session_id = made.json()["id"]
         runs_url = f"{shared_server.url}/api/sessions/{session_id}/runs"
         with open(big_tar, "rb") as f:
-            sent = httpx.post(
+            sent = http.post(
                 runs_url, params={"label": "big", "wait": "false"}, files=[("r", ("big.tar", f))], timeout=120
             )
         assert sent.status_code == 202, sent.text
@@ -216,14 +227,14 @@ def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works
         child = int(folder.name.split("-")[2].split(".")[0])  # the folder is named for the process that ingests
         assert shared_server.process is not None and child != shared_server.process.pid
         os.kill(child, signal.SIGSTOP)  # frozen: what the run's row says now is what it will say when killed
-        status = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"][0]["status"]
+        status = http.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"][0]["status"]
         os.kill(child, signal.SIGKILL)
         if status == "ingesting":
             break
     else:
         pytest.fail("every ingest was done before its child could be stopped")
     runs = wait_until(
-        lambda: httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"],
+        lambda: http.get(f"{shared_server.url}/api/sessions/{session_id}").json()["runs"],
         until=lambda runs: runs[0]["status"] != "ingesting",
         what="the run to end",
         timeout=60,

@@ -21,6 +21,7 @@ from tensor_debugger.compare.inspector import cell_css
 from tensor_debugger.web.security import PAGE_POLICY
 
 from tests.support import REPO
+from tests.support import loopback_http as http
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, cli_command, free_port
 from tests.support.servers import child_env as _child_env
@@ -31,18 +32,18 @@ SECURITY_HEADERS = {"x-content-type-options": "nosniff", "x-frame-options": "DEN
 
 def new_session(server: LiveServer, name: str) -> int:
     """An empty session, made the way a script makes one (no Origin, no Sec-Fetch-Site)."""
-    response = httpx.post(server.url + "/api/sessions", json={"name": name})
+    response = http.post(server.url + "/api/sessions", json={"name": name})
     assert response.status_code == 201, response.text
     body = response.json()
     return int(body.get("session", body)["id"])
 
 
 def session_names(server: LiveServer) -> set[str]:
-    return {s["name"] for s in httpx.get(server.url + "/api/sessions").json()}
+    return {s["name"] for s in http.get(server.url + "/api/sessions").json()}
 
 
 def tolerances(server: LiveServer, session_id: int) -> dict[str, Any]:
-    return dict(httpx.get(f"{server.url}/api/sessions/{session_id}").json()["tolerances"])
+    return dict(http.get(f"{server.url}/api/sessions/{session_id}").json()["tolerances"])
 
 
 def from_evil(**extra: str) -> dict[str, str]:
@@ -78,7 +79,7 @@ def post_forms(html: str) -> list[dict[str, Any]]:
 
 
 def form_token(server: LiveServer) -> str:
-    forms = post_forms(httpx.get(server.url + "/").text)
+    forms = post_forms(http.get(server.url + "/").text)
     name, kind, value = forms[0]["inputs"][0]
     assert (name, kind) == ("csrf_token", "hidden")
     return str(value)
@@ -102,31 +103,31 @@ def test_an_api_delete_from_another_origin_is_refused(shared_server: LiveServer)
         {"origin": "null"},
         {"origin": shared_server.url.replace("127.0.0.1", "localhost")},
     ):
-        response = httpx.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=headers)
+        response = http.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=headers)
         assert response.status_code == 403, (headers, response.text)
         assert "may not change anything here" in response.json()["detail"]
     assert "security: keep me (api)" in session_names(shared_server)
     # the same request from the app's own page, and from a script (neither header), goes through
     assert (
-        httpx.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=from_own_page(shared_server)).status_code
+        http.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=from_own_page(shared_server)).status_code
         == 204
     )
     other = new_session(shared_server, "security: deleted by a script")
-    assert httpx.delete(f"{shared_server.url}/api/sessions/{other}").status_code == 204
+    assert http.delete(f"{shared_server.url}/api/sessions/{other}").status_code == 204
     assert not {"security: keep me (api)", "security: deleted by a script"} & session_names(shared_server)
 
 
 def test_a_form_delete_from_another_origin_is_refused_even_with_the_token(shared_server: LiveServer) -> None:
     session_id = new_session(shared_server, "security: keep me (form)")
     token = form_token(shared_server)
-    response = httpx.post(
+    response = http.post(
         f"{shared_server.url}/sessions/{session_id}/delete",
         headers=from_evil(),
         data={"csrf_token": token, "confirm": "yes"},
     )
     assert response.status_code == 403
     assert "security: keep me (form)" in session_names(shared_server)
-    response = httpx.post(
+    response = http.post(
         f"{shared_server.url}/sessions/{session_id}/delete",
         headers=from_own_page(shared_server),
         data={"csrf_token": token, "confirm": "yes"},
@@ -139,20 +140,20 @@ def test_tolerances_from_another_origin_are_refused(shared_server: LiveServer) -
     session_id = new_session(shared_server, "security: tolerances")
     token = form_token(shared_server)
     url = f"{shared_server.url}/sessions/{session_id}/tolerances"
-    assert httpx.post(url, headers=from_evil(), data={"csrf_token": token, "rtol": "1000"}).status_code == 403
+    assert http.post(url, headers=from_evil(), data={"csrf_token": token, "rtol": "1000"}).status_code == 403
     assert (
-        httpx.patch(
+        http.patch(
             f"{shared_server.url}/api/sessions/{session_id}", headers=from_evil(), json={"rtol": 1000}
         ).status_code
         == 403
     )
     assert tolerances(shared_server, session_id) == {"rtol": None, "atol": None, "ulp": None}
     assert (
-        httpx.post(url, headers=from_own_page(shared_server), data={"csrf_token": token, "rtol": "0.5"}).status_code
+        http.post(url, headers=from_own_page(shared_server), data={"csrf_token": token, "rtol": "0.5"}).status_code
         == 303
     )
     assert tolerances(shared_server, session_id)["rtol"] == 0.5
-    assert httpx.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"rtol": 0.25}).status_code == 200
+    assert http.patch(f"{shared_server.url}/api/sessions/{session_id}", json={"rtol": 0.25}).status_code == 200
     assert tolerances(shared_server, session_id)["rtol"] == 0.25
 
 
@@ -162,14 +163,14 @@ def test_an_upload_from_another_origin_is_refused(shared_server: LiveServer, tmp
     name = "security: planted"
     for url, data in (("/api/sessions", {"name": name}), ("/sessions", {"csrf_token": token, "name": name})):
         with open(weights, "rb") as handle:
-            response = httpx.post(
+            response = http.post(
                 shared_server.url + url, headers=from_evil(), data=data, files=[("reference", (weights.name, handle))]
             )
         assert response.status_code == 403, (url, response.text)
     assert "security: planted" not in session_names(shared_server)
     assert not any((shared_server.data_dir / "staging").glob(f"**/{weights.name}"))  # nothing of it was kept
     with open(weights, "rb") as handle:  # the app's own upload script, and curl, go through
-        response = httpx.post(
+        response = http.post(
             shared_server.url + "/api/sessions",
             headers=from_own_page(shared_server),
             data={"name": "security: uploaded"},
@@ -183,9 +184,9 @@ def test_an_upload_from_another_origin_is_refused(shared_server: LiveServer, tmp
 def test_requests_that_change_nothing_are_not_checked_for_origin(shared_server: LiveServer) -> None:
     """A link from another site to a page (GET, cross-site) opens it; `Sec-Fetch-Site: none` (typed, bookmarked)
     is the user's own request."""
-    assert httpx.get(shared_server.url + "/", headers=from_evil()).status_code == 200
+    assert http.get(shared_server.url + "/", headers=from_evil()).status_code == 200
     assert (
-        httpx.post(
+        http.post(
             shared_server.url + "/api/sessions", json={"name": "security: typed"}, headers={"sec-fetch-site": "none"}
         ).status_code
         == 201
@@ -198,11 +199,11 @@ def test_requests_that_change_nothing_are_not_checked_for_origin(shared_server: 
 def test_a_host_that_is_not_allowed_is_refused(shared_server: LiveServer) -> None:
     session_id = new_session(shared_server, "security: rebound")
     for path in ("/", "/api/sessions", f"/sessions/{session_id}", "/static/app.css", "/schema"):
-        response = httpx.get(shared_server.url + path, headers={"host": "evil.example"})
+        response = http.get(shared_server.url + path, headers={"host": "evil.example"})
         assert response.status_code == 400, path
         assert "does not answer to the host name 'evil.example'" in response.json()["detail"]
         assert "TENSOR_DEBUGGER_ALLOWED_HOSTS" in response.json()["detail"]
-    response = httpx.delete(
+    response = http.delete(
         f"{shared_server.url}/api/sessions/{session_id}", headers={"host": f"evil.example:{shared_server.port}"}
     )
     assert response.status_code == 400
@@ -213,7 +214,7 @@ def test_a_host_that_is_not_allowed_is_refused(shared_server: LiveServer) -> Non
         f"LOCALHOST.:{shared_server.port}",
         f"[::1]:{shared_server.port}",
     ):
-        assert httpx.get(shared_server.url + "/api/sessions", headers={"host": host}).status_code == 200, host
+        assert http.get(shared_server.url + "/api/sessions", headers={"host": host}).status_code == 200, host
 
 
 @dataclass
@@ -252,9 +253,9 @@ def test_allowed_hosts_adds_names(server_with_allowed_hosts: LiveServer) -> None
         ("evil.example", 400),
         ("notlab.example", 400),
     ):
-        assert httpx.get(server.url + "/api/sessions", headers={"host": host}).status_code == status, host
+        assert http.get(server.url + "/api/sessions", headers={"host": host}).status_code == status, host
     # a same-origin request under an added name: its Origin is that name
-    response = httpx.post(
+    response = http.post(
         server.url + "/api/sessions",
         json={"name": "named"},
         headers={
@@ -289,12 +290,12 @@ def test_every_response_carries_the_security_headers(shared_server: LiveServer) 
         "/api/sessions/999999",
         "/no-such-page",
     ):
-        assert_security_headers(httpx.get(shared_server.url + path), csp)
-    refused = httpx.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=from_evil())
+        assert_security_headers(http.get(shared_server.url + path), csp)
+    refused = http.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=from_evil())
     assert refused.status_code == 403
     assert_security_headers(refused, csp)
-    assert_security_headers(httpx.get(shared_server.url + "/", headers={"host": "evil.example"}), csp)
-    schema = httpx.get(shared_server.url + "/schema")
+    assert_security_headers(http.get(shared_server.url + "/", headers={"host": "evil.example"}), csp)
+    schema = http.get(shared_server.url + "/schema")
     assert schema.headers["content-security-policy"].startswith("default-src 'self'; script-src 'self';")
     assert schema.headers["x-frame-options"] == "DENY"
 
@@ -324,7 +325,7 @@ def test_every_post_form_carries_the_token_first(shared_server: LiveServer) -> N
     pages = ["/", f"/sessions/{session_id}", f"/sessions/{session_id}?group=none"]
     seen = 0
     for path in pages:
-        for form in post_forms(httpx.get(shared_server.url + path).text):
+        for form in post_forms(http.get(shared_server.url + path).text):
             assert form["inputs"][0] == ("csrf_token", "hidden", token), (path, form)
             seen += 1
     assert seen >= 4  # new session, rename, delete, tolerances
@@ -342,7 +343,7 @@ def test_a_form_post_with_a_missing_or_forged_token_is_refused(shared_server: Li
         (own, {"csrf_token": token[:-1], "name": "security: renamed"}),
         ({**own, "x-csrf-token": "forged"}, {"name": "security: renamed"}),
     ):
-        response = httpx.post(url, headers={**headers, "accept": "text/html"}, data=data)
+        response = http.post(url, headers={**headers, "accept": "text/html"}, data=data)
         assert response.status_code == 403, (headers, data)
         assert "reload the page" in response.text
     assert "security: original" in session_names(shared_server)
@@ -353,17 +354,17 @@ def test_a_form_post_with_a_missing_or_forged_token_is_refused(shared_server: Li
         {"csrf_token": "forged", "name": "security: forged"},
     ):
         with open(weights, "rb") as handle:
-            response = httpx.post(
+            response = http.post(
                 shared_server.url + "/sessions", headers=own, data=data, files=[("reference", ("weights.npy", handle))]
             )
         assert response.status_code == 403, data
     assert not {"security: no token", "security: token not first", "security: forged"} & session_names(shared_server)
     # the right token, as the page's own form sends it (first field), or as a header
-    assert httpx.post(url, headers=own, data={"csrf_token": token, "name": "security: renamed"}).status_code == 303
-    assert httpx.post(url, headers={"x-csrf-token": token}, data={"name": "security: again"}).status_code == 303
+    assert http.post(url, headers=own, data={"csrf_token": token, "name": "security: renamed"}).status_code == 303
+    assert http.post(url, headers={"x-csrf-token": token}, data={"name": "security: again"}).status_code == 303
     assert "security: again" in session_names(shared_server)
     with open(weights, "rb") as handle:
-        response = httpx.post(
+        response = http.post(
             shared_server.url + "/sessions",
             headers=own,
             data={"csrf_token": token, "name": "security: form"},
@@ -372,23 +373,23 @@ def test_a_form_post_with_a_missing_or_forged_token_is_refused(shared_server: Li
     assert response.status_code == 303
     assert "security: form" in session_names(shared_server)
     progress = f"{shared_server.url}/api{response.headers['location']}/progress"  # left done, on the shared server
-    wait_until(lambda: httpx.get(progress).json()["stage"], until=lambda s: s == "done", what=f"{progress} to be done")
+    wait_until(lambda: http.get(progress).json()["stage"], until=lambda s: s == "done", what=f"{progress} to be done")
 
 
 # --- the OpenAPI viewer ----------------------------------------------------------------------------------------
 
 
 def test_the_schema_page_loads_nothing_from_elsewhere(shared_server: LiveServer) -> None:
-    page = httpx.get(shared_server.url + "/schema")
+    page = http.get(shared_server.url + "/schema")
     assert page.status_code == 200
     assert not re.search(r"(https?:)?//[a-z0-9.-]+", page.text.replace('href="data:,"', "")), page.text
     scripts = re.findall(r'<script[^>]*src="([^"]+)"', page.text)
     assert scripts and all(s.startswith("/static/vendor/redoc/") for s in scripts)
     assert "<script>" not in page.text and "<style" not in page.text
-    bundle = httpx.get(shared_server.url + scripts[0])
+    bundle = http.get(shared_server.url + scripts[0])
     assert bundle.status_code == 200 and bundle.headers["content-type"].startswith("text/javascript")
     assert len(bundle.content) > 500_000
-    assert httpx.get(shared_server.url + "/schema/openapi.json").json()["info"]["title"] == "Tensor Debugger"
+    assert http.get(shared_server.url + "/schema/openapi.json").json()["info"]["title"] == "Tensor Debugger"
     licence = REPO / "web" / "static" / "vendor" / "redoc" / "LICENSE"
     assert "MIT License" in licence.read_text()
 

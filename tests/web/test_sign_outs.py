@@ -10,8 +10,9 @@ import httpx
 import pytest
 from tensor_debugger.web.auth import COOKIE_NAME
 
+from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
-from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, free_port, started_server
+from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, free_port
 from tests.web.test_auth import hidden
 
 TOKENS = {"TENSOR_DEBUGGER_TOKEN": WRITE_TOKEN, "TENSOR_DEBUGGER_READ_TOKEN": READ_TOKEN}
@@ -32,8 +33,15 @@ def opens(server: LiveServer, cookie: str) -> int:
 
 @pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_a_signed_out_cookie_stays_refused_on_the_next_process(tmp_path: Path, database_url: str) -> None:
-    first = started_server(tmp_path, env=TOKENS, database_url=database_url)
+    # a process that never saw the sign-out: on SQLite the server restarted; on PostgreSQL a replica beside it,
+    # started with it (both at once: their start-ups overlap) and running all along
+    (tmp_path / "data").mkdir()
+    first, second = (LiveServer(tmp_path / "data", free_port(), env=TOKENS, database_url=database_url) for _ in "12")
+    replica = bool(database_url)
     try:
+        for server in (first, second) if replica else (first,):
+            server.launch()
+        wait_until(first.answers, what="the first server to answer", timeout=60, interval=0.02)
         leaving, form_token = sign_in(first, WRITE_TOKEN)
         staying, _ = sign_in(first, READ_TOKEN)
         out = httpx.post(
@@ -41,13 +49,13 @@ def test_a_signed_out_cookie_stays_refused_on_the_next_process(tmp_path: Path, d
         )
         assert out.status_code == 303, out.text
         assert (opens(first, leaving), opens(first, staying)) == (401, 200)
-    finally:
         first.stop()
-
-    # a process that never saw the sign-out: the restarted server, or on PostgreSQL any replica
-    second = LiveServer(first.data_dir, free_port(), env=TOKENS, database_url=database_url).start()
-    try:
+        if replica:
+            wait_until(second.answers, what="the replica to answer", timeout=60, interval=0.02)
+        else:
+            second.start()
         assert opens(second, leaving) == 401
         assert opens(second, staying) == 200  # the cookies outlive the process: only the signed-out one is refused
     finally:
+        first.stop()
         second.stop()

@@ -3,14 +3,18 @@ page, whose rows open the inspector on their element."""
 
 from __future__ import annotations
 
+import gc
 import json
+import os
 import re
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-import httpx
+import pytest
 import torch
+from tensor_debugger.cli.main import main
 
+from tests.support import loopback_http as http
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, run_cli, upload, wait_done
 
@@ -45,11 +49,19 @@ def check_worst(worst: list[dict[str, object]], top: int) -> None:
     assert all(w["index"][0] == 2 for w in worst)  # type: ignore[index]
 
 
-def test_cli_json_carries_the_worst_elements_and_top_sets_how_many(tmp_path: Path) -> None:
+def test_cli_json_carries_the_worst_elements_and_top_sets_how_many(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     ref, cand = planted_runs(tmp_path)
-    done = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--top", "5", "--json")
-    assert done.returncode == 1, done.stderr
-    pairs = {p["name"]: p for p in json.loads(done.stdout)["pairs"]}
+    for name in [k for k in os.environ if k.startswith("TENSOR_DEBUGGER_")]:
+        monkeypatch.delenv(name)
+    try:  # in this process: what the command prints is the point here, not its start-up
+        code = main(["--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--top", "5", "--json"])
+    finally:
+        gc.unfreeze()  # what `main` froze at its start-up
+    out = capsys.readouterr()
+    assert code == 1, out.err
+    pairs = {p["name"]: p for p in json.loads(out.out)["pairs"]}
     check_worst(pairs["0_attn_out"]["stats"]["worst"], 5)
     assert pairs["1_mlp_out"]["stats"]["worst"] == []  # identical: no element differs
     refused = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--top", "65")
@@ -63,9 +75,9 @@ def test_api_and_pair_page_show_the_worst_elements(shared_server: LiveServer, tm
     assert response.status_code == 201, response.text
     report = wait_done(shared_server, int(response.json()["session"]["id"]))
     pair_id = report["first_divergence"]["pair_id"]
-    detail = httpx.get(f"{shared_server.url}/api/pairs/{pair_id}").json()
+    detail = http.get(f"{shared_server.url}/api/pairs/{pair_id}").json()
     check_worst(detail["stats"]["worst"], 8)
-    page = httpx.get(f"{shared_server.url}/pairs/{pair_id}").text
+    page = http.get(f"{shared_server.url}/pairs/{pair_id}").text
     section = page[page.index('id="worst"') :]
     links = re.findall(r'<a href="([^"]+)#inspector">\[([\d, ]+)\]</a>', section)
     assert [index for _, index in links[:3]] == ["2, 5, 3", "2, 6, 3", "2, 7, 11"]
@@ -73,7 +85,7 @@ def test_api_and_pair_page_show_the_worst_elements(shared_server: LiveServer, tm
     window = dict(parse_qsl(urlsplit(url).query))
     start, count = int(window["start"]), int(window["count"])
     assert window["index"] == "2,7,:" and start <= 11 < start + count  # the window holds [2, 7, 11]
-    assert httpx.get(f"{shared_server.url}{url}").status_code == 200
+    assert http.get(f"{shared_server.url}{url}").status_code == 200
 
 
 def test_error_profiles_along_heads_and_tokens_through_the_api_and_the_page(
@@ -86,19 +98,19 @@ def test_error_profiles_along_heads_and_tokens_through_the_api_and_the_page(
     report = wait_done(shared_server, int(response.json()["session"]["id"]))
     pair_id = report["first_divergence"]["pair_id"]
     api = f"{shared_server.url}/api/pairs/{pair_id}/profile"
-    heads = httpx.get(api, params={"dim": 0}).json()
+    heads = http.get(api, params={"dim": 0}).json()
     assert (heads["dim"], heads["size"]) == (0, HEADS)
     assert [h > 0 for h in heads["max_abs_diff"]] == [False, False, True, False]
     assert abs(heads["max_abs_diff"][2] - 0.9) < 1e-6 and heads["mismatched"] == [0, 0, 3, 0]
-    tokens = httpx.get(api, params={"dim": 1}).json()
+    tokens = http.get(api, params={"dim": 1}).json()
     assert tokens["size"] == TOKENS and len(tokens["mean_abs_diff"]) == TOKENS
     assert [t for t, m in enumerate(tokens["mismatched"]) if m] == [5, 6, 7]
     assert sorted(range(TOKENS), key=lambda t: -tokens["max_abs_diff"][t])[:3] == [5, 6, 7]
     assert abs(tokens["mean_abs_diff"][5] - 0.9 / (HEADS * DIM)) < 1e-6  # one 0.9 among 64 elements
-    assert httpx.get(api, params={"dim": 1}).json() == tokens  # kept with the result
-    bad = httpx.get(api, params={"dim": 3})
+    assert http.get(api, params={"dim": 1}).json() == tokens  # kept with the result
+    bad = http.get(api, params={"dim": 3})
     assert bad.status_code == 400 and "dim must be 0 to 2" in bad.json()["detail"]
-    page = httpx.get(f"{shared_server.url}/pairs/{pair_id}", params={"profile": "1"}).text
+    page = http.get(f"{shared_server.url}/pairs/{pair_id}", params={"profile": "1"}).text
     section = page[page.index('id="profile"') :]
     assert 'class="profile-max" points="' in section and "the worst is index 5" in section
     assert '<option value="1" selected>' in section
