@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import yaml
 from tensor_debugger.settings import ENV_PREFIX, setting_docs
 
+from tests.support import loopback_http
 from tests.support.compose import command_words
 from tests.support.servers import LiveServer
 
@@ -172,4 +172,4 @@ def test_the_health_checks_ask_what_the_server_answers(shared_server: LiveServer
     for check in checks:
         url = re.search(r"http://127\.0\.0\.1:8000(/[^'\"]*)", check)
         assert url is not None, check
-        assert httpx.get(shared_server.url + url.group(1), timeout=30).status_code == 200
+        assert loopback_http.get(shared_server.url + url.group(1), timeout=30).status_code == 200

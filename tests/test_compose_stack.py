@@ -16,10 +16,10 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
+from tests.support import loopback_http
 from tests.support.compose import command_words, services
 from tests.support.dask_cluster import dashboard_compute_times
 from tests.support.dumps import make_zip
@@ -149,7 +149,7 @@ def test_the_stack_compares_two_uploads_on_its_replicas_workers_and_bucket(
     session_id = created.json()["session"]["id"]
     report = wait_done(other, session_id)
     assert report["first_divergence"]["name"] == "1_post_attn"
-    assert httpx.get(f"{other.url}/sessions/{session_id}", headers=other.auth, timeout=30).status_code == 200
+    assert loopback_http.get(f"{other.url}/sessions/{session_id}", headers=other.auth, timeout=30).status_code == 200
 
     # the pairs were computed by the workers: their work is on the dashboard, the arrays in the bucket
     assert dashboard_compute_times(dashboard).get("compute_batch", 0.0) > before

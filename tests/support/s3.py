@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from tests.support import loopback_http
 from tests.support.polling import wait_until
 from tests.support.servers import free_port
 
@@ -160,7 +161,7 @@ def start_seaweed(root: Path) -> SeaweedS3 | str:
         if process.poll() is not None:
             raise RuntimeError(f"weed exited with {process.returncode}; its log: {root / 'weed.log'}")
         try:
-            httpx.get(server.endpoint, timeout=1)  # 403 to an unsigned request: the gateway is up
+            loopback_http.get(server.endpoint, timeout=1)  # 403 to an unsigned request: the gateway is up
         except httpx.TransportError:
             return False
         return True

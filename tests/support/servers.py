@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tests.support import loopback_http
 from tests.support.polling import wait_until
 
 WRITE_TOKEN = "write-token-for-tests-0123456789"
@@ -103,7 +104,7 @@ class LiveServer:
         if self.process.poll() is not None:
             raise RuntimeError(f"server exited with {self.process.returncode}; its log: {self.log}")
         try:
-            return httpx.get(self.url + "/api/sessions", headers=self.auth, timeout=2).status_code == 200
+            return loopback_http.get(self.url + "/api/sessions", headers=self.auth, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -149,7 +150,9 @@ def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: st
     """POST `files` (form field, path) as a multipart upload, as the browser's form sends them."""
     handles = [(field, (path.name, open(path, "rb"))) for field, path in files]
     try:
-        return httpx.post(server.url + url, data={"name": name}, files=handles, headers=server.auth, timeout=120)
+        return loopback_http.post(
+            server.url + url, data={"name": name}, files=handles, headers=server.auth, timeout=120
+        )
     finally:
         for _, (_, handle) in handles:
             handle.close()
@@ -158,7 +161,9 @@ def upload(server: LiveServer, name: str, files: list[tuple[str, Path]], url: st
 def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict[str, Any]:
     """The session's pairs report once every pair has a verdict."""
     report: dict[str, Any] = wait_until(
-        lambda: httpx.get(f"{server.url}/api/sessions/{session_id}/pairs", headers=server.auth, timeout=30).json(),
+        lambda: loopback_http.get(
+            f"{server.url}/api/sessions/{session_id}/pairs", headers=server.auth, timeout=30
+        ).json(),
         until=lambda r: r["progress"]["total"] and r["progress"]["pending"] == 0,
         what=f"session {session_id}'s pairs to be computed",
         timeout=timeout,

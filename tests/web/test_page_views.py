@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from playwright.sync_api import Browser, Page
@@ -22,6 +21,7 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
+from tests.support import loopback_http
 from tests.support.browser import shot
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
@@ -159,7 +159,7 @@ def test_reordering_keeps_the_page_and_its_scroll(sessions: Sessions, page: Page
 
 
 def pair_named(sessions: Sessions, session_id: int, name: str) -> int:
-    pairs = httpx.get(f"{sessions.server.url}/api/sessions/{session_id}/pairs", timeout=30).json()["pairs"]
+    pairs = loopback_http.get(f"{sessions.server.url}/api/sessions/{session_id}/pairs", timeout=30).json()["pairs"]
     return int(next(p["id"] for p in pairs if p["name"] == name))
 
 
@@ -287,7 +287,7 @@ def every_page(sessions: Sessions) -> dict[str, str]:
     """A name for the screenshots, and the address of each kind of page."""
     base = sessions.server.url
     first = pair_named(sessions, sessions.heads, "9_value")
-    run = httpx.get(f"{base}/api/sessions/{sessions.heads}", timeout=30).json()["runs"][1]["id"]
+    run = loopback_http.get(f"{base}/api/sessions/{sessions.heads}", timeout=30).json()["runs"][1]["id"]
     return {
         "sessions": "/",
         "session-demo": f"/sessions/{sessions.demo}",

@@ -10,12 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from playwright.sync_api import Browser, Page, Response, expect
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
+from tests.support import loopback_http
 from tests.support.browser import shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
@@ -220,7 +220,7 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
     page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[5, ')")
     heatmap = page.locator("object.heatmap").get_attribute("data")
     assert heatmap is not None
-    svg = httpx.get(shared_demo_server.url + heatmap.replace("&amp;", "&")).text
+    svg = loopback_http.get(shared_demo_server.url + heatmap.replace("&amp;", "&")).text
     assert svg.count("<rect") == 16 * 32 + 21  # a cell per element, and the colour scale's steps
     assert "rows 5-5, cols 17-17: largest difference (candidate − reference) 0.3" in svg
     page.reload()  # a link shows the same values
@@ -397,14 +397,14 @@ def test_manual_mode_shows_each_runs_own_layout(
     torch.save(full.permute(1, 0, 2).unsqueeze(0).contiguous(), tmp_path / "b" / "0_query.pth")  # [1, 3, 2, 4]
     reference = make_zip(tmp_path / "a", tmp_path / "a.zip")
     candidate = make_zip(tmp_path / "b", tmp_path / "b.zip")
-    response = httpx.post(
+    response = loopback_http.post(
         shared_server.url + "/api/sessions",
         data={"name": "manual"},
         files=[("reference", ("a.zip", reference.read_bytes())), ("candidate", ("b.zip", candidate.read_bytes()))],
         timeout=60,
     )
     session_id = response.json()["session"]["id"]
-    pair_id = httpx.get(f"{shared_server.url}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
+    pair_id = loopback_http.get(f"{shared_server.url}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
     page = page_without_scripts
     page.goto(f"{shared_server.url}/pairs/{pair_id}")
     page.get_by_role("link", name="Open manual mode").click()
@@ -431,7 +431,7 @@ def test_module_tree_and_culprit_of_a_traced_session(
         for label, folder in (("reference", reference), ("candidate", candidate))
         for p in sorted(folder.iterdir())
     ]
-    created = httpx.post(shared_server.url + "/api/sessions", data={"name": "traced"}, files=files, timeout=120)
+    created = loopback_http.post(shared_server.url + "/api/sessions", data={"name": "traced"}, files=files, timeout=120)
     assert created.status_code == 201, created.text
     page.goto(f"{shared_server.url}/sessions/{created.json()['session']['id']}")
     wait_until_compared(page)

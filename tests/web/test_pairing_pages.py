@@ -8,11 +8,11 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from playwright.sync_api import Browser, Page
 
+from tests.support import loopback_http
 from tests.support.browser import shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, wait_done
@@ -75,7 +75,7 @@ def test_rules_form_and_pairing_file(shared_server: LiveServer, page: Page, tmp_
     form.get_by_label("Strategies").fill("name, fuzy")
     form.get_by_role("button", name="Apply and pair again").click()
     assert "unknown pairing strategy 'fuzy'" in page.locator("section.pairing").get_by_role("alert").inner_text()
-    assert httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()["name_pattern"] is None
+    assert loopback_http.get(f"{shared_server.url}/api/sessions/{session_id}").json()["name_pattern"] is None
     # a fuzzy threshold without fuzzy in the chain
     form = page.locator("form.pairing-rules")
     form.get_by_label("Strategies").fill("name")
@@ -92,7 +92,7 @@ def test_rules_form_and_pairing_file(shared_server: LiveServer, page: Page, tmp_
     assert page.locator("section.pairing").get_by_role("alert").count() == 0
     assert page.locator("form.pairing-rules").get_by_label("Strategies").input_value() == "name, fuzzy"
     assert page.locator("form.pairing-rules").get_by_label("Fuzzy threshold").input_value() == "0.99"
-    shown = httpx.get(f"{shared_server.url}/api/sessions/{session_id}").json()
+    shown = loopback_http.get(f"{shared_server.url}/api/sessions/{session_id}").json()
     assert shown["strategies"] == ["name", "fuzzy:0.99"]
     unmatched = page.locator("ul.unmatched").inner_text()
     assert "L0_attention_out" in unmatched and "L0_attn_out" in unmatched  # 0.95 is under 0.99 now

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import torch
 
+from tests.support import loopback_http
 from tests.support.dumps import make_zip, seeded
 from tests.support.dumps import named_dump as dump
 from tests.support.postgres import DATABASES
@@ -24,7 +24,7 @@ def test_rules_are_fields_of_the_session(shared_server: LiveServer, tmp_path: Pa
     assert response.status_code == 201, response.text
     session_id = response.json()["session"]["id"]
     url = f"{shared_server.url}/api/sessions/{session_id}"
-    shown = httpx.get(url).json()
+    shown = loopback_http.get(url).json()
     assert shown["strategies"] is None and shown["name_pattern"] is None
     assert {(p["a"]["name"], p["strategy"]) for p in wait_done(shared_server, session_id)["pairs"]} == {
         ("L0_attention_out", "fuzzy 0.95"),
@@ -33,10 +33,10 @@ def test_rules_are_fields_of_the_session(shared_server: LiveServer, tmp_path: Pa
     }
     # a change pairs the session again, as PUT .../pairing does
     pattern = r"L(?P<layer>\d+)_(?P<stage>\w+)"
-    patched = httpx.patch(url, json={"strategies": "layer_stage,name", "name_pattern": pattern})
+    patched = loopback_http.patch(url, json={"strategies": "layer_stage,name", "name_pattern": pattern})
     assert patched.status_code == 200, patched.text
     assert patched.json()["strategies"] == ["layer_stage", "name"]
-    shown = httpx.get(url).json()
+    shown = loopback_http.get(url).json()
     assert shown["strategies"] == ["layer_stage", "name"] and shown["name_pattern"] == pattern
     report = wait_done(shared_server, session_id)
     assert {(p["a"]["name"], p["strategy"]) for p in report["pairs"]} == {
@@ -53,12 +53,12 @@ def test_rules_are_fields_of_the_session(shared_server: LiveServer, tmp_path: Pa
         ({"strategies": ["name", "name"]}, "named twice"),
     ]
     for body, words in bad_rules:
-        bad = httpx.patch(url, json={"name": "renamed", **body})
+        bad = loopback_http.patch(url, json={"name": "renamed", **body})
         assert bad.status_code == 400 and words in bad.json()["detail"], bad.text
-    unchanged = httpx.get(url).json()
+    unchanged = loopback_http.get(url).json()
     assert unchanged["name"] == "rules api" and unchanged["strategies"] == ["layer_stage", "name"]
     # back to the default chain and no pattern
-    reset = httpx.patch(url, json={"strategies": [], "name_pattern": ""}).json()
+    reset = loopback_http.patch(url, json={"strategies": [], "name_pattern": ""}).json()
     assert reset["strategies"] is None and reset["name_pattern"] is None
     assert len(wait_done(shared_server, session_id)["pairs"]) == 3
 
@@ -81,7 +81,7 @@ def test_explore_one_uploaded_run(shared_server: LiveServer, tmp_path: Path) -> 
     assert sum(1 for p in report["pairs"] if p["status"] == "incomparable") == 3  # o against the others
     # the exploration survives what pairs a session again (new rules, say)
     url = f"{shared_server.url}/api/sessions/{session['id']}"
-    assert httpx.patch(url, json={"strategies": "name"}).status_code == 200
+    assert loopback_http.patch(url, json={"strategies": "name"}).status_code == 200
     assert len(wait_done(shared_server, session["id"])["pairs"]) == 6
     # the name filter
     matched = upload(
@@ -98,7 +98,9 @@ def test_explore_one_uploaded_run(shared_server: LiveServer, tmp_path: Path) -> 
     )
     assert many.status_code == 400
     assert "101 tensors make 5,050 pairs, over 5,000: choose fewer with the match parameter" in many.json()["detail"]
-    assert "pairing api: too many" not in {s["name"] for s in httpx.get(f"{shared_server.url}/api/sessions").json()}
+    assert "pairing api: too many" not in {
+        s["name"] for s in loopback_http.get(f"{shared_server.url}/api/sessions").json()
+    }
 
 
 @pytest.mark.parametrize("database_url", DATABASES, indirect=True)
@@ -119,17 +121,17 @@ def test_pair_by_hand_with_a_transpose(shared_server: LiveServer, tmp_path: Path
     assert response.status_code == 201, response.text
     session_id = response.json()["session"]["id"]
     base = f"{shared_server.url}/api/sessions/{session_id}"
-    httpx.patch(base, json={"strategies": "name"})
+    loopback_http.patch(base, json={"strategies": "name"})
     report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"proj_weight", "weight_t"}
-    choices = httpx.get(f"{base}/alignments", params={"a_name": "proj_weight", "b_name": "weight_t"})
+    choices = loopback_http.get(f"{base}/alignments", params={"a_name": "proj_weight", "b_name": "weight_t"})
     assert choices.status_code == 200, choices.text
     listed = choices.json()
     assert listed["a_shapes"] == [[32, 64]] and listed["b_shapes"] == [[64, 32]] and not listed["same_shape"]
     transpose = next(c for c in listed["choices"] if "permuted [1, 0]" in c["words"])
     assert not transpose["last_resort"] and transpose["shape"] == [32, 64]
     assert not any(c["last_resort"] for c in listed["choices"])  # flattening is not offered where a view fits
-    made = httpx.post(
+    made = loopback_http.post(
         f"{base}/pairs", json={"a_name": "proj_weight", "b_name": "weight_t", "alignment": transpose["steps"]}
     )
     assert made.status_code == 201, made.text
@@ -138,10 +140,10 @@ def test_pair_by_hand_with_a_transpose(shared_server: LiveServer, tmp_path: Path
     pair = next(p for p in report["pairs"] if p["a"]["name"] == "proj_weight")
     assert pair["status"] == "pass" and "permuted [1, 0]" in pair["alignment"]
     # an alignment that does not fit: 400, and nothing paired
-    wrong = httpx.post(
+    wrong = loopback_http.post(
         f"{base}/pairs",
         json={"a_name": "same", "b_name": "same", "alignment": [{"side": "b", "kind": "flatten", "shape": [9]}]},
     )
     assert wrong.status_code == 400 and "does not fit" in wrong.json()["detail"], wrong.text
-    missing = httpx.get(f"{base}/alignments", params={"a_name": "nope", "b_name": "weight_t"})
+    missing = loopback_http.get(f"{base}/alignments", params={"a_name": "nope", "b_name": "weight_t"})
     assert missing.status_code == 400 and "no tensor named 'nope'" in missing.json()["detail"]

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-import httpx
 import pytest
 import torch
 from playwright.sync_api import Browser
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
 
+from tests.support import loopback_http
 from tests.support.browser import shot
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, upload, wait_done
@@ -59,7 +59,7 @@ def session(shared_server: LiveServer, tmp_path_factory: pytest.TempPathFactory)
 
 def test_api_rows_in_execution_order_with_the_planted_tokens(shared_server: LiveServer, session: int) -> None:
     api = f"{shared_server.url}/api/sessions/{session}/profiles"
-    out: dict[str, Any] = httpx.get(api, params={"dim": 1}, headers=shared_server.auth, timeout=60).json()
+    out: dict[str, Any] = loopback_http.get(api, params={"dim": 1}, headers=shared_server.auth, timeout=60).json()
     assert (out["dim"], out["size"]) == (1, TOKENS)
     assert [r["name"] for r in out["rows"]] == [f"{k}_hidden" for k in range(LAYERS)]
     for layer, row in enumerate(out["rows"]):
@@ -70,13 +70,15 @@ def test_api_rows_in_execution_order_with_the_planted_tokens(shared_server: Live
             assert row["mean_abs_diff"][TOKENS - 1] == pytest.approx(planted(layer), rel=1e-3)
         assert row["aligned_shape"] == [1, TOKENS, WIDTH]
     assert [(s["name"], s["reason"]) for s in out["skipped"]] == [("0_norm", "aligned shape [16] has no dimension 1")]
-    again = httpx.get(api, params={"dim": 1}, headers=shared_server.auth, timeout=60).json()
+    again = loopback_http.get(api, params={"dim": 1}, headers=shared_server.auth, timeout=60).json()
     assert again == out  # each pair's profile kept with its result
-    assert len(httpx.get(api, params={"dim": 3}, headers=shared_server.auth).json()["skipped"]) == LAYERS + 1
-    refused = httpx.get(api, params={"dim": -1}, headers=shared_server.auth)
+    assert len(loopback_http.get(api, params={"dim": 3}, headers=shared_server.auth).json()["skipped"]) == LAYERS + 1
+    refused = loopback_http.get(api, params={"dim": -1}, headers=shared_server.auth)
     assert refused.status_code == 400 and "dim" in refused.text
     assert (
-        httpx.get(f"{shared_server.url}/api/sessions/999999/profiles?dim=1", headers=shared_server.auth).status_code
+        loopback_http.get(
+            f"{shared_server.url}/api/sessions/999999/profiles?dim=1", headers=shared_server.auth
+        ).status_code
         == 404
     )
 

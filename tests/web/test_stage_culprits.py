@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
+from tests.support import loopback_http
 from tests.support.cli import run_main
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, upload, wait_done
@@ -54,7 +54,7 @@ def test_session_page_explains_and_lists_the_stages(shared_server: LiveServer, t
     assert response.status_code == 201, response.text
     session_id = int(response.json()["session"]["id"])
     wait_done(shared_server, session_id)
-    page = httpx.get(f"{shared_server.url}/sessions/{session_id}").text
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}").text
     section = page[page.index('id="stage-culprits"') :]
     assert "minus that of the tensor before it" in section
     assert section.index(">1_attn_out</a>") < section.index(">0_mlp_out</a>")

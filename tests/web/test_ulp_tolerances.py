@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 
+from tests.support import loopback_http
 from tests.support.cli import run_main
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, upload, wait_done
@@ -49,15 +49,15 @@ def test_api_and_page_switch_a_session_to_ulps(shared_server: LiveServer, tmp_pa
     session_id = int(response.json()["session"]["id"])
     wait_done(shared_server, session_id)
     url = f"{shared_server.url}/api/sessions/{session_id}"
-    assert httpx.patch(url, json={"rtol": 1e-6, "atol": 0}).status_code == 200
+    assert loopback_http.patch(url, json={"rtol": 1e-6, "atol": 0}).status_code == 200
     assert {p["status"] for p in wait_done(shared_server, session_id)["pairs"]} == {"fail"}
-    switched = httpx.patch(url, json={"ulp": 1})
+    switched = loopback_http.patch(url, json={"ulp": 1})
     assert switched.status_code == 200 and switched.json()["tolerances"]["ulp"] == 1
     report = wait_done(shared_server, session_id)
     assert {p["status"] for p in report["pairs"]} == {"pass"}
-    pair = httpx.get(f"{shared_server.url}/api/pairs/{report['pairs'][0]['id']}").json()
+    pair = loopback_http.get(f"{shared_server.url}/api/pairs/{report['pairs'][0]['id']}").json()
     assert (pair["stats"]["ulp"], pair["stats"]["ulp_dtype"]) == (1, "bfloat16")
-    assert "within 1 ULP of bfloat16" in httpx.get(f"{shared_server.url}/pairs/{report['pairs'][0]['id']}").text
-    assert "Now: 1 ULP." in httpx.get(f"{shared_server.url}/sessions/{session_id}").text
-    refused = httpx.patch(url, json={"ulp": 0})
+    assert "within 1 ULP of bfloat16" in loopback_http.get(f"{shared_server.url}/pairs/{report['pairs'][0]['id']}").text
+    assert "Now: 1 ULP." in loopback_http.get(f"{shared_server.url}/sessions/{session_id}").text
+    refused = loopback_http.patch(url, json={"ulp": 0})
     assert refused.status_code == 400 and "ulp" in refused.json()["detail"]
