@@ -17,6 +17,8 @@ from tensor_debugger.services import Services
 
 from tests.support.dumps import make_tar, make_zip, seeded
 
+pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
     code = run_compare(services, compare_request(a, b, None, None, None), True)
