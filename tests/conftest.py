@@ -247,12 +247,12 @@ def _migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def premigrated(request: pytest.FixtureRequest) -> None:
-    """For `pytestmark = pytest.mark.usefixtures("premigrated")`: the SQLite database of a test that uses `services`
-    starts as a copy of one migrated once per run, so opening it finds the schema current and skips Alembic (a
-    third of a second a data dir, on this machine, for hundreds of tests). Nothing else of the data dir is made; a
-    test without `services` gets nothing, and on PostgreSQL (a copy of a migrated template already) nothing is
-    done."""
-    if "services" not in request.fixturenames:
+    """For `pytestmark = pytest.mark.usefixtures("premigrated")`: the SQLite database of a test that uses `settings`
+    (or `services`, made of them) starts as a copy of one migrated once per run, so opening it finds the schema
+    current and skips Alembic (a third of a second a data dir, on this machine, for hundreds of tests). Nothing else
+    of the data dir is made; a test without `settings` gets nothing, and on PostgreSQL (a copy of a migrated
+    template already) nothing is done."""
+    if "settings" not in request.fixturenames:
         return
     settings: Settings = request.getfixturevalue("settings")
     database = settings.data_dir / "metadata.sqlite3"

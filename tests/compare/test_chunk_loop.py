@@ -25,7 +25,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 TOLERANCE = Tolerance(1.3e-6, 1e-5)
 EXACT_FIELDS = (

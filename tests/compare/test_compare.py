@@ -31,7 +31,7 @@ from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.postgres import DATABASES
 from tests.support.s3 import STORES
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 

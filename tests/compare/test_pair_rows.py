@@ -16,7 +16,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
 from tensor_debugger.store.reports import PairStatus
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def test_reports_decode_the_stored_statistics_with_or_without_the_cache(services: Services, tmp_path: Path) -> None:

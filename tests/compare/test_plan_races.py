@@ -15,7 +15,7 @@ from tensor_debugger.services import Services
 
 from tests.support.dumps import layered_dump
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 @pytest.mark.parametrize("moment", ["refresh", "computation"])

@@ -23,7 +23,7 @@ from tensor_debugger.store.models import RunRecord, SessionRecord
 from tests.support.bombs import zeros_zip
 from tests.support.dumps import make_zip, seeded, tar_with
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def tree(root: Path) -> set[str]:

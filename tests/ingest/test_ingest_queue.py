@@ -23,7 +23,7 @@ from tests.support.dumps import seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def tensor_file(tmp_path: Path, name: str, seed: int) -> InputFile:

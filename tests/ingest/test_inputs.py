@@ -17,7 +17,7 @@ from tensor_debugger.store.models import TensorRecord
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.stored import read_back, same_bits, stored
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def dump_folder(folder: Path) -> dict[str, torch.Tensor]:

@@ -19,7 +19,7 @@ from tests.support.dumps import named_dump
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, cli_command
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def test_two_cli_ingests_creating_one_session_both_land(tmp_path: Path) -> None:

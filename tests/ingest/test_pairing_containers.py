@@ -17,7 +17,7 @@ from tensor_debugger.services import Services
 
 from tests.support.dumps import make_tar, make_zip, seeded
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:

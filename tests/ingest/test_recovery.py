@@ -21,7 +21,7 @@ from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
 from tests.support.servers import cli_command
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeout: float = 90) -> int:

@@ -20,7 +20,7 @@ from tests.support.dumps import make_tar
 from tests.support.servers import LiveServer
 from tests.support.traces import MODEL_CLASS, TRACES, WrittenTraces
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # `services` on a copy of a migrated SQLite database
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 DOWN_PROJ = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
 MASKS = [
