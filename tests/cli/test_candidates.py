@@ -13,8 +13,9 @@ import httpx
 import pytest
 
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
+from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
-from tests.support.servers import LiveServer, run_cli, upload, wait_done
+from tests.support.servers import LiveServer, upload, wait_done
 
 
 @pytest.fixture(scope="module")
@@ -46,14 +47,14 @@ def test_compare_three_candidates_in_this_process(
 ) -> None:
     data = str(tmp_path / "data")
     runs_given = (str(runs[k]) for k in ("ref", "c1", "c2", "c3"))
-    done = run_cli("--data-dir", data, "compare", *runs_given, "--json", env=backend_env)
+    done = main_cli("--data-dir", data, "compare", *runs_given, "--json", env=backend_env)
     assert done.returncode == 1, done.stderr
     check_payload(json.loads(done.stdout))
 
 
 def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveServer, runs: dict[str, Path]) -> None:
     data = str(shared_server.data_dir)
-    warm = run_cli(
+    warm = main_cli(
         "--data-dir", data, "compare", *(str(runs[k]) for k in ("ref", "c1", "c2", "c3")), "--name", "3 cand", "--json"
     )
     assert warm.returncode == 1, warm.stderr
@@ -77,13 +78,13 @@ def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveSe
     }
 
     # the table: a column per candidate; exit 1 when any candidate diverges, not only the first
-    table = run_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["c2"]))
+    table = main_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["c2"]))
     assert table.returncode == 1, table.stderr
     lines = table.stdout.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == ["#", "layer", "tensor", "c3 (max |diff|)", "c2 (max |diff|)"]
     assert re.split(r"\s{2,}", lines[3]) == ["2", "1", "1_attn", "PASS 0", "FAIL 0.5"]
     assert "c3: no divergence" in lines and "c2: FIRST DIVERGENCE: 1_attn (layer 1)" in lines
-    clean = run_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["ref"]), "--json")
+    clean = main_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["ref"]), "--json")
     assert clean.returncode == 0, clean.stdout
     assert list(json.loads(clean.stdout)["first_divergences"]) == ["c3", "ref (candidate 2)"]
 

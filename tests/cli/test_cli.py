@@ -1,4 +1,5 @@
-"""The CLI contract that scripts rely on: JSON shapes, exit codes, --data-dir and the environment variable."""
+"""The CLI contract that scripts rely on: JSON shapes, exit codes, --data-dir and the environment variable (through
+`main(argv)` in this process; one test runs the command as a process, to see a real exit status)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
+from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import run_cli
 
@@ -23,7 +25,7 @@ def test_ingest_and_sessions_json(tmp_path: Path, backend_env: dict[str, str]) -
     archive = make_zip(folder, tmp_path / "ref.zip")
     data = tmp_path / "data"
     env = backend_env
-    done = run_cli(
+    done = main_cli(
         "--data-dir",
         str(data),
         "ingest",
@@ -42,7 +44,7 @@ def test_ingest_and_sessions_json(tmp_path: Path, backend_env: dict[str, str]) -
     assert out["problems"] == [
         {"file": f"{archive}/notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}
     ]
-    listed = run_cli("--data-dir", str(data), "sessions", "--json", env=env)
+    listed = main_cli("--data-dir", str(data), "sessions", "--json", env=env)
     assert listed.returncode == 0
     sessions = json.loads(listed.stdout)
     assert [(s["name"], [(r["label"], r["tensors"]) for r in s["runs"]]) for s in sessions] == [
@@ -54,7 +56,7 @@ def test_ingest_and_sessions_json(tmp_path: Path, backend_env: dict[str, str]) -
 def test_exit_two_when_nothing_usable(tmp_path: Path) -> None:
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"definitely not a tensor")
-    done = run_cli(
+    done = main_cli(
         "--data-dir",
         str(tmp_path / "data"),
         "ingest",
@@ -72,7 +74,7 @@ def test_exit_two_when_nothing_usable(tmp_path: Path) -> None:
     assert [p["file"] for p in out["problems"]] == [str(tmp_path / "missing.zip"), str(bad)] or sorted(
         p["file"] for p in out["problems"]
     ) == sorted([str(bad), str(tmp_path / "missing.zip")])
-    listed = run_cli("--data-dir", str(tmp_path / "data"), "sessions", "--json")
+    listed = main_cli("--data-dir", str(tmp_path / "data"), "sessions", "--json")
     assert json.loads(listed.stdout) == []  # the session the failed ingest would have created is not kept
 
 
@@ -83,7 +85,7 @@ def test_an_unreadable_pairing_file_is_refused_before_anything_is_done(tmp_path:
     pairing = tmp_path / "pairing.json"
     pairing.write_text("[1, 2]")
     data = tmp_path / "data"
-    done = run_cli("--data-dir", str(data), "compare", *map(str, runs), "--pairing", str(pairing), "--json")
+    done = main_cli("--data-dir", str(data), "compare", *map(str, runs), "--pairing", str(pairing), "--json")
     assert done.returncode == 2, done.stderr
     assert json.loads(done.stdout)["error"] == f"pairing file {pairing}: not a JSON object"
     assert not (data / "metadata.sqlite3").exists()  # no data dir opened, no run ingested
@@ -93,14 +95,15 @@ def test_environment_variable_sets_data_dir_and_human_output(tmp_path: Path) -> 
     path = tmp_path / "1_post_mlp.pth"
     torch.save(seeded((2,), 0), path)
     env = {"TENSOR_DEBUGGER_DATA_DIR": str(tmp_path / "envdata")}
-    done = run_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)
+    done = main_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)
     assert done.returncode == 0 and "stored 1 tensors" in done.stdout
     assert (tmp_path / "envdata" / "metadata.sqlite3").exists()
-    assert "env" in run_cli("sessions", env=env).stdout
-    again = run_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)
+    assert "env" in main_cli("sessions", env=env).stdout
+    again = main_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)
     assert again.returncode == 2 and "already has a run labelled 'a'" in again.stderr
 
 
 def test_bad_setting_is_a_clear_error(tmp_path: Path) -> None:
+    """In a child process, as a script sees it: the status a real process exits with, the message on its stderr."""
     done = run_cli("--data-dir", str(tmp_path), "sessions", env={"TENSOR_DEBUGGER_PORT": "eighty"})
     assert done.returncode == 2 and "TENSOR_DEBUGGER_PORT='eighty' is not a valid int" in done.stderr

@@ -9,8 +9,9 @@ import re
 import httpx
 import pytest
 
+from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
-from tests.support.servers import LiveServer, run_cli
+from tests.support.servers import LiveServer
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def sessions(_shared_server: LiveServer, tmp_path_factory: pytest.TempPathFactor
     ids = []
     for name, bug in (("diff before", 1), ("diff after", 2)):
         candidate = layered_dump(root / name.replace(" ", "-"), bug)
-        done = run_cli(
+        done = main_cli(
             "--data-dir", str(_shared_server.data_dir), "compare", str(ref), str(candidate), "--name", name, "--json"
         )
         assert done.returncode == 1, done.stderr
@@ -31,7 +32,7 @@ def sessions(_shared_server: LiveServer, tmp_path_factory: pytest.TempPathFactor
 
 def test_compare_sessions_cli(shared_server: LiveServer, sessions: tuple[int, int]) -> None:
     data = str(shared_server.data_dir)
-    done = run_cli("--data-dir", data, "compare-sessions", "diff before", str(sessions[1]), "--json")
+    done = main_cli("--data-dir", data, "compare-sessions", "diff before", str(sessions[1]), "--json")
     assert done.returncode == 0, done.stderr  # nothing broke
     out = json.loads(done.stdout)
     assert (out["a"]["name"], out["b"]["name"]) == ("diff before", "diff after")
@@ -52,12 +53,12 @@ def test_compare_sessions_cli(shared_server: LiveServer, sessions: tuple[int, in
     fixed = next(p for p in out["pairs"] if p["key"] == "1_attn")
     assert fixed["error_b"] == 0 and fixed["ratio"] == 0 and abs(fixed["error_a"] - 0.5) < 1e-5
     # the other way round a fix is a break: exit 1, and the table says which
-    table = run_cli("--data-dir", data, "compare-sessions", str(sessions[1]), str(sessions[0]))
+    table = main_cli("--data-dir", data, "compare-sessions", str(sessions[1]), str(sessions[0]))
     assert table.returncode == 1, table.stderr
     rows = {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line) for line in table.stdout.splitlines()}
     assert rows["1_attn"] == ["1_attn", "1", "PASS", "FAIL", "0", "0.5", "inf", "BROKEN"]
     assert "0 fixed, 2 broken, 0 better, 0 worse, 6 same, 0 only in A, 0 only in B" in table.stdout
-    missing = run_cli("--data-dir", data, "compare-sessions", "no such session", str(sessions[0]))
+    missing = main_cli("--data-dir", data, "compare-sessions", "no such session", str(sessions[0]))
     assert missing.returncode == 2 and "no session with id or name 'no such session'" in missing.stderr
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
+from tests.support.cli_main import main_cli
 from tests.support.dumps import seeded
-from tests.support.servers import run_cli
 
 
 def test_explore_pairs_every_tensor_with_every_other(tmp_path: Path) -> None:
@@ -18,7 +18,7 @@ def test_explore_pairs_every_tensor_with_every_other(tmp_path: Path) -> None:
         tmp_path / "acts.pth",
     )
     data = str(tmp_path / "data")
-    done = run_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--json")
+    done = main_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--json")
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert len(out["pairs"]) == 10 and out["unmatched"] == {"a": [], "b": []}
@@ -29,20 +29,20 @@ def test_explore_pairs_every_tensor_with_every_other(tmp_path: Path) -> None:
     assert verdicts[("acts.q", "acts.bias")] == "incomparable"
     assert all(p["strategy"] == "explore" for p in out["pairs"])
     matched = json.loads(
-        run_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--match", "*.[qk]", "--json").stdout
+        main_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--match", "*.[qk]", "--json").stdout
     )
     assert [(p["a"]["name"], p["b"]["name"]) for p in matched["pairs"]] == [("acts.q", "acts.k")]
-    human = run_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"))
+    human = main_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"))
     assert human.returncode == 0 and "10 pairs: 1 equal within tolerance" in human.stdout
 
 
 def test_explore_asks_for_a_filter_past_5000_pairs(tmp_path: Path) -> None:
     torch.save({f"t{i}": torch.full((2,), float(i)) for i in range(101)}, tmp_path / "many.pth")  # 5050 pairs
     data = str(tmp_path / "data")
-    done = run_cli("--data-dir", data, "explore", str(tmp_path / "many.pth"), "--json")
+    done = main_cli("--data-dir", data, "explore", str(tmp_path / "many.pth"), "--json")
     assert done.returncode == 2
     error = json.loads(done.stdout)["error"]
     assert "101 tensors make 5,050 pairs, over 5,000: choose fewer with --match GLOB" in error
-    assert json.loads(run_cli("--data-dir", data, "sessions", "--json").stdout) == []
-    done = run_cli("--data-dir", data, "explore", str(tmp_path / "many.pth"), "--match", "*t1?", "--json")
+    assert json.loads(main_cli("--data-dir", data, "sessions", "--json").stdout) == []
+    done = main_cli("--data-dir", data, "explore", str(tmp_path / "many.pth"), "--match", "*t1?", "--json")
     assert done.returncode == 0 and len(json.loads(done.stdout)["pairs"]) == 45

@@ -19,8 +19,9 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.web.address import ServerAddress, address_path, read_address, write_address
 from tensor_debugger.web.app import create_app
 
+from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer, free_port, run_cli
+from tests.support.servers import LiveServer, free_port
 
 
 def dumps(tmp_path: Path) -> tuple[Path, Path]:
@@ -43,7 +44,7 @@ def test_compare_uses_the_running_server_and_prints_the_same(shared_server: Live
     assert address is not None and address.url == shared_server.url  # the server said where it answers
     assert address_path(shared_server.data_dir).stat().st_mode & 0o077 == 0  # its token: the owner's only
 
-    warm = run_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(b), "--name", "warm", "--json")
+    warm = main_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(b), "--name", "warm", "--json")
     assert warm.returncode == 1, warm.stderr
     payload = json.loads(warm.stdout)
     # the server did it: the session URL is the server's own (a command alone names its settings' port, 8000)
@@ -51,15 +52,15 @@ def test_compare_uses_the_running_server_and_prints_the_same(shared_server: Live
     listed = httpx.get(f"{shared_server.url}/api/sessions", timeout=30).json()
     assert payload["session"]["id"] in [s["id"] for s in listed]
 
-    cold = run_cli("--data-dir", str(tmp_path / "alone"), "compare", str(a), str(b), "--name", "warm", "--json")
+    cold = main_cli("--data-dir", str(tmp_path / "alone"), "compare", str(a), str(b), "--name", "warm", "--json")
     assert cold.returncode == 1, cold.stderr
     assert without_ids(json.loads(cold.stdout)) == without_ids(payload)
 
-    failing = run_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(b), "--fail-fast")
+    failing = main_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(b), "--fail-fast")
     assert failing.returncode == 1
     assert "FIRST DIVERGENCE: 1_post_attn" in failing.stdout
 
-    missing = run_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(tmp_path / "nothing"))
+    missing = main_cli("--data-dir", str(shared_server.data_dir), "compare", str(a), str(tmp_path / "nothing"))
     assert missing.returncode == 2 and str(tmp_path / "nothing") in missing.stderr
 
 
@@ -69,8 +70,8 @@ def test_ingest_uses_the_running_server(shared_server: LiveServer, tmp_path: Pat
     torch.save(seeded((4, 4), 0), folder / "0_query.pth")
     (folder / "notes.txt").write_text("not a tensor")
     args = ("ingest", "--session", "warm ingest", "--run", "reference", str(folder), "--json")
-    warm = run_cli("--data-dir", str(shared_server.data_dir), *args)
-    cold = run_cli("--data-dir", str(tmp_path / "alone"), *args)
+    warm = main_cli("--data-dir", str(shared_server.data_dir), *args)
+    cold = main_cli("--data-dir", str(tmp_path / "alone"), *args)
     assert warm.returncode == cold.returncode == 0, warm.stderr + cold.stderr
     out = json.loads(warm.stdout)
     assert without_ids(out) == without_ids(json.loads(cold.stdout))
@@ -90,7 +91,7 @@ def test_a_stale_address_is_ignored(tmp_path: Path) -> None:
     ):
         write_address(settings.data_dir, stale)
         assert find_server(settings) is None
-    done = run_cli("--data-dir", str(settings.data_dir), "compare", str(a), str(b), "--json")
+    done = main_cli("--data-dir", str(settings.data_dir), "compare", str(a), str(b), "--json")
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["session"]["url"].startswith("http://127.0.0.1:8000/")  # done by itself
 

@@ -21,9 +21,14 @@ from tensor_debugger.store.database import create_db_engine, make_sessionmaker
 from tensor_debugger.store.models import PairRecord
 
 from tests.support.dumps import seeded
+from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
 
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 PAIRS = 24
+# leases short enough that waiting one out costs the tests little, long enough for a beat (a third of it) to come
+# in time on a loaded machine; the product's default is 30 s (TENSOR_DEBUGGER_CLAIM_SECONDS)
+LEASE = 1.2
 
 
 def session_with_pairs(services: Services, tmp_path: Path) -> int:
@@ -92,7 +97,7 @@ def test_the_pairs_of_a_process_that_died_are_taken_over_when_its_lease_expires(
 ) -> None:
     session_id = session_with_pairs(services, tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", CLAIM_AND_HANG, services.settings.database_url, str(session_id), "2"],
+        [sys.executable, "-c", CLAIM_AND_HANG, services.settings.database_url, str(session_id), str(LEASE)],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -114,14 +119,26 @@ def test_the_pairs_of_a_process_that_died_are_taken_over_when_its_lease_expires(
 @pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_a_heartbeat_keeps_claims_and_release_gives_them_back(services: Services, tmp_path: Path) -> None:
     session_id = session_with_pairs(services, tmp_path)
-    mine = Claims(services.sessions, 2.4)  # renewed every 0.8 s: slack for a loaded machine
-    other = Claims(services.sessions, 2.4)
+    mine = Claims(services.sessions, LEASE)
+    other = Claims(services.sessions, LEASE)
     assert len(mine.claim_pairs(session_id, 10)) == 10
+    first_until = held_until(services, mine.owner)
     mine.start()
     try:
-        time.sleep(3.0)  # past the first lease: renewed on the beat, still held
+        # renewed on the beat (read from the rows, so however late the beat comes on a loaded machine) ...
+        wait_until(lambda: held_until(services, mine.owner) > first_until, what="the heartbeat renewing the claims")
+        wait_until(lambda: time.time() > first_until, what="the first lease running out")
+        # ... so past the first lease they are still held
         assert len(other.claim_pairs(session_id, 1000)) == PAIRS - 10
     finally:
         mine.stop()
     mine.release_pairs()
     assert len(other.claim_pairs(session_id, 1000)) == 10
+
+
+def held_until(services: Services, owner: str) -> float:
+    """When the earliest of `owner`'s claims on pairs runs out (Unix seconds)."""
+    with services.sessions() as db:
+        until = db.scalar(select(func.min(PairRecord.claimed_until)).where(PairRecord.claimed_by == owner))
+    assert until is not None
+    return float(until)

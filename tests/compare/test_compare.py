@@ -31,6 +31,8 @@ from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.postgres import DATABASES
 from tests.support.s3 import STORES
 
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
+
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 
 
@@ -40,6 +42,12 @@ def dumps(tmp_path: Path, plant: Plant | None = PLANT) -> tuple[Path, Path]:
     return make_tar(tmp_path / "ref", tmp_path / "reference.tar.gz", "w:gz"), make_zip(
         tmp_path / "cand", tmp_path / "candidate.zip"
     )
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A reference (a .tar.gz) and a candidate (a .zip) with PLANT in it: written once, only read by the tests."""
+    return dumps(tmp_path_factory.mktemp("planted"))
 
 
 def compare_json(
@@ -53,9 +61,9 @@ def compare_json(
 
 @pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
 def test_compare_finds_the_planted_first_divergence(
-    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    services: Services, capsys: pytest.CaptureFixture[str], planted: tuple[Path, Path]
 ) -> None:
-    reference, candidate = dumps(tmp_path)
+    reference, candidate = planted
     code, out = compare_json(services, capsys, reference, candidate, name="port vs ref")
     assert code == 1
     assert out["session"]["name"] == "port vs ref"
@@ -82,8 +90,10 @@ def test_identical_runs_pass_and_exit_zero(
     assert {p["status"] for p in out["pairs"]} == {"pass"}
 
 
-def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    reference, _ = dumps(tmp_path)
+def test_unusable_input_exits_two(
+    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: tuple[Path, Path]
+) -> None:
+    reference, _ = planted
     junk = tmp_path / "junk.txt"
     junk.write_text("no tensors")
     code, out = compare_json(services, capsys, reference, junk)
@@ -94,9 +104,9 @@ def test_unusable_input_exits_two(services: Services, tmp_path: Path, capsys: py
 
 @pytest.mark.parametrize(BACKEND_FIXTURES, BACKENDS, indirect=True)
 def test_running_again_recomputes_nothing(
-    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    services: Services, capsys: pytest.CaptureFixture[str], planted: tuple[Path, Path]
 ) -> None:
-    reference, candidate = dumps(tmp_path)
+    reference, candidate = planted
     compare_json(services, capsys, reference, candidate, name="first")
     reads_before = services.store.chunk_reads
     code, out = compare_json(services, capsys, reference, candidate, name="first")
@@ -108,8 +118,10 @@ def test_running_again_recomputes_nothing(
     assert services.store.chunk_reads == reads_before
 
 
-def test_tolerances_change_verdicts(services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    reference, candidate = dumps(tmp_path)
+def test_tolerances_change_verdicts(
+    services: Services, capsys: pytest.CaptureFixture[str], planted: tuple[Path, Path]
+) -> None:
+    reference, candidate = planted
     code, out = compare_json(services, capsys, reference, candidate, atol=1.0)
     assert code == 0 and out["first_divergence"] is None
     session_id = out["session"]["id"]

@@ -24,8 +24,8 @@ from tensor_debugger.settings import Settings, available_cpus
 from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
+from tests.support.cli_main import main_cli
 from tests.support.dumps import seeded
-from tests.support.servers import run_cli
 
 BIG = (600, 4096)  # 2.5M float32 values: three comparison blocks, and many ingest blocks of small chunks
 SMALL_CHUNKS = "16384"  # bytes per stored chunk: blocks of 256 KiB, so every tensor is many blocks
@@ -67,13 +67,13 @@ def test_without_an_affinity_mask_every_cpu_counts(monkeypatch: pytest.MonkeyPat
 def test_a_bad_number_of_workers_is_a_clear_error(
     tmp_path: Path, env: dict[str, str], flag: list[str], message: str
 ) -> None:
-    done = run_cli("--data-dir", str(tmp_path), *flag, "sessions", env=env)
+    done = main_cli("--data-dir", str(tmp_path), *flag, "sessions", env=env)
     assert done.returncode == 2
     assert message in done.stderr
 
 
 def test_the_flag_is_parsed_as_a_number(tmp_path: Path) -> None:
-    done = run_cli("--data-dir", str(tmp_path), "--workers", "two", "sessions")
+    done = main_cli("--data-dir", str(tmp_path), "--workers", "two", "sessions")
     assert done.returncode == 2 and "argument --workers: invalid int value: 'two'" in done.stderr
 
 
@@ -180,7 +180,7 @@ def test_results_are_the_same_for_any_number_of_workers(tmp_path: Path) -> None:
     outputs, states = [], []
     for workers in ("1", "3"):
         data = tmp_path / f"data-{workers}"
-        done = run_cli(
+        done = main_cli(
             "--data-dir",
             str(data),
             "compare",

@@ -9,13 +9,17 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 
+from tests.support.cli_main import main_cli
 from tests.support.dumps import named_dump
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, cli_command, run_cli
+from tests.support.servers import LiveServer, cli_command
+
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def test_two_cli_ingests_creating_one_session_both_land(tmp_path: Path) -> None:
@@ -36,7 +40,7 @@ def test_two_cli_ingests_creating_one_session_both_land(tmp_path: Path) -> None:
         out, err = child.communicate(timeout=120)
         assert child.returncode == 0, err
         assert "of session 'raced'" in out
-    listed = run_cli("--data-dir", str(data), "sessions", "--json")
+    listed = main_cli("--data-dir", str(data), "sessions", "--json")
     [session] = json.loads(listed.stdout)
     assert sorted(r["label"] for r in session["runs"]) == ["a", "b"]
     assert [r["role"] for r in session["runs"]] == ["reference", "candidate"]

@@ -17,6 +17,8 @@ from tensor_debugger.services import Services
 
 from tests.support.dumps import make_tar, make_zip, seeded
 
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
+
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
     code = run_compare(services, compare_request(a, b, None, None, None), True)
@@ -116,6 +118,12 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return made
 
 
+@pytest.fixture(scope="module")
+def llama_tensors() -> int:
+    """How many tensors the tiny Llama's state dict holds (the model built once for the module)."""
+    return len(tiny_llama().state_dict())
+
+
 def test_checkpoints_are_really_sharded(checkpoints: dict[str, Path]) -> None:
     shards = sorted(p.name for p in checkpoints["sharded_safetensors"].glob("*.safetensors"))
     assert len(shards) > 2 and shards[0].startswith("model-00001-of-")
@@ -135,12 +143,16 @@ def test_checkpoints_are_really_sharded(checkpoints: dict[str, Path]) -> None:
     ],
 )
 def test_hugging_face_checkpoints_pair_in_any_packaging(
-    services: Services, tmp_path: Path, capsys: pytest.CaptureFixture[str], checkpoints: dict[str, Path], a: str, b: str
+    services: Services,
+    capsys: pytest.CaptureFixture[str],
+    checkpoints: dict[str, Path],
+    llama_tensors: int,
+    a: str,
+    b: str,
 ) -> None:
-    expected = len(tiny_llama().state_dict())
     code, out = compare(services, capsys, checkpoints[a], checkpoints[b])
     assert out["unmatched"] == {"a": [], "b": []}
-    assert len(out["pairs"]) == expected
+    assert len(out["pairs"]) == llama_tensors
     assert code == 0 and all(p["status"] == "pass" for p in out["pairs"])
     # the index is read, never reported as a file that is not a tensor
     assert not [p for p in out["problems"] if "index.json" in p["file"]]

@@ -23,10 +23,13 @@ from tensor_debugger.store.dtypes import parse_dtype
 from tensor_debugger.store.models import RunRecord, TensorRecord
 from tensor_debugger.store.object_chunks import ObjectChunkReader
 
+from tests.support.cli_main import Finished, main_cli
 from tests.support.dumps import seeded
 from tests.support.s3 import ACCESS_KEY, BUCKET, PARTLY_WRITABLE, SECRET_KEY, SeaweedS3
 from tests.support.servers import run_cli
 from tests.support.stored import read_back, same_bits, stored
+
+pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 @pytest.mark.parametrize("store_url", ["s3"], indirect=True)
@@ -82,7 +85,7 @@ def test_a_store_refusing_writes_mid_ingest_fails_the_run_naming_the_file(s3: Se
         torch.save({"hidden": seeded((64, 64), seed=n)}, inputs[-1])
     env = {**s3.read_only_environ, "TENSOR_DEBUGGER_STORE_URL": f"s3://{BUCKET}/{PARTLY_WRITABLE}"}
     data = tmp_path / "data"
-    done = run_cli(
+    done = main_cli(
         "--data-dir", str(data), "ingest", "--session", "s3 refused", "--run", "ref", *map(str, inputs), env=env
     )
     assert done.returncode == 2, done.stderr
@@ -114,7 +117,9 @@ def test_a_store_that_cannot_be_used_is_a_clear_error_naming_the_setting(s3: Sea
 @pytest.mark.parametrize("command", ["sessions", "serve"])
 def test_the_cli_says_which_setting_before_doing_anything(s3: SeaweedS3, tmp_path: Path, command: str) -> None:
     env = {**s3.environ, "TENSOR_DEBUGGER_STORE_URL": "s3://no-such-bucket/arrays"}
-    done = run_cli("--data-dir", str(tmp_path / "data"), command, env=env)
+    # `serve` in a child: were the store not checked first, the server would start there, not in this process
+    args = ("--data-dir", str(tmp_path / "data"), command)
+    done: Finished = run_cli(*args, env=env) if command == "serve" else main_cli(*args, env=env)
     assert done.returncode == 2, done.stderr
     assert "TENSOR_DEBUGGER_STORE_URL=s3://no-such-bucket/arrays" in done.stderr
     assert "does not exist" in done.stderr and "Traceback" not in done.stderr
