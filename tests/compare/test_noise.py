@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.cli import run_main
+from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer, upload, wait_done
 
@@ -27,14 +27,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def test_only_the_bug_diverges_against_the_noise_floor(
-    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    done = run_main(
-        capsys,
-        "--data-dir", str(tmp_path / "data"), "compare", str(runs["ref"]), str(runs["cand"]), "--noise",
-        str(runs["rerun"]), "--json",
-    )  # fmt: skip
+def test_only_the_bug_diverges_against_the_noise_floor(runs: dict[str, Path], tmp_path: Path) -> None:
+    data = str(tmp_path / "data")
+    done = main_cli(
+        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]), "--json"
+    )
     assert done.returncode == 1, done.stderr
     out = json.loads(done.stdout)
     assert {p["name"] for p in out["pairs"] if p["status"] == "fail"} == BUG
@@ -45,34 +42,19 @@ def test_only_the_bug_diverges_against_the_noise_floor(
     assert all(1e-4 < f < 2e-4 for f in floors), floors  # two draws of ±1e-4: at most 2e-4 apart
 
 
-def test_noise_through_a_server_its_upload_and_page(
-    shared_server: LiveServer, runs: dict[str, Path], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_noise_through_a_server_its_upload_and_page(shared_server: LiveServer, runs: dict[str, Path]) -> None:
     data = str(shared_server.data_dir)
-    plain = run_main(
-        capsys, "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--name", "no floor", "--json"
-    )
+    plain = main_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--name", "no floor", "--json")
     assert plain.returncode == 1
     out = json.loads(plain.stdout)
     assert all(p["status"] == "fail" and p["rule"] == "tolerance" for p in out["pairs"])  # noise beats tolerances
     assert out["first_divergence"]["name"] == "0_attn"
-    tight = run_main(
-        capsys,
-        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
-        "--noise-factor", "0.01", "--json",
-    )  # fmt: skip
+    compare = ["--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"])]
+    tight = main_cli(*compare, "--noise-factor", "0.01", "--json")
     assert json.loads(tight.stdout)["first_divergence"]["name"] == "0_attn"  # within 1% of the floor: nothing is
-    fast = run_main(
-        capsys,
-        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
-        "--fail-fast", "--json",
-    )  # fmt: skip
+    fast = main_cli(*compare, "--fail-fast", "--json")
     assert fast.returncode == 1 and json.loads(fast.stdout)["first_divergence"]["name"] == "2_attn"
-    refused = run_main(
-        capsys,
-        "--data-dir", data, "compare", str(runs["ref"]), str(runs["cand"]), "--noise", str(runs["rerun"]),
-        "--noise-factor", "-1", "--json",
-    )  # fmt: skip
+    refused = main_cli(*compare, "--noise-factor", "-1", "--json")
     assert refused.returncode == 2 and "noise factor must be a positive" in json.loads(refused.stdout)["error"]
 
     files = [(field, path) for field, run in (("reference", "ref"), ("candidate", "cand"), ("noise", "rerun"))

@@ -3,7 +3,6 @@ process: a zip of zips, a full disk, a server killed mid-upload, two runs racing
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import signal
@@ -15,10 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tensor_debugger.cli.main import main
 
 from tests.support import loopback_http as http
 from tests.support.bombs import nested_zip_bomb
+from tests.support.cli_main import main_cli
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, child_env, cli_command, free_port, started_server, upload
 
@@ -158,9 +157,7 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
 
-def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(
-    small_disk: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(small_disk: Path, tmp_path: Path) -> None:
     server = started_server(small_disk)
     try:
         rng = np.random.default_rng(1)
@@ -197,15 +194,11 @@ def test_out_of_disk_space_is_507_the_run_failed_and_the_session_usable(
     for name in ("0_a.npy", "0_b.npy"):
         os.link(big, dump / name)
     # in this process (what it prints and stores is the point here, not its start-up)
-    for name in [k for k in os.environ if k.startswith("TENSOR_DEBUGGER_")]:
-        monkeypatch.delenv(name)
-    try:
-        assert main(["--data-dir", str(cli), "ingest", "--session", "full", "--run", "ref", str(dump)]) == 2
-        assert "out of disk space" in capsys.readouterr().err
-        assert main(["--data-dir", str(cli), "sessions", "--json"]) == 0
-    finally:
-        gc.unfreeze()  # what `main` froze at its start-up
-    listed = json.loads(capsys.readouterr().out)
+    refused = main_cli("--data-dir", str(cli), "ingest", "--session", "full", "--run", "ref", str(dump))
+    assert refused.returncode == 2 and "out of disk space" in refused.stderr
+    listing = main_cli("--data-dir", str(cli), "sessions", "--json")
+    assert listing.returncode == 0
+    listed = json.loads(listing.stdout)
     assert [(r["label"], r["status"]) for r in listed[0]["runs"]] == [("ref", "failed")]
 
 

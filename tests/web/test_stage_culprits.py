@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from tests.support import loopback_http
-from tests.support.cli import run_main
+from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, upload, wait_done
 
@@ -31,11 +30,9 @@ def plain_runs(root: Path) -> tuple[Path, Path]:
     return ref, cand
 
 
-def test_compare_json_ranks_the_stage_that_adds_the_error_first(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) -> None:
     ref, cand = plain_runs(tmp_path)
-    done = run_main(capsys, "--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
     assert done.returncode == 1, done.stderr
     culprits = json.loads(done.stdout)["culprits"]
     assert [c["name"] for c in culprits][:2] == ["1_attn_out", "0_mlp_out"]
@@ -43,7 +40,7 @@ def test_compare_json_ranks_the_stage_that_adds_the_error_first(
     assert (first["layer"], first["stage"], first["previous"]) == (1, "attn_out", "0_mlp_out")
     assert abs(first["output_error"] - 0.05) < 1e-4 and abs(first["input_error"] - 1e-3) < 1e-5
     assert abs(first["added_error"] - (first["output_error"] - first["input_error"])) < 1e-12
-    table = run_main(capsys, "--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
+    table = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
     assert "stages by the error they added" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
 
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
 from tests.support import loopback_http
-from tests.support.cli import run_main
+from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, upload, wait_done
 
@@ -28,15 +27,13 @@ def one_ulp_apart(root: Path) -> tuple[Path, Path]:
     return ref, cand
 
 
-def test_cli_one_ulp_passes_and_tight_tolerances_fail(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_one_ulp_passes_and_tight_tolerances_fail(tmp_path: Path) -> None:
     ref, cand = one_ulp_apart(tmp_path)
     data = str(tmp_path / "data")
-    passed = run_main(capsys, "--data-dir", data, "compare", str(ref), str(cand), "--ulp", "1", "--json")
+    passed = main_cli("--data-dir", data, "compare", str(ref), str(cand), "--ulp", "1", "--json")
     assert passed.returncode == 0, passed.stdout + passed.stderr
     assert {p["status"] for p in json.loads(passed.stdout)["pairs"]} == {"pass"}
-    tight = run_main(
-        capsys, "--data-dir", data, "compare", str(ref), str(cand), "--rtol", "1e-6", "--atol", "0", "--json"
-    )
+    tight = main_cli("--data-dir", data, "compare", str(ref), str(cand), "--rtol", "1e-6", "--atol", "0", "--json")
     assert tight.returncode == 1
     assert {p["stats"]["mismatched"] for p in json.loads(tight.stdout)["pairs"]} == {16 * 32}
 

@@ -3,18 +3,15 @@ page, whose rows open the inspector on their element."""
 
 from __future__ import annotations
 
-import gc
 import json
-import os
 import re
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
-import pytest
 import torch
-from tensor_debugger.cli.main import main
 
 from tests.support import loopback_http as http
+from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, run_cli, upload, wait_done
 
@@ -49,19 +46,12 @@ def check_worst(worst: list[dict[str, object]], top: int) -> None:
     assert all(w["index"][0] == 2 for w in worst)  # type: ignore[index]
 
 
-def test_cli_json_carries_the_worst_elements_and_top_sets_how_many(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_cli_json_carries_the_worst_elements_and_top_sets_how_many(tmp_path: Path) -> None:
     ref, cand = planted_runs(tmp_path)
-    for name in [k for k in os.environ if k.startswith("TENSOR_DEBUGGER_")]:
-        monkeypatch.delenv(name)
-    try:  # in this process: what the command prints is the point here, not its start-up
-        code = main(["--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--top", "5", "--json"])
-    finally:
-        gc.unfreeze()  # what `main` froze at its start-up
-    out = capsys.readouterr()
-    assert code == 1, out.err
-    pairs = {p["name"]: p for p in json.loads(out.out)["pairs"]}
+    # in this process: what the command prints is the point here, not its start-up
+    out = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--top", "5", "--json")
+    assert out.returncode == 1, out.stderr
+    pairs = {p["name"]: p for p in json.loads(out.stdout)["pairs"]}
     check_worst(pairs["0_attn_out"]["stats"]["worst"], 5)
     assert pairs["1_mlp_out"]["stats"]["worst"] == []  # identical: no element differs
     refused = run_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--top", "65")
