@@ -9,9 +9,9 @@ import json
 import re
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import loopback_http
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
@@ -61,7 +61,7 @@ def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveSe
     out = json.loads(warm.stdout)
     check_payload(out)
     session_id = out["session"]["id"]
-    page = httpx.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth, timeout=30)
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth, timeout=30)
     assert page.status_code == 200
     section = page.text.split('aria-label="Candidates"')[1].split("</section>")[0]
     assert re.findall(r"<th>(c\d)</th>", section) == ["c1", "c2", "c3"]
@@ -70,7 +70,9 @@ def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveSe
     assert row is not None
     assert re.findall(r'badge (\w+)">', row.group(1)) == ["pass", "fail", "pass"]
     assert "first divergence at <strong>1_attn</strong>" in section and "no divergence" in section
-    exported = httpx.get(f"{shared_server.url}/sessions/{session_id}/pairs.csv", headers=shared_server.auth).text
+    exported = loopback_http.get(
+        f"{shared_server.url}/sessions/{session_id}/pairs.csv", headers=shared_server.auth
+    ).text
     rows = list(csv.DictReader(io.StringIO(exported)))
     assert [r["candidate_run"] for r in rows] == ["c1"] * 8 + ["c2"] * 8 + ["c3"] * 8
     assert {(r["candidate_run"], r["name"]) for r in rows if r["status"] == "fail"} == {

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-import httpx
 import pytest
 
+from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer
@@ -64,18 +64,18 @@ def test_compare_sessions_cli(shared_server: LiveServer, sessions: tuple[int, in
 
 def test_compare_sessions_api_and_page(shared_server: LiveServer, sessions: tuple[int, int]) -> None:
     before, after = sessions
-    api = httpx.get(
+    api = loopback_http.get(
         f"{shared_server.url}/api/sessions/compare", params={"a": before, "b": after}, headers=shared_server.auth
     )
     assert api.status_code == 200, api.text
     assert api.json()["counts"]["fixed"] == 2
     assert (
-        httpx.get(
+        loopback_http.get(
             f"{shared_server.url}/api/sessions/compare", params={"a": before, "b": 10**9}, headers=shared_server.auth
         ).status_code
         == 404
     )
-    page = httpx.get(
+    page = loopback_http.get(
         f"{shared_server.url}/sessions/compare", params={"a": before, "b": after}, headers=shared_server.auth
     )
     assert page.status_code == 200
@@ -83,6 +83,8 @@ def test_compare_sessions_api_and_page(shared_server: LiveServer, sessions: tupl
     assert "2 fixed, 6 same" in section
     row = re.search(r'<tr class="change-fixed"><td>1_attn</td>(.*?)</tr>', section, re.S)
     assert row is not None and "<strong>fixed</strong>" in row.group(1)
-    form = httpx.get(f"{shared_server.url}/sessions/compare", headers=shared_server.auth)  # no sessions picked yet
+    form = loopback_http.get(
+        f"{shared_server.url}/sessions/compare", headers=shared_server.auth
+    )  # no sessions picked yet
     assert form.status_code == 200 and f'<option value="{after}">diff after' in form.text
     assert 'aria-label="Changes"' not in form.text

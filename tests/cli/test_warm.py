@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 from litestar.testing import TestClient
 from tensor_debugger.cli.warm import find_server
@@ -19,6 +18,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.web.address import ServerAddress, address_path, read_address, write_address
 from tensor_debugger.web.app import create_app
 
+from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, free_port
@@ -49,7 +49,7 @@ def test_compare_uses_the_running_server_and_prints_the_same(shared_server: Live
     payload = json.loads(warm.stdout)
     # the server did it: the session URL is the server's own (a command alone names its settings' port, 8000)
     assert payload["session"]["url"] == f"{shared_server.url}/sessions/{payload['session']['id']}"
-    listed = httpx.get(f"{shared_server.url}/api/sessions", timeout=30).json()
+    listed = loopback_http.get(f"{shared_server.url}/api/sessions", timeout=30).json()
     assert payload["session"]["id"] in [s["id"] for s in listed]
 
     cold = main_cli("--data-dir", str(tmp_path / "alone"), "compare", str(a), str(b), "--name", "warm", "--json")
@@ -76,7 +76,7 @@ def test_ingest_uses_the_running_server(shared_server: LiveServer, tmp_path: Pat
     out = json.loads(warm.stdout)
     assert without_ids(out) == without_ids(json.loads(cold.stdout))
     assert out["run"]["tensors"] == 1 and out["problems"][0]["file"] == f"{folder}/notes.txt"
-    session = httpx.get(f"{shared_server.url}/api/sessions/{out['session']['id']}", timeout=30).json()
+    session = loopback_http.get(f"{shared_server.url}/api/sessions/{out['session']['id']}", timeout=30).json()
     assert [r["label"] for r in session["runs"]] == ["reference"]
 
 

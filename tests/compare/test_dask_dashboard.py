@@ -5,20 +5,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import httpx
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
+from tests.support import loopback_http
 from tests.support.dask_cluster import DaskCluster, dashboard_compute_times
 from tests.support.dumps import layered_dump
 
 
 def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, dask_cluster: DaskCluster) -> None:
-    status = httpx.get(f"{dask_cluster.dashboard}/status", follow_redirects=True, timeout=30)
+    status = loopback_http.get(f"{dask_cluster.dashboard}/status", follow_redirects=True, timeout=30)
     assert status.status_code == 200, status.text
     assert "Dask Diagnostic UI" in status.text and "needs bokeh" not in status.text
-    plots = httpx.get(f"{dask_cluster.dashboard}/individual-plots.json", timeout=30).json()
+    plots = loopback_http.get(f"{dask_cluster.dashboard}/individual-plots.json", timeout=30).json()
     assert {"Individual Task Stream", "Individual Progress", "Individual Workers"} <= plots.keys()
     try:
         before = dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0)

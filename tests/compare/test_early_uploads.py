@@ -8,13 +8,13 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 from sqlalchemy import select
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
 
+from tests.support import loopback_http
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, upload, wait_done
 
@@ -56,7 +56,7 @@ def test_an_upload_shows_pairs_compared_before_its_candidate_is_ready(
         page_url = f"{shared_server.url}/sessions/{session_id}"
 
         def candidate_ingesting() -> tuple[dict[str, Any], bool]:
-            progress = httpx.get(progress_url, headers=shared_server.auth, timeout=30).json()
+            progress = loopback_http.get(progress_url, headers=shared_server.auth, timeout=30).json()
             candidate = next(r for r in progress["runs"] if r["role"] == "candidate")
             return progress, candidate["status"] == "ingesting"
 
@@ -70,7 +70,7 @@ def test_an_upload_shows_pairs_compared_before_its_candidate_is_ready(
                 return ""
             with make_sessionmaker(engine)() as db:
                 stored = set(db.scalars(select(ComparisonResultRecord.id))) - before
-            page = httpx.get(page_url, headers=shared_server.auth, timeout=30).text
+            page = loopback_http.get(page_url, headers=shared_server.auth, timeout=30).text
             if len(stored) < PAIRED or "compared while ingesting" not in page:
                 return ""
             return (progress, page, stored) if candidate_ingesting()[1] else "too late"

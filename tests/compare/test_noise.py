@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import httpx
 import pytest
 
+from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer, upload, wait_done
@@ -67,8 +67,8 @@ def test_noise_through_a_server_its_upload_and_page(shared_server: LiveServer, r
     assert [c["label"] for c in report["candidates"]] == ["candidate"]
     assert {p["rule"] for p in report["pairs"]} == {"noise"}
     # one group of every pair (the grouped view opens only the failing groups)
-    page = httpx.get(f"{shared_server.url}/sessions/{session_id}?group=none", headers=shared_server.auth).text
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}?group=none", headers=shared_server.auth).text
     assert ">Noise floor</th>" in page and page.count('<small class="rule">by noise</small>') == 8
     assert "within 4× the rerun" in page
-    form = httpx.get(f"{shared_server.url}/", headers=shared_server.auth).text
+    form = loopback_http.get(f"{shared_server.url}/", headers=shared_server.auth).text
     assert '<input type="file" name="noise" multiple>' in form

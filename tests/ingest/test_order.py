@@ -7,13 +7,13 @@ import os
 import subprocess
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 
+from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import named_dump
 from tests.support.polling import wait_until
@@ -53,11 +53,11 @@ def test_reference_is_the_run_sent_first_not_the_first_ingested(shared_server: L
     rng = np.random.default_rng(0)
     np.save(big / "0_query.npy", rng.standard_normal((32, 1024, 1024), dtype=np.float32))  # 128 MiB
     np.save(tiny / "0_query.npy", rng.standard_normal((4, 4), dtype=np.float32))
-    made = httpx.post(shared_server.url + "/api/sessions", json={"name": "big first"})
+    made = loopback_http.post(shared_server.url + "/api/sessions", json={"name": "big first"})
     session_id = made.json()["id"]
     for label, folder in (("big", big), ("tiny", tiny)):
         with open(folder / "0_query.npy", "rb") as f:
-            sent = httpx.post(
+            sent = loopback_http.post(
                 f"{shared_server.url}/api/sessions/{session_id}/runs",
                 params={"label": label, "wait": "false"},
                 files=[("run", ("0_query.npy", f))],
@@ -66,15 +66,15 @@ def test_reference_is_the_run_sent_first_not_the_first_ingested(shared_server: L
         assert sent.status_code == 202, sent.text
     session_url = f"{shared_server.url}/api/sessions/{session_id}"
     runs = wait_until(
-        lambda: httpx.get(session_url).json()["runs"],
+        lambda: loopback_http.get(session_url).json()["runs"],
         until=lambda runs: runs[1]["status"] == "ready" or runs[0]["status"] == "ready",
         what="a run to be ingested",
         timeout=120,
     )
     if runs[0]["status"] != "ready":  # the tiny run finished first: it must not be compared with anything yet
-        assert httpx.get(session_url + "/pairs").json()["pairs"] == []
+        assert loopback_http.get(session_url + "/pairs").json()["pairs"] == []
     runs = wait_until(
-        lambda: httpx.get(session_url).json()["runs"],
+        lambda: loopback_http.get(session_url).json()["runs"],
         until=lambda runs: all(r["status"] == "ready" for r in runs),
         what="both runs to be ingested",
         timeout=120,

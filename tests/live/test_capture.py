@@ -23,6 +23,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
 from torch import nn
 
+from tests.support import loopback_http
 from tests.support.dumps import random_bits
 from tests.support.polling import wait_until
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer
@@ -180,7 +181,9 @@ def test_capture_sends_the_servers_token(token_server: LiveServer) -> None:
         capture(net, session="captured with a token", run="r", server=token_server.url, token=WRITE_TOKEN) as result,
     ):
         net(torch.randn(2, 4))
-    session = httpx.get(f"{token_server.url}/api/sessions/{result.session_id}", headers=bearer(READ_TOKEN)).json()
+    session = loopback_http.get(
+        f"{token_server.url}/api/sessions/{result.session_id}", headers=bearer(READ_TOKEN)
+    ).json()
     assert session["name"] == "captured with a token" and [r["id"] for r in session["runs"]] == [result.run_id]
 
 
