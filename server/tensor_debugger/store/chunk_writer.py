@@ -43,20 +43,18 @@ class ChunkWriter:
         self._layout = layout
         self._folder = folder
         self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
-        from numcodecs import Blosc  # here, not at the top: what only reads the metadata database needs none
-
         codec = layout.blosc
-        self._codec = (
-            None
-            if codec is None  # raw chunks
-            else Blosc(
+        self._codec: Any = None  # raw chunks
+        if codec is not None:
+            from numcodecs import Blosc  # here, not at the top: what writes raw chunks or reads needs none
+
+            self._codec = Blosc(
                 cname=codec.cname,
                 clevel=codec.clevel,
                 shuffle=_shuffle(codec.shuffle),
                 blocksize=codec.blocksize,
                 typesize=codec.typesize,
             )
-        )
         self._made: set[Path] = set()
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
