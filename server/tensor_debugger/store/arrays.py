@@ -27,6 +27,7 @@ from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
 from tensor_debugger.store.layout import (
+    CHUNK_SEPARATOR,
     ArrayLayout,
     BloscSettings,
     array_document,
@@ -166,6 +167,8 @@ class ArrayStore:
             compressors=DEFAULT_CODEC if compressed else None,
             fill_value=np.zeros((), dtype=dtype.numpy_storage)[()],
             attributes={"logical_dtype": dtype.name},
+            # a folder's arrays name their chunks "c.0.0" (layout.CHUNK_SEPARATOR); an object store's "c/0/0"
+            chunk_key_encoding={"name": "default", "separator": CHUNK_SEPARATOR if self._folder else "/"},
             overwrite=True,
             # every chunk is written: the per-chunk comparison with the fill value costs more than it saves
             config={"write_empty_chunks": True},

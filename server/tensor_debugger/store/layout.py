@@ -91,6 +91,12 @@ class ArrayLayout:
         return self.separator.join(("c", *(str(c) for c in coords)))
 
 
+# New arrays in a local folder name their chunks "c.0.0" (the "default" encoding with "." between coordinates), all
+# in the array's folder: with "/" (Zarr's default) every chunk made a folder of its own ("c/0/0"), a directory inode
+# and a mkdir per chunk, which cost a first compare (2 x 200 MB) about 0.15 s. Readers follow each zarr.json.
+CHUNK_SEPARATOR = "."
+
+
 def array_document(
     shape: tuple[int, ...],
     dtype: np.dtype[Any],
@@ -121,7 +127,7 @@ def array_document(
         "shape": list(shape),
         "data_type": dtype.name,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": CHUNK_SEPARATOR}},
         "fill_value": fill,
         "codecs": codecs,
         "attributes": attributes,
