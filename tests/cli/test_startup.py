@@ -114,3 +114,21 @@ def test_compare_again_on_unchanged_files_imports_neither_zarr_nor_torch(tmp_pat
     modules = set(json.loads(again.stderr.strip().splitlines()[-1]))
     assert not modules & {"zarr", "numcodecs", "torch", "alembic", "litestar", "jinja2"}
     assert json.loads(again.stdout)["first_divergence"] == json.loads(first.stdout)["first_divergence"]
+
+
+@pytest.mark.parametrize(("preset", "threads"), [(None, 1), ("2", 2)])
+def test_numpy_starts_no_blas_thread_unless_asked(tmp_path: Path, preset: str | None, threads: int) -> None:
+    """OpenBLAS starts a spinning thread per core when numpy is imported, for BLAS calls nothing here makes: the
+    command asks for none (a user's OPENBLAS_NUM_THREADS is kept), so after `sessions` the process has one thread."""
+    probe = (
+        "import os, sys; from tensor_debugger.cli.main import main;"
+        f"main(['--data-dir', {str(tmp_path / 'data')!r}, 'sessions', '--json']);"
+        "assert 'numpy' in sys.modules;"
+        "print(len(os.listdir('/proc/self/task')), file=sys.stderr)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSOR_DEBUGGER_", "OPENBLAS_"))}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stderr.strip().splitlines()[-1]) == threads
