@@ -1,6 +1,6 @@
 """Start-up cost of the CLI: what a command imports. torch alone takes about a second to import, so a command that
 does not read a PyTorch file must not import it; Alembic (a quarter of a second) only runs on a database that is not
-at the newest migration."""
+at the newest migration and not new; Zarr only where a local folder's arrays are not written by the chunk writer."""
 
 from __future__ import annotations
 
@@ -48,8 +48,8 @@ def test_npy_safetensors_and_pth_ingest_without_torch(tmp_path: Path) -> None:
     bf16 = tmp_path / "b.safetensors"
     save_file({"w": torch.arange(8, dtype=torch.bfloat16)}, str(bf16))
     data = tmp_path / "data"
-    first = ingest(data, "npy", npy)  # a new data folder: migrated
-    assert "torch" not in first and "alembic" in first
+    first = ingest(data, "npy", npy)  # a new data folder: created from the models and stamped, without Alembic
+    assert not first & {"torch", "alembic", "zarr"}
     second = ingest(data, "safetensors", bf16)  # an existing one, already at the newest migration
     assert not second & {"torch", "alembic", "mako", "pygments"}
     pth = tmp_path / "c.pth"
@@ -107,9 +107,28 @@ def test_compare_again_on_unchanged_files_imports_neither_zarr_nor_torch(tmp_pat
     env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
     first = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
     assert first.returncode == 1, first.stderr  # a divergence found
-    assert "zarr" in json.loads(first.stderr.strip().splitlines()[-1])  # the first compare stores the tensors
+    # the first compare stores the tensors, writing their arrays' metadata itself
+    assert not {"zarr", "alembic"} & set(json.loads(first.stderr.strip().splitlines()[-1]))
     again = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, env=env, timeout=120)
     assert again.returncode == 1, again.stderr
     modules = set(json.loads(again.stderr.strip().splitlines()[-1]))
     assert not modules & {"zarr", "numcodecs", "torch", "alembic", "litestar", "jinja2"}
     assert json.loads(again.stdout)["first_divergence"] == json.loads(first.stdout)["first_divergence"]
+
+
+@pytest.mark.parametrize(("preset", "threads"), [(None, 1), ("2", 2)])
+def test_numpy_starts_no_blas_thread_unless_asked(tmp_path: Path, preset: str | None, threads: int) -> None:
+    """OpenBLAS starts a spinning thread per core when numpy is imported, for BLAS calls nothing here makes: the
+    command asks for none (a user's OPENBLAS_NUM_THREADS is kept), so after `sessions` the process has one thread."""
+    probe = (
+        "import os, sys; from tensor_debugger.cli.main import main;"
+        f"main(['--data-dir', {str(tmp_path / 'data')!r}, 'sessions', '--json']);"
+        "assert 'numpy' in sys.modules;"
+        "print(len(os.listdir('/proc/self/task')), file=sys.stderr)"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TENSOR_DEBUGGER_", "OPENBLAS_"))}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert int(done.stderr.strip().splitlines()[-1]) == threads

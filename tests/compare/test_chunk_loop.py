@@ -26,6 +26,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
+from tensor_debugger.store.layout import read_layout
 from tensor_debugger.store.object_chunks import ObjectChunkReader
 
 from tests.support.s3 import SeaweedS3
@@ -201,7 +202,9 @@ def test_no_loop_for_exact_comparisons_other_dtypes_or_when_turned_off(
 
 
 def chunk_file(services: Services, key: str, coords: str) -> Path:
-    return Path(services.store.url.removeprefix("file://")) / key / "c" / coords
+    """The chunk file at `coords` ("2/0") of the array at `key`, named as its zarr.json's key encoding says."""
+    layout = read_layout(Path(services.store.url.removeprefix("file://")) / key, key)
+    return Path(services.store.url.removeprefix("file://")) / key / layout.chunk_key(tuple(map(int, coords.split("/"))))
 
 
 def test_blocks_the_loop_cannot_finish_go_through_the_views(services: Services, pool: ThreadPoolExecutor) -> None:
@@ -236,10 +239,10 @@ def test_a_broken_chunk_file_is_named(services: Services, pool: ThreadPoolExecut
     assert not intact[2] & 0x02  # compressed, not stored as it is: the frame has a table of blocks
     broken.write_bytes(intact[:-7])  # cut short
     ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
-    assert isinstance(error, ValueError) and "runs/2/0/c/2/0 is cut short" in str(error), error
+    assert isinstance(error, ValueError) and "runs/2/0/c.2.0 is cut short" in str(error), error
     broken.write_bytes(intact[:16] + b"\xff" * 8 + intact[24:])
     ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
-    assert isinstance(error, ValueError) and "runs/2/0/c/2/0 could not be decoded" in str(error), error
+    assert isinstance(error, ValueError) and "runs/2/0/c.2.0 could not be decoded" in str(error), error
     broken.write_bytes(intact)
     assert compare(a, b, pool, loop)[1] == 200 // (1700 // 300)  # every block of 5 rows, once mended
 
@@ -285,7 +288,7 @@ def test_flat_pieces_cover_any_flat_range(services: Services) -> None:
             if start < stop:
                 read_chunks(reader, start, stop)  # the benchmark's read: decodes the same chunks without error
     chunk_file(services, "runs/1/2", "3").unlink()
-    with pytest.raises(OSError, match=r"runs/1/2/c/3: a chunk file is missing"):
+    with pytest.raises(OSError, match=r"runs/1/2/c\.3: a chunk file is missing"):
         read_chunks(reader_of(services, "runs/1/2"), 0, 1000)
     odd = services.store.create("runs/1/9", (6, 8), parse_dtype("float32"), (2, 4))  # chunks split every row
     odd[...] = np.zeros((6, 8), dtype=np.float32)

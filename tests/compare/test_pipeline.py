@@ -3,11 +3,12 @@ both runs are stored, and `--fail-fast` stopping at the first divergence in exec
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.contract import contract_json
@@ -118,3 +119,26 @@ def test_a_run_refused_while_the_others_ingest_leaves_nothing(services: Services
     assert not [
         p for p in (services.settings.data_dir / "arrays" / "runs").rglob("zarr.json") if p.parent.name.isdigit()
     ]
+
+
+def test_results_compared_early_are_written_in_batches(services: Services, tmp_path: Path) -> None:
+    """The early comparisons write their results a batch per transaction (one per result cost a first compare a
+    tenth of a second), yet every one is cached before its run's ingest goes on to the plan (`wait_for`)."""
+    a, b = runs(tmp_path, layers=3, plant=Plant(layer=2, stage="post_mlp", index=(1, 2), offset=0.5))
+    commits: list[str] = []
+
+    def committed(_connection: object) -> None:
+        commits.append(threading.current_thread().name)
+
+    event.listen(services.engine, "commit", committed)
+    try:
+        outcome = compare_runs(services.ingestor, services.comparisons, request(a, b), "http://here")
+    finally:
+        event.remove(services.engine, "commit", committed)
+    assert outcome.exit_code == 1 and outcome.payload["first_divergence"]["name"] == "2_post_mlp"
+    with services.sessions() as db:
+        results = db.scalar(select(func.count()).select_from(ComparisonResultRecord))
+        assert results is not None and results >= 20
+        assert db.scalar(select(func.count(PairRecord.result_id.distinct()))) == results  # all cached before the plan
+        assert not db.scalar(select(func.count()).where(PairRecord.status == "pending"))
+    assert 0 < commits.count("compare-early") < results / 2

@@ -3,13 +3,18 @@ back exactly what Zarr reads, for every layout it claims, and refuse the layouts
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import zarr
+from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
+from tensor_debugger.store.chunk_writer import ChunkWriter
+from tensor_debugger.store.dtypes import all_dtypes, parse_dtype
 from tensor_debugger.store.layout import parse_layout, read_layout
 from zarr.codecs import BloscCodec, BytesCodec, ZstdCodec
 from zarr.storage import LocalStore
@@ -96,3 +101,49 @@ def test_chunk_keys_follow_the_encoding() -> None:
     assert v2.chunk_key((1, 0)) == "1.0" and v2.chunk_key(()) == "0"
     assert np.isnan(parse_layout({**base, "fill_value": "0x7fc00000"}).fill_value)
     assert parse_layout({**base, "fill_value": "-Infinity"}).fill_value == -np.inf
+
+
+@pytest.mark.parametrize("compressed", [True, False])
+def test_writer_writes_the_metadata_zarr_writes(tmp_path: Path, compressed: bool) -> None:
+    """`ArrayStore.writer` writes a new array's zarr.json itself: the same document, and the same group documents
+    above it, as Zarr's `create_array` writes for every dtype; 0-d arrays are still made by Zarr."""
+    store = ArrayStore(f"file://{tmp_path}")
+    for n, dtype in enumerate(all_dtypes()):
+        shape, chunks = (9, 4, 3), (2, 4, 3)
+        store.create(f"by_zarr/{n}/{dtype.name}", shape, dtype, chunks, compressed)
+        writer = store.writer(f"ours/{n}/{dtype.name}", shape, dtype, chunks, compressed)
+        assert isinstance(writer, ChunkWriter)
+        theirs = json.loads((tmp_path / f"by_zarr/{n}/{dtype.name}/zarr.json").read_bytes())
+        ours = json.loads((tmp_path / f"ours/{n}/{dtype.name}/zarr.json").read_bytes())
+        assert ours == theirs, dtype.name
+        for level in (f"{n}", ""):
+            assert json.loads((tmp_path / "ours" / level / "zarr.json").read_bytes()) == json.loads(
+                (tmp_path / "by_zarr" / level / "zarr.json").read_bytes()
+            )
+        values = np.arange(math.prod(shape)).astype(dtype.numpy_storage).reshape(shape)
+        writer[tuple(slice(0, d) for d in shape)] = values
+        assert np.asarray(zarr.open_array(LocalStore(tmp_path), path=f"ours/{n}/{dtype.name}")[...]).tobytes() == (
+            values.tobytes()
+        )
+    assert json.loads((tmp_path / "zarr.json").read_bytes())["node_type"] == "group"
+    scalar = store.writer("ours/scalar", (), all_dtypes()[0], (), compressed)
+    assert isinstance(scalar, zarr.Array)  # Zarr's own
+
+
+def test_a_new_array_replaces_what_its_key_held(tmp_path: Path) -> None:
+    """As Zarr's overwrite: an array written again at a key (a run id reused after a crash) keeps nothing of the
+    old one, whose chunks there were more of; `delete` removes a folder's arrays without Zarr."""
+    store = ArrayStore(f"file://{tmp_path}")
+    float32 = parse_dtype("float32")
+    old = store.writer("runs/1/0", (8, 2), float32, (1, 2), compressed=True)
+    old[(slice(0, 8), slice(0, 2))] = np.ones((8, 2), dtype=np.float32)
+    new = store.writer("runs/1/0", (2, 2), float32, (1, 2), compressed=False)
+    new[(slice(0, 2), slice(0, 2))] = np.full((2, 2), 7, dtype=np.float32)
+    chunks = sorted(p.name for p in (tmp_path / "runs/1/0").iterdir() if p.name != "zarr.json")
+    assert chunks == ["c.0.0", "c.1.0"]  # "c.0.0": no folder per chunk (layout.CHUNK_SEPARATOR)
+    assert np.asarray(store.reader("runs/1/0")[0:2, 0:2]).tolist() == [[7, 7], [7, 7]]
+    store.delete("runs/1")
+    store.delete("runs/404")  # nothing there: nothing to do
+    assert not (tmp_path / "runs/1").exists() and store.children("runs") == ["zarr.json"]
+    store.writer("runs/1/0", (2, 2), float32, (1, 2), compressed=False)
+    assert (tmp_path / "runs/1/zarr.json").exists()  # the group above it, written again

@@ -3,14 +3,16 @@ when the database is not at the newest migration already."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, Inspector, inspect, text
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.store.database import (
     alembic_config,
@@ -112,3 +114,55 @@ def test_head_revision_of_branches_merges_and_odd_files(tmp_path: Path) -> None:
     assert head_revision(tmp_path) == "d"
     migration("e", "revision = compute()\ndown_revision = 'd'")
     assert head_revision(tmp_path) is None  # not a literal: left to Alembic
+
+
+def described(engine: Engine) -> dict[str, dict[str, Any]]:
+    """Every table as SQLAlchemy's inspector reads it from the file: columns (by name: their order aside),
+    primary key, foreign keys, indexes, unique and check constraints."""
+    inspector: Inspector = inspect(engine)
+    tables: dict[str, dict[str, Any]] = {}
+    for table in inspector.get_table_names():
+        tables[table] = {
+            "columns": {c["name"]: {k: str(v) for k, v in c.items()} for c in inspector.get_columns(table)},
+            "primary key": inspector.get_pk_constraint(table),
+            "foreign keys": sorted(map(str, inspector.get_foreign_keys(table))),
+            "indexes": sorted(map(str, inspector.get_indexes(table))),
+            "unique": sorted(map(str, inspector.get_unique_constraints(table))),
+            "checks": sorted(map(str, inspector.get_check_constraints(table))),
+        }
+    return tables
+
+
+def test_a_new_data_dir_made_from_the_models_is_the_migrated_schema(tmp_path: Path) -> None:
+    """A new SQLite database is created from the models' metadata and stamped (no Alembic): the same schema, read
+    back from the files, as the 10 migrations run one by one give, and Alembic takes it as at its head."""
+    fast = create_db_engine(f"sqlite:///{tmp_path / 'fast.sqlite3'}")
+    upgrade_database(fast)
+    stepwise = create_db_engine(f"sqlite:///{tmp_path / 'stepwise.sqlite3'}")
+    config = alembic_config(stepwise.url.render_as_string(hide_password=False))
+    with stepwise.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "head")
+    assert described(fast) == described(stepwise)
+    assert "sessions" in described(fast) and "alembic_version" in described(fast)
+    assert_schema_matches_models(fast)
+    with fast.connect() as a, stepwise.connect() as b:
+        version = "SELECT version_num FROM alembic_version"
+        assert a.execute(text(version)).scalars().all() == b.execute(text(version)).scalars().all() == [alembic_head()]
+    fast.dispose()
+    stepwise.dispose()
+
+
+def test_a_database_that_holds_anything_is_left_to_alembic(tmp_path: Path) -> None:
+    """Only an empty file is created from the models: one holding a table (an older tool's, a half-made schema)
+    goes through Alembic, which refuses what it cannot migrate instead of mixing schemas."""
+    path = tmp_path / "odd.sqlite3"
+    with sqlite3.connect(path) as raw:
+        raw.execute("CREATE TABLE sessions (id INTEGER PRIMARY KEY)")
+    raw.close()
+    engine = create_db_engine(f"sqlite:///{path}")
+    with pytest.raises(Exception, match="sessions"):
+        upgrade_database(engine)
+    assert not schema_is_current(engine)
+    assert "runs" not in inspect(engine).get_table_names()  # the models' tables were not made around it
+    engine.dispose()

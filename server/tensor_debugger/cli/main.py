@@ -21,6 +21,7 @@ import argparse
 import atexit
 import gc
 import json
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -183,6 +184,7 @@ def _server_options(command: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    _one_blas_thread()
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_environ(data_dir=args.data_dir, workers=args.workers, top=getattr(args, "top", None))
@@ -239,6 +241,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return list_sessions(services, args.json)
     finally:
         services.close()
+
+
+def _one_blas_thread() -> None:
+    """Ask numpy's OpenBLAS for no threads of its own, unless the user set a count, before numpy is imported.
+    Nothing here calls BLAS (dot products go through einsum: engine/metrics.py), yet at import OpenBLAS starts a
+    thread per core that spins for a while: 0.1 s of CPU of every command, on cores the command's own threads need.
+    The variable is inherited by the ingest processes a server starts."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 
 @contextmanager

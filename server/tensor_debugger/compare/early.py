@@ -26,7 +26,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.chunk_loop import chunk_pairs
-from tensor_debugger.compare.pending import PendingPair, ResultWriter
+from tensor_debugger.compare.pending import FLUSH_SECONDS, PendingPair, ResultWriter
 from tensor_debugger.compare.plan import Comparisons, cache_key, tensor_ref
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
@@ -45,6 +45,10 @@ class EarlyCount:
     failed: int = 0
 
 
+_WRITE = "write"  # queued by `wait_for`: write the results held
+_Queued = tuple[PairJob[PendingPair], tuple[int, ...]] | str | None  # a job and the runs it reads; _WRITE; the end
+
+
 class EarlyEngine:
     """The thread that compares guessed pairs as they are queued and caches each result under its key; shared by
     the CLI's pipeline (`EarlyComparisons`) and the server's uploads (`compare/early_uploads.py`). Each job names
@@ -53,9 +57,10 @@ class EarlyEngine:
     def __init__(self, comparisons: Comparisons, progress: EarlyProgress | None = None) -> None:
         self.comparisons = comparisons
         self._progress = progress
-        self._queue: queue.Queue[tuple[PairJob[PendingPair], tuple[int, ...]] | None] = queue.Queue()
+        self._queue: queue.Queue[_Queued] = queue.Queue()
         self._keys: set[str] = set()  # cache keys queued
-        self._busy: dict[int, int] = {}  # run id -> jobs queued or running that read its arrays
+        self._busy: dict[int, int] = {}  # run id -> jobs queued, running or not yet written that read its arrays
+        self._waiters: dict[int, int] = {}  # run id -> threads in `wait_for` it
         self._done = threading.Condition()
         self._over = False  # the thread has ended: nothing queued will run
         self.stopped = False  # no more jobs are taken (fail_fast)
@@ -89,9 +94,15 @@ class EarlyEngine:
                 self._queue.put((job, runs))
 
     def wait_for(self, run_id: int) -> None:
-        """Return once no queued or running job reads the arrays of `run_id`."""
+        """Return once no queued or running job reads the arrays of `run_id`, and their results are written."""
         with self._done:
-            self._done.wait_for(lambda: self._over or not self._busy.get(run_id))
+            self._waiters[run_id] = self._waiters.get(run_id, 0) + 1
+            if self._busy.get(run_id):
+                self._queue.put(_WRITE)  # an idle thread holding results of the run writes them now
+            try:
+                self._done.wait_for(lambda: self._over or not self._busy.get(run_id))
+            finally:
+                self._waiters[run_id] -= 1
 
     def settle(self) -> None:
         """Finish what is queued and end the thread."""
@@ -106,11 +117,12 @@ class EarlyEngine:
     ) -> Iterator[PairJob[PendingPair]]:
         """The jobs queued from `first` on, taken as the comparisons go: the batch ends when the queue is empty
         (the stream yields a job's result only once it has taken the next job or ended) or at the end mark."""
-        item: tuple[PairJob[PendingPair], tuple[int, ...]] | None = first
+        item: _Queued = first
         while item is not None and not self.stopped:
-            job, runs = item
-            running[job.key.key] = runs
-            yield job
+            if not isinstance(item, str):  # a waiter's mark: the stream's results are written as they come
+                job, runs = item
+                running[job.key.key] = runs
+                yield job
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
@@ -118,34 +130,63 @@ class EarlyEngine:
         if item is None:
             self._ending = True
 
-    def _release(self, runs: tuple[int, ...]) -> None:
+    def _release(self, runs: list[tuple[int, ...]]) -> None:
         with self._done:
-            for run in runs:
+            for run in (run for each in runs for run in each):
                 self._busy[run] -= 1
             self._done.notify_all()
+        runs.clear()
+
+    def _awaited(self, runs: list[tuple[int, ...]]) -> bool:
+        """Whether a thread waits (`wait_for`) for one of `runs`."""
+        with self._done:
+            return any(self._waiters.get(run) for each in runs for run in each)
 
     def _run(self) -> None:
+        """Compare what is queued, batch after batch. Results are written a batch per transaction (`ResultWriter`:
+        at once, then at most every FLUSH_SECONDS), and when a run's ingest waits for them (`wait_for`); idle, the
+        thread writes what it holds after FLUSH_SECONDS. A job stays busy for `wait_for` until its result is
+        written (one transaction per result cost a first compare 32 of them: 0.09 s of CPU)."""
         writer = ResultWriter(self.comparisons)
         running: dict[str, tuple[int, ...]] = {}
+        unwritten: list[tuple[int, ...]] = []  # the runs of results not yet written: still busy for `wait_for`
+
+        def write() -> None:
+            writer.flush()
+            self._release(unwritten)
+
         try:
-            while not self._ending and not self.stopped and (first := self._queue.get()) is not None:
+            while not self._ending and not self.stopped:
+                try:
+                    first = self._queue.get(timeout=FLUSH_SECONDS if writer.waiting else None)
+                except queue.Empty:
+                    first = _WRITE
+                if first is None:
+                    break
+                if isinstance(first, str):  # idle long enough, or a run's ingest waits
+                    write()
+                    continue
                 stream = compare_stream(
                     self._batch(first, running), self.comparisons.pool, self.comparisons.workers + 1, writer.tick
                 )
                 for work, result in stream:
                     runs = running.pop(work.key, ())
                     if isinstance(result, Exception):
-                        self._release(runs)
+                        self._release([runs])
                         continue  # not cached: the plan's computation meets it again and the pair says why
                     writer.add(work, result, [])
-                    if any(self._busy.get(run) == 1 for run in runs):
+                    unwritten.append(runs)
+                    if writer.waiting and self._awaited(unwritten):
                         writer.flush()  # cached before a run waiting on it goes on (to its plan: `wait_for`)
-                    self._release(runs)
+                    if not writer.waiting:  # written (by `add`, `tick` or the line above)
+                        self._release(unwritten)
                     self.judged(work, result.passed)
                     self.count = EarlyCount(self.count.compared + 1, self.count.failed + (not result.passed))
                     if self._progress is not None:
                         self._progress(self.count.compared, self.count.failed)
-                writer.flush()
+                if not writer.waiting or self._awaited(unwritten):  # written meanwhile (`tick`), or awaited
+                    write()
+            write()
         except Exception:  # nothing is lost: every pair not cached here is computed after the plan
             log.exception("comparing while ingesting failed; the pairs are compared once the runs are ready")
         finally:

@@ -199,6 +199,11 @@ class ResultWriter:
         else:
             self.tick()
 
+    @property
+    def waiting(self) -> int:
+        """Results not yet written."""
+        return len(self._waiting)
+
     def tick(self) -> None:
         if self._waiting and time.monotonic() - self._written >= FLUSH_SECONDS:
             self.flush()
@@ -254,6 +259,10 @@ class CurrentPairs:
     def __init__(self, comparisons: Comparisons, db: DbSession, pairs: Sequence[PairRecord]) -> None:
         self._comparisons = comparisons
         self.pairs = {p.id: p for p in pairs}
+        self.tensors: dict[int, TensorRecord] = {}
+        self.sessions: dict[int, SessionRecord] = {}
+        if not self.pairs:
+            return
         self.tensors = {
             t.id: t
             for t in db.scalars(
@@ -271,6 +280,8 @@ class CurrentPairs:
 
     @classmethod
     def by_id(cls, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> CurrentPairs:
+        if not pair_ids:  # results of no pair yet (compared while their runs ingest): nothing to read
+            return cls(comparisons, db, [])
         return cls(comparisons, db, db.scalars(select(PairRecord).where(PairRecord.id.in_(set(pair_ids)))).all())
 
     @classmethod

@@ -47,6 +47,7 @@ from tensor_debugger.errors import (
     is_disk_full,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
+from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.staging import new_folder
@@ -425,12 +426,13 @@ class Ingestor:
 
         stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
         pools = WritePools.open(self.settings.threads)
+        buffers = BufferPool(pools.buffers)  # read buffers, shared by the run's files (read one after another)
         try:
             for entry in expansion.entries:
                 first = made = len(stored)
                 try:
                     with (
-                        open_tensor_file(entry.path, entry.label, pools.buffers, entry.span, entry.packed) as opened,
+                        open_tensor_file(entry.path, entry.label, buffers, entry.span, entry.packed) as opened,
                         TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer,
                     ):
                         problems.extend(opened.skipped)

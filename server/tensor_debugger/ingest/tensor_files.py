@@ -62,12 +62,13 @@ def is_tensor_file(path: Path) -> bool:
 
 
 def open_tensor_file(
-    path: Path, label: str, buffers: int = 4, span: Span | None = None, packed: Packed | None = None
+    path: Path, label: str, buffers: int | BufferPool = 4, span: Span | None = None, packed: Packed | None = None
 ) -> TensorFile:
     """Open `path` (with `span`, the tensor file that is that byte range of it; with `packed`, the compressed
     member of the zip at `path`); `label` is how errors name the file to the user, and gives its extension.
     Raises FileProblem. `buffers`: how many read buffers that finished blocks give back are kept for later ones
-    (the blocks a writer holds at once)."""
+    (the blocks a writer holds at once), or the pool to take them from, shared with the files read before
+    (an ingest's: new buffers for every file cost a page fault per 4 KiB read into them, 1,600 for a 6 MB tensor)."""
     suffix = (Path(label).suffix if span is not None or packed is not None else path.suffix).lower()
     if packed is not None:
         return _open_packed(path, label, buffers, packed, suffix)
@@ -83,10 +84,14 @@ def open_tensor_file(
     raise FileProblem(label, f"not a tensor file (unknown extension {suffix or 'none'!r})")
 
 
+def _pool(buffers: int | BufferPool) -> BufferPool:
+    return buffers if isinstance(buffers, BufferPool) else BufferPool(buffers)
+
+
 # --- PyTorch ---------------------------------------------------------------------------------------------
 
 
-def _open_pth(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
+def _open_pth(path: Path, label: str, buffers: int | BufferPool, span: Span | None) -> TensorFile:
     """A PyTorch zip file read without torch (pth_files.py); NeedsTorch where torch.load must read it."""
     base = span.offset if span is not None else 0
     try:
@@ -110,7 +115,7 @@ def _open_pth(path: Path, label: str, buffers: int, span: Span | None) -> Tensor
         raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
     stack = ExitStack()
     fd = open_fd(path, stack)
-    pool = BufferPool(buffers)
+    pool = _pool(buffers)
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
     for key_path, value in _flatten_plain(obj, ()):
@@ -308,7 +313,7 @@ def _where(label: str, key_path: tuple[str, ...]) -> str:
 # --- safetensors and .npy: raw byte ranges -------------------------------------------------------------
 
 
-def _open_safetensors(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
+def _open_safetensors(path: Path, label: str, buffers: int | BufferPool, span: Span | None) -> TensorFile:
     if span is None:
         from safetensors import safe_open
 
@@ -328,7 +333,7 @@ def _open_safetensors(path: Path, label: str, buffers: int, span: Span | None) -
     base = span.offset if span is not None else 0
     stack = ExitStack()
     fd = open_fd(path, stack)
-    pool = BufferPool(buffers)  # one for the file: its tensors are copied one after another
+    pool = _pool(buffers)  # one for the file: its tensors are copied one after another
     leaves, skipped = _safetensors_leaves(
         header, keys, label, lambda shape, dtype, begin: RawReader(fd, base + data_start + begin, shape, dtype, pool)
     )
@@ -433,7 +438,7 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
 
 
-def _open_packed(path: Path, label: str, buffers: int, packed: Packed, suffix: str) -> TensorFile:
+def _open_packed(path: Path, label: str, buffers: int | BufferPool, packed: Packed, suffix: str) -> TensorFile:
     """A compressed .npy or safetensors member of the zip at `path`, its tensors read through zipfile's stream."""
     stack = ExitStack()
     try:
@@ -452,7 +457,7 @@ def _open_packed(path: Path, label: str, buffers: int, packed: Packed, suffix: s
     return TensorFile(leaves, [], stack)
 
 
-def _packed_npy(stream: IO[bytes], label: str, buffers: int) -> Leaf:
+def _packed_npy(stream: IO[bytes], label: str, buffers: int | BufferPool) -> Leaf:
     try:
         shape, fortran, dtype = read_npy_header(stream)
         offset = stream.tell()
@@ -468,16 +473,18 @@ def _packed_npy(stream: IO[bytes], label: str, buffers: int) -> Leaf:
             raise FileProblem(label, f"truncated or corrupt ({_first_line(exc)})") from None
         reader = ArrayReader(values.reshape(shape, order="F"))
     else:
-        reader = StreamReader(stream, offset, tuple(shape), logical, BufferPool(buffers), label)
+        reader = StreamReader(stream, offset, tuple(shape), logical, _pool(buffers), label)
     return Leaf((), tuple(shape), logical, reader)
 
 
-def _packed_safetensors(stream: IO[bytes], label: str, buffers: int, size: int) -> tuple[list[Leaf], list[FileProblem]]:
+def _packed_safetensors(
+    stream: IO[bytes], label: str, buffers: int | BufferPool, size: int
+) -> tuple[list[Leaf], list[FileProblem]]:
     try:
         header, data_start = _checked_safetensors_header(stream, size)
     except (ValueError, OSError, struct.error, TypeError, KeyError, EOFError, zlib.error) as exc:
         raise FileProblem(label, f"not a readable safetensors file ({_first_line(exc)})") from None
-    pool = BufferPool(buffers)
+    pool = _pool(buffers)
 
     # safe_open's order (by name), as from a file: their data is in that order when they share a dtype (safetensors
     # writes by dtype size, then name); a tensor behind the stream costs decompressing from the start again
@@ -496,7 +503,7 @@ def _npy_dtype(dtype: np.dtype[Any], label: str) -> LogicalDtype:
         raise FileProblem(label, str(exc)) from None
 
 
-def _open_npy(path: Path, label: str, buffers: int, span: Span | None) -> TensorFile:
+def _open_npy(path: Path, label: str, buffers: int | BufferPool, span: Span | None) -> TensorFile:
     try:
         with open_range(path, span) as f:
             shape, fortran, dtype = read_npy_header(f)
@@ -519,5 +526,5 @@ def _open_npy(path: Path, label: str, buffers: int, span: Span | None) -> Tensor
         )
         reader = ArrayReader(values)
     else:
-        reader = RawReader(open_fd(path, stack), base + offset, tuple(shape), logical, BufferPool(buffers))
+        reader = RawReader(open_fd(path, stack), base + offset, tuple(shape), logical, _pool(buffers))
     return TensorFile([Leaf((), tuple(shape), logical, reader)], [], stack)

@@ -8,13 +8,15 @@ metadata database.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from functools import cached_property, partial
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import unquote, urlparse
 
@@ -24,7 +26,15 @@ from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
-from tensor_debugger.store.layout import ArrayLayout, read_layout
+from tensor_debugger.store.layout import (
+    CHUNK_SEPARATOR,
+    ArrayLayout,
+    BloscSettings,
+    array_document,
+    group_document,
+    parse_layout,
+    read_layout,
+)
 from tensor_debugger.store.object_stores import aws_variables, open_s3_bucket
 
 if TYPE_CHECKING:
@@ -40,10 +50,8 @@ _OPENED_LIMIT = 512  # arrays kept open for slices and comparisons
 
 
 def worth_compressing(block: np.ndarray) -> bool:
-    """Whether `DEFAULT_CODEC` saves enough on a sample of `block` (compression.py) to store its tensor so."""
-    from tensor_debugger.store.zarr_backend import DEFAULT_CODEC as codec
-
-    return compression.worth_compressing(block, codec.cname.value, codec.clevel, codec.shuffle.value)
+    """Whether the store's codec saves enough on a sample of `block` (compression.py) to store its tensor so."""
+    return compression.worth_compressing(block, compression.CNAME, compression.CLEVEL, compression.SHUFFLE)
 
 
 def run_prefix(run_id: int) -> str:
@@ -93,6 +101,13 @@ class Remembered(Generic[T]):
                 del self._values[remembered]
 
 
+def _write_json(path: Path, document: dict[str, Any]) -> None:
+    """`document` at `path` as Zarr writes metadata (indented), whole or not at all (written aside, then renamed)."""
+    aside = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+    aside.write_bytes(json.dumps(document, indent=2).encode())
+    os.replace(aside, path)
+
+
 class ArrayStore:
     def __init__(self, url: str, environ: Mapping[str, str] | None = None) -> None:
         self.url = url
@@ -112,6 +127,8 @@ class ArrayStore:
             from tensor_debugger.store.object_chunks import ChunkObjects
 
             self._objects = ChunkObjects(open_s3_bucket(url, os.environ if environ is None else environ), url)
+        self._groups: set[PurePosixPath] = set()  # levels of the local folder known to hold a group's zarr.json
+        self._groups_lock = threading.Lock()
         if self._folder is None:
             self._open_store(environ)
 
@@ -157,6 +174,8 @@ class ArrayStore:
             compressors=DEFAULT_CODEC if compressed else None,
             fill_value=np.zeros((), dtype=dtype.numpy_storage)[()],
             attributes={"logical_dtype": dtype.name},
+            # a folder's arrays name their chunks "c.0.0" (layout.CHUNK_SEPARATOR); an object store's "c/0/0"
+            chunk_key_encoding={"name": "default", "separator": CHUNK_SEPARATOR if self._folder else "/"},
             overwrite=True,
             # every chunk is written: the per-chunk comparison with the fill value costs more than it saves
             config={"write_empty_chunks": True},
@@ -171,12 +190,44 @@ class ArrayStore:
         compressed: bool = True,
     ) -> ChunkWriter | zarr.Array[Any]:
         """A new array at `key` for ingest to fill, region by chunk-aligned region: a `ChunkWriter` where the
-        store is a local folder, else the Zarr array itself."""
-        array = self.create(key, shape, dtype, chunks, compressed)
-        if self._folder is None:
-            return array
-        layout = read_layout(self._folder / key, key)
-        return ChunkWriter(layout, self._folder / key) if layout.readable else array
+        store is a local folder (its zarr.json written here, as Zarr would write it: `layout.array_document`),
+        else the Zarr array itself."""
+        storage = dtype.numpy_storage
+        codec = (
+            BloscSettings(compression.CNAME, compression.CLEVEL, compression.SHUFFLE, storage.itemsize, 0)
+            if compressed
+            else None
+        )
+        document = array_document(shape, storage, chunks, codec, {"logical_dtype": dtype.name})
+        if self._folder is None or document is None:
+            array = self.create(key, shape, dtype, chunks, compressed)
+            if self._folder is None:
+                return array
+            layout = read_layout(self._folder / key, key)
+            return ChunkWriter(layout, self._folder / key) if layout.readable else array
+        folder = self._folder / key
+        if folder.is_dir():  # as Zarr's overwrite=True: nothing of an older array at the key stays
+            shutil.rmtree(folder)
+        self._make_groups(PurePosixPath(key).parent)
+        folder.mkdir(parents=True, exist_ok=True)
+        _write_json(folder / "zarr.json", document)
+        return ChunkWriter(parse_layout(document), folder)
+
+    def _make_groups(self, parent: PurePosixPath) -> None:
+        """Write the group zarr.json Zarr writes at `parent` and every level above it (the store's root
+        included) that has none, once per process and level."""
+        assert self._folder is not None
+        levels = [parent, *parent.parents] if str(parent) != "." else [parent]
+        for level in levels:
+            with self._groups_lock:
+                if level in self._groups:
+                    continue
+            folder = self._folder / level
+            folder.mkdir(parents=True, exist_ok=True)
+            if not (folder / "zarr.json").exists():
+                _write_json(folder / "zarr.json", group_document())
+            with self._groups_lock:
+                self._groups.add(level)
 
     def open(self, key: str, content_digest: str | None = None) -> zarr.Array[Any]:
         """The array at `key`, read-only. With the tensor's content digest, an array opened before is reused
@@ -217,6 +268,16 @@ class ArrayStore:
         """Delete every array under `prefix` ("runs/12")."""
         self._opened.forget(prefix)
         self._layouts.forget(prefix)
+        if self._folder is not None:  # as Zarr's LocalStore.delete_dir, without starting an event loop
+            folder = self._folder / prefix
+            if folder.is_file():
+                raise ValueError(f"delete was passed a {prefix=!r} that is a file")
+            if folder.is_dir():
+                gone = PurePosixPath(prefix)
+                with self._groups_lock:
+                    self._groups -= {level for level in self._groups if level == gone or gone in level.parents}
+                shutil.rmtree(folder)
+            return
         run_sync(self._store.delete_dir(prefix))
 
     def children(self, prefix: str) -> list[str]:

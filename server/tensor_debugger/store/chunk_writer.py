@@ -43,20 +43,19 @@ class ChunkWriter:
         self._layout = layout
         self._folder = folder
         self._fill = np.asarray(layout.fill_value, dtype=self.dtype)
-        from numcodecs import Blosc  # here, not at the top: what only reads the metadata database needs none
-
+        self._zero_fill = not self._fill.tobytes().strip(b"\0")  # the fill value's bytes are zeros (0, 0.0, False)
         codec = layout.blosc
-        self._codec = (
-            None
-            if codec is None  # raw chunks
-            else Blosc(
+        self._codec: Any = None  # raw chunks
+        if codec is not None:
+            from numcodecs import Blosc  # here, not at the top: what writes raw chunks or reads needs none
+
+            self._codec = Blosc(
                 cname=codec.cname,
                 clevel=codec.clevel,
                 shuffle=_shuffle(codec.shuffle),
                 blocksize=codec.blocksize,
                 typesize=codec.typesize,
             )
-        )
         self._made: set[Path] = set()
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
@@ -77,6 +76,16 @@ class ChunkWriter:
                     for (lo, hi), o, c in zip(bounds, origin, self.chunks, strict=True)
                 )
             ]
+            if (
+                self._codec is None
+                and self._zero_fill
+                and part.flags.c_contiguous
+                and part.shape[1:] == self.chunks[1:]
+            ):
+                # raw, short in its first dimension only (the last chunk of a tensor, most often): the chunk's
+                # bytes are the part's, then zeros, which the file's end gives when it is extended (no padded copy)
+                self._write(coords, part.reshape(-1), self._layout.chunk_bytes)
+                continue
             if part.shape != self.chunks or not part.flags.c_contiguous:
                 # an edge chunk (stored whole, padded with the fill value, as Zarr does) or a strided view
                 whole = np.full(self.chunks, self._fill, dtype=self.dtype)
@@ -85,7 +94,8 @@ class ChunkWriter:
             flat = part.reshape(-1)
             self._write(coords, flat if self._codec is None else self._codec.encode(flat))
 
-    def _write(self, coords: tuple[int, ...], data: Any) -> None:
+    def _write(self, coords: tuple[int, ...], data: Any, size: int = 0) -> None:
+        """Write `data` as the chunk file at `coords`, extended with zeros to `size` bytes where it is shorter."""
         path = self._folder / self._layout.chunk_key(coords)
         if path.parent not in self._made:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,5 +106,7 @@ class ChunkWriter:
             done = 0
             while done < len(view):
                 done += os.write(fd, view[done:])
+            if size > done:
+                os.ftruncate(fd, size)
         finally:
             os.close(fd)

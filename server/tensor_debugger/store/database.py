@@ -2,7 +2,11 @@
 
 Importing Alembic costs about 0.25 s (it loads every SQLAlchemy dialect, Mako and Pygments), more than a small
 ingest does, so a start-up first reads the database's revision with plain SQLAlchemy and compares it with the
-newest migration file's: Alembic is imported and run only where they differ (a new database, an older schema).
+newest migration file's: Alembic is imported and run only where they differ. A new SQLite file (a first
+`compare` into a new data dir) is not migrated step by step either: its tables are created from the models'
+metadata and stamped with the newest revision, as Alembic stamps (0.13 s -> 0.02 s). A test checks that such a
+database has the schema of one migrated step by step (the same tables, columns, keys and indexes; only the
+columns' order differs, which nothing reads).
 """
 
 from __future__ import annotations
@@ -14,7 +18,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy import (
+    Column,
+    Connection,
+    Engine,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    create_engine,
+    event,
+    text,
+)
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
@@ -58,14 +73,46 @@ def upgrade_database(engine: Engine) -> None:
     """Bring the schema to the newest migration (creating it in an empty database)."""
     if schema_is_current(engine):
         return
-    from alembic import command
-
-    config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with _migration_lock(engine), engine.begin() as connection:
+    with _migration_lock(engine):
         if schema_is_current(engine):  # another process migrated it while this one waited
             return
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+        head = head_revision(resource_dir("migrations") / "versions")
+        if head is not None and engine.dialect.name == "sqlite":
+            with engine.begin() as connection:
+                # pysqlite begins transactions before writes only, not DDL: begun here, the tables and the stamp
+                # are committed together or not at all
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+                if _empty_sqlite(connection):
+                    create_at_head(connection, head)
+                    return
+        from alembic import command
+
+        config = alembic_config(engine.url.render_as_string(hide_password=False))
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, "head")
+
+
+def _empty_sqlite(connection: Connection) -> bool:
+    """Whether the SQLite database holds nothing at all (no table, index, view or trigger)."""
+    return bool(connection.scalar(text("SELECT count(*) FROM sqlite_master")) == 0)
+
+
+def create_at_head(connection: Connection, head: str) -> None:
+    """Create the models' tables in an empty database and stamp it with revision `head`, in `connection`'s
+    transaction: what `alembic upgrade head` leaves (the alembic_version table as Alembic makes it)."""
+    from tensor_debugger.store.models import Base
+
+    Base.metadata.create_all(connection)
+    stamp = MetaData()
+    versions = Table(
+        "alembic_version",
+        stamp,
+        Column("version_num", String(32), nullable=False),
+        PrimaryKeyConstraint("version_num", name="alembic_version_pkc"),
+    )
+    stamp.create_all(connection)
+    connection.execute(versions.insert().values(version_num=head))
 
 
 @contextmanager

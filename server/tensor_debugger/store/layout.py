@@ -6,6 +6,10 @@ published specification (https://zarr-specs.readthedocs.io/en/latest/v3/core/ind
 classes, which are private and change between releases. Only the layouts this store writes are `readable`: a regular
 chunk grid of native-order bytes, then one Blosc codec or none (a tensor the codec would shrink by less than
 `arrays.RAW_BELOW` is stored raw); anything else is read through Zarr's public API.
+
+`array_document` writes the other way: the zarr.json of a new array as Zarr writes it for the same arguments
+(`ArrayStore.writer` puts it on disk itself: importing Zarr and creating 64 arrays through its event loop cost a
+first compare about 0.3 s of CPU). A test compares it with Zarr's own for every dtype.
 """
 
 from __future__ import annotations
@@ -85,6 +89,57 @@ class ArrayLayout:
         if self.v2_keys:
             return self.separator.join(str(c) for c in coords) if coords else "0"
         return self.separator.join(("c", *(str(c) for c in coords)))
+
+
+# New arrays in a local folder name their chunks "c.0.0" (the "default" encoding with "." between coordinates), all
+# in the array's folder: with "/" (Zarr's default) every chunk made a folder of its own ("c/0/0"), a directory inode
+# and a mkdir per chunk, which cost a first compare (2 x 200 MB) about 0.15 s. Readers follow each zarr.json.
+CHUNK_SEPARATOR = "."
+
+
+def array_document(
+    shape: tuple[int, ...],
+    dtype: np.dtype[Any],
+    chunks: tuple[int, ...],
+    blosc: BloscSettings | None,
+    attributes: dict[str, Any],
+) -> dict[str, Any] | None:
+    """The zarr.json document of a new array of `dtype` (a numpy type of `_NUMPY_TYPES`) filled with zeros, in a
+    regular grid of `chunks`, its chunks raw (`blosc` None) or Blosc-coded; None for what `ArrayLayout` would not
+    call `readable` (a 0-d array, another dtype): Zarr writes those."""
+    if not shape or dtype.name not in _NUMPY_TYPES or dtype.byteorder not in ("=", "|"):
+        return None
+    fill: Any = False if dtype.kind == "b" else [0.0, 0.0] if dtype.kind == "c" else 0.0 if dtype.kind == "f" else 0
+    data_bytes: dict[str, Any] = {"name": "bytes"}
+    if dtype.itemsize > 1:
+        data_bytes["configuration"] = {"endian": sys.byteorder}
+    codecs: list[dict[str, Any]] = [data_bytes]
+    if blosc is not None:
+        configuration = {
+            "typesize": blosc.typesize,
+            "cname": blosc.cname,
+            "clevel": blosc.clevel,
+            "shuffle": blosc.shuffle,
+            "blocksize": blosc.blocksize,
+        }
+        codecs.append({"name": "blosc", "configuration": configuration})
+    return {
+        "shape": list(shape),
+        "data_type": dtype.name,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": CHUNK_SEPARATOR}},
+        "fill_value": fill,
+        "codecs": codecs,
+        "attributes": attributes,
+        "zarr_format": 3,
+        "node_type": "array",
+        "storage_transformers": [],
+    }
+
+
+def group_document() -> dict[str, Any]:
+    """The zarr.json Zarr writes at every level above an array it creates that has none (an implicit group)."""
+    return {"attributes": {}, "zarr_format": 3, "node_type": "group"}
 
 
 def read_layout(folder: Path, key: str) -> ArrayLayout:

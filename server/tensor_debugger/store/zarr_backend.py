@@ -16,6 +16,7 @@ from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
 from tensor_debugger.errors import StoreWriteError, TensorDebuggerError
+from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ReadCounter
 from tensor_debugger.store.object_stores import describe_failure, open_s3_store
 
@@ -23,10 +24,8 @@ if TYPE_CHECKING:
     from obstore.store import S3Store
     from zarr.abc.buffer import Buffer, BufferPrototype
 
-# Measured with bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s)
-# while storing float32 activations at 0.91 and bfloat16 at 0.81 of their size; zstd saves a few percent more but
-# reads two to three times slower. Where it saves under compression.RAW_BELOW, ingest stores the tensor raw.
-DEFAULT_CODEC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
+# compression.py's settings (why these); where the codec saves under compression.RAW_BELOW, ingest stores raw.
+DEFAULT_CODEC = BloscCodec(cname=compression.CNAME, clevel=compression.CLEVEL, shuffle=compression.SHUFFLE)
 
 
 _METADATA_KEYS = frozenset({"zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata"})
