@@ -24,7 +24,7 @@ from tensor_debugger.engine.views import View
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairOverrideRecord, PairRecord
+from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord
 
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 from tests.support.dumps import make_tar, make_zip, seeded
@@ -272,18 +272,20 @@ def two_pairs(services: Services, tmp_path: Path) -> tuple[int, list[PairRecord]
 
 
 def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services, tmp_path: Path) -> None:
-    """Replanned while its pairs computed, a session's pair ids are reused (SQLite reuses row ids): a result is
-    given only to a pair whose tensors, alignment and tolerances still make its key."""
+    """Replanned while its pairs computed (0_query unpaired, the tolerances changed), a session keeps 0_key's pair id
+    but not its key: a result is given only to a pair whose tensors, alignment and tolerances still make its key,
+    and the result of a pair planned away goes to no other pair."""
     session_id, pairs = two_pairs(services, tmp_path)
     assert [p.name for p in pairs] == ["0_query", "0_key"]
     jobs, _ = set_up(services.comparisons, [p.id for p in pairs])
     results = list(compare_stream(jobs, services.comparisons.pool))
-    with services.sessions.begin() as db:  # meanwhile the user unpairs 0_query: 0_key is replanned as pair 1
+    with services.sessions.begin() as db:  # meanwhile the user unpairs 0_query and loosens the tolerances
         db.add(
             PairOverrideRecord(
                 session_id=session_id, run_b_id=pairs[0].run_b_id, action="unpair", a_name="0_query", b_name="0_query"
             )
         )
+        catalog.set_tolerances(db.get_one(SessionRecord, session_id), 1e-3, 1e-3, None)
     services.comparisons.plan(session_id)
     writer = ResultWriter(services.comparisons)
     for work, result in results:
@@ -292,16 +294,16 @@ def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services,
     with services.sessions() as db:
         (replanned,) = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)).all()
         assert (replanned.id, replanned.name, replanned.status, replanned.result_id) == (
-            pairs[0].id,
+            pairs[1].id,
             "0_key",
             "pending",
             None,
         )
     before = services.store.chunk_reads
-    services.comparisons.compute_pending(session_id)  # 0_key's own result is in the cache by now
-    assert services.store.chunk_reads == before
+    services.comparisons.compute_pending(session_id)  # under the new tolerances: computed again
+    assert services.store.chunk_reads > before
     with services.sessions() as db:
-        assert db.get_one(PairRecord, pairs[0].id).status == "pass"
+        assert db.get_one(PairRecord, pairs[1].id).status == "pass"
 
 
 def test_results_are_written_within_a_tick(services: Services, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
