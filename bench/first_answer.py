@@ -16,8 +16,9 @@ round and in turn:
   the command's own, not the server's);
 - with `--baseline DIR`, the same two again with the package found in DIR (another checkout's `server/` folder,
   its compiled libraries built, its `migrations/` beside it), so that a change is timed beside the code before it.
-Each is a child process; the figures are wall seconds, CPU seconds (user and system: steadier than wall time on a
-loaded machine) and the child's peak RSS (its largest process's). Nothing asserts on timings.
+Each is a child process, started once the machine has written back what came before (`sync`); the figures are
+wall seconds, CPU seconds (user and system: steadier than wall time on a loaded machine) and the child's peak RSS
+(its largest process's). Nothing asserts on timings.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ def main() -> None:
         peaks: dict[str, list[float]] = {name: [] for name in times}
         cpu: dict[str, list[float]] = {name: [] for name in times}
         for round_index in range(args.rounds):
+            os.sync()  # before each timed command: none pays for writing back what another wrote (the dumps too)
             wall, rss, seconds, out = run_child_cpu([str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)], env)
             times["plain script"].append(wall)
             peaks["plain script"].append(rss)
@@ -164,6 +166,7 @@ def main() -> None:
                 with serving(data, env) if warm else nothing() as url:
                     for when in whens:
                         label = ("warm, again" if when == "again" else "compare, warm") if warm else f"{name}, {when}"
+                        os.sync()
                         wall, rss, seconds, out = run_child_allowing(
                             [*command, "--data-dir", str(data), "compare", str(a), str(b), "--json"], env
                         )

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import compileall
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -236,31 +235,3 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     )
     yield server
     server.stop()
-
-
-@pytest.fixture(scope="session")
-def _migrated_sqlite(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite metadata database at the newest schema, migrated once per run by the real migrations."""
-    from tensor_debugger.store.database import create_db_engine, upgrade_database
-
-    path = tmp_path_factory.mktemp("migrated-sqlite") / "metadata.sqlite3"
-    engine = create_db_engine(f"sqlite:///{path}")
-    upgrade_database(engine)
-    engine.dispose()  # closed: the write-ahead log is folded into the file, which is whole on its own
-    return path
-
-
-@pytest.fixture
-def premigrated(request: pytest.FixtureRequest) -> None:
-    """For `pytestmark = pytest.mark.usefixtures("premigrated")`: the SQLite database of a test that uses `settings`
-    (or `services`, made of them) starts as a copy of one migrated once per run, so opening it finds the schema
-    current and skips Alembic (a third of a second a data dir, on this machine, for hundreds of tests). Nothing else
-    of the data dir is made; a test without `settings` gets nothing, and on PostgreSQL (a copy of a migrated
-    template already) nothing is done."""
-    if "settings" not in request.fixturenames:
-        return
-    settings: Settings = request.getfixturevalue("settings")
-    database = settings.data_dir / "metadata.sqlite3"
-    if settings.database_url == f"sqlite:///{database}" and not database.exists():
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(request.getfixturevalue("_migrated_sqlite"), database)

@@ -31,8 +31,6 @@ from tensor_debugger.store.object_chunks import ObjectChunkReader
 
 from tests.support.s3 import SeaweedS3
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 TOLERANCE = Tolerance(1.3e-6, 1e-5)
 EXACT_FIELDS = (
     "numel",

@@ -24,7 +24,6 @@ from tests.support.dumps import seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 PAIRS = 24
 # leases short enough that waiting one out costs the tests little, long enough for a beat (a third of it) to come
 # in time on a loaded machine; the product's default is 30 s (TENSOR_DEBUGGER_CLAIM_SECONDS)

@@ -31,8 +31,6 @@ from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.postgres import DATABASES
 from tests.support.s3 import STORES
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 
 

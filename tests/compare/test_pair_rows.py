@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pair_rows import StatsCache
@@ -15,8 +14,6 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
 from tensor_debugger.store.reports import PairStatus
-
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def test_reports_decode_the_stored_statistics_with_or_without_the_cache(services: Services, tmp_path: Path) -> None:

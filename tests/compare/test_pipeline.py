@@ -23,8 +23,6 @@ from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, Ses
 
 from tests.support.dumps import make_zip
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 def runs(tmp_path: Path, layers: int, plant: Plant) -> tuple[Path, Path]:
     write_dump(tmp_path / "ref", layers=layers, seed=2)

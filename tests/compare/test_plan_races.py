@@ -16,8 +16,6 @@ from tensor_debugger.services import Services
 
 from tests.support.dumps import layered_dump
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 @pytest.mark.parametrize("moment", ["refresh", "computation"])
 def test_a_verdict_read_before_a_replan_never_lands_on_the_pair_that_reuses_its_id(

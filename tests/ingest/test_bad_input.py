@@ -23,8 +23,6 @@ from tensor_debugger.store.models import RunRecord, SessionRecord
 from tests.support.bombs import zeros_zip
 from tests.support.dumps import make_zip, seeded, tar_with
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 def tree(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}

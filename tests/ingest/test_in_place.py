@@ -24,8 +24,6 @@ from tensor_debugger.services import Services
 from tests.support.dumps import seeded
 from tests.support.stored import read_back, same_bits, stored
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 LIMITS = ArchiveLimits(1000, 1 << 30, 1000.0, 1 << 20)
 
 

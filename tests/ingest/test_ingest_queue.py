@@ -23,8 +23,6 @@ from tests.support.dumps import seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 def tensor_file(tmp_path: Path, name: str, seed: int) -> InputFile:
     path = tmp_path / name

@@ -17,8 +17,6 @@ from tensor_debugger.store.models import TensorRecord
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.stored import read_back, same_bits, stored
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 def dump_folder(folder: Path) -> dict[str, torch.Tensor]:
     """Three layer/stage files in a sub-folder, as a model's hooks write them."""

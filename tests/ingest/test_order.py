@@ -8,7 +8,6 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-import pytest
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -18,8 +17,6 @@ from tests.support.cli_main import main_cli
 from tests.support.dumps import named_dump
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, cli_command
-
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
 
 
 def test_two_cli_ingests_creating_one_session_both_land(tmp_path: Path) -> None:

@@ -17,8 +17,6 @@ from tensor_debugger.services import Services
 
 from tests.support.dumps import make_tar, make_zip, seeded
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: Path) -> tuple[int, dict[str, Any]]:
     code = run_compare(services, compare_request(a, b, None, None, None), True)

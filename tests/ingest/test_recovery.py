@@ -21,8 +21,6 @@ from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
 from tests.support.servers import cli_command
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 def wait_for_partial_ingest(data: Path, process: subprocess.Popen[bytes], timeout: float = 90) -> int:
     """The id of the run being ingested, once some of its arrays are on disk but it is not finished."""

@@ -30,8 +30,6 @@ from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
 
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 STAGES = ("query", "post_attn", "post_mlp")
 
 

@@ -20,8 +20,6 @@ from tests.support.dumps import make_tar
 from tests.support.servers import LiveServer
 from tests.support.traces import MODEL_CLASS, TRACES, WrittenTraces
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 DOWN_PROJ = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
 MASKS = [
     f"{MODEL_CLASS}.model.layers.{n}{part}_inputs_kwargs_attention_mask"

@@ -29,8 +29,6 @@ from tests.support.polling import wait_until
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer
 from tests.support.traces import MODEL_CLASS, PERTURBED, WrittenTraces, input_ids, tiny_llama
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 class Pair(nn.Module):
     """Returns a tuple, a dict and a non-tensor; called twice by its parent."""

@@ -28,8 +28,6 @@ from tensor_debugger.store.compression import RAW_BELOW, worth_compressing
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import TensorRecord
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 def codecs(services: Services, key: str) -> list[str]:
     folder = Path(services.store.url.removeprefix("file://")) / key

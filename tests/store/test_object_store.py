@@ -29,8 +29,6 @@ from tests.support.s3 import ACCESS_KEY, BUCKET, PARTLY_WRITABLE, SECRET_KEY, Se
 from tests.support.servers import run_cli
 from tests.support.stored import read_back, same_bits, stored
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 
 @pytest.mark.parametrize("store_url", ["s3"], indirect=True)
 def test_ingest_uploads_every_chunk_to_the_bucket_and_reads_back_bit_exact(

@@ -21,8 +21,6 @@ from tensor_debugger.store.dtypes import all_dtypes, parse_dtype
 from tests.support.dumps import random_bits, seeded
 from tests.support.stored import read_back, same_bits, stored
 
-pytestmark = pytest.mark.usefixtures("premigrated")  # SQLite databases copied from one migrated once
-
 DTYPES = [d.name for d in all_dtypes()]
 
 
