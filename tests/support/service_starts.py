@@ -65,7 +65,7 @@ class ServiceStarts:
 
     def _start_all(self, names: set[str]) -> None:
         if "postgres" in names and "postgres" not in self._futures:
-            self._futures["postgres"] = self._pool.submit(start_cluster)
+            self._futures["postgres"] = self._pool.submit(_migrated_cluster)
         if ("s3" in names or "dask_cluster" in names) and "s3" not in self._futures:
             self._seaweed = launch_seaweed(self._factory.mktemp("seaweedfs"))  # its ports known, not answering yet
             self._futures["s3"] = self._pool.submit(_ready, self._seaweed)
@@ -92,6 +92,14 @@ class ServiceStarts:
                 stoppable: _Stoppable = started
                 stoppable.stop()
         self._pool.shutdown()
+
+
+def _migrated_cluster() -> Service:
+    """A started cluster whose migrated template is made (most tests on PostgreSQL ask for a migrated database)."""
+    started = start_cluster()
+    if isinstance(started, PostgresCluster):
+        started.migrate_template()
+    return started
 
 
 def _ready(launched: SeaweedS3 | str) -> Service:
