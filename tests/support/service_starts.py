@@ -98,7 +98,11 @@ def _migrated_cluster() -> Service:
     """A started cluster whose migrated template is made (most tests on PostgreSQL ask for a migrated database)."""
     started = start_cluster()
     if isinstance(started, PostgresCluster):
-        started.migrate_template()
+        try:
+            started.migrate_template()
+        except BaseException:
+            started.stop()
+            raise
     return started
 
 
