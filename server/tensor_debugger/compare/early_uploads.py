@@ -13,6 +13,7 @@ The reference is the run the plan will take: the session's first by position tha
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -42,19 +43,24 @@ KEPT_RESULTS = 1000  # results of one session kept for its page (the counts go o
 KEPT_SESSIONS = 100  # sessions whose figures are kept once their ingests are over (until they are planned)
 
 
+class EarlyStatus(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+
+
 @dataclass(frozen=True)
-class EarlyResult:
-    """One pair compared while its runs ingest: the candidate run and the tensors' name, and its verdict."""
+class EarlyPair:
+    """A pair compared while its runs ingest: the candidate run, the tensors' name, the verdict."""
 
     run_id: int
     name: str
-    passed: bool
+    status: EarlyStatus
 
 
 @dataclass(frozen=True)
 class EarlyFigures:
     count: EarlyCount
-    results: tuple[EarlyResult, ...]  # in the order they came, the first KEPT_RESULTS
+    results: tuple[EarlyPair, ...]  # in the order they came, the first KEPT_RESULTS
 
 
 class SessionComparisons(EarlyEngine):
@@ -71,7 +77,7 @@ class SessionComparisons(EarlyEngine):
         self._session_id = session_id
         self._reference: int | None = None
         self._named: dict[str, list[tuple[int, str]]] = {}  # cache key -> (candidate run, name) of its guesses
-        self.results: list[EarlyResult] = []
+        self.results: list[EarlyPair] = []
         super().__init__(comparisons, progress)
         self._load_reference()
         for run_id in self._ready_runs():
@@ -144,7 +150,7 @@ class SessionComparisons(EarlyEngine):
         with self._lock:
             for run_id, name in self._named.pop(work.key, []):
                 if len(self.results) < KEPT_RESULTS:
-                    self.results.append(EarlyResult(run_id, name, passed))
+                    self.results.append(EarlyPair(run_id, name, EarlyStatus.PASS if passed else EarlyStatus.FAIL))
 
     def figures(self) -> EarlyFigures:
         with self._lock:

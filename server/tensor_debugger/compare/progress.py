@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.early_uploads import EarlyFigures
+from tensor_debugger.compare.early_uploads import EarlyFigures, EarlyPair
 from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, problem_reports, run_fields
@@ -134,20 +134,6 @@ class PairProgress:
         return cls(total, done, total - done, failing)
 
 
-class EarlyStatus(enum.StrEnum):
-    PASS = "pass"
-    FAIL = "fail"
-
-
-@dataclass(frozen=True)
-class EarlyPair:
-    """A pair compared while its runs ingest: the candidate run, the tensors' name, the verdict."""
-
-    run_id: int
-    name: str
-    status: EarlyStatus
-
-
 @dataclass(frozen=True)
 class EarlyPairs:
     """Pairs this server compared while their runs ingest, before the plan makes them pairs of the session (each
@@ -164,10 +150,7 @@ class EarlyPairs:
             return cls(0, 0, "", [])
         n, failing = figures.count.compared, figures.count.failed
         words = f"{n} pair{'s' if n != 1 else ''} compared while ingesting, {failing} outside tolerance"
-        pairs = [
-            EarlyPair(r.run_id, r.name, EarlyStatus.PASS if r.passed else EarlyStatus.FAIL) for r in figures.results
-        ]
-        return cls(n, failing, words, pairs)
+        return cls(n, failing, words, list(figures.results))
 
 
 @dataclass(frozen=True)
