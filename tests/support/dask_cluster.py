@@ -73,12 +73,15 @@ def start_dask(logs: Path, workers: int, environ: dict[str, str] | None = None, 
 
 def dashboard_compute_times(dashboard: str) -> dict[str, float]:
     """Seconds of compute per task name, as the dashboard at `dashboard` (http://HOST:PORT) shows them in its
-    "Compute Time Per Key" chart, read the way a browser reads it (Bokeh's client API); RuntimeError before the
-    cluster's first task (the chart has no data yet and Bokeh fails to send it)."""
+    "Compute Time Per Key" chart, read the way a browser reads it (Bokeh's client API); empty when the chart cannot
+    be read, as before the cluster's first task (the chart has no data yet and Bokeh fails to send it)."""
     from bokeh.client import pull_session
     from bokeh.models import ColumnDataSource
 
-    with pull_session(url=f"{dashboard}/individual-compute-time-per-key") as session:
-        found = session.document.select({"type": ColumnDataSource})
-        sources = [s for s in found if isinstance(s, ColumnDataSource) and "names" in s.data]
+    try:
+        with pull_session(url=f"{dashboard}/individual-compute-time-per-key") as session:
+            found = session.document.select({"type": ColumnDataSource})
+    except RuntimeError:
+        return {}
+    sources = [s for s in found if isinstance(s, ColumnDataSource) and "names" in s.data]
     return {name: float(t) for s in sources for name, t in zip(s.data["names"], s.data["times"], strict=True)}
