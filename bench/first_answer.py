@@ -21,7 +21,7 @@ wall seconds, CPU seconds (user and system: steadier than wall time on a loaded 
 (its largest process's). Nothing asserts on timings. The ways after the script take turns at going first: on this
 VM, whichever command comes right after the script spends 3-5 s more of system time writing 2 x 2 GiB than the
 next (cold then warm: 15.6 s then 8.5 s; warm then cold: 11.5 s then 7.9 s), so one round (`--large`) favours the
-ways after the first; with --rounds 3 each goes first once.
+ways after the first; over several rounds (`--size-mb 2147 --form folders --rounds 3`) each goes first in turn.
 """
 
 from __future__ import annotations
