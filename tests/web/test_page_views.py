@@ -189,8 +189,9 @@ def test_the_pair_page_opens_where_the_error_is(sessions: Sessions, page: Page) 
     page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[0, 5, 11, ')")
     page.get_by_label("dim 1 (size 8)", exact=True).fill("2")  # head 2: the heatmap moves to its slice
     page.wait_for_function("() => document.querySelector('object.heatmap').data.includes('fixed=0%2C2%2C')")
-    page.wait_for_function(
-        "() => document.querySelector('object.heatmap').contentDocument?.querySelector('rect[data-index=\"0,2,3,4\"]')"
+    page.wait_for_function(  # head 2's heatmap is there and the page listens to its clicks (it marks the SVG)
+        "() => { const svg = document.querySelector('object.heatmap').contentDocument;"
+        " return svg?.documentElement.dataset.bound && svg.querySelector('rect[data-index=\"0,2,3,4\"]'); }"
     )
     page.evaluate(
         "document.querySelector('object.heatmap').contentDocument.querySelector('rect[data-index=\"0,2,3,4\"]')"
