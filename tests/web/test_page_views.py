@@ -147,7 +147,7 @@ def test_reordering_keeps_the_page_and_its_scroll(sessions: Sessions, page: Page
     page.evaluate("window.sameDocument = true")
     scrolled = page.evaluate("window.scrollY")
     page.get_by_role("button", name=f"Move {name} up").click()
-    page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
+    page.wait_for_function("() => document.querySelector('table.pairs')?.dataset.saved === 'yes'")
     assert page.evaluate("window.sameDocument") is True
     assert abs(page.evaluate("window.scrollY") - scrolled) < 5
     assert rows.nth(39).locator("td.name a").inner_text() == name
@@ -155,7 +155,7 @@ def test_reordering_keeps_the_page_and_its_scroll(sessions: Sessions, page: Page
     page.reload()
     assert page.locator("tr.row").nth(39).locator("td.name a").inner_text() == name
     page.get_by_role("button", name=f"Move {name} down").click()  # back where it was, for the other tests
-    page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
+    page.wait_for_function("() => document.querySelector('table.pairs')?.dataset.saved === 'yes'")
 
 
 def pair_named(sessions: Sessions, session_id: int, name: str) -> int:
@@ -191,7 +191,7 @@ def test_the_pair_page_opens_where_the_error_is(sessions: Sessions, page: Page) 
     page.wait_for_function("() => document.querySelector('object.heatmap').data.includes('fixed=0%2C2%2C')")
     page.wait_for_function(  # head 2's heatmap is there and the page listens to its clicks (it marks the SVG)
         "() => { const svg = document.querySelector('object.heatmap').contentDocument;"
-        " return svg?.documentElement.dataset.bound && svg.querySelector('rect[data-index=\"0,2,3,4\"]'); }"
+        " return svg?.documentElement?.dataset.bound && svg.querySelector('rect[data-index=\"0,2,3,4\"]'); }"
     )
     page.evaluate(
         "document.querySelector('object.heatmap').contentDocument.querySelector('rect[data-index=\"0,2,3,4\"]')"

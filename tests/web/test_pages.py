@@ -259,14 +259,14 @@ def test_filter_reorder_tolerances_and_restart(demo_servers: dict[str, LiveServe
     page.locator("table.pairs tr.row").nth(2).drag_to(
         page.locator("table.pairs tr.row").nth(0), target_position={"x": 20, "y": 2}
     )
-    page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
+    page.wait_for_function("() => document.querySelector('table.pairs')?.dataset.saved === 'yes'")
     page.reload()
     after = row_names(page)
     assert after[0] == before[2] and after[1:3] == before[0:2]
     page.get_by_role("button", name=f"Move {before[0]} up").focus()
     page.evaluate("window.sameDocument = true; document.querySelector('table.pairs').dataset.saved = ''")
     page.keyboard.press("Enter")  # moved in place and saved, no reload
-    page.wait_for_function("() => document.querySelector('table.pairs').dataset.saved === 'yes'")
+    page.wait_for_function("() => document.querySelector('table.pairs')?.dataset.saved === 'yes'")
     assert page.evaluate("window.sameDocument") is True
     moved = row_names(page)
     page.reload()
