@@ -147,7 +147,13 @@ def test_the_stack_compares_two_uploads_on_its_replicas_workers_and_bucket(
     assert loopback_http.get(f"{other.url}/sessions/{session_id}", headers=other.auth, timeout=30).status_code == 200
 
     # the pairs were computed by the workers: their work is on the dashboard, the arrays in the bucket
-    assert dashboard_compute_times(dashboard).get("compute_batch", 0.0) > before
+    wait_until(  # the scheduler shows a task once its worker reports it done, which can trail the result
+        lambda: dashboard_compute_times(dashboard).get("compute_batch", 0.0),
+        what="the comparison's compute_batch tasks on the dashboard",
+        until=lambda seconds: seconds > before,
+        timeout=30,
+        interval=0.5,
+    )
     bucket = s3.bucket(stack.store_url)
     import obstore
 

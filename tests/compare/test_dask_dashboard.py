@@ -12,6 +12,7 @@ from tensor_debugger.settings import Settings
 from tests.support import loopback_http
 from tests.support.dask_cluster import DaskCluster, dashboard_compute_times
 from tests.support.dumps import layered_dump
+from tests.support.polling import wait_until
 
 
 def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, dask_cluster: DaskCluster) -> None:
@@ -32,4 +33,11 @@ def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, d
         assert services.comparisons.compute_pending(session_id) == 8
     finally:
         services.close()
-    assert dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0) > before
+    # the scheduler shows a task once its worker reports it done; under load that report can trail the result
+    wait_until(
+        lambda: dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0),
+        what="the comparison's compute_batch tasks on the dashboard",
+        until=lambda seconds: seconds > before,
+        timeout=30,
+        interval=0.5,
+    )
