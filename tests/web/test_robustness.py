@@ -82,10 +82,15 @@ def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, bi
                 timeout=120,
             )
         assert sent.status_code == 202, sent.text
-        wait_until(lambda: folders(server, "ingest"), what="the ingest's staging folder", timeout=30, interval=0.01)
+        [folder] = wait_until(
+            lambda: folders(server, "ingest"), what="the ingest's staging folder", timeout=30, interval=0.01
+        )
+        child = int(folder.name.split("-")[2].split(".")[0])  # the folder is named for the process that ingests
+        os.kill(child, signal.SIGSTOP)  # frozen mid-ingest, then killed with its server, as in a crash
         assert server.process is not None
         server.process.send_signal(signal.SIGKILL)
         server.process.wait()
+        os.kill(child, signal.SIGKILL)
         sock.close()
         assert folders(server, "upload") and folders(server, "ingest")
         server.port = free_port()
@@ -238,4 +243,4 @@ def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works
     np.save(small, np.ones((4, 4), dtype=np.float32))
     again = upload(shared_server, "", [("small", small)], url=f"/api/sessions/{session_id}/runs")
     assert again.status_code == 201, again.text
-    assert not folders(shared_server, "ingest")  # the dead child's staging was swept
+    assert not folder.exists()  # the dead child's staging was swept
