@@ -87,14 +87,19 @@ postgres:
 run: install
 	$(BIN)/tensor-debugger serve --host $(HOST) --port $(PORT)
 
+# Two workers (pytest-xdist): most tests wait part of the time on a server, a browser or a subprocess, so two
+# workers keep two cores busy. Each worker starts its own shared servers (and PostgreSQL, S3 and Dask when its tests
+# need them), so more workers than cores only add start-ups: `make test PYTEST_WORKERS=` runs in one process.
+PYTEST_WORKERS ?= -n 2
+
 test: install-test
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 # The whole suite, browser tests included (Playwright's lowest version counts), but for tests/test_lint.py: what
 # mypy --strict says depends on each library's own type annotations (SQLAlchemy's Row, numpy's, safetensors'), not
 # on what runs, so lint is checked on the newest versions only (make lint, make test).
 test-lowest: $(LOWEST)/.installed-test browser postgres
-	$(LOWEST_BIN)/python -m pytest --deselect tests/test_lint.py
+	$(LOWEST_BIN)/python -m pytest $(PYTEST_WORKERS) --deselect tests/test_lint.py
 
 ci: lint test test-lowest
 
