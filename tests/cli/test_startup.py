@@ -14,7 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from litestar.testing import TestClient
 from safetensors.torch import save_file
+from tensor_debugger.settings import Settings
+from tensor_debugger.web.app import create_app
 
 # Runs the CLI in this interpreter's child, then reports the top-level packages it imported on stderr's last line.
 _PROBE = """
@@ -69,21 +72,27 @@ def test_help_and_sessions_import_only_what_they_use(tmp_path: Path) -> None:
     assert not modules & {"torch", "litestar", "jinja2", "uvicorn"}
 
 
-def test_a_server_without_the_demo_does_not_import_torch(tmp_path: Path) -> None:
-    """Every test server, and a user's with --no-demo, starts without torch's second (the demo's generator uses it)."""
+@pytest.mark.parametrize("demo", [False, True], ids=["without-the-demo", "restart-with-the-demo"])
+def test_a_server_starts_without_torch(tmp_path: Path, demo: bool) -> None:
+    """Every test server, and a user's with --no-demo, starts without torch's second (the demo's generator uses it);
+    so does a user's server restarted on a data dir whose demo session was made (`make run`, the second time)."""
+    data = tmp_path / "data"
+    if demo:  # the first start, here: it writes the demo's dumps with torch
+        with TestClient(create_app(Settings(data_dir=data, demo=True)), base_url="http://127.0.0.1") as client:
+            assert "demo: planted divergence" in client.get("/").text
     probe = (
         "import pathlib, sys;"
         "from litestar.testing import TestClient;"
         "from tensor_debugger.settings import Settings;"
         "from tensor_debugger.web.app import create_app;"
-        f"s = Settings(data_dir=pathlib.Path({str(tmp_path / 'data')!r}), demo=False);"
+        f"s = Settings(data_dir=pathlib.Path({str(data)!r}), demo={demo});"
         "c = TestClient(create_app(s), base_url='http://127.0.0.1').__enter__();"
-        "assert c.get('/').status_code == 200;"
-        "print('torch' in sys.modules)"
+        "page = c.get('/'); assert page.status_code == 200;"
+        "print('torch' in sys.modules, 'demo: planted divergence' in page.text)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "False"
+    assert done.stdout.strip() == f"False {demo}"
 
 
 def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,14 +6,12 @@ import shutil
 
 from sqlalchemy import func, select
 
-from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import SessionRecord
 
 DEMO_NAME = "demo: planted divergence at layer 2 post_attn"
-DEMO_PLANT = Plant(layer=2, stage="post_attn", index=(5, 17), offset=0.3)
 DEMO_LAYERS = 4
 _MARKER = ".demo-created"
 
@@ -27,10 +25,13 @@ def ensure_demo_session(services: Services) -> bool:
         if db.scalar(select(func.count()).select_from(SessionRecord)):
             marker.touch()
             return False
+    # imported only now: writing the dumps needs torch (about a second to import), which a restart does not
+    from tensor_debugger.demo.synthetic import Plant, write_dump
+
     folder = new_folder(services.settings.staging_dir, "demo")
     try:
         write_dump(folder / "reference", DEMO_LAYERS, seed=7)
-        write_dump(folder / "candidate", DEMO_LAYERS, seed=7, plant=DEMO_PLANT)
+        write_dump(folder / "candidate", DEMO_LAYERS, seed=7, plant=Plant(2, "post_attn", (5, 17), 0.3))
         for label in ("reference", "candidate"):
             result = services.ingestor.ingest(DEMO_NAME, label, [InputFile(folder / label, f"{label}/")])
         services.plan(result.session_id)
