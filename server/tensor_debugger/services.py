@@ -81,7 +81,9 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None) 
     array store reads the AWS variables from `environ` (this process's environment unless given)."""
     configure_kernels(settings.kernel, settings.kernel_family)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = ArrayStore(settings.store_url, environ)  # first: a store that cannot be used stops here, doing nothing
+    store = ArrayStore(
+        settings.store_url, environ, settings.direct_writes
+    )  # first: a store that cannot be used stops here, doing nothing
     engine = create_db_engine(settings.database_url)
     upgrade_database(engine)
     sessions = make_sessionmaker(engine)

@@ -81,6 +81,11 @@ class Settings:
         300, "How often a server removes staging folders and runs left by killed processes, in seconds."
     )
     chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
+    direct_writes: bool = _setting(
+        True,
+        "Write a data dir's chunk files around the page cache (O_DIRECT) where its file system allows; false writes "
+        "through the cache (for a disk much slower than memory).",
+    )
     ingest_workers: int = _setting(
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
     )

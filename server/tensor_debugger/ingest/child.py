@@ -241,7 +241,9 @@ def _start(
     configure_kernels(settings.kernel, settings.kernel_family)
     engine = create_db_engine(settings.database_url)
     _child.update(
-        ingestor=Ingestor(settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ)),
+        ingestor=Ingestor(
+            settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ, settings.direct_writes)
+        ),
         messages=messages,
         cancel=cancel,
         server=server,

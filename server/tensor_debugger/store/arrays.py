@@ -109,8 +109,9 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 class ArrayStore:
-    def __init__(self, url: str, environ: Mapping[str, str] | None = None) -> None:
+    def __init__(self, url: str, environ: Mapping[str, str] | None = None, direct_writes: bool = True) -> None:
         self.url = url
+        self._direct_writes = direct_writes  # a local folder's large chunk files around the page cache
         # the AWS variables an s3:// store was opened with, for a child process opening the same store
         self.environ = aws_variables(os.environ if environ is None else environ)
         # the read counter, shared with the Zarr store once one is opened (chunk readers count in it too)
@@ -204,14 +205,14 @@ class ArrayStore:
             if self._folder is None:
                 return array
             layout = read_layout(self._folder / key, key)
-            return ChunkWriter(layout, self._folder / key) if layout.readable else array
+            return ChunkWriter(layout, self._folder / key, self._direct_writes) if layout.readable else array
         folder = self._folder / key
         if folder.is_dir():  # as Zarr's overwrite=True: nothing of an older array at the key stays
             shutil.rmtree(folder)
         self._make_groups(PurePosixPath(key).parent)
         folder.mkdir(parents=True, exist_ok=True)
         _write_json(folder / "zarr.json", document)
-        return ChunkWriter(parse_layout(document), folder)
+        return ChunkWriter(parse_layout(document), folder, self._direct_writes)
 
     def _make_groups(self, parent: PurePosixPath) -> None:
         """Write the group zarr.json Zarr writes at `parent` and every level above it (the store's root

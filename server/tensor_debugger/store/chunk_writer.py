@@ -13,12 +13,12 @@ array stored raw (no compressor) the chunk's values as they are.
 from __future__ import annotations
 
 import itertools
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from tensor_debugger.store.direct_writes import write_chunk_file
 from tensor_debugger.store.layout import ArrayLayout
 
 
@@ -33,8 +33,9 @@ def _shuffle(name: str) -> int:
 class ChunkWriter:
     """Writes regions of one array that start on chunk boundaries (numpy basic indexing, step-1 slices)."""
 
-    def __init__(self, layout: ArrayLayout, folder: Path) -> None:
-        """`layout` (the array's zarr.json, as Zarr wrote it) must be `readable`."""
+    def __init__(self, layout: ArrayLayout, folder: Path, direct: bool = True) -> None:
+        """`layout` (the array's zarr.json, as Zarr wrote it) must be `readable`; `direct`: write large chunk files
+        around the page cache where the file system allows it (`direct_writes`)."""
         if not layout.readable:
             raise ValueError(f"array at {folder} is not in a layout a ChunkWriter writes")
         self.shape = layout.shape
@@ -57,6 +58,7 @@ class ChunkWriter:
                 typesize=codec.typesize,
             )
         self._made: set[Path] = set()
+        self._direct = direct
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
@@ -101,12 +103,4 @@ class ChunkWriter:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made.add(path.parent)
         view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else memoryview(data.view(np.uint8).data)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            done = 0
-            while done < len(view):
-                done += os.write(fd, view[done:])
-            if size > done:
-                os.ftruncate(fd, size)
-        finally:
-            os.close(fd)
+        write_chunk_file(path, view, size, self._direct)

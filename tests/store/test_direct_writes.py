@@ -1,0 +1,100 @@
+"""Chunk files written around the page cache (store/direct_writes.py, the `direct_writes` setting): the same bytes
+as a buffered write for every size (the block-aligned body direct, the tail buffered, the zeros a short chunk is
+extended with), really not left in the page cache, and written buffered where the file system refuses."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.direct_writes import ALIGN, BUFFER, SMALLEST, write_chunk_file
+
+from tests.support.stored import read_back, stored
+
+SIZES = [100, SMALLEST - 1, SMALLEST, 3 * ALIGN * 100, BUFFER - 1, BUFFER + ALIGN + 7, 2 * BUFFER + 1]
+
+
+def resident_bytes(path: Path) -> int:
+    """Bytes of the file at `path` in the page cache, as mincore(2) counts them on a shared mapping of it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    size = path.stat().st_size
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vector = ctypes.create_string_buffer(pages)
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+            return sum(byte & 1 for byte in vector.raw) * mmap.PAGESIZE
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("folder", ["tmp_path", "/dev/shm"])
+def test_every_size_is_written_as_a_buffered_write_writes_it(tmp_path: Path, folder: str) -> None:
+    """On this machine's disk (direct writes taken) and on tmpfs (which may refuse them), with and without the
+    zeros that extend a short chunk."""
+    root = tmp_path if folder == "tmp_path" else Path(folder)
+    if not root.is_dir():
+        pytest.skip(f"no {folder} here")
+    rng = np.random.default_rng(5)
+    made: list[Path] = []
+    try:
+        for size in SIZES:
+            data = rng.integers(0, 256, size, dtype=np.uint8)
+            for extend in (0, size + 3 * ALIGN + 5):
+                expected = data.tobytes() + bytes(max(0, extend - size))
+                for direct in (True, False):
+                    path = root / f"td-direct-{os.getpid()}-{size}-{extend}-{direct}"
+                    made.append(path)
+                    write_chunk_file(path, memoryview(data.data), extend, direct)
+                    assert path.read_bytes() == expected, (size, extend, direct)
+    finally:
+        for path in made:
+            path.unlink(missing_ok=True)
+
+
+def test_a_direct_write_leaves_at_most_its_tail_in_the_page_cache(tmp_path: Path) -> None:
+    data = np.random.default_rng(6).integers(0, 256, BUFFER + ALIGN + 7, dtype=np.uint8)
+    direct, buffered = tmp_path / "direct", tmp_path / "buffered"
+    write_chunk_file(direct, memoryview(data.data), 0, True)
+    write_chunk_file(buffered, memoryview(data.data), 0, False)
+    assert resident_bytes(buffered) == BUFFER + 2 * ALIGN
+    assert resident_bytes(direct) <= ALIGN  # the 7 bytes past the last whole block, written buffered
+
+
+@pytest.mark.parametrize("direct_writes", [True, False])
+def test_an_ingest_honours_the_setting_and_stores_the_same_tensor(tmp_path: Path, direct_writes: bool) -> None:
+    """TENSOR_DEBUGGER_DIRECT_WRITES reaches the ingest's chunk files; either way the stored values are the file's."""
+    values = np.random.default_rng(7).standard_normal((1024, 1000)).astype(np.float32)  # chunks just under 1 MiB
+    np.save(tmp_path / "acts.npy", values)
+    settings = Settings.from_environ({"TENSOR_DEBUGGER_DIRECT_WRITES": str(direct_writes).lower()})
+    assert settings.direct_writes is direct_writes
+    services = open_services(Settings(data_dir=tmp_path / "data", demo=False, direct_writes=direct_writes))
+    try:
+        result = services.ingestor.ingest("direct", "run", [InputFile(tmp_path / "acts.npy", "acts.npy")])
+        chunks = [p for p in (tmp_path / "data" / "arrays").rglob("c.*") if p.is_file()]
+        assert len(chunks) > 2 and all(p.stat().st_size > SMALLEST for p in chunks)
+        resident = sum(resident_bytes(p) for p in chunks)  # before anything reads them back
+        if direct_writes:
+            assert resident <= len(chunks) * ALIGN  # each chunk's tail at most
+        else:
+            assert resident >= values.nbytes
+        [record] = stored(services, result.run_id).values()
+        assert read_back(services, record).numpy().tobytes() == values.tobytes()
+    finally:
+        services.close()
