@@ -83,8 +83,11 @@ class Settings:
     chunk_bytes: int = _setting(1024 * 1024, "Target size of one stored Zarr chunk, in bytes.")
     direct_writes: bool = _setting(
         True,
-        "Write a data dir's chunk files around the page cache (O_DIRECT) where its file system allows; false writes "
-        "through the cache (for a disk much slower than memory).",
+        "Write a data dir's chunk files past each run's first buffered_run_bytes around the page cache (O_DIRECT) "
+        "where its file system allows; false writes them all through the cache (a disk much slower than memory).",
+    )
+    buffered_run_bytes: int = _setting(
+        256 * 1024 * 1024, "Bytes of each run written through the page cache before the rest go around it."
     )
     ingest_workers: int = _setting(
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
@@ -140,6 +143,8 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
+        if self.buffered_run_bytes < 0:
+            raise ValueError(f"setting buffered_run_bytes must be 0 or more, got {self.buffered_run_bytes}")
         if not 0 <= self.top <= 64:
             raise ValueError(f"setting top ({ENV_PREFIX}TOP, --top) must be 0 to 64, got {self.top}")
         for name in ("token", "read_token"):

@@ -82,9 +82,10 @@ def test_an_ingest_honours_the_setting_and_stores_the_same_tensor(tmp_path: Path
     """TENSOR_DEBUGGER_DIRECT_WRITES reaches the ingest's chunk files; either way the stored values are the file's."""
     values = np.random.default_rng(7).standard_normal((1024, 1000)).astype(np.float32)  # chunks just under 1 MiB
     np.save(tmp_path / "acts.npy", values)
-    settings = Settings.from_environ({"TENSOR_DEBUGGER_DIRECT_WRITES": str(direct_writes).lower()})
-    assert settings.direct_writes is direct_writes
-    services = open_services(Settings(data_dir=tmp_path / "data", demo=False, direct_writes=direct_writes))
+    environ = {"TENSOR_DEBUGGER_DIRECT_WRITES": str(direct_writes).lower(), "TENSOR_DEBUGGER_BUFFERED_RUN_BYTES": "0"}
+    settings = Settings.from_environ(environ, data_dir=tmp_path / "data", demo=False)
+    assert settings.direct_writes is direct_writes and settings.buffered_run_bytes == 0
+    services = open_services(settings)
     try:
         result = services.ingestor.ingest("direct", "run", [InputFile(tmp_path / "acts.npy", "acts.npy")])
         chunks = [p for p in (tmp_path / "data" / "arrays").rglob("c.*") if p.is_file()]
@@ -98,3 +99,26 @@ def test_an_ingest_honours_the_setting_and_stores_the_same_tensor(tmp_path: Path
         assert read_back(services, record).numpy().tobytes() == values.tobytes()
     finally:
         services.close()
+
+
+def test_a_runs_first_bytes_go_through_the_page_cache_and_the_rest_around_it(tmp_path: Path) -> None:
+    """TENSOR_DEBUGGER_BUFFERED_RUN_BYTES: a small run stays in the page cache, where its comparison reads it."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    values = np.random.default_rng(8).standard_normal((1024, 1000)).astype(np.float32)
+    np.save(folder / "0_first.npy", values)
+    np.save(folder / "1_second.npy", values + 1)  # not the same tensor: it would share the first's array
+    settings = Settings(data_dir=tmp_path / "data", demo=False, buffered_run_bytes=values.nbytes)
+    services = open_services(settings)
+    try:
+        result = services.ingestor.ingest("budget", "run", [InputFile(folder, "run/")])
+        records = stored(services, result.run_id)
+        resident = {}
+        for record in records.values():
+            chunks = [p for p in (tmp_path / "data" / "arrays" / record.store_key).glob("c.*") if p.is_file()]
+            assert len(chunks) > 2
+            resident[record.name] = sum(resident_bytes(p) for p in chunks)
+    finally:
+        services.close()
+    assert resident["0_first"] >= values.nbytes, resident  # the first tensor: within the run's budget
+    assert resident["1_second"] <= 4 * ALIGN, resident  # past it: around the cache (each chunk's tail at most)

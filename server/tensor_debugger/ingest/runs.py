@@ -54,7 +54,7 @@ from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.ingest.stored import stored_name
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.traces import TraceTensor
-from tensor_debugger.ingest.writer import StoredTensor, TensorWriter, WritePools
+from tensor_debugger.ingest.writer import PageCacheBudget, StoredTensor, TensorWriter, WritePools
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
@@ -427,13 +427,14 @@ class Ingestor:
         stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
         pools = WritePools.open(self.settings.threads)
         buffers = BufferPool(pools.buffers)  # read buffers, shared by the run's files (read one after another)
+        budget = PageCacheBudget(self.settings.buffered_run_bytes)  # the run's first bytes through the cache
         try:
             for entry in expansion.entries:
                 first = made = len(stored)
                 try:
                     with (
                         open_tensor_file(entry.path, entry.label, buffers, entry.span, entry.packed) as opened,
-                        TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes) as writer,
+                        TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes, budget) as writer,
                     ):
                         problems.extend(opened.skipped)
                         results = []

@@ -151,6 +151,26 @@ class _Block:
     hashed: Future[None]
 
 
+class PageCacheBudget:
+    """How much more of a run goes through the page cache before its chunk files are written around it (the
+    `direct_writes` setting, store/direct_writes.py): the first `buffered_run_bytes` of each run, tensor by tensor.
+    A small run is written faster through the cache (the kernel writes it back after the ingest, and its comparison
+    reads it from there); past a few hundred MB, filling the cache costs more than the disk's time."""
+
+    def __init__(self, nbytes: int) -> None:
+        self._left = nbytes
+        self._lock = threading.Lock()
+
+    def direct(self, nbytes: int) -> bool:
+        """Whether a tensor of `nbytes` bytes, the run's next, goes around the page cache."""
+        with self._lock:
+            if nbytes <= self._left:
+                self._left -= nbytes
+                return False
+            self._left = 0
+            return True
+
+
 class TensorWriter:
     """Copies tensors into the array store as one stream of blocks: each block is written, summarised and hashed
     on the pool's threads while the next blocks are read, and the next tensor's blocks start while the last ones
@@ -163,12 +183,19 @@ class TensorWriter:
     thread touches a block after its file is closed."""
 
     def __init__(
-        self, store: ArrayStore, chunk_bytes: int, pools: WritePools, on_bytes: Callable[[int], None] | None = None
+        self,
+        store: ArrayStore,
+        chunk_bytes: int,
+        pools: WritePools,
+        on_bytes: Callable[[int], None] | None = None,
+        budget: PageCacheBudget | None = None,
     ) -> None:
+        """`budget`: the run's, shared by the writers of its files; without one, every tensor may go direct."""
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.pools = pools
         self.on_bytes = on_bytes
+        self.budget = budget
         self._window: deque[_Block] = deque()
 
     def __enter__(self) -> TensorWriter:
@@ -184,7 +211,8 @@ class TensorWriter:
         first = next(regions, None)
         first_block = leaf.reader.read(first) if first is not None else None  # may be a view of a mapped file
         compressed = first_block is None or worth_compressing(first_block)
-        array = self.store.writer(key, leaf.shape, leaf.dtype, layout.chunks, compressed)
+        direct = self.budget is None or self.budget.direct(math.prod(leaf.shape) * leaf.dtype.itemsize)
+        array = self.store.writer(key, leaf.shape, leaf.dtype, layout.chunks, compressed, direct)
         tensor = _Tensor(key, leaf, new_hasher(leaf.dtype, leaf.shape), SerialLane(self.pools.pool))
         pool = self.pools.pool
 

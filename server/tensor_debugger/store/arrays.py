@@ -189,10 +189,12 @@ class ArrayStore:
         dtype: LogicalDtype,
         chunks: tuple[int, ...],
         compressed: bool = True,
+        direct: bool = True,
     ) -> ChunkWriter | zarr.Array[Any]:
         """A new array at `key` for ingest to fill, region by chunk-aligned region: a `ChunkWriter` where the
         store is a local folder (its zarr.json written here, as Zarr would write it: `layout.array_document`),
-        else the Zarr array itself."""
+        else the Zarr array itself. `direct`: its chunk files may go around the page cache (if `direct_writes`)."""
+        direct = direct and self._direct_writes
         storage = dtype.numpy_storage
         codec = (
             BloscSettings(compression.CNAME, compression.CLEVEL, compression.SHUFFLE, storage.itemsize, 0)
@@ -205,14 +207,14 @@ class ArrayStore:
             if self._folder is None:
                 return array
             layout = read_layout(self._folder / key, key)
-            return ChunkWriter(layout, self._folder / key, self._direct_writes) if layout.readable else array
+            return ChunkWriter(layout, self._folder / key, direct) if layout.readable else array
         folder = self._folder / key
         if folder.is_dir():  # as Zarr's overwrite=True: nothing of an older array at the key stays
             shutil.rmtree(folder)
         self._make_groups(PurePosixPath(key).parent)
         folder.mkdir(parents=True, exist_ok=True)
         _write_json(folder / "zarr.json", document)
-        return ChunkWriter(parse_layout(document), folder, self._direct_writes)
+        return ChunkWriter(parse_layout(document), folder, direct)
 
     def _make_groups(self, parent: PurePosixPath) -> None:
         """Write the group zarr.json Zarr writes at `parent` and every level above it (the store's root
