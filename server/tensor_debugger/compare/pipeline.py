@@ -140,7 +140,8 @@ def _ingest_at_once(
 
         return report
 
-    early = SessionComparisons(comparisons, session_id, step("early"))
+    # with a Dask cluster the pairs are its workers' once planned, as in a server (services.py), not this process's
+    early = SessionComparisons(comparisons, session_id, step("early")) if comparisons.cluster is None else None
 
     def ingest(index: int) -> IngestResult:
         run, given = pending[index], runs[index][1]
@@ -149,9 +150,10 @@ def _ingest_at_once(
         except BaseException:
             ingestor.cancel(run)
             raise
-        listener = NotesOf(early.listener(run.run_id))
+        listener = NotesOf(early.listener(run.run_id)) if early is not None else None
         result = ingestor.complete(run, [given], progress(index), fingerprint=fingerprint, listener=listener)
-        early.ready(run.run_id)  # the tensors of runs still ingesting pair with this one's rows
+        if early is not None:
+            early.ready(run.run_id)  # the tensors of runs still ingesting pair with this one's rows
         return result
 
     try:
@@ -159,7 +161,8 @@ def _ingest_at_once(
             futures = [pool.submit(ingest, index) for index in range(len(runs))]
             outcomes = [f.exception() or f.result() for f in futures]
     finally:
-        early.settle()
+        if early is not None:
+            early.settle()
     problems = [problem_json(p) for o in outcomes if isinstance(o, IngestResult) for p in o.problems]
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
