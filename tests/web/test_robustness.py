@@ -243,4 +243,5 @@ def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works
     np.save(small, np.ones((4, 4), dtype=np.float32))
     again = upload(shared_server, "", [("small", small)], url=f"/api/sessions/{session_id}/runs")
     assert again.status_code == 201, again.text
-    assert not folder.exists()  # the dead child's staging was swept
+    # the dead child's staging is swept (by the thread that saw it die, which may still be at it)
+    wait_until(lambda: not folder.exists(), what=f"the dead child's staging folder {folder} to be swept", timeout=30)
