@@ -4,6 +4,7 @@ child process."""
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -25,8 +26,31 @@ def bearer(token: str) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"}
 
 
+_PICKED: set[int] = set()  # ports this process handed out: a server may not have bound its port yet
+_CHOOSE = random.SystemRandom()  # not the `random` module's state, which test plugins may seed alike in workers
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A loopback port free now, for a server started next. Chosen at random below the kernel's ephemeral range: a
+    port the kernel handed out there (to a socket bound to port 0, such as a Dask dashboard's, or to a connection's
+    own end) could be taken between this answer and the server's bind, which happened with SeaweedFS's S3 gateway
+    (it binds seconds after it starts) while other servers started in other threads and pytest-xdist workers."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(1000):
+        port = _CHOOSE.randrange(max(1024, low - 12000), low)
+        if port in _PICKED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _PICKED.add(port)
+        return port
+    with socket.socket() as s:  # that range is full: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
