@@ -117,7 +117,9 @@ class ChildIngests:
                 future = pool.submit(_complete, pending, inputs, keep_failure, notes)
             return future.result()
         except BrokenProcessPool:
-            self._reset(pool)
+            # waiting for the pool's own thread, which reaps the dead child: its pipe closes before it is a zombie,
+            # and until then the sweep below would take its staging folder for a live process's
+            self._reset(pool, wait=True)
             staging.sweep(self.settings.staging_dir)  # what the dead child left
             what = ", ".join(i.label for i in inputs) or "upload"
             if self._closed:
@@ -131,12 +133,13 @@ class ChildIngests:
                 self._listeners.pop(pending.run_id, None)
             self.ingestor.forget(pending.run_id)
 
-    def _reset(self, pool: ProcessPoolExecutor) -> None:
-        """Let go of a pool one of whose children died; the next ingest starts new ones."""
+    def _reset(self, pool: ProcessPoolExecutor, wait: bool = False) -> None:
+        """Let go of a pool one of whose children died; the next ingest starts new ones. `wait`: until the pool's
+        thread has reaped its children."""
         with self._lock:
             if self._pool is pool:
                 self._pool = None
-        pool.shutdown(wait=False)
+        pool.shutdown(wait=wait)
 
     def close(self) -> None:
         """Ask every child to stop at its next block of bytes, and let them go."""
