@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, expect
 from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.explore import plan_explore
 from tensor_debugger.compare.pipeline import compare_runs
@@ -253,18 +253,16 @@ def test_runs_are_named_for_their_files_and_list_tensors_in_execution_order(sess
     page.goto(f"{sessions.server.url}/sessions/{sessions.heads}")
     assert page.locator(".runs-header").inner_text().split() == ["reference:", "ref.zip", "candidate:", "cand.zip"]
     page.get_by_role("link", name="Candidate run: cand.zip").click()
+    page.locator("table.tensors td:first-child").first.wait_for()  # the run's page, loaded (not the one clicked on)
     names = page.locator("table.tensors td:first-child").all_inner_texts()
     assert names[:3] == ["0_post_ln_pre_attn", "0_query", "0_query_final"]  # execution order, not the zip's
     assert names.index("9_value") < names.index("10_post_ln_pre_attn") and len(names) == 24 * 13
     shot(page, "run-24-layers")
     page.get_by_label("Name contains").fill("9_value")
     page.get_by_role("button", name="Search").click()
-    assert page.locator("table.tensors td:first-child").all_inner_texts() == [
-        "9_value",
-        "9_value_final",
-        "19_value",
-        "19_value_final",
-    ]
+    expect(page.locator("table.tensors td:first-child")).to_have_text(  # once the search's page has loaded
+        ["9_value", "9_value_final", "19_value", "19_value_final"]
+    )
     page.get_by_role("link", name="9_value", exact=True).click()
     page.get_by_role("heading", name="9_value").wait_for()
     # a label can be changed; another run's label is refused
