@@ -7,6 +7,9 @@ from __future__ import annotations
 import ctypes
 import mmap
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +21,7 @@ from tensor_debugger.store.direct_writes import ALIGN, BUFFER, SMALLEST, write_c
 
 from tests.support.stored import read_back, stored
 
+MEMORY_FILE_SYSTEMS = ("tmpfs", "ramfs")
 SIZES = [100, SMALLEST - 1, SMALLEST, 3 * ALIGN * 100, BUFFER - 1, BUFFER + ALIGN + 7, 2 * BUFFER + 1]
 
 
@@ -44,6 +48,35 @@ def resident_bytes(path: Path) -> int:
         os.close(fd)
 
 
+def file_system(path: Path) -> str:
+    """The type of the file system `path` is on (the longest mount point of /proc/mounts above it)."""
+    best, kind = "", ""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        mount = fields[1].replace("\\040", " ")
+        if (str(path.resolve()) + "/").startswith(mount.rstrip("/") + "/") and len(mount) > len(best):
+            best, kind = mount, fields[2]
+    return kind
+
+
+@pytest.fixture
+def on_disk(tmp_path: Path) -> Iterator[Path]:
+    """A folder where a file's pages can be outside the page cache: `tmp_path`, or where that is on tmpfs (whose files
+    live in the page cache, as /tmp on some systems), a folder in the checkout's test-artifacts/."""
+    if file_system(tmp_path) not in MEMORY_FILE_SYSTEMS:
+        yield tmp_path
+        return
+    artifacts = Path(__file__).resolve().parents[2] / "test-artifacts"
+    artifacts.mkdir(exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="direct-writes-", dir=artifacts))
+    try:
+        if file_system(folder) in MEMORY_FILE_SYSTEMS:
+            pytest.skip(f"{tmp_path} and {folder} are on {file_system(folder)}: their files live in the page cache")
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 @pytest.mark.parametrize("folder", ["tmp_path", "/dev/shm"])
 def test_every_size_is_written_as_a_buffered_write_writes_it(tmp_path: Path, folder: str) -> None:
     """On this machine's disk (direct writes taken) and on tmpfs (which may refuse them), with and without the
@@ -68,9 +101,9 @@ def test_every_size_is_written_as_a_buffered_write_writes_it(tmp_path: Path, fol
             path.unlink(missing_ok=True)
 
 
-def test_a_direct_write_leaves_at_most_its_tail_in_the_page_cache(tmp_path: Path) -> None:
+def test_a_direct_write_leaves_at_most_its_tail_in_the_page_cache(on_disk: Path) -> None:
     data = np.random.default_rng(6).integers(0, 256, BUFFER + ALIGN + 7, dtype=np.uint8)
-    direct, buffered = tmp_path / "direct", tmp_path / "buffered"
+    direct, buffered = on_disk / "direct", on_disk / "buffered"
     write_chunk_file(direct, memoryview(data.data), 0, True)
     write_chunk_file(buffered, memoryview(data.data), 0, False)
     assert resident_bytes(buffered) == BUFFER + 2 * ALIGN
@@ -78,8 +111,9 @@ def test_a_direct_write_leaves_at_most_its_tail_in_the_page_cache(tmp_path: Path
 
 
 @pytest.mark.parametrize("direct_writes", [True, False])
-def test_an_ingest_honours_the_setting_and_stores_the_same_tensor(tmp_path: Path, direct_writes: bool) -> None:
+def test_an_ingest_honours_the_setting_and_stores_the_same_tensor(on_disk: Path, direct_writes: bool) -> None:
     """TENSOR_DEBUGGER_DIRECT_WRITES reaches the ingest's chunk files; either way the stored values are the file's."""
+    tmp_path = on_disk
     values = np.random.default_rng(7).standard_normal((1024, 1000)).astype(np.float32)  # chunks just under 1 MiB
     np.save(tmp_path / "acts.npy", values)
     environ = {"TENSOR_DEBUGGER_DIRECT_WRITES": str(direct_writes).lower(), "TENSOR_DEBUGGER_BUFFERED_RUN_BYTES": "0"}
@@ -101,8 +135,9 @@ def test_an_ingest_honours_the_setting_and_stores_the_same_tensor(tmp_path: Path
         services.close()
 
 
-def test_a_runs_first_bytes_go_through_the_page_cache_and_the_rest_around_it(tmp_path: Path) -> None:
+def test_a_runs_first_bytes_go_through_the_page_cache_and_the_rest_around_it(on_disk: Path) -> None:
     """TENSOR_DEBUGGER_BUFFERED_RUN_BYTES: a small run stays in the page cache, where its comparison reads it."""
+    tmp_path = on_disk
     folder = tmp_path / "run"
     folder.mkdir()
     values = np.random.default_rng(8).standard_normal((1024, 1000)).astype(np.float32)
