@@ -59,11 +59,28 @@ def file_system(path: Path) -> str:
     return kind
 
 
+def skip_unless_direct(folder: Path) -> None:
+    """Skip where `folder`'s file system refuses direct writes: chunk files are written buffered there (which the
+    every-size test covers)."""
+    probe = folder / "direct-probe"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644)
+        try:
+            os.write(fd, mmap.mmap(-1, ALIGN))
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        pytest.skip(f"{folder} ({file_system(folder)}) takes no direct writes: {exc}")
+    finally:
+        probe.unlink(missing_ok=True)
+
+
 @pytest.fixture
 def on_disk(tmp_path: Path) -> Iterator[Path]:
     """A folder where a file's pages can be outside the page cache: `tmp_path`, or where that is on tmpfs (whose files
     live in the page cache, as /tmp on some systems), a folder in the checkout's test-artifacts/."""
     if file_system(tmp_path) not in MEMORY_FILE_SYSTEMS:
+        skip_unless_direct(tmp_path)
         yield tmp_path
         return
     artifacts = Path(__file__).resolve().parents[2] / "test-artifacts"
@@ -72,6 +89,7 @@ def on_disk(tmp_path: Path) -> Iterator[Path]:
     try:
         if file_system(folder) in MEMORY_FILE_SYSTEMS:
             pytest.skip(f"{tmp_path} and {folder} are on {file_system(folder)}: their files live in the page cache")
+        skip_unless_direct(folder)
         yield folder
     finally:
         shutil.rmtree(folder, ignore_errors=True)
