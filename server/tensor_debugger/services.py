@@ -56,7 +56,7 @@ class Services:
 
     def remove_dead_ingests(self) -> None:
         """Remove the runs of ingests that died meanwhile (another replica's, whose lease expired)."""
-        remove_dead_ingests(self.sessions, self.store, self.ingestor.live_runs(), self.claims)
+        remove_dead_ingests(self.sessions, self.store, self.ingestor.live_runs, self.claims)
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
@@ -65,7 +65,7 @@ class Services:
     def sweep(self) -> None:
         """Remove what processes killed meanwhile left behind: their runs still "ingesting" (arrays and all) and
         their staging folders. A server calls it every `staging_sweep_seconds`."""
-        self.recovery = recover(self.sessions, self.store, self.ingestor.live_runs(), self.claims)
+        self.recovery = recover(self.sessions, self.store, self.ingestor.live_runs, self.claims)
         staging.sweep(self.settings.staging_dir)
 
     def close(self) -> None:
@@ -81,15 +81,14 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None) 
     array store reads the AWS variables from `environ` (this process's environment unless given)."""
     configure_kernels(settings.kernel, settings.kernel_family)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = ArrayStore(
-        settings.store_url, environ, settings.direct_writes
-    )  # first: a store that cannot be used stops here, doing nothing
+    # first: a store that cannot be used stops here, doing nothing
+    store = ArrayStore(settings.store_url, environ, settings.direct_writes)
     engine = create_db_engine(settings.database_url)
     upgrade_database(engine)
     sessions = make_sessionmaker(engine)
     claims = Claims(sessions, settings.claim_seconds)
     ingestor = Ingestor(settings, sessions, store, claims)
-    report = recover(sessions, store, ingestor.live_runs(), claims)
+    report = recover(sessions, store, ingestor.live_runs, claims)
     staging.sweep(settings.staging_dir)
     comparisons = Comparisons(sessions, store, settings.threads, claims, settings, settings.top)
     return Services(settings, engine, sessions, store, claims, ingestor, comparisons, report)

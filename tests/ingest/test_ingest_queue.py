@@ -87,13 +87,13 @@ def test_recovery_leaves_this_process_s_live_runs_alone(services: Services, tmp_
         db.add(stale)
         db.flush()
         stale_id = stale.id
-    report = recover(services.sessions, services.store, services.ingestor.live_runs())
+    report = recover(services.sessions, services.store, services.ingestor.live_runs)
     assert report.runs_removed == 1
     assert status_of(services, live.run_id) == "ingesting" and status_of(services, stale_id) is None
     services.ingestor.complete(live, [tensor_file(tmp_path, "0_x.pth", 3)])
     assert status_of(services, live.run_id) == "ready"
     assert services.ingestor.live_runs() == frozenset()
-    assert recover(services.sessions, services.store, services.ingestor.live_runs()).runs_removed == 0
+    assert recover(services.sessions, services.store, services.ingestor.live_runs).runs_removed == 0
 
 
 def test_opening_the_data_dir_again_in_this_process_leaves_its_ingest_alone(

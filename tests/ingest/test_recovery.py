@@ -137,3 +137,22 @@ def test_another_hosts_ingest_is_removed_once_its_lease_expires_and_by_one_proce
     assert sorted(removed) == [0, 0, 0, 1]
     with services.sessions() as db:
         assert db.get(RunRecord, dead) is None and db.get_one(RunRecord, alive).status == "ingesting"
+
+
+def test_a_run_begun_while_the_heartbeat_recovers_is_not_taken_for_dead(services: Services) -> None:
+    """The heartbeat's recovery asks which runs this process ingests after it has read the runs "ingesting": a run
+    begun in between (an upload arriving then, as seen on two replicas under load) was taken for dead, deleted, and
+    its ingest failed on a foreign key when it stored its tensors."""
+    begun: list[int] = []
+
+    def live_then_an_upload_begins() -> frozenset[int]:
+        answer = services.ingestor.live_runs()
+        begun.append(services.ingestor.begin("arrived meanwhile", "reference", ["0_x.pth"]).run_id)
+        return answer  # what was live when asked
+
+    assert remove_dead_ingests(services.sessions, services.store, live_then_an_upload_begins, services.claims) == 0
+    [run_id] = begun
+    with services.sessions() as db:
+        run = db.get(RunRecord, run_id)
+        assert run is not None and run.status == "ingesting"
+    assert remove_dead_ingests(services.sessions, services.store, services.ingestor.live_runs, services.claims) == 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,8 +70,15 @@ def stale(run: RunRecord, host: str, now: float, live: Collection[int]) -> bool:
     return run.claimed_until is not None and run.claimed_until < now
 
 
+def _none() -> Collection[int]:
+    return ()
+
+
 def recover(
-    sessions: sessionmaker[DbSession], store: ArrayStore, live: Collection[int] = (), claims: Claims | None = None
+    sessions: sessionmaker[DbSession],
+    store: ArrayStore,
+    live: Callable[[], Collection[int]] = _none,
+    claims: Claims | None = None,
 ) -> RecoveryReport:
     """Remove the runs whose ingest died and the arrays no run owns (see the module's docstring)."""
     # Listed before the runs are read: a run row is always committed before its first array is written, so
@@ -99,19 +106,23 @@ def recover(
 
 
 def remove_dead_ingests(
-    sessions: sessionmaker[DbSession], store: ArrayStore, live: Collection[int] = (), claims: Claims | None = None
+    sessions: sessionmaker[DbSession],
+    store: ArrayStore,
+    live: Callable[[], Collection[int]] = _none,
+    claims: Claims | None = None,
 ) -> int:
     """Remove each run left "ingesting" by a dead ingest, with its arrays (and its session, when that ingest made
     it and nothing else is in it); returns how many. Each is first claimed from the claim it was read with, so of
-    several processes recovering at once (server replicas) one removes it."""
+    several processes recovering at once (server replicas) one removes it. `live` gives the runs this process is
+    ingesting (`Ingestor.live_runs`), asked after the runs are read: a run joins it before its row is committed, so
+    every run of this process that the query sees is in it (asked before, a run begun in between was taken for
+    dead and deleted under its ingest)."""
     host, now = socket.gethostname(), time.time()
     claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
     with sessions() as db:
-        dead = [
-            (run.id, run.claimed_by, run.claimed_until)
-            for run in db.scalars(select(RunRecord).where(RunRecord.status == "ingesting"))
-            if stale(run, host, now, live)
-        ]
+        ingesting = list(db.scalars(select(RunRecord).where(RunRecord.status == "ingesting")))
+        alive = live()
+        dead = [(run.id, run.claimed_by, run.claimed_until) for run in ingesting if stale(run, host, now, alive)]
     removed = 0
     for run_id, owner, until in dead:
         with sessions.begin() as db:
