@@ -21,7 +21,7 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support import loopback_http
 from tests.support.compose import command_words, services
-from tests.support.dask_cluster import dashboard_compute_times
+from tests.support.dask_cluster import batch_seconds, wait_for_batches
 from tests.support.dumps import make_zip
 from tests.support.polling import wait_until
 from tests.support.postgres import PostgresCluster
@@ -135,7 +135,7 @@ def test_the_stack_compares_two_uploads_on_its_replicas_workers_and_bucket(
         passes = functools.partial(stack.healthy, service, inside)
         wait_until(passes, what=f"{service}'s health check", timeout=60, interval=0.2)
 
-    before = dashboard_compute_times(dashboard).get("compute_batch", 0.0)
+    before = batch_seconds(dashboard)
     write_dump(tmp_path / "ref", layers=3, seed=7)
     write_dump(tmp_path / "cand", layers=3, seed=7, plant=Plant(1, "post_attn", (2, 3), 0.5))
     files = [(label, make_zip(tmp_path / label, tmp_path / f"{label}.zip")) for label in ("ref", "cand")]
@@ -147,13 +147,7 @@ def test_the_stack_compares_two_uploads_on_its_replicas_workers_and_bucket(
     assert loopback_http.get(f"{other.url}/sessions/{session_id}", headers=other.auth, timeout=30).status_code == 200
 
     # the pairs were computed by the workers: their work is on the dashboard, the arrays in the bucket
-    wait_until(  # the scheduler shows a task once its worker reports it done, which can trail the result
-        lambda: dashboard_compute_times(dashboard).get("compute_batch", 0.0),
-        what="the comparison's compute_batch tasks on the dashboard",
-        until=lambda seconds: seconds > before,
-        timeout=30,
-        interval=0.5,
-    )
+    wait_for_batches(dashboard, before)
     bucket = s3.bucket(stack.store_url)
     import obstore
 

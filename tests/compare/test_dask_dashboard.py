@@ -12,9 +12,8 @@ from tensor_debugger.settings import Settings
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
-from tests.support.dask_cluster import DaskCluster, dashboard_compute_times
+from tests.support.dask_cluster import DaskCluster, batch_seconds, wait_for_batches
 from tests.support.dumps import layered_dump
-from tests.support.polling import wait_until
 
 
 def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, dask_cluster: DaskCluster) -> None:
@@ -23,7 +22,7 @@ def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, d
     assert "Dask Diagnostic UI" in status.text and "needs bokeh" not in status.text
     plots = loopback_http.get(f"{dask_cluster.dashboard}/individual-plots.json", timeout=30).json()
     assert {"Individual Task Stream", "Individual Progress", "Individual Workers"} <= plots.keys()
-    before = dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0)
+    before = batch_seconds(dask_cluster.dashboard)
 
     services = open_services(Settings(data_dir=tmp_path / "data", demo=False, dask_scheduler=dask_cluster.address))
     try:
@@ -35,14 +34,7 @@ def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, d
         assert services.comparisons.compute_pending(session_id) == 8
     finally:
         services.close()
-    # the scheduler shows a task once its worker reports it done; under load that report can trail the result
-    wait_until(
-        lambda: dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0),
-        what="the comparison's compute_batch tasks on the dashboard",
-        until=lambda seconds: seconds > before,
-        timeout=30,
-        interval=0.5,
-    )
+    wait_for_batches(dask_cluster.dashboard, before)
 
 
 def test_a_cli_compare_on_the_cluster_leaves_the_pairs_to_its_workers(
@@ -50,16 +42,10 @@ def test_a_cli_compare_on_the_cluster_leaves_the_pairs_to_its_workers(
 ) -> None:
     """`tensor-debugger compare` with TENSOR_DEBUGGER_DASK_SCHEDULER set (a laptop's CLI pointed at the stack) does
     not compare the pairs itself while the runs ingest: once planned, they are the workers' (as in a server)."""
-    before = dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0)
+    before = batch_seconds(dask_cluster.dashboard)
     ref, cand = layered_dump(tmp_path / "ref", None), layered_dump(tmp_path / "cand", 2)
     env = {"TENSOR_DEBUGGER_DASK_SCHEDULER": dask_cluster.address}
     done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json", env=env)
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["first_divergence"]["name"] == "2_attn"
-    wait_until(
-        lambda: dashboard_compute_times(dask_cluster.dashboard).get("compute_batch", 0.0),
-        what="the comparison's compute_batch tasks on the dashboard",
-        until=lambda seconds: seconds > before,
-        timeout=30,
-        interval=0.5,
-    )
+    wait_for_batches(dask_cluster.dashboard, before)

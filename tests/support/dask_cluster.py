@@ -85,3 +85,20 @@ def dashboard_compute_times(dashboard: str) -> dict[str, float]:
         return {}
     sources = [s for s in found if isinstance(s, ColumnDataSource) and "names" in s.data]
     return {name: float(t) for s in sources for name, t in zip(s.data["names"], s.data["times"], strict=True)}
+
+
+def batch_seconds(dashboard: str) -> float:
+    """Seconds the dashboard at `dashboard` shows spent in `compute_batch` tasks (the pending pairs' batches)."""
+    return dashboard_compute_times(dashboard).get("compute_batch", 0.0)
+
+
+def wait_for_batches(dashboard: str, before: float) -> None:
+    """Wait until the dashboard shows more `compute_batch` time than `before` (what `batch_seconds` gave earlier):
+    the scheduler shows a task once its worker reports it done, which on a loaded machine can trail the result."""
+    wait_until(
+        lambda: batch_seconds(dashboard),
+        what="the comparison's compute_batch tasks on the dashboard",
+        until=lambda seconds: seconds > before,
+        timeout=30,
+        interval=0.5,
+    )

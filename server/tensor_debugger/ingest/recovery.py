@@ -70,14 +70,10 @@ def stale(run: RunRecord, host: str, now: float, live: Collection[int]) -> bool:
     return run.claimed_until is not None and run.claimed_until < now
 
 
-def _none() -> Collection[int]:
-    return ()
-
-
 def recover(
     sessions: sessionmaker[DbSession],
     store: ArrayStore,
-    live: Callable[[], Collection[int]] = _none,
+    live: Callable[[], Collection[int]] = frozenset,
     claims: Claims | None = None,
 ) -> RecoveryReport:
     """Remove the runs whose ingest died and the arrays no run owns (see the module's docstring)."""
@@ -108,7 +104,7 @@ def recover(
 def remove_dead_ingests(
     sessions: sessionmaker[DbSession],
     store: ArrayStore,
-    live: Callable[[], Collection[int]] = _none,
+    live: Callable[[], Collection[int]] = frozenset,
     claims: Claims | None = None,
 ) -> int:
     """Remove each run left "ingesting" by a dead ingest, with its arrays (and its session, when that ingest made
