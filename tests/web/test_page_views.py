@@ -207,7 +207,7 @@ def test_a_bad_index_is_said_next_to_the_form(sessions: Sessions, page: Page) ->
     assert answer is not None and answer.status == 200
     error = page.locator("#window-error")
     assert "index 99 is out of range for dimension 1 of size 8" in error.inner_text()
-    assert page.get_by_role("heading", name="9_value").is_visible()
+    expect(page.get_by_role("heading", name="9_value")).to_be_visible()
     assert page.locator("form.window input[name=index]").input_value() == "0,99,0,:"  # as typed
     assert page.locator("figure.grid").count() == 3  # the largest difference shown meanwhile
 

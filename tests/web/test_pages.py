@@ -128,8 +128,8 @@ def test_first_start_shows_the_demo_session(shared_demo_server: LiveServer, page
     shot(page, "session-demo")
     assert "reference: reference/" in page.locator(".runs-header").inner_text()  # named for what was uploaded
     page.get_by_role("link", name="Candidate run: candidate/").click()
-    assert page.get_by_role("heading", name="Candidate run: candidate/").is_visible()
-    assert page.locator("table.tensors tbody tr").count() == 52
+    expect(page.get_by_role("heading", name="Candidate run: candidate/")).to_be_visible()
+    expect(page.locator("table.tensors tbody tr")).to_have_count(52)
     row = page.locator("table.tensors tr", has_text="2_post_attn").first
     assert "[16, 32]" in row.inner_text() and "float32" in row.inner_text()
 
@@ -161,15 +161,15 @@ def test_upload_through_the_form_without_scripts(
         assert page.locator("noscript").count() == 1
     wait_until_compared(page)
     assert "First divergence: 0_post_mlp" in page.locator(".banner.fail").inner_text()
-    assert page.get_by_role("heading", name="form upload ü").is_visible()
+    expect(page.get_by_role("heading", name="form upload ü")).to_be_visible()
     assert page.locator("section.ingest").count() == 0
     assert "1 problem" in page.locator("section.runs").inner_text()
     assert "readme.txt: not a tensor file or archive" in page.locator("section.runs ul.problems").inner_text()
     page.get_by_role("link", name="Candidate run: candidate.zip and 1 more file").click()
+    expect(page.locator("table.tensors tbody tr")).to_have_count(14)  # the run's page, once it has loaded
     assert "readme.txt: not a tensor file or archive" in page.locator("ul.problems").inner_text()
-    assert page.locator("table.tensors tbody tr").count() == 14
     page.goto(shared_server.url + "/?q=FORM")
-    assert page.get_by_role("link", name="form upload ü").is_visible()
+    expect(page.get_by_role("link", name="form upload ü")).to_be_visible()
 
 
 def test_form_errors_are_shown_in_words(shared_server: LiveServer, page_without_scripts: Page, tmp_path: Path) -> None:
@@ -198,7 +198,7 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
     page.locator(".banner.fail").wait_for(timeout=60_000)
     page.locator(".banner.fail").get_by_role("link", name="2_post_attn").click()
     page.wait_for_url("**/pairs/*")
-    assert page.get_by_role("heading", name="2_post_attn").is_visible()
+    expect(page.get_by_role("heading", name="2_post_attn")).to_be_visible()
     assert "Aligned [5, 17]" in page.locator("section.card", has_text="Layouts").inner_text()
     page.locator("form.window input[name=index]").fill("0,:")
     page.locator("form.window input[name=start]").fill("0")
@@ -372,16 +372,16 @@ def test_sessions_list_rename_and_delete_with_confirmation(demo_servers: dict[st
     row.get_by_label("New name").fill("renamed demo")
     row.get_by_role("button", name="Rename").click()
     page.wait_for_url(demo_server.url + "/")
-    assert page.get_by_role("link", name="renamed demo").is_visible()
+    expect(page.get_by_role("link", name="renamed demo")).to_be_visible()
     row = page.locator("table.sessions tbody tr").first
     row.locator("summary", has_text="Delete…").click()
     row.get_by_role("button", name="Delete for good").click()  # refused by the browser: the box is unticked
-    assert page.get_by_role("link", name="renamed demo").is_visible()
+    expect(page.get_by_role("link", name="renamed demo")).to_be_visible()
     row.get_by_label("Delete “renamed demo” with its runs and arrays").check()
     shot(page, "sessions-delete-confirm")
     row.get_by_role("button", name="Delete for good").click()
     page.wait_for_url(demo_server.url + "/")
-    assert page.get_by_text("No sessions yet").is_visible()
+    expect(page.get_by_text("No sessions yet")).to_be_visible()
     assert not (demo_server.data_dir / "arrays" / "runs" / "1").exists()
 
 

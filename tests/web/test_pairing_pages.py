@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, expect
 
 from tests.support import loopback_http
 from tests.support.browser import shot, wait_until_compared
@@ -182,7 +182,7 @@ def test_explore_one_run_from_the_sessions_page(shared_server: LiveServer, page:
     explore.get_by_role("button", name="Upload and explore").click()
     page.wait_for_url("**/sessions/*")
     wait_until_compared(page)
-    assert page.get_by_role("heading", name="explore many.pth").is_visible()
+    expect(page.get_by_role("heading", name="explore many.pth")).to_be_visible()
     assert page.locator("table.pairs tr.row").count() == 45  # one group: open
     page.goto(shared_server.url + "/")
     explore = page.locator("form.explore-run")
