@@ -141,30 +141,40 @@ def test_a_killed_computation_resumes_on_restart(tmp_path: Path) -> None:
     server = LiveServer(data, free_port(), env=env)
     process = server.launch()
     # Watch the database itself, from the moment the process starts: the worker computes as soon as the server is
-    # up, and the first verdict is written at once (later ones at most every 0.1 s). The process is stopped the
-    # moment it is seen, so that what it had stored is what it leaves when killed: some pairs done, most pending.
-    with sqlite3.connect(data / "metadata.sqlite3", timeout=30) as conn:
-        wait_until(
-            lambda: (
-                process.poll() is not None
-                or conn.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1
-            ),
-            what="the first verdict (or the server's exit)",
-            timeout=120,
-            interval=0.002,
-        )
-    os.kill(process.pid, signal.SIGSTOP)
-    os.kill(process.pid, signal.SIGKILL)
-    process.wait()
+    # up, and the first verdict is written at once (later ones at most every 0.1 s). Each look holds the database's
+    # write lock, and the look that sees a verdict keeps it until the process is killed: no later verdict can be
+    # written in between, however long this test waits for the processor (the rest of the pairs take well under
+    # 0.1 s to compare), so the process leaves what it had stored: some pairs done, most pending.
+    watcher = sqlite3.connect(data / "metadata.sqlite3", timeout=30, isolation_level=None)
+
+    def first_verdict_held() -> bool:
+        if process.poll() is not None:
+            return True
+        watcher.execute("begin immediate")
+        if watcher.execute("select count(*) from pairs where status != 'pending'").fetchone()[0] >= 1:
+            return True
+        watcher.execute("rollback")
+        return False
+
+    try:
+        wait_until(first_verdict_held, what="the first verdict (or the server's exit)", timeout=120, interval=0.002)
+        os.kill(process.pid, signal.SIGSTOP)
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    finally:
+        if watcher.in_transaction:
+            watcher.execute("rollback")
+        watcher.close()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:
         pending = conn.execute("select count(*) from pairs where status = 'pending'").fetchone()[0]
         claimed = conn.execute("select count(*) from pairs where claimed_by is not null and status = 'pending'")
-        assert claimed.fetchone()[0] > 0, "the killed process held no claim on the pairs it was computing"
+        held = claimed.fetchone()[0]
         finished = conn.execute(
             "select p.id, p.result_id, r.created_at from pairs p join comparison_results r on r.id = p.result_id"
         ).fetchall()
     assert pending > 0, "the computation finished before it could be killed"
     assert finished, "the computation was killed before it finished a pair"
+    assert held > 0, "the killed process held no claim on the pairs it was computing"
     server.start()
     try:
         report = wait_done(server, 1)
