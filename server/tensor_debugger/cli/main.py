@@ -302,13 +302,14 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
-    from tensor_debugger.store.zarr_backend import open_store
+    if not settings.store_url.startswith("file:"):  # a local folder is made as needed: no check, nor Zarr's import
+        from tensor_debugger.store.zarr_backend import open_store
 
-    try:
-        open_store(settings.store_url)  # a store that cannot be used is said here, not in a traceback at start-up
-    except StoreUnavailableError as exc:
-        print(f"tensor-debugger: {exc}", file=sys.stderr)
-        return EXIT_UNUSABLE
+        try:
+            open_store(settings.store_url)  # a store that cannot be used is said here, not in a traceback at start-up
+        except StoreUnavailableError as exc:
+            print(f"tensor-debugger: {exc}", file=sys.stderr)
+            return EXIT_UNUSABLE
     import uvicorn
 
     from tensor_debugger.web.app import create_app
