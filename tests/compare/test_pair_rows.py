@@ -25,7 +25,7 @@ def test_reports_decode_the_stored_statistics_with_or_without_the_cache(services
     services.comparisons.compute_pending(session_id)
     with services.sessions() as db:
         stored = {r.id: r.stats for r in db.scalars(select(ComparisonResultRecord))}
-        result_of = dict(db.execute(select(PairRecord.id, PairRecord.result_id)).tuples().all())
+        result_of = dict(db.execute(select(PairRecord.id, PairRecord.result_id)).all())
         plain = session_pairs(db, session_id, modules=True)
         cache = StatsCache()
         cached = [session_pairs(db, session_id, modules=True, cache=cache) for _ in range(2)]

@@ -87,7 +87,7 @@ def _shapes(db: DbSession, session_id: int, run: RunRecord, name: str, side: str
         who = "reference" if side == "a" else f"candidate run {run.label!r}"
         raise InvalidInputError(f"the {who} has no tensor named {name!r}")
     shapes: dict[int, list[int]] = dict(
-        db.execute(select(TensorRecord.id, TensorRecord.shape).where(TensorRecord.id.in_(ids))).tuples().all()
+        db.execute(select(TensorRecord.id, TensorRecord.shape).where(TensorRecord.id.in_(ids))).all()
     )
     return [tuple(shapes[i]) for i in ids]
 
