@@ -78,8 +78,17 @@ def compute_on_dask(
             if stopping():
                 client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
                 return tally.done
-            if tally.done == before:  # the workers settled none: they may see another database
-                log.warning("the Dask workers at %s settled none of %d pairs", settings.dask_scheduler, len(todo))
+            if tally.done == before:  # the workers settled none of them
+                # Taken by another process meanwhile (another replica's workers, say), they are its to settle, and
+                # waited for below. Still pending and free, the workers could not take them: said, then done here.
+                free = set(todo).intersection(claimable_pairs(comparisons, session_id))
+                if free:
+                    log.warning(
+                        "the Dask workers at %s settled none of %d pending pairs, which nobody holds: do they reach "
+                        "the same database and store as this server? Comparing them here instead",
+                        settings.dask_scheduler,
+                        len(free),
+                    )
                 break
     if stopping():
         return tally.done
