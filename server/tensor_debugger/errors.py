@@ -37,7 +37,10 @@ class ConflictError(TensorDebuggerError):
 
 
 class FileProblem(TensorDebuggerError):
-    """One input file that could not be used. `file` names it as the user gave it."""
+    """One input file that could not be used. `file` names it as the user gave it. Its tensors, if it held any,
+    are missing from the run: a comparison of the run is incomplete (`ignored` is False)."""
+
+    ignored = False
 
     def __init__(self, file: str, reason: str) -> None:
         super().__init__(f"{file}: {reason}")
@@ -46,6 +49,13 @@ class FileProblem(TensorDebuggerError):
 
     def __reduce__(self) -> tuple[type[FileProblem], tuple[str, str]]:  # sent back by a child process
         return type(self), (self.file, self.reason)
+
+
+class NotATensor(FileProblem):
+    """A file or a value that holds no tensor (a config.json beside the weights, a step counter in a state dict):
+    named, and otherwise ignored; nothing is missing from the run for it."""
+
+    ignored = True
 
 
 class UnsafeArchiveError(FileProblem):

@@ -42,7 +42,11 @@ def test_ingest_and_sessions_json(tmp_path: Path, backend_env: dict[str, str]) -
     assert out["session"]["name"] == "port vs ref" and isinstance(out["session"]["id"], int)
     assert out["run"]["label"] == "reference" and out["run"]["tensors"] == 2
     assert out["problems"] == [
-        {"file": f"{archive}/notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}
+        {
+            "file": f"{archive}/notes.txt",
+            "reason": "not a tensor file or archive (unknown extension '.txt'); skipped",
+            "ignored": True,
+        }
     ]
     listed = main_cli("--data-dir", str(data), "sessions", "--json", env=env)
     assert listed.returncode == 0
@@ -76,6 +80,37 @@ def test_exit_two_when_nothing_usable(tmp_path: Path) -> None:
     ) == sorted([str(bad), str(tmp_path / "missing.zip")])
     listed = main_cli("--data-dir", str(tmp_path / "data"), "sessions", "--json")
     assert json.loads(listed.stdout) == []  # the session the failed ingest would have created is not kept
+
+
+def test_a_file_that_cannot_be_read_makes_the_compare_incomplete(tmp_path: Path) -> None:
+    """A truncated dump is not a pass, however well the rest compares (exit 2, said last); a config.json beside the
+    tensors holds none, and is only named."""
+    for side in ("ref", "cand"):
+        folder = tmp_path / side
+        folder.mkdir()
+        for layer in range(3):
+            torch.save(seeded((8, 8), seed=layer), folder / f"{layer}_post_attn.pth")
+        (folder / "config.json").write_text('{"hidden_size": 8}')
+    data = str(tmp_path / "data")
+    clean = main_cli("--data-dir", data, "compare", str(tmp_path / "ref"), str(tmp_path / "cand"))
+    assert clean.returncode == 0, clean.stdout + clean.stderr
+    assert f"ignored, no tensor in them (2): {tmp_path / 'ref'}/config.json" in clean.stdout
+    assert "problem:" not in clean.stdout and "INCOMPLETE" not in clean.stdout
+    truncated = tmp_path / "cand" / "1_post_attn.pth"
+    truncated.write_bytes(truncated.read_bytes()[:300])
+    done = main_cli("--data-dir", data, "compare", str(tmp_path / "ref"), str(tmp_path / "cand"))
+    assert done.returncode == 2, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert f"problem: {truncated}: not a readable PyTorch file" in done.stdout
+    assert "no divergence among the pairs compared: 2 of 2 pairs pass" in lines
+    assert lines[-2].startswith("INCOMPLETE: 1 input file could not be read"), done.stdout
+    out = json.loads(
+        main_cli("--data-dir", data, "compare", str(tmp_path / "ref"), str(tmp_path / "cand"), "--json").stdout
+    )
+    assert {(Path(p["file"]).name, p["ignored"]) for p in out["problems"]} == {
+        ("config.json", True),
+        ("1_post_attn.pth", False),
+    }
 
 
 def test_an_unreadable_pairing_file_is_refused_before_anything_is_done(tmp_path: Path) -> None:

@@ -166,6 +166,8 @@ def test_missing_shard_is_reported_by_the_index(
     gone = sorted(broken.glob("model-*.safetensors"))[-1]
     gone.unlink()
     code, out = compare(services, capsys, checkpoints["safetensors"], broken)
-    assert code == 0  # what is there pairs and passes
-    assert [p for p in out["problems"] if gone.name in p["reason"] and "index.json" in p["file"]]
+    assert all(p["status"] == "pass" for p in out["pairs"])  # what is there pairs and passes,
+    assert code == 2  # but the shard's weights are missing from the comparison: not a pass
+    missing = [p for p in out["problems"] if gone.name in p["reason"] and "index.json" in p["file"]]
+    assert missing and not missing[0]["ignored"]
     assert out["unmatched"]["a"] and not out["unmatched"]["b"]

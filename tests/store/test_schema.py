@@ -83,6 +83,43 @@ def test_an_older_schema_is_upgraded(tmp_path: Path) -> None:
     engine.dispose()
 
 
+def test_problems_stored_before_0012_are_sorted_by_their_words(tmp_path: Path) -> None:
+    """What held no tensor (the words the ingest gave it) is marked ignored; what could not be read is not."""
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'old.sqlite3'}")
+    config = alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0011")
+    stored = {
+        "config.json": "not a tensor file or archive (unknown extension '.json'); skipped",
+        "a.npz/notes.txt": "not a .npy member; skipped",
+        "state.pth/step": "not a tensor (int); skipped",
+        "trace.json": "not a model_addition_debugger_context trace: no root 'module_path'",
+        "1_query.pth": "not a readable PyTorch file (OSError: [Errno 22] Invalid argument)",
+        "model.safetensors.index.json": "names shard 'model-00002-of-00002.safetensors' (6 weights), missing",
+    }
+    with sqlite3.connect(tmp_path / "old.sqlite3") as raw:
+        for table in ("sessions", "runs"):  # a run for the problems: any value in each column that needs one
+            columns = [c for c in raw.execute(f"PRAGMA table_info({table})") if c[3] and c[4] is None and not c[5]]
+            values = {name: 1 if "INT" in kind or "BOOL" in kind else "2026-01-01" for _, name, kind, *_ in columns}
+            raw.execute(
+                f"INSERT INTO {table} (id, {', '.join(values)}) VALUES (1, {', '.join('?' * len(values))})",
+                list(values.values()),
+            )
+        raw.executemany("INSERT INTO problems (run_id, file, reason) VALUES (1, ?, ?)", stored.items())
+    raw.close()
+    upgrade_database(engine)
+    with engine.connect() as connection:
+        ignored: dict[str, bool] = dict(connection.execute(text("SELECT file, ignored FROM problems")).all())
+    engine.dispose()
+    assert {file for file, flag in ignored.items() if flag} == {
+        "config.json",
+        "a.npz/notes.txt",
+        "state.pth/step",
+        "trace.json",
+    }
+
+
 def test_a_stamp_other_than_the_head_is_not_current(tmp_path: Path) -> None:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'odd.sqlite3'}")
     upgrade_database(engine)

@@ -56,7 +56,11 @@ def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_pa
     ]
     assert session["runs"][1]["sources"] == ["candidate.zip", "notes.txt"]
     assert session["runs"][1]["problems"] == [
-        {"file": "notes.txt", "reason": "not a tensor file or archive (unknown extension '.txt'); skipped"}
+        {
+            "file": "notes.txt",
+            "reason": "not a tensor file or archive (unknown extension '.txt'); skipped",
+            "ignored": True,
+        }
     ]
     tensors = http.get(f"{shared_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()
     planted = next(t for t in tensors if t["name"] == "1_post_attn")

@@ -149,8 +149,7 @@ def print_table(payload: dict[str, Any]) -> None:
         if names:
             which = "reference" if side == "a" else "candidate"
             print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
-    for problem in payload["problems"]:
-        print(f"problem: {problem['file']}: {problem['reason']}")
+    print_problems(payload["problems"])
     summaries = sum(1 for p in payload["pairs"] if p["summary"])
     if summaries:
         print(
@@ -160,7 +159,8 @@ def print_table(payload: dict[str, Any]) -> None:
     first = payload["first_divergence"]
     failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
     if first is None:
-        print(f"no divergence: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass")
+        among = " among the pairs compared" if any(not p["ignored"] for p in payload["problems"]) else ""
+        print(f"no divergence{among}: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass")
     else:
         pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
         stats = pair["stats"]
@@ -190,7 +190,29 @@ def print_table(payload: dict[str, Any]) -> None:
     if pending:
         print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
     print_culprits(payload["culprits"], failing > 0)
+    print_incomplete(payload["problems"])
     print(f"open in the browser: {payload['session']['url']}")
+
+
+def print_problems(problems: list[dict[str, Any]]) -> None:
+    """What could not be read, a line each; what held no tensor (a config.json beside the weights), on one line."""
+    ignored = [p["file"] for p in problems if p["ignored"]]
+    if ignored:
+        print(f"ignored, no tensor in them ({len(ignored)}): {', '.join(ignored)}")
+    for problem in problems:
+        if not problem["ignored"]:
+            print(f"problem: {problem['file']}: {problem['reason']}")
+
+
+def print_incomplete(problems: list[dict[str, Any]]) -> None:
+    """The last word where input files could not be read: their tensors are not in the comparison (exit 2)."""
+    lost = [p["file"] for p in problems if not p["ignored"]]
+    if lost:
+        files = "1 input file" if len(lost) == 1 else f"{len(lost)} input files"
+        print(
+            f"INCOMPLETE: {files} could not be read (see problem above): their tensors are missing from this "
+            "comparison, and a culprit next to them may be wrong"
+        )
 
 
 def print_candidates(payload: dict[str, Any]) -> None:
@@ -210,14 +232,14 @@ def print_candidates(payload: dict[str, Any]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         print("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
-    for problem in payload["problems"]:
-        print(f"problem: {problem['file']}: {problem['reason']}")
+    print_problems(payload["problems"])
     for label, first in payload["first_divergences"].items():
         if first is None:
             print(f"{label}: no divergence")
         else:
             where = "no layer" if first["layer"] is None else f"layer {first['layer']}"
             print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where})")
+    print_incomplete(payload["problems"])
     print(f"open in the browser: {payload['session']['url']}")
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tensor_debugger.engine.names import natural_key
-from tensor_debugger.errors import FileProblem
+from tensor_debugger.errors import FileProblem, NotATensor
 from tensor_debugger.ingest.archives import (
     ArchiveLimits,
     ExpansionBudget,
@@ -186,7 +186,7 @@ class _Expander:
                 path, label, self.folder(), self.budget, staged, _readable_in_place, _streamed
             ):
                 if member.name.suffix != ".npy":
-                    self.problems.append(FileProblem(f"{label}/{member.name}", "not a .npy member; skipped"))
+                    self.problems.append(NotATensor(f"{label}/{member.name}", "not a .npy member; skipped"))
                     continue
                 key = str(member.name.with_suffix(""))
                 extracted = member.span is None and member.packed is None
@@ -207,7 +207,7 @@ class _Expander:
             yield TensorFileEntry(path, relpath, label, staged)
         else:
             suffix = path.suffix or "none"
-            raise FileProblem(label, f"not a tensor file or archive (unknown extension {suffix!r}); skipped")
+            raise NotATensor(label, f"not a tensor file or archive (unknown extension {suffix!r}); skipped")
 
 
 def expand_inputs(inputs: list[InputFile], staging: Path, limits: ArchiveLimits) -> Expansion:

@@ -42,6 +42,7 @@ from tensor_debugger.errors import (
     DiskFullError,
     FileProblem,
     InvalidInputError,
+    NotATensor,
     NothingUsableError,
     StoreWriteError,
     is_disk_full,
@@ -522,9 +523,9 @@ class Ingestor:
                 rows.append({**row, "run_id": run_id})
             if rows:
                 db.execute(insert(TensorRecord), rows)
-            problems = [FileProblem(p.file, p.reason) for p in source.problems]
+            problems = [(NotATensor if p.ignored else FileProblem)(p.file, p.reason) for p in source.problems]
             for problem in problems:
-                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason, ignored=problem.ignored))
             run.status = "ready"
             run.ingest_pid = None
             run.tensor_count = source.tensor_count
@@ -596,7 +597,7 @@ class Ingestor:
                     db.add(summary_record(run_id, position, run_trace, traced))
                     position += 1
             for problem in problems:
-                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason, ignored=problem.ignored))
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"
             run.ingest_pid = None
@@ -641,7 +642,7 @@ class Ingestor:
             if run is None:
                 return
             for problem in problems:
-                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason))
+                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason, ignored=problem.ignored))
             run.status = "failed"
             run.ingest_pid = None
             run.tensor_count = 0

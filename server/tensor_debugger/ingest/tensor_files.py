@@ -25,7 +25,7 @@ from typing import IO, TYPE_CHECKING, Any
 import numpy as np
 
 from tensor_debugger.engine.chunking import Region, region_flat_range
-from tensor_debugger.errors import FileProblem
+from tensor_debugger.errors import FileProblem, NotATensor
 from tensor_debugger.ingest.archives import Packed, Span
 from tensor_debugger.ingest.block_readers import (
     ArrayReader,
@@ -129,7 +129,7 @@ def _open_pth(path: Path, label: str, buffers: int | BufferPool, span: Span | No
         elif isinstance(value, np.ndarray):
             leaves.append(Leaf(key_path, (), from_numpy(value.dtype), ArrayReader(value)))
         else:
-            skipped.append(FileProblem(_where(label, key_path), f"not a tensor ({type(value).__name__}); skipped"))
+            skipped.append(NotATensor(_where(label, key_path), f"not a tensor ({type(value).__name__}); skipped"))
     return TensorFile(leaves, skipped, stack)
 
 
@@ -223,7 +223,7 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
     for key_path, value in _flatten(obj, ()):
         where = _where(label, key_path)
         if not isinstance(value, torch.Tensor):
-            skipped.append(FileProblem(where, f"not a tensor ({type(value).__name__}); skipped"))
+            skipped.append(NotATensor(where, f"not a tensor ({type(value).__name__}); skipped"))
             continue
         problem = _unsupported_tensor(value)
         if problem:

@@ -23,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tensor_debugger.engine.summaries import STATISTICS
-from tensor_debugger.errors import FileProblem
+from tensor_debugger.errors import FileProblem, NotATensor
 
 FULL_SUFFIX = "_debug_tree_FULL_TENSORS.json"
 SUMMARY_SUFFIX = "_debug_tree_SUMMARY.json"
@@ -104,7 +104,7 @@ def read_trace(json_path: Path, label: str, files: Collection[str]) -> Trace:
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FileProblem(label, f"not a valid trace JSON: {exc}") from exc
     if not isinstance(tree, dict) or not isinstance(tree.get("module_path"), str):
-        raise FileProblem(label, "not a model_addition_debugger_context trace: no root 'module_path'")
+        raise NotATensor(label, "not a model_addition_debugger_context trace: no root 'module_path'")
     model_class = json_path.name.split("_debug_tree_")[0]
     safetensors = {f for f in files if f.endswith(".safetensors")}
     _restore_pruned_layers(tree, safetensors)

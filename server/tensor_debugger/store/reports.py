@@ -7,6 +7,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
@@ -69,14 +70,15 @@ def iso(moment: datetime) -> str:
 
 @dataclass(frozen=True)
 class ProblemReport:
-    """A file that could not be used, and why."""
+    """A file that could not be used, and why; `ignored` where it held no tensor (nothing is missing for it)."""
 
     file: str
     reason: str
+    ignored: bool = False
 
     @classmethod
     def of(cls, problem: FileProblem | ProblemRecord) -> ProblemReport:
-        return cls(problem.file, problem.reason)
+        return cls(problem.file, problem.reason, bool(problem.ignored))
 
 
 def problem_reports(problems: Sequence[FileProblem | ProblemRecord]) -> list[ProblemReport]:
@@ -239,6 +241,6 @@ class TensorReport:
         )
 
 
-def problem_json(problem: FileProblem | ProblemRecord) -> dict[str, str]:
+def problem_json(problem: FileProblem | ProblemRecord) -> dict[str, Any]:
     """A problem as the CLI's JSON prints it."""
     return asdict(ProblemReport.of(problem))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sqlalchemy import ForeignKey, Text
+from sqlalchemy import Boolean, ForeignKey, Text, false
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from tensor_debugger.store.models.base import Base
@@ -20,5 +20,7 @@ class ProblemRecord(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     file: Mapped[str] = mapped_column(Text)
     reason: Mapped[str] = mapped_column(Text)
+    # held no tensor (errors.NotATensor): named, nothing missing from the run
+    ignored: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
     run: Mapped[RunRecord] = relationship(back_populates="problems")
