@@ -147,3 +147,31 @@ def test_pair_by_hand_with_a_transpose(shared_server: LiveServer, tmp_path: Path
     assert wrong.status_code == 400 and "does not fit" in wrong.json()["detail"], wrong.text
     missing = loopback_http.get(f"{base}/alignments", params={"a_name": "nope", "b_name": "weight_t"})
     assert missing.status_code == 400 and "no tensor named 'nope'" in missing.json()["detail"]
+
+
+def test_a_pair_that_cannot_be_compared_is_not_called_within_tolerance(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """Every other pair passes, one has shapes no alignment reconciles: the session page and the sessions list say
+    so, instead of "no divergence" and "none" failing."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    torch.save(seeded((8, 16), 1), a / "0_post_attn.pth")
+    torch.save(seeded((5, 7), 1), b / "0_post_attn.pth")
+    for side in (a, b):
+        torch.save(seeded((4, 4), 2), side / "0_post_mlp.pth")
+    response = upload(
+        shared_server,
+        "one incomparable",
+        [("reference", make_zip(a, tmp_path / "a.zip")), ("candidate", make_zip(b, tmp_path / "b.zip"))],
+    )
+    assert response.status_code == 201, response.text
+    session_id = response.json()["session"]["id"]
+    report = wait_done(shared_server, session_id)
+    assert {p["name"]: p["status"] for p in report["pairs"]} == {"0_post_attn": "incomparable", "0_post_mlp": "pass"}
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    assert "No divergence" not in page
+    assert "No pair is outside tolerance, but 1 of 2 could not be compared" in page
+    listed = loopback_http.get(f"{shared_server.url}/?q=one+incomparable", headers=shared_server.auth).text
+    assert "1 not compared" in listed and ">none<" not in listed

@@ -147,6 +147,11 @@ class SessionPairs:
     stage_culprits: list[StageCulpritReport] = field(default_factory=list)
     candidates: list[CandidateReport] = field(default_factory=list)
 
+    @property
+    def not_compared(self) -> list[PairReport]:
+        """The pairs that have no verdict and never will as they are: incomparable, or their comparison failed."""
+        return [p for p in self.pairs if p.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)]
+
     def candidate_of(self, pair: PairReport) -> str:
         """The label of the pair's candidate run."""
         return next((c.label for c in self.candidates if c.run_id == pair.b.run_id), "")

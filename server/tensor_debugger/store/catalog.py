@@ -52,6 +52,7 @@ class SessionSummary:
     failing: int
     pending: int
     first_divergence: str | None  # the name of the earliest failing pair
+    not_compared: int = 0  # incomparable, or their comparison failed
 
 
 def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, SessionSummary]:
@@ -86,6 +87,7 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
             total.get(sid, {}).get("fail", 0),
             total.get(sid, {}).get("pending", 0),
             first.get(sid),
+            total.get(sid, {}).get("incomparable", 0) + total.get(sid, {}).get("error", 0),
         )
         for sid in session_ids
     }
