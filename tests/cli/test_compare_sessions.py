@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +89,19 @@ def test_compare_sessions_api_and_page(shared_server: LiveServer, sessions: tupl
     )  # no sessions picked yet
     assert form.status_code == 200 and f'<option value="{after}">diff after' in form.text
     assert 'aria-label="Changes"' not in form.text
+
+
+def test_pairs_not_compared_yet_are_said_not_called_clean(tmp_path: Path) -> None:
+    """Runs ingested with no server up have their pairs pending: compare-sessions says so and exits 2, rather than
+    "no divergence" and 0."""
+    data = str(tmp_path / "data")
+    ref, candidate = layered_dump(tmp_path / "ref", None), layered_dump(tmp_path / "cand", 1)
+    for run, path in (("reference", ref), ("candidate", candidate)):
+        done = main_cli("--data-dir", data, "ingest", "--session", "pending", "--run", run, str(path))
+        assert done.returncode == 0, done.stderr
+    done = main_cli("--data-dir", data, "compare-sessions", "pending", "pending")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "A: pending (session 1): " in done.stdout and "pairs not compared yet" in done.stdout
+    assert "no divergence" not in done.stdout
+    out = json.loads(main_cli("--data-dir", data, "compare-sessions", "pending", "pending", "--json").stdout)
+    assert out["a"]["pending"] > 0 and out["a"]["first_divergence"] is None

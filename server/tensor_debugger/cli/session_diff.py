@@ -1,6 +1,6 @@
 """`tensor-debugger compare-sessions S1 S2`: two sessions' pairs matched by name, each with its error (max |diff|)
 in both and the change (`compare/session_diff.py`). Exit 0 when no pair that passed in S1 fails in S2, 1 when one
-does, 2 when a session is not found."""
+does, 2 when a session is not found or has pairs not compared yet."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def run_compare_sessions(services: Services, first: str, second: str, as_json: b
         print(json.dumps(dataclasses.asdict(diff)))
     else:
         print_diff(diff)
-    return EXIT_FAIL if diff.broke else EXIT_PASS
+    return EXIT_FAIL if diff.broke else EXIT_UNUSABLE if diff.pending else EXIT_PASS
 
 
 def print_diff(diff: SessionDiff) -> None:
@@ -52,8 +52,13 @@ def print_diff(diff: SessionDiff) -> None:
         print("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
     for side, name in (("A", diff.a), ("B", diff.b)):
         first = name.first_divergence
-        print(
-            f"{side}: {name.name} (session {name.id}): "
-            + (f"first divergence {first.name}" if first else "no divergence")
+        verdict = (
+            f"first divergence {first.name}"
+            if first
+            else f"{name.pending} pairs not compared yet: a server on this data dir compares them "
+            "(tensor-debugger serve)"
+            if name.pending
+            else "no divergence"
         )
+        print(f"{side}: {name.name} (session {name.id}): {verdict}")
     print(", ".join(f"{n} {c}" for c, n in diff.counts.items()))

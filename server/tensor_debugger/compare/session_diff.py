@@ -39,6 +39,7 @@ class SessionSide:
     id: int
     name: str
     first_divergence: FirstDivergence | None
+    pending: int = 0  # pairs not compared yet: a server on the data dir compares them
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,11 @@ class SessionDiff:
     @property
     def broke(self) -> bool:
         return self.counts[Change.BROKEN] > 0
+
+    @property
+    def pending(self) -> bool:
+        """Whether either session has pairs not compared yet (what changed cannot all be said)."""
+        return self.a.pending > 0 or self.b.pending > 0
 
 
 def _keyed(report: SessionPairs) -> dict[str, PairReport]:
@@ -120,7 +126,7 @@ def diff_sessions(db: DbSession, session_a: int, session_b: int) -> SessionDiff:
     for session_id in (session_a, session_b):
         record = catalog.get_session(db, session_id)
         report = session_pairs(db, session_id)
-        sides.append(SessionSide(record.id, record.name, report.first_divergence))
+        sides.append(SessionSide(record.id, record.name, report.first_divergence, report.progress.pending))
         keyed.append(_keyed(report))
     in_a, in_b = keyed
     rows = []
