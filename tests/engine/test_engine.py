@@ -230,8 +230,15 @@ def test_tp8_layouts_align_and_compare(pool: ThreadPoolExecutor) -> None:
     assert stats.passed and stats.numel == full.size
 
 
-def test_last_resort_and_incomparable() -> None:
+def test_transpose_then_last_resort_and_incomparable(pool: ThreadPoolExecutor) -> None:
+    # a weight stored transposed (a Conv1D's against a Linear's): the last dimension moves, before any flattening
+    weight = np.random.default_rng(3).standard_normal((10, 6)).astype(np.float32)
     alignment = align([(10, 6)], [(6, 10)])
+    assert alignment is not None and not alignment.last_resort
+    assert alignment.words() == "candidate dims permuted [1, 0] -> [10, 6]"
+    stats = compare_views(*views([weight], [weight.T.copy()]), Tolerance(0, 0), False, pool)
+    assert stats.passed and stats.numel == weight.size
+    alignment = align([(10, 6)], [(4, 15)])  # as many elements, no permutation fits: flattened, and said so
     assert alignment is not None and alignment.last_resort and "last resort" in alignment.words()
     assert align([(3, 5)], [(4, 4)]) is None
 

@@ -2,7 +2,8 @@
 
 Tried in order of cost, the cheapest chain wins: shards concatenated along the axis that makes the shapes agree,
 size-1 dimensions dropped, the other dimensions permuted with the last kept in place, extra leading rows of one
-side cut off, and, only as a last resort and marked so, both flattened when their element counts agree. The
+side cut off; where none of these fits, the dimensions permuted with the last moving too (a transpose); and, only
+as a last resort and marked so, both flattened when their element counts agree. The
 reference keeps its own order of dimensions: aligned coordinates are the reference's, less its size-1 dims.
 """
 
@@ -190,6 +191,10 @@ def _pair_single(a: Shape, b: Shape) -> list[tuple[list[Step], Shape]]:
             found.append((steps_a + steps_b + [Step("b", "permute", perm=perm, shape=qa)], qa))
             break
     found.extend(_truncations(qa, qb, steps_a, steps_b))
+    if not found:  # the last dimension moves too: a transpose (a Conv1D's weight against a Linear's), before flattening
+        for perm in _any_permutations(qb, qa):
+            found.append((steps_a + steps_b + [Step("b", "permute", perm=perm, shape=qa)], qa))
+            break
     if not found and math.prod(a) == math.prod(b):
         n = math.prod(a)
         found.append(([Step("a", "flatten", shape=(n,)), Step("b", "flatten", shape=(n,))], (n,)))
@@ -242,9 +247,9 @@ def _any_permutations(shape_b: Shape, target: Shape, limit: int = 6) -> Iterator
 
 def alignment_choices(shapes_a: list[Shape], shapes_b: list[Shape]) -> list[Alignment]:
     """Every alignment that fits, cheapest first, for a user to choose from (pairing two tensors by hand):
-    each concat axis of the shards, size-1 dims dropped, any permutation of the candidate's dims (transposes
-    included, which `align` does not try on its own), extra leading rows cut off. Flattening both is offered
-    only when nothing else fits. The same final steps are listed once."""
+    each concat axis of the shards, size-1 dims dropped, any permutation of the candidate's dims (every transpose,
+    where `align` takes the first only when nothing cheaper fits), extra leading rows cut off. Flattening both is
+    offered only when nothing else fits. The same final steps are listed once."""
     found: dict[str, Alignment] = {}
     flat: list[Alignment] = []
     for merged_a, concat_a in _merges("a", shapes_a):
