@@ -44,6 +44,21 @@ def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) 
     assert "stages by the error they added" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
 
 
+def test_a_scalar_or_integer_stage_is_not_the_tensor_before(tmp_path: Path) -> None:
+    """An int64 scalar (a sliding-window size, a step) between two activations carries no error: the stage after it
+    is measured against the activation before it, not blamed for all the error it carries on."""
+    ref, cand = plain_runs(tmp_path)
+    for folder in (ref, cand):  # in execution order after 1_mlp_out, before 2_attn_out
+        torch.save(torch.tensor(4096), folder / "1_window.pth")
+        torch.save(torch.arange(32), folder / "1_positions.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
+    culprits = {c["name"]: c for c in json.loads(done.stdout)["culprits"]}
+    assert list(culprits)[:2] == ["1_attn_out", "0_mlp_out"]
+    assert "1_window" not in culprits and "1_positions" not in culprits
+    carried = culprits["2_attn_out"]
+    assert carried["previous"] == "1_mlp_out" and abs(carried["added_error"]) < 0.001
+
+
 def test_session_page_explains_and_lists_the_stages(shared_server: LiveServer, tmp_path: Path) -> None:
     ref, cand = plain_runs(tmp_path)
     files = [("reference", make_zip(ref, tmp_path / "r.zip")), ("candidate", make_zip(cand, tmp_path / "c.zip"))]

@@ -4,6 +4,7 @@ error it added, and the modules ranked as culprits (see `engine/culprits.py`).""
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -80,11 +81,12 @@ STAGE_CULPRITS = 10  # the most a report lists
 
 def stage_culprits(items: list[PairReport]) -> list[StageCulpritReport]:
     """Without module traces, the stages that add the most error, largest first (at most STAGE_CULPRITS): each
-    compared pair's relative RMSE minus that of the pair before it in execution order (the first candidate's)."""
+    compared pair's relative RMSE minus that of the pair before it in execution order (the first candidate's),
+    among the pairs that carry activations (`carries_activations`)."""
     if not items or any(i.module_path for i in items):
         return []
     candidate = items[0].b.run_id
-    mine = [i for i in items if i.b.run_id == candidate]
+    mine = [i for i in items if i.b.run_id == candidate and carries_activations(i)]
     by_position = {i.position: i for i in mine}
     errors = [(i.position, e) for i in mine if (e := pair_error(i)) is not None]
     reports = []
@@ -112,6 +114,14 @@ class ModuleReport:
     tree: list[ModuleNodeReport]
     culprits: list[CulpritReport]  # largest added error first
     culprit: CulpritReport | None  # the module that introduced the most error, when any pair fails
+
+
+def carries_activations(item: PairReport) -> bool:
+    """Whether the pair is of values an error flows through, from one stage to the next: of more than one
+    floating-point element. Not a scalar or an integer or boolean tensor (a step counter, positions, a mask), which
+    would read as the input of the stage after it with no error, and blame that stage for all it carries."""
+    dtype = item.a.dtype.lower()
+    return math.prod(item.a.shape) > 1 and not dtype.startswith(("int", "uint", "bool"))
 
 
 def pair_error(item: PairReport) -> float | None:
