@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tensor_debugger.cli.compare_output import cell, print_unusable, show_compare
+from tensor_debugger.cli.compare_output import cell, print_unusable, print_where, show_compare
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.pair_reports import session_pairs
@@ -33,7 +33,7 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool) -> i
         )
     finally:
         line.close()
-    return show_compare(outcome, as_json)
+    return show_compare(outcome, as_json, services.settings.data_dir)
 
 
 def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
@@ -93,5 +93,5 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
     for problem in problems:
         print(f"problem: {problem['file']}: {problem['reason']}")
-    print(f"open in the browser: {url}")
+    print_where(url, services.settings.data_dir)
     return EXIT_PASS

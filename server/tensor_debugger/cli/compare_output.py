@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -91,20 +92,22 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
     )
 
 
-def show_compare(outcome: CompareOutcome, as_json: bool) -> int:
-    """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code."""
+def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None = None) -> int:
+    """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code.
+    `data_dir`: where the session is stored when no server serves it (the compare ran in this process)."""
     if outcome.error is not None:
         print_unusable(outcome.error, outcome.payload["problems"], as_json, outcome.payload)
     elif as_json:
         print(json.dumps(outcome.payload))
     else:
-        print_table(outcome.payload)
+        print_table(outcome.payload, data_dir)
     return outcome.exit_code
 
 
-def print_table(payload: dict[str, Any]) -> None:
+def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     if len(payload.get("first_divergences", {})) > 1:
         print_candidates(payload)
+        print_where(payload["session"]["url"], data_dir)
         return
     noise = any(p.get("noise_max_abs_diff") is not None for p in payload["pairs"])
     floor_header = ("noise floor",) if noise else ()
@@ -191,7 +194,15 @@ def print_table(payload: dict[str, Any]) -> None:
         print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
     print_culprits(payload["culprits"], failing > 0)
     print_incomplete(payload["problems"])
-    print(f"open in the browser: {payload['session']['url']}")
+    print_where(payload["session"]["url"], data_dir)
+
+
+def print_where(url: str, data_dir: Path | None) -> None:
+    """Where to see the session: its page, on the server that computed it, or once a server serves `data_dir`."""
+    if data_dir is None:
+        print(f"open in the browser: {url}")
+    else:
+        print(f"to open it in a browser: tensor-debugger --data-dir {shlex.quote(str(data_dir))} serve, then {url}")
 
 
 def print_problems(problems: list[dict[str, Any]]) -> None:
@@ -240,7 +251,6 @@ def print_candidates(payload: dict[str, Any]) -> None:
             where = "no layer" if first["layer"] is None else f"layer {first['layer']}"
             print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where})")
     print_incomplete(payload["problems"])
-    print(f"open in the browser: {payload['session']['url']}")
 
 
 def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) -> None:
