@@ -101,7 +101,10 @@ def test_a_file_that_cannot_be_read_makes_the_compare_incomplete(tmp_path: Path)
     done = main_cli("--data-dir", data, "compare", str(tmp_path / "ref"), str(tmp_path / "cand"))
     assert done.returncode == 2, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert f"problem: {truncated}: not a readable PyTorch file" in done.stdout
+    assert (
+        f"problem: {truncated}: not a readable PyTorch file: truncated or damaged: a zip archive of 300 bytes"
+        in done.stdout
+    )
     assert "no divergence among the pairs compared: 2 of 2 pairs pass" in lines
     assert lines[-2].startswith("INCOMPLETE: 1 input file could not be read"), done.stdout
     out = json.loads(

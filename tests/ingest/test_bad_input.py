@@ -198,11 +198,15 @@ def test_corrupt_and_non_tensor_files(services: Services, tmp_path: Path) -> Non
     np.save(tmp_path / "full.npy", np.zeros(100, dtype=np.float32))
     (tmp_path / "short.npy").write_bytes((tmp_path / "full.npy").read_bytes()[:-40])
     torch.save({"text": "just a string"}, tmp_path / "strings.pth")
-    names = ["garbage.pth", "notes.txt", "broken.safetensors", "short.npy", "strings.pth"]
+    (tmp_path / "text.pth").write_text("weights: see the wiki")
+    names = ["garbage.pth", "notes.txt", "broken.safetensors", "short.npy", "strings.pth", "text.pth"]
     with pytest.raises(NothingUsableError) as info:
         services.ingestor.ingest("bad", "ref", [InputFile(tmp_path / n, n) for n in names])
     reasons = {p.file: p.reason for p in info.value.problems}
     assert "not a readable PyTorch file" in reasons["garbage.pth"]
+    assert reasons["text.pth"].startswith(
+        "not a readable PyTorch file: neither a zip archive (torch.save's format) nor a pickle: it starts with b'weig'"
+    )
     assert "not a tensor file or archive" in reasons["notes.txt"]
     assert "not a readable safetensors file" in reasons["broken.safetensors"]
     assert "truncated" in reasons["short.npy"]
@@ -256,7 +260,7 @@ def test_problems_are_kept_beside_a_stored_run(services: Services, tmp_path: Pat
         z.writestr("1_query.pth", b"not a pickle at all")
     result = services.ingestor.ingest("mixed", "ref", [InputFile(archive, archive.name)])
     assert result.tensors == 1
-    assert [(p.file, p.reason.split(" (")[0]) for p in result.problems] == [
+    assert [(p.file, p.reason.split(": ")[0]) for p in result.problems] == [
         ("mixed.zip/1_query.pth", "not a readable PyTorch file")
     ]
     with services.sessions() as db:

@@ -128,7 +128,7 @@ def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced
         with services.sessions() as db:
             run = db.get_one(RunRecord, pending.run_id)
             assert (run.status, run.ingest_pid, run.tensor_count) == ("failed", None, 0)
-            assert [(p.file, p.reason.split(" (")[0]) for p in run.problems] == [
+            assert [(p.file, p.reason.split(": ")[0]) for p in run.problems] == [
                 ("weights.pth", "not a readable PyTorch file")
             ]
         assert not services.store.children(f"runs/{pending.run_id}")

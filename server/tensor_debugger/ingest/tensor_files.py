@@ -112,7 +112,7 @@ def _open_pth(path: Path, label: str, buffers: int | BufferPool, span: Span | No
         UnicodeDecodeError,
         RecursionError,
     ) as exc:
-        raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
     stack = ExitStack()
     fd = open_fd(path, stack)
     pool = _pool(buffers)
@@ -200,6 +200,8 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
         else:
             obj = _load_mapped(path)
     except pickle.UnpicklingError as exc:
+        if not _head(path, span).startswith((b"PK", b"\x80")):  # no pickle at all: say what it is instead
+            raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
         raise FileProblem(label, _refusal(str(exc))) from None
     except (
         RuntimeError,
@@ -216,7 +218,7 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
         UnicodeDecodeError,
     ) as exc:
         # random bytes can trip the unpickler anywhere (an IndexError on an empty stack, say): all mean the same
-        raise FileProblem(label, f"not a readable PyTorch file ({type(exc).__name__}: {_first_line(exc)})") from None
+        raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
     releaser = PageReleaser(path) if mmapped else None  # a no-op for the legacy format, which is not mapped
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
@@ -299,6 +301,29 @@ def _refusal(message: str) -> str:
         f"not a readable PyTorch file (the weights-only unpickler refused it: "
         f"{detail.group(1) if detail else 'unknown content'}); nothing in it was executed"
     )
+
+
+def _unreadable_pth(path: Path, span: Span | None, exc: BaseException) -> str:
+    """Why a .pth file could not be read, in words a user can act on, from its first bytes; then the reader's own
+    error, for the record."""
+    size = span.size if span is not None else path.stat().st_size
+    head = _head(path, span)
+    if size == 0:
+        why = "empty (0 bytes)"
+    elif head.startswith(b"PK"):  # a zip archive, torch.save's format since PyTorch 1.6
+        why = f"truncated or damaged: a zip archive of {size} bytes whose directory cannot be read (copied whole?)"
+    elif head[:1] == b"\x80":  # a pickle: the legacy format, or one torch.save did not write
+        why = "a pickle torch.save did not write, or a damaged legacy-format file"
+    else:
+        why = f"neither a zip archive (torch.save's format) nor a pickle: it starts with {head!r}"
+    return f"not a readable PyTorch file: {why} ({type(exc).__name__}: {_first_line(exc)})"
+
+
+def _head(path: Path, span: Span | None) -> bytes:
+    """The first 4 bytes of the file, or of its span of an archive (fewer where it is shorter)."""
+    with open(path, "rb") as f:
+        f.seek(span.offset if span is not None else 0)
+        return f.read(min(span.size, 4) if span is not None else 4)
 
 
 def _first_line(exc: BaseException) -> str:
