@@ -15,6 +15,7 @@ import math
 import pickle
 import re
 import struct
+import warnings
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -194,15 +195,18 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
 
     mmapped = span is None
     try:
-        if span is not None:  # a file in an archive: loaded whole from its byte range (torch maps only files)
-            with open_range(path, span) as source:
-                obj = torch.load(source, map_location="cpu", weights_only=True)
-        else:
-            obj = _load_mapped(path)
+        # torch warns of pickle protocols it did not write: the file's problem, if any, is said below
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if span is not None:  # a file in an archive: loaded whole from its byte range (torch maps only files)
+                with open_range(path, span) as source:
+                    obj = torch.load(source, map_location="cpu", weights_only=True)
+            else:
+                obj = _load_mapped(path)
     except pickle.UnpicklingError as exc:
-        if not _head(path, span).startswith((b"PK", b"\x80")):  # no pickle at all: say what it is instead
-            raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
-        raise FileProblem(label, _refusal(str(exc))) from None
+        if "GLOBAL" in str(exc):  # code it would have run
+            raise FileProblem(label, _refusal(str(exc))) from None
+        raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
     except (
         RuntimeError,
         EOFError,
@@ -316,6 +320,10 @@ def _unreadable_pth(path: Path, span: Span | None, exc: BaseException) -> str:
         why = "a pickle torch.save did not write, or a damaged legacy-format file"
     else:
         why = f"neither a zip archive (torch.save's format) nor a pickle: it starts with {head!r}"
+    if isinstance(exc, pickle.UnpicklingError):  # torch's own words advise weights_only=False: never repeated
+        detail = re.search(r"(Unsupported operand \d+|Unsupported [^\n.]+)", str(exc))
+        refusal = detail.group(1) if detail else "refused"
+        return f"not a readable PyTorch file: {why} (the weights-only unpickler: {refusal}); nothing in it was executed"
     return f"not a readable PyTorch file: {why} ({type(exc).__name__}: {_first_line(exc)})"
 
 
