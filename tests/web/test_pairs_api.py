@@ -71,8 +71,8 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     extra = {
         "a:orphan_reference": seeded((6, 4), 1),
         "b:renamed_candidate": seeded((6, 4), 1),
-        "a:0_mystery": seeded((4, 6), 2),
-        "b:0_mystery": seeded((4, 6), 2).t().contiguous(),
+        "a:0_mystery": seeded((6, 6), 2),
+        "b:0_mystery": seeded((6, 6), 2).t().contiguous(),  # square: no shape tells it is transposed
     }
     session_id = session_with_plant(shared_server, tmp_path, "api pairs: overrides", extra)
     report = wait_done(shared_server, session_id)
@@ -92,12 +92,12 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     assert report["unmatched"] == []
     manual = next(p for p in report["pairs"] if p["a"]["name"] == "orphan_reference")
     assert manual["status"] == "pass"
-    # [4, 6] against [6, 4]: only flattening fits, marked as a last resort; a user overrides it (the pair as the
-    # latest plan made it: planning again gives pairs new ids, which only SQLite may hand out again)
+    # a square weight stored transposed: compared as it is, it fails; a user overrides its alignment (the pair as
+    # the latest plan made it: planning again gives pairs new ids, which only SQLite may hand out again)
     assert pairs["0_mystery"]["status"] == "fail"
     mystery = next(p for p in report["pairs"] if p["name"] == "0_mystery")
-    assert "last resort" in mystery["alignment"] and mystery["status"] == "fail"
-    steps = [{"side": "b", "kind": "permute", "perm": [1, 0], "shape": [4, 6]}]
+    assert mystery["alignment"] == "same shape" and mystery["status"] == "fail"
+    steps = [{"side": "b", "kind": "permute", "perm": [1, 0], "shape": [6, 6]}]
     overridden = http.put(f"{shared_server.url}/api/pairs/{mystery['id']}/alignment", json={"steps": steps})
     assert overridden.status_code == 200 and overridden.json()["alignment_overridden"]
     report = wait_done(shared_server, session_id)
