@@ -7,6 +7,7 @@ the request either returns at once (the session page shows the progress) or wait
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -235,10 +236,11 @@ def accepted(services: Services, session_id: int, started: list[StartedRun]) -> 
 
 
 def created(services: Services, session_id: int, outcomes: list[RunOutcome]) -> Response[Any]:
-    """An `UploadCreated`, 201 with the session, or an `UploadRejected`, 422 (and the session removed) when no run
-    was kept."""
+    """An `UploadCreated`, 201 with the session (its failed runs too), or an `UploadRejected`, 422 (and the session
+    removed with its failed runs) when no run was stored."""
     if not any(o.stored for o in outcomes):
-        delete_if_empty(services, session_id)
+        with services.sessions() as db, contextlib.suppress(NotFoundError):
+            catalog.delete_session(db, services.store, session_id)
         return Response(
             UploadRejected(outcomes, "no tensors found in any upload; the session was not kept"),
             status_code=HTTP_422_UNPROCESSABLE_ENTITY,

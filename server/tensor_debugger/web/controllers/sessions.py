@@ -171,8 +171,10 @@ class SessionController(Controller):
             if not batch.files:
                 raise InvalidInputError("no files in the upload")
             name = batch.fields.get("name", "").strip() or batch.files[0].filename
+            # a run with nothing usable stays, failed, with its problems, beside the runs that were stored (the
+            # session's page says why its reference is missing, say); `created` removes all when none was
             session_id, started = await anyio.to_thread.run_sync(
-                start_session, services, name, batch.fields.get("notes", ""), batch, not wait
+                start_session, services, name, batch.fields.get("notes", ""), batch, True
             )
         except BaseException:
             batch.discard()
