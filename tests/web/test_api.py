@@ -288,3 +288,25 @@ def test_a_background_ingest_that_finds_nothing_says_why(shared_server: LiveServ
         ("candidate", "candidate", "ready", []),
     ]
     assert poll_progress(shared_server, f"/api/sessions/{session_id}/progress")["pairs"]["total"] == 26
+
+
+def test_a_reference_with_nothing_usable_is_kept_failed_beside_the_candidate(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """The session keeps the failed reference and why, so its page says what to fix; when no run is usable at all,
+    nothing is kept (422)."""
+    bad, good = tmp_path / "ref.pth", tmp_path / "cand.pth"
+    bad.write_text("see the wiki for the weights")
+    torch.save(seeded((4,), 1), good)
+    response = upload(shared_server, "bad reference kept", [("reference", bad), ("candidate", good)])
+    assert response.status_code == 201, response.text
+    session = http.get(f"{shared_server.url}/api/sessions/{response.json()['session']['id']}").json()
+    runs = {r["label"]: r for r in session["runs"]}
+    assert (runs["reference"]["status"], runs["reference"]["role"]) == ("failed", "reference")
+    assert runs["reference"]["problems"][0]["reason"].startswith("not a readable PyTorch file: neither a zip archive")
+    assert runs["candidate"]["status"] == "ready"
+    page = http.get(f"{shared_server.url}/sessions/{session['id']}").text
+    assert "could not be ingested" in page and "Add a second run" not in page
+    refused = upload(shared_server, "nothing usable", [("reference", bad), ("candidate", bad)])
+    assert refused.status_code == 422
+    assert "nothing usable" not in [s["name"] for s in http.get(f"{shared_server.url}/api/sessions").json()]
