@@ -42,6 +42,8 @@ def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) 
     assert abs(first["added_error"] - (first["output_error"] - first["input_error"])) < 1e-12
     table = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
     assert "stages by the error they added" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
+    row = next(line for line in table.stdout.splitlines() if " 0_mlp_out " in line)
+    assert "FAIL" in row and " 1 − " in row  # a cosine a hair below 1 never reads as a bare 1
 
 
 def test_a_scalar_or_integer_stage_is_not_the_tensor_before(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 from tensor_debugger.cli.compare_output import cell, print_unusable, print_where, show_compare
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.compare.contract import contract_json
+from tensor_debugger.compare.formatting import format_cosine
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs, free_name
 from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest
@@ -82,7 +83,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
                 p["b"]["name"],
                 p["status"].upper(),
                 cell(s.get("max_abs_diff")),
-                cell(s.get("cosine")),
+                format_cosine(s.get("cosine")),
                 "" if p["alignment"] == "same shape" else p["alignment"][:60],
             )
         )

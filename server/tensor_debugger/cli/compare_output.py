@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_debugger.compare.formatting import format_error, format_number
+from tensor_debugger.compare.formatting import format_cosine, format_error, format_number
 from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unusable_json
 from tensor_debugger.errors import InvalidInputError
 
@@ -140,7 +140,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
                 cell(s.get("max_abs_diff")),
                 *floor,
                 cell(s.get("mean_abs_diff")),
-                cell(s.get("cosine")),
+                format_cosine(s.get("cosine")),
                 mismatch,
                 "" if p["alignment"] == "same shape" else p["alignment"][:60],
             )
