@@ -27,9 +27,10 @@ def available_cpus() -> int:
     return os.cpu_count() or 1
 
 
-def _setting(default: Any, help: str, secret: bool = False) -> Any:
-    """A setting's field; a secret one is left out of the settings' repr (and so of logs and tracebacks)."""
-    return field(default=default, metadata={"help": help}, repr=not secret)
+def _setting(default: Any, help: str, secret: bool = False, shown: str | None = None) -> Any:
+    """A setting's field; a secret one is left out of the settings' repr (and so of logs and tracebacks); `shown`:
+    its default in words, where the command line chooses another than the field's."""
+    return field(default=default, metadata={"help": help, "shown": shown}, repr=not secret)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,11 @@ class Settings:
     """Everything the app and the CLI can be configured with. Each field is also the environment variable
     TENSOR_DEBUGGER_<NAME> (upper case); `--data-dir` and `--workers` on the command line."""
 
-    data_dir: Path = _setting(Path("."), "Folder holding the SQLite metadata file and the Zarr arrays.")
+    data_dir: Path = _setting(
+        Path("."),
+        "Folder holding the SQLite metadata file and the Zarr arrays.",
+        shown="$XDG_DATA_HOME/tensor-debugger, else ~/.local/share/tensor-debugger",
+    )
     database_url: str = _setting(
         "", "SQLAlchemy URL of the metadata database; empty means sqlite:///<data_dir>/metadata.sqlite3."
     )
@@ -195,7 +200,10 @@ class Settings:
 
 def setting_docs() -> list[tuple[str, str, str]]:
     """(environment variable, default, help) for every setting, for the README and `--help`."""
-    return [(ENV_PREFIX + f.name.upper(), str(f.default), f.metadata["help"]) for f in fields(Settings)]
+    return [
+        (ENV_PREFIX + f.name.upper(), f.metadata["shown"] or str(f.default), f.metadata["help"])
+        for f in fields(Settings)
+    ]
 
 
 def _parse_value(name: str, raw: str, kind: type) -> Any:

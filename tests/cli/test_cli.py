@@ -116,6 +116,25 @@ def test_a_file_that_cannot_be_read_makes_the_compare_incomplete(tmp_path: Path)
     }
 
 
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        (("--ulp", "2", "--rtol", "0.1"), "--ulp replaces --rtol and --atol"),
+        (("--noise-factor", "3"), "--noise-factor needs --noise A2"),
+    ],
+)
+def test_options_that_contradict_or_mean_nothing_alone_are_refused(
+    tmp_path: Path, options: tuple[str, ...], said: str
+) -> None:
+    runs = [tmp_path / "a.pth", tmp_path / "b.pth"]
+    for path in runs:
+        torch.save({"x": seeded((4, 4), seed=1)}, path)
+    data = tmp_path / "data"
+    done = main_cli("--data-dir", str(data), "compare", *map(str, runs), *options)
+    assert done.returncode == 2 and said in done.stderr, done.stdout + done.stderr
+    assert not (data / "metadata.sqlite3").exists()  # refused before anything is ingested
+
+
 def test_an_unreadable_pairing_file_is_refused_before_anything_is_done(tmp_path: Path) -> None:
     runs = [tmp_path / "a.pth", tmp_path / "b.pth"]
     for path in runs:

@@ -51,7 +51,12 @@ def compare_request(
     noise: Path | None = None,
     noise_factor: float | None = None,
 ) -> CompareRequest:
-    """What the command line asks for. Raises InvalidInputError on an unusable pairing file."""
+    """What the command line asks for. Raises InvalidInputError on an unusable pairing file, or options that
+    contradict each other or mean nothing alone."""
+    if ulp is not None and (rtol is not None or atol is not None):
+        raise InvalidInputError("--ulp replaces --rtol and --atol: give one or the others")
+    if noise_factor is not None and noise is None:
+        raise InvalidInputError("--noise-factor needs --noise A2 (a rerun of the reference)")
     return CompareRequest(
         a.absolute(),
         b.absolute(),

@@ -6,7 +6,7 @@
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T | --ulp N] [--json]
         [--top K] [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
-        [--noise A2 [--noise-factor K]]
+        [--noise A2 [--noise-factor K]] [--in-process]
     tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
 
