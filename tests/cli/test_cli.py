@@ -153,7 +153,7 @@ def test_environment_variable_sets_data_dir_and_human_output(tmp_path: Path) -> 
     torch.save(seeded((2,), 0), path)
     env = {"TENSOR_DEBUGGER_DATA_DIR": str(tmp_path / "envdata")}
     done = main_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)
-    assert done.returncode == 0 and "stored 1 tensors" in done.stdout
+    assert done.returncode == 0 and "stored 1 tensor as run" in done.stdout
     assert (tmp_path / "envdata" / "metadata.sqlite3").exists()
     assert "env" in main_cli("sessions", env=env).stdout
     again = main_cli("ingest", "--session", "env", "--run", "a", str(path), env=env)

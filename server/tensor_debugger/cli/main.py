@@ -373,7 +373,8 @@ def show_ingest(outcome: CompareOutcome, as_json: bool) -> int:
         print(json.dumps(payload))
     else:
         session, run = payload["session"], payload["run"]
-        print(f"stored {run['tensors']} tensors as run {run['label']!r} of session {session['name']!r}")
+        tensors = f"{run['tensors']} tensor{'' if run['tensors'] == 1 else 's'}"
+        print(f"stored {tensors} as run {run['label']!r} of session {session['name']!r}")
         for p in payload["problems"]:
             print(f"  problem: {p['file']}: {p['reason']}")
     return outcome.exit_code

@@ -52,7 +52,8 @@ def remote_ingest(server: str, token: str | None, session: str, run: str, paths:
     if as_json:
         print(json.dumps(payload))
     else:
-        print(f"sent {len(files)} files as run {run!r} of session {session!r} to {server} (the server ingests them)")
+        sent = f"{len(files)} file{'' if len(files) == 1 else 's'}"
+        print(f"sent {sent} as run {run!r} of session {session!r} to {server} (the server ingests them)")
     return EXIT_OK
 
 

@@ -14,7 +14,8 @@ def print_sessions(data: list[dict[str, Any]], as_json: bool) -> None:
         print("no sessions")
     for s in data:
         runs = ", ".join(
-            f"{r['label']} ({r['tensors']} tensors{'' if r['status'] == 'ready' else ', ' + r['status']})"
+            f"{r['label']} ({r['tensors']} tensor{'' if r['tensors'] == 1 else 's'}"
+            f"{'' if r['status'] == 'ready' else ', ' + r['status']})"
             for r in s["runs"]
         )
         print(f"{s['id']:>4}  {s['name']}  [{runs}]")
