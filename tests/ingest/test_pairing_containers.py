@@ -154,6 +154,11 @@ def test_hugging_face_checkpoints_pair_in_any_packaging(
     assert code == 0 and all(p["status"] == "pass" for p in out["pairs"])
     # the index is read, never reported as a file that is not a tensor
     assert not [p for p in out["problems"] if "index.json" in p["file"]]
+    # a checkpoint's tensors are named by their keys, whichever shard or file holds them (a plain file's stem leads)
+    keys = set(tiny_llama().state_dict())
+    for side, kind in (("a", a), ("b", b)):
+        names = {p[side]["name"] for p in out["pairs"]}
+        assert names == keys or (kind == "state_dict" and names == {f"state_dict.{k}" for k in keys}), names
 
 
 def test_missing_shard_is_reported_by_the_index(

@@ -16,12 +16,21 @@ _SHARD_SUFFIX = re.compile(r"_(?:rank|tp)\d+$", re.IGNORECASE)
 _PREFIXES = ("orig.mod.", "module.", "model.", "transformer.", "base.model.")  # after normalising separators
 # a leading model class name: LlamaForCausalLM., GPT2Model/ (two capitals and a small letter, at least)
 CLASS_NAME = re.compile(r"^(?=[A-Za-z0-9]*[a-z])(?=[A-Z][A-Za-z0-9]*[A-Z])[A-Za-z0-9]+[./]")
+# the files of a checkpoint as save_pretrained (sharded or not) and Meta's consolidated checkpoints name them
+CHECKPOINT_FILE = re.compile(
+    r"^(?:(?:model|pytorch_model|adapter_model|diffusion_pytorch_model)(?:-\d{5}-of-\d{5})?\.(?:safetensors|bin)"
+    r"|consolidated(?:\.\d+)?\.pth)$"
+)
 _MODULE_LAYER = re.compile(r"(?:^|[./_])(?:layers?|blocks?|h)[._](\d+)(?:$|[./_])")
 
 
 def tensor_name(relpath: PurePosixPath, key_path: tuple[str, ...]) -> str:
     """`dir/3_query` for dir/3_query.pth; `weights.model.layers.0.w` for key `model.layers.0.w` of
-    weights.safetensors."""
+    weights.safetensors; but `model.layers.0.w` alone (`dir/model.layers.0.w` in a folder) where the file is one of a
+    checkpoint's (`CHECKPOINT_FILE`), whose keys are the names, whichever shard holds them."""
+    if key_path and CHECKPOINT_FILE.match(relpath.name):
+        keys = ".".join(key_path)
+        return keys if str(relpath.parent) == "." else f"{relpath.parent}/{keys}"
     stem = str(relpath.with_suffix("")) if relpath.suffix else str(relpath)
     return ".".join((stem, *key_path)) if key_path else stem
 
