@@ -16,7 +16,7 @@ from tests.support import loopback_http as http
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
-from tests.support.servers import LiveServer, upload
+from tests.support.servers import LiveServer, upload, wait_done
 
 
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
@@ -310,3 +310,25 @@ def test_a_reference_with_nothing_usable_is_kept_failed_beside_the_candidate(
     refused = upload(shared_server, "nothing usable", [("reference", bad), ("candidate", bad)])
     assert refused.status_code == 422
     assert "nothing usable" not in [s["name"] for s in http.get(f"{shared_server.url}/api/sessions").json()]
+
+
+def test_a_file_that_cannot_be_read_makes_the_session_page_say_incomplete(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    for side in ("ref", "cand"):
+        (tmp_path / side).mkdir()
+        for layer in range(2):
+            torch.save(seeded((4, 4), layer), tmp_path / side / f"{layer}_post_mlp.pth")
+    cut = tmp_path / "cand" / "1_post_mlp.pth"
+    cut.write_bytes(cut.read_bytes()[:200])
+    files = [
+        ("reference", make_zip(tmp_path / "ref", tmp_path / "ref.zip")),
+        ("candidate", make_zip(tmp_path / "cand", tmp_path / "cand.zip")),
+    ]
+    response = upload(shared_server, "incomplete upload", files)
+    assert response.status_code == 201, response.text
+    session_id = response.json()["session"]["id"]
+    wait_done(shared_server, session_id)  # said once the comparisons are done
+    page = http.get(f"{shared_server.url}/sessions/{session_id}").text
+    assert "Incomplete: 1 input file could not be read, so its tensors are missing" in page
+    assert "1_post_mlp.pth" in page and "1 problem" in page
