@@ -54,6 +54,9 @@ def test_ingest_and_sessions_through_a_server_with_its_token(token_server: LiveS
     session = http.get(f"{token_server.url}/api/sessions/{payload['session']['id']}", headers=bearer(READ_TOKEN))
     assert session.json()["name"] == "cli over http"
     assert [r["id"] for r in session.json()["runs"]] == [payload["run"]["id"]]
+    again = run_cli(*args, "--server", token_server.url, "--token", WRITE_TOKEN)
+    assert again.returncode == 1 and "(409): session 'cli over http' already has a run labelled" in again.stderr
+    assert "{'" not in again.stderr  # the server's words, not a Python dict
 
     listed = run_cli("sessions", "--json", "--server", token_server.url, env={"TENSOR_DEBUGGER_TOKEN": READ_TOKEN})
     assert listed.returncode == 0, listed.stderr

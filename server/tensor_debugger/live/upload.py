@@ -63,6 +63,8 @@ def _check(response: httpx.Response, server: str) -> None:
         detail: Any = response.json()
     except ValueError:
         detail = response.text[:2000]
+    if isinstance(detail, dict) and isinstance(detail.get("detail"), str):  # the API's error: its words
+        detail = detail["detail"]
     hint = ""
     if response.status_code == 401:
         hint = f" (this server needs a token: --token, or the {TOKEN_VARIABLE} variable)"
