@@ -245,3 +245,19 @@ def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works
     assert again.status_code == 201, again.text
     # the dead child's staging is swept (by the thread that saw it die, which may still be at it)
     wait_until(lambda: not folder.exists(), what=f"the dead child's staging folder {folder} to be swept", timeout=30)
+
+
+def test_a_server_stopped_with_sigterm_exits_cleanly_after_its_ingests(tmp_path: Path) -> None:
+    """SIGTERM: a graceful stop, then an exit that runs what registered to run at exit (the ingest children's
+    semaphores unlinked: killed by the signal, the server leaked them, and said so in its log)."""
+    server = started_server(tmp_path)
+    dump = tmp_path / "dump.npy"
+    np.save(dump, np.arange(64, dtype=np.float32))
+    try:
+        assert upload(server, "before a stop", [("reference", dump)]).status_code == 201
+    finally:
+        assert server.process is not None
+        process = server.process
+        server.stop()
+    assert process.returncode == 128 + signal.SIGTERM
+    assert "leaked" not in server.log.read_text()
