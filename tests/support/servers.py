@@ -194,3 +194,14 @@ def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict
         interval=0.03,
     )
     return report
+
+
+def wait_staging_empty(server: LiveServer) -> None:
+    """Wait until the server's staging folder holds nothing: an upload's files go as its last ingest ends, which
+    can be a moment after the request that waited for the ingests has returned."""
+    staging = server.data_dir / "staging"
+    wait_until(
+        lambda: not staging.exists() or not list(staging.iterdir()),
+        what=f"the staging folder of the server on port {server.port} to be empty",
+        timeout=15,
+    )

@@ -16,7 +16,7 @@ from tests.support import loopback_http as http
 from tests.support.dumps import make_tar, make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
-from tests.support.servers import LiveServer, upload, wait_done
+from tests.support.servers import LiveServer, upload, wait_done, wait_staging_empty
 
 
 def two_runs(tmp_path: Path) -> tuple[Path, Path]:
@@ -145,8 +145,7 @@ def test_bad_uploads_get_clear_errors_and_the_server_stays_up(shared_server: Liv
     assert malformed.status_code == 400
     assert http.get(shared_server.url + "/api/sessions/12345").status_code == 404
     assert shared_server.alive()
-    staging = shared_server.data_dir / "staging"
-    assert not staging.exists() or list(staging.iterdir()) == []
+    wait_staging_empty(shared_server)
 
 
 def test_large_upload_streams_past_the_default_body_limit(shared_server: LiveServer, tmp_path: Path) -> None:
@@ -240,14 +239,7 @@ def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(
     assert (run["status"], run["tensors"], run["ingest"]) == ("ready", 26, None)
     first = http.get(f"{shared_server.url}/api/sessions/{session_id}/first-divergence").json()["first_divergence"]
     assert (first["name"], first["argmax"]) == ("1_post_attn", [3, 4])
-    staging = shared_server.data_dir / "staging"
-    # the uploaded files are gone once ingested (the last ingest of an upload removes them as it ends: a test before
-    # this one on the shared server may have returned a moment before its own are gone)
-    wait_until(
-        lambda: not staging.exists() or not list(staging.iterdir()),
-        what="the shared server's staging folder to be empty",
-        timeout=15,
-    )
+    wait_staging_empty(shared_server)  # the uploaded files are gone once ingested
 
 
 def test_a_background_ingest_that_finds_nothing_says_why(shared_server: LiveServer, tmp_path: Path) -> None:
