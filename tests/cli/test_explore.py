@@ -46,3 +46,15 @@ def test_explore_asks_for_a_filter_past_5000_pairs(tmp_path: Path) -> None:
     assert json.loads(main_cli("--data-dir", data, "sessions", "--json").stdout) == []
     done = main_cli("--data-dir", data, "explore", str(tmp_path / "many.pth"), "--match", "*t1?", "--json")
     assert done.returncode == 0 and len(json.loads(done.stdout)["pairs"]) == 45
+
+
+def test_explore_of_a_run_with_a_file_that_cannot_be_read_is_incomplete(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"q": seeded((4, 6), 1), "k": seeded((4, 6), 1)}, run / "acts.pth")
+    (run / "more.pth").write_bytes(b"PK\x03\x04 cut short")
+    (run / "notes.txt").write_text("no tensor here")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "explore", str(run))
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "INCOMPLETE: 1 input file could not be read" in done.stdout
+    assert "ignored, no tensor in them (1):" in done.stdout and "problem:" in done.stdout

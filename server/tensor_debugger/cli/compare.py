@@ -7,7 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tensor_debugger.cli.compare_output import cell, print_unusable, print_where, show_compare
+from tensor_debugger.cli.compare_output import (
+    cell,
+    print_incomplete,
+    print_problems,
+    print_unusable,
+    print_where,
+    show_compare,
+)
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.formatting import format_cosine
@@ -39,7 +46,8 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool) -> i
 
 def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
     """Ingest one run and compare every tensor of it with every other (those matching `match`); the JSON is
-    compare's. Exit 0 once done, whatever the verdicts; 2 on unusable input or too many pairs."""
+    compare's. Exit 0 once done, whatever the verdicts; 2 on unusable input (a file that could not be read too) or
+    too many pairs."""
     from tensor_debugger.compare.explore import plan_explore
 
     session_name = free_name(services.sessions, name or f"explore {path.name}")
@@ -71,9 +79,11 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         report = session_pairs(db, result.session_id)
     url = f"http://{services.settings.host}:{services.settings.port}/sessions/{result.session_id}"
     payload = contract_json(result.session_id, session_name, url, report, problems)
+    # files that could not be read: their tensors are missing, whatever the rest gives (as `compare`)
+    done = EXIT_UNUSABLE if any(not p["ignored"] for p in problems) else EXIT_PASS
     if as_json:
         print(json.dumps(payload))
-        return EXIT_PASS
+        return done
     rows = [("a", "b", "verdict", "max |diff|", "cosine", "alignment")]
     for p in payload["pairs"]:
         s = p["stats"] or {}
@@ -92,7 +102,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     equal = sum(1 for p in payload["pairs"] if p["status"] == "pass")
     print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
-    for problem in problems:
-        print(f"problem: {problem['file']}: {problem['reason']}")
+    print_problems(problems)
+    print_incomplete(problems)
     print_where(url, services.settings.data_dir)
-    return EXIT_PASS
+    return done
