@@ -72,3 +72,19 @@ def test_session_page_explains_and_lists_the_stages(shared_server: LiveServer, t
     section = page[page.index('id="stage-culprits"') :]
     assert "minus that of the tensor before it" in section
     assert section.index(">1_attn_out</a>") < section.index(">0_mlp_out</a>")
+
+
+def test_weights_are_no_stages(tmp_path: Path) -> None:
+    """A checkpoint's weights against a changed copy: the failing weight is the first divergence, and no stage is
+    ranked by the error it added (no error flows from one weight to the next)."""
+    weights = {f"model.layers.{n}.mlp.{kind}": seeded((8, 8), n) for n in range(3) for kind in ("weight", "bias")}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    torch.save(weights, tmp_path / "a" / "weights.pth")
+    changed = dict(weights)
+    changed["model.layers.1.mlp.weight"] = weights["model.layers.1.mlp.weight"] * 1.1
+    torch.save(changed, tmp_path / "b" / "weights.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    out = json.loads(done.stdout)
+    assert out["first_divergence"]["name"] == "weights.model.layers.1.mlp.weight"
+    assert out["culprits"] == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,7 @@ class StageCulpritReport:
 
 
 STAGE_CULPRITS = 10  # the most a report lists
+_PARAMETER = re.compile(r"(?:^|[._])(?:weight|bias)$")  # a module's parameter, as state dicts name them
 
 
 def stage_culprits(items: list[PairReport]) -> list[StageCulpritReport]:
@@ -118,10 +120,15 @@ class ModuleReport:
 
 def carries_activations(item: PairReport) -> bool:
     """Whether the pair is of values an error flows through, from one stage to the next: of more than one
-    floating-point element. Not a scalar or an integer or boolean tensor (a step counter, positions, a mask), which
-    would read as the input of the stage after it with no error, and blame that stage for all it carries."""
+    floating-point element, and not a parameter. Not a scalar or an integer or boolean tensor (a step counter,
+    positions, a mask), which would read as the input of the stage after it with no error, and blame that stage
+    for all it carries; nor a weight or bias (a checkpoint's, named `….weight`), which no error flows through."""
     dtype = item.a.dtype.lower()
-    return math.prod(item.a.shape) > 1 and not dtype.startswith(("int", "uint", "bool"))
+    return (
+        math.prod(item.a.shape) > 1
+        and not dtype.startswith(("int", "uint", "bool"))
+        and not _PARAMETER.search(item.a.name)
+    )
 
 
 def pair_error(item: PairReport) -> float | None:
