@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,7 +85,14 @@ def start_dask(logs: Path, workers: int, environ: dict[str, str] | None = None, 
 def dashboard_compute_times(dashboard: str) -> dict[str, float]:
     """Seconds of compute per task name, as the dashboard at `dashboard` (http://HOST:PORT) shows them in its
     "Compute Time Per Key" chart, read the way a browser reads it (Bokeh's client API); empty when the chart cannot
-    be read, as before the cluster's first task (the chart has no data yet and Bokeh fails to send it)."""
+    be read, as before the cluster's first task (the chart has no data yet and Bokeh fails to send it). Read in a
+    thread of its own: Bokeh's client runs an event loop, which fails in a thread where one runs already (Playwright's
+    sync API keeps one in the main thread once a browser test has run in the process)."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(_compute_times, dashboard).result()
+
+
+def _compute_times(dashboard: str) -> dict[str, float]:
     from bokeh.client import pull_session
     from bokeh.models import ColumnDataSource
 
