@@ -20,7 +20,7 @@ from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.formatting import format_cosine
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs, free_name
-from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest
+from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -80,7 +80,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     url = f"http://{services.settings.host}:{services.settings.port}/sessions/{result.session_id}"
     payload = contract_json(result.session_id, session_name, url, report, problems)
     # files that could not be read: their tensors are missing, whatever the rest gives (as `compare`)
-    done = EXIT_UNUSABLE if any(not p["ignored"] for p in problems) else EXIT_PASS
+    done = EXIT_UNUSABLE if unread_files(problems) else EXIT_PASS
     if as_json:
         print(json.dumps(payload))
         return done

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tensor_debugger.compare.formatting import format_cosine, format_error, format_number
-from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unusable_json
+from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
 from tensor_debugger.errors import InvalidInputError
 
 
@@ -167,7 +167,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     first = payload["first_divergence"]
     failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
     if first is None:
-        among = " among the pairs compared" if any(not p["ignored"] for p in payload["problems"]) else ""
+        among = " among the pairs compared" if unread_files(payload["problems"]) else ""
         print(f"no divergence{among}: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass")
     else:
         pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
@@ -222,7 +222,7 @@ def print_problems(problems: list[dict[str, Any]]) -> None:
 
 def print_incomplete(problems: list[dict[str, Any]]) -> None:
     """The last word where input files could not be read: their tensors are not in the comparison (exit 2)."""
-    lost = [p["file"] for p in problems if not p["ignored"]]
+    lost = unread_files(problems)
     if lost:
         files = "1 input file" if len(lost) == 1 else f"{len(lost)} input files"
         print(

@@ -34,6 +34,7 @@ from tensor_debugger.compare.requests import (
     CompareOutcome,
     CompareRequest,
     StepProgress,
+    unread_files,
     unusable_json,
 )
 from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
@@ -287,7 +288,7 @@ def compare_runs(
     payload = contract_json(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
-    if any(not problem["ignored"] for problem in problems):  # tensors missing: whatever passed, not a pass
+    if unread_files(problems):  # tensors missing: whatever passed, not a pass
         return CompareOutcome(EXIT_UNUSABLE, payload)
     passed = all(p["status"] == "pass" for p in payload["pairs"])
     return CompareOutcome(EXIT_PASS if passed else EXIT_FAIL, payload)

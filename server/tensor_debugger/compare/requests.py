@@ -4,7 +4,7 @@ imports this and not the database or the array store."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,3 +102,9 @@ def unusable_json(
         "culprits": [],
     }
     return {**(payload or empty), "problems": problems, "error": message}
+
+
+def unread_files(problems: Sequence[dict[str, Any]]) -> list[str]:
+    """The files of `problems` (as store/reports.py's `problem_json` gives them) that could not be read: their
+    tensors are missing, so a comparison of their run is incomplete. Not those that held no tensor (`ignored`)."""
+    return [p["file"] for p in problems if not p["ignored"]]

@@ -524,8 +524,7 @@ class Ingestor:
             if rows:
                 db.execute(insert(TensorRecord), rows)
             problems = [(NotATensor if p.ignored else FileProblem)(p.file, p.reason) for p in source.problems]
-            for problem in problems:
-                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason, ignored=problem.ignored))
+            db.add_all(problem_rows(run_id, problems))
             run.status = "ready"
             run.ingest_pid = None
             run.tensor_count = source.tensor_count
@@ -596,8 +595,7 @@ class Ingestor:
                 for traced in run_trace.trace.tensors:
                     db.add(summary_record(run_id, position, run_trace, traced))
                     position += 1
-            for problem in problems:
-                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason, ignored=problem.ignored))
+            db.add_all(problem_rows(run_id, problems))
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"
             run.ingest_pid = None
@@ -641,8 +639,7 @@ class Ingestor:
             run = db.get(RunRecord, run_id)
             if run is None:
                 return
-            for problem in problems:
-                db.add(ProblemRecord(run_id=run_id, file=problem.file, reason=problem.reason, ignored=problem.ignored))
+            db.add_all(problem_rows(run_id, problems))
             run.status = "failed"
             run.ingest_pid = None
             run.tensor_count = 0
@@ -660,3 +657,8 @@ class Ingestor:
                 session = db.get(SessionRecord, created_session_id)
                 if session is not None and not remaining:
                     db.delete(session)
+
+
+def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[ProblemRecord]:
+    """The rows that keep a run's problems, each with whether it held no tensor."""
+    return [ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored) for p in problems]

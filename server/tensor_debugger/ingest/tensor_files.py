@@ -203,10 +203,8 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
                     obj = torch.load(source, map_location="cpu", weights_only=True)
             else:
                 obj = _load_mapped(path)
-    except pickle.UnpicklingError as exc:
-        if "GLOBAL" in str(exc):  # code it would have run
-            raise FileProblem(label, _refusal(str(exc))) from None
-        raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
+    except pickle.UnpicklingError as exc:  # code it would have run, or bytes it could not unpickle
+        raise FileProblem(label, _code_refusal(str(exc)) or _unreadable_pth(path, span, exc)) from None
     except (
         RuntimeError,
         EOFError,
@@ -292,18 +290,14 @@ def _unsupported_tensor(t: torch.Tensor) -> str | None:
     return None
 
 
-def _refusal(message: str) -> str:
-    """Words for a weights-only unpickler refusal: code it would have run, or bytes that are no pickle."""
+def _code_refusal(message: str) -> str | None:
+    """Words for a weights-only unpickler refusal of code the pickle would have run; None for any other refusal."""
     found = re.search(r"(?:Unsupported global: |unsupported )GLOBAL ([\w.]+)", message)
-    if found:
-        return (
-            f"refused: the pickle asks to run code ({found.group(1)}), which weights_only=True does not allow; "
-            "nothing in it was executed"
-        )
-    detail = re.search(r"(Unsupported operand \d+|Unsupported [^\n.]+)", message)
+    if found is None:
+        return None
     return (
-        f"not a readable PyTorch file (the weights-only unpickler refused it: "
-        f"{detail.group(1) if detail else 'unknown content'}); nothing in it was executed"
+        f"refused: the pickle asks to run code ({found.group(1)}), which weights_only=True does not allow; "
+        "nothing in it was executed"
     )
 
 
