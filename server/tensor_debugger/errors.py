@@ -107,6 +107,16 @@ class StoreUnavailableError(TensorDebuggerError):
     does not answer. The message names the setting to change."""
 
 
+class DatabaseUnavailableError(TensorDebuggerError):
+    """The metadata database did not answer (a restart, the network): nothing about the request is wrong, and the
+    same request may succeed once it is back. The message names the database (its password hidden)."""
+
+
+class StoreReadError(StoreUnavailableError, OSError):
+    """The array store did not answer a read (its endpoint down, the network, refused credentials): nothing is known
+    to be wrong with the data, and the same read may succeed once the store answers again."""
+
+
 class StoreWriteError(TensorDebuggerError):
     """The array store failed a write or a deletion (S3: access denied, the bucket removed, the endpoint gone) of
     `where` (while ingesting `file`, when known): nothing about the input is wrong."""

@@ -61,13 +61,22 @@ class PostgresCluster:
             os.chown(self.root, postgres.pw_uid, postgres.pw_gid)
         data = self.root / "data"
         self._run(["initdb", "-D", str(data), "-U", USER, "--auth=trust", "-E", "UTF8", "--no-sync"])
+        self.resume()
+        return self
+
+    def resume(self) -> None:
+        """Start the server on the cluster's data (again, after `pause`)."""
         # durability off: a test cluster is thrown away (fsync alone costs seconds per test module)
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off "
             "-c full_page_writes=off -c max_connections=200"
         )
-        self._run(["pg_ctl", "-D", str(data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start"])
-        return self
+        data = str(self.root / "data")
+        self._run(["pg_ctl", "-D", data, "-l", str(self.log), "-o", options, "-w", "-t", "60", "start"])
+
+    def pause(self) -> None:
+        """Stop the server, keeping its data (an outage: `resume` starts it again); clients' connections drop."""
+        self._run(["pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop"])
 
     def stop(self) -> None:
         self._run(["pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop"])

@@ -22,6 +22,7 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 
+from tensor_debugger.errors import StoreUnavailableError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
@@ -35,7 +36,7 @@ from tensor_debugger.store.layout import (
     parse_layout,
     read_layout,
 )
-from tensor_debugger.store.object_stores import aws_variables, open_s3_bucket
+from tensor_debugger.store.object_stores import aws_variables, describe_failure, open_s3_bucket
 
 if TYPE_CHECKING:
     import torch
@@ -266,6 +267,21 @@ class ArrayStore:
             return self._layouts.get(key, content_digest, lambda: read_layout(folder / key, key))
         assert objects is not None
         return self._layouts.get(key, content_digest, lambda: objects.layout(key))
+
+    def check(self) -> None:
+        """Raise StoreUnavailableError unless the store answers now: a local folder (or the folder it will be made
+        in) is there, an S3 bucket lists its prefix. For health checks: nothing is read or written."""
+        if self._folder is not None:
+            where = self._folder if self._folder.exists() else self._folder.parent
+            if not where.is_dir() or not os.access(where, os.R_OK | os.W_OK | os.X_OK):
+                raise StoreUnavailableError(f"the array store's folder {where} is not a folder this process may use")
+            return
+        assert self._objects is not None
+        try:
+            self._objects.list_one()
+        except Exception as exc:  # obstore's GenericError for most failures: its first line says which
+            reason = describe_failure(exc)
+            raise StoreUnavailableError(f"the array store did not answer ({self.url}): {reason}") from None
 
     def delete(self, prefix: str) -> None:
         """Delete every array under `prefix` ("runs/12")."""

@@ -30,10 +30,11 @@ from sqlalchemy import (
     event,
     text,
 )
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.errors import DatabaseUnavailableError, is_disk_full
 from tensor_debugger.resources import resource_dir
 
 if TYPE_CHECKING:
@@ -195,3 +196,29 @@ def lock_arrays(db: DbSession) -> None:
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Any]:
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def shown_url(url: str) -> str:
+    """A database URL as messages may show it: its password hidden."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "(not a database URL)"
+
+
+def database_outage(exc: BaseException, url: str) -> DatabaseUnavailableError | None:
+    """What to say when `exc` (raised by SQLAlchemy) means the database at `url` did not answer: a refused or
+    dropped connection, a server shutting down, SQLite's file locked past its timeout. None for an error that
+    retrying would not mend (a constraint, a bad statement), and for a full disk (errors.is_disk_full)."""
+    if is_disk_full(exc):
+        return None
+    if isinstance(exc, OperationalError | InterfaceError) or (
+        isinstance(exc, DBAPIError) and exc.connection_invalidated
+    ):
+        cause = str(getattr(exc, "orig", None) or exc).strip().splitlines()
+        detail = cause[0][:300] if cause else type(exc).__name__
+        return DatabaseUnavailableError(f"the database did not answer ({shown_url(url)}): {detail}")
+    return None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tensor_debugger.errors import StoreReadError
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter, decode_frame
 from tensor_debugger.store.layout import ArrayLayout, layout_of
 from tensor_debugger.store.object_stores import describe_failure
@@ -64,9 +65,16 @@ class ChunkObjects:
         """The object at `key` as errors name it: the store URL and the key."""
         return f"{self.url}/{key}"
 
+    def list_one(self) -> None:
+        """List at most one object of the prefix: raises as obstore does when the bucket does not answer."""
+        import obstore
+
+        for _ in obstore.list(self.bucket, chunk_size=1):
+            break
+
     def submit(self, keys: Sequence[str]) -> Future[list[Bytes | None]]:
         """Start fetching the objects at `keys`: their bytes, in order, None for one that is not there. An object
-        that cannot be fetched fails the future with an OSError naming it."""
+        that cannot be fetched fails the future with a StoreReadError (an OSError) naming it."""
         return asyncio.run_coroutine_threadsafe(self._fetch_all(keys), _event_loop())
 
     def fetch(self, keys: Sequence[str]) -> list[Bytes | None]:
@@ -87,7 +95,10 @@ class ChunkObjects:
                     return None
                 except Exception as exc:  # obstore's GenericError for most HTTP answers: its text says which
                     reason = describe_failure(exc)
-                    raise OSError(f"chunk object {self.name(key)} could not be fetched: {reason}") from None
+                    raise StoreReadError(
+                        f"the array store did not answer ({self.url}): chunk object {self.name(key)} could not be "
+                        f"fetched: {reason}"
+                    ) from None
 
         return list(await asyncio.gather(*(one(key) for key in keys)))
 

@@ -12,6 +12,7 @@ from litestar.di import Provide
 from litestar.exceptions import HTTPException
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
+from sqlalchemy.exc import DBAPIError
 
 from tensor_debugger import __version__
 from tensor_debugger.compare.formatting import register_filters
@@ -23,6 +24,7 @@ from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.address import ServerAddress, remove_address, write_address
 from tensor_debugger.web.auth import COOKIE_NAME, Access, Authenticator, AuthMiddleware, request_access
+from tensor_debugger.web.controllers.health import HealthController
 from tensor_debugger.web.controllers.local import LocalController
 from tensor_debugger.web.controllers.login import LoginController
 from tensor_debugger.web.controllers.pair_page import PairPageController
@@ -38,7 +40,7 @@ from tensor_debugger.web.controllers.sessions_page import SessionsPageController
 from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
-from tensor_debugger.web.refusals import error_response, http_error, known_ids
+from tensor_debugger.web.refusals import database_error, error_response, http_error, known_ids
 from tensor_debugger.web.security import SecurityPolicy, install
 from tensor_debugger.web.views.run_view import run_title
 
@@ -122,6 +124,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             TensorController,
             SessionPairingController,
             LocalController,
+            HealthController,
             SessionsPageController,
             SessionPageController,
             PairingPageController,
@@ -135,7 +138,11 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         },
         on_startup=[startup],
         on_shutdown=[shutdown],
-        exception_handlers={TensorDebuggerError: error_response, HTTPException: http_error},
+        exception_handlers={
+            TensorDebuggerError: error_response,
+            HTTPException: http_error,
+            DBAPIError: database_error(settings.database_url),
+        },
         guards=[known_ids],
         request_class=BoundedRequest,
         template_config=TemplateConfig(

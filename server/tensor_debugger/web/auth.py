@@ -14,7 +14,8 @@ show a token, one of two ways:
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so the time taken says nothing of the token,
 its length included; a client address that presents too many wrong ones waits (web/sign_in_limits.py: 429).
 The read token's holder may GET anything (pages, API, slices, exports) and is refused with 403 on every POST, PUT,
-PATCH and DELETE, signing out excepted. The login page and the static files it needs are open to all.
+PATCH and DELETE, signing out excepted. The login page and the static files it needs are open to all, and so is
+`/healthz` (it says only whether the database and the store answer).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ LOGOUT_PATH = "/logout"
 # the login page's style sheet; the command line's warm path (web/controllers/local.py), which checks the token
 # of server.json in the data dir, readable by its owner only, instead of these tokens
 OPEN_PREFIXES = ("/static/", "/api/local")
+HEALTH_PATH = "/healthz"  # web/controllers/health.py: for orchestrators, which hold no token; says only ok or not
+OPEN_PATHS = frozenset({LOGIN_PATH, LOGOUT_PATH, HEALTH_PATH})
 _COOKIE_KEY_LABEL = b"tensor-debugger session cookie v1"
 
 
@@ -163,7 +166,7 @@ def bearer_token(headers: dict[str, str]) -> str | None:
 
 
 def _is_open(path: str) -> bool:
-    return path in (LOGIN_PATH, LOGOUT_PATH) or path.startswith(OPEN_PREFIXES)
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 class AuthMiddleware:

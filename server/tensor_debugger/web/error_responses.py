@@ -27,6 +27,7 @@ WHY = {
     409: "a session name or run label that is taken",
     413: "the body is larger than this operation takes",
     422: "the files have nothing usable (`problems` says why for each)",
+    503: "the database or the array store did not answer (`detail` says which): try again after `Retry-After` seconds",
     507: "out of disk space: nothing of the upload was kept, or its run is 'failed' saying so",
 }
 
@@ -35,9 +36,9 @@ JSON_BODY = (413,)  # every operation that takes a JSON body: it is bounded in s
 
 
 def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
-    """The declarations of `statuses` (and 400 and 401, which every operation can answer: 401 where the server has
-    a token) for a handler's `responses`."""
+    """The declarations of `statuses` (and 400, 401 and 503, which every operation can answer: 401 where the server
+    has a token, 503 while the database or the store is down) for a handler's `responses`."""
     return {
         status: ResponseSpec(ErrorReport, description=WHY[status], generate_examples=False)
-        for status in sorted({400, 401, *statuses})
+        for status in sorted({400, 401, 503, *statuses})
     }

@@ -4,7 +4,9 @@ the guard that keeps ids too large for the database from reaching it."""
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 from typing import Any
 
 from litestar import Litestar, MediaType, Request, Response
@@ -13,24 +15,32 @@ from litestar.exceptions import HTTPException, NotFoundException, ValidationExce
 from litestar.handlers import BaseRouteHandler, HTTPRouteHandler
 from litestar.response import Template
 from litestar.routes import HTTPRoute
+from sqlalchemy.exc import DBAPIError
 
 from tensor_debugger.errors import (
     ConflictError,
+    DatabaseUnavailableError,
     DiskFullError,
     FileProblem,
     InvalidInputError,
     NotFoundError,
     NothingUsableError,
+    StoreUnavailableError,
     StoreWriteError,
     TensorDebuggerError,
     TooLargeError,
     TooManyWrongTokens,
+    is_disk_full,
 )
+from tensor_debugger.store.database import database_outage
 from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
 
+_log = logging.getLogger(__name__)
 _STATUS = {
     DiskFullError: 507,
+    DatabaseUnavailableError: 503,
+    StoreUnavailableError: 503,
     StoreWriteError: 503,
     TooManyWrongTokens: 429,
     TooLargeError: 413,
@@ -49,10 +59,31 @@ def status_for(exc: TensorDebuggerError) -> int:
     return 400
 
 
+# how long a client is asked to wait before trying again a request refused while the database or store is down
+RETRY_AFTER_SECONDS = 5
+
+
 def error_response(request: Request[Any, Any, Any], exc: TensorDebuggerError) -> Response[Any]:
     status = status_for(exc)
     problems = problem_reports(exc.problems) if isinstance(exc, NothingUsableError) else None
-    return _refusal(request, ErrorReport(status, str(exc), problems))
+    headers = {"retry-after": str(RETRY_AFTER_SECONDS)} if status == 503 else None
+    return _refusal(request, ErrorReport(status, str(exc), problems), headers)
+
+
+def database_error(database_url: str) -> Callable[[Request[Any, Any, Any], DBAPIError], Response[Any]]:
+    """The handler of SQLAlchemy's errors: a database that did not answer is 503 with `Retry-After` and a detail
+    naming it (its password hidden), a full disk 507; anything else an internal error, as Litestar answers it."""
+
+    def handle(request: Request[Any, Any, Any], exc: DBAPIError) -> Response[Any]:
+        outage = database_outage(exc, database_url)
+        if outage is not None:
+            return error_response(request, outage)
+        if is_disk_full(exc):
+            return error_response(request, DiskFullError("the metadata database"))
+        _log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        return _refusal(request, ErrorReport(500, "Internal Server Error"))
+
+    return handle
 
 
 def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
