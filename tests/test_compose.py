@@ -1,28 +1,31 @@
-"""docker-compose.yml and the Dockerfile, read as Docker would read them (no Docker engine runs here): every
-reference resolves (services, volumes, the build, the database URL), every service has a health check, every
-setting named is a documented one, the image builds in two stages and runs as a non-root user without installing
-anything at start-up, and the app's health check asks a path the server answers."""
+"""docker-compose.yml and the Dockerfile, read as Docker would read them (no Docker engine runs here), its variables
+from `.env.example` as Compose reads a `.env`: every reference resolves (services, volumes, the build, the database
+URL, the bucket), every service has a health check, no secret is written in the file, every setting named is a
+documented one, the image builds in two stages and runs as a non-root user without installing anything at start-up,
+and the app's health check asks a path the server answers."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
+import pytest
 from tensor_debugger.settings import ENV_PREFIX, setting_docs
 
 from tests.support import loopback_http
-from tests.support.compose import command_words
+from tests.support.compose import MissingVariable, command_words, env_example, raw_compose, services
 from tests.support.servers import LiveServer
 
 REPO = Path(__file__).resolve().parent.parent
-COMPOSE: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
-SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+COMPOSE: dict[str, Any] = raw_compose()
+SERVICES: dict[str, dict[str, Any]] = services()
 DOCKERFILE = (REPO / "Dockerfile").read_text()
 OURS = "tensor-debugger:local"
-ONE_SHOT = {"createbuckets"}  # runs to completion; others wait for service_completed_successfully
+ONE_SHOT = {"createbucket"}  # runs to completion; others wait for service_completed_successfully
+SECRETS = ("TENSOR_DEBUGGER_TOKEN", "POSTGRES_PASSWORD", "S3_ACCESS_KEY", "S3_SECRET_KEY")
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -37,13 +40,13 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def test_the_stack_has_its_services() -> None:
-    assert {"app", "app-2", "postgres", "minio", "createbuckets"} <= SERVICES.keys()
+    assert {"app", "app-2", "postgres", "seaweedfs", "createbucket"} <= SERVICES.keys()
     assert {"dask-scheduler", "dask-worker-1", "dask-worker-2"} <= SERVICES.keys()
     for name, service in SERVICES.items():
         if service["image"] == OURS:  # ours: built from this Dockerfile, never pulled
             assert service["build"] == {"context": ".", "dockerfile": "Dockerfile"}, name
-        else:
-            assert "build" not in service and ":" in service["image"], name
+        else:  # pinned to a release, never `latest`
+            assert "build" not in service and re.fullmatch(r"[\w./-]+:\d+(\.\d+)+(-[\w.]+)?", service["image"]), name
 
 
 def test_every_reference_resolves() -> None:
@@ -103,9 +106,51 @@ def test_the_replicas_share_one_database_and_answer_to_their_service_names() -> 
         assert set(replicas) <= set(environment["TENSOR_DEBUGGER_ALLOWED_HOSTS"].split(","))
         assert "tensor-debugger-data:/data" in SERVICES[name]["volumes"]
         assert environment["TENSOR_DEBUGGER_DATA_DIR"] == "/data"
-    bucket = SERVICES["createbuckets"]
-    assert bucket["environment"]["MINIO_ROOT_USER"] == SERVICES["minio"]["environment"]["MINIO_ROOT_USER"]
-    assert "http://minio:9000" in " ".join(command_words(bucket["command"]))
+
+
+def test_each_replica_has_its_own_address_file_and_links_to_its_published_port() -> None:
+    """Two replicas on one data volume: each its own server.json; the links they print lead where a user reaches
+    each, with the ports .env sets (8000 and 8001 by default, others when .env says so)."""
+    for env in (env_example(), {**env_example(), "APP_PORT": "9100", "APP_2_PORT": "9101"}):
+        replicas = services(env)
+        files, published = set(), set()
+        for name in ("app", "app-2"):
+            environment = replicas[name]["environment"]
+            files.add(environment["TENSOR_DEBUGGER_ADDRESS_FILE"])
+            (port,) = replicas[name]["ports"]
+            host, outside, inside = port.split(":")
+            assert host == "127.0.0.1" and inside == environment["TENSOR_DEBUGGER_PORT"], name
+            assert environment["TENSOR_DEBUGGER_PUBLIC_URL"] == f"http://127.0.0.1:{outside}", name
+            published.add(outside)
+        assert len(files) == 2 and "server.json" not in files
+        assert published == {env["APP_PORT"], env["APP_2_PORT"]}
+
+
+def test_no_secret_is_written_in_the_file() -> None:
+    """Every password and key comes from .env (Compose refuses to start, saying which, without one), .env.example
+    names them all, and .env reaches neither the repository nor the image."""
+    text = (REPO / "docker-compose.yml").read_text()
+    used = set(re.findall(r"\$\{([A-Z_0-9]+)", text))
+    assert set(SECRETS) <= used and used <= env_example().keys()
+    for secret in SECRETS:
+        assert re.search(rf"\$\{{{secret}:\?[^}}]+\}}", text), secret
+        with pytest.raises(MissingVariable, match=secret):
+            services({k: v for k, v in env_example().items() if k != secret})
+    for name, service in COMPOSE["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if re.search(r"PASSWORD|SECRET|TOKEN|ACCESS_KEY", key):
+                assert str(value).startswith("${"), f"{name} writes {key} in the file"
+    assert ".env" in (REPO / ".gitignore").read_text().split()
+    assert ".env" in (REPO / ".dockerignore").read_text().split()
+    ignored = subprocess.run(["git", "check-ignore", "-q", ".env"], cwd=REPO, check=False)
+    assert ignored.returncode == 0
+
+
+def test_postgres_is_checked_over_tcp() -> None:
+    """The image's first start runs its setup on a server listening on the socket only: a check over the socket
+    passes before that ends (docker-library/postgres#880)."""
+    check = SERVICES["postgres"]["healthcheck"]["test"]
+    assert check[:2] == ["CMD", "pg_isready"] and check[check.index("-h") + 1] == "127.0.0.1"
 
 
 def test_the_dask_services_run_the_image_against_the_scheduler() -> None:
@@ -120,23 +165,24 @@ def test_the_dask_services_run_the_image_against_the_scheduler() -> None:
     assert not any("profiles" in service for service in SERVICES.values())  # the image holds distributed
 
 
-def test_the_replicas_and_the_dask_workers_keep_the_arrays_in_minio() -> None:
-    minio = SERVICES["minio"]["environment"]
-    bucket = SERVICES["createbuckets"]["environment"]["BUCKET"]
-    published = {port.rsplit(":", 1)[1] for port in SERVICES["minio"]["ports"]}
+def test_the_replicas_and_the_dask_workers_keep_the_arrays_in_the_bucket() -> None:
+    seaweedfs = SERVICES["seaweedfs"]
+    s3_port = next(w.split("=", 1)[1] for w in command_words(seaweedfs["command"]) if w.startswith("-s3.port="))
+    published = {port.rsplit(":", 1)[1] for port in seaweedfs["ports"]}
+    assert published == {s3_port}
+    bucket = SERVICES["createbucket"]["environment"]["BUCKET"]
+    assert "weed shell -master=seaweedfs:9333" in " ".join(command_words(SERVICES["createbucket"]["command"]))
     for name in ("app", "app-2", "dask-worker-1", "dask-worker-2"):
         environment = SERVICES[name]["environment"]
         store = urlsplit(environment["TENSOR_DEBUGGER_STORE_URL"])
         assert (store.scheme, store.hostname) == ("s3", bucket) and store.path.strip("/"), name
         endpoint = urlsplit(environment["AWS_ENDPOINT_URL"])
-        assert endpoint.hostname == "minio" and str(endpoint.port) in published, name
-        assert endpoint.scheme == "http" and environment["AWS_ALLOW_HTTP"] == "true", name  # MinIO here is plain
-        assert (environment["AWS_ACCESS_KEY_ID"], environment["AWS_SECRET_ACCESS_KEY"]) == (
-            minio["MINIO_ROOT_USER"],
-            minio["MINIO_ROOT_PASSWORD"],
-        ), name
+        assert endpoint.hostname == "seaweedfs" and str(endpoint.port) == s3_port, name
+        assert endpoint.scheme == "http" and environment["AWS_ALLOW_HTTP"] == "true", name  # plain HTTP inside
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):  # the identity SeaweedFS is started with
+            assert environment[key] == seaweedfs["environment"][key], (name, key)
         assert environment["AWS_REGION"], name
-        assert SERVICES[name]["depends_on"]["createbuckets"] == {"condition": "service_completed_successfully"}
+        assert SERVICES[name]["depends_on"]["createbucket"] == {"condition": "service_completed_successfully"}
 
 
 def test_the_image_builds_in_two_stages_and_runs_as_a_user_installing_nothing() -> None:
@@ -160,16 +206,18 @@ def test_the_image_builds_in_two_stages_and_runs_as_a_user_installing_nothing() 
 
 def test_the_app_listening_beyond_loopback_has_a_token() -> None:
     """`serve` on 0.0.0.0 refuses to start without a token: the file asks for one rather than starting nothing."""
-    environment = SERVICES["app"]["environment"]
-    assert environment["TENSOR_DEBUGGER_HOST"] == "0.0.0.0"
-    assert str(environment["TENSOR_DEBUGGER_TOKEN"]).startswith("${TENSOR_DEBUGGER_TOKEN:?")
+    for name in ("app", "app-2"):
+        environment = COMPOSE["services"][name]["environment"]
+        assert environment["TENSOR_DEBUGGER_HOST"] == "0.0.0.0"
+        assert str(environment["TENSOR_DEBUGGER_TOKEN"]).startswith("${TENSOR_DEBUGGER_TOKEN:?")
 
 
 def test_the_health_checks_ask_what_the_server_answers(shared_server: LiveServer) -> None:
-    """What they ask must answer 200 with a token set too: a static file, which needs none."""
+    """They ask /healthz (the database and the store both answer), which answers 200 with a token set too."""
     checks = [" ".join(SERVICES[name]["healthcheck"]["test"]) for name in ("app", "app-2")]
     checks.append(re.search(r"HEALTHCHECK .*", re.sub(r"\\\n\s*", "", DOCKERFILE)).group(0))  # type: ignore[union-attr]
     for check in checks:
         url = re.search(r"http://127\.0\.0\.1:8000(/[^'\"]*)", check)
-        assert url is not None, check
-        assert loopback_http.get(shared_server.url + url.group(1), timeout=30).status_code == 200
+        assert url is not None and url.group(1) == "/healthz", check
+        answer = loopback_http.get(shared_server.url + url.group(1), timeout=30)
+        assert (answer.status_code, answer.json()) == (200, {"database": "ok", "store": "ok"})

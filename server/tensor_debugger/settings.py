@@ -36,7 +36,8 @@ def _setting(default: Any, help: str, secret: bool = False, shown: str | None = 
 @dataclass(frozen=True)
 class Settings:
     """Everything the app and the CLI can be configured with. Each field is also the environment variable
-    TENSOR_DEBUGGER_<NAME> (upper case); `--data-dir` and `--workers` on the command line."""
+    TENSOR_DEBUGGER_<NAME> (upper case), or TENSOR_DEBUGGER_<NAME>_FILE naming a file that holds its value (a
+    secret); `--data-dir` and `--workers` on the command line."""
 
     data_dir: Path = _setting(
         Path("."),
@@ -71,6 +72,16 @@ class Settings:
         "127.0.0.1",
         "Addresses of reverse proxies whose X-Forwarded-Proto and X-Forwarded-For are believed, comma-separated "
         "(`*`: any); a request they mark https gets https's origin and a Secure cookie.",
+    )
+    public_url: str = _setting(
+        "",
+        "The address users reach this server at (https://debugger.example.org, or the port a container publishes): "
+        "the links the command line prints lead there; empty means http://host:port as `serve` binds them.",
+    )
+    address_file: str = _setting(
+        "server.json",
+        "Name of the file in the data dir where a running server says where the command line finds it; give each "
+        "server that shares a data dir (replicas on one volume) a name of its own.",
     )
     demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
     max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
@@ -148,6 +159,10 @@ class Settings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
+        if self.address_file in ("", ".", "..") or "/" in self.address_file or "\0" in self.address_file:
+            raise ValueError(f"setting address_file must be a file name (no folder), got {self.address_file!r}")
+        if self.public_url and not self.public_url.startswith(("http://", "https://")):
+            raise ValueError(f"setting public_url must start with http:// or https://, got {self.public_url!r}")
         if self.buffered_run_bytes < 0:
             raise ValueError(f"setting buffered_run_bytes must be 0 or more, got {self.buffered_run_bytes}")
         if not 0 <= self.top <= 64:
@@ -173,6 +188,15 @@ class Settings:
         return self.workers or available_cpus()
 
     @property
+    def base_url(self) -> str:
+        """Where users reach the server: `public_url`, else http://host:port (loopback for a server bound to every
+        address), no trailing slash."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @property
     def auth_required(self) -> bool:
         """Whether requests must carry a token (or the session cookie the login page sets)."""
         return bool(self.token or self.read_token)
@@ -191,7 +215,7 @@ class Settings:
         env = dict(os.environ if environ is None else environ)
         values: dict[str, Any] = {"data_dir": default_data_dir(env)}
         for f in fields(cls):
-            raw = env.get(ENV_PREFIX + f.name.upper())
+            raw = _raw_value(env, ENV_PREFIX + f.name.upper())
             if raw is not None and raw != "":
                 values[f.name] = _parse_value(f.name, raw, type(f.default))
         values.update({k: v for k, v in overrides.items() if v is not None})
@@ -204,6 +228,21 @@ def setting_docs() -> list[tuple[str, str, str]]:
         (ENV_PREFIX + f.name.upper(), f.metadata["shown"] or str(f.default), f.metadata["help"])
         for f in fields(Settings)
     ]
+
+
+def _raw_value(env: Mapping[str, str], variable: str) -> str | None:
+    """The variable's value, or the content of the file `<variable>_FILE` names (Docker's and Kubernetes' secrets:
+    a password kept out of the environment), its final line break left out. Raises ValueError when both are set or
+    the file cannot be read."""
+    path = env.get(variable + "_FILE")
+    if not path:
+        return env.get(variable)
+    if env.get(variable):
+        raise ValueError(f"{variable} and {variable}_FILE are both set: give one")
+    try:
+        return Path(path).read_text(encoding="utf-8").removesuffix("\n").removesuffix("\r")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{variable}_FILE={path}: {exc}") from None
 
 
 def _parse_value(name: str, raw: str, kind: type) -> Any:

@@ -16,6 +16,7 @@ from tensor_debugger.cli.compare_output import (
     show_compare,
 )
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
+from tensor_debugger.cli.warm import find_server
 from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.formatting import format_cosine
 from tensor_debugger.compare.pair_reports import session_pairs
@@ -30,18 +31,21 @@ from tensor_debugger.store.reports import problem_json
 
 def run_compare(services: Services, request: CompareRequest, as_json: bool) -> int:
     """Compare in this process; prints what `show_compare` prints and returns the exit code."""
+    settings = services.settings
+    running = find_server(settings)  # a server of this data dir (say, one asked not to take the work: --top)
+    base_url = settings.base_url if running is None else settings.public_url.rstrip("/") or running.url
     line = StatusLine()
     try:
         outcome = compare_runs(
             services.ingestor,
             services.comparisons,
             request,
-            f"http://{services.settings.host}:{services.settings.port}",
+            base_url,
             progress=line.update,
         )
     finally:
         line.close()
-    return show_compare(outcome, as_json, services.settings.data_dir)
+    return show_compare(outcome, as_json, None if running is not None else settings.data_dir)
 
 
 def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
@@ -77,7 +81,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         bar.close()
     with services.sessions() as db:
         report = session_pairs(db, result.session_id)
-    url = f"http://{services.settings.host}:{services.settings.port}/sessions/{result.session_id}"
+    url = f"{services.settings.base_url}/sessions/{result.session_id}"
     payload = contract_json(result.session_id, session_name, url, report, problems)
     # files that could not be read: their tensors are missing, whatever the rest gives (as `compare`)
     done = EXIT_UNUSABLE if unread_files(problems) else EXIT_PASS

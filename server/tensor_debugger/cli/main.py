@@ -315,7 +315,7 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
 
     from tensor_debugger.web.app import create_app
 
-    print(f"Tensor Debugger on http://{settings.host}:{settings.port}  (data in {settings.data_dir})", flush=True)
+    print(f"Tensor Debugger on {settings.base_url}  (data in {settings.data_dir})", flush=True)
     app = create_app(settings)
     # A long-lived server: what is loaded at start-up never needs collecting, and pages of thousands of pairs
     # allocate many short-lived objects; fewer, younger collections keep their render times steady.

@@ -29,7 +29,7 @@ class ServerGone(Exception):  # noqa: N818 (a condition, reported in words)
 
 def find_server(settings: Settings) -> ServerAddress | None:
     """The server of this data dir, if one runs and answers as it (same database and array store)."""
-    address = read_address(settings.data_dir)
+    address = read_address(settings.data_dir, settings.address_file)
     if address is None or not process_alive(address.pid):
         return None
     try:

@@ -1,7 +1,7 @@
-"""Where a running server can be found: `<data dir>/server.json`, written when it starts (its process id, its
-URL and a token drawn at start-up) and removed when it stops. `tensor-debugger compare` and `ingest` read it to
-hand their work to that server instead of starting up themselves (`cli/warm.py`); a file left by a server that
-died (its process gone, or nothing answering with its token at its URL) is ignored.
+"""Where a running server can be found: `<data dir>/server.json` (the address_file setting), written when it
+starts (its process id, its URL and a token drawn at start-up) and removed when it stops. `tensor-debugger compare`
+and `ingest` read it to hand their work to that server instead of starting up themselves (`cli/warm.py`); a file
+left by a server that died (its process gone, or nothing answering with its token at its URL) is ignored.
 
 The file is readable by its owner only (0600): the token is what lets a caller have the server read local paths
 (`controllers/local.py`), so only whoever may read the data dir anyway may do it. Imports nothing of the web
@@ -37,30 +37,31 @@ class ServerAddress:
         return cls(os.getpid(), f"http://{shown}:{port}", secrets.token_urlsafe(32))
 
 
-def address_path(data_dir: Path) -> Path:
-    return data_dir / ADDRESS_FILE
+def address_path(data_dir: Path, name: str = ADDRESS_FILE) -> Path:
+    """The file, `name` in the data dir (the address_file setting: replicas sharing a data dir each have one)."""
+    return data_dir / name
 
 
-def write_address(data_dir: Path, address: ServerAddress) -> None:
+def write_address(data_dir: Path, address: ServerAddress, name: str = ADDRESS_FILE) -> None:
     """Write the file whole (a reader never sees half of it), readable by its owner only."""
-    target = address_path(data_dir)
-    partial = target.with_name(f".{ADDRESS_FILE}.{address.pid}")
+    target = address_path(data_dir, name)
+    partial = target.with_name(f".{name}.{address.pid}")
     descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         json.dump({"pid": address.pid, "url": address.url, "token": address.token}, handle)
     os.replace(partial, target)
 
 
-def remove_address(data_dir: Path, address: ServerAddress) -> None:
+def remove_address(data_dir: Path, address: ServerAddress, name: str = ADDRESS_FILE) -> None:
     """Remove the file if it is still this server's (another may have started on the data dir since)."""
-    if read_address(data_dir) == address:
-        address_path(data_dir).unlink(missing_ok=True)
+    if read_address(data_dir, name) == address:
+        address_path(data_dir, name).unlink(missing_ok=True)
 
 
-def read_address(data_dir: Path) -> ServerAddress | None:
+def read_address(data_dir: Path, name: str = ADDRESS_FILE) -> ServerAddress | None:
     """The address the file holds; None when there is none or it is not one."""
     try:
-        data: Any = json.loads(address_path(data_dir).read_text(encoding="utf-8"))
+        data: Any = json.loads(address_path(data_dir, name).read_text(encoding="utf-8"))
         return ServerAddress(int(data["pid"]), str(data["url"]), str(data["token"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None

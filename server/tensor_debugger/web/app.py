@@ -81,14 +81,14 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             ensure_demo_session(opened)
         worker.start()  # picks up pending pairs, those of a computation killed last time included
         address = app.state.address = ServerAddress.drawn(settings.host, settings.port)
-        write_address(settings.data_dir, address)
+        write_address(settings.data_dir, address, settings.address_file)
         sweeper = app.state.sweeper = Sweeper(opened.sweep, settings.staging_sweep_seconds)
         sweeper.start()
 
     def shutdown(app: Litestar) -> None:
         address = getattr(app.state, "address", None)
         if address is not None:
-            remove_address(settings.data_dir, address)
+            remove_address(settings.data_dir, address, settings.address_file)
         worker = getattr(app.state, "worker", None)
         if worker is not None:
             worker.stop()

@@ -61,7 +61,7 @@ class LocalController(Controller):
                     services.ingestor,
                     services.comparisons,
                     compare_request,
-                    address.url,
+                    services.settings.public_url.rstrip("/") or address.url,  # where the user's links lead
                     progress=lambda step, done, total: events.put({"step": step, "done": done, "total": total}),
                 )
                 events.put({"outcome": outcome.to_json()})
