@@ -117,6 +117,19 @@ class StoreReadError(StoreUnavailableError, OSError):
     to be wrong with the data, and the same read may succeed once the store answers again."""
 
 
+def is_outage(exc: BaseException) -> bool:
+    """Whether `exc` says the array store or the database did not answer (this error or one it was raised from):
+    what retrying later mends, never a verdict on the data."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, StoreUnavailableError | DatabaseUnavailableError):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 class StoreWriteError(TensorDebuggerError):
     """The array store failed a write or a deletion (S3: access denied, the bucket removed, the endpoint gone) of
     `where` (while ingesting `file`, when known): nothing about the input is wrong."""

@@ -54,6 +54,7 @@ class SeaweedS3:
     master_port: int
     master_grpc_port: int = 0
     weed: str = "weed"
+    args: tuple[str, ...] = ()  # the command it was started with, for `restart`
 
     @property
     def endpoint(self) -> str:
@@ -122,6 +123,22 @@ class SeaweedS3:
             self.process.kill()
             self.process.wait()
 
+    def restart(self) -> None:
+        """Start the server again on its data and ports after `stop` (an outage that ends); returns once its S3
+        gateway answers."""
+        self.stop()
+        self.process = _popen(list(self.args), self.root)
+
+        def answers() -> bool:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}; its log: {self.root / 'weed.log'}")
+            try:
+                return loopback_http.get(self.endpoint + f"/{BUCKET}", timeout=1).status_code in (200, 403)
+            except httpx.TransportError:
+                return False
+
+        wait_until(answers, timeout=60, what="SeaweedFS's S3 gateway to answer again")
+
 
 _FIRST_ARRAY = [
     f"Write:{BUCKET}/{PARTLY_WRITABLE}/{key}*"
@@ -182,10 +199,13 @@ def launch_seaweed(root: Path) -> SeaweedS3 | str:
         "-s3.port.lance=0",
         f"-s3.config={identities}",
     ]
-    log = open(root / "weed.log", "ab")
-    process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
-    log.close()
-    return SeaweedS3(root, process, s3, master, master_grpc_port=grpc[0], weed=weed)
+    process = _popen(args, root)
+    return SeaweedS3(root, process, s3, master, master_grpc_port=grpc[0], weed=weed, args=tuple(args))
+
+
+def _popen(args: list[str], root: Path) -> subprocess.Popen[bytes]:
+    with open(root / "weed.log", "ab") as log:
+        return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
 
 
 def _create_bucket(weed: str, master: str, root: Path) -> None:

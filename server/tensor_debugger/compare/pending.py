@@ -21,6 +21,7 @@ from tensor_debugger.compare.chunk_loop import chunk_pairs
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.errors import is_outage
 from tensor_debugger.store.catalog import lock_sessions_of_pairs
 from tensor_debugger.store.claims import claimable
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord, TensorRecord
@@ -102,11 +103,15 @@ def compute_pending(
                     return
                 time.sleep(OTHERS_POLL_SECONDS)
                 continue
+            outages = comparisons.claims.outages_met
             ready, finished = set_up(comparisons, claimed)
             settled(finished)
-            for job in ready:
+            for n, job in enumerate(ready):
                 if stopping():
                     return
+                if comparisons.claims.outages_met != outages:  # a comparison met an outage: the rest wait with it
+                    comparisons.claims.hold_pairs([j.key.pair_id for j in ready[n:]])
+                    break
                 if job.key.key in waiting:  # the same comparison is already computing: no second pass
                     waiting[job.key.key].append(job.key.pair_id)
                 else:
@@ -148,7 +153,7 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
     longer pending, a cached result (its verdict given now), or views that cannot be built (the pair says why)."""
     jobs: list[PairJob[PendingPair]] = []
     hits: list[tuple[int, str]] = []
-    failed: list[tuple[int, str, str]] = []
+    failed: list[tuple[int, str, Exception]] = []
     with comparisons.sessions() as db:
         current = CurrentPairs.by_id(comparisons, db, pair_ids)
         keyed = [(pair_id, *wanted) for pair_id in pair_ids if (wanted := current.wanted(pair_id)) is not None]
@@ -159,14 +164,20 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
                 )
             )
         )
+        outage: Exception | None = None
         for pair_id, key, tol, exact in keyed:
             if key in cached:
                 hits.append((pair_id, key))
-                continue
-            try:
-                jobs.append(current.job(pair_id, key, tol, exact))
-            except Exception as exc:  # a missing array: the pair says so, work goes on
-                failed.append((pair_id, key, f"{type(exc).__name__}: {exc}"))
+            elif outage is not None:  # the store or database did not answer the pair before: nor would it here
+                failed.append((pair_id, key, outage))
+            else:
+                try:
+                    jobs.append(current.job(pair_id, key, tol, exact))
+                except Exception as exc:  # a missing array: the pair says so, work goes on (an outage: it waits)
+                    failed.append((pair_id, key, exc))
+                    outage = exc if is_outage(exc) else None
+    if outage is not None:
+        comparisons.claims.outage_met()
     if hits or failed:
         with comparisons.sessions.begin() as db:
             current = CurrentPairs.locked(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
@@ -178,8 +189,8 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
             }
             for pair_id, key in hits:
                 current.settle(pair_id, key, records[key])
-            for pair_id, key, message in failed:
-                current.fail(pair_id, key, message)
+            for pair_id, key, cause in failed:
+                current.fail(pair_id, key, cause)
     return jobs, len(pair_ids) - len(jobs)
 
 
@@ -194,7 +205,7 @@ class ResultWriter:
 
     def add(self, work: PendingPair, result: PairStats | Exception, pair_ids: list[int]) -> None:
         self._waiting.append((work, result, pair_ids))
-        if len(self._waiting) >= FLUSH_RESULTS:
+        if len(self._waiting) >= FLUSH_RESULTS or (isinstance(result, Exception) and is_outage(result)):
             self.flush()
         else:
             self.tick()
@@ -229,10 +240,12 @@ class ResultWriter:
                 r.cache_key: r
                 for r in db.scalars(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(keys)))
             }
+            if any(isinstance(result, Exception) and is_outage(result) for _, result, _ in self._waiting):
+                self._comparisons.claims.outage_met()
             for work, result, pair_ids in self._waiting:
                 if isinstance(result, Exception):  # a corrupt chunk: the pair says so, work goes on
                     for pair_id in pair_ids:
-                        current.fail(pair_id, work.key, f"{type(result).__name__}: {result}")
+                        current.fail(pair_id, work.key, result)
                 elif work.key not in records:
                     records[work.key] = ComparisonResultRecord(
                         cache_key=work.key,
@@ -247,6 +260,7 @@ class ResultWriter:
             db.flush()  # their ids, for the pairs
             for work, result, pair_ids in self._waiting:
                 if isinstance(result, PairStats):
+                    self._comparisons.claims.outage_over()
                     for pair_id in pair_ids:
                         current.settle(pair_id, work.key, records[work.key])
 
@@ -334,11 +348,20 @@ class CurrentPairs:
             pair = self.pairs[pair_id]
             pair.result_id = record.id
             pair.status = "pass" if PairStats.from_json(record.stats).passed else "fail"
-            pair.claimed_by = pair.claimed_until = None
+            pair.claimed_by = pair.claimed_until = pair.error = None
 
-    def fail(self, pair_id: int, key: str, message: str) -> None:
-        """Mark the pair failed, if `key` (what failed to compute) is still its key."""
-        if self.key(pair_id) == key:
-            pair = self.pairs[pair_id]
-            pair.status, pair.error = "error", message[:2000]
-            pair.claimed_by = pair.claimed_until = None
+    def fail(self, pair_id: int, key: str, exc: Exception) -> None:
+        """What `exc` says of the pair, if `key` (what failed to compute) is still its key: an outage (the store or
+        the database did not answer) leaves it pending, held for a backoff and tried again, its `error` saying
+        what it waits for; anything else (a missing array, a corrupt chunk) is its verdict, "error"."""
+        if self.key(pair_id) != key:
+            return
+        pair = self.pairs[pair_id]
+        message = f"{type(exc).__name__}: {exc}"[:2000]
+        if is_outage(exc):
+            pair.error = f"waiting to be tried again: {exc}"[:2000]
+            hold = self._comparisons.claims.outage_hold()
+            pair.claimed_by, pair.claimed_until = hold["claimed_by"], hold["claimed_until"]
+            return
+        pair.status, pair.error = "error", message
+        pair.claimed_by = pair.claimed_until = None

@@ -32,6 +32,10 @@ from tensor_debugger.store.models import PairRecord, RunRecord
 
 log = logging.getLogger(__name__)
 DEFAULT_LEASE_SECONDS = 30.0  # Settings.claim_seconds's default
+# `claimed_by` of a pending pair whose computation waits for the array store or the database to answer again: held
+# by nobody until `claimed_until`, then any process tries it again
+OUTAGE_HOLDER = "waiting for an outage to end"
+OUTAGE_MAX_SECONDS = 60.0  # the longest wait between tries while an outage goes on (1, 2, 4 ... seconds before)
 
 
 def new_owner() -> str:
@@ -55,9 +59,40 @@ class Claims:
         self.owner = owner or new_owner()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._outages = 0  # batches in a row that met an outage: each doubles the next hold
+        self.outages_met = 0  # batches that met an outage, ever (a computation stops setting up when it grows)
 
     def until(self) -> float:
         return time.time() + self.lease_seconds
+
+    def outage_hold(self) -> dict[str, Any]:
+        """The claim columns of a pending pair whose computation met an outage (the store or the database did not
+        answer): held by nobody for the backoff, 1 s after the first batch that met one, then twice as long after
+        each further one in a row, up to OUTAGE_MAX_SECONDS."""
+        delay = min(OUTAGE_MAX_SECONDS, 2.0 ** min(self._outages, 16))
+        return {"claimed_by": OUTAGE_HOLDER, "claimed_until": time.time() + delay}
+
+    def outage_met(self) -> None:
+        """A batch of work met an outage: the next hold is twice as long."""
+        self._outages += 1
+        self.outages_met += 1
+
+    def outage_over(self) -> None:
+        """A computation succeeded: the next outage's hold is 1 s again."""
+        self._outages = 0
+
+    def hold_pairs(self, pair_ids: Sequence[int]) -> None:
+        """Hold this process's claims on `pair_ids` still pending for the outage backoff, untried: an outage met by
+        the pairs before them would meet them too."""
+        if not pair_ids:
+            return
+        with self.sessions.begin() as db:
+            db.execute(
+                update(PairRecord)
+                .where(PairRecord.id.in_(pair_ids), PairRecord.claimed_by == self.owner, PairRecord.status == "pending")
+                .values(**self.outage_hold())
+                .execution_options(synchronize_session=False)
+            )
 
     # --- pending pairs ------------------------------------------------------------------------------------
 
