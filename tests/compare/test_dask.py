@@ -137,3 +137,21 @@ def test_the_workers_leave_pairs_another_process_holds_to_it(tmp_path: Path, das
         assert "pending" not in statuses().values()
     finally:
         services.close()
+
+
+def test_replicas_are_compared_rank_by_rank_on_the_workers(tmp_path: Path, dask_cluster: DaskCluster) -> None:
+    """A norm weight each of two ranks holds whole, rank 1's copy wrong: the workers compare both copies (the
+    stacked views), and the rank whose copy differs is named as when computed here."""
+    norm = seeded((64,), seed=10)
+    (tmp_path / "ref").mkdir()
+    torch.save({"norm.weight": norm}, tmp_path / "ref" / "model.pt")
+    for rank in range(2):
+        (tmp_path / "cand" / f"rank{rank}").mkdir(parents=True)
+        torch.save({"norm.weight": norm + rank}, tmp_path / "cand" / f"rank{rank}" / "model.pt")
+    runs = (tmp_path / "ref", tmp_path / "cand")
+    local, _ = computed(tmp_path / "local", runs, "")
+    remote, _ = computed(tmp_path / "dask", runs, dask_cluster.address)
+    assert remote == local
+    (pair,) = remote
+    assert pair["status"] == "fail" and pair["replicas"] == {"ranks": 2, "side": "b", "differing": [1]}
+    assert pair["stats"]["argmax"][0] == 1 and pair["stats"]["mismatched"] == 64

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_debugger.compare.formatting import format_cosine, format_error, format_number
+from tensor_debugger.compare.formatting import format_cosine, format_error, format_number, replica_words
 from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
 from tensor_debugger.errors import InvalidInputError
 
@@ -190,9 +190,12 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
                 f"{stats['argmax']}, beyond the noise factor times the rerun's {cell(pair['noise_max_abs_diff'])}"
             )
         else:
+            replicas = pair.get("replicas") or {}
+            copies = replica_words(replicas.get("side", "b"), replicas.get("differing"))
             print(
-                f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
-                f"{stats['argmax']}, {stats['mismatched']} of {stats['numel']} elements outside tolerance"
+                f"FIRST DIVERGENCE: {first['name']} ({where}): {copies + ' differs: ' if copies else ''}max |diff| "
+                f"{cell(stats['max_abs_diff'])} at {stats['argmax']}, {stats['mismatched']} of {stats['numel']} "
+                f"elements outside tolerance"
             )
     pending = sum(1 for p in payload["pairs"] if p["status"] == "pending")
     if pending:

@@ -49,6 +49,10 @@ def contract_json(
             "candidate": report.candidate_of(p),  # the label of the candidate run
             "rule": p.rule,  # what judged the verdict: "tolerance", or "noise" (a rerun of the reference's floor)
             "noise_max_abs_diff": p.noise_max_abs_diff,  # that floor: the reference's rerun's max |diff| here
+            # one side's shards are whole copies (replicas), each compared: the ranks whose copy differs
+            "replicas": {"ranks": p.replicas.ranks, "side": p.replicas.side, "differing": p.replicas.differing}
+            if p.replicas
+            else None,
         }
         for p in report.pairs
     ]

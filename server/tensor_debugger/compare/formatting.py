@@ -90,4 +90,16 @@ def register_filters(env: Environment) -> None:
     env.filters["error"] = format_error
     env.filters["cosine"] = format_cosine
     env.filters["fraction"] = format_fraction
+    env.filters["replica_words"] = replica_words
     env.globals["percent"] = format_percent
+
+
+def replica_words(side: str, differing: list[int] | None) -> str:
+    """Whose copies differ: "rank 1's replica", "ranks 1 and 3's replicas" (the candidate's, side "b"), "the
+    reference's rank 0's replica"; "" where none is known to differ."""
+    if not differing:
+        return ""
+    who = "" if side == "b" else "the reference's "
+    if len(differing) == 1:
+        return f"{who}rank {differing[0]}'s replica"
+    return f"{who}ranks {', '.join(str(r) for r in differing[:-1])} and {differing[-1]}'s replicas"

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.formatting import replica_words
 from tensor_debugger.compare.module_reports import (
     ModuleReport,
     Number,
@@ -17,10 +18,12 @@ from tensor_debugger.compare.module_reports import (
     stage_culprits,
 )
 from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
-from tensor_debugger.compare.pair_rows import StatsCache, read_pairs, read_stats, read_tensors
+from tensor_debugger.compare.pair_rows import StatsCache, read_pairs, read_rank_mismatches, read_stats, read_tensors
 from tensor_debugger.compare.pair_stats import PairStatsFull, PairStatsSummary
 from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.profiles import error_profile
 from tensor_debugger.compare.progress import PairProgress
+from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, SessionRecord, UnmatchedRecord
@@ -39,6 +42,21 @@ class PairSide:
     shards: int
     tensor_ids: list[int]
     run_id: int
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One side's shards are whole copies of the tensor (replicas on `ranks` ranks), each compared with the other
+    side: `side` "a" (the reference's) or "b" (the candidate's); `differing`, the ranks whose copy has elements
+    outside the tolerance (aligned dim 0 is the rank): [] when the pair passes, null where not known (the pair
+    not compared, or its ranks not read)."""
+
+    ranks: int
+    side: str
+    differing: list[int] | None
+
+    def words(self) -> str:
+        return replica_words(self.side, self.differing)
 
 
 @dataclass(frozen=True)
@@ -62,6 +80,7 @@ class PairReport:
     summary: dict[str, Any] | None  # the verdict on summary statistics when element values are not available
     rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
     noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
+    replicas: ReplicaReport | None  # where one side's shards are copies of the tensor, not parts of it
 
     @property
     def key(self) -> str:
@@ -180,8 +199,30 @@ def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
     )
 
 
-def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
-    """`tensors` rows have `name`, `shape` and `dtype`."""
+def _replicas(pair: Any, mismatches: dict[int, list[int]]) -> ReplicaReport | None:
+    """The pair's replicas (`ReplicaReport`), from its alignment and its result's profile along the rank."""
+    found = replicas_of((pair.alignment or {}).get("steps", []))
+    if found is None:
+        return None
+    side, ranks = found
+    if pair.status == "pass":
+        return ReplicaReport(ranks, side, [])
+    per_rank = mismatches.get(pair.result_id) if pair.status == "fail" and pair.result_id is not None else None
+    return ReplicaReport(ranks, side, None if per_rank is None else [k for k, m in enumerate(per_rank) if m])
+
+
+def replica_results(pairs: Any) -> set[int]:
+    """The results whose ranks are read for a report: those of failing replicated pairs."""
+    return {
+        p.result_id
+        for p in pairs
+        if p.status == "fail" and p.result_id is not None and replicas_of((p.alignment or {}).get("steps", []))
+    }
+
+
+def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[int]]) -> dict[str, Any]:
+    """`tensors` rows have `name`, `shape` and `dtype`; `mismatches`: per result of a failing replicated pair, the
+    elements outside the tolerance per rank."""
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
     return {
@@ -205,11 +246,14 @@ def _pair_fields(pair: Any, tensors: dict[int, Any]) -> dict[str, Any]:
         "summary": pair.summary,
         "rule": "tolerance",
         "noise_max_abs_diff": None,
+        "replicas": _replicas(pair, mismatches),
     }
 
 
-def pair_report(pair: Any, tensors: dict[int, Any], stats: PairStatsSummary | None) -> PairReport:
-    return PairReport(**_pair_fields(pair, tensors), stats=stats)
+def pair_report(
+    pair: Any, tensors: dict[int, Any], stats: PairStatsSummary | None, mismatches: dict[int, list[int]] | None = None
+) -> PairReport:
+    return PairReport(**_pair_fields(pair, tensors, mismatches or {}), stats=stats)
 
 
 def session_pairs(
@@ -222,7 +266,8 @@ def session_pairs(
     tensors = read_tensors(db, pairs)
     result_ids = {p.result_id for p in pairs if p.result_id is not None}
     stats = cache.read(db, result_ids) if cache is not None else read_stats(db, result_ids)
-    everything = [pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None) for p in pairs]
+    mismatches = read_rank_mismatches(db, replica_results(pairs))
+    everything = [pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches) for p in pairs]
     ordered_runs = db.execute(
         select(RunRecord.id, RunRecord.label, RunRecord.role)
         .where(RunRecord.session_id == session_id)
@@ -318,8 +363,11 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDe
         raise NotFoundError(f"no pair with id {pair_id}")
     tensors = read_tensors(db, [pair])
     result = db.get(ComparisonResultRecord, pair.result_id) if pair.result_id else None
+    mismatches: dict[int, list[int]] = {}
+    if result is not None and replica_results([pair]):  # its ranks, read now where no comparison kept them
+        mismatches[result.id] = error_profile(db, comparisons, pair.id, 0).mismatched
     return PairDetail(
-        **_pair_fields(pair, tensors),
+        **_pair_fields(pair, tensors, mismatches),
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,
         alignment_steps=(pair.alignment or {}).get("steps", []),
         shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),

@@ -127,3 +127,18 @@ def read_stats(db: DbSession, result_ids: Collection[int]) -> dict[int, PairStat
     r = ComparisonResultRecord
     rows = db.execute(select(r.id, _text(r.stats)).where(r.id.in_(result_ids)))
     return {row[0]: _SUMMARY.decode(row[1]) for row in rows}
+
+
+def read_rank_mismatches(db: DbSession, result_ids: Collection[int]) -> dict[int, list[int]]:
+    """Per result (of a replicated pair: aligned dim 0 is the rank), the elements outside the tolerance in each rank's
+    copy, where its profile along dim 0 is kept (compare/pending.py keeps it for a failing replicated pair)."""
+    if not result_ids:
+        return {}
+    r = ComparisonResultRecord
+    rows = db.execute(select(r.id, _text(r.profiles)).where(r.id.in_(result_ids), r.profiles.is_not(None)))
+    found: dict[int, list[int]] = {}
+    for result_id, raw in rows:
+        rank = (_json(raw) or {}).get("0")
+        if rank is not None:
+            found[result_id] = [int(m) for m in rank["mismatched"]]
+    return found

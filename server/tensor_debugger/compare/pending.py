@@ -7,20 +7,24 @@ for tensors of 1 MiB that was more than comparing them (measured: 256 such pairs
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.chunk_loop import chunk_pairs
+from tensor_debugger.compare.profiles import profile_views
+from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.engine.views import View
 from tensor_debugger.errors import is_outage
 from tensor_debugger.store.catalog import lock_sessions_of_pairs
 from tensor_debugger.store.claims import claimable
@@ -38,6 +42,16 @@ FLUSH_RESULTS = 256  # or when this many are waiting
 WRITE_ATTEMPTS = 8
 OTHERS_POLL_SECONDS = 0.2  # how often a session's computation looks again at pairs another process holds
 T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplicaViews:
+    """A replicated pair's aligned views (dim 0: the rank), read again along the rank where the pair fails."""
+
+    a: View
+    b: View
+    exact: bool
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,20 @@ class PendingPair:
     digests_b: tuple[str, ...]
     alignment_key: str  # the alignment's steps as JSON, as the key hashed them (`Comparisons.alignment_key`)
     tolerance: Tolerance
+    replicas: ReplicaViews | None = None  # where one side's shards are replicas (alignment.py: stacked)
+
+
+def rank_profiles(work: PendingPair, result: PairStats | Exception) -> dict[str, Any] | None:
+    """A failing replicated pair's error profile along the rank (aligned dim 0), kept with its result: which ranks'
+    copies differ (pair_reports.py). None for other pairs, or where reading again failed (those ranks stay unknown)."""
+    if work.replicas is None or not isinstance(result, PairStats) or result.passed:
+        return None
+    try:
+        profile = profile_views(work.replicas.a, work.replicas.b, 0, work.tolerance, work.replicas.exact)
+    except Exception:
+        log.exception("the ranks of replicated pair %d could not be read again", work.pair_id)
+        return None
+    return {"0": asdict(profile)}
 
 
 class Tally:
@@ -200,11 +228,11 @@ class ResultWriter:
 
     def __init__(self, comparisons: Comparisons) -> None:
         self._comparisons = comparisons
-        self._waiting: list[tuple[PendingPair, PairStats | Exception, list[int]]] = []
+        self._waiting: list[tuple[PendingPair, PairStats | Exception, list[int], dict[str, Any] | None]] = []
         self._written = -math.inf  # when the last batch was written
 
     def add(self, work: PendingPair, result: PairStats | Exception, pair_ids: list[int]) -> None:
-        self._waiting.append((work, result, pair_ids))
+        self._waiting.append((work, result, pair_ids, rank_profiles(work, result)))
         if len(self._waiting) >= FLUSH_RESULTS or (isinstance(result, Exception) and is_outage(result)):
             self.flush()
         else:
@@ -234,15 +262,15 @@ class ResultWriter:
 
     def _write(self) -> None:
         with self._comparisons.sessions.begin() as db:
-            current = CurrentPairs.locked(self._comparisons, db, [i for _, _, ids in self._waiting for i in ids])
-            keys = {work.key for work, result, _ in self._waiting if isinstance(result, PairStats)}
+            current = CurrentPairs.locked(self._comparisons, db, [i for _, _, ids, _ in self._waiting for i in ids])
+            keys = {work.key for work, result, _, _ in self._waiting if isinstance(result, PairStats)}
             records = {
                 r.cache_key: r
                 for r in db.scalars(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(keys)))
             }
-            if any(isinstance(result, Exception) and is_outage(result) for _, result, _ in self._waiting):
+            if any(isinstance(result, Exception) and is_outage(result) for _, result, _, _ in self._waiting):
                 self._comparisons.claims.outage_met()
-            for work, result, pair_ids in self._waiting:
+            for work, result, pair_ids, profiles in self._waiting:
                 if isinstance(result, Exception):  # a corrupt chunk: the pair says so, work goes on
                     for pair_id in pair_ids:
                         current.fail(pair_id, work.key, result)
@@ -255,10 +283,11 @@ class ResultWriter:
                         rtol=work.tolerance.rtol,
                         atol=work.tolerance.atol,
                         stats=result.to_json(),
+                        profiles=profiles,
                     )
                     db.add(records[work.key])
             db.flush()  # their ids, for the pairs
-            for work, result, pair_ids in self._waiting:
+            for work, result, pair_ids, _ in self._waiting:
                 if isinstance(result, PairStats):
                     self._comparisons.claims.outage_over()
                     for pair_id in pair_ids:
@@ -330,7 +359,8 @@ class CurrentPairs:
         pair, a, b = self.sides(pair_id)
         view_a, view_b, _ = self._comparisons.views_of(pair, a, b)
         digests_a, digests_b = tuple(t.digest for t in a), tuple(t.digest for t in b)
-        work = PendingPair(pair_id, key, digests_a, digests_b, self._comparisons.alignment_key(pair), tol)
+        replicas = ReplicaViews(view_a, view_b, exact) if replicas_of((pair.alignment or {}).get("steps", [])) else None
+        work = PendingPair(pair_id, key, digests_a, digests_b, self._comparisons.alignment_key(pair), tol, replicas)
         top = self._comparisons.top
         reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, top)  # the chunk loop knows no ULPs
         return PairJob(work, view_a, view_b, tol, exact, reduce, top)

@@ -4,17 +4,21 @@ views and kept with its comparison result, so that asking again reads nothing.""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.module_reports import Number
-from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
 from tensor_debugger.engine.metrics import json_number
 from tensor_debugger.engine.profiles import ProfileAccumulator
+from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.engine.views import View
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord
+
+if TYPE_CHECKING:  # the comparisons hand in their views; compare/pending.py keeps replicas' profiles (no cycle)
+    from tensor_debugger.compare.plan import Comparisons
 
 PROFILE_BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side read at once
 
@@ -43,22 +47,28 @@ def error_profile(db: DbSession, comparisons: Comparisons, pair_id: int, dim: in
     cached = (result.profiles or {}).get(str(dim)) if result is not None else None
     if cached is not None:
         return ErrorProfile(**cached)
-    view_a, view_b, alignment = comparisons.views(db, pair)
-    shape = tuple(alignment.shape)
+    view_a, view_b, _ = comparisons.views(db, pair)
     side_a, side_b = comparisons.tensors_of(db, pair)
     session = db.get_one(SessionRecord, pair.session_id)
     tolerance, exact = comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
     try:
-        accumulator = ProfileAccumulator(shape, dim, tolerance, exact)
+        profile = profile_views(view_a, view_b, dim, tolerance, exact)
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
-    for region in iter_blocks(plan_chunks(shape, 8, PROFILE_BLOCK_BYTES), 1):
-        accumulator.add(view_a.read(region), view_b.read(region), region[dim].start)
-    top, mean, mismatched = accumulator.result()
-    profile = ErrorProfile(dim, shape[dim], [json_number(v) for v in top], [json_number(v) for v in mean], mismatched)
     if result is not None:
         profiles: dict[str, Any] = dict(result.profiles or {})
         profiles[str(dim)] = asdict(profile)
         result.profiles = profiles
         db.commit()
     return profile
+
+
+def profile_views(view_a: View, view_b: View, dim: int, tolerance: Tolerance, exact: bool) -> ErrorProfile:
+    """The profile along `dim` of two aligned views (of one shape), read block by block; ValueError for a dim out of
+    range."""
+    shape = tuple(view_a.shape)
+    accumulator = ProfileAccumulator(shape, dim, tolerance, exact)
+    for region in iter_blocks(plan_chunks(shape, 8, PROFILE_BLOCK_BYTES), 1):
+        accumulator.add(view_a.read(region), view_b.read(region), region[dim].start)
+    top, mean, mismatched = accumulator.result()
+    return ErrorProfile(dim, shape[dim], [json_number(v) for v in top], [json_number(v) for v in mean], mismatched)

@@ -1,6 +1,10 @@
 """Alignment: the chain of views that makes a candidate's layout comparable with the reference's.
 
-Tried in order of cost, the cheapest chain wins: shards concatenated along the axis that makes the shapes agree,
+Replicas first: where every rank of one side holds a whole copy of the other side's tensor (all its shards of one
+shape, each alone aligning with the other side without cutting or flattening), they are not shards of one tensor but
+copies of it: they are stacked along a new leading dimension (the rank) and the other side is repeated once per rank,
+so that every copy is compared with it. Otherwise the chains below are
+tried in order of cost, the cheapest chain wins: shards concatenated along the axis that makes the shapes agree,
 size-1 dimensions dropped, the other dimensions permuted with the last kept in place, extra leading rows of one
 side cut off; where none of these fits, the dimensions permuted with the last moving too (a transpose); and, only
 as a last resort and marked so, both flattened when their element counts agree. The
@@ -21,13 +25,15 @@ Shape = tuple[int, ...]
 
 @dataclass(frozen=True)
 class Step:
-    """One view applied to one side. `kind`: concat, squeeze, permute, truncate, flatten."""
+    """One view applied to one side. `kind`: concat, squeeze, permute, truncate, flatten; for replicas, stack (the
+    side's copies, each after its other steps, along a new dim 0: the rank) and repeat (the other side, once per
+    rank along a new dim 0). Stack and repeat come last on their side."""
 
     side: str  # "a" (reference) or "b" (candidate)
     kind: str
     axis: int = -1  # concat, truncate
     perm: tuple[int, ...] = ()  # permute: output dim i is input dim perm[i]
-    size: int = 0  # truncate: rows kept
+    size: int = 0  # truncate: rows kept; stack, repeat: the number of ranks
     shape: Shape = ()  # the side's shape after this step
 
     def words(self) -> str:
@@ -40,6 +46,11 @@ class Step:
             return f"{who} dims permuted {list(self.perm)} -> {list(self.shape)}"
         if self.kind == "truncate":
             return f"{who} cut to its first {self.size} rows along dim {self.axis} (extra rows ignored)"
+        if self.kind == "stack":
+            stacked = list(self.shape)
+            return f"{who} replicated on {self.size} ranks: copies stacked along a new dim 0 (the rank) -> {stacked}"
+        if self.kind == "repeat":
+            return f"{who} repeated for each rank's copy -> {list(self.shape)}"
         return f"{who} flattened -> {list(self.shape)} (last resort: element counts agree, layouts may not)"
 
     def to_json(self) -> dict[str, Any]:
@@ -64,7 +75,8 @@ class Step:
         )
 
 
-_COST = {"concat": 1, "squeeze": 1, "permute": 4, "truncate": 6, "flatten": 100}
+_COST = {"concat": 1, "squeeze": 1, "permute": 4, "truncate": 6, "flatten": 100, "stack": 0, "repeat": 0}
+REPLICA_KINDS = ("stack", "repeat")
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,11 @@ class Alignment:
     @property
     def last_resort(self) -> bool:
         return any(s.kind == "flatten" for s in self.steps)
+
+    @property
+    def replicas(self) -> tuple[str, int] | None:
+        """(side, ranks) where one side's shards are whole copies (replicas) of the tensor; None otherwise."""
+        return replicas_of([s.to_json() for s in self.steps])
 
     @property
     def cost(self) -> int:
@@ -114,13 +131,36 @@ class Alignment:
         return cls(tuple(shapes_a), tuple(shapes_b), tuple(steps), final["a"])
 
 
+def replicas_of(steps: list[dict[str, Any]]) -> tuple[str, int] | None:
+    """(side, ranks) of an alignment's steps (`Step.to_json`) that stack one side's replicas; None otherwise."""
+    stack = next((s for s in steps if s.get("kind") == "stack"), None)
+    return None if stack is None else (str(stack["side"]), int(stack["size"]))
+
+
 def _merged_without_steps(shards: list[Shape], steps: list[Step]) -> Shape:
-    if len(shards) > 1 and not any(s.kind == "concat" for s in steps):
+    kinds = [s.kind for s in steps]
+    if kinds.count("stack") + kinds.count("repeat") > 1 or any(k in REPLICA_KINDS for k in kinds[:-1]):
+        raise ValueError("a stack or repeat step comes once, last on its side")
+    if "stack" in kinds:
+        if "concat" in kinds:
+            raise ValueError("replicas are stacked, not concatenated")
+        if len(shards) < 2 or len(set(shards)) != 1:
+            raise ValueError(f"replicas to stack are two or more shards of one shape, not {[list(s) for s in shards]}")
+        return shards[0]
+    if len(shards) > 1 and "concat" not in kinds:
         raise ValueError("several shards need a concat step")
     return shards[0]
 
 
 def _apply(shape: Shape, step: Step, shards: list[Shape]) -> Shape:
+    if step.kind == "stack":
+        if step.size != len(shards):
+            _fail(f"{len(shards)} replicas cannot stack as {step.size}")
+        return (step.size, *shape)
+    if step.kind == "repeat":
+        if step.size < 2:
+            _fail(f"repeating {step.size} times compares no replicas")
+        return (step.size, *shape)
     if step.kind == "concat":
         return _concat_shape(shards, step.axis) or _fail(f"shards {shards} cannot join along dim {step.axis}")
     if step.kind == "squeeze":
@@ -222,8 +262,42 @@ def _truncations(qa: Shape, qb: Shape, steps_a: list[Step], steps_b: list[Step])
     return candidates
 
 
+def _replica_chains(shapes_a: list[Shape], shapes_b: list[Shape]) -> list[Alignment]:
+    """Chains comparing one side's replicas, each with the other side: where every shard of that side has one shape
+    holding as many elements as the other side (concatenated if it is sharded), and that shape aligns with it by
+    dropping size-1 dims and permuting alone (never cutting rows or flattening: a real tensor-parallel split's
+    shards each hold a part of the elements). Cheapest first."""
+    found: list[Alignment] = []
+    for side, mine, other in (("b", shapes_b, shapes_a), ("a", shapes_a, shapes_b)):
+        if len(mine) < 2 or len(set(mine)) != 1 or math.prod(mine[0]) == 0:
+            continue
+        ranks, copy = len(mine), mine[0]
+        other_side = "a" if side == "b" else "b"
+        for merged, concat in _merges(other_side, other):
+            if math.prod(merged) != math.prod(copy):
+                continue
+            pairs = _pair_single(merged, copy) if side == "b" else _pair_single(copy, merged)
+            for steps, shape in pairs:
+                if any(s.kind in ("truncate", "flatten") for s in steps):
+                    continue
+                stacked = (ranks, *shape)
+                chain = [
+                    *concat,
+                    *(s for s in steps if s.side == other_side),
+                    *(s for s in steps if s.side == side),
+                    Step(side, "stack", size=ranks, shape=stacked),
+                    Step(other_side, "repeat", size=ranks, shape=stacked),
+                ]
+                found.append(Alignment(tuple(shapes_a), tuple(shapes_b), tuple(chain), stacked))
+    return sorted(found, key=lambda c: c.cost)
+
+
 def align(shapes_a: list[Shape], shapes_b: list[Shape]) -> Alignment | None:
-    """The cheapest chain of views making both sides the same shape, or None: incomparable."""
+    """The cheapest chain of views making both sides the same shape, or None: incomparable. One side's replicas
+    (`_replica_chains`) come before any chain of shards."""
+    replicas = _replica_chains(shapes_a, shapes_b)
+    if replicas:
+        return replicas[0]
     best: Alignment | None = None
     for merged_a, concat_a in _merges("a", shapes_a):
         for merged_b, concat_b in _merges("b", shapes_b):
@@ -250,7 +324,7 @@ def alignment_choices(shapes_a: list[Shape], shapes_b: list[Shape]) -> list[Alig
     each concat axis of the shards, size-1 dims dropped, any permutation of the candidate's dims (every transpose,
     where `align` takes the first only when nothing cheaper fits), extra leading rows cut off. Flattening both is
     offered only when nothing else fits. The same final steps are listed once."""
-    found: dict[str, Alignment] = {}
+    found: dict[str, Alignment] = {c.key(): c for c in _replica_chains(shapes_a, shapes_b)}
     flat: list[Alignment] = []
     for merged_a, concat_a in _merges("a", shapes_a):
         for merged_b, concat_b in _merges("b", shapes_b):
@@ -267,5 +341,5 @@ def alignment_choices(shapes_a: list[Shape], shapes_b: list[Shape]) -> list[Alig
                     flat.append(candidate)
                 else:
                     found.setdefault(candidate.key(), candidate)
-    choices = sorted(found.values(), key=lambda c: c.cost)
+    choices = sorted(found.values(), key=lambda c: (c.replicas is None, c.cost))
     return choices or sorted({c.key(): c for c in flat}.values(), key=lambda c: c.cost)

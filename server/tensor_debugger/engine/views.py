@@ -125,6 +125,38 @@ class TruncateView:
         return self.inner.locate(index)
 
 
+class StackView:
+    """Replicas: dimension 0 is the rank, each rank's view (all of one shape) the rest."""
+
+    def __init__(self, parts: Sequence[View]) -> None:
+        self.parts = list(parts)
+        self.shape: Shape = (len(self.parts), *self.parts[0].shape)
+
+    def read(self, region: Region) -> np.ndarray:
+        ranks, inner = region[0], region[1:]
+        if ranks.start >= ranks.stop:
+            return self.parts[0].read(inner)[np.newaxis][:0]
+        return np.stack([self.parts[k].read(inner) for k in range(ranks.start, ranks.stop)])
+
+    def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        return self.parts[index[0]].locate(index[1:])
+
+
+class RepeatView:
+    """The inner view once per rank along a new dimension 0 (compared with each of the other side's replicas)."""
+
+    def __init__(self, inner: View, times: int) -> None:
+        self.inner = inner
+        self.shape: Shape = (times, *inner.shape)
+
+    def read(self, region: Region) -> np.ndarray:
+        values = self.inner.read(region[1:])
+        return np.repeat(values[np.newaxis], region[0].stop - region[0].start, axis=0)
+
+    def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        return self.inner.locate(index[1:])
+
+
 class FlattenView:
     def __init__(self, inner: View) -> None:
         self.inner = inner
@@ -168,7 +200,10 @@ def flat_boxes(shape: Shape, start: int, stop: int) -> list[Region]:
 
 
 def build_view(shards: Sequence[View], steps: Sequence[Step]) -> View:
-    """Apply one side's alignment steps to its stored shards (already wrapped as views)."""
+    """Apply one side's alignment steps to its stored shards (already wrapped as views). Replicas (a stack step):
+    each shard gets the other steps, then they are stacked."""
+    if any(s.kind == "stack" for s in steps):
+        return StackView([build_view([shard], [s for s in steps if s.kind != "stack"]) for shard in shards])
     view: View = shards[0]
     if len(shards) > 1:
         concat = next((s for s in steps if s.kind == "concat"), None)
@@ -184,14 +219,16 @@ def build_view(shards: Sequence[View], steps: Sequence[Step]) -> View:
             view = TruncateView(view, step.axis, step.size)
         elif step.kind == "flatten":
             view = FlattenView(view)
+        elif step.kind == "repeat":
+            view = RepeatView(view, step.size)
     return view
 
 
 def flat_source(view: View) -> SourceView | None:
     """The stored tensor whose values, in C order from the first, are this view's values in C order (as many as the
     view has), or None where the view reorders values or joins several tensors. Dropping or adding size-1
-    dimensions, flattening, and truncating the outermost non-trivial dimension keep that order; permuting and
-    concatenating do not."""
+    dimensions, flattening, and truncating the outermost non-trivial dimension keep that order; permuting,
+    concatenating, stacking replicas and repeating do not."""
     while not isinstance(view, SourceView):
         order_kept = isinstance(view, SqueezeView | FlattenView) or (
             isinstance(view, TruncateView) and all(d == 1 for d in view.shape[: view.axis])
