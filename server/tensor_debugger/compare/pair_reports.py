@@ -23,6 +23,7 @@ from tensor_debugger.compare.pair_stats import PairStatsFull, PairStatsSummary
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.profiles import error_profile
 from tensor_debugger.compare.progress import PairProgress
+from tensor_debugger.compare.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.metrics import PairStats, json_number
 from tensor_debugger.errors import NotFoundError
@@ -155,7 +156,8 @@ class CandidateReport:
 class SessionPairs:
     """Every pair in execution order, the unmatched tensors of each run, the first divergence (the first
     candidate's) and progress; `modules`: the module view of a traced session, when asked for; `candidates`: every
-    candidate run in the session's order, each with its first divergence."""
+    candidate run in the session's order, each with its first divergence; `worst_pairs`: the ten compared pairs
+    with the largest max |diff| and the ten with the lowest cosine, worst first."""
 
     pairs: list[PairReport]
     first_divergence: FirstDivergence | None
@@ -165,6 +167,7 @@ class SessionPairs:
     # without module traces (and asked for with `modules`): the stages that add the most error, largest first
     stage_culprits: list[StageCulpritReport] = field(default_factory=list)
     candidates: list[CandidateReport] = field(default_factory=list)
+    worst_pairs: WorstPairs = field(default_factory=WorstPairs)
 
     @property
     def not_compared(self) -> list[PairReport]:
@@ -310,6 +313,7 @@ def session_pairs(
         modules=module_view,
         stage_culprits=stage_culprits(items) if modules and module_view is None else [],
         candidates=candidates,
+        worst_pairs=worst_pairs(items),
     )
 
 

@@ -28,6 +28,7 @@ from tensor_debugger.web.views.session_view import (
     build_candidates,
     build_groups,
     has_noise_floor,
+    worst_view,
 )
 
 
@@ -208,6 +209,7 @@ def session_template(
                 "params": params,
                 "progress": progress,
                 "groups": build_groups(report, params, session.pair_order),
+                "worst": worst_view(report, params, session.pair_order),
                 "chart": build_chart(report.pairs, first_id),
                 "first_id": first_id,
                 "page_size": PAGE_SIZE,

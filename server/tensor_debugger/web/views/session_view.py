@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
 from tensor_debugger.compare.pair_reports import PairReport, SessionPairs, apply_order
-from tensor_debugger.compare.pair_stats import PairStatsSummary
-from tensor_debugger.engine.metrics import parse_number
+from tensor_debugger.compare.worst_pairs import RankedPair, by_largest_diff, by_lowest_cosine, stat_value
 from tensor_debugger.engine.names import natural_key
 from tensor_debugger.web.views.session_chart import svg_path
 
@@ -138,7 +139,7 @@ class Group:
     @property
     def worst(self) -> Worst:
         def values(key: str) -> list[float]:
-            return [_number(r.stats, key) for r in self.rows if r.stats]
+            return [stat_value(r.stats, key) for r in self.rows if r.stats]
 
         def highest(key: str) -> float | None:
             found = values(key)
@@ -155,15 +156,9 @@ class Group:
         )
 
 
-def _number(stats: PairStatsSummary | None, key: str) -> float:
-    if not stats:
-        return math.nan
-    value = parse_number(getattr(stats, key))
-    return float(value) if value is not None else math.nan
-
-
 def filtered_pairs(report: SessionPairs, params: ViewParams, order: list[str] | None) -> list[PairReport]:
-    """The pairs the view shows, in the user's order, filtered and sorted as it asks."""
+    """The pairs the view shows, in the user's order, filtered and sorted as it asks: the whole list, before it is
+    grouped and cut into pages (by a statistic: the worst first, pairs without statistics last)."""
     pairs = apply_order(report.pairs, order)
     if params.verdict not in ("all", "unmatched"):
         pairs = [p for p in pairs if p.status == params.verdict]
@@ -176,9 +171,9 @@ def filtered_pairs(report: SessionPairs, params: ViewParams, order: list[str] | 
         lo, hi = params.lo or 0, params.hi if params.hi is not None else math.inf
         pairs = [p for p in pairs if lo <= p.position <= hi]
     if params.sort == "diff":
-        pairs = sorted(pairs, key=lambda p: -_rank_value(_number(p.stats, "max_abs_diff")))
+        pairs = sorted(pairs, key=by_largest_diff)
     elif params.sort == "cosine":
-        pairs = sorted(pairs, key=lambda p: _rank_value(-_number(p.stats, "cosine")), reverse=True)
+        pairs = sorted(pairs, key=by_lowest_cosine)
     elif params.sort == "name":
         pairs = sorted(pairs, key=lambda p: natural_key(p.name))
     elif params.sort == "numel":
@@ -191,7 +186,9 @@ def build_groups(
 ) -> list[Group]:
     """The groups of the view, which are open and which of those have their rows rendered with the page: the
     group the user opened first, then the first divergence's, then the failing ones, until `budget` rows. Groups
-    start collapsed unless they hold a failing pair or the first divergence (or are the only group)."""
+    start collapsed unless they hold a failing pair or the first divergence (or are the only group). In execution
+    order, a group opens at the page that holds the first divergence; sorted by a column, at its first page, which
+    holds the largest (or smallest) values."""
     pairs = filtered_pairs(report, params, order)
     if params.group == "none":
         groups = [Group("all", "All pairs", pairs, open=True)] if pairs else []
@@ -213,7 +210,7 @@ def build_groups(
         )
         if g.key == params.open:
             g.page = min(params.page, g.pages - 1)
-        elif first is not None:
+        elif first is not None and params.sort == "order":
             at = next((i for i, r in enumerate(g.rows) if r.id == first), None)
             g.page = at // PAGE_SIZE if at is not None else 0
 
@@ -227,6 +224,57 @@ def build_groups(
             g.loaded = True
             left -= size
     return groups
+
+
+@dataclass(frozen=True)
+class WorstEntry:
+    """A pair of the worst-pairs lists, with the address of its row in the table."""
+
+    pair: RankedPair
+    row: str  # the session page's query and anchor that show its row: its group opened at the page holding it
+    candidate: str  # its candidate run's label, with several candidates; else ""
+
+
+@dataclass(frozen=True)
+class WorstView:
+    """The worst-pairs lists the session page shows above its table, whatever the table's view."""
+
+    by_max_abs_diff: list[WorstEntry]
+    by_cosine: list[WorstEntry]
+
+
+def worst_view(report: SessionPairs, params: ViewParams, order: list[str] | None) -> WorstView | None:
+    """The session's worst pairs (report.worst_pairs), each linked to its row in the table as the view groups and
+    sorts it; a pair the view filters out is linked to its row in the same view unfiltered. None while no pair is
+    compared."""
+    worst = report.worst_pairs
+    if not worst.by_max_abs_diff:
+        return None
+    places = {params: _places(report, params, order)}
+    several = {c.run_id: c.label for c in report.candidates} if len(report.candidates) > 1 else {}
+
+    def entry(pair: RankedPair) -> WorstEntry:
+        view = params
+        if pair.pair_id not in places[view]:
+            view = ViewParams(group=params.group, sort=params.sort)
+            places.setdefault(view, _places(report, view, order))
+        key, page = places[view][pair.pair_id]
+        return WorstEntry(
+            pair, f"?{urlencode(view.query(open=key, page=page))}#pair-{pair.pair_id}", several.get(pair.run_id, "")
+        )
+
+    return WorstView([entry(p) for p in worst.by_max_abs_diff], [entry(p) for p in worst.by_cosine])
+
+
+def _places(report: SessionPairs, params: ViewParams, order: list[str] | None) -> dict[int, tuple[str, int]]:
+    """Where each pair of the view is: its group's key, and the page of the group that holds it."""
+    seen: Counter[str] = Counter()
+    places = {}
+    for pair in filtered_pairs(report, params, order):
+        key = "all" if params.group == "none" else _label(pair, params.group)
+        places[pair.id] = (key, seen[key] // PAGE_SIZE)
+        seen[key] += 1
+    return places
 
 
 def _label(pair: PairReport, group: str) -> str:
@@ -249,7 +297,7 @@ def band(pair: PairReport) -> str:
     if pair.status == "pass":
         identical = (
             pair.stats is not None
-            and _number(pair.stats, "max_abs_diff") == 0
+            and stat_value(pair.stats, "max_abs_diff") == 0
             and not pair.stats.nan_a
             and not pair.stats.nan_b
         )
@@ -325,7 +373,7 @@ def build_candidates(report: SessionPairs, width: int = 1100, height: int = 220)
             pair = row.cells[n]
             if pair is None or pair.stats is None:
                 continue
-            diff = _number(pair.stats, "max_abs_diff")
+            diff = stat_value(pair.stats, "max_abs_diff")
             if diff <= 0:
                 y = float(height - pad)  # no difference: drawn on the floor of the scale
             elif math.isnan(diff):
