@@ -13,7 +13,7 @@ from playwright.sync_api import Browser
 from tensor_debugger.live.upload import upload_files
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
-from tensor_debugger.web.auth import COOKIE_NAME, LOGIN_PATH, LOGOUT_PATH
+from tensor_debugger.web.auth import COOKIE_NAME, OPEN_PATHS
 from tensor_debugger.web.security import UNSAFE_METHODS
 from tensor_debugger.web.sign_in_limits import FAILURES, WINDOW_SECONDS
 
@@ -61,7 +61,7 @@ def routes(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[str, str]]:
     for route in create_app(settings).routes:
         if (
             isinstance(route, HTTPRoute)
-            and route.path not in (LOGIN_PATH, LOGOUT_PATH)
+            and route.path not in OPEN_PATHS  # the login page, signing out, the health check
             and not route.path.startswith("/api/local")
         ):
             found += [(method, route.path) for method in sorted(route.methods - {"HEAD", "OPTIONS"})]
