@@ -41,7 +41,7 @@ def test_compare_json_ranks_the_stage_that_adds_the_error_first(tmp_path: Path) 
     assert abs(first["output_error"] - 0.05) < 1e-4 and abs(first["input_error"] - 1e-3) < 1e-5
     assert abs(first["added_error"] - (first["output_error"] - first["input_error"])) < 1e-12
     table = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
-    assert "stages by the error they added" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
+    assert "stages whose added error stands out" in table.stdout and "CULPRIT: 1_attn_out added" in table.stdout
     row = next(line for line in table.stdout.splitlines() if " 0_mlp_out " in line)
     assert "FAIL" in row and " 1 − " in row  # a cosine a hair below 1 never reads as a bare 1
 
@@ -55,10 +55,8 @@ def test_a_scalar_or_integer_stage_is_not_the_tensor_before(tmp_path: Path) -> N
         torch.save(torch.arange(32), folder / "1_positions.pth")
     done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
     culprits = {c["name"]: c for c in json.loads(done.stdout)["culprits"]}
-    assert list(culprits)[:2] == ["1_attn_out", "0_mlp_out"]
-    assert "1_window" not in culprits and "1_positions" not in culprits
-    carried = culprits["2_attn_out"]
-    assert carried["previous"] == "1_mlp_out" and abs(carried["added_error"]) < 0.001
+    # measured against the scalar (no error), 2_attn_out would add all its 0.05 and stand out as a culprit
+    assert list(culprits) == ["1_attn_out", "0_mlp_out"]
 
 
 def test_session_page_explains_and_lists_the_stages(shared_server: LiveServer, tmp_path: Path) -> None:
