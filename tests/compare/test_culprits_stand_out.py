@@ -19,43 +19,10 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support.cli_main import main_cli
+from tests.support.stage_dumps import BUG_STAGE, dump_stages
 from tests.support.traces import MODEL_CLASS, SCALED, WrittenTraces, input_ids, tiny_llama
 
-BUG_STAGE = "1_post_attn_pre_resid"  # the output of layer 1's o_proj, SCALED by 1.05
 BUG_MODULE = f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj"
-
-
-def dump_stages(model: Any, folder: Path) -> Path:
-    """Each layer's stages as `{layer}_{stage}.pth` (README's dump naming), recorded by forward hooks."""
-    folder.mkdir()
-    hooks = []
-
-    def keep(name: str, take_input: bool = False) -> Any:
-        def hook(module: Any, args: tuple[Any, ...], result: Any) -> None:
-            value = args[0] if take_input else result
-            value = value[0] if isinstance(value, tuple) else value
-            torch.save(value.detach().clone(), folder / f"{name}.pth")
-
-        return hook
-
-    for n, layer in enumerate(model.model.layers):
-        attn = layer.self_attn
-        for module, stage, take_input in (
-            (layer.input_layernorm, "post_ln_pre_attn", False),
-            (attn.q_proj, "query", False),
-            (attn.k_proj, "key", False),
-            (attn.v_proj, "value", False),
-            (attn.o_proj, "post_attn", True),
-            (attn.o_proj, "post_attn_pre_resid", False),
-            (layer.post_attention_layernorm, "pre_mlp", False),
-            (layer.mlp, "post_mlp", False),
-        ):
-            hooks.append(module.register_forward_hook(keep(f"{n}_{stage}", take_input)))
-    with torch.no_grad():
-        model(input_ids())
-    for hook in hooks:
-        hook.remove()
-    return folder
 
 
 @pytest.fixture(scope="module")

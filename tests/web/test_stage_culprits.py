@@ -12,6 +12,8 @@ from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, upload, wait_done
+from tests.support.stage_dumps import dump_stages
+from tests.support.traces import tiny_llama
 
 # (name, relative error of the candidate): 0_mlp_out starts a small error, 1_attn_out adds the large one
 STAGES = [("0_attn_out", 0.0), ("0_mlp_out", 1e-3), ("1_attn_out", 0.05), ("1_mlp_out", 0.05), ("2_attn_out", 0.05)]
@@ -86,3 +88,21 @@ def test_weights_are_no_stages(tmp_path: Path) -> None:
     out = json.loads(done.stdout)
     assert out["first_divergence"]["name"] == "weights.model.layers.1.mlp.weight"
     assert out["culprits"] == []
+
+
+def test_session_page_says_the_error_grows_evenly(shared_server: LiveServer, tmp_path: Path) -> None:
+    """fp32 against bf16 stage dumps of a tiny Llama: every stage fails the tolerances, none stands out."""
+    reference = dump_stages(tiny_llama(), tmp_path / "fp32")
+    candidate = dump_stages(tiny_llama(dtype=torch.bfloat16), tmp_path / "bf16")
+    files = [
+        ("reference", make_zip(reference, tmp_path / "r.zip")),
+        ("candidate", make_zip(candidate, tmp_path / "c.zip")),
+    ]
+    response = upload(shared_server, "even drift", files)
+    assert response.status_code == 201, response.text
+    session_id = int(response.json()["session"]["id"])
+    wait_done(shared_server, session_id)
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}").text
+    section = page[page.index('id="stage-culprits"') :]
+    assert 'id="even-growth"' in section and "The error grows evenly through the run: no stage stands out" in section
+    assert 'id="stage-culprit"' not in section and "stands out</strong>" not in section
