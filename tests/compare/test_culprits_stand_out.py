@@ -19,6 +19,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support.cli_main import main_cli
+from tests.support.dumps import seeded
 from tests.support.stage_dumps import BUG_STAGE, dump_stages
 from tests.support.traces import MODEL_CLASS, SCALED, WrittenTraces, input_ids, tiny_llama
 
@@ -114,3 +115,26 @@ def test_captures_even_drift_and_a_planted_bug(settings: Settings) -> None:
     assert even["culprits"] == [] and even["error_growth"] == "even"
     bug = captured_json(settings, tiny_llama(dtype=torch.bfloat16, scale=SCALED))
     assert [c["module_path"] for c in bug["culprits"]] == [BUG_MODULE]
+
+
+def test_with_a_noise_floor_a_culprit_stands_out_from_what_the_floor_predicts(tmp_path: Path) -> None:
+    """Every stage of the rerun and of the candidate carries about 1% error (not accumulated): alone, the first
+    stage's 1% would stand out against the ~0 the others add; the floor predicts it, and only the stage whose 10%
+    is far beyond the floor's 1% there is named."""
+    folders = {side: tmp_path / side for side in ("ref", "rerun", "cand")}
+    for folder in folders.values():
+        folder.mkdir()
+    stages = ["0_query", "0_key", "0_value", "0_post_attn", "1_query", "1_key", "1_value", "1_post_attn"]
+    for n, name in enumerate(stages):
+        a = seeded((32, 64), n)
+        torch.save(a, folders["ref"] / f"{name}.pth")
+        for side, seed, error in (("rerun", 100, 0.01), ("cand", 200, 0.1 if name == "1_value" else 0.01)):
+            noise = seeded((32, 64), seed + n)
+            torch.save(a + noise * (error * a.norm() / noise.norm()), folders[side] / f"{name}.pth")
+    without = compare_json(tmp_path / "without", folders["ref"], folders["cand"])[1]
+    assert [c["name"] for c in without["culprits"]] == ["1_value", "0_query"]
+    done = main_cli(
+        "--data-dir", str(tmp_path / "data"), "compare", str(folders["ref"]), str(folders["cand"]),
+        "--noise", str(folders["rerun"]), "--json",
+    )  # fmt: skip
+    assert [c["name"] for c in json.loads(done.stdout)["culprits"]] == ["1_value"]
