@@ -92,6 +92,22 @@ def test_traces_a_planted_bug_names_its_module(tmp_path: Path, hf_traces: Writte
     assert f"CULPRIT: {BUG_MODULE} added" in table.stdout
 
 
+def test_traces_say_where_a_block_records_too_little_to_name_a_module(tmp_path: Path, hf_traces: WrittenTraces) -> None:
+    """A 5% bug in the attention block's own code, after the attention and before o_proj: no recorded module adds
+    the error (o_proj's input already carries it), and the trace has no output of the block that would say more."""
+    code, out = compare_json(tmp_path, hf_traces["eager"], hf_traces["bf16_inner_bug"])
+    assert code == 1
+    assert out["culprits"] == [] and out["error_growth"] == "stands out"
+    block = f"{MODEL_CLASS}.model.layers.1.self_attn"
+    assert out["culprit_note"] == (
+        f"`{block}` records no output: the error appears between its q_proj, k_proj, v_proj and `o_proj`"
+    )
+    table = main_cli(
+        "--data-dir", str(tmp_path / "data"), "compare", str(hf_traces["eager"]), str(hf_traces["bf16_inner_bug"])
+    )
+    assert f"`{block}` records no output" in table.stdout and "CULPRIT" not in table.stdout
+
+
 def captured_json(settings: Settings, candidate: Any) -> dict[str, Any]:
     """A capture of the fp32 model and one of `candidate` into one session, compared, as `compare --json` says it."""
     session = f"captured {id(candidate)}"

@@ -22,10 +22,13 @@ def tiny_llama(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     scale: str | None = None,
+    inner_bug: bool = False,
 ) -> Any:
     """A 2-layer Llama with hidden size 32; `perturb` names a parameter (`model.layers.1.mlp.down_proj.weight`)
     that gets 0.05 added to every element; `scale` one multiplied by 1.05 (a 5% bug in its module's output, the
-    projections having no bias); `dtype`, the precision it runs in (cast after it is built from the seed)."""
+    projections having no bias); `inner_bug`, layer 1's attention output multiplied by 1.05 before its o_proj (a
+    bug in the attention block's own code, in no module of its own); `dtype`, the precision it runs in (cast after
+    it is built)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -46,6 +49,8 @@ def tiny_llama(
     if scale is not None:
         with torch.no_grad():
             model.get_parameter(scale).mul_(1.05)
+    if inner_bug:  # a pre-hook runs before the debugger's (or a capture's) record of o_proj's inputs
+        model.model.layers[1].self_attn.o_proj.register_forward_pre_hook(lambda module, args: (args[0] * 1.05,))
     return model.to(dtype)
 
 
@@ -62,11 +67,12 @@ def write_trace(
     prune_layers: bool = True,
     dtype: torch.dtype = torch.float32,
     scale: str | None = None,
+    inner_bug: bool = False,
 ) -> Path:
     """Run the model once under transformers' model_addition_debugger_context into `folder`."""
     from transformers.model_debugging_utils import model_addition_debugger_context
 
-    model = tiny_llama(attention, layers, perturb, dtype=dtype, scale=scale)
+    model = tiny_llama(attention, layers, perturb, dtype=dtype, scale=scale, inner_bug=inner_bug)
     with (
         torch.no_grad(),
         model_addition_debugger_context(model, debug_path=str(folder), use_repr=use_repr, do_prune_layers=prune_layers),
@@ -88,6 +94,7 @@ TRACES: dict[str, dict[str, Any]] = {
     "four_layers": {"layers": 4},
     "bf16": {"dtype": torch.bfloat16},  # fp32 against it: every module adds a little rounding error
     "bf16_bug": {"dtype": torch.bfloat16, "scale": SCALED},
+    "bf16_inner_bug": {"dtype": torch.bfloat16, "inner_bug": True},
 }
 
 

@@ -70,3 +70,17 @@ def test_even_drift_names_no_module_and_says_so(
     expect(page.locator("#culprit")).to_have_count(0)
     expect(page.locator("details.module.culprit")).to_have_count(0)
     expect(page.locator(".culprit-mark")).to_have_count(0)
+
+
+def test_a_block_that_records_too_little_says_so(
+    shared_server: LiveServer, page: Page, hf_traces: WrittenTraces
+) -> None:
+    open_session(shared_server, page, "inner bug", hf_traces["eager"], hf_traces["bf16_inner_bug"])
+    expect(page.locator(".culprit-note")).to_contain_text(
+        f"{MODEL_CLASS}.model.layers.1.self_attn` records no output: the error appears between its q_proj, k_proj, "
+        "v_proj and `o_proj`"
+    )
+    expect(page.locator("#culprit")).to_have_count(0)
+    expect(page.locator("#even-growth")).to_have_count(0)
+    node = page.locator(f'details.module[data-module="{MODEL_CLASS}.model.layers.1.self_attn"]')
+    expect(node).to_have_class(re.compile(r"\bverdict-fail\b"))

@@ -260,12 +260,16 @@ def print_candidates(payload: dict[str, Any]) -> None:
 
 def print_culprits(culprits: list[dict[str, Any]], failing: bool, note: str | None = None, top: int = 5) -> None:
     """The modules whose added error (relative RMSE of the output minus that of the input) stands out, or in a plain
-    dump the stages (relative RMSE minus that of the tensor before), and `CULPRIT:` the first; where error was added
-    but none stands out, `note` (the error grows evenly through the run)."""
-    if not culprits:
-        if note and failing:
-            print(note[0].upper() + note[1:])
-        return
+    dump the stages (relative RMSE minus that of the tensor before), and `CULPRIT:` the first; then `note`: that the
+    error grows evenly through the run where none stands out, or where a trace records too little to say more."""
+    if culprits:
+        print_culprit_table(culprits, failing, top)
+    if note and failing:
+        print(note[0].upper() + note[1:])
+
+
+def print_culprit_table(culprits: list[dict[str, Any]], failing: bool, top: int) -> None:
+    """The culprits' table, top `top`, and `CULPRIT:` the first when any pair fails."""
     modules = "module_path" in culprits[0]
     rows = [("module" if modules else "stage", "added error", "input error", "output error")]
     rows += [

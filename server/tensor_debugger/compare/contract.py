@@ -94,13 +94,16 @@ def contract_json(
             for c in report.stage_culprits
         ],
         "error_growth": report.error_growth,  # "even", "stands out", or null where nothing could be ranked
-        "culprit_note": culprit_note(report),
+        "culprit_note": culprit_note(report),  # in words: even growth, or where a trace cannot localise the error
         "problems": problems,
     }
 
 
 def culprit_note(report: SessionPairs) -> str | None:
-    """In words, where no culprit stands out although error was added: the error grows evenly through the run."""
+    """In words: where error appears inside a block that records no output, say so (the trace lacks what would
+    localise it further); where no culprit stands out although error was added, that the error grows evenly."""
+    if report.modules is not None and report.modules.notes:
+        return "; ".join(report.modules.notes)
     if report.error_growth != "even":
         return None
     what = "module" if report.modules is not None else "stage"

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tensor_debugger.engine.culprits import (
     StageCulprit,
     TensorError,
+    added_error,
     rank_culprits,
     rank_stages,
     relative_rmse,
@@ -147,6 +148,9 @@ class ModuleReport:
     culprits: list[CulpritReport]  # the modules whose added error stands out (stands_out), largest first
     culprit: CulpritReport | None  # the first of them, when any pair fails
     ranked: list[CulpritReport] = field(default_factory=list)  # every module with an input and an output pair
+    # where the error stands out between a block's children, in code of the block's own that records no output
+    # ("`….self_attn` records no output: the error appears between its q_proj, k_proj, v_proj and `o_proj`")
+    notes: list[str] = field(default_factory=list)
 
 
 def carries_activations(item: PairReport) -> bool:
@@ -199,12 +203,14 @@ def module_report(
     by_module: dict[str, list[PairReport]] = {}
     for item in traced:
         by_module.setdefault(item.module_path or "", []).append(item)
-    marked = stands_out(
-        [c.added_error for c in ranked],
-        [c.input_error for c in ranked],
+    gaps = [g for r in roots for g in _gaps(r, errors)]
+    marks = stands_out(
+        [c.added_error for c in ranked] + [g.added for g in gaps],
+        [c.input_error for c in ranked] + [g.given for g in gaps],
         [_output_floor(by_module[c.module_path], floors or {}) for c in ranked],
         factor,
     )
+    marked, gap_marks = marks[: len(ranked)], marks[len(ranked) :]
     failing = any(i.status != "pass" for i in traced)
     reports = [
         CulpritReport(
@@ -228,7 +234,41 @@ def module_report(
         culprits,
         top,
         reports,
+        [g.words() for g, m in zip(gaps, gap_marks, strict=True) if m],
     )
+
+
+@dataclass(frozen=True)
+class _Gap:
+    """Error that appears inside a block that records no output, between its children: what `child`'s inputs carry
+    beyond the most that the block's inputs and the outputs of the children before it carried."""
+
+    block: str
+    before: list[str]  # the children before it, short names
+    child: str
+    added: float
+    given: float
+
+    def words(self) -> str:
+        between = f"its {', '.join(self.before)} and" if self.before else "its inputs and"
+        return f"`{self.block}` records no output: the error appears between {between} `{_short_name(self.child)}`"
+
+
+def _gaps(node: ModuleNode, errors: list[TensorError]) -> list[_Gap]:
+    """Each block without a recorded output, and below it: the error each child's inputs add to what came before."""
+    found = [g for c in node.children for g in _gaps(c, errors)]
+    if not node.children or any(e.module_path == node.path and e.place.startswith("outputs") for e in errors):
+        return found
+    given = max((e.error for e in errors if e.module_path == node.path and e.place.startswith("inputs")), default=0.0)
+    before: list[str] = []
+    for child in node.children:
+        carried = [e.error for e in errors if e.module_path == child.path and e.place.startswith("inputs")]
+        if carried:
+            found.append(_Gap(node.path, list(before), child.path, added_error(given, max(carried)), given))
+        inside = {n.path for n, _ in child.walk()}
+        given = max([given] + [e.error for e in errors if e.module_path in inside and e.place.startswith("outputs")])
+        before.append(_short_name(child.path))
+    return found
 
 
 def _output_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | None:

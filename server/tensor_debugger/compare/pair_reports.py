@@ -293,7 +293,8 @@ def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | No
     """ "stands out" where a module or stage is a culprit; "even" where at least two were ranked, some added error
     (more than engine/culprits.py's MIN_ADDED_ERROR) and none stands out; else None."""
     if modules is not None:
-        named, added, count = bool(modules.culprits), [c.added_error for c in modules.ranked], len(modules.ranked)
+        named = bool(modules.culprits or modules.notes)
+        added, count = [c.added_error for c in modules.ranked], len(modules.ranked)
     else:
         named, added, count = bool(stages.culprits), [c.added_error for c in stages.ranked], stages.compared
     if named:
