@@ -25,7 +25,7 @@ from dataclasses import dataclass
 # module or stage of the run. Measured on a tiny Llama (2 and 4 layers, 12 seeds, stage dumps) run in fp32 against
 # bf16, where every stage rounds: among stages that pass GROWTH below, the largest added error is at most 5.2x that
 # median; with a 5% bug planted in one stage of the bf16 run (o_proj, q_proj, v_proj, up_proj or down_proj), the
-# bug's stage adds at least 8.0x it (Hugging Face traces of the same model: at most 5.4x and at least 51x). 7 sits
+# bug's stage adds at least 8.0x it (Hugging Face traces of the same model, 3 seeds: at most 5.4x, at least 51x). 7 sits
 # between them.
 STANDS_OUT = 7.0
 # ...and more than GROWTH times the error it was given (its error at least triples across it): a stage after the
