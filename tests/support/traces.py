@@ -15,9 +15,20 @@ LAYERS = 2
 MODEL_CLASS = "LlamaForCausalLM"
 
 
-def tiny_llama(attention: str = "eager", layers: int = LAYERS, perturb: str | None = None, seed: int = 0) -> Any:
+def tiny_llama(
+    attention: str = "eager",
+    layers: int = LAYERS,
+    perturb: str | None = None,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    scale: str | None = None,
+    inner_bug: bool = False,
+) -> Any:
     """A 2-layer Llama with hidden size 32; `perturb` names a parameter (`model.layers.1.mlp.down_proj.weight`)
-    that gets 0.05 added to every element."""
+    that gets 0.05 added to every element; `scale` one multiplied by 1.05 (a 5% bug in its module's output, the
+    projections having no bias); `inner_bug`, layer 1's attention output multiplied by 1.05 before its o_proj (a
+    bug in the attention block's own code, in no module of its own); `dtype`, the precision it runs in (cast after
+    it is built)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -35,7 +46,12 @@ def tiny_llama(attention: str = "eager", layers: int = LAYERS, perturb: str | No
     if perturb is not None:
         with torch.no_grad():
             model.get_parameter(perturb).add_(0.05)
-    return model
+    if scale is not None:
+        with torch.no_grad():
+            model.get_parameter(scale).mul_(1.05)
+    if inner_bug:  # a pre-hook runs before the debugger's (or a capture's) record of o_proj's inputs
+        model.model.layers[1].self_attn.o_proj.register_forward_pre_hook(lambda module, args: (args[0] * 1.05,))
+    return model.to(dtype)
 
 
 def input_ids(seed: int = 1) -> torch.Tensor:
@@ -49,11 +65,14 @@ def write_trace(
     perturb: str | None = None,
     use_repr: bool = False,
     prune_layers: bool = True,
+    dtype: torch.dtype = torch.float32,
+    scale: str | None = None,
+    inner_bug: bool = False,
 ) -> Path:
     """Run the model once under transformers' model_addition_debugger_context into `folder`."""
     from transformers.model_debugging_utils import model_addition_debugger_context
 
-    model = tiny_llama(attention, layers, perturb)
+    model = tiny_llama(attention, layers, perturb, dtype=dtype, scale=scale, inner_bug=inner_bug)
     with (
         torch.no_grad(),
         model_addition_debugger_context(model, debug_path=str(folder), use_repr=use_repr, do_prune_layers=prune_layers),
@@ -63,6 +82,7 @@ def write_trace(
 
 
 PERTURBED = "model.layers.1.mlp.down_proj.weight"
+SCALED = "model.layers.1.self_attn.o_proj.weight"  # the 5% bug of the bf16 runs
 
 # The traces the tests read, by name: write_trace's arguments for each.
 TRACES: dict[str, dict[str, Any]] = {
@@ -72,6 +92,9 @@ TRACES: dict[str, dict[str, Any]] = {
     "repr": {"use_repr": True},
     "repr_perturbed": {"use_repr": True, "perturb": PERTURBED},
     "four_layers": {"layers": 4},
+    "bf16": {"dtype": torch.bfloat16},  # fp32 against it: every module adds a little rounding error
+    "bf16_bug": {"dtype": torch.bfloat16, "scale": SCALED},
+    "bf16_inner_bug": {"dtype": torch.bfloat16, "inner_bug": True},
 }
 
 

@@ -200,7 +200,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     pending = sum(1 for p in payload["pairs"] if p["status"] == "pending")
     if pending:
         print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
-    print_culprits(payload["culprits"], failing > 0)
+    print_culprits(payload["culprits"], failing > 0, payload.get("culprit_note"))
     print_incomplete(payload["problems"])
     print_where(payload["session"]["url"], data_dir)
 
@@ -261,11 +261,18 @@ def print_candidates(payload: dict[str, Any]) -> None:
     print_incomplete(payload["problems"])
 
 
-def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) -> None:
-    """The modules that added the most error (relative RMSE of the output minus that of the input), or in a plain
-    dump the stages (relative RMSE minus that of the tensor before)."""
-    if not culprits:
-        return
+def print_culprits(culprits: list[dict[str, Any]], failing: bool, note: str | None = None, top: int = 5) -> None:
+    """The modules whose added error (relative RMSE of the output minus that of the input) stands out, or in a plain
+    dump the stages (relative RMSE minus that of the tensor before), and `CULPRIT:` the first; then `note`: that the
+    error grows evenly through the run where none stands out, or where a trace records too little to say more."""
+    if culprits:
+        print_culprit_table(culprits, failing, top)
+    if note and failing:
+        print(note[0].upper() + note[1:])
+
+
+def print_culprit_table(culprits: list[dict[str, Any]], failing: bool, top: int) -> None:
+    """The culprits' table, top `top`, and `CULPRIT:` the first when any pair fails."""
     modules = "module_path" in culprits[0]
     rows = [("module" if modules else "stage", "added error", "input error", "output error")]
     rows += [
@@ -280,13 +287,13 @@ def print_culprits(culprits: list[dict[str, Any]], failing: bool, top: int = 5) 
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     rule = "output minus input" if modules else "minus the tensor before"
     print(
-        f"{'modules' if modules else 'stages'} by the error they added (relative RMSE, {rule}), top "
+        f"{'modules' if modules else 'stages'} whose added error stands out (relative RMSE, {rule}), top "
         f"{min(top, len(culprits))} of {len(culprits)}:"
     )
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     best = culprits[0]
-    if failing and float(best["added_error"]) > 0:
+    if failing:
         print(
             f"CULPRIT: {rows[1][0]} added {format_error(best['added_error'])} relative RMSE "
             f"(input {format_error(best['input_error'])}, output {format_error(best['output_error'])})"

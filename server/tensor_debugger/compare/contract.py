@@ -73,8 +73,9 @@ def contract_json(
         "unmatched": unmatched,
         "first_divergence": where(first),  # the first candidate's
         "first_divergences": {c.label: where(c.first_divergence) for c in report.candidates},
-        # modules of a trace or capture by the error each added (relative RMSE, output minus input), largest first;
-        # in a plain dump, its stages by the error each added to the tensor before it
+        # the modules of a trace or capture whose added error (relative RMSE, output minus input) stands out, largest
+        # first; in a plain dump, its stages whose error added to the tensor before it does (engine/culprits.py's
+        # stands_out); [] where none stands out
         "culprits": [
             {
                 "module_path": c.module_path,
@@ -96,5 +97,21 @@ def contract_json(
             }
             for c in report.stage_culprits
         ],
+        "error_growth": report.error_growth,  # "even", "stands out", or null where nothing could be ranked
+        "culprit_note": culprit_note(report),  # in words: even growth, or where a trace cannot localise the error
         "problems": problems,
     }
+
+
+def culprit_note(report: SessionPairs) -> str | None:
+    """In words: where error appears inside a block that records no output, say so (the trace lacks what would
+    localise it further); where no culprit stands out although error was added, that the error grows evenly."""
+    if report.modules is not None and report.modules.notes:
+        return "; ".join(report.modules.notes)
+    if report.error_growth != "even":
+        return None
+    what = "module" if report.modules is not None else "stage"
+    return (
+        f"the error grows evenly through the run: no {what} stands out (as a change of precision or of kernels "
+        "makes it)"
+    )

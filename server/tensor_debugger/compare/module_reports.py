@@ -6,10 +6,18 @@ from __future__ import annotations
 import enum
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tensor_debugger.engine.culprits import TensorError, rank_culprits, rank_stages, relative_rmse
+from tensor_debugger.engine.culprits import (
+    StageCulprit,
+    TensorError,
+    added_error,
+    rank_culprits,
+    rank_stages,
+    relative_rmse,
+    stands_out,
+)
 from tensor_debugger.engine.metrics import json_number, parse_number
 from tensor_debugger.ingest.traces import ModuleNode
 from tensor_debugger.store.reports import PairStatus
@@ -81,41 +89,68 @@ STAGE_CULPRITS = 10  # the most a report lists
 _PARAMETER = re.compile(r"(?:^|[._])(?:weight|bias)$")  # a module's parameter, as state dicts name them
 
 
-def stage_culprits(items: list[PairReport]) -> list[StageCulpritReport]:
-    """Without module traces, the stages that add the most error, largest first (at most STAGE_CULPRITS): each
-    compared pair's relative RMSE minus that of the pair before it in execution order (the first candidate's),
-    among the pairs that carry activations (`carries_activations`)."""
+@dataclass(frozen=True)
+class StageRanking:
+    """The stages of a plain dump by the error they add: `ranked`, those that add some (at most STAGE_CULPRITS),
+    and `culprits`, those whose added error stands out (engine/culprits.py's stands_out), largest first."""
+
+    ranked: list[StageCulpritReport]
+    culprits: list[StageCulpritReport]
+    compared: int  # how many stages were ranked: none stands out only where some were
+
+
+def stage_culprits(
+    items: list[PairReport], floors: dict[str, float] | None = None, factor: float = 4.0
+) -> StageRanking:
+    """Without module traces, the stages by the error they add: each compared pair's relative RMSE minus that of
+    the pair before it in execution order (the first candidate's), among the pairs that carry activations
+    (`carries_activations`). `floors`: with a rerun of the reference, its relative RMSE at each reference tensor
+    (by name), which `factor` times a culprit's added error exceeds."""
     if not items or any(i.module_path for i in items):
-        return []
+        return StageRanking([], [], 0)
     candidate = items[0].b.run_id
     mine = [i for i in items if i.b.run_id == candidate and carries_activations(i)]
     by_position = {i.position: i for i in mine}
     errors = [(i.position, e) for i in mine if (e := pair_error(i)) is not None]
-    reports = []
-    for c in rank_stages(errors)[:STAGE_CULPRITS]:
+    ranked = rank_stages(errors)
+    marked = stands_out(
+        [c.added_error for c in ranked],
+        [c.input_error for c in ranked],
+        [(floors or {}).get(by_position[c.position].a.name) for c in ranked],
+        factor,
+    )
+
+    def report(c: StageCulprit) -> StageCulpritReport:
         item = by_position[c.position]
         before = by_position[c.previous].name if c.previous is not None else None
-        reports.append(
-            StageCulpritReport(
-                item.name,
-                item.layer,
-                item.stage,
-                before,
-                json_number(c.added_error),
-                json_number(c.input_error),
-                json_number(c.output_error),
-                item.id,
-            )
+        return StageCulpritReport(
+            item.name,
+            item.layer,
+            item.stage,
+            before,
+            json_number(c.added_error),
+            json_number(c.input_error),
+            json_number(c.output_error),
+            item.id,
         )
-    return reports
+
+    return StageRanking(
+        [report(c) for c in ranked if c.added_error > 0][:STAGE_CULPRITS],
+        [report(c) for c, culprit in zip(ranked, marked, strict=True) if culprit][:STAGE_CULPRITS],
+        len(ranked),
+    )
 
 
 @dataclass(frozen=True)
 class ModuleReport:
     has_values: bool
     tree: list[ModuleNodeReport]
-    culprits: list[CulpritReport]  # largest added error first
-    culprit: CulpritReport | None  # the module that introduced the most error, when any pair fails
+    culprits: list[CulpritReport]  # the modules whose added error stands out (stands_out), largest first
+    culprit: CulpritReport | None  # the first of them, when any pair fails
+    ranked: list[CulpritReport] = field(default_factory=list)  # every module with an input and an output pair
+    # where the error stands out between a block's children, in code of the block's own that records no output
+    # ("`….self_attn` records no output: the error appears between its q_proj, k_proj, v_proj and `o_proj`")
+    notes: list[str] = field(default_factory=list)
 
 
 def carries_activations(item: PairReport) -> bool:
@@ -139,8 +174,18 @@ def pair_error(item: PairReport) -> float | None:
     return relative_rmse(float(parse_number(stats.snr_db)), int(stats.nan_one_side or 0))
 
 
-def module_report(items: list[PairReport], module_tree: dict[str, Any] | None) -> ModuleReport | None:
-    """`items` are `pair_reports.session_pairs` pairs; None when no pair comes from a module trace or capture."""
+def module_report(
+    items: list[PairReport],
+    module_tree: dict[str, Any] | None,
+    floors: dict[str, float] | None = None,
+    factor: float = 4.0,
+) -> ModuleReport | None:
+    """`items` are `pair_reports.session_pairs` pairs; None when no pair comes from a module trace or capture.
+    Modules with an input and an output pair are ranked by the error they added; the root module (the whole model,
+    whose added error is all the run's) only when no other module can be. The culprits are those whose added error
+    stands out (engine/culprits.py's stands_out), but for a block around one that does; `floors`, with a rerun of
+    the reference, its relative RMSE at each reference tensor (by name), which a culprit's added error exceeds
+    `factor` times."""
     traced = [i for i in items if i.module_path]
     if not traced:
         return None
@@ -151,14 +196,23 @@ def module_report(items: list[PairReport], module_tree: dict[str, Any] | None) -
         for i in traced
         if (e := pair_error(i)) is not None
     ]
-    culprits = rank_culprits(errors)
+    roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])]
+    root_paths = {r.path for r in roots} or {i.module_path or "" for i in traced if "." not in (i.module_path or "")}
+    everything = rank_culprits(errors)
+    ranked = [c for c in everything if c.module_path not in root_paths] or everything
     by_module: dict[str, list[PairReport]] = {}
     for item in traced:
         by_module.setdefault(item.module_path or "", []).append(item)
-    added = {c.module_path: c for c in culprits}
-    roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])]
+    gaps = [g for r in roots for g in _gaps(r, errors)]
+    marks = stands_out(
+        [c.added_error for c in ranked] + [g.added for g in gaps],
+        [c.input_error for c in ranked] + [g.given for g in gaps],
+        [_output_floor(by_module[c.module_path], floors or {}) for c in ranked],
+        factor,
+    )
+    marked, gap_marks = marks[: len(ranked)], marks[len(ranked) :]
     failing = any(i.status != "pass" for i in traced)
-    ranked = [
+    reports = [
         CulpritReport(
             c.module_path,
             json_number(c.added_error),
@@ -166,35 +220,92 @@ def module_report(items: list[PairReport], module_tree: dict[str, Any] | None) -
             json_number(c.output_error),
             _first_output(by_module[c.module_path]),
         )
-        for c in culprits
+        for c in ranked
     ]
-    top = ranked[0] if ranked and failing and culprits[0].added_error > 0 else None
+    standing = [r for r, culprit in zip(reports, marked, strict=True) if culprit]
+    # a block whose output is its culprit child's (a capture records the attention block's and the decoder
+    # layer's outputs too) stands out with it: the most specific module is named, not the blocks around it
+    culprits = [r for r in standing if not any(o.module_path.startswith(r.module_path + ".") for o in standing)]
+    top = culprits[0] if culprits and failing else None
+    added = {c.module_path: c for c in ranked}
     return ModuleReport(
         bool((module_tree or {}).get("values", True)),
         [_node_report(r, by_module, added, top) for r in roots],
-        ranked,
+        culprits,
         top,
+        reports,
+        [g.words() for g, m in zip(gaps, gap_marks, strict=True) if m],
     )
+
+
+@dataclass(frozen=True)
+class _Gap:
+    """Error that appears inside a block that records no output, between its children: what `child`'s inputs carry
+    beyond the most that the block's inputs and the outputs of the children before it carried."""
+
+    block: str
+    before: list[str]  # the children before it, short names
+    child: str
+    added: float
+    given: float
+
+    def words(self) -> str:
+        between = f"its {', '.join(self.before)} and" if self.before else "its inputs and"
+        return f"`{self.block}` records no output: the error appears between {between} `{_short_name(self.child)}`"
+
+
+def _gaps(node: ModuleNode, errors: list[TensorError]) -> list[_Gap]:
+    """Each block without a recorded output, and below it: the error each child's inputs add to what came before."""
+    found = [g for c in node.children for g in _gaps(c, errors)]
+    if not node.children or any(e.module_path == node.path and e.place.startswith("outputs") for e in errors):
+        return found
+    given = max((e.error for e in errors if e.module_path == node.path and e.place.startswith("inputs")), default=0.0)
+    before: list[str] = []
+    for child in node.children:
+        carried = [e.error for e in errors if e.module_path == child.path and e.place.startswith("inputs")]
+        if carried:
+            found.append(_Gap(node.path, list(before), child.path, added_error(given, max(carried)), given))
+        inside = {n.path for n, _ in child.walk()}
+        given = max([given] + [e.error for e in errors if e.module_path in inside and e.place.startswith("outputs")])
+        before.append(_short_name(child.path))
+    return found
+
+
+def _output_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | None:
+    """The noise floor at a module's outputs: the largest of theirs that is known."""
+    known = [floors[p.a.name] for p in pairs if (p.place or "").startswith("outputs") and p.a.name in floors]
+    return max(known) if known else None
 
 
 def _node_report(
     node: ModuleNode, by_module: dict[str, list[PairReport]], added: dict[str, Any], top: CulpritReport | None
 ) -> ModuleNodeReport:
+    """A module with its verdict: its worst pair's; for a container that records no output (a Hugging Face trace's
+    attention block or decoder layer), the worst of its pairs' and its children's, so that a block around a
+    failing projection does not read as passing."""
     children = [_node_report(c, by_module, added, top) for c in node.children]
     pairs = by_module.get(node.path, [])
-    statuses = {p.status for p in pairs}
+    statuses = {str(p.status) for p in pairs}
+    if children and not any((p.place or "").startswith("outputs") for p in pairs):
+        statuses |= {str(c.verdict) for c in children}
     verdict = ModuleVerdict(next((s for s in _WORST if s in statuses), "none"))
     culprit = added.get(node.path)
     return ModuleNodeReport(
         path=node.path,
         name=_short_name(node.path),
         verdict=verdict,
-        failing_inside=sum(c.failing_inside + (c.verdict in _WORST[:3]) for c in children),
+        failing_inside=sum(_failing_modules(c, by_module) for c in node.children),
         added_error=json_number(culprit.added_error) if culprit else None,
         is_culprit=top is not None and top.module_path == node.path,
         pairs=[ModulePair(p.id, p.place, p.status, _error_json(p)) for p in pairs],
         children=children,
     )
+
+
+def _failing_modules(node: ModuleNode, by_module: dict[str, list[PairReport]]) -> int:
+    """How many modules in `node`'s subtree (itself included) have a pair of their own that does not pass."""
+    own = any(str(p.status) in _WORST[:3] for p in by_module.get(node.path, []))
+    return own + sum(_failing_modules(c, by_module) for c in node.children)
 
 
 def _short_name(path: str) -> str:

@@ -14,7 +14,9 @@ from tensor_debugger.compare.module_reports import (
     ModuleReport,
     Number,
     StageCulpritReport,
+    StageRanking,
     module_report,
+    pair_error,
     stage_culprits,
 )
 from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
@@ -25,7 +27,8 @@ from tensor_debugger.compare.profiles import error_profile
 from tensor_debugger.compare.progress import PairProgress
 from tensor_debugger.compare.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of
-from tensor_debugger.engine.metrics import PairStats, json_number
+from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
+from tensor_debugger.engine.metrics import PairStats, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, SessionRecord, UnmatchedRecord
 from tensor_debugger.store.reports import PairStatus, parse_strategy
@@ -164,10 +167,15 @@ class SessionPairs:
     unmatched: list[UnmatchedReport]
     progress: PairProgress
     modules: ModuleReport | None = None
-    # without module traces (and asked for with `modules`): the stages that add the most error, largest first
+    # without module traces (and asked for with `modules`): the stages whose added error stands out, largest first
     stage_culprits: list[StageCulpritReport] = field(default_factory=list)
     candidates: list[CandidateReport] = field(default_factory=list)
     worst_pairs: WorstPairs = field(default_factory=WorstPairs)
+    # the stages that add the most error, whether or not they stand out (at most 10), largest first
+    stage_ranking: list[StageCulpritReport] = field(default_factory=list)
+    # asked for with `modules`: "even" where modules or stages add error and none stands out (as a change of
+    # precision or of kernels does), "stands out" where a culprit does; None where nothing could be ranked
+    error_growth: str | None = None
 
     @property
     def not_compared(self) -> list[PairReport]:
@@ -279,9 +287,10 @@ def session_pairs(
     runs = {r.id: r.label for r in ordered_runs}
     noise_runs = {r.id for r in ordered_runs if r.role == "noise"}
     items = [i for i in everything if i.b.run_id not in noise_runs]
+    factor = NOISE_FACTOR
     if noise_runs:
-        factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id))
-        items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor or NOISE_FACTOR)
+        factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id)) or NOISE_FACTOR
+        items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor)
     compared = {i.b.run_id for i in items}
     candidates = [
         CandidateReport(
@@ -299,10 +308,14 @@ def session_pairs(
     ).all()
     done = sum(1 for i in everything if i.status != PairStatus.PENDING)
     module_view = None
+    stages = StageRanking([], [], 0)
     if modules and items:
         tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
         first_candidate = candidates[0].run_id if candidates else None
-        module_view = module_report([i for i in items if i.b.run_id == first_candidate], tree)
+        floors = noise_floors([i for i in everything if i.b.run_id in noise_runs])
+        module_view = module_report([i for i in items if i.b.run_id == first_candidate], tree, floors, factor)
+        if module_view is None:
+            stages = stage_culprits(items, floors, factor)
     return SessionPairs(
         pairs=items,
         first_divergence=candidates[0].first_divergence if candidates else None,
@@ -311,10 +324,33 @@ def session_pairs(
         ],
         progress=PairProgress.of(len(everything), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
         modules=module_view,
-        stage_culprits=stage_culprits(items) if modules and module_view is None else [],
+        stage_culprits=stages.culprits,
         candidates=candidates,
         worst_pairs=worst_pairs(items),
+        stage_ranking=stages.ranked,
+        error_growth=error_growth(module_view, stages),
     )
+
+
+def noise_floors(noise: list[PairReport]) -> dict[str, float]:
+    """With a rerun of the reference: the relative RMSE of the reference against it at each reference tensor (by
+    name), where compared; what the noise alone makes of that tensor."""
+    return {n.a.name: e for n in noise if (e := pair_error(n)) is not None}
+
+
+def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | None:
+    """ "stands out" where a module or stage is a culprit; "even" where at least two were ranked, some added error
+    (more than engine/culprits.py's MIN_ADDED_ERROR) and none stands out; else None."""
+    if modules is not None:
+        named = bool(modules.culprits or modules.notes)
+        added, count = [c.added_error for c in modules.ranked], len(modules.ranked)
+    else:
+        named, added, count = bool(stages.culprits), [c.added_error for c in stages.ranked], stages.compared
+    if named:
+        return "stands out"
+    if count >= 2 and any(float(parse_number(a)) > MIN_ADDED_ERROR for a in added):
+        return "even"
+    return None
 
 
 def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:

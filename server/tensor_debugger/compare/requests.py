@@ -100,6 +100,8 @@ def unusable_json(
         "first_divergence": None,
         "first_divergences": {},
         "culprits": [],
+        "error_growth": None,
+        "culprit_note": None,
     }
     return {**(payload or empty), "problems": problems, "error": message}
 
