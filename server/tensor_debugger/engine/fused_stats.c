@@ -13,7 +13,10 @@
  * where one is zero gets a non-finite sum and is computed again, over its non-zero references only.
  *
  * The kernel does not look for NaN or Inf: they reach the sums of squares, which the caller checks, and a block
- * where those are not finite is computed again by the general numpy path.
+ * where those are not finite is computed again by the general numpy path. So is a block whose sums of squares are
+ * out of the range where plain float64 sums are exact up to rounding (engine/scaled.py): past float64's range, or
+ * under SAFE_LOW while some value is not zero (squares under float64's smallest normal lost). The numpy path sums
+ * those scaled by a power of two; blocks of zeros are checked for it only when their sums are that small.
  *
  * Vector families. The build (server/build_hooks.py) compiles this file once per family, each time for the family's
  * instruction set (-march) with TD_FAMILY (its name) and TD_LANES (doubles per vector) defined, and once without
@@ -31,6 +34,7 @@
 #include "kernel_structs.h" /* td_partial and td_summary, shared with engine/layouts.py */
 
 #define SUB 2048 /* elements per sub-block: 8 KiB of float32 differences, kept in L1 for the histogram */
+#define SAFE_LOW 0x1p-900 /* engine/scaled.py's SAFE_LOW */
 #define EDGES TD_EDGES
 
 #ifdef TD_FAMILY
@@ -349,11 +353,40 @@ INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.
         }                                                                                                        \
     }
 
+/* Whether any of x[0..n) is not zero (either sign): bits but the sign's OR-ed, a sub-block at a time. */
+INLINE int nonzero_float(const float *x, int64_t n) {
+    for (int64_t start = 0; start < n; start += SUB) {
+        int64_t m = n - start < SUB ? n - start : SUB;
+        uint32_t bits = 0;
+        for (int64_t k = 0; k < m; k++) {
+            uint32_t u;
+            memcpy(&u, x + start + k, sizeof u);
+            bits |= u << 1;
+        }
+        if (bits) return 1;
+    }
+    return 0;
+}
+INLINE int nonzero_double(const double *x, int64_t n) {
+    for (int64_t start = 0; start < n; start += SUB) {
+        int64_t m = n - start < SUB ? n - start : SUB;
+        uint64_t bits = 0;
+        for (int64_t k = 0; k < m; k++) {
+            uint64_t u;
+            memcpy(&u, x + start + k, sizeof u);
+            bits |= u << 1;
+        }
+        if (bits) return 1;
+    }
+    return 0;
+}
+
 /* NAME(a, b, n, base, ...) folds the values at flat positions base.. base + n of a block into `out` (which starts
  * as an empty partial: max_abs -1, argmax -1, the rest 0; then folded in order, so that the first largest
  * difference keeps its place), which is how compare/chunk_loop.c reduces a block chunk by chunk. It returns 1 once the
- * partial's sums of squares are not finite (a NaN or an Inf was met, or they overflowed): the block is then the
- * numpy path's, and a caller may stop early. */
+ * partial's sums of squares are not finite (a NaN or an Inf was met, or they overflowed), or are too small to be
+ * exact while some value is not zero (norm_a is then set to NaN): the block is then the numpy path's, and a caller
+ * may stop early. The partial's sums only grow, so values checked on an earlier call stay checked. */
 #define KERNEL(NAME, TA, TB)                                                                                     \
     FIND(TA, TB)                                                                                                 \
     WORST(TA, TB)                                                                                                \
@@ -415,7 +448,13 @@ INLINE double worst_floor(const td_partial *h) { return h->top_n < h->top_k ? 0.
         out->norm_a += hsum(L.norm_a);                                                                           \
         out->norm_b += hsum(L.norm_b);                                                                           \
         out->mismatched += hsuml(L.mismatched);                                                                  \
-        return out->norm_a - out->norm_a == 0 && out->norm_b - out->norm_b == 0 ? 0 : 1; /* NaN, Inf, overflow */ \
+        if (out->norm_a - out->norm_a != 0 || out->norm_b - out->norm_b != 0) return 1; /* NaN, Inf, overflow */ \
+        if (out->sum_sq - out->sum_sq != 0 || (out->sum_sq < SAFE_LOW && out->nonzero > 0) ||                    \
+            (out->norm_a < SAFE_LOW && nonzero_##TA(a, n)) || (out->norm_b < SAFE_LOW && nonzero_##TB(b, n))) {  \
+            out->norm_a = __builtin_nan(""); /* sums that underflowed: scaled by the numpy path */               \
+            return 1;                                                                                            \
+        }                                                                                                        \
+        return 0;                                                                                                \
     }
 
 KERNEL(td_stats_ff, float, float)
