@@ -87,7 +87,7 @@ def products(x: np.ndarray, y: np.ndarray, norm_x: float, norm_y: float) -> tupl
 def sum_squares(x: np.ndarray, plain: float | None = None) -> Scaled:
     """sum(|x|**2) of float64 or complex128 values at any magnitude (infinity where one is infinite, NaN for a
     NaN); `plain`: the sum already computed in float64, taken where safe."""
-    if plain is not None and (safe(plain) or not math.isfinite(plain)):
+    if plain is not None and safe(plain):
         return Scaled.of(plain)
     scale = _scale(x)
     if scale is None:
