@@ -16,7 +16,7 @@ from tensor_debugger.engine import streaming
 from tensor_debugger.engine.fused import configure
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
 from tensor_debugger.engine.profiles import ProfileAccumulator
-from tensor_debugger.engine.scaled import Scaled, cosine, sum_squares
+from tensor_debugger.engine.scaled_sums import Scaled, cosine, sum_squares
 from tensor_debugger.engine.streaming import compare_views
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.engine.views import SourceView

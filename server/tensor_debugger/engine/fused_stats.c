@@ -14,8 +14,8 @@
  *
  * The kernel does not look for NaN or Inf: they reach the sums of squares, which the caller checks, and a block
  * where those are not finite is computed again by the general numpy path. So is a block whose sums of squares are
- * out of the range where plain float64 sums are exact up to rounding (engine/scaled.py): past float64's range, or
- * under SAFE_LOW while some value is not zero (squares under float64's smallest normal lost). The numpy path sums
+ * out of the range where plain float64 sums are exact up to rounding (engine/scaled_sums.py): past float64's range,
+ * or under SAFE_LOW while some value is not zero (squares under float64's smallest normal lost). The numpy path sums
  * those scaled by a power of two. Whether a side holds a non-zero value is known without reading it again (a
  * non-zero reference counts a relative difference; against zero references, a non-zero candidate counts a
  * difference) but for a candidate of tiny values or zeros against a non-zero reference, which is scanned.
@@ -36,7 +36,7 @@
 #include "kernel_structs.h" /* td_partial and td_summary, shared with engine/layouts.py */
 
 #define SUB 2048 /* elements per sub-block: 8 KiB of float32 differences, kept in L1 for the histogram */
-#define SAFE_LOW 0x1p-900 /* engine/scaled.py's SAFE_LOW */
+#define SAFE_LOW 0x1p-900 /* engine/scaled_sums.py's SAFE_LOW */
 #define EDGES TD_EDGES
 
 #ifdef TD_FAMILY

@@ -6,9 +6,9 @@ are |b - a| / |a| over elements whose reference value is non-zero. The worst ele
 differences above zero, largest first (a NaN outranks all, as for the largest difference; on ties, the first in C
 order), with their aligned index and both values.
 
-Sums of squares and the dot product are kept with a separate power-of-two exponent (engine/scaled.py), so cosine
-and SNR hold at any magnitude. Integer pairs are compared exactly: the largest difference, its index and the worst
-elements are exact integers (64-bit values past float64's 2**53 included), the means and sums float64.
+Sums of squares and the dot product are kept with a separate power-of-two exponent (engine/scaled_sums.py), so
+cosine and SNR hold at any magnitude. Integer pairs are compared exactly: the largest difference, its index and the
+worst elements are exact integers (64-bit values past float64's 2**53 included), the means and sums float64.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from tensor_debugger.engine.fused import FusedPartial, fused_partial, top_limit
-from tensor_debugger.engine.scaled import Scaled, cosine, decibels, products, sum_squares
+from tensor_debugger.engine.scaled_sums import Scaled, cosine, decibels, products, sum_squares
 from tensor_debugger.engine.tolerances import Tolerance
 
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
@@ -46,7 +46,7 @@ _EXACT_FLOAT = 1 << 52  # integers of at most this magnitude, and their differen
 @dataclass(frozen=True)
 class PairStats:
     numel: int
-    max_abs_diff: float
+    max_abs_diff: float  # an int for a pair of integers (exact; worst elements' values and differences too)
     argmax: tuple[int, ...] | None  # aligned coordinates of the largest difference (NaN outranks all)
     mean_abs_diff: float
     max_rel_diff: float
@@ -228,7 +228,7 @@ class PairAccumulator:
         self.valid += n
         self._consider_max(part.max_abs, False, part.argmax, where)
         self.sum_abs += part.sum_abs
-        self.sum_sq += Scaled.of(part.sum_sq)  # the kernel declines sums out of the safe range (engine/scaled.py)
+        self.sum_sq += Scaled.of(part.sum_sq)  # the kernel declines sums out of the safe range (scaled_sums.py)
         if not self.exact:
             self.mismatched += part.mismatched
         self.rel_count += part.rel_count
