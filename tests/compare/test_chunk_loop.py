@@ -357,3 +357,25 @@ def test_a_deleted_or_broken_chunk_object_is_read_as_a_chunk_file_would_be(
         obstore.put(bucket, "runs/2/0/c/2/0", broken)
         ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
         assert isinstance(error, ValueError) and f"{name} {says}" in str(error), error
+
+
+def test_blocks_whose_squares_leave_float64_are_left_to_the_views_and_zeros_are_not(
+    services: Services, pool: ThreadPoolExecutor
+) -> None:
+    """float64 of ~1e200 (squares overflow) and ~1e-200 (squares underflow): the loop reads those blocks but leaves
+    them to the views, which sum them scaled: x against -x is exactly -1. Blocks of zeros, whose sums are exact, the
+    loop finishes; the statistics are those of reading every block."""
+    rng = np.random.default_rng(12)
+    reference = rng.standard_normal((30, 170))
+    reference[:10] *= 1e200
+    reference[10:20] = 0.0
+    reference[20:] *= 1e-200
+    a = stored(services, "runs/1/big", reference, "float64", (5, 170))
+    b = stored(services, "runs/2/big", -reference, "float64", (3, 170))
+    loop = chunk_pairs(a, b, exact=False)
+    assert loop is not None
+    got, finished = compare(a, b, pool, loop)
+    want, _ = compare(a, b, pool, None)
+    assert finished == 1  # of three blocks of 1,700 values: the zeros
+    assert_same(got, want)
+    assert got.cosine == -1.0 and want.cosine == -1.0

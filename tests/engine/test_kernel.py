@@ -20,6 +20,7 @@ from tensor_debugger.engine.fused import (
     configure,
     empty_partial,
     families,
+    fused_partial,
     fused_summary,
     kernel_family,
     kernel_name,
@@ -363,3 +364,93 @@ def test_worst_elements_of_differences_that_grow_along_the_tensor(monkeypatch: p
         assert mine == plain.result().worst and len(mine) == top
         assert [w["index"] for w in mine[:3]] == [[100], [30_000], [49_999]][:top]
         assert stats.worst[: min(3, top)] == mine[: min(3, top)]
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e150, 1e-150, 1e-200, 1e-300])
+def test_float64_of_any_magnitude_gives_the_cosine_of_the_same_values_at_magnitude_one(
+    monkeypatch: pytest.MonkeyPatch, scale: float
+) -> None:
+    """Past about 1e154 the squares overflow and below about 1e-154 they underflow: the kernel declines those blocks
+    and the numpy path sums them scaled by a power of two. x against -x is exactly -1, orthogonal vectors exactly 0,
+    and any pair the cosine of the same values scaled to magnitude one (exactly: a power of two), in both paths,
+    blocks merged; blocks of zeros between them change nothing."""
+    rng = np.random.default_rng(11)
+    power = 2.0 ** round(math.log2(scale))
+    x = rng.standard_normal((40, 300))
+    x[10:20] = 0.0  # blocks of zeros, which the kernel finishes (their sums are exact)
+    a = x * power
+    assert assert_same(monkeypatch, a, -a, Tolerance(1e-7, 1e-7), block=7).cosine == -1.0
+    halves = np.zeros_like(a), np.zeros_like(a)
+    halves[0][:, :150], halves[1][:, 150:] = a[:, :150], a[:, 150:]
+    assert assert_same(monkeypatch, *halves, Tolerance(1e-7, 1e-7), block=7).cosine == 0.0
+    b = a * (1 + 1e-3 * rng.standard_normal(a.shape))
+    got = assert_same(monkeypatch, a, b, Tolerance(1e-7, 1e-7), block=7)
+    at_one = stats_with("numpy", monkeypatch, a / power, b / power, Tolerance(1e-7, 1e-7))
+    assert got.cosine == pytest.approx(at_one.cosine, rel=1e-14) and got.cosine < 1.0
+    assert got.snr_db == pytest.approx(at_one.snr_db, rel=1e-12)
+
+
+def test_kernel_declines_only_blocks_whose_sums_underflow_or_overflow() -> None:
+    """Finite partials for ordinary values and for zeros (nothing to scale); declined (norm_a NaN) for squares past
+    float64's range or under 2**-900 while a value is not zero, on either side."""
+    configure(kernel="compiled")
+    zeros, ones = np.zeros(5000), np.ones(5000)
+    for a, b, finished in [
+        (ones, ones, True),
+        (zeros, zeros, True),
+        (zeros, ones, True),
+        (ones * 1e200, ones, False),
+        (ones, ones * 1e-200, False),
+        (ones * 1e-200, zeros, False),
+        (ones, ones + 1e-200, True),  # differences under 2**-900 are within rounding of |a|: not the kernel's concern
+    ]:
+        part = fused_partial(a, b, 0.0, 0.0, True, edges())
+        assert part is not None
+        assert math.isfinite(part.norm_a) == finished, (a[0], b[0])
+
+
+@pytest.mark.parametrize(
+    ("dtype_a", "dtype_b", "base"),
+    [
+        ("int64", "int64", 2**62),
+        ("int64", "int64", -(2**62)),
+        ("uint64", "uint64", 2**63 + 12345),
+        ("int64", "uint64", 2**62),
+        ("int64", "int64", 2**52 + 1),  # the first magnitude float64 may round differences of
+    ],
+)
+def test_64_bit_integers_differ_exactly(monkeypatch: pytest.MonkeyPatch, dtype_a: str, dtype_b: str, base: int) -> None:
+    """Integers past float64's 2**53 differing by one: both paths report the difference 1 at its index as a Python
+    int, the worst elements with the exact values (float64 rounded them: 0 and nothing before)."""
+    a = np.full((30, 40), base, dtype=dtype_a)
+    b = a.astype(dtype_b)
+    b[17, 3] += 1
+    b[29, 0] += 1
+    b[2, 2] -= 1 if base > 0 else -1
+    stats = assert_same(monkeypatch, a, b, Tolerance(0, 0), exact=True, block=7)
+    assert stats.max_abs_diff == 1 and isinstance(stats.max_abs_diff, int)
+    assert stats.argmax == (2, 2) and stats.mismatched == 3
+    assert [w["index"] for w in stats.worst] == [[2, 2], [17, 3], [29, 0]]
+    assert stats.worst[1] == {"index": [17, 3], "a": base, "b": base + 1, "abs_diff": 1}
+    assert PairStats.from_json(stats.to_json()) == stats
+
+
+def test_the_widest_integer_differences_and_small_integers_are_integers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """int64's extremes differ by 2**64 - 1 (no 64-bit type holds it signed: taken unsigned); int64 against uint64
+    past 2**63 by more than 2**64 (Python integers); int32 and int8 pairs, the kernel's, report integers too."""
+    low, high = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+    a = np.array([low, high, 0, 7], dtype=np.int64)
+    b = np.array([high, low, 0, 7], dtype=np.int64)
+    stats = assert_same(monkeypatch, a, b, Tolerance(0, 0), exact=True)
+    assert (stats.max_abs_diff, stats.argmax) == (2**64 - 1, (0,))
+    assert stats.worst[0] == {"index": [0], "a": int(low), "b": int(high), "abs_diff": 2**64 - 1}
+    unsigned = np.array([2**64 - 1, 5, 0, 7], dtype=np.uint64)
+    mixed = assert_same(monkeypatch, a, unsigned, Tolerance(0, 0), exact=True)
+    assert (mixed.max_abs_diff, mixed.argmax) == (2**64 - 1 - int(low), (0,))
+    for dtype in (np.int32, np.int8):
+        small = np.arange(100, dtype=dtype)
+        other = small.copy()
+        other[42] -= 3
+        got = assert_same(monkeypatch, small, other, Tolerance(0, 0), exact=True)
+        assert got.max_abs_diff == 3 and isinstance(got.max_abs_diff, int) and got.argmax == (42,)
+        assert got.worst == [{"index": [42], "a": 42, "b": 39, "abs_diff": 3}]

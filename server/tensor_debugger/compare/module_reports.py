@@ -25,7 +25,9 @@ from tensor_debugger.store.reports import PairStatus
 if TYPE_CHECKING:  # pair_reports builds this report from its pairs
     from tensor_debugger.compare.pair_reports import PairReport
 
-Number = float | str  # JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (metrics.json_number)
+# JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (metrics.json_number); an integer pair's
+# differences and values are exact integers (int64 and uint64 past float64's 2**53 included)
+Number = float | int | str
 
 
 class ModuleVerdict(enum.StrEnum):

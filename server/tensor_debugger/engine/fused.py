@@ -220,7 +220,8 @@ def fused_partial(
 ) -> FusedPartial | None:
     """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, with their `top` worst
     elements, or None where the kernel is not in use. NaN and Inf are not looked for: the caller checks that
-    `norm_a` and `norm_b` are finite."""
+    `norm_a` and `norm_b` are finite (the kernel also sets norm_a to NaN where its sums of squares underflowed:
+    engine/scaled_sums.py)."""
     if a.size != b.size:  # the kernel reads `a.size` values of each: never past the end of `b`
         raise ValueError(f"blocks differ in size: {a.size} and {b.size}")
     library = None if _numpy_asked() else _library()

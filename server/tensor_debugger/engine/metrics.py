@@ -5,6 +5,10 @@ either side makes its element a mismatch, and it makes the cosine similarity and
 are |b - a| / |a| over elements whose reference value is non-zero. The worst elements are the `top` largest
 differences above zero, largest first (a NaN outranks all, as for the largest difference; on ties, the first in C
 order), with their aligned index and both values.
+
+Sums of squares and the dot product are kept with a separate power-of-two exponent (engine/scaled_sums.py), so
+cosine and SNR hold at any magnitude. Integer pairs are compared exactly: the largest difference, its index and the
+worst elements are exact integers (64-bit values past float64's 2**53 included), the means and sums float64.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from tensor_debugger.engine.fused import FusedPartial, fused_partial, top_limit
+from tensor_debugger.engine.scaled_sums import Scaled, cosine, decibels, products, sum_squares
 from tensor_debugger.engine.tolerances import Tolerance
 
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
@@ -35,12 +40,13 @@ DEFAULT_TOP = 8  # worst elements kept per pair (Settings.top, `compare --top`)
 # A worst element, ordered as they rank: (0 for a NaN else 1, -|a - b| (0 for a NaN), aligned flat position, aligned
 # index, |a - b|, a, b)
 _Worst = tuple[int, float, int, tuple[int, ...], float, Any, Any]
+_EXACT_FLOAT = 1 << 52  # integers of at most this magnitude, and their differences, are exact in float64
 
 
 @dataclass(frozen=True)
 class PairStats:
     numel: int
-    max_abs_diff: float
+    max_abs_diff: float  # an int for a pair of integers (exact; worst elements' values and differences too)
     argmax: tuple[int, ...] | None  # aligned coordinates of the largest difference (NaN outranks all)
     mean_abs_diff: float
     max_rel_diff: float
@@ -119,13 +125,14 @@ class PairAccumulator:
         self.argmax: tuple[int, ...] | None = None
         self.argmax_flat = -1
         self.sum_abs = 0.0
-        self.sum_sq = 0.0
+        self.sum_sq = Scaled()
         self.rel_count = 0
         self.sum_rel = 0.0
         self.max_rel = 0.0
-        self.dot = 0.0
-        self.norm_a = 0.0
-        self.norm_b = 0.0
+        self.dot = Scaled()
+        self.norm_a = Scaled()
+        self.norm_b = Scaled()
+        self.integers = False  # both sides integers (or bools): differences and values reported as integers
         self.mismatched = 0
         self.nan_a = self.nan_b = self.inf_a = self.inf_b = self.nan_one = 0
         self.unequal_inf = 0
@@ -142,6 +149,11 @@ class PairAccumulator:
         if self.exact:
             self.mismatched += int(np.count_nonzero(a != b))
         flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+        if a.dtype.kind in "iub" and b.dtype.kind in "iub":
+            self.integers = True
+            if _past_float64(flat_a) or _past_float64(flat_b):
+                self._add_integers(flat_a, flat_b, (origin, a.shape, shape, 0))
+                return
         if a.dtype.kind == "c" or b.dtype.kind == "c":
             for start in range(0, n, _SLICE):
                 a128 = np.asarray(flat_a[start : start + _SLICE], dtype=np.complex128)
@@ -165,6 +177,22 @@ class PairAccumulator:
                     self._add_finite(a64, b64, norm_a, norm_b, buffers, where)
                 else:  # some NaN or Inf (or squares past float64's range)
                     self._add_general(a64, b64, where)
+
+    def _add_integers(self, a: np.ndarray, b: np.ndarray, where: _Where) -> None:
+        """Flat integer blocks with values past 2**52 (float64 would round them and their differences): the
+        differences exactly, the sums from them in float64."""
+        origin, block_shape, shape, _ = where
+        n = a.size
+        buffers = _Buffers(min(n, _SLICE))
+        for start in range(0, n, _SLICE):
+            stop = min(start + _SLICE, n)
+            xa, xb = a[start:stop], b[start:stop]
+            a64, b64 = buffers.a[: stop - start], buffers.b[: stop - start]
+            np.copyto(a64, xa, casting="unsafe")
+            np.copyto(b64, xb, casting="unsafe")
+            norm_a, norm_b = _dot(a64, a64), _dot(b64, b64)
+            exact = (integer_differences(xa, xb), xa, xb)
+            self._add_finite(a64, b64, norm_a, norm_b, buffers, (origin, block_shape, shape, start), exact)
 
     def add_fused(
         self, part: FusedPartial, origin: tuple[int, ...], block_shape: tuple[int, ...], shape: tuple[int, ...]
@@ -200,15 +228,15 @@ class PairAccumulator:
         self.valid += n
         self._consider_max(part.max_abs, False, part.argmax, where)
         self.sum_abs += part.sum_abs
-        self.sum_sq += part.sum_sq
+        self.sum_sq += Scaled.of(part.sum_sq)  # the kernel declines sums out of the safe range (scaled_sums.py)
         if not self.exact:
             self.mismatched += part.mismatched
         self.rel_count += part.rel_count
         self.sum_rel += part.sum_rel
         self.max_rel = max(self.max_rel, part.max_rel)
-        self.dot += part.dot
-        self.norm_a += part.norm_a
-        self.norm_b += part.norm_b
+        self.dot += Scaled.of(part.dot)
+        self.norm_a += Scaled.of(part.norm_a)
+        self.norm_b += Scaled.of(part.norm_b)
         self.nonzero += part.nonzero
         self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, part.at_least, strict=True)]
         if part.top_n:
@@ -248,8 +276,9 @@ class PairAccumulator:
         if above.size > self.top:  # the `top` largest, ties at the last included: ranked exactly by _take
             cut = np.partition(diff[above], above.size - self.top)[above.size - self.top]
             above = above[diff[above] >= cut]
+        number = float if diff.dtype.kind in "fc" else int  # exact integer differences stay integers
         entries: list[_Worst] = [
-            (1, -float(diff[i]), flat, index, float(diff[i]), a64[i].item(), b64[i].item())
+            (1, -number(diff[i]), flat, index, number(diff[i]), a64[i].item(), b64[i].item())
             for i, (flat, index) in zip(above, self._positions(above, where), strict=True)
         ]
         if nan is not None and math.isfinite(floor):
@@ -261,20 +290,38 @@ class PairAccumulator:
         self._take(entries)
 
     def _add_finite(
-        self, a64: np.ndarray, b64: np.ndarray, norm_a: float, norm_b: float, buffers: _Buffers, where: _Where
+        self,
+        a64: np.ndarray,
+        b64: np.ndarray,
+        norm_a: float,
+        norm_b: float,
+        buffers: _Buffers,
+        where: _Where,
+        exact: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
     ) -> None:
-        """The common case, no NaN or Inf on either side: fewer passes, no masks, nothing allocated."""
+        """The common case, no NaN or Inf on either side: fewer passes, no masks, nothing allocated. `exact`: for
+        integers past float64's precision, their exact |a - b| and the values themselves, which the largest
+        difference and the worst elements are taken from."""
         n = a64.size
-        diff = np.subtract(a64, b64, out=buffers.diff[:n])
-        np.abs(diff, out=diff)
-        local = int(np.argmax(diff))
-        top = float(diff[local])
-        self._consider_max(top, False, local, where)
-        if self.top and top > self._floor():
-            self._offer(diff, a64, b64, None, where)
+        diff = buffers.diff[:n]
+        if exact is None:
+            np.subtract(a64, b64, out=diff)
+            np.abs(diff, out=diff)
+            local = int(np.argmax(diff))
+            top = exact_top = float(diff[local])
+        else:
+            np.copyto(diff, exact[0], casting="unsafe")  # rounded to the nearest float64
+            local = int(np.argmax(exact[0]))
+            top, exact_top = float(diff[local]), int(exact[0][local])
+        self._consider_max(exact_top, False, local, where)
+        if self.top and exact_top > self._floor():
+            if exact is None:
+                self._offer(diff, a64, b64, None, where)
+            else:
+                self._offer(*exact, None, where)
         self.valid += n
         self.sum_abs += float(diff.sum())
-        self.sum_sq += _dot(diff, diff)
+        self.sum_sq += sum_squares(diff, _dot(diff, diff)) if top > 0 else Scaled()
         ref = np.abs(a64, out=buffers.ref[:n])
         low = float(ref.min())
         scratch = buffers.scratch[:n]
@@ -300,9 +347,10 @@ class PairAccumulator:
                 self.rel_count += rel.size
                 self.sum_rel += float(rel.sum())
                 self.max_rel = max(self.max_rel, float(rel.max()))
-        self.dot += _dot(a64, b64)
-        self.norm_a += norm_a
-        self.norm_b += norm_b
+        dot, scaled_a, scaled_b = products(a64, b64, norm_a, norm_b)
+        self.dot += dot
+        self.norm_a += scaled_a
+        self.norm_b += scaled_b
         self._histogram(diff, top, buffers.flags[:n])
 
     def _add_general(self, a64: np.ndarray, b64: np.ndarray, where: _Where) -> None:
@@ -327,7 +375,8 @@ class PairAccumulator:
         if not self.exact:
             with np.errstate(invalid="ignore"):
                 close = diff <= (self.tol.bound(abs_a) if self.tol.ulp else self.tol.atol + self.tol.rtol * abs_a)
-            close &= ~inf_a | (a64 == b64)  # an infinite reference is close only to itself (torch.isclose)
+            close &= ~inf_a  # an infinite reference is close only to itself (torch.isclose) ...
+            close |= a64 == b64  # ... and equal values are close under any rule (infinities of one sign too)
             self.mismatched += int(n - np.count_nonzero(close))  # NaN compares false: a mismatch
         if self.top:
             self._offer(diff, a64, b64, any_nan, where)
@@ -340,7 +389,7 @@ class PairAccumulator:
             d = diff[valid]
             self.sum_abs += float(d.sum())
             with np.errstate(over="ignore"):
-                self.sum_sq += _dot(d, d)
+                self.sum_sq += sum_squares(d, _dot(d, d))
             ref = abs_a[valid]
             nonzero = (ref > 0) & np.isfinite(ref)
             if nonzero.any():
@@ -352,9 +401,11 @@ class PairAccumulator:
             finite = valid & ~inf_a & ~inf_b
             self.unequal_inf += int(np.count_nonzero((inf_a | inf_b) & valid & (diff > 0)))
             fa, fb = a64[finite], b64[finite]
-            self.dot += _dot(np.conj(fa), fb)
-            self.norm_a += _dot(np.conj(fa), fa)
-            self.norm_b += _dot(np.conj(fb), fb)
+            with np.errstate(over="ignore"):
+                dot, norm_a, norm_b = products(fa, fb, _dot(np.conj(fa), fa), _dot(np.conj(fb), fb))
+            self.dot += dot
+            self.norm_a += norm_a
+            self.norm_b += norm_b
             self._histogram(d, float(d.max()), np.empty(d.size, dtype=bool))
 
     def _consider_max(self, value: float, is_nan: bool, local: int, where: _Where) -> None:
@@ -419,6 +470,7 @@ class PairAccumulator:
         ):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.max_rel = max(self.max_rel, other.max_rel)
+        self.integers = self.integers or other.integers
         self.nonzero += other.nonzero
         self.at_least = [mine + theirs for mine, theirs in zip(self.at_least, other.at_least, strict=True)]
         self._take(other.worst)
@@ -433,21 +485,23 @@ class PairAccumulator:
         valid = max(self.valid, 1)
         has_nan = self.nan_a + self.nan_b > 0
         if has_nan or self.unequal_inf:
-            cosine = snr = math.nan
+            similarity = snr = math.nan
         else:
-            cosine = _cosine(self.dot, self.norm_a, self.norm_b)
-            snr = _snr(self.norm_a, self.sum_sq)
-        mse = self.sum_sq / valid if self.valid else math.nan
+            similarity = cosine(self.dot, self.norm_a, self.norm_b)
+            snr = decibels(self.norm_a, self.sum_sq)
+        mse = self.sum_sq.divided(valid) if self.valid else math.nan
+        largest = max(self.max_abs, 0.0) if not math.isnan(self.max_abs) else math.nan
+        number = int if self.integers else _same  # integers' differences and values are exact: JSON integers
         return PairStats(
             numel=self.numel,
-            max_abs_diff=max(self.max_abs, 0.0) if not math.isnan(self.max_abs) else math.nan,
+            max_abs_diff=number(largest),
             argmax=self.argmax,
             mean_abs_diff=self.sum_abs / valid if self.valid else math.nan,
             max_rel_diff=self.max_rel,
             mean_rel_diff=self.sum_rel / self.rel_count if self.rel_count else 0.0,
             mse=mse,
             rmse=math.sqrt(mse) if not math.isnan(mse) else math.nan,
-            cosine=cosine,
+            cosine=similarity,
             snr_db=snr,
             mismatched=self.mismatched,
             mismatched_fraction=self.mismatched / self.numel if self.numel else 0.0,
@@ -462,7 +516,12 @@ class PairAccumulator:
             ulp=self.tol.ulp,
             ulp_dtype=self.tol.ulp_dtype,
             worst=[
-                {"index": list(index), "a": _json_value(x), "b": _json_value(y), "abs_diff": json_number(d)}
+                {
+                    "index": list(index),
+                    "a": _json_value(number(x)),
+                    "b": _json_value(number(y)),
+                    "abs_diff": json_number(d) if isinstance(d, float) and not self.integers else int(d),
+                }
                 for _, _, _, index, d, x, y in self.worst
             ],
         )
@@ -488,17 +547,34 @@ def _dot(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.real(np.einsum("i,i->", x, y)))
 
 
-def _cosine(dot: float, norm_a: float, norm_b: float) -> float:
-    if norm_a == 0 and norm_b == 0:
-        return 1.0  # both all zeros: identical
-    if norm_a == 0 or norm_b == 0:
-        return 0.0
-    return max(-1.0, min(1.0, dot / math.sqrt(norm_a * norm_b)))
+def _same(value: Any) -> Any:
+    return value
 
 
-def _snr(signal: float, noise: float) -> float:
-    if noise == 0:
-        return math.inf
-    if signal == 0:
-        return -math.inf
-    return 10.0 * math.log10(signal / noise)
+def _past_float64(values: np.ndarray) -> bool:
+    """Whether 64-bit integers hold a value past 2**52 in magnitude, where float64 rounds them or their differences."""
+    if values.dtype.itemsize < 8 or values.size == 0:
+        return False
+    return int(values.max()) > _EXACT_FLOAT or int(values.min()) < -_EXACT_FLOAT
+
+
+def integer_differences(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| of integer (or bool) vectors, exactly: uint64 (the difference of two 64-bit integers is below 2**64,
+    and wrapping subtraction of the larger minus the smaller gives it), or Python ints for int64 against uint64
+    values that neither 64-bit type holds both of."""
+    wide: np.dtype[Any]
+    if a.dtype.kind == "i" and b.dtype.kind == "i":
+        wide = np.dtype(np.int64)
+    elif a.dtype.kind != "i" and b.dtype.kind != "i":
+        wide = np.dtype(np.uint64)
+    else:
+        signed, unsigned = (a, b) if a.dtype.kind == "i" else (b, a)
+        if int(signed.min()) >= 0:
+            wide = np.dtype(np.uint64)
+        elif int(unsigned.max()) < 1 << 63:
+            wide = np.dtype(np.int64)
+        else:
+            return np.asarray(np.abs(a.astype(object) - b.astype(object)), dtype=object)
+    x, y = a.astype(wide), b.astype(wide)
+    ux, uy = x.view(np.uint64), y.view(np.uint64)
+    return np.where(x >= y, ux - uy, uy - ux)

@@ -1,7 +1,8 @@
 """Error profiles: per index of one aligned dimension, the largest and the mean |difference| and how many elements
 are outside the tolerance, folded block by block (bounded memory) with the statistics' rules: a NaN on either side
 makes its index's largest difference NaN, counts as a mismatch and stays out of the mean; equal infinities differ
-by zero; an infinite reference is close only to itself."""
+by zero and are close under any rule; an infinite reference is close only to itself; integers differ exactly (then
+rounded to float64)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 
 import numpy as np
 
+from tensor_debugger.engine.metrics import integer_differences
 from tensor_debugger.engine.tolerances import Tolerance
 
 
@@ -33,15 +35,19 @@ class ProfileAccumulator:
         kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
         x, y = np.asarray(a, dtype=kind), np.asarray(b, dtype=kind)
         with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(x - y)
-            diff[x == y] = 0.0  # equal infinities are equal
+            if a.dtype.kind in "iub" and b.dtype.kind in "iub":  # exactly, then rounded (int64 past 2**53)
+                diff = integer_differences(a, b).astype(np.float64)
+            else:
+                diff = np.abs(x - y)
+                diff[x == y] = 0.0  # equal infinities are equal
             nan = np.isnan(x) | np.isnan(y)
             if self.exact:
-                outside = x != y
+                outside = a != b
             else:
                 magnitude = np.abs(x)
                 close = diff <= self.tol.bound(magnitude)
-                close &= ~np.isinf(magnitude) | (x == y)
+                close &= ~np.isinf(magnitude)  # an infinite reference is close only to itself ...
+                close |= x == y  # ... and equal values are close under any rule (infinities of one sign too)
                 outside = ~close  # NaN compares false: a mismatch
         axes = tuple(i for i in range(a.ndim) if i != self.dim)
         stop = start + a.shape[self.dim]

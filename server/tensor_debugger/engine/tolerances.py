@@ -81,8 +81,10 @@ def has_ulp(dtype: str) -> bool:
     return dtype in _FORMATS
 
 
-# torch.testing.assert_close's defaults; float8 and float4 (which it has none for) get about one unit in the
-# last place of their mantissa.
+# torch.testing.assert_close's defaults. torch.testing compares float8 bit for bit and takes no tolerance for it:
+# here a float8 pair gets rtol of its format's epsilon (the spacing of values in [1, 2): 2**-3 with three mantissa
+# bits, 2**-2 with two), so that neighbouring values of normal magnitude pass, and atol 1e-3 (README, "Verdicts";
+# tests/cli/test_numerics_cli.py holds them to it). float8_e8m0fnu (powers of two) passes a factor of two.
 _DEFAULTS: dict[str, Tolerance] = {
     "float64": Tolerance(1e-7, 1e-7),
     "complex128": Tolerance(1e-7, 1e-7),
