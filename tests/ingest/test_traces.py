@@ -65,7 +65,12 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
 ) -> None:
     code, out = compare(services, capsys, traces["eager"], traces["perturbed"])
     assert code == 1
-    assert out["first_divergence"] == {"name": f"{DOWN_PROJ}_outputs", "layer": 1, "stage": None}
+    assert out["first_divergence"] == {
+        "name": f"{DOWN_PROJ}_outputs",
+        "layer": 1,
+        "stage": None,
+        "unmatched_before": [],
+    }
     top = out["culprits"][0]
     assert top["module_path"] == DOWN_PROJ
     assert top["input_error"] == 0 and top["added_error"] == top["output_error"] > 0.1
