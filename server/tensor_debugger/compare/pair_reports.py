@@ -197,6 +197,8 @@ class SessionPairs:
 class DivergenceReport:
     first_divergence: FirstDivergence | None
     progress: PairProgress
+    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/coverage.py)
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
@@ -329,7 +331,12 @@ def session_pairs(
         pairs=items,
         first_divergence=candidates[0].first_divergence if candidates else None,
         unmatched=unmatched,
-        progress=PairProgress.of(len(everything), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
+        progress=PairProgress.of(
+            len(everything),
+            done,
+            sum(1 for i in items if i.status == PairStatus.FAIL),
+            sum(1 for i in everything if i.status == PairStatus.ERROR),
+        ),
         modules=module_view,
         stage_culprits=stage_culprits(items) if modules and module_view is None else [],
         candidates=candidates,

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from tensor_debugger.compare.pair_reports import PairReport, SessionPairs, apply_order
+from tensor_debugger.compare.pair_reports import PairReport, SessionPairs, UnmatchedReport, apply_order
 from tensor_debugger.compare.pair_stats import PairStatsSummary
 from tensor_debugger.engine.metrics import parse_number
 from tensor_debugger.engine.names import natural_key
@@ -103,6 +103,38 @@ class Worst:
     mismatched_fraction: float | None
 
 
+@dataclass(frozen=True)
+class Gaps:
+    """Reference tensors with no partner, placed in execution order among the pairs (gap markers): those before a
+    pair, and those after a candidate's last pair, by pair id."""
+
+    before: dict[int, list[UnmatchedReport]] = field(default_factory=dict)
+    after: dict[int, list[UnmatchedReport]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.before or self.after)
+
+
+def gap_markers(report: SessionPairs) -> Gaps:
+    """Where each reference tensor without partner falls among its candidate's pairs (its `before_position`)."""
+    gaps = Gaps()
+    by_position = {(p.b.run_id, p.position): p.id for p in report.pairs}
+    last: dict[int, PairReport] = {}
+    for p in report.pairs:
+        if p.b.run_id not in last or p.position > last[p.b.run_id].position:
+            last[p.b.run_id] = p
+    reference = report.pairs[0].a.run_id if report.pairs else None
+    for u in report.unmatched:
+        if u.run_id != reference or u.before_position is None:
+            continue
+        anchor = by_position.get((u.against_run_id, u.before_position))
+        if anchor is not None:
+            gaps.before.setdefault(anchor, []).append(u)
+        elif u.against_run_id in last:
+            gaps.after.setdefault(last[u.against_run_id].id, []).append(u)
+    return gaps
+
+
 @dataclass
 class Group:
     key: str
@@ -111,6 +143,20 @@ class Group:
     open: bool = False
     loaded: bool = False  # its rows are rendered with the page (else the script fetches them)
     page: int = 0
+    gaps: Gaps = field(default_factory=Gaps)  # shown among its rows when they are in execution order
+
+    @property
+    def not_compared(self) -> int:
+        """Reference tensors without partner (not allowed by the user) among its rows."""
+        ids = {r.id for r in self.rows}
+        return sum(
+            1
+            for where in (self.gaps.before, self.gaps.after)
+            for k, us in where.items()
+            if k in ids
+            for u in us
+            if not u.allowed
+        )
 
     @property
     def anchor(self) -> str:
@@ -204,7 +250,9 @@ def build_groups(
             by_label.setdefault(label, Group(label, label)).rows.append(p)
         groups = [g for g in by_label.values() if g.rows]
     first = report.first_divergence.pair_id if report.first_divergence else None
+    gaps = gap_markers(report) if params.sort == "order" else Gaps()
     for g in groups:
+        g.gaps = gaps
         g.open = (
             g.open
             or len(groups) == 1
