@@ -237,7 +237,8 @@ def build_groups(
 ) -> list[Group]:
     """The groups of the view, which are open and which of those have their rows rendered with the page: the
     group the user opened first, then the first divergence's, then the failing ones, until `budget` rows. Groups
-    start collapsed unless they hold a failing pair or the first divergence (or are the only group)."""
+    start collapsed unless they hold a failing pair, the first divergence or a reference tensor without partner (or
+    are the only group)."""
     pairs = filtered_pairs(report, params, order)
     if params.group == "none":
         groups = [Group("all", "All pairs", pairs, open=True)] if pairs else []
@@ -258,6 +259,7 @@ def build_groups(
             or len(groups) == 1
             or g.key == params.open
             or any(r.status in OPENING or r.id == first for r in g.rows)
+            or g.not_compared > 0  # a reference tensor without partner among its rows: shown, not folded away
         )
         if g.key == params.open:
             g.page = min(params.page, g.pages - 1)
