@@ -152,3 +152,23 @@ def test_a_pair_whose_comparison_failed_is_never_counted_as_compared(tmp_path: P
     assert report.coverage.compared == 7 and report.coverage.not_compared == ["2_mlp"]
     assert report.progress.errors == 1 and report.first_divergence is None
     assert summary.not_compared == 1 and summary.failing == 0  # the sessions list: not "none" failing
+
+
+def test_compare_sessions_says_a_session_left_reference_tensors_out(tmp_path: Path) -> None:
+    """S1 compares every tensor; S2's candidate dumped only layer 0: not "no divergence"."""
+    a = layered_dump(tmp_path / "ref", None)
+    full = layered_dump(tmp_path / "full", None)
+    short = only_layer_zero(layered_dump(tmp_path / "short", None))
+    env = {"TENSOR_DEBUGGER_DATA_DIR": str(tmp_path / "data")}
+    for name, b in (("all", full), ("layer zero", short)):
+        main_cli("compare", str(a), str(b), "--in-process", "--name", name, "--json", env=env)
+    done = main_cli("compare-sessions", "all", "layer zero", "--json", env=env)
+    out = json.loads(done.stdout)
+    assert out["a"]["verdict"] == "no_divergence" and out["b"]["verdict"] == "incomplete"
+    assert out["b"]["coverage"]["unmatched"] == MISSING and out["counts"]["only in A"] == 6
+    table = main_cli("compare-sessions", "all", "layer zero", env=env)
+    assert "A: all (session 1): no divergence" in table.stdout
+    assert (
+        "B: layer zero (session 2): no divergence among the pairs compared, but INCOMPLETE: 6 reference tensors have "
+        "no partner (1_attn, 1_mlp, 2_attn, 2_mlp, 3_attn, …)" in table.stdout
+    )

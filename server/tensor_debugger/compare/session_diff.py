@@ -8,12 +8,13 @@ or "worse" (same verdict, error lower or higher by more than `CHANGE`, a factor)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.coverage import Coverage, SessionVerdict
 from tensor_debugger.compare.module_reports import Number
 from tensor_debugger.compare.pair_reports import FirstDivergence, PairReport, SessionPairs, session_pairs
 from tensor_debugger.engine.metrics import json_number, parse_number
@@ -40,6 +41,8 @@ class SessionSide:
     name: str
     first_divergence: FirstDivergence | None
     pending: int = 0  # pairs not compared yet: a server on the data dir compares them
+    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/coverage.py)
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,16 @@ def diff_sessions(db: DbSession, session_a: int, session_b: int) -> SessionDiff:
     for session_id in (session_a, session_b):
         record = catalog.get_session(db, session_id)
         report = session_pairs(db, session_id)
-        sides.append(SessionSide(record.id, record.name, report.first_divergence, report.progress.pending))
+        sides.append(
+            SessionSide(
+                record.id,
+                record.name,
+                report.first_divergence,
+                report.progress.pending,
+                report.verdict,
+                report.coverage,
+            )
+        )
         keyed.append(_keyed(report))
     in_a, in_b = keyed
     rows = []
