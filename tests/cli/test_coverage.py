@@ -21,6 +21,7 @@ from tensor_debugger.store.models import TensorRecord
 
 from tests.support.cli_main import CliResult, main_cli
 from tests.support.dumps import layered_dump
+from tests.support.servers import LiveServer
 
 MISSING = ["1_attn", "1_mlp", "2_attn", "2_mlp", "3_attn", "3_mlp"]
 
@@ -172,3 +173,18 @@ def test_compare_sessions_says_a_session_left_reference_tensors_out(tmp_path: Pa
         "B: layer zero (session 2): no divergence among the pairs compared, but INCOMPLETE: 6 reference tensors have "
         "no partner (1_attn, 1_mlp, 2_attn, 2_mlp, 3_attn, …)" in table.stdout
     )
+
+
+def test_allow_unmatched_reaches_a_running_server(shared_server: LiveServer, tmp_path: Path) -> None:
+    """`compare` handed to the server on its data dir (the warm path) takes --allow-unmatched along."""
+    a = layered_dump(tmp_path / "ref", None)
+    b = only_layer_zero(layered_dump(tmp_path / "cand", None))
+    data = str(shared_server.data_dir)
+    done = main_cli("--data-dir", data, "compare", str(a), str(b), "--name", f"warm {tmp_path.name}", "--json")
+    assert done.returncode == 1 and json.loads(done.stdout)["coverage"]["unmatched"] == MISSING
+    done = main_cli(
+        "--data-dir", data, "compare", str(a), str(b), "--allow-unmatched", "[1-3]_*", "--json", "--name", "warm 2"
+    )
+    out = json.loads(done.stdout)
+    assert done.returncode == 0 and out["coverage"]["allowed_unmatched"] == MISSING, done.stdout
+    assert out["session"]["url"].startswith(shared_server.url)  # the server did the work
