@@ -13,6 +13,7 @@ import torch
 from sqlalchemy import select
 from tensor_debugger.compare.coverage import SessionVerdict
 from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.session_diff import Change, diff_sessions, find_session
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -128,9 +129,15 @@ def test_the_first_divergence_names_the_reference_tensors_before_it_never_compar
 
 
 def test_a_pair_whose_comparison_failed_is_never_counted_as_compared(tmp_path: Path, services: Services) -> None:
-    """A chunk of a stored array broken after ingest: its pair errors, and the session does not pass."""
+    """A chunk of a stored array broken after ingest: its pair errors, and the session does not pass; beside a
+    session where that pair passed, compare-sessions does not call it "same"."""
     a = layered_dump(tmp_path / "ref", None)
-    b = layered_dump(tmp_path / "cand", None)
+    for label, folder in (("reference", a), ("candidate", layered_dump(tmp_path / "same", None))):
+        good = services.ingestor.ingest("all good", label, [InputFile(folder, str(folder))]).session_id
+    services.comparisons.plan(good)
+    services.comparisons.compute_pending(good)
+    # within tolerance of the reference, but not bit-identical: arrays of its own
+    b = layered_dump(tmp_path / "cand", None, noise=1e-7, seed=3)
     for label, folder in (("reference", a), ("candidate", b)):
         result = services.ingestor.ingest("broken chunk", label, [InputFile(folder, str(folder))])
     session_id = result.session_id
@@ -153,6 +160,12 @@ def test_a_pair_whose_comparison_failed_is_never_counted_as_compared(tmp_path: P
     assert report.coverage.compared == 7 and report.coverage.not_compared == ["2_mlp"]
     assert report.progress.errors == 1 and report.first_divergence is None
     assert summary.not_compared == 1 and summary.failing == 0  # the sessions list: not "none" failing
+    with services.sessions() as db:
+        diff = diff_sessions(db, find_session(db, "all good"), session_id)
+    assert good == diff.a.id
+    assert diff.a.verdict == SessionVerdict.NO_DIVERGENCE and diff.b.verdict == SessionVerdict.INCOMPLETE
+    assert {p.key: p.change for p in diff.pairs}["2_mlp"] == Change.NOT_COMPARED
+    assert diff.counts[Change.NOT_COMPARED] == 1 and diff.pending and not diff.broke  # exit 2: cannot all be said
 
 
 def test_compare_sessions_says_a_session_left_reference_tensors_out(tmp_path: Path) -> None:

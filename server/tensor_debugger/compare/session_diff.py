@@ -33,6 +33,7 @@ class Change(StrEnum):
     SAME = "same"
     ONLY_A = "only in A"
     ONLY_B = "only in B"
+    NOT_COMPARED = "not compared"  # errored or incomparable on either side: nothing can be said of it
 
 
 @dataclass(frozen=True)
@@ -74,8 +75,8 @@ class SessionDiff:
 
     @property
     def pending(self) -> bool:
-        """Whether either session has pairs not compared yet (what changed cannot all be said)."""
-        return self.a.pending > 0 or self.b.pending > 0
+        """Whether either session has pairs not compared yet, or not comparable (what changed cannot all be said)."""
+        return self.a.pending > 0 or self.b.pending > 0 or self.counts[Change.NOT_COMPARED] > 0
 
 
 def _keyed(report: SessionPairs) -> dict[str, PairReport]:
@@ -95,6 +96,8 @@ def _change(a: PairReport | None, b: PairReport | None, error_a: float | None, e
         return Change.ONLY_B
     if b is None:
         return Change.ONLY_A
+    if {a.status, b.status} & {"error", "incomparable"}:
+        return Change.NOT_COMPARED
     if a.status == "fail" and b.status == "pass":
         return Change.FIXED
     if a.status == "pass" and b.status == "fail":
