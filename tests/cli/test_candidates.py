@@ -33,10 +33,15 @@ def check_payload(out: dict[str, object]) -> None:
     assert failing == {("c1", f"{k}_{s}") for k in (2, 3) for s in ("attn", "mlp")} | {
         ("c2", f"{k}_{s}") for k in (1, 2, 3) for s in ("attn", "mlp")
     }
-    assert out["first_divergence"] == {"name": "2_attn", "layer": 2, "stage": "attn"}  # the first candidate's
+    assert out["first_divergence"] == {
+        "name": "2_attn",
+        "layer": 2,
+        "stage": "attn",
+        "unmatched_before": [],
+    }  # the first candidate's
     assert out["first_divergences"] == {
-        "c1": {"name": "2_attn", "layer": 2, "stage": "attn"},
-        "c2": {"name": "1_attn", "layer": 1, "stage": "attn"},
+        "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "unmatched_before": []},
+        "c2": {"name": "1_attn", "layer": 1, "stage": "attn", "unmatched_before": []},
         "c3": None,
     }
 

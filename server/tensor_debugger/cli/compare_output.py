@@ -50,6 +50,7 @@ def compare_request(
     more: Sequence[Path] = (),
     noise: Path | None = None,
     noise_factor: float | None = None,
+    allow_unmatched: Sequence[str] = (),
 ) -> CompareRequest:
     """What the command line asks for. Raises InvalidInputError on an unusable pairing file, or options that
     contradict each other or mean nothing alone."""
@@ -74,6 +75,7 @@ def compare_request(
         None if noise is None else noise.absolute(),
         None if noise is None else str(noise),
         noise_factor,
+        tuple(allow_unmatched),
     )
 
 
@@ -94,6 +96,7 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
         more=args.more,
         noise=args.noise,
         noise_factor=args.noise_factor,
+        allow_unmatched=args.allow_unmatched,
     )
 
 
@@ -167,7 +170,8 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     first = payload["first_divergence"]
     failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
     if first is None:
-        among = " among the pairs compared" if unread_files(payload["problems"]) else ""
+        incomplete = unread_files(payload["problems"]) or payload.get("verdict") == "incomplete"
+        among = " among the pairs compared" if incomplete else ""
         print(f"no divergence{among}: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass")
     else:
         pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
@@ -197,12 +201,55 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
                 f"{cell(stats['max_abs_diff'])} at {stats['argmax']}, {stats['mismatched']} of {stats['numel']} "
                 f"elements outside tolerance"
             )
+    print_unmatched_before(first)
     pending = sum(1 for p in payload["pairs"] if p["status"] == "pending")
     if pending:
         print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
     print_culprits(payload["culprits"], failing > 0, payload.get("culprit_note"))
+    print_not_compared(payload)
     print_incomplete(payload["problems"])
     print_where(payload["session"]["url"], data_dir)
+
+
+def names_of(names: list[str], shown: int = 20) -> str:
+    """Names, comma-separated: the first `shown`, then how many more (the JSON lists them all)."""
+    more = f" and {len(names) - shown} more (--json lists them all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def print_unmatched_before(first: dict[str, Any] | None, lead: str = "") -> None:
+    """Under a first divergence: the reference tensors without partner before it in execution order."""
+    before = (first or {}).get("unmatched_before") or []
+    if before:
+        tensors = (
+            "1 reference tensor before it was"
+            if len(before) == 1
+            else f"{len(before)} reference tensors before it were"
+        )
+        print(f"{lead}{tensors} not compared (no partner in the candidate): {names_of(before)}")
+
+
+def print_not_compared(payload: dict[str, Any]) -> None:
+    """What of the reference was not compared (the verdict is incomplete, exit 1): its tensors without partner
+    that the user did not allow, pairs that errored or are incomparable; and those the user allowed to stay
+    unpaired."""
+    coverage = payload.get("coverage") or {}
+    missing = coverage.get("unmatched") or []
+    if missing:
+        of = coverage.get("reference_tensors")
+        total = f" of {of}" if of else ""
+        tensors = "reference tensor has" if len(missing) == 1 else "reference tensors have"
+        print(
+            f"NOT COMPARED: {len(missing)}{total} {tensors} no partner in the candidate: {names_of(missing)} "
+            "(pair them by hand on the session's page, or allow them with --allow-unmatched GLOB)"
+        )
+    left_out = coverage.get("not_compared") or []
+    if left_out:
+        pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
+        print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")
+    allowed = coverage.get("allowed_unmatched") or []
+    if allowed:
+        print(f"allowed to have no partner ({len(allowed)}): {names_of(allowed)}")
 
 
 def print_where(url: str, data_dir: Path | None) -> None:
@@ -258,6 +305,8 @@ def print_candidates(payload: dict[str, Any]) -> None:
         else:
             where = "no layer" if first["layer"] is None else f"layer {first['layer']}"
             print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where})")
+            print_unmatched_before(first, "  ")
+    print_not_compared(payload)
     print_incomplete(payload["problems"])
 
 

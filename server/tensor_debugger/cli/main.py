@@ -149,6 +149,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="K",
         help="how many times the noise floor a pair's error may be (default 4)",
     )
+    compare.add_argument(
+        "--allow-unmatched",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="reference tensors whose names match may have no partner in the candidate (repeatable, e.g. "
+        "'layers.[123].*'); any other reference tensor without partner makes the comparison incomplete (exit 1)",
+    )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
     compare.add_argument(
         "--in-process",

@@ -54,14 +54,16 @@ class SessionActions:
         strategies: str | list[str] | None = None,
         name_pattern: str | None = None,
         ulp: int | None = None,
+        allow_unmatched: list[str] | None = None,
     ) -> SessionReport:
         """Rename, change the notes, the tolerances (`default_tolerances`: torch.testing's defaults per dtype)
         and/or the pairing rules: `strategies` (a chain as the CLI's --strategies takes it, a comma list or a
-        list; empty: the default chain) and `name_pattern` (empty: none). Rules are checked before anything
+        list; empty: the default chain), `name_pattern` (empty: none) and `allow_unmatched` (globs of reference
+        tensor names that may have no partner; empty: none). Rules are checked before anything
         changes (InvalidInputError naming the problem); new rules pair the session again, new tolerances
         refresh its verdicts."""
         tolerances_changed = rtol is not None or atol is not None or ulp is not None or default_tolerances
-        rules_changed = strategies is not None or name_pattern is not None
+        rules_changed = strategies is not None or name_pattern is not None or allow_unmatched is not None
         with self.sessions.begin() as db:
             session = catalog.update_session(db, session_id, name, notes)
             if rules_changed:
@@ -70,6 +72,8 @@ class SessionActions:
                     session.strategies if strategies is None else strategies,
                     session.name_pattern if name_pattern is None else name_pattern,
                 )
+            if allow_unmatched is not None:
+                session.allow_unmatched = [g for g in allow_unmatched if g] or None
             if tolerances_changed:
                 catalog.set_tolerances(
                     session,

@@ -64,13 +64,30 @@ def contract_json(
     first = report.first_divergence
 
     def where(found: FirstDivergence | None) -> dict[str, Any] | None:
-        return {"name": found.name, "layer": found.layer, "stage": found.stage} if found else None
+        if found is None:
+            return None
+        # the reference tensors without partner (not allowed by the user) before it in execution order
+        return {
+            "name": found.name,
+            "layer": found.layer,
+            "stage": found.stage,
+            "unmatched_before": found.unmatched_before,
+        }
 
     culprits = report.modules.culprits if report.modules else []
     return {
         "session": {"id": session_id, "name": name, "url": url},
         "pairs": pairs,
         "unmatched": unmatched,
+        # comparing, diverged, incomplete (not everything was compared) or no_divergence (compare/coverage.py)
+        "verdict": str(report.verdict),
+        "coverage": {
+            "reference_tensors": report.coverage.reference_tensors,
+            "compared": report.coverage.compared,
+            "unmatched": report.coverage.unmatched,  # reference tensors without partner, not allowed by the user
+            "allowed_unmatched": report.coverage.allowed_unmatched,
+            "not_compared": report.coverage.not_compared,  # pairs that errored or are incomparable
+        },
         "first_divergence": where(first),  # the first candidate's
         "first_divergences": {c.label: where(c.first_divergence) for c in report.candidates},
         # the modules of a trace or capture whose added error (relative RMSE, output minus input) stands out, largest

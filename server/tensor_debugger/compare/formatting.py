@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI's `compare` formats numbers with these, without loading Jinja
@@ -82,7 +83,13 @@ def format_shape(shape: list[Any]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def anchor_id(name: str) -> str:
+    """A tensor's name as a page anchor's id (letters, digits, _ and -)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "tensor"
+
+
 def register_filters(env: Environment) -> None:
+    env.filters["gap_id"] = anchor_id
     env.filters["num"] = format_number
     env.filters["bytes"] = format_bytes
     env.filters["shape"] = format_shape

@@ -3,12 +3,21 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.coverage import (
+    ClosestCandidate,
+    Coverage,
+    SessionVerdict,
+    Unpaired,
+    closest_candidates,
+    session_verdict,
+)
 from tensor_debugger.compare.formatting import replica_words
 from tensor_debugger.compare.module_reports import (
     ModuleReport,
@@ -30,7 +39,15 @@ from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.metrics import PairStats, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
-from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, SessionRecord, UnmatchedRecord
+from tensor_debugger.store.models import (
+    ComparisonResultRecord,
+    PairRecord,
+    ProblemRecord,
+    RunRecord,
+    SessionRecord,
+    TensorRecord,
+    UnmatchedRecord,
+)
 from tensor_debugger.store.reports import PairStatus, parse_strategy
 
 _STATUSES = {str(s): s for s in PairStatus}  # a dict lookup: calling the enum took 10% of a session's report
@@ -133,17 +150,27 @@ class FirstDivergence:
     stage: str | None
     max_abs_diff: Number | None
     argmax: list[int] | None
+    # the reference tensors with no partner in this candidate that come before it in execution order (not those
+    # the user allowed to stay unpaired): the divergence may have begun in one of them
+    unmatched_before: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class UnmatchedReport:
-    """A tensor of one run that no tensor of the other run was paired with."""
+    """A tensor of one run that no tensor of the other run was paired with. `allowed`: the user allowed it to stay
+    unpaired (a pairing file's `unpaired`, an unpair by hand, `--allow-unmatched`); `before_position`: a reference
+    tensor's place in execution order, the position of the first pair after it (null for a candidate's tensor);
+    `closest`: for a reference tensor, the candidate's unpaired tensors a hand pairing could take, closest first
+    (the session's page and the API's pairs report fill it)."""
 
     run_id: int
     run: str | None  # the run's label
     against_run_id: int
     name: str
     tensor_ids: list[int]
+    allowed: bool = False
+    before_position: int | None = None
+    closest: list[ClosestCandidate] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -176,11 +203,20 @@ class SessionPairs:
     # asked for with `modules`: "even" where modules or stages add error and none stands out (as a change of
     # precision or of kernels does), "stands out" where a culprit does; None where nothing could be ranked
     error_growth: str | None = None
+    # what was compared of the reference, and the session's verdict on it (compare/coverage.py)
+    coverage: Coverage = field(default_factory=Coverage)
+    verdict: SessionVerdict = SessionVerdict.COMPARING
 
     @property
     def not_compared(self) -> list[PairReport]:
         """The pairs that have no verdict and never will as they are: incomparable, or their comparison failed."""
         return [p for p in self.pairs if p.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)]
+
+    @property
+    def unmatched_reference(self) -> list[UnmatchedReport]:
+        """The reference tensors without partner in a candidate that the user did not allow, in execution order."""
+        names = set(self.coverage.unmatched)
+        return [u for u in self.unmatched if u.before_position is not None and not u.allowed and u.name in names]
 
     def candidate_of(self, pair: PairReport) -> str:
         """The label of the pair's candidate run."""
@@ -191,6 +227,8 @@ class SessionPairs:
 class DivergenceReport:
     first_divergence: FirstDivergence | None
     progress: PairProgress
+    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/coverage.py)
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
@@ -268,10 +306,15 @@ def pair_report(
 
 
 def session_pairs(
-    db: DbSession, session_id: int, modules: bool = False, cache: StatsCache | None = None
+    db: DbSession,
+    session_id: int,
+    modules: bool = False,
+    cache: StatsCache | None = None,
+    closest: bool = False,
 ) -> SessionPairs:
-    """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress; with
-    `modules`, also the module view of a traced session (its tree and culprits: work the other callers skip).
+    """Every pair in execution order, the unmatched tensors of each run, the first divergence, progress, coverage
+    and the verdict; with `modules`, also the module view of a traced session (its tree and culprits: work the
+    other callers skip); with `closest`, each unmatched reference tensor's closest candidates for a hand pairing.
     `cache`: the process's decoded statistics (the pages and the API pass theirs, Comparisons.stats)."""
     pairs = read_pairs(db, session_id)
     tensors = read_tensors(db, pairs)
@@ -280,7 +323,7 @@ def session_pairs(
     mismatches = read_rank_mismatches(db, replica_results(pairs))
     everything = [pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches) for p in pairs]
     ordered_runs = db.execute(
-        select(RunRecord.id, RunRecord.label, RunRecord.role)
+        select(RunRecord.id, RunRecord.label, RunRecord.role, RunRecord.status)
         .where(RunRecord.session_id == session_id)
         .order_by(RunRecord.position)
     ).all()
@@ -291,21 +334,39 @@ def session_pairs(
     if noise_runs:
         factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id)) or NOISE_FACTOR
         items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor)
+    unmatched = [
+        UnmatchedReport(
+            u.run_id,
+            runs.get(u.run_id),
+            u.other_run_id,
+            u.name,
+            list(u.tensor_ids),
+            bool(u.allowed),
+            u.before_position,
+        )
+        for u in db.scalars(
+            select(UnmatchedRecord)
+            .where(UnmatchedRecord.session_id == session_id)
+            .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
+        )
+    ]
+    reference = items[0].a.run_id if items else next((r.id for r in ordered_runs if r.role != "noise"), None)
+    missing = [u for u in unmatched if u.run_id == reference and u.against_run_id not in noise_runs]
+    if closest:
+        unmatched = with_closest(db, unmatched, missing)
+        missing = [u for u in unmatched if u.run_id == reference and u.against_run_id not in noise_runs]
     compared = {i.b.run_id for i in items}
     candidates = [
         CandidateReport(
             run_id,
             label,
-            first_divergence(next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None)),
+            first_divergence(
+                next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None), missing
+            ),
         )
-        for run_id, label, _ in ordered_runs
+        for run_id, label, _, _ in ordered_runs
         if run_id in compared
     ]
-    unmatched = db.scalars(
-        select(UnmatchedRecord)
-        .where(UnmatchedRecord.session_id == session_id)
-        .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
-    ).all()
     done = sum(1 for i in everything if i.status != PairStatus.PENDING)
     module_view = None
     stages = StageRanking([], [], 0)
@@ -316,19 +377,35 @@ def session_pairs(
         module_view = module_report([i for i in items if i.b.run_id == first_candidate], tree, floors, factor)
         if module_view is None:
             stages = stage_culprits(items, floors, factor)
+    unread = (
+        db.scalar(
+            select(func.count())
+            .select_from(ProblemRecord)
+            .join(RunRecord, RunRecord.id == ProblemRecord.run_id)
+            .where(RunRecord.session_id == session_id, ProblemRecord.ignored.is_(False))
+        )
+        or 0
+    )
+    coverage = coverage_of(items, missing, unread)
+    ingesting = any(r.status not in ("ready", "failed") for r in ordered_runs)
     return SessionPairs(
         pairs=items,
         first_divergence=candidates[0].first_divergence if candidates else None,
-        unmatched=[
-            UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids)) for u in unmatched
-        ],
-        progress=PairProgress.of(len(everything), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
+        unmatched=unmatched,
+        progress=PairProgress.of(
+            len(everything),
+            done,
+            sum(1 for i in items if i.status == PairStatus.FAIL),
+            sum(1 for i in everything if i.status == PairStatus.ERROR),
+        ),
         modules=module_view,
         stage_culprits=stages.culprits,
         candidates=candidates,
         worst_pairs=worst_pairs(items),
         stage_ranking=stages.ranked,
         error_growth=error_growth(module_view, stages),
+        coverage=coverage,
+        verdict=session_verdict((i.status for i in items), coverage, ingesting),
     )
 
 
@@ -351,6 +428,57 @@ def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | No
     if count >= 2 and any(float(parse_number(a)) > MIN_ADDED_ERROR for a in added):
         return "even"
     return None
+
+
+def coverage_of(items: list[PairReport], missing: list[UnmatchedReport], unread_files: int) -> Coverage:
+    """What was compared of the reference: `items` the candidates' pairs, `missing` the reference's tensors with no
+    partner in a candidate (each once per candidate)."""
+    in_order = sorted(missing, key=lambda u: (u.before_position if u.before_position is not None else -1, u.name))
+    not_allowed = list(dict.fromkeys(u.name for u in in_order if not u.allowed))
+    allowed = [n for n in dict.fromkeys(u.name for u in in_order if u.allowed) if n not in set(not_allowed)]
+    judged: dict[str, bool] = {}
+    for i in items:
+        judged[i.a.name] = judged.get(i.a.name, True) and i.status in (PairStatus.PASS, PairStatus.FAIL)
+    left_out = set(not_allowed) | set(allowed)
+    return Coverage(
+        reference_tensors=len(set(judged) | left_out),
+        compared=sum(1 for name, ok in judged.items() if ok and name not in left_out),
+        unmatched=not_allowed,
+        allowed_unmatched=allowed,
+        not_compared=[i.name for i in items if i.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)],
+        unread_files=unread_files,
+    )
+
+
+def with_closest(
+    db: DbSession, unmatched: list[UnmatchedReport], missing: list[UnmatchedReport]
+) -> list[UnmatchedReport]:
+    """`unmatched` with each of `missing` (reference tensors without partner) given its closest candidates among
+    its candidate run's own unpaired tensors."""
+    targets = {id(u) for u in missing}
+    ids = {i for u in unmatched for i in u.tensor_ids}
+    shapes = (
+        {
+            t.id: (tuple(t.shape), t.layer)
+            for t in db.execute(
+                select(TensorRecord.id, TensorRecord.shape, TensorRecord.layer).where(TensorRecord.id.in_(ids))
+            )
+        }
+        if ids
+        else {}
+    )
+
+    def unpaired(u: UnmatchedReport) -> Unpaired:
+        found = [shapes[i] for i in u.tensor_ids if i in shapes]
+        return Unpaired(u.name, found[0][1] if found else None, [s for s, _ in found])
+
+    out = {}
+    for run_id in {u.against_run_id for u in missing}:
+        mine = [u for u in missing if u.against_run_id == run_id]
+        theirs = [unpaired(u) for u in unmatched if u.run_id == run_id and id(u) not in targets]
+        for u, best in zip(mine, closest_candidates([unpaired(u) for u in mine], theirs), strict=True):
+            out[id(u)] = replace(u, closest=best)
+    return [out.get(id(u), u) for u in unmatched]
 
 
 def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:
@@ -384,9 +512,22 @@ def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairRe
     return sorted(pairs, key=lambda p: (rank.get(p.key, len(rank)), p.position))
 
 
-def first_divergence(item: PairReport | None) -> FirstDivergence | None:
+def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport] = ()) -> FirstDivergence | None:
+    """The divergence at `item`, with the reference tensors of `missing` (without partner) before it in execution
+    order that the user did not allow."""
     if item is None:
         return None
+    before = sorted(
+        (
+            u
+            for u in missing
+            if u.against_run_id == item.b.run_id
+            and not u.allowed
+            and u.before_position is not None
+            and u.before_position <= item.position
+        ),
+        key=lambda u: (u.before_position, u.name),
+    )
     return FirstDivergence(
         item.id,
         item.name,
@@ -394,6 +535,7 @@ def first_divergence(item: PairReport | None) -> FirstDivergence | None:
         item.stage,
         item.stats.max_abs_diff if item.stats else None,
         item.stats.argmax if item.stats else None,
+        list(dict.fromkeys(u.name for u in before)),
     )
 
 

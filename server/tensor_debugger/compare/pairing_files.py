@@ -7,7 +7,8 @@ stays unpaired, exported as JSON and imported again (into the same session, anot
      "unpaired": [{"a": "never paired with", "b": "this one"}, {"a": "never paired at all"}, {"b": "..."}]}
 
 Every key is optional; one left out leaves that part of the session as it is. Imported pairs become manual
-pairs (they win over every strategy) and `unpaired` entries the user's refusals; in a session with several
+pairs (they win over every strategy) and `unpaired` entries the user's refusals (a reference tensor left without
+partner by one is allowed: it does not make the session's verdict incomplete); in a session with several
 candidate runs an entry may name its candidate run's label as `"run"` (otherwise it applies to every one).
 """
 
@@ -21,7 +22,7 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.engine.pairing import compile_name_pattern, parse_strategies
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord, UnmatchedRecord
+from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord
 
 KEYS = ("strategies", "name_pattern", "pairs", "unpaired")
 
@@ -50,7 +51,6 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
     session = catalog.get_session(db, session_id)
     labels = {r.id: r.label for r in session.runs}
     several = sum(1 for r in session.runs if r.position > 0) > 1
-    reference = session.runs[0].id if session.runs else None
 
     def entry(run_b_id: int, **names: str) -> dict[str, str]:
         return {**names, "run": labels[run_b_id]} if several else dict(names)
@@ -63,15 +63,9 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
             PairOverrideRecord.session_id == session_id, PairOverrideRecord.action == "unpair"
         )
     ).all()
-    unmatched = db.scalars(
-        select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id).order_by(UnmatchedRecord.id)
-    ).all()
+    # only the user's refusals: a tensor that merely found no partner is not listed, or importing the file again
+    # would allow it to stay unpaired (and the session's verdict would no longer count it as not compared)
     unpaired = [entry(o.run_b_id, **{k: v for k, v in (("a", o.a_name), ("b", o.b_name)) if v}) for o in refusals]
-    for u in unmatched:
-        side, candidate = ("a", u.other_run_id) if u.run_id == reference else ("b", u.run_id)
-        item = entry(candidate, **{side: u.name})
-        if item not in unpaired:
-            unpaired.append(item)
     return {
         "strategies": session.strategies,
         "name_pattern": session.name_pattern,

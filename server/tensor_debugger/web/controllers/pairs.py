@@ -48,18 +48,20 @@ class SessionPairsController(Controller):
 
     @get("/pairs", sync_to_thread=True, responses=error_responses(404))
     def list_pairs(self, services: Services, session_id: int) -> SessionPairs:
-        """Pairs in execution order with their statistics and verdicts, the unmatched tensors of each run, the
-        first divergence and progress (pairs done of total: finished pairs are served while others compute)."""
+        """Pairs in execution order with their statistics and verdicts, the unmatched tensors of each run (a
+        reference tensor's with its place in execution order, whether the user allowed it, and the closest
+        candidates a hand pairing could take), the first divergence, progress (pairs done of total: finished pairs
+        are served while others compute), coverage and the session's verdict."""
         with services.sessions() as db:
             catalog.get_session(db, session_id)
-            return session_pairs(db, session_id, modules=True, cache=services.comparisons.stats)
+            return session_pairs(db, session_id, modules=True, cache=services.comparisons.stats, closest=True)
 
     @get("/first-divergence", sync_to_thread=True, responses=error_responses(404))
     def first_divergence(self, services: Services, session_id: int) -> DivergenceReport:
         with services.sessions() as db:
             catalog.get_session(db, session_id)
             report = session_pairs(db, session_id, cache=services.comparisons.stats)
-        return DivergenceReport(report.first_divergence, report.progress)
+        return DivergenceReport(report.first_divergence, report.progress, report.verdict, report.coverage)
 
     @get("/profiles", sync_to_thread=True, responses=error_responses(404))
     def profiles(

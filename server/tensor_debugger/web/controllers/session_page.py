@@ -174,7 +174,7 @@ def read_session(
     """The session (NotFoundError when there is none) and its pairs' report (with `modules`, the module view),
     read with the process's decoded statistics."""
     session = catalog.get_session(db, session_id)
-    return session, session_pairs(db, session_id, modules=modules, cache=services.comparisons.stats)
+    return session, session_pairs(db, session_id, modules=modules, cache=services.comparisons.stats, closest=True)
 
 
 def session_template(
@@ -210,7 +210,7 @@ def session_template(
                 "progress": progress,
                 "groups": build_groups(report, params, session.pair_order),
                 "worst": worst_view(report, params, session.pair_order),
-                "chart": build_chart(report.pairs, first_id),
+                "chart": build_chart(report.pairs, first_id, unmatched=report.unmatched_reference),
                 "first_id": first_id,
                 "page_size": PAGE_SIZE,
                 "reorderable": params.reorderable,

@@ -70,6 +70,7 @@ SessionName = Annotated[
     ),
 ]
 Notes = Annotated[str, msgspec.Meta(max_length=MAX_NOTES)]
+Glob = Annotated[str, msgspec.Meta(max_length=500, description="a glob of tensor names, as fnmatch reads it")]
 
 
 class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -83,6 +84,9 @@ class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
     # [] or "": the default chain. A change pairs the session again.
     strategies: list[str] | str | None = None
     name_pattern: str | None = None  # a regex with groups layer and stage (and rank); "": none
+    # globs of reference tensor names that may have no partner in a candidate (as compare --allow-unmatched); []:
+    # none. A change pairs the session again: any other reference tensor without partner keeps it incomplete.
+    allow_unmatched: Annotated[list[Glob], msgspec.Meta(max_length=100)] | None = None
 
 
 class SessionCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -114,8 +118,8 @@ class SessionController(Controller):
     )
     def update_session(self, services: Services, session_id: int, data: SessionPatch = STRICT_BODY) -> SessionReport:
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
-        them (400 naming the problem, nothing changed) and pair the session again; new tolerances refresh its
-        verdicts."""
+        them (400 naming the problem, nothing changed) and pair the session again, as new `allow_unmatched` globs
+        do; new tolerances refresh its verdicts."""
         return services.actions.update_session(
             session_id,
             data.name,
@@ -126,6 +130,7 @@ class SessionController(Controller):
             data.strategies,
             data.name_pattern,
             ulp=data.ulp,
+            allow_unmatched=data.allow_unmatched,
         )
 
     @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))
