@@ -24,7 +24,7 @@ from tensor_debugger.compare.dask_workers import worker_comparisons
 from tensor_debugger.compare.pending import CurrentPairs, PendingPair, ResultWriter, set_up
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
-from tensor_debugger.engine.streaming import BLOCK_BYTES, PairJob, compare_block, pair_blocks
+from tensor_debugger.engine.streaming import BLOCK_BYTES, PairJob, compare_block, located, pair_blocks
 from tensor_debugger.store.models import PairRecord, TensorRecord
 
 if TYPE_CHECKING:
@@ -132,6 +132,8 @@ def collect_split(
             result = split.error or merged(split)
             if result is None:
                 continue
+            if isinstance(result, PairStats):  # a failing pair's blocks are read again here, for `where`
+                result = located(split.job, result, comparisons.pool)
             writer.add(split.job.key, result, [split.job.key.pair_id, *split.same])
             settled(1 + len(split.same))
     finally:

@@ -1,0 +1,99 @@
+"""Where inside a failing pair its error is (engine/where.py), from planted differences in seeded data."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
+from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.engine.views import SourceView
+from tensor_debugger.engine.where import ErrorSpan, confine, locate_error
+
+
+def views(a: np.ndarray, b: np.ndarray) -> tuple[SourceView, SourceView]:
+    return SourceView(a, lambda x: x.astype(np.float64)), SourceView(b, lambda x: x.astype(np.float64))
+
+
+def attention(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 16, 64, 32)).astype(np.float32)
+
+
+def test_a_head_at_three_tokens() -> None:
+    a = attention()
+    b = a.copy()
+    b[0, 5, 10:13, :] += 0.5
+    with ThreadPoolExecutor(2) as pool:
+        spans = locate_error(*views(a, b), pool)
+    assert spans == [ErrorSpan(1, 16, ((5, 5),)), ErrorSpan(2, 64, ((10, 12),))]
+    assert [s.to_json() for s in spans] == [
+        {"dim": 1, "size": 16, "ranges": [[5, 5]]},
+        {"dim": 2, "size": 64, "ranges": [[10, 12]]},
+    ]
+
+
+def test_everywhere_is_no_dimension() -> None:
+    a = attention()
+    b = a + np.random.default_rng(1).standard_normal(a.shape).astype(np.float32) * 0.01
+    assert locate_error(*views(a, b)) == []
+
+
+def test_two_separated_ranges_and_a_one_d_tensor() -> None:
+    a = np.random.default_rng(2).standard_normal(1000)
+    b = a.copy()
+    b[100:110] += 1.0
+    b[700] -= 2.0
+    assert locate_error(*views(a, b)) == [ErrorSpan(0, 1000, ((100, 109), (700, 700)))]
+
+
+def test_a_nan_outweighs_finite_error() -> None:
+    a = np.random.default_rng(3).standard_normal((8, 8))
+    b = a + 1e-3  # everywhere
+    b[6, 2] = np.nan
+    assert locate_error(*views(a, b)) == [ErrorSpan(0, 8, ((6, 6),)), ErrorSpan(1, 8, ((2, 2),))]
+
+
+def test_blocks_cover_the_tensor_in_any_order() -> None:
+    """A tensor larger than one block: the masses are folded from every block."""
+    a = np.zeros((3, 600_000), dtype=np.float32)
+    b = a.copy()
+    b[2, 599_990:] = 1.0
+    with ThreadPoolExecutor(2) as pool:
+        assert locate_error(*views(a, b), pool) == [
+            ErrorSpan(0, 3, ((2, 2),)),
+            ErrorSpan(1, 600_000, ((599_990, 599_999),)),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("mass", "expected"),
+    [
+        ([0.0, 5.0, 0.0, 0.0], ((1, 1),)),
+        ([1.0, 1.0, 1.0, 1.0], None),  # everywhere
+        ([1.0, 1.0, 0.0, 0.0], ((0, 1),)),  # half of the indices: still confined
+        ([0.0, 0.0, 0.0], None),  # no error
+        ([3.0], None),  # size 1
+        ([0.0, 1.0] * 20, None),  # 20 ranges: scattered
+    ],
+)
+def test_confine(mass: list[float], expected: tuple[tuple[int, int], ...] | None) -> None:
+    assert confine(np.array(mass)) == expected
+
+
+def test_the_stream_locates_failing_pairs_only() -> None:
+    a = attention()
+    bad = a.copy()
+    bad[0, 3, :, 7] = 0.0
+    tolerance = Tolerance(1e-5, 1e-6)
+    jobs = [PairJob("same", *views(a, a.copy()), tolerance, False), PairJob("bad", *views(a, bad), tolerance, False)]
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(compare_stream(jobs, pool))
+        alone = compare_views(*views(a, bad), tolerance, False, pool)
+    same, failing = results["same"], results["bad"]
+    assert isinstance(same, PairStats) and same.passed and same.where is None
+    assert isinstance(failing, PairStats) and not failing.passed
+    assert failing.where == [{"dim": 1, "size": 16, "ranges": [[3, 3]]}, {"dim": 3, "size": 32, "ranges": [[7, 7]]}]
+    assert alone.where == failing.where
+    assert PairStats.from_json(failing.to_json()).where == failing.where
