@@ -33,10 +33,11 @@ def check_payload(out: dict[str, object]) -> None:
     assert failing == {("c1", f"{k}_{s}") for k in (2, 3) for s in ("attn", "mlp")} | {
         ("c2", f"{k}_{s}") for k in (1, 2, 3) for s in ("attn", "mlp")
     }
-    assert out["first_divergence"] == {"name": "2_attn", "layer": 2, "stage": "attn"}  # the first candidate's
+    # the first candidate's; each tensor is off everywhere: no dimension confines it
+    assert out["first_divergence"] == {"name": "2_attn", "layer": 2, "stage": "attn", "where": []}
     assert out["first_divergences"] == {
-        "c1": {"name": "2_attn", "layer": 2, "stage": "attn"},
-        "c2": {"name": "1_attn", "layer": 1, "stage": "attn"},
+        "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": []},
+        "c2": {"name": "1_attn", "layer": 1, "stage": "attn", "where": []},
         "c3": None,
     }
 

@@ -68,7 +68,11 @@ def test_compare_finds_the_planted_first_divergence(
     assert out["session"]["url"].endswith(f"/sessions/{out['session']['id']}")
     names = [p["name"] for p in out["pairs"]]
     assert names == [f"{layer}_{stage}" for layer in range(3) for stage in STAGES]  # execution order
-    assert out["first_divergence"] == {"name": "1_post_attn", "layer": 1, "stage": "post_attn"}
+    single = [
+        {"dim": 0, "name": None, "size": 16, "ranges": [[3, 3]]},
+        {"dim": 1, "name": None, "size": 32, "ranges": [[7, 7]]},
+    ]
+    assert out["first_divergence"] == {"name": "1_post_attn", "layer": 1, "stage": "post_attn", "where": single}
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]
     assert first["stats"]["max_abs_diff"] == pytest.approx(0.5, abs=1e-6)

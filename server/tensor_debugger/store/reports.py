@@ -153,6 +153,7 @@ class SessionReport:
     runs: list[RunReport]
     strategies: list[str] | None
     name_pattern: str | None
+    dims: dict[str, str] | None  # names of the tensors' aligned dimensions by name glob (null: none)
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionReport:
@@ -171,6 +172,7 @@ class SessionDetail:
     runs: list[RunWithProblems]
     strategies: list[str] | None  # as in SessionReport
     name_pattern: str | None
+    dims: dict[str, str] | None
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionDetail:
@@ -188,9 +190,11 @@ def _session_head(session: SessionRecord) -> tuple[int, str, str, str, Tolerance
     )
 
 
-def _rules(session: SessionRecord) -> tuple[list[str] | None, str | None]:
-    """The pairing strategies (None: the default chain) and name pattern SessionReport and SessionDetail end with."""
-    return [str(s) for s in session.strategies] if session.strategies else None, session.name_pattern
+def _rules(session: SessionRecord) -> tuple[list[str] | None, str | None, dict[str, str] | None]:
+    """The pairing strategies (None: the default chain), name pattern and dimension names SessionReport and
+    SessionDetail end with."""
+    strategies = [str(s) for s in session.strategies] if session.strategies else None
+    return strategies, session.name_pattern, session.dims
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,8 @@ class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
     # [] or "": the default chain. A change pairs the session again.
     strategies: list[str] | str | None = None
     name_pattern: str | None = None  # a regex with groups layer and stage (and rank); "": none
+    # names of the tensors' aligned dimensions, by name glob: {"*attn*": "batch,heads,tokens,head_dim"}; {}: none
+    dims: dict[str, str] | None = None
 
 
 class SessionCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -115,7 +117,8 @@ class SessionController(Controller):
     def update_session(self, services: Services, session_id: int, data: SessionPatch = STRICT_BODY) -> SessionReport:
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
         them (400 naming the problem, nothing changed) and pair the session again; new tolerances refresh its
-        verdicts."""
+        verdicts. `dims` names dimensions (a glob's names apply to the pairs it matches whose aligned rank is their
+        count): `where` and the error profiles show them."""
         return services.actions.update_session(
             session_id,
             data.name,
@@ -126,6 +129,7 @@ class SessionController(Controller):
             data.strategies,
             data.name_pattern,
             ulp=data.ulp,
+            dims=data.dims,
         )
 
     @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))
