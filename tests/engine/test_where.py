@@ -6,6 +6,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from tensor_debugger.engine.chunking import Region
+from tensor_debugger.engine.dimension_names import dimension_names, parse_dims, parse_dims_option
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
 from tensor_debugger.engine.tolerances import Tolerance
@@ -97,3 +99,49 @@ def test_the_stream_locates_failing_pairs_only() -> None:
     assert failing.where == [{"dim": 1, "size": 16, "ranges": [[3, 3]]}, {"dim": 3, "size": 32, "ranges": [[7, 7]]}]
     assert alone.where == failing.where
     assert PairStats.from_json(failing.to_json()).where == failing.where
+
+
+class CountingView:
+    """A view that counts the elements read through it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.inner = SourceView(array, lambda x: x.astype(np.float64))
+        self.shape = self.inner.shape
+        self.elements = 0
+
+    def read(self, region: Region) -> np.ndarray:
+        values = self.inner.read(region)
+        self.elements += values.size
+        return values
+
+    def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        return self.inner.locate(index)
+
+
+def test_a_passing_pair_is_read_once_a_failing_one_twice() -> None:
+    a = attention()
+    close = a + np.float32(1e-7)
+    bad = a.copy()
+    bad[0, 1, 2, 3] += 1.0
+    tolerance = Tolerance(1e-5, 1e-5)
+    passing, failing = (CountingView(a), CountingView(close)), (CountingView(a), CountingView(bad))
+    jobs = [PairJob("passing", *passing, tolerance, False), PairJob("failing", *failing, tolerance, False)]
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(compare_stream(jobs, pool))
+    assert [v.elements for v in passing] == [a.size, a.size]
+    assert [v.elements for v in failing] == [2 * a.size, 2 * a.size]
+    result = results["failing"]
+    assert isinstance(result, PairStats) and result.where is not None and len(result.where) == 3
+
+
+def test_dimension_names() -> None:
+    dims = parse_dims({" *attn* ": "batch, heads,tokens,head_dim", "*": ["tokens", "hidden"]})
+    assert dims == {"*attn*": "batch,heads,tokens,head_dim", "*": "tokens,hidden"}
+    assert dimension_names(dims, ["layers.0.ATTN.out"], 4) == ["batch", "heads", "tokens", "head_dim"]
+    assert dimension_names(dims, ["layers.0.attn.out"], 2) == ["tokens", "hidden"]  # the first of the right count
+    assert dimension_names(dims, ["mlp"], 3) is None
+    assert parse_dims({}) is None and parse_dims(None) is None
+    assert parse_dims_option(["*a*=x,y", "b=c=z"]) == {"*a*": "x,y", "b=c": "z"}
+    for bad in ([], {"*": ""}, {"*": "a b"}, {"": "a"}, {"*": "a,a"}, {"*": 3}):
+        with pytest.raises(ValueError, match="dims"):
+            parse_dims(bad)
