@@ -142,6 +142,7 @@ def test_dimension_names() -> None:
     assert dimension_names(dims, ["mlp"], 3) is None
     assert parse_dims({}) is None and parse_dims(None) is None
     assert parse_dims_option(["*a*=x,y", "b=c=z"]) == {"*a*": "x,y", "b=c": "z"}
-    for bad in ([], {"*": ""}, {"*": "a b"}, {"": "a"}, {"*": "a,a"}, {"*": 3}):
+    bad_values: list[object] = [[], {"*": ""}, {"*": "a b"}, {"": "a"}, {"*": "a,a"}, {"*": 3}]
+    for bad in bad_values:
         with pytest.raises(ValueError, match="dims"):
             parse_dims(bad)

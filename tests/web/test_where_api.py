@@ -76,6 +76,7 @@ def test_where_named_by_the_session(shared_server: LiveServer, session: int) -> 
     ]
     assert get(shared_server, f"/api/sessions/{session}/first-divergence")["first_divergence"]["where"] == HEAD_BUG
     assert "in heads 5, tokens 10-12" in get(shared_server, f"/pairs/{attn_id}")
+    assert "in heads 5, tokens 10-12" in get(shared_server, f"/sessions/{session}")  # the first divergence's
 
     # the error profiles along each pair's own "tokens": the attention's dimension 2, the MLP's 1
     profiles = get(shared_server, f"/api/sessions/{session}/profiles", dim="tokens")

@@ -83,17 +83,28 @@ def block_masses(a: np.ndarray, b: np.ndarray) -> tuple[list[np.ndarray], list[n
     kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
     x, y = np.asarray(a, dtype=kind), np.asarray(b, dtype=kind)
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = np.abs(x - y)
-        diff[x == y] = 0.0
-        square = diff * diff
+        diff = x - y
+        square = (diff * diff.conj()).real if kind is np.complex128 else np.multiply(diff, diff, out=diff)
+        if np.isfinite(square.sum()):  # every square finite (they are >= 0): the usual case, no mask
+            return per_dim_sums(square), [np.zeros(d, dtype=np.int64) for d in square.shape]
+        square[x == y] = 0.0  # equal infinities
     bad = ~np.isfinite(square)
     square[bad] = 0.0
-    squares, nonfinite = [], []
-    for dim in range(square.ndim):
-        axes = tuple(i for i in range(square.ndim) if i != dim)
-        squares.append(square.sum(axis=axes))
-        nonfinite.append(bad.sum(axis=axes))
-    return squares, nonfinite
+    return per_dim_sums(square), [s.astype(np.int64) for s in per_dim_sums(bad.astype(np.float64))]
+
+
+def per_dim_sums(values: np.ndarray) -> list[np.ndarray]:
+    """For every dimension of `values` (C order), the sum over all the others per index of it: two passes over the
+    block (the last dimension's sums, and the sums along it), then passes over arrays smaller by the last size."""
+    if values.ndim == 0:
+        return []
+    last = values.shape[-1]
+    along_last = values.reshape(-1, last).sum(axis=0)
+    if values.ndim == 1:
+        return [along_last]
+    rest = values.sum(axis=-1)  # shape[:-1]
+    sums = [rest.sum(axis=tuple(i for i in range(rest.ndim) if i != dim)) for dim in range(rest.ndim)]
+    return [*sums, along_last]
 
 
 def confine(mass: np.ndarray) -> tuple[tuple[int, int], ...] | None:
