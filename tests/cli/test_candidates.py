@@ -86,7 +86,10 @@ def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveSe
     lines = table.stdout.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == ["#", "layer", "tensor", "c3 (max |diff|)", "c2 (max |diff|)"]
     assert re.split(r"\s{2,}", lines[3]) == ["2", "1", "1_attn", "PASS 0", "FAIL 0.5"]
-    assert "c3: no divergence" in lines and "c2: FIRST DIVERGENCE: 1_attn (layer 1)" in lines
+    assert (
+        "c3: no divergence" in lines
+        and "c2: FIRST DIVERGENCE: 1_attn (layer 1); everywhere (no dimension confines it)" in lines
+    )
     clean = main_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["ref"]), "--json")
     assert clean.returncode == 0, clean.stdout
     assert list(json.loads(clean.stdout)["first_divergences"]) == ["c3", "ref (candidate 2)"]
