@@ -129,6 +129,11 @@ def confine(mass: np.ndarray) -> tuple[tuple[int, int], ...] | None:
     return tuple(ranges) if len(ranges) <= MAX_RANGES else None
 
 
+def where_regions(shape: tuple[int, ...]) -> list[Region]:
+    """The blocks `locate_error` reads (and a cluster's workers, a task each: compare/dask_blocks.py)."""
+    return list(iter_blocks(plan_chunks(shape, 8, WHERE_BLOCK_BYTES), 1)) if shape else []
+
+
 def locate_error(a: View, b: View, pool: Executor | None = None) -> list[ErrorSpan]:
     """Read both views (same shape) block by block, on `pool`'s threads where given, and say where their error
     is (`WhereAccumulator.spans`)."""
@@ -138,7 +143,7 @@ def locate_error(a: View, b: View, pool: Executor | None = None) -> list[ErrorSp
     accumulator = WhereAccumulator(shape)
     if not shape:
         return []
-    regions = list(iter_blocks(plan_chunks(shape, 8, WHERE_BLOCK_BYTES), 1))
+    regions = where_regions(shape)
 
     def masses(region: Region) -> tuple[list[np.ndarray], list[np.ndarray]]:
         return block_masses(a.read(region), b.read(region))
