@@ -12,14 +12,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_debugger.compare.formatting import format_cosine, format_error, format_number, replica_words
+from tensor_debugger.compare.formatting import format_cosine, format_error, format_number, format_where, replica_words
 from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
+from tensor_debugger.engine.dimension_names import parse_dims_option
 from tensor_debugger.errors import InvalidInputError
 
 
-def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: str | None) -> dict[str, Any]:
-    """The pairing to apply: the file's (if any), with the command line's strategies and pattern over it.
-    Raises InvalidInputError naming the file when it cannot be read or is not a JSON object."""
+def read_pairing_file(
+    path: Path | None, strategies: str | None, name_pattern: str | None, dims: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The pairing to apply: the file's (if any), with the command line's strategies, pattern and dimension names
+    (`--dims GLOB=NAMES`, over the file's globs) over it. Raises InvalidInputError naming the file when it cannot
+    be read or is not a JSON object, or naming the --dims option that is not GLOB=NAMES."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -32,6 +36,13 @@ def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: s
         data["strategies"] = strategies.split(",")
     if name_pattern is not None:
         data["name_pattern"] = name_pattern
+    if dims:
+        try:
+            named = parse_dims_option(dims) or {}
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        given = data.get("dims")
+        data["dims"] = {**(given if isinstance(given, dict) else {}), **named}
     return data  # checked where the compare runs (`compare_runs`), which names the file in what it says
 
 
@@ -51,6 +62,7 @@ def compare_request(
     noise: Path | None = None,
     noise_factor: float | None = None,
     allow_unmatched: Sequence[str] = (),
+    dims: Sequence[str] = (),
 ) -> CompareRequest:
     """What the command line asks for. Raises InvalidInputError on an unusable pairing file, or options that
     contradict each other or mean nothing alone."""
@@ -66,7 +78,7 @@ def compare_request(
         name,
         rtol,
         atol,
-        read_pairing_file(pairing, strategies, name_pattern),
+        read_pairing_file(pairing, strategies, name_pattern, dims),
         None if pairing is None else str(pairing),
         fail_fast,
         ulp,
@@ -97,6 +109,7 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
         noise=args.noise,
         noise_factor=args.noise_factor,
         allow_unmatched=args.allow_unmatched,
+        dims=args.dims,
     )
 
 
@@ -192,6 +205,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
             print(
                 f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
                 f"{stats['argmax']}, beyond the noise factor times the rerun's {cell(pair['noise_max_abs_diff'])}"
+                f"{inside(first)}"
             )
         else:
             replicas = pair.get("replicas") or {}
@@ -200,6 +214,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
                 f"FIRST DIVERGENCE: {first['name']} ({where}): {copies + ' differs: ' if copies else ''}max |diff| "
                 f"{cell(stats['max_abs_diff'])} at {stats['argmax']}, {stats['mismatched']} of {stats['numel']} "
                 f"elements outside tolerance"
+                f"{inside(first)}"
             )
     print_unmatched_before(first)
     pending = sum(1 for p in payload["pairs"] if p["status"] == "pending")
@@ -250,6 +265,13 @@ def print_not_compared(payload: dict[str, Any]) -> None:
     allowed = coverage.get("allowed_unmatched") or []
     if allowed:
         print(f"allowed to have no partner ({len(allowed)}): {names_of(allowed)}")
+
+
+def inside(first: dict[str, Any]) -> str:
+    """Where inside the first divergence its error is, after a semicolon ("; in heads 5, tokens 10-12");
+    nothing where not known (a result stored before `where` was computed, a JSON from an older server)."""
+    text = format_where(first.get("where"))
+    return f"; {text}" if text else ""
 
 
 def print_where(url: str, data_dir: Path | None) -> None:
@@ -304,7 +326,7 @@ def print_candidates(payload: dict[str, Any]) -> None:
             print(f"{label}: no divergence")
         else:
             where = "no layer" if first["layer"] is None else f"layer {first['layer']}"
-            print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where})")
+            print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where}){inside(first)}")
             print_unmatched_before(first, "  ")
     print_not_compared(payload)
     print_incomplete(payload["problems"])

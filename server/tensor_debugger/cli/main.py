@@ -5,7 +5,7 @@
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T | --ulp N] [--json]
-        [--top K] [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+        [--top K] [--strategies LIST] [--name-pattern REGEX] [--dims GLOB=NAMES]... [--pairing FILE] [--fail-fast]
         [--noise A2 [--noise-factor K]] [--in-process]
     tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
@@ -111,11 +111,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(and optionally rank) that names match, e.g. 'L(?P<layer>\\d+)_(?P<stage>[a-z_]+)'",
     )
     compare.add_argument(
+        "--dims",
+        action="append",
+        default=[],
+        metavar="GLOB=NAMES",
+        help="name the aligned dimensions of the tensors whose names match GLOB (repeatable), e.g. "
+        "'*attn*=batch,heads,tokens,head_dim': `where` and the error profiles use the names (a glob applies where "
+        "its names are as many as the dimensions)",
+    )
+    compare.add_argument(
         "--pairing",
         type=Path,
         metavar="FILE",
         help="a pairing file (JSON, as GET "
-        "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it",
+        "/api/sessions/{id}/pairing exports) to apply; --strategies, --name-pattern and --dims win over it",
     )
     compare.add_argument(
         "--fail-fast",

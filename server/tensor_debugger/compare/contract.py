@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tensor_debugger.compare.pair_reports import FirstDivergence, SessionPairs
+from tensor_debugger.compare.where_reports import WhereEntry
 
 CONTRACT_STATS = (
     "max_abs_diff",
@@ -23,6 +24,10 @@ CONTRACT_STATS = (
     "inf_a",
     "inf_b",
 )
+
+
+def _where(where: list[WhereEntry] | None) -> list[dict[str, Any]] | None:
+    return None if where is None else [asdict(w) for w in where]
 
 
 def contract_json(
@@ -53,6 +58,9 @@ def contract_json(
             "replicas": {"ranks": p.replicas.ranks, "side": p.replicas.side, "differing": p.replicas.differing}
             if p.replicas
             else None,
+            # a failing pair's aligned dimensions that confine its error ({"dim", "name", "size", "ranges"}; []:
+            # everywhere); null for any other pair
+            "where": _where(p.where),
         }
         for p in report.pairs
     ]
@@ -66,11 +74,13 @@ def contract_json(
     def where(found: FirstDivergence | None) -> dict[str, Any] | None:
         if found is None:
             return None
-        # the reference tensors without partner (not allowed by the user) before it in execution order
+        # `unmatched_before`: the reference tensors without partner (not allowed by the user) before it in execution
+        # order; `where`: the dimensions and index ranges its error is confined to
         return {
             "name": found.name,
             "layer": found.layer,
             "stage": found.stage,
+            "where": _where(found.where),
             "unmatched_before": found.unmatched_before,
         }
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from tensor_debugger.compare.dask_blocks import big_pairs, collect_split, submit_split
+from tensor_debugger.compare.dask_blocks import Cluster, big_pairs, collect_split, submit_split
 from tensor_debugger.compare.dask_workers import worker_comparisons
 from tensor_debugger.compare.pending import ProgressCallback, Tally, compute_pending, pending_query
 from tensor_debugger.store.claims import claimable
@@ -74,7 +74,7 @@ def compute_on_dask(
                     tally.settled(int(future.result()))
                     if stopping():
                         break
-                collect_split(comparisons, splits, tally.settled, stopping)
+                collect_split(comparisons, splits, tally.settled, stopping, Cluster(client, kind, sent))
             if stopping():
                 client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
                 return tally.done

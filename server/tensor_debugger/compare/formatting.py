@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI's `compare` formats numbers with these, without loading Jinja
@@ -88,6 +89,28 @@ def anchor_id(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "tensor"
 
 
+def format_where(where: Sequence[Any] | None) -> str:
+    """Where inside a pair its error is, in words: "in heads 5, tokens 10-12" (each dimension by its name, else
+    "dim D"; several ranges, or a dimension without a name, in brackets: "dim 2 [3-4, 10-12]"); "everywhere"
+    where no dimension confines it; "" where it is not known (a passing pair). Entries are `where` items: dicts
+    or objects with `dim`, `name` and `ranges`."""
+    if where is None:
+        return ""
+    if not where:
+        return "everywhere (no dimension confines it)"
+    parts = []
+    for entry in where:
+        item = entry if isinstance(entry, Mapping) else vars(entry)
+        spans = ", ".join(str(s) if s == e else f"{s}-{e}" for s, e in item["ranges"])
+        name = item.get("name")
+        if name and len(item["ranges"]) == 1:
+            parts.append(f"{name} {spans}")
+        else:
+            label = name or f"dim {item['dim']}"
+            parts.append(f"{label} [{spans}]")
+    return "in " + ", ".join(parts)
+
+
 def register_filters(env: Environment) -> None:
     env.filters["gap_id"] = anchor_id
     env.filters["num"] = format_number
@@ -98,6 +121,7 @@ def register_filters(env: Environment) -> None:
     env.filters["cosine"] = format_cosine
     env.filters["fraction"] = format_fraction
     env.filters["replica_words"] = replica_words
+    env.filters["where"] = format_where
     env.globals["percent"] = format_percent
 
 

@@ -29,11 +29,19 @@ from tensor_debugger.compare.module_reports import (
     stage_culprits,
 )
 from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
-from tensor_debugger.compare.pair_rows import StatsCache, read_pairs, read_rank_mismatches, read_stats, read_tensors
+from tensor_debugger.compare.pair_rows import (
+    ResultRow,
+    StatsCache,
+    read_pairs,
+    read_rank_mismatches,
+    read_stats,
+    read_tensors,
+)
 from tensor_debugger.compare.pair_stats import PairStatsFull, PairStatsSummary
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.profiles import error_profile
 from tensor_debugger.compare.progress import PairProgress
+from tensor_debugger.compare.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
@@ -102,6 +110,9 @@ class PairReport:
     rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
     noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
     replicas: ReplicaReport | None  # where one side's shards are copies of the tensor, not parts of it
+    # a failing pair's: the aligned dimensions that confine its error ([]: everywhere); null for any other pair, or
+    # a result stored before `where` was computed
+    where: list[WhereEntry] | None
 
     @property
     def key(self) -> str:
@@ -150,6 +161,7 @@ class FirstDivergence:
     stage: str | None
     max_abs_diff: Number | None
     argmax: list[int] | None
+    where: list[WhereEntry] | None  # the pair's `where`
     # the reference tensors with no partner in this candidate that come before it in execution order (not those
     # the user allowed to stay unpaired): the divergence may have begun in one of them
     unmatched_before: list[str] = field(default_factory=list)
@@ -300,9 +312,22 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
 
 
 def pair_report(
-    pair: Any, tensors: dict[int, Any], stats: PairStatsSummary | None, mismatches: dict[int, list[int]] | None = None
+    pair: Any,
+    tensors: dict[int, Any],
+    result: ResultRow | None,
+    mismatches: dict[int, list[int]] | None = None,
+    dims: dict[str, str] | None = None,
 ) -> PairReport:
-    return PairReport(**_pair_fields(pair, tensors, mismatches or {}), stats=stats)
+    """`dims`: the session's dimension names (engine/dimension_names.py)."""
+    fields = _pair_fields(pair, tensors, mismatches or {})
+    stats, spans = (result.stats, result.where) if result is not None else (None, None)
+    return PairReport(**fields, stats=stats, where=_where(fields, spans, dims))
+
+
+def _where(fields: dict[str, Any], spans: Any, dims: dict[str, str] | None) -> list[WhereEntry] | None:
+    if fields["status"] != PairStatus.FAIL:
+        return None
+    return named_where(spans, dims, (fields["name"], fields["a"].name, fields["b"].name), fields["aligned_shape"])
 
 
 def session_pairs(
@@ -321,7 +346,10 @@ def session_pairs(
     result_ids = {p.result_id for p in pairs if p.result_id is not None}
     stats = cache.read(db, result_ids) if cache is not None else read_stats(db, result_ids)
     mismatches = read_rank_mismatches(db, replica_results(pairs))
-    everything = [pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches) for p in pairs]
+    dims = db.scalar(select(SessionRecord.dims).where(SessionRecord.id == session_id))
+    everything = [
+        pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches, dims) for p in pairs
+    ]
     ordered_runs = db.execute(
         select(RunRecord.id, RunRecord.label, RunRecord.role, RunRecord.status)
         .where(RunRecord.session_id == session_id)
@@ -500,7 +528,10 @@ def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: flo
             judged.append(replace(item, noise_max_abs_diff=floor_error))
         else:
             status = PairStatus.PASS if verdict else PairStatus.FAIL
-            judged.append(replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error))
+            where = item.where if status == PairStatus.FAIL else None  # known where tolerances failed it too
+            judged.append(
+                replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error, where=where)
+            )
     return judged
 
 
@@ -535,6 +566,7 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
         item.stage,
         item.stats.max_abs_diff if item.stats else None,
         item.stats.argmax if item.stats else None,
+        item.where,
         list(dict.fromkeys(u.name for u in before)),
     )
 
@@ -548,8 +580,11 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDe
     mismatches: dict[int, list[int]] = {}
     if result is not None and replica_results([pair]):  # its ranks, read now where no comparison kept them
         mismatches[result.id] = error_profile(db, comparisons, pair.id, 0).mismatched
+    fields = _pair_fields(pair, tensors, mismatches)
+    session = db.get_one(SessionRecord, pair.session_id)
     return PairDetail(
-        **_pair_fields(pair, tensors, mismatches),
+        **fields,
+        where=_where(fields, result.stats.get("where") if result is not None else None, session.dims),
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,
         alignment_steps=(pair.alignment or {}).get("steps", []),
         shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),

@@ -15,12 +15,22 @@ from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.pair_stats import PairStatsSummary
+from tensor_debugger.compare.where_reports import StoredSpan, StoredWhere
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
 # msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)
 _IDS = msgspec.json.Decoder(list[int])
 _ANY = msgspec.json.Decoder()
 _SUMMARY = msgspec.json.Decoder(PairStatsSummary)
+_WHERE = msgspec.json.Decoder(StoredWhere)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    """A result's statistics as summaries show them, and where inside the pair its error is (null: not stored)."""
+
+    stats: PairStatsSummary
+    where: list[StoredSpan] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +116,9 @@ class StatsCache:
 
     def __init__(self, limit: int = 50_000) -> None:
         self.limit = limit
-        self.entries: dict[int, PairStatsSummary] = {}
+        self.entries: dict[int, ResultRow] = {}
 
-    def read(self, db: DbSession, result_ids: Collection[int]) -> dict[int, PairStatsSummary]:
+    def read(self, db: DbSession, result_ids: Collection[int]) -> dict[int, ResultRow]:
         """The statistics of these results: those not kept yet read (and kept), the others from memory."""
         entries = self.entries
         missing = [i for i in result_ids if i not in entries]
@@ -120,13 +130,14 @@ class StatsCache:
         return {i: entries[i] for i in result_ids if i in entries}
 
 
-def read_stats(db: DbSession, result_ids: Collection[int]) -> dict[int, PairStatsSummary]:
-    """The statistics of the comparison cache's results, by id (the histogram, which summaries leave out, skipped)."""
+def read_stats(db: DbSession, result_ids: Collection[int]) -> dict[int, ResultRow]:
+    """The statistics of the comparison cache's results, by id (the histogram, which summaries leave out, skipped),
+    with their `where`."""
     if not result_ids:
         return {}
     r = ComparisonResultRecord
     rows = db.execute(select(r.id, _text(r.stats)).where(r.id.in_(result_ids)))
-    return {row[0]: _SUMMARY.decode(row[1]) for row in rows}
+    return {row[0]: ResultRow(_SUMMARY.decode(row[1]), _WHERE.decode(row[1]).where) for row in rows}
 
 
 def read_rank_mismatches(db: DbSession, result_ids: Collection[int]) -> dict[int, list[int]]:

@@ -3,6 +3,7 @@ stays unpaired, exported as JSON and imported again (into the same session, anot
 --pairing`).
 
     {"strategies": ["layer_stage", "name", "fuzzy:0.8"], "name_pattern": "L(?P<layer>\\d+)_(?P<stage>\\w+)",
+     "dims": {"*attn*": "batch,heads,tokens,head_dim"},
      "pairs": [{"a": "reference name", "b": "candidate name"}],
      "unpaired": [{"a": "never paired with", "b": "this one"}, {"a": "never paired at all"}, {"b": "..."}]}
 
@@ -19,12 +20,13 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.engine.dimension_names import parse_dims
 from tensor_debugger.engine.pairing import compile_name_pattern, parse_strategies
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord
 
-KEYS = ("strategies", "name_pattern", "pairs", "unpaired")
+KEYS = ("strategies", "name_pattern", "dims", "pairs", "unpaired")
 
 
 def check_rules(strategies: Any, name_pattern: Any) -> tuple[list[str] | None, str | None]:
@@ -41,6 +43,14 @@ def check_rules(strategies: Any, name_pattern: Any) -> tuple[list[str] | None, s
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
     return chain, name_pattern or None
+
+
+def check_dims(dims: Any) -> dict[str, str] | None:
+    """Dimension names as stored (engine/dimension_names.py; None: none). Raises InvalidInputError."""
+    try:
+        return parse_dims(dims)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
 
 
 def set_rules(session: SessionRecord, strategies: Any, name_pattern: Any) -> None:
@@ -69,6 +79,7 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
     return {
         "strategies": session.strategies,
         "name_pattern": session.name_pattern,
+        "dims": session.dims,
         "pairs": [entry(p.run_b_id, a=p.a_name, b=p.b_name) for p in pairs],
         "unpaired": unpaired,
     }
@@ -103,6 +114,7 @@ def check_file(data: Any) -> dict[str, Any]:
     if unknown:
         raise InvalidInputError(f"a pairing file has no key {unknown[0]!r}: the keys are {', '.join(KEYS)}")
     check_rules(data.get("strategies"), data.get("name_pattern"))
+    check_dims(data.get("dims"))
     for key in ("pairs", "unpaired"):
         if key in data:
             _entries(data, key)
@@ -124,6 +136,8 @@ def import_pairing(db: DbSession, session_id: int, data: Any) -> None:
         if "run" in item and item["run"] not in candidates:
             raise InvalidInputError(f"the session has no candidate run labelled {item['run']!r}")
     session.strategies, session.name_pattern = strategies, pattern
+    if "dims" in data:
+        session.dims = check_dims(data["dims"])
     for action, items in (("pair", pairs), ("unpair", unpaired)):
         if items is None:
             continue

@@ -154,6 +154,7 @@ class SessionReport:
     strategies: list[str] | None
     name_pattern: str | None
     allow_unmatched: list[str]  # globs of reference tensor names that may have no partner (`--allow-unmatched`)
+    dims: dict[str, str] | None  # names of the tensors' aligned dimensions by name glob (null: none)
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionReport:
@@ -173,6 +174,7 @@ class SessionDetail:
     strategies: list[str] | None  # as in SessionReport
     name_pattern: str | None
     allow_unmatched: list[str]
+    dims: dict[str, str] | None
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionDetail:
@@ -190,13 +192,16 @@ def _session_head(session: SessionRecord) -> tuple[int, str, str, str, Tolerance
     )
 
 
-def _rules(session: SessionRecord) -> tuple[list[str] | None, str | None, list[str]]:
-    """The pairing strategies (None: the default chain), name pattern and globs of reference tensors allowed to have
-    no partner that SessionReport and SessionDetail end with."""
+def _rules(
+    session: SessionRecord,
+) -> tuple[list[str] | None, str | None, list[str], dict[str, str] | None]:
+    """The pairing strategies (None: the default chain), name pattern, globs of reference tensors allowed to have no
+    partner and dimension names that SessionReport and SessionDetail end with."""
     return (
         [str(s) for s in session.strategies] if session.strategies else None,
         session.name_pattern,
         [str(g) for g in session.allow_unmatched or []],
+        session.dims,
     )
 
 

@@ -32,6 +32,8 @@ class SessionRecord(Base):
     name_pattern: Mapped[str | None] = mapped_column(Text)  # a regex with groups layer, stage (rank); null: none
     # globs of reference tensor names allowed to have no partner (`compare --allow-unmatched`); null: none
     allow_unmatched: Mapped[list[Any] | None] = mapped_column(JSON)
+    # names of the tensors' aligned dimensions, by name glob: {"*attn*": "batch,heads,tokens,head_dim"}; null: none
+    dims: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     runs: Mapped[list[RunRecord]] = relationship(
         back_populates="session", order_by="RunRecord.position", cascade="all, delete-orphan"
     )

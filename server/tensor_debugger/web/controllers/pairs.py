@@ -17,7 +17,7 @@ from tensor_debugger.compare.pair_reports import (
     session_pairs,
 )
 from tensor_debugger.compare.profiles import ErrorProfile, error_profile
-from tensor_debugger.compare.session_profiles import SessionProfiles, session_profiles
+from tensor_debugger.compare.session_profiles import SessionProfiles, parse_dim, session_profiles
 from tensor_debugger.compare.slices import SliceReport, parse_slice_request, read_slice
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
@@ -68,13 +68,17 @@ class SessionPairsController(Controller):
         self,
         services: Services,
         session_id: int,
-        dim: int = Parameter(ge=0, description="the aligned dimension to profile (0 for the first)"),
+        dim: str = Parameter(
+            description="the aligned dimension to profile (0 for the first), or a dimension's name (the session's "
+            "dims): each pair's own dimension of that name",
+            max_length=64,
+        ),
     ) -> SessionProfiles:
-        """For every pair with aligned dimension `dim`, in execution order: its largest and mean |difference| per
-        index of that dimension (each pair's profile computed once and kept with its result); the pairs without
-        it are listed as skipped, with why."""
+        """For every pair with aligned dimension `dim` (or a dimension named `dim`), in execution order: its largest
+        and mean |difference| per index of that dimension (each pair's profile computed once and kept with its
+        result); the pairs without it are listed as skipped, with why."""
         with services.sessions() as db:
-            return session_profiles(db, services.comparisons, session_id, dim)
+            return session_profiles(db, services.comparisons, session_id, parse_dim(dim))
 
     @get("/alignments", sync_to_thread=True, responses=error_responses(404))
     def alignment_choices(

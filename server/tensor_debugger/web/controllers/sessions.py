@@ -87,6 +87,8 @@ class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
     # globs of reference tensor names that may have no partner in a candidate (as compare --allow-unmatched); []:
     # none. A change pairs the session again: any other reference tensor without partner keeps it incomplete.
     allow_unmatched: Annotated[list[Glob], msgspec.Meta(max_length=100)] | None = None
+    # names of the tensors' aligned dimensions, by name glob: {"*attn*": "batch,heads,tokens,head_dim"}; {}: none
+    dims: dict[str, str] | None = None
 
 
 class SessionCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -119,7 +121,8 @@ class SessionController(Controller):
     def update_session(self, services: Services, session_id: int, data: SessionPatch = STRICT_BODY) -> SessionReport:
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
         them (400 naming the problem, nothing changed) and pair the session again, as new `allow_unmatched` globs
-        do; new tolerances refresh its verdicts."""
+        do; new tolerances refresh its verdicts. `dims` names dimensions (a glob's names apply to the pairs it matches
+        whose aligned rank is their count): `where` and the error profiles show them."""
         return services.actions.update_session(
             session_id,
             data.name,
@@ -131,6 +134,7 @@ class SessionController(Controller):
             data.name_pattern,
             ulp=data.ulp,
             allow_unmatched=data.allow_unmatched,
+            dims=data.dims,
         )
 
     @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))
