@@ -170,7 +170,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     for side, names in payload["unmatched"].items():
-        if names:
+        if names and (side == "b" or payload.get("coverage") is None):  # the reference's: NOT COMPARED says them
             which = "reference" if side == "a" else "candidate"
             print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
     print_problems(payload["problems"])

@@ -3,6 +3,7 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -461,7 +462,8 @@ def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | No
 def coverage_of(items: list[PairReport], missing: list[UnmatchedReport], unread_files: int) -> Coverage:
     """What was compared of the reference: `items` the candidates' pairs, `missing` the reference's tensors with no
     partner in a candidate (each once per candidate)."""
-    in_order = sorted(missing, key=lambda u: (u.before_position if u.before_position is not None else -1, u.name))
+    # `missing` comes in each run's execution order; those after the last pair (no position) come last
+    in_order = sorted(missing, key=lambda u: u.before_position if u.before_position is not None else math.inf)
     not_allowed = list(dict.fromkeys(u.name for u in in_order if not u.allowed))
     allowed = [n for n in dict.fromkeys(u.name for u in in_order if u.allowed) if n not in set(not_allowed)]
     judged: dict[str, bool] = {}
