@@ -106,7 +106,7 @@ def pair(sessions: sessionmaker[DbSession], store: ArrayStore, database_url: str
     def refuse(found: str) -> StorePairingError:
         return StorePairingError(
             f"the database {hidden_password(database_url)} and the array store {store.url} are not one pair: "
-            f"{found}. Nothing was changed; {FIX}"
+            f"{found}. Nothing was written to the store or deleted from it; {FIX}"
         )
 
     with sessions() as db:
