@@ -17,7 +17,7 @@ LOWEST ?= .venv-lowest
 BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/kernel_structs.h server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/chunk_loop.c
 LOWEST_BIN := $(LOWEST)/bin
 
-.PHONY: run test install install-test browser cross postgres bench lint test-lowest ci
+.PHONY: run test install install-test browser cross postgres bench bench-first-start lint test-lowest ci
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,10 @@ ci: lint test test-lowest
 
 bench: install
 	$(BIN)/python bench/ingest.py --size-gib 1
+
+# a cluster's first start, 10 rounds of 4 replicas on an empty PostgreSQL database and S3 prefix
+bench-first-start: install-test postgres
+	$(BIN)/python bench/first_start.py --rounds 10 --replicas 4
 
 lint: install-test
 	$(BIN)/ruff check server tests bench

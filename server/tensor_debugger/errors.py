@@ -142,3 +142,9 @@ class StoreWriteError(TensorDebuggerError):
 
     def __reduce__(self) -> tuple[type[StoreWriteError], tuple[str, str, str]]:  # sent back by a child process
         return type(self), (self.where, self.reason, self.file)
+
+
+class StorePairingError(StoreUnavailableError):
+    """The metadata database and the array store are not one pair (store/identity.py): a process given them would
+    misread the store or, recovering, delete what another database stored. Raised at start, before anything is
+    written or deleted; the message names both and the fix."""

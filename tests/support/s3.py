@@ -142,7 +142,7 @@ class SeaweedS3:
 
 _FIRST_ARRAY = [
     f"Write:{BUCKET}/{PARTLY_WRITABLE}/{key}*"
-    for key in ("zarr.json", "runs/zarr.json", "runs/1/zarr.json", "runs/1/0/")
+    for key in ("tensor-debugger-store.json", "zarr.json", "runs/zarr.json", "runs/1/zarr.json", "runs/1/0/")
 ]
 
 

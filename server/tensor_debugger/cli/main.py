@@ -237,8 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensor_debugger.services import open_services
 
         try:
-            services = open_services(settings)
-        except StoreUnavailableError as exc:
+            # a command that only reads marks no new database and store as a pair (store/identity.py)
+            services = open_services(settings, writes=args.command not in ("sessions", "compare-sessions"))
+        except StoreUnavailableError as exc:  # a store that cannot be used, or not one pair with the database
             print(f"tensor-debugger: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
     try:
@@ -320,14 +321,13 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if not settings.store_url.startswith("file:"):  # a local folder is made as needed: no check, nor Zarr's import
-        from tensor_debugger.store.zarr_backend import open_store
+    from tensor_debugger.services import check_pair
 
-        try:
-            open_store(settings.store_url)  # a store that cannot be used is said here, not in a traceback at start-up
-        except StoreUnavailableError as exc:
-            print(f"tensor-debugger: {exc}", file=sys.stderr)
-            return EXIT_UNUSABLE
+    try:  # a store that cannot be used, or is not the database's, is said here, not in a traceback at start-up
+        check_pair(settings)
+    except StoreUnavailableError as exc:
+        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
     import uvicorn
 
     from tensor_debugger.web.app import create_app

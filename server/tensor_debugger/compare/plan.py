@@ -23,6 +23,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.compare.dask_connection import SchedulerConnection
 from tensor_debugger.compare.pair_rows import StatsCache
 from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
 from tensor_debugger.engine.alignment import Alignment, Step, align
@@ -125,12 +126,16 @@ class Comparisons:
         self.store = store
         self.workers = workers
         self.cluster = cluster if cluster is not None and cluster.dask_scheduler else None
+        # one client to the scheduler for the process's life, made once pairs are first sent to the workers
+        self.scheduler = SchedulerConnection(self.cluster.dask_scheduler) if self.cluster is not None else None
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
         self.lock = threading.Lock()  # held while computing: one computation at a time per process
         self.stats = StatsCache()  # decoded statistics of results, for reports (pair_rows.py)
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     # --- planning ---------------------------------------------------------------------------------------
 

@@ -3,8 +3,11 @@
 A run still "ingesting" whose process is gone on this host, or whose ingest on another host (a server replica)
 stopped renewing its lease (store/claims.py), is deleted with its arrays (and its session, when that ingest
 created it and nothing else is in it); the server also does this on its claims' heartbeat. The folder under
-"runs/" of a run that no longer exists is deleted too, but for the arrays in it that tensor rows of other runs
-still name (arrays are shared: see `catalog.release_arrays`).
+"runs/" of a run that no longer exists (a deletion cut short between its rows and its arrays) is deleted too, but
+for the arrays in it that tensor rows of other runs still name (arrays are shared: see `catalog.release_arrays`).
+Only folders this database recorded when it created their runs (`ArrayFolderRecord`) are looked at: the store is
+never listed for what to delete, so nothing another database wrote is deleted (store/identity.py keeps a process
+from being given another database's store at all).
 
 A run that names this very process is alive only if it is one of `live` (the runs this process's ingestor is
 working on, in its background threads): otherwise it was left by an earlier process that had the same id, as
@@ -20,7 +23,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -28,7 +31,7 @@ from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import keys_under
 from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.database import lock_arrays
-from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ArrayFolderRecord, RunRecord, SessionRecord, TensorRecord
 
 
 @dataclass(frozen=True)
@@ -76,29 +79,50 @@ def recover(
     live: Callable[[], Collection[int]] = frozenset,
     claims: Claims | None = None,
 ) -> RecoveryReport:
-    """Remove the runs whose ingest died and the arrays no run owns (see the module's docstring)."""
-    # Listed before the runs are read: a run row is always committed before its first array is written, so
-    # every array seen here whose run is alive is known by the query below.
-    stored = [name for name in store.children("runs") if name.isdigit()]  # not the group's zarr.json
+    """Remove the runs whose ingest died, then what the folders of runs gone hold that no row names (see the
+    module's docstring)."""
     removed = remove_dead_ingests(sessions, store, live, claims)
+    return RecoveryReport(removed, remove_orphan_arrays(sessions, store))
+
+
+def remove_orphan_arrays(sessions: sessionmaker[DbSession], store: ArrayStore) -> int:
+    """Delete, in each folder this database recorded (`ArrayFolderRecord`) whose run is gone, the arrays no tensor
+    row names, and the record once nothing in the folder is named; returns how many deletions were made (a whole
+    folder counts once). The store itself is never listed for folders: one this database did not record (another
+    database's, in a store they were wrongly given both) is left alone."""
+    orphaned = ~select(RunRecord.id).where(RunRecord.id == ArrayFolderRecord.run_id).exists()
     with sessions() as db:
-        known = {str(run_id) for run_id in db.scalars(select(RunRecord.id))}
-        orphans = [name for name in stored if name not in known]
-        shared = {
-            name: set(db.scalars(select(TensorRecord.store_key).where(keys_under(f"runs/{name}")))) for name in orphans
-        }
-    removed_arrays = 0
-    for name in orphans:
-        if not shared[name]:
-            store.delete(f"runs/{name}")
-            removed_arrays += 1
-            continue
-        for child in store.children(f"runs/{name}"):
-            key = f"runs/{name}/{child}"
-            if child.isdigit() and key not in shared[name]:
-                store.delete(key)
-                removed_arrays += 1
-    return RecoveryReport(removed, removed_arrays)
+        gone = list(db.scalars(select(ArrayFolderRecord.run_id).where(orphaned).order_by(ArrayFolderRecord.run_id)))
+    removed = 0
+    for run_id in gone:
+        with sessions.begin() as db:
+            # A write first (SQLite's writer lock from here) and the arrays' lock: no ingest points a new row at an
+            # array of this folder while it is read and deleted. The record gone: another process did it meanwhile.
+            touched = db.execute(
+                update(ArrayFolderRecord)
+                .where(ArrayFolderRecord.run_id == run_id)
+                .values(run_id=ArrayFolderRecord.run_id)
+            )
+            if not touched.rowcount:  # type: ignore[attr-defined]
+                continue
+            lock_arrays(db)
+            if db.get(RunRecord, run_id) is not None:  # a new run took the id (SQLite reuses a deleted one's)
+                continue
+            prefix = run_prefix(run_id)
+            named = set(db.scalars(select(TensorRecord.store_key).where(keys_under(prefix))))
+            stored = store.children(prefix)
+            if not named:
+                if stored:
+                    store.delete(prefix)
+                    removed += 1
+                db.execute(delete(ArrayFolderRecord).where(ArrayFolderRecord.run_id == run_id))
+                continue
+            for child in stored:
+                key = f"{prefix}/{child}"
+                if child.isdigit() and key not in named:
+                    store.delete(key)
+                    removed += 1
+    return removed
 
 
 def remove_dead_ingests(

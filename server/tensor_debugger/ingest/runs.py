@@ -61,7 +61,7 @@ from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import lock_arrays
-from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ArrayFolderRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
 
@@ -293,6 +293,10 @@ class Ingestor:
             )
             db.add(run)
             db.flush()
+            # Its folder in the store recorded with it, before any array is written there: what recovery may delete.
+            # (SQLite may give a run the id of one deleted, whose folder's record is kept while rows name arrays in it.)
+            if db.get(ArrayFolderRecord, run.id) is None:
+                db.add(ArrayFolderRecord(run_id=run.id))
             # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
             _LiveRuns.add(self.settings.database_url, run.id)
             return PendingRun(session.id, session_name, run.id, run_label, created or created_session)
