@@ -40,3 +40,51 @@ def nested_zip_bomb(path: Path, inner: int = 8, mebibytes: int = 1024) -> Path:
             outer.writestr(f"inner{i}.zip", one)
     path.write_bytes(buffer.getvalue())
     return path
+
+
+def laughs_pickle(levels: int = 40) -> bytes:
+    """A pickle of `levels` nested lists, each holding the one below twice (`x = [x, x]`, by the memo): a few hundred
+    bytes that unpickle to `levels + 1` small lists and are a tree of 2^(levels+1) - 1 lists to a walk that follows
+    each reference ("billion laughs")."""
+    out = bytearray(b"\x80\x02]q\x00")  # protocol 2; an empty list, memo 0
+    for i in range(levels):  # a new list; MARK, memo i, memo i, APPENDS; memo i + 1
+        out += b"](h" + bytes([i]) + b"h" + bytes([i]) + b"eq" + bytes([i + 1])
+    return bytes(out + b".")
+
+
+def hashed_laughs_pickle(levels: int = 40) -> bytes:
+    """A pickle of a dict whose one key is `levels` nested tuples, each holding the one below twice: unpickling it
+    hashes the key, which takes 2^levels steps (a tuple's hash is not kept)."""
+    out = bytearray(b"\x80\x02})q\x000")  # protocol 2; the dict; an empty tuple, memo 0, popped
+    for i in range(levels):  # memo i twice, TUPLE2; memo i + 1; popped
+        out += b"h" + bytes([i]) + b"h" + bytes([i]) + b"\x86q" + bytes([i + 1]) + b"0"
+    return bytes(out + b"h" + bytes([levels]) + b"K\x01s.")  # the key, the value 1; SETITEM
+
+
+def laughs_pth(path: Path, legacy: bool = False, levels: int = 40, bomb: bytes | None = None) -> Path:
+    """A PyTorch file whose object is `bomb` (by default `laughs_pickle(levels)`): torch.save's zip format with its
+    data.pkl replaced, or (`legacy`) the pre-1.6 format (`_use_new_zipfile_serialization=False`: magic, protocol
+    and system pickles, the object's pickle, then the pickle of its storages' keys, none here) with the object's
+    pickle replaced.
+    Returns `path`."""
+    import pickle
+
+    import torch
+
+    bomb = laughs_pickle(levels) if bomb is None else bomb
+    buffer = io.BytesIO()
+    torch.save([], buffer, _use_new_zipfile_serialization=not legacy)
+    if legacy:
+        empty = pickle.dumps([], protocol=2)
+        saved = buffer.getvalue()
+        assert saved.endswith(empty + empty), "the legacy format ends with the object's pickle and its keys'"
+        path.write_bytes(saved[: -2 * len(empty)] + bomb + empty)
+        return path
+    buffer.seek(0)
+    out = io.BytesIO()
+    with zipfile.ZipFile(buffer) as saved_zip, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as bombed:
+        for info in saved_zip.infolist():
+            data = bomb if info.filename.endswith("/data.pkl") else saved_zip.read(info)
+            bombed.writestr(info, data)
+    path.write_bytes(out.getvalue())
+    return path

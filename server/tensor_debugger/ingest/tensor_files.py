@@ -40,6 +40,7 @@ from tensor_debugger.ingest.block_readers import (
 )
 from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.ingest.mapped_pages import PageReleaser
+from tensor_debugger.ingest.pickle_budget import PickleTooLarge, check_pickles, check_reach
 from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
 from tensor_debugger.store.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
 
@@ -97,6 +98,8 @@ def _open_pth(path: Path, label: str, buffers: int | BufferPool, span: Span | No
     base = span.offset if span is not None else 0
     try:
         obj = read_pth(path, span)
+    except PickleTooLarge as exc:
+        raise FileProblem(label, f"refused: {exc}") from None
     except (
         zipfile.BadZipFile,
         pickle.UnpicklingError,
@@ -195,6 +198,10 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
 
     mmapped = span is None
     try:
+        _check_torch_pickles(path, span)
+    except PickleTooLarge as exc:
+        raise FileProblem(label, f"refused: {exc}") from None
+    try:
         # torch warns of pickle protocols it did not write: the file's problem, if any, is said below
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -221,6 +228,10 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
     ) as exc:
         # random bytes can trip the unpickler anywhere (an IndexError on an empty stack, say): all mean the same
         raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
+    try:
+        check_reach(obj)  # unpickled with its shared references shared: walking them as a tree could take forever
+    except PickleTooLarge as exc:
+        raise FileProblem(label, f"refused: {exc}") from None
     releaser = PageReleaser(path) if mmapped else None  # a no-op for the legacy format, which is not mapped
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
@@ -235,6 +246,28 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
             continue
         leaves.append(Leaf(key_path, tuple(value.shape), from_torch(value.dtype), TorchReader(value, releaser)))
     return TensorFile(leaves, skipped)
+
+
+_LEGACY_PICKLES = 5  # the legacy format: magic number, protocol version, system info, the object, its storages' keys
+
+
+def _check_torch_pickles(path: Path, span: Span | None) -> None:
+    """Raise PickleTooLarge for a file whose pickles (every data.pkl of a zip, the first pickles of anything else)
+    expand past the budget, before torch.load unpickles them: its unpickler hashes a tuple used as a dict key, which
+    takes as long as the tuple's tree is large. Bytes that are neither are left to torch.load to refuse."""
+    with open_range(path, span) as source:
+        if zipfile.is_zipfile(source):
+            try:
+                with zipfile.ZipFile(source) as archive:
+                    for info in archive.infolist():
+                        if info.filename.endswith("data.pkl"):
+                            with archive.open(info) as raw:
+                                check_pickles(raw)
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, RuntimeError):
+                return
+        else:
+            source.seek(0)
+            check_pickles(source, _LEGACY_PICKLES)
 
 
 def _load_mapped(path: Path) -> Any:
