@@ -88,3 +88,19 @@ def laughs_pth(path: Path, legacy: bool = False, levels: int = 40, bomb: bytes |
             bombed.writestr(info, data)
     path.write_bytes(out.getvalue())
     return path
+
+
+def oversized_legacy_pth(path: Path, numel: int = 1 << 30) -> Path:
+    """A legacy-format PyTorch file (`_use_new_zipfile_serialization=False`) of a few hundred bytes whose one float32
+    storage says it holds `numel` elements (4 GiB by default): torch.load allocates that much before it reads the
+    storage's bytes (and finds 12). Returns `path`."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(torch.zeros(3), buffer, _use_new_zipfile_serialization=False)
+    saved = buffer.getvalue()
+    declared = b"K\x03"  # BININT1 3: the storage's element count, in its persistent id, before the tensor's size
+    at = saved.index(b"cpuq", 0) + 5  # the location 'cpu', memoized (BINPUT n), then the count
+    assert saved[at : at + 2] == declared, saved[at - 8 : at + 8]
+    path.write_bytes(saved[:at] + b"J" + struct.pack("<i", numel) + saved[at + 2 :])
+    return path

@@ -212,8 +212,11 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
                 obj = _load_mapped(path)
     except pickle.UnpicklingError as exc:  # code it would have run, or bytes it could not unpickle
         raise FileProblem(label, _code_refusal(str(exc)) or _unreadable_pth(path, span, exc)) from None
+    except RuntimeError as exc:
+        if "can't allocate memory" in str(exc):  # torch's allocator, past the process's memory limit
+            raise MemoryError(_first_line(exc)) from None
+        raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
     except (
-        RuntimeError,
         EOFError,
         OSError,
         ValueError,
