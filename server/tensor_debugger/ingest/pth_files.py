@@ -29,6 +29,7 @@ from typing import IO, Any
 from tensor_debugger.ingest.archives import Span
 from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.ingest.pickle_budget import check_pickles, check_reach
+from tensor_debugger.ingest.shapes import check_shape
 from tensor_debugger.store.dtypes import LogicalDtype, parse_dtype
 
 # torch's typed storage classes, by the dtype their bytes hold (torch/storage.py)
@@ -241,6 +242,7 @@ def _tensor(rebuilt: _Rebuilt, start: int, file_size: int) -> PthTensor:
     if name is None:
         raise NeedsTorch("an untyped storage without a dtype")
     dtype = parse_dtype(name)
+    check_shape(rebuilt.shape)  # BadShape: a negative size would make the tensor end before it begins
     if any(s < 0 for s in rebuilt.strides) or len(rebuilt.strides) != len(rebuilt.shape) or rebuilt.offset < 0:
         raise ValueError(f"tensor of shape {rebuilt.shape} has strides {rebuilt.strides} and offset {rebuilt.offset}")
     last = rebuilt.offset + sum((n - 1) * s for n, s in zip(rebuilt.shape, rebuilt.strides, strict=True))

@@ -42,6 +42,7 @@ from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.ingest.mapped_pages import PageReleaser
 from tensor_debugger.ingest.pickle_budget import PickleTooLarge, check_pickles, check_reach
 from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
+from tensor_debugger.ingest.shapes import BadShape, check_shape
 from tensor_debugger.store.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
 
 if TYPE_CHECKING:
@@ -98,8 +99,8 @@ def _open_pth(path: Path, label: str, buffers: int | BufferPool, span: Span | No
     base = span.offset if span is not None else 0
     try:
         obj = read_pth(path, span)
-    except PickleTooLarge as exc:
-        raise FileProblem(label, f"refused: {exc}") from None
+    except (PickleTooLarge, BadShape) as exc:
+        raise FileProblem(label, f"refused: {_refusal(exc)}") from None
     except (
         zipfile.BadZipFile,
         pickle.UnpicklingError,
@@ -243,6 +244,10 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
         if not isinstance(value, torch.Tensor):
             skipped.append(NotATensor(where, f"not a tensor ({type(value).__name__}); skipped"))
             continue
+        try:
+            check_shape(tuple(value.shape))  # torch allows more dimensions than a stored array may have
+        except BadShape as exc:
+            raise FileProblem(label, f"refused: {_refusal(exc)}") from None
         problem = _unsupported_tensor(value)
         if problem:
             skipped.append(FileProblem(where, problem))
@@ -324,6 +329,10 @@ def _unsupported_tensor(t: torch.Tensor) -> str | None:
     except ValueError as exc:
         return f"{exc}; skipped"
     return None
+
+
+def _refusal(exc: PickleTooLarge | BadShape) -> str:
+    return f"it holds {exc}" if isinstance(exc, BadShape) else str(exc)
 
 
 def _code_refusal(message: str) -> str | None:
@@ -419,7 +428,10 @@ def _safetensors_leaves(
             skipped.append(FileProblem(_where(label, (key,)), f"unsupported dtype {entry.get('dtype')!r}; skipped"))
             continue
         dtype = parse_dtype(name)
-        shape = tuple(int(d) for d in entry["shape"])
+        try:
+            shape = check_shape(entry["shape"])
+        except BadShape as exc:
+            raise FileProblem(label, f"refused: tensor {key!r} is {exc}") from None
         begin, end = (int(x) for x in entry["data_offsets"])
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise FileProblem(label, f"tensor {key!r}: data size does not match its shape and dtype")
@@ -494,8 +506,9 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         raise ValueError(f"header is not a dict of descr, fortran_order and shape: {str(header)[:80]!r}")
     shape, fortran = header["shape"], header["fortran_order"]
-    if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ValueError(f"shape {shape!r} is not a tuple of sizes")
+    if not isinstance(shape, tuple):
+        raise ValueError(f"shape {str(shape)[:80]!r} is not a tuple of sizes")
+    check_shape(shape)  # BadShape, a ValueError
     if not isinstance(fortran, bool):
         raise ValueError(f"fortran_order {fortran!r} is not a bool")
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
