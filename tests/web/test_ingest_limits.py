@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tests.support import loopback_http as http
-from tests.support.bombs import hashed_laughs_pickle, laughs_pth, oversized_legacy_pth
+from tests.support.bombs import fortran_zeros_zip, hashed_laughs_pickle, laughs_pth, oversized_legacy_pth
 from tests.support.cli_main import main_cli
 from tests.support.servers import LiveServer, started_server, upload, wait_staging_empty
 
@@ -111,3 +111,22 @@ def test_the_cli_says_a_bomb_is_refused_in_one_line(tmp_path: Path, legacy: bool
         f"  {bomb}: refused: its pickle expands to more than 1,000,000 objects, shared references counted each time "
         "they are reached (a pickle bomb?); refused before it was expanded"
     ]
+
+
+def test_a_compressed_fortran_npy_is_not_read_whole(tmp_path: Path) -> None:
+    """A 0.3 MB zip of a 256 MiB Fortran-order .npy: decompressed to the run's staging and read from there, the pages
+    of each block dropped after it; read whole, it took the ingest child past 256 MiB (900 MiB: 1.74 GB)."""
+    server = started_server(tmp_path, env={"TENSOR_DEBUGGER_INGEST_WORKERS": "1"})
+    try:
+        archive = fortran_zeros_zip(tmp_path / "fortran.zip", 256)
+        made = upload(server, "fortran", [("ref", archive)])
+        assert made.status_code == 201, made.text
+        run = made.json()["session"]["runs"][0]
+        assert (run["tensors"], run["total_bytes"]) == (1, 256 << 20)
+        [child] = ingest_children(server)
+        peak = peak_rss(child)
+        print(f"ingest child's peak RSS for a 256 MiB Fortran-order .npy, deflated: {peak / 2**20:.0f} MiB")
+        assert peak < 224 << 20  # 155 MiB measured (the whole tensor: at least 256 MiB more than before it)
+        wait_staging_empty(server)
+    finally:
+        server.stop()

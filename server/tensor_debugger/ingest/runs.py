@@ -448,7 +448,9 @@ class Ingestor:
                     self.reading(run_id, entry.label)
                 try:
                     with (
-                        open_tensor_file(entry.path, entry.label, buffers, entry.span, entry.packed) as opened,
+                        open_tensor_file(
+                            entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
+                        ) as opened,
                         TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes, budget) as writer,
                     ):
                         problems.extend(opened.skipped)

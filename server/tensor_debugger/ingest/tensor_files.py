@@ -15,6 +15,7 @@ import math
 import pickle
 import re
 import struct
+import tempfile
 import warnings
 import zipfile
 import zlib
@@ -32,6 +33,7 @@ from tensor_debugger.ingest.block_readers import (
     ArrayReader,
     BlockReader,
     BufferPool,
+    FortranReader,
     Leaf,
     RawReader,
     StreamReader,
@@ -65,7 +67,12 @@ def is_tensor_file(path: Path) -> bool:
 
 
 def open_tensor_file(
-    path: Path, label: str, buffers: int | BufferPool = 4, span: Span | None = None, packed: Packed | None = None
+    path: Path,
+    label: str,
+    buffers: int | BufferPool = 4,
+    span: Span | None = None,
+    packed: Packed | None = None,
+    scratch: Path | None = None,
 ) -> TensorFile:
     """Open `path` (with `span`, the tensor file that is that byte range of it; with `packed`, the compressed
     member of the zip at `path`); `label` is how errors name the file to the user, and gives its extension.
@@ -74,7 +81,7 @@ def open_tensor_file(
     (an ingest's: new buffers for every file cost a page fault per 4 KiB read into them, 1,600 for a 6 MB tensor)."""
     suffix = (Path(label).suffix if span is not None or packed is not None else path.suffix).lower()
     if packed is not None:
-        return _open_packed(path, label, buffers, packed, suffix)
+        return _open_packed(path, label, buffers, packed, suffix, scratch)
     if suffix in TORCH_SUFFIXES:
         try:
             return _open_pth(path, label, buffers, span)
@@ -514,14 +521,16 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
 
 
-def _open_packed(path: Path, label: str, buffers: int | BufferPool, packed: Packed, suffix: str) -> TensorFile:
+def _open_packed(
+    path: Path, label: str, buffers: int | BufferPool, packed: Packed, suffix: str, scratch: Path | None
+) -> TensorFile:
     """A compressed .npy or safetensors member of the zip at `path`, its tensors read through zipfile's stream."""
     stack = ExitStack()
     try:
         archive = stack.enter_context(zipfile.ZipFile(path))
         stream = stack.enter_context(archive.open(packed.name))
         if suffix == ".npy":
-            leaves = [_packed_npy(stream, label, buffers)]
+            leaves = [_packed_npy(stream, label, buffers, scratch, stack)]
         elif suffix == ".safetensors":
             leaves, skipped = _packed_safetensors(stream, label, buffers, packed.size)
             return TensorFile(leaves, skipped, stack)
@@ -533,7 +542,9 @@ def _open_packed(path: Path, label: str, buffers: int | BufferPool, packed: Pack
     return TensorFile(leaves, [], stack)
 
 
-def _packed_npy(stream: IO[bytes], label: str, buffers: int | BufferPool) -> Leaf:
+def _packed_npy(
+    stream: IO[bytes], label: str, buffers: int | BufferPool, scratch: Path | None, stack: ExitStack
+) -> Leaf:
     try:
         shape, fortran, dtype = read_npy_header(stream)
         offset = stream.tell()
@@ -541,16 +552,37 @@ def _packed_npy(stream: IO[bytes], label: str, buffers: int | BufferPool) -> Lea
         raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
     logical = _npy_dtype(dtype, label)
     reader: BlockReader
-    if fortran and len(shape) > 1:  # rare: read whole, in the file's order
+    if fortran and len(shape) > 1:  # in the file's order: the writer's blocks (C order) are spread all over it
         count = math.prod(shape)
         try:
-            values = np.frombuffer(stream.read(count * dtype.itemsize), dtype=dtype, count=count)
+            if scratch is not None:
+                data = _decompressed(stream, count * dtype.itemsize, scratch, stack)
+                reader = FortranReader(data, shape, dtype, stack)  # closed before the file is removed
+            else:
+                values = np.frombuffer(stream.read(count * dtype.itemsize), dtype=dtype, count=count)
+                reader = ArrayReader(values.reshape(shape, order="F"))
         except (ValueError, OSError, EOFError, zlib.error) as exc:
             raise FileProblem(label, f"truncated or corrupt ({_first_line(exc)})") from None
-        reader = ArrayReader(values.reshape(shape, order="F"))
     else:
         reader = StreamReader(stream, offset, tuple(shape), logical, _pool(buffers), label)
     return Leaf((), tuple(shape), logical, reader)
+
+
+def _decompressed(stream: IO[bytes], nbytes: int, scratch: Path, stack: ExitStack) -> Path:
+    """The next `nbytes` of `stream` in a new file under `scratch` (removed with the file's stack), copied a MiB at a
+    time. Raises EOFError where the stream ends before."""
+    handle = tempfile.NamedTemporaryFile(dir=scratch, prefix="fortran-", suffix=".raw", delete=False)
+    target = Path(handle.name)
+    stack.callback(target.unlink, missing_ok=True)
+    with handle:
+        left = nbytes
+        while left > 0:
+            piece = stream.read(min(left, 1 << 20))
+            if not piece:
+                raise EOFError(f"{nbytes - left} bytes of data where {nbytes} were expected")
+            handle.write(piece)
+            left -= len(piece)
+    return target
 
 
 def _packed_safetensors(
