@@ -108,6 +108,17 @@ class Settings:
     ingest_workers: int = _setting(
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
     )
+    ingest_memory: int = _setting(
+        0,
+        "Most memory one ingest's process may take, in bytes (enforced by the OS: RLIMIT_DATA); a file that needs "
+        "more fails with that reason, the other files of its run go on. 0 means a quarter of the machine's memory.",
+        shown="0 (a quarter of the machine's memory)",
+    )
+    ingest_seconds: float = _setting(
+        3600.0,
+        "Longest one ingest of the server may take, in seconds: past it its process is ended and its run fails "
+        "with that reason, naming the file it was reading.",
+    )
     workers: int = _setting(
         0,
         "Threads that compare, hash, summarise, compress and write tensors; 0 means one per CPU this process may "
@@ -156,6 +167,7 @@ class Settings:
             "ingest_workers",
             "staging_sweep_seconds",
             "claim_seconds",
+            "ingest_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
@@ -163,6 +175,10 @@ class Settings:
             raise ValueError(f"setting address_file must be a file name (no folder), got {self.address_file!r}")
         if self.public_url and not self.public_url.startswith(("http://", "https://")):
             raise ValueError(f"setting public_url must start with http:// or https://, got {self.public_url!r}")
+        if self.ingest_memory < 0:
+            raise ValueError(
+                f"setting ingest_memory must be 0 (a quarter of the memory) or more, got {self.ingest_memory}"
+            )
         if self.buffered_run_bytes < 0:
             raise ValueError(f"setting buffered_run_bytes must be 0 or more, got {self.buffered_run_bytes}")
         if not 0 <= self.top <= 64:
@@ -195,6 +211,11 @@ class Settings:
             return self.public_url.rstrip("/")
         host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @property
+    def ingest_memory_limit(self) -> int:
+        """The bytes of memory an ingest's process may take: `ingest_memory`, or with 0 a quarter of the machine's."""
+        return self.ingest_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
     @property
     def auth_required(self) -> bool:

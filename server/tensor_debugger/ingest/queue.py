@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from tensor_debugger.errors import NothingUsableError
+from tensor_debugger.errors import DiskFullError, FileProblem, NothingUsableError, StoreWriteError
 from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
@@ -125,7 +125,7 @@ class IngestQueue:
             try:
                 future.set_result(self._ingest(job))
             except BaseException as exc:  # handed to whoever waits on the future
-                if not isinstance(exc, NothingUsableError | IngestCancelled):
+                if not isinstance(exc, NothingUsableError | IngestCancelled | DiskFullError | StoreWriteError):
                     log.exception("ingest of run %s failed", job.pending.run_id)
                 future.set_exception(exc)
             finally:
@@ -160,6 +160,12 @@ class IngestQueue:
                 stored = None if listener is None else NotesOf(listener)
                 result = self.ingestor.complete(job.pending, job.inputs, on_progress, job.keep_failure, listener=stored)
             ready = True
+        except (NothingUsableError, IngestCancelled, DiskFullError, StoreWriteError):
+            raise  # each has its own answer (422, the run undone, 507, 503)
+        except Exception as exc:  # the run failed with it as its problem (Ingestor.complete): a 422 naming the files
+            log.exception("ingest of run %s failed", run_id)
+            what = ", ".join(i.label for i in job.inputs) or "upload"
+            raise NothingUsableError([FileProblem(what, f"the ingest failed: {type(exc).__name__}: {exc}")]) from exc
         finally:
             if watcher is not None:
                 try:

@@ -107,6 +107,16 @@ def is_reference_label(label: str) -> bool:
     return label.strip().casefold() == "reference"
 
 
+def out_of_memory(limit: int | None) -> str:
+    """Why a file could not be read when memory ran out, with the limit the OS set (None: no limit was set)."""
+    if limit is None:
+        return "ran out of memory reading it"
+    return (
+        f"needed more than {limit / 2**30:.3g} GiB of memory (TENSOR_DEBUGGER_INGEST_MEMORY, the most one ingest "
+        "may take) to read it; refused"
+    )
+
+
 class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
     """Raised from a progress callback to stop an ingest; the run is removed as if it never began."""
 
@@ -182,6 +192,8 @@ class Ingestor:
         self.sessions = sessions
         self.store = store
         self.claims = claims or Claims(sessions, settings.claim_seconds)
+        self.memory_limit: int | None = None  # set where the OS limits this process's memory (an ingest's child)
+        self.reading: Callable[[int, str], None] | None = None  # told of each file as a run's copy opens it
 
     def ingest(
         self,
@@ -436,9 +448,13 @@ class Ingestor:
         try:
             for entry in expansion.entries:
                 first = made = len(stored)
+                if self.reading is not None:
+                    self.reading(run_id, entry.label)
                 try:
                     with (
-                        open_tensor_file(entry.path, entry.label, buffers, entry.span, entry.packed) as opened,
+                        open_tensor_file(
+                            entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
+                        ) as opened,
                         TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes, budget) as writer,
                     ):
                         problems.extend(opened.skipped)
@@ -460,6 +476,9 @@ class Ingestor:
                 except StoreWriteError as exc:  # the store, not the file: the whole run stops
                     self._drop(run_id, stored, first, made)
                     raise StoreWriteError(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
+                except MemoryError:  # one file's, its memory freed as the error left it: the run's other files go on
+                    self._drop(run_id, stored, first, made)
+                    problems.append(FileProblem(entry.label, out_of_memory(self.memory_limit)))
                 except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
                     self._drop(run_id, stored, first, made)
                     if is_disk_full(exc):

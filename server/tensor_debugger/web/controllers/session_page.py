@@ -139,7 +139,7 @@ class SessionPageController(Controller):
         several = {c.run_id: c.label for c in report.candidates} if len(report.candidates) > 1 else None
         return Response(
             pairs_to_csv(rows, several),
-            media_type="text/csv; charset=utf-8",
+            media_type="text/csv",  # Litestar adds "; charset=utf-8" to a text type
             headers={"content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'},
         )
 
