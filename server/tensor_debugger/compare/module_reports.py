@@ -311,7 +311,10 @@ def _failing_modules(node: ModuleNode, by_module: dict[str, list[PairReport]]) -
 
 
 def _short_name(path: str) -> str:
-    """The last part of a module path; a numbered block keeps its container's name ("layers.3")."""
+    """The last part of a module path; a numbered block keeps its container's name ("layers.3"); a captured op
+    its op and call index ("softmax#1")."""
+    if "/" in path:
+        return path.rsplit("/", 1)[1]
     parts = path.split(".")
     return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
 

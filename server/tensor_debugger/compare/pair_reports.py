@@ -46,6 +46,8 @@ class PairSide:
     shards: int
     tensor_ids: list[int]
     run_id: int
+    # a captured op's caller (capture with level="op"), "<file>:<line>": the innermost frame outside torch; else null
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,9 @@ class FirstDivergence:
     stage: str | None
     max_abs_diff: Number | None
     argmax: list[int] | None
+    # where a capture with level="op" recorded the op: the line that called it, in the reference and the candidate
+    reference_source: str | None = None
+    candidate_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,7 @@ def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
         len(shards),
         list(ids),
         pair.run_a_id if side == "a" else pair.run_b_id,
+        shards[0].source,
     )
 
 
@@ -394,6 +400,8 @@ def first_divergence(item: PairReport | None) -> FirstDivergence | None:
         item.stage,
         item.stats.max_abs_diff if item.stats else None,
         item.stats.argmax if item.stats else None,
+        item.a.source,
+        item.b.source,
     )
 
 
