@@ -25,6 +25,7 @@ from torch import nn
 
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
+from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
 
 HERE = Path(__file__)
 DIM = 16
@@ -304,3 +305,64 @@ def test_an_op_one_side_alone_calls_is_left_unpaired_and_the_rest_pair(settings:
     report, unmatched = compared(settings, result.session_id)
     assert unmatched == ["Net.layers.1.self_attn/float#1_outputs"]
     assert report.first_divergence is None  # a float32 cast of float32 values changes nothing
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """transformers' repeat_kv, copied into the port."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def ported_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' eager_attention_forward copied into a port, with a wrong softmax scale in layer 1."""
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    scale = scaling * 1.25 if module.layer_idx == 1 else scaling
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scale  # ported llama scores
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+def test_a_tiny_llama_and_its_port_diverge_first_at_layer_1s_scaled_scores(settings: Settings) -> None:
+    import transformers.models.llama.modeling_llama as modeling_llama
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    # the documented way to plug in an attention function (with the eager attention's mask)
+    AttentionInterface.register("tensor_debugger_ported", ported_attention)
+    AttentionMaskInterface.register("tensor_debugger_ported", eager_mask)
+    reference, candidate = tiny_llama(), tiny_llama()
+    candidate.set_attn_implementation("tensor_debugger_ported")
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with torch.no_grad(), capture(model, "llama port", run, data_dir=settings.data_dir, level="op") as result:
+            model(input_ids())
+    assert result.session_id is not None
+    report, unmatched = compared(settings, result.session_id)
+    assert unmatched == [] and len(report.pairs) > 200  # every op of both forwards pairs
+    first = report.first_divergence
+    assert first is not None and first.layer == 1
+    assert first.name == f"{MODEL_CLASS}.model.layers.1.self_attn/mul#5_outputs"  # after the rotary embedding's 4
+    lines = Path(modeling_llama.__file__).read_text(encoding="utf-8").splitlines()
+    reference_file, reference_line = (first.reference_source or "").rsplit(":", 1)
+    assert reference_file == modeling_llama.__file__
+    assert "torch.matmul(query, key_states.transpose(2, 3)) * scaling" in lines[int(reference_line) - 1]
+    assert first.candidate_source == line_of("ported llama scores")
+    layer_0 = [p for p in report.pairs if ".layers.0." in p.name and "/" in p.name]
+    assert layer_0 and all(p.status == "pass" for p in layer_0)
