@@ -51,7 +51,7 @@ class OpMode(TorchFunctionMode):
     def __init__(self, sink: OpSink) -> None:
         super().__init__()
         self.sink = sink
-        torch_dir = os.path.dirname(os.path.abspath(torch.__file__))
+        torch_dir = os.path.dirname(os.path.abspath(inspect.getfile(torch)))
         self.skip = (torch_dir + os.sep, _OWN_DIR + os.sep)
 
     def __torch_function__(
