@@ -17,10 +17,11 @@ from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.contract import contract_json
+from tensor_debugger.compare.op_lists import op_lists
 from tensor_debugger.compare.pair_reports import SessionPairs, session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import TensorRecord, UnmatchedRecord
+from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord
 from torch import nn
 
 from tests.support.polling import wait_until
@@ -278,6 +279,10 @@ def test_op_capture_through_the_server_keeps_each_ops_source(shared_server: Live
         page = client.get(f"/pairs/{first['pair_id']}").text
         reference_line, ported_line = (line_of(m).rsplit("/", 1)[1] for m in ("reference scores", "ported scores"))
         assert f">{reference_line}</code> in the reference, " in page and f">{ported_line}</code> in" in page
+        assert "<h2>Ops inside Net.layers.1.self_attn</h2>" in page  # the ops around it, side by side
+        assert "(the candidate's PortedNet.layers.1.self_attn)" in page
+        assert "only in the" not in page  # the same ops on both sides
+        assert page.count('class="verdict-fail first-divergence"') == 1  # this op's row
         session_page = client.get(f"/sessions/{result.session_id}").text
         assert f"at {reference_line} in the reference, {ported_line} in the candidate" in session_page
 
@@ -305,6 +310,30 @@ def test_an_op_one_side_alone_calls_is_left_unpaired_and_the_rest_pair(settings:
     report, unmatched = compared(settings, result.session_id)
     assert unmatched == ["Net.layers.1.self_attn/float#1_outputs"]
     assert report.first_divergence is None  # a float32 cast of float32 values changes nothing
+    # the attention's pair page lists both sides' ops, aligned, the cast in place facing a gap
+    module_pair = next(p for p in report.pairs if p.name == "Net.layers.1.self_attn_outputs")
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            record = db.get_one(PairRecord, module_pair.id)
+            lists = op_lists(db, record, *services.comparisons.tensors_of(db, record))
+    finally:
+        services.close()
+    assert lists is not None and lists.current is None
+    rows = [(r.a.name if r.a else None, r.b.name if r.b else None, r.status) for r in lists.rows]
+    assert rows == [
+        ("q_proj/linear#1", "q_proj/linear#1", "pass"),
+        ("k_proj/linear#1", "k_proj/linear#1", "pass"),
+        ("v_proj/linear#1", "v_proj/linear#1", "pass"),
+        ("transpose#1", "transpose#1", "pass"),
+        ("matmul#1", "matmul#1", "pass"),
+        (None, "float#1", None),  # the candidate alone casts, here
+        ("mul#1", "mul#1", "pass"),
+        ("softmax#1", "softmax#1", "pass"),
+        ("matmul#2", "matmul#2", "pass"),
+        ("o_proj/linear#1", "o_proj/linear#1", "pass"),
+    ]
+    assert lists.rows[7].a is not None and lists.rows[7].a.source == line_of("reference softmax")
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
