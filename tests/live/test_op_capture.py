@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.contract import contract_json
+from tensor_debugger.compare.module_reports import ModuleNodeReport
 from tensor_debugger.compare.op_lists import op_lists
 from tensor_debugger.compare.pair_reports import SessionPairs, session_pairs
 from tensor_debugger.services import open_services
@@ -104,6 +106,12 @@ def models() -> tuple[Net, PortedNet]:
     candidate = PortedNet()
     candidate.load_state_dict(reference.state_dict())
     return reference, candidate
+
+
+def walk(node: ModuleNodeReport) -> Iterator[ModuleNodeReport]:
+    yield node
+    for child in node.children:
+        yield from walk(child)
 
 
 def rows_of(settings: Settings, run_id: int) -> list[TensorRecord]:
@@ -203,6 +211,11 @@ def test_the_first_diverging_op_of_a_port_is_named_with_its_line_on_both_sides(s
     # modules still pair and rank: the ported attention is the culprit
     assert report.modules is not None and report.modules.culprit is not None
     assert report.modules.culprit.module_path == "Net.layers.1.self_attn"
+    nodes = {n.path: n for root in report.modules.tree for n in walk(root)}
+    attention = nodes["Net.layers.1.self_attn"]
+    assert attention.failing_inside == 1  # o_proj (its input differs); the failing ops are no modules
+    assert [c.name for c in attention.children][3:6] == ["transpose#1", "matmul#1", "mul#1"]  # ops are its leaves
+    assert nodes["Net.layers.1.self_attn/mul#1"].verdict == "fail"
 
     payload = contract_json(result.session_id, "port", "http://127.0.0.1/sessions/1", report, [])
     pair = next(p for p in payload["pairs"] if p["name"] == first.name)
