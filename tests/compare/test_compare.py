@@ -83,7 +83,7 @@ def test_compare_finds_the_planted_first_divergence(
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]
     assert first["stats"]["max_abs_diff"] == pytest.approx(0.5, abs=1e-6)
     assert first["stats"]["mismatched"] == 1 and first["stats"]["numel"] == 16 * 32
-    assert first["a"] == {"name": "1_post_attn", "shape": [16, 32], "dtype": "float32"}
+    assert first["a"] == {"name": "1_post_attn", "shape": [16, 32], "dtype": "float32", "source": None}
     before = [p for p in out["pairs"] if (p["layer"], STAGES.index(p["stage"])) < (1, STAGES.index("post_attn"))]
     assert before and all(p["status"] == "pass" for p in before)
     assert out["unmatched"] == {"a": [], "b": []}

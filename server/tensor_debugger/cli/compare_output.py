@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_debugger.compare.formatting import format_cosine, format_error, format_number, format_where, replica_words
+from tensor_debugger.compare.formatting import (
+    format_cosine,
+    format_error,
+    format_number,
+    format_where,
+    replica_words,
+    source_words,
+)
 from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
 from tensor_debugger.engine.dimension_names import parse_dims_option
 from tensor_debugger.errors import InvalidInputError
@@ -196,6 +203,8 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
             if first["stage"] is None
             else f"layer {first['layer']}, stage {first['stage']}"
         )
+        at = source_words(pair["a"].get("source"), pair["b"].get("source"))  # a captured op's lines
+        where = f"{where}, {at}" if at else where
         if stats is None:
             print(
                 f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "

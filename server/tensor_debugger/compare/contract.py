@@ -42,8 +42,9 @@ def contract_json(
             "status": str(p.status),
             "alignment": p.alignment,
             "strategy": str(p.strategy),
-            "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
-            "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
+            # source: a captured op's caller, "<file>:<line>" (capture with level="op"); null otherwise
+            "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype, "source": p.a.source},
+            "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype, "source": p.b.source},
             "stats": {**{k: getattr(p.stats, k) for k in CONTRACT_STATS}, "worst": [asdict(w) for w in p.stats.worst]}
             if p.stats
             else None,

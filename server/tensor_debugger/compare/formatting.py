@@ -122,6 +122,8 @@ def register_filters(env: Environment) -> None:
     env.filters["fraction"] = format_fraction
     env.filters["replica_words"] = replica_words
     env.filters["where"] = format_where
+    env.filters["source"] = format_source
+    env.globals["source_words"] = source_words
     env.globals["percent"] = format_percent
 
 
@@ -134,3 +136,19 @@ def replica_words(side: str, differing: list[int] | None) -> str:
     if len(differing) == 1:
         return f"{who}rank {differing[0]}'s replica"
     return f"{who}ranks {', '.join(str(r) for r in differing[:-1])} and {differing[-1]}'s replicas"
+
+
+def format_source(source: str | None) -> str:
+    """A captured op's caller as shown: the file's name and the line ("/src/modeling_llama.py:412" ->
+    "modeling_llama.py:412"); "—" where not known."""
+    if not source:
+        return "—"
+    return source.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def source_words(reference: str | None, candidate: str | None) -> str:
+    """Where the two implementations called a captured op: "at modeling_llama.py:412 in the reference, my_port.py:88
+    in the candidate"; "" where neither side is known."""
+    if not reference and not candidate:
+        return ""
+    return f"at {format_source(reference)} in the reference, {format_source(candidate)} in the candidate"

@@ -72,6 +72,8 @@ class PairSide:
     shards: int
     tensor_ids: list[int]
     run_id: int
+    # a captured op's caller (capture with level="op"), "<file>:<line>": the innermost frame outside torch; else null
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,9 @@ class FirstDivergence:
     max_abs_diff: Number | None
     argmax: list[int] | None
     where: list[WhereEntry] | None  # the pair's `where`
+    # where a capture with level="op" recorded the op: the line that called it, in the reference and the candidate
+    reference_source: str | None = None
+    candidate_source: str | None = None
     # the reference tensors with no partner in this candidate that come before it in execution order (not those
     # the user allowed to stay unpaired): the divergence may have begun in one of them
     unmatched_before: list[str] = field(default_factory=list)
@@ -258,6 +263,7 @@ def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
         len(shards),
         list(ids),
         pair.run_a_id if side == "a" else pair.run_b_id,
+        shards[0].source,
     )
 
 
@@ -569,6 +575,8 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
         item.stats.max_abs_diff if item.stats else None,
         item.stats.argmax if item.stats else None,
         item.where,
+        item.a.source,
+        item.b.source,
         list(dict.fromkeys(u.name for u in before)),
     )
 

@@ -41,6 +41,7 @@ class TensorRow:
     name: str
     shape: list[int]
     dtype: str
+    source: str | None  # a captured op's caller, "<file>:<line>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +104,9 @@ def read_tensors(db: DbSession, pairs: Sequence[Any]) -> dict[int, TensorRow]:
     if not ids:
         return {}
     t = TensorRecord
-    rows = db.execute(select(t.id, t.name, _text(t.shape), t.dtype).where(t.id.in_(ids))).all()
+    rows = db.execute(select(t.id, t.name, _text(t.shape), t.dtype, t.source).where(t.id.in_(ids))).all()
     shapes = {raw: _IDS.decode(raw) for raw in {r[2] for r in rows}}  # a model repeats a few shapes
-    return {r[0]: TensorRow(r[0], r[1], shapes[r[2]], r[3]) for r in rows}
+    return {r[0]: TensorRow(r[0], r[1], shapes[r[2]], r[3], r[4]) for r in rows}
 
 
 class StatsCache:

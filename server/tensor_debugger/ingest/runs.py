@@ -36,7 +36,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.engine.names import parse_layer_stage
+from tensor_debugger.engine.names import module_layer, parse_layer_stage
 from tensor_debugger.errors import (
     ConflictError,
     DiskFullError,
@@ -581,6 +581,8 @@ class Ingestor:
                     name = f"{name} ({seen[name]})"
                 seen.setdefault(name, 1)
                 layer, stage = parse_layer_stage(entry.relpath, key_path)
+                if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
+                    layer = module_layer(entry.module_path)
                 s = tensor.summary
                 records.append(
                     TensorRecord(
@@ -605,6 +607,7 @@ class Ingestor:
                         inf_count=s.inf_count,
                         module_path=entry.module_path,
                         place=entry.place,
+                        source=entry.source,
                     )
                 )
             db.add_all(records)
