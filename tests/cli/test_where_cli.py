@@ -57,7 +57,13 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "3_mlp": [],  # everywhere (its glob gives 3 names for 2 dimensions: none apply)
         "4_out": [{"dim": 0, "name": None, "size": 1000, "ranges": [[100, 109], [700, 700]]}],
     }
-    assert out["first_divergence"] == {"name": "2_attn", "layer": 2, "stage": "attn", "where": HEAD_BUG}
+    assert out["first_divergence"] == {
+        "name": "2_attn",
+        "layer": 2,
+        "stage": "attn",
+        "where": HEAD_BUG,
+        "unmatched_before": [],
+    }
 
     # the same session's table, from the cache, in this process
     table = main_cli("--data-dir", data, "compare", str(ref), str(cand), *dims, "--in-process")

@@ -147,7 +147,7 @@ def test_a_first_start_marks_a_new_pair_and_a_read_marks_nothing(tmp_path: Path)
 
 
 def test_a_data_dir_from_before_the_marker_adopts_it(tmp_path: Path) -> None:
-    """A data dir made before the marker existed (a database at revision 0012, a store without a marker) is
+    """A data dir made before the marker existed (a database at revision 0014, a store without a marker) is
     adopted at its next start: the database gets an id, the store the marker, and its runs' folders are recorded."""
     data = tmp_path / "old"
     done = ingest(data, {}, "old session", dump(tmp_path / "dump", 0))
@@ -156,7 +156,7 @@ def test_a_data_dir_from_before_the_marker_adopts_it(tmp_path: Path) -> None:
     config = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as connection:  # back to the schema before the marker, as an older release left it
         config.attributes["connection"] = connection
-        command.downgrade(config, "0012")
+        command.downgrade(config, "0014")  # not further: SQLite's downgrades recreate `sessions`, dropping runs
     engine.dispose()
     (data / "arrays" / MARKER).unlink()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:

@@ -149,10 +149,17 @@ _FIRST_ARRAY = [
 def start_seaweed(root: Path) -> SeaweedS3 | str:
     """SeaweedFS with its S3 gateway on free loopback ports, its data under `root`, one identity (ACCESS_KEY) and
     the bucket BUCKET; or why it cannot start (no `weed` installed)."""
-    launched = launch_seaweed(root)
-    if not isinstance(launched, str):
-        launched.wait_ready()
-    return launched
+    for attempt in range(3):
+        launched = launch_seaweed(root / f"try-{attempt}" if attempt else root)
+        if isinstance(launched, str):
+            return launched
+        try:
+            launched.wait_ready()
+            return launched
+        except RuntimeError:  # weed exited at start: a port free_port gave was taken meanwhile (tests start many)
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def launch_seaweed(root: Path) -> SeaweedS3 | str:

@@ -330,7 +330,7 @@ class ArrayStore:
                 return None
             except Exception as exc:  # obstore's errors for an answer other than 404
                 raise StoreUnavailableError(f"cannot read {key} from the array store {self.url}: {exc}") from None
-        from zarr.core.buffer import default_buffer_prototype
+        from zarr.buffer import default_buffer_prototype
 
         found = run_sync(self._store.get(key, default_buffer_prototype()))
         return None if found is None else found.to_bytes()
@@ -351,7 +351,7 @@ class ArrayStore:
             except Exception as exc:
                 raise StoreWriteError(key, describe_failure(exc)) from None
             return
-        from zarr.core.buffer import default_buffer_prototype
+        from zarr.buffer import default_buffer_prototype
 
         run_sync(self._store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
