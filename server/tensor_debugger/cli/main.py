@@ -42,7 +42,9 @@ EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    settings_help = "\n".join(f"  {env} (default {default}): {help}" for env, default, help in setting_docs())
+    settings_help = "\n".join(
+        f"  {env} (default {default or 'empty'}): {help}" for env, default, help in setting_docs()
+    )
     parser = argparse.ArgumentParser(
         prog="tensor-debugger",
         description="Find which tensor went wrong first between two runs of a model.",
@@ -92,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("a", type=Path, help="the reference run: a tensor file, an archive or a folder")
     compare.add_argument("b", type=Path, help="the candidate run")
     compare.add_argument(
-        "more", nargs="*", type=Path, metavar="C", help="further candidate runs, each compared with the reference"
+        "more",
+        nargs="*",
+        type=Path,
+        metavar="C",
+        default=[],  # optional: without a default, argparse lists C among the missing when B is
+        help="further candidate runs, each compared with the reference",
     )
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")

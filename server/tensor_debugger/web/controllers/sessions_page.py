@@ -30,6 +30,11 @@ class SessionsPageController(Controller):
             summaries = catalog.summarize_sessions(db, [s.id for s in sessions])
             return Template("sessions.html", context={"sessions": sessions, "q": q or "", "summaries": summaries})
 
+    @get("/sessions", sync_to_thread=False)
+    def sessions_list(self) -> Redirect:
+        """The address a user guesses for the list of sessions (POSTing there makes one): the home page lists them."""
+        return Redirect("/", status_code=301)
+
     @get("/favicon.ico", sync_to_thread=False)
     def favicon(self) -> Redirect:
         """For pages without the icon link (the API viewer) and browsers that ask anyway."""
