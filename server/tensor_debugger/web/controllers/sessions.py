@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 import anyio
@@ -17,7 +18,7 @@ from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES
 from tensor_debugger.store.reports import SessionDetail, SessionReport
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, ErrorReport, error_responses
 from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY, read_json
-from tensor_debugger.web.multipart import UploadBatch, receive_multipart
+from tensor_debugger.web.multipart import MultipartLimits, UploadBatch, receive_multipart
 from tensor_debugger.web.upload_bodies import NAME_PATTERN, AddRunsOperation, CreateSessionOperation
 from tensor_debugger.web.uploads import (
     RunOutcomes,
@@ -25,6 +26,7 @@ from tensor_debugger.web.uploads import (
     UploadCreated,
     UploadRejected,
     accepted,
+    client_of,
     created,
     explore_session,
     group_by_run,
@@ -164,9 +166,11 @@ class SessionController(Controller):
             body = await read_json(request, SessionCreate)
             return Response(await anyio.to_thread.run_sync(_create_empty, services, body), status_code=201)
         _check_length(request, services)
-        batch = await receive_multipart(content_type, request.stream(), services.settings.staging_dir)
+        batch = await receive_multipart(
+            content_type, request.stream(), services.settings.staging_dir, MultipartLimits.of(services.settings)
+        )
         if explore:
-            return await _explore(services, batch, match)
+            return await _explore(services, batch, match, client_of(request))
         try:
             if not batch.files:
                 raise InvalidInputError("no files in the upload")
@@ -174,7 +178,15 @@ class SessionController(Controller):
             # a run with nothing usable stays, failed, with its problems, beside the runs that were stored (the
             # session's page says why its reference is missing, say); `created` removes all when none was
             session_id, started = await anyio.to_thread.run_sync(
-                start_session, services, name, batch.fields.get("notes", ""), batch, True
+                partial(
+                    start_session,
+                    services,
+                    name,
+                    batch.fields.get("notes", ""),
+                    batch,
+                    True,
+                    client=client_of(request),
+                )
             )
         except BaseException:
             batch.discard()
@@ -215,13 +227,24 @@ class SessionController(Controller):
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
         _check_length(request, services)
         batch = await receive_multipart(
-            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+            request.headers.get("content-type", ""),
+            request.stream(),
+            services.settings.staging_dir,
+            MultipartLimits.of(services.settings),
         )
         try:
             if not batch.files:
                 raise InvalidInputError("no files in the upload")
             started = await anyio.to_thread.run_sync(
-                start_runs, services, session_name, batch, group_by_run(batch, label), not wait
+                partial(
+                    start_runs,
+                    services,
+                    session_name,
+                    batch,
+                    group_by_run(batch, label),
+                    not wait,
+                    client=client_of(request),
+                )
             )
         except BaseException:
             batch.discard()
@@ -235,13 +258,13 @@ class SessionController(Controller):
         )
 
 
-async def _explore(services: Services, batch: UploadBatch, match: str | None) -> Response[Any]:
+async def _explore(services: Services, batch: UploadBatch, match: str | None, client: str) -> Response[Any]:
     try:
         if not batch.files:
             raise InvalidInputError("no files in the upload")
         name = batch.fields.get("name", "").strip() or f"explore {batch.files[0].filename}"
         session_id, outcomes = await anyio.to_thread.run_sync(
-            explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER
+            explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER, client
         )
     except BaseException:
         batch.discard()
