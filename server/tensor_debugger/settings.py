@@ -69,9 +69,10 @@ class Settings:
         "", "A second token that opens every page, the API's reads and exports, and changes nothing.", secret=True
     )
     trusted_proxies: str = _setting(
-        "127.0.0.1",
+        "",
         "Addresses of reverse proxies whose X-Forwarded-Proto and X-Forwarded-For are believed, comma-separated "
-        "(`*`: any); a request they mark https gets https's origin and a Secure cookie.",
+        "(`*`: any); a request they mark https gets https's origin and a Secure cookie. Empty: none, not even "
+        "loopback (a local process could otherwise claim any address).",
     )
     public_url: str = _setting(
         "",
