@@ -26,8 +26,10 @@ if TYPE_CHECKING:  # pair_reports builds this report from its pairs
     from tensor_debugger.compare.pair_reports import PairReport
 
 # JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (metrics.json_number); an integer pair's
-# differences and values are exact integers (int64 and uint64 past float64's 2**53 included)
-Number = float | int | str
+# differences and values are exact integers (int64 and uint64 past float64's 2**53 included), which `float` admits
+# (an int stays an int in the JSON). Not `float | int`: its schema, oneOf number or integer, refuses 0.0 and every
+# whole number, which are both.
+Number = float | str
 
 
 class ModuleVerdict(enum.StrEnum):
