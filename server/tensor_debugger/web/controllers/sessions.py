@@ -14,7 +14,7 @@ from tensor_debugger.compare.progress import SessionProgress, pair_progress, ses
 from tensor_debugger.errors import InvalidInputError, TooLargeError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES
+from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES, MAX_ULP
 from tensor_debugger.store.reports import SessionDetail, SessionReport
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, ErrorReport, error_responses
 from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY, read_json
@@ -72,15 +72,21 @@ SessionName = Annotated[
     ),
 ]
 Notes = Annotated[str, msgspec.Meta(max_length=MAX_NOTES)]
+# the ranges catalog.set_tolerances checks, in the schema too: a client generated from it never sends another
+# (`extra`: Litestar leaves out a bound of 0, falsy, from the schema it makes of `ge`)
+Tolerance = Annotated[
+    float, msgspec.Meta(ge=0.0, description="a non-negative number", extra_json_schema={"extra": {"minimum": 0}})
+]
+Ulps = Annotated[int, msgspec.Meta(ge=1, le=MAX_ULP, description="whole units in the last place")]
 
 
 class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
     name: SessionName | None = None
     notes: Notes | None = None
-    rtol: float | None = None  # the session's tolerances; verdicts follow
-    atol: float | None = None
+    rtol: Tolerance | None = None  # the session's tolerances; verdicts follow
+    atol: Tolerance | None = None
     default_tolerances: bool = False  # true: back to torch.testing's defaults per dtype
-    ulp: int | None = None  # pass within this many ULPs of each pair's lower-precision dtype, instead of rtol/atol
+    ulp: Ulps | None = None  # pass within this many ULPs of each pair's lower-precision dtype, instead of rtol/atol
     # the chain of pairing strategies, a list or a comma list as --strategies takes it ("name,fuzzy:0.8");
     # [] or "": the default chain. A change pairs the session again.
     strategies: list[str] | str | None = None
