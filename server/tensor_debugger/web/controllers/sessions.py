@@ -11,7 +11,7 @@ from litestar.params import Parameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
 
 from tensor_debugger.compare.progress import SessionProgress, pair_progress, session_progress
-from tensor_debugger.errors import InvalidInputError, TooLargeError
+from tensor_debugger.errors import NothingUsableError, TooLargeError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES, MAX_ULP
@@ -46,7 +46,8 @@ UPLOAD_RESPONSES = {
     202: ResponseSpec(UploadAccepted, description="the upload is on disk; its runs are ingested in the background"),
     422: ResponseSpec(
         UploadRejected | ErrorReport,
-        description="nothing usable was found in any run (nothing was kept), or a file could not be used",
+        description="nothing usable was found in any run, or the upload held no file (nothing was kept), or a "
+        "file could not be used",
         generate_examples=False,
     ),
 }
@@ -179,7 +180,7 @@ class SessionController(Controller):
             return await _explore(services, batch, match, client_of(request))
         try:
             if not batch.files:
-                raise InvalidInputError("no files in the upload")
+                raise NothingUsableError([])  # 422, as an upload of files that hold nothing usable
             name = batch.fields.get("name", "").strip() or batch.files[0].filename
             # a run with nothing usable stays, failed, with its problems, beside the runs that were stored (the
             # session's page says why its reference is missing, say); `created` removes all when none was
@@ -240,7 +241,7 @@ class SessionController(Controller):
         )
         try:
             if not batch.files:
-                raise InvalidInputError("no files in the upload")
+                raise NothingUsableError([])  # 422, as an upload of files that hold nothing usable
             started = await anyio.to_thread.run_sync(
                 partial(
                     start_runs,
@@ -267,7 +268,7 @@ class SessionController(Controller):
 async def _explore(services: Services, batch: UploadBatch, match: str | None, client: str) -> Response[Any]:
     try:
         if not batch.files:
-            raise InvalidInputError("no files in the upload")
+            raise NothingUsableError([])  # 422, as an upload of files that hold nothing usable
         name = batch.fields.get("name", "").strip() or f"explore {batch.files[0].filename}"
         session_id, outcomes = await anyio.to_thread.run_sync(
             explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER, client
