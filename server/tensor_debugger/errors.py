@@ -20,11 +20,11 @@ class TooLargeError(InvalidInputError):
 
 
 class TooManyWrongTokens(TensorDebuggerError):
-    """A client address that presented too many wrong tokens lately (web/sign_in_limits.py): it may try again in
-    `retry_after` seconds."""
+    """A client address that presented too many wrong tokens lately, or a wrong token presented too often
+    (web/sign_in_limits.py): it may try again in `retry_after` seconds. A right token is never refused so."""
 
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"too many wrong tokens from this address: try again in {retry_after} s")
+    def __init__(self, retry_after: int, why: str = "from this address") -> None:
+        super().__init__(f"too many wrong tokens {why}: try again in {retry_after} s")
         self.retry_after = retry_after
 
 

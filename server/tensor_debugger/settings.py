@@ -69,9 +69,10 @@ class Settings:
         "", "A second token that opens every page, the API's reads and exports, and changes nothing.", secret=True
     )
     trusted_proxies: str = _setting(
-        "127.0.0.1",
+        "",
         "Addresses of reverse proxies whose X-Forwarded-Proto and X-Forwarded-For are believed, comma-separated "
-        "(`*`: any); a request they mark https gets https's origin and a Secure cookie.",
+        "(`*`: any); a request they mark https gets https's origin and a Secure cookie. Empty: none, not even "
+        "loopback (a local process could otherwise claim any address).",
     )
     public_url: str = _setting(
         "",
@@ -85,6 +86,18 @@ class Settings:
     )
     demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
     max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
+    max_part_header_bytes: int = _setting(
+        4096,
+        "Longest header line of one part of a multipart upload, in bytes: its Content-Disposition, which carries the "
+        "run label (at most 200 characters, as names) and the file name.",
+    )
+    max_upload_parts: int = _setting(
+        1024, "Most parts (files and text fields) one multipart upload may hold; a run may be several files."
+    )
+    max_upload_runs: int = _setting(64, "Most runs (distinct file fields) one multipart upload may create.")
+    max_form_text_bytes: int = _setting(
+        1024 * 1024, "Most bytes all the text fields of one multipart upload may hold together (a name, notes)."
+    )
     max_archive_members: int = _setting(20_000, "Most archive members one run may hold, nested archives' included.")
     max_expanded_bytes: int = _setting(
         256 * GiB, "Most bytes one run's archives may expand to, nested archives' included."
@@ -160,6 +173,10 @@ class Settings:
             object.__setattr__(self, "store_url", (self.data_dir / "arrays").as_uri())
         for name in (
             "max_upload_bytes",
+            "max_part_header_bytes",
+            "max_upload_parts",
+            "max_upload_runs",
+            "max_form_text_bytes",
             "max_archive_members",
             "max_expanded_bytes",
             "expansion_floor_bytes",

@@ -355,7 +355,7 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
         host=settings.host,
         port=settings.port,
         log_level="warning",
-        proxy_headers=True,
+        proxy_headers=bool(settings.trusted_proxies),  # none by default: uvicorn's own default trusts loopback
         forwarded_allow_ips=settings.trusted_proxies,
     )
     return EXIT_OK

@@ -9,7 +9,6 @@ while its job runs; the run's row says "ingesting" all along, so a page or a cli
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import Protocol
 
 from tensor_debugger.errors import DiskFullError, FileProblem, NothingUsableError, StoreWriteError
 from tensor_debugger.ingest.child import ChildIngests
+from tensor_debugger.ingest.fair_line import FairLine
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
 from tensor_debugger.ingest.stored import NoteListener, NotesOf
@@ -52,11 +52,13 @@ class IngestJob:
     inputs: list[InputFile]
     keep_failure: bool  # True: a run with nothing usable stays as "failed", so its page can say why
     done: Callable[[], None]  # called once the job is over, whatever its outcome (removes the uploaded files)
+    client: str = ""  # who sent it (the request's address): jobs wait their turn per client, then per session
 
 
 class IngestQueue:
-    """`at_once` threads (Settings.ingest_workers) take jobs in the order they came, one run each; after each
-    ingest, `plan` pairs the session again. Each ingest copies its run with a pool of its own (Settings.workers)."""
+    """`at_once` threads (Settings.ingest_workers) take jobs in turn (`FairLine`: round the clients, then round
+    each client's sessions), one run each; after each ingest, `plan` pairs the session again. Each ingest copies
+    its run with a pool of its own (Settings.workers)."""
 
     def __init__(
         self,
@@ -71,7 +73,7 @@ class IngestQueue:
         self.watcher = watcher
         self.plan = plan
         self.at_once = at_once
-        self._jobs: queue.Queue[tuple[IngestJob, Future[IngestResult]] | None] = queue.Queue()
+        self._jobs: FairLine[tuple[IngestJob, Future[IngestResult]]] = FairLine()
         self._progress: dict[int, IngestProgress] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -88,7 +90,7 @@ class IngestQueue:
                 thread = threading.Thread(target=self._work, name=f"ingest-{len(self._threads)}", daemon=True)
                 self._threads.append(thread)
                 thread.start()
-        self._jobs.put((job, future))
+        self._jobs.put(job.client, job.pending.session_id, (job, future))
         return future
 
     def progress(self, run_id: int) -> IngestProgress | None:
@@ -106,8 +108,7 @@ class IngestQueue:
             self.children.close()
         with self._lock:
             threads = list(self._threads)
-        for _ in threads:
-            self._jobs.put(None)
+        self._jobs.stop(len(threads))
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -1,13 +1,14 @@
 """Start-up recovery: remove what an ingest killed midway (kill -9, power loss) left behind.
 
 A run still "ingesting" whose process is gone on this host, or whose ingest on another host (a server replica)
-stopped renewing its lease (store/claims.py), is deleted with its arrays (and its session, when that ingest
-created it and nothing else is in it); the server also does this on its claims' heartbeat. The folder under
-"runs/" of a run that no longer exists (a deletion cut short between its rows and its arrays) is deleted too, but
-for the arrays in it that tensor rows of other runs still name (arrays are shared: see `catalog.release_arrays`).
-Only folders this database recorded when it created their runs (`ArrayFolderRecord`) are looked at: the store is
-never listed for what to delete, so nothing another database wrote is deleted (store/identity.py keeps a process
-from being given another database's store at all).
+stopped renewing its lease (store/claims.py), is deleted with its arrays, and so is its session when one of the
+dead ingests made it and nothing is left in it once they are all gone (a `compare` killed mid-ingest leaves no
+empty session); the server also does this on its claims' heartbeat. The folder under "runs/" of a run that no
+longer exists (a deletion cut short between its rows and its arrays) is deleted too, but for the arrays in it that
+tensor rows of other runs still name (arrays are shared: see `catalog.release_arrays`). Only folders this database
+recorded when it created their runs (`ArrayFolderRecord`) are looked at: the store is never listed for what to
+delete, so nothing another database wrote is deleted (store/identity.py keeps a process from being given another
+database's store at all).
 
 A run that names this very process is alive only if it is one of `live` (the runs this process's ingestor is
 working on, in its background threads): otherwise it was left by an earlier process that had the same id, as
@@ -144,6 +145,7 @@ def remove_dead_ingests(
         alive = live()
         dead = [(run.id, run.claimed_by, run.claimed_until) for run in ingesting if stale(run, host, now, alive)]
     removed = 0
+    made: set[int] = set()  # the sessions a removed run's ingest made
     for run_id, owner, until in dead:
         with sessions.begin() as db:
             if not claims.take_run(db, run_id, owner, until):
@@ -151,11 +153,15 @@ def remove_dead_ingests(
             lock_arrays(db)
             run = db.get_one(RunRecord, run_id)
             store.delete(run_prefix(run.id))
-            session_id, created = run.session_id, run.created_session
+            if run.created_session:
+                made.add(run.session_id)
             db.delete(run)
-            db.flush()
             removed += 1
-            if created and not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
+    # once all are gone: a compare killed mid-ingest left two runs, the first of which made the session; removed
+    # first, the other still held the session, which was then left empty
+    for session_id in made:
+        with sessions.begin() as db:
+            if not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
                 session = db.get(SessionRecord, session_id)
                 if session is not None:
                     db.delete(session)

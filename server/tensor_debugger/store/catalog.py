@@ -17,6 +17,7 @@ from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, T
 
 MAX_LABEL = 200  # characters of a session name or run label
 MAX_NOTES = 64 * 1024  # characters of a session's notes (every session list carries them)
+MAX_ULP = 2**20  # the most units in the last place a session's ulp tolerance may be
 
 
 def parse_label(text: str, what: str) -> str:
@@ -179,8 +180,8 @@ def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | Non
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (value >= 0 and value < float("inf")):
             raise InvalidInputError(f"{name} must be a non-negative finite number, got {value}")
-    if ulp is not None and (isinstance(ulp, bool) or not isinstance(ulp, int) or not 1 <= ulp <= 2**20):
-        raise InvalidInputError(f"ulp must be a whole number of units in the last place, 1 to {2**20}, got {ulp}")
+    if ulp is not None and (isinstance(ulp, bool) or not isinstance(ulp, int) or not 1 <= ulp <= MAX_ULP):
+        raise InvalidInputError(f"ulp must be a whole number of units in the last place, 1 to {MAX_ULP}, got {ulp}")
     session.rtol, session.atol, session.ulp = rtol, atol, ulp
 
 

@@ -141,7 +141,7 @@ class PairController(Controller):
         self,
         services: Services,
         pair_id: int,
-        dim: int = Parameter(description="the aligned dimension to profile (0 for the first)"),
+        dim: int = Parameter(ge=0, description="the aligned dimension to profile (0 for the first)"),
     ) -> ErrorProfile:
         """Per index of aligned dimension `dim`: the largest and the mean |difference| and the elements outside the
         tolerance, read chunk by chunk on first request and kept with the pair's result."""
