@@ -390,14 +390,15 @@ def test_a_tiny_llama_and_its_port_diverge_first_at_layer_1s_scaled_scores(setti
     # the documented way to plug in an attention function (with the eager attention's mask)
     AttentionInterface.register("tensor_debugger_ported", ported_attention)
     AttentionMaskInterface.register("tensor_debugger_ported", eager_mask)
-    reference, candidate = tiny_llama(), tiny_llama()
-    candidate.set_attn_implementation("tensor_debugger_ported")
+    reference, candidate = tiny_llama(), tiny_llama(attention="tensor_debugger_ported")
     for model, run in ((reference, "reference"), (candidate, "candidate")):
         with torch.no_grad(), capture(model, "llama port", run, data_dir=settings.data_dir, level="op") as result:
             model(input_ids())
     assert result.session_id is not None
     report, unmatched = compared(settings, result.session_id)
-    assert unmatched == [] and len(report.pairs) > 200  # every op of both forwards pairs
+    # every op of both forwards pairs, but for the mask's slicing, which the eager attention of some transformers
+    # releases does (4.53: `attention_mask[:, :, :, : key_states.shape[-2]]`) and the port does not
+    assert all("/getitem#" in name for name in unmatched) and len(unmatched) <= 2 and len(report.pairs) > 200
     first = report.first_divergence
     assert first is not None and first.layer == 1
     assert first.name == f"{MODEL_CLASS}.model.layers.1.self_attn/mul#5_outputs"  # after the rotary embedding's 4

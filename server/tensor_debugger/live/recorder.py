@@ -186,9 +186,21 @@ class _Recorder:
 
 
 def _holds_tensor(value: Any) -> bool:
+    """Whether `value` is or holds a tensor with values to copy: not one a transform such as torch.vmap wraps
+    (transformers builds attention masks under vmap), nor a meta or fake tensor, which have no storage."""
     if isinstance(value, torch.Tensor):
-        return True
+        return _has_storage(value)
     return isinstance(value, list | tuple) and any(_holds_tensor(v) for v in value)
+
+
+def _has_storage(tensor: torch.Tensor) -> bool:
+    if tensor.device.type == "meta":
+        return False
+    try:
+        tensor.untyped_storage()
+    except (NotImplementedError, RuntimeError):  # "Cannot access storage of BatchedTensorImpl"
+        return False
+    return True
 
 
 def _hook(model: torch.nn.Module, recorder: _Recorder, level: Level) -> list[torch.utils.hooks.RemovableHandle]:
