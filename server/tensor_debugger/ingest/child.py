@@ -33,7 +33,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from tensor_debugger.engine.fused import configure as configure_kernels
-from tensor_debugger.errors import FileProblem
+from tensor_debugger.errors import FileProblem, IngestPostponed
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, Stored
@@ -95,10 +95,12 @@ class ChildIngests:
         keep_failure: bool,
         progress: ProgressCallback,
         listener: NoteListener | None = None,
+        again: bool = False,
     ) -> IngestResult:
         """`Ingestor.complete` in a child process; raises what it raises (NothingUsableError, DiskFullError,
-        IngestCancelled, ...). `listener` hears, in the server, of the tensors the child stores."""
-        notes = listener is not None
+        IngestCancelled, IngestPostponed: then the run stays among the server's live runs, ...). `listener` hears,
+        in the server, of the tensors the child stores."""
+        notes, postponed = listener is not None, False
         with self._lock:
             self._callbacks[pending.run_id] = progress
             if listener is not None:
@@ -110,12 +112,15 @@ class ChildIngests:
                 self.ingestor.cancel(pending)
                 raise
             try:
-                future = pool.submit(_complete, pending, inputs, keep_failure, notes)
+                future = pool.submit(_complete, pending, inputs, keep_failure, notes, again)
             except BrokenProcessPool:  # an idle child died (killed, say): the ingest has not begun; new children
                 self._reset(pool)
                 pool = self._open()
-                future = pool.submit(_complete, pending, inputs, keep_failure, notes)
+                future = pool.submit(_complete, pending, inputs, keep_failure, notes, again)
             return future.result()
+        except IngestPostponed:
+            postponed = True
+            raise
         except BrokenProcessPool:
             # waiting for the pool's own thread, which reaps the dead child: its pipe closes before it is a zombie,
             # and until then the sweep below would take its staging folder for a live process's
@@ -131,7 +136,8 @@ class ChildIngests:
             with self._lock:
                 self._callbacks.pop(pending.run_id, None)
                 self._listeners.pop(pending.run_id, None)
-            self.ingestor.forget(pending.run_id)
+            if not postponed:
+                self.ingestor.forget(pending.run_id)
 
     def _reset(self, pool: ProcessPoolExecutor, wait: bool = False) -> None:
         """Let go of a pool one of whose children died; the next ingest starts new ones. `wait`: until the pool's
@@ -291,7 +297,9 @@ class _Notes:
                 return
 
 
-def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool, notes: bool) -> IngestResult:
+def _complete(
+    pending: PendingRun, inputs: list[InputFile], keep_failure: bool, notes: bool, again: bool
+) -> IngestResult:
     ingestor: Ingestor = _child["ingestor"]
     messages, cancel = _child["messages"], _child["cancel"]
     last = [0.0]
@@ -305,4 +313,4 @@ def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool, 
                 messages.put_nowait(_Progress(pending.run_id, done, total))
 
     listener = _Notes(pending.run_id) if notes else None
-    return ingestor.complete(pending, inputs, progress, keep_failure, listener=listener)
+    return ingestor.complete(pending, inputs, progress, keep_failure, listener=listener, again=again)

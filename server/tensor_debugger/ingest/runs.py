@@ -41,11 +41,14 @@ from tensor_debugger.errors import (
     ConflictError,
     DiskFullError,
     FileProblem,
+    IngestPostponed,
     InvalidInputError,
     NotATensor,
     NothingUsableError,
+    StoreUnavailableError,
     StoreWriteError,
     is_disk_full,
+    is_outage,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.block_readers import BufferPool
@@ -60,7 +63,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
-from tensor_debugger.store.database import lock_arrays
+from tensor_debugger.store.database import database_outage, lock_arrays
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
@@ -305,19 +308,26 @@ class Ingestor:
         keep_failure: bool = False,
         fingerprint: Fingerprint | None = None,
         listener: StoredListener | None = None,
+        again: bool = False,
     ) -> IngestResult:
         """Copy the tensors of a run `begin` made, then mark it "ready". With the inputs' `fingerprint`, a ready
         run of the same fingerprint is reused instead (its rows copied, its arrays shared), and otherwise the
         fingerprint is recorded on this run. A `listener` hears of the tensors as they are stored (not those of a
-        reused run) and is settled before the run's arrays can move.
+        reused run) and is settled before the run's arrays can move. `again`: an earlier try may have left arrays
+        under the run's prefix; they are deleted first.
 
         Raises NothingUsableError when no tensor was found: the run is then removed (and the session, when the
         run's ingest made it and nothing else is in it), or with `keep_failure` kept as "failed" with its
-        problems. Any other error removes the run, or with `keep_failure` (but not IngestCancelled) marks it
-        "failed" with the error as its problem, and is raised again."""
+        problems. Raises IngestPostponed when the database or the array store did not answer (errors.is_outage):
+        the run stays "ingesting" and among this process's live runs, its arrays deleted if the store lets, for
+        its caller to try again from the same inputs. Any other error removes the run, or with `keep_failure`
+        (but not IngestCancelled) marks it "failed" with the error as its problem, and is raised again."""
         run_id = pending.run_id
         staging = new_folder(self.settings.staging_dir, "ingest")
+        postponed = False
         try:
+            if again:
+                self.store.delete(run_prefix(run_id))
             reused = self._reuse(pending, fingerprint) if fingerprint is not None else None
             if reused is not None:
                 if progress is not None:
@@ -333,6 +343,11 @@ class Ingestor:
             raise
         except Exception as exc:
             shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
+            outage = self.outage(exc)
+            if outage is not None:
+                postponed = True
+                self._delete_arrays(run_prefix(run_id))  # else deleted before the next try
+                raise IngestPostponed(outage) from None
             what = ", ".join(i.label for i in inputs) or "upload"
             if is_disk_full(exc) and not isinstance(exc, DiskFullError):
                 exc = DiskFullError(f"the run {pending.run_label!r}")
@@ -351,10 +366,28 @@ class Ingestor:
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            _LiveRuns.discard(self.settings.database_url, run_id)
+            if not postponed:
+                _LiveRuns.discard(self.settings.database_url, run_id)
         return IngestResult(
             pending.session_id, pending.session_name, run_id, pending.run_label, len(stored) + len(summaries), problems
         )
+
+    def outage(self, exc: BaseException) -> str | None:
+        """What did not answer, when `exc` says the database or the array store did not (errors.is_outage, or an
+        error SQLAlchemy raised for a connection that failed); None for any other error."""
+        if isinstance(exc, IngestPostponed):
+            return exc.reason
+        if is_outage(exc):
+            return str(exc)
+        current: BaseException | None = exc
+        seen: set[int] = set()
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            found = database_outage(current, self.settings.database_url)
+            if found is not None:
+                return str(found)
+            current = current.__cause__ or current.__context__
+        return None
 
     def complete_stored(
         self,
@@ -455,7 +488,10 @@ class Ingestor:
                     self._drop(run_id, stored, first, made)
                 except StoreWriteError as exc:  # the store, not the file: the whole run stops
                     self._drop(run_id, stored, first, made)
-                    raise StoreWriteError(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
+                    raise type(exc)(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
+                except StoreUnavailableError:  # a read of the store that it did not answer: not the file's fault
+                    self._drop(run_id, stored, first, made)
+                    raise
                 except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
                     self._drop(run_id, stored, first, made)
                     if is_disk_full(exc):

@@ -15,10 +15,10 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
-from tensor_debugger.errors import StoreWriteError, TensorDebuggerError
+from tensor_debugger.errors import StoreOutageError, StoreWriteError, TensorDebuggerError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ReadCounter
-from tensor_debugger.store.object_stores import describe_failure, open_s3_store
+from tensor_debugger.store.object_stores import describe_failure, is_refusal, open_s3_store
 
 if TYPE_CHECKING:
     from obstore.store import S3Store
@@ -54,7 +54,8 @@ class CountingStore(WrapperStore[Store]):
         except Exception as exc:
             if not self.remote:
                 raise
-            raise StoreWriteError(key, describe_failure(exc)) from exc
+            error = StoreWriteError if is_refusal(exc) else StoreOutageError
+            raise error(key, describe_failure(exc)) from exc
 
     async def set(self, key: str, value: Buffer) -> None:
         with self._writing(key):
