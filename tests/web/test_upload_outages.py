@@ -171,7 +171,36 @@ def test_an_ingest_that_meets_a_store_outage_waits_and_leaves_no_array_behind(
         server.stop()
 
 
-def _replicas(data: Path, url: str) -> list[LiveServer]:
-    return [
-        LiveServer(data, free_port(), database_url=url, env={"TENSOR_DEBUGGER_CLAIM_SECONDS": "3"}) for _ in range(2)
-    ]
+def test_an_upload_whose_replica_is_killed_mid_ingest_is_ingested_by_the_other(
+    tmp_path: Path, own_postgres: PostgresCluster
+) -> None:
+    url = own_postgres.create_database("replicas")
+    data = tmp_path / "data"
+    data.mkdir()
+    # leases renewed every second; what the killed replica's ingests unpacked is swept within 2 s
+    env = {"TENSOR_DEBUGGER_CLAIM_SECONDS": "3", "TENSOR_DEBUGGER_STAGING_SWEEP_SECONDS": "2"}
+    one, other = (LiveServer(data, free_port(), database_url=url, env=env) for _ in range(2))
+    try:
+        one.start()
+        other.start()
+        files = two_runs(tmp_path)
+        session_id = accepted(one, files)
+        wait_until(
+            lambda: progress(one, session_id),
+            until=lambda p: any(r["stage"] in ("unpacking", "copying") for r in p["runs"]),
+            what="an ingest to begin",
+            timeout=60,
+            interval=0.01,
+        )
+        assert one.process is not None
+        one.process.kill()  # kill -9: its ingest children follow it within a fraction of a second
+        one.process.wait()
+        keys = assert_whole(other, url, session_id, files)
+        arrays = data / "arrays" / "runs"
+        written = {f"runs/{run.name}/{a.name}" for run in arrays.iterdir() if run.is_dir() for a in run.iterdir()}
+        assert {key for key in written if not key.endswith("/zarr.json")} == keys
+        assert "ingest died; this process ingests it again from its staged files" in other.log.read_text()
+        assert other.alive()
+    finally:
+        one.stop()
+        other.stop()

@@ -125,7 +125,10 @@ class ChildIngests:
             # waiting for the pool's own thread, which reaps the dead child: its pipe closes before it is a zombie,
             # and until then the sweep below would take its staging folder for a live process's
             self._reset(pool, wait=True)
-            staging.sweep(self.settings.staging_dir)  # what the dead child left
+            try:  # what the dead child left; an upload waiting to be ingested stays
+                staging.sweep(self.settings.staging_dir, self.ingestor.staged_folders())
+            except Exception:  # the database did not answer: the next sweep removes it
+                log.exception("sweeping what the ingest of run %s left", pending.run_id)
             what = ", ".join(i.label for i in inputs) or "upload"
             if self._closed:
                 self.ingestor.give_up(pending, [], False)

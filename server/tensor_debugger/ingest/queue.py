@@ -20,7 +20,7 @@ from typing import Protocol
 from tensor_debugger.errors import IngestPostponed, NothingUsableError
 from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun
+from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, TakenOver
 from tensor_debugger.ingest.stored import NoteListener, NotesOf
 
 log = logging.getLogger(__name__)
@@ -171,6 +171,12 @@ class IngestQueue:
                         self._progress.pop(job.pending.run_id, None)
                     future.set_exception(IngestCancelled("the server stopped while this ingest met an outage"))
                 continue  # not done: its staged files are kept for the next try
+            except TakenOver as exc:  # another process ingests it from the same staged files: they are theirs
+                log.warning("ingest of run %s stopped: %s", job.pending.run_id, exc)
+                with self._lock:
+                    self._progress.pop(job.pending.run_id, None)
+                future.set_exception(exc)
+                continue
             except BaseException as exc:  # handed to whoever waits on the future
                 if not isinstance(exc, NothingUsableError | IngestCancelled):
                     log.exception("ingest of run %s failed", job.pending.run_id)

@@ -28,7 +28,12 @@ from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import keys_under
 from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.database import lock_arrays
-from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+
+# a run's problem when its ingest died and the uploaded files it was to be ingested from again are gone
+LOST = "its ingest stopped (its process died) and the uploaded files were gone before it could be tried again"
+# readies a dead ingest's run for this process in recovery's transaction; what it returns queues the ingest
+TakeOver = Callable[[DbSession, RunRecord], Callable[[], object]]
 
 
 @dataclass(frozen=True)
@@ -75,14 +80,18 @@ def recover(
     store: ArrayStore,
     live: Callable[[], Collection[int]] = frozenset,
     claims: Claims | None = None,
+    resumable: Callable[[RunRecord], bool] = lambda run: False,
+    take_over: TakeOver | None = None,
 ) -> RecoveryReport:
-    """Remove the runs whose ingest died and the arrays no run owns (see the module's docstring)."""
+    """Remove the runs whose ingest died (or take them over: see `remove_dead_ingests`), the arrays no run owns,
+    and any a failed run left (see the module's docstring)."""
     # Listed before the runs are read: a run row is always committed before its first array is written, so
     # every array seen here whose run is alive is known by the query below.
     stored = [name for name in store.children("runs") if name.isdigit()]  # not the group's zarr.json
-    removed = remove_dead_ingests(sessions, store, live, claims)
+    removed = remove_dead_ingests(sessions, store, live, claims, resumable, take_over)
     with sessions() as db:
-        known = {str(run_id) for run_id in db.scalars(select(RunRecord.id))}
+        # a failed run has no arrays: any under its prefix are what its ingest wrote before the store failed it
+        known = {str(run_id) for run_id in db.scalars(select(RunRecord.id).where(RunRecord.status != "failed"))}
         orphans = [name for name in stored if name not in known]
         shared = {
             name: set(db.scalars(select(TensorRecord.store_key).where(keys_under(f"runs/{name}")))) for name in orphans
@@ -106,27 +115,46 @@ def remove_dead_ingests(
     store: ArrayStore,
     live: Callable[[], Collection[int]] = frozenset,
     claims: Claims | None = None,
+    resumable: Callable[[RunRecord], bool] = lambda run: False,
+    take_over: TakeOver | None = None,
 ) -> int:
     """Remove each run left "ingesting" by a dead ingest, with its arrays (and its session, when that ingest made
-    it and nothing else is in it); returns how many. Each is first claimed from the claim it was read with, so of
-    several processes recovering at once (server replicas) one removes it. `live` gives the runs this process is
-    ingesting (`Ingestor.live_runs`), asked after the runs are read: a run joins it before its row is committed, so
-    every run of this process that the query sees is in it (asked before, a run begun in between was taken for
-    dead and deleted under its ingest)."""
+    it and nothing else is in it); returns how many. A run of an accepted upload whose staged files are all there
+    (`resumable`) is never removed: with `take_over` (a server's), this process claims it and `take_over` readies
+    it in the claim's transaction, returning what queues its ingest once committed; without, it is left for a
+    server. One whose staged files are gone is kept "failed", saying so. Each is first claimed from the claim it
+    was read with, so of several processes recovering at once (server replicas) one removes or takes it. `live`
+    gives the runs this process is ingesting (`Ingestor.live_runs`), asked after the runs are read: a run joins it
+    before its row is committed, so every run of this process that the query sees is in it (asked before, a run
+    begun in between was taken for dead and deleted under its ingest)."""
     host, now = socket.gethostname(), time.time()
     claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
     with sessions() as db:
         ingesting = list(db.scalars(select(RunRecord).where(RunRecord.status == "ingesting")))
         alive = live()
-        dead = [(run.id, run.claimed_by, run.claimed_until) for run in ingesting if stale(run, host, now, alive)]
+        dead = [
+            (run.id, run.claimed_by, run.claimed_until, resumable(run))
+            for run in ingesting
+            if stale(run, host, now, alive)
+        ]
     removed = 0
-    for run_id, owner, until in dead:
+    queued: list[Callable[[], object]] = []
+    for run_id, owner, until, waiting in dead:
+        if waiting and take_over is None:
+            continue  # a server takes it over
         with sessions.begin() as db:
             if not claims.take_run(db, run_id, owner, until):
                 continue  # another process took it meanwhile (or its ingest finished)
             lock_arrays(db)
             run = db.get_one(RunRecord, run_id)
+            if waiting and take_over is not None:  # its arrays deleted first: a store that fails it, next beat
+                queued.append(take_over(db, run))
+                continue
             store.delete(run_prefix(run.id))
+            if run.staged_inputs:  # an accepted upload: its page says why it is gone
+                db.add(ProblemRecord(run_id=run.id, file=", ".join(run.sources) or "upload", reason=LOST))
+                run.status, run.ingest_pid, run.staged_inputs = "failed", None, None
+                continue
             session_id, created = run.session_id, run.created_session
             db.delete(run)
             db.flush()
@@ -135,4 +163,6 @@ def remove_dead_ingests(
                 session = db.get(SessionRecord, session_id)
                 if session is not None:
                     db.delete(session)
+    for queue_it in queued:
+        queue_it()
     return removed

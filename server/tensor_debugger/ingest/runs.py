@@ -104,6 +104,7 @@ class PendingRun:
     run_id: int
     run_label: str
     created_session: bool  # undoing the run also removes the session when nothing else is in it
+    owner: str = ""  # the claim it was begun or taken over with: once another process holds it, it is theirs
 
 
 def is_reference_label(label: str) -> bool:
@@ -112,6 +113,11 @@ def is_reference_label(label: str) -> bool:
 
 class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
     """Raised from a progress callback to stop an ingest; the run is removed as if it never began."""
+
+
+class TakenOver(Exception):  # noqa: N818 (a signal: the work is another process's now)
+    """The run's claim is another process's (this one's lapsed during an outage, and a replica took the ingest
+    over): this ingest stops without touching the run, its arrays or its staged files."""
 
 
 def archive_limits(settings: Settings) -> ArchiveLimits:
@@ -224,8 +230,11 @@ class Ingestor:
         created_session: bool = False,
         by_label: bool = True,
         role: str | None = None,
+        staged: Sequence[InputFile] = (),
     ) -> PendingRun:
-        """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
+        """Commit the run's row as "ingesting" (and the session, if new and allowed). `staged`: the run's files
+        in the staging folder, kept until it is ingested (an accepted upload's), named on the row so that another
+        process can take the ingest over (`take_over`) should this one die. `created_session`: the
         caller made the session for this run, so undoing the run may remove it as well. `role`: "noise" for a
         rerun of the reference (its noise floor); left out, the first run is the reference, the others candidates.
 
@@ -237,9 +246,13 @@ class Ingestor:
         session_name = parse_label(session_name, "session name")
         run_label = parse_label(run_label, "run label")
         try:
-            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
+            pending = self._begin(
+                session_name, run_label, sources, create_session, created_session, by_label, role, staged
+            )
         except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
-            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
+            pending = self._begin(
+                session_name, run_label, sources, create_session, created_session, by_label, role, staged
+            )
         return pending
 
     def _begin(
@@ -251,6 +264,7 @@ class Ingestor:
         created_session: bool,
         by_label: bool,
         role: str | None,
+        staged: Sequence[InputFile],
     ) -> PendingRun:
         with self.sessions.begin() as db:
             # A write first, so that this transaction holds SQLite's write lock before it reads: two begins for
@@ -293,12 +307,74 @@ class Ingestor:
                 **self.claims.run_claim(),
                 created_session=created or created_session,
                 sources=sources,
+                staged_inputs=self._staged(staged),
             )
             db.add(run)
             db.flush()
             # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
             _LiveRuns.add(self.settings.database_url, run.id)
-            return PendingRun(session.id, session_name, run.id, run_label, created or created_session)
+            return PendingRun(
+                session.id, session_name, run.id, run_label, created or created_session, self.claims.owner
+            )
+
+    def _staged(self, staged: Sequence[InputFile]) -> list[list[str]] | None:
+        """The row's `staged_inputs` of files under the staging folder; None when there are none (or any is
+        elsewhere: a path given on the command line is the user's, not the server's to keep)."""
+        root = self.settings.staging_dir.resolve()
+        named: list[list[str]] = []
+        for item in staged:
+            path = item.path.resolve()
+            if not path.is_relative_to(root):
+                return None
+            named.append([path.relative_to(root).as_posix(), item.label])
+        return named or None
+
+    def staged(self, run: RunRecord) -> list[InputFile]:
+        """The files in the staging folder that the run of an accepted upload is ingested from."""
+        return [InputFile(self.settings.staging_dir / path, label) for path, label in run.staged_inputs or ()]
+
+    def resumable(self, run: RunRecord) -> bool:
+        """Whether the run names staged files and every one of them is there: its ingest can be done again."""
+        inputs = self.staged(run)
+        return bool(inputs) and all(i.path.is_file() for i in inputs)
+
+    def take_over(self, db: DbSession, run: RunRecord) -> tuple[PendingRun, list[InputFile]]:
+        """Make a dead ingest's `resumable` run (claimed by this process in `db`'s transaction: recovery.py) this
+        process's, to be ingested again from its staged files: its arrays so far deleted, the run among this
+        process's live runs (once the transaction commits; the caller then queues its ingest)."""
+        inputs = self.staged(run)
+        self.store.delete(run_prefix(run.id))
+        run.ingest_pid, run.ingest_host = os.getpid(), socket.gethostname()
+        db.flush()
+        _LiveRuns.add(self.settings.database_url, run.id)  # before the commit, as `begin` does
+        pending = PendingRun(
+            run.session_id, run.session.name, run.id, run.label, run.created_session, self.claims.owner
+        )
+        return pending, inputs
+
+    def staged_folders(self) -> set[str]:
+        """The staging folders that runs still "ingesting" name (their files wait to be ingested): kept by the
+        sweep whoever made them."""
+        with self.sessions() as db:
+            named = db.scalars(
+                select(RunRecord.staged_inputs).where(
+                    RunRecord.status == "ingesting", RunRecord.staged_inputs.is_not(None)
+                )
+            )
+            return {PurePosixPath(path).parts[0] for inputs in named for path, _ in inputs or ()}
+
+    def release_staged(self, inputs: Sequence[InputFile]) -> None:
+        """Remove the staging folder of a taken-over upload's files once no run still "ingesting" names it (its
+        other runs may still be ingested). Where the database does not answer, the sweep removes it later."""
+        root = self.settings.staging_dir.resolve()
+        folders = {item.path.resolve().relative_to(root).parts[0] for item in inputs}
+        try:
+            waiting = self.staged_folders()
+        except Exception:
+            log.warning("could not tell whether %s still wait to be ingested", sorted(folders), exc_info=True)
+            return
+        for folder in folders - waiting:
+            shutil.rmtree(root / folder, ignore_errors=True)
 
     def complete(
         self,
@@ -337,7 +413,9 @@ class Ingestor:
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)
-            self._finish(run_id, stored, problems, traces, fingerprint)
+            self._finish(run_id, stored, problems, traces, fingerprint, pending.owner)
+        except TakenOver:
+            raise  # the run is another process's: nothing of it is this ingest's to remove
         except NothingUsableError as exc:
             self._give_up(pending, exc.problems, keep_failure)
             raise
@@ -399,7 +477,7 @@ class Ingestor:
         the run's prefix (a live capture writes them as the model produces them). Any error removes the run and
         is raised again."""
         try:
-            self._finish(pending.run_id, stored, [], traces)
+            self._finish(pending.run_id, stored, [], traces, owner=pending.owner)
         except BaseException:
             self._give_up(pending, [], False)
             raise
@@ -427,15 +505,15 @@ class Ingestor:
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
         finally:
             _LiveRuns.discard(self.settings.database_url, pending.run_id)
 
     def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         if keep_failure:
-            self._fail(pending.run_id, problems)
+            self._fail(pending.run_id, problems, pending.owner)
         else:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
 
     def _copy(
         self,
@@ -534,6 +612,7 @@ class Ingestor:
         its tensor rows (naming the same arrays) and problems. None when there is no such run."""
         run_id = pending.run_id
         with self.sessions.begin() as db:
+            self._hold(db, run_id, pending.owner)
             run = db.get_one(RunRecord, run_id)
             # Written first, so the transaction holds SQLite's write lock before it reads (pysqlite begins one
             # at the first write): a session deleted meanwhile is either gone here or waits for this commit,
@@ -563,6 +642,7 @@ class Ingestor:
             db.add_all(problem_rows(run_id, problems))
             run.status = "ready"
             run.ingest_pid = None
+            run.staged_inputs = None
             run.tensor_count = source.tensor_count
             run.total_bytes = source.total_bytes
             run.module_tree = source.module_tree
@@ -578,10 +658,12 @@ class Ingestor:
         problems: list[FileProblem],
         traces: list[RunTrace],
         fingerprint: Fingerprint | None = None,
+        owner: str = "",
     ) -> None:
         seen: dict[str, int] = {}
         records: list[TensorRecord] = []
         with self.sessions.begin() as db:
+            self._hold(db, run_id, owner)
             for position, (entry, key_path, tensor) in enumerate(stored):
                 name = stored_name(entry, key_path)
                 if entry.module_path is not None and key_path == ("data",):
@@ -635,6 +717,7 @@ class Ingestor:
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"
             run.ingest_pid = None
+            run.staged_inputs = None
             run.tensor_count = position
             run.total_bytes = sum(t.nbytes for _, _, t in stored)
             if fingerprint is not None:
@@ -668,22 +751,42 @@ class Ingestor:
                 self.store.delete(record.store_key)
                 record.store_key = shared
 
-    def _fail(self, run_id: int, problems: list[FileProblem]) -> None:
+    def _hold(self, db: DbSession, run_id: int, owner: str) -> None:
+        """The first statement of a transaction that ends a run: renews the claim `owner` holds on it (on
+        PostgreSQL, the row stays locked until the commit, so no recovery takes it meanwhile); raises TakenOver
+        when another process holds it (or the run is no longer "ingesting"). No `owner`: nothing is checked."""
+        if not owner:
+            return
+        done = db.execute(
+            update(RunRecord)
+            .where(RunRecord.id == run_id, RunRecord.claimed_by == owner, RunRecord.status == "ingesting")
+            .values(claimed_until=self.claims.until())
+            .execution_options(synchronize_session=False)
+        )
+        if not done.rowcount:  # type: ignore[attr-defined]
+            holder = db.scalar(select(RunRecord.claimed_by).where(RunRecord.id == run_id))
+            if holder is not None and holder != owner:  # a run deleted meanwhile is ended as before
+                raise TakenOver(f"run {run_id} is no longer this process's to ingest")
+
+    def _fail(self, run_id: int, problems: list[FileProblem], owner: str = "") -> None:
         """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
-        self._delete_arrays(run_prefix(run_id))
         with self.sessions.begin() as db:
+            self._hold(db, run_id, owner)
+            self._delete_arrays(run_prefix(run_id))
             run = db.get(RunRecord, run_id)
             if run is None:
                 return
             db.add_all(problem_rows(run_id, problems))
             run.status = "failed"
             run.ingest_pid = None
+            run.staged_inputs = None
             run.tensor_count = 0
             run.total_bytes = 0
 
-    def _abandon(self, run_id: int, created_session_id: int | None) -> None:
-        self._delete_arrays(run_prefix(run_id))
+    def _abandon(self, run_id: int, created_session_id: int | None, owner: str = "") -> None:
         with self.sessions.begin() as db:
+            self._hold(db, run_id, owner)
+            self._delete_arrays(run_prefix(run_id))
             run = db.get(RunRecord, run_id)
             if run is not None:
                 db.delete(run)
