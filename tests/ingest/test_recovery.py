@@ -78,6 +78,32 @@ def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_arrays_a_failed_run_left_are_removed_and_the_run_kept(tmp_path: Path, settings: Settings) -> None:
+    from tensor_debugger.errors import NothingUsableError
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.store.dtypes import parse_dtype
+
+    services = open_services(settings)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a tensor")
+    pending = services.ingestor.begin("kept", "ref", [notes.name])
+    with pytest.raises(NothingUsableError):
+        services.ingestor.complete(pending, [InputFile(notes, notes.name)], keep_failure=True)
+    # what an ingest wrote before the store failed it, left when the store did not answer its deletion either
+    services.store.create(f"runs/{pending.run_id}/0", (3,), parse_dtype("float32"), (3,))
+    services.close()
+    services = open_services(settings)
+    try:
+        assert services.recovery.orphan_arrays_removed == 1
+        assert str(pending.run_id) not in services.store.children("runs")
+        with services.sessions() as db:
+            run = db.get_one(RunRecord, pending.run_id)
+            assert run.status == "failed" and [p.file for p in run.problems] == [notes.name]
+    finally:
+        services.close()
+
+
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path, settings: Settings) -> None:
     services = open_services(settings)
     path = tmp_path / "x.pth"

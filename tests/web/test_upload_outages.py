@@ -204,3 +204,24 @@ def test_an_upload_whose_replica_is_killed_mid_ingest_is_ingested_by_the_other(
     finally:
         one.stop()
         other.stop()
+
+
+def test_an_upload_whose_server_is_stopped_mid_ingest_is_ingested_at_its_next_start(tmp_path: Path) -> None:
+    server = started_server(tmp_path)
+    try:
+        files = two_runs(tmp_path)
+        session_id = accepted(server, files)
+        wait_until(
+            lambda: progress(server, session_id),
+            until=lambda p: any(r["stage"] in ("unpacking", "copying") for r in p["runs"]),
+            what="an ingest to begin",
+            timeout=60,
+            interval=0.01,
+        )
+        server.stop()  # SIGTERM: a graceful stop cancels the ingests, but keeps the accepted upload
+        server.port = free_port()
+        server.start()
+        assert_whole(server, f"sqlite:///{server.data_dir / 'metadata.sqlite3'}", session_id, files)
+        assert "ingest died; this process ingests it again from its staged files" in server.log.read_text()
+    finally:
+        server.stop()

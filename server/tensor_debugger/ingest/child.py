@@ -26,7 +26,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import CancelledError, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
@@ -109,7 +109,8 @@ class ChildIngests:
             try:
                 pool = self._open()
             except IngestCancelled:  # the server is stopping: the run is undone as if it never began
-                self.ingestor.cancel(pending)
+                if not pending.staged:  # but an accepted upload's, which the next start takes over
+                    self.ingestor.cancel(pending)
                 raise
             try:
                 future = pool.submit(_complete, pending, inputs, keep_failure, notes, again)
@@ -121,6 +122,10 @@ class ChildIngests:
         except IngestPostponed:
             postponed = True
             raise
+        except CancelledError:  # the server stopped before a child took it: as an ingest that never began
+            if not pending.staged:  # but an accepted upload's run stays, for the next start to take over
+                self.ingestor.cancel(pending)
+            raise IngestCancelled("the server stopped before this ingest began") from None
         except BrokenProcessPool:
             # waiting for the pool's own thread, which reaps the dead child: its pipe closes before it is a zombie,
             # and until then the sweep below would take its staging folder for a live process's
@@ -131,7 +136,8 @@ class ChildIngests:
                 log.exception("sweeping what the ingest of run %s left", pending.run_id)
             what = ", ".join(i.label for i in inputs) or "upload"
             if self._closed:
-                self.ingestor.give_up(pending, [], False)
+                if not pending.staged:  # an accepted upload's run stays, for the next start to take over
+                    self.ingestor.give_up(pending, [], False)
                 raise IngestCancelled("the server is stopping") from None
             self.ingestor.give_up(pending, [FileProblem(what, "the ingest's process died")], keep_failure)
             raise

@@ -110,9 +110,11 @@ class IngestQueue:
 
     def close(self, timeout: float = 10) -> None:
         """Stop: waiting jobs are dropped and running ones cancelled at their next block of bytes, their runs
-        removed as if never begun (their session too when the upload made it and nothing else is in it). An
-        ingest still unpacking an archive after `timeout` seconds is left to die with the process: its run
-        stays "ingesting" until the next start's recovery removes it. Runs waiting for an outage to end stay
+        removed as if never begun (their session too when the upload made it and nothing else is in it), but an
+        accepted upload's (its files staged): its run stays "ingesting" and its files staged, for the next start or
+        another replica to take over (recovery.py). An ingest still unpacking an archive after `timeout` seconds
+        is left to die with the process: its run stays "ingesting" until the next start's recovery removes it
+        (or takes it over). Runs waiting for an outage to end stay
         "ingesting", their staged files kept: the next start, or another replica, takes them over (recovery.py);
         whoever waits on their futures is told IngestCancelled."""
         self._stopping.set()
@@ -181,6 +183,10 @@ class IngestQueue:
                 if not isinstance(exc, NothingUsableError | IngestCancelled):
                     log.exception("ingest of run %s failed", job.pending.run_id)
                 future.set_exception(exc)
+                if isinstance(exc, IngestCancelled) and job.pending.staged:  # its files stay for the next start
+                    with self._lock:
+                        self._progress.pop(job.pending.run_id, None)
+                    continue
             with self._lock:
                 self._progress.pop(job.pending.run_id, None)
             job.done()
@@ -195,7 +201,8 @@ class IngestQueue:
             self._set(run_id, IngestProgress("copying", done, total))
 
         if self._stopping.is_set():
-            self.ingestor.cancel(job.pending)
+            if not job.pending.staged:  # an accepted upload's run stays, for the next start to take over
+                self.ingestor.cancel(job.pending)
             raise IngestCancelled("the server stopped before this ingest began")
         watcher, listener = self.watcher, None
         if watcher is not None:

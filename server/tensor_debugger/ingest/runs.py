@@ -105,6 +105,7 @@ class PendingRun:
     run_label: str
     created_session: bool  # undoing the run also removes the session when nothing else is in it
     owner: str = ""  # the claim it was begun or taken over with: once another process holds it, it is theirs
+    staged: bool = False  # its row names its staged files: should this process stop, another takes it over
 
 
 def is_reference_label(label: str) -> bool:
@@ -314,7 +315,13 @@ class Ingestor:
             # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
             _LiveRuns.add(self.settings.database_url, run.id)
             return PendingRun(
-                session.id, session_name, run.id, run_label, created or created_session, self.claims.owner
+                session.id,
+                session_name,
+                run.id,
+                run_label,
+                created or created_session,
+                self.claims.owner,
+                run.staged_inputs is not None,
             )
 
     def _staged(self, staged: Sequence[InputFile]) -> list[list[str]] | None:
@@ -348,7 +355,7 @@ class Ingestor:
         db.flush()
         _LiveRuns.add(self.settings.database_url, run.id)  # before the commit, as `begin` does
         pending = PendingRun(
-            run.session_id, run.session.name, run.id, run.label, run.created_session, self.claims.owner
+            run.session_id, run.session.name, run.id, run.label, run.created_session, self.claims.owner, True
         )
         return pending, inputs
 
@@ -396,8 +403,9 @@ class Ingestor:
         run's ingest made it and nothing else is in it), or with `keep_failure` kept as "failed" with its
         problems. Raises IngestPostponed when the database or the array store did not answer (errors.is_outage):
         the run stays "ingesting" and among this process's live runs, its arrays deleted if the store lets, for
-        its caller to try again from the same inputs. Any other error removes the run, or with `keep_failure`
-        (but not IngestCancelled) marks it "failed" with the error as its problem, and is raised again."""
+        its caller to try again from the same inputs; so does IngestCancelled of a run with staged files (an
+        accepted upload's, which the next start or another replica takes over). Any other error removes the run, or
+        with `keep_failure` marks it "failed" with the error as its problem, and is raised again."""
         run_id = pending.run_id
         staging = new_folder(self.settings.staging_dir, "ingest")
         postponed = False
@@ -422,9 +430,13 @@ class Ingestor:
         except Exception as exc:
             shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
             outage = self.outage(exc)
-            if outage is not None:
+            if outage is not None or (pending.staged and isinstance(exc, IngestCancelled)):
+                # an outage, or a server stopping: the run stays for a later try (in a server that stops, the next
+                # start's or another replica's) from the same staged files
                 postponed = True
                 self._delete_arrays(run_prefix(run_id))  # else deleted before the next try
+                if outage is None:
+                    raise
                 raise IngestPostponed(outage) from None
             what = ", ".join(i.label for i in inputs) or "upload"
             if is_disk_full(exc) and not isinstance(exc, DiskFullError):
