@@ -2,7 +2,10 @@
 
 A run still "ingesting" whose process is gone on this host, or whose ingest on another host (a server replica)
 stopped renewing its lease (store/claims.py), is deleted with its arrays (and its session, when that ingest
-created it and nothing else is in it); the server also does this on its claims' heartbeat. The folder under
+created it and nothing else is in it); the server also does this on its claims' heartbeat. A run of an accepted
+upload whose staged files are still there is not deleted but taken over by a server (`remove_dead_ingests`'s
+`take_over`): ingested again from those files. Arrays under a failed run's prefix (its ingest's, whose deletion
+the store failed) are deleted like those of no run. The folder under
 "runs/" of a run that no longer exists is deleted too, but for the arrays in it that tensor rows of other runs
 still name (arrays are shared: see `catalog.release_arrays`).
 

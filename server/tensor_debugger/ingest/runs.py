@@ -12,7 +12,10 @@ arrays, and no file is read. Otherwise `_finish` records the fingerprint, and an
 older run stored (the same digest) names that array and the copy just written is deleted. An array is thus shared
 by every row that names it; `catalog.release_arrays` deletes it with the last.
 
-A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`; the runs this
+An ingest that meets an outage (the database or the array store did not answer) raises IngestPostponed and leaves
+the run "ingesting" for its caller to try again; an accepted upload's run names its staged files, so that another
+process takes it over (`take_over`) when this one dies. Otherwise a run left "ingesting" by a process that died is
+removed, arrays and all, by `recovery.recover`; the runs this
 process is ingesting right now, through any of its Ingestors, are in `Ingestor.live_runs()`, so its own recovery
 never takes them for dead (a second `open_services` on the same data dir, say a capture beside a server).
 """
