@@ -619,7 +619,7 @@ class Ingestor:
         are left for the run's deletion (or, with no row naming them, recovery's) to remove."""
         try:
             self.store.delete(prefix)
-        except StoreWriteError:
+        except (StoreWriteError, StoreUnavailableError):
             log.warning("could not delete %s from the array store; deleting its run removes it", prefix, exc_info=True)
 
     def _reuse(self, pending: PendingRun, fingerprint: Fingerprint) -> IngestResult | None:
