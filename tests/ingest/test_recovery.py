@@ -182,3 +182,34 @@ def test_a_run_begun_while_the_heartbeat_recovers_is_not_taken_for_dead(services
         run = db.get(RunRecord, run_id)
         assert run is not None and run.status == "ingesting"
     assert remove_dead_ingests(services.sessions, services.store, services.ingestor.live_runs, services.claims) == 0
+
+
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_an_ingest_whose_run_another_process_took_over_stops_without_touching_it(
+    tmp_path: Path, settings: Settings
+) -> None:
+    """A replica whose lease lapsed (the database away longer than the lease) while another took its run over
+    commits nothing: the run, its arrays and its files are the other's, so no tensor is stored twice."""
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.ingest.runs import TakenOver
+    from tensor_debugger.store.claims import Claims
+    from tensor_debugger.store.models import TensorRecord
+
+    services = open_services(settings)
+    try:
+        path = tmp_path / "0_ok.pth"
+        torch.save(torch.arange(12.0).reshape(3, 4), path)
+        pending = services.ingestor.begin("taken", "ref", [path.name])
+        other = Claims(services.sessions, settings.claim_seconds)  # another replica's, after the lease ran out
+        with services.sessions.begin() as db:
+            run = db.get_one(RunRecord, pending.run_id)
+            assert other.take_run(db, run.id, run.claimed_by, run.claimed_until)
+        with pytest.raises(TakenOver):
+            services.ingestor.complete(pending, [InputFile(path, path.name)], keep_failure=True)
+        with services.sessions() as db:
+            run = db.get_one(RunRecord, pending.run_id)
+            assert (run.status, run.claimed_by) == ("ingesting", other.owner)
+            assert db.query(TensorRecord).count() == 0
+        assert pending.run_id not in services.ingestor.live_runs()
+    finally:
+        services.close()

@@ -16,6 +16,7 @@ happens when a container restarts and the server is process 1 again.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -33,6 +34,7 @@ from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
+log = logging.getLogger(__name__)
 # a run's problem when its ingest died and the uploaded files it was to be ingested from again are gone
 LOST = "its ingest stopped (its process died) and the uploaded files were gone before it could be tried again"
 # readies a dead ingest's run for this process in recovery's transaction; what it returns queues the ingest
@@ -150,9 +152,14 @@ def remove_dead_ingests(
                 continue  # another process took it meanwhile (or its ingest finished)
             lock_arrays(db)
             run = db.get_one(RunRecord, run_id)
-            if waiting and take_over is not None:  # its arrays deleted first: a store that fails it, next beat
-                queued.append(take_over(db, run))
-                continue
+            if waiting and take_over is not None:
+                try:  # its arrays deleted first: where the store does not answer, the claim is undone
+                    queued.append(take_over(db, run))
+                    continue
+                except Exception:
+                    log.exception("taking over run %s failed; tried again later", run_id)
+                    db.rollback()
+                    continue
             store.delete(run_prefix(run.id))
             if run.staged_inputs:  # an accepted upload: its page says why it is gone
                 db.add(ProblemRecord(run_id=run.id, file=", ".join(run.sources) or "upload", reason=LOST))
@@ -167,5 +174,8 @@ def remove_dead_ingests(
                 if session is not None:
                     db.delete(session)
     for queue_it in queued:
-        queue_it()
+        try:
+            queue_it()
+        except Exception:  # the server is stopping: the run stays this process's until it exits, then another's
+            log.exception("queueing a taken-over ingest failed")
     return removed
