@@ -187,6 +187,7 @@ class ChildIngests:
                     mp_context=self._context,
                     initializer=functools.partial(
                         _start,
+                        os.getpid(),
                         self.settings,
                         self.ingestor.store.environ,
                         self._messages,
@@ -239,6 +240,7 @@ _child: dict[str, Any] = {}  # in a child only, filled by `_start`: its ingestor
 
 
 def _start(
+    server: int,
     settings: Settings,
     store_environ: dict[str, str],
     messages: Any,
@@ -248,12 +250,14 @@ def _start(
 ) -> None:
     """A child's set-up: its own database engine, and the server's array store opened with the server's AWS
     variables (`store_environ`: an s3:// store's endpoint and credentials, which the server may have been given
-    otherwise than in its environment); its slot, the queue of replies to its `_Settle`s."""
+    otherwise than in its environment); its slot, the queue of replies to its `_Settle`s. `server`: the server's
+    process id."""
     with slots.get_lock():
         slot = slots.value % len(replies)
         slots.value += 1
     os.nice(NICENESS)
-    server = os.getppid()
+    # the server's id as it gave it: one killed before this child got here is already gone, and its id read here
+    # would be that of the process that adopted the child, which `_die_with` would wait on for ever
     threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the children
     configure_kernels(settings.kernel, settings.kernel_family)
