@@ -17,7 +17,7 @@ LOWEST ?= .venv-lowest
 BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/kernel_structs.h server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/chunk_loop.c
 LOWEST_BIN := $(LOWEST)/bin
 
-.PHONY: run test install install-test browser cross postgres bench lint test-lowest ci
+.PHONY: run test install install-test browser cross postgres bench bench-first-start fuzz lint test-lowest ci
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,16 @@ ci: lint test test-lowest
 
 bench: install
 	$(BIN)/python bench/ingest.py --size-gib 1
+
+# a cluster's first start, 10 rounds of 4 replicas on an empty PostgreSQL database and S3 prefix
+bench-first-start: install-test postgres
+	$(BIN)/python bench/first_start.py --rounds 10 --replicas 4
+
+# Schemathesis over every operation of a real server, as tests/web/test_api_fuzzing.py runs it in the suite (its
+# checks, and its exemptions), with FUZZ_EXAMPLES generated requests per operation and mode instead of 5.
+FUZZ_EXAMPLES ?= 50
+fuzz: install-test
+	FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -n 0 tests/web/test_api_fuzzing.py
 
 lint: install-test
 	$(BIN)/ruff check server tests bench

@@ -239,10 +239,16 @@ def _store_settings(store_url: str, store_environ: dict[str, str]) -> dict[str, 
 @pytest.fixture(scope="session")
 def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     """One server with a token and a read-only token for the whole run, bound to every address (0.0.0.0, which
-    it may be since it has a token), for the tests of authentication. The same manners as `shared_server`."""
+    it may be since it has a token), for the tests of authentication, behind a reverse proxy on this machine (it
+    trusts 127.0.0.1's X-Forwarded-For and -Proto, as the README tells a proxy's user to set). The same manners as
+    `shared_server`."""
     server = started_server(
         tmp_path_factory.mktemp("token-server"),
-        env={"TENSOR_DEBUGGER_TOKEN": WRITE_TOKEN, "TENSOR_DEBUGGER_READ_TOKEN": READ_TOKEN},
+        env={
+            "TENSOR_DEBUGGER_TOKEN": WRITE_TOKEN,
+            "TENSOR_DEBUGGER_READ_TOKEN": READ_TOKEN,
+            "TENSOR_DEBUGGER_TRUSTED_PROXIES": "127.0.0.1",
+        },
         args=("--host", "0.0.0.0"),
     )
     yield server

@@ -20,11 +20,11 @@ class TooLargeError(InvalidInputError):
 
 
 class TooManyWrongTokens(TensorDebuggerError):
-    """A client address that presented too many wrong tokens lately (web/sign_in_limits.py): it may try again in
-    `retry_after` seconds."""
+    """A client address that presented too many wrong tokens lately, or a wrong token presented too often
+    (web/sign_in_limits.py): it may try again in `retry_after` seconds. A right token is never refused so."""
 
-    def __init__(self, retry_after: int) -> None:
-        super().__init__(f"too many wrong tokens from this address: try again in {retry_after} s")
+    def __init__(self, retry_after: int, why: str = "from this address") -> None:
+        super().__init__(f"too many wrong tokens {why}: try again in {retry_after} s")
         self.retry_after = retry_after
 
 
@@ -163,3 +163,9 @@ class IngestPostponed(TensorDebuggerError):
 
     def __reduce__(self) -> tuple[type[IngestPostponed], tuple[str]]:  # sent back by a child process
         return type(self), (self.reason,)
+
+
+class StorePairingError(StoreUnavailableError):
+    """The metadata database and the array store are not one pair (store/identity.py): a process given them would
+    misread the store or, recovering, delete what another database stored. Raised at start, before anything is
+    written or deleted; the message names both and the fix."""

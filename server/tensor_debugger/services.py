@@ -26,6 +26,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker, upgrade_database
+from tensor_debugger.store.identity import pair
 from tensor_debugger.store.models import RunRecord
 from tensor_debugger.store.sign_outs import SignOuts
 
@@ -109,19 +110,40 @@ class Services:
         self.engine.dispose()
 
 
-def open_services(settings: Settings, environ: Mapping[str, str] | None = None) -> Services:
-    """Migrate the database to the newest schema, clean up after killed ingests, and hand back the parts. An s3://
-    array store reads the AWS variables from `environ` (this process's environment unless given)."""
+def open_services(settings: Settings, environ: Mapping[str, str] | None = None, writes: bool = True) -> Services:
+    """Migrate the database to the newest schema, check that it and the array store are one pair (StorePairingError
+    where not, before anything is deleted: store/identity.py), clean up after killed ingests, and hand back the
+    parts. An s3:// array store reads the AWS variables from `environ` (this process's environment unless given).
+    `writes` False (a command that only reads): a new pair is checked, not marked as one."""
     configure_kernels(settings.kernel, settings.kernel_family)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    # first: a store that cannot be used stops here, doing nothing
-    store = ArrayStore(settings.store_url, environ, settings.direct_writes)
-    engine = create_db_engine(settings.database_url)
-    upgrade_database(engine)
-    sessions = make_sessionmaker(engine)
+    store, engine, sessions = open_pair(settings, environ, writes)
     claims = Claims(sessions, settings.claim_seconds)
     ingestor = Ingestor(settings, sessions, store, claims)
     report = recover(sessions, store, ingestor.live_runs, claims, ingestor.resumable)  # uploads: left for a server
     staging.sweep(settings.staging_dir, ingestor.staged_folders())
     comparisons = Comparisons(sessions, store, settings.threads, claims, settings, settings.top)
     return Services(settings, engine, sessions, store, claims, ingestor, comparisons, report)
+
+
+def open_pair(
+    settings: Settings, environ: Mapping[str, str] | None = None, writes: bool = True
+) -> tuple[ArrayStore, Engine, sessionmaker[Any]]:
+    """The array store and the database, migrated to the newest schema, once they are known to be one pair."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    # first: a store that cannot be used stops here, doing nothing
+    store = ArrayStore(settings.store_url, environ, settings.direct_writes)
+    engine = create_db_engine(settings.database_url)
+    try:
+        upgrade_database(engine)
+        sessions = make_sessionmaker(engine)
+        pair(sessions, store, settings.database_url, writes)
+    except BaseException:
+        engine.dispose()
+        raise
+    return store, engine, sessions
+
+
+def check_pair(settings: Settings, environ: Mapping[str, str] | None = None) -> None:
+    """What `open_services` does first (migrate, pair the database with the store), then let go: `serve` does it
+    before it listens, so that a store that cannot be used, or is not the database's, is said in one line."""
+    open_pair(settings, environ)[1].dispose()

@@ -69,9 +69,10 @@ class Settings:
         "", "A second token that opens every page, the API's reads and exports, and changes nothing.", secret=True
     )
     trusted_proxies: str = _setting(
-        "127.0.0.1",
+        "",
         "Addresses of reverse proxies whose X-Forwarded-Proto and X-Forwarded-For are believed, comma-separated "
-        "(`*`: any); a request they mark https gets https's origin and a Secure cookie.",
+        "(`*`: any); a request they mark https gets https's origin and a Secure cookie. Empty: none, not even "
+        "loopback (a local process could otherwise claim any address).",
     )
     public_url: str = _setting(
         "",
@@ -85,6 +86,18 @@ class Settings:
     )
     demo: bool = _setting(True, "Generate the demo session on the first start of a new data directory.")
     max_upload_bytes: int = _setting(64 * GiB, "Largest request body an upload may send, in bytes.")
+    max_part_header_bytes: int = _setting(
+        4096,
+        "Longest header line of one part of a multipart upload, in bytes: its Content-Disposition, which carries the "
+        "run label (at most 200 characters, as names) and the file name.",
+    )
+    max_upload_parts: int = _setting(
+        1024, "Most parts (files and text fields) one multipart upload may hold; a run may be several files."
+    )
+    max_upload_runs: int = _setting(64, "Most runs (distinct file fields) one multipart upload may create.")
+    max_form_text_bytes: int = _setting(
+        1024 * 1024, "Most bytes all the text fields of one multipart upload may hold together (a name, notes)."
+    )
     max_archive_members: int = _setting(20_000, "Most archive members one run may hold, nested archives' included.")
     max_expanded_bytes: int = _setting(
         256 * GiB, "Most bytes one run's archives may expand to, nested archives' included."
@@ -107,6 +120,17 @@ class Settings:
     )
     ingest_workers: int = _setting(
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."
+    )
+    ingest_memory: int = _setting(
+        0,
+        "Most memory one ingest's process may take, in bytes (enforced by the OS: RLIMIT_DATA); a file that needs "
+        "more fails with that reason, the other files of its run go on. 0 means a quarter of the machine's memory.",
+        shown="0 (a quarter of the machine's memory)",
+    )
+    ingest_seconds: float = _setting(
+        3600.0,
+        "Longest one ingest of the server may take, in seconds: past it its process is ended and its run fails "
+        "with that reason, naming the file it was reading.",
     )
     workers: int = _setting(
         0,
@@ -149,6 +173,10 @@ class Settings:
             object.__setattr__(self, "store_url", (self.data_dir / "arrays").as_uri())
         for name in (
             "max_upload_bytes",
+            "max_part_header_bytes",
+            "max_upload_parts",
+            "max_upload_runs",
+            "max_form_text_bytes",
             "max_archive_members",
             "max_expanded_bytes",
             "expansion_floor_bytes",
@@ -156,6 +184,7 @@ class Settings:
             "ingest_workers",
             "staging_sweep_seconds",
             "claim_seconds",
+            "ingest_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
@@ -163,6 +192,10 @@ class Settings:
             raise ValueError(f"setting address_file must be a file name (no folder), got {self.address_file!r}")
         if self.public_url and not self.public_url.startswith(("http://", "https://")):
             raise ValueError(f"setting public_url must start with http:// or https://, got {self.public_url!r}")
+        if self.ingest_memory < 0:
+            raise ValueError(
+                f"setting ingest_memory must be 0 (a quarter of the memory) or more, got {self.ingest_memory}"
+            )
         if self.buffered_run_bytes < 0:
             raise ValueError(f"setting buffered_run_bytes must be 0 or more, got {self.buffered_run_bytes}")
         if not 0 <= self.top <= 64:
@@ -195,6 +228,11 @@ class Settings:
             return self.public_url.rstrip("/")
         host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(self.host, self.host)  # noqa: S104
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+    @property
+    def ingest_memory_limit(self) -> int:
+        """The bytes of memory an ingest's process may take: `ingest_memory`, or with 0 a quarter of the machine's."""
+        return self.ingest_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 4
 
     @property
     def auth_required(self) -> bool:

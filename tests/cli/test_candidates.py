@@ -33,10 +33,17 @@ def check_payload(out: dict[str, object]) -> None:
     assert failing == {("c1", f"{k}_{s}") for k in (2, 3) for s in ("attn", "mlp")} | {
         ("c2", f"{k}_{s}") for k in (1, 2, 3) for s in ("attn", "mlp")
     }
-    assert out["first_divergence"] == {"name": "2_attn", "layer": 2, "stage": "attn"}  # the first candidate's
+    # the first candidate's; each tensor is off everywhere: no dimension confines it
+    assert out["first_divergence"] == {
+        "name": "2_attn",
+        "layer": 2,
+        "stage": "attn",
+        "where": [],
+        "unmatched_before": [],
+    }
     assert out["first_divergences"] == {
-        "c1": {"name": "2_attn", "layer": 2, "stage": "attn"},
-        "c2": {"name": "1_attn", "layer": 1, "stage": "attn"},
+        "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": []},
+        "c2": {"name": "1_attn", "layer": 1, "stage": "attn", "where": [], "unmatched_before": []},
         "c3": None,
     }
 
@@ -85,7 +92,10 @@ def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveSe
     lines = table.stdout.splitlines()
     assert re.split(r"\s{2,}", lines[0]) == ["#", "layer", "tensor", "c3 (max |diff|)", "c2 (max |diff|)"]
     assert re.split(r"\s{2,}", lines[3]) == ["2", "1", "1_attn", "PASS 0", "FAIL 0.5"]
-    assert "c3: no divergence" in lines and "c2: FIRST DIVERGENCE: 1_attn (layer 1)" in lines
+    assert (
+        "c3: no divergence" in lines
+        and "c2: FIRST DIVERGENCE: 1_attn (layer 1); everywhere (no dimension confines it)" in lines
+    )
     clean = main_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["ref"]), "--json")
     assert clean.returncode == 0, clean.stdout
     assert list(json.loads(clean.stdout)["first_divergences"]) == ["c3", "ref (candidate 2)"]

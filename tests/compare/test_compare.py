@@ -68,12 +68,22 @@ def test_compare_finds_the_planted_first_divergence(
     assert out["session"]["url"].endswith(f"/sessions/{out['session']['id']}")
     names = [p["name"] for p in out["pairs"]]
     assert names == [f"{layer}_{stage}" for layer in range(3) for stage in STAGES]  # execution order
-    assert out["first_divergence"] == {"name": "1_post_attn", "layer": 1, "stage": "post_attn"}
+    single = [
+        {"dim": 0, "name": None, "size": 16, "ranges": [[3, 3]]},
+        {"dim": 1, "name": None, "size": 32, "ranges": [[7, 7]]},
+    ]
+    assert out["first_divergence"] == {
+        "name": "1_post_attn",
+        "layer": 1,
+        "stage": "post_attn",
+        "where": single,
+        "unmatched_before": [],
+    }
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]
     assert first["stats"]["max_abs_diff"] == pytest.approx(0.5, abs=1e-6)
     assert first["stats"]["mismatched"] == 1 and first["stats"]["numel"] == 16 * 32
-    assert first["a"] == {"name": "1_post_attn", "shape": [16, 32], "dtype": "float32"}
+    assert first["a"] == {"name": "1_post_attn", "shape": [16, 32], "dtype": "float32", "source": None}
     before = [p for p in out["pairs"] if (p["layer"], STAGES.index(p["stage"])) < (1, STAGES.index("post_attn"))]
     assert before and all(p["status"] == "pass" for p in before)
     assert out["unmatched"] == {"a": [], "b": []}
@@ -249,7 +259,8 @@ def test_the_same_comparison_twice_in_one_batch_is_computed_once(services: Servi
         services.comparisons.plan(sessions[-1])
     before = services.store.chunk_reads
     assert services.comparisons.compute_pending() == 2
-    assert services.store.chunk_reads - before == 2  # one chunk of each run, once
+    # one chunk of each run, and again for where inside the failing pair: once for both pairs, not per pair
+    assert services.store.chunk_reads - before == 4
     with services.sessions() as db:
         pairs = db.scalars(select(PairRecord).where(PairRecord.session_id.in_(sessions))).all()
         assert [p.status for p in pairs] == ["fail", "fail"] and pairs[0].result_id == pairs[1].result_id

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from tensor_debugger.compare.formatting import format_cosine, format_fraction, format_number
+from tensor_debugger.compare.formatting import format_cosine, format_fraction, format_number, format_where
 
 
 @pytest.mark.parametrize(
@@ -41,3 +41,15 @@ def test_fractions_as_percentages() -> None:
     assert format_fraction(0.001953125) == "0.195%"
     assert format_fraction(0.0) == "0%"
     assert format_fraction(None) == ""
+
+
+def test_where_in_words() -> None:
+    assert format_where(None) == ""
+    assert format_where([]) == "everywhere (no dimension confines it)"
+    named = [{"dim": 1, "name": "heads", "ranges": [[5, 5]]}, {"dim": 2, "name": "tokens", "ranges": [[10, 12]]}]
+    assert format_where(named) == "in heads 5, tokens 10-12"
+    unnamed = [
+        {"dim": 0, "name": None, "ranges": [[3, 4], [10, 12]]},
+        {"dim": 2, "name": "tokens", "ranges": [[1, 1], [7, 7]]},
+    ]
+    assert format_where(unnamed) == "in dim 0 [3-4, 10-12], tokens [1, 7]"

@@ -22,6 +22,7 @@ from tensor_debugger.ingest.writer import SerialLane, WritePools, digest_header
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings, available_cpus
 from tensor_debugger.store.dtypes import parse_dtype
+from tensor_debugger.store.identity import MARKER
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
 from tests.support.cli_main import main_cli
@@ -167,7 +168,7 @@ def stored_state(data: Path) -> dict[str, Any]:
         state["chunks"] = {
             str(p.relative_to(arrays)): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(arrays.rglob("*"))
-            if p.is_file() and p.name != "zarr.json"
+            if p.is_file() and p.name not in ("zarr.json", MARKER)  # the marker: each data dir's own id
         }
         return state
     finally:

@@ -104,21 +104,32 @@ def test_arrays_a_failed_run_left_are_removed_and_the_run_kept(tmp_path: Path, s
 
 
 @pytest.mark.parametrize("database_url", DATABASES, indirect=True)
-def test_orphan_arrays_without_a_run_are_removed(tmp_path: Path, settings: Settings) -> None:
+def test_orphan_arrays_of_a_recorded_run_are_removed_and_no_others(tmp_path: Path, settings: Settings) -> None:
+    """A session's deletion cut short between its rows and its arrays leaves its run's folder: recovery removes it,
+    since this database recorded that folder when it created the run. An array in a folder the database never
+    recorded (another database's, say) is left where it is."""
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.store.dtypes import parse_dtype
+
     services = open_services(settings)
     path = tmp_path / "x.pth"
     torch.save(torch.ones(3), path)
-    from tensor_debugger.ingest.inputs import InputFile
-
-    result = services.ingestor.ingest("keep", "ref", [InputFile(path, path.name)])
-    from tensor_debugger.store.dtypes import parse_dtype
-
-    services.store.create("runs/999/0", (3,), parse_dtype("float32"), (3,))  # as if a delete was cut short
+    other = tmp_path / "y.pth"
+    torch.save(torch.zeros(5), other)
+    kept = services.ingestor.ingest("keep", "ref", [InputFile(path, path.name)])
+    cut = services.ingestor.ingest("cut short", "ref", [InputFile(other, other.name)])
+    with services.sessions.begin() as db:  # the rows deleted and committed, the arrays not yet
+        db.delete(db.get_one(SessionRecord, cut.session_id))
+    services.store.create("runs/999/0", (3,), parse_dtype("float32"), (3,))  # never recorded by this database
     services.close()
+    assert {c for c in services.store.children("runs") if c.isdigit()} == {str(kept.run_id), str(cut.run_id), "999"}
     services = open_services(settings)
     try:
         assert services.recovery.orphan_arrays_removed == 1
-        assert [c for c in services.store.children("runs") if c.isdigit()] == [str(result.run_id)]
+        assert {c for c in services.store.children("runs") if c.isdigit()} == {str(kept.run_id), "999"}
+        again = open_services(settings)  # a second start finds nothing more to do
+        assert again.recovery.orphan_arrays_removed == 0
+        again.close()
     finally:
         services.close()
 

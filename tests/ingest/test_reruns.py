@@ -250,8 +250,9 @@ def test_an_array_is_deleted_with_the_last_row_naming_it(services: Services, tmp
 
 
 def test_recovery_leaves_shared_arrays_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """After a crash that left a half-deleted session (rows gone, arrays not), a killed ingest and an orphan
-    array, recovery removes what nothing names and keeps the arrays another session's rows share."""
+    """After a crash that left a half-deleted session (rows gone, arrays not) and a killed ingest, recovery removes
+    what nothing names in their folders and keeps the arrays another session's rows share; an array in a folder this
+    database never made is not recovery's to remove."""
     a, b = tmp_path / "reference", tmp_path / "candidate"
     write_dump(a, candidate=False)
     write_dump(b, candidate=True)
@@ -262,7 +263,7 @@ def test_recovery_leaves_shared_arrays_alone(tmp_path: Path, capsys: pytest.Capt
         first = compare(services, a, b, capsys)
         second = compare(services, a, b, capsys)
         arrays = stored_arrays(data)
-        services.store.create("runs/999/0", (3,), parse_dtype("float32"), (3,))  # a delete cut short
+        services.store.create("runs/999/0", (3,), parse_dtype("float32"), (3,))  # no run of this database's
         dead = subprocess.Popen([sys.executable, "-c", "pass"])
         dead.wait()
         with sqlite3.connect(data / "metadata.sqlite3") as conn:
@@ -283,7 +284,8 @@ def test_recovery_leaves_shared_arrays_alone(tmp_path: Path, capsys: pytest.Capt
     services = open_services(settings)
     try:
         assert services.recovery.runs_removed == 1
-        assert stored_arrays(data) == arrays  # run 999's and the killed run's folders are gone, shared ones kept
+        # the killed run's folder is gone, shared ones kept; run 999's, never recorded by this database, stays
+        assert stored_arrays(data) == arrays | {"999": {"0"}}
         assert_slices_read(services, second["session"]["id"])
         assert_tensors_read(services, second["session"]["id"], {"reference": a, "candidate": b})
         third = compare(services, a, b, capsys)

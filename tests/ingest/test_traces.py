@@ -42,10 +42,18 @@ def compare(services: Services, capsys: pytest.CaptureFixture[str], a: Path, b: 
 def test_two_attention_implementations_pass_with_the_masks_unmatched(
     services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]
 ) -> None:
+    # sdpa is given no mask (it is None there): every pair passes, but the masks were not compared
     code, out = compare(services, capsys, traces["eager"], traces["sdpa"])
+    assert code == 1 and out["verdict"] == "incomplete", [p["name"] for p in out["pairs"] if p["status"] != "pass"]
+    assert sorted(out["coverage"]["unmatched"]) == sorted(MASKS)
+    # allowed to have no partner, they are the user's choice: the comparison passes
+    request = compare_request(traces["eager"], traces["sdpa"], None, None, None, allow_unmatched=["*attention_mask"])
+    code = run_compare(services, request, True)
+    out = json.loads(capsys.readouterr().out)
     assert code == 0, [p["name"] for p in out["pairs"] if p["status"] != "pass"]
+    assert out["verdict"] == "no_divergence" and sorted(out["coverage"]["allowed_unmatched"]) == sorted(MASKS)
     assert out["first_divergence"] is None
-    assert sorted(out["unmatched"]["a"]) == sorted(MASKS)  # sdpa is given no mask: it is None there
+    assert sorted(out["unmatched"]["a"]) == sorted(MASKS)
     assert out["unmatched"]["b"] == []
     assert {p["strategy"] for p in out["pairs"]} == {"name"}
     first = out["pairs"][0]
@@ -65,7 +73,13 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
 ) -> None:
     code, out = compare(services, capsys, traces["eager"], traces["perturbed"])
     assert code == 1
-    assert out["first_divergence"] == {"name": f"{DOWN_PROJ}_outputs", "layer": 1, "stage": None}
+    assert isinstance(out["first_divergence"].pop("where"), list)  # a failing pair's: where it is confined
+    assert out["first_divergence"] == {
+        "name": f"{DOWN_PROJ}_outputs",
+        "layer": 1,
+        "stage": None,
+        "unmatched_before": [],
+    }
     top = out["culprits"][0]
     assert top["module_path"] == DOWN_PROJ
     assert top["input_error"] == 0 and top["added_error"] == top["output_error"] > 0.1

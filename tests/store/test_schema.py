@@ -59,6 +59,8 @@ def test_upgrade_head_matches_models(tmp_path: Path, database: str, request: pyt
         "pair_overrides",
         "unmatched",
         "sign_outs",
+        "database_identity",
+        "array_folders",
     }
     upgrade_database(engine)  # a second start is a no-op
     engine.dispose()

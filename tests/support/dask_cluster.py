@@ -53,12 +53,15 @@ QUIET = {
 }
 
 
-def start_dask(logs: Path, workers: int, environ: dict[str, str] | None = None, dashboard: bool = False) -> DaskCluster:
-    """A scheduler and `workers` worker processes (one thread each) on free loopback ports, their logs under
-    `logs`, the workers' environment this process's plus `environ`, the scheduler's dashboard on a free port too
-    with `dashboard`; returned once every worker has joined."""
+def start_dask(
+    logs: Path, workers: int, environ: dict[str, str] | None = None, dashboard: bool = False, port: int = 0
+) -> DaskCluster:
+    """A scheduler and `workers` worker processes (one thread each) on free loopback ports (the scheduler on `port`
+    where given: a scheduler restarted), their logs under `logs`, the workers' environment this process's plus
+    `environ`, the scheduler's dashboard on a free port too with `dashboard`; returned once every worker has
+    joined."""
     dask = str(Path(sys.executable).with_name("dask"))
-    port = free_port()
+    port = port or free_port()
     logs.mkdir(parents=True, exist_ok=True)
     cluster = DaskCluster(f"tcp://127.0.0.1:{port}", logs)
     plain = ["--host", "127.0.0.1", "--no-dashboard"]

@@ -142,17 +142,24 @@ class SeaweedS3:
 
 _FIRST_ARRAY = [
     f"Write:{BUCKET}/{PARTLY_WRITABLE}/{key}*"
-    for key in ("zarr.json", "runs/zarr.json", "runs/1/zarr.json", "runs/1/0/")
+    for key in ("tensor-debugger-store.json", "zarr.json", "runs/zarr.json", "runs/1/zarr.json", "runs/1/0/")
 ]
 
 
 def start_seaweed(root: Path) -> SeaweedS3 | str:
     """SeaweedFS with its S3 gateway on free loopback ports, its data under `root`, one identity (ACCESS_KEY) and
     the bucket BUCKET; or why it cannot start (no `weed` installed)."""
-    launched = launch_seaweed(root)
-    if not isinstance(launched, str):
-        launched.wait_ready()
-    return launched
+    for attempt in range(3):
+        launched = launch_seaweed(root / f"try-{attempt}" if attempt else root)
+        if isinstance(launched, str):
+            return launched
+        try:
+            launched.wait_ready()
+            return launched
+        except RuntimeError:  # weed exited at start: a port free_port gave was taken meanwhile (tests start many)
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def launch_seaweed(root: Path) -> SeaweedS3 | str:

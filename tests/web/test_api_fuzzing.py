@@ -7,6 +7,7 @@ a bounded number of examples each, derandomized so that every run sends the same
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,8 @@ from hypothesis import HealthCheck, Phase
 from tests.support.servers import LiveServer, started_with_demo
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
-EXAMPLES = 5  # per operation, mode and pass
+# per operation, mode and pass; `make fuzz` runs more (FUZZ_EXAMPLES)
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "5"))
 
 # The uploads take any file and say what is wrong with it: schema-valid bytes that are not a tensor file are
 # refused with 422 naming each file's problem, which the schema cannot say in advance.

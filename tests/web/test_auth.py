@@ -4,6 +4,7 @@ bound to 0.0.0.0): bearer tokens for the API, the login page and its cookie for 
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +20,7 @@ from tensor_debugger.web.sign_in_limits import FAILURES, WINDOW_SECONDS
 
 from tests.support import loopback_http as http
 from tests.support.dumps import named_dump
-from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer, wait_done
+from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer, started_server, wait_done
 
 HTML = {"accept": "text/html"}
 READ_ONLY = "a read-only token may look at everything and change nothing"
@@ -153,8 +154,8 @@ def test_signing_in_goes_only_to_this_servers_pages(token_server: LiveServer) ->
 
 
 def test_behind_a_proxy_that_says_https_the_cookie_is_secure(token_server: LiveServer) -> None:
-    """uvicorn believes X-Forwarded-Proto from TENSOR_DEBUGGER_TRUSTED_PROXIES, by default 127.0.0.1 (a proxy on
-    this machine), as these requests come; the origin the same-origin check expects becomes https's too."""
+    """uvicorn believes X-Forwarded-Proto from TENSOR_DEBUGGER_TRUSTED_PROXIES, here 127.0.0.1 (a proxy on this
+    machine), as these requests come; the origin the same-origin check expects becomes https's too."""
     proxied = {"x-forwarded-proto": "https", "x-forwarded-for": "203.0.113.7"}
     with httpx.Client(base_url=token_server.url, headers=proxied, timeout=30) as browser:
         token = hidden(browser.get("/login").text, "csrf_token")
@@ -241,10 +242,13 @@ def test_chromium_signs_in_changes_things_and_signs_out(
         context.close()
 
 
-def test_wrong_tokens_from_one_address_are_slowed_down(token_server: LiveServer) -> None:
-    """After FAILURES wrong tokens (the login form's and bearer tokens alike) one client address is answered 429
-    with Retry-After, even with the right token, while another address is not. The addresses are those a proxy
-    on this machine (trusted by default) forwards, so this server's other tests, from 127.0.0.1, are not slowed."""
+def test_wrong_tokens_from_one_address_are_slowed_down_and_the_right_one_still_gets_in(
+    token_server: LiveServer,
+) -> None:
+    """After FAILURES wrong tokens (the login form's and bearer tokens alike) one client address's wrong tokens are
+    answered 429 with Retry-After, while another address's are not; the right token gets in from that address all
+    the same, so a guesser cannot lock its holder out. The addresses are those the proxy on this machine forwards,
+    so this server's other tests, from 127.0.0.1, are not slowed."""
     guesser, neighbour = {"x-forwarded-for": "198.51.100.23"}, {"x-forwarded-for": "198.51.100.24"}
     api = f"{token_server.url}/api/sessions"
     with httpx.Client(base_url=token_server.url, headers=guesser, timeout=30) as browser:
@@ -254,12 +258,51 @@ def test_wrong_tokens_from_one_address_are_slowed_down(token_server: LiveServer)
         for guess in range(2):
             assert http.get(api, headers={**guesser, **bearer(f"guess-{guess}")}).status_code == 401
 
-        signed = browser.post("/login", data={**form, "token": WRITE_TOKEN})
-        assert signed.status_code == 429, signed.text
-        assert 1 <= int(signed.headers["retry-after"]) <= WINDOW_SECONDS
-        assert "Too many wrong tokens from this address: try again in" in signed.text
-        assert COOKIE_NAME not in browser.cookies
-        refused = http.get(api, headers={**guesser, **bearer(WRITE_TOKEN)})
+        again = browser.post("/login", data={**form, "token": "guess-again"})
+        assert again.status_code == 429, again.text
+        assert 1 <= int(again.headers["retry-after"]) <= WINDOW_SECONDS
+        assert "Too many wrong tokens from this address: try again in" in again.text
+        refused = http.get(api, headers={**guesser, **bearer("guess-again")})
         assert refused.status_code == 429 and 1 <= int(refused.headers["retry-after"]) <= WINDOW_SECONDS
         assert refused.json()["detail"].startswith("too many wrong tokens from this address")
-    assert http.get(api, headers={**neighbour, **bearer(WRITE_TOKEN)}).status_code == 200
+
+        signed = browser.post("/login", data={**form, "token": WRITE_TOKEN})
+        assert signed.status_code == 303, signed.text
+        assert browser.cookies[COOKIE_NAME].startswith("write.")
+        assert http.get(api, headers={**guesser, **bearer(READ_TOKEN)}).status_code == 200
+    assert http.get(api, headers={**neighbour, **bearer("guess-elsewhere")}).status_code == 401
+
+
+def test_a_wrong_token_sent_from_ever_new_addresses_is_slowed_down(token_server: LiveServer) -> None:
+    """The count is per token presented too: a client that rotates its (forwarded) address runs into it."""
+    api = f"{token_server.url}/api/sessions"
+    stale = bearer("a-stale-token-some-script-keeps-sending")
+    for n in range(FAILURES):
+        assert http.get(api, headers={**stale, "x-forwarded-for": f"203.0.113.{n + 1}"}).status_code == 401
+    refused = http.get(api, headers={**stale, "x-forwarded-for": "203.0.113.200"})
+    assert refused.status_code == 429, refused.text
+    assert refused.json()["detail"].startswith("too many wrong tokens of this token")
+    assert http.get(api, headers={"x-forwarded-for": "203.0.113.200", **bearer(WRITE_TOKEN)}).status_code == 200
+
+
+def test_x_forwarded_for_is_not_believed_by_default(tmp_path: Path) -> None:
+    """Without TENSOR_DEBUGGER_TRUSTED_PROXIES no proxy is trusted, loopback included: a local process rotating
+    X-Forwarded-For is still one address, slowed down after FAILURES wrong tokens, and the right token still gets
+    in from it."""
+    server = started_server(tmp_path, env={"TENSOR_DEBUGGER_TOKEN": WRITE_TOKEN})
+    try:
+        api = f"{server.url}/api/sessions"
+        statuses = [
+            http.get(api, headers={"x-forwarded-for": f"192.0.2.{n}", **bearer(f"guess-{n}")}).status_code
+            for n in range(FAILURES + 1)
+        ]
+        assert statuses == [401] * FAILURES + [429]
+        assert http.get(api, headers={"x-forwarded-for": "192.0.2.99", **bearer(WRITE_TOKEN)}).status_code == 200
+        # nor is X-Forwarded-Proto: a sign-in it marks https is plain http's, its cookie not Secure
+        with httpx.Client(base_url=server.url, headers={"x-forwarded-proto": "https"}, timeout=30) as browser:
+            form = {"csrf_token": hidden(browser.get("/login").text, "csrf_token"), "token": WRITE_TOKEN}
+            signed = browser.post("/login", data=form)
+            assert signed.status_code == 303, signed.text
+            assert COOKIE_NAME in signed.headers["set-cookie"] and "Secure" not in signed.headers["set-cookie"]
+    finally:
+        server.stop()

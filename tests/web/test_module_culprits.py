@@ -65,7 +65,7 @@ def test_blocks_take_their_worst_childs_colour_and_the_root_is_no_culprit(
 def test_even_drift_names_no_module_and_says_so(
     shared_server: LiveServer, page: Page, hf_traces: WrittenTraces
 ) -> None:
-    open_session(shared_server, page, "even drift", hf_traces["eager"], hf_traces["bf16"])
+    open_session(shared_server, page, "even drift of modules", hf_traces["eager"], hf_traces["bf16"])
     expect(page.locator("#even-growth")).to_contain_text("The error grows evenly through the run: no module stands out")
     expect(page.locator("#culprit")).to_have_count(0)
     expect(page.locator("details.module.culprit")).to_have_count(0)

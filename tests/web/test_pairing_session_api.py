@@ -172,6 +172,8 @@ def test_a_pair_that_cannot_be_compared_is_not_called_within_tolerance(
     assert {p["name"]: p["status"] for p in report["pairs"]} == {"0_post_attn": "incomparable", "0_post_mlp": "pass"}
     page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
     assert "No divergence" not in page
-    assert "No pair is outside tolerance, but 1 of 2 could not be compared" in page
+    assert "Incomplete: no pair is outside tolerance, but not everything was compared." in page
+    assert "1 of 2 pairs could not be compared" in page
+    assert report["verdict"] == "incomplete" and report["coverage"]["not_compared"] == ["0_post_attn"]
     listed = loopback_http.get(f"{shared_server.url}/?q=one+incomparable", headers=shared_server.auth).text
     assert "1 not compared" in listed and ">none<" not in listed

@@ -102,12 +102,17 @@ def test_an_api_delete_from_another_origin_is_refused(shared_server: LiveServer)
         {"sec-fetch-site": "same-site"},
         {"origin": "null"},
         {"origin": shared_server.url.replace("127.0.0.1", "localhost")},
+        {"referer": f"{EVIL}/page.html"},  # no Origin: the Referer says where the request comes from
+        {"referer": "not a url"},
     ):
         response = http.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=headers)
         assert response.status_code == 403, (headers, response.text)
         assert "may not change anything here" in response.json()["detail"]
     assert "security: keep me (api)" in session_names(shared_server)
-    # the same request from the app's own page, and from a script (neither header), goes through
+    # the same request from the app's own page (its Origin, or only its Referer), and from a script (no header)
+    own_referer = {"referer": f"{shared_server.url}/sessions/{session_id}"}
+    kept = new_session(shared_server, "security: deleted from its page's referer")
+    assert http.delete(f"{shared_server.url}/api/sessions/{kept}", headers=own_referer).status_code == 204
     assert (
         http.delete(f"{shared_server.url}/api/sessions/{session_id}", headers=from_own_page(shared_server)).status_code
         == 204

@@ -88,7 +88,7 @@ def test_openapi_declares_the_rows(tmp_path: Path) -> None:
     ok = document["paths"]["/api/sessions/{session_id}/profiles"]["get"]["responses"]["200"]
     ref = ok["content"]["application/json"]["schema"]["$ref"].removeprefix("#/components/schemas/")
     fields = document["components"]["schemas"][ref]["properties"]
-    assert set(fields) == {"dim", "size", "rows", "skipped"}
+    assert set(fields) == {"dim", "name", "size", "rows", "skipped"}
 
 
 def test_heatmap_page_opens_the_pair_at_the_cell(shared_server: LiveServer, session: int, browser: Browser) -> None:

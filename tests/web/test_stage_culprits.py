@@ -98,7 +98,7 @@ def test_session_page_says_the_error_grows_evenly(shared_server: LiveServer, tmp
         ("reference", make_zip(reference, tmp_path / "r.zip")),
         ("candidate", make_zip(candidate, tmp_path / "c.zip")),
     ]
-    response = upload(shared_server, "even drift", files)
+    response = upload(shared_server, "even drift of stages", files)
     assert response.status_code == 201, response.text
     session_id = int(response.json()["session"]["id"])
     wait_done(shared_server, session_id)

@@ -71,6 +71,17 @@ function draw(figure, data) {
       ctx.moveTo(x, top + height); ctx.lineTo(x, top + height - 6 * devicePixelRatio);
     });
     ctx.stroke();
+    // reference tensors never compared (no partner in the candidate): a dashed orange line where each falls
+    ctx.strokeStyle = "#e67e22";
+    ctx.setLineDash([3, 3]);
+    ctx.beginPath();
+    for (const gap of data.gaps || []) {
+      const x = u.valToPos(gap.at, "x", true);
+      ctx.moveTo(x, top); ctx.lineTo(x, top + height);
+    }
+    ctx.stroke();
+    ctx.setLineDash([]);
+    ctx.strokeStyle = "#c0392b";
     const firstX = firstAt >= 0 ? u.valToPos(firstAt, "x", true) : NaN;
     if (firstX >= left && firstX <= left + width) { // only while the zoom shows it
       const x = firstX;

@@ -10,6 +10,7 @@ from pathlib import Path
 from tensor_debugger.cli.compare_output import (
     cell,
     print_incomplete,
+    print_not_compared,
     print_problems,
     print_unusable,
     print_where,
@@ -106,6 +107,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     equal = sum(1 for p in payload["pairs"] if p["status"] == "pass")
     print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
+    print_not_compared(payload)  # pairs that errored or are incomparable: neither equal nor not
     print_problems(problems)
     print_incomplete(problems)
     print_where(url, services.settings.data_dir)

@@ -12,14 +12,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_debugger.compare.formatting import format_cosine, format_error, format_number, replica_words
+from tensor_debugger.compare.formatting import (
+    format_cosine,
+    format_error,
+    format_number,
+    format_where,
+    replica_words,
+    source_words,
+)
 from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
+from tensor_debugger.engine.dimension_names import parse_dims_option
 from tensor_debugger.errors import InvalidInputError
 
 
-def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: str | None) -> dict[str, Any]:
-    """The pairing to apply: the file's (if any), with the command line's strategies and pattern over it.
-    Raises InvalidInputError naming the file when it cannot be read or is not a JSON object."""
+def read_pairing_file(
+    path: Path | None, strategies: str | None, name_pattern: str | None, dims: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The pairing to apply: the file's (if any), with the command line's strategies, pattern and dimension names
+    (`--dims GLOB=NAMES`, over the file's globs) over it. Raises InvalidInputError naming the file when it cannot
+    be read or is not a JSON object, or naming the --dims option that is not GLOB=NAMES."""
     data: dict[str, Any] = {}
     if path is not None:
         try:
@@ -32,6 +43,13 @@ def read_pairing_file(path: Path | None, strategies: str | None, name_pattern: s
         data["strategies"] = strategies.split(",")
     if name_pattern is not None:
         data["name_pattern"] = name_pattern
+    if dims:
+        try:
+            named = parse_dims_option(dims) or {}
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        given = data.get("dims")
+        data["dims"] = {**(given if isinstance(given, dict) else {}), **named}
     return data  # checked where the compare runs (`compare_runs`), which names the file in what it says
 
 
@@ -50,6 +68,8 @@ def compare_request(
     more: Sequence[Path] = (),
     noise: Path | None = None,
     noise_factor: float | None = None,
+    allow_unmatched: Sequence[str] = (),
+    dims: Sequence[str] = (),
 ) -> CompareRequest:
     """What the command line asks for. Raises InvalidInputError on an unusable pairing file, or options that
     contradict each other or mean nothing alone."""
@@ -65,7 +85,7 @@ def compare_request(
         name,
         rtol,
         atol,
-        read_pairing_file(pairing, strategies, name_pattern),
+        read_pairing_file(pairing, strategies, name_pattern, dims),
         None if pairing is None else str(pairing),
         fail_fast,
         ulp,
@@ -74,6 +94,7 @@ def compare_request(
         None if noise is None else noise.absolute(),
         None if noise is None else str(noise),
         noise_factor,
+        tuple(allow_unmatched),
     )
 
 
@@ -94,6 +115,8 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
         more=args.more,
         noise=args.noise,
         noise_factor=args.noise_factor,
+        allow_unmatched=args.allow_unmatched,
+        dims=args.dims,
     )
 
 
@@ -154,7 +177,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     for side, names in payload["unmatched"].items():
-        if names:
+        if names and (side == "b" or payload.get("coverage") is None):  # the reference's: NOT COMPARED says them
             which = "reference" if side == "a" else "candidate"
             print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
     print_problems(payload["problems"])
@@ -167,7 +190,8 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     first = payload["first_divergence"]
     failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
     if first is None:
-        among = " among the pairs compared" if unread_files(payload["problems"]) else ""
+        incomplete = unread_files(payload["problems"]) or payload.get("verdict") == "incomplete"
+        among = " among the pairs compared" if incomplete else ""
         print(f"no divergence{among}: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass")
     else:
         pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
@@ -179,6 +203,8 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
             if first["stage"] is None
             else f"layer {first['layer']}, stage {first['stage']}"
         )
+        at = source_words(pair["a"].get("source"), pair["b"].get("source"))  # a captured op's lines
+        where = f"{where}, {at}" if at else where
         if stats is None:
             print(
                 f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
@@ -188,6 +214,7 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
             print(
                 f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
                 f"{stats['argmax']}, beyond the noise factor times the rerun's {cell(pair['noise_max_abs_diff'])}"
+                f"{inside(first)}"
             )
         else:
             replicas = pair.get("replicas") or {}
@@ -196,13 +223,64 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
                 f"FIRST DIVERGENCE: {first['name']} ({where}): {copies + ' differs: ' if copies else ''}max |diff| "
                 f"{cell(stats['max_abs_diff'])} at {stats['argmax']}, {stats['mismatched']} of {stats['numel']} "
                 f"elements outside tolerance"
+                f"{inside(first)}"
             )
+    print_unmatched_before(first)
     pending = sum(1 for p in payload["pairs"] if p["status"] == "pending")
     if pending:
         print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
     print_culprits(payload["culprits"], failing > 0, payload.get("culprit_note"))
+    print_not_compared(payload)
     print_incomplete(payload["problems"])
     print_where(payload["session"]["url"], data_dir)
+
+
+def names_of(names: list[str], shown: int = 20) -> str:
+    """Names, comma-separated: the first `shown`, then how many more (the JSON lists them all)."""
+    more = f" and {len(names) - shown} more (--json lists them all)" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def print_unmatched_before(first: dict[str, Any] | None, lead: str = "") -> None:
+    """Under a first divergence: the reference tensors without partner before it in execution order."""
+    before = (first or {}).get("unmatched_before") or []
+    if before:
+        tensors = (
+            "1 reference tensor before it was"
+            if len(before) == 1
+            else f"{len(before)} reference tensors before it were"
+        )
+        print(f"{lead}{tensors} not compared (no partner in the candidate): {names_of(before)}")
+
+
+def print_not_compared(payload: dict[str, Any]) -> None:
+    """What of the reference was not compared (the verdict is incomplete, exit 1): its tensors without partner
+    that the user did not allow, pairs that errored or are incomparable; and those the user allowed to stay
+    unpaired."""
+    coverage = payload.get("coverage") or {}
+    missing = coverage.get("unmatched") or []
+    if missing:
+        of = coverage.get("reference_tensors")
+        total = f" of {of}" if of else ""
+        tensors = "reference tensor has" if len(missing) == 1 else "reference tensors have"
+        print(
+            f"NOT COMPARED: {len(missing)}{total} {tensors} no partner in the candidate: {names_of(missing)} "
+            "(pair them by hand on the session's page, or allow them with --allow-unmatched GLOB)"
+        )
+    left_out = coverage.get("not_compared") or []
+    if left_out:
+        pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
+        print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")
+    allowed = coverage.get("allowed_unmatched") or []
+    if allowed:
+        print(f"allowed to have no partner ({len(allowed)}): {names_of(allowed)}")
+
+
+def inside(first: dict[str, Any]) -> str:
+    """Where inside the first divergence its error is, after a semicolon ("; in heads 5, tokens 10-12");
+    nothing where not known (a result stored before `where` was computed, a JSON from an older server)."""
+    text = format_where(first.get("where"))
+    return f"; {text}" if text else ""
 
 
 def print_where(url: str, data_dir: Path | None) -> None:
@@ -257,7 +335,9 @@ def print_candidates(payload: dict[str, Any]) -> None:
             print(f"{label}: no divergence")
         else:
             where = "no layer" if first["layer"] is None else f"layer {first['layer']}"
-            print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where})")
+            print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where}){inside(first)}")
+            print_unmatched_before(first, "  ")
+    print_not_compared(payload)
     print_incomplete(payload["problems"])
 
 

@@ -5,7 +5,7 @@
     tensor-debugger [--data-dir DIR] sessions [--json]
     tensor-debugger ingest|sessions --server URL [--token T] ...   (through a running server's API)
     tensor-debugger [--data-dir DIR] [--workers N] compare A B [C...] [--name N] [--rtol R --atol T | --ulp N] [--json]
-        [--top K] [--strategies LIST] [--name-pattern REGEX] [--pairing FILE] [--fail-fast]
+        [--top K] [--strategies LIST] [--name-pattern REGEX] [--dims GLOB=NAMES]... [--pairing FILE] [--fail-fast]
         [--noise A2 [--noise-factor K]] [--in-process]
     tensor-debugger [--data-dir DIR] compare-sessions S1 S2 [--json]
     tensor-debugger [--data-dir DIR] [--workers N] explore PATH [--match GLOB] [--name N] [--json]
@@ -42,7 +42,9 @@ EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    settings_help = "\n".join(f"  {env} (default {default}): {help}" for env, default, help in setting_docs())
+    settings_help = "\n".join(
+        f"  {env} (default {default or 'empty'}): {help}" for env, default, help in setting_docs()
+    )
     parser = argparse.ArgumentParser(
         prog="tensor-debugger",
         description="Find which tensor went wrong first between two runs of a model.",
@@ -92,7 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("a", type=Path, help="the reference run: a tensor file, an archive or a folder")
     compare.add_argument("b", type=Path, help="the candidate run")
     compare.add_argument(
-        "more", nargs="*", type=Path, metavar="C", help="further candidate runs, each compared with the reference"
+        "more",
+        nargs="*",
+        type=Path,
+        metavar="C",
+        default=[],  # optional: without a default, argparse lists C among the missing when B is
+        help="further candidate runs, each compared with the reference",
     )
     compare.add_argument("--name", help="session name (default: 'A vs B')")
     compare.add_argument("--rtol", type=float, help="relative tolerance (default: torch.testing's per dtype)")
@@ -111,11 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(and optionally rank) that names match, e.g. 'L(?P<layer>\\d+)_(?P<stage>[a-z_]+)'",
     )
     compare.add_argument(
+        "--dims",
+        action="append",
+        default=[],
+        metavar="GLOB=NAMES",
+        help="name the aligned dimensions of the tensors whose names match GLOB (repeatable), e.g. "
+        "'*attn*=batch,heads,tokens,head_dim': `where` and the error profiles use the names (a glob applies where "
+        "its names are as many as the dimensions)",
+    )
+    compare.add_argument(
         "--pairing",
         type=Path,
         metavar="FILE",
         help="a pairing file (JSON, as GET "
-        "/api/sessions/{id}/pairing exports) to apply; --strategies and --name-pattern win over it",
+        "/api/sessions/{id}/pairing exports) to apply; --strategies, --name-pattern and --dims win over it",
     )
     compare.add_argument(
         "--fail-fast",
@@ -148,6 +164,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="K",
         help="how many times the noise floor a pair's error may be (default 4)",
+    )
+    compare.add_argument(
+        "--allow-unmatched",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="reference tensors whose names match may have no partner in the candidate (repeatable, e.g. "
+        "'layers.[123].*'); any other reference tensor without partner makes the comparison incomplete (exit 1)",
     )
     compare.add_argument("--json", action="store_true", help="print one JSON object")
     compare.add_argument(
@@ -220,8 +244,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from tensor_debugger.services import open_services
 
         try:
-            services = open_services(settings)
-        except StoreUnavailableError as exc:
+            # a command that only reads marks no new database and store as a pair (store/identity.py)
+            services = open_services(settings, writes=args.command not in ("sessions", "compare-sessions"))
+        except StoreUnavailableError as exc:  # a store that cannot be used, or not one pair with the database
             print(f"tensor-debugger: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
     try:
@@ -303,14 +328,13 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
-    if not settings.store_url.startswith("file:"):  # a local folder is made as needed: no check, nor Zarr's import
-        from tensor_debugger.store.zarr_backend import open_store
+    from tensor_debugger.services import check_pair
 
-        try:
-            open_store(settings.store_url)  # a store that cannot be used is said here, not in a traceback at start-up
-        except StoreUnavailableError as exc:
-            print(f"tensor-debugger: {exc}", file=sys.stderr)
-            return EXIT_UNUSABLE
+    try:  # a store that cannot be used, or is not the database's, is said here, not in a traceback at start-up
+        check_pair(settings)
+    except StoreUnavailableError as exc:
+        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        return EXIT_UNUSABLE
     import uvicorn
 
     from tensor_debugger.web.app import create_app
@@ -331,7 +355,7 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
         host=settings.host,
         port=settings.port,
         log_level="warning",
-        proxy_headers=True,
+        proxy_headers=bool(settings.trusted_proxies),  # none by default: uvicorn's own default trusts loopback
         forwarded_allow_ips=settings.trusted_proxies,
     )
     return EXIT_OK

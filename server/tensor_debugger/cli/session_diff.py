@@ -9,6 +9,7 @@ import json
 import sys
 
 from tensor_debugger.cli.compare_output import cell
+from tensor_debugger.compare.coverage import Coverage
 from tensor_debugger.compare.requests import EXIT_FAIL, EXIT_PASS, EXIT_UNUSABLE
 from tensor_debugger.compare.session_diff import Change, SessionDiff, diff_sessions, find_session
 from tensor_debugger.errors import NotFoundError
@@ -30,6 +31,21 @@ def run_compare_sessions(services: Services, first: str, second: str, as_json: b
     else:
         print_diff(diff)
     return EXIT_FAIL if diff.broke else EXIT_UNUSABLE if diff.pending else EXIT_PASS
+
+
+def incomplete(coverage: Coverage) -> str:
+    """A session with no failing pair that did not compare everything."""
+    parts = []
+    if coverage.unmatched:
+        parts.append(
+            f"{len(coverage.unmatched)} reference tensors have no partner ({', '.join(coverage.unmatched[:5])}"
+        )
+        parts[-1] += ", …)" if len(coverage.unmatched) > 5 else ")"
+    if coverage.not_compared:
+        parts.append(f"{len(coverage.not_compared)} pairs could not be compared")
+    if coverage.unread_files:
+        parts.append(f"{coverage.unread_files} input files could not be read")
+    return "no divergence among the pairs compared, but INCOMPLETE: " + "; ".join(parts or ["nothing to compare"])
 
 
 def print_diff(diff: SessionDiff) -> None:
@@ -59,6 +75,8 @@ def print_diff(diff: SessionDiff) -> None:
             "(tensor-debugger serve)"
             if name.pending
             else "no divergence"
+            if name.verdict == "no_divergence"
+            else incomplete(name.coverage)
         )
         print(f"{side}: {name.name} (session {name.id}): {verdict}")
     print(", ".join(f"{n} {c}" for c, n in diff.counts.items()))

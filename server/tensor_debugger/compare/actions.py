@@ -14,7 +14,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.compare.explore import CLI_FILTER, plan_explore
 from tensor_debugger.compare.hand_pairing import candidate_run, check_choice
 from tensor_debugger.compare.pair_reports import PairReport, apply_order, session_pairs
-from tensor_debugger.compare.pairing_files import export_pairing, import_pairing, set_rules
+from tensor_debugger.compare.pairing_files import check_dims, export_pairing, import_pairing, set_rules
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.engine.alignment import Alignment, Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
@@ -54,14 +54,18 @@ class SessionActions:
         strategies: str | list[str] | None = None,
         name_pattern: str | None = None,
         ulp: int | None = None,
+        allow_unmatched: list[str] | None = None,
+        dims: dict[str, Any] | None = None,
     ) -> SessionReport:
         """Rename, change the notes, the tolerances (`default_tolerances`: torch.testing's defaults per dtype)
         and/or the pairing rules: `strategies` (a chain as the CLI's --strategies takes it, a comma list or a
-        list; empty: the default chain) and `name_pattern` (empty: none). Rules are checked before anything
+        list; empty: the default chain), `name_pattern` (empty: none) and `allow_unmatched` (globs of reference
+        tensor names that may have no partner; empty: none). Rules are checked before anything
         changes (InvalidInputError naming the problem); new rules pair the session again, new tolerances
-        refresh its verdicts."""
+        refresh its verdicts. `dims` (name glob -> comma-separated dimension names; {}: none) names the dimensions
+        that `where` and the error profiles show; it changes no verdict."""
         tolerances_changed = rtol is not None or atol is not None or ulp is not None or default_tolerances
-        rules_changed = strategies is not None or name_pattern is not None
+        rules_changed = strategies is not None or name_pattern is not None or allow_unmatched is not None
         with self.sessions.begin() as db:
             session = catalog.update_session(db, session_id, name, notes)
             if rules_changed:
@@ -70,6 +74,10 @@ class SessionActions:
                     session.strategies if strategies is None else strategies,
                     session.name_pattern if name_pattern is None else name_pattern,
                 )
+            if allow_unmatched is not None:
+                session.allow_unmatched = [g for g in allow_unmatched if g] or None
+            if dims is not None:
+                session.dims = check_dims(dims)
             if tolerances_changed:
                 catalog.set_tolerances(
                     session,

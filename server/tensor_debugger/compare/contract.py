@@ -7,6 +7,7 @@ from dataclasses import asdict
 from typing import Any
 
 from tensor_debugger.compare.pair_reports import FirstDivergence, SessionPairs
+from tensor_debugger.compare.where_reports import WhereEntry
 
 CONTRACT_STATS = (
     "max_abs_diff",
@@ -25,6 +26,10 @@ CONTRACT_STATS = (
 )
 
 
+def _where(where: list[WhereEntry] | None) -> list[dict[str, Any]] | None:
+    return None if where is None else [asdict(w) for w in where]
+
+
 def contract_json(
     session_id: int, name: str, url: str, report: SessionPairs, problems: list[dict[str, str]]
 ) -> dict[str, Any]:
@@ -37,8 +42,9 @@ def contract_json(
             "status": str(p.status),
             "alignment": p.alignment,
             "strategy": str(p.strategy),
-            "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype},
-            "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype},
+            # source: a captured op's caller, "<file>:<line>" (capture with level="op"); null otherwise
+            "a": {"name": p.a.name, "shape": p.a.shape, "dtype": p.a.dtype, "source": p.a.source},
+            "b": {"name": p.b.name, "shape": p.b.shape, "dtype": p.b.dtype, "source": p.b.source},
             "stats": {**{k: getattr(p.stats, k) for k in CONTRACT_STATS}, "worst": [asdict(w) for w in p.stats.worst]}
             if p.stats
             else None,
@@ -53,6 +59,9 @@ def contract_json(
             "replicas": {"ranks": p.replicas.ranks, "side": p.replicas.side, "differing": p.replicas.differing}
             if p.replicas
             else None,
+            # a failing pair's aligned dimensions that confine its error ({"dim", "name", "size", "ranges"}; []:
+            # everywhere); null for any other pair
+            "where": _where(p.where),
         }
         for p in report.pairs
     ]
@@ -64,13 +73,32 @@ def contract_json(
     first = report.first_divergence
 
     def where(found: FirstDivergence | None) -> dict[str, Any] | None:
-        return {"name": found.name, "layer": found.layer, "stage": found.stage} if found else None
+        if found is None:
+            return None
+        # `unmatched_before`: the reference tensors without partner (not allowed by the user) before it in execution
+        # order; `where`: the dimensions and index ranges its error is confined to
+        return {
+            "name": found.name,
+            "layer": found.layer,
+            "stage": found.stage,
+            "where": _where(found.where),
+            "unmatched_before": found.unmatched_before,
+        }
 
     culprits = report.modules.culprits if report.modules else []
     return {
         "session": {"id": session_id, "name": name, "url": url},
         "pairs": pairs,
         "unmatched": unmatched,
+        # comparing, diverged, incomplete (not everything was compared) or no_divergence (compare/coverage.py)
+        "verdict": str(report.verdict),
+        "coverage": {
+            "reference_tensors": report.coverage.reference_tensors,
+            "compared": report.coverage.compared,
+            "unmatched": report.coverage.unmatched,  # reference tensors without partner, not allowed by the user
+            "allowed_unmatched": report.coverage.allowed_unmatched,
+            "not_compared": report.coverage.not_compared,  # pairs that errored or are incomparable
+        },
         "first_divergence": where(first),  # the first candidate's
         "first_divergences": {c.label: where(c.first_divergence) for c in report.candidates},
         # the modules of a trace or capture whose added error (relative RMSE, output minus input) stands out, largest

@@ -6,7 +6,9 @@ submits one task per block. Each task, in a worker, opens the pair's views (once
 computes that block's partial statistics exactly as a local comparison does (`streaming.compare_block`); the
 partials come back and are merged in block order, as `compare_stream` merges them, so the statistics are the same
 bits as computed here. A block that fails to read (a corrupt chunk) fails its pair, as here; a task that does not
-come back (a worker lost) leaves its pair pending, for the rest of the computation to take.
+come back (a worker lost) leaves its pair pending, for the rest of the computation to take. A pair that fails is
+read again on the workers, a task per block of `where.where_regions`, for where inside it its error is: the
+blocks' masses are folded here (this process reads none of the pair).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from sqlalchemy import select
 
 from tensor_debugger.compare.dask_workers import worker_comparisons
@@ -25,6 +28,7 @@ from tensor_debugger.compare.pending import CurrentPairs, PendingPair, ResultWri
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
 from tensor_debugger.engine.streaming import BLOCK_BYTES, PairJob, compare_block, pair_blocks
+from tensor_debugger.engine.where import WhereAccumulator, block_masses, where_regions
 from tensor_debugger.store.models import PairRecord, TensorRecord
 
 if TYPE_CHECKING:
@@ -39,6 +43,7 @@ _QUERY_IDS = 500  # ids per IN (...) when sizing pairs
 _JOBS_KEPT = 16  # pairs whose views a worker keeps open for their next blocks
 
 Part = PairAccumulator | Exception | None  # a block's partials, the error reading it, or None: the pair changed
+Masses = tuple[list[np.ndarray], list[np.ndarray]] | Exception | None  # a block's `where.block_masses`, likewise
 
 _jobs: OrderedDict[tuple[Settings, str], PairJob[PendingPair]] = OrderedDict()  # a worker's open pairs
 _jobs_lock = threading.Lock()
@@ -119,6 +124,7 @@ def collect_split(
     splits: Sequence[SplitPair],
     settled: Callable[[int], None],
     should_stop: Callable[[], bool],
+    cluster: Cluster,
 ) -> None:
     """Merge each pair's blocks in order as they come back and write its result; the claims of pairs left
     unsettled (a task lost, stopped) are given back."""
@@ -132,6 +138,8 @@ def collect_split(
             result = split.error or merged(split)
             if result is None:
                 continue
+            if isinstance(result, PairStats) and not result.passed:
+                result = located_on_cluster(cluster, split, result)
             writer.add(split.job.key, result, [split.job.key.pair_id, *split.same])
             settled(1 + len(split.same))
     finally:
@@ -154,6 +162,49 @@ def merged(split: SplitPair) -> PairStats | Exception | None:
             return part
         total.merge(part)
     return total.result()
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where a process sends a big pair's tasks: the client, and what its workers open the pair with."""
+
+    client: Client
+    kind: type[Comparisons]
+    settings: Settings
+
+
+def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> PairStats:
+    """A failing big pair's `stats` with `where`, its blocks read again by the workers (a task each); without
+    `where` (unknown) where a task fails or does not come back."""
+    work = split.job.key
+    shape = tuple(split.job.a.shape)
+    regions = where_regions(shape)
+    submit = cluster.client.submit
+    tasks = [
+        submit(where_block, cluster.kind, cluster.settings, work.pair_id, work.key, r, pure=False) for r in regions
+    ]
+    accumulator = WhereAccumulator(shape)
+    for region, task in zip(regions, tasks, strict=True):
+        try:
+            part: Masses = task.result()
+        except Exception:
+            log.exception("where inside pair %d its error is was not computed on the cluster", work.pair_id)
+            part = None
+        if part is None or isinstance(part, Exception):
+            cluster.client.cancel(tasks)  # type: ignore[no-untyped-call]
+            return stats
+        accumulator.fold(*part, [s.start for s in region])
+    return replace(stats, where=[s.to_json() for s in accumulator.spans()])
+
+
+def where_block(kind: type[Comparisons], settings: Settings, pair_id: int, key: str, region: Region) -> Masses:
+    """In a Dask worker: one block's squared error per index of each dimension (`where.block_masses`); the error
+    reading it; None where the pair no longer wants the comparison `key` names."""
+    try:
+        job = worker_job(worker_comparisons(kind, settings), settings, pair_id, key)
+        return None if job is None else block_masses(job.a.read(region), job.b.read(region))
+    except Exception as exc:
+        return exc
 
 
 def compute_block(kind: type[Comparisons], settings: Settings, pair_id: int, key: str, region: Region) -> Part:

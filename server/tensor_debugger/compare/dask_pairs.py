@@ -9,8 +9,9 @@ through the database, so the server reads them as it reads its own. The claims (
 being computed twice, by two workers or by a worker and another replica; a worker renews its claims, and those of
 one that died expire for others to take over. Rounds go on while the workers settle pairs; what is left (pairs
 another process held, or added meanwhile) is then computed here as without Dask, which also waits, for one session,
-for pairs another process still holds. Only the settings (without tokens), the pair ids and blocks' regions travel
-to the workers. `distributed` is imported here only, when the setting is given.
+for pairs another process still holds. The process's one client to the scheduler is kept between computations
+(compare/dask_connection.py); with nothing to send, it is not even made. Only the settings (without tokens), the
+pair ids and blocks' regions travel to the workers. `distributed` is imported only when the setting is given.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from tensor_debugger.compare.dask_blocks import big_pairs, collect_split, submit_split
+from tensor_debugger.compare.dask_blocks import Cluster, big_pairs, collect_split, submit_split
 from tensor_debugger.compare.dask_workers import worker_comparisons
 from tensor_debugger.compare.pending import ProgressCallback, Tally, compute_pending, pending_query
 from tensor_debugger.store.claims import claimable
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 BATCH_PAIRS = 32  # pairs per task: a task's set-up (a few queries) is small beside comparing them
-CONNECT_SECONDS = 30
 
 
 def compute_on_dask(
@@ -48,48 +48,46 @@ def compute_on_dask(
 ) -> int:
     """Compute every pending pair (of one session, or all) on the Dask cluster at `settings.dask_scheduler`, and
     here what the workers left; returns how many pairs were settled (as `compute_pending` counts them)."""
-    from distributed import Client
-
     tally = Tally(comparisons, session_id, progress, should_stop)
     stopping = tally.stopping
 
     sent = dataclasses.replace(settings, token="", read_token="")  # the workers need no token: none travels
-    client = Client(settings.dask_scheduler, timeout=CONNECT_SECONDS, set_as_default=False)  # type: ignore[no-untyped-call]
-    with client:
-        kind = type(comparisons)  # sent by reference: this module does not import plan.py, which imports it
-        while not stopping():
-            todo = claimable_pairs(comparisons, session_id)
-            if not todo:
-                break
-            big = big_pairs(comparisons, todo)
-            whole = [pair for pair in todo if pair not in big]
-            batches = [whole[i : i + BATCH_PAIRS] for i in range(0, len(whole), BATCH_PAIRS)]
-            futures = [client.submit(compute_batch, kind, sent, batch, pure=False) for batch in batches]
-            before = tally.done
-            # The big pairs are claimed by this process, as `compute_pending` claims: one such computation at a time
-            with comparisons.lock if big else contextlib.nullcontext():
-                splits, finished = submit_split(client, kind, sent, comparisons, [p for p in todo if p in big])
-                tally.settled(finished)
-                for future in futures:  # in execution order, as the workers finish them
-                    tally.settled(int(future.result()))
-                    if stopping():
-                        break
-                collect_split(comparisons, splits, tally.settled, stopping)
-            if stopping():
-                client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
-                return tally.done
-            if tally.done == before:  # the workers settled none of them
-                # Taken by another process meanwhile (another replica's workers, say), they are its to settle, and
-                # waited for below. Still pending and free, the workers could not take them: said, then done here.
-                free = set(todo).intersection(claimable_pairs(comparisons, session_id))
-                if free:
-                    log.warning(
-                        "the Dask workers at %s settled none of %d pending pairs, which nobody holds: do they reach "
-                        "the same database and store as this server? Comparing them here instead",
-                        settings.dask_scheduler,
-                        len(free),
-                    )
-                break
+    kind = type(comparisons)  # sent by reference: this module does not import plan.py, which imports it
+    todo = claimable_pairs(comparisons, session_id)
+    # nothing to send, no connection: an idle server never reaches the scheduler (compare/dask_connection.py)
+    connection = comparisons.scheduler if todo and not stopping() else None
+    client = connection.client() if connection is not None else None
+    while client is not None and todo and not stopping():
+        big = big_pairs(comparisons, todo)
+        whole = [pair for pair in todo if pair not in big]
+        batches = [whole[i : i + BATCH_PAIRS] for i in range(0, len(whole), BATCH_PAIRS)]
+        futures = [client.submit(compute_batch, kind, sent, batch, pure=False) for batch in batches]
+        before = tally.done
+        # The big pairs are claimed by this process, as `compute_pending` claims: one such computation at a time
+        with comparisons.lock if big else contextlib.nullcontext():
+            splits, finished = submit_split(client, kind, sent, comparisons, [p for p in todo if p in big])
+            tally.settled(finished)
+            for future in futures:  # in execution order, as the workers finish them
+                tally.settled(int(future.result()))
+                if stopping():
+                    break
+            collect_split(comparisons, splits, tally.settled, stopping, Cluster(client, kind, sent))
+        if stopping():
+            client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
+            return tally.done
+        if tally.done == before:  # the workers settled none of them
+            # Taken by another process meanwhile (another replica's workers, say), they are its to settle, and
+            # waited for below. Still pending and free, the workers could not take them: said, then done here.
+            free = set(todo).intersection(claimable_pairs(comparisons, session_id))
+            if free:
+                log.warning(
+                    "the Dask workers at %s settled none of %d pending pairs, which nobody holds: do they reach "
+                    "the same database and store as this server? Comparing them here instead",
+                    settings.dask_scheduler,
+                    len(free),
+                )
+            break
+        todo = claimable_pairs(comparisons, session_id)
     if stopping():
         return tally.done
     on_dask, total = tally.done, tally.total

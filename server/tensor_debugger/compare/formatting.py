@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the CLI's `compare` formats numbers with these, without loading Jinja
@@ -82,7 +84,35 @@ def format_shape(shape: list[Any]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
+def anchor_id(name: str) -> str:
+    """A tensor's name as a page anchor's id (letters, digits, _ and -)."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-") or "tensor"
+
+
+def format_where(where: Sequence[Any] | None) -> str:
+    """Where inside a pair its error is, in words: "in heads 5, tokens 10-12" (each dimension by its name, else
+    "dim D"; several ranges, or a dimension without a name, in brackets: "dim 2 [3-4, 10-12]"); "everywhere"
+    where no dimension confines it; "" where it is not known (a passing pair). Entries are `where` items: dicts
+    or objects with `dim`, `name` and `ranges`."""
+    if where is None:
+        return ""
+    if not where:
+        return "everywhere (no dimension confines it)"
+    parts = []
+    for entry in where:
+        item = entry if isinstance(entry, Mapping) else vars(entry)
+        spans = ", ".join(str(s) if s == e else f"{s}-{e}" for s, e in item["ranges"])
+        name = item.get("name")
+        if name and len(item["ranges"]) == 1:
+            parts.append(f"{name} {spans}")
+        else:
+            label = name or f"dim {item['dim']}"
+            parts.append(f"{label} [{spans}]")
+    return "in " + ", ".join(parts)
+
+
 def register_filters(env: Environment) -> None:
+    env.filters["gap_id"] = anchor_id
     env.filters["num"] = format_number
     env.filters["bytes"] = format_bytes
     env.filters["shape"] = format_shape
@@ -91,6 +121,9 @@ def register_filters(env: Environment) -> None:
     env.filters["cosine"] = format_cosine
     env.filters["fraction"] = format_fraction
     env.filters["replica_words"] = replica_words
+    env.filters["where"] = format_where
+    env.filters["source"] = format_source
+    env.globals["source_words"] = source_words
     env.globals["percent"] = format_percent
 
 
@@ -103,3 +136,19 @@ def replica_words(side: str, differing: list[int] | None) -> str:
     if len(differing) == 1:
         return f"{who}rank {differing[0]}'s replica"
     return f"{who}ranks {', '.join(str(r) for r in differing[:-1])} and {differing[-1]}'s replicas"
+
+
+def format_source(source: str | None) -> str:
+    """A captured op's caller as shown: the file's name and the line ("/src/modeling_llama.py:412" ->
+    "modeling_llama.py:412"); "—" where not known."""
+    if not source:
+        return "—"
+    return source.replace("\\", "/").rsplit("/", 1)[-1]
+
+
+def source_words(reference: str | None, candidate: str | None) -> str:
+    """Where the two implementations called a captured op: "at modeling_llama.py:412 in the reference, my_port.py:88
+    in the candidate"; "" where neither side is known."""
+    if not reference and not candidate:
+        return ""
+    return f"at {format_source(reference)} in the reference, {format_source(candidate)} in the candidate"

@@ -26,7 +26,9 @@ if TYPE_CHECKING:  # pair_reports builds this report from its pairs
     from tensor_debugger.compare.pair_reports import PairReport
 
 # JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (metrics.json_number); an integer pair's
-# differences and values are exact integers (int64 and uint64 past float64's 2**53 included)
+# differences and values are exact integers (int64 and uint64 past float64's 2**53 included): `int` here keeps them
+# so where msgspec decodes stored statistics (pair_rows.py). The OpenAPI document says number or string
+# (web/openapi_viewer.py), not oneOf number or integer, which JSON Schema refuses for every whole number.
 Number = float | int | str
 
 
@@ -305,13 +307,17 @@ def _node_report(
 
 
 def _failing_modules(node: ModuleNode, by_module: dict[str, list[PairReport]]) -> int:
-    """How many modules in `node`'s subtree (itself included) have a pair of their own that does not pass."""
-    own = any(str(p.status) in _WORST[:3] for p in by_module.get(node.path, []))
+    """How many modules in `node`'s subtree (itself included) have a pair of their own that does not pass; a
+    captured op (`…/softmax#1`, a leaf of the tree) is no module."""
+    own = "/" not in node.path and any(str(p.status) in _WORST[:3] for p in by_module.get(node.path, []))
     return own + sum(_failing_modules(c, by_module) for c in node.children)
 
 
 def _short_name(path: str) -> str:
-    """The last part of a module path; a numbered block keeps its container's name ("layers.3")."""
+    """The last part of a module path; a numbered block keeps its container's name ("layers.3"); a captured op
+    its op and call index ("softmax#1")."""
+    if "/" in path:
+        return path.rsplit("/", 1)[1]
     parts = path.split(".")
     return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
 

@@ -3,12 +3,22 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.coverage import (
+    ClosestCandidate,
+    Coverage,
+    SessionVerdict,
+    Unpaired,
+    closest_candidates,
+    session_verdict,
+)
 from tensor_debugger.compare.formatting import replica_words
 from tensor_debugger.compare.module_reports import (
     ModuleReport,
@@ -20,17 +30,33 @@ from tensor_debugger.compare.module_reports import (
     stage_culprits,
 )
 from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
-from tensor_debugger.compare.pair_rows import StatsCache, read_pairs, read_rank_mismatches, read_stats, read_tensors
+from tensor_debugger.compare.pair_rows import (
+    ResultRow,
+    StatsCache,
+    read_pairs,
+    read_rank_mismatches,
+    read_stats,
+    read_tensors,
+)
 from tensor_debugger.compare.pair_stats import PairStatsFull, PairStatsSummary
 from tensor_debugger.compare.plan import Comparisons
 from tensor_debugger.compare.profiles import error_profile
 from tensor_debugger.compare.progress import PairProgress
+from tensor_debugger.compare.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.metrics import PairStats, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
-from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, SessionRecord, UnmatchedRecord
+from tensor_debugger.store.models import (
+    ComparisonResultRecord,
+    PairRecord,
+    ProblemRecord,
+    RunRecord,
+    SessionRecord,
+    TensorRecord,
+    UnmatchedRecord,
+)
 from tensor_debugger.store.reports import PairStatus, parse_strategy
 
 _STATUSES = {str(s): s for s in PairStatus}  # a dict lookup: calling the enum took 10% of a session's report
@@ -46,6 +72,8 @@ class PairSide:
     shards: int
     tensor_ids: list[int]
     run_id: int
+    # a captured op's caller (capture with level="op"), "<file>:<line>": the innermost frame outside torch; else null
+    source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +113,9 @@ class PairReport:
     rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
     noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
     replicas: ReplicaReport | None  # where one side's shards are copies of the tensor, not parts of it
+    # a failing pair's: the aligned dimensions that confine its error ([]: everywhere); null for any other pair, or
+    # a result stored before `where` was computed
+    where: list[WhereEntry] | None
 
     @property
     def key(self) -> str:
@@ -133,17 +164,31 @@ class FirstDivergence:
     stage: str | None
     max_abs_diff: Number | None
     argmax: list[int] | None
+    where: list[WhereEntry] | None  # the pair's `where`
+    # where a capture with level="op" recorded the op: the line that called it, in the reference and the candidate
+    reference_source: str | None = None
+    candidate_source: str | None = None
+    # the reference tensors with no partner in this candidate that come before it in execution order (not those
+    # the user allowed to stay unpaired): the divergence may have begun in one of them
+    unmatched_before: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
 class UnmatchedReport:
-    """A tensor of one run that no tensor of the other run was paired with."""
+    """A tensor of one run that no tensor of the other run was paired with. `allowed`: the user allowed it to stay
+    unpaired (a pairing file's `unpaired`, an unpair by hand, `--allow-unmatched`); `before_position`: a reference
+    tensor's place in execution order, the position of the first pair after it (null for a candidate's tensor);
+    `closest`: for a reference tensor, the candidate's unpaired tensors a hand pairing could take, closest first
+    (the session's page and the API's pairs report fill it)."""
 
     run_id: int
     run: str | None  # the run's label
     against_run_id: int
     name: str
     tensor_ids: list[int]
+    allowed: bool = False
+    before_position: int | None = None
+    closest: list[ClosestCandidate] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -176,11 +221,20 @@ class SessionPairs:
     # asked for with `modules`: "even" where modules or stages add error and none stands out (as a change of
     # precision or of kernels does), "stands out" where a culprit does; None where nothing could be ranked
     error_growth: str | None = None
+    # what was compared of the reference, and the session's verdict on it (compare/coverage.py)
+    coverage: Coverage = field(default_factory=Coverage)
+    verdict: SessionVerdict = SessionVerdict.COMPARING
 
     @property
     def not_compared(self) -> list[PairReport]:
         """The pairs that have no verdict and never will as they are: incomparable, or their comparison failed."""
         return [p for p in self.pairs if p.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)]
+
+    @property
+    def unmatched_reference(self) -> list[UnmatchedReport]:
+        """The reference tensors without partner in a candidate that the user did not allow, in execution order."""
+        names = set(self.coverage.unmatched)
+        return [u for u in self.unmatched if u.before_position is not None and not u.allowed and u.name in names]
 
     def candidate_of(self, pair: PairReport) -> str:
         """The label of the pair's candidate run."""
@@ -191,6 +245,8 @@ class SessionPairs:
 class DivergenceReport:
     first_divergence: FirstDivergence | None
     progress: PairProgress
+    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/coverage.py)
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
@@ -207,6 +263,7 @@ def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
         len(shards),
         list(ids),
         pair.run_a_id if side == "a" else pair.run_b_id,
+        shards[0].source,
     )
 
 
@@ -262,25 +319,46 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
 
 
 def pair_report(
-    pair: Any, tensors: dict[int, Any], stats: PairStatsSummary | None, mismatches: dict[int, list[int]] | None = None
+    pair: Any,
+    tensors: dict[int, Any],
+    result: ResultRow | None,
+    mismatches: dict[int, list[int]] | None = None,
+    dims: dict[str, str] | None = None,
 ) -> PairReport:
-    return PairReport(**_pair_fields(pair, tensors, mismatches or {}), stats=stats)
+    """`dims`: the session's dimension names (engine/dimension_names.py)."""
+    fields = _pair_fields(pair, tensors, mismatches or {})
+    stats, spans = (result.stats, result.where) if result is not None else (None, None)
+    return PairReport(**fields, stats=stats, where=_where(fields, spans, dims))
+
+
+def _where(fields: dict[str, Any], spans: Any, dims: dict[str, str] | None) -> list[WhereEntry] | None:
+    if fields["status"] != PairStatus.FAIL:
+        return None
+    return named_where(spans, dims, (fields["name"], fields["a"].name, fields["b"].name), fields["aligned_shape"])
 
 
 def session_pairs(
-    db: DbSession, session_id: int, modules: bool = False, cache: StatsCache | None = None
+    db: DbSession,
+    session_id: int,
+    modules: bool = False,
+    cache: StatsCache | None = None,
+    closest: bool = False,
 ) -> SessionPairs:
-    """Every pair in execution order, the unmatched tensors of each run, the first divergence and progress; with
-    `modules`, also the module view of a traced session (its tree and culprits: work the other callers skip).
+    """Every pair in execution order, the unmatched tensors of each run, the first divergence, progress, coverage
+    and the verdict; with `modules`, also the module view of a traced session (its tree and culprits: work the
+    other callers skip); with `closest`, each unmatched reference tensor's closest candidates for a hand pairing.
     `cache`: the process's decoded statistics (the pages and the API pass theirs, Comparisons.stats)."""
     pairs = read_pairs(db, session_id)
     tensors = read_tensors(db, pairs)
     result_ids = {p.result_id for p in pairs if p.result_id is not None}
     stats = cache.read(db, result_ids) if cache is not None else read_stats(db, result_ids)
     mismatches = read_rank_mismatches(db, replica_results(pairs))
-    everything = [pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches) for p in pairs]
+    dims = db.scalar(select(SessionRecord.dims).where(SessionRecord.id == session_id))
+    everything = [
+        pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches, dims) for p in pairs
+    ]
     ordered_runs = db.execute(
-        select(RunRecord.id, RunRecord.label, RunRecord.role)
+        select(RunRecord.id, RunRecord.label, RunRecord.role, RunRecord.status)
         .where(RunRecord.session_id == session_id)
         .order_by(RunRecord.position)
     ).all()
@@ -291,21 +369,39 @@ def session_pairs(
     if noise_runs:
         factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id)) or NOISE_FACTOR
         items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor)
+    unmatched = [
+        UnmatchedReport(
+            u.run_id,
+            runs.get(u.run_id),
+            u.other_run_id,
+            u.name,
+            list(u.tensor_ids),
+            bool(u.allowed),
+            u.before_position,
+        )
+        for u in db.scalars(
+            select(UnmatchedRecord)
+            .where(UnmatchedRecord.session_id == session_id)
+            .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
+        )
+    ]
+    reference = items[0].a.run_id if items else next((r.id for r in ordered_runs if r.role != "noise"), None)
+    missing = [u for u in unmatched if u.run_id == reference and u.against_run_id not in noise_runs]
+    if closest:
+        unmatched = with_closest(db, unmatched, missing)
+        missing = [u for u in unmatched if u.run_id == reference and u.against_run_id not in noise_runs]
     compared = {i.b.run_id for i in items}
     candidates = [
         CandidateReport(
             run_id,
             label,
-            first_divergence(next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None)),
+            first_divergence(
+                next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None), missing
+            ),
         )
-        for run_id, label, _ in ordered_runs
+        for run_id, label, _, _ in ordered_runs
         if run_id in compared
     ]
-    unmatched = db.scalars(
-        select(UnmatchedRecord)
-        .where(UnmatchedRecord.session_id == session_id)
-        .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
-    ).all()
     done = sum(1 for i in everything if i.status != PairStatus.PENDING)
     module_view = None
     stages = StageRanking([], [], 0)
@@ -316,19 +412,35 @@ def session_pairs(
         module_view = module_report([i for i in items if i.b.run_id == first_candidate], tree, floors, factor)
         if module_view is None:
             stages = stage_culprits(items, floors, factor)
+    unread = (
+        db.scalar(
+            select(func.count())
+            .select_from(ProblemRecord)
+            .join(RunRecord, RunRecord.id == ProblemRecord.run_id)
+            .where(RunRecord.session_id == session_id, ProblemRecord.ignored.is_(False))
+        )
+        or 0
+    )
+    coverage = coverage_of(items, missing, unread)
+    ingesting = any(r.status not in ("ready", "failed") for r in ordered_runs)
     return SessionPairs(
         pairs=items,
         first_divergence=candidates[0].first_divergence if candidates else None,
-        unmatched=[
-            UnmatchedReport(u.run_id, runs.get(u.run_id), u.other_run_id, u.name, list(u.tensor_ids)) for u in unmatched
-        ],
-        progress=PairProgress.of(len(everything), done, sum(1 for i in items if i.status == PairStatus.FAIL)),
+        unmatched=unmatched,
+        progress=PairProgress.of(
+            len(everything),
+            done,
+            sum(1 for i in items if i.status == PairStatus.FAIL),
+            sum(1 for i in everything if i.status == PairStatus.ERROR),
+        ),
         modules=module_view,
         stage_culprits=stages.culprits,
         candidates=candidates,
         worst_pairs=worst_pairs(items),
         stage_ranking=stages.ranked,
         error_growth=error_growth(module_view, stages),
+        coverage=coverage,
+        verdict=session_verdict((i.status for i in items), coverage, ingesting),
     )
 
 
@@ -353,6 +465,58 @@ def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | No
     return None
 
 
+def coverage_of(items: list[PairReport], missing: list[UnmatchedReport], unread_files: int) -> Coverage:
+    """What was compared of the reference: `items` the candidates' pairs, `missing` the reference's tensors with no
+    partner in a candidate (each once per candidate)."""
+    # `missing` comes in each run's execution order; those after the last pair (no position) come last
+    in_order = sorted(missing, key=lambda u: u.before_position if u.before_position is not None else math.inf)
+    not_allowed = list(dict.fromkeys(u.name for u in in_order if not u.allowed))
+    allowed = [n for n in dict.fromkeys(u.name for u in in_order if u.allowed) if n not in set(not_allowed)]
+    judged: dict[str, bool] = {}
+    for i in items:
+        judged[i.a.name] = judged.get(i.a.name, True) and i.status in (PairStatus.PASS, PairStatus.FAIL)
+    left_out = set(not_allowed) | set(allowed)
+    return Coverage(
+        reference_tensors=len(set(judged) | left_out),
+        compared=sum(1 for name, ok in judged.items() if ok and name not in left_out),
+        unmatched=not_allowed,
+        allowed_unmatched=allowed,
+        not_compared=[i.name for i in items if i.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)],
+        unread_files=unread_files,
+    )
+
+
+def with_closest(
+    db: DbSession, unmatched: list[UnmatchedReport], missing: list[UnmatchedReport]
+) -> list[UnmatchedReport]:
+    """`unmatched` with each of `missing` (reference tensors without partner) given its closest candidates among
+    its candidate run's own unpaired tensors."""
+    targets = {id(u) for u in missing}
+    ids = {i for u in unmatched for i in u.tensor_ids}
+    shapes = (
+        {
+            t.id: (tuple(t.shape), t.layer)
+            for t in db.execute(
+                select(TensorRecord.id, TensorRecord.shape, TensorRecord.layer).where(TensorRecord.id.in_(ids))
+            )
+        }
+        if ids
+        else {}
+    )
+
+    def unpaired(u: UnmatchedReport) -> Unpaired:
+        found = [shapes[i] for i in u.tensor_ids if i in shapes]
+        return Unpaired(u.name, found[0][1] if found else None, [s for s, _ in found])
+
+    out = {}
+    for run_id in {u.against_run_id for u in missing}:
+        mine = [u for u in missing if u.against_run_id == run_id]
+        theirs = [unpaired(u) for u in unmatched if u.run_id == run_id and id(u) not in targets]
+        for u, best in zip(mine, closest_candidates([unpaired(u) for u in mine], theirs), strict=True):
+            out[id(u)] = replace(u, closest=best)
+    return [out.get(id(u), u) for u in unmatched]
+
+
 def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:
     """Each candidate pair with its noise floor (the reference tensor's pair with the rerun) and the verdict of the
     noise rule where it applies (`noise.py`)."""
@@ -372,7 +536,10 @@ def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: flo
             judged.append(replace(item, noise_max_abs_diff=floor_error))
         else:
             status = PairStatus.PASS if verdict else PairStatus.FAIL
-            judged.append(replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error))
+            where = item.where if status == PairStatus.FAIL else None  # known where tolerances failed it too
+            judged.append(
+                replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error, where=where)
+            )
     return judged
 
 
@@ -384,9 +551,22 @@ def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairRe
     return sorted(pairs, key=lambda p: (rank.get(p.key, len(rank)), p.position))
 
 
-def first_divergence(item: PairReport | None) -> FirstDivergence | None:
+def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport] = ()) -> FirstDivergence | None:
+    """The divergence at `item`, with the reference tensors of `missing` (without partner) before it in execution
+    order that the user did not allow."""
     if item is None:
         return None
+    before = sorted(
+        (
+            u
+            for u in missing
+            if u.against_run_id == item.b.run_id
+            and not u.allowed
+            and u.before_position is not None
+            and u.before_position <= item.position
+        ),
+        key=lambda u: (u.before_position, u.name),
+    )
     return FirstDivergence(
         item.id,
         item.name,
@@ -394,6 +574,10 @@ def first_divergence(item: PairReport | None) -> FirstDivergence | None:
         item.stage,
         item.stats.max_abs_diff if item.stats else None,
         item.stats.argmax if item.stats else None,
+        item.where,
+        item.a.source,
+        item.b.source,
+        list(dict.fromkeys(u.name for u in before)),
     )
 
 
@@ -406,8 +590,11 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDe
     mismatches: dict[int, list[int]] = {}
     if result is not None and replica_results([pair]):  # its ranks, read now where no comparison kept them
         mismatches[result.id] = error_profile(db, comparisons, pair.id, 0).mismatched
+    fields = _pair_fields(pair, tensors, mismatches)
+    session = db.get_one(SessionRecord, pair.session_id)
     return PairDetail(
-        **_pair_fields(pair, tensors, mismatches),
+        **fields,
+        where=_where(fields, result.stats.get("where") if result is not None else None, session.dims),
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,
         alignment_steps=(pair.alignment or {}).get("steps", []),
         shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),

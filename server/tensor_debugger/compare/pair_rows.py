@@ -15,12 +15,22 @@ from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.pair_stats import PairStatsSummary
+from tensor_debugger.compare.where_reports import StoredSpan, StoredWhere
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
 # msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)
 _IDS = msgspec.json.Decoder(list[int])
 _ANY = msgspec.json.Decoder()
 _SUMMARY = msgspec.json.Decoder(PairStatsSummary)
+_WHERE = msgspec.json.Decoder(StoredWhere)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultRow:
+    """A result's statistics as summaries show them, and where inside the pair its error is (null: not stored)."""
+
+    stats: PairStatsSummary
+    where: list[StoredSpan] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +41,7 @@ class TensorRow:
     name: str
     shape: list[int]
     dtype: str
+    source: str | None  # a captured op's caller, "<file>:<line>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +104,9 @@ def read_tensors(db: DbSession, pairs: Sequence[Any]) -> dict[int, TensorRow]:
     if not ids:
         return {}
     t = TensorRecord
-    rows = db.execute(select(t.id, t.name, _text(t.shape), t.dtype).where(t.id.in_(ids))).all()
+    rows = db.execute(select(t.id, t.name, _text(t.shape), t.dtype, t.source).where(t.id.in_(ids))).all()
     shapes = {raw: _IDS.decode(raw) for raw in {r[2] for r in rows}}  # a model repeats a few shapes
-    return {r[0]: TensorRow(r[0], r[1], shapes[r[2]], r[3]) for r in rows}
+    return {r[0]: TensorRow(r[0], r[1], shapes[r[2]], r[3], r[4]) for r in rows}
 
 
 class StatsCache:
@@ -106,9 +117,9 @@ class StatsCache:
 
     def __init__(self, limit: int = 50_000) -> None:
         self.limit = limit
-        self.entries: dict[int, PairStatsSummary] = {}
+        self.entries: dict[int, ResultRow] = {}
 
-    def read(self, db: DbSession, result_ids: Collection[int]) -> dict[int, PairStatsSummary]:
+    def read(self, db: DbSession, result_ids: Collection[int]) -> dict[int, ResultRow]:
         """The statistics of these results: those not kept yet read (and kept), the others from memory."""
         entries = self.entries
         missing = [i for i in result_ids if i not in entries]
@@ -120,13 +131,14 @@ class StatsCache:
         return {i: entries[i] for i in result_ids if i in entries}
 
 
-def read_stats(db: DbSession, result_ids: Collection[int]) -> dict[int, PairStatsSummary]:
-    """The statistics of the comparison cache's results, by id (the histogram, which summaries leave out, skipped)."""
+def read_stats(db: DbSession, result_ids: Collection[int]) -> dict[int, ResultRow]:
+    """The statistics of the comparison cache's results, by id (the histogram, which summaries leave out, skipped),
+    with their `where`."""
     if not result_ids:
         return {}
     r = ComparisonResultRecord
     rows = db.execute(select(r.id, _text(r.stats)).where(r.id.in_(result_ids)))
-    return {row[0]: _SUMMARY.decode(row[1]) for row in rows}
+    return {row[0]: ResultRow(_SUMMARY.decode(row[1]), _WHERE.decode(row[1]).where) for row in rows}
 
 
 def read_rank_mismatches(db: DbSession, result_ids: Collection[int]) -> dict[int, list[int]]:

@@ -3,11 +3,13 @@ stays unpaired, exported as JSON and imported again (into the same session, anot
 --pairing`).
 
     {"strategies": ["layer_stage", "name", "fuzzy:0.8"], "name_pattern": "L(?P<layer>\\d+)_(?P<stage>\\w+)",
+     "dims": {"*attn*": "batch,heads,tokens,head_dim"},
      "pairs": [{"a": "reference name", "b": "candidate name"}],
      "unpaired": [{"a": "never paired with", "b": "this one"}, {"a": "never paired at all"}, {"b": "..."}]}
 
 Every key is optional; one left out leaves that part of the session as it is. Imported pairs become manual
-pairs (they win over every strategy) and `unpaired` entries the user's refusals; in a session with several
+pairs (they win over every strategy) and `unpaired` entries the user's refusals (a reference tensor left without
+partner by one is allowed: it does not make the session's verdict incomplete); in a session with several
 candidate runs an entry may name its candidate run's label as `"run"` (otherwise it applies to every one).
 """
 
@@ -18,12 +20,13 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.engine.dimension_names import parse_dims
 from tensor_debugger.engine.pairing import compile_name_pattern, parse_strategies
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord, UnmatchedRecord
+from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord
 
-KEYS = ("strategies", "name_pattern", "pairs", "unpaired")
+KEYS = ("strategies", "name_pattern", "dims", "pairs", "unpaired")
 
 
 def check_rules(strategies: Any, name_pattern: Any) -> tuple[list[str] | None, str | None]:
@@ -42,6 +45,14 @@ def check_rules(strategies: Any, name_pattern: Any) -> tuple[list[str] | None, s
     return chain, name_pattern or None
 
 
+def check_dims(dims: Any) -> dict[str, str] | None:
+    """Dimension names as stored (engine/dimension_names.py; None: none). Raises InvalidInputError."""
+    try:
+        return parse_dims(dims)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+
+
 def set_rules(session: SessionRecord, strategies: Any, name_pattern: Any) -> None:
     session.strategies, session.name_pattern = check_rules(strategies, name_pattern)
 
@@ -50,7 +61,6 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
     session = catalog.get_session(db, session_id)
     labels = {r.id: r.label for r in session.runs}
     several = sum(1 for r in session.runs if r.position > 0) > 1
-    reference = session.runs[0].id if session.runs else None
 
     def entry(run_b_id: int, **names: str) -> dict[str, str]:
         return {**names, "run": labels[run_b_id]} if several else dict(names)
@@ -63,18 +73,13 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
             PairOverrideRecord.session_id == session_id, PairOverrideRecord.action == "unpair"
         )
     ).all()
-    unmatched = db.scalars(
-        select(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id).order_by(UnmatchedRecord.id)
-    ).all()
+    # only the user's refusals: a tensor that merely found no partner is not listed, or importing the file again
+    # would allow it to stay unpaired (and the session's verdict would no longer count it as not compared)
     unpaired = [entry(o.run_b_id, **{k: v for k, v in (("a", o.a_name), ("b", o.b_name)) if v}) for o in refusals]
-    for u in unmatched:
-        side, candidate = ("a", u.other_run_id) if u.run_id == reference else ("b", u.run_id)
-        item = entry(candidate, **{side: u.name})
-        if item not in unpaired:
-            unpaired.append(item)
     return {
         "strategies": session.strategies,
         "name_pattern": session.name_pattern,
+        "dims": session.dims,
         "pairs": [entry(p.run_b_id, a=p.a_name, b=p.b_name) for p in pairs],
         "unpaired": unpaired,
     }
@@ -109,6 +114,7 @@ def check_file(data: Any) -> dict[str, Any]:
     if unknown:
         raise InvalidInputError(f"a pairing file has no key {unknown[0]!r}: the keys are {', '.join(KEYS)}")
     check_rules(data.get("strategies"), data.get("name_pattern"))
+    check_dims(data.get("dims"))
     for key in ("pairs", "unpaired"):
         if key in data:
             _entries(data, key)
@@ -130,6 +136,8 @@ def import_pairing(db: DbSession, session_id: int, data: Any) -> None:
         if "run" in item and item["run"] not in candidates:
             raise InvalidInputError(f"the session has no candidate run labelled {item['run']!r}")
     session.strategies, session.name_pattern = strategies, pattern
+    if "dims" in data:
+        session.dims = check_dims(data["dims"])
     for action, items in (("pair", pairs), ("unpair", unpaired)):
         if items is None:
             continue

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.contract import contract_json
+from tensor_debugger.compare.coverage import SessionVerdict
 from tensor_debugger.compare.early import EarlyComparisons
 from tensor_debugger.compare.early_uploads import SessionComparisons
 from tensor_debugger.compare.pair_reports import session_pairs
@@ -268,6 +269,9 @@ def compare_runs(
         cause = refused.cause
         details = [problem_json(p) for p in cause.problems] if isinstance(cause, NothingUsableError) else []
         return _unusable(str(cause), refused.problems + details)
+    if request.allow_unmatched:
+        with sessions.begin() as db:
+            catalog.get_session(db, session_id).allow_unmatched = list(request.allow_unmatched)
     if request.pairing:
         try:
             with sessions.begin() as db:
@@ -290,7 +294,8 @@ def compare_runs(
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
     if unread_files(problems):  # tensors missing: whatever passed, not a pass
         return CompareOutcome(EXIT_UNUSABLE, payload)
-    passed = all(p["status"] == "pass" for p in payload["pairs"])
+    # reference tensors without partner that the user did not allow, or pairs not compared: not a pass
+    passed = report.verdict == SessionVerdict.NO_DIVERGENCE
     return CompareOutcome(EXIT_PASS if passed else EXIT_FAIL, payload)
 
 

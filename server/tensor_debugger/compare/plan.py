@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -21,11 +23,19 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.compare.dask_connection import SchedulerConnection
 from tensor_debugger.compare.pair_rows import StatsCache
 from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
 from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairStats
-from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, compile_name_pattern, pair_runs
+from tensor_debugger.engine.pairing import (
+    LogicalTensor,
+    PairPlan,
+    TensorRef,
+    compile_name_pattern,
+    execution_order,
+    pair_runs,
+)
 from tensor_debugger.engine.summaries import ReportedSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_ulp, is_exact_dtype, lower_precision
 from tensor_debugger.engine.views import SourceView, View, build_view
@@ -116,12 +126,16 @@ class Comparisons:
         self.store = store
         self.workers = workers
         self.cluster = cluster if cluster is not None and cluster.dask_scheduler else None
+        # one client to the scheduler for the process's life, made once pairs are first sent to the workers
+        self.scheduler = SchedulerConnection(self.cluster.dask_scheduler) if self.cluster is not None else None
         self.pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
         self.lock = threading.Lock()  # held while computing: one computation at a time per process
         self.stats = StatsCache()  # decoded statistics of results, for reports (pair_rows.py)
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
+        if self.scheduler is not None:
+            self.scheduler.close()
 
     # --- planning ---------------------------------------------------------------------------------------
 
@@ -203,9 +217,17 @@ class Comparisons:
                         )
                     )
                     position += 1
-                for run_id, other, missing in (
-                    (reference.id, candidate.id, pairing.unmatched_a),
-                    (candidate.id, reference.id, pairing.unmatched_b),
+                # the user's word that a tensor may stay unpaired: an unpair (by hand, or a pairing file's), a glob
+                refused = {
+                    side: {name for o in mine if o.action == "unpair" and (name := getattr(o, f"{side}_name"))}
+                    for side in ("a", "b")
+                }
+                globs = [str(g) for g in session.allow_unmatched or []]
+                first = position - len(pairing.pairs)  # this candidate's first pair
+                places = PairPlaces(pairing.pairs)
+                for side, run_id, other, missing in (
+                    ("a", reference.id, candidate.id, pairing.unmatched_a),
+                    ("b", candidate.id, reference.id, pairing.unmatched_b),
                 ):
                     for n, tensor in enumerate(missing):
                         db.add(
@@ -216,6 +238,9 @@ class Comparisons:
                                 position=n,
                                 name=tensor.name,
                                 tensor_ids=[s.id for s in tensor.shards],
+                                allowed=tensor.name in refused[side]
+                                or (side == "a" and any(fnmatchcase(tensor.name, g) for g in globs)),
+                                before_position=first + places.before(tensor) if side == "a" else None,
                             )
                         )
         self.refresh(session_id)
@@ -396,6 +421,21 @@ class Comparisons:
                 or 0
             )
         return Progress(total, total - pending)
+
+
+class PairPlaces:
+    """Where a reference tensor falls among a candidate's pairs (in execution order)."""
+
+    def __init__(self, pairs: Sequence[PairPlan]) -> None:
+        self.pairs = pairs
+        self.keys = [execution_order(p.a) for p in pairs]
+
+    def before(self, tensor: LogicalTensor) -> int:
+        """How many of the pairs come before `tensor` in execution order."""
+        try:
+            return bisect_right(self.keys, execution_order(tensor))
+        except TypeError:  # a traced tensor's order beside a dump's: their positions in the run
+            return sum(1 for p in self.pairs if p.a.position < tensor.position)
 
 
 def sessions_needing_plan(db: DbSession) -> list[int]:

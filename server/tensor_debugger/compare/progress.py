@@ -127,16 +127,18 @@ def run_progress(run: RunRecord, live: IngestProgress | None) -> RunProgress:
 
 @dataclass(frozen=True)
 class PairProgress:
-    """Pairs with a verdict (`done`) of all the session's pairs; `failing`: those that fail."""
+    """Pairs no longer pending (`done`) of all the session's pairs; `failing`: those that fail; `errors`: those
+    whose comparison failed (counted in `done`, but never compared: the session's verdict is incomplete)."""
 
     total: int
     done: int
     pending: int
     failing: int
+    errors: int = 0
 
     @classmethod
-    def of(cls, total: int, done: int, failing: int) -> PairProgress:
-        return cls(total, done, total - done, failing)
+    def of(cls, total: int, done: int, failing: int, errors: int = 0) -> PairProgress:
+        return cls(total, done, total - done, failing, errors)
 
 
 @dataclass(frozen=True)
@@ -192,7 +194,7 @@ def pair_progress(db: DbSession, session_id: int) -> PairProgress:
     ).all()
     counts = {status: n for status, n in rows}
     total = sum(counts.values())
-    return PairProgress.of(total, total - counts.get("pending", 0), counts.get("fail", 0))
+    return PairProgress.of(total, total - counts.get("pending", 0), counts.get("fail", 0), counts.get("error", 0))
 
 
 def session_progress(

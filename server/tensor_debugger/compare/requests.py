@@ -35,6 +35,8 @@ class CompareRequest:
     noise: Path | None = None  # a rerun of the reference, absolute: the noise floor (`compare/noise.py`)
     noise_shown: str | None = None
     noise_factor: float | None = None  # None: NOISE_FACTOR
+    # globs of reference tensor names that may have no partner in a candidate (`--allow-unmatched`)
+    allow_unmatched: tuple[str, ...] = ()
 
     @property
     def candidates(self) -> list[tuple[Path, str]]:
@@ -49,6 +51,7 @@ class CompareRequest:
             "more": [str(p) for p in self.more],
             "more_shown": list(self.more_shown),
             "noise": None if self.noise is None else str(self.noise),
+            "allow_unmatched": list(self.allow_unmatched),
         }
 
     @classmethod
@@ -63,6 +66,7 @@ class CompareRequest:
                     "more": tuple(Path(p) for p in data.get("more", ())),
                     "more_shown": tuple(str(p) for p in data.get("more_shown", ())),
                     "noise": None if data.get("noise") is None else Path(data["noise"]),
+                    "allow_unmatched": tuple(str(g) for g in data.get("allow_unmatched", ())),
                 }
             )
         except (KeyError, TypeError) as exc:
@@ -102,6 +106,8 @@ def unusable_json(
         "culprits": [],
         "error_growth": None,
         "culprit_note": None,
+        "verdict": "incomplete",
+        "coverage": None,
     }
     return {**(payload or empty), "problems": problems, "error": message}
 

@@ -8,12 +8,13 @@ or "worse" (same verdict, error lower or higher by more than `CHANGE`, a factor)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.coverage import Coverage, SessionVerdict
 from tensor_debugger.compare.module_reports import Number
 from tensor_debugger.compare.pair_reports import FirstDivergence, PairReport, SessionPairs, session_pairs
 from tensor_debugger.engine.metrics import json_number, parse_number
@@ -32,6 +33,7 @@ class Change(StrEnum):
     SAME = "same"
     ONLY_A = "only in A"
     ONLY_B = "only in B"
+    NOT_COMPARED = "not compared"  # errored or incomparable on either side: nothing can be said of it
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,8 @@ class SessionSide:
     name: str
     first_divergence: FirstDivergence | None
     pending: int = 0  # pairs not compared yet: a server on the data dir compares them
+    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/coverage.py)
+    coverage: Coverage = field(default_factory=Coverage)
 
 
 @dataclass(frozen=True)
@@ -71,8 +75,8 @@ class SessionDiff:
 
     @property
     def pending(self) -> bool:
-        """Whether either session has pairs not compared yet (what changed cannot all be said)."""
-        return self.a.pending > 0 or self.b.pending > 0
+        """Whether either session has pairs not compared yet, or not comparable (what changed cannot all be said)."""
+        return self.a.pending > 0 or self.b.pending > 0 or self.counts[Change.NOT_COMPARED] > 0
 
 
 def _keyed(report: SessionPairs) -> dict[str, PairReport]:
@@ -92,6 +96,8 @@ def _change(a: PairReport | None, b: PairReport | None, error_a: float | None, e
         return Change.ONLY_B
     if b is None:
         return Change.ONLY_A
+    if {a.status, b.status} & {"error", "incomparable"}:
+        return Change.NOT_COMPARED
     if a.status == "fail" and b.status == "pass":
         return Change.FIXED
     if a.status == "pass" and b.status == "fail":
@@ -126,7 +132,16 @@ def diff_sessions(db: DbSession, session_a: int, session_b: int) -> SessionDiff:
     for session_id in (session_a, session_b):
         record = catalog.get_session(db, session_id)
         report = session_pairs(db, session_id)
-        sides.append(SessionSide(record.id, record.name, report.first_divergence, report.progress.pending))
+        sides.append(
+            SessionSide(
+                record.id,
+                record.name,
+                report.first_divergence,
+                report.progress.pending,
+                report.verdict,
+                report.coverage,
+            )
+        )
         keyed.append(_keyed(report))
     in_a, in_b = keyed
     rows = []

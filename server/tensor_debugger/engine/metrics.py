@@ -69,6 +69,9 @@ class PairStats:
     worst: list[dict[str, Any]] = field(default_factory=list)
     ulp: int = 0  # above 0: the tolerance was this many ULPs of ulp_dtype (rtol and atol unused)
     ulp_dtype: str = ""
+    # failing pairs: the aligned dimensions that confine the error (engine/where.py's ErrorSpan.to_json each, [] where
+    # it is everywhere); None for a passing pair, and for results stored before this was computed
+    where: list[dict[str, Any]] | None = None
 
     @property
     def passed(self) -> bool:
@@ -82,7 +85,8 @@ class PairStats:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PairStats:
         values = {
-            k: parse_number(v) if k not in ("argmax", "histogram", "worst", "ulp_dtype") else v for k, v in data.items()
+            k: parse_number(v) if k not in ("argmax", "histogram", "worst", "ulp_dtype", "where") else v
+            for k, v in data.items()
         }
         values["argmax"] = tuple(data["argmax"]) if data.get("argmax") is not None else None
         return cls(**values)

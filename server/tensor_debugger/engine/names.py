@@ -50,6 +50,12 @@ def parse_layer_stage(relpath: PurePosixPath, key_path: tuple[str, ...]) -> tupl
     return None, None
 
 
+def module_layer(module_path: str) -> int | None:
+    """The layer of a module path (`model.layers.7.mlp` -> 7), or of a captured op's (`model.layers.7/add#1`)."""
+    found = _MODULE_LAYER.search(module_path.partition("/")[0])
+    return int(found.group(1)) if found else None
+
+
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     """Sort key that orders "10_x" after "9_x"."""
     return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", text) if part)

@@ -239,10 +239,22 @@ def _match(
 
 
 def _module_place(t: LogicalTensor) -> Hashable | None:
-    """The module path without its root (the model's class name, which a port often renames) and the place."""
-    if t.first.module_path is None or t.first.place is None:
+    """The module path without its root (the model's class name, which a port often renames) and the place. A
+    captured op's path ends in `/{op}#{n}` (`model.layers.3.self_attn/softmax#1`), the root's own ops' too
+    (`LlamaForCausalLM/add#1`): they pair by module path, op and call index."""
+    path = t.first.module_path
+    if path is None or t.first.place is None:
         return None
-    return (t.first.module_path.partition(".")[2], t.first.place)
+    root = len(path)
+    for separator in "./":
+        found = path.find(separator)
+        root = found if found != -1 and found < root else root
+    return (path[root:].removeprefix("."), t.first.place)
+
+
+def is_op(t: LogicalTensor) -> bool:
+    """A captured op's tensor (its module path names the op: `…self_attn/softmax#1`)."""
+    return t.first.module_path is not None and "/" in t.first.module_path
 
 
 def execution_order(t: LogicalTensor) -> tuple[object, ...]:
@@ -332,12 +344,16 @@ def pair_runs(
         strategy, _, value = item.partition(":")
         before = len(pairs)
         if strategy == "fuzzy":
+            # an op left over on one side is an op the other implementation does not call (a fused kernel, an
+            # extra cast): a near name (`matmul#2` beside `bmm#1`) is another op, never its pair
             threshold = parse_threshold(value) if value else None
+            ops_a, ops_b = [t for t in left if is_op(t)], [t for t in right if is_op(t)]
+            left, right = [t for t in left if not is_op(t)], [t for t in right if not is_op(t)]
             found = fuzzy_matches(left, right, threshold)
             pairs += [PairPlan(left[i], right[j], f"fuzzy {score:.2f}") for i, j, score in found]
             made_a, made_b = {i for i, _, _ in found}, {j for _, j, _ in found}
-            left = [t for i, t in enumerate(left) if i not in made_a]
-            right = [t for j, t in enumerate(right) if j not in made_b]
+            left = [t for i, t in enumerate(left) if i not in made_a] + ops_a
+            right = [t for j, t in enumerate(right) if j not in made_b] + ops_b
         for key in STRATEGIES[strategy]:
             left, right = _match(left, right, key, strategy, pairs)
         refused = [p for p in pairs[before:] if (p.a.name, p.b.name) in forbidden]

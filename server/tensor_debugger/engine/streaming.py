@@ -8,10 +8,11 @@ then leave no core idle (measured: 4 to 8 ms per pair, 10% to 20% of a compariso
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from concurrent.futures import Executor, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
@@ -19,7 +20,9 @@ from tensor_debugger.engine.fused import FusedPartial
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
+from tensor_debugger.engine.where import locate_error
 
+log = logging.getLogger(__name__)
 BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side: about 1M elements, 4 stored float32 chunks: short drains
 # between pairs (measured: 4M-element blocks left a core idle while the last block of each pair finished)
 # A pair whose blocks are reduced straight from storage (`PairJob.reduce`) holds no block in memory: its blocks are
@@ -117,7 +120,10 @@ def compare_stream(
     def finished() -> Iterator[tuple[Key, PairStats | Exception]]:
         while running and running[0].submitted and running[0].blocks == 0:
             state = running.popleft()
-            yield state.job.key, state.error if state.error is not None else state.total.result()
+            yield (
+                state.job.key,
+                state.error if state.error is not None else located(state.job, state.total.result(), pool),
+            )
 
     for job in jobs:  # taking the next job runs the caller's set-up while the pool computes
         state = _Running(job, PairAccumulator(job.tolerance, job.exact, job.top))
@@ -136,6 +142,20 @@ def compare_stream(
         settle()
         yield from finished()
     yield from finished()
+
+
+def located(job: PairJob[Key], stats: PairStats, pool: Executor | None) -> PairStats:
+    """`stats` of a failing pair with where inside it the error is (engine/where.py: a second read of its blocks,
+    for failing pairs only); a passing pair's as they are. A block that cannot be read now leaves `where` unknown
+    (None): the statistics, read once already, stand."""
+    if stats.passed:
+        return stats
+    try:
+        spans = locate_error(job.a, job.b, pool)
+    except Exception:
+        log.exception("could not locate the error of a failing pair; its statistics stand without `where`")
+        return stats
+    return replace(stats, where=[s.to_json() for s in spans])
 
 
 def pool_threads(pool: ThreadPoolExecutor) -> int:

@@ -256,7 +256,9 @@ def _extract_zip(
         checked: list[tuple[zipfile.ZipInfo, PurePosixPath]] = []
         for info in infos:  # validate the whole central directory before writing anything
             budget.add_member(label)
-            name = parse_member_name(info.filename, label)
+            # the name as the central directory holds it: zipfile's `filename` is cut at a NUL byte, which could
+            # hide the rest ("w.npy\0../../x") from this check and from whoever unpacks the archive next
+            name = parse_member_name(info.orig_filename, label)
             mode = info.external_attr >> 16
             if stat.S_ISLNK(mode):
                 raise UnsafeArchiveError(

@@ -4,6 +4,8 @@ buffers (`RawReader`), an array with numpy indexing (`ArrayReader`), or a decomp
 
 from __future__ import annotations
 
+import math
+import mmap
 import os
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -137,6 +139,62 @@ class ArrayReader:
 
     def read(self, region: Region) -> np.ndarray:
         return np.array(self._array[region] if region else self._array, order="C", copy=True)
+
+    def done(self, region: Region) -> None:
+        return None
+
+
+class FortranReader:
+    """The values of a file of raw Fortran-order data (a decompressed .npy member). A region in C order is spread
+    over the whole file: where its runs along the first axis (contiguous in the file) are long enough, they are read
+    with positioned reads into the block, so the process holds the block and nothing more; shorter runs are read
+    through a read-only mapping whose pages are dropped from the process after each block (MADV_DONTNEED: a file's
+    large page-cache folios map whole, so a strided read maps most of the file)."""
+
+    MIN_RUN = 4096  # bytes of a run worth a read of its own
+
+    def __init__(self, path: Path, shape: tuple[int, ...], dtype: np.dtype[Any], stack: ExitStack) -> None:
+        self._shape = shape
+        self._dtype = dtype
+        self._fd = open_fd(path, stack)
+        self._map: mmap.mmap | None = None
+        if math.prod(shape):
+            self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+            stack.callback(self._map.close)
+
+    def read(self, region: Region) -> np.ndarray:
+        if self._map is None:
+            return np.empty(self._shape, self._dtype)[region]
+        # a region may name fewer axes than the tensor has: the rest are whole
+        bounds = [s.indices(n)[:2] for s, n in zip(region, self._shape, strict=False)]
+        bounds += [(0, n) for n in self._shape[len(bounds) :]]
+        extents = tuple(stop - start for start, stop in bounds)
+        run = extents[0] * self._dtype.itemsize
+        if run >= self.MIN_RUN:
+            return np.ascontiguousarray(self._runs(bounds, extents))
+        values = np.frombuffer(self._map, dtype=self._dtype).reshape(self._shape, order="F")
+        block = np.array(values[tuple(slice(a, b) for a, b in bounds)], order="C", copy=True)
+        del values
+        self._map.madvise(mmap.MADV_DONTNEED)
+        return block
+
+    def _runs(self, bounds: list[tuple[int, int]], extents: tuple[int, ...]) -> np.ndarray:
+        """The region in Fortran order, one positioned read per run along the first axis."""
+        out = np.empty(extents, self._dtype, order="F")
+        flat = out.reshape(-1, order="F").view(np.uint8).data  # the same memory: F order is its own
+        run = extents[0] * self._dtype.itemsize
+        others = extents[1:]
+        strides = np.cumprod((1, *self._shape[:-1]))  # elements between neighbours along each axis, in the file
+        for k in range(math.prod(others)):
+            index = np.unravel_index(k, others, order="F") if others else ()
+            element = bounds[0][0] + sum(
+                int(strides[axis + 1]) * (bounds[axis + 1][0] + int(i)) for axis, i in enumerate(index)
+            )
+            target = flat[k * run : (k + 1) * run]
+            got = os.preadv(self._fd, [target], element * self._dtype.itemsize)
+            if got != run:
+                raise OSError(f"the decompressed data ends early ({got} of {run} bytes)")
+        return out
 
     def done(self, region: Region) -> None:
         return None

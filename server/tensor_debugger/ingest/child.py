@@ -7,6 +7,12 @@ their interpreter lock to themselves, and its requests get the CPU first. The ch
 ingest, `at_once` of them at most, and kept for the next ones; each ends within a fraction of a second of the
 server's death, whatever killed it, so a killed server leaves no ingest running (the next start cleans up).
 
+Each child's memory is limited by the OS (RLIMIT_DATA, `Settings.ingest_memory`): a file that needs more fails
+with that reason (MemoryError), and its run's other files go on. Each ingest's time is limited by a watchdog here
+(`Settings.ingest_seconds`), which ends the child past it. Each slot has a pool of one child, so a child that dies
+or is ended takes no other ingest with it; its run fails naming the file it was reading (the child says which as it
+opens each), its staging is swept, and the slot's next ingest starts a new child.
+
 The server makes the run's row (`Ingestor.begin`) and keeps it among its live runs while a child fills it; the child
 reports progress through a queue and stops at its next block when the server asks (`close`). Given a listener, the
 child also tells each file's stored tensors (`stored.StoredNote`) and, before its run's arrays may move, waits
@@ -22,18 +28,20 @@ import logging
 import multiprocessing
 import os
 import queue
+import resource
 import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import CancelledError, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from typing import Any
 
 from tensor_debugger.engine.fused import configure as configure_kernels
-from tensor_debugger.errors import FileProblem, IngestPostponed
+from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableError
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, Stored
@@ -65,13 +73,28 @@ class _Stored:  # child to server: the tensors of one file are stored
 
 
 @dataclass(frozen=True)
+class _Reading:  # child to server: the run's ingest opens the file `label`
+    run_id: int
+    label: str
+
+
+@dataclass(frozen=True)
+class _Started:  # child to server: the child of the slot is process `pid`
+    slot: int
+    pid: int
+
+
+@dataclass(frozen=True)
 class _Settle:  # child to server: the run's arrays are about to move; reply with the run's id on `replies[slot]`
     run_id: int
     slot: int
 
 
 class ChildIngests:
-    """Runs `Ingestor.complete` in child processes, `at_once` at most."""
+    """Runs `Ingestor.complete` in child processes, `at_once` at most: one pool of one child per slot, so that a
+    child that dies, or is ended for taking too long, takes no other ingest with it. Each child's memory is
+    limited by the OS (`Settings.ingest_memory`, RLIMIT_DATA), each ingest's time by a watchdog here
+    (`Settings.ingest_seconds`)."""
 
     def __init__(self, settings: Settings, ingestor: Ingestor, at_once: int) -> None:
         self.settings = settings
@@ -79,12 +102,17 @@ class ChildIngests:
         self.at_once = at_once
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
-        self._pool: ProcessPoolExecutor | None = None
-        self._messages: Any = None  # a multiprocessing queue of _Progress, _Stored and _Settle, made with the pool
-        self._replies: list[Any] = []  # the pool's children's queues of settled run ids, one per child
+        self._pools: dict[int, ProcessPoolExecutor] = {}  # by slot
+        self._free: queue.Queue[int] = queue.Queue()  # the slots no ingest holds
+        for slot in range(at_once):
+            self._free.put(slot)
+        self._messages: Any = None  # a multiprocessing queue of _Progress, _Stored, _Reading and _Settle
+        self._replies: list[Any] = []  # each slot's queue of settled run ids
         self._cancel: Event | None = None
         self._callbacks: dict[int, ProgressCallback] = {}
         self._listeners: dict[int, NoteListener] = {}
+        self._reading: dict[int, str] = {}  # by run: the file its child has opened last
+        self._pids: dict[int, int] = {}  # by slot: its child's process id
         self._reader: threading.Thread | None = None
         self._closed = False
 
@@ -98,27 +126,31 @@ class ChildIngests:
         again: bool = False,
     ) -> IngestResult:
         """`Ingestor.complete` in a child process; raises what it raises (NothingUsableError, DiskFullError,
-        IngestCancelled, IngestPostponed: then the run stays among the server's live runs, ...). `listener` hears,
-        in the server, of the tensors the child stores."""
+        IngestCancelled, IngestPostponed: then the run stays among the server's live runs, ...), and
+        NothingUsableError naming the file it was reading for a child that died or was ended past the time limit
+        (the run failed with that reason, not tried again). `listener` hears, in the server, of the tensors the
+        child stores."""
         notes, postponed = listener is not None, False
         with self._lock:
             self._callbacks[pending.run_id] = progress
             if listener is not None:
                 self._listeners[pending.run_id] = listener
+        slot = self._free.get()
+        pool: ProcessPoolExecutor | None = None
         try:
             try:
-                pool = self._open()
+                pool = self._open(slot)
             except IngestCancelled:  # the server is stopping: the run is undone as if it never began
                 if not pending.staged:  # but an accepted upload's, which the next start takes over
                     self.ingestor.cancel(pending)
                 raise
             try:
                 future = pool.submit(_complete, pending, inputs, keep_failure, notes, again)
-            except BrokenProcessPool:  # an idle child died (killed, say): the ingest has not begun; new children
-                self._reset(pool)
-                pool = self._open()
+            except BrokenProcessPool:  # an idle child died (killed, say): the ingest has not begun; a new child
+                self._reset(slot, pool)
+                pool = self._open(slot)
                 future = pool.submit(_complete, pending, inputs, keep_failure, notes, again)
-            return future.result()
+            return self._watch(future, slot)
         except IngestPostponed:
             postponed = True
             raise
@@ -126,64 +158,104 @@ class ChildIngests:
             if not pending.staged:  # but an accepted upload's run stays, for the next start to take over
                 self.ingestor.cancel(pending)
             raise IngestCancelled("the server stopped before this ingest began") from None
-        except BrokenProcessPool:
-            # waiting for the pool's own thread, which reaps the dead child: its pipe closes before it is a zombie,
-            # and until then the sweep below would take its staging folder for a live process's
-            self._reset(pool, wait=True)
+        except BrokenProcessPool as exc:
+            if pool is not None:
+                # waiting for the pool's own thread, which reaps the dead child: its pipe closes before it is a
+                # zombie, and until then the sweep below would take its staging folder for a live process's
+                self._reset(slot, pool, wait=True)
             try:  # what the dead child left; an upload waiting to be ingested stays
                 staging.sweep(self.settings.staging_dir, self.ingestor.staged_folders())
             except Exception:  # the database did not answer: the next sweep removes it
                 log.exception("sweeping what the ingest of run %s left", pending.run_id)
-            what = ", ".join(i.label for i in inputs) or "upload"
             if self._closed:
                 if not pending.staged:  # an accepted upload's run stays, for the next start to take over
                     self.ingestor.give_up(pending, [], False)
                 raise IngestCancelled("the server is stopping") from None
-            self.ingestor.give_up(pending, [FileProblem(what, "the ingest's process died")], keep_failure)
-            raise
+            problem = self._death(pending, inputs, exc)
+            self.ingestor.give_up(pending, [problem], keep_failure)
+            raise NothingUsableError([problem]) from None
         finally:
+            self._free.put(slot)
             with self._lock:
                 self._callbacks.pop(pending.run_id, None)
                 self._listeners.pop(pending.run_id, None)
+                self._reading.pop(pending.run_id, None)
             if not postponed:
                 self.ingestor.forget(pending.run_id)
 
-    def _reset(self, pool: ProcessPoolExecutor, wait: bool = False) -> None:
-        """Let go of a pool one of whose children died; the next ingest starts new ones. `wait`: until the pool's
-        thread has reaped its children."""
+    def _watch(self, future: Future[IngestResult], slot: int) -> IngestResult:
+        """The ingest's result; past `ingest_seconds`, the slot's child is ended (SIGKILL: it may be stuck in C
+        code) and BrokenProcessPool raised, the time limit named."""
+        timeout = self.settings.ingest_seconds
+        while True:
+            try:
+                return future.result(timeout=timeout)
+            except FutureTimeout:
+                with self._lock:
+                    pid = self._pids.get(slot)
+                if pid is not None:
+                    break
+                timeout = PARENT_POLL  # its child has not said who it is (starting still): until it has
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(BrokenProcessPool):
+            future.result()
+        raise BrokenProcessPool(_TIMED_OUT)
+
+    def _death(self, pending: PendingRun, inputs: list[InputFile], exc: BrokenProcessPool) -> FileProblem:
+        """The problem of a run whose child died (or was ended past the time limit), naming the file it read."""
         with self._lock:
-            if self._pool is pool:
-                self._pool = None
+            reading = self._reading.get(pending.run_id)
+        what = reading or ", ".join(i.label for i in inputs)
+        where = f"reading {reading}" if reading else "before it read a file (unpacking its archives)"
+        if str(exc) == _TIMED_OUT:
+            return FileProblem(
+                what or "upload",
+                f"the ingest took longer than {self.settings.ingest_seconds:g} s (TENSOR_DEBUGGER_INGEST_SECONDS), "
+                f"{where}: its process was ended",
+            )
+        limit = self.settings.ingest_memory_limit / 2**30
+        return FileProblem(
+            what or "upload",
+            f"the ingest's process died {where} (killed, or it crashed; the most memory it may take is "
+            f"{limit:.3g} GiB, TENSOR_DEBUGGER_INGEST_MEMORY)",
+        )
+
+    def _reset(self, slot: int, pool: ProcessPoolExecutor, wait: bool = False) -> None:
+        """Let go of a slot's pool whose child died; the next ingest in the slot starts a new one. `wait`: until
+        the pool's thread has reaped its child."""
+        with self._lock:
+            if self._pools.get(slot) is pool:
+                del self._pools[slot]
+                self._pids.pop(slot, None)
         pool.shutdown(wait=wait)
 
     def close(self) -> None:
         """Ask every child to stop at its next block of bytes, and let them go."""
         with self._lock:
             self._closed = True
-            pool, cancel, messages = self._pool, self._cancel, self._messages
-            self._pool = None
+            pools, cancel, messages = list(self._pools.values()), self._cancel, self._messages
+            self._pools.clear()
         if cancel is not None:
             cancel.set()
-        if pool is not None:
+        for pool in pools:
             pool.shutdown(wait=False, cancel_futures=True)
         if messages is not None:
             messages.put(None)  # ends the reader
 
-    def _open(self) -> ProcessPoolExecutor:
+    def _open(self, slot: int) -> ProcessPoolExecutor:
         with self._lock:
             if self._closed:
                 raise IngestCancelled("the server is stopping")
-            if self._pool is None:
-                if self._messages is None:
-                    self._messages = self._context.Queue()
-                    self._cancel = self._context.Event()
-                    self._reader = threading.Thread(target=self._read, name="ingest-progress", daemon=True)
-                    self._reader.start()
-                # per pool: a pool's children take a slot each (its queue of replies) as they start
+            if self._messages is None:
+                self._messages = self._context.Queue()
+                self._cancel = self._context.Event()
                 self._replies = [self._context.Queue() for _ in range(self.at_once)]
-                slots = self._context.Value("i", 0)
-                self._pool = ProcessPoolExecutor(
-                    self.at_once,
+                self._reader = threading.Thread(target=self._read, name="ingest-progress", daemon=True)
+                self._reader.start()
+            if slot not in self._pools:
+                self._pools[slot] = ProcessPoolExecutor(
+                    1,
                     mp_context=self._context,
                     initializer=functools.partial(
                         _start,
@@ -192,11 +264,11 @@ class ChildIngests:
                         self.ingestor.store.environ,
                         self._messages,
                         self._cancel,
-                        self._replies,
-                        slots,
+                        self._replies[slot],
+                        slot,
                     ),
                 )
-            return self._pool
+            return self._pools[slot]
 
     def _read(self) -> None:
         while True:
@@ -204,6 +276,12 @@ class ChildIngests:
             if message is None:
                 return
             with self._lock:
+                if isinstance(message, _Started):
+                    self._pids[message.slot] = message.pid
+                    continue
+                if isinstance(message, _Reading):
+                    self._reading[message.run_id] = message.label
+                    continue
                 callback = self._callbacks.get(message.run_id)
                 listener = self._listeners.get(message.run_id)
                 replies = self._replies
@@ -223,6 +301,9 @@ class ChildIngests:
                 continue  # the child sees the same request to stop
             except Exception:
                 log.exception("progress of run %s", message.run_id)
+
+
+_TIMED_OUT = "past the time limit"
 
 
 def _settle(listener: NoteListener | None, run_id: int, replies: Any) -> None:
@@ -245,16 +326,14 @@ def _start(
     store_environ: dict[str, str],
     messages: Any,
     cancel: Event | None,
-    replies: list[Any],
-    slots: Any,
+    replies: Any,
+    slot: int,
 ) -> None:
-    """A child's set-up: its own database engine, and the server's array store opened with the server's AWS
-    variables (`store_environ`: an s3:// store's endpoint and credentials, which the server may have been given
-    otherwise than in its environment); its slot, the queue of replies to its `_Settle`s. `server`: the server's
-    process id."""
-    with slots.get_lock():
-        slot = slots.value % len(replies)
-        slots.value += 1
+    """A child's set-up: its memory limit, its own database engine, and the server's array store opened with the
+    server's AWS variables (`store_environ`: an s3:// store's endpoint and credentials, which the server may have
+    been given otherwise than in its environment); `replies`: its slot's queue of replies to its `_Settle`s.
+    `server`: the server's process id."""
+    limit = _limit_memory(settings.ingest_memory_limit)
     os.nice(NICENESS)
     # the server's id as it gave it: one killed before this child got here is already gone, and its id read here
     # would be that of the process that adopted the child, which `_die_with` would wait on for ever
@@ -262,16 +341,24 @@ def _start(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the children
     configure_kernels(settings.kernel, settings.kernel_family)
     engine = create_db_engine(settings.database_url)
-    _child.update(
-        ingestor=Ingestor(
-            settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ, settings.direct_writes)
-        ),
-        messages=messages,
-        cancel=cancel,
-        server=server,
-        slot=slot,
-        replies=replies[slot],
+    ingestor = Ingestor(
+        settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ, settings.direct_writes)
     )
+    ingestor.memory_limit = limit
+    ingestor.reading = lambda run_id, label: messages.put(_Reading(run_id, label))
+    messages.put(_Started(slot, os.getpid()))
+    _child.update(ingestor=ingestor, messages=messages, cancel=cancel, server=server, slot=slot, replies=replies)
+
+
+def _limit_memory(limit: int) -> int:
+    """Limit this process's data (its heap and private writable mappings: RLIMIT_DATA, which unlike RLIMIT_AS
+    leaves alone the address space that threads' malloc arenas reserve and never use) to `limit` bytes, or to the
+    hard limit where that is lower; what was set. An allocation past it fails: MemoryError in Python."""
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    return limit
 
 
 def _die_with(server: int) -> None:

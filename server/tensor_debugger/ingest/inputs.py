@@ -50,6 +50,7 @@ class TensorFileEntry:
     keys: tuple[str, ...] = ()  # leading key path (the array's name inside a .npz)
     module_path: str | None = None  # from a module trace: the module whose input or output this is
     place: str | None = None  # from a module trace: "inputs_args_0", "outputs", ...
+    source: str | None = None  # a captured op's caller, "<file>:<line>" (a capture with level="op")
     span: Span | None = None  # read in place: the file's bytes in the archive at `path`
     packed: Packed | None = None  # read through a decompressing stream: a compressed member of the zip at `path`
 
@@ -147,11 +148,12 @@ class _Expander:
                 found = members[index]
                 yield TensorFileEntry(
                     found.path,
-                    base / names[index],
+                    base / folder / tensor.relpath(tensor.file),
                     f"{label}/{found.name}" if label else str(found.name),
                     staged and found.span is None and found.packed is None,
                     module_path=tensor.module_path,
                     place=tensor.place,
+                    source=tensor.source,
                     span=found.span,
                     packed=found.packed,
                 )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import reprlib
 import struct
 import zipfile
 from collections import OrderedDict
@@ -27,6 +28,8 @@ from typing import IO, Any
 
 from tensor_debugger.ingest.archives import Span
 from tensor_debugger.ingest.byte_ranges import open_range
+from tensor_debugger.ingest.pickle_budget import check_pickles, check_reach
+from tensor_debugger.ingest.shapes import check_shape
 from tensor_debugger.store.dtypes import LogicalDtype, parse_dtype
 
 # torch's typed storage classes, by the dtype their bytes hold (torch/storage.py)
@@ -94,12 +97,17 @@ def _rebuild_v3(
     storage: StorageRef, offset: int, size: Any, stride: Any, _grad: Any, _hooks: Any, dtype: Any, *_: Any
 ) -> _Rebuilt:
     if not isinstance(dtype, _TorchDtype):
-        raise NeedsTorch(f"tensor dtype {dtype!r}")
+        raise NeedsTorch(f"tensor dtype {_short(dtype)}")
     return _Rebuilt(storage, int(offset), tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype.name)
 
 
 def _rebuild_parameter(data: Any, *_: Any) -> Any:
     return data
+
+
+def _short(obj: Any) -> str:
+    """A few characters of `obj`, however large the nesting it heads (a whole repr could take forever)."""
+    return reprlib.repr(obj)[:80]
 
 
 @dataclass(frozen=True)
@@ -157,7 +165,7 @@ class _Unpickler(pickle.Unpickler):
             and isinstance(pid[1], _StorageType)
             and isinstance(pid[2], str)
         ):
-            raise NeedsTorch(f"persistent id {str(pid)[:80]}")
+            raise NeedsTorch(f"persistent id {_short(pid)}")
         return StorageRef(pid[2], pid[1].dtype, int(pid[4]))
 
 
@@ -173,9 +181,10 @@ def _data_offset(handle: IO[bytes], info: zipfile.ZipInfo) -> int:
 
 def read_pth(path: Path, span: Span | None = None) -> Any:
     """The object `torch.save` wrote to `path` (with `span`, to that byte range of it: a `.pth` stored in an
-    archive), with every tensor a `PthTensor` whose `data_offset` counts from the start of the range. Raises
-    NeedsTorch for what only torch reads (files that are no zip archive among them: the legacy format, or no
-    PyTorch file, which torch.load then names)."""
+        archive), with every tensor a `PthTensor` whose `data_offset` counts from the start of the range. Raises
+        NeedsTorch for what only torch reads (files that are no zip archive among them: the legacy format, or no
+        PyTorch file, which torch.load then names), and PickleTooLarge (a ValueError) for a pickle whose tree is past
+    the budget of pickle_budget.py."""
     with open_range(path, span) as source:
         if not zipfile.is_zipfile(source):
             raise NeedsTorch("not a zip archive")
@@ -192,8 +201,11 @@ def _read_zip(source: IO[bytes]) -> Any:
         order = infos.get(root + "byteorder")
         if order is not None and archive.read(order).strip() != b"little":
             raise NeedsTorch("big-endian storages")
+        with archive.open(pickles[0]) as raw:  # a pickle bomb is refused (PickleTooLarge) before it is unpickled
+            check_pickles(raw)
         with archive.open(pickles[0]) as raw:
             obj = _Unpickler(raw, _globals()).load()
+    check_reach(obj)  # what `_resolve` and the flatteners walk as a tree, measured again
     offsets: dict[str, int] = {}
     size = source.seek(0, 2)  # the storages must lie inside the file (or the byte range read as one)
 
@@ -230,6 +242,7 @@ def _tensor(rebuilt: _Rebuilt, start: int, file_size: int) -> PthTensor:
     if name is None:
         raise NeedsTorch("an untyped storage without a dtype")
     dtype = parse_dtype(name)
+    check_shape(rebuilt.shape)  # BadShape: a negative size would make the tensor end before it begins
     if any(s < 0 for s in rebuilt.strides) or len(rebuilt.strides) != len(rebuilt.shape) or rebuilt.offset < 0:
         raise ValueError(f"tensor of shape {rebuilt.shape} has strides {rebuilt.strides} and offset {rebuilt.offset}")
     last = rebuilt.offset + sum((n - 1) * s for n, s in zip(rebuilt.shape, rebuilt.strides, strict=True))

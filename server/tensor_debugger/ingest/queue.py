@@ -9,7 +9,6 @@ while its job runs; the run's row says "ingesting" all along, so a page or a cli
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -17,8 +16,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from tensor_debugger.errors import IngestPostponed, NothingUsableError
+from tensor_debugger.errors import DiskFullError, FileProblem, IngestPostponed, NothingUsableError, StoreWriteError
 from tensor_debugger.ingest.child import ChildIngests
+from tensor_debugger.ingest.fair_line import FairLine
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, TakenOver
 from tensor_debugger.ingest.stored import NoteListener, NotesOf
@@ -59,12 +59,14 @@ class IngestJob:
     inputs: list[InputFile]
     keep_failure: bool  # True: a run with nothing usable stays as "failed", so its page can say why
     done: Callable[[], None]  # called once the job is over, whatever its outcome (removes the uploaded files)
+    client: str = ""  # who sent it (the request's address): jobs wait their turn per client, then per session
     outages: int = 0  # tries so far that met an outage: the next one first deletes what they wrote
 
 
 class IngestQueue:
-    """`at_once` threads (Settings.ingest_workers) take jobs in the order they came, one run each; after each
-    ingest, `plan` pairs the session again. Each ingest copies its run with a pool of its own (Settings.workers)."""
+    """`at_once` threads (Settings.ingest_workers) take jobs in turn (`FairLine`: round the clients, then round
+    each client's sessions), one run each; after each ingest, `plan` pairs the session again. Each ingest copies
+    its run with a pool of its own (Settings.workers)."""
 
     def __init__(
         self,
@@ -79,7 +81,7 @@ class IngestQueue:
         self.watcher = watcher
         self.plan = plan
         self.at_once = at_once
-        self._jobs: queue.Queue[tuple[IngestJob, Future[IngestResult]] | None] = queue.Queue()
+        self._jobs: FairLine[tuple[IngestJob, Future[IngestResult]]] = FairLine()
         self._progress: dict[int, IngestProgress] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -94,7 +96,7 @@ class IngestQueue:
                 raise RuntimeError("the server is stopping; no new ingests")
             self._progress[job.pending.run_id] = IngestProgress("queued")
             self._start_thread()
-        self._jobs.put((job, future))
+        self._jobs.put(job.client, job.pending.session_id, (job, future))
         return future
 
     def _start_thread(self) -> None:
@@ -127,8 +129,7 @@ class IngestQueue:
             self.children.close()
         with self._lock:
             threads = list(self._threads)
-        for _ in threads:
-            self._jobs.put(None)
+        self._jobs.stop(len(threads))
         deadline = time.monotonic() + timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -153,7 +154,7 @@ class IngestQueue:
             if self._later.pop(job.pending.run_id, None) is None:  # closed meanwhile
                 return
             self._progress[job.pending.run_id] = IngestProgress("queued")
-        self._jobs.put((job, future))
+        self._jobs.put(job.client, job.pending.session_id, (job, future))
 
     def _set(self, run_id: int, progress: IngestProgress) -> None:
         with self._lock:
@@ -180,7 +181,7 @@ class IngestQueue:
                 future.set_exception(exc)
                 continue
             except BaseException as exc:  # handed to whoever waits on the future
-                if not isinstance(exc, NothingUsableError | IngestCancelled):
+                if not isinstance(exc, NothingUsableError | IngestCancelled | DiskFullError | StoreWriteError):
                     log.exception("ingest of run %s failed", job.pending.run_id)
                 future.set_exception(exc)
                 if isinstance(exc, IngestCancelled) and job.pending.staged:  # its files stay for the next start
@@ -223,6 +224,12 @@ class IngestQueue:
                     job.pending, job.inputs, on_progress, job.keep_failure, listener=stored, again=job.outages > 0
                 )
             ready = True
+        except (NothingUsableError, IngestCancelled, DiskFullError, StoreWriteError, IngestPostponed, TakenOver):
+            raise  # each has its own answer (422, the run undone, 507, 503, tried again later, another's now)
+        except Exception as exc:  # the run failed with it as its problem (Ingestor.complete): a 422 naming the files
+            log.exception("ingest of run %s failed", run_id)
+            what = ", ".join(i.label for i in job.inputs) or "upload"
+            raise NothingUsableError([FileProblem(what, f"the ingest failed: {type(exc).__name__}: {exc}")]) from exc
         finally:
             if watcher is not None:
                 try:

@@ -1,13 +1,16 @@
 """Start-up recovery: remove what an ingest killed midway (kill -9, power loss) left behind.
 
 A run still "ingesting" whose process is gone on this host, or whose ingest on another host (a server replica)
-stopped renewing its lease (store/claims.py), is deleted with its arrays (and its session, when that ingest
-created it and nothing else is in it); the server also does this on its claims' heartbeat. A run of an accepted
-upload whose staged files are still there is not deleted but taken over by a server (`remove_dead_ingests`'s
-`take_over`): ingested again from those files. Arrays under a failed run's prefix (its ingest's, whose deletion
-the store failed) are deleted like those of no run. The folder under
-"runs/" of a run that no longer exists is deleted too, but for the arrays in it that tensor rows of other runs
-still name (arrays are shared: see `catalog.release_arrays`).
+stopped renewing its lease (store/claims.py), is deleted with its arrays, and so is its session when one of the
+dead ingests made it and nothing is left in it once they are all gone (a `compare` killed mid-ingest leaves no
+empty session); the server also does this on its claims' heartbeat. A run of an accepted upload whose staged files
+are still there is not deleted but taken over by a server (`remove_dead_ingests`'s `take_over`): ingested again
+from those files. The folder under "runs/" of a run that no longer exists (a deletion cut short between its rows and
+its arrays) is deleted too, but for the arrays in it that tensor rows of other runs still name (arrays are shared:
+see `catalog.release_arrays`), and so are the arrays under a failed run's folder (its ingest's, whose deletion the
+store failed) once the store answers. Only folders this database recorded when it created their runs
+(`ArrayFolderRecord`) are looked at: the store is never listed for what to delete, so nothing another database
+wrote is deleted (store/identity.py keeps a process from being given another database's store at all).
 
 A run that names this very process is alive only if it is one of `live` (the runs this process's ingestor is
 working on, in its background threads): otherwise it was left by an earlier process that had the same id, as
@@ -24,7 +27,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -32,7 +35,7 @@ from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import keys_under
 from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
 from tensor_debugger.store.database import lock_arrays
-from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ArrayFolderRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
 # a run's problem when its ingest died and the uploaded files it was to be ingested from again are gone
@@ -88,31 +91,54 @@ def recover(
     resumable: Callable[[RunRecord], bool] = lambda run: False,
     take_over: TakeOver | None = None,
 ) -> RecoveryReport:
-    """Remove the runs whose ingest died (or take them over: see `remove_dead_ingests`), the arrays no run owns,
-    and any a failed run left (see the module's docstring)."""
-    # Listed before the runs are read: a run row is always committed before its first array is written, so
-    # every array seen here whose run is alive is known by the query below.
-    stored = [name for name in store.children("runs") if name.isdigit()]  # not the group's zarr.json
+    """Remove the runs whose ingest died (or take them over: see `remove_dead_ingests`), then what the folders of
+    runs gone hold that no row names, and what a failed run's folder holds (see the module's docstring)."""
     removed = remove_dead_ingests(sessions, store, live, claims, resumable, take_over)
+    return RecoveryReport(removed, remove_orphan_arrays(sessions, store))
+
+
+def remove_orphan_arrays(sessions: sessionmaker[DbSession], store: ArrayStore) -> int:
+    """Delete, in each folder this database recorded (`ArrayFolderRecord`) whose run is gone or failed, the arrays
+    no tensor row names, and the record once nothing in the folder is named; returns how many deletions were made (a
+    whole folder counts once). A failed run has no arrays: any in its folder are what its ingest wrote before the
+    store failed it (deleted here once the store answers). The store itself is never listed for folders: one this
+    database did not record (another database's, in a store they were wrongly given both) is left alone."""
+    orphaned = ~select(RunRecord.id).where(RunRecord.id == ArrayFolderRecord.run_id, RunRecord.status != "failed")
     with sessions() as db:
-        # a failed run has no arrays: any under its prefix are what its ingest wrote before the store failed it
-        known = {str(run_id) for run_id in db.scalars(select(RunRecord.id).where(RunRecord.status != "failed"))}
-        orphans = [name for name in stored if name not in known]
-        shared = {
-            name: set(db.scalars(select(TensorRecord.store_key).where(keys_under(f"runs/{name}")))) for name in orphans
-        }
-    removed_arrays = 0
-    for name in orphans:
-        if not shared[name]:
-            store.delete(f"runs/{name}")
-            removed_arrays += 1
-            continue
-        for child in store.children(f"runs/{name}"):
-            key = f"runs/{name}/{child}"
-            if child.isdigit() and key not in shared[name]:
-                store.delete(key)
-                removed_arrays += 1
-    return RecoveryReport(removed, removed_arrays)
+        gone = list(
+            db.scalars(select(ArrayFolderRecord.run_id).where(orphaned.exists()).order_by(ArrayFolderRecord.run_id))
+        )
+    removed = 0
+    for run_id in gone:
+        with sessions.begin() as db:
+            # A write first (SQLite's writer lock from here) and the arrays' lock: no ingest points a new row at an
+            # array of this folder while it is read and deleted. The record gone: another process did it meanwhile.
+            touched = db.execute(
+                update(ArrayFolderRecord)
+                .where(ArrayFolderRecord.run_id == run_id)
+                .values(run_id=ArrayFolderRecord.run_id)
+            )
+            if not touched.rowcount:  # type: ignore[attr-defined]
+                continue
+            lock_arrays(db)
+            run = db.get(RunRecord, run_id)
+            if run is not None and run.status != "failed":  # a new run took the id (SQLite reuses a deleted one's)
+                continue
+            prefix = run_prefix(run_id)
+            named = set(db.scalars(select(TensorRecord.store_key).where(keys_under(prefix))))
+            stored = store.children(prefix)
+            if not named:
+                if stored:
+                    store.delete(prefix)
+                    removed += 1
+                db.execute(delete(ArrayFolderRecord).where(ArrayFolderRecord.run_id == run_id))
+                continue
+            for child in stored:
+                key = f"{prefix}/{child}"
+                if child.isdigit() and key not in named:
+                    store.delete(key)
+                    removed += 1
+    return removed
 
 
 def remove_dead_ingests(
@@ -144,6 +170,7 @@ def remove_dead_ingests(
         ]
     removed = 0
     queued: list[Callable[[], object]] = []
+    made: set[int] = set()  # the sessions a removed run's ingest made
     for run_id, owner, until, waiting in dead:
         if waiting and take_over is None:
             continue  # a server takes it over
@@ -165,11 +192,15 @@ def remove_dead_ingests(
                 db.add(ProblemRecord(run_id=run.id, file=", ".join(run.sources) or "upload", reason=LOST))
                 run.status, run.ingest_pid, run.staged_inputs = "failed", None, None
                 continue
-            session_id, created = run.session_id, run.created_session
+            if run.created_session:
+                made.add(run.session_id)
             db.delete(run)
-            db.flush()
             removed += 1
-            if created and not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
+    # once all are gone: a compare killed mid-ingest left two runs, the first of which made the session; removed
+    # first, the other still held the session, which was then left empty
+    for session_id in made:
+        with sessions.begin() as db:
+            if not db.scalar(select(func.count()).where(RunRecord.session_id == session_id)):
                 session = db.get(SessionRecord, session_id)
                 if session is not None:
                     db.delete(session)

@@ -39,7 +39,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.engine.names import parse_layer_stage
+from tensor_debugger.engine.names import module_layer, parse_layer_stage
 from tensor_debugger.errors import (
     ConflictError,
     DiskFullError,
@@ -67,7 +67,7 @@ from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import database_outage, lock_arrays
-from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ArrayFolderRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,16 @@ class PendingRun:
 
 def is_reference_label(label: str) -> bool:
     return label.strip().casefold() == "reference"
+
+
+def out_of_memory(limit: int | None) -> str:
+    """Why a file could not be read when memory ran out, with the limit the OS set (None: no limit was set)."""
+    if limit is None:
+        return "ran out of memory reading it"
+    return (
+        f"needed more than {limit / 2**30:.3g} GiB of memory (TENSOR_DEBUGGER_INGEST_MEMORY, the most one ingest "
+        "may take) to read it; refused"
+    )
 
 
 class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
@@ -195,6 +205,8 @@ class Ingestor:
         self.sessions = sessions
         self.store = store
         self.claims = claims or Claims(sessions, settings.claim_seconds)
+        self.memory_limit: int | None = None  # set where the OS limits this process's memory (an ingest's child)
+        self.reading: Callable[[int, str], None] | None = None  # told of each file as a run's copy opens it
 
     def ingest(
         self,
@@ -315,6 +327,10 @@ class Ingestor:
             )
             db.add(run)
             db.flush()
+            # Its folder in the store recorded with it, before any array is written there: what recovery may delete.
+            # (SQLite may give a run the id of one deleted, whose folder's record is kept while rows name arrays in it.)
+            if db.get(ArrayFolderRecord, run.id) is None:
+                db.add(ArrayFolderRecord(run_id=run.id))
             # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
             _LiveRuns.add(self.settings.database_url, run.id)
             return PendingRun(
@@ -558,9 +574,13 @@ class Ingestor:
         try:
             for entry in expansion.entries:
                 first = made = len(stored)
+                if self.reading is not None:
+                    self.reading(run_id, entry.label)
                 try:
                     with (
-                        open_tensor_file(entry.path, entry.label, buffers, entry.span, entry.packed) as opened,
+                        open_tensor_file(
+                            entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
+                        ) as opened,
                         TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes, budget) as writer,
                     ):
                         problems.extend(opened.skipped)
@@ -585,6 +605,9 @@ class Ingestor:
                 except StoreUnavailableError:  # a read of the store that it did not answer: not the file's fault
                     self._drop(run_id, stored, first, made)
                     raise
+                except MemoryError:  # one file's, its memory freed as the error left it: the run's other files go on
+                    self._drop(run_id, stored, first, made)
+                    problems.append(FileProblem(entry.label, out_of_memory(self.memory_limit)))
                 except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
                     self._drop(run_id, stored, first, made)
                     if is_disk_full(exc):
@@ -691,6 +714,8 @@ class Ingestor:
                     name = f"{name} ({seen[name]})"
                 seen.setdefault(name, 1)
                 layer, stage = parse_layer_stage(entry.relpath, key_path)
+                if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
+                    layer = module_layer(entry.module_path)
                 s = tensor.summary
                 records.append(
                     TensorRecord(
@@ -715,6 +740,7 @@ class Ingestor:
                         inf_count=s.inf_count,
                         module_path=entry.module_path,
                         place=entry.place,
+                        source=entry.source,
                     )
                 )
             db.add_all(records)

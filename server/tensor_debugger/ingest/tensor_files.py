@@ -15,6 +15,7 @@ import math
 import pickle
 import re
 import struct
+import tempfile
 import warnings
 import zipfile
 import zlib
@@ -32,6 +33,7 @@ from tensor_debugger.ingest.block_readers import (
     ArrayReader,
     BlockReader,
     BufferPool,
+    FortranReader,
     Leaf,
     RawReader,
     StreamReader,
@@ -40,7 +42,9 @@ from tensor_debugger.ingest.block_readers import (
 )
 from tensor_debugger.ingest.byte_ranges import open_range
 from tensor_debugger.ingest.mapped_pages import PageReleaser
+from tensor_debugger.ingest.pickle_budget import PickleTooLarge, check_pickles, check_reach
 from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
+from tensor_debugger.ingest.shapes import BadShape, check_shape
 from tensor_debugger.store.dtypes import LogicalDtype, from_numpy, from_torch, parse_dtype, torch_to_storage
 
 if TYPE_CHECKING:
@@ -63,7 +67,12 @@ def is_tensor_file(path: Path) -> bool:
 
 
 def open_tensor_file(
-    path: Path, label: str, buffers: int | BufferPool = 4, span: Span | None = None, packed: Packed | None = None
+    path: Path,
+    label: str,
+    buffers: int | BufferPool = 4,
+    span: Span | None = None,
+    packed: Packed | None = None,
+    scratch: Path | None = None,
 ) -> TensorFile:
     """Open `path` (with `span`, the tensor file that is that byte range of it; with `packed`, the compressed
     member of the zip at `path`); `label` is how errors name the file to the user, and gives its extension.
@@ -72,7 +81,7 @@ def open_tensor_file(
     (an ingest's: new buffers for every file cost a page fault per 4 KiB read into them, 1,600 for a 6 MB tensor)."""
     suffix = (Path(label).suffix if span is not None or packed is not None else path.suffix).lower()
     if packed is not None:
-        return _open_packed(path, label, buffers, packed, suffix)
+        return _open_packed(path, label, buffers, packed, suffix, scratch)
     if suffix in TORCH_SUFFIXES:
         try:
             return _open_pth(path, label, buffers, span)
@@ -97,6 +106,8 @@ def _open_pth(path: Path, label: str, buffers: int | BufferPool, span: Span | No
     base = span.offset if span is not None else 0
     try:
         obj = read_pth(path, span)
+    except (PickleTooLarge, BadShape) as exc:
+        raise FileProblem(label, f"refused: {_refusal(exc)}") from None
     except (
         zipfile.BadZipFile,
         pickle.UnpicklingError,
@@ -195,6 +206,10 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
 
     mmapped = span is None
     try:
+        _check_torch_pickles(path, span)
+    except PickleTooLarge as exc:
+        raise FileProblem(label, f"refused: {exc}") from None
+    try:
         # torch warns of pickle protocols it did not write: the file's problem, if any, is said below
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
@@ -205,8 +220,11 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
                 obj = _load_mapped(path)
     except pickle.UnpicklingError as exc:  # code it would have run, or bytes it could not unpickle
         raise FileProblem(label, _code_refusal(str(exc)) or _unreadable_pth(path, span, exc)) from None
+    except RuntimeError as exc:
+        if "can't allocate memory" in str(exc):  # torch's allocator, past the process's memory limit
+            raise MemoryError(_first_line(exc)) from None
+        raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
     except (
-        RuntimeError,
         EOFError,
         OSError,
         ValueError,
@@ -221,6 +239,10 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
     ) as exc:
         # random bytes can trip the unpickler anywhere (an IndexError on an empty stack, say): all mean the same
         raise FileProblem(label, _unreadable_pth(path, span, exc)) from None
+    try:
+        check_reach(obj)  # unpickled with its shared references shared: walking them as a tree could take forever
+    except PickleTooLarge as exc:
+        raise FileProblem(label, f"refused: {exc}") from None
     releaser = PageReleaser(path) if mmapped else None  # a no-op for the legacy format, which is not mapped
     leaves: list[Leaf] = []
     skipped: list[FileProblem] = []
@@ -229,12 +251,38 @@ def _open_torch(path: Path, label: str, span: Span | None) -> TensorFile:
         if not isinstance(value, torch.Tensor):
             skipped.append(NotATensor(where, f"not a tensor ({type(value).__name__}); skipped"))
             continue
+        try:
+            check_shape(tuple(value.shape))  # torch allows more dimensions than a stored array may have
+        except BadShape as exc:
+            raise FileProblem(label, f"refused: {_refusal(exc)}") from None
         problem = _unsupported_tensor(value)
         if problem:
             skipped.append(FileProblem(where, problem))
             continue
         leaves.append(Leaf(key_path, tuple(value.shape), from_torch(value.dtype), TorchReader(value, releaser)))
     return TensorFile(leaves, skipped)
+
+
+_LEGACY_PICKLES = 5  # the legacy format: magic number, protocol version, system info, the object, its storages' keys
+
+
+def _check_torch_pickles(path: Path, span: Span | None) -> None:
+    """Raise PickleTooLarge for a file whose pickles (every data.pkl of a zip, the first pickles of anything else)
+    expand past the budget, before torch.load unpickles them: its unpickler hashes a tuple used as a dict key, which
+    takes as long as the tuple's tree is large. Bytes that are neither are left to torch.load to refuse."""
+    with open_range(path, span) as source:
+        if zipfile.is_zipfile(source):
+            try:
+                with zipfile.ZipFile(source) as archive:
+                    for info in archive.infolist():
+                        if info.filename.endswith("data.pkl"):
+                            with archive.open(info) as raw:
+                                check_pickles(raw)
+            except (zipfile.BadZipFile, OSError, EOFError, zlib.error, NotImplementedError, RuntimeError):
+                return
+        else:
+            source.seek(0)
+            check_pickles(source, _LEGACY_PICKLES)
 
 
 def _load_mapped(path: Path) -> Any:
@@ -288,6 +336,10 @@ def _unsupported_tensor(t: torch.Tensor) -> str | None:
     except ValueError as exc:
         return f"{exc}; skipped"
     return None
+
+
+def _refusal(exc: PickleTooLarge | BadShape) -> str:
+    return f"it holds {exc}" if isinstance(exc, BadShape) else str(exc)
 
 
 def _code_refusal(message: str) -> str | None:
@@ -383,7 +435,10 @@ def _safetensors_leaves(
             skipped.append(FileProblem(_where(label, (key,)), f"unsupported dtype {entry.get('dtype')!r}; skipped"))
             continue
         dtype = parse_dtype(name)
-        shape = tuple(int(d) for d in entry["shape"])
+        try:
+            shape = check_shape(entry["shape"])
+        except BadShape as exc:
+            raise FileProblem(label, f"refused: tensor {key!r} is {exc}") from None
         begin, end = (int(x) for x in entry["data_offsets"])
         if end - begin != math.prod(shape) * dtype.itemsize:
             raise FileProblem(label, f"tensor {key!r}: data size does not match its shape and dtype")
@@ -458,21 +513,24 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     if not isinstance(header, dict) or set(header) != {"descr", "fortran_order", "shape"}:
         raise ValueError(f"header is not a dict of descr, fortran_order and shape: {str(header)[:80]!r}")
     shape, fortran = header["shape"], header["fortran_order"]
-    if not isinstance(shape, tuple) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ValueError(f"shape {shape!r} is not a tuple of sizes")
+    if not isinstance(shape, tuple):
+        raise ValueError(f"shape {str(shape)[:80]!r} is not a tuple of sizes")
+    check_shape(shape)  # BadShape, a ValueError
     if not isinstance(fortran, bool):
         raise ValueError(f"fortran_order {fortran!r} is not a bool")
     return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
 
 
-def _open_packed(path: Path, label: str, buffers: int | BufferPool, packed: Packed, suffix: str) -> TensorFile:
+def _open_packed(
+    path: Path, label: str, buffers: int | BufferPool, packed: Packed, suffix: str, scratch: Path | None
+) -> TensorFile:
     """A compressed .npy or safetensors member of the zip at `path`, its tensors read through zipfile's stream."""
     stack = ExitStack()
     try:
         archive = stack.enter_context(zipfile.ZipFile(path))
         stream = stack.enter_context(archive.open(packed.name))
         if suffix == ".npy":
-            leaves = [_packed_npy(stream, label, buffers)]
+            leaves = [_packed_npy(stream, label, buffers, scratch, stack)]
         elif suffix == ".safetensors":
             leaves, skipped = _packed_safetensors(stream, label, buffers, packed.size)
             return TensorFile(leaves, skipped, stack)
@@ -484,7 +542,9 @@ def _open_packed(path: Path, label: str, buffers: int | BufferPool, packed: Pack
     return TensorFile(leaves, [], stack)
 
 
-def _packed_npy(stream: IO[bytes], label: str, buffers: int | BufferPool) -> Leaf:
+def _packed_npy(
+    stream: IO[bytes], label: str, buffers: int | BufferPool, scratch: Path | None, stack: ExitStack
+) -> Leaf:
     try:
         shape, fortran, dtype = read_npy_header(stream)
         offset = stream.tell()
@@ -492,16 +552,37 @@ def _packed_npy(stream: IO[bytes], label: str, buffers: int | BufferPool) -> Lea
         raise FileProblem(label, f"not a readable .npy file ({_first_line(exc)})") from None
     logical = _npy_dtype(dtype, label)
     reader: BlockReader
-    if fortran and len(shape) > 1:  # rare: read whole, in the file's order
+    if fortran and len(shape) > 1:  # in the file's order: the writer's blocks (C order) are spread all over it
         count = math.prod(shape)
         try:
-            values = np.frombuffer(stream.read(count * dtype.itemsize), dtype=dtype, count=count)
+            if scratch is not None:
+                data = _decompressed(stream, count * dtype.itemsize, scratch, stack)
+                reader = FortranReader(data, shape, dtype, stack)  # closed before the file is removed
+            else:
+                values = np.frombuffer(stream.read(count * dtype.itemsize), dtype=dtype, count=count)
+                reader = ArrayReader(values.reshape(shape, order="F"))
         except (ValueError, OSError, EOFError, zlib.error) as exc:
             raise FileProblem(label, f"truncated or corrupt ({_first_line(exc)})") from None
-        reader = ArrayReader(values.reshape(shape, order="F"))
     else:
         reader = StreamReader(stream, offset, tuple(shape), logical, _pool(buffers), label)
     return Leaf((), tuple(shape), logical, reader)
+
+
+def _decompressed(stream: IO[bytes], nbytes: int, scratch: Path, stack: ExitStack) -> Path:
+    """The next `nbytes` of `stream` in a new file under `scratch` (removed with the file's stack), copied a MiB at a
+    time. Raises EOFError where the stream ends before."""
+    handle = tempfile.NamedTemporaryFile(dir=scratch, prefix="fortran-", suffix=".raw", delete=False)
+    target = Path(handle.name)
+    stack.callback(target.unlink, missing_ok=True)
+    with handle:
+        left = nbytes
+        while left > 0:
+            piece = stream.read(min(left, 1 << 20))
+            if not piece:
+                raise EOFError(f"{nbytes - left} bytes of data where {nbytes} were expected")
+            handle.write(piece)
+            left -= len(piece)
+    return target
 
 
 def _packed_safetensors(

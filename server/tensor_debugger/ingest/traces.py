@@ -10,6 +10,12 @@ Call order is the order of the tree: a module's inputs, its children, then its o
 leaf modules only, and by default drops the layers between the first and the last from the JSON while their files
 stay on disk: those layers are put back here by renumbering the first layer's subtree, so every file on disk finds its
 place. A file the JSON never names (the root's logits) still becomes a tensor, after the module it belongs to.
+
+A capture with `level="op"` (`live/recorder.py`) adds op nodes: `{"module_path": "<module call>/softmax#1", "op":
+"softmax", "source": "<file>:<line>", "outputs": ...}`, children of the module call that ran them, in call order.
+Their files have short names of their own; their tensors are named by the tree (`<module call>/softmax#1_outputs`).
+A capture's root says `"complete": true`: no layer was left out, so none is put back (with `modules=`, the layers it
+did not select have no node and only some files).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import copy
 import json
 import re
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -67,10 +73,16 @@ class TraceTensor:
     shape: tuple[int, ...] | None = None
     dtype: str | None = None  # torch's spelling without "torch."
     stats: dict[str, float] = field(default_factory=dict)  # of the four STATISTICS, those the JSON gives
+    op: str | None = None  # a captured op's function ("softmax"); None for a module's input or output
+    source: str | None = None  # a captured op's caller, "<file>:<line>"
 
     @property
     def name(self) -> str:
         return f"{self.module_path}_{self.place}"
+
+    def relpath(self, file: str) -> PurePosixPath:
+        """The name-giving path of its file `file`: the file's own name, but an op's tensor is named by the tree."""
+        return PurePosixPath(f"{self.name}.safetensors" if self.op is not None else file)
 
 
 @dataclass(frozen=True)
@@ -107,7 +119,8 @@ def read_trace(json_path: Path, label: str, files: Collection[str]) -> Trace:
         raise NotATensor(label, "not a model_addition_debugger_context trace: no root 'module_path'")
     model_class = json_path.name.split("_debug_tree_")[0]
     safetensors = {f for f in files if f.endswith(".safetensors")}
-    _restore_pruned_layers(tree, safetensors)
+    if tree.get("complete") is not True:  # a capture's tree names every call; a selection of layers is not pruned
+        _restore_pruned_layers(tree, safetensors)
     tensors: list[TraceTensor] = []
     root = _walk(tree, tensors, safetensors)
     referenced = {t.file for t in tensors if t.file is not None}
@@ -130,8 +143,12 @@ def _walk(node: dict[str, Any], out: list[TraceTensor], files: set[str]) -> Modu
     for place, entry in _flatten(node.get("inputs"), "inputs"):
         out.append(_tensor(path, place, entry, files))
     children = tuple(_walk(c, out, files) for c in node.get("children") or () if isinstance(c, dict))
+    op, source = node.get("op"), node.get("source")
     for place, entry in _flatten(node.get("outputs"), "outputs"):
-        out.append(_tensor(path, place, entry, files))
+        tensor = _tensor(path, place, entry, files)
+        if isinstance(op, str):
+            tensor = replace(tensor, op=op, source=source if isinstance(source, str) else None)
+        out.append(tensor)
     return ModuleNode(path, children)
 
 

@@ -19,6 +19,12 @@ runs on, with at most `host_memory` bytes of copies held at once. Into the local
 straight into the array store, compressed and hashed as ingest does, under a run begun when the block opens and
 made ready when it ends. For a server, they are written as the safetensors files of a trace folder staged on disk,
 streamed to the upload API when the block ends.
+
+With `level="op"`, every torch function the forward calls (`live/ops.py`) is recorded too: its outputs, as a node
+of the tree inside the innermost module that called it, named `{module call}/{op}#{n}` (the n-th call of that op
+inside that call of the module: `LlamaForCausalLM.model.layers.3.self_attn/softmax#1`), with `source`, the file and
+line of the user's code that called it. Its files are named `op{count}...` (a module path can be long; the name
+is the tree's). Only the ops of modules `modules=` selects are recorded.
 """
 
 from __future__ import annotations
@@ -30,16 +36,17 @@ import shutil
 import struct
 import tempfile
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
 from tensor_debugger.ingest.tensor_files import SAFETENSORS_DTYPES
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
+from tensor_debugger.live.ops import OpMode
 from tensor_debugger.live.writer import DEFAULT_HOST_MEMORY, CaptureWriter, Job, Sink, StoreSink
 from tensor_debugger.store.dtypes import torch_to_storage
 
@@ -48,6 +55,8 @@ if TYPE_CHECKING:
     from tensor_debugger.services import Services
 
 WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # written to a file this much at a time
+Level = Literal["module", "op"]
+LEVELS: tuple[Level, ...] = ("module", "op")
 
 
 @functools.cache
@@ -87,6 +96,15 @@ def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE
             f.write(torch_to_storage(flat[start : start + step]).data)  # to the host, raw bits
 
 
+@dataclass
+class _Scope:
+    """A module being called: its call's name, whether its ops are recorded, how often each op was called in it."""
+
+    call: str
+    ops: bool
+    counts: dict[str, int] = field(default_factory=dict)
+
+
 class _Recorder:
     """The hooks' state: the call tree being built and the files written."""
 
@@ -101,6 +119,9 @@ class _Recorder:
         self.calls: dict[str, int] = {}
         self.count = 0
         self.skipped: list[str] = []
+        self.scopes: list[_Scope] = []  # with level="op": every module being called, innermost last
+        self.ops = 0
+        self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
 
     def wanted(self, path: str) -> bool:
         if not self.patterns:
@@ -108,7 +129,8 @@ class _Recorder:
         short = path.partition(".")[2]
         return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in self.patterns)
 
-    def enter(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def enter(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        """Begin a node for this call of the module at `path`; returns the call's name."""
         self.calls[path] = self.calls.get(path, 0) + 1
         call = path if self.calls[path] == 1 else f"{path}#{self.calls[path]}"
         inputs = {k: v for k, v in (("args", list(args)), ("kwargs", kwargs)) if v}
@@ -118,46 +140,107 @@ class _Recorder:
         else:
             self.root = node
         self.stack.append(node)
+        return call
 
     def leave(self, output: Any) -> None:
         node = self.stack.pop()
         node["outputs"] = self.serialize(output, f"{node['module_path']}_outputs")
 
-    def serialize(self, value: Any, name: str) -> Any:
-        """The trace JSON's entry for `value`, its tensors handed to the writer; mirrors the debugger's layout."""
+    def record_op(self, op: str, source: str | None, output: Any) -> None:
+        """An op the forward called (`ops.OpMode`): a node of the innermost module's call, if that module's ops are
+        recorded and the op returned tensors."""
+        if not self.scopes or not self.scopes[-1].ops or not _holds_tensor(output):
+            return
+        scope = self.scopes[-1]  # recorded, so also the innermost node of the tree: self.stack[-1]
+        scope.counts[op] = number = scope.counts.get(op, 0) + 1
+        name = f"{scope.call}/{op}#{number}"
+        stem = f"op{self.ops:06d}"
+        self.ops += 1
+        node = {"module_path": name, "op": op, "source": source, "outputs": self.serialize(output, name, stem)}
+        self.stack[-1]["children"].append(node)
+
+    def serialize(self, value: Any, name: str, stem: str | None = None) -> Any:
+        """The trace JSON's entry for `value`, its tensors handed to the writer; mirrors the debugger's layout.
+        Files are named `name` (or `stem`, where given) with the place's suffixes."""
+        stem = stem or name
         if isinstance(value, torch.Tensor):
             if value.dtype not in safetensors_codes():
                 self.skipped.append(f"{name}: dtype {value.dtype} cannot be captured")
                 return repr(value.dtype)
-            file = f"{name}.safetensors"
+            file = f"{stem}.safetensors"
             self.writer.submit(self.count, file, value)
             self.files.append(file)
             self.count += 1
             return {"shape": repr(value.shape), "dtype": repr(value.dtype), "value": f"./{file}"}
         if isinstance(value, list | tuple):
-            return [self.serialize(v, f"{name}_{i}") for i, v in enumerate(value)]
+            return [self.serialize(v, f"{name}_{i}", f"{stem}_{i}") for i, v in enumerate(value)]
         if isinstance(value, dict):  # ModelOutput is a dict too
-            return {str(k): self.serialize(v, f"{name}_{k}") for k, v in value.items()}
+            return {str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}") for k, v in value.items()}
         return type(value).__name__ if value is not None else "None"
 
     def write_tree(self) -> Path:
         path = self.folder / f"{self.root_name}{FULL_SUFFIX}"
-        path.write_text(json.dumps(self.root or {"module_path": self.root_name}, indent=1), encoding="utf-8")
+        root = {**(self.root or {"module_path": self.root_name}), "complete": True}  # no layer pruned: traces.py
+        path.write_text(json.dumps(root, indent=1), encoding="utf-8")
         return path
 
 
-def _hook(model: torch.nn.Module, recorder: _Recorder) -> list[torch.utils.hooks.RemovableHandle]:
+def _holds_tensor(value: Any) -> bool:
+    """Whether `value` is or holds a tensor with values to copy: not one a transform such as torch.vmap wraps
+    (transformers builds attention masks under vmap), nor a meta or fake tensor, which have no storage."""
+    if isinstance(value, torch.Tensor):
+        return _has_storage(value)
+    return isinstance(value, list | tuple) and any(_holds_tensor(v) for v in value)
+
+
+def _has_storage(tensor: torch.Tensor) -> bool:
+    if tensor.device.type == "meta":
+        return False
+    try:
+        tensor.untyped_storage()
+    except (NotImplementedError, RuntimeError):  # "Cannot access storage of BatchedTensorImpl"
+        return False
+    return True
+
+
+def _hook(model: torch.nn.Module, recorder: _Recorder, level: Level) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hooks on the modules recorded (the model itself always); with level "op", on every module, so that each op
+    is known to be inside the innermost (and recorded only where that module is)."""
     handles = []
     for name, module in model.named_modules():
         path = recorder.root_name if not name else f"{recorder.root_name}.{name}"
-        if module is not model and not recorder.wanted(path):
+        wanted = recorder.wanted(path)
+        node = module is model or wanted
+        if not node and level == "module":
             continue
 
-        def pre(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], path: str = path) -> None:
-            recorder.enter(path, args, kwargs)
+        def pre(
+            _: torch.nn.Module,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            path: str = path,
+            node: bool = node,
+            wanted: bool = wanted,
+        ) -> None:
+            recorder.busy = True
+            try:
+                call = recorder.enter(path, args, kwargs) if node else path
+                if level == "op":
+                    recorder.scopes.append(_Scope(call, wanted))
+            finally:
+                recorder.busy = False
 
-        def post(_: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
-            recorder.leave(output)
+        def post(
+            _: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, node: bool = node
+        ) -> None:
+            recorder.busy = True
+            try:
+                if level == "op":
+                    recorder.scopes.pop()
+                if node:
+                    recorder.leave(output)
+            finally:
+                recorder.busy = False
 
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
@@ -208,11 +291,12 @@ class _LocalRun:
             (
                 TensorFileEntry(
                     tree.parent / t.file,
-                    PurePosixPath(t.file),
+                    t.relpath(t.file),
                     f"{label}/{t.file}",
                     False,
                     module_path=t.module_path,
                     place=t.place,
+                    source=t.source,
                 ),
                 key_path,
                 self.sink.stored[index[t.file]],
@@ -246,6 +330,7 @@ def capture(
     staging: str | Path | None = None,
     host_memory: int = DEFAULT_HOST_MEMORY,
     workers: int | None = None,
+    level: Level = "module",
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -255,8 +340,11 @@ def capture(
     without the model's class name, matches one of these glob patterns ("model.layers.*.mlp*"); the model itself
     is always recorded. `host_memory` bounds the bytes of host copies waiting to be written (default 1 GiB; a hook
     waits while it is spent); `workers` is the number of writing threads (default: TENSOR_DEBUGGER_WORKERS, else
-    the CPUs this process may use). Nothing is kept when the block raises.
+    the CPUs this process may use). `level="op"` records every torch function the forward calls as well, each
+    with the file and line that called it (see the module docstring). Nothing is kept when the block raises.
     """
+    if level not in LEVELS:
+        raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
     patterns = [modules] if isinstance(modules, str) else list(modules)
     root_name = type(model).__name__
     folder = Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
@@ -264,12 +352,16 @@ def capture(
     local: _LocalRun | None = None
     writer: CaptureWriter | None = None
     handles: list[torch.utils.hooks.RemovableHandle] = []
+    watching = ExitStack()  # with level="op": the torch function mode, active while the block runs
     try:
         local = _LocalRun(session, run, data_dir) if server is None else None
         writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer)
-        handles = _hook(model, recorder)
+        handles = _hook(model, recorder, level)
+        if level == "op":
+            watching.enter_context(OpMode(recorder))
         yield result
+        watching.close()
         for handle in handles:
             handle.remove()
         handles = []
@@ -287,6 +379,7 @@ def capture(
 
             result.session_id, result.run_id = upload_run(server, session, run, folder, token)
     finally:
+        watching.close()
         for handle in handles:
             handle.remove()
         try:

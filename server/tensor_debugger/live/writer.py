@@ -58,7 +58,9 @@ class HostBufferPool:
         self._allocate = allocate or _allocate
         self._cond = threading.Condition()
         self._lent = 0  # bytes of the buffers out
-        self._free: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+        # kept buffers with their sizes: asking a tensor its size is a torch call, which an op capture's torch
+        # function mode intercepts, and a take looks at every kept buffer
+        self._free: dict[bool, list[tuple[int, torch.Tensor]]] = {False: [], True: []}
         self._free_bytes = 0
         self.peak_lent = 0  # the most bytes lent at once
         self.waits = 0  # how many takes had to wait for a buffer to come back
@@ -82,17 +84,17 @@ class HostBufferPool:
                 self._cond.wait_for(lambda: self._fits(nbytes))
             free = self._free[pinned]
             room = self.budget - self._lent if self._lent else max(self.budget, nbytes)
-            fitting = [i for i, b in enumerate(free) if nbytes <= b.numel() <= room]
+            fitting = [i for i, (size, _) in enumerate(free) if nbytes <= size <= room]
             if fitting:
-                buffer = free.pop(min(fitting, key=lambda i: free[i].numel()))
-                self._free_bytes -= buffer.numel()
-                self._lend(buffer.numel())
+                size, buffer = free.pop(min(fitting, key=lambda i: free[i][0]))
+                self._free_bytes -= size
+                self._lend(size)
                 return buffer
             # a new buffer: drop kept ones (largest first) until it fits beside what is lent and kept
             for kept in (self._free[False], self._free[True]):
-                kept.sort(key=lambda b: b.numel())
+                kept.sort(key=lambda item: item[0])
                 while kept and self._lent + self._free_bytes + nbytes > max(self.budget, nbytes):
-                    self._free_bytes -= kept.pop().numel()
+                    self._free_bytes -= kept.pop()[0]
             self._lend(nbytes)
         try:
             return self._allocate(nbytes, pinned)  # outside the lock: pinning memory takes a while
@@ -105,9 +107,10 @@ class HostBufferPool:
     def give(self, buffer: torch.Tensor, pinned: bool = False) -> None:
         """Return a buffer `take` lent; it is kept for the next `take`."""
         with self._cond:
-            self._lent -= buffer.numel()
-            self._free[pinned].append(buffer)
-            self._free_bytes += buffer.numel()
+            size = buffer.numel()
+            self._lent -= size
+            self._free[pinned].append((size, buffer))
+            self._free_bytes += size
             self._cond.notify_all()
 
     def clear(self) -> None:

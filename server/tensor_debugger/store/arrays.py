@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 
 import numpy as np
 
-from tensor_debugger.errors import StoreUnavailableError
+from tensor_debugger.errors import StoreUnavailableError, StoreWriteError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
@@ -312,6 +312,48 @@ class ArrayStore:
             return [name async for name in it]
 
         return sorted(run_sync(collect()))
+
+    def read_object(self, key: str) -> bytes | None:
+        """The bytes of the small object at `key` outside any array (the store's marker), None where there is none.
+        Not counted as a chunk read."""
+        if self._folder is not None:
+            try:
+                return (self._folder / key).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        if self._objects is not None:
+            import obstore
+
+            try:
+                return obstore.get(self._objects.bucket, key).bytes().to_bytes()
+            except FileNotFoundError:
+                return None
+            except Exception as exc:  # obstore's errors for an answer other than 404
+                raise StoreUnavailableError(f"cannot read {key} from the array store {self.url}: {exc}") from None
+        from zarr.buffer import default_buffer_prototype
+
+        found = run_sync(self._store.get(key, default_buffer_prototype()))
+        return None if found is None else found.to_bytes()
+
+    def write_object(self, key: str, data: bytes) -> None:
+        """Write `data` as the object at `key` outside any array, whole or not at all."""
+        if self._folder is not None:
+            self._folder.mkdir(parents=True, exist_ok=True)
+            aside = self._folder / f".{key}.{os.getpid()}.{threading.get_ident()}"
+            aside.write_bytes(data)
+            os.replace(aside, self._folder / key)
+            return
+        if self._objects is not None:
+            import obstore
+
+            try:
+                obstore.put(self._objects.bucket, key, data)
+            except Exception as exc:
+                raise StoreWriteError(key, describe_failure(exc)) from None
+            return
+        from zarr.buffer import default_buffer_prototype
+
+        run_sync(self._store.set(key, default_buffer_prototype().buffer.from_bytes(data)))
 
     def read_whole(self, key: str, dtype: LogicalDtype) -> torch.Tensor:
         """The whole tensor at `key`, bit-exact, in its logical dtype (for small tensors and tests)."""

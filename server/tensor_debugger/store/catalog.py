@@ -8,15 +8,16 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
-from sqlalchemy.orm import selectinload
+from sqlalchemy.orm import aliased, selectinload
 
 from tensor_debugger.errors import ConflictError, InvalidInputError, NotFoundError
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.database import lock_arrays
-from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, TensorRecord, UnmatchedRecord
 
 MAX_LABEL = 200  # characters of a session name or run label
 MAX_NOTES = 64 * 1024  # characters of a session's notes (every session list carries them)
+MAX_ULP = 2**20  # the most units in the last place a session's ulp tolerance may be
 
 
 def parse_label(text: str, what: str) -> str:
@@ -53,10 +54,12 @@ class SessionSummary:
     pending: int
     first_divergence: str | None  # the name of the earliest failing pair
     not_compared: int = 0  # incomparable, or their comparison failed
+    unmatched: int = 0  # reference tensors with no partner in a candidate, that the user did not allow
 
 
 def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, SessionSummary]:
-    """Pair counts and first divergences of many sessions in three queries, for the sessions list."""
+    """Pair counts, first divergences and unmatched reference tensors of many sessions in four queries, for the
+    sessions list."""
     if not session_ids:
         return {}
     counts = db.execute(
@@ -77,6 +80,21 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
             & (PairRecord.position == first_positions.c.position),
         )
     ).all()
+    reference, other = aliased(RunRecord), aliased(RunRecord)
+    unmatched = dict(
+        db.execute(
+            select(UnmatchedRecord.session_id, func.count(func.distinct(UnmatchedRecord.name)))
+            .join(reference, reference.id == UnmatchedRecord.run_id)
+            .join(other, other.id == UnmatchedRecord.other_run_id)
+            .where(
+                UnmatchedRecord.session_id.in_(session_ids),
+                reference.position == 0,
+                other.role != "noise",
+                UnmatchedRecord.allowed.is_(False),
+            )
+            .group_by(UnmatchedRecord.session_id)
+        ).all()
+    )
     total: dict[int, dict[str, int]] = {}
     for session_id, status, n in counts:
         total.setdefault(session_id, {})[status] = n
@@ -88,6 +106,7 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
             total.get(sid, {}).get("pending", 0),
             first.get(sid),
             total.get(sid, {}).get("incomparable", 0) + total.get(sid, {}).get("error", 0),
+            unmatched.get(sid, 0),
         )
         for sid in session_ids
     }
@@ -161,8 +180,8 @@ def set_tolerances(session: SessionRecord, rtol: float | None, atol: float | Non
     for name, value in (("rtol", rtol), ("atol", atol)):
         if value is not None and not (value >= 0 and value < float("inf")):
             raise InvalidInputError(f"{name} must be a non-negative finite number, got {value}")
-    if ulp is not None and (isinstance(ulp, bool) or not isinstance(ulp, int) or not 1 <= ulp <= 2**20):
-        raise InvalidInputError(f"ulp must be a whole number of units in the last place, 1 to {2**20}, got {ulp}")
+    if ulp is not None and (isinstance(ulp, bool) or not isinstance(ulp, int) or not 1 <= ulp <= MAX_ULP):
+        raise InvalidInputError(f"ulp must be a whole number of units in the last place, 1 to {MAX_ULP}, got {ulp}")
     session.rtol, session.atol, session.ulp = rtol, atol, ulp
 
 

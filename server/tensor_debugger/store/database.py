@@ -90,6 +90,13 @@ def upgrade_database(engine: Engine) -> None:
 
         config = alembic_config(engine.url.render_as_string(hide_password=False))
         with engine.begin() as connection:
+            if engine.dialect.name == "postgresql":
+                # One migrates at a time: replicas starting together on an empty database each created the tables
+                # at once, and all but one failed (UniqueViolation on pg_type_typname_nsp_index). Taken in the
+                # migration's own transaction, the lock is held until its DDL is committed or rolled back.
+                connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
+                if _current_on(connection):  # another process migrated it while this one waited
+                    return
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
 
@@ -119,7 +126,8 @@ def create_at_head(connection: Connection, head: str) -> None:
 @contextmanager
 def _migration_lock(engine: Engine) -> Iterator[None]:
     """Held while migrating a SQLite file: two processes opening a new data dir at once (two CLI ingests) would
-    otherwise both create the tables, and one fail. Other databases lock within their transactional DDL."""
+    otherwise both create the tables, and one fail. PostgreSQL's lock is an advisory one, taken in the migration's
+    transaction (`upgrade_database`)."""
     database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
     if not database or database == ":memory:":
         yield
@@ -144,6 +152,15 @@ def schema_is_current(engine: Engine) -> bool:
     except DBAPIError:  # no such table: a new database
         return False
     return stamped == [head]
+
+
+def _current_on(connection: Connection) -> bool:
+    """`schema_is_current`, asked in `connection`'s transaction (which a failed query would abort: the table's
+    existence is asked first)."""
+    head = head_revision(resource_dir("migrations") / "versions")
+    if head is None or not connection.dialect.has_table(connection, "alembic_version"):
+        return False
+    return list(connection.execute(text("SELECT version_num FROM alembic_version")).scalars()) == [head]
 
 
 def head_revision(versions: Path) -> str | None:
@@ -183,6 +200,7 @@ def head_revision(versions: Path) -> str | None:
 
 
 ARRAYS_LOCK = 0x7464_6172_7261_7973  # "tdarrays": the advisory lock key of `lock_arrays`
+MIGRATION_LOCK = 0x7464_6D69_6772_6174  # "tdmigrat": held on PostgreSQL while migrating (`upgrade_database`)
 
 
 def lock_arrays(db: DbSession) -> None:

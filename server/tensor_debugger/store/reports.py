@@ -153,6 +153,8 @@ class SessionReport:
     runs: list[RunReport]
     strategies: list[str] | None
     name_pattern: str | None
+    allow_unmatched: list[str]  # globs of reference tensor names that may have no partner (`--allow-unmatched`)
+    dims: dict[str, str] | None  # names of the tensors' aligned dimensions by name glob (null: none)
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionReport:
@@ -171,6 +173,8 @@ class SessionDetail:
     runs: list[RunWithProblems]
     strategies: list[str] | None  # as in SessionReport
     name_pattern: str | None
+    allow_unmatched: list[str]
+    dims: dict[str, str] | None
 
     @classmethod
     def of(cls, session: SessionRecord) -> SessionDetail:
@@ -188,9 +192,17 @@ def _session_head(session: SessionRecord) -> tuple[int, str, str, str, Tolerance
     )
 
 
-def _rules(session: SessionRecord) -> tuple[list[str] | None, str | None]:
-    """The pairing strategies (None: the default chain) and name pattern SessionReport and SessionDetail end with."""
-    return [str(s) for s in session.strategies] if session.strategies else None, session.name_pattern
+def _rules(
+    session: SessionRecord,
+) -> tuple[list[str] | None, str | None, list[str], dict[str, str] | None]:
+    """The pairing strategies (None: the default chain), name pattern, globs of reference tensors allowed to have no
+    partner and dimension names that SessionReport and SessionDetail end with."""
+    return (
+        [str(s) for s in session.strategies] if session.strategies else None,
+        session.name_pattern,
+        [str(g) for g in session.allow_unmatched or []],
+        session.dims,
+    )
 
 
 @dataclass(frozen=True)

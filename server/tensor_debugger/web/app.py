@@ -40,7 +40,7 @@ from tensor_debugger.web.controllers.sessions_page import SessionsPageController
 from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
-from tensor_debugger.web.refusals import database_error, error_response, http_error, known_ids
+from tensor_debugger.web.refusals import database_error, error_response, http_error, known_ids, options_answer
 from tensor_debugger.web.security import SecurityPolicy, install
 from tensor_debugger.web.views.run_view import run_title
 
@@ -145,6 +145,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             DBAPIError: database_error(settings.database_url),
         },
         guards=[known_ids],
+        before_request=options_answer,
         request_class=BoundedRequest,
         template_config=TemplateConfig(
             directory=resource_dir("web") / "templates", engine=JinjaTemplateEngine, engine_callback=configure_jinja

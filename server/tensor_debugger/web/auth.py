@@ -12,7 +12,8 @@ show a token, one of two ways:
   cookie asking for a page is sent to `/login`.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so the time taken says nothing of the token,
-its length included; a client address that presents too many wrong ones waits (web/sign_in_limits.py: 429).
+its length included; a client address that presents too many wrong ones, or a wrong token presented too often,
+waits (web/sign_in_limits.py: 429); a right token always gets in.
 The read token's holder may GET anything (pages, API, slices, exports) and is refused with 403 on every POST, PUT,
 PATCH and DELETE, signing out excepted. The login page and the static files it needs are open to all, and so is
 `/healthz` (it says only whether the database and the store answer).
@@ -88,15 +89,21 @@ class Authenticator:
         return found
 
     def sign_in(self, candidate: str | None, client: str) -> Access | None:
-        """The access of the token a client at address `client` presents (None for a wrong one, which counts
-        against it); raises TooManyWrongTokens, comparing nothing, while that address must wait."""
-        wait = self.limits.retry_after(client)
-        if wait is not None:
-            raise TooManyWrongTokens(wait)
+        """The access of the token a client at address `client` presents. A right token always gets in, however
+        many wrong ones came before it from that address. A wrong one counts against the address and against the
+        token itself (a stale token a script keeps sending, from whatever address); raises TooManyWrongTokens
+        while either must wait, else answers None."""
         access = self.access_for_token(candidate)
-        if access is None:
-            self.limits.failed(client)
-        return access
+        if access is not None:
+            return access
+        keys = {"from this address": f"address {client}", "of this token": f"token {_digest(candidate or '').hex()}"}
+        for why, key in keys.items():
+            wait = self.limits.retry_after(key)
+            if wait is not None:
+                raise TooManyWrongTokens(wait, why)
+        for key in keys.values():
+            self.limits.failed(key)
+        return None
 
     def _mac(self, access: Access, payload: str) -> str:
         key = hmac.new(self.tokens[access].encode(), _COOKIE_KEY_LABEL, hashlib.sha256).digest()

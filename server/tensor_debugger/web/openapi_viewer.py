@@ -28,6 +28,34 @@ class LocalRedoc(RedocRenderPlugin):
         ).encode()
 
 
+class JsonSchema(JsonRenderPlugin):
+    """/schema/openapi.json, with every `oneOf` that offers both a number and an integer offering the number alone: a
+    statistic is a float, or an exact integer for an integer pair (compare/module_reports.py's `Number`), and JSON
+    Schema counts 0.0 an integer too, so `oneOf` would refuse every whole number for matching both."""
+
+    def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
+        return self.render_json(request, _numbers_once(openapi_schema))
+
+
+def _numbers_once(node: Any) -> Any:
+    """`node` (the OpenAPI document or a part of it) with `{"type": "integer"}` left out of a `oneOf` beside
+    `{"type": "number"}`."""
+    if isinstance(node, list):
+        return [_numbers_once(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    found = {key: _numbers_once(value) for key, value in node.items()}
+    choices = found.get("oneOf")
+    if isinstance(choices, list) and {"type": "number"} in choices and {"type": "integer"} in choices:
+        kept = [c for c in choices if c != {"type": "integer"}]
+        if len(kept) == 1:
+            del found["oneOf"]
+            found.update(kept[0])
+        else:
+            found["oneOf"] = kept
+    return found
+
+
 def openapi_config(title: str, version: str, redoc_url: str) -> OpenAPIConfig:
     """/schema (and /schema/redoc): the viewer, loading `redoc_url`; /schema/openapi.json: the schema."""
     return OpenAPIConfig(
@@ -36,6 +64,6 @@ def openapi_config(title: str, version: str, redoc_url: str) -> OpenAPIConfig:
         path="/schema",
         render_plugins=[
             LocalRedoc(js_url=redoc_url, google_fonts=False, path=["/", "/redoc"], favicon=""),
-            JsonRenderPlugin(),
+            JsonSchema(),
         ],
     )

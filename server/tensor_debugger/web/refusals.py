@@ -99,13 +99,26 @@ def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[
 
 
 def allowed_methods(app: Litestar, path: str) -> list[str]:
-    """The methods of the route that `path` matches (its parameters' types aside), for a 405's `Allow`."""
+    """Every method of the routes that `path` matches (an int parameter matching digits only, others anything
+    but a slash), for a 405's `Allow` and an OPTIONS answer."""
     path = path.rstrip("/") or "/"
+    methods: set[str] = set()
     for route in app.routes:
-        pattern = re.sub(r"\\{[^}]*\\}", "[^/]+", re.escape(route.path.rstrip("/") or "/"))
+        pattern = re.escape(route.path.rstrip("/") or "/")
+        pattern = re.sub(r"\\{[^}:]*:int\\}", r"[+-]?\\d+", pattern)  # /api/sessions/compare is no session's
+        pattern = re.sub(r"\\{[^}]*\\}", "[^/]+", pattern)
         if isinstance(route, HTTPRoute) and re.fullmatch(pattern, path):
-            return sorted(route.methods)
-    return []
+            methods.update(route.methods)
+    return sorted(methods)
+
+
+def options_answer(request: Request[Any, Any, Any]) -> Response[None] | None:
+    """The answer to OPTIONS (a `before_request` hook): 204 with `Allow` naming every method of the path. Litestar's
+    own OPTIONS handler names only those of one handler of a path that has several (DELETE and OPTIONS only, for
+    a session, which also takes GET and PATCH)."""
+    if request.method != "OPTIONS":
+        return None
+    return Response(None, status_code=204, headers={"allow": ", ".join(allowed_methods(request.app, request.url.path))})
 
 
 def _reason(exc: HTTPException) -> str:

@@ -8,8 +8,9 @@ One ASGI middleware, outermost in the app (`install`), does four things to every
   `*` any name).
 - **Origin.** A state-changing request (POST, PUT, PATCH, DELETE) is refused with 403 unless it is same-origin:
   `Sec-Fetch-Site` must be `same-origin` or `none` and `Origin` must be this server's own scheme://host:port,
-  where the browser sent them. A request with neither (curl, scripts, the CLI, `capture(server=...)`) is not a
-  browser's cross-site request and goes on.
+  where the browser sent them; without an `Origin`, a `Referer` must be a page of this server (an older browser,
+  or a form posted where `Origin` is left out, sends only that). A request with none of them (curl, scripts, the
+  CLI, `capture(server=...)`) is not a browser's cross-site request and goes on.
 - **Form token.** A state-changing request outside `/api` (the pages' HTML forms) must also carry the form token:
   an HMAC of a secret drawn at start-up, which the templates put in a hidden `csrf_token` field as each form's
   first field (or an `X-CSRF-Token` header). It is read from the start of the body without parsing the rest:
@@ -133,11 +134,24 @@ def cross_origin_reason(scope: Scope, headers: dict[str, str]) -> str | None:
     if site is not None and site.lower() not in SAME_ORIGIN_FETCH_SITES:
         return f"a cross-origin request (Sec-Fetch-Site: {site}) may not change anything here"
     origin = headers.get("origin")
+    own = _origin_tuple(f"{scope.get('scheme', 'http')}://{headers.get('host', '')}")
     if origin is not None:
-        own = _origin_tuple(f"{scope.get('scheme', 'http')}://{headers.get('host', '')}")
         if own is None or _origin_tuple(origin) != own:
             return f"a request from another origin ({origin}) may not change anything here"
+        return None
+    referer = headers.get("referer")
+    if referer is not None and (own is None or _origin_tuple(_referer_origin(referer)) != own):
+        return f"a request from another page ({referer[:200]}) may not change anything here"
     return None
+
+
+def _referer_origin(referer: str) -> str:
+    """scheme://host:port of a Referer (a whole URL); "" where it is none."""
+    try:
+        parts = urlsplit(referer)
+    except ValueError:
+        return ""
+    return f"{parts.scheme}://{parts.netloc}"
 
 
 class _Refused(Exception):

@@ -1,9 +1,11 @@
-"""How often one client address may present a wrong token (the login page's form, a wrong bearer token) before
-it must wait: `FAILURES` wrong tokens within `WINDOW_SECONDS`, then 429 with `Retry-After` until the oldest of
-them is older than the window. A right token does not reset the count (else the read token's holder could keep
-guessing the write token between sign-ins). The client address is uvicorn's: the connection's, or the
-`X-Forwarded-For` of a trusted proxy (`TENSOR_DEBUGGER_TRUSTED_PROXIES`). Counted in this process's memory: each
-replica counts its own.
+"""How often a wrong token may be presented before its sender must wait: `FAILURES` wrong tokens within
+`WINDOW_SECONDS`, then 429 with `Retry-After` until the oldest of them is older than the window. Counted per key:
+web/auth.py counts each wrong token against the client's address and against the token presented (so a client
+that rotates addresses still runs into the count of the tokens it repeats); a right token is never refused, so
+no one can lock its holder out, and does not reset the count (else the read token's holder could keep guessing
+the write token between sign-ins). The client address is uvicorn's: the connection's, or the `X-Forwarded-For`
+of a proxy in `TENSOR_DEBUGGER_TRUSTED_PROXIES` (none by default). Counted in this process's memory: each replica
+counts its own.
 """
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from collections.abc import Callable
 
 FAILURES = 5
 WINDOW_SECONDS = 60.0
-MAX_ADDRESSES = 10_000  # the oldest addresses are forgotten first past this many, so memory stays bounded
+MAX_ADDRESSES = 10_000  # the oldest keys are forgotten first past this many, so memory stays bounded
 
 
 class SignInLimits:
-    """Wrong tokens per client address over a sliding window."""
+    """Wrong tokens per key (a client address, a token's digest) over a sliding window."""
 
     def __init__(
         self,

@@ -26,12 +26,12 @@ def _file() -> Schema:
 
 
 def multipart_runs(with_session: bool) -> Schema:
-    """Files whose field name is their run's label (the reference first), and, for a new session, its name."""
+    """Files whose field name is their run's label (the first run is the reference, unless one is labelled
+    `reference`), and, for a new session, its name. No label is required: an upload without a file is 422."""
     fields = {"name": name_schema(), "notes": notes_schema()} if with_session else {}
     return Schema(
         type=OpenAPIType.OBJECT,
         properties={**fields, "reference": _file(), "candidate": _file()},
-        required=["reference"],
         additional_properties=_file(),
         property_names=name_schema(),  # a file field's name is its run's label, a name as a session's is
     )

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from litestar import Response
+from litestar import Request, Response
 from litestar.status_codes import HTTP_201_CREATED, HTTP_202_ACCEPTED, HTTP_422_UNPROCESSABLE_ENTITY
 
 from tensor_debugger.errors import NotFoundError, NothingUsableError
@@ -88,6 +88,11 @@ class StartedRun:
 NOISE_FIELD = "noise"  # the form field of a rerun of the reference: the noise floor of each pair (compare/noise.py)
 
 
+def client_of(request: Request[Any, Any, Any]) -> str:
+    """Who sent a request, for the ingest queue's turns: its address (a trusted proxy's X-Forwarded-For)."""
+    return request.client.host if request.client is not None else ""
+
+
 def group_by_run(batch: UploadBatch, default_label: str | None = None) -> dict[str, list[InputFile]]:
     """Files grouped by form field, in the order the fields first appear; `default_label` overrides them."""
     runs: dict[str, list[InputFile]] = {}
@@ -104,11 +109,13 @@ def start_runs(
     runs: dict[str, list[InputFile]],
     keep_failure: bool,
     created_session: bool = False,
+    client: str = "",
 ) -> list[StartedRun]:
     """Make every run's row, then queue their ingests. From here on the queue owns `batch`: its files are
     removed once the last of these ingests is over. `keep_failure`: a run with nothing usable stays, "failed",
     with its problems (for the session page); otherwise it is removed. `created_session`: the request made
-    the session, so removing its last run (a restart cutting an ingest short, say) removes it too."""
+    the session, so removing its last run (a restart cutting an ingest short, say) removes it too. `client`: who
+    sent the upload; the queue gives each client its turn (ingest/fair_line.py)."""
     begun: list[tuple[str, PendingRun, list[InputFile]]] = []
     try:
         for label, inputs in runs.items():
@@ -131,7 +138,9 @@ def start_runs(
     for n, (label, pending, inputs) in enumerate(begun):
         try:
             started.append(
-                StartedRun(label, pending, services.ingests.submit(IngestJob(pending, inputs, keep_failure, release)))
+                StartedRun(
+                    label, pending, services.ingests.submit(IngestJob(pending, inputs, keep_failure, release, client))
+                )
             )
         except BaseException:  # the server is stopping: the runs not queued are undone here
             for _, rest, _ in begun[n:]:
@@ -142,7 +151,13 @@ def start_runs(
 
 
 def start_session(
-    services: Services, name: str, notes: str, batch: UploadBatch, keep_failure: bool, label: str | None = None
+    services: Services,
+    name: str,
+    notes: str,
+    batch: UploadBatch,
+    keep_failure: bool,
+    label: str | None = None,
+    client: str = "",
 ) -> tuple[int, list[StartedRun]]:
     """A new session with a run per form field (`label`: one run of every file), each queued for ingest (see
     `start_runs`)."""
@@ -151,7 +166,7 @@ def start_session(
         session_id, name = session.id, session.name
     try:
         return session_id, start_runs(
-            services, name, batch, group_by_run(batch, label), keep_failure, created_session=True
+            services, name, batch, group_by_run(batch, label), keep_failure, created_session=True, client=client
         )
     except BaseException:
         delete_if_empty(services, session_id)
@@ -159,14 +174,20 @@ def start_session(
 
 
 def explore_session(
-    services: Services, name: str, notes: str, batch: UploadBatch, match: str | None, filter_hint: str
+    services: Services,
+    name: str,
+    notes: str,
+    batch: UploadBatch,
+    match: str | None,
+    filter_hint: str,
+    client: str = "",
 ) -> tuple[int, list[RunOutcome]]:
     """A new session of one run (every file of the upload), ingested, then explored: each of its tensors paired
     with every other whose name matches `match` (SessionActions.explore). Waits for the ingest. When no tensor
     was found the session is gone (the outcomes say why); when the exploration is refused (too many pairs), the
     session is removed and InvalidInputError says why."""
     first = batch.files[0]
-    session_id, started = start_session(services, name, notes, batch, False, first.field or "run")
+    session_id, started = start_session(services, name, notes, batch, False, first.field or "run", client)
     outcomes = wait_for_runs(started)
     if not any(o.stored for o in outcomes):
         delete_if_empty(services, session_id)

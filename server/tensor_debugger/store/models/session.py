@@ -30,6 +30,10 @@ class SessionRecord(Base):
     # the pairing strategies in the order tried ("layer_stage", "name", "fuzzy:0.8", ...); null: the default chain
     strategies: Mapped[list[Any] | None] = mapped_column(JSON)
     name_pattern: Mapped[str | None] = mapped_column(Text)  # a regex with groups layer, stage (rank); null: none
+    # globs of reference tensor names allowed to have no partner (`compare --allow-unmatched`); null: none
+    allow_unmatched: Mapped[list[Any] | None] = mapped_column(JSON)
+    # names of the tensors' aligned dimensions, by name glob: {"*attn*": "batch,heads,tokens,head_dim"}; null: none
+    dims: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     runs: Mapped[list[RunRecord]] = relationship(
         back_populates="session", order_by="RunRecord.position", cascade="all, delete-orphan"
     )

@@ -48,6 +48,8 @@ class TensorRecord(Base):
     inf_count: Mapped[int] = mapped_column(BigInteger, default=0)
     module_path: Mapped[str | None] = mapped_column(Text)  # from a module trace or a capture
     place: Mapped[str | None] = mapped_column(String(200))  # "inputs_args_0", "outputs", ...
+    # a captured op's caller, "<file>:<line>": the innermost frame outside torch (a capture with level="op")
+    source: Mapped[str | None] = mapped_column(Text)
     # False for a trace written with use_repr=True: shape, dtype and mean/std/min/max only, no array stored
     has_values: Mapped[bool] = mapped_column(default=True, server_default=true())
 

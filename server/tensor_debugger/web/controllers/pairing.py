@@ -34,6 +34,10 @@ def _pairing_file() -> Any:
     properties = {
         "strategies": strategies,
         "name_pattern": Schema(one_of=[text, nothing]),
+        "dims": Schema(
+            one_of=[Schema(type=OpenAPIType.OBJECT, additional_properties=text), nothing],
+            description='name glob -> comma-separated dimension names ("*attn*": "batch,heads,tokens,head_dim")',
+        ),
         "pairs": Schema(type=OpenAPIType.ARRAY, items=_entry(["a", "b"])),
         "unpaired": Schema(type=OpenAPIType.ARRAY, items=_entry(None), description='each with "a", "b" or both'),
     }

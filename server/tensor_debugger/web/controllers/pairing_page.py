@@ -19,7 +19,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.web.controllers.forms import FORM, FormData
 from tensor_debugger.web.controllers.session_page import session_template
 from tensor_debugger.web.json_bodies import PAIRING_FILE_LIMIT, parse_json
-from tensor_debugger.web.multipart import receive_multipart
+from tensor_debugger.web.multipart import MultipartLimits, receive_multipart
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
 from tensor_debugger.web.views.session_view import ViewParams
 
@@ -82,7 +82,10 @@ class PairingPageController(Controller):
     ) -> Template | Redirect:
         """A pairing file posted from the page (`file`), applied as PUT /api/sessions/{id}/pairing applies it."""
         batch = await receive_multipart(
-            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+            request.headers.get("content-type", ""),
+            request.stream(),
+            services.settings.staging_dir,
+            MultipartLimits.of(services.settings),
         )
         try:
             if not batch.files:

@@ -17,7 +17,7 @@ from tensor_debugger.compare.pair_reports import (
     session_pairs,
 )
 from tensor_debugger.compare.profiles import ErrorProfile, error_profile
-from tensor_debugger.compare.session_profiles import SessionProfiles, session_profiles
+from tensor_debugger.compare.session_profiles import SessionProfiles, parse_dim, session_profiles
 from tensor_debugger.compare.slices import SliceReport, parse_slice_request, read_slice
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
@@ -48,31 +48,37 @@ class SessionPairsController(Controller):
 
     @get("/pairs", sync_to_thread=True, responses=error_responses(404))
     def list_pairs(self, services: Services, session_id: int) -> SessionPairs:
-        """Pairs in execution order with their statistics and verdicts, the unmatched tensors of each run, the
-        first divergence and progress (pairs done of total: finished pairs are served while others compute)."""
+        """Pairs in execution order with their statistics and verdicts, the unmatched tensors of each run (a
+        reference tensor's with its place in execution order, whether the user allowed it, and the closest
+        candidates a hand pairing could take), the first divergence, progress (pairs done of total: finished pairs
+        are served while others compute), coverage and the session's verdict."""
         with services.sessions() as db:
             catalog.get_session(db, session_id)
-            return session_pairs(db, session_id, modules=True, cache=services.comparisons.stats)
+            return session_pairs(db, session_id, modules=True, cache=services.comparisons.stats, closest=True)
 
     @get("/first-divergence", sync_to_thread=True, responses=error_responses(404))
     def first_divergence(self, services: Services, session_id: int) -> DivergenceReport:
         with services.sessions() as db:
             catalog.get_session(db, session_id)
             report = session_pairs(db, session_id, cache=services.comparisons.stats)
-        return DivergenceReport(report.first_divergence, report.progress)
+        return DivergenceReport(report.first_divergence, report.progress, report.verdict, report.coverage)
 
     @get("/profiles", sync_to_thread=True, responses=error_responses(404))
     def profiles(
         self,
         services: Services,
         session_id: int,
-        dim: int = Parameter(ge=0, description="the aligned dimension to profile (0 for the first)"),
+        dim: str = Parameter(
+            description="the aligned dimension to profile (0 for the first), or a dimension's name (the session's "
+            "dims): each pair's own dimension of that name",
+            max_length=64,
+        ),
     ) -> SessionProfiles:
-        """For every pair with aligned dimension `dim`, in execution order: its largest and mean |difference| per
-        index of that dimension (each pair's profile computed once and kept with its result); the pairs without
-        it are listed as skipped, with why."""
+        """For every pair with aligned dimension `dim` (or a dimension named `dim`), in execution order: its largest
+        and mean |difference| per index of that dimension (each pair's profile computed once and kept with its
+        result); the pairs without it are listed as skipped, with why."""
         with services.sessions() as db:
-            return session_profiles(db, services.comparisons, session_id, dim)
+            return session_profiles(db, services.comparisons, session_id, parse_dim(dim))
 
     @get("/alignments", sync_to_thread=True, responses=error_responses(404))
     def alignment_choices(
@@ -135,7 +141,7 @@ class PairController(Controller):
         self,
         services: Services,
         pair_id: int,
-        dim: int = Parameter(description="the aligned dimension to profile (0 for the first)"),
+        dim: int = Parameter(ge=0, description="the aligned dimension to profile (0 for the first)"),
     ) -> ErrorProfile:
         """Per index of aligned dimension `dim`: the largest and the mean |difference| and the elements outside the
         tolerance, read chunk by chunk on first request and kept with the pair's result."""

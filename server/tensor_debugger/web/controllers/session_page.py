@@ -13,7 +13,8 @@ from tensor_debugger.compare.exports import pairs_to_csv
 from tensor_debugger.compare.hand_pairing import hand_pair_choices
 from tensor_debugger.compare.pair_reports import SessionPairs, apply_order, session_pairs
 from tensor_debugger.compare.progress import session_progress
-from tensor_debugger.compare.session_profiles import session_profiles
+from tensor_debugger.compare.session_profiles import parse_dim, session_profiles
+from tensor_debugger.engine.dimension_names import dimension_names
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -104,20 +105,29 @@ class SessionPageController(Controller):
 
     @get("/sessions/{session_id:int}/profiles", sync_to_thread=True)
     def session_profiles_page(self, services: Services, session_id: int, dim: str = "") -> Template:
-        """Every pair's error profile along the aligned dimension `dim`, as one heatmap (pairs × index); without
-        `dim`, the form to pick it."""
+        """Every pair's error profile along the aligned dimension `dim` (a number, or a name the session's dims
+        give: each pair's own dimension of that name), as one heatmap (pairs × index); without `dim`, the form to
+        pick it."""
         with services.sessions() as db:
             session, report = read_session(db, services, session_id)
-            ranks = [len(p.aligned_shape) for p in report.pairs if p.aligned_shape is not None]
-            dims = [(d, sum(1 for r in ranks if r > d)) for d in range(max(ranks, default=0))]
-            chosen, profiles = None, None
-            if dim.strip():
-                try:
-                    chosen = int(dim)
-                except ValueError:
-                    raise InvalidInputError(f"dim must be an aligned dimension (a whole number), got {dim!r}") from None
-                profiles = session_profiles(db, services.comparisons, session_id, chosen)
-            context = {"session": session, "dims": dims, "dim": chosen, "profiles": profiles}
+            shapes = [p for p in report.pairs if p.aligned_shape is not None]
+            ranks = [len(p.aligned_shape or []) for p in shapes]
+            named: dict[str, int] = {}  # a dimension's name -> the pairs with a dimension so named
+            at: dict[int, set[str]] = {}  # an aligned dimension -> the names pairs give it
+            for pair in shapes:
+                rank = len(pair.aligned_shape or [])
+                for d, label in enumerate(
+                    dimension_names(session.dims, (pair.name, pair.a.name, pair.b.name), rank) or []
+                ):
+                    named[label] = named.get(label, 0) + 1
+                    at.setdefault(d, set()).add(label)
+            dims = [
+                (d, sum(1 for r in ranks if r > d), ", ".join(sorted(at.get(d, ()))))
+                for d in range(max(ranks, default=0))
+            ]
+            chosen = parse_dim(dim) if dim.strip() else None
+            profiles = session_profiles(db, services.comparisons, session_id, chosen) if chosen is not None else None
+            context = {"session": session, "dims": dims, "named": named, "dim": chosen, "profiles": profiles}
             context["heatmap"] = heatmap(profiles) if profiles is not None else None
             return Template("session_profiles.html", context=context)
 
@@ -129,7 +139,7 @@ class SessionPageController(Controller):
         several = {c.run_id: c.label for c in report.candidates} if len(report.candidates) > 1 else None
         return Response(
             pairs_to_csv(rows, several),
-            media_type="text/csv; charset=utf-8",
+            media_type="text/csv",  # Litestar adds "; charset=utf-8" to a text type
             headers={"content-disposition": f'attachment; filename="session-{session_id}-pairs.csv"'},
         )
 
@@ -174,7 +184,7 @@ def read_session(
     """The session (NotFoundError when there is none) and its pairs' report (with `modules`, the module view),
     read with the process's decoded statistics."""
     session = catalog.get_session(db, session_id)
-    return session, session_pairs(db, session_id, modules=modules, cache=services.comparisons.stats)
+    return session, session_pairs(db, session_id, modules=modules, cache=services.comparisons.stats, closest=True)
 
 
 def session_template(
@@ -210,7 +220,7 @@ def session_template(
                 "progress": progress,
                 "groups": build_groups(report, params, session.pair_order),
                 "worst": worst_view(report, params, session.pair_order),
-                "chart": build_chart(report.pairs, first_id),
+                "chart": build_chart(report.pairs, first_id, unmatched=report.unmatched_reference),
                 "first_id": first_id,
                 "page_size": PAGE_SIZE,
                 "reorderable": params.reorderable,

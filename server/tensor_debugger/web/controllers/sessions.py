@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from functools import partial
 from typing import Annotated, Any
 
 import anyio
@@ -10,14 +11,14 @@ from litestar.params import Parameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
 
 from tensor_debugger.compare.progress import SessionProgress, pair_progress, session_progress
-from tensor_debugger.errors import InvalidInputError, TooLargeError
+from tensor_debugger.errors import NothingUsableError, TooLargeError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES
+from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES, MAX_ULP
 from tensor_debugger.store.reports import SessionDetail, SessionReport
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, ErrorReport, error_responses
 from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY, read_json
-from tensor_debugger.web.multipart import UploadBatch, receive_multipart
+from tensor_debugger.web.multipart import MultipartLimits, UploadBatch, receive_multipart
 from tensor_debugger.web.upload_bodies import NAME_PATTERN, AddRunsOperation, CreateSessionOperation
 from tensor_debugger.web.uploads import (
     RunOutcomes,
@@ -25,6 +26,7 @@ from tensor_debugger.web.uploads import (
     UploadCreated,
     UploadRejected,
     accepted,
+    client_of,
     created,
     explore_session,
     group_by_run,
@@ -44,7 +46,8 @@ UPLOAD_RESPONSES = {
     202: ResponseSpec(UploadAccepted, description="the upload is on disk; its runs are ingested in the background"),
     422: ResponseSpec(
         UploadRejected | ErrorReport,
-        description="nothing usable was found in any run (nothing was kept), or a file could not be used",
+        description="nothing usable was found in any run, or the upload held no file (nothing was kept), or a "
+        "file could not be used",
         generate_examples=False,
     ),
 }
@@ -70,19 +73,31 @@ SessionName = Annotated[
     ),
 ]
 Notes = Annotated[str, msgspec.Meta(max_length=MAX_NOTES)]
+Glob = Annotated[str, msgspec.Meta(max_length=500, description="a glob of tensor names, as fnmatch reads it")]
+# the ranges catalog.set_tolerances checks, in the schema too: a client generated from it never sends another
+# (`extra`: Litestar leaves out a bound of 0, falsy, from the schema it makes of `ge`)
+Tolerance = Annotated[
+    float, msgspec.Meta(ge=0.0, description="a non-negative number", extra_json_schema={"extra": {"minimum": 0}})
+]
+Ulps = Annotated[int, msgspec.Meta(ge=1, le=MAX_ULP, description="whole units in the last place")]
 
 
 class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
     name: SessionName | None = None
     notes: Notes | None = None
-    rtol: float | None = None  # the session's tolerances; verdicts follow
-    atol: float | None = None
+    rtol: Tolerance | None = None  # the session's tolerances; verdicts follow
+    atol: Tolerance | None = None
     default_tolerances: bool = False  # true: back to torch.testing's defaults per dtype
-    ulp: int | None = None  # pass within this many ULPs of each pair's lower-precision dtype, instead of rtol/atol
+    ulp: Ulps | None = None  # pass within this many ULPs of each pair's lower-precision dtype, instead of rtol/atol
     # the chain of pairing strategies, a list or a comma list as --strategies takes it ("name,fuzzy:0.8");
     # [] or "": the default chain. A change pairs the session again.
     strategies: list[str] | str | None = None
     name_pattern: str | None = None  # a regex with groups layer and stage (and rank); "": none
+    # globs of reference tensor names that may have no partner in a candidate (as compare --allow-unmatched); []:
+    # none. A change pairs the session again: any other reference tensor without partner keeps it incomplete.
+    allow_unmatched: Annotated[list[Glob], msgspec.Meta(max_length=100)] | None = None
+    # names of the tensors' aligned dimensions, by name glob: {"*attn*": "batch,heads,tokens,head_dim"}; {}: none
+    dims: dict[str, str] | None = None
 
 
 class SessionCreate(msgspec.Struct, forbid_unknown_fields=True):
@@ -114,8 +129,9 @@ class SessionController(Controller):
     )
     def update_session(self, services: Services, session_id: int, data: SessionPatch = STRICT_BODY) -> SessionReport:
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
-        them (400 naming the problem, nothing changed) and pair the session again; new tolerances refresh its
-        verdicts."""
+        them (400 naming the problem, nothing changed) and pair the session again, as new `allow_unmatched` globs
+        do; new tolerances refresh its verdicts. `dims` names dimensions (a glob's names apply to the pairs it matches
+        whose aligned rank is their count): `where` and the error profiles show them."""
         return services.actions.update_session(
             session_id,
             data.name,
@@ -126,6 +142,8 @@ class SessionController(Controller):
             data.strategies,
             data.name_pattern,
             ulp=data.ulp,
+            allow_unmatched=data.allow_unmatched,
+            dims=data.dims,
         )
 
     @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))
@@ -164,17 +182,27 @@ class SessionController(Controller):
             body = await read_json(request, SessionCreate)
             return Response(await anyio.to_thread.run_sync(_create_empty, services, body), status_code=201)
         _check_length(request, services)
-        batch = await receive_multipart(content_type, request.stream(), services.settings.staging_dir)
+        batch = await receive_multipart(
+            content_type, request.stream(), services.settings.staging_dir, MultipartLimits.of(services.settings)
+        )
         if explore:
-            return await _explore(services, batch, match)
+            return await _explore(services, batch, match, client_of(request))
         try:
             if not batch.files:
-                raise InvalidInputError("no files in the upload")
+                raise NothingUsableError([])  # 422, as an upload of files that hold nothing usable
             name = batch.fields.get("name", "").strip() or batch.files[0].filename
             # a run with nothing usable stays, failed, with its problems, beside the runs that were stored (the
             # session's page says why its reference is missing, say); `created` removes all when none was
             session_id, started = await anyio.to_thread.run_sync(
-                start_session, services, name, batch.fields.get("notes", ""), batch, True
+                partial(
+                    start_session,
+                    services,
+                    name,
+                    batch.fields.get("notes", ""),
+                    batch,
+                    True,
+                    client=client_of(request),
+                )
             )
         except BaseException:
             batch.discard()
@@ -215,13 +243,24 @@ class SessionController(Controller):
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
         _check_length(request, services)
         batch = await receive_multipart(
-            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+            request.headers.get("content-type", ""),
+            request.stream(),
+            services.settings.staging_dir,
+            MultipartLimits.of(services.settings),
         )
         try:
             if not batch.files:
-                raise InvalidInputError("no files in the upload")
+                raise NothingUsableError([])  # 422, as an upload of files that hold nothing usable
             started = await anyio.to_thread.run_sync(
-                start_runs, services, session_name, batch, group_by_run(batch, label), not wait
+                partial(
+                    start_runs,
+                    services,
+                    session_name,
+                    batch,
+                    group_by_run(batch, label),
+                    not wait,
+                    client=client_of(request),
+                )
             )
         except BaseException:
             batch.discard()
@@ -235,13 +274,13 @@ class SessionController(Controller):
         )
 
 
-async def _explore(services: Services, batch: UploadBatch, match: str | None) -> Response[Any]:
+async def _explore(services: Services, batch: UploadBatch, match: str | None, client: str) -> Response[Any]:
     try:
         if not batch.files:
-            raise InvalidInputError("no files in the upload")
+            raise NothingUsableError([])  # 422, as an upload of files that hold nothing usable
         name = batch.fields.get("name", "").strip() or f"explore {batch.files[0].filename}"
         session_id, outcomes = await anyio.to_thread.run_sync(
-            explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER
+            explore_session, services, name, batch.fields.get("notes", ""), batch, match, EXPLORE_FILTER, client
         )
     except BaseException:
         batch.discard()

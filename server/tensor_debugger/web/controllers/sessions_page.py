@@ -15,8 +15,8 @@ from tensor_debugger.errors import InvalidInputError, TensorDebuggerError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.web.controllers.forms import FORM, FormData
-from tensor_debugger.web.multipart import receive_multipart
-from tensor_debugger.web.uploads import RunOutcome, explore_session, start_session
+from tensor_debugger.web.multipart import MultipartLimits, receive_multipart
+from tensor_debugger.web.uploads import RunOutcome, client_of, explore_session, start_session
 
 
 class SessionsPageController(Controller):
@@ -29,6 +29,11 @@ class SessionsPageController(Controller):
             sessions = catalog.list_sessions(db, q)
             summaries = catalog.summarize_sessions(db, [s.id for s in sessions])
             return Template("sessions.html", context={"sessions": sessions, "q": q or "", "summaries": summaries})
+
+    @get("/sessions", sync_to_thread=False)
+    def sessions_list(self) -> Redirect:
+        """The address a user guesses for the list of sessions (POSTing there makes one): the home page lists them."""
+        return Redirect("/", status_code=301)
 
     @get("/favicon.ico", sync_to_thread=False)
     def favicon(self) -> Redirect:
@@ -55,14 +60,25 @@ class SessionsPageController(Controller):
         """The no-script form on the sessions page: a name and files for the reference and candidate runs. Once
         the files are on disk it goes to the session page, which shows their ingest (and why one failed)."""
         batch = await receive_multipart(
-            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+            request.headers.get("content-type", ""),
+            request.stream(),
+            services.settings.staging_dir,
+            MultipartLimits.of(services.settings),
         )
         name = batch.fields.get("name", "").strip()
         try:
             if not batch.files:
                 raise InvalidInputError("choose at least one file for a run")
             session_id, _ = await anyio.to_thread.run_sync(
-                start_session, services, name or batch.files[0].filename, "", batch, True
+                partial(
+                    start_session,
+                    services,
+                    name or batch.files[0].filename,
+                    "",
+                    batch,
+                    True,
+                    client=client_of(request),
+                )
             )
         except TensorDebuggerError as exc:
             batch.discard()
@@ -78,7 +94,10 @@ class SessionsPageController(Controller):
         Waits for the ingest, then pairs every tensor with every other; past 5,000 pairs, or when nothing usable
         was found, the form says why (and no session is kept)."""
         batch = await receive_multipart(
-            request.headers.get("content-type", ""), request.stream(), services.settings.staging_dir
+            request.headers.get("content-type", ""),
+            request.stream(),
+            services.settings.staging_dir,
+            MultipartLimits.of(services.settings),
         )
         fields = {"name": batch.fields.get("name", "").strip(), "match": batch.fields.get("match", "").strip()}
         try:
@@ -92,6 +111,7 @@ class SessionsPageController(Controller):
                 batch,
                 fields["match"] or None,
                 "a name filter (e.g. *attn*)",
+                client_of(request),
             )
         except TensorDebuggerError as exc:
             batch.discard()

@@ -11,6 +11,7 @@ from urllib.parse import urlencode
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.inspector import build_inspector, build_raw_grid
+from tensor_debugger.compare.op_lists import op_lists
 from tensor_debugger.compare.pair_reports import pair_detail
 from tensor_debugger.compare.profiles import ErrorProfile, error_profile
 from tensor_debugger.compare.slices import SliceRequest, parse_slice_request, read_window
@@ -213,6 +214,7 @@ def pair_page_context(
         "window": None,
         "histogram": histogram_bars(detail.stats.histogram if detail.stats else []),
         "worst": [{**asdict(w), "url": None} for w in detail.stats.worst] if detail.stats else [],
+        "ops": op_lists(db, pair, *sides),  # a capture with level="op": its module's ops, side by side
     }
     if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
         return context

@@ -80,7 +80,7 @@ def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
                     "x": LABEL_W + c * CELL_W,
                     "y": y,
                     "fill": fill,
-                    "url": _cell_url(row, profiles.dim, worst),
+                    "url": _cell_url(row, row.dim, worst),
                     "label": f"{who}, {span}: max |diff| {said}",
                 }
             )

@@ -6,10 +6,11 @@ this one is what a browser without scripts shows."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
-from tensor_debugger.compare.pair_reports import PairReport
+from tensor_debugger.compare.pair_reports import PairReport, UnmatchedReport
 from tensor_debugger.engine.metrics import parse_number
 
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 44.0, 12.0, 10.0, 34.0
@@ -35,7 +36,18 @@ class Chart:
     failing_path: str  # a short tick under each failing pair, along the x axis
     first_x: float | None  # the first divergence
     first_label: str
-    series: dict[str, list[float | int | str | None]]  # for the script: position, layer, name, id, diff, 1-cos, status
+    series: dict[str, list[Any]]  # for the script: position, layer, name, id, diff, 1-cos, status; gaps
+    gaps: list[GapMark] = field(default_factory=list)  # reference tensors never compared, where they fall
+
+
+@dataclass(frozen=True)
+class GapMark:
+    """A reference tensor with no partner on the chart: between the pairs it falls between (`at`: a pair's index
+    less a half), a dashed line."""
+
+    x: float
+    at: float
+    name: str
 
 
 def _value(pair: PairReport, key: str) -> float | None:
@@ -45,8 +57,15 @@ def _value(pair: PairReport, key: str) -> float | None:
     return None if value is None else float(value)
 
 
-def build_chart(pairs: list[PairReport], first_pair: int | None, width: int = 1100, height: int = 240) -> Chart | None:
-    """The chart of `pairs` (in execution order); `first_pair`: the first divergence's pair id."""
+def build_chart(
+    pairs: list[PairReport],
+    first_pair: int | None,
+    width: int = 1100,
+    height: int = 240,
+    unmatched: Sequence[UnmatchedReport] = (),
+) -> Chart | None:
+    """The chart of `pairs` (in execution order); `first_pair`: the first divergence's pair id; `unmatched`: reference
+    tensors with no partner (the user did not allow), each marked where it falls (its `before_position`)."""
     if not pairs:
         return None
     diffs = [_value(p, "max_abs_diff") for p in pairs]
@@ -76,6 +95,20 @@ def build_chart(pairs: list[PairReport], first_pair: int | None, width: int = 11
     y_ticks.append(Tick(floor_y, "0"))
     first_x = next((x for x, p in zip(xs, pairs, strict=True) if p.id == first_pair), None)
     first = next((p for p in pairs if p.id == first_pair), None)
+    index = {(p.b.run_id, p.position): i for i, p in enumerate(pairs)}
+    last: dict[int, int] = {}
+    for i, p in enumerate(pairs):
+        last[p.b.run_id] = max(last.get(p.b.run_id, i), i)
+    gaps = []
+    for u in unmatched:
+        if u.before_position is None or u.allowed:
+            continue
+        at_pair = index.get((u.against_run_id, u.before_position))
+        at = (
+            at_pair - 0.5 if at_pair is not None else last[u.against_run_id] + 0.5 if u.against_run_id in last else None
+        )
+        if at is not None:
+            gaps.append(GapMark(round(PAD_LEFT + max(at, 0) * step, 1), at, u.name))
     return Chart(
         width,
         height,
@@ -98,7 +131,9 @@ def build_chart(pairs: list[PairReport], first_pair: int | None, width: int = 11
             "diff": [_json(v) for v in diffs],
             "one_minus_cos": [_json(v) for v in ones],
             "status": [str(p.status) for p in pairs],
+            "gaps": [{"at": g.at, "name": g.name} for g in gaps],
         },
+        gaps,
     )
 
 

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
-from tensor_debugger.compare.pair_reports import PairReport, SessionPairs, apply_order
+from tensor_debugger.compare.pair_reports import PairReport, SessionPairs, UnmatchedReport, apply_order
 from tensor_debugger.compare.worst_pairs import RankedPair, by_largest_diff, by_lowest_cosine, stat_value
 from tensor_debugger.engine.names import natural_key
 from tensor_debugger.web.views.session_chart import svg_path
@@ -104,6 +104,38 @@ class Worst:
     mismatched_fraction: float | None
 
 
+@dataclass(frozen=True)
+class Gaps:
+    """Reference tensors with no partner, placed in execution order among the pairs (gap markers): those before a
+    pair, and those after a candidate's last pair, by pair id."""
+
+    before: dict[int, list[UnmatchedReport]] = field(default_factory=dict)
+    after: dict[int, list[UnmatchedReport]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.before or self.after)
+
+
+def gap_markers(report: SessionPairs) -> Gaps:
+    """Where each reference tensor without partner falls among its candidate's pairs (its `before_position`)."""
+    gaps = Gaps()
+    by_position = {(p.b.run_id, p.position): p.id for p in report.pairs}
+    last: dict[int, PairReport] = {}
+    for p in report.pairs:
+        if p.b.run_id not in last or p.position > last[p.b.run_id].position:
+            last[p.b.run_id] = p
+    reference = report.pairs[0].a.run_id if report.pairs else None
+    for u in report.unmatched:
+        if u.run_id != reference or u.before_position is None:
+            continue
+        anchor = by_position.get((u.against_run_id, u.before_position))
+        if anchor is not None:
+            gaps.before.setdefault(anchor, []).append(u)
+        elif u.against_run_id in last:
+            gaps.after.setdefault(last[u.against_run_id].id, []).append(u)
+    return gaps
+
+
 @dataclass
 class Group:
     key: str
@@ -112,6 +144,20 @@ class Group:
     open: bool = False
     loaded: bool = False  # its rows are rendered with the page (else the script fetches them)
     page: int = 0
+    gaps: Gaps = field(default_factory=Gaps)  # shown among its rows when they are in execution order
+
+    @property
+    def not_compared(self) -> int:
+        """Reference tensors without partner (not allowed by the user) among its rows."""
+        ids = {r.id for r in self.rows}
+        return sum(
+            1
+            for where in (self.gaps.before, self.gaps.after)
+            for k, us in where.items()
+            if k in ids
+            for u in us
+            if not u.allowed
+        )
 
     @property
     def anchor(self) -> str:
@@ -186,9 +232,9 @@ def build_groups(
 ) -> list[Group]:
     """The groups of the view, which are open and which of those have their rows rendered with the page: the
     group the user opened first, then the first divergence's, then the failing ones, until `budget` rows. Groups
-    start collapsed unless they hold a failing pair or the first divergence (or are the only group). In execution
-    order, a group opens at the page that holds the first divergence; sorted by a column, at its first page, which
-    holds the largest (or smallest) values."""
+    start collapsed unless they hold a failing pair, the first divergence or a reference tensor without partner (or
+    are the only group). In execution order, a group opens at the page that holds the first divergence; sorted by
+    a column, at its first page, which holds the largest (or smallest) values."""
     pairs = filtered_pairs(report, params, order)
     if params.group == "none":
         groups = [Group("all", "All pairs", pairs, open=True)] if pairs else []
@@ -201,12 +247,15 @@ def build_groups(
             by_label.setdefault(label, Group(label, label)).rows.append(p)
         groups = [g for g in by_label.values() if g.rows]
     first = report.first_divergence.pair_id if report.first_divergence else None
+    gaps = gap_markers(report) if params.sort == "order" else Gaps()
     for g in groups:
+        g.gaps = gaps
         g.open = (
             g.open
             or len(groups) == 1
             or g.key == params.open
             or any(r.status in OPENING or r.id == first for r in g.rows)
+            or g.not_compared > 0  # a reference tensor without partner among its rows: shown, not folded away
         )
         if g.key == params.open:
             g.page = min(params.page, g.pages - 1)

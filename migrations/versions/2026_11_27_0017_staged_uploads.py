@@ -1,7 +1,7 @@
 """staged uploads: runs.staged_inputs
 
-Revision ID: 0013
-Revises: 0012
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-11-27 12:10:00.000000
 
 An accepted upload's run names its files in the staging folder while it is ingested, so that when its ingest dies
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 from alembic import op
 
 
-revision = '0013'
-down_revision = '0012'
+revision = '0017'
+down_revision = '0016'
 branch_labels = None
 depends_on = None
 

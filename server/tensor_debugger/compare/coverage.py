@@ -1,0 +1,114 @@
+"""What a session's comparison covered, and its verdict on that: a reference tensor with no partner in the
+candidate, a pair whose comparison failed or that no alignment makes comparable, an input file that could not be
+read: each is part of the answer, and a session reads "no divergence" only when everything was compared and
+within tolerance. Also the closest candidates a hand pairing could give a reference tensor left without partner.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tensor_debugger.engine.alignment import Shape, alignment_choices
+from tensor_debugger.engine.fuzzy import similarity, tokens
+from tensor_debugger.store.reports import PairStatus
+
+CLOSEST = 3  # candidates offered for each unmatched reference tensor
+_WIDE = 200_000  # past this many (reference, candidate) scores, only tensors of the same layer are scored
+
+
+class SessionVerdict(enum.StrEnum):
+    """Where a session stands, in one word."""
+
+    COMPARING = "comparing"  # pairs (or runs) not compared yet, and none outside tolerance so far
+    DIVERGED = "diverged"  # a pair is outside tolerance
+    # no pair is outside tolerance, but not everything was compared: reference tensors without partner (that the
+    # user did not allow), pairs that errored or are incomparable, input files that could not be read
+    INCOMPLETE = "incomplete"
+    NO_DIVERGENCE = "no_divergence"  # every reference tensor compared, every pair within tolerance
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How much of the reference was compared. `reference_tensors`: the reference's tensors (logical: shards of one
+    count once); `compared`: of them, those compared with every candidate (a verdict of pass or fail); `unmatched`:
+    those with no partner in a candidate that the user did not allow; `allowed_unmatched`: those the user allowed
+    to stay unpaired (a pairing file's `unpaired`, an unpair by hand, `--allow-unmatched`); `not_compared`: the
+    pairs that errored or are incomparable; `unread_files`: input files that could not be read."""
+
+    reference_tensors: int = 0
+    compared: int = 0
+    unmatched: list[str] = field(default_factory=list)
+    allowed_unmatched: list[str] = field(default_factory=list)
+    not_compared: list[str] = field(default_factory=list)
+    unread_files: int = 0
+
+
+def session_verdict(
+    statuses: Iterable[PairStatus | str], coverage: Coverage, ingesting: bool = False
+) -> SessionVerdict:
+    """The verdict: diverged when a pair fails; comparing while pairs are pending or runs ingest; incomplete when
+    anything was left out (`coverage`); no divergence when pairs exist and all of them pass."""
+    seen = set(statuses)
+    if PairStatus.FAIL in seen:
+        return SessionVerdict.DIVERGED
+    if PairStatus.PENDING in seen or ingesting:
+        return SessionVerdict.COMPARING
+    if coverage.unmatched or coverage.not_compared or coverage.unread_files:
+        return SessionVerdict.INCOMPLETE
+    if PairStatus.PASS in seen:
+        return SessionVerdict.NO_DIVERGENCE
+    return SessionVerdict.COMPARING  # no pair yet: a session waiting for its runs
+
+
+@dataclass(frozen=True)
+class ClosestCandidate:
+    """A candidate tensor with no partner that a hand pairing could give an unmatched reference tensor: its fuzzy
+    name score (0 to 1), whether its element count is the reference tensor's, and whether an alignment fits the
+    two (as `POST /api/sessions/{id}/pairs` would take them; `GET .../pairs/choices` lists them)."""
+
+    name: str
+    score: float
+    same_numel: bool
+    alignment_fits: bool
+
+
+@dataclass(frozen=True)
+class Unpaired:
+    """A logical tensor with no partner: its name, its layer (parsed at ingest) and its shards' shapes."""
+
+    name: str
+    layer: int | None
+    shapes: Sequence[Shape]
+
+    @property
+    def numel(self) -> int:
+        return sum(math.prod(s) for s in self.shapes)
+
+
+def closest_candidates(reference: Sequence[Unpaired], candidates: Sequence[Unpaired]) -> list[list[ClosestCandidate]]:
+    """For each reference tensor, the `CLOSEST` candidate tensors a hand pairing could take: best name score
+    first, then a matching element count, then an alignment that fits; none scoring 0 with neither."""
+    words = {c.name: tokens(c.name) for c in candidates}
+    wide = len(reference) * len(candidates) > _WIDE
+    found = []
+    for a in reference:
+        mine = tokens(a.name)
+        scored = []
+        for b in candidates:
+            if wide and b.layer != a.layer:
+                continue
+            score = similarity(mine, words[b.name])
+            same = a.numel == b.numel
+            if score > 0 or same:
+                scored.append((score, same, b))
+        scored.sort(key=lambda s: (-s[0], not s[1], s[2].name))
+        best = []
+        for score, same, b in scored[: CLOSEST * 3]:  # the alignments of the likeliest few only: they cost more
+            fits = bool(alignment_choices(list(a.shapes), list(b.shapes)))
+            best.append(ClosestCandidate(b.name, round(score, 3), same, fits))
+        best.sort(key=lambda c: (-c.score, not c.same_numel, not c.alignment_fits, c.name))
+        found.append(best[:CLOSEST])
+    return found

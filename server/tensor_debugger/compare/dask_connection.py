@@ -1,0 +1,58 @@
+"""A process's one connection to its Dask scheduler (TENSOR_DEBUGGER_DASK_SCHEDULER): made when pairs are first
+sent to the workers, kept for every later computation, and made again only once it has dropped (the scheduler
+restarted, the network failed, and Dask's own reconnection gave up). A replica with nothing to compute never
+connects, so an idle cluster's scheduler log stays quiet: a server used to open a client, and the scheduler to log
+it coming and going, every 5 seconds of idling. `distributed` is imported on the first connection only."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+log = logging.getLogger(__name__)
+CONNECT_SECONDS = 30
+
+
+class SchedulerConnection:
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.connections = 0  # clients made so far: 1 for a process whose scheduler never dropped
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    def client(self) -> Client:
+        """The client, connected: the one made before while it is still connected, else a new one."""
+        with self._lock:
+            client = self._client
+            if client is not None and client.status == "running":
+                return client
+            if client is not None:
+                log.warning(
+                    "the connection to the Dask scheduler at %s dropped (%s): connecting again",
+                    self.address,
+                    client.status,
+                )
+                self._client = None
+                _close(client)
+            from distributed import Client
+
+            self._client = Client(self.address, timeout=CONNECT_SECONDS, set_as_default=False)  # type: ignore[no-untyped-call]
+            self.connections += 1
+            return self._client
+
+    def close(self) -> None:
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            _close(client)
+
+
+def _close(client: Client) -> None:
+    try:
+        client.close()  # type: ignore[no-untyped-call]
+    except Exception:  # a client whose scheduler is gone may fail closing: nothing is left to release then
+        log.debug("closing a Dask client failed", exc_info=True)

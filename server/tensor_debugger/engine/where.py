@@ -1,0 +1,154 @@
+"""Where inside a failing pair the error is: along each aligned dimension, the fewest indices that hold `SHARE` of
+the squared error, as inclusive index ranges; a dimension across which the error spreads everywhere is left out.
+
+Computed for failing pairs only, in a second pass over their blocks once the statistics said fail: a pair that
+passes is read once. Per block, the squared |difference| is summed per index of every dimension (one vector per
+dimension, the size of that dimension), so memory stays that of the shape's sides, not of the tensor.
+
+Differences that are not finite (a NaN on either side, an infinity against a finite value, or a square that
+overflows) outweigh any finite error: where a pair has any, the mass is their count per index instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.views import View
+
+SHARE = 0.99  # the share of the squared error the kept indices hold
+# A dimension is "everywhere" (left out) when holding SHARE takes more than this fraction of its indices, or more
+# than MAX_RANGES separate ranges (the error is then scattered, not confined)
+EVERYWHERE = 0.5
+MAX_RANGES = 16
+WHERE_BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side read at once
+
+
+@dataclass(frozen=True)
+class ErrorSpan:
+    """The index ranges (inclusive) of aligned dimension `dim` (of `size`) that hold SHARE of a pair's error."""
+
+    dim: int
+    size: int
+    ranges: tuple[tuple[int, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"dim": self.dim, "size": self.size, "ranges": [[s, e] for s, e in self.ranges]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ErrorSpan:
+        return cls(int(data["dim"]), int(data["size"]), tuple((int(s), int(e)) for s, e in data["ranges"]))
+
+
+class WhereAccumulator:
+    """Per index of every dimension of `shape`: the sum of squared finite differences and the count of
+    non-finite ones, folded block by block (blocks may be folded in any order)."""
+
+    def __init__(self, shape: tuple[int, ...]) -> None:
+        self.shape = shape
+        self.squares = [np.zeros(d) for d in shape]
+        self.nonfinite = [np.zeros(d, dtype=np.int64) for d in shape]
+
+    def add(self, a: np.ndarray, b: np.ndarray, origin: Sequence[int]) -> None:
+        """Fold a block of both sides whose first element sits at `origin` (aligned coordinates)."""
+        squares, nonfinite = block_masses(a, b)
+        self.fold(squares, nonfinite, origin)
+
+    def fold(self, squares: list[np.ndarray], nonfinite: list[np.ndarray], origin: Sequence[int]) -> None:
+        for dim, (sq, nf) in enumerate(zip(squares, nonfinite, strict=True)):
+            start = origin[dim]
+            self.squares[dim][start : start + len(sq)] += sq
+            self.nonfinite[dim][start : start + len(nf)] += nf
+
+    def spans(self) -> list[ErrorSpan]:
+        """The dimensions that confine the error, in dimension order (none where it is everywhere)."""
+        use_counts = any(int(nf.sum()) for nf in self.nonfinite)
+        spans = []
+        for dim, size in enumerate(self.shape):
+            mass = self.nonfinite[dim].astype(np.float64) if use_counts else self.squares[dim]
+            ranges = confine(mass)
+            if ranges is not None:
+                spans.append(ErrorSpan(dim, size, ranges))
+        return spans
+
+
+def block_masses(a: np.ndarray, b: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per dimension of the block, per index: the sum of squared finite |a - b| and the count of non-finite ones
+    (equal values, equal infinities included, differ by zero)."""
+    kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
+    x, y = np.asarray(a, dtype=kind), np.asarray(b, dtype=kind)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = x - y
+        square = (diff * diff.conj()).real if kind is np.complex128 else np.multiply(diff, diff, out=diff)
+        if np.isfinite(square.sum()):  # every square finite (they are >= 0): the usual case, no mask
+            return per_dim_sums(square), [np.zeros(d, dtype=np.int64) for d in square.shape]
+        square[x == y] = 0.0  # equal infinities
+    bad = ~np.isfinite(square)
+    square[bad] = 0.0
+    return per_dim_sums(square), [s.astype(np.int64) for s in per_dim_sums(bad.astype(np.float64))]
+
+
+def per_dim_sums(values: np.ndarray) -> list[np.ndarray]:
+    """For every dimension of `values` (C order), the sum over all the others per index of it: two passes over the
+    block (the last dimension's sums, and the sums along it), then passes over arrays smaller by the last size."""
+    if values.ndim == 0:
+        return []
+    last = values.shape[-1]
+    along_last = values.reshape(-1, last).sum(axis=0)
+    if values.ndim == 1:
+        return [along_last]
+    rest = values.sum(axis=-1)  # shape[:-1]
+    sums = [rest.sum(axis=tuple(i for i in range(rest.ndim) if i != dim)) for dim in range(rest.ndim)]
+    return [*sums, along_last]
+
+
+def confine(mass: np.ndarray) -> tuple[tuple[int, int], ...] | None:
+    """The inclusive index ranges of the fewest indices holding SHARE of `mass` (largest first; ties in index
+    order); None where that is everywhere: a dimension of size 1, no mass, more than EVERYWHERE of its indices or
+    more than MAX_RANGES ranges."""
+    size = len(mass)
+    total = float(mass.sum())
+    if size <= 1 or not total > 0:
+        return None
+    order = np.argsort(-mass, kind="stable")
+    held = np.cumsum(mass[order])
+    count = min(size, int(np.searchsorted(held, SHARE * total, side="left")) + 1)
+    if count > EVERYWHERE * size:
+        return None
+    ranges: list[tuple[int, int]] = []
+    for index in sorted(int(i) for i in order[:count]):
+        if ranges and ranges[-1][1] == index - 1:
+            ranges[-1] = (ranges[-1][0], index)
+        else:
+            ranges.append((index, index))
+    return tuple(ranges) if len(ranges) <= MAX_RANGES else None
+
+
+def where_regions(shape: tuple[int, ...]) -> list[Region]:
+    """The blocks `locate_error` reads (and a cluster's workers, a task each: compare/dask_blocks.py)."""
+    return list(iter_blocks(plan_chunks(shape, 8, WHERE_BLOCK_BYTES), 1)) if shape else []
+
+
+def locate_error(a: View, b: View, pool: Executor | None = None) -> list[ErrorSpan]:
+    """Read both views (same shape) block by block, on `pool`'s threads where given, and say where their error
+    is (`WhereAccumulator.spans`)."""
+    shape = tuple(a.shape)
+    if a.shape != b.shape:
+        raise ValueError(f"views differ in shape: {list(a.shape)} and {list(b.shape)}")
+    accumulator = WhereAccumulator(shape)
+    if not shape:
+        return []
+    regions = where_regions(shape)
+
+    def masses(region: Region) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        return block_masses(a.read(region), b.read(region))
+
+    parts = pool.map(masses, regions) if pool is not None else map(masses, regions)
+    for region, (squares, nonfinite) in zip(regions, parts, strict=True):
+        accumulator.fold(squares, nonfinite, [s.start for s in region])
+    return accumulator.spans()

@@ -1,0 +1,68 @@
+"""Op-level capture: every torch function a forward pass calls, seen through `torch.overrides.TorchFunctionMode`.
+
+Each call that returns tensors (matmul, softmax, the arithmetic operators, `F.*`, views and casts) is handed to
+the recorder with its op name and the file and line of the user's code that called it: the innermost frame outside
+torch (and outside this package), e.g. `.../modeling_llama.py:412`. Calls nested inside another op (the
+`Tensor.softmax` that `F.softmax` calls) are not seen: the mode is off while its handler runs. Property getters
+(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, Protocol
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tensor_debugger/
+
+
+class OpSink(Protocol):
+    """What the mode hands each op to (the recorder)."""
+
+    busy: bool  # True while the recorder's own hooks run: their torch calls are not the model's
+
+    def record_op(self, op: str, source: str | None, output: Any) -> None: ...
+
+
+def op_name(func: Callable[..., Any]) -> str:
+    """`softmax`, `matmul`, `add_`; a dunder loses its underscores (`__getitem__` -> `getitem`)."""
+    name = getattr(func, "__name__", None) or type(func).__name__
+    return name.strip("_") if name.startswith("__") and name.endswith("__") else name
+
+
+def caller_source(frame: FrameType | None, skip: tuple[str, ...]) -> str | None:
+    """`path:line` of the innermost frame from `frame` outwards whose file is in none of the folders `skip`."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(skip) and not filename.startswith("<"):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
+class OpMode(TorchFunctionMode):
+    """Hands every tensor-returning torch call of the forward to `sink`, in execution order."""
+
+    def __init__(self, sink: OpSink) -> None:
+        super().__init__()
+        self.sink = sink
+        torch_dir = os.path.dirname(os.path.abspath(inspect.getfile(torch)))
+        self.skip = (torch_dir + os.sep, _OWN_DIR + os.sep)
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        output = func(*args, **(kwargs or {}))
+        if self.sink.busy or getattr(func, "__name__", "") == "__get__":
+            return output
+        self.sink.record_op(op_name(func), caller_source(inspect.currentframe(), self.skip), output)
+        return output

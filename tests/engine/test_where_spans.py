@@ -1,0 +1,148 @@
+"""Where inside a failing pair its error is (engine/where.py), from planted differences in seeded data."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from tensor_debugger.engine.chunking import Region
+from tensor_debugger.engine.dimension_names import dimension_names, parse_dims, parse_dims_option
+from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
+from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.engine.views import SourceView
+from tensor_debugger.engine.where import ErrorSpan, confine, locate_error
+
+
+def views(a: np.ndarray, b: np.ndarray) -> tuple[SourceView, SourceView]:
+    return SourceView(a, lambda x: x.astype(np.float64)), SourceView(b, lambda x: x.astype(np.float64))
+
+
+def attention(seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((1, 16, 64, 32)).astype(np.float32)
+
+
+def test_a_head_at_three_tokens() -> None:
+    a = attention()
+    b = a.copy()
+    b[0, 5, 10:13, :] += 0.5
+    with ThreadPoolExecutor(2) as pool:
+        spans = locate_error(*views(a, b), pool)
+    assert spans == [ErrorSpan(1, 16, ((5, 5),)), ErrorSpan(2, 64, ((10, 12),))]
+    assert [s.to_json() for s in spans] == [
+        {"dim": 1, "size": 16, "ranges": [[5, 5]]},
+        {"dim": 2, "size": 64, "ranges": [[10, 12]]},
+    ]
+
+
+def test_everywhere_is_no_dimension() -> None:
+    a = attention()
+    b = a + np.random.default_rng(1).standard_normal(a.shape).astype(np.float32) * 0.01
+    assert locate_error(*views(a, b)) == []
+
+
+def test_two_separated_ranges_and_a_one_d_tensor() -> None:
+    a = np.random.default_rng(2).standard_normal(1000)
+    b = a.copy()
+    b[100:110] += 1.0
+    b[700] -= 2.0
+    assert locate_error(*views(a, b)) == [ErrorSpan(0, 1000, ((100, 109), (700, 700)))]
+
+
+def test_a_nan_outweighs_finite_error() -> None:
+    a = np.random.default_rng(3).standard_normal((8, 8))
+    b = a + 1e-3  # everywhere
+    b[6, 2] = np.nan
+    assert locate_error(*views(a, b)) == [ErrorSpan(0, 8, ((6, 6),)), ErrorSpan(1, 8, ((2, 2),))]
+
+
+def test_blocks_cover_the_tensor_in_any_order() -> None:
+    """A tensor larger than one block: the masses are folded from every block."""
+    a = np.zeros((3, 600_000), dtype=np.float32)
+    b = a.copy()
+    b[2, 599_990:] = 1.0
+    with ThreadPoolExecutor(2) as pool:
+        assert locate_error(*views(a, b), pool) == [
+            ErrorSpan(0, 3, ((2, 2),)),
+            ErrorSpan(1, 600_000, ((599_990, 599_999),)),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("mass", "expected"),
+    [
+        ([0.0, 5.0, 0.0, 0.0], ((1, 1),)),
+        ([1.0, 1.0, 1.0, 1.0], None),  # everywhere
+        ([1.0, 1.0, 0.0, 0.0], ((0, 1),)),  # half of the indices: still confined
+        ([0.0, 0.0, 0.0], None),  # no error
+        ([3.0], None),  # size 1
+        ([0.0, 1.0] * 20, None),  # 20 ranges: scattered
+    ],
+)
+def test_confine(mass: list[float], expected: tuple[tuple[int, int], ...] | None) -> None:
+    assert confine(np.array(mass)) == expected
+
+
+def test_the_stream_locates_failing_pairs_only() -> None:
+    a = attention()
+    bad = a.copy()
+    bad[0, 3, :, 7] = 0.0
+    tolerance = Tolerance(1e-5, 1e-6)
+    jobs = [PairJob("same", *views(a, a.copy()), tolerance, False), PairJob("bad", *views(a, bad), tolerance, False)]
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(compare_stream(jobs, pool))
+        alone = compare_views(*views(a, bad), tolerance, False, pool)
+    same, failing = results["same"], results["bad"]
+    assert isinstance(same, PairStats) and same.passed and same.where is None
+    assert isinstance(failing, PairStats) and not failing.passed
+    assert failing.where == [{"dim": 1, "size": 16, "ranges": [[3, 3]]}, {"dim": 3, "size": 32, "ranges": [[7, 7]]}]
+    assert alone.where == failing.where
+    assert PairStats.from_json(failing.to_json()).where == failing.where
+
+
+class CountingView:
+    """A view that counts the elements read through it."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.inner = SourceView(array, lambda x: x.astype(np.float64))
+        self.shape = self.inner.shape
+        self.elements = 0
+
+    def read(self, region: Region) -> np.ndarray:
+        values = self.inner.read(region)
+        self.elements += values.size
+        return values
+
+    def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        return self.inner.locate(index)
+
+
+def test_a_passing_pair_is_read_once_a_failing_one_twice() -> None:
+    a = attention()
+    close = a + np.float32(1e-7)
+    bad = a.copy()
+    bad[0, 1, 2, 3] += 1.0
+    tolerance = Tolerance(1e-5, 1e-5)
+    passing, failing = (CountingView(a), CountingView(close)), (CountingView(a), CountingView(bad))
+    jobs = [PairJob("passing", *passing, tolerance, False), PairJob("failing", *failing, tolerance, False)]
+    with ThreadPoolExecutor(2) as pool:
+        results = dict(compare_stream(jobs, pool))
+    assert [v.elements for v in passing] == [a.size, a.size]
+    assert [v.elements for v in failing] == [2 * a.size, 2 * a.size]
+    result = results["failing"]
+    assert isinstance(result, PairStats) and result.where is not None and len(result.where) == 3
+
+
+def test_dimension_names() -> None:
+    dims = parse_dims({" *attn* ": "batch, heads,tokens,head_dim", "*": ["tokens", "hidden"]})
+    assert dims == {"*attn*": "batch,heads,tokens,head_dim", "*": "tokens,hidden"}
+    assert dimension_names(dims, ["layers.0.ATTN.out"], 4) == ["batch", "heads", "tokens", "head_dim"]
+    assert dimension_names(dims, ["layers.0.attn.out"], 2) == ["tokens", "hidden"]  # the first of the right count
+    assert dimension_names(dims, ["mlp"], 3) is None
+    assert parse_dims({}) is None and parse_dims(None) is None
+    assert parse_dims_option(["*a*=x,y", "b=c=z"]) == {"*a*": "x,y", "b=c": "z"}
+    bad_values: list[object] = [[], {"*": ""}, {"*": "a b"}, {"": "a"}, {"*": "a,a"}, {"*": 3}]
+    for bad in bad_values:
+        with pytest.raises(ValueError, match="dims"):
+            parse_dims(bad)

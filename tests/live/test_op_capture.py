@@ -1,0 +1,411 @@
+"""`capture(level="op")`: every torch function a forward calls, in order, named and traced to its source line; the
+first diverging op of a port with a planted bug, with its line in both implementations."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 (the name models use)
+from sqlalchemy import select
+from tensor_debugger import capture
+from tensor_debugger.cli.compare_output import print_table
+from tensor_debugger.compare.contract import contract_json
+from tensor_debugger.compare.module_reports import ModuleNodeReport
+from tensor_debugger.compare.op_lists import op_lists
+from tensor_debugger.compare.pair_reports import SessionPairs, session_pairs
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord
+from torch import nn
+
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
+from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
+
+HERE = Path(__file__)
+DIM = 16
+
+
+def line_of(marker: str) -> str:
+    """`path:line` of the line of this file that ends with the comment `marker`."""
+    lines = HERE.read_text(encoding="utf-8").splitlines()
+    found = [i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}")]
+    assert len(found) == 1, marker
+    return f"{HERE}:{found[0]}"
+
+
+class Attention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(DIM, DIM, bias=False) for _ in range(4))
+        self.scaling = DIM**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling  # reference scores
+        weights = F.softmax(scores, dim=-1)  # reference softmax
+        out: torch.Tensor = self.o_proj(weights @ v)
+        return out
+
+
+class PortedAttention(Attention):
+    """The attention's forward copied into a port, with the softmax scale got wrong."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.scaling * 1.25)  # ported scores
+        weights = F.softmax(scores, dim=-1)  # ported softmax
+        out: torch.Tensor = self.o_proj(weights @ v)
+        return out
+
+
+class Block(nn.Module):
+    def __init__(self, attention: nn.Module) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.self_attn = attention
+        self.mlp = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.norm(x))
+        out: torch.Tensor = x + self.mlp(x)
+        return out
+
+
+class Net(nn.Module):
+    def __init__(self, ported_layer: int | None = None, layers: int = 3) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            Block(PortedAttention() if i == ported_layer else Attention()) for i in range(layers)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return torch.tanh(x)
+
+
+class PortedNet(Net):
+    """The port: another class name (so its tensors' names differ from the reference's), layer 1 ported."""
+
+    def __init__(self) -> None:
+        super().__init__(ported_layer=1)
+
+
+def models() -> tuple[Net, PortedNet]:
+    torch.manual_seed(0)
+    reference = Net()
+    candidate = PortedNet()
+    candidate.load_state_dict(reference.state_dict())
+    return reference, candidate
+
+
+def walk(node: ModuleNodeReport) -> Iterator[ModuleNodeReport]:
+    yield node
+    for child in node.children:
+        yield from walk(child)
+
+
+def rows_of(settings: Settings, run_id: int) -> list[TensorRecord]:
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            query = select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
+            return list(db.scalars(query))
+    finally:
+        services.close()
+
+
+def compared(settings: Settings, session_id: int) -> tuple[SessionPairs, list[str]]:
+    services = open_services(settings)
+    try:
+        services.plan(session_id)
+        services.comparisons.compute_pending(session_id)
+        with services.sessions() as db:
+            unmatched = list(db.scalars(select(UnmatchedRecord.name).where(UnmatchedRecord.session_id == session_id)))
+            return session_pairs(db, session_id, modules=True), unmatched
+    finally:
+        services.close()
+
+
+def test_ops_are_recorded_in_order_named_by_module_op_and_call_with_their_source_line(settings: Settings) -> None:
+    reference, _ = models()
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), capture(reference, "ops", "reference", data_dir=settings.data_dir, level="op") as result:
+        expected = reference(x)
+    assert result.run_id is not None
+    rows = rows_of(settings, result.run_id)
+    layer = [r for r in rows if r.module_path and r.module_path.startswith("Net.layers.1.self_attn")]
+    assert [r.name for r in layer] == [
+        "Net.layers.1.self_attn_inputs_args_0",
+        "Net.layers.1.self_attn.q_proj_inputs_args_0",
+        "Net.layers.1.self_attn.q_proj/linear#1_outputs",  # F.linear, inside the q_proj module
+        "Net.layers.1.self_attn.q_proj_outputs",
+        "Net.layers.1.self_attn.k_proj_inputs_args_0",
+        "Net.layers.1.self_attn.k_proj/linear#1_outputs",
+        "Net.layers.1.self_attn.k_proj_outputs",
+        "Net.layers.1.self_attn.v_proj_inputs_args_0",
+        "Net.layers.1.self_attn.v_proj/linear#1_outputs",
+        "Net.layers.1.self_attn.v_proj_outputs",
+        "Net.layers.1.self_attn/transpose#1_outputs",
+        "Net.layers.1.self_attn/matmul#1_outputs",
+        "Net.layers.1.self_attn/mul#1_outputs",  # `* self.scaling`
+        "Net.layers.1.self_attn/softmax#1_outputs",
+        "Net.layers.1.self_attn/matmul#2_outputs",  # `weights @ v`: the second matmul of this call
+        "Net.layers.1.self_attn.o_proj_inputs_args_0",
+        "Net.layers.1.self_attn.o_proj/linear#1_outputs",
+        "Net.layers.1.self_attn.o_proj_outputs",
+        "Net.layers.1.self_attn_outputs",
+    ]
+    by_name = {r.name: r for r in rows}
+    softmax = by_name["Net.layers.1.self_attn/softmax#1_outputs"]
+    assert (softmax.module_path, softmax.place, softmax.layer) == ("Net.layers.1.self_attn/softmax#1", "outputs", 1)
+    assert softmax.source == line_of("reference softmax")
+    assert by_name["Net.layers.1.self_attn/mul#1_outputs"].source == line_of("reference scores")
+    # an op inside an nn.Linear is traced to the line that called the module, outside torch
+    assert by_name["Net.layers.1.self_attn.o_proj/linear#1_outputs"].source is not None
+    assert by_name["Net.layers.1.self_attn.o_proj/linear#1_outputs"].source.startswith(f"{HERE}:")
+    # the block's own arithmetic and the model's: `x + ...` twice in each block, tanh at the root
+    assert by_name["Net.layers.2/add#2_outputs"].position < by_name["Net.layers.2_outputs"].position
+    assert [r.name for r in rows][-2:] == ["Net/tanh#1_outputs", "Net_outputs"]
+    assert [r.position for r in rows] == list(range(len(rows)))
+    assert all(r.source is None for r in rows if "/" not in (r.module_path or ""))  # modules' tensors have none
+    # the op's values are those the forward computed
+    services = open_services(settings)
+    try:
+        tanh = by_name["Net/tanh#1_outputs"]
+        stored = np.asarray(services.store.open(tanh.store_key, tanh.digest)[...])
+        assert torch.equal(torch.from_numpy(stored), expected)
+    finally:
+        services.close()
+
+
+def test_the_first_diverging_op_of_a_port_is_named_with_its_line_on_both_sides(settings: Settings) -> None:
+    reference, candidate = models()
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with torch.no_grad(), capture(model, "port", run, data_dir=settings.data_dir, level="op") as result:
+            model(x)
+    assert result.session_id is not None
+    report, unmatched = compared(settings, result.session_id)
+    assert unmatched == []  # the same ops on both sides: every op pairs, by module path, op and call index
+    by_name = {p.name: p for p in report.pairs}
+    # the root's class differs: paired by module path, op and call index, not by name
+    tanh = by_name["Net/tanh#1_outputs"]
+    assert (tanh.b.name, tanh.strategy) == ("PortedNet/tanh#1_outputs", "module")
+    # everything up to the scaled scores of layer 1 is identical
+    first = report.first_divergence
+    assert first is not None and first.name == "Net.layers.1.self_attn/mul#1_outputs"
+    assert (first.reference_source, first.candidate_source) == (line_of("reference scores"), line_of("ported scores"))
+    assert by_name["Net.layers.1.self_attn/matmul#1_outputs"].status == "pass"
+    assert by_name["Net.layers.1.self_attn/softmax#1_outputs"].status == "fail"
+    assert by_name["Net.layers.1.self_attn/softmax#1_outputs"].b.source == line_of("ported softmax")
+    # modules still pair and rank: the ported attention is the culprit
+    assert report.modules is not None and report.modules.culprit is not None
+    assert report.modules.culprit.module_path == "Net.layers.1.self_attn"
+    nodes = {n.path: n for root in report.modules.tree for n in walk(root)}
+    attention = nodes["Net.layers.1.self_attn"]
+    assert attention.failing_inside == 1  # o_proj (its input differs); the failing ops are no modules
+    assert [c.name for c in attention.children][3:6] == ["transpose#1", "matmul#1", "mul#1"]  # ops are its leaves
+    assert nodes["Net.layers.1.self_attn/mul#1"].verdict == "fail"
+
+    payload = contract_json(result.session_id, "port", "http://127.0.0.1/sessions/1", report, [])
+    pair = next(p for p in payload["pairs"] if p["name"] == first.name)
+    assert (pair["a"]["source"], pair["b"]["source"]) == (line_of("reference scores"), line_of("ported scores"))
+    assert next(p for p in payload["pairs"] if p["module_path"] == "Net.layers.1")["a"]["source"] is None
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_table(payload)
+    reference_line, ported_line = (line_of(m).rsplit("/", 1)[1] for m in ("reference scores", "ported scores"))
+    assert (
+        f"FIRST DIVERGENCE: Net.layers.1.self_attn/mul#1_outputs (layer 1, at {reference_line} in the reference, "
+        f"{ported_line} in the candidate): max |diff|"
+    ) in printed.getvalue()
+
+
+def test_modules_limit_the_ops_recorded(settings: Settings) -> None:
+    reference, _ = models()
+    x = torch.randn(2, 5, DIM)
+    with (
+        torch.no_grad(),
+        capture(reference, "some ops", "r", data_dir=settings.data_dir, level="op", modules="layers.1.self_attn") as r,
+    ):
+        reference(x)
+    assert r.run_id is not None
+    names = [t.name for t in rows_of(settings, r.run_id)]
+    ops = [n for n in names if "/" in n]
+    assert ops == [
+        "Net.layers.1.self_attn/transpose#1_outputs",
+        "Net.layers.1.self_attn/matmul#1_outputs",
+        "Net.layers.1.self_attn/mul#1_outputs",
+        "Net.layers.1.self_attn/softmax#1_outputs",
+        "Net.layers.1.self_attn/matmul#2_outputs",
+    ]  # not the projections' (q_proj is not selected), not the blocks' nor the root's
+    assert names[0] == "Net_inputs_args_0" and names[-1] == "Net_outputs"  # the model itself is always recorded
+    assert names.index("Net.layers.1.self_attn_inputs_args_0") < names.index(ops[0])
+    assert names.index(ops[-1]) < names.index("Net.layers.1.self_attn_outputs")
+
+
+def test_module_level_records_no_op_and_an_unknown_level_is_refused(settings: Settings) -> None:
+    reference, _ = models()
+    with torch.no_grad(), capture(reference, "modules", "r", data_dir=settings.data_dir) as result:
+        reference(torch.randn(2, 5, DIM))
+    assert result.run_id is not None
+    rows = rows_of(settings, result.run_id)
+    assert rows and not any("/" in r.name or r.source is not None for r in rows)
+    refused = pytest.raises(ValueError, match="capture level must be one of module, op, got 'ops'")
+    with refused, capture(reference, "modules", "r2", data_dir=settings.data_dir, level="ops"):
+        pass
+
+
+def test_op_capture_through_the_server_keeps_each_ops_source(shared_server: LiveServer) -> None:
+    reference, candidate = models()
+    x = torch.randn(1, 4, DIM, generator=torch.Generator().manual_seed(2))
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with torch.no_grad(), capture(model, "ops over http", run, server=shared_server.url, level="op") as result:
+            model(x)
+    assert result.session_id is not None
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
+            until=lambda r: r["pairs"] and not r["progress"]["pending"],
+            what="the captured session's pairs to be computed",
+            timeout=120,
+            interval=0.03,
+        )
+        first = report["first_divergence"]
+        assert first["name"] == "Net.layers.1.self_attn/mul#1_outputs"
+        assert (first["reference_source"], first["candidate_source"]) == (
+            line_of("reference scores"),
+            line_of("ported scores"),
+        )
+        pair = next(p for p in report["pairs"] if p["id"] == first["pair_id"])
+        assert pair["a"]["source"] == line_of("reference scores")
+        page = client.get(f"/pairs/{first['pair_id']}").text
+        reference_line, ported_line = (line_of(m).rsplit("/", 1)[1] for m in ("reference scores", "ported scores"))
+        assert f">{reference_line}</code> in the reference, " in page and f">{ported_line}</code> in" in page
+        assert "<h2>Ops inside Net.layers.1.self_attn</h2>" in page  # the ops around it, side by side
+        assert "(the candidate's PortedNet.layers.1.self_attn)" in page
+        assert "only in the" not in page  # the same ops on both sides
+        assert page.count('class="verdict-fail first-divergence"') == 1  # this op's row
+        session_page = client.get(f"/sessions/{result.session_id}").text
+        assert f"at {reference_line} in the reference, {ported_line} in the candidate" in session_page
+
+
+def test_an_op_one_side_alone_calls_is_left_unpaired_and_the_rest_pair(settings: Settings) -> None:
+    """Ops one side calls and the other does not (an extra cast) are left unpaired, in place; the rest pair."""
+    reference, _ = models()
+
+    class CastingAttention(Attention):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            scores = torch.matmul(q, k.transpose(-1, -2)).float() * self.scaling
+            weights = F.softmax(scores, dim=-1)
+            out: torch.Tensor = self.o_proj(weights @ v)
+            return out
+
+    candidate = Net()
+    candidate.layers[1].self_attn = CastingAttention()
+    candidate.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 5, DIM)
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with torch.no_grad(), capture(model, "cast", run, data_dir=settings.data_dir, level="op") as result:
+            model(x)
+    assert result.session_id is not None
+    report, unmatched = compared(settings, result.session_id)
+    assert unmatched == ["Net.layers.1.self_attn/float#1_outputs"]
+    assert report.first_divergence is None  # a float32 cast of float32 values changes nothing
+    # the attention's pair page lists both sides' ops, aligned, the cast in place facing a gap
+    module_pair = next(p for p in report.pairs if p.name == "Net.layers.1.self_attn_outputs")
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            record = db.get_one(PairRecord, module_pair.id)
+            lists = op_lists(db, record, *services.comparisons.tensors_of(db, record))
+    finally:
+        services.close()
+    assert lists is not None and lists.current is None
+    rows = [(r.a.name if r.a else None, r.b.name if r.b else None, r.status) for r in lists.rows]
+    assert rows == [
+        ("q_proj/linear#1", "q_proj/linear#1", "pass"),
+        ("k_proj/linear#1", "k_proj/linear#1", "pass"),
+        ("v_proj/linear#1", "v_proj/linear#1", "pass"),
+        ("transpose#1", "transpose#1", "pass"),
+        ("matmul#1", "matmul#1", "pass"),
+        (None, "float#1", None),  # the candidate alone casts, here
+        ("mul#1", "mul#1", "pass"),
+        ("softmax#1", "softmax#1", "pass"),
+        ("matmul#2", "matmul#2", "pass"),
+        ("o_proj/linear#1", "o_proj/linear#1", "pass"),
+    ]
+    assert lists.rows[7].a is not None and lists.rows[7].a.source == line_of("reference softmax")
+
+
+def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """transformers' repeat_kv, copied into the port."""
+    batch, num_key_value_heads, slen, head_dim = hidden_states.shape
+    if n_rep == 1:
+        return hidden_states
+    hidden_states = hidden_states[:, :, None, :, :].expand(batch, num_key_value_heads, n_rep, slen, head_dim)
+    return hidden_states.reshape(batch, num_key_value_heads * n_rep, slen, head_dim)
+
+
+def ported_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """transformers' eager_attention_forward copied into a port, with a wrong softmax scale in layer 1."""
+    key_states = repeat_kv(key, module.num_key_value_groups)
+    value_states = repeat_kv(value, module.num_key_value_groups)
+    scale = scaling * 1.25 if module.layer_idx == 1 else scaling
+    attn_weights = torch.matmul(query, key_states.transpose(2, 3)) * scale  # ported llama scores
+    if attention_mask is not None:
+        attn_weights = attn_weights + attention_mask
+    attn_weights = nn.functional.softmax(attn_weights, dim=-1, dtype=torch.float32).to(query.dtype)
+    attn_weights = nn.functional.dropout(attn_weights, p=dropout, training=module.training)
+    attn_output = torch.matmul(attn_weights, value_states)
+    attn_output = attn_output.transpose(1, 2).contiguous()
+    return attn_output, attn_weights
+
+
+def test_a_tiny_llama_and_its_port_diverge_first_at_layer_1s_scaled_scores(settings: Settings) -> None:
+    import transformers.models.llama.modeling_llama as modeling_llama
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    # the documented way to plug in an attention function (with the eager attention's mask)
+    AttentionInterface.register("tensor_debugger_ported", ported_attention)
+    AttentionMaskInterface.register("tensor_debugger_ported", eager_mask)
+    reference, candidate = tiny_llama(), tiny_llama(attention="tensor_debugger_ported")
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with torch.no_grad(), capture(model, "llama port", run, data_dir=settings.data_dir, level="op") as result:
+            model(input_ids())
+    assert result.session_id is not None
+    report, unmatched = compared(settings, result.session_id)
+    # every op of both forwards pairs, but for the mask's slicing, which the eager attention of some transformers
+    # releases does (4.53: `attention_mask[:, :, :, : key_states.shape[-2]]`) and the port does not
+    assert all("/getitem#" in name for name in unmatched) and len(unmatched) <= 2 and len(report.pairs) > 200
+    first = report.first_divergence
+    assert first is not None and first.layer == 1
+    assert first.name == f"{MODEL_CLASS}.model.layers.1.self_attn/mul#5_outputs"  # after the rotary embedding's 4
+    lines = Path(modeling_llama.__file__).read_text(encoding="utf-8").splitlines()
+    reference_file, reference_line = (first.reference_source or "").rsplit(":", 1)
+    assert reference_file == modeling_llama.__file__
+    assert "torch.matmul(query, key_states.transpose(2, 3)) * scaling" in lines[int(reference_line) - 1]
+    assert first.candidate_source == line_of("ported llama scores")
+    layer_0 = [p for p in report.pairs if ".layers.0." in p.name and "/" in p.name]
+    assert layer_0 and all(p.status == "pass" for p in layer_0)
