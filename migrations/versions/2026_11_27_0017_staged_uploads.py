@@ -27,5 +27,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table('runs') as batch:
-        batch.drop_column('staged_inputs')
+    # not a batch: on SQLite that recreates `runs`, and dropping the old table deletes its tensors (ON DELETE
+    # CASCADE); SQLite 3.35 and later drop a column in place, as other databases do
+    op.drop_column('runs', 'staged_inputs')

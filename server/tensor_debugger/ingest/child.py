@@ -41,7 +41,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from tensor_debugger.engine.fused import configure as configure_kernels
-from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableError
+from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableError, is_outage
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, Stored
@@ -340,14 +340,27 @@ def _start(
     threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the children
     configure_kernels(settings.kernel, settings.kernel_family)
-    engine = create_db_engine(settings.database_url)
-    ingestor = Ingestor(
-        settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ, settings.direct_writes)
-    )
-    ingestor.memory_limit = limit
-    ingestor.reading = lambda run_id, label: messages.put(_Reading(run_id, label))
     messages.put(_Started(slot, os.getpid()))
-    _child.update(ingestor=ingestor, messages=messages, cancel=cancel, server=server, slot=slot, replies=replies)
+    _child.update(messages=messages, cancel=cancel, server=server, slot=slot, replies=replies)
+    _child.update(settings=settings, store_environ=store_environ, limit=limit)
+    # opened by the first ingest (`_ingestor`): a store that does not answer now postpones that ingest, where
+    # failing here would break the pool, a child's death that fails the run
+    with contextlib.suppress(Exception):
+        _ingestor()
+
+
+def _ingestor() -> Ingestor:
+    """The child's Ingestor: its own database engine and the server's array store, opened once."""
+    if "ingestor" not in _child:
+        settings: Settings = _child["settings"]
+        store = ArrayStore(settings.store_url, _child["store_environ"], settings.direct_writes)
+        made = Ingestor(settings, make_sessionmaker(create_db_engine(settings.database_url)), store)
+        made.memory_limit = _child["limit"]
+        messages = _child["messages"]
+        made.reading = lambda run_id, label: messages.put(_Reading(run_id, label))
+        _child["ingestor"] = made
+    ingestor: Ingestor = _child["ingestor"]
+    return ingestor
 
 
 def _limit_memory(limit: int) -> int:
@@ -400,7 +413,14 @@ class _Notes:
 def _complete(
     pending: PendingRun, inputs: list[InputFile], keep_failure: bool, notes: bool, again: bool
 ) -> IngestResult:
-    ingestor: Ingestor = _child["ingestor"]
+    try:
+        ingestor = _ingestor()
+    except Exception as exc:
+        if is_outage(exc):  # the store did not answer the child opening it: tried again, as any outage
+            raise IngestPostponed(
+                f"the array store did not answer when the ingest's process opened it: {exc}"
+            ) from None
+        raise
     messages, cancel = _child["messages"], _child["cancel"]
     last = [0.0]
 

@@ -103,11 +103,10 @@ def remove_orphan_arrays(sessions: sessionmaker[DbSession], store: ArrayStore) -
     whole folder counts once). A failed run has no arrays: any in its folder are what its ingest wrote before the
     store failed it (deleted here once the store answers). The store itself is never listed for folders: one this
     database did not record (another database's, in a store they were wrongly given both) is left alone."""
-    orphaned = ~select(RunRecord.id).where(RunRecord.id == ArrayFolderRecord.run_id, RunRecord.status != "failed")
+    alive = select(RunRecord.id).where(RunRecord.id == ArrayFolderRecord.run_id, RunRecord.status != "failed")
     with sessions() as db:
-        gone = list(
-            db.scalars(select(ArrayFolderRecord.run_id).where(orphaned.exists()).order_by(ArrayFolderRecord.run_id))
-        )
+        query = select(ArrayFolderRecord.run_id).where(~alive.exists()).order_by(ArrayFolderRecord.run_id)
+        gone = list(db.scalars(query))
     removed = 0
     for run_id in gone:
         with sessions.begin() as db:
