@@ -124,7 +124,7 @@ def is_outage(exc: BaseException) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, StoreUnavailableError | DatabaseUnavailableError):
+        if isinstance(current, StoreUnavailableError | DatabaseUnavailableError | StoreOutageError):
             return True
         current = current.__cause__ or current.__context__
     return False
@@ -134,14 +134,35 @@ class StoreWriteError(TensorDebuggerError):
     """The array store failed a write or a deletion (S3: access denied, the bucket removed, the endpoint gone) of
     `where` (while ingesting `file`, when known): nothing about the input is wrong."""
 
+    failed = "failed"  # in the message: what the store did
+
     def __init__(self, where: str, reason: str, file: str = "") -> None:
-        super().__init__(f"the array store failed writing {where}: {reason}")
+        super().__init__(f"the array store {self.failed} writing {where}: {reason}")
         self.where = where
         self.reason = reason
         self.file = file
 
     def __reduce__(self) -> tuple[type[StoreWriteError], tuple[str, str, str]]:  # sent back by a child process
         return type(self), (self.where, self.reason, self.file)
+
+
+class StoreOutageError(StoreWriteError):
+    """A write or deletion the array store did not answer (its endpoint down, the network, a busy server): unlike
+    a refusal (access denied, the bucket removed), the same write may succeed once it answers again."""
+
+    failed = "did not answer"
+
+
+class IngestPostponed(TensorDebuggerError):
+    """An ingest that met an outage (errors.is_outage): its run stays "ingesting", its staged files kept, and it is
+    tried again from them once the database and the array store answer. `reason` says which did not answer."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[type[IngestPostponed], tuple[str]]:  # sent back by a child process
+        return type(self), (self.reason,)
 
 
 class StorePairingError(StoreUnavailableError):

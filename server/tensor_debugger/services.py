@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import functools
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.actions import SessionActions
@@ -16,15 +19,18 @@ from tensor_debugger.compare.worker import ComparisonWorker
 from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.child import ChildIngests
-from tensor_debugger.ingest.queue import IngestQueue
-from tensor_debugger.ingest.recovery import RecoveryReport, recover, remove_dead_ingests
+from tensor_debugger.ingest.queue import IngestJob, IngestQueue
+from tensor_debugger.ingest.recovery import RecoveryReport, TakeOver, recover, remove_dead_ingests
 from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker, upgrade_database
 from tensor_debugger.store.identity import pair
+from tensor_debugger.store.models import RunRecord
 from tensor_debugger.store.sign_outs import SignOuts
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,6 +48,7 @@ class Services:
     ingests: IngestQueue = field(init=False)  # uploads ingested in the background (threads start on demand)
     sign_outs: SignOuts = field(init=False)  # browser sessions signed out (web/auth.py)
     early: EarlyUploads = field(init=False)  # their pairs compared while they ingest
+    taking_over: bool = field(init=False, default=False)  # a server: takes over uploads whose ingest died
 
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.comparisons)
@@ -56,8 +63,32 @@ class Services:
         self.claims.start(also=self.remove_dead_ingests)
 
     def remove_dead_ingests(self) -> None:
-        """Remove the runs of ingests that died meanwhile (another replica's, whose lease expired)."""
-        remove_dead_ingests(self.sessions, self.store, self.ingestor.live_runs, self.claims)
+        """Remove the runs of ingests that died meanwhile (another replica's, whose lease expired); a server takes
+        over those of accepted uploads (`take_over_uploads`)."""
+        remove_dead_ingests(
+            self.sessions, self.store, self.ingestor.live_runs, self.claims, self.ingestor.resumable, self._take_over()
+        )
+
+    def take_over_uploads(self) -> None:
+        """From now on (a server, once started), ingest the accepted uploads whose ingest died (this server's last
+        process, a replica killed) from their staged files: at once, then on the claims' heartbeat."""
+        self.taking_over = True
+        try:
+            self.remove_dead_ingests()
+        except Exception:  # the database or the store did not answer: the heartbeat tries again
+            log.exception("taking over the uploads whose ingest died failed")
+
+    def _take_over(self) -> TakeOver | None:
+        if not self.taking_over:
+            return None
+
+        def take_over(db: DbSession, run: RunRecord) -> Callable[[], object]:
+            pending, inputs = self.ingestor.take_over(db, run)
+            log.warning("run %s's ingest died; this process ingests it again from its staged files", run.id)
+            done = functools.partial(self.ingestor.release_staged, inputs)
+            return functools.partial(self.ingests.submit, IngestJob(pending, inputs, True, done))
+
+        return take_over
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
@@ -66,8 +97,10 @@ class Services:
     def sweep(self) -> None:
         """Remove what processes killed meanwhile left behind: their runs still "ingesting" (arrays and all) and
         their staging folders. A server calls it every `staging_sweep_seconds`."""
-        self.recovery = recover(self.sessions, self.store, self.ingestor.live_runs, self.claims)
-        staging.sweep(self.settings.staging_dir)
+        self.recovery = recover(
+            self.sessions, self.store, self.ingestor.live_runs, self.claims, self.ingestor.resumable, self._take_over()
+        )
+        staging.sweep(self.settings.staging_dir, self.ingestor.staged_folders())
 
     def close(self) -> None:
         self.ingests.close()
@@ -86,8 +119,8 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None, 
     store, engine, sessions = open_pair(settings, environ, writes)
     claims = Claims(sessions, settings.claim_seconds)
     ingestor = Ingestor(settings, sessions, store, claims)
-    report = recover(sessions, store, ingestor.live_runs, claims)
-    staging.sweep(settings.staging_dir)
+    report = recover(sessions, store, ingestor.live_runs, claims, ingestor.resumable)  # uploads: left for a server
+    staging.sweep(settings.staging_dir, ingestor.staged_folders())
     comparisons = Comparisons(sessions, store, settings.threads, claims, settings, settings.top)
     return Services(settings, engine, sessions, store, claims, ingestor, comparisons, report)
 

@@ -78,6 +78,32 @@ def test_kill_nine_midway_leaves_nothing(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_arrays_a_failed_run_left_are_removed_and_the_run_kept(tmp_path: Path, settings: Settings) -> None:
+    from tensor_debugger.errors import NothingUsableError
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.store.dtypes import parse_dtype
+
+    services = open_services(settings)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a tensor")
+    pending = services.ingestor.begin("kept", "ref", [notes.name])
+    with pytest.raises(NothingUsableError):
+        services.ingestor.complete(pending, [InputFile(notes, notes.name)], keep_failure=True)
+    # what an ingest wrote before the store failed it, left when the store did not answer its deletion either
+    services.store.create(f"runs/{pending.run_id}/0", (3,), parse_dtype("float32"), (3,))
+    services.close()
+    services = open_services(settings)
+    try:
+        assert services.recovery.orphan_arrays_removed == 1
+        assert str(pending.run_id) not in services.store.children("runs")
+        with services.sessions() as db:
+            run = db.get_one(RunRecord, pending.run_id)
+            assert run.status == "failed" and [p.file for p in run.problems] == [notes.name]
+    finally:
+        services.close()
+
+
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
 def test_orphan_arrays_of_a_recorded_run_are_removed_and_no_others(tmp_path: Path, settings: Settings) -> None:
     """A session's deletion cut short between its rows and its arrays leaves its run's folder: recovery removes it,
     since this database recorded that folder when it created the run. An array in a folder the database never
@@ -167,3 +193,34 @@ def test_a_run_begun_while_the_heartbeat_recovers_is_not_taken_for_dead(services
         run = db.get(RunRecord, run_id)
         assert run is not None and run.status == "ingesting"
     assert remove_dead_ingests(services.sessions, services.store, services.ingestor.live_runs, services.claims) == 0
+
+
+@pytest.mark.parametrize("database_url", DATABASES, indirect=True)
+def test_an_ingest_whose_run_another_process_took_over_stops_without_touching_it(
+    tmp_path: Path, settings: Settings
+) -> None:
+    """A replica whose lease lapsed (the database away longer than the lease) while another took its run over
+    commits nothing: the run, its arrays and its files are the other's, so no tensor is stored twice."""
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.ingest.runs import TakenOver
+    from tensor_debugger.store.claims import Claims
+    from tensor_debugger.store.models import TensorRecord
+
+    services = open_services(settings)
+    try:
+        path = tmp_path / "0_ok.pth"
+        torch.save(torch.arange(12.0).reshape(3, 4), path)
+        pending = services.ingestor.begin("taken", "ref", [path.name])
+        other = Claims(services.sessions, settings.claim_seconds)  # another replica's, after the lease ran out
+        with services.sessions.begin() as db:
+            run = db.get_one(RunRecord, pending.run_id)
+            assert other.take_run(db, run.id, run.claimed_by, run.claimed_until)
+        with pytest.raises(TakenOver):
+            services.ingestor.complete(pending, [InputFile(path, path.name)], keep_failure=True)
+        with services.sessions() as db:
+            run = db.get_one(RunRecord, pending.run_id)
+            assert (run.status, run.claimed_by) == ("ingesting", other.owner)
+            assert db.query(TensorRecord).count() == 0
+        assert pending.run_id not in services.ingestor.live_runs()
+    finally:
+        services.close()

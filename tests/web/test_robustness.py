@@ -68,7 +68,9 @@ def folders(server: LiveServer, kind: str) -> list[Path]:
     return [p for p in staging.iterdir() if p.name.startswith(kind + "-")] if staging.exists() else []
 
 
-def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, big_tar: Path) -> None:
+def test_a_killed_servers_staging_is_removed_and_its_accepted_upload_ingested_at_restart(
+    tmp_path: Path, big_tar: Path
+) -> None:
     server = started_server(tmp_path)
     try:
         sock = stalled_upload(server, "stalled.pth", 4 << 20)
@@ -93,13 +95,20 @@ def test_staging_of_a_killed_server_is_removed_at_its_restart(tmp_path: Path, bi
         os.kill(child, signal.SIGKILL)
         sock.close()
         assert folders(server, "upload") and folders(server, "ingest")
+        accepted = {p.name for p in folders(server, "upload") if any(p.rglob("big.tar"))}
+        assert len(accepted) == 1
         server.port = free_port()
-        server.start()  # its start-up removes what the killed process left
-        assert staging_left(server) == []
-        # The half-ingested run and its session are gone; only an ingest that had committed every tensor before
-        # the kill (a fast machine, between the poll and the signal) may stay, and then complete.
-        left = http.get(server.url + "/api/sessions").json()
-        assert left == [] or [(r["status"], r["tensors"]) for r in left[0]["runs"]] == [("ready", 1)], left
+        server.start()  # its start-up removes what the killed process left, but the accepted upload's files
+        assert {p.name for p in folders(server, "upload")} <= accepted and not folders(server, "ingest")
+        # the accepted upload is ingested again from its files, which go once it is
+        runs = wait_until(
+            lambda: http.get(server.url + "/api/sessions").json()[0]["runs"],
+            until=lambda runs: runs[0]["status"] != "ingesting",
+            what="the accepted upload's run to be ingested again",
+            timeout=60,
+        )
+        assert [(r["label"], r["status"], r["tensors"]) for r in runs] == [("ref", "ready", 1)]
+        wait_until(lambda: staging_left(server) == [], what="the staging folder to be empty", timeout=15)
     finally:
         server.stop()
 
@@ -238,6 +247,10 @@ def test_an_ingest_process_killed_midway_fails_its_run_and_the_next_ingest_works
     )
     assert runs[0]["status"] == "failed"
     assert "the ingest's process died" in runs[0]["problems"][0]["reason"]
+    progress = http.get(f"{shared_server.url}/api/sessions/{session_id}/progress").json()
+    assert progress["runs"][0]["words"].startswith(
+        "failed: the ingest's process died "
+    )  # the cause, not "nothing usable"
     small = tmp_path / "0_query.npy"
     np.save(small, np.ones((4, 4), dtype=np.float32))
     again = upload(shared_server, "", [("small", small)], url=f"/api/sessions/{session_id}/runs")

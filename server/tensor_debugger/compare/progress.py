@@ -25,6 +25,7 @@ class RunStage(enum.StrEnum):
     UNPACKING = "unpacking"
     COPYING = "copying"
     PLANNING = "planning"
+    WAITING = "waiting"  # its ingest met an outage (the database or the array store did not answer): tried again
     INGESTING = "ingesting"  # by another process
     READY = "ready"
     FAILED = "failed"
@@ -79,7 +80,10 @@ def _percent(done: int | None, total: int | None) -> int | None:
     return 100 if not total else min(100, done * 100 // total)
 
 
-def _words(status: RunStatus, stage: RunStage, done: int | None, total: int | None) -> str:
+def _words(run: RunRecord, stage: RunStage, done: int | None, total: int | None, live: IngestProgress | None) -> str:
+    status = RunStatus(run.status)
+    if stage == RunStage.WAITING and live is not None:
+        return f"waiting to be ingested again: {live.waiting_for}"
     if stage == RunStage.QUEUED:
         return "waiting: another upload is being ingested"
     if stage == RunStage.UNPACKING:
@@ -91,7 +95,8 @@ def _words(status: RunStatus, stage: RunStage, done: int | None, total: int | No
     if status == RunStatus.INGESTING:
         return "ingesting (by another process)"
     if status == RunStatus.FAILED:
-        return "failed: nothing usable was found"
+        why = next((p.reason for p in run.problems if not p.ignored), None) or "nothing usable was found"
+        return f"failed: {why}"
     return "ready"
 
 
@@ -116,7 +121,7 @@ def run_progress(run: RunRecord, live: IngestProgress | None) -> RunProgress:
         total,
         _percent(done, total),
         len(run.problems),
-        _words(status, stage, done, total),
+        _words(run, stage, done, total, live),
     )
 
 
@@ -167,7 +172,7 @@ class SessionProgress:
 
 def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
     stages = {r.stage for r in runs}
-    if stages & {RunStage.QUEUED, RunStage.UNPACKING, RunStage.COPYING, RunStage.INGESTING}:
+    if stages & {RunStage.QUEUED, RunStage.UNPACKING, RunStage.COPYING, RunStage.WAITING, RunStage.INGESTING}:
         return SessionStage.INGESTING
     if RunStage.PLANNING in stages:
         return SessionStage.PLANNING
@@ -176,7 +181,10 @@ def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
 
 def _signature(stage: SessionStage, runs: list[RunProgress], pairs: PairProgress, early: EarlyPairs) -> str:
     """The page's script fetches the page again when this changes."""
-    marks = ",".join(f"{r.id}:{r.stage if r.stage in (RunStage.QUEUED, RunStage.PLANNING) else r.status}" for r in runs)
+    marks = ",".join(
+        f"{r.id}:{r.stage if r.stage in (RunStage.QUEUED, RunStage.PLANNING, RunStage.WAITING) else r.status}"
+        for r in runs
+    )
     return f"{stage}|{marks}|{pairs.done}/{pairs.total}|{early.compared}"
 
 

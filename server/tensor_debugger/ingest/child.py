@@ -33,7 +33,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -41,7 +41,7 @@ from multiprocessing.synchronize import Event
 from typing import Any
 
 from tensor_debugger.engine.fused import configure as configure_kernels
-from tensor_debugger.errors import FileProblem, NothingUsableError
+from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableError, is_outage
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, Stored
@@ -123,12 +123,14 @@ class ChildIngests:
         keep_failure: bool,
         progress: ProgressCallback,
         listener: NoteListener | None = None,
+        again: bool = False,
     ) -> IngestResult:
         """`Ingestor.complete` in a child process; raises what it raises (NothingUsableError, DiskFullError,
-        IngestCancelled, ...), and NothingUsableError naming the file it was reading for a child that died or was
-        ended past the time limit (the run failed with that reason). `listener` hears, in the server, of the
-        tensors the child stores."""
-        notes = listener is not None
+        IngestCancelled, IngestPostponed: then the run stays among the server's live runs, ...), and
+        NothingUsableError naming the file it was reading for a child that died or was ended past the time limit
+        (the run failed with that reason, not tried again). `listener` hears, in the server, of the tensors the
+        child stores."""
+        notes, postponed = listener is not None, False
         with self._lock:
             self._callbacks[pending.run_id] = progress
             if listener is not None:
@@ -139,23 +141,35 @@ class ChildIngests:
             try:
                 pool = self._open(slot)
             except IngestCancelled:  # the server is stopping: the run is undone as if it never began
-                self.ingestor.cancel(pending)
+                if not pending.staged:  # but an accepted upload's, which the next start takes over
+                    self.ingestor.cancel(pending)
                 raise
             try:
-                future = pool.submit(_complete, pending, inputs, keep_failure, notes)
+                future = pool.submit(_complete, pending, inputs, keep_failure, notes, again)
             except BrokenProcessPool:  # an idle child died (killed, say): the ingest has not begun; a new child
                 self._reset(slot, pool)
                 pool = self._open(slot)
-                future = pool.submit(_complete, pending, inputs, keep_failure, notes)
+                future = pool.submit(_complete, pending, inputs, keep_failure, notes, again)
             return self._watch(future, slot)
+        except IngestPostponed:
+            postponed = True
+            raise
+        except CancelledError:  # the server stopped before a child took it: as an ingest that never began
+            if not pending.staged:  # but an accepted upload's run stays, for the next start to take over
+                self.ingestor.cancel(pending)
+            raise IngestCancelled("the server stopped before this ingest began") from None
         except BrokenProcessPool as exc:
             if pool is not None:
                 # waiting for the pool's own thread, which reaps the dead child: its pipe closes before it is a
                 # zombie, and until then the sweep below would take its staging folder for a live process's
                 self._reset(slot, pool, wait=True)
-            staging.sweep(self.settings.staging_dir)  # what the dead child left
+            try:  # what the dead child left; an upload waiting to be ingested stays
+                staging.sweep(self.settings.staging_dir, self.ingestor.staged_folders())
+            except Exception:  # the database did not answer: the next sweep removes it
+                log.exception("sweeping what the ingest of run %s left", pending.run_id)
             if self._closed:
-                self.ingestor.give_up(pending, [], False)
+                if not pending.staged:  # an accepted upload's run stays, for the next start to take over
+                    self.ingestor.give_up(pending, [], False)
                 raise IngestCancelled("the server is stopping") from None
             problem = self._death(pending, inputs, exc)
             self.ingestor.give_up(pending, [problem], keep_failure)
@@ -166,7 +180,8 @@ class ChildIngests:
                 self._callbacks.pop(pending.run_id, None)
                 self._listeners.pop(pending.run_id, None)
                 self._reading.pop(pending.run_id, None)
-            self.ingestor.forget(pending.run_id)
+            if not postponed:
+                self.ingestor.forget(pending.run_id)
 
     def _watch(self, future: Future[IngestResult], slot: int) -> IngestResult:
         """The ingest's result; past `ingest_seconds`, the slot's child is ended (SIGKILL: it may be stuck in C
@@ -244,6 +259,7 @@ class ChildIngests:
                     mp_context=self._context,
                     initializer=functools.partial(
                         _start,
+                        os.getpid(),
                         self.settings,
                         self.ingestor.store.environ,
                         self._messages,
@@ -305,25 +321,46 @@ _child: dict[str, Any] = {}  # in a child only, filled by `_start`: its ingestor
 
 
 def _start(
-    settings: Settings, store_environ: dict[str, str], messages: Any, cancel: Event | None, replies: Any, slot: int
+    server: int,
+    settings: Settings,
+    store_environ: dict[str, str],
+    messages: Any,
+    cancel: Event | None,
+    replies: Any,
+    slot: int,
 ) -> None:
     """A child's set-up: its memory limit, its own database engine, and the server's array store opened with the
     server's AWS variables (`store_environ`: an s3:// store's endpoint and credentials, which the server may have
-    been given otherwise than in its environment); `replies`: its slot's queue of replies to its `_Settle`s."""
+    been given otherwise than in its environment); `replies`: its slot's queue of replies to its `_Settle`s.
+    `server`: the server's process id."""
     limit = _limit_memory(settings.ingest_memory_limit)
     os.nice(NICENESS)
-    server = os.getppid()
+    # the server's id as it gave it: one killed before this child got here is already gone, and its id read here
+    # would be that of the process that adopted the child, which `_die_with` would wait on for ever
     threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the children
     configure_kernels(settings.kernel, settings.kernel_family)
-    engine = create_db_engine(settings.database_url)
-    ingestor = Ingestor(
-        settings, make_sessionmaker(engine), ArrayStore(settings.store_url, store_environ, settings.direct_writes)
-    )
-    ingestor.memory_limit = limit
-    ingestor.reading = lambda run_id, label: messages.put(_Reading(run_id, label))
     messages.put(_Started(slot, os.getpid()))
-    _child.update(ingestor=ingestor, messages=messages, cancel=cancel, server=server, slot=slot, replies=replies)
+    _child.update(messages=messages, cancel=cancel, server=server, slot=slot, replies=replies)
+    _child.update(settings=settings, store_environ=store_environ, limit=limit)
+    # opened by the first ingest (`_ingestor`): a store that does not answer now postpones that ingest, where
+    # failing here would break the pool, a child's death that fails the run
+    with contextlib.suppress(Exception):
+        _ingestor()
+
+
+def _ingestor() -> Ingestor:
+    """The child's Ingestor: its own database engine and the server's array store, opened once."""
+    if "ingestor" not in _child:
+        settings: Settings = _child["settings"]
+        store = ArrayStore(settings.store_url, _child["store_environ"], settings.direct_writes)
+        made = Ingestor(settings, make_sessionmaker(create_db_engine(settings.database_url)), store)
+        made.memory_limit = _child["limit"]
+        messages = _child["messages"]
+        made.reading = lambda run_id, label: messages.put(_Reading(run_id, label))
+        _child["ingestor"] = made
+    ingestor: Ingestor = _child["ingestor"]
+    return ingestor
 
 
 def _limit_memory(limit: int) -> int:
@@ -373,8 +410,17 @@ class _Notes:
                 return
 
 
-def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool, notes: bool) -> IngestResult:
-    ingestor: Ingestor = _child["ingestor"]
+def _complete(
+    pending: PendingRun, inputs: list[InputFile], keep_failure: bool, notes: bool, again: bool
+) -> IngestResult:
+    try:
+        ingestor = _ingestor()
+    except Exception as exc:
+        if is_outage(exc):  # the store did not answer the child opening it: tried again, as any outage
+            raise IngestPostponed(
+                f"the array store did not answer when the ingest's process opened it: {exc}"
+            ) from None
+        raise
     messages, cancel = _child["messages"], _child["cancel"]
     last = [0.0]
 
@@ -387,4 +433,4 @@ def _complete(pending: PendingRun, inputs: list[InputFile], keep_failure: bool, 
                 messages.put_nowait(_Progress(pending.run_id, done, total))
 
     listener = _Notes(pending.run_id) if notes else None
-    return ingestor.complete(pending, inputs, progress, keep_failure, listener=listener)
+    return ingestor.complete(pending, inputs, progress, keep_failure, listener=listener, again=again)

@@ -12,7 +12,10 @@ arrays, and no file is read. Otherwise `_finish` records the fingerprint, and an
 older run stored (the same digest) names that array and the copy just written is deleted. An array is thus shared
 by every row that names it; `catalog.release_arrays` deletes it with the last.
 
-A run left "ingesting" by a process that died is removed, arrays and all, by `recovery.recover`; the runs this
+An ingest that meets an outage (the database or the array store did not answer) raises IngestPostponed and leaves
+the run "ingesting" for its caller to try again; an accepted upload's run names its staged files, so that another
+process takes it over (`take_over`) when this one dies. Otherwise a run left "ingesting" by a process that died is
+removed, arrays and all, by `recovery.recover`; the runs this
 process is ingesting right now, through any of its Ingestors, are in `Ingestor.live_runs()`, so its own recovery
 never takes them for dead (a second `open_services` on the same data dir, say a capture beside a server).
 """
@@ -41,11 +44,14 @@ from tensor_debugger.errors import (
     ConflictError,
     DiskFullError,
     FileProblem,
+    IngestPostponed,
     InvalidInputError,
     NotATensor,
     NothingUsableError,
+    StoreUnavailableError,
     StoreWriteError,
     is_disk_full,
+    is_outage,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.block_readers import BufferPool
@@ -60,7 +66,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
-from tensor_debugger.store.database import lock_arrays
+from tensor_debugger.store.database import database_outage, lock_arrays
 from tensor_debugger.store.models import ArrayFolderRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
@@ -101,6 +107,8 @@ class PendingRun:
     run_id: int
     run_label: str
     created_session: bool  # undoing the run also removes the session when nothing else is in it
+    owner: str = ""  # the claim it was begun or taken over with: once another process holds it, it is theirs
+    staged: bool = False  # its row names its staged files: should this process stop, another takes it over
 
 
 def is_reference_label(label: str) -> bool:
@@ -119,6 +127,11 @@ def out_of_memory(limit: int | None) -> str:
 
 class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
     """Raised from a progress callback to stop an ingest; the run is removed as if it never began."""
+
+
+class TakenOver(Exception):  # noqa: N818 (a signal: the work is another process's now)
+    """The run's claim is another process's (this one's lapsed during an outage, and a replica took the ingest
+    over): this ingest stops without touching the run, its arrays or its staged files."""
 
 
 def archive_limits(settings: Settings) -> ArchiveLimits:
@@ -233,8 +246,11 @@ class Ingestor:
         created_session: bool = False,
         by_label: bool = True,
         role: str | None = None,
+        staged: Sequence[InputFile] = (),
     ) -> PendingRun:
-        """Commit the run's row as "ingesting" (and the session, if new and allowed). `created_session`: the
+        """Commit the run's row as "ingesting" (and the session, if new and allowed). `staged`: the run's files
+        in the staging folder, kept until it is ingested (an accepted upload's), named on the row so that another
+        process can take the ingest over (`take_over`) should this one die. `created_session`: the
         caller made the session for this run, so undoing the run may remove it as well. `role`: "noise" for a
         rerun of the reference (its noise floor); left out, the first run is the reference, the others candidates.
 
@@ -246,9 +262,13 @@ class Ingestor:
         session_name = parse_label(session_name, "session name")
         run_label = parse_label(run_label, "run label")
         try:
-            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
+            pending = self._begin(
+                session_name, run_label, sources, create_session, created_session, by_label, role, staged
+            )
         except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
-            pending = self._begin(session_name, run_label, sources, create_session, created_session, by_label, role)
+            pending = self._begin(
+                session_name, run_label, sources, create_session, created_session, by_label, role, staged
+            )
         return pending
 
     def _begin(
@@ -260,6 +280,7 @@ class Ingestor:
         created_session: bool,
         by_label: bool,
         role: str | None,
+        staged: Sequence[InputFile],
     ) -> PendingRun:
         with self.sessions.begin() as db:
             # A write first, so that this transaction holds SQLite's write lock before it reads: two begins for
@@ -302,6 +323,7 @@ class Ingestor:
                 **self.claims.run_claim(),
                 created_session=created or created_session,
                 sources=sources,
+                staged_inputs=self._staged(staged),
             )
             db.add(run)
             db.flush()
@@ -311,7 +333,74 @@ class Ingestor:
                 db.add(ArrayFolderRecord(run_id=run.id))
             # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
             _LiveRuns.add(self.settings.database_url, run.id)
-            return PendingRun(session.id, session_name, run.id, run_label, created or created_session)
+            return PendingRun(
+                session.id,
+                session_name,
+                run.id,
+                run_label,
+                created or created_session,
+                self.claims.owner,
+                run.staged_inputs is not None,
+            )
+
+    def _staged(self, staged: Sequence[InputFile]) -> list[list[str]] | None:
+        """The row's `staged_inputs` of files under the staging folder; None when there are none (or any is
+        elsewhere: a path given on the command line is the user's, not the server's to keep)."""
+        root = self.settings.staging_dir.resolve()
+        named: list[list[str]] = []
+        for item in staged:
+            path = item.path.resolve()
+            if not path.is_relative_to(root):
+                return None
+            named.append([path.relative_to(root).as_posix(), item.label])
+        return named or None
+
+    def staged(self, run: RunRecord) -> list[InputFile]:
+        """The files in the staging folder that the run of an accepted upload is ingested from."""
+        return [InputFile(self.settings.staging_dir / path, label) for path, label in run.staged_inputs or ()]
+
+    def resumable(self, run: RunRecord) -> bool:
+        """Whether the run names staged files and every one of them is there: its ingest can be done again."""
+        inputs = self.staged(run)
+        return bool(inputs) and all(i.path.is_file() for i in inputs)
+
+    def take_over(self, db: DbSession, run: RunRecord) -> tuple[PendingRun, list[InputFile]]:
+        """Make a dead ingest's `resumable` run (claimed by this process in `db`'s transaction: recovery.py) this
+        process's, to be ingested again from its staged files: its arrays so far deleted, the run among this
+        process's live runs (once the transaction commits; the caller then queues its ingest)."""
+        inputs = self.staged(run)
+        self.store.delete(run_prefix(run.id))
+        run.ingest_pid, run.ingest_host = os.getpid(), socket.gethostname()
+        db.flush()
+        _LiveRuns.add(self.settings.database_url, run.id)  # before the commit, as `begin` does
+        pending = PendingRun(
+            run.session_id, run.session.name, run.id, run.label, run.created_session, self.claims.owner, True
+        )
+        return pending, inputs
+
+    def staged_folders(self) -> set[str]:
+        """The staging folders that runs still "ingesting" name (their files wait to be ingested): kept by the
+        sweep whoever made them."""
+        with self.sessions() as db:
+            named = db.scalars(
+                select(RunRecord.staged_inputs).where(
+                    RunRecord.status == "ingesting", RunRecord.staged_inputs.is_not(None)
+                )
+            )
+            return {PurePosixPath(path).parts[0] for inputs in named for path, _ in inputs or ()}
+
+    def release_staged(self, inputs: Sequence[InputFile]) -> None:
+        """Remove the staging folder of a taken-over upload's files once no run still "ingesting" names it (its
+        other runs may still be ingested). Where the database does not answer, the sweep removes it later."""
+        root = self.settings.staging_dir.resolve()
+        folders = {item.path.resolve().relative_to(root).parts[0] for item in inputs}
+        try:
+            waiting = self.staged_folders()
+        except Exception:
+            log.warning("could not tell whether %s still wait to be ingested", sorted(folders), exc_info=True)
+            return
+        for folder in folders - waiting:
+            shutil.rmtree(root / folder, ignore_errors=True)
 
     def complete(
         self,
@@ -321,19 +410,27 @@ class Ingestor:
         keep_failure: bool = False,
         fingerprint: Fingerprint | None = None,
         listener: StoredListener | None = None,
+        again: bool = False,
     ) -> IngestResult:
         """Copy the tensors of a run `begin` made, then mark it "ready". With the inputs' `fingerprint`, a ready
         run of the same fingerprint is reused instead (its rows copied, its arrays shared), and otherwise the
         fingerprint is recorded on this run. A `listener` hears of the tensors as they are stored (not those of a
-        reused run) and is settled before the run's arrays can move.
+        reused run) and is settled before the run's arrays can move. `again`: an earlier try may have left arrays
+        under the run's prefix; they are deleted first.
 
         Raises NothingUsableError when no tensor was found: the run is then removed (and the session, when the
         run's ingest made it and nothing else is in it), or with `keep_failure` kept as "failed" with its
-        problems. Any other error removes the run, or with `keep_failure` (but not IngestCancelled) marks it
-        "failed" with the error as its problem, and is raised again."""
+        problems. Raises IngestPostponed when the database or the array store did not answer (errors.is_outage):
+        the run stays "ingesting" and among this process's live runs, its arrays deleted if the store lets, for
+        its caller to try again from the same inputs; so does IngestCancelled of a run with staged files (an
+        accepted upload's, which the next start or another replica takes over). Any other error removes the run, or
+        with `keep_failure` marks it "failed" with the error as its problem, and is raised again."""
         run_id = pending.run_id
         staging = new_folder(self.settings.staging_dir, "ingest")
+        postponed = False
         try:
+            if again:
+                self.store.delete(run_prefix(run_id))
             reused = self._reuse(pending, fingerprint) if fingerprint is not None else None
             if reused is not None:
                 if progress is not None:
@@ -343,12 +440,23 @@ class Ingestor:
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)
-            self._finish(run_id, stored, problems, traces, fingerprint)
+            self._finish(run_id, stored, problems, traces, fingerprint, pending.owner)
+        except TakenOver:
+            raise  # the run is another process's: nothing of it is this ingest's to remove
         except NothingUsableError as exc:
             self._give_up(pending, exc.problems, keep_failure)
             raise
         except Exception as exc:
             shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
+            outage = self.outage(exc)
+            if outage is not None or (pending.staged and isinstance(exc, IngestCancelled)):
+                # an outage, or a server stopping: the run stays for a later try (in a server that stops, the next
+                # start's or another replica's) from the same staged files
+                postponed = True
+                self._delete_arrays(run_prefix(run_id))  # else deleted before the next try
+                if outage is None:
+                    raise
+                raise IngestPostponed(outage) from None
             what = ", ".join(i.label for i in inputs) or "upload"
             if is_disk_full(exc) and not isinstance(exc, DiskFullError):
                 exc = DiskFullError(f"the run {pending.run_label!r}")
@@ -367,10 +475,28 @@ class Ingestor:
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            _LiveRuns.discard(self.settings.database_url, run_id)
+            if not postponed:
+                _LiveRuns.discard(self.settings.database_url, run_id)
         return IngestResult(
             pending.session_id, pending.session_name, run_id, pending.run_label, len(stored) + len(summaries), problems
         )
+
+    def outage(self, exc: BaseException) -> str | None:
+        """What did not answer, when `exc` says the database or the array store did not (errors.is_outage, or an
+        error SQLAlchemy raised for a connection that failed); None for any other error."""
+        if isinstance(exc, IngestPostponed):
+            return exc.reason
+        if is_outage(exc):
+            return str(exc)
+        current: BaseException | None = exc
+        seen: set[int] = set()
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            found = database_outage(current, self.settings.database_url)
+            if found is not None:
+                return str(found)
+            current = current.__cause__ or current.__context__
+        return None
 
     def complete_stored(
         self,
@@ -382,7 +508,7 @@ class Ingestor:
         the run's prefix (a live capture writes them as the model produces them). Any error removes the run and
         is raised again."""
         try:
-            self._finish(pending.run_id, stored, [], traces)
+            self._finish(pending.run_id, stored, [], traces, owner=pending.owner)
         except BaseException:
             self._give_up(pending, [], False)
             raise
@@ -410,15 +536,15 @@ class Ingestor:
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
         finally:
             _LiveRuns.discard(self.settings.database_url, pending.run_id)
 
     def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         if keep_failure:
-            self._fail(pending.run_id, problems)
+            self._fail(pending.run_id, problems, pending.owner)
         else:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None)
+            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
 
     def _copy(
         self,
@@ -475,7 +601,10 @@ class Ingestor:
                     self._drop(run_id, stored, first, made)
                 except StoreWriteError as exc:  # the store, not the file: the whole run stops
                     self._drop(run_id, stored, first, made)
-                    raise StoreWriteError(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
+                    raise type(exc)(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
+                except StoreUnavailableError:  # a read of the store that it did not answer: not the file's fault
+                    self._drop(run_id, stored, first, made)
+                    raise
                 except MemoryError:  # one file's, its memory freed as the error left it: the run's other files go on
                     self._drop(run_id, stored, first, made)
                     problems.append(FileProblem(entry.label, out_of_memory(self.memory_limit)))
@@ -513,7 +642,7 @@ class Ingestor:
         are left for the run's deletion (or, with no row naming them, recovery's) to remove."""
         try:
             self.store.delete(prefix)
-        except StoreWriteError:
+        except (StoreWriteError, StoreUnavailableError):
             log.warning("could not delete %s from the array store; deleting its run removes it", prefix, exc_info=True)
 
     def _reuse(self, pending: PendingRun, fingerprint: Fingerprint) -> IngestResult | None:
@@ -521,6 +650,7 @@ class Ingestor:
         its tensor rows (naming the same arrays) and problems. None when there is no such run."""
         run_id = pending.run_id
         with self.sessions.begin() as db:
+            self._hold(db, run_id, pending.owner)
             run = db.get_one(RunRecord, run_id)
             # Written first, so the transaction holds SQLite's write lock before it reads (pysqlite begins one
             # at the first write): a session deleted meanwhile is either gone here or waits for this commit,
@@ -550,6 +680,7 @@ class Ingestor:
             db.add_all(problem_rows(run_id, problems))
             run.status = "ready"
             run.ingest_pid = None
+            run.staged_inputs = None
             run.tensor_count = source.tensor_count
             run.total_bytes = source.total_bytes
             run.module_tree = source.module_tree
@@ -565,10 +696,12 @@ class Ingestor:
         problems: list[FileProblem],
         traces: list[RunTrace],
         fingerprint: Fingerprint | None = None,
+        owner: str = "",
     ) -> None:
         seen: dict[str, int] = {}
         records: list[TensorRecord] = []
         with self.sessions.begin() as db:
+            self._hold(db, run_id, owner)
             for position, (entry, key_path, tensor) in enumerate(stored):
                 name = stored_name(entry, key_path)
                 if entry.module_path is not None and key_path == ("data",):
@@ -625,6 +758,7 @@ class Ingestor:
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"
             run.ingest_pid = None
+            run.staged_inputs = None
             run.tensor_count = position
             run.total_bytes = sum(t.nbytes for _, _, t in stored)
             if fingerprint is not None:
@@ -658,22 +792,42 @@ class Ingestor:
                 self.store.delete(record.store_key)
                 record.store_key = shared
 
-    def _fail(self, run_id: int, problems: list[FileProblem]) -> None:
+    def _hold(self, db: DbSession, run_id: int, owner: str) -> None:
+        """The first statement of a transaction that ends a run: renews the claim `owner` holds on it (on
+        PostgreSQL, the row stays locked until the commit, so no recovery takes it meanwhile); raises TakenOver
+        when another process holds it (or the run is no longer "ingesting"). No `owner`: nothing is checked."""
+        if not owner:
+            return
+        done = db.execute(
+            update(RunRecord)
+            .where(RunRecord.id == run_id, RunRecord.claimed_by == owner, RunRecord.status == "ingesting")
+            .values(claimed_until=self.claims.until())
+            .execution_options(synchronize_session=False)
+        )
+        if not done.rowcount:  # type: ignore[attr-defined]
+            holder = db.scalar(select(RunRecord.claimed_by).where(RunRecord.id == run_id))
+            if holder is not None and holder != owner:  # a run deleted meanwhile is ended as before
+                raise TakenOver(f"run {run_id} is no longer this process's to ingest")
+
+    def _fail(self, run_id: int, problems: list[FileProblem], owner: str = "") -> None:
         """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
-        self._delete_arrays(run_prefix(run_id))
         with self.sessions.begin() as db:
+            self._hold(db, run_id, owner)
+            self._delete_arrays(run_prefix(run_id))
             run = db.get(RunRecord, run_id)
             if run is None:
                 return
             db.add_all(problem_rows(run_id, problems))
             run.status = "failed"
             run.ingest_pid = None
+            run.staged_inputs = None
             run.tensor_count = 0
             run.total_bytes = 0
 
-    def _abandon(self, run_id: int, created_session_id: int | None) -> None:
-        self._delete_arrays(run_prefix(run_id))
+    def _abandon(self, run_id: int, created_session_id: int | None, owner: str = "") -> None:
         with self.sessions.begin() as db:
+            self._hold(db, run_id, owner)
+            self._delete_arrays(run_prefix(run_id))
             run = db.get(RunRecord, run_id)
             if run is not None:
                 db.delete(run)

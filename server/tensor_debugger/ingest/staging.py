@@ -4,7 +4,8 @@ that owns them, so that what a killed process left behind is found and removed.
 A folder is `<kind>-<host>-<pid>.<start>-<random>`: `host` a short digest of the host name, `pid` and `start` the
 owner's process id and start time (Linux's /proc/<pid>/stat, in clock ticks since boot; "0" elsewhere), so that a
 process id reused by another process, or the same id after a container restarts, is not taken for the owner.
-`sweep` removes every folder whose owner on this host is gone: at every start (`open_services`) and, in a server,
+`sweep` removes every folder whose owner on this host is gone (but an accepted upload's, kept until its runs are
+ingested, by whichever process takes them over): at every start (`open_services`) and, in a server,
 every `staging_sweep_seconds`. Folders of a live process, and of other hosts sharing the data dir, are left alone.
 """
 
@@ -18,7 +19,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from tensor_debugger.ingest.recovery import process_alive
@@ -66,12 +67,15 @@ def owner_alive(name: str, host: str, now: float, modified: float) -> bool:
     return started == "0" or start_time(pid) in ("0", started)
 
 
-def sweep(staging_dir: Path) -> int:
-    """Remove every staging folder whose owner is gone; returns how many were removed."""
+def sweep(staging_dir: Path, keep: Collection[str] = frozenset()) -> int:
+    """Remove every staging folder whose owner is gone, but those named in `keep` (an accepted upload's, whose
+    runs wait to be ingested: `Ingestor.staged_folders`); returns how many were removed."""
     if not staging_dir.is_dir():
         return 0
     host, now, removed = host_tag(), time.time(), 0
     for folder in staging_dir.iterdir():
+        if folder.name in keep:
+            continue
         try:
             modified = folder.stat().st_mtime
         except FileNotFoundError:

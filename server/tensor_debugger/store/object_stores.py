@@ -101,6 +101,13 @@ def _explain(url: str, bucket: str, endpoint: str, allow_http: bool, exc: Except
     return f"cannot open the array store {where}: {reason}; {detail}"
 
 
+def is_refusal(exc: Exception) -> bool:
+    """Whether a failed request was answered with a refusal (a 4xx status: access denied, no such bucket, a bad
+    request), which retrying does not mend; otherwise the store did not answer (no connection, a timeout, a 5xx)."""
+    text = str(exc)
+    return "NoSuchBucket" in text or "AccessDenied" in text or re.search(r"status code: 4\d\d\b", text) is not None
+
+
 def describe_failure(exc: Exception) -> str:
     """A failed request in a few words: what S3 answered (its status, and what that means here) or why it never
     did, and obstore's own first line, without the response body it quotes."""

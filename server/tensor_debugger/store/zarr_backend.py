@@ -5,7 +5,7 @@ written with, the store wrapper counting chunk reads, and the store of a URL."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,10 +15,10 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.codecs import BloscCodec
 from zarr.storage import LocalStore, MemoryStore, WrapperStore
 
-from tensor_debugger.errors import StoreWriteError, TensorDebuggerError
+from tensor_debugger.errors import StoreOutageError, StoreReadError, StoreWriteError, TensorDebuggerError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ReadCounter
-from tensor_debugger.store.object_stores import describe_failure, open_s3_store
+from tensor_debugger.store.object_stores import describe_failure, is_refusal, open_s3_store
 
 if TYPE_CHECKING:
     from obstore.store import S3Store
@@ -54,7 +54,8 @@ class CountingStore(WrapperStore[Store]):
         except Exception as exc:
             if not self.remote:
                 raise
-            raise StoreWriteError(key, describe_failure(exc)) from exc
+            error = StoreWriteError if is_refusal(exc) else StoreOutageError
+            raise error(key, describe_failure(exc)) from exc
 
     async def set(self, key: str, value: Buffer) -> None:
         with self._writing(key):
@@ -72,10 +73,38 @@ class CountingStore(WrapperStore[Store]):
         with self._writing(prefix):
             await self._store.delete_dir(prefix)
 
+    @contextmanager
+    def _reading(self, key: str) -> Iterator[None]:
+        """Over an object store, a read it did not answer is a StoreReadError naming the key (an outage: ingest
+        and comparisons try again later); a refusal or a missing object is raised as it came."""
+        try:
+            yield
+        except (TensorDebuggerError, FileNotFoundError):
+            raise
+        except Exception as exc:
+            if not self.remote or is_refusal(exc):
+                raise
+            raise StoreReadError(f"the array store did not answer reading {key}: {describe_failure(exc)}") from exc
+
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
             self.counter.add(1)
-        return await self._store.get(key, prototype, byte_range)
+        with self._reading(key):
+            return await self._store.get(key, prototype, byte_range)
+
+    async def exists(self, key: str) -> bool:
+        with self._reading(key):
+            return await self._store.exists(key)
+
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        with self._reading(prefix):
+            async for name in self._store.list_dir(prefix):
+                yield name
+
+    async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        with self._reading(prefix):
+            async for name in self._store.list_prefix(prefix):
+                yield name
 
 
 def open_store(url: str, environ: Mapping[str, str] | None = None, bucket: S3Store | None = None) -> Store:

@@ -80,6 +80,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
 
             ensure_demo_session(opened)
         worker.start()  # picks up pending pairs, those of a computation killed last time included
+        opened.take_over_uploads()  # accepted uploads whose ingest a killed process left, from their staged files
         address = app.state.address = ServerAddress.drawn(settings.host, settings.port)
         write_address(settings.data_dir, address, settings.address_file)
         sweeper = app.state.sweeper = Sweeper(opened.sweep, settings.staging_sweep_seconds)

@@ -126,6 +126,7 @@ def start_runs(
                 create_session=False,
                 created_session=created_session,
                 role="noise" if label == NOISE_FIELD else None,
+                staged=inputs if keep_failure else (),
             )
             begun.append((label, pending, inputs))
     except BaseException:

@@ -45,6 +45,9 @@ class RunRecord(Base):
     claimed_until: Mapped[float | None]
     created_session: Mapped[bool] = mapped_column(default=False)  # its ingest made the session; undo removes it
     sources: Mapped[list[Any]] = mapped_column(JSON, default=list)  # file names as the user gave them
+    # an accepted upload's files while "ingesting": [[path under the staging folder, label], ...], so that another
+    # process (a replica, the next start) takes the ingest over from them when this one dies (ingest/recovery.py)
+    staged_inputs: Mapped[list[Any] | None] = mapped_column(JSON)
     tensor_count: Mapped[int] = mapped_column(default=0)
     total_bytes: Mapped[int] = mapped_column(BigInteger, default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
