@@ -53,3 +53,12 @@ def test_where_in_words() -> None:
         {"dim": 2, "name": "tokens", "ranges": [[1, 1], [7, 7]]},
     ]
     assert format_where(unnamed) == "in dim 0 [3-4, 10-12], tokens [1, 7]"
+
+
+def test_code_spans_escape_what_a_trace_names_and_mark_its_names() -> None:
+    from tensor_debugger.compare.formatting import code_spans
+
+    assert code_spans("`a.<b>` records no output: between `q&k`") == (
+        "<code>a.&lt;b&gt;</code> records no output: between <code>q&amp;k</code>"
+    )
+    assert code_spans("the error grows evenly") == "The error grows evenly"

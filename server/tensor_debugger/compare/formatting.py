@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -111,7 +112,15 @@ def format_where(where: Sequence[Any] | None) -> str:
     return "in " + ", ".join(parts)
 
 
+def code_spans(text: str) -> str:
+    """A sentence as the CLI prints it (`names` in backticks), as HTML for a page (the template marks it safe):
+    escaped, each `name` in a <code>, its first letter a capital (the CLI's sentences start lower case)."""
+    sentence = text[:1].upper() + text[1:] if not text.startswith("`") else text
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(sentence))
+
+
 def register_filters(env: Environment) -> None:
+    env.filters["code_spans"] = code_spans
     env.filters["gap_id"] = anchor_id
     env.filters["num"] = format_number
     env.filters["bytes"] = format_bytes
