@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import compileall
 import contextlib
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,8 +16,8 @@ from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
 from tests.support.dask_cluster import DaskCluster
-from tests.support.postgres import PostgresCluster
-from tests.support.s3 import SeaweedS3
+from tests.support.postgres import PostgresCluster, start_cluster
+from tests.support.s3 import SeaweedS3, start_seaweed
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.service_starts import ServiceStarts, needed_services
 from tests.support.traces import WrittenTraces
@@ -253,3 +255,26 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     )
     yield server
     server.stop()
+
+
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster of the test's own, for a test that stops it (an outage): stopping the shared one would
+    fail every other test on it."""
+    cluster = start_cluster()
+    if isinstance(cluster, str):
+        pytest.skip(cluster)
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def own_s3() -> Iterator[SeaweedS3]:
+    """A SeaweedFS server of the test's own, for a test that stops it, as `own_postgres`."""
+    root = Path(tempfile.mkdtemp(prefix="tensor-debugger-weed-"))
+    server = start_seaweed(root)
+    if isinstance(server, str):
+        pytest.skip(server)
+    yield server
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)

@@ -4,13 +4,9 @@ of a comparison that met no outage. On a SeaweedFS server of the test's own, sto
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import select
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
@@ -19,19 +15,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.claims import OUTAGE_HOLDER
 from tensor_debugger.store.models import PairRecord
 
-from tests.support.s3 import SeaweedS3, start_seaweed
-
-
-@pytest.fixture
-def own_s3() -> Iterator[SeaweedS3]:
-    """A server of this test's own: stopping the shared one would fail every other test on it."""
-    root = Path(tempfile.mkdtemp(prefix="tensor-debugger-weed-"))
-    server = start_seaweed(root)
-    if isinstance(server, str):
-        pytest.skip(server)
-    yield server
-    server.stop()
-    shutil.rmtree(root, ignore_errors=True)
+from tests.support.s3 import SeaweedS3
 
 
 def statuses(services: Services, session_id: int) -> dict[str, tuple[str, str | None, str | None]]:

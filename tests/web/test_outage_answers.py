@@ -4,40 +4,15 @@ server of its own over a PostgreSQL cluster or a SeaweedFS server of its own, st
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support import loopback_http
 from tests.support.dumps import make_zip
-from tests.support.postgres import PostgresCluster, start_cluster
-from tests.support.s3 import SeaweedS3, start_seaweed
+from tests.support.postgres import PostgresCluster
+from tests.support.s3 import SeaweedS3
 from tests.support.servers import started_server, upload, wait_done
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[PostgresCluster]:
-    """A cluster of this test's own: stopping the shared one would fail every other test on it."""
-    cluster = start_cluster()
-    if isinstance(cluster, str):
-        pytest.skip(cluster)
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def own_s3() -> Iterator[SeaweedS3]:
-    root = Path(tempfile.mkdtemp(prefix="tensor-debugger-weed-"))
-    server = start_seaweed(root)
-    if isinstance(server, str):
-        pytest.skip(server)
-    yield server
-    server.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_a_database_outage_answers_503_with_retry_after_and_health_follows_it(

@@ -6,15 +6,11 @@ upload removed."""
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import obstore
-import pytest
 from sqlalchemy import select
 from tensor_debugger.demo.synthetic import DumpShape, Plant, write_dump
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker
@@ -23,32 +19,11 @@ from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
 from tests.support import loopback_http as http
 from tests.support.dumps import make_zip
 from tests.support.polling import wait_until
-from tests.support.postgres import PostgresCluster, start_cluster
-from tests.support.s3 import SeaweedS3, start_seaweed
+from tests.support.postgres import PostgresCluster
+from tests.support.s3 import SeaweedS3
 from tests.support.servers import LiveServer, free_port, started_server, upload, wait_done, wait_staging_empty
 
 PLANTED = "1_post_mlp"
-
-
-@pytest.fixture
-def own_postgres() -> Iterator[PostgresCluster]:
-    """A cluster of this test's own: stopping the shared one would fail every other test on it."""
-    cluster = start_cluster()
-    if isinstance(cluster, str):
-        pytest.skip(cluster)
-    yield cluster
-    cluster.stop()
-
-
-@pytest.fixture
-def own_s3() -> Iterator[SeaweedS3]:
-    root = Path(tempfile.mkdtemp(prefix="tensor-debugger-weed-"))
-    server = start_seaweed(root)
-    if isinstance(server, str):
-        pytest.skip(server)
-    yield server
-    server.stop()
-    shutil.rmtree(root, ignore_errors=True)
 
 
 SHAPE = DumpShape(tokens=256, heads=8, head_dim=32)  # 256 KiB a tensor: an ingest lasts long enough to be cut
