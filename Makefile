@@ -1,6 +1,6 @@
 # Two commands for a new user: `make run` and `make test`. Both install what is missing first.
-# `make ci` is the full check CI runs (.ci/run runs its three steps by name): lint, the suite on the newest dependencies, and the suite again
-# on the lowest versions pyproject.toml declares (`make test-lowest`).
+# `make ci` is the full check CI runs (.ci/run runs its three steps by name): lint, the suite on the newest
+# dependencies, and the suite again on the lowest versions pyproject.toml declares (`make test-lowest`).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
