@@ -35,10 +35,20 @@ CHANGES = (403,)  # every POST, PUT, PATCH and DELETE
 JSON_BODY = (413,)  # every operation that takes a JSON body: it is bounded in size
 
 
-def error_responses(*statuses: int) -> dict[int, ResponseSpec]:
+# How a 400 that depends on what the server holds is declared: a request that fits the document can still name
+# something the session does not have. The fuzzing test accepts a 400 from a valid request only where the operation
+# declares one so (tests/web/test_api_fuzzing.py looks for these words).
+DEPENDS_ON_STATE = "A request that fits this document is refused with 400 too when it"
+
+
+def error_responses(*statuses: int, depends_on_state: str | None = None) -> dict[int, ResponseSpec]:
     """The declarations of `statuses` (and 400, 401 and 503, which every operation can answer: 401 where the server
-    has a token, 503 while the database or the store is down) for a handler's `responses`."""
+    has a token, 503 while the database or the store is down) for a handler's `responses`. `depends_on_state`:
+    what else makes this operation answer 400 that the document cannot say (a name the session does not hold)."""
+    why = dict(WHY)
+    if depends_on_state:
+        why[400] = f"{WHY[400]}. {DEPENDS_ON_STATE} {depends_on_state}"
     return {
-        status: ResponseSpec(ErrorReport, description=WHY[status], generate_examples=False)
+        status: ResponseSpec(ErrorReport, description=why[status], generate_examples=False)
         for status in sorted({400, 401, 503, *statuses})
     }

@@ -9,9 +9,11 @@ from litestar.openapi.spec import OpenAPIType, Schema
 from litestar.params import Body
 
 from tensor_debugger.compare.pairing_files import export_pairing
+from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, error_responses
 from tensor_debugger.web.json_bodies import PAIRING_FILE_LIMIT
+from tensor_debugger.web.rule_schemas import chain_schema
 
 
 def _entry(required: list[str] | None) -> Schema:
@@ -30,9 +32,8 @@ def _pairing_file() -> Any:
     groups, each entry's names)."""
     text = Schema(type=OpenAPIType.STRING)
     nothing = Schema(type=OpenAPIType.NULL)
-    strategies = Schema(one_of=[Schema(type=OpenAPIType.ARRAY, items=text), text, nothing])
     properties = {
-        "strategies": strategies,
+        "strategies": {"oneOf": [chain_schema(), {"type": "null"}]},
         "name_pattern": Schema(one_of=[text, nothing]),
         "dims": Schema(
             one_of=[Schema(type=OpenAPIType.OBJECT, additional_properties=text), nothing],
@@ -45,6 +46,11 @@ def _pairing_file() -> Any:
 
 
 PAIRING_FILE = _pairing_file()
+PAIRING_RULES = (
+    "names a candidate run's label the session does not have, or its `name_pattern` is not a regular expression "
+    "with named groups layer and stage (and no other but rank), or its `dims` give a name that is not a dimension "
+    "name (a letter or _, then letters, digits, _ . -) or a name twice"
+)
 
 
 class SessionPairingController(Controller):
@@ -62,9 +68,12 @@ class SessionPairingController(Controller):
         "/",
         sync_to_thread=True,
         request_max_body_size=PAIRING_FILE_LIMIT,
-        responses=error_responses(*CHANGES, *JSON_BODY, 404),
+        responses=error_responses(*CHANGES, *JSON_BODY, 404, depends_on_state=PAIRING_RULES),
     )
     def import_file(self, services: Services, session_id: int, data: dict[str, Any] = PAIRING_FILE) -> dict[str, Any]:
         """Apply a pairing file (every key optional: one left out leaves that part as it is); pairs again and
-        answers with the session's pairing now."""
+        answers with the session's pairing now. `strategies` is a list here, as the document says (a file for
+        `compare --pairing` may also give a comma list)."""
+        if isinstance(data.get("strategies"), str):
+            raise InvalidInputError('strategies must be a list of strategy names (["name", "fuzzy:0.8"])')
         return services.actions.import_pairing(session_id, data)

@@ -28,6 +28,8 @@ from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY
 
 WRITE = error_responses(*CHANGES, *JSON_BODY, 404)  # a JSON body about a session or pair
 DELETE = error_responses(*CHANGES, 404)
+NAMES_TENSORS = "names a tensor or a candidate run the session does not hold, or "
+ALIGNMENT = "gives alignment steps that do not fit the two tensors' shapes"
 
 
 class ManualPair(msgspec.Struct, forbid_unknown_fields=True):
@@ -63,7 +65,13 @@ class SessionPairsController(Controller):
             report = session_pairs(db, session_id, cache=services.comparisons.stats)
         return DivergenceReport(report.first_divergence, report.progress, report.verdict, report.coverage)
 
-    @get("/profiles", sync_to_thread=True, responses=error_responses(404))
+    @get(
+        "/profiles",
+        sync_to_thread=True,
+        responses=error_responses(
+            404, depends_on_state="names a dimension no pair has (not a position, nor a name the session's dims give)"
+        ),
+    )
     def profiles(
         self,
         services: Services,
@@ -80,7 +88,11 @@ class SessionPairsController(Controller):
         with services.sessions() as db:
             return session_profiles(db, services.comparisons, session_id, parse_dim(dim))
 
-    @get("/alignments", sync_to_thread=True, responses=error_responses(404))
+    @get(
+        "/alignments",
+        sync_to_thread=True,
+        responses=error_responses(404, depends_on_state=NAMES_TENSORS + "names two tensors that are already paired"),
+    )
     def alignment_choices(
         self,
         services: Services,
@@ -94,7 +106,15 @@ class SessionPairsController(Controller):
         with services.sessions() as db:
             return hand_pair_choices(db, session_id, a_name, b_name, run_id)
 
-    @post("/pairs", sync_to_thread=True, status_code=201, request_max_body_size=JSON_BODY_LIMIT, responses=WRITE)
+    @post(
+        "/pairs",
+        sync_to_thread=True,
+        status_code=201,
+        request_max_body_size=JSON_BODY_LIMIT,
+        responses=error_responses(
+            *CHANGES, *JSON_BODY, 404, depends_on_state=NAMES_TENSORS + "names a paired tensor, or " + ALIGNMENT
+        ),
+    )
     def pair_by_hand(self, services: Services, session_id: int, data: ManualPair = STRICT_BODY) -> PairReport:
         """Pair two tensors by hand; manual pairs persist and win over every automatic strategy."""
         made = services.actions.pair_by_hand(session_id, data.a_name, data.b_name, data.run_id, data.alignment)
@@ -136,7 +156,13 @@ class PairController(Controller):
         with services.sessions() as db:
             return pair_detail(db, services.comparisons, pair_id).argmax
 
-    @get("/{pair_id:int}/profile", sync_to_thread=True, responses=error_responses(404))
+    @get(
+        "/{pair_id:int}/profile",
+        sync_to_thread=True,
+        responses=error_responses(
+            404, depends_on_state="names a dimension past the pair's aligned rank, or the pair has no element values"
+        ),
+    )
     def profile(
         self,
         services: Services,
@@ -148,7 +174,15 @@ class PairController(Controller):
         with services.sessions() as db:
             return error_profile(db, services.comparisons, pair_id, dim)
 
-    @get("/{pair_id:int}/slice", sync_to_thread=True, responses=error_responses(404))
+    @get(
+        "/{pair_id:int}/slice",
+        sync_to_thread=True,
+        responses=error_responses(
+            404,
+            depends_on_state="gives an index, start or count that does not fit the pair's aligned shape (one entry "
+            "per dimension, within its size, one or two ':' windows of at most 65,536 values)",
+        ),
+    )
     def slice_values(
         self,
         services: Services,
@@ -172,7 +206,12 @@ class PairController(Controller):
         """Undo a pair: both tensors become unmatched, and stay so when the session is paired again."""
         services.actions.unpair(pair_id)
 
-    @put("/{pair_id:int}/alignment", sync_to_thread=True, request_max_body_size=JSON_BODY_LIMIT, responses=WRITE)
+    @put(
+        "/{pair_id:int}/alignment",
+        sync_to_thread=True,
+        request_max_body_size=JSON_BODY_LIMIT,
+        responses=error_responses(*CHANGES, *JSON_BODY, 404, depends_on_state=ALIGNMENT),
+    )
     def override_alignment(self, services: Services, pair_id: int, data: AlignmentOverride = STRICT_BODY) -> PairReport:
         """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
         return services.actions.set_alignment(pair_id, data.steps)

@@ -11,6 +11,7 @@ from litestar.params import Parameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
 
 from tensor_debugger.compare.progress import SessionProgress, pair_progress, session_progress
+from tensor_debugger.engine.pairing import STRATEGIES
 from tensor_debugger.errors import NothingUsableError, TooLargeError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -19,6 +20,7 @@ from tensor_debugger.store.reports import SessionDetail, SessionReport
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, ErrorReport, error_responses
 from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY, read_json
 from tensor_debugger.web.multipart import MultipartLimits, UploadBatch, receive_multipart
+from tensor_debugger.web.rule_schemas import STRATEGY_DESCRIPTION, STRATEGY_PATTERN, chain_rules
 from tensor_debugger.web.upload_bodies import NAME_PATTERN, AddRunsOperation, CreateSessionOperation
 from tensor_debugger.web.uploads import (
     RunOutcomes,
@@ -80,6 +82,12 @@ Tolerance = Annotated[
     float, msgspec.Meta(ge=0.0, description="a non-negative number", extra_json_schema={"extra": {"minimum": 0}})
 ]
 Ulps = Annotated[int, msgspec.Meta(ge=1, le=MAX_ULP, description="whole units in the last place")]
+StrategyChain = Annotated[
+    list[Annotated[str, msgspec.Meta(pattern=STRATEGY_PATTERN)]],
+    msgspec.Meta(
+        max_length=len(STRATEGIES), description=STRATEGY_DESCRIPTION, extra_json_schema={"extra": chain_rules()}
+    ),
+]
 
 
 class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
@@ -89,9 +97,9 @@ class SessionPatch(msgspec.Struct, forbid_unknown_fields=True):
     atol: Tolerance | None = None
     default_tolerances: bool = False  # true: back to torch.testing's defaults per dtype
     ulp: Ulps | None = None  # pass within this many ULPs of each pair's lower-precision dtype, instead of rtol/atol
-    # the chain of pairing strategies, a list or a comma list as --strategies takes it ("name,fuzzy:0.8");
-    # [] or "": the default chain. A change pairs the session again.
-    strategies: list[str] | str | None = None
+    # the chain of pairing strategies, a list of names (["name", "fuzzy:0.8"]); []: the default chain. A change
+    # pairs the session again.
+    strategies: StrategyChain | None = None
     name_pattern: str | None = None  # a regex with groups layer and stage (and rank); "": none
     # globs of reference tensor names that may have no partner in a candidate (as compare --allow-unmatched); []:
     # none. A change pairs the session again: any other reference tensor without partner keeps it incomplete.
@@ -125,7 +133,15 @@ class SessionController(Controller):
         "/{session_id:int}",
         sync_to_thread=True,
         request_max_body_size=JSON_BODY_LIMIT,
-        responses=error_responses(*CHANGES, *JSON_BODY, 404, 409),
+        responses=error_responses(
+            *CHANGES,
+            *JSON_BODY,
+            404,
+            409,
+            depends_on_state="gives a `name_pattern` that is not a regular expression with named groups layer and "
+            "stage (and no other but rank), or `dims` with a name that is not a dimension name (a letter or _, then "
+            "letters, digits, _ . -) or a name twice",
+        ),
     )
     def update_session(self, services: Services, session_id: int, data: SessionPatch = STRICT_BODY) -> SessionReport:
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
