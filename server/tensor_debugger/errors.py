@@ -51,6 +51,14 @@ class FileProblem(TensorDebuggerError):
         return type(self), (self.file, self.reason)
 
 
+def unexpected_problem(file: str, exc: BaseException) -> FileProblem:
+    """A file whose reading raised an error no reader expected: named, with the error's type and first line, so that
+    the run's other files go on and the user learns which file and why, never a traceback."""
+    lines = str(exc).strip().splitlines()
+    message = f": {lines[0][:300]}" if lines else ""
+    return FileProblem(file, f"could not be read ({type(exc).__name__}{message})")
+
+
 class NotATensor(FileProblem):
     """A file or a value that holds no tensor (a config.json beside the weights, a step counter in a state dict):
     named, and otherwise ignored; nothing is missing from the run for it."""

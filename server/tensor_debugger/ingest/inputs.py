@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from tensor_debugger.engine.names import natural_key
-from tensor_debugger.errors import FileProblem, NotATensor
+from tensor_debugger.errors import FileProblem, NotATensor, TensorDebuggerError, is_disk_full, unexpected_problem
 from tensor_debugger.ingest.archives import (
     ArchiveLimits,
     ExpansionBudget,
@@ -117,6 +117,10 @@ class _Expander:
                 yield from self.file(member.path, base / name, f"{label}/{member.name}", staged, depth + 1, member)
             except FileProblem as problem:
                 self.problems.append(problem)
+            except Exception as exc:
+                if not _ones_own(exc):
+                    raise
+                self.problems.append(unexpected_problem(f"{label}/{member.name}", exc))
 
     def traced(
         self, members: list[Member], names: list[PurePosixPath], base: PurePosixPath, label: str, staged: bool
@@ -231,7 +235,17 @@ def expand_inputs(inputs: list[InputFile], staging: Path, limits: ArchiveLimits)
                 entries.extend(expander.file(item.path, PurePosixPath(Path(item.label).name), item.label, False, 0))
         except FileProblem as problem:
             expander.problems.append(problem)
+        except Exception as exc:
+            if not _ones_own(exc):
+                raise
+            expander.problems.append(unexpected_problem(item.label, exc))
     return Expansion(entries, expander.problems, expander.traces)
+
+
+def _ones_own(exc: Exception) -> bool:
+    """Whether `exc`, raised while unpacking or looking at one input, is that input's alone (so it fails, named, and
+    the others go on): not one of ours (they say what stops the whole run), not a full disk, not out of memory."""
+    return not isinstance(exc, TensorDebuggerError | MemoryError) and not is_disk_full(exc)
 
 
 def _loose_trace(expander: _Expander, loose: list[InputFile]) -> tuple[list[TensorFileEntry], set[int]]:

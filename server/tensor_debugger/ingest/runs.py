@@ -35,7 +35,7 @@ from pathlib import Path, PurePosixPath
 from typing import Protocol
 
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -50,8 +50,10 @@ from tensor_debugger.errors import (
     NothingUsableError,
     StoreUnavailableError,
     StoreWriteError,
+    TensorDebuggerError,
     is_disk_full,
     is_outage,
+    unexpected_problem,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.block_readers import BufferPool
@@ -613,6 +615,11 @@ class Ingestor:
                     if is_disk_full(exc):
                         raise DiskFullError(f"the arrays of {entry.label}") from exc
                     problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
+                except (TensorDebuggerError, IngestCancelled, TakenOver, SQLAlchemyError):
+                    raise  # not this file's: the run stops, as it would for any of them
+                except Exception as exc:  # anything else one file's reading raised: that file fails, named
+                    self._drop(run_id, stored, first, made)
+                    problems.append(unexpected_problem(entry.label, exc))
                 finally:
                     if entry.staged:
                         entry.path.unlink(missing_ok=True)

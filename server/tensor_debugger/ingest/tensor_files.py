@@ -360,6 +360,8 @@ def _unreadable_pth(path: Path, span: Span | None, exc: BaseException) -> str:
     head = _head(path, span)
     if size == 0:
         why = "empty (0 bytes)"
+    elif head.startswith(b"PK") and _zip_directory_reads(path, span):  # what it holds is wrong, not its directory
+        why = "a zip archive (torch.save's format) whose contents are damaged or inconsistent"
     elif head.startswith(b"PK"):  # a zip archive, torch.save's format since PyTorch 1.6
         why = f"truncated or damaged: a zip archive of {size} bytes whose directory cannot be read (copied whole?)"
     elif head[:1] == b"\x80":  # a pickle: the legacy format, or one torch.save did not write
@@ -371,6 +373,15 @@ def _unreadable_pth(path: Path, span: Span | None, exc: BaseException) -> str:
         refusal = detail.group(1) if detail else "refused"
         return f"not a readable PyTorch file: {why} (the weights-only unpickler: {refusal}); nothing in it was executed"
     return f"not a readable PyTorch file: {why} ({type(exc).__name__}: {_first_line(exc)})"
+
+
+def _zip_directory_reads(path: Path, span: Span | None) -> bool:
+    """Whether the zip archive at `path` (or its `span`) has a directory that lists its members."""
+    try:
+        with open_range(path, span) as handle, zipfile.ZipFile(handle) as archive:
+            return bool(archive.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False
 
 
 def _head(path: Path, span: Span | None) -> bytes:
