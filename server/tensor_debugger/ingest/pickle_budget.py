@@ -16,8 +16,8 @@ reference to it adding that count.
 from __future__ import annotations
 
 import pickletools
+import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import IO, Any
 
 MAX_OBJECTS = 1_000_000  # nodes of the expanded tree: containers, keys and leaves, shared ones each time reached
@@ -61,6 +61,16 @@ class _Node:
 
 
 _LEAF = object()  # a number, a string, a global, a storage: nothing below it
+
+
+class _Leaves(int):
+    """A tuple of leaves the pickle builds, kept as its count of nodes (itself and its leaves): it can never change,
+    so nothing more of it is needed."""
+
+    __slots__ = ()
+
+
+_EMPTY_TUPLE = _Leaves(1)
 _MARK = object()
 
 
@@ -89,38 +99,57 @@ _TAKES = {"TUPLE1": 1, "TUPLE2": 2, "TUPLE3": 3, "APPEND": 1, "BUILD": 1, "SETIT
 _LENGTHS = {-2: (1, False), -3: (4, True), -4: (4, False), -5: (8, False)}  # bytes of a length, and its signedness
 
 
-@dataclass(frozen=True)
-class _Op:
-    kind: str
-    takes: int  # items taken off the stack
-    argument: int  # pickletools' n: bytes of the argument (>= 0), a line (-1), or a length of -2 to -5's bytes first
-    lines: int  # lines of a line argument
-    memo_text: bool  # GET and PUT: the memo index as a decimal line
+# the kinds, as small numbers for the reading loop
+(LEAF, NOTHING, EMPTY, EMPTY_TUPLE, GET, PUT, FROM_MARK, FROM_MARK_TUPLE, INTO_TOP, MARK, MEMOIZE, STOP, TUPLE_N, ADD,
+ CALL, SWAP, POP, POP_MARK, DUP) = range(19)  # fmt: skip
+_KIND_NUMBERS = {
+    "leaf": LEAF, "nothing": NOTHING, "empty": EMPTY, "get": GET, "put": PUT, "from_mark": FROM_MARK,
+    "into_top": INTO_TOP, "mark": MARK, "memoize": MEMOIZE, "stop": STOP, "tuple": TUPLE_N, "add": ADD, "call": CALL,
+    "swap": SWAP, "pop": POP, "pop_mark": POP_MARK, "dup": DUP,
+}  # fmt: skip
+_FIXED = {1: "<B", 2: "<H", 4: "<I", 8: "<Q"}
 
 
-def _opcodes() -> dict[int, _Op]:
-    table = {}
+# an opcode: its kind, the items it takes off the stack, its argument (pickletools' n: bytes of the argument when
+# >= 0, a line when -1, a length of -2 to -5's bytes first), the lines of a line argument, and whether it is GET or
+# PUT with the memo index as a decimal line
+_Op = tuple[int, int, int, int, bool]
+
+
+def _opcodes() -> list[_Op | None]:
+    """The opcodes by their byte (None: no opcode)."""
+    table: list[_Op | None] = [None] * 256
     for op in pickletools.opcodes:
         n = op.arg.n if op.arg is not None else 0
         lines = 2 if op.arg is not None and op.arg.name == "stringnl_noescape_pair" else 1
-        table[ord(op.code)] = _Op(_KINDS[op.name], _TAKES.get(op.name, 0), n, lines, op.name in ("GET", "PUT"))
+        kind = _KIND_NUMBERS[_KINDS[op.name]]
+        if op.name == "EMPTY_TUPLE":
+            kind = EMPTY_TUPLE
+        elif op.name == "TUPLE":
+            kind = FROM_MARK_TUPLE
+        table[ord(op.code)] = (kind, _TAKES.get(op.name, 0), n, lines, op.name in ("GET", "PUT"))
     return table
 
 
 class _Window:
-    """The stream's bytes from where the reading is, read ahead a MiB at a time."""
+    """The stream's bytes from where the reading is, read ahead a MiB at a time. The reading loop reads `data` at
+    `at` itself while enough is there (`ahead`), and syncs with `at` before calling the rest."""
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.stream = stream
         self.data = b""
         self.at = 0
 
-    def take(self, n: int) -> bytes:
+    def ahead(self, n: int) -> None:
+        """At least `n` bytes after `at` in `data`, where the stream has them."""
         if self.at + n > len(self.data):
             self.data = self.data[self.at :] + self.stream.read(max(n, 1 << 20))
             self.at = 0
-            if n > len(self.data):
-                raise EOFError("cut short")
+
+    def take(self, n: int) -> bytes:
+        self.ahead(n)
+        if n > len(self.data) - self.at:
+            raise EOFError("cut short")
         got = self.data[self.at : self.at + n]
         self.at += n
         return got
@@ -145,10 +174,21 @@ class _Window:
         return got
 
 
+def _tuple_of(items: list[Any]) -> Any:
+    """A tuple of `items` as the reading keeps it: a tuple of leaves is only its count of nodes (itself and its
+    leaves: it can never change), any other a `_Node`."""
+    for item in items:
+        if item is not _LEAF:
+            return _Node(items)
+    if len(items) >= MAX_OBJECTS:
+        raise PickleTooLarge(_too_many())
+    return _Leaves(len(items) + 1)
+
+
 class _Shapes:
-    """The pickle machine, with every object a `_Node` of what it holds (or `_LEAF`). An object made by a call
-    (a tensor rebuilt, an OrderedDict, a set) holds what its arguments hold; a persistent id (a storage) and a
-    global are leaves."""
+    """The pickle machine, with every object a `_Node` of what it holds (or `_LEAF`; a tuple of leaves its count).
+    An object made by a call (a tensor rebuilt, an OrderedDict, a set) holds what its arguments hold; a persistent
+    id (a storage) and a global are leaves."""
 
     def __init__(self, stream: IO[bytes]) -> None:
         self.nodes: list[_Node] = []
@@ -160,55 +200,81 @@ class _Shapes:
         stack: list[Any] = []
         memo: dict[int, Any] = {}
         window, table, nodes = self.window, self.table, self.nodes
+        unpack = struct.unpack_from
+        data, at = window.data, window.at
         while True:
-            op = table[window.take(1)[0]]  # KeyError: no opcode
-            kind = op.kind
-            arg = b""
-            if op.argument > 0:
-                arg = window.take(op.argument)
-            elif op.argument == -1:
-                arg = b"".join(window.line() for _ in range(op.lines))
-            elif op.argument < 0:
-                width, signed = _LENGTHS[op.argument]
-                length = int.from_bytes(window.take(width), "little", signed=signed)
-                if length < 0:
-                    raise ValueError("negative length")
-                window.skip(length)
-            taken: list[Any] = []
-            if op.takes:
-                taken = stack[-op.takes :]
-                if len(taken) != op.takes or _MARK in taken:
+            if at + 9 > len(data):  # an opcode and a fixed argument of up to 8 bytes, read in place below
+                window.at = at
+                window.ahead(9)
+                data, at = window.data, window.at
+                if at >= len(data):
+                    raise EOFError("cut short")
+            op = table[data[at]]
+            if op is None:
+                raise ValueError("no opcode")
+            kind, takes, n, lines, memo_text = op
+            at += 1
+            arg: Any = 0
+            if n > 0:
+                if at + n > len(data):
+                    raise EOFError("cut short")
+                if n in _FIXED:
+                    arg = unpack(_FIXED[n], data, at)[0]
+                at += n
+            elif n < 0:
+                window.at = at
+                if n == -1:
+                    text = b"".join(window.line() for _ in range(lines))
+                    arg = int(text) if memo_text else 0
+                else:
+                    width, signed = _LENGTHS[n]
+                    length = int.from_bytes(window.take(width), "little", signed=signed)
+                    if length < 0:
+                        raise ValueError("negative length")
+                    window.skip(length)
+                data, at = window.data, window.at
+            if takes:
+                taken = stack[-takes:]
+                if len(taken) != takes or _MARK in taken:
                     raise IndexError("stack underflow")
-                del stack[-op.takes :]
-            if kind == "leaf":
+                del stack[-takes:]
+            if kind == PUT:
+                memo[arg] = stack[-1]
+            elif kind == GET:
+                stack.append(memo[arg])
+            elif kind in (LEAF, SWAP):
                 stack.append(_LEAF)
-            elif kind == "get":
-                stack.append(memo[int(arg) if op.memo_text else int.from_bytes(arg, "little")])
-            elif kind == "put":
-                memo[int(arg) if op.memo_text else int.from_bytes(arg, "little")] = stack[-1]
-            elif kind == "memoize":
+            elif kind == MEMOIZE:
                 memo[len(memo)] = stack[-1]
-            elif kind == "empty" or kind == "tuple" or kind == "from_mark":
-                node = _Node(taken if kind == "tuple" else _after_mark(stack) if kind == "from_mark" else ())
-                nodes.append(node)
-                stack.append(node)
-            elif kind == "mark":
+            elif kind == MARK:
                 stack.append(_MARK)
-            elif kind == "add" or kind == "into_top":  # an object's state (BUILD) is what it holds too
-                self._into_top(stack, taken if kind == "add" else _after_mark(stack))
-            elif kind == "call":  # the callable itself is a global: a leaf
-                node = _Node(x for arg_ in taken[1:] for x in _held(arg_))
+            elif kind == FROM_MARK_TUPLE:
+                stack.append(self._kept(_tuple_of(_after_mark(stack))))
+            elif kind == TUPLE_N:
+                stack.append(self._kept(_tuple_of(taken)))
+            elif kind == EMPTY_TUPLE:
+                stack.append(_EMPTY_TUPLE)
+            elif kind == CALL:  # the callable itself is a global: a leaf
+                stack.append(self._kept(_tuple_of([x for arg_ in taken[1:] for x in _held(arg_)])))
+            elif kind in (EMPTY, FROM_MARK):
+                node = _Node(_after_mark(stack) if kind == FROM_MARK else ())
                 nodes.append(node)
                 stack.append(node)
-            elif kind == "swap":
-                stack.append(_LEAF)
-            elif kind == "pop_mark":
+            elif kind in (ADD, INTO_TOP):  # an object's state (BUILD) is what it holds too
+                self._into_top(stack, taken if kind == ADD else _after_mark(stack))
+            elif kind == POP_MARK:
                 _after_mark(stack)
-            elif kind == "dup":
+            elif kind == DUP:
                 stack.append(stack[-1])
-            elif kind == "stop":
+            elif kind == STOP:
+                window.at = at
                 return
-            # "nothing" and "pop": done
+            # NOTHING and POP: done
+
+    def _kept(self, made: Any) -> Any:
+        if isinstance(made, _Node):
+            self.nodes.append(made)
+        return made
 
     def _into_top(self, stack: list[Any], items: list[Any]) -> None:
         if not stack or stack[-1] is _MARK:
@@ -222,7 +288,11 @@ class _Shapes:
 
 def _held(obj: Any) -> list[Any]:
     """What a call's argument puts into what the call makes: a tuple's items, or the argument itself."""
-    return obj.children if isinstance(obj, _Node) else [obj]
+    if isinstance(obj, _Node):
+        return obj.children
+    if type(obj) is _Leaves:
+        return [_LEAF] * (obj - 1)
+    return [obj]
 
 
 def _after_mark(stack: list[Any]) -> list[Any]:
@@ -243,6 +313,9 @@ class _Reach:
 
     def count(self, obj: Any, depth: int) -> int:
         """The nodes of `obj`'s tree, `obj` being at `depth` levels of containers (itself included)."""
+        if type(obj) is _Leaves:  # a tuple of leaves: its count, one level
+            _check_depth(depth)
+            return obj
         children = _children(obj)
         if children is None:
             return 1
@@ -257,17 +330,26 @@ class _Reach:
         self.open.add(key)
         total, levels = 1, 1
         for child in children:
-            total += 1 if child is _LEAF else self.count(child, depth + 1)
+            if child is _LEAF:
+                total += 1
+                continue
+            total += self.count(child, depth + 1)
             if total > MAX_OBJECTS:
-                raise PickleTooLarge(
-                    f"its pickle expands to more than {MAX_OBJECTS:,} objects, shared references counted each time "
-                    "they are reached (a pickle bomb?); refused before it was expanded"
-                )
-            if id(child) in self.counted:
+                raise PickleTooLarge(_too_many())
+            if type(child) is _Leaves:
+                levels = max(levels, 2)
+            elif id(child) in self.counted:
                 levels = max(levels, 1 + self.counted[id(child)][1])
         self.open.discard(key)
         self.counted[key] = (total, levels)
         return total
+
+
+def _too_many() -> str:
+    return (
+        f"its pickle expands to more than {MAX_OBJECTS:,} objects, shared references counted each time they are "
+        "reached (a pickle bomb?); refused before it was expanded"
+    )
 
 
 def _check_depth(depth: int) -> None:
