@@ -23,6 +23,7 @@ from tests.support import loopback_http as http
 from tests.support.servers import LiveServer, started_with_demo
 
 Operation = schemathesis.APIOperation[Any, Any, Any, Any]
+SENT: dict[str, int] = {}  # requests sent per mode, for `make fuzz`'s summary line
 # per operation, mode and pass; `make fuzz` runs more (FUZZ_EXAMPLES)
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "5"))
 
@@ -101,6 +102,7 @@ def failures_of(
     )
     @hypothesis.given(case=operation.as_strategy(generation_mode=mode, path_parameters=path_parameters))
     def run(case: schemathesis.Case[Operation]) -> None:
+        SENT[mode.value] = SENT.get(mode.value, 0) + 1
         case.call_and_validate(base_url=base_url)
 
     try:
@@ -138,4 +140,6 @@ def test_every_operation_answers_as_documented(fuzzed_server: LiveServer, mode: 
         for ids in passes(op, mode)
         if (failure := failures_of(op, mode, fuzzed_server.url, ids)) is not None
     ]
+    sent = SENT.get(mode.value, 0)
+    print(f"\nfuzzing, {mode.value}: {sent} requests, {len(operations)} operations, {len(found)} failed")
     assert not found, f"{len(found)} failed (of {len(operations)} operations):\n\n" + "\n\n".join(found)
