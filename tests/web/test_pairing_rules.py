@@ -129,6 +129,8 @@ def test_pairing_file_through_the_api(shared_server: LiveServer, tmp_path: Path)
         ({"name_pattern": "L(?P<layer>"}, "not a regular expression"),
         ({"strategies": ["shape", "nope"]}, "unknown pairing strategy 'nope'"),
         ({"pears": []}, "no key 'pears'"),
+        ({"strategies": "shape,name"}, "strategies must be a list"),  # the document says a list
+        ({"strategies": ["fuzzy:0.5", "fuzzy"]}, "named twice"),  # and fuzzy at most once (maxContains)
     ]:
         bad = http.put(url, json=body)
         assert bad.status_code == 400 and words in bad.json()["detail"], bad.text
