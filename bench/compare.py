@@ -98,8 +98,8 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
 
     import numpy as np
     from sqlalchemy import delete, func, select
-    from tensor_debugger.compare.chunk_loop import loop_name, read_chunks
-    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.compare.compute.chunk_loop import loop_name, read_chunks
+    from tensor_debugger.compare.planning.plan import Comparisons
     from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
     from tensor_debugger.engine.fused import kernel_name
     from tensor_debugger.engine.streaming import BLOCK_BYTES

@@ -13,9 +13,9 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.actions import SessionActions
-from tensor_debugger.compare.early_uploads import EarlyUploads
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.worker import ComparisonWorker
+from tensor_debugger.compare.compute.early_uploads import EarlyUploads
+from tensor_debugger.compare.compute.worker import ComparisonWorker
+from tensor_debugger.compare.planning.plan import Comparisons
 from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.child import ChildIngests

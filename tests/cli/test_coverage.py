@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 from sqlalchemy import select
-from tensor_debugger.compare.coverage import SessionVerdict
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.session_diff import Change, diff_sessions, find_session
+from tensor_debugger.compare.reports.coverage import SessionVerdict
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.compare.reports.session_diff import Change, diff_sessions, find_session
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog

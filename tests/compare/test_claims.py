@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 from sqlalchemy import func, select
-from tensor_debugger.compare import pending as pending_pairs
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.compute import pending as pending_pairs
+from tensor_debugger.compare.planning.plan import Comparisons
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.claims import Claims

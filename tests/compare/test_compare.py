@@ -12,11 +12,11 @@ import torch
 from sqlalchemy import select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare import pending as pending_pairs
-from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
-from tensor_debugger.compare.pair_reports import pair_detail, session_pairs
-from tensor_debugger.compare.pending import ResultWriter, set_up
-from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.compute import pending as pending_pairs
+from tensor_debugger.compare.compute.pending import ResultWriter, set_up
+from tensor_debugger.compare.reports.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.compare.reports.pair_reports import pair_detail, session_pairs
+from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
 from tensor_debugger.demo.synthetic import STAGES, Plant, write_dump
 from tensor_debugger.engine.alignment import Alignment
 from tensor_debugger.engine.streaming import compare_stream

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from sqlalchemy import select
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services

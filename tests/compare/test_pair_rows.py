@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy import select
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.pair_rows import StatsCache
-from tensor_debugger.compare.pair_stats import PairStatsSummary
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.compare.reports.pair_rows import StatsCache
+from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import event, func, select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs
-from tensor_debugger.compare.requests import CompareRequest
+from tensor_debugger.compare.planning.requests import CompareRequest
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services

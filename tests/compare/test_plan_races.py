@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 

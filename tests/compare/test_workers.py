@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from sqlalchemy import select
-from tensor_debugger.compare.heatmap import build_heatmap
-from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.reports.heatmap import build_heatmap
+from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
 from tensor_debugger.ingest.writer import SerialLane, WritePools, digest_header
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings, available_cpus

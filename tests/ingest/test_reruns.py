@@ -19,7 +19,7 @@ import torch
 from sqlalchemy import select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings

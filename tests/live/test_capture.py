@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import select
 from tensor_debugger import capture
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.planning.plan import Comparisons
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.recorder import safetensors_codes, write_safetensors

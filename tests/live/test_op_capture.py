@@ -17,10 +17,10 @@ import torch.nn.functional as F  # noqa: N812 (the name models use)
 from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.module_reports import ModuleNodeReport
-from tensor_debugger.compare.op_lists import op_lists
-from tensor_debugger.compare.pair_reports import SessionPairs, session_pairs
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.module_reports import ModuleNodeReport
+from tensor_debugger.compare.reports.op_lists import op_lists
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord

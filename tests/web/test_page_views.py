@@ -14,8 +14,8 @@ import pytest
 import torch
 from playwright.sync_api import Browser, Page, expect
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare.explore import plan_explore
 from tensor_debugger.compare.pipeline import compare_runs
+from tensor_debugger.compare.planning.explore import plan_explore
 from tensor_debugger.demo.synthetic import DumpShape, Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services

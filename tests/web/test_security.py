@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from playwright.sync_api import Browser
-from tensor_debugger.compare.inspector import cell_css
+from tensor_debugger.compare.reports.inspector import cell_css
 from tensor_debugger.web.security import PAGE_POLICY
 
 from tests.support import REPO

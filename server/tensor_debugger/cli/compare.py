@@ -18,11 +18,11 @@ from tensor_debugger.cli.compare_output import (
 )
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.cli.warm import find_server
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.formatting import format_cosine
-from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs, free_name
-from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files
+from tensor_debugger.compare.planning.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.formatting import format_cosine
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -53,7 +53,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     """Ingest one run and compare every tensor of it with every other (those matching `match`); the JSON is
     compare's. Exit 0 once done, whatever the verdicts; 2 on unusable input (a file that could not be read too) or
     too many pairs."""
-    from tensor_debugger.compare.explore import plan_explore
+    from tensor_debugger.compare.planning.explore import plan_explore
 
     session_name = free_name(services.sessions, name or f"explore {path.name}")
     bar = ProgressBar(f"ingest {path.name}")

@@ -35,7 +35,7 @@ from tensor_debugger.errors import StoreUnavailableError, TensorDebuggerError
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
-    from tensor_debugger.compare.requests import CompareOutcome, CompareRequest
+    from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2

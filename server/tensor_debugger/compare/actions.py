@@ -11,11 +11,11 @@ from typing import Any
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.compare.explore import CLI_FILTER, plan_explore
-from tensor_debugger.compare.hand_pairing import candidate_run, check_choice
-from tensor_debugger.compare.pair_reports import PairReport, apply_order, session_pairs
-from tensor_debugger.compare.pairing_files import check_dims, export_pairing, import_pairing, set_rules
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.planning.explore import CLI_FILTER, plan_explore
+from tensor_debugger.compare.planning.hand_pairing import candidate_run, check_choice
+from tensor_debugger.compare.planning.pairing_files import check_dims, export_pairing, import_pairing, set_rules
+from tensor_debugger.compare.planning.plan import Comparisons
+from tensor_debugger.compare.reports.pair_reports import PairReport, apply_order, session_pairs
 from tensor_debugger.engine.alignment import Alignment, Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store import catalog

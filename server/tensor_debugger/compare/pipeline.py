@@ -21,14 +21,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.coverage import SessionVerdict
-from tensor_debugger.compare.early import EarlyComparisons
-from tensor_debugger.compare.early_uploads import SessionComparisons
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.pairing_files import check_file, import_pairing
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.requests import (
+from tensor_debugger.compare.compute.early import EarlyComparisons
+from tensor_debugger.compare.compute.early_uploads import SessionComparisons
+from tensor_debugger.compare.planning.pairing_files import check_file, import_pairing
+from tensor_debugger.compare.planning.plan import Comparisons
+from tensor_debugger.compare.planning.requests import (
     EXIT_FAIL,
     EXIT_PASS,
     EXIT_UNUSABLE,
@@ -38,6 +35,9 @@ from tensor_debugger.compare.requests import (
     unread_files,
     unusable_json,
 )
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.coverage import SessionVerdict
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile

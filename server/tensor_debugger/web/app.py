@@ -15,8 +15,8 @@ from litestar.template import TemplateConfig
 from sqlalchemy.exc import DBAPIError
 
 from tensor_debugger import __version__
-from tensor_debugger.compare.formatting import register_filters
-from tensor_debugger.compare.plan import sessions_needing_plan
+from tensor_debugger.compare.planning.plan import sessions_needing_plan
+from tensor_debugger.compare.reports.formatting import register_filters
 from tensor_debugger.errors import TensorDebuggerError
 from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir

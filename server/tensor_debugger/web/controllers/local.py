@@ -21,7 +21,7 @@ from litestar.exceptions import PermissionDeniedException
 from litestar.response import Stream
 
 from tensor_debugger.compare.pipeline import compare_runs, ingest_run
-from tensor_debugger.compare.requests import CompareOutcome, CompareRequest
+from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services

@@ -6,7 +6,7 @@ from __future__ import annotations
 from litestar import Controller, Response, get
 from litestar.response import Template
 
-from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.compare.reports.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import PairRecord

@@ -6,8 +6,8 @@ import msgspec
 from litestar import Controller, delete, get, post, put
 from litestar.params import Parameter
 
-from tensor_debugger.compare.hand_pairing import HandPairChoices, hand_pair_choices
-from tensor_debugger.compare.pair_reports import (
+from tensor_debugger.compare.planning.hand_pairing import HandPairChoices, hand_pair_choices
+from tensor_debugger.compare.reports.pair_reports import (
     ArgmaxReport,
     DivergenceReport,
     PairDetail,
@@ -16,9 +16,9 @@ from tensor_debugger.compare.pair_reports import (
     pair_detail,
     session_pairs,
 )
-from tensor_debugger.compare.profiles import ErrorProfile, error_profile
-from tensor_debugger.compare.session_profiles import SessionProfiles, parse_dim, session_profiles
-from tensor_debugger.compare.slices import SliceReport, parse_slice_request, read_slice
+from tensor_debugger.compare.reports.profiles import ErrorProfile, error_profile
+from tensor_debugger.compare.reports.session_profiles import SessionProfiles, parse_dim, session_profiles
+from tensor_debugger.compare.reports.slices import SliceReport, parse_slice_request, read_slice
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog

@@ -9,11 +9,11 @@ from litestar.response import Redirect, Template
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.exports import pairs_to_csv
-from tensor_debugger.compare.hand_pairing import hand_pair_choices
-from tensor_debugger.compare.pair_reports import SessionPairs, apply_order, session_pairs
-from tensor_debugger.compare.progress import session_progress
-from tensor_debugger.compare.session_profiles import parse_dim, session_profiles
+from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
+from tensor_debugger.compare.reports.exports import pairs_to_csv
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, apply_order, session_pairs
+from tensor_debugger.compare.reports.progress import session_progress
+from tensor_debugger.compare.reports.session_profiles import parse_dim, session_profiles
 from tensor_debugger.engine.dimension_names import dimension_names
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services

@@ -10,11 +10,11 @@ from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.inspector import build_inspector, build_raw_grid
-from tensor_debugger.compare.op_lists import op_lists
-from tensor_debugger.compare.pair_reports import pair_detail
-from tensor_debugger.compare.profiles import ErrorProfile, error_profile
-from tensor_debugger.compare.slices import SliceRequest, parse_slice_request, read_window
+from tensor_debugger.compare.reports.inspector import build_inspector, build_raw_grid
+from tensor_debugger.compare.reports.op_lists import op_lists
+from tensor_debugger.compare.reports.pair_reports import pair_detail
+from tensor_debugger.compare.reports.profiles import ErrorProfile, error_profile
+from tensor_debugger.compare.reports.slices import SliceRequest, parse_slice_request, read_window
 from tensor_debugger.engine.alignment import Shape
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
 from tensor_debugger.engine.views import SourceView

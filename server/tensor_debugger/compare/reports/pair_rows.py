@@ -14,8 +14,8 @@ import msgspec
 from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.pair_stats import PairStatsSummary
-from tensor_debugger.compare.where_reports import StoredSpan, StoredWhere
+from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
+from tensor_debugger.compare.reports.where_reports import StoredSpan, StoredWhere
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
 # msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)

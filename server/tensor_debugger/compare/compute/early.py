@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.chunk_loop import chunk_pairs
-from tensor_debugger.compare.pending import FLUSH_SECONDS, PendingPair, ResultWriter
-from tensor_debugger.compare.plan import Comparisons, cache_key, tensor_ref
+from tensor_debugger.compare.compute.chunk_loop import chunk_pairs
+from tensor_debugger.compare.compute.pending import FLUSH_SECONDS, PendingPair, ResultWriter
+from tensor_debugger.compare.planning.plan import Comparisons, cache_key, tensor_ref
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
 from tensor_debugger.engine.streaming import PairJob, compare_stream

@@ -11,7 +11,7 @@ from itertools import combinations
 
 from sqlalchemy import delete, select
 
-from tensor_debugger.compare.plan import Comparisons, tensor_ref
+from tensor_debugger.compare.planning.plan import Comparisons, tensor_ref
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.pairing import execution_order, group_shards
 from tensor_debugger.errors import InvalidInputError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.planning.plan import Comparisons
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.coverage import (
+from tensor_debugger.compare.planning.plan import Comparisons
+from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
     Coverage,
     SessionVerdict,
@@ -19,8 +20,8 @@ from tensor_debugger.compare.coverage import (
     closest_candidates,
     session_verdict,
 )
-from tensor_debugger.compare.formatting import replica_words
-from tensor_debugger.compare.module_reports import (
+from tensor_debugger.compare.reports.formatting import replica_words
+from tensor_debugger.compare.reports.module_reports import (
     ModuleReport,
     Number,
     StageCulpritReport,
@@ -29,8 +30,8 @@ from tensor_debugger.compare.module_reports import (
     pair_error,
     stage_culprits,
 )
-from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
-from tensor_debugger.compare.pair_rows import (
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR, Rule, noise_judges
+from tensor_debugger.compare.reports.pair_rows import (
     ResultRow,
     StatsCache,
     read_pairs,
@@ -38,12 +39,11 @@ from tensor_debugger.compare.pair_rows import (
     read_stats,
     read_tensors,
 )
-from tensor_debugger.compare.pair_stats import PairStatsFull, PairStatsSummary
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.profiles import error_profile
-from tensor_debugger.compare.progress import PairProgress
-from tensor_debugger.compare.where_reports import WhereEntry, named_where
-from tensor_debugger.compare.worst_pairs import WorstPairs, worst_pairs
+from tensor_debugger.compare.reports.pair_stats import PairStatsFull, PairStatsSummary
+from tensor_debugger.compare.reports.profiles import error_profile
+from tensor_debugger.compare.reports.progress import PairProgress
+from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
+from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.metrics import PairStats, json_number, parse_number

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from sqlalchemy import select
 
-from tensor_debugger.compare.dask_workers import worker_comparisons
-from tensor_debugger.compare.pending import CurrentPairs, PendingPair, ResultWriter, set_up
+from tensor_debugger.compare.compute.dask_workers import worker_comparisons
+from tensor_debugger.compare.compute.pending import CurrentPairs, PendingPair, ResultWriter, set_up
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
 from tensor_debugger.engine.streaming import BLOCK_BYTES, PairJob, compare_block, pair_blocks
@@ -34,7 +34,7 @@ from tensor_debugger.store.models import PairRecord, TensorRecord
 if TYPE_CHECKING:
     from distributed import Client
 
-    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.compare.planning.plan import Comparisons
     from tensor_debugger.settings import Settings
 
 log = logging.getLogger(__name__)

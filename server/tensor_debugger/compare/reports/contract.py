@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from tensor_debugger.compare.pair_reports import FirstDivergence, SessionPairs
-from tensor_debugger.compare.where_reports import WhereEntry
+from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs
+from tensor_debugger.compare.reports.where_reports import WhereEntry
 
 CONTRACT_STATS = (
     "max_abs_diff",

@@ -23,7 +23,7 @@ from tensor_debugger.ingest.traces import ModuleNode
 from tensor_debugger.store.reports import PairStatus
 
 if TYPE_CHECKING:  # pair_reports builds this report from its pairs
-    from tensor_debugger.compare.pair_reports import PairReport
+    from tensor_debugger.compare.reports.pair_reports import PairReport
 
 # JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (metrics.json_number); an integer pair's
 # differences and values are exact integers (int64 and uint64 past float64's 2**53 included): `int` here keeps them

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.module_reports import Number
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.profiles import error_profile
+from tensor_debugger.compare.planning.plan import Comparisons
+from tensor_debugger.compare.reports.module_reports import Number
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.compare.reports.profiles import error_profile
 from tensor_debugger.engine.dimension_names import NAME, dimension_names
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.module_reports import Number
+from tensor_debugger.compare.reports.module_reports import Number
 from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
 from tensor_debugger.engine.metrics import json_number
 from tensor_debugger.engine.profiles import ProfileAccumulator
@@ -18,7 +18,7 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord
 
 if TYPE_CHECKING:  # the comparisons hand in their views; compare/pending.py keeps replicas' profiles (no cycle)
-    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.compare.planning.plan import Comparisons
 
 PROFILE_BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side read at once
 

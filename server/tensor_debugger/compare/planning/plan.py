@@ -23,9 +23,9 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.compare.dask_connection import SchedulerConnection
-from tensor_debugger.compare.pair_rows import StatsCache
-from tensor_debugger.compare.pending import CurrentPairs, ProgressCallback, compute_pending
+from tensor_debugger.compare.compute.dask_connection import SchedulerConnection
+from tensor_debugger.compare.compute.pending import CurrentPairs, ProgressCallback, compute_pending
+from tensor_debugger.compare.reports.pair_rows import StatsCache
 from tensor_debugger.engine.alignment import Alignment, Step, align
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairStats
 from tensor_debugger.engine.pairing import (
@@ -351,7 +351,7 @@ class Comparisons:
         """Compute every pending pair (of one session, or all), in execution order; returns how many pairs were
         settled (see `pending_pairs.compute_pending`), on the Dask cluster where the settings name one."""
         if self.cluster is not None:
-            from tensor_debugger.compare.dask_pairs import compute_on_dask
+            from tensor_debugger.compare.compute.dask_pairs import compute_on_dask
 
             return compute_on_dask(self.cluster, self, session_id, progress, should_stop)
         return compute_pending(self, session_id, progress, should_stop)

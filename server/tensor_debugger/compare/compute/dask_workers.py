@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from tensor_debugger.store.claims import Claims
 
 if TYPE_CHECKING:
-    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.compare.planning.plan import Comparisons
     from tensor_debugger.settings import Settings
 
 _opened: dict[Settings, Comparisons] = {}  # a worker process's comparisons, by the settings it was sent

@@ -14,9 +14,9 @@ from enum import StrEnum
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.coverage import Coverage, SessionVerdict
-from tensor_debugger.compare.module_reports import Number
-from tensor_debugger.compare.pair_reports import FirstDivergence, PairReport, SessionPairs, session_pairs
+from tensor_debugger.compare.reports.coverage import Coverage, SessionVerdict
+from tensor_debugger.compare.reports.module_reports import Number
+from tensor_debugger.compare.reports.pair_reports import FirstDivergence, PairReport, SessionPairs, session_pairs
 from tensor_debugger.engine.metrics import json_number, parse_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store import catalog

@@ -18,8 +18,8 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.chunk_loop import chunk_pairs
-from tensor_debugger.compare.profiles import profile_views
+from tensor_debugger.compare.compute.chunk_loop import chunk_pairs
+from tensor_debugger.compare.reports.profiles import profile_views
 from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
@@ -31,7 +31,7 @@ from tensor_debugger.store.claims import claimable
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord, TensorRecord
 
 if TYPE_CHECKING:
-    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.compare.planning.plan import Comparisons
 
 ProgressCallback = Callable[[int, int], None]  # (pairs done, pairs to do)
 SETUP_BATCH = 64  # pairs set up per round of queries

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
-from tensor_debugger.compare.dask_blocks import Cluster, big_pairs, collect_split, submit_split
-from tensor_debugger.compare.dask_workers import worker_comparisons
-from tensor_debugger.compare.pending import ProgressCallback, Tally, compute_pending, pending_query
+from tensor_debugger.compare.compute.dask_blocks import Cluster, big_pairs, collect_split, submit_split
+from tensor_debugger.compare.compute.dask_workers import worker_comparisons
+from tensor_debugger.compare.compute.pending import ProgressCallback, Tally, compute_pending, pending_query
 from tensor_debugger.store.claims import claimable
 from tensor_debugger.store.models import PairRecord
 
 if TYPE_CHECKING:
-    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.compare.planning.plan import Comparisons
     from tensor_debugger.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from tensor_debugger.compare.early import (
+from tensor_debugger.compare.compute.early import (
     EarlyCount,
     EarlyEngine,
     EarlyProgress,
@@ -30,8 +30,8 @@ from tensor_debugger.compare.early import (
     pairable_by_name,
     stored_record,
 )
-from tensor_debugger.compare.pending import PendingPair
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.compute.pending import PendingPair
+from tensor_debugger.compare.planning.plan import Comparisons
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import PairJob
 from tensor_debugger.ingest.runs import PendingRun
