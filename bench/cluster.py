@@ -99,7 +99,7 @@ def compare(
                 db.execute(update(PairRecord).values(status="pending", result_id=None, error=None))
                 db.execute(delete(ComparisonResultRecord))
             start, cpu = time.perf_counter(), time.process_time()
-            services.comparisons.compute_pending(session_id)
+            services.compute(session_id)
             walls.append(time.perf_counter() - start)
             cpu = time.process_time() - cpu
         with services.sessions() as db:

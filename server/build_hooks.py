@@ -1,9 +1,9 @@
 """Hatch build hook: compile the statistics kernel (tensor_debugger/engine/fused_stats.c) and the chunk-pair loop
 (tensor_debugger/compare/compute/chunk_loop.c) into the wheel.
 
-A wheel gets `tensor_debugger/engine/_fused_stats.so`, `tensor_debugger/compare/compute/_chunk_loop.so` and a platform tag; an
-editable install gets each library beside its source, where the package is imported from. Without a C compiler (or
-when it fails) the build goes on pure Python, says so, and comparisons compute with numpy alone, about three times
+A wheel gets `tensor_debugger/engine/_fused_stats.so`, `tensor_debugger/compare/compute/_chunk_loop.so` and a platform
+tag; an editable install gets each library beside its source, where the package is imported from. Without a C compiler
+(or when it fails) the build goes on pure Python, says so, and comparisons compute with numpy alone, about three times
 slower (`tensor_debugger.engine.fused.kernel_name()` tells which one is in use). CC names the compiler (default cc).
 
 The kernel is compiled once per vector family of the target architecture (FAMILIES: the instruction set and the

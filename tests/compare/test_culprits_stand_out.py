@@ -118,7 +118,7 @@ def captured_json(settings: Settings, candidate: Any) -> dict[str, Any]:
     services = open_services(settings)
     try:
         services.plan(result.session_id)
-        services.comparisons.compute_pending(result.session_id)
+        services.compute(result.session_id)
         with services.sessions() as db:
             report = session_pairs(db, result.session_id, modules=True)
         return contract_json(result.session_id, session, "", report, [])

@@ -317,7 +317,7 @@ def test_no_template_has_inline_script_or_style() -> None:
 
 def test_the_inspector_colour_classes_are_in_the_stylesheet() -> None:
     css = (REPO / "web" / "static" / "app.css").read_text()
-    assert cell_css() in css, "web/static/app.css misses compare/inspector.py cell_css(): paste it in again"
+    assert cell_css() in css, "web/static/app.css misses compare/reports/inspector.py cell_css(): paste it in again"
 
 
 # --- the form token --------------------------------------------------------------------------------------------

@@ -39,7 +39,8 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool) -> i
     try:
         outcome = compare_runs(
             services.ingestor,
-            services.comparisons,
+            services.context,
+            services.compute,
             request,
             base_url,
             progress=line.update,
@@ -69,7 +70,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     bar.close()
     problems = [problem_json(p) for p in result.problems]
     try:
-        plan_explore(services.comparisons, result.session_id, match)
+        plan_explore(services.context, result.session_id, match)
     except TensorDebuggerError as exc:
         with services.sessions() as db:
             catalog.delete_session(db, services.store, result.session_id)
@@ -77,7 +78,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         return EXIT_UNUSABLE
     bar = ProgressBar("compare")
     try:
-        services.comparisons.compute_pending(result.session_id, progress=bar.update)
+        services.compute(result.session_id, progress=bar.update)
     finally:
         bar.close()
     with services.sessions() as db:

@@ -387,7 +387,7 @@ def ingest(services: Services, session: str, run: str, paths: list[Path], as_jso
     try:
         outcome = ingest_run(
             services.ingestor,
-            services.comparisons,
+            services.context,
             session,
             run,
             [InputFile(p, str(p)) for p in paths],

@@ -61,7 +61,8 @@ def edge_count() -> int:
 
 
 # logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The
-# summary kernels read each; the chunk loop (compare/compute/chunk_loop.c) widens "h" and "b" to float32 for the pair kernel.
+# summary kernels read each; the chunk loop (compare/compute/chunk_loop.c) widens "h" and "b" to float32 for the pair
+# kernel.
 STORED_FLOATS: dict[str, tuple[str, np.dtype[Any]]] = {
     "float32": ("f", np.dtype(np.float32)),
     "float64": ("d", np.dtype(np.float64)),

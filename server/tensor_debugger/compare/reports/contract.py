@@ -90,7 +90,7 @@ def contract_json(
         "session": {"id": session_id, "name": name, "url": url},
         "pairs": pairs,
         "unmatched": unmatched,
-        # comparing, diverged, incomplete (not everything was compared) or no_divergence (compare/coverage.py)
+        # comparing, diverged, incomplete (not everything was compared) or no_divergence (compare/reports/coverage.py)
         "verdict": str(report.verdict),
         "coverage": {
             "reference_tensors": report.coverage.reference_tensors,

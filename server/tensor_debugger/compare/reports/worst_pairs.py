@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tensor_debugger.compare.reports.module_reports import Number
-from tensor_debugger.engine.metrics import parse_number
+from tensor_debugger.engine.metrics import Number, parse_number
 from tensor_debugger.store.reports import PairStatus
 
 if TYPE_CHECKING:  # pair_reports builds this report from its pairs

@@ -126,7 +126,7 @@ class SessionPageController(Controller):
                 for d in range(max(ranks, default=0))
             ]
             chosen = parse_dim(dim) if dim.strip() else None
-            profiles = session_profiles(db, services.comparisons, session_id, chosen) if chosen is not None else None
+            profiles = session_profiles(db, services.context, session_id, chosen) if chosen is not None else None
             context = {"session": session, "dims": dims, "named": named, "dim": chosen, "profiles": profiles}
             context["heatmap"] = heatmap(profiles) if profiles is not None else None
             return Template("session_profiles.html", context=context)
@@ -184,7 +184,7 @@ def read_session(
     """The session (NotFoundError when there is none) and its pairs' report (with `modules`, the module view),
     read with the process's decoded statistics."""
     session = catalog.get_session(db, session_id)
-    return session, session_pairs(db, session_id, modules=modules, cache=services.comparisons.stats, closest=True)
+    return session, session_pairs(db, session_id, modules=modules, cache=services.stats, closest=True)
 
 
 def session_template(
