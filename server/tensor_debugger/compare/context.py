@@ -3,6 +3,7 @@ it), not the planner; and what each of them derives from a stored tensor (its re
 
 from __future__ import annotations
 
+import _thread
 import hashlib
 import json
 import threading
@@ -34,7 +35,8 @@ class CompareContext:
     pool: ThreadPoolExecutor
     workers: int
     top: int = DEFAULT_TOP
-    lock: threading.Lock = field(default_factory=threading.Lock, compare=False)
+    # the lock's class, not `threading.Lock` (a function): Litestar's signature model inspects the Services it injects
+    lock: _thread.LockType = field(default_factory=threading.Lock, compare=False)
 
     def close(self) -> None:
         self.pool.shutdown(cancel_futures=True)
