@@ -14,7 +14,7 @@ PORT ?= 8000
 # what those pull in comes newest, as for a user who pins nothing.
 LOWEST ?= .venv-lowest
 # what the install compiles: a change to one rebuilds the package
-BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/kernel_structs.h server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/chunk_loop.c
+BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/kernel_structs.h server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/compute/chunk_loop.c
 LOWEST_BIN := $(LOWEST)/bin
 
 .PHONY: run test install install-test browser cross postgres bench bench-first-start fuzz lint test-lowest ci

@@ -78,7 +78,7 @@ def compare(
     (Dask workers then have their imports, database connections and store open), this process's CPU seconds the
     second time, and the verdicts."""
     from sqlalchemy import delete, update
-    from tensor_debugger.compare.pair_reports import session_pairs
+    from tensor_debugger.compare.reports.pair_reports import session_pairs
     from tensor_debugger.services import open_services
     from tensor_debugger.settings import Settings
     from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
@@ -99,7 +99,7 @@ def compare(
                 db.execute(update(PairRecord).values(status="pending", result_id=None, error=None))
                 db.execute(delete(ComparisonResultRecord))
             start, cpu = time.perf_counter(), time.process_time()
-            services.comparisons.compute_pending(session_id)
+            services.compute(session_id)
             walls.append(time.perf_counter() - start)
             cpu = time.process_time() - cpu
         with services.sessions() as db:

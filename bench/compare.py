@@ -98,8 +98,10 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
 
     import numpy as np
     from sqlalchemy import delete, func, select
-    from tensor_debugger.compare.chunk_loop import loop_name, read_chunks
-    from tensor_debugger.compare.plan import Comparisons
+    from tensor_debugger.compare.compute.chunk_loop import loop_name, read_chunks
+    from tensor_debugger.compare.compute.pending import compute_pending
+    from tensor_debugger.compare.context import open_context
+    from tensor_debugger.compare.planning.plan import refresh_session
     from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
     from tensor_debugger.engine.fused import kernel_name
     from tensor_debugger.engine.streaming import BLOCK_BYTES
@@ -112,7 +114,7 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
     threads = services.settings.threads
     tops = tops or [services.settings.top]
     comparisons = {
-        (w, k): Comparisons(services.sessions, services.store, resolve(w), top=k) for w in workers for k in tops
+        (w, k): open_context(services.sessions, services.store, resolve(w), top=k) for w in workers for k in tops
     }
     with services.sessions() as db:
         tensors = db.scalars(
@@ -160,12 +162,12 @@ def measure(mode: str, data: Path, session_id: int, rounds: int, workers: list[i
             list(pool.map(lambda array: read_all([array], how), [a for arrays in runs.values() for a in arrays]))
 
     def compute(count: int, top: int) -> None:
-        comparisons[count, top].compute_pending(session_id)
+        compute_pending(comparisons[count, top], session_id)
 
     def empty_cache() -> None:  # every round computes every pair (not timed)
         with services.sessions.begin() as db:
             db.execute(delete(ComparisonResultRecord))
-        services.comparisons.refresh(session_id)
+        refresh_session(services.context, session_id)
 
     if mode == "zarr":
         print(

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+from tensor_debugger.compare.planning.plan import plan_session
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = Path(sys.executable).parent / "tensor-debugger"
@@ -44,8 +45,8 @@ def build_session(data: Path, layers: int) -> int:
     try:
         services.ingestor.ingest("bench pages", "reference", [InputFile(dumps / "ref", "ref")])
         result = services.ingestor.ingest("bench pages", "candidate", [InputFile(dumps / "cand", "cand")])
-        services.comparisons.plan(result.session_id)
-        services.comparisons.compute_pending(result.session_id)
+        plan_session(services.context, result.session_id)
+        services.compute(result.session_id)
         return result.session_id
     finally:
         services.close()

@@ -1,9 +1,9 @@
 """Hatch build hook: compile the statistics kernel (tensor_debugger/engine/fused_stats.c) and the chunk-pair loop
-(tensor_debugger/compare/chunk_loop.c) into the wheel.
+(tensor_debugger/compare/compute/chunk_loop.c) into the wheel.
 
-A wheel gets `tensor_debugger/engine/_fused_stats.so`, `tensor_debugger/compare/_chunk_loop.so` and a platform tag; an
-editable install gets each library beside its source, where the package is imported from. Without a C compiler (or
-when it fails) the build goes on pure Python, says so, and comparisons compute with numpy alone, about three times
+A wheel gets `tensor_debugger/engine/_fused_stats.so`, `tensor_debugger/compare/compute/_chunk_loop.so` and a platform
+tag; an editable install gets each library beside its source, where the package is imported from. Without a C compiler
+(or when it fails) the build goes on pure Python, says so, and comparisons compute with numpy alone, about three times
 slower (`tensor_debugger.engine.fused.kernel_name()` tells which one is in use). CC names the compiler (default cc).
 
 The kernel is compiled once per vector family of the target architecture (FAMILIES: the instruction set and the
@@ -30,8 +30,11 @@ from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 
 PACKAGE = Path("server/tensor_debugger")
 # source -> library, both relative to the package; the loop links nothing: it gets the kernel as a pointer
-LIBRARIES = {"engine/fused_stats.c": "engine/_fused_stats.so", "compare/chunk_loop.c": "compare/_chunk_loop.so"}
-NEEDS_BLOSC2 = frozenset({"compare/chunk_loop.c"})  # compiled against C-Blosc2, linked in statically
+LIBRARIES = {
+    "engine/fused_stats.c": "engine/_fused_stats.so",
+    "compare/compute/chunk_loop.c": "compare/compute/_chunk_loop.so",
+}
+NEEDS_BLOSC2 = frozenset({"compare/compute/chunk_loop.c"})  # compiled against C-Blosc2, linked in statically
 # No fused multiply-add (the tolerance test must round as numpy does); the kernel's own vectors do the rest.
 FLAGS = [
     "-O3",

@@ -38,7 +38,7 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
         "tensor_debugger/migrations/script.py.mako",
         "tensor_debugger/cli/main.py",
         "tensor_debugger/engine/_fused_stats.so",
-        "tensor_debugger/compare/_chunk_loop.so",
+        "tensor_debugger/compare/compute/_chunk_loop.so",
         "tensor_debugger/engine/kernel_structs.h",
     ):
         assert required in names, required

@@ -13,9 +13,11 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.actions import SessionActions
-from tensor_debugger.compare.early_uploads import EarlyUploads
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.worker import ComparisonWorker
+from tensor_debugger.compare.compute.computation import Computation, LocalComputation
+from tensor_debugger.compare.compute.early_uploads import EarlyUploads
+from tensor_debugger.compare.compute.worker import ComparisonWorker
+from tensor_debugger.compare.context import CompareContext, open_context
+from tensor_debugger.compare.reports.pair_rows import StatsCache
 from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.child import ChildIngests
@@ -41,8 +43,10 @@ class Services:
     store: ArrayStore
     claims: Claims  # this process's claims on pending pairs and runs it ingests, renewed by a heartbeat
     ingestor: Ingestor
-    comparisons: Comparisons
+    context: CompareContext  # what planning, computing and reports of pairs work with
+    compute: Computation  # computes pending pairs: here, or on the Dask cluster the settings name
     recovery: RecoveryReport
+    stats: StatsCache = field(init=False, default_factory=StatsCache)  # decoded results, for the pages and the API
     worker: ComparisonWorker = field(init=False)  # computes pending pairs in the background once the server starts it
     actions: SessionActions = field(init=False)  # what users do to sessions and pairs, one call per action
     ingests: IngestQueue = field(init=False)  # uploads ingested in the background (threads start on demand)
@@ -51,14 +55,14 @@ class Services:
     taking_over: bool = field(init=False, default=False)  # a server: takes over uploads whose ingest died
 
     def __post_init__(self) -> None:
-        self.worker = ComparisonWorker(self.comparisons)
-        self.actions = SessionActions(self.sessions, self.comparisons, self.worker.wake)
+        self.worker = ComparisonWorker(self.compute)
+        self.actions = SessionActions(self.sessions, self.context, self.worker.wake)
         self.sign_outs = SignOuts(self.sessions)
         at_once = self.settings.ingest_workers
         children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
-        self.early = EarlyUploads(self.comparisons)
+        self.early = EarlyUploads(self.context)
         # with a Dask cluster the pairs are computed by its workers once planned, not here while their runs ingest
-        watcher = None if self.settings.dask_scheduler else self.early
+        watcher = None if self.compute.remote else self.early
         self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children, watcher)
         self.claims.start(also=self.remove_dead_ingests)
 
@@ -106,7 +110,8 @@ class Services:
         self.ingests.close()
         self.early.close()
         self.claims.stop()
-        self.comparisons.close()
+        self.compute.close()
+        self.context.close()
         self.engine.dispose()
 
 
@@ -121,8 +126,19 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None, 
     ingestor = Ingestor(settings, sessions, store, claims)
     report = recover(sessions, store, ingestor.live_runs, claims, ingestor.resumable)  # uploads: left for a server
     staging.sweep(settings.staging_dir, ingestor.staged_folders())
-    comparisons = Comparisons(sessions, store, settings.threads, claims, settings, settings.top)
-    return Services(settings, engine, sessions, store, claims, ingestor, comparisons, report)
+    context = open_context(sessions, store, settings.threads, claims, settings.top)
+    compute = computation(settings, context)
+    return Services(settings, engine, sessions, store, claims, ingestor, context, compute, report)
+
+
+def computation(settings: Settings, context: CompareContext) -> Computation:
+    """Where this process's pending pairs are computed, chosen once: by the workers of the Dask cluster the settings
+    name (`distributed` imported only then), else by the context's threads."""
+    if settings.dask_scheduler:
+        from tensor_debugger.compare.compute.dask_pairs import DaskComputation
+
+        return DaskComputation(settings, context)
+    return LocalComputation(context)
 
 
 def open_pair(

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 from sqlalchemy import select
-from tensor_debugger.compare.coverage import SessionVerdict
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.session_diff import Change, diff_sessions, find_session
+from tensor_debugger.compare.planning.plan import plan_session
+from tensor_debugger.compare.reports.coverage import SessionVerdict
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.compare.reports.session_diff import Change, diff_sessions, find_session
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -134,8 +135,8 @@ def test_a_pair_whose_comparison_failed_is_never_counted_as_compared(tmp_path: P
     a = layered_dump(tmp_path / "ref", None)
     for label, folder in (("reference", a), ("candidate", layered_dump(tmp_path / "same", None))):
         good = services.ingestor.ingest("all good", label, [InputFile(folder, str(folder))]).session_id
-    services.comparisons.plan(good)
-    services.comparisons.compute_pending(good)
+    plan_session(services.context, good)
+    services.compute(good)
     # within tolerance of the reference, but not bit-identical: arrays of its own
     b = layered_dump(tmp_path / "cand", None, noise=1e-7, seed=3)
     for label, folder in (("reference", a), ("candidate", b)):
@@ -149,8 +150,8 @@ def test_a_pair_whose_comparison_failed_is_never_counted_as_compared(tmp_path: P
     root = Path(services.store.url.removeprefix("file://"))
     chunk = root / key / read_layout(root / key, key).chunk_key((0, 0))
     chunk.write_bytes(b"not a blosc frame" * 8)
-    services.comparisons.plan(session_id)
-    services.comparisons.compute_pending(session_id)
+    plan_session(services.context, session_id)
+    services.compute(session_id)
     with services.sessions() as db:
         report = session_pairs(db, session_id)
         summary = catalog.summarize_sessions(db, [session_id])[session_id]

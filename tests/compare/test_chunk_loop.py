@@ -13,7 +13,7 @@ import numpy as np
 import obstore
 import pytest
 from numcodecs import Blosc
-from tensor_debugger.compare.chunk_loop import ChunkPairs, chunk_pairs, loop_name, read_chunks
+from tensor_debugger.compare.compute.chunk_loop import ChunkPairs, chunk_pairs, loop_name, read_chunks
 from tensor_debugger.engine import streaming
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region

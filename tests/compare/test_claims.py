@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from sqlalchemy import func, select
-from tensor_debugger.compare import pending as pending_pairs
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.compute import pending as pending_pairs
+from tensor_debugger.compare.context import CompareContext, open_context
+from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.claims import Claims
@@ -39,7 +40,7 @@ def session_with_pairs(services: Services, tmp_path: Path) -> int:
             tensor = seeded((32, 32), i)
             torch.save(tensor + 1.0 if side == "b" and i % 3 == 0 else tensor, folder / f"{i}_post_mlp.pth")
         session_id = services.ingestor.ingest("claimed", side, [InputFile(folder, side)]).session_id
-    services.comparisons.plan(session_id)
+    plan_session(services.context, session_id)
     return session_id
 
 
@@ -58,15 +59,15 @@ def test_two_processes_computing_at_once_settle_each_pair_once(
     session_id = session_with_pairs(services, tmp_path)
     monkeypatch.setattr(pending_pairs, "SETUP_BATCH", 4)  # many claims each, interleaved
     engines = [create_db_engine(services.settings.database_url) for _ in range(2)]
-    computers = [Comparisons(make_sessionmaker(e), services.store, 1) for e in engines]
+    computers = [open_context(make_sessionmaker(e), services.store, 1) for e in engines]
     assert computers[0].claims.owner != computers[1].claims.owner
     start = threading.Barrier(2)
     settled: list[int] = []
 
-    def compute(comparisons: Comparisons) -> None:
+    def compute(context: CompareContext) -> None:
         start.wait()
         # a pause per batch settled, so that both are at work at once on this busy machine
-        settled.append(comparisons.compute_pending(progress=lambda done, total: time.sleep(0.02)))
+        settled.append(pending_pairs.compute_pending(context, progress=lambda done, total: time.sleep(0.02)))
 
     threads = [threading.Thread(target=compute, args=(c,)) for c in computers]
     for thread in threads:
@@ -105,12 +106,12 @@ def test_the_pairs_of_a_process_that_died_are_taken_over_when_its_lease_expires(
         with services.sessions() as db:  # what the other process holds, read from the rows (no clock involved)
             held = db.execute(select(PairRecord.claimed_by, PairRecord.claimed_until)).all()
         owners = {owner for owner, _ in held}
-        assert len(held) == PAIRS and len(owners) == 1 and services.comparisons.claims.owner not in owners
+        assert len(held) == PAIRS and len(owners) == 1 and services.context.claims.owner not in owners
     finally:
         holder.kill()  # dies holding them: nothing gives them back
         holder.wait()
     # for one session, compute_pending waits for pairs others hold, and takes them over once their lease is out
-    assert services.comparisons.compute_pending(session_id) == PAIRS
+    assert services.compute(session_id) == PAIRS
     assert time.time() >= max(until for _, until in held)
     assert statuses(services, session_id) == {"pass": PAIRS - PAIRS // 3, "fail": PAIRS // 3}
 

@@ -12,11 +12,13 @@ import torch
 from sqlalchemy import select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare import pending as pending_pairs
-from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
-from tensor_debugger.compare.pair_reports import pair_detail, session_pairs
-from tensor_debugger.compare.pending import ResultWriter, set_up
-from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.compute import pending as pending_pairs
+from tensor_debugger.compare.compute.pending import ResultWriter, set_up
+from tensor_debugger.compare.planning.plan import plan_session, refresh_session
+from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.compare.reports.pair_reports import pair_detail, session_pairs
+from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
 from tensor_debugger.demo.synthetic import STAGES, Plant, write_dump
 from tensor_debugger.engine.alignment import Alignment
 from tensor_debugger.engine.streaming import compare_stream
@@ -135,8 +137,8 @@ def test_tolerances_change_verdicts(
     session_id = out["session"]["id"]
     with services.sessions.begin() as db:
         catalog.set_tolerances(catalog.get_session(db, session_id), None, 1e-3)
-    services.comparisons.refresh(session_id)
-    services.comparisons.compute_pending(session_id)
+    refresh_session(services.context, session_id)
+    services.compute(session_id)
     with services.sessions() as db:
         report = session_pairs(db, session_id)
     assert report.first_divergence is not None and report.first_divergence.name == "1_post_attn"
@@ -191,7 +193,7 @@ def test_tp8_against_tp1_layouts(services: Services, tmp_path: Path, capsys: pyt
     assert query["stats"]["cosine"] == pytest.approx(cosine, rel=1e-12)
     # where the largest difference lies in each run's own tensors
     with services.sessions() as db:
-        detail = pair_detail(db, services.comparisons, value_pair_id(services, out, "0_value"))
+        detail = pair_detail(db, services.context, value_pair_id(services, out, "0_value"))
     assert detail.argmax is not None and detail.argmax.aligned == [70, 5, 63]
     assert (detail.argmax.a.tensor, detail.argmax.a.index) == ("0_value", [70, 5, 63])
     assert (detail.argmax.b.tensor, detail.argmax.b.index) == ("rank2/0_value", [70, 1, 63])
@@ -239,9 +241,9 @@ def test_identical_upload_in_another_session_reads_no_chunk(services: Services, 
     for name in ("one", "two"):
         services.ingestor.ingest(name, "ref", [InputFile(a, "a")])
         result = services.ingestor.ingest(name, "cand", [InputFile(b, "b")])
-        services.comparisons.plan(result.session_id)
+        plan_session(services.context, result.session_id)
         before = services.store.chunk_reads
-        services.comparisons.compute_pending(result.session_id)
+        services.compute(result.session_id)
         reads = services.store.chunk_reads - before
         assert reads > 0 if name == "one" else reads == 0
 
@@ -256,9 +258,9 @@ def test_the_same_comparison_twice_in_one_batch_is_computed_once(services: Servi
     for name in ("one", "two"):
         services.ingestor.ingest(name, "ref", [InputFile(a, "a")])
         sessions.append(services.ingestor.ingest(name, "cand", [InputFile(b, "b")]).session_id)
-        services.comparisons.plan(sessions[-1])
+        plan_session(services.context, sessions[-1])
     before = services.store.chunk_reads
-    assert services.comparisons.compute_pending() == 2
+    assert services.compute() == 2
     # one chunk of each run, and again for where inside the failing pair: once for both pairs, not per pair
     assert services.store.chunk_reads - before == 4
     with services.sessions() as db:
@@ -273,7 +275,7 @@ def two_pairs(services: Services, tmp_path: Path) -> tuple[int, list[PairRecord]
     b = save_all(tmp_path / "b", {"0_query": x + 1.0, "0_key": y.clone()})
     services.ingestor.ingest("two", "ref", [InputFile(a, "a")])
     session_id = services.ingestor.ingest("two", "cand", [InputFile(b, "b")]).session_id
-    services.comparisons.plan(session_id)
+    plan_session(services.context, session_id)
     with services.sessions() as db:
         return session_id, list(
             db.scalars(select(PairRecord).where(PairRecord.session_id == session_id).order_by(PairRecord.id))
@@ -286,8 +288,8 @@ def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services,
     and the result of a pair planned away goes to no other pair."""
     session_id, pairs = two_pairs(services, tmp_path)
     assert [p.name for p in pairs] == ["0_query", "0_key"]
-    jobs, _ = set_up(services.comparisons, [p.id for p in pairs])
-    results = list(compare_stream(jobs, services.comparisons.pool))
+    jobs, _ = set_up(services.context, [p.id for p in pairs])
+    results = list(compare_stream(jobs, services.context.pool))
     with services.sessions.begin() as db:  # meanwhile the user unpairs 0_query and loosens the tolerances
         db.add(
             PairOverrideRecord(
@@ -295,8 +297,8 @@ def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services,
             )
         )
         catalog.set_tolerances(db.get_one(SessionRecord, session_id), 1e-3, 1e-3, None)
-    services.comparisons.plan(session_id)
-    writer = ResultWriter(services.comparisons)
+    plan_session(services.context, session_id)
+    writer = ResultWriter(services.context)
     for work, result in results:
         writer.add(work, result, [work.pair_id])
     writer.flush()
@@ -309,7 +311,7 @@ def test_a_result_goes_only_to_a_pair_that_still_has_its_key(services: Services,
             None,
         )
     before = services.store.chunk_reads
-    services.comparisons.compute_pending(session_id)  # under the new tolerances: computed again
+    services.compute(session_id)  # under the new tolerances: computed again
     assert services.store.chunk_reads > before
     with services.sessions() as db:
         assert db.get_one(PairRecord, pairs[1].id).status == "pass"
@@ -320,9 +322,9 @@ def test_results_are_written_within_a_tick(services: Services, tmp_path: Path, m
     next result or the next tick, not for the end of the computation."""
     monkeypatch.setattr(pending_pairs, "FLUSH_SECONDS", 60.0)  # "soon after", however slow this machine is
     _, pairs = two_pairs(services, tmp_path)
-    jobs, _ = set_up(services.comparisons, [p.id for p in pairs])
-    results = list(compare_stream(jobs, services.comparisons.pool))
-    writer = ResultWriter(services.comparisons)
+    jobs, _ = set_up(services.context, [p.id for p in pairs])
+    results = list(compare_stream(jobs, services.context.pool))
+    writer = ResultWriter(services.context)
 
     def statuses() -> list[str]:
         with services.sessions() as db:
@@ -346,10 +348,10 @@ def stored_pair_views(
     b = save_all(tmp_path / "b", {"0_post_mlp": b_tensor})
     services.ingestor.ingest("views", "ref", [InputFile(a, "a")])
     result = services.ingestor.ingest("views", "cand", [InputFile(b, "b")])
-    services.comparisons.plan(result.session_id)
+    plan_session(services.context, result.session_id)
     with services.sessions() as db:
         pair = db.scalars(select(PairRecord).where(PairRecord.session_id == result.session_id)).one()
-        return services.comparisons.views(db, pair)
+        return views(services.store, db, pair)
 
 
 @pytest.mark.parametrize("store_url", STORES, indirect=True)

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 from tensor_debugger import capture
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.engine.culprits import stands_out
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
@@ -118,7 +118,7 @@ def captured_json(settings: Settings, candidate: Any) -> dict[str, Any]:
     services = open_services(settings)
     try:
         services.plan(result.session_id)
-        services.comparisons.compute_pending(result.session_id)
+        services.compute(result.session_id)
         with services.sessions() as db:
             report = session_pairs(db, result.session_id, modules=True)
         return contract_json(result.session_id, session, "", report, [])

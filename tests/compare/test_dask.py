@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 from sqlalchemy import select
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
@@ -40,7 +40,7 @@ def computed(
             session_id = services.ingestor.ingest("dask", label, [InputFile(path, path.name)]).session_id
         services.plan(session_id)
         before = services.store.chunk_reads
-        settled = services.comparisons.compute_pending(session_id)
+        settled = services.compute(session_id)
         with services.sessions() as db:
             report = session_pairs(db, session_id)
         assert settled == len(report.pairs) > 0
@@ -129,7 +129,7 @@ def test_the_workers_leave_pairs_another_process_holds_to_it(tmp_path: Path, das
                 return {pair: status for pair, status in db.execute(select(PairRecord.id, PairRecord.status))}
 
         with ThreadPoolExecutor(1) as pool:
-            computing = pool.submit(services.comparisons.compute_pending, session_id)
+            computing = pool.submit(services.compute, session_id)
             wait_until(
                 lambda: all(status != "pending" for pair, status in statuses().items() if pair not in held),
                 what="the workers to settle the pairs nobody else holds",

@@ -44,7 +44,7 @@ def test_the_dashboard_shows_the_pairs_computed_on_the_cluster(tmp_path: Path, d
             inputs = [InputFile(p, p.name) for p in sorted(folder.iterdir())]
             session_id = services.ingestor.ingest("dashboard", label, inputs).session_id
         services.plan(session_id)
-        assert services.comparisons.compute_pending(session_id) == 8
+        assert services.compute(session_id) == 8
     finally:
         services.close()
     wait_for_batches(dask_cluster.dashboard, before)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from tensor_debugger.compare.formatting import format_cosine, format_fraction, format_number, format_where
+from tensor_debugger.compare.reports.formatting import format_cosine, format_fraction, format_number, format_where
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def test_where_in_words() -> None:
 
 
 def test_code_spans_escape_what_a_trace_names_and_mark_its_names() -> None:
-    from tensor_debugger.compare.formatting import code_spans
+    from tensor_debugger.compare.reports.formatting import code_spans
 
     assert code_spans("`a.<b>` records no output: between `q&k`") == (
         "<code>a.&lt;b&gt;</code> records no output: between <code>q&amp;k</code>"

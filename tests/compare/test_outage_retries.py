@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from sqlalchemy import select
+from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
@@ -33,11 +34,11 @@ def test_pairs_wait_out_a_store_outage_and_are_computed_once_it_ends(tmp_path: P
         reference = services.ingestor.ingest("outage", "ref", [InputFile(tmp_path / "ref", "ref")])
         services.ingestor.ingest("outage", "cand", [InputFile(tmp_path / "cand", "cand")])
         session_id = reference.session_id
-        services.comparisons.plan(session_id)
+        plan_session(services.context, session_id)
 
         own_s3.stop()
         deadline = time.monotonic() + 6
-        services.comparisons.compute_pending(session_id, should_stop=lambda: time.monotonic() > deadline)
+        services.compute(session_id, should_stop=lambda: time.monotonic() > deadline)
         during = statuses(services, session_id)
         assert during and all(status == "pending" for status, _, _ in during.values()), during
         waiting = [p for p in during.values() if p[2] == OUTAGE_HOLDER]
@@ -48,7 +49,7 @@ def test_pairs_wait_out_a_store_outage_and_are_computed_once_it_ends(tmp_path: P
         )
 
         own_s3.restart()
-        services.comparisons.compute_pending(session_id)  # waits out the holds, then computes
+        services.compute(session_id)  # waits out the holds, then computes
         after = statuses(services, session_id)
         assert {status for status, _, _ in after.values()} <= {"pass", "fail"}, after
         assert all(error is None and claimed is None for _, error, claimed in after.values())

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.planning.plan import plan_session
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -24,8 +25,8 @@ def new_session(services: Services, tmp_path: Path, name: str) -> int:
     for run, folder in runs.items():
         inputs = [InputFile(p, f"{run}/{p.name}") for p in sorted(folder.iterdir())]
         session_id = services.ingestor.ingest(name, run, inputs, reuse=False).session_id
-    services.comparisons.plan(session_id)
-    services.comparisons.compute_pending(session_id)
+    plan_session(services.context, session_id)
+    services.compute(session_id)
     return session_id
 
 
@@ -42,7 +43,7 @@ def test_a_pair_planned_again_keeps_its_id_and_a_removed_one_is_gone(services: S
 
     services.actions.set_tolerances(session_id, rtol=1.0, atol=1.0, ulp=None)  # planned again: every verdict pass
     assert ids_by_name(services, session_id) == before
-    services.comparisons.compute_pending(session_id)
+    services.compute(session_id)
     with services.sessions() as db:
         assert {p.status for p in session_pairs(db, session_id).pairs} == {"pass"}
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from sqlalchemy import select
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.pair_rows import StatsCache
-from tensor_debugger.compare.pair_stats import PairStatsSummary
+from tensor_debugger.compare.planning.plan import plan_session
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.compare.reports.pair_rows import StatsCache
+from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -21,8 +22,8 @@ def test_reports_decode_the_stored_statistics_with_or_without_the_cache(services
     write_dump(tmp_path / "cand", layers=2, seed=3, plant=Plant(layer=1, stage="post_attn", index=(2, 5), offset=0.5))
     services.ingestor.ingest("rows", "reference", [InputFile(tmp_path / "ref", "ref")])
     session_id = services.ingestor.ingest("rows", "candidate", [InputFile(tmp_path / "cand", "cand")]).session_id
-    services.comparisons.plan(session_id)
-    services.comparisons.compute_pending(session_id)
+    plan_session(services.context, session_id)
+    services.compute(session_id)
     with services.sessions() as db:
         stored = {r.id: r.stats for r in db.scalars(select(ComparisonResultRecord))}
         result_of = dict(db.execute(select(PairRecord.id, PairRecord.result_id)).all())

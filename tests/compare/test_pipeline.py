@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import event, func, select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs
-from tensor_debugger.compare.requests import CompareRequest
+from tensor_debugger.compare.planning.plan import plan_session
+from tensor_debugger.compare.planning.requests import CompareRequest
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
@@ -43,7 +44,8 @@ def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(service
     events: list[tuple[str, int, int]] = []
     outcome = compare_runs(
         services.ingestor,
-        services.comparisons,
+        services.context,
+        services.compute,
         request(a, b),
         "http://here",
         lambda step, done, total: events.append((step, done, total)),
@@ -64,8 +66,8 @@ def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(service
     try:
         for label, path in (("ref.zip", a), ("cand.zip", b)):
             ingested = other.ingestor.ingest("after", label, [InputFile(path, str(path))])
-        other.comparisons.plan(ingested.session_id)
-        assert other.comparisons.compute_pending(ingested.session_id) == pairs
+        plan_session(other.context, ingested.session_id)
+        assert other.compute(ingested.session_id) == pairs
         with other.sessions() as db:
             report = session_pairs(db, ingested.session_id, modules=True)
         after = contract_json(ingested.session_id, "after", "", report, [])
@@ -96,7 +98,7 @@ def test_fail_fast_stops_at_the_first_divergence(
         assert all(report.pairs[n].stats is None for n in left)
         assert report.first_divergence is not None and report.first_divergence.name == "0_post_attn"
     # what was left is computed by whoever computes pending pairs next (a server's worker), as after any stop
-    services.comparisons.compute_pending(session_id)
+    services.compute(session_id)
     with services.sessions() as db:
         report = session_pairs(db, session_id)
         assert not [p for p in report.pairs if str(p.status) == "pending"]
@@ -107,7 +109,7 @@ def test_a_run_refused_while_the_others_ingest_leaves_nothing(services: Services
     a, _ = runs(tmp_path, layers=1, plant=Plant(layer=0, stage="post_attn", index=(0, 0), offset=0.5))
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"definitely not a tensor")
-    outcome = compare_runs(services.ingestor, services.comparisons, request(a, bad), "http://here")
+    outcome = compare_runs(services.ingestor, services.context, services.compute, request(a, bad), "http://here")
     assert outcome.exit_code == 2
     assert "no tensors" in outcome.payload["error"]
     assert [p["file"] for p in outcome.payload["problems"]] == [str(bad)]
@@ -130,7 +132,7 @@ def test_results_compared_early_are_written_in_batches(services: Services, tmp_p
 
     event.listen(services.engine, "commit", committed)
     try:
-        outcome = compare_runs(services.ingestor, services.comparisons, request(a, b), "http://here")
+        outcome = compare_runs(services.ingestor, services.context, services.compute, request(a, b), "http://here")
     finally:
         event.remove(services.engine, "commit", committed)
     assert outcome.exit_code == 1 and outcome.payload["first_divergence"]["name"] == "2_post_mlp"

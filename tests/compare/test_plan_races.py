@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 from sqlalchemy import event
-from tensor_debugger.compare.pair_reports import session_pairs
+from tensor_debugger.compare.planning.plan import plan_session
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 
@@ -35,8 +36,8 @@ def test_a_verdict_read_before_a_replan_never_lands_on_the_pair_that_reuses_its_
         for name in ("ref", "c1", "c2"):
             services.ingestor.ingest("earlier", name, inputs(name), reuse=False)
         earlier = services.ingestor.begin("earlier", "unused", [], create_session=False).session_id
-        services.comparisons.plan(earlier)
-        services.comparisons.compute_pending(earlier)
+        plan_session(services.context, earlier)
+        services.compute(earlier)
 
     pending = {name: services.ingestor.begin("upload", name, [name]) for name in ("ref", "c1", "c2")}
     session_id = pending["ref"].session_id
@@ -45,7 +46,7 @@ def test_a_verdict_read_before_a_replan_never_lands_on_the_pair_that_reuses_its_
 
     def c1_ready() -> None:  # what the other ingest thread of the server does: c1 is stored, the session planned
         services.ingestor.complete(pending["c1"], inputs("c1"))
-        services.comparisons.plan(session_id)
+        plan_session(services.context, session_id)
 
     other = threading.Thread(target=c1_ready)
     armed = [True]
@@ -60,18 +61,18 @@ def test_a_verdict_read_before_a_replan_never_lands_on_the_pair_that_reuses_its_
             other.join()
 
     if moment == "computation":
-        services.comparisons.plan(session_id)  # with ref and c2 ready: c2's pairs wait for their computation
+        plan_session(services.context, session_id)  # with ref and c2 ready: c2's pairs wait for their computation
     event.listen(services.engine, "before_cursor_execute", interleave)
     try:
         if moment == "refresh":
-            services.comparisons.plan(session_id)  # with ref and c2 ready: verdicts from the cache
+            plan_session(services.context, session_id)  # with ref and c2 ready: verdicts from the cache
         else:
-            services.comparisons.compute_pending(session_id)
+            services.compute(session_id)
     finally:
         event.remove(services.engine, "before_cursor_execute", interleave)
     assert not armed[0]
     other.join()
-    services.comparisons.compute_pending(session_id)
+    services.compute(session_id)
 
     with services.sessions() as db:
         report = session_pairs(db, session_id)

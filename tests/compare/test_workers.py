@@ -16,8 +16,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from sqlalchemy import select
-from tensor_debugger.compare.heatmap import build_heatmap
-from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.heatmap import build_heatmap
+from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
 from tensor_debugger.ingest.writer import SerialLane, WritePools, digest_header
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings, available_cpus
@@ -41,7 +42,7 @@ def test_the_default_is_the_cpus_this_process_may_run_on(tmp_path: Path, monkeyp
     assert Settings.from_environ({"TENSOR_DEBUGGER_WORKERS": "5"}, data_dir=tmp_path, workers=1).threads == 1
     services = open_services(Settings(data_dir=tmp_path / "data", demo=False))
     try:
-        assert services.comparisons.workers == 3  # the pool is sized from the settings, not fixed
+        assert services.context.workers == 3  # the pool is sized from the settings, not fixed
     finally:
         services.close()
 
@@ -157,7 +158,7 @@ def stored_state(data: Path) -> dict[str, Any]:
             )
             slices = []
             for pair in db.scalars(select(PairRecord).order_by(PairRecord.position)):
-                a, b, _ = services.comparisons.views(db, pair)
+                a, b, _ = views(services.store, db, pair)
                 shape = a.shape
                 if len(shape) == 2:
                     request = parse_slice_request(shape, ":,:", f"{shape[0] // 3},{shape[1] // 2}", "40,50")

@@ -1,10 +1,10 @@
-"""The statistics kernels built for aarch64 with the build hook's own commands (cross-compiled), run under
-qemu-aarch64 through a small C driver (kernel_driver.c), give what numpy computes; so does the chunk loop
-(compare/chunk_loop.c, cross-compiled with the build hook's flags against C-Blosc2 from the blosc2 wheel for manylinux
-aarch64) with the baseline family's pair kernel, on chunk files Blosc-encoded as the store writes them. Skipped where
-the cross compiler, the emulator or the aarch64 C library is missing (`make install-test` installs them with
-apt-get: gcc-aarch64-linux-gnu, qemu-user, libc6-arm64-cross); the chunk loop's tests are skipped where that wheel is
-not unpacked in the virtual environment's cross/ folder (`make cross` downloads it)."""
+"""The statistics kernels built for aarch64 with the build hook's own commands (cross-compiled), run under qemu-aarch64
+through a small C driver (kernel_driver.c), give what numpy computes; so does the chunk loop
+(compare/compute/chunk_loop.c, cross-compiled with the build hook's flags against C-Blosc2 from the blosc2 wheel for
+manylinux aarch64) with the baseline family's pair kernel, on chunk files Blosc-encoded as the store writes them.
+Skipped where the cross compiler, the emulator or the aarch64 C library is missing (`make install-test` installs them
+with apt-get: gcc-aarch64-linux-gnu, qemu-user, libc6-arm64-cross); the chunk loop's tests are skipped where that wheel
+is not unpacked in the virtual environment's cross/ folder (`make cross` downloads it)."""
 
 from __future__ import annotations
 
@@ -176,7 +176,14 @@ def chunk_loop(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
         )
     library = tmp_path_factory.mktemp("aarch64-loop") / "_chunk_loop.so"
     subprocess.run(
-        [CROSS, *hooks.FLAGS, "-o", str(library), str(REPO / hooks.PACKAGE / "compare" / "chunk_loop.c"), *flags],
+        [
+            CROSS,
+            *hooks.FLAGS,
+            "-o",
+            str(library),
+            str(REPO / hooks.PACKAGE / "compare" / "compute" / "chunk_loop.c"),
+            *flags,
+        ],
         check=True,
         capture_output=True,
         text=True,

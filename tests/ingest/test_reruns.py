@@ -19,7 +19,8 @@ import torch
 from sqlalchemy import select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
@@ -108,7 +109,7 @@ def assert_slices_read(services: Services, session_id: int) -> None:
         pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)).all()
         assert pairs
         for pair in pairs:
-            view_a, view_b, alignment = services.comparisons.views(db, pair)
+            view_a, view_b, alignment = views(services.store, db, pair)
             report = read_slice(view_a, view_b, parse_slice_request(alignment.shape, "0,:", "0", "8"))
             assert report is not None
 

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from sqlalchemy import select
 from tensor_debugger import capture
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.planning import sides
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.recorder import safetensors_codes, write_safetensors
@@ -119,12 +119,12 @@ def test_capture_matches_a_debugger_trace_bit_for_bit(settings: Settings, hf_tra
         services.ingestor.ingest("both", "trace", [InputFile(trace, "trace")])
         assert result.session_id is not None
         services.plan(result.session_id)
-        services.comparisons.compute_pending(result.session_id)
+        services.compute(result.session_id)
         with services.sessions() as db:
             pairs = db.scalars(select(PairRecord).where(PairRecord.session_id == result.session_id)).all()
             assert len(pairs) == len(list(trace.glob("*.safetensors")))  # every tensor of the trace is paired
             for pair in pairs:
-                a, b = Comparisons.tensors_of(db, pair)
+                a, b = sides.tensors_of(db, pair)
                 assert [t.digest for t in a] == [t.digest for t in b], pair.name  # identical bytes
                 assert pair.status == "pass"
             # what the capture has beyond the trace: outputs of modules with children, which the debugger drops

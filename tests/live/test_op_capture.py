@@ -17,10 +17,11 @@ import torch.nn.functional as F  # noqa: N812 (the name models use)
 from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.module_reports import ModuleNodeReport
-from tensor_debugger.compare.op_lists import op_lists
-from tensor_debugger.compare.pair_reports import SessionPairs, session_pairs
+from tensor_debugger.compare.planning.sides import tensors_of
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.module_reports import ModuleNodeReport
+from tensor_debugger.compare.reports.op_lists import op_lists
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord
@@ -128,7 +129,7 @@ def compared(settings: Settings, session_id: int) -> tuple[SessionPairs, list[st
     services = open_services(settings)
     try:
         services.plan(session_id)
-        services.comparisons.compute_pending(session_id)
+        services.compute(session_id)
         with services.sessions() as db:
             unmatched = list(db.scalars(select(UnmatchedRecord.name).where(UnmatchedRecord.session_id == session_id)))
             return session_pairs(db, session_id, modules=True), unmatched
@@ -329,7 +330,7 @@ def test_an_op_one_side_alone_calls_is_left_unpaired_and_the_rest_pair(settings:
     try:
         with services.sessions() as db:
             record = db.get_one(PairRecord, module_pair.id)
-            lists = op_lists(db, record, *services.comparisons.tensors_of(db, record))
+            lists = op_lists(db, record, *tensors_of(db, record))
     finally:
         services.close()
     assert lists is not None and lists.current is None

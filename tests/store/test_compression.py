@@ -15,7 +15,7 @@ import pytest
 import torch
 import zarr
 from sqlalchemy import select
-from tensor_debugger.compare.chunk_loop import chunk_pairs, loop_name
+from tensor_debugger.compare.compute.chunk_loop import chunk_pairs, loop_name
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance

@@ -15,7 +15,8 @@ from alembic import command
 from sqlalchemy import inspect, select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
-from tensor_debugger.compare.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store import catalog
@@ -91,7 +92,7 @@ def test_a_data_dir_of_the_previous_version_keeps_working(tmp_path: Path, capsys
             session = catalog.get_session(db, old["session"]["id"])
             assert [run.input_key for run in session.runs] == [None, None]
             for pair in db.scalars(select(PairRecord).where(PairRecord.session_id == session.id)):
-                view_a, view_b, alignment = services.comparisons.views(db, pair)
+                view_a, view_b, alignment = views(services.store, db, pair)
                 read_slice(view_a, view_b, parse_slice_request(alignment.shape, "0,:", "0", "4"))
 
         again = compare(services, a, b, capsys)  # the old runs have no fingerprint: read again

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from playwright.sync_api import Browser
-from tensor_debugger.compare.inspector import cell_css
+from tensor_debugger.compare.reports.inspector import cell_css
 from tensor_debugger.web.security import PAGE_POLICY
 
 from tests.support import REPO
@@ -317,7 +317,7 @@ def test_no_template_has_inline_script_or_style() -> None:
 
 def test_the_inspector_colour_classes_are_in_the_stylesheet() -> None:
     css = (REPO / "web" / "static" / "app.css").read_text()
-    assert cell_css() in css, "web/static/app.css misses compare/inspector.py cell_css(): paste it in again"
+    assert cell_css() in css, "web/static/app.css misses compare/reports/inspector.py cell_css(): paste it in again"
 
 
 # --- the form token --------------------------------------------------------------------------------------------

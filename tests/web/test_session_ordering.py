@@ -94,11 +94,15 @@ def ordering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordering]:
     services = open_services(Settings(data_dir=root / "data", demo=False))
     try:
         request = compare_request(root / "ref.pth", root / "cand.pth", "ordering", None, None)
-        session = int(compare_runs(services.ingestor, services.comparisons, request, "").payload["session"]["id"])
+        session = int(
+            compare_runs(services.ingestor, services.context, services.compute, request, "").payload["session"]["id"]
+        )
         torch.save({"x": seeded((8, 16), 1)}, root / "lone-a.pth")
         torch.save({"x": seeded((3, 5), 2)}, root / "lone-b.pth")
         request = compare_request(root / "lone-a.pth", root / "lone-b.pth", "nothing compared", None, None)
-        lone = int(compare_runs(services.ingestor, services.comparisons, request, "").payload["session"]["id"])
+        lone = int(
+            compare_runs(services.ingestor, services.context, services.compute, request, "").payload["session"]["id"]
+        )
     finally:
         services.close()
     server = LiveServer(root / "data", free_port()).start()

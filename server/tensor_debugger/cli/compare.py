@@ -18,11 +18,11 @@ from tensor_debugger.cli.compare_output import (
 )
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.cli.warm import find_server
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.formatting import format_cosine
-from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs, free_name
-from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files
+from tensor_debugger.compare.planning.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.formatting import format_cosine
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -39,7 +39,8 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool) -> i
     try:
         outcome = compare_runs(
             services.ingestor,
-            services.comparisons,
+            services.context,
+            services.compute,
             request,
             base_url,
             progress=line.update,
@@ -53,7 +54,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     """Ingest one run and compare every tensor of it with every other (those matching `match`); the JSON is
     compare's. Exit 0 once done, whatever the verdicts; 2 on unusable input (a file that could not be read too) or
     too many pairs."""
-    from tensor_debugger.compare.explore import plan_explore
+    from tensor_debugger.compare.planning.explore import plan_explore
 
     session_name = free_name(services.sessions, name or f"explore {path.name}")
     bar = ProgressBar(f"ingest {path.name}")
@@ -69,7 +70,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     bar.close()
     problems = [problem_json(p) for p in result.problems]
     try:
-        plan_explore(services.comparisons, result.session_id, match)
+        plan_explore(services.context, result.session_id, match)
     except TensorDebuggerError as exc:
         with services.sessions() as db:
             catalog.delete_session(db, services.store, result.session_id)
@@ -77,7 +78,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         return EXIT_UNUSABLE
     bar = ProgressBar("compare")
     try:
-        services.comparisons.compute_pending(result.session_id, progress=bar.update)
+        services.compute(result.session_id, progress=bar.update)
     finally:
         bar.close()
     with services.sessions() as db:

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_debugger.compare.formatting import (
+from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
+from tensor_debugger.compare.reports.formatting import (
     format_cosine,
     format_error,
     format_number,
@@ -20,7 +21,6 @@ from tensor_debugger.compare.formatting import (
     replica_words,
     source_words,
 )
-from tensor_debugger.compare.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
 from tensor_debugger.engine.dimension_names import parse_dims_option
 from tensor_debugger.errors import InvalidInputError
 

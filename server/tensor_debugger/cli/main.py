@@ -35,7 +35,7 @@ from tensor_debugger.errors import StoreUnavailableError, TensorDebuggerError
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
-    from tensor_debugger.compare.requests import CompareOutcome, CompareRequest
+    from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -387,7 +387,7 @@ def ingest(services: Services, session: str, run: str, paths: list[Path], as_jso
     try:
         outcome = ingest_run(
             services.ingestor,
-            services.comparisons,
+            services.context,
             session,
             run,
             [InputFile(p, str(p)) for p in paths],

@@ -9,9 +9,9 @@ import json
 import sys
 
 from tensor_debugger.cli.compare_output import cell
-from tensor_debugger.compare.coverage import Coverage
-from tensor_debugger.compare.requests import EXIT_FAIL, EXIT_PASS, EXIT_UNUSABLE
-from tensor_debugger.compare.session_diff import Change, SessionDiff, diff_sessions, find_session
+from tensor_debugger.compare.planning.requests import EXIT_FAIL, EXIT_PASS, EXIT_UNUSABLE
+from tensor_debugger.compare.reports.coverage import Coverage
+from tensor_debugger.compare.reports.session_diff import Change, SessionDiff, diff_sessions, find_session
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from tensor_debugger.cli.compare_output import show_compare
 from tensor_debugger.cli.progress_bar import StatusLine
-from tensor_debugger.compare.requests import EXIT_UNUSABLE, CompareOutcome, CompareRequest
+from tensor_debugger.compare.planning.requests import EXIT_UNUSABLE, CompareOutcome, CompareRequest
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.address import TOKEN_HEADER, ServerAddress, process_alive, read_address
 

@@ -11,11 +11,13 @@ from typing import Any
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.compare.explore import CLI_FILTER, plan_explore
-from tensor_debugger.compare.hand_pairing import candidate_run, check_choice
-from tensor_debugger.compare.pair_reports import PairReport, apply_order, session_pairs
-from tensor_debugger.compare.pairing_files import check_dims, export_pairing, import_pairing, set_rules
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.explore import CLI_FILTER, plan_explore
+from tensor_debugger.compare.planning.hand_pairing import candidate_run, check_choice
+from tensor_debugger.compare.planning.pairing_files import check_dims, export_pairing, import_pairing, set_rules
+from tensor_debugger.compare.planning.plan import plan_session, refresh_session
+from tensor_debugger.compare.planning.sides import tensors_of
+from tensor_debugger.compare.reports.pair_reports import PairReport, apply_order, session_pairs
 from tensor_debugger.engine.alignment import Alignment, Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store import catalog
@@ -26,19 +28,19 @@ from tensor_debugger.store.reports import SessionReport
 class SessionActions:
     """`wake`: tells whoever computes pending pairs (the server's worker) that there is work."""
 
-    def __init__(self, sessions: sessionmaker[DbSession], comparisons: Comparisons, wake: Callable[[], None]) -> None:
+    def __init__(self, sessions: sessionmaker[DbSession], context: CompareContext, wake: Callable[[], None]) -> None:
         self.sessions = sessions
-        self.comparisons = comparisons
+        self.context = context
         self.wake = wake
 
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and wake the worker."""
-        self.comparisons.plan(session_id)
+        plan_session(self.context, session_id)
         self.wake()
 
     def refresh(self, session_id: int) -> None:
         """Give every pair the verdict cached for its current key (new tolerances), and wake the worker."""
-        self.comparisons.refresh(session_id)
+        refresh_session(self.context, session_id)
         self.wake()
 
     # --- the session ------------------------------------------------------------------------------------
@@ -97,7 +99,7 @@ class SessionActions:
         return self.update_session(session_id, strategies=strategies, name_pattern=name_pattern)
 
     def import_pairing(self, session_id: int, data: Any) -> dict[str, Any]:
-        """Apply a pairing file (compare/pairing_files.py; nothing changes when it is not one) and pair the
+        """Apply a pairing file (compare/planning/pairing_files.py; nothing changes when it is not one) and pair the
         session again; the session's pairing file now."""
         with self.sessions.begin() as db:
             import_pairing(db, session_id, data)
@@ -118,8 +120,8 @@ class SessionActions:
 
     def explore(self, session_id: int, match: str | None = None, filter_hint: str = CLI_FILTER) -> int:
         """Pair every tensor of the session's one run with every other whose name matches the glob `match`
-        (compare/explore.py: past 5,000 pairs, InvalidInputError asking for a filter); how many pairs."""
-        count = plan_explore(self.comparisons, session_id, match, filter_hint=filter_hint)
+        (compare/planning/explore.py: past 5,000 pairs, InvalidInputError asking for a filter); how many pairs."""
+        count = plan_explore(self.context, session_id, match, filter_hint=filter_hint)
         self.wake()
         return count
 
@@ -180,7 +182,7 @@ class SessionActions:
         """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
         with self.sessions.begin() as db:
             pair = _pair(db, pair_id)
-            side_a, side_b = self.comparisons.tensors_of(db, pair)
+            side_a, side_b = tensors_of(db, pair)
             shapes_a, shapes_b = [tuple(t.shape) for t in side_a], [tuple(t.shape) for t in side_b]
             try:
                 Alignment.from_steps(shapes_a, shapes_b, [Step.from_json(s) for s in steps])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +22,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.compare.contract import contract_json
-from tensor_debugger.compare.coverage import SessionVerdict
-from tensor_debugger.compare.early import EarlyComparisons
-from tensor_debugger.compare.early_uploads import SessionComparisons
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.pairing_files import check_file, import_pairing
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.requests import (
+from tensor_debugger.compare.compute.computation import Computation
+from tensor_debugger.compare.compute.early import EarlyComparisons
+from tensor_debugger.compare.compute.early_uploads import SessionComparisons
+from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.pairing_files import check_file, import_pairing
+from tensor_debugger.compare.planning.plan import plan_session
+from tensor_debugger.compare.planning.requests import (
     EXIT_FAIL,
     EXIT_PASS,
     EXIT_UNUSABLE,
@@ -38,6 +38,9 @@ from tensor_debugger.compare.requests import (
     unread_files,
     unusable_json,
 )
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.coverage import SessionVerdict
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile
@@ -104,20 +107,22 @@ class _Refused(Exception):
 
 def _ingest_at_once(
     ingestor: Ingestor,
-    comparisons: Comparisons,
+    context: CompareContext,
     request: CompareRequest,
     session_name: str,
     runs: list[tuple[str, InputFile, str | None]],
     step: Callable[[str], Callable[[int, int], None] | None],
+    compare_early: bool = True,
 ) -> tuple[int, list[dict[str, str]]]:
-    """Ingest `runs` (label, input, role) at once, each pair compared as soon as both its tensors are stored; the
-    session's id and the runs' problems. One progress step counts the bytes of all. Raises _Refused."""
+    """Ingest `runs` (label, input, role) at once, each pair compared as soon as both its tensors are stored (unless
+    not `compare_early`: a Dask cluster's workers compute them once planned); the session's id and the runs'
+    problems. One progress step counts the bytes of all. Raises _Refused."""
     pending: list[PendingRun] = []
     try:
         for label, given, role in runs:  # in order: the first begun is the reference
             pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
         session_id = pending[0].session_id
-        with comparisons.sessions.begin() as db:
+        with context.sessions.begin() as db:
             session = catalog.get_session(db, session_id)
             catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
             catalog.set_noise_factor(session, request.noise_factor)
@@ -143,7 +148,7 @@ def _ingest_at_once(
         return report
 
     # with a Dask cluster the pairs are its workers' once planned, as in a server (services.py), not this process's
-    early = SessionComparisons(comparisons, session_id, step("early")) if comparisons.cluster is None else None
+    early = SessionComparisons(context, session_id, step("early")) if compare_early else None
 
     def ingest(index: int) -> IngestResult:
         run, given = pending[index], runs[index][1]
@@ -168,8 +173,8 @@ def _ingest_at_once(
     problems = [problem_json(p) for o in outcomes if isinstance(o, IngestResult) for p in o.problems]
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
-        with comparisons.sessions() as db:
-            catalog.delete_session(db, comparisons.store, session_id)
+        with context.sessions() as db:
+            catalog.delete_session(db, context.store, session_id)
         if isinstance(failed, TensorDebuggerError):
             raise _Refused(failed, problems)
         raise failed
@@ -178,7 +183,7 @@ def _ingest_at_once(
 
 def _ingest_in_turn(
     ingestor: Ingestor,
-    comparisons: Comparisons,
+    context: CompareContext,
     request: CompareRequest,
     session_name: str,
     runs: list[tuple[str, InputFile, str | None]],
@@ -196,12 +201,12 @@ def _ingest_in_turn(
                 # as they land
                 if early is not None:
                     early.settle()
-                with comparisons.sessions.begin() as db:
+                with context.sessions.begin() as db:
                     session = catalog.get_session(db, session_id)
                     catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
                     catalog.set_noise_factor(session, request.noise_factor)
                 early = EarlyComparisons(
-                    comparisons, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
+                    context, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
                 )
             result = ingestor.ingest(
                 session_name,
@@ -220,8 +225,8 @@ def _ingest_in_turn(
         if early is not None:
             early.settle()  # before the session's arrays go
         if session_id is not None:
-            with comparisons.sessions() as db:
-                catalog.delete_session(db, comparisons.store, session_id)
+            with context.sessions() as db:
+                catalog.delete_session(db, context.store, session_id)
         raise _Refused(exc, problems) from None
     finally:
         if early is not None:
@@ -232,13 +237,14 @@ def _ingest_in_turn(
 
 def compare_runs(
     ingestor: Ingestor,
-    comparisons: Comparisons,
+    context: CompareContext,
+    compute: Computation,
     request: CompareRequest,
     base_url: str,
     progress: StepProgress | None = None,
 ) -> CompareOutcome:
     """Ingest both runs, compare them, and say what the command prints; `base_url` leads the session's URL."""
-    sessions = comparisons.sessions
+    sessions = context.sessions
     try:
         check_file(request.pairing)
     except InvalidInputError as exc:
@@ -262,9 +268,9 @@ def compare_runs(
     def step(name: str) -> Callable[[int, int], None] | None:
         return None if progress is None else lambda done, total: progress(name, done, total)
 
-    ingest = _ingest_in_turn if request.fail_fast else _ingest_at_once
+    ingest = _ingest_in_turn if request.fail_fast else partial(_ingest_at_once, compare_early=not compute.remote)
     try:
-        session_id, problems = ingest(ingestor, comparisons, request, session_name, runs, step)
+        session_id, problems = ingest(ingestor, context, request, session_name, runs, step)
     except _Refused as refused:
         cause = refused.cause
         details = [problem_json(p) for p in cause.problems] if isinstance(cause, NothingUsableError) else []
@@ -278,15 +284,15 @@ def compare_runs(
                 import_pairing(db, session_id, request.pairing)
         except InvalidInputError as exc:  # a candidate run's label the file names and this session lacks
             with sessions() as db:
-                catalog.delete_session(db, comparisons.store, session_id)
+                catalog.delete_session(db, context.store, session_id)
             return _unusable(f"pairing file {request.pairing_shown}: {exc}", problems)
-    comparisons.plan(session_id)
+    plan_session(context, session_id)
 
     def stop() -> bool:
         return request.fail_fast and divergence_known(sessions, session_id)
 
     if not stop():
-        comparisons.compute_pending(session_id, progress=step("compare"), should_stop=stop)
+        compute(session_id, progress=step("compare"), should_stop=stop)
     with sessions() as db:
         report = session_pairs(db, session_id, modules=True)
     payload = contract_json(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
@@ -301,7 +307,7 @@ def compare_runs(
 
 def ingest_run(
     ingestor: Ingestor,
-    comparisons: Comparisons,
+    context: CompareContext,
     session: str,
     run: str,
     inputs: list[InputFile],
@@ -322,7 +328,7 @@ def ingest_run(
         return CompareOutcome(
             EXIT_UNUSABLE, {"session": None, "run": None, "problems": [], "error": str(exc)}, str(exc)
         )
-    comparisons.plan(result.session_id)
+    plan_session(context, result.session_id)
     payload = {
         "session": {"id": result.session_id, "name": result.session_name},
         "run": {"id": result.run_id, "label": result.run_label, "tensors": result.tensors},

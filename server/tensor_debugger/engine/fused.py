@@ -4,7 +4,7 @@ first use.
 The package build compiles it next to this file (server/build_hooks.py); where it was not built, or
 TENSOR_DEBUGGER_KERNEL=numpy asks for it, `fused_partial` returns None and metrics.py computes with numpy alone.
 TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
-(tensor_debugger.compare.chunk_loop): blocks are then read into arrays first, as before that loop existed.
+(tensor_debugger.compare.compute.chunk_loop): blocks are then read into arrays first, as before that loop existed.
 
 The library holds the kernels once per vector family (FAMILIES; fused_stats.c's header says what each is), and the
 kernels run the best family this CPU runs, or the one Settings.kernel_family (TENSOR_DEBUGGER_KERNEL_FAMILY) names,
@@ -61,7 +61,8 @@ def edge_count() -> int:
 
 
 # logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The
-# summary kernels read each; the chunk loop (compare/chunk_loop.c) widens "h" and "b" to float32 for the pair kernel.
+# summary kernels read each; the chunk loop (compare/compute/chunk_loop.c) widens "h" and "b" to float32 for the pair
+# kernel.
 STORED_FLOATS: dict[str, tuple[str, np.dtype[Any]]] = {
     "float32": ("f", np.dtype(np.float32)),
     "float64": ("d", np.dtype(np.float64)),

@@ -92,6 +92,13 @@ class PairStats:
         return cls(**values)
 
 
+# JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (json_number); an integer pair's differences and
+# values are exact integers (int64 and uint64 past float64's 2**53 included): `int` here keeps them so where msgspec
+# decodes stored statistics (compare/reports/pair_rows.py). The OpenAPI document says number or string
+# (web/openapi_viewer.py), not oneOf number or integer, which JSON Schema refuses for every whole number.
+Number = float | int | str
+
+
 def json_number(value: float) -> float | str:
     """JSON has no NaN or Infinity: those travel as the strings "nan", "inf" and "-inf"."""
     if math.isnan(value):

@@ -66,7 +66,7 @@ class _Running(Generic[Key]):
 def compare_block(job: PairJob[Key], region: Region) -> PairAccumulator:
     """The partial statistics of one block of a pair (one region of `pair_blocks`): what `compare_stream` merges,
     in block order, into the pair's statistics. A Dask worker computes a big pair's blocks with it
-    (compare/dask_pairs.py), so that merging them in the same order gives the same statistics."""
+    (compare/compute/dask_pairs.py), so that merging them in the same order gives the same statistics."""
     part = PairAccumulator(job.tolerance, job.exact, job.top)
     origin = tuple(s.start for s in region)
     if job.reduce is None:

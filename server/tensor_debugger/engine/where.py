@@ -130,7 +130,7 @@ def confine(mass: np.ndarray) -> tuple[tuple[int, int], ...] | None:
 
 
 def where_regions(shape: tuple[int, ...]) -> list[Region]:
-    """The blocks `locate_error` reads (and a cluster's workers, a task each: compare/dask_blocks.py)."""
+    """The blocks `locate_error` reads (and a cluster's workers, a task each: compare/compute/dask_blocks.py)."""
     return list(iter_blocks(plan_chunks(shape, 8, WHERE_BLOCK_BYTES), 1)) if shape else []
 
 

@@ -16,7 +16,7 @@ opens each), its staging is swept, and the slot's next ingest starts a new child
 The server makes the run's row (`Ingestor.begin`) and keeps it among its live runs while a child fills it; the child
 reports progress through a queue and stops at its next block when the server asks (`close`). Given a listener, the
 child also tells each file's stored tensors (`stored.StoredNote`) and, before its run's arrays may move, waits
-until the server's listener has settled (its comparisons reading them are done: `compare/early_uploads.py`). A
+until the server's listener has settled (its comparisons reading them are done: `compare/compute/early_uploads.py`). A
 child that dies midway (killed, out of memory) leaves the run to the server, which removes it or marks it failed.
 """
 

@@ -44,7 +44,7 @@ class IngestProgress:
 
 class IngestWatcher(Protocol):
     """Told of each ingest the queue runs (the server compares pairs while their runs ingest:
-    `compare/early_uploads.py`)."""
+    `compare/compute/early_uploads.py`)."""
 
     def begin(self, pending: PendingRun) -> NoteListener | None:
         """The ingest of `pending` starts; what it returns hears of the run's tensors as they are stored."""

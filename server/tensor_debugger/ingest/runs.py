@@ -79,7 +79,7 @@ Stored = tuple[TensorFileEntry, tuple[str, ...], StoredTensor]  # a tensor's fil
 
 class StoredListener(Protocol):
     """Told of a run's tensors as their arrays are written, before the run is ready (a comparison that starts
-    while the rest ingests: `compare/early.py`)."""
+    while the rest ingests: `compare/compute/early.py`)."""
 
     def stored(self, tensors: Sequence[Stored]) -> None:
         """The tensors of one file, their arrays complete, under the run's prefix."""

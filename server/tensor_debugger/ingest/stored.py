@@ -1,6 +1,6 @@
 """What an ingest tells of a run's tensors as their arrays are stored, before the run is ready: each tensor's name
 (as its row will have it), array and digest. Small and typed, so that an ingest in a child process (`child.py`)
-can send it to the server, which compares pairs whose two tensors are stored (`compare/early_uploads.py`)."""
+can send it to the server, which compares pairs whose two tensors are stored (`compare/compute/early_uploads.py`)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ from litestar.template import TemplateConfig
 from sqlalchemy.exc import DBAPIError
 
 from tensor_debugger import __version__
-from tensor_debugger.compare.formatting import register_filters
-from tensor_debugger.compare.plan import sessions_needing_plan
+from tensor_debugger.compare.planning.plan import plan_session, sessions_needing_plan
+from tensor_debugger.compare.reports.formatting import register_filters
 from tensor_debugger.errors import TensorDebuggerError
 from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir
@@ -73,7 +73,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         with opened.sessions() as db:
             unplanned = sessions_needing_plan(db)
         for session_id in unplanned:  # runs ingested from the command line while no server ran
-            opened.comparisons.plan(session_id)
+            plan_session(opened.context, session_id)
         if settings.demo:
             # only here: the demo's generator imports torch (about a second), which a server without it never needs
             from tensor_debugger.demo.session import ensure_demo_session

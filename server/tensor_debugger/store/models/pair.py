@@ -19,7 +19,7 @@ class PairRecord(Base):
 
     __tablename__ = "pairs"
     # A pair's id is in its page's address: SQLite must never give a deleted pair's id to another pair (without
-    # AUTOINCREMENT it reuses the highest ids); a pair planned again keeps its id (compare/plan.py).
+    # AUTOINCREMENT it reuses the highest ids); a pair planned again keeps its id (compare/planning/plan.py).
     __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(primary_key=True)

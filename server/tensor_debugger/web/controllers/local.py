@@ -21,7 +21,7 @@ from litestar.exceptions import PermissionDeniedException
 from litestar.response import Stream
 
 from tensor_debugger.compare.pipeline import compare_runs, ingest_run
-from tensor_debugger.compare.requests import CompareOutcome, CompareRequest
+from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -59,7 +59,8 @@ class LocalController(Controller):
             try:
                 outcome = compare_runs(
                     services.ingestor,
-                    services.comparisons,
+                    services.context,
+                    services.compute,
                     compare_request,
                     services.settings.public_url.rstrip("/") or address.url,  # where the user's links lead
                     progress=lambda step, done, total: events.put({"step": step, "done": done, "total": total}),
@@ -95,7 +96,7 @@ class LocalController(Controller):
             raise InvalidInputError("an ingest request names its inputs by absolute paths, each with how it was typed")
         outcome: CompareOutcome = ingest_run(
             services.ingestor,
-            services.comparisons,
+            services.context,
             session,
             run,
             [InputFile(p, s) for p, s in zip(paths, shown, strict=True)],

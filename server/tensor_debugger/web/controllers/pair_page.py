@@ -6,7 +6,8 @@ from __future__ import annotations
 from litestar import Controller, Response, get
 from litestar.response import Template
 
-from tensor_debugger.compare.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import PairRecord
@@ -55,7 +56,7 @@ class PairPageController(Controller):
             pair = db.get(PairRecord, pair_id)
             if pair is None:
                 raise NotFoundError(f"no pair with id {pair_id}")
-            view_a, view_b, alignment = services.comparisons.views(db, pair)
+            view_a, view_b, alignment = views(services.store, db, pair)
             spec = parse_fixed(alignment.shape, fixed)
             svg = heatmap_svg(build_heatmap(view_a, view_b, spec))
         return Response(svg, media_type="image/svg+xml")

@@ -8,7 +8,7 @@ from litestar import Controller, get, put
 from litestar.openapi.spec import OpenAPIType, Schema
 from litestar.params import Body
 
-from tensor_debugger.compare.pairing_files import export_pairing
+from tensor_debugger.compare.planning.pairing_files import export_pairing
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, error_responses

@@ -12,8 +12,8 @@ import anyio
 from litestar import Controller, Request, Response, get, post
 from litestar.response import Redirect, Template
 
-from tensor_debugger.compare.hand_pairing import hand_pair_choices
-from tensor_debugger.compare.pairing_files import export_pairing
+from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
+from tensor_debugger.compare.planning.pairing_files import export_pairing
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.web.controllers.forms import FORM, FormData

@@ -6,8 +6,10 @@ import msgspec
 from litestar import Controller, delete, get, post, put
 from litestar.params import Parameter
 
-from tensor_debugger.compare.hand_pairing import HandPairChoices, hand_pair_choices
-from tensor_debugger.compare.pair_reports import (
+from tensor_debugger.compare.compute.profiles import ErrorProfile, error_profile
+from tensor_debugger.compare.planning.hand_pairing import HandPairChoices, hand_pair_choices
+from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.pair_reports import (
     ArgmaxReport,
     DivergenceReport,
     PairDetail,
@@ -16,9 +18,8 @@ from tensor_debugger.compare.pair_reports import (
     pair_detail,
     session_pairs,
 )
-from tensor_debugger.compare.profiles import ErrorProfile, error_profile
-from tensor_debugger.compare.session_profiles import SessionProfiles, parse_dim, session_profiles
-from tensor_debugger.compare.slices import SliceReport, parse_slice_request, read_slice
+from tensor_debugger.compare.reports.session_profiles import SessionProfiles, parse_dim, session_profiles
+from tensor_debugger.compare.reports.slices import SliceReport, parse_slice_request, read_slice
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -56,13 +57,13 @@ class SessionPairsController(Controller):
         are served while others compute), coverage and the session's verdict."""
         with services.sessions() as db:
             catalog.get_session(db, session_id)
-            return session_pairs(db, session_id, modules=True, cache=services.comparisons.stats, closest=True)
+            return session_pairs(db, session_id, modules=True, cache=services.stats, closest=True)
 
     @get("/first-divergence", sync_to_thread=True, responses=error_responses(404))
     def first_divergence(self, services: Services, session_id: int) -> DivergenceReport:
         with services.sessions() as db:
             catalog.get_session(db, session_id)
-            report = session_pairs(db, session_id, cache=services.comparisons.stats)
+            report = session_pairs(db, session_id, cache=services.stats)
         return DivergenceReport(report.first_divergence, report.progress, report.verdict, report.coverage)
 
     @get(
@@ -86,7 +87,7 @@ class SessionPairsController(Controller):
         and mean |difference| per index of that dimension (each pair's profile computed once and kept with its
         result); the pairs without it are listed as skipped, with why."""
         with services.sessions() as db:
-            return session_profiles(db, services.comparisons, session_id, parse_dim(dim))
+            return session_profiles(db, services.context, session_id, parse_dim(dim))
 
     @get(
         "/alignments",
@@ -149,12 +150,12 @@ class PairController(Controller):
     def show_pair(self, services: Services, pair_id: int) -> PairDetail:
         """Statistics (with the histogram of |difference| per decade), shapes, alignment steps and the argmax."""
         with services.sessions() as db:
-            return pair_detail(db, services.comparisons, pair_id)
+            return pair_detail(db, services.context, pair_id)
 
     @get("/{pair_id:int}/argmax", sync_to_thread=True, responses=error_responses(404))
     def argmax(self, services: Services, pair_id: int) -> ArgmaxReport | None:
         with services.sessions() as db:
-            return pair_detail(db, services.comparisons, pair_id).argmax
+            return pair_detail(db, services.context, pair_id).argmax
 
     @get(
         "/{pair_id:int}/profile",
@@ -172,7 +173,7 @@ class PairController(Controller):
         """Per index of aligned dimension `dim`: the largest and the mean |difference| and the elements outside the
         tolerance, read chunk by chunk on first request and kept with the pair's result."""
         with services.sessions() as db:
-            return error_profile(db, services.comparisons, pair_id, dim)
+            return error_profile(db, services.context, pair_id, dim)
 
     @get(
         "/{pair_id:int}/slice",
@@ -197,7 +198,7 @@ class PairController(Controller):
         reading only the chunks that intersect it."""
         with services.sessions() as db:
             pair = _pair(db, pair_id)
-            view_a, view_b, alignment = services.comparisons.views(db, pair)
+            view_a, view_b, alignment = views(services.store, db, pair)
             request = parse_slice_request(alignment.shape, index, start, count)
             return read_slice(view_a, view_b, request)
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from litestar import Controller, get
 
-from tensor_debugger.compare.progress import RunDetail, run_detail
+from tensor_debugger.compare.reports.progress import RunDetail, run_detail
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.reports import TensorReport

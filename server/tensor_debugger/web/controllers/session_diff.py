@@ -6,7 +6,7 @@ from __future__ import annotations
 from litestar import Controller, get
 from litestar.response import Template
 
-from tensor_debugger.compare.session_diff import SessionDiff, diff_sessions
+from tensor_debugger.compare.reports.session_diff import SessionDiff, diff_sessions
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog

@@ -9,11 +9,11 @@ from litestar.response import Redirect, Template
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.exports import pairs_to_csv
-from tensor_debugger.compare.hand_pairing import hand_pair_choices
-from tensor_debugger.compare.pair_reports import SessionPairs, apply_order, session_pairs
-from tensor_debugger.compare.progress import session_progress
-from tensor_debugger.compare.session_profiles import parse_dim, session_profiles
+from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
+from tensor_debugger.compare.reports.exports import pairs_to_csv
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, apply_order, session_pairs
+from tensor_debugger.compare.reports.progress import session_progress
+from tensor_debugger.compare.reports.session_profiles import parse_dim, session_profiles
 from tensor_debugger.engine.dimension_names import dimension_names
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
@@ -126,7 +126,7 @@ class SessionPageController(Controller):
                 for d in range(max(ranks, default=0))
             ]
             chosen = parse_dim(dim) if dim.strip() else None
-            profiles = session_profiles(db, services.comparisons, session_id, chosen) if chosen is not None else None
+            profiles = session_profiles(db, services.context, session_id, chosen) if chosen is not None else None
             context = {"session": session, "dims": dims, "named": named, "dim": chosen, "profiles": profiles}
             context["heatmap"] = heatmap(profiles) if profiles is not None else None
             return Template("session_profiles.html", context=context)
@@ -184,7 +184,7 @@ def read_session(
     """The session (NotFoundError when there is none) and its pairs' report (with `modules`, the module view),
     read with the process's decoded statistics."""
     session = catalog.get_session(db, session_id)
-    return session, session_pairs(db, session_id, modules=modules, cache=services.comparisons.stats, closest=True)
+    return session, session_pairs(db, session_id, modules=modules, cache=services.stats, closest=True)
 
 
 def session_template(

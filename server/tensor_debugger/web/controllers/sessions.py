@@ -10,7 +10,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import Parameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
 
-from tensor_debugger.compare.progress import SessionProgress, pair_progress, session_progress
+from tensor_debugger.compare.reports.progress import SessionProgress, pair_progress, session_progress
 from tensor_debugger.engine.pairing import STRATEGIES
 from tensor_debugger.errors import NothingUsableError, TooLargeError
 from tensor_debugger.services import Services

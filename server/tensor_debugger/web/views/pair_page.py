@@ -10,11 +10,12 @@ from urllib.parse import urlencode
 
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.inspector import build_inspector, build_raw_grid
-from tensor_debugger.compare.op_lists import op_lists
-from tensor_debugger.compare.pair_reports import pair_detail
-from tensor_debugger.compare.profiles import ErrorProfile, error_profile
-from tensor_debugger.compare.slices import SliceRequest, parse_slice_request, read_window
+from tensor_debugger.compare.compute.profiles import ErrorProfile, error_profile
+from tensor_debugger.compare.planning.sides import tensors_of, tolerance, views_of
+from tensor_debugger.compare.reports.inspector import build_inspector, build_raw_grid
+from tensor_debugger.compare.reports.op_lists import op_lists
+from tensor_debugger.compare.reports.pair_reports import pair_detail
+from tensor_debugger.compare.reports.slices import SliceRequest, parse_slice_request, read_window
 from tensor_debugger.engine.alignment import Shape
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
 from tensor_debugger.engine.views import SourceView
@@ -147,7 +148,7 @@ class ManualSide:
 def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dict[str, ManualSide]) -> list[Any]:
     """Each run's own values, read straight from its stored tensor with its own dimensions: for when the
     automatic alignment is in doubt."""
-    side_a, side_b = services.comparisons.tensors_of(db, pair)
+    side_a, side_b = tensors_of(db, pair)
     groups = {"a": side_a, "b": side_b}
     out = []
     for side, label in (("a", "Reference"), ("b", "Candidate")):
@@ -201,8 +202,8 @@ def pair_page_context(
         raise NotFoundError(f"no pair with id {pair_id}")
     # held here, so that the session (whose identity map holds what nobody references only weakly) answers the
     # reads of pair_detail and of the views below from memory: the pair and its tensors are read once
-    sides = services.comparisons.tensors_of(db, pair)
-    detail = pair_detail(db, services.comparisons, pair_id)
+    sides = tensors_of(db, pair)
+    detail = pair_detail(db, services.context, pair_id)
     session = db.get_one(SessionRecord, pair.session_id)
     runs = {r.id: r for r in session.runs}
     context: dict[str, Any] = {
@@ -223,7 +224,7 @@ def pair_page_context(
     if pair.alignment is None:
         return context
     side_a, side_b = sides
-    view_a, view_b, alignment = services.comparisons.views_of(pair, side_a, side_b)
+    view_a, view_b, alignment = views_of(services.store, pair, side_a, side_b)
     shape = alignment.shape
     opening = opening_window(shape, detail.argmax.aligned if detail.argmax else None)
     params = {"index": index, "start": start, "count": count} if index or not shape else opening
@@ -233,8 +234,8 @@ def pair_page_context(
         context["window_error"] = str(exc)
         request = parse_slice_request(shape, opening["index"], opening["start"], opening["count"])
     window = read_window(view_a, view_b, request)
-    tolerance, exact = services.comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
-    context["inspector"] = build_inspector(window, tolerance, exact)
+    tol, exact = tolerance(session, side_a[0].dtype, side_b[0].dtype)
+    context["inspector"] = build_inspector(window, tol, exact)
     spec = heatmap_spec(shape, request)
     if spec is not None:
         context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.svg?{urlencode({'fixed': spec})}"
@@ -246,7 +247,7 @@ def pair_page_context(
             dim = int(profile)
         except ValueError:
             raise InvalidInputError(f"profile must be an aligned dimension (a whole number), got {profile!r}") from None
-        context["profile"] = profile_chart(error_profile(db, services.comparisons, pair_id, dim))
+        context["profile"] = profile_chart(error_profile(db, services.context, pair_id, dim))
     if detail.argmax:
         jump = centred_window(shape, tuple(detail.argmax.aligned), request)
         context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"

@@ -9,8 +9,8 @@ import math
 from typing import Any
 from urllib.parse import urlencode
 
-from tensor_debugger.compare.session_profiles import ProfileRow, SessionProfiles
-from tensor_debugger.compare.slices import parse_slice_request
+from tensor_debugger.compare.reports.session_profiles import ProfileRow, SessionProfiles
+from tensor_debugger.compare.reports.slices import parse_slice_request
 from tensor_debugger.web.views.pair_page import centred_window, default_window
 
 MAX_COLUMNS = 128

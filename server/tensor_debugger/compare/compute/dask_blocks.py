@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from sqlalchemy import select
 
-from tensor_debugger.compare.dask_workers import worker_comparisons
-from tensor_debugger.compare.pending import CurrentPairs, PendingPair, ResultWriter, set_up
+from tensor_debugger.compare.compute.dask_workers import worker_context
+from tensor_debugger.compare.compute.pending import PendingPair, ResultWriter, pair_job, set_up
+from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
 from tensor_debugger.engine.streaming import BLOCK_BYTES, PairJob, compare_block, pair_blocks
@@ -34,7 +36,6 @@ from tensor_debugger.store.models import PairRecord, TensorRecord
 if TYPE_CHECKING:
     from distributed import Client
 
-    from tensor_debugger.compare.plan import Comparisons
     from tensor_debugger.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -49,10 +50,10 @@ _jobs: OrderedDict[tuple[Settings, str], PairJob[PendingPair]] = OrderedDict()  
 _jobs_lock = threading.Lock()
 
 
-def big_pairs(comparisons: Comparisons, pair_ids: Sequence[int]) -> set[int]:
+def big_pairs(context: CompareContext, pair_ids: Sequence[int]) -> set[int]:
     """Those of `pair_ids` whose reference side holds more than `SPLIT_ELEMENTS` values: split into blocks."""
     big: set[int] = set()
-    with comparisons.sessions() as db:
+    with context.sessions() as db:
         for start in range(0, len(pair_ids), _QUERY_IDS):
             some = pair_ids[start : start + _QUERY_IDS]
             sides: dict[int, list[int]] = {
@@ -92,14 +93,14 @@ class SplitPair:
 
 
 def submit_split(
-    client: Client, kind: type[Comparisons], settings: Settings, comparisons: Comparisons, pair_ids: Sequence[int]
+    client: Client, settings: Settings, context: CompareContext, pair_ids: Sequence[int]
 ) -> tuple[list[SplitPair], int]:
     """Claim those of `pair_ids` nobody holds, set them up and submit their blocks; the pairs being computed and how
     many others were settled at set-up (cached, or failing to open)."""
-    claimed = comparisons.claims.claim_pairs(None, len(pair_ids), pair_ids) if pair_ids else []
+    claimed = context.claims.claim_pairs(None, len(pair_ids), pair_ids) if pair_ids else []
     if not claimed:
         return [], 0
-    jobs, finished = set_up(comparisons, claimed)
+    jobs, finished = set_up(context, claimed)
     splits: dict[str, SplitPair] = {}
     for job in jobs:
         if job.key.key in splits:  # the same comparison: computed once
@@ -113,14 +114,13 @@ def submit_split(
             continue
         work = job.key
         split.tasks = [
-            client.submit(compute_block, kind, settings, work.pair_id, work.key, region, pure=False)
-            for region in regions
+            client.submit(compute_block, settings, work.pair_id, work.key, region, pure=False) for region in regions
         ]
     return list(splits.values()), finished
 
 
 def collect_split(
-    comparisons: Comparisons,
+    context: CompareContext,
     splits: Sequence[SplitPair],
     settled: Callable[[int], None],
     should_stop: Callable[[], bool],
@@ -130,7 +130,7 @@ def collect_split(
     unsettled (a task lost, stopped) are given back."""
     if not splits:
         return
-    writer = ResultWriter(comparisons)
+    writer = ResultWriter(context)
     try:
         for split in splits:
             if should_stop():
@@ -144,7 +144,7 @@ def collect_split(
             settled(1 + len(split.same))
     finally:
         writer.flush()
-        comparisons.claims.release_pairs()
+        context.claims.release_pairs()
 
 
 def merged(split: SplitPair) -> PairStats | Exception | None:
@@ -169,7 +169,6 @@ class Cluster:
     """Where a process sends a big pair's tasks: the client, and what its workers open the pair with."""
 
     client: Client
-    kind: type[Comparisons]
     settings: Settings
 
 
@@ -180,9 +179,7 @@ def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> 
     shape = tuple(split.job.a.shape)
     regions = where_regions(shape)
     submit = cluster.client.submit
-    tasks = [
-        submit(where_block, cluster.kind, cluster.settings, work.pair_id, work.key, r, pure=False) for r in regions
-    ]
+    tasks = [submit(where_block, cluster.settings, work.pair_id, work.key, r, pure=False) for r in regions]
     accumulator = WhereAccumulator(shape)
     for region, task in zip(regions, tasks, strict=True):
         try:
@@ -197,39 +194,39 @@ def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> 
     return replace(stats, where=[s.to_json() for s in accumulator.spans()])
 
 
-def where_block(kind: type[Comparisons], settings: Settings, pair_id: int, key: str, region: Region) -> Masses:
+def where_block(settings: Settings, pair_id: int, key: str, region: Region) -> Masses:
     """In a Dask worker: one block's squared error per index of each dimension (`where.block_masses`); the error
     reading it; None where the pair no longer wants the comparison `key` names."""
     try:
-        job = worker_job(worker_comparisons(kind, settings), settings, pair_id, key)
+        job = worker_job(worker_context(settings), settings, pair_id, key)
         return None if job is None else block_masses(job.a.read(region), job.b.read(region))
     except Exception as exc:
         return exc
 
 
-def compute_block(kind: type[Comparisons], settings: Settings, pair_id: int, key: str, region: Region) -> Part:
+def compute_block(settings: Settings, pair_id: int, key: str, region: Region) -> Part:
     """In a Dask worker: the partial statistics of one block of a pair, as computed locally; the error reading it;
     or None where the pair no longer wants the comparison `key` names."""
     try:
-        job = worker_job(worker_comparisons(kind, settings), settings, pair_id, key)
+        job = worker_job(worker_context(settings), settings, pair_id, key)
         return None if job is None else compare_block(job, region)
     except Exception as exc:  # a corrupt chunk, a missing array: the pair's result, as locally
         return exc
 
 
-def worker_job(comparisons: Comparisons, settings: Settings, pair_id: int, key: str) -> PairJob[PendingPair] | None:
+def worker_job(context: CompareContext, settings: Settings, pair_id: int, key: str) -> PairJob[PendingPair] | None:
     """The pair's job with its views, opened once for its blocks; None unless the pair still wants `key`."""
     with _jobs_lock:
         found = _jobs.get((settings, key))
         if found is not None:
             _jobs.move_to_end((settings, key))
             return found
-    with comparisons.sessions() as db:
-        current = CurrentPairs.by_id(comparisons, db, [pair_id])
+    with context.sessions() as db:
+        current = CurrentPairs.by_id(context, db, [pair_id])
         wanted = current.wanted(pair_id)
         if wanted is None or wanted[0] != key:
             return None
-        job = current.job(pair_id, *wanted)
+        job = pair_job(context, current, pair_id, *wanted)
     with _jobs_lock:
         _jobs[(settings, key)] = job
         while len(_jobs) > _JOBS_KEPT:

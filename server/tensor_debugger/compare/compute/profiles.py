@@ -4,21 +4,19 @@ views and kept with its comparison result, so that asking again reads nothing.""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.module_reports import Number
+from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.sides import tensors_of, tolerance, views
 from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
-from tensor_debugger.engine.metrics import json_number
+from tensor_debugger.engine.metrics import Number, json_number
 from tensor_debugger.engine.profiles import ProfileAccumulator
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord
-
-if TYPE_CHECKING:  # the comparisons hand in their views; compare/pending.py keeps replicas' profiles (no cycle)
-    from tensor_debugger.compare.plan import Comparisons
 
 PROFILE_BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side read at once
 
@@ -35,7 +33,7 @@ class ErrorProfile:
     mismatched: list[int]
 
 
-def error_profile(db: DbSession, comparisons: Comparisons, pair_id: int, dim: int) -> ErrorProfile:
+def error_profile(db: DbSession, context: CompareContext, pair_id: int, dim: int) -> ErrorProfile:
     """The pair's profile along `dim`, from its result's cache or computed now (and cached where the pair has a
     result). InvalidInputError for a pair without element values or a dim out of range."""
     pair = db.get(PairRecord, pair_id)
@@ -47,12 +45,12 @@ def error_profile(db: DbSession, comparisons: Comparisons, pair_id: int, dim: in
     cached = (result.profiles or {}).get(str(dim)) if result is not None else None
     if cached is not None:
         return ErrorProfile(**cached)
-    view_a, view_b, _ = comparisons.views(db, pair)
-    side_a, side_b = comparisons.tensors_of(db, pair)
+    view_a, view_b, _ = views(context.store, db, pair)
+    side_a, side_b = tensors_of(db, pair)
     session = db.get_one(SessionRecord, pair.session_id)
-    tolerance, exact = comparisons.tolerance(session, side_a[0].dtype, side_b[0].dtype)
+    tol, exact = tolerance(session, side_a[0].dtype, side_b[0].dtype)
     try:
-        profile = profile_views(view_a, view_b, dim, tolerance, exact)
+        profile = profile_views(view_a, view_b, dim, tol, exact)
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
     if result is not None:

@@ -1,4 +1,4 @@
-"""Comparing while the server ingests an upload's runs (`compare/early.py` for the CLI's pipeline): the runs of
+"""Comparing while the server ingests an upload's runs (`compare/compute/early.py` for the CLI's pipeline): the runs of
 an upload ingest at once, so whichever of a pair's two tensors lands second starts its comparison, with the
 same guess and cache key as the CLI's (`early.guess`): results identical by construction, and a pair the plan
 does not make costs only its computation.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import select
 
-from tensor_debugger.compare.early import (
+from tensor_debugger.compare.compute.early import (
     EarlyCount,
     EarlyEngine,
     EarlyProgress,
@@ -30,8 +30,8 @@ from tensor_debugger.compare.early import (
     pairable_by_name,
     stored_record,
 )
-from tensor_debugger.compare.pending import PendingPair
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.compute.pending import PendingPair
+from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import PairJob
 from tensor_debugger.ingest.runs import PendingRun
@@ -66,11 +66,11 @@ class EarlyFigures:
 class SessionComparisons(EarlyEngine):
     """The early comparisons of one session while this server ingests runs of it."""
 
-    def __init__(self, comparisons: Comparisons, session_id: int, progress: EarlyProgress | None = None) -> None:
+    def __init__(self, context: CompareContext, session_id: int, progress: EarlyProgress | None = None) -> None:
         self._lock = threading.Lock()
         self._tensors: dict[int, dict[str, TensorRecord]] = {}  # run -> its tensors to pair, by name
         self._seen: dict[int, set[str]] = {}  # in-flight run -> names met (a second one is renamed: not guessed)
-        with comparisons.sessions() as db:
+        with context.sessions() as db:
             session = db.get_one(SessionRecord, session_id)
             db.expunge(session)
             self._session = session
@@ -78,7 +78,7 @@ class SessionComparisons(EarlyEngine):
         self._reference: int | None = None
         self._named: dict[str, list[tuple[int, str]]] = {}  # cache key -> (candidate run, name) of its guesses
         self.results: list[EarlyPair] = []
-        super().__init__(comparisons, progress)
+        super().__init__(context, progress)
         self._load_reference()
         for run_id in self._ready_runs():
             self._tensors[run_id] = self._rows(run_id)
@@ -141,7 +141,7 @@ class SessionComparisons(EarlyEngine):
     ) -> list[Job]:
         jobs: list[Job] = []
         for a, b in pairs:
-            if a is not None and b is not None and (job := guess(self.comparisons, self._session, a, b)) is not None:
+            if a is not None and b is not None and (job := guess(self.context, self._session, a, b)) is not None:
                 jobs.append((job, (reference, candidate)))
                 self._named.setdefault(job.key.key, []).append((candidate, a.name))
         return jobs
@@ -157,7 +157,7 @@ class SessionComparisons(EarlyEngine):
             return EarlyFigures(self.count, tuple(self.results))
 
     def _load_reference(self) -> None:
-        with self.comparisons.sessions() as db:
+        with self.context.sessions() as db:
             kept = db.execute(
                 select(RunRecord.id, RunRecord.role)
                 .where(RunRecord.session_id == self._session_id, RunRecord.status != "failed")
@@ -167,7 +167,7 @@ class SessionComparisons(EarlyEngine):
         self._reference = next((run for run, role in kept if role != "noise"), kept[0][0] if kept else None)
 
     def _ready_runs(self) -> list[int]:
-        with self.comparisons.sessions() as db:
+        with self.context.sessions() as db:
             return list(
                 db.scalars(
                     select(RunRecord.id).where(RunRecord.session_id == self._session_id, RunRecord.status == "ready")
@@ -176,7 +176,7 @@ class SessionComparisons(EarlyEngine):
 
     def _rows(self, run_id: int) -> dict[str, TensorRecord]:
         """A ready run's tensors that a guess may pair: one of each name, with values, not a shard."""
-        with self.comparisons.sessions() as db:
+        with self.context.sessions() as db:
             rows = detached_tensors(db, run_id)
         return {name: r for name, r in pairable_by_name(rows).items() if shard_of(name)[1] is None}
 
@@ -185,22 +185,22 @@ class _RunListener:
     """One run's ingest's `NoteListener`, feeding its session's comparisons."""
 
     def __init__(self, comparisons: SessionComparisons, run_id: int) -> None:
-        self._comparisons = comparisons
+        self._session_comparisons = comparisons
         self._run_id = run_id
 
     def stored(self, notes: Sequence[StoredNote]) -> None:
-        self._comparisons.stored(self._run_id, notes)
+        self._session_comparisons.stored(self._run_id, notes)
 
     def settle(self) -> None:
-        self._comparisons.close(self._run_id)
+        self._session_comparisons.close(self._run_id)
 
 
 class EarlyUploads:
     """The server's `IngestWatcher` (ingest/queue.py): one `SessionComparisons` per session while this server
     ingests runs of it; its figures kept after, for the session page until the session is planned."""
 
-    def __init__(self, comparisons: Comparisons) -> None:
-        self._comparisons = comparisons
+    def __init__(self, context: CompareContext) -> None:
+        self._context = context
         self._lock = threading.Lock()
         self._live: dict[int, tuple[SessionComparisons, int]] = {}  # session -> its comparisons, runs ingesting
         self._over: OrderedDict[int, EarlyFigures] = OrderedDict()  # session -> figures of its last ones
@@ -209,7 +209,7 @@ class EarlyUploads:
         with self._lock:
             live = self._live.get(pending.session_id)
             if live is None:
-                live = (SessionComparisons(self._comparisons, pending.session_id), 0)
+                live = (SessionComparisons(self._context, pending.session_id), 0)
             self._live[pending.session_id] = (live[0], live[1] + 1)
         return live[0].listener(pending.run_id)
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.early_uploads import EarlyFigures, EarlyPair
+from tensor_debugger.compare.compute.early_uploads import EarlyFigures, EarlyPair
 from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, problem_reports, run_fields

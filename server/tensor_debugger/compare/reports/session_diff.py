@@ -14,10 +14,9 @@ from enum import StrEnum
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.coverage import Coverage, SessionVerdict
-from tensor_debugger.compare.module_reports import Number
-from tensor_debugger.compare.pair_reports import FirstDivergence, PairReport, SessionPairs, session_pairs
-from tensor_debugger.engine.metrics import json_number, parse_number
+from tensor_debugger.compare.reports.coverage import Coverage, SessionVerdict
+from tensor_debugger.compare.reports.pair_reports import FirstDivergence, PairReport, SessionPairs, session_pairs
+from tensor_debugger.engine.metrics import Number, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import SessionRecord
@@ -42,7 +41,7 @@ class SessionSide:
     name: str
     first_divergence: FirstDivergence | None
     pending: int = 0  # pairs not compared yet: a server on the data dir compares them
-    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/coverage.py)
+    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
 
 

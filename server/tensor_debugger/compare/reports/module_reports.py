@@ -18,18 +18,12 @@ from tensor_debugger.engine.culprits import (
     relative_rmse,
     stands_out,
 )
-from tensor_debugger.engine.metrics import json_number, parse_number
+from tensor_debugger.engine.metrics import Number, json_number, parse_number
 from tensor_debugger.ingest.traces import ModuleNode
 from tensor_debugger.store.reports import PairStatus
 
 if TYPE_CHECKING:  # pair_reports builds this report from its pairs
-    from tensor_debugger.compare.pair_reports import PairReport
-
-# JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (metrics.json_number); an integer pair's
-# differences and values are exact integers (int64 and uint64 past float64's 2**53 included): `int` here keeps them
-# so where msgspec decodes stored statistics (pair_rows.py). The OpenAPI document says number or string
-# (web/openapi_viewer.py), not oneOf number or integer, which JSON Schema refuses for every whole number.
-Number = float | int | str
+    from tensor_debugger.compare.reports.pair_reports import PairReport
 
 
 class ModuleVerdict(enum.StrEnum):

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from tensor_debugger.compare.pair_reports import FirstDivergence, SessionPairs
-from tensor_debugger.compare.where_reports import WhereEntry
+from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs
+from tensor_debugger.compare.reports.where_reports import WhereEntry
 
 CONTRACT_STATS = (
     "max_abs_diff",
@@ -90,7 +90,7 @@ def contract_json(
         "session": {"id": session_id, "name": name, "url": url},
         "pairs": pairs,
         "unmatched": unmatched,
-        # comparing, diverged, incomplete (not everything was compared) or no_divergence (compare/coverage.py)
+        # comparing, diverged, incomplete (not everything was compared) or no_divergence (compare/reports/coverage.py)
         "verdict": str(report.verdict),
         "coverage": {
             "reference_tensors": report.coverage.reference_tensors,

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensor_debugger.compare.formatting import format_number
-from tensor_debugger.compare.slices import SliceRequest, Window
+from tensor_debugger.compare.reports.formatting import format_number
+from tensor_debugger.compare.reports.slices import SliceRequest, Window
 from tensor_debugger.engine.tolerances import Tolerance
 
 PER_ROW_1D = 1  # a 1-D window is a column: one value a row, so the three grids side by side line up

@@ -32,7 +32,7 @@ class CompareRequest:
     ulp: int | None = None  # set: pairs pass within this many ULPs of their lower-precision dtype
     more: tuple[Path, ...] = ()  # further candidate runs after `b`, absolute, each compared with the reference
     more_shown: tuple[str, ...] = ()
-    noise: Path | None = None  # a rerun of the reference, absolute: the noise floor (`compare/noise.py`)
+    noise: Path | None = None  # a rerun of the reference, absolute: the noise floor (`compare/reports/noise.py`)
     noise_shown: str | None = None
     noise_factor: float | None = None  # None: NOISE_FACTOR
     # globs of reference tensor names that may have no partner in a candidate (`--allow-unmatched`)

@@ -11,7 +11,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.coverage import (
+from tensor_debugger.compare.compute.profiles import error_profile
+from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
     Coverage,
     SessionVerdict,
@@ -19,18 +22,17 @@ from tensor_debugger.compare.coverage import (
     closest_candidates,
     session_verdict,
 )
-from tensor_debugger.compare.formatting import replica_words
-from tensor_debugger.compare.module_reports import (
+from tensor_debugger.compare.reports.formatting import replica_words
+from tensor_debugger.compare.reports.module_reports import (
     ModuleReport,
-    Number,
     StageCulpritReport,
     StageRanking,
     module_report,
     pair_error,
     stage_culprits,
 )
-from tensor_debugger.compare.noise import NOISE_FACTOR, Rule, noise_judges
-from tensor_debugger.compare.pair_rows import (
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR, Rule, noise_judges
+from tensor_debugger.compare.reports.pair_rows import (
     ResultRow,
     StatsCache,
     read_pairs,
@@ -38,15 +40,13 @@ from tensor_debugger.compare.pair_rows import (
     read_stats,
     read_tensors,
 )
-from tensor_debugger.compare.pair_stats import PairStatsFull, PairStatsSummary
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.profiles import error_profile
-from tensor_debugger.compare.progress import PairProgress
-from tensor_debugger.compare.where_reports import WhereEntry, named_where
-from tensor_debugger.compare.worst_pairs import WorstPairs, worst_pairs
+from tensor_debugger.compare.reports.pair_stats import PairStatsFull, PairStatsSummary
+from tensor_debugger.compare.reports.progress import PairProgress
+from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
+from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
-from tensor_debugger.engine.metrics import PairStats, json_number, parse_number
+from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -221,7 +221,7 @@ class SessionPairs:
     # asked for with `modules`: "even" where modules or stages add error and none stands out (as a change of
     # precision or of kernels does), "stands out" where a culprit does; None where nothing could be ranked
     error_growth: str | None = None
-    # what was compared of the reference, and the session's verdict on it (compare/coverage.py)
+    # what was compared of the reference, and the session's verdict on it (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
     verdict: SessionVerdict = SessionVerdict.COMPARING
 
@@ -245,7 +245,7 @@ class SessionPairs:
 class DivergenceReport:
     first_divergence: FirstDivergence | None
     progress: PairProgress
-    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/coverage.py)
+    verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
 
 
@@ -347,7 +347,7 @@ def session_pairs(
     """Every pair in execution order, the unmatched tensors of each run, the first divergence, progress, coverage
     and the verdict; with `modules`, also the module view of a traced session (its tree and culprits: work the
     other callers skip); with `closest`, each unmatched reference tensor's closest candidates for a hand pairing.
-    `cache`: the process's decoded statistics (the pages and the API pass theirs, Comparisons.stats)."""
+    `cache`: the process's decoded statistics (the pages and the API pass theirs, Services.stats)."""
     pairs = read_pairs(db, session_id)
     tensors = read_tensors(db, pairs)
     result_ids = {p.result_id for p in pairs if p.result_id is not None}
@@ -581,7 +581,7 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
     )
 
 
-def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDetail:
+def pair_detail(db: DbSession, context: CompareContext, pair_id: int) -> PairDetail:
     pair = db.get(PairRecord, pair_id)
     if pair is None:
         raise NotFoundError(f"no pair with id {pair_id}")
@@ -589,7 +589,7 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDe
     result = db.get(ComparisonResultRecord, pair.result_id) if pair.result_id else None
     mismatches: dict[int, list[int]] = {}
     if result is not None and replica_results([pair]):  # its ranks, read now where no comparison kept them
-        mismatches[result.id] = error_profile(db, comparisons, pair.id, 0).mismatched
+        mismatches[result.id] = error_profile(db, context, pair.id, 0).mismatched
     fields = _pair_fields(pair, tensors, mismatches)
     session = db.get_one(SessionRecord, pair.session_id)
     return PairDetail(
@@ -598,12 +598,12 @@ def pair_detail(db: DbSession, comparisons: Comparisons, pair_id: int) -> PairDe
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,
         alignment_steps=(pair.alignment or {}).get("steps", []),
         shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),
-        argmax=argmax_report(db, comparisons, pair, result, tensors),
+        argmax=argmax_report(db, context, pair, result, tensors),
     )
 
 
 def argmax_report(
-    db: DbSession, comparisons: Comparisons, pair: PairRecord, result: Any | None, tensors: dict[int, Any]
+    db: DbSession, context: CompareContext, pair: PairRecord, result: Any | None, tensors: dict[int, Any]
 ) -> ArgmaxReport | None:
     """Where the largest difference is: in aligned coordinates, and in each run's own tensor (shard and index)."""
     if result is None or pair.alignment is None:
@@ -611,7 +611,7 @@ def argmax_report(
     stats = PairStats.from_json(result.stats)
     if stats.argmax is None:
         return None
-    view_a, view_b, _ = comparisons.views(db, pair)
+    view_a, view_b, _ = views(context.store, db, pair)
     sides = []
     for view, ids in ((view_a, pair.a_tensor_ids), (view_b, pair.b_tensor_ids)):
         shard, index = view.locate(stats.argmax)

@@ -14,8 +14,8 @@ import msgspec
 from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.pair_stats import PairStatsSummary
-from tensor_debugger.compare.where_reports import StoredSpan, StoredWhere
+from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
+from tensor_debugger.compare.reports.where_reports import StoredSpan, StoredWhere
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, TensorRecord
 
 # msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)
@@ -143,7 +143,7 @@ def read_stats(db: DbSession, result_ids: Collection[int]) -> dict[int, ResultRo
 
 def read_rank_mismatches(db: DbSession, result_ids: Collection[int]) -> dict[int, list[int]]:
     """Per result (of a replicated pair: aligned dim 0 is the rank), the elements outside the tolerance in each rank's
-    copy, where its profile along dim 0 is kept (compare/pending.py keeps it for a failing replicated pair)."""
+    copy, where its profile along dim 0 is kept (compare/compute/pending.py keeps it for a failing replicated pair)."""
     if not result_ids:
         return {}
     r = ComparisonResultRecord

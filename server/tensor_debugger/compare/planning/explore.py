@@ -11,7 +11,8 @@ from itertools import combinations
 
 from sqlalchemy import delete, select
 
-from tensor_debugger.compare.plan import Comparisons, tensor_ref
+from tensor_debugger.compare.context import CompareContext, tensor_ref
+from tensor_debugger.compare.planning.plan import refresh_session
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.pairing import execution_order, group_shards
 from tensor_debugger.errors import InvalidInputError
@@ -23,7 +24,7 @@ CLI_FILTER = "--match GLOB (e.g. --match '*attn*')"
 
 
 def plan_explore(
-    comparisons: Comparisons,
+    context: CompareContext,
     session_id: int,
     match: str | None = None,
     max_pairs: int = MAX_PAIRS,
@@ -32,7 +33,7 @@ def plan_explore(
     """Pair every tensor of the session's (one) run with every other whose name matches `match` (a glob, any
     case); returns how many pairs. Raises InvalidInputError past `max_pairs`, asking for a filter in the words
     of `filter_hint` (the CLI's option, or the page's field)."""
-    with comparisons.sessions.begin() as db:
+    with context.sessions.begin() as db:
         catalog.lock_sessions(db, [session_id])  # as a plan does, before reading the runs
         session = catalog.get_session(db, session_id)
         ready = [r for r in session.runs if r.status == "ready"]
@@ -72,5 +73,5 @@ def plan_explore(
                     place=a.first.place,
                 )
             )
-    comparisons.refresh(session_id)
+    refresh_session(context, session_id)
     return count

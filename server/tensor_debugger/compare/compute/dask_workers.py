@@ -1,4 +1,4 @@
-"""What a Dask worker process keeps between tasks: the comparisons (database, store, claims, threads) for the
+"""What a Dask worker process keeps between tasks: the compare context (database, store, claims, threads) for the
 settings it was sent, opened at its first task."""
 
 from __future__ import annotations
@@ -6,18 +6,18 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from tensor_debugger.compare.context import CompareContext, open_context
 from tensor_debugger.store.claims import Claims
 
 if TYPE_CHECKING:
-    from tensor_debugger.compare.plan import Comparisons
     from tensor_debugger.settings import Settings
 
-_opened: dict[Settings, Comparisons] = {}  # a worker process's comparisons, by the settings it was sent
+_opened: dict[Settings, CompareContext] = {}  # a worker process's context, by the settings it was sent
 _opening = threading.Lock()
 
 
-def worker_comparisons(kind: type[Comparisons], settings: Settings) -> Comparisons:
-    """This worker process's database, store, claims (renewed while it runs) and comparison threads (a `kind`) for
+def worker_context(settings: Settings) -> CompareContext:
+    """This worker process's database, store, claims (renewed while it runs) and comparison threads for
     `settings`, opened once. Nothing is migrated or recovered here: the server does that."""
     from tensor_debugger.engine.fused import configure
     from tensor_debugger.store.arrays import ArrayStore
@@ -30,5 +30,5 @@ def worker_comparisons(kind: type[Comparisons], settings: Settings) -> Compariso
             sessions = make_sessionmaker(create_db_engine(settings.database_url))
             claims = Claims(sessions, settings.claim_seconds)
             claims.start()
-            found = _opened[settings] = kind(sessions, ArrayStore(settings.store_url), settings.threads, claims)
+            found = _opened[settings] = open_context(sessions, ArrayStore(settings.store_url), settings.threads, claims)
         return found

@@ -6,14 +6,14 @@ from __future__ import annotations
 import logging
 import threading
 
-from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.compare.compute.computation import Computation
 
 log = logging.getLogger(__name__)
 
 
 class ComparisonWorker:
-    def __init__(self, comparisons: Comparisons, idle_seconds: float = 5.0) -> None:
-        self.comparisons = comparisons
+    def __init__(self, compute: Computation, idle_seconds: float = 5.0) -> None:
+        self.compute = compute
         self.idle_seconds = idle_seconds
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -36,6 +36,6 @@ class ComparisonWorker:
             self._wake.wait(self.idle_seconds)
             self._wake.clear()
             try:
-                self.comparisons.compute_pending(should_stop=self._stop.is_set)
+                self.compute(should_stop=self._stop.is_set)
             except Exception:  # keep the worker alive; the pair in question is marked "error" where it can be
                 log.exception("comparison worker failed; will retry")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tensor_debugger.compare.formatting import format_number
+from tensor_debugger.compare.reports.formatting import format_number
 from tensor_debugger.engine.views import View
 
 ROWS, COLS = 64, 96

@@ -12,26 +12,24 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.chunk_loop import chunk_pairs
-from tensor_debugger.compare.profiles import profile_views
+from tensor_debugger.compare.compute.chunk_loop import chunk_pairs
+from tensor_debugger.compare.compute.profiles import profile_views
+from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.current import CurrentPairs
+from tensor_debugger.compare.planning.sides import alignment_key, views_of
 from tensor_debugger.engine.alignment import replicas_of
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
 from tensor_debugger.errors import is_outage
-from tensor_debugger.store.catalog import lock_sessions_of_pairs
 from tensor_debugger.store.claims import claimable
-from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord, TensorRecord
-
-if TYPE_CHECKING:
-    from tensor_debugger.compare.plan import Comparisons
+from tensor_debugger.store.models import ComparisonResultRecord, PairRecord
 
 ProgressCallback = Callable[[int, int], None]  # (pairs done, pairs to do)
 SETUP_BATCH = 64  # pairs set up per round of queries
@@ -59,10 +57,10 @@ class PendingPair:
     """A pair being computed, and what its result is stored under."""
 
     pair_id: int
-    key: str  # the cache key (see `comparisons.cache_key`)
+    key: str  # the cache key (see `context.cache_key`)
     digests_a: tuple[str, ...]
     digests_b: tuple[str, ...]
-    alignment_key: str  # the alignment's steps as JSON, as the key hashed them (`Comparisons.alignment_key`)
+    alignment_key: str  # the alignment's steps as JSON, as the key hashed them (`sides.alignment_key`)
     tolerance: Tolerance
     replicas: ReplicaViews | None = None  # where one side's shards are replicas (alignment.py: stacked)
 
@@ -86,13 +84,13 @@ class Tally:
 
     def __init__(
         self,
-        comparisons: Comparisons,
+        context: CompareContext,
         session_id: int | None,
         progress: ProgressCallback | None,
         should_stop: Callable[[], bool] | None,
         pair_ids: Sequence[int] | None = None,
     ) -> None:
-        with comparisons.sessions() as db:
+        with context.sessions() as db:
             self.total = db.scalar(pending_query(session_id, select(func.count()), pair_ids)) or 0
         self.done = 0
         self._progress = progress
@@ -108,7 +106,7 @@ class Tally:
 
 
 def compute_pending(
-    comparisons: Comparisons,
+    context: CompareContext,
     session_id: int | None = None,
     progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
@@ -119,26 +117,26 @@ def compute_pending(
     Identical comparisons pending together are computed once. For one session without `pair_ids`, pairs another
     process holds are then waited for (taken over should its claim expire), so that the session is settled on return
     unless `should_stop` said to stop."""
-    tally = Tally(comparisons, session_id, progress, should_stop, pair_ids)
+    tally = Tally(context, session_id, progress, should_stop, pair_ids)
     settled, stopping = tally.settled, tally.stopping
     waiting: dict[str, list[int]] = {}  # cache key in flight -> pairs with the same key, settled with it
 
     def jobs() -> Iterator[PairJob[PendingPair]]:
         while not stopping():
-            claimed = comparisons.claims.claim_pairs(session_id, SETUP_BATCH, pair_ids)
+            claimed = context.claims.claim_pairs(session_id, SETUP_BATCH, pair_ids)
             if not claimed:
-                if session_id is None or pair_ids is not None or not left_to_settle(comparisons, session_id):
+                if session_id is None or pair_ids is not None or not left_to_settle(context, session_id):
                     return
                 time.sleep(OTHERS_POLL_SECONDS)
                 continue
-            outages = comparisons.claims.outages_met
-            ready, finished = set_up(comparisons, claimed)
+            outages = context.claims.outages_met
+            ready, finished = set_up(context, claimed)
             settled(finished)
             for n, job in enumerate(ready):
                 if stopping():
                     return
-                if comparisons.claims.outages_met != outages:  # a comparison met an outage: the rest wait with it
-                    comparisons.claims.hold_pairs([j.key.pair_id for j in ready[n:]])
+                if context.claims.outages_met != outages:  # a comparison met an outage: the rest wait with it
+                    context.claims.hold_pairs([j.key.pair_id for j in ready[n:]])
                     break
                 if job.key.key in waiting:  # the same comparison is already computing: no second pass
                     waiting[job.key.key].append(job.key.pair_id)
@@ -146,16 +144,16 @@ def compute_pending(
                     waiting[job.key.key] = []
                     yield job
 
-    writer = ResultWriter(comparisons)
-    with comparisons.lock:  # one computation at a time per process: the pool is already parallel
+    writer = ResultWriter(context)
+    with context.lock:  # one computation at a time per process: the pool is already parallel
         try:
-            for work, result in compare_stream(jobs(), comparisons.pool, comparisons.workers + 1, on_tick=writer.tick):
+            for work, result in compare_stream(jobs(), context.pool, context.workers + 1, on_tick=writer.tick):
                 same = [work.pair_id, *waiting.pop(work.key)]  # not `pair_ids`: jobs() still claims among those
                 writer.add(work, result, same)
                 settled(len(same))
         finally:
             writer.flush()
-            comparisons.claims.release_pairs()  # those not settled (stopped, or failed midway): free for others
+            context.claims.release_pairs()  # those not settled (stopped, or failed midway): free for others
     return tally.done
 
 
@@ -166,24 +164,24 @@ def pending_query(session_id: int | None, query: Select[T], pair_ids: Sequence[i
     return query if session_id is None else query.where(PairRecord.session_id == session_id)
 
 
-def left_to_settle(comparisons: Comparisons, session_id: int) -> bool:
+def left_to_settle(context: CompareContext, session_id: int) -> bool:
     """Whether pairs of the session are still pending that this process does not hold: held by another process's
     lease, or free again (another process let them go between this one's claim that found none and this look)."""
     query = pending_query(session_id, select(PairRecord.id)).where(
-        or_(PairRecord.claimed_by != comparisons.claims.owner, claimable(PairRecord, time.time()))
+        or_(PairRecord.claimed_by != context.claims.owner, claimable(PairRecord, time.time()))
     )
-    with comparisons.sessions() as db:
+    with context.sessions() as db:
         return db.scalar(query.limit(1)) is not None
 
 
-def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[PairJob[PendingPair]], int]:
+def set_up(context: CompareContext, pair_ids: Sequence[int]) -> tuple[list[PairJob[PendingPair]], int]:
     """The comparisons that `pair_ids` need, in their order, and how many of them were settled without one: no
     longer pending, a cached result (its verdict given now), or views that cannot be built (the pair says why)."""
     jobs: list[PairJob[PendingPair]] = []
     hits: list[tuple[int, str]] = []
     failed: list[tuple[int, str, Exception]] = []
-    with comparisons.sessions() as db:
-        current = CurrentPairs.by_id(comparisons, db, pair_ids)
+    with context.sessions() as db:
+        current = CurrentPairs.by_id(context, db, pair_ids)
         keyed = [(pair_id, *wanted) for pair_id in pair_ids if (wanted := current.wanted(pair_id)) is not None]
         cached = set(
             db.scalars(
@@ -200,15 +198,15 @@ def set_up(comparisons: Comparisons, pair_ids: Sequence[int]) -> tuple[list[Pair
                 failed.append((pair_id, key, outage))
             else:
                 try:
-                    jobs.append(current.job(pair_id, key, tol, exact))
+                    jobs.append(pair_job(context, current, pair_id, key, tol, exact))
                 except Exception as exc:  # a missing array: the pair says so, work goes on (an outage: it waits)
                     failed.append((pair_id, key, exc))
                     outage = exc if is_outage(exc) else None
     if outage is not None:
-        comparisons.claims.outage_met()
+        context.claims.outage_met()
     if hits or failed:
-        with comparisons.sessions.begin() as db:
-            current = CurrentPairs.locked(comparisons, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
+        with context.sessions.begin() as db:
+            current = CurrentPairs.locked(context, db, [pair_id for pair_id, _ in hits] + [f[0] for f in failed])
             records = {
                 r.cache_key: r
                 for r in db.scalars(
@@ -226,8 +224,8 @@ class ResultWriter:
     """Results of computed pairs, stored in the cache and given to their pairs a batch per transaction: when one
     arrives or `tick` is called (between blocks) and the last batch was written `FLUSH_SECONDS` ago or more."""
 
-    def __init__(self, comparisons: Comparisons) -> None:
-        self._comparisons = comparisons
+    def __init__(self, context: CompareContext) -> None:
+        self._context = context
         self._waiting: list[tuple[PendingPair, PairStats | Exception, list[int], dict[str, Any] | None]] = []
         self._written = -math.inf  # when the last batch was written
 
@@ -261,15 +259,15 @@ class ResultWriter:
         self._written = time.monotonic()
 
     def _write(self) -> None:
-        with self._comparisons.sessions.begin() as db:
-            current = CurrentPairs.locked(self._comparisons, db, [i for _, _, ids, _ in self._waiting for i in ids])
+        with self._context.sessions.begin() as db:
+            current = CurrentPairs.locked(self._context, db, [i for _, _, ids, _ in self._waiting for i in ids])
             keys = {work.key for work, result, _, _ in self._waiting if isinstance(result, PairStats)}
             records = {
                 r.cache_key: r
                 for r in db.scalars(select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(keys)))
             }
             if any(isinstance(result, Exception) and is_outage(result) for _, result, _, _ in self._waiting):
-                self._comparisons.claims.outage_met()
+                self._context.claims.outage_met()
             for work, result, pair_ids, profiles in self._waiting:
                 if isinstance(result, Exception):  # a corrupt chunk: the pair says so, work goes on
                     for pair_id in pair_ids:
@@ -289,109 +287,20 @@ class ResultWriter:
             db.flush()  # their ids, for the pairs
             for work, result, pair_ids, _ in self._waiting:
                 if isinstance(result, PairStats):
-                    self._comparisons.claims.outage_over()
+                    self._context.claims.outage_over()
                     for pair_id in pair_ids:
                         current.settle(pair_id, work.key, records[work.key])
 
 
-class CurrentPairs:
-    """Some pairs as they are now, with their tensors and sessions (three queries), to tell whether each still
-    wants the result of a comparison: replanning may have deleted a pair, or given its id (SQLite reuses row ids)
-    to another pair; re-aligning or new tolerances change its key."""
-
-    def __init__(self, comparisons: Comparisons, db: DbSession, pairs: Sequence[PairRecord]) -> None:
-        self._comparisons = comparisons
-        self.pairs = {p.id: p for p in pairs}
-        self.tensors: dict[int, TensorRecord] = {}
-        self.sessions: dict[int, SessionRecord] = {}
-        if not self.pairs:
-            return
-        self.tensors = {
-            t.id: t
-            for t in db.scalars(
-                select(TensorRecord).where(
-                    TensorRecord.id.in_({i for p in self.pairs.values() for i in (*p.a_tensor_ids, *p.b_tensor_ids)})
-                )
-            )
-        }
-        self.sessions = {
-            s.id: s
-            for s in db.scalars(
-                select(SessionRecord).where(SessionRecord.id.in_({p.session_id for p in self.pairs.values()}))
-            )
-        }
-
-    @classmethod
-    def by_id(cls, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> CurrentPairs:
-        if not pair_ids:  # results of no pair yet (compared while their runs ingest): nothing to read
-            return cls(comparisons, db, [])
-        return cls(comparisons, db, db.scalars(select(PairRecord).where(PairRecord.id.in_(set(pair_ids)))).all())
-
-    @classmethod
-    def locked(cls, comparisons: Comparisons, db: DbSession, pair_ids: Sequence[int]) -> CurrentPairs:
-        """`by_id`, read once their sessions are locked (`catalog.lock_sessions`), to give them verdicts: a plan
-        cannot then delete them and give their ids to other pairs before the verdicts are written."""
-        if pair_ids:
-            lock_sessions_of_pairs(db, pair_ids)
-        return cls.by_id(comparisons, db, pair_ids)
-
-    def key(self, pair_id: int) -> str | None:
-        """The pair's cache key now; None where it wants no result (gone, settled, incomparable, summary-only)."""
-        wanted = self.wanted(pair_id)
-        return None if wanted is None else wanted[0]
-
-    def wanted(self, pair_id: int) -> tuple[str, Tolerance, bool] | None:
-        """`keyed`, where the pair wants a result; else None (see `key`)."""
-        pair = self.pairs.get(pair_id)
-        if pair is None or pair.status != "pending" or pair.alignment is None or pair.summary is not None:
-            return None
-        if any(i not in self.tensors for i in (*pair.a_tensor_ids, *pair.b_tensor_ids)):
-            return None  # deleted meanwhile, with its run: so is the pair
-        return self.keyed(pair_id)
-
-    def keyed(self, pair_id: int) -> tuple[str, Tolerance, bool]:
-        """The pair's cache key, tolerance and exactness now (see `Comparisons.key`), whatever its status."""
-        pair, a, b = self.sides(pair_id)
-        return self._comparisons.key(self.session(pair), pair, a, b)
-
-    def job(self, pair_id: int, key: str, tol: Tolerance, exact: bool) -> PairJob[PendingPair]:
-        """The comparison the pair wants (`wanted`'s key, tolerance and exactness), its views opened."""
-        pair, a, b = self.sides(pair_id)
-        view_a, view_b, _ = self._comparisons.views_of(pair, a, b)
-        digests_a, digests_b = tuple(t.digest for t in a), tuple(t.digest for t in b)
-        replicas = ReplicaViews(view_a, view_b, exact) if replicas_of((pair.alignment or {}).get("steps", [])) else None
-        work = PendingPair(pair_id, key, digests_a, digests_b, self._comparisons.alignment_key(pair), tol, replicas)
-        top = self._comparisons.top
-        reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, top)  # the chunk loop knows no ULPs
-        return PairJob(work, view_a, view_b, tol, exact, reduce, top)
-
-    def sides(self, pair_id: int) -> tuple[PairRecord, list[TensorRecord], list[TensorRecord]]:
-        pair = self.pairs[pair_id]
-        return pair, [self.tensors[i] for i in pair.a_tensor_ids], [self.tensors[i] for i in pair.b_tensor_ids]
-
-    def session(self, pair: PairRecord) -> SessionRecord:
-        return self.sessions[pair.session_id]
-
-    def settle(self, pair_id: int, key: str, record: ComparisonResultRecord) -> None:
-        """Give `record` (the result for `key`) to the pair if that is still its key."""
-        if self.key(pair_id) == key:
-            pair = self.pairs[pair_id]
-            pair.result_id = record.id
-            pair.status = "pass" if PairStats.from_json(record.stats).passed else "fail"
-            pair.claimed_by = pair.claimed_until = pair.error = None
-
-    def fail(self, pair_id: int, key: str, exc: Exception) -> None:
-        """What `exc` says of the pair, if `key` (what failed to compute) is still its key: an outage (the store or
-        the database did not answer) leaves it pending, held for a backoff and tried again, its `error` saying
-        what it waits for; anything else (a missing array, a corrupt chunk) is its verdict, "error"."""
-        if self.key(pair_id) != key:
-            return
-        pair = self.pairs[pair_id]
-        message = f"{type(exc).__name__}: {exc}"[:2000]
-        if is_outage(exc):
-            pair.error = f"waiting to be tried again: {exc}"[:2000]
-            hold = self._comparisons.claims.outage_hold()
-            pair.claimed_by, pair.claimed_until = hold["claimed_by"], hold["claimed_until"]
-            return
-        pair.status, pair.error = "error", message
-        pair.claimed_by = pair.claimed_until = None
+def pair_job(
+    context: CompareContext, current: CurrentPairs, pair_id: int, key: str, tol: Tolerance, exact: bool
+) -> PairJob[PendingPair]:
+    """The comparison the pair wants (`CurrentPairs.wanted`'s key, tolerance and exactness), its views opened."""
+    pair, a, b = current.sides(pair_id)
+    view_a, view_b, _ = views_of(context.store, pair, a, b)
+    digests_a, digests_b = tuple(t.digest for t in a), tuple(t.digest for t in b)
+    replicas = ReplicaViews(view_a, view_b, exact) if replicas_of((pair.alignment or {}).get("steps", [])) else None
+    work = PendingPair(pair_id, key, digests_a, digests_b, alignment_key(pair), tol, replicas)
+    top = context.top
+    reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, top)  # the chunk loop knows no ULPs
+    return PairJob(work, view_a, view_b, tol, exact, reduce, top)

@@ -27,7 +27,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../engine/kernel_structs.h" /* tdc_piece and tdc_side, shared with engine/layouts.py */
+#include "../../engine/kernel_structs.h" /* tdc_piece and tdc_side, shared with engine/layouts.py */
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))

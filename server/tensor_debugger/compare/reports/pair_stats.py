@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensor_debugger.compare.module_reports import Number
+from tensor_debugger.engine.metrics import Number
 
 
 @dataclass(frozen=True)

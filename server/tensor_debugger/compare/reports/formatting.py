@@ -5,11 +5,19 @@ from __future__ import annotations
 import html
 import math
 import re
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, MutableMapping, Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:  # the CLI's `compare` formats numbers with these, without loading Jinja
-    from jinja2 import Environment
+
+class Templates(Protocol):
+    """A template environment (a jinja2.Environment, which this module does not import: the CLI's `compare`
+    formats numbers with these without loading Jinja, and reports know nothing of the web)."""
+
+    @property
+    def filters(self) -> MutableMapping[str, Any]: ...
+
+    @property
+    def globals(self) -> MutableMapping[str, Any]: ...
 
 
 def format_number(value: float | None) -> str:
@@ -119,7 +127,7 @@ def code_spans(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(sentence))
 
 
-def register_filters(env: Environment) -> None:
+def register_filters(env: Templates) -> None:
     env.filters["code_spans"] = code_spans
     env.filters["gap_id"] = anchor_id
     env.filters["num"] = format_number

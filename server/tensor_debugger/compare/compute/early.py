@@ -2,7 +2,7 @@
 with the reference tensor of the same name (the reference run is ready), and the result goes into the cache.
 
 This is ahead of the plan, not instead of it: once the candidate is ready the session is planned as always
-(`Comparisons.plan`, every pairing rule and override), and each pair takes the cached result of its key, which is
+(`plan.plan_session`, every pairing rule and override), and each pair takes the cached result of its key, which is
 the same key (digests, alignment, tolerance) for every pair planned as guessed here. A guess the plan does not make
 costs only its computation: results are stored under their key and nothing else, so what users see is the same as
 when nothing was compared early. Only the plain case is guessed: one tensor of each name on both sides, not a
@@ -25,9 +25,10 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.chunk_loop import chunk_pairs
-from tensor_debugger.compare.pending import FLUSH_SECONDS, PendingPair, ResultWriter
-from tensor_debugger.compare.plan import Comparisons, cache_key, tensor_ref
+from tensor_debugger.compare.compute.chunk_loop import chunk_pairs
+from tensor_debugger.compare.compute.pending import FLUSH_SECONDS, PendingPair, ResultWriter
+from tensor_debugger.compare.context import CompareContext, cache_key, tensor_ref
+from tensor_debugger.compare.planning.sides import aligned_views, alignment_key_of, tolerance
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
 from tensor_debugger.engine.streaming import PairJob, compare_stream
@@ -54,8 +55,8 @@ class EarlyEngine:
     the CLI's pipeline (`EarlyComparisons`) and the server's uploads (`compare/early_uploads.py`). Each job names
     the runs whose in-flight arrays it reads, so one run's ingest can wait (`wait_for`) for just those."""
 
-    def __init__(self, comparisons: Comparisons, progress: EarlyProgress | None = None) -> None:
-        self.comparisons = comparisons
+    def __init__(self, context: CompareContext, progress: EarlyProgress | None = None) -> None:
+        self.context = context
         self._progress = progress
         self._queue: queue.Queue[_Queued] = queue.Queue()
         self._keys: set[str] = set()  # cache keys queued
@@ -74,7 +75,7 @@ class EarlyEngine:
         if not jobs:
             return
         try:
-            with self.comparisons.sessions() as db:
+            with self.context.sessions() as db:
                 cached = set(
                     db.scalars(
                         select(ComparisonResultRecord.cache_key).where(
@@ -147,7 +148,7 @@ class EarlyEngine:
         at once, then at most every FLUSH_SECONDS), and when a run's ingest waits for them (`wait_for`); idle, the
         thread writes what it holds after FLUSH_SECONDS. A job stays busy for `wait_for` until its result is
         written (one transaction per result cost a first compare 32 of them: 0.09 s of CPU)."""
-        writer = ResultWriter(self.comparisons)
+        writer = ResultWriter(self.context)
         running: dict[str, tuple[int, ...]] = {}
         unwritten: list[tuple[int, ...]] = []  # the runs of results not yet written: still busy for `wait_for`
 
@@ -167,7 +168,7 @@ class EarlyEngine:
                     write()
                     continue
                 stream = compare_stream(
-                    self._batch(first, running), self.comparisons.pool, self.comparisons.workers + 1, writer.tick
+                    self._batch(first, running), self.context.pool, self.context.workers + 1, writer.tick
                 )
                 for work, result in stream:
                     runs = running.pop(work.key, ())
@@ -196,7 +197,7 @@ class EarlyEngine:
 
 
 def guess(
-    comparisons: Comparisons, session: SessionRecord, reference: TensorRecord, candidate: TensorRecord
+    context: CompareContext, session: SessionRecord, reference: TensorRecord, candidate: TensorRecord
 ) -> PairJob[PendingPair] | None:
     """The comparison of two same-named tensors under the key the plan gives their pair, or None when their shapes
     do not align (the plan says why)."""
@@ -204,11 +205,11 @@ def guess(
     if alignment is None:
         return None
     steps = alignment.to_json()
-    tol, exact = comparisons.tolerance(session, reference.dtype, candidate.dtype)
-    alignment_key = comparisons.alignment_key_of(steps)
-    top = comparisons.top
+    tol, exact = tolerance(session, reference.dtype, candidate.dtype)
+    alignment_key = alignment_key_of(steps)
+    top = context.top
     key = cache_key([reference.digest], [candidate.digest], alignment_key, tol, exact, top)
-    view_a, view_b, _ = comparisons.aligned_views(steps, [reference], [candidate])
+    view_a, view_b, _ = aligned_views(context.store, steps, [reference], [candidate])
     work = PendingPair(0, key, (reference.digest,), (candidate.digest,), alignment_key, tol)
     return PairJob(work, view_a, view_b, tol, exact, None if tol.ulp else chunk_pairs(view_a, view_b, exact, top), top)
 
@@ -231,13 +232,13 @@ class EarlyComparisons(EarlyEngine):
 
     def __init__(
         self,
-        comparisons: Comparisons,
+        context: CompareContext,
         session_id: int,
         reference_run_id: int,
         progress: EarlyProgress | None = None,
         fail_fast: bool = False,
     ) -> None:
-        with comparisons.sessions() as db:
+        with context.sessions() as db:
             session = db.get_one(SessionRecord, session_id)
             db.expunge(session)
             self._session = session
@@ -249,7 +250,7 @@ class EarlyComparisons(EarlyEngine):
         self._verdicts: dict[int, bool] = {}  # place -> whether its guess passed
         self._fail_fast = fail_fast
         self._seen: set[str] = set()  # candidate names met (a second one is renamed by the ingest: not guessed)
-        super().__init__(comparisons, progress)
+        super().__init__(context, progress)
 
     def stored(self, tensors: Sequence[Stored]) -> None:
         try:
@@ -267,7 +268,7 @@ class EarlyComparisons(EarlyEngine):
         partner = self._reference.get(candidate.name)
         if not first or partner is None:
             return None
-        job = guess(self.comparisons, self._session, partner, candidate)
+        job = guess(self.context, self._session, partner, candidate)
         if job is not None:
             self._places.setdefault(job.key.key, []).append(self._order[candidate.name])
         return job

@@ -1,5 +1,5 @@
 """The session-level view of error profiles: for every pair with aligned dimension `dim`, its profile along it
-(compare/profiles.py, each computed once and kept with the pair's result), rows in execution order, so that an
+(compare/compute/profiles.py, each computed once and kept with the pair's result), rows in execution order, so that an
 error that starts at token 40 of layer 9 and spreads to the layers after shows as one shape.
 
 The dimension is chosen by number (the same aligned dimension of every pair) or by name (engine/dimension_names.py:
@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.module_reports import Number
-from tensor_debugger.compare.pair_reports import session_pairs
-from tensor_debugger.compare.plan import Comparisons
-from tensor_debugger.compare.profiles import error_profile
+from tensor_debugger.compare.compute.profiles import error_profile
+from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.engine.dimension_names import NAME, dimension_names
+from tensor_debugger.engine.metrics import Number
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
 from tensor_debugger.store.reports import PairStatus
@@ -70,7 +70,7 @@ def parse_dim(text: str) -> int | str:
     return text
 
 
-def session_profiles(db: DbSession, comparisons: Comparisons, session_id: int, dim: int | str) -> SessionProfiles:
+def session_profiles(db: DbSession, context: CompareContext, session_id: int, dim: int | str) -> SessionProfiles:
     """Every pair's profile along aligned dimension `dim` (0 for the first), or along each pair's dimension named
     `dim`."""
     if isinstance(dim, int) and dim < 0:
@@ -100,7 +100,7 @@ def session_profiles(db: DbSession, comparisons: Comparisons, session_id: int, d
             reason = pair.error or "its comparison failed"
         if reason is None and index is not None:
             try:
-                profile = error_profile(db, comparisons, pair.id, index)
+                profile = error_profile(db, context, pair.id, index)
             except InvalidInputError as exc:
                 reason = str(exc)
             else:

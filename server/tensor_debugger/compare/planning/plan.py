@@ -1,0 +1,235 @@
+"""Pairs of a session: planned from the stored tensors, compared once (the cache), with verdicts.
+
+Planning pairs every candidate run with the reference run (the session's first) and records an alignment for
+each pair. Computing reads both sides block by block through lazy views and stores the statistics in the
+comparison cache under the two sides' content digests, the alignment and the tolerances: reopening a session,
+comparing the same dumps again or uploading an identical tensor never computes them twice.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from fnmatch import fnmatchcase
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.compare.context import CompareContext, tensor_ref
+from tensor_debugger.compare.planning.current import CurrentPairs
+from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
+from tensor_debugger.engine.alignment import Alignment, Step, align
+from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.pairing import (
+    LogicalTensor,
+    PairPlan,
+    TensorRef,
+    compile_name_pattern,
+    execution_order,
+    pair_runs,
+)
+from tensor_debugger.engine.summaries import compare_summaries
+from tensor_debugger.errors import InvalidInputError, NotFoundError
+from tensor_debugger.store.catalog import lock_sessions
+from tensor_debugger.store.models import (
+    ComparisonResultRecord,
+    PairOverrideRecord,
+    PairRecord,
+    SessionRecord,
+    TensorRecord,
+    UnmatchedRecord,
+)
+
+
+def plan_session(context: CompareContext, session_id: int) -> None:
+    """(Re)build the session's pairs and unmatched lists from its ready runs and the user's overrides."""
+    with context.sessions.begin() as db:
+        # Locked first, before the runs are read: two ingests finishing at once each plan, and a plan that read
+        # "one run ready" before the other's plan committed would otherwise delete that plan's pairs after it.
+        session = db.get(SessionRecord, session_id) if lock_sessions(db, [session_id]) else None
+        if session is None:
+            raise NotFoundError(f"no session with id {session_id}")
+        kept = [r for r in session.runs if r.status != "failed"]
+        runs = [r for r in kept if r.status == "ready"]
+        if len(runs) == 1 and _explored(db, session_id, runs[0].id):
+            return  # an explore session (compare/planning/explore.py) keeps its pairs of one run
+        # a pair planned again (same candidate, same two names) keeps its id: its page's address and an action
+        # on it still name it; a new pair gets an id never used before (the table's AUTOINCREMENT)
+        ids = {
+            (run_b, a_name, b_name): pair_id
+            for pair_id, run_b, a_name, b_name in db.execute(
+                select(PairRecord.id, PairRecord.run_b_id, PairRecord.a_name, PairRecord.b_name).where(
+                    PairRecord.session_id == session_id
+                )
+            )
+        }
+        db.execute(delete(PairRecord).where(PairRecord.session_id == session_id))
+        db.execute(delete(UnmatchedRecord).where(UnmatchedRecord.session_id == session_id))
+        if len(runs) < 2:
+            return
+        reference = next((r for r in runs if r.role != "noise"), runs[0])
+        if reference is not next((r for r in kept if r.role != "noise"), kept[0]):
+            return  # while the reference (the first run) is ingesting, no other run stands in for it
+        runs = [reference, *(r for r in runs if r is not reference)]
+        refs_a = _refs(db, reference.id)
+        overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
+        position = 0
+        try:
+            pattern = compile_name_pattern(session.name_pattern)
+        except ValueError as exc:
+            raise InvalidInputError(str(exc)) from None
+        # candidates first, then any rerun of the reference (its pairs are each candidate pair's noise floor)
+        others = [r for r in runs[1:] if r.role != "noise"] + [r for r in runs[1:] if r.role == "noise"]
+        for candidate in others:
+            mine = [o for o in overrides if o.run_b_id == candidate.id]
+            try:
+                pairing = pair_runs(
+                    refs_a,
+                    _refs(db, candidate.id),
+                    manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
+                    unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
+                    strategies=session.strategies,
+                    pattern=pattern,
+                )
+            except ValueError as exc:
+                raise InvalidInputError(f"the session's pairing strategies: {exc}") from None
+            aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
+            for plan in pairing.pairs:
+                alignment, overridden = _alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
+                db.add(
+                    PairRecord(
+                        id=ids.get((candidate.id, plan.a.name, plan.b.name)),
+                        module_path=plan.a.first.module_path,
+                        place=plan.a.first.place,
+                        session_id=session_id,
+                        run_a_id=reference.id,
+                        run_b_id=candidate.id,
+                        position=position,
+                        name=plan.a.name,
+                        layer=plan.a.layer,
+                        stage=plan.a.stage,
+                        strategy=plan.strategy,
+                        a_name=plan.a.name,
+                        b_name=plan.b.name,
+                        a_tensor_ids=[s.id for s in plan.a.shards],
+                        b_tensor_ids=[s.id for s in plan.b.shards],
+                        alignment=alignment.to_json() if alignment else None,
+                        alignment_overridden=overridden,
+                        status="pending" if alignment else "incomparable",
+                    )
+                )
+                position += 1
+            # the user's word that a tensor may stay unpaired: an unpair (by hand, or a pairing file's), a glob
+            refused = {
+                side: {name for o in mine if o.action == "unpair" and (name := getattr(o, f"{side}_name"))}
+                for side in ("a", "b")
+            }
+            globs = [str(g) for g in session.allow_unmatched or []]
+            first = position - len(pairing.pairs)  # this candidate's first pair
+            places = PairPlaces(pairing.pairs)
+            for side, run_id, other, missing in (
+                ("a", reference.id, candidate.id, pairing.unmatched_a),
+                ("b", candidate.id, reference.id, pairing.unmatched_b),
+            ):
+                for n, tensor in enumerate(missing):
+                    db.add(
+                        UnmatchedRecord(
+                            session_id=session_id,
+                            run_id=run_id,
+                            other_run_id=other,
+                            position=n,
+                            name=tensor.name,
+                            tensor_ids=[s.id for s in tensor.shards],
+                            allowed=tensor.name in refused[side]
+                            or (side == "a" and any(fnmatchcase(tensor.name, g) for g in globs)),
+                            before_position=first + places.before(tensor) if side == "a" else None,
+                        )
+                    )
+    refresh_session(context, session_id)
+
+
+def _explored(db: DbSession, session_id: int, run_id: int) -> bool:
+    """Whether the session's pairs are an exploration of this run (each pairs two of its own tensors)."""
+    sides = db.execute(
+        select(PairRecord.run_a_id, PairRecord.run_b_id).where(PairRecord.session_id == session_id).limit(1)
+    ).first()
+    return sides is not None and tuple(sides) == (run_id, run_id)
+
+
+def _refs(db: DbSession, run_id: int) -> list[TensorRef]:
+    rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position))
+    return [tensor_ref(t) for t in rows]
+
+
+def _alignment(a: LogicalTensor, b: LogicalTensor, steps: list[Any] | None) -> tuple[Alignment | None, bool]:
+    if steps:
+        try:
+            return Alignment.from_steps(a.shapes, b.shapes, [Step.from_json(s) for s in steps]), True
+        except ValueError:
+            pass  # the tensors changed under the override: fall back to the automatic alignment
+    return align(a.shapes, b.shapes), False
+
+
+def refresh_session(context: CompareContext, session_id: int) -> None:
+    """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
+    element values get their verdict on the summary statistics."""
+    with context.sessions.begin() as db:
+        lock_sessions(db, [session_id])  # a plan between reading the pairs and writing would reuse their ids
+        pairs = db.scalars(
+            select(PairRecord).where(PairRecord.session_id == session_id, PairRecord.status != "incomparable")
+        ).all()
+        current = CurrentPairs(context, db, pairs)  # every pair's tensors and session in two queries
+        keys: dict[int, str] = {}
+        for pair in pairs:
+            _, a, b = current.sides(pair.id)
+            if all(t.has_values for t in (*a, *b)):
+                keys[pair.id] = current.keyed(pair.id)[0]
+                continue
+            tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
+            verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
+            pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
+            pair.status = "pass" if verdict.passed else "fail"
+        cached = {
+            r.cache_key: r
+            for r in db.scalars(
+                select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(set(keys.values())))
+            )
+        }
+        for pair in pairs:
+            if pair.id not in keys:
+                continue
+            found = cached.get(keys[pair.id])
+            pair.error = None
+            if found is None:
+                pair.result_id, pair.status = None, "pending"
+            else:
+                pair.result_id = found.id
+                pair.status = "pass" if PairStats.from_json(found.stats).passed else "fail"
+
+
+class PairPlaces:
+    """Where a reference tensor falls among a candidate's pairs (in execution order)."""
+
+    def __init__(self, pairs: Sequence[PairPlan]) -> None:
+        self.pairs = pairs
+        self.keys = [execution_order(p.a) for p in pairs]
+
+    def before(self, tensor: LogicalTensor) -> int:
+        """How many of the pairs come before `tensor` in execution order."""
+        try:
+            return bisect_right(self.keys, execution_order(tensor))
+        except TypeError:  # a traced tensor's order beside a dump's: their positions in the run
+            return sum(1 for p in self.pairs if p.a.position < tensor.position)
+
+
+def sessions_needing_plan(db: DbSession) -> list[int]:
+    """Sessions with two or more ready runs and no pairs yet (ingested by the CLI, say)."""
+    sessions = db.scalars(select(SessionRecord)).all()
+    found = []
+    for session in sessions:
+        ready = [r for r in session.runs if r.status == "ready"]
+        has_pairs = db.scalar(select(func.count()).where(PairRecord.session_id == session.id))
+        if len(ready) >= 2 and not has_pairs:
+            found.append(session.id)
+    return found
