@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tensor_debugger.errors import StoreReadError
+from tensor_debugger.errors import StoreOutageError, StoreReadError, StoreWriteError
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter, decode_frame
 from tensor_debugger.store.layout import ArrayLayout, layout_of
-from tensor_debugger.store.object_stores import describe_failure
+from tensor_debugger.store.object_stores import describe_failure, is_refusal
 
 if TYPE_CHECKING:
     from obstore import Bytes
@@ -35,10 +35,14 @@ if TYPE_CHECKING:
 # Requests in flight for one region or block: enough to keep a loopback SeaweedFS or a remote S3 busy (a block of the
 # chunk loop is about 16 chunks a side), few enough not to open hundreds of connections for a large slice.
 FETCHES_AT_ONCE = 32
+# Chunk objects being uploaded at once by this process (every array and ingest thread together): ingest hands over a
+# block's 16 chunks at a time from each of its threads, and keeps the memory of what is in flight bounded by that.
+PUTS_AT_ONCE = 32
 SLICE_BATCH = 64  # chunk objects of a region fetched together (64 MiB of chunks as ingest writes them)
 
 _LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # by process id: a forked child starts a loop of its own
 _LOOPS_LOCK = threading.Lock()
+_PUT_LIMITS: dict[int, asyncio.Semaphore] = {}  # by process id, used on that process's loop only
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
@@ -101,6 +105,49 @@ class ChunkObjects:
                     ) from None
 
         return list(await asyncio.gather(*(one(key) for key in keys)))
+
+    def submit_put(self, key: str, data: memoryview, create: bool = False) -> Future[None]:
+        """Start uploading `data` as the object at `key` (obstore's `put_async`: one request, or a multipart upload
+        of concurrent parts for an object larger than its part size, 5 MB); at most `PUTS_AT_ONCE` of this process
+        at a time. `create`: only if there is no object at `key` yet (one already there is left as it is). An upload
+        that fails fails the future with a StoreWriteError naming the key (a StoreOutageError where the store did
+        not answer). `data` must not change until the future is done."""
+        return asyncio.run_coroutine_threadsafe(self._put(key, data, create), _event_loop())
+
+    def put(self, key: str, data: memoryview, create: bool = False) -> None:
+        """`submit_put`'s upload, waited for."""
+        self.submit_put(key, data, create).result()
+
+    async def _put(self, key: str, data: memoryview, create: bool) -> None:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError
+
+        pid = os.getpid()
+        limit = _PUT_LIMITS.get(pid)
+        if limit is None:  # made on the loop's thread, the only one that uses it
+            limit = _PUT_LIMITS[pid] = asyncio.Semaphore(PUTS_AT_ONCE)
+        async with limit:
+            try:
+                await obstore.put_async(self.bucket, key, data, mode="create" if create else "overwrite")
+            except AlreadyExistsError:
+                if not create:
+                    raise
+            except Exception as exc:  # obstore's GenericError for most HTTP answers: its text says which
+                error = StoreWriteError if is_refusal(exc) else StoreOutageError
+                raise error(key, describe_failure(exc)) from exc
+
+    def delete_under(self, prefix: str) -> None:
+        """Delete every object under `prefix/` (a StoreWriteError naming the prefix where the store refuses or does
+        not answer)."""
+        import obstore
+
+        try:
+            keys = [item["path"] for batch in obstore.list(self.bucket, prefix=f"{prefix}/") for item in batch]
+            if keys:
+                obstore.delete(self.bucket, keys)
+        except Exception as exc:
+            error = StoreWriteError if is_refusal(exc) else StoreOutageError
+            raise error(prefix, describe_failure(exc)) from exc
 
     def layout(self, key: str) -> ArrayLayout:
         """The layout of the array at `key`, from its zarr.json object."""
