@@ -166,8 +166,13 @@ def test_slices_fetch_their_chunk_objects_and_read_what_zarr_reads(
             reads = store.chunk_reads - before
             assert got.tobytes() == np.asarray(array[region]).tobytes(), region
             assert store.chunk_reads - before - reads == reads, region  # as many chunks as Zarr reads
+        for region in ((slice(8, 9), slice(2, 30)), (slice(22, 27), slice(5, 6)), (slice(99, 100), slice(36, 37))):
+            before = store.chunk_reads  # inside one chunk (a raw one's bytes fetched by a ranged GET): one read
+            assert reader[region].tobytes() == np.asarray(array[region]).tobytes(), region
+            assert store.chunk_reads - before == 2, region  # and Zarr's one
     obstore.delete(s3.bucket(services.settings.store_url), "runs/1/1/c/2/0")  # rows 14 to 20
     rows = np.asarray(reader[10:30, 0:37])
     assert not rows[4:11].any() and rows[:4].all() and rows[11:].all()
+    assert not np.asarray(reader[15:17, 3:9]).any()  # inside the deleted chunk alone: the fill value too
     with pytest.raises(FileNotFoundError, match="runs/1/404"):
         store.reader("runs/1/404", "sha256:0")
