@@ -7,15 +7,21 @@ It starts what it measures on loopback, as the tests do (tests/support: a privat
 server, a Dask scheduler and worker processes of one thread each) and stops it at the end. Two runs are written
 (the candidate differs from the reference in one value of each tensor), then:
 
-- ingest: the real CLI ingests both runs into SQLite and a folder, and into PostgreSQL and S3 (input MB/s);
+- ingest: the real CLI ingests both runs into SQLite and a folder, and into PostgreSQL and S3: input MB/s, the
+  S3 row's as a share of the local row's ("of local"), the CLI's CPU seconds and SeaweedFS's meanwhile;
 - compare: the pairs of that session are computed in this process on SQLite and a folder (the local path: the
   compiled chunk loop, `Settings.threads` threads), on PostgreSQL and S3 in this process, and on PostgreSQL and S3
-  by 1, 2 and 4 Dask workers (a fresh cluster for each count); before each, the results are deleted and the pairs
-  made pending again; each is computed twice (the first time, Dask workers import the package and open the
-  database and the store): MB/s of input (both sides) and this process's CPU seconds (for the Dask rows, only
-  what the client does) the second time, and the verdicts, the same on every row;
+  by 1, 2 and 4 Dask workers (a fresh cluster for each count; the workers open the store and fetch the chunk
+  objects themselves); before each, the results are deleted and the pairs made pending again; each is computed
+  twice (the first time, Dask workers import the package and open the database and the store): MB/s of input
+  (both sides) and its share of the local row's, the CPU seconds of this process (for the Dask rows, only what
+  the client does), of SeaweedFS and of the Dask scheduler and workers the second time, and the verdicts, the
+  same on every row;
 - slices: windows of 64 and 64 x 64 values read at random places of one stored tensor from S3 and from the folder
   (`ArrayStore.reader`, as a slice request does): p50 and p99.
+
+The last line gives each S3 row's MB/s as a share of the local row's, side by side. SeaweedFS's CPU seconds say
+how much of the machine the S3 server itself took: on a machine of few cores it competes with the rows it serves.
 
 On loopback the figures are this machine's CPU cost of each path, not a network's. With 2 cores the Dask rows show
 the overhead and the shape of scaling more than any speed-up: 4 workers share the 2 cores with the scheduler,
@@ -31,10 +37,12 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import child_env, machine_line, run_child, worker_counts
+import psutil
+from harness import child_env, machine_line, run_child_cpu, worker_counts
 from s3_store import slice_latencies, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,10 +56,28 @@ CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
 MB = 1e6
 
 
-def ingest(data: Path, env: dict[str, str], runs: tuple[Path, Path]) -> tuple[int, float]:
-    """The session id and wall seconds of ingesting both runs with the CLI, one after the other."""
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """User and system CPU seconds of the processes `pids` and their children so far (0 for one that is gone)."""
     total = 0.0
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            for each in (process, *process.children(recursive=True)):
+                times = each.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def ingest(
+    data: Path, env: dict[str, str], runs: tuple[Path, Path], weed: Callable[[], float]
+) -> tuple[int, float, float, float]:
+    """The session id, wall seconds and the CLI's CPU seconds of ingesting both runs with the CLI, one after the
+    other, and SeaweedFS's CPU seconds meanwhile (`weed`: its CPU seconds so far)."""
+    total = cli_cpu = 0.0
     session = 0
+    weed_before = weed()
     for label, path in zip(("reference", "candidate"), runs, strict=True):
         command = [
             str(CLI),
@@ -65,18 +91,19 @@ def ingest(data: Path, env: dict[str, str], runs: tuple[Path, Path]) -> tuple[in
             str(path),
             "--json",
         ]
-        wall, _, out = run_child(command, env)
+        wall, _, cpu, out = run_child_cpu(command, env)
         total += wall
+        cli_cpu += cpu
         session = int(json.loads(out)["session"]["id"])
-    return session, total
+    return session, total, cli_cpu, weed() - weed_before
 
 
 def compare(
-    data: Path, stack: dict[str, str], session_id: int, scheduler: str = ""
-) -> tuple[float, float, float, list[str]]:
+    data: Path, stack: dict[str, str], session_id: int, others: Callable[[], tuple[float, float]], scheduler: str = ""
+) -> tuple[float, float, float, float, float, list[str]]:
     """Wall seconds of computing the session's pairs afresh (results deleted first), the first time and again
     (Dask workers then have their imports, database connections and store open), this process's CPU seconds the
-    second time, and the verdicts."""
+    second time, SeaweedFS's and the Dask cluster's then (`others`: their CPU seconds so far), and the verdicts."""
     from sqlalchemy import delete, update
     from tensor_debugger.compare.reports.pair_reports import session_pairs
     from tensor_debugger.services import open_services
@@ -93,20 +120,21 @@ def compare(
     services = open_services(settings, {k: v for k, v in stack.items() if k.startswith("AWS_")})
     try:
         services.plan(session_id)
-        walls, cpu = [], 0.0
+        walls, cpu, weed, dask = [], 0.0, 0.0, 0.0
         for _ in range(2):
             with services.sessions.begin() as db:
                 db.execute(update(PairRecord).values(status="pending", result_id=None, error=None))
                 db.execute(delete(ComparisonResultRecord))
-            start, cpu = time.perf_counter(), time.process_time()
+            start, cpu, (weed, dask) = time.perf_counter(), time.process_time(), others()
             services.compute(session_id)
             walls.append(time.perf_counter() - start)
             cpu = time.process_time() - cpu
+            weed, dask = (after - before for after, before in zip(others(), (weed, dask), strict=True))
         with services.sessions() as db:
             verdicts = [str(p.status) for p in session_pairs(db, session_id).pairs]
     finally:
         services.close()
-    return walls[0], walls[1], cpu, verdicts
+    return walls[0], walls[1], cpu, weed, dask, verdicts
 
 
 def table(rows: list[tuple[str, ...]]) -> None:
@@ -141,34 +169,79 @@ def main() -> None:
             "TENSOR_DEBUGGER_STORE_URL": s3.new_url(),
         }
         cluster.update(s3.environ)
+        weed_pid = s3.process.pid
+
+        def weed() -> float:
+            return cpu_seconds([weed_pid])
+
         sessions: dict[str, int] = {}
-        ingested: list[tuple[str, ...]] = [("ingest both runs", "MB/s of input", "seconds")]
+        ingested: list[tuple[str, ...]] = [
+            ("ingest both runs (CLI)", "MB/s of input", "of local", "seconds", "CPU s CLI", "CPU s SeaweedFS")
+        ]
         stacks = {
             "SQLite + folder": (args.workdir / "data-local", local),
             "PostgreSQL + S3": (args.workdir / "data-cluster", cluster),
         }
+        ingest_rates: list[float] = []
         for name, (data, stack) in stacks.items():
-            sessions[name], wall = ingest(data, {**child_env(), **stack}, runs)
-            ingested.append((name, f"{2 * size / MB / wall:.1f}", f"{wall:.2f}"))
+            sessions[name], wall, cli_cpu, weed_cpu = ingest(data, {**child_env(), **stack}, runs, weed)
+            ingest_rates.append(2 * size / MB / wall)
+            ratio = f"{ingest_rates[-1] / ingest_rates[0]:.0%}"
+            ingested.append(
+                (name, f"{ingest_rates[-1]:.1f}", ratio, f"{wall:.2f}", f"{cli_cpu:.2f}", f"{weed_cpu:.2f}")
+            )
         compared: list[tuple[str, ...]] = [
-            ("compare (the same session)", "MB/s of input", "seconds", "CPU s here", "first time: s", "verdicts")
+            (
+                "compare (the same session)",
+                "MB/s of input",
+                "of local",
+                "seconds",
+                "CPU s here",
+                "CPU s SeaweedFS",
+                "CPU s Dask",
+                "first time: s",
+                "verdicts",
+            )
         ]
         expected: list[str] | None = None
+        local_rate = 0.0
+        ratios: dict[str, float] = {"ingest": ingest_rates[1] / ingest_rates[0]}
 
-        def row(label: str, first: float, wall: float, cpu: float, verdicts: list[str]) -> None:
-            nonlocal expected
+        def row(
+            label: str, first: float, wall: float, cpu: float, weed_cpu: float, dask_cpu: float, verdicts: list[str]
+        ) -> None:
+            nonlocal expected, local_rate
             expected = expected or verdicts
             same = "same" if verdicts == expected else f"DIFFERENT: {verdicts}"
-            compared.append((label, f"{2 * size / MB / wall:.1f}", f"{wall:.2f}", f"{cpu:.2f}", f"{first:.2f}", same))
+            rate = 2 * size / MB / wall
+            local_rate = local_rate or rate
+            ratios[label] = rate / local_rate
+            compared.append(
+                (
+                    label,
+                    f"{rate:.1f}",
+                    f"{rate / local_rate:.0%}",
+                    f"{wall:.2f}",
+                    f"{cpu:.2f}",
+                    f"{weed_cpu:.2f}",
+                    f"{dask_cpu:.2f}" if dask_cpu else "",
+                    f"{first:.2f}",
+                    same,
+                )
+            )
+
+        def stack_cpu(dask_pids: Sequence[int] = ()) -> Callable[[], tuple[float, float]]:
+            return lambda: (weed(), cpu_seconds(dask_pids))
 
         data, cluster_data = stacks["SQLite + folder"][0], stacks["PostgreSQL + S3"][0]
-        row("local: SQLite + folder, in process", *compare(data, local, sessions["SQLite + folder"]))
-        row("PostgreSQL + S3, in process", *compare(cluster_data, cluster, sessions["PostgreSQL + S3"]))
+        row("local: SQLite + folder, in process", *compare(data, local, sessions["SQLite + folder"], stack_cpu()))
+        row("PostgreSQL + S3, in process", *compare(cluster_data, cluster, sessions["PostgreSQL + S3"], stack_cpu()))
         for workers in args.dask_workers:
             dask = start_dask(args.workdir / f"dask-{workers}", workers, s3.environ)
             try:
                 label = f"PostgreSQL + S3, {workers} Dask worker{'s' if workers > 1 else ''}"
-                row(label, *compare(cluster_data, cluster, sessions["PostgreSQL + S3"], dask.address))
+                others = stack_cpu([p.pid for p in dask.processes])
+                row(label, *compare(cluster_data, cluster, sessions["PostgreSQL + S3"], others, dask.address))
             finally:
                 dask.stop()
         sliced: list[tuple[str, ...]] = [("slice from", "64 p50", "64 p99", "64x64 p50", "64x64 p99")]
@@ -181,6 +254,7 @@ def main() -> None:
         for rows in (ingested, compared, sliced):
             print()
             table(rows)
+        print("\nS3 against local (MB/s): " + ", ".join(f"{k}: {v:.0%}" for k, v in ratios.items() if v != 1.0))
         print(f"\nverdicts: {expected}")
     finally:
         for server in (postgres, s3):

@@ -150,6 +150,14 @@ def test_slices_fetch_their_chunk_objects_and_read_what_zarr_reads(
     fetched in batches (of 4 here), decoded bit for bit as Zarr decodes them and counted as Zarr counts them; a
     deleted chunk object reads as the fill value, as a chunk file never written does."""
     monkeypatch.setattr(object_chunks, "SLICE_BATCH", 4)
+    ranged: list[str] = []  # the chunk objects read in part (a ranged GET), seen without changing what is read
+    fetch_range = object_chunks.ChunkObjects.fetch_range
+
+    def seen(objects: object_chunks.ChunkObjects, key: str, start: int, end: int) -> object:
+        ranged.append(key)
+        return fetch_range(objects, key, start, end)
+
+    monkeypatch.setattr(object_chunks.ChunkObjects, "fetch_range", seen)
     store = services.store
     rng = np.random.default_rng(5)
     values = rng.standard_normal((100, 37)).astype(np.float32)
@@ -166,8 +174,16 @@ def test_slices_fetch_their_chunk_objects_and_read_what_zarr_reads(
             reads = store.chunk_reads - before
             assert got.tobytes() == np.asarray(array[region]).tobytes(), region
             assert store.chunk_reads - before - reads == reads, region  # as many chunks as Zarr reads
+        ranged.clear()
+        for region in ((slice(8, 9), slice(2, 30)), (slice(22, 27), slice(5, 6)), (slice(99, 100), slice(36, 37))):
+            before = store.chunk_reads  # inside one chunk (a raw one's bytes fetched by a ranged GET): one read
+            assert reader[region].tobytes() == np.asarray(array[region]).tobytes(), region
+            assert store.chunk_reads - before == 2, region  # and Zarr's one
+        # a raw array's, where the bytes spanned are under half its chunk (rows 22-26 of column 5 span 149 values)
+        assert ranged == ([f"runs/1/{n}/c/1/0", f"runs/1/{n}/c/14/0"] if n else [])
     obstore.delete(s3.bucket(services.settings.store_url), "runs/1/1/c/2/0")  # rows 14 to 20
     rows = np.asarray(reader[10:30, 0:37])
     assert not rows[4:11].any() and rows[:4].all() and rows[11:].all()
+    assert not np.asarray(reader[15:17, 3:9]).any()  # inside the deleted chunk alone: the fill value too
     with pytest.raises(FileNotFoundError, match="runs/1/404"):
         store.reader("runs/1/404", "sha256:0")

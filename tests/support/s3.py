@@ -36,6 +36,9 @@ READ_ONLY_SECRET_KEY = "tensor-debugger-tests-read-only-secret"
 # and with those keys, writes allowed under PARTLY_WRITABLE only to the first array of run 1 and its parents' metadata:
 # the first tensor an ingest stores there is written, the second refused (a store failing mid-ingest)
 PARTLY_WRITABLE = "partly-writable"
+# and under ONE_CHUNK_REFUSED, to run 1's first array and its parents' metadata, but not to that array's chunk row 1
+# ("c/1/..."): of the first block's concurrent uploads, one is refused (chunk rows 0 and 2-15 may be written)
+ONE_CHUNK_REFUSED = "one-chunk-refused"
 
 
 def weed_binary() -> str | None:
@@ -140,9 +143,13 @@ class SeaweedS3:
         wait_until(answers, timeout=60, what="SeaweedFS's S3 gateway to answer again")
 
 
+_METADATA = ("tensor-debugger-store.json", "zarr.json", "runs/zarr.json", "runs/1/zarr.json")
 _FIRST_ARRAY = [
-    f"Write:{BUCKET}/{PARTLY_WRITABLE}/{key}*"
-    for key in ("tensor-debugger-store.json", "zarr.json", "runs/zarr.json", "runs/1/zarr.json", "runs/1/0/")
+    *(f"Write:{BUCKET}/{PARTLY_WRITABLE}/{key}*" for key in (*_METADATA, "runs/1/0/")),
+    *(
+        f"Write:{BUCKET}/{ONE_CHUNK_REFUSED}/{key}*"
+        for key in (*_METADATA, "runs/1/0/zarr.json", *(f"runs/1/0/c/{row}/" for row in range(16) if row != 1))
+    ),
 ]
 
 

@@ -129,7 +129,7 @@ class ArrayStore:
             from tensor_debugger.store.object_chunks import ChunkObjects
 
             self._objects = ChunkObjects(open_s3_bucket(url, os.environ if environ is None else environ), url)
-        self._groups: set[PurePosixPath] = set()  # levels of the local folder known to hold a group's zarr.json
+        self._groups: set[PurePosixPath] = set()  # levels of the folder or bucket known to hold a group's zarr.json
         self._groups_lock = threading.Lock()
         if self._folder is None:
             self._open_store(environ)
@@ -193,8 +193,9 @@ class ArrayStore:
         direct: bool = True,
     ) -> ChunkWriter | zarr.Array[Any]:
         """A new array at `key` for ingest to fill, region by chunk-aligned region: a `ChunkWriter` where the
-        store is a local folder (its zarr.json written here, as Zarr would write it: `layout.array_document`),
-        else the Zarr array itself. `direct`: its chunk files may go around the page cache (if `direct_writes`)."""
+        store is a local folder (its zarr.json written here, as Zarr would write it: `layout.array_document`), an
+        `ObjectChunkWriter` in S3 (its chunks uploaded concurrently: store/object_writes.py), else the Zarr array
+        itself. `direct`: its chunk files may go around the page cache (if `direct_writes`)."""
         direct = direct and self._direct_writes
         storage = dtype.numpy_storage
         codec = (
@@ -202,7 +203,17 @@ class ArrayStore:
             if compressed
             else None
         )
-        document = array_document(shape, storage, chunks, codec, {"logical_dtype": dtype.name})
+        separator = CHUNK_SEPARATOR if self._folder else "/"
+        document = array_document(shape, storage, chunks, codec, {"logical_dtype": dtype.name}, separator)
+        if self._objects is not None and document is not None:
+            from tensor_debugger.store.object_writes import create_object_array
+
+            with self._groups_lock:
+                known = set(self._groups)
+            made = create_object_array(self._objects, key, document, known)
+            with self._groups_lock:
+                self._groups |= known
+            return made
         if self._folder is None or document is None:
             array = self.create(key, shape, dtype, chunks, compressed)
             if self._folder is None:
@@ -287,16 +298,18 @@ class ArrayStore:
         """Delete every array under `prefix` ("runs/12")."""
         self._opened.forget(prefix)
         self._layouts.forget(prefix)
+        gone = PurePosixPath(prefix)
         if self._folder is not None:  # as Zarr's LocalStore.delete_dir, without starting an event loop
             folder = self._folder / prefix
             if folder.is_file():
                 raise ValueError(f"delete was passed a {prefix=!r} that is a file")
             if folder.is_dir():
-                gone = PurePosixPath(prefix)
                 with self._groups_lock:
                     self._groups -= {level for level in self._groups if level == gone or gone in level.parents}
                 shutil.rmtree(folder)
             return
+        with self._groups_lock:
+            self._groups -= {level for level in self._groups if level == gone or gone in level.parents}
         run_sync(self._store.delete_dir(prefix))
 
     def children(self, prefix: str) -> list[str]:

@@ -13,6 +13,7 @@ array stored raw (no compressor) the chunk's values as they are.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,12 @@ class ChunkWriter:
         self._direct = direct
 
     def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
+        for coords, data, size in self.encoded(region, values):
+            self._write(coords, data, size)
+
+    def encoded(self, region: tuple[slice, ...], values: np.ndarray) -> Iterator[tuple[tuple[int, ...], Any, int]]:
+        """The chunks of `region` set to `values`, one at a time, each encoded as its file holds it: (coords, bytes,
+        size), where the file is the bytes extended with zeros to `size` bytes when they are fewer (else 0)."""
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
             raise ValueError(f"a ChunkWriter writes step-1 regions of all {len(self.shape)} dimensions")
         bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
@@ -86,7 +93,7 @@ class ChunkWriter:
             ):
                 # raw, short in its first dimension only (the last chunk of a tensor, most often): the chunk's
                 # bytes are the part's, then zeros, which the file's end gives when it is extended (no padded copy)
-                self._write(coords, part.reshape(-1), self._layout.chunk_bytes)
+                yield coords, part.reshape(-1), self._layout.chunk_bytes
                 continue
             if part.shape != self.chunks or not part.flags.c_contiguous:
                 # an edge chunk (stored whole, padded with the fill value, as Zarr does) or a strided view
@@ -94,7 +101,7 @@ class ChunkWriter:
                 whole[tuple(slice(0, n) for n in part.shape)] = part
                 part = whole
             flat = part.reshape(-1)
-            self._write(coords, flat if self._codec is None else self._codec.encode(flat))
+            yield coords, flat if self._codec is None else self._codec.encode(flat), 0
 
     def _write(self, coords: tuple[int, ...], data: Any, size: int = 0) -> None:
         """Write `data` as the chunk file at `coords`, extended with zeros to `size` bytes where it is shorter."""
@@ -102,5 +109,9 @@ class ChunkWriter:
         if path.parent not in self._made:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._made.add(path.parent)
-        view = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else memoryview(data.view(np.uint8).data)
-        write_chunk_file(path, view, size, self._direct)
+        write_chunk_file(path, chunk_view(data), size, self._direct)
+
+
+def chunk_view(data: Any) -> memoryview:
+    """The bytes of an encoded chunk (`ChunkWriter.encoded`'s: a numpy array or what the codec returned)."""
+    return memoryview(data).cast("B") if not isinstance(data, np.ndarray) else memoryview(data.view(np.uint8).data)

@@ -103,10 +103,12 @@ def array_document(
     chunks: tuple[int, ...],
     blosc: BloscSettings | None,
     attributes: dict[str, Any],
+    separator: str = CHUNK_SEPARATOR,
 ) -> dict[str, Any] | None:
     """The zarr.json document of a new array of `dtype` (a numpy type of `_NUMPY_TYPES`) filled with zeros, in a
-    regular grid of `chunks`, its chunks raw (`blosc` None) or Blosc-coded; None for what `ArrayLayout` would not
-    call `readable` (a 0-d array, another dtype): Zarr writes those."""
+    regular grid of `chunks`, its chunks raw (`blosc` None) or Blosc-coded, named with `separator` between their
+    coordinates; None for what `ArrayLayout` would not call `readable` (a 0-d array, another dtype): Zarr writes
+    those."""
     if not shape or dtype.name not in _NUMPY_TYPES or dtype.byteorder not in ("=", "|"):
         return None
     fill: Any = False if dtype.kind == "b" else [0.0, 0.0] if dtype.kind == "c" else 0.0 if dtype.kind == "f" else 0
@@ -127,7 +129,7 @@ def array_document(
         "shape": list(shape),
         "data_type": dtype.name,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": CHUNK_SEPARATOR}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": separator}},
         "fill_value": fill,
         "codecs": codecs,
         "attributes": attributes,

@@ -13,6 +13,7 @@ value, as a chunk file that is not there is.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
 from collections import deque
@@ -23,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tensor_debugger.errors import StoreReadError
+from tensor_debugger.errors import StoreOutageError, StoreReadError, StoreWriteError
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter, decode_frame
 from tensor_debugger.store.layout import ArrayLayout, layout_of
-from tensor_debugger.store.object_stores import describe_failure
+from tensor_debugger.store.object_stores import describe_failure, is_refusal
 
 if TYPE_CHECKING:
     from obstore import Bytes
@@ -35,10 +36,14 @@ if TYPE_CHECKING:
 # Requests in flight for one region or block: enough to keep a loopback SeaweedFS or a remote S3 busy (a block of the
 # chunk loop is about 16 chunks a side), few enough not to open hundreds of connections for a large slice.
 FETCHES_AT_ONCE = 32
+# Chunk objects being uploaded at once by this process (every array and ingest thread together): ingest hands over a
+# block's 16 chunks at a time from each of its threads, and keeps the memory of what is in flight bounded by that.
+PUTS_AT_ONCE = 32
 SLICE_BATCH = 64  # chunk objects of a region fetched together (64 MiB of chunks as ingest writes them)
 
 _LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # by process id: a forked child starts a loop of its own
 _LOOPS_LOCK = threading.Lock()
+_PUT_LIMITS: dict[int, asyncio.Semaphore] = {}  # by process id, used on that process's loop only
 
 
 def _event_loop() -> asyncio.AbstractEventLoop:
@@ -102,6 +107,64 @@ class ChunkObjects:
 
         return list(await asyncio.gather(*(one(key) for key in keys)))
 
+    def fetch_range(self, key: str, start: int, end: int) -> Bytes | None:
+        """Bytes `start` to `end` of the object at `key` (one ranged GET, in this thread), None where there is no
+        object; a StoreReadError naming it where it cannot be fetched."""
+        import obstore
+
+        try:
+            return obstore.get_range(self.bucket, key, start=start, end=end)
+        except FileNotFoundError:
+            return None
+        except Exception as exc:  # obstore's GenericError for most HTTP answers: its text says which
+            raise StoreReadError(
+                f"the array store did not answer ({self.url}): chunk object {self.name(key)} could not be fetched: "
+                f"{describe_failure(exc)}"
+            ) from None
+
+    def submit_put(self, key: str, data: memoryview, create: bool = False) -> Future[None]:
+        """Start uploading `data` as the object at `key` (obstore's `put_async`: one request, or a multipart upload
+        of concurrent parts for an object larger than its part size, 5 MB); at most `PUTS_AT_ONCE` of this process
+        at a time. `create`: only if there is no object at `key` yet (one already there is left as it is). An upload
+        that fails fails the future with a StoreWriteError naming the key (a StoreOutageError where the store did
+        not answer). `data` must not change until the future is done."""
+        return asyncio.run_coroutine_threadsafe(self._put(key, data, create), _event_loop())
+
+    def put(self, key: str, data: memoryview, create: bool = False) -> None:
+        """`submit_put`'s upload, waited for."""
+        self.submit_put(key, data, create).result()
+
+    async def _put(self, key: str, data: memoryview, create: bool) -> None:
+        import obstore
+        from obstore.exceptions import AlreadyExistsError
+
+        pid = os.getpid()
+        limit = _PUT_LIMITS.get(pid)
+        if limit is None:  # made on the loop's thread, the only one that uses it
+            limit = _PUT_LIMITS[pid] = asyncio.Semaphore(PUTS_AT_ONCE)
+        async with limit:
+            try:
+                await obstore.put_async(self.bucket, key, data, mode="create" if create else "overwrite")
+            except AlreadyExistsError:
+                if not create:
+                    raise
+            except Exception as exc:  # obstore's GenericError for most HTTP answers: its text says which
+                error = StoreWriteError if is_refusal(exc) else StoreOutageError
+                raise error(key, describe_failure(exc)) from exc
+
+    def delete_under(self, prefix: str) -> None:
+        """Delete every object under `prefix/` (a StoreWriteError naming the prefix where the store refuses or does
+        not answer)."""
+        import obstore
+
+        try:
+            keys = [item["path"] for batch in obstore.list(self.bucket, prefix=f"{prefix}/") for item in batch]
+            if keys:
+                obstore.delete(self.bucket, keys)
+        except Exception as exc:
+            error = StoreWriteError if is_refusal(exc) else StoreOutageError
+            raise error(prefix, describe_failure(exc)) from exc
+
     def layout(self, key: str) -> ArrayLayout:
         """The layout of the array at `key`, from its zarr.json object."""
         (text,) = self.fetch([f"{key}/zarr.json"])
@@ -120,6 +183,45 @@ class ObjectChunkReader(ChunkReader):
         super().__init__(layout, Path(key), counter, open_array)
         self.objects = objects
         self._key = key
+
+    def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
+        found = self._within_one_chunk(region)
+        return found if found is not None else super().__getitem__(region)
+
+    def _within_one_chunk(self, region: tuple[slice, ...]) -> np.ndarray | None:
+        """A region inside one raw chunk (a slice of a few values, most often), read from the bytes of the chunk
+        object that it spans (one ranged GET: a 64-value window of a 1 MiB chunk fetches 256 bytes) where those are
+        under half the chunk; None for any other region."""
+        if not self.raw or len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
+            return None
+        bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
+        if any(stop <= start for start, stop in bounds):
+            return None
+        coords = tuple(start // c for (start, _), c in zip(bounds, self.chunks, strict=True))
+        if any((stop - 1) // c != i for (_, stop), c, i in zip(bounds, self.chunks, coords, strict=True)):
+            return None
+        inner = [(start - i * c, stop - i * c) for (start, stop), c, i in zip(bounds, self.chunks, coords, strict=True)]
+        strides = [math.prod(self.chunks[axis + 1 :]) for axis in range(len(self.chunks))]  # in values, C order
+        first = sum(lo * step for (lo, _), step in zip(inner, strides, strict=True))
+        last = sum((hi - 1) * step for (_, hi), step in zip(inner, strides, strict=True))
+        itemsize = self.dtype.itemsize
+        start, end = first * itemsize, (last + 1) * itemsize
+        if end - start > self._layout.chunk_bytes // 2:
+            return None
+        key = f"{self._key}/{self._layout.chunk_key(coords)}"
+        data = self.objects.fetch_range(key, start, end)
+        self.count_reads(1)
+        shape = tuple(hi - lo for lo, hi in inner)
+        if data is None:  # never written: the fill value
+            return np.full(shape, self._fill, dtype=self.dtype)
+        if len(data) != end - start:
+            raise ValueError(
+                f"chunk object {self.objects.name(key)} is not one raw chunk ({self._layout.chunk_bytes} bytes): "
+                f"bytes {start} to {end} of it are {len(data)}"
+            )
+        values = np.frombuffer(memoryview(data), dtype=self.dtype)
+        view = np.lib.stride_tricks.as_strided(values, shape, tuple(step * itemsize for step in strides))
+        return np.array(view)
 
     def fetch_pieces(self, pieces: Sequence[tuple[bytes, int, int]]) -> Future[list[Bytes | None]]:
         """Start fetching the chunk objects of `flat_pieces`' pieces."""

@@ -3,9 +3,9 @@
 
 The endpoint and credentials come from the standard AWS variables (`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_REGION`, and `AWS_ALLOW_HTTP=true` for a plain-HTTP endpoint
-such as a MinIO or SeaweedFS on the local network). Zarr writes a region's chunks concurrently, one request per
-chunk, so ingest uploads the chunks of a block at once; a comparison or a slice fetches only the chunks its region
-covers, concurrently (store/object_chunks.py, over the same obstore store; Zarr for layouts it does not read). The
+such as a MinIO or SeaweedFS on the local network). Ingest uploads the chunk objects of each block concurrently
+(store/object_writes.py); a comparison or a slice fetches only the chunks its region covers, concurrently
+(store/object_chunks.py, over the same obstore store; Zarr for layouts it does not read). The
 store is tried once when it is opened: a missing bucket, refused credentials or an endpoint that does not answer
 is an error naming the setting to change, before any work starts.
 """

@@ -1,0 +1,126 @@
+"""Ingest into S3 (a real SeaweedFS server on loopback, tests/support/s3.py) uploads each block's chunk objects
+concurrently (store/object_writes.py): the same bytes as the chunk files of an ingest into a folder, and a refused
+upload among them fails the run with nothing of it left."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from pathlib import Path
+
+import obstore
+import torch
+from sqlalchemy import select
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.runs import Ingestor
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.database import create_db_engine, make_sessionmaker
+from tensor_debugger.store.layout import ArrayLayout, read_layout
+from tensor_debugger.store.models import RunRecord, TensorRecord
+
+from tests.support.cli_main import main_cli
+from tests.support.dumps import seeded
+from tests.support.s3 import BUCKET, ONE_CHUNK_REFUSED, SeaweedS3
+from tests.support.stored import read_back, same_bits, stored
+
+CHUNK_BYTES = 16 * 1024
+
+
+def _tensors() -> dict[str, torch.Tensor]:
+    """Tensors of many chunks each, raw and Blosc-coded, with short and padded edge chunks."""
+    return {
+        "noise": seeded((650, 1000), seed=11),  # float32 noise, stored raw; its last chunk short of rows
+        "coded": (torch.arange(333 * 517) % 97).reshape(333, 517).to(torch.bfloat16),  # compressible, edges
+        "ints": torch.arange(100_000, dtype=torch.int64) * 3,
+        "mask": seeded((300, 301), seed=5) > 0,
+    }
+
+
+def test_an_ingest_to_s3_stores_the_chunk_files_of_an_ingest_to_a_folder(s3: SeaweedS3, tmp_path: Path) -> None:
+    originals = _tensors()
+    path = tmp_path / "many.pth"
+    torch.save(originals, path)
+    arrays: dict[str, dict[str, bytes]] = {}  # store -> chunk key ("c/1/0") -> the bytes stored
+    layouts: dict[str, ArrayLayout] = {}  # of the folder's arrays
+    for name, url in (("folder", ""), ("s3", s3.new_url())):
+        settings = Settings(data_dir=tmp_path / name, store_url=url, demo=False, chunk_bytes=CHUNK_BYTES, workers=2)
+        services = open_services(settings, s3.environ if url else {})
+        try:
+            result = Ingestor(settings, services.sessions, services.store).ingest("s", "ref", [InputFile(path, "m")])
+            records = stored(services, result.run_id)
+            assert len(records) == len(originals)
+            for tensor_name, record in records.items():
+                assert same_bits(read_back(services, record), originals[tensor_name.split(".")[-1]])
+            if url:
+                bucket = s3.bucket(url)
+                for record in records.values():
+                    keys = [
+                        item["path"] for batch in obstore.list(bucket, prefix=f"{record.store_key}/") for item in batch
+                    ]
+                    chunks = {k.removeprefix(f"{record.store_key}/") for k in keys} - {"zarr.json"}
+                    objects = {
+                        key: obstore.get(bucket, f"{record.store_key}/{key}").bytes().to_bytes() for key in chunks
+                    }
+                    arrays[f"s3 {record.name}"] = objects
+            else:
+                for record in records.values():
+                    folder = tmp_path / name / "arrays" / record.store_key
+                    layout = read_layout(folder, record.store_key)
+                    files = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "zarr.json"}
+                    arrays[f"folder {record.name}"] = {k.replace(".", "/"): v for k, v in files.items()}
+                    layouts[record.name] = layout
+        finally:
+            services.close()
+    total = 0
+    for tensor_name in stored_names(arrays):
+        folder_chunks, s3_chunks = arrays[f"folder {tensor_name}"], arrays[f"s3 {tensor_name}"]
+        layout = layouts[tensor_name]
+        grid = [range(math.ceil(d / c)) for d, c in zip(layout.shape, layout.chunks, strict=True)]
+        every = {"/".join(("c", *map(str, coords))) for coords in itertools.product(*grid)}
+        assert set(folder_chunks) == set(s3_chunks) == every, tensor_name  # every chunk written, nothing else
+        assert all(folder_chunks[k] == s3_chunks[k] for k in every), tensor_name  # byte for byte
+        total += len(every)
+    assert total > 150  # many blocks of 16 concurrent uploads
+    assert {layout.blosc is None for layout in layouts.values()} == {True, False}  # raw and coded
+
+
+def stored_names(arrays: dict[str, dict[str, bytes]]) -> list[str]:
+    return sorted(key.split(" ", 1)[1] for key in arrays if key.startswith("folder "))
+
+
+def test_one_refused_upload_among_a_blocks_fails_the_run_with_nothing_of_it_left(s3: SeaweedS3, tmp_path: Path) -> None:
+    """The identity may write run 1's first array, but not its chunk row 1: of the 16 chunk objects its one block
+    uploads at once, one is refused. The CLI names the file and why, exits 2 without a traceback, keeps the run
+    "failed" with no tensor recorded, and every object it had written is deleted, none arriving later (each
+    upload of the block had settled before the run was failed)."""
+    path = tmp_path / "one.pth"
+    original = seeded((16, 4096), seed=2)
+    torch.save({"hidden": original}, path)
+    url = f"s3://{BUCKET}/{ONE_CHUNK_REFUSED}"
+    env = {**s3.read_only_environ, "TENSOR_DEBUGGER_STORE_URL": url, "TENSOR_DEBUGGER_CHUNK_BYTES": "16384"}
+    data = tmp_path / "data"
+    done = main_cli("--data-dir", str(data), "ingest", "--session", "refused", "--run", "ref", str(path), env=env)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    message = f"the array store failed writing the arrays of {path}: access denied"
+    assert message in done.stderr and "403 Forbidden" in done.stderr, done.stderr
+    assert f"{ONE_CHUNK_REFUSED}/runs/1/0/c/1/0" in done.stderr  # a chunk's upload, the array's zarr.json written
+    engine = create_db_engine(f"sqlite:///{data / 'metadata.sqlite3'}")
+    try:
+        with make_sessionmaker(engine)() as db:
+            (run,) = db.scalars(select(RunRecord)).all()
+            assert run.id == 1 and run.status == "failed"
+            assert [(p.file, p.reason.startswith(message)) for p in run.problems] == [(str(path), True)]
+            assert db.scalars(select(TensorRecord)).all() == []
+    finally:
+        engine.dispose()
+    bucket = s3.bucket(url)
+
+    def run_objects() -> list[str]:
+        return [item["path"] for batch in obstore.list(bucket, prefix="runs/1/") for item in batch]
+
+    assert run_objects() == []
+    time.sleep(1)
+    assert run_objects() == []  # no upload of the block was still under way
