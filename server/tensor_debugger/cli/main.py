@@ -24,6 +24,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -35,6 +37,8 @@ from tensor_debugger.errors import StoreUnavailableError, TensorDebuggerError
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from tensor_debugger.compare.requests import CompareOutcome, CompareRequest
     from tensor_debugger.services import Services
 
@@ -339,7 +343,6 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
 
     from tensor_debugger.web.app import create_app
 
-    print(f"Tensor Debugger on {settings.base_url}  (data in {settings.data_dir})", flush=True)
     app = create_app(settings)
     # A long-lived server: what is loaded at start-up never needs collecting, and pages of thousands of pairs
     # allocate many short-lived objects; fewer, younger collections keep their render times steady.
@@ -347,22 +350,36 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
     # uvicorn shuts down gracefully on SIGTERM, then raises it again with the handler it found: with this one the
-    # process then exits as Python does (exit status 143), running what registered to run at exit (multiprocessing
-    # unlinks the ingest children's semaphores, which killed by the signal it leaked: "19 leaked semaphore objects")
+    # process then exits 0 (a stop asked for, done: `make run` reports no error), running what registered to run
+    # at exit (multiprocessing unlinks the ingest children's semaphores, which killed by the signal it leaked:
+    # "19 leaked semaphore objects")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        proxy_headers=bool(settings.trusted_proxies),  # none by default: uvicorn's own default trusts loopback
-        forwarded_allow_ips=settings.trusted_proxies,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            proxy_headers=bool(settings.trusted_proxies),  # none by default: uvicorn's own default trusts loopback
+            forwarded_allow_ips=settings.trusted_proxies,
+        )
     )
+    # the address once it answers: start-up (a new data dir's demo session) takes seconds before it listens
+    threading.Thread(target=_say_when_started, args=(server, settings), name="say-address", daemon=True).start()
+    server.run()
     return EXIT_OK
 
 
+def _say_when_started(server: uvicorn.Server, settings: Settings) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    print(f"Tensor Debugger on {settings.base_url}  (data in {settings.data_dir})", flush=True)
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise SystemExit(EXIT_OK)
 
 
 def warm(settings: Settings, args: argparse.Namespace, request: CompareRequest | None) -> int | None:
