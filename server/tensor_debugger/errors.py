@@ -112,6 +112,11 @@ class DatabaseUnavailableError(TensorDebuggerError):
     same request may succeed once it is back. The message names the database (its password hidden)."""
 
 
+class DatabaseSettingError(TensorDebuggerError):
+    """The metadata database's URL (TENSOR_DEBUGGER_DATABASE_URL) cannot be used as given: not a URL, or a database
+    or driver this installation lacks. The message names the URL (its password hidden) and the cause."""
+
+
 class StoreReadError(StoreUnavailableError, OSError):
     """The array store did not answer a read (its endpoint down, the network, refused credentials): nothing is known
     to be wrong with the data, and the same read may succeed once the store answers again."""

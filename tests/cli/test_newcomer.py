@@ -3,6 +3,7 @@ what an empty default means, the address a user guesses for the sessions list le
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,11 +12,14 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
+import pytest
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
+from tests.support.dumps import layered_dump
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, child_env, free_port
+from tests.support.servers import LiveServer, child_env, free_port, run_cli
 
 
 def test_compare_with_one_run_asks_for_the_candidate_only() -> None:
@@ -158,3 +162,76 @@ def test_make_run_says_the_address_once_it_answers_and_stops_cleanly_on_sigterm(
     ], lines
     assert make.returncode == 0, lines
     assert not [line for line in lines if "Error" in line], lines
+
+
+def _bad_database_urls() -> list[tuple[str, str]]:
+    closed = free_port()  # nothing listens there: refused at once
+    return [
+        ("postgresql://tensor:s3cret@127.0.0.1:port/db", "not a database URL"),
+        ("oracle9://tensor:s3cret@127.0.0.1/db", "no database driver for 'oracle9'"),
+        (f"postgresql+psycopg://tensor:s3cret@127.0.0.1:{closed}/db", "Connection refused"),
+    ]
+
+
+@pytest.mark.parametrize("command", ["serve", "sessions", "compare"])
+def test_a_bad_database_url_is_one_line_naming_it(tmp_path: Path, command: str) -> None:
+    """Malformed, an unknown driver, a PostgreSQL port nobody answers: one line naming the URL (password hidden) and
+    the cause, exit 2, for the server and the commands alike; nothing created in the data dir."""
+    ref = tmp_path / "ref.npy"
+    np.save(ref, np.zeros(4, dtype=np.float32))
+    args = {"serve": ["serve", "--port", str(free_port())], "sessions": ["sessions"]}.get(
+        command, ["compare", str(ref), str(ref), "--in-process"]
+    )
+    for url, cause in _bad_database_urls():
+        done = run_cli("--data-dir", str(tmp_path / "data"), *args, env={"TENSOR_DEBUGGER_DATABASE_URL": url})
+        assert done.returncode == 2, (url, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1, (url, done.stderr)
+        assert lines[0].startswith("tensor-debugger: ") and cause in lines[0], lines
+        assert url.replace(":s3cret@", ":***@") in lines[0] and "s3cret" not in lines[0], lines
+        assert "Traceback" not in done.stderr
+
+
+def test_sessions_from_a_dead_server_names_it(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    done = run_cli("sessions", "--server", dead)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"tensor-debugger: could not reach the server at {dead}: connection refused"
+
+
+def test_read_commands_on_a_new_data_dir_create_nothing(tmp_path: Path) -> None:
+    data = tmp_path / "new"
+    listed = run_cli("--data-dir", str(data), "sessions")
+    assert (listed.returncode, listed.stdout.strip()) == (0, f"no sessions yet in {data}")
+    assert run_cli("--data-dir", str(data), "sessions", "--json").stdout.strip() == "[]"
+    diff = run_cli("--data-dir", str(data), "compare-sessions", "before", "after")
+    assert diff.returncode == 2
+    assert diff.stderr.strip() == f"tensor-debugger: no session with id or name 'before': {data} has no sessions yet"
+    assert not data.exists()
+    # from the environment too: the default data dir is the XDG one
+    home = tmp_path / "xdg"
+    listed = run_cli("sessions", env={"XDG_DATA_HOME": str(home)})
+    assert listed.stdout.strip() == f"no sessions yet in {home / 'tensor-debugger'}"
+    assert not home.exists()
+
+
+def test_compare_sessions_counts_pending_pairs_as_pending(tmp_path: Path) -> None:
+    """A session whose runs were ingested with no server up has its pairs not compared yet: against a compared
+    one they are `pending`, not `same` (what an uncompared pair's missing error read as), and the exit is 2 (not
+    compared yet)."""
+    data = str(tmp_path / "data")
+    ref = layered_dump(tmp_path / "ref", None)
+    fixed = layered_dump(tmp_path / "fixed", None)
+    assert main_cli("--data-dir", data, "compare", str(ref), str(fixed), "--name", "compared").returncode == 0
+    later = layered_dump(tmp_path / "later", None, noise=1e-7)  # not the compared one's tensors: no cached result
+    for label, run in (("reference", ref), ("candidate", later)):
+        assert main_cli("--data-dir", data, "ingest", "--session", "ingested", "--run", label, str(run)).returncode == 0
+    done = main_cli("--data-dir", data, "compare-sessions", "compared", "ingested", "--json")
+    assert done.returncode == 2, done.stderr
+    out = json.loads(done.stdout)
+    assert out["counts"]["pending"] == 8 and out["counts"]["same"] == 0
+    assert {p["change"] for p in out["pairs"]} == {"pending"}
+    table = main_cli("--data-dir", data, "compare-sessions", "compared", "ingested")
+    assert table.returncode == 2
+    assert "0 same" in table.stdout and "8 pending" in table.stdout
+    assert "B: ingested (session 2): 8 pairs not compared yet" in table.stdout

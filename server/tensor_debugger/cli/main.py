@@ -33,7 +33,12 @@ from typing import TYPE_CHECKING, Any
 
 from tensor_debugger import __version__
 from tensor_debugger.cli.progress_bar import ProgressBar
-from tensor_debugger.errors import StoreUnavailableError, TensorDebuggerError
+from tensor_debugger.errors import (
+    DatabaseSettingError,
+    DatabaseUnavailableError,
+    StoreUnavailableError,
+    TensorDebuggerError,
+)
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
@@ -43,6 +48,9 @@ if TYPE_CHECKING:
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+# what keeps a command from opening the data dir's database and store: said in one line, exit 2
+UNOPENED = (StoreUnavailableError, DatabaseSettingError, DatabaseUnavailableError)
+READ_ONLY = ("sessions", "compare-sessions")  # commands that only read the data dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -244,13 +252,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = warm(settings, args, request)
         if code is not None:
             return code
+    if args.command in READ_ONLY and _nothing_stored_yet(settings):  # a read creates no data dir or database
+        return _nothing_stored(settings, args)
     with _start_up_heap():
         from tensor_debugger.services import open_services
 
         try:
             # a command that only reads marks no new database and store as a pair (store/identity.py)
-            services = open_services(settings, writes=args.command not in ("sessions", "compare-sessions"))
-        except StoreUnavailableError as exc:  # a store that cannot be used, or not one pair with the database
+            services = open_services(settings, writes=args.command not in READ_ONLY)
+        except UNOPENED as exc:  # a database or store that cannot be used, or not one pair
             print(f"tensor-debugger: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
     try:
@@ -271,6 +281,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return list_sessions(services, args.json)
     finally:
         services.close()
+
+
+def _nothing_stored_yet(settings: Settings) -> bool:
+    """Whether the data dir holds nothing yet: its metadata database is a SQLite file that does not exist, and its
+    array store the data dir's folder, which does not either. Anything else (a server's database, a store elsewhere
+    that may be another database's) is opened and checked as a pair."""
+    default_store = (settings.data_dir / "arrays").as_uri()
+    if not settings.database_url.startswith("sqlite:///") or settings.store_url != default_store:
+        return False
+    database = Path(settings.database_url.removeprefix("sqlite:///").split("?", 1)[0])
+    return not database.exists() and not (settings.data_dir / "arrays").exists()
+
+
+def _nothing_stored(settings: Settings, args: argparse.Namespace) -> int:
+    """What a read command says of a data dir that has no database yet, creating none."""
+    if args.command == "sessions":
+        from tensor_debugger.cli.session_list import print_sessions
+
+        print_sessions([], args.json, str(settings.data_dir))
+        return EXIT_OK
+    missing = f"no session with id or name {args.s1!r}: {settings.data_dir} has no sessions yet"
+    if args.json:
+        print(json.dumps({"error": missing}))
+    else:
+        print(f"tensor-debugger: {missing}", file=sys.stderr)
+    return EXIT_UNUSABLE
 
 
 def _one_blas_thread() -> None:
@@ -336,7 +372,7 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
 
     try:  # a store that cannot be used, or is not the database's, is said here, not in a traceback at start-up
         check_pair(settings)
-    except StoreUnavailableError as exc:
+    except UNOPENED as exc:
         print(f"tensor-debugger: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     import uvicorn
@@ -433,7 +469,7 @@ def show_ingest(outcome: CompareOutcome, as_json: bool) -> int:
 def list_sessions(services: Services, as_json: bool) -> int:
     from tensor_debugger.cli.session_list import print_sessions
 
-    print_sessions(_session_list(services), as_json)
+    print_sessions(_session_list(services), as_json, str(services.settings.data_dir))
     return EXIT_OK
 
 
