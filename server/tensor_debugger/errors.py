@@ -66,8 +66,16 @@ class NothingUsableError(TensorDebuggerError):
     """An ingest that found no tensor at all; `problems` says why for each file."""
 
     def __init__(self, problems: list[FileProblem]) -> None:
-        detail = "; ".join(f"{p.file}: {p.reason}" for p in problems) or "no input files"
-        super().__init__(f"no tensors found ({detail})")
+        # what each file held, or why it could not be read, is in `problems`: said once, a line each, beside this
+        files = sorted({p.file for p in problems})
+        where = (
+            f" in {files[0]}"
+            if len(files) == 1
+            else f" in any of {len(files)} input files"
+            if files
+            else " (no input files)"
+        )
+        super().__init__(f"no tensors found{where}")
         self.problems = problems
 
     def __reduce__(self) -> tuple[type[NothingUsableError], tuple[list[FileProblem]]]:

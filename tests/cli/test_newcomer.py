@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
@@ -235,3 +236,34 @@ def test_compare_sessions_counts_pending_pairs_as_pending(tmp_path: Path) -> Non
     assert table.returncode == 2
     assert "0 same" in table.stdout and "8 pending" in table.stdout
     assert "B: ingested (session 2): 8 pairs not compared yet" in table.stdout
+
+
+def test_an_unreadable_file_is_said_once_with_one_reason(tmp_path: Path) -> None:
+    """A truncated torch.save file (cut short at two places: the reader fails differently, "[Errno 22]" or a miniz
+    error) gets one reason a user can act on; with no tensor found, the reason is said once, under a line naming
+    the file; `explore`, which names no culprit, does not speak of one."""
+    ref = tmp_path / "ref.pth"
+    torch.save({"w": torch.randn(256, 64), "b": torch.randn(8)}, ref)
+    whole = ref.read_bytes()
+    data = str(tmp_path / "data")
+    for size in (300, len(whole) // 2):
+        cut = tmp_path / f"cut-{size}.pth"
+        cut.write_bytes(whole[:size])
+        done = main_cli("--data-dir", data, "compare", str(ref), str(cut), "--in-process")
+        assert done.returncode == 2
+        assert done.stderr.splitlines() == [
+            f"tensor-debugger: no tensors found in {cut}",
+            f"  {cut}: not a readable PyTorch file: truncated or damaged: a zip archive of {size} bytes whose "
+            "directory cannot be read (was it copied whole?)",
+        ], done.stderr
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "cut.pth").write_bytes(whole[:300])
+    torch.save({"x": torch.randn(4, 4), "y": torch.randn(4, 4)}, run / "whole.pth")
+    explored = main_cli("--data-dir", data, "explore", str(run))
+    assert explored.returncode == 2
+    incomplete = [line for line in explored.stdout.splitlines() if line.startswith("INCOMPLETE")]
+    assert incomplete == [
+        "INCOMPLETE: 1 input file could not be read (see problem above): their tensors are missing from this comparison"
+    ], explored.stdout
+    assert "culprit" not in explored.stdout

@@ -109,6 +109,6 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
     print_not_compared(payload)  # pairs that errored or are incomparable: neither equal nor not
     print_problems(problems)
-    print_incomplete(problems)
+    print_incomplete(problems, culprits=False)  # every tensor against every other: no culprit
     print_where(url, services.settings.data_dir)
     return done

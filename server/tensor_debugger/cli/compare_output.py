@@ -301,14 +301,15 @@ def print_problems(problems: list[dict[str, Any]]) -> None:
             print(f"problem: {problem['file']}: {problem['reason']}")
 
 
-def print_incomplete(problems: list[dict[str, Any]]) -> None:
-    """The last word where input files could not be read: their tensors are not in the comparison (exit 2)."""
+def print_incomplete(problems: list[dict[str, Any]], culprits: bool = True) -> None:
+    """The last word where input files could not be read: their tensors are not in the comparison (exit 2).
+    `culprits`: whether the comparison names any (`explore` does not)."""
     lost = unread_files(problems)
     if lost:
         files = "1 input file" if len(lost) == 1 else f"{len(lost)} input files"
         print(
             f"INCOMPLETE: {files} could not be read (see problem above): their tensors are missing from this "
-            "comparison, and a culprit next to them may be wrong"
+            + ("comparison, and a culprit next to them may be wrong" if culprits else "comparison")
         )
 
 
