@@ -267,3 +267,31 @@ def test_an_unreadable_file_is_said_once_with_one_reason(tmp_path: Path) -> None
         "INCOMPLETE: 1 input file could not be read (see problem above): their tensors are missing from this comparison"
     ], explored.stdout
     assert "culprit" not in explored.stdout
+
+
+def test_a_name_taken_gets_a_number_from_the_api_and_the_command_line(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """One behaviour for a new session whose name a session has: `name (2)`, said so, whether created through the
+    API (JSON or an upload) or by `compare`; `ingest --session NAME` still adds its run to the session of that
+    name."""
+    url, auth = shared_server.url, shared_server.auth
+    first = loopback_http.post(f"{url}/api/sessions", json={"name": "taken name"}, headers=auth)
+    second = loopback_http.post(f"{url}/api/sessions", json={"name": "taken name"}, headers=auth)
+    assert (first.status_code, first.json()["name"]) == (201, "taken name")
+    assert (second.status_code, second.json()["name"]) == (201, "taken name (2)")
+    dump = tmp_path / "0_query.npy"
+    np.save(dump, np.arange(6, dtype=np.float32))
+    with dump.open("rb") as f:
+        uploaded = loopback_http.post(
+            f"{url}/api/sessions", data={"name": "taken name"}, files=[("reference", ("0_query.npy", f))], headers=auth
+        )
+    assert uploaded.status_code == 201, uploaded.text
+    assert uploaded.json()["session"]["name"] == "taken name (3)"
+    data = str(shared_server.data_dir)
+    done = main_cli("--data-dir", data, "compare", str(dump), str(dump), "--name", "taken name")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == "a session named 'taken name' exists already: this one is 'taken name (4)'"
+    added = main_cli("--data-dir", data, "ingest", "--session", "taken name", "--run", "later", str(dump), "--json")
+    assert added.returncode == 0, added.stderr
+    assert json.loads(added.stdout)["session"]["id"] == first.json()["id"]

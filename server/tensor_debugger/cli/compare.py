@@ -22,7 +22,7 @@ from tensor_debugger.compare.contract import contract_json
 from tensor_debugger.compare.formatting import format_cosine
 from tensor_debugger.compare.pair_reports import session_pairs
 from tensor_debugger.compare.pipeline import compare_runs, free_name
-from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files
+from tensor_debugger.compare.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files, wanted_name
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -46,7 +46,7 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool) -> i
         )
     finally:
         line.close()
-    return show_compare(outcome, as_json, None if running is not None else settings.data_dir)
+    return show_compare(outcome, as_json, None if running is not None else settings.data_dir, wanted_name(request))
 
 
 def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:

@@ -120,14 +120,18 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
     )
 
 
-def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None = None) -> int:
+def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None = None, wanted: str = "") -> int:
     """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code.
-    `data_dir`: where the session is stored when no server serves it (the compare ran in this process)."""
+    `data_dir`: where the session is stored when no server serves it (the compare ran in this process); `wanted`:
+    the session name asked for, said beside the one given where that was taken ("name (2)")."""
     if outcome.error is not None:
         print_unusable(outcome.error, outcome.payload["problems"], as_json, outcome.payload)
     elif as_json:
         print(json.dumps(outcome.payload))
     else:
+        name = outcome.payload["session"]["name"]
+        if wanted and name != wanted:
+            print(f"a session named {wanted!r} exists already: this one is {name!r}")
         print_table(outcome.payload, data_dir)
     return outcome.exit_code
 
