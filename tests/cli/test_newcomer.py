@@ -292,6 +292,10 @@ def test_a_name_taken_gets_a_number_from_the_api_and_the_command_line(
     done = main_cli("--data-dir", data, "compare", str(dump), str(dump), "--name", "taken name")
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == "a session named 'taken name' exists already: this one is 'taken name (4)'"
+    explored = main_cli("--data-dir", data, "explore", str(dump), "--name", "taken name")
+    assert explored.stdout.splitlines()[0] == (
+        "a session named 'taken name' exists already: this one is 'taken name (5)'"
+    ), explored.stdout
     added = main_cli("--data-dir", data, "ingest", "--session", "taken name", "--run", "later", str(dump), "--json")
     assert added.returncode == 0, added.stderr
     assert json.loads(added.stdout)["session"]["id"] == first.json()["id"]

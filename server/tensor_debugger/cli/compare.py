@@ -55,7 +55,10 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     too many pairs."""
     from tensor_debugger.compare.explore import plan_explore
 
-    session_name = free_name(services.sessions, name or f"explore {path.name}")
+    wanted = name or f"explore {path.name}"
+    session_name = free_name(services.sessions, wanted)
+    if session_name != wanted and not as_json:
+        print(f"a session named {wanted!r} exists already: this one is {session_name!r}")
     bar = ProgressBar(f"ingest {path.name}")
     try:
         result = services.ingestor.ingest(
