@@ -6,6 +6,21 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # A CPU build of torch; an unpinned torch would pull gigabytes of CUDA packages.
 TORCH ?= torch==2.13.0
+# Where torch comes from: `make install TORCH_INDEX=URL` installs it from that index only (pip's --index-url; pip's
+# find-links still count). Left empty: PyTorch's CPU index where it answers within TORCH_INDEX_WAIT seconds, else
+# pip's own index (PyPI, or what pip.conf names), whose torch for Linux is the CUDA build.
+TORCH_INDEX ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX_WAIT ?= 5
+# the index torch is installed from, said on the way: TORCH_INDEX, else the CPU index if it answers, else none
+define torch_index
+INDEX="$(TORCH_INDEX)"; \
+if [ -z "$$INDEX" ]; then \
+  if $(1) -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=float(sys.argv[2]))' \
+    "$(TORCH_CPU_INDEX)" "$(TORCH_INDEX_WAIT)" 2>/dev/null; then INDEX="$(TORCH_CPU_INDEX)"; \
+  else echo "$(TORCH_CPU_INDEX) did not answer within $(TORCH_INDEX_WAIT) s: torch from pip's default index"; fi; \
+fi
+endef
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
@@ -24,7 +39,8 @@ $(BIN)/python:
 	$(BIN)/python -m pip install --upgrade pip
 
 $(VENV)/.installed: $(BIN)/python pyproject.toml $(BUILT_FROM)
-	$(BIN)/python -m pip install "$(TORCH)"
+	@$(call torch_index,$(BIN)/python); \
+	set -x; $(BIN)/python -m pip install $${INDEX:+--index-url "$$INDEX"} "$(TORCH)"
 	$(BIN)/python -m pip install -e .
 	touch $@
 
@@ -38,7 +54,8 @@ $(LOWEST_BIN)/python:
 
 # torch first, so that no resolver picks one; -c holds the rest at the lowest versions.
 $(LOWEST)/.installed-test: $(LOWEST_BIN)/python pyproject.toml constraints-lowest.txt $(BUILT_FROM)
-	$(LOWEST_BIN)/python -m pip install "$(TORCH)"
+	@$(call torch_index,$(LOWEST_BIN)/python); \
+	set -x; $(LOWEST_BIN)/python -m pip install $${INDEX:+--index-url "$$INDEX"} "$(TORCH)"
 	$(LOWEST_BIN)/python -m pip install -c constraints-lowest.txt -e ".[test]"
 	touch $@
 
@@ -84,8 +101,9 @@ postgres:
 	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq postgresql; } || \
 	  echo "postgresql not installed: the tests on PostgreSQL will be skipped"; }
 
+# exec: the server is make's child, so a SIGTERM to it (a clean stop, exit 0) ends `make run` without an error line
 run: install
-	$(BIN)/tensor-debugger serve --host $(HOST) --port $(PORT)
+	exec $(BIN)/tensor-debugger serve --host $(HOST) --port $(PORT)
 
 # Two workers (pytest-xdist): most tests wait part of the time on a server, a browser or a subprocess, so two
 # workers keep two cores busy. Each worker starts its own shared servers (and PostgreSQL, S3 and Dask when its tests

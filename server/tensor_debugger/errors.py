@@ -74,8 +74,16 @@ class NothingUsableError(TensorDebuggerError):
     """An ingest that found no tensor at all; `problems` says why for each file."""
 
     def __init__(self, problems: list[FileProblem]) -> None:
-        detail = "; ".join(f"{p.file}: {p.reason}" for p in problems) or "no input files"
-        super().__init__(f"no tensors found ({detail})")
+        # what each file held, or why it could not be read, is in `problems`: said once, a line each, beside this
+        files = sorted({p.file for p in problems})
+        where = (
+            f" in {files[0]}"
+            if len(files) == 1
+            else f" in any of {len(files)} input files"
+            if files
+            else " (no input files)"
+        )
+        super().__init__(f"no tensors found{where}")
         self.problems = problems
 
     def __reduce__(self) -> tuple[type[NothingUsableError], tuple[list[FileProblem]]]:
@@ -118,6 +126,11 @@ class StoreUnavailableError(TensorDebuggerError):
 class DatabaseUnavailableError(TensorDebuggerError):
     """The metadata database did not answer (a restart, the network): nothing about the request is wrong, and the
     same request may succeed once it is back. The message names the database (its password hidden)."""
+
+
+class DatabaseSettingError(TensorDebuggerError):
+    """The metadata database's URL (TENSOR_DEBUGGER_DATABASE_URL) cannot be used as given: not a URL, or a database
+    or driver this installation lacks. The message names the URL (its password hidden) and the cause."""
 
 
 class StoreReadError(StoreUnavailableError, OSError):

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -27,7 +29,13 @@ from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.claims import Claims
-from tensor_debugger.store.database import create_db_engine, make_sessionmaker, upgrade_database
+from tensor_debugger.store.database import (
+    create_db_engine,
+    database_outage,
+    database_setting_problem,
+    make_sessionmaker,
+    upgrade_database,
+)
 from tensor_debugger.store.identity import pair
 from tensor_debugger.store.models import RunRecord
 from tensor_debugger.store.sign_outs import SignOuts
@@ -145,16 +153,26 @@ def open_pair(
     settings: Settings, environ: Mapping[str, str] | None = None, writes: bool = True
 ) -> tuple[ArrayStore, Engine, sessionmaker[Any]]:
     """The array store and the database, migrated to the newest schema, once they are known to be one pair."""
+    try:  # a URL that cannot be used stops here, before anything is created
+        make_url(settings.database_url).get_dialect()
+    except (ArgumentError, ImportError, ValueError) as exc:  # ValueError: a port that is not a number
+        raise database_setting_problem(exc, settings.database_url) or exc from None
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     # first: a store that cannot be used stops here, doing nothing
     store = ArrayStore(settings.store_url, environ, settings.direct_writes)
-    engine = create_db_engine(settings.database_url)
+    try:
+        engine = create_db_engine(settings.database_url)
+    except (ArgumentError, ImportError) as exc:  # a driver that is not installed
+        raise database_setting_problem(exc, settings.database_url) or exc from None
     try:
         upgrade_database(engine)
         sessions = make_sessionmaker(engine)
         pair(sessions, store, settings.database_url, writes)
-    except BaseException:
+    except BaseException as exc:
         engine.dispose()
+        outage = database_outage(exc, settings.database_url)  # a database that does not answer: said in one line
+        if outage is not None:
+            raise outage from exc
         raise
     return store, engine, sessions
 

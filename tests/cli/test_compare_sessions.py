@@ -51,6 +51,7 @@ def test_compare_sessions_cli(shared_server: LiveServer, sessions: tuple[int, in
         "only in A": 0,
         "only in B": 0,
         "not compared": 0,
+        "pending": 0,
     }
     fixed = next(p for p in out["pairs"] if p["key"] == "1_attn")
     assert fixed["error_b"] == 0 and fixed["ratio"] == 0 and abs(fixed["error_a"] - 0.5) < 1e-5

@@ -95,11 +95,23 @@ def test_a_server_starts_without_torch(tmp_path: Path, demo: bool) -> None:
     assert done.stdout.strip() == f"False {demo}"
 
 
+def opened_data_dir(root: Path) -> Path:
+    """A data dir with its database and store made: `sessions` on a new one opens nothing (it creates nothing), and
+    these tests are about a command's start-up as it opens them."""
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    data = root / "data"
+    open_services(Settings(data_dir=data, demo=False)).close()
+    return data
+
+
 def test_collector_back_on_after_start_up(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from tensor_debugger.cli.main import main
 
+    data = opened_data_dir(tmp_path)
     try:
-        assert main(["--data-dir", str(tmp_path / "data"), "sessions", "--json"]) == 0
+        assert main(["--data-dir", str(data), "sessions", "--json"]) == 0
         assert gc.isenabled() and gc.get_freeze_count() > 0  # what start-up built is frozen, collection is on
     finally:
         gc.unfreeze()
@@ -131,7 +143,7 @@ def test_numpy_starts_no_blas_thread_unless_asked(tmp_path: Path, preset: str | 
     command asks for none (a user's OPENBLAS_NUM_THREADS is kept), so after `sessions` the process has one thread."""
     probe = (
         "import os, sys; from tensor_debugger.cli.main import main;"
-        f"main(['--data-dir', {str(tmp_path / 'data')!r}, 'sessions', '--json']);"
+        f"main(['--data-dir', {str(opened_data_dir(tmp_path))!r}, 'sessions', '--json']);"
         "assert 'numpy' in sys.modules;"
         "print(len(os.listdir('/proc/self/task')), file=sys.stderr)"
     )

@@ -186,10 +186,10 @@ def test_form_errors_are_shown_in_words(shared_server: LiveServer, page_without_
     assert "weights.pth: not a readable PyTorch file" in failure.locator("ul.problems").inner_text()
     assert page.locator("section.ingest").count() == 0
     shot(page, "form-error")
-    # what is wrong before any ingest begins is said on the form itself
-    fill_new_session(page, shared_server.url, "broken", bad)
+    # what is wrong before any ingest begins is said on the form itself (a name taken is not: it gets " (2)")
+    fill_new_session(page, shared_server.url, "broken\u0007", bad)
     page.get_by_role("button", name="Upload and ingest").click()
-    assert "a session named 'broken' exists already" in page.get_by_role("alert").inner_text()
+    assert "session name must be 1 to 200 printable characters" in page.get_by_role("alert").inner_text()
 
 
 def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServer, page: Page) -> None:
@@ -304,10 +304,10 @@ def test_new_session_with_progress_bars_and_errors_next_to_files(
     page.wait_for_url("**/sessions/*")
     page.locator(".banner.fail").wait_for(timeout=60_000)
     assert "First divergence: 1_key (layer 1, stage key)" in page.locator(".banner.fail").inner_text()
-    # a file refused before its ingest begins (a name taken) gets the reason on the form
-    fill_new_session(page, shared_server.url, "dropped", reference)
+    # a file refused before its ingest begins (a name that cannot be one) gets the reason on the form
+    fill_new_session(page, shared_server.url, "dropped\u0007", reference)
     page.get_by_role("button", name="Upload and ingest").click()
-    page.locator("form.new-session .status", has_text="exists already").wait_for()
+    page.locator("form.new-session .status", has_text="printable characters").wait_for()
     assert page.locator(".dropzone progress").evaluate("p => p.value === p.max")
     # a file only its ingest finds corrupt: the session page names it with the reason, next to its run
     bad = tmp_path / "weights.pth"

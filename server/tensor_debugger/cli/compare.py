@@ -19,7 +19,13 @@ from tensor_debugger.cli.compare_output import (
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.cli.warm import find_server
 from tensor_debugger.compare.pipeline import compare_runs, free_name
-from tensor_debugger.compare.planning.requests import EXIT_PASS, EXIT_UNUSABLE, CompareRequest, unread_files
+from tensor_debugger.compare.planning.requests import (
+    EXIT_PASS,
+    EXIT_UNUSABLE,
+    CompareRequest,
+    unread_files,
+    wanted_name,
+)
 from tensor_debugger.compare.reports.contract import contract_json
 from tensor_debugger.compare.reports.formatting import format_cosine
 from tensor_debugger.compare.reports.pair_reports import session_pairs
@@ -47,7 +53,7 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool) -> i
         )
     finally:
         line.close()
-    return show_compare(outcome, as_json, None if running is not None else settings.data_dir)
+    return show_compare(outcome, as_json, None if running is not None else settings.data_dir, wanted_name(request))
 
 
 def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
@@ -56,7 +62,10 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     too many pairs."""
     from tensor_debugger.compare.planning.explore import plan_explore
 
-    session_name = free_name(services.sessions, name or f"explore {path.name}")
+    wanted = name or f"explore {path.name}"
+    session_name = free_name(services.sessions, wanted)
+    if session_name != wanted and not as_json:
+        print(f"a session named {wanted!r} exists already: this one is {session_name!r}")
     bar = ProgressBar(f"ingest {path.name}")
     try:
         result = services.ingestor.ingest(
@@ -110,6 +119,6 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
     print_not_compared(payload)  # pairs that errored or are incomparable: neither equal nor not
     print_problems(problems)
-    print_incomplete(problems)
+    print_incomplete(problems, culprits=False)  # every tensor against every other: no culprit
     print_where(url, services.settings.data_dir)
     return done

@@ -120,14 +120,18 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
     )
 
 
-def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None = None) -> int:
+def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None = None, wanted: str = "") -> int:
     """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code.
-    `data_dir`: where the session is stored when no server serves it (the compare ran in this process)."""
+    `data_dir`: where the session is stored when no server serves it (the compare ran in this process); `wanted`:
+    the session name asked for, said beside the one given where that was taken ("name (2)")."""
     if outcome.error is not None:
         print_unusable(outcome.error, outcome.payload["problems"], as_json, outcome.payload)
     elif as_json:
         print(json.dumps(outcome.payload))
     else:
+        name = outcome.payload["session"]["name"]
+        if wanted and name != wanted:
+            print(f"a session named {wanted!r} exists already: this one is {name!r}")
         print_table(outcome.payload, data_dir)
     return outcome.exit_code
 
@@ -301,14 +305,15 @@ def print_problems(problems: list[dict[str, Any]]) -> None:
             print(f"problem: {problem['file']}: {problem['reason']}")
 
 
-def print_incomplete(problems: list[dict[str, Any]]) -> None:
-    """The last word where input files could not be read: their tensors are not in the comparison (exit 2)."""
+def print_incomplete(problems: list[dict[str, Any]], culprits: bool = True) -> None:
+    """The last word where input files could not be read: their tensors are not in the comparison (exit 2).
+    `culprits`: whether the comparison names any (`explore` does not)."""
     lost = unread_files(problems)
     if lost:
         files = "1 input file" if len(lost) == 1 else f"{len(lost)} input files"
         print(
             f"INCOMPLETE: {files} could not be read (see problem above): their tensors are missing from this "
-            "comparison, and a culprit next to them may be wrong"
+            + ("comparison, and a culprit next to them may be wrong" if culprits else "comparison")
         )
 
 

@@ -24,6 +24,8 @@ import json
 import os
 import signal
 import sys
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,14 +33,24 @@ from typing import TYPE_CHECKING, Any
 
 from tensor_debugger import __version__
 from tensor_debugger.cli.progress_bar import ProgressBar
-from tensor_debugger.errors import StoreUnavailableError, TensorDebuggerError
+from tensor_debugger.errors import (
+    DatabaseSettingError,
+    DatabaseUnavailableError,
+    StoreUnavailableError,
+    TensorDebuggerError,
+)
 from tensor_debugger.settings import Settings, setting_docs
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+# what keeps a command from opening the data dir's database and store: said in one line, exit 2
+UNOPENED = (StoreUnavailableError, DatabaseSettingError, DatabaseUnavailableError)
+READ_ONLY = ("sessions", "compare-sessions")  # commands that only read the data dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -240,13 +252,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = warm(settings, args, request)
         if code is not None:
             return code
+    if args.command in READ_ONLY and _nothing_stored_yet(settings):  # a read creates no data dir or database
+        return _nothing_stored(settings, args)
     with _start_up_heap():
         from tensor_debugger.services import open_services
 
         try:
             # a command that only reads marks no new database and store as a pair (store/identity.py)
-            services = open_services(settings, writes=args.command not in ("sessions", "compare-sessions"))
-        except StoreUnavailableError as exc:  # a store that cannot be used, or not one pair with the database
+            services = open_services(settings, writes=args.command not in READ_ONLY)
+        except UNOPENED as exc:  # a database or store that cannot be used, or not one pair
             print(f"tensor-debugger: {exc}", file=sys.stderr)
             return EXIT_UNUSABLE
     try:
@@ -267,6 +281,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         return list_sessions(services, args.json)
     finally:
         services.close()
+
+
+def _nothing_stored_yet(settings: Settings) -> bool:
+    """Whether the data dir holds nothing yet: its metadata database is a SQLite file that does not exist, and its
+    array store the data dir's folder, which does not either. Anything else (a server's database, a store elsewhere
+    that may be another database's) is opened and checked as a pair."""
+    default_store = (settings.data_dir / "arrays").as_uri()
+    if not settings.database_url.startswith("sqlite:///") or settings.store_url != default_store:
+        return False
+    database = Path(settings.database_url.removeprefix("sqlite:///").split("?", 1)[0])
+    return not database.exists() and not (settings.data_dir / "arrays").exists()
+
+
+def _nothing_stored(settings: Settings, args: argparse.Namespace) -> int:
+    """What a read command says of a data dir that has no database yet, creating none."""
+    if args.command == "sessions":
+        from tensor_debugger.cli.session_list import print_sessions
+
+        print_sessions([], args.json, str(settings.data_dir))
+        return EXIT_OK
+    missing = f"no session with id or name {args.s1!r}: {settings.data_dir} has no sessions yet"
+    if args.json:
+        print(json.dumps({"error": missing}))
+    else:
+        print(f"tensor-debugger: {missing}", file=sys.stderr)
+    return EXIT_UNUSABLE
 
 
 def _one_blas_thread() -> None:
@@ -332,14 +372,13 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
 
     try:  # a store that cannot be used, or is not the database's, is said here, not in a traceback at start-up
         check_pair(settings)
-    except StoreUnavailableError as exc:
+    except UNOPENED as exc:
         print(f"tensor-debugger: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     import uvicorn
 
     from tensor_debugger.web.app import create_app
 
-    print(f"Tensor Debugger on {settings.base_url}  (data in {settings.data_dir})", flush=True)
     app = create_app(settings)
     # A long-lived server: what is loaded at start-up never needs collecting, and pages of thousands of pairs
     # allocate many short-lived objects; fewer, younger collections keep their render times steady.
@@ -347,22 +386,36 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
     gc.freeze()
     gc.set_threshold(50_000, 20, 20)
     # uvicorn shuts down gracefully on SIGTERM, then raises it again with the handler it found: with this one the
-    # process then exits as Python does (exit status 143), running what registered to run at exit (multiprocessing
-    # unlinks the ingest children's semaphores, which killed by the signal it leaked: "19 leaked semaphore objects")
+    # process then exits 0 (a stop asked for, done: `make run` reports no error), running what registered to run
+    # at exit (multiprocessing unlinks the ingest children's semaphores, which killed by the signal it leaked:
+    # "19 leaked semaphore objects")
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    uvicorn.run(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        proxy_headers=bool(settings.trusted_proxies),  # none by default: uvicorn's own default trusts loopback
-        forwarded_allow_ips=settings.trusted_proxies,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=settings.host,
+            port=settings.port,
+            log_level="warning",
+            proxy_headers=bool(settings.trusted_proxies),  # none by default: uvicorn's own default trusts loopback
+            forwarded_allow_ips=settings.trusted_proxies,
+        )
     )
+    # the address once it answers: start-up (a new data dir's demo session) takes seconds before it listens
+    threading.Thread(target=_say_when_started, args=(server, settings), name="say-address", daemon=True).start()
+    server.run()
     return EXIT_OK
 
 
+def _say_when_started(server: uvicorn.Server, settings: Settings) -> None:
+    while not server.started:
+        if server.should_exit:
+            return
+        time.sleep(0.05)
+    print(f"Tensor Debugger on {settings.base_url}  (data in {settings.data_dir})", flush=True)
+
+
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+    raise SystemExit(EXIT_OK)
 
 
 def warm(settings: Settings, args: argparse.Namespace, request: CompareRequest | None) -> int | None:
@@ -416,7 +469,7 @@ def show_ingest(outcome: CompareOutcome, as_json: bool) -> int:
 def list_sessions(services: Services, as_json: bool) -> int:
     from tensor_debugger.cli.session_list import print_sessions
 
-    print_sessions(_session_list(services), as_json)
+    print_sessions(_session_list(services), as_json, str(services.settings.data_dir))
     return EXIT_OK
 
 

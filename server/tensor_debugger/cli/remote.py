@@ -4,6 +4,7 @@ with its token (`--token`, else TENSOR_DEBUGGER_TOKEN)."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -37,6 +38,19 @@ def files_to_send(paths: list[Path]) -> list[Path]:
     return files
 
 
+def failure(server: str, exc: Exception) -> str:
+    """What went wrong talking to `server`, naming it where the server was not reached (httpx says only
+    "[Errno 111] Connection refused"); a server's own refusal (RuntimeError) as it said it."""
+    if isinstance(exc, httpx.TimeoutException):
+        return f"could not reach the server at {server}: it did not answer in time"
+    if isinstance(exc, httpx.TransportError):
+        reason = re.sub(r"^\[Errno -?\d+\] ", "", str(exc).strip()) or type(exc).__name__
+        return f"could not reach the server at {server}: {reason[:1].lower()}{reason[1:]}"
+    if isinstance(exc, httpx.HTTPError):
+        return f"the server at {server}: {exc}"
+    return str(exc)
+
+
 def remote_ingest(server: str, token: str | None, session: str, run: str, paths: list[Path], as_json: bool) -> int:
     try:
         files = files_to_send(paths)
@@ -46,7 +60,7 @@ def remote_ingest(server: str, token: str | None, session: str, run: str, paths:
     try:
         session_id, run_id = upload_files(server, session, run, files, token)
     except (RuntimeError, httpx.HTTPError) as exc:
-        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        print(f"tensor-debugger: {failure(server, exc)}", file=sys.stderr)
         return EXIT_FAILED
     payload = {"session": {"id": session_id, "name": session}, "run": {"id": run_id, "label": run}, "server": server}
     if as_json:
@@ -61,7 +75,7 @@ def remote_sessions(server: str, token: str | None, as_json: bool) -> int:
     try:
         listed = server_sessions(server, token)
     except (RuntimeError, httpx.HTTPError) as exc:
-        print(f"tensor-debugger: {exc}", file=sys.stderr)
+        print(f"tensor-debugger: {failure(server, exc)}", file=sys.stderr)
         return EXIT_FAILED
     data = [
         {
@@ -75,5 +89,5 @@ def remote_sessions(server: str, token: str | None, as_json: bool) -> int:
         }
         for s in listed
     ]
-    print_sessions(data, as_json)
+    print_sessions(data, as_json, server)
     return EXIT_OK

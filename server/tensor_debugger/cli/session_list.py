@@ -6,12 +6,13 @@ import json
 from typing import Any
 
 
-def print_sessions(data: list[dict[str, Any]], as_json: bool) -> None:
+def print_sessions(data: list[dict[str, Any]], as_json: bool, where: str = "") -> None:
+    """`where`: the data dir or server listed, named where it has none."""
     if as_json:
         print(json.dumps(data))
         return
     if not data:
-        print("no sessions")
+        print(f"no sessions yet{f' in {where}' if where else ''}")
     for s in data:
         runs = ", ".join(
             f"{r['label']} ({r['tensors']} tensor{'' if r['tensors'] == 1 else 's'}"

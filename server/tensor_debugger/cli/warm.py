@@ -16,7 +16,7 @@ from typing import Any
 
 from tensor_debugger.cli.compare_output import show_compare
 from tensor_debugger.cli.progress_bar import StatusLine
-from tensor_debugger.compare.planning.requests import EXIT_UNUSABLE, CompareOutcome, CompareRequest
+from tensor_debugger.compare.planning.requests import EXIT_UNUSABLE, CompareOutcome, CompareRequest, wanted_name
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.address import TOKEN_HEADER, ServerAddress, process_alive, read_address
 
@@ -68,7 +68,7 @@ def remote_compare(address: ServerAddress, request: CompareRequest, as_json: boo
     if outcome is None:
         print(f"tensor-debugger: the server at {address.url} stopped answering while comparing", file=sys.stderr)
         return EXIT_UNUSABLE
-    return show_compare(outcome, as_json)
+    return show_compare(outcome, as_json, wanted=wanted_name(request))
 
 
 def remote_ingest(address: ServerAddress, session: str, run: str, paths: list[Path]) -> CompareOutcome | None:

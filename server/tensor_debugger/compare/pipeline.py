@@ -37,6 +37,7 @@ from tensor_debugger.compare.planning.requests import (
     StepProgress,
     unread_files,
     unusable_json,
+    wanted_name,
 )
 from tensor_debugger.compare.reports.contract import contract_json
 from tensor_debugger.compare.reports.coverage import SessionVerdict
@@ -47,19 +48,14 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, archive_limits
 from tensor_debugger.ingest.stored import NotesOf
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
+from tensor_debugger.store.models import PairRecord, RunRecord
 from tensor_debugger.store.reports import problem_json
 
 
 def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
+    """`wanted`, or `wanted (2)` where a session has that name, as the API names a new session (catalog)."""
     with sessions() as db:
-        taken = set(db.scalars(select(SessionRecord.name)))
-    if wanted not in taken:
-        return wanted
-    n = 2
-    while f"{wanted} ({n})" in taken:
-        n += 1
-    return f"{wanted} ({n})"
+        return catalog.free_name(db, wanted)
 
 
 def run_labels(shown: list[str]) -> list[str]:
@@ -251,8 +247,7 @@ def compare_runs(
         shown = request.pairing_shown
         return _unusable(f"pairing file {shown}: {exc}" if shown else str(exc), [])
     typed_inputs = [request.a_shown, *(typed for _, typed in request.candidates)]
-    names = [Path(typed).name for typed in typed_inputs]
-    session_name = free_name(sessions, request.name or f"{names[0]} vs {', '.join(names[1:])}")
+    session_name = free_name(sessions, wanted_name(request))
     paths = [request.a, *(path for path, _ in request.candidates)]
     roles: list[str | None] = [None] * len(paths)
     if request.noise is not None:  # the rerun right after the reference: each candidate's pairs find their floor

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 
 from sqlalchemy import func, select
 
@@ -16,8 +17,9 @@ DEMO_LAYERS = 4
 _MARKER = ".demo-created"
 
 
-def ensure_demo_session(services: Services) -> bool:
-    """Create the demo session unless this data directory ever had one or holds sessions already."""
+def ensure_demo_session(services: Services, building: Callable[[], None] = lambda: None) -> bool:
+    """Create the demo session unless this data directory ever had one or holds sessions already; `building` is
+    called first when it is created (seconds of work: the server says so before it answers)."""
     marker = services.settings.data_dir / _MARKER
     if marker.exists():
         return False
@@ -27,6 +29,8 @@ def ensure_demo_session(services: Services) -> bool:
             return False
     # imported only now: writing the dumps needs torch (about a second to import), which a restart does not
     from tensor_debugger.demo.synthetic import Plant, write_dump
+
+    building()
 
     folder = new_folder(services.settings.staging_dir, "demo")
     try:

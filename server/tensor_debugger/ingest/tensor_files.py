@@ -354,16 +354,22 @@ def _code_refusal(message: str) -> str | None:
 
 
 def _unreadable_pth(path: Path, span: Span | None, exc: BaseException) -> str:
-    """Why a .pth file could not be read, in words a user can act on, from its first bytes; then the reader's own
-    error, for the record."""
+    """Why a .pth file could not be read, in words a user can act on, from its first bytes; then, where those do
+    not say it all, the reader's own error, for the record (for an empty or truncated file, one reason: the
+    reader's words there, "[Errno 22] Invalid argument" or a miniz error, add nothing a user could act on)."""
     size = span.size if span is not None else path.stat().st_size
     head = _head(path, span)
     if size == 0:
-        why = "empty (0 bytes)"
-    elif head.startswith(b"PK") and _zip_directory_reads(path, span):  # what it holds is wrong, not its directory
+        return "not a readable PyTorch file: empty (0 bytes)"
+    if head.startswith(b"PK") and _zip_directory_reads(path, span):  # what it holds is wrong, not its directory
         why = "a zip archive (torch.save's format) whose contents are damaged or inconsistent"
-    elif head.startswith(b"PK"):  # a zip archive, torch.save's format since PyTorch 1.6
-        why = f"truncated or damaged: a zip archive of {size} bytes whose directory cannot be read (copied whole?)"
+    elif head.startswith(b"PK") and not isinstance(exc, pickle.UnpicklingError):  # torch.save's format since 1.6
+        return (
+            f"not a readable PyTorch file: truncated or damaged: a zip archive of {size} bytes whose directory "
+            "cannot be read (was it copied whole?)"
+        )
+    elif head.startswith(b"PK"):
+        why = f"a zip archive of {size} bytes"
     elif head[:1] == b"\x80":  # a pickle: the legacy format, or one torch.save did not write
         why = "a pickle torch.save did not write, or a damaged legacy-format file"
     else:

@@ -28,7 +28,7 @@ def upload_run(server: str, session: str, run: str, folder: Path, token: str | N
 
 
 def upload_files(
-    server: str, session: str, run: str, paths: Sequence[Path], token: str | None = None
+    server: str, session: str, run: str, paths: Sequence[Path], token: str | None = None, tries: int = 2
 ) -> tuple[int, int]:
     """Upload `paths` (tensor files and archives) as run `run` of session `session` (created when no session has
     that name); returns (session id, run id). Raises RuntimeError with the server's reasons when it refuses."""
@@ -44,6 +44,11 @@ def upload_files(
                 response = client.post(f"/api/sessions/{existing['id']}/runs", params={"label": run}, files=files)
         _check(response, server)
         body = response.json()
+        if existing is None and body["session"]["name"] != session and tries > 1:
+            # another client created `session` between the look-up and this upload, and the server named this one
+            # "session (2)": the run belongs in the session of that name, so it goes there instead
+            _check(client.delete(f"/api/sessions/{body['session']['id']}"), server)
+            return upload_files(server, session, run, paths, token, tries - 1)
     return _ids(body, existing)
 
 

@@ -147,13 +147,27 @@ def get_session(db: DbSession, session_id: int) -> SessionRecord:
     return session
 
 
+def free_name(db: DbSession, wanted: str) -> str:
+    """`wanted`, or where a session has that name, `wanted (2)` (the first number free): what a new session is
+    named, from the command line (`compare`, `explore`) and the API alike."""
+    taken = set(db.scalars(select(SessionRecord.name).where(SessionRecord.name.startswith(wanted, autoescape=True))))
+    if wanted not in taken:
+        return wanted
+    n = 2
+    while f"{wanted} ({n})" in taken:
+        n += 1
+    return f"{wanted} ({n})"
+
+
 def create_session(db: DbSession, name: str, notes: str = "") -> SessionRecord:
-    name = parse_label(name, "session name")
-    if db.scalar(select(SessionRecord.id).where(SessionRecord.name == name)) is not None:
-        raise ConflictError(f"a session named {name!r} exists already")
+    """A new session named `name`, or `name (2)` where that is taken (`free_name`): the record says which."""
+    name = free_name(db, parse_label(name, "session name"))
     session = SessionRecord(name=name, notes=parse_notes(notes))
     db.add(session)
-    db.flush()
+    try:
+        db.flush()
+    except IntegrityError:  # another request took the name at the same moment
+        raise ConflictError(f"a session named {name!r} was created at the same time: try again") from None
     return session
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import fcntl
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,7 +35,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.errors import DatabaseUnavailableError, is_disk_full
+from tensor_debugger.errors import DatabaseSettingError, DatabaseUnavailableError, is_disk_full
 from tensor_debugger.resources import resource_dir
 
 if TYPE_CHECKING:
@@ -223,8 +224,27 @@ def shown_url(url: str) -> str:
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "(not a database URL)"
+    except (ArgumentError, ValueError):  # as given, but for what looks like a password: user:password@
+        return re.sub(r"(://[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def database_setting_problem(exc: BaseException, url: str) -> DatabaseSettingError | None:
+    """What to say when creating an engine for `url` raised `exc` because the URL cannot be used: not a SQLAlchemy
+    URL (a port not a number: ValueError), a database SQLAlchemy has no dialect for, a driver that is not installed.
+    None for anything else."""
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    shown = shown_url(url)
+    if isinstance(exc, NoSuchModuleError):
+        scheme = url.split("://", 1)[0]
+        cause = f"no database driver for {scheme!r} (sqlite, postgresql or postgresql+psycopg)"
+    elif isinstance(exc, ArgumentError | ValueError):
+        cause = "not a database URL (dialect+driver://user:password@host:port/database)"
+    elif isinstance(exc, ImportError):
+        cause = f"its driver is not installed ({exc})"
+    else:
+        return None
+    return DatabaseSettingError(f"cannot use the database {shown!r} (TENSOR_DEBUGGER_DATABASE_URL): {cause}")
 
 
 def database_outage(exc: BaseException, url: str) -> DatabaseUnavailableError | None:

@@ -78,7 +78,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             # only here: the demo's generator imports torch (about a second), which a server without it never needs
             from tensor_debugger.demo.session import ensure_demo_session
 
-            ensure_demo_session(opened)
+            ensure_demo_session(opened, building=lambda: print("building the demo session...", flush=True))
         worker.start()  # picks up pending pairs, those of a computation killed last time included
         opened.take_over_uploads()  # accepted uploads whose ingest a killed process left, from their staged files
         address = app.state.address = ServerAddress.drawn(settings.host, settings.port)

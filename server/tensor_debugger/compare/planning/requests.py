@@ -116,3 +116,9 @@ def unread_files(problems: Sequence[dict[str, Any]]) -> list[str]:
     """The files of `problems` (as store/reports.py's `problem_json` gives them) that could not be read: their
     tensors are missing, so a comparison of their run is incomplete. Not those that held no tensor (`ignored`)."""
     return [p["file"] for p in problems if not p["ignored"]]
+
+
+def wanted_name(request: CompareRequest) -> str:
+    """The session name a compare asks for: `--name`, else "A vs B"; `free_name` makes it "A vs B (2)" where taken."""
+    names = [Path(typed).name for typed in [request.a_shown, *(typed for _, typed in request.candidates)]]
+    return request.name or f"{names[0]} vs {', '.join(names[1:])}"

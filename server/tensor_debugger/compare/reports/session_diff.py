@@ -2,7 +2,8 @@
 (and by candidate label where a session has several candidates), each with its error in both and the change.
 
 The error is a pair's max |diff|. A pair is "fixed" (failed in A, passes in B), "broken" (passed, fails), "better"
-or "worse" (same verdict, error lower or higher by more than `CHANGE`, a factor), "same", or only in one session.
+or "worse" (same verdict, error lower or higher by more than `CHANGE`, a factor), "same", only in one session,
+"pending" (not compared yet in either: nothing is said of it until it is) or "not compared" (could not be).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Change(StrEnum):
     ONLY_A = "only in A"
     ONLY_B = "only in B"
     NOT_COMPARED = "not compared"  # errored or incomparable on either side: nothing can be said of it
+    PENDING = "pending"  # not compared yet on either side: a server on the data dir compares it
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,12 @@ class SessionDiff:
     @property
     def pending(self) -> bool:
         """Whether either session has pairs not compared yet, or not comparable (what changed cannot all be said)."""
-        return self.a.pending > 0 or self.b.pending > 0 or self.counts[Change.NOT_COMPARED] > 0
+        return (
+            self.a.pending > 0
+            or self.b.pending > 0
+            or self.counts[Change.NOT_COMPARED] > 0
+            or self.counts[Change.PENDING] > 0
+        )
 
 
 def _keyed(report: SessionPairs) -> dict[str, PairReport]:
@@ -97,6 +104,8 @@ def _change(a: PairReport | None, b: PairReport | None, error_a: float | None, e
         return Change.ONLY_A
     if {a.status, b.status} & {"error", "incomparable"}:
         return Change.NOT_COMPARED
+    if "pending" in {a.status, b.status}:
+        return Change.PENDING
     if a.status == "fail" and b.status == "pass":
         return Change.FIXED
     if a.status == "pass" and b.status == "fail":

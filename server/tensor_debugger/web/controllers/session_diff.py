@@ -29,7 +29,8 @@ class SessionDiffController(Controller):
     def compare_sessions(self, services: Services, a: int, b: int) -> SessionDiff:
         """Pairs of session `a` and session `b` matched by name (by candidate label too where a session has
         several candidates): each one's verdict and max |diff| in both, B / A, and the change ("fixed",
-        "broken", "better", "worse", "same", "only in A", "only in B"), with how many of each."""
+        "broken", "better", "worse", "same", "only in A", "only in B", "not compared", "pending": not compared yet),
+        with how many of each."""
         return checked_diff(services, a, b)
 
     @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like the page controllers'

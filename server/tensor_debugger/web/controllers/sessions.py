@@ -183,7 +183,11 @@ class SessionController(Controller):
         operation_class=CreateSessionOperation,
         description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
         "whose field name is their run's label (the first run "
-        "is the reference; with `?explore=true`, one run explored). " + WAIT_NOTE + " " + UPLOAD_LIMIT_NOTE,
+        "is the reference; with `?explore=true`, one run explored). A name a session has already gets ' (2)' "
+        "(the first number free), as the command line's `compare` does: the response's `name` is the session's. "
+        + WAIT_NOTE
+        + " "
+        + UPLOAD_LIMIT_NOTE,
     )
     async def create_session(
         self,
