@@ -31,6 +31,7 @@ from urllib.parse import quote
 
 import anyio.to_thread
 from litestar.enums import ScopeType
+from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from tensor_debugger.errors import TooManyWrongTokens
@@ -176,18 +177,17 @@ def _is_open(path: str) -> bool:
     return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
-class AuthMiddleware:
-    """Finds each request's access and refuses what it may not do (inside SecurityMiddleware, which checks Host,
-    Origin and form tokens first and adds the security headers to these refusals too)."""
+class AuthMiddleware(ASGIMiddleware):
+    """Finds each request's access and refuses what it may not do (the app's middleware after SecurityMiddleware,
+    which checks Host, Origin and form tokens first; the app's `before_send` hook adds the security headers to
+    these refusals too)."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
-        self.app = app
+    scopes = (ScopeType.HTTP,)
+
+    def __init__(self, authenticator: Authenticator) -> None:
         self.authenticator = authenticator
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         headers = request_headers(scope)
         path = scope.get("path", "")
         method = str(scope.get("method", "GET")).upper()
@@ -210,7 +210,7 @@ class AuthMiddleware:
             access = await anyio.to_thread.run_sync(self.authenticator.access_for_cookie, cookie) if cookie else None
         scope[ACCESS_KEY] = access  # type: ignore[literal-required]
         if _is_open(path):
-            await self.app(scope, receive, send)
+            await next_app(scope, receive, send)
             return
         if access is None:
             if method in ("GET", "HEAD") and not is_api(path) and "text/html" in headers.get("accept", ""):
@@ -223,7 +223,7 @@ class AuthMiddleware:
         if access is Access.READ and method in UNSAFE_METHODS:
             await send_refusal(send, headers, 403, "a read-only token may look at everything and change nothing")
             return
-        await self.app(scope, receive, send)
+        await next_app(scope, receive, send)
 
 
 def client_address(scope: Scope) -> str:
