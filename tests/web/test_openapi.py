@@ -24,7 +24,26 @@ def _resolve(schema: dict[str, Any], document: dict[str, Any]) -> dict[str, Any]
     return schema
 
 
+def _says_nothing(schema: dict[str, Any], document: dict[str, Any]) -> bool:
+    """Whether a schema leaves its value untyped: missing, `{}`, an object of any keys (`additionalProperties: {}`,
+    what a `dict[str, Any]` return makes), an array of such, or a union with such a member."""
+    schema = _resolve(schema, document)
+    if not schema or set(schema) <= {"description", "title"}:
+        return True
+    for key in ("oneOf", "anyOf", "allOf"):
+        if key in schema:
+            return any(_says_nothing(member, document) for member in schema[key])
+    if schema.get("type") == "array":
+        return _says_nothing(schema.get("items") or {}, document)
+    if schema.get("type") == "object" and not schema.get("properties"):
+        values = schema.get("additionalProperties")
+        return not isinstance(values, dict) or _says_nothing(values, document)
+    return False
+
+
 def undocumented_json_responses(document: dict[str, Any]) -> list[str]:
+    """Every 2xx answer of an /api/ path that says nothing of its body: no content where there is one (all but
+    204), or JSON whose schema leaves it untyped."""
     missing = []
     for path, item in document["paths"].items():
         if not path.startswith("/api/"):
@@ -36,10 +55,11 @@ def undocumented_json_responses(document: dict[str, Any]) -> list[str]:
                 if not str(status).startswith("2"):
                     continue
                 content = response.get("content") or {}
+                if not content and str(status) != "204":
+                    missing.append(f"{method.upper()} {path} {status}: no content")
                 if "application/json" not in content:
                     continue
-                schema = _resolve(content["application/json"].get("schema") or {}, document)
-                if not schema or set(schema) <= {"description", "title"}:
+                if _says_nothing(content["application/json"].get("schema") or {}, document):
                     missing.append(f"{method.upper()} {path} {status}")
     return missing
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 from jinja2 import pass_context
 from jinja2.runtime import Context
 from litestar import Litestar
-from litestar.contrib.jinja import JinjaTemplateEngine
+from litestar.datastructures import State
 from litestar.di import Provide
 from litestar.exceptions import HTTPException
+from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.static_files import create_static_files_router
 from litestar.template import TemplateConfig
 from sqlalchemy.exc import DBAPIError
@@ -41,7 +44,7 @@ from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
 from tensor_debugger.web.refusals import database_error, error_response, http_error, known_ids, options_answer
-from tensor_debugger.web.security import SecurityPolicy, install
+from tensor_debugger.web.security import SecurityMiddleware, SecurityPolicy, add_security_headers
 from tensor_debugger.web.views.run_view import run_title
 
 
@@ -58,49 +61,52 @@ def static_hashes() -> dict[str, str]:
 def create_app(settings: Settings, services: Services | None = None) -> Litestar:
     """The app for `settings`. On start-up it migrates the database, recovers from killed ingests and, on a
     new data directory, creates the demo session; then it says where it answers (`address.py`), until it stops."""
-    holder: dict[str, Services] = {}
     hashes = static_hashes()
     policy = SecurityPolicy.from_settings(settings)
     # None: no token, every request may do everything; requests come once started, with the services opened
-    authenticator = Authenticator.from_settings(settings, lambda: holder["services"].sign_outs)
+    authenticator = Authenticator.from_settings(settings, lambda: app.state.services.sign_outs)
 
     def static_url(name: str) -> str:
         return f"/static/{name}?h={hashes.get(name, '0')}"
 
-    def startup(app: Litestar) -> None:
-        opened = holder["services"] = services or open_services(settings)
-        worker = app.state.worker = opened.worker
-        with opened.sessions() as db:
-            unplanned = sessions_needing_plan(db)
-        for session_id in unplanned:  # runs ingested from the command line while no server ran
-            plan_session(opened.context, session_id)
-        if settings.demo:
-            # only here: the demo's generator imports torch (about a second), which a server without it never needs
-            from tensor_debugger.demo.session import ensure_demo_session
+    @asynccontextmanager
+    async def lifespan(app: Litestar) -> AsyncIterator[None]:
+        """Start the services, recover, start the worker, take over killed uploads, say where the server answers,
+        start the sweeper; on the way out (or where a step failed) stop what started, in the order below."""
+        opened = app.state.services = services or open_services(settings)
+        worker = opened.worker
+        address: ServerAddress | None = None
+        sweeper: Sweeper | None = None
+        try:
+            with opened.sessions() as db:
+                unplanned = sessions_needing_plan(db)
+            for session_id in unplanned:  # runs ingested from the command line while no server ran
+                plan_session(opened.context, session_id)
+            if settings.demo:
+                # only here: the demo's generator imports torch (about a second), which a server without it never
+                # needs
+                from tensor_debugger.demo.session import ensure_demo_session
 
-            ensure_demo_session(opened, building=lambda: print("building the demo session...", flush=True))
-        worker.start()  # picks up pending pairs, those of a computation killed last time included
-        opened.take_over_uploads()  # accepted uploads whose ingest a killed process left, from their staged files
-        address = app.state.address = ServerAddress.drawn(settings.host, settings.port)
-        write_address(settings.data_dir, address, settings.address_file)
-        sweeper = app.state.sweeper = Sweeper(opened.sweep, settings.staging_sweep_seconds)
-        sweeper.start()
-
-    def shutdown(app: Litestar) -> None:
-        address = getattr(app.state, "address", None)
-        if address is not None:
-            remove_address(settings.data_dir, address, settings.address_file)
-        worker = getattr(app.state, "worker", None)
-        if worker is not None:
+                ensure_demo_session(opened, building=lambda: print("building the demo session...", flush=True))
+            worker.start()  # picks up pending pairs, those of a computation killed last time included
+            opened.take_over_uploads()  # accepted uploads whose ingest a killed process left, from their staged files
+            address = app.state.address = ServerAddress.drawn(settings.host, settings.port)
+            write_address(settings.data_dir, address, settings.address_file)
+            sweeper = Sweeper(opened.sweep, settings.staging_sweep_seconds)
+            sweeper.start()
+            yield
+        finally:
+            if address is not None:
+                remove_address(settings.data_dir, address, settings.address_file)
             worker.stop()
-        sweeper = getattr(app.state, "sweeper", None)
-        if sweeper is not None:
-            sweeper.stop()
-        if services is None and "services" in holder:
-            holder["services"].close()
+            if sweeper is not None:
+                sweeper.stop()
+            if services is None:
+                opened.close()
 
-    def provide_services() -> Services:
-        return holder["services"]
+    def provide_services(state: State) -> Services:
+        services_opened: Services = state.services
+        return services_opened
 
     def configure_jinja(engine: JinjaTemplateEngine) -> None:
         env = engine.engine
@@ -137,8 +143,13 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             "services": Provide(provide_services, sync_to_thread=False),
             "authenticator": Provide(lambda: authenticator, sync_to_thread=False),
         },
-        on_startup=[startup],
-        on_shutdown=[shutdown],
+        lifespan=[lifespan],
+        # Host, same-origin and form-token checks (web/security.py), then tokens and read-only access (web/auth.py)
+        middleware=[
+            SecurityMiddleware(policy),
+            *([AuthMiddleware(authenticator)] if authenticator is not None else []),
+        ],
+        before_send=[add_security_headers],  # on every response, those of the middlewares and 404s included
         exception_handlers={
             TensorDebuggerError: error_response,
             HTTPException: http_error,
@@ -154,9 +165,6 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         request_max_body_size=settings.max_upload_bytes,
         debug=False,
     )
-    if authenticator is not None:  # tokens and read-only access (web/auth.py), checked after what `install` checks
-        app.asgi_handler = AuthMiddleware(app.asgi_handler, authenticator)
-    install(app, policy)  # Host, same-origin and form-token checks; security headers on every response
     return app
 
 

@@ -6,10 +6,10 @@ show a token, one of two ways:
 - **Bearer.** `Authorization: Bearer <token>` (the API's clients: scripts, the CLI, `capture(server=...)`). A
   request without it, or with another token, is answered 401 with `WWW-Authenticate: Bearer`.
 - **Session cookie.** A browser signs in on `/login` with a token and gets a cookie (HttpOnly, SameSite=Strict,
-  Secure over https): `<access>.<expiry>.<nonce>.<mac>`, the MAC an HMAC-SHA256 keyed by a key derived from that
-  access's token. It holds no token; changing a token ends the sessions signed with it; signing out revokes one
-  in the database (store/sign_outs.py), so no replica, and no restart, takes it again. A browser without a valid
-  cookie asking for a page is sent to `/login`.
+  Secure over https): `<access>.<expiry>.<nonce>.<mac>`, signed by itsdangerous (`Signer`: an HMAC-SHA256 keyed by
+  a key derived from that access's token, compared in constant time). It holds no token; changing a token ends
+  the sessions signed with it; signing out revokes one in the database (store/sign_outs.py), so no replica, and no
+  restart, takes it again. A browser without a valid cookie asking for a page is sent to `/login`.
 
 Tokens are compared as SHA-256 digests with `hmac.compare_digest`, so the time taken says nothing of the token,
 its length included; a client address that presents too many wrong ones, or a wrong token presented too often,
@@ -30,7 +30,9 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 import anyio.to_thread
+from itsdangerous import BadSignature, Signer
 from litestar.enums import ScopeType
+from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from tensor_debugger.errors import TooManyWrongTokens
@@ -105,22 +107,21 @@ class Authenticator:
             self.limits.failed(key)
         return None
 
-    def _mac(self, access: Access, payload: str) -> str:
-        key = hmac.new(self.tokens[access].encode(), _COOKIE_KEY_LABEL, hashlib.sha256).digest()
-        return hmac.new(key, payload.encode(), hashlib.sha256).hexdigest()
+    def _signer(self, access: Access) -> Signer:
+        """Signs and checks the cookies of `access`, with a key derived from its token (HMAC of the label)."""
+        return Signer(self.tokens[access], salt=_COOKIE_KEY_LABEL, key_derivation="hmac", digest_method=hashlib.sha256)
 
     def issue(self, access: Access, now: float | None = None) -> str:
         """A new session cookie's value for `access`."""
         expires = int((time.time() if now is None else now) + SESSION_SECONDS)
-        payload = f"{access.value}.{expires}.{secrets.token_urlsafe(16)}"
-        return f"{payload}.{self._mac(access, payload)}"
+        return self._signer(access).sign(f"{access.value}.{expires}.{secrets.token_urlsafe(16)}").decode()
 
     def _parse(self, cookie: str, now: float) -> tuple[Access, str, float] | None:
         """(access, nonce, expiry) of a cookie this server signed that has not expired; None for any other."""
         parts = cookie.split(".")
         if len(parts) != 4:
             return None
-        kind, expires, nonce, mac = parts
+        kind, expires, nonce, _ = parts
         try:
             access = Access(kind)
             expiry = float(int(expires))
@@ -128,7 +129,9 @@ class Authenticator:
             return None
         if access not in self.tokens or expiry <= now:
             return None
-        if not hmac.compare_digest(mac.encode(), self._mac(access, f"{kind}.{expires}.{nonce}").encode()):
+        try:
+            self._signer(access).unsign(cookie)
+        except BadSignature:
             return None
         return access, nonce, expiry
 
@@ -176,18 +179,17 @@ def _is_open(path: str) -> bool:
     return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
-class AuthMiddleware:
-    """Finds each request's access and refuses what it may not do (inside SecurityMiddleware, which checks Host,
-    Origin and form tokens first and adds the security headers to these refusals too)."""
+class AuthMiddleware(ASGIMiddleware):
+    """Finds each request's access and refuses what it may not do (the app's middleware after SecurityMiddleware,
+    which checks Host, Origin and form tokens first; the app's `before_send` hook adds the security headers to
+    these refusals too)."""
 
-    def __init__(self, app: ASGIApp, authenticator: Authenticator) -> None:
-        self.app = app
+    scopes = (ScopeType.HTTP,)
+
+    def __init__(self, authenticator: Authenticator) -> None:
         self.authenticator = authenticator
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         headers = request_headers(scope)
         path = scope.get("path", "")
         method = str(scope.get("method", "GET")).upper()
@@ -210,7 +212,7 @@ class AuthMiddleware:
             access = await anyio.to_thread.run_sync(self.authenticator.access_for_cookie, cookie) if cookie else None
         scope[ACCESS_KEY] = access  # type: ignore[literal-required]
         if _is_open(path):
-            await self.app(scope, receive, send)
+            await next_app(scope, receive, send)
             return
         if access is None:
             if method in ("GET", "HEAD") and not is_api(path) and "text/html" in headers.get("accept", ""):
@@ -223,7 +225,7 @@ class AuthMiddleware:
         if access is Access.READ and method in UNSAFE_METHODS:
             await send_refusal(send, headers, 403, "a read-only token may look at everything and change nothing")
             return
-        await self.app(scope, receive, send)
+        await next_app(scope, receive, send)
 
 
 def client_address(scope: Scope) -> str:

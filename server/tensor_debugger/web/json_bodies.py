@@ -5,7 +5,7 @@ so that no body can make the parser recurse until it fails: a body nested too de
 from __future__ import annotations
 
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeAlias, TypeVar
 
 import msgspec
 from litestar import Request
@@ -22,8 +22,9 @@ _NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 
 T = TypeVar("T")
 
-# A handler's `data` that is a Struct with forbid_unknown_fields: the document says so too (Litestar does not).
-STRICT_BODY = Body(schema_extra={"additional_properties": False})
+# A handler's `data` that is a Struct with forbid_unknown_fields (`data: StrictBody[SomeStruct]`): the document says
+# so too (Litestar does not).
+StrictBody: TypeAlias = Annotated[T, Body(schema_extra={"additional_properties": False})]
 
 
 def check_json_depth(body: bytes, limit: int = MAX_JSON_DEPTH) -> None:

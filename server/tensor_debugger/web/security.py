@@ -1,6 +1,8 @@
 """What keeps a page on another site from using the server through the user's browser.
 
-One ASGI middleware, outermost in the app (`install`), does four things to every HTTP request:
+An ASGI middleware (`SecurityMiddleware`, the first of the app's `middleware`, so outside every other) checks
+every HTTP request a route answers, and a `before_send` hook (`add_security_headers`) sets the headers of every
+response, a 404 for a path no route has included:
 
 - **Host.** A request whose `Host` is not an allowed name is refused with 400: a page of another site that
   re-points its own name at 127.0.0.1 (DNS rebinding) gets nothing. Allowed: `localhost`, `127.0.0.1`, `[::1]`,
@@ -31,8 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, urlsplit
 
-from litestar import Litestar
 from litestar.enums import ScopeType
+from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Message, Receive, ReceiveMessage, Scope, Send
 
 from tensor_debugger.settings import ENV_PREFIX, Settings
@@ -255,31 +257,31 @@ def security_headers(path: str, response_headers: Iterable[tuple[bytes, bytes]])
     ]
 
 
-class SecurityMiddleware:
-    """The checks and headers above, around the whole app (every route, static files and errors included)."""
+def add_security_headers(message: Message, scope: Scope) -> None:
+    """The app's `before_send` hook: the security headers on every HTTP response, whatever answered it (a route, a
+    static file, an error, a refusal of the middlewares, a path no route has)."""
+    if message["type"] == "http.response.start":
+        message["headers"] = security_headers(scope.get("path", ""), message.get("headers", ()))
 
-    def __init__(self, app: ASGIApp, policy: SecurityPolicy) -> None:
-        self.app = app
+
+class SecurityMiddleware(ASGIMiddleware):
+    """The Host, Origin and form-token checks above, on every HTTP request that reaches a route (static files and
+    the schema included); one that a route refuses or that matches none changes nothing, and is answered 404 or
+    405."""
+
+    scopes = (ScopeType.HTTP,)
+
+    def __init__(self, policy: SecurityPolicy) -> None:
         self.policy = policy
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != ScopeType.HTTP:
-            await self.app(scope, receive, send)
-            return
-        path = scope.get("path", "")
-
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": security_headers(path, message.get("headers", ()))}
-            await send(message)
-
+    async def handle(self, scope: Scope, receive: Receive, send: Send, next_app: ASGIApp) -> None:
         headers = request_headers(scope)
         try:
             receive = await self._check(scope, headers, receive)
         except _Refused as refused:
-            await send_refusal(send_with_headers, headers, refused.status, refused.detail)
+            await send_refusal(send, headers, refused.status, refused.detail)
             return
-        await self.app(scope, receive, send_with_headers)
+        await next_app(scope, receive, send)
 
     async def _check(self, scope: Scope, headers: dict[str, str], receive: Receive) -> Receive:
         """The request's receive (replaying what was read of the body) if it may go on; raises _Refused if not."""
@@ -335,9 +337,3 @@ async def send_refusal(
 
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
-
-
-def install(app: Litestar, policy: SecurityPolicy) -> None:
-    """Wrap `app` in the middleware, outermost (inside only the lifespan and the before-send hooks), so that no
-    route, static file or error response escapes it."""
-    app.asgi_handler = SecurityMiddleware(app.asgi_handler, policy)

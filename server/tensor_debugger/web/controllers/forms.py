@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from litestar.enums import RequestEncodingType
-from litestar.params import Body
+from typing import TypeAlias
+
+from litestar.params import URLEncodedBody
 
 from tensor_debugger.errors import InvalidInputError
 
 FormData = dict[str, str]
-
-FORM = Body(media_type=RequestEncodingType.URL_ENCODED)  # a plain HTML form's fields
+Form: TypeAlias = URLEncodedBody[FormData]  # a handler's `data: Form`: a plain HTML form's fields
 
 
 def optional_float(text: str | None, name: str) -> float | None:

@@ -8,6 +8,7 @@ import logging
 from dataclasses import dataclass
 
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
@@ -61,7 +62,7 @@ class HealthController(Controller):
         sync_to_thread=True,
         responses={503: ResponseSpec(HealthReport, description="the database or the array store did not answer")},
     )
-    def health(self, services: Services) -> Response[HealthReport]:
+    def health(self, services: NamedDependency[Services]) -> Response[HealthReport]:
         """Whether this server can work: the database and the array store each "ok" or "did not answer"."""
         report = check_health(services)
         if report.healthy:

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from litestar import Controller, Request, get, post
+from litestar.di import NamedDependency
 from litestar.exceptions import PermissionDeniedException
+from litestar.params import JSONBody
 from litestar.response import Stream
 
 from tensor_debugger.compare.pipeline import compare_runs, ingest_run
@@ -41,14 +43,16 @@ class LocalController(Controller):
     include_in_schema = False
 
     @get("/", sync_to_thread=False)
-    def probe(self, request: Request[Any, Any, Any], services: Services) -> dict[str, Any]:
+    def probe(self, request: Request[Any, Any, Any], services: NamedDependency[Services]) -> dict[str, Any]:
         """Who answers: the command line checks that this server is the one of its data dir."""
         address = check_token(request)
         settings = services.settings
         return {"pid": address.pid, "database_url": settings.database_url, "store_url": settings.store_url}
 
     @post("/compare", sync_to_thread=False)
-    def compare(self, request: Request[Any, Any, Any], services: Services, data: dict[str, Any]) -> Stream:
+    def compare(
+        self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[dict[str, Any]]
+    ) -> Stream:
         """`tensor-debugger compare`: one JSON object a line, {"step", "done", "total"} as it goes, then
         {"outcome": ...} (`CompareOutcome.to_json`). The work goes on to the end if the caller leaves."""
         address = check_token(request)
@@ -83,7 +87,9 @@ class LocalController(Controller):
         return Stream(lines(), media_type="application/x-ndjson")
 
     @post("/ingest", sync_to_thread=True)
-    def ingest(self, request: Request[Any, Any, Any], services: Services, data: dict[str, Any]) -> dict[str, Any]:
+    def ingest(
+        self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[dict[str, Any]]
+    ) -> dict[str, Any]:
         """`tensor-debugger ingest`: {"session", "run", "paths": [absolute], "shown": [as typed]} ->
         `CompareOutcome.to_json` (the payload the command prints)."""
         check_token(request)

@@ -6,8 +6,8 @@ from typing import Any
 
 from litestar import Controller, Request, get, post
 from litestar.datastructures import Cookie
-from litestar.enums import RequestEncodingType
-from litestar.params import Body
+from litestar.di import NamedDependency
+from litestar.params import FromQuery
 from litestar.response import Redirect, Template
 
 from tensor_debugger.errors import TooManyWrongTokens
@@ -22,9 +22,7 @@ from tensor_debugger.web.auth import (
     request_access,
     safe_next,
 )
-
-FormData = dict[str, str]
-FORM = Body(media_type=RequestEncodingType.URL_ENCODED)
+from tensor_debugger.web.controllers.forms import Form
 
 
 def _session_cookie(request: Request[Any, Any, Any], value: str, max_age: int) -> Cookie:
@@ -46,14 +44,14 @@ class LoginController(Controller):
     include_in_schema = False
 
     @get(LOGIN_PATH, sync_to_thread=False)
-    def login_page(self, request: Request[Any, Any, Any], next: str | None = None) -> Template:
+    def login_page(self, request: Request[Any, Any, Any], next: FromQuery[str | None] = None) -> Template:
         return Template(
             "login.html", context={"next": safe_next(next), "error": None, "current": request_access(request.scope)}
         )
 
     @post(LOGIN_PATH, sync_to_thread=False)
     def login(
-        self, request: Request[Any, Any, Any], authenticator: Authenticator, data: FormData = FORM
+        self, request: Request[Any, Any, Any], authenticator: NamedDependency[Authenticator], data: Form
     ) -> Template | Redirect:
         target = safe_next(data.get("next"))
         try:
@@ -75,6 +73,8 @@ class LoginController(Controller):
         return Redirect(target, status_code=303, cookies=[cookie])
 
     @post(LOGOUT_PATH, sync_to_thread=True)  # writes the sign-out: may wait for the database's writer lock
-    def logout(self, request: Request[Any, Any, Any], authenticator: Authenticator, data: FormData = FORM) -> Redirect:
+    def logout(
+        self, request: Request[Any, Any, Any], authenticator: NamedDependency[Authenticator], data: Form
+    ) -> Redirect:
         authenticator.revoke(cookie_value({"cookie": request.headers.get("cookie", "")}))
         return Redirect(LOGIN_PATH, status_code=303, cookies=[_session_cookie(request, "", 0)])

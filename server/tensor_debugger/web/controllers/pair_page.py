@@ -4,6 +4,8 @@ the page's script."""
 from __future__ import annotations
 
 from litestar import Controller, Response, get
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery
 from litestar.response import Template
 
 from tensor_debugger.compare.planning.sides import views
@@ -21,21 +23,21 @@ class PairPageController(Controller):
     @get("/pairs/{pair_id:int}", sync_to_thread=True)
     def pair_page(
         self,
-        services: Services,
-        pair_id: int,
-        index: str = "",
-        start: str = "",
-        count: str = "",
-        mode: str = "",
-        a_shard: int = 0,
-        a_index: str = "",
-        a_start: str = "",
-        a_count: str = "",
-        b_shard: int = 0,
-        b_index: str = "",
-        b_start: str = "",
-        b_count: str = "",
-        profile: str = "",
+        services: NamedDependency[Services],
+        pair_id: FromPath[int],
+        index: FromQuery[str] = "",
+        start: FromQuery[str] = "",
+        count: FromQuery[str] = "",
+        mode: FromQuery[str] = "",
+        a_shard: FromQuery[int] = 0,
+        a_index: FromQuery[str] = "",
+        a_start: FromQuery[str] = "",
+        a_count: FromQuery[str] = "",
+        b_shard: FromQuery[int] = 0,
+        b_index: FromQuery[str] = "",
+        b_start: FromQuery[str] = "",
+        b_count: FromQuery[str] = "",
+        profile: FromQuery[str] = "",
     ) -> Template:
         """A pair's statistics, alignment and the value inspector; the window lives in the URL. `mode=manual`
         adds each run's own values with its own dimension controls (a_* and b_* parameters); `profile=D` plots the
@@ -50,7 +52,9 @@ class PairPageController(Controller):
             return Template("pair.html", context=context)
 
     @get("/pairs/{pair_id:int}/heatmap.svg", sync_to_thread=True, media_type="image/svg+xml")
-    def pair_heatmap(self, services: Services, pair_id: int, fixed: str = "") -> Response[str]:
+    def pair_heatmap(
+        self, services: NamedDependency[Services], pair_id: FromPath[int], fixed: FromQuery[str] = ""
+    ) -> Response[str]:
         """|difference| over a 2-D slice (`fixed`: an index per aligned dim, ':' on two), max-pooled."""
         with services.sessions() as db:
             pair = db.get(PairRecord, pair_id)
@@ -63,7 +67,12 @@ class PairPageController(Controller):
 
     @get("/pairs/{pair_id:int}/grid", sync_to_thread=True)
     def pair_grid(
-        self, services: Services, pair_id: int, index: str = "", start: str = "", count: str = ""
+        self,
+        services: NamedDependency[Services],
+        pair_id: FromPath[int],
+        index: FromQuery[str] = "",
+        start: FromQuery[str] = "",
+        count: FromQuery[str] = "",
     ) -> Template:
         """Just the inspector's grids, for the page's script to swap in without a reload."""
         with services.sessions() as db:

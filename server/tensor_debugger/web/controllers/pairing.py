@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, TypeAlias
 
+import msgspec
 from litestar import Controller, get, put
+from litestar.di import NamedDependency
 from litestar.openapi.spec import OpenAPIType, Schema
-from litestar.params import Body
+from litestar.params import Body, FromPath
 
 from tensor_debugger.compare.planning.pairing_files import export_pairing
 from tensor_debugger.errors import InvalidInputError
@@ -45,7 +47,36 @@ def _pairing_file() -> Any:
     return Body(schema_extra={"properties": properties, "additional_properties": False})
 
 
-PAIRING_FILE = _pairing_file()
+PairingFile: TypeAlias = Annotated[dict[str, Any], _pairing_file()]
+
+
+class PairedNames(msgspec.Struct, omit_defaults=True):
+    """A pair kept in the file: the reference's tensor `a` and the candidate's `b` (in `run`, where the session has
+    several candidate runs)."""
+
+    a: str
+    b: str
+    run: str | None = None
+
+
+class UnpairedNames(msgspec.Struct, omit_defaults=True):
+    """What stays unpaired: {"a", "b"}, never these two; {"a"} or {"b"}, this tensor (in `run`, where several)."""
+
+    a: str | None = None
+    b: str | None = None
+    run: str | None = None
+
+
+class PairingExport(msgspec.Struct):
+    """A session's pairing file, as GET answers and PUT takes it."""
+
+    strategies: list[str] | None  # the chain of pairing strategies; null: the default one
+    name_pattern: str | None  # a regex with groups layer and stage (and rank); null: none
+    dims: dict[str, str] | None  # name glob -> comma-separated dimension names; null: none
+    pairs: list[PairedNames]
+    unpaired: list[UnpairedNames]
+
+
 PAIRING_RULES = (
     "names a candidate run's label the session does not have, or its `name_pattern` is not a regular expression "
     "with named groups layer and stage (and no other but rank), or its `dims` give a name that is not a dimension "
@@ -58,11 +89,11 @@ class SessionPairingController(Controller):
     tags = ["pairs"]
 
     @get("/", sync_to_thread=True, responses=error_responses(404))
-    def export(self, services: Services, session_id: int) -> dict[str, Any]:
+    def export(self, services: NamedDependency[Services], session_id: FromPath[int]) -> PairingExport:
         """`strategies` (the chain, null: the default), `name_pattern`, `pairs` ({"a", "b"}) and `unpaired`
         ({"a", "b"}: never these two; {"a"} or {"b"}: this tensor stays unpaired)."""
         with services.sessions() as db:
-            return export_pairing(db, session_id)
+            return msgspec.convert(export_pairing(db, session_id), PairingExport)
 
     @put(
         "/",
@@ -70,10 +101,12 @@ class SessionPairingController(Controller):
         request_max_body_size=PAIRING_FILE_LIMIT,
         responses=error_responses(*CHANGES, *JSON_BODY, 404, depends_on_state=PAIRING_RULES),
     )
-    def import_file(self, services: Services, session_id: int, data: dict[str, Any] = PAIRING_FILE) -> dict[str, Any]:
+    def import_file(
+        self, services: NamedDependency[Services], session_id: FromPath[int], data: PairingFile
+    ) -> PairingExport:
         """Apply a pairing file (every key optional: one left out leaves that part as it is); pairs again and
         answers with the session's pairing now. `strategies` is a list here, as the document says (a file for
         `compare --pairing` may also give a comma list)."""
         if isinstance(data.get("strategies"), str):
             raise InvalidInputError('strategies must be a list of strategy names (["name", "fuzzy:0.8"])')
-        return services.actions.import_pairing(session_id, data)
+        return msgspec.convert(services.actions.import_pairing(session_id, data), PairingExport)

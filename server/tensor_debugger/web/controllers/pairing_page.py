@@ -10,13 +10,15 @@ from urllib.parse import urlencode
 
 import anyio
 from litestar import Controller, Request, Response, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
 from tensor_debugger.compare.planning.pairing_files import export_pairing
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
-from tensor_debugger.web.controllers.forms import FORM, FormData
+from tensor_debugger.web.controllers.forms import Form
 from tensor_debugger.web.controllers.session_page import session_template
 from tensor_debugger.web.json_bodies import PAIRING_FILE_LIMIT, parse_json
 from tensor_debugger.web.multipart import MultipartLimits, receive_multipart
@@ -29,7 +31,9 @@ class PairingPageController(Controller):
     include_in_schema = False
 
     @post("/sessions/{session_id:int}/pairs", sync_to_thread=True)
-    def pair_by_hand(self, services: Services, session_id: int, data: FormData = FORM) -> Template | Redirect:
+    def pair_by_hand(
+        self, services: NamedDependency[Services], session_id: FromPath[int], data: Form
+    ) -> Template | Redirect:
         """Pair two tensors by hand. Where their shapes differ, the page first offers the alignments that fit
         (`alignment`: the number of the one chosen, or "auto"); pairs at once where they agree."""
         a_name, b_name = data.get("a_name", ""), data.get("b_name", "")
@@ -53,7 +57,9 @@ class PairingPageController(Controller):
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
     @post("/sessions/{session_id:int}/pairing-rules", sync_to_thread=True)
-    def set_pairing_rules(self, services: Services, session_id: int, data: FormData = FORM) -> Template | Redirect:
+    def set_pairing_rules(
+        self, services: NamedDependency[Services], session_id: FromPath[int], data: Form
+    ) -> Template | Redirect:
         """The chain of strategies (a comma list, the fuzzy threshold apart) and the name pattern; pairs the
         session again. Refused rules are shown on the page, next to the form, as typed."""
         try:
@@ -66,7 +72,7 @@ class PairingPageController(Controller):
         return Redirect(f"/sessions/{session_id}#pairing", status_code=303)
 
     @get("/sessions/{session_id:int}/pairing.json", sync_to_thread=True)
-    def pairing_file(self, services: Services, session_id: int) -> Response[dict[str, Any]]:
+    def pairing_file(self, services: NamedDependency[Services], session_id: FromPath[int]) -> Response[dict[str, Any]]:
         """The session's pairing file (what GET /api/sessions/{id}/pairing answers) as a download."""
         with services.sessions() as db:
             data = export_pairing(db, session_id)
@@ -78,7 +84,7 @@ class PairingPageController(Controller):
 
     @post("/sessions/{session_id:int}/pairing", request_max_body_size=PAIRING_FILE_LIMIT)
     async def upload_pairing_file(
-        self, services: Services, session_id: int, request: Request[Any, Any, Any]
+        self, services: NamedDependency[Services], session_id: FromPath[int], request: Request[Any, Any, Any]
     ) -> Template | Redirect:
         """A pairing file posted from the page (`file`), applied as PUT /api/sessions/{id}/pairing applies it."""
         batch = await receive_multipart(

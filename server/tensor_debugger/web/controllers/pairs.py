@@ -1,10 +1,11 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 from litestar import Controller, delete, get, post, put
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, QueryParameter
 
 from tensor_debugger.compare.compute.profiles import ErrorProfile, error_profile
 from tensor_debugger.compare.planning.hand_pairing import HandPairChoices, hand_pair_choices
@@ -25,7 +26,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, error_responses
-from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY
+from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, StrictBody
 
 WRITE = error_responses(*CHANGES, *JSON_BODY, 404)  # a JSON body about a session or pair
 DELETE = error_responses(*CHANGES, 404)
@@ -50,7 +51,7 @@ class SessionPairsController(Controller):
     tags = ["pairs"]
 
     @get("/pairs", sync_to_thread=True, responses=error_responses(404))
-    def list_pairs(self, services: Services, session_id: int) -> SessionPairs:
+    def list_pairs(self, services: NamedDependency[Services], session_id: FromPath[int]) -> SessionPairs:
         """Pairs in execution order with their statistics and verdicts, the unmatched tensors of each run (a
         reference tensor's with its place in execution order, whether the user allowed it, and the closest
         candidates a hand pairing could take), the first divergence, progress (pairs done of total: finished pairs
@@ -60,7 +61,7 @@ class SessionPairsController(Controller):
             return session_pairs(db, session_id, modules=True, cache=services.stats, closest=True)
 
     @get("/first-divergence", sync_to_thread=True, responses=error_responses(404))
-    def first_divergence(self, services: Services, session_id: int) -> DivergenceReport:
+    def first_divergence(self, services: NamedDependency[Services], session_id: FromPath[int]) -> DivergenceReport:
         with services.sessions() as db:
             catalog.get_session(db, session_id)
             report = session_pairs(db, session_id, cache=services.stats)
@@ -75,13 +76,16 @@ class SessionPairsController(Controller):
     )
     def profiles(
         self,
-        services: Services,
-        session_id: int,
-        dim: str = Parameter(
-            description="the aligned dimension to profile (0 for the first), or a dimension's name (the session's "
-            "dims): each pair's own dimension of that name",
-            max_length=64,
-        ),
+        services: NamedDependency[Services],
+        session_id: FromPath[int],
+        dim: Annotated[
+            str,
+            QueryParameter(
+                description="the aligned dimension to profile (0 for the first), or a dimension's name (the "
+                "session's dims): each pair's own dimension of that name",
+                max_length=64,
+            ),
+        ],
     ) -> SessionProfiles:
         """For every pair with aligned dimension `dim` (or a dimension named `dim`), in execution order: its largest
         and mean |difference| per index of that dimension (each pair's profile computed once and kept with its
@@ -96,11 +100,11 @@ class SessionPairsController(Controller):
     )
     def alignment_choices(
         self,
-        services: Services,
-        session_id: int,
-        a_name: str = Parameter(description="the reference run's tensor"),
-        b_name: str = Parameter(description="the candidate run's tensor"),
-        run_id: int | None = Parameter(default=None, description="the candidate run (default: the first)"),
+        services: NamedDependency[Services],
+        session_id: FromPath[int],
+        a_name: Annotated[str, QueryParameter(description="the reference run's tensor")],
+        b_name: Annotated[str, QueryParameter(description="the candidate run's tensor")],
+        run_id: Annotated[int | None, QueryParameter(description="the candidate run (default: the first)")] = None,
     ) -> HandPairChoices:
         """The alignments two tensors could be paired by hand with (transposes and other permutations, size-1
         dims dropped, shard concatenations, cut rows; flattening only when nothing else fits), cheapest first."""
@@ -116,7 +120,9 @@ class SessionPairsController(Controller):
             *CHANGES, *JSON_BODY, 404, depends_on_state=NAMES_TENSORS + "names a paired tensor, or " + ALIGNMENT
         ),
     )
-    def pair_by_hand(self, services: Services, session_id: int, data: ManualPair = STRICT_BODY) -> PairReport:
+    def pair_by_hand(
+        self, services: NamedDependency[Services], session_id: FromPath[int], data: StrictBody[ManualPair]
+    ) -> PairReport:
         """Pair two tensors by hand; manual pairs persist and win over every automatic strategy."""
         made = services.actions.pair_by_hand(session_id, data.a_name, data.b_name, data.run_id, data.alignment)
         if made is None:
@@ -133,12 +139,14 @@ class SessionOrderController(Controller):
     tags = ["pairs"]
 
     @put("/", sync_to_thread=True, request_max_body_size=JSON_BODY_LIMIT, responses=WRITE)
-    def set_order(self, services: Services, session_id: int, data: PairOrder = STRICT_BODY) -> PairOrder:
+    def set_order(
+        self, services: NamedDependency[Services], session_id: FromPath[int], data: StrictBody[PairOrder]
+    ) -> PairOrder:
         """Keep the user's order of pairs (pairs it does not name follow in execution order)."""
         return PairOrder(services.actions.set_order(session_id, data.pairs))
 
     @delete("/", sync_to_thread=True, responses=DELETE)
-    def reset_order(self, services: Services, session_id: int) -> None:
+    def reset_order(self, services: NamedDependency[Services], session_id: FromPath[int]) -> None:
         services.actions.reset_order(session_id)
 
 
@@ -147,13 +155,13 @@ class PairController(Controller):
     tags = ["pairs"]
 
     @get("/{pair_id:int}", sync_to_thread=True, responses=error_responses(404))
-    def show_pair(self, services: Services, pair_id: int) -> PairDetail:
+    def show_pair(self, services: NamedDependency[Services], pair_id: FromPath[int]) -> PairDetail:
         """Statistics (with the histogram of |difference| per decade), shapes, alignment steps and the argmax."""
         with services.sessions() as db:
             return pair_detail(db, services.context, pair_id)
 
     @get("/{pair_id:int}/argmax", sync_to_thread=True, responses=error_responses(404))
-    def argmax(self, services: Services, pair_id: int) -> ArgmaxReport | None:
+    def argmax(self, services: NamedDependency[Services], pair_id: FromPath[int]) -> ArgmaxReport | None:
         with services.sessions() as db:
             return pair_detail(db, services.context, pair_id).argmax
 
@@ -166,9 +174,9 @@ class PairController(Controller):
     )
     def profile(
         self,
-        services: Services,
-        pair_id: int,
-        dim: int = Parameter(ge=0, description="the aligned dimension to profile (0 for the first)"),
+        services: NamedDependency[Services],
+        pair_id: FromPath[int],
+        dim: Annotated[int, QueryParameter(ge=0, description="the aligned dimension to profile (0 for the first)")],
     ) -> ErrorProfile:
         """Per index of aligned dimension `dim`: the largest and the mean |difference| and the elements outside the
         tolerance, read chunk by chunk on first request and kept with the pair's result."""
@@ -186,13 +194,14 @@ class PairController(Controller):
     )
     def slice_values(
         self,
-        services: Services,
-        pair_id: int,
-        index: str = Parameter(
-            default="", description="one entry per aligned dim: an integer, or ':' for a window dim (one or two)"
-        ),
-        start: str = Parameter(default="", description="window start per ':' dim, comma separated"),
-        count: str = Parameter(default="", description="window length per ':' dim (at most 4096)"),
+        services: NamedDependency[Services],
+        pair_id: FromPath[int],
+        index: Annotated[
+            str,
+            QueryParameter(description="one entry per aligned dim: an integer, or ':' for a window dim (one or two)"),
+        ] = "",
+        start: Annotated[str, QueryParameter(description="window start per ':' dim, comma separated")] = "",
+        count: Annotated[str, QueryParameter(description="window length per ':' dim (at most 4096)")] = "",
     ) -> SliceReport:
         """Values of both runs and their difference (candidate - reference) in a window of the aligned tensors,
         reading only the chunks that intersect it."""
@@ -203,7 +212,7 @@ class PairController(Controller):
             return read_slice(view_a, view_b, request)
 
     @delete("/{pair_id:int}", sync_to_thread=True, responses=DELETE)
-    def unpair(self, services: Services, pair_id: int) -> None:
+    def unpair(self, services: NamedDependency[Services], pair_id: FromPath[int]) -> None:
         """Undo a pair: both tensors become unmatched, and stay so when the session is paired again."""
         services.actions.unpair(pair_id)
 
@@ -213,12 +222,14 @@ class PairController(Controller):
         request_max_body_size=JSON_BODY_LIMIT,
         responses=error_responses(*CHANGES, *JSON_BODY, 404, depends_on_state=ALIGNMENT),
     )
-    def override_alignment(self, services: Services, pair_id: int, data: AlignmentOverride = STRICT_BODY) -> PairReport:
+    def override_alignment(
+        self, services: NamedDependency[Services], pair_id: FromPath[int], data: StrictBody[AlignmentOverride]
+    ) -> PairReport:
         """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
         return services.actions.set_alignment(pair_id, data.steps)
 
     @delete("/{pair_id:int}/alignment", sync_to_thread=True, status_code=200, responses=DELETE)
-    def reset_alignment(self, services: Services, pair_id: int) -> PairReport:
+    def reset_alignment(self, services: NamedDependency[Services], pair_id: FromPath[int]) -> PairReport:
         return services.actions.clear_alignment(pair_id)
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from litestar import Controller, get, post
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.web.controllers.forms import FORM, FormData
+from tensor_debugger.web.controllers.forms import Form
 from tensor_debugger.web.views.run_view import run_rows
 
 
@@ -16,7 +18,9 @@ class RunPageController(Controller):
     include_in_schema = False
 
     @get("/runs/{run_id:int}", sync_to_thread=True)
-    def run_page(self, services: Services, run_id: int, q: str | None = None) -> Template:
+    def run_page(
+        self, services: NamedDependency[Services], run_id: FromPath[int], q: FromQuery[str | None] = None
+    ) -> Template:
         """One run's tensors in execution order with their summary statistics, each linked to its pair; `q`
         keeps the names containing it."""
         with services.sessions() as db:
@@ -32,7 +36,7 @@ class RunPageController(Controller):
             )
 
     @post("/runs/{run_id:int}/label", sync_to_thread=True)
-    def relabel_run(self, services: Services, run_id: int, data: FormData = FORM) -> Redirect:
+    def relabel_run(self, services: NamedDependency[Services], run_id: FromPath[int], data: Form) -> Redirect:
         """Rename a run (its label is unique in its session)."""
         with services.sessions.begin() as db:
             run = catalog.relabel_run(db, run_id, data.get("label", ""))

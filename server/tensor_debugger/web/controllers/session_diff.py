@@ -4,6 +4,8 @@ form to pick both when they are not given)."""
 from __future__ import annotations
 
 from litestar import Controller, get
+from litestar.di import NamedDependency
+from litestar.params import FromQuery
 from litestar.response import Template
 
 from tensor_debugger.compare.reports.session_diff import SessionDiff, diff_sessions
@@ -26,7 +28,9 @@ class SessionDiffController(Controller):
     tags = ["sessions"]
 
     @get("/api/sessions/compare", sync_to_thread=True, responses=error_responses(404))
-    def compare_sessions(self, services: Services, a: int, b: int) -> SessionDiff:
+    def compare_sessions(
+        self, services: NamedDependency[Services], a: FromQuery[int], b: FromQuery[int]
+    ) -> SessionDiff:
         """Pairs of session `a` and session `b` matched by name (by candidate label too where a session has
         several candidates): each one's verdict and max |diff| in both, B / A, and the change ("fixed",
         "broken", "better", "worse", "same", "only in A", "only in B", "not compared", "pending": not compared yet),
@@ -34,7 +38,9 @@ class SessionDiffController(Controller):
         return checked_diff(services, a, b)
 
     @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like the page controllers'
-    def compare_sessions_page(self, services: Services, a: int | None = None, b: int | None = None) -> Template:
+    def compare_sessions_page(
+        self, services: NamedDependency[Services], a: FromQuery[int | None] = None, b: FromQuery[int | None] = None
+    ) -> Template:
         """Did my fix help, and did it break anything else: session `a` (before) against `b` (after)."""
         diff = checked_diff(services, a, b) if a is not None and b is not None else None
         with services.sessions() as db:

@@ -3,8 +3,11 @@ script, the CSV export, and the forms that change the table (tolerances, the ord
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from litestar import Controller, Response, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Redirect, Template
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
@@ -19,7 +22,7 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, SessionRecord
-from tensor_debugger.web.controllers.forms import FORM, FormData, optional_float
+from tensor_debugger.web.controllers.forms import Form, optional_float
 from tensor_debugger.web.views.pairing_form import PairingForm
 from tensor_debugger.web.views.profile_heatmap import heatmap
 from tensor_debugger.web.views.session_chart import build_chart
@@ -40,18 +43,18 @@ class SessionPageController(Controller):
     @get("/sessions/{session_id:int}", sync_to_thread=True)
     def session_page(
         self,
-        services: Services,
-        session_id: int,
-        group: str | None = None,
-        sort: str | None = None,
-        verdict: str | None = None,
-        q: str | None = None,
-        pair_a: str | None = None,
-        pair_b: str | None = None,
-        open_group: str | None = Parameter(query="open", default=None),
-        page: str | None = None,
-        lo: str | None = None,
-        hi: str | None = None,
+        services: NamedDependency[Services],
+        session_id: FromPath[int],
+        group: FromQuery[str | None] = None,
+        sort: FromQuery[str | None] = None,
+        verdict: FromQuery[str | None] = None,
+        q: FromQuery[str | None] = None,
+        pair_a: FromQuery[str | None] = None,
+        pair_b: FromQuery[str | None] = None,
+        open_group: Annotated[str | None, QueryParameter(name="open")] = None,
+        page: FromQuery[str | None] = None,
+        lo: FromQuery[str | None] = None,
+        hi: FromQuery[str | None] = None,
     ) -> Template:
         """The session: its runs' ingest while it goes on (or why it failed), first divergence, the chart of error
         through the model, and every pair, grouped, sorted and filtered as the URL says (so the page works, and
@@ -69,16 +72,16 @@ class SessionPageController(Controller):
     @get("/sessions/{session_id:int}/group", sync_to_thread=True)
     def session_group(
         self,
-        services: Services,
-        session_id: int,
-        group: str | None = None,
-        sort: str | None = None,
-        verdict: str | None = None,
-        q: str | None = None,
-        open_group: str | None = Parameter(query="open", default=None),
-        page: str | None = None,
-        lo: str | None = None,
-        hi: str | None = None,
+        services: NamedDependency[Services],
+        session_id: FromPath[int],
+        group: FromQuery[str | None] = None,
+        sort: FromQuery[str | None] = None,
+        verdict: FromQuery[str | None] = None,
+        q: FromQuery[str | None] = None,
+        open_group: Annotated[str | None, QueryParameter(name="open")] = None,
+        page: FromQuery[str | None] = None,
+        lo: FromQuery[str | None] = None,
+        hi: FromQuery[str | None] = None,
     ) -> Template:
         """One group of the session page's table (`open`: its key) at `page`, as the page renders it: what the
         page's script swaps in when a group is opened or paged without a reload."""
@@ -104,7 +107,9 @@ class SessionPageController(Controller):
             )
 
     @get("/sessions/{session_id:int}/profiles", sync_to_thread=True)
-    def session_profiles_page(self, services: Services, session_id: int, dim: str = "") -> Template:
+    def session_profiles_page(
+        self, services: NamedDependency[Services], session_id: FromPath[int], dim: FromQuery[str] = ""
+    ) -> Template:
         """Every pair's error profile along the aligned dimension `dim` (a number, or a name the session's dims
         give: each pair's own dimension of that name), as one heatmap (pairs × index); without `dim`, the form to
         pick it."""
@@ -132,7 +137,7 @@ class SessionPageController(Controller):
             return Template("session_profiles.html", context=context)
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
-    def pairs_csv(self, services: Services, session_id: int) -> Response[str]:
+    def pairs_csv(self, services: NamedDependency[Services], session_id: FromPath[int]) -> Response[str]:
         with services.sessions() as db:
             session, report = read_session(db, services, session_id)
             rows = apply_order(report.pairs, session.pair_order)
@@ -144,7 +149,7 @@ class SessionPageController(Controller):
         )
 
     @post("/sessions/{session_id:int}/tolerances", sync_to_thread=True)
-    def set_tolerances(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+    def set_tolerances(self, services: NamedDependency[Services], session_id: FromPath[int], data: Form) -> Redirect:
         if data.get("action") == "reset":
             services.actions.set_tolerances(session_id, None, None)
         else:
@@ -160,7 +165,7 @@ class SessionPageController(Controller):
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
     @post("/sessions/{session_id:int}/order", sync_to_thread=True)
-    def move_pair(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+    def move_pair(self, services: NamedDependency[Services], session_id: FromPath[int], data: Form) -> Redirect:
         """Move one pair up or down (the keyboard's way of reordering; dragging rows does the same). Without
         scripts the page comes back on the table's page that holds the pair, at its row."""
         key = data.get("pair", "")

@@ -6,8 +6,9 @@ from typing import Annotated, Any
 import anyio
 import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post
+from litestar.di import NamedDependency
 from litestar.openapi import ResponseSpec
-from litestar.params import Parameter
+from litestar.params import FromPath, QueryParameter
 from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTITY
 
 from tensor_debugger.compare.reports.progress import SessionProgress, pair_progress, session_progress
@@ -18,7 +19,7 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES, MAX_ULP
 from tensor_debugger.store.reports import SessionDetail, SessionReport
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, ErrorReport, error_responses
-from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, STRICT_BODY, read_json
+from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, StrictBody, read_json
 from tensor_debugger.web.multipart import MultipartLimits, UploadBatch, receive_multipart
 from tensor_debugger.web.rule_schemas import STRATEGY_DESCRIPTION, STRATEGY_PATTERN, chain_rules
 from tensor_debugger.web.upload_bodies import NAME_PATTERN, AddRunsOperation, CreateSessionOperation
@@ -53,16 +54,14 @@ UPLOAD_RESPONSES = {
         generate_examples=False,
     ),
 }
-EXPLORE = Parameter(
-    default=False,
+EXPLORE = QueryParameter(
     description="true: every file is one run, and the session compares each of its "
     "tensors with every other (as `tensor-debugger explore`); always waits for the ingest, and "
     "answers 400 past 5,000 pairs, asking for `match`",
 )
-MATCH = Parameter(default=None, description="with explore: only tensors whose names match this glob (any case)")
+MATCH = QueryParameter(description="with explore: only tensors whose names match this glob (any case)")
 EXPLORE_FILTER = "the match parameter (e.g. match=*attn*)"
-WAIT = Parameter(
-    default=True,
+WAIT = QueryParameter(
     description="false: answer 202 once the upload is on disk and ingest in the "
     'background; a run with nothing usable is then kept as "failed" with its problems',
 )
@@ -119,13 +118,15 @@ class SessionController(Controller):
 
     @get("/", sync_to_thread=True, responses=error_responses())
     def list_sessions(
-        self, services: Services, q: str | None = Parameter(default=None, description="name contains")
+        self,
+        services: NamedDependency[Services],
+        q: Annotated[str | None, QueryParameter(description="name contains")] = None,
     ) -> list[SessionReport]:
         with services.sessions() as db:
             return [SessionReport.of(s) for s in catalog.list_sessions(db, q)]
 
     @get("/{session_id:int}", sync_to_thread=True, responses=error_responses(404))
-    def show_session(self, services: Services, session_id: int) -> SessionDetail:
+    def show_session(self, services: NamedDependency[Services], session_id: FromPath[int]) -> SessionDetail:
         with services.sessions() as db:
             return SessionDetail.of(catalog.get_session(db, session_id))
 
@@ -143,7 +144,9 @@ class SessionController(Controller):
             "letters, digits, _ . -) or a name twice",
         ),
     )
-    def update_session(self, services: Services, session_id: int, data: SessionPatch = STRICT_BODY) -> SessionReport:
+    def update_session(
+        self, services: NamedDependency[Services], session_id: FromPath[int], data: StrictBody[SessionPatch]
+    ) -> SessionReport:
         """Every field optional. New pairing rules (`strategies`, `name_pattern`) are checked as the CLI checks
         them (400 naming the problem, nothing changed) and pair the session again, as new `allow_unmatched` globs
         do; new tolerances refresh its verdicts. `dims` names dimensions (a glob's names apply to the pairs it matches
@@ -163,12 +166,12 @@ class SessionController(Controller):
         )
 
     @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))
-    def delete_session(self, services: Services, session_id: int) -> None:
+    def delete_session(self, services: NamedDependency[Services], session_id: FromPath[int]) -> None:
         with services.sessions() as db:
             catalog.delete_session(db, services.store, session_id)
 
     @get("/{session_id:int}/progress", sync_to_thread=True, responses=error_responses(404))
-    def show_progress(self, services: Services, session_id: int) -> SessionProgress:
+    def show_progress(self, services: NamedDependency[Services], session_id: FromPath[int]) -> SessionProgress:
         """How far the session has come: each run's ingest (`stage`, bytes copied of the total while it runs),
         then its pairs compared. `stage` is "ingesting", "planning", "comparing", then "done"."""
         with services.sessions() as db:
@@ -191,11 +194,11 @@ class SessionController(Controller):
     )
     async def create_session(
         self,
-        services: Services,
+        services: NamedDependency[Services],
         request: Request[Any, Any, Any],
-        wait: bool = WAIT,
-        explore: bool = EXPLORE,
-        match: str | None = MATCH,
+        wait: Annotated[bool, WAIT] = True,
+        explore: Annotated[bool, EXPLORE] = False,
+        match: Annotated[str | None, MATCH] = None,
     ) -> Response[SessionReport | UploadCreated]:
         content_type = request.headers.get("content-type", "")
         if content_type.startswith("application/json"):
@@ -252,13 +255,14 @@ class SessionController(Controller):
     )
     async def add_runs(
         self,
-        services: Services,
+        services: NamedDependency[Services],
         request: Request[Any, Any, Any],
-        session_id: int,
-        label: str | None = Parameter(
-            default=None, description="run label for every file", max_length=MAX_LABEL, pattern=NAME_PATTERN
-        ),
-        wait: bool = WAIT,
+        session_id: FromPath[int],
+        label: Annotated[
+            str | None,
+            QueryParameter(description="run label for every file", max_length=MAX_LABEL, pattern=NAME_PATTERN),
+        ] = None,
+        wait: Annotated[bool, WAIT] = True,
     ) -> Response[RunOutcomes]:
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
         _check_length(request, services)

@@ -8,13 +8,14 @@ from typing import Any
 
 import anyio
 from litestar import Controller, Request, get, post
-from litestar.params import Parameter
+from litestar.di import NamedDependency
+from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
 from tensor_debugger.errors import InvalidInputError, TensorDebuggerError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.web.controllers.forms import FORM, FormData
+from tensor_debugger.web.controllers.forms import Form
 from tensor_debugger.web.multipart import MultipartLimits, receive_multipart
 from tensor_debugger.web.uploads import RunOutcome, client_of, explore_session, start_session
 
@@ -24,7 +25,7 @@ class SessionsPageController(Controller):
     include_in_schema = False
 
     @get("/", sync_to_thread=True)
-    def sessions_page(self, services: Services, q: str | None = Parameter(default=None)) -> Template:
+    def sessions_page(self, services: NamedDependency[Services], q: FromQuery[str | None] = None) -> Template:
         with services.sessions() as db:
             sessions = catalog.list_sessions(db, q)
             summaries = catalog.summarize_sessions(db, [s.id for s in sessions])
@@ -41,12 +42,12 @@ class SessionsPageController(Controller):
         return Redirect("/static/favicon.svg", status_code=301)
 
     @post("/sessions/{session_id:int}/rename", sync_to_thread=True)
-    def rename(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+    def rename(self, services: NamedDependency[Services], session_id: FromPath[int], data: Form) -> Redirect:
         services.actions.rename(session_id, data.get("name", ""))
         return Redirect("/", status_code=303)
 
     @post("/sessions/{session_id:int}/delete", sync_to_thread=True)
-    def delete(self, services: Services, session_id: int, data: FormData = FORM) -> Redirect:
+    def delete(self, services: NamedDependency[Services], session_id: FromPath[int], data: Form) -> Redirect:
         """Deleting takes a second, explicit step: the form's `confirm` field must name the session."""
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
@@ -56,7 +57,9 @@ class SessionsPageController(Controller):
         return Redirect("/", status_code=303)
 
     @post("/sessions", request_max_body_size=None)
-    async def create_from_form(self, services: Services, request: Request[Any, Any, Any]) -> Template | Redirect:
+    async def create_from_form(
+        self, services: NamedDependency[Services], request: Request[Any, Any, Any]
+    ) -> Template | Redirect:
         """The no-script form on the sessions page: a name and files for the reference and candidate runs. Once
         the files are on disk it goes to the session page, which shows their ingest (and why one failed)."""
         batch = await receive_multipart(
@@ -89,7 +92,9 @@ class SessionsPageController(Controller):
         return Redirect(f"/sessions/{session_id}", status_code=303)
 
     @post("/sessions/explore", request_max_body_size=None)
-    async def explore_from_form(self, services: Services, request: Request[Any, Any, Any]) -> Template | Redirect:
+    async def explore_from_form(
+        self, services: NamedDependency[Services], request: Request[Any, Any, Any]
+    ) -> Template | Redirect:
         """The sessions page's explore form: one run's files (`run`), a name and a name filter (`match`, a glob).
         Waits for the ingest, then pairs every tensor with every other; past 5,000 pairs, or when nothing usable
         was found, the form says why (and no session is kept)."""
