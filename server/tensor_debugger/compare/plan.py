@@ -40,6 +40,7 @@ from tensor_debugger.engine.summaries import ReportedSummary, compare_summaries
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_ulp, is_exact_dtype, lower_precision
 from tensor_debugger.engine.views import SourceView, View, build_view
 from tensor_debugger.errors import InvalidInputError, NotFoundError
+from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
@@ -320,7 +321,9 @@ class Comparisons:
                     keys[pair.id] = current.keyed(pair.id)[0]
                     continue
                 tol, _ = self.tolerance(current.session(pair), a[0].dtype, b[0].dtype)
-                verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
+                verdict = sketch_verdict(self.store, a, b, tol) or compare_summaries(
+                    tensor_summary(a[0]), tensor_summary(b[0]), tol
+                )
                 pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
                 pair.status = "pass" if verdict.passed else "fail"
             cached = {
