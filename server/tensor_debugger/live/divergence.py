@@ -2,7 +2,8 @@
 
 1. Summaries: the reference runs twice with the hooks of a `values="summary"` capture (`recorder.summarize_forward`,
    storing nothing, then `capture(values="summary")` into the session), and its hashes must agree: a model or inputs
-   that change between calls (dropout, a random op) are refused with the first tensor that changed. The candidate
+   that change between calls (dropout, a random op) are refused with the first tensor that changed, and nothing is
+   stored. The candidate
    is captured the same way; the two runs' summaries are compared in order (`engine/summary_compare.py`), paired by
    name without the model's class name, and the first that fails is the first divergence.
 2. Full values: both models run again with `capture(values="full")` of the module that holds that op and of the
@@ -199,7 +200,7 @@ def find_divergence(
     recheck = summarize_forward(reference, lambda: call(reference), level)
     with capture(reference, session, "reference", level=level, values="summary", **where) as ref:
         call(reference)
-    _check_repeatable(recheck.summaries, ref.summaries, "the reference")
+        _check_repeatable(recheck.summaries, ref.summaries, "the reference")  # raised inside: nothing is kept
     with capture(candidate, session, "candidate", level=level, values="summary", **where) as cand:
         call(candidate)
 
