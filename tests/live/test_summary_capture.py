@@ -8,7 +8,9 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from typing import Any
 
+import httpx
 import pytest
 import torch
 from sqlalchemy import select
@@ -25,6 +27,8 @@ from tensor_debugger.store.models import RunRecord, TensorRecord
 from torch import nn
 
 from tests.live.test_op_capture import DIM, compared, line_of, models, rows_of
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
 from tests.support.traces import input_ids, tiny_llama
 
 TOL = Tolerance(1.3e-6, 1e-5)
@@ -269,3 +273,35 @@ def test_a_model_that_changes_between_calls_is_refused_and_training_mode_warned(
             assert db.scalars(select(RunRecord)).all() == []  # refused before anything was stored
     finally:
         services.close()
+
+
+def test_summary_capture_through_the_server_and_its_pages_say_from_summaries(shared_server: LiveServer) -> None:
+    reference, candidate = models()
+    x = x_input()
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with (
+            torch.no_grad(),
+            capture(model, "summaries over http", run, server=shared_server.url, level="op", values="summary") as r,
+        ):
+            model(x)
+    assert r.session_id is not None
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{r.session_id}/pairs").json(),
+            until=lambda got: got["pairs"] and not got["progress"]["pending"],
+            what="the captured session's pairs to be judged",
+            timeout=120,
+            interval=0.03,
+        )
+        first = report["first_divergence"]
+        assert first["name"] == "Net.layers.1.self_attn/mul#1_outputs"
+        assert first["basis"] == "summary" and first["summary_reason"].startswith("from summaries: ")
+        assert first["reference_source"] == line_of("reference scores")
+        pair = next(p for p in report["pairs"] if p["id"] == first["pair_id"])
+        assert pair["summary"]["basis"] == "summary" and pair["summary"]["passed"] is False
+        page = client.get(f"/pairs/{first['pair_id']}").text
+        assert "<strong>From summaries:</strong>" in page and "a lower bound of the max |diff|" in page
+        passing = next(p for p in report["pairs"] if p["name"] == "Net.layers.0.self_attn/softmax#1_outputs")
+        assert "bit-identical (equal content hashes)" in client.get(f"/pairs/{passing['id']}").text
+        session_page = client.get(f"/sessions/{r.session_id}").text
+        assert 'class="summary-basis">from summaries: ' in session_page
