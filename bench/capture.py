@@ -133,10 +133,11 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
     def build(planted: bool) -> torch.nn.Module:
         torch.manual_seed(0)
         config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=256, vocab_size=50257)
-        model = GPT2LMHeadModel(config).eval()
+        model: torch.nn.Module = GPT2LMHeadModel(config)
+        model.eval()
         if planted:
             with torch.no_grad():
-                model.transformer.h[6].attn.c_proj.weight.mul_(1.01)
+                model.get_parameter("transformer.h.6.attn.c_proj.weight").mul_(1.01)
         return model
 
     reference, candidate = build(False), build(True)
@@ -164,7 +165,7 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
                 start = time.perf_counter()
                 with (
                     torch.no_grad(),
-                    capture(reference, "bench", "r", data_dir=data, level="op", values=values) as result,  # type: ignore[arg-type]
+                    capture(reference, "bench", "r", data_dir=data, level="op", values=values) as result,
                 ):
                     reference(input_ids=ids)
                 timings[values].append(time.perf_counter() - start)
