@@ -48,8 +48,14 @@ def test_a_summary_is_exact_where_it_can_be_and_samples_the_same_positions_on_bo
     s = sketch(t)
     finite = t[torch.isfinite(t)].double()
     assert (s.numel, s.count, s.nan, s.inf) == (3000, 2998, 1, 1)
-    assert s.sum == pytest.approx(float(finite.sum()), rel=1e-12)
+    assert s.sum == pytest.approx(float(finite.sum()), rel=1e-9, abs=1e-9)
     assert s.sumsq == pytest.approx(float((finite * finite).sum()), rel=1e-12)
+    on_device = sketch(t, "fold64")  # what a GPU computes with torch: the same numbers, its own hash
+    assert on_device.hash == content_hash(t) and on_device.hash.startswith("fold64:")
+    assert (on_device.count, on_device.nan, on_device.inf, on_device.sample) == (s.count, s.nan, s.inf, s.sample)
+    assert on_device.sum == pytest.approx(s.sum, rel=1e-9, abs=1e-9)
+    assert on_device.sumsq == pytest.approx(s.sumsq, rel=1e-12)
+    assert (on_device.min, on_device.max) == (s.min, s.max)
     assert (s.min, s.max) == (float(finite.min()), float(finite.max()))
     positions = sample_positions(3000)
     assert len(positions) > 200 and positions == sorted(positions) and positions == sample_positions(3000)
@@ -58,13 +64,13 @@ def test_a_summary_is_exact_where_it_can_be_and_samples_the_same_positions_on_bo
         (math.isnan(v) and math.isnan(flat[p])) or v == float(flat[p]) for v, p in zip(s.sample, positions, strict=True)
     )
     assert sample_positions(10) == list(range(10))
-    assert Sketch.from_json(s.to_json()).hash == s.hash  # NaN and Inf survive JSON as strings
-    # the hash: the same bytes hash equal; one flipped bit, another dtype or shape do not
+    assert Sketch.from_json(s.to_json()) == s  # NaN and Inf survive JSON as strings
+    # the hashes: the same bytes hash equal; one flipped bit, another dtype or shape do not
     u = t.clone()
-    assert content_hash(u) == s.hash
+    assert (sketch(u).hash, content_hash(u)) == (s.hash, on_device.hash)
     u.view(torch.int32)[2, 999] ^= 1
-    assert content_hash(u) != s.hash
-    assert content_hash(t.reshape(1000, 3)) != s.hash
+    assert sketch(u).hash != s.hash and content_hash(u) != on_device.hash
+    assert content_hash(t.reshape(1000, 3)) != on_device.hash and sketch(t.reshape(1000, 3)).hash != s.hash
     assert content_hash(torch.zeros(4, dtype=torch.int32)) != content_hash(torch.zeros(4, dtype=torch.float32))
     # a strided view hashes as its values do
     assert content_hash(t[:, ::2]) == content_hash(t[:, ::2].contiguous())
@@ -177,6 +183,7 @@ def test_a_full_dump_pairs_with_a_summary_capture_of_the_other_side(settings: Se
         services.close()
     kept = cand.summaries["PortedNet.layers.0.self_attn/softmax#1_outputs"]
     assert from_store is not None and from_store.hash == kept.hash and from_store.sample == kept.sample
+    assert kept.hash == row.digest  # a CPU summary's hash is the digest ingest gives the stored bytes
 
 
 def test_a_tiny_llama_summary_pass_and_full_pass_agree_on_the_first_diverging_op(settings: Settings) -> None:

@@ -4,7 +4,9 @@ A capture with `values="summary"` computes it as each hook fires, on the GPU for
 numbers and the sampled values come back to the host, never the tensor. A stored tensor (a full capture, a dump)
 gets the same summary from its values read back, so either side of a pair may be a summary.
 
-- The content hash ("fold64:<hex>") reads the bytes as little-endian 64-bit words (the last one padded with zeros),
+- A CPU tensor's content hash is the BLAKE3 digest ingest gives a stored tensor ("blake3:<hex>", over a header
+  naming dtype and shape, then the bytes), computed on the host where the tensor already is.
+- Another device's ("fold64:<hex>") reads the bytes as little-endian 64-bit words (the last one padded with zeros),
   mixes each with its index (multiply, xor-shift; int64 arithmetic, which wraps the same on every device) and adds
   them up; blake2b of the dtype, the shape, the byte count and that sum is the hash. Equal tensors hash equal; a
   tensor differing in one word always hashes differently; in more, by chance with probability about 2^-64.
@@ -76,11 +78,16 @@ def _mixed(words: torch.Tensor, first: int) -> torch.Tensor:
     return x.sum()
 
 
-def sketch(tensor: torch.Tensor) -> Sketch:
-    """The summary of `tensor` (see the module docstring), computed where it lives."""
+def sketch(tensor: torch.Tensor, hash_kind: str | None = None) -> Sketch:
+    """The summary of `tensor` (see the module docstring), computed where it lives. A CPU tensor's is computed by
+    ingest's compiled passes, its hash the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless
+    `hash_kind` is "fold64" (the hash of another device's summary, to compare with)."""
     import torch
 
     t = tensor.detach()
+    kind = hash_kind or ("blake3" if t.device.type == "cpu" else "fold64")
+    if t.device.type == "cpu" and not t.is_complex() and t.dtype != torch.bool:
+        return _host_sketch(t, kind)
     flat = t.reshape(-1)
     if flat.is_complex():
         flat = flat.abs()
@@ -115,7 +122,7 @@ def sketch(tensor: torch.Tensor) -> Sketch:
     return Sketch(
         tuple(t.shape),
         dtype_name(tensor.dtype),
-        content_hash(t),
+        content_hash(t) if kind == "fold64" else _blake3(t),
         numel,
         count,
         total,
@@ -128,14 +135,59 @@ def sketch(tensor: torch.Tensor) -> Sketch:
     )
 
 
-def record_sketch(store: ArrayStore, record: TensorRecord) -> Sketch | None:
-    """A stored tensor's summary: the one a summary capture kept, else computed from its values; None for a
-    tensor with neither (a trace written with use_repr=True)."""
+def _blake3(t: torch.Tensor) -> str:
+    """The digest ingest gives the tensor's bytes (`writer.new_hasher`): equal to a stored tensor's `digest`."""
+    from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
+    from tensor_debugger.store.dtypes import from_torch, torch_to_storage
+
+    array = torch_to_storage(t)
+    hasher = new_hasher(from_torch(t.dtype), tuple(t.shape))
+    hasher.update(array.reshape(-1).view("uint8") if array.size else b"")
+    return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
+
+
+def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
+    """A CPU tensor's summary through ingest's compiled summary pass (one pass, no float64 copy); sum and sum of
+    squares from its count, mean and sum of squared deviations."""
+    import torch
+
+    from tensor_debugger.ingest.summary import SummaryAccumulator
+    from tensor_debugger.store.dtypes import from_torch, torch_to_storage
+
+    logical = from_torch(t.dtype)
+    array = torch_to_storage(t)
+    totals = SummaryAccumulator()
+    if array.size:
+        totals.add_stored(array.reshape(-1), logical)
+    count, mean = totals.count, totals.mean
+    flat = t.reshape(-1)
+    positions = sample_positions(flat.numel())
+    values = flat[torch.tensor(positions, dtype=torch.int64)].to(torch.float64).tolist() if positions else []
+    return Sketch(
+        tuple(t.shape),
+        dtype_name(t.dtype),
+        content_hash(t) if kind == "fold64" else _blake3(t),
+        flat.numel(),
+        count,
+        mean * count if count else 0.0,
+        totals.m2 + count * mean * mean if count else 0.0,
+        float(totals.lo) if count else None,
+        float(totals.hi) if count else None,
+        totals.nan,
+        totals.inf,
+        tuple(float(v) for v in values),
+    )
+
+
+def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None = None) -> Sketch | None:
+    """A stored tensor's summary: the one a summary capture kept, else computed from its values (its hash of
+    `hash_kind`, "blake3" or "fold64": the other side's, to compare with); None for a tensor with neither (a trace
+    written with use_repr=True)."""
     if record.sketch is not None:
         return Sketch.from_json(record.sketch)
     if not record.has_values:
         return None
-    return sketch(store.read_whole(record.store_key, parse_dtype(record.dtype)))
+    return sketch(store.read_whole(record.store_key, parse_dtype(record.dtype)), hash_kind or "blake3")
 
 
 def sketch_verdict(
@@ -146,7 +198,9 @@ def sketch_verdict(
     side is sharded."""
     if len(a) != 1 or len(b) != 1 or (a[0].sketch is None and b[0].sketch is None):
         return None
-    left, right = record_sketch(store, a[0]), record_sketch(store, b[0])
+    kept = a[0].sketch or b[0].sketch or {}
+    kind = str(kept.get("hash", "blake3:")).partition(":")[0]
+    left, right = record_sketch(store, a[0], kind), record_sketch(store, b[0], kind)
     if left is None or right is None:
         return None
     return compare_sketches(left, right, tolerance)
