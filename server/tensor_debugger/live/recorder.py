@@ -25,6 +25,11 @@ of the tree inside the innermost module that called it, named `{module call}/{op
 inside that call of the module: `LlamaForCausalLM.model.layers.3.self_attn/softmax#1`), with `source`, the file and
 line of the user's code that called it. Its files are named `op{count}...` (a module path can be long; the name
 is the tree's). Only the ops of modules `modules=` selects are recorded.
+
+With `values="summary"`, no tensor is copied or written: each is summarised on its device as its hook fires
+(`ingest/sketches.py`), the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`),
+and the run's tensors have no values, only their summaries, which pairs are judged on
+(`engine/summary_compare.py`). `summarize_forward` does the same without storing anything.
 """
 
 from __future__ import annotations
