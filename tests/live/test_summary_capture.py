@@ -312,3 +312,12 @@ def test_summary_capture_through_the_server_and_its_pages_say_from_summaries(sha
         assert "bit-identical (equal content hashes)" in client.get(f"/pairs/{passing['id']}").text
         session_page = client.get(f"/sessions/{r.session_id}").text
         assert 'class="summary-basis">from summaries: ' in session_page
+
+
+def test_an_unknown_values_mode_is_refused(settings: Settings) -> None:
+    reference, _ = models()
+    with (
+        pytest.raises(ValueError, match="capture values must be one of full, summary, got 'bytes'"),
+        capture(reference, "v", "r", data_dir=settings.data_dir, values="bytes"),
+    ):
+        reference(x_input())
