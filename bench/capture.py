@@ -3,6 +3,7 @@
     python bench/capture.py                                 # CPU: 8 layers, hidden 2048, 512 tokens, bfloat16
     python bench/capture.py --device cuda --tokens 2048     # the issue's figure: 2,048 tokens on a GPU
     python bench/capture.py --dtype float32 --runs 3
+    python bench/capture.py --gpt2                          # summaries: GPT-2 small, op capture, find_divergence
 
 Each layer is RMS norm, attention (q, k, v, o projections and SDPA), RMS norm and a gated MLP (gate, up, SiLU,
 down), with no embedding or head: the model's input is a (1, tokens, hidden) tensor. Every module's inputs and
@@ -12,6 +13,12 @@ is the bytes of every tensor captured, so GB/s is activations / capture time. Pe
 mark during the captures (reset before them through /proc/self/clear_refs), and the resident size before them
 (model weights, input) beside it. CPU time (this process's, all threads) says what a run costs on a busy machine,
 where wall times vary with what else runs. Nothing here asserts on timings; the numbers are for reading.
+
+`--gpt2` measures summaries instead, on a GPT-2-small-sized model built by transformers from a `GPT2Config` (12
+layers, hidden 768, 12 heads, random weights, seeded; nothing downloaded) over 256 tokens on the CPU: an op capture
+with `values="summary"` against the plain forward pass, its data (what the data dir grows by) against an op capture
+with `values="full"`, and `find_divergence` (a planted change in layer 6's attention output projection) against two
+plain forward passes.
 
 `PYTHONPATH=/path/to/other/server` measures another checkout's `tensor_debugger` with the same model.
 """
@@ -110,6 +117,97 @@ def build_model(layers: int, hidden: int, intermediate: int, heads: int, dtype_n
     return model.to(getattr(torch, dtype_name)).eval()
 
 
+def dir_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def gpt2_summaries(runs: int, workdir: Path | None) -> None:
+    """The `--gpt2` figures (see the module docstring)."""
+    import tensor_debugger
+    import torch
+    from tensor_debugger import capture, find_divergence
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def build(planted: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=256, vocab_size=50257)
+        model: torch.nn.Module = GPT2LMHeadModel(config)
+        model.eval()
+        if planted:
+            with torch.no_grad():
+                model.get_parameter("transformer.h.6.attn.c_proj.weight").mul_(1.01)
+        return model
+
+    reference, candidate = build(False), build(True)
+    ids = torch.randint(0, 50257, (1, 256), generator=torch.Generator().manual_seed(1))
+
+    def forward(model: torch.nn.Module) -> float:
+        start = time.perf_counter()
+        with torch.no_grad():
+            model(input_ids=ids)
+        return time.perf_counter() - start
+
+    forward(reference)
+    forward_s = statistics.median(forward(reference) for _ in range(3))
+    work = Path(tempfile.mkdtemp(prefix="bench-summary-", dir=workdir))
+    try:
+        empty = work / "empty"
+        open_services(Settings.from_environ(data_dir=empty)).close()
+        base = dir_bytes(empty)
+        timings: dict[str, list[float]] = {"summary": [], "full": []}
+        sizes: dict[str, int] = {}
+        tensors: dict[str, int] = {}
+        for values in ("summary", "full"):
+            for run in range(runs):
+                data = work / f"{values}-{run}"
+                start = time.perf_counter()
+                with (
+                    torch.no_grad(),
+                    capture(reference, "bench", "r", data_dir=data, level="op", values=values) as result,
+                ):
+                    reference(input_ids=ids)
+                timings[values].append(time.perf_counter() - start)
+                sizes[values] = dir_bytes(data) - base
+                tensors[values] = result.tensors
+                shutil.rmtree(data, ignore_errors=True)
+                print(f"{values} run {run}: {timings[values][-1]:.2f} s", file=sys.stderr)
+        found_s: list[float] = []
+        found = None
+        for run in range(runs):
+            start = time.perf_counter()
+            found = find_divergence(
+                reference, candidate, {"input_ids": ids}, session="bench", data_dir=work / f"f{run}"
+            )
+            found_s.append(time.perf_counter() - start)
+            print(f"find_divergence run {run}: {found_s[-1]:.2f} s", file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    summary_s, full_s, find_s = (statistics.median(t) for t in (timings["summary"], timings["full"], found_s))
+    print(machine_line(f"torch {torch.__version__}"))
+    print(f"tensor_debugger from {Path(tensor_debugger.__file__).parent.parent}")
+    print("model: GPT-2 small shape (12 layers, hidden 768, 12 heads), random weights, 256 tokens, float32, CPU")
+    print(f"{'':34}{'time':>10}{'x forward':>11}{'data':>12}{'tensors':>9}")
+    print(f"{'plain forward':34}{forward_s:>8.3f} s{1:>11.2f}{'':>12}{'':>9}")
+    for label, seconds, values in (
+        ("op capture, values=summary", summary_s, "summary"),
+        ("op capture, values=full", full_s, "full"),
+    ):
+        print(
+            f"{label:34}{seconds:>8.3f} s{seconds / forward_s:>11.2f}{sizes[values] / MB:>9.2f} MB{tensors[values]:>9}"
+        )
+    print(
+        f"summary data / full data: {100 * sizes['summary'] / sizes['full']:.3f}% (goal <= 1%); summary capture / "
+        f"forward: {summary_s / forward_s:.2f}x (goal <= 1.5x)"
+    )
+    print(
+        f"find_divergence: {find_s:.3f} s = {find_s / (2 * forward_s):.2f}x two plain forwards ({2 * forward_s:.3f} s; "
+        f"goal < 3x); found {found.first.reference if found and found.first else None}"
+    )
+    print(f"runs: {runs} of each, medians; load average when done: {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
@@ -127,7 +225,11 @@ def main() -> None:
         default=None,
         help="capture()'s host buffer budget, when the capture() measured takes one",
     )
+    parser.add_argument("--gpt2", action="store_true", help="summaries on a GPT-2-small-sized model (see above)")
     args = parser.parse_args()
+    if args.gpt2:
+        gpt2_summaries(args.runs, args.workdir)
+        return
 
     import tensor_debugger
     import torch

@@ -63,6 +63,8 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "stage": "attn",
         "where": HEAD_BUG,
         "unmatched_before": [],
+        "basis": None,
+        "summary_reason": None,
     }
 
     # the same session's table, from the cache, in this process

@@ -79,7 +79,10 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
         "layer": 1,
         "stage": None,
         "unmatched_before": [],
+        "basis": None,  # judged on element values, not on summaries
+        "summary_reason": None,
     }
+    assert (out["basis"], out["pairs_on_summaries"], out["next_capture"]) == ("values", 0, None)
     top = out["culprits"][0]
     assert top["module_path"] == DOWN_PROJ
     assert top["input_error"] == 0 and top["added_error"] == top["output_error"] > 0.1

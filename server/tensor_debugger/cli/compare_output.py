@@ -8,6 +8,7 @@ import argparse
 import json
 import shlex
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -160,7 +161,9 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     for n, p in enumerate(payload["pairs"]):
         s = p["stats"] or {}
         mismatch = f"{100 * s['mismatched'] / s['numel']:.3g}%" if s and s["numel"] else ""
+        on_summary = p["summary"] and p["summary"].get("basis") == "summary"
         verdict = p["status"].upper() + (" (summary)" if p["summary"] else "")
+        verdict = "NO DIFFERENCE FOUND (summary)" if on_summary and p["status"] == "pass" else verdict
         verdict += " (noise)" if p.get("rule") == "noise" else ""
         floor = (cell(p.get("noise_max_abs_diff")),) if noise else ()
         rows.append(
@@ -185,7 +188,13 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
             which = "reference" if side == "a" else "candidate"
             print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
     print_problems(payload["problems"])
-    summaries = sum(1 for p in payload["pairs"] if p["summary"])
+    sketched = payload.get("pairs_on_summaries") or 0
+    summaries = sum(1 for p in payload["pairs"] if p["summary"]) - sketched
+    if sketched:
+        print(
+            f'from summaries: {sketched} pairs were judged on summaries alone (values="summary"): hashes, norms, '
+            f"means and sampled elements; a pass there means no difference found in the summary"
+        )
     if summaries:
         print(
             f"element values are not available for {summaries} pairs (a trace written with use_repr=True): their "
@@ -196,7 +205,10 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
     if first is None:
         incomplete = unread_files(payload["problems"]) or payload.get("verdict") == "incomplete"
         among = " among the pairs compared" if incomplete else ""
-        print(f"no divergence{among}: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass")
+        rests = (
+            " (from summaries: no difference found in the summaries, not every element compared)" if sketched else ""
+        )
+        print(f"no divergence{among}: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass{rests}")
     else:
         pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
         stats = pair["stats"]
@@ -209,7 +221,12 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
         )
         at = source_words(pair["a"].get("source"), pair["b"].get("source"))  # a captured op's lines
         where = f"{where}, {at}" if at else where
-        if stats is None:
+        if first.get("basis") == "summary":
+            print(f"FIRST DIVERGENCE: {first['name']} ({where}): {first['summary_reason']}{inside(first)}")
+            if payload.get("next_capture"):
+                print("next capture, full values of that module (add to this session):")
+                print(textwrap.indent(payload["next_capture"]["python"], "    "))
+        elif stats is None:
             print(
                 f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
                 f"are not available in this trace)"

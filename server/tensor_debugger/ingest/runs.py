@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.engine.names import module_layer, parse_layer_stage
+from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.errors import (
     ConflictError,
     DiskFullError,
@@ -148,14 +149,24 @@ def archive_limits(settings: Settings) -> ArchiveLimits:
 def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
     """A tensor of a trace without element values: what its JSON says, and no array."""
     shape = list(traced.shape or ())
-    stats = traced.stats
+    stats: dict[str, float | None] = dict(traced.stats)
+    sketch = None
+    if traced.sketch is not None:
+        try:
+            sketch = Sketch.from_json(traced.sketch)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FileProblem(run_trace.label, f"{traced.name}: a malformed summary ({exc})") from exc
+        stats = {"min": sketch.min, "max": sketch.max, "mean": sketch.mean, "std": sketch.std}
+    layer = parse_layer_stage(PurePosixPath(traced.module_path), ())[0]
+    if traced.op is not None:
+        layer = module_layer(traced.module_path)
     return TensorRecord(
         run_id=run_id,
         position=position,
         name=run_trace.summary_name(traced),
         source_file=run_trace.label,
         key_path=[],
-        layer=parse_layer_stage(PurePosixPath(traced.module_path), ())[0],
+        layer=layer,
         stage=None,
         shape=shape,
         dtype=traced.dtype or "unknown",
@@ -167,11 +178,13 @@ def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: Trac
         max=stats.get("max"),
         mean=stats.get("mean"),
         std=stats.get("std"),
-        nan_count=0,
-        inf_count=0,
+        nan_count=sketch.nan if sketch else 0,
+        inf_count=sketch.inf if sketch else 0,
         module_path=traced.module_path,
         place=traced.place,
+        source=traced.source,
         has_values=False,
+        sketch=sketch.to_json() if sketch else None,
     )
 
 

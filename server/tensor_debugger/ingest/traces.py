@@ -14,8 +14,9 @@ place. A file the JSON never names (the root's logits) still becomes a tensor, a
 A capture with `level="op"` (`live/recorder.py`) adds op nodes: `{"module_path": "<module call>/softmax#1", "op":
 "softmax", "source": "<file>:<line>", "outputs": ...}`, children of the module call that ran them, in call order.
 Their files have short names of their own; their tensors are named by the tree (`<module call>/softmax#1_outputs`).
-A capture's root says `"complete": true`: no layer was left out, so none is put back (with `modules=`, the layers it
-did not select have no node and only some files).
+A capture with `values="summary"` writes no files: each tensor entry holds `"summary"`, its summary
+(`engine/summary_compare.py`), in place of `"value"`. A capture's root says `"complete": true`: no layer was left
+out, so none is put back (with `modules=`, the layers it did not select have no node and only some files).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class TraceTensor:
     stats: dict[str, float] = field(default_factory=dict)  # of the four STATISTICS, those the JSON gives
     op: str | None = None  # a captured op's function ("softmax"); None for a module's input or output
     source: str | None = None  # a captured op's caller, "<file>:<line>"
+    sketch: dict[str, Any] | None = None  # a summary capture's summary of it (`summary_compare.Sketch.to_json`)
 
     @property
     def name(self) -> str:
@@ -171,7 +173,10 @@ def _tensor(path: str, place: str, entry: dict[str, Any], files: set[str]) -> Tr
         name = PurePosixPath(value).name
         file = name if name in files else None
     stats = {k: v for k in STATISTICS if (v := parse_tensor_repr(entry.get(k))) is not None}
-    return TraceTensor(path, place, file, parse_shape(entry.get("shape")), trace_dtype(entry.get("dtype")), stats)
+    sketch = entry.get("summary") if isinstance(entry.get("summary"), dict) else None
+    return TraceTensor(
+        path, place, file, parse_shape(entry.get("shape")), trace_dtype(entry.get("dtype")), stats, sketch=sketch
+    )
 
 
 def _restore_pruned_layers(node: dict[str, Any], files: set[str]) -> None:

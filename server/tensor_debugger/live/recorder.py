@@ -25,6 +25,11 @@ of the tree inside the innermost module that called it, named `{module call}/{op
 inside that call of the module: `LlamaForCausalLM.model.layers.3.self_attn/softmax#1`), with `source`, the file and
 line of the user's code that called it. Its files are named `op{count}...` (a module path can be long; the name
 is the tree's). Only the ops of modules `modules=` selects are recorded.
+
+With `values="summary"`, no tensor is copied or written: each is summarised on its device as its hook fires
+(`ingest/sketches.py`), the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`),
+and the run's tensors have no values, only their summaries, which pairs are judged on
+(`engine/summary_compare.py`). `summarize_forward` does the same without storing anything.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ import json
 import shutil
 import struct
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +48,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from tensor_debugger.engine.summary_compare import Sketch
+from tensor_debugger.ingest.sketches import sketch
 from tensor_debugger.ingest.tensor_files import SAFETENSORS_DTYPES
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
@@ -57,6 +64,8 @@ if TYPE_CHECKING:
 WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # written to a file this much at a time
 Level = Literal["module", "op"]
 LEVELS: tuple[Level, ...] = ("module", "op")
+Values = Literal["full", "summary"]
+VALUES: tuple[Values, ...] = ("full", "summary")
 
 
 @functools.cache
@@ -78,6 +87,9 @@ class CaptureResult:
     session_id: int | None = None
     run_id: int | None = None
     skipped: list[str] = field(default_factory=list)  # values left out and why ("...: a str, not a tensor")
+    # with values="summary": each tensor's summary, by its name in the run, in call order
+    summaries: dict[str, Sketch] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)  # a captured op's tensors' callers, by name
 
 
 def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE_CHUNK_BYTES) -> None:
@@ -108,8 +120,12 @@ class _Scope:
 class _Recorder:
     """The hooks' state: the call tree being built and the files written."""
 
-    def __init__(self, folder: Path, root_name: str, patterns: Sequence[str], writer: CaptureWriter) -> None:
+    def __init__(
+        self, folder: Path, root_name: str, patterns: Sequence[str], writer: CaptureWriter | None, result: CaptureResult
+    ) -> None:
         self.folder = folder
+        self.result = result
+        self.on_tensor: Callable[[str, torch.Tensor], None] | None = None
         self.root_name = root_name
         self.patterns = patterns
         self.writer = writer
@@ -156,26 +172,44 @@ class _Recorder:
         name = f"{scope.call}/{op}#{number}"
         stem = f"op{self.ops:06d}"
         self.ops += 1
-        node = {"module_path": name, "op": op, "source": source, "outputs": self.serialize(output, name, stem)}
+        node = {
+            "module_path": name,
+            "op": op,
+            "source": source,
+            "outputs": self.serialize(output, f"{name}_outputs", stem, source),
+        }
         self.stack[-1]["children"].append(node)
 
-    def serialize(self, value: Any, name: str, stem: str | None = None) -> Any:
-        """The trace JSON's entry for `value`, its tensors handed to the writer; mirrors the debugger's layout.
-        Files are named `name` (or `stem`, where given) with the place's suffixes."""
+    def serialize(self, value: Any, name: str, stem: str | None = None, source: str | None = None) -> Any:
+        """The trace JSON's entry for `value`, its tensors handed to the writer (with values="summary": summarised
+        here, on their device); mirrors the debugger's layout. Files are named `name` (or `stem`, where given) with
+        the place's suffixes; `name` is the tensor's name in the run."""
         stem = stem or name
         if isinstance(value, torch.Tensor):
             if value.dtype not in safetensors_codes():
                 self.skipped.append(f"{name}: dtype {value.dtype} cannot be captured")
                 return repr(value.dtype)
+            if self.writer is None:  # values="summary"
+                if not _has_storage(value):
+                    self.skipped.append(f"{name}: a tensor without storage")
+                    return repr(value.dtype)
+                summary = sketch(value)
+                self.result.summaries[name] = summary
+                if source is not None:
+                    self.result.sources[name] = source
+                self.count += 1
+                return {"shape": repr(value.shape), "dtype": repr(value.dtype), "summary": summary.to_json()}
+            if self.on_tensor is not None:
+                self.on_tensor(name, value)
             file = f"{stem}.safetensors"
             self.writer.submit(self.count, file, value)
             self.files.append(file)
             self.count += 1
             return {"shape": repr(value.shape), "dtype": repr(value.dtype), "value": f"./{file}"}
         if isinstance(value, list | tuple):
-            return [self.serialize(v, f"{name}_{i}", f"{stem}_{i}") for i, v in enumerate(value)]
+            return [self.serialize(v, f"{name}_{i}", f"{stem}_{i}", source) for i, v in enumerate(value)]
         if isinstance(value, dict):  # ModelOutput is a dict too
-            return {str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}") for k, v in value.items()}
+            return {str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}", source) for k, v in value.items()}
         return type(value).__name__ if value is not None else "None"
 
     def write_tree(self) -> Path:
@@ -317,6 +351,26 @@ class _LocalRun:
             self.services.close()
 
 
+def summarize_forward(
+    model: torch.nn.Module, forward: Callable[[], Any], level: Level = "op", modules: str | Sequence[str] = ()
+) -> CaptureResult:
+    """Run `forward()` (a call of `model`) with the hooks of a `values="summary"` capture, storing nothing: the
+    result's `summaries` (and `sources`) are all it gives."""
+    result = CaptureResult("", "")
+    patterns = [modules] if isinstance(modules, str) else list(modules)
+    recorder = _Recorder(Path(), type(model).__name__, patterns, None, result)
+    handles = _hook(model, recorder, level)
+    try:
+        with OpMode(recorder) if level == "op" else ExitStack():
+            forward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    result.tensors = recorder.count
+    result.skipped = recorder.skipped
+    return result
+
+
 @contextmanager
 def capture(
     model: torch.nn.Module,
@@ -331,6 +385,8 @@ def capture(
     host_memory: int = DEFAULT_HOST_MEMORY,
     workers: int | None = None,
     level: Level = "module",
+    values: Values = "full",
+    on_tensor: Callable[[str, torch.Tensor], None] | None = None,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -341,10 +397,16 @@ def capture(
     is always recorded. `host_memory` bounds the bytes of host copies waiting to be written (default 1 GiB; a hook
     waits while it is spent); `workers` is the number of writing threads (default: TENSOR_DEBUGGER_WORKERS, else
     the CPUs this process may use). `level="op"` records every torch function the forward calls as well, each
-    with the file and line that called it (see the module docstring). Nothing is kept when the block raises.
+    with the file and line that called it (see the module docstring). `values="summary"` keeps no element
+    values: each tensor's summary (a content hash, count, sum, sum of squares, min, max, NaN and Inf counts and 256
+    sampled values; `ingest/sketches.py`), computed on its device as its hook fires, and compared as a summary
+    (`engine/summary_compare.py`). `on_tensor(name, tensor)`, with values="full", is called with each tensor
+    recorded as its hook fires (before it is copied: clone it to keep it). Nothing is kept when the block raises.
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if values not in VALUES:
+        raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
     patterns = [modules] if isinstance(modules, str) else list(modules)
     root_name = type(model).__name__
     folder = Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
@@ -355,8 +417,10 @@ def capture(
     watching = ExitStack()  # with level="op": the torch function mode, active while the block runs
     try:
         local = _LocalRun(session, run, data_dir) if server is None else None
-        writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
-        recorder = _Recorder(folder, root_name, patterns, writer)
+        if values == "full":
+            writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
+        recorder = _Recorder(folder, root_name, patterns, writer, result)
+        recorder.on_tensor = on_tensor
         handles = _hook(model, recorder, level)
         if level == "op":
             watching.enter_context(OpMode(recorder))
@@ -368,7 +432,8 @@ def capture(
         if recorder.root is None:
             raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
         closing, writer = writer, None
-        closing.close()  # every tensor written; raises CaptureError if one could not be
+        if closing is not None:
+            closing.close()  # every tensor written; raises CaptureError if one could not be
         tree = recorder.write_tree()
         result.tensors, result.skipped = recorder.count, recorder.skipped
         if local is not None:

@@ -31,6 +31,7 @@ from tensor_debugger.engine.pairing import (
 )
 from tensor_debugger.engine.summaries import compare_summaries
 from tensor_debugger.errors import InvalidInputError, NotFoundError
+from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -187,7 +188,9 @@ def refresh_session(context: CompareContext, session_id: int) -> None:
                 keys[pair.id] = current.keyed(pair.id)[0]
                 continue
             tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
-            verdict = compare_summaries(tensor_summary(a[0]), tensor_summary(b[0]), tol)
+            verdict = sketch_verdict(context.store, a, b, tol) or compare_summaries(
+                tensor_summary(a[0]), tensor_summary(b[0]), tol
+            )
             pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
             pair.status = "pass" if verdict.passed else "fail"
         cached = {

@@ -8,6 +8,7 @@ from typing import Any
 
 from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs
 from tensor_debugger.compare.reports.where_reports import WhereEntry
+from tensor_debugger.engine.summary_compare import next_capture
 
 CONTRACT_STATS = (
     "max_abs_diff",
@@ -83,6 +84,10 @@ def contract_json(
             "stage": found.stage,
             "where": _where(found.where),
             "unmatched_before": found.unmatched_before,
+            # "summary": the verdict rests on summaries (a capture with values="summary"), said in `summary_reason`
+            # ("from summaries: ..."); null: on element values
+            "basis": found.basis,
+            "summary_reason": found.summary_reason,
         }
 
     culprits = report.modules.culprits if report.modules else []
@@ -100,6 +105,14 @@ def contract_json(
             "not_compared": report.coverage.not_compared,  # pairs that errored or are incomparable
         },
         "first_divergence": where(first),  # the first candidate's
+        # "summary" where any pair was judged on summaries alone (a capture with values="summary"): a pass there is
+        # "no difference found in the summary", not a comparison of every element; "values" otherwise
+        "basis": "summary" if report.on_summaries else "values",
+        "pairs_on_summaries": report.on_summaries,
+        # a divergence found from summaries: the capture with full values that settles it (`python`, a snippet)
+        "next_capture": next_capture(name, [first.module_path]).to_json()
+        if first is not None and first.basis == "summary" and first.module_path
+        else None,
         "first_divergences": {c.label: where(c.first_divergence) for c in report.candidates},
         # the modules of a trace or capture whose added error (relative RMSE, output minus input) stands out, largest
         # first; in a plain dump, its stages whose error added to the tensor before it does (engine/culprits.py's

@@ -171,6 +171,11 @@ class FirstDivergence:
     # the reference tensors with no partner in this candidate that come before it in execution order (not those
     # the user allowed to stay unpaired): the divergence may have begun in one of them
     unmatched_before: list[str] = field(default_factory=list)
+    # "summary" where the verdict rests on summaries (a capture with values="summary"), with its words
+    # ("from summaries: ..."); None where element values were compared
+    basis: str | None = None
+    summary_reason: str | None = None
+    module_path: str | None = None  # the reference tensor's module (an op's: "<module call>/<op>#<n>")
 
 
 @dataclass(frozen=True)
@@ -224,6 +229,12 @@ class SessionPairs:
     # what was compared of the reference, and the session's verdict on it (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
     verdict: SessionVerdict = SessionVerdict.COMPARING
+
+    @property
+    def on_summaries(self) -> int:
+        """How many pairs were judged on summaries alone (a capture with values="summary"): a pass of such a pair
+        says only that no difference was found in the summary."""
+        return sum(1 for p in self.pairs if summary_basis(p.summary))
 
     @property
     def not_compared(self) -> list[PairReport]:
@@ -578,7 +589,15 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
         item.a.source,
         item.b.source,
         list(dict.fromkeys(u.name for u in before)),
+        "summary" if summary_basis(item.summary) else None,
+        str(item.summary["reason"]) if item.summary and summary_basis(item.summary) else None,
+        item.module_path,
     )
+
+
+def summary_basis(summary: dict[str, Any] | None) -> bool:
+    """Whether a pair's verdict rests on summaries (`summary_compare.SketchVerdict`)."""
+    return summary is not None and summary.get("basis") == "summary"
 
 
 def pair_detail(db: DbSession, context: CompareContext, pair_id: int) -> PairDetail:

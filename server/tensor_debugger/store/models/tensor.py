@@ -52,5 +52,7 @@ class TensorRecord(Base):
     source: Mapped[str | None] = mapped_column(Text)
     # False for a trace written with use_repr=True: shape, dtype and mean/std/min/max only, no array stored
     has_values: Mapped[bool] = mapped_column(default=True, server_default=true())
+    # a capture with values="summary": the tensor's summary (`summary_compare.Sketch.to_json`); null otherwise
+    sketch: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     run: Mapped[RunRecord] = relationship(back_populates="tensors")

@@ -1,0 +1,271 @@
+"""Verdicts of pairs known by their summaries (a capture with `values="summary"`), not by their elements.
+
+A summary (`Sketch`, computed by `ingest/sketches.py` on the tensor's own device) keeps a tensor's shape and
+dtype, a content hash of its bytes, its element count, NaN and Inf counts, and over its finite values the sum, the
+sum of squares, the minimum and the maximum (float64), and the values at a fixed sample of positions (the same
+positions for every tensor with as many elements: `sample_positions`).
+
+Two summaries of the same shape compare on what they allow, with the pair's tolerance (|b - a| <= atol + rtol * |a|
+per element, the rule full comparisons use):
+- equal hashes: bit-identical (up to a 64-bit hash's collisions), a pass;
+- different NaN or Inf counts: a divergence;
+- the sampled elements: the largest |b - a| among them is a LOWER BOUND of the pair's max |diff|; one sampled
+  element outside the tolerance is a divergence;
+- the norms: |‖b‖ - ‖a‖| <= ‖b - a‖, and if every element were within tolerance, ‖b - a‖ <= atol·√n + rtol·‖a‖; so
+  a relative norm difference |‖b‖ - ‖a‖| / ‖a‖ above rtol + atol·√n / ‖a‖ proves an element outside the tolerance;
+- the means: likewise |mean b - mean a| <= atol + rtol·‖a‖/√n if every element were within tolerance.
+Every failing check proves a divergence. Passing them all proves nothing about the elements not sampled: the
+verdict is "no difference found in the summary", never a full pass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tensor_debugger.engine.metrics import json_number
+from tensor_debugger.engine.tolerances import Tolerance
+
+SAMPLE_SIZE = 256  # elements a summary keeps the values of
+SAMPLE_SEED = 0x5D_0C_CA_7E
+_MASK = (1 << 64) - 1
+_ROUNDING = 1e-12  # relative slack for float64 sums computed in a different order on each side
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def sample_positions(numel: int, size: int = SAMPLE_SIZE) -> list[int]:
+    """Flat indices a summary samples, ascending: every element of a tensor of at most `size`, else `size` (fewer
+    where two draws coincide) chosen by a seeded hash of the draw's number; the same for every tensor of `numel`."""
+    if numel <= size:
+        return list(range(numel))
+    return sorted({_splitmix64(SAMPLE_SEED + k) % numel for k in range(size)})
+
+
+@dataclass(frozen=True)
+class Sketch:
+    """What a summary keeps of one tensor (see the module docstring)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    hash: str  # "fold64:<hex>" of the dtype, the shape and the bytes
+    numel: int
+    count: int  # finite values
+    sum: float
+    sumsq: float
+    min: float | None
+    max: float | None
+    nan: int
+    inf: int
+    sample: tuple[float, ...]  # the values at `sample_positions(numel)`, float64 (NaN and Inf kept)
+
+    @property
+    def mean(self) -> float | None:
+        return self.sum / self.count if self.count else None
+
+    @property
+    def std(self) -> float | None:
+        if not self.count:
+            return None
+        mean = self.sum / self.count
+        return math.sqrt(max(self.sumsq / self.count - mean * mean, 0.0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "shape": list(self.shape),
+            "dtype": self.dtype,
+            "hash": self.hash,
+            "numel": self.numel,
+            "count": self.count,
+            "sum": json_number(self.sum),
+            "sumsq": json_number(self.sumsq),
+            "min": None if self.min is None else json_number(self.min),
+            "max": None if self.max is None else json_number(self.max),
+            "nan": self.nan,
+            "inf": self.inf,
+            "sample": [json_number(v) for v in self.sample],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Sketch:
+        """Raises ValueError (KeyError, TypeError) on a malformed summary."""
+
+        def number(value: Any) -> float:
+            return float(value)  # "nan", "inf" and "-inf" parse as floats
+
+        sample = tuple(number(v) for v in data["sample"])
+        numel = int(data["numel"])
+        if len(sample) != len(sample_positions(numel)):
+            raise ValueError(f"a summary of {numel} elements holds {len(sample)} sampled values")
+        return cls(
+            tuple(int(d) for d in data["shape"]),
+            str(data["dtype"]),
+            str(data["hash"]),
+            numel,
+            int(data["count"]),
+            number(data["sum"]),
+            number(data["sumsq"]),
+            None if data.get("min") is None else number(data["min"]),
+            None if data.get("max") is None else number(data["max"]),
+            int(data["nan"]),
+            int(data["inf"]),
+            sample,
+        )
+
+
+@dataclass(frozen=True)
+class SketchVerdict:
+    """A summary comparison's outcome. `passed` False proves a divergence; True means no difference was found in
+    the summary (`identical` when the hashes are equal)."""
+
+    passed: bool
+    identical: bool
+    shapes_equal: bool
+    reason: str  # in words, starting "from summaries: "
+    sampled: int  # elements compared by value
+    sampled_max_abs_diff: float | None  # a lower bound of the pair's max |diff|
+    sampled_mismatched: int  # sampled elements outside the tolerance
+    norm_a: float | None
+    norm_b: float | None
+    rel_norm_diff: float | None  # |‖b‖ - ‖a‖| / ‖a‖: a lower bound of the relative L2 error
+    mean_shift: float | None  # |mean b - mean a|
+    nan: tuple[int, int]
+    inf: tuple[int, int]
+    tolerance: str
+
+    def to_json(self) -> dict[str, Any]:
+        def number(value: float | None) -> float | str | None:
+            return None if value is None else json_number(value)
+
+        return {
+            "basis": "summary",
+            "has_values": False,
+            "passed": self.passed,
+            "identical": self.identical,
+            "shapes_equal": self.shapes_equal,
+            "reason": self.reason,
+            "sampled": self.sampled,
+            "sampled_max_abs_diff": number(self.sampled_max_abs_diff),  # a lower bound
+            "sampled_mismatched": self.sampled_mismatched,
+            "norm_a": number(self.norm_a),
+            "norm_b": number(self.norm_b),
+            "rel_norm_diff": number(self.rel_norm_diff),
+            "mean_shift": number(self.mean_shift),
+            "nan": list(self.nan),
+            "inf": list(self.inf),
+            "tolerance": self.tolerance,
+        }
+
+
+def _effective(tolerance: Tolerance) -> tuple[float, float]:
+    """(rtol, atol) with bound(x) <= atol + rtol·|x| for every x: the pair's own, or for a ULP rule its bound at 1
+    and at 0 (a spacing is at most eps·|x| above the normal range)."""
+    if not tolerance.ulp:
+        return tolerance.rtol, tolerance.atol
+    at = tolerance.bound(np.array([0.0, 1.0]))
+    return float(at[1]), float(at[0])
+
+
+def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdict:
+    """The verdict on two summaries, `a` the reference's (see the module docstring)."""
+    described = tolerance.describe()
+    counts = ((a.nan, b.nan), (a.inf, b.inf))
+    if a.shape != b.shape:
+        reason = f"from summaries: shapes differ ({list(a.shape)} vs {list(b.shape)})"
+        return SketchVerdict(False, False, False, reason, 0, None, 0, None, None, None, None, *counts, described)
+    if a.hash == b.hash and a.dtype == b.dtype:
+        norm = math.sqrt(a.sumsq)
+        reason = "from summaries: bit-identical (equal content hashes)"
+        return SketchVerdict(True, True, True, reason, len(a.sample), 0.0, 0, norm, norm, 0.0, 0.0, *counts, described)
+    xa = np.array(a.sample, dtype=np.float64)
+    xb = np.array(b.sample, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(xb - xa)
+        both_nan = np.isnan(xa) & np.isnan(xb)
+        same_inf = np.isinf(xa) & (xa == xb)
+        diff = np.where(both_nan | same_inf, 0.0, diff)
+        bad = np.isnan(diff) | (diff > tolerance.bound(np.abs(np.nan_to_num(xa, nan=0.0, posinf=0.0, neginf=0.0))))
+        bad |= np.isnan(xb) & ~both_nan  # a NaN fails wherever the reference has none
+    sampled_max = float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))) if diff.size else None
+    mismatched = int(np.count_nonzero(bad))
+    norm_a, norm_b = math.sqrt(a.sumsq), math.sqrt(b.sumsq)
+    rtol, atol = _effective(tolerance)
+    finite = math.isfinite(norm_a) and math.isfinite(norm_b)
+    rel = abs(norm_b - norm_a) / norm_a if finite and norm_a > 0 else (0.0 if norm_a == norm_b else math.inf)
+    mean_a, mean_b = a.mean, b.mean
+    shift = abs(mean_b - mean_a) if mean_a is not None and mean_b is not None else None
+    n = max(a.count, 1)
+    failures: list[str] = []
+    if a.nan != b.nan or a.inf != b.inf:
+        failures.append(f"NaN/Inf counts differ ({a.nan}/{a.inf} vs {b.nan}/{b.inf})")
+    if mismatched:
+        failures.append(f"{mismatched} of {diff.size} sampled elements outside {described}")
+    if finite and abs(norm_b - norm_a) > (atol * math.sqrt(n) + rtol * norm_a) * (1 + _ROUNDING) + _ROUNDING * norm_a:
+        failures.append(f"norms differ by {rel:.3g} relative, more than {described} allows")
+    mean_bound = atol + rtol * norm_a / math.sqrt(n)
+    if finite and shift is not None and shift > mean_bound * (1 + _ROUNDING) + _ROUNDING * norm_a / math.sqrt(n):
+        failures.append(f"means differ by {shift:.3g}, more than {described} allows")
+    if failures:
+        reason = "from summaries: " + "; ".join(failures)
+    else:
+        reason = (
+            f"from summaries: no difference found in the summary ({diff.size} sampled elements within {described}, "
+            f"norms {rel:.3g} apart); not every element was compared"
+        )
+    return SketchVerdict(
+        not failures,
+        False,
+        True,
+        reason,
+        int(diff.size),
+        sampled_max,
+        mismatched,
+        norm_a,
+        norm_b,
+        rel,
+        shift,
+        *counts,
+        described,
+    )
+
+
+@dataclass(frozen=True)
+class NextCapture:
+    """The capture that settles a divergence found from summaries: full values of the modules named, the model's
+    class name left out (the glob `capture(modules=)` takes), ops included."""
+
+    modules: tuple[str, ...]  # glob patterns: "model.layers.17.self_attn*"
+    python: str  # the snippet to run, for the reference and the candidate
+
+    def to_json(self) -> dict[str, Any]:
+        return {"modules": list(self.modules), "values": "full", "level": "op", "python": self.python}
+
+
+def module_pattern(module_path: str) -> str:
+    """The `modules=` pattern of a tensor's module: `LlamaForCausalLM.model.layers.17.self_attn#2/softmax#1` ->
+    "model.layers.17.self_attn*"; "*" for the model itself."""
+    module = module_path.partition("/")[0].partition("#")[0]
+    inner = module.partition(".")[2]
+    return f"{inner}*" if inner else "*"
+
+
+def next_capture(session: str, module_paths: list[str]) -> NextCapture:
+    """The second capture to run where a divergence was found from summaries at a tensor of the first of
+    `module_paths` (the others: modules just before it, kept for their inputs)."""
+    patterns = tuple(dict.fromkeys(module_pattern(m) for m in module_paths if m))
+    modules = repr(patterns[0]) if len(patterns) == 1 else repr(list(patterns))
+    lines = []
+    for model, run in (("reference", "reference (full)"), ("candidate", "candidate (full)")):
+        lines.append(
+            f'with torch.no_grad(), capture({model}, session={session!r}, run={run!r}, values="full", level="op", '
+            f"modules={modules}):\n    {model}(*inputs)"
+        )
+    return NextCapture(patterns, "from tensor_debugger import capture\n\n" + "\n".join(lines))

@@ -1,0 +1,330 @@
+"""`find_divergence`: the first diverging op of two models on the same inputs, in two passes.
+
+1. Summaries: the reference runs twice with the hooks of a `values="summary"` capture (`recorder.summarize_forward`,
+   storing nothing, then `capture(values="summary")` into the session), and its hashes must agree: a model or inputs
+   that change between calls (dropout, a random op) are refused with the first tensor that changed, and nothing is
+   stored. The candidate
+   is captured the same way; the two runs' summaries are compared in order (`engine/summary_compare.py`), paired by
+   name without the model's class name, and the first that fails is the first divergence.
+2. Full values: both models run again with `capture(values="full")` of the module that holds that op and of the
+   module whose tensor came just before it (its input's maker), into the same session; their tensors are compared
+   here element by element (max |diff| and where, how many elements outside the tolerance), as the session will.
+
+Everything captured goes into one session: runs "reference" and "candidate" (summaries), "reference (full)" and
+"candidate (full)". The session compares every run with the reference's: the full runs' pairs there are judged on
+the reference's summaries; the element-wise statistics of the second pass are those this module computes.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
+from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
+from tensor_debugger.live.recorder import CaptureResult, Level, capture, summarize_forward
+
+_PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
+
+
+class ChangingModelError(ValueError):
+    """The reference gave different tensors for the same inputs on two calls: summaries of one call cannot be
+    compared with another's."""
+
+
+@dataclass(frozen=True)
+class ElementStats:
+    """A pair compared element by element (the second pass)."""
+
+    reference: str
+    candidate: str
+    shape: tuple[int, ...]
+    max_abs_diff: float
+    argmax: tuple[int, ...]  # where max |diff| is
+    mismatched: int  # elements outside the tolerance
+    numel: int
+    passed: bool
+
+
+@dataclass(frozen=True)
+class FirstDivergence:
+    reference: str  # the reference's tensor: "Net.layers.1.self_attn/mul#1_outputs"
+    candidate: str
+    module: str  # the module call holding it: "Net.layers.1.self_attn"
+    op: str | None  # the op's function, where the tensor is an op's ("mul")
+    reference_source: str | None  # "<file>:<line>" of the op's caller
+    candidate_source: str | None
+    summary: SketchVerdict  # what the summaries showed
+    full: ElementStats | None  # the same pair from full values (None where the second pass did not record it)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """What `find_divergence` found: see its docstring. `first` is None where no difference was found in the
+    summaries."""
+
+    session: str
+    location: str  # the session's URL on the server, or the local data dir that holds it
+    first: FirstDivergence | None
+    culprits: list[str]  # modules whose outputs fail while their inputs pass, from the full values, in order
+    compared: int  # pairs of summaries compared
+    full_modules: tuple[str, ...]  # the `modules=` patterns of the second pass
+    next_capture: str | None  # the second pass, as a snippet to rerun
+    runs: tuple[str, ...]
+    failing_full: list[ElementStats] = field(default_factory=list)  # the second pass's failing pairs, in order
+
+    def words(self) -> str:
+        if self.first is None:
+            return (
+                f"From summaries: no difference found in {self.compared} pairs of summaries (hashes, norms, means "
+                f"and sampled elements; not every element was compared). Session {self.session!r}: {self.location}."
+            )
+        f = self.first
+        where = ""
+        if f.reference_source or f.candidate_source:
+            where = f" (called at {f.reference_source} in the reference, {f.candidate_source} in the candidate)"
+        text = (
+            f"The first divergence is {f.reference}{where}, in module {f.module}: {f.summary.reason}."
+            if f.summary.reason
+            else ""
+        )
+        if f.full is not None:
+            text += (
+                f" From full values: max |diff| {f.full.max_abs_diff:.4g} at {list(f.full.argmax)}, "
+                f"{f.full.mismatched} of {f.full.numel} elements outside tolerance."
+            )
+        if self.culprits:
+            text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
+        text += f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
+        return text
+
+    def __repr__(self) -> str:
+        return self.words()
+
+    def _repr_markdown_(self) -> str:
+        return self.words()
+
+    def _repr_html_(self) -> str:
+        return f"<p>{html.escape(self.words())}</p>"
+
+
+def _caller(inputs: Any) -> Callable[[torch.nn.Module], Any]:
+    """How to call a model on `inputs`: a tuple or list of positional arguments, a mapping of keyword arguments,
+    or one argument."""
+
+    def call(model: torch.nn.Module) -> Any:
+        with torch.no_grad():
+            if isinstance(inputs, Mapping):
+                return model(**inputs)
+            if isinstance(inputs, tuple | list):
+                return model(*inputs)
+            return model(inputs)
+
+    return call
+
+
+def _key(name: str, root: str) -> str:
+    """A tensor's name without the model's class name, which differs between a model and its port."""
+    return name[len(root) :] if name.startswith(root) else name
+
+
+def module_of(name: str) -> str:
+    """The module call of a tensor's name: `Net.layers.1.self_attn/mul#1_outputs` -> `Net.layers.1.self_attn`."""
+    return _PLACE.sub("", name).partition("/")[0]
+
+
+def _check_repeatable(first: Mapping[str, Sketch], second: Mapping[str, Sketch], what: str) -> None:
+    if list(first) != list(second):
+        raise ChangingModelError(
+            f"{what} called twice on the same inputs recorded different tensors ({len(first)} then {len(second)}); "
+            "summaries of one call cannot be compared with another's"
+        )
+    for name, sketch in first.items():
+        if second[name].hash != sketch.hash:
+            raise ChangingModelError(
+                f"{what} called twice on the same inputs gave different values, first at {name} (dropout, a random "
+                "op, or inputs changed in place?); put the model in eval mode and seed any randomness"
+            )
+
+
+def _full_stats(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], tolerance: Tolerance) -> ElementStats:
+    x, y = a.detach().to(torch.float64), b.detach().to(torch.float64)
+    diff = (y - x).abs()
+    diff = torch.where(torch.isnan(x) & torch.isnan(y), torch.zeros_like(diff), diff)
+    bound = torch.from_numpy(tolerance.bound(x.abs().reshape(-1).cpu().numpy())).reshape(x.shape).to(x.device)
+    bad = torch.isnan(diff) | (diff > bound)
+    flat = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff).reshape(-1)
+    index = int(flat.argmax().item()) if flat.numel() else 0
+    argmax = tuple(int(i) for i in torch.unravel_index(torch.tensor(index), x.shape)) if x.dim() else ()
+    mismatched = int(bad.sum().item())
+    top = float(flat[index].item()) if flat.numel() else 0.0
+    return ElementStats(names[0], names[1], tuple(x.shape), top, argmax, mismatched, x.numel(), mismatched == 0)
+
+
+def find_divergence(
+    reference: torch.nn.Module,
+    candidate: torch.nn.Module,
+    inputs: Any,
+    *,
+    session: str,
+    server: str | None = None,
+    data_dir: str | Path | None = None,
+    token: str | None = None,
+    level: Level = "op",
+    rtol: float | None = None,
+    atol: float | None = None,
+) -> Divergence:
+    """Find the first op (with `level="module"`, module) where `candidate` diverges from `reference` on `inputs`
+    (a tuple of positional arguments, a dict of keyword arguments, or one argument), in two passes (see the module
+    docstring), all captured into session `session` (on `server`, else in `data_dir` or the default data dir).
+    `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises ChangingModelError where the
+    reference gives different values on two calls; warns where a model is in training mode."""
+    for what, model in (("reference", reference), ("candidate", candidate)):
+        if model.training:
+            warnings.warn(
+                f"the {what} model is in training mode: dropout and batch statistics change its outputs between "
+                "calls (call .eval() first)",
+                stacklevel=2,
+            )
+    call = _caller(inputs)
+    where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir}
+    root_a, root_b = type(reference).__name__, type(candidate).__name__
+
+    recheck = summarize_forward(reference, lambda: call(reference), level)
+    with capture(reference, session, "reference", level=level, values="summary", **where) as ref:
+        call(reference)
+        _check_repeatable(recheck.summaries, ref.summaries, "the reference")  # raised inside: nothing is kept
+    with capture(candidate, session, "candidate", level=level, values="summary", **where) as cand:
+        call(candidate)
+
+    def tolerance(a: Sketch, b: Sketch) -> Tolerance:
+        default = default_tolerance(a.dtype, b.dtype)
+        return Tolerance(default.rtol if rtol is None else rtol, default.atol if atol is None else atol)
+
+    theirs = {_key(name, root_b): name for name in cand.summaries}
+    first: tuple[str, str, SketchVerdict] | None = None
+    compared = 0
+    order = list(ref.summaries)
+    for name in order:
+        other = theirs.get(_key(name, root_a))
+        if other is None:
+            continue
+        a, b = ref.summaries[name], cand.summaries[other]
+        verdict = compare_sketches(a, b, tolerance(a, b))
+        compared += 1
+        if not verdict.passed and first is None:
+            first = (name, other, verdict)
+    runs = ("reference", "candidate")
+    location = _location(ref, server, data_dir)
+    if first is None:
+        return Divergence(session, location, None, [], compared, (), None, runs)
+
+    name, other, verdict = first
+    module = module_of(name)
+    before = _module_before(order, order.index(name), module)
+    snippet = next_capture(session, [module, *([before] if before else [])])
+    kept: dict[str, dict[str, torch.Tensor]] = {"a": {}, "b": {}}
+    for side, model, label in (("a", reference, "reference (full)"), ("b", candidate, "candidate (full)")):
+        store = kept[side]
+
+        def keep(tensor_name: str, tensor: torch.Tensor, store: dict[str, torch.Tensor] = store) -> None:
+            store[tensor_name] = tensor.detach().clone()
+
+        with capture(
+            model,
+            session,
+            label,
+            level=level,
+            values="full",
+            modules=list(snippet.modules),
+            on_tensor=keep,
+            **where,
+        ):
+            call(model)
+    failing: list[ElementStats] = []
+    full_first: ElementStats | None = None
+    theirs_full = {_key(n, root_b): n for n in kept["b"]}
+    for tensor_name, value in kept["a"].items():
+        partner = theirs_full.get(_key(tensor_name, root_a))
+        if partner is None or kept["b"][partner].shape != value.shape:
+            continue
+        a_sketch = ref.summaries.get(tensor_name)
+        tol = (
+            tolerance(a_sketch, a_sketch)
+            if a_sketch is not None
+            else Tolerance(rtol if rtol is not None else 1.3e-6, atol if atol is not None else 1e-5)
+        )
+        stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
+        if tensor_name == name:
+            full_first = stats
+        if not stats.passed:
+            failing.append(stats)
+    culprits = _culprits(order, kept["a"], failing, root_a)
+    found = FirstDivergence(
+        name,
+        other,
+        module,
+        name.rpartition("/")[2].partition("#")[0] if "/" in name else None,
+        ref.sources.get(name),
+        cand.sources.get(other),
+        verdict,
+        full_first,
+    )
+    return Divergence(
+        session,
+        location,
+        found,
+        culprits,
+        compared,
+        snippet.modules,
+        snippet.python,
+        (*runs, "reference (full)", "candidate (full)"),
+        failing,
+    )
+
+
+def _module_before(order: Sequence[str], index: int, module: str) -> str | None:
+    """The module call of the nearest tensor before `order[index]` that is neither in `module` nor one of its
+    ancestors (whose inputs come before everything inside it): the module that made its input."""
+    for name in reversed(order[:index]):
+        other = module_of(name)
+        if other == module or module.startswith(other + ".") or other.startswith(module + "."):
+            continue
+        return other
+    return None
+
+
+def _culprits(
+    order: Sequence[str], values: Mapping[str, torch.Tensor], failing: list[ElementStats], root: str
+) -> list[str]:
+    """Modules recorded with full values whose outputs fail while their inputs pass (or were not recorded)."""
+    bad = {s.reference for s in failing}
+    modules: dict[str, tuple[bool, bool]] = {}  # module -> (an input fails, an output fails)
+    for name in order:
+        if name not in values or "/" in name:
+            continue
+        module = module_of(name)
+        inputs_bad, outputs_bad = modules.get(module, (False, False))
+        if "_inputs_" in name[len(module) :]:
+            inputs_bad |= name in bad
+        else:
+            outputs_bad |= name in bad
+        modules[module] = (inputs_bad, outputs_bad)
+    return [m for m, (i, o) in modules.items() if o and not i and m != root]
+
+
+def _location(result: CaptureResult, server: str | None, data_dir: str | Path | None) -> str:
+    if server is not None:
+        return f"{server.rstrip('/')}/sessions/{result.session_id}"
+    if data_dir is not None:
+        return str(Path(data_dir))
+    from tensor_debugger.settings import Settings
+
+    return str(Settings.from_environ().data_dir)

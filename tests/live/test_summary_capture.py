@@ -1,0 +1,323 @@
+"""`capture(values="summary")`: summaries computed where the tensor lives, no bytes stored; pairs judged on them
+(and never claimed as more); the second capture they call for; `find_divergence`'s two passes. Real models: a
+hand-written attention block with a planted softmax-scale bug (tests/live/test_op_capture.py) and a tiny Llama
+built by transformers with a planted change."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import math
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from sqlalchemy import select
+from tensor_debugger import capture, find_divergence
+from tensor_debugger.cli.compare_output import print_table
+from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sample_positions
+from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
+from tensor_debugger.live.divergence import ChangingModelError
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import RunRecord, TensorRecord
+from torch import nn
+
+from tests.live.test_op_capture import DIM, compared, line_of, models, rows_of
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
+from tests.support.traces import input_ids, tiny_llama
+
+TOL = Tolerance(1.3e-6, 1e-5)
+
+
+def x_input() -> torch.Tensor:
+    return torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+
+
+# --- summaries ------------------------------------------------------------------------------------------------
+
+
+def test_a_summary_is_exact_where_it_can_be_and_samples_the_same_positions_on_both_sides() -> None:
+    t = torch.randn(3, 1000, generator=torch.Generator().manual_seed(0))
+    t[0, 5] = float("nan")
+    t[1, 7] = float("inf")
+    s = sketch(t)
+    finite = t[torch.isfinite(t)].double()
+    assert (s.numel, s.count, s.nan, s.inf) == (3000, 2998, 1, 1)
+    assert s.sum == pytest.approx(float(finite.sum()), rel=1e-9, abs=1e-9)
+    assert s.sumsq == pytest.approx(float((finite * finite).sum()), rel=1e-12)
+    on_device = sketch(t, "fold64")  # what a GPU computes with torch: the same numbers, its own hash
+    assert on_device.hash == content_hash(t) and on_device.hash.startswith("fold64:")
+    assert (on_device.count, on_device.nan, on_device.inf, on_device.sample) == (s.count, s.nan, s.inf, s.sample)
+    assert on_device.sum == pytest.approx(s.sum, rel=1e-9, abs=1e-9)
+    assert on_device.sumsq == pytest.approx(s.sumsq, rel=1e-12)
+    assert (on_device.min, on_device.max) == (s.min, s.max)
+    assert (s.min, s.max) == (float(finite.min()), float(finite.max()))
+    positions = sample_positions(3000)
+    assert len(positions) > 200 and positions == sorted(positions) and positions == sample_positions(3000)
+    flat = t.reshape(-1).double()
+    assert all(
+        (math.isnan(v) and math.isnan(flat[p])) or v == float(flat[p]) for v, p in zip(s.sample, positions, strict=True)
+    )
+    assert sample_positions(10) == list(range(10))
+    assert Sketch.from_json(s.to_json()) == s  # NaN and Inf survive JSON as strings
+    # the hashes: the same bytes hash equal; one flipped bit, another dtype or shape do not
+    u = t.clone()
+    assert (sketch(u).hash, content_hash(u)) == (s.hash, on_device.hash)
+    u.view(torch.int32)[2, 999] ^= 1
+    assert sketch(u).hash != s.hash and content_hash(u) != on_device.hash
+    assert content_hash(t.reshape(1000, 3)) != on_device.hash and sketch(t.reshape(1000, 3)).hash != s.hash
+    assert content_hash(torch.zeros(4, dtype=torch.int32)) != content_hash(torch.zeros(4, dtype=torch.float32))
+    # a strided view hashes as its values do
+    assert content_hash(t[:, ::2]) == content_hash(t[:, ::2].contiguous())
+    odd = torch.arange(7, dtype=torch.uint8)  # bytes not a multiple of 8
+    assert content_hash(odd) != content_hash(torch.tensor([0, 1, 2, 3, 4, 5, 9], dtype=torch.uint8))
+
+
+def test_summary_verdicts_prove_failures_and_call_a_pass_no_difference_found() -> None:
+    a = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    same = compare_sketches(sketch(a), sketch(a.clone()), TOL)
+    assert same.passed and same.identical and "bit-identical" in same.reason
+    # a tiny change everywhere, within tolerance: no difference found, never "identical"
+    near = compare_sketches(sketch(a), sketch(a * (1 + 1e-7)), TOL)
+    assert near.passed and not near.identical
+    assert near.reason.startswith("from summaries: no difference found in the summary")
+    # one element off, not sampled: the summary cannot see it, and does not claim to have compared it
+    b = a.clone()
+    unsampled = next(i for i in range(4096) if i not in set(sample_positions(4096)))
+    b[unsampled] += 1e-3
+    missed = compare_sketches(sketch(a), sketch(b), TOL)
+    assert missed.passed and "not every element was compared" in missed.reason
+    # a scale error: sampled elements fail, and their max |diff| is a lower bound of the true one
+    c = a * 1.01
+    scaled = compare_sketches(sketch(a), sketch(c), TOL)
+    assert not scaled.passed and scaled.sampled_mismatched > 0
+    assert scaled.sampled_max_abs_diff is not None
+    assert scaled.sampled_max_abs_diff <= float((c - a).abs().max())
+    assert scaled.rel_norm_diff == pytest.approx(0.01, rel=1e-6)
+    # NaN counts, shapes
+    d = a.clone()
+    d[unsampled] = float("nan")
+    assert not compare_sketches(sketch(a), sketch(d), TOL).passed
+    assert not compare_sketches(sketch(a), sketch(a.reshape(64, 64)), TOL).shapes_equal
+    # a loose tolerance lets a 1% change pass the norm and the sampled checks
+    assert compare_sketches(sketch(a), sketch(c), Tolerance(0.02, 1e-5)).passed
+
+
+def test_a_summary_capture_stores_no_bytes_and_finds_the_same_first_op_as_a_full_one(settings: Settings) -> None:
+    reference, candidate = models()
+    x = x_input()
+    for values in ("summary", "full"):
+        for model, run in ((reference, "reference"), (candidate, "candidate")):
+            with (
+                torch.no_grad(),
+                capture(model, f"port {values}", run, data_dir=settings.data_dir, level="op", values=values) as result,
+            ):
+                model(x)
+            if values == "summary":
+                assert result.run_id is not None
+                rows = rows_of(settings, result.run_id)
+                assert rows and all(r.store_key == "" and r.nbytes == 0 and not r.has_values for r in rows)
+                assert all(r.sketch is not None for r in rows)
+                softmax = next(r for r in rows if r.name.endswith("layers.1.self_attn/softmax#1_outputs"))
+                assert softmax.source is not None and softmax.layer == 1
+        assert result.session_id is not None
+        report, _ = compared(settings, result.session_id)
+        first = report.first_divergence
+        assert first is not None and first.name == "Net.layers.1.self_attn/mul#1_outputs"
+        assert (first.reference_source, first.candidate_source) == (
+            line_of("reference scores"),
+            line_of("ported scores"),
+        )
+        by_name = {p.name: p for p in report.pairs}
+        if values == "summary":
+            assert first.basis == "summary" and first.summary_reason is not None
+            assert first.summary_reason.startswith("from summaries: ")
+            assert by_name["Net.layers.1.self_attn/matmul#1_outputs"].summary["identical"] is True  # type: ignore[index]
+            assert report.on_summaries == len(report.pairs)
+            payload = contract_json(result.session_id, "port summary", "http://x/sessions/1", report, [])
+            assert payload["basis"] == "summary" and payload["first_divergence"]["basis"] == "summary"
+            assert payload["next_capture"]["modules"] == ["layers.1.self_attn*"]
+            assert 'values="full"' in payload["next_capture"]["python"]
+            assert "modules='layers.1.self_attn*'" in payload["next_capture"]["python"]
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                print_table(payload)
+            out = printed.getvalue()
+            assert "FIRST DIVERGENCE: Net.layers.1.self_attn/mul#1_outputs (layer 1, at" in out
+            assert "): from summaries: " in out and "next capture" in out
+            assert "NO DIFFERENCE FOUND (summary)" in out
+        else:
+            assert first.basis is None and report.on_summaries == 0
+
+
+def test_a_full_dump_pairs_with_a_summary_capture_of_the_other_side(settings: Settings) -> None:
+    reference, candidate = models()
+    x = x_input()
+    with torch.no_grad(), capture(reference, "mixed", "reference", data_dir=settings.data_dir, level="op") as ref:
+        reference(x)
+    with (
+        torch.no_grad(),
+        capture(candidate, "mixed", "candidate", data_dir=settings.data_dir, level="op", values="summary") as cand,
+    ):
+        candidate(x)
+    assert cand.session_id is not None and ref.run_id is not None
+    report, _ = compared(settings, cand.session_id)
+    first = report.first_divergence
+    assert first is not None and first.name == "Net.layers.1.self_attn/mul#1_outputs" and first.basis == "summary"
+    # the stored side's summary, computed from its values read back, equals the one the capture would keep
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            row = db.scalars(
+                select(TensorRecord).where(
+                    TensorRecord.run_id == ref.run_id, TensorRecord.name == "Net.layers.0.self_attn/softmax#1_outputs"
+                )
+            ).one()
+            from_store = record_sketch(services.store, row)
+    finally:
+        services.close()
+    kept = cand.summaries["PortedNet.layers.0.self_attn/softmax#1_outputs"]
+    assert from_store is not None and from_store.hash == kept.hash and from_store.sample == kept.sample
+    assert kept.hash == row.digest  # a CPU summary's hash is the digest ingest gives the stored bytes
+
+
+def test_a_tiny_llama_summary_pass_and_full_pass_agree_on_the_first_diverging_op(settings: Settings) -> None:
+    firsts = {}
+    for values in ("summary", "full"):
+        for run, scale in (("reference", None), ("candidate", "model.layers.1.self_attn.v_proj.weight")):
+            model = tiny_llama(scale=scale).eval()
+            with (
+                torch.no_grad(),
+                capture(model, f"llama {values}", run, data_dir=settings.data_dir, level="op", values=values) as r,
+            ):
+                model(input_ids())
+        assert r.session_id is not None
+        report, _ = compared(settings, r.session_id)
+        assert report.first_divergence is not None
+        firsts[values] = (report.first_divergence.name, report.first_divergence.reference_source)
+    assert firsts["summary"] == firsts["full"]
+    assert firsts["summary"][0].startswith("LlamaForCausalLM.model.layers.1.self_attn.v_proj/linear#1")
+    assert firsts["summary"][1] is not None and "modeling_llama.py:" in firsts["summary"][1]
+
+
+# --- find_divergence ------------------------------------------------------------------------------------------
+
+
+def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(settings: Settings) -> None:
+    reference, candidate = models()
+    found = find_divergence(
+        reference.eval(), candidate.eval(), (x_input(),), session="found", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None
+    assert (first.reference, first.candidate) == (
+        "Net.layers.1.self_attn/mul#1_outputs",
+        "PortedNet.layers.1.self_attn/mul#1_outputs",
+    )
+    assert (first.module, first.op) == ("Net.layers.1.self_attn", "mul")
+    assert (first.reference_source, first.candidate_source) == (line_of("reference scores"), line_of("ported scores"))
+    assert not first.summary.passed
+    # the second pass compared full values of the module and of the one that made its input
+    assert found.full_modules == ("layers.1.self_attn*", "layers.1.norm*")
+    assert first.full is not None and not first.full.passed and first.full.mismatched > 0
+    assert found.culprits == ["Net.layers.1.self_attn"]
+    assert found.location == str(settings.data_dir)
+    assert found.runs == ("reference", "candidate", "reference (full)", "candidate (full)")
+    text = repr(found)
+    assert "The first divergence is Net.layers.1.self_attn/mul#1_outputs" in text and "from summaries" in text
+    assert "From full values: max |diff|" in text and found._repr_html_().startswith("<p>")
+    assert found.next_capture is not None and "modules=['layers.1.self_attn*', 'layers.1.norm*']" in found.next_capture
+    # all four runs in one session
+    report, _ = compared(settings, 1)
+    assert report.first_divergence is not None
+
+
+def test_find_divergence_of_a_tiny_llama(settings: Settings) -> None:
+    reference = tiny_llama().eval()
+    candidate = tiny_llama(scale="model.layers.1.mlp.up_proj.weight").eval()
+    found = find_divergence(
+        reference, candidate, {"input_ids": input_ids()}, session="llama", data_dir=settings.data_dir
+    )
+    assert found.first is not None
+    assert found.first.reference == "LlamaForCausalLM.model.layers.1.mlp.up_proj/linear#1_outputs"
+    assert found.first.module == "LlamaForCausalLM.model.layers.1.mlp.up_proj"
+    assert found.first.reference_source is not None and "modeling_llama.py:" in found.first.reference_source
+    assert found.first.full is not None and not found.first.full.passed
+    assert "LlamaForCausalLM.model.layers.1.mlp.up_proj" in found.culprits
+
+
+def test_find_divergence_of_equal_models_finds_none_and_says_it_rests_on_summaries(settings: Settings) -> None:
+    reference, _ = models()
+    found = find_divergence(reference.eval(), reference, (x_input(),), session="same", data_dir=settings.data_dir)
+    assert found.first is None and found.compared > 0
+    assert repr(found).startswith("From summaries: no difference found")
+
+
+class Dropping(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(DIM, DIM)
+        self.dropout = nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.dropout(self.linear(x))
+        return out
+
+
+def test_a_model_that_changes_between_calls_is_refused_and_training_mode_warned(settings: Settings) -> None:
+    torch.manual_seed(0)
+    model = Dropping()  # training mode: dropout differs from call to call
+    with pytest.warns(UserWarning, match="training mode"), pytest.raises(ChangingModelError, match="dropout"):
+        find_divergence(model, model, (x_input(),), session="drop", data_dir=settings.data_dir)
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            assert db.scalars(select(RunRecord)).all() == []  # refused before anything was stored
+    finally:
+        services.close()
+
+
+def test_summary_capture_through_the_server_and_its_pages_say_from_summaries(shared_server: LiveServer) -> None:
+    reference, candidate = models()
+    x = x_input()
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with (
+            torch.no_grad(),
+            capture(model, "summaries over http", run, server=shared_server.url, level="op", values="summary") as r,
+        ):
+            model(x)
+    assert r.session_id is not None
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{r.session_id}/pairs").json(),
+            until=lambda got: got["pairs"] and not got["progress"]["pending"],
+            what="the captured session's pairs to be judged",
+            timeout=120,
+            interval=0.03,
+        )
+        first = report["first_divergence"]
+        assert first["name"] == "Net.layers.1.self_attn/mul#1_outputs"
+        assert first["basis"] == "summary" and first["summary_reason"].startswith("from summaries: ")
+        assert first["reference_source"] == line_of("reference scores")
+        pair = next(p for p in report["pairs"] if p["id"] == first["pair_id"])
+        assert pair["summary"]["basis"] == "summary" and pair["summary"]["passed"] is False
+        page = client.get(f"/pairs/{first['pair_id']}").text
+        assert "<strong>From summaries:</strong>" in page and "a lower bound of the max |diff|" in page
+        passing = next(p for p in report["pairs"] if p["name"] == "Net.layers.0.self_attn/softmax#1_outputs")
+        assert "bit-identical (equal content hashes)" in client.get(f"/pairs/{passing['id']}").text
+        session_page = client.get(f"/sessions/{r.session_id}").text
+        assert 'class="summary-basis">from summaries: ' in session_page
+
+
+def test_an_unknown_values_mode_is_refused(settings: Settings) -> None:
+    reference, _ = models()
+    with (
+        pytest.raises(ValueError, match="capture values must be one of full, summary, got 'bytes'"),
+        capture(reference, "v", "r", data_dir=settings.data_dir, values="bytes"),
+    ):
+        reference(x_input())
