@@ -1,8 +1,10 @@
 """Render the session page of a 2,000-pair session and report server time and bytes sent, then load it in
-headless Chromium and report the load time (navigation start to the load event) and the DOM's size.
+headless Chromium and report the load time (navigation start to the load event) and the DOM's size. Then the
+same for the pair page of a 64 x 256 pair (its heatmap covers the whole 64 x 256 slice).
 
     python bench/pages.py                 # 2,002 pairs (154 layers x 13 stages)
     python bench/pages.py --layers 40     # quicker
+    python bench/pages.py --pair-only     # the pair page alone
 
 The session is built with the library (seeded synthetic dumps, a planted divergence), its pairs computed, then
 the real server is started on a loopback port and the page is requested repeatedly. Timings are wall times of
@@ -52,6 +54,77 @@ def build_session(data: Path, layers: int) -> int:
         shutil.rmtree(dumps, ignore_errors=True)
 
 
+def build_pair_session(data: Path) -> int:
+    """A session of one 64 x 256 pair whose candidate differs everywhere a little and at one spot a lot."""
+    import torch
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    files = data.parent / "pair-files"
+    files.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(7)
+    reference = torch.randn(64, 256, generator=generator)
+    candidate = reference + 1e-4 * torch.randn(64, 256, generator=generator)
+    candidate[40, 200] += 0.5
+    torch.save({"model.layers.17.self_attn.o_proj": reference}, files / "ref.pth")
+    torch.save({"model.layers.17.self_attn.o_proj": candidate}, files / "cand.pth")
+    services = open_services(Settings(data_dir=data, demo=False))
+    try:
+        services.ingestor.ingest("bench pair page", "reference", [InputFile(files / "ref.pth", "ref.pth")])
+        result = services.ingestor.ingest("bench pair page", "candidate", [InputFile(files / "cand.pth", "cand.pth")])
+        services.comparisons.plan(result.session_id)
+        services.comparisons.compute_pending(result.session_id)
+        return result.session_id
+    finally:
+        services.close()
+
+
+def pair_page(client: httpx.Client, base: str, session_id: int, requests: int) -> None:
+    """The pair page of the 64 x 256 pair: server time and bytes of the page and of its heatmap, then its load in
+    Chromium (the load event waits for the heatmap)."""
+    from playwright.sync_api import sync_playwright
+
+    pair_id = client.get(f"{base}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
+    url = f"{base}/pairs/{pair_id}"
+    page = client.get(url)
+    times = []
+    for _ in range(requests):
+        t0 = time.perf_counter()
+        client.get(url).raise_for_status()
+        times.append((time.perf_counter() - t0) * 1000)
+    heat = re.search(r'(?:src|data)="(/pairs/\d+/heatmap\.[a-z]+\?[^"]+)"', page.text)
+    heat_ms, heat_bytes = 0.0, 0
+    if heat:
+        heat_url = base + heat.group(1).replace("&amp;", "&")
+        heat_times = []
+        for _ in range(requests):
+            t0 = time.perf_counter()
+            heat_bytes = len(client.get(heat_url).content)
+            heat_times.append((time.perf_counter() - t0) * 1000)
+        heat_ms = statistics.median(heat_times)
+    print(
+        f"pair page (64 x 256): server p50 {statistics.median(times):.0f} ms, HTML {len(page.content) / 1e3:.0f} kB; "
+        f"heatmap p50 {heat_ms:.0f} ms, {heat_bytes / 1e3:.1f} kB"
+    )
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
+        )
+        tab = browser.new_page(viewport={"width": 1440, "height": 900})
+        tab.goto(url)
+        loads = []
+        for _ in range(requests):
+            tab.goto(url, wait_until="load")
+            loads.append(tab.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
+        count = tab.evaluate("document.getElementsByTagName('*').length")
+        print(
+            f"pair page (64 x 256) in Chromium: load p50 {statistics.median(loads):.0f} ms, max {max(loads):.0f} ms "
+            f"over {requests} loads (target under 300 ms); {count:,} elements"
+        )
+        browser.close()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -92,6 +165,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=154, help="13 pairs per layer (default 154: 2,002 pairs)")
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--pair-only", action="store_true", help="only the pair page of a 64 x 256 pair")
     args = parser.parse_args()
     cpu = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
@@ -102,8 +176,10 @@ def main() -> int:
     server: subprocess.Popen[bytes] | None = None
     try:
         started = time.perf_counter()
-        session_id = build_session(work / "data", args.layers)
-        print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")
+        session_id = None if args.pair_only else build_session(work / "data", args.layers)
+        if session_id is not None:
+            print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")
+        pair_session = build_pair_session(work / "data")
         port = free_port()
         server = subprocess.Popen(
             [str(CLI), "--data-dir", str(work / "data"), "serve", "--port", str(port), "--no-demo"],
@@ -118,6 +194,9 @@ def main() -> int:
                     break
                 except httpx.HTTPError:
                     time.sleep(0.1)
+            pair_page(client, base, pair_session, args.requests)
+            if session_id is None:
+                return 0
             for view, query in (
                 ("grouped by layer", ""),
                 ("ungrouped, reorderable", "?group=none"),

@@ -127,7 +127,7 @@ function draw(figure, data) {
         grid: { show: false },
       },
       {
-        size: 50, stroke: "#5f6b7a", grid: { stroke: "#eceff3" },
+        label: "max |diff|, 1 − cos (log)", labelSize: 16, size: 50, stroke: "#5f6b7a", grid: { stroke: "#eceff3" },
         splits: () => {
           const every = Math.max(1, Math.ceil((highDecade - lowDecade) / 6));
           const out = [floor];
@@ -161,10 +161,10 @@ function draw(figure, data) {
 
   holder.tabIndex = 0;
   holder.setAttribute("role", "img");
-  holder.setAttribute("aria-label", "Chart of max |diff| and 1 − cosine by layer. Arrow keys move along the pairs, Enter opens one.");
+  holder.setAttribute("aria-label", "Chart of max |diff| and 1 − cosine by layer. Arrow keys, Home and End move along the pairs, Enter opens one.");
   let keyed = firstAt >= 0 ? firstAt : 0;
   holder.addEventListener("keydown", (event) => {
-    const step = { ArrowRight: 1, ArrowLeft: -1, PageDown: 13, PageUp: -13 }[event.key];
+    const step = { ArrowRight: 1, ArrowLeft: -1, PageDown: 13, PageUp: -13, Home: -n, End: n }[event.key];
     if (step) {
       event.preventDefault();
       keyed = Math.max(0, Math.min(n - 1, keyed + step));

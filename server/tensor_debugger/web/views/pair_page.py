@@ -22,6 +22,7 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import PairRecord, SessionRecord
+from tensor_debugger.web.views.heatmap_image import heatmap_frame
 
 DEFAULT_COUNT = 64
 
@@ -237,8 +238,12 @@ def pair_page_context(
     context["inspector"] = build_inspector(window, tolerance, exact)
     spec = heatmap_spec(shape, request)
     if spec is not None:
-        context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.svg?{urlencode({'fixed': spec})}"
+        query = urlencode({"fixed": spec})
+        context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.png?{query}"
+        context["heatmap_svg_url"] = f"/pairs/{pair_id}/heatmap.svg?{query}"
+        context["heatmap_values_url"] = f"/pairs/{pair_id}/heatmap.json?{query}"
         context["heatmap_spec"] = spec
+        context["heatmap"] = heatmap_frame(shape, parse_fixed(shape, spec), request)
     context["window"] = {**params, "shape": list(shape)}
     context["profile_dims"] = list(enumerate(shape))
     if profile.strip():
