@@ -5,6 +5,7 @@ same for the pair page of a 64 x 256 pair (its heatmap covers the whole 64 x 256
     python bench/pages.py                 # 2,002 pairs (154 layers x 13 stages)
     python bench/pages.py --layers 40     # quicker
     python bench/pages.py --pair-only     # the pair page alone
+    python bench/pages.py --pair-only --baseline /elsewhere/server   # and another checkout's, side by side
 
 The session is built with the library (seeded synthetic dumps, a planted divergence), its pairs computed, then
 the real server is started on a loopback port and the page is requested repeatedly. Timings are wall times of
@@ -80,33 +81,24 @@ def build_pair_session(data: Path) -> int:
         services.close()
 
 
-def pair_page(client: httpx.Client, base: str, session_id: int, requests: int) -> None:
-    """The pair page of the 64 x 256 pair: server time and bytes of the page and of its heatmap, then its load in
-    Chromium (the load event waits for the heatmap)."""
+def pair_page(client: httpx.Client, base: str, session_id: int, requests: int) -> dict[str, str]:
+    """The pair page of the 64 x 256 pair: server time and bytes of the page and of its heatmap (and of the cells'
+    values the page fetches after its load, where it does), then its load in Chromium (the load event waits for
+    the heatmap, an <object> or an <img>). Figures as text with their units, by what they measure."""
     from playwright.sync_api import sync_playwright
 
     pair_id = client.get(f"{base}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
     url = f"{base}/pairs/{pair_id}"
     page = client.get(url)
-    times = []
-    for _ in range(requests):
-        t0 = time.perf_counter()
-        client.get(url).raise_for_status()
-        times.append((time.perf_counter() - t0) * 1000)
+    figures = {"page, server p50": f"{timed(client, url, requests)[0]:.0f} ms", "page HTML": kb(len(page.content))}
     heat = re.search(r'(?:src|data)="(/pairs/\d+/heatmap\.[a-z]+\?[^"]+)"', page.text)
-    heat_ms, heat_bytes = 0.0, 0
     if heat:
-        heat_url = base + heat.group(1).replace("&amp;", "&")
-        heat_times = []
-        for _ in range(requests):
-            t0 = time.perf_counter()
-            heat_bytes = len(client.get(heat_url).content)
-            heat_times.append((time.perf_counter() - t0) * 1000)
-        heat_ms = statistics.median(heat_times)
-    print(
-        f"pair page (64 x 256): server p50 {statistics.median(times):.0f} ms, HTML {len(page.content) / 1e3:.0f} kB; "
-        f"heatmap p50 {heat_ms:.0f} ms, {heat_bytes / 1e3:.1f} kB"
-    )
+        ms, size = timed(client, base + heat.group(1).replace("&amp;", "&"), requests)
+        figures["heatmap, server p50"], figures["heatmap size"] = f"{ms:.0f} ms", kb(size)
+    values = re.search(r'data-values="(/pairs/\d+/heatmap\.json\?[^"]+)"', page.text)
+    if values:
+        ms, size = timed(client, base + values.group(1).replace("&amp;", "&"), requests)
+        figures["cell values (after load), server p50"], figures["cell values size"] = f"{ms:.0f} ms", kb(size)
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
             executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
@@ -117,12 +109,69 @@ def pair_page(client: httpx.Client, base: str, session_id: int, requests: int) -
         for _ in range(requests):
             tab.goto(url, wait_until="load")
             loads.append(tab.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
-        count = tab.evaluate("document.getElementsByTagName('*').length")
-        print(
-            f"pair page (64 x 256) in Chromium: load p50 {statistics.median(loads):.0f} ms, max {max(loads):.0f} ms "
-            f"over {requests} loads (target under 300 ms); {count:,} elements"
-        )
+        figures["Chromium load p50 (target < 300 ms)"] = f"{statistics.median(loads):.0f} ms"
+        figures["Chromium load max"] = f"{max(loads):.0f} ms"
+        elements = tab.evaluate("document.getElementsByTagName('*').length")
+        figures["elements"] = f"{elements:,}"
         browser.close()
+    return figures
+
+
+def kb(size: int) -> str:
+    return f"{size / 1e3:.1f} kB"
+
+
+def timed(client: httpx.Client, url: str, requests: int) -> tuple[float, int]:
+    """Median ms of `requests` GETs of `url`, and the body's bytes."""
+    times, size = [], 0
+    for _ in range(requests):
+        t0 = time.perf_counter()
+        answer = client.get(url)
+        answer.raise_for_status()
+        times.append((time.perf_counter() - t0) * 1000)
+        size = len(answer.content)
+    return statistics.median(times), size
+
+
+def serve(command: list[str], data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`serve` on a free loopback port (`command` runs the CLI: this checkout's, or a baseline's), once it answers."""
+    port = free_port()
+    server = subprocess.Popen(
+        [*command, "--data-dir", str(data), "serve", "--port", str(port), "--no-demo"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            httpx.get(base + "/api/sessions", timeout=5)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return server, base
+
+
+def pair_pages(data: Path, session_id: int, requests: int, baseline: Path | None) -> None:
+    """The pair page's figures from this checkout (and from the baseline's, served in turn on the same data),
+    side by side."""
+    commands = {"this checkout": [str(CLI)]}
+    if baseline is not None:
+        env = f"PYTHONPATH={baseline.resolve()}"
+        commands = {"baseline": ["/usr/bin/env", env, sys.executable, "-m", "tensor_debugger"], **commands}
+    columns: dict[str, dict[str, str]] = {}
+    for label, command in commands.items():
+        server, base = serve(command, data)
+        try:
+            with httpx.Client(timeout=60) as client:
+                columns[label] = pair_page(client, base, session_id, requests)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    rows = list(dict.fromkeys(key for figures in columns.values() for key in figures))
+    print(f"\n| pair page, 64 x 256, {requests} requests each | " + " | ".join(columns) + " |")
+    print("| --- |" + " --- |" * len(columns))
+    for row in rows:
+        print(f"| {row} | " + " | ".join(figures.get(row, "—") for figures in columns.values()) + " |")
 
 
 def free_port() -> int:
@@ -166,6 +215,9 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=154, help="13 pairs per layer (default 154: 2,002 pairs)")
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--pair-only", action="store_true", help="only the pair page of a 64 x 256 pair")
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout's server/ folder: its pair page too"
+    )
     args = parser.parse_args()
     cpu = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
@@ -180,6 +232,9 @@ def main() -> int:
         if session_id is not None:
             print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")
         pair_session = build_pair_session(work / "data")
+        pair_pages(work / "data", pair_session, args.requests, args.baseline)
+        if session_id is None:
+            return 0
         port = free_port()
         server = subprocess.Popen(
             [str(CLI), "--data-dir", str(work / "data"), "serve", "--port", str(port), "--no-demo"],
@@ -194,9 +249,6 @@ def main() -> int:
                     break
                 except httpx.HTTPError:
                     time.sleep(0.1)
-            pair_page(client, base, pair_session, args.requests)
-            if session_id is None:
-                return 0
             for view, query in (
                 ("grouped by layer", ""),
                 ("ungrouped, reorderable", "?group=none"),

@@ -195,3 +195,41 @@ def test_grids_keep_their_captions_stacked_or_side_by_side(glance: Glance, page:
     page.reload()
     assert "layout-stacked" in (page.locator("section.inspector").get_attribute("class") or "")  # narrow: stacked
     shot(page, "glance-grids-390")
+
+
+def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None:
+    """The pair page's error profile and histogram have axes with ticks, labels and units; the profile and the
+    session chart read out the values under the pointer or the keys (arrows, Home, End)."""
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    page.goto(f"{glance.server.url}/pairs/{pair}?profile=0#profile")
+    chart = page.locator("figure.profile-chart")
+    assert chart.locator(".axis-title.y").inner_text() == "|diff| (log scale)"
+    assert chart.locator(".axis-title.x").inner_text() == "index of aligned dimension 0 (size 64)"
+    x_ticks = [t.text_content() for t in chart.locator("svg.ticks.x text").all()]
+    assert x_ticks == ["0", "10", "20", "30", "40", "50", "60"]
+    y_ticks = [t.text_content() or "" for t in chart.locator("svg.ticks.y text").all()]
+    assert y_ticks and all(t.startswith("1e") for t in y_ticks)
+    readout = chart.locator(".profile-readout")
+    chart.locator(".plot").focus()
+    page.keyboard.press("End")
+    assert readout.inner_text().startswith("index 63: max |diff| ")
+    page.keyboard.press("Home")
+    assert readout.inner_text().startswith("index 0: max |diff| ")
+    plot = chart.locator(".plot svg").bounding_box()
+    assert plot is not None
+    page.mouse.move(plot["x"] + plot["width"] * 40 / 63, plot["y"] + plot["height"] / 2)  # row 40 holds the 0.5
+    assert readout.inner_text().startswith("index 40: max |diff| 0.5")
+    assert "elements outside tolerance" in readout.inner_text()
+    histogram = page.locator("table.histogram")
+    assert histogram.locator("thead").inner_text().split("\t")[0].strip() == "|diff|"
+    assert [t.text_content() for t in histogram.locator("svg.bar-axis text").all()][:3] == ["0", "1", "10"]
+    shot(page, "glance-profile")
+    # the session page's chart: Home and End read out the first and the last pair
+    page.goto(f"{glance.server.url}/sessions/{glance.sessions.trace}")
+    holder = page.locator("#chart .chart-plot")
+    holder.focus()
+    page.keyboard.press("End")
+    last = page.locator(".chart-readout").inner_text()
+    assert last.startswith("#74 LlamaForCausalLM_outputs_logits: fail, max |diff| ")
+    page.keyboard.press("Home")
+    assert page.locator(".chart-readout").inner_text().startswith("#0 ")
