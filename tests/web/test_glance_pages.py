@@ -75,6 +75,7 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
     context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
     page = context.new_page()
     for name, path in pages.items():
+        page.set_viewport_size({"width": 390, "height": 844})  # loaded on a phone, as a phone shows it
         page.goto(glance.server.url + path)
         page.wait_for_load_state("load")
         page.add_script_tag(path=str(AXE))
