@@ -104,7 +104,7 @@ def test_long_names_are_cut_in_the_middle_and_told_apart(glance: Glance, page: P
         link = names.nth(i)
         full = (link.get_attribute("title") or "").split(" ↔ ")[0]  # the full name on hover
         assert full.endswith(("self_attn.o_proj", "self_attn.k_proj")), full
-        assert link.text_content() == full  # and the whole name is the link's text (copied whole)
+        assert link.text_content() == full == link.inner_text()  # the whole name is the text, on one line
         tail = link.locator(".tail")
         assert tail.inner_text() == full[-len("self_attn.o_proj") :]
         # the tail shows whole, inside the cell: only the head gives way
