@@ -118,7 +118,13 @@ def test_long_names_are_cut_in_the_middle_and_told_apart(glance: Glance, page: P
         assert cell.evaluate("c => c.scrollWidth <= c.clientWidth + 1"), column
     page.set_viewport_size({"width": 390, "height": 844})
     head = names.first.locator(".head")
-    assert head.evaluate("h => h.scrollWidth > h.clientWidth")  # cut at 390 px, in the middle: the head gives way
+    # cut at 390 px, in the middle: the head gives way but still shows its start and the ellipsis
+    assert head.evaluate("h => h.scrollWidth > h.clientWidth && h.clientWidth >= 12")
+    for i in range(2):  # and the tail still shows whole
+        tail = names.nth(i).locator(".tail")
+        assert tail.evaluate(
+            "t => t.getBoundingClientRect().right <= t.closest('.mid').getBoundingClientRect().right + 1"
+        )
     shot(page, "glance-names-390")
 
 
