@@ -1,8 +1,11 @@
 """Render the session page of a 2,000-pair session and report server time and bytes sent, then load it in
-headless Chromium and report the load time (navigation start to the load event) and the DOM's size.
+headless Chromium and report the load time (navigation start to the load event) and the DOM's size. Then the
+same for the pair page of a 64 x 256 pair (its heatmap covers the whole 64 x 256 slice).
 
     python bench/pages.py                 # 2,002 pairs (154 layers x 13 stages)
     python bench/pages.py --layers 40     # quicker
+    python bench/pages.py --pair-only     # the pair page alone
+    python bench/pages.py --pair-only --baseline /elsewhere/server   # and another checkout's, side by side
 
 The session is built with the library (seeded synthetic dumps, a planted divergence), its pairs computed, then
 the real server is started on a loopback port and the page is requested repeatedly. Timings are wall times of
@@ -53,6 +56,125 @@ def build_session(data: Path, layers: int) -> int:
         shutil.rmtree(dumps, ignore_errors=True)
 
 
+def build_pair_session(data: Path) -> int:
+    """A session of one 64 x 256 pair whose candidate differs everywhere a little and at one spot a lot."""
+    import torch
+    from tensor_debugger.ingest.inputs import InputFile
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    files = data.parent / "pair-files"
+    files.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(7)
+    reference = torch.randn(64, 256, generator=generator)
+    candidate = reference + 1e-4 * torch.randn(64, 256, generator=generator)
+    candidate[40, 200] += 0.5
+    torch.save({"model.layers.17.self_attn.o_proj": reference}, files / "ref.pth")
+    torch.save({"model.layers.17.self_attn.o_proj": candidate}, files / "cand.pth")
+    services = open_services(Settings(data_dir=data, demo=False))
+    try:
+        services.ingestor.ingest("bench pair page", "reference", [InputFile(files / "ref.pth", "ref.pth")])
+        result = services.ingestor.ingest("bench pair page", "candidate", [InputFile(files / "cand.pth", "cand.pth")])
+        plan_session(services.context, result.session_id)
+        services.compute(result.session_id)
+        return result.session_id
+    finally:
+        services.close()
+
+
+def pair_page(client: httpx.Client, base: str, session_id: int, requests: int) -> dict[str, str]:
+    """The pair page of the 64 x 256 pair: server time and bytes of the page and of its heatmap (and of the cells'
+    values the page fetches after its load, where it does), then its load in Chromium (the load event waits for
+    the heatmap, an <object> or an <img>). Figures as text with their units, by what they measure."""
+    from playwright.sync_api import sync_playwright
+
+    pair_id = client.get(f"{base}/api/sessions/{session_id}/pairs").json()["pairs"][0]["id"]
+    url = f"{base}/pairs/{pair_id}"
+    page = client.get(url)
+    figures = {"page, server p50": f"{timed(client, url, requests)[0]:.0f} ms", "page HTML": kb(len(page.content))}
+    heat = re.search(r'(?:src|data)="(/pairs/\d+/heatmap\.[a-z]+\?[^"]+)"', page.text)
+    if heat:
+        ms, size = timed(client, base + heat.group(1).replace("&amp;", "&"), requests)
+        figures["heatmap, server p50"], figures["heatmap size"] = f"{ms:.0f} ms", kb(size)
+    values = re.search(r'data-values="(/pairs/\d+/heatmap\.json\?[^"]+)"', page.text)
+    if values:
+        ms, size = timed(client, base + values.group(1).replace("&amp;", "&"), requests)
+        figures["cell values (after load), server p50"], figures["cell values size"] = f"{ms:.0f} ms", kb(size)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
+        )
+        tab = browser.new_page(viewport={"width": 1440, "height": 900})
+        tab.goto(url)
+        loads = []
+        for _ in range(requests):
+            tab.goto(url, wait_until="load")
+            loads.append(tab.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
+        figures["Chromium load p50 (target < 300 ms)"] = f"{statistics.median(loads):.0f} ms"
+        figures["Chromium load max"] = f"{max(loads):.0f} ms"
+        elements = tab.evaluate("document.getElementsByTagName('*').length")
+        figures["elements"] = f"{elements:,}"
+        browser.close()
+    return figures
+
+
+def kb(size: int) -> str:
+    return f"{size / 1e3:.1f} kB"
+
+
+def timed(client: httpx.Client, url: str, requests: int) -> tuple[float, int]:
+    """Median ms of `requests` GETs of `url`, and the body's bytes."""
+    times, size = [], 0
+    for _ in range(requests):
+        t0 = time.perf_counter()
+        answer = client.get(url)
+        answer.raise_for_status()
+        times.append((time.perf_counter() - t0) * 1000)
+        size = len(answer.content)
+    return statistics.median(times), size
+
+
+def serve(command: list[str], data: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`serve` on a free loopback port (`command` runs the CLI: this checkout's, or a baseline's), once it answers."""
+    port = free_port()
+    server = subprocess.Popen(
+        [*command, "--data-dir", str(data), "serve", "--port", str(port), "--no-demo"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(300):
+        try:
+            httpx.get(base + "/api/sessions", timeout=5)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return server, base
+
+
+def pair_pages(data: Path, session_id: int, requests: int, baseline: Path | None) -> None:
+    """The pair page's figures from this checkout (and from the baseline's, served in turn on the same data),
+    side by side."""
+    commands = {"this checkout": [str(CLI)]}
+    if baseline is not None:
+        env = f"PYTHONPATH={baseline.resolve()}"
+        commands = {"baseline": ["/usr/bin/env", env, sys.executable, "-m", "tensor_debugger"], **commands}
+    columns: dict[str, dict[str, str]] = {}
+    for label, command in commands.items():
+        server, base = serve(command, data)
+        try:
+            with httpx.Client(timeout=60) as client:
+                columns[label] = pair_page(client, base, session_id, requests)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    rows = list(dict.fromkeys(key for figures in columns.values() for key in figures))
+    print(f"\n| pair page, 64 x 256, {requests} requests each | " + " | ".join(columns) + " |")
+    print("| --- |" + " --- |" * len(columns))
+    for row in rows:
+        print(f"| {row} | " + " | ".join(figures.get(row, "—") for figures in columns.values()) + " |")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -93,6 +215,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--layers", type=int, default=154, help="13 pairs per layer (default 154: 2,002 pairs)")
     parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--pair-only", action="store_true", help="only the pair page of a 64 x 256 pair")
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout's server/ folder: its pair page too"
+    )
     args = parser.parse_args()
     cpu = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
@@ -103,8 +229,13 @@ def main() -> int:
     server: subprocess.Popen[bytes] | None = None
     try:
         started = time.perf_counter()
-        session_id = build_session(work / "data", args.layers)
-        print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")
+        session_id = None if args.pair_only else build_session(work / "data", args.layers)
+        if session_id is not None:
+            print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")
+        pair_session = build_pair_session(work / "data")
+        pair_pages(work / "data", pair_session, args.requests, args.baseline)
+        if session_id is None:
+            return 0
         port = free_port()
         server = subprocess.Popen(
             [str(CLI), "--data-dir", str(work / "data"), "serve", "--port", str(port), "--no-demo"],

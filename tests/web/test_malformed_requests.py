@@ -31,6 +31,8 @@ ID_PATHS = [
     "/runs/{}",
     "/pairs/{}",
     "/pairs/{}/heatmap.svg",
+    "/pairs/{}/heatmap.png",
+    "/pairs/{}/heatmap.json",
 ]
 DEEP = "[" * 5000 + "]" * 5000
 

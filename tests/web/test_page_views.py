@@ -175,8 +175,8 @@ def test_the_pair_page_opens_where_the_error_is(sessions: Sessions, page: Page) 
     assert "largest difference here at [0, 5, 11, 2]" in caption.inner_text()
     biggest = page.locator("figure.grid", has_text="Difference").locator("td.max")
     assert "candidate − reference 0.5;" in (biggest.get_attribute("title") or "")
-    heatmap = page.locator("object.heatmap")
-    assert "fixed=0%2C5%2C%3A%2C%3A" in (heatmap.get_attribute("data") or "")  # head 5's slice
+    heatmap = page.locator("figure.heatmap img")
+    assert "fixed=0%2C5%2C%3A%2C%3A" in (heatmap.get_attribute("src") or "")  # head 5's slice
     assert page.locator("figure.heatmap figcaption").inner_text().startswith("Heatmap of the difference over [0,5,:,:]")
     # sliders for the three dimensions that have more than one index, none for the batch of 1
     assert page.locator(".sliders .slider").count() == 3
@@ -192,15 +192,13 @@ def test_the_pair_page_opens_where_the_error_is(sessions: Sessions, page: Page) 
     page.locator("body").press("ArrowUp")
     page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[0, 5, 11, ')")
     page.get_by_label("dim 1 (size 8)", exact=True).fill("2")  # head 2: the heatmap moves to its slice
-    page.wait_for_function("() => document.querySelector('object.heatmap').data.includes('fixed=0%2C2%2C')")
-    page.wait_for_function(  # head 2's heatmap is there and the page listens to its clicks (it marks the SVG)
-        "() => { const svg = document.querySelector('object.heatmap').contentDocument;"
-        " return svg?.documentElement?.dataset.bound && svg.querySelector('rect[data-index=\"0,2,3,4\"]'); }"
-    )
-    page.evaluate(
-        "document.querySelector('object.heatmap').contentDocument.querySelector('rect[data-index=\"0,2,3,4\"]')"
-        ".dispatchEvent(new MouseEvent('click', {bubbles: true}))"
-    )
+    page.wait_for_function("() => document.querySelector('figure.heatmap img').src.includes('fixed=0%2C2%2C')")
+    # head 2's map (16 tokens x 8 elements, a cell each): a click on token 3, element 4 opens that spot
+    cells = page.locator("figure.heatmap .heatmap-image")
+    cells.scroll_into_view_if_needed()
+    box = cells.bounding_box()
+    assert box is not None
+    page.mouse.click(box["x"] + box["width"] * 4.5 / 8, box["y"] + box["height"] * 3.5 / 16)
     page.wait_for_function("() => document.querySelector('.caption').textContent.startsWith('Window [0, 2, 3, 0:8]')")
     assert page.evaluate("window.sameDocument") is True and "index=0%2C2%2C3%2C%3A" in page.url
 

@@ -218,7 +218,7 @@ def test_inspector_jumps_to_the_planted_difference(shared_demo_server: LiveServe
     assert "index=6%2C%3A" in page.url
     page.go_back()
     page.wait_for_function("() => document.querySelector('.caption').textContent.includes('[5, ')")
-    heatmap = page.locator("object.heatmap").get_attribute("data")
+    heatmap = page.locator("figure.heatmap a", has_text="As SVG").get_attribute("href")  # the map as a file
     assert heatmap is not None
     svg = loopback_http.get(shared_demo_server.url + heatmap.replace("&amp;", "&")).text
     assert svg.count("<rect") == 16 * 32 + 21  # a cell per element, and the colour scale's steps

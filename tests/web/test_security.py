@@ -459,9 +459,9 @@ def test_the_pages_run_under_the_policy_without_a_violation(
     bars = page.locator("table.histogram svg.bar rect")
     assert bars.count() > 0 and max(float(bars.nth(i).get_attribute("width") or 0) for i in range(bars.count())) == 100
     assert bars.first.evaluate("r => r.getBoundingClientRect().width") > 0
-    heatmap = page.locator("object.heatmap")  # the SVG may be embedded by the app's own page
+    heatmap = page.locator("figure.heatmap img")  # the PNG is the app's own image: the policy lets it load
     heatmap.wait_for()
-    page.wait_for_function("() => document.querySelector('object.heatmap').contentDocument?.querySelector('rect')")
+    page.wait_for_function("() => document.querySelector('figure.heatmap img').naturalWidth > 0")
     page.goto(shared_demo_server.url + "/schema")
     page.get_by_role("heading", name=re.compile("Tensor Debugger")).first.wait_for(timeout=30_000)
     page.get_by_text("/api/sessions").first.wait_for()

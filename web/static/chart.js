@@ -104,13 +104,18 @@ function draw(figure, data) {
     ctx.restore();
   }
 
+  // the x axis's labels: every layer (or position) where there is room, else every 2nd, 5th, 10th... one, evenly, so
+  // that no label is skipped here and there (44 px or more between labels)
   function layerSplits(u, axis, min, max) {
-    const shown = layerStarts.filter((i) => i >= min && i <= max);
-    const ticks = shown.length ? shown : xs.filter((i) => i >= min && i <= max);
-    const gap = ((max - min) * 44) / Math.max(1, u.bbox.width / devicePixelRatio); // 44 px between labels
-    const out = [];
-    for (const i of ticks) if (!out.length || i - out[out.length - 1] >= gap) out.push(i);
-    return out;
+    const starts = layerStarts.filter((i) => i >= min && i <= max);
+    const ticks = starts.length ? starts : xs.filter((i) => i >= min && i <= max);
+    const key = (i) => (starts.length ? data.layer[i] : i);
+    const perIndex = u.bbox.width / devicePixelRatio / Math.max(1, max - min);
+    for (const k of [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000]) {
+      const kept = ticks.filter((i) => key(i) % k === 0);
+      if (kept.every((i, j) => j === 0 || (i - kept[j - 1]) * perIndex >= 44)) return kept;
+    }
+    return ticks.slice(0, 1);
   }
 
   const options = {
@@ -121,13 +126,13 @@ function draw(figure, data) {
     scales: { x: { time: false }, y: { distr: 3, range: () => [floor / 2, high * 2] } },
     axes: [
       {
-        label: "layer", labelSize: 18, size: 34, stroke: "#5f6b7a",
+        label: "layer (index)", labelSize: 18, size: 34, stroke: "#5f6b7a",
         splits: layerSplits,
         values: (u, splits) => splits.map((i) => (data.layer[i] === null ? String(data.position[i]) : String(data.layer[i]))),
         grid: { show: false },
       },
       {
-        size: 50, stroke: "#5f6b7a", grid: { stroke: "#eceff3" },
+        label: "max |diff|, 1 − cos (log)", labelSize: 16, size: 50, stroke: "#5f6b7a", grid: { stroke: "#eceff3" },
         splits: () => {
           const every = Math.max(1, Math.ceil((highDecade - lowDecade) / 6));
           const out = [floor];
@@ -161,10 +166,10 @@ function draw(figure, data) {
 
   holder.tabIndex = 0;
   holder.setAttribute("role", "img");
-  holder.setAttribute("aria-label", "Chart of max |diff| and 1 − cosine by layer. Arrow keys move along the pairs, Enter opens one.");
+  holder.setAttribute("aria-label", "Chart of max |diff| and 1 − cosine by layer. Arrow keys, Home and End move along the pairs, Enter opens one.");
   let keyed = firstAt >= 0 ? firstAt : 0;
   holder.addEventListener("keydown", (event) => {
-    const step = { ArrowRight: 1, ArrowLeft: -1, PageDown: 13, PageUp: -13 }[event.key];
+    const step = { ArrowRight: 1, ArrowLeft: -1, PageDown: 13, PageUp: -13, Home: -n, End: n }[event.key];
     if (step) {
       event.preventDefault();
       keyed = Math.max(0, Math.min(n - 1, keyed + step));

@@ -24,7 +24,7 @@ if (form) {
 
   function clamp(value, lo, hi) { return Math.max(lo, Math.min(hi, value)); }
 
-  async function show(s, push = true) {
+  async function show(s, push = true, refocus = false) {
     state = s;
     form.elements.index.value = s.index.join(",");
     form.elements.start.value = s.starts.join(",");
@@ -34,7 +34,7 @@ if (form) {
     if (push) history.pushState(null, "", `/pairs/${pairId}?${q}`);
     const response = await fetch(`/pairs/${pairId}/grid?${q}`);
     grids.innerHTML = await response.text();
-    bindHeatmap();
+    bindHeatmap(refocus);
     showLargest();
   }
 
@@ -50,31 +50,78 @@ if (form) {
   }
 
   // the window moved so that it holds `target` (an aligned index), centred where it can be
-  function moveTo(target) {
+  function moveTo(target, fromHeatmap = false) {
     const next = structuredClone(state);
     shape.forEach((size, dim) => {
       const w = next.free.indexOf(dim);
       if (w >= 0) next.starts[w] = clamp(target[dim] - Math.floor(next.counts[w] / 2), 0, Math.max(0, size - next.counts[w]));
       else next.index[dim] = String(target[dim]);
     });
-    show(next);
+    show(next, true, fromHeatmap);
   }
 
-  // a click on a heatmap cell opens that spot (the SVG is the app's own document, so its cells can be read)
-  function bindHeatmap() {
-    const heatmap = grids.querySelector("object.heatmap");
-    if (!heatmap) return;
-    const listen = () => {
-      const svg = heatmap.contentDocument;
-      if (!svg || svg.documentElement.dataset.bound) return;
-      svg.documentElement.dataset.bound = "yes";
-      svg.addEventListener("click", (event) => {
-        const cell = event.target.closest("rect[data-index]");
-        if (cell) moveTo(cell.dataset.index.split(",").map(Number));
-      });
-    };
-    heatmap.addEventListener("load", listen);
-    listen();
+  // The heatmap is a PNG of a pixel per cell (scaled up): the cell under the pointer is worked out from the cells'
+  // edges on the figure, read out with its value (fetched once as JSON) and outlined; a click opens it above. The
+  // map is one tab stop: arrow keys move the outline a cell, Home and End to the row's ends (with Ctrl, the map's
+  // corners), Enter opens the cell.
+  function bindHeatmap(refocus = false) {
+    const figure = grids.querySelector("figure.heatmap");
+    if (!figure) return;
+    const box = figure.querySelector(".heatmap-image");
+    const img = box.querySelector("img");
+    const cursor = box.querySelector("rect.cursor");
+    const readout = figure.querySelector(".heatmap-readout");
+    const rowEdges = figure.dataset.rowEdges.split(",").map(Number);
+    const colEdges = figure.dataset.colEdges.split(",").map(Number);
+    const fixed = figure.dataset.fixed.split(",");
+    const rows = rowEdges.length - 1;
+    const cols = colEdges.length - 1;
+    let values = null;
+    let at = null;
+    const loading = fetch(figure.dataset.values).then((r) => (r.ok ? r.json() : null)).then((v) => {
+      values = v;
+      if (v) {
+        figure.querySelector(".legend-high").textContent = `+${v.high}`;
+        figure.querySelector(".legend-low").textContent = `−${v.high}`;
+      }
+      return v;
+    }).catch(() => null);
+
+    function spot(r, c) {
+      let free = 0;
+      return fixed.map((v) => (v.trim() === ":" ? (free++ === 0 ? rowEdges[r] : colEdges[c]) : Number(v)));
+    }
+    function mark(r, c) {
+      at = [r, c];
+      cursor.setAttribute("x", `${(100 * c) / cols}%`); cursor.setAttribute("y", `${(100 * r) / rows}%`);
+      cursor.setAttribute("width", `${100 / cols}%`); cursor.setAttribute("height", `${100 / rows}%`);
+      const span = (edges, i) => (edges[i + 1] - 1 > edges[i] ? `${edges[i]}–${edges[i + 1] - 1}` : `${edges[i]}`);
+      const value = values ? values.values[r][c] : "…";
+      readout.textContent = `rows ${span(rowEdges, r)}, columns ${span(colEdges, c)}: largest difference (candidate − reference) ${value}`;
+      if (!values) loading.then(() => { if (at && at[0] === r && at[1] === c && values) mark(r, c); });
+    }
+    function cellAt(event) {
+      const rect = img.getBoundingClientRect();
+      const r = clamp(Math.floor(((event.clientY - rect.top) / rect.height) * rows), 0, rows - 1);
+      const c = clamp(Math.floor(((event.clientX - rect.left) / rect.width) * cols), 0, cols - 1);
+      return [r, c];
+    }
+    box.addEventListener("pointermove", (event) => mark(...cellAt(event)));
+    box.addEventListener("click", (event) => moveTo(spot(...cellAt(event)), true));
+    box.addEventListener("keydown", (event) => {
+      let [r, c] = at ?? [0, 0];
+      const step = { ArrowLeft: [0, -1], ArrowRight: [0, 1], ArrowUp: [-1, 0], ArrowDown: [1, 0] }[event.key];
+      if (step) { r += step[0]; c += step[1]; }
+      else if (event.key === "Home") { c = 0; if (event.ctrlKey) r = 0; }
+      else if (event.key === "End") { c = cols - 1; if (event.ctrlKey) r = rows - 1; }
+      else if (event.key === "Enter") { event.preventDefault(); event.stopPropagation(); moveTo(spot(r, c), true); return; }
+      else return;
+      event.preventDefault();
+      event.stopPropagation(); // the page's own arrow keys move the window
+      mark(clamp(r, 0, rows - 1), clamp(c, 0, cols - 1));
+    });
+    box.addEventListener("focus", () => { if (!at) mark(0, 0); });
+    if (refocus) box.focus();
   }
 
   function control(label, max, value, onChange) {
@@ -125,6 +172,26 @@ if (form) {
     clearTimeout(timer);
     timer = setTimeout(() => show(next), 60);
   }
+
+  // reference, candidate and difference stacked (the default on narrow screens) or side by side: the choice is kept
+  const section = form.closest("section.inspector");
+  const layout = document.createElement("button");
+  layout.type = "button";
+  layout.className = "secondary layout-toggle";
+  function setLayout(side) {
+    section.classList.toggle("layout-side", side);
+    section.classList.toggle("layout-stacked", !side);
+    layout.textContent = side ? "Stack the grids" : "Grids side by side";
+    layout.setAttribute("aria-pressed", String(side));
+  }
+  const kept = localStorage.getItem("inspector-layout");
+  setLayout(kept ? kept === "side" : window.matchMedia("(min-width: 1000px)").matches);
+  layout.addEventListener("click", () => {
+    const side = !section.classList.contains("layout-side");
+    localStorage.setItem("inspector-layout", side ? "side" : "stacked");
+    setLayout(side);
+  });
+  form.querySelector("button[type=submit]").after(layout);
 
   buildSliders();
   bindHeatmap();

@@ -45,6 +45,7 @@ from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
 from tensor_debugger.web.refusals import database_error, error_response, http_error, known_ids, options_answer
 from tensor_debugger.web.security import SecurityMiddleware, SecurityPolicy, add_security_headers
+from tensor_debugger.web.views.names import name_parts
 from tensor_debugger.web.views.run_view import run_title
 
 
@@ -118,6 +119,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         env.globals["signed_in"] = _signed_in
         env.globals["run_title"] = run_title
         register_filters(env)
+        env.filters["name_parts"] = name_parts
 
     app = Litestar(
         route_handlers=[

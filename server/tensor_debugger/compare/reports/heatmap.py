@@ -29,7 +29,8 @@ class Heatmap:
     col_edges: list[int]
 
 
-def _edges(size: int, cells: int) -> list[int]:
+def cell_edges(size: int, cells: int) -> list[int]:
+    """Where each of at most `cells` cells along an axis of `size` starts (and, last, `size`): nearly equal cells."""
     n = min(size, cells)
     return [round(i * size / n) for i in range(n + 1)]
 
@@ -41,7 +42,7 @@ def build_heatmap(a: View, b: View, fixed: tuple[int | None, ...]) -> Heatmap:
         raise ValueError("a heatmap needs exactly two free dimensions")
     rows_dim, cols_dim = dims
     height, width = a.shape[rows_dim], a.shape[cols_dim]
-    row_edges, col_edges = _edges(height, ROWS), _edges(width, COLS)
+    row_edges, col_edges = cell_edges(height, ROWS), cell_edges(width, COLS)
     cells = np.zeros((len(row_edges) - 1, len(col_edges) - 1))
     highest = np.full(cells.shape, -np.inf)  # the largest and smallest signed difference per cell
     lowest = np.full(cells.shape, np.inf)

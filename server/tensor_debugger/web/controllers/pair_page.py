@@ -9,11 +9,22 @@ from litestar.params import FromPath, FromQuery
 from litestar.response import Template
 
 from tensor_debugger.compare.planning.sides import views
-from tensor_debugger.compare.reports.heatmap import build_heatmap, heatmap_svg
+from tensor_debugger.compare.reports.heatmap import Heatmap, build_heatmap, heatmap_svg
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import PairRecord
+from tensor_debugger.web.views.heatmap_image import heatmap_pixels, heatmap_values
 from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
+from tensor_debugger.web.views.png import encode_png
+
+
+def _heatmap(services: Services, pair_id: int, fixed: str) -> Heatmap:
+    with services.sessions() as db:
+        pair = db.get(PairRecord, pair_id)
+        if pair is None:
+            raise NotFoundError(f"no pair with id {pair_id}")
+        view_a, view_b, alignment = views(services.store, db, pair)
+        return build_heatmap(view_a, view_b, parse_fixed(alignment.shape, fixed))
 
 
 class PairPageController(Controller):
@@ -55,15 +66,23 @@ class PairPageController(Controller):
     def pair_heatmap(
         self, services: NamedDependency[Services], pair_id: FromPath[int], fixed: FromQuery[str] = ""
     ) -> Response[str]:
-        """|difference| over a 2-D slice (`fixed`: an index per aligned dim, ':' on two), max-pooled."""
-        with services.sessions() as db:
-            pair = db.get(PairRecord, pair_id)
-            if pair is None:
-                raise NotFoundError(f"no pair with id {pair_id}")
-            view_a, view_b, alignment = views(services.store, db, pair)
-            spec = parse_fixed(alignment.shape, fixed)
-            svg = heatmap_svg(build_heatmap(view_a, view_b, spec))
-        return Response(svg, media_type="image/svg+xml")
+        """|difference| over a 2-D slice (`fixed`: an index per aligned dim, ':' on two), max-pooled, as SVG with
+        its axes, colour scale and a title per cell (a file to keep; the page shows the PNG)."""
+        return Response(heatmap_svg(_heatmap(services, pair_id, fixed)), media_type="image/svg+xml")
+
+    @get("/pairs/{pair_id:int}/heatmap.png", sync_to_thread=True, media_type="image/png")
+    def pair_heatmap_png(
+        self, services: NamedDependency[Services], pair_id: FromPath[int], fixed: FromQuery[str] = ""
+    ) -> Response[bytes]:
+        """The same heatmap as a PNG of a pixel per cell, for the page to scale up."""
+        return Response(encode_png(heatmap_pixels(_heatmap(services, pair_id, fixed))), media_type="image/png")
+
+    @get("/pairs/{pair_id:int}/heatmap.json", sync_to_thread=True)
+    def pair_heatmap_values(
+        self, services: NamedDependency[Services], pair_id: FromPath[int], fixed: FromQuery[str] = ""
+    ) -> dict[str, object]:
+        """Each cell's largest signed difference as text, the cells' edges and the colour scale's ends."""
+        return heatmap_values(_heatmap(services, pair_id, fixed))
 
     @get("/pairs/{pair_id:int}/grid", sync_to_thread=True)
     def pair_grid(

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.profiles import ErrorProfile, error_profile
 from tensor_debugger.compare.planning.sides import tensors_of, tolerance, views_of
+from tensor_debugger.compare.reports.formatting import format_number
 from tensor_debugger.compare.reports.inspector import build_inspector, build_raw_grid
 from tensor_debugger.compare.reports.op_lists import op_lists
 from tensor_debugger.compare.reports.pair_reports import pair_detail
@@ -23,6 +24,7 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import PairRecord, SessionRecord
+from tensor_debugger.web.views.heatmap_image import heatmap_frame
 
 DEFAULT_COUNT = 64
 
@@ -110,8 +112,16 @@ def profile_chart(profile: ErrorProfile) -> dict[str, Any]:
 
     nan = [i for i, v in enumerate(profile.max_abs_diff) if v == "nan"]
     ranked = [(v, i) for i, v in enumerate(top) if v is not None]
+    decades = range(low, high + 1, max(1, math.ceil((high - low) / 6)))
     return {
         "profile": profile,
+        "y_ticks": [{"at": 100 * (1 - (k - low) / (high - low)), "label": f"1e{k}"} for k in decades],
+        "x_ticks": index_ticks(profile.size),
+        "series": {
+            "max": [_text_of(v) for v in profile.max_abs_diff],
+            "mean": [_text_of(v) for v in profile.mean_abs_diff],
+            "mismatched": [bool(m) for m in profile.mismatched],
+        },
         "top_points": points(top),
         "mean_points": points(mean),
         "low": low,
@@ -124,6 +134,29 @@ def profile_chart(profile: ErrorProfile) -> dict[str, Any]:
     }
 
 
+def _text_of(value: Any) -> str:
+    """A profile's value as the page reads it out: 4 significant digits, NaN and Inf by name."""
+    if value == "nan" or (isinstance(value, float) and math.isnan(value)):
+        return "NaN"
+    if isinstance(value, str):
+        return "Inf"
+    return format_number(float(value)) if value is not None else "—"
+
+
+def index_ticks(size: int, most: int = 8) -> list[dict[str, float | int]]:
+    """Every index that fits, else round ones (steps of 1, 2 or 5 times a power of ten, from 0) and the last, at
+    their place in percent of an axis whose ends are index 0 and index size - 1: no label is skipped unevenly."""
+    if size <= 1:
+        return [{"at": 0.0, "index": 0}]
+    raw = (size - 1) / most
+    power = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
+    step = max(1, int(next(m * power for m in (1, 2, 5, 10) if m * power >= raw)))
+    indices = list(range(0, size, step))
+    if size - 1 - indices[-1] >= step / 2:
+        indices.append(size - 1)
+    return [{"at": 100 * i / (size - 1), "index": i} for i in indices]
+
+
 def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
     """One bar per decade of |difference|, its length on a log scale of counts (log10(1 + count)): 816 elements
     at 1e-2 stay visible beside 129,792 exact zeros, where a linear scale left them a hairline."""
@@ -133,6 +166,19 @@ def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
         {"label": label, "count": c, "percent": 100 * math.log10(1 + c) / top if top else 0}
         for label, c in zip(labels, counts, strict=False)
     ]
+
+
+def histogram_ticks(counts: list[int]) -> list[dict[str, Any]]:
+    """The bars' axis: 0, 1, 10, 100... up to the largest count, at their place on the bars' log scale."""
+    top = math.log10(1 + max(counts)) if counts else 0.0
+    if not top:
+        return []
+    ticks = [{"at": 0.0, "label": "0"}]
+    k = 0
+    while 10**k <= max(counts):
+        ticks.append({"at": 100 * math.log10(1 + 10**k) / top, "label": f"{10**k:,}" if k < 4 else f"1e{k}"})
+        k += 1
+    return ticks
 
 
 @dataclass(frozen=True)
@@ -214,6 +260,7 @@ def pair_page_context(
         "inspector": None,
         "window": None,
         "histogram": histogram_bars(detail.stats.histogram if detail.stats else []),
+        "histogram_ticks": histogram_ticks(detail.stats.histogram if detail.stats else []),
         "worst": [{**asdict(w), "url": None} for w in detail.stats.worst] if detail.stats else [],
         "ops": op_lists(db, pair, *sides),  # a capture with level="op": its module's ops, side by side
     }
@@ -238,8 +285,12 @@ def pair_page_context(
     context["inspector"] = build_inspector(window, tol, exact)
     spec = heatmap_spec(shape, request)
     if spec is not None:
-        context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.svg?{urlencode({'fixed': spec})}"
+        query = urlencode({"fixed": spec})
+        context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.png?{query}"
+        context["heatmap_svg_url"] = f"/pairs/{pair_id}/heatmap.svg?{query}"
+        context["heatmap_values_url"] = f"/pairs/{pair_id}/heatmap.json?{query}"
         context["heatmap_spec"] = spec
+        context["heatmap"] = heatmap_frame(shape, parse_fixed(shape, spec), request)
     context["window"] = {**params, "shape": list(shape)}
     context["profile_dims"] = list(enumerate(shape))
     if profile.strip():

@@ -1,0 +1,242 @@
+"""Pages that read at a glance (issue 30), in headless Chromium on one server for the module: a traced tiny Llama
+(long module names) and a 64 x 256 pair named `model.layers.17.self_attn.o_proj` beside its `...k_proj` twin.
+Long names are cut in the middle and stay told apart, no page scrolls sideways at 390 px, axe-core finds nothing
+serious at 390 and 1,440 px, the heatmap is one PNG with its axes, the window marked on it, a read-out and a click
+that moves the window, and the value grids keep their captions in view, stacked or side by side."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page
+
+from tests.support import loopback_http
+from tests.support.browser import shot
+from tests.support.glance_sessions import LONG_NAME, SPOT, GlanceSessions, build_glance_sessions
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, free_port, wait_done
+from tests.support.traces import WrittenTraces
+
+pytestmark = pytest.mark.browser
+
+AXE = Path(__file__).resolve().parents[1] / "support" / "axe" / "axe.min.js"
+
+
+@dataclass(frozen=True)
+class Glance:
+    server: LiveServer
+    sessions: GlanceSessions
+
+    def pair(self, session: int, name: str) -> int:
+        pairs = loopback_http.get(f"{self.server.url}/api/sessions/{session}/pairs", timeout=30).json()["pairs"]
+        return int(next(p["id"] for p in pairs if p["name"].endswith(name)))
+
+
+@pytest.fixture(scope="module")
+def glance(tmp_path_factory: pytest.TempPathFactory, hf_traces: WrittenTraces) -> Iterator[Glance]:
+    root = tmp_path_factory.mktemp("glance")
+    sessions = build_glance_sessions(root / "data", root, hf_traces)
+    server = LiveServer(root / "data", free_port())
+    server.launch()
+    try:
+        wait_until(server.answers, what="the glance server to answer", timeout=60, interval=0.02)
+        for session_id in (sessions.trace, sessions.wide):
+            wait_done(server, session_id)
+        yield Glance(server, sessions)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    opened = context.new_page()
+    yield opened
+    context.close()
+
+
+def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> None:
+    """document.scrollWidth within the viewport at 390 px on the session, pair and compare-sessions pages (a
+    trace's among them), and no serious or critical axe-core violation at 390 and at 1,440 px."""
+    s = glance.sessions
+    pages = {
+        "trace-session": f"/sessions/{s.trace}",
+        "trace-pair": f"/pairs/{glance.pair(s.trace, 'mlp.down_proj_outputs')}",
+        "wide-session": f"/sessions/{s.wide}",
+        "wide-pair": f"/pairs/{glance.pair(s.wide, LONG_NAME)}",
+        "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.wide}",
+    }
+    found: list[str] = []
+    context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
+    page = context.new_page()
+    for name, path in pages.items():
+        page.set_viewport_size({"width": 390, "height": 844})  # loaded on a phone, as a phone shows it
+        page.goto(glance.server.url + path)
+        page.wait_for_load_state("load")
+        page.add_script_tag(path=str(AXE))
+        for width in (390, 1440):
+            page.set_viewport_size({"width": width, "height": 844 if width == 390 else 900})
+            wide = page.evaluate("document.documentElement.scrollWidth")
+            if wide > width:
+                found.append(f"{name}: {wide} px wide at {width} px")
+            if width == 390:
+                shot(page, f"glance-{name}-390")
+            violations = page.evaluate(
+                """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
+                .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                .map(v => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map(n => n.target.join(' '))}`)"""
+            )
+            found += [f"{name} at {width} px: {v}" for v in violations]
+    context.close()
+    assert not found, "\n".join(found)
+
+
+def test_long_names_are_cut_in_the_middle_and_told_apart(glance: Glance, page: Page) -> None:
+    page.goto(f"{glance.server.url}/sessions/{glance.sessions.wide}?group=none")
+    names = page.locator("table.pairs td.name a")
+    assert names.count() == 2
+    for i in range(2):
+        link = names.nth(i)
+        full = (link.get_attribute("title") or "").split(" ↔ ")[0]  # the full name on hover
+        assert full.endswith(("self_attn.o_proj", "self_attn.k_proj")), full
+        assert link.text_content() == full == link.inner_text()  # the whole name is the text, on one line
+        tail = link.locator(".tail")
+        assert tail.inner_text() == full[-len("self_attn.o_proj") :]
+        # the tail shows whole, inside the cell: only the head gives way
+        fits = tail.evaluate(
+            "t => t.scrollWidth <= t.clientWidth + 1"
+            " && t.getBoundingClientRect().right <= t.closest('td').getBoundingClientRect().right + 1"
+        )
+        assert fits, full
+    for column in ("shape", "alignment"):  # shape and alignment are not cut
+        cell = page.locator(f"table.pairs td.{column}").first
+        assert cell.evaluate("c => c.scrollWidth <= c.clientWidth + 1"), column
+    page.set_viewport_size({"width": 390, "height": 844})
+    head = names.first.locator(".head")
+    # cut at 390 px, in the middle: the head gives way but still shows its start and the ellipsis
+    assert head.evaluate("h => h.scrollWidth > h.clientWidth && h.clientWidth >= 12")
+    for i in range(2):  # and the tail still shows whole
+        tail = names.nth(i).locator(".tail")
+        assert tail.evaluate(
+            "t => t.getBoundingClientRect().right <= t.closest('.mid').getBoundingClientRect().right + 1"
+        )
+    shot(page, "glance-names-390")
+
+
+def test_the_heatmap_is_one_png_marks_the_window_reads_out_and_moves_it(glance: Glance, page: Page) -> None:
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    page.goto(f"{glance.server.url}/pairs/{pair}")
+    figure = page.locator("figure.heatmap")
+    assert figure.locator("svg rect:not(.window-mark):not(.cursor)").count() == 0  # no SVG element per cell
+    src = figure.locator("img").get_attribute("src") or ""
+    png = loopback_http.get(glance.server.url + src.replace("&amp;", "&"), timeout=30)
+    assert png.headers["content-type"] == "image/png" and png.content[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", png.content[16:24])
+    assert (height, width) == (64, 96)  # a pixel per cell: 64 rows, 256 columns pooled into 96
+    idat = png.content[png.content.index(b"IDAT") + 4 : png.content.index(b"IEND") - 8]
+    pixels = zlib.decompress(idat)
+    row, col = SPOT[0], SPOT[1] * 96 // 256  # the spot's cell is the darkest red: 0.5 against 1e-4 elsewhere
+    at = row * (1 + width * 3) + 1 + col * 3
+    assert tuple(pixels[at : at + 3]) == (165, 15, 21)
+    # axes: ticks with indices on both, titles naming the dimensions
+    ticks = [t.text_content() for t in figure.locator("svg.ticks.cols text").all()]
+    assert ticks == ["0", "50", "100", "150", "200", "250"]
+    assert [t.text_content() for t in figure.locator("svg.ticks.rows text").all()] == ["0", "20", "40", "60"]
+    assert "dimension 1 (index, 256)" in figure.locator(".axis-title.cols").inner_text()
+    # the page opens on the largest difference: the window (row 40) is marked on the map
+    mark = figure.locator("rect.window-mark")
+    assert mark.count() == 1 and float((mark.get_attribute("y") or "0").rstrip("%")) == pytest.approx(100 * 40 / 64)
+    # the read-out follows the pointer; the legend gets the scale's end
+    figure.locator(".heatmap-image").scroll_into_view_if_needed()
+    box = figure.locator(".heatmap-image").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] * (col + 0.5) / 96, box["y"] + box["height"] * (row + 0.5) / 64)
+    readout = figure.locator(".heatmap-readout")
+    page.wait_for_function("() => document.querySelector('.heatmap-readout').textContent.includes('0.5')")
+    assert readout.inner_text().startswith(f"rows {row}, columns ")
+    assert figure.locator(".legend-high").inner_text().startswith("+0.5")
+    # a click elsewhere moves the window there, without a reload; the mark follows
+    page.evaluate("window.sameDocument = true")
+    page.mouse.click(box["x"] + box["width"] * 0.5 / 96, box["y"] + box["height"] * 10.5 / 64)  # no scroll since
+    page.wait_for_function("() => document.querySelector('.caption').textContent.startsWith('Window [10, ')")
+    assert page.evaluate("window.sameDocument") is True
+    mark = page.locator("figure.heatmap rect.window-mark")
+    assert float((mark.get_attribute("y") or "0").rstrip("%")) == pytest.approx(100 * 10 / 64)
+    # the keys: focus the map, End goes to the row's last cell, Enter opens it
+    page.locator(".heatmap-image").focus()
+    page.keyboard.press("Control+End")
+    assert page.locator(".heatmap-readout").inner_text().startswith("rows 63, columns ")
+    page.keyboard.press("Home")
+    assert page.locator(".heatmap-readout").inner_text().startswith("rows 63, columns 0–")
+    page.keyboard.press("Enter")
+    page.wait_for_function("() => document.querySelector('.caption').textContent.startsWith('Window [63, ')")
+    shot(page, "glance-heatmap")
+
+
+def test_grids_keep_their_captions_stacked_or_side_by_side(glance: Glance, page: Page) -> None:
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    page.goto(f"{glance.server.url}/pairs/{pair}#inspector")
+    captions = page.locator(".grids figure.grid figcaption")
+    assert captions.all_inner_texts() == ["Reference", "Candidate", "Difference (candidate - reference)"]
+    # side by side at 1,440 px, opened on the largest difference with every caption in view
+    tops = [c.bounding_box()["y"] for c in captions.all()]  # type: ignore[index]
+    assert max(tops) == min(tops)
+    area = page.locator(".grids").bounding_box()
+    assert area is not None and all(area["y"] - 1 <= t <= area["y"] + area["height"] for t in tops)
+    toggle = page.locator("button.layout-toggle")
+    assert toggle.get_attribute("aria-pressed") == "true"
+    toggle.click()  # stacked: one under the other, the choice kept for the next page
+    tops = [c.bounding_box()["y"] for c in captions.all()]  # type: ignore[index]
+    assert tops == sorted(tops) and len(set(tops)) == 3
+    page.reload()
+    assert page.locator("section.inspector").get_attribute("class") is not None
+    assert "layout-stacked" in (page.locator("section.inspector").get_attribute("class") or "")
+    page.locator("button.layout-toggle").click()  # back to side by side
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    assert "layout-stacked" in (page.locator("section.inspector").get_attribute("class") or "")  # narrow: stacked
+    shot(page, "glance-grids-390")
+
+
+def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None:
+    """The pair page's error profile and histogram have axes with ticks, labels and units; the profile and the
+    session chart read out the values under the pointer or the keys (arrows, Home, End)."""
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    page.goto(f"{glance.server.url}/pairs/{pair}?profile=0#profile")
+    chart = page.locator("figure.profile-chart")
+    assert chart.locator(".axis-title.y").inner_text() == "|diff| (log scale)"
+    assert chart.locator(".axis-title.x").inner_text() == "index of aligned dimension 0 (size 64)"
+    x_ticks = [t.text_content() for t in chart.locator("svg.ticks.x text").all()]
+    assert x_ticks == ["0", "10", "20", "30", "40", "50", "60"]
+    y_ticks = [t.text_content() or "" for t in chart.locator("svg.ticks.y text").all()]
+    assert y_ticks and all(t.startswith("1e") for t in y_ticks)
+    readout = chart.locator(".profile-readout")
+    chart.locator(".plot").focus()
+    page.keyboard.press("End")
+    assert readout.inner_text().startswith("index 63: max |diff| ")
+    page.keyboard.press("Home")
+    assert readout.inner_text().startswith("index 0: max |diff| ")
+    plot = chart.locator(".plot svg").bounding_box()
+    assert plot is not None
+    page.mouse.move(plot["x"] + plot["width"] * 40 / 63, plot["y"] + plot["height"] / 2)  # row 40 holds the 0.5
+    assert readout.inner_text().startswith("index 40: max |diff| 0.5")
+    assert "elements outside tolerance" in readout.inner_text()
+    histogram = page.locator("table.histogram")
+    assert histogram.locator("thead").inner_text().split("\t")[0].strip() == "|diff|"
+    assert [t.text_content() for t in histogram.locator("svg.bar-axis text").all()][:3] == ["0", "1", "10"]
+    shot(page, "glance-profile")
+    # the session page's chart: Home and End read out the first and the last pair
+    page.goto(f"{glance.server.url}/sessions/{glance.sessions.trace}")
+    holder = page.locator("#chart .chart-plot")
+    holder.focus()
+    page.keyboard.press("End")
+    last = page.locator(".chart-readout").inner_text()
+    assert last.startswith("#74 LlamaForCausalLM_outputs_logits: fail, max |diff| ")
+    page.keyboard.press("Home")
+    assert page.locator(".chart-readout").inner_text().startswith("#0 ")
