@@ -140,3 +140,12 @@ lint: install-test
 	$(BIN)/ruff format --check server tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The whole suite on Python 3.13 with the newest release of every dependency (zarr 3.2 and later need 3.12), in a
+# Debian trixie root file system made with debootstrap in PY313_ROOT on first use and reused after. Needs root.
+# Arguments for pytest: `make test-py313 PY313_ARGS=tests/engine`.
+PY313_ROOT ?= /opt/td-py313
+PY313_ARGS ?=
+.PHONY: test-py313
+test-py313:
+	PY313_ROOT=$(PY313_ROOT) PYTEST_WORKERS="$(PYTEST_WORKERS)" .ci/test-py313 $(PY313_ARGS)

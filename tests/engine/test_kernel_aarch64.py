@@ -21,6 +21,7 @@ import pytest
 from numcodecs import Blosc
 from tensor_debugger.engine.fused import STORED_FLOATS
 from tensor_debugger.engine.metrics import edges
+from tensor_debugger.store import compression
 from tensor_debugger.store.zarr_backend import DEFAULT_CODEC
 
 from tests.support.kernel_reference import check_partial, pair_case
@@ -213,9 +214,9 @@ def write_chunks(folder: Path, stored: np.ndarray, chunk: int) -> list[Path]:
     """`stored` (flat) in chunk files of `chunk` values each, Blosc-encoded with the store's codec settings (the
     last chunk whole, padded with zeros, as Zarr stores an edge chunk)."""
     codec = Blosc(
-        cname=DEFAULT_CODEC.cname.value,
-        clevel=DEFAULT_CODEC.clevel,
-        shuffle=getattr(Blosc, DEFAULT_CODEC.shuffle.value.upper()),
+        cname=compression.CNAME,  # the settings DEFAULT_CODEC is built from (zarr types its fields differently)
+        clevel=compression.CLEVEL,
+        shuffle=getattr(Blosc, compression.SHUFFLE.upper()),
         blocksize=DEFAULT_CODEC.blocksize,
         typesize=stored.itemsize,
     )

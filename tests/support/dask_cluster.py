@@ -101,7 +101,8 @@ def _compute_times(dashboard: str) -> dict[str, float]:
 
     try:
         with pull_session(url=f"{dashboard}/individual-compute-time-per-key") as session:
-            found = session.document.select({"type": ColumnDataSource})
+            document = session.document  # None where no document came (newer Bokeh types it so)
+            found = [] if document is None else list(document.select({"type": ColumnDataSource}))
     except RuntimeError:
         return {}
     sources = [s for s in found if isinstance(s, ColumnDataSource) and "names" in s.data]

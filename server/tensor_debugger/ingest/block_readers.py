@@ -98,7 +98,7 @@ class _PooledReader:
         nbytes = (stop - start) * size
         buffer = self._pool.take(nbytes)
         self._lent[_bounds(region)] = buffer
-        self._fill(memoryview(buffer)[:nbytes], self._offset + start * size)  # type: ignore[arg-type]
+        self._fill(buffer.data[:nbytes], self._offset + start * size)  # a 1-D uint8 buffer: its bytes, in order
         return buffer[:nbytes].view(self._dtype.numpy_storage).reshape(region_shape(region))
 
     def done(self, region: Region) -> None:
