@@ -12,7 +12,8 @@
 
 Each command imports what it needs when it runs: `--help` imports none of SQLAlchemy, numpy, Zarr, torch or
 Litestar, and only `serve` imports the web framework. `compare` and `ingest` hand their work to a server running
-on the same data dir when there is one (`warm.py`), and then import none of those either.
+on the same data dir when there is one (`warm.py`), and then import none of those either; `compare` again on
+unchanged inputs and database prints the answer it kept (`answers.py`), importing nothing but the standard library.
 """
 
 from __future__ import annotations
