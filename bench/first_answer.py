@@ -10,7 +10,9 @@ round and in turn:
 - the plain script: `torch.load` of each file pair, float64 statistics (max and mean |diff|, cosine), the first
   pair outside torch.testing's float32 tolerance (the peer users would pick);
 - the CLI cold: `tensor-debugger compare A B --json` into a new data dir;
-- the CLI again: the same command on the same files and data dir;
+- the CLI again: the same command on the same files and data dir (an answer kept by the first: `cli/answers.py`),
+  then once more, untimed, under `python -X importtime`: the seconds of all its imports and of the heavy ones
+  (SQLAlchemy, numpy, torch, Zarr, the services and the comparison machinery; 0 where not imported);
 - the CLI warm, and warm again: the same two with `tensor-debugger serve` already running on another new data dir
   (started before the clock starts), which the command hands the work to (the warm path; for it, the peak RSS is
   the command's own, not the server's);
@@ -154,6 +156,7 @@ def main() -> None:
         times.update({f"{name}, {when}": [] for name in commands for when in ("cold", "again")})
         times.update({"compare, warm": [], "warm, again": []})
         peaks: dict[str, list[float]] = {name: [] for name in times}
+        imports: dict[str, list[dict[str, float]]] = {}
         cpu: dict[str, list[float]] = {name: [] for name in times}
         for round_index in range(args.rounds):
             os.sync()  # before each timed command: none pays for writing back what another wrote (the dumps too)
@@ -186,6 +189,8 @@ def main() -> None:
                             sys.exit(f"{label} found {found}, the script {first_script}")
                         if url is not None and not answer["session"]["url"].startswith(url):
                             sys.exit(f"{label}: the server at {url} was not used ({answer['session']['url']})")
+                        if when == "again" and not warm:  # once more, untimed, for where its start-up goes
+                            imports.setdefault(name, []).append(import_times(command, data, a, b, env))
                 shutil.rmtree(data, ignore_errors=True)
         script_median = statistics.median(times["plain script"])
         print(f"{os.getloadavg()[0]:.1f} load average (1 minute) at the end")
@@ -196,8 +201,46 @@ def main() -> None:
                 f"{statistics.median(values) / script_median:9.2f} {statistics.median(cpu[name]):7.2f} "
                 f"{max(peaks[name]):12.0f}"
             )
+        for name, rounds in imports.items():
+            parts = ", ".join(f"{m} {statistics.median(r[m] for r in rounds):.3f}" for m in rounds[0] if m != "total")
+            print(
+                f"{name}, again, python -X importtime (median s of {len(rounds)}): all imports "
+                f"{statistics.median(r['total'] for r in rounds):.3f}; {parts}"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+WATCHED = ("sqlalchemy", "numpy", "torch", "zarr", "tensor_debugger.services", "tensor_debugger.compare")
+
+
+def import_times(command: list[str], data: Path, a: Path, b: Path, env: dict[str, str]) -> dict[str, float]:
+    """Seconds `compare A B --json` spends importing (`python -X importtime`): all its imports, and each of
+    WATCHED's (0 where not imported)."""
+    python = [str(PYTHON), "-X", "importtime"]
+    prefix = [*python, "-m", "tensor_debugger"] if command == [str(CLI)] else [*command[:2], *python, *command[3:]]
+    done = subprocess.run(
+        [*prefix, "--data-dir", str(data), "compare", str(a), str(b), "--json"], env=env, capture_output=True, text=True
+    )
+    if done.returncode not in (0, 1):
+        sys.exit(f"-X importtime: exit {done.returncode}: {done.stderr[-2000:]}")
+    total = 0.0
+    cumulatives, selves = dict.fromkeys(WATCHED, 0.0), dict.fromkeys(WATCHED, 0.0)
+    for line in done.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        own, cumulative, name = line.removeprefix("import time:").split("|")
+        if not name.startswith("  "):  # a top-level import: the cumulative times of these add up to all
+            total += int(cumulative) / 1e6
+        module = name.strip()
+        for watched in WATCHED:
+            if module == watched:
+                cumulatives[watched] = max(cumulatives[watched], int(cumulative) / 1e6)
+            if module == watched or module.startswith(watched + "."):
+                selves[watched] += int(own) / 1e6
+    # a package's line covers what it imports, unless its modules were imported one by one after it (the parent
+    # package first, on a line of its own): then the sum of its modules' own times
+    return {"total": total, **{w: max(cumulatives[w], selves[w]) for w in WATCHED}}
 
 
 @contextmanager
