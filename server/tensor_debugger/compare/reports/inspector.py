@@ -112,7 +112,8 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
     outside = ~elementwise.within_tolerance(a, b, tolerance, exact, abs_diff)
     finite_diff = abs_diff[np.isfinite(abs_diff)]
     diff_scale = float(finite_diff.max()) if finite_diff.size else 0.0
-    values = np.concatenate([np.abs(a).ravel().astype(np.float64), np.abs(b).ravel().astype(np.float64)])
+    wide = elementwise.wide_dtype(a, b)  # widened first: |int8(-128)| is 128
+    values = np.abs(np.concatenate([a.ravel().astype(wide), b.ravel().astype(wide)]))
     finite_values = values[np.isfinite(values)]
     value_scale = float(finite_values.max()) if finite_values.size else 0.0
     max_pos: tuple[int, ...] | None = None
