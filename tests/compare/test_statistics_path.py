@@ -146,3 +146,16 @@ def test_profiles_are_the_engines_statistics_per_index(
         mean, expected = parse_number(profile.mean_abs_diff[k]), stats.mean_abs_diff
         assert _same(mean, expected) or mean == pytest.approx(expected, rel=1e-12), (k, mean, expected)
         assert profile.mismatched[k] == stats.mismatched, (k, profile, stats)
+
+
+def test_inspector_scales_int8_by_their_magnitude() -> None:
+    """|int8(-128)| is 128, not -128: the value of largest magnitude gets the strongest colour."""
+    a = np.array([[-128, 1], [64, 0]], dtype=np.int8)
+    b = np.array([[-128, 1], [64, 2]], dtype=np.int8)
+    window = read_window(
+        SourceView(a, lambda v: v), SourceView(b, lambda v: v), SliceRequest((None, None), (0, 0), (2, 2))
+    )
+    reference = build_inspector(window, EXACT, True).grids[0].rows
+    assert reference[0][0].classes.startswith("bg-n10 ")
+    assert reference[1][0].classes.startswith("bg-p5 ")
+    assert [cell.outside for row in reference for cell in row] == [False, False, False, True]
