@@ -5,6 +5,7 @@ statistics, while the default kernel (what `configure` sets, for callers handed 
 from __future__ import annotations
 
 import math
+import pickle
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -76,3 +77,10 @@ def test_a_kernel_names_a_known_path() -> None:
     with pytest.raises(ValueError, match="not one of"):
         Kernel("fast")
     assert Kernel("compiled", " AVX2 ").family == "avx2"
+
+
+def test_a_kernel_sent_to_another_process_resolves_its_family_there() -> None:
+    kernel = Kernel("compiled")
+    assert kernel.family_in_use is not None  # resolved here, for this CPU
+    copy = pickle.loads(pickle.dumps(kernel))
+    assert copy == kernel and "family_in_use" not in vars(copy)

@@ -157,6 +157,14 @@ class Kernel:
             raise ValueError(f"kernel {self.path!r} is not one of {', '.join(KERNELS)}")
         object.__setattr__(self, "family", self.family.strip().lower())
 
+    def __getstate__(self) -> dict[str, str]:
+        """What a copy sent to another process holds: the choice, not the family this CPU resolved it to."""
+        return {"path": self.path, "family": self.family}
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
     @functools.cached_property
     def family_in_use(self) -> str | None:
         """The vector family the kernels run (None without the kernel): `family` if this CPU runs it (a warning says
