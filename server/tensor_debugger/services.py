@@ -20,6 +20,7 @@ from tensor_debugger.compare.compute.early_uploads import EarlyUploads
 from tensor_debugger.compare.compute.worker import ComparisonWorker
 from tensor_debugger.compare.context import CompareContext, open_context
 from tensor_debugger.compare.reports.pair_rows import StatsCache
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.child import ChildIngests
@@ -134,7 +135,8 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None, 
     ingestor = Ingestor(settings, sessions, store, claims)
     report = recover(sessions, store, ingestor.live_runs, claims, ingestor.resumable)  # uploads: left for a server
     staging.sweep(settings.staging_dir, ingestor.staged_folders())
-    context = open_context(sessions, store, settings.threads, claims, settings.top)
+    kernel = Kernel(settings.kernel, settings.kernel_family)  # this engine's statistics path
+    context = open_context(sessions, store, settings.threads, claims, settings.top, kernel)
     compute = computation(settings, context)
     return Services(settings, engine, sessions, store, claims, ingestor, context, compute, report)
 

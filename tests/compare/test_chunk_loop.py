@@ -17,7 +17,7 @@ from tensor_debugger.compare.compute.chunk_loop import ChunkPairs, chunk_pairs, 
 from tensor_debugger.engine import streaming
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region
-from tensor_debugger.engine.fused import FusedPartial, configure
+from tensor_debugger.engine.fused import FusedPartial, Kernel, configure, default_kernel
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
@@ -197,6 +197,33 @@ def test_no_loop_for_exact_comparisons_other_dtypes_or_when_turned_off(
         configure(kernel=setting)
         assert loop_name() == f"off (TENSOR_DEBUGGER_KERNEL={setting})"
         assert chunk_pairs(f32, f32, exact=False) is None
+
+
+def test_one_process_compares_a_stored_pair_with_two_kernels_side_by_side(
+    services: Services, pool: ThreadPoolExecutor
+) -> None:
+    """The services' context carries the kernel their settings name; another kernel object beside it computes the
+    same stored pair with numpy (no chunk loop), in the same stream, and the statistics agree, with nothing
+    process-wide changed."""
+    assert services.context.kernel == Kernel(services.settings.kernel, services.settings.kernel_family)
+    rng = np.random.default_rng(9)
+    reference = rng.standard_normal((300, 37))
+    a = stored(services, "runs/1/0", reference, "float32", (7, 37))
+    b = stored(services, "runs/2/0", candidate(reference, rng), "float32", (11, 37))
+    before = default_kernel()
+    compiled, plain = Kernel("compiled"), Kernel("numpy")
+    loop = chunk_pairs(a, b, exact=False, kernel=compiled)
+    assert loop is not None and chunk_pairs(a, b, exact=False, kernel=plain) is None
+    jobs = [
+        PairJob("compiled", a, b, TOLERANCE, False, loop, 8, compiled),
+        PairJob("numpy", a, b, TOLERANCE, False, None, 8, plain),
+    ]
+    results = dict(compare_stream(jobs, pool))
+    got, want = results["compiled"], results["numpy"]
+    assert isinstance(got, PairStats) and isinstance(want, PairStats)
+    assert_same(got, want)
+    assert got.worst == want.worst and got.mismatched > 0
+    assert default_kernel() is before
 
 
 def chunk_file(services: Services, key: str, coords: str) -> Path:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.engine.fused import Kernel, default_kernel
 from tensor_debugger.engine.metrics import DEFAULT_TOP
 from tensor_debugger.engine.pairing import TensorRef
 from tensor_debugger.engine.tolerances import Tolerance
@@ -27,7 +28,8 @@ class CompareContext:
     """`sessions`: the catalog's database; `store`: the arrays; `claims`: this process's, on the pending pairs it
     computes; `pool`: the threads that read and reduce blocks (results do not depend on how many, `workers`);
     `lock`: held while computing, one computation at a time per process (the pool is already parallel); `top`:
-    worst elements kept per pair (Settings.top)."""
+    worst elements kept per pair (Settings.top); `kernel`: the statistics path every comparison of this context
+    takes (Settings.kernel and Settings.kernel_family; engine/fused.py's Kernel)."""
 
     sessions: sessionmaker[DbSession]
     store: ArrayStore
@@ -35,6 +37,7 @@ class CompareContext:
     pool: ThreadPoolExecutor
     workers: int
     top: int = DEFAULT_TOP
+    kernel: Kernel = field(default_factory=Kernel)
     # the lock's class, not `threading.Lock` (a function): Litestar's signature model inspects the Services it injects
     lock: _thread.LockType = field(default_factory=threading.Lock, compare=False)
 
@@ -48,13 +51,17 @@ def open_context(
     workers: int,
     claims: Claims | None = None,
     top: int = DEFAULT_TOP,
+    kernel: Kernel | None = None,
 ) -> CompareContext:
     """A context with `workers` threads of its own (Settings.threads); `claims`: a new owner with the default lease
-    if None."""
+    if None; `kernel`: the statistics path (engine/fused.py's default kernel where None)."""
     if workers < 1:
         raise ValueError(f"a comparison needs at least one worker thread, got {workers}")
     pool = ThreadPoolExecutor(workers, thread_name_prefix="compare")
-    return CompareContext(sessions, store, claims or Claims(sessions, DEFAULT_LEASE_SECONDS), pool, workers, top)
+    claims = claims or Claims(sessions, DEFAULT_LEASE_SECONDS)
+    return CompareContext(
+        sessions, store, claims, pool, workers, top, kernel if kernel is not None else default_kernel()
+    )
 
 
 def cache_key(

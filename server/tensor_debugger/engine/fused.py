@@ -1,15 +1,18 @@
 """The compiled single-pass statistics kernels (fused_stats.c: a pair's statistics, a tensor's summary), loaded on
 first use.
 
-The package build compiles it next to this file (server/build_hooks.py); where it was not built, or
-TENSOR_DEBUGGER_KERNEL=numpy asks for it, `fused_partial` returns None and metrics.py computes with numpy alone.
+Which path a comparison takes is a `Kernel`, an object chosen per engine instance: services build one from Settings
+(TENSOR_DEBUGGER_KERNEL, TENSOR_DEBUGGER_KERNEL_FAMILY) and the CompareContext carries it to every PairAccumulator and
+chunk loop, so that two kernels can compute side by side in one process. The package build compiles the library next
+to this file (server/build_hooks.py); where it was not built, or TENSOR_DEBUGGER_KERNEL=numpy asks for it,
+`Kernel.partial` returns None and metrics.py computes with numpy alone.
 TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
 (tensor_debugger.compare.compute.chunk_loop): blocks are then read into arrays first, as before that loop existed.
 
 The library holds the kernels once per vector family (FAMILIES; fused_stats.c's header says what each is), and the
 kernels run the best family this CPU runs, or the one Settings.kernel_family (TENSOR_DEBUGGER_KERNEL_FAMILY) names,
-or the one `use_family` sets (tests and benchmarks). Both choices are declared settings that `configure` applies to
-the process; nothing here reads the environment.
+(a `Kernel`'s `family`). Callers handed no kernel (ingest's summaries) take the default one that `configure` and
+`use_family` set; nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -134,78 +138,157 @@ def families() -> list[str]:
     ]
 
 
-class _Choice:
-    """The family the kernels run, once chosen."""
-
-    family: str | None = None
-    asked_family = ""  # Settings.kernel_family: "" for the best
-    kernel = "compiled"  # Settings.kernel
-
-
 KERNELS = ("compiled", "blocks", "numpy")
 
 
-def configure(kernel: str = "compiled", family: str = "") -> None:
-    """Which statistics path this process takes (Settings.kernel: "compiled"; "blocks", the kernel without the
-    chunk loop; "numpy", neither) and which vector family the kernels run (Settings.kernel_family; "" for the best
-    this CPU runs). Process-wide: services apply their settings when they open."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel {kernel!r} is not one of {', '.join(KERNELS)}")
-    _Choice.kernel, _Choice.asked_family, _Choice.family = kernel, family.strip().lower(), None
+@dataclass(frozen=True)
+class Kernel:
+    """A statistics path, chosen per engine instance (services build one from Settings.kernel and
+    Settings.kernel_family and carry it in the CompareContext; a test may hold several at once): `path` "compiled"
+    (the kernels and the chunk loop that feeds them stored chunks), "blocks" (the kernels on blocks read into arrays)
+    or "numpy" (neither: metrics.py computes with numpy alone); `family` the vector family the kernels run ("" for the
+    best this CPU runs; one it does not run is warned of and the best taken)."""
 
+    path: str = "compiled"
+    family: str = ""
 
-def use_family(name: str | None) -> None:
-    """Run the kernels of the vector family `name` from now on (ValueError unless families() has it); None goes back
-    to the family configured (TENSOR_DEBUGGER_KERNEL_FAMILY), or the best, on next use."""
-    if name is not None and name not in families():
-        raise ValueError(f"kernel family {name!r} is not available here (this CPU runs: {families()})")
-    _Choice.family = name
+    def __post_init__(self) -> None:
+        if self.path not in KERNELS:
+            raise ValueError(f"kernel {self.path!r} is not one of {', '.join(KERNELS)}")
+        object.__setattr__(self, "family", self.family.strip().lower())
 
+    def __getstate__(self) -> dict[str, str]:
+        """What a copy sent to another process holds: the choice, not the family this CPU resolved it to."""
+        return {"path": self.path, "family": self.family}
 
-def kernel_family() -> str | None:
-    """The vector family the kernels run (None without the kernel): the one use_family chose, else the one
-    TENSOR_DEBUGGER_KERNEL_FAMILY names if this CPU runs it (a warning says when it does not), else the best."""
-    if _Choice.family is None:
+    def __setstate__(self, state: dict[str, str]) -> None:
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    @functools.cached_property
+    def family_in_use(self) -> str | None:
+        """The vector family the kernels run (None without the kernel): `family` if this CPU runs it (a warning says
+        when it does not), else the best."""
         available = families()
         if not available:
             return None
-        asked = _Choice.asked_family
-        if asked and asked not in available:
+        if self.family and self.family not in available:
             logging.getLogger(__name__).warning(
                 "%s=%s: not a kernel family this CPU runs (%s); using %s",
                 FAMILY_VARIABLE,
-                asked,
+                self.family,
                 ", ".join(available),
                 available[0],
             )
-        _Choice.family = asked if asked in available else available[0]
-    return _Choice.family
+        return self.family if self.family in available else available[0]
+
+    @property
+    def compiled(self) -> bool:
+        """Whether this path asks for the compiled kernels ("compiled" or "blocks")."""
+        return self.path != "numpy"
+
+    def name(self) -> str:
+        """Which statistics kernel comparisons use: "compiled" or "numpy" (and why)."""
+        if not self.compiled:
+            return "numpy (TENSOR_DEBUGGER_KERNEL=numpy)"
+        if _library() is None:
+            return f"numpy (no usable {LIBRARY_NAME} beside {Path(__file__).name})"
+        if self.family_in_use is None:
+            return f"numpy ({LIBRARY_NAME} has no kernel family this CPU runs)"
+        return "compiled"
+
+    def function(self, name: str) -> Any:
+        """The library's function `name` of this kernel's family (a ctypes function), or None where the compiled
+        kernels are not in use or it was not built."""
+        library = _library() if self.compiled else None
+        family = None if library is None else self.family_in_use
+        return None if library is None or family is None else getattr(library, f"{name}_{family}", None)
+
+    def partial(
+        self, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
+    ) -> FusedPartial | None:
+        """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, with their `top` worst
+        elements, or None where the kernel is not in use. NaN and Inf are not looked for: the caller checks that
+        `norm_a` and `norm_b` are finite (the kernel also sets norm_a to NaN where its sums of squares underflowed:
+        engine/scaled_sums.py)."""
+        if a.size != b.size:  # the kernel reads `a.size` values of each: never past the end of `b`
+            raise ValueError(f"blocks differ in size: {a.size} and {b.size}")
+        if not self.compiled:
+            return None
+        a, b = _compute(a), _compute(b)
+        function = self.function(f"td_stats_{_CODES[a.dtype]}{_CODES[b.dtype]}")
+        if function is None:
+            return None
+        out = empty_partial(top)
+        function(a.ctypes.data, b.ctypes.data, a.size, 0, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
+        return out
+
+    def address(self, a: np.dtype, b: np.dtype) -> int | None:
+        """The address of the kernel that folds float32 or float64 values of dtypes `a` and `b` at given flat
+        positions into a partial (td_stats_XY_<family>: a, b, n, base, atol, rtol, check, edges, partial), for a
+        compiled loop that feeds it; None where the kernel is not in use or has no such loop."""
+        if a not in _CODES or b not in _CODES:
+            return None
+        function = self.function(f"td_stats_{_CODES[a]}{_CODES[b]}")
+        return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
+
+    def summary(self, stored: np.ndarray, logical: str) -> FusedSummary | None:
+        """The summary of a block of stored values of logical dtype `logical` in one compiled pass, or None where
+        the kernel is not in use, has no loop for the dtype, or met a NaN or an Inf or overflowed: the caller then
+        computes the block with numpy."""
+        kernel = STORED_FLOATS.get(logical)
+        if kernel is None or stored.dtype != kernel[1]:
+            return None
+        function = self.function(f"td_summary_{kernel[0]}")
+        if function is None:
+            return None
+        values = np.ascontiguousarray(stored).reshape(-1)
+        out = summary_type()()
+        if function(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
+            return None
+        return out
 
 
-def _function(library: ctypes.CDLL, name: str) -> Any:
-    """The library's function `name` of the family in use (a ctypes function), or None where not built."""
-    family = kernel_family()
-    return None if family is None else getattr(library, f"{name}_{family}", None)
+class _Default:
+    """The kernel of callers not handed one (ingest's summaries, tests of the module's functions): what `configure`
+    and `use_family` set. Comparisons take their CompareContext's kernel instead."""
+
+    configured = Kernel()
+    kernel = Kernel()
+
+
+def default_kernel() -> Kernel:
+    """The kernel `configure` (and `use_family`) chose for callers not handed one."""
+    return _Default.kernel
+
+
+def configure(kernel: str = "compiled", family: str = "") -> None:
+    """The kernel of callers not handed one (`default_kernel`): Settings.kernel and Settings.kernel_family, as for
+    a `Kernel`. Comparisons carry their own (CompareContext.kernel)."""
+    _Default.configured = _Default.kernel = Kernel(kernel, family)
+
+
+def use_family(name: str | None) -> None:
+    """Run the default kernel's vector family `name` from now on (ValueError unless families() has it); None goes
+    back to the family configured, or the best."""
+    if name is not None and name not in families():
+        raise ValueError(f"kernel family {name!r} is not available here (this CPU runs: {families()})")
+    _Default.kernel = _Default.configured if name is None else Kernel(_Default.configured.path, name)
+
+
+def kernel_family() -> str | None:
+    """The vector family the default kernel runs (None without the kernel)."""
+    return _Default.kernel.family_in_use
 
 
 def kernel_setting() -> str:
-    """The statistics path `configure` chose: "compiled", "blocks" or "numpy"."""
-    return _Choice.kernel
-
-
-def _numpy_asked() -> bool:
-    return kernel_setting() == "numpy"
+    """The default kernel's path: "compiled", "blocks" or "numpy"."""
+    return _Default.kernel.path
 
 
 def kernel_name() -> str:
-    """Which statistics kernel comparisons use: "compiled" or "numpy" (and why)."""
-    if _numpy_asked():
-        return "numpy (TENSOR_DEBUGGER_KERNEL=numpy)"
-    if _library() is None:
-        return f"numpy (no usable {LIBRARY_NAME} beside {Path(__file__).name})"
-    if kernel_family() is None:
-        return f"numpy ({LIBRARY_NAME} has no kernel family this CPU runs)"
-    return "compiled"
+    """Which statistics kernel the default kernel uses: "compiled" or "numpy" (and why)."""
+    return _Default.kernel.name()
 
 
 def _compute(values: np.ndarray) -> np.ndarray:
@@ -214,38 +297,6 @@ def _compute(values: np.ndarray) -> np.ndarray:
     if values.dtype not in _CODES:
         values = values.astype(np.float32 if values.dtype.kind == "f" and values.dtype.itemsize < 4 else np.float64)
     return np.ascontiguousarray(values)
-
-
-def fused_partial(
-    a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
-) -> FusedPartial | None:
-    """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, with their `top` worst
-    elements, or None where the kernel is not in use. NaN and Inf are not looked for: the caller checks that
-    `norm_a` and `norm_b` are finite (the kernel also sets norm_a to NaN where its sums of squares underflowed:
-    engine/scaled_sums.py)."""
-    if a.size != b.size:  # the kernel reads `a.size` values of each: never past the end of `b`
-        raise ValueError(f"blocks differ in size: {a.size} and {b.size}")
-    library = None if _numpy_asked() else _library()
-    if library is None:
-        return None
-    a, b = _compute(a), _compute(b)
-    function = _function(library, f"td_stats_{_CODES[a.dtype]}{_CODES[b.dtype]}")
-    if function is None:
-        return None
-    out = empty_partial(top)
-    function(a.ctypes.data, b.ctypes.data, a.size, 0, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
-    return out
-
-
-def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
-    """The address of the kernel that folds float32 or float64 values of dtypes `a` and `b` at given flat positions
-    into a partial (td_stats_XY_<family>: a, b, n, base, atol, rtol, check, edges, partial), for a compiled loop
-    that feeds it; None where the kernel is not in use or has no such loop."""
-    library = None if _numpy_asked() else _library()
-    if library is None or a not in _CODES or b not in _CODES:
-        return None
-    function = _function(library, f"td_stats_{_CODES[a]}{_CODES[b]}")
-    return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
 
 def empty_partial(top: int = 0) -> FusedPartial:
@@ -258,19 +309,18 @@ def empty_partial(top: int = 0) -> FusedPartial:
     return out
 
 
+def fused_partial(
+    a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
+) -> FusedPartial | None:
+    """`Kernel.partial` of the default kernel."""
+    return _Default.kernel.partial(a, b, atol, rtol, check, edges, top)
+
+
+def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
+    """`Kernel.address` of the default kernel."""
+    return _Default.kernel.address(a, b)
+
+
 def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
-    """The summary of a block of stored values of logical dtype `logical` in one compiled pass, or None where the
-    kernel is not in use, has no loop for the dtype, or met a NaN or an Inf or overflowed: the caller then
-    computes the block with numpy."""
-    kernel = STORED_FLOATS.get(logical)
-    library = None if kernel is None or _numpy_asked() else _library()
-    if kernel is None or library is None or stored.dtype != kernel[1]:
-        return None
-    function = _function(library, f"td_summary_{kernel[0]}")
-    if function is None:
-        return None
-    values = np.ascontiguousarray(stored).reshape(-1)
-    out = summary_type()()
-    if function(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
-        return None
-    return out
+    """`Kernel.summary` of the default kernel."""
+    return _Default.kernel.summary(stored, logical)

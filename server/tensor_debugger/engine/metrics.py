@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from tensor_debugger.engine.fused import FusedPartial, fused_partial, top_limit
+from tensor_debugger.engine.elementwise import abs_diff, integer_differences, largest, within_tolerance
+from tensor_debugger.engine.fused import FusedPartial, Kernel, default_kernel, top_limit
 from tensor_debugger.engine.scaled_sums import Scaled, cosine, decibels, products, sum_squares
 from tensor_debugger.engine.tolerances import Tolerance
 
@@ -122,13 +123,15 @@ def parse_number(value: Any) -> Any:
 class PairAccumulator:
     """Partial statistics of some blocks; `merge` combines partials (blocks may be done in parallel)."""
 
-    def __init__(self, tolerance: Tolerance, exact: bool, top: int = DEFAULT_TOP) -> None:
-        """`top`: how many worst elements to keep (0 to fused.top_limit())."""
+    def __init__(self, tolerance: Tolerance, exact: bool, top: int = DEFAULT_TOP, kernel: Kernel | None = None) -> None:
+        """`top`: how many worst elements to keep (0 to fused.top_limit()); `kernel`: the statistics path (the
+        default kernel where None: fused.default_kernel)."""
         if not 0 <= top <= top_limit():
             raise ValueError(f"the number of worst elements must be 0 to {top_limit()}, got {top}")
         self.tol = tolerance
         self.exact = exact
         self.top = top
+        self.kernel = kernel if kernel is not None else default_kernel()
         self.worst: list[_Worst] = []  # at most `top`, in rank order
         self.numel = 0
         self.valid = 0  # elements where neither side is NaN
@@ -223,7 +226,7 @@ class PairAccumulator:
         """The whole block in one pass of the compiled kernel, when it is in use and the block is finite (else
         False, and nothing is folded in)."""
         ulp = bool(self.tol.ulp) and not self.exact  # the kernel tests rtol and atol only: ULPs are counted here
-        part = fused_partial(a, b, self.tol.atol, self.tol.rtol, not self.exact and not ulp, edges(), self.top)
+        part = self.kernel.partial(a, b, self.tol.atol, self.tol.rtol, not self.exact and not ulp, edges(), self.top)
         if part is None or not self._fold(part, a.size, where):
             return False
         if ulp:
@@ -375,27 +378,19 @@ class PairAccumulator:
         self.inf_b += int(inf_b.sum())
         any_nan = nan_a | nan_b
         self.nan_one += int(np.count_nonzero(nan_a ^ nan_b))
-        with np.errstate(invalid="ignore", over="ignore"):
-            diff = np.abs(a64 - b64)
-        diff[a64 == b64] = 0.0  # equal infinities are equal
-        diff[any_nan] = np.nan
+        diff = abs_diff(a64, b64, any_nan)  # NaN where either is, 0 where equal (infinities too)
         valid = ~any_nan
         n_valid = int(valid.sum())
         self.valid += n_valid
         abs_a = np.abs(a64)
         if not self.exact:
-            with np.errstate(invalid="ignore"):
-                close = diff <= (self.tol.bound(abs_a) if self.tol.ulp else self.tol.atol + self.tol.rtol * abs_a)
-            close &= ~inf_a  # an infinite reference is close only to itself (torch.isclose) ...
-            close |= a64 == b64  # ... and equal values are close under any rule (infinities of one sign too)
-            self.mismatched += int(n - np.count_nonzero(close))  # NaN compares false: a mismatch
+            close = within_tolerance(a64, b64, self.tol, False, diff)
+            self.mismatched += int(n - np.count_nonzero(close))  # NaN is never within: a mismatch
         if self.top:
             self._offer(diff, a64, b64, any_nan, where)
-        if any_nan.any():  # a NaN is the largest difference there is
-            self._consider_max(math.inf, True, int(np.argmax(any_nan)), where)
-        else:
-            local = int(np.argmax(diff))
-            self._consider_max(float(diff[local]), False, local, where)
+        local = largest(diff) or 0  # a NaN is the largest difference there is
+        is_nan = bool(np.isnan(diff[local]))
+        self._consider_max(math.inf if is_nan else float(diff[local]), is_nan, local, where)
         if n_valid:
             d = diff[valid]
             self.sum_abs += float(d.sum())
@@ -567,25 +562,3 @@ def _past_float64(values: np.ndarray) -> bool:
     if values.dtype.itemsize < 8 or values.size == 0:
         return False
     return int(values.max()) > _EXACT_FLOAT or int(values.min()) < -_EXACT_FLOAT
-
-
-def integer_differences(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b| of integer (or bool) vectors, exactly: uint64 (the difference of two 64-bit integers is below 2**64,
-    and wrapping subtraction of the larger minus the smaller gives it), or Python ints for int64 against uint64
-    values that neither 64-bit type holds both of."""
-    wide: np.dtype[Any]
-    if a.dtype.kind == "i" and b.dtype.kind == "i":
-        wide = np.dtype(np.int64)
-    elif a.dtype.kind != "i" and b.dtype.kind != "i":
-        wide = np.dtype(np.uint64)
-    else:
-        signed, unsigned = (a, b) if a.dtype.kind == "i" else (b, a)
-        if int(signed.min()) >= 0:
-            wide = np.dtype(np.uint64)
-        elif int(unsigned.max()) < 1 << 63:
-            wide = np.dtype(np.int64)
-        else:
-            return np.asarray(np.abs(a.astype(object) - b.astype(object)), dtype=object)
-    x, y = a.astype(wide), b.astype(wide)
-    ux, uy = x.view(np.uint64), y.view(np.uint64)
-    return np.where(x >= y, ux - uy, uy - ux)

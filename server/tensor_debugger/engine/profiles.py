@@ -2,7 +2,7 @@
 are outside the tolerance, folded block by block (bounded memory) with the statistics' rules: a NaN on either side
 makes its index's largest difference NaN, counts as a mismatch and stays out of the mean; equal infinities differ
 by zero and are close under any rule; an infinite reference is close only to itself; integers differ exactly (then
-rounded to float64)."""
+rounded to float64): engine/elementwise.py's differences and tolerance test."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from tensor_debugger.engine.metrics import integer_differences
+from tensor_debugger.engine.elementwise import abs_diff, nan_mask, within_tolerance
 from tensor_debugger.engine.tolerances import Tolerance
 
 
@@ -32,23 +32,9 @@ class ProfileAccumulator:
         """Fold a block whose indices along `dim` start at `start`."""
         if a.size == 0:
             return
-        kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
-        x, y = np.asarray(a, dtype=kind), np.asarray(b, dtype=kind)
-        with np.errstate(invalid="ignore", over="ignore"):
-            if a.dtype.kind in "iub" and b.dtype.kind in "iub":  # exactly, then rounded (int64 past 2**53)
-                diff = integer_differences(a, b).astype(np.float64)
-            else:
-                diff = np.abs(x - y)
-                diff[x == y] = 0.0  # equal infinities are equal
-            nan = np.isnan(x) | np.isnan(y)
-            if self.exact:
-                outside = a != b
-            else:
-                magnitude = np.abs(x)
-                close = diff <= self.tol.bound(magnitude)
-                close &= ~np.isinf(magnitude)  # an infinite reference is close only to itself ...
-                close |= x == y  # ... and equal values are close under any rule (infinities of one sign too)
-                outside = ~close  # NaN compares false: a mismatch
+        nan = nan_mask(a, b)
+        diff = abs_diff(a, b, nan)
+        outside = ~within_tolerance(a, b, self.tol, self.exact, diff)
         axes = tuple(i for i in range(a.ndim) if i != self.dim)
         stop = start + a.shape[self.dim]
         clean = np.where(nan, 0.0, diff)

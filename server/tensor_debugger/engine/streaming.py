@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
-from tensor_debugger.engine.fused import FusedPartial
+from tensor_debugger.engine.fused import FusedPartial, Kernel
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
@@ -47,6 +47,11 @@ class PairJob(Generic[Key]):
     exact: bool  # integers and bools: any difference is a mismatch
     reduce: Reduce | None = None  # tried first for every block
     top: int = DEFAULT_TOP  # worst elements kept (the reducer keeps as many)
+    kernel: Kernel | None = None  # the statistics path (CompareContext.kernel); None: fused.default_kernel
+
+    def accumulator(self) -> PairAccumulator:
+        """An empty accumulator of this job's statistics."""
+        return PairAccumulator(self.tolerance, self.exact, self.top, self.kernel)
 
 
 @dataclass
@@ -59,7 +64,7 @@ class _Running(Generic[Key]):
 
     def work(self, region: Region) -> PairAccumulator:
         if self.error is not None:  # an earlier block failed: this one's result would be thrown away
-            return PairAccumulator(self.job.tolerance, self.job.exact, self.job.top)
+            return self.job.accumulator()
         return compare_block(self.job, region)
 
 
@@ -67,7 +72,7 @@ def compare_block(job: PairJob[Key], region: Region) -> PairAccumulator:
     """The partial statistics of one block of a pair (one region of `pair_blocks`): what `compare_stream` merges,
     in block order, into the pair's statistics. A Dask worker computes a big pair's blocks with it
     (compare/compute/dask_pairs.py), so that merging them in the same order gives the same statistics."""
-    part = PairAccumulator(job.tolerance, job.exact, job.top)
+    part = job.accumulator()
     origin = tuple(s.start for s in region)
     if job.reduce is None:
         part.add(job.a.read(region), job.b.read(region), origin, job.a.shape)
@@ -126,7 +131,7 @@ def compare_stream(
             )
 
     for job in jobs:  # taking the next job runs the caller's set-up while the pool computes
-        state = _Running(job, PairAccumulator(job.tolerance, job.exact, job.top))
+        state = _Running(job, job.accumulator())
         running.append(state)
         for region in _regions(job, state):
             if state.error is not None:  # a block failed: the pair's result is that error, read no more
@@ -189,10 +194,11 @@ def compare_views(
     pool: ThreadPoolExecutor,
     in_flight: int | None = None,
     top: int = DEFAULT_TOP,
+    kernel: Kernel | None = None,
 ) -> PairStats:
     """Exact statistics over every element of two views of the same shape (one pair of `compare_stream`);
     raises what reading or comparing raised."""
-    ((_, result),) = compare_stream([PairJob(None, a, b, tolerance, exact, None, top)], pool, in_flight)
+    ((_, result),) = compare_stream([PairJob(None, a, b, tolerance, exact, None, top, kernel)], pool, in_flight)
     if isinstance(result, Exception):
         raise result
     return result

@@ -31,9 +31,9 @@ from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.fused import (
     STORED_FLOATS,
     FusedPartial,
+    Kernel,
+    default_kernel,
     empty_partial,
-    kernel_address,
-    kernel_setting,
     load_library,
     partial_type,
 )
@@ -95,12 +95,13 @@ def _library() -> ctypes.CDLL | None:
     return library
 
 
-def loop_name() -> str:
-    """Whether comparisons read chunks through the compiled loop: "chunk loop", or why not."""
-    setting = kernel_setting()
-    if setting in ("numpy", "blocks"):
-        return f"off (TENSOR_DEBUGGER_KERNEL={setting})"
-    if kernel_address(np.dtype(np.float32), np.dtype(np.float32)) is None:
+def loop_name(kernel: Kernel | None = None) -> str:
+    """Whether comparisons with `kernel` (the default kernel where None) read chunks through the compiled loop:
+    "chunk loop", or why not."""
+    kernel = kernel if kernel is not None else default_kernel()
+    if kernel.path in ("numpy", "blocks"):
+        return f"off (TENSOR_DEBUGGER_KERNEL={kernel.path})"
+    if kernel.address(np.dtype(np.float32), np.dtype(np.float32)) is None:
         return "off (the compiled kernel is not in use)"
     if _library() is None:
         return f"off (no usable {LIBRARY_NAME} beside {Path(__file__).name})"
@@ -195,21 +196,25 @@ class ChunkPairs:
         return out
 
 
-def chunk_pairs(a: View, b: View, exact: bool, top: int = DEFAULT_TOP) -> ChunkPairs | None:
-    """The compiled loop for a pair of aligned views `a` and `b` (keeping `top` worst elements), or None where it
-    does not serve them (see the module's docstring): their blocks are then read through the views."""
-    if exact or a.shape != b.shape or loop_name() != "chunk loop":
+def chunk_pairs(
+    a: View, b: View, exact: bool, top: int = DEFAULT_TOP, kernel: Kernel | None = None
+) -> ChunkPairs | None:
+    """The compiled loop of `kernel` (the default kernel where None) for a pair of aligned views `a` and `b` (keeping
+    `top` worst elements), or None where it does not serve them (see the module's docstring): their blocks are then
+    read through the views."""
+    kernel = kernel if kernel is not None else default_kernel()
+    if exact or a.shape != b.shape or loop_name(kernel) != "chunk loop":
         return None
     reader_a, reader_b = _flat_reader(a), _flat_reader(b)
     if reader_a is None or reader_b is None:
         return None
     code_a, code_b = STORED_FLOATS[reader_a.logical or ""][0], STORED_FLOATS[reader_b.logical or ""][0]
-    library, kernel = _library(), kernel_address(_widened(code_a), _widened(code_b))
-    if library is None or kernel is None or ("h" in (code_a, code_b) and not library.tdc_float16()):
+    library, address = _library(), kernel.address(_widened(code_a), _widened(code_b))
+    if library is None or address is None or ("h" in (code_a, code_b) and not library.tdc_float16()):
         return None
     if max(reader_a.chunk_bytes, reader_b.chunk_bytes) > _LARGEST_CHUNK:
         return None
-    return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), kernel, top)
+    return ChunkPairs(reader_a, reader_b, (code_a, code_b), tuple(a.shape), address, top)
 
 
 def _fetch(reader: ChunkReader, pieces: Pieces) -> Future[list[Any]] | None:

@@ -151,7 +151,7 @@ def merged(split: SplitPair) -> PairStats | Exception | None:
     """The pair's statistics from its blocks' partials, merged in block order (the first failed block's error);
     None where a task did not come back or found the pair changed."""
     job = split.job
-    total = PairAccumulator(job.tolerance, job.exact, job.top)
+    total = job.accumulator()
     for task in split.tasks:
         try:
             part: Part = task.result()

@@ -19,16 +19,17 @@ _opening = threading.Lock()
 def worker_context(settings: Settings) -> CompareContext:
     """This worker process's database, store, claims (renewed while it runs) and comparison threads for
     `settings`, opened once. Nothing is migrated or recovered here: the server does that."""
-    from tensor_debugger.engine.fused import configure
+    from tensor_debugger.engine.fused import Kernel
     from tensor_debugger.store.arrays import ArrayStore
     from tensor_debugger.store.database import create_db_engine, make_sessionmaker
 
     with _opening:
         found = _opened.get(settings)
         if found is None:
-            configure(settings.kernel, settings.kernel_family)
             sessions = make_sessionmaker(create_db_engine(settings.database_url))
             claims = Claims(sessions, settings.claim_seconds)
             claims.start()
-            found = _opened[settings] = open_context(sessions, ArrayStore(settings.store_url), settings.threads, claims)
+            store = ArrayStore(settings.store_url)
+            kernel = Kernel(settings.kernel, settings.kernel_family)  # the statistics path the server's settings name
+            found = _opened[settings] = open_context(sessions, store, settings.threads, claims, kernel=kernel)
         return found

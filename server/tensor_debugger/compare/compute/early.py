@@ -211,7 +211,9 @@ def guess(
     key = cache_key([reference.digest], [candidate.digest], alignment_key, tol, exact, top)
     view_a, view_b, _ = aligned_views(context.store, steps, [reference], [candidate])
     work = PendingPair(0, key, (reference.digest,), (candidate.digest,), alignment_key, tol)
-    return PairJob(work, view_a, view_b, tol, exact, None if tol.ulp else chunk_pairs(view_a, view_b, exact, top), top)
+    kernel = context.kernel
+    reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, top, kernel)  # the chunk loop knows no ULPs
+    return PairJob(work, view_a, view_b, tol, exact, reduce, top, kernel)
 
 
 def stored_record(note: StoredNote) -> TensorRecord | None:

@@ -302,5 +302,6 @@ def pair_job(
     replicas = ReplicaViews(view_a, view_b, exact) if replicas_of((pair.alignment or {}).get("steps", [])) else None
     work = PendingPair(pair_id, key, digests_a, digests_b, alignment_key(pair), tol, replicas)
     top = context.top
-    reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, top)  # the chunk loop knows no ULPs
-    return PairJob(work, view_a, view_b, tol, exact, reduce, top)
+    kernel = context.kernel
+    reduce = None if tol.ulp else chunk_pairs(view_a, view_b, exact, top, kernel)  # the chunk loop knows no ULPs
+    return PairJob(work, view_a, view_b, tol, exact, reduce, top, kernel)

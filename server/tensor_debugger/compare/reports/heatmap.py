@@ -2,7 +2,8 @@
 single spike can hide in an average: each cell holds the largest |difference| of the elements it covers, with
 the sign of that difference (candidate - reference). Drawn in diverging colours (blue where the candidate is
 lower, red where higher, white where equal, black for NaN) on a log scale of |difference|, with the slice's row
-and column indices on its axes and a colour scale. The slice is read block by block through the lazy views."""
+and column indices on its axes and a colour scale. The slice is read block by block through the lazy views; the
+differences are the statistics' own (engine/elementwise.py: equal infinities differ by zero, integers exactly)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tensor_debugger.compare.reports.formatting import format_number
+from tensor_debugger.engine.elementwise import CellMaxima
 from tensor_debugger.engine.views import View
 
 ROWS, COLS = 64, 96
@@ -43,11 +45,7 @@ def build_heatmap(a: View, b: View, fixed: tuple[int | None, ...]) -> Heatmap:
     rows_dim, cols_dim = dims
     height, width = a.shape[rows_dim], a.shape[cols_dim]
     row_edges, col_edges = cell_edges(height, ROWS), cell_edges(width, COLS)
-    cells = np.zeros((len(row_edges) - 1, len(col_edges) - 1))
-    highest = np.full(cells.shape, -np.inf)  # the largest and smallest signed difference per cell
-    lowest = np.full(cells.shape, np.inf)
-    nan_cells = np.zeros(cells.shape, dtype=bool)
-    col_starts = np.asarray(col_edges[:-1])
+    maxima = CellMaxima(row_edges, col_edges)
     step = max(1, BLOCK_ELEMENTS // max(width, 1))
     for start in range(0, height, step):
         stop = min(start + step, height)
@@ -55,30 +53,8 @@ def build_heatmap(a: View, b: View, fixed: tuple[int | None, ...]) -> Heatmap:
             slice(start, stop) if d == rows_dim else slice(0, width) if d == cols_dim else slice(v or 0, (v or 0) + 1)
             for d, v in enumerate(fixed)
         )
-        block_a = a.read(region).reshape(stop - start, width)
-        block_b = b.read(region).reshape(stop - start, width)
-        with np.errstate(invalid="ignore", over="ignore"):
-            signed = block_b.astype(np.complex128 if block_b.dtype.kind == "c" else np.float64) - block_a.astype(
-                np.complex128 if block_a.dtype.kind == "c" else np.float64
-            )
-            diff = np.abs(signed)
-        nan = np.isnan(diff)
-        diff = np.where(nan, 0.0, diff)
-        real = np.where(nan, 0.0, signed.real if signed.dtype.kind == "c" else signed)
-        if signed.dtype.kind == "c":  # a complex difference has no sign: its magnitude is drawn as positive
-            real = diff
-        for r in range(len(row_edges) - 1):
-            lo, hi = max(row_edges[r], start), min(row_edges[r + 1], stop)
-            if lo >= hi:
-                continue
-            part = diff[lo - start : hi - start]
-            cells[r] = np.maximum(cells[r], np.maximum.reduceat(part.max(axis=0), col_starts))
-            real_part = real[lo - start : hi - start]
-            highest[r] = np.maximum(highest[r], np.maximum.reduceat(real_part.max(axis=0), col_starts))
-            lowest[r] = np.minimum(lowest[r], np.minimum.reduceat(real_part.min(axis=0), col_starts))
-            nan_cells[r] |= np.logical_or.reduceat(nan[lo - start : hi - start].any(axis=0), col_starts)
-    signs = np.where(highest >= -lowest, np.sign(highest), np.sign(lowest))
-    cells[nan_cells] = math.nan
+        maxima.add(a.read(region).reshape(stop - start, width), b.read(region).reshape(stop - start, width), start)
+    cells, signs = maxima.result()
     return Heatmap((rows_dim, cols_dim), fixed, (height, width), cells, signs, row_edges, col_edges)
 
 

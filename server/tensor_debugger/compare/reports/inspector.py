@@ -16,6 +16,7 @@ import numpy as np
 
 from tensor_debugger.compare.reports.formatting import format_number
 from tensor_debugger.compare.reports.slices import SliceRequest, Window
+from tensor_debugger.engine import elementwise
 from tensor_debugger.engine.tolerances import Tolerance
 
 PER_ROW_1D = 1  # a 1-D window is a column: one value a row, so the three grids side by side line up
@@ -107,28 +108,24 @@ def cell_css() -> str:
 def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> InspectorView:
     a, b, diff = window.a, window.b, window.diff
     two_d = a.ndim == 2
-    abs_diff = np.abs(diff)
-    with np.errstate(invalid="ignore"):
-        ref = np.abs(a.astype(np.complex128 if a.dtype.kind == "c" else np.float64))
-        allowed = tolerance.atol + tolerance.rtol * ref
-        outside = ~(abs_diff <= allowed) if not exact else (a != b)
+    abs_diff = elementwise.abs_diff(a, b)  # the statistics' own differences and tolerance test
+    outside = ~elementwise.within_tolerance(a, b, tolerance, exact, abs_diff)
     finite_diff = abs_diff[np.isfinite(abs_diff)]
     diff_scale = float(finite_diff.max()) if finite_diff.size else 0.0
-    values = np.concatenate([np.abs(a).ravel().astype(np.float64), np.abs(b).ravel().astype(np.float64)])
+    wide = elementwise.wide_dtype(a, b)  # widened first: |int8(-128)| is 128
+    values = np.abs(np.concatenate([a.ravel().astype(wide), b.ravel().astype(wide)]))
     finite_values = values[np.isfinite(values)]
     value_scale = float(finite_values.max()) if finite_values.size else 0.0
     max_pos: tuple[int, ...] | None = None
-    if abs_diff.size:
-        nan_rank = np.where(np.isnan(abs_diff), np.inf, abs_diff)
-        largest = int(np.argmax(nan_rank))
-        if nan_rank.reshape(-1)[largest] > 0:  # an all-equal window has no largest difference to point at
-            max_pos = tuple(int(i) for i in np.unravel_index(largest, abs_diff.shape))
+    largest = elementwise.largest(abs_diff)
+    if largest is not None and not abs_diff.reshape(-1)[largest] <= 0:  # an all-equal window has no largest
+        max_pos = tuple(int(i) for i in np.unravel_index(largest, abs_diff.shape))
     positions = list(np.ndindex(*a.shape)) if a.ndim else [()]
 
     def cell(source: np.ndarray, pos: tuple[int, ...], is_diff: bool) -> Cell:
         value = source[pos].item()
         signed = diff[pos].item()  # candidate - reference, with its sign (complex: as is)
-        magnitude = abs(signed)
+        magnitude = float(abs_diff[pos])
         reference = _scalar(a[pos].item())
         rel = magnitude / abs(reference) if reference != 0 and math.isfinite(reference) else math.inf
         index = window.index_of(pos)

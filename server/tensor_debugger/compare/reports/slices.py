@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from tensor_debugger.engine.elementwise import signed_diff
 from tensor_debugger.engine.metrics import json_number
 from tensor_debugger.engine.views import View
 from tensor_debugger.errors import InvalidInputError
@@ -77,7 +78,7 @@ class Window:
     region: tuple[slice, ...]  # in aligned coordinates
     a: np.ndarray
     b: np.ndarray
-    diff: np.ndarray  # b - a, float64 (complex128 for complex values)
+    diff: np.ndarray  # b - a, float64 (complex128 for complex values): engine/elementwise.py's signed_diff
 
     def index_of(self, position: tuple[int, ...]) -> tuple[int, ...]:
         """The aligned index of a position inside the window."""
@@ -101,10 +102,7 @@ def read_window(a: View, b: View, request: SliceRequest) -> Window:
     out_shape = tuple(r.stop - r.start for r, f in zip(box, request.index, strict=True) if f is None)
     values_a = a.read(box).reshape(out_shape)
     values_b = b.read(box).reshape(out_shape)
-    wide = np.complex128 if values_a.dtype.kind == "c" or values_b.dtype.kind == "c" else np.float64
-    with np.errstate(invalid="ignore", over="ignore"):
-        diff = values_b.astype(wide) - values_a.astype(wide)
-    return Window(request, box, values_a, values_b, diff)
+    return Window(request, box, values_a, values_b, signed_diff(values_a, values_b))
 
 
 @dataclass(frozen=True)
