@@ -44,7 +44,8 @@ from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableError, is_outage
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, Stored
+from tensor_debugger.ingest.outcomes import IngestCancelled
+from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, Stored
 from tensor_debugger.ingest.stored import NoteListener, StoredNote, note_of
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore

@@ -20,7 +20,8 @@ from tensor_debugger.errors import DiskFullError, FileProblem, IngestPostponed, 
 from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.fair_line import FairLine
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, TakenOver
+from tensor_debugger.ingest.outcomes import IngestCancelled, TakenOver
+from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun
 from tensor_debugger.ingest.stored import NoteListener, NotesOf
 
 log = logging.getLogger(__name__)

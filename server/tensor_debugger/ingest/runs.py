@@ -59,6 +59,7 @@ from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
+from tensor_debugger.ingest.outcomes import IngestCancelled, RunEnd, RunOutcome, TakenOver, outcome_of
 from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.ingest.stored import stored_name
 from tensor_debugger.ingest.tensor_files import open_tensor_file
@@ -125,15 +126,6 @@ def out_of_memory(limit: int | None) -> str:
         f"needed more than {limit / 2**30:.3g} GiB of memory (TENSOR_DEBUGGER_INGEST_MEMORY, the most one ingest "
         "may take) to read it; refused"
     )
-
-
-class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
-    """Raised from a progress callback to stop an ingest; the run is removed as if it never began."""
-
-
-class TakenOver(Exception):  # noqa: N818 (a signal: the work is another process's now)
-    """The run's claim is another process's (this one's lapsed during an outage, and a replica took the ingest
-    over): this ingest stops without touching the run, its arrays or its staged files."""
 
 
 def archive_limits(settings: Settings) -> ArchiveLimits:
@@ -443,37 +435,14 @@ class Ingestor:
             if not stored and not summaries:
                 raise NothingUsableError(problems)
             self._finish(run_id, stored, problems, traces, fingerprint, pending.owner)
-        except TakenOver:
-            raise  # the run is another process's: nothing of it is this ingest's to remove
-        except NothingUsableError as exc:
-            self._give_up(pending, exc.problems, keep_failure)
-            raise
-        except Exception as exc:
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
-            outage = self.outage(exc)
-            if outage is not None or (pending.staged and isinstance(exc, IngestCancelled)):
-                # an outage, or a server stopping: the run stays for a later try (in a server that stops, the next
-                # start's or another replica's) from the same staged files
-                postponed = True
-                self._delete_arrays(run_prefix(run_id))  # else deleted before the next try
-                if outage is None:
-                    raise
-                raise IngestPostponed(outage) from None
             what = ", ".join(i.label for i in inputs) or "upload"
-            if is_disk_full(exc) and not isinstance(exc, DiskFullError):
-                exc = DiskFullError(f"the run {pending.run_label!r}")
-            if isinstance(exc, DiskFullError | StoreWriteError):  # kept, "failed", whoever asked: the session says why
-                file = exc.file if isinstance(exc, StoreWriteError) and exc.file else what
-                try:
-                    self._give_up(pending, [FileProblem(file, str(exc))], True)
-                except Exception:  # still no room for the row: the next sweep removes the run instead
-                    log.exception("could not mark run %s failed", run_id)
-                raise exc from None
-            reason = f"the ingest failed: {exc}"
-            self._give_up(pending, [FileProblem(what, reason)], keep_failure and not isinstance(exc, IngestCancelled))
-            raise
-        except BaseException:
-            self._give_up(pending, [], False)
+            outcome = outcome_of(exc, self.outage(exc), keep_failure, pending.staged, what, pending.run_label)
+            postponed = outcome.end is RunEnd.WAITING
+            self._end(pending, outcome)
+            if outcome.fresh:
+                raise outcome.error from None
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -541,6 +510,20 @@ class Ingestor:
             self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
         finally:
             _LiveRuns.discard(self.settings.database_url, pending.run_id)
+
+    def _end(self, pending: PendingRun, outcome: RunOutcome) -> None:
+        """Apply the outcome of an ingest that stopped to its run (outcomes.outcome_of decides it)."""
+        if outcome.end is RunEnd.WAITING:  # its arrays deleted now where the store lets, else before the next try
+            self._delete_arrays(run_prefix(pending.run_id))
+        elif outcome.end is RunEnd.DROPPED:
+            self._give_up(pending, [], False)
+        elif outcome.end is RunEnd.FAILED:
+            try:
+                self._give_up(pending, list(outcome.problems), True)
+            except Exception:
+                if not outcome.best_effort:
+                    raise
+                log.exception("could not mark run %s failed", pending.run_id)  # the next sweep removes it instead
 
     def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         if keep_failure:
