@@ -45,8 +45,8 @@ from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableEr
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.outcomes import IngestCancelled
-from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, Stored
-from tensor_debugger.ingest.stored import NoteListener, StoredNote, note_of
+from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun
+from tensor_debugger.ingest.stored import NoteListener, Stored, StoredNote, note_of
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker

@@ -23,71 +23,45 @@ never takes them for dead (a second `open_services` on the same data dir, say a 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import socket
-import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Protocol
+from pathlib import PurePosixPath
 
 from sqlalchemy import func, insert, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.engine.names import module_layer, parse_layer_stage
 from tensor_debugger.errors import (
     ConflictError,
-    DiskFullError,
     FileProblem,
     IngestPostponed,
     InvalidInputError,
     NotATensor,
     NothingUsableError,
-    StoreUnavailableError,
-    StoreWriteError,
-    TensorDebuggerError,
-    is_disk_full,
     is_outage,
-    unexpected_problem,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
-from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
-from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
-from tensor_debugger.ingest.outcomes import IngestCancelled, RunEnd, RunOutcome, TakenOver, outcome_of
+from tensor_debugger.ingest.inputs import InputFile, RunTrace
+from tensor_debugger.ingest.live_runs import LiveRuns
+from tensor_debugger.ingest.outcomes import RunEnd, RunOutcome, TakenOver, outcome_of
+from tensor_debugger.ingest.run_copy import ProgressCallback, RunCopy, delete_arrays
+from tensor_debugger.ingest.run_rows import problem_rows, summary_record, tensor_records
 from tensor_debugger.ingest.staging import new_folder
-from tensor_debugger.ingest.stored import stored_name
-from tensor_debugger.ingest.tensor_files import open_tensor_file
-from tensor_debugger.ingest.traces import TraceTensor
-from tensor_debugger.ingest.writer import PageCacheBudget, StoredTensor, TensorWriter, WritePools
+from tensor_debugger.ingest.stored import Stored, StoredListener
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import database_outage, lock_arrays
-from tensor_debugger.store.models import ArrayFolderRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ArrayFolderRecord, RunRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)
-
-ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
-Stored = tuple[TensorFileEntry, tuple[str, ...], StoredTensor]  # a tensor's file, key path and array
-
-
-class StoredListener(Protocol):
-    """Told of a run's tensors as their arrays are written, before the run is ready (a comparison that starts
-    while the rest ingests: `compare/early.py`)."""
-
-    def stored(self, tensors: Sequence[Stored]) -> None:
-        """The tensors of one file, their arrays complete, under the run's prefix."""
-
-    def settle(self) -> None:
-        """Return once done with the arrays `stored` named: the ingest may now move or delete them (sharing an
-        identical array, removing a failed run)."""
 
 
 @dataclass(frozen=True)
@@ -118,16 +92,6 @@ def is_reference_label(label: str) -> bool:
     return label.strip().casefold() == "reference"
 
 
-def out_of_memory(limit: int | None) -> str:
-    """Why a file could not be read when memory ran out, with the limit the OS set (None: no limit was set)."""
-    if limit is None:
-        return "ran out of memory reading it"
-    return (
-        f"needed more than {limit / 2**30:.3g} GiB of memory (TENSOR_DEBUGGER_INGEST_MEMORY, the most one ingest "
-        "may take) to read it; refused"
-    )
-
-
 def archive_limits(settings: Settings) -> ArchiveLimits:
     return ArchiveLimits(
         settings.max_archive_members,
@@ -135,59 +99,6 @@ def archive_limits(settings: Settings) -> ArchiveLimits:
         settings.max_expansion_ratio,
         settings.expansion_floor_bytes,
     )
-
-
-def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
-    """A tensor of a trace without element values: what its JSON says, and no array."""
-    shape = list(traced.shape or ())
-    stats = traced.stats
-    return TensorRecord(
-        run_id=run_id,
-        position=position,
-        name=run_trace.summary_name(traced),
-        source_file=run_trace.label,
-        key_path=[],
-        layer=parse_layer_stage(PurePosixPath(traced.module_path), ())[0],
-        stage=None,
-        shape=shape,
-        dtype=traced.dtype or "unknown",
-        store_key="",
-        nbytes=0,
-        digest=f"none:{uuid.uuid4().hex}",
-        numel=math.prod(shape),
-        min=stats.get("min"),
-        max=stats.get("max"),
-        mean=stats.get("mean"),
-        std=stats.get("std"),
-        nan_count=0,
-        inf_count=0,
-        module_path=traced.module_path,
-        place=traced.place,
-        has_values=False,
-    )
-
-
-class _LiveRuns:
-    """The runs this process is ingesting, by database: what a process is doing belongs to the process, not to
-    one of the Ingestors it may hold for the same data dir."""
-
-    _lock = threading.Lock()
-    _runs: set[tuple[str, int]] = set()  # (database URL, run id)
-
-    @classmethod
-    def add(cls, database: str, run_id: int) -> None:
-        with cls._lock:
-            cls._runs.add((database, run_id))
-
-    @classmethod
-    def discard(cls, database: str, run_id: int) -> None:
-        with cls._lock:
-            cls._runs.discard((database, run_id))
-
-    @classmethod
-    def of(cls, database: str) -> frozenset[int]:
-        with cls._lock:
-            return frozenset(run for url, run in cls._runs if url == database)
 
 
 class Ingestor:
@@ -326,7 +237,7 @@ class Ingestor:
             if db.get(ArrayFolderRecord, run.id) is None:
                 db.add(ArrayFolderRecord(run_id=run.id))
             # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
-            _LiveRuns.add(self.settings.database_url, run.id)
+            LiveRuns.add(self.settings.database_url, run.id)
             return PendingRun(
                 session.id,
                 session_name,
@@ -366,7 +277,7 @@ class Ingestor:
         self.store.delete(run_prefix(run.id))
         run.ingest_pid, run.ingest_host = os.getpid(), socket.gethostname()
         db.flush()
-        _LiveRuns.add(self.settings.database_url, run.id)  # before the commit, as `begin` does
+        LiveRuns.add(self.settings.database_url, run.id)  # before the commit, as `begin` does
         pending = PendingRun(
             run.session_id, run.session.name, run.id, run.label, run.created_session, self.claims.owner, True
         )
@@ -430,7 +341,8 @@ class Ingestor:
                 if progress is not None:
                     progress(1, 1)
                 return reused
-            stored, problems, traces = self._copy(run_id, inputs, staging, progress, listener)
+            copy = RunCopy(self.store, self.settings, archive_limits(self.settings), self.memory_limit, self.reading)
+            stored, problems, traces = copy.run(run_id, inputs, staging, progress, listener)
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)
@@ -447,7 +359,7 @@ class Ingestor:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             if not postponed:
-                _LiveRuns.discard(self.settings.database_url, run_id)
+                LiveRuns.discard(self.settings.database_url, run_id)
         return IngestResult(
             pending.session_id, pending.session_name, run_id, pending.run_label, len(stored) + len(summaries), problems
         )
@@ -472,7 +384,7 @@ class Ingestor:
     def complete_stored(
         self,
         pending: PendingRun,
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        stored: list[Stored],
         traces: list[RunTrace],
     ) -> IngestResult:
         """Mark a run `begin` made "ready" with tensors its caller has already written into the array store under
@@ -484,13 +396,13 @@ class Ingestor:
             self._give_up(pending, [], False)
             raise
         finally:
-            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+            LiveRuns.discard(self.settings.database_url, pending.run_id)
         return IngestResult(pending.session_id, pending.session_name, pending.run_id, pending.run_label, len(stored))
 
     def live_runs(self) -> frozenset[int]:
         """The runs of this data dir that this process has begun and not yet completed, through any Ingestor:
         recovery must leave them alone."""
-        return _LiveRuns.of(self.settings.database_url)
+        return LiveRuns.of(self.settings.database_url)
 
     def give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         """End a run whose ingest stopped without ending it (its process died): removed, or with `keep_failure`
@@ -498,23 +410,23 @@ class Ingestor:
         try:
             self._give_up(pending, problems, keep_failure)
         finally:
-            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+            LiveRuns.discard(self.settings.database_url, pending.run_id)
 
     def forget(self, run_id: int) -> None:
         """Take a run off this process's live runs once another process (`child.py`) has completed it."""
-        _LiveRuns.discard(self.settings.database_url, run_id)
+        LiveRuns.discard(self.settings.database_url, run_id)
 
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
             self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
         finally:
-            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+            LiveRuns.discard(self.settings.database_url, pending.run_id)
 
     def _end(self, pending: PendingRun, outcome: RunOutcome) -> None:
         """Apply the outcome of an ingest that stopped to its run (outcomes.outcome_of decides it)."""
         if outcome.end is RunEnd.WAITING:  # its arrays deleted now where the store lets, else before the next try
-            self._delete_arrays(run_prefix(pending.run_id))
+            delete_arrays(self.store, run_prefix(pending.run_id))
         elif outcome.end is RunEnd.DROPPED:
             self._give_up(pending, [], False)
         elif outcome.end is RunEnd.FAILED:
@@ -530,110 +442,6 @@ class Ingestor:
             self._fail(pending.run_id, problems, pending.owner)
         else:
             self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
-
-    def _copy(
-        self,
-        run_id: int,
-        inputs: list[InputFile],
-        staging: Path,
-        progress: ProgressCallback | None,
-        listener: StoredListener | None = None,
-    ) -> tuple[list[Stored], list[FileProblem], list[RunTrace]]:
-        expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
-        problems = expansion.problems
-        total = sum(e.nbytes for e in expansion.entries)
-        done = 0
-        if progress is not None:
-            progress(0, total)  # archives are unpacked: from here on, bytes copied of `total`
-
-        def on_bytes(n: int) -> None:
-            nonlocal done
-            done += n
-            if progress is not None:
-                progress(min(done, total), total)
-
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
-        pools = WritePools.open(self.settings.threads)
-        buffers = BufferPool(pools.buffers)  # read buffers, shared by the run's files (read one after another)
-        budget = PageCacheBudget(self.settings.buffered_run_bytes)  # the run's first bytes through the cache
-        try:
-            for entry in expansion.entries:
-                first = made = len(stored)
-                if self.reading is not None:
-                    self.reading(run_id, entry.label)
-                try:
-                    with (
-                        open_tensor_file(
-                            entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
-                        ) as opened,
-                        TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes, budget) as writer,
-                    ):
-                        problems.extend(opened.skipped)
-                        results = []
-                        for leaf in opened.leaves:
-                            made += 1
-                            results.append((leaf, writer.add(f"{run_prefix(run_id)}/{made - 1}", leaf)))
-                        writer.finish()
-                        stored.extend((entry, entry.keys + leaf.key_path, result()) for leaf, result in results)
-                        if listener is not None and results:
-                            listener.stored(stored[first:])
-                        if not opened.leaves and not opened.skipped:
-                            problems.append(FileProblem(entry.label, "holds no tensors"))
-                        elif not opened.leaves:
-                            problems.append(FileProblem(entry.label, "holds no usable tensors"))
-                except FileProblem as problem:
-                    problems.append(problem)
-                    self._drop(run_id, stored, first, made)
-                except StoreWriteError as exc:  # the store, not the file: the whole run stops
-                    self._drop(run_id, stored, first, made)
-                    raise type(exc)(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
-                except StoreUnavailableError:  # a read of the store that it did not answer: not the file's fault
-                    self._drop(run_id, stored, first, made)
-                    raise
-                except MemoryError:  # one file's, its memory freed as the error left it: the run's other files go on
-                    self._drop(run_id, stored, first, made)
-                    problems.append(FileProblem(entry.label, out_of_memory(self.memory_limit)))
-                except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
-                    self._drop(run_id, stored, first, made)
-                    if is_disk_full(exc):
-                        raise DiskFullError(f"the arrays of {entry.label}") from exc
-                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
-                except (TensorDebuggerError, IngestCancelled, TakenOver, SQLAlchemyError):
-                    raise  # not this file's: the run stops, as it would for any of them
-                except Exception as exc:  # anything else one file's reading raised: that file fails, named
-                    self._drop(run_id, stored, first, made)
-                    problems.append(unexpected_problem(entry.label, exc))
-                finally:
-                    if entry.staged:
-                        entry.path.unlink(missing_ok=True)
-        finally:
-            pools.close()
-            if listener is not None:  # before `_finish` shares arrays or `_give_up` deletes them
-                listener.settle()
-        if progress is not None:
-            progress(total, total)
-        return stored, problems, expansion.traces
-
-    def _drop(
-        self,
-        run_id: int,
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
-        first: int,
-        made: int,
-    ) -> None:
-        """Forget the tensors of a file that failed partway, arrays included: those from `first` on, up to the
-        `made` arrays begun (the ones cut short too)."""
-        del stored[first:]
-        for index in range(first, made):
-            self._delete_arrays(f"{run_prefix(run_id)}/{index}")
-
-    def _delete_arrays(self, prefix: str) -> None:
-        """Delete the arrays under `prefix` of a run that stops; where the store fails that too (S3 gone), they
-        are left for the run's deletion (or, with no row naming them, recovery's) to remove."""
-        try:
-            self.store.delete(prefix)
-        except (StoreWriteError, StoreUnavailableError):
-            log.warning("could not delete %s from the array store; deleting its run removes it", prefix, exc_info=True)
 
     def _reuse(self, pending: PendingRun, fingerprint: Fingerprint) -> IngestResult | None:
         """Make the run a copy of the newest ready run ingested from the same fingerprint, in one transaction:
@@ -682,57 +490,15 @@ class Ingestor:
     def _finish(
         self,
         run_id: int,
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        stored: list[Stored],
         problems: list[FileProblem],
         traces: list[RunTrace],
         fingerprint: Fingerprint | None = None,
         owner: str = "",
     ) -> None:
-        seen: dict[str, int] = {}
-        records: list[TensorRecord] = []
         with self.sessions.begin() as db:
             self._hold(db, run_id, owner)
-            for position, (entry, key_path, tensor) in enumerate(stored):
-                name = stored_name(entry, key_path)
-                if entry.module_path is not None and key_path == ("data",):
-                    key_path = ()  # as `stored_name` names it
-                if name in seen:
-                    seen[name] += 1
-                    problems.append(
-                        FileProblem(entry.label, f"a second tensor named {name!r}; kept as {name} ({seen[name]})")
-                    )
-                    name = f"{name} ({seen[name]})"
-                seen.setdefault(name, 1)
-                layer, stage = parse_layer_stage(entry.relpath, key_path)
-                if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
-                    layer = module_layer(entry.module_path)
-                s = tensor.summary
-                records.append(
-                    TensorRecord(
-                        run_id=run_id,
-                        position=position,
-                        name=name,
-                        source_file=entry.label,
-                        key_path=list(key_path),
-                        layer=layer,
-                        stage=stage,
-                        shape=list(tensor.shape),
-                        dtype=tensor.dtype.name,
-                        store_key=tensor.store_key,
-                        nbytes=tensor.nbytes,
-                        digest=tensor.digest,
-                        numel=s.numel,
-                        min=s.min,
-                        max=s.max,
-                        mean=s.mean,
-                        std=s.std,
-                        nan_count=s.nan_count,
-                        inf_count=s.inf_count,
-                        module_path=entry.module_path,
-                        place=entry.place,
-                        source=entry.source,
-                    )
-                )
+            records = tensor_records(run_id, stored, problems)
             db.add_all(records)
             db.flush()  # SQLite's write lock is held from here: the arrays found below cannot be deleted meanwhile
             lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
@@ -803,7 +569,7 @@ class Ingestor:
         """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
         with self.sessions.begin() as db:
             self._hold(db, run_id, owner)
-            self._delete_arrays(run_prefix(run_id))
+            delete_arrays(self.store, run_prefix(run_id))
             run = db.get(RunRecord, run_id)
             if run is None:
                 return
@@ -817,7 +583,7 @@ class Ingestor:
     def _abandon(self, run_id: int, created_session_id: int | None, owner: str = "") -> None:
         with self.sessions.begin() as db:
             self._hold(db, run_id, owner)
-            self._delete_arrays(run_prefix(run_id))
+            delete_arrays(self.store, run_prefix(run_id))
             run = db.get(RunRecord, run_id)
             if run is not None:
                 db.delete(run)
@@ -827,8 +593,3 @@ class Ingestor:
                 session = db.get(SessionRecord, created_session_id)
                 if session is not None and not remaining:
                     db.delete(session)
-
-
-def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[ProblemRecord]:
-    """The rows that keep a run's problems, each with whether it held no tensor."""
-    return [ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored) for p in problems]
