@@ -2,21 +2,22 @@
 
 Lifecycle, so that nothing half-ingested is ever visible:
 1. `begin` commits a run row with status "ingesting" and this process's id (the session too, if new);
-2. `complete` copies every tensor into the array store under "runs/<run id>/";
-3. one transaction inserts the tensor and problem rows and sets the status to "ready".
+2. `complete` copies every tensor into the array store under "runs/<run id>/" (run_copy.py);
+3. one transaction inserts the tensor and problem rows and sets the status to "ready" (run_endings.py).
 When nothing usable was found the run is deleted, or (`keep_failure`, for uploads whose request has returned)
-kept as "failed" with its problems and no arrays, so the session page can say why.
+kept as "failed" with its problems and no arrays, so the session page can say why: how an ingest that stops ends
+its run is decided in one place, outcomes.py's `outcome_of`.
 An ingest given the fingerprint of its inputs (`fingerprints.py`; `ingest` takes it) first looks for a ready run
 with the same fingerprint: found, the new run's tensor and problem rows are copies of that run's, naming the same
-arrays, and no file is read. Otherwise `_finish` records the fingerprint, and any tensor bit-identical to one an
-older run stored (the same digest) names that array and the copy just written is deleted. An array is thus shared
-by every row that names it; `catalog.release_arrays` deletes it with the last.
+arrays, and no file is read. Otherwise `RunEndings.finish` records the fingerprint, and any tensor bit-identical to
+one an older run stored (the same digest) names that array and the copy just written is deleted. An array is thus
+shared by every row that names it; `catalog.release_arrays` deletes it with the last.
 
 An ingest that meets an outage (the database or the array store did not answer) raises IngestPostponed and leaves
 the run "ingesting" for its caller to try again; an accepted upload's run names its staged files, so that another
 process takes it over (`take_over`) when this one dies. Otherwise a run left "ingesting" by a process that died is
-removed, arrays and all, by `recovery.recover`; the runs this
-process is ingesting right now, through any of its Ingestors, are in `Ingestor.live_runs()`, so its own recovery
+removed, arrays and all, by `recovery.recover`; the runs this process is ingesting right now, through any of its
+Ingestors, are in `Ingestor.live_runs()` (live_runs.py), so its own recovery
 never takes them for dead (a second `open_services` on the same data dir, say a capture beside a server).
 """
 
@@ -26,12 +27,11 @@ import logging
 import os
 import shutil
 import socket
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
@@ -41,7 +41,6 @@ from tensor_debugger.errors import (
     FileProblem,
     IngestPostponed,
     InvalidInputError,
-    NotATensor,
     NothingUsableError,
     is_outage,
 )
@@ -49,17 +48,17 @@ from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile, RunTrace
 from tensor_debugger.ingest.live_runs import LiveRuns
-from tensor_debugger.ingest.outcomes import RunEnd, RunOutcome, TakenOver, outcome_of
+from tensor_debugger.ingest.outcomes import RunEnd, RunOutcome, outcome_of
 from tensor_debugger.ingest.run_copy import ProgressCallback, RunCopy, delete_arrays
-from tensor_debugger.ingest.run_rows import problem_rows, summary_record, tensor_records
+from tensor_debugger.ingest.run_endings import RunEndings
 from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.ingest.stored import Stored, StoredListener
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
-from tensor_debugger.store.database import database_outage, lock_arrays
-from tensor_debugger.store.models import ArrayFolderRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.database import database_outage
+from tensor_debugger.store.models import ArrayFolderRecord, RunRecord, SessionRecord
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +109,7 @@ class Ingestor:
         self.sessions = sessions
         self.store = store
         self.claims = claims or Claims(sessions, settings.claim_seconds)
+        self.endings = RunEndings(sessions, store, self.claims)
         self.memory_limit: int | None = None  # set where the OS limits this process's memory (an ingest's child)
         self.reading: Callable[[int, str], None] | None = None  # told of each file as a run's copy opens it
 
@@ -336,17 +336,25 @@ class Ingestor:
         try:
             if again:
                 self.store.delete(run_prefix(run_id))
-            reused = self._reuse(pending, fingerprint) if fingerprint is not None else None
+            reused = self.endings.reuse(run_id, pending.owner, fingerprint) if fingerprint is not None else None
             if reused is not None:
                 if progress is not None:
                     progress(1, 1)
-                return reused
+                return IngestResult(
+                    pending.session_id,
+                    pending.session_name,
+                    run_id,
+                    pending.run_label,
+                    reused.tensors,
+                    reused.problems,
+                    reused.source_run_id,
+                )
             copy = RunCopy(self.store, self.settings, archive_limits(self.settings), self.memory_limit, self.reading)
             stored, problems, traces = copy.run(run_id, inputs, staging, progress, listener)
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)
-            self._finish(run_id, stored, problems, traces, fingerprint, pending.owner)
+            self.endings.finish(run_id, stored, problems, traces, fingerprint, pending.owner)
         except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
             what = ", ".join(i.label for i in inputs) or "upload"
@@ -391,7 +399,7 @@ class Ingestor:
         the run's prefix (a live capture writes them as the model produces them). Any error removes the run and
         is raised again."""
         try:
-            self._finish(pending.run_id, stored, [], traces, owner=pending.owner)
+            self.endings.finish(pending.run_id, stored, [], traces, owner=pending.owner)
         except BaseException:
             self._give_up(pending, [], False)
             raise
@@ -419,7 +427,7 @@ class Ingestor:
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
+            self.endings.abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
         finally:
             LiveRuns.discard(self.settings.database_url, pending.run_id)
 
@@ -439,157 +447,6 @@ class Ingestor:
 
     def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         if keep_failure:
-            self._fail(pending.run_id, problems, pending.owner)
+            self.endings.fail(pending.run_id, problems, pending.owner)
         else:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
-
-    def _reuse(self, pending: PendingRun, fingerprint: Fingerprint) -> IngestResult | None:
-        """Make the run a copy of the newest ready run ingested from the same fingerprint, in one transaction:
-        its tensor rows (naming the same arrays) and problems. None when there is no such run."""
-        run_id = pending.run_id
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, pending.owner)
-            run = db.get_one(RunRecord, run_id)
-            # Written first, so the transaction holds SQLite's write lock before it reads (pysqlite begins one
-            # at the first write): a session deleted meanwhile is either gone here or waits for this commit,
-            # when its deletion sees these rows and keeps the arrays they name.
-            run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
-            db.flush()
-            source = db.scalar(
-                select(RunRecord)
-                .where(RunRecord.input_key == fingerprint.key, RunRecord.status == "ready", RunRecord.id < run_id)
-                .order_by(RunRecord.id.desc())
-                .limit(1)
-            )
-            if source is None or source.input_fingerprint != fingerprint.data:
-                return None
-            skipped = {"id", "run_id"}
-            rows = []
-            for tensor in db.scalars(
-                select(TensorRecord).where(TensorRecord.run_id == source.id).order_by(TensorRecord.position)
-            ):
-                row = {c.key: getattr(tensor, c.key) for c in TensorRecord.__table__.columns if c.key not in skipped}
-                if not tensor.has_values:
-                    row["digest"] = f"none:{uuid.uuid4().hex}"  # summaries never share cached results
-                rows.append({**row, "run_id": run_id})
-            if rows:
-                db.execute(insert(TensorRecord), rows)
-            problems = [(NotATensor if p.ignored else FileProblem)(p.file, p.reason) for p in source.problems]
-            db.add_all(problem_rows(run_id, problems))
-            run.status = "ready"
-            run.ingest_pid = None
-            run.staged_inputs = None
-            run.tensor_count = source.tensor_count
-            run.total_bytes = source.total_bytes
-            run.module_tree = source.module_tree
-            reused_from = source.id
-        return IngestResult(
-            pending.session_id, pending.session_name, run_id, pending.run_label, len(rows), problems, reused_from
-        )
-
-    def _finish(
-        self,
-        run_id: int,
-        stored: list[Stored],
-        problems: list[FileProblem],
-        traces: list[RunTrace],
-        fingerprint: Fingerprint | None = None,
-        owner: str = "",
-    ) -> None:
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, owner)
-            records = tensor_records(run_id, stored, problems)
-            db.add_all(records)
-            db.flush()  # SQLite's write lock is held from here: the arrays found below cannot be deleted meanwhile
-            lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
-            self._share_identical(db, run_id, records)
-            position = len(stored)
-            for run_trace in traces:
-                if run_trace.trace.has_values:
-                    continue
-                for traced in run_trace.trace.tensors:
-                    db.add(summary_record(run_id, position, run_trace, traced))
-                    position += 1
-            db.add_all(problem_rows(run_id, problems))
-            run = db.get_one(RunRecord, run_id)
-            run.status = "ready"
-            run.ingest_pid = None
-            run.staged_inputs = None
-            run.tensor_count = position
-            run.total_bytes = sum(t.nbytes for _, _, t in stored)
-            if fingerprint is not None:
-                run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
-            if traces:
-                run.module_tree = {
-                    "source": "hf-trace",
-                    "values": all(t.trace.has_values for t in traces),
-                    "roots": [t.trace.root.to_json() for t in traces],
-                }
-
-    def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
-        """Point each of `records` bit-identical to a tensor another ready run stored (older or not: runs ingested at
-        once are ready in any order), or an earlier one of this run, at that array, and delete the copy just written.
-        Done before the commit: should it fail, the run is removed all the same."""
-        digests = sorted({r.digest for r in records})
-        found: dict[str, str] = {}
-        for start in range(0, len(digests), 500):
-            for digest, key in db.execute(
-                select(TensorRecord.digest, TensorRecord.store_key).where(
-                    TensorRecord.digest.in_(digests[start : start + 500]),
-                    TensorRecord.run_id != run_id,  # rows of committed runs only: those ingesting are not seen
-                    TensorRecord.has_values,
-                    TensorRecord.store_key != "",
-                )
-            ):
-                found[digest] = key
-        for record in records:
-            shared = found.setdefault(record.digest, record.store_key)  # the run's own repeats share too
-            if shared != record.store_key:
-                self.store.delete(record.store_key)
-                record.store_key = shared
-
-    def _hold(self, db: DbSession, run_id: int, owner: str) -> None:
-        """The first statement of a transaction that ends a run: renews the claim `owner` holds on it (on
-        PostgreSQL, the row stays locked until the commit, so no recovery takes it meanwhile); raises TakenOver
-        when another process holds it (or the run is no longer "ingesting"). No `owner`: nothing is checked."""
-        if not owner:
-            return
-        done = db.execute(
-            update(RunRecord)
-            .where(RunRecord.id == run_id, RunRecord.claimed_by == owner, RunRecord.status == "ingesting")
-            .values(claimed_until=self.claims.until())
-            .execution_options(synchronize_session=False)
-        )
-        if not done.rowcount:  # type: ignore[attr-defined]
-            holder = db.scalar(select(RunRecord.claimed_by).where(RunRecord.id == run_id))
-            if holder is not None and holder != owner:  # a run deleted meanwhile is ended as before
-                raise TakenOver(f"run {run_id} is no longer this process's to ingest")
-
-    def _fail(self, run_id: int, problems: list[FileProblem], owner: str = "") -> None:
-        """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, owner)
-            delete_arrays(self.store, run_prefix(run_id))
-            run = db.get(RunRecord, run_id)
-            if run is None:
-                return
-            db.add_all(problem_rows(run_id, problems))
-            run.status = "failed"
-            run.ingest_pid = None
-            run.staged_inputs = None
-            run.tensor_count = 0
-            run.total_bytes = 0
-
-    def _abandon(self, run_id: int, created_session_id: int | None, owner: str = "") -> None:
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, owner)
-            delete_arrays(self.store, run_prefix(run_id))
-            run = db.get(RunRecord, run_id)
-            if run is not None:
-                db.delete(run)
-            db.flush()
-            if created_session_id is not None:
-                remaining = db.scalar(select(func.count()).where(RunRecord.session_id == created_session_id))
-                session = db.get(SessionRecord, created_session_id)
-                if session is not None and not remaining:
-                    db.delete(session)
+            self.endings.abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
