@@ -313,13 +313,13 @@ def test_summary_overflow_gives_no_mean_in_both_paths(monkeypatch: pytest.Monkey
     assert compiled == plain and compiled.mean is None and compiled.max == 1e308
 
 
-def test_structures_come_from_the_header_and_match_the_library() -> None:
-    """kernel_structs.h is the one source of the shared structures: the histogram's edges are TD_EDGES, and the
-    library built from it loads (its *_size() functions agree with the structures read from the header)."""
-    from tensor_debugger.engine.layouts import constant
+def test_structures_are_the_declared_ones_and_match_the_library() -> None:
+    """The histogram's edges are TD_EDGES (engine/layouts.py, checked against kernel_structs.h), and the
+    library loads (its *_size() functions agree with the declared structures)."""
+    from tensor_debugger.engine.layouts import TD_EDGES
     from tensor_debugger.engine.metrics import edges
 
-    assert len(edges()) == constant("TD_EDGES")
+    assert len(edges()) == TD_EDGES
     assert [field[0] for field in partial_type()._fields_][:2] == ["max_abs", "argmax"]
     assert _library() is not None
 

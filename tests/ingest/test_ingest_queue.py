@@ -12,9 +12,9 @@ import pytest
 import torch
 from tensor_debugger.errors import NothingUsableError
 from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.outcomes import IngestCancelled
 from tensor_debugger.ingest.queue import IngestJob, IngestProgress, IngestQueue
 from tensor_debugger.ingest.recovery import recover
-from tensor_debugger.ingest.runs import IngestCancelled
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord

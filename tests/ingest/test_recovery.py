@@ -202,7 +202,7 @@ def test_an_ingest_whose_run_another_process_took_over_stops_without_touching_it
     """A replica whose lease lapsed (the database away longer than the lease) while another took its run over
     commits nothing: the run, its arrays and its files are the other's, so no tensor is stored twice."""
     from tensor_debugger.ingest.inputs import InputFile
-    from tensor_debugger.ingest.runs import TakenOver
+    from tensor_debugger.ingest.outcomes import TakenOver
     from tensor_debugger.store.claims import Claims
     from tensor_debugger.store.models import TensorRecord
 

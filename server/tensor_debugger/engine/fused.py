@@ -26,7 +26,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
-from tensor_debugger.engine.layouts import constant, fields
+from tensor_debugger.engine.layouts import TD_EDGES, TD_TOP, Partial, Summary
 
 LIBRARY_NAME = "_fused_stats.so"
 FAMILY_VARIABLE = "TENSOR_DEBUGGER_KERNEL_FAMILY"
@@ -36,32 +36,30 @@ _PAIRS = ("ff", "fd", "df", "dd")
 _CODES = {np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
 
 
-# A block's statistics (td_partial) and a block's summary (td_summary: count, mean, M2, min, max), as ctypes
-# structures built from kernel_structs.h by partial_type() and summary_type(); these names are for annotations.
-FusedPartial: TypeAlias = ctypes.Structure
-FusedSummary: TypeAlias = ctypes.Structure
+# A block's statistics (td_partial) and a block's summary (td_summary: count, mean, M2, min, max), as the ctypes
+# structures engine/layouts.py declares (checked against kernel_structs.h by tests/engine/test_kernel_structs.py).
+FusedPartial: TypeAlias = Partial
+FusedSummary: TypeAlias = Summary
 
 
-@functools.cache
-def partial_type() -> type[ctypes.Structure]:
-    """td_partial (kernel_structs.h's TD_PARTIAL_FIELDS) as a ctypes structure."""
-    return type("FusedPartial", (ctypes.Structure,), {"_fields_": fields("TD_PARTIAL_FIELDS")})
+def partial_type() -> type[Partial]:
+    """td_partial as a ctypes structure."""
+    return Partial
 
 
-@functools.cache
-def summary_type() -> type[ctypes.Structure]:
-    """td_summary (kernel_structs.h's TD_SUMMARY_FIELDS) as a ctypes structure."""
-    return type("FusedSummary", (ctypes.Structure,), {"_fields_": fields("TD_SUMMARY_FIELDS")})
+def summary_type() -> type[Summary]:
+    """td_summary as a ctypes structure."""
+    return Summary
 
 
 def top_limit() -> int:
     """The most worst elements a partial keeps (TD_TOP)."""
-    return constant("TD_TOP")
+    return TD_TOP
 
 
 def edge_count() -> int:
     """How many histogram edges a partial counts (TD_EDGES)."""
-    return constant("TD_EDGES")
+    return TD_EDGES
 
 
 # logical dtype -> (the kernels' letter, the stored numpy dtype they read): bfloat16 is stored as its raw bits. The

@@ -1,10 +1,11 @@
 /* The structures the compiled code shares with Python: one list of fields per structure, the only place their
  * layouts are written. fused_stats.c, compare/chunk_loop.c and the tests' C driver declare the structures from
- * these lists (TD_STRUCT below); engine/layouts.py reads this file and builds the matching ctypes structures from
- * the same lists, and the libraries' *_size() functions are checked against them when they load.
+ * these lists (TD_STRUCT below); engine/layouts.py declares the matching ctypes structures, which
+ * tests/engine/test_kernel_structs.py checks against these lists (and the compiler's offsets), and the libraries'
+ * *_size() functions are checked against them when they load. A change here needs the same change there.
  *
  * Each list names its fields as FIELD(C type, name) or ARRAY(C type, name, count); a type is one of those
- * layouts.py knows (double, int64_t, int, pointers). Comments stay outside the lists. */
+ * layouts.py maps (double, int64_t, int, pointers). Comments stay outside the lists. */
 
 #ifndef TD_KERNEL_STRUCTS_H
 #define TD_KERNEL_STRUCTS_H

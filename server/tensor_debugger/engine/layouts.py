@@ -1,56 +1,90 @@
-"""ctypes structures built from kernel_structs.h, the one place the compiled code's shared structures are written.
+"""The structures the compiled code shares with Python (kernel_structs.h), declared as ctypes structures.
 
-The header lists each structure's fields as FIELD(type, name) or ARRAY(type, name, count) inside a
-`#define <LIST>(FIELD, ARRAY)` macro; this module reads those lists, so the C side and the Python side cannot
-drift apart. The libraries' *_size() functions are still checked against these structures when they load.
+kernel_structs.h is where the C side's layouts are written; each class here declares the same fields in the same
+order with the matching ctypes types (every pointer but `const char *` a plain address, c_void_p). Nothing reads
+the header at run time: tests/engine/test_kernel_structs.py parses it and checks each class's field names, types,
+offsets and size against it, and the libraries' *_size() functions are checked against these classes when they
+load (fused.load_library), so a library built from another header is not used.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-import re
-from pathlib import Path
-from typing import Any
 
-HEADER = Path(__file__).with_name("kernel_structs.h")
+TD_EDGES = 16  # histogram edges: |a - b| >= 1e-12, 1e-11, ..., 1e3
+TD_TOP = 64  # the most worst elements a partial keeps
 
-_SCALARS: dict[str, Any] = {
-    "double": ctypes.c_double,
-    "float": ctypes.c_float,
-    "int64_t": ctypes.c_int64,
-    "int": ctypes.c_int,
-    "const char *": ctypes.c_char_p,
+
+class Partial(ctypes.Structure):
+    """td_partial (TD_PARTIAL_FIELDS): one block's statistics of a pair, and its worst elements."""
+
+    _fields_ = [
+        ("max_abs", ctypes.c_double),
+        ("argmax", ctypes.c_int64),
+        ("sum_abs", ctypes.c_double),
+        ("sum_sq", ctypes.c_double),
+        ("sum_rel", ctypes.c_double),
+        ("max_rel", ctypes.c_double),
+        ("rel_count", ctypes.c_int64),
+        ("dot", ctypes.c_double),
+        ("norm_a", ctypes.c_double),
+        ("norm_b", ctypes.c_double),
+        ("mismatched", ctypes.c_int64),
+        ("nonzero", ctypes.c_int64),
+        ("at_least", ctypes.c_int64 * TD_EDGES),
+        ("top_k", ctypes.c_int64),
+        ("top_n", ctypes.c_int64),
+        ("top_abs", ctypes.c_double * TD_TOP),
+        ("top_at", ctypes.c_int64 * TD_TOP),
+        ("top_a", ctypes.c_double * TD_TOP),
+        ("top_b", ctypes.c_double * TD_TOP),
+    ]
+
+
+class Summary(ctypes.Structure):
+    """td_summary (TD_SUMMARY_FIELDS): one block's finite values: count, mean, M2, min, max."""
+
+    _fields_ = [
+        ("count", ctypes.c_double),
+        ("mean", ctypes.c_double),
+        ("m2", ctypes.c_double),
+        ("min", ctypes.c_double),
+        ("max", ctypes.c_double),
+    ]
+
+
+class Piece(ctypes.Structure):
+    """tdc_piece (TDC_PIECE_FIELDS): a stretch of one chunk file, or of a fetched chunk object's bytes."""
+
+    _fields_ = [
+        ("path", ctypes.c_char_p),
+        ("skip", ctypes.c_int64),
+        ("count", ctypes.c_int64),
+        ("bytes", ctypes.c_void_p),
+        ("size", ctypes.c_int64),
+    ]
+
+
+class Side(ctypes.Structure):
+    """tdc_side (TDC_SIDE_FIELDS): one side's pieces of a block, and the thread's buffers."""
+
+    _fields_ = [
+        ("pieces", ctypes.c_void_p),
+        ("n", ctypes.c_int64),
+        ("chunk_bytes", ctypes.c_int64),
+        ("code", ctypes.c_int),
+        ("raw", ctypes.c_int),
+        ("compressed", ctypes.c_void_p),
+        ("decoded", ctypes.c_void_p),
+        ("widened", ctypes.c_void_p),
+    ]
+
+
+# Each field list of kernel_structs.h and the class that declares it (the header check's table).
+DECLARED: dict[str, type[ctypes.Structure]] = {
+    "TD_PARTIAL_FIELDS": Partial,
+    "TD_SUMMARY_FIELDS": Summary,
+    "TDC_PIECE_FIELDS": Piece,
+    "TDC_SIDE_FIELDS": Side,
 }
-_LIST = re.compile(r"#define (\w+)\(FIELD, ARRAY\)((?:[^\n]*\\\n)*[^\n]*)")
-_ENTRY = re.compile(r"(FIELD|ARRAY)\(([^,()]+),\s*(\w+)(?:,\s*(\w+))?\)")
-_CONSTANT = re.compile(r"#define (\w+) (\d+)\b")
-
-
-@functools.cache
-def _header() -> tuple[dict[str, str], dict[str, int]]:
-    text = re.sub(r"/\*.*?\*/", "", HEADER.read_text(), flags=re.S)
-    lists = {m.group(1): m.group(2) for m in _LIST.finditer(text)}
-    constants = {m.group(1): int(m.group(2)) for m in _CONSTANT.finditer(text)}
-    return lists, constants
-
-
-def constant(name: str) -> int:
-    """A numeric #define of the header (TD_EDGES)."""
-    return _header()[1][name]
-
-
-def fields(list_name: str) -> list[tuple[str, Any]]:
-    """The ctypes `_fields_` of the structure whose field list is `list_name` (TD_PARTIAL_FIELDS); every pointer
-    but `const char *` is a plain address (c_void_p)."""
-    lists, constants = _header()
-    found: list[tuple[str, Any]] = []
-    for kind, c_type, name, count in _ENTRY.findall(lists[list_name]):
-        c_type = " ".join(c_type.split())
-        scalar: Any = _SCALARS.get(c_type) or (ctypes.c_void_p if c_type.endswith("*") else None)
-        if scalar is None:
-            raise ValueError(f"{HEADER.name}: {list_name}.{name} has type {c_type!r}, which layouts.py does not map")
-        found.append((name, scalar * (constants.get(count) or int(count)) if kind == "ARRAY" else scalar))
-    if not found:
-        raise ValueError(f"{HEADER.name} has no field list {list_name}")
-    return found
+CONSTANTS: dict[str, int] = {"TD_EDGES": TD_EDGES, "TD_TOP": TD_TOP}

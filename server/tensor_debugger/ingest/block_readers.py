@@ -81,6 +81,11 @@ class BufferPool:
         return sum(b.size for b in self._free)
 
 
+def buffer_pool(buffers: int | BufferPool) -> BufferPool:
+    """`buffers` itself when a pool (shared with the files read before), else a new pool keeping that many."""
+    return buffers if isinstance(buffers, BufferPool) else BufferPool(buffers)
+
+
 class _PooledReader:
     """C-order values at `offset` of a file, read region by region into buffers of the file's `BufferPool`, which
     `done` gives back. A subclass says how to fill a buffer from a position (`_fill`)."""

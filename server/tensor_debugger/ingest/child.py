@@ -44,8 +44,9 @@ from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableError, is_outage
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, Stored
-from tensor_debugger.ingest.stored import NoteListener, StoredNote, note_of
+from tensor_debugger.ingest.outcomes import IngestCancelled
+from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun
+from tensor_debugger.ingest.stored import NoteListener, Stored, StoredNote, note_of
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker
@@ -91,8 +92,10 @@ class _Settle:  # child to server: the run's arrays are about to move; reply wit
 
 
 class ChildIngests:
-    """Runs `Ingestor.complete` in child processes, `at_once` at most: one pool of one child per slot, so that a
-    child that dies, or is ended for taking too long, takes no other ingest with it. Each child's memory is
+    """Runs `Ingestor.complete` in child processes: one child per slot, the slot being the queue's worker thread
+    that calls `complete` (`queue.IngestQueue`, the one layer that schedules ingests: its `at_once` threads take
+    jobs in turn, each running them in its own child), so that a child that dies, or is ended for taking too long,
+    takes no other ingest with it. Each child's memory is
     limited by the OS (`Settings.ingest_memory`, RLIMIT_DATA), each ingest's time by a watchdog here
     (`Settings.ingest_seconds`)."""
 
@@ -102,10 +105,7 @@ class ChildIngests:
         self.at_once = at_once
         self._context = multiprocessing.get_context("spawn")
         self._lock = threading.Lock()
-        self._pools: dict[int, ProcessPoolExecutor] = {}  # by slot
-        self._free: queue.Queue[int] = queue.Queue()  # the slots no ingest holds
-        for slot in range(at_once):
-            self._free.put(slot)
+        self._pools: dict[int, ProcessPoolExecutor] = {}  # by slot: each a pool of one child
         self._messages: Any = None  # a multiprocessing queue of _Progress, _Stored, _Reading and _Settle
         self._replies: list[Any] = []  # each slot's queue of settled run ids
         self._cancel: Event | None = None
@@ -118,6 +118,7 @@ class ChildIngests:
 
     def complete(
         self,
+        slot: int,
         pending: PendingRun,
         inputs: list[InputFile],
         keep_failure: bool,
@@ -129,13 +130,15 @@ class ChildIngests:
         IngestCancelled, IngestPostponed: then the run stays among the server's live runs, ...), and
         NothingUsableError naming the file it was reading for a child that died or was ended past the time limit
         (the run failed with that reason, not tried again). `listener` hears, in the server, of the tensors the
-        child stores."""
+        child stores. `slot` (0 to `at_once` - 1): the calling worker's, whose child runs it; one ingest at a time
+        per slot."""
+        if not 0 <= slot < self.at_once:
+            raise ValueError(f"slot {slot} is not one of the {self.at_once} ingest slots")
         notes, postponed = listener is not None, False
         with self._lock:
             self._callbacks[pending.run_id] = progress
             if listener is not None:
                 self._listeners[pending.run_id] = listener
-        slot = self._free.get()
         pool: ProcessPoolExecutor | None = None
         try:
             try:
@@ -175,7 +178,6 @@ class ChildIngests:
             self.ingestor.give_up(pending, [problem], keep_failure)
             raise NothingUsableError([problem]) from None
         finally:
-            self._free.put(slot)
             with self._lock:
                 self._callbacks.pop(pending.run_id, None)
                 self._listeners.pop(pending.run_id, None)

@@ -20,7 +20,8 @@ from tensor_debugger.errors import DiskFullError, FileProblem, IngestPostponed, 
 from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.fair_line import FairLine
 from tensor_debugger.ingest.inputs import InputFile
-from tensor_debugger.ingest.runs import IngestCancelled, Ingestor, IngestResult, PendingRun, TakenOver
+from tensor_debugger.ingest.outcomes import IngestCancelled, TakenOver
+from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun
 from tensor_debugger.ingest.stored import NoteListener, NotesOf
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,9 @@ class IngestJob:
 
 class IngestQueue:
     """`at_once` threads (Settings.ingest_workers) take jobs in turn (`FairLine`: round the clients, then round
-    each client's sessions), one run each; after each ingest, `plan` pairs the session again. Each ingest copies
-    its run with a pool of its own (Settings.workers)."""
+    each client's sessions), one run each; after each ingest, `plan` pairs the session again. With `children`, the
+    threads are the one layer that schedules ingests: thread i runs its jobs in child process i (child.py's slot
+    i), and no other pool limits them. Each ingest copies its run with a pool of its own (Settings.workers)."""
 
     def __init__(
         self,
@@ -76,6 +78,8 @@ class IngestQueue:
         children: ChildIngests | None = None,
         watcher: IngestWatcher | None = None,
     ) -> None:
+        if children is not None and children.at_once < at_once:
+            raise ValueError(f"{at_once} ingest threads need as many child slots, not {children.at_once}")
         self.ingestor = ingestor
         self.children = children  # given: each ingest runs in a child process (child.py), else in the thread
         self.watcher = watcher
@@ -101,7 +105,8 @@ class IngestQueue:
 
     def _start_thread(self) -> None:
         if len(self._threads) < self.at_once:  # started on demand: a CLI process never needs them
-            thread = threading.Thread(target=self._work, name=f"ingest-{len(self._threads)}", daemon=True)
+            slot = len(self._threads)  # the thread's child process, with `children`
+            thread = threading.Thread(target=self._work, args=(slot,), name=f"ingest-{slot}", daemon=True)
             self._threads.append(thread)
             thread.start()
 
@@ -160,14 +165,14 @@ class IngestQueue:
         with self._lock:
             self._progress[run_id] = progress
 
-    def _work(self) -> None:
+    def _work(self, slot: int) -> None:
         while True:
             item = self._jobs.get()
             if item is None:
                 return
             job, future = item
             try:
-                future.set_result(self._ingest(job))
+                future.set_result(self._ingest(job, slot))
             except IngestPostponed as exc:
                 if not self._postpone(job, future, exc):  # the run stays "ingesting", its files for a later start
                     with self._lock:
@@ -192,7 +197,7 @@ class IngestQueue:
                 self._progress.pop(job.pending.run_id, None)
             job.done()
 
-    def _ingest(self, job: IngestJob) -> IngestResult:
+    def _ingest(self, job: IngestJob, slot: int) -> IngestResult:
         run_id = job.pending.run_id
         self._set(run_id, IngestProgress("unpacking"))
 
@@ -216,7 +221,7 @@ class IngestQueue:
         try:
             if self.children is not None:
                 result = self.children.complete(
-                    job.pending, job.inputs, job.keep_failure, on_progress, listener, again=job.outages > 0
+                    slot, job.pending, job.inputs, job.keep_failure, on_progress, listener, again=job.outages > 0
                 )
             else:
                 stored = None if listener is None else NotesOf(listener)

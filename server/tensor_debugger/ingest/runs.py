@@ -2,92 +2,65 @@
 
 Lifecycle, so that nothing half-ingested is ever visible:
 1. `begin` commits a run row with status "ingesting" and this process's id (the session too, if new);
-2. `complete` copies every tensor into the array store under "runs/<run id>/";
-3. one transaction inserts the tensor and problem rows and sets the status to "ready".
+2. `complete` copies every tensor into the array store under "runs/<run id>/" (run_copy.py);
+3. one transaction inserts the tensor and problem rows and sets the status to "ready" (run_endings.py).
 When nothing usable was found the run is deleted, or (`keep_failure`, for uploads whose request has returned)
-kept as "failed" with its problems and no arrays, so the session page can say why.
+kept as "failed" with its problems and no arrays, so the session page can say why: how an ingest that stops ends
+its run is decided in one place, outcomes.py's `outcome_of`.
 An ingest given the fingerprint of its inputs (`fingerprints.py`; `ingest` takes it) first looks for a ready run
 with the same fingerprint: found, the new run's tensor and problem rows are copies of that run's, naming the same
-arrays, and no file is read. Otherwise `_finish` records the fingerprint, and any tensor bit-identical to one an
-older run stored (the same digest) names that array and the copy just written is deleted. An array is thus shared
-by every row that names it; `catalog.release_arrays` deletes it with the last.
+arrays, and no file is read. Otherwise `RunEndings.finish` records the fingerprint, and any tensor bit-identical to
+one an older run stored (the same digest) names that array and the copy just written is deleted. An array is thus
+shared by every row that names it; `catalog.release_arrays` deletes it with the last.
 
 An ingest that meets an outage (the database or the array store did not answer) raises IngestPostponed and leaves
 the run "ingesting" for its caller to try again; an accepted upload's run names its staged files, so that another
 process takes it over (`take_over`) when this one dies. Otherwise a run left "ingesting" by a process that died is
-removed, arrays and all, by `recovery.recover`; the runs this
-process is ingesting right now, through any of its Ingestors, are in `Ingestor.live_runs()`, so its own recovery
+removed, arrays and all, by `recovery.recover`; the runs this process is ingesting right now, through any of its
+Ingestors, are in `Ingestor.live_runs()` (live_runs.py), so its own recovery
 never takes them for dead (a second `open_services` on the same data dir, say a capture beside a server).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import shutil
 import socket
-import threading
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
-from typing import Protocol
+from pathlib import PurePosixPath
 
-from sqlalchemy import func, insert, select, update
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.engine.names import module_layer, parse_layer_stage
-from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.errors import (
     ConflictError,
-    DiskFullError,
     FileProblem,
     IngestPostponed,
     InvalidInputError,
-    NotATensor,
     NothingUsableError,
-    StoreUnavailableError,
-    StoreWriteError,
-    TensorDebuggerError,
-    is_disk_full,
     is_outage,
-    unexpected_problem,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
-from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.fingerprints import Fingerprint, fingerprint_inputs
-from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
+from tensor_debugger.ingest.inputs import InputFile, RunTrace
+from tensor_debugger.ingest.live_runs import LiveRuns
+from tensor_debugger.ingest.outcomes import RunEnd, RunOutcome, outcome_of
+from tensor_debugger.ingest.run_copy import ProgressCallback, RunCopy, delete_arrays
+from tensor_debugger.ingest.run_endings import RunEndings
 from tensor_debugger.ingest.staging import new_folder
-from tensor_debugger.ingest.stored import stored_name
-from tensor_debugger.ingest.tensor_files import open_tensor_file
-from tensor_debugger.ingest.traces import TraceTensor
-from tensor_debugger.ingest.writer import PageCacheBudget, StoredTensor, TensorWriter, WritePools
+from tensor_debugger.ingest.stored import Stored, StoredListener
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
-from tensor_debugger.store.database import database_outage, lock_arrays
-from tensor_debugger.store.models import ArrayFolderRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.database import database_outage
+from tensor_debugger.store.models import ArrayFolderRecord, RunRecord, SessionRecord
 
 log = logging.getLogger(__name__)
-
-ProgressCallback = Callable[[int, int], None]  # (bytes done, bytes total)
-Stored = tuple[TensorFileEntry, tuple[str, ...], StoredTensor]  # a tensor's file, key path and array
-
-
-class StoredListener(Protocol):
-    """Told of a run's tensors as their arrays are written, before the run is ready (a comparison that starts
-    while the rest ingests: `compare/compute/early.py`)."""
-
-    def stored(self, tensors: Sequence[Stored]) -> None:
-        """The tensors of one file, their arrays complete, under the run's prefix."""
-
-    def settle(self) -> None:
-        """Return once done with the arrays `stored` named: the ingest may now move or delete them (sharing an
-        identical array, removing a failed run)."""
 
 
 @dataclass(frozen=True)
@@ -118,25 +91,6 @@ def is_reference_label(label: str) -> bool:
     return label.strip().casefold() == "reference"
 
 
-def out_of_memory(limit: int | None) -> str:
-    """Why a file could not be read when memory ran out, with the limit the OS set (None: no limit was set)."""
-    if limit is None:
-        return "ran out of memory reading it"
-    return (
-        f"needed more than {limit / 2**30:.3g} GiB of memory (TENSOR_DEBUGGER_INGEST_MEMORY, the most one ingest "
-        "may take) to read it; refused"
-    )
-
-
-class IngestCancelled(Exception):  # noqa: N818 (a signal, not an error: the server is stopping)
-    """Raised from a progress callback to stop an ingest; the run is removed as if it never began."""
-
-
-class TakenOver(Exception):  # noqa: N818 (a signal: the work is another process's now)
-    """The run's claim is another process's (this one's lapsed during an outage, and a replica took the ingest
-    over): this ingest stops without touching the run, its arrays or its staged files."""
-
-
 def archive_limits(settings: Settings) -> ArchiveLimits:
     return ArchiveLimits(
         settings.max_archive_members,
@@ -144,71 +98,6 @@ def archive_limits(settings: Settings) -> ArchiveLimits:
         settings.max_expansion_ratio,
         settings.expansion_floor_bytes,
     )
-
-
-def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
-    """A tensor of a trace without element values: what its JSON says, and no array."""
-    shape = list(traced.shape or ())
-    stats: dict[str, float | None] = dict(traced.stats)
-    sketch = None
-    if traced.sketch is not None:
-        try:
-            sketch = Sketch.from_json(traced.sketch)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise FileProblem(run_trace.label, f"{traced.name}: a malformed summary ({exc})") from exc
-        stats = {"min": sketch.min, "max": sketch.max, "mean": sketch.mean, "std": sketch.std}
-    layer = parse_layer_stage(PurePosixPath(traced.module_path), ())[0]
-    if traced.op is not None:
-        layer = module_layer(traced.module_path)
-    return TensorRecord(
-        run_id=run_id,
-        position=position,
-        name=run_trace.summary_name(traced),
-        source_file=run_trace.label,
-        key_path=[],
-        layer=layer,
-        stage=None,
-        shape=shape,
-        dtype=traced.dtype or "unknown",
-        store_key="",
-        nbytes=0,
-        digest=f"none:{uuid.uuid4().hex}",
-        numel=math.prod(shape),
-        min=stats.get("min"),
-        max=stats.get("max"),
-        mean=stats.get("mean"),
-        std=stats.get("std"),
-        nan_count=sketch.nan if sketch else 0,
-        inf_count=sketch.inf if sketch else 0,
-        module_path=traced.module_path,
-        place=traced.place,
-        source=traced.source,
-        has_values=False,
-        sketch=sketch.to_json() if sketch else None,
-    )
-
-
-class _LiveRuns:
-    """The runs this process is ingesting, by database: what a process is doing belongs to the process, not to
-    one of the Ingestors it may hold for the same data dir."""
-
-    _lock = threading.Lock()
-    _runs: set[tuple[str, int]] = set()  # (database URL, run id)
-
-    @classmethod
-    def add(cls, database: str, run_id: int) -> None:
-        with cls._lock:
-            cls._runs.add((database, run_id))
-
-    @classmethod
-    def discard(cls, database: str, run_id: int) -> None:
-        with cls._lock:
-            cls._runs.discard((database, run_id))
-
-    @classmethod
-    def of(cls, database: str) -> frozenset[int]:
-        with cls._lock:
-            return frozenset(run for url, run in cls._runs if url == database)
 
 
 class Ingestor:
@@ -220,6 +109,7 @@ class Ingestor:
         self.sessions = sessions
         self.store = store
         self.claims = claims or Claims(sessions, settings.claim_seconds)
+        self.endings = RunEndings(sessions, store, self.claims)
         self.memory_limit: int | None = None  # set where the OS limits this process's memory (an ingest's child)
         self.reading: Callable[[int, str], None] | None = None  # told of each file as a run's copy opens it
 
@@ -347,7 +237,7 @@ class Ingestor:
             if db.get(ArrayFolderRecord, run.id) is None:
                 db.add(ArrayFolderRecord(run_id=run.id))
             # Live before the row is committed: a periodic recovery (services.sweep) never takes it for dead.
-            _LiveRuns.add(self.settings.database_url, run.id)
+            LiveRuns.add(self.settings.database_url, run.id)
             return PendingRun(
                 session.id,
                 session_name,
@@ -387,7 +277,7 @@ class Ingestor:
         self.store.delete(run_prefix(run.id))
         run.ingest_pid, run.ingest_host = os.getpid(), socket.gethostname()
         db.flush()
-        _LiveRuns.add(self.settings.database_url, run.id)  # before the commit, as `begin` does
+        LiveRuns.add(self.settings.database_url, run.id)  # before the commit, as `begin` does
         pending = PendingRun(
             run.session_id, run.session.name, run.id, run.label, run.created_session, self.claims.owner, True
         )
@@ -446,52 +336,38 @@ class Ingestor:
         try:
             if again:
                 self.store.delete(run_prefix(run_id))
-            reused = self._reuse(pending, fingerprint) if fingerprint is not None else None
+            reused = self.endings.reuse(run_id, pending.owner, fingerprint) if fingerprint is not None else None
             if reused is not None:
                 if progress is not None:
                     progress(1, 1)
-                return reused
-            stored, problems, traces = self._copy(run_id, inputs, staging, progress, listener)
+                return IngestResult(
+                    pending.session_id,
+                    pending.session_name,
+                    run_id,
+                    pending.run_label,
+                    reused.tensors,
+                    reused.problems,
+                    reused.source_run_id,
+                )
+            copy = RunCopy(self.store, self.settings, archive_limits(self.settings), self.memory_limit, self.reading)
+            stored, problems, traces = copy.run(run_id, inputs, staging, progress, listener)
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)
-            self._finish(run_id, stored, problems, traces, fingerprint, pending.owner)
-        except TakenOver:
-            raise  # the run is another process's: nothing of it is this ingest's to remove
-        except NothingUsableError as exc:
-            self._give_up(pending, exc.problems, keep_failure)
-            raise
-        except Exception as exc:
+            self.endings.finish(run_id, stored, problems, traces, fingerprint, pending.owner)
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)  # first: on a full disk, what it frees lets the rest go on
-            outage = self.outage(exc)
-            if outage is not None or (pending.staged and isinstance(exc, IngestCancelled)):
-                # an outage, or a server stopping: the run stays for a later try (in a server that stops, the next
-                # start's or another replica's) from the same staged files
-                postponed = True
-                self._delete_arrays(run_prefix(run_id))  # else deleted before the next try
-                if outage is None:
-                    raise
-                raise IngestPostponed(outage) from None
             what = ", ".join(i.label for i in inputs) or "upload"
-            if is_disk_full(exc) and not isinstance(exc, DiskFullError):
-                exc = DiskFullError(f"the run {pending.run_label!r}")
-            if isinstance(exc, DiskFullError | StoreWriteError):  # kept, "failed", whoever asked: the session says why
-                file = exc.file if isinstance(exc, StoreWriteError) and exc.file else what
-                try:
-                    self._give_up(pending, [FileProblem(file, str(exc))], True)
-                except Exception:  # still no room for the row: the next sweep removes the run instead
-                    log.exception("could not mark run %s failed", run_id)
-                raise exc from None
-            reason = f"the ingest failed: {exc}"
-            self._give_up(pending, [FileProblem(what, reason)], keep_failure and not isinstance(exc, IngestCancelled))
-            raise
-        except BaseException:
-            self._give_up(pending, [], False)
+            outcome = outcome_of(exc, self.outage(exc), keep_failure, pending.staged, what, pending.run_label)
+            postponed = outcome.end is RunEnd.WAITING
+            self._end(pending, outcome)
+            if outcome.fresh:
+                raise outcome.error from None
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             if not postponed:
-                _LiveRuns.discard(self.settings.database_url, run_id)
+                LiveRuns.discard(self.settings.database_url, run_id)
         return IngestResult(
             pending.session_id, pending.session_name, run_id, pending.run_label, len(stored) + len(summaries), problems
         )
@@ -516,25 +392,25 @@ class Ingestor:
     def complete_stored(
         self,
         pending: PendingRun,
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
+        stored: list[Stored],
         traces: list[RunTrace],
     ) -> IngestResult:
         """Mark a run `begin` made "ready" with tensors its caller has already written into the array store under
         the run's prefix (a live capture writes them as the model produces them). Any error removes the run and
         is raised again."""
         try:
-            self._finish(pending.run_id, stored, [], traces, owner=pending.owner)
+            self.endings.finish(pending.run_id, stored, [], traces, owner=pending.owner)
         except BaseException:
             self._give_up(pending, [], False)
             raise
         finally:
-            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+            LiveRuns.discard(self.settings.database_url, pending.run_id)
         return IngestResult(pending.session_id, pending.session_name, pending.run_id, pending.run_label, len(stored))
 
     def live_runs(self) -> frozenset[int]:
         """The runs of this data dir that this process has begun and not yet completed, through any Ingestor:
         recovery must leave them alone."""
-        return _LiveRuns.of(self.settings.database_url)
+        return LiveRuns.of(self.settings.database_url)
 
     def give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         """End a run whose ingest stopped without ending it (its process died): removed, or with `keep_failure`
@@ -542,323 +418,35 @@ class Ingestor:
         try:
             self._give_up(pending, problems, keep_failure)
         finally:
-            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+            LiveRuns.discard(self.settings.database_url, pending.run_id)
 
     def forget(self, run_id: int) -> None:
         """Take a run off this process's live runs once another process (`child.py`) has completed it."""
-        _LiveRuns.discard(self.settings.database_url, run_id)
+        LiveRuns.discard(self.settings.database_url, run_id)
 
     def cancel(self, pending: PendingRun) -> None:
         """Remove a run `begin` made that will not be completed (as if it never began)."""
         try:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
+            self.endings.abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
         finally:
-            _LiveRuns.discard(self.settings.database_url, pending.run_id)
+            LiveRuns.discard(self.settings.database_url, pending.run_id)
+
+    def _end(self, pending: PendingRun, outcome: RunOutcome) -> None:
+        """Apply the outcome of an ingest that stopped to its run (outcomes.outcome_of decides it)."""
+        if outcome.end is RunEnd.WAITING:  # its arrays deleted now where the store lets, else before the next try
+            delete_arrays(self.store, run_prefix(pending.run_id))
+        elif outcome.end is RunEnd.DROPPED:
+            self._give_up(pending, [], False)
+        elif outcome.end is RunEnd.FAILED:
+            try:
+                self._give_up(pending, list(outcome.problems), True)
+            except Exception:
+                if not outcome.best_effort:
+                    raise
+                log.exception("could not mark run %s failed", pending.run_id)  # the next sweep removes it instead
 
     def _give_up(self, pending: PendingRun, problems: list[FileProblem], keep_failure: bool) -> None:
         if keep_failure:
-            self._fail(pending.run_id, problems, pending.owner)
+            self.endings.fail(pending.run_id, problems, pending.owner)
         else:
-            self._abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)
-
-    def _copy(
-        self,
-        run_id: int,
-        inputs: list[InputFile],
-        staging: Path,
-        progress: ProgressCallback | None,
-        listener: StoredListener | None = None,
-    ) -> tuple[list[Stored], list[FileProblem], list[RunTrace]]:
-        expansion = expand_inputs(inputs, staging, archive_limits(self.settings))
-        problems = expansion.problems
-        total = sum(e.nbytes for e in expansion.entries)
-        done = 0
-        if progress is not None:
-            progress(0, total)  # archives are unpacked: from here on, bytes copied of `total`
-
-        def on_bytes(n: int) -> None:
-            nonlocal done
-            done += n
-            if progress is not None:
-                progress(min(done, total), total)
-
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]] = []
-        pools = WritePools.open(self.settings.threads)
-        buffers = BufferPool(pools.buffers)  # read buffers, shared by the run's files (read one after another)
-        budget = PageCacheBudget(self.settings.buffered_run_bytes)  # the run's first bytes through the cache
-        try:
-            for entry in expansion.entries:
-                first = made = len(stored)
-                if self.reading is not None:
-                    self.reading(run_id, entry.label)
-                try:
-                    with (
-                        open_tensor_file(
-                            entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
-                        ) as opened,
-                        TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes, budget) as writer,
-                    ):
-                        problems.extend(opened.skipped)
-                        results = []
-                        for leaf in opened.leaves:
-                            made += 1
-                            results.append((leaf, writer.add(f"{run_prefix(run_id)}/{made - 1}", leaf)))
-                        writer.finish()
-                        stored.extend((entry, entry.keys + leaf.key_path, result()) for leaf, result in results)
-                        if listener is not None and results:
-                            listener.stored(stored[first:])
-                        if not opened.leaves and not opened.skipped:
-                            problems.append(FileProblem(entry.label, "holds no tensors"))
-                        elif not opened.leaves:
-                            problems.append(FileProblem(entry.label, "holds no usable tensors"))
-                except FileProblem as problem:
-                    problems.append(problem)
-                    self._drop(run_id, stored, first, made)
-                except StoreWriteError as exc:  # the store, not the file: the whole run stops
-                    self._drop(run_id, stored, first, made)
-                    raise type(exc)(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
-                except StoreUnavailableError:  # a read of the store that it did not answer: not the file's fault
-                    self._drop(run_id, stored, first, made)
-                    raise
-                except MemoryError:  # one file's, its memory freed as the error left it: the run's other files go on
-                    self._drop(run_id, stored, first, made)
-                    problems.append(FileProblem(entry.label, out_of_memory(self.memory_limit)))
-                except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
-                    self._drop(run_id, stored, first, made)
-                    if is_disk_full(exc):
-                        raise DiskFullError(f"the arrays of {entry.label}") from exc
-                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
-                except (TensorDebuggerError, IngestCancelled, TakenOver, SQLAlchemyError):
-                    raise  # not this file's: the run stops, as it would for any of them
-                except Exception as exc:  # anything else one file's reading raised: that file fails, named
-                    self._drop(run_id, stored, first, made)
-                    problems.append(unexpected_problem(entry.label, exc))
-                finally:
-                    if entry.staged:
-                        entry.path.unlink(missing_ok=True)
-        finally:
-            pools.close()
-            if listener is not None:  # before `_finish` shares arrays or `_give_up` deletes them
-                listener.settle()
-        if progress is not None:
-            progress(total, total)
-        return stored, problems, expansion.traces
-
-    def _drop(
-        self,
-        run_id: int,
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
-        first: int,
-        made: int,
-    ) -> None:
-        """Forget the tensors of a file that failed partway, arrays included: those from `first` on, up to the
-        `made` arrays begun (the ones cut short too)."""
-        del stored[first:]
-        for index in range(first, made):
-            self._delete_arrays(f"{run_prefix(run_id)}/{index}")
-
-    def _delete_arrays(self, prefix: str) -> None:
-        """Delete the arrays under `prefix` of a run that stops; where the store fails that too (S3 gone), they
-        are left for the run's deletion (or, with no row naming them, recovery's) to remove."""
-        try:
-            self.store.delete(prefix)
-        except (StoreWriteError, StoreUnavailableError):
-            log.warning("could not delete %s from the array store; deleting its run removes it", prefix, exc_info=True)
-
-    def _reuse(self, pending: PendingRun, fingerprint: Fingerprint) -> IngestResult | None:
-        """Make the run a copy of the newest ready run ingested from the same fingerprint, in one transaction:
-        its tensor rows (naming the same arrays) and problems. None when there is no such run."""
-        run_id = pending.run_id
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, pending.owner)
-            run = db.get_one(RunRecord, run_id)
-            # Written first, so the transaction holds SQLite's write lock before it reads (pysqlite begins one
-            # at the first write): a session deleted meanwhile is either gone here or waits for this commit,
-            # when its deletion sees these rows and keeps the arrays they name.
-            run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
-            db.flush()
-            source = db.scalar(
-                select(RunRecord)
-                .where(RunRecord.input_key == fingerprint.key, RunRecord.status == "ready", RunRecord.id < run_id)
-                .order_by(RunRecord.id.desc())
-                .limit(1)
-            )
-            if source is None or source.input_fingerprint != fingerprint.data:
-                return None
-            skipped = {"id", "run_id"}
-            rows = []
-            for tensor in db.scalars(
-                select(TensorRecord).where(TensorRecord.run_id == source.id).order_by(TensorRecord.position)
-            ):
-                row = {c.key: getattr(tensor, c.key) for c in TensorRecord.__table__.columns if c.key not in skipped}
-                if not tensor.has_values:
-                    row["digest"] = f"none:{uuid.uuid4().hex}"  # summaries never share cached results
-                rows.append({**row, "run_id": run_id})
-            if rows:
-                db.execute(insert(TensorRecord), rows)
-            problems = [(NotATensor if p.ignored else FileProblem)(p.file, p.reason) for p in source.problems]
-            db.add_all(problem_rows(run_id, problems))
-            run.status = "ready"
-            run.ingest_pid = None
-            run.staged_inputs = None
-            run.tensor_count = source.tensor_count
-            run.total_bytes = source.total_bytes
-            run.module_tree = source.module_tree
-            reused_from = source.id
-        return IngestResult(
-            pending.session_id, pending.session_name, run_id, pending.run_label, len(rows), problems, reused_from
-        )
-
-    def _finish(
-        self,
-        run_id: int,
-        stored: list[tuple[TensorFileEntry, tuple[str, ...], StoredTensor]],
-        problems: list[FileProblem],
-        traces: list[RunTrace],
-        fingerprint: Fingerprint | None = None,
-        owner: str = "",
-    ) -> None:
-        seen: dict[str, int] = {}
-        records: list[TensorRecord] = []
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, owner)
-            for position, (entry, key_path, tensor) in enumerate(stored):
-                name = stored_name(entry, key_path)
-                if entry.module_path is not None and key_path == ("data",):
-                    key_path = ()  # as `stored_name` names it
-                if name in seen:
-                    seen[name] += 1
-                    problems.append(
-                        FileProblem(entry.label, f"a second tensor named {name!r}; kept as {name} ({seen[name]})")
-                    )
-                    name = f"{name} ({seen[name]})"
-                seen.setdefault(name, 1)
-                layer, stage = parse_layer_stage(entry.relpath, key_path)
-                if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
-                    layer = module_layer(entry.module_path)
-                s = tensor.summary
-                records.append(
-                    TensorRecord(
-                        run_id=run_id,
-                        position=position,
-                        name=name,
-                        source_file=entry.label,
-                        key_path=list(key_path),
-                        layer=layer,
-                        stage=stage,
-                        shape=list(tensor.shape),
-                        dtype=tensor.dtype.name,
-                        store_key=tensor.store_key,
-                        nbytes=tensor.nbytes,
-                        digest=tensor.digest,
-                        numel=s.numel,
-                        min=s.min,
-                        max=s.max,
-                        mean=s.mean,
-                        std=s.std,
-                        nan_count=s.nan_count,
-                        inf_count=s.inf_count,
-                        module_path=entry.module_path,
-                        place=entry.place,
-                        source=entry.source,
-                    )
-                )
-            db.add_all(records)
-            db.flush()  # SQLite's write lock is held from here: the arrays found below cannot be deleted meanwhile
-            lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
-            self._share_identical(db, run_id, records)
-            position = len(stored)
-            for run_trace in traces:
-                if run_trace.trace.has_values:
-                    continue
-                for traced in run_trace.trace.tensors:
-                    db.add(summary_record(run_id, position, run_trace, traced))
-                    position += 1
-            db.add_all(problem_rows(run_id, problems))
-            run = db.get_one(RunRecord, run_id)
-            run.status = "ready"
-            run.ingest_pid = None
-            run.staged_inputs = None
-            run.tensor_count = position
-            run.total_bytes = sum(t.nbytes for _, _, t in stored)
-            if fingerprint is not None:
-                run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
-            if traces:
-                run.module_tree = {
-                    "source": "hf-trace",
-                    "values": all(t.trace.has_values for t in traces),
-                    "roots": [t.trace.root.to_json() for t in traces],
-                }
-
-    def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
-        """Point each of `records` bit-identical to a tensor another ready run stored (older or not: runs ingested at
-        once are ready in any order), or an earlier one of this run, at that array, and delete the copy just written.
-        Done before the commit: should it fail, the run is removed all the same."""
-        digests = sorted({r.digest for r in records})
-        found: dict[str, str] = {}
-        for start in range(0, len(digests), 500):
-            for digest, key in db.execute(
-                select(TensorRecord.digest, TensorRecord.store_key).where(
-                    TensorRecord.digest.in_(digests[start : start + 500]),
-                    TensorRecord.run_id != run_id,  # rows of committed runs only: those ingesting are not seen
-                    TensorRecord.has_values,
-                    TensorRecord.store_key != "",
-                )
-            ):
-                found[digest] = key
-        for record in records:
-            shared = found.setdefault(record.digest, record.store_key)  # the run's own repeats share too
-            if shared != record.store_key:
-                self.store.delete(record.store_key)
-                record.store_key = shared
-
-    def _hold(self, db: DbSession, run_id: int, owner: str) -> None:
-        """The first statement of a transaction that ends a run: renews the claim `owner` holds on it (on
-        PostgreSQL, the row stays locked until the commit, so no recovery takes it meanwhile); raises TakenOver
-        when another process holds it (or the run is no longer "ingesting"). No `owner`: nothing is checked."""
-        if not owner:
-            return
-        done = db.execute(
-            update(RunRecord)
-            .where(RunRecord.id == run_id, RunRecord.claimed_by == owner, RunRecord.status == "ingesting")
-            .values(claimed_until=self.claims.until())
-            .execution_options(synchronize_session=False)
-        )
-        if not done.rowcount:  # type: ignore[attr-defined]
-            holder = db.scalar(select(RunRecord.claimed_by).where(RunRecord.id == run_id))
-            if holder is not None and holder != owner:  # a run deleted meanwhile is ended as before
-                raise TakenOver(f"run {run_id} is no longer this process's to ingest")
-
-    def _fail(self, run_id: int, problems: list[FileProblem], owner: str = "") -> None:
-        """Keep the run as "failed" with every problem and no arrays: the record of why nothing was stored."""
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, owner)
-            self._delete_arrays(run_prefix(run_id))
-            run = db.get(RunRecord, run_id)
-            if run is None:
-                return
-            db.add_all(problem_rows(run_id, problems))
-            run.status = "failed"
-            run.ingest_pid = None
-            run.staged_inputs = None
-            run.tensor_count = 0
-            run.total_bytes = 0
-
-    def _abandon(self, run_id: int, created_session_id: int | None, owner: str = "") -> None:
-        with self.sessions.begin() as db:
-            self._hold(db, run_id, owner)
-            self._delete_arrays(run_prefix(run_id))
-            run = db.get(RunRecord, run_id)
-            if run is not None:
-                db.delete(run)
-            db.flush()
-            if created_session_id is not None:
-                remaining = db.scalar(select(func.count()).where(RunRecord.session_id == created_session_id))
-                session = db.get(SessionRecord, created_session_id)
-                if session is not None and not remaining:
-                    db.delete(session)
-
-
-def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[ProblemRecord]:
-    """The rows that keep a run's problems, each with whether it held no tensor."""
-    return [ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored) for p in problems]
+            self.endings.abandon(pending.run_id, pending.session_id if pending.created_session else None, pending.owner)

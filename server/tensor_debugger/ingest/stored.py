@@ -13,6 +13,20 @@ from tensor_debugger.engine.names import tensor_name
 from tensor_debugger.ingest.inputs import TensorFileEntry
 from tensor_debugger.ingest.writer import StoredTensor
 
+Stored = tuple[TensorFileEntry, tuple[str, ...], StoredTensor]  # a tensor's file, key path and array
+
+
+class StoredListener(Protocol):
+    """Told of a run's tensors as their arrays are written, before the run is ready (a comparison that starts
+    while the rest ingests: `compare/early.py`)."""
+
+    def stored(self, tensors: Sequence[Stored]) -> None:
+        """The tensors of one file, their arrays complete, under the run's prefix."""
+
+    def settle(self) -> None:
+        """Return once done with the arrays `stored` named: the ingest may now move or delete them (sharing an
+        identical array, removing a failed run)."""
+
 
 @dataclass(frozen=True)
 class StoredNote:
@@ -26,7 +40,7 @@ class StoredNote:
 
 
 class NoteListener(Protocol):
-    """Told of a run's tensors as they are stored (the server's side of a `StoredListener`, runs.py)."""
+    """Told of a run's tensors as they are stored (the server's side of a `StoredListener`)."""
 
     def stored(self, notes: Sequence[StoredNote]) -> None:
         """The tensors of one file, their arrays complete."""

@@ -49,8 +49,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from tensor_debugger.engine.summary_compare import Sketch
+from tensor_debugger.ingest.safetensors_files import SAFETENSORS_DTYPES
 from tensor_debugger.ingest.sketches import sketch
-from tensor_debugger.ingest.tensor_files import SAFETENSORS_DTYPES
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.ops import OpMode
@@ -70,7 +70,7 @@ VALUES: tuple[Values, ...] = ("full", "summary")
 
 @functools.cache
 def safetensors_codes() -> dict[torch.dtype, str]:
-    """torch dtype -> safetensors' code: the table ingest reads with (`tensor_files.SAFETENSORS_DTYPES`), turned
+    """torch dtype -> safetensors' code: the table ingest reads with (`safetensors_files.SAFETENSORS_DTYPES`), turned
     round, so that whatever capture writes, ingest reads."""
     return {
         getattr(torch, name): code for code, name in SAFETENSORS_DTYPES.items() if hasattr(torch, name) and code != "F4"

@@ -37,7 +37,7 @@ from tensor_debugger.engine.fused import (
     load_library,
     partial_type,
 )
-from tensor_debugger.engine.layouts import fields
+from tensor_debugger.engine.layouts import Piece, Side
 from tensor_debugger.engine.metrics import DEFAULT_TOP, edges
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View, flat_source
@@ -60,16 +60,14 @@ _FAILURES = {
 }
 
 
-@functools.cache
 def _piece_type() -> type[ctypes.Structure]:
-    """tdc_piece (kernel_structs.h's TDC_PIECE_FIELDS): a stretch of one chunk file."""
-    return type("Piece", (ctypes.Structure,), {"_fields_": fields("TDC_PIECE_FIELDS")})
+    """tdc_piece (engine/layouts.py's Piece): a stretch of one chunk file."""
+    return Piece
 
 
-@functools.cache
 def _side_type() -> type[ctypes.Structure]:
-    """tdc_side (kernel_structs.h's TDC_SIDE_FIELDS): one side's pieces of a block, and the thread's buffers."""
-    return type("Side", (ctypes.Structure,), {"_fields_": fields("TDC_SIDE_FIELDS")})
+    """tdc_side (engine/layouts.py's Side): one side's pieces of a block, and the thread's buffers."""
+    return Side
 
 
 @functools.cache

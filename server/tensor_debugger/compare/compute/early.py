@@ -32,8 +32,7 @@ from tensor_debugger.compare.planning.sides import aligned_views, alignment_key_
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
 from tensor_debugger.engine.streaming import PairJob, compare_stream
-from tensor_debugger.ingest.runs import Stored
-from tensor_debugger.ingest.stored import StoredNote, note_of
+from tensor_debugger.ingest.stored import Stored, StoredNote, note_of
 from tensor_debugger.store.models import ComparisonResultRecord, SessionRecord, TensorRecord
 
 log = logging.getLogger(__name__)

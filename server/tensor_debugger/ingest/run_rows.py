@@ -1,0 +1,111 @@
+"""The database rows an ingest writes for a run's tensors and problems, built from what it stored."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Sequence
+from pathlib import PurePosixPath
+
+from tensor_debugger.engine.names import module_layer, parse_layer_stage
+from tensor_debugger.engine.summary_compare import Sketch
+from tensor_debugger.errors import FileProblem
+from tensor_debugger.ingest.inputs import RunTrace
+from tensor_debugger.ingest.stored import Stored, stored_name
+from tensor_debugger.ingest.traces import TraceTensor
+from tensor_debugger.store.models import ProblemRecord, TensorRecord
+
+
+def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
+    """A tensor of a trace without element values: what its JSON says, and no array."""
+    shape = list(traced.shape or ())
+    stats: dict[str, float | None] = dict(traced.stats)
+    sketch = None
+    if traced.sketch is not None:
+        try:
+            sketch = Sketch.from_json(traced.sketch)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise FileProblem(run_trace.label, f"{traced.name}: a malformed summary ({exc})") from exc
+        stats = {"min": sketch.min, "max": sketch.max, "mean": sketch.mean, "std": sketch.std}
+    layer = parse_layer_stage(PurePosixPath(traced.module_path), ())[0]
+    if traced.op is not None:
+        layer = module_layer(traced.module_path)
+    return TensorRecord(
+        run_id=run_id,
+        position=position,
+        name=run_trace.summary_name(traced),
+        source_file=run_trace.label,
+        key_path=[],
+        layer=layer,
+        stage=None,
+        shape=shape,
+        dtype=traced.dtype or "unknown",
+        store_key="",
+        nbytes=0,
+        digest=f"none:{uuid.uuid4().hex}",
+        numel=math.prod(shape),
+        min=stats.get("min"),
+        max=stats.get("max"),
+        mean=stats.get("mean"),
+        std=stats.get("std"),
+        nan_count=sketch.nan if sketch else 0,
+        inf_count=sketch.inf if sketch else 0,
+        module_path=traced.module_path,
+        place=traced.place,
+        source=traced.source,
+        has_values=False,
+        sketch=sketch.to_json() if sketch else None,
+    )
+
+
+def tensor_records(run_id: int, stored: Sequence[Stored], problems: list[FileProblem]) -> list[TensorRecord]:
+    """The rows of a run's stored tensors, in order: named as `stored_name` names them, a second tensor of the same
+    name kept as "name (2)" with a problem appended to `problems` saying so; layer and stage from the file's path and
+    key path (a captured op's from its module)."""
+    seen: dict[str, int] = {}
+    records: list[TensorRecord] = []
+    for position, (entry, key_path, tensor) in enumerate(stored):
+        name = stored_name(entry, key_path)
+        if entry.module_path is not None and key_path == ("data",):
+            key_path = ()  # as `stored_name` names it
+        if name in seen:
+            seen[name] += 1
+            problems.append(FileProblem(entry.label, f"a second tensor named {name!r}; kept as {name} ({seen[name]})"))
+            name = f"{name} ({seen[name]})"
+        seen.setdefault(name, 1)
+        layer, stage = parse_layer_stage(entry.relpath, key_path)
+        if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
+            layer = module_layer(entry.module_path)
+        s = tensor.summary
+        records.append(
+            TensorRecord(
+                run_id=run_id,
+                position=position,
+                name=name,
+                source_file=entry.label,
+                key_path=list(key_path),
+                layer=layer,
+                stage=stage,
+                shape=list(tensor.shape),
+                dtype=tensor.dtype.name,
+                store_key=tensor.store_key,
+                nbytes=tensor.nbytes,
+                digest=tensor.digest,
+                numel=s.numel,
+                min=s.min,
+                max=s.max,
+                mean=s.mean,
+                std=s.std,
+                nan_count=s.nan_count,
+                inf_count=s.inf_count,
+                module_path=entry.module_path,
+                place=entry.place,
+                source=entry.source,
+            )
+        )
+    return records
+
+
+def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[ProblemRecord]:
+    """The rows that keep a run's problems, each with whether it held no tensor."""
+    return [ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored) for p in problems]
