@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tensor_debugger.compare.chunk_loop import _library as chunk_loop_library
+from tensor_debugger.compare.compute.chunk_loop import _library as chunk_loop_library
 from tensor_debugger.engine import layouts
 from tensor_debugger.engine.fused import _library as fused_library
 
