@@ -54,6 +54,7 @@ from tensor_debugger.ingest.tensor_files import SAFETENSORS_DTYPES
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.ops import OpMode
+from tensor_debugger.live.ranks import gather_counts, process_ranks, rank_folder, send_from_rank0, shared_staging
 from tensor_debugger.live.writer import DEFAULT_HOST_MEMORY, CaptureWriter, Job, Sink, StoreSink
 from tensor_debugger.store.dtypes import torch_to_storage
 
@@ -90,6 +91,7 @@ class CaptureResult:
     # with values="summary": each tensor's summary, by its name in the run, in call order
     summaries: dict[str, Sketch] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # a captured op's tensors' callers, by name
+    rank: int | None = None  # inside torch.distributed: this process's rank (tensors, skipped: all ranks')
 
 
 def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE_CHUNK_BYTES) -> None:
@@ -409,14 +411,17 @@ def capture(
         raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
     patterns = [modules] if isinstance(modules, str) else list(modules)
     root_name = type(model).__name__
-    folder = Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
-    result = CaptureResult(session, run)
+    ranks = process_ranks()  # inside torch.distributed: this rank's tensors are one shard of the run (ranks.py)
+    shared = shared_staging(ranks, staging) if ranks is not None else None
+    folder = rank_folder(shared, ranks) if shared is not None and ranks is not None else None
+    folder = folder or Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
+    result = CaptureResult(session, run, rank=ranks.rank if ranks is not None else None)
     local: _LocalRun | None = None
     writer: CaptureWriter | None = None
     handles: list[torch.utils.hooks.RemovableHandle] = []
     watching = ExitStack()  # with level="op": the torch function mode, active while the block runs
     try:
-        local = _LocalRun(session, run, data_dir) if server is None else None
+        local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer, result)
@@ -436,7 +441,10 @@ def capture(
             closing.close()  # every tensor written; raises CaptureError if one could not be
         tree = recorder.write_tree()
         result.tensors, result.skipped = recorder.count, recorder.skipped
-        if local is not None:
+        if ranks is not None and shared is not None:
+            result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
+            result.session_id, result.run_id = send_from_rank0(ranks, shared, session, run, data_dir, server, token)
+        elif local is not None:
             local.finish(tree, recorder.files, result)
         else:
             assert server is not None
@@ -453,4 +461,5 @@ def capture(
         finally:
             if local is not None:
                 local.close()
-            shutil.rmtree(folder, ignore_errors=True)
+            if shared is None or (ranks is not None and ranks.rank == 0):
+                shutil.rmtree(shared or folder, ignore_errors=True)  # rank 0 removes the ranks' folders once sent
