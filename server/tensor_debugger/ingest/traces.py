@@ -83,8 +83,10 @@ class TraceTensor:
         return f"{self.module_path}_{self.place}"
 
     def relpath(self, file: str) -> PurePosixPath:
-        """The name-giving path of its file `file`: the file's own name, but an op's tensor is named by the tree."""
-        return PurePosixPath(f"{self.name}.safetensors" if self.op is not None else file)
+        """The name-giving path of its file `file`: the file's own name, but a captured op's or gradient's tensor
+        (a node `{module call}/...`: no module path has a "/") is named by the tree."""
+        by_tree = self.op is not None or "/" in self.module_path
+        return PurePosixPath(f"{self.name}.safetensors" if by_tree else file)
 
 
 @dataclass(frozen=True)

@@ -139,6 +139,7 @@ class _Recorder:
         self.skipped: list[str] = []
         self.scopes: list[_Scope] = []  # with level="op": every module being called, innermost last
         self.ops = 0
+        self.grads = 0
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
 
     def wanted(self, path: str) -> bool:
@@ -181,6 +182,21 @@ class _Recorder:
             "outputs": self.serialize(output, f"{name}_outputs", stem, source),
         }
         self.stack[-1]["children"].append(node)
+
+    def record_grad(self, name: str, value: Any) -> None:
+        """A gradient the backward pass computed (`backward=True`): a node of the root's, in the order the backward
+        computed them, named `name` (`{module}/grad_output`, `{module}/grad_input`, `{parameter}/grad`; `#2` for
+        the second time the same one is computed)."""
+        if self.root is None:
+            return
+        if isinstance(value, tuple) and len(value) == 1:
+            value = value[0]
+        self.calls[name] = self.calls.get(name, 0) + 1
+        call = name if self.calls[name] == 1 else f"{name}#{self.calls[name]}"
+        stem = f"grad{self.grads:06d}"
+        self.grads += 1
+        node = {"module_path": call, "outputs": self.serialize(value, f"{call}_outputs", stem)}
+        self.root["children"].append(node)
 
     def serialize(self, value: Any, name: str, stem: str | None = None, source: str | None = None) -> Any:
         """The trace JSON's entry for `value`, its tensors handed to the writer (with values="summary": summarised
@@ -239,9 +255,12 @@ def _has_storage(tensor: torch.Tensor) -> bool:
     return True
 
 
-def _hook(model: torch.nn.Module, recorder: _Recorder, level: Level) -> list[torch.utils.hooks.RemovableHandle]:
+def _hook(
+    model: torch.nn.Module, recorder: _Recorder, level: Level, backward: bool = False
+) -> list[torch.utils.hooks.RemovableHandle]:
     """Hooks on the modules recorded (the model itself always); with level "op", on every module, so that each op
-    is known to be inside the innermost (and recorded only where that module is)."""
+    is known to be inside the innermost (and recorded only where that module is). With `backward`, the recorded
+    modules' gradients too (`_hook_backward`)."""
     handles = []
     for name, module in model.named_modules():
         path = recorder.root_name if not name else f"{recorder.root_name}.{name}"
@@ -280,6 +299,38 @@ def _hook(model: torch.nn.Module, recorder: _Recorder, level: Level) -> list[tor
 
         handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        if backward and node:
+            handles.extend(_hook_backward(module, path, recorder))
+    return handles
+
+
+def _hook_backward(module: torch.nn.Module, path: str, recorder: _Recorder) -> list[torch.utils.hooks.RemovableHandle]:
+    """The gradients of a recorded module as the backward pass computes them: of its outputs (before its own
+    backward runs), of its inputs (after), and of each of its own parameters once accumulated."""
+
+    def record(name: str, value: Any) -> None:
+        recorder.busy = True
+        try:
+            recorder.record_grad(name, value)
+        finally:
+            recorder.busy = False
+
+    def grad_output(_: torch.nn.Module, grads: tuple[torch.Tensor | None, ...]) -> None:
+        record(f"{path}/grad_output", grads)
+
+    def grad_input(
+        _: torch.nn.Module, grads: tuple[torch.Tensor | None, ...], __: tuple[torch.Tensor | None, ...]
+    ) -> None:
+        record(f"{path}/grad_input", grads)
+
+    handles = [module.register_full_backward_pre_hook(grad_output), module.register_full_backward_hook(grad_input)]
+    for name, parameter in module.named_parameters(recurse=False):
+        if parameter.requires_grad:
+
+            def accumulated(p: torch.Tensor, name: str = f"{path}.{name}/grad") -> None:
+                record(name, p.grad)
+
+            handles.append(parameter.register_post_accumulate_grad_hook(accumulated))  # type: ignore[no-untyped-call]
     return handles
 
 
@@ -389,6 +440,7 @@ def capture(
     level: Level = "module",
     values: Values = "full",
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
+    backward: bool = False,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -403,7 +455,11 @@ def capture(
     values: each tensor's summary (a content hash, count, sum, sum of squares, min, max, NaN and Inf counts and 256
     sampled values; `ingest/sketches.py`), computed on its device as its hook fires, and compared as a summary
     (`engine/summary_compare.py`). `on_tensor(name, tensor)`, with values="full", is called with each tensor
-    recorded as its hook fires (before it is copied: clone it to keep it). Nothing is kept when the block raises.
+    recorded as its hook fires (before it is copied: clone it to keep it). `backward=True` also records the
+    gradients of the backward passes run inside the block (call `loss.backward()` there, without torch.no_grad):
+    of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
+    parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
+    Nothing is kept when the block raises.
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
@@ -426,7 +482,7 @@ def capture(
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer, result)
         recorder.on_tensor = on_tensor
-        handles = _hook(model, recorder, level)
+        handles = _hook(model, recorder, level, backward)
         if level == "op":
             watching.enter_context(OpMode(recorder))
         yield result
