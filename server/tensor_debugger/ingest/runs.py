@@ -42,6 +42,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.engine.names import module_layer, parse_layer_stage
 from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.errors import (
+    CaptureNote,
     ConflictError,
     DiskFullError,
     FileProblem,
@@ -720,6 +721,7 @@ class Ingestor:
     ) -> None:
         seen: dict[str, int] = {}
         records: list[TensorRecord] = []
+        problems.extend(CaptureNote(t.label, note) for t in traces for note in t.trace.notes)  # a capture's notes
         with self.sessions.begin() as db:
             self._hold(db, run_id, owner)
             for position, (entry, key_path, tensor) in enumerate(stored):

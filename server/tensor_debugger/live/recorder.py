@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
@@ -116,6 +116,7 @@ class _Scope:
 
     call: str
     ops: bool
+    compiled: bool = False  # inside a module that runs compiled: what runs there is the graph, not the model's code
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -140,6 +141,8 @@ class _Recorder:
         self.scopes: list[_Scope] = []  # with level="op": every module being called, innermost last
         self.ops = 0
         self.grads = 0
+        self.notes: list[str] = []  # what the capture could not see, said on the run
+        self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
 
     def wanted(self, path: str) -> bool:
@@ -168,6 +171,8 @@ class _Recorder:
     def record_op(self, op: str, source: str | None, output: Any) -> None:
         """An op the forward called (`ops.OpMode`): a node of the innermost module's call, if that module's ops are
         recorded and the op returned tensors."""
+        if self.scopes and self.scopes[-1].compiled:
+            return  # a compiled graph's op (aten's, or none at all with inductor): not the model's; a note says so
         if not self.scopes or not self.scopes[-1].ops or not _holds_tensor(output):
             return
         scope = self.scopes[-1]  # recorded, so also the innermost node of the tree: self.stack[-1]
@@ -233,6 +238,8 @@ class _Recorder:
     def write_tree(self) -> Path:
         path = self.folder / f"{self.root_name}{FULL_SUFFIX}"
         root = {**(self.root or {"module_path": self.root_name}), "complete": True}  # no layer pruned: traces.py
+        if self.notes:
+            root["notes"] = self.notes
         path.write_text(json.dumps(root, indent=1), encoding="utf-8")
         return path
 
@@ -255,8 +262,17 @@ def _has_storage(tensor: torch.Tensor) -> bool:
     return True
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _eager(hook: _F) -> _F:
+    """`hook`, run as it is where torch.compile meets it (between its graphs, on real tensors), never traced."""
+    eager: _F = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]
+    return eager
+
+
 def _hook(
-    model: torch.nn.Module, recorder: _Recorder, level: Level, backward: bool = False
+    model: torch.nn.Module, recorder: _Recorder, level: Level, backward: bool = False, compiled: Sequence[str] = ()
 ) -> list[torch.utils.hooks.RemovableHandle]:
     """Hooks on the modules recorded (the model itself always); with level "op", on every module, so that each op
     is known to be inside the innermost (and recorded only where that module is). With `backward`, the recorded
@@ -266,6 +282,7 @@ def _hook(
         path = recorder.root_name if not name else f"{recorder.root_name}.{name}"
         wanted = recorder.wanted(path)
         node = module is model or wanted
+        runs_compiled = name in compiled
         if not node and level == "module":
             continue
 
@@ -276,12 +293,16 @@ def _hook(
             path: str = path,
             node: bool = node,
             wanted: bool = wanted,
+            runs_compiled: bool = runs_compiled,
         ) -> None:
             recorder.busy = True
             try:
                 call = recorder.enter(path, args, kwargs) if node else path
                 if level == "op":
-                    recorder.scopes.append(_Scope(call, wanted))
+                    inside = runs_compiled or bool(recorder.scopes and recorder.scopes[-1].compiled)
+                    recorder.scopes.append(_Scope(call, wanted, inside))
+                    if runs_compiled:
+                        recorder.compiled_calls.setdefault(path, None)
             finally:
                 recorder.busy = False
 
@@ -297,8 +318,9 @@ def _hook(
             finally:
                 recorder.busy = False
 
-        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        # inside a compiled region, torch.compile runs the hooks as they are, between its graphs, on real tensors
+        handles.append(module.register_forward_pre_hook(_eager(pre), with_kwargs=True))
+        handles.append(module.register_forward_hook(_eager(post), with_kwargs=True, always_call=True))
         if backward and node:
             handles.extend(_hook_backward(module, path, recorder))
     return handles
@@ -308,6 +330,7 @@ def _hook_backward(module: torch.nn.Module, path: str, recorder: _Recorder) -> l
     """The gradients of a recorded module as the backward pass computes them: of its outputs (before its own
     backward runs), of its inputs (after), and of each of its own parameters once accumulated."""
 
+    @_eager
     def record(name: str, value: Any) -> None:
         recorder.busy = True
         try:
@@ -404,6 +427,29 @@ class _LocalRun:
             self.services.close()
 
 
+def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
+    """The module to hook (the model itself, or the one `torch.compile(model)` wraps) and the paths (relative to
+    it, "" for itself) of the modules that run compiled: wrapped by torch.compile, or compiled in place with
+    `module.compile()`."""
+    inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper (OptimizedModule) keeps the model here
+    root = inner if isinstance(inner, torch.nn.Module) else model
+    compiled = [""] if root is not model else []
+    for name, module in root.named_modules():
+        wrapped = isinstance(getattr(module, "_orig_mod", None), torch.nn.Module)
+        if getattr(module, "_compiled_call_impl", None) is not None or wrapped:
+            compiled.append(name)
+    return root, compiled
+
+
+def _note_compiled(recorder: _Recorder) -> None:
+    """Say on the run which modules ran compiled, whose ops op capture does not record."""
+    for path in recorder.compiled_calls:
+        recorder.notes.append(
+            f"{path} ran compiled (torch.compile): its ops are not visible to op capture "
+            "(its modules' inputs and outputs are recorded; capture the model uncompiled to see its ops)"
+        )
+
+
 def summarize_forward(
     model: torch.nn.Module, forward: Callable[[], Any], level: Level = "op", modules: str | Sequence[str] = ()
 ) -> CaptureResult:
@@ -466,6 +512,7 @@ def capture(
     if values not in VALUES:
         raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
     patterns = [modules] if isinstance(modules, str) else list(modules)
+    model, compiled = compiled_modules(model)
     root_name = type(model).__name__
     ranks = process_ranks()  # inside torch.distributed: this rank's tensors are one shard of the run (ranks.py)
     shared = shared_staging(ranks, staging) if ranks is not None else None
@@ -482,7 +529,7 @@ def capture(
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer, result)
         recorder.on_tensor = on_tensor
-        handles = _hook(model, recorder, level, backward)
+        handles = _hook(model, recorder, level, backward, compiled)
         if level == "op":
             watching.enter_context(OpMode(recorder))
         yield result
@@ -492,6 +539,8 @@ def capture(
         handles = []
         if recorder.root is None:
             raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
+        if level == "op":
+            _note_compiled(recorder)
         closing, writer = writer, None
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
