@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import cast
 
+import pytest
 import torch
 from sqlalchemy import select
 from tensor_debugger import capture
+from tensor_debugger.cli.compare_output import print_problems
 from tensor_debugger.live.recorder import Level
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
@@ -44,7 +46,9 @@ def captured(settings: Settings, model: nn.Module, run: str, level: Level) -> tu
         services.close()
 
 
-def test_a_compiled_model_keeps_its_module_values_and_says_its_ops_were_not_seen(settings: Settings) -> None:
+def test_a_compiled_model_keeps_its_module_values_and_says_its_ops_were_not_seen(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = Net()
     plain_modules, plain_notes = captured(settings, model, "plain", "module")
     plain_ops, _ = captured(settings, model, "plain ops", "op")
@@ -55,6 +59,8 @@ def test_a_compiled_model_keeps_its_module_values_and_says_its_ops_were_not_seen
     assert "Net.up_outputs" in modules  # named by the model, not by torch.compile's wrapper
 
     ops, notes = captured(settings, compiled, "compiled ops", "op")
+    print_problems([{"file": "compiled ops/Net_debug_tree_FULL_TENSORS.json", "reason": notes[0], "ignored": True}])
+    assert capsys.readouterr().out.startswith("note: compiled ops/Net_debug_tree_FULL_TENSORS.json: Net ran compiled")
     assert notes == [
         "Net ran compiled (torch.compile): its ops are not visible to op capture (its modules' inputs and outputs"
         " are recorded; capture the model uncompiled to see its ops)"
