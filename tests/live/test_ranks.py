@@ -7,7 +7,9 @@ import multiprocessing
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
+import httpx
 import torch
 import torch.distributed as dist
 from tensor_debugger import capture
@@ -15,6 +17,9 @@ from tensor_debugger.compare.reports.pair_reports import SessionPairs, pair_deta
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from torch import nn
+
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
 
 DIM, HEADS, WORLD = 8, 4, 2
 
@@ -76,16 +81,28 @@ def inputs() -> torch.Tensor:
     return torch.randn(2, 3, DIM, generator=torch.Generator().manual_seed(1))
 
 
-def _rank(rank: int, port: int, data_dir: str, session: str, run: str, bug_on: int) -> None:
+def _rank(rank: int, port: int, where: dict[str, str], session: str, run: str, bug_on: int) -> None:
+    """One rank: `where` is capture's `data_dir=` or `server=`."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
         model = Model(rank, WORLD, bug=rank == bug_on)
-        with torch.no_grad(), capture(model, session=session, run=run, data_dir=data_dir, workers=1) as result:
+        with torch.no_grad(), capture(model, session=session, run=run, workers=1, **where) as result:
             model(inputs())
         assert result.rank == rank and result.run_id is not None  # every rank knows the run
     finally:
         dist.destroy_process_group()
+
+
+def run_ranks(where: dict[str, str], session: str, bug_on: int) -> None:
+    args = (free_port(), where, session, "ranks", bug_on)
+    spawn = multiprocessing.get_context("spawn")
+    processes = [spawn.Process(target=_rank, args=(k, *args)) for k in range(WORLD)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=300)
+    assert [p.exitcode for p in processes] == [0] * WORLD  # each rank's own checks passed
 
 
 def free_port() -> int:
@@ -98,14 +115,7 @@ def captured(settings: Settings, session: str, bug_on: int) -> SessionPairs:
     model = Model()
     with torch.no_grad(), capture(model, session=session, run="reference", data_dir=settings.data_dir) as result:
         model(inputs())
-    args = (free_port(), str(settings.data_dir), session, "ranks", bug_on)
-    spawn = multiprocessing.get_context("spawn")
-    processes = [spawn.Process(target=_rank, args=(k, *args)) for k in range(WORLD)]
-    for process in processes:
-        process.start()
-    for process in processes:
-        process.join(timeout=300)
-    assert [p.exitcode for p in processes] == [0] * WORLD  # each rank's own checks passed
+    run_ranks({"data_dir": str(settings.data_dir)}, session, bug_on)
     assert result.session_id is not None
     services = open_services(settings)
     try:
@@ -145,3 +155,22 @@ def test_a_bug_on_rank_1_only_is_the_first_divergence_and_its_shard_is_named(tmp
     assert detail.argmax is not None
     assert detail.argmax.b.tensor.startswith("rank1/"), detail.argmax  # the largest difference is rank 1's shard
     assert detail.argmax.aligned[-1] >= DIM // WORLD  # in the heads rank 1 holds
+
+
+def test_ranks_send_one_run_to_a_server(shared_server: LiveServer) -> None:
+    model = Model()
+    with torch.no_grad(), capture(model, session="tp over http", run="reference", server=shared_server.url) as result:
+        model(inputs())
+    run_ranks({"server": shared_server.url}, "tp over http", bug_on=-1)
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
+            until=lambda r: r["pairs"] and not r["progress"]["pending"],
+            what="the ranks' session to be compared",
+            timeout=120,
+            interval=0.05,
+        )
+    assert report["first_divergence"] is None
+    assert {p["status"] for p in report["pairs"]} == {"pass"}
+    core = next(p for p in report["pairs"] if p["module_path"] == "Model.attn.core" and p["place"] == "outputs")
+    assert core["b"]["shards"] == WORLD and core["a"]["shards"] == 1  # one .tar per rank, merged as shards
