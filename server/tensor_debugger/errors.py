@@ -66,6 +66,13 @@ class NotATensor(FileProblem):
     ignored = True
 
 
+class CaptureNote(FileProblem):
+    """What a live capture could not see (the ops of a module that ran compiled), said on its run: a note, not a
+    file missing from it."""
+
+    ignored = True
+
+
 class UnsafeArchiveError(FileProblem):
     """An archive that tries to escape its folder, link elsewhere or expand beyond the limits."""
 

@@ -299,6 +299,12 @@ def test_op_capture_through_the_server_keeps_each_ops_source(shared_server: Live
         assert page.count('class="verdict-fail first-divergence"') == 1  # this op's row
         session_page = client.get(f"/sessions/{result.session_id}").text
         assert f"at {reference_line} in the reference, {ported_line} in the candidate" in session_page
+        # the module tree goes down to the ops, each with its lines; the first diverging one is marked
+        op_node = session_page.split('data-module="Net.layers.1.self_attn/mul#1"', 1)[1].split("</details>", 1)[0]
+        assert f'<li class="first-divergence"><a href="/pairs/{first["pair_id"]}">outputs</a>' in op_node
+        assert "first divergence</strong>" in op_node
+        assert f">{reference_line}</code>, candidate <code" in op_node and f">{ported_line}</code>" in op_node
+        assert session_page.count('<li class="first-divergence">') == 1
 
 
 def test_an_op_one_side_alone_calls_is_left_unpaired_and_the_rest_pair(settings: Settings) -> None:

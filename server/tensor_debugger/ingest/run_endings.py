@@ -12,7 +12,7 @@ from sqlalchemy import func, insert, select, update
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.errors import FileProblem, NotATensor
+from tensor_debugger.errors import CaptureNote, FileProblem, NotATensor
 from tensor_debugger.ingest.fingerprints import Fingerprint
 from tensor_debugger.ingest.inputs import RunTrace
 from tensor_debugger.ingest.outcomes import TakenOver
@@ -90,6 +90,7 @@ class RunEndings:
         fingerprint: Fingerprint | None = None,
         owner: str = "",
     ) -> None:
+        problems.extend(CaptureNote(t.label, note) for t in traces for note in t.trace.notes)  # a capture's notes
         with self.sessions.begin() as db:
             self.hold(db, run_id, owner)
             records = tensor_records(run_id, stored, problems)

@@ -83,8 +83,10 @@ class TraceTensor:
         return f"{self.module_path}_{self.place}"
 
     def relpath(self, file: str) -> PurePosixPath:
-        """The name-giving path of its file `file`: the file's own name, but an op's tensor is named by the tree."""
-        return PurePosixPath(f"{self.name}.safetensors" if self.op is not None else file)
+        """The name-giving path of its file `file`: the file's own name, but a captured op's or gradient's tensor
+        (a node `{module call}/...`: no module path has a "/") is named by the tree."""
+        by_tree = self.op is not None or "/" in self.module_path
+        return PurePosixPath(f"{self.name}.safetensors" if by_tree else file)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ class Trace:
     has_values: bool
     root: ModuleNode
     tensors: list[TraceTensor]  # in call order; unreferenced files on disk included
+    notes: tuple[str, ...] = ()  # a capture's root "notes": what it could not see, said on the run
 
 
 def is_trace_json(name: str) -> bool:
@@ -125,16 +128,17 @@ def read_trace(json_path: Path, label: str, files: Collection[str]) -> Trace:
         _restore_pruned_layers(tree, safetensors)
     tensors: list[TraceTensor] = []
     root = _walk(tree, tensors, safetensors)
+    notes = tuple(n for n in tree.get("notes") or () if isinstance(n, str))
     referenced = {t.file for t in tensors if t.file is not None}
     if not referenced and not safetensors:  # use_repr=True, or the summary alone: shapes and statistics only
-        return Trace(model_class, False, root, tensors)
+        return Trace(model_class, False, root, tensors, notes)
     missing = [t.name for t in tensors if t.file is None]
     if missing and len(missing) == len(tensors):
         raise FileProblem(label, f"names no tensor file present in its folder (first: {missing[0]}.safetensors)")
     # a module called twice overwrites its files: the one file holds the last call, so it goes where that call was
     last = {t.file: i for i, t in enumerate(tensors) if t.file is not None}
     tensors = [t for i, t in enumerate(tensors) if t.file is not None and last[t.file] == i]
-    return Trace(model_class, True, root, _place_unreferenced(tensors, sorted(safetensors - referenced), root))
+    return Trace(model_class, True, root, _place_unreferenced(tensors, sorted(safetensors - referenced), root), notes)
 
 
 # --- the tree -------------------------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ class OpMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         output = func(*args, **(kwargs or {}))
+        if torch.compiler.is_compiling():  # torch.compile tracing the model: not a call run here
+            return output
         if self.sink.busy or getattr(func, "__name__", "") == "__get__":
             return output
         self.sink.record_op(op_name(func), caller_source(inspect.currentframe(), self.skip), output)

@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
@@ -54,6 +54,7 @@ from tensor_debugger.ingest.sketches import sketch
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.ops import OpMode
+from tensor_debugger.live.ranks import gather_counts, process_ranks, rank_folder, send_from_rank0, shared_staging
 from tensor_debugger.live.writer import DEFAULT_HOST_MEMORY, CaptureWriter, Job, Sink, StoreSink
 from tensor_debugger.store.dtypes import torch_to_storage
 
@@ -90,6 +91,7 @@ class CaptureResult:
     # with values="summary": each tensor's summary, by its name in the run, in call order
     summaries: dict[str, Sketch] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # a captured op's tensors' callers, by name
+    rank: int | None = None  # inside torch.distributed: this process's rank (tensors, skipped: all ranks')
 
 
 def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE_CHUNK_BYTES) -> None:
@@ -114,6 +116,7 @@ class _Scope:
 
     call: str
     ops: bool
+    compiled: bool = False  # inside a module that runs compiled: what runs there is the graph, not the model's code
     counts: dict[str, int] = field(default_factory=dict)
 
 
@@ -137,6 +140,9 @@ class _Recorder:
         self.skipped: list[str] = []
         self.scopes: list[_Scope] = []  # with level="op": every module being called, innermost last
         self.ops = 0
+        self.grads = 0
+        self.notes: list[str] = []  # what the capture could not see, said on the run
+        self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
 
     def wanted(self, path: str) -> bool:
@@ -165,6 +171,8 @@ class _Recorder:
     def record_op(self, op: str, source: str | None, output: Any) -> None:
         """An op the forward called (`ops.OpMode`): a node of the innermost module's call, if that module's ops are
         recorded and the op returned tensors."""
+        if self.scopes and self.scopes[-1].compiled:
+            return  # a compiled graph's op (aten's, or none at all with inductor): not the model's; a note says so
         if not self.scopes or not self.scopes[-1].ops or not _holds_tensor(output):
             return
         scope = self.scopes[-1]  # recorded, so also the innermost node of the tree: self.stack[-1]
@@ -179,6 +187,21 @@ class _Recorder:
             "outputs": self.serialize(output, f"{name}_outputs", stem, source),
         }
         self.stack[-1]["children"].append(node)
+
+    def record_grad(self, name: str, value: Any) -> None:
+        """A gradient the backward pass computed (`backward=True`): a node of the root's, in the order the backward
+        computed them, named `name` (`{module}/grad_output`, `{module}/grad_input`, `{parameter}/grad`; `#2` for
+        the second time the same one is computed)."""
+        if self.root is None:
+            return
+        if isinstance(value, tuple) and len(value) == 1:
+            value = value[0]
+        self.calls[name] = self.calls.get(name, 0) + 1
+        call = name if self.calls[name] == 1 else f"{name}#{self.calls[name]}"
+        stem = f"grad{self.grads:06d}"
+        self.grads += 1
+        node = {"module_path": call, "outputs": self.serialize(value, f"{call}_outputs", stem)}
+        self.root["children"].append(node)
 
     def serialize(self, value: Any, name: str, stem: str | None = None, source: str | None = None) -> Any:
         """The trace JSON's entry for `value`, its tensors handed to the writer (with values="summary": summarised
@@ -215,6 +238,8 @@ class _Recorder:
     def write_tree(self) -> Path:
         path = self.folder / f"{self.root_name}{FULL_SUFFIX}"
         root = {**(self.root or {"module_path": self.root_name}), "complete": True}  # no layer pruned: traces.py
+        if self.notes:
+            root["notes"] = self.notes
         path.write_text(json.dumps(root, indent=1), encoding="utf-8")
         return path
 
@@ -237,14 +262,27 @@ def _has_storage(tensor: torch.Tensor) -> bool:
     return True
 
 
-def _hook(model: torch.nn.Module, recorder: _Recorder, level: Level) -> list[torch.utils.hooks.RemovableHandle]:
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _eager(hook: _F) -> _F:
+    """`hook`, run as it is where torch.compile meets it (between its graphs, on real tensors), never traced."""
+    eager: _F = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]
+    return eager
+
+
+def _hook(
+    model: torch.nn.Module, recorder: _Recorder, level: Level, backward: bool = False, compiled: Sequence[str] = ()
+) -> list[torch.utils.hooks.RemovableHandle]:
     """Hooks on the modules recorded (the model itself always); with level "op", on every module, so that each op
-    is known to be inside the innermost (and recorded only where that module is)."""
+    is known to be inside the innermost (and recorded only where that module is). With `backward`, the recorded
+    modules' gradients too (`_hook_backward`)."""
     handles = []
     for name, module in model.named_modules():
         path = recorder.root_name if not name else f"{recorder.root_name}.{name}"
         wanted = recorder.wanted(path)
         node = module is model or wanted
+        runs_compiled = name in compiled
         if not node and level == "module":
             continue
 
@@ -255,12 +293,16 @@ def _hook(model: torch.nn.Module, recorder: _Recorder, level: Level) -> list[tor
             path: str = path,
             node: bool = node,
             wanted: bool = wanted,
+            runs_compiled: bool = runs_compiled,
         ) -> None:
             recorder.busy = True
             try:
                 call = recorder.enter(path, args, kwargs) if node else path
                 if level == "op":
-                    recorder.scopes.append(_Scope(call, wanted))
+                    inside = runs_compiled or bool(recorder.scopes and recorder.scopes[-1].compiled)
+                    recorder.scopes.append(_Scope(call, wanted, inside))
+                    if runs_compiled:
+                        recorder.compiled_calls.setdefault(path, None)
             finally:
                 recorder.busy = False
 
@@ -276,8 +318,42 @@ def _hook(model: torch.nn.Module, recorder: _Recorder, level: Level) -> list[tor
             finally:
                 recorder.busy = False
 
-        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
-        handles.append(module.register_forward_hook(post, with_kwargs=True, always_call=True))
+        # inside a compiled region, torch.compile runs the hooks as they are, between its graphs, on real tensors
+        handles.append(module.register_forward_pre_hook(_eager(pre), with_kwargs=True))
+        handles.append(module.register_forward_hook(_eager(post), with_kwargs=True, always_call=True))
+        if backward and node:
+            handles.extend(_hook_backward(module, path, recorder))
+    return handles
+
+
+def _hook_backward(module: torch.nn.Module, path: str, recorder: _Recorder) -> list[torch.utils.hooks.RemovableHandle]:
+    """The gradients of a recorded module as the backward pass computes them: of its outputs (before its own
+    backward runs), of its inputs (after), and of each of its own parameters once accumulated."""
+
+    @_eager
+    def record(name: str, value: Any) -> None:
+        recorder.busy = True
+        try:
+            recorder.record_grad(name, value)
+        finally:
+            recorder.busy = False
+
+    def grad_output(_: torch.nn.Module, grads: tuple[torch.Tensor | None, ...]) -> None:
+        record(f"{path}/grad_output", grads)
+
+    def grad_input(
+        _: torch.nn.Module, grads: tuple[torch.Tensor | None, ...], __: tuple[torch.Tensor | None, ...]
+    ) -> None:
+        record(f"{path}/grad_input", grads)
+
+    handles = [module.register_full_backward_pre_hook(grad_output), module.register_full_backward_hook(grad_input)]
+    for name, parameter in module.named_parameters(recurse=False):
+        if parameter.requires_grad:
+
+            def accumulated(p: torch.Tensor, name: str = f"{path}.{name}/grad") -> None:
+                record(name, p.grad)
+
+            handles.append(parameter.register_post_accumulate_grad_hook(accumulated))  # type: ignore[no-untyped-call]
     return handles
 
 
@@ -351,6 +427,29 @@ class _LocalRun:
             self.services.close()
 
 
+def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
+    """The module to hook (the model itself, or the one `torch.compile(model)` wraps) and the paths (relative to
+    it, "" for itself) of the modules that run compiled: wrapped by torch.compile, or compiled in place with
+    `module.compile()`."""
+    inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper (OptimizedModule) keeps the model here
+    root = inner if isinstance(inner, torch.nn.Module) else model
+    compiled = [""] if root is not model else []
+    for name, module in root.named_modules():
+        wrapped = isinstance(getattr(module, "_orig_mod", None), torch.nn.Module)
+        if getattr(module, "_compiled_call_impl", None) is not None or wrapped:
+            compiled.append(name)
+    return root, compiled
+
+
+def _note_compiled(recorder: _Recorder) -> None:
+    """Say on the run which modules ran compiled, whose ops op capture does not record."""
+    for path in recorder.compiled_calls:
+        recorder.notes.append(
+            f"{path} ran compiled (torch.compile): its ops are not visible to op capture "
+            "(its modules' inputs and outputs are recorded; capture the model uncompiled to see its ops)"
+        )
+
+
 def summarize_forward(
     model: torch.nn.Module, forward: Callable[[], Any], level: Level = "op", modules: str | Sequence[str] = ()
 ) -> CaptureResult:
@@ -387,6 +486,7 @@ def capture(
     level: Level = "module",
     values: Values = "full",
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
+    backward: bool = False,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -401,27 +501,35 @@ def capture(
     values: each tensor's summary (a content hash, count, sum, sum of squares, min, max, NaN and Inf counts and 256
     sampled values; `ingest/sketches.py`), computed on its device as its hook fires, and compared as a summary
     (`engine/summary_compare.py`). `on_tensor(name, tensor)`, with values="full", is called with each tensor
-    recorded as its hook fires (before it is copied: clone it to keep it). Nothing is kept when the block raises.
+    recorded as its hook fires (before it is copied: clone it to keep it). `backward=True` also records the
+    gradients of the backward passes run inside the block (call `loss.backward()` there, without torch.no_grad):
+    of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
+    parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
+    Nothing is kept when the block raises.
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
     if values not in VALUES:
         raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
     patterns = [modules] if isinstance(modules, str) else list(modules)
+    model, compiled = compiled_modules(model)
     root_name = type(model).__name__
-    folder = Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
-    result = CaptureResult(session, run)
+    ranks = process_ranks()  # inside torch.distributed: this rank's tensors are one shard of the run (ranks.py)
+    shared = shared_staging(ranks, staging) if ranks is not None else None
+    folder = rank_folder(shared, ranks) if shared is not None and ranks is not None else None
+    folder = folder or Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
+    result = CaptureResult(session, run, rank=ranks.rank if ranks is not None else None)
     local: _LocalRun | None = None
     writer: CaptureWriter | None = None
     handles: list[torch.utils.hooks.RemovableHandle] = []
     watching = ExitStack()  # with level="op": the torch function mode, active while the block runs
     try:
-        local = _LocalRun(session, run, data_dir) if server is None else None
+        local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer, result)
         recorder.on_tensor = on_tensor
-        handles = _hook(model, recorder, level)
+        handles = _hook(model, recorder, level, backward, compiled)
         if level == "op":
             watching.enter_context(OpMode(recorder))
         yield result
@@ -431,12 +539,17 @@ def capture(
         handles = []
         if recorder.root is None:
             raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
+        if level == "op":
+            _note_compiled(recorder)
         closing, writer = writer, None
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
         tree = recorder.write_tree()
         result.tensors, result.skipped = recorder.count, recorder.skipped
-        if local is not None:
+        if ranks is not None and shared is not None:
+            result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
+            result.session_id, result.run_id = send_from_rank0(ranks, shared, session, run, data_dir, server, token)
+        elif local is not None:
             local.finish(tree, recorder.files, result)
         else:
             assert server is not None
@@ -453,4 +566,5 @@ def capture(
         finally:
             if local is not None:
                 local.close()
-            shutil.rmtree(folder, ignore_errors=True)
+            if shared is None or (ranks is not None and ranks.rank == 0):
+                shutil.rmtree(shared or folder, ignore_errors=True)  # rank 0 removes the ranks' folders once sent

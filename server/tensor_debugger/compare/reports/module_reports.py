@@ -46,6 +46,9 @@ class ModulePair:
     place: str | None
     status: PairStatus
     error: Number | None  # the pair's relative RMSE
+    # a captured op's: the line that called it in the reference and in the candidate ("<file>:<line>")
+    reference_source: str | None = None
+    candidate_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -295,7 +298,7 @@ def _node_report(
         failing_inside=sum(_failing_modules(c, by_module) for c in node.children),
         added_error=json_number(culprit.added_error) if culprit else None,
         is_culprit=top is not None and top.module_path == node.path,
-        pairs=[ModulePair(p.id, p.place, p.status, _error_json(p)) for p in pairs],
+        pairs=[ModulePair(p.id, p.place, p.status, _error_json(p), p.a.source, p.b.source) for p in pairs],
         children=children,
     )
 

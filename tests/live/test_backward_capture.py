@@ -1,0 +1,116 @@
+"""`capture(backward=True)`: the gradients of the backward pass, in the order it computes them, and the first
+diverging gradient of a port whose backward only is wrong."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from sqlalchemy import select
+from tensor_debugger import capture
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import SessionRecord, TensorRecord
+from torch import nn
+
+DIM = 6
+
+
+class Square(torch.autograd.Function):
+    """x², whose backward is 2x·g, or (the planted bug) a little more."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.factor = factor
+        return x * x
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return 2 * x * grad * ctx.factor, None
+
+
+class Act(nn.Module):
+    def __init__(self, factor: float) -> None:
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = Square.apply(x, self.factor)  # type: ignore[no-untyped-call]
+        return out
+
+
+class Tiny(nn.Module):
+    def __init__(self, factor: float = 1.0) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(DIM, DIM)
+        self.act = Act(factor)
+        self.down = nn.Linear(DIM, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down(self.act(self.up(x)))
+        return out
+
+
+def train_step(model: nn.Module, session: str, run: str, settings: Settings) -> int:
+    x = torch.randn(4, DIM, generator=torch.Generator().manual_seed(1))
+    with capture(model, session=session, run=run, data_dir=settings.data_dir, backward=True, workers=1) as result:
+        model(x).pow(2).mean().backward()
+    assert result.session_id is not None and result.run_id is not None
+    return int(result.run_id)
+
+
+def test_gradients_are_recorded_in_backward_order_and_the_first_wrong_one_is_the_modules(settings: Settings) -> None:
+    model = Tiny()
+    run_id = train_step(model, "grads", "reference", settings)
+    train_step(Tiny(factor=1.01), "grads", "candidate", settings)
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            query = select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
+            rows = list(db.scalars(query))
+        names = [t.name for t in rows]
+        grads = [n for n in names if "/grad" in n]
+        assert grads == [  # the backward's order: from the loss back to the inputs, each module's parameters
+            "Tiny/grad_output_outputs",
+            "Tiny.down/grad_output_outputs",
+            "Tiny.down.bias/grad_outputs",
+            "Tiny.down.weight/grad_outputs",
+            "Tiny.down/grad_input_outputs",
+            "Tiny.act/grad_output_outputs",
+            "Tiny.act/grad_input_outputs",
+            "Tiny.up/grad_output_outputs",
+            "Tiny.up.bias/grad_outputs",
+            "Tiny.up.weight/grad_outputs",
+        ], grads
+        assert names.index("Tiny/grad_output_outputs") > names.index("Tiny.down_outputs")  # after the forward
+        by_name = {t.name: t for t in rows}
+        weight = by_name["Tiny.up.weight/grad_outputs"]
+        stored = services.store.open(weight.store_key, weight.digest)
+        assert model.up.weight.grad is not None
+        assert torch.equal(torch.from_numpy(np.array(stored[...])), model.up.weight.grad)  # the gradient itself
+    finally:
+        services.close()
+    report = compared(settings, "grads")
+    assert all(p.status == "pass" for p in report.pairs if "/grad" not in p.name)  # the forward is the same
+    first = report.first_divergence
+    assert first is not None and first.module_path == "Tiny.act/grad_input", first  # the wrong backward's gradient
+    failing = {p.module_path for p in report.pairs if p.status == "fail"}
+    assert "Tiny.act/grad_output" not in failing and "Tiny.up.weight/grad" in failing  # before: right; after: wrong
+
+
+def compared(settings: Settings, session: str) -> Any:
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            session_id = db.scalars(select(SessionRecord.id).where(SessionRecord.name == session)).one()
+        services.plan(session_id)
+        services.compute(session_id)
+        with services.sessions() as db:
+            return session_pairs(db, session_id)
+    finally:
+        services.close()

@@ -1,0 +1,176 @@
+"""`capture` inside torch.distributed: two gloo ranks on loopback, each holding half the heads of an attention
+block, captured into one run whose shards merge and pair with the single-process run's tensors."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+import torch.distributed as dist
+from tensor_debugger import capture
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, pair_detail, session_pairs
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from torch import nn
+
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
+
+DIM, HEADS, WORLD = 8, 4, 2
+
+
+class Core(nn.Module):
+    """Scaled dot-product attention over the heads this rank holds."""
+
+    def __init__(self, heads: int, bug: bool) -> None:
+        super().__init__()
+        self.heads, self.bug = heads, bug
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        b, t, _ = q.shape
+        q, k, v = (x.view(b, t, self.heads, -1).transpose(1, 2) for x in (q, k, v))
+        scores = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5)
+        if self.bug:
+            scores = scores * 1.5  # the planted bug: a wrong scale on this rank's heads
+        out = torch.softmax(scores, dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, t, -1)
+
+
+class Attention(nn.Module):
+    """Column-parallel q/k/v (this rank's heads), the heads' outputs gathered, o_proj replicated: as TP does."""
+
+    def __init__(self, rank: int, world: int, bug: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        full = [nn.Linear(DIM, DIM, bias=False) for _ in range(4)]
+        part = DIM // world
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(DIM, part, bias=False) for _ in range(3))
+        with torch.no_grad():
+            for mine, whole in zip((self.q_proj, self.k_proj, self.v_proj), full, strict=False):
+                mine.weight.copy_(whole.weight[rank * part : (rank + 1) * part])
+        self.core = Core(HEADS // world, bug)
+        self.o_proj = full[3]
+        self.world = world
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        heads = self.core(self.q_proj(x), self.k_proj(x), self.v_proj(x))
+        if self.world > 1:
+            pieces = [torch.empty_like(heads) for _ in range(self.world)]
+            dist.all_gather(pieces, heads.contiguous())
+            heads = torch.cat(pieces, dim=-1)
+        out: torch.Tensor = self.o_proj(heads)
+        return out
+
+
+class Model(nn.Module):
+    def __init__(self, rank: int = 0, world: int = 1, bug: bool = False) -> None:
+        super().__init__()
+        self.attn = Attention(rank, world, bug)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x + self.attn(x)
+        return out
+
+
+def inputs() -> torch.Tensor:
+    return torch.randn(2, 3, DIM, generator=torch.Generator().manual_seed(1))
+
+
+def _rank(rank: int, port: int, where: dict[str, str], session: str, run: str, bug_on: int) -> None:
+    """One rank: `where` is capture's `data_dir=` or `server=`."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        model = Model(rank, WORLD, bug=rank == bug_on)
+        with torch.no_grad(), capture(model, session=session, run=run, workers=1, **where) as result:
+            model(inputs())
+        assert result.rank == rank and result.run_id is not None  # every rank knows the run
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(where: dict[str, str], session: str, bug_on: int) -> None:
+    args = (free_port(), where, session, "ranks", bug_on)
+    spawn = multiprocessing.get_context("spawn")
+    processes = [spawn.Process(target=_rank, args=(k, *args)) for k in range(WORLD)]
+    for process in processes:
+        process.start()
+    for process in processes:
+        process.join(timeout=300)
+    assert [p.exitcode for p in processes] == [0] * WORLD  # each rank's own checks passed
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def captured(settings: Settings, session: str, bug_on: int) -> SessionPairs:
+    model = Model()
+    with torch.no_grad(), capture(model, session=session, run="reference", data_dir=settings.data_dir) as result:
+        model(inputs())
+    run_ranks({"data_dir": str(settings.data_dir)}, session, bug_on)
+    assert result.session_id is not None
+    services = open_services(settings)
+    try:
+        services.plan(result.session_id)
+        services.compute(result.session_id)
+        with services.sessions() as db:
+            return session_pairs(db, result.session_id)
+    finally:
+        services.close()
+
+
+def test_two_gloo_ranks_capture_one_run_whose_shards_merge_and_pass(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", demo=False)
+    report = captured(settings, "tp", bug_on=-1)
+    assert report.first_divergence is None
+    assert all(p.status == "pass" for p in report.pairs), [(p.name, p.status) for p in report.pairs]
+    core = next(p for p in report.pairs if p.module_path == "Model.attn.core" and p.place == "outputs")
+    assert core.b.shards == WORLD and core.a.shards == 1  # rank0/ and rank1/ merged into one logical tensor
+    q_proj = next(p for p in report.pairs if p.module_path == "Model.attn.q_proj" and p.place == "outputs")
+    assert q_proj.b.shards == WORLD and q_proj.b.shape == q_proj.a.shape
+    output = next(p for p in report.pairs if p.module_path == "Model" and p.place == "outputs")
+    assert output.replicas is not None and output.replicas.ranks == WORLD  # every rank holds the whole output
+    assert not report.not_compared
+
+
+def test_a_bug_on_rank_1_only_is_the_first_divergence_and_its_shard_is_named(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "data", demo=False)
+    report = captured(settings, "tp bug", bug_on=1)
+    first = report.first_divergence
+    assert first is not None and first.module_path == "Model.attn.core", first
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            detail = pair_detail(db, services.context, first.pair_id)
+    finally:
+        services.close()
+    assert detail.argmax is not None
+    assert detail.argmax.b.tensor.startswith("rank1/"), detail.argmax  # the largest difference is rank 1's shard
+    assert detail.argmax.aligned[-1] >= DIM // WORLD  # in the heads rank 1 holds
+
+
+def test_ranks_send_one_run_to_a_server(shared_server: LiveServer) -> None:
+    model = Model()
+    with torch.no_grad(), capture(model, session="tp over http", run="reference", server=shared_server.url) as result:
+        model(inputs())
+    run_ranks({"server": shared_server.url}, "tp over http", bug_on=-1)
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
+            until=lambda r: r["pairs"] and not r["progress"]["pending"],
+            what="the ranks' session to be compared",
+            timeout=120,
+            interval=0.05,
+        )
+    assert report["first_divergence"] is None
+    assert {p["status"] for p in report["pairs"]} == {"pass"}
+    core = next(p for p in report["pairs"] if p["module_path"] == "Model.attn.core" and p["place"] == "outputs")
+    assert core["b"]["shards"] == WORLD and core["a"]["shards"] == 1  # one .tar per rank, merged as shards
