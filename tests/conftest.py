@@ -20,7 +20,13 @@ from tests.support.postgres import PostgresCluster, start_cluster
 from tests.support.s3 import SeaweedS3, start_seaweed
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.service_starts import ServiceStarts, needed_services
+from tests.support.slow_first import SlowFirst
 from tests.support.traces import WrittenTraces
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's test files slowest first (tests/support/slow_first.py)."""
+    config.pluginmanager.register(SlowFirst(config), "tensor_debugger_slow_first")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
