@@ -189,7 +189,9 @@ def test_an_upload_whose_replica_is_killed_mid_ingest_is_ingested_by_the_other(
 
 
 def test_an_upload_whose_server_is_stopped_mid_ingest_is_ingested_at_its_next_start(tmp_path: Path) -> None:
-    server = started_server(tmp_path)
+    # short leases: where the graceful stop outlasts LiveServer.stop's 20 s on a loaded machine and the server is
+    # killed, its claim on the run runs out in 3 s, not 30, before the next start takes the upload over
+    server = started_server(tmp_path, env={"TENSOR_DEBUGGER_CLAIM_SECONDS": "3"})
     try:
         files = two_runs(tmp_path)
         session_id = accepted(server, files)
