@@ -1,9 +1,9 @@
-"""The run's test files ordered slowest first, by the seconds each took in the runs before (pytest's cache,
-.pytest_cache): with pytest-xdist's workers taking work as they free up (`--dist worksteal`, the Makefile's), the
-long tests that start their own servers begin at once and the short ones fill in around them, instead of one long
-test starting last while the other worker has nothing left. Tests keep their order within a file (its module
-fixtures are set up once); a file with no time recorded (new, or a first run) keeps its place after those with one.
-Only the order changes: every test collected runs."""
+"""The run's test files ordered slowest first, by the seconds their tests took when they last ran (pytest's cache,
+.pytest_cache; a run of some tests updates only theirs): with pytest-xdist's workers taking work as they free up
+(`--dist worksteal`, the Makefile's), the long tests that start their own servers begin at once and the short ones
+fill in around them, instead of one long test starting last while the other worker has nothing left. Tests keep
+their order within a file (its module fixtures are set up once); a file with no time recorded (new, or a first run)
+keeps its place after those with one. Only the order changes: every test collected runs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-CACHE_KEY = "tensor_debugger/file_seconds"
+CACHE_KEY = "tensor_debugger/test_seconds"  # seconds by test id: setup, call and teardown
 
 
 def _file(nodeid: str) -> str:
@@ -19,7 +19,7 @@ def _file(nodeid: str) -> str:
 
 
 class SlowFirst:
-    """A pytest plugin: records each file's seconds (setup, call and teardown of its tests) and orders by them."""
+    """A pytest plugin: records each test's seconds and orders the files by the sum of their tests'."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
@@ -37,7 +37,9 @@ class SlowFirst:
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        recorded = self._recorded()
+        recorded: defaultdict[str, float] = defaultdict(float)
+        for test, seconds in self._recorded().items():
+            recorded[_file(test)] += seconds
         if not recorded:
             return
         first_seen: dict[str, int] = {}
@@ -52,12 +54,12 @@ class SlowFirst:
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # in a pytest-xdist run the controller gets every worker's reports: it alone records (below)
-        self.seconds[_file(report.nodeid)] += report.duration
+        self.seconds[report.nodeid] += report.duration
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         cache = self._cache()
         if cache is None or hasattr(self.config, "workerinput") or not self.seconds:
             return
         recorded = self._recorded()
-        recorded.update({file: round(seconds, 2) for file, seconds in self.seconds.items()})
+        recorded.update({test: round(seconds, 3) for test, seconds in self.seconds.items()})
         cache.set(CACHE_KEY, recorded)
