@@ -3,6 +3,7 @@ from __future__ import annotations
 import compileall
 import contextlib
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -20,7 +21,13 @@ from tests.support.postgres import PostgresCluster, start_cluster
 from tests.support.s3 import SeaweedS3, start_seaweed
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.service_starts import ServiceStarts, needed_services
+from tests.support.slow_first import SlowFirst
 from tests.support.traces import WrittenTraces
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The run's test files slowest first (tests/support/slow_first.py)."""
+    config.pluginmanager.register(SlowFirst(config), "tensor_debugger_slow_first")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -257,24 +264,63 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServe
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def _outage_postgres() -> Iterator[list[PostgresCluster]]:
+    """The worker's cluster for outages (`own_postgres`), started when a test first asks for it."""
+    started: list[PostgresCluster] = []
+    yield started
+    for cluster in started:
+        cluster.stop()
+
+
 @pytest.fixture
-def own_postgres() -> Iterator[PostgresCluster]:
-    """A PostgreSQL cluster of the test's own, for a test that stops it (an outage): stopping the shared one would
-    fail every other test on it."""
-    cluster = start_cluster()
-    if isinstance(cluster, str):
-        pytest.skip(cluster)
+def own_postgres(_outage_postgres: list[PostgresCluster]) -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster that the test may pause and resume (an outage): not the run's shared one, which every other
+    test on it would then find gone, but one per worker kept for these tests (an initdb and a start cost seconds
+    each), each test in databases of its own (`create_database`). Running again when the test ends, however it
+    ended; one that does not start again is replaced for the next test."""
+    if not _outage_postgres:
+        cluster = start_cluster()
+        if isinstance(cluster, str):
+            pytest.skip(cluster)
+        _outage_postgres.append(cluster)
+    cluster = _outage_postgres[0]
     yield cluster
-    cluster.stop()
+    if not cluster.running:
+        try:
+            cluster.resume()
+        except (RuntimeError, subprocess.TimeoutExpired):
+            _outage_postgres.clear()
+            cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def _outage_s3() -> Iterator[list[SeaweedS3]]:
+    """The worker's SeaweedFS for outages (`own_s3`), started when a test first asks for it."""
+    started: list[SeaweedS3] = []
+    yield started
+    for server in started:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)
 
 
 @pytest.fixture
-def own_s3() -> Iterator[SeaweedS3]:
-    """A SeaweedFS server of the test's own, for a test that stops it, as `own_postgres`."""
-    root = Path(tempfile.mkdtemp(prefix="tensor-debugger-weed-"))
-    server = start_seaweed(root)
-    if isinstance(server, str):
-        pytest.skip(server)
+def own_s3(_outage_s3: list[SeaweedS3]) -> Iterator[SeaweedS3]:
+    """A SeaweedFS server that the test may stop and restart, as `own_postgres`: one per worker, each test under a
+    prefix of its own (`new_url`), running again when the test ends."""
+    if not _outage_s3:
+        root = Path(tempfile.mkdtemp(prefix="tensor-debugger-weed-"))
+        server = start_seaweed(root)
+        if isinstance(server, str):
+            shutil.rmtree(root, ignore_errors=True)
+            pytest.skip(server)
+        _outage_s3.append(server)
+    server = _outage_s3[0]
     yield server
-    server.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    if server.process.poll() is not None:
+        try:
+            server.restart()
+        except (RuntimeError, AssertionError):
+            _outage_s3.clear()
+            server.stop()
+            shutil.rmtree(server.root, ignore_errors=True)

@@ -64,7 +64,7 @@ class Services:
     taking_over: bool = field(init=False, default=False)  # a server: takes over uploads whose ingest died
 
     def __post_init__(self) -> None:
-        self.worker = ComparisonWorker(self.compute)
+        self.worker = ComparisonWorker(self.compute, self.settings.compare_idle_seconds)
         self.actions = SessionActions(self.sessions, self.context, self.worker.wake)
         self.sign_outs = SignOuts(self.sessions)
         at_once = self.settings.ingest_workers

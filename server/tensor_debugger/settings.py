@@ -142,6 +142,11 @@ class Settings:
         "How long work a process has claimed (pending pairs, a run it ingests) stays its own without renewal; "
         "a process renews its claims every third of this, and others take over those of one that died after it.",
     )
+    compare_idle_seconds: float = _setting(
+        5.0,
+        "How often the server's comparison worker looks for pending pairs when nothing woke it (an upload, a "
+        "user's action wakes it at once), in seconds: what another process left pending is picked up within it.",
+    )
     dask_scheduler: str = _setting(
         "",
         "Address of a Dask scheduler (tcp://host:8786) whose workers compute pending pairs, reading the same "
@@ -184,6 +189,7 @@ class Settings:
             "ingest_workers",
             "staging_sweep_seconds",
             "claim_seconds",
+            "compare_idle_seconds",
             "ingest_seconds",
         ):
             if getattr(self, name) <= 0:

@@ -40,18 +40,31 @@ def compared_on_dask(server: LiveServer, root: Path, name: str, seed: int) -> No
     assert report["first_divergence"]["name"] == "1_post_mlp"
 
 
+IDLE_SECONDS = 0.5  # how often the server's comparison worker wakes when idle (the product's default is 5 s)
+IDLE_WAKES = 3  # idle wakes between the looks at the scheduler's log
+
+
+def idle() -> None:
+    """Leave the server idle for IDLE_WAKES of its comparison worker's wakes."""
+    time.sleep(IDLE_WAKES * IDLE_SECONDS + IDLE_SECONDS / 2)
+
+
 def test_an_idle_server_opens_no_connection_and_a_busy_one_keeps_one(tmp_path: Path) -> None:
     logs = tmp_path / "dask"
     cluster = start_dask(logs, workers=1)
     try:
-        server = started_server(tmp_path / "server", env={"TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address})
+        env = {
+            "TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address,
+            "TENSOR_DEBUGGER_COMPARE_IDLE_SECONDS": str(IDLE_SECONDS),
+        }
+        server = started_server(tmp_path / "server", env=env)
         try:
             before, _ = clients(logs / "scheduler.log")
-            time.sleep(12)  # idle: the comparison worker wakes every 5 s
+            idle()
             assert clients(logs / "scheduler.log") == (before, set())
             for n in range(2):  # two computations on the workers, one client
                 compared_on_dask(server, tmp_path, f"on dask {n}", n)
-                time.sleep(6)  # idle again
+                idle()
             received, kept = clients(logs / "scheduler.log")
             assert len(received) == len(before) + 1 and len(kept) == 1
 
@@ -59,7 +72,7 @@ def test_an_idle_server_opens_no_connection_and_a_busy_one_keeps_one(tmp_path: P
             (logs / "scheduler.log").rename(logs / "scheduler-before.log")
             cluster = start_dask(logs, workers=1, port=int(urlparse(cluster.address).port or 0))
             compared_on_dask(server, tmp_path, "after a restart", 2)
-            time.sleep(6)
+            idle()
             received, kept = clients(logs / "scheduler.log")
             assert len(kept) == 1 and received.count(next(iter(kept))) == 1, received
             assert server.alive()

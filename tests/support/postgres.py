@@ -42,6 +42,7 @@ class PostgresCluster:
     port: int = field(default_factory=free_port)
     _names: itertools.count[int] = field(default_factory=itertools.count)
     _migrated: bool = False
+    running: bool = False  # started and not paused or stopped since
 
     @property
     def log(self) -> Path:
@@ -73,12 +74,15 @@ class PostgresCluster:
         )
         data = str(self.root / "data")
         self._run(["pg_ctl", "-D", data, "-l", str(self.log), "-o", options, "-w", "-t", "60", "start"])
+        self.running = True
 
     def pause(self) -> None:
         """Stop the server, keeping its data (an outage: `resume` starts it again); clients' connections drop."""
+        self.running = False
         self._run(["pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop"])
 
     def stop(self) -> None:
+        self.running = False
         self._run(["pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop"])
         shutil.rmtree(self.root, ignore_errors=True)
 

@@ -37,6 +37,9 @@ def page(browser: Browser) -> Iterator[Page]:
 def page_without_scripts(browser: Browser) -> Iterator[Page]:
     """A browser with JavaScript off: the pages must work before (and without) any script."""
     context = browser.new_context(viewport={"width": 1280, "height": 900}, java_script_enabled=False)
+    # waits for what a server does in the background (an ingest, which starts a child process: 30 s, Playwright's
+    # default, was too short on a loaded machine) end as soon as it shows; the longer limit only bounds a failure
+    context.set_default_timeout(120_000)
     opened = context.new_page()
     yield opened
     context.close()

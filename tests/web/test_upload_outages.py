@@ -6,7 +6,6 @@ upload removed."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -93,13 +92,19 @@ def test_an_accepted_upload_survives_a_postgresql_restart_mid_ingest(
             interval=0.01,
         )
         own_postgres.pause()  # the ingests (in a child process) meet it when they record their tensors, or sooner
-        time.sleep(8)
+        # down until an ingest (or the planning after it) has met the outage: however long its unpacking takes on a
+        # loaded machine, the restart then hits it (a fixed pause could end before it next reached the database)
+        wait_until(
+            lambda: "met an outage; tried again" in server.log.read_text(),
+            what="an ingest to meet the outage",
+            timeout=180,
+            interval=0.05,
+        )
         own_postgres.resume()
         keys = assert_whole(server, url, session_id, files)
         arrays = server.data_dir / "arrays" / "runs"
         written = {f"runs/{run.name}/{a.name}" for run in arrays.iterdir() if run.is_dir() for a in run.iterdir()}
         assert {key for key in written if not key.endswith("/zarr.json")} == keys
-        assert "met an outage; tried again" in server.log.read_text()  # the restart did hit the ingests
         assert server.alive()
     finally:
         server.stop()
@@ -184,7 +189,9 @@ def test_an_upload_whose_replica_is_killed_mid_ingest_is_ingested_by_the_other(
 
 
 def test_an_upload_whose_server_is_stopped_mid_ingest_is_ingested_at_its_next_start(tmp_path: Path) -> None:
-    server = started_server(tmp_path)
+    # short leases: where the graceful stop outlasts LiveServer.stop's 20 s on a loaded machine and the server is
+    # killed, its claim on the run runs out in 3 s, not 30, before the next start takes the upload over
+    server = started_server(tmp_path, env={"TENSOR_DEBUGGER_CLAIM_SECONDS": "3"})
     try:
         files = two_runs(tmp_path)
         session_id = accepted(server, files)
