@@ -1,10 +1,10 @@
-"""A compare asked for and its outcome, as the command line and a server it hands the work to exchange them (JSON
+"""A compare asked for, as the command line and a server it hands the work to exchange them (JSON
 over the local API: `web/controllers/local.py`). Light on purpose: the command line that finds a server running
-imports this and not the database or the array store."""
+imports this and not the database or the array store. Its outcome: compare/reports/compare_report.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,45 +77,6 @@ class CompareRequest:
         if not all(p.is_absolute() for p in (request.a, request.b, *request.more, *noise)):
             raise InvalidInputError("a compare request names its inputs by absolute paths")
         return request
-
-
-@dataclass(frozen=True)
-class CompareOutcome:
-    exit_code: int
-    payload: dict[str, Any]  # the contract JSON (`contract.py`), with "error" when nothing could be compared
-    error: str | None = None  # what makes the input unusable (exit code 2)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"exit_code": self.exit_code, "payload": self.payload, "error": self.error}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CompareOutcome:
-        return cls(int(data["exit_code"]), dict(data["payload"]), data.get("error"))
-
-
-def unusable_json(
-    message: str, problems: list[dict[str, str]], payload: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The JSON of a compare that found nothing to compare: `payload` (or an empty one) with the error."""
-    empty: dict[str, Any] = {
-        "session": None,
-        "pairs": [],
-        "unmatched": {"a": [], "b": []},
-        "first_divergence": None,
-        "first_divergences": {},
-        "culprits": [],
-        "error_growth": None,
-        "culprit_note": None,
-        "verdict": "incomplete",
-        "coverage": None,
-    }
-    return {**(payload or empty), "problems": problems, "error": message}
-
-
-def unread_files(problems: Sequence[dict[str, Any]]) -> list[str]:
-    """The files of `problems` (as store/reports.py's `problem_json` gives them) that could not be read: their
-    tensors are missing, so a comparison of their run is incomplete. Not those that held no tensor (`ignored`)."""
-    return [p["file"] for p in problems if not p["ignored"]]
 
 
 def wanted_name(request: CompareRequest) -> str:
