@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tensor_debugger import __version__
 from tensor_debugger.cli.progress_bar import ProgressBar
@@ -44,6 +44,7 @@ from tensor_debugger.settings import Settings, setting_docs
 if TYPE_CHECKING:
     import uvicorn
 
+    from tensor_debugger.cli.session_list import ListedSession
     from tensor_debugger.compare.planning.requests import CompareRequest
     from tensor_debugger.compare.reports.compare_report import IngestOutcome
     from tensor_debugger.services import Services
@@ -478,21 +479,18 @@ def list_sessions(services: Services, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _session_list(services: Services) -> list[dict[str, Any]]:
+def _session_list(services: Services) -> list[ListedSession]:
+    from tensor_debugger.cli.session_list import ListedRun, ListedSession
     from tensor_debugger.store import catalog
     from tensor_debugger.store.reports import iso
 
     with services.sessions() as db:
-        data: list[dict[str, Any]] = [
-            {
-                "id": s.id,
-                "name": s.name,
-                "created_at": iso(s.created_at),
-                "runs": [
-                    {"id": r.id, "label": r.label, "role": r.role, "status": r.status, "tensors": r.tensor_count}
-                    for r in s.runs
-                ],
-            }
+        return [
+            ListedSession(
+                s.id,
+                s.name,
+                iso(s.created_at),
+                [ListedRun(r.id, r.label, r.role, r.status, r.tensor_count) for r in s.runs],
+            )
             for s in catalog.list_sessions(db)
         ]
-    return data

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tensor_debugger.errors import InvalidInputError
 
 EXIT_PASS, EXIT_FAIL, EXIT_UNUSABLE = 0, 1, 2
@@ -77,6 +79,23 @@ class CompareRequest:
         if not all(p.is_absolute() for p in (request.a, request.b, *request.more, *noise)):
             raise InvalidInputError("a compare request names its inputs by absolute paths")
         return request
+
+
+class IngestRequest(msgspec.Struct, frozen=True):
+    """`tensor-debugger ingest` handed to a server: the run's inputs by absolute path, each with how it was typed."""
+
+    session: str
+    run: str
+    paths: list[str]
+    shown: list[str]
+
+
+class ServerIdentity(msgspec.Struct, frozen=True):
+    """Who answers on the local API: the command line checks that the server is its data dir's."""
+
+    pid: int
+    database_url: str
+    store_url: str
 
 
 def wanted_name(request: CompareRequest) -> str:

@@ -23,7 +23,7 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from tensor_debugger.compare.pipeline import compare_runs, ingest_run
-from tensor_debugger.compare.planning.requests import CompareRequest
+from tensor_debugger.compare.planning.requests import CompareRequest, IngestRequest, ServerIdentity
 from tensor_debugger.compare.reports.compare_report import CompareEvent, IngestOutcome
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.ingest.inputs import InputFile
@@ -44,11 +44,11 @@ class LocalController(Controller):
     include_in_schema = False
 
     @get("/", sync_to_thread=False)
-    def probe(self, request: Request[Any, Any, Any], services: NamedDependency[Services]) -> dict[str, Any]:
+    def probe(self, request: Request[Any, Any, Any], services: NamedDependency[Services]) -> ServerIdentity:
         """Who answers: the command line checks that this server is the one of its data dir."""
         address = check_token(request)
         settings = services.settings
-        return {"pid": address.pid, "database_url": settings.database_url, "store_url": settings.store_url}
+        return ServerIdentity(address.pid, settings.database_url, settings.store_url)
 
     @post("/compare", sync_to_thread=False)
     def compare(
@@ -90,16 +90,12 @@ class LocalController(Controller):
 
     @post("/ingest", sync_to_thread=True)
     def ingest(
-        self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[dict[str, Any]]
+        self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[IngestRequest]
     ) -> IngestOutcome:
         """`tensor-debugger ingest`: {"session", "run", "paths": [absolute], "shown": [as typed]} -> `IngestOutcome`
         (its payload, the report the command prints)."""
         check_token(request)
-        try:
-            paths, shown = [Path(p) for p in data["paths"]], [str(s) for s in data["shown"]]
-            session, run = str(data["session"]), str(data["run"])
-        except (KeyError, TypeError) as exc:
-            raise InvalidInputError(f"not an ingest request: {exc}") from None
+        paths, shown, session, run = [Path(p) for p in data.paths], data.shown, data.session, data.run
         if len(paths) != len(shown) or not all(p.is_absolute() for p in paths):
             raise InvalidInputError("an ingest request names its inputs by absolute paths, each with how it was typed")
         outcome = ingest_run(
