@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 from tensor_debugger import capture
-from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.compare_report import to_json
+from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.engine.culprits import stands_out
 from tensor_debugger.services import open_services
@@ -121,7 +122,7 @@ def captured_json(settings: Settings, candidate: Any) -> dict[str, Any]:
         services.compute(result.session_id)
         with services.sessions() as db:
             report = session_pairs(db, result.session_id, modules=True)
-        return contract_json(result.session_id, session, "", report, [])
+        return to_json(compare_report(result.session_id, session, "", report, []))
     finally:
         services.close()
 

@@ -14,7 +14,8 @@ from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.pipeline import compare_runs
 from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.compare.planning.requests import CompareRequest
-from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.compare_report import CompareReport, to_json
+from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
@@ -35,8 +36,8 @@ def request(a: Path, b: Path, **kwargs: Any) -> CompareRequest:
     return CompareRequest(a, b, str(a), str(b), **kwargs)
 
 
-def comparable(payload: dict[str, Any]) -> list[tuple[Any, ...]]:
-    return [(p["name"], p["status"], p["alignment"], p["stats"]) for p in payload["pairs"]]
+def comparable(report: CompareReport) -> list[tuple[Any, ...]]:
+    return [(p.name, p.status, p.alignment, p.stats) for p in report.pairs]
 
 
 def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(services: Services, tmp_path: Path) -> None:
@@ -50,8 +51,8 @@ def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(service
         "http://here",
         lambda step, done, total: events.append((step, done, total)),
     )
-    assert outcome.exit_code == 1 and outcome.payload["first_divergence"]["name"] == "1_post_attn"
-    pairs = len(outcome.payload["pairs"])
+    assert outcome.exit_code == 1 and to_json(outcome.payload)["first_divergence"]["name"] == "1_post_attn"
+    pairs = len(outcome.payload.pairs)
     assert pairs >= 20
     # every pair was compared before the candidate was ready: after the plan there was nothing left to compute
     # (pairs of identical comparisons, such as the same scalar in every layer, share one result)
@@ -70,11 +71,11 @@ def test_the_candidate_is_compared_while_it_ingests_with_the_same_answer(service
         assert other.compute(ingested.session_id) == pairs
         with other.sessions() as db:
             report = session_pairs(db, ingested.session_id, modules=True)
-        after = contract_json(ingested.session_id, "after", "", report, [])
+        after = compare_report(ingested.session_id, "after", "", report, [])
     finally:
         other.close()
     assert comparable(outcome.payload) == comparable(after)
-    assert outcome.payload["first_divergence"] == after["first_divergence"]
+    assert outcome.payload.first_divergence == after.first_divergence
 
 
 def test_fail_fast_stops_at_the_first_divergence(
@@ -111,8 +112,8 @@ def test_a_run_refused_while_the_others_ingest_leaves_nothing(services: Services
     bad.write_bytes(b"definitely not a tensor")
     outcome = compare_runs(services.ingestor, services.context, services.compute, request(a, bad), "http://here")
     assert outcome.exit_code == 2
-    assert "no tensors" in outcome.payload["error"]
-    assert [p["file"] for p in outcome.payload["problems"]] == [str(bad)]
+    assert "no tensors" in str(outcome.payload.error)
+    assert [p.file for p in outcome.payload.problems] == [str(bad)]
     with services.sessions() as db:  # the session, the reference ingested beside the refused run, and its arrays
         assert db.scalar(select(func.count()).select_from(TensorRecord)) == 0
         assert db.scalar(select(func.count()).select_from(SessionRecord)) == 0
@@ -135,7 +136,7 @@ def test_results_compared_early_are_written_in_batches(services: Services, tmp_p
         outcome = compare_runs(services.ingestor, services.context, services.compute, request(a, b), "http://here")
     finally:
         event.remove(services.engine, "commit", committed)
-    assert outcome.exit_code == 1 and outcome.payload["first_divergence"]["name"] == "2_post_mlp"
+    assert outcome.exit_code == 1 and to_json(outcome.payload)["first_divergence"]["name"] == "2_post_mlp"
     with services.sessions() as db:
         results = db.scalar(select(func.count()).select_from(ComparisonResultRecord))
         assert results is not None and results >= 20

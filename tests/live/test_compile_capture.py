@@ -15,6 +15,7 @@ from tensor_debugger.live.recorder import Level
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import ProblemRecord, TensorRecord
+from tensor_debugger.store.problem_report import ProblemReport
 from torch import nn
 
 
@@ -59,7 +60,7 @@ def test_a_compiled_model_keeps_its_module_values_and_says_its_ops_were_not_seen
     assert "Net.up_outputs" in modules  # named by the model, not by torch.compile's wrapper
 
     ops, notes = captured(settings, compiled, "compiled ops", "op")
-    print_problems([{"file": "compiled ops/Net_debug_tree_FULL_TENSORS.json", "reason": notes[0], "ignored": True}])
+    print_problems([ProblemReport("compiled ops/Net_debug_tree_FULL_TENSORS.json", notes[0], ignored=True)])
     assert capsys.readouterr().out.startswith("note: compiled ops/Net_debug_tree_FULL_TENSORS.json: Net ran compiled")
     assert notes == [
         "Net ran compiled (torch.compile): its ops are not visible to op capture (its modules' inputs and outputs"

@@ -18,7 +18,8 @@ from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.planning.sides import tensors_of
-from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.compare_report import to_json
+from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.module_reports import ModuleNodeReport
 from tensor_debugger.compare.reports.op_lists import op_lists
 from tensor_debugger.compare.reports.pair_reports import SessionPairs, session_pairs
@@ -218,13 +219,14 @@ def test_the_first_diverging_op_of_a_port_is_named_with_its_line_on_both_sides(s
     assert [c.name for c in attention.children][3:6] == ["transpose#1", "matmul#1", "mul#1"]  # ops are its leaves
     assert nodes["Net.layers.1.self_attn/mul#1"].verdict == "fail"
 
-    payload = contract_json(result.session_id, "port", "http://127.0.0.1/sessions/1", report, [])
+    typed = compare_report(result.session_id, "port", "http://127.0.0.1/sessions/1", report, [])
+    payload = to_json(typed)
     pair = next(p for p in payload["pairs"] if p["name"] == first.name)
     assert (pair["a"]["source"], pair["b"]["source"]) == (line_of("reference scores"), line_of("ported scores"))
     assert next(p for p in payload["pairs"] if p["module_path"] == "Net.layers.1")["a"]["source"] is None
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        print_table(payload)
+        print_table(typed)
     reference_line, ported_line = (line_of(m).rsplit("/", 1)[1] for m in ("reference scores", "ported scores"))
     assert (
         f"FIRST DIVERGENCE: Net.layers.1.self_attn/mul#1_outputs (layer 1, at {reference_line} in the reference, "

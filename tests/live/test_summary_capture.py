@@ -16,7 +16,8 @@ import torch
 from sqlalchemy import select
 from tensor_debugger import capture, find_divergence
 from tensor_debugger.cli.compare_output import print_table
-from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.compare_report import to_json
+from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
@@ -139,14 +140,15 @@ def test_a_summary_capture_stores_no_bytes_and_finds_the_same_first_op_as_a_full
             assert first.summary_reason.startswith("from summaries: ")
             assert by_name["Net.layers.1.self_attn/matmul#1_outputs"].summary["identical"] is True  # type: ignore[index]
             assert report.on_summaries == len(report.pairs)
-            payload = contract_json(result.session_id, "port summary", "http://x/sessions/1", report, [])
+            typed = compare_report(result.session_id, "port summary", "http://x/sessions/1", report, [])
+            payload = to_json(typed)
             assert payload["basis"] == "summary" and payload["first_divergence"]["basis"] == "summary"
             assert payload["next_capture"]["modules"] == ["layers.1.self_attn*"]
             assert 'values="full"' in payload["next_capture"]["python"]
             assert "modules='layers.1.self_attn*'" in payload["next_capture"]["python"]
             printed = io.StringIO()
             with contextlib.redirect_stdout(printed):
-                print_table(payload)
+                print_table(typed)
             out = printed.getvalue()
             assert "FIRST DIVERGENCE: Net.layers.1.self_attn/mul#1_outputs (layer 1, at" in out
             assert "): from summaries: " in out and "next capture" in out

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.pipeline import compare_runs
+from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
@@ -44,16 +45,16 @@ def build_glance_sessions(data: Path, work: Path, traces: WrittenTraces) -> Glan
     try:
         trace_request = compare_request(traces["eager"], traces["perturbed"], "trace", None, None)
         trace = int(
-            compare_runs(services.ingestor, services.context, services.compute, trace_request, "").payload["session"][
-                "id"
-            ]
+            to_json(compare_runs(services.ingestor, services.context, services.compute, trace_request, "").payload)[
+                "session"
+            ]["id"]
         )
         ref, cand = write_wide(work / "wide")
         wide_request = compare_request(ref, cand, "wide", None, None)
         wide = int(
-            compare_runs(services.ingestor, services.context, services.compute, wide_request, "").payload["session"][
-                "id"
-            ]
+            to_json(compare_runs(services.ingestor, services.context, services.compute, wide_request, "").payload)[
+                "session"
+            ]["id"]
         )
         return GlanceSessions(trace, wide)
     finally:

@@ -16,6 +16,7 @@ from playwright.sync_api import Browser, Page, expect
 from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.pipeline import compare_runs
 from tensor_debugger.compare.planning.explore import plan_explore
+from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.demo.synthetic import DumpShape, Plant, write_dump
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
@@ -63,9 +64,9 @@ def sessions(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Itera
             request = compare_request(make_zip(root / "ref", root / "ref.zip"),
                                       make_zip(root / "cand", root / "cand.zip"), "24 layers", None, None)  # fmt: skip
             heads = int(
-                compare_runs(services.ingestor, services.context, services.compute, request, "").payload["session"][
-                    "id"
-                ]
+                to_json(compare_runs(services.ingestor, services.context, services.compute, request, "").payload)[
+                    "session"
+                ]["id"]
             )
             big = services.ingestor.ingest("explore acts.pth", "acts.pth", [InputFile(root / "acts.pth", "acts.pth")])
             plan_explore(services.context, big.session_id)

@@ -24,6 +24,7 @@ import torch
 from playwright.sync_api import Browser, Page, expect
 from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.compare.pipeline import compare_runs
+from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
@@ -95,13 +96,17 @@ def ordering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordering]:
     try:
         request = compare_request(root / "ref.pth", root / "cand.pth", "ordering", None, None)
         session = int(
-            compare_runs(services.ingestor, services.context, services.compute, request, "").payload["session"]["id"]
+            to_json(compare_runs(services.ingestor, services.context, services.compute, request, "").payload)[
+                "session"
+            ]["id"]
         )
         torch.save({"x": seeded((8, 16), 1)}, root / "lone-a.pth")
         torch.save({"x": seeded((3, 5), 2)}, root / "lone-b.pth")
         request = compare_request(root / "lone-a.pth", root / "lone-b.pth", "nothing compared", None, None)
         lone = int(
-            compare_runs(services.ingestor, services.context, services.compute, request, "").payload["session"]["id"]
+            to_json(compare_runs(services.ingestor, services.context, services.compute, request, "").payload)[
+                "session"
+            ]["id"]
         )
     finally:
         services.close()

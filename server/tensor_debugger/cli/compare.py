@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from tensor_debugger.cli.compare_output import (
+    alignment_words,
     cell,
     print_incomplete,
     print_not_compared,
@@ -17,23 +18,24 @@ from tensor_debugger.cli.compare_output import (
     show_compare,
 )
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
+from tensor_debugger.cli.table import print_rows
 from tensor_debugger.cli.warm import find_server
 from tensor_debugger.compare.pipeline import compare_runs, free_name
 from tensor_debugger.compare.planning.requests import (
     EXIT_PASS,
     EXIT_UNUSABLE,
     CompareRequest,
-    unread_files,
     wanted_name,
 )
-from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.compare_report import to_json, unread_files
+from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.formatting import format_cosine
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
-from tensor_debugger.store.reports import problem_json
+from tensor_debugger.store.problem_report import ProblemReport
 
 
 def run_compare(services: Services, request: CompareRequest, as_json: bool) -> int:
@@ -73,11 +75,11 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         )
     except (NothingUsableError, TensorDebuggerError) as exc:
         bar.close()
-        details = [problem_json(p) for p in exc.problems] if isinstance(exc, NothingUsableError) else []
+        details = [ProblemReport.of(p) for p in exc.problems] if isinstance(exc, NothingUsableError) else []
         print_unusable(str(exc), details, as_json)
         return EXIT_UNUSABLE
     bar.close()
-    problems = [problem_json(p) for p in result.problems]
+    problems = [ProblemReport.of(p) for p in result.problems]
     try:
         plan_explore(services.context, result.session_id, match)
     except TensorDebuggerError as exc:
@@ -91,33 +93,30 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     finally:
         bar.close()
     with services.sessions() as db:
-        report = session_pairs(db, result.session_id)
+        pairs = session_pairs(db, result.session_id)
     url = f"{services.settings.base_url}/sessions/{result.session_id}"
-    payload = contract_json(result.session_id, session_name, url, report, problems)
+    report = compare_report(result.session_id, session_name, url, pairs, problems)
     # files that could not be read: their tensors are missing, whatever the rest gives (as `compare`)
     done = EXIT_UNUSABLE if unread_files(problems) else EXIT_PASS
     if as_json:
-        print(json.dumps(payload))
+        print(json.dumps(to_json(report)))
         return done
     rows = [("a", "b", "verdict", "max |diff|", "cosine", "alignment")]
-    for p in payload["pairs"]:
-        s = p["stats"] or {}
-        rows.append(
-            (
-                p["a"]["name"],
-                p["b"]["name"],
-                p["status"].upper(),
-                cell(s.get("max_abs_diff")),
-                format_cosine(s.get("cosine")),
-                "" if p["alignment"] == "same shape" else p["alignment"][:60],
-            )
+    rows += [
+        (
+            p.a.name,
+            p.b.name,
+            p.status.upper(),
+            cell(None if p.stats is None else p.stats.max_abs_diff),
+            format_cosine(None if p.stats is None else p.stats.cosine),
+            alignment_words(p),
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    equal = sum(1 for p in payload["pairs"] if p["status"] == "pass")
-    print(f"{len(payload['pairs'])} pairs: {equal} equal within tolerance")
-    print_not_compared(payload)  # pairs that errored or are incomparable: neither equal nor not
+        for p in report.pairs
+    ]
+    print_rows(rows)
+    equal = sum(1 for p in report.pairs if p.status == "pass")
+    print(f"{len(report.pairs)} pairs: {equal} equal within tolerance")
+    print_not_compared(report)  # pairs that errored or are incomparable: neither equal nor not
     print_problems(problems)
     print_incomplete(problems, culprits=False)  # every tensor against every other: no culprit
     print_where(url, services.settings.data_dir)

@@ -13,7 +13,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest, unread_files, unusable_json
+from tensor_debugger.cli.table import print_rows
+from tensor_debugger.compare.planning.requests import CompareRequest
+from tensor_debugger.compare.reports.compare_report import (
+    ComparedPair,
+    CompareOutcome,
+    CompareReport,
+    Culprit,
+    DivergenceSummary,
+    to_json,
+    unread_files,
+    unusable_report,
+)
 from tensor_debugger.compare.reports.formatting import (
     format_cosine,
     format_error,
@@ -24,6 +35,7 @@ from tensor_debugger.compare.reports.formatting import (
 )
 from tensor_debugger.engine.dimension_names import parse_dims_option
 from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.store.problem_report import ProblemReport
 
 
 def read_pairing_file(
@@ -125,24 +137,37 @@ def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None =
     """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code.
     `data_dir`: where the session is stored when no server serves it (the compare ran in this process); `wanted`:
     the session name asked for, said beside the one given where that was taken ("name (2)")."""
+    report = outcome.payload
     if outcome.error is not None:
-        print_unusable(outcome.error, outcome.payload["problems"], as_json, outcome.payload)
+        print_unusable(outcome.error, report.problems, as_json, report)
     elif as_json:
-        print(json.dumps(outcome.payload))
+        print(json.dumps(to_json(report)))
     else:
-        name = outcome.payload["session"]["name"]
+        name = report.session.name if report.session else ""
         if wanted and name != wanted:
             print(f"a session named {wanted!r} exists already: this one is {name!r}")
-        print_table(outcome.payload, data_dir)
+        print_table(report, data_dir)
     return outcome.exit_code
 
 
-def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
-    if len(payload.get("first_divergences", {})) > 1:
-        print_candidates(payload)
-        print_where(payload["session"]["url"], data_dir)
+def verdict_words(pair: ComparedPair) -> str:
+    """A pair's verdict as the table says it: "FAIL", "PASS (summary)", "NO DIFFERENCE FOUND (summary)", "(noise)"."""
+    verdict = pair.status.upper() + (" (summary)" if pair.summary else "")
+    verdict = "NO DIFFERENCE FOUND (summary)" if pair.on_summary and pair.status == "pass" else verdict
+    return verdict + (" (noise)" if pair.rule == "noise" else "")
+
+
+def alignment_words(pair: ComparedPair) -> str:
+    return "" if pair.alignment == "same shape" else pair.alignment[:60]
+
+
+def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
+    url = report.session.url if report.session else ""
+    if len(report.first_divergences) > 1:
+        print_candidates(report)
+        print_where(url, data_dir)
         return
-    noise = any(p.get("noise_max_abs_diff") is not None for p in payload["pairs"])
+    noise = any(p.noise_max_abs_diff is not None for p in report.pairs)
     floor_header = ("noise floor",) if noise else ()
     rows: list[tuple[str, ...]] = [
         (
@@ -158,38 +183,32 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
             "alignment",
         )
     ]
-    for n, p in enumerate(payload["pairs"]):
-        s = p["stats"] or {}
-        mismatch = f"{100 * s['mismatched'] / s['numel']:.3g}%" if s and s["numel"] else ""
-        on_summary = p["summary"] and p["summary"].get("basis") == "summary"
-        verdict = p["status"].upper() + (" (summary)" if p["summary"] else "")
-        verdict = "NO DIFFERENCE FOUND (summary)" if on_summary and p["status"] == "pass" else verdict
-        verdict += " (noise)" if p.get("rule") == "noise" else ""
-        floor = (cell(p.get("noise_max_abs_diff")),) if noise else ()
+    for n, p in enumerate(report.pairs):
+        s = p.stats
+        mismatch = f"{100 * s.mismatched / s.numel:.3g}%" if s and s.numel else ""
+        floor = (cell(p.noise_max_abs_diff),) if noise else ()
         rows.append(
             (
                 str(n),
-                "" if p["layer"] is None else str(p["layer"]),
-                p["name"],
-                verdict,
-                cell(s.get("max_abs_diff")),
+                "" if p.layer is None else str(p.layer),
+                p.name,
+                verdict_words(p),
+                cell(None if s is None else s.max_abs_diff),
                 *floor,
-                cell(s.get("mean_abs_diff")),
-                format_cosine(s.get("cosine")),
+                cell(None if s is None else s.mean_abs_diff),
+                format_cosine(None if s is None else s.cosine),
                 mismatch,
-                "" if p["alignment"] == "same shape" else p["alignment"][:60],
+                alignment_words(p),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
-    for side, names in payload["unmatched"].items():
-        if names and (side == "b" or payload.get("coverage") is None):  # the reference's: NOT COMPARED says them
+    print_rows(rows)
+    for side, names in (("a", report.unmatched.a), ("b", report.unmatched.b)):
+        if names and (side == "b" or report.coverage is None):  # the reference's: NOT COMPARED says them
             which = "reference" if side == "a" else "candidate"
             print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
-    print_problems(payload["problems"])
-    sketched = payload.get("pairs_on_summaries") or 0
-    summaries = sum(1 for p in payload["pairs"] if p["summary"]) - sketched
+    print_problems(report.problems)
+    sketched = report.pairs_on_summaries
+    summaries = sum(1 for p in report.pairs if p.summary) - sketched
     if sketched:
         print(
             f'from summaries: {sketched} pairs were judged on summaries alone (values="summary"): hashes, norms, '
@@ -200,60 +219,65 @@ def print_table(payload: dict[str, Any], data_dir: Path | None = None) -> None:
             f"element values are not available for {summaries} pairs (a trace written with use_repr=True): their "
             f"verdicts compare the shape and mean, std, min and max only"
         )
-    first = payload["first_divergence"]
-    failing = sum(1 for p in payload["pairs"] if p["status"] != "pass")
+    first = report.first_divergence
+    failing = sum(1 for p in report.pairs if p.status != "pass")
     if first is None:
-        incomplete = unread_files(payload["problems"]) or payload.get("verdict") == "incomplete"
+        incomplete = unread_files(report.problems) or report.verdict == "incomplete"
         among = " among the pairs compared" if incomplete else ""
         rests = (
             " (from summaries: no difference found in the summaries, not every element compared)" if sketched else ""
         )
-        print(f"no divergence{among}: {len(payload['pairs']) - failing} of {len(payload['pairs'])} pairs pass{rests}")
+        print(f"no divergence{among}: {len(report.pairs) - failing} of {len(report.pairs)} pairs pass{rests}")
     else:
-        pair = next(p for p in payload["pairs"] if p["name"] == first["name"])
-        stats = pair["stats"]
-        where = (
-            "no layer"
-            if first["layer"] is None
-            else f"layer {first['layer']}"
-            if first["stage"] is None
-            else f"layer {first['layer']}, stage {first['stage']}"
-        )
-        at = source_words(pair["a"].get("source"), pair["b"].get("source"))  # a captured op's lines
-        where = f"{where}, {at}" if at else where
-        if first.get("basis") == "summary":
-            print(f"FIRST DIVERGENCE: {first['name']} ({where}): {first['summary_reason']}{inside(first)}")
-            if payload.get("next_capture"):
-                print("next capture, full values of that module (add to this session):")
-                print(textwrap.indent(payload["next_capture"]["python"], "    "))
-        elif stats is None:
-            print(
-                f"FIRST DIVERGENCE: {first['name']} ({where}): its summary statistics differ (element values "
-                f"are not available in this trace)"
-            )
-        elif pair.get("rule") == "noise":
-            print(
-                f"FIRST DIVERGENCE: {first['name']} ({where}): max |diff| {cell(stats['max_abs_diff'])} at "
-                f"{stats['argmax']}, beyond the noise factor times the rerun's {cell(pair['noise_max_abs_diff'])}"
-                f"{inside(first)}"
-            )
-        else:
-            replicas = pair.get("replicas") or {}
-            copies = replica_words(replicas.get("side", "b"), replicas.get("differing"))
-            print(
-                f"FIRST DIVERGENCE: {first['name']} ({where}): {copies + ' differs: ' if copies else ''}max |diff| "
-                f"{cell(stats['max_abs_diff'])} at {stats['argmax']}, {stats['mismatched']} of {stats['numel']} "
-                f"elements outside tolerance"
-                f"{inside(first)}"
-            )
+        print_first_divergence(report, first)
     print_unmatched_before(first)
-    pending = sum(1 for p in payload["pairs"] if p["status"] == "pending")
+    pending = sum(1 for p in report.pairs if p.status == "pending")
     if pending:
         print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
-    print_culprits(payload["culprits"], failing > 0, payload.get("culprit_note"))
-    print_not_compared(payload)
-    print_incomplete(payload["problems"])
-    print_where(payload["session"]["url"], data_dir)
+    print_culprits(report.culprits, failing > 0, report.culprit_note)
+    print_not_compared(report)
+    print_incomplete(report.problems)
+    print_where(url, data_dir)
+
+
+def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> None:
+    """`FIRST DIVERGENCE:` where, by how much, and what settles it where it was found from summaries."""
+    pair = report.pair_named(first.name)
+    stats = pair.stats
+    where = (
+        "no layer"
+        if first.layer is None
+        else f"layer {first.layer}"
+        if first.stage is None
+        else f"layer {first.layer}, stage {first.stage}"
+    )
+    at = source_words(pair.a.source, pair.b.source)  # a captured op's lines
+    where = f"{where}, {at}" if at else where
+    if first.basis == "summary":
+        print(f"FIRST DIVERGENCE: {first.name} ({where}): {first.summary_reason}{inside(first)}")
+        if report.next_capture:
+            print("next capture, full values of that module (add to this session):")
+            print(textwrap.indent(report.next_capture.python, "    "))
+    elif stats is None:
+        print(
+            f"FIRST DIVERGENCE: {first.name} ({where}): its summary statistics differ (element values "
+            f"are not available in this trace)"
+        )
+    elif pair.rule == "noise":
+        print(
+            f"FIRST DIVERGENCE: {first.name} ({where}): max |diff| {cell(stats.max_abs_diff)} at "
+            f"{stats.argmax}, beyond the noise factor times the rerun's {cell(pair.noise_max_abs_diff)}"
+            f"{inside(first)}"
+        )
+    else:
+        replicas = pair.replicas
+        copies = replica_words(replicas.side, replicas.differing) if replicas else ""
+        print(
+            f"FIRST DIVERGENCE: {first.name} ({where}): {copies + ' differs: ' if copies else ''}max |diff| "
+            f"{cell(stats.max_abs_diff)} at {stats.argmax}, {stats.mismatched} of {stats.numel} "
+            f"elements outside tolerance"
+            f"{inside(first)}"
+        )
 
 
 def names_of(names: list[str], shown: int = 20) -> str:
@@ -262,9 +286,9 @@ def names_of(names: list[str], shown: int = 20) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def print_unmatched_before(first: dict[str, Any] | None, lead: str = "") -> None:
+def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> None:
     """Under a first divergence: the reference tensors without partner before it in execution order."""
-    before = (first or {}).get("unmatched_before") or []
+    before = first.unmatched_before if first else []
     if before:
         tensors = (
             "1 reference tensor before it was"
@@ -274,33 +298,35 @@ def print_unmatched_before(first: dict[str, Any] | None, lead: str = "") -> None
         print(f"{lead}{tensors} not compared (no partner in the candidate): {names_of(before)}")
 
 
-def print_not_compared(payload: dict[str, Any]) -> None:
+def print_not_compared(report: CompareReport) -> None:
     """What of the reference was not compared (the verdict is incomplete, exit 1): its tensors without partner
     that the user did not allow, pairs that errored or are incomparable; and those the user allowed to stay
     unpaired."""
-    coverage = payload.get("coverage") or {}
-    missing = coverage.get("unmatched") or []
+    coverage = report.coverage
+    if coverage is None:
+        return
+    missing = coverage.unmatched
     if missing:
-        of = coverage.get("reference_tensors")
+        of = coverage.reference_tensors
         total = f" of {of}" if of else ""
         tensors = "reference tensor has" if len(missing) == 1 else "reference tensors have"
         print(
             f"NOT COMPARED: {len(missing)}{total} {tensors} no partner in the candidate: {names_of(missing)} "
             "(pair them by hand on the session's page, or allow them with --allow-unmatched GLOB)"
         )
-    left_out = coverage.get("not_compared") or []
+    left_out = coverage.not_compared
     if left_out:
         pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
         print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")
-    allowed = coverage.get("allowed_unmatched") or []
+    allowed = coverage.allowed_unmatched
     if allowed:
         print(f"allowed to have no partner ({len(allowed)}): {names_of(allowed)}")
 
 
-def inside(first: dict[str, Any]) -> str:
+def inside(first: DivergenceSummary) -> str:
     """Where inside the first divergence its error is, after a semicolon ("; in heads 5, tokens 10-12");
-    nothing where not known (a result stored before `where` was computed, a JSON from an older server)."""
-    text = format_where(first.get("where"))
+    nothing where not known (a result stored before `where` was computed)."""
+    text = format_where(first.where)
     return f"; {text}" if text else ""
 
 
@@ -315,21 +341,21 @@ def print_where(url: str, data_dir: Path | None) -> None:
 TRACE_JSON = "_debug_tree_FULL_TENSORS.json"  # a capture's trace (`ingest/traces.FULL_SUFFIX`; not imported: light)
 
 
-def print_problems(problems: list[dict[str, Any]]) -> None:
+def print_problems(problems: Sequence[ProblemReport]) -> None:
     """What could not be read, a line each; what held no tensor (a config.json beside the weights), on one line; a
     capture's notes on its trace (what it could not see: a compiled module's ops), a line each."""
-    notes = [p for p in problems if p["ignored"] and p["file"].endswith(TRACE_JSON)]
-    ignored = [p["file"] for p in problems if p["ignored"] and p not in notes]
+    notes = [p for p in problems if p.ignored and p.file.endswith(TRACE_JSON)]
+    ignored = [p.file for p in problems if p.ignored and p not in notes]
     if ignored:
         print(f"ignored, no tensor in them ({len(ignored)}): {', '.join(ignored)}")
     for note in notes:
-        print(f"note: {note['file']}: {note['reason']}")
+        print(f"note: {note.file}: {note.reason}")
     for problem in problems:
-        if not problem["ignored"]:
-            print(f"problem: {problem['file']}: {problem['reason']}")
+        if not problem.ignored:
+            print(f"problem: {problem.file}: {problem.reason}")
 
 
-def print_incomplete(problems: list[dict[str, Any]], culprits: bool = True) -> None:
+def print_incomplete(problems: Sequence[ProblemReport], culprits: bool = True) -> None:
     """The last word where input files could not be read: their tensors are not in the comparison (exit 2).
     `culprits`: whether the comparison names any (`explore` does not)."""
     lost = unread_files(problems)
@@ -341,36 +367,35 @@ def print_incomplete(problems: list[dict[str, Any]], culprits: bool = True) -> N
         )
 
 
-def print_candidates(payload: dict[str, Any]) -> None:
+def print_candidates(report: CompareReport) -> None:
     """Several candidates side by side: a row per reference tensor, a column per candidate (verdict and
     max |diff|), then each candidate's first divergence."""
-    labels = list(payload["first_divergences"])
+    labels = list(report.first_divergences)
     cells: dict[str, dict[str, str]] = {}
     layers: dict[str, str] = {}
-    for p in payload["pairs"]:
-        name = p["a"]["name"]
-        layers.setdefault(name, "" if p["layer"] is None else str(p["layer"]))
-        stats = p["stats"] or {}
-        cells.setdefault(name, {})[p["candidate"]] = f"{p['status'].upper()} {cell(stats.get('max_abs_diff'))}".rstrip()
+    for p in report.pairs:
+        name = p.a.name
+        layers.setdefault(name, "" if p.layer is None else str(p.layer))
+        cells.setdefault(name, {})[p.candidate] = (
+            f"{p.status.upper()} {cell(None if p.stats is None else p.stats.max_abs_diff)}".rstrip()
+        )
     rows = [("#", "layer", "tensor", *(f"{label} (max |diff|)" for label in labels))]
     for n, (name, verdicts) in enumerate(cells.items()):
         rows.append((str(n), layers[name], name, *(verdicts.get(label, "unmatched") for label in labels)))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
-    print_problems(payload["problems"])
-    for label, first in payload["first_divergences"].items():
+    print_rows(rows)
+    print_problems(report.problems)
+    for label, first in report.first_divergences.items():
         if first is None:
             print(f"{label}: no divergence")
         else:
-            where = "no layer" if first["layer"] is None else f"layer {first['layer']}"
-            print(f"{label}: FIRST DIVERGENCE: {first['name']} ({where}){inside(first)}")
+            where = "no layer" if first.layer is None else f"layer {first.layer}"
+            print(f"{label}: FIRST DIVERGENCE: {first.name} ({where}){inside(first)}")
             print_unmatched_before(first, "  ")
-    print_not_compared(payload)
-    print_incomplete(payload["problems"])
+    print_not_compared(report)
+    print_incomplete(report.problems)
 
 
-def print_culprits(culprits: list[dict[str, Any]], failing: bool, note: str | None = None, top: int = 5) -> None:
+def print_culprits(culprits: Sequence[Culprit], failing: bool, note: str | None = None, top: int = 5) -> None:
     """The modules whose added error (relative RMSE of the output minus that of the input) stands out, or in a plain
     dump the stages (relative RMSE minus that of the tensor before), and `CULPRIT:` the first; then `note`: that the
     error grows evenly through the run where none stands out, or where a trace records too little to say more."""
@@ -380,32 +405,25 @@ def print_culprits(culprits: list[dict[str, Any]], failing: bool, note: str | No
         print(note[0].upper() + note[1:])
 
 
-def print_culprit_table(culprits: list[dict[str, Any]], failing: bool, top: int) -> None:
+def print_culprit_table(culprits: Sequence[Culprit], failing: bool, top: int) -> None:
     """The culprits' table, top `top`, and `CULPRIT:` the first when any pair fails."""
-    modules = "module_path" in culprits[0]
+    modules = isinstance(culprits[0].module_path, str)
     rows = [("module" if modules else "stage", "added error", "input error", "output error")]
     rows += [
-        (
-            c["module_path"] if modules else c["name"],
-            format_error(c["added_error"]),
-            format_error(c["input_error"]),
-            format_error(c["output_error"]),
-        )
+        (c.label, format_error(c.added_error), format_error(c.input_error), format_error(c.output_error))
         for c in culprits[:top]
     ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     rule = "output minus input" if modules else "minus the tensor before"
     print(
         f"{'modules' if modules else 'stages'} whose added error stands out (relative RMSE, {rule}), top "
         f"{min(top, len(culprits))} of {len(culprits)}:"
     )
-    for row in rows:
-        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    print_rows(rows, indent="  ")
     best = culprits[0]
     if failing:
         print(
-            f"CULPRIT: {rows[1][0]} added {format_error(best['added_error'])} relative RMSE "
-            f"(input {format_error(best['input_error'])}, output {format_error(best['output_error'])})"
+            f"CULPRIT: {best.label} added {format_error(best.added_error)} relative RMSE "
+            f"(input {format_error(best.input_error)}, output {format_error(best.output_error)})"
         )
 
 
@@ -416,11 +434,11 @@ def cell(value: Any) -> str:
 
 
 def print_unusable(
-    message: str, problems: list[dict[str, str]], as_json: bool, payload: dict[str, Any] | None = None
+    message: str, problems: Sequence[ProblemReport], as_json: bool, report: CompareReport | None = None
 ) -> None:
     if as_json:
-        print(json.dumps(unusable_json(message, problems, payload)))
+        print(json.dumps(to_json(unusable_report(message, problems, report))))
         return
     print(f"tensor-debugger: {message}", file=sys.stderr)
     for p in problems:
-        print(f"  {p['file']}: {p['reason']}", file=sys.stderr)
+        print(f"  {p.file}: {p.reason}", file=sys.stderr)

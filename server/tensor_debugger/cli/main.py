@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tensor_debugger import __version__
 from tensor_debugger.cli.progress_bar import ProgressBar
@@ -45,7 +45,9 @@ from tensor_debugger.settings import Settings, setting_docs
 if TYPE_CHECKING:
     import uvicorn
 
-    from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest
+    from tensor_debugger.cli.session_list import ListedSession
+    from tensor_debugger.compare.planning.requests import CompareRequest
+    from tensor_debugger.compare.reports.compare_report import IngestOutcome
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
@@ -470,18 +472,22 @@ def ingest(services: Services, session: str, run: str, paths: list[Path], as_jso
     return show_ingest(outcome, as_json)
 
 
-def show_ingest(outcome: CompareOutcome, as_json: bool) -> int:
-    payload = outcome.payload
-    if outcome.error is not None:
-        _report(payload, as_json, error=True)
-    elif as_json:
-        print(json.dumps(payload))
-    else:
-        session, run = payload["session"], payload["run"]
-        tensors = f"{run['tensors']} tensor{'' if run['tensors'] == 1 else 's'}"
-        print(f"stored {tensors} as run {run['label']!r} of session {session['name']!r}")
-        for p in payload["problems"]:
-            print(f"  problem: {p['file']}: {p['reason']}")
+def show_ingest(outcome: IngestOutcome, as_json: bool) -> int:
+    from tensor_debugger.compare.reports.compare_report import to_json
+
+    report = outcome.payload
+    if as_json:
+        print(json.dumps(to_json(report)))
+    elif outcome.error is not None:
+        print(f"tensor-debugger: {outcome.error}", file=sys.stderr)
+        for p in report.problems:
+            print(f"  {p.file}: {p.reason}", file=sys.stderr)
+    elif report.session is not None and report.run is not None:
+        run = report.run
+        tensors = f"{run.tensors} tensor{'' if run.tensors == 1 else 's'}"
+        print(f"stored {tensors} as run {run.label!r} of session {report.session.name!r}")
+        for p in report.problems:
+            print(f"  problem: {p.file}: {p.reason}")
     return outcome.exit_code
 
 
@@ -492,30 +498,18 @@ def list_sessions(services: Services, as_json: bool) -> int:
     return EXIT_OK
 
 
-def _session_list(services: Services) -> list[dict[str, Any]]:
+def _session_list(services: Services) -> list[ListedSession]:
+    from tensor_debugger.cli.session_list import ListedRun, ListedSession
     from tensor_debugger.store import catalog
     from tensor_debugger.store.reports import iso
 
     with services.sessions() as db:
-        data: list[dict[str, Any]] = [
-            {
-                "id": s.id,
-                "name": s.name,
-                "created_at": iso(s.created_at),
-                "runs": [
-                    {"id": r.id, "label": r.label, "role": r.role, "status": r.status, "tensors": r.tensor_count}
-                    for r in s.runs
-                ],
-            }
+        return [
+            ListedSession(
+                s.id,
+                s.name,
+                iso(s.created_at),
+                [ListedRun(r.id, r.label, r.role, r.status, r.tensor_count) for r in s.runs],
+            )
             for s in catalog.list_sessions(db)
         ]
-    return data
-
-
-def _report(payload: dict[str, Any], as_json: bool, error: bool) -> None:
-    if as_json:
-        print(json.dumps(payload))
-        return
-    print(f"tensor-debugger: {payload['error']}", file=sys.stderr)
-    for p in payload["problems"]:
-        print(f"  {p['file']}: {p['reason']}", file=sys.stderr)

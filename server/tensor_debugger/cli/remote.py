@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import httpx
+import msgspec
 
-from tensor_debugger.cli.session_list import print_sessions
+from tensor_debugger.cli.session_list import ListedSession, print_sessions
 from tensor_debugger.live.upload import server_sessions, upload_files
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2  # as cli/main.py's
@@ -77,17 +78,10 @@ def remote_sessions(server: str, token: str | None, as_json: bool) -> int:
     except (RuntimeError, httpx.HTTPError) as exc:
         print(f"tensor-debugger: {failure(server, exc)}", file=sys.stderr)
         return EXIT_FAILED
-    data = [
-        {
-            "id": s["id"],
-            "name": s["name"],
-            "created_at": s["created_at"],
-            "runs": [
-                {"id": r["id"], "label": r["label"], "role": r["role"], "status": r["status"], "tensors": r["tensors"]}
-                for r in s["runs"]
-            ],
-        }
-        for s in listed
-    ]
+    try:
+        data = msgspec.convert(listed, list[ListedSession])
+    except msgspec.ValidationError as exc:
+        print(f"tensor-debugger: {failure(server, exc)}", file=sys.stderr)
+        return EXIT_FAILED
     print_sessions(data, as_json, server)
     return EXIT_OK

@@ -9,6 +9,7 @@ import json
 import sys
 
 from tensor_debugger.cli.compare_output import cell
+from tensor_debugger.cli.table import print_rows
 from tensor_debugger.compare.planning.requests import EXIT_FAIL, EXIT_PASS, EXIT_UNUSABLE
 from tensor_debugger.compare.reports.coverage import Coverage
 from tensor_debugger.compare.reports.session_diff import Change, SessionDiff, diff_sessions, find_session
@@ -63,9 +64,7 @@ def print_diff(diff: SessionDiff) -> None:
                 str(p.change).upper() if p.change in (Change.FIXED, Change.BROKEN) else str(p.change),
             )
         )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(text.ljust(w) for text, w in zip(row, widths, strict=True)).rstrip())
+    print_rows(rows)
     for side, name in (("A", diff.a), ("B", diff.b)):
         first = name.first_divergence
         verdict = (

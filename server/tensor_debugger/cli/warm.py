@@ -3,8 +3,8 @@
 printed it themselves: the server has its imports done and its database open, the command then has nothing to
 start. No server, or one that does not answer as the data dir's (a stale file): the command does the work itself.
 
-Only the standard library and the light `compare_output` are imported here, so finding out costs next to nothing
-(urllib's HTTP client, about 25 ms, only once a server's address file is found).
+Only the standard library, msgspec and the light `compare_output` are imported here, so finding out costs next to
+nothing (urllib's HTTP client, about 25 ms, only once a server's address file is found).
 """
 
 from __future__ import annotations
@@ -14,9 +14,18 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from tensor_debugger.cli.compare_output import show_compare
 from tensor_debugger.cli.progress_bar import StatusLine
-from tensor_debugger.compare.planning.requests import EXIT_UNUSABLE, CompareOutcome, CompareRequest, wanted_name
+from tensor_debugger.compare.planning.requests import (
+    EXIT_UNUSABLE,
+    CompareRequest,
+    IngestRequest,
+    ServerIdentity,
+    wanted_name,
+)
+from tensor_debugger.compare.reports.compare_report import CompareEvent, CompareOutcome, IngestOutcome, IngestReport
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.address import TOKEN_HEADER, ServerAddress, process_alive, read_address
 
@@ -33,71 +42,66 @@ def find_server(settings: Settings) -> ServerAddress | None:
     if address is None or not process_alive(address.pid):
         return None
     try:
-        answer = _call(address, "GET", "/api/local/", None, PROBE_SECONDS)
-        found = json.loads(answer.read())
-    except (OSError, ValueError):
+        with _call(address, "GET", "/api/local/", None, PROBE_SECONDS) as answer:
+            found = msgspec.json.decode(answer.read(), type=ServerIdentity)
+    except (OSError, msgspec.DecodeError):
         return None
-    same = found.get("database_url") == settings.database_url and found.get("store_url") == settings.store_url
-    return address if same and found.get("pid") == address.pid else None
+    same = found.database_url == settings.database_url and found.store_url == settings.store_url
+    return address if same and found.pid == address.pid else None
 
 
 def remote_compare(address: ServerAddress, request: CompareRequest, as_json: bool) -> int | None:
     """Have the server compare; print and return the exit code. None when the server could not be reached at
     all (nothing was done: the caller does the work itself)."""
     try:
-        answer = _call(address, "POST", "/api/local/compare", request.to_json(), None)
+        answer = _call(address, "POST", "/api/local/compare", json.dumps(request.to_json()).encode(), None)
     except OSError:
         return None
     line = StatusLine()
     outcome: CompareOutcome | None = None
     try:
         for raw in answer:
-            event: dict[str, Any] = json.loads(raw)
-            if "step" in event:
-                line.update(str(event["step"]), int(event["done"]), int(event["total"]))
-            elif "outcome" in event:
-                outcome = CompareOutcome.from_json(event["outcome"])
+            event = msgspec.json.decode(raw, type=CompareEvent, strict=True)
+            if event.step is not None:
+                line.update(event.step, event.done, event.total)
+            elif event.outcome is not None:
+                outcome = event.outcome
             else:
-                raise ServerGone(str(event.get("failure", event)))
-    except (OSError, ValueError, ServerGone) as exc:
+                raise ServerGone(str(event.failure))
+    except (OSError, ValueError, msgspec.DecodeError, ServerGone) as exc:
         line.close()
         print(f"tensor-debugger: the server at {address.url} failed while comparing: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     finally:
         line.close()
+        answer.close()
     if outcome is None:
         print(f"tensor-debugger: the server at {address.url} stopped answering while comparing", file=sys.stderr)
         return EXIT_UNUSABLE
     return show_compare(outcome, as_json, wanted=wanted_name(request))
 
 
-def remote_ingest(address: ServerAddress, session: str, run: str, paths: list[Path]) -> CompareOutcome | None:
+def remote_ingest(address: ServerAddress, session: str, run: str, paths: list[Path]) -> IngestOutcome | None:
     """Have the server ingest the run; None when it could not be reached (nothing was done)."""
     import urllib.error
 
-    body = {
-        "session": session,
-        "run": run,
-        "paths": [str(p.absolute()) for p in paths],
-        "shown": [str(p) for p in paths],
-    }
+    body = msgspec.json.encode(IngestRequest(session, run, [str(p.absolute()) for p in paths], [str(p) for p in paths]))
     try:
         answer = _call(address, "POST", "/api/local/ingest", body, None)
     except urllib.error.HTTPError as exc:  # refused (a malformed request): said as the command would say it
-        return CompareOutcome(
-            EXIT_UNUSABLE, {"session": None, "run": None, "problems": [], "error": str(exc)}, str(exc)
-        )
+        return IngestOutcome(EXIT_UNUSABLE, IngestReport(session=None, run=None, problems=[], error=str(exc)), str(exc))
     except OSError:
         return None
-    return CompareOutcome.from_json(json.loads(answer.read()))
+    with answer:
+        return msgspec.json.decode(answer.read(), type=IngestOutcome, strict=True)
 
 
-def _call(address: ServerAddress, method: str, path: str, body: dict[str, Any] | None, timeout: float | None) -> Any:
+def _call(address: ServerAddress, method: str, path: str, body: bytes | None, timeout: float | None) -> Any:
     import urllib.request
 
     request = urllib.request.Request(
         address.url + path,
-        data=None if body is None else json.dumps(body).encode(),
+        data=body,
         method=method,
         headers={TOKEN_HEADER: address.token, "content-type": "application/json"},
     )

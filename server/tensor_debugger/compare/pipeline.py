@@ -16,7 +16,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
@@ -32,14 +31,21 @@ from tensor_debugger.compare.planning.requests import (
     EXIT_FAIL,
     EXIT_PASS,
     EXIT_UNUSABLE,
-    CompareOutcome,
     CompareRequest,
     StepProgress,
-    unread_files,
-    unusable_json,
     wanted_name,
 )
-from tensor_debugger.compare.reports.contract import contract_json
+from tensor_debugger.compare.reports.compare_report import (
+    CompareOutcome,
+    CompareReport,
+    IngestedRun,
+    IngestedSession,
+    IngestOutcome,
+    IngestReport,
+    unread_files,
+    unusable_report,
+)
+from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.coverage import SessionVerdict
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
@@ -49,7 +55,7 @@ from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, arch
 from tensor_debugger.ingest.stored import NotesOf
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, RunRecord
-from tensor_debugger.store.reports import problem_json
+from tensor_debugger.store.problem_report import ProblemReport
 
 
 def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
@@ -96,7 +102,7 @@ class _Refused(Exception):
     """A run ingested with the others could not be (`cause`); its session is deleted. `problems`: the other
     runs'."""
 
-    def __init__(self, cause: TensorDebuggerError, problems: list[dict[str, str]]) -> None:
+    def __init__(self, cause: TensorDebuggerError, problems: list[ProblemReport]) -> None:
         super().__init__(str(cause))
         self.cause, self.problems = cause, problems
 
@@ -109,7 +115,7 @@ def _ingest_at_once(
     runs: list[tuple[str, InputFile, str | None]],
     step: Callable[[str], Callable[[int, int], None] | None],
     compare_early: bool = True,
-) -> tuple[int, list[dict[str, str]]]:
+) -> tuple[int, list[ProblemReport]]:
     """Ingest `runs` (label, input, role) at once, each pair compared as soon as both its tensors are stored (unless
     not `compare_early`: a Dask cluster's workers compute them once planned); the session's id and the runs'
     problems. One progress step counts the bytes of all. Raises _Refused."""
@@ -166,7 +172,7 @@ def _ingest_at_once(
     finally:
         if early is not None:
             early.settle()
-    problems = [problem_json(p) for o in outcomes if isinstance(o, IngestResult) for p in o.problems]
+    problems = [ProblemReport.of(p) for o in outcomes if isinstance(o, IngestResult) for p in o.problems]
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
         with context.sessions() as db:
@@ -184,10 +190,10 @@ def _ingest_in_turn(
     session_name: str,
     runs: list[tuple[str, InputFile, str | None]],
     step: Callable[[str], Callable[[int, int], None] | None],
-) -> tuple[int, list[dict[str, str]]]:
+) -> tuple[int, list[ProblemReport]]:
     """Ingest the reference, then each other run while comparing its tensors with their reference partners as they
     land (`early.py`, which stops at the first divergence in execution order); as `_ingest_at_once`."""
-    problems: list[dict[str, str]] = []
+    problems: list[ProblemReport] = []
     session_id: int | None = None
     reference_run_id = 0
     early: EarlyComparisons | None = None
@@ -216,7 +222,7 @@ def _ingest_in_turn(
             if session_id is None:
                 reference_run_id = result.run_id
             session_id = result.session_id
-            problems += [problem_json(p) for p in result.problems]
+            problems += [ProblemReport.of(p) for p in result.problems]
     except TensorDebuggerError as exc:
         if early is not None:
             early.settle()  # before the session's arrays go
@@ -268,7 +274,7 @@ def compare_runs(
         session_id, problems = ingest(ingestor, context, request, session_name, runs, step)
     except _Refused as refused:
         cause = refused.cause
-        details = [problem_json(p) for p in cause.problems] if isinstance(cause, NothingUsableError) else []
+        details = [ProblemReport.of(p) for p in cause.problems] if isinstance(cause, NothingUsableError) else []
         return _unusable(str(cause), refused.problems + details)
     if request.allow_unmatched:
         with sessions.begin() as db:
@@ -290,7 +296,7 @@ def compare_runs(
         compute(session_id, progress=step("compare"), should_stop=stop)
     with sessions() as db:
         report = session_pairs(db, session_id, modules=True)
-    payload = contract_json(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
+    payload = compare_report(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
     if unread_files(problems):  # tensors missing: whatever passed, not a pass
@@ -307,7 +313,7 @@ def ingest_run(
     run: str,
     inputs: list[InputFile],
     progress: StepProgress | None = None,
-) -> CompareOutcome:
+) -> IngestOutcome:
     """`tensor-debugger ingest`: add the run and plan the session (whoever serves the data dir computes the pairs).
     The payload: the session, the run and the problems; with "error" (exit code 2) when nothing was stored."""
     try:
@@ -315,22 +321,20 @@ def ingest_run(
             session, run, inputs, progress=None if progress is None else lambda d, t: progress(f"ingest {run}", d, t)
         )
     except NothingUsableError as exc:
-        problems = [problem_json(p) for p in exc.problems]
-        return CompareOutcome(
-            EXIT_UNUSABLE, {"session": None, "run": None, "problems": problems, "error": str(exc)}, str(exc)
+        problems = [ProblemReport.of(p) for p in exc.problems]
+        return IngestOutcome(
+            EXIT_UNUSABLE, IngestReport(session=None, run=None, problems=problems, error=str(exc)), str(exc)
         )
     except TensorDebuggerError as exc:
-        return CompareOutcome(
-            EXIT_UNUSABLE, {"session": None, "run": None, "problems": [], "error": str(exc)}, str(exc)
-        )
+        return IngestOutcome(EXIT_UNUSABLE, IngestReport(session=None, run=None, problems=[], error=str(exc)), str(exc))
     plan_session(context, result.session_id)
-    payload = {
-        "session": {"id": result.session_id, "name": result.session_name},
-        "run": {"id": result.run_id, "label": result.run_label, "tensors": result.tensors},
-        "problems": [problem_json(p) for p in result.problems],
-    }
-    return CompareOutcome(EXIT_PASS, payload)
+    payload = IngestReport(
+        session=IngestedSession(result.session_id, result.session_name),
+        run=IngestedRun(result.run_id, result.run_label, result.tensors),
+        problems=[ProblemReport.of(p) for p in result.problems],
+    )
+    return IngestOutcome(EXIT_PASS, payload)
 
 
-def _unusable(message: str, problems: list[dict[str, str]], payload: dict[str, Any] | None = None) -> CompareOutcome:
-    return CompareOutcome(EXIT_UNUSABLE, unusable_json(message, problems, payload), message)
+def _unusable(message: str, problems: list[ProblemReport], payload: CompareReport | None = None) -> CompareOutcome:
+    return CompareOutcome(EXIT_UNUSABLE, unusable_report(message, problems, payload), message)

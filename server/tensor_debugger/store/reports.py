@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.problem_report import ProblemReport as ProblemReport  # served by the API here too
 
 
 class RunStatus(enum.StrEnum):
@@ -66,19 +66,6 @@ def parse_strategy(text: str) -> str:
 def iso(moment: datetime) -> str:
     """ISO 8601 with the zone; SQLite hands back naive datetimes, which are stored as UTC."""
     return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).isoformat()
-
-
-@dataclass(frozen=True)
-class ProblemReport:
-    """A file that could not be used, and why; `ignored` where it held no tensor (nothing is missing for it)."""
-
-    file: str
-    reason: str
-    ignored: bool = False
-
-    @classmethod
-    def of(cls, problem: FileProblem | ProblemRecord) -> ProblemReport:
-        return cls(problem.file, problem.reason, bool(problem.ignored))
 
 
 def problem_reports(problems: Sequence[FileProblem | ProblemRecord]) -> list[ProblemReport]:
@@ -251,8 +238,3 @@ class TensorReport:
                 tensor.numel, tensor.min, tensor.max, tensor.mean, tensor.std, tensor.nan_count, tensor.inf_count
             ),
         )
-
-
-def problem_json(problem: FileProblem | ProblemRecord) -> dict[str, Any]:
-    """A problem as the CLI's JSON prints it."""
-    return asdict(ProblemReport.of(problem))

@@ -1,13 +1,15 @@
-"""A compare asked for and its outcome, as the command line and a server it hands the work to exchange them (JSON
+"""A compare asked for, as the command line and a server it hands the work to exchange them (JSON
 over the local API: `web/controllers/local.py`). Light on purpose: the command line that finds a server running
-imports this and not the database or the array store."""
+imports this and not the database or the array store. Its outcome: compare/reports/compare_report.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from tensor_debugger.errors import InvalidInputError
 
@@ -79,43 +81,21 @@ class CompareRequest:
         return request
 
 
-@dataclass(frozen=True)
-class CompareOutcome:
-    exit_code: int
-    payload: dict[str, Any]  # the contract JSON (`contract.py`), with "error" when nothing could be compared
-    error: str | None = None  # what makes the input unusable (exit code 2)
+class IngestRequest(msgspec.Struct, frozen=True):
+    """`tensor-debugger ingest` handed to a server: the run's inputs by absolute path, each with how it was typed."""
 
-    def to_json(self) -> dict[str, Any]:
-        return {"exit_code": self.exit_code, "payload": self.payload, "error": self.error}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CompareOutcome:
-        return cls(int(data["exit_code"]), dict(data["payload"]), data.get("error"))
+    session: str
+    run: str
+    paths: list[str]
+    shown: list[str]
 
 
-def unusable_json(
-    message: str, problems: list[dict[str, str]], payload: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """The JSON of a compare that found nothing to compare: `payload` (or an empty one) with the error."""
-    empty: dict[str, Any] = {
-        "session": None,
-        "pairs": [],
-        "unmatched": {"a": [], "b": []},
-        "first_divergence": None,
-        "first_divergences": {},
-        "culprits": [],
-        "error_growth": None,
-        "culprit_note": None,
-        "verdict": "incomplete",
-        "coverage": None,
-    }
-    return {**(payload or empty), "problems": problems, "error": message}
+class ServerIdentity(msgspec.Struct, frozen=True):
+    """Who answers on the local API: the command line checks that the server is its data dir's."""
 
-
-def unread_files(problems: Sequence[dict[str, Any]]) -> list[str]:
-    """The files of `problems` (as store/reports.py's `problem_json` gives them) that could not be read: their
-    tensors are missing, so a comparison of their run is incomplete. Not those that held no tensor (`ignored`)."""
-    return [p["file"] for p in problems if not p["ignored"]]
+    pid: int
+    database_url: str
+    store_url: str
 
 
 def wanted_name(request: CompareRequest) -> str:

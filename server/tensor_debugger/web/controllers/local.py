@@ -9,13 +9,13 @@ These read files by their paths on this machine, so each request must carry the 
 from __future__ import annotations
 
 import hmac
-import json
 import queue
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from litestar import Controller, Request, get, post
 from litestar.di import NamedDependency
 from litestar.exceptions import PermissionDeniedException
@@ -23,7 +23,8 @@ from litestar.params import JSONBody
 from litestar.response import Stream
 
 from tensor_debugger.compare.pipeline import compare_runs, ingest_run
-from tensor_debugger.compare.planning.requests import CompareOutcome, CompareRequest
+from tensor_debugger.compare.planning.requests import CompareRequest, IngestRequest, ServerIdentity
+from tensor_debugger.compare.reports.compare_report import CompareEvent, IngestOutcome
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -43,21 +44,22 @@ class LocalController(Controller):
     include_in_schema = False
 
     @get("/", sync_to_thread=False)
-    def probe(self, request: Request[Any, Any, Any], services: NamedDependency[Services]) -> dict[str, Any]:
+    def probe(self, request: Request[Any, Any, Any], services: NamedDependency[Services]) -> ServerIdentity:
         """Who answers: the command line checks that this server is the one of its data dir."""
         address = check_token(request)
         settings = services.settings
-        return {"pid": address.pid, "database_url": settings.database_url, "store_url": settings.store_url}
+        return ServerIdentity(address.pid, settings.database_url, settings.store_url)
 
     @post("/compare", sync_to_thread=False)
     def compare(
         self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[dict[str, Any]]
     ) -> Stream:
         """`tensor-debugger compare`: one JSON object a line, {"step", "done", "total"} as it goes, then
-        {"outcome": ...} (`CompareOutcome.to_json`). The work goes on to the end if the caller leaves."""
+        {"outcome": ...} (`CompareEvent`, compare/reports/compare_report.py), or {"failure": ...}. The work goes on to
+        the end if the caller leaves."""
         address = check_token(request)
         compare_request = CompareRequest.from_json(data)
-        events: queue.Queue[dict[str, Any]] = queue.Queue()
+        events: queue.Queue[CompareEvent] = queue.Queue()
 
         def work() -> None:
             try:
@@ -67,11 +69,11 @@ class LocalController(Controller):
                     services.compute,
                     compare_request,
                     services.settings.public_url.rstrip("/") or address.url,  # where the user's links lead
-                    progress=lambda step, done, total: events.put({"step": step, "done": done, "total": total}),
+                    progress=lambda step, done, total: events.put(CompareEvent(step, done, total)),
                 )
-                events.put({"outcome": outcome.to_json()})
+                events.put(CompareEvent(outcome=outcome))
             except Exception as exc:  # said to the caller, whose command then fails
-                events.put({"failure": f"{type(exc).__name__}: {exc}"})
+                events.put(CompareEvent(failure=f"{type(exc).__name__}: {exc}"))
             finally:
                 services.worker.wake()  # pairs left pending (--fail-fast) are the worker's now
 
@@ -80,27 +82,23 @@ class LocalController(Controller):
         def lines() -> Iterator[bytes]:
             while True:
                 event = events.get()
-                yield (json.dumps(event) + "\n").encode()
-                if "step" not in event:
+                yield msgspec.json.encode(event) + b"\n"
+                if event.step is None:
                     return
 
         return Stream(lines(), media_type="application/x-ndjson")
 
     @post("/ingest", sync_to_thread=True)
     def ingest(
-        self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[dict[str, Any]]
-    ) -> dict[str, Any]:
-        """`tensor-debugger ingest`: {"session", "run", "paths": [absolute], "shown": [as typed]} ->
-        `CompareOutcome.to_json` (the payload the command prints)."""
+        self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[IngestRequest]
+    ) -> IngestOutcome:
+        """`tensor-debugger ingest`: {"session", "run", "paths": [absolute], "shown": [as typed]} -> `IngestOutcome`
+        (its payload, the report the command prints)."""
         check_token(request)
-        try:
-            paths, shown = [Path(p) for p in data["paths"]], [str(s) for s in data["shown"]]
-            session, run = str(data["session"]), str(data["run"])
-        except (KeyError, TypeError) as exc:
-            raise InvalidInputError(f"not an ingest request: {exc}") from None
+        paths, shown, session, run = [Path(p) for p in data.paths], data.shown, data.session, data.run
         if len(paths) != len(shown) or not all(p.is_absolute() for p in paths):
             raise InvalidInputError("an ingest request names its inputs by absolute paths, each with how it was typed")
-        outcome: CompareOutcome = ingest_run(
+        outcome = ingest_run(
             services.ingestor,
             services.context,
             session,
@@ -108,4 +106,4 @@ class LocalController(Controller):
             [InputFile(p, s) for p, s in zip(paths, shown, strict=True)],
         )
         services.worker.wake()
-        return outcome.to_json()
+        return outcome

@@ -1,0 +1,268 @@
+"""What `tensor-debugger compare` and `ingest` say, typed: the JSON `--json` prints (a stable contract for scripts,
+narrower than the API's; the README documents its fields), the table the command prints from it, and the answer a
+server sends the command that handed it the work (the warm path: `cli/warm.py`, `web/controllers/local.py`).
+`contract.py` fills a CompareReport from the session's reports.
+
+Light on purpose (msgspec and the standard library): the command line that finds a server running imports this and
+not the database or the array store. Fields left UNSET are left out of the JSON (a culprit is a module's or a
+stage's; `error` only where nothing could be compared)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+from tensor_debugger.compare.reports.where_reports import WhereEntry
+from tensor_debugger.store.problem_report import ProblemReport
+
+Number = float | int | str  # engine.metrics's: NaN and infinities travel as "nan", "inf", "-inf"
+
+
+class SessionLink(msgspec.Struct, frozen=True):
+    """The session a compare stored, and its page."""
+
+    id: int
+    name: str
+    url: str
+
+
+class SideSummary(msgspec.Struct, frozen=True):
+    """One run's tensor of a pair. `source`: a captured op's caller, "<file>:<line>" (capture with level="op")."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    source: str | None
+
+
+class WorstValue(msgspec.Struct, frozen=True):
+    """One of a pair's largest differences: where (in aligned coordinates), both values and |a - b|."""
+
+    index: list[int]
+    a: Number  # a complex value as text
+    b: Number
+    abs_diff: Number
+
+
+class StatsSummary(msgspec.Struct, frozen=True):
+    """A compared pair's statistics, those the contract keeps (compare/reports/pair_stats.py has them all)."""
+
+    max_abs_diff: Number
+    mean_abs_diff: Number
+    max_rel_diff: Number
+    mean_rel_diff: Number
+    mse: Number
+    cosine: Number
+    mismatched: int
+    numel: int
+    argmax: list[int] | None
+    nan_a: int
+    nan_b: int
+    inf_a: int
+    inf_b: int
+    worst: list[WorstValue]
+
+
+class Replicas(msgspec.Struct, frozen=True):
+    """One side's shards are whole copies, each compared: the ranks whose copy differs (null: not known)."""
+
+    ranks: int
+    side: str
+    differing: list[int] | None
+
+
+class ComparedPair(msgspec.Struct, frozen=True):
+    name: str
+    layer: int | None
+    stage: str | None
+    status: str  # a PairStatus
+    alignment: str
+    strategy: str
+    a: SideSummary
+    b: SideSummary
+    stats: StatsSummary | None
+    error: str | None
+    module_path: str | None
+    place: str | None
+    # the verdict on summaries, where element values are not available: a trace's (use_repr=True) or a capture's
+    # with values="summary" (engine/summary_compare.py), as stored with the result
+    summary: dict[str, Any] | None
+    candidate: str  # the label of the candidate run
+    rule: str  # what judged the verdict: "tolerance", or "noise" (a rerun of the reference's floor)
+    noise_max_abs_diff: Number | None  # that floor: the reference's rerun's max |diff| here
+    replicas: Replicas | None
+    # a failing pair's aligned dimensions that confine its error ([]: everywhere); null for any other pair
+    where: list[WhereEntry] | None
+
+    @property
+    def on_summary(self) -> bool:
+        """Judged on summaries alone (a capture with values="summary")."""
+        return self.summary is not None and self.summary.get("basis") == "summary"
+
+
+class Unmatched(msgspec.Struct, frozen=True):
+    """Tensors without partner: the reference's (`a`) and the candidates' (`b`)."""
+
+    a: list[str]
+    b: list[str]
+
+
+class CoverageSummary(msgspec.Struct, frozen=True):
+    """How much of the reference was compared (compare/reports/coverage.py)."""
+
+    reference_tensors: int
+    compared: int
+    unmatched: list[str]  # reference tensors without partner, not allowed by the user
+    allowed_unmatched: list[str]
+    not_compared: list[str]  # pairs that errored or are incomparable
+
+
+class DivergenceSummary(msgspec.Struct, frozen=True):
+    """A candidate's first divergence. `unmatched_before`: the reference tensors without partner (not allowed by the
+    user) before it in execution order; `where`: the dimensions and index ranges its error is confined to; `basis`
+    "summary" where the verdict rests on summaries, said in `summary_reason`; null: on element values."""
+
+    name: str
+    layer: int | None
+    stage: str | None
+    where: list[WhereEntry] | None
+    unmatched_before: list[str]
+    basis: str | None
+    summary_reason: str | None
+
+
+class NextCaptureSummary(msgspec.Struct, frozen=True):
+    """The capture with full values that settles a divergence found from summaries (`python`, a snippet)."""
+
+    modules: list[str]
+    values: str
+    level: str
+    python: str
+
+
+class Culprit(msgspec.Struct, frozen=True, kw_only=True):
+    """A module whose added error stands out (`module_path`), or in a plain dump a stage (`name`, `layer`, `stage`,
+    `previous`): the one kind's fields are left out of the other's JSON."""
+
+    module_path: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    layer: int | None | UnsetType = UNSET
+    stage: str | None | UnsetType = UNSET
+    previous: str | None | UnsetType = UNSET
+    added_error: Number
+    input_error: Number
+    output_error: Number
+
+    @property
+    def label(self) -> str:
+        """How the tables name it: the module's path, or the stage's tensor."""
+        return self.module_path if isinstance(self.module_path, str) else str(self.name)
+
+
+class CompareReport(msgspec.Struct, frozen=True, kw_only=True):
+    """`tensor-debugger compare --json`: the README's "JSON output" documents each field."""
+
+    session: SessionLink | None
+    pairs: list[ComparedPair]
+    unmatched: Unmatched
+    # comparing, diverged, incomplete (not everything was compared) or no_divergence (compare/reports/coverage.py)
+    verdict: str
+    coverage: CoverageSummary | None
+    first_divergence: DivergenceSummary | None  # the first candidate's
+    # "summary" where any pair was judged on summaries alone; "values" otherwise
+    basis: str
+    pairs_on_summaries: int
+    next_capture: NextCaptureSummary | None
+    first_divergences: dict[str, DivergenceSummary | None]  # each candidate's, by its label
+    culprits: list[Culprit]
+    error_growth: str | None  # "even", "stands out", or null where nothing could be ranked
+    culprit_note: str | None
+    problems: list[ProblemReport]
+    error: str | UnsetType = UNSET  # what made the input unusable (exit code 2)
+
+    def pair_named(self, name: str) -> ComparedPair:
+        return next(p for p in self.pairs if p.name == name)
+
+
+class IngestedSession(msgspec.Struct, frozen=True):
+    id: int
+    name: str
+
+
+class IngestedRun(msgspec.Struct, frozen=True):
+    id: int
+    label: str
+    tensors: int
+
+
+class IngestReport(msgspec.Struct, frozen=True, kw_only=True):
+    """`tensor-debugger ingest --json`: the session and the run stored, the problems; `error` when nothing was."""
+
+    session: IngestedSession | None
+    run: IngestedRun | None
+    problems: list[ProblemReport]
+    error: str | UnsetType = UNSET
+
+
+class CompareOutcome(msgspec.Struct, frozen=True):
+    """A compare's report and exit code; `error`: what made the input unusable (exit code 2)."""
+
+    exit_code: int
+    payload: CompareReport
+    error: str | None = None
+
+
+class IngestOutcome(msgspec.Struct, frozen=True):
+    exit_code: int
+    payload: IngestReport
+    error: str | None = None
+
+
+class CompareEvent(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One line of the server's answer to a compare handed to it: progress (`step`, `done`, `total`), then the
+    `outcome`, or the `failure` that stopped it."""
+
+    step: str | None = None
+    done: int = 0
+    total: int = 0
+    outcome: CompareOutcome | None = None
+    failure: str | None = None
+
+
+def unusable_report(
+    message: str, problems: Sequence[ProblemReport], report: CompareReport | None = None
+) -> CompareReport:
+    """The report of a compare that found nothing to compare: `report` (or an empty one) with the error."""
+    if report is None:
+        report = CompareReport(
+            session=None,
+            pairs=[],
+            unmatched=Unmatched([], []),
+            verdict="incomplete",
+            coverage=None,
+            first_divergence=None,
+            basis="values",
+            pairs_on_summaries=0,
+            next_capture=None,
+            first_divergences={},
+            culprits=[],
+            error_growth=None,
+            culprit_note=None,
+            problems=[],
+        )
+    return msgspec.structs.replace(report, problems=list(problems), error=message)
+
+
+def unread_files(problems: Sequence[ProblemReport]) -> list[str]:
+    """The files of `problems` that could not be read: their tensors are missing, so a comparison of their run is
+    incomplete. Not those that held no tensor (`ignored`)."""
+    return [p.file for p in problems if not p.ignored]
+
+
+def to_json(report: msgspec.Struct) -> dict[str, Any]:
+    """A report as the JSON the command prints (`json.dumps` of it), UNSET fields left out."""
+    data: dict[str, Any] = msgspec.to_builtins(report)
+    return data
