@@ -124,7 +124,10 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
 def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None = None, wanted: str = "") -> int:
     """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code.
     `data_dir`: where the session is stored when no server serves it (the compare ran in this process); `wanted`:
-    the session name asked for, said beside the one given where that was taken ("name (2)")."""
+    the session name asked for, said beside the one given where that was taken ("name (2)"). A killed compare's
+    session taken over is said on stderr: not part of the answer `answers.py` keeps for the next identical compare."""
+    if outcome.resumed and outcome.payload.get("session"):
+        print(f"resuming the interrupted session {outcome.payload['session']['name']!r}", file=sys.stderr)
     if outcome.error is not None:
         print_unusable(outcome.error, outcome.payload["problems"], as_json, outcome.payload)
     elif as_json:

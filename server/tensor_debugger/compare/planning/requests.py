@@ -84,13 +84,14 @@ class CompareOutcome:
     exit_code: int
     payload: dict[str, Any]  # the contract JSON (`contract.py`), with "error" when nothing could be compared
     error: str | None = None  # what makes the input unusable (exit code 2)
+    resumed: bool = False  # the session is a killed compare's, taken over (`compare/interrupted.py`)
 
     def to_json(self) -> dict[str, Any]:
-        return {"exit_code": self.exit_code, "payload": self.payload, "error": self.error}
+        return {"exit_code": self.exit_code, "payload": self.payload, "error": self.error, "resumed": self.resumed}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> CompareOutcome:
-        return cls(int(data["exit_code"]), dict(data["payload"]), data.get("error"))
+        return cls(int(data["exit_code"]), dict(data["payload"]), data.get("error"), bool(data.get("resumed")))
 
 
 def unusable_json(
