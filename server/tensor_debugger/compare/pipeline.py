@@ -6,7 +6,8 @@ same data dir that the command hands the work to (`web/controllers/local.py`). S
 early comparisons did not, and build the CLI's JSON. With `fail_fast` the reference is ingested first, then each
 candidate while comparing its tensors with their reference partners (`early.py`), and it stops once the first
 divergence in execution order is known (every pair before it settled): pairs not yet computed stay pending,
-whole and resumable, as after any interrupted computation.
+whole and resumable, as after any interrupted computation. A session of the wanted name that a killed compare of
+the same reference left with only that reference ready is taken over, not named "name (2)" (`interrupted.py`).
 """
 
 from __future__ import annotations
