@@ -139,4 +139,4 @@ def test_a_killed_compare_s_session_changed_since_is_not_taken_over(
     assert again.returncode == 1, again.stderr
     assert "resuming" not in again.stderr
     assert json.loads(again.stdout)["session"]["name"] == f"{NAME} (2)"
-    assert sorted(name for (name,) in rows(data_dir, "select name from sessions")) == [NAME, f"{NAME} (2)"]
+    assert sorted(str(name) for (name,) in rows(data_dir, "select name from sessions")) == [NAME, f"{NAME} (2)"]
