@@ -136,8 +136,11 @@ def request_from_args(args: argparse.Namespace) -> CompareRequest:
 def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None = None, wanted: str = "") -> int:
     """Print a compare's outcome (the JSON, or the table and the first divergence) and return its exit code.
     `data_dir`: where the session is stored when no server serves it (the compare ran in this process); `wanted`:
-    the session name asked for, said beside the one given where that was taken ("name (2)")."""
+    the session name asked for, said beside the one given where that was taken ("name (2)"). A killed compare's
+    session taken over is said on stderr: not part of the answer `answers.py` keeps for the next identical compare."""
     report = outcome.payload
+    if outcome.resumed and report.session is not None:
+        print(f"resuming the interrupted session {report.session.name!r}", file=sys.stderr)
     if outcome.error is not None:
         print_unusable(outcome.error, report.problems, as_json, report)
     elif as_json:

@@ -6,7 +6,8 @@ same data dir that the command hands the work to (`web/controllers/local.py`). S
 early comparisons did not, and build the CLI's JSON. With `fail_fast` the reference is ingested first, then each
 candidate while comparing its tensors with their reference partners (`early.py`), and it stops once the first
 divergence in execution order is known (every pair before it settled): pairs not yet computed stay pending,
-whole and resumable, as after any interrupted computation.
+whole and resumable, as after any interrupted computation. A session of the wanted name that a killed compare of
+the same reference left with only that reference ready is taken over, not named "name (2)" (`interrupted.py`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tensor_debugger.compare.compute.computation import Computation
 from tensor_debugger.compare.compute.early import EarlyComparisons
 from tensor_debugger.compare.compute.early_uploads import SessionComparisons
 from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.interrupted import Interrupted, interrupted_session
 from tensor_debugger.compare.planning.pairing_files import check_file, import_pairing
 from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.compare.planning.requests import (
@@ -54,7 +56,7 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, archive_limits
 from tensor_debugger.ingest.stored import NotesOf
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairRecord, RunRecord
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.problem_report import ProblemReport
 
 
@@ -114,16 +116,20 @@ def _ingest_at_once(
     session_name: str,
     runs: list[tuple[str, InputFile, str | None]],
     step: Callable[[str], Callable[[int, int], None] | None],
+    resumed: Interrupted | None = None,
     compare_early: bool = True,
 ) -> tuple[int, list[ProblemReport]]:
     """Ingest `runs` (label, input, role) at once, each pair compared as soon as both its tensors are stored (unless
     not `compare_early`: a Dask cluster's workers compute them once planned); the session's id and the runs'
-    problems. One progress step counts the bytes of all. Raises _Refused."""
+    problems. One progress step counts the bytes of all. `resumed`: a killed compare's session whose reference
+    (the first of `runs`) is ready: the others are ingested into it. Raises _Refused."""
+    if resumed is not None:
+        runs = runs[1:]
     pending: list[PendingRun] = []
     try:
         for label, given, role in runs:  # in order: the first begun is the reference
             pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
-        session_id = pending[0].session_id
+        session_id = pending[0].session_id if resumed is None else resumed.session_id
         with context.sessions.begin() as db:
             session = catalog.get_session(db, session_id)
             catalog.set_tolerances(session, request.rtol, request.atol, request.ulp)
@@ -190,17 +196,27 @@ def _ingest_in_turn(
     session_name: str,
     runs: list[tuple[str, InputFile, str | None]],
     step: Callable[[str], Callable[[int, int], None] | None],
+    resumed: Interrupted | None = None,
 ) -> tuple[int, list[ProblemReport]]:
     """Ingest the reference, then each other run while comparing its tensors with their reference partners as they
-    land (`early.py`, which stops at the first divergence in execution order); as `_ingest_at_once`."""
+    land (`early.py`, which stops at the first divergence in execution order); as `_ingest_at_once`. Every run's
+    row is begun first, so that while this compare lives its session holds a run "ingesting" under its process
+    (what tells a killed compare's session from a live one: `interrupted.py`)."""
     problems: list[ProblemReport] = []
-    session_id: int | None = None
-    reference_run_id = 0
+    session_id = resumed.session_id if resumed is not None else None
+    reference_run_id = resumed.reference_run_id if resumed is not None else 0
     early: EarlyComparisons | None = None
+    pending: list[PendingRun] = []
+    done = 0  # of `pending`, ingested (or given up by `complete`)
     try:
-        for label, given, role in runs:
-            if session_id is not None and role is None:  # the reference is ready: compare each candidate's tensors
-                # as they land
+        for label, given, role in runs[1:] if resumed is not None else runs:
+            pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
+            session_id = pending[-1].session_id
+        assert session_id is not None
+        todo = runs[1:] if resumed is not None else runs
+        for run, (label, given, role) in zip(pending, todo, strict=True):
+            if role is None and reference_run_id:
+                # the reference is ready: compare each candidate's tensors as they land
                 if early is not None:
                     early.settle()
                 with context.sessions.begin() as db:
@@ -210,25 +226,34 @@ def _ingest_in_turn(
                 early = EarlyComparisons(
                     context, session_id, reference_run_id, step("early"), fail_fast=request.fail_fast
                 )
-            result = ingestor.ingest(
-                session_name,
-                label,
+            try:
+                fingerprint = fingerprint_inputs([given], archive_limits(ingestor.settings), ingestor.settings.threads)
+            except BaseException:
+                ingestor.cancel(run)
+                done += 1
+                raise
+            done += 1
+            result = ingestor.complete(
+                run,
                 [given],
-                progress=step(f"ingest {label}"),
-                listener=early if role is None else None,
-                role=role,
-                by_label=False,  # A is the reference, whatever the folders are named
+                step(f"ingest {label}"),
+                fingerprint=fingerprint,
+                listener=early if role is None and reference_run_id else None,
             )
-            if session_id is None:
+            if not reference_run_id:
                 reference_run_id = result.run_id
-            session_id = result.session_id
             problems += [ProblemReport.of(p) for p in result.problems]
-    except TensorDebuggerError as exc:
+    except BaseException as exc:
+        for run in reversed(pending[done:]):  # begun, never ingested
+            ingestor.cancel(run)
+        if not isinstance(exc, TensorDebuggerError):
+            raise
         if early is not None:
             early.settle()  # before the session's arrays go
         if session_id is not None:
             with context.sessions() as db:
-                catalog.delete_session(db, context.store, session_id)
+                if db.get(SessionRecord, session_id) is not None:  # not removed with its first run, never begun
+                    catalog.delete_session(db, context.store, session_id)
         raise _Refused(exc, problems) from None
     finally:
         if early is not None:
@@ -253,7 +278,6 @@ def compare_runs(
         shown = request.pairing_shown
         return _unusable(f"pairing file {shown}: {exc}" if shown else str(exc), [])
     typed_inputs = [request.a_shown, *(typed for _, typed in request.candidates)]
-    session_name = free_name(sessions, wanted_name(request))
     paths = [request.a, *(path for path, _ in request.candidates)]
     roles: list[str | None] = [None] * len(paths)
     if request.noise is not None:  # the rerun right after the reference: each candidate's pairs find their floor
@@ -265,13 +289,16 @@ def compare_runs(
         (label, InputFile(path, typed), role)
         for label, path, typed, role in zip(labels, paths, typed_inputs, roles, strict=True)
     ]
+    wanted = wanted_name(request)
+    resumed = interrupted_session(ingestor, wanted, runs[0][0], runs[0][1])
+    session_name = wanted if resumed is not None else free_name(sessions, wanted)
 
     def step(name: str) -> Callable[[int, int], None] | None:
         return None if progress is None else lambda done, total: progress(name, done, total)
 
     ingest = _ingest_in_turn if request.fail_fast else partial(_ingest_at_once, compare_early=not compute.remote)
     try:
-        session_id, problems = ingest(ingestor, context, request, session_name, runs, step)
+        session_id, problems = ingest(ingestor, context, request, session_name, runs, step, resumed)
     except _Refused as refused:
         cause = refused.cause
         details = [ProblemReport.of(p) for p in cause.problems] if isinstance(cause, NothingUsableError) else []
@@ -300,10 +327,10 @@ def compare_runs(
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
     if unread_files(problems):  # tensors missing: whatever passed, not a pass
-        return CompareOutcome(EXIT_UNUSABLE, payload)
+        return CompareOutcome(EXIT_UNUSABLE, payload, resumed=resumed is not None)
     # reference tensors without partner that the user did not allow, or pairs not compared: not a pass
     passed = report.verdict == SessionVerdict.NO_DIVERGENCE
-    return CompareOutcome(EXIT_PASS if passed else EXIT_FAIL, payload)
+    return CompareOutcome(EXIT_PASS if passed else EXIT_FAIL, payload, resumed=resumed is not None)
 
 
 def ingest_run(

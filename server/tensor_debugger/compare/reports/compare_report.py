@@ -213,6 +213,7 @@ class CompareOutcome(msgspec.Struct, frozen=True):
     exit_code: int
     payload: CompareReport
     error: str | None = None
+    resumed: bool = False  # the session is a killed compare's, taken over (`compare/interrupted.py`)
 
 
 class IngestOutcome(msgspec.Struct, frozen=True):
