@@ -242,7 +242,7 @@ def test_the_worst_pairs_are_listed_above_the_groups_whatever_the_view(ordering:
         "link", name=re.compile("^row of .* in the table$")
     ).click()
     page.wait_for_url(re.compile(r"open=Layer\+0&page=1#pair-\d+$"))
-    row = page.locator(f"tr.row:has(td.name a:text-is('{later}'))")
+    row = page.locator(f"tr.row:has(td.name a[aria-label='{later}'])")
     expect(row).to_be_visible()
     assert row.get_attribute("id") == page.url.rsplit("#", 1)[1]
     # the same list, typed, in the pairs' JSON
