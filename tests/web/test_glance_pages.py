@@ -45,7 +45,7 @@ def glance(tmp_path_factory: pytest.TempPathFactory, hf_traces: WrittenTraces) -
     server.launch()
     try:
         wait_until(server.answers, what="the glance server to answer", timeout=60, interval=0.02)
-        for session_id in (sessions.trace, sessions.wide):
+        for session_id in (sessions.trace, sessions.wide, sessions.fixed):
             wait_done(server, session_id)
         yield Glance(server, sessions)
     finally:
@@ -69,7 +69,8 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
         "trace-pair": f"/pairs/{glance.pair(s.trace, 'mlp.down_proj_outputs')}",
         "wide-session": f"/sessions/{s.wide}",
         "wide-pair": f"/pairs/{glance.pair(s.wide, LONG_NAME)}",
-        "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.wide}",
+        "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.fixed}",
+        "compare-changed": f"/sessions/compare?a={s.trace}&b={s.fixed}&changed=true",
     }
     found: list[str] = []
     context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
@@ -240,3 +241,74 @@ def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None
     assert last.startswith("#74 LlamaForCausalLM_outputs_logits: fail, max |diff| ")
     page.keyboard.press("Home")
     assert page.locator(".chart-readout").inner_text().startswith("#0 ")
+
+
+def test_compare_sessions_links_both_pairs_filters_changes_and_overlays_both_errors(glance: Glance, page: Page) -> None:
+    """Did my fix help: every pair name links to its pair in A and in B; "changed only" (a query parameter, a
+    checkbox in the form) leaves out the pairs that stayed the same; A's and B's error share one chart with axes, a
+    legend, a crosshair read-out and keys."""
+    s = glance.sessions
+    diff = loopback_http.get(f"{glance.server.url}/api/sessions/compare?a={s.trace}&b={s.fixed}", timeout=30).json()
+    page.goto(f"{glance.server.url}/sessions/compare?a={s.trace}&b={s.fixed}")
+    rows = page.locator("table.session-diff tbody tr")
+    assert rows.count() == len(diff["pairs"])
+    first = diff["pairs"][0]
+    sides = rows.first.locator("td.name .sides a")
+    assert [a.get_attribute("href") for a in sides.all()] == [f"/pairs/{first['pair_a']}", f"/pairs/{first['pair_b']}"]
+    sides.nth(1).click()
+    page.wait_for_url(f"**/pairs/{first['pair_b']}")
+    page.go_back()
+    # changed only: through the form's checkbox, without scripts' help (a GET form)
+    page.locator("input[name=changed]").check()
+    page.locator("form.compare-sessions button[type=submit]").click()
+    page.wait_for_url("**changed=true**")
+    changed = [p for p in diff["pairs"] if p["change"] != "same"]
+    assert 0 < len(changed) < len(diff["pairs"])
+    assert page.locator("table.session-diff tbody tr").count() == len(changed)
+    assert {c.strip() for c in page.locator("table.session-diff td.change").all_inner_texts()} == {
+        p["change"] for p in changed
+    }
+    # the chart: A and B overlaid, axes with ticks and titles, a legend naming both sessions
+    chart = page.locator("figure.diff-chart")
+    assert chart.locator(".chart-legend li").all_inner_texts() == [
+        f"A: {diff['a']['name']} (#{s.trace})",
+        f"B: {diff['b']['name']} (#{s.fixed})",
+    ]
+    page.wait_for_function("() => document.querySelector('figure.diff-chart').classList.contains('live')")
+    assert chart.locator("canvas").count() == 1  # uPlot draws its axes, ticks and titles on the canvas
+    holder = chart.locator(".chart-plot")
+    holder.focus()
+    readout = chart.locator(".chart-readout")
+    page.keyboard.press("End")
+    last = diff["pairs"][-1]
+    assert readout.inner_text().startswith(f"#{len(diff['pairs']) - 1} {last['key']}")
+    page.keyboard.press("Home")
+    assert readout.inner_text().startswith(f"#0 {first['key']}")
+    page.keyboard.press("ArrowRight")
+    second = diff["pairs"][1]
+    assert readout.inner_text().startswith(f"#1 {second['key']}")
+    assert f"; {second['change']}" in readout.inner_text() and "A " in readout.inner_text()
+    # the crosshair follows the pointer: the plot's middle reads out the pair there
+    box = chart.locator(".u-over").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    middle = round((len(diff["pairs"]) - 1) / 2)
+    page.wait_for_function(
+        "m => document.querySelector('.chart-readout').textContent.startsWith(`#${m} `)"
+        " || document.querySelector('.chart-readout').textContent.startsWith(`#${m - 1} `)"
+        " || document.querySelector('.chart-readout').textContent.startsWith(`#${m + 1} `)",
+        arg=middle,
+    )
+    shot(page, "glance-compare-sessions")
+    # the static chart (what a page without scripts shows): both lines, ticks on both axes, both titles
+    page.goto(f"{glance.server.url}/sessions/compare?a={s.trace}&b={s.fixed}")
+    page.evaluate("document.querySelector('figure.diff-chart').classList.remove('live')")
+    static = chart.locator("svg.static-chart")
+    assert static.locator("path.line.a").get_attribute("d") and static.locator("path.line.b").get_attribute("d")
+    assert [t.text_content() for t in static.locator("text.axis-label").all()] == [
+        "pair (index, in A's execution order)",
+        "max |diff| (log)",
+    ]
+    y_ticks = [t.text_content() or "" for t in static.locator("text.tick[text-anchor=end]").all()]
+    assert y_ticks[-1] == "0" and all(t.startswith("1e") for t in y_ticks[:-1]) and len(y_ticks) >= 3
+    assert static.locator("text.tick[text-anchor=middle]").first.text_content() == "0"
