@@ -23,7 +23,8 @@ SPOT = (40, 200)
 class GlanceSessions:
     trace: int  # a traced tiny Llama, eager against perturbed
     wide: int  # one 64 x 256 pair named LONG_NAME (its twin, ...k_proj, beside it)
-    fixed: int  # the same tiny Llama, eager against sdpa: the "after the fix" of `trace` on compare-sessions
+    fixed: int  # the same tiny Llama, eager against sdpa with a rerun of eager (the noise floor): the "after the
+    # fix" of `trace` on compare-sessions
 
 
 def write_wide(folder: Path) -> tuple[Path, Path]:
@@ -56,7 +57,9 @@ def build_glance_sessions(data: Path, work: Path, traces: WrittenTraces) -> Glan
                 "id"
             ]
         )
-        fixed_request = compare_request(traces["eager"], traces["sdpa"], "trace-fixed", None, None)
+        fixed_request = compare_request(
+            traces["eager"], traces["sdpa"], "trace-fixed", None, None, noise=traces["eager"]
+        )
         fixed = int(
             compare_runs(services.ingestor, services.context, services.compute, fixed_request, "").payload["session"][
                 "id"

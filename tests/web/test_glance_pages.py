@@ -71,6 +71,7 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
         "wide-pair": f"/pairs/{glance.pair(s.wide, LONG_NAME)}",
         "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.fixed}",
         "compare-changed": f"/sessions/compare?a={s.trace}&b={s.fixed}&changed=true",
+        "sessions": "/",
     }
     found: list[str] = []
     context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
@@ -312,3 +313,27 @@ def test_compare_sessions_links_both_pairs_filters_changes_and_overlays_both_err
     y_ticks = [t.text_content() or "" for t in static.locator("text.tick[text-anchor=end]").all()]
     assert y_ticks[-1] == "0" and all(t.startswith("1e") for t in y_ticks[:-1]) and len(y_ticks) >= 3
     assert static.locator("text.tick[text-anchor=middle]").first.text_content() == "0"
+
+
+def test_sessions_list_counts_a_rerun_as_noise_links_first_divergences_and_folds_the_form(
+    glance: Glance, page: Page
+) -> None:
+    """A session with a rerun of the reference lists its pairs once (the rerun's are their noise column, not pairs
+    of their own); each first divergence links to its pair; the new-session form is folded once sessions exist."""
+    s = glance.sessions
+    fixed = loopback_http.get(f"{glance.server.url}/api/sessions/{s.fixed}/pairs", timeout=30).json()["pairs"]
+    assert fixed and all(p["noise_max_abs_diff"] is not None for p in fixed if p["status"] == "pass")
+    page.goto(glance.server.url + "/")
+    row = page.locator("table.sessions tbody tr", has=page.get_by_role("link", name="trace-fixed", exact=True))
+    assert row.locator("td.num").first.inner_text().strip() == str(len(fixed))  # 75 pairs, not 150
+    trace = loopback_http.get(f"{glance.server.url}/api/sessions/{s.trace}/first-divergence", timeout=30).json()
+    first = trace["first_divergence"]
+    link = page.locator("table.sessions tbody tr", has=page.get_by_role("link", name="trace", exact=True)).locator(
+        "td", has_text=first["name"]
+    )
+    assert link.locator("a").get_attribute("href") == f"/pairs/{first['pair_id']}"
+    details = page.locator("details.new-session")
+    assert details.get_attribute("open") is None and not page.get_by_label("Reference run").is_visible()
+    details.locator("summary").click()
+    assert page.get_by_label("Reference run").is_visible()
+    shot(page, "glance-sessions")
