@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page
@@ -45,7 +46,7 @@ def glance(tmp_path_factory: pytest.TempPathFactory, hf_traces: WrittenTraces) -
     server.launch()
     try:
         wait_until(server.answers, what="the glance server to answer", timeout=60, interval=0.02)
-        for session_id in (sessions.trace, sessions.wide, sessions.fixed):
+        for session_id in (sessions.trace, sessions.wide, sessions.named, sessions.fixed):
             wait_done(server, session_id)
         yield Glance(server, sessions)
     finally:
@@ -72,6 +73,8 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
         "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.fixed}",
         "compare-changed": f"/sessions/compare?a={s.trace}&b={s.fixed}&changed=true",
         "sessions": "/",
+        "profiles-named": f"/sessions/{s.named}/profiles",
+        "profiles-by-number": f"/sessions/{s.named}/profiles?dim=2",
     }
     found: list[str] = []
     context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
@@ -337,3 +340,35 @@ def test_sessions_list_counts_a_rerun_as_noise_links_first_divergences_and_folds
     details.locator("summary").click()
     assert page.get_by_label("Reference run").is_visible()
     shot(page, "glance-sessions")
+
+
+def test_profiles_open_on_a_named_dimension_and_bin_each_group_by_its_own_width(glance: Glance, page: Page) -> None:
+    """The profiles page opens at once on the named dimension most pairs have wider than 1 (tokens); by number, the
+    rows are grouped by the dimension's name and size: a 64-wide hidden row keeps a column an index beside a
+    1,000-wide vocab row that pools 8 a column and says so, in its header and in each cell's label."""
+    page.goto(f"{glance.server.url}/sessions/{glance.sessions.named}/profiles")
+    assert page.get_by_label("Aligned dimension").input_value() == "tokens"
+    groups = page.locator("h2.profile-group")
+    assert groups.all_inner_texts() == ["tokens (2 pairs, 8 indices)"]
+    assert page.locator("#profiles a[aria-label]").count() == 16  # 2 pairs x 8 tokens, shown without pressing Show
+    hot = page.get_by_label("ref.h.logits, index 3: max |diff| 0.5", exact=True)
+    assert hot.count() == 1
+    page.get_by_label("Aligned dimension").select_option("2")
+    page.get_by_role("button", name="Show").click()
+    page.wait_for_url("**dim=2")
+    assert groups.all_inner_texts() == ["hidden (1 pairs, 64 indices)", "vocab (1 pairs, 1000 indices)"]
+    binning = page.locator("p.binning").all_inner_texts()
+    assert binning[0] == "hidden, 64 indices: a column each"
+    assert binning[1].startswith("vocab, 1000 indices: each column the max of 8 (indices 0-7, 8-15, …)")
+    hidden = page.locator(".profile-heatmap").nth(0).locator("a[aria-label]")
+    vocab = page.locator(".profile-heatmap").nth(1).locator("a[aria-label]")
+    assert hidden.count() == 64 and vocab.count() == 125
+    assert hidden.nth(5).get_attribute("aria-label") == "ref.h.embed, index 5: max |diff| 0.001"
+    spot = page.get_by_label("ref.h.logits, indices 496-503: max of 8: max |diff| 0.5", exact=True)
+    assert spot.count() == 1
+    spot.click()  # opens the pair on the worst of the 8: index 500
+    page.wait_for_url("**/pairs/**")
+    window = dict(parse_qsl(urlsplit(page.url).query))
+    assert (window["index"], window["start"], window["count"], window["profile"]) == ("0,0,:", "468", "64", "2")
+    page.go_back()
+    shot(page, "glance-profiles-groups")
