@@ -73,6 +73,8 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
         "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.fixed}",
         "compare-changed": f"/sessions/compare?a={s.trace}&b={s.fixed}&changed=true",
         "sessions": "/",
+        "graph": f"/sessions/{s.trace}/graph",
+        "graph-search": f"/sessions/{s.trace}/graph?q=down_proj",
         "profiles-named": f"/sessions/{s.named}/profiles",
         "profiles-by-number": f"/sessions/{s.named}/profiles?dim=2",
     }
@@ -372,3 +374,51 @@ def test_profiles_open_on_a_named_dimension_and_bin_each_group_by_its_own_width(
     assert (window["index"], window["start"], window["count"], window["profile"]) == ("0,0,:", "468", "64", "2")
     page.go_back()
     shot(page, "glance-profiles-groups")
+
+
+def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pairs(glance: Glance, page: Page) -> None:
+    """The traced session's modules as boxes and edges, linked from the session page: folded but for the path to the
+    first divergence (its module a target box), coloured by error with the legend shown; a search opens the way to
+    each match; a box's name opens its pair; a folded box opens on click."""
+    s = glance.sessions
+    first = loopback_http.get(f"{glance.server.url}/api/sessions/{s.trace}/first-divergence", timeout=30).json()
+    first = first["first_divergence"]
+    page.goto(f"{glance.server.url}/sessions/{s.trace}")
+    page.get_by_role("link", name="The model as a graph").click()
+    page.wait_for_url(f"**/sessions/{s.trace}/graph")
+    graph = page.locator("section.module-graph")
+    boxes = graph.locator(".gnode")
+    visible = [b for b in boxes.all() if b.is_visible()]
+    assert 3 <= len(visible) < boxes.count()  # folded: the path's boxes and their siblings, not the rest
+    target = graph.locator(".gnode.target.first")
+    assert target.count() == 1 and target.is_visible()
+    assert target.locator("a").get_attribute("href") == f"/pairs/{first['pair_id']}"  # its output: the first divergence
+    on_path = [b.get_attribute("data-module") or "" for b in graph.locator(".gnode.on-path.first").all()]
+    target_path = target.get_attribute("data-module") or ""
+    assert all(target_path.startswith(p) for p in on_path) and len(on_path) >= 3  # root to the target
+    shades = {c for b in visible for c in (b.get_attribute("class") or "").split() if c.startswith("shade-e")}
+    assert len(shades) >= 2  # coloured by error, more than one shade
+    legend = page.locator("ul.graph-legend li").all_inner_texts()
+    assert legend[0].strip() == "0" and legend[-1].strip() == "no error known" and len(legend) == 11
+    # a folded box opens on click: the first folded module's children show
+    name = graph.locator("li:has(> details:not([open])) > .gnode").first.get_attribute("data-module")
+    folded = graph.locator(f'li:has(> .gnode[data-module="{name}"]) > details')
+    inside = folded.locator(":scope > ul > li").first
+    assert folded.get_attribute("open") is None and not inside.is_visible()
+    folded.locator(":scope > summary").click()
+    assert folded.get_attribute("open") is not None and inside.is_visible()
+    shot(page, "glance-graph")
+    # search: every match shown, the modules above it open
+    page.locator("input[name=q]").fill("down_proj")
+    page.get_by_role("button", name="Find").click()
+    page.wait_for_url("**q=down_proj")
+    matches = graph.locator(".gnode.matched")
+    assert matches.count() >= 2 and all(m.is_visible() for m in matches.all())
+    assert all("down_proj" in (m.get_attribute("data-module") or "") for m in matches.all())
+    assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {boxes.count()} modules match")
+    link = matches.first.locator("a")
+    href = link.get_attribute("href")
+    link.click()
+    page.wait_for_url(f"**{href}")
+    # a session without module structure has no graph
+    assert loopback_http.get(f"{glance.server.url}/sessions/{s.wide}/graph", timeout=30).status_code == 404

@@ -23,6 +23,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, SessionRecord
 from tensor_debugger.web.controllers.forms import Form, optional_float
+from tensor_debugger.web.views.module_graph import build_graph
 from tensor_debugger.web.views.pairing_form import PairingForm
 from tensor_debugger.web.views.profile_heatmap import heatmap
 from tensor_debugger.web.views.session_chart import build_chart
@@ -142,6 +143,21 @@ class SessionPageController(Controller):
             context = {"session": session, "dims": dims, "named": named, "dim": chosen, "profiles": profiles}
             context["heatmap"] = heatmap(profiles) if profiles is not None else None
             return Template("session_profiles.html", context=context)
+
+    @get("/sessions/{session_id:int}/graph", sync_to_thread=True)
+    def module_graph_page(
+        self, services: NamedDependency[Services], session_id: FromPath[int], q: FromQuery[str] = ""
+    ) -> Template:
+        """A traced or captured session's modules as a graph: folded but for the paths to the first divergence and
+        the culprits; `q`: modules whose path holds it (any case), shown with the modules above them open. 404
+        where the session's runs have no module structure."""
+        with services.sessions() as db:
+            session, report = read_session(db, services, session_id, modules=True)
+        if report.modules is None or not report.modules.tree:
+            raise NotFoundError(f"session {session_id} has no module structure (a trace or a capture has)")
+        first = report.first_divergence.pair_id if report.first_divergence else None
+        graph = build_graph(report.modules, first, q)
+        return Template("module_graph.html", context={"session": session, "graph": graph})
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: NamedDependency[Services], session_id: FromPath[int]) -> Response[str]:
