@@ -221,14 +221,14 @@ def graph_pages(data: Path, session_id: int, requests: int) -> None:
             browser = playwright.chromium.launch(
                 executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
             )
-            page = browser.new_page(viewport={"width": 1440, "height": 900})
+            tab = browser.new_page(viewport={"width": 1440, "height": 900})
             url = f"{base}/sessions/{session_id}/graph"
-            page.goto(url)
+            tab.goto(url)
             times = []
             for _ in range(requests):
-                page.goto(url)
-                times.append(page.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
-            count = page.evaluate("document.getElementsByTagName('*').length")
+                tab.goto(url)
+                times.append(tab.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
+            count = tab.evaluate("document.getElementsByTagName('*').length")
             print(
                 f"model graph in Chromium: load p50 {statistics.median(times):.0f} ms, max {max(times):.0f} ms over "
                 f"{requests} loads (target under 1,000 ms); {count:,} elements"
