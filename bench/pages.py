@@ -6,6 +6,7 @@ same for the pair page of a 64 x 256 pair (its heatmap covers the whole 64 x 256
     python bench/pages.py --layers 40     # quicker
     python bench/pages.py --pair-only     # the pair page alone
     python bench/pages.py --pair-only --baseline /elsewhere/server   # and another checkout's, side by side
+    python bench/pages.py --graph-only    # the model graph of a traced 154-layer tiny Llama (2,000+ modules)
 
 The session is built with the library (seeded synthetic dumps, a planted divergence), its pairs computed, then
 the real server is started on a loopback port and the page is requested repeatedly. Timings are wall times of
@@ -175,6 +176,69 @@ def pair_pages(data: Path, session_id: int, requests: int, baseline: Path | None
         print(f"| {row} | " + " | ".join(figures.get(row, "—") for figures in columns.values()) + " |")
 
 
+def build_trace_session(data: Path, layers: int) -> int:
+    """A Hugging Face debugger trace of a tiny random Llama of `layers` layers (13 modules each), against the same
+    model with layer 1's down_proj perturbed, compared as `compare` does."""
+    sys.path.insert(0, str(REPO))
+    from tensor_debugger.cli.compare_output import compare_request
+    from tensor_debugger.compare.pipeline import compare_runs
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    from tests.support.traces import PERTURBED, write_trace
+
+    traces = data.parent / "traces"
+    reference = write_trace(traces / "eager", layers=layers, prune_layers=False)
+    candidate = write_trace(traces / "perturbed", layers=layers, perturb=PERTURBED, prune_layers=False)
+    services = open_services(Settings(data_dir=data, demo=False))
+    try:
+        request = compare_request(reference, candidate, "bench graph", None, None)
+        payload = compare_runs(services.ingestor, services.context, services.compute, request, "").payload
+        return int(payload["session"]["id"])
+    finally:
+        services.close()
+
+
+def graph_pages(data: Path, session_id: int, requests: int) -> None:
+    """The model graph page of the traced session: server time and bytes, then Chromium's load time and DOM size."""
+    from playwright.sync_api import sync_playwright
+
+    server, base = serve([str(CLI)], data)
+    try:
+        with httpx.Client(timeout=60) as client:
+            views = (("model graph", "graph"), ("model graph, searched", "graph?q=down_proj"), ("session page", ""))
+            for view, path in views:
+                url = f"{base}/sessions/{session_id}/{path}".rstrip("/")
+                page = client.get(url)
+                page.raise_for_status()
+                modules = page.text.count('class="gnode')
+                elapsed, _ = timed(client, url, requests)
+                print(
+                    f"{view} ({modules:,} modules): server p50 {elapsed:.0f} ms over {requests} requests "
+                    f"(target under 300 ms); HTML {len(page.content) / 1e3:.0f} kB"
+                )
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
+            )
+            tab = browser.new_page(viewport={"width": 1440, "height": 900})
+            url = f"{base}/sessions/{session_id}/graph"
+            tab.goto(url)
+            times = []
+            for _ in range(requests):
+                tab.goto(url)
+                times.append(tab.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
+            count = tab.evaluate("document.getElementsByTagName('*').length")
+            print(
+                f"model graph in Chromium: load p50 {statistics.median(times):.0f} ms, max {max(times):.0f} ms over "
+                f"{requests} loads (target under 1,000 ms); {count:,} elements"
+            )
+            browser.close()
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -216,6 +280,8 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=154, help="13 pairs per layer (default 154: 2,002 pairs)")
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--pair-only", action="store_true", help="only the pair page of a 64 x 256 pair")
+    parser.add_argument("--graph-only", action="store_true", help="only the model graph of a traced tiny Llama")
+    parser.add_argument("--graph-layers", type=int, default=154, help="its layers (13 modules each; default 154)")
     parser.add_argument(
         "--baseline", type=Path, default=None, help="another checkout's server/ folder: its pair page too"
     )
@@ -229,6 +295,11 @@ def main() -> int:
     server: subprocess.Popen[bytes] | None = None
     try:
         started = time.perf_counter()
+        if args.graph_only:
+            graph_session = build_trace_session(work / "data", args.graph_layers)
+            print(f"trace of {args.graph_layers} layers built and compared in {time.perf_counter() - started:.1f} s")
+            graph_pages(work / "data", graph_session, args.requests)
+            return 0
         session_id = None if args.pair_only else build_session(work / "data", args.layers)
         if session_id is not None:
             print(f"session of {args.layers * 13} pairs built and compared in {time.perf_counter() - started:.1f} s")

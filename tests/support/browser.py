@@ -35,3 +35,10 @@ def wait_until_compared(page: Page, timeout: float = 60) -> None:
         return False
 
     wait_until(compared, what=f"{page.url} to show no pair pending", timeout=timeout, interval=0.2)
+
+
+def open_new_session_form(page: Page) -> None:
+    """Unfold the home page's new-session form (folded once sessions exist), as a user clicks its title."""
+    details = page.locator("details.new-session")
+    if details.get_attribute("open") is None:
+        details.locator("summary").click()

@@ -24,6 +24,9 @@ SPOT = (40, 200)
 class GlanceSessions:
     trace: int  # a traced tiny Llama, eager against perturbed
     wide: int  # one 64 x 256 pair named LONG_NAME (its twin, ...k_proj, beside it)
+    named: int  # h.embed [1, 8, 64] and h.logits [1, 8, 1000], dims named (batch, tokens, hidden / vocab)
+    fixed: int  # the same tiny Llama, eager against sdpa with a rerun of eager (the noise floor): the "after the
+    # fix" of `trace` on compare-sessions
 
 
 def write_wide(folder: Path) -> tuple[Path, Path]:
@@ -35,6 +38,26 @@ def write_wide(folder: Path) -> tuple[Path, Path]:
     candidate = {name: t.clone() for name, t in reference.items()}
     candidate[LONG_NAME] += 1e-4 * torch.randn(64, 256, generator=generator)
     candidate[LONG_NAME][SPOT] += 0.5
+    torch.save(reference, folder / "ref.pth")
+    torch.save(candidate, folder / "cand.pth")
+    return folder / "ref.pth", folder / "cand.pth"
+
+
+NAMED_DIMS = ("*embed=batch,tokens,hidden", "*logits=batch,tokens,vocab")
+
+
+def write_named(folder: Path) -> tuple[Path, Path]:
+    """Two .pth files: h.embed [1, 8, 64] and h.logits [1, 8, 1000]; the candidate differs from token 3 on, by 1e-3
+    in the embedding and 0.5 at logit 500."""
+    folder.mkdir(parents=True, exist_ok=True)
+    generator = torch.Generator().manual_seed(11)
+    reference = {
+        "h.embed": torch.randn(1, 8, 64, generator=generator),
+        "h.logits": torch.randn(1, 8, 1000, generator=generator),
+    }
+    candidate = {name: t.clone() for name, t in reference.items()}
+    candidate["h.embed"][0, 3:] += 1e-3
+    candidate["h.logits"][0, 3:, 500] += 0.5
     torch.save(reference, folder / "ref.pth")
     torch.save(candidate, folder / "cand.pth")
     return folder / "ref.pth", folder / "cand.pth"
@@ -56,6 +79,21 @@ def build_glance_sessions(data: Path, work: Path, traces: WrittenTraces) -> Glan
                 "session"
             ]["id"]
         )
-        return GlanceSessions(trace, wide)
+        fixed_request = compare_request(
+            traces["eager"], traces["sdpa"], "trace-fixed", None, None, noise=traces["eager"]
+        )
+        fixed = int(
+            compare_runs(services.ingestor, services.context, services.compute, fixed_request, "").payload["session"][
+                "id"
+            ]
+        )
+        ref, cand = write_named(work / "named")
+        named_request = compare_request(ref, cand, "named dims", None, None, dims=NAMED_DIMS)
+        named = int(
+            compare_runs(services.ingestor, services.context, services.compute, named_request, "").payload["session"][
+                "id"
+            ]
+        )
+        return GlanceSessions(trace, wide, named, fixed)
     finally:
         services.close()

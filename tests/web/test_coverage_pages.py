@@ -12,7 +12,7 @@ import pytest
 import torch
 from playwright.sync_api import Browser, Page, expect
 
-from tests.support.browser import shot, wait_until_compared
+from tests.support.browser import open_new_session_form, shot, wait_until_compared
 from tests.support.dumps import layered_dump, make_zip
 from tests.support.servers import LiveServer
 
@@ -29,6 +29,7 @@ def page(browser: Browser) -> Iterator[Page]:
 
 def new_session(page: Page, server: LiveServer, name: str, reference: Path, candidate: Path) -> str:
     page.goto(server.url + "/")
+    open_new_session_form(page)
     page.get_by_label("Name", exact=True).fill(name)
     page.get_by_label("Reference run").set_input_files(str(reference))
     page.get_by_label("Candidate run").set_input_files(str(candidate))

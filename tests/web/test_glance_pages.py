@@ -11,6 +11,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page
@@ -45,7 +46,7 @@ def glance(tmp_path_factory: pytest.TempPathFactory, hf_traces: WrittenTraces) -
     server.launch()
     try:
         wait_until(server.answers, what="the glance server to answer", timeout=60, interval=0.02)
-        for session_id in (sessions.trace, sessions.wide):
+        for session_id in (sessions.trace, sessions.wide, sessions.named, sessions.fixed):
             wait_done(server, session_id)
         yield Glance(server, sessions)
     finally:
@@ -69,7 +70,13 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
         "trace-pair": f"/pairs/{glance.pair(s.trace, 'mlp.down_proj_outputs')}",
         "wide-session": f"/sessions/{s.wide}",
         "wide-pair": f"/pairs/{glance.pair(s.wide, LONG_NAME)}",
-        "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.wide}",
+        "compare-sessions": f"/sessions/compare?a={s.trace}&b={s.fixed}",
+        "compare-changed": f"/sessions/compare?a={s.trace}&b={s.fixed}&changed=true",
+        "sessions": "/",
+        "graph": f"/sessions/{s.trace}/graph",
+        "graph-search": f"/sessions/{s.trace}/graph?q=down_proj",
+        "profiles-named": f"/sessions/{s.named}/profiles",
+        "profiles-by-number": f"/sessions/{s.named}/profiles?dim=2",
     }
     found: list[str] = []
     context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
@@ -240,3 +247,178 @@ def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None
     assert last.startswith("#74 LlamaForCausalLM_outputs_logits: fail, max |diff| ")
     page.keyboard.press("Home")
     assert page.locator(".chart-readout").inner_text().startswith("#0 ")
+
+
+def test_compare_sessions_links_both_pairs_filters_changes_and_overlays_both_errors(glance: Glance, page: Page) -> None:
+    """Did my fix help: every pair name links to its pair in A and in B; "changed only" (a query parameter, a
+    checkbox in the form) leaves out the pairs that stayed the same; A's and B's error share one chart with axes, a
+    legend, a crosshair read-out and keys."""
+    s = glance.sessions
+    diff = loopback_http.get(f"{glance.server.url}/api/sessions/compare?a={s.trace}&b={s.fixed}", timeout=30).json()
+    page.goto(f"{glance.server.url}/sessions/compare?a={s.trace}&b={s.fixed}")
+    rows = page.locator("table.session-diff tbody tr")
+    assert rows.count() == len(diff["pairs"])
+    first = diff["pairs"][0]
+    sides = rows.first.locator("td.name .sides a")
+    assert [a.get_attribute("href") for a in sides.all()] == [f"/pairs/{first['pair_a']}", f"/pairs/{first['pair_b']}"]
+    sides.nth(1).click()
+    page.wait_for_url(f"**/pairs/{first['pair_b']}")
+    page.go_back()
+    # changed only: through the form's checkbox, without scripts' help (a GET form)
+    page.locator("input[name=changed]").check()
+    page.locator("form.compare-sessions button[type=submit]").click()
+    page.wait_for_url("**changed=true**")
+    changed = [p for p in diff["pairs"] if p["change"] != "same"]
+    assert 0 < len(changed) < len(diff["pairs"])
+    assert page.locator("table.session-diff tbody tr").count() == len(changed)
+    assert {c.strip() for c in page.locator("table.session-diff td.change").all_inner_texts()} == {
+        p["change"] for p in changed
+    }
+    # the chart: A and B overlaid, axes with ticks and titles, a legend naming both sessions
+    chart = page.locator("figure.diff-chart")
+    assert chart.locator(".chart-legend li").all_inner_texts() == [
+        f"A: {diff['a']['name']} (#{s.trace})",
+        f"B: {diff['b']['name']} (#{s.fixed})",
+    ]
+    page.wait_for_function("() => document.querySelector('figure.diff-chart').classList.contains('live')")
+    assert chart.locator("canvas").count() == 1  # uPlot draws its axes, ticks and titles on the canvas
+    holder = chart.locator(".chart-plot")
+    holder.focus()
+    readout = chart.locator(".chart-readout")
+    page.keyboard.press("End")
+    last = diff["pairs"][-1]
+    assert readout.inner_text().startswith(f"#{len(diff['pairs']) - 1} {last['key']}")
+    page.keyboard.press("Home")
+    assert readout.inner_text().startswith(f"#0 {first['key']}")
+    page.keyboard.press("ArrowRight")
+    second = diff["pairs"][1]
+    assert readout.inner_text().startswith(f"#1 {second['key']}")
+    assert f"; {second['change']}" in readout.inner_text() and "A " in readout.inner_text()
+    # the crosshair follows the pointer: the plot's middle reads out the pair there
+    box = chart.locator(".u-over").bounding_box()
+    assert box is not None
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    middle = round((len(diff["pairs"]) - 1) / 2)
+    page.wait_for_function(
+        "m => document.querySelector('.chart-readout').textContent.startsWith(`#${m} `)"
+        " || document.querySelector('.chart-readout').textContent.startsWith(`#${m - 1} `)"
+        " || document.querySelector('.chart-readout').textContent.startsWith(`#${m + 1} `)",
+        arg=middle,
+    )
+    shot(page, "glance-compare-sessions")
+    # the static chart (what a page without scripts shows): both lines, ticks on both axes, both titles
+    page.goto(f"{glance.server.url}/sessions/compare?a={s.trace}&b={s.fixed}")
+    page.evaluate("document.querySelector('figure.diff-chart').classList.remove('live')")
+    static = chart.locator("svg.static-chart")
+    assert static.locator("path.line.a").get_attribute("d") and static.locator("path.line.b").get_attribute("d")
+    assert [t.text_content() for t in static.locator("text.axis-label").all()] == [
+        "pair (index, in A's execution order)",
+        "max |diff| (log)",
+    ]
+    y_ticks = [t.text_content() or "" for t in static.locator("text.tick[text-anchor=end]").all()]
+    assert y_ticks[-1] == "0" and all(t.startswith("1e") for t in y_ticks[:-1]) and len(y_ticks) >= 3
+    assert static.locator("text.tick[text-anchor=middle]").first.text_content() == "0"
+
+
+def test_sessions_list_counts_a_rerun_as_noise_links_first_divergences_and_folds_the_form(
+    glance: Glance, page: Page
+) -> None:
+    """A session with a rerun of the reference lists its pairs once (the rerun's are their noise column, not pairs
+    of their own); each first divergence links to its pair; the new-session form is folded once sessions exist."""
+    s = glance.sessions
+    fixed = loopback_http.get(f"{glance.server.url}/api/sessions/{s.fixed}/pairs", timeout=30).json()["pairs"]
+    assert fixed and all(p["noise_max_abs_diff"] is not None for p in fixed if p["status"] == "pass")
+    page.goto(glance.server.url + "/")
+    row = page.locator("table.sessions tbody tr", has=page.get_by_role("link", name="trace-fixed", exact=True))
+    assert row.locator("td.num").first.inner_text().strip() == str(len(fixed))  # 75 pairs, not 150
+    trace = loopback_http.get(f"{glance.server.url}/api/sessions/{s.trace}/first-divergence", timeout=30).json()
+    first = trace["first_divergence"]
+    link = page.locator("table.sessions tbody tr", has=page.get_by_role("link", name="trace", exact=True)).locator(
+        "td", has_text=first["name"]
+    )
+    assert link.locator("a").get_attribute("href") == f"/pairs/{first['pair_id']}"
+    details = page.locator("details.new-session")
+    assert details.get_attribute("open") is None and not page.get_by_label("Reference run").is_visible()
+    details.locator("summary").click()
+    assert page.get_by_label("Reference run").is_visible()
+    shot(page, "glance-sessions")
+
+
+def test_profiles_open_on_a_named_dimension_and_bin_each_group_by_its_own_width(glance: Glance, page: Page) -> None:
+    """The profiles page opens at once on the named dimension most pairs have wider than 1 (tokens); by number, the
+    rows are grouped by the dimension's name and size: a 64-wide hidden row keeps a column an index beside a
+    1,000-wide vocab row that pools 8 a column and says so, in its header and in each cell's label."""
+    page.goto(f"{glance.server.url}/sessions/{glance.sessions.named}/profiles")
+    assert page.get_by_label("Aligned dimension").input_value() == "tokens"
+    groups = page.locator("h2.profile-group")
+    assert groups.all_inner_texts() == ["tokens (2 pairs, 8 indices)"]
+    assert page.locator("#profiles a[aria-label]").count() == 16  # 2 pairs x 8 tokens, shown without pressing Show
+    hot = page.get_by_label("ref.h.logits, index 3: max |diff| 0.5", exact=True)
+    assert hot.count() == 1
+    page.get_by_label("Aligned dimension").select_option("2")
+    page.get_by_role("button", name="Show").click()
+    page.wait_for_url("**dim=2")
+    assert groups.all_inner_texts() == ["hidden (1 pairs, 64 indices)", "vocab (1 pairs, 1000 indices)"]
+    binning = page.locator("p.binning").all_inner_texts()
+    assert binning[0] == "hidden, 64 indices: a column each"
+    assert binning[1].startswith("vocab, 1000 indices: each column the max of 8 (indices 0-7, 8-15, …)")
+    hidden = page.locator(".profile-heatmap").nth(0).locator("a[aria-label]")
+    vocab = page.locator(".profile-heatmap").nth(1).locator("a[aria-label]")
+    assert hidden.count() == 64 and vocab.count() == 125
+    assert hidden.nth(5).get_attribute("aria-label") == "ref.h.embed, index 5: max |diff| 0.001"
+    spot = page.get_by_label("ref.h.logits, indices 496-503: max of 8: max |diff| 0.5", exact=True)
+    assert spot.count() == 1
+    spot.click()  # opens the pair on the worst of the 8: index 500
+    page.wait_for_url("**/pairs/**")
+    window = dict(parse_qsl(urlsplit(page.url).query))
+    assert (window["index"], window["start"], window["count"], window["profile"]) == ("0,0,:", "468", "64", "2")
+    page.go_back()
+    shot(page, "glance-profiles-groups")
+
+
+def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pairs(glance: Glance, page: Page) -> None:
+    """The traced session's modules as boxes and edges, linked from the session page: folded but for the path to the
+    first divergence (its module a target box), coloured by error with the legend shown; a search opens the way to
+    each match; a box's name opens its pair; a folded box opens on click."""
+    s = glance.sessions
+    first = loopback_http.get(f"{glance.server.url}/api/sessions/{s.trace}/first-divergence", timeout=30).json()
+    first = first["first_divergence"]
+    page.goto(f"{glance.server.url}/sessions/{s.trace}")
+    page.get_by_role("link", name="The model as a graph").click()
+    page.wait_for_url(f"**/sessions/{s.trace}/graph")
+    graph = page.locator("section.module-graph")
+    boxes = graph.locator(".gnode")
+    visible = [b for b in boxes.all() if b.is_visible()]
+    assert 3 <= len(visible) < boxes.count()  # folded: the path's boxes and their siblings, not the rest
+    target = graph.locator(".gnode.target.first")
+    assert target.count() == 1 and target.is_visible()
+    assert target.locator("a").get_attribute("href") == f"/pairs/{first['pair_id']}"  # its output: the first divergence
+    on_path = [b.get_attribute("data-module") or "" for b in graph.locator(".gnode.on-path.first").all()]
+    target_path = target.get_attribute("data-module") or ""
+    assert all(target_path.startswith(p) for p in on_path) and len(on_path) >= 3  # root to the target
+    shades = {c for b in visible for c in (b.get_attribute("class") or "").split() if c.startswith("shade-e")}
+    assert len(shades) >= 2  # coloured by error, more than one shade
+    legend = page.locator("ul.graph-legend li").all_inner_texts()
+    assert legend[0].strip() == "0" and legend[-1].strip() == "no error known" and len(legend) == 11
+    # a folded box opens on click: the first folded module's children show
+    name = graph.locator("li:has(> details:not([open])) > .gnode").first.get_attribute("data-module")
+    folded = graph.locator(f'li:has(> .gnode[data-module="{name}"]) > details')
+    inside = folded.locator(":scope > ul > li").first
+    assert folded.get_attribute("open") is None and not inside.is_visible()
+    folded.locator(":scope > summary").click()
+    assert folded.get_attribute("open") is not None and inside.is_visible()
+    shot(page, "glance-graph")
+    # search: every match shown, the modules above it open
+    page.locator("input[name=q]").fill("down_proj")
+    page.get_by_role("button", name="Find").click()
+    page.wait_for_url("**q=down_proj")
+    matches = graph.locator(".gnode.matched")
+    assert matches.count() >= 2 and all(m.is_visible() for m in matches.all())
+    assert all("down_proj" in (m.get_attribute("data-module") or "") for m in matches.all())
+    assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {boxes.count()} modules match")
+    link = matches.first.locator("a")
+    href = link.get_attribute("href")
+    link.click()
+    page.wait_for_url(f"**{href}")
+    # a session without module structure has no graph
+    assert loopback_http.get(f"{glance.server.url}/sessions/{s.wide}/graph", timeout=30).status_code == 404

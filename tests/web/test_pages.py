@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page, Response, expect
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support import loopback_http
-from tests.support.browser import shot, wait_until_compared
+from tests.support.browser import open_new_session_form, shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port
@@ -103,6 +103,7 @@ def fill_new_session(
     """The home page's new-session form filled in (the home page at `url` opened first, unless None), not sent."""
     if url is not None:
         page.goto(url + "/")
+    open_new_session_form(page)
     page.get_by_label("Name", exact=True).fill(name)
     page.get_by_label("Reference run").set_input_files(str(reference))
     if candidate is not None:

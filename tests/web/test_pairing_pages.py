@@ -13,7 +13,7 @@ import torch
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support import loopback_http
-from tests.support.browser import shot, wait_until_compared
+from tests.support.browser import open_new_session_form, shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, wait_done
 
@@ -49,6 +49,7 @@ def two_runs(tmp_path: Path) -> tuple[Path, Path]:
 
 def new_session(page: Page, server: LiveServer, name: str, reference: Path, candidate: Path) -> str:
     page.goto(server.url + "/")
+    open_new_session_form(page)
     page.get_by_label("Name", exact=True).fill(name)
     page.get_by_label("Reference run").set_input_files(str(reference))
     page.get_by_label("Candidate run").set_input_files(str(candidate))

@@ -9,6 +9,7 @@ if (form) {
   const grids = document.getElementById("inspector-grids");
   const sliders = form.querySelector(".sliders");
   let state = readState(new URLSearchParams(location.search));
+  let shown = 0; // the windows asked for: only the latest one's grids are shown
 
   function readState(params) {
     const index = (params.get("index") ?? form.elements.index.value).split(",");
@@ -32,8 +33,11 @@ if (form) {
     syncSliders();
     const q = query(s);
     if (push) history.pushState(null, "", `/pairs/${pairId}?${q}`);
+    const mine = ++shown;
     const response = await fetch(`/pairs/${pairId}/grid?${q}`);
-    grids.innerHTML = await response.text();
+    const text = await response.text();
+    if (mine !== shown) return; // a later move already asked for another window
+    grids.innerHTML = text;
     bindHeatmap(refocus);
     showLargest();
   }

@@ -55,6 +55,7 @@ class SessionSummary:
     first_divergence: str | None  # the name of the earliest failing pair
     not_compared: int = 0  # incomparable, or their comparison failed
     unmatched: int = 0  # reference tensors with no partner in a candidate, that the user did not allow
+    first_pair: int | None = None  # the earliest failing pair's id
 
 
 def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, SessionSummary]:
@@ -62,23 +63,32 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
     sessions list."""
     if not session_ids:
         return {}
+    # a rerun of the reference (role "noise") is the noise floor of the candidate's pairs, not pairs of its own:
+    # its pairs are not counted (a session of 35 tensors with a rerun has 35 pairs, not 70), but wait for them
+    candidate = aliased(RunRecord)
+    noise = func.coalesce(candidate.role, "") == "noise"
     counts = db.execute(
-        select(PairRecord.session_id, PairRecord.status, func.count())
+        select(PairRecord.session_id, PairRecord.status, noise, func.count())
+        .join(candidate, candidate.id == PairRecord.run_b_id)
         .where(PairRecord.session_id.in_(session_ids))
-        .group_by(PairRecord.session_id, PairRecord.status)
+        .group_by(PairRecord.session_id, PairRecord.status, noise)
     ).all()
     first_positions = (
         select(PairRecord.session_id, func.min(PairRecord.position).label("position"))
-        .where(PairRecord.session_id.in_(session_ids), PairRecord.status == "fail")
+        .join(candidate, candidate.id == PairRecord.run_b_id)
+        .where(PairRecord.session_id.in_(session_ids), PairRecord.status == "fail", ~noise)
         .group_by(PairRecord.session_id)
         .subquery()
     )
     firsts = db.execute(
-        select(PairRecord.session_id, PairRecord.name).join(
+        select(PairRecord.session_id, PairRecord.name, PairRecord.id)
+        .join(
             first_positions,
             (PairRecord.session_id == first_positions.c.session_id)
             & (PairRecord.position == first_positions.c.position),
         )
+        .join(candidate, candidate.id == PairRecord.run_b_id)
+        .where(~noise)
     ).all()
     reference, other = aliased(RunRecord), aliased(RunRecord)
     unmatched = dict(
@@ -96,17 +106,22 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
         ).all()
     )
     total: dict[int, dict[str, int]] = {}
-    for session_id, status, n in counts:
-        total.setdefault(session_id, {})[status] = n
-    first = dict(firsts)
+    pending: dict[int, int] = {}  # the rerun's pairs too: the candidate's verdicts wait for their noise floor
+    for session_id, status, of_noise, n in counts:
+        if status == "pending":
+            pending[session_id] = pending.get(session_id, 0) + n
+        if not of_noise:
+            total.setdefault(session_id, {})[status] = n
+    first = {session_id: (name, pair_id) for session_id, name, pair_id in firsts}
     return {
         sid: SessionSummary(
             sum(total.get(sid, {}).values()),
             total.get(sid, {}).get("fail", 0),
-            total.get(sid, {}).get("pending", 0),
-            first.get(sid),
+            pending.get(sid, 0),
+            first[sid][0] if sid in first else None,
             total.get(sid, {}).get("incomparable", 0) + total.get(sid, {}).get("error", 0),
             unmatched.get(sid, 0),
+            first[sid][1] if sid in first else None,
         )
         for sid in session_ids
     }

@@ -8,11 +8,12 @@ from litestar.di import NamedDependency
 from litestar.params import FromQuery
 from litestar.response import Template
 
-from tensor_debugger.compare.reports.session_diff import SessionDiff, diff_sessions
+from tensor_debugger.compare.reports.session_diff import Change, SessionDiff, diff_sessions
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.web.error_responses import MAX_INT64, error_responses
+from tensor_debugger.web.views.diff_chart import build_diff_chart
 
 
 def checked_diff(services: Services, a: int, b: int) -> SessionDiff:
@@ -39,10 +40,28 @@ class SessionDiffController(Controller):
 
     @get("/sessions/compare", sync_to_thread=True, include_in_schema=False)  # a page, like the page controllers'
     def compare_sessions_page(
-        self, services: NamedDependency[Services], a: FromQuery[int | None] = None, b: FromQuery[int | None] = None
+        self,
+        services: NamedDependency[Services],
+        a: FromQuery[int | None] = None,
+        b: FromQuery[int | None] = None,
+        changed: FromQuery[bool] = False,
     ) -> Template:
-        """Did my fix help, and did it break anything else: session `a` (before) against `b` (after)."""
+        """Did my fix help, and did it break anything else: session `a` (before) against `b` (after); `changed`:
+        the table lists only the pairs whose change is not "same" (the chart and the counts keep every pair)."""
         diff = checked_diff(services, a, b) if a is not None and b is not None else None
         with services.sessions() as db:
             sessions = catalog.list_sessions(db)
-        return Template("session_diff.html", context={"sessions": sessions, "diff": diff, "a": a, "b": b})
+        rows = [] if diff is None else [p for p in diff.pairs if not changed or p.change != Change.SAME]
+        chart = None if diff is None else build_diff_chart(diff)
+        return Template(
+            "session_diff.html",
+            context={
+                "sessions": sessions,
+                "diff": diff,
+                "rows": rows,
+                "chart": chart,
+                "a": a,
+                "b": b,
+                "changed": changed,
+            },
+        )

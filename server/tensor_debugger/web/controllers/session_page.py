@@ -23,6 +23,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, SessionRecord
 from tensor_debugger.web.controllers.forms import Form, optional_float
+from tensor_debugger.web.views.module_graph import build_graph
 from tensor_debugger.web.views.pairing_form import PairingForm
 from tensor_debugger.web.views.profile_heatmap import heatmap
 from tensor_debugger.web.views.session_chart import build_chart
@@ -111,30 +112,52 @@ class SessionPageController(Controller):
         self, services: NamedDependency[Services], session_id: FromPath[int], dim: FromQuery[str] = ""
     ) -> Template:
         """Every pair's error profile along the aligned dimension `dim` (a number, or a name the session's dims
-        give: each pair's own dimension of that name), as one heatmap (pairs × index); without `dim`, the form to
-        pick it."""
+        give: each pair's own dimension of that name), as heatmaps (pairs × index) grouped by dimension name and
+        size; without `dim`, the named dimension most pairs have (else the numbered one), and the form to pick
+        another."""
         with services.sessions() as db:
             session, report = read_session(db, services, session_id)
             shapes = [p for p in report.pairs if p.aligned_shape is not None]
             ranks = [len(p.aligned_shape or []) for p in shapes]
             named: dict[str, int] = {}  # a dimension's name -> the pairs with a dimension so named
             at: dict[int, set[str]] = {}  # an aligned dimension -> the names pairs give it
+            named_wide: dict[str, int] = {}  # a dimension's name -> the pairs where it is wider than 1
             for pair in shapes:
                 rank = len(pair.aligned_shape or [])
                 for d, label in enumerate(
                     dimension_names(session.dims, (pair.name, pair.a.name, pair.b.name), rank) or []
                 ):
                     named[label] = named.get(label, 0) + 1
+                    named_wide[label] = named_wide.get(label, 0) + ((pair.aligned_shape or [])[d] > 1)
                     at.setdefault(d, set()).add(label)
             dims = [
                 (d, sum(1 for r in ranks if r > d), ", ".join(sorted(at.get(d, ()))))
                 for d in range(max(ranks, default=0))
             ]
-            chosen = parse_dim(dim) if dim.strip() else None
+            wide = [
+                sum(1 for p in shapes if len(p.aligned_shape or []) > d and (p.aligned_shape or [])[d] > 1)
+                for d, _, _ in dims
+            ]
+            chosen = parse_dim(dim) if dim.strip() else default_dim(named_wide, wide)
             profiles = session_profiles(db, services.context, session_id, chosen) if chosen is not None else None
             context = {"session": session, "dims": dims, "named": named, "dim": chosen, "profiles": profiles}
             context["heatmap"] = heatmap(profiles) if profiles is not None else None
             return Template("session_profiles.html", context=context)
+
+    @get("/sessions/{session_id:int}/graph", sync_to_thread=True)
+    def module_graph_page(
+        self, services: NamedDependency[Services], session_id: FromPath[int], q: FromQuery[str] = ""
+    ) -> Template:
+        """A traced or captured session's modules as a graph: folded but for the paths to the first divergence and
+        the culprits; `q`: modules whose path holds it (any case), shown with the modules above them open. 404
+        where the session's runs have no module structure."""
+        with services.sessions() as db:
+            session, report = read_session(db, services, session_id, modules=True)
+        if report.modules is None or not report.modules.tree:
+            raise NotFoundError(f"session {session_id} has no module structure (a trace or a capture has)")
+        first = report.first_divergence.pair_id if report.first_divergence else None
+        graph = build_graph(report.modules, first, q)
+        return Template("module_graph.html", context={"session": session, "graph": graph})
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: NamedDependency[Services], session_id: FromPath[int]) -> Response[str]:
@@ -238,3 +261,12 @@ def session_template(
                 "choices": choices,
             },
         )
+
+
+def default_dim(named: dict[str, int], wide: list[int]) -> int | str | None:
+    """The dimension the profiles page opens on: the name most pairs give a dimension wider than 1 (`named`: how
+    many, by name), else the aligned dimension most pairs have wider than 1 (`wide`: how many, by dimension); the
+    first of equals; None where no pair has an aligned shape."""
+    if named:
+        return max(named, key=lambda label: named[label])
+    return max(range(len(wide)), key=lambda d: wide[d]) if wide else None

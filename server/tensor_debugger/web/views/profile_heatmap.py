@@ -1,7 +1,10 @@
-"""The session's error profiles as one heatmap (pairs × index of a chosen aligned dimension), drawn as SVG on the
-server: a row per pair in execution order, a cell per index (indices max-pooled into at most MAX_COLUMNS
-columns), coloured by log10 of the largest |difference| with a legend; each cell opens its pair's page with the
-inspector on that index and the pair's profile along the dimension."""
+"""The session's error profiles as heatmaps (pairs × index of a chosen aligned dimension), drawn as SVG on the
+server: a heatmap per group of rows profiling the same named dimension of the same size (the session's `dims`
+name it; "dimension d" where they do not), a row per pair in execution order, a cell per index. A group wider than
+MAX_COLUMNS pools its own indices, each column the largest of `step` of them, and says so in its header and in each
+cell's label: a 1,000-wide logits row pools 8 indices a column without making a 64-wide row beside it do the same.
+Coloured by log10 of the largest |difference| on one scale for every group, with a legend; each cell opens its
+pair's page with the inspector on that index and the pair's profile along the dimension."""
 
 from __future__ import annotations
 
@@ -45,9 +48,13 @@ def _cell_url(row: ProfileRow, dim: int, index: int) -> str:
     return f"/pairs/{row.pair_id}?{urlencode({**centred_window(shape, point, request), 'profile': dim})}#inspector"
 
 
+def _name(row: ProfileRow) -> str:
+    names = row.dim_names or []
+    return names[row.dim] if row.dim < len(names) else f"dimension {row.dim}"
+
+
 def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
-    """The SVG's cells (x, y, fill, link, label), row labels, size, and the legend's decades."""
-    step = max(1, math.ceil(profiles.size / MAX_COLUMNS))
+    """The groups' SVGs (cells: x, y, fill, link, label; row labels; ticks; size; step), and the legend's decades."""
     present = [
         math.log10(float(v))
         for row in profiles.rows
@@ -57,11 +64,30 @@ def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
     # decades with a little slack, so that float32's 0.0100002 does not open a decade of its own
     low, high = (math.floor(min(present) + 0.01), math.ceil(max(present) - 0.01)) if present else (0, 1)
     high = max(high, low + 1)
+    several = len({p.candidate for p in profiles.rows}) > 1
+    grouped: dict[tuple[str, int], list[ProfileRow]] = {}
+    for row in profiles.rows:  # in execution order, groups in the order they first come
+        grouped.setdefault((_name(row), len(row.max_abs_diff)), []).append(row)
+    groups = [_group(name, size, rows, low, high, several) for (name, size), rows in grouped.items()]
+    return {
+        "groups": groups,
+        "step": max((g["step"] for g in groups), default=1),
+        "low": low,
+        "high": high,
+        "legend": [{"decade": d, "fill": colour((d - low) / (high - low))} for d in range(low, high + 1)],
+        "zero": ZERO,
+        "nan": NAN,
+    }
+
+
+def _group(name: str, size: int, rows: list[ProfileRow], low: int, high: int, several: bool) -> dict[str, Any]:
+    step = max(1, math.ceil(size / MAX_COLUMNS))
     cells, labels = [], []
-    for r, row in enumerate(profiles.rows):
-        y = r * CELL_H
-        who = f"{row.name} ({row.candidate})" if len({p.candidate for p in profiles.rows}) > 1 else row.name
-        labels.append({"y": y + CELL_H * 0.75, "text": who if len(who) <= 24 else "…" + who[-23:]})
+    top = 0.0
+    for r, row in enumerate(rows):
+        y = top + r * CELL_H
+        who = f"{row.name} ({row.candidate})" if several else row.name
+        labels.append({"y": y + CELL_H * 0.75, "text": who if len(who) <= 24 else "…" + who[-23:], "full": who})
         for c, start in enumerate(range(0, len(row.max_abs_diff), step)):
             part = row.max_abs_diff[start : start + step]
             value = _cell_value(part)
@@ -74,7 +100,7 @@ def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
             else:
                 fill, said = colour((math.log10(value) - low) / (high - low)), f"{value:.3g}"
             worst = start + max(range(len(part)), key=lambda i: float(part[i]) if part[i] != "nan" else math.inf)
-            span = f"indices {start} to {start + len(part) - 1}" if len(part) > 1 else f"index {start}"
+            span = f"indices {start}-{start + len(part) - 1}: max of {len(part)}" if len(part) > 1 else f"index {start}"
             cells.append(
                 {
                     "x": LABEL_W + c * CELL_W,
@@ -84,22 +110,25 @@ def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
                     "label": f"{who}, {span}: max |diff| {said}",
                 }
             )
-    columns = math.ceil(profiles.size / step) if profiles.size else 0
-    every = next(n * 10**k for k in range(12) for n in (1, 2, 5) if n * 10**k * 8 >= profiles.size)
-    ticks = [{"x": LABEL_W + (i // step + 0.5) * CELL_W, "text": i} for i in range(0, profiles.size, every)]
+    columns = math.ceil(size / step) if size else 0
+    every = next(n * 10**k for k in range(12) for n in (1, 2, 5) if n * 10**k * 8 >= size)
+    ticks = [{"x": LABEL_W + (i // step + 0.5) * CELL_W, "text": i} for i in range(0, size, every)]
     return {
+        "name": name,
+        "size": size,
+        "rows": len(rows),
+        "header": (
+            f"{name}, {size} indices: each column the max of {step} (indices 0-{step - 1}, {step}-{2 * step - 1}, …)"
+            if step > 1
+            else f"{name}, {size} indices: a column each"
+        ),
         "ticks": ticks,
-        "axis_y": len(profiles.rows) * CELL_H + 11,
+        "axis_y": top + len(rows) * CELL_H + 11,
         "cells": cells,
         "labels": labels,
         "step": step,
         "width": LABEL_W + max(columns, 1) * CELL_W,
-        "height": max(len(profiles.rows), 1) * CELL_H + 14,  # and the index axis
+        "height": top + max(len(rows), 1) * CELL_H + 14,  # and the index axis
         "cell_w": CELL_W,
         "cell_h": CELL_H,
-        "low": low,
-        "high": high,
-        "legend": [{"decade": d, "fill": colour((d - low) / (high - low))} for d in range(low, high + 1)],
-        "zero": ZERO,
-        "nan": NAN,
     }
