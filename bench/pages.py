@@ -194,7 +194,8 @@ def build_trace_session(data: Path, layers: int) -> int:
     try:
         request = compare_request(reference, candidate, "bench graph", None, None)
         payload = compare_runs(services.ingestor, services.context, services.compute, request, "").payload
-        return int(payload["session"]["id"])
+        assert payload.session is not None
+        return payload.session.id
     finally:
         services.close()
 

@@ -84,8 +84,9 @@ def test_compare_sessions_api_and_page(shared_server: LiveServer, sessions: tupl
     assert page.status_code == 200
     section = page.text.split('aria-label="Changes"')[1]
     assert "2 fixed, 6 same" in section
-    row = re.search(r'<tr class="change-fixed"><td>1_attn</td>(.*?)</tr>', section, re.S)
-    assert row is not None and "<strong>fixed</strong>" in row.group(1)
+    row = re.search(r'<tr class="change-fixed"><td class="name">(.*?)</tr>', section, re.S)
+    assert row is not None and 'title="1_attn"' in row.group(1) and "<strong>fixed</strong>" in row.group(1)
+    assert 'aria-label="1_attn in A"' in row.group(1) and 'aria-label="1_attn in B"' in row.group(1)
     form = loopback_http.get(
         f"{shared_server.url}/sessions/compare", headers=shared_server.auth
     )  # no sessions picked yet

@@ -83,16 +83,16 @@ def build_glance_sessions(data: Path, work: Path, traces: WrittenTraces) -> Glan
             traces["eager"], traces["sdpa"], "trace-fixed", None, None, noise=traces["eager"]
         )
         fixed = int(
-            compare_runs(services.ingestor, services.context, services.compute, fixed_request, "").payload["session"][
-                "id"
-            ]
+            to_json(compare_runs(services.ingestor, services.context, services.compute, fixed_request, "").payload)[
+                "session"
+            ]["id"]
         )
         ref, cand = write_named(work / "named")
         named_request = compare_request(ref, cand, "named dims", None, None, dims=NAMED_DIMS)
         named = int(
-            compare_runs(services.ingestor, services.context, services.compute, named_request, "").payload["session"][
-                "id"
-            ]
+            to_json(compare_runs(services.ingestor, services.context, services.compute, named_request, "").payload)[
+                "session"
+            ]["id"]
         )
         return GlanceSessions(trace, wide, named, fixed)
     finally:
