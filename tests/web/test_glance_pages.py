@@ -6,6 +6,7 @@ that moves the window, and the value grids keep their captions in view, stacked 
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from collections.abc import Iterator
@@ -244,7 +245,8 @@ def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None
     holder.focus()
     page.keyboard.press("End")
     last = page.locator(".chart-readout").inner_text()
-    assert last.startswith("#74 LlamaForCausalLM_outputs_logits: fail, max |diff| ")
+    # the model's logits, the last pair (its index depends on the modules transformers' version traces)
+    assert re.match(r"#[1-9]\d* LlamaForCausalLM_outputs_logits: fail, max \|diff\| ", last), last
     page.keyboard.press("Home")
     assert page.locator(".chart-readout").inner_text().startswith("#0 ")
 

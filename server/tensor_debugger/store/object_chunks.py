@@ -155,15 +155,20 @@ class ChunkObjects:
     def delete_under(self, prefix: str) -> None:
         """Delete every object under `prefix/` (a StoreWriteError naming the prefix where the store refuses or does
         not answer)."""
-        import obstore
-
         try:
-            keys = [item["path"] for batch in obstore.list(self.bucket, prefix=f"{prefix}/") for item in batch]
-            if keys:
-                obstore.delete(self.bucket, keys)
+            # on this module's event loop, as every other request: with obstore 0.5.1, the blocking list made from
+            # an ingest's thread took minutes to answer (a compare of 2 x 4 tensors on SeaweedFS: 213 s, here 2 s)
+            asyncio.run_coroutine_threadsafe(self._delete_under(prefix), _event_loop()).result()
         except Exception as exc:
             error = StoreWriteError if is_refusal(exc) else StoreOutageError
             raise error(prefix, describe_failure(exc)) from exc
+
+    async def _delete_under(self, prefix: str) -> None:
+        import obstore
+
+        items = await obstore.list(self.bucket, prefix=f"{prefix}/").collect_async()
+        if items:
+            await obstore.delete_async(self.bucket, [item["path"] for item in items])
 
     def layout(self, key: str) -> ArrayLayout:
         """The layout of the array at `key`, from its zarr.json object."""
