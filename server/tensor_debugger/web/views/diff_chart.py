@@ -5,16 +5,14 @@ keys from the same data (`series`)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from tensor_debugger.compare.reports.session_diff import PairChange, SessionDiff
 from tensor_debugger.engine.metrics import Number, parse_number
-from tensor_debugger.web.views.session_chart import Tick, svg_path
+from tensor_debugger.web.views.session_chart import LogAxis, Tick, chart_json, svg_path
 
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 48.0, 12.0, 10.0, 36.0
-FLOOR_GAP = 14.0  # px between the lowest decade and the floor line where exact (zero) errors are drawn
 
 
 @dataclass(frozen=True)
@@ -35,12 +33,6 @@ def _value(number: Number | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _json(value: float | None) -> float | str | None:
-    if value is None or math.isfinite(value):
-        return value if value is None else float(f"{value:.4g}")
-    return "nan" if math.isnan(value) else "inf"
-
-
 def build_diff_chart(diff: SessionDiff, width: int = 1100, height: int = 260) -> DiffChart | None:
     """The chart of every pair name of `diff`; None when neither session has an error to draw."""
     rows: list[PairChange] = diff.pairs
@@ -48,27 +40,11 @@ def build_diff_chart(diff: SessionDiff, width: int = 1100, height: int = 260) ->
     b = [_value(r.error_b) for r in rows]
     if all(v is None for v in a + b):
         return None
-    positive = [v for v in a + b if v is not None and math.isfinite(v) and v > 0]
-    low = math.floor(math.log10(min(positive))) if positive else -8
-    high = max(math.ceil(math.log10(max(positive))) if positive else 0, low + 1)
     plot_bottom = height - PAD_BOTTOM
-    floor_y = plot_bottom - 2
-    span_bottom = floor_y - FLOOR_GAP
-
-    def y_of(value: float | None) -> float | None:
-        if value is None:
-            return None
-        if not math.isfinite(value):
-            return PAD_TOP  # NaN and Inf at the top: as bad as it gets
-        if value <= 0:
-            return floor_y
-        return PAD_TOP + (high - math.log10(value)) / (high - low) * (span_bottom - PAD_TOP)
-
+    axis = LogAxis.over(a + b, PAD_TOP, plot_bottom)
+    y_of, floor_y, y_ticks = axis.y, axis.floor_y, axis.ticks()
     step = (width - PAD_LEFT - PAD_RIGHT) / max(len(rows) - 1, 1)
     xs = [PAD_LEFT + i * step for i in range(len(rows))]
-    every = max(1, math.ceil((high - low) / 6))
-    y_ticks = [Tick(round(y_of(10.0**k) or 0, 1), f"1e{k}") for k in range(low, high + 1, every)]
-    y_ticks.append(Tick(floor_y, "0"))
     x_every = next(k for k in (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10**9) if k * step >= 44)
     x_ticks = [Tick(round(xs[i], 1), str(i)) for i in range(0, len(rows), x_every)]
     return DiffChart(
@@ -85,8 +61,8 @@ def build_diff_chart(diff: SessionDiff, width: int = 1100, height: int = 260) ->
             "layer": [r.layer for r in rows],
             "pair_a": [r.pair_a for r in rows],
             "pair_b": [r.pair_b for r in rows],
-            "a": [_json(v) for v in a],
-            "b": [_json(v) for v in b],
+            "a": [chart_json(v) for v in a],
+            "b": [chart_json(v) for v in b],
             "status_a": [r.status_a for r in rows],
             "status_b": [r.status_b for r in rows],
             "change": [str(r.change) for r in rows],

@@ -24,6 +24,40 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class LogAxis:
+    """A chart's log-scale y axis over the values it draws: decades `low` to `high` from `top` down to `FLOOR_GAP`
+    above the floor line (where exact, zero values are drawn); NaN and Inf at the top, as bad as it gets."""
+
+    low: int
+    high: int
+    top: float
+    floor_y: float
+
+    @classmethod
+    def over(cls, values: Iterable[float | None], top: float, plot_bottom: float) -> LogAxis:
+        positive = [v for v in values if v is not None and math.isfinite(v) and v > 0]
+        low = math.floor(math.log10(min(positive))) if positive else -8
+        high = max(math.ceil(math.log10(max(positive))) if positive else 0, low + 1)
+        return cls(low, high, top, plot_bottom - 2)
+
+    def y(self, value: float | None) -> float | None:
+        if value is None:
+            return None
+        if math.isnan(value) or math.isinf(value):
+            return self.top
+        if value <= 0:
+            return self.floor_y
+        span_bottom = self.floor_y - FLOOR_GAP
+        return self.top + (self.high - math.log10(value)) / (self.high - self.low) * (span_bottom - self.top)
+
+    def ticks(self) -> list[Tick]:
+        """A tick per decade (every few where there are many) and "0" on the floor line."""
+        every = max(1, math.ceil((self.high - self.low) / 6))
+        ticks = [Tick(round(self.y(10.0**k) or 0, 1), f"1e{k}") for k in range(self.low, self.high + 1, every)]
+        return [*ticks, Tick(self.floor_y, "0")]
+
+
+@dataclass(frozen=True)
 class Chart:
     width: int
     height: int
@@ -71,28 +105,12 @@ def build_chart(
     diffs = [_value(p, "max_abs_diff") for p in pairs]
     coss = [_value(p, "cosine") for p in pairs]
     ones = [None if c is None else (math.nan if math.isnan(c) else max(1 - c, 0.0)) for c in coss]
-    positive = [v for v in diffs + ones if v is not None and math.isfinite(v) and v > 0]
-    low = math.floor(math.log10(min(positive))) if positive else -8
-    high = math.ceil(math.log10(max(positive))) if positive else 0
-    high = max(high, low + 1)
     plot_bottom = height - PAD_BOTTOM
-    floor_y = plot_bottom - 2
-    span_bottom = floor_y - FLOOR_GAP
-
-    def y_of(value: float | None) -> float | None:
-        if value is None:
-            return None
-        if math.isnan(value) or math.isinf(value):
-            return PAD_TOP  # NaN and Inf drawn at the top: as bad as it gets
-        if value <= 0:
-            return floor_y
-        return PAD_TOP + (high - math.log10(value)) / (high - low) * (span_bottom - PAD_TOP)
+    axis = LogAxis.over(diffs + ones, PAD_TOP, plot_bottom)
+    y_of, floor_y, y_ticks = axis.y, axis.floor_y, axis.ticks()
 
     step = (width - PAD_LEFT - PAD_RIGHT) / max(len(pairs) - 1, 1)
     xs = [PAD_LEFT + i * step for i in range(len(pairs))]
-    every = max(1, math.ceil((high - low) / 6))
-    y_ticks = [Tick(round(y_of(10.0**k) or 0, 1), f"1e{k}") for k in range(low, high + 1, every)]
-    y_ticks.append(Tick(floor_y, "0"))
     first_x = next((x for x, p in zip(xs, pairs, strict=True) if p.id == first_pair), None)
     first = next((p for p in pairs if p.id == first_pair), None)
     index = {(p.b.run_id, p.position): i for i, p in enumerate(pairs)}
@@ -128,8 +146,8 @@ def build_chart(
             "layer": [p.layer for p in pairs],
             "name": [p.name for p in pairs],
             "id": [p.id for p in pairs],
-            "diff": [_json(v) for v in diffs],
-            "one_minus_cos": [_json(v) for v in ones],
+            "diff": [chart_json(v) for v in diffs],
+            "one_minus_cos": [chart_json(v) for v in ones],
             "status": [str(p.status) for p in pairs],
             "gaps": [{"at": g.at, "name": g.name} for g in gaps],
         },
@@ -137,7 +155,7 @@ def build_chart(
     )
 
 
-def _json(value: float | None) -> float | str | None:
+def chart_json(value: float | None) -> float | str | None:
     if value is None or math.isfinite(value):
         return value if value is None else float(f"{value:.4g}")  # what the chart's labels show: smaller JSON
     return "nan" if math.isnan(value) else "inf"
