@@ -81,8 +81,12 @@ def inputs() -> torch.Tensor:
     return torch.randn(2, 3, DIM, generator=torch.Generator().manual_seed(1))
 
 
-def _rank(rank: int, port: int, where: dict[str, str], session: str, run: str, bug_on: int) -> None:
-    """One rank: `where` is capture's `data_dir=` or `server=`."""
+def _rank(
+    rank: int, port: int, where: dict[str, str], session: str, run: str, bug_on: int, done: Any
+) -> None:
+    """One rank: `where` is capture's `data_dir=` or `server=`. The ranks leave together, as a launcher's do: a
+    gloo rank whose peer has exited may abort in its own teardown ("terminate called without an active
+    exception"), which is gloo's, not capture's."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
@@ -90,13 +94,15 @@ def _rank(rank: int, port: int, where: dict[str, str], session: str, run: str, b
         with torch.no_grad(), capture(model, session=session, run=run, workers=1, **where) as result:
             model(inputs())
         assert result.rank == rank and result.run_id is not None  # every rank knows the run
+        dist.barrier()
     finally:
         dist.destroy_process_group()
+        done.wait(timeout=60)
 
 
 def run_ranks(where: dict[str, str], session: str, bug_on: int) -> None:
-    args = (free_port(), where, session, "ranks", bug_on)
     spawn = multiprocessing.get_context("spawn")
+    args = (free_port(), where, session, "ranks", bug_on, spawn.Barrier(WORLD))
     processes = [spawn.Process(target=_rank, args=(k, *args)) for k in range(WORLD)]
     for process in processes:
         process.start()
