@@ -81,9 +81,7 @@ def inputs() -> torch.Tensor:
     return torch.randn(2, 3, DIM, generator=torch.Generator().manual_seed(1))
 
 
-def _rank(
-    rank: int, port: int, where: dict[str, str], session: str, run: str, bug_on: int, done: Any
-) -> None:
+def _rank(rank: int, port: int, where: dict[str, str], session: str, run: str, bug_on: int, done: Any) -> None:
     """One rank: `where` is capture's `data_dir=` or `server=`. The ranks leave together, as a launcher's do: a
     gloo rank whose peer has exited may abort in its own teardown ("terminate called without an active
     exception"), which is gloo's, not capture's."""
