@@ -30,11 +30,11 @@ PLANT = Plant(layer=1, stage="post_attn", index=(3, 7), offset=0.5)
 
 
 def computed(
-    data_dir: Path, runs: tuple[Path, Path], scheduler: str, kernel: str = "compiled"
+    data_dir: Path, runs: tuple[Path, Path], scheduler: str, kernel: str = "compiled", top: int = 8
 ) -> tuple[list[dict[str, Any]], int]:
     """Every pair report of a session of `runs` computed with `scheduler` ("" here), and the chunks this process
     read doing it."""
-    services = open_services(Settings(data_dir=data_dir, demo=False, dask_scheduler=scheduler, kernel=kernel))
+    services = open_services(Settings(data_dir=data_dir, demo=False, dask_scheduler=scheduler, kernel=kernel, top=top))
     try:
         for label, path in zip(("reference", "candidate"), runs, strict=True):
             session_id = services.ingestor.ingest("dask", label, [InputFile(path, path.name)]).session_id
@@ -58,6 +58,19 @@ def test_dask_workers_compute_the_same_results_as_this_process(tmp_path: Path, d
     assert remote == local
     assert read_here > 0 and read_by_server == 0  # every chunk was read by the Dask worker
     assert any(p["status"] == "fail" for p in remote) and any(p["status"] == "pass" for p in remote)
+
+
+def test_dask_workers_keep_as_many_worst_elements_as_the_settings_say(
+    tmp_path: Path, dask_cluster: DaskCluster
+) -> None:
+    write_dump(tmp_path / "ref", layers=2, seed=5)
+    write_dump(tmp_path / "cand", layers=2, seed=6)  # every value differs: more than 3 worst elements to keep
+    runs = (tmp_path / "ref", tmp_path / "cand")
+    local, _ = computed(tmp_path / "local", runs, "", top=3)
+    remote, _ = computed(tmp_path / "dask", runs, dask_cluster.address, top=3)
+    assert remote == local
+    kept = [len(p["stats"]["worst"]) for p in remote if p["stats"] is not None]
+    assert kept and max(kept) == 3, kept
 
 
 def test_a_big_pair_is_computed_one_task_per_block_with_the_same_statistics(

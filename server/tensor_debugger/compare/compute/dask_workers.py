@@ -17,8 +17,8 @@ _opening = threading.Lock()
 
 
 def worker_context(settings: Settings) -> CompareContext:
-    """This worker process's database, store, claims (renewed while it runs) and comparison threads for
-    `settings`, opened once. Nothing is migrated or recovered here: the server does that."""
+    """This worker process's database, store, claims (renewed while it runs), comparison threads and worst elements
+    kept (`Settings.top`) for `settings`, opened once. Nothing is migrated or recovered here: the server does that."""
     from tensor_debugger.engine.fused import Kernel
     from tensor_debugger.store.arrays import ArrayStore
     from tensor_debugger.store.database import create_db_engine, make_sessionmaker
@@ -31,5 +31,5 @@ def worker_context(settings: Settings) -> CompareContext:
             claims.start()
             store = ArrayStore(settings.store_url)
             kernel = Kernel(settings.kernel, settings.kernel_family)  # the statistics path the server's settings name
-            found = _opened[settings] = open_context(sessions, store, settings.threads, claims, kernel=kernel)
+            found = _opened[settings] = open_context(sessions, store, settings.threads, claims, settings.top, kernel)
         return found
