@@ -380,8 +380,9 @@ def test_profiles_open_on_a_named_dimension_and_bin_each_group_by_its_own_width(
 
 def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pairs(glance: Glance, page: Page) -> None:
     """The traced session's modules as boxes and edges, linked from the session page: folded but for the path to the
-    first divergence (its module a target box), coloured by error with the legend shown; a search opens the way to
-    each match; a box's name opens its pair; a folded box opens on click."""
+    first divergence (its module a target box), coloured by error with the legend shown; the page's script builds
+    the open modules' boxes only, a folded module's when it is opened; a search opens the way to each match; a box's
+    name opens its pair."""
     s = glance.sessions
     first = loopback_http.get(f"{glance.server.url}/api/sessions/{s.trace}/first-divergence", timeout=30).json()
     first = first["first_divergence"]
@@ -389,12 +390,15 @@ def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pair
     page.get_by_role("link", name="The model as a graph").click()
     page.wait_for_url(f"**/sessions/{s.trace}/graph")
     graph = page.locator("section.module-graph")
+    modules = int(graph.get_attribute("data-modules") or "0")
     boxes = graph.locator(".gnode")
     visible = [b for b in boxes.all() if b.is_visible()]
-    assert 3 <= len(visible) < boxes.count()  # folded: the path's boxes and their siblings, not the rest
+    # folded: the path's boxes and their siblings, and only those are built: no box in the DOM is hidden
+    assert 3 <= len(visible) == boxes.count() < modules
     target = graph.locator(".gnode.target.first")
     assert target.count() == 1 and target.is_visible()
     assert target.locator("a").get_attribute("href") == f"/pairs/{first['pair_id']}"  # its output: the first divergence
+    assert target.locator("strong").inner_text() == "first divergence"
     on_path = [b.get_attribute("data-module") or "" for b in graph.locator(".gnode.on-path.first").all()]
     target_path = target.get_attribute("data-module") or ""
     assert all(target_path.startswith(p) for p in on_path) and len(on_path) >= 3  # root to the target
@@ -402,13 +406,18 @@ def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pair
     assert len(shades) >= 2  # coloured by error, more than one shade
     legend = page.locator("ul.graph-legend li").all_inner_texts()
     assert legend[0].strip() == "0" and legend[-1].strip() == "no error known" and len(legend) == 11
-    # a folded box opens on click: the first folded module's children show
+    # a folded box opens on click: its children are built then, and show
     name = graph.locator("li:has(> details:not([open])) > .gnode").first.get_attribute("data-module")
     folded = graph.locator(f'li:has(> .gnode[data-module="{name}"]) > details')
-    inside = folded.locator(":scope > ul > li").first
-    assert folded.get_attribute("open") is None and not inside.is_visible()
+    inside = folded.locator(":scope > ul > li")
+    assert folded.get_attribute("open") is None and inside.count() == 0
+    said = int((folded.locator(":scope > summary").inner_text()).split()[0])
     folded.locator(":scope > summary").click()
-    assert folded.get_attribute("open") is not None and inside.is_visible()
+    assert folded.get_attribute("open") is not None and inside.first.is_visible()
+    assert all(
+        (b.get_attribute("data-module") or "").startswith(f"{name}.") for b in inside.locator(":scope > .gnode").all()
+    )
+    assert 1 <= inside.count() <= said
     shot(page, "glance-graph")
     # search: every match shown, the modules above it open
     page.locator("input[name=q]").fill("down_proj")
@@ -417,7 +426,8 @@ def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pair
     matches = graph.locator(".gnode.matched")
     assert matches.count() >= 2 and all(m.is_visible() for m in matches.all())
     assert all("down_proj" in (m.get_attribute("data-module") or "") for m in matches.all())
-    assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {boxes.count()} modules match")
+    assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {modules} modules match")
+    shot(page, "glance-graph-search")
     link = matches.first.locator("a")
     href = link.get_attribute("href")
     link.click()
