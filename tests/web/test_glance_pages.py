@@ -235,9 +235,6 @@ def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None
     page.mouse.move(plot["x"] + plot["width"] * 40 / 63, plot["y"] + plot["height"] / 2)  # row 40 holds the 0.5
     assert readout.inner_text().startswith("index 40: max |diff| 0.5")
     assert "elements outside tolerance" in readout.inner_text()
-    histogram = page.locator("table.histogram")
-    assert histogram.locator("thead").inner_text().split("\t")[0].strip() == "|diff|"
-    assert [t.text_content() for t in histogram.locator("svg.bar-axis text").all()][:3] == ["0", "1", "10"]
     shot(page, "glance-profile")
     # the session page's chart: Home and End read out the first and the last pair
     page.goto(f"{glance.server.url}/sessions/{glance.sessions.trace}")
@@ -249,6 +246,51 @@ def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None
     assert re.match(r"#[1-9]\d* LlamaForCausalLM_outputs_logits: fail, max \|diff\| ", last), last
     page.keyboard.press("Home")
     assert page.locator(".chart-readout").inner_text().startswith("#0 ")
+
+
+def test_the_histogram_has_axes_a_read_out_under_the_pointer_and_keys(glance: Glance, page: Page) -> None:
+    """The pair page's histogram of |diff| per decade: both axes titled, the count axis ticked on its log scale; the
+    bar under the pointer is marked and read out with its exact range, its count and its share (the pair's own
+    statistics from the API); focused, ↓ ↑ Home End step the bars (the profile's keys, chart_keys.js)."""
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    counts = loopback_http.get(f"{glance.server.url}/api/pairs/{pair}", timeout=30).json()["stats"]["histogram"]
+    total = sum(counts)
+    page.goto(f"{glance.server.url}/pairs/{pair}#histogram")
+    chart = page.locator("figure.histogram-chart")
+    heads = chart.locator("thead th").all_inner_texts()
+    assert heads[0] == "|diff| decade" and heads[1] == "Elements (bar: log scale)"
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1440  # the chart fits its card
+    assert chart.locator(".axis-title.x").inner_text() == "elements per decade (log scale)"
+    ticks = [t.text_content() for t in chart.locator("svg.bar-axis text").all()]
+    assert ticks[:3] == ["0", "1", "10"] and len(ticks) == 1 + len(str(max(counts)))
+    labels = chart.locator("tbody th").all_inner_texts()
+    assert labels[0] == "0" and labels[1] == "< 1e-11" and labels[-1] == "≥ 1e4" and len(labels) == len(counts)
+    readout = chart.locator(".histogram-readout")
+    bars = chart.locator("tbody tr")
+    # the pointer over the bar of 1e-5 (the 1e-4 noise's decade below it holds many elements)
+    busiest = max(range(2, len(counts) - 1), key=lambda i: counts[i])
+    row = bars.nth(busiest).bounding_box()
+    assert row is not None
+    page.mouse.move(row["x"] + row["width"] / 2, row["y"] + row["height"] / 2)
+    decade = int(labels[busiest].removeprefix("1e"))
+    share = f"{100 * counts[busiest] / total:.3g}%"
+    assert readout.inner_text() == (
+        f"|diff| 1e{decade} up to 1e{decade + 1}: {counts[busiest]:,} elements ({share} of {total:,})"
+    )
+    assert "at" in (bars.nth(busiest).get_attribute("class") or "").split()
+    # the keys: Home the exact zeros, End the top decade, ↑ one back
+    chart.locator(".histogram-plot").focus()
+    page.keyboard.press("Home")
+    assert readout.inner_text().startswith(f"|diff| exactly 0: {counts[0]:,} element")
+    page.keyboard.press("End")
+    assert readout.inner_text().startswith(f"|diff| 1e4 or more (Inf included): {counts[-1]:,} element")
+    page.keyboard.press("ArrowUp")
+    assert readout.inner_text().startswith(f"|diff| 1e3 up to 1e4: {counts[-2]:,} element")
+    assert chart.locator("tbody tr.at").count() == 1
+    page.keyboard.press("ArrowDown")
+    assert readout.inner_text().startswith("|diff| 1e4 or more")
+    chart.scroll_into_view_if_needed()
+    shot(page, "glance-histogram")
 
 
 def test_compare_sessions_links_both_pairs_filters_changes_and_overlays_both_errors(glance: Glance, page: Page) -> None:
