@@ -544,6 +544,14 @@ def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pair
     assert all("down_proj" in (m.get_attribute("data-module") or "") for m in matches.all())
     assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {modules} modules match")
     shot(page, "glance-graph-search")
+    # the modules opened for the search show the way to the matches; their other children wait behind a button
+    others = graph.locator("li.others > button")
+    assert others.count() >= 2
+    said = int(others.first.inner_text().split()[0])
+    built, waiting = boxes.count(), others.count()
+    others.first.click()
+    assert boxes.count() == built + said and others.count() == waiting - 1
+    assert page.evaluate("document.activeElement.closest('.gnode') !== null")  # focus on the first module shown
     link = matches.first.locator("a")
     href = link.get_attribute("href")
     link.click()

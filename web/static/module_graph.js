@@ -5,7 +5,10 @@
 const section = document.querySelector("section.module-graph");
 if (section) {
   const data = JSON.parse(section.querySelector("script.graph-data").textContent);
-  const [ON_FIRST, ON_CULPRIT, TARGET, MATCHED, OPEN] = [1, 2, 4, 8, 16];
+  const [ON_FIRST, ON_CULPRIT, TARGET, MATCHED, OPEN, TO_MATCH] = [1, 2, 4, 8, 16, 32];
+  // with a search, the modules opened for it show the way to the matches (and to the first divergence and the
+  // culprits); their other children wait behind one button, so 154 matches do not build 1,400 boxes
+  const shown = data.query ? (flags) => flags & (TO_MATCH | ON_FIRST | ON_CULPRIT) : () => true;
 
   function element(tag, className, text) {
     const made = document.createElement(tag);
@@ -42,18 +45,35 @@ if (section) {
       const summary = element("summary", "gcount", `${inside} modules inside`);
       const list = element("ul");
       details.append(summary, list);
-      let built = false;
-      const build = () => {
-        if (built) return;
-        built = true;
-        list.append(...children.map((c) => item(c, path)));
+      const made = new Map(); // child index -> its li, once built
+      // builds the children that `only` (their flags) keeps, every one without it; what is left waits behind a button
+      const build = (only = null) => {
+        const fresh = [];
+        children.forEach((c, i) => {
+          if (made.has(i) || (only !== null && !only(c[7]))) return;
+          made.set(i, item(c, path));
+          fresh.push(made.get(i));
+        });
+        const items = [...made.keys()].sort((x, y) => x - y).map((i) => made.get(i));
+        const rest = children.length - made.size;
+        if (rest > 0) {
+          const more = element("li", "others");
+          const button = element("button", "secondary", `${rest} other module${rest === 1 ? "" : "s"} here`);
+          button.type = "button";
+          button.addEventListener("click", () => build()?.querySelector("a, summary")?.focus());
+          more.append(button);
+          items.push(more);
+        }
+        list.replaceChildren(...items);
+        return fresh[0];
       };
       if (flags & OPEN) {
-        build();
+        build(shown);
         details.open = true;
       }
-      summary.addEventListener("click", build); // before the default action opens it: the children show at once
-      details.addEventListener("toggle", build);
+      // on a click (Enter and Space on the summary click it too), before the default action opens it: the
+      // children show at once
+      summary.addEventListener("click", () => { if (!details.open && made.size < children.length) build(); });
       li.append(details);
     }
     return li;

@@ -142,16 +142,18 @@ def build_graph(modules: ModuleReport, first_pair: int | None, query: str = "") 
 
 
 # A node's flags in graph_data: on the path to the first divergence, on a culprit's, the first divergence's module or
-# a culprit itself, matched by the search, open
-ON_FIRST, ON_CULPRIT, TARGET, MATCHED, OPEN = 1, 2, 4, 8, 16
+# a culprit itself, matched by the search, open, on the way to a match (a match or above one)
+ON_FIRST, ON_CULPRIT, TARGET, MATCHED, OPEN, TO_MATCH = 1, 2, 4, 8, 16, 32
 VERDICTS = tuple(str(v) for v in ModuleVerdict)
 
 
 def graph_data(graph: ModuleGraph) -> dict[str, Any]:
     """The tree as the page's script reads it: each node a list [path relative to its parent's (with its leading
     "." or "/"; a root's whole path), name, shade, verdict (an index into "verdicts"), error as the pages write it,
-    error kind (an index into "kinds"), pair id or null, flags (the bits above), modules inside, children]."""
+    error kind (an index into "kinds"), pair id or null, flags (the bits above), modules inside, children]; and the
+    search's text ("query")."""
     kinds: list[str] = []
+    to_match = {a for m in _matched_paths(graph.roots) for a in _ancestors(m)}
 
     def kind(name: str) -> int:
         if name not in kinds:
@@ -165,6 +167,7 @@ def graph_data(graph: ModuleGraph) -> dict[str, Any]:
             | (TARGET if node.is_target else 0)
             | (MATCHED if node.matched else 0)
             | (OPEN if node.open else 0)
+            | (TO_MATCH if node.path in to_match else 0)
         )
         relative = node.path[len(parent) :] if parent and node.path.startswith(parent) else node.path
         return [
@@ -181,4 +184,11 @@ def graph_data(graph: ModuleGraph) -> dict[str, Any]:
         ]
 
     roots = [pack(r, "") for r in graph.roots]
-    return {"verdicts": list(VERDICTS), "kinds": kinds, "roots": roots}
+    return {"verdicts": list(VERDICTS), "kinds": kinds, "query": graph.query, "roots": roots}
+
+
+def _matched_paths(nodes: list[GraphNode]) -> Iterable[str]:
+    for node in nodes:
+        if node.matched:
+            yield node.path
+        yield from _matched_paths(node.children)
