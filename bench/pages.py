@@ -156,7 +156,7 @@ def serve(command: list[str], data: Path) -> tuple[subprocess.Popen[bytes], str]
 
 
 def side_by_side(
-    data: Path, baseline: Path | None, measure: Callable[[httpx.Client, str], dict[str, str]]
+    data: Path, baseline: Path | None, measure: Callable[[httpx.Client, str, int], dict[str, str]]
 ) -> dict[str, dict[str, str]]:
     """`measure` against this checkout's server (and first the baseline's: another checkout's server/ folder, served
     in turn on the same data): its figures by server."""
@@ -169,7 +169,7 @@ def side_by_side(
         server, base = serve(command, data)
         try:
             with httpx.Client(timeout=120) as client:
-                columns[label] = measure(client, base)
+                columns[label] = measure(client, base, server.pid)
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -186,7 +186,7 @@ def print_columns(title: str, columns: dict[str, dict[str, str]]) -> None:
 
 def pair_pages(data: Path, session_id: int, requests: int, baseline: Path | None) -> None:
     """The pair page's figures from this checkout (and from the baseline's), side by side."""
-    columns = side_by_side(data, baseline, lambda client, base: pair_page(client, base, session_id, requests))
+    columns = side_by_side(data, baseline, lambda client, base, _: pair_page(client, base, session_id, requests))
     print_columns(f"pair page, 64 x 256, {requests} requests each", columns)
 
 
@@ -214,9 +214,17 @@ def build_trace_session(data: Path, layers: int) -> int:
         services.close()
 
 
-def graph_page(client: httpx.Client, base: str, session_id: int, requests: int) -> dict[str, str]:
-    """The model graph page of the traced session, whole and searched: server time and bytes, then Chromium's load
-    time (navigation start to the load event, after the page's script built the open boxes) and DOM size."""
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user and system) the server process has used so far: on a shared machine, where wall times
+    follow the load, what a request costs the server itself."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def graph_page(client: httpx.Client, base: str, pid: int, session_id: int, requests: int) -> dict[str, str]:
+    """The model graph page of the traced session, whole and searched: server time (wall and the server's CPU) and
+    bytes, then Chromium's load time (navigation start to the load event, after the page's script built the open
+    boxes), the part of it after the first byte, and the DOM's size."""
     from playwright.sync_api import sync_playwright
 
     figures: dict[str, str] = {}
@@ -226,7 +234,9 @@ def graph_page(client: httpx.Client, base: str, session_id: int, requests: int) 
         page.raise_for_status()
         modules = re.search(r'aria-label="Module graph \(([\d,]+) modules\)"', page.text)
         figures["modules"] = modules.group(1) if modules else "?"
+        cpu = server_cpu(pid)
         figures[f"{view}, server p50 (target < 300 ms)"] = f"{timed(client, url, requests)[0]:.0f} ms"
+        figures[f"{view}, server CPU per request"] = f"{1000 * (server_cpu(pid) - cpu) / requests:.0f} ms"
         figures[f"{view}, HTML"] = kb(len(page.content))
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(
@@ -236,11 +246,16 @@ def graph_page(client: httpx.Client, base: str, session_id: int, requests: int) 
         for view, path in (("graph", "graph"), ("graph ?q=down_proj", "graph?q=down_proj")):
             url = f"{base}/sessions/{session_id}/{path}"
             tab.goto(url)  # warm: the static files cached, as a user's second visit
-            loads = []
+            loads, after = [], []
             for _ in range(requests):
                 tab.goto(url, wait_until="load")
-                loads.append(tab.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
+                timing = tab.evaluate(
+                    "(n => [n.responseStart, n.loadEventEnd])(performance.getEntriesByType('navigation')[0])"
+                )
+                loads.append(timing[1])
+                after.append(timing[1] - timing[0])
             figures[f"{view}, Chromium load p50 (target < 300 ms)"] = f"{statistics.median(loads):.0f} ms"
+            figures[f"{view}, Chromium first byte to load, p50"] = f"{statistics.median(after):.0f} ms"
             figures[f"{view}, Chromium load max"] = f"{max(loads):.0f} ms"
             elements = tab.evaluate("document.getElementsByTagName('*').length")
             figures[f"{view}, elements"] = f"{elements:,}"
@@ -252,7 +267,9 @@ def graph_page(client: httpx.Client, base: str, session_id: int, requests: int) 
 def graph_pages(data: Path, session_id: int, requests: int, baseline: Path | None) -> None:
     """The model graph page's figures from this checkout (and from the baseline's, served in turn on the same
     data), side by side."""
-    columns = side_by_side(data, baseline, lambda client, base: graph_page(client, base, session_id, requests))
+    columns = side_by_side(
+        data, baseline, lambda client, base, pid: graph_page(client, base, pid, session_id, requests)
+    )
     print_columns(f"model graph, {requests} requests each", columns)
 
 

@@ -213,13 +213,13 @@ def test_grids_keep_their_captions_stacked_or_side_by_side(glance: Glance, page:
 
 
 def test_a_1d_window_fills_the_width_side_by_side_stacked_and_on_a_phone(glance: Glance, page: Page) -> None:
-    """The default window is 1-D, 128 values of the row with the largest difference: laid out as many a row as fit
+    """The default window is 1-D, 64 values of the row with the largest difference: laid out as many a row as fit
     each grid's width (the same number in the three grids, rows headed by their first index, columns by their
     offset), side by side at 1,440 px (the three grids fill the width), more a row stacked, and at 390 px stacked
     with no page overflow; the captions stay in view and the heatmap marks the window's row and columns."""
     pair = glance.pair(glance.sessions.wide, LONG_NAME)
     page.goto(f"{glance.server.url}/pairs/{pair}#inspector")
-    assert page.locator(".caption").inner_text().startswith("Window [40, 128:256]")  # the largest, at [40, 200]
+    assert page.locator(".caption").inner_text().startswith("Window [40, 168:232]")  # the largest, at [40, 200]
 
     def layout() -> tuple[int, list[list[str]]]:
         """Values a row (the same in every grid) and each grid's row labels; each cell's index is its row's label
@@ -234,13 +234,13 @@ def test_a_1d_window_fills_the_width_side_by_side_stacked_and_on_a_phone(glance:
         labels = [t.locator("th[scope=row]").all_inner_texts() for t in page.locator(".grids.flow table.values").all()]
         n = per_row[0]
         for grid in labels:
-            assert grid == [str(128 + k * n) for k in range(-(-128 // n))]
+            assert grid == [str(168 + k * n) for k in range(-(-64 // n))]
         if n > 1:
             offsets = page.locator(".grids.flow table.values").first.locator("th[scope=col]").all_inner_texts()
             assert offsets == [f"+{k}" for k in range(n)]
         second = page.locator(".grids.flow table.values").nth(1).locator("tr").nth(2 if n > 1 else 1)
         cell = second.locator("td").nth(min(n - 1, 2))
-        assert (cell.get_attribute("title") or "").startswith(f"[40, {128 + n + min(n - 1, 2)}] value ")
+        assert (cell.get_attribute("title") or "").startswith(f"[40, {168 + n + min(n - 1, 2)}] value ")
         return n, labels
 
     def fills() -> None:
@@ -263,11 +263,12 @@ def test_a_1d_window_fills_the_width_side_by_side_stacked_and_on_a_phone(glance:
     area = page.locator(".grids.flow").bounding_box()
     assert area is not None and sum(f["width"] for f in figures if f) >= 0.9 * area["width"]
     fills()
-    # the heatmap marks row 40 and columns 128-255: the window's
+    # the heatmap marks row 40 and columns 168-231: the window's (its 96 columns pool 256, so within a column)
     mark = page.locator("figure.heatmap rect.window-mark")
     assert float((mark.get_attribute("y") or "").rstrip("%")) == pytest.approx(100 * 40 / 64)
-    assert float((mark.get_attribute("x") or "").rstrip("%")) == pytest.approx(50, abs=1)
-    assert float((mark.get_attribute("width") or "").rstrip("%")) == pytest.approx(50, abs=1)
+    assert float((mark.get_attribute("height") or "").rstrip("%")) == pytest.approx(100 / 64)
+    assert float((mark.get_attribute("x") or "").rstrip("%")) == pytest.approx(100 * 168 / 256, abs=100 / 96)
+    assert float((mark.get_attribute("width") or "").rstrip("%")) == pytest.approx(100 * 64 / 256, abs=2 * 100 / 96)
     shot(page, "glance-window-side-1440")
     # stacked: each grid the whole width, more values a row
     page.locator("button.layout-toggle").click()
@@ -489,7 +490,7 @@ def test_profiles_open_on_a_named_dimension_and_bin_each_group_by_its_own_width(
     spot.click()  # opens the pair on the worst of the 8: index 500
     page.wait_for_url("**/pairs/**")
     window = dict(parse_qsl(urlsplit(page.url).query))
-    assert (window["index"], window["start"], window["count"], window["profile"]) == ("0,0,:", "436", "128", "2")
+    assert (window["index"], window["start"], window["count"], window["profile"]) == ("0,0,:", "468", "64", "2")
     page.go_back()
     shot(page, "glance-profiles-groups")
 

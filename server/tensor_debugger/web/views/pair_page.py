@@ -26,7 +26,7 @@ from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import PairRecord, SessionRecord
 from tensor_debugger.web.views.heatmap_image import heatmap_frame
 
-DEFAULT_COUNT = 128  # values in the default window (1-D, along the last dimension): a few rows at any width
+DEFAULT_COUNT = 64  # values in the default window (1-D, the last dimension): 16 rows of 4 side by side at 1,440 px
 
 
 def default_window(shape: Shape) -> dict[str, str]:
