@@ -6,7 +6,8 @@ same for the pair page of a 64 x 256 pair (its heatmap covers the whole 64 x 256
     python bench/pages.py --layers 40     # quicker
     python bench/pages.py --pair-only     # the pair page alone
     python bench/pages.py --pair-only --baseline /elsewhere/server   # and another checkout's, side by side
-    python bench/pages.py --graph-only    # the model graph of a traced 154-layer tiny Llama (2,000+ modules)
+    python bench/pages.py --graph-only    # the model graph of a traced 154-layer tiny Llama (2,008 modules)
+    python bench/pages.py --graph-only --baseline /elsewhere/server    # and another checkout's, side by side
 
 The session is built with the library (seeded synthetic dumps, a planted divergence), its pairs computed, then
 the real server is started on a loopback port and the page is requested repeatedly. Timings are wall times of
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -153,9 +155,11 @@ def serve(command: list[str], data: Path) -> tuple[subprocess.Popen[bytes], str]
     return server, base
 
 
-def pair_pages(data: Path, session_id: int, requests: int, baseline: Path | None) -> None:
-    """The pair page's figures from this checkout (and from the baseline's, served in turn on the same data),
-    side by side."""
+def side_by_side(
+    data: Path, baseline: Path | None, measure: Callable[[httpx.Client, str, int], dict[str, str]]
+) -> dict[str, dict[str, str]]:
+    """`measure` against this checkout's server (and first the baseline's: another checkout's server/ folder, served
+    in turn on the same data): its figures by server."""
     commands = {"this checkout": [str(CLI)]}
     if baseline is not None:
         env = f"PYTHONPATH={baseline.resolve()}"
@@ -164,16 +168,26 @@ def pair_pages(data: Path, session_id: int, requests: int, baseline: Path | None
     for label, command in commands.items():
         server, base = serve(command, data)
         try:
-            with httpx.Client(timeout=60) as client:
-                columns[label] = pair_page(client, base, session_id, requests)
+            with httpx.Client(timeout=120) as client:
+                columns[label] = measure(client, base, server.pid)
         finally:
             server.terminate()
             server.wait(timeout=30)
+    return columns
+
+
+def print_columns(title: str, columns: dict[str, dict[str, str]]) -> None:
     rows = list(dict.fromkeys(key for figures in columns.values() for key in figures))
-    print(f"\n| pair page, 64 x 256, {requests} requests each | " + " | ".join(columns) + " |")
+    print(f"\n| {title} | " + " | ".join(columns) + " |")
     print("| --- |" + " --- |" * len(columns))
     for row in rows:
         print(f"| {row} | " + " | ".join(figures.get(row, "—") for figures in columns.values()) + " |")
+
+
+def pair_pages(data: Path, session_id: int, requests: int, baseline: Path | None) -> None:
+    """The pair page's figures from this checkout (and from the baseline's), side by side."""
+    columns = side_by_side(data, baseline, lambda client, base, _: pair_page(client, base, session_id, requests))
+    print_columns(f"pair page, 64 x 256, {requests} requests each", columns)
 
 
 def build_trace_session(data: Path, layers: int) -> int:
@@ -200,44 +214,63 @@ def build_trace_session(data: Path, layers: int) -> int:
         services.close()
 
 
-def graph_pages(data: Path, session_id: int, requests: int) -> None:
-    """The model graph page of the traced session: server time and bytes, then Chromium's load time and DOM size."""
+def server_cpu(pid: int) -> float:
+    """CPU seconds (user and system) the server process has used so far: on a shared machine, where wall times
+    follow the load, what a request costs the server itself."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def graph_page(client: httpx.Client, base: str, pid: int, session_id: int, requests: int) -> dict[str, str]:
+    """The model graph page of the traced session, whole and searched: server time (wall and the server's CPU) and
+    bytes, then Chromium's load time (navigation start to the load event, after the page's script built the open
+    boxes), the part of it after the first byte, and the DOM's size."""
     from playwright.sync_api import sync_playwright
 
-    server, base = serve([str(CLI)], data)
-    try:
-        with httpx.Client(timeout=60) as client:
-            views = (("model graph", "graph"), ("model graph, searched", "graph?q=down_proj"), ("session page", ""))
-            for view, path in views:
-                url = f"{base}/sessions/{session_id}/{path}".rstrip("/")
-                page = client.get(url)
-                page.raise_for_status()
-                modules = page.text.count('class="gnode')
-                elapsed, _ = timed(client, url, requests)
-                print(
-                    f"{view} ({modules:,} modules): server p50 {elapsed:.0f} ms over {requests} requests "
-                    f"(target under 300 ms); HTML {len(page.content) / 1e3:.0f} kB"
-                )
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
-            )
-            tab = browser.new_page(viewport={"width": 1440, "height": 900})
-            url = f"{base}/sessions/{session_id}/graph"
-            tab.goto(url)
-            times = []
+    figures: dict[str, str] = {}
+    for view, path in (("graph", "graph"), ("graph ?q=down_proj", "graph?q=down_proj")):
+        url = f"{base}/sessions/{session_id}/{path}"
+        page = client.get(url)
+        page.raise_for_status()
+        modules = re.search(r'aria-label="Module graph \(([\d,]+) modules\)"', page.text)
+        figures["modules"] = modules.group(1) if modules else "?"
+        cpu = server_cpu(pid)
+        figures[f"{view}, server p50 (target < 300 ms)"] = f"{timed(client, url, requests)[0]:.0f} ms"
+        figures[f"{view}, server CPU per request"] = f"{1000 * (server_cpu(pid) - cpu) / requests:.0f} ms"
+        figures[f"{view}, HTML"] = kb(len(page.content))
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium", args=["--no-sandbox", "--disable-gpu"], headless=True
+        )
+        tab = browser.new_page(viewport={"width": 1440, "height": 900})
+        for view, path in (("graph", "graph"), ("graph ?q=down_proj", "graph?q=down_proj")):
+            url = f"{base}/sessions/{session_id}/{path}"
+            tab.goto(url)  # warm: the static files cached, as a user's second visit
+            loads, after = [], []
             for _ in range(requests):
-                tab.goto(url)
-                times.append(tab.evaluate("performance.getEntriesByType('navigation')[0].loadEventEnd"))
-            count = tab.evaluate("document.getElementsByTagName('*').length")
-            print(
-                f"model graph in Chromium: load p50 {statistics.median(times):.0f} ms, max {max(times):.0f} ms over "
-                f"{requests} loads (target under 1,000 ms); {count:,} elements"
-            )
-            browser.close()
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+                tab.goto(url, wait_until="load")
+                timing = tab.evaluate(
+                    "(n => [n.responseStart, n.loadEventEnd])(performance.getEntriesByType('navigation')[0])"
+                )
+                loads.append(timing[1])
+                after.append(timing[1] - timing[0])
+            figures[f"{view}, Chromium load p50 (target < 300 ms)"] = f"{statistics.median(loads):.0f} ms"
+            figures[f"{view}, Chromium first byte to load, p50"] = f"{statistics.median(after):.0f} ms"
+            figures[f"{view}, Chromium load max"] = f"{max(loads):.0f} ms"
+            elements = tab.evaluate("document.getElementsByTagName('*').length")
+            figures[f"{view}, elements"] = f"{elements:,}"
+            figures[f"{view}, boxes in the DOM"] = f"{tab.locator('.gnode').count():,}"
+        browser.close()
+    return figures
+
+
+def graph_pages(data: Path, session_id: int, requests: int, baseline: Path | None) -> None:
+    """The model graph page's figures from this checkout (and from the baseline's, served in turn on the same
+    data), side by side."""
+    columns = side_by_side(
+        data, baseline, lambda client, base, pid: graph_page(client, base, pid, session_id, requests)
+    )
+    print_columns(f"model graph, {requests} requests each", columns)
 
 
 def free_port() -> int:
@@ -284,7 +317,13 @@ def main() -> int:
     parser.add_argument("--graph-only", action="store_true", help="only the model graph of a traced tiny Llama")
     parser.add_argument("--graph-layers", type=int, default=154, help="its layers (13 modules each; default 154)")
     parser.add_argument(
-        "--baseline", type=Path, default=None, help="another checkout's server/ folder: its pair page too"
+        "--graph-data",
+        type=Path,
+        default=None,
+        help="with --graph-only: a data dir whose session 1 is the trace's, built before (e.g. by build_trace_session)",
+    )
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout's server/ folder: its pair page or graph too"
     )
     args = parser.parse_args()
     cpu = next(
@@ -297,9 +336,12 @@ def main() -> int:
     try:
         started = time.perf_counter()
         if args.graph_only:
+            if args.graph_data is not None:
+                graph_pages(args.graph_data, 1, args.requests, args.baseline)
+                return 0
             graph_session = build_trace_session(work / "data", args.graph_layers)
             print(f"trace of {args.graph_layers} layers built and compared in {time.perf_counter() - started:.1f} s")
-            graph_pages(work / "data", graph_session, args.requests)
+            graph_pages(work / "data", graph_session, args.requests, args.baseline)
             return 0
         session_id = None if args.pair_only else build_session(work / "data", args.layers)
         if session_id is not None:

@@ -212,6 +212,81 @@ def test_grids_keep_their_captions_stacked_or_side_by_side(glance: Glance, page:
     shot(page, "glance-grids-390")
 
 
+def test_a_1d_window_fills_the_width_side_by_side_stacked_and_on_a_phone(glance: Glance, page: Page) -> None:
+    """The default window is 1-D, 64 values of the row with the largest difference: laid out as many a row as fit
+    each grid's width (the same number in the three grids, rows headed by their first index, columns by their
+    offset), side by side at 1,440 px (the three grids fill the width), more a row stacked, and at 390 px stacked
+    with no page overflow; the captions stay in view and the heatmap marks the window's row and columns."""
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    page.goto(f"{glance.server.url}/pairs/{pair}#inspector")
+    assert page.locator(".caption").inner_text().startswith("Window [40, 168:232]")  # the largest, at [40, 200]
+
+    def layout() -> tuple[int, list[list[str]]]:
+        """Values a row (the same in every grid) and each grid's row labels; each cell's index is its row's label
+        plus its column's offset."""
+        per_row = page.evaluate(
+            """() => [...document.querySelectorAll('.grids.flow table.values')].map(t => {
+                const rows = [...t.rows].filter(r => r.querySelector('th[scope=row]'));
+                return rows[0].querySelectorAll('td').length;
+            })"""
+        )
+        assert len(per_row) == 3 and len(set(per_row)) == 1, per_row
+        labels = [t.locator("th[scope=row]").all_inner_texts() for t in page.locator(".grids.flow table.values").all()]
+        n = per_row[0]
+        for grid in labels:
+            assert grid == [str(168 + k * n) for k in range(-(-64 // n))]
+        if n > 1:
+            offsets = page.locator(".grids.flow table.values").first.locator("th[scope=col]").all_inner_texts()
+            assert offsets == [f"+{k}" for k in range(n)]
+        second = page.locator(".grids.flow table.values").nth(1).locator("tr").nth(2 if n > 1 else 1)
+        cell = second.locator("td").nth(min(n - 1, 2))
+        assert (cell.get_attribute("title") or "").startswith(f"[40, {168 + n + min(n - 1, 2)}] value ")
+        return n, labels
+
+    def fills() -> None:
+        area = page.locator(".grids.flow").bounding_box()
+        figures = [f.bounding_box() for f in page.locator(".grids.flow figure.grid").all()]
+        assert area is not None and all(f is not None for f in figures)
+        tables_fit = page.evaluate(
+            "() => [...document.querySelectorAll('.grids.flow figure.grid')]"
+            ".every(f => f.querySelector('table').getBoundingClientRect().width <= f.clientWidth + 1)"
+        )
+        assert tables_fit
+        captions = [c.bounding_box() for c in page.locator(".grids figure.grid figcaption").all()]
+        assert all(c is not None and area["y"] - 1 <= c["y"] <= area["y"] + area["height"] for c in captions)
+        assert page.evaluate("document.documentElement.scrollWidth") <= page.viewport_size["width"]  # type: ignore[index]
+
+    # side by side at 1,440 px: the three grids share the width, several values a row in each
+    side, _ = layout()
+    assert side >= 4
+    figures = [f.bounding_box() for f in page.locator(".grids.flow figure.grid").all()]
+    area = page.locator(".grids.flow").bounding_box()
+    assert area is not None and sum(f["width"] for f in figures if f) >= 0.9 * area["width"]
+    fills()
+    # the heatmap marks row 40 and columns 168-231: the window's (its 96 columns pool 256, so within a column)
+    mark = page.locator("figure.heatmap rect.window-mark")
+    assert float((mark.get_attribute("y") or "").rstrip("%")) == pytest.approx(100 * 40 / 64)
+    assert float((mark.get_attribute("height") or "").rstrip("%")) == pytest.approx(100 / 64)
+    assert float((mark.get_attribute("x") or "").rstrip("%")) == pytest.approx(100 * 168 / 256, abs=100 / 96)
+    assert float((mark.get_attribute("width") or "").rstrip("%")) == pytest.approx(100 * 64 / 256, abs=2 * 100 / 96)
+    shot(page, "glance-window-side-1440")
+    # stacked: each grid the whole width, more values a row
+    page.locator("button.layout-toggle").click()
+    stacked, _ = layout()
+    assert stacked > 2 * side
+    fills()
+    shot(page, "glance-window-stacked-1440")
+    page.locator("button.layout-toggle").click()  # back to side by side (kept in localStorage)
+    # a phone: stacked by default, a few values a row, nothing past the screen's edge
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.evaluate("localStorage.clear()")
+    page.reload()
+    phone, _ = layout()
+    assert 2 <= phone < side * 3
+    fills()
+    shot(page, "glance-window-390")
+
+
 def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None:
     """The pair page's error profile and histogram have axes with ticks, labels and units; the profile and the
     session chart read out the values under the pointer or the keys (arrows, Home, End)."""
@@ -235,9 +310,6 @@ def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None
     page.mouse.move(plot["x"] + plot["width"] * 40 / 63, plot["y"] + plot["height"] / 2)  # row 40 holds the 0.5
     assert readout.inner_text().startswith("index 40: max |diff| 0.5")
     assert "elements outside tolerance" in readout.inner_text()
-    histogram = page.locator("table.histogram")
-    assert histogram.locator("thead").inner_text().split("\t")[0].strip() == "|diff|"
-    assert [t.text_content() for t in histogram.locator("svg.bar-axis text").all()][:3] == ["0", "1", "10"]
     shot(page, "glance-profile")
     # the session page's chart: Home and End read out the first and the last pair
     page.goto(f"{glance.server.url}/sessions/{glance.sessions.trace}")
@@ -249,6 +321,51 @@ def test_charts_have_axes_read_outs_and_keys(glance: Glance, page: Page) -> None
     assert re.match(r"#[1-9]\d* LlamaForCausalLM_outputs_logits: fail, max \|diff\| ", last), last
     page.keyboard.press("Home")
     assert page.locator(".chart-readout").inner_text().startswith("#0 ")
+
+
+def test_the_histogram_has_axes_a_read_out_under_the_pointer_and_keys(glance: Glance, page: Page) -> None:
+    """The pair page's histogram of |diff| per decade: both axes titled, the count axis ticked on its log scale; the
+    bar under the pointer is marked and read out with its exact range, its count and its share (the pair's own
+    statistics from the API); focused, ↓ ↑ Home End step the bars (the profile's keys, chart_keys.js)."""
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    counts = loopback_http.get(f"{glance.server.url}/api/pairs/{pair}", timeout=30).json()["stats"]["histogram"]
+    total = sum(counts)
+    page.goto(f"{glance.server.url}/pairs/{pair}#histogram")
+    chart = page.locator("figure.histogram-chart")
+    heads = chart.locator("thead th").all_inner_texts()
+    assert heads[0] == "|diff| decade" and heads[1] == "Elements (bar: log scale)"
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1440  # the chart fits its card
+    assert chart.locator(".axis-title.x").inner_text() == "elements per decade (log scale)"
+    ticks = [t.text_content() for t in chart.locator("svg.bar-axis text").all()]
+    assert ticks[:3] == ["0", "1", "10"] and len(ticks) == 1 + len(str(max(counts)))
+    labels = chart.locator("tbody th").all_inner_texts()
+    assert labels[0] == "0" and labels[1] == "< 1e-11" and labels[-1] == "≥ 1e4" and len(labels) == len(counts)
+    readout = chart.locator(".histogram-readout")
+    bars = chart.locator("tbody tr")
+    # the pointer over the bar of 1e-5 (the 1e-4 noise's decade below it holds many elements)
+    busiest = max(range(2, len(counts) - 1), key=lambda i: counts[i])
+    row = bars.nth(busiest).bounding_box()
+    assert row is not None
+    page.mouse.move(row["x"] + row["width"] / 2, row["y"] + row["height"] / 2)
+    decade = int(labels[busiest].removeprefix("1e"))
+    share = f"{100 * counts[busiest] / total:.3g}%"
+    assert readout.inner_text() == (
+        f"|diff| 1e{decade} up to 1e{decade + 1}: {counts[busiest]:,} elements ({share} of {total:,})"
+    )
+    assert "at" in (bars.nth(busiest).get_attribute("class") or "").split()
+    # the keys: Home the exact zeros, End the top decade, ↑ one back
+    chart.locator(".histogram-plot").focus()
+    page.keyboard.press("Home")
+    assert readout.inner_text().startswith(f"|diff| exactly 0: {counts[0]:,} element")
+    page.keyboard.press("End")
+    assert readout.inner_text().startswith(f"|diff| 1e4 or more (Inf included): {counts[-1]:,} element")
+    page.keyboard.press("ArrowUp")
+    assert readout.inner_text().startswith(f"|diff| 1e3 up to 1e4: {counts[-2]:,} element")
+    assert chart.locator("tbody tr.at").count() == 1
+    page.keyboard.press("ArrowDown")
+    assert readout.inner_text().startswith("|diff| 1e4 or more")
+    chart.scroll_into_view_if_needed()
+    shot(page, "glance-histogram")
 
 
 def test_compare_sessions_links_both_pairs_filters_changes_and_overlays_both_errors(glance: Glance, page: Page) -> None:
@@ -380,8 +497,9 @@ def test_profiles_open_on_a_named_dimension_and_bin_each_group_by_its_own_width(
 
 def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pairs(glance: Glance, page: Page) -> None:
     """The traced session's modules as boxes and edges, linked from the session page: folded but for the path to the
-    first divergence (its module a target box), coloured by error with the legend shown; a search opens the way to
-    each match; a box's name opens its pair; a folded box opens on click."""
+    first divergence (its module a target box), coloured by error with the legend shown; the page's script builds
+    the open modules' boxes only, a folded module's when it is opened; a search opens the way to each match; a box's
+    name opens its pair."""
     s = glance.sessions
     first = loopback_http.get(f"{glance.server.url}/api/sessions/{s.trace}/first-divergence", timeout=30).json()
     first = first["first_divergence"]
@@ -389,12 +507,15 @@ def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pair
     page.get_by_role("link", name="The model as a graph").click()
     page.wait_for_url(f"**/sessions/{s.trace}/graph")
     graph = page.locator("section.module-graph")
+    modules = int(graph.get_attribute("data-modules") or "0")
     boxes = graph.locator(".gnode")
     visible = [b for b in boxes.all() if b.is_visible()]
-    assert 3 <= len(visible) < boxes.count()  # folded: the path's boxes and their siblings, not the rest
+    # folded: the path's boxes and their siblings, and only those are built: no box in the DOM is hidden
+    assert 3 <= len(visible) == boxes.count() < modules
     target = graph.locator(".gnode.target.first")
     assert target.count() == 1 and target.is_visible()
     assert target.locator("a").get_attribute("href") == f"/pairs/{first['pair_id']}"  # its output: the first divergence
+    assert target.locator("strong").inner_text() == "first divergence"
     on_path = [b.get_attribute("data-module") or "" for b in graph.locator(".gnode.on-path.first").all()]
     target_path = target.get_attribute("data-module") or ""
     assert all(target_path.startswith(p) for p in on_path) and len(on_path) >= 3  # root to the target
@@ -402,13 +523,18 @@ def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pair
     assert len(shades) >= 2  # coloured by error, more than one shade
     legend = page.locator("ul.graph-legend li").all_inner_texts()
     assert legend[0].strip() == "0" and legend[-1].strip() == "no error known" and len(legend) == 11
-    # a folded box opens on click: the first folded module's children show
+    # a folded box opens on click: its children are built then, and show
     name = graph.locator("li:has(> details:not([open])) > .gnode").first.get_attribute("data-module")
     folded = graph.locator(f'li:has(> .gnode[data-module="{name}"]) > details')
-    inside = folded.locator(":scope > ul > li").first
-    assert folded.get_attribute("open") is None and not inside.is_visible()
+    inside = folded.locator(":scope > ul > li")
+    assert folded.get_attribute("open") is None and inside.count() == 0
+    said = int((folded.locator(":scope > summary").inner_text()).split()[0])
     folded.locator(":scope > summary").click()
-    assert folded.get_attribute("open") is not None and inside.is_visible()
+    assert folded.get_attribute("open") is not None and inside.first.is_visible()
+    assert all(
+        (b.get_attribute("data-module") or "").startswith(f"{name}.") for b in inside.locator(":scope > .gnode").all()
+    )
+    assert 1 <= inside.count() <= said
     shot(page, "glance-graph")
     # search: every match shown, the modules above it open
     page.locator("input[name=q]").fill("down_proj")
@@ -417,7 +543,16 @@ def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pair
     matches = graph.locator(".gnode.matched")
     assert matches.count() >= 2 and all(m.is_visible() for m in matches.all())
     assert all("down_proj" in (m.get_attribute("data-module") or "") for m in matches.all())
-    assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {boxes.count()} modules match")
+    assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {modules} modules match")
+    shot(page, "glance-graph-search")
+    # the modules opened for the search show the way to the matches; their other children wait behind a button
+    others = graph.locator("li.others > button")
+    assert others.count() >= 2
+    said = int(others.first.inner_text().split()[0])
+    built, waiting = boxes.count(), others.count()
+    others.first.click()
+    assert boxes.count() == built + said and others.count() == waiting - 1
+    assert page.evaluate("document.activeElement.closest('.gnode') !== null")  # focus on the first module shown
     link = matches.first.locator("a")
     href = link.get_attribute("href")
     link.click()

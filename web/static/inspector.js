@@ -38,9 +38,54 @@ if (form) {
     const text = await response.text();
     if (mine !== shown) return; // a later move already asked for another window
     grids.innerHTML = text;
+    flow();
     bindHeatmap(refocus);
     showLargest();
   }
+
+  // A 1-D window fills the width it has: the server sends it a value a row (what a page without scripts shows);
+  // here its values are laid out as many a row as fit in each grid's width (the same number in all three, so
+  // they line up), each row headed by its first index and the columns by their offset (+0, +1...). Again
+  // whenever that width changes (the window, stacked or side by side).
+  function flow() {
+    const area = grids.querySelector(".grids.flow");
+    const tables = area ? [...area.querySelectorAll("table.values[data-start]")] : [];
+    if (!tables.length) return;
+    const cellsOf = (table) => [...table.querySelectorAll("td:not(.corner)")];
+    if (!area.dataset.cell) { // measured once as the server laid it out: a column as wide as its widest value
+      area.dataset.cell = Math.max(...tables.map((t) => cellsOf(t)[0].getBoundingClientRect().width));
+      const labels = tables.flatMap((t) => [...t.querySelectorAll("th[scope=row]")]);
+      area.dataset.label = Math.max(...labels.map((th) => th.getBoundingClientRect().width));
+    }
+    const spacing = 3; // table.values' border-spacing
+    const room = Math.min(...tables.map((t) => t.closest("figure").clientWidth)) - Number(area.dataset.label) - 3 * spacing;
+    const count = cellsOf(tables[0]).length;
+    const perRow = Math.max(1, Math.min(count, Math.floor(room / (Number(area.dataset.cell) + spacing))));
+    if (String(perRow) === area.dataset.perRow) return;
+    area.dataset.perRow = perRow;
+    for (const table of tables) {
+      const cells = cellsOf(table);
+      const start = Number(table.dataset.start);
+      const rows = [];
+      if (perRow > 1) {
+        const head = document.createElement("tr");
+        const corner = Object.assign(document.createElement("td"), { className: "corner" });
+        head.append(corner, ...Array.from({ length: perRow }, (_, k) => {
+          const th = Object.assign(document.createElement("th"), { scope: "col", textContent: `+${k}` });
+          return th;
+        }));
+        rows.push(head);
+      }
+      for (let i = 0; i < cells.length; i += perRow) {
+        const row = document.createElement("tr");
+        const th = Object.assign(document.createElement("th"), { scope: "row", textContent: String(start + i) });
+        row.append(th, ...cells.slice(i, i + perRow));
+        rows.push(row);
+      }
+      table.replaceChildren(...rows);
+    }
+  }
+  new ResizeObserver(() => flow()).observe(grids);
 
   // the window's largest difference scrolled into view inside the grids' own scroll area (not the page)
   function showLargest() {
@@ -194,10 +239,13 @@ if (form) {
     const side = !section.classList.contains("layout-side");
     localStorage.setItem("inspector-layout", side ? "side" : "stacked");
     setLayout(side);
+    flow();
+    showLargest();
   });
   form.querySelector("button[type=submit]").after(layout);
 
   buildSliders();
+  flow();
   bindHeatmap();
   showLargest();
 

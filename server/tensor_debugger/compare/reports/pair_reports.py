@@ -360,7 +360,7 @@ def session_pairs(
     other callers skip); with `closest`, each unmatched reference tensor's closest candidates for a hand pairing.
     `cache`: the process's decoded statistics (the pages and the API pass theirs, Services.stats)."""
     pairs = read_pairs(db, session_id)
-    tensors = read_tensors(db, pairs)
+    tensors = read_tensors(db, pairs, session_id)
     result_ids = {p.result_id for p in pairs if p.result_id is not None}
     stats = cache.read(db, result_ids) if cache is not None else read_stats(db, result_ids)
     mismatches = read_rank_mismatches(db, replica_results(pairs))

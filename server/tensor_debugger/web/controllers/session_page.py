@@ -23,7 +23,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, SessionRecord
 from tensor_debugger.web.controllers.forms import Form, optional_float
-from tensor_debugger.web.views.module_graph import build_graph
+from tensor_debugger.web.views.module_graph import build_graph, graph_data
 from tensor_debugger.web.views.pairing_form import PairingForm
 from tensor_debugger.web.views.profile_heatmap import heatmap
 from tensor_debugger.web.views.session_chart import build_chart
@@ -152,12 +152,13 @@ class SessionPageController(Controller):
         the culprits; `q`: modules whose path holds it (any case), shown with the modules above them open. 404
         where the session's runs have no module structure."""
         with services.sessions() as db:
-            session, report = read_session(db, services, session_id, modules=True)
+            session, report = read_session(db, services, session_id, modules=True, closest=False)
         if report.modules is None or not report.modules.tree:
             raise NotFoundError(f"session {session_id} has no module structure (a trace or a capture has)")
         first = report.first_divergence.pair_id if report.first_divergence else None
         graph = build_graph(report.modules, first, q)
-        return Template("module_graph.html", context={"session": session, "graph": graph})
+        context = {"session": session, "graph": graph, "data": graph_data(graph)}
+        return Template("module_graph.html", context=context)
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)
     def pairs_csv(self, services: NamedDependency[Services], session_id: FromPath[int]) -> Response[str]:
@@ -207,12 +208,13 @@ class SessionPageController(Controller):
 
 
 def read_session(
-    db: DbSession, services: Services, session_id: int, modules: bool = False
+    db: DbSession, services: Services, session_id: int, modules: bool = False, closest: bool = True
 ) -> tuple[SessionRecord, SessionPairs]:
-    """The session (NotFoundError when there is none) and its pairs' report (with `modules`, the module view),
-    read with the process's decoded statistics."""
+    """The session (NotFoundError when there is none) and its pairs' report (with `modules`, the module view; with
+    `closest`, the unmatched tensors' closest candidates for a hand pairing), read with the process's decoded
+    statistics."""
     session = catalog.get_session(db, session_id)
-    return session, session_pairs(db, session_id, modules=modules, cache=services.stats, closest=True)
+    return session, session_pairs(db, session_id, modules=modules, cache=services.stats, closest=closest)
 
 
 def session_template(

@@ -2,15 +2,21 @@
 parent-child edges, each box coloured by the error of its module on a log scale (the error it added where it can
 be ranked, else the largest relative RMSE of its pairs), the path from the root to the first divergence and to each
 culprit highlighted. Collapsed by default: only the highlighted paths and the ancestors of what a search found
-are open, so a 2,000-module model opens as a handful of boxes; a click on a box's name opens its pair."""
+are open, so a 2,000-module model opens as a handful of boxes; a click on a box's name opens its pair.
+
+The page gets the tree once as compact JSON (`graph_data`) and its script (web/static/module_graph.js) builds the
+boxes of the open modules only, and a folded module's children when it is opened: 2,000 modules rendered as HTML
+were 594 kB and 11,485 elements, most of them folded away."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
-from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModuleReport
+from tensor_debugger.compare.reports.formatting import format_error
+from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModuleReport, ModuleVerdict
 from tensor_debugger.engine.metrics import Number, parse_number
 
 BINS = 8  # colour classes e0 (smallest decade) to e7 (largest) in the stylesheet
@@ -133,3 +139,56 @@ def build_graph(modules: ModuleReport, first_pair: int | None, query: str = "") 
     span = (high - low) / BINS
     legend = [(f"e{k}", f"≥ {_label(10 ** (low + k * span))}") for k in range(BINS)]
     return ModuleGraph(roots, low, high, legend, len(everything), len(matched), query.strip())
+
+
+# A node's flags in graph_data: on the path to the first divergence, on a culprit's, the first divergence's module or
+# a culprit itself, matched by the search, open, on the way to a match (a match or above one)
+ON_FIRST, ON_CULPRIT, TARGET, MATCHED, OPEN, TO_MATCH = 1, 2, 4, 8, 16, 32
+VERDICTS = tuple(str(v) for v in ModuleVerdict)
+
+
+def graph_data(graph: ModuleGraph) -> dict[str, Any]:
+    """The tree as the page's script reads it: each node a list [path relative to its parent's (with its leading
+    "." or "/"; a root's whole path), name, shade, verdict (an index into "verdicts"), error as the pages write it,
+    error kind (an index into "kinds"), pair id or null, flags (the bits above), modules inside, children]; and the
+    search's text ("query")."""
+    kinds: list[str] = []
+    to_match = {a for m in _matched_paths(graph.roots) for a in _ancestors(m)}
+
+    def kind(name: str) -> int:
+        if name not in kinds:
+            kinds.append(name)
+        return kinds.index(name)
+
+    def pack(node: GraphNode, parent: str) -> list[Any]:
+        flags = (
+            (ON_FIRST if "first" in node.on_path.split() else 0)
+            | (ON_CULPRIT if "culprit" in node.on_path.split() else 0)
+            | (TARGET if node.is_target else 0)
+            | (MATCHED if node.matched else 0)
+            | (OPEN if node.open else 0)
+            | (TO_MATCH if node.path in to_match else 0)
+        )
+        relative = node.path[len(parent) :] if parent and node.path.startswith(parent) else node.path
+        return [
+            relative,
+            node.name,
+            node.shade,
+            VERDICTS.index(node.verdict),
+            format_error(node.error) if node.error is not None else "",
+            kind(node.error_kind),
+            node.pair_id,
+            flags,
+            node.descendants,
+            [pack(c, node.path) for c in node.children],
+        ]
+
+    roots = [pack(r, "") for r in graph.roots]
+    return {"verdicts": list(VERDICTS), "kinds": kinds, "query": graph.query, "roots": roots}
+
+
+def _matched_paths(nodes: list[GraphNode]) -> Iterable[str]:
+    for node in nodes:
+        if node.matched:
+            yield node.path
+        yield from _matched_paths(node.children)

@@ -26,7 +26,7 @@ from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import PairRecord, SessionRecord
 from tensor_debugger.web.views.heatmap_image import heatmap_frame
 
-DEFAULT_COUNT = 64
+DEFAULT_COUNT = 64  # values in the default window (1-D, the last dimension): 16 rows of 4 side by side at 1,440 px
 
 
 def default_window(shape: Shape) -> dict[str, str]:
@@ -159,13 +159,24 @@ def index_ticks(size: int, most: int = 8) -> list[dict[str, float | int]]:
 
 def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
     """One bar per decade of |difference|, its length on a log scale of counts (log10(1 + count)): 816 elements
-    at 1e-2 stay visible beside 129,792 exact zeros, where a linear scale left them a hairline."""
+    at 1e-2 stay visible beside 129,792 exact zeros, where a linear scale left them a hairline. Each bar's
+    `readout` says its exact range, its count and its share of the elements counted."""
     labels = ["0", f"< 1e{HIST_LOW + 1}"] + [f"1e{k}" for k in range(HIST_LOW + 1, HIST_HIGH)] + [f"≥ 1e{HIST_HIGH}"]
+    ranges = (
+        ["exactly 0", f"above 0, below 1e{HIST_LOW + 1}"]
+        + [f"1e{k} up to 1e{k + 1}" for k in range(HIST_LOW + 1, HIST_HIGH)]
+        + [f"1e{HIST_HIGH} or more (Inf included)"]
+    )
     top = math.log10(1 + max(counts)) if counts else 0.0
-    return [
-        {"label": label, "count": c, "percent": 100 * math.log10(1 + c) / top if top else 0}
-        for label, c in zip(labels, counts, strict=False)
-    ]
+    total = sum(counts)
+    bars = []
+    for label, where, c in zip(labels, ranges, counts, strict=False):
+        share = f"{100 * c / total:.3g}%" if total else "—"
+        readout = f"|diff| {where}: {c:,} element{'' if c == 1 else 's'} ({share} of {total:,})"
+        bars.append(
+            {"label": label, "count": c, "percent": 100 * math.log10(1 + c) / top if top else 0, "readout": readout}
+        )
+    return bars
 
 
 def histogram_ticks(counts: list[int]) -> list[dict[str, Any]]:
