@@ -19,6 +19,8 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
+from tests.support.cli_main import main_cli
+
 CHUNK_BYTES = 65536  # small chunks: many per pair block, straddling its edges, a short last one in each row
 BIG = (2100, 2003)  # 4.2M values: two pair blocks (engine/streaming.REDUCED_BLOCK_BYTES), their edge inside a chunk
 
@@ -200,3 +202,17 @@ def test_npy_files_and_fortran_order_are_compared_in_memory(
     assert outcome.exit_code == 1, outcome
     assert pairs_of(once, outcome) == stored_path(stored, tmp_path / "ref", tmp_path / "cand")
     assert outcome.read_once is not None and (outcome.read_once.in_memory, outcome.read_once.read_back) == (2, {})
+
+
+def test_compare_verbose_says_how_the_pairs_were_read(tmp_path: Path, backend_env: dict[str, str]) -> None:
+    files = {name: held for name, held in tensors(4, candidate=False).items() if name[:2] in ("01", "05")}
+    a = write_run(tmp_path / "ref", files)
+    b = write_run(tmp_path / "cand", files)
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(a), str(b), "--verbose", env=backend_env)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "read once: 1 pairs compared from the bytes as they were ingested, 1 read back from the store "
+        "(1 not read by the chunk loop (integers, bools, ULPs or shapes that differ))"
+    ) in done.stderr
+    quiet = main_cli("--data-dir", str(tmp_path / "data2"), "compare", str(a), str(b), env=backend_env)
+    assert quiet.returncode == 0 and "read once" not in quiet.stderr
