@@ -297,10 +297,10 @@ def cold_rounds(
     script_median = statistics.median(r[0] for r in rows["plain script"])
     for name, values in rows.items():
         wall = statistics.median(r[0] for r in values)
-        read = statistics.median(r[3] for r in values)
+        read_median = float(statistics.median(r[3] for r in values))
         print(
             f"{name:16} {wall:9.2f} {wall / script_median:9.2f} {statistics.median(r[1] for r in values):7.2f} "
-            f"{max(r[2] for r in values):12.0f} {read / 1e9:8.2f} {read / inputs:9.2f} "
+            f"{max(r[2] for r in values):12.0f} {read_median / 1e9:8.2f} {read_median / inputs:9.2f} "
             f"{statistics.median(r[4] for r in values) / 1e9:11.2f}"
         )
     for name, line in notes.items():

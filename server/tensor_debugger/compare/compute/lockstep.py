@@ -223,11 +223,12 @@ class Lockstep:
 
     def _may_wait(self, pair: _Pair, side: int) -> bool:
         """Whether the side ahead may wait for the other (under the lock): the other reads this pair's tensor, or
-        one that this side has finished (it catches up). Then the other never waits for this side."""
+        one that this side has finished (it catches up), or has not begun its first (it unpacks its archives). Then
+        the other never waits for this side."""
         if self._closed[1 - side]:
             return False
         other = self._current[1 - side]
-        if other is pair:
+        if other is None or other is pair:
             return True
         mine = other.halves[side] if other is not None else None
         return mine is not None and mine.ended
