@@ -43,6 +43,8 @@ from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import LogicalDtype
 from tensor_debugger.store.models import SessionRecord, TensorRecord
 
+SPARE_BUFFERS = 4  # block copies kept for reuse
+
 
 @dataclass(frozen=True)
 class LockstepCounts:
@@ -104,6 +106,7 @@ class Lockstep:
         self._current: list[_Pair | None] = [None, None]  # the tensor each side reads now (or read last)
         self._closed = [False, False]
         self._skipped: Counter[str] = Counter()  # tensors never tracked, by why (shards, 0-d)
+        self._spare: list[np.ndarray] = []  # copies no block needs any more, for the next blocks
 
     def tap(self, side: int) -> RunTap:
         return _RunTap(self, side)
@@ -141,7 +144,7 @@ class Lockstep:
         with self._changed:
             if pair.why is not None:
                 return
-        copy = np.empty(block.nbytes, dtype=np.uint8)
+        copy = self._buffer(block.nbytes)
         copy[:] = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
         with self._changed:
             while pair.why is None and half.kept_bytes >= half.limit:
@@ -156,6 +159,14 @@ class Lockstep:
             half.upto = stop
             self._changed.notify_all()
         self._compute(pair)
+
+    def _buffer(self, nbytes: int) -> np.ndarray:
+        """`nbytes` bytes for a block's copy: a spare one where one is large enough (new memory costs a page fault
+        per 4 KiB on first touch), else new."""
+        with self._changed:
+            fitting = [n for n, spare in enumerate(self._spare) if spare.size >= nbytes]
+            found = self._spare.pop(fitting[0]) if fitting else None
+        return found[:nbytes] if found is not None else np.empty(nbytes, dtype=np.uint8)
 
     def end(self, pair: _Pair, side: int, complete: bool) -> None:
         with self._changed:
@@ -308,7 +319,10 @@ class Lockstep:
                     pair.done += 1
                     for half in halves:
                         while half.kept and half.kept[0].stop <= stop:
-                            half.kept_bytes -= half.kept.popleft().values.nbytes
+                            done = half.kept.popleft().values
+                            half.kept_bytes -= done.nbytes
+                            if len(self._spare) < SPARE_BUFFERS:
+                                self._spare.append(done.base if done.base is not None else done)
                     self._changed.notify_all()
 
 
