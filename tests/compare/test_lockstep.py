@@ -107,14 +107,14 @@ def stored_path(services: Services, a: Path, b: Path) -> list[tuple[Any, ...]]:
     services.compute(session_id)
     with services.sessions() as db:
         report = session_pairs(db, session_id)
-    return [(p.name, p.status, p.stats) for p in report.pairs]
+    return [(p.name, p.status, p.stats, p.where) for p in report.pairs]
 
 
 def pairs_of(services: Services, outcome: CompareOutcome) -> list[tuple[Any, ...]]:
     assert outcome.payload.session is not None
     with services.sessions() as db:
         report = session_pairs(db, outcome.payload.session.id)
-    return [(p.name, p.status, p.stats) for p in report.pairs]
+    return [(p.name, p.status, p.stats, p.where) for p in report.pairs]
 
 
 def test_pairs_compared_as_they_are_read_equal_those_read_from_the_store(
@@ -129,8 +129,8 @@ def test_pairs_compared_as_they_are_read_equal_those_read_from_the_store(
     got = pairs_of(once, outcome)
     assert [name for name, *_ in got] == [name for name, *_ in expected] and len(got) == 13
     for found, wanted in zip(got, expected, strict=True):
-        assert found == wanted  # bit-identical statistics, `where` included
-    statuses = {name: status for name, status, _ in got}
+        assert found == wanted  # bit-identical statistics, and where the error is
+    statuses = {name: status for name, status, *_ in got}
     assert statuses["00_big"] == statuses["02_bf16"] == statuses["03_f16"] == "fail"
     assert statuses["01_f64"] == "pass"
     # every float pair of one tensor a side was compared in memory (the NaN one too: only its block with the NaN is
@@ -147,18 +147,23 @@ def test_pairs_compared_as_they_are_read_equal_those_read_from_the_store(
 def test_a_comparison_of_two_freshly_ingested_runs_reads_none_of_its_chunks(
     two_stores: tuple[Services, Services], tmp_path: Path
 ) -> None:
-    once, _ = two_stores
+    """Failing pairs included: where inside them the error is comes from the same blocks in memory."""
+    once, stored = two_stores
     files = {name: held for name, held in tensors(2, candidate=False).items() if name[:2] in ("00", "01", "02", "11")}
     a = write_run(tmp_path / "ref", files)
-    b = write_run(
-        tmp_path / "cand", {name: {k: v * (1 + 1e-9) for k, v in held.items()} for name, held in files.items()}
-    )
+    changed = {name: {k: v * (1 + 1e-9) for k, v in held.items()} for name, held in files.items()}
+    changed["00_big.pth"][""][1500:1510, 7] += 1.0  # fails, in rows 1500-1509 and column 7
+    changed["11_model.safetensors"]["attn.bias"] = changed["11_model.safetensors"]["attn.bias"] + 1
+    b = write_run(tmp_path / "cand", changed)
     before = once.store.chunk_reads
     outcome = compare(once, a, b)
-    assert outcome.exit_code == 0, outcome
-    assert len(outcome.payload.pairs) == 5
-    assert outcome.read_once is not None and (outcome.read_once.in_memory, outcome.read_once.read_back) == (5, {})
     assert once.store.chunk_reads == before  # counted by the store: the loop and the reader count every chunk read
+    assert outcome.exit_code == 1, outcome
+    assert outcome.read_once is not None and (outcome.read_once.in_memory, outcome.read_once.read_back) == (5, {})
+    pairs = pairs_of(once, outcome)
+    assert pairs == stored_path(stored, a, b)
+    where = next(where for name, _, _, where in pairs if name == "00_big")
+    assert where is not None and [(w.dim, w.ranges) for w in where] == [(0, [[1500, 1509]]), (1, [[7, 7]])]
 
 
 def test_a_run_ahead_of_the_other_gives_its_pair_up_and_the_answer_is_the_same(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import threading
 from collections import Counter, deque
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -37,10 +38,11 @@ from tensor_debugger.engine.fused import FusedPartial
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import REDUCED_BLOCK_BYTES, PairJob, pair_blocks
 from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.engine.where import ErrorSpan, WhereAccumulator, block_masses, where_regions
 from tensor_debugger.ingest.taps import RunTap, TensorTap
 from tensor_debugger.ingest.writer import CHUNKS_PER_BLOCK
 from tensor_debugger.store.chunk_reader import ChunkReader
-from tensor_debugger.store.dtypes import LogicalDtype
+from tensor_debugger.store.dtypes import LogicalDtype, storage_to_compute
 from tensor_debugger.store.models import SessionRecord, TensorRecord
 
 SPARE_BUFFERS = 4  # block copies kept for reuse
@@ -80,6 +82,7 @@ class _Plan:
     loop: ChunkPairs
     tolerance: Tolerance
     regions: tuple[tuple[int, int], ...]  # each pair block's flat [start, stop), in merge order
+    where: tuple[Region, ...]  # the blocks `where.locate_error` reads (where_regions), in its order
 
 
 @dataclass
@@ -89,6 +92,8 @@ class _Pair:
     plan: _Plan | None = None
     done: int = 0  # pair blocks computed
     partials: dict[int, FusedPartial | None] = field(default_factory=dict)  # by the block's flat start
+    where_done: int = 0  # blocks of `_Plan.where` folded into `masses`
+    masses: WhereAccumulator | None = None  # where the error is, should the pair fail
     computing: threading.Lock = field(default_factory=threading.Lock)
     replayed: bool = False
 
@@ -129,7 +134,7 @@ class Lockstep:
             if why is not None:
                 self._give_up(pair, why)
             elif self._closed[1 - side] and pair.halves[1 - side] is None:
-                self._give_up(pair, "no tensor of that name in the other run")
+                self._give_up(pair, "the other run's ingest read no tensor of that name")
             if pair.why is not None:
                 return None
             both = all(h is not None for h in pair.halves)
@@ -185,7 +190,7 @@ class Lockstep:
             for pair in self._pairs.values():
                 half = pair.halves[side]
                 if half is None:
-                    self._give_up(pair, "no tensor of that name in the other run")
+                    self._give_up(pair, "the other run's ingest read no tensor of that name")
                 elif not half.ended:
                     self._give_up(pair, "its ingest stopped")
             self._changed.notify_all()
@@ -198,11 +203,14 @@ class Lockstep:
         up, or the job is not the one computed here: another alignment, tolerance or chunk layout)."""
         with self._changed:
             pair = self._pairs.get(name)
-            if pair is None or pair.why is not None or pair.plan is None or pair.done != len(pair.plan.regions):
-                if pair is not None and pair.why is None:
+            if pair is None:
+                return None
+            if not _finished(pair):
+                if pair.why is None:
                     pair.why = "not finished in memory"
                 return None
             plan = pair.plan
+            assert plan is not None
         loop = job.reduce
         if (
             not isinstance(loop, ChunkPairs)
@@ -217,7 +225,9 @@ class Lockstep:
             return None
         with self._changed:
             pair.replayed = True
-        return replace(job, reduce=_Replay(loop, dict(pair.partials)))
+        masses = pair.masses
+        assert masses is not None  # `_finished`
+        return replace(job, reduce=_Replay(loop, dict(pair.partials)), spans=lambda: _spans(masses))
 
     def counts(self) -> LockstepCounts:
         with self._changed:
@@ -291,39 +301,80 @@ class Lockstep:
         if loop is None:
             return None
         job = PairJob(None, view_a, view_b, tol, exact, loop, top, kernel)
-        return _Plan(loop, tol, tuple(loop.flat_range(r) for r in pair_blocks(job)))
+        regions = tuple(loop.flat_range(r) for r in pair_blocks(job))
+        return _Plan(loop, tol, regions, tuple(where_regions(loop.shape)))
 
     def _compute(self, pair: _Pair) -> None:
-        """Compute, in order, every pair block whose values both sides have handed over, and drop what no later
-        block needs."""
+        """Compute, in order, every pair block whose values both sides have handed over (its statistics), and
+        every block of `where.locate_error` (where the error is, should the pair fail: the squared differences per
+        index of each dimension), and drop what no later block needs."""
         with pair.computing:
             while True:
                 with self._changed:
-                    plan = pair.plan
-                    if pair.why is not None or plan is None or pair.done == len(plan.regions):
-                        return
-                    start, stop = plan.regions[pair.done]
-                    halves = [h for h in pair.halves if h is not None]
-                    if any(h.upto < stop for h in halves):
-                        return
-                    try:
-                        readers = (plan.loop.a, plan.loop.b)
-                        held = [_chunks(h, r, start, stop) for h, r in zip(halves, readers, strict=True)]
-                    except ValueError:
-                        self._give_up(pair, "its chunks are not where its blocks are")
-                        return
-                partial = plan.loop.in_memory((held[0][0], held[1][0]), (held[0][1], held[1][1]), plan.tolerance)
-                del held
-                with self._changed:
-                    pair.partials[start] = partial
-                    pair.done += 1
-                    for half in halves:
-                        while half.kept and half.kept[0].stop <= stop:
-                            done = half.kept.popleft().values
-                            half.kept_bytes -= done.nbytes
-                            if len(self._spare) < SPARE_BUFFERS:
-                                self._spare.append(done.base if done.base is not None else done)
-                    self._changed.notify_all()
+                    task = self._next_task(pair)
+                if task is None:
+                    return
+                self._run(pair, *task)
+
+    def _next_task(self, pair: _Pair) -> tuple[str, int, int, list[Any]] | None:
+        """(under the lock) The next block to compute, the one that ends first: ("stats" or "where", its flat
+        range, and what it reads of the kept blocks), or None while none has both sides' values."""
+        plan = pair.plan
+        if pair.why is not None or plan is None:
+            return None
+        halves = [h for h in pair.halves if h is not None]
+        upto = min(h.upto for h in halves)
+        tasks: list[tuple[int, str, int]] = []
+        if pair.done < len(plan.regions):
+            tasks.append((plan.regions[pair.done][1], "stats", plan.regions[pair.done][0]))
+        if pair.where_done < len(plan.where):
+            start, stop = plan.loop.flat_range(plan.where[pair.where_done])
+            tasks.append((stop, "where", start))
+        if not tasks:
+            return None
+        stop, kind, start = min(tasks)
+        if upto < stop:
+            return None
+        try:
+            if kind == "stats":
+                readers = (plan.loop.a, plan.loop.b)
+                return kind, start, stop, [_chunks(h, r, start, stop) for h, r in zip(halves, readers, strict=True)]
+            return kind, start, stop, [_stretches(h, start, stop) for h in halves]
+        except ValueError:
+            self._give_up(pair, "its chunks are not where its blocks are")
+            return None
+
+    def _run(self, pair: _Pair, kind: str, start: int, stop: int, held: list[Any]) -> None:
+        plan = pair.plan
+        assert plan is not None
+        if kind == "stats":
+            partial = plan.loop.in_memory((held[0][0], held[1][0]), (held[0][1], held[1][1]), plan.tolerance)
+        else:
+            region = plan.where[pair.where_done]
+            shape = tuple(s.stop - s.start for s in region)
+            a, b = (_values(h, parts, shape) for h, parts in zip(pair.halves, held, strict=True) if h is not None)
+            squares, nonfinite = block_masses(a, b)
+        del held
+        with self._changed:
+            if kind == "stats":
+                pair.partials[start] = partial
+                pair.done += 1
+            else:
+                if pair.masses is None:
+                    pair.masses = WhereAccumulator(plan.loop.shape)
+                pair.masses.fold(squares, nonfinite, [s.start for s in plan.where[pair.where_done]])
+                pair.where_done += 1
+            done_upto = min(
+                plan.regions[pair.done - 1][1] if pair.done else 0,
+                plan.loop.flat_range(plan.where[pair.where_done - 1])[1] if pair.where_done else 0,
+            )
+            for half in pair.halves:
+                while half is not None and half.kept and half.kept[0].stop <= done_upto:
+                    released = half.kept.popleft().values
+                    half.kept_bytes -= released.nbytes
+                    if len(self._spare) < SPARE_BUFFERS:
+                        self._spare.append(released.base if released.base is not None else released)
+            self._changed.notify_all()
 
 
 class _Replay:
@@ -388,6 +439,38 @@ def _record(half: _Half) -> TensorRecord:
     record = TensorRecord(name="", store_key=half.key, digest="", dtype=half.dtype.name, has_values=True)
     record.shape = list(half.shape)
     return record
+
+
+def _finished(pair: _Pair) -> bool:
+    """(under the lock) Whether every block of the pair was computed in memory, statistics and where."""
+    plan = pair.plan
+    if pair.why is not None or plan is None or pair.masses is None:
+        return False
+    return (pair.done, pair.where_done) == (len(plan.regions), len(plan.where))
+
+
+def _spans(masses: WhereAccumulator) -> list[ErrorSpan]:
+    return masses.spans()
+
+
+def _stretches(half: _Half, start: int, stop: int) -> list[np.ndarray]:
+    """(under the lock) The kept bytes of flat values [start, stop) of one side, as the stretches of its blocks."""
+    itemsize = half.dtype.numpy_storage.itemsize
+    parts = [
+        k.values[(max(start, k.start) - k.start) * itemsize : (min(stop, k.stop) - k.start) * itemsize]
+        for k in half.kept
+        if k.start < stop and k.stop > start
+    ]
+    if sum(p.size for p in parts) != (stop - start) * itemsize:
+        raise ValueError("values outside the blocks kept")
+    return parts
+
+
+def _values(half: _Half, parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+    """A block's values as a view reads them (`storage_to_compute`: bfloat16 widened exactly), in `shape`."""
+    joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
+    stored = joined.view(half.dtype.numpy_storage).reshape(shape)
+    return storage_to_compute(stored, half.dtype)
 
 
 def _chunks(half: _Half, reader: ChunkReader, start: int, stop: int) -> tuple[Pieces, list[np.ndarray]]:
