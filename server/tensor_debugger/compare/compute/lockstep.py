@@ -45,7 +45,7 @@ from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_compute
 from tensor_debugger.store.models import SessionRecord, TensorRecord
 
-SPARE_BUFFERS = 4  # block copies kept for reuse
+SPARE_BUFFERS = 2  # block copies kept for reuse
 
 
 @dataclass(frozen=True)
