@@ -8,7 +8,9 @@ tensor's blocks as it reads them; the tensors of the same name on both sides (th
 from the values in memory (`ChunkPairs.in_memory`: the same kernel calls over the same stretches as reading the
 chunk files). When the pair's tensors are stored, `early_uploads.SessionComparisons` guesses the pair as always and
 its job's blocks are taken from what was computed here (`replayed`): the same `compare_block` and merge, so the
-same statistics, cache key and result row as reading the stored copy.
+same statistics, cache key and result row as reading the stored copy. Where inside a failing pair the error is
+(`engine/where.py`) is computed from the same blocks in memory too, for every pair (which fails is known only at
+its end), in `where_regions` order (`PairJob.spans`).
 
 Memory stays bounded: a side keeps copies of its blocks only until the other side has handed the same values, up
 to about one pair block and two ingest blocks; the side ahead then waits, but only while the other run is reading
@@ -110,7 +112,6 @@ class Lockstep:
         self._pairs: dict[str, _Pair] = {}
         self._current: list[_Pair | None] = [None, None]  # the tensor each side reads now (or read last)
         self._closed = [False, False]
-        self._skipped: Counter[str] = Counter()  # tensors never tracked, by why (shards, 0-d)
         self._spare: list[np.ndarray] = []  # copies no block needs any more, for the next blocks
 
     def tap(self, side: int) -> RunTap:
@@ -231,7 +232,7 @@ class Lockstep:
 
     def counts(self) -> LockstepCounts:
         with self._changed:
-            read_back = Counter(self._skipped)
+            read_back: Counter[str] = Counter()
             in_memory = 0
             for pair in self._pairs.values():
                 if pair.replayed:
