@@ -266,8 +266,6 @@ class TensorWriter:
         `pools.in_flight` in flight."""
         pool = self.pools.pool
         for region, block in blocks:
-            if tap is not None:
-                tap.put(region, block)
             self._window.append(
                 _Block(
                     tensor,
@@ -278,6 +276,8 @@ class TensorWriter:
                 )
             )
             tensor.unsettled += 1
+            if tap is not None:  # while the pool writes it (the block stays the reader's until `_settle`)
+                tap.put(region, block)
             if self.on_bytes is not None:
                 self.on_bytes(block.nbytes)
             while len(self._window) > self.pools.in_flight:
