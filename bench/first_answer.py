@@ -3,6 +3,7 @@
     python bench/first_answer.py                         # 2 x 200 MB of float32 .pth, 32 files per run, in zips
     python bench/first_answer.py --large                 # 2 x 2 GiB in folders, one round (minutes)
     python bench/first_answer.py --baseline /elsewhere/server   # also time another checkout's CLI, in turn
+    python bench/first_answer.py --cold --form folders --size-mb 4096   # cold page cache, bytes read (root)
 
 Two runs of `{layer}_{stage}.pth` files (the candidate differs from the reference from layer 1 on) are written
 once, as zip archives (members stored, as `zip -0` and most tools writing .pth dumps do) or folders. Then, in each
@@ -18,6 +19,12 @@ round and in turn:
   the command's own, not the server's);
 - with `--baseline DIR`, the same two again with the package found in DIR (another checkout's `server/` folder,
   its compiled libraries built, its `migrations/` beside it), so that a change is timed beside the code before it.
+With `--cold` (root only: it writes /proc/sys/vm/drop_caches), each round times the script and the CLI cold only,
+each after `sync` and dropping the page cache, and says the bytes each read from and wrote to the disk: the
+`read_bytes` and `write_bytes` of /proc/<pid>/io of a wrapper process, which the kernel adds its waited-for
+children's to (the whole process tree's), less the wrapper's own before it started the command; the CLI runs with
+`--verbose`, whose line says how many pairs were compared from the bytes as they were ingested and how many were
+read back from the store (a `--baseline` checkout that lacks it is run without).
 Each is a child process, started once the machine has written back what came before (`sync`); the figures are
 wall seconds, CPU seconds (user and system: steadier than wall time on a loaded machine) and the child's peak RSS
 (its largest process's). Nothing asserts on timings. The ways after the script take turns at going first: on this
@@ -118,6 +125,7 @@ def main() -> None:
     )
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout's server/ folder to time too")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary folder)")
+    parser.add_argument("--cold", action="store_true", help="drop the page cache before each; bytes read (root)")
     parser.add_argument("--write-runs", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write_runs:
@@ -152,6 +160,9 @@ def main() -> None:
             f"two runs of {args.files} float32 .pth files, {args.size_mb} MB each, as {args.form}; "
             f"{args.rounds} rounds, in turn"
         )
+        if args.cold:
+            cold_rounds(args, commands, work, script, a, b, env)
+            return
         times: dict[str, list[float]] = {"plain script": []}
         times.update({f"{name}, {when}": [] for name in commands for when in ("cold", "again")})
         times.update({"compare, warm": [], "warm, again": []})
@@ -209,6 +220,91 @@ def main() -> None:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+WRAPPER = r"""
+import subprocess, sys
+
+def io():
+    fields = dict(line.split(": ") for line in open("/proc/self/io").read().splitlines())
+    return int(fields["read_bytes"]), int(fields["write_bytes"])
+
+before = io()
+with open(sys.argv[2], "wb") as err:
+    code = subprocess.run(sys.argv[3:], stderr=err).returncode
+after = io()
+with open(sys.argv[1], "w") as out:
+    out.write(f"{after[0] - before[0]} {after[1] - before[1]}")
+sys.exit(code)
+"""
+
+
+def drop_caches() -> None:
+    """Write back what is dirty and drop the page cache (and dentries and inodes): the next reads go to disk."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def cold_rounds(
+    args: argparse.Namespace,
+    commands: dict[str, list[str]],
+    work: Path,
+    script: Path,
+    a: Path,
+    b: Path,
+    env: dict[str, str],
+) -> None:
+    """`--cold`: the script and each CLI cold, in turn, each after dropping the page cache; wall and CPU seconds,
+    peak RSS, and the bytes the process tree read from and wrote to disk."""
+    if os.geteuid() != 0 or not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        sys.exit("--cold drops the page cache: run it as root")
+    wrapper = work / "io_wrapper.py"
+    wrapper.write_text(WRAPPER)
+    inputs = sum(
+        p.stat().st_size for side in (a, b) for p in ([side] if side.is_file() else side.rglob("*")) if p.is_file()
+    )
+    ways: list[tuple[str, list[str]]] = [("plain script", [str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)])]
+    for name, command in commands.items():
+        verbose = ["--verbose"] if name == "compare" else []
+        ways.append(
+            (
+                f"{name}, cold",
+                [*command, "--data-dir", str(work / f"data-{name}"), "compare", str(a), str(b), "--json", *verbose],
+            )
+        )
+    rows: dict[str, list[tuple[float, float, float, int, int]]] = {name: [] for name, _ in ways}
+    notes: dict[str, str] = {}
+    for round_index in range(args.rounds):
+        turn = round_index % len(ways)
+        for name, command in ways[turn:] + ways[:turn]:
+            for data in work.glob("data-*"):
+                shutil.rmtree(data, ignore_errors=True)
+            drop_caches()
+            figures, errors = work / "io.txt", work / "stderr.txt"
+            wall, rss, seconds, _ = run_child_allowing(
+                [str(PYTHON), str(wrapper), str(figures), str(errors), *command], env
+            )
+            read, written = (int(n) for n in figures.read_text().split())
+            rows[name].append((wall, seconds, rss, read, written))
+            said = [line for line in errors.read_text(errors="replace").splitlines() if line.startswith("read once:")]
+            if said:
+                notes[name] = said[-1]
+    print(f"{os.getloadavg()[0]:.1f} load average (1 minute) at the end; inputs {inputs / 1e9:.2f} GB")
+    print(
+        f"{'cold page cache':16} {'median s':>9} {'x script':>9} {'CPU s':>7} {'peak RSS MB':>12} "
+        f"{'read GB':>8} {'x inputs':>9} {'written GB':>11}"
+    )
+    script_median = statistics.median(r[0] for r in rows["plain script"])
+    for name, values in rows.items():
+        wall = statistics.median(r[0] for r in values)
+        read_median = float(statistics.median(r[3] for r in values))
+        print(
+            f"{name:16} {wall:9.2f} {wall / script_median:9.2f} {statistics.median(r[1] for r in values):7.2f} "
+            f"{max(r[2] for r in values):12.0f} {read_median / 1e9:8.2f} {read_median / inputs:9.2f} "
+            f"{statistics.median(r[4] for r in values) / 1e9:11.2f}"
+        )
+    for name, line in notes.items():
+        print(f"{name}: {line}")
 
 
 WATCHED = ("sqlalchemy", "numpy", "torch", "zarr", "tensor_debugger.services", "tensor_debugger.compare")

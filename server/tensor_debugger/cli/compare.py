@@ -5,6 +5,7 @@ not, 2 on unusable input. Also `explore`."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from tensor_debugger.cli.compare_output import (
@@ -15,6 +16,7 @@ from tensor_debugger.cli.compare_output import (
     print_problems,
     print_unusable,
     print_where,
+    read_once_words,
     show_compare,
 )
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
@@ -38,8 +40,9 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.problem_report import ProblemReport
 
 
-def run_compare(services: Services, request: CompareRequest, as_json: bool) -> int:
-    """Compare in this process; prints what `show_compare` prints and returns the exit code."""
+def run_compare(services: Services, request: CompareRequest, as_json: bool, verbose: bool = False) -> int:
+    """Compare in this process; prints what `show_compare` prints and returns the exit code. `verbose`: say on
+    stderr how the pairs were read (`read_once_words`)."""
     settings = services.settings
     running = find_server(settings)  # a server of this data dir (say, one asked not to take the work: --top)
     base_url = settings.base_url if running is None else settings.public_url.rstrip("/") or running.url
@@ -55,6 +58,8 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool) -> i
         )
     finally:
         line.close()
+    if verbose and outcome.read_once is not None:
+        print(read_once_words(outcome.read_once), file=sys.stderr)
     return show_compare(outcome, as_json, None if running is not None else settings.data_dir, wanted_name(request))
 
 

@@ -21,6 +21,7 @@ from tensor_debugger.compare.reports.compare_report import (
     CompareReport,
     Culprit,
     DivergenceSummary,
+    ReadOnce,
     to_json,
     unread_files,
     unusable_report,
@@ -151,6 +152,16 @@ def show_compare(outcome: CompareOutcome, as_json: bool, data_dir: Path | None =
             print(f"a session named {wanted!r} exists already: this one is {name!r}")
         print_table(report, data_dir)
     return outcome.exit_code
+
+
+def read_once_words(read_once: ReadOnce) -> str:
+    """How a compare of two runs ingested at once read its pairs, in one line (`compare --verbose`)."""
+    back = sum(read_once.read_back.values())
+    why = "; ".join(f"{n} {reason}" for reason, n in sorted(read_once.read_back.items(), key=lambda r: -r[1]))
+    return (
+        f"read once: {read_once.in_memory} pairs compared from the bytes as they were ingested, "
+        f"{back} read back from the store" + (f" ({why})" if why else "")
+    )
 
 
 def verdict_words(pair: ComparedPair) -> str:

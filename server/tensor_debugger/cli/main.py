@@ -149,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         "/api/sessions/{id}/pairing exports) to apply; --strategies, --name-pattern and --dims win over it",
     )
     compare.add_argument(
+        "--verbose",
+        action="store_true",
+        help="say on stderr how the pairs were read: from the bytes as both runs were ingested, or read back from "
+        "the store (and why)",
+    )
+    compare.add_argument(
         "--fail-fast",
         action="store_true",
         help="stop at the first divergence in execution order, once every pair before it is known (exit 1; "
@@ -285,9 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             from tensor_debugger.cli.compare import run_compare
 
             if answers is None:
-                return run_compare(services, request, args.json)
+                return run_compare(services, request, args.json, args.verbose)
             with answers.recording():
-                answered = run_compare(services, request, args.json)
+                answered = run_compare(services, request, args.json, args.verbose)
             return answered
         if args.command == "compare-sessions":
             from tensor_debugger.cli.session_diff import run_compare_sessions

@@ -25,6 +25,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.compare.compute.computation import Computation
 from tensor_debugger.compare.compute.early import EarlyComparisons
 from tensor_debugger.compare.compute.early_uploads import SessionComparisons
+from tensor_debugger.compare.compute.lockstep import Lockstep
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.interrupted import Interrupted, interrupted_session
 from tensor_debugger.compare.planning.pairing_files import check_file, import_pairing
@@ -44,6 +45,7 @@ from tensor_debugger.compare.reports.compare_report import (
     IngestedSession,
     IngestOutcome,
     IngestReport,
+    ReadOnce,
     unread_files,
     unusable_report,
 )
@@ -118,11 +120,13 @@ def _ingest_at_once(
     step: Callable[[str], Callable[[int, int], None] | None],
     resumed: Interrupted | None = None,
     compare_early: bool = True,
-) -> tuple[int, list[ProblemReport]]:
+) -> tuple[int, list[ProblemReport], ReadOnce | None]:
     """Ingest `runs` (label, input, role) at once, each pair compared as soon as both its tensors are stored (unless
     not `compare_early`: a Dask cluster's workers compute them once planned); the session's id and the runs'
-    problems. One progress step counts the bytes of all. `resumed`: a killed compare's session whose reference
-    (the first of `runs`) is ready: the others are ingested into it. Raises _Refused."""
+    problems, and for a reference and a candidate how their pairs were read (`compute/lockstep.py`: from the blocks
+    as they are read for storing, where it can). One progress step counts the bytes of all. `resumed`: a killed
+    compare's session whose reference (the first of `runs`) is ready: the others are ingested into it. Raises
+    _Refused."""
     if resumed is not None:
         runs = runs[1:]
     pending: list[PendingRun] = []
@@ -156,7 +160,13 @@ def _ingest_at_once(
         return report
 
     # with a Dask cluster the pairs are its workers' once planned, as in a server (services.py), not this process's
-    early = SessionComparisons(context, session_id, step("early")) if compare_early else None
+    lockstep: Lockstep | None = None
+    if compare_early and resumed is None and [role for _, _, role in runs] == [None, None]:
+        with context.sessions() as db:  # a reference and a candidate: compared from their blocks as they are read
+            record = db.get_one(SessionRecord, session_id)
+            db.expunge(record)
+        lockstep = Lockstep(context, record, (pending[0].run_id, pending[1].run_id))
+    early = SessionComparisons(context, session_id, step("early"), lockstep) if compare_early else None
 
     def ingest(index: int) -> IngestResult:
         run, given = pending[index], runs[index][1]
@@ -164,9 +174,18 @@ def _ingest_at_once(
             fingerprint = fingerprint_inputs([given], archive_limits(ingestor.settings), ingestor.settings.threads)
         except BaseException:
             ingestor.cancel(run)
+            if lockstep is not None:
+                lockstep.tap(index).close()
             raise
         listener = NotesOf(early.listener(run.run_id)) if early is not None else None
-        result = ingestor.complete(run, [given], progress(index), fingerprint=fingerprint, listener=listener)
+        tap = lockstep.tap(index) if lockstep is not None else None
+        try:
+            result = ingestor.complete(
+                run, [given], progress(index), fingerprint=fingerprint, listener=listener, tap=tap
+            )
+        finally:
+            if tap is not None:
+                tap.close()  # reused, or stopped before copying: the other run's pairs no longer wait for it
         if early is not None:
             early.ready(run.run_id)  # the tensors of runs still ingesting pair with this one's rows
         return result
@@ -186,7 +205,10 @@ def _ingest_at_once(
         if isinstance(failed, TensorDebuggerError):
             raise _Refused(failed, problems)
         raise failed
-    return session_id, problems
+    if lockstep is None:
+        return session_id, problems, None
+    counts = lockstep.counts()
+    return session_id, problems, ReadOnce(counts.in_memory, counts.read_back)
 
 
 def _ingest_in_turn(
@@ -197,7 +219,7 @@ def _ingest_in_turn(
     runs: list[tuple[str, InputFile, str | None]],
     step: Callable[[str], Callable[[int, int], None] | None],
     resumed: Interrupted | None = None,
-) -> tuple[int, list[ProblemReport]]:
+) -> tuple[int, list[ProblemReport], ReadOnce | None]:
     """Ingest the reference, then each other run while comparing its tensors with their reference partners as they
     land (`early.py`, which stops at the first divergence in execution order); as `_ingest_at_once`. Every run's
     row is begun first, so that while this compare lives its session holds a run "ingesting" under its process
@@ -259,7 +281,7 @@ def _ingest_in_turn(
         if early is not None:
             early.settle()  # done already when the candidate was ingested; not when it was refused or reused
     assert session_id is not None
-    return session_id, problems
+    return session_id, problems, None
 
 
 def compare_runs(
@@ -298,7 +320,7 @@ def compare_runs(
 
     ingest = _ingest_in_turn if request.fail_fast else partial(_ingest_at_once, compare_early=not compute.remote)
     try:
-        session_id, problems = ingest(ingestor, context, request, session_name, runs, step, resumed)
+        session_id, problems, read_once = ingest(ingestor, context, request, session_name, runs, step, resumed)
     except _Refused as refused:
         cause = refused.cause
         details = [ProblemReport.of(p) for p in cause.problems] if isinstance(cause, NothingUsableError) else []
@@ -327,10 +349,11 @@ def compare_runs(
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
     if unread_files(problems):  # tensors missing: whatever passed, not a pass
-        return CompareOutcome(EXIT_UNUSABLE, payload, resumed=resumed is not None)
+        return CompareOutcome(EXIT_UNUSABLE, payload, resumed=resumed is not None, read_once=read_once)
     # reference tensors without partner that the user did not allow, or pairs not compared: not a pass
     passed = report.verdict == SessionVerdict.NO_DIVERGENCE
-    return CompareOutcome(EXIT_PASS if passed else EXIT_FAIL, payload, resumed=resumed is not None)
+    code = EXIT_PASS if passed else EXIT_FAIL
+    return CompareOutcome(code, payload, resumed=resumed is not None, read_once=read_once)
 
 
 def ingest_run(

@@ -20,7 +20,7 @@ from tensor_debugger.engine.fused import FusedPartial, Kernel
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
-from tensor_debugger.engine.where import locate_error
+from tensor_debugger.engine.where import ErrorSpan, locate_error
 
 log = logging.getLogger(__name__)
 BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side: about 1M elements, 4 stored float32 chunks: short drains
@@ -48,6 +48,9 @@ class PairJob(Generic[Key]):
     reduce: Reduce | None = None  # tried first for every block
     top: int = DEFAULT_TOP  # worst elements kept (the reducer keeps as many)
     kernel: Kernel | None = None  # the statistics path (CompareContext.kernel); None: fused.default_kernel
+    # where a failing pair's error is, as computed elsewhere from the same blocks (compare/compute/lockstep.py);
+    # None: `locate_error` reads the views again
+    spans: Callable[[], list[ErrorSpan]] | None = None
 
     def accumulator(self) -> PairAccumulator:
         """An empty accumulator of this job's statistics."""
@@ -156,7 +159,7 @@ def located(job: PairJob[Key], stats: PairStats, pool: Executor | None) -> PairS
     if stats.passed:
         return stats
     try:
-        spans = locate_error(job.a, job.b, pool)
+        spans = job.spans() if job.spans is not None else locate_error(job.a, job.b, pool)
     except Exception:
         log.exception("could not locate the error of a failing pair; its statistics stand without `where`")
         return stats

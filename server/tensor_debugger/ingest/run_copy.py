@@ -23,7 +23,8 @@ from tensor_debugger.ingest.archives import ArchiveLimits
 from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.inputs import InputFile, RunTrace, expand_inputs
 from tensor_debugger.ingest.outcomes import IngestCancelled, TakenOver
-from tensor_debugger.ingest.stored import Stored, StoredListener
+from tensor_debugger.ingest.stored import Stored, StoredListener, stored_name
+from tensor_debugger.ingest.taps import RunTap
 from tensor_debugger.ingest.tensor_files import open_tensor_file
 from tensor_debugger.ingest.writer import PageCacheBudget, TensorWriter, WritePools
 from tensor_debugger.settings import Settings
@@ -78,10 +79,27 @@ class RunCopy:
         staging: Path,
         progress: ProgressCallback | None,
         listener: StoredListener | None = None,
+        tap: RunTap | None = None,
     ) -> tuple[list[Stored], list[FileProblem], list[RunTrace]]:
         """Copy the tensors of `inputs` under run `run_id`'s prefix (archives unpacked under `staging`): the
         tensors stored, the files' problems, and the module traces found. `progress` hears of bytes copied of the
-        total; `listener`, of each file's stored tensors, and is settled before this returns."""
+        total; `listener`, of each file's stored tensors, and is settled before this returns; `tap`, of each
+        tensor's blocks as they are read (ingest/taps.py), and is closed before this returns."""
+        try:
+            return self._run(run_id, inputs, staging, progress, listener, tap)
+        finally:
+            if tap is not None:
+                tap.close()
+
+    def _run(
+        self,
+        run_id: int,
+        inputs: list[InputFile],
+        staging: Path,
+        progress: ProgressCallback | None,
+        listener: StoredListener | None,
+        tap: RunTap | None,
+    ) -> tuple[list[Stored], list[FileProblem], list[RunTrace]]:
         expansion = expand_inputs(inputs, staging, self.limits)
         problems = expansion.problems
         total = sum(e.nbytes for e in expansion.entries)
@@ -115,7 +133,8 @@ class RunCopy:
                         results = []
                         for leaf in opened.leaves:
                             made += 1
-                            results.append((leaf, writer.add(f"{run_prefix(run_id)}/{made - 1}", leaf)))
+                            name = stored_name(entry, entry.keys + leaf.key_path) if tap is not None else None
+                            results.append((leaf, writer.add(f"{run_prefix(run_id)}/{made - 1}", leaf, name, tap)))
                         writer.finish()
                         stored.extend((entry, entry.keys + leaf.key_path, result()) for leaf, result in results)
                         if listener is not None and results:

@@ -53,6 +53,7 @@ from tensor_debugger.ingest.run_copy import ProgressCallback, RunCopy, delete_ar
 from tensor_debugger.ingest.run_endings import RunEndings
 from tensor_debugger.ingest.staging import new_folder
 from tensor_debugger.ingest.stored import Stored, StoredListener
+from tensor_debugger.ingest.taps import RunTap
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
@@ -316,6 +317,7 @@ class Ingestor:
         fingerprint: Fingerprint | None = None,
         listener: StoredListener | None = None,
         again: bool = False,
+        tap: RunTap | None = None,
     ) -> IngestResult:
         """Copy the tensors of a run `begin` made, then mark it "ready". With the inputs' `fingerprint`, a ready
         run of the same fingerprint is reused instead (its rows copied, its arrays shared), and otherwise the
@@ -329,7 +331,8 @@ class Ingestor:
         the run stays "ingesting" and among this process's live runs, its arrays deleted if the store lets, for
         its caller to try again from the same inputs; so does IngestCancelled of a run with staged files (an
         accepted upload's, which the next start or another replica takes over). Any other error removes the run, or
-        with `keep_failure` marks it "failed" with the error as its problem, and is raised again."""
+        with `keep_failure` marks it "failed" with the error as its problem, and is raised again. A `tap` is
+        handed each tensor's blocks as they are read (ingest/taps.py) and is closed before this returns."""
         run_id = pending.run_id
         staging = new_folder(self.settings.staging_dir, "ingest")
         postponed = False
@@ -350,7 +353,7 @@ class Ingestor:
                     reused.source_run_id,
                 )
             copy = RunCopy(self.store, self.settings, archive_limits(self.settings), self.memory_limit, self.reading)
-            stored, problems, traces = copy.run(run_id, inputs, staging, progress, listener)
+            stored, problems, traces = copy.run(run_id, inputs, staging, progress, listener, tap)
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:
                 raise NothingUsableError(problems)

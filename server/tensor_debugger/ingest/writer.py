@@ -26,6 +26,7 @@ import numpy as np
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.ingest.block_readers import Leaf
 from tensor_debugger.ingest.summary import BlockSummary, SummaryAccumulator, TensorSummary, summarise_stored
+from tensor_debugger.ingest.taps import RunTap, TensorTap
 from tensor_debugger.store.arrays import ArrayStore, worth_compressing
 from tensor_debugger.store.dtypes import LogicalDtype
 
@@ -204,8 +205,11 @@ class TensorWriter:
     def __exit__(self, *exc: object) -> None:
         self.abandon()
 
-    def add(self, key: str, leaf: Leaf) -> Callable[[], StoredTensor]:
-        """Start storing `leaf` at `key`; the returned function gives its StoredTensor once `finish` returned."""
+    def add(
+        self, key: str, leaf: Leaf, name: str | None = None, tap: RunTap | None = None
+    ) -> Callable[[], StoredTensor]:
+        """Start storing `leaf` at `key`; the returned function gives its StoredTensor once `finish` returned.
+        `tap` (with the tensor's `name`) is handed each block as it is read (ingest/taps.py)."""
         layout = plan_chunks(leaf.shape, leaf.dtype.itemsize, self.chunk_bytes)
         regions = iter_blocks(layout, CHUNKS_PER_BLOCK)
         first = next(regions, None)
@@ -214,7 +218,6 @@ class TensorWriter:
         direct = self.budget is None or self.budget.direct(math.prod(leaf.shape) * leaf.dtype.itemsize)
         array = self.store.writer(key, leaf.shape, leaf.dtype, layout.chunks, compressed, direct)
         tensor = _Tensor(key, leaf, new_hasher(leaf.dtype, leaf.shape), SerialLane(self.pools.pool))
-        pool = self.pools.pool
 
         def store_block(region: Region, block: np.ndarray) -> None:
             array[region if region else ()] = block
@@ -229,21 +232,17 @@ class TensorWriter:
             for region in regions:
                 yield region, leaf.reader.read(region)
 
-        for region, block in blocks():
-            self._window.append(
-                _Block(
-                    tensor,
-                    region,
-                    pool.submit(store_block, region, block),
-                    pool.submit(summarise_stored, block, leaf.dtype),
-                    tensor.lane.submit(hash_block(block)),
-                )
-            )
-            tensor.unsettled += 1
-            if self.on_bytes is not None:
-                self.on_bytes(block.nbytes)
-            while len(self._window) > self.pools.in_flight:
-                self._settle()
+        tensor_tap: TensorTap | None = None
+        if tap is not None and name is not None:
+            tensor_tap = tap.tensor(name, key, leaf.shape, leaf.dtype, layout.chunks)
+        try:
+            self._blocks(tensor, blocks(), store_block, hash_block, tensor_tap)
+        except BaseException:
+            if tensor_tap is not None:
+                tensor_tap.end(False)
+            raise
+        if tensor_tap is not None:
+            tensor_tap.end(True)
         tensor.submitted = True
         if tensor.unsettled == 0:  # no block at all
             tensor.finish()
@@ -254,6 +253,35 @@ class TensorWriter:
             return tensor.result
 
         return result
+
+    def _blocks(
+        self,
+        tensor: _Tensor,
+        blocks: Iterator[tuple[Region, np.ndarray]],
+        store_block: Callable[[Region, np.ndarray], None],
+        hash_block: Callable[[np.ndarray], Callable[[], None]],
+        tap: TensorTap | None,
+    ) -> None:
+        """Hand each of a tensor's blocks to the pool (written, summarised, hashed) and to `tap`, keeping at most
+        `pools.in_flight` in flight."""
+        pool = self.pools.pool
+        for region, block in blocks:
+            self._window.append(
+                _Block(
+                    tensor,
+                    region,
+                    pool.submit(store_block, region, block),
+                    pool.submit(summarise_stored, block, tensor.leaf.dtype),
+                    tensor.lane.submit(hash_block(block)),
+                )
+            )
+            tensor.unsettled += 1
+            if tap is not None:  # while the pool writes it (the block stays the reader's until `_settle`)
+                tap.put(region, block)
+            if self.on_bytes is not None:
+                self.on_bytes(block.nbytes)
+            while len(self._window) > self.pools.in_flight:
+                self._settle()
 
     def finish(self) -> None:
         """Wait for every block handed over; raises what writing, summarising or hashing one raised."""

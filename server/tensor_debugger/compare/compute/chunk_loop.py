@@ -159,10 +159,7 @@ class ChunkPairs:
     def __call__(self, region: Region, tolerance: Tolerance) -> FusedPartial | None:
         """The statistics of one block (C-contiguous in the aligned shape, as comparisons cut them), or None where
         the loop did not finish it: the caller then reads it through the views."""
-        library = _library()
-        assert library is not None  # `chunk_pairs` checked
-        start = int(np.ravel_multi_index(tuple(s.start for s in region), self.shape))
-        stop = start + math.prod(s.stop - s.start for s in region)
+        start, stop = self.flat_range(region)
         pieces_a, pieces_b = self.a.flat_pieces(start, stop), self.b.flat_pieces(start, stop)
         assert pieces_a is not None and pieces_b is not None  # `chunk_pairs` checked
         fetching_a, fetching_b = _fetch(self.a, pieces_a), _fetch(self.b, pieces_b)  # both sides' objects at once
@@ -170,28 +167,64 @@ class ChunkPairs:
             held_a, held_b = _held(fetching_a), _held(fetching_b)
         except _LeftToViews:
             return None
-        side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0], self.a.raw, held_a)
-        side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1], self.b.raw, held_b)
-        out = empty_partial(self.top)
-        failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
-        status = library.tdc_pair(
-            side_a,
-            side_b,
-            self.kernel,
-            tolerance.atol,
-            tolerance.rtol,
-            1,
-            edges().ctypes.data,
-            out,
-            failed_side,
-            failed_piece,
-        )
+        out = self._out()
+        status = self._loop(pieces_a, pieces_b, (self.a.raw, self.b.raw), held_a, held_b, tolerance, out)
         del held_a, held_b  # the fetched bytes: C is done with them
         if status != 0:
             return None
         self.a.count_reads(len(pieces_a))
         self.b.count_reads(len(pieces_b))
         return out
+
+    def in_memory(
+        self, pieces: tuple[Pieces, Pieces], chunks: tuple[list[np.ndarray], list[np.ndarray]], tolerance: Tolerance
+    ) -> FusedPartial | None:
+        """The statistics of one block from its chunks' values in memory instead of their files (the block's
+        `flat_pieces` on each side, and each piece's whole chunk as `chunk_bytes` bytes of values, as a raw chunk
+        file holds them): the same kernel calls over the same stretches as reading the files, so the same
+        statistics (compare/compute/lockstep.py). None where the loop did not finish it (a NaN or an Inf)."""
+        out = self._out()
+        status = self._loop(pieces[0], pieces[1], (True, True), chunks[0], chunks[1], tolerance, out)
+        return out if status == 0 else None
+
+    def _out(self) -> FusedPartial:
+        return empty_partial(self.top)
+
+    def flat_range(self, region: Region) -> tuple[int, int]:
+        """[start, stop) of a block (a region of the aligned shape) as flat C-order offsets."""
+        start = int(np.ravel_multi_index(tuple(s.start for s in region), self.shape))
+        return start, start + math.prod(s.stop - s.start for s in region)
+
+    def _loop(
+        self,
+        pieces_a: Pieces,
+        pieces_b: Pieces,
+        raw: tuple[bool, bool],
+        held_a: list[np.ndarray] | None,
+        held_b: list[np.ndarray] | None,
+        tolerance: Tolerance,
+        out: FusedPartial,
+    ) -> int:
+        """tdc_pair over the two sides' pieces, read from their files or (`held_*`) from memory, into `out`."""
+        library = _library()
+        assert library is not None  # `chunk_pairs` checked
+        side_a = _BUFFERS[0].side(pieces_a, self.a.chunk_bytes, self.codes[0], raw[0], held_a)
+        side_b = _BUFFERS[1].side(pieces_b, self.b.chunk_bytes, self.codes[1], raw[1], held_b)
+        failed_side, failed_piece = ctypes.c_int(0), ctypes.c_int64(-1)
+        return int(
+            library.tdc_pair(
+                side_a,
+                side_b,
+                self.kernel,
+                tolerance.atol,
+                tolerance.rtol,
+                1,
+                edges().ctypes.data,
+                out,
+                failed_side,
+                failed_piece,
+            )
+        )
 
 
 def chunk_pairs(

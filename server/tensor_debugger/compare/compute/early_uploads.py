@@ -30,6 +30,7 @@ from tensor_debugger.compare.compute.early import (
     pairable_by_name,
     stored_record,
 )
+from tensor_debugger.compare.compute.lockstep import Lockstep
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.engine.pairing import shard_of
@@ -66,8 +67,17 @@ class EarlyFigures:
 class SessionComparisons(EarlyEngine):
     """The early comparisons of one session while this server ingests runs of it."""
 
-    def __init__(self, context: CompareContext, session_id: int, progress: EarlyProgress | None = None) -> None:
+    def __init__(
+        self,
+        context: CompareContext,
+        session_id: int,
+        progress: EarlyProgress | None = None,
+        lockstep: Lockstep | None = None,
+    ) -> None:
+        """`lockstep`: the two runs' blocks compared in memory as they ingest (`compute/lockstep.py`); its pairs'
+        jobs take their statistics from there instead of reading the stored copies."""
         self._lock = threading.Lock()
+        self._lockstep = lockstep
         self._tensors: dict[int, dict[str, TensorRecord]] = {}  # run -> its tensors to pair, by name
         self._seen: dict[int, set[str]] = {}  # in-flight run -> names met (a second one is renamed: not guessed)
         with context.sessions() as db:
@@ -142,6 +152,8 @@ class SessionComparisons(EarlyEngine):
         jobs: list[Job] = []
         for a, b in pairs:
             if a is not None and b is not None and (job := guess(self.context, self._session, a, b)) is not None:
+                if self._lockstep is not None and self._lockstep.runs == (reference, candidate):
+                    job = self._lockstep.replayed(a.name, job) or job
                 jobs.append((job, (reference, candidate)))
                 self._named.setdefault(job.key.key, []).append((candidate, a.name))
         return jobs

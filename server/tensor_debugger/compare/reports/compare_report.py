@@ -207,6 +207,15 @@ class IngestReport(msgspec.Struct, frozen=True, kw_only=True):
     error: str | UnsetType = UNSET
 
 
+class ReadOnce(msgspec.Struct, frozen=True):
+    """How a compare that ingested a reference and a candidate at once read their pairs (compute/lockstep.py):
+    `in_memory` pairs from the blocks as they were read for storing, the others from the stored copy, counted by
+    why."""
+
+    in_memory: int
+    read_back: dict[str, int]
+
+
 class CompareOutcome(msgspec.Struct, frozen=True):
     """A compare's report and exit code; `error`: what made the input unusable (exit code 2)."""
 
@@ -214,6 +223,7 @@ class CompareOutcome(msgspec.Struct, frozen=True):
     payload: CompareReport
     error: str | None = None
     resumed: bool = False  # the session is a killed compare's, taken over (`compare/interrupted.py`)
+    read_once: ReadOnce | None = None  # where both runs were ingested at once
 
 
 class IngestOutcome(msgspec.Struct, frozen=True):

@@ -1,0 +1,223 @@
+"""Two runs ingested at once (`compare A B`) are compared from the blocks as they are read for storing
+(compute/lockstep.py): the same results as comparing the stored copies, and no read of the stored chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+from tensor_debugger.compare.pipeline import compare_runs, ingest_run
+from tensor_debugger.compare.planning.requests import CompareRequest
+from tensor_debugger.compare.reports.compare_report import CompareOutcome
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import Services, open_services
+from tensor_debugger.settings import Settings
+
+from tests.support.cli_main import main_cli
+
+CHUNK_BYTES = 65536  # small chunks: many per pair block, straddling its edges, a short last one in each row
+BIG = (2100, 2003)  # 4.2M values: two pair blocks (engine/streaming.REDUCED_BLOCK_BYTES), their edge inside a chunk
+
+
+@pytest.fixture
+def two_stores(tmp_path: Path) -> Iterator[tuple[Services, Services]]:
+    """Two data dirs of the same settings, each with its SQLite database: a result cached in one is not in the other."""
+    opened = [
+        open_services(Settings(data_dir=tmp_path / name, demo=False, chunk_bytes=CHUNK_BYTES), {})
+        for name in ("once", "stored")
+    ]
+    yield opened[0], opened[1]
+    for services in opened:
+        services.close()
+
+
+def tensors(seed: int, candidate: bool) -> dict[str, dict[str, torch.Tensor]]:
+    """Files of a run: file name -> its tensors (one-tensor .pth files hold "" as their only key)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=generator)
+
+    big = randn(*BIG)
+    f64 = randn(1000, 333).double()
+    bf16 = randn(300, 77).bfloat16()
+    f16 = randn(513, 31).half()
+    with_nan = randn(64, 1000)
+    with_nan[3, 5] = float("nan")
+    ints = torch.randint(-1000, 1000, (257, 9), generator=generator, dtype=torch.int32)
+    longs = torch.randint(-(2**40), 2**40, (33,), generator=generator, dtype=torch.int64)
+    bools = randn(45, 3) > 0
+    bytes_ = torch.randint(0, 255, (100,), generator=generator, dtype=torch.uint8)
+    shard0, shard1 = randn(128, 64), randn(128, 64)
+    st_a, st_b = randn(17, 4099), randn(2, 3, 5).bfloat16()
+    if candidate:  # some pairs within tolerance, some not
+        big = big + 1e-7 * randn(*BIG)
+        big[2099, 2000] += 0.25  # in the last chunk of the last pair block
+        f64 = f64 + 1e-12
+        bf16 = bf16 + 0.5
+        f16 = f16.clone()
+        f16[512, 30] = 7.0
+        ints = ints + (torch.arange(ints.numel(), dtype=torch.int32).reshape(ints.shape) % 97 == 0)
+        shard1 = shard1 + 1.0
+        st_a = st_a * (1 + 1e-3)
+    return {
+        "00_big.pth": {"": big},
+        "01_f64.pth": {"": f64},
+        "02_bf16.pth": {"": bf16},
+        "03_f16.pth": {"": f16},
+        "04_nan.pth": {"": with_nan},
+        "05_ints.pth": {"": ints},
+        "06_longs.pth": {"": longs},
+        "07_bools.pth": {"": bools},
+        "08_bytes.pth": {"": bytes_},
+        "09_scalar.pth": {"": torch.tensor(3.5)},
+        "10_layer_rank0.pth": {"": shard0},
+        "10_layer_rank1.pth": {"": shard1},
+        "11_model.safetensors": {"attn.weight": st_a, "attn.bias": st_b},
+    }
+
+
+def write_run(folder: Path, files: dict[str, dict[str, torch.Tensor]]) -> Path:
+    folder.mkdir(parents=True)
+    for name, held in files.items():
+        if name.endswith(".safetensors"):
+            save_file(held, str(folder / name))
+        else:
+            torch.save(held[""], folder / name)
+    return folder
+
+
+def compare(services: Services, a: Path, b: Path) -> CompareOutcome:
+    request = CompareRequest(a, b, str(a), str(b))
+    return compare_runs(services.ingestor, services.context, services.compute, request, "http://here")
+
+
+def stored_path(services: Services, a: Path, b: Path) -> list[tuple[Any, ...]]:
+    """The pairs as comparing the stored copies gives them: each run ingested on its own, then compared."""
+    for label, path in (("a", a), ("b", b)):
+        outcome = ingest_run(services.ingestor, services.context, "stored", label, [InputFile(path, str(path))])
+        assert outcome.payload.session is not None
+        session_id = outcome.payload.session.id
+    services.compute(session_id)
+    with services.sessions() as db:
+        report = session_pairs(db, session_id)
+    return [(p.name, p.status, p.stats, p.where) for p in report.pairs]
+
+
+def pairs_of(services: Services, outcome: CompareOutcome) -> list[tuple[Any, ...]]:
+    assert outcome.payload.session is not None
+    with services.sessions() as db:
+        report = session_pairs(db, outcome.payload.session.id)
+    return [(p.name, p.status, p.stats, p.where) for p in report.pairs]
+
+
+def test_pairs_compared_as_they_are_read_equal_those_read_from_the_store(
+    two_stores: tuple[Services, Services], tmp_path: Path
+) -> None:
+    once, stored = two_stores
+    a = write_run(tmp_path / "ref", tensors(1, candidate=False))
+    b = write_run(tmp_path / "cand", tensors(1, candidate=True))
+    outcome = compare(once, a, b)
+    assert outcome.exit_code == 1
+    expected = stored_path(stored, a, b)
+    got = pairs_of(once, outcome)
+    assert [name for name, *_ in got] == [name for name, *_ in expected] and len(got) == 13
+    for found, wanted in zip(got, expected, strict=True):
+        assert found == wanted  # bit-identical statistics, and where the error is
+    statuses = {name: status for name, status, *_ in got}
+    assert statuses["00_big"] == statuses["02_bf16"] == statuses["03_f16"] == "fail"
+    assert statuses["01_f64"] == "pass"
+    # every float pair of one tensor a side was compared in memory (the NaN one too: only its block with the NaN is
+    # read back); integers, bools, the 0-d tensor and the shards of a tensor split across ranks were read back
+    assert outcome.read_once is not None
+    assert outcome.read_once.in_memory == 7
+    assert outcome.read_once.read_back == {
+        "not read by the chunk loop (integers, bools, ULPs or shapes that differ)": 4,
+        "a 0-d or empty tensor": 1,
+        "a shard of a tensor split across ranks": 2,
+    }
+
+
+def test_a_comparison_of_two_freshly_ingested_runs_reads_none_of_its_chunks(
+    two_stores: tuple[Services, Services], tmp_path: Path
+) -> None:
+    """Failing pairs included: where inside them the error is comes from the same blocks in memory."""
+    once, stored = two_stores
+    files = {name: held for name, held in tensors(2, candidate=False).items() if name[:2] in ("00", "01", "02", "11")}
+    a = write_run(tmp_path / "ref", files)
+    changed = {name: {k: v * (1 + 1e-9) for k, v in held.items()} for name, held in files.items()}
+    changed["00_big.pth"][""][1500:1510, 7] += 1.0  # fails, in rows 1500-1509 and column 7
+    changed["11_model.safetensors"]["attn.bias"] = changed["11_model.safetensors"]["attn.bias"] + 1
+    b = write_run(tmp_path / "cand", changed)
+    before = once.store.chunk_reads
+    outcome = compare(once, a, b)
+    assert once.store.chunk_reads == before  # counted by the store: the loop and the reader count every chunk read
+    assert outcome.exit_code == 1, outcome
+    assert outcome.read_once is not None and (outcome.read_once.in_memory, outcome.read_once.read_back) == (5, {})
+    pairs = pairs_of(once, outcome)
+    assert pairs == stored_path(stored, a, b)
+    where = next(where for name, _, _, where in pairs if name == "00_big")
+    assert where is not None and [(w.dim, w.ranges) for w in where] == [(0, [[1500, 1509]]), (1, [[7, 7]])]
+
+
+def test_a_run_ahead_of_the_other_gives_its_pair_up_and_the_answer_is_the_same(
+    two_stores: tuple[Services, Services], tmp_path: Path
+) -> None:
+    """The reference holds a big tensor the candidate lacks: while the reference reads it, the candidate reads the
+    next one on its own. Neither ingest waits for the other for ever; the pair one run was far ahead on is read from
+    the store, the pairs after are in step again."""
+    once, stored = two_stores
+    generator = torch.Generator().manual_seed(3)
+    values = [torch.randn(BIG, generator=generator) for _ in range(4)]
+    values[1] = torch.randn(4 * BIG[0], BIG[1], generator=generator)  # the reference reads it while ...
+    values[2] = torch.randn(3000, 2003, generator=generator)  # ... the candidate keeps more of this than it may
+    for label, kept in (("ref", range(4)), ("cand", (0, 2, 3))):
+        folder = tmp_path / label
+        folder.mkdir()
+        for n in kept:
+            torch.save(values[n], folder / f"{n}_big.pth")
+    outcome = compare(once, tmp_path / "ref", tmp_path / "cand")
+    assert outcome.exit_code == 1, outcome  # a reference tensor without partner
+    assert pairs_of(once, outcome) == stored_path(stored, tmp_path / "ref", tmp_path / "cand")
+    assert outcome.read_once is not None
+    # how many pairs were given up depends on the two ingests' speeds; the first is always in step
+    read_back = outcome.read_once.read_back
+    assert outcome.read_once.in_memory + sum(read_back.values()) == 3 and outcome.read_once.in_memory >= 1
+    assert set(read_back) <= {"one run was far ahead of the other"}
+
+
+def test_npy_files_and_fortran_order_are_compared_in_memory(
+    two_stores: tuple[Services, Services], tmp_path: Path
+) -> None:
+    """.npy files (one in Fortran order, read through another reader) are compared from their blocks too."""
+    once, stored = two_stores
+    for label in ("ref", "cand"):
+        folder = tmp_path / label
+        folder.mkdir()
+        values = np.arange(4096, dtype=np.float32).reshape(64, 64) * (1.5 if label == "cand" else 1.0)
+        np.save(folder / "x.npy", values)
+        np.save(folder / "y.npy", np.asfortranarray(np.linspace(0, 1, 30000).reshape(150, 200)))
+    outcome = compare(once, tmp_path / "ref", tmp_path / "cand")
+    assert outcome.exit_code == 1, outcome
+    assert pairs_of(once, outcome) == stored_path(stored, tmp_path / "ref", tmp_path / "cand")
+    assert outcome.read_once is not None and (outcome.read_once.in_memory, outcome.read_once.read_back) == (2, {})
+
+
+def test_compare_verbose_says_how_the_pairs_were_read(tmp_path: Path, backend_env: dict[str, str]) -> None:
+    files = {name: held for name, held in tensors(4, candidate=False).items() if name[:2] in ("01", "05")}
+    a = write_run(tmp_path / "ref", files)
+    b = write_run(tmp_path / "cand", files)
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(a), str(b), "--verbose", env=backend_env)
+    assert done.returncode == 0, done.stderr
+    assert (
+        "read once: 1 pairs compared from the bytes as they were ingested, 1 read back from the store "
+        "(1 not read by the chunk loop (integers, bools, ULPs or shapes that differ))"
+    ) in done.stderr
+    quiet = main_cli("--data-dir", str(tmp_path / "data2"), "compare", str(a), str(b), env=backend_env)
+    assert quiet.returncode == 0 and "read once" not in quiet.stderr
