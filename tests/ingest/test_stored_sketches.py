@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from safetensors.torch import save_file
 from tensor_debugger.engine.summary_compare import Sketch, sample_positions
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor
-from tensor_debugger.ingest.sketches import record_sketch, sketch
+from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import TensorRecord
@@ -46,6 +47,7 @@ def torch_tensors() -> dict[str, torch.Tensor]:
         "f64": with_specials(seeded(big, 5).to(torch.float64)),
         "f64_huge": torch.full((4, 1000), 1e300, dtype=torch.float64),  # its float64 sums overflow
         "i8": random_bits(big, torch.int8, 6),
+        "i8_deep": random_bits((3, 5, 4001), torch.int8, 17),  # blocks of 20,005 bytes: words straddle them
         "i32": random_bits(big, torch.int32, 7),
         "i64": random_bits((2000,), torch.int64, 8),
         "u8": random_bits((40, 33), torch.uint8, 9),
@@ -162,6 +164,10 @@ def test_ingest_keeps_the_summary_read_back_gives_bit_for_bit(small_chunks: Serv
             assert (kept.min, kept.max) == (captured.min, captured.max), name
             assert same_floats(kept.sample, captured.sample), name
             assert len(kept.sample) == len(sample_positions(kept.numel)), name
+            # against another device's summary: the stored tensor's "fold64" hash, from its blocks
+            folded = record_sketch(services.store, row, "fold64")
+            assert folded is not None and folded.hash == content_hash(original), name
+            assert same(replace(folded, hash=kept.hash), kept), name
             for ours, theirs in ((kept.sum, captured.sum), (kept.sumsq, captured.sumsq)):
                 if math.isfinite(theirs):
                     assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-300), name

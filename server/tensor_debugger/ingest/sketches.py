@@ -76,9 +76,43 @@ def content_hash(tensor: torch.Tensor) -> str:
         tail = torch.zeros(8, dtype=torch.uint8, device=data.device)
         tail[: nbytes - whole] = data[whole:]
         total += _mixed(tail.view(torch.int64), whole // 8)
-    folded = int(total.item()) & _MASK
-    header = f"{dtype_name(tensor.dtype)}|{list(tensor.shape)}|{nbytes}|{folded:016x}".encode()
+    return _fold64_digest(dtype_name(tensor.dtype), tuple(tensor.shape), nbytes, int(total.item()))
+
+
+def _fold64_digest(dtype: str, shape: tuple[int, ...], nbytes: int, total: int) -> str:
+    header = f"{dtype}|{list(shape)}|{nbytes}|{total & _MASK:016x}".encode()
     return "fold64:" + hashlib.blake2b(header, digest_size=16).hexdigest()
+
+
+class _Fold64:
+    """`content_hash` of a tensor's bytes taken a block at a time, in order (a word may straddle two blocks)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.words = 0  # words folded so far
+        self.carry = np.empty(0, dtype=np.uint8)  # the bytes of a word begun in the block before
+
+    def update(self, data: np.ndarray) -> None:
+        import torch
+
+        if self.carry.size:
+            data = np.concatenate([self.carry, data])
+        whole = data.size // 8 * 8
+        words = np.ascontiguousarray(data[:whole]).view(np.int64)
+        for start in range(0, words.size, CHUNK):
+            self.total += int(_mixed(torch.from_numpy(words[start : start + CHUNK]), self.words + start).item())
+        self.words += words.size
+        self.carry = data[whole:].copy()
+
+    def digest(self, dtype: str, shape: tuple[int, ...], nbytes: int) -> str:
+        import torch
+
+        if self.carry.size:
+            tail = np.zeros(8, dtype=np.uint8)
+            tail[: self.carry.size] = self.carry
+            self.total += int(_mixed(torch.from_numpy(tail.view(np.int64)), self.words).item())
+            self.carry = tail[:0]
+        return _fold64_digest(dtype, shape, nbytes, self.total)
 
 
 def _mixed(words: torch.Tensor, first: int) -> torch.Tensor:
@@ -189,26 +223,26 @@ def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None
     if not record.has_values:
         return None
     logical = parse_dtype(record.dtype)
-    if hash_kind == "fold64":
-        return sketch(store.read_whole(record.store_key, logical), hash_kind)
     array = store.open(record.store_key, record.digest)
     try:
-        return read_back_sketch(array, logical, record.digest)
+        return read_back_sketch(array, logical, record.digest, hash_kind or "blake3")
     except ValueError:  # an array not chunked as ingest chunks: summarised whole, as it was before
-        return sketch(store.read_whole(record.store_key, logical), "blake3")
+        return sketch(store.read_whole(record.store_key, logical), hash_kind or "blake3")
 
 
-def read_back_sketch(array: Any, logical: LogicalDtype, digest: str) -> Sketch:
+def read_back_sketch(array: Any, logical: LogicalDtype, digest: str, hash_kind: str = "blake3") -> Sketch:
     """The summary ingest gives a stored array (a Zarr array of `logical` stored values) whose row has `digest`,
     computed again from its blocks read back one at a time, cut, summarised and sampled as ingest cuts, summarises
-    and samples them (stored_sketches.py): the same floats, bit for bit. A digest of another algorithm than BLAKE3
-    (an older data dir's "sha256:") is computed again in BLAKE3 from the blocks. Raises ValueError for an array not
+    and samples them (stored_sketches.py): the same floats, bit for bit. Its hash is `digest` where that is BLAKE3,
+    else computed from the blocks: in BLAKE3 (an older data dir's "sha256:" digest), or as `content_hash` computes
+    it for `hash_kind` "fold64" (to compare with another device's summary). Raises ValueError for an array not
     chunked as ingest chunks."""
     from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
 
     shape, chunks = tuple(array.shape), tuple(array.chunks)
     layout = stored_layout(shape, chunks)
-    hasher = None if digest.startswith(f"{DIGEST_ALGORITHM}:") else new_hasher(logical, shape)
+    fold = _Fold64() if hash_kind == "fold64" else None
+    hasher = None if fold is not None or digest.startswith(f"{DIGEST_ALGORITHM}:") else new_hasher(logical, shape)
     totals = SummaryAccumulator()
     sample = SketchSample(logical, math.prod(shape))
     for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
@@ -217,8 +251,12 @@ def read_back_sketch(array: Any, logical: LogicalDtype, digest: str) -> Sketch:
         sample.take(block)
         if hasher is not None:
             hasher.update(block.reshape(-1).view(np.uint8).data)
+        if fold is not None:
+            fold.update(block.reshape(-1).view(np.uint8))
     if hasher is not None:
         digest = f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
+    if fold is not None:
+        digest = fold.digest(logical.name, shape, math.prod(shape) * logical.itemsize)
     return sample.sketch(shape, digest, totals)
 
 
