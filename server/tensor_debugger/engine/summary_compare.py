@@ -90,7 +90,7 @@ class Sketch:
             "max": None if self.max is None else json_number(self.max),
             "nan": self.nan,
             "inf": self.inf,
-            "sample": [json_number(v) for v in self.sample],
+            "sample": _json_numbers(self.sample),
         }
 
     @classmethod
@@ -118,6 +118,14 @@ class Sketch:
             int(data["inf"]),
             sample,
         )
+
+
+def _json_numbers(values: tuple[float, ...]) -> list[float | str]:
+    """`json_number` of each value; where their sum is finite none is NaN or Inf, and the list is made in one step
+    (ingest writes one per stored tensor: a Python call per value took a third of a millisecond)."""
+    if math.isfinite(sum(values)):
+        return list(values)
+    return [json_number(v) for v in values]
 
 
 @dataclass(frozen=True)
