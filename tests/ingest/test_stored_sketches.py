@@ -22,6 +22,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import TensorRecord
 
 from tests.support.dumps import random_bits, seeded
+from tests.support.s3 import STORES
 from tests.support.stored import stored
 
 CHUNK_BYTES = 4096  # small chunks: a tensor of a few hundred KB is many blocks of 16 chunks
@@ -120,7 +121,7 @@ def same_floats(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 
 @pytest.fixture
-def small_chunks(tmp_path: Path, settings: Settings, store_environ: dict[str, str]) -> Services:
+def small_chunks(settings: Settings, store_environ: dict[str, str]) -> Services:
     tight = Settings(
         data_dir=settings.data_dir,
         demo=False,
@@ -132,6 +133,7 @@ def small_chunks(tmp_path: Path, settings: Settings, store_environ: dict[str, st
     return open_services(tight, store_environ)
 
 
+@pytest.mark.parametrize("store_url", STORES, indirect=True)
 def test_ingest_keeps_the_summary_read_back_gives_bit_for_bit(small_chunks: Services, tmp_path: Path) -> None:
     services = small_chunks
     try:
