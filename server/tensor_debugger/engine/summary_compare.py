@@ -37,8 +37,8 @@ _ROUNDING = 1e-12  # relative slack for float64 sums computed in a different ord
 def sample_positions(numel: int, size: int = SAMPLE_SIZE) -> list[int]:
     """Flat indices a summary samples, ascending: every element of a tensor of at most `size`, else `size` (fewer
     where two draws coincide) chosen by a seeded hash of the draw's number (splitmix64 of SAMPLE_SEED + k, modulo
-    `numel`); the same for every tensor of `numel`. In numpy's wrapping uint64 arithmetic: 20 times faster than a
-    Python loop, which ingest would pay for every tensor."""
+    `numel`); the same for every tensor of `numel`. In numpy's wrapping uint64 arithmetic: about 4 times faster than
+    a Python loop (0.1 ms against 0.5 on a loaded machine), which ingest pays for every tensor it stores."""
     if numel <= size:
         return list(range(numel))
     with np.errstate(over="ignore"):
