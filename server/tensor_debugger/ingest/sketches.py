@@ -2,7 +2,10 @@
 
 A capture with `values="summary"` computes it as each hook fires, on the GPU for a GPU tensor: only the dozen
 numbers and the sampled values come back to the host, never the tensor. A stored tensor (a full capture, a dump)
-gets the same summary from its values read back, so either side of a pair may be a summary.
+gets the same summary at ingest, from the blocks it is written in (stored_sketches.py), and keeps it in its row, so
+either side of a pair may be a summary and the judge reads no stored values for it. Only a row stored before ingest
+kept summaries, or one paired with another device's summary (whose "fold64" hash needs every byte), has its values
+read back (`record_sketch`).
 
 - A CPU tensor's content hash is the BLAKE3 digest ingest gives a stored tensor ("blake3:<hex>", over a header
   naming dtype and shape, then the bytes), computed on the host where the tensor already is.
@@ -21,11 +24,22 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from tensor_debugger.engine.chunking import iter_blocks
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
-from tensor_debugger.store.dtypes import parse_dtype
+from tensor_debugger.ingest.stored_sketches import (
+    CHUNKS_PER_BLOCK,
+    SketchSample,
+    sampled_values,
+    sketch_of,
+    stored_layout,
+)
+from tensor_debugger.ingest.summary import SummaryAccumulator, summarise_stored
+from tensor_debugger.store.dtypes import LogicalDtype, parse_dtype
 
 if TYPE_CHECKING:
     import torch
@@ -62,9 +76,43 @@ def content_hash(tensor: torch.Tensor) -> str:
         tail = torch.zeros(8, dtype=torch.uint8, device=data.device)
         tail[: nbytes - whole] = data[whole:]
         total += _mixed(tail.view(torch.int64), whole // 8)
-    folded = int(total.item()) & _MASK
-    header = f"{dtype_name(tensor.dtype)}|{list(tensor.shape)}|{nbytes}|{folded:016x}".encode()
+    return _fold64_digest(dtype_name(tensor.dtype), tuple(tensor.shape), nbytes, int(total.item()))
+
+
+def _fold64_digest(dtype: str, shape: tuple[int, ...], nbytes: int, total: int) -> str:
+    header = f"{dtype}|{list(shape)}|{nbytes}|{total & _MASK:016x}".encode()
     return "fold64:" + hashlib.blake2b(header, digest_size=16).hexdigest()
+
+
+class _Fold64:
+    """`content_hash` of a tensor's bytes taken a block at a time, in order (a word may straddle two blocks)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.words = 0  # words folded so far
+        self.carry = np.empty(0, dtype=np.uint8)  # the bytes of a word begun in the block before
+
+    def update(self, data: np.ndarray) -> None:
+        import torch
+
+        if self.carry.size:
+            data = np.concatenate([self.carry, data])
+        whole = data.size // 8 * 8
+        words = np.ascontiguousarray(data[:whole]).view(np.int64)
+        for start in range(0, words.size, CHUNK):
+            self.total += int(_mixed(torch.from_numpy(words[start : start + CHUNK]), self.words + start).item())
+        self.words += words.size
+        self.carry = data[whole:].copy()
+
+    def digest(self, dtype: str, shape: tuple[int, ...], nbytes: int) -> str:
+        import torch
+
+        if self.carry.size:
+            tail = np.zeros(8, dtype=np.uint8)
+            tail[: self.carry.size] = self.carry
+            self.total += int(_mixed(torch.from_numpy(tail.view(np.int64)), self.words).item())
+            self.carry = tail[:0]
+        return _fold64_digest(dtype, shape, nbytes, self.total)
 
 
 def _mixed(words: torch.Tensor, first: int) -> torch.Tensor:
@@ -80,13 +128,14 @@ def _mixed(words: torch.Tensor, first: int) -> torch.Tensor:
 
 def sketch(tensor: torch.Tensor, hash_kind: str | None = None) -> Sketch:
     """The summary of `tensor` (see the module docstring), computed where it lives. A CPU tensor's is computed by
-    ingest's compiled passes, its hash the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless
-    `hash_kind` is "fold64" (the hash of another device's summary, to compare with)."""
+    ingest's passes (the summary ingest keeps of the same tensor stored has the same hash, counts, extremes and
+    sampled values), its hash the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless `hash_kind` is
+    "fold64" (the hash of another device's summary, to compare with)."""
     import torch
 
     t = tensor.detach()
     kind = hash_kind or ("blake3" if t.device.type == "cpu" else "fold64")
-    if t.device.type == "cpu" and not t.is_complex() and t.dtype != torch.bool:
+    if t.device.type == "cpu":
         return _host_sketch(t, kind)
     flat = t.reshape(-1)
     if flat.is_complex():
@@ -147,11 +196,9 @@ def _blake3(t: torch.Tensor) -> str:
 
 
 def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
-    """A CPU tensor's summary through ingest's compiled summary pass (one pass, no float64 copy); sum and sum of
-    squares from its count, mean and sum of squared deviations."""
-    import torch
-
-    from tensor_debugger.ingest.summary import SummaryAccumulator
+    """A CPU tensor's summary through ingest's summary pass (compiled where it can be: one pass, no float64 copy)
+    and its sampled values as ingest takes them (`stored_sketches.sampled_values`); sum and sum of squares from its
+    count, mean and sum of squared deviations."""
     from tensor_debugger.store.dtypes import from_torch, torch_to_storage
 
     logical = from_torch(t.dtype)
@@ -159,35 +206,58 @@ def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
     totals = SummaryAccumulator()
     if array.size:
         totals.add_stored(array.reshape(-1), logical)
-    count, mean = totals.count, totals.mean
-    flat = t.reshape(-1)
-    positions = sample_positions(flat.numel())
-    values = flat[torch.tensor(positions, dtype=torch.int64)].to(torch.float64).tolist() if positions else []
-    return Sketch(
-        tuple(t.shape),
-        dtype_name(t.dtype),
-        content_hash(t) if kind == "fold64" else _blake3(t),
-        flat.numel(),
-        count,
-        mean * count if count else 0.0,
-        totals.m2 + count * mean * mean if count else 0.0,
-        float(totals.lo) if count else None,
-        float(totals.hi) if count else None,
-        totals.nan,
-        totals.inf,
-        tuple(float(v) for v in values),
-    )
+    positions = np.asarray(sample_positions(array.size), dtype=np.int64)
+    values = sampled_values(array.reshape(-1)[positions], logical) if positions.size else []
+    digest = content_hash(t) if kind == "fold64" else _blake3(t)
+    return sketch_of(tuple(t.shape), dtype_name(t.dtype), digest, totals, values)
 
 
 def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None = None) -> Sketch | None:
-    """A stored tensor's summary: the one a summary capture kept, else computed from its values (its hash of
-    `hash_kind`, "blake3" or "fold64": the other side's, to compare with); None for a tensor with neither (a trace
-    written with use_repr=True)."""
-    if record.sketch is not None:
-        return Sketch.from_json(record.sketch)
+    """A tensor's summary, its hash of `hash_kind` ("blake3" or "fold64": the other side's, to compare with; None:
+    any): the one its row keeps (a summary capture's, or ingest's of a stored tensor), else computed from its values
+    read back (a row stored before ingest kept summaries, or a stored tensor's "fold64" hash); None for a tensor with
+    neither (a trace written with use_repr=True)."""
+    kept = Sketch.from_json(record.sketch) if record.sketch is not None else None
+    if kept is not None and (not record.has_values or hash_kind in (None, kept.hash.partition(":")[0])):
+        return kept
     if not record.has_values:
         return None
-    return sketch(store.read_whole(record.store_key, parse_dtype(record.dtype)), hash_kind or "blake3")
+    logical = parse_dtype(record.dtype)
+    array = store.open(record.store_key, record.digest)
+    try:
+        return read_back_sketch(array, logical, record.digest, hash_kind or "blake3")
+    except ValueError:  # an array not chunked as ingest chunks: summarised whole, as it was before
+        return sketch(store.read_whole(record.store_key, logical), hash_kind or "blake3")
+
+
+def read_back_sketch(array: Any, logical: LogicalDtype, digest: str, hash_kind: str = "blake3") -> Sketch:
+    """The summary ingest gives a stored array (a Zarr array of `logical` stored values) whose row has `digest`,
+    computed again from its blocks read back one at a time, cut, summarised and sampled as ingest cuts, summarises
+    and samples them (stored_sketches.py): the same floats, bit for bit. Its hash is `digest` where that is BLAKE3,
+    else computed from the blocks: in BLAKE3 (an older data dir's "sha256:" digest), or as `content_hash` computes
+    it for `hash_kind` "fold64" (to compare with another device's summary). Raises ValueError for an array not
+    chunked as ingest chunks."""
+    from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
+
+    shape, chunks = tuple(array.shape), tuple(array.chunks)
+    layout = stored_layout(shape, chunks)
+    fold = _Fold64() if hash_kind == "fold64" else None
+    hasher = None if fold is not None or digest.startswith(f"{DIGEST_ALGORITHM}:") else new_hasher(logical, shape)
+    totals = SummaryAccumulator()
+    sample = SketchSample(logical, math.prod(shape))
+    for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
+        block = np.asarray(array[region if region else ()])
+        totals.fold(summarise_stored(block, logical))
+        sample.take(block)
+        if hasher is not None:
+            hasher.update(block.reshape(-1).view(np.uint8).data)
+        if fold is not None:
+            fold.update(block.reshape(-1).view(np.uint8))
+    if hasher is not None:
+        digest = f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
+    if fold is not None:
+        digest = fold.digest(logical.name, shape, math.prod(shape) * logical.itemsize)
+    return sample.sketch(shape, digest, totals)
 
 
 def sketch_verdict(
@@ -196,10 +266,14 @@ def sketch_verdict(
     """The verdict on a pair of one tensor a side where a side is known by its summary alone (`compare_sketches`,
     against the other side's summary, kept or computed from its values); None where neither side has a summary or a
     side is sharded."""
-    if len(a) != 1 or len(b) != 1 or (a[0].sketch is None and b[0].sketch is None):
+    if len(a) != 1 or len(b) != 1:
         return None
-    kept = a[0].sketch or b[0].sketch or {}
-    kind = str(kept.get("hash", "blake3:")).partition(":")[0]
+    sides = (a[0], b[0])
+    kept = [r.sketch for r in sides if not r.has_values and r.sketch is not None]  # the summary-only side's hash
+    kept = kept or [r.sketch for r in sides if r.sketch is not None]
+    if not kept:
+        return None
+    kind = str(kept[0].get("hash", "blake3:")).partition(":")[0]
     left, right = record_sketch(store, a[0], kind), record_sketch(store, b[0], kind)
     if left is None or right is None:
         return None

@@ -71,9 +71,7 @@ def _summarise_slice(values: np.ndarray, block: BlockSummary) -> None:
     block.numel += values.size
     if values.size == 0:
         return
-    if values.dtype.kind == "c":
-        block.nan += int(np.count_nonzero(np.isnan(values)))
-        block.inf += int(np.count_nonzero(np.isinf(values) & ~np.isnan(values)))
+    if values.dtype.kind == "c":  # magnitudes: NaN and Inf are counted among them below, once
         values = np.abs(values)
     with np.errstate(over="ignore", invalid="ignore"):
         total = float(np.add.reduce(values, dtype=np.float64))

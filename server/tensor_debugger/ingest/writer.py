@@ -7,6 +7,9 @@ and bytes): the prefix says which, equal digests still mean bit-identical tensor
 never equals one of the other (a tensor stored under both is kept twice, and compared again once).
 
 Whether a tensor's chunks are compressed is chosen from a sample of its first block (`store.compression`).
+
+Every tensor also gets its summary (`StoredTensor.sketch`, stored_sketches.py) from the same blocks: the digest,
+the folded statistics, and the sampled elements picked from each block as it is read.
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ import blake3
 import numpy as np
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.ingest.block_readers import Leaf
+from tensor_debugger.ingest.stored_sketches import CHUNKS_PER_BLOCK, SketchSample
 from tensor_debugger.ingest.summary import BlockSummary, SummaryAccumulator, TensorSummary, summarise_stored
 from tensor_debugger.ingest.taps import RunTap, TensorTap
 from tensor_debugger.store.arrays import ArrayStore, worth_compressing
 from tensor_debugger.store.dtypes import LogicalDtype
 
-CHUNKS_PER_BLOCK = 16  # one store write covers this many chunks: fewer, larger writes run faster
 DIGEST_ALGORITHM = "blake3"  # the prefix of every digest this version writes; older data dirs hold "sha256"
 
 
@@ -42,6 +46,7 @@ class StoredTensor:
     nbytes: int
     digest: str  # "blake3:<hex>" of dtype, shape and C-order bytes (older data dirs: "sha256:<hex>")
     summary: TensorSummary
+    sketch: Sketch  # its summary as a capture with values="summary" keeps one, the hash being `digest`
 
 
 def digest_header(dtype: LogicalDtype, shape: tuple[int, ...]) -> bytes:
@@ -125,6 +130,7 @@ class _Tensor:
     leaf: Leaf
     hasher: Any  # from `new_hasher`
     lane: SerialLane
+    sample: SketchSample
     summary: SummaryAccumulator = field(default_factory=SummaryAccumulator)
     unsettled: int = 0  # blocks handed to the pool and not yet settled
     submitted: bool = False  # every block has been handed over
@@ -133,13 +139,15 @@ class _Tensor:
     def finish(self) -> None:
         leaf = self.leaf
         nbytes = math.prod(leaf.shape) * leaf.dtype.itemsize
+        digest = f"{DIGEST_ALGORITHM}:{self.hasher.hexdigest()}"
         self.result = StoredTensor(
             self.key,
             leaf.shape,
             leaf.dtype,
             nbytes,
-            f"{DIGEST_ALGORITHM}:{self.hasher.hexdigest()}",
+            digest,
             self.summary.result(),
+            self.sample.sketch(leaf.shape, digest, self.summary),
         )
 
 
@@ -217,7 +225,13 @@ class TensorWriter:
         compressed = first_block is None or worth_compressing(first_block)
         direct = self.budget is None or self.budget.direct(math.prod(leaf.shape) * leaf.dtype.itemsize)
         array = self.store.writer(key, leaf.shape, leaf.dtype, layout.chunks, compressed, direct)
-        tensor = _Tensor(key, leaf, new_hasher(leaf.dtype, leaf.shape), SerialLane(self.pools.pool))
+        tensor = _Tensor(
+            key,
+            leaf,
+            new_hasher(leaf.dtype, leaf.shape),
+            SerialLane(self.pools.pool),
+            SketchSample(leaf.dtype, math.prod(leaf.shape)),
+        )
 
         def store_block(region: Region, block: np.ndarray) -> None:
             array[region if region else ()] = block
@@ -266,6 +280,7 @@ class TensorWriter:
         `pools.in_flight` in flight."""
         pool = self.pools.pool
         for region, block in blocks:
+            tensor.sample.take(block)  # the few sampled elements, in order, while the block is at hand
             self._window.append(
                 _Block(
                     tensor,

@@ -41,8 +41,8 @@ from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import REDUCED_BLOCK_BYTES, PairJob, pair_blocks
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.where import ErrorSpan, WhereAccumulator, block_masses, where_regions
+from tensor_debugger.ingest.stored_sketches import CHUNKS_PER_BLOCK
 from tensor_debugger.ingest.taps import RunTap, TensorTap
-from tensor_debugger.ingest.writer import CHUNKS_PER_BLOCK
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_compute
 from tensor_debugger.store.models import SessionRecord, TensorRecord

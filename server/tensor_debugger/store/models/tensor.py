@@ -52,7 +52,8 @@ class TensorRecord(Base):
     source: Mapped[str | None] = mapped_column(Text)
     # False for a trace written with use_repr=True: shape, dtype and mean/std/min/max only, no array stored
     has_values: Mapped[bool] = mapped_column(default=True, server_default=true())
-    # a capture with values="summary": the tensor's summary (`summary_compare.Sketch.to_json`); null otherwise
+    # the tensor's summary (`summary_compare.Sketch.to_json`): a capture with values="summary" keeps it in place of the
+    # values, ingest computes it for a stored tensor (ingest/stored_sketches.py); null in rows stored before that
     sketch: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     run: Mapped[RunRecord] = relationship(back_populates="tensors")
