@@ -16,6 +16,7 @@ import pytest
 from tensor_debugger.engine.fused import (
     FAMILIES,
     FAMILY_VARIABLE,
+    Kernel,
     _library,
     configure,
     empty_partial,
@@ -252,8 +253,15 @@ def test_the_family_setting_applies_and_is_overridden_explicitly(
     settings = Settings.from_environ(
         {"TENSOR_DEBUGGER_KERNEL": "numpy", "TENSOR_DEBUGGER_KERNEL_FAMILY": available[-1]}, data_dir=tmp_path
     )
-    open_services(settings).close()  # the services apply the declared settings to the process
-    assert kernel_name().startswith("numpy") and kernel_family() == available[-1]
+    configure()
+    services = open_services(settings)  # the declared settings choose the services' kernel, not the process's
+    try:
+        kernel = services.context.kernel
+        assert services.ingestor.kernel is kernel  # one kernel for the engine's comparisons and its ingests' summaries
+        assert kernel.name().startswith("numpy") and kernel.family_in_use == available[-1]
+    finally:
+        services.close()
+    assert kernel_name() == "compiled" and kernel_family() == available[0]  # the process-wide default is untouched
     with pytest.raises(ValueError, match="setting kernel must be"):
         Settings(data_dir=tmp_path, kernel="fast")
 
@@ -264,10 +272,9 @@ def test_the_family_setting_applies_and_is_overridden_explicitly(
 def summary_with(
     kernel: str, monkeypatch: pytest.MonkeyPatch, stored: np.ndarray, dtype: str, blocks: int = 3
 ) -> TensorSummary:
-    configure(kernel=kernel)
     accumulator = SummaryAccumulator()
     for block in np.array_split(stored, blocks):
-        accumulator.add_stored(block, parse_dtype(dtype))
+        accumulator.add_stored(block, parse_dtype(dtype), Kernel(kernel))
     return accumulator.result()
 
 

@@ -1,18 +1,20 @@
 """The compiled single-pass statistics kernels (fused_stats.c: a pair's statistics, a tensor's summary), loaded on
 first use.
 
-Which path a comparison takes is a `Kernel`, an object chosen per engine instance: services build one from Settings
-(TENSOR_DEBUGGER_KERNEL, TENSOR_DEBUGGER_KERNEL_FAMILY) and the CompareContext carries it to every PairAccumulator and
-chunk loop, so that two kernels can compute side by side in one process. The package build compiles the library next
-to this file (server/build_hooks.py); where it was not built, or TENSOR_DEBUGGER_KERNEL=numpy asks for it,
-`Kernel.partial` returns None and metrics.py computes with numpy alone.
+Which path statistics take is a `Kernel`, an object chosen per engine instance: services build one from Settings
+(TENSOR_DEBUGGER_KERNEL, TENSOR_DEBUGGER_KERNEL_FAMILY; `Settings.statistics_kernel`), the CompareContext carries it
+to every PairAccumulator and chunk loop, and the Ingestor to every tensor summary it computes (an ingest child builds
+its own from the same settings), so that two kernels can compute side by side in one process. The package build
+compiles the library next to this file (server/build_hooks.py); where it was not built, or TENSOR_DEBUGGER_KERNEL=numpy
+asks for it, `Kernel.partial` returns None and metrics.py computes with numpy alone.
 TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
 (tensor_debugger.compare.compute.chunk_loop): blocks are then read into arrays first, as before that loop existed.
 
 The library holds the kernels once per vector family (FAMILIES; fused_stats.c's header says what each is), and the
 kernels run the best family this CPU runs, or the one Settings.kernel_family (TENSOR_DEBUGGER_KERNEL_FAMILY) names,
-(a `Kernel`'s `family`). Callers handed no kernel (ingest's summaries) take the default one that `configure` and
-`use_family` set; nothing here reads the environment.
+(a `Kernel`'s `family`). Callers handed no kernel (users' scripts calling the engine directly, tests of this
+module's functions) take the default one that `configure` and `use_family` set, which the services never change;
+nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -248,8 +250,9 @@ class Kernel:
 
 
 class _Default:
-    """The kernel of callers not handed one (ingest's summaries, tests of the module's functions): what `configure`
-    and `use_family` set. Comparisons take their CompareContext's kernel instead."""
+    """The kernel of callers not handed one (tests of the module's functions, a user's script that calls the
+    engine directly): what `configure` and `use_family` set. Comparisons take their CompareContext's kernel, ingest
+    its Ingestor's."""
 
     configured = Kernel()
     kernel = Kernel()
@@ -262,7 +265,8 @@ def default_kernel() -> Kernel:
 
 def configure(kernel: str = "compiled", family: str = "") -> None:
     """The kernel of callers not handed one (`default_kernel`): Settings.kernel and Settings.kernel_family, as for
-    a `Kernel`. Comparisons carry their own (CompareContext.kernel)."""
+    a `Kernel`. The services never call it: comparisons carry their own (CompareContext.kernel), ingest its own
+    (Ingestor.kernel)."""
     _Default.configured = _Default.kernel = Kernel(kernel, family)
 
 

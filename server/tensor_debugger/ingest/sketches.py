@@ -23,6 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.store.dtypes import parse_dtype
@@ -78,16 +79,17 @@ def _mixed(words: torch.Tensor, first: int) -> torch.Tensor:
     return x.sum()
 
 
-def sketch(tensor: torch.Tensor, hash_kind: str | None = None) -> Sketch:
+def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | None = None) -> Sketch:
     """The summary of `tensor` (see the module docstring), computed where it lives. A CPU tensor's is computed by
-    ingest's compiled passes, its hash the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless
-    `hash_kind` is "fold64" (the hash of another device's summary, to compare with)."""
+    ingest's compiled passes (`kernel`'s: the engine instance's statistics path; the best this CPU runs where None),
+    its hash the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless `hash_kind` is "fold64" (the
+    hash of another device's summary, to compare with)."""
     import torch
 
     t = tensor.detach()
     kind = hash_kind or ("blake3" if t.device.type == "cpu" else "fold64")
     if t.device.type == "cpu" and not t.is_complex() and t.dtype != torch.bool:
-        return _host_sketch(t, kind)
+        return _host_sketch(t, kind, kernel if kernel is not None else Kernel())
     flat = t.reshape(-1)
     if flat.is_complex():
         flat = flat.abs()
@@ -146,7 +148,7 @@ def _blake3(t: torch.Tensor) -> str:
     return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
 
 
-def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
+def _host_sketch(t: torch.Tensor, kind: str, kernel: Kernel) -> Sketch:
     """A CPU tensor's summary through ingest's compiled summary pass (one pass, no float64 copy); sum and sum of
     squares from its count, mean and sum of squared deviations."""
     import torch
@@ -158,7 +160,7 @@ def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
     array = torch_to_storage(t)
     totals = SummaryAccumulator()
     if array.size:
-        totals.add_stored(array.reshape(-1), logical)
+        totals.add_stored(array.reshape(-1), logical, kernel)
     count, mean = totals.count, totals.mean
     flat = t.reshape(-1)
     positions = sample_positions(flat.numel())
@@ -179,7 +181,9 @@ def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
     )
 
 
-def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None = None) -> Sketch | None:
+def record_sketch(
+    store: ArrayStore, record: TensorRecord, hash_kind: str | None = None, kernel: Kernel | None = None
+) -> Sketch | None:
     """A stored tensor's summary: the one a summary capture kept, else computed from its values (its hash of
     `hash_kind`, "blake3" or "fold64": the other side's, to compare with); None for a tensor with neither (a trace
     written with use_repr=True)."""
@@ -187,20 +191,24 @@ def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None
         return Sketch.from_json(record.sketch)
     if not record.has_values:
         return None
-    return sketch(store.read_whole(record.store_key, parse_dtype(record.dtype)), hash_kind or "blake3")
+    return sketch(store.read_whole(record.store_key, parse_dtype(record.dtype)), hash_kind or "blake3", kernel)
 
 
 def sketch_verdict(
-    store: ArrayStore, a: Sequence[TensorRecord], b: Sequence[TensorRecord], tolerance: Tolerance
+    store: ArrayStore,
+    a: Sequence[TensorRecord],
+    b: Sequence[TensorRecord],
+    tolerance: Tolerance,
+    kernel: Kernel | None = None,
 ) -> SketchVerdict | None:
     """The verdict on a pair of one tensor a side where a side is known by its summary alone (`compare_sketches`,
     against the other side's summary, kept or computed from its values); None where neither side has a summary or a
-    side is sharded."""
+    side is sharded. `kernel`: the statistics path of a summary computed from values (see `sketch`)."""
     if len(a) != 1 or len(b) != 1 or (a[0].sketch is None and b[0].sketch is None):
         return None
     kept = a[0].sketch or b[0].sketch or {}
     kind = str(kept.get("hash", "blake3:")).partition(":")[0]
-    left, right = record_sketch(store, a[0], kind), record_sketch(store, b[0], kind)
+    left, right = record_sketch(store, a[0], kind, kernel), record_sketch(store, b[0], kind, kernel)
     if left is None or right is None:
         return None
     return compare_sketches(left, right, tolerance)

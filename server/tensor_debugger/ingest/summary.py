@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tensor_debugger.engine.fused import fused_summary
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_compute
 
 
@@ -45,10 +45,11 @@ class BlockSummary:
     parts: list[Part] = field(default_factory=list)
 
 
-def summarise_stored(stored: np.ndarray, logical: LogicalDtype) -> BlockSummary:
-    """Stored values (bit patterns for bfloat16 and float8): in one compiled pass where the kernel has a loop for
-    the dtype and the block is finite, else with numpy on their compute values."""
-    part = fused_summary(stored, logical.name) if stored.size else None
+def summarise_stored(stored: np.ndarray, logical: LogicalDtype, kernel: Kernel) -> BlockSummary:
+    """Stored values (bit patterns for bfloat16 and float8): in one compiled pass where `kernel` (the engine
+    instance's statistics path) has a loop for the dtype and the block is finite, else with numpy on their compute
+    values."""
+    part = kernel.summary(stored, logical.name) if stored.size else None
     if part is None:
         return summarise(storage_to_compute(stored, logical))
     return BlockSummary(stored.size, 0, 0, [(int(part.count), part.mean, part.m2, part.min, part.max)])
@@ -110,9 +111,9 @@ class SummaryAccumulator:
         self.lo = np.inf
         self.hi = -np.inf
 
-    def add_stored(self, stored: np.ndarray, logical: LogicalDtype) -> None:
+    def add_stored(self, stored: np.ndarray, logical: LogicalDtype, kernel: Kernel) -> None:
         """Fold in stored values (see `summarise_stored`)."""
-        self.fold(summarise_stored(stored, logical))
+        self.fold(summarise_stored(stored, logical, kernel))
 
     def add(self, values: np.ndarray) -> None:
         """Fold in compute values (see `summarise`)."""

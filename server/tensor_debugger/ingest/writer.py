@@ -24,6 +24,7 @@ import blake3
 import numpy as np
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.ingest.block_readers import Leaf
 from tensor_debugger.ingest.summary import BlockSummary, SummaryAccumulator, TensorSummary, summarise_stored
 from tensor_debugger.store.arrays import ArrayStore, worth_compressing
@@ -187,10 +188,13 @@ class TensorWriter:
         store: ArrayStore,
         chunk_bytes: int,
         pools: WritePools,
+        kernel: Kernel,
         on_bytes: Callable[[int], None] | None = None,
         budget: PageCacheBudget | None = None,
     ) -> None:
-        """`budget`: the run's, shared by the writers of its files; without one, every tensor may go direct."""
+        """`kernel`: the statistics path of the tensors' summaries; `budget`: the run's, shared by the writers of its
+        files; without one, every tensor may go direct."""
+        self.kernel = kernel
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.pools = pools
@@ -235,7 +239,7 @@ class TensorWriter:
                     tensor,
                     region,
                     pool.submit(store_block, region, block),
-                    pool.submit(summarise_stored, block, leaf.dtype),
+                    pool.submit(summarise_stored, block, leaf.dtype, self.kernel),
                     tensor.lane.submit(hash_block(block)),
                 )
             )
@@ -292,10 +296,11 @@ def write_leaf(
     leaf: Leaf,
     chunk_bytes: int,
     pools: WritePools,
+    kernel: Kernel,
     on_bytes: Callable[[int], None] | None = None,
 ) -> StoredTensor:
     """Store `leaf` at `key` on its own (see `TensorWriter`, which overlaps tensors)."""
-    with TensorWriter(store, chunk_bytes, pools, on_bytes) as writer:
+    with TensorWriter(store, chunk_bytes, pools, kernel, on_bytes) as writer:
         result = writer.add(key, leaf)
         writer.finish()
     return result()
