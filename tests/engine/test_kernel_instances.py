@@ -9,9 +9,11 @@ import math
 import pickle
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 from tensor_debugger.engine.chunking import iter_blocks, plan_chunks
 from tensor_debugger.engine.fused import Kernel, default_kernel
 from tensor_debugger.engine.metrics import PairStats, edges
@@ -27,7 +29,7 @@ from tensor_debugger.store.dtypes import parse_dtype
 TOLERANCE = Tolerance(1e-3, 1e-5)
 
 
-def _pair(nonfinite: bool) -> tuple[np.ndarray, np.ndarray]:
+def _pair(nonfinite: bool) -> tuple[NDArray[Any], NDArray[Any]]:
     """Dyadic values (multiples of 2**-10 below 4): every sum is exact in float64 whatever its order, so the two
     kernels must agree to the last bit, not only within rounding."""
     rng = np.random.default_rng(7)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.layouts import TD_EDGES, TD_TOP, Partial, Summary
 
@@ -205,7 +206,7 @@ class Kernel:
         return None if library is None or family is None else getattr(library, f"{name}_{family}", None)
 
     def partial(
-        self, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
+        self, a: NDArray[Any], b: NDArray[Any], atol: float, rtol: float, check: bool, edges: NDArray[Any], top: int = 0
     ) -> FusedPartial | None:
         """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, with their `top` worst
         elements, or None where the kernel is not in use. NaN and Inf are not looked for: the caller checks that
@@ -223,7 +224,7 @@ class Kernel:
         function(a.ctypes.data, b.ctypes.data, a.size, 0, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
         return out
 
-    def address(self, a: np.dtype, b: np.dtype) -> int | None:
+    def address(self, a: np.dtype[Any], b: np.dtype[Any]) -> int | None:
         """The address of the kernel that folds float32 or float64 values of dtypes `a` and `b` at given flat
         positions into a partial (td_stats_XY_<family>: a, b, n, base, atol, rtol, check, edges, partial), for a
         compiled loop that feeds it; None where the kernel is not in use or has no such loop."""
@@ -232,7 +233,7 @@ class Kernel:
         function = self.function(f"td_stats_{_CODES[a]}{_CODES[b]}")
         return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
-    def summary(self, stored: np.ndarray, logical: str) -> FusedSummary | None:
+    def summary(self, stored: NDArray[Any], logical: str) -> FusedSummary | None:
         """The summary of a block of stored values of logical dtype `logical` in one compiled pass, or None where
         the kernel is not in use, has no loop for the dtype, or met a NaN or an Inf or overflowed: the caller then
         computes the block with numpy."""
@@ -293,7 +294,7 @@ def kernel_name() -> str:
     return _Default.kernel.name()
 
 
-def _compute(values: np.ndarray) -> np.ndarray:
+def _compute(values: NDArray[Any]) -> NDArray[Any]:
     """Contiguous float32 or float64 values, exactly: narrower floats widen to float32, anything else (ints,
     bools) to float64, as the numpy path converts them."""
     if values.dtype not in _CODES:
@@ -312,17 +313,17 @@ def empty_partial(top: int = 0) -> FusedPartial:
 
 
 def fused_partial(
-    a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
+    a: NDArray[Any], b: NDArray[Any], atol: float, rtol: float, check: bool, edges: NDArray[Any], top: int = 0
 ) -> FusedPartial | None:
     """`Kernel.partial` of the default kernel."""
     return _Default.kernel.partial(a, b, atol, rtol, check, edges, top)
 
 
-def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
+def kernel_address(a: np.dtype[Any], b: np.dtype[Any]) -> int | None:
     """`Kernel.address` of the default kernel."""
     return _Default.kernel.address(a, b)
 
 
-def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
+def fused_summary(stored: NDArray[Any], logical: str) -> FusedSummary | None:
     """`Kernel.summary` of the default kernel."""
     return _Default.kernel.summary(stored, logical)

@@ -30,8 +30,9 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ScalarResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
@@ -295,7 +296,7 @@ class Ingestor:
         """The staging folders that runs still "ingesting" name (their files wait to be ingested): kept by the
         sweep whoever made them."""
         with self.sessions() as db:
-            named = db.scalars(
+            named: ScalarResult[list[Any] | None] = db.scalars(
                 select(RunRecord.staged_inputs).where(
                     RunRecord.status == "ingesting", RunRecord.staged_inputs.is_not(None)
                 )

@@ -22,6 +22,7 @@ from typing import Any
 
 import blake3
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.fused import Kernel
@@ -220,13 +221,13 @@ class TensorWriter:
         tensor = _Tensor(key, leaf, new_hasher(leaf.dtype, leaf.shape), SerialLane(self.pools.pool))
         pool = self.pools.pool
 
-        def store_block(region: Region, block: np.ndarray) -> None:
+        def store_block(region: Region, block: NDArray[Any]) -> None:
             array[region if region else ()] = block
 
-        def hash_block(block: np.ndarray) -> Callable[[], None]:
+        def hash_block(block: NDArray[Any]) -> Callable[[], None]:
             return lambda: tensor.hasher.update(block.reshape(-1).view(np.uint8).data)
 
-        def blocks() -> Iterator[tuple[Region, np.ndarray]]:
+        def blocks() -> Iterator[tuple[Region, NDArray[Any]]]:
             if first is None or first_block is None:
                 return
             yield first, first_block

@@ -24,9 +24,10 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.fused import Kernel
@@ -201,10 +202,10 @@ class StoreSink(Sink):
 class _ArrayReader:
     """A `BlockReader` over an array already in memory."""
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: NDArray[Any]) -> None:
         self._array = array
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         block = self._array[region] if region else self._array
         return block if block.flags.c_contiguous else block.copy(order="C")  # ascontiguousarray makes 0-d 1-d
 

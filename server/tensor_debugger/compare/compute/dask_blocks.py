@@ -60,14 +60,14 @@ def big_pairs(context: CompareContext, pair_ids: Sequence[int]) -> set[int]:
                 pair: list(ids)
                 for pair, ids in db.execute(
                     select(PairRecord.id, PairRecord.a_tensor_ids).where(PairRecord.id.in_(some))
-                )
+                ).tuples()
             }
             tensors = {i for ids in sides.values() for i in ids}
             shapes: dict[int, list[int]] = {
                 tensor: list(shape)
                 for tensor, shape in db.execute(
                     select(TensorRecord.id, TensorRecord.shape).where(TensorRecord.id.in_(tensors))
-                )
+                ).tuples()
             }
             for pair, ids in sides.items():
                 if sum(_elements(shapes.get(i, [])) for i in ids) > SPLIT_ELEMENTS:
