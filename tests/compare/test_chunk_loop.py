@@ -108,7 +108,9 @@ def assert_same(got: PairStats, want: PairStats) -> None:
 
 
 def candidate(reference: NDArray[Any], rng: np.random.Generator) -> NDArray[Any]:
-    values = reference * (1 + 1e-3 * rng.standard_normal(reference.shape)) + 1e-7 * rng.standard_normal(reference.shape)
+    values: NDArray[Any] = reference * (1 + 1e-3 * rng.standard_normal(reference.shape)) + 1e-7 * rng.standard_normal(
+        reference.shape
+    )
     values.reshape(-1)[values.size * 2 // 3] += 0.5  # the largest difference, planted
     return values
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy import select
 
 from tensor_debugger.compare.compute.dask_workers import worker_context
@@ -44,7 +44,7 @@ _QUERY_IDS = 500  # ids per IN (...) when sizing pairs
 _JOBS_KEPT = 16  # pairs whose views a worker keeps open for their next blocks
 
 Part = PairAccumulator | Exception | None  # a block's partials, the error reading it, or None: the pair changed
-Masses = tuple[list[np.ndarray], list[np.ndarray]] | Exception | None  # a block's `where.block_masses`, likewise
+Masses = tuple[list[NDArray[Any]], list[NDArray[Any]]] | Exception | None  # a block's `where.block_masses`, likewise
 
 _jobs: OrderedDict[tuple[Settings, str], PairJob[PendingPair]] = OrderedDict()  # a worker's open pairs
 _jobs_lock = threading.Lock()
@@ -60,14 +60,14 @@ def big_pairs(context: CompareContext, pair_ids: Sequence[int]) -> set[int]:
                 pair: list(ids)
                 for pair, ids in db.execute(
                     select(PairRecord.id, PairRecord.a_tensor_ids).where(PairRecord.id.in_(some))
-                ).tuples()
+                )
             }
             tensors = {i for ids in sides.values() for i in ids}
             shapes: dict[int, list[int]] = {
                 tensor: list(shape)
                 for tensor, shape in db.execute(
                     select(TensorRecord.id, TensorRecord.shape).where(TensorRecord.id.in_(tensors))
-                ).tuples()
+                )
             }
             for pair, ids in sides.items():
                 if sum(_elements(shapes.get(i, [])) for i in ids) > SPLIT_ELEMENTS:

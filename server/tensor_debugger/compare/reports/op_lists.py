@@ -81,7 +81,7 @@ def _ops(db: DbSession, run_id: int, module: str) -> list[OpEntry]:
     if first is not None:
         query = query.where(t.position > first, t.position < last)
     query = query.order_by(t.position).limit(MAX_OPS + 1)
-    rows = [r for r in db.execute(query).tuples() if r[1].startswith((module + "/", module + "."))]
+    rows = [r for r in db.execute(query) if r[1].startswith((module + "/", module + "."))]
     if len(rows) > MAX_OPS:
         return []
     entries = []
@@ -107,6 +107,6 @@ def _op_pairs(db: DbSession, pair: PairRecord, module_a: str) -> dict[tuple[int,
     )
     return {
         (ids_a[0], ids_b[0]): (pair_id, status)
-        for pair_id, ids_a, ids_b, status, _ in db.execute(query).tuples()
+        for pair_id, ids_a, ids_b, status, _ in db.execute(query)
         if len(ids_a) == 1 and len(ids_b) == 1
     }

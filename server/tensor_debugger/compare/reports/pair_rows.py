@@ -147,7 +147,7 @@ def read_rank_mismatches(db: DbSession, result_ids: Collection[int]) -> dict[int
     if not result_ids:
         return {}
     r = ComparisonResultRecord
-    rows = db.execute(select(r.id, _text(r.profiles)).where(r.id.in_(result_ids), r.profiles.is_not(None))).tuples()
+    rows = db.execute(select(r.id, _text(r.profiles)).where(r.id.in_(result_ids), r.profiles.is_not(None)))
     found: dict[int, list[int]] = {}
     for result_id, raw in rows:
         rank = (_json(raw) or {}).get("0")

@@ -47,22 +47,18 @@ class TensorRow:
 def run_rows(db: DbSession, run: RunRecord, search: str = "") -> list[TensorRow]:
     """The run's tensors in execution order, each with its pair; `search` keeps the names containing it."""
     tensors = catalog.list_tensors(db, run.id)
-    pairs = (
-        db.execute(
-            select(
-                PairRecord.id,
-                PairRecord.position,
-                PairRecord.run_a_id,
-                PairRecord.run_b_id,
-                PairRecord.a_tensor_ids,
-                PairRecord.b_tensor_ids,
-            )
-            .where(or_(PairRecord.run_a_id == run.id, PairRecord.run_b_id == run.id))
-            .order_by(PairRecord.position)
+    pairs = db.execute(
+        select(
+            PairRecord.id,
+            PairRecord.position,
+            PairRecord.run_a_id,
+            PairRecord.run_b_id,
+            PairRecord.a_tensor_ids,
+            PairRecord.b_tensor_ids,
         )
-        .tuples()
-        .all()
-    )
+        .where(or_(PairRecord.run_a_id == run.id, PairRecord.run_b_id == run.id))
+        .order_by(PairRecord.position)
+    ).all()
     first_pair: dict[int, tuple[int, int]] = {}
     for pair_id, position, run_a_id, run_b_id, a_ids, b_ids in pairs:
         ours = (a_ids if run_a_id == run.id else []) + (b_ids if run_b_id == run.id else [])
