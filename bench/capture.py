@@ -32,7 +32,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from harness import machine_line
 
@@ -132,8 +134,11 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
 
     def build(planted: bool) -> torch.nn.Module:
         torch.manual_seed(0)
-        config = GPT2Config(n_layer=12, n_embd=768, n_head=12, n_positions=256, vocab_size=50257)
-        model: torch.nn.Module = GPT2LMHeadModel(config)
+        # typed in some transformers releases, not in others
+        make_config: Callable[..., Any] = GPT2Config
+        make_model: Callable[..., torch.nn.Module] = GPT2LMHeadModel
+        config = make_config(n_layer=12, n_embd=768, n_head=12, n_positions=256, vocab_size=50257)
+        model = make_model(config)
         model.eval()
         if planted:
             with torch.no_grad():

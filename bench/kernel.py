@@ -16,14 +16,16 @@ import argparse
 import ctypes
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from harness import machine_line
+from numpy.typing import NDArray
 from tensor_debugger.engine.fused import _library, empty_partial, families, kernel_family
 from tensor_debugger.engine.metrics import edges
 
 
-def ns_per_pair(function: Callable[..., int], reference: np.ndarray, candidate: np.ndarray, repeats: int) -> float:
+def ns_per_pair(function: Callable[..., int], reference: NDArray[Any], candidate: NDArray[Any], repeats: int) -> float:
     best = float("inf")
     for _ in range(3):
         started = time.process_time()

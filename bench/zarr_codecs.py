@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import zarr
 from harness import machine_line
+from numpy.typing import NDArray
 from tensor_debugger.store.zarr_backend import DEFAULT_CODEC
 from zarr.codecs import BloscCodec, ZstdCodec
 from zarr.storage import LocalStore
@@ -48,7 +49,7 @@ CODECS: dict[str, Any] = {
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def make_data(dtype: str, mib: float, seed: int) -> np.ndarray:
+def make_data(dtype: str, mib: float, seed: int) -> NDArray[Any]:
     """Normal activations of about `mib` MiB as (rows, HIDDEN), in the dtype the store holds
     (bfloat16 as its raw uint16 bits, as the app stores it)."""
     itemsize = 4 if dtype == "float32" else 2
@@ -65,7 +66,7 @@ def stored_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def measure(root: Path, data: np.ndarray, compressor: Any, repeats: int) -> tuple[list[float], list[float], int]:
+def measure(root: Path, data: NDArray[Any], compressor: Any, repeats: int) -> tuple[list[float], list[float], int]:
     """Write and read seconds of each of `repeats` runs, and the stored size in bytes."""
     rows_per_chunk = max(1, CHUNK_BYTES // (HIDDEN * data.itemsize))
     step = rows_per_chunk * CHUNKS_PER_BLOCK
@@ -92,7 +93,7 @@ def measure(root: Path, data: np.ndarray, compressor: Any, repeats: int) -> tupl
 
         os.sync()
         started = time.perf_counter()
-        back: np.ndarray = np.asarray(zarr.open_array(store, path=name, mode="r")[:])
+        back: NDArray[Any] = np.asarray(zarr.open_array(store, path=name, mode="r")[:])
         reads.append(time.perf_counter() - started)
         if attempt == 0:
             bits = f"u{data.itemsize}"

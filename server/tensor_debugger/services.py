@@ -20,8 +20,6 @@ from tensor_debugger.compare.compute.early_uploads import EarlyUploads
 from tensor_debugger.compare.compute.worker import ComparisonWorker
 from tensor_debugger.compare.context import CompareContext, open_context
 from tensor_debugger.compare.reports.pair_rows import StatsCache
-from tensor_debugger.engine.fused import Kernel
-from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.child import ChildIngests
 from tensor_debugger.ingest.queue import IngestJob, IngestQueue
@@ -129,13 +127,12 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None, 
     where not, before anything is deleted: store/identity.py), clean up after killed ingests, and hand back the
     parts. An s3:// array store reads the AWS variables from `environ` (this process's environment unless given).
     `writes` False (a command that only reads): a new pair is checked, not marked as one."""
-    configure_kernels(settings.kernel, settings.kernel_family)
     store, engine, sessions = open_pair(settings, environ, writes)
     claims = Claims(sessions, settings.claim_seconds)
-    ingestor = Ingestor(settings, sessions, store, claims)
+    kernel = settings.statistics_kernel()  # this engine's statistics path: its comparisons' and its ingests'
+    ingestor = Ingestor(settings, sessions, store, claims, kernel)
     report = recover(sessions, store, ingestor.live_runs, claims, ingestor.resumable)  # uploads: left for a server
     staging.sweep(settings.staging_dir, ingestor.staged_folders())
-    kernel = Kernel(settings.kernel, settings.kernel_family)  # this engine's statistics path
     context = open_context(sessions, store, settings.threads, claims, settings.top, kernel)
     compute = computation(settings, context)
     return Services(settings, engine, sessions, store, claims, ingestor, context, compute, report)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from tensor_debugger.engine.fused import Kernel
+
 ENV_PREFIX = "TENSOR_DEBUGGER_"
 GiB = 1024**3
 MIN_TOKEN_LENGTH = 16
@@ -167,6 +169,11 @@ class Settings:
         "The compiled kernels' vector family: avx512, avx2 or baseline; empty for the best this CPU runs (one it "
         "does not run is ignored with a warning). For checking a result or measuring.",
     )
+
+    def statistics_kernel(self) -> Kernel:
+        """The statistics path these settings choose (`kernel`, `kernel_family`), for one engine instance: the
+        services' comparisons and ingest's summaries, and an ingest child's."""
+        return Kernel(self.kernel, self.kernel_family)
 
     def __post_init__(self) -> None:
         if self.kernel not in ("compiled", "blocks", "numpy"):

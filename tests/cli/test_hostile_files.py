@@ -9,10 +9,12 @@ import json
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from numpy.typing import NDArray
 from safetensors.torch import save_file
 
 from tests.support.servers import run_cli
@@ -71,7 +73,7 @@ def damaged_member(folder: Path) -> Path:
     return path
 
 
-def _npy_bytes(array: np.ndarray) -> bytes:
+def _npy_bytes(array: NDArray[Any]) -> bytes:
     import io
 
     buffer = io.BytesIO()

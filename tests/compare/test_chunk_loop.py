@@ -8,11 +8,13 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import obstore
 import pytest
 from numcodecs import Blosc
+from numpy.typing import NDArray
 from tensor_debugger.compare.compute.chunk_loop import ChunkPairs, chunk_pairs, loop_name, read_chunks
 from tensor_debugger.engine import streaming
 from tensor_debugger.engine.alignment import align
@@ -61,7 +63,7 @@ def pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreadPoolExecutor]:
 def stored(
     services: Services | ArrayStore,
     key: str,
-    values: np.ndarray,
+    values: NDArray[Any],
     dtype_name: str,
     chunks: tuple[int, ...],
     compressed: bool = True,
@@ -105,8 +107,10 @@ def assert_same(got: PairStats, want: PairStats) -> None:
         assert getattr(got, field) == pytest.approx(getattr(want, field), rel=1e-12, nan_ok=True), field
 
 
-def candidate(reference: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    values = reference * (1 + 1e-3 * rng.standard_normal(reference.shape)) + 1e-7 * rng.standard_normal(reference.shape)
+def candidate(reference: NDArray[Any], rng: np.random.Generator) -> NDArray[Any]:
+    values: NDArray[Any] = reference * (1 + 1e-3 * rng.standard_normal(reference.shape)) + 1e-7 * rng.standard_normal(
+        reference.shape
+    )
     values.reshape(-1)[values.size * 2 // 3] += 0.5  # the largest difference, planted
     return values
 

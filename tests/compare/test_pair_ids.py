@@ -69,5 +69,5 @@ def test_ids_of_deleted_pairs_are_never_given_to_new_pairs(services: Services, t
     assert len(new_ids) == 8 and not new_ids & old_ids
     if services.engine.dialect.name == "sqlite":
         with services.engine.connect() as connection:
-            sql = connection.execute(text("SELECT sql FROM sqlite_master WHERE name = 'pairs'")).scalar_one()
+            sql: str = connection.execute(text("SELECT sql FROM sqlite_master WHERE name = 'pairs'")).scalar_one()
         assert "AUTOINCREMENT" in sql

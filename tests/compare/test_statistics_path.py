@@ -6,9 +6,11 @@ and complex values."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 from tensor_debugger.compare.compute.profiles import profile_views
 from tensor_debugger.compare.reports.heatmap import build_heatmap
 from tensor_debugger.compare.reports.inspector import build_inspector
@@ -18,7 +20,7 @@ from tensor_debugger.engine.tolerances import EXACT, Tolerance
 from tensor_debugger.engine.views import SourceView
 
 
-def _floats() -> tuple[np.ndarray, np.ndarray]:
+def _floats() -> tuple[NDArray[Any], NDArray[Any]]:
     rng = np.random.default_rng(3)
     a = rng.standard_normal((7, 9)).astype(np.float32)
     b = (a + rng.standard_normal(a.shape).astype(np.float32) * 1e-3).astype(np.float32)
@@ -34,7 +36,7 @@ def _floats() -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def _integers() -> tuple[np.ndarray, np.ndarray]:
+def _integers() -> tuple[NDArray[Any], NDArray[Any]]:
     rng = np.random.default_rng(4)
     a = rng.integers(2**60, 2**61, size=(5, 6), dtype=np.int64)  # past 2**53: float64 would round the differences
     b = a + rng.integers(-3, 4, size=a.shape)
@@ -42,13 +44,13 @@ def _integers() -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def _small_integers() -> tuple[np.ndarray, np.ndarray]:
+def _small_integers() -> tuple[NDArray[Any], NDArray[Any]]:
     a = np.arange(24, dtype=np.uint8).reshape(4, 6)
     b = a.astype(np.int16) - np.array([0, 1, 0, -2, 0, 300], dtype=np.int16)  # int16 against uint8
     return a, b
 
 
-def _complex() -> tuple[np.ndarray, np.ndarray]:
+def _complex() -> tuple[NDArray[Any], NDArray[Any]]:
     rng = np.random.default_rng(5)
     a = (rng.standard_normal((4, 5)) + 1j * rng.standard_normal((4, 5))).astype(np.complex64)
     b = (a + 1e-3 * rng.standard_normal(a.shape)).astype(np.complex64)
@@ -65,7 +67,7 @@ CASES = {
 }
 
 
-def _engine(a: np.ndarray, b: np.ndarray, tolerance: Tolerance, exact: bool) -> PairStats:
+def _engine(a: NDArray[Any], b: NDArray[Any], tolerance: Tolerance, exact: bool) -> PairStats:
     """The engine's statistics of the elements `a` and `b` (one block of their own aligned tensor)."""
     accumulator = PairAccumulator(tolerance, exact)
     accumulator.add(a, b, (0,) * a.ndim, a.shape)
@@ -77,14 +79,14 @@ def _same(report: float, engine: float) -> bool:
 
 
 @pytest.fixture(params=list(CASES))
-def case(request: pytest.FixtureRequest) -> tuple[np.ndarray, np.ndarray, Tolerance, bool]:
+def case(request: pytest.FixtureRequest) -> tuple[NDArray[Any], NDArray[Any], Tolerance, bool]:
     make, tolerance, exact = CASES[request.param]
     a, b = make()
     return a, b, tolerance, exact
 
 
 def test_heatmap_cells_are_the_engines_largest_differences(
-    case: tuple[np.ndarray, np.ndarray, Tolerance, bool],
+    case: tuple[NDArray[Any], NDArray[Any], Tolerance, bool],
 ) -> None:
     a, b, tolerance, exact = case
     heatmap = build_heatmap(SourceView(a, lambda v: v), SourceView(b, lambda v: v), (None, None))
@@ -116,7 +118,7 @@ def test_pooled_heatmap_cells_are_the_engines_statistics_of_their_elements() -> 
         assert _same(float(heatmap.cells[r, c]), float(stats.max_abs_diff)), (r, c)
 
 
-def test_inspector_flags_are_the_engines_mismatches(case: tuple[np.ndarray, np.ndarray, Tolerance, bool]) -> None:
+def test_inspector_flags_are_the_engines_mismatches(case: tuple[NDArray[Any], NDArray[Any], Tolerance, bool]) -> None:
     a, b, tolerance, exact = case
     view_a, view_b = SourceView(a, lambda v: v), SourceView(b, lambda v: v)
     window = read_window(view_a, view_b, SliceRequest((None, None), (0, 0), a.shape))
@@ -135,7 +137,7 @@ def test_inspector_flags_are_the_engines_mismatches(case: tuple[np.ndarray, np.n
 
 @pytest.mark.parametrize("dim", [0, 1])
 def test_profiles_are_the_engines_statistics_per_index(
-    case: tuple[np.ndarray, np.ndarray, Tolerance, bool], dim: int
+    case: tuple[NDArray[Any], NDArray[Any], Tolerance, bool], dim: int
 ) -> None:
     a, b, tolerance, exact = case
     profile = profile_views(SourceView(a, lambda v: v), SourceView(b, lambda v: v), dim, tolerance, exact)

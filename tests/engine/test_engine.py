@@ -7,9 +7,11 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.fused import configure, kernel_name
@@ -29,7 +31,7 @@ def pool(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         yield executor
 
 
-def views(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[View, View]:
+def views(a: list[NDArray[Any]], b: list[NDArray[Any]]) -> tuple[View, View]:
     alignment = align([x.shape for x in a], [x.shape for x in b])
     assert alignment is not None
     va = build_view([SourceView(x, lambda v: v, k) for k, x in enumerate(a)], alignment.side_steps("a"))
@@ -37,7 +39,7 @@ def views(a: list[np.ndarray], b: list[np.ndarray]) -> tuple[View, View]:
     return va, vb
 
 
-def reference_stats(a: np.ndarray, b: np.ndarray, tol: Tolerance) -> dict[str, float]:
+def reference_stats(a: NDArray[Any], b: NDArray[Any], tol: Tolerance) -> dict[str, float]:
     a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
     d = np.abs(a64 - b64)
     nz = a64 != 0
@@ -74,7 +76,7 @@ class BrokenView:
     def __init__(self, shape: tuple[int, ...]) -> None:
         self.shape = shape
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         raise OSError("chunk file c/0/0 is corrupt")
 
     def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
@@ -107,12 +109,12 @@ def test_a_stream_of_pairs_gives_each_its_own_result_in_order(pool: ThreadPoolEx
 class GatedView:
     """A view whose reads wait for `gate`, as a slow disk would."""
 
-    def __init__(self, values: np.ndarray, gate: threading.Event) -> None:
+    def __init__(self, values: NDArray[Any], gate: threading.Event) -> None:
         self.shape = values.shape
         self._values = values
         self._gate = gate
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         assert self._gate.wait(timeout=10)
         return self._values[region]
 
@@ -137,7 +139,7 @@ def test_ticks_while_a_block_is_awaited_and_a_failed_pair_reads_no_more(pool: Th
     reads: list[Region] = []
 
     class CountingBroken(BrokenView):
-        def read(self, region: Region) -> np.ndarray:
+        def read(self, region: Region) -> NDArray[Any]:
             reads.append(region)
             return super().read(region)
 

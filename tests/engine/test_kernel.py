@@ -10,12 +10,15 @@ import math
 import platform
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 from tensor_debugger.engine.fused import (
     FAMILIES,
     FAMILY_VARIABLE,
+    Kernel,
     _library,
     configure,
     empty_partial,
@@ -72,8 +75,8 @@ def family(request: pytest.FixtureRequest) -> Iterator[str]:
 def stats_with(
     kernel: str,
     monkeypatch: pytest.MonkeyPatch,
-    a: np.ndarray,
-    b: np.ndarray,
+    a: NDArray[Any],
+    b: NDArray[Any],
     tol: Tolerance,
     exact: bool = False,
     block: int = 0,
@@ -93,7 +96,12 @@ def stats_with(
 
 
 def assert_same(
-    monkeypatch: pytest.MonkeyPatch, a: np.ndarray, b: np.ndarray, tol: Tolerance, exact: bool = False, block: int = 0
+    monkeypatch: pytest.MonkeyPatch,
+    a: NDArray[Any],
+    b: NDArray[Any],
+    tol: Tolerance,
+    exact: bool = False,
+    block: int = 0,
 ) -> PairStats:
     compiled = stats_with("compiled", monkeypatch, a, b, tol, exact, block)
     plain = stats_with("numpy", monkeypatch, a, b, tol, exact, block)
@@ -252,8 +260,15 @@ def test_the_family_setting_applies_and_is_overridden_explicitly(
     settings = Settings.from_environ(
         {"TENSOR_DEBUGGER_KERNEL": "numpy", "TENSOR_DEBUGGER_KERNEL_FAMILY": available[-1]}, data_dir=tmp_path
     )
-    open_services(settings).close()  # the services apply the declared settings to the process
-    assert kernel_name().startswith("numpy") and kernel_family() == available[-1]
+    configure()
+    services = open_services(settings)  # the declared settings choose the services' kernel, not the process's
+    try:
+        kernel = services.context.kernel
+        assert services.ingestor.kernel is kernel  # one kernel for the engine's comparisons and its ingests' summaries
+        assert kernel.name().startswith("numpy") and kernel.family_in_use == available[-1]
+    finally:
+        services.close()
+    assert kernel_name() == "compiled" and kernel_family() == available[0]  # the process-wide default is untouched
     with pytest.raises(ValueError, match="setting kernel must be"):
         Settings(data_dir=tmp_path, kernel="fast")
 
@@ -262,16 +277,15 @@ def test_the_family_setting_applies_and_is_overridden_explicitly(
 
 
 def summary_with(
-    kernel: str, monkeypatch: pytest.MonkeyPatch, stored: np.ndarray, dtype: str, blocks: int = 3
+    kernel: str, monkeypatch: pytest.MonkeyPatch, stored: NDArray[Any], dtype: str, blocks: int = 3
 ) -> TensorSummary:
-    configure(kernel=kernel)
     accumulator = SummaryAccumulator()
     for block in np.array_split(stored, blocks):
-        accumulator.add_stored(block, parse_dtype(dtype))
+        accumulator.add_stored(block, parse_dtype(dtype), Kernel(kernel))
     return accumulator.result()
 
 
-def stored_as(values: np.ndarray, dtype: str) -> np.ndarray:
+def stored_as(values: NDArray[Any], dtype: str) -> NDArray[Any]:
     """float32 `values` stored as `dtype` (bfloat16: the top 16 bits of each float32, as ingest stores it)."""
     if dtype == "bfloat16":
         return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
@@ -350,7 +364,7 @@ def test_worst_elements_of_differences_that_grow_along_the_tensor(monkeypatch: p
     the same worst elements as numpy's."""
     rng = np.random.default_rng(top)
     for dtype in (np.float32, np.float64):
-        a: np.ndarray = rng.standard_normal(50_000).astype(dtype)
+        a: NDArray[Any] = rng.standard_normal(50_000).astype(dtype)
         b = (a + np.linspace(0, 1, a.size) * 1e-3 * (1 + rng.random(a.size))).astype(dtype)
         a[[100, 30_000, 49_999]], b[[100, 30_000, 49_999]] = 0.0, 10.0
         stats = assert_same(monkeypatch, a, b, Tolerance(1e-5, 1e-5))

@@ -15,10 +15,12 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
 from numcodecs import Blosc
+from numpy.typing import NDArray
 from tensor_debugger.engine.fused import STORED_FLOATS
 from tensor_debugger.engine.metrics import edges
 from tensor_debugger.store import compression
@@ -143,7 +145,7 @@ def test_summary_kernel_on_aarch64_gives_what_numpy_computes(
     built: tuple[Path, Path], tmp_path: Path, code: str
 ) -> None:
     values = np.random.default_rng(3).standard_normal(5003).astype(np.float32) * 3 + 1
-    by_code: dict[str, np.ndarray] = {
+    by_code: dict[str, NDArray[Any]] = {
         "f": values,
         "d": values.astype(np.float64),
         "h": values.astype(np.float16),
@@ -196,21 +198,21 @@ def chunk_loop(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
 STORED = {code: dtype for code, dtype in STORED_FLOATS.values()}  # the loop's letter -> the stored numpy dtype
 
 
-def storage(values: np.ndarray, code: str) -> np.ndarray:
+def storage(values: NDArray[Any], code: str) -> NDArray[Any]:
     """`values` as stored for the loop's letter `code` (bfloat16 as its raw bits)."""
     if code == "b":
         return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
     return values.astype(STORED[code])
 
 
-def widened(stored: np.ndarray, code: str) -> np.ndarray:
+def widened(stored: NDArray[Any], code: str) -> NDArray[Any]:
     """The values the pair kernel reads for `stored` values: float64 as they are, the rest as float32."""
     if code == "b":
         return (stored.astype(np.uint32) << 16).view(np.float32)
     return stored if code == "d" else stored.astype(np.float32)
 
 
-def write_chunks(folder: Path, stored: np.ndarray, chunk: int) -> list[Path]:
+def write_chunks(folder: Path, stored: NDArray[Any], chunk: int) -> list[Path]:
     """`stored` (flat) in chunk files of `chunk` values each, Blosc-encoded with the store's codec settings (the
     last chunk whole, padded with zeros, as Zarr stores an edge chunk)."""
     codec = Blosc(

@@ -8,10 +8,12 @@ import math
 import pickle
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from numpy.typing import NDArray
 from tensor_debugger.engine import streaming
 from tensor_debugger.engine.fused import configure
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
@@ -39,7 +41,9 @@ def tolerance_of(rule: Tolerance | str | None, dtype: str) -> Tolerance:
     return rule
 
 
-def stats(kernel: str, a: np.ndarray, b: np.ndarray, tol: Tolerance, exact: bool = False, rows: int = 3) -> PairStats:
+def stats(
+    kernel: str, a: NDArray[Any], b: NDArray[Any], tol: Tolerance, exact: bool = False, rows: int = 3
+) -> PairStats:
     configure(kernel=kernel)
     accumulator = PairAccumulator(tol, exact)
     for start in range(0, a.shape[0], rows):

@@ -5,9 +5,11 @@ tensor-parallel splits keep concatenating."""
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 from tensor_debugger.engine.alignment import Alignment, Step, align, alignment_choices
 from tensor_debugger.engine.streaming import compare_views
 from tensor_debugger.engine.tolerances import Tolerance
@@ -16,8 +18,8 @@ from tensor_debugger.engine.views import SourceView, View, build_view
 Shapes = list[tuple[int, ...]]
 
 
-def views(alignment: Alignment, a: list[np.ndarray], b: list[np.ndarray]) -> tuple[View, View]:
-    def sources(side: list[np.ndarray]) -> list[View]:
+def views(alignment: Alignment, a: list[NDArray[Any]], b: list[NDArray[Any]]) -> tuple[View, View]:
+    def sources(side: list[NDArray[Any]]) -> list[View]:
         return [SourceView(x, lambda v: v.astype(np.float64), k) for k, x in enumerate(side)]
 
     return build_view(sources(a), alignment.side_steps("a")), build_view(sources(b), alignment.side_steps("b"))

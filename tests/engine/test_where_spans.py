@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.dimension_names import dimension_names, parse_dims, parse_dims_option
 from tensor_debugger.engine.metrics import PairStats
@@ -15,11 +17,11 @@ from tensor_debugger.engine.views import SourceView
 from tensor_debugger.engine.where import ErrorSpan, confine, locate_error
 
 
-def views(a: np.ndarray, b: np.ndarray) -> tuple[SourceView, SourceView]:
+def views(a: NDArray[Any], b: NDArray[Any]) -> tuple[SourceView, SourceView]:
     return SourceView(a, lambda x: x.astype(np.float64)), SourceView(b, lambda x: x.astype(np.float64))
 
 
-def attention(seed: int = 0) -> np.ndarray:
+def attention(seed: int = 0) -> NDArray[Any]:
     return np.random.default_rng(seed).standard_normal((1, 16, 64, 32)).astype(np.float32)
 
 
@@ -104,12 +106,12 @@ def test_the_stream_locates_failing_pairs_only() -> None:
 class CountingView:
     """A view that counts the elements read through it."""
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: NDArray[Any]) -> None:
         self.inner = SourceView(array, lambda x: x.astype(np.float64))
         self.shape = self.inner.shape
         self.elements = 0
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         values = self.inner.read(region)
         self.elements += values.size
         return values

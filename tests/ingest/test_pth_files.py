@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from numpy.typing import NDArray
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest.pth_files import NeedsTorch, PthTensor, read_pth
@@ -26,7 +27,7 @@ def _whole(shape: tuple[int, ...]) -> Region:
     return tuple(slice(0, n) for n in shape)
 
 
-def _read_all(path: Path) -> dict[tuple[str, ...], tuple[str, np.ndarray]]:
+def _read_all(path: Path) -> dict[tuple[str, ...], tuple[str, NDArray[Any]]]:
     """Every leaf of `path` as the ingest reads it: (logical dtype, stored values)."""
     found = {}
     with open_tensor_file(path, path.name) as opened:
@@ -38,7 +39,7 @@ def _read_all(path: Path) -> dict[tuple[str, ...], tuple[str, np.ndarray]]:
     return found
 
 
-def _expected(obj: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], tuple[str, np.ndarray]]:
+def _expected(obj: Any, prefix: tuple[str, ...] = ()) -> dict[tuple[str, ...], tuple[str, NDArray[Any]]]:
     if isinstance(obj, torch.Tensor):
         return {prefix: (str(obj.dtype).removeprefix("torch."), torch_to_storage(obj.contiguous()))}
     if isinstance(obj, dict):

@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from numpy.typing import NDArray
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter
 from tensor_debugger.store.chunk_writer import ChunkWriter
@@ -22,7 +23,7 @@ from zarr.storage import LocalStore
 BLOSC = BloscCodec(cname="lz4", clevel=1, shuffle="bitshuffle")
 
 
-def _written(folder: Path, values: np.ndarray, chunks: tuple[int, ...], fill: Any, **options: Any) -> zarr.Array[Any]:
+def _written(folder: Path, values: NDArray[Any], chunks: tuple[int, ...], fill: Any, **options: Any) -> zarr.Array[Any]:
     array = zarr.create_array(
         LocalStore(folder),
         name="a",

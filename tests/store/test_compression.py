@@ -9,11 +9,13 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 import zarr
+from numpy.typing import NDArray
 from sqlalchemy import select
 from tensor_debugger.compare.compute.chunk_loop import chunk_pairs, loop_name
 from tensor_debugger.engine.metrics import PairStats
@@ -74,7 +76,7 @@ def test_ingest_stores_each_tensor_as_its_sample_says(services: Services, tmp_pa
             assert np.array_equal(array[...], tensor.numpy())
 
 
-def stored(services: Services, key: str, values: np.ndarray, chunks: tuple[int, ...], compressed: bool) -> View:
+def stored(services: Services, key: str, values: NDArray[Any], chunks: tuple[int, ...], compressed: bool) -> View:
     dtype = parse_dtype(str(values.dtype))
     services.store.create(key, values.shape, dtype, chunks, compressed)[...] = values
     reader = services.store.reader(key)

@@ -6,6 +6,7 @@ import io
 import struct
 import zipfile
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 MiB = 1 << 20
@@ -114,7 +115,8 @@ def fortran_zeros_zip(path: Path, mebibytes: int) -> Path:
 
     rows = 256 * mebibytes
     header_buffer = io.BytesIO()
-    np.lib.format.write_array_header_1_0(header_buffer, {"descr": "<f4", "fortran_order": True, "shape": (rows, 1024)})
+    write_header: Callable[..., None] = np.lib.format.write_array_header_1_0  # typed from numpy 2.1
+    write_header(header_buffer, {"descr": "<f4", "fortran_order": True, "shape": (rows, 1024)})
     header = header_buffer.getvalue()
     compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
     head = compressor.compress(header) + compressor.flush(zlib.Z_FULL_FLUSH)

@@ -63,8 +63,8 @@ def start_replicas_at_once(root: Path, database_url: str, env: dict[str, str], c
     engine = create_db_engine(database_url)
     try:
         with engine.connect() as connection:
-            versions = [str(v) for v in connection.execute(text("SELECT version_num FROM alembic_version")).scalars()]
-            ids = [str(v) for v in connection.execute(text("SELECT database_id FROM database_identity")).scalars()]
+            versions = [str(v) for v in connection.scalars(text("SELECT version_num FROM alembic_version"))]
+            ids = [str(v) for v in connection.scalars(text("SELECT database_id FROM database_identity"))]
     finally:
         engine.dispose()
     store_url = env.get("TENSOR_DEBUGGER_STORE_URL") or (servers[0].data_dir / "arrays").as_uri()

@@ -8,15 +8,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from numpy.typing import NDArray
 
 
 def check_partial(
     got: Mapping[str, Any],
-    a: np.ndarray,
-    b: np.ndarray,
+    a: NDArray[Any],
+    b: NDArray[Any],
     atol: float,
     rtol: float,
-    edges: np.ndarray,
+    edges: NDArray[Any],
     where: object = None,
 ) -> None:
     """`got` (a partial's fields by name, at_least as a list) is numpy's result for flat blocks `a` and `b` (with the
@@ -59,7 +60,7 @@ def check_partial(
         assert got[field] == pytest.approx(float(value), rel=1e-12), (where, field)
 
 
-def pair_case(size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def pair_case(size: int, seed: int) -> tuple[NDArray[Any], NDArray[Any]]:
     """A reference and a candidate of `size` float64 values: magnitudes over nine decades, relative differences
     over nine more, a tenth of the references zero, and maybe ties for the largest difference."""
     rng = np.random.default_rng(seed)

@@ -6,6 +6,7 @@ one weight so its module is where the error starts.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,8 @@ def tiny_llama(
     it is built)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    make_config: Callable[..., Any] = LlamaConfig  # typed in some transformers releases, not in others
+    config = make_config(
         vocab_size=64,
         hidden_size=32,
         intermediate_size=64,
@@ -42,7 +44,7 @@ def tiny_llama(
     )
     config._attn_implementation = attention
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]  # transformers is untyped
+    model: torch.nn.Module = LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]  # transformers is untyped
     if perturb is not None:
         with torch.no_grad():
             model.get_parameter(perturb).add_(0.05)
@@ -50,7 +52,9 @@ def tiny_llama(
         with torch.no_grad():
             model.get_parameter(scale).mul_(1.05)
     if inner_bug:  # a pre-hook runs before the debugger's (or a capture's) record of o_proj's inputs
-        model.model.layers[1].self_attn.o_proj.register_forward_pre_hook(lambda module, args: (args[0] * 1.05,))
+        model.get_submodule("model.layers.1.self_attn.o_proj").register_forward_pre_hook(
+            lambda module, args: (args[0] * 1.05,)
+        )
     return model.to(dtype)
 
 

@@ -17,7 +17,8 @@ from tensor_debugger.compare.planning.hand_pairing import candidate_run, check_c
 from tensor_debugger.compare.planning.pairing_files import check_dims, export_pairing, import_pairing, set_rules
 from tensor_debugger.compare.planning.plan import plan_session, refresh_session
 from tensor_debugger.compare.planning.sides import tensors_of
-from tensor_debugger.compare.reports.pair_reports import PairReport, apply_order, session_pairs
+from tensor_debugger.compare.reports.pair_report import PairReport
+from tensor_debugger.compare.reports.pair_reports import apply_order, session_pairs
 from tensor_debugger.engine.alignment import Alignment, Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store import catalog

@@ -17,16 +17,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.tolerances import Tolerance
 
 
-def wide_dtype(a: np.ndarray, b: np.ndarray) -> type[np.floating[Any]] | type[np.complexfloating[Any, Any]]:
+def wide_dtype(a: NDArray[Any], b: NDArray[Any]) -> type[np.floating[Any]] | type[np.complexfloating[Any, Any]]:
     """What the statistics compute a pair's values in: complex128 where either side is complex, else float64."""
     return np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
 
 
-def integer_differences(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def integer_differences(a: NDArray[Any], b: NDArray[Any]) -> NDArray[Any]:
     """|a - b| of integer (or bool) vectors, exactly: uint64 (the difference of two 64-bit integers is below 2**64,
     and wrapping subtraction of the larger minus the smaller gives it), or Python ints for int64 against uint64
     values that neither 64-bit type holds both of."""
@@ -48,18 +49,18 @@ def integer_differences(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(x >= y, ux - uy, uy - ux)
 
 
-def is_integer_pair(a: np.ndarray, b: np.ndarray) -> bool:
+def is_integer_pair(a: NDArray[Any], b: NDArray[Any]) -> bool:
     return a.dtype.kind in "iub" and b.dtype.kind in "iub"
 
 
-def nan_mask(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def nan_mask(a: NDArray[Any], b: NDArray[Any]) -> NDArray[Any]:
     """Where either side is NaN (never for integers)."""
     if is_integer_pair(a, b):
         return np.zeros(np.broadcast_shapes(a.shape, b.shape), dtype=bool)
     return np.asarray(np.isnan(a) | np.isnan(b))
 
 
-def abs_diff(a: np.ndarray, b: np.ndarray, nan: np.ndarray | None = None) -> np.ndarray:
+def abs_diff(a: NDArray[Any], b: NDArray[Any], nan: NDArray[Any] | None = None) -> NDArray[Any]:
     """|b - a| per element, float64, by the statistics' rules (the module's docstring). `nan`: `nan_mask(a, b)`,
     where the caller has it already."""
     if is_integer_pair(a, b):
@@ -73,7 +74,7 @@ def abs_diff(a: np.ndarray, b: np.ndarray, nan: np.ndarray | None = None) -> np.
     return np.asarray(diff, dtype=np.float64)
 
 
-def signed_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def signed_diff(a: NDArray[Any], b: NDArray[Any]) -> NDArray[Any]:
     """b - a per element (float64; complex128 for complex values), whose magnitude is `abs_diff`: zero where equal
     (equal infinities included), NaN where either side is NaN; integers' from their exact difference."""
     magnitude = abs_diff(a, b)
@@ -89,8 +90,8 @@ def signed_diff(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def within_tolerance(
-    a: np.ndarray, b: np.ndarray, tolerance: Tolerance, exact: bool, diff: np.ndarray | None = None
-) -> np.ndarray:
+    a: NDArray[Any], b: NDArray[Any], tolerance: Tolerance, exact: bool, diff: NDArray[Any] | None = None
+) -> NDArray[Any]:
     """Whether each element is within the tolerance, by the statistics' rules (the module's docstring): the
     complement is what they count as mismatched. `diff`: `abs_diff(a, b)`, where the caller has it already."""
     if exact:
@@ -107,7 +108,7 @@ def within_tolerance(
     return close
 
 
-def largest(diff: np.ndarray) -> int | None:
+def largest(diff: NDArray[Any]) -> int | None:
     """The flat position of the largest of differences `diff` (`abs_diff`'s), as the statistics' argmax ranks them
     (a NaN first; on ties, the first in C order); None for none."""
     if diff.size == 0:
@@ -131,7 +132,7 @@ class CellMaxima:
         self.nan = np.zeros(shape, dtype=bool)
         self.col_starts = np.asarray(self.col_edges[:-1])
 
-    def add(self, a: np.ndarray, b: np.ndarray, start: int) -> None:
+    def add(self, a: NDArray[Any], b: NDArray[Any], start: int) -> None:
         """Fold the rows `start` to `start + len(a)` of the slice (2-D blocks of both sides, all its columns)."""
         stop = start + a.shape[0]
         signed = signed_diff(a, b)
@@ -150,7 +151,7 @@ class CellMaxima:
             self.lowest[r] = np.minimum(self.lowest[r], np.minimum.reduceat(part.min(axis=0), self.col_starts))
             self.nan[r] |= np.logical_or.reduceat(nan[rows].any(axis=0), self.col_starts)
 
-    def result(self) -> tuple[np.ndarray, np.ndarray]:
+    def result(self) -> tuple[NDArray[Any], NDArray[Any]]:
         """(largest |difference| per cell, NaN where any element was NaN; the sign of the difference that has it)."""
         signs = np.where(self.highest >= -self.lowest, np.sign(self.highest), np.sign(self.lowest))
         cells = self.cells.copy()

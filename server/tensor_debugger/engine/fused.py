@@ -1,18 +1,20 @@
 """The compiled single-pass statistics kernels (fused_stats.c: a pair's statistics, a tensor's summary), loaded on
 first use.
 
-Which path a comparison takes is a `Kernel`, an object chosen per engine instance: services build one from Settings
-(TENSOR_DEBUGGER_KERNEL, TENSOR_DEBUGGER_KERNEL_FAMILY) and the CompareContext carries it to every PairAccumulator and
-chunk loop, so that two kernels can compute side by side in one process. The package build compiles the library next
-to this file (server/build_hooks.py); where it was not built, or TENSOR_DEBUGGER_KERNEL=numpy asks for it,
-`Kernel.partial` returns None and metrics.py computes with numpy alone.
+Which path statistics take is a `Kernel`, an object chosen per engine instance: services build one from Settings
+(TENSOR_DEBUGGER_KERNEL, TENSOR_DEBUGGER_KERNEL_FAMILY; `Settings.statistics_kernel`), the CompareContext carries it
+to every PairAccumulator and chunk loop, and the Ingestor to every tensor summary it computes (an ingest child builds
+its own from the same settings), so that two kernels can compute side by side in one process. The package build
+compiles the library next to this file (server/build_hooks.py); where it was not built, or TENSOR_DEBUGGER_KERNEL=numpy
+asks for it, `Kernel.partial` returns None and metrics.py computes with numpy alone.
 TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
 (tensor_debugger.compare.compute.chunk_loop): blocks are then read into arrays first, as before that loop existed.
 
 The library holds the kernels once per vector family (FAMILIES; fused_stats.c's header says what each is), and the
 kernels run the best family this CPU runs, or the one Settings.kernel_family (TENSOR_DEBUGGER_KERNEL_FAMILY) names,
-(a `Kernel`'s `family`). Callers handed no kernel (ingest's summaries) take the default one that `configure` and
-`use_family` set; nothing here reads the environment.
+(a `Kernel`'s `family`). Callers handed no kernel (users' scripts calling the engine directly, tests of this
+module's functions) take the default one that `configure` and `use_family` set, which the services never change;
+nothing here reads the environment.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any, TypeAlias
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.layouts import TD_EDGES, TD_TOP, Partial, Summary
 
@@ -203,7 +206,7 @@ class Kernel:
         return None if library is None or family is None else getattr(library, f"{name}_{family}", None)
 
     def partial(
-        self, a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
+        self, a: NDArray[Any], b: NDArray[Any], atol: float, rtol: float, check: bool, edges: NDArray[Any], top: int = 0
     ) -> FusedPartial | None:
         """The statistics of flat real blocks `a` and `b` (same size) in one compiled pass, with their `top` worst
         elements, or None where the kernel is not in use. NaN and Inf are not looked for: the caller checks that
@@ -221,7 +224,7 @@ class Kernel:
         function(a.ctypes.data, b.ctypes.data, a.size, 0, atol, rtol, int(check), edges.ctypes.data, ctypes.byref(out))
         return out
 
-    def address(self, a: np.dtype, b: np.dtype) -> int | None:
+    def address(self, a: np.dtype[Any], b: np.dtype[Any]) -> int | None:
         """The address of the kernel that folds float32 or float64 values of dtypes `a` and `b` at given flat
         positions into a partial (td_stats_XY_<family>: a, b, n, base, atol, rtol, check, edges, partial), for a
         compiled loop that feeds it; None where the kernel is not in use or has no such loop."""
@@ -230,7 +233,7 @@ class Kernel:
         function = self.function(f"td_stats_{_CODES[a]}{_CODES[b]}")
         return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
-    def summary(self, stored: np.ndarray, logical: str) -> FusedSummary | None:
+    def summary(self, stored: NDArray[Any], logical: str) -> FusedSummary | None:
         """The summary of a block of stored values of logical dtype `logical` in one compiled pass, or None where
         the kernel is not in use, has no loop for the dtype, or met a NaN or an Inf or overflowed: the caller then
         computes the block with numpy."""
@@ -248,8 +251,9 @@ class Kernel:
 
 
 class _Default:
-    """The kernel of callers not handed one (ingest's summaries, tests of the module's functions): what `configure`
-    and `use_family` set. Comparisons take their CompareContext's kernel instead."""
+    """The kernel of callers not handed one (tests of the module's functions, a user's script that calls the
+    engine directly): what `configure` and `use_family` set. Comparisons take their CompareContext's kernel, ingest
+    its Ingestor's."""
 
     configured = Kernel()
     kernel = Kernel()
@@ -262,7 +266,8 @@ def default_kernel() -> Kernel:
 
 def configure(kernel: str = "compiled", family: str = "") -> None:
     """The kernel of callers not handed one (`default_kernel`): Settings.kernel and Settings.kernel_family, as for
-    a `Kernel`. Comparisons carry their own (CompareContext.kernel)."""
+    a `Kernel`. The services never call it: comparisons carry their own (CompareContext.kernel), ingest its own
+    (Ingestor.kernel)."""
     _Default.configured = _Default.kernel = Kernel(kernel, family)
 
 
@@ -289,7 +294,7 @@ def kernel_name() -> str:
     return _Default.kernel.name()
 
 
-def _compute(values: np.ndarray) -> np.ndarray:
+def _compute(values: NDArray[Any]) -> NDArray[Any]:
     """Contiguous float32 or float64 values, exactly: narrower floats widen to float32, anything else (ints,
     bools) to float64, as the numpy path converts them."""
     if values.dtype not in _CODES:
@@ -308,17 +313,17 @@ def empty_partial(top: int = 0) -> FusedPartial:
 
 
 def fused_partial(
-    a: np.ndarray, b: np.ndarray, atol: float, rtol: float, check: bool, edges: np.ndarray, top: int = 0
+    a: NDArray[Any], b: NDArray[Any], atol: float, rtol: float, check: bool, edges: NDArray[Any], top: int = 0
 ) -> FusedPartial | None:
     """`Kernel.partial` of the default kernel."""
     return _Default.kernel.partial(a, b, atol, rtol, check, edges, top)
 
 
-def kernel_address(a: np.dtype, b: np.dtype) -> int | None:
+def kernel_address(a: np.dtype[Any], b: np.dtype[Any]) -> int | None:
     """`Kernel.address` of the default kernel."""
     return _Default.kernel.address(a, b)
 
 
-def fused_summary(stored: np.ndarray, logical: str) -> FusedSummary | None:
+def fused_summary(stored: NDArray[Any], logical: str) -> FusedSummary | None:
     """`Kernel.summary` of the default kernel."""
     return _Default.kernel.summary(stored, logical)

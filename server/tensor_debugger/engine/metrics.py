@@ -17,10 +17,12 @@ import bisect
 import functools
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.elementwise import abs_diff, integer_differences, largest, within_tolerance
 from tensor_debugger.engine.fused import FusedPartial, Kernel, default_kernel, top_limit
@@ -153,7 +155,7 @@ class PairAccumulator:
         self.nonzero = 0  # differences above zero (NaN excluded), and of those, how many reach each edge:
         self.at_least = [0] * len(_EDGES)  # the histogram follows from these two
 
-    def add(self, a: np.ndarray, b: np.ndarray, origin: tuple[int, ...], shape: tuple[int, ...]) -> None:
+    def add(self, a: NDArray[Any], b: NDArray[Any], origin: tuple[int, ...], shape: tuple[int, ...]) -> None:
         """Fold in one block: `a` and `b` hold the same aligned region (same shape), which starts at `origin`
         of the aligned tensor of shape `shape`."""
         n = a.size
@@ -192,7 +194,7 @@ class PairAccumulator:
                 else:  # some NaN or Inf (or squares past float64's range)
                     self._add_general(a64, b64, where)
 
-    def _add_integers(self, a: np.ndarray, b: np.ndarray, where: _Where) -> None:
+    def _add_integers(self, a: NDArray[Any], b: NDArray[Any], where: _Where) -> None:
         """Flat integer blocks with values past 2**52 (float64 would round them and their differences): the
         differences exactly, the sums from them in float64."""
         origin, block_shape, shape, _ = where
@@ -222,7 +224,7 @@ class PairAccumulator:
         self.numel -= n
         return False
 
-    def _add_fused(self, a: np.ndarray, b: np.ndarray, where: _Where) -> bool:
+    def _add_fused(self, a: NDArray[Any], b: NDArray[Any], where: _Where) -> bool:
         """The whole block in one pass of the compiled kernel, when it is in use and the block is finite (else
         False, and nothing is folded in)."""
         ulp = bool(self.tol.ulp) and not self.exact  # the kernel tests rtol and atol only: ULPs are counted here
@@ -262,7 +264,7 @@ class PairAccumulator:
             self._take([(1, -d, flat, index, d, x, y) for (flat, index), d, x, y in entries])
         return True
 
-    def _positions(self, local: np.ndarray, where: _Where) -> list[tuple[int, tuple[int, ...]]]:
+    def _positions(self, local: NDArray[Any], where: _Where) -> list[tuple[int, tuple[int, ...]]]:
         """(aligned flat position, aligned index) of flat positions `local` of the slice `where` says."""
         origin, block_shape, shape, offset = where
         if not shape:
@@ -283,7 +285,9 @@ class PairAccumulator:
         if entries:
             self.worst = heapq.nsmallest(self.top, self.worst + entries)
 
-    def _offer(self, diff: np.ndarray, a64: np.ndarray, b64: np.ndarray, nan: np.ndarray | None, where: _Where) -> None:
+    def _offer(
+        self, diff: NDArray[Any], a64: NDArray[Any], b64: NDArray[Any], nan: NDArray[Any] | None, where: _Where
+    ) -> None:
         """Keep the worst of a slice's differences `diff` (NaN where `nan`; a NaN compares false below) and values."""
         floor = self._floor()
         above = np.flatnonzero(diff > floor)
@@ -305,13 +309,13 @@ class PairAccumulator:
 
     def _add_finite(
         self,
-        a64: np.ndarray,
-        b64: np.ndarray,
+        a64: NDArray[Any],
+        b64: NDArray[Any],
         norm_a: float,
         norm_b: float,
         buffers: _Buffers,
         where: _Where,
-        exact: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        exact: tuple[NDArray[Any], NDArray[Any], NDArray[Any]] | None = None,
     ) -> None:
         """The common case, no NaN or Inf on either side: fewer passes, no masks, nothing allocated. `exact`: for
         integers past float64's precision, their exact |a - b| and the values themselves, which the largest
@@ -367,7 +371,7 @@ class PairAccumulator:
         self.norm_b += scaled_b
         self._histogram(diff, top, buffers.flags[:n])
 
-    def _add_general(self, a64: np.ndarray, b64: np.ndarray, where: _Where) -> None:
+    def _add_general(self, a64: NDArray[Any], b64: NDArray[Any], where: _Where) -> None:
         """Any values: NaN and Inf counted, complex values by magnitude of the difference."""
         n = a64.size
         nan_a, nan_b = np.isnan(a64), np.isnan(b64)
@@ -427,7 +431,7 @@ class PairAccumulator:
             self.max_abs = math.nan if is_nan else value
             self.argmax, self.argmax_flat = index, flat
 
-    def _histogram(self, d: np.ndarray, top: float, flags: np.ndarray) -> None:
+    def _histogram(self, d: NDArray[Any], top: float, flags: NDArray[Any]) -> None:
         """Count |difference| per decade: bin 0 exact zeros, bin 1 everything else below 10**(HIST_LOW + 1), one
         bin per decade after it, the last 10**HIST_HIGH and above (infinity included); differences and edges are
         compared as float32. NaN is never in `d`; `top` is its largest value; `flags` a boolean scratch of its size.
@@ -497,7 +501,8 @@ class PairAccumulator:
             snr = decibels(self.norm_a, self.sum_sq)
         mse = self.sum_sq.divided(valid) if self.valid else math.nan
         largest = max(self.max_abs, 0.0) if not math.isnan(self.max_abs) else math.nan
-        number = int if self.integers else _same  # integers' differences and values are exact: JSON integers
+        # integers' differences and values are exact: JSON integers
+        number: Callable[[Any], Any] = int if self.integers else _same
         return PairStats(
             numel=self.numel,
             max_abs_diff=number(largest),
@@ -534,7 +539,7 @@ class PairAccumulator:
 
 
 @functools.cache
-def edges() -> np.ndarray:
+def edges() -> NDArray[Any]:
     """The decade edges as the kernel reads them: float64, contiguous."""
     return np.array(_EDGES, dtype=np.float64)
 
@@ -547,7 +552,7 @@ class _Buffers:
         self.flags = np.empty(size, dtype=bool)
 
 
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
+def _dot(x: NDArray[Any], y: NDArray[Any]) -> float:
     """The real part of sum(x * y), in one pass with no temporary; not BLAS, whose threads spin on the cores the
     comparison's own threads need."""
     return float(np.real(np.einsum("i,i->", x, y)))
@@ -557,7 +562,7 @@ def _same(value: Any) -> Any:
     return value
 
 
-def _past_float64(values: np.ndarray) -> bool:
+def _past_float64(values: NDArray[Any]) -> bool:
     """Whether 64-bit integers hold a value past 2**52 in magnitude, where float64 rounds them or their differences."""
     if values.dtype.itemsize < 8 or values.size == 0:
         return False

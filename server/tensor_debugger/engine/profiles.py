@@ -7,8 +7,10 @@ rounded to float64): engine/elementwise.py's differences and tolerance test."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.elementwise import abs_diff, nan_mask, within_tolerance
 from tensor_debugger.engine.tolerances import Tolerance
@@ -28,7 +30,7 @@ class ProfileAccumulator:
         self.valid = np.zeros(size, dtype=np.int64)
         self.mismatched = np.zeros(size, dtype=np.int64)
 
-    def add(self, a: np.ndarray, b: np.ndarray, start: int) -> None:
+    def add(self, a: NDArray[Any], b: NDArray[Any], start: int) -> None:
         """Fold a block whose indices along `dim` start at `start`."""
         if a.size == 0:
             return

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 # Below this, a plain sum of squares may have lost more than rounding to squares under float64's smallest normal:
 # a square under 2**-1022 is off by at most 2**-1075, and a sum of at least 2**-900 is then off by n * 2**-175
@@ -69,7 +71,7 @@ def safe(value: float) -> bool:
     return SAFE_LOW <= value < math.inf
 
 
-def products(x: np.ndarray, y: np.ndarray, norm_x: float, norm_y: float) -> tuple[Scaled, Scaled, Scaled]:
+def products(x: NDArray[Any], y: NDArray[Any], norm_x: float, norm_y: float) -> tuple[Scaled, Scaled, Scaled]:
     """(the real part of sum(conj(x) * y), sum |x|**2, sum |y|**2) of finite float64 or complex128 vectors, exact up
     to rounding at any magnitude; `norm_x` and `norm_y` are the plain float64 sums of squares, taken where safe."""
     plain_x, plain_y = safe(norm_x), safe(norm_y)
@@ -84,7 +86,7 @@ def products(x: np.ndarray, y: np.ndarray, norm_x: float, norm_y: float) -> tupl
     return Scaled.of(dot, scale_x + scale_y), sum_x, sum_y
 
 
-def sum_squares(x: np.ndarray, plain: float | None = None) -> Scaled:
+def sum_squares(x: NDArray[Any], plain: float | None = None) -> Scaled:
     """sum(|x|**2) of float64 or complex128 values at any magnitude (infinity where one is infinite, NaN for a
     NaN); `plain`: the sum already computed in float64, taken where safe."""
     if plain is not None and safe(plain):
@@ -124,11 +126,11 @@ def decibels(signal: Scaled, noise: Scaled) -> float:
     return 10.0 * (math.log10(signal.mantissa / noise.mantissa) + (signal.exponent - noise.exponent) * math.log10(2.0))
 
 
-def _conj(x: np.ndarray) -> np.ndarray:
-    return np.conj(x) if np.iscomplexobj(x) else x
+def _conj(x: NDArray[Any]) -> NDArray[Any]:
+    return x.conj() if np.iscomplexobj(x) else x
 
 
-def _scale(x: np.ndarray) -> int | None:
+def _scale(x: NDArray[Any]) -> int | None:
     """The power of two of x's largest magnitude (None where x is all zeros)."""
     if x.size == 0:
         return None
@@ -138,7 +140,7 @@ def _scale(x: np.ndarray) -> int | None:
     return math.frexp(top)[1] if top > 0 else None
 
 
-def _times_power_of_two(x: np.ndarray, power: int) -> np.ndarray:
+def _times_power_of_two(x: NDArray[Any], power: int) -> NDArray[Any]:
     """x * 2**power, exactly (only the exponents change, but for values pushed under float64's smallest normal)."""
     if np.iscomplexobj(x):
         out = np.empty(x.shape, dtype=np.complex128)
@@ -147,6 +149,6 @@ def _times_power_of_two(x: np.ndarray, power: int) -> np.ndarray:
     return np.asarray(np.ldexp(x, power))
 
 
-def _dot(x: np.ndarray, y: np.ndarray) -> float:
+def _dot(x: NDArray[Any], y: NDArray[Any]) -> float:
     """The real part of sum(x * y), in one pass (not BLAS: see metrics._dot)."""
     return float(np.real(np.einsum("i,i->", x, y)))

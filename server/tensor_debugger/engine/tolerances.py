@@ -9,8 +9,10 @@ element passes when |candidate - reference| <= ulp * the spacing of the pair's l
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 # Float formats' spacing: (significand bits with the implicit one, smallest normal exponent), as torch.finfo and
 # ml_dtypes.finfo give them (eps = 2**(1 - bits), tiny = 2**exponent); a complex dtype's by its parts'.
@@ -44,7 +46,7 @@ class Tolerance:
                 f"a tolerance in ULPs needs ulp >= 0 and a float dtype, got {self.ulp} of {self.ulp_dtype!r}"
             )
 
-    def bound(self, magnitude: np.ndarray) -> np.ndarray:
+    def bound(self, magnitude: NDArray[Any]) -> NDArray[Any]:
         """The largest |difference| that passes, per element of |reference| `magnitude` (float64)."""
         if self.ulp:
             return ulp_bound(magnitude, self.ulp_dtype, self.ulp)
@@ -59,7 +61,7 @@ class Tolerance:
         return f"{self.ulp} ULP of {self.ulp_dtype}" if self.ulp else f"rtol {self.rtol:g}, atol {self.atol:g}"
 
 
-def ulp_bound(magnitude: np.ndarray, dtype: str, count: int) -> np.ndarray:
+def ulp_bound(magnitude: NDArray[Any], dtype: str, count: int) -> NDArray[Any]:
     """`count` units in the last place of `dtype` at each |value| in `magnitude` (float64): the spacing from a value
     of that magnitude to the next one up, 2**(exponent - significand bits + 1), subnormals' spacing below the
     smallest normal. Infinity and NaN give NaN (no finite difference is within it)."""

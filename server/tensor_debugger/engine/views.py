@@ -11,17 +11,18 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.alignment import Shape, Step
 from tensor_debugger.engine.chunking import Region
 
-Convert = Callable[[np.ndarray], np.ndarray]
+Convert = Callable[[NDArray[Any]], NDArray[Any]]
 
 
 class View(Protocol):
     shape: Shape
 
-    def read(self, region: Region) -> np.ndarray: ...
+    def read(self, region: Region) -> NDArray[Any]: ...
 
     def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]: ...
 
@@ -35,7 +36,7 @@ class SourceView:
         self._convert = convert
         self._shard = shard
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         raw = np.asarray(self.array[region] if region else self.array[()])
         return self._convert(raw.reshape(tuple(s.stop - s.start for s in region)))
 
@@ -51,7 +52,7 @@ class ConcatView:
         self.shape: Shape = first[:axis] + (sum(p.shape[axis] for p in self.parts),) + first[axis + 1 :]
         self._starts = np.cumsum([0] + [p.shape[axis] for p in self.parts]).tolist()
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         want = region[self.axis]
         pieces = []
         for part, lo, hi in zip(self.parts, self._starts, self._starts[1:], strict=False):
@@ -83,7 +84,7 @@ class SqueezeView:
             full[i] = parts[position]
         return tuple(full)
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         values = self.inner.read(self._expand(region, slice(0, 1)))
         return values.reshape(tuple(s.stop - s.start for s in region))
 
@@ -99,7 +100,7 @@ class PermuteView:
         self.perm = perm
         self.shape: Shape = tuple(inner.shape[p] for p in perm)
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         inner_region: list[slice] = [slice(0, 0)] * len(self.perm)
         for i, p in enumerate(self.perm):
             inner_region[p] = region[i]
@@ -118,7 +119,7 @@ class TruncateView:
         self.axis = axis
         self.shape: Shape = inner.shape[:axis] + (size,) + inner.shape[axis + 1 :]
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         return self.inner.read(region)
 
     def locate(self, index: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
@@ -132,7 +133,7 @@ class StackView:
         self.parts = list(parts)
         self.shape: Shape = (len(self.parts), *self.parts[0].shape)
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         ranks, inner = region[0], region[1:]
         if ranks.start >= ranks.stop:
             return self.parts[0].read(inner)[np.newaxis][:0]
@@ -149,7 +150,7 @@ class RepeatView:
         self.inner = inner
         self.shape: Shape = (times, *inner.shape)
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         values = self.inner.read(region[1:])
         return np.repeat(values[np.newaxis], region[0].stop - region[0].start, axis=0)
 
@@ -162,7 +163,7 @@ class FlattenView:
         self.inner = inner
         self.shape: Shape = (math.prod(inner.shape),)
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         (flat,) = region
         boxes = flat_boxes(self.inner.shape, flat.start, flat.stop)
         if not boxes:

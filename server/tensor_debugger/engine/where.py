@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.views import View
@@ -54,12 +55,12 @@ class WhereAccumulator:
         self.squares = [np.zeros(d) for d in shape]
         self.nonfinite = [np.zeros(d, dtype=np.int64) for d in shape]
 
-    def add(self, a: np.ndarray, b: np.ndarray, origin: Sequence[int]) -> None:
+    def add(self, a: NDArray[Any], b: NDArray[Any], origin: Sequence[int]) -> None:
         """Fold a block of both sides whose first element sits at `origin` (aligned coordinates)."""
         squares, nonfinite = block_masses(a, b)
         self.fold(squares, nonfinite, origin)
 
-    def fold(self, squares: list[np.ndarray], nonfinite: list[np.ndarray], origin: Sequence[int]) -> None:
+    def fold(self, squares: list[NDArray[Any]], nonfinite: list[NDArray[Any]], origin: Sequence[int]) -> None:
         for dim, (sq, nf) in enumerate(zip(squares, nonfinite, strict=True)):
             start = origin[dim]
             self.squares[dim][start : start + len(sq)] += sq
@@ -77,7 +78,7 @@ class WhereAccumulator:
         return spans
 
 
-def block_masses(a: np.ndarray, b: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def block_masses(a: NDArray[Any], b: NDArray[Any]) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
     """Per dimension of the block, per index: the sum of squared finite |a - b| and the count of non-finite ones
     (equal values, equal infinities included, differ by zero)."""
     kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
@@ -93,7 +94,7 @@ def block_masses(a: np.ndarray, b: np.ndarray) -> tuple[list[np.ndarray], list[n
     return per_dim_sums(square), [s.astype(np.int64) for s in per_dim_sums(bad.astype(np.float64))]
 
 
-def per_dim_sums(values: np.ndarray) -> list[np.ndarray]:
+def per_dim_sums(values: NDArray[Any]) -> list[NDArray[Any]]:
     """For every dimension of `values` (C order), the sum over all the others per index of it: two passes over the
     block (the last dimension's sums, and the sums along it), then passes over arrays smaller by the last size."""
     if values.ndim == 0:
@@ -107,7 +108,7 @@ def per_dim_sums(values: np.ndarray) -> list[np.ndarray]:
     return [*sums, along_last]
 
 
-def confine(mass: np.ndarray) -> tuple[tuple[int, int], ...] | None:
+def confine(mass: NDArray[Any]) -> tuple[tuple[int, int], ...] | None:
     """The inclusive index ranges of the fewest indices holding SHARE of `mass` (largest first; ties in index
     order); None where that is everywhere: a dimension of size 1, no mass, more than EVERYWHERE of its indices or
     more than MAX_RANGES ranges."""
@@ -145,7 +146,7 @@ def locate_error(a: View, b: View, pool: Executor | None = None) -> list[ErrorSp
         return []
     regions = where_regions(shape)
 
-    def masses(region: Region) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    def masses(region: Region) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
         return block_masses(a.read(region), b.read(region))
 
     parts = pool.map(masses, regions) if pool is not None else map(masses, regions)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, region_flat_range, region_shape
 from tensor_debugger.errors import FileProblem
@@ -20,7 +21,7 @@ from tensor_debugger.store.dtypes import LogicalDtype
 
 
 class BlockReader(Protocol):
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         """The region's values in the storage dtype, C-contiguous."""
 
     def done(self, region: Region) -> None:
@@ -61,16 +62,16 @@ class BufferPool:
 
     def __init__(self, keep: int = 4) -> None:
         self._keep = keep  # as many as the writer holds blocks at once (WritePools.buffers)
-        self._free: list[np.ndarray] = []
+        self._free: list[NDArray[Any]] = []
 
-    def take(self, nbytes: int) -> np.ndarray:
+    def take(self, nbytes: int) -> NDArray[Any]:
         """The smallest kept buffer of at least `nbytes` bytes, else a new one."""
         fitting = [i for i, b in enumerate(self._free) if b.size >= nbytes]
         if not fitting:
             return np.empty(nbytes, dtype=np.uint8)
         return self._free.pop(min(fitting, key=lambda i: self._free[i].size))  # by position: arrays have no ==
 
-    def give(self, buffer: np.ndarray) -> None:
+    def give(self, buffer: NDArray[Any]) -> None:
         self._free.append(buffer)
         if len(self._free) > self._keep:
             self._free.pop(min(range(len(self._free)), key=lambda i: self._free[i].size))
@@ -95,9 +96,9 @@ class _PooledReader:
         self._shape = shape
         self._dtype = dtype
         self._pool = pool
-        self._lent: dict[tuple[tuple[int, int], ...], np.ndarray] = {}
+        self._lent: dict[tuple[tuple[int, int], ...], NDArray[Any]] = {}
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         start, stop = region_flat_range(self._shape, region)
         size = self._dtype.itemsize
         nbytes = (stop - start) * size
@@ -142,7 +143,7 @@ class ArrayReader:
     def __init__(self, array: Any) -> None:
         self._array = array
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         return np.array(self._array[region] if region else self._array, order="C", copy=True)
 
     def done(self, region: Region) -> None:
@@ -167,7 +168,7 @@ class FortranReader:
             self._map = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
             stack.callback(self._map.close)
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         if self._map is None:
             return np.empty(self._shape, self._dtype)[region]
         # a region may name fewer axes than the tensor has: the rest are whole
@@ -183,7 +184,7 @@ class FortranReader:
         self._map.madvise(mmap.MADV_DONTNEED)
         return block
 
-    def _runs(self, bounds: list[tuple[int, int]], extents: tuple[int, ...]) -> np.ndarray:
+    def _runs(self, bounds: list[tuple[int, int]], extents: tuple[int, ...]) -> NDArray[Any]:
         """The region in Fortran order, one positioned read per run along the first axis."""
         out = np.empty(extents, self._dtype, order="F")
         flat = out.reshape(-1, order="F").view(np.uint8).data  # the same memory: F order is its own

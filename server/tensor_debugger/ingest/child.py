@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from multiprocessing.synchronize import Event
 from typing import Any
 
-from tensor_debugger.engine.fused import configure as configure_kernels
 from tensor_debugger.errors import FileProblem, IngestPostponed, NothingUsableError, is_outage
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.inputs import InputFile
@@ -341,7 +340,6 @@ def _start(
     # would be that of the process that adopted the child, which `_die_with` would wait on for ever
     threading.Thread(target=_die_with, args=(server,), name="die-with-server", daemon=True).start()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C stops the server, which stops the children
-    configure_kernels(settings.kernel, settings.kernel_family)
     messages.put(_Started(slot, os.getpid()))
     _child.update(messages=messages, cancel=cancel, server=server, slot=slot, replies=replies)
     _child.update(settings=settings, store_environ=store_environ, limit=limit)

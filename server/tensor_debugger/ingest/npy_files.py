@@ -8,6 +8,7 @@ import ast
 import math
 import tempfile
 import zlib
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
@@ -61,7 +62,8 @@ def read_npy_header(f: Any) -> tuple[tuple[int, ...], bool, np.dtype[Any]]:
     check_shape(shape)  # BadShape, a ValueError
     if not isinstance(fortran, bool):
         raise ValueError(f"fortran_order {fortran!r} is not a bool")
-    return shape, fortran, np.lib.format.descr_to_dtype(header["descr"])
+    to_dtype: Callable[[Any], np.dtype[Any]] = np.lib.format.descr_to_dtype  # numpy 2.0's stubs leave it untyped
+    return shape, fortran, to_dtype(header["descr"])
 
 
 def _npy_dtype(dtype: np.dtype[Any], label: str) -> LogicalDtype:

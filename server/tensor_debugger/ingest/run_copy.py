@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.errors import (
     DiskFullError,
     FileProblem,
@@ -63,12 +64,14 @@ class RunCopy:
         store: ArrayStore,
         settings: Settings,
         limits: ArchiveLimits,
+        kernel: Kernel,
         memory_limit: int | None = None,
         reading: Callable[[int, str], None] | None = None,
     ) -> None:
         self.store = store
         self.settings = settings
         self.limits = limits
+        self.kernel = kernel  # the statistics path of the tensors' summaries
         self.memory_limit = memory_limit
         self.reading = reading
 
@@ -115,6 +118,7 @@ class RunCopy:
 
         stored: list[Stored] = []
         pools = WritePools.open(self.settings.threads)
+        chunk_bytes = self.settings.chunk_bytes
         buffers = BufferPool(pools.buffers)  # read buffers, shared by the run's files (read one after another)
         budget = PageCacheBudget(self.settings.buffered_run_bytes)  # the run's first bytes through the cache
         try:
@@ -127,7 +131,7 @@ class RunCopy:
                         open_tensor_file(
                             entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
                         ) as opened,
-                        TensorWriter(self.store, self.settings.chunk_bytes, pools, on_bytes, budget) as writer,
+                        TensorWriter(self.store, chunk_bytes, pools, self.kernel, on_bytes, budget) as writer,
                     ):
                         problems.extend(opened.skipped)
                         results = []

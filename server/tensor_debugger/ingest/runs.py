@@ -30,12 +30,14 @@ import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
+from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import ScalarResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.errors import (
     ConflictError,
     FileProblem,
@@ -103,10 +105,17 @@ def archive_limits(settings: Settings) -> ArchiveLimits:
 
 class Ingestor:
     def __init__(
-        self, settings: Settings, sessions: sessionmaker[DbSession], store: ArrayStore, claims: Claims | None = None
+        self,
+        settings: Settings,
+        sessions: sessionmaker[DbSession],
+        store: ArrayStore,
+        claims: Claims | None = None,
+        kernel: Kernel | None = None,
     ) -> None:
-        """`claims`: this process's, on the runs it ingests (a new owner with the settings' lease if None)."""
+        """`claims`: this process's, on the runs it ingests (a new owner with the settings' lease if None);
+        `kernel`: the statistics path of the tensors' summaries (the settings' where None)."""
         self.settings = settings
+        self.kernel = kernel if kernel is not None else settings.statistics_kernel()
         self.sessions = sessions
         self.store = store
         self.claims = claims or Claims(sessions, settings.claim_seconds)
@@ -288,7 +297,7 @@ class Ingestor:
         """The staging folders that runs still "ingesting" name (their files wait to be ingested): kept by the
         sweep whoever made them."""
         with self.sessions() as db:
-            named = db.scalars(
+            named: ScalarResult[list[Any] | None] = db.scalars(
                 select(RunRecord.staged_inputs).where(
                     RunRecord.status == "ingesting", RunRecord.staged_inputs.is_not(None)
                 )
@@ -352,7 +361,9 @@ class Ingestor:
                     reused.problems,
                     reused.source_run_id,
                 )
-            copy = RunCopy(self.store, self.settings, archive_limits(self.settings), self.memory_limit, self.reading)
+            copy = RunCopy(
+                self.store, self.settings, archive_limits(self.settings), self.kernel, self.memory_limit, self.reading
+            )
             stored, problems, traces = copy.run(run_id, inputs, staging, progress, listener, tap)
             summaries = [tensor for t in traces if not t.trace.has_values for tensor in t.trace.tensors]
             if not stored and not summaries:

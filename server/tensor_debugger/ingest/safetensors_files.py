@@ -44,8 +44,9 @@ def open_safetensors(path: Path, label: str, buffers: int | BufferPool, span: Sp
     if span is None:
         from safetensors import safe_open
 
+        opener: Callable[..., Any] = safe_open  # typed in later safetensors releases, not in 0.7
         try:
-            with safe_open(str(path), framework="np") as handle:  # validates header, offsets and file size
+            with opener(str(path), framework="np") as handle:  # validates header, offsets and file size
                 keys = list(handle.keys())
         except Exception as exc:  # safetensors raises its own SafetensorError and others
             raise FileProblem(label, f"not a readable safetensors file ({first_line(exc)})") from None

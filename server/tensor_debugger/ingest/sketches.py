@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tensor_debugger.engine.chunking import iter_blocks
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.stored_sketches import (
@@ -126,17 +127,18 @@ def _mixed(words: torch.Tensor, first: int) -> torch.Tensor:
     return x.sum()
 
 
-def sketch(tensor: torch.Tensor, hash_kind: str | None = None) -> Sketch:
+def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | None = None) -> Sketch:
     """The summary of `tensor` (see the module docstring), computed where it lives. A CPU tensor's is computed by
-    ingest's passes (the summary ingest keeps of the same tensor stored has the same hash, counts, extremes and
-    sampled values), its hash the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless `hash_kind` is
-    "fold64" (the hash of another device's summary, to compare with)."""
+    ingest's passes, `kernel`'s (the engine instance's statistics path; the best this CPU runs where None): the
+    summary ingest keeps of the same tensor stored has the same hash, counts, extremes and sampled values. Its hash
+    is the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless `hash_kind` is "fold64" (the hash of
+    another device's summary, to compare with)."""
     import torch
 
     t = tensor.detach()
     kind = hash_kind or ("blake3" if t.device.type == "cpu" else "fold64")
     if t.device.type == "cpu":
-        return _host_sketch(t, kind)
+        return _host_sketch(t, kind, kernel if kernel is not None else Kernel())
     flat = t.reshape(-1)
     if flat.is_complex():
         flat = flat.abs()
@@ -195,7 +197,7 @@ def _blake3(t: torch.Tensor) -> str:
     return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
 
 
-def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
+def _host_sketch(t: torch.Tensor, kind: str, kernel: Kernel) -> Sketch:
     """A CPU tensor's summary through ingest's summary pass (compiled where it can be: one pass, no float64 copy)
     and its sampled values as ingest takes them (`stored_sketches.sampled_values`); sum and sum of squares from its
     count, mean and sum of squared deviations."""
@@ -205,14 +207,16 @@ def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
     array = torch_to_storage(t)
     totals = SummaryAccumulator()
     if array.size:
-        totals.add_stored(array.reshape(-1), logical)
+        totals.add_stored(array.reshape(-1), logical, kernel)
     positions = np.asarray(sample_positions(array.size), dtype=np.int64)
     values = sampled_values(array.reshape(-1)[positions], logical) if positions.size else []
     digest = content_hash(t) if kind == "fold64" else _blake3(t)
     return sketch_of(tuple(t.shape), dtype_name(t.dtype), digest, totals, values)
 
 
-def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None = None) -> Sketch | None:
+def record_sketch(
+    store: ArrayStore, record: TensorRecord, hash_kind: str | None = None, kernel: Kernel | None = None
+) -> Sketch | None:
     """A tensor's summary, its hash of `hash_kind` ("blake3" or "fold64": the other side's, to compare with; None:
     any): the one its row keeps (a summary capture's, or ingest's of a stored tensor), else computed from its values
     read back (a row stored before ingest kept summaries, or a stored tensor's "fold64" hash); None for a tensor with
@@ -225,12 +229,14 @@ def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None
     logical = parse_dtype(record.dtype)
     array = store.open(record.store_key, record.digest)
     try:
-        return read_back_sketch(array, logical, record.digest, hash_kind or "blake3")
+        return read_back_sketch(array, logical, record.digest, hash_kind or "blake3", kernel)
     except ValueError:  # an array not chunked as ingest chunks: summarised whole, as it was before
-        return sketch(store.read_whole(record.store_key, logical), hash_kind or "blake3")
+        return sketch(store.read_whole(record.store_key, logical), hash_kind or "blake3", kernel)
 
 
-def read_back_sketch(array: Any, logical: LogicalDtype, digest: str, hash_kind: str = "blake3") -> Sketch:
+def read_back_sketch(
+    array: Any, logical: LogicalDtype, digest: str, hash_kind: str = "blake3", kernel: Kernel | None = None
+) -> Sketch:
     """The summary ingest gives a stored array (a Zarr array of `logical` stored values) whose row has `digest`,
     computed again from its blocks read back one at a time, cut, summarised and sampled as ingest cuts, summarises
     and samples them (stored_sketches.py): the same floats, bit for bit. Its hash is `digest` where that is BLAKE3,
@@ -244,10 +250,11 @@ def read_back_sketch(array: Any, logical: LogicalDtype, digest: str, hash_kind: 
     fold = _Fold64() if hash_kind == "fold64" else None
     hasher = None if fold is not None or digest.startswith(f"{DIGEST_ALGORITHM}:") else new_hasher(logical, shape)
     totals = SummaryAccumulator()
+    kernel = kernel if kernel is not None else Kernel()
     sample = SketchSample(logical, math.prod(shape))
     for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
         block = np.asarray(array[region if region else ()])
-        totals.fold(summarise_stored(block, logical))
+        totals.fold(summarise_stored(block, logical, kernel))
         sample.take(block)
         if hasher is not None:
             hasher.update(block.reshape(-1).view(np.uint8).data)
@@ -261,11 +268,15 @@ def read_back_sketch(array: Any, logical: LogicalDtype, digest: str, hash_kind: 
 
 
 def sketch_verdict(
-    store: ArrayStore, a: Sequence[TensorRecord], b: Sequence[TensorRecord], tolerance: Tolerance
+    store: ArrayStore,
+    a: Sequence[TensorRecord],
+    b: Sequence[TensorRecord],
+    tolerance: Tolerance,
+    kernel: Kernel | None = None,
 ) -> SketchVerdict | None:
     """The verdict on a pair of one tensor a side where a side is known by its summary alone (`compare_sketches`,
     against the other side's summary, kept or computed from its values); None where neither side has a summary or a
-    side is sharded."""
+    side is sharded. `kernel`: the statistics path of a summary computed from values (see `sketch`)."""
     if len(a) != 1 or len(b) != 1:
         return None
     sides = (a[0], b[0])
@@ -274,7 +285,7 @@ def sketch_verdict(
     if not kept:
         return None
     kind = str(kept[0].get("hash", "blake3:")).partition(":")[0]
-    left, right = record_sketch(store, a[0], kind), record_sketch(store, b[0], kind)
+    left, right = record_sketch(store, a[0], kind, kernel), record_sketch(store, b[0], kind, kernel)
     if left is None or right is None:
         return None
     return compare_sketches(left, right, tolerance)

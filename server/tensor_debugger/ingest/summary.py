@@ -9,10 +9,12 @@ count as 0 and 1. A tensor with no finite value has no min, max, mean or std.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from tensor_debugger.engine.fused import fused_summary
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_compute
 
 
@@ -45,16 +47,17 @@ class BlockSummary:
     parts: list[Part] = field(default_factory=list)
 
 
-def summarise_stored(stored: np.ndarray, logical: LogicalDtype) -> BlockSummary:
-    """Stored values (bit patterns for bfloat16 and float8): in one compiled pass where the kernel has a loop for
-    the dtype and the block is finite, else with numpy on their compute values."""
-    part = fused_summary(stored, logical.name) if stored.size else None
+def summarise_stored(stored: NDArray[Any], logical: LogicalDtype, kernel: Kernel) -> BlockSummary:
+    """Stored values (bit patterns for bfloat16 and float8): in one compiled pass where `kernel` (the engine
+    instance's statistics path) has a loop for the dtype and the block is finite, else with numpy on their compute
+    values."""
+    part = kernel.summary(stored, logical.name) if stored.size else None
     if part is None:
         return summarise(storage_to_compute(stored, logical))
     return BlockSummary(stored.size, 0, 0, [(int(part.count), part.mean, part.m2, part.min, part.max)])
 
 
-def summarise(values: np.ndarray) -> BlockSummary:
+def summarise(values: NDArray[Any]) -> BlockSummary:
     """Compute values (see `dtypes.storage_to_compute`), a slice at a time so that the float64 temporaries stay
     small and in cache."""
     block = BlockSummary()
@@ -67,7 +70,7 @@ def summarise(values: np.ndarray) -> BlockSummary:
     return block
 
 
-def _summarise_slice(values: np.ndarray, block: BlockSummary) -> None:
+def _summarise_slice(values: NDArray[Any], block: BlockSummary) -> None:
     block.numel += values.size
     if values.size == 0:
         return
@@ -108,11 +111,11 @@ class SummaryAccumulator:
         self.lo = np.inf
         self.hi = -np.inf
 
-    def add_stored(self, stored: np.ndarray, logical: LogicalDtype) -> None:
+    def add_stored(self, stored: NDArray[Any], logical: LogicalDtype, kernel: Kernel) -> None:
         """Fold in stored values (see `summarise_stored`)."""
-        self.fold(summarise_stored(stored, logical))
+        self.fold(summarise_stored(stored, logical, kernel))
 
-    def add(self, values: np.ndarray) -> None:
+    def add(self, values: NDArray[Any]) -> None:
         """Fold in compute values (see `summarise`)."""
         self.fold(summarise(values))
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, region_flat_range
 from tensor_debugger.errors import FileProblem, NotATensor
@@ -98,7 +99,7 @@ def _open_pth(path: Path, label: str, buffers: int | BufferPool, span: Span | No
     return TensorFile(leaves, skipped, stack)
 
 
-def _strided_view(path: Path, tensor: PthTensor, base: int) -> np.ndarray:
+def _strided_view(path: Path, tensor: PthTensor, base: int) -> NDArray[Any]:
     """A non-contiguous tensor (a view sharing its storage) as a read-only strided view of the mapped file (unmapped
     once the leaves are dropped, when the file is closed); `base`: where the .pth file starts in `path`."""
     storage = tensor.dtype.numpy_storage
@@ -138,7 +139,7 @@ class TorchReader:
         self._releaser = releaser
         self._contiguous = tensor.is_contiguous()
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         return torch_to_storage(self._tensor[region] if region else self._tensor)
 
     def done(self, region: Region) -> None:

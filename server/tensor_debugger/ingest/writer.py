@@ -25,8 +25,10 @@ from typing import Any
 
 import blake3
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.ingest.block_readers import Leaf
 from tensor_debugger.ingest.stored_sketches import CHUNKS_PER_BLOCK, SketchSample
@@ -196,10 +198,13 @@ class TensorWriter:
         store: ArrayStore,
         chunk_bytes: int,
         pools: WritePools,
+        kernel: Kernel,
         on_bytes: Callable[[int], None] | None = None,
         budget: PageCacheBudget | None = None,
     ) -> None:
-        """`budget`: the run's, shared by the writers of its files; without one, every tensor may go direct."""
+        """`kernel`: the statistics path of the tensors' summaries; `budget`: the run's, shared by the writers of its
+        files; without one, every tensor may go direct."""
+        self.kernel = kernel
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.pools = pools
@@ -233,13 +238,13 @@ class TensorWriter:
             SketchSample(leaf.dtype, math.prod(leaf.shape)),
         )
 
-        def store_block(region: Region, block: np.ndarray) -> None:
+        def store_block(region: Region, block: NDArray[Any]) -> None:
             array[region if region else ()] = block
 
-        def hash_block(block: np.ndarray) -> Callable[[], None]:
+        def hash_block(block: NDArray[Any]) -> Callable[[], None]:
             return lambda: tensor.hasher.update(block.reshape(-1).view(np.uint8).data)
 
-        def blocks() -> Iterator[tuple[Region, np.ndarray]]:
+        def blocks() -> Iterator[tuple[Region, NDArray[Any]]]:
             if first is None or first_block is None:
                 return
             yield first, first_block
@@ -271,9 +276,9 @@ class TensorWriter:
     def _blocks(
         self,
         tensor: _Tensor,
-        blocks: Iterator[tuple[Region, np.ndarray]],
-        store_block: Callable[[Region, np.ndarray], None],
-        hash_block: Callable[[np.ndarray], Callable[[], None]],
+        blocks: Iterator[tuple[Region, NDArray[Any]]],
+        store_block: Callable[[Region, NDArray[Any]], None],
+        hash_block: Callable[[NDArray[Any]], Callable[[], None]],
         tap: TensorTap | None,
     ) -> None:
         """Hand each of a tensor's blocks to the pool (written, summarised, hashed) and to `tap`, keeping at most
@@ -286,7 +291,7 @@ class TensorWriter:
                     tensor,
                     region,
                     pool.submit(store_block, region, block),
-                    pool.submit(summarise_stored, block, tensor.leaf.dtype),
+                    pool.submit(summarise_stored, block, tensor.leaf.dtype, self.kernel),
                     tensor.lane.submit(hash_block(block)),
                 )
             )
@@ -335,10 +340,11 @@ def write_leaf(
     leaf: Leaf,
     chunk_bytes: int,
     pools: WritePools,
+    kernel: Kernel,
     on_bytes: Callable[[int], None] | None = None,
 ) -> StoredTensor:
     """Store `leaf` at `key` on its own (see `TensorWriter`, which overlaps tensors)."""
-    with TensorWriter(store, chunk_bytes, pools, on_bytes) as writer:
+    with TensorWriter(store, chunk_bytes, pools, kernel, on_bytes) as writer:
         result = writer.add(key, leaf)
         writer.finish()
     return result()

@@ -383,7 +383,9 @@ class _LocalRun:
         except BaseException:
             self.services.close()
             raise
-        self.sink = StoreSink(self.services.store, run_prefix(self.pending.run_id), settings.chunk_bytes)
+        self.sink = StoreSink(
+            self.services.store, run_prefix(self.pending.run_id), settings.chunk_bytes, self.services.context.kernel
+        )
         self.finished = False
 
     def finish(self, tree: Path, files: list[str], result: CaptureResult) -> None:

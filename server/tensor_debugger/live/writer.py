@@ -24,11 +24,13 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
-import numpy as np
 import torch
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.ingest.block_readers import Leaf
 from tensor_debugger.ingest.writer import StoredTensor, WritePools, write_leaf
 from tensor_debugger.settings import Settings
@@ -180,8 +182,10 @@ class StoreSink(Sink):
     """Writes each tensor straight into the array store at `{prefix}/{index}`, compressed and hashed on the way
     (`write_leaf`, as ingest does)."""
 
-    def __init__(self, store: ArrayStore, prefix: str, chunk_bytes: int) -> None:
+    def __init__(self, store: ArrayStore, prefix: str, chunk_bytes: int, kernel: Kernel) -> None:
+        """`kernel`: the statistics path of the tensors' summaries (the local services')."""
         self.store = store
+        self.kernel = kernel
         self.prefix = prefix
         self.chunk_bytes = chunk_bytes
         self.stored: dict[int, StoredTensor] = {}  # by call order
@@ -190,7 +194,7 @@ class StoreSink(Sink):
     def write(self, job: Job, pools: WritePools) -> None:
         array = torch_to_storage(job.host)  # shares the buffer's memory
         leaf = Leaf(("data",), tuple(job.host.shape), from_torch(job.host.dtype), _ArrayReader(array))
-        stored = write_leaf(self.store, f"{self.prefix}/{job.index}", leaf, self.chunk_bytes, pools)
+        stored = write_leaf(self.store, f"{self.prefix}/{job.index}", leaf, self.chunk_bytes, pools, self.kernel)
         with self._lock:
             self.stored[job.index] = stored
 
@@ -198,10 +202,10 @@ class StoreSink(Sink):
 class _ArrayReader:
     """A `BlockReader` over an array already in memory."""
 
-    def __init__(self, array: np.ndarray) -> None:
+    def __init__(self, array: NDArray[Any]) -> None:
         self._array = array
 
-    def read(self, region: Region) -> np.ndarray:
+    def read(self, region: Region) -> NDArray[Any]:
         block = self._array[region] if region else self._array
         return block if block.flags.c_contiguous else block.copy(order="C")  # ascontiguousarray makes 0-d 1-d
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from urllib.parse import unquote, urlparse
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.errors import StoreUnavailableError, StoreWriteError
 from tensor_debugger.store import compression
@@ -50,7 +51,7 @@ T = TypeVar("T")
 _OPENED_LIMIT = 512  # arrays kept open for slices and comparisons
 
 
-def worth_compressing(block: np.ndarray) -> bool:
+def worth_compressing(block: NDArray[Any]) -> bool:
     """Whether the store's codec saves enough on a sample of `block` (compression.py) to store its tensor so."""
     return compression.worth_compressing(block, compression.CNAME, compression.CLEVEL, compression.SHUFFLE)
 

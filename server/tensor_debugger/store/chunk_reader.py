@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.store.layout import ArrayLayout
 
@@ -116,7 +117,7 @@ class ChunkReader:
             position += count
         return pieces
 
-    def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
+    def __getitem__(self, region: tuple[slice, ...]) -> NDArray[Any]:
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
             return np.asarray(self._open_array()[region])
         bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
@@ -126,7 +127,7 @@ class ChunkReader:
         grid = [range(start // c, (stop - 1) // c + 1) for (start, stop), c in zip(bounds, self.chunks, strict=True)]
         every = list(itertools.product(*grid))
         decode = self._decoder(every)
-        scratch: np.ndarray | None = None
+        scratch: NDArray[Any] | None = None
         count = 0
         for coords in every:
             origin = [i * c for i, c in zip(coords, self.chunks, strict=True)]
@@ -152,12 +153,12 @@ class ChunkReader:
         self._counter.add(count)  # like the store: a chunk never written counts as a read too
         return out
 
-    def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], np.ndarray], None]:
+    def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], NDArray[Any]], None]:
         """What decodes each chunk of a region (`every` chunk's coordinates) into a whole chunk's array: here, one
         chunk file read at a time (store/object_chunks.py fetches a region's chunk objects at once first)."""
         return self._decode
 
-    def _decode(self, coords: tuple[int, ...], into: np.ndarray) -> None:
+    def _decode(self, coords: tuple[int, ...], into: NDArray[Any]) -> None:
         """Decode one chunk into `into` (C-contiguous, one whole chunk)."""
         path = self._folder / self._layout.chunk_key(coords)
         try:
@@ -180,7 +181,7 @@ class ChunkReader:
         decode_frame(view, into, f"chunk file {path}")
 
 
-def decode_frame(frame: memoryview, into: np.ndarray, name: str) -> None:
+def decode_frame(frame: memoryview, into: NDArray[Any], name: str) -> None:
     """Decode the Blosc frame `frame`, one whole chunk, into `into` (C-contiguous); ValueError starting with `name`
     (the chunk file or object) where it is not such a frame."""
     size = len(frame)
@@ -198,7 +199,7 @@ def decode_frame(frame: memoryview, into: np.ndarray, name: str) -> None:
         raise ValueError(f"{name} could not be decoded: {exc}") from None
 
 
-def _read_raw(fd: int, path: Path, into: np.ndarray) -> None:
+def _read_raw(fd: int, path: Path, into: NDArray[Any]) -> None:
     """Read a raw chunk file, which must be exactly one chunk long, into `into`, and close `fd`."""
     try:
         size = os.fstat(fd).st_size

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.store.direct_writes import write_chunk_file
 from tensor_debugger.store.layout import ArrayLayout
@@ -61,11 +62,11 @@ class ChunkWriter:
         self._made: set[Path] = set()
         self._direct = direct
 
-    def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
+    def __setitem__(self, region: tuple[slice, ...], values: NDArray[Any]) -> None:
         for coords, data, size in self.encoded(region, values):
             self._write(coords, data, size)
 
-    def encoded(self, region: tuple[slice, ...], values: np.ndarray) -> Iterator[tuple[tuple[int, ...], Any, int]]:
+    def encoded(self, region: tuple[slice, ...], values: NDArray[Any]) -> Iterator[tuple[tuple[int, ...], Any, int]]:
         """The chunks of `region` set to `values`, one at a time, each encoded as its file holds it: (coords, bytes,
         size), where the file is the bytes extended with zeros to `size` bytes when they are fewer (else 0)."""
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):

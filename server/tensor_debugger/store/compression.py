@@ -9,9 +9,10 @@ zarr.json (its codecs: "bytes" alone, or "bytes" then "blosc").
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
+from numpy.typing import NDArray
 
 # The store's codec, Blosc with these settings (zarr_backend.DEFAULT_CODEC is built from them). Measured with
 # bench/zarr_codecs.py (README): Blosc lz4 + bit-shuffle read back fastest (about 1.7-1.9 GB/s) while storing
@@ -33,7 +34,7 @@ def _shuffle(name: str) -> int:
     return shuffles[name]
 
 
-def sample_bytes(block: np.ndarray) -> np.ndarray:
+def sample_bytes(block: NDArray[Any]) -> NDArray[Any]:
     """Up to `SAMPLE_PIECES` pieces of `PIECE_BYTES` bytes, evenly spaced over `block`'s C-order bytes and
     aligned to its items, joined (the whole block when it is smaller)."""
     flat = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
@@ -44,7 +45,7 @@ def sample_bytes(block: np.ndarray) -> np.ndarray:
     return np.concatenate([flat[i * stride : i * stride + PIECE_BYTES] for i in range(SAMPLE_PIECES)])
 
 
-def worth_compressing(block: np.ndarray, cname: str, clevel: int, shuffle: str) -> bool:
+def worth_compressing(block: NDArray[Any], cname: str, clevel: int, shuffle: str) -> bool:
     """Whether the codec (Blosc `cname` at `clevel` with `shuffle`) saves at least `RAW_BELOW` of a sample of
     `block`. An empty block is compressed (as every tensor was before this choice existed)."""
     sample = sample_bytes(block)

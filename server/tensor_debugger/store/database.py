@@ -149,7 +149,7 @@ def schema_is_current(engine: Engine) -> bool:
         return False
     try:
         with engine.connect() as connection:
-            stamped = list(connection.execute(text("SELECT version_num FROM alembic_version")).scalars())
+            stamped: list[str] = list(connection.execute(text("SELECT version_num FROM alembic_version")).scalars())
     except DBAPIError:  # no such table: a new database
         return False
     return stamped == [head]

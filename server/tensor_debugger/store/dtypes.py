@@ -10,9 +10,10 @@ takes about a second, and ingesting .npy or .safetensors files, or listing sessi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
 if TYPE_CHECKING:
     import torch
@@ -99,7 +100,7 @@ def all_dtypes() -> list[LogicalDtype]:
     return list(_TABLE.values())
 
 
-def torch_to_storage(tensor: torch.Tensor) -> np.ndarray:
+def torch_to_storage(tensor: torch.Tensor) -> NDArray[Any]:
     """`tensor` as a C-contiguous numpy array in its storage dtype (bit patterns for raw-bit dtypes).
 
     A contiguous CPU tensor is not copied: the array shares its memory (a memory-mapped file, say)."""
@@ -113,7 +114,7 @@ def torch_to_storage(tensor: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def storage_to_torch(array: np.ndarray, logical: LogicalDtype) -> torch.Tensor:
+def storage_to_torch(array: NDArray[Any], logical: LogicalDtype) -> torch.Tensor:
     """The tensor whose storage form is `array`, bit for bit."""
     import torch
 
@@ -124,7 +125,7 @@ def storage_to_torch(array: np.ndarray, logical: LogicalDtype) -> torch.Tensor:
     return torch.from_numpy(array)
 
 
-def storage_to_compute(array: np.ndarray, logical: LogicalDtype) -> np.ndarray:
+def storage_to_compute(array: NDArray[Any], logical: LogicalDtype) -> NDArray[Any]:
     """Values numpy can compute with: raw-bit floats widen to float32 (exactly), complex32 to complex64.
 
     bfloat16 widens by a bit shift; float8 and float4 go through torch. Other dtypes are returned as they are.

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.errors import StoreOutageError, StoreReadError, StoreWriteError
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter, decode_frame
@@ -189,11 +190,11 @@ class ObjectChunkReader(ChunkReader):
         self.objects = objects
         self._key = key
 
-    def __getitem__(self, region: tuple[slice, ...]) -> np.ndarray:
+    def __getitem__(self, region: tuple[slice, ...]) -> NDArray[Any]:
         found = self._within_one_chunk(region)
         return found if found is not None else super().__getitem__(region)
 
-    def _within_one_chunk(self, region: tuple[slice, ...]) -> np.ndarray | None:
+    def _within_one_chunk(self, region: tuple[slice, ...]) -> NDArray[Any] | None:
         """A region inside one raw chunk (a slice of a few values, most often), read from the bytes of the chunk
         object that it spans (one ranged GET: a 64-value window of a 1 MiB chunk fetches 256 bytes) where those are
         under half the chunk; None for any other region."""
@@ -232,7 +233,7 @@ class ObjectChunkReader(ChunkReader):
         """Start fetching the chunk objects of `flat_pieces`' pieces."""
         return self.objects.submit([key.decode() for key, _, _ in pieces])
 
-    def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], np.ndarray], None]:
+    def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], NDArray[Any]], None]:
         """Decode from the region's chunk objects (decoded in the order of `every`), fetched `SLICE_BATCH` at a time,
         the next batch while the one before is decoded: a large region holds that many chunks' bytes, not all."""
         keys = [f"{self._key}/{self._layout.chunk_key(coords)}" for coords in every]
@@ -241,7 +242,7 @@ class ObjectChunkReader(ChunkReader):
         fetching = deque(self.objects.submit(batch_keys) for _, batch_keys in batches[:1])
         taken = 0  # batches decoded or being decoded
 
-        def decode(coords: tuple[int, ...], into: np.ndarray) -> None:
+        def decode(coords: tuple[int, ...], into: NDArray[Any]) -> None:
             nonlocal taken
             if coords not in fetched:
                 chunks, batch_keys = batches[taken]

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.store.chunk_writer import ChunkWriter, chunk_view
 from tensor_debugger.store.layout import group_document, parse_layout
@@ -40,7 +41,7 @@ class ObjectChunkWriter(ChunkWriter):
         self.objects = objects
         self._key = key
 
-    def __setitem__(self, region: tuple[slice, ...], values: np.ndarray) -> None:
+    def __setitem__(self, region: tuple[slice, ...], values: NDArray[Any]) -> None:
         puts: list[Future[None]] = []
         try:
             for coords, data, size in self.encoded(region, values):

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.fused import (
@@ -114,7 +115,7 @@ class _Buffers(threading.local):
         self.pieces: ctypes.Array[ctypes.Structure] | None = None  # the last side's, alive while C reads them
 
     def side(
-        self, pieces: Pieces, chunk_bytes: int, code: str, raw: bool, fetched: list[np.ndarray] | None = None
+        self, pieces: Pieces, chunk_bytes: int, code: str, raw: bool, fetched: list[NDArray[Any]] | None = None
     ) -> ctypes.Structure:
         """The side of `pieces`, their chunks read from their files, or with `fetched` (each piece's chunk object's
         bytes, which the caller keeps alive until C is done) from memory."""
@@ -258,7 +259,7 @@ class _LeftToViews(Exception):
     be fetched (the views fetch it again, and name it)."""
 
 
-def _held(fetching: Future[list[Any]] | None) -> list[np.ndarray] | None:
+def _held(fetching: Future[list[Any]] | None) -> list[NDArray[Any]] | None:
     """The fetched chunk objects' bytes, as arrays over them (None for files); _LeftToViews where the loop leaves the
     block to the views."""
     if fetching is None:

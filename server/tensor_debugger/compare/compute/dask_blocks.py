@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
+from numpy.typing import NDArray
 from sqlalchemy import select
 
 from tensor_debugger.compare.compute.dask_workers import worker_context
@@ -44,7 +44,7 @@ _QUERY_IDS = 500  # ids per IN (...) when sizing pairs
 _JOBS_KEPT = 16  # pairs whose views a worker keeps open for their next blocks
 
 Part = PairAccumulator | Exception | None  # a block's partials, the error reading it, or None: the pair changed
-Masses = tuple[list[np.ndarray], list[np.ndarray]] | Exception | None  # a block's `where.block_masses`, likewise
+Masses = tuple[list[NDArray[Any]], list[NDArray[Any]]] | Exception | None  # a block's `where.block_masses`, likewise
 
 _jobs: OrderedDict[tuple[Settings, str], PairJob[PendingPair]] = OrderedDict()  # a worker's open pairs
 _jobs_lock = threading.Lock()

@@ -188,7 +188,7 @@ def refresh_session(context: CompareContext, session_id: int) -> None:
                 keys[pair.id] = current.keyed(pair.id)[0]
                 continue
             tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
-            verdict = sketch_verdict(context.store, a, b, tol) or compare_summaries(
+            verdict = sketch_verdict(context.store, a, b, tol, context.kernel) or compare_summaries(
                 tensor_summary(a[0]), tensor_summary(b[0]), tol
             )
             pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None

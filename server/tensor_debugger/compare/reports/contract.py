@@ -22,7 +22,8 @@ from tensor_debugger.compare.reports.compare_report import (
     Unmatched,
     WorstValue,
 )
-from tensor_debugger.compare.reports.pair_reports import FirstDivergence, PairReport, PairSide, SessionPairs
+from tensor_debugger.compare.reports.pair_report import PairReport, PairSide
+from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
 from tensor_debugger.engine.summary_compare import next_capture
 from tensor_debugger.store.problem_report import ProblemReport

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 
-from tensor_debugger.compare.reports.pair_reports import PairReport
+from tensor_debugger.compare.reports.pair_report import PairReport
 
 STAT_COLUMNS = (
     "max_abs_diff",

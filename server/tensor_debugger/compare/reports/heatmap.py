@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.compare.reports.formatting import format_number
 from tensor_debugger.engine.elementwise import CellMaxima
@@ -25,8 +27,8 @@ class Heatmap:
     dims: tuple[int, int]  # the two aligned dimensions shown
     fixed: tuple[int | None, ...]  # the index of every other dimension (None on the two shown)
     shape: tuple[int, int]  # of the slice
-    cells: np.ndarray  # max |diff| per cell; NaN where any element was NaN
-    signs: np.ndarray  # the sign (-1, 0, 1) of the difference whose |diff| is the cell's
+    cells: NDArray[Any]  # max |diff| per cell; NaN where any element was NaN
+    signs: NDArray[Any]  # the sign (-1, 0, 1) of the difference whose |diff| is the cell's
     row_edges: list[int]  # slice rows each cell row starts at (len = cells rows + 1)
     col_edges: list[int]
 

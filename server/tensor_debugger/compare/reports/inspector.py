@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.compare.reports.formatting import format_number
 from tensor_debugger.compare.reports.slices import SliceRequest, Window
@@ -122,7 +124,7 @@ def build_inspector(window: Window, tolerance: Tolerance, exact: bool) -> Inspec
         max_pos = tuple(int(i) for i in np.unravel_index(largest, abs_diff.shape))
     positions = list(np.ndindex(*a.shape)) if a.ndim else [()]
 
-    def cell(source: np.ndarray, pos: tuple[int, ...], is_diff: bool) -> Cell:
+    def cell(source: NDArray[Any], pos: tuple[int, ...], is_diff: bool) -> Cell:
         value = source[pos].item()
         signed = diff[pos].item()  # candidate - reference, with its sign (complex: as is)
         magnitude = float(abs_diff[pos])
@@ -166,7 +168,7 @@ def _caption(window: Window) -> str:
     return f"[{', '.join(parts)}]"
 
 
-def build_raw_grid(label: str, values: np.ndarray, origin: tuple[int, ...], free: list[int]) -> Grid:
+def build_raw_grid(label: str, values: NDArray[Any], origin: tuple[int, ...], free: list[int]) -> Grid:
     """One run's own values (manual mode: no alignment, no difference), coloured by sign and magnitude."""
     flat_values = np.abs(values.astype(np.complex128 if values.dtype.kind == "c" else np.float64)).ravel()
     finite = flat_values[np.isfinite(flat_values)]

@@ -7,8 +7,9 @@ import enum
 import math
 import re
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from tensor_debugger.compare.reports.pair_report import PairReport
 from tensor_debugger.engine.culprits import (
     StageCulprit,
     TensorError,
@@ -21,9 +22,6 @@ from tensor_debugger.engine.culprits import (
 from tensor_debugger.engine.metrics import Number, json_number, parse_number
 from tensor_debugger.ingest.traces import ModuleNode
 from tensor_debugger.store.reports import PairStatus
-
-if TYPE_CHECKING:  # pair_reports builds this report from its pairs
-    from tensor_debugger.compare.reports.pair_reports import PairReport
 
 
 class ModuleVerdict(enum.StrEnum):

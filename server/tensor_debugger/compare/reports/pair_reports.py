@@ -22,7 +22,6 @@ from tensor_debugger.compare.reports.coverage import (
     closest_candidates,
     session_verdict,
 )
-from tensor_debugger.compare.reports.formatting import replica_words
 from tensor_debugger.compare.reports.module_reports import (
     ModuleReport,
     StageCulpritReport,
@@ -32,6 +31,15 @@ from tensor_debugger.compare.reports.module_reports import (
     stage_culprits,
 )
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR, Rule, noise_judges
+from tensor_debugger.compare.reports.pair_report import (
+    ArgmaxReport,
+    ArgmaxSide,
+    PairDetail,
+    PairReport,
+    PairShapes,
+    PairSide,
+    ReplicaReport,
+)
 from tensor_debugger.compare.reports.pair_rows import (
     ResultRow,
     StatsCache,
@@ -40,7 +48,7 @@ from tensor_debugger.compare.reports.pair_rows import (
     read_stats,
     read_tensors,
 )
-from tensor_debugger.compare.reports.pair_stats import PairStatsFull, PairStatsSummary
+from tensor_debugger.compare.reports.pair_stats import PairStatsFull
 from tensor_debugger.compare.reports.progress import PairProgress
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
@@ -60,100 +68,6 @@ from tensor_debugger.store.models import (
 from tensor_debugger.store.reports import PairStatus, parse_strategy
 
 _STATUSES = {str(s): s for s in PairStatus}  # a dict lookup: calling the enum took 10% of a session's report
-
-
-@dataclass(frozen=True)
-class PairSide:
-    """One run's side of a pair: its logical tensor (several shards when a tensor-parallel run split it)."""
-
-    name: str
-    shape: list[int]  # after concatenating its shards
-    dtype: str
-    shards: int
-    tensor_ids: list[int]
-    run_id: int
-    # a captured op's caller (capture with level="op"), "<file>:<line>": the innermost frame outside torch; else null
-    source: str | None = None
-
-
-@dataclass(frozen=True)
-class ReplicaReport:
-    """One side's shards are whole copies of the tensor (replicas on `ranks` ranks), each compared with the other
-    side: `side` "a" (the reference's) or "b" (the candidate's); `differing`, the ranks whose copy has elements
-    outside the tolerance (aligned dim 0 is the rank): [] when the pair passes, null where not known (the pair
-    not compared, or its ranks not read)."""
-
-    ranks: int
-    side: str
-    differing: list[int] | None
-
-    def words(self) -> str:
-        return replica_words(self.side, self.differing)
-
-
-@dataclass(frozen=True)
-class PairReport:
-    id: int
-    position: int
-    name: str
-    layer: int | None
-    stage: str | None
-    strategy: str  # a PairingStrategy, and for fuzzy pairs their score ("fuzzy 0.95")
-    status: PairStatus
-    alignment: str  # in words
-    aligned_shape: list[int] | None
-    alignment_overridden: bool
-    a: PairSide
-    b: PairSide
-    stats: PairStatsSummary | None
-    error: str | None
-    module_path: str | None
-    place: str | None
-    summary: dict[str, Any] | None  # the verdict on summary statistics when element values are not available
-    rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
-    noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
-    replicas: ReplicaReport | None  # where one side's shards are copies of the tensor, not parts of it
-    # a failing pair's: the aligned dimensions that confine its error ([]: everywhere); null for any other pair, or
-    # a result stored before `where` was computed
-    where: list[WhereEntry] | None
-
-    @property
-    def key(self) -> str:
-        """The pair's key in the user's order: "reference name|candidate name"."""
-        return f"{self.a.name}|{self.b.name}"
-
-
-@dataclass(frozen=True)
-class ArgmaxSide:
-    tensor: str
-    tensor_id: int
-    index: list[int]  # in the run's own tensor (shard)
-
-
-@dataclass(frozen=True)
-class ArgmaxReport:
-    """Where the largest difference is: in aligned coordinates, and in each run's own tensor."""
-
-    aligned: list[int]
-    max_abs_diff: Number
-    a: ArgmaxSide
-    b: ArgmaxSide
-
-
-@dataclass(frozen=True)
-class PairShapes:
-    a: list[list[int]]  # each shard's
-    b: list[list[int]]
-
-
-@dataclass(frozen=True)
-class PairDetail(PairReport):
-    """A pair with its full statistics, alignment steps, shards' shapes and the argmax."""
-
-    stats: PairStatsFull | None
-    alignment_steps: list[dict[str, Any]]
-    shapes: PairShapes
-    argmax: ArgmaxReport | None
 
 
 @dataclass(frozen=True)

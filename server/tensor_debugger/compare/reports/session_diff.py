@@ -16,7 +16,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.reports.coverage import Coverage, SessionVerdict
-from tensor_debugger.compare.reports.pair_reports import FirstDivergence, PairReport, SessionPairs, session_pairs
+from tensor_debugger.compare.reports.pair_report import PairReport
+from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs, session_pairs
 from tensor_debugger.engine.metrics import Number, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store import catalog

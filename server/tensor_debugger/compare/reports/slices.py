@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.elementwise import signed_diff
 from tensor_debugger.engine.metrics import json_number
@@ -76,9 +77,9 @@ class Window:
 
     request: SliceRequest
     region: tuple[slice, ...]  # in aligned coordinates
-    a: np.ndarray
-    b: np.ndarray
-    diff: np.ndarray  # b - a, float64 (complex128 for complex values): engine/elementwise.py's signed_diff
+    a: NDArray[Any]
+    b: NDArray[Any]
+    diff: NDArray[Any]  # b - a, float64 (complex128 for complex values): engine/elementwise.py's signed_diff
 
     def index_of(self, position: tuple[int, ...]) -> tuple[int, ...]:
         """The aligned index of a position inside the window."""
@@ -142,7 +143,7 @@ def read_slice(a: View, b: View, request: SliceRequest) -> SliceReport:
     )
 
 
-def _values(array: np.ndarray) -> Any:
+def _values(array: NDArray[Any]) -> Any:
     """Nested lists; NaN and infinities as "nan", "inf", "-inf"; complex values as [real, imag]."""
     if array.dtype.kind == "c":
         return _values(np.stack([array.real, array.imag], axis=-1))

@@ -8,14 +8,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from tensor_debugger.compare.reports.pair_report import PairReport
+from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
 from tensor_debugger.engine.metrics import Number, parse_number
 from tensor_debugger.store.reports import PairStatus
-
-if TYPE_CHECKING:  # pair_reports builds this report from its pairs
-    from tensor_debugger.compare.reports.pair_reports import PairReport
-    from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
 
 WORST_COUNT = 10  # pairs in each list
 COMPARED = (PairStatus.PASS, PairStatus.FAIL)

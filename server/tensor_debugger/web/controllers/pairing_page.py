@@ -47,7 +47,7 @@ class PairingPageController(Controller):
             if chosen is None and not offered.same_shape and offered.choices:
                 query = urlencode({"pair_a": a_name, "pair_b": b_name})
                 return Redirect(f"/sessions/{session_id}?{query}#hand-pair", status_code=303)
-            if chosen not in (None, "auto"):
+            if chosen is not None and chosen != "auto":
                 if not chosen.isdigit() or int(chosen) >= len(offered.choices):
                     raise InvalidInputError(f"no alignment numbered {chosen!r} fits these tensors")
                 steps = offered.choices[int(chosen)].steps

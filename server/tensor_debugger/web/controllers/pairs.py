@@ -10,15 +10,8 @@ from litestar.params import FromPath, QueryParameter
 from tensor_debugger.compare.compute.profiles import ErrorProfile, error_profile
 from tensor_debugger.compare.planning.hand_pairing import HandPairChoices, hand_pair_choices
 from tensor_debugger.compare.planning.sides import views
-from tensor_debugger.compare.reports.pair_reports import (
-    ArgmaxReport,
-    DivergenceReport,
-    PairDetail,
-    PairReport,
-    SessionPairs,
-    pair_detail,
-    session_pairs,
-)
+from tensor_debugger.compare.reports.pair_report import ArgmaxReport, PairDetail, PairReport
+from tensor_debugger.compare.reports.pair_reports import DivergenceReport, SessionPairs, pair_detail, session_pairs
 from tensor_debugger.compare.reports.session_profiles import SessionProfiles, parse_dim, session_profiles
 from tensor_debugger.compare.reports.slices import SliceReport, parse_slice_request, read_slice
 from tensor_debugger.errors import InvalidInputError, NotFoundError

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.compare.reports.formatting import format_number
 from tensor_debugger.compare.reports.heatmap import COLS, NEGATIVE, POSITIVE, ROWS, Heatmap, cell_edges
@@ -26,7 +27,7 @@ def scale_of(heatmap: Heatmap) -> tuple[float, float]:
     return low, high
 
 
-def heatmap_pixels(heatmap: Heatmap) -> np.ndarray:
+def heatmap_pixels(heatmap: Heatmap) -> NDArray[Any]:
     """rows x cols x 3 uint8: each cell's colour, computed for all cells at once."""
     cells = heatmap.cells
     low, high = scale_of(heatmap)
@@ -39,7 +40,7 @@ def heatmap_pixels(heatmap: Heatmap) -> np.ndarray:
     negative = heatmap.signs < 0
     start = np.where(negative[..., None], np.array(NEGATIVE[0], float), np.array(POSITIVE[0], float))
     end = np.where(negative[..., None], np.array(NEGATIVE[1], float), np.array(POSITIVE[1], float))
-    rgb = np.rint(start + (end - start) * t[..., None])
+    rgb: NDArray[Any] = np.rint(start + (end - start) * t[..., None])
     rgb[(values <= 0) | (high <= 0)] = 255.0
     rgb[nan] = 17.0  # "#111"
     return rgb.astype(np.uint8)

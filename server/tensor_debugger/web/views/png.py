@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import struct
 import zlib
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:
     return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
 
 
-def encode_png(pixels: np.ndarray) -> bytes:
+def encode_png(pixels: NDArray[Any]) -> bytes:
     """`pixels`: height x width x 3, uint8 (red, green, blue)."""
     if pixels.ndim != 3 or pixels.shape[2] != 3 or pixels.dtype != np.uint8:
         raise ValueError(f"a PNG needs height x width x 3 uint8 pixels, got {pixels.shape} {pixels.dtype}")

@@ -10,7 +10,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensor_debugger.compare.reports.pair_reports import PairReport, UnmatchedReport
+from tensor_debugger.compare.reports.pair_report import PairReport
+from tensor_debugger.compare.reports.pair_reports import UnmatchedReport
 from tensor_debugger.engine.metrics import parse_number
 
 PAD_LEFT, PAD_RIGHT, PAD_TOP, PAD_BOTTOM = 44.0, 12.0, 10.0, 34.0

@@ -15,7 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
-from tensor_debugger.compare.reports.pair_reports import PairReport, SessionPairs, UnmatchedReport, apply_order
+from tensor_debugger.compare.reports.pair_report import PairReport
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, UnmatchedReport, apply_order
 from tensor_debugger.compare.reports.worst_pairs import RankedPair, by_largest_diff, by_lowest_cosine, stat_value
 from tensor_debugger.engine.names import natural_key
 from tensor_debugger.web.views.session_chart import svg_path
