@@ -37,8 +37,13 @@ def test_pairs_wait_out_a_store_outage_and_are_computed_once_it_ends(tmp_path: P
         plan_session(services.context, session_id)
 
         own_s3.stop()
-        deadline = time.monotonic() + 6
-        services.compute(session_id, should_stop=lambda: time.monotonic() > deadline)
+
+        def held() -> bool:
+            return any(holder == OUTAGE_HOLDER for _, _, holder in statuses(services, session_id).values())
+
+        # tried until the first pair is held for the outage (a fixed wait was either long or, loaded, too short)
+        deadline = time.monotonic() + 120
+        services.compute(session_id, should_stop=lambda: held() or time.monotonic() > deadline)
         during = statuses(services, session_id)
         assert during and all(status == "pending" for status, _, _ in during.values()), during
         waiting = [p for p in during.values() if p[2] == OUTAGE_HOLDER]
