@@ -158,7 +158,7 @@ def open_pair(
         raise database_setting_problem(exc, settings.database_url) or exc from None
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     # first: a store that cannot be used stops here, doing nothing
-    store = ArrayStore(settings.store_url, environ, settings.direct_writes)
+    store = ArrayStore(settings.store_url, environ, settings.direct_writes, settings.store_retry_seconds)
     try:
         engine = create_db_engine(settings.database_url)
     except (ArgumentError, ImportError) as exc:  # a driver that is not installed

@@ -149,6 +149,12 @@ class Settings:
         "How often the server's comparison worker looks for pending pairs when nothing woke it (an upload, a "
         "user's action wakes it at once), in seconds: what another process left pending is picked up within it.",
     )
+    store_retry_seconds: float = _setting(
+        180.0,
+        "How long one request to an s3:// array store is tried again (no connection, a timeout, a 5xx answer: at "
+        "most 10 tries again, waiting longer each time) before the store counts as not answering, in seconds; an "
+        "ingest or a comparison that meets it waits and tries again later, a page or the API answers 503.",
+    )
     dask_scheduler: str = _setting(
         "",
         "Address of a Dask scheduler (tcp://host:8786) whose workers compute pending pairs, reading the same "
@@ -198,6 +204,7 @@ class Settings:
             "claim_seconds",
             "compare_idle_seconds",
             "ingest_seconds",
+            "store_retry_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")

@@ -16,7 +16,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.claims import OUTAGE_HOLDER
 from tensor_debugger.store.models import PairRecord
 
-from tests.support.s3 import SeaweedS3
+from tests.support.s3 import QUICK_RETRIES, SeaweedS3
 
 
 def statuses(services: Services, session_id: int) -> dict[str, tuple[str, str | None, str | None]]:
@@ -26,7 +26,9 @@ def statuses(services: Services, session_id: int) -> dict[str, tuple[str, str | 
 
 
 def test_pairs_wait_out_a_store_outage_and_are_computed_once_it_ends(tmp_path: Path, own_s3: SeaweedS3) -> None:
-    settings = Settings(data_dir=tmp_path / "data", store_url=own_s3.new_url(), demo=False, workers=2)
+    settings = Settings(
+        data_dir=tmp_path / "data", store_url=own_s3.new_url(), demo=False, workers=2, store_retry_seconds=QUICK_RETRIES
+    )
     services = open_services(settings, environ=own_s3.environ)
     try:
         write_dump(tmp_path / "ref", layers=2, seed=5)
@@ -37,8 +39,13 @@ def test_pairs_wait_out_a_store_outage_and_are_computed_once_it_ends(tmp_path: P
         plan_session(services.context, session_id)
 
         own_s3.stop()
-        deadline = time.monotonic() + 6
-        services.compute(session_id, should_stop=lambda: time.monotonic() > deadline)
+
+        def held() -> bool:
+            return any(holder == OUTAGE_HOLDER for _, _, holder in statuses(services, session_id).values())
+
+        # tried until the first pair is held for the outage (a fixed wait was either long or, loaded, too short)
+        deadline = time.monotonic() + 120
+        services.compute(session_id, should_stop=lambda: held() or time.monotonic() > deadline)
         during = statuses(services, session_id)
         assert during and all(status == "pending" for status, _, _ in during.values()), during
         waiting = [p for p in during.values() if p[2] == OUTAGE_HOLDER]

@@ -26,7 +26,7 @@ from tensor_debugger.store.object_chunks import ObjectChunkReader
 from tests.support.cli_main import Finished, main_cli
 from tests.support.dumps import seeded
 from tests.support.s3 import ACCESS_KEY, BUCKET, PARTLY_WRITABLE, SECRET_KEY, SeaweedS3
-from tests.support.servers import run_cli
+from tests.support.servers import free_port, run_cli
 from tests.support.stored import read_back, same_bits, stored
 
 
@@ -110,6 +110,24 @@ def test_a_store_that_cannot_be_used_is_a_clear_error_naming_the_setting(s3: Sea
         ArrayStore(f"s3://{BUCKET}/arrays", {**s3.environ, "AWS_SECRET_ACCESS_KEY": "wrong"})
     with pytest.raises(StoreUnavailableError, match="set AWS_ALLOW_HTTP=true"):
         ArrayStore(f"s3://{BUCKET}/arrays", {**s3.environ, "AWS_ALLOW_HTTP": ""})
+
+
+def test_a_store_that_does_not_answer_is_tried_again_for_the_store_retry_seconds(tmp_path: Path) -> None:
+    """TENSOR_DEBUGGER_STORE_RETRY_SECONDS reaches obstore: its own words on the last try name the time limit."""
+    env = {
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{free_port()}",  # nothing listens there
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+        "TENSOR_DEBUGGER_STORE_URL": f"s3://{BUCKET}/arrays",
+        "TENSOR_DEBUGGER_STORE_RETRY_SECONDS": "1",
+    }
+    done = main_cli("--data-dir", str(tmp_path / "data"), "sessions", env=env)
+    assert done.returncode == 2, done.stderr
+    assert "the store did not answer (AWS_ENDPOINT_URL, AWS_REGION, the network)" in done.stderr, done.stderr
+    assert "retry_timeout: 1s" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("command", ["sessions", "serve"])

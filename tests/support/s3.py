@@ -39,6 +39,10 @@ PARTLY_WRITABLE = "partly-writable"
 # and under ONE_CHUNK_REFUSED, to run 1's first array and its parents' metadata, but not to that array's chunk row 1
 # ("c/1/..."): of the first block's concurrent uploads, one is refused (chunk rows 0 and 2-15 may be written)
 ONE_CHUNK_REFUSED = "one-chunk-refused"
+# For a test that stops the server (an outage): a request that meets no connection is given up after about a second
+# (TENSOR_DEBUGGER_STORE_RETRY_SECONDS), not the 4 to 5 s obstore's 10 tries take, so the outage is met sooner
+QUICK_RETRIES = 1.0
+QUICK_STORE_RETRIES = {"TENSOR_DEBUGGER_STORE_RETRY_SECONDS": str(QUICK_RETRIES)}
 
 
 def weed_binary() -> str | None:
@@ -206,6 +210,7 @@ def launch_seaweed(root: Path) -> SeaweedS3 | str:
         "-master.volumeSizeLimitMB=64",  # small volumes, made as they fill: the tests store megabytes
         "-volume.max=100",  # up to 6.4 GB (the default, 8 volumes, answers 500 past 512 MB: bench/s3_store.py)
         "-master.telemetry=false",
+        "-master.electionTimeout=1s",  # a restart (`restart`: an outage that ends) elects it in about 1 s, not 10 to 20
         "-s3",
         f"-s3.port={s3}",
         f"-s3.port.grpc={grpc[3]}",

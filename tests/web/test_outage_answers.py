@@ -11,7 +11,7 @@ from tensor_debugger.demo.synthetic import Plant, write_dump
 from tests.support import loopback_http
 from tests.support.dumps import make_zip
 from tests.support.postgres import PostgresCluster
-from tests.support.s3 import SeaweedS3
+from tests.support.s3 import QUICK_STORE_RETRIES, SeaweedS3
 from tests.support.servers import started_server, upload, wait_done
 
 
@@ -48,7 +48,8 @@ def test_a_database_outage_answers_503_with_retry_after_and_health_follows_it(
 
 def test_a_store_outage_answers_503_naming_the_store(tmp_path: Path, own_s3: SeaweedS3) -> None:
     store_url = own_s3.new_url()
-    server = started_server(tmp_path, env={"TENSOR_DEBUGGER_STORE_URL": store_url, **own_s3.environ})
+    env = {"TENSOR_DEBUGGER_STORE_URL": store_url, **own_s3.environ, **QUICK_STORE_RETRIES}
+    server = started_server(tmp_path, env=env)
     try:
         write_dump(tmp_path / "ref", layers=1, seed=3)
         write_dump(tmp_path / "cand", layers=1, seed=3, plant=Plant(0, "post_attn", (2, 3), 0.5))

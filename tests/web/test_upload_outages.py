@@ -19,7 +19,7 @@ from tests.support import loopback_http as http
 from tests.support.dumps import make_zip
 from tests.support.polling import wait_until
 from tests.support.postgres import PostgresCluster
-from tests.support.s3 import SeaweedS3
+from tests.support.s3 import QUICK_STORE_RETRIES, SeaweedS3
 from tests.support.servers import LiveServer, free_port, started_server, upload, wait_done, wait_staging_empty
 
 PLANTED = "1_post_mlp"
@@ -114,7 +114,8 @@ def test_an_ingest_that_meets_a_store_outage_waits_and_leaves_no_array_behind(
     tmp_path: Path, own_s3: SeaweedS3
 ) -> None:
     store_url = own_s3.new_url()
-    server = started_server(tmp_path, env={"TENSOR_DEBUGGER_STORE_URL": store_url, **own_s3.environ})
+    env = {"TENSOR_DEBUGGER_STORE_URL": store_url, **own_s3.environ, **QUICK_STORE_RETRIES}
+    server = started_server(tmp_path, env=env)
     bucket = own_s3.bucket(store_url)
 
     def chunks_written() -> bool:

@@ -353,7 +353,9 @@ def _ingestor() -> Ingestor:
     """The child's Ingestor: its own database engine and the server's array store, opened once."""
     if "ingestor" not in _child:
         settings: Settings = _child["settings"]
-        store = ArrayStore(settings.store_url, _child["store_environ"], settings.direct_writes)
+        store = ArrayStore(
+            settings.store_url, _child["store_environ"], settings.direct_writes, settings.store_retry_seconds
+        )
         made = Ingestor(settings, make_sessionmaker(create_db_engine(settings.database_url)), store)
         made.memory_limit = _child["limit"]
         messages = _child["messages"]

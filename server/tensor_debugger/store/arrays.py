@@ -111,7 +111,13 @@ def _write_json(path: Path, document: dict[str, Any]) -> None:
 
 
 class ArrayStore:
-    def __init__(self, url: str, environ: Mapping[str, str] | None = None, direct_writes: bool = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        environ: Mapping[str, str] | None = None,
+        direct_writes: bool = True,
+        retry_seconds: float | None = None,
+    ) -> None:
         self.url = url
         self._direct_writes = direct_writes  # a local folder's large chunk files around the page cache
         # the AWS variables an s3:// store was opened with, for a child process opening the same store
@@ -129,7 +135,9 @@ class ArrayStore:
         if parsed.scheme == "s3":
             from tensor_debugger.store.object_chunks import ChunkObjects
 
-            self._objects = ChunkObjects(open_s3_bucket(url, os.environ if environ is None else environ), url)
+            # retry_seconds: Settings.store_retry_seconds, how long a request is tried again
+            bucket = open_s3_bucket(url, os.environ if environ is None else environ, retry_seconds)
+            self._objects = ChunkObjects(bucket, url)
         self._groups: set[PurePosixPath] = set()  # levels of the folder or bucket known to hold a group's zarr.json
         self._groups_lock = threading.Lock()
         if self._folder is None:

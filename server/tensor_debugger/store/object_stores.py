@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, cast
 from urllib.parse import urlparse
 
 from tensor_debugger.errors import StoreUnavailableError
 
 if TYPE_CHECKING:
-    from obstore.store import S3Config, S3Store
+    from obstore.store import RetryConfig, S3Config, S3Store
     from zarr.abc.store import Store
 
 STORE_SETTING = "TENSOR_DEBUGGER_STORE_URL"
@@ -56,9 +57,10 @@ def open_s3_store(url: str, environ: Mapping[str, str], bucket: S3Store | None =
     return ObjectStore(bucket if bucket is not None else open_s3_bucket(url, environ))
 
 
-def open_s3_bucket(url: str, environ: Mapping[str, str]) -> S3Store:
+def open_s3_bucket(url: str, environ: Mapping[str, str], retry_seconds: float | None = None) -> S3Store:
     """The obstore store of `s3://BUCKET/PREFIX`, configured from the AWS variables in `environ`, once a listing of
-    its prefix has succeeded."""
+    its prefix has succeeded. A request that meets no connection, a timeout or a 5xx answer is tried again for up to
+    `retry_seconds` (Settings.store_retry_seconds; None: obstore's own 180 s), at most 10 times."""
     bucket, prefix = parse_s3_url(url)
     try:
         import obstore
@@ -74,13 +76,29 @@ def open_s3_bucket(url: str, environ: Mapping[str, str]) -> S3Store:
     config = cast("S3Config", values)
     allow_http = environ.get("AWS_ALLOW_HTTP", "").lower() in _TRUE
     try:
-        store = S3Store(bucket, prefix=prefix or None, config=config, client_options={"allow_http": allow_http})
+        store = S3Store(
+            bucket,
+            prefix=prefix or None,
+            config=config,
+            client_options={"allow_http": allow_http},
+            retry_config=_retries(retry_seconds),
+        )
         obstore.list(store, chunk_size=1).__next__()
     except StopIteration:  # an empty prefix: the bucket is there and answers
         pass
     except Exception as exc:  # obstore raises its GenericError for most HTTP answers: the text says which
         raise StoreUnavailableError(_explain(url, bucket, config.get("endpoint", ""), allow_http, exc)) from None
     return store
+
+
+def _retries(seconds: float | None) -> RetryConfig:
+    """obstore's retry settings: its own defaults (10 tries again, waits from 0.1 s doubling up to 15 s between
+    them), but for how long a request is tried again in all, `seconds` (None: its default, 3 minutes)."""
+    return {
+        "max_retries": 10,
+        "retry_timeout": timedelta(seconds=180 if seconds is None else seconds),
+        "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15), "base": 2},
+    }
 
 
 def _explain(url: str, bucket: str, endpoint: str, allow_http: bool, exc: Exception) -> str:

@@ -29,7 +29,7 @@ def worker_context(settings: Settings) -> CompareContext:
             sessions = make_sessionmaker(create_db_engine(settings.database_url))
             claims = Claims(sessions, settings.claim_seconds)
             claims.start()
-            store = ArrayStore(settings.store_url)
+            store = ArrayStore(settings.store_url, retry_seconds=settings.store_retry_seconds)
             kernel = Kernel(settings.kernel, settings.kernel_family)  # the statistics path the server's settings name
             found = _opened[settings] = open_context(sessions, store, settings.threads, claims, settings.top, kernel)
         return found
