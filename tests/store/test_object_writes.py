@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import obstore
 import torch
 from sqlalchemy import select
@@ -133,8 +134,6 @@ def test_a_run_of_many_files_stores_each_while_the_next_is_read_and_a_bad_one_am
     them: the file before is still being written while the next is read (run_copy.py), and still each good tensor
     reads back bit for bit, in S3 as in a folder, the bad files are their own problems, and no array is left but
     the stored tensors' (the truncated file's arrays deleted, its indices taken by the next file)."""
-    import numpy as np
-
     run = tmp_path / "run"
     run.mkdir()
     originals: dict[str, np.ndarray] = {}
@@ -164,3 +163,35 @@ def test_a_run_of_many_files_stores_each_while_the_next_is_read_and_a_bad_one_am
             assert [a for a in arrays if a.isdigit()] == sorted(r.store_key.rsplit("/", 1)[1] for r in records.values())
         finally:
             services.close()
+
+
+def test_an_array_made_again_at_a_key_leaves_nothing_of_the_one_before_whoever_made_it(s3: SeaweedS3) -> None:
+    """A run's level is listed once per store, then each array made under it is remembered: an array made again at
+    a key this store made, or that another store (another process) made before this one listed the level, or one
+    made through Zarr, still replaces the one before, no chunk object of it left. (Arrays another process makes at
+    a level after this store listed it are not seen: a run's arrays are made by the one ingest that holds it.)"""
+    from tensor_debugger.store.arrays import ArrayStore
+    from tensor_debugger.store.dtypes import parse_dtype
+
+    url = s3.new_url()
+    bucket = s3.bucket(url)
+    float32 = parse_dtype("float32")
+
+    def made(store: ArrayStore, key: str, rows: int) -> None:
+        writer = store.writer(key, (rows, 64), float32, (4, 64), compressed=False)
+        writer[0:rows, 0:64] = np.ones((rows, 64), dtype=np.float32)
+
+    def chunks(key: str) -> set[str]:
+        return {item["path"] for batch in obstore.list(bucket, prefix=f"{key}/c/") for item in batch}
+
+    mine, another = ArrayStore(url, s3.environ), ArrayStore(url, s3.environ)
+    made(mine, "runs/9/0", 40)  # lists runs/9: nothing there yet
+    made(mine, "runs/9/0", 8)  # this store's own, made again
+    assert chunks("runs/9/0") == {"runs/9/0/c/0/0", "runs/9/0/c/1/0"}
+    made(another, "runs/9/1", 40)  # after `mine` listed runs/9
+    made(mine, "runs/9/2", 4)
+    made(ArrayStore(url, s3.environ), "runs/9/1", 4)  # a third store: lists runs/9, finds 1
+    assert chunks("runs/9/1") == {"runs/9/1/c/0/0"}
+    mine.create("runs/9/3", (40, 64), float32, (4, 64), False)[...] = np.ones((40, 64), dtype=np.float32)
+    made(mine, "runs/9/3", 4)  # made through Zarr first: runs/9 listed again
+    assert chunks("runs/9/3") == {"runs/9/3/c/0/0"}

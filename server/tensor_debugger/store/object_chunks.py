@@ -169,6 +169,22 @@ class ChunkObjects:
             error = StoreWriteError if is_refusal(exc) else StoreOutageError
             raise error(prefix, describe_failure(exc)) from exc
 
+    def names_under(self, prefix: str) -> set[str]:
+        """The names directly under `prefix/` (its arrays and groups: "0", "zarr.json"), in one listing; a
+        StoreWriteError naming the prefix where the store refuses or does not answer (this is for writing there)."""
+        try:
+            return asyncio.run_coroutine_threadsafe(self._names_under(prefix), _event_loop()).result()
+        except Exception as exc:
+            error = StoreWriteError if is_refusal(exc) else StoreOutageError
+            raise error(prefix, describe_failure(exc)) from exc
+
+    async def _names_under(self, prefix: str) -> set[str]:
+        import obstore
+
+        found = await obstore.list_with_delimiter_async(self.bucket, prefix=f"{prefix}/")
+        paths = [*found["common_prefixes"], *(item["path"] for item in found["objects"])]
+        return {path.rstrip("/").rsplit("/", 1)[-1] for path in paths}
+
     async def _delete_under(self, prefix: str) -> None:
         import obstore
 

@@ -89,12 +89,19 @@ def all_settled(futures: list[Future[None]]) -> Future[None]:
 
 
 def create_object_array(
-    objects: ChunkObjects, key: str, document: dict[str, Any], groups: set[PurePosixPath]
+    objects: ChunkObjects,
+    key: str,
+    document: dict[str, Any],
+    groups: set[PurePosixPath],
+    present: set[str] | None = None,
 ) -> ObjectChunkWriter:
     """A new array at `key` described by `document` (its zarr.json), as Zarr's `create_array(overwrite=True)`
     makes one: whatever was under `key` deleted, the zarr.json of a group at each level above it that has none
-    (`groups`: the levels known to have one, to which those written here are added), then its own zarr.json."""
-    objects.delete_under(key)
+    (`groups`: the levels known to have one, to which those written here are added), then its own zarr.json.
+    `present`: the names known to be under `key`'s parent (its listing, kept by the caller): where `key`'s is not
+    among them there is nothing to delete, and no listing is made (one request fewer per array of a run)."""
+    if present is None or PurePosixPath(key).name in present:
+        objects.delete_under(key)
     parent = PurePosixPath(key).parent
     levels = [parent, *parent.parents] if str(parent) != "." else [parent]
     missing = [level for level in levels if level not in groups]
