@@ -22,6 +22,10 @@ server, a Dask scheduler and worker processes of one thread each) and stops it a
 
 The last line gives each S3 row's MB/s as a share of the local row's, side by side. SeaweedFS's CPU seconds say
 how much of the machine the S3 server itself took: on a machine of few cores it competes with the rows it serves.
+`--s3-cores N` takes that competition out, as a deployment with S3 on other hosts has none: SeaweedFS and
+PostgreSQL (every thread of theirs, and what they start later) run on the last N of this process's cores, and this
+process, the CLI it runs and the Dask cluster on the others, for the local rows as well as the S3 rows. The line
+"cores:" says which cores each side had. Without it nothing is pinned.
 
 On loopback the figures are this machine's CPU cost of each path, not a network's. With 2 cores the Dask rows show
 the overhead and the shape of scaling more than any speed-up: 4 workers share the 2 cores with the scheduler,
@@ -32,6 +36,7 @@ asserts on timings.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -68,6 +73,38 @@ def cpu_seconds(pids: Sequence[int]) -> float:
         except psutil.NoSuchProcess:
             pass
     return total
+
+
+def pin(pids: Sequence[int], cores: set[int]) -> None:
+    """Run the processes `pids`, every thread of theirs and their children's, on `cores` only (a thread started
+    later inherits its parent thread's cores)."""
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            processes = [process, *process.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for each in processes:
+            try:
+                threads = [thread.id for thread in each.threads()]
+            except psutil.NoSuchProcess:
+                continue
+            for thread in threads:
+                with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+                    os.sched_setaffinity(thread, cores)
+
+
+def split_cores(server_cores: int) -> tuple[set[int], set[int]]:
+    """(this side's cores, the servers' cores): the last `server_cores` of this process's for the servers."""
+    available = sorted(os.sched_getaffinity(0))
+    if not 0 < server_cores < len(available):
+        sys.exit(f"--s3-cores {server_cores}: give 1 to {len(available) - 1} of this process's cores {available}")
+    return set(available[:-server_cores]), set(available[-server_cores:])
+
+
+def postmaster_pid(cluster: PostgresCluster) -> int:
+    """The PostgreSQL server's process id (pg_ctl starts it apart from this process), from its postmaster.pid."""
+    return int((cluster.root / "data" / "postmaster.pid").read_text().split()[0])
 
 
 def ingest(
@@ -151,7 +188,16 @@ def main() -> None:
     parser.add_argument("--dask-workers", type=worker_counts, default=[1, 2, 4], help="Dask worker counts: 1,2,4")
     parser.add_argument("--windows", type=int, default=200, help="slice windows read per size")
     parser.add_argument("--workdir", type=Path, default=ROOT / "bench-data" / "cluster")
+    parser.add_argument(
+        "--s3-cores",
+        type=int,
+        default=0,
+        help="pin SeaweedFS and PostgreSQL to this many cores and everything measured to the others (0: no pinning)",
+    )
     args = parser.parse_args()
+    pinned = split_cores(args.s3_cores) if args.s3_cores else None
+    if pinned is not None:  # before any thread starts: every thread and child of this process inherits it
+        os.sched_setaffinity(0, pinned[0])
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
     print(machine_line(f"{args.tensors} x {args.tensor_mib} MiB float32 per run; servers on loopback"))
@@ -170,6 +216,14 @@ def main() -> None:
         }
         cluster.update(s3.environ)
         weed_pid = s3.process.pid
+        if pinned is not None:
+            pin([weed_pid, postmaster_pid(postgres)], pinned[1])
+            print(
+                f"cores: this process, the CLI and the Dask cluster on {sorted(pinned[0])}; "
+                f"SeaweedFS and PostgreSQL on {sorted(pinned[1])}"
+            )
+        else:
+            print(f"cores: not pinned: every process shares cores {sorted(os.sched_getaffinity(0))}")
 
         def weed() -> float:
             return cpu_seconds([weed_pid])

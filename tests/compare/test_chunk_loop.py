@@ -386,7 +386,12 @@ def test_a_deleted_or_broken_chunk_object_is_read_as_a_chunk_file_would_be(
         (intact[:16] + b"\xff" * 8 + intact[24:], "could not be decoded"),
     ):
         obstore.put(bucket, "runs/2/0/c/2/0", broken)
-        ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
+        # a comparison's readers keep what they fetched (an array never changes after ingest): a new pair's read it
+        fresh_b = SourceView(
+            services.store.reader("runs/2/0"), partial(storage_to_compute, logical=parse_dtype("float32"))
+        )
+        fresh = chunk_pairs(a, fresh_b, exact=False)
+        ((_, error),) = compare_stream([PairJob(None, a, fresh_b, TOLERANCE, False, fresh)], pool)
         assert isinstance(error, ValueError) and f"{name} {says}" in str(error), error
 
 

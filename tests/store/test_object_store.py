@@ -205,3 +205,32 @@ def test_slices_fetch_their_chunk_objects_and_read_what_zarr_reads(
     assert not np.asarray(reader[15:17, 3:9]).any()  # inside the deleted chunk alone: the fill value too
     with pytest.raises(FileNotFoundError, match="runs/1/404"):
         store.reader("runs/1/404", "sha256:0")
+
+
+@pytest.mark.parametrize("store_url", ["s3"], indirect=True)
+def test_what_the_chunk_loop_fetched_is_read_again_without_a_second_fetch_up_to_the_kept_bytes(
+    services: Services, s3: SeaweedS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing pair's second read (where its error is) takes the chunk objects its reader fetched for the compiled
+    chunk loop from what the reader kept, up to KEPT_BYTES (3 chunks here): with every object deleted from the
+    bucket after the first read, the kept chunks still read as stored, the others as the fill value (fetched
+    again, and gone). A reader that only slices keeps nothing (the slice test above)."""
+    chunk = 7 * 37 * 4  # bytes of one (7, 37) float32 chunk
+    monkeypatch.setattr(object_chunks, "KEPT_BYTES", 3 * chunk)
+    store = services.store
+    values = np.random.default_rng(6).standard_normal((35, 37)).astype(np.float32) + 10  # no zeros: fill is 0
+    array = store.create("runs/1/0", values.shape, parse_dtype("float32"), (7, 37), False)
+    array[...] = values
+    reader = store.reader("runs/1/0", "digest-kept")
+    assert isinstance(reader, ObjectChunkReader)
+    pieces = reader.flat_pieces(0, values.size)
+    assert pieces is not None and len(pieces) == 5
+    fetched = reader.fetch_pieces(pieces).result()
+    assert [bytes(data or b"") for data in fetched] == [values[7 * i : 7 * i + 7].tobytes() for i in range(5)]
+    bucket = s3.bucket(services.settings.store_url)
+    obstore.delete(bucket, [f"runs/1/0/c/{i}/0" for i in range(5)])
+    again = np.asarray(reader[0:35, 0:37])
+    assert again[:21].tobytes() == values[:21].tobytes()  # the first 3 chunks, kept
+    assert not again[21:].any()  # the 2 past KEPT_BYTES, fetched again: gone, the fill value
+    fresh = store.reader("runs/1/0", "digest-kept")
+    assert not np.asarray(fresh[0:35, 0:37]).any()  # another pair's reader keeps nothing of this one's

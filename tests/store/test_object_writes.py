@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import obstore
 import torch
 from sqlalchemy import select
@@ -124,3 +125,73 @@ def test_one_refused_upload_among_a_blocks_fails_the_run_with_nothing_of_it_left
     assert run_objects() == []
     time.sleep(1)
     assert run_objects() == []  # no upload of the block was still under way
+
+
+def test_a_run_of_many_files_stores_each_while_the_next_is_read_and_a_bad_one_among_them_is_its_own_problem(
+    s3: SeaweedS3, tmp_path: Path
+) -> None:
+    """A run of one-tensor files of several blocks each, with a truncated file and a file with no tensors among
+    them: the file before is still being written while the next is read (run_copy.py), and still each good tensor
+    reads back bit for bit, in S3 as in a folder, the bad files are their own problems, and no array is left but
+    the stored tensors' (the truncated file's arrays deleted, its indices taken by the next file)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    originals: dict[str, np.ndarray] = {}
+    for i in range(6):
+        values = np.random.default_rng(i).standard_normal((40 + 7 * i, 1000), dtype=np.float32)
+        np.save(run / f"{i}_layer.npy", values)
+        originals[f"{i}_layer"] = values
+    whole = (run / "3_layer.npy").read_bytes()
+    (run / "3_layer.npy").write_bytes(whole[: len(whole) // 2])  # its header promises more than there is
+    del originals["3_layer"]
+    torch.save({}, run / "4_empty.pth")
+    for name, url in (("folder", ""), ("s3", s3.new_url())):
+        settings = Settings(data_dir=tmp_path / name, store_url=url, demo=False, chunk_bytes=CHUNK_BYTES, workers=2)
+        services = open_services(settings, s3.environ if url else {})
+        try:
+            result = Ingestor(settings, services.sessions, services.store).ingest("s", "ref", [InputFile(run, "m")])
+            records = stored(services, result.run_id)
+            assert sorted(records) == sorted(originals), name
+            for tensor_name, record in records.items():
+                assert same_bits(read_back(services, record), torch.from_numpy(originals[tensor_name])), tensor_name
+            with services.sessions() as db:
+                problems = {p.file: p.reason for p in db.get_one(RunRecord, result.run_id).problems}
+            assert problems == {"m/3_layer.npy": "truncated: 244000 bytes of data expected, 121936 found"} | {
+                "m/4_empty.pth": "holds no tensors"
+            }, problems
+            arrays = sorted(services.store.children(f"runs/{result.run_id}"), key=lambda n: (not n.isdigit(), n))
+            assert [a for a in arrays if a.isdigit()] == sorted(r.store_key.rsplit("/", 1)[1] for r in records.values())
+        finally:
+            services.close()
+
+
+def test_an_array_made_again_at_a_key_leaves_nothing_of_the_one_before_whoever_made_it(s3: SeaweedS3) -> None:
+    """A run's level is listed once per store, then each array made under it is remembered: an array made again at
+    a key this store made, or that another store (another process) made before this one listed the level, or one
+    made through Zarr, still replaces the one before, no chunk object of it left. (Arrays another process makes at
+    a level after this store listed it are not seen: a run's arrays are made by the one ingest that holds it.)"""
+    from tensor_debugger.store.arrays import ArrayStore
+    from tensor_debugger.store.dtypes import parse_dtype
+
+    url = s3.new_url()
+    bucket = s3.bucket(url)
+    float32 = parse_dtype("float32")
+
+    def made(store: ArrayStore, key: str, rows: int) -> None:
+        writer = store.writer(key, (rows, 64), float32, (4, 64), compressed=False)
+        writer[0:rows, 0:64] = np.ones((rows, 64), dtype=np.float32)
+
+    def chunks(key: str) -> set[str]:
+        return {item["path"] for batch in obstore.list(bucket, prefix=f"{key}/c/") for item in batch}
+
+    mine, another = ArrayStore(url, s3.environ), ArrayStore(url, s3.environ)
+    made(mine, "runs/9/0", 40)  # lists runs/9: nothing there yet
+    made(mine, "runs/9/0", 8)  # this store's own, made again
+    assert chunks("runs/9/0") == {"runs/9/0/c/0/0", "runs/9/0/c/1/0"}
+    made(another, "runs/9/1", 40)  # after `mine` listed runs/9
+    made(mine, "runs/9/2", 4)
+    made(ArrayStore(url, s3.environ), "runs/9/1", 4)  # a third store: lists runs/9, finds 1
+    assert chunks("runs/9/1") == {"runs/9/1/c/0/0"}
+    mine.create("runs/9/3", (40, 64), float32, (4, 64), False)[...] = np.ones((40, 64), dtype=np.float32)
+    made(mine, "runs/9/3", 4)  # made through Zarr first: runs/9 listed again
+    assert chunks("runs/9/3") == {"runs/9/3/c/0/0"}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -21,13 +23,13 @@ from tensor_debugger.errors import (
     unexpected_problem,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
-from tensor_debugger.ingest.block_readers import BufferPool
-from tensor_debugger.ingest.inputs import InputFile, RunTrace, expand_inputs
+from tensor_debugger.ingest.block_readers import BufferPool, Leaf
+from tensor_debugger.ingest.inputs import InputFile, RunTrace, TensorFileEntry, expand_inputs
 from tensor_debugger.ingest.outcomes import IngestCancelled, TakenOver
 from tensor_debugger.ingest.stored import Stored, StoredListener, stored_name
 from tensor_debugger.ingest.taps import RunTap
 from tensor_debugger.ingest.tensor_files import open_tensor_file
-from tensor_debugger.ingest.writer import PageCacheBudget, TensorWriter, WritePools
+from tensor_debugger.ingest.writer import PageCacheBudget, StoredTensor, TensorWriter, WritePools
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 
@@ -118,60 +120,89 @@ class RunCopy:
 
         stored: list[Stored] = []
         pools = WritePools.open(self.settings.threads)
-        chunk_bytes = self.settings.chunk_bytes
         buffers = BufferPool(pools.buffers)  # read buffers, shared by the run's files (read one after another)
         budget = PageCacheBudget(self.settings.buffered_run_bytes)  # the run's first bytes through the cache
-        try:
-            for entry in expansion.entries:
-                first = made = len(stored)
-                if self.reading is not None:
-                    self.reading(run_id, entry.label)
+        # The file before, its last blocks still being written while the next file's are read and handed over:
+        # with a file per tensor, waiting for each file's writes stalled an ingest to S3 on its last uploads and on
+        # the next array's creation (bench/cluster.py). The writer's window still bounds the blocks in flight.
+        earlier: _FileInFlight | None = None
+        stopped: BaseException | None = None  # what the file before raised to stop the run
+        next_index = 0  # the next array's index under the run's prefix
+
+        def conclude(file: _FileInFlight) -> None:
+            """Wait for `file`'s blocks, then close it and record its tensors, or its failure."""
+            nonlocal earlier, stopped
+            earlier = None
+            try:
                 try:
-                    with (
-                        open_tensor_file(
-                            entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
-                        ) as opened,
-                        TensorWriter(self.store, chunk_bytes, pools, self.kernel, on_bytes, budget) as writer,
-                    ):
-                        problems.extend(opened.skipped)
+                    writer.settle_to(file.mark)
+                    done = [(file.entry, file.entry.keys + leaf.key_path, result()) for leaf, result in file.results]
+                except BaseException:
+                    writer.abandon(file.mark)  # its other blocks: nothing of it is in flight when it is dropped
+                    raise
+                finally:
+                    self._close(file.entry, file.closing)
+            except BaseException as exc:
+                problems.extend(file.skipped)
+                try:
+                    self._fail(file.entry, exc, run_id, file.first, file.made, problems)
+                except BaseException as raised:
+                    stopped = raised
+                    raise
+                return
+            problems.extend(file.skipped)
+            stored.extend(done)
+            if listener is not None and done:
+                listener.stored(done)
+            if not file.results and not file.skipped:
+                problems.append(FileProblem(file.entry.label, "holds no tensors"))
+            elif not file.results:
+                problems.append(FileProblem(file.entry.label, "holds no usable tensors"))
+
+        def making_room(oldest: int) -> None:
+            if earlier is not None and oldest < earlier.mark:
+                conclude(earlier)
+
+        try:
+            with (
+                ExitStack() as open_files,  # closed after the writer has waited for what is in flight
+                TensorWriter(self.store, self.settings.chunk_bytes, pools, self.kernel, on_bytes, budget) as writer,
+            ):
+                writer.making_room = making_room
+                for entry in expansion.entries:
+                    first = made = next_index
+                    closing = open_files.enter_context(ExitStack())
+                    skipped: list[FileProblem] = []
+                    if self.reading is not None:
+                        self.reading(run_id, entry.label)
+                    try:
+                        opened = closing.enter_context(
+                            open_tensor_file(
+                                entry.path, entry.label, buffers, entry.span, entry.packed, scratch=staging
+                            )
+                        )
+                        skipped = list(opened.skipped)
                         results = []
                         for leaf in opened.leaves:
                             made += 1
                             name = stored_name(entry, entry.keys + leaf.key_path) if tap is not None else None
                             results.append((leaf, writer.add(f"{run_prefix(run_id)}/{made - 1}", leaf, name, tap)))
-                        writer.finish()
-                        stored.extend((entry, entry.keys + leaf.key_path, result()) for leaf, result in results)
-                        if listener is not None and results:
-                            listener.stored(stored[first:])
-                        if not opened.leaves and not opened.skipped:
-                            problems.append(FileProblem(entry.label, "holds no tensors"))
-                        elif not opened.leaves:
-                            problems.append(FileProblem(entry.label, "holds no usable tensors"))
-                except FileProblem as problem:
-                    problems.append(problem)
-                    self.drop(run_id, stored, first, made)
-                except StoreWriteError as exc:  # the store, not the file: the whole run stops
-                    self.drop(run_id, stored, first, made)
-                    raise type(exc)(f"the arrays of {entry.label}", exc.reason, entry.label) from exc
-                except StoreUnavailableError:  # a read of the store that it did not answer: not the file's fault
-                    self.drop(run_id, stored, first, made)
-                    raise
-                except MemoryError:  # one file's, its memory freed as the error left it: the run's other files go on
-                    self.drop(run_id, stored, first, made)
-                    problems.append(FileProblem(entry.label, out_of_memory(self.memory_limit)))
-                except OSError as exc:  # a file that ends early (a disk that fills stops the whole run)
-                    self.drop(run_id, stored, first, made)
-                    if is_disk_full(exc):
-                        raise DiskFullError(f"the arrays of {entry.label}") from exc
-                    problems.append(FileProblem(entry.label, f"could not be read: {exc.strerror or exc}"))
-                except (TensorDebuggerError, IngestCancelled, TakenOver, SQLAlchemyError):
-                    raise  # not this file's: the run stops, as it would for any of them
-                except Exception as exc:  # anything else one file's reading raised: that file fails, named
-                    self.drop(run_id, stored, first, made)
-                    problems.append(unexpected_problem(entry.label, exc))
-                finally:
-                    if entry.staged:
-                        entry.path.unlink(missing_ok=True)
+                    except BaseException as exc:
+                        if exc is stopped or not isinstance(exc, Exception):
+                            raise  # the file before stopped the run (`making_room`), or an interrupt
+                        if earlier is not None:
+                            conclude(earlier)
+                        writer.abandon()  # this file's blocks, the only ones left
+                        self._close(entry, closing)
+                        problems.extend(skipped)
+                        self._fail(entry, exc, run_id, first, made, problems)
+                        continue  # the next file takes the indices of this one's arrays
+                    if earlier is not None:
+                        conclude(earlier)
+                    earlier = _FileInFlight(entry, closing, skipped, results, first, made, writer.handed_over)
+                    next_index = made
+                if earlier is not None:
+                    conclude(earlier)
         finally:
             pools.close()
             if listener is not None:  # before `_finish` shares arrays or `_give_up` deletes them
@@ -180,15 +211,67 @@ class RunCopy:
             progress(total, total)
         return stored, problems, expansion.traces
 
-    def drop(
+    @staticmethod
+    def _close(entry: TensorFileEntry, closing: ExitStack) -> None:
+        """Close a file once nothing of it is in flight; an extracted one is deleted."""
+        try:
+            closing.close()
+        finally:
+            if entry.staged:
+                entry.path.unlink(missing_ok=True)
+
+    def _fail(
         self,
+        entry: TensorFileEntry,
+        exc: BaseException,
         run_id: int,
-        stored: list[Stored],
         first: int,
         made: int,
+        problems: list[FileProblem],
     ) -> None:
-        """Forget the tensors of a file that failed partway, arrays included: those from `first` on, up to the
-        `made` arrays begun (the ones cut short too)."""
-        del stored[first:]
+        """A file that failed, its blocks settled or abandoned and the file closed: its arrays (indices `first` up
+        to `made`, the ones cut short too) deleted and its problem recorded where the failure is the file's; raised
+        again, as the run's, where it is not."""
+        try:
+            raise exc
+        except FileProblem as problem:
+            problems.append(problem)
+            self.drop(run_id, first, made)
+        except StoreWriteError as error:  # the store, not the file: the whole run stops
+            self.drop(run_id, first, made)
+            raise type(error)(f"the arrays of {entry.label}", error.reason, entry.label) from error
+        except StoreUnavailableError:  # a read of the store that it did not answer: not the file's fault
+            self.drop(run_id, first, made)
+            raise
+        except MemoryError:  # one file's, its memory freed as the error left it: the run's other files go on
+            self.drop(run_id, first, made)
+            problems.append(FileProblem(entry.label, out_of_memory(self.memory_limit)))
+        except OSError as error:  # a file that ends early (a disk that fills stops the whole run)
+            self.drop(run_id, first, made)
+            if is_disk_full(error):
+                raise DiskFullError(f"the arrays of {entry.label}") from error
+            problems.append(FileProblem(entry.label, f"could not be read: {error.strerror or error}"))
+        except (TensorDebuggerError, IngestCancelled, TakenOver, SQLAlchemyError):
+            raise  # not this file's: the run stops, as it would for any of them
+        except Exception as error:  # anything else one file's reading raised: that file fails, named
+            self.drop(run_id, first, made)
+            problems.append(unexpected_problem(entry.label, error))
+
+    def drop(self, run_id: int, first: int, made: int) -> None:
+        """Delete the arrays of a file that failed partway: those from index `first` on, up to the `made` arrays
+        begun (the ones cut short too)."""
         for index in range(first, made):
             delete_arrays(self.store, f"{run_prefix(run_id)}/{index}")
+
+
+@dataclass
+class _FileInFlight:
+    """A file whose tensors were all handed to the writer, its last blocks perhaps still being written."""
+
+    entry: TensorFileEntry
+    closing: ExitStack  # closes the file
+    skipped: list[FileProblem]  # its tensors that were not stored, and why
+    results: list[tuple[Leaf, Callable[[], StoredTensor]]]
+    first: int  # its first array's index under the run's prefix
+    made: int  # one past its last array's
+    mark: int  # the writer's `handed_over` after its last block

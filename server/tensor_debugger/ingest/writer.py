@@ -157,9 +157,10 @@ class _Tensor:
 class _Block:
     tensor: _Tensor
     region: Region
-    written: Future[None]
+    written: Future[Future[None] | None]  # the write, or the start of uploads: their future
     summarised: Future[BlockSummary]
     hashed: Future[None]
+    number: int  # in the order blocks were handed over (`TensorWriter.handed_over`)
 
 
 class PageCacheBudget:
@@ -211,6 +212,15 @@ class TensorWriter:
         self.on_bytes = on_bytes
         self.budget = budget
         self._window: deque[_Block] = deque()
+        self._handed_over = 0  # blocks handed to the pool so far, each numbered in that order
+        # told of the oldest block's number when `add` must wait for it to hand over another (the window is full):
+        # a caller whose blocks of an earlier file are in flight settles that file there (`settle_to`)
+        self.making_room: Callable[[int], None] | None = None
+
+    @property
+    def handed_over(self) -> int:
+        """How many blocks were handed over so far: `settle_to` and `abandon` take such a count as a mark."""
+        return self._handed_over
 
     def __enter__(self) -> TensorWriter:
         return self
@@ -238,8 +248,16 @@ class TensorWriter:
             SketchSample(leaf.dtype, math.prod(leaf.shape)),
         )
 
-        def store_block(region: Region, block: NDArray[Any]) -> None:
+        start_write = getattr(array, "start_write", None)  # an `ObjectChunkWriter`'s, its uploads under way after
+
+        def store_block(region: Region, block: NDArray[Any]) -> Future[None] | None:
+            """Write `block`; where the array's store uploads it, the uploads' future (the block settles once that
+            is done), so that this thread goes on encoding, summarising and hashing other blocks meanwhile."""
+            if start_write is not None:
+                uploads: Future[None] = start_write(region if region else (), block)
+                return uploads
             array[region if region else ()] = block
+            return None
 
         def hash_block(block: NDArray[Any]) -> Callable[[], None]:
             return lambda: tensor.hasher.update(block.reshape(-1).view(np.uint8).data)
@@ -277,7 +295,7 @@ class TensorWriter:
         self,
         tensor: _Tensor,
         blocks: Iterator[tuple[Region, NDArray[Any]]],
-        store_block: Callable[[Region, NDArray[Any]], None],
+        store_block: Callable[[Region, NDArray[Any]], Future[None] | None],
         hash_block: Callable[[NDArray[Any]], Callable[[], None]],
         tap: TensorTap | None,
     ) -> None:
@@ -293,13 +311,17 @@ class TensorWriter:
                     pool.submit(store_block, region, block),
                     pool.submit(summarise_stored, block, tensor.leaf.dtype, self.kernel),
                     tensor.lane.submit(hash_block(block)),
+                    self._handed_over,
                 )
             )
+            self._handed_over += 1
             tensor.unsettled += 1
             if tap is not None:  # while the pool writes it (the block stays the reader's until `_settle`)
                 tap.put(region, block)
             if self.on_bytes is not None:
                 self.on_bytes(block.nbytes)
+            if len(self._window) > self.pools.in_flight and self.making_room is not None:
+                self.making_room(self._window[0].number)
             while len(self._window) > self.pools.in_flight:
                 self._settle()
 
@@ -308,19 +330,33 @@ class TensorWriter:
         while self._window:
             self._settle()
 
-    def abandon(self) -> None:
-        """Cancel the blocks not yet started and wait for the others (after a failure; a no-op after `finish`)."""
-        while self._window:
+    def settle_to(self, mark: int) -> None:
+        """Wait for the blocks handed over before `mark` (a `handed_over` count: the tensors added by then are
+        finished once this returns), leaving the later ones in flight; raises as `finish` does."""
+        while self._window and self._window[0].number < mark:
+            self._settle()
+
+    def abandon(self, mark: int | None = None) -> None:
+        """Cancel the blocks not yet started and wait for the others (after a failure; a no-op after `finish`);
+        with `mark`, only those handed over before it (the blocks of a file that failed while the next file's are in
+        flight)."""
+        while self._window and (mark is None or self._window[0].number < mark):
             block = self._window.popleft()
             futures: list[Future[Any]] = [block.written, block.summarised, block.hashed]
             for future in futures:
                 future.cancel()
             wait(futures)
+            if not block.written.cancelled() and block.written.exception() is None:
+                uploads = block.written.result()
+                if uploads is not None:
+                    wait([uploads])
 
     def _settle(self) -> None:
         block = self._window.popleft()
         try:
-            block.written.result()
+            uploads = block.written.result()
+            if uploads is not None:
+                uploads.result()
             part = block.summarised.result()
             block.hashed.result()
         except BaseException:

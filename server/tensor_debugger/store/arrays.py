@@ -139,6 +139,9 @@ class ArrayStore:
             bucket = open_s3_bucket(url, os.environ if environ is None else environ, retry_seconds)
             self._objects = ChunkObjects(bucket, url)
         self._groups: set[PurePosixPath] = set()  # levels of the folder or bucket known to hold a group's zarr.json
+        # in a bucket: the names under a level ("runs/3") as listed once, with the arrays this process made there since
+        # (a run's arrays are made by the one ingest that holds the run: no other process adds any meanwhile)
+        self._present: dict[PurePosixPath, set[str]] = {}
         self._groups_lock = threading.Lock()
         if self._folder is None:
             self._open_store(environ)
@@ -175,6 +178,9 @@ class ArrayStore:
         import zarr
 
         from tensor_debugger.store.zarr_backend import DEFAULT_CODEC
+
+        with self._groups_lock:  # made by Zarr: what was listed above it is listed again before `writer` uses it
+            self._present.pop(PurePosixPath(key).parent, None)
 
         return zarr.create_array(
             self._store,
@@ -217,11 +223,17 @@ class ArrayStore:
         if self._objects is not None and document is not None:
             from tensor_debugger.store.object_writes import create_object_array
 
+            parent = PurePosixPath(key).parent
             with self._groups_lock:
                 known = set(self._groups)
-            made = create_object_array(self._objects, key, document, known)
+                present = self._present.get(parent)
+            if present is None:  # the parent listed once; then each array made under it is added to what it holds
+                present = self._objects.names_under(str(parent)) if str(parent) != "." else None
+            made = create_object_array(self._objects, key, document, known, present)
             with self._groups_lock:
                 self._groups |= known
+                if present is not None:
+                    self._present[parent] = present | {PurePosixPath(key).name}
             return made
         if self._folder is None or document is None:
             array = self.create(key, shape, dtype, chunks, compressed)
@@ -319,6 +331,9 @@ class ArrayStore:
             return
         with self._groups_lock:
             self._groups -= {level for level in self._groups if level == gone or gone in level.parents}
+            # what was listed at, under or just above the prefix is listed again before the next array is made there
+            for level in [level for level in self._present if level in (gone, gone.parent) or gone in level.parents]:
+                del self._present[level]
         run_sync(self._store.delete_dir(prefix))
 
     def children(self, prefix: str) -> list[str]:

@@ -41,6 +41,12 @@ FETCHES_AT_ONCE = 32
 # block's 16 chunks at a time from each of its threads, and keeps the memory of what is in flight bounded by that.
 PUTS_AT_ONCE = 32
 SLICE_BATCH = 64  # chunk objects of a region fetched together (64 MiB of chunks as ingest writes them)
+# Fetched chunk bytes an `ObjectChunkReader` keeps for a second read of the same chunks: a failing pair's statistics
+# read every chunk of its two tensors (the compiled chunk loop), then where its error is reads them again
+# (engine/where.py), which from a folder comes from the page cache and from S3 was a second fetch of every object
+# (bench/cluster.py: SeaweedFS served twice the bytes). A reader is one tensor of one pair being compared, so what
+# it keeps goes with the pair; a tensor larger than this is fetched again past the first KEPT_BYTES.
+KEPT_BYTES = 32 << 20
 
 _LOOPS: dict[int, asyncio.AbstractEventLoop] = {}  # by process id: a forked child starts a loop of its own
 _LOOPS_LOCK = threading.Lock()
@@ -164,6 +170,22 @@ class ChunkObjects:
             error = StoreWriteError if is_refusal(exc) else StoreOutageError
             raise error(prefix, describe_failure(exc)) from exc
 
+    def names_under(self, prefix: str) -> set[str]:
+        """The names directly under `prefix/` (its arrays and groups: "0", "zarr.json"), in one listing; a
+        StoreWriteError naming the prefix where the store refuses or does not answer (this is for writing there)."""
+        try:
+            return asyncio.run_coroutine_threadsafe(self._names_under(prefix), _event_loop()).result()
+        except Exception as exc:
+            error = StoreWriteError if is_refusal(exc) else StoreOutageError
+            raise error(prefix, describe_failure(exc)) from exc
+
+    async def _names_under(self, prefix: str) -> set[str]:
+        import obstore
+
+        found = await obstore.list_with_delimiter_async(self.bucket, prefix=f"{prefix}/")
+        paths = [*found["common_prefixes"], *(item["path"] for item in found["objects"])]
+        return {path.rstrip("/").rsplit("/", 1)[-1] for path in paths}
+
     async def _delete_under(self, prefix: str) -> None:
         import obstore
 
@@ -189,6 +211,9 @@ class ObjectChunkReader(ChunkReader):
         super().__init__(layout, Path(key), counter, open_array)
         self.objects = objects
         self._key = key
+        self._kept: dict[str, Bytes] = {}  # fetched chunk objects by key, up to KEPT_BYTES, for a second read
+        self._kept_bytes = 0
+        self._kept_lock = threading.Lock()
 
     def __getitem__(self, region: tuple[slice, ...]) -> NDArray[Any]:
         found = self._within_one_chunk(region)
@@ -230,8 +255,41 @@ class ObjectChunkReader(ChunkReader):
         return np.array(view)
 
     def fetch_pieces(self, pieces: Sequence[tuple[bytes, int, int]]) -> Future[list[Bytes | None]]:
-        """Start fetching the chunk objects of `flat_pieces`' pieces."""
-        return self.objects.submit([key.decode() for key, _, _ in pieces])
+        """Start fetching the chunk objects of `flat_pieces`' pieces (those kept from a fetch before are not fetched
+        again)."""
+        return self._fetch([key.decode() for key, _, _ in pieces], keep=True)
+
+    def _fetch(self, keys: list[str], keep: bool = False) -> Future[list[Bytes | None]]:
+        """The objects at `keys`, as `ChunkObjects.submit` gives them: those this reader keeps at once, the others
+        fetched; `keep`: and kept while there is room (what the compiled chunk loop fetches, for the second read of
+        a failing pair; a slice's reads keep nothing)."""
+        with self._kept_lock:
+            found = [self._kept.get(key) for key in keys]
+        missing = [key for key, data in zip(keys, found, strict=True) if data is None]
+        if not missing:
+            done: Future[list[Bytes | None]] = Future()
+            done.set_result(list(found))
+            return done
+        fetching = self.objects.submit(missing)
+        result: Future[list[Bytes | None]] = Future()
+
+        def arrived(fetched: Future[list[Bytes | None]]) -> None:
+            try:
+                values = iter(fetched.result())
+            except BaseException as exc:
+                result.set_exception(exc)
+                return
+            merged = [data if data is not None else next(values) for data in found]
+            if keep:
+                with self._kept_lock:
+                    for key, data in zip(keys, merged, strict=True):
+                        if data is not None and key not in self._kept and self._kept_bytes + len(data) <= KEPT_BYTES:
+                            self._kept[key] = data
+                            self._kept_bytes += len(data)
+            result.set_result(merged)
+
+        fetching.add_done_callback(arrived)
+        return result
 
     def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], NDArray[Any]], None]:
         """Decode from the region's chunk objects (decoded in the order of `every`), fetched `SLICE_BATCH` at a time,
@@ -239,7 +297,7 @@ class ObjectChunkReader(ChunkReader):
         keys = [f"{self._key}/{self._layout.chunk_key(coords)}" for coords in every]
         batches = [(every[i : i + SLICE_BATCH], keys[i : i + SLICE_BATCH]) for i in range(0, len(every), SLICE_BATCH)]
         fetched: dict[tuple[int, ...], tuple[str, Bytes | None]] = {}  # the batch being decoded
-        fetching = deque(self.objects.submit(batch_keys) for _, batch_keys in batches[:1])
+        fetching = deque(self._fetch(batch_keys) for _, batch_keys in batches[:1])
         taken = 0  # batches decoded or being decoded
 
         def decode(coords: tuple[int, ...], into: NDArray[Any]) -> None:
@@ -248,7 +306,7 @@ class ObjectChunkReader(ChunkReader):
                 chunks, batch_keys = batches[taken]
                 taken += 1
                 if taken < len(batches):  # the next batch, fetched while this one is decoded
-                    fetching.append(self.objects.submit(batches[taken][1]))
+                    fetching.append(self._fetch(batches[taken][1]))
                 fetched.clear()
                 fetched.update(zip(chunks, zip(batch_keys, fetching.popleft().result(), strict=True), strict=True))
             key, data = fetched[coords]
