@@ -6,9 +6,10 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tensor_debugger.engine.fused import Kernel
+if TYPE_CHECKING:
+    from tensor_debugger.engine.fused import Kernel
 
 ENV_PREFIX = "TENSOR_DEBUGGER_"
 GiB = 1024**3
@@ -178,7 +179,10 @@ class Settings:
 
     def statistics_kernel(self) -> Kernel:
         """The statistics path these settings choose (`kernel`, `kernel_family`), for one engine instance: the
-        services' comparisons and ingest's summaries, and an ingest child's."""
+        services' comparisons and ingest's summaries, and an ingest child's. Imported here: the commands that
+        compute nothing (`--help`, `sessions`, an unchanged `compare`) do not import numpy."""
+        from tensor_debugger.engine.fused import Kernel
+
         return Kernel(self.kernel, self.kernel_family)
 
     def __post_init__(self) -> None:

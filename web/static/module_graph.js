@@ -4,7 +4,7 @@
 
 const section = document.querySelector("section.module-graph");
 if (section) {
-  const data = JSON.parse(section.querySelector("script.graph-data").textContent);
+  const data = JSON.parse(section.querySelector(".graph-data").dataset.graph); // single-quoted: tojson escapes '
   const [ON_FIRST, ON_CULPRIT, TARGET, MATCHED, OPEN, TO_MATCH] = [1, 2, 4, 8, 16, 32];
   // with a search, the modules opened for it show the way to the matches (and to the first divergence and the
   // culprits); their other children wait behind one button, so 154 matches do not build 1,400 boxes
