@@ -20,6 +20,7 @@ verdict is "no difference found in the summary", never a full pass.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,14 @@ def sample_positions(numel: int, size: int = SAMPLE_SIZE) -> list[int]:
     where two draws coincide) chosen by a seeded hash of the draw's number; the same for every tensor of `numel`."""
     if numel <= size:
         return list(range(numel))
-    return sorted({_splitmix64(SAMPLE_SEED + k) % numel for k in range(size)})
+    return list(_drawn_positions(numel, size))
+
+
+@functools.lru_cache(maxsize=1024)
+def _drawn_positions(numel: int, size: int) -> tuple[int, ...]:
+    """`sample_positions` of a tensor of more than `size` elements, drawn once per size (a model's tensors come in
+    a few sizes, each met many times)."""
+    return tuple(sorted({_splitmix64(SAMPLE_SEED + k) % numel for k in range(size)}))
 
 
 @dataclass(frozen=True)
@@ -91,7 +99,7 @@ class Sketch:
             "max": None if self.max is None else json_number(self.max),
             "nan": self.nan,
             "inf": self.inf,
-            "sample": [json_number(v) for v in self.sample],
+            "sample": _json_numbers(self.sample),
         }
 
     @classmethod
@@ -119,6 +127,13 @@ class Sketch:
             int(data["inf"]),
             sample,
         )
+
+
+def _json_numbers(values: tuple[float, ...]) -> list[float | str]:
+    """`json_number` of each value; at C speed where all are finite, as they mostly are."""
+    if all(map(math.isfinite, values)):
+        return list(values)
+    return [json_number(v) for v in values]
 
 
 @dataclass(frozen=True)

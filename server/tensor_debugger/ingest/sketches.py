@@ -18,6 +18,7 @@ Work goes `CHUNK` elements at a time, so the float64 temporaries stay bounded on
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
@@ -28,12 +29,17 @@ from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.store.dtypes import parse_dtype
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from tensor_debugger.store.arrays import ArrayStore
     from tensor_debugger.store.models import TensorRecord
 
 CHUNK = 1 << 22  # elements (and words) per step
+# A summary's BLAKE3 runs on the thread that asks for it. Hashing on blake3's own threads as well was 5x slower
+# per byte inside a CPU forward pass (torch's threads, between its kernels, hold the cores), and no faster alone
+# on 2 cores: bench/RESULTS.md, 2026-11-27.
+HASH_THREADS = 1
 _K1 = 0x1F3D5B79A3C1E2F7  # odd 64-bit constants, below 2^63 so that they are int64s
 _K2 = 0x2545F4914F6CDD1D
 _K3 = 0x3C6EF372FE94F82B
@@ -137,36 +143,44 @@ def sketch(tensor: torch.Tensor, hash_kind: str | None = None) -> Sketch:
 
 def _blake3(t: torch.Tensor) -> str:
     """The digest ingest gives the tensor's bytes (`writer.new_hasher`): equal to a stored tensor's `digest`."""
-    from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
-    from tensor_debugger.store.dtypes import from_torch, torch_to_storage
+    from tensor_debugger.store.dtypes import torch_to_storage
 
-    array = torch_to_storage(t)
-    hasher = new_hasher(from_torch(t.dtype), tuple(t.shape))
+    return _blake3_of(torch_to_storage(t), t)
+
+
+def _blake3_of(array: np.ndarray, t: torch.Tensor) -> str:
+    """`_blake3(t)` where `array` is `torch_to_storage(t)`, already made."""
+    from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
+    from tensor_debugger.store.dtypes import from_torch
+
+    hasher = new_hasher(from_torch(t.dtype), tuple(t.shape), HASH_THREADS)
     hasher.update(array.reshape(-1).view("uint8") if array.size else b"")
     return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
 
 
 def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
     """A CPU tensor's summary through ingest's compiled summary pass (one pass, no float64 copy); sum and sum of
-    squares from its count, mean and sum of squared deviations."""
+    squares from its count, mean and sum of squared deviations. A tensor that is not contiguous is copied once,
+    and its copy is what the hash, the statistics and the sample read."""
     import torch
 
     from tensor_debugger.ingest.summary import SummaryAccumulator
     from tensor_debugger.store.dtypes import from_torch, torch_to_storage
 
+    t = _contiguous(t)
     logical = from_torch(t.dtype)
-    array = torch_to_storage(t)
+    array = torch_to_storage(t)  # shares `t`'s memory: no second copy
     totals = SummaryAccumulator()
     if array.size:
         totals.add_stored(array.reshape(-1), logical)
     count, mean = totals.count, totals.mean
     flat = t.reshape(-1)
-    positions = sample_positions(flat.numel())
-    values = flat[torch.tensor(positions, dtype=torch.int64)].to(torch.float64).tolist() if positions else []
+    index = _sample_index(flat.numel())
+    values = flat[index].to(torch.float64).tolist() if index is not None else []
     return Sketch(
         tuple(t.shape),
         dtype_name(t.dtype),
-        content_hash(t) if kind == "fold64" else _blake3(t),
+        content_hash(t) if kind == "fold64" else _blake3_of(array, t),
         flat.numel(),
         count,
         mean * count if count else 0.0,
@@ -175,8 +189,30 @@ def _host_sketch(t: torch.Tensor, kind: str) -> Sketch:
         float(totals.hi) if count else None,
         totals.nan,
         totals.inf,
-        tuple(float(v) for v in values),
+        tuple(values),
     )
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself where it is contiguous, else a C-order copy of its bits made by numpy on this thread: torch's
+    copy spreads a strided tensor over its threads, which on a busy machine wait for each other (a 5 MB transposed
+    tensor took 5 to 12 ms that way, 1 ms on one thread)."""
+    import numpy as np
+    import torch
+
+    if t.is_contiguous():
+        return t
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return torch.from_numpy(np.ascontiguousarray(t.view(bits).numpy())).view(t.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _sample_index(numel: int) -> torch.Tensor | None:
+    """`sample_positions(numel)` as a CPU index tensor (None where there are none), made once per size."""
+    import torch
+
+    positions = sample_positions(numel)
+    return torch.tensor(positions, dtype=torch.int64) if positions else None
 
 
 def record_sketch(store: ArrayStore, record: TensorRecord, hash_kind: str | None = None) -> Sketch | None:

@@ -40,6 +40,7 @@ import json
 import shutil
 import struct
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ class _Recorder:
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
+        self.summaries = _Summaries()  # with values="summary": each tensor's, computed once while it is unchanged
 
     def wanted(self, path: str) -> bool:
         if not self.patterns:
@@ -168,12 +170,15 @@ class _Recorder:
         node = self.stack.pop()
         node["outputs"] = self.serialize(output, f"{node['module_path']}_outputs")
 
+    def recording(self) -> bool:
+        """Whether an op called now is recorded: the innermost module's ops are, and it does not run compiled (a
+        compiled graph's ops are aten's, or none at all with inductor: not the model's; a note says so)."""
+        return bool(self.scopes) and self.scopes[-1].ops and not self.scopes[-1].compiled
+
     def record_op(self, op: str, source: str | None, output: Any) -> None:
         """An op the forward called (`ops.OpMode`): a node of the innermost module's call, if that module's ops are
         recorded and the op returned tensors."""
-        if self.scopes and self.scopes[-1].compiled:
-            return  # a compiled graph's op (aten's, or none at all with inductor): not the model's; a note says so
-        if not self.scopes or not self.scopes[-1].ops or not _holds_tensor(output):
+        if not self.recording() or not _holds_tensor(output):
             return
         scope = self.scopes[-1]  # recorded, so also the innermost node of the tree: self.stack[-1]
         scope.counts[op] = number = scope.counts.get(op, 0) + 1
@@ -216,7 +221,7 @@ class _Recorder:
                 if not _has_storage(value):
                     self.skipped.append(f"{name}: a tensor without storage")
                     return repr(value.dtype)
-                summary = sketch(value)
+                summary = self.summaries.sketch(value)
                 self.result.summaries[name] = summary
                 if source is not None:
                     self.result.sources[name] = source
@@ -240,8 +245,37 @@ class _Recorder:
         root = {**(self.root or {"module_path": self.root_name}), "complete": True}  # no layer pruned: traces.py
         if self.notes:
             root["notes"] = self.notes
-        path.write_text(json.dumps(root, indent=1), encoding="utf-8")
+        path.write_text(json.dumps(root), encoding="utf-8")  # no indent: json's C encoder writes it
         return path
+
+
+class _Summaries:
+    """Summaries (`sketches.sketch`) of the tensors met, so that a tensor met again unchanged (a module's output
+    is its last op's, its input the previous module's output) is not read again: kept by the tensor object, with
+    its version counter (which every in-place change of it or of a view of it advances) and a weak reference (so
+    that no tensor is kept alive, and a new tensor at a freed one's address is not taken for it). Inference tensors
+    (`torch.inference_mode`) have no version counter: theirs are computed every time."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Sketch]] = {}
+
+    def sketch(self, tensor: torch.Tensor) -> Sketch:
+        key = id(tensor)
+        try:
+            version = tensor._version
+        except RuntimeError:  # "Inference tensors do not track version counter"
+            return sketch(tensor)
+        known = self.known.get(key)
+        if known is not None and known[0]() is tensor and known[1] == version:
+            return known[2]
+        summary = sketch(tensor)
+        self.known[key] = (weakref.ref(tensor, functools.partial(self._forget, key)), version, summary)
+        return summary
+
+    def _forget(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
+        known = self.known.get(key)
+        if known is not None and known[0] is ref:
+            del self.known[key]
 
 
 def _holds_tensor(value: Any) -> bool:
