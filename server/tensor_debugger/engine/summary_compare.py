@@ -106,10 +106,8 @@ class Sketch:
     def from_json(cls, data: dict[str, Any]) -> Sketch:
         """Raises ValueError (KeyError, TypeError) on a malformed summary."""
 
-        def number(value: Any) -> float:
-            return float(value)  # "nan", "inf" and "-inf" parse as floats
-
-        sample = tuple(number(v) for v in data["sample"])
+        number = float  # "nan", "inf" and "-inf" parse as floats
+        sample = tuple(map(float, data["sample"]))
         numel = int(data["numel"])
         if len(sample) != len(sample_positions(numel)):
             raise ValueError(f"a summary of {numel} elements holds {len(sample)} sampled values")

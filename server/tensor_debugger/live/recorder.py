@@ -420,9 +420,9 @@ class _LocalRun:
         self.sink = StoreSink(self.services.store, run_prefix(self.pending.run_id), settings.chunk_bytes)
         self.finished = False
 
-    def finish(self, tree: Path, files: list[str], result: CaptureResult) -> None:
+    def finish(self, tree: Path, files: list[str], result: CaptureResult, pair: bool = True) -> None:
         """Make the run ready: its tensors in call order, named, placed and given the module tree as ingest does
-        for the same trace folder."""
+        for the same trace folder; with `pair`, pair the session's runs again."""
         from tensor_debugger.ingest.inputs import RunTrace, TensorFileEntry
         from tensor_debugger.ingest.traces import read_trace
 
@@ -450,7 +450,8 @@ class _LocalRun:
         ]
         self.finished = True  # complete_stored removes the run itself if it fails
         self.services.ingestor.complete_stored(self.pending, stored, [RunTrace("", json_label, trace)])
-        self.services.plan(self.pending.session_id)
+        if pair:
+            self.services.plan(self.pending.session_id)
         result.session_id, result.run_id = self.pending.session_id, self.pending.run_id
 
     def close(self) -> None:
@@ -459,6 +460,20 @@ class _LocalRun:
                 self.services.ingestor.cancel(self.pending)
         finally:
             self.services.close()
+
+
+def pair_session(session_id: int, data_dir: str | Path | None) -> None:
+    """Pair the runs of a session of the local data dir (`data_dir`, else the default) again, as a capture does
+    when it ends."""
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
+    services = open_services(settings)
+    try:
+        services.plan(session_id)
+    finally:
+        services.close()
 
 
 def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
@@ -521,6 +536,7 @@ def capture(
     values: Values = "full",
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     backward: bool = False,
+    _pair: bool = True,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -539,7 +555,8 @@ def capture(
     gradients of the backward passes run inside the block (call `loss.backward()` there, without torch.no_grad):
     of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
     parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
-    Nothing is kept when the block raises.
+    Nothing is kept when the block raises. (`_pair=False`, for `find_divergence`'s captures in a row into a
+    local data dir, leaves the session's runs to be paired after the last: `pair_session`.)
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
@@ -584,7 +601,7 @@ def capture(
             result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
             result.session_id, result.run_id = send_from_rank0(ranks, shared, session, run, data_dir, server, token)
         elif local is not None:
-            local.finish(tree, recorder.files, result)
+            local.finish(tree, recorder.files, result, _pair)
         else:
             assert server is not None
             from tensor_debugger.live.upload import upload_run
