@@ -18,7 +18,8 @@ where wall times vary with what else runs. Nothing here asserts on timings; the 
 layers, hidden 768, 12 heads, random weights, seeded; nothing downloaded) over 256 tokens on the CPU: an op capture
 with `values="summary"` against the plain forward pass, its data (what the data dir grows by) against an op capture
 with `values="full"`, and `find_divergence` (a planted change in layer 6's attention output projection) against two
-plain forward passes.
+plain forward passes. Beside the wall times, each one's CPU time (this process, all threads), which a busy machine
+disturbs less.
 
 `PYTHONPATH=/path/to/other/server` measures another checkout's `tensor_debugger` with the same model.
 """
@@ -148,13 +149,17 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
     reference, candidate = build(False), build(True)
     ids = torch.randint(0, 50257, (1, 256), generator=torch.Generator().manual_seed(1))
 
+    cpu: dict[str, list[float]] = {"forward": [], "summary": [], "full": [], "find": []}
+
     def forward(model: torch.nn.Module) -> float:
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         with torch.no_grad():
             model(input_ids=ids)
+        cpu["forward"].append(time.process_time() - start_cpu)
         return time.perf_counter() - start
 
     forward(reference)
+    cpu["forward"].clear()
     forward_s = statistics.median(forward(reference) for _ in range(3))
     work = Path(tempfile.mkdtemp(prefix="bench-summary-", dir=workdir))
     try:
@@ -167,13 +172,14 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
         for values in ("summary", "full"):
             for run in range(runs):
                 data = work / f"{values}-{run}"
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 with (
                     torch.no_grad(),
                     capture(reference, "bench", "r", data_dir=data, level="op", values=values) as result,
                 ):
                     reference(input_ids=ids)
                 timings[values].append(time.perf_counter() - start)
+                cpu[values].append(time.process_time() - start_cpu)
                 sizes[values] = dir_bytes(data) - base
                 tensors[values] = result.tensors
                 shutil.rmtree(data, ignore_errors=True)
@@ -181,11 +187,12 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
         found_s: list[float] = []
         found = None
         for run in range(runs):
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             found = find_divergence(
                 reference, candidate, {"input_ids": ids}, session="bench", data_dir=work / f"f{run}"
             )
             found_s.append(time.perf_counter() - start)
+            cpu["find"].append(time.process_time() - start_cpu)
             print(f"find_divergence run {run}: {found_s[-1]:.2f} s", file=sys.stderr)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -209,6 +216,13 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
     print(
         f"find_divergence: {find_s:.3f} s = {find_s / (2 * forward_s):.2f}x two plain forwards ({2 * forward_s:.3f} s; "
         f"goal < 3x); found {found.first.reference if found and found.first else None}"
+    )
+    forward_cpu, summary_cpu, full_cpu, find_cpu = (statistics.median(cpu[k]) for k in cpu)
+    print(
+        f"CPU time (this process, all threads; medians): forward {forward_cpu:.2f} s, summary capture "
+        f"{summary_cpu:.2f} s ({summary_cpu / forward_cpu:.2f}x), full capture {full_cpu:.2f} s "
+        f"({full_cpu / forward_cpu:.2f}x), find_divergence {find_cpu:.2f} s ({find_cpu / (2 * forward_cpu):.2f}x two "
+        "forwards)"
     )
     print(f"runs: {runs} of each, medians; load average when done: {os.getloadavg()[0]:.1f}")
 

@@ -24,7 +24,7 @@ from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
 from tensor_debugger.live.divergence import ChangingModelError
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import RunRecord, TensorRecord
+from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
 from torch import nn
 
 from tests.live.test_op_capture import DIM, compared, line_of, models, rows_of
@@ -234,6 +234,16 @@ def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(
     assert "The first divergence is Net.layers.1.self_attn/mul#1_outputs" in text and "from summaries" in text
     assert "From full values: max |diff|" in text and found._repr_html_().startswith("<p>")
     assert found.next_capture is not None and "modules=['layers.1.self_attn*', 'layers.1.norm*']" in found.next_capture
+    # the session's runs are paired when it returns (once, after its last capture): each run with the reference
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            runs = {r.label: r.id for r in db.scalars(select(RunRecord))}
+            paired = set(db.scalars(select(PairRecord.run_b_id)))
+    finally:
+        services.close()
+    assert set(runs) == set(found.runs)
+    assert paired == {runs["candidate"], runs["reference (full)"], runs["candidate (full)"]}
     # all four runs in one session
     report, _ = compared(settings, 1)
     assert report.first_divergence is not None

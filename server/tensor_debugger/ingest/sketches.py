@@ -21,12 +21,14 @@ Work goes `CHUNK` elements at a time, so the float64 temporaries stay bounded on
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import iter_blocks
 from tensor_debugger.engine.fused import Kernel
@@ -49,6 +51,10 @@ if TYPE_CHECKING:
     from tensor_debugger.store.models import TensorRecord
 
 CHUNK = 1 << 22  # elements (and words) per step
+# A summary's BLAKE3 runs on the thread that asks for it. Hashing on blake3's own threads as well was 5x slower
+# per byte inside a CPU forward pass (torch's threads, between its kernels, hold the cores), and no faster alone
+# on 2 cores: bench/RESULTS.md, 2026-11-27.
+HASH_THREADS = 1
 _K1 = 0x1F3D5B79A3C1E2F7  # odd 64-bit constants, below 2^63 so that they are int64s
 _K2 = 0x2545F4914F6CDD1D
 _K3 = 0x3C6EF372FE94F82B
@@ -188,30 +194,61 @@ def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | 
 
 def _blake3(t: torch.Tensor) -> str:
     """The digest ingest gives the tensor's bytes (`writer.new_hasher`): equal to a stored tensor's `digest`."""
-    from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
-    from tensor_debugger.store.dtypes import from_torch, torch_to_storage
+    from tensor_debugger.store.dtypes import torch_to_storage
 
-    array = torch_to_storage(t)
-    hasher = new_hasher(from_torch(t.dtype), tuple(t.shape))
+    return _blake3_of(torch_to_storage(t), t)
+
+
+def _blake3_of(array: np.ndarray, t: torch.Tensor) -> str:
+    """`_blake3(t)` where `array` is `torch_to_storage(t)`, already made."""
+    from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
+    from tensor_debugger.store.dtypes import from_torch
+
+    hasher = new_hasher(from_torch(t.dtype), tuple(t.shape), HASH_THREADS)
     hasher.update(array.reshape(-1).view("uint8") if array.size else b"")
     return f"{DIGEST_ALGORITHM}:{hasher.hexdigest()}"
 
 
 def _host_sketch(t: torch.Tensor, kind: str, kernel: Kernel) -> Sketch:
-    """A CPU tensor's summary through ingest's summary pass (compiled where it can be: one pass, no float64 copy)
-    and its sampled values as ingest takes them (`stored_sketches.sampled_values`); sum and sum of squares from its
-    count, mean and sum of squared deviations."""
+    """A CPU tensor's summary through ingest's summary pass (`kernel`'s, compiled where it can be: one pass, no
+    float64 copy) and its sampled values as ingest takes them (`stored_sketches.sampled_values`); sum and sum of
+    squares from its count, mean and sum of squared deviations. A tensor that is not contiguous is copied once, and
+    its copy is what the hash, the statistics and the sample read."""
     from tensor_debugger.store.dtypes import from_torch, torch_to_storage
 
+    t = _contiguous(t)
     logical = from_torch(t.dtype)
-    array = torch_to_storage(t)
+    array = torch_to_storage(t)  # shares `t`'s memory: no second copy
     totals = SummaryAccumulator()
     if array.size:
         totals.add_stored(array.reshape(-1), logical, kernel)
-    positions = np.asarray(sample_positions(array.size), dtype=np.int64)
+    positions = _sample_index(array.size)
     values = sampled_values(array.reshape(-1)[positions], logical) if positions.size else []
-    digest = content_hash(t) if kind == "fold64" else _blake3(t)
+    digest = content_hash(t) if kind == "fold64" else _blake3_of(array, t)
     return sketch_of(tuple(t.shape), dtype_name(t.dtype), digest, totals, values)
+
+
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself where it is contiguous, else a C-order copy of its bits made by numpy on this thread: torch's
+    copy spreads a strided tensor over its threads, which on a busy machine wait for each other (a 5 MB transposed
+    tensor took 5 to 12 ms that way, 1 ms on one thread). Elements of 16 bytes (complex128), which no integer
+    dtype views, are copied by torch."""
+    import torch
+
+    if t.is_contiguous():
+        return t
+    bits = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}.get(t.element_size())
+    if bits is None:
+        return t.contiguous()
+    return torch.from_numpy(np.ascontiguousarray(t.view(bits).numpy())).view(t.dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _sample_index(numel: int) -> NDArray[np.int64]:
+    """`sample_positions(numel)` as an index array, made once per size."""
+    index = np.asarray(sample_positions(numel), dtype=np.int64)
+    index.flags.writeable = False
+    return index
 
 
 def record_sketch(

@@ -55,9 +55,10 @@ def digest_header(dtype: LogicalDtype, shape: tuple[int, ...]) -> bytes:
     return json.dumps({"dtype": dtype.name, "shape": list(shape)}).encode() + b"\0"
 
 
-def new_hasher(dtype: LogicalDtype, shape: tuple[int, ...]) -> Any:
-    """A BLAKE3 hasher that has taken the tensor's header: feed it the C-order bytes. (Its type is blake3's.)"""
-    return blake3.blake3(digest_header(dtype, shape), max_threads=blake3.blake3.AUTO)
+def new_hasher(dtype: LogicalDtype, shape: tuple[int, ...], threads: int = blake3.blake3.AUTO) -> Any:
+    """A BLAKE3 hasher that has taken the tensor's header: feed it the C-order bytes. (Its type is blake3's.) It
+    hashes on up to `threads` threads (default: as many as blake3 sees fit); the digest is the same for any."""
+    return blake3.blake3(digest_header(dtype, shape), max_threads=threads)
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import torch
 
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
-from tensor_debugger.live.recorder import CaptureResult, Level, capture, summarize_forward
+from tensor_debugger.live.recorder import CaptureResult, Level, capture, pair_session, summarize_forward
 
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
 
@@ -194,15 +194,39 @@ def find_divergence(
                 stacklevel=2,
             )
     call = _caller(inputs)
-    where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir}
-    root_a, root_b = type(reference).__name__, type(candidate).__name__
+    # into a local data dir, the session's runs are paired once, after the last capture (each would pair them all)
+    where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
+    stored: list[CaptureResult] = []
+    try:
+        return _find(reference, candidate, call, session, server, data_dir, where, level, rtol, atol, stored)
+    finally:
+        if server is None and stored and stored[0].session_id is not None:
+            pair_session(stored[0].session_id, data_dir)
 
+
+def _find(
+    reference: torch.nn.Module,
+    candidate: torch.nn.Module,
+    call: Callable[[torch.nn.Module], Any],
+    session: str,
+    server: str | None,
+    data_dir: str | Path | None,
+    where: dict[str, Any],
+    level: Level,
+    rtol: float | None,
+    atol: float | None,
+    stored: list[CaptureResult],
+) -> Divergence:
+    """`find_divergence`'s passes; each capture stored is appended to `stored`."""
+    root_a, root_b = type(reference).__name__, type(candidate).__name__
     recheck = summarize_forward(reference, lambda: call(reference), level)
     with capture(reference, session, "reference", level=level, values="summary", **where) as ref:
         call(reference)
         _check_repeatable(recheck.summaries, ref.summaries, "the reference")  # raised inside: nothing is kept
+    stored.append(ref)
     with capture(candidate, session, "candidate", level=level, values="summary", **where) as cand:
         call(candidate)
+    stored.append(cand)
 
     def tolerance(a: Sketch, b: Sketch) -> Tolerance:
         default = default_tolerance(a.dtype, b.dtype)
@@ -246,8 +270,9 @@ def find_divergence(
             modules=list(snippet.modules),
             on_tensor=keep,
             **where,
-        ):
+        ) as full:
             call(model)
+        stored.append(full)
     failing: list[ElementStats] = []
     full_first: ElementStats | None = None
     theirs_full = {_key(n, root_b): n for n in kept["b"]}

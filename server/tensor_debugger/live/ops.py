@@ -26,6 +26,10 @@ class OpSink(Protocol):
 
     busy: bool  # True while the recorder's own hooks run: their torch calls are not the model's
 
+    def recording(self) -> bool:
+        """Whether an op called now would be recorded (else its caller is not looked up)."""
+        ...
+
     def record_op(self, op: str, source: str | None, output: Any) -> None: ...
 
 
@@ -64,7 +68,7 @@ class OpMode(TorchFunctionMode):
         output = func(*args, **(kwargs or {}))
         if torch.compiler.is_compiling():  # torch.compile tracing the model: not a call run here
             return output
-        if self.sink.busy or getattr(func, "__name__", "") == "__get__":
+        if self.sink.busy or getattr(func, "__name__", "") == "__get__" or not self.sink.recording():
             return output
         self.sink.record_op(op_name(func), caller_source(inspect.currentframe(), self.skip), output)
         return output

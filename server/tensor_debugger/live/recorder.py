@@ -40,6 +40,7 @@ import json
 import shutil
 import struct
 import tempfile
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -144,6 +145,7 @@ class _Recorder:
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
+        self.summaries = _Summaries()  # with values="summary": each tensor's, computed once while it is unchanged
 
     def wanted(self, path: str) -> bool:
         if not self.patterns:
@@ -168,12 +170,15 @@ class _Recorder:
         node = self.stack.pop()
         node["outputs"] = self.serialize(output, f"{node['module_path']}_outputs")
 
+    def recording(self) -> bool:
+        """Whether an op called now is recorded: the innermost module's ops are, and it does not run compiled (a
+        compiled graph's ops are aten's, or none at all with inductor: not the model's; a note says so)."""
+        return bool(self.scopes) and self.scopes[-1].ops and not self.scopes[-1].compiled
+
     def record_op(self, op: str, source: str | None, output: Any) -> None:
         """An op the forward called (`ops.OpMode`): a node of the innermost module's call, if that module's ops are
         recorded and the op returned tensors."""
-        if self.scopes and self.scopes[-1].compiled:
-            return  # a compiled graph's op (aten's, or none at all with inductor): not the model's; a note says so
-        if not self.scopes or not self.scopes[-1].ops or not _holds_tensor(output):
+        if not self.recording() or not _holds_tensor(output):
             return
         scope = self.scopes[-1]  # recorded, so also the innermost node of the tree: self.stack[-1]
         scope.counts[op] = number = scope.counts.get(op, 0) + 1
@@ -216,7 +221,7 @@ class _Recorder:
                 if not _has_storage(value):
                     self.skipped.append(f"{name}: a tensor without storage")
                     return repr(value.dtype)
-                summary = sketch(value)
+                summary = self.summaries.sketch(value)
                 self.result.summaries[name] = summary
                 if source is not None:
                     self.result.sources[name] = source
@@ -240,8 +245,37 @@ class _Recorder:
         root = {**(self.root or {"module_path": self.root_name}), "complete": True}  # no layer pruned: traces.py
         if self.notes:
             root["notes"] = self.notes
-        path.write_text(json.dumps(root, indent=1), encoding="utf-8")
+        path.write_text(json.dumps(root), encoding="utf-8")  # no indent: json's C encoder writes it
         return path
+
+
+class _Summaries:
+    """Summaries (`sketches.sketch`) of the tensors met, so that a tensor met again unchanged (a module's output
+    is its last op's, its input the previous module's output) is not read again: kept by the tensor object, with
+    its version counter (which every in-place change of it or of a view of it advances) and a weak reference (so
+    that no tensor is kept alive, and a new tensor at a freed one's address is not taken for it). Inference tensors
+    (`torch.inference_mode`) have no version counter: theirs are computed every time."""
+
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Sketch]] = {}
+
+    def sketch(self, tensor: torch.Tensor) -> Sketch:
+        key = id(tensor)
+        try:
+            version = tensor._version
+        except RuntimeError:  # "Inference tensors do not track version counter"
+            return sketch(tensor)
+        known = self.known.get(key)
+        if known is not None and known[0]() is tensor and known[1] == version:
+            return known[2]
+        summary = sketch(tensor)
+        self.known[key] = (weakref.ref(tensor, functools.partial(self._forget, key)), version, summary)
+        return summary
+
+    def _forget(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
+        known = self.known.get(key)
+        if known is not None and known[0] is ref:
+            del self.known[key]
 
 
 def _holds_tensor(value: Any) -> bool:
@@ -388,9 +422,9 @@ class _LocalRun:
         )
         self.finished = False
 
-    def finish(self, tree: Path, files: list[str], result: CaptureResult) -> None:
+    def finish(self, tree: Path, files: list[str], result: CaptureResult, pair: bool = True) -> None:
         """Make the run ready: its tensors in call order, named, placed and given the module tree as ingest does
-        for the same trace folder."""
+        for the same trace folder; with `pair`, pair the session's runs again."""
         from tensor_debugger.ingest.inputs import RunTrace, TensorFileEntry
         from tensor_debugger.ingest.traces import read_trace
 
@@ -418,7 +452,8 @@ class _LocalRun:
         ]
         self.finished = True  # complete_stored removes the run itself if it fails
         self.services.ingestor.complete_stored(self.pending, stored, [RunTrace("", json_label, trace)])
-        self.services.plan(self.pending.session_id)
+        if pair:
+            self.services.plan(self.pending.session_id)
         result.session_id, result.run_id = self.pending.session_id, self.pending.run_id
 
     def close(self) -> None:
@@ -427,6 +462,20 @@ class _LocalRun:
                 self.services.ingestor.cancel(self.pending)
         finally:
             self.services.close()
+
+
+def pair_session(session_id: int, data_dir: str | Path | None) -> None:
+    """Pair the runs of a session of the local data dir (`data_dir`, else the default) again, as a capture does
+    when it ends."""
+    from tensor_debugger.services import open_services
+    from tensor_debugger.settings import Settings
+
+    settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
+    services = open_services(settings)
+    try:
+        services.plan(session_id)
+    finally:
+        services.close()
 
 
 def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]]:
@@ -489,6 +538,7 @@ def capture(
     values: Values = "full",
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     backward: bool = False,
+    _pair: bool = True,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -507,7 +557,8 @@ def capture(
     gradients of the backward passes run inside the block (call `loss.backward()` there, without torch.no_grad):
     of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
     parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
-    Nothing is kept when the block raises.
+    Nothing is kept when the block raises. (`_pair=False`, for `find_divergence`'s captures in a row into a
+    local data dir, leaves the session's runs to be paired after the last: `pair_session`.)
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
@@ -552,7 +603,7 @@ def capture(
             result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
             result.session_id, result.run_id = send_from_rank0(ranks, shared, session, run, data_dir, server, token)
         elif local is not None:
-            local.finish(tree, recorder.files, result)
+            local.finish(tree, recorder.files, result, _pair)
         else:
             assert server is not None
             from tensor_debugger.live.upload import upload_run
