@@ -71,8 +71,8 @@ class SketchSample:
         return sketch_of(shape, self.logical.name, digest, totals, self.values)
 
     def kept(self, shape: tuple[int, ...], digest: str, totals: SummaryAccumulator) -> dict[str, Any]:
-        """`sketch` as its row keeps it until the run's rows are written: `Sketch.to_json(compact=True)`, some 3 kB
-        where the Sketch's 256 floats and their list in JSON held 15 (a run of many small tensors holds one each)."""
+        """`sketch` as its row keeps it, `Sketch.to_json(compact=True)`: held for every tensor of a run until the
+        run's rows are written, so its sample is one string, not 256 float objects."""
         return self.sketch(shape, digest, totals).to_json(compact=True)
 
 
