@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from sqlalchemy import text, update
 from tensor_debugger.engine.summary_compare import Sketch, sample_positions
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor
@@ -144,6 +145,7 @@ def test_ingest_keeps_the_summary_read_back_gives_bit_for_bit(small_chunks: Serv
         assert len(rows) == len(originals)
         for name, row in rows.items():
             assert row.sketch is not None and row.has_values, name
+            assert "sample" not in row.sketch and isinstance(row.sketch["sample_f64"], str), name  # compact
             kept = Sketch.from_json(row.sketch)
             # read back as a row stored before ingest kept summaries: its blocks, as ingest cut them
             before = services.store.chunk_reads
@@ -178,3 +180,67 @@ def test_ingest_keeps_the_summary_read_back_gives_bit_for_bit(small_chunks: Serv
             assert row.min == kept.min and row.max == kept.max, name
     finally:
         services.close()
+
+
+SPECIALS = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, -1.5, 1e308, 2.0**-1074 * 3]
+
+
+def bits(values: tuple[float, ...] | list[float]) -> list[int]:
+    return np.asarray(values, dtype="<f8").view("<u8").tolist()  # type: ignore[no-any-return]
+
+
+def test_a_kept_summary_in_the_compact_form_reads_back_bit_for_bit(services: Services, tmp_path: Path) -> None:
+    """A float64 tensor of NaN, Inf, -Inf, -0.0 and subnormals, every element sampled: its row's JSON, as the
+    database holds it as text, keeps the sample as one string and reads back the same bits."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    original = torch.tensor(SPECIALS, dtype=torch.float64)
+    save_file({"x": original}, str(folder / "w.safetensors"))
+    result = Ingestor(services.settings, services.sessions, services.store).ingest(
+        "s", "ref", [InputFile(folder / "w.safetensors", "w.safetensors")]
+    )
+    with services.sessions() as db:
+        raw = db.execute(text("SELECT sketch FROM tensors WHERE run_id = :r"), {"r": result.run_id}).scalar_one()
+    data = json.loads(raw) if isinstance(raw, str) else raw
+    assert "sample" not in data and isinstance(data["sample_f64"], str)
+    kept = Sketch.from_json(data)
+    assert bits(kept.sample) == bits(original.tolist()) == bits(SPECIALS)
+    assert bits(Sketch.from_json(json.loads(json.dumps(kept.to_json(compact=True)))).sample) == bits(SPECIALS)
+    assert (kept.nan, kept.inf, kept.count) == (1, 2, len(SPECIALS) - 3)
+    assert same(kept, sketch(original, "blake3"))  # a capture's summary, in the list form
+
+
+def test_a_summary_in_the_list_form_still_reads(services: Services, tmp_path: Path) -> None:
+    """A row holding its summary as older versions (and summary captures) write it: "sample" a list of numbers,
+    NaN and Inf as strings. It reads as before, and comparing it does not read the array."""
+    folder = tmp_path / "dump"
+    folder.mkdir()
+    original = torch.tensor(SPECIALS, dtype=torch.float64)
+    save_file({"x": original}, str(folder / "w.safetensors"))
+    result = Ingestor(services.settings, services.sessions, services.store).ingest(
+        "s", "ref", [InputFile(folder / "w.safetensors", "w.safetensors")]
+    )
+    (row,) = stored(services, result.run_id).values()
+    assert row.sketch is not None
+    old = {k: v for k, v in row.sketch.items() if k != "sample_f64"}
+    old["sample"] = ["nan", "inf", "-inf", -0.0, 0.0, 5e-324, -1.5, 1e308, 1.5e-323]  # as json.dumps spells them
+    with services.sessions.begin() as db:
+        db.execute(update(TensorRecord).where(TensorRecord.id == row.id).values(sketch=old))
+    (row,) = stored(services, result.run_id).values()
+    assert row.sketch is not None and "sample_f64" not in row.sketch
+    before = services.store.chunk_reads
+    read = record_sketch(services.store, row, "blake3")
+    assert read is not None and services.store.chunk_reads == before
+    assert bits(read.sample) == bits(SPECIALS)
+    assert same(read, Sketch.from_json(row.sketch)) and same(read, sketch(original, "blake3"))
+
+
+@pytest.mark.parametrize(
+    ("sample", "reason"),
+    [("AAAA", "not of float64"), ("not base64!", "base64"), (7, "a string"), ("AAAAAAAAAAA=", "holds 1")],
+)
+def test_a_malformed_compact_sample_is_refused(sample: object, reason: str) -> None:
+    data = sketch(torch.tensor([1.0, 2.0])).to_json(compact=True)
+    assert Sketch.from_json(data) == sketch(torch.tensor([1.0, 2.0]))
+    with pytest.raises((ValueError, TypeError), match=reason):
+        Sketch.from_json({**data, "sample_f64": sample})

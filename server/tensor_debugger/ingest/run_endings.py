@@ -24,6 +24,8 @@ from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
 
+_ROWS_PER_FLUSH = 512  # tensor rows inserted per flush of a run's one transaction
+
 
 @dataclass(frozen=True)
 class Reused:
@@ -94,7 +96,9 @@ class RunEndings:
         with self.sessions.begin() as db:
             self.hold(db, run_id, owner)
             records = tensor_records(run_id, stored, problems)
-            db.add_all(records)
+            for start in range(0, len(records), _ROWS_PER_FLUSH):  # in one transaction, all or nothing
+                db.add_all(records[start : start + _ROWS_PER_FLUSH])
+                db.flush()  # a flush holds its rows' JSON as text at once: 4,096 kept summaries in one, 20 MB more peak
             db.flush()  # SQLite's write lock is held from here: the arrays found below cannot be deleted meanwhile
             lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
             self._share_identical(db, run_id, records)

@@ -101,7 +101,7 @@ def tensor_records(run_id: int, stored: Sequence[Stored], problems: list[FilePro
                 module_path=entry.module_path,
                 place=entry.place,
                 source=entry.source,
-                sketch=tensor.sketch.to_json(),
+                sketch=tensor.sketch,
             )
         )
     return records

@@ -19,6 +19,7 @@ import bisect
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -68,6 +69,11 @@ class SketchSample:
         if self.offset != self.numel or len(self.values) != len(_positions(self.numel)):
             raise ValueError(f"a summary of {self.numel} elements was given {self.offset}")
         return sketch_of(shape, self.logical.name, digest, totals, self.values)
+
+    def kept(self, shape: tuple[int, ...], digest: str, totals: SummaryAccumulator) -> dict[str, Any]:
+        """`sketch` as its row keeps it, `Sketch.to_json(compact=True)`: held for every tensor of a run until the
+        run's rows are written, so its sample is one string, not 256 float objects."""
+        return self.sketch(shape, digest, totals).to_json(compact=True)
 
 
 def sketch_of(

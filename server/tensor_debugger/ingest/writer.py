@@ -29,7 +29,6 @@ from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.fused import Kernel
-from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.ingest.block_readers import Leaf
 from tensor_debugger.ingest.stored_sketches import CHUNKS_PER_BLOCK, SketchSample
 from tensor_debugger.ingest.summary import BlockSummary, SummaryAccumulator, TensorSummary, summarise_stored
@@ -48,7 +47,9 @@ class StoredTensor:
     nbytes: int
     digest: str  # "blake3:<hex>" of dtype, shape and C-order bytes (older data dirs: "sha256:<hex>")
     summary: TensorSummary
-    sketch: Sketch  # its summary as a capture with values="summary" keeps one, the hash being `digest`
+    # its summary as a capture with values="summary" keeps one, the hash being `digest`, as its row stores it
+    # (`Sketch.to_json(compact=True)`; `Sketch.from_json` reads it)
+    sketch: dict[str, Any]
 
 
 def digest_header(dtype: LogicalDtype, shape: tuple[int, ...]) -> bytes:
@@ -150,7 +151,7 @@ class _Tensor:
             nbytes,
             digest,
             self.summary.result(),
-            self.sample.sketch(leaf.shape, digest, self.summary),
+            self.sample.kept(leaf.shape, digest, self.summary),
         )
 
 
