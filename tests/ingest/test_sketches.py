@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 import torch
 from tensor_debugger import capture
+from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.engine.summary_compare import Sketch, sample_positions
 from tensor_debugger.ingest.sketches import sketch
+from tensor_debugger.ingest.stored_sketches import sampled_values
 from tensor_debugger.ingest.summary import SummaryAccumulator
 from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
 from tensor_debugger.settings import Settings
@@ -26,11 +28,11 @@ def plain_sketch(t: torch.Tensor) -> Sketch:
     totals = SummaryAccumulator()
     array = torch_to_storage(t)
     if array.size:
-        totals.add_stored(array.reshape(-1), logical)
+        totals.add_stored(array.reshape(-1), logical, Kernel())
     count, mean = totals.count, totals.mean
     flat = t.reshape(-1)
     positions = sample_positions(flat.numel())
-    values = flat[torch.tensor(positions, dtype=torch.int64)].to(torch.float64).tolist() if positions else []
+    values = sampled_values(array.reshape(-1)[positions], logical) if positions else []
     hasher = new_hasher(logical, tuple(t.shape))
     stored = torch_to_storage(t)
     hasher.update(stored.reshape(-1).view("uint8") if stored.size else b"")

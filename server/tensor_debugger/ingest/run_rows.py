@@ -54,7 +54,7 @@ def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: Trac
         place=traced.place,
         source=traced.source,
         has_values=False,
-        sketch=sketch.to_json() if sketch else None,
+        sketch=sketch.to_json(compact=True) if sketch else None,  # as a stored tensor's row keeps it
     )
 
 
