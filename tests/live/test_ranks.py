@@ -115,9 +115,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def captured(settings: Settings, session: str, bug_on: int) -> SessionPairs:
+def captured(settings: Settings, session: str, bug_on: int, values: str = "full") -> SessionPairs:
     model = Model()
-    with torch.no_grad(), capture(model, session=session, run="reference", data_dir=settings.data_dir) as result:
+    with (
+        torch.no_grad(),
+        capture(model, session=session, run="reference", data_dir=settings.data_dir, values=values) as result,
+    ):
         model(inputs())
     run_ranks({"data_dir": str(settings.data_dir)}, session, bug_on)
     assert result.session_id is not None
@@ -159,6 +162,19 @@ def test_a_bug_on_rank_1_only_is_the_first_divergence_and_its_shard_is_named(tmp
     assert detail.argmax is not None
     assert detail.argmax.b.tensor.startswith("rank1/"), detail.argmax  # the largest difference is rank 1's shard
     assert detail.argmax.aligned[-1] >= DIM // WORLD  # in the heads rank 1 holds
+
+
+def test_a_summary_reference_against_sharded_ranks_claims_no_verdict_on_the_shards(tmp_path: Path) -> None:
+    """A summary is of one whole tensor: a side held as shards (or replicas) of the ranks is not compared with it,
+    and says so, never a verdict on one shard's statistics."""
+    settings = Settings(data_dir=tmp_path / "data", demo=False)
+    report = captured(settings, "tp summary", bug_on=-1, values="summary")
+    split = [p for p in report.pairs if p.b.shards > 1]
+    assert split and all(p.status == "error" for p in split), [(p.name, p.status) for p in split]
+    assert all("not compared" in (p.error or "") and 'values="full"' in (p.error or "") for p in split)
+    whole = [p for p in report.pairs if p.b.shards == 1]
+    assert all(p.status == "pass" for p in whole), [(p.name, p.status, p.error) for p in whole]
+    assert report.first_divergence is None
 
 
 def test_ranks_send_one_run_to_a_server(shared_server: LiveServer) -> None:

@@ -187,6 +187,10 @@ def refresh_session(context: CompareContext, session_id: int) -> None:
             if all(t.has_values for t in (*a, *b)):
                 keys[pair.id] = current.keyed(pair.id)[0]
                 continue
+            if len(a) != 1 or len(b) != 1:  # a summary is of one whole tensor: a shard's is not the tensor's
+                pair.summary, pair.result_id, pair.status = None, None, "error"
+                pair.error = _sharded_against_summary(a, b)
+                continue
             tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
             verdict = sketch_verdict(context.store, a, b, tol, context.kernel) or compare_summaries(
                 tensor_summary(a[0]), tensor_summary(b[0]), tol
@@ -209,6 +213,17 @@ def refresh_session(context: CompareContext, session_id: int) -> None:
             else:
                 pair.result_id = found.id
                 pair.status = "pass" if PairStats.from_json(found.stats).passed else "fail"
+
+
+def _sharded_against_summary(a: Sequence[TensorRecord], b: Sequence[TensorRecord]) -> str:
+    """Why a pair with a side in several tensors (shards or replicas of ranks) and a side without element values
+    gets no verdict: nothing merges the shards' summaries into the whole tensor's, so no comparison was made."""
+    split, other = (a, b) if len(a) > 1 else (b, a)
+    return (
+        f"not compared: {split[0].name} is held as {len(split)} tensors (shards or replicas of ranks) and "
+        f"{other[0].name} only as a summary (no element values), which is of one whole tensor; capture that side "
+        'with values="full" to compare them'
+    )
 
 
 class PairPlaces:
