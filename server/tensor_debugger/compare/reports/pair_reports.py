@@ -273,27 +273,10 @@ def session_pairs(
     and the verdict; with `modules`, also the module view of a traced session (its tree and culprits: work the
     other callers skip); with `closest`, each unmatched reference tensor's closest candidates for a hand pairing.
     `cache`: the process's decoded statistics (the pages and the API pass theirs, Services.stats)."""
-    pairs = read_pairs(db, session_id)
-    tensors = read_tensors(db, pairs, session_id)
-    result_ids = {p.result_id for p in pairs if p.result_id is not None}
-    stats = cache.read(db, result_ids) if cache is not None else read_stats(db, result_ids)
-    mismatches = read_rank_mismatches(db, replica_results(pairs))
-    dims = db.scalar(select(SessionRecord.dims).where(SessionRecord.id == session_id))
-    everything = [
-        pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches, dims) for p in pairs
-    ]
-    ordered_runs = db.execute(
-        select(RunRecord.id, RunRecord.label, RunRecord.role, RunRecord.status)
-        .where(RunRecord.session_id == session_id)
-        .order_by(RunRecord.position)
-    ).all()
+    judged = _judged_pairs(db, session_id, cache)
+    everything, items, ordered_runs = judged.everything, judged.items, judged.runs
+    noise_runs, factor = judged.noise_runs, judged.factor
     runs = {r.id: r.label for r in ordered_runs}
-    noise_runs = {r.id for r in ordered_runs if r.role == "noise"}
-    items = [i for i in everything if i.b.run_id not in noise_runs]
-    factor = NOISE_FACTOR
-    if noise_runs:
-        factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id)) or NOISE_FACTOR
-        items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor)
     unmatched = [
         UnmatchedReport(
             u.run_id,
@@ -331,12 +314,9 @@ def session_pairs(
     module_view = None
     stages = StageRanking([], [], 0)
     if modules and items:
-        tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
-        first_candidate = candidates[0].run_id if candidates else None
-        floors = noise_floors([i for i in everything if i.b.run_id in noise_runs])
-        module_view = module_report([i for i in items if i.b.run_id == first_candidate], tree, floors, factor)
+        module_view = _module_view(db, judged, candidates[0].run_id if candidates else None)
         if module_view is None:
-            stages = stage_culprits(items, floors, factor)
+            stages = stage_culprits(items, _noise_floors(judged), factor)
     unread = (
         db.scalar(
             select(func.count())
@@ -367,6 +347,78 @@ def session_pairs(
         coverage=coverage,
         verdict=session_verdict((i.status for i in items), coverage, ingesting),
     )
+
+
+@dataclass(frozen=True)
+class _JudgedPairs:
+    """A session's pairs as reports, in execution order (`everything`, the reruns' too), the candidates' pairs
+    judged (with a rerun of the reference, by its noise too: `items`), its runs in order, the reruns' ids and the
+    noise rule's factor."""
+
+    everything: list[PairReport]
+    items: list[PairReport]
+    runs: Sequence[Any]
+    noise_runs: set[int]
+    factor: float
+
+
+def _judged_pairs(db: DbSession, session_id: int, cache: StatsCache | None) -> _JudgedPairs:
+    pairs = read_pairs(db, session_id)
+    tensors = read_tensors(db, pairs, session_id)
+    result_ids = {p.result_id for p in pairs if p.result_id is not None}
+    stats = cache.read(db, result_ids) if cache is not None else read_stats(db, result_ids)
+    mismatches = read_rank_mismatches(db, replica_results(pairs))
+    dims = db.scalar(select(SessionRecord.dims).where(SessionRecord.id == session_id))
+    everything = [
+        pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches, dims) for p in pairs
+    ]
+    ordered_runs = db.execute(
+        select(RunRecord.id, RunRecord.label, RunRecord.role, RunRecord.status)
+        .where(RunRecord.session_id == session_id)
+        .order_by(RunRecord.position)
+    ).all()
+    noise_runs = {r.id for r in ordered_runs if r.role == "noise"}
+    items = [i for i in everything if i.b.run_id not in noise_runs]
+    factor = NOISE_FACTOR
+    if noise_runs:
+        factor = db.scalar(select(SessionRecord.noise_factor).where(SessionRecord.id == session_id)) or NOISE_FACTOR
+        items = judge_by_noise(items, [i for i in everything if i.b.run_id in noise_runs], factor)
+    return _JudgedPairs(everything, items, ordered_runs, noise_runs, factor)
+
+
+def _noise_floors(judged: _JudgedPairs) -> dict[str, float]:
+    return noise_floors([i for i in judged.everything if i.b.run_id in judged.noise_runs])
+
+
+def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | None) -> ModuleReport | None:
+    """The module view of the first candidate's pairs, on the reference's module tree (`module_report`)."""
+    items = judged.items
+    tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
+    mine = [i for i in items if i.b.run_id == first_candidate]
+    return module_report(mine, tree, _noise_floors(judged), judged.factor)
+
+
+@dataclass(frozen=True)
+class SessionModules:
+    """What the model graph shows of a session: the module view of its first candidate (None where no pair comes
+    from a module trace or capture) and the id of that candidate's first divergence's pair (None where none)."""
+
+    modules: ModuleReport | None
+    first_divergence: int | None
+
+
+def session_modules(db: DbSession, session_id: int, cache: StatsCache | None = None) -> SessionModules:
+    """The module view and the first divergence's pair, as `session_pairs(..., modules=True)` gives them, without
+    the rest of its report (unmatched tensors, coverage, the worst pairs, progress, the verdict): the model graph's
+    page needs only these, and the rest took a third of its server time for a 2,008-module trace."""
+    judged = _judged_pairs(db, session_id, cache)
+    items = judged.items
+    if not items:
+        return SessionModules(None, None)
+    compared = {i.b.run_id for i in items}
+    first_candidate = next((r.id for r in judged.runs if r.id in compared), None)
+    first = next((i for i in items if i.b.run_id == first_candidate and i.status == PairStatus.FAIL), None)
+    return SessionModules(_module_view(db, judged, first_candidate), first.id if first is not None else None)
 
 
 def noise_floors(noise: list[PairReport]) -> dict[str, float]:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
 from tensor_debugger.compare.reports.exports import pairs_to_csv
-from tensor_debugger.compare.reports.pair_reports import SessionPairs, apply_order, session_pairs
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, apply_order, session_modules, session_pairs
 from tensor_debugger.compare.reports.progress import session_progress
 from tensor_debugger.compare.reports.session_profiles import parse_dim, session_profiles
 from tensor_debugger.engine.dimension_names import dimension_names
@@ -152,11 +152,11 @@ class SessionPageController(Controller):
         the culprits; `q`: modules whose path holds it (any case), shown with the modules above them open. 404
         where the session's runs have no module structure."""
         with services.sessions() as db:
-            session, report = read_session(db, services, session_id, modules=True, closest=False)
+            session = catalog.get_session(db, session_id)
+            report = session_modules(db, session_id, cache=services.stats)
         if report.modules is None or not report.modules.tree:
             raise NotFoundError(f"session {session_id} has no module structure (a trace or a capture has)")
-        first = report.first_divergence.pair_id if report.first_divergence else None
-        graph = build_graph(report.modules, first, q)
+        graph = build_graph(report.modules, report.first_divergence, q)
         context = {"session": session, "graph": graph, "data": graph_data(graph)}
         return Template("module_graph.html", context=context)
 
