@@ -147,7 +147,8 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                             before_position=first + places.before(tensor) if side == "a" else None,
                         )
                     )
-    refresh_session(context, session_id)
+        # in the same transaction: a reader never sees a planned-again session's pairs all pending in between
+        _refresh(context, db, session_id)
 
 
 def _explored(db: DbSession, session_id: int, run_id: int) -> bool:
@@ -176,43 +177,49 @@ def refresh_session(context: CompareContext, session_id: int) -> None:
     """Give every comparable pair the verdict cached for its current key, or mark it pending; pairs without
     element values get their verdict on the summary statistics."""
     with context.sessions.begin() as db:
-        lock_sessions(db, [session_id])  # a plan between reading the pairs and writing would reuse their ids
-        pairs = db.scalars(
-            select(PairRecord).where(PairRecord.session_id == session_id, PairRecord.status != "incomparable")
-        ).all()
-        current = CurrentPairs(context, db, pairs)  # every pair's tensors and session in two queries
-        keys: dict[int, str] = {}
-        for pair in pairs:
-            _, a, b = current.sides(pair.id)
-            if all(t.has_values for t in (*a, *b)):
-                keys[pair.id] = current.keyed(pair.id)[0]
-                continue
-            if len(a) != 1 or len(b) != 1:  # a summary is of one whole tensor: a shard's is not the tensor's
-                pair.summary, pair.result_id, pair.status = None, None, "error"
-                pair.error = _sharded_against_summary(a, b)
-                continue
-            tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
-            verdict = sketch_verdict(context.store, a, b, tol, context.kernel) or compare_summaries(
-                tensor_summary(a[0]), tensor_summary(b[0]), tol
-            )
-            pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
-            pair.status = "pass" if verdict.passed else "fail"
-        cached = {
-            r.cache_key: r
-            for r in db.scalars(
-                select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(set(keys.values())))
-            )
-        }
-        for pair in pairs:
-            if pair.id not in keys:
-                continue
-            found = cached.get(keys[pair.id])
-            pair.error = None
-            if found is None:
-                pair.result_id, pair.status = None, "pending"
-            else:
-                pair.result_id = found.id
-                pair.status = "pass" if PairStats.from_json(found.stats).passed else "fail"
+        _refresh(context, db, session_id)
+
+
+def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
+    """`refresh_session` in the transaction `db` (a plan's own, or one of its own)."""
+    lock_sessions(db, [session_id])  # a plan between reading the pairs and writing would reuse their ids
+    db.flush()  # the pairs a plan in this transaction has just added
+    pairs = db.scalars(
+        select(PairRecord).where(PairRecord.session_id == session_id, PairRecord.status != "incomparable")
+    ).all()
+    current = CurrentPairs(context, db, pairs)  # every pair's tensors and session in two queries
+    keys: dict[int, str] = {}
+    for pair in pairs:
+        _, a, b = current.sides(pair.id)
+        if all(t.has_values for t in (*a, *b)):
+            keys[pair.id] = current.keyed(pair.id)[0]
+            continue
+        if len(a) != 1 or len(b) != 1:  # a summary is of one whole tensor: a shard's is not the tensor's
+            pair.summary, pair.result_id, pair.status = None, None, "error"
+            pair.error = _sharded_against_summary(a, b)
+            continue
+        tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
+        verdict = sketch_verdict(context.store, a, b, tol, context.kernel) or compare_summaries(
+            tensor_summary(a[0]), tensor_summary(b[0]), tol
+        )
+        pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
+        pair.status = "pass" if verdict.passed else "fail"
+    cached = {
+        r.cache_key: r
+        for r in db.scalars(
+            select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(set(keys.values())))
+        )
+    }
+    for pair in pairs:
+        if pair.id not in keys:
+            continue
+        found = cached.get(keys[pair.id])
+        pair.error = None
+        if found is None:
+            pair.result_id, pair.status = None, "pending"
+        else:
+            pair.result_id = found.id
+            pair.status = "pass" if PairStats.from_json(found.stats).passed else "fail"
 
 
 def _sharded_against_summary(a: Sequence[TensorRecord], b: Sequence[TensorRecord]) -> str:
