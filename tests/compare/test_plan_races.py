@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event
+from sqlalchemy import event, text
 from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
@@ -85,3 +85,28 @@ def test_a_verdict_read_before_a_replan_never_lands_on_the_pair_that_reuses_its_
         ("c1", "2_attn"),
         ("c2", "0_attn"),
     ]
+
+
+def test_a_session_planned_again_is_never_seen_all_pending(services: Services, tmp_path: Path) -> None:
+    """Planning a computed session again (a run's ingest ending after the other's, a rule changed back) remakes its
+    pairs and gives them their cached verdicts in one transaction: a reader at any commit sees the verdicts, never
+    the pairs pending in between (a waiting client saw the session done, then every pair pending)."""
+    runs = {name: layered_dump(tmp_path / name, bug) for name, bug in (("ref", None), ("cand", 2))}
+    for name in ("ref", "cand"):
+        inputs = [InputFile(p, f"{name}/{p.name}") for p in sorted(runs[name].iterdir())]
+        session_id = services.ingestor.ingest("again", name, inputs).session_id
+    plan_session(services.context, session_id)
+    services.compute(session_id)
+    seen: list[set[str]] = []
+
+    def read_committed(_: Any) -> None:  # what another connection reads once a transaction commits
+        with services.engine.connect() as other:
+            rows = other.execute(text("SELECT status FROM pairs WHERE session_id = :s"), {"s": session_id})
+            seen.append({status for (status,) in rows})
+
+    event.listen(services.context.sessions, "after_commit", read_committed)
+    try:
+        plan_session(services.context, session_id)
+    finally:
+        event.remove(services.context.sessions, "after_commit", read_committed)
+    assert seen and all(statuses == {"pass", "fail"} for statuses in seen), seen
