@@ -2,6 +2,7 @@
 
     python bench/cluster.py                         # 2 runs of 4 x 16 MiB float32 tensors; 1, 2 and 4 workers
     python bench/cluster.py --tensors 8 --tensor-mib 64 --dask-workers 1,2,4,8,16
+    python bench/cluster.py --database sqlite       # no PostgreSQL binaries: the S3 rows on a SQLite file
 
 It starts what it measures on loopback, as the tests do (tests/support: a private PostgreSQL cluster, a SeaweedFS
 server, a Dask scheduler and worker processes of one thread each) and stops it at the end. Two runs are written
@@ -26,6 +27,10 @@ how much of the machine the S3 server itself took: on a machine of few cores it 
 PostgreSQL (every thread of theirs, and what they start later) run on the last N of this process's cores, and this
 process, the CLI it runs and the Dask cluster on the others, for the local rows as well as the S3 rows. The line
 "cores:" says which cores each side had. Without it nothing is pinned.
+
+`--database sqlite` keeps the S3 rows' metadata in a SQLite file of their data dir instead of PostgreSQL (the rows
+say "SQLite + S3"), for a machine without PostgreSQL's binaries: the Dask workers run on this machine and open the
+same file. The store's share of the time is the same; the database holds only the rows.
 
 On loopback the figures are this machine's CPU cost of each path, not a network's. With 2 cores the Dask rows show
 the overhead and the shape of scaling more than any speed-up: 4 workers share the 2 cores with the scheduler,
@@ -58,6 +63,14 @@ from tests.support.postgres import PostgresCluster, start_cluster  # noqa: E402
 from tests.support.s3 import SeaweedS3, start_seaweed  # noqa: E402
 
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
+
+
+def cli_command() -> list[str]:
+    """The CLI: the checkout's virtual environment's, else this interpreter's `-m tensor_debugger` (a machine where
+    the packages are on PYTHONPATH, not in .venv)."""
+    return [str(CLI)] if CLI.exists() else [sys.executable, "-m", "tensor_debugger"]
+
+
 MB = 1e6
 
 
@@ -117,7 +130,7 @@ def ingest(
     weed_before = weed()
     for label, path in zip(("reference", "candidate"), runs, strict=True):
         command = [
-            str(CLI),
+            *cli_command(),
             "--data-dir",
             str(data),
             "ingest",
@@ -194,6 +207,13 @@ def main() -> None:
         default=0,
         help="pin SeaweedFS and PostgreSQL to this many cores and everything measured to the others (0: no pinning)",
     )
+    parser.add_argument(
+        "--database",
+        choices=("postgresql", "sqlite"),
+        default="postgresql",
+        help="the S3 rows' database: a private PostgreSQL cluster (default) or a SQLite file, for a machine without "
+        "PostgreSQL's binaries (the Dask workers, on this machine, open the same file)",
+    )
     args = parser.parse_args()
     pinned = split_cores(args.s3_cores) if args.s3_cores else None
     if pinned is not None:  # before any thread starts: every thread and child of this process inherits it
@@ -204,23 +224,24 @@ def main() -> None:
     runs = (args.workdir / "reference", args.workdir / "candidate")
     size = write_run(runs[0], args.tensors, args.tensor_mib, 0.0)
     write_run(runs[1], args.tensors, args.tensor_mib, 0.5)
-    postgres: PostgresCluster | str = start_cluster()
+    postgres: PostgresCluster | str | None = start_cluster() if args.database == "postgresql" else None
     s3: SeaweedS3 | str = start_seaweed(args.workdir / "seaweedfs")
     try:
         if isinstance(postgres, str) or isinstance(s3, str):
             sys.exit(f"cannot start the stack: {postgres if isinstance(postgres, str) else s3}")
         local: dict[str, str] = {}
-        cluster = {
-            "TENSOR_DEBUGGER_DATABASE_URL": postgres.create_database(),
-            "TENSOR_DEBUGGER_STORE_URL": s3.new_url(),
-        }
+        cluster = {"TENSOR_DEBUGGER_STORE_URL": s3.new_url()}
+        if postgres is not None:  # else the data dir's SQLite file
+            cluster["TENSOR_DEBUGGER_DATABASE_URL"] = postgres.create_database()
         cluster.update(s3.environ)
         weed_pid = s3.process.pid
+        servers = "SeaweedFS and PostgreSQL" if postgres is not None else "SeaweedFS"
+        s3_name = "PostgreSQL + S3" if postgres is not None else "SQLite + S3"
         if pinned is not None:
-            pin([weed_pid, postmaster_pid(postgres)], pinned[1])
+            pin([weed_pid, *([postmaster_pid(postgres)] if postgres is not None else [])], pinned[1])
             print(
                 f"cores: this process, the CLI and the Dask cluster on {sorted(pinned[0])}; "
-                f"SeaweedFS and PostgreSQL on {sorted(pinned[1])}"
+                f"{servers} on {sorted(pinned[1])}"
             )
         else:
             print(f"cores: not pinned: every process shares cores {sorted(os.sched_getaffinity(0))}")
@@ -234,7 +255,7 @@ def main() -> None:
         ]
         stacks = {
             "SQLite + folder": (args.workdir / "data-local", local),
-            "PostgreSQL + S3": (args.workdir / "data-cluster", cluster),
+            s3_name: (args.workdir / "data-cluster", cluster),
         }
         ingest_rates: list[float] = []
         for name, (data, stack) in stacks.items():
@@ -287,15 +308,15 @@ def main() -> None:
         def stack_cpu(dask_pids: Sequence[int] = ()) -> Callable[[], tuple[float, float]]:
             return lambda: (weed(), cpu_seconds(dask_pids))
 
-        data, cluster_data = stacks["SQLite + folder"][0], stacks["PostgreSQL + S3"][0]
+        data, cluster_data = stacks["SQLite + folder"][0], stacks[s3_name][0]
         row("local: SQLite + folder, in process", *compare(data, local, sessions["SQLite + folder"], stack_cpu()))
-        row("PostgreSQL + S3, in process", *compare(cluster_data, cluster, sessions["PostgreSQL + S3"], stack_cpu()))
+        row(f"{s3_name}, in process", *compare(cluster_data, cluster, sessions[s3_name], stack_cpu()))
         for workers in args.dask_workers:
             dask = start_dask(args.workdir / f"dask-{workers}", workers, s3.environ)
             try:
-                label = f"PostgreSQL + S3, {workers} Dask worker{'s' if workers > 1 else ''}"
+                label = f"{s3_name}, {workers} Dask worker{'s' if workers > 1 else ''}"
                 others = stack_cpu([p.pid for p in dask.processes])
-                row(label, *compare(cluster_data, cluster, sessions["PostgreSQL + S3"], others, dask.address))
+                row(label, *compare(cluster_data, cluster, sessions[s3_name], others, dask.address))
             finally:
                 dask.stop()
         sliced: list[tuple[str, ...]] = [("slice from", "64 p50", "64 p99", "64x64 p50", "64x64 p99")]
@@ -312,7 +333,7 @@ def main() -> None:
         print(f"\nverdicts: {expected}")
     finally:
         for server in (postgres, s3):
-            if not isinstance(server, str):
+            if server is not None and not isinstance(server, str):
                 server.stop()
         if os.environ.get("KEEP_BENCH_DATA") is None:
             shutil.rmtree(args.workdir, ignore_errors=True)
