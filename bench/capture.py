@@ -4,6 +4,7 @@
     python bench/capture.py --device cuda --tokens 2048     # the issue's figure: 2,048 tokens on a GPU
     python bench/capture.py --dtype float32 --runs 3
     python bench/capture.py --gpt2                          # summaries: GPT-2 small, op capture, find_divergence
+    python bench/capture.py --gpt2 --device cuda            # the same on a GPU
 
 Each layer is RMS norm, attention (q, k, v, o projections and SDPA), RMS norm and a gated MLP (gate, up, SiLU,
 down), with no embedding or head: the model's input is a (1, tokens, hidden) tensor. Every module's inputs and
@@ -15,7 +16,8 @@ mark during the captures (reset before them through /proc/self/clear_refs), and 
 where wall times vary with what else runs. Nothing here asserts on timings; the numbers are for reading.
 
 `--gpt2` measures summaries instead, on a GPT-2-small-sized model built by transformers from a `GPT2Config` (12
-layers, hidden 768, 12 heads, random weights, seeded; nothing downloaded) over 256 tokens on the CPU: an op capture
+layers, hidden 768, 12 heads, random weights, seeded; nothing downloaded) over 256 tokens on the CPU (`--device cuda`:
+on the GPU, each wall time ending when the GPU's queued work has): an op capture
 with `values="summary"` against the plain forward pass, its data (what the data dir grows by) against an op capture
 with `values="full"`, and `find_divergence` (a planted change in layer 6's attention output projection) against two
 plain forward passes. Beside the wall times, each one's CPU time (this process, all threads), which a busy machine
@@ -124,8 +126,8 @@ def dir_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-def gpt2_summaries(runs: int, workdir: Path | None) -> None:
-    """The `--gpt2` figures (see the module docstring)."""
+def gpt2_summaries(runs: int, workdir: Path | None, device: str) -> None:
+    """The `--gpt2` figures (see the module docstring), the models and input on `device`."""
     import tensor_debugger
     import torch
     from tensor_debugger import capture, find_divergence
@@ -140,14 +142,19 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
         make_model: Callable[..., torch.nn.Module] = GPT2LMHeadModel
         config = make_config(n_layer=12, n_embd=768, n_head=12, n_positions=256, vocab_size=50257)
         model = make_model(config)
-        model.eval()
+        model.to(device).eval()
         if planted:
             with torch.no_grad():
                 model.get_parameter("transformer.h.6.attn.c_proj.weight").mul_(1.01)
         return model
 
     reference, candidate = build(False), build(True)
-    ids = torch.randint(0, 50257, (1, 256), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 50257, (1, 256), generator=torch.Generator().manual_seed(1)).to(device)
+
+    def synchronize() -> None:
+        """Wait for the device's queued work, so a wall time covers it (a no-op on the CPU)."""
+        if ids.is_cuda:
+            torch.cuda.synchronize()
 
     cpu: dict[str, list[float]] = {"forward": [], "summary": [], "full": [], "find": []}
 
@@ -155,6 +162,7 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
         start, start_cpu = time.perf_counter(), time.process_time()
         with torch.no_grad():
             model(input_ids=ids)
+        synchronize()
         cpu["forward"].append(time.process_time() - start_cpu)
         return time.perf_counter() - start
 
@@ -178,6 +186,7 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
                     capture(reference, "bench", "r", data_dir=data, level="op", values=values) as result,
                 ):
                     reference(input_ids=ids)
+                synchronize()
                 timings[values].append(time.perf_counter() - start)
                 cpu[values].append(time.process_time() - start_cpu)
                 sizes[values] = dir_bytes(data) - base
@@ -191,6 +200,7 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
             found = find_divergence(
                 reference, candidate, {"input_ids": ids}, session="bench", data_dir=work / f"f{run}"
             )
+            synchronize()
             found_s.append(time.perf_counter() - start)
             cpu["find"].append(time.process_time() - start_cpu)
             print(f"find_divergence run {run}: {found_s[-1]:.2f} s", file=sys.stderr)
@@ -199,7 +209,8 @@ def gpt2_summaries(runs: int, workdir: Path | None) -> None:
     summary_s, full_s, find_s = (statistics.median(t) for t in (timings["summary"], timings["full"], found_s))
     print(machine_line(f"torch {torch.__version__}"))
     print(f"tensor_debugger from {Path(tensor_debugger.__file__).parent.parent}")
-    print("model: GPT-2 small shape (12 layers, hidden 768, 12 heads), random weights, 256 tokens, float32, CPU")
+    where = torch.cuda.get_device_name(ids.device) if ids.is_cuda else "CPU"
+    print(f"model: GPT-2 small shape (12 layers, hidden 768, 12 heads), random weights, 256 tokens, float32, {where}")
     print(f"{'':34}{'time':>10}{'x forward':>11}{'data':>12}{'tensors':>9}")
     print(f"{'plain forward':34}{forward_s:>8.3f} s{1:>11.2f}{'':>12}{'':>9}")
     for label, seconds, values in (
@@ -247,7 +258,7 @@ def main() -> None:
     parser.add_argument("--gpt2", action="store_true", help="summaries on a GPT-2-small-sized model (see above)")
     args = parser.parse_args()
     if args.gpt2:
-        gpt2_summaries(args.runs, args.workdir)
+        gpt2_summaries(args.runs, args.workdir, args.device)
         return
 
     import tensor_debugger
