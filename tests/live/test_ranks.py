@@ -164,17 +164,38 @@ def test_a_bug_on_rank_1_only_is_the_first_divergence_and_its_shard_is_named(tmp
     assert detail.argmax.aligned[-1] >= DIM // WORLD  # in the heads rank 1 holds
 
 
-def test_a_summary_reference_against_sharded_ranks_claims_no_verdict_on_the_shards(tmp_path: Path) -> None:
-    """A summary is of one whole tensor: a side held as shards (or replicas) of the ranks is not compared with it,
-    and says so, never a verdict on one shard's statistics."""
+def test_a_summary_reference_against_sharded_ranks_compares_the_merged_shards_and_each_replica(tmp_path: Path) -> None:
+    """A summary is of one whole tensor: the ranks' shards are read together into the merged tensor's summary (never
+    one shard's statistics against the whole), and each rank's replica is compared on its own."""
     settings = Settings(data_dir=tmp_path / "data", demo=False)
     report = captured(settings, "tp summary", bug_on=-1, values="summary")
     split = [p for p in report.pairs if p.b.shards > 1]
-    assert split and all(p.status == "error" for p in split), [(p.name, p.status) for p in split]
-    assert all("not compared" in (p.error or "") and 'values="full"' in (p.error or "") for p in split)
+    assert split and all(p.status == "pass" for p in split), [(p.name, p.status, p.error) for p in split]
+    reasons = {p.name: str((p.summary or {}).get("reason")) for p in split}
+    core = next(p for p in split if p.module_path == "Model.attn.core" and p.place == "outputs")
+    assert "no difference found in the summary" in reasons[core.name]
+    assert "held as 2 shards (concatenated along dim 2)" in reasons[core.name], reasons[core.name]
+    assert "bit-identity is not checked" in reasons[core.name] and not (core.summary or {}).get("identical")
+    output = next(p for p in split if p.module_path == "Model" and p.place == "outputs")
+    assert "each of the candidate's 2 replicas compared" in reasons[output.name], reasons[output.name]
     whole = [p for p in report.pairs if p.b.shards == 1]
     assert all(p.status == "pass" for p in whole), [(p.name, p.status, p.error) for p in whole]
     assert report.first_divergence is None
+
+
+def test_a_bug_on_one_rank_against_a_summary_reference_fails_the_merged_shards_first(tmp_path: Path) -> None:
+    """The planted scale on rank 1's heads, seen from a summary reference: the merged shards of the attention core
+    fail (first divergence), and the replicated output names the rank whose copy differs."""
+    settings = Settings(data_dir=tmp_path / "data", demo=False)
+    report = captured(settings, "tp summary bug", bug_on=1, values="summary")
+    first = report.first_divergence
+    assert first is not None and first.module_path == "Model.attn.core", first
+    assert first.basis == "summary" and "shards" in str(first.summary_reason), first
+    output = next(p for p in report.pairs if p.module_path == "Model" and p.place == "outputs")
+    assert output.status == "fail", (output.status, output.summary)
+    reason = str((output.summary or {}).get("reason"))
+    # o_proj runs after the gather: every rank's output holds rank 1's wrong heads, so every replica differs
+    assert "rank 0's replica of the candidate, one of 2; 1 more of the 2 replicas differ" in reason, reason
 
 
 def test_ranks_send_one_run_to_a_server(shared_server: LiveServer) -> None:

@@ -29,9 +29,11 @@ from tensor_debugger.engine.pairing import (
     execution_order,
     pair_runs,
 )
-from tensor_debugger.engine.summaries import compare_summaries
+from tensor_debugger.engine.summaries import SummaryVerdict, compare_summaries
+from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.ingest.sketches import sketch_verdict
+from tensor_debugger.ingest.split_sketches import split_sketch_verdict
 from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -194,14 +196,19 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
         if all(t.has_values for t in (*a, *b)):
             keys[pair.id] = current.keyed(pair.id)[0]
             continue
-        if len(a) != 1 or len(b) != 1:  # a summary is of one whole tensor: a shard's is not the tensor's
-            pair.summary, pair.result_id, pair.status = None, None, "error"
-            pair.error = _sharded_against_summary(a, b)
-            continue
         tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
-        verdict = sketch_verdict(context.store, a, b, tol, context.kernel) or compare_summaries(
-            tensor_summary(a[0]), tensor_summary(b[0]), tol
-        )
+        if len(a) != 1 or len(b) != 1:  # a summary is of one whole tensor: replicas, or shards read together
+            steps = [Step.from_json(s) for s in (pair.alignment or {}).get("steps", [])]
+            split = split_sketch_verdict(context.store, a, b, steps, tol, context.kernel) if pair.alignment else None
+            if split is None:
+                pair.summary, pair.result_id, pair.status = None, None, "error"
+                pair.error = _sharded_against_summary(a, b)
+                continue
+            verdict: SketchVerdict | SummaryVerdict = split
+        else:
+            verdict = sketch_verdict(context.store, a, b, tol, context.kernel) or compare_summaries(
+                tensor_summary(a[0]), tensor_summary(b[0]), tol
+            )
         pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
         pair.status = "pass" if verdict.passed else "fail"
     cached = {
@@ -224,12 +231,18 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
 
 def _sharded_against_summary(a: Sequence[TensorRecord], b: Sequence[TensorRecord]) -> str:
     """Why a pair with a side in several tensors (shards or replicas of ranks) and a side without element values
-    gets no verdict: nothing merges the shards' summaries into the whole tensor's, so no comparison was made."""
+    gets no verdict (`split_sketches.split_sketch_verdict` found no sound summary comparison): shards known only by
+    their summaries do not merge into the whole tensor's, nor do shards aligned other than by concatenation."""
     split, other = (a, b) if len(a) > 1 else (b, a)
+    held = (
+        "as summaries of its shards"
+        if not all(t.has_values for t in split)
+        else "in shards aligned other than by concatenation"
+    )
     return (
-        f"not compared: {split[0].name} is held as {len(split)} tensors (shards or replicas of ranks) and "
-        f"{other[0].name} only as a summary (no element values), which is of one whole tensor; capture that side "
-        'with values="full" to compare them'
+        f"not compared: {split[0].name} is held as {len(split)} tensors (shards or replicas of ranks), {held}, "
+        f"and {other[0].name} only as a summary (no element values), which is of one whole tensor; capture the "
+        'sharded side with values="full" to compare them'
     )
 
 
