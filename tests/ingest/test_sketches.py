@@ -145,3 +145,14 @@ def test_a_tensor_changed_in_place_is_summarised_again(settings: Settings, mode:
     changed = y * 2
     changed.view(-1)[0] = 1000.0
     assert s["Net_outputs"] == sketch(changed)
+
+
+@pytest.mark.filterwarnings("error::RuntimeWarning")
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fnuz, torch.float8_e5m2fnuz])
+def test_a_float8_fnuz_nan_is_sampled_as_a_nan_without_a_warning(dtype: torch.dtype) -> None:
+    """torch widens the "fnuz" NaN (bits 0x80) to a signalling NaN, whose cast to float64 raised numpy's "invalid
+    value encountered in cast" on every such tensor ingested: it is sampled as a NaN, silently."""
+    every = torch.arange(256, dtype=torch.uint8).view(dtype)
+    values = sampled_values(torch_to_storage(every), from_torch(dtype))
+    assert [i for i, v in enumerate(values) if v != v] == [0x80]
+    assert sketch(every).nan == 1
