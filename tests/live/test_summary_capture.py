@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -268,6 +269,53 @@ def test_find_divergence_of_equal_models_finds_none_and_says_it_rests_on_summari
     found = find_divergence(reference.eval(), reference, (x_input(),), session="same", data_dir=settings.data_dir)
     assert found.first is None and found.compared > 0
     assert repr(found).startswith("From summaries: no difference found")
+
+
+class Gate(nn.Module):
+    """A projection and a sigmoid gate; the port scales the gate by an op the reference does not run."""
+
+    def __init__(self, extra: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.out = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+        self.extra = extra
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.proj(x))
+        if self.extra:
+            gate = gate.pow(1.1)  # the port's extra scale
+        out: torch.Tensor = self.out(x * gate)
+        return out
+
+
+def this_files_line(marker: str) -> str:
+    """`path:line` of the line of this file that ends with the comment `marker`."""
+    lines = Path(__file__).read_text(encoding="utf-8").splitlines()
+    found = [i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}")]
+    assert len(found) == 1, marker
+    return f"{Path(__file__)}:{found[0]}"
+
+
+def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_divergence(settings: Settings) -> None:
+    """The extra op (`pow`, which the reference never calls) has no partner, so the first pair to fail is the next
+    one (`x * gate`): the answer names the unpaired op just before it, with its line, and says the reference did not
+    record it."""
+    found = find_divergence(
+        Gate(False).eval(), Gate(True).eval(), (x_input(),), session="extra", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None and first.reference == "Gate/mul#1_outputs", first.reference
+    assert first.candidate_only_before == (("Gate/pow#1_outputs", this_files_line("the port's extra scale")),)
+    assert first.reference_only_before == ()
+    extra_line = this_files_line("the port's extra scale")
+    said = f"Just before it, the candidate recorded Gate/pow#1_outputs ({extra_line}), which the reference did not."
+    assert said in repr(found)
+    # the other way round: the reference runs the op the candidate leaves out
+    found = find_divergence(
+        Gate(True).eval(), Gate(False).eval(), (x_input(),), session="less", data_dir=settings.data_dir
+    )
+    assert found.first is not None and found.first.candidate_only_before == ()
+    assert found.first.reference_only_before == (("Gate/pow#1_outputs", this_files_line("the port's extra scale")),)
 
 
 class Dropping(nn.Module):

@@ -63,6 +63,11 @@ class FirstDivergence:
     candidate_source: str | None
     summary: SketchVerdict  # what the summaries showed
     full: ElementStats | None  # the same pair from full values (None where the second pass did not record it)
+    # tensors one side recorded and the other did not, between the last pair before it and it (in each side's own
+    # order), with the line that made each ("" where none was recorded): an op one implementation runs and the
+    # other does not (an extra scale, a cast, a fused kernel) is where the divergence may have begun
+    candidate_only_before: tuple[tuple[str, str], ...] = ()
+    reference_only_before: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,13 @@ class Divergence:
             if f.summary.reason
             else ""
         )
+        for side, extra, other in (
+            ("candidate", f.candidate_only_before, "reference"),
+            ("reference", f.reference_only_before, "candidate"),
+        ):
+            if extra:
+                listed = ", ".join(f"{n} ({at})" if at else n for n, at in extra)
+                text += f" Just before it, the {side} recorded {listed}, which the {other} did not."
         if f.full is not None:
             text += (
                 f" From full values: max |diff| {f.full.max_abs_diff:.4g} at {list(f.full.argmax)}, "
@@ -292,6 +304,7 @@ def _find(
         if not stats.passed:
             failing.append(stats)
     culprits = _culprits(order, kept["a"], failing, root_a)
+    ours = {_key(n, root_a) for n in order}
     found = FirstDivergence(
         name,
         other,
@@ -301,6 +314,8 @@ def _find(
         cand.sources.get(other),
         verdict,
         full_first,
+        _one_sided_before(list(cand.summaries), other, lambda n: _key(n, root_b) in ours, cand.sources),
+        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
     )
     return Divergence(
         session,
@@ -313,6 +328,19 @@ def _find(
         (*runs, "reference (full)", "candidate (full)"),
         failing,
     )
+
+
+def _one_sided_before(
+    order: Sequence[str], name: str, paired: Callable[[str], bool], sources: Mapping[str, str]
+) -> tuple[tuple[str, str], ...]:
+    """The tensors of one side's `order` that have no partner (`paired` False), between the last paired one before
+    `name` and `name`, in order, each with its source line ("" where none)."""
+    found: list[tuple[str, str]] = []
+    for other in reversed(order[: order.index(name)]):
+        if paired(other):
+            break
+        found.append((other, sources.get(other) or ""))
+    return tuple(reversed(found))
 
 
 def _module_before(order: Sequence[str], index: int, module: str) -> str | None:
