@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the name models use)
+from litestar.testing import TestClient
 from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
@@ -26,6 +27,7 @@ from tensor_debugger.compare.reports.pair_reports import SessionPairs, session_p
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord
+from tensor_debugger.web.app import create_app
 from torch import nn
 
 from tests.support.polling import wait_until
@@ -356,6 +358,47 @@ def test_an_op_one_side_alone_calls_is_left_unpaired_and_the_rest_pair(settings:
         ("o_proj/linear#1", "o_proj/linear#1", "pass"),
     ]
     assert lists.rows[7].a is not None and lists.rows[7].a.source == line_of("reference softmax")
+
+
+def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_divergence(settings: Settings) -> None:
+    """The candidate's extra op (a `pow` the reference never calls) has no partner: the first pair to fail is the
+    op after it, and the first divergence names the extra op and its line, in the report, the JSON and the CLI."""
+    reference, _ = models()
+
+    class SharpenedAttention(Attention):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+            weights = F.softmax(scores, dim=-1).pow(1.5)  # extra op of the port
+            out: torch.Tensor = self.o_proj(weights @ v)
+            return out
+
+    candidate = Net()
+    candidate.layers[1].self_attn = SharpenedAttention()
+    candidate.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 5, DIM)
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with torch.no_grad(), capture(model, "sharp", run, data_dir=settings.data_dir, level="op") as result:
+            model(x)
+    assert result.session_id is not None
+    report, unmatched = compared(settings, result.session_id)
+    assert unmatched == ["Net.layers.1.self_attn/pow#1_outputs"]
+    first = report.first_divergence
+    assert first is not None and first.name == "Net.layers.1.self_attn/matmul#2_outputs", first
+    extra = f"Net.layers.1.self_attn/pow#1_outputs ({line_of('extra op of the port')})"
+    assert first.candidate_only_before == [extra]
+    typed = compare_report(result.session_id, "sharp", "http://127.0.0.1/sessions/1", report, [])
+    assert to_json(typed)["first_divergence"]["candidate_only_before"] == [extra]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_table(typed)
+    assert f"just before it, the candidate recorded what the reference did not: {extra}" in printed.getvalue()
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        page = client.get(f"/sessions/{result.session_id}")
+    assert page.status_code == 200
+    banner = page.text.split('class="candidate-only-before"', 1)[1].split("</span>", 1)[0]
+    assert "Just before it, the candidate recorded what the reference did not:" in banner
+    assert "Net.layers.1.self_attn/pow#1_outputs" in banner
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:

@@ -301,7 +301,8 @@ def names_of(names: list[str], shown: int = 20) -> str:
 
 
 def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> None:
-    """Under a first divergence: the reference tensors without partner before it in execution order."""
+    """Under a first divergence: the reference tensors without partner before it in execution order, and the
+    candidate's without partner just before it."""
     before = first.unmatched_before if first else []
     if before:
         tensors = (
@@ -310,6 +311,9 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> N
             else f"{len(before)} reference tensors before it were"
         )
         print(f"{lead}{tensors} not compared (no partner in the candidate): {names_of(before)}")
+    extra = first.candidate_only_before if first else []
+    if extra:
+        print(f"{lead}just before it, the candidate recorded what the reference did not: {names_of(extra)}")
 
 
 def print_not_compared(report: CompareReport) -> None:

@@ -132,6 +132,9 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     unmatched_before: list[str]
     basis: str | None
     summary_reason: str | None
+    # the candidate's tensors without partner recorded between the pair before it and it, "name (file:line)": an op
+    # the candidate runs and the reference does not, where the divergence may have begun
+    candidate_only_before: list[str] = []
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

@@ -88,6 +88,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.unmatched_before,
         found.basis,
         found.summary_reason,
+        found.candidate_only_before,
     )
 
 

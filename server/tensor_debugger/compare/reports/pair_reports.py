@@ -31,6 +31,7 @@ from tensor_debugger.compare.reports.module_reports import (
     stage_culprits,
 )
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR, Rule, noise_judges
+from tensor_debugger.compare.reports.one_sided import candidate_only_before
 from tensor_debugger.compare.reports.pair_report import (
     ArgmaxReport,
     ArgmaxSide,
@@ -90,6 +91,9 @@ class FirstDivergence:
     basis: str | None = None
     summary_reason: str | None = None
     module_path: str | None = None  # the reference tensor's module (an op's: "<module call>/<op>#<n>")
+    # the candidate's tensors without partner between the pair before it and it ("name (file:line)"): an op the
+    # candidate runs and the reference does not, where the divergence may have begun (compare/reports/one_sided.py)
+    candidate_only_before: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -303,9 +307,7 @@ def session_pairs(
         CandidateReport(
             run_id,
             label,
-            first_divergence(
-                next((i for i in items if i.b.run_id == run_id and i.status == PairStatus.FAIL), None), missing
-            ),
+            _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing),
         )
         for run_id, label, _, _ in ordered_runs
         if run_id in compared
@@ -526,6 +528,19 @@ def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairRe
         return pairs
     rank = {key: i for i, key in enumerate(order)}
     return sorted(pairs, key=lambda p: (rank.get(p.key, len(rank)), p.position))
+
+
+def _first_divergence_of(
+    db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
+) -> FirstDivergence | None:
+    """The first divergence among one candidate's pairs `mine` (in execution order), with the candidate's tensors
+    without partner just before it."""
+    at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL), None)
+    if at is None:
+        return None
+    found = first_divergence(mine[at], missing)
+    extra = candidate_only_before(db, session_id, mine[at], mine[at - 1] if at else None)
+    return replace(found, candidate_only_before=extra) if found is not None and extra else found
 
 
 def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport] = ()) -> FirstDivergence | None:
