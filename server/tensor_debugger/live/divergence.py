@@ -68,6 +68,9 @@ class FirstDivergence:
     # other does not (an extra scale, a cast, a fused kernel) is where the divergence may have begun
     candidate_only_before: tuple[tuple[str, str], ...] = ()
     reference_only_before: tuple[tuple[str, str], ...] = ()
+    # the first pair before it whose values differ at all (their summaries' hashes differ) though within tolerance,
+    # with the reference's line ("" where none): where a difference too small to fail began, which then grew
+    first_changed: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -107,6 +110,12 @@ class Divergence:
             if extra:
                 listed = ", ".join(f"{n} ({at})" if at else n for n, at in extra)
                 text += f" Just before it, the {side} recorded {listed}, which the {other} did not."
+        if f.first_changed is not None:
+            changed, at = f.first_changed
+            text += (
+                f" The first tensor whose values differ at all is {changed}{f' ({at})' if at else ''}, within "
+                "tolerance there."
+            )
         if f.full is not None:
             text += (
                 f" From full values: max |diff| {f.full.max_abs_diff:.4g} at {list(f.full.argmax)}, "
@@ -246,6 +255,7 @@ def _find(
 
     theirs = {_key(name, root_b): name for name in cand.summaries}
     first: tuple[str, str, SketchVerdict] | None = None
+    changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
     compared = 0
     order = list(ref.summaries)
     for name in order:
@@ -255,6 +265,8 @@ def _find(
         a, b = ref.summaries[name], cand.summaries[other]
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
+        if first is None and changed is None and a.hash != b.hash and a.hash[:6] == b.hash[:6]:
+            changed = name
         if not verdict.passed and first is None:
             first = (name, other, verdict)
     runs = ("reference", "candidate")
@@ -316,6 +328,7 @@ def _find(
         full_first,
         _one_sided_before(list(cand.summaries), other, lambda n: _key(n, root_b) in ours, cand.sources),
         _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
+        (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
     )
     return Divergence(
         session,
