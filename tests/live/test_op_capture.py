@@ -393,12 +393,55 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     with contextlib.redirect_stdout(printed):
         print_table(typed)
     assert f"just before it, the candidate recorded what the reference did not: {extra}" in printed.getvalue()
+    assert first.first_changed is None  # every pair before it is bit-identical
     with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         page = client.get(f"/sessions/{result.session_id}")
     assert page.status_code == 200
     banner = page.text.split('class="candidate-only-before"', 1)[1].split("</span>", 1)[0]
     assert "Just before it, the candidate recorded what the reference did not:" in banner
     assert "Net.layers.1.self_attn/pow#1_outputs" in banner
+
+
+class Drift(nn.Module):
+    """A difference within tolerance (1e-6 added) that a later op magnifies past it (x1000 after a cancellation)."""
+
+    def __init__(self, offset: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(DIM, DIM)
+        self.offset = offset
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x) + self.offset  # drift begins
+        out: torch.Tensor = (h - self.proj(x)) * 1000
+        return out
+
+
+@pytest.mark.parametrize("values", ["full", "summary"])
+def test_the_first_change_within_tolerance_is_named_before_the_first_divergence(
+    settings: Settings, values: str
+) -> None:
+    """The pairs before the divergence pass, but the first of them whose values differ at all (max |diff| above 0,
+    or summaries' hashes that differ) is where the difference began: the report, the JSON and the CLI name it."""
+    x = torch.randn(2, 5, DIM)
+    for model, run in ((Drift(0.0), "reference"), (Drift(1e-6), "candidate")):
+        with (
+            torch.no_grad(),
+            capture(model, "drift", run, data_dir=settings.data_dir, level="op", values=values) as result,
+        ):
+            model(x)
+    assert result.session_id is not None
+    report, _ = compared(settings, result.session_id)
+    first = report.first_divergence
+    assert first is not None and first.name == "Drift/mul#1_outputs", first
+    changed = f"Drift/add#1_outputs ({line_of('drift begins')})"
+    assert first.first_changed == changed
+    typed = compare_report(result.session_id, "drift", "http://127.0.0.1/sessions/1", report, [])
+    assert to_json(typed)["first_divergence"]["first_changed"] == changed
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_table(typed)
+    assert f"the first tensor whose values differ at all is {changed}, within tolerance there" in printed.getvalue()
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:

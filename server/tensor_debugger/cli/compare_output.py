@@ -314,6 +314,8 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> N
     extra = first.candidate_only_before if first else []
     if extra:
         print(f"{lead}just before it, the candidate recorded what the reference did not: {names_of(extra)}")
+    if first is not None and first.first_changed:
+        print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within tolerance there")
 
 
 def print_not_compared(report: CompareReport) -> None:

@@ -177,6 +177,9 @@ class SketchVerdict:
     nan: tuple[int, int]
     inf: tuple[int, int]
     tolerance: str
+    # whether the two hashes differ: None where they are of different kinds (a host's BLAKE3 against a device's
+    # fold64, or shards' digests), which tells nothing of the bytes
+    hashes_differ: bool | None = None
 
     def to_json(self) -> dict[str, Any]:
         def number(value: float | None) -> float | str | None:
@@ -199,6 +202,7 @@ class SketchVerdict:
             "nan": list(self.nan),
             "inf": list(self.inf),
             "tolerance": self.tolerance,
+            "hashes_differ": self.hashes_differ,
         }
 
 
@@ -221,7 +225,10 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
     if a.hash == b.hash and a.dtype == b.dtype:
         norm = math.sqrt(a.sumsq)
         reason = "from summaries: bit-identical (equal content hashes)"
-        return SketchVerdict(True, True, True, reason, len(a.sample), 0.0, 0, norm, norm, 0.0, 0.0, *counts, described)
+        return SketchVerdict(
+            True, True, True, reason, len(a.sample), 0.0, 0, norm, norm, 0.0, 0.0, *counts, described, False
+        )
+    hashes_differ = True if a.hash.partition(":")[0] == b.hash.partition(":")[0] else None
     xa = np.array(a.sample, dtype=np.float64)
     xb = np.array(b.sample, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -271,6 +278,7 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
         shift,
         *counts,
         described,
+        hashes_differ,
     )
 
 

@@ -265,7 +265,7 @@ def _find(
         a, b = ref.summaries[name], cand.summaries[other]
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
-        if first is None and changed is None and a.hash != b.hash and a.hash[:6] == b.hash[:6]:
+        if first is None and changed is None and verdict.hashes_differ:
             changed = name
         if not verdict.passed and first is None:
             first = (name, other, verdict)

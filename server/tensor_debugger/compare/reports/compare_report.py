@@ -135,6 +135,9 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     # the candidate's tensors without partner recorded between the pair before it and it, "name (file:line)": an op
     # the candidate runs and the reference does not, where the divergence may have begun
     candidate_only_before: list[str] = []
+    # the first pair before it whose values differ at all though within tolerance, "name (file:line)": where a
+    # difference too small to fail began; null where none did
+    first_changed: str | None = None
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

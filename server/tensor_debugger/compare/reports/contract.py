@@ -89,6 +89,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.basis,
         found.summary_reason,
         found.candidate_only_before,
+        found.first_changed,
     )
 
 

@@ -94,6 +94,9 @@ class FirstDivergence:
     # the candidate's tensors without partner between the pair before it and it ("name (file:line)"): an op the
     # candidate runs and the reference does not, where the divergence may have begun (compare/reports/one_sided.py)
     candidate_only_before: list[str] = field(default_factory=list)
+    # the first pair before it whose values differ at all though within tolerance (max |diff| above 0, or summaries'
+    # hashes that differ), "name (file:line)": where a difference too small to fail began; None where none did
+    first_changed: str | None = None
 
 
 @dataclass(frozen=True)
@@ -539,8 +542,24 @@ def _first_divergence_of(
     if at is None:
         return None
     found = first_divergence(mine[at], missing)
+    if found is None:
+        return None
     extra = candidate_only_before(db, session_id, mine[at], mine[at - 1] if at else None)
-    return replace(found, candidate_only_before=extra) if found is not None and extra else found
+    changed = next((p for p in mine[:at] if _changed(p)), None)
+    where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
+    return replace(
+        found, candidate_only_before=extra, first_changed=f"{changed.name}{where}" if changed is not None else None
+    )
+
+
+def _changed(pair: PairReport) -> bool:
+    """Whether a passing pair's values differ at all: a max |diff| above 0, or summaries whose hashes (of one kind)
+    differ."""
+    if pair.status != PairStatus.PASS:
+        return False
+    if pair.stats is not None and pair.stats.max_abs_diff is not None:
+        return bool(pair.stats.max_abs_diff != 0)
+    return summary_basis(pair.summary) and (pair.summary or {}).get("hashes_differ") is True
 
 
 def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport] = ()) -> FirstDivergence | None:
