@@ -26,7 +26,8 @@ how much of the machine the S3 server itself took: on a machine of few cores it 
 `--s3-cores N` takes that competition out, as a deployment with S3 on other hosts has none: SeaweedFS and
 PostgreSQL (every thread of theirs, and what they start later) run on the last N of this process's cores, and this
 process, the CLI it runs and the Dask cluster on the others, for the local rows as well as the S3 rows. The line
-"cores:" says which cores each side had. Without it nothing is pinned.
+"cores:" says which cores each side had. Without it nothing is pinned. `--unsigned-payload` gives the S3 rows'
+processes `AWS_UNSIGNED_PAYLOAD=true` (no SHA-256 of each upload's body, on either side).
 
 `--database sqlite` keeps the S3 rows' metadata in a SQLite file of their data dir instead of PostgreSQL (the rows
 say "SQLite + S3"), for a machine without PostgreSQL's binaries: the Dask workers run on this machine and open the
@@ -214,13 +215,19 @@ def main() -> None:
         help="the S3 rows' database: a private PostgreSQL cluster (default) or a SQLite file, for a machine without "
         "PostgreSQL's binaries (the Dask workers, on this machine, open the same file)",
     )
+    parser.add_argument(
+        "--unsigned-payload",
+        action="store_true",
+        help="AWS_UNSIGNED_PAYLOAD=true for the S3 rows: requests signed without a hash of their bodies",
+    )
     args = parser.parse_args()
     pinned = split_cores(args.s3_cores) if args.s3_cores else None
     if pinned is not None:  # before any thread starts: every thread and child of this process inherits it
         os.sched_setaffinity(0, pinned[0])
     shutil.rmtree(args.workdir, ignore_errors=True)
     args.workdir.mkdir(parents=True)
-    print(machine_line(f"{args.tensors} x {args.tensor_mib} MiB float32 per run; servers on loopback"))
+    signed = "; S3 requests signed without a hash of their bodies" if args.unsigned_payload else ""
+    print(machine_line(f"{args.tensors} x {args.tensor_mib} MiB float32 per run; servers on loopback{signed}"))
     runs = (args.workdir / "reference", args.workdir / "candidate")
     size = write_run(runs[0], args.tensors, args.tensor_mib, 0.0)
     write_run(runs[1], args.tensors, args.tensor_mib, 0.5)
@@ -233,7 +240,8 @@ def main() -> None:
         cluster = {"TENSOR_DEBUGGER_STORE_URL": s3.new_url()}
         if postgres is not None:  # else the data dir's SQLite file
             cluster["TENSOR_DEBUGGER_DATABASE_URL"] = postgres.create_database()
-        cluster.update(s3.environ)
+        aws = {**s3.environ, **({"AWS_UNSIGNED_PAYLOAD": "true"} if args.unsigned_payload else {})}
+        cluster.update(aws)
         weed_pid = s3.process.pid
         servers = "SeaweedFS and PostgreSQL" if postgres is not None else "SeaweedFS"
         s3_name = "PostgreSQL + S3" if postgres is not None else "SQLite + S3"
@@ -312,7 +320,7 @@ def main() -> None:
         row("local: SQLite + folder, in process", *compare(data, local, sessions["SQLite + folder"], stack_cpu()))
         row(f"{s3_name}, in process", *compare(cluster_data, cluster, sessions[s3_name], stack_cpu()))
         for workers in args.dask_workers:
-            dask = start_dask(args.workdir / f"dask-{workers}", workers, s3.environ)
+            dask = start_dask(args.workdir / f"dask-{workers}", workers, aws)
             try:
                 label = f"{s3_name}, {workers} Dask worker{'s' if workers > 1 else ''}"
                 others = stack_cpu([p.pid for p in dask.processes])
@@ -322,7 +330,7 @@ def main() -> None:
         sliced: list[tuple[str, ...]] = [("slice from", "64 p50", "64 p99", "64x64 p50", "64x64 p99")]
         for name, url, environ in (
             ("folder", (data / "arrays").resolve().as_uri(), {}),
-            ("S3", cluster["TENSOR_DEBUGGER_STORE_URL"], s3.environ),
+            ("S3", cluster["TENSOR_DEBUGGER_STORE_URL"], aws),
         ):
             found: dict[str, Any] = slice_latencies(url, environ, args.windows)
             sliced.append((name, *(f"{found[k]:.2f} ms" for k in ("64 p50", "64 p99", "64x64 p50", "64x64 p99"))))

@@ -195,3 +195,33 @@ def test_an_array_made_again_at_a_key_leaves_nothing_of_the_one_before_whoever_m
     mine.create("runs/9/3", (40, 64), float32, (4, 64), False)[...] = np.ones((40, 64), dtype=np.float32)
     made(mine, "runs/9/3", 4)  # made through Zarr first: runs/9 listed again
     assert chunks("runs/9/3") == {"runs/9/3/c/0/0"}
+
+
+def test_unsigned_requests_and_a_chunk_past_the_part_size_store_the_tensors_bit_for_bit(
+    s3: SeaweedS3, tmp_path: Path
+) -> None:
+    """With AWS_UNSIGNED_PAYLOAD=true requests are signed without a hash of their bodies, and what an ingest
+    uploads so reads back bit for bit; a chunk object larger than obstore's part size (5 MB) goes up as a multipart
+    upload (the bucket's ETag of it names its parts), a smaller one in one request."""
+    from tensor_debugger.store.object_stores import open_s3_bucket
+
+    url = s3.new_url()
+    unsigned = {**s3.environ, "AWS_UNSIGNED_PAYLOAD": "true"}
+    assert str(open_s3_bucket(url, unsigned).config.get("unsigned_payload")).lower() == "true"
+    assert "unsigned_payload" not in open_s3_bucket(url, s3.environ).config  # signed unless asked
+    originals = {"big": seeded((1700, 1000), seed=3), "small": seeded((300, 1000), seed=4)}  # 6.8 MB; 1.2 MB
+    path = tmp_path / "two.pth"
+    torch.save(originals, path)
+    settings = Settings(data_dir=tmp_path / "data", store_url=url, demo=False, chunk_bytes=8 << 20)
+    services = open_services(settings, unsigned)
+    try:
+        result = Ingestor(settings, services.sessions, services.store).ingest("s", "ref", [InputFile(path, "m")])
+        records = stored(services, result.run_id)
+        assert sorted(records) == ["m.big", "m.small"]
+        for name, record in records.items():
+            assert same_bits(read_back(services, record), originals[name.removeprefix("m.")]), name
+    finally:
+        services.close()
+    bucket = s3.bucket(url)
+    tags = {name: obstore.head(bucket, f"{record.store_key}/c/0/0")["e_tag"] for name, record in records.items()}
+    assert str(tags["m.big"]).strip('"').endswith("-2") and "-" not in str(tags["m.small"]), tags  # 5 MB + 1.8 MB
