@@ -5,6 +5,7 @@ once can compute a pair's statistics from the bytes in memory instead of reading
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -36,3 +37,19 @@ class RunTap(Protocol):
 
     def close(self) -> None:
         """The run's ingest is over (or stopped): no more tensors come."""
+
+
+class PairTaps(Protocol):
+    """The taps of two runs ingested at once in one process (a reference, side 0, and a candidate, side 1) whose
+    pairs are compared there from the blocks as they are read, and what that found, to be sent to the process that
+    compares the stored tensors (`ingest/child.py`: an upload's runs in a child process)."""
+
+    def tap(self, side: int) -> RunTap:
+        """Side `side`'s run's tap."""
+
+    def take_found(self) -> Sequence[tuple[str, object]]:
+        """Each pair (by name) found since the last call, with what was found: a value the other process knows
+        what to do with (picklable). Each pair is told once."""
+
+
+Found = Callable[[Sequence[tuple[str, object]]], None]  # hears, elsewhere, what a `PairTaps` found (`take_found`)

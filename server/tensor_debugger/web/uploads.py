@@ -134,14 +134,23 @@ def start_runs(
             services.ingestor.cancel(pending)
         raise
     release = _after_last(len(begun), batch.discard)
-    started: list[StartedRun] = []
-    for n, (label, pending, inputs) in enumerate(begun):
+    jobs = [
+        (label, pending, IngestJob(pending, inputs, keep_failure, release, client)) for label, pending, inputs in begun
+    ]
+    if created_session and len(jobs) == 2 and NOISE_FIELD not in runs:
+        # a reference and a candidate: ingested at once, their pairs compared from the bytes as they are read
         try:
-            started.append(
-                StartedRun(
-                    label, pending, services.ingests.submit(IngestJob(pending, inputs, keep_failure, release, client))
-                )
-            )
+            futures = services.ingests.submit_pair(jobs[0][2], jobs[1][2])
+        except BaseException:  # the server is stopping: the runs are undone here
+            for _, pending, _ in begun:
+                services.ingestor.cancel(pending)
+                release()
+            raise
+        return [StartedRun(label, pending, future) for (label, pending, _), future in zip(jobs, futures, strict=True)]
+    started: list[StartedRun] = []
+    for n, (label, pending, job) in enumerate(jobs):
+        try:
+            started.append(StartedRun(label, pending, services.ingests.submit(job)))
         except BaseException:  # the server is stopping: the runs not queued are undone here
             for _, rest, _ in begun[n:]:
                 services.ingestor.cancel(rest)
