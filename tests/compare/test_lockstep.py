@@ -13,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tensor_debugger.compare.pipeline import compare_runs, ingest_run
+from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.compare.planning.requests import CompareRequest
 from tensor_debugger.compare.reports.compare_report import CompareOutcome, ReadOnce
 from tensor_debugger.compare.reports.pair_reports import session_pairs
@@ -309,3 +310,54 @@ def test_an_upload_of_two_freshly_ingested_runs_reads_none_of_its_chunks(
         got = [(p.name, p.status, p.stats, p.where) for p in session_pairs(db, session_id).pairs]
     assert got == stored_path(stored, a, b)
     assert {name: status for name, status, *_ in got}["00_big"] == "fail"
+
+
+def stored_session(services: Services, runs: list[tuple[str, Path, str | None]]) -> list[tuple[Any, ...]]:
+    """The pairs as comparing the stored copies gives them: each run ingested in turn (`role` "noise": a rerun of
+    the reference), nothing compared while they ingest, then the session planned and computed."""
+    for label, path, role in runs:
+        pending = services.ingestor.begin("stored", label, [str(path)], by_label=False, role=role)
+        services.ingestor.complete(pending, [InputFile(path, str(path))])
+    plan_session(services.context, pending.session_id)
+    services.compute(pending.session_id)
+    with services.sessions() as db:
+        report = session_pairs(db, pending.session_id)
+    return [(p.name, p.status, p.stats, p.where, p.rule, p.noise_max_abs_diff) for p in report.pairs]
+
+
+def test_compare_of_three_runs_and_a_rerun_reads_every_pair_once(
+    two_stores: tuple[Services, Services], tmp_path: Path
+) -> None:
+    """`compare A B C --noise R`: the reference's blocks go to the pairs of each other run (the rerun's too), each
+    read in lockstep with it; the same verdicts, statistics, noise floors and where as the stored path."""
+    once, stored = two_stores
+    kept = ("00", "01", "02", "03", "04", "05", "11")
+
+    def run(label: str, candidate: bool, change: float) -> Path:
+        files = {name: held for name, held in tensors(7, candidate).items() if name[:2] in kept}
+        changed = {
+            name: {k: v * (1 + change) if v.is_floating_point() else v for k, v in held.items()}
+            for name, held in files.items()
+        }
+        return write_run(tmp_path / label, changed)
+
+    a, rerun, b, c = run("ref", False, 0.0), run("rerun", False, 5e-3), run("cand", True, 0.0), run("c2", False, 0.01)
+    request = CompareRequest(a, b, str(a), str(b), more=(c,), more_shown=(str(c),), noise=rerun, noise_shown=str(rerun))
+    before = once.store.chunk_reads
+    outcome = compare_runs(once.ingestor, once.context, once.compute, request, "http://here")
+    once_reads = once.store.chunk_reads - before
+    assert outcome.exit_code == 1, outcome
+    assert outcome.payload.session is not None
+    with once.sessions() as db:
+        report = session_pairs(db, outcome.payload.session.id)
+    got = [(p.name, p.status, p.stats, p.where, p.rule, p.noise_max_abs_diff) for p in report.pairs]
+    before = stored.store.chunk_reads
+    expected = stored_session(stored, [("ref", a, None), ("rerun", rerun, "noise"), ("cand", b, None), ("c2", c, None)])
+    stored_reads = stored.store.chunk_reads - before
+    assert len(got) == 2 * 8 and got == expected
+    assert {p.rule for p in report.pairs} == {"tolerance", "noise"}
+    # of each of the three runs against the reference, its 7 float pairs in memory, its integers read back
+    assert outcome.read_once == ReadOnce(
+        21, {"not read by the chunk loop (integers, bools, ULPs or shapes that differ)": 3}
+    )
+    assert once_reads * 10 < stored_reads, (once_reads, stored_reads)  # the NaN's blocks and the integers only

@@ -53,3 +53,35 @@ class PairTaps(Protocol):
 
 
 Found = Callable[[Sequence[tuple[str, object]]], None]  # hears, elsewhere, what a `PairTaps` found (`take_found`)
+
+
+class EveryTap:
+    """A `RunTap` that hands each tensor's blocks to every one of `taps` (a reference ingested with several runs:
+    each pair of it and one of them has its tap). Each may wait for its other run in `put`: the blocks are handed
+    over in order, one tap after the other."""
+
+    def __init__(self, taps: Sequence[RunTap]) -> None:
+        self._taps = list(taps)
+
+    def tensor(
+        self, name: str, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
+    ) -> TensorTap | None:
+        wanted = [t for t in (tap.tensor(name, key, shape, dtype, chunks) for tap in self._taps) if t is not None]
+        return _EveryTensorTap(wanted) if wanted else None
+
+    def close(self) -> None:
+        for tap in self._taps:
+            tap.close()
+
+
+class _EveryTensorTap:
+    def __init__(self, taps: list[TensorTap]) -> None:
+        self._taps = taps
+
+    def put(self, region: Region, block: np.ndarray) -> None:
+        for tap in self._taps:
+            tap.put(region, block)
+
+    def end(self, complete: bool) -> None:
+        for tap in self._taps:
+            tap.end(complete)
