@@ -229,14 +229,17 @@ def test_compare_verbose_says_how_the_pairs_were_read(tmp_path: Path, backend_en
     assert quiet.returncode == 0 and "read once" not in quiet.stderr
 
 
-def upload_both(services: Services, a: Path, b: Path) -> tuple[int, list[RunOutcome]]:
-    """What the API does with an upload of a reference (field "ref") and a candidate ("cand") that makes a session:
-    their ingests queued in the server's child processes, the request waiting for them; then the pairs the early
-    comparisons left are computed (a server's worker would)."""
+def upload_both(
+    services: Services, a: Path, b: Path, fields: tuple[str, str] = ("ref", "cand"), reference_last: bool = False
+) -> tuple[int, list[RunOutcome]]:
+    """What the API does with an upload of a reference (field `fields[0]`) and a candidate (`fields[1]`) that makes
+    a session (`reference_last`: its field comes second): their ingests queued in the server's child processes, the
+    request waiting for them; then the pairs the early comparisons left are computed (a server's worker would)."""
     folder = a.parent / "upload"
     folder.mkdir()
     batch = UploadBatch(folder)
-    for run, field in ((a, "ref"), (b, "cand")):
+    order = ((a, fields[0]), (b, fields[1]))
+    for run, field in order[::-1] if reference_last else order:
         for path in sorted(run.iterdir()):
             copy = folder / field / path.name
             copy.parent.mkdir(exist_ok=True)
@@ -291,9 +294,11 @@ def test_an_upload_of_both_runs_is_compared_as_it_is_read_with_the_stored_paths_
         cli.close()
 
 
+@pytest.mark.parametrize("reference_last", [False, True], ids=["in order", "reference field last"])
 def test_an_upload_of_two_freshly_ingested_runs_reads_none_of_its_chunks(
-    two_stores: tuple[Services, Services], tmp_path: Path
+    two_stores: tuple[Services, Services], tmp_path: Path, reference_last: bool
 ) -> None:
+    """The reference is the first field, or the one named "reference" wherever it comes."""
     once, stored = two_stores
     files = {name: held for name, held in tensors(6, candidate=False).items() if name[:2] in ("00", "01", "02", "11")}
     a = write_run(tmp_path / "ref", files)
@@ -301,7 +306,8 @@ def test_an_upload_of_two_freshly_ingested_runs_reads_none_of_its_chunks(
     changed["00_big.pth"][""][1500:1510, 7] += 1.0
     b = write_run(tmp_path / "cand", changed)
     before = once.store.chunk_reads
-    session_id, _ = upload_both(once, a, b)
+    fields = ("reference", "candidate") if reference_last else ("ref", "cand")
+    session_id, _ = upload_both(once, a, b, fields, reference_last)
     assert once.store.chunk_reads == before
     figures = once.early.figures(session_id)
     assert figures is not None and figures.read_once is not None
