@@ -2,7 +2,8 @@
 same data dir that the command hands the work to (`web/controllers/local.py`). Same steps, same answer.
 
 `compare_runs`: ingest every run at once, comparing each pair as soon as both its tensors are stored
-(`early_uploads.py`, as for uploads); then plan the session (every pairing rule, as always), compute what the
+(`early_uploads.py`, as for uploads), from the bytes as they are read where it can (`lockstep.py`: the reference
+and each other run); then plan the session (every pairing rule, as always), compute what the
 early comparisons did not, and build the CLI's JSON. With `fail_fast` the reference is ingested first, then each
 candidate while comparing its tensors with their reference partners (`early.py`), and it stops once the first
 divergence in execution order is known (every pair before it settled): pairs not yet computed stay pending,

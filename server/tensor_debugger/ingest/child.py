@@ -18,6 +18,11 @@ reports progress through a queue and stops at its next block when the server ask
 child also tells each file's stored tensors (`stored.StoredNote`) and, before its run's arrays may move, waits
 until the server's listener has settled (its comparisons reading them are done: `compare/compute/early_uploads.py`). A
 child that dies midway (killed, out of memory) leaves the run to the server, which removes it or marks it failed.
+
+`complete_pair` ingests a reference and a candidate in one child, in two threads, under twice the memory limit:
+their blocks go to the taps `pair_taps` makes there (`compare/compute/sent_pairs.py`), which compare their pairs
+from the bytes as they are read; what those found is sent before the stored note of the tensor that completes each
+pair (`_Found`), and the rest with the answer.
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ deleted with a failed run) it waits for the server's listener to settle (`wait_f
 is done and cached, so neither reads a moved array nor runs again once the run is planned). Once the run is ready
 its rows stand for it, and the tensors of runs still ingesting that met nothing meanwhile are paired with them.
 The reference is the run the plan will take: the session's first by position that is no rerun and has not failed.
+An upload of a reference and a candidate ingests both in one child process, which compares their pairs from the
+bytes as it reads them and sends the statistics (`sent_pairs.py`): those pairs' jobs take them instead of reading
+the stored copies (`EarlyUploads.pair`), as the CLI's take them from its `Lockstep`s.
 """
 
 from __future__ import annotations

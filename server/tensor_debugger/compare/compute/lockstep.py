@@ -1,16 +1,18 @@
 """Two runs ingested at once, compared from the bytes as they are read: each pair's statistics come from the blocks
 the ingests read for storing (`ingest/taps.py`), and its stored copy is not read back for them.
 
-`compare A B` ingests both runs at once (`compare/pipeline.py`). Each run's ingest hands this `Lockstep` every
-tensor's blocks as it reads them; the tensors of the same name on both sides (the guess early comparisons make:
-`early.guess`) are a pair, and once both sides have handed the values of one of the pair's blocks (the regions
-`engine/streaming.pair_blocks` cuts, in order), that block's statistics are computed by the compiled chunk loop
-from the values in memory (`ChunkPairs.in_memory`: the same kernel calls over the same stretches as reading the
-chunk files). When the pair's tensors are stored, `early_uploads.SessionComparisons` guesses the pair as always and
-its job's blocks are taken from what was computed here (`replayed`): the same `compare_block` and merge, so the
-same statistics, cache key and result row as reading the stored copy. Where inside a failing pair the error is
-(`engine/where.py`) is computed from the same blocks in memory too, for every pair (which fails is known only at
-its end), in `where_regions` order (`PairJob.spans`).
+`compare A B` ingests both runs at once (`compare/pipeline.py`; with more runs, `compare A B C` or `--noise`, the
+reference's blocks go to a `Lockstep` per other run: `ingest/taps.EveryTap`), and so does an upload of a reference
+and a candidate, in one child process that sends what is computed here to the server (`sent_pairs.py`: `take_found`
+and `replay`). Each run's ingest hands this `Lockstep` every tensor's blocks as it reads them; the tensors of the
+same name on both sides (the guess early comparisons make: `early.guess`) are a pair, and once both sides have
+handed the values of one of the pair's blocks (the regions `engine/streaming.pair_blocks` cuts, in order), that
+block's statistics are computed by the compiled chunk loop from the values in memory (`ChunkPairs.in_memory`: the
+same kernel calls over the same stretches as reading the chunk files). When the pair's tensors are stored,
+`early_uploads.SessionComparisons` guesses the pair as always and its job's blocks are taken from what was computed
+here (`replayed`): the same `compare_block` and merge, so the same statistics, cache key and result row as reading
+the stored copy. Where inside a failing pair the error is (`engine/where.py`) is computed from the same blocks in
+memory too, for every pair (which fails is known only at its end), in `where_regions` order (`PairJob.spans`).
 
 Memory stays bounded: a side keeps copies of its blocks only until the other side has handed the same values, up
 to about one pair block and two ingest blocks; the side ahead then waits, but only while the other run is reading
