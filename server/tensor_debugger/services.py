@@ -17,6 +17,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.compare.actions import SessionActions
 from tensor_debugger.compare.compute.computation import Computation, LocalComputation
 from tensor_debugger.compare.compute.early_uploads import EarlyUploads
+from tensor_debugger.compare.compute.sent_pairs import child_lockstep
 from tensor_debugger.compare.compute.worker import ComparisonWorker
 from tensor_debugger.compare.context import CompareContext, open_context
 from tensor_debugger.compare.reports.pair_rows import StatsCache
@@ -66,7 +67,9 @@ class Services:
         self.actions = SessionActions(self.sessions, self.context, self.worker.wake)
         self.sign_outs = SignOuts(self.sessions)
         at_once = self.settings.ingest_workers
-        children = ChildIngests(self.settings, self.ingestor, at_once)  # started by a server's first ingest
+        # started by a server's first ingest; an upload's reference and candidate ingest at once in one of them,
+        # their pairs compared from the blocks as they are read (compare/compute/sent_pairs.py)
+        children = ChildIngests(self.settings, self.ingestor, at_once, child_lockstep)
         self.early = EarlyUploads(self.context)
         # with a Dask cluster the pairs are computed by its workers once planned, not here while their runs ingest
         watcher = None if self.compute.remote else self.early

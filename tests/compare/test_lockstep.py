@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,12 +13,17 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tensor_debugger.compare.pipeline import compare_runs, ingest_run
+from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.compare.planning.requests import CompareRequest
-from tensor_debugger.compare.reports.compare_report import CompareOutcome
+from tensor_debugger.compare.reports.compare_report import CompareOutcome, ReadOnce
 from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.compare.reports.progress import pair_progress, session_progress
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
+from tensor_debugger.store import catalog
+from tensor_debugger.web.multipart import UploadBatch, UploadedFile
+from tensor_debugger.web.uploads import RunOutcome, start_session, wait_for_runs
 
 from tests.support.cli_main import main_cli
 
@@ -221,3 +227,143 @@ def test_compare_verbose_says_how_the_pairs_were_read(tmp_path: Path, backend_en
     ) in done.stderr
     quiet = main_cli("--data-dir", str(tmp_path / "data2"), "compare", str(a), str(b), env=backend_env)
     assert quiet.returncode == 0 and "read once" not in quiet.stderr
+
+
+def upload_both(
+    services: Services, a: Path, b: Path, fields: tuple[str, str] = ("ref", "cand"), reference_last: bool = False
+) -> tuple[int, list[RunOutcome]]:
+    """What the API does with an upload of a reference (field `fields[0]`) and a candidate (`fields[1]`) that makes
+    a session (`reference_last`: its field comes second): their ingests queued in the server's child processes, the
+    request waiting for them; then the pairs the early comparisons left are computed (a server's worker would)."""
+    folder = a.parent / "upload"
+    folder.mkdir()
+    batch = UploadBatch(folder)
+    order = ((a, fields[0]), (b, fields[1]))
+    for run, field in order[::-1] if reference_last else order:
+        for path in sorted(run.iterdir()):
+            copy = folder / field / path.name
+            copy.parent.mkdir(exist_ok=True)
+            shutil.copyfile(path, copy)
+            batch.files.append(UploadedFile(field, path.name, copy))
+    session_id, started = start_session(services, "upload", "", batch, keep_failure=False)
+    outcomes = wait_for_runs(started)
+    services.compute(session_id)
+    return session_id, outcomes
+
+
+def test_an_upload_of_both_runs_is_compared_as_it_is_read_with_the_stored_paths_results(
+    two_stores: tuple[Services, Services], tmp_path: Path
+) -> None:
+    """The API's upload of a reference and a candidate: both ingest at once in one child process, which compares
+    their pairs from the blocks as they are read and sends the statistics to the server's early comparisons. The
+    same results as the stored path, every dtype family and the shards of a tensor split across ranks included; the
+    server reads none of the chunks of the pairs compared in memory, and the session's progress says how many."""
+    once, stored = two_stores
+    a = write_run(tmp_path / "ref", tensors(5, candidate=False))
+    b = write_run(tmp_path / "cand", tensors(5, candidate=True))
+    before = once.store.chunk_reads
+    session_id, outcomes = upload_both(once, a, b)
+    assert [o.status for o in outcomes] == ["ready", "ready"], outcomes
+    with once.sessions() as db:
+        got = [(p.name, p.status, p.stats, p.where) for p in session_pairs(db, session_id).pairs]
+    expected = stored_path(stored, a, b)
+    assert [name for name, *_ in got] == [name for name, *_ in expected] and len(got) == 13
+    for found, wanted in zip(got, expected, strict=True):
+        assert found == wanted  # bit-identical statistics, and where the error is
+    figures = once.early.figures(session_id)
+    assert figures is not None and figures.read_once is not None
+    assert figures.read_once.in_memory == 7
+    assert figures.read_once.read_back == {
+        "not read by the chunk loop (integers, bools, ULPs or shapes that differ)": 4,
+        "a 0-d or empty tensor": 1,
+        "a shard of a tensor split across ranks": 2,
+    }
+    with once.sessions() as db:
+        session = catalog.get_session(db, session_id)
+        progress = session_progress(session, once.ingests, pair_progress(db, session_id), figures)
+    assert progress.early.read_once == ReadOnce(7, figures.read_once.read_back)
+    # the server read back the chunks of the pairs read back, and of the NaN's block: as many as the CLI's
+    # `compare A B`, which compares the same pairs in memory in its own process, and no more
+    reads = once.store.chunk_reads - before
+    cli = open_services(Settings(data_dir=tmp_path / "cli", demo=False, chunk_bytes=CHUNK_BYTES), {})
+    try:
+        outcome = compare(cli, a, b)
+        assert outcome.read_once is not None and outcome.read_once.in_memory == 7
+        assert reads == cli.store.chunk_reads, (reads, cli.store.chunk_reads)
+    finally:
+        cli.close()
+
+
+@pytest.mark.parametrize("reference_last", [False, True], ids=["in order", "reference field last"])
+def test_an_upload_of_two_freshly_ingested_runs_reads_none_of_its_chunks(
+    two_stores: tuple[Services, Services], tmp_path: Path, reference_last: bool
+) -> None:
+    """The reference is the first field, or the one named "reference" wherever it comes."""
+    once, stored = two_stores
+    files = {name: held for name, held in tensors(6, candidate=False).items() if name[:2] in ("00", "01", "02", "11")}
+    a = write_run(tmp_path / "ref", files)
+    changed = {name: {k: v * (1 + 1e-9) for k, v in held.items()} for name, held in files.items()}
+    changed["00_big.pth"][""][1500:1510, 7] += 1.0
+    b = write_run(tmp_path / "cand", changed)
+    before = once.store.chunk_reads
+    fields = ("reference", "candidate") if reference_last else ("ref", "cand")
+    session_id, _ = upload_both(once, a, b, fields, reference_last)
+    assert once.store.chunk_reads == before
+    figures = once.early.figures(session_id)
+    assert figures is not None and figures.read_once is not None
+    assert (figures.read_once.in_memory, figures.read_once.read_back) == (5, {})
+    with once.sessions() as db:
+        got = [(p.name, p.status, p.stats, p.where) for p in session_pairs(db, session_id).pairs]
+    assert got == stored_path(stored, a, b)
+    assert {name: status for name, status, *_ in got}["00_big"] == "fail"
+
+
+def stored_session(services: Services, runs: list[tuple[str, Path, str | None]]) -> list[tuple[Any, ...]]:
+    """The pairs as comparing the stored copies gives them: each run ingested in turn (`role` "noise": a rerun of
+    the reference), nothing compared while they ingest, then the session planned and computed."""
+    for label, path, role in runs:
+        pending = services.ingestor.begin("stored", label, [str(path)], by_label=False, role=role)
+        services.ingestor.complete(pending, [InputFile(path, str(path))])
+    plan_session(services.context, pending.session_id)
+    services.compute(pending.session_id)
+    with services.sessions() as db:
+        report = session_pairs(db, pending.session_id)
+    return [(p.name, p.status, p.stats, p.where, p.rule, p.noise_max_abs_diff) for p in report.pairs]
+
+
+def test_compare_of_three_runs_and_a_rerun_reads_every_pair_once(
+    two_stores: tuple[Services, Services], tmp_path: Path
+) -> None:
+    """`compare A B C --noise R`: the reference's blocks go to the pairs of each other run (the rerun's too), each
+    read in lockstep with it; the same verdicts, statistics, noise floors and where as the stored path."""
+    once, stored = two_stores
+    kept = ("00", "01", "02", "03", "04", "05", "11")
+
+    def run(label: str, candidate: bool, change: float) -> Path:
+        files = {name: held for name, held in tensors(7, candidate).items() if name[:2] in kept}
+        changed = {
+            name: {k: v * (1 + change) if v.is_floating_point() else v for k, v in held.items()}
+            for name, held in files.items()
+        }
+        return write_run(tmp_path / label, changed)
+
+    a, rerun, b, c = run("ref", False, 0.0), run("rerun", False, 5e-3), run("cand", True, 0.0), run("c2", False, 0.01)
+    request = CompareRequest(a, b, str(a), str(b), more=(c,), more_shown=(str(c),), noise=rerun, noise_shown=str(rerun))
+    before = once.store.chunk_reads
+    outcome = compare_runs(once.ingestor, once.context, once.compute, request, "http://here")
+    once_reads = once.store.chunk_reads - before
+    assert outcome.exit_code == 1, outcome
+    assert outcome.payload.session is not None
+    with once.sessions() as db:
+        report = session_pairs(db, outcome.payload.session.id)
+    got = [(p.name, p.status, p.stats, p.where, p.rule, p.noise_max_abs_diff) for p in report.pairs]
+    before = stored.store.chunk_reads
+    expected = stored_session(stored, [("ref", a, None), ("rerun", rerun, "noise"), ("cand", b, None), ("c2", c, None)])
+    stored_reads = stored.store.chunk_reads - before
+    assert len(got) == 2 * 8 and got == expected
+    assert {p.rule for p in report.pairs} == {"tolerance", "noise"}
+    # of each of the three runs against the reference, its 7 float pairs in memory, its integers read back
+    assert outcome.read_once == ReadOnce(
+        21, {"not read by the chunk loop (integers, bools, ULPs or shapes that differ)": 3}
+    )
+    assert once_reads * 10 < stored_reads, (once_reads, stored_reads)  # the NaN's blocks and the integers only

@@ -146,3 +146,33 @@ def test_a_compressed_fortran_npy_is_not_read_whole(tmp_path: Path) -> None:
         wait_staging_empty(server)
     finally:
         server.stop()
+
+
+def test_a_pair_of_runs_past_the_time_limit_fails_both_naming_their_files(tmp_path: Path) -> None:
+    """An upload of a reference and a candidate ingests both in one child (their pairs read once): ended past the
+    time limit, both runs fail with the reason (422), and the slot's next child ingests the next pair."""
+    env = {"TENSOR_DEBUGGER_INGEST_SECONDS": str(TIME_LIMIT), "TENSOR_DEBUGGER_INGEST_WORKERS": "1"}
+    server = started_server(tmp_path, env=env)
+    stopped: list[psutil.Process] = []
+    try:
+        assert upload(server, "warm", [("ref", good_npy(tmp_path))]).status_code == 201
+        [child] = ingest_children(server)
+        os.kill(child.pid, signal.SIGSTOP)  # stuck, as in C code that never returns
+        stopped.append(child)
+        response = upload(server, "stuck", [("ref", good_npy(tmp_path)), ("cand", good_npy(tmp_path))])
+        assert response.status_code == 422, response.text
+        runs = response.json()["runs"]
+        assert [run["label"] for run in runs] == ["ref", "cand"]
+        for run in runs:
+            [problem] = run["problems"]
+            assert problem["file"] == "0_good.npy"
+            assert problem["reason"].startswith(f"the ingest took longer than {TIME_LIMIT} s"), problem
+        again = upload(server, "after", [("ref", good_npy(tmp_path)), ("cand", good_npy(tmp_path))])
+        assert again.status_code == 201, again.text
+        assert [run["status"] for run in again.json()["runs"]] == ["ready", "ready"]
+        wait_staging_empty(server)
+    finally:
+        for process in stopped:
+            if process.is_running():
+                os.kill(process.pid, signal.SIGCONT)
+        server.stop()

@@ -2,7 +2,8 @@
 same data dir that the command hands the work to (`web/controllers/local.py`). Same steps, same answer.
 
 `compare_runs`: ingest every run at once, comparing each pair as soon as both its tensors are stored
-(`early_uploads.py`, as for uploads); then plan the session (every pairing rule, as always), compute what the
+(`early_uploads.py`, as for uploads), from the bytes as they are read where it can (`lockstep.py`: the reference
+and each other run); then plan the session (every pairing rule, as always), compute what the
 early comparisons did not, and build the CLI's JSON. With `fail_fast` the reference is ingested first, then each
 candidate while comparing its tensors with their reference partners (`early.py`), and it stops once the first
 divergence in execution order is known (every pair before it settled): pairs not yet computed stay pending,
@@ -13,6 +14,7 @@ the same reference left with only that reference ready is taken over, not named 
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -57,6 +59,7 @@ from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, archive_limits
 from tensor_debugger.ingest.stored import NotesOf
+from tensor_debugger.ingest.taps import EveryTap, RunTap
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.problem_report import ProblemReport
@@ -123,10 +126,10 @@ def _ingest_at_once(
 ) -> tuple[int, list[ProblemReport], ReadOnce | None]:
     """Ingest `runs` (label, input, role) at once, each pair compared as soon as both its tensors are stored (unless
     not `compare_early`: a Dask cluster's workers compute them once planned); the session's id and the runs'
-    problems, and for a reference and a candidate how their pairs were read (`compute/lockstep.py`: from the blocks
-    as they are read for storing, where it can). One progress step counts the bytes of all. `resumed`: a killed
-    compare's session whose reference (the first of `runs`) is ready: the others are ingested into it. Raises
-    _Refused."""
+    problems, and how the pairs of the reference and each other run (candidates, a rerun) were read
+    (`compute/lockstep.py`: from the blocks as they are read for storing, where it can). One progress step counts
+    the bytes of all. `resumed`: a killed compare's session whose reference (the first of `runs`) is ready: the
+    others are ingested into it. Raises _Refused."""
     if resumed is not None:
         runs = runs[1:]
     pending: list[PendingRun] = []
@@ -160,25 +163,30 @@ def _ingest_at_once(
         return report
 
     # with a Dask cluster the pairs are its workers' once planned, as in a server (services.py), not this process's
-    lockstep: Lockstep | None = None
-    if compare_early and resumed is None and [role for _, _, role in runs] == [None, None]:
-        with context.sessions() as db:  # a reference and a candidate: compared from their blocks as they are read
+    locksteps: list[Lockstep] = []
+    if compare_early and resumed is None:
+        with context.sessions() as db:  # the reference and each other run (a rerun too): compared from their blocks
             record = db.get_one(SessionRecord, session_id)
             db.expunge(record)
-        lockstep = Lockstep(context, record, (pending[0].run_id, pending[1].run_id))
-    early = SessionComparisons(context, session_id, step("early"), lockstep) if compare_early else None
+        locksteps = [Lockstep(context, record, (pending[0].run_id, other.run_id)) for other in pending[1:]]
+    taps: list[RunTap | None] = [None] * len(runs)
+    if locksteps:  # the reference's blocks go to each of its pairs' Locksteps
+        taps = [EveryTap([lockstep.tap(0) for lockstep in locksteps]), *(lockstep.tap(1) for lockstep in locksteps)]
+    early = SessionComparisons(context, session_id, step("early")) if compare_early else None
+    if early is not None:
+        for lockstep in locksteps:
+            early.in_memory(lockstep)
 
     def ingest(index: int) -> IngestResult:
-        run, given = pending[index], runs[index][1]
+        run, given, tap = pending[index], runs[index][1], taps[index]
         try:
             fingerprint = fingerprint_inputs([given], archive_limits(ingestor.settings), ingestor.settings.threads)
         except BaseException:
             ingestor.cancel(run)
-            if lockstep is not None:
-                lockstep.tap(index).close()
+            if tap is not None:
+                tap.close()
             raise
         listener = NotesOf(early.listener(run.run_id)) if early is not None else None
-        tap = lockstep.tap(index) if lockstep is not None else None
         try:
             result = ingestor.complete(
                 run, [given], progress(index), fingerprint=fingerprint, listener=listener, tap=tap
@@ -205,10 +213,13 @@ def _ingest_at_once(
         if isinstance(failed, TensorDebuggerError):
             raise _Refused(failed, problems)
         raise failed
-    if lockstep is None:
+    if not locksteps:
         return session_id, problems, None
-    counts = lockstep.counts()
-    return session_id, problems, ReadOnce(counts.in_memory, counts.read_back)
+    counts = [lockstep.counts() for lockstep in locksteps]
+    read_back: Counter[str] = Counter()
+    for count in counts:
+        read_back.update(count.read_back)
+    return session_id, problems, ReadOnce(sum(count.in_memory for count in counts), dict(read_back))
 
 
 def _ingest_in_turn(

@@ -23,6 +23,7 @@ from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.outcomes import IngestCancelled, TakenOver
 from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun
 from tensor_debugger.ingest.stored import NoteListener, NotesOf
+from tensor_debugger.ingest.taps import Found
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,10 @@ class IngestWatcher(Protocol):
 
     def end(self, pending: PendingRun, ready: bool) -> None:
         """The ingest is over, before its session is planned; `ready`: the run is ready."""
+
+    def pair(self, reference: PendingRun, candidate: PendingRun) -> Found | None:
+        """The two begun runs are ingested at once in one process whose taps compare their pairs from the blocks
+        as they are read (`ChildIngests.complete_pair`); what it returns hears what those found."""
 
 
 @dataclass(frozen=True)
@@ -85,7 +90,7 @@ class IngestQueue:
         self.watcher = watcher
         self.plan = plan
         self.at_once = at_once
-        self._jobs: FairLine[tuple[IngestJob, Future[IngestResult]]] = FairLine()
+        self._jobs: FairLine[list[tuple[IngestJob, Future[IngestResult]]]] = FairLine()  # a run, or a pair
         self._progress: dict[int, IngestProgress] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -95,13 +100,29 @@ class IngestQueue:
     def submit(self, job: IngestJob) -> Future[IngestResult]:
         """Queue the job; the future holds its result, or NothingUsableError (or what else went wrong)."""
         future: Future[IngestResult] = Future()
+        self._put([(job, future)])
+        return future
+
+    def submit_pair(self, reference: IngestJob, candidate: IngestJob) -> tuple[Future[IngestResult], ...]:
+        """Queue a reference and a candidate of one upload to be ingested at once, in one child process that
+        compares their pairs from the blocks as they are read (`ChildIngests.complete_pair`); each as `submit`.
+        Where this queue cannot (no child processes, or no watcher to hear what they found), each is submitted
+        alone."""
+        if self.children is None or self.children.pair_taps is None or self.watcher is None:
+            return self.submit(reference), self.submit(candidate)
+        futures: list[Future[IngestResult]] = [Future(), Future()]
+        self._put(list(zip((reference, candidate), futures, strict=True)))
+        return tuple(futures)
+
+    def _put(self, jobs: list[tuple[IngestJob, Future[IngestResult]]]) -> None:
         with self._lock:
             if self._stopping.is_set():
                 raise RuntimeError("the server is stopping; no new ingests")
-            self._progress[job.pending.run_id] = IngestProgress("queued")
+            for job, _ in jobs:
+                self._progress[job.pending.run_id] = IngestProgress("queued")
             self._start_thread()
-        self._jobs.put(job.client, job.pending.session_id, (job, future))
-        return future
+        first = jobs[0][0]
+        self._jobs.put(first.client, first.pending.session_id, jobs)
 
     def _start_thread(self) -> None:
         if len(self._threads) < self.at_once:  # started on demand: a CLI process never needs them
@@ -159,7 +180,7 @@ class IngestQueue:
             if self._later.pop(job.pending.run_id, None) is None:  # closed meanwhile
                 return
             self._progress[job.pending.run_id] = IngestProgress("queued")
-        self._jobs.put(job.client, job.pending.session_id, (job, future))
+        self._jobs.put(job.client, job.pending.session_id, [(job, future)])
 
     def _set(self, run_id: int, progress: IngestProgress) -> None:
         with self._lock:
@@ -170,42 +191,115 @@ class IngestQueue:
             item = self._jobs.get()
             if item is None:
                 return
-            job, future = item
-            try:
-                future.set_result(self._ingest(job, slot))
-            except IngestPostponed as exc:
-                if not self._postpone(job, future, exc):  # the run stays "ingesting", its files for a later start
-                    with self._lock:
-                        self._progress.pop(job.pending.run_id, None)
-                    future.set_exception(IngestCancelled("the server stopped while this ingest met an outage"))
-                continue  # not done: its staged files are kept for the next try
-            except TakenOver as exc:  # another process ingests it from the same staged files: they are theirs
-                log.warning("ingest of run %s stopped: %s", job.pending.run_id, exc)
+            if len(item) == 2:
+                outcomes = self._ingest_pair([job for job, _ in item], slot)
+            else:
+                try:
+                    outcomes = [self._ingest(item[0][0], slot)]
+                except BaseException as exc:  # handed to whoever waits on the future
+                    outcomes = [exc]
+            for (job, future), outcome in zip(item, outcomes, strict=True):
+                self._finish(job, future, outcome)
+
+    def _finish(self, job: IngestJob, future: Future[IngestResult], outcome: IngestResult | BaseException) -> None:
+        """Hand a job's outcome to its future; one that met an outage is queued again after a while."""
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            future.set_result(outcome)
+        except IngestPostponed as exc:
+            if not self._postpone(job, future, exc):  # the run stays "ingesting", its files for a later start
                 with self._lock:
                     self._progress.pop(job.pending.run_id, None)
-                future.set_exception(exc)
-                continue
-            except BaseException as exc:  # handed to whoever waits on the future
-                if not isinstance(exc, NothingUsableError | IngestCancelled | DiskFullError | StoreWriteError):
-                    log.exception("ingest of run %s failed", job.pending.run_id)
-                future.set_exception(exc)
-                if isinstance(exc, IngestCancelled) and job.pending.staged:  # its files stay for the next start
-                    with self._lock:
-                        self._progress.pop(job.pending.run_id, None)
-                    continue
+                future.set_exception(IngestCancelled("the server stopped while this ingest met an outage"))
+            return  # not done: its staged files are kept for the next try
+        except TakenOver as exc:  # another process ingests it from the same staged files: they are theirs
+            log.warning("ingest of run %s stopped: %s", job.pending.run_id, exc)
             with self._lock:
                 self._progress.pop(job.pending.run_id, None)
-            job.done()
+            future.set_exception(exc)
+            return
+        except BaseException as exc:  # handed to whoever waits on the future
+            if not isinstance(exc, NothingUsableError | IngestCancelled | DiskFullError | StoreWriteError):
+                log.exception("ingest of run %s failed", job.pending.run_id)
+            future.set_exception(exc)
+            if isinstance(exc, IngestCancelled) and job.pending.staged:  # its files stay for the next start
+                with self._lock:
+                    self._progress.pop(job.pending.run_id, None)
+                return
+        with self._lock:
+            self._progress.pop(job.pending.run_id, None)
+        job.done()
 
-    def _ingest(self, job: IngestJob, slot: int) -> IngestResult:
-        run_id = job.pending.run_id
-        self._set(run_id, IngestProgress("unpacking"))
+    def _ingest_pair(self, jobs: list[IngestJob], slot: int) -> list[IngestResult | BaseException]:
+        """`_ingest` of a reference and a candidate at once (`submit_pair`): each run's result or what it raised,
+        as `_ingest` would. A run that meets an outage is tried again alone."""
+        pendings = [job.pending for job in jobs]
+        for pending in pendings:
+            self._set(pending.run_id, IngestProgress("unpacking"))
+        if self._stopping.is_set():
+            for pending in pendings:
+                if not pending.staged:  # an accepted upload's run stays, for the next start to take over
+                    self.ingestor.cancel(pending)
+            return [IngestCancelled("the server stopped before this ingest began") for _ in pendings]
+        watcher, children = self.watcher, self.children
+        assert watcher is not None and children is not None  # `submit_pair`
+        listeners: list[NoteListener | None] = [None, None]
+        begun: list[int] = []
+        found: Found | None = None
+        try:
+            for n, pending in enumerate(pendings):
+                listeners[n] = watcher.begin(pending)
+                begun.append(n)
+            found = watcher.pair(pendings[0], pendings[1])
+        except Exception:  # the runs are ingested all the same; their pairs are compared after the plan
+            log.exception("comparing runs %s while they ingest could not start", [p.run_id for p in pendings])
+        outcomes: list[IngestResult | BaseException] = []
+        try:
+            first, second = (
+                (job.pending, job.inputs, self._on_progress(job.pending.run_id), listener)
+                for job, listener in zip(jobs, listeners, strict=True)
+            )
+            if found is not None and all(listener is not None for listener in listeners):
+                again = any(job.outages for job in jobs)
+                outcomes = children.complete_pair(slot, (first, second), jobs[0].keep_failure, found, again)
+            else:  # one after the other, as two jobs
+                for job, (pending, inputs, progress, listener) in zip(jobs, (first, second), strict=True):
+                    try:
+                        outcomes.append(
+                            children.complete(
+                                slot, pending, inputs, job.keep_failure, progress, listener, again=job.outages > 0
+                            )
+                        )
+                    except Exception as exc:
+                        outcomes.append(exc)
+        finally:
+            for n in begun:
+                try:
+                    watcher.end(pendings[n], n < len(outcomes) and isinstance(outcomes[n], IngestResult))
+                except Exception:  # the run is as ingested; pairs not compared yet are computed after the plan
+                    log.exception("comparing run %s while it ingested did not end well", pendings[n].run_id)
+        outcomes = [_failed(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
+        ready = [outcome for outcome in outcomes if isinstance(outcome, IngestResult)]
+        for outcome in ready:
+            with self._lock:
+                self._progress[outcome.run_id] = replace(self._progress[outcome.run_id], stage="planning")
+        if ready:
+            self._plan(ready[0].session_id)
+        return outcomes
 
+    def _on_progress(self, run_id: int) -> Callable[[int, int], None]:
         def on_progress(done: int, total: int) -> None:
             if self._stopping.is_set():
                 raise IngestCancelled("the server is stopping")
             self._set(run_id, IngestProgress("copying", done, total))
 
+        return on_progress
+
+    def _ingest(self, job: IngestJob, slot: int) -> IngestResult:
+        run_id = job.pending.run_id
+        self._set(run_id, IngestProgress("unpacking"))
+        on_progress = self._on_progress(run_id)
         if self._stopping.is_set():
             if not job.pending.staged:  # an accepted upload's run stays, for the next start to take over
                 self.ingestor.cancel(job.pending)
@@ -229,12 +323,12 @@ class IngestQueue:
                     job.pending, job.inputs, on_progress, job.keep_failure, listener=stored, again=job.outages > 0
                 )
             ready = True
-        except (NothingUsableError, IngestCancelled, DiskFullError, StoreWriteError, IngestPostponed, TakenOver):
-            raise  # each has its own answer (422, the run undone, 507, 503, tried again later, another's now)
-        except Exception as exc:  # the run failed with it as its problem (Ingestor.complete): a 422 naming the files
-            log.exception("ingest of run %s failed", run_id)
-            what = ", ".join(i.label for i in job.inputs) or "upload"
-            raise NothingUsableError([FileProblem(what, f"the ingest failed: {type(exc).__name__}: {exc}")]) from exc
+        except Exception as exc:  # each has its own answer (422, the run undone, 507, 503, tried again later,
+            # another's now); any other is the run's failure (Ingestor.complete): a 422 naming the files
+            failure = _failed(job, exc)
+            if failure is exc or not isinstance(failure, BaseException):
+                raise
+            raise failure from exc
         finally:
             if watcher is not None:
                 try:
@@ -263,3 +357,18 @@ class IngestQueue:
                 log.warning("planning session %s met an outage; tried again in %.0f s: %s", session_id, delay, outage)
                 if self._stopping.wait(delay):
                     return
+
+
+def _failed(job: IngestJob, outcome: IngestResult | BaseException) -> IngestResult | BaseException:
+    """A job's outcome as its future holds it: an error other than those with their own answer (422, the run
+    undone, 507, 503, tried again later, another's now) is the run's failure (Ingestor.complete): a 422 naming the
+    files."""
+    if not isinstance(outcome, Exception) or isinstance(
+        outcome, NothingUsableError | IngestCancelled | DiskFullError | StoreWriteError | IngestPostponed | TakenOver
+    ):
+        return outcome
+    log.error("ingest of run %s failed", job.pending.run_id, exc_info=outcome)
+    what = ", ".join(i.label for i in job.inputs) or "upload"
+    failure = NothingUsableError([FileProblem(what, f"the ingest failed: {type(outcome).__name__}: {outcome}")])
+    failure.__cause__ = outcome
+    return failure

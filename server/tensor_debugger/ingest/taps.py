@@ -5,6 +5,7 @@ once can compute a pair's statistics from the bytes in memory instead of reading
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -36,3 +37,51 @@ class RunTap(Protocol):
 
     def close(self) -> None:
         """The run's ingest is over (or stopped): no more tensors come."""
+
+
+class PairTaps(Protocol):
+    """The taps of two runs ingested at once in one process (a reference, side 0, and a candidate, side 1) whose
+    pairs are compared there from the blocks as they are read, and what that found, to be sent to the process that
+    compares the stored tensors (`ingest/child.py`: an upload's runs in a child process)."""
+
+    def tap(self, side: int) -> RunTap:
+        """Side `side`'s run's tap."""
+
+    def take_found(self) -> Sequence[tuple[str, object]]:
+        """Each pair (by name) found since the last call, with what was found: a value the other process knows
+        what to do with (picklable). Each pair is told once."""
+
+
+Found = Callable[[Sequence[tuple[str, object]]], None]  # hears, elsewhere, what a `PairTaps` found (`take_found`)
+
+
+class EveryTap:
+    """A `RunTap` that hands each tensor's blocks to every one of `taps` (a reference ingested with several runs:
+    each pair of it and one of them has its tap). Each may wait for its other run in `put`: the blocks are handed
+    over in order, one tap after the other."""
+
+    def __init__(self, taps: Sequence[RunTap]) -> None:
+        self._taps = list(taps)
+
+    def tensor(
+        self, name: str, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
+    ) -> TensorTap | None:
+        wanted = [t for t in (tap.tensor(name, key, shape, dtype, chunks) for tap in self._taps) if t is not None]
+        return _EveryTensorTap(wanted) if wanted else None
+
+    def close(self) -> None:
+        for tap in self._taps:
+            tap.close()
+
+
+class _EveryTensorTap:
+    def __init__(self, taps: list[TensorTap]) -> None:
+        self._taps = taps
+
+    def put(self, region: Region, block: np.ndarray) -> None:
+        for tap in self._taps:
+            tap.put(region, block)
+
+    def end(self, complete: bool) -> None:
+        for tap in self._taps:
+            tap.end(complete)

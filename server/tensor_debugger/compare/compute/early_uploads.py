@@ -9,6 +9,9 @@ deleted with a failed run) it waits for the server's listener to settle (`wait_f
 is done and cached, so neither reads a moved array nor runs again once the run is planned). Once the run is ready
 its rows stand for it, and the tensors of runs still ingesting that met nothing meanwhile are paired with them.
 The reference is the run the plan will take: the session's first by position that is no rerun and has not failed.
+An upload of a reference and a candidate ingests both in one child process, which compares their pairs from the
+bytes as it reads them and sends the statistics (`sent_pairs.py`): those pairs' jobs take them instead of reading
+the stored copies (`EarlyUploads.pair`), as the CLI's take them from its `Lockstep`s.
 """
 
 from __future__ import annotations
@@ -30,13 +33,15 @@ from tensor_debugger.compare.compute.early import (
     pairable_by_name,
     stored_record,
 )
-from tensor_debugger.compare.compute.lockstep import Lockstep
+from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts
 from tensor_debugger.compare.compute.pending import PendingPair
+from tensor_debugger.compare.compute.sent_pairs import SentPairs
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import PairJob
 from tensor_debugger.ingest.runs import PendingRun
 from tensor_debugger.ingest.stored import NoteListener, StoredNote
+from tensor_debugger.ingest.taps import Found
 from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
 
 Job = tuple[PairJob[PendingPair], tuple[int, ...]]
@@ -62,6 +67,9 @@ class EarlyPair:
 class EarlyFigures:
     count: EarlyCount
     results: tuple[EarlyPair, ...]  # in the order they came, the first KEPT_RESULTS
+    # a reference and a candidate ingested at once: how their pairs were read (from the blocks as they were read for
+    # storing, or from the store, by why: compute/lockstep.py); None where no two runs were
+    read_once: LockstepCounts | None = None
 
 
 class SessionComparisons(EarlyEngine):
@@ -75,9 +83,9 @@ class SessionComparisons(EarlyEngine):
         lockstep: Lockstep | None = None,
     ) -> None:
         """`lockstep`: the two runs' blocks compared in memory as they ingest (`compute/lockstep.py`); its pairs'
-        jobs take their statistics from there instead of reading the stored copies."""
+        jobs take their statistics from there instead of reading the stored copies (as those `in_memory` adds)."""
         self._lock = threading.Lock()
-        self._lockstep = lockstep
+        self._in_memory: list[Lockstep | SentPairs] = [lockstep] if lockstep is not None else []
         self._tensors: dict[int, dict[str, TensorRecord]] = {}  # run -> its tensors to pair, by name
         self._seen: dict[int, set[str]] = {}  # in-flight run -> names met (a second one is renamed: not guessed)
         with context.sessions() as db:
@@ -92,6 +100,12 @@ class SessionComparisons(EarlyEngine):
         self._load_reference()
         for run_id in self._ready_runs():
             self._tensors[run_id] = self._rows(run_id)
+
+    def in_memory(self, pairs: Lockstep | SentPairs) -> None:
+        """The pairs of two runs compared from their blocks elsewhere (an upload's child process: `sent_pairs.py`):
+        their jobs take their statistics from there."""
+        with self._lock:
+            self._in_memory.append(pairs)
 
     def listener(self, run_id: int) -> NoteListener:
         with self._lock:
@@ -152,8 +166,9 @@ class SessionComparisons(EarlyEngine):
         jobs: list[Job] = []
         for a, b in pairs:
             if a is not None and b is not None and (job := guess(self.context, self._session, a, b)) is not None:
-                if self._lockstep is not None and self._lockstep.runs == (reference, candidate):
-                    job = self._lockstep.replayed(a.name, job) or job
+                for in_memory in self._in_memory:
+                    if in_memory.runs == (reference, candidate):
+                        job = in_memory.replayed(a.name, job) or job
                 jobs.append((job, (reference, candidate)))
                 self._named.setdefault(job.key.key, []).append((candidate, a.name))
         return jobs
@@ -166,7 +181,8 @@ class SessionComparisons(EarlyEngine):
 
     def figures(self) -> EarlyFigures:
         with self._lock:
-            return EarlyFigures(self.count, tuple(self.results))
+            counts = [pairs.counts() for pairs in self._in_memory]
+            return EarlyFigures(self.count, tuple(self.results), _sum(counts) if counts else None)
 
     def _load_reference(self) -> None:
         with self.context.sessions() as db:
@@ -191,6 +207,14 @@ class SessionComparisons(EarlyEngine):
         with self.context.sessions() as db:
             rows = detached_tensors(db, run_id)
         return {name: r for name, r in pairable_by_name(rows).items() if shard_of(name)[1] is None}
+
+
+def _sum(counts: Sequence[LockstepCounts]) -> LockstepCounts:
+    read_back: dict[str, int] = {}
+    for count in counts:
+        for why, n in count.read_back.items():
+            read_back[why] = read_back.get(why, 0) + n
+    return LockstepCounts(sum(count.in_memory for count in counts), read_back)
 
 
 class _RunListener:
@@ -224,6 +248,17 @@ class EarlyUploads:
                 live = (SessionComparisons(self._context, pending.session_id), 0)
             self._live[pending.session_id] = (live[0], live[1] + 1)
         return live[0].listener(pending.run_id)
+
+    def pair(self, reference: PendingRun, candidate: PendingRun) -> Found | None:
+        """Both runs (begun) are ingested at once in a child process that compares their pairs from the blocks as
+        they are read: the session's comparisons take those it sends (`SentPairs.receive`)."""
+        with self._lock:
+            live = self._live.get(reference.session_id)
+        if live is None or reference.session_id != candidate.session_id:
+            return None
+        sent = SentPairs((reference.run_id, candidate.run_id))
+        live[0].in_memory(sent)
+        return sent.receive
 
     def end(self, pending: PendingRun, ready: bool) -> None:
         """The run's ingest is over (`ready`: it succeeded); once a session's last one is, its comparisons end."""

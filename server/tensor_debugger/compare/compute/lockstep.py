@@ -1,16 +1,18 @@
 """Two runs ingested at once, compared from the bytes as they are read: each pair's statistics come from the blocks
 the ingests read for storing (`ingest/taps.py`), and its stored copy is not read back for them.
 
-`compare A B` ingests both runs at once (`compare/pipeline.py`). Each run's ingest hands this `Lockstep` every
-tensor's blocks as it reads them; the tensors of the same name on both sides (the guess early comparisons make:
-`early.guess`) are a pair, and once both sides have handed the values of one of the pair's blocks (the regions
-`engine/streaming.pair_blocks` cuts, in order), that block's statistics are computed by the compiled chunk loop
-from the values in memory (`ChunkPairs.in_memory`: the same kernel calls over the same stretches as reading the
-chunk files). When the pair's tensors are stored, `early_uploads.SessionComparisons` guesses the pair as always and
-its job's blocks are taken from what was computed here (`replayed`): the same `compare_block` and merge, so the
-same statistics, cache key and result row as reading the stored copy. Where inside a failing pair the error is
-(`engine/where.py`) is computed from the same blocks in memory too, for every pair (which fails is known only at
-its end), in `where_regions` order (`PairJob.spans`).
+`compare A B` ingests both runs at once (`compare/pipeline.py`; with more runs, `compare A B C` or `--noise`, the
+reference's blocks go to a `Lockstep` per other run: `ingest/taps.EveryTap`), and so does an upload of a reference
+and a candidate, in one child process that sends what is computed here to the server (`sent_pairs.py`: `take_found`
+and `replay`). Each run's ingest hands this `Lockstep` every tensor's blocks as it reads them; the tensors of the
+same name on both sides (the guess early comparisons make: `early.guess`) are a pair, and once both sides have
+handed the values of one of the pair's blocks (the regions `engine/streaming.pair_blocks` cuts, in order), that
+block's statistics are computed by the compiled chunk loop from the values in memory (`ChunkPairs.in_memory`: the
+same kernel calls over the same stretches as reading the chunk files). When the pair's tensors are stored,
+`early_uploads.SessionComparisons` guesses the pair as always and its job's blocks are taken from what was computed
+here (`replayed`): the same `compare_block` and merge, so the same statistics, cache key and result row as reading
+the stored copy. Where inside a failing pair the error is (`engine/where.py`) is computed from the same blocks in
+memory too, for every pair (which fails is known only at its end), in `where_regions` order (`PairJob.spans`).
 
 Memory stays bounded: a side keeps copies of its blocks only until the other side has handed the same values, up
 to about one pair block and two ingest blocks; the side ahead then waits, but only while the other run is reading
@@ -36,11 +38,11 @@ from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.sides import aligned_views, tolerance
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region, region_flat_range
-from tensor_debugger.engine.fused import FusedPartial
+from tensor_debugger.engine.fused import FusedPartial, Kernel
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import REDUCED_BLOCK_BYTES, PairJob, pair_blocks
 from tensor_debugger.engine.tolerances import Tolerance
-from tensor_debugger.engine.where import ErrorSpan, WhereAccumulator, block_masses, where_regions
+from tensor_debugger.engine.where import WhereAccumulator, block_masses, where_regions
 from tensor_debugger.ingest.stored_sketches import CHUNKS_PER_BLOCK
 from tensor_debugger.ingest.taps import RunTap, TensorTap
 from tensor_debugger.store.chunk_reader import ChunkReader
@@ -56,6 +58,21 @@ class LockstepCounts:
 
     in_memory: int
     read_back: dict[str, int]
+
+
+@dataclass(frozen=True)
+class InMemoryPair:
+    """A pair compared from the blocks in memory, as a value another process can be sent (an upload's ingests run
+    in a child process: `ingest/child.py`): the comparison it was computed as (the chunk loop, its kernel, the
+    tolerance, the pair blocks' flat ranges), each block's statistics by its flat start (None: read from the store)
+    and where the error is (`engine/where.py`)."""
+
+    loop: tuple[object, ...]  # `_loop_key`
+    kernel: Kernel
+    tolerance: Tolerance
+    regions: tuple[tuple[int, int], ...]
+    partials: dict[int, FusedPartial | None]
+    masses: WhereAccumulator
 
 
 @dataclass
@@ -98,6 +115,7 @@ class _Pair:
     masses: WhereAccumulator | None = None  # where the error is, should the pair fail
     computing: threading.Lock = field(default_factory=threading.Lock)
     replayed: bool = False
+    told: bool = False  # handed to `take_found`
 
 
 class Lockstep:
@@ -210,25 +228,33 @@ class Lockstep:
                 if pair.why is None:
                     pair.why = "not finished in memory"
                 return None
-            plan = pair.plan
-            assert plan is not None
-        loop = job.reduce
-        if (
-            not isinstance(loop, ChunkPairs)
-            or job.tolerance != plan.tolerance
-            or (loop.codes, loop.shape, loop.kernel, loop.top)
-            != (plan.loop.codes, plan.loop.shape, plan.loop.kernel, plan.loop.top)
-            or (loop.a.chunks, loop.b.chunks) != (plan.loop.a.chunks, plan.loop.b.chunks)
-            or tuple(loop.flat_range(r) for r in pair_blocks(job)) != plan.regions
-        ):
-            with self._changed:
-                pair.why = "compared otherwise than guessed"
-            return None
+            found = self._found(pair)
+        replayed = replay(found, job)
         with self._changed:
-            pair.replayed = True
-        masses = pair.masses
-        assert masses is not None  # `_finished`
-        return replace(job, reduce=_Replay(loop, dict(pair.partials)), spans=lambda: _spans(masses))
+            if replayed is None:
+                pair.why = "compared otherwise than guessed"
+            else:
+                pair.replayed = True
+        return replayed
+
+    def take_found(self) -> list[tuple[str, InMemoryPair | str]]:
+        """What is new since the last call, for a comparison in another process (`compute/sent_pairs.py`): the
+        pairs finished in memory; once both ingests are closed, every other pair of two tensors too, with why it is
+        read back from the store. Each pair is told once."""
+        with self._changed:
+            closed = all(self._closed)
+            found: list[tuple[str, InMemoryPair | str]] = []
+            for name, pair in self._pairs.items():
+                if pair.told or not all(h is not None for h in pair.halves):
+                    continue
+                if _finished(pair):
+                    found.append((name, self._found(pair)))
+                elif closed:
+                    found.append((name, pair.why or "not finished in memory"))
+                else:
+                    continue
+                pair.told = True
+            return found
 
     def counts(self) -> LockstepCounts:
         with self._changed:
@@ -242,6 +268,15 @@ class Lockstep:
             return LockstepCounts(in_memory, dict(read_back))
 
     # -- under the hood
+
+    def _found(self, pair: _Pair) -> InMemoryPair:
+        """(under the lock) A finished pair's statistics, as a value (`_finished`)."""
+        plan, masses = pair.plan, pair.masses
+        assert plan is not None and masses is not None
+        loop = plan.loop
+        return InMemoryPair(
+            _loop_key(loop), self._context.kernel, plan.tolerance, plan.regions, dict(pair.partials), masses
+        )
 
     def _may_wait(self, pair: _Pair, side: int) -> bool:
         """Whether the side ahead may wait for the other (under the lock): the other reads this pair's tensor, or
@@ -378,6 +413,28 @@ class Lockstep:
             self._changed.notify_all()
 
 
+def replay(found: InMemoryPair, job: PairJob[PendingPair]) -> PairJob[PendingPair] | None:
+    """`job` with its blocks' statistics and where its error is taken from `found`, or None where `job` is not the
+    comparison `found` was computed as (another alignment, tolerance, kernel or chunk layout): the same
+    `compare_block` and merge as reading the stored copy, so the same result."""
+    loop = job.reduce
+    if (
+        not isinstance(loop, ChunkPairs)
+        or job.tolerance != found.tolerance
+        or job.kernel != found.kernel
+        or _loop_key(loop) != found.loop
+        or tuple(loop.flat_range(r) for r in pair_blocks(job)) != found.regions
+    ):
+        return None
+    return replace(job, reduce=_Replay(loop, dict(found.partials)), spans=found.masses.spans)
+
+
+def _loop_key(loop: ChunkPairs) -> tuple[object, ...]:
+    """What makes two chunk loops of a pair compute the same statistics, but the kernel's address (one process's):
+    the kernel itself is compared instead (`InMemoryPair.kernel`)."""
+    return (loop.codes, loop.shape, loop.top, loop.a.chunks, loop.b.chunks)
+
+
 class _Replay:
     """A job's `reduce` that gives each block's statistics as computed in memory (a copy: folding may not change
     them); None (the block is read through the views) where the loop did not finish it there."""
@@ -448,10 +505,6 @@ def _finished(pair: _Pair) -> bool:
     if pair.why is not None or plan is None or pair.masses is None:
         return False
     return (pair.done, pair.where_done) == (len(plan.regions), len(plan.where))
-
-
-def _spans(masses: WhereAccumulator) -> list[ErrorSpan]:
-    return masses.spans()
 
 
 def _stretches(half: _Half, start: int, stop: int) -> list[np.ndarray]:

@@ -11,6 +11,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.early_uploads import EarlyFigures, EarlyPair
+from tensor_debugger.compare.reports.compare_report import ReadOnce
 from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, problem_reports, run_fields
@@ -150,6 +151,9 @@ class EarlyPairs:
     failing: int
     words: str  # as the page shows it; empty when none was
     pairs: list[EarlyPair]
+    # an upload of a reference and a candidate (ingested at once): of its pairs compared so far, how many were
+    # compared from the bytes as they were read for storing, and how many read back from the store, by why
+    read_once: ReadOnce | None = None
 
     @classmethod
     def of(cls, figures: EarlyFigures | None) -> EarlyPairs:
@@ -157,7 +161,9 @@ class EarlyPairs:
             return cls(0, 0, "", [])
         n, failing = figures.count.compared, figures.count.failed
         words = f"{n} pair{'s' if n != 1 else ''} compared while ingesting, {failing} outside tolerance"
-        return cls(n, failing, words, list(figures.results))
+        counts = figures.read_once
+        read_once = None if counts is None else ReadOnce(counts.in_memory, counts.read_back)
+        return cls(n, failing, words, list(figures.results), read_once)
 
 
 @dataclass(frozen=True)
