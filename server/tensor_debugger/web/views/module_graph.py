@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from html import escape  # str in, str out: markupsafe's makes a Markup object per call
 
-from markupsafe import Markup, escape
+from markupsafe import Markup
 
 from tensor_debugger.compare.reports.formatting import format_error
 from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModuleReport
