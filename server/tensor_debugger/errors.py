@@ -38,9 +38,11 @@ class ConflictError(TensorDebuggerError):
 
 class FileProblem(TensorDebuggerError):
     """One input file that could not be used. `file` names it as the user gave it. Its tensors, if it held any,
-    are missing from the run: a comparison of the run is incomplete (`ignored` is False)."""
+    are missing from the run: a comparison of the run is incomplete (`ignored` is False). `note`: a note about the
+    run (CaptureNote), not about a file."""
 
     ignored = False
+    note = False
 
     def __init__(self, file: str, reason: str) -> None:
         super().__init__(f"{file}: {reason}")
@@ -71,6 +73,7 @@ class CaptureNote(FileProblem):
     file missing from it."""
 
     ignored = True
+    note = True
 
 
 class UnsafeArchiveError(FileProblem):

@@ -46,6 +46,7 @@ def test_ingest_and_sessions_json(tmp_path: Path, backend_env: dict[str, str]) -
             "file": f"{archive}/notes.txt",
             "reason": "not a tensor file or archive (unknown extension '.txt'); skipped",
             "ignored": True,
+            "note": False,
         }
     ]
     listed = main_cli("--data-dir", str(data), "sessions", "--json", env=env)

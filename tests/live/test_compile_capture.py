@@ -8,6 +8,7 @@ from typing import cast
 
 import pytest
 import torch
+from litestar.testing import TestClient
 from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_problems
@@ -16,6 +17,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import ProblemRecord, TensorRecord
 from tensor_debugger.store.problem_report import ProblemReport
+from tensor_debugger.web.app import create_app
 from torch import nn
 
 
@@ -41,7 +43,8 @@ def captured(settings: Settings, model: nn.Module, run: str, level: Level) -> tu
             query = select(TensorRecord).where(TensorRecord.run_id == r.run_id).order_by(TensorRecord.position)
             tensors = {t.name: t.digest for t in db.scalars(query)}
             problems = list(db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == r.run_id)))
-            assert all(p.ignored for p in problems)  # notes: nothing is missing from the run's files
+            # notes about the run: nothing is missing from its files, and no file held "no tensor"
+            assert all(p.ignored and p.note for p in problems)
             return tensors, [p.reason for p in problems]
     finally:
         services.close()
@@ -60,7 +63,7 @@ def test_a_compiled_model_keeps_its_module_values_and_says_its_ops_were_not_seen
     assert "Net.up_outputs" in modules  # named by the model, not by torch.compile's wrapper
 
     ops, notes = captured(settings, compiled, "compiled ops", "op")
-    print_problems([ProblemReport("compiled ops/Net_debug_tree_FULL_TENSORS.json", notes[0], ignored=True)])
+    print_problems([ProblemReport("compiled ops/Net_debug_tree_FULL_TENSORS.json", notes[0], True, note=True)])
     assert capsys.readouterr().out.startswith("note: compiled ops/Net_debug_tree_FULL_TENSORS.json: Net ran compiled")
     assert notes == [
         "Net ran compiled (torch.compile): its ops are not visible to op capture (its modules' inputs and outputs"
@@ -73,6 +76,13 @@ def test_a_compiled_model_keeps_its_module_values_and_says_its_ops_were_not_seen
         "Net.down/linear#1_outputs",
         "Net/softmax#1_outputs",
     }  # what the uncompiled model shows
+    # the session page counts it as a note on the run, not as a file ignored for holding no tensor
+    with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
+        session = client.get("/api/sessions").json()[0]["id"]
+        page = client.get(f"/sessions/{session}").text
+    runs = page[page.index("<h2>Runs</h2>") :]
+    assert "1 note on the run" in runs and "ignored (no tensor" not in runs
+    assert "Note on <strong>compiled ops/Net_debug_tree_FULL_TENSORS.json</strong>: Net ran compiled" in runs
 
 
 def test_a_submodule_compiled_in_place_is_named_and_the_rest_keeps_its_ops(settings: Settings) -> None:

@@ -122,6 +122,38 @@ def test_problems_stored_before_0012_are_sorted_by_their_words(tmp_path: Path) -
     }
 
 
+def test_capture_notes_stored_before_0019_are_marked_notes(tmp_path: Path) -> None:
+    """A capture's note (stored ignored, under its trace's file) becomes a note; a file that held no tensor, even a
+    trace's, and what could not be read do not."""
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'old.sqlite3'}")
+    config = alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0018")
+    stored = [
+        ("compiled/Net_debug_tree_FULL_TENSORS.json", "Net ran compiled (torch.compile): its ops are not visible", 1),
+        ("config.json", "not a tensor file or archive (unknown extension '.json'); skipped", 1),
+        ("broken_debug_tree_FULL_TENSORS.json", "not a model_addition_debugger_context trace", 0),
+        ("x_debug_tree_FULL_TENSORSXjson", "not a tensor file or archive; skipped", 1),  # _ and . are no wildcards
+    ]
+    with sqlite3.connect(tmp_path / "old.sqlite3") as raw:
+        for table in ("sessions", "runs"):  # a run for the problems: any value in each column that needs one
+            columns = [c for c in raw.execute(f"PRAGMA table_info({table})") if c[3] and c[4] is None and not c[5]]
+            values = {name: 1 if "INT" in kind or "BOOL" in kind else "2026-01-01" for _, name, kind, *_ in columns}
+            raw.execute(
+                f"INSERT INTO {table} (id, {', '.join(values)}) VALUES (1, {', '.join('?' * len(values))})",
+                list(values.values()),
+            )
+        raw.executemany("INSERT INTO problems (run_id, file, reason, ignored) VALUES (1, ?, ?, ?)", stored)
+    raw.close()
+    upgrade_database(engine)
+    with engine.connect() as connection:
+        notes: dict[str, bool] = dict(connection.execute(text("SELECT file, note FROM problems")).all())
+    engine.dispose()
+    assert {file for file, flag in notes.items() if flag} == {"compiled/Net_debug_tree_FULL_TENSORS.json"}
+    assert len(notes) == 4
+
+
 def test_a_stamp_other_than_the_head_is_not_current(tmp_path: Path) -> None:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'odd.sqlite3'}")
     upgrade_database(engine)

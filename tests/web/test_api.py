@@ -60,6 +60,7 @@ def test_create_session_with_two_uploaded_runs(shared_server: LiveServer, tmp_pa
             "file": "notes.txt",
             "reason": "not a tensor file or archive (unknown extension '.txt'); skipped",
             "ignored": True,
+            "note": False,
         }
     ]
     tensors = http.get(f"{shared_server.url}/api/runs/{session['runs'][1]['id']}/tensors").json()

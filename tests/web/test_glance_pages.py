@@ -212,6 +212,33 @@ def test_grids_keep_their_captions_stacked_or_side_by_side(glance: Glance, page:
     shot(page, "glance-grids-390")
 
 
+def test_the_grids_column_header_stays_under_its_caption(glance: Glance, page: Page) -> None:
+    """A 1-D window of 256 values side by side at 1,440 px is taller than the grids' scroll area: scrolled to its
+    end, each grid's caption and its "+0, +1, ..." header row are still in view, the header row right under the
+    caption, over the values scrolled beneath it."""
+    pair = glance.pair(glance.sessions.wide, LONG_NAME)
+    page.goto(f"{glance.server.url}/pairs/{pair}?index=40,:&start=0&count=256#inspector")
+    area = page.locator(".grids.flow")
+    page.wait_for_function("() => document.querySelector('.grids.flow th[scope=col]') !== null")
+    assert area.evaluate("a => a.scrollHeight > a.clientHeight + 100")  # it scrolls
+    area.evaluate("a => { a.scrollTop = a.scrollHeight; }")
+    box = area.bounding_box()
+    assert box is not None
+    for figure in page.locator(".grids.flow figure.grid").all():
+        caption = figure.locator("figcaption").bounding_box()
+        head = figure.locator("th[scope=col]").first.bounding_box()
+        assert caption is not None and head is not None
+        assert box["y"] - 1 <= caption["y"] and head["y"] + head["height"] <= box["y"] + box["height"]
+        assert caption["y"] + caption["height"] - 1 <= head["y"] <= caption["y"] + caption["height"] + 4
+        # what is drawn at the header's place is the header, not a value scrolled under it
+        on_top = page.evaluate(
+            "([x, y]) => document.elementFromPoint(x, y).closest('th, figcaption')?.tagName ?? ''",
+            [head["x"] + head["width"] / 2, head["y"] + head["height"] / 2],
+        )
+        assert on_top == "TH"
+    shot(page, "glance-grids-sticky-header")
+
+
 def test_a_1d_window_fills_the_width_side_by_side_stacked_and_on_a_phone(glance: Glance, page: Page) -> None:
     """The default window is 1-D, 64 values of the row with the largest difference: laid out as many a row as fit
     each grid's width (the same number in the three grids, rows headed by their first index, columns by their
@@ -495,67 +522,83 @@ def test_profiles_open_on_a_named_dimension_and_bin_each_group_by_its_own_width(
     shot(page, "glance-profiles-groups")
 
 
-def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pairs(glance: Glance, page: Page) -> None:
-    """The traced session's modules as boxes and edges, linked from the session page: folded but for the path to the
-    first divergence (its module a target box), coloured by error with the legend shown; the page's script builds
-    the open modules' boxes only, a folded module's when it is opened; a search opens the way to each match; a box's
-    name opens its pair."""
+def test_the_model_as_a_graph_folds_highlights_the_paths_searches_and_opens_pairs(
+    glance: Glance, browser: Browser
+) -> None:
+    """The traced session's modules as boxes and edges, linked from the session page, with no script at all (the
+    page has none: the server renders the tree as nested <details>): folded but for the first two levels and the
+    path to the first divergence (its module a target box, reached by the link at the top), coloured by error with
+    the legend shown; a folded module opens on a click; a search opens the way to each match, the other modules
+    folded behind "other modules here"; a box's name opens its pair."""
     s = glance.sessions
     first = loopback_http.get(f"{glance.server.url}/api/sessions/{s.trace}/first-divergence", timeout=30).json()
     first = first["first_divergence"]
+    context = browser.new_context(viewport={"width": 1440, "height": 900}, java_script_enabled=False)
+    page = context.new_page()
     page.goto(f"{glance.server.url}/sessions/{s.trace}")
     page.get_by_role("link", name="The model as a graph").click()
     page.wait_for_url(f"**/sessions/{s.trace}/graph")
+    assert page.locator("script").count() == 0  # nothing here needs a script
     graph = page.locator("section.module-graph")
     modules = int(graph.get_attribute("data-modules") or "0")
     boxes = graph.locator(".gnode")
+    assert boxes.count() == modules  # every module is in the page, most folded away
     visible = [b for b in boxes.all() if b.is_visible()]
-    # folded: the path's boxes and their siblings, and only those are built: no box in the DOM is hidden
-    assert 3 <= len(visible) == boxes.count() < modules
+    assert 3 <= len(visible) < modules
     target = graph.locator(".gnode.target.first")
     assert target.count() == 1 and target.is_visible()
     assert target.locator("a").get_attribute("href") == f"/pairs/{first['pair_id']}"  # its output: the first divergence
     assert target.locator("strong").inner_text() == "first divergence"
-    on_path = [b.get_attribute("data-module") or "" for b in graph.locator(".gnode.on-path.first").all()]
-    target_path = target.get_attribute("data-module") or ""
-    assert all(target_path.startswith(p) for p in on_path) and len(on_path) >= 3  # root to the target
+    assert target.evaluate("b => getComputedStyle(b).outlineStyle") == "solid"  # highlighted
+    # the link at the top goes to it
+    page.get_by_role("link", name=re.compile("^Go to the first divergence")).click()
+    assert page.url.endswith("#first-divergence") and target.get_attribute("id") == "first-divergence"
+    assert target.evaluate("b => { const r = b.getBoundingClientRect(); return r.top >= 0 && r.bottom <= innerHeight }")
+    # the path from the root to it: each box above it is on the path, and open
+    on_path = graph.locator(".gnode.on-path.first")
+    assert on_path.count() >= 3 and all(b.is_visible() for b in on_path.all())
+    above = target.evaluate(
+        """b => { const found = []; let li = b.closest('li').parentElement.closest('li');
+        while (li) { found.push(li.querySelector(':scope > .gnode').classList.contains('on-path'));
+        li = li.parentElement.closest('li'); } return found; }"""
+    )
+    assert len(above) >= 2 and all(above)
     shades = {c for b in visible for c in (b.get_attribute("class") or "").split() if c.startswith("shade-e")}
     assert len(shades) >= 2  # coloured by error, more than one shade
     legend = page.locator("ul.graph-legend li").all_inner_texts()
     assert legend[0].strip() == "0" and legend[-1].strip() == "no error known" and len(legend) == 11
-    # a folded box opens on click: its children are built then, and show
-    name = graph.locator("li:has(> details:not([open])) > .gnode").first.get_attribute("data-module")
-    folded = graph.locator(f'li:has(> .gnode[data-module="{name}"]) > details')
-    inside = folded.locator(":scope > ul > li")
-    assert folded.get_attribute("open") is None and inside.count() == 0
-    said = int((folded.locator(":scope > summary").inner_text()).split()[0])
-    folded.locator(":scope > summary").click()
-    assert folded.get_attribute("open") is not None and inside.first.is_visible()
-    assert all(
-        (b.get_attribute("data-module") or "").startswith(f"{name}.") for b in inside.locator(":scope > .gnode").all()
-    )
-    assert 1 <= inside.count() <= said
+    # a folded module opens on a click on its summary, showing its children; a second click folds it again
+    folded = graph.locator("li > details:not([open])").first.element_handle()
+    summary = folded.query_selector(":scope > summary")
+    inside = folded.query_selector_all(":scope > ul > li > .gnode")
+    assert summary is not None and inside and not inside[0].is_visible()
+    said = int(summary.inner_text().split()[0])
+    summary.click()
+    assert folded.get_attribute("open") is not None and inside[0].is_visible()
+    assert 1 <= len(inside) <= said
     shot(page, "glance-graph")
-    # search: every match shown, the modules above it open
+    summary.click()
+    assert folded.get_attribute("open") is None and not inside[0].is_visible()
+    # search: every match shown, the modules above it open, the others folded behind "other modules here"
     page.locator("input[name=q]").fill("down_proj")
     page.get_by_role("button", name="Find").click()
     page.wait_for_url("**q=down_proj")
     matches = graph.locator(".gnode.matched")
     assert matches.count() >= 2 and all(m.is_visible() for m in matches.all())
-    assert all("down_proj" in (m.get_attribute("data-module") or "") for m in matches.all())
+    assert all(m.locator("a").inner_text() == "down_proj" for m in matches.all())
     assert page.get_by_role("status").inner_text().startswith(f"{matches.count()} of {modules} modules match")
     shot(page, "glance-graph-search")
-    # the modules opened for the search show the way to the matches; their other children wait behind a button
-    others = graph.locator("li.others > button")
+    others = graph.locator("li.others > details")
     assert others.count() >= 2
-    said = int(others.first.inner_text().split()[0])
-    built, waiting = boxes.count(), others.count()
-    others.first.click()
-    assert boxes.count() == built + said and others.count() == waiting - 1
-    assert page.evaluate("document.activeElement.closest('.gnode') !== null")  # focus on the first module shown
+    said = int(others.first.locator(":scope > summary").inner_text().split()[0])
+    hidden = others.first.locator(":scope > ul > li > .gnode")
+    assert hidden.count() == said and not hidden.first.is_visible()
+    others.first.locator(":scope > summary").click()
+    assert hidden.first.is_visible()
     link = matches.first.locator("a")
     href = link.get_attribute("href")
     link.click()
     page.wait_for_url(f"**{href}")
+    context.close()
     # a session without module structure has no graph
     assert loopback_http.get(f"{glance.server.url}/sessions/{s.wide}/graph", timeout=30).status_code == 404

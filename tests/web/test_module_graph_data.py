@@ -11,7 +11,7 @@ from tensor_debugger.compare.reports.module_reports import ModuleNodeReport
 from tensor_debugger.compare.reports.pair_reports import session_modules, session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.web.views.module_graph import build_graph, graph_data
+from tensor_debugger.web.views.module_graph import build_graph, graph_html
 
 from tests.support.cli_main import main_cli
 from tests.support.traces import MODEL_CLASS, WrittenTraces
@@ -37,8 +37,8 @@ def test_the_graph_data_equals_the_whole_reports(tmp_path: Path, hf_traces: Writ
     assert [c.module_path for c in whole.modules.culprits] == [BUG_MODULE]  # a session with a culprit...
     assert light.modules == whole.modules and light.first_divergence == whole.first_divergence.pair_id
     for query in ("", "o_proj"):  # ...whose graph, folded or searched, is the same either way
-        expected = graph_data(build_graph(whole.modules, whole.first_divergence.pair_id, query))
-        assert graph_data(build_graph(light.modules, light.first_divergence, query)) == expected
+        expected = graph_html(build_graph(whole.modules, whole.first_divergence.pair_id, query))
+        assert graph_html(build_graph(light.modules, light.first_divergence, query)) == expected
     # each module counts the modules below it with a pair of their own that failed or was not compared
     for node in walk(whole.modules.tree):
         below = [m for c in node.children for m in walk([c])]

@@ -1,21 +1,14 @@
-"""The model graph's data for the page's script (web/views/module_graph.py's graph_data), without a browser: each
-module once, its path relative to its parent's, its flags, and the search's way to its matches."""
+"""The model graph's tree as the server renders it (web/views/module_graph.py's graph_html), without a browser: each
+module once as a box in nested lists, folded modules' children inside a closed <details>, open on the path to the
+first divergence, in the first two levels and on the way to a search's matches."""
 
 from __future__ import annotations
 
-from typing import Any
+from html.parser import HTMLParser
 
 from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModulePair, ModuleReport, ModuleVerdict
 from tensor_debugger.store.reports import PairStatus
-from tensor_debugger.web.views.module_graph import (
-    MATCHED,
-    ON_FIRST,
-    OPEN,
-    TARGET,
-    TO_MATCH,
-    build_graph,
-    graph_data,
-)
+from tensor_debugger.web.views.module_graph import build_graph, graph_html
 
 
 def node(path: str, verdict: str, pairs: list[ModulePair], children: list[ModuleNodeReport]) -> ModuleNodeReport:
@@ -36,35 +29,95 @@ def tree() -> ModuleReport:
     return ModuleReport(True, [node("model", "fail", [], layers)], [], None)
 
 
-def flatten(packed: list[Any], parent: str = "") -> dict[str, list[Any]]:
-    out: dict[str, list[Any]] = {}
-    for entry in packed:
-        path = parent + entry[0]
-        out[path] = entry
-        out.update(flatten(entry[9], path))
-    return out
+class Boxes(HTMLParser):
+    """Each box's link text with its classes, whether every <details> around it is open, the chain of names of the
+    boxes above it, and the <summary> texts of the details around it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[tuple[str, bool]] = []  # open elements: (tag, open) for details, (tag, False) otherwise
+        self.names: list[str] = []  # the names of the boxes on the way down: one per <li> entered
+        self.boxes: dict[str, dict[str, object]] = {}
+        self.classes = ""
+        self.in_name = False
+        self.href: str | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        self.stack.append((tag, tag == "details" and "open" in found))
+        if tag == "div" and "gnode" in (found.get("class") or ""):
+            self.classes = found.get("class") or ""
+            self.box_id = found.get("id")
+        elif tag in ("a", "span") and self.stack[-2][0] == "div" and self.classes:
+            self.in_name, self.href = True, found.get("href")
+
+    def handle_endtag(self, tag: str) -> None:
+        popped = self.stack.pop()
+        assert popped[0] == tag, (popped, tag)
+        if tag == "li" and self.names and len([t for t, _ in self.stack if t == "li"]) < len(self.names):
+            self.names.pop()
+        if tag in ("a", "span"):
+            self.in_name = False
+
+    def handle_data(self, data: str) -> None:
+        if self.in_name:
+            path = ".".join([*self.names, data]) if data != "model" else data
+            details = [is_open for tag, is_open in self.stack if tag == "details"]
+            self.boxes[path] = {
+                "classes": set(self.classes.split()),
+                "shown": all(details),
+                "href": self.href,
+                "id": self.box_id,
+            }
+            self.names.append(data)
+            self.classes = ""
 
 
-def test_each_module_once_with_its_path_relative_to_its_parent_and_its_flags() -> None:
-    data = graph_data(build_graph(tree(), 7))
-    nodes = flatten(data["roots"])
-    assert len(nodes) == 9 and data["query"] == ""
-    down = nodes["model.layers.1.mlp.down_proj"]
-    assert down[0] == ".down_proj" and down[1] == "down_proj" and data["verdicts"][down[3]] == "fail"
-    assert down[6] == 7 and down[7] & (ON_FIRST | TARGET) == ON_FIRST | TARGET and down[8] == 0
-    assert nodes["model.layers.1"][0] == ".layers.1" and nodes["model"][8] == 8
-    # open: the path to the first divergence above its module; the rest folded
-    opened = {p for p, n in nodes.items() if n[7] & OPEN}
-    assert opened == {"model", "model.layers.1", "model.layers.1.mlp"}
-    assert not any(n[7] & (MATCHED | TO_MATCH) for n in nodes.values())
+def boxes(report: ModuleReport, first: int | None, query: str = "") -> dict[str, dict[str, object]]:
+    parser = Boxes()
+    parser.feed(str(graph_html(build_graph(report, first, query))))
+    parser.close()
+    assert not parser.stack  # every element closed
+    return parser.boxes
 
 
-def test_a_search_marks_its_matches_and_the_way_to_them() -> None:
-    data = graph_data(build_graph(tree(), 7, "DOWN_proj"))
-    nodes = flatten(data["roots"])
-    assert data["query"] == "DOWN_proj"
-    matched = {p for p, n in nodes.items() if n[7] & MATCHED}
+def test_each_module_once_open_on_the_path_and_in_the_first_levels_folded_elsewhere() -> None:
+    found = boxes(tree(), 7)
+    assert len(found) == 9
+    down = found["model.layers.1.mlp.down_proj"]
+    assert down["href"] == "/pairs/7" and down["id"] == "first-divergence"
+    assert {"on-path", "first", "target", "v-fail"} <= down["classes"]  # type: ignore[operator]
+    shown = {p for p, b in found.items() if b["shown"]}
+    # the root and the layers are open (the first two levels), the path to the first divergence too
+    assert shown == {
+        "model",
+        "model.layers.0",
+        "model.layers.1",
+        "model.layers.0.attn",
+        "model.layers.0.mlp",
+        "model.layers.1.attn",
+        "model.layers.1.mlp",
+        "model.layers.1.mlp.down_proj",
+    }
+    assert not found["model.layers.0.mlp.down_proj"]["shown"]  # folded: in the page, inside a closed <details>
+    assert sum("on-path" in b["classes"] for b in found.values()) == 4  # type: ignore[operator]
+
+
+def test_a_search_shows_its_matches_and_folds_the_other_modules_on_the_way() -> None:
+    html = str(graph_html(build_graph(tree(), 7, "DOWN_proj")))
+    found = boxes(tree(), 7, "DOWN_proj")
+    matched = {p for p, b in found.items() if "matched" in b["classes"]}  # type: ignore[operator]
     assert matched == {"model.layers.0.mlp.down_proj", "model.layers.1.mlp.down_proj"}
-    way = {p for p, n in nodes.items() if n[7] & TO_MATCH}
-    assert way == matched | {"model", "model.layers.0", "model.layers.1", "model.layers.0.mlp", "model.layers.1.mlp"}
-    assert nodes["model.layers.0"][7] & OPEN and not nodes["model.layers.0.attn"][7] & TO_MATCH
+    assert all(found[m]["shown"] for m in matched)
+    # layer 0's attn is off the way to a match: it waits behind "1 other module here"
+    assert not found["model.layers.0.attn"]["shown"] and "<summary>1 other module here</summary>" in html
+    assert found["model.layers.1.attn"]["shown"] is False
+
+
+def test_names_are_escaped() -> None:
+    report = tree()
+    odd = ModuleNodeReport("model.<b>", "<b>", ModuleVerdict.PASS, 0, None, False, [], [])
+    root = report.tree[0]
+    report = ModuleReport(True, [ModuleNodeReport(**{**root.__dict__, "children": [*root.children, odd]})], [], None)
+    html = str(graph_html(build_graph(report, 7)))
+    assert "<b>" not in html and "&lt;b&gt;" in html

@@ -38,7 +38,7 @@ def test_the_api_refuses_the_archive(shared_server: LiveServer, tmp_path: Path) 
     response = upload(shared_server, "nul member", [("ref", nul_zip(tmp_path / "nul.zip"))])
     assert response.status_code == 422, response.text
     [run] = response.json()["runs"]
-    assert run["problems"] == [{"file": "nul.zip", "reason": REASON, "ignored": False}]
+    assert run["problems"] == [{"file": "nul.zip", "reason": REASON, "ignored": False, "note": False}]
 
 
 def test_the_cli_refuses_the_archive(tmp_path: Path) -> None:

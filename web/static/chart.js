@@ -7,6 +7,8 @@
 
 /* global uPlot */
 
+import { stepKeys } from "./chart_keys.js";
+
 function start() {
   const figure = document.getElementById("chart");
   if (figure && figure.dataset.series && window.uPlot && !figure.classList.contains("live")) {
@@ -167,18 +169,11 @@ function draw(figure, data) {
   holder.tabIndex = 0;
   holder.setAttribute("role", "img");
   holder.setAttribute("aria-label", "Chart of max |diff| and 1 − cosine by layer. Arrow keys, Home and End move along the pairs, Enter opens one.");
-  let keyed = firstAt >= 0 ? firstAt : 0;
-  holder.addEventListener("keydown", (event) => {
-    const step = { ArrowRight: 1, ArrowLeft: -1, PageDown: 13, PageUp: -13, Home: -n, End: n }[event.key];
-    if (step) {
-      event.preventDefault();
-      keyed = Math.max(0, Math.min(n - 1, keyed + step));
-      plot.setCursor({ left: plot.valToPos(keyed, "x"), top: plot.valToPos(place(data.diff[keyed]) ?? floor, "y") });
-      readout.textContent = describe(keyed);
-    } else if (event.key === "Enter") {
-      location.href = `/pairs/${data.id[keyed]}`;
-    }
-  });
+  // the keys start at the first divergence (chart_keys.js: ← → a pair, PageUp and PageDown 13, Home and End)
+  stepKeys(holder, n, (i) => {
+    plot.setCursor({ left: plot.valToPos(i, "x"), top: plot.valToPos(place(data.diff[i]) ?? floor, "y") });
+    readout.textContent = describe(i);
+  }, { upDown: false, page: 13, from: firstAt >= 0 ? firstAt : 0, enter: (i) => { location.href = `/pairs/${data.id[i]}`; } });
   plot.over.addEventListener("click", () => {
     if (plot.select.width > 3 || plot.cursor.idx === null || plot.cursor.idx === undefined) return;
     location.href = `/pairs/${data.id[plot.cursor.idx]}`;

@@ -5,6 +5,8 @@
 
 /* global uPlot */
 
+import { stepKeys } from "./chart_keys.js";
+
 function number(value) {
   // the pages' one format: 4 significant digits, scientific only outside 1e-3..1e4
   if (value === null || value === undefined) return "—";
@@ -75,10 +77,10 @@ function draw(figure, data) {
     ],
     hooks: {
       draw: [floorLine],
-      setCursor: [(u) => { if (u.cursor.idx !== null && u.cursor.idx !== undefined) keyed = u.cursor.idx; readout.textContent = describe(u.cursor.idx); }],
+      setCursor: [(u) => { if (u.cursor.idx !== null && u.cursor.idx !== undefined) keys?.set(u.cursor.idx); readout.textContent = describe(u.cursor.idx); }],
     },
   };
-  let keyed = 0;
+  let keys = null; // the chart's keys (stepKeys), once it is drawn
   const plot = new uPlot(options, [xs, data.a.map(place), data.b.map(place)], holder);
   figure.classList.add("live"); // the server's SVG is hidden by the stylesheet
   holder.after(readout);
@@ -91,18 +93,12 @@ function draw(figure, data) {
     const id = data.pair_b[i] ?? data.pair_a[i];
     if (id !== null && id !== undefined) location.href = `/pairs/${id}`;
   };
-  holder.addEventListener("keydown", (event) => {
-    const step = { ArrowRight: 1, ArrowLeft: -1, PageDown: 13, PageUp: -13, Home: -n, End: n }[event.key];
-    if (step) {
-      event.preventDefault();
-      keyed = Math.max(0, Math.min(n - 1, keyed + step));
-      const y = place(data.b[keyed]) ?? place(data.a[keyed]) ?? floor;
-      plot.setCursor({ left: plot.valToPos(keyed, "x"), top: plot.valToPos(y, "y") });
-      readout.textContent = describe(keyed);
-    } else if (event.key === "Enter") {
-      open(keyed);
-    }
-  });
+  // chart_keys.js: ← → a pair, PageUp and PageDown 13, Home and End; from the pair the pointer last showed
+  keys = stepKeys(holder, n, (i) => {
+    const y = place(data.b[i]) ?? place(data.a[i]) ?? floor;
+    plot.setCursor({ left: plot.valToPos(i, "x"), top: plot.valToPos(y, "y") });
+    readout.textContent = describe(i);
+  }, { upDown: false, page: 13, from: 0, enter: open });
   plot.over.addEventListener("click", () => {
     if (plot.cursor.idx !== null && plot.cursor.idx !== undefined) open(plot.cursor.idx);
   });

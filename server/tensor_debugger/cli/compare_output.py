@@ -358,14 +358,11 @@ def print_where(url: str, data_dir: Path | None) -> None:
         print(f"to open it in a browser: tensor-debugger --data-dir {shlex.quote(str(data_dir))} serve, then {url}")
 
 
-TRACE_JSON = "_debug_tree_FULL_TENSORS.json"  # a capture's trace (`ingest/traces.FULL_SUFFIX`; not imported: light)
-
-
 def print_problems(problems: Sequence[ProblemReport]) -> None:
     """What could not be read, a line each; what held no tensor (a config.json beside the weights), on one line; a
     capture's notes on its trace (what it could not see: a compiled module's ops), a line each."""
-    notes = [p for p in problems if p.ignored and p.file.endswith(TRACE_JSON)]
-    ignored = [p.file for p in problems if p.ignored and p not in notes]
+    notes = [p for p in problems if p.note]
+    ignored = [p.file for p in problems if p.ignored and not p.note]
     if ignored:
         print(f"ignored, no tensor in them ({len(ignored)}): {', '.join(ignored)}")
     for note in notes:

@@ -72,7 +72,10 @@ class RunEndings:
                 rows.append({**row, "run_id": run_id})
             if rows:
                 db.execute(insert(TensorRecord), rows)
-            problems = [(NotATensor if p.ignored else FileProblem)(p.file, p.reason) for p in source.problems]
+            problems = [
+                (CaptureNote if p.note else NotATensor if p.ignored else FileProblem)(p.file, p.reason)
+                for p in source.problems
+            ]
             db.add_all(problem_rows(run_id, problems))
             run.status = "ready"
             run.ingest_pid = None

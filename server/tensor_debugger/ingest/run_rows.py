@@ -109,4 +109,6 @@ def tensor_records(run_id: int, stored: Sequence[Stored], problems: list[FilePro
 
 def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[ProblemRecord]:
     """The rows that keep a run's problems, each with whether it held no tensor."""
-    return [ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored) for p in problems]
+    return [
+        ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored, note=p.note) for p in problems
+    ]

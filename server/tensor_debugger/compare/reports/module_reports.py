@@ -190,11 +190,9 @@ def module_report(
         return None
     candidate = traced[0].b.run_id  # with several candidate runs, the first one's modules
     traced = [i for i in traced if i.b.run_id == candidate]
-    errors = [
-        TensorError(i.module_path or "", i.place or "", i.position, e)
-        for i in traced
-        if (e := pair_error(i)) is not None
-    ]
+    # each pair's error worked out once: the ranking and each module's pairs both show it
+    known = {i.id: e for i in traced if (e := pair_error(i)) is not None}
+    errors = [TensorError(i.module_path or "", i.place or "", i.position, known[i.id]) for i in traced if i.id in known]
     roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])]
     root_paths = {r.path for r in roots} or {i.module_path or "" for i in traced if "." not in (i.module_path or "")}
     everything = rank_culprits(errors)
@@ -229,7 +227,7 @@ def module_report(
     added = {c.module_path: c for c in ranked}
     return ModuleReport(
         bool((module_tree or {}).get("values", True)),
-        [_node_report(r, by_module, added, top)[0] for r in roots],
+        [_node_report(r, by_module, added, top, known)[0] for r in roots],
         culprits,
         top,
         reports,
@@ -298,7 +296,11 @@ def _output_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | 
 
 
 def _node_report(
-    node: ModuleNode, by_module: dict[str, list[PairReport]], added: dict[str, Any], top: CulpritReport | None
+    node: ModuleNode,
+    by_module: dict[str, list[PairReport]],
+    added: dict[str, Any],
+    top: CulpritReport | None,
+    errors: dict[int, float],
 ) -> tuple[ModuleNodeReport, int]:
     """A module with its verdict: its worst pair's; for a container that records no output (a Hugging Face trace's
     attention block or decoder layer), the worst of its pairs' and its children's, so that a block around a
@@ -306,7 +308,7 @@ def _node_report(
     pair of their own that does not pass (a captured op, `…/softmax#1`, a leaf of the tree, is no module): counted
     once, bottom up; counting each node's subtree again at every module above it took a fifth of the model graph's
     server time for a 2,008-module trace."""
-    built = [_node_report(c, by_module, added, top) for c in node.children]
+    built = [_node_report(c, by_module, added, top, errors) for c in node.children]
     children = [report for report, _ in built]
     failing_inside = sum(count for _, count in built)
     pairs = by_module.get(node.path, [])
@@ -323,7 +325,9 @@ def _node_report(
         failing_inside=failing_inside,
         added_error=json_number(culprit.added_error) if culprit else None,
         is_culprit=top is not None and top.module_path == node.path,
-        pairs=[ModulePair(p.id, p.place, p.status, _error_json(p), p.a.source, p.b.source) for p in pairs],
+        pairs=[
+            ModulePair(p.id, p.place, p.status, _error_json(errors.get(p.id)), p.a.source, p.b.source) for p in pairs
+        ],
         children=children,
     )
     return report, own + failing_inside
@@ -338,8 +342,7 @@ def _short_name(path: str) -> str:
     return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
 
 
-def _error_json(item: PairReport) -> float | str | None:
-    error = pair_error(item)
+def _error_json(error: float | None) -> float | str | None:
     return None if error is None else json_number(error)
 
 

@@ -22,5 +22,7 @@ class ProblemRecord(Base):
     reason: Mapped[str] = mapped_column(Text)
     # held no tensor (errors.NotATensor): named, nothing missing from the run
     ignored: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    # a note about the run (errors.CaptureNote: what a capture could not see), not a file: also `ignored`
+    note: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
     run: Mapped[RunRecord] = relationship(back_populates="problems")

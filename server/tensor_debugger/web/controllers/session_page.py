@@ -23,7 +23,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, SessionRecord
 from tensor_debugger.web.controllers.forms import Form, optional_float
-from tensor_debugger.web.views.module_graph import build_graph, graph_data
+from tensor_debugger.web.views.module_graph import build_graph, graph_html
 from tensor_debugger.web.views.pairing_form import PairingForm
 from tensor_debugger.web.views.profile_heatmap import heatmap
 from tensor_debugger.web.views.session_chart import build_chart
@@ -157,7 +157,7 @@ class SessionPageController(Controller):
         if report.modules is None or not report.modules.tree:
             raise NotFoundError(f"session {session_id} has no module structure (a trace or a capture has)")
         graph = build_graph(report.modules, report.first_divergence, q)
-        context = {"session": session, "graph": graph, "data": graph_data(graph)}
+        context = {"session": session, "graph": graph, "tree": graph_html(graph)}
         return Template("module_graph.html", context=context)
 
     @get("/sessions/{session_id:int}/pairs.csv", sync_to_thread=True)

@@ -1,22 +1,24 @@
 """The model as a graph (/sessions/{id}/graph): a traced or captured session's module tree drawn as boxes joined by
 parent-child edges, each box coloured by the error of its module on a log scale (the error it added where it can
 be ranked, else the largest relative RMSE of its pairs), the path from the root to the first divergence and to each
-culprit highlighted. Collapsed by default: only the highlighted paths and the ancestors of what a search found
-are open, so a 2,000-module model opens as a handful of boxes; a click on a box's name opens its pair.
+culprit highlighted. Collapsed by default: the first two levels, the highlighted paths and the ancestors of what a
+search found are open, so a 2,000-module model opens as a few hundred boxes; a click on a box's name opens its pair.
 
-The page gets the tree once as compact JSON (`graph_data`) and its script (web/static/module_graph.js) builds the
-boxes of the open modules only, and a folded module's children when it is opened: 2,000 modules rendered as HTML
-were 594 kB and 11,485 elements, most of them folded away."""
+The server renders the whole tree as nested lists with a <details> per module that has modules inside
+(`graph_html`), so the page works without a script and has none: the browser folds and opens it. At 2,008 modules
+that is about 280 kB and 9,500 elements, most inside closed <details> that the browser does not lay out."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from html import escape  # str in, str out: markupsafe's makes a Markup object per call
+
+from markupsafe import Markup
 
 from tensor_debugger.compare.reports.formatting import format_error
-from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModuleReport, ModuleVerdict
+from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModuleReport
 from tensor_debugger.engine.metrics import Number, parse_number
 
 BINS = 8  # colour classes e0 (smallest decade) to e7 (largest) in the stylesheet
@@ -48,6 +50,7 @@ class ModuleGraph:
     modules: int
     matches: int
     query: str
+    first: str | None = None  # the first divergence's module
 
 
 def _float(value: Number | None) -> float | None:
@@ -138,53 +141,66 @@ def build_graph(modules: ModuleReport, first_pair: int | None, query: str = "") 
     roots = [node_of(r) for r in modules.tree]
     span = (high - low) / BINS
     legend = [(f"e{k}", f"≥ {_label(10 ** (low + k * span))}") for k in range(BINS)]
-    return ModuleGraph(roots, low, high, legend, len(everything), len(matched), query.strip())
+    return ModuleGraph(roots, low, high, legend, len(everything), len(matched), query.strip(), first)
 
 
-# A node's flags in graph_data: on the path to the first divergence, on a culprit's, the first divergence's module or
-# a culprit itself, matched by the search, open, on the way to a match (a match or above one)
-ON_FIRST, ON_CULPRIT, TARGET, MATCHED, OPEN, TO_MATCH = 1, 2, 4, 8, 16, 32
-VERDICTS = tuple(str(v) for v in ModuleVerdict)
+def graph_html(graph: ModuleGraph) -> Markup:
+    """The tree as nested lists, each module a box (its name linking its pair, its verdict, its error) and, where it
+    has modules inside, a <details> holding them: open on the highlighted paths, in the first two levels and on the
+    way to a search's matches, folded elsewhere, so the page works without a script. With a search, an open
+    module's children off the way to a match wait in one folded "N other modules here" <details> after the others.
+    Built as strings, not by the template: 2,008 modules through a recursive Jinja macro took several times as
+    long."""
+    out: list[str] = []
+    searching = bool(graph.query)
+    write = out.append
 
+    def item(node: GraphNode, depth: int) -> None:
+        classes = f"gnode shade-{node.shade} v-{node.verdict}"
+        if node.on_path:
+            classes += f" on-path {node.on_path}"
+        if node.is_target:
+            classes += " target"
+        if node.matched:
+            classes += " matched"
+        write('<li class="on-path">' if node.on_path else "<li>")
+        anchor = ' id="first-divergence"' if node.is_target and "first" in node.on_path.split() else ""
+        write(f'<div class="{classes}"{anchor}>')
+        name = escape(node.name)
+        write(f'<a href="/pairs/{node.pair_id}">{name}</a>' if node.pair_id is not None else f"<span>{name}</span>")
+        words = [node.verdict] if node.verdict != "none" else []
+        if node.error is not None:
+            words.append(f"{escape(node.error_kind)} {format_error(node.error)}")
+        write(f" <small>{' · '.join(words)}")
+        if node.is_target:
+            write(f" <strong>{'first divergence' if 'first' in node.on_path.split() else 'culprit'}</strong>")
+        write("</small></div>")
+        if node.children:
+            opened = node.open or depth < OPEN_LEVELS
+            write(f"<details{' open' if opened else ''}><summary>{node.descendants} modules inside</summary><ul>")
+            if searching and opened:
+                way = [c for c in node.children if c.on_path or c.path in to_match]
+                rest = [c for c in node.children if not (c.on_path or c.path in to_match)]
+            else:
+                way, rest = node.children, []
+            for child in way:
+                item(child, depth + 1)
+            if rest:
+                many = "s" if len(rest) > 1 else ""
+                write(f'<li class="others"><details><summary>{len(rest)} other module{many} here</summary><ul>')
+                for child in rest:
+                    item(child, depth + 1)
+                write("</ul></details></li>")
+            write("</ul></details>")
+        write("</li>")
 
-def graph_data(graph: ModuleGraph) -> dict[str, Any]:
-    """The tree as the page's script reads it: each node a list [path relative to its parent's (with its leading
-    "." or "/"; a root's whole path), name, shade, verdict (an index into "verdicts"), error as the pages write it,
-    error kind (an index into "kinds"), pair id or null, flags (the bits above), modules inside, children]; and the
-    search's text ("query")."""
-    kinds: list[str] = []
     to_match = {a for m in _matched_paths(graph.roots) for a in _ancestors(m)}
+    for root in graph.roots:
+        item(root, 0)
+    return Markup("".join(out))
 
-    def kind(name: str) -> int:
-        if name not in kinds:
-            kinds.append(name)
-        return kinds.index(name)
 
-    def pack(node: GraphNode, parent: str) -> list[Any]:
-        flags = (
-            (ON_FIRST if "first" in node.on_path.split() else 0)
-            | (ON_CULPRIT if "culprit" in node.on_path.split() else 0)
-            | (TARGET if node.is_target else 0)
-            | (MATCHED if node.matched else 0)
-            | (OPEN if node.open else 0)
-            | (TO_MATCH if node.path in to_match else 0)
-        )
-        relative = node.path[len(parent) :] if parent and node.path.startswith(parent) else node.path
-        return [
-            relative,
-            node.name,
-            node.shade,
-            VERDICTS.index(node.verdict),
-            format_error(node.error) if node.error is not None else "",
-            kind(node.error_kind),
-            node.pair_id,
-            flags,
-            node.descendants,
-            [pack(c, node.path) for c in node.children],
-        ]
-
-    roots = [pack(r, "") for r in graph.roots]
-    return {"verdicts": list(VERDICTS), "kinds": kinds, "query": graph.query, "roots": roots}
+OPEN_LEVELS = 2  # the root and the modules right inside it start open (whatever else is folded)
 
 
 def _matched_paths(nodes: list[GraphNode]) -> Iterable[str]:
