@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from sqlalchemy import select
@@ -24,7 +25,7 @@ from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
 from tensor_debugger.live.divergence import ChangingModelError
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
+from tensor_debugger.store.models import PairRecord, ProblemRecord, RunRecord, TensorRecord
 from torch import nn
 
 from tests.live.test_op_capture import DIM, compared, line_of, models, rows_of
@@ -247,6 +248,56 @@ def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(
     # all four runs in one session
     report, _ = compared(settings, 1)
     assert report.first_divergence is not None
+
+
+def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_values_a_whole_pass_stores(
+    settings: Settings,
+) -> None:
+    reference, candidate = models()
+    reference.eval(), candidate.eval()
+    found = find_divergence(reference, candidate, (x_input(),), session="stop", data_dir=settings.data_dir)
+    assert found.full_modules == ("layers.1.self_attn*", "layers.1.norm*")
+    # the same modules captured by a whole pass, which records on to the model's outputs
+    for model, label in ((reference, "reference whole"), (candidate, "candidate whole")):
+        with (
+            torch.no_grad(),
+            capture(model, "whole", label, data_dir=settings.data_dir, level="op", modules=list(found.full_modules)),
+        ):
+            model(x_input())
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            runs = {r.label: r.id for r in db.scalars(select(RunRecord))}
+
+            def stored(label: str) -> dict[str, np.ndarray]:
+                rows = db.scalars(
+                    select(TensorRecord).where(TensorRecord.run_id == runs[label]).order_by(TensorRecord.position)
+                )
+                return {t.name: np.asarray(services.store.open(t.store_key, t.digest)[...]) for t in rows}
+
+            values = {label: stored(label) for label in ("reference (full)", "candidate (full)")}
+            whole = {label: stored(label) for label in ("reference whole", "candidate whole")}
+            notes = {
+                label: [p.reason for p in db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == runs[label]))]
+                for label in ("reference", "reference (full)", "candidate (full)", "reference whole")
+            }
+            summary_names = [
+                t.name for t in db.scalars(select(TensorRecord).where(TensorRecord.run_id == runs["reference"]))
+            ]
+    finally:
+        services.close()
+    assert "Net_outputs" in summary_names and notes["reference"] == notes["reference whole"] == []
+    for side, root in (("reference", "Net"), ("candidate", "PortedNet")):
+        full, complete = values[f"{side} (full)"], whole[f"{side} whole"]
+        # every tensor of the modules asked for, bit for bit as the whole pass stored it; nothing after them
+        assert f"{root}.layers.1.self_attn/mul#1_outputs" in full and f"{root}.layers.1.self_attn_outputs" in full
+        assert list(complete) == [*full, f"{root}_outputs"]
+        for name, array in full.items():
+            assert array.dtype == complete[name].dtype and np.array_equal(array, complete[name]), name
+        assert notes[f"{side} (full)"] == [
+            f"recorded modules layers.1.self_attn*, layers.1.norm* only, up to {root}.layers.1.self_attn_outputs, the "
+            "last tensor of theirs: 1 tensor after it (the model's outputs among them) was not recorded"
+        ]
 
 
 def test_find_divergence_of_a_tiny_llama(settings: Settings) -> None:

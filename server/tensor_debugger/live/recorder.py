@@ -146,6 +146,9 @@ class _Recorder:
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
         self.summaries = _Summaries()  # with values="summary": each tensor's, computed once while it is unchanged
+        self.last: str | None = None  # with values="full": the last tensor wanted; none after it is recorded
+        self.stopped = False
+        self.left_out = 0  # tensors after `last`
 
     def wanted(self, path: str) -> bool:
         if not self.patterns:
@@ -227,6 +230,11 @@ class _Recorder:
                     self.result.sources[name] = source
                 self.count += 1
                 return {"shape": repr(value.shape), "dtype": repr(value.dtype), "summary": summary.to_json()}
+            if self.stopped:
+                self.skipped.append(f"{name}: after {self.last}, the last tensor asked for")
+                self.left_out += 1
+                return repr(value.dtype)
+            self.stopped = name == self.last
             if self.on_tensor is not None:
                 self.on_tensor(name, value)
             file = f"{stem}.safetensors"
@@ -539,6 +547,7 @@ def capture(
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     backward: bool = False,
     _pair: bool = True,
+    _last: str | None = None,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -558,7 +567,9 @@ def capture(
     of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
     parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
     Nothing is kept when the block raises. (`_pair=False`, for `find_divergence`'s captures in a row into a
-    local data dir, leaves the session's runs to be paired after the last: `pair_session`.)
+    local data dir, leaves the session's runs to be paired after the last: `pair_session`. `_last`, for its
+    full-values passes, names the last tensor wanted: those after it, the model's outputs included, are left out,
+    listed in `skipped` and said in a note on the run.)
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
@@ -582,6 +593,7 @@ def capture(
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer, result)
         recorder.on_tensor = on_tensor
+        recorder.last = _last
         handles = _hook(model, recorder, level, backward, compiled)
         if level == "op":
             watching.enter_context(OpMode(recorder))
@@ -594,6 +606,14 @@ def capture(
             raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
         if level == "op":
             _note_compiled(recorder)
+        if recorder.left_out:
+            many = recorder.left_out != 1
+            asked = f"modules {', '.join(patterns)}" if patterns else "every module"
+            recorder.notes.append(
+                f"recorded {asked} only, up to {recorder.last}, the last tensor of theirs: "
+                f"{recorder.left_out} tensor{'s' if many else ''} after it (the model's outputs among them) "
+                f"{'were' if many else 'was'} not recorded"
+            )
         closing, writer = writer, None
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
