@@ -23,6 +23,8 @@ from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sam
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
 from tensor_debugger.live.divergence import ChangingModelError
+from tensor_debugger.live.recorder import _unchanged_sketch, summarize_forward
+from tensor_debugger.live.writer import CaptureError
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, ProblemRecord, RunRecord, TensorRecord
@@ -209,6 +211,62 @@ def test_a_tiny_llama_summary_pass_and_full_pass_agree_on_the_first_diverging_op
 
 
 # --- find_divergence ------------------------------------------------------------------------------------------
+
+
+class InPlace(nn.Module):
+    """Changes tensors in place after the op that made them was recorded: by method, operator, item assignment,
+    `out=` and `inplace=True`, each right after a large op, while its summary may still be being computed."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)
+        z = y.exp()
+        z += 1
+        w = z.sin()
+        w[0] = 7.0
+        v = w.cos()
+        torch.mul(v, 3, out=v)
+        u = v - 0.5
+        nn.functional.relu(u, inplace=True)
+        t = u.view(-1)  # a view: its summary, then a change through the tensor it views
+        u.mul_(2)
+        return t * 1
+
+
+def test_op_summaries_are_of_the_values_each_op_made_though_later_ops_change_them_in_place(settings: Settings) -> None:
+    model = InPlace().eval()
+    x = torch.randn(64, 1 << 14, generator=torch.Generator().manual_seed(3))  # 4 MB a tensor
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        kept[name] = tensor.detach().clone()
+
+    with torch.no_grad(), capture(model, "in place", "full", data_dir=settings.data_dir, level="op", on_tensor=keep):
+        model(x)
+    for attempt in range(3):  # each a race with the summarising thread, run again
+        with (
+            torch.no_grad(),
+            capture(
+                model, "in place", f"summary {attempt}", data_dir=settings.data_dir, level="op", values="summary"
+            ) as result,
+        ):
+            model(x)
+        assert list(result.summaries) == list(kept)  # every tensor, in call order
+        for name, value in kept.items():
+            assert result.summaries[name] == sketch(value), name
+        alone = summarize_forward(model, lambda: model(x), "op")
+        assert alone.summaries == result.summaries
+    assert "InPlace/add_#1_outputs" in kept and "InPlace/setitem#1_outputs" not in kept  # None: not recorded
+
+
+def test_a_tensor_changed_unseen_while_summarised_fails_its_summary() -> None:
+    t = torch.randn(1000)
+    version = t._version
+    assert _unchanged_sketch(t, version) == sketch(t)
+    t.numpy()[0] = 1.0  # no torch op: the mode cannot see it; a torch op stands in for the write it would race with
+    t.add_(0)
+    with pytest.raises(CaptureError, match=r"a \[1000\] torch.float32 tensor was changed in place while"):
+        _unchanged_sketch(t, version)
 
 
 def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(settings: Settings) -> None:

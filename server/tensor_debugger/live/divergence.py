@@ -223,9 +223,12 @@ def _find(
     """`find_divergence`'s passes; each capture stored is appended to `stored`."""
     root_a, root_b = type(reference).__name__, type(candidate).__name__
     recheck = summarize_forward(reference, lambda: call(reference), level)
-    with capture(reference, session, "reference", level=level, values="summary", **where) as ref:
+
+    def repeated(result: CaptureResult) -> None:  # raised inside the capture: nothing is kept
+        _check_repeatable(recheck.summaries, result.summaries, "the reference")
+
+    with capture(reference, session, "reference", level=level, values="summary", _check=repeated, **where) as ref:
         call(reference)
-        _check_repeatable(recheck.summaries, ref.summaries, "the reference")  # raised inside: nothing is kept
     stored.append(ref)
     with capture(candidate, session, "candidate", level=level, values="summary", **where) as cand:
         call(candidate)

@@ -4,7 +4,8 @@ Each call that returns tensors (matmul, softmax, the arithmetic operators, `F.*`
 the recorder with its op name and the file and line of the user's code that called it: the innermost frame outside
 torch (and outside this package), e.g. `.../modeling_llama.py:412`. Calls nested inside another op (the
 `Tensor.softmax` that `F.softmax` calls) are not seen: the mode is off while its handler runs. Property getters
-(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs.
+(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs. Before a call that changes a
+tensor in place (`changes_in_place`) runs, the recorder is told (its summaries of tensors met so far are finished).
 """
 
 from __future__ import annotations
@@ -31,6 +32,29 @@ class OpSink(Protocol):
         ...
 
     def record_op(self, op: str, source: str | None, output: Any) -> None: ...
+
+    def before_change(self) -> None:
+        """Called before an op that changes a tensor in place runs (`changes_in_place`)."""
+        ...
+
+
+# Operators that change their left operand (`x += y`, `x[i] = y`) or set an attribute (`x.data = y`).
+_IN_PLACE_DUNDERS = frozenset(
+    f"__{name}__"
+    for name in (
+        "setitem", "delitem", "set", "iadd", "isub", "imul", "imatmul", "itruediv", "ifloordiv", "imod", "ipow",
+        "ilshift", "irshift", "iand", "ior", "ixor",
+    )
+)  # fmt: skip
+
+
+def changes_in_place(func: Callable[..., Any], kwargs: dict[str, Any] | None) -> bool:
+    """Whether a torch call may change a tensor it was given: torch's in-place methods and functions (`add_`,
+    `copy_`, `relu_`), augmented assignment and item assignment, and calls given `out=` or `inplace=True`."""
+    name = getattr(func, "__name__", "")
+    if (name.endswith("_") and not name.endswith("__")) or name in _IN_PLACE_DUNDERS:
+        return True
+    return kwargs is not None and (kwargs.get("out") is not None or kwargs.get("inplace") is True)
 
 
 def op_name(func: Callable[..., Any]) -> str:
@@ -65,6 +89,8 @@ class OpMode(TorchFunctionMode):
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if changes_in_place(func, kwargs):
+            self.sink.before_change()
         output = func(*args, **(kwargs or {}))
         if torch.compiler.is_compiling():  # torch.compile tracing the model: not a call run here
             return output
