@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from sqlalchemy import select
@@ -23,9 +24,10 @@ from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sam
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
 from tensor_debugger.live.divergence import ChangingModelError
+from tensor_debugger.live.recorder import summarize_forward
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord
+from tensor_debugger.store.models import PairRecord, ProblemRecord, RunRecord, TensorRecord
 from torch import nn
 
 from tests.live.test_op_capture import DIM, compared, line_of, models, rows_of
@@ -211,6 +213,92 @@ def test_a_tiny_llama_summary_pass_and_full_pass_agree_on_the_first_diverging_op
 # --- find_divergence ------------------------------------------------------------------------------------------
 
 
+class InPlace(nn.Module):
+    """Changes tensors in place after the op that made them was recorded: by method, operator, item assignment,
+    `out=` and `inplace=True`, each right after a large op, while its summary may still be being computed."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.add_(1)
+        z = y.exp()
+        z += 1
+        w = z.sin()
+        w[0] = 7.0
+        v = w.cos()
+        torch.mul(v, 3, out=v)
+        u = v - 0.5
+        nn.functional.relu(u, inplace=True)
+        t = u.view(-1)  # a view: its summary, then a change through the tensor it views
+        u.mul_(2)
+        return t * 1
+
+
+def test_op_summaries_are_of_the_values_each_op_made_though_later_ops_change_them_in_place(settings: Settings) -> None:
+    model = InPlace().eval()
+    x = torch.randn(64, 1 << 14, generator=torch.Generator().manual_seed(3))  # 4 MB a tensor
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        kept[name] = tensor.detach().clone()
+
+    with torch.no_grad(), capture(model, "in place", "full", data_dir=settings.data_dir, level="op", on_tensor=keep):
+        model(x)
+    for attempt in range(3):  # each a race with the summarising thread, run again
+        with (
+            torch.no_grad(),
+            capture(
+                model, "in place", f"summary {attempt}", data_dir=settings.data_dir, level="op", values="summary"
+            ) as result,
+        ):
+            model(x)
+        assert list(result.summaries) == list(kept)  # every tensor, in call order
+        for name, value in kept.items():
+            assert result.summaries[name] == sketch(value), name
+        alone = summarize_forward(model, lambda: model(x), "op")
+        assert alone.summaries == result.summaries
+    assert "InPlace/add_#1_outputs" in kept and "InPlace/setitem#1_outputs" not in kept  # None: not recorded
+
+
+class Unseen(nn.Module):
+    """Changes an op's output after the op, through `.numpy()`: no torch call, so no op mode sees it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * 2
+        y.numpy()[:] = 0.0  # the op's values gone before any summary could be computed on another thread
+        return y + 1
+
+
+def test_an_ops_summary_is_of_its_values_though_code_torch_cannot_see_changes_them_after(settings: Settings) -> None:
+    x = torch.randn(64, 1 << 14, generator=torch.Generator().manual_seed(4))
+    model = Unseen()
+    with (
+        torch.no_grad(),
+        capture(model, "unseen", "s", data_dir=settings.data_dir, level="op", values="summary") as result,
+    ):
+        model(x)
+    assert result.summaries["Unseen/mul#1_outputs"] == sketch(x * 2)  # not of the zeros written after it
+
+
+class Buffered(nn.Module):
+    """An output buffer allocated empty and filled afterwards, as fused-kernel wrappers do."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(x)
+        out.copy_(x * 3)
+        return out
+
+
+def test_memory_allocated_without_values_is_not_recorded_and_find_divergence_accepts_it(settings: Settings) -> None:
+    """`torch.empty_like`'s bytes are whatever the memory held: recorded, they differed between two calls of the same
+    model, and `find_divergence` refused it as a model that changes."""
+    model = Buffered().eval()
+    found = find_divergence(model, model, (x_input(),), session="empty", data_dir=settings.data_dir)
+    assert found.first is None
+    alone = summarize_forward(model, lambda: model(x_input()), "op")
+    assert not any("empty" in name for name in alone.summaries), list(alone.summaries)
+    assert "Buffered/copy_#1_outputs" in alone.summaries
+
+
 def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(settings: Settings) -> None:
     reference, candidate = models()
     found = find_divergence(
@@ -248,6 +336,56 @@ def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(
     # all four runs in one session
     report, _ = compared(settings, 1)
     assert report.first_divergence is not None
+
+
+def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_values_a_whole_pass_stores(
+    settings: Settings,
+) -> None:
+    reference, candidate = models()
+    reference.eval(), candidate.eval()
+    found = find_divergence(reference, candidate, (x_input(),), session="stop", data_dir=settings.data_dir)
+    assert found.full_modules == ("layers.1.self_attn*", "layers.1.norm*")
+    # the same modules captured by a whole pass, which records on to the model's outputs
+    for model, label in ((reference, "reference whole"), (candidate, "candidate whole")):
+        with (
+            torch.no_grad(),
+            capture(model, "whole", label, data_dir=settings.data_dir, level="op", modules=list(found.full_modules)),
+        ):
+            model(x_input())
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            runs = {r.label: r.id for r in db.scalars(select(RunRecord))}
+
+            def stored(label: str) -> dict[str, np.ndarray]:
+                rows = db.scalars(
+                    select(TensorRecord).where(TensorRecord.run_id == runs[label]).order_by(TensorRecord.position)
+                )
+                return {t.name: np.asarray(services.store.open(t.store_key, t.digest)[...]) for t in rows}
+
+            values = {label: stored(label) for label in ("reference (full)", "candidate (full)")}
+            whole = {label: stored(label) for label in ("reference whole", "candidate whole")}
+            notes = {
+                label: [p.reason for p in db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == runs[label]))]
+                for label in ("reference", "reference (full)", "candidate (full)", "reference whole")
+            }
+            summary_names = [
+                t.name for t in db.scalars(select(TensorRecord).where(TensorRecord.run_id == runs["reference"]))
+            ]
+    finally:
+        services.close()
+    assert "Net_outputs" in summary_names and notes["reference"] == notes["reference whole"] == []
+    for side, root in (("reference", "Net"), ("candidate", "PortedNet")):
+        full, complete = values[f"{side} (full)"], whole[f"{side} whole"]
+        # every tensor of the modules asked for, bit for bit as the whole pass stored it; nothing after them
+        assert f"{root}.layers.1.self_attn/mul#1_outputs" in full and f"{root}.layers.1.self_attn_outputs" in full
+        assert list(complete) == [*full, f"{root}_outputs"]
+        for name, array in full.items():
+            assert array.dtype == complete[name].dtype and np.array_equal(array, complete[name]), name
+        assert notes[f"{side} (full)"] == [
+            f"recorded modules layers.1.self_attn*, layers.1.norm* only, up to {root}.layers.1.self_attn_outputs, the "
+            "last tensor of theirs: 1 tensor after it (the model's outputs among them) was not recorded"
+        ]
 
 
 def test_find_divergence_of_a_tiny_llama(settings: Settings) -> None:

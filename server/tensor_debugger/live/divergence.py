@@ -9,6 +9,8 @@
 2. Full values: both models run again with `capture(values="full")` of the module that holds that op and of the
    module whose tensor came just before it (its input's maker), into the same session; their tensors are compared
    here element by element (max |diff| and where, how many elements outside the tolerance), as the session will.
+   Each pass records nothing after the last tensor of those modules in its model's summaries (the model's outputs
+   are left out, as a note on the run says).
 
 Everything captured goes into one session: runs "reference" and "candidate" (summaries), "reference (full)" and
 "candidate (full)". The session compares every run with the reference's: the full runs' pairs there are judged on
@@ -17,6 +19,7 @@ the reference's summaries; the element-wise statistics of the second pass are th
 
 from __future__ import annotations
 
+import fnmatch
 import html
 import re
 import warnings
@@ -241,9 +244,12 @@ def _find(
     """`find_divergence`'s passes; each capture stored is appended to `stored`."""
     root_a, root_b = type(reference).__name__, type(candidate).__name__
     recheck = summarize_forward(reference, lambda: call(reference), level)
-    with capture(reference, session, "reference", level=level, values="summary", **where) as ref:
+
+    def repeated(result: CaptureResult) -> None:  # raised inside the capture: nothing is kept
+        _check_repeatable(recheck.summaries, result.summaries, "the reference")
+
+    with capture(reference, session, "reference", level=level, values="summary", _check=repeated, **where) as ref:
         call(reference)
-        _check_repeatable(recheck.summaries, ref.summaries, "the reference")  # raised inside: nothing is kept
     stored.append(ref)
     with capture(candidate, session, "candidate", level=level, values="summary", **where) as cand:
         call(candidate)
@@ -279,7 +285,10 @@ def _find(
     before = _module_before(order, order.index(name), module)
     snippet = next_capture(session, [module, *([before] if before else [])])
     kept: dict[str, dict[str, torch.Tensor]] = {"a": {}, "b": {}}
-    for side, model, label in (("a", reference, "reference (full)"), ("b", candidate, "candidate (full)")):
+    for side, model, label, summaries in (
+        ("a", reference, "reference (full)", ref.summaries),
+        ("b", candidate, "candidate (full)", cand.summaries),
+    ):
         store = kept[side]
 
         def keep(tensor_name: str, tensor: torch.Tensor, store: dict[str, torch.Tensor] = store) -> None:
@@ -293,6 +302,7 @@ def _find(
             values="full",
             modules=list(snippet.modules),
             on_tensor=keep,
+            _last=_last_wanted(summaries, snippet.modules, type(model).__name__),
             **where,
         ) as full:
             call(model)
@@ -354,6 +364,18 @@ def _one_sided_before(
             break
         found.append((other, sources.get(other) or ""))
     return tuple(reversed(found))
+
+
+def _last_wanted(summaries: Mapping[str, Sketch], patterns: Sequence[str], root: str) -> str | None:
+    """The last tensor of a summary capture (in call order) that a capture of modules `patterns` records, other
+    than the model's own inputs and outputs: after it, a full-values pass of the same model has nothing to record."""
+    last = None
+    for name in summaries:
+        path = re.sub(r"#\d+$", "", module_of(name))
+        short = path.partition(".")[2]
+        if path != root and any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in patterns):
+            last = name
+    return last
 
 
 def _module_before(order: Sequence[str], index: int, module: str) -> str | None:

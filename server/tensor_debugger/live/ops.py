@@ -4,7 +4,10 @@ Each call that returns tensors (matmul, softmax, the arithmetic operators, `F.*`
 the recorder with its op name and the file and line of the user's code that called it: the innermost frame outside
 torch (and outside this package), e.g. `.../modeling_llama.py:412`. Calls nested inside another op (the
 `Tensor.softmax` that `F.softmax` calls) are not seen: the mode is off while its handler runs. Property getters
-(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs.
+(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs. So are the outputs of calls
+that allocate without setting values (`torch.empty`, `empty_like`, `new_empty`, ...: `UNINITIALISED`): their bytes
+are whatever the memory held, which differ from call to call and from one run to another, so a summary of them would
+report a divergence, or a model changing between calls, that is not the model's.
 """
 
 from __future__ import annotations
@@ -31,6 +34,12 @@ class OpSink(Protocol):
         ...
 
     def record_op(self, op: str, source: str | None, output: Any) -> None: ...
+
+
+# Calls whose outputs hold no values yet, only memory (see the module docstring): not recorded.
+UNINITIALISED = frozenset(
+    ("empty", "empty_like", "empty_strided", "empty_permuted", "new_empty", "new_empty_strided", "empty_quantized")
+)
 
 
 def op_name(func: Callable[..., Any]) -> str:
@@ -68,7 +77,8 @@ class OpMode(TorchFunctionMode):
         output = func(*args, **(kwargs or {}))
         if torch.compiler.is_compiling():  # torch.compile tracing the model: not a call run here
             return output
-        if self.sink.busy or getattr(func, "__name__", "") == "__get__" or not self.sink.recording():
+        name = getattr(func, "__name__", "")
+        if self.sink.busy or name == "__get__" or name in UNINITIALISED or not self.sink.recording():
             return output
         self.sink.record_op(op_name(func), caller_source(inspect.currentframe(), self.skip), output)
         return output

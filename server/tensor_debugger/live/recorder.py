@@ -26,10 +26,15 @@ inside that call of the module: `LlamaForCausalLM.model.layers.3.self_attn/softm
 line of the user's code that called it. Its files are named `op{count}...` (a module path can be long; the name
 is the tree's). Only the ops of modules `modules=` selects are recorded.
 
-With `values="summary"`, no tensor is copied or written: each is summarised on its device as its hook fires
-(`ingest/sketches.py`), the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`),
-and the run's tensors have no values, only their summaries, which pairs are judged on
-(`engine/summary_compare.py`). `summarize_forward` does the same without storing anything.
+With `values="summary"`, no tensor is copied or written: each is summarised on its device (`ingest/sketches.py`),
+the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`), and the run's tensors
+have no values, only their summaries, which pairs are judged on (`engine/summary_compare.py`). With `level="op"`
+(no backward, nothing compiled), a CPU tensor is copied as the hook sees it and the copy summarised on a thread of its
+own while the forward runs on (torch's kernels, BLAKE3 and the statistics kernel release the GIL), up to
+`SUMMARY_BACKLOG` bytes of copies behind: each summary is of the values the op made, whatever changes the tensor
+later (an in-place op, or code torch cannot see: a C++ extension, a write through `.numpy()`), and the summaries are
+kept in call order. `summarize_forward` does the same without storing
+anything.
 """
 
 from __future__ import annotations
@@ -40,8 +45,12 @@ import json
 import shutil
 import struct
 import tempfile
+import threading
 import weakref
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +77,9 @@ Level = Literal["module", "op"]
 LEVELS: tuple[Level, ...] = ("module", "op")
 Values = Literal["full", "summary"]
 VALUES: tuple[Values, ...] = ("full", "summary")
+# With values="summary" and level="op": the bytes of tensors at most waiting for their summary on the summarising
+# thread (a hook waits while more are; each is kept alive until summarised).
+SUMMARY_BACKLOG = 128 * 1024 * 1024
 
 
 @functools.cache
@@ -125,7 +137,13 @@ class _Recorder:
     """The hooks' state: the call tree being built and the files written."""
 
     def __init__(
-        self, folder: Path, root_name: str, patterns: Sequence[str], writer: CaptureWriter | None, result: CaptureResult
+        self,
+        folder: Path,
+        root_name: str,
+        patterns: Sequence[str],
+        writer: CaptureWriter | None,
+        result: CaptureResult,
+        background: bool = False,
     ) -> None:
         self.folder = folder
         self.result = result
@@ -145,7 +163,12 @@ class _Recorder:
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
-        self.summaries = _Summaries()  # with values="summary": each tensor's, computed once while it is unchanged
+        # with values="summary": each tensor's, computed once while it is unchanged (with `background`, on a thread)
+        self.summaries = _Summaries(background)
+        self.pending: list[tuple[str, dict[str, Any], Future[Sketch]]] = []  # summaries not yet in the result
+        self.last: str | None = None  # with values="full": the last tensor wanted; none after it is recorded
+        self.stopped = False
+        self.left_out = 0  # tensors after `last`
 
     def wanted(self, path: str) -> bool:
         if not self.patterns:
@@ -221,12 +244,17 @@ class _Recorder:
                 if not _has_storage(value):
                     self.skipped.append(f"{name}: a tensor without storage")
                     return repr(value.dtype)
-                summary = self.summaries.sketch(value)
-                self.result.summaries[name] = summary
+                entry: dict[str, Any] = {"shape": repr(value.shape), "dtype": repr(value.dtype), "summary": None}
+                self.pending.append((name, entry, self.summaries.sketch(value)))
                 if source is not None:
                     self.result.sources[name] = source
                 self.count += 1
-                return {"shape": repr(value.shape), "dtype": repr(value.dtype), "summary": summary.to_json()}
+                return entry  # its summary is filled in by `settle`
+            if self.stopped:
+                self.skipped.append(f"{name}: after {self.last}, the last tensor asked for")
+                self.left_out += 1
+                return repr(value.dtype)
+            self.stopped = name == self.last
             if self.on_tensor is not None:
                 self.on_tensor(name, value)
             file = f"{stem}.safetensors"
@@ -239,6 +267,16 @@ class _Recorder:
         if isinstance(value, dict):  # ModelOutput is a dict too
             return {str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}", source) for k, v in value.items()}
         return type(value).__name__ if value is not None else "None"
+
+    def settle(self) -> None:
+        """Every summary begun finished, put in its tensor's entry of the trace JSON and in the result, in call
+        order (raises what computing one raised)."""
+        self.summaries.wait()
+        for name, entry, future in self.pending:
+            summary = future.result()
+            entry["summary"] = summary.to_json()
+            self.result.summaries[name] = summary
+        self.pending.clear()
 
     def write_tree(self) -> Path:
         path = self.folder / f"{self.root_name}{FULL_SUFFIX}"
@@ -254,28 +292,74 @@ class _Summaries:
     is its last op's, its input the previous module's output) is not read again: kept by the tensor object, with
     its version counter (which every in-place change of it or of a view of it advances) and a weak reference (so
     that no tensor is kept alive, and a new tensor at a freed one's address is not taken for it). Inference tensors
-    (`torch.inference_mode`) have no version counter: theirs are computed every time."""
+    (`torch.inference_mode`) have no version counter: theirs are computed every time, at once.
 
-    def __init__(self) -> None:
-        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Sketch]] = {}
+    With `background`, a CPU tensor's summary is computed on one thread of its own, in the order asked, while the
+    caller goes on (see the module docstring): of a copy made at once, so that no later change of the tensor reaches
+    it; at most `SUMMARY_BACKLOG` bytes of copies wait, and `wait` finishes every one begun."""
 
-    def sketch(self, tensor: torch.Tensor) -> Sketch:
+    def __init__(self, background: bool = False) -> None:
+        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Future[Sketch]]] = {}
+        self.lock = threading.Lock()  # `known`: a tensor may be freed on the summarising thread
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture_summary") if background else None
+        self.waiting: deque[tuple[Future[Sketch], int]] = deque()  # begun on the thread: (summary, bytes)
+        self.backlog = 0  # bytes of the tensors waiting
+
+    def sketch(self, tensor: torch.Tensor) -> Future[Sketch]:
         key = id(tensor)
         try:
             version = tensor._version
         except RuntimeError:  # "Inference tensors do not track version counter"
-            return sketch(tensor)
-        known = self.known.get(key)
+            return _done(sketch(tensor))
+        with self.lock:
+            known = self.known.get(key)
         if known is not None and known[0]() is tensor and known[1] == version:
             return known[2]
-        summary = sketch(tensor)
-        self.known[key] = (weakref.ref(tensor, functools.partial(self._forget, key)), version, summary)
+        summary = self._begin(tensor)
+        with self.lock:
+            self.known[key] = (weakref.ref(tensor, functools.partial(self._forget, key)), version, summary)
         return summary
 
+    def _begin(self, tensor: torch.Tensor) -> Future[Sketch]:
+        if self.pool is None or tensor.device.type != "cpu":
+            return _done(sketch(tensor))
+        nbytes = tensor.numel() * tensor.element_size()
+        while self.waiting and self.backlog + nbytes > SUMMARY_BACKLOG:
+            self._finish_oldest()
+        copy = tensor.detach().clone(memory_format=torch.contiguous_format)  # the values now, whatever comes later
+        summary = self.pool.submit(sketch, copy)
+        self.waiting.append((summary, nbytes))
+        self.backlog += nbytes
+        return summary
+
+    def _finish_oldest(self) -> None:
+        oldest, nbytes = self.waiting.popleft()
+        wait_for([oldest])
+        self.backlog -= nbytes
+
+    def wait(self) -> None:
+        """Every summary begun, finished (its error, if any, is its future's)."""
+        while self.waiting:
+            self._finish_oldest()
+
+    def close(self) -> None:
+        """Stop the summarising thread (summaries not begun are dropped)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+        self.waiting.clear()
+        self.backlog = 0
+
     def _forget(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
-        known = self.known.get(key)
-        if known is not None and known[0] is ref:
-            del self.known[key]
+        with self.lock:
+            known = self.known.get(key)
+            if known is not None and known[0] is ref:
+                del self.known[key]
+
+
+def _done(summary: Sketch) -> Future[Sketch]:
+    done: Future[Sketch] = Future()
+    done.set_result(summary)
+    return done
 
 
 def _holds_tensor(value: Any) -> bool:
@@ -508,14 +592,17 @@ def summarize_forward(
     result's `summaries` (and `sources`) are all it gives."""
     result = CaptureResult("", "")
     patterns = [modules] if isinstance(modules, str) else list(modules)
-    recorder = _Recorder(Path(), type(model).__name__, patterns, None, result)
-    handles = _hook(model, recorder, level)
+    model, compiled = compiled_modules(model)
+    recorder = _Recorder(Path(), type(model).__name__, patterns, None, result, level == "op" and not compiled)
+    handles = _hook(model, recorder, level, compiled=compiled)
     try:
         with OpMode(recorder) if level == "op" else ExitStack():
             forward()
+        recorder.settle()
     finally:
         for handle in handles:
             handle.remove()
+        recorder.summaries.close()
     result.tensors = recorder.count
     result.skipped = recorder.skipped
     return result
@@ -539,6 +626,8 @@ def capture(
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     backward: bool = False,
     _pair: bool = True,
+    _last: str | None = None,
+    _check: Callable[[CaptureResult], None] | None = None,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -558,7 +647,10 @@ def capture(
     of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
     parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
     Nothing is kept when the block raises. (`_pair=False`, for `find_divergence`'s captures in a row into a
-    local data dir, leaves the session's runs to be paired after the last: `pair_session`.)
+    local data dir, leaves the session's runs to be paired after the last: `pair_session`. `_last`, for its
+    full-values passes, names the last tensor wanted: those after it, the model's outputs included, are left out,
+    listed in `skipped` and said in a note on the run. `_check(result)`, once the block's summaries are all in
+    `result`, may raise to keep nothing.)
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
@@ -576,12 +668,15 @@ def capture(
     writer: CaptureWriter | None = None
     handles: list[torch.utils.hooks.RemovableHandle] = []
     watching = ExitStack()  # with level="op": the torch function mode, active while the block runs
+    recorder: _Recorder | None = None
     try:
         local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
-        recorder = _Recorder(folder, root_name, patterns, writer, result)
+        background = values == "summary" and level == "op" and not backward and not compiled
+        recorder = _Recorder(folder, root_name, patterns, writer, result, background)
         recorder.on_tensor = on_tensor
+        recorder.last = _last
         handles = _hook(model, recorder, level, backward, compiled)
         if level == "op":
             watching.enter_context(OpMode(recorder))
@@ -594,6 +689,17 @@ def capture(
             raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
         if level == "op":
             _note_compiled(recorder)
+        recorder.settle()
+        if _check is not None:
+            _check(result)
+        if recorder.left_out:
+            many = recorder.left_out != 1
+            asked = f"modules {', '.join(patterns)}" if patterns else "every module"
+            recorder.notes.append(
+                f"recorded {asked} only, up to {recorder.last}, the last tensor of theirs: "
+                f"{recorder.left_out} tensor{'s' if many else ''} after it (the model's outputs among them) "
+                f"{'were' if many else 'was'} not recorded"
+            )
         closing, writer = writer, None
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
@@ -613,6 +719,8 @@ def capture(
         watching.close()
         for handle in handles:
             handle.remove()
+        if recorder is not None:
+            recorder.summaries.close()
         try:
             if writer is not None:
                 writer.close(cancel=True)
