@@ -208,7 +208,7 @@ def _ingest_at_once(
     if lockstep is None:
         return session_id, problems, None
     counts = lockstep.counts()
-    return session_id, problems, ReadOnce(counts.in_memory, counts.read_back)
+    return session_id, problems, ReadOnce(counts.in_memory, counts.read_back, counts.most_kept, counts.copied)
 
 
 def _ingest_in_turn(
