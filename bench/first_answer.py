@@ -4,6 +4,7 @@
     python bench/first_answer.py --large                 # 2 x 2 GiB in folders, one round (minutes)
     python bench/first_answer.py --baseline /elsewhere/server   # also time another checkout's CLI, in turn
     python bench/first_answer.py --cold --form folders --size-mb 4096   # cold page cache, bytes read (root)
+    python bench/first_answer.py --cold --form folders --size-mb 4295 --cgroup-memory 1G   # in a memory cgroup
 
 Two runs of `{layer}_{stage}.pth` files (the candidate differs from the reference from layer 1 on) are written
 once, as zip archives (members stored, as `zip -0` and most tools writing .pth dumps do) or folders. Then, in each
@@ -24,7 +25,12 @@ each after `sync` and dropping the page cache, and says the bytes each read from
 `read_bytes` and `write_bytes` of /proc/<pid>/io of a wrapper process, which the kernel adds its waited-for
 children's to (the whole process tree's), less the wrapper's own before it started the command; the CLI runs with
 `--verbose`, whose line says how many pairs were compared from the bytes as they were ingested and how many were
-read back from the store (a `--baseline` checkout that lacks it is run without).
+read back from the store (a `--baseline` checkout that lacks it is run without). With `--cgroup-memory SIZE` (and
+`--cold`), each command runs in a new memory cgroup of its own under this process's (cgroup v2's `memory.max`, or
+v1's `memory.limit_in_bytes` where the memory controller is v1's), made for it and removed after: the table says
+whether it completed or was killed, and the group's peak (`memory.peak`, v1: `memory.max_usage_in_bytes`), which
+counts the page cache the command filled as well as its processes' memory (the kernel reclaims that cache at the
+limit before it kills anything).
 Each is a child process, started once the machine has written back what came before (`sync`); the figures are
 wall seconds, CPU seconds (user and system: steadier than wall time on a loaded machine) and the child's peak RSS
 (its largest process's). Nothing asserts on timings. The ways after the script take turns at going first: on this
@@ -126,6 +132,13 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout's server/ folder to time too")
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary folder)")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before each; bytes read (root)")
+    parser.add_argument(
+        "--cgroup-memory",
+        type=memory_size,
+        default=None,
+        metavar="SIZE",
+        help="with --cold: run each command in a memory cgroup of SIZE bytes (1G, 512M; root)",
+    )
     parser.add_argument("--write-runs", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write_runs:
@@ -133,6 +146,8 @@ def main() -> None:
         return
     if args.large:
         args.size_mb, args.form, args.rounds = 2147, "folders", 1  # 2 GiB
+    if args.cgroup_memory is not None and not args.cold:
+        parser.error("--cgroup-memory goes with --cold")
     commands = {"compare": [str(CLI)]}
     if args.baseline is not None:
         commands["baseline"] = [
@@ -234,7 +249,7 @@ with open(sys.argv[2], "wb") as err:
     code = subprocess.run(sys.argv[3:], stderr=err).returncode
 after = io()
 with open(sys.argv[1], "w") as out:
-    out.write(f"{after[0] - before[0]} {after[1] - before[1]}")
+    out.write(f"{after[0] - before[0]} {after[1] - before[1]} {code}")
 sys.exit(code)
 """
 
@@ -274,6 +289,7 @@ def cold_rounds(
         )
     rows: dict[str, list[tuple[float, float, float, int, int]]] = {name: [] for name, _ in ways}
     notes: dict[str, str] = {}
+    limited: dict[str, list[tuple[bool, int]]] = {name: [] for name, _ in ways}  # completed?, the group's peak
     for round_index in range(args.rounds):
         turn = round_index % len(ways)
         for name, command in ways[turn:] + ways[:turn]:
@@ -281,10 +297,15 @@ def cold_rounds(
                 shutil.rmtree(data, ignore_errors=True)
             drop_caches()
             figures, errors = work / "io.txt", work / "stderr.txt"
-            wall, rss, seconds, _ = run_child_allowing(
-                [str(PYTHON), str(wrapper), str(figures), str(errors), *command], env
-            )
-            read, written = (int(n) for n in figures.read_text().split())
+            with memory_group(args.cgroup_memory) as group:
+                inside = command if group is None else [*group.enter, *command]
+                wall, rss, seconds, _ = run_child_allowing(
+                    [str(PYTHON), str(wrapper), str(figures), str(errors), *inside], env, killed_ok=group is not None
+                )
+                if group is not None:
+                    limited[name].append((group.completed(figures), group.peak()))
+            read, written = (int(n) for n in figures.read_text().split()[:2])
+            figures.unlink()
             rows[name].append((wall, seconds, rss, read, written))
             said = [line for line in errors.read_text(errors="replace").splitlines() if line.startswith("read once:")]
             if said:
@@ -305,6 +326,14 @@ def cold_rounds(
         )
     for name, line in notes.items():
         print(f"{name}: {line}")
+    if args.cgroup_memory is not None:
+        print(f"in a memory cgroup of {args.cgroup_memory / 2**30:.2f} GiB (the group's peak counts page cache too):")
+        for name, runs in limited.items():
+            done = sum(ok for ok, _ in runs)
+            print(
+                f"{name:16} completed {done} of {len(runs)}; the group's peak "
+                + ", ".join(f"{peak / 2**20:.0f} MiB" for _, peak in runs)
+            )
 
 
 WATCHED = ("sqlalchemy", "numpy", "torch", "zarr", "tensor_debugger.services", "tensor_debugger.compare")
@@ -369,10 +398,72 @@ def nothing() -> Iterator[None]:
     yield None
 
 
-def run_child_allowing(cmd: list[str], env: dict[str, str]) -> tuple[float, float, float, str]:
-    """`compare` exits 1 when a pair fails, as it must here: run it through a shell that turns 1 into 0."""
+def run_child_allowing(cmd: list[str], env: dict[str, str], killed_ok: bool = False) -> tuple[float, float, float, str]:
+    """`compare` exits 1 when a pair fails, as it must here: run it through a shell that turns 1 into 0. With
+    `killed_ok` (in a memory cgroup), any exit is taken: `MemoryGroup.completed` says which ended."""
     quoted = " ".join(f"'{part}'" for part in cmd)
-    return run_child_cpu(["/bin/sh", "-c", f"{quoted}; code=$?; [ $code -le 1 ] || exit $code"], env)
+    check = "exit 0" if killed_ok else "[ $code -le 1 ] || exit $code"
+    return run_child_cpu(["/bin/sh", "-c", f"{quoted}; code=$?; {check}"], env)
+
+
+def memory_size(text: str) -> int:
+    """ "1G", "512M", "2147483648" -> bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        return int(text[:-1]) * units[text[-1].upper()] if text[-1:].upper() in units else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size such as 1G or 512M, got {text!r}") from None
+
+
+class MemoryGroup:
+    """A memory cgroup made for one command: `enter` is the command line prefix that moves it there (its children
+    follow); `peak` the group's peak charge in bytes (its processes' memory and the page cache they filled)."""
+
+    def __init__(self, path: Path, v2: bool) -> None:
+        self.path, self.v2 = path, v2
+        self.enter = ["/bin/sh", "-c", f'echo $$ > {path / "cgroup.procs"} && exec "$@"', "sh"]
+
+    def peak(self) -> int:
+        return int((self.path / ("memory.peak" if self.v2 else "memory.max_usage_in_bytes")).read_text())
+
+    def completed(self, figures: Path) -> bool:
+        """Whether the command ended on its own: it exited 0 or 1 (the io wrapper's figures say) and the group saw
+        no OOM kill."""
+        if self.v2:
+            events = dict(line.split() for line in (self.path / "memory.events").read_text().splitlines())
+            killed = int(events.get("oom_kill", 0)) > 0
+        else:
+            control = dict(line.split() for line in (self.path / "memory.oom_control").read_text().splitlines())
+            killed = int(control.get("oom_kill", 0)) > 0
+        return int(figures.read_text().split()[2]) in (0, 1) and not killed
+
+
+@contextmanager
+def memory_group(limit: int | None) -> Iterator[MemoryGroup | None]:
+    """A new memory cgroup of `limit` bytes under this process's own (none without `limit`), removed after."""
+    if limit is None:
+        yield None
+        return
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    v1 = next((line.split(":", 2)[2] for line in lines if line.split(":", 2)[1] == "memory"), None)
+    if v1 is not None:
+        parent, v2 = Path("/sys/fs/cgroup/memory") / v1.lstrip("/"), False
+    else:
+        unified = next(line.split(":", 2)[2] for line in lines if line.startswith("0::"))
+        root = Path("/sys/fs/cgroup/unified") if Path("/sys/fs/cgroup/unified").is_dir() else Path("/sys/fs/cgroup")
+        parent, v2 = root / unified.lstrip("/"), True
+    path = parent / f"first-answer-{os.getpid()}"
+    path.mkdir()
+    try:
+        (path / ("memory.max" if v2 else "memory.limit_in_bytes")).write_text(str(limit))
+        yield MemoryGroup(path, v2)
+    finally:
+        for _ in range(50):  # the killed or ended processes leave it in a moment
+            try:
+                path.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,12 @@ from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer, upload, wait_done
 
-ON_VALUES = {"basis": None, "summary_reason": None}  # judged on element values, not on summaries
+ON_VALUES = {
+    "basis": None,
+    "summary_reason": None,
+    "candidate_only_before": [],
+    "first_changed": None,
+}  # judged on element values, not on summaries
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +49,8 @@ def check_payload(out: dict[str, object]) -> None:
         "unmatched_before": [],
         "basis": None,
         "summary_reason": None,
+        "candidate_only_before": [],
+        "first_changed": None,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

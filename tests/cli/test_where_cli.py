@@ -65,6 +65,8 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "unmatched_before": [],
         "basis": None,
         "summary_reason": None,
+        "candidate_only_before": [],
+        "first_changed": None,
     }
 
     # the same session's table, from the cache, in this process

@@ -82,6 +82,8 @@ def test_compare_finds_the_planted_first_divergence(
         "unmatched_before": [],
         "basis": None,
         "summary_reason": None,
+        "candidate_only_before": [],
+        "first_changed": None,
     }
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]

@@ -170,8 +170,9 @@ def _ingest_at_once(
             db.expunge(record)
         locksteps = [Lockstep(context, record, (pending[0].run_id, other.run_id)) for other in pending[1:]]
     taps: list[RunTap | None] = [None] * len(runs)
-    if locksteps:  # the reference's blocks go to each of its pairs' Locksteps
-        taps = [EveryTap([lockstep.tap(0) for lockstep in locksteps]), *(lockstep.tap(1) for lockstep in locksteps)]
+    if locksteps:  # the reference's blocks go to each of its pairs' Locksteps (to its one Lockstep directly)
+        first: RunTap = locksteps[0].tap(0) if len(locksteps) == 1 else EveryTap([s.tap(0) for s in locksteps])
+        taps = [first, *(lockstep.tap(1) for lockstep in locksteps)]
     early = SessionComparisons(context, session_id, step("early")) if compare_early else None
     if early is not None:
         for lockstep in locksteps:
@@ -219,7 +220,16 @@ def _ingest_at_once(
     read_back: Counter[str] = Counter()
     for count in counts:
         read_back.update(count.read_back)
-    return session_id, problems, ReadOnce(sum(count.in_memory for count in counts), dict(read_back))
+    return (
+        session_id,
+        problems,
+        ReadOnce(
+            sum(count.in_memory for count in counts),
+            dict(read_back),
+            max(count.most_kept for count in counts),
+            sum(count.copied for count in counts),
+        ),
+    )
 
 
 def _ingest_in_turn(

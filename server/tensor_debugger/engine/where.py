@@ -82,13 +82,13 @@ def block_masses(a: NDArray[Any], b: NDArray[Any]) -> tuple[list[NDArray[Any]], 
     """Per dimension of the block, per index: the sum of squared finite |a - b| and the count of non-finite ones
     (equal values, equal infinities included, differ by zero)."""
     kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
-    x, y = np.asarray(a, dtype=kind), np.asarray(b, dtype=kind)
     with np.errstate(invalid="ignore", over="ignore"):
-        diff = x - y
+        # widened as it goes (exactly, a few thousand values at a time): no widened copy of each side in memory
+        diff = np.subtract(a, b, dtype=kind)
         square = (diff * diff.conj()).real if kind is np.complex128 else np.multiply(diff, diff, out=diff)
         if np.isfinite(square.sum()):  # every square finite (they are >= 0): the usual case, no mask
             return per_dim_sums(square), [np.zeros(d, dtype=np.int64) for d in square.shape]
-        square[x == y] = 0.0  # equal infinities
+        square[np.asarray(a, dtype=kind) == np.asarray(b, dtype=kind)] = 0.0  # equal infinities
     bad = ~np.isfinite(square)
     square[bad] = 0.0
     return per_dim_sums(square), [s.astype(np.int64) for s in per_dim_sums(bad.astype(np.float64))]

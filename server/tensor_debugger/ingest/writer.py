@@ -163,6 +163,7 @@ class _Block:
     summarised: Future[BlockSummary]
     hashed: Future[None]
     number: int  # in the order blocks were handed over (`TensorWriter.handed_over`)
+    tap: TensorTap | None  # lent the block as well: told before the block goes back to its reader
 
 
 class PageCacheBudget:
@@ -314,11 +315,12 @@ class TensorWriter:
                     pool.submit(summarise_stored, block, tensor.leaf.dtype, self.kernel),
                     tensor.lane.submit(hash_block(block)),
                     self._handed_over,
+                    tap,
                 )
             )
             self._handed_over += 1
             tensor.unsettled += 1
-            if tap is not None:  # while the pool writes it (the block stays the reader's until `_settle`)
+            if tap is not None:  # while the pool writes it (lent to the tap until `_settle` releases it)
                 tap.put(region, block)
             if self.on_bytes is not None:
                 self.on_bytes(block.nbytes)
@@ -352,6 +354,8 @@ class TensorWriter:
                 uploads = block.written.result()
                 if uploads is not None:
                     wait([uploads])
+            if block.tap is not None:
+                block.tap.release(block.region)
 
     def _settle(self) -> None:
         block = self._window.popleft()
@@ -366,6 +370,8 @@ class TensorWriter:
             raise
         tensor = block.tensor
         tensor.summary.fold(part)  # in block order: the same floats whatever thread computed each part
+        if block.tap is not None:
+            block.tap.release(block.region)  # the tap copies what it still keeps of it
         tensor.leaf.reader.done(block.region)  # only now may its pages go: nothing touches the block any more
         tensor.unsettled -= 1
         if tensor.submitted and tensor.unsettled == 0:

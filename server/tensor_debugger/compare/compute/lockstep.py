@@ -14,13 +14,21 @@ here (`replayed`): the same `compare_block` and merge, so the same statistics, c
 the stored copy. Where inside a failing pair the error is (`engine/where.py`) is computed from the same blocks in
 memory too, for every pair (which fails is known only at its end), in `where_regions` order (`PairJob.spans`).
 
-Memory stays bounded: a side keeps copies of its blocks only until the other side has handed the same values, up
-to about one pair block and two ingest blocks; the side ahead then waits, but only while the other run is reading
-the same tensor or one the side ahead has finished (it catches up), so that the two never wait for each other.
-Otherwise the pair is given up: its blocks are dropped and it is compared from the stored copy, as before. So are
-pairs the loop does not serve (integers and bools, ULP tolerances, shapes that differ, shards of a tensor split
-across ranks, a 0-d or empty tensor), a name met twice in one run, a file that fails, a block with a NaN or an
-Inf (only that block is read back). `counts` says how many pairs were compared each way, and why not.
+Memory stays bounded: a side keeps its blocks only until the other side has handed the same values. The side ahead
+keeps about two ingest blocks (`_limit`) over all its pairs together, whatever the sizes and the number of its
+tensors, then waits, but only while the other run is reading the same tensor or one the side ahead has finished (it
+catches up), so that the two never wait for each other; otherwise the pair is given up: its blocks are dropped and
+it is compared from the stored copy, as before. A side level with the other or behind never waits: what it hands
+over is released as soon as a pair block is complete (the two take turns ahead within a pair block larger than the
+limit). A kept block is the ingest's own buffer while the ingest writes it (`TensorTap.release`: the writer holds
+its last few, `WritePools.in_flight`); when the ingest takes it back, the side ahead waits for the other to compare
+it where the other catches up (`_may_hold`), and copies it only otherwise, so that in step no block is copied.
+`most_kept` says the most bytes each side kept at once, `copied` the bytes copied.
+
+Also compared from the stored copy: pairs the loop does not serve (integers and bools, ULP tolerances, shapes that
+differ, shards of a tensor split across ranks, a 0-d or empty tensor), a name met twice in one run, a file that
+fails, a block with a NaN or an Inf (only that block is read back). `counts` says how many pairs were compared each
+way, and why not.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region, region_flat_range
 from tensor_debugger.engine.fused import FusedPartial, Kernel
 from tensor_debugger.engine.pairing import shard_of
-from tensor_debugger.engine.streaming import REDUCED_BLOCK_BYTES, PairJob, pair_blocks
+from tensor_debugger.engine.streaming import PairJob, pair_blocks
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.where import WhereAccumulator, block_masses, where_regions
 from tensor_debugger.ingest.stored_sketches import CHUNKS_PER_BLOCK
@@ -58,6 +66,8 @@ class LockstepCounts:
 
     in_memory: int
     read_back: dict[str, int]
+    most_kept: int = 0  # the most bytes of blocks one side kept at once (0: not told, as by an upload's child)
+    copied: int = 0  # bytes of blocks copied
 
 
 @dataclass(frozen=True)
@@ -79,7 +89,8 @@ class InMemoryPair:
 class _Kept:
     start: int  # flat C-order offsets of the block's values
     stop: int
-    values: np.ndarray  # a copy of its bytes (uint8)
+    values: np.ndarray  # its bytes (uint8): the ingest's buffer until released, then a copy
+    owned: bool  # `values` is a copy (reused for later copies once no block needs it)
 
 
 @dataclass
@@ -89,7 +100,7 @@ class _Half:
     key: str
     shape: tuple[int, ...]
     dtype: LogicalDtype
-    limit: int  # bytes of blocks kept before this side waits or gives the pair up
+    limit: int  # bytes of blocks kept (by the side, over all pairs) before it waits or gives the pair up
     upto: int = 0  # flat values handed over so far
     ended: bool = False
     kept: deque[_Kept] = field(default_factory=deque)
@@ -102,6 +113,7 @@ class _Plan:
     tolerance: Tolerance
     regions: tuple[tuple[int, int], ...]  # each pair block's flat [start, stop), in merge order
     where: tuple[Region, ...]  # the blocks `where.locate_error` reads (where_regions), in its order
+    where_ranges: tuple[tuple[int, int], ...]  # their flat [start, stop)
 
 
 @dataclass
@@ -131,6 +143,12 @@ class Lockstep:
         self._current: list[_Pair | None] = [None, None]  # the tensor each side reads now (or read last)
         self._closed = [False, False]
         self._spare: list[np.ndarray] = []  # copies no block needs any more, for the next blocks
+        self._kept = [0, 0]  # bytes of block copies each side keeps, over all its pairs
+        self.most_kept = [0, 0]  # the most of them at once
+        self.copied = 0  # bytes of blocks copied (kept after the ingest released them, or not C-contiguous)
+        self._waiting = [False, False]  # a side waits in `put` for the other to catch up
+        self._holding = [False, False]  # a side waits in `release` for the other to compare the block it lent
+        self._let_go = [False, False]  # the other side would wait in `put`: stop holding, copy
 
     def tap(self, side: int) -> RunTap:
         return _RunTap(self, side)
@@ -168,18 +186,31 @@ class Lockstep:
         with self._changed:
             if pair.why is not None:
                 return
-        copy = self._buffer(block.nbytes)
-        copy[:] = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
+        owned = not block.flags.c_contiguous
+        if owned:
+            values = self._buffer(block.nbytes)
+            values[:] = np.ascontiguousarray(block).reshape(-1).view(np.uint8)
+        else:  # lent until `release`
+            values = block.reshape(-1).view(np.uint8)
         with self._changed:
-            while pair.why is None and half.kept_bytes >= half.limit:
+            while pair.why is None and self._kept[side] >= half.limit and self._ahead(pair, side):
                 if not self._may_wait(pair, side):
                     self._give_up(pair, "one run was far ahead of the other")
                     break
+                if self._holding[1 - side]:  # the other waits in `release`: it copies and goes on instead
+                    self._let_go[1 - side] = True
+                    self._changed.notify_all()
+                self._waiting[side] = True
                 self._changed.wait()
+            self._waiting[side] = False
             if pair.why is not None:
                 return
-            half.kept.append(_Kept(start, stop, copy))
-            half.kept_bytes += copy.nbytes
+            if owned:
+                self.copied += values.nbytes
+            half.kept.append(_Kept(start, stop, values, owned))
+            half.kept_bytes += values.nbytes
+            self._kept[side] += values.nbytes
+            self.most_kept[side] = max(self.most_kept[side], self._kept[side])
             half.upto = stop
             self._changed.notify_all()
         self._compute(pair)
@@ -191,6 +222,29 @@ class Lockstep:
             fitting = [n for n, spare in enumerate(self._spare) if spare.size >= nbytes]
             found = self._spare.pop(fitting[0]) if fitting else None
         return found[:nbytes] if found is not None else np.empty(nbytes, dtype=np.uint8)
+
+    def release(self, pair: _Pair, side: int, region: Region) -> None:
+        """The ingest takes back the block of `region` it lent. While the other side catches up and will compare it
+        without more of this side's values, wait for that (`_may_hold`); then wait for a computation that may read
+        it, and copy its values if they are still kept."""
+        half = pair.halves[side]
+        assert half is not None
+        start, stop = region_flat_range(half.shape, region)
+        with self._changed:
+            while (kept := _lent(half, start, stop)) is not None and self._may_hold(pair, side, kept):
+                self._holding[side] = True
+                self._changed.wait()
+            self._holding[side] = self._let_go[side] = False
+        with pair.computing:  # no block of the pair is being computed: none reads the lent buffer now
+            with self._changed:
+                kept = _lent(half, start, stop)
+            if kept is None:
+                return
+            copy = self._buffer(kept.values.nbytes)
+            copy[:] = kept.values
+            with self._changed:
+                kept.values, kept.owned = copy, True
+                self.copied += copy.nbytes
 
     def end(self, pair: _Pair, side: int, complete: bool) -> None:
         with self._changed:
@@ -265,7 +319,7 @@ class Lockstep:
                     in_memory += 1
                 elif all(h is not None for h in pair.halves):
                     read_back[pair.why or "not compared early"] += 1
-            return LockstepCounts(in_memory, dict(read_back))
+            return LockstepCounts(in_memory, dict(read_back), max(self.most_kept), self.copied)
 
     # -- under the hood
 
@@ -277,6 +331,33 @@ class Lockstep:
         return InMemoryPair(
             _loop_key(loop), self._context.kernel, plan.tolerance, plan.regions, dict(pair.partials), masses
         )
+
+    def _ahead(self, pair: _Pair, side: int) -> bool:
+        """(under the lock) Whether this side has handed more of the pair's values than the other: only then may it
+        wait for the other. A side level with the other or behind never waits (within a pair block larger than the
+        limit, the two take turns ahead), so that the two never wait for each other."""
+        other, half = pair.halves[1 - side], pair.halves[side]
+        assert half is not None
+        return other is None or other.upto < half.upto
+
+    def _may_hold(self, pair: _Pair, side: int, kept: _Kept) -> bool:
+        """(under the lock) Whether `release` may wait for the other side to compare the lent block `kept` rather
+        than copy it: the other side catches up (`_may_wait`; it may not have begun the tensor yet) and needs no more
+        of this side's values for the blocks that read it, and neither side waits otherwise (no two waits on each
+        other: a side about to wait in `put` ends this one, `_let_go`)."""
+        other, plan, half = pair.halves[1 - side], pair.plan, pair.halves[side]
+        assert half is not None
+        if self._let_go[side] or self._waiting[1 - side] or self._holding[1 - side]:
+            return False
+        if pair.why is not None or (other is not None and other.ended) or not self._may_wait(pair, side):
+            return False
+        if other is None or plan is None:  # not planned yet: every value of this side is needed
+            return half.ended
+        needed = max(
+            (stop for start, stop in (*plan.regions, *plan.where_ranges) if start < kept.stop and stop > kept.start),
+            default=0,
+        )
+        return half.upto >= needed
 
     def _may_wait(self, pair: _Pair, side: int) -> bool:
         """Whether the side ahead may wait for the other (under the lock): the other reads this pair's tensor, or
@@ -294,9 +375,10 @@ class Lockstep:
         """(under the lock) Read the pair back from the store: drop what is kept."""
         if pair.why is None:
             pair.why = why
-        for half in pair.halves:
+        for side, half in enumerate(pair.halves):
             if half is not None:
                 half.kept.clear()
+                self._kept[side] -= half.kept_bytes
                 half.kept_bytes = 0
         self._changed.notify_all()
 
@@ -338,7 +420,8 @@ class Lockstep:
             return None
         job = PairJob(None, view_a, view_b, tol, exact, loop, top, kernel)
         regions = tuple(loop.flat_range(r) for r in pair_blocks(job))
-        return _Plan(loop, tol, regions, tuple(where_regions(loop.shape)))
+        where = tuple(where_regions(loop.shape))
+        return _Plan(loop, tol, regions, where, tuple(loop.flat_range(r) for r in where))
 
     def _compute(self, pair: _Pair) -> None:
         """Compute, in order, every pair block whose values both sides have handed over (its statistics), and
@@ -364,7 +447,7 @@ class Lockstep:
         if pair.done < len(plan.regions):
             tasks.append((plan.regions[pair.done][1], "stats", plan.regions[pair.done][0]))
         if pair.where_done < len(plan.where):
-            start, stop = plan.loop.flat_range(plan.where[pair.where_done])
+            start, stop = plan.where_ranges[pair.where_done]
             tasks.append((stop, "where", start))
         if not tasks:
             return None
@@ -402,14 +485,16 @@ class Lockstep:
                 pair.where_done += 1
             done_upto = min(
                 plan.regions[pair.done - 1][1] if pair.done else 0,
-                plan.loop.flat_range(plan.where[pair.where_done - 1])[1] if pair.where_done else 0,
+                plan.where_ranges[pair.where_done - 1][1] if pair.where_done else 0,
             )
-            for half in pair.halves:
+            for side, half in enumerate(pair.halves):
                 while half is not None and half.kept and half.kept[0].stop <= done_upto:
-                    released = half.kept.popleft().values
-                    half.kept_bytes -= released.nbytes
-                    if len(self._spare) < SPARE_BUFFERS:
-                        self._spare.append(released.base if released.base is not None else released)
+                    released = half.kept.popleft()
+                    half.kept_bytes -= released.values.nbytes
+                    self._kept[side] -= released.values.nbytes
+                    if released.owned and len(self._spare) < SPARE_BUFFERS:
+                        values = released.values
+                        self._spare.append(values.base if values.base is not None else values)
             self._changed.notify_all()
 
 
@@ -473,6 +558,9 @@ class _TensorTap:
     def put(self, region: Region, block: np.ndarray) -> None:
         self._lockstep.put(self._pair, self._side, region, block)
 
+    def release(self, region: Region) -> None:
+        self._lockstep.release(self._pair, self._side, region)
+
     def end(self, complete: bool) -> None:
         self._lockstep.end(self._pair, self._side, complete)
 
@@ -486,10 +574,12 @@ def _untracked(name: str, shape: tuple[int, ...]) -> str | None:
 
 
 def _limit(shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]) -> int:
-    """Bytes of one side's blocks kept for a pair: a pair block's values, and two ingest blocks more."""
+    """Bytes of one side's blocks kept (over all its pairs) before the side ahead waits: two ingest blocks, fewer
+    than the writer holds (`WritePools.in_flight`, one per thread and one more), so that what is kept is still the
+    writer's (not copied)."""
     itemsize = dtype.numpy_storage.itemsize
     chunk = int(np.prod(chunks, dtype=np.int64)) * itemsize if chunks else itemsize
-    return (REDUCED_BLOCK_BYTES // 8) * itemsize + 2 * CHUNKS_PER_BLOCK * chunk
+    return 2 * CHUNKS_PER_BLOCK * chunk
 
 
 def _record(half: _Half) -> TensorRecord:
@@ -505,6 +595,11 @@ def _finished(pair: _Pair) -> bool:
     if pair.why is not None or plan is None or pair.masses is None:
         return False
     return (pair.done, pair.where_done) == (len(plan.regions), len(plan.where))
+
+
+def _lent(half: _Half, start: int, stop: int) -> _Kept | None:
+    """(under the lock) The kept block of flat values [start, stop) if it is still the ingest's buffer."""
+    return next((k for k in half.kept if (k.start, k.stop) == (start, stop) and not k.owned), None)
 
 
 def _stretches(half: _Half, start: int, stop: int) -> list[np.ndarray]:

@@ -220,6 +220,8 @@ class ReadOnce(msgspec.Struct, frozen=True):
 
     in_memory: int
     read_back: dict[str, int]
+    most_kept: int = 0  # the most bytes of blocks one run kept at once for the other to catch up
+    copied: int = 0  # bytes of blocks copied to be kept (the others were compared in the ingest's own buffers)
 
 
 class CompareOutcome(msgspec.Struct, frozen=True):
