@@ -17,7 +17,7 @@ from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer, upload, wait_done
 
-ON_VALUES = {
+ON_VALUES: dict[str, object] = {
     "basis": None,
     "summary_reason": None,
     "candidate_only_before": [],

@@ -33,7 +33,7 @@ from tensor_debugger.compare.compute.early import (
     pairable_by_name,
     stored_record,
 )
-from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts
+from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts, from_memory_only
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.compute.sent_pairs import SentPairs
 from tensor_debugger.compare.context import CompareContext
@@ -88,6 +88,9 @@ class SessionComparisons(EarlyEngine):
         self._in_memory: list[Lockstep | SentPairs] = [lockstep] if lockstep is not None else []
         self._tensors: dict[int, dict[str, TensorRecord]] = {}  # run -> its tensors to pair, by name
         self._seen: dict[int, set[str]] = {}  # in-flight run -> names met (a second one is renamed: not guessed)
+        # a reference settled before its candidates: its tensors, for pairs whose statistics come from memory only
+        # (its in-flight arrays are no longer read; a pair that would read them waits for the plan)
+        self._settled: dict[str, TensorRecord] = {}
         with context.sessions() as db:
             session = db.get_one(SessionRecord, session_id)
             db.expunge(session)
@@ -136,17 +139,29 @@ class SessionComparisons(EarlyEngine):
             self.enqueue(self._pairs_of(run_id, fresh))
 
     def close(self, run_id: int) -> None:
-        """The run's ingest settles: no new comparison reads its in-flight arrays; wait for those that do."""
+        """The run's ingest settles: no new comparison reads its in-flight arrays; wait for those that do. A
+        reference's tensors are kept for the pairs its candidates store later whose statistics were computed in
+        memory (an upload's two runs ingested at once: the reference may settle first)."""
         with self._lock:
             self._seen.pop(run_id, None)
-            self._tensors.pop(run_id, None)
+            tensors = self._tensors.pop(run_id, None)
+            if run_id == self._reference and tensors and self._in_memory:
+                self._settled = dict(tensors)
         self.wait_for(run_id)
 
     def _pairs_of(self, run_id: int, records: Sequence[TensorRecord]) -> list[Job]:
         """The comparisons `records` of `run_id` complete (under the lock)."""
         reference = self._reference
-        if reference is None or reference not in self._tensors:
+        if reference is None:
             return []
+        if reference not in self._tensors:
+            if run_id == reference or not self._settled:
+                return []
+            try:  # the reference settled: only pairs compared in memory, which read none of its arrays
+                pairs = [(self._settled.get(r.name), r) for r in records]
+                return self._guesses(reference, run_id, pairs, in_memory_only=True)
+            except Exception:
+                return []
         jobs: list[Job] = []
         try:
             if run_id == reference:
@@ -161,14 +176,23 @@ class SessionComparisons(EarlyEngine):
         return jobs
 
     def _guesses(
-        self, reference: int, candidate: int, pairs: Sequence[tuple[TensorRecord | None, TensorRecord | None]]
+        self,
+        reference: int,
+        candidate: int,
+        pairs: Sequence[tuple[TensorRecord | None, TensorRecord | None]],
+        in_memory_only: bool = False,
     ) -> list[Job]:
+        """The jobs of `pairs`; with `in_memory_only`, only those whose statistics were computed in memory."""
         jobs: list[Job] = []
         for a, b in pairs:
             if a is not None and b is not None and (job := guess(self.context, self._session, a, b)) is not None:
+                replayed = None
                 for in_memory in self._in_memory:
                     if in_memory.runs == (reference, candidate):
-                        job = in_memory.replayed(a.name, job) or job
+                        replayed = in_memory.replayed(a.name, job) or replayed
+                if in_memory_only and (replayed is None or not from_memory_only(replayed)):
+                    continue
+                job = replayed or job
                 jobs.append((job, (reference, candidate)))
                 self._named.setdefault(job.key.key, []).append((candidate, a.name))
         return jobs

@@ -514,6 +514,15 @@ def replay(found: InMemoryPair, job: PairJob[PendingPair]) -> PairJob[PendingPai
     return replace(job, reduce=_Replay(loop, dict(found.partials)), spans=found.masses.spans)
 
 
+def from_memory_only(job: PairJob[PendingPair]) -> bool:
+    """Whether a job `replay` gave takes every block's statistics from memory, so that computing it reads nothing of
+    the stored copies."""
+    reduce = job.reduce
+    if not isinstance(reduce, _Replay):
+        return False
+    return all(reduce.holds(region) for region in pair_blocks(job))
+
+
 def _loop_key(loop: ChunkPairs) -> tuple[object, ...]:
     """What makes two chunk loops of a pair compute the same statistics, but the kernel's address (one process's):
     the kernel itself is compared instead (`InMemoryPair.kernel`)."""
@@ -527,6 +536,10 @@ class _Replay:
     def __init__(self, loop: ChunkPairs, partials: dict[int, FusedPartial | None]) -> None:
         self._loop = loop
         self._partials = partials
+
+    def holds(self, region: Region) -> bool:
+        """Whether the block of `region` was computed in memory."""
+        return self._partials.get(self._loop.flat_range(region)[0]) is not None
 
     def __call__(self, region: Region, tolerance: Tolerance) -> FusedPartial | None:
         partial = self._partials.get(self._loop.flat_range(region)[0])
