@@ -8,10 +8,12 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from numpy.typing import NDArray
 from safetensors.torch import save_file
 from sqlalchemy import text, update
 from tensor_debugger.engine.summary_compare import Sketch, sample_positions
@@ -78,7 +80,7 @@ def safetensors_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def numpy_arrays() -> dict[str, np.ndarray]:
+def numpy_arrays() -> dict[str, NDArray[Any]]:
     rng = np.random.default_rng(31)
     f64 = rng.standard_normal((256, 311))
     f64[100, 7] = np.nan

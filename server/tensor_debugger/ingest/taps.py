@@ -5,9 +5,9 @@ once can compute a pair's statistics from the bytes in memory instead of reading
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
-import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.store.dtypes import LogicalDtype
@@ -17,7 +17,7 @@ class TensorTap(Protocol):
     """One tensor's blocks, handed over in order (C-order regions of its shape, chunk-aligned, as the writer cuts
     them)."""
 
-    def put(self, region: Region, block: np.ndarray) -> None:
+    def put(self, region: Region, block: NDArray[Any]) -> None:
         """The block of `region` (the storage dtype's values, C-contiguous), just read; may wait for the other
         run to catch up (a bounded number of blocks is kept)."""
 
