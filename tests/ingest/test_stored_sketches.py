@@ -8,10 +8,12 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from numpy.typing import NDArray
 from safetensors.torch import save_file
 from sqlalchemy import text, update
 from tensor_debugger.engine.summary_compare import Sketch, sample_positions
@@ -78,7 +80,7 @@ def safetensors_tensors() -> dict[str, torch.Tensor]:
     }
 
 
-def numpy_arrays() -> dict[str, np.ndarray]:
+def numpy_arrays() -> dict[str, NDArray[Any]]:
     rng = np.random.default_rng(31)
     f64 = rng.standard_normal((256, 311))
     f64[100, 7] = np.nan
@@ -186,7 +188,8 @@ SPECIALS = [math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324, -1.5, 1e308, 2.0**
 
 
 def bits(values: tuple[float, ...] | list[float]) -> list[int]:
-    return np.asarray(values, dtype="<f8").view("<u8").tolist()  # type: ignore[no-any-return]
+    codes: list[int] = np.asarray(values, dtype="<f8").view("<u8").tolist()  # numpy 2.0 says Any, 2.5 a list
+    return codes
 
 
 def test_a_kept_summary_in_the_compact_form_reads_back_bit_for_bit(services: Services, tmp_path: Path) -> None:

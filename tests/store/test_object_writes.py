@@ -8,10 +8,12 @@ import itertools
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import obstore
 import torch
+from numpy.typing import NDArray
 from sqlalchemy import select
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor
@@ -136,7 +138,7 @@ def test_a_run_of_many_files_stores_each_while_the_next_is_read_and_a_bad_one_am
     the stored tensors' (the truncated file's arrays deleted, its indices taken by the next file)."""
     run = tmp_path / "run"
     run.mkdir()
-    originals: dict[str, np.ndarray] = {}
+    originals: dict[str, NDArray[Any]] = {}
     for i in range(6):
         values = np.random.default_rng(i).standard_normal((40 + 7 * i, 1000), dtype=np.float32)
         np.save(run / f"{i}_layer.npy", values)

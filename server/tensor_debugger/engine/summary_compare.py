@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.metrics import json_number
 from tensor_debugger.engine.tolerances import Tolerance
@@ -135,7 +136,7 @@ class Sketch:
         )
 
 
-def pack_sample(values: tuple[float, ...] | np.ndarray) -> str:
+def pack_sample(values: tuple[float, ...] | NDArray[Any]) -> str:
     """Sampled values as one string: base64 of their little-endian float64 bytes (NaN, Inf and -0.0 kept bit for
     bit)."""
     return base64.b64encode(np.asarray(values, dtype="<f8").tobytes()).decode("ascii")

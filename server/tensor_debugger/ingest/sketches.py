@@ -99,7 +99,7 @@ class _Fold64:
         self.words = 0  # words folded so far
         self.carry = np.empty(0, dtype=np.uint8)  # the bytes of a word begun in the block before
 
-    def update(self, data: np.ndarray) -> None:
+    def update(self, data: NDArray[Any]) -> None:
         import torch
 
         if self.carry.size:
@@ -199,7 +199,7 @@ def _blake3(t: torch.Tensor) -> str:
     return _blake3_of(torch_to_storage(t), t)
 
 
-def _blake3_of(array: np.ndarray, t: torch.Tensor) -> str:
+def _blake3_of(array: NDArray[Any], t: torch.Tensor) -> str:
     """`_blake3(t)` where `array` is `torch_to_storage(t)`, already made."""
     from tensor_debugger.ingest.writer import DIGEST_ALGORITHM, new_hasher
     from tensor_debugger.store.dtypes import from_torch

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import ChunkLayout
 from tensor_debugger.engine.summary_compare import Sketch, sample_positions
@@ -37,7 +38,7 @@ def _positions(numel: int) -> tuple[int, ...]:
     return tuple(sample_positions(numel))
 
 
-def sampled_values(stored: np.ndarray, logical: LogicalDtype) -> list[float]:
+def sampled_values(stored: NDArray[Any], logical: LogicalDtype) -> list[float]:
     """Stored elements as a summary samples them: their compute values in float64, complex ones' magnitudes."""
     values = storage_to_compute(stored, logical)
     if values.dtype.kind == "c":
@@ -55,7 +56,7 @@ class SketchSample:
     offset: int = 0  # elements taken so far
     values: list[float] = field(default_factory=list)
 
-    def take(self, block: np.ndarray) -> None:
+    def take(self, block: NDArray[Any]) -> None:
         """The tensor's next block (stored values, any shape): keep its sampled elements."""
         positions = _positions(self.numel)
         start, stop = self.offset, self.offset + block.size

@@ -9,9 +9,9 @@ they are never copied."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
-import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.store.dtypes import LogicalDtype
@@ -21,7 +21,7 @@ class TensorTap(Protocol):
     """One tensor's blocks, handed over in order (C-order regions of its shape, chunk-aligned, as the writer cuts
     them)."""
 
-    def put(self, region: Region, block: np.ndarray) -> None:
+    def put(self, region: Region, block: NDArray[Any]) -> None:
         """The block of `region` (the storage dtype's values, C-contiguous), just read; may wait for the other
         run to catch up (a bounded number of blocks is kept)."""
 
@@ -86,7 +86,7 @@ class _EveryTensorTap:
     def __init__(self, taps: list[TensorTap]) -> None:
         self._taps = taps
 
-    def put(self, region: Region, block: np.ndarray) -> None:
+    def put(self, region: Region, block: NDArray[Any]) -> None:
         for tap in self._taps:
             tap.put(region, block)
 

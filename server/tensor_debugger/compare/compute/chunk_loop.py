@@ -178,7 +178,7 @@ class ChunkPairs:
         return out
 
     def in_memory(
-        self, pieces: tuple[Pieces, Pieces], chunks: tuple[list[np.ndarray], list[np.ndarray]], tolerance: Tolerance
+        self, pieces: tuple[Pieces, Pieces], chunks: tuple[list[NDArray[Any]], list[NDArray[Any]]], tolerance: Tolerance
     ) -> FusedPartial | None:
         """The statistics of one block from its chunks' values in memory instead of their files (the block's
         `flat_pieces` on each side, and each piece's whole chunk as `chunk_bytes` bytes of values, as a raw chunk
@@ -201,8 +201,8 @@ class ChunkPairs:
         pieces_a: Pieces,
         pieces_b: Pieces,
         raw: tuple[bool, bool],
-        held_a: list[np.ndarray] | None,
-        held_b: list[np.ndarray] | None,
+        held_a: list[NDArray[Any]] | None,
+        held_b: list[NDArray[Any]] | None,
         tolerance: Tolerance,
         out: FusedPartial,
     ) -> int:

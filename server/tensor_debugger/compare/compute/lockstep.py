@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from tensor_debugger.compare.compute.chunk_loop import ChunkPairs, Pieces, chunk_pairs
 from tensor_debugger.compare.compute.pending import PendingPair
@@ -89,7 +90,7 @@ class InMemoryPair:
 class _Kept:
     start: int  # flat C-order offsets of the block's values
     stop: int
-    values: np.ndarray  # its bytes (uint8): the ingest's buffer until released, then a copy
+    values: NDArray[Any]  # its bytes (uint8): the ingest's buffer until released, then a copy
     owned: bool  # `values` is a copy (reused for later copies once no block needs it)
 
 
@@ -142,7 +143,7 @@ class Lockstep:
         self._pairs: dict[str, _Pair] = {}
         self._current: list[_Pair | None] = [None, None]  # the tensor each side reads now (or read last)
         self._closed = [False, False]
-        self._spare: list[np.ndarray] = []  # copies no block needs any more, for the next blocks
+        self._spare: list[NDArray[Any]] = []  # copies no block needs any more, for the next blocks
         self._kept = [0, 0]  # bytes of block copies each side keeps, over all its pairs
         self.most_kept = [0, 0]  # the most of them at once
         self.copied = 0  # bytes of blocks copied (kept after the ingest released them, or not C-contiguous)
@@ -179,7 +180,7 @@ class Lockstep:
             self._plan(pair)
         return _TensorTap(self, pair, side)
 
-    def put(self, pair: _Pair, side: int, region: Region, block: np.ndarray) -> None:
+    def put(self, pair: _Pair, side: int, region: Region, block: NDArray[Any]) -> None:
         half = pair.halves[side]
         assert half is not None
         start, stop = region_flat_range(half.shape, region)
@@ -215,7 +216,7 @@ class Lockstep:
             self._changed.notify_all()
         self._compute(pair)
 
-    def _buffer(self, nbytes: int) -> np.ndarray:
+    def _buffer(self, nbytes: int) -> NDArray[Any]:
         """`nbytes` bytes for a block's copy: a spare one where one is large enough (new memory costs a page fault
         per 4 KiB on first touch), else new."""
         with self._changed:
@@ -568,7 +569,7 @@ class _TensorTap:
         self._pair = pair
         self._side = side
 
-    def put(self, region: Region, block: np.ndarray) -> None:
+    def put(self, region: Region, block: NDArray[Any]) -> None:
         self._lockstep.put(self._pair, self._side, region, block)
 
     def release(self, region: Region) -> None:
@@ -615,7 +616,7 @@ def _lent(half: _Half, start: int, stop: int) -> _Kept | None:
     return next((k for k in half.kept if (k.start, k.stop) == (start, stop) and not k.owned), None)
 
 
-def _stretches(half: _Half, start: int, stop: int) -> list[np.ndarray]:
+def _stretches(half: _Half, start: int, stop: int) -> list[NDArray[Any]]:
     """(under the lock) The kept bytes of flat values [start, stop) of one side, as the stretches of its blocks."""
     itemsize = half.dtype.numpy_storage.itemsize
     parts = [
@@ -628,14 +629,14 @@ def _stretches(half: _Half, start: int, stop: int) -> list[np.ndarray]:
     return parts
 
 
-def _values(half: _Half, parts: list[np.ndarray], shape: tuple[int, ...]) -> np.ndarray:
+def _values(half: _Half, parts: list[NDArray[Any]], shape: tuple[int, ...]) -> NDArray[Any]:
     """A block's values as a view reads them (`storage_to_compute`: bfloat16 widened exactly), in `shape`."""
     joined = parts[0] if len(parts) == 1 else np.concatenate(parts)
     stored = joined.view(half.dtype.numpy_storage).reshape(shape)
     return storage_to_compute(stored, half.dtype)
 
 
-def _chunks(half: _Half, reader: ChunkReader, start: int, stop: int) -> tuple[Pieces, list[np.ndarray]]:
+def _chunks(half: _Half, reader: ChunkReader, start: int, stop: int) -> tuple[Pieces, list[NDArray[Any]]]:
     """(under the lock) The pieces of flat values [start, stop) of one side and each piece's whole chunk as
     `chunk_bytes` bytes of values: a view of the kept block, or for the last chunk of a row (shorter in memory than
     in its file) a padded copy; the loop reads only the piece's values of it."""
@@ -644,7 +645,7 @@ def _chunks(half: _Half, reader: ChunkReader, start: int, stop: int) -> tuple[Pi
         raise ValueError("chunks are not ranges of the flat array")
     itemsize = half.dtype.numpy_storage.itemsize
     chunk_bytes = reader.chunk_bytes
-    held: list[np.ndarray] = []
+    held: list[NDArray[Any]] = []
     position = start
     for _, skip, count in pieces:
         first = position - skip  # the chunk's first value

@@ -13,8 +13,8 @@ from tensor_debugger.compare.reports.heatmap import Heatmap, build_heatmap, heat
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import PairRecord
-from tensor_debugger.web.views.heatmap_image import heatmap_pixels, heatmap_values
-from tensor_debugger.web.views.pair_page import ManualSide, pair_page_context, parse_fixed
+from tensor_debugger.web.views.heatmap_image import HeatmapValues, heatmap_pixels, heatmap_values
+from tensor_debugger.web.views.pair_page import ManualSide, pair_page_view, parse_fixed
 from tensor_debugger.web.views.png import encode_png
 
 
@@ -59,8 +59,8 @@ class PairPageController(Controller):
             else None
         )
         with services.sessions() as db:
-            context = pair_page_context(db, services, pair_id, index, start, count, manual, profile)
-            return Template("pair.html", context=context)
+            page = pair_page_view(db, services, pair_id, index, start, count, manual, profile)
+            return Template("pair.html", context=page.template_context())
 
     @get("/pairs/{pair_id:int}/heatmap.svg", sync_to_thread=True, media_type="image/svg+xml")
     def pair_heatmap(
@@ -80,7 +80,7 @@ class PairPageController(Controller):
     @get("/pairs/{pair_id:int}/heatmap.json", sync_to_thread=True)
     def pair_heatmap_values(
         self, services: NamedDependency[Services], pair_id: FromPath[int], fixed: FromQuery[str] = ""
-    ) -> dict[str, object]:
+    ) -> HeatmapValues:
         """Each cell's largest signed difference as text, the cells' edges and the colour scale's ends."""
         return heatmap_values(_heatmap(services, pair_id, fixed))
 
@@ -95,5 +95,5 @@ class PairPageController(Controller):
     ) -> Template:
         """Just the inspector's grids, for the page's script to swap in without a reload."""
         with services.sessions() as db:
-            context = pair_page_context(db, services, pair_id, index, start, count)
-            return Template("_inspector.html", context=context)
+            page = pair_page_view(db, services, pair_id, index, start, count)
+            return Template("_inspector.html", context=page.template_context())

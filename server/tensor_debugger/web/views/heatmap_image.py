@@ -10,6 +10,7 @@ import bisect
 import math
 from typing import Any
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 
@@ -17,6 +18,7 @@ from tensor_debugger.compare.reports.formatting import format_number
 from tensor_debugger.compare.reports.heatmap import COLS, NEGATIVE, POSITIVE, ROWS, Heatmap, cell_edges
 from tensor_debugger.compare.reports.slices import SliceRequest
 from tensor_debugger.engine.alignment import Shape
+from tensor_debugger.web.views.axis_ticks import IndexTick
 
 
 def scale_of(heatmap: Heatmap) -> tuple[float, float]:
@@ -46,7 +48,43 @@ def heatmap_pixels(heatmap: Heatmap) -> NDArray[Any]:
     return rgb.astype(np.uint8)
 
 
-def heatmap_values(heatmap: Heatmap) -> dict[str, Any]:
+class HeatmapValues(msgspec.Struct, frozen=True):
+    """The heatmap's cells for the page's script (GET /pairs/{id}/heatmap.json): each cell's largest signed
+    difference as text (rows of strings), the cells' edges along the two dimensions, and the colour scale's ends."""
+
+    dims: list[int]
+    row_edges: list[int]
+    col_edges: list[int]
+    values: list[list[str]]
+    low: str
+    high: str
+
+
+class HeatmapWindow(msgspec.Struct, frozen=True):
+    """The inspector's window on the heatmap: its box in percent of the image, and the rows and columns it covers."""
+
+    top: float
+    height: float
+    left: float
+    width: float
+    text: str
+
+
+class HeatmapFrame(msgspec.Struct, frozen=True):
+    """What the page draws around the heatmap's image before it loads (see `heatmap_frame`)."""
+
+    pixels: tuple[int, int]  # the image's size on the page (rows, columns)
+    dims: tuple[int, int]  # the aligned dimensions down and across
+    shape: tuple[int, int]  # their sizes
+    cells: tuple[int, int]  # cells down and across
+    row_edges: list[int]
+    col_edges: list[int]
+    row_ticks: list[IndexTick]
+    col_ticks: list[IndexTick]
+    window: HeatmapWindow | None  # None where the window is in another slice
+
+
+def heatmap_values(heatmap: Heatmap) -> HeatmapValues:
     """Each cell's largest signed difference as text (rows of strings), the edges and the scale, for the page."""
     low, high = scale_of(heatmap)
     signed = [
@@ -56,17 +94,17 @@ def heatmap_values(heatmap: Heatmap) -> dict[str, Any]:
         ]
         for row, signs in zip(heatmap.cells, heatmap.signs, strict=True)
     ]
-    return {
-        "dims": list(heatmap.dims),
-        "row_edges": heatmap.row_edges,
-        "col_edges": heatmap.col_edges,
-        "values": signed,
-        "low": format_number(low),
-        "high": format_number(high),
-    }
+    return HeatmapValues(
+        dims=list(heatmap.dims),
+        row_edges=heatmap.row_edges,
+        col_edges=heatmap.col_edges,
+        values=signed,
+        low=format_number(low),
+        high=format_number(high),
+    )
 
 
-def heatmap_frame(shape: Shape, spec: tuple[int | None, ...], request: SliceRequest) -> dict[str, Any]:
+def heatmap_frame(shape: Shape, spec: tuple[int | None, ...], request: SliceRequest) -> HeatmapFrame:
     """What the page draws around the image before it loads: the slice's size and cell edges (the image's pixels),
     its axes' ticks, and the inspector's window inside it as fractions of the image (None where it is elsewhere)."""
     rows_dim, cols_dim = (d for d, v in enumerate(spec) if v is None)
@@ -90,26 +128,26 @@ def heatmap_frame(shape: Shape, spec: tuple[int | None, ...], request: SliceRequ
         top, bottom = _cell_of(row_edges, r0), _cell_of(row_edges, r1 - 1) + 1
         left, right = _cell_of(col_edges, c0), _cell_of(col_edges, c1 - 1) + 1
         rows_n, cols_n = len(row_edges) - 1, len(col_edges) - 1
-        window = {
-            "top": 100 * top / rows_n,
-            "height": 100 * (bottom - top) / rows_n,
-            "left": 100 * left / cols_n,
-            "width": 100 * (right - left) / cols_n,
-            "text": f"rows {r0}–{r1 - 1}, columns {c0}–{c1 - 1}",
-        }
+        window = HeatmapWindow(
+            top=100 * top / rows_n,
+            height=100 * (bottom - top) / rows_n,
+            left=100 * left / cols_n,
+            width=100 * (right - left) / cols_n,
+            text=f"rows {r0}–{r1 - 1}, columns {c0}–{c1 - 1}",
+        )
     rows_n, cols_n = len(row_edges) - 1, len(col_edges) - 1
     cell = max(6, min(24, 720 // max(cols_n, 1)))  # px a cell: small slices get bigger cells
-    return {
-        "pixels": (rows_n * cell, cols_n * cell),
-        "dims": (rows_dim, cols_dim),
-        "shape": (height, width),
-        "cells": (len(row_edges) - 1, len(col_edges) - 1),
-        "row_edges": row_edges,
-        "col_edges": col_edges,
-        "row_ticks": _ticks(row_edges),
-        "col_ticks": _ticks(col_edges),
-        "window": window,
-    }
+    return HeatmapFrame(
+        pixels=(rows_n * cell, cols_n * cell),
+        dims=(rows_dim, cols_dim),
+        shape=(height, width),
+        cells=(len(row_edges) - 1, len(col_edges) - 1),
+        row_edges=row_edges,
+        col_edges=col_edges,
+        row_ticks=_ticks(row_edges),
+        col_ticks=_ticks(col_edges),
+        window=window,
+    )
 
 
 def _cell_of(edges: list[int], index: int) -> int:
@@ -117,7 +155,7 @@ def _cell_of(edges: list[int], index: int) -> int:
     return max(0, bisect.bisect_right(edges, index) - 1)
 
 
-def _ticks(edges: list[int], most: int = 6) -> list[dict[str, float | int]]:
+def _ticks(edges: list[int], most: int = 6) -> list[IndexTick]:
     """Round indices along an axis (0, then steps of 1, 2 or 5 times a power of ten; at most `most` + 1 of them,
     the last index too where it has room), each at the middle of its cell in percent of the image."""
     size, cells = edges[-1], len(edges) - 1
@@ -127,4 +165,4 @@ def _ticks(edges: list[int], most: int = 6) -> list[dict[str, float | int]]:
     indices = list(range(0, size, step))
     if size - 1 - indices[-1] >= step / 2:
         indices.append(size - 1)
-    return [{"at": 100 * (_cell_of(edges, i) + 0.5) / cells, "index": i} for i in indices]
+    return [IndexTick(at=100 * (_cell_of(edges, i) + 0.5) / cells, index=i) for i in indices]

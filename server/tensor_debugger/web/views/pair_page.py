@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import urlencode
 
+import msgspec
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.profiles import ErrorProfile, error_profile
 from tensor_debugger.compare.planning.sides import tensors_of, tolerance, views_of
 from tensor_debugger.compare.reports.formatting import format_number
-from tensor_debugger.compare.reports.inspector import build_inspector, build_raw_grid
-from tensor_debugger.compare.reports.op_lists import op_lists
+from tensor_debugger.compare.reports.inspector import Grid, InspectorView, build_inspector, build_raw_grid
+from tensor_debugger.compare.reports.op_lists import OpLists, op_lists
+from tensor_debugger.compare.reports.pair_report import PairDetail
 from tensor_debugger.compare.reports.pair_reports import pair_detail
 from tensor_debugger.compare.reports.slices import SliceRequest, parse_slice_request, read_window
 from tensor_debugger.engine.alignment import Shape
-from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW
+from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, Number
 from tensor_debugger.engine.views import SourceView
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
-from tensor_debugger.store.models import PairRecord, SessionRecord
-from tensor_debugger.web.views.heatmap_image import heatmap_frame
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
+from tensor_debugger.web.views.axis_ticks import AxisTick, IndexTick
+from tensor_debugger.web.views.heatmap_image import HeatmapFrame, heatmap_frame
 
 DEFAULT_COUNT = 64  # values in the default window (1-D, the last dimension): 16 rows of 4 side by side at 1,440 px
 
@@ -90,7 +93,96 @@ def heatmap_spec(shape: Shape, request: SliceRequest) -> str | None:
 PROFILE_WIDTH, PROFILE_HEIGHT = 600.0, 160.0
 
 
-def profile_chart(profile: ErrorProfile) -> dict[str, Any]:
+class ProfileChart(msgspec.Struct, frozen=True):
+    """An error profile as the pair page draws it (see `profile_chart`)."""
+
+    profile: ErrorProfile
+    y_ticks: list[AxisTick]  # the decades, from the top
+    x_ticks: list[IndexTick]
+    series: dict[str, list[str] | list[bool]]  # each index's values as text and whether it mismatched, for the script
+    top_points: str  # SVG polyline points of the largest |difference| per index
+    mean_points: str  # and of the mean
+    low: int  # the decades the chart spans: 1e{low} to 1e{high}
+    high: int
+    nan: list[int]  # the indices whose largest |difference| is NaN
+    worst_index: int | None
+    mismatched_indices: int
+    width: float
+    height: float
+
+
+class HistogramBar(msgspec.Struct, frozen=True):
+    """A decade of |difference| in the pair page's histogram (see `histogram_bars`)."""
+
+    label: str
+    count: int
+    percent: float  # its length, in percent of the longest possible
+    readout: str
+
+
+class WorstRow(msgspec.Struct, frozen=True):
+    """One of the pair's largest differences, with the address of the page whose inspector is centred on it (None
+    where the pair has no aligned values to inspect)."""
+
+    index: list[int]
+    a: Number
+    b: Number
+    abs_diff: Number
+    url: str | None
+
+
+class ManualGrid(msgspec.Struct, frozen=True):
+    """Manual mode, one run: its own values in its own layout, and the window that shows them."""
+
+    side: str  # "a" or "b"
+    grid: Grid
+    shards: list[str]  # the run's tensors of the pair
+    shard: int
+    index: str
+    start: str
+    count: str
+
+
+class InspectorWindow(msgspec.Struct, frozen=True):
+    """The inspector's window as its form shows it, and the aligned shape it is in."""
+
+    index: str
+    start: str
+    count: str
+    shape: list[int]
+
+
+class PairPage(msgspec.Struct, frozen=True, kw_only=True):
+    """What pair.html (and _inspector.html, its inspector alone) shows: each field is a name of the templates.
+    The inspector's parts are None where the pair has no aligned values (a summary verdict, no alignment)."""
+
+    pair: PairDetail
+    session: SessionRecord
+    run_a: RunRecord | None
+    run_b: RunRecord | None
+    histogram: list[HistogramBar]
+    histogram_ticks: list[AxisTick]
+    worst: list[WorstRow]
+    ops: OpLists | None  # a capture with level="op": its module's ops, side by side
+    manual: list[ManualGrid] | None = None
+    inspector: InspectorView | None = None
+    window: InspectorWindow | None = None
+    window_error: str | None = None  # the window the URL asked for, refused: said next to the form
+    heatmap_url: str | None = None
+    heatmap_svg_url: str | None = None
+    heatmap_values_url: str | None = None
+    heatmap_spec: str | None = None
+    heatmap: HeatmapFrame | None = None
+    profile_dims: list[tuple[int, int]] | None = None
+    profile: ProfileChart | None = None
+    jump_url: str | None = None
+
+    def template_context(self) -> dict[str, object]:
+        """The fields by name, as the templates read them."""
+        return {name: getattr(self, name) for name in self.__struct_fields__}
+
+
+def profile_chart(profile: ErrorProfile) -> ProfileChart:
     """An error profile as SVG polylines (log10 of the largest and the mean |difference| per index) in a
     PROFILE_WIDTH x PROFILE_HEIGHT box, with the decades it spans and its worst index."""
 
@@ -113,25 +205,25 @@ def profile_chart(profile: ErrorProfile) -> dict[str, Any]:
     nan = [i for i, v in enumerate(profile.max_abs_diff) if v == "nan"]
     ranked = [(v, i) for i, v in enumerate(top) if v is not None]
     decades = range(low, high + 1, max(1, math.ceil((high - low) / 6)))
-    return {
-        "profile": profile,
-        "y_ticks": [{"at": 100 * (1 - (k - low) / (high - low)), "label": f"1e{k}"} for k in decades],
-        "x_ticks": index_ticks(profile.size),
-        "series": {
+    return ProfileChart(
+        profile=profile,
+        y_ticks=[AxisTick(at=100 * (1 - (k - low) / (high - low)), label=f"1e{k}") for k in decades],
+        x_ticks=index_ticks(profile.size),
+        series={
             "max": [_text_of(v) for v in profile.max_abs_diff],
             "mean": [_text_of(v) for v in profile.mean_abs_diff],
             "mismatched": [bool(m) for m in profile.mismatched],
         },
-        "top_points": points(top),
-        "mean_points": points(mean),
-        "low": low,
-        "high": high,
-        "nan": nan,
-        "worst_index": max(ranked)[1] if ranked else None,
-        "mismatched_indices": sum(1 for m in profile.mismatched if m),
-        "width": PROFILE_WIDTH,
-        "height": PROFILE_HEIGHT,
-    }
+        top_points=points(top),
+        mean_points=points(mean),
+        low=low,
+        high=high,
+        nan=nan,
+        worst_index=max(ranked)[1] if ranked else None,
+        mismatched_indices=sum(1 for m in profile.mismatched if m),
+        width=PROFILE_WIDTH,
+        height=PROFILE_HEIGHT,
+    )
 
 
 def _text_of(value: Any) -> str:
@@ -143,21 +235,21 @@ def _text_of(value: Any) -> str:
     return format_number(float(value)) if value is not None else "—"
 
 
-def index_ticks(size: int, most: int = 8) -> list[dict[str, float | int]]:
+def index_ticks(size: int, most: int = 8) -> list[IndexTick]:
     """Every index that fits, else round ones (steps of 1, 2 or 5 times a power of ten, from 0) and the last, at
     their place in percent of an axis whose ends are index 0 and index size - 1: no label is skipped unevenly."""
     if size <= 1:
-        return [{"at": 0.0, "index": 0}]
+        return [IndexTick(at=0.0, index=0)]
     raw = (size - 1) / most
     power = 10 ** math.floor(math.log10(raw)) if raw >= 1 else 1
     step = max(1, int(next(m * power for m in (1, 2, 5, 10) if m * power >= raw)))
     indices = list(range(0, size, step))
     if size - 1 - indices[-1] >= step / 2:
         indices.append(size - 1)
-    return [{"at": 100 * i / (size - 1), "index": i} for i in indices]
+    return [IndexTick(at=100 * i / (size - 1), index=i) for i in indices]
 
 
-def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
+def histogram_bars(counts: list[int]) -> list[HistogramBar]:
     """One bar per decade of |difference|, its length on a log scale of counts (log10(1 + count)): 816 elements
     at 1e-2 stay visible beside 129,792 exact zeros, where a linear scale left them a hairline. Each bar's
     `readout` says its exact range, its count and its share of the elements counted."""
@@ -174,20 +266,20 @@ def histogram_bars(counts: list[int]) -> list[dict[str, Any]]:
         share = f"{100 * c / total:.3g}%" if total else "—"
         readout = f"|diff| {where}: {c:,} element{'' if c == 1 else 's'} ({share} of {total:,})"
         bars.append(
-            {"label": label, "count": c, "percent": 100 * math.log10(1 + c) / top if top else 0, "readout": readout}
+            HistogramBar(label=label, count=c, percent=100 * math.log10(1 + c) / top if top else 0, readout=readout)
         )
     return bars
 
 
-def histogram_ticks(counts: list[int]) -> list[dict[str, Any]]:
+def histogram_ticks(counts: list[int]) -> list[AxisTick]:
     """The bars' axis: 0, 1, 10, 100... up to the largest count, at their place on the bars' log scale."""
     top = math.log10(1 + max(counts)) if counts else 0.0
     if not top:
         return []
-    ticks = [{"at": 0.0, "label": "0"}]
+    ticks = [AxisTick(at=0.0, label="0")]
     k = 0
     while 10**k <= max(counts):
-        ticks.append({"at": 100 * math.log10(1 + 10**k) / top, "label": f"{10**k:,}" if k < 4 else f"1e{k}"})
+        ticks.append(AxisTick(at=100 * math.log10(1 + 10**k) / top, label=f"{10**k:,}" if k < 4 else f"1e{k}"))
         k += 1
     return ticks
 
@@ -202,7 +294,7 @@ class ManualSide:
     count: str = ""
 
 
-def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dict[str, ManualSide]) -> list[Any]:
+def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dict[str, ManualSide]) -> list[ManualGrid]:
     """Each run's own values, read straight from its stored tensor with its own dimensions: for when the
     automatic alignment is in doubt."""
     side_a, side_b = tensors_of(db, pair)
@@ -240,11 +332,21 @@ def manual_grids(db: DbSession, services: Services, pair: PairRecord, sides: dic
         grid = build_raw_grid(
             f"{label}: {tensor.name} {list(shape)} {tensor.dtype}", values, tuple(r.start for r in region), free
         )
-        out.append({"side": side, "grid": grid, "shards": [t.name for t in shards], "shard": wanted.shard, **params})
+        out.append(
+            ManualGrid(
+                side=side,
+                grid=grid,
+                shards=[t.name for t in shards],
+                shard=wanted.shard,
+                index=params["index"],
+                start=params["start"],
+                count=params["count"],
+            )
+        )
     return out
 
 
-def pair_page_context(
+def pair_page_view(
     db: DbSession,
     services: Services,
     pair_id: int,
@@ -253,7 +355,7 @@ def pair_page_context(
     count: str,
     manual: dict[str, ManualSide] | None = None,
     profile: str = "",
-) -> dict[str, Any]:
+) -> PairPage:
     pair = db.get(PairRecord, pair_id)
     if pair is None:
         raise NotFoundError(f"no pair with id {pair_id}")
@@ -263,59 +365,74 @@ def pair_page_context(
     detail = pair_detail(db, services.context, pair_id)
     session = db.get_one(SessionRecord, pair.session_id)
     runs = {r.id: r for r in session.runs}
-    context: dict[str, Any] = {
-        "pair": detail,
-        "session": session,
-        "run_a": runs.get(pair.run_a_id),
-        "run_b": runs.get(pair.run_b_id),
-        "inspector": None,
-        "window": None,
-        "histogram": histogram_bars(detail.stats.histogram if detail.stats else []),
-        "histogram_ticks": histogram_ticks(detail.stats.histogram if detail.stats else []),
-        "worst": [{**asdict(w), "url": None} for w in detail.stats.worst] if detail.stats else [],
-        "ops": op_lists(db, pair, *sides),  # a capture with level="op": its module's ops, side by side
-    }
+    worst = detail.stats.worst if detail.stats else []
+    page = PairPage(
+        pair=detail,
+        session=session,
+        run_a=runs.get(pair.run_a_id),
+        run_b=runs.get(pair.run_b_id),
+        histogram=histogram_bars(detail.stats.histogram if detail.stats else []),
+        histogram_ticks=histogram_ticks(detail.stats.histogram if detail.stats else []),
+        worst=[WorstRow(index=w.index, a=w.a, b=w.b, abs_diff=w.abs_diff, url=None) for w in worst],
+        ops=op_lists(db, pair, *sides),
+    )
     if pair.summary is not None:  # no element values on one side: the summary verdict is all there is
-        return context
+        return page
     if manual is not None:
-        context["manual"] = manual_grids(db, services, pair, manual)
+        page = msgspec.structs.replace(page, manual=manual_grids(db, services, pair, manual))
     if pair.alignment is None:
-        return context
+        return page
     side_a, side_b = sides
     view_a, view_b, alignment = views_of(services.store, pair, side_a, side_b)
     shape = alignment.shape
     opening = opening_window(shape, detail.argmax.aligned if detail.argmax else None)
     params = {"index": index, "start": start, "count": count} if index or not shape else opening
+    window_error = None
     try:
         request = parse_slice_request(shape, params["index"], params["start"], params["count"])
     except InvalidInputError as exc:  # said next to the form, which keeps what was typed; the grids stay usable
-        context["window_error"] = str(exc)
+        window_error = str(exc)
         request = parse_slice_request(shape, opening["index"], opening["start"], opening["count"])
     window = read_window(view_a, view_b, request)
     tol, exact = tolerance(session, side_a[0].dtype, side_b[0].dtype)
-    context["inspector"] = build_inspector(window, tol, exact)
     spec = heatmap_spec(shape, request)
     if spec is not None:
         query = urlencode({"fixed": spec})
-        context["heatmap_url"] = f"/pairs/{pair_id}/heatmap.png?{query}"
-        context["heatmap_svg_url"] = f"/pairs/{pair_id}/heatmap.svg?{query}"
-        context["heatmap_values_url"] = f"/pairs/{pair_id}/heatmap.json?{query}"
-        context["heatmap_spec"] = spec
-        context["heatmap"] = heatmap_frame(shape, parse_fixed(shape, spec), request)
-    context["window"] = {**params, "shape": list(shape)}
-    context["profile_dims"] = list(enumerate(shape))
+        page = msgspec.structs.replace(
+            page,
+            heatmap_url=f"/pairs/{pair_id}/heatmap.png?{query}",
+            heatmap_svg_url=f"/pairs/{pair_id}/heatmap.svg?{query}",
+            heatmap_values_url=f"/pairs/{pair_id}/heatmap.json?{query}",
+            heatmap_spec=spec,
+            heatmap=heatmap_frame(shape, parse_fixed(shape, spec), request),
+        )
+    chart = None
     if profile.strip():
         try:
             dim = int(profile)
         except ValueError:
             raise InvalidInputError(f"profile must be an aligned dimension (a whole number), got {profile!r}") from None
-        context["profile"] = profile_chart(error_profile(db, services.context, pair_id, dim))
+        chart = profile_chart(error_profile(db, services.context, pair_id, dim))
+    jump_url = None
     if detail.argmax:
         jump = centred_window(shape, tuple(detail.argmax.aligned), request)
-        context["jump_url"] = f"/pairs/{pair_id}?{urlencode(jump)}"
-    for row in context["worst"]:  # each opens the inspector on its element
-        row["url"] = f"/pairs/{pair_id}?{urlencode(centred_window(shape, tuple(row['index']), request))}"
-    return context
+        jump_url = f"/pairs/{pair_id}?{urlencode(jump)}"
+    return msgspec.structs.replace(
+        page,
+        inspector=build_inspector(window, tol, exact),
+        window=InspectorWindow(index=params["index"], start=params["start"], count=params["count"], shape=list(shape)),
+        window_error=window_error,
+        profile_dims=list(enumerate(shape)),
+        profile=chart,
+        jump_url=jump_url,
+        # each opens the inspector on its element
+        worst=[
+            msgspec.structs.replace(
+                row, url=f"/pairs/{pair_id}?{urlencode(centred_window(shape, tuple(row.index), request))}"
+            )
+            for row in page.worst
+        ],
+    )
 
 
 def opening_window(shape: Shape, argmax: list[int] | None) -> dict[str, str]:

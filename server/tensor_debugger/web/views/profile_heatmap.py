@@ -12,6 +12,8 @@ import math
 from typing import Any
 from urllib.parse import urlencode
 
+import msgspec
+
 from tensor_debugger.compare.reports.session_profiles import ProfileRow, SessionProfiles
 from tensor_debugger.compare.reports.slices import parse_slice_request
 from tensor_debugger.web.views.pair_page import centred_window, default_window
@@ -21,6 +23,68 @@ CELL_W, CELL_H, LABEL_W = 6.0, 14.0, 150.0
 # viridis, sampled: dark for the smallest decade, yellow for the largest
 STOPS = ((68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37))
 ZERO, NAN = "#eeeeee", "#d62728"
+
+
+class ProfileCell(msgspec.Struct, frozen=True):
+    """A cell of a group's SVG: its place, colour, the pair page it opens and what it says."""
+
+    x: float
+    y: float
+    fill: str
+    url: str
+    label: str
+
+
+class RowLabel(msgspec.Struct, frozen=True):
+    """A row's pair, by name: shortened from the left to fit beside the cells, and in full."""
+
+    y: float
+    text: str
+    full: str
+
+
+class ColumnTick(msgspec.Struct, frozen=True):
+    """An index on a group's axis, at the middle of its column."""
+
+    x: float
+    text: int
+
+
+class ProfileGroup(msgspec.Struct, frozen=True):
+    """One heatmap: the rows that profile the same named dimension of the same size (see `_group`)."""
+
+    name: str
+    size: int  # indices along the dimension
+    rows: int
+    header: str
+    ticks: list[ColumnTick]
+    axis_y: float
+    cells: list[ProfileCell]
+    labels: list[RowLabel]
+    step: int  # indices a column
+    width: float
+    height: float
+    cell_w: float
+    cell_h: float
+
+
+class LegendEntry(msgspec.Struct, frozen=True):
+    """A decade of the colour scale."""
+
+    decade: int
+    fill: str
+
+
+class ProfileHeatmap(msgspec.Struct, frozen=True):
+    """The session profiles page's heatmaps and the legend of their common scale (1e{low} to 1e{high})."""
+
+    groups: list[ProfileGroup]
+    step: int  # the most indices a column of any group
+    low: int
+    high: int
+    legend: list[LegendEntry]
+    zero: str  # the colours of 0 and NaN
+    nan: str
 
 
 def colour(t: float) -> str:
@@ -53,7 +117,7 @@ def _name(row: ProfileRow) -> str:
     return names[row.dim] if row.dim < len(names) else f"dimension {row.dim}"
 
 
-def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
+def heatmap(profiles: SessionProfiles) -> ProfileHeatmap:
     """The groups' SVGs (cells: x, y, fill, link, label; row labels; ticks; size; step), and the legend's decades."""
     present = [
         math.log10(float(v))
@@ -69,25 +133,26 @@ def heatmap(profiles: SessionProfiles) -> dict[str, Any]:
     for row in profiles.rows:  # in execution order, groups in the order they first come
         grouped.setdefault((_name(row), len(row.max_abs_diff)), []).append(row)
     groups = [_group(name, size, rows, low, high, several) for (name, size), rows in grouped.items()]
-    return {
-        "groups": groups,
-        "step": max((g["step"] for g in groups), default=1),
-        "low": low,
-        "high": high,
-        "legend": [{"decade": d, "fill": colour((d - low) / (high - low))} for d in range(low, high + 1)],
-        "zero": ZERO,
-        "nan": NAN,
-    }
+    return ProfileHeatmap(
+        groups=groups,
+        step=max((g.step for g in groups), default=1),
+        low=low,
+        high=high,
+        legend=[LegendEntry(decade=d, fill=colour((d - low) / (high - low))) for d in range(low, high + 1)],
+        zero=ZERO,
+        nan=NAN,
+    )
 
 
-def _group(name: str, size: int, rows: list[ProfileRow], low: int, high: int, several: bool) -> dict[str, Any]:
+def _group(name: str, size: int, rows: list[ProfileRow], low: int, high: int, several: bool) -> ProfileGroup:
     step = max(1, math.ceil(size / MAX_COLUMNS))
-    cells, labels = [], []
+    cells: list[ProfileCell] = []
+    labels: list[RowLabel] = []
     top = 0.0
     for r, row in enumerate(rows):
         y = top + r * CELL_H
         who = f"{row.name} ({row.candidate})" if several else row.name
-        labels.append({"y": y + CELL_H * 0.75, "text": who if len(who) <= 24 else "…" + who[-23:], "full": who})
+        labels.append(RowLabel(y=y + CELL_H * 0.75, text=who if len(who) <= 24 else "…" + who[-23:], full=who))
         for c, start in enumerate(range(0, len(row.max_abs_diff), step)):
             part = row.max_abs_diff[start : start + step]
             value = _cell_value(part)
@@ -102,33 +167,33 @@ def _group(name: str, size: int, rows: list[ProfileRow], low: int, high: int, se
             worst = start + max(range(len(part)), key=lambda i: float(part[i]) if part[i] != "nan" else math.inf)
             span = f"indices {start}-{start + len(part) - 1}: max of {len(part)}" if len(part) > 1 else f"index {start}"
             cells.append(
-                {
-                    "x": LABEL_W + c * CELL_W,
-                    "y": y,
-                    "fill": fill,
-                    "url": _cell_url(row, row.dim, worst),
-                    "label": f"{who}, {span}: max |diff| {said}",
-                }
+                ProfileCell(
+                    x=LABEL_W + c * CELL_W,
+                    y=y,
+                    fill=fill,
+                    url=_cell_url(row, row.dim, worst),
+                    label=f"{who}, {span}: max |diff| {said}",
+                )
             )
     columns = math.ceil(size / step) if size else 0
     every = next(n * 10**k for k in range(12) for n in (1, 2, 5) if n * 10**k * 8 >= size)
-    ticks = [{"x": LABEL_W + (i // step + 0.5) * CELL_W, "text": i} for i in range(0, size, every)]
-    return {
-        "name": name,
-        "size": size,
-        "rows": len(rows),
-        "header": (
+    ticks = [ColumnTick(x=LABEL_W + (i // step + 0.5) * CELL_W, text=i) for i in range(0, size, every)]
+    return ProfileGroup(
+        name=name,
+        size=size,
+        rows=len(rows),
+        header=(
             f"{name}, {size} indices: each column the max of {step} (indices 0-{step - 1}, {step}-{2 * step - 1}, …)"
             if step > 1
             else f"{name}, {size} indices: a column each"
         ),
-        "ticks": ticks,
-        "axis_y": top + len(rows) * CELL_H + 11,
-        "cells": cells,
-        "labels": labels,
-        "step": step,
-        "width": LABEL_W + max(columns, 1) * CELL_W,
-        "height": top + max(len(rows), 1) * CELL_H + 14,  # and the index axis
-        "cell_w": CELL_W,
-        "cell_h": CELL_H,
-    }
+        ticks=ticks,
+        axis_y=top + len(rows) * CELL_H + 11,
+        cells=cells,
+        labels=labels,
+        step=step,
+        width=LABEL_W + max(columns, 1) * CELL_W,
+        height=top + max(len(rows), 1) * CELL_H + 14,  # and the index axis
+        cell_w=CELL_W,
+        cell_h=CELL_H,
+    )
