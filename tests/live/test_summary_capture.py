@@ -15,6 +15,7 @@ import httpx
 import numpy as np
 import pytest
 import torch
+from numpy.typing import NDArray
 from sqlalchemy import select
 from tensor_debugger import capture, find_divergence
 from tensor_debugger.cli.compare_output import print_table
@@ -357,7 +358,7 @@ def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_
         with services.sessions() as db:
             runs = {r.label: r.id for r in db.scalars(select(RunRecord))}
 
-            def stored(label: str) -> dict[str, np.ndarray]:
+            def stored(label: str) -> dict[str, NDArray[Any]]:
                 rows = db.scalars(
                     select(TensorRecord).where(TensorRecord.run_id == runs[label]).order_by(TensorRecord.position)
                 )
