@@ -15,8 +15,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from html import escape  # str in, str out: markupsafe's makes a Markup object per call
 
-from markupsafe import Markup
-
 from tensor_debugger.compare.reports.formatting import format_error
 from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModuleReport
 from tensor_debugger.engine.metrics import Number, parse_number
@@ -144,7 +142,7 @@ def build_graph(modules: ModuleReport, first_pair: int | None, query: str = "") 
     return ModuleGraph(roots, low, high, legend, len(everything), len(matched), query.strip(), first)
 
 
-def graph_html(graph: ModuleGraph) -> Markup:
+def graph_html(graph: ModuleGraph) -> str:
     """The tree as nested lists, each module a box (its name linking its pair, its verdict, its error) and, where it
     has modules inside, a <details> holding them: open on the highlighted paths, in the first two levels and on the
     way to a search's matches, folded elsewhere, so the page works without a script. With a search, an open
@@ -197,7 +195,7 @@ def graph_html(graph: ModuleGraph) -> Markup:
     to_match = {a for m in _matched_paths(graph.roots) for a in _ancestors(m)}
     for root in graph.roots:
         item(root, 0)
-    return Markup("".join(out))
+    return "".join(out)
 
 
 OPEN_LEVELS = 2  # the root and the modules right inside it start open (whatever else is folded)
