@@ -39,17 +39,20 @@ def hidden(html: str, name: str) -> str:
 
 @pytest.fixture(scope="module")
 def seeded(token_server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A session of two runs with computed pairs, sent with the token as `capture` and the CLI send it."""
+    """A session of two runs with computed pairs, sent with the token as `capture` and the CLI send it. Named for
+    its dumps' folder: the server lives for the whole run, and the module's fixtures may be set up again on the same
+    worker (the tests of a module can be spread over a worker's run), where a second "reference" would be refused."""
     root = tmp_path_factory.mktemp("auth-dumps")
+    name = f"auth seeded {root.name}"
     names = ["layer0_attn", "layer0_mlp", "layer1_attn"]
     reference = sorted(named_dump(root / "a", names).iterdir())
     candidate = sorted(named_dump(root / "b", names, seed=5).iterdir())
-    session_id, _ = upload_files(token_server.url, "auth seeded", "reference", reference, WRITE_TOKEN)
-    upload_files(token_server.url, "auth seeded", "candidate", candidate, WRITE_TOKEN)
+    session_id, _ = upload_files(token_server.url, name, "reference", reference, WRITE_TOKEN)
+    upload_files(token_server.url, name, "candidate", candidate, WRITE_TOKEN)
     with httpx.Client(base_url=token_server.url, headers=bearer(WRITE_TOKEN), timeout=30) as client:
         report = wait_done(token_server, session_id)
         session = client.get(f"/api/sessions/{session_id}").json()
-    return {"session": session_id, "pair": report["pairs"][0]["id"], "run": session["runs"][0]["id"]}
+    return {"session": session_id, "pair": report["pairs"][0]["id"], "run": session["runs"][0]["id"], "name": name}
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def test_the_api_answers_only_the_bearer_of_a_token(
         assert refused.headers["www-authenticate"].startswith("Bearer")
         assert "name" not in refused.json()  # nothing of the session
     for token in (WRITE_TOKEN, READ_TOKEN):
-        assert http.get(url, headers=bearer(token)).json()["name"] == "auth seeded"
+        assert http.get(url, headers=bearer(token)).json()["name"] == seeded["name"]
     # every kind of read, to the read token: pages, the API, slices and exports, on every route that reads
     ids = {"session_id": seeded["session"], "pair_id": seeded["pair"], "run_id": seeded["run"], "tensor_id": 1}
     reads = [fill(path, ids) for method, path in routes if method == "GET" and not path.startswith("/static")]
@@ -199,7 +202,7 @@ def test_the_read_token_changes_nothing_on_any_route(
         assert browser.post("/logout", data={"csrf_token": form_token}).status_code == 303  # signing out is allowed
 
     session = http.get(f"{token_server.url}/api/sessions/{seeded['session']}", headers=bearer(WRITE_TOKEN)).json()
-    assert session["name"] == "auth seeded" and len(session["runs"]) == 2  # nothing changed
+    assert session["name"] == seeded["name"] and len(session["runs"]) == 2  # nothing changed
     write_page = http.get(f"{token_server.url}/sessions/{seeded['session']}", headers=bearer(WRITE_TOKEN)).text
     assert len(post_actions(write_page)) >= 3 and "read-only" not in write_page
 
