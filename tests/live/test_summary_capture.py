@@ -31,7 +31,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, ProblemRecord, RunRecord, TensorRecord
 from torch import nn
 
-from tests.live.test_op_capture import DIM, compared, line_of, models, rows_of
+from tests.live.test_op_capture import DIM, Drift, compared, line_of, models, rows_of
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
 from tests.support.traces import input_ids, tiny_llama
@@ -457,28 +457,13 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     assert found.first.reference_only_before == (("Gate/pow#1_outputs", this_files_line("the port's extra scale")),)
 
 
-class Drift(nn.Module):
-    """A difference within tolerance (1e-6 added) that a later op magnifies past it (x1000 after a cancellation)."""
-
-    def __init__(self, offset: float) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(DIM, DIM)
-        self.offset = offset
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x) + self.offset  # where the values first change
-        out: torch.Tensor = (h - self.proj(x)) * 1000
-        return out
-
-
 def test_the_first_change_within_tolerance_is_named_where_it_precedes_the_divergence(settings: Settings) -> None:
     found = find_divergence(
         Drift(0.0).eval(), Drift(1e-6).eval(), (x_input(),), session="drift", data_dir=settings.data_dir
     )
     first = found.first
     assert first is not None and first.reference == "Drift/mul#1_outputs", first.reference
-    assert first.first_changed == ("Drift/add#1_outputs", this_files_line("where the values first change"))
+    assert first.first_changed == ("Drift/add#1_outputs", line_of("drift begins"))
     assert "The first tensor whose values differ at all is Drift/add#1_outputs" in repr(found)
     # where the first change is the divergence itself, nothing more is said
     found = find_divergence(
