@@ -457,6 +457,37 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     assert found.first.reference_only_before == (("Gate/pow#1_outputs", this_files_line("the port's extra scale")),)
 
 
+class Tail(nn.Module):
+    """A projection, then ops of the model's own forward after its last submodule; the port's softmax is over the
+    wrong dimension."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(DIM, DIM)
+        self.port = port
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        return h.softmax(dim=0 if self.port else -1) * 2.0  # the tail's softmax
+
+
+def test_a_divergence_in_the_models_own_ops_after_its_last_submodule_is_measured_from_full_values(
+    settings: Settings,
+) -> None:
+    """The second pass records the model's own ops ("*") and stops only after the last of them: a pass stopped
+    after the last submodule's tensors had no full values of the failing op."""
+    found = find_divergence(
+        Tail(False).eval(), Tail(True).eval(), (x_input(),), session="tail", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None and first.reference == "Tail/softmax#1_outputs", first.reference
+    assert first.reference_source == this_files_line("the tail's softmax")
+    assert found.full_modules == ("*",)
+    assert first.full is not None and not first.full.passed and first.full.mismatched > 0
+    assert "From full values: max |diff|" in repr(found)
+
+
 def test_the_first_change_within_tolerance_is_named_where_it_precedes_the_divergence(settings: Settings) -> None:
     found = find_divergence(
         Drift(0.0).eval(), Drift(1e-6).eval(), (x_input(),), session="drift", data_dir=settings.data_dir

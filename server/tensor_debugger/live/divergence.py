@@ -368,12 +368,15 @@ def _one_sided_before(
 
 def _last_wanted(summaries: Mapping[str, Sketch], patterns: Sequence[str], root: str) -> str | None:
     """The last tensor of a summary capture (in call order) that a capture of modules `patterns` records, other
-    than the model's own inputs and outputs: after it, a full-values pass of the same model has nothing to record."""
+    than the model's own inputs and outputs (its ops are recorded where `patterns` selects it: "*"): after it, a
+    full-values pass of the same model has nothing to record."""
     last = None
     for name in summaries:
         path = re.sub(r"#\d+$", "", module_of(name))
         short = path.partition(".")[2]
-        if path != root and any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in patterns):
+        if (path != root or "/" in name) and any(
+            fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in patterns
+        ):
             last = name
     return last
 
