@@ -468,7 +468,7 @@ class Tail(nn.Module):
         self.port = port
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x)
+        h: torch.Tensor = self.proj(x)
         return h.softmax(dim=0 if self.port else -1) * 2.0  # the tail's softmax
 
 
@@ -486,6 +486,57 @@ def test_a_divergence_in_the_models_own_ops_after_its_last_submodule_is_measured
     assert found.full_modules == ("*",)
     assert first.full is not None and not first.full.passed and first.full.mismatched > 0
     assert "From full values: max |diff|" in repr(found)
+
+
+class Scale(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 0.1
+
+
+class Shift(nn.Module):
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        edges = x[:, :0] * 2.0  # an empty tensor among the module's ops
+        y = x * 0.5
+        return torch.cat([edges, y + 0.5 if self.bug else y], dim=1)  # the shift's bug
+
+
+class InDtype(nn.Module):
+    """A scale (rounding only, in bfloat16), then a shift whose port adds 0.5; the inputs are cast to the model's
+    dtype."""
+
+    def __init__(self, dtype: torch.dtype, bug: bool) -> None:
+        super().__init__()
+        self.dtype = dtype
+        self.scale, self.shift = Scale(), Shift(bug)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.shift(self.scale(x.to(self.dtype)))
+        return out
+
+
+def test_a_bfloat16_port_names_the_module_with_the_bug_not_the_one_that_only_rounds(settings: Settings) -> None:
+    """The scale's bfloat16 outputs differ from float32's by rounding, within bfloat16's tolerance: the second pass
+    judges each pair by the looser of its two dtypes' tolerances, as the summaries were, so only the shift (its input
+    agreeing, its output not) is the culprit; its empty tensor is compared too (nothing outside)."""
+    found = find_divergence(
+        InDtype(torch.float32, False).eval(),
+        InDtype(torch.bfloat16, True).eval(),
+        (x_input(),),
+        session="bf16 port",
+        data_dir=settings.data_dir,
+    )
+    first = found.first
+    assert first is not None and first.module == "InDtype.shift", first
+    assert first.reference_source == this_files_line("the shift's bug")
+    assert first.full is not None and not first.full.passed
+    assert found.culprits == ["InDtype.shift"]
+    assert found.full_modules == ("shift*", "scale*")
+    passed = {s.reference for s in found.failing_full}
+    assert not any(name.startswith("InDtype.scale") for name in passed), passed
 
 
 def test_the_first_change_within_tolerance_is_named_where_it_precedes_the_divergence(settings: Settings) -> None:

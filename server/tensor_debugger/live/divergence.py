@@ -32,6 +32,7 @@ import torch
 
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
+from tensor_debugger.ingest.sketches import dtype_name
 from tensor_debugger.live.recorder import CaptureResult, Level, capture, pair_session, summarize_forward
 
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
@@ -179,17 +180,23 @@ def _check_repeatable(first: Mapping[str, Sketch], second: Mapping[str, Sketch],
 
 
 def _full_stats(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], tolerance: Tolerance) -> ElementStats:
-    x, y = a.detach().to(torch.float64), b.detach().to(torch.float64)
-    diff = (y - x).abs()
-    diff = torch.where(torch.isnan(x) & torch.isnan(y), torch.zeros_like(diff), diff)
+    """Element by element, as torch.testing compares: equal values (infinities of one sign included) and NaN against
+    NaN agree; complex values by the magnitude of their difference; an empty tensor has nothing outside."""
+    wide = torch.complex128 if a.is_complex() or b.is_complex() else torch.float64
+    x, y = a.detach().to(wide), b.detach().to(wide)
+    agree = (x == y) | (torch.isnan(x) & torch.isnan(y))
+    diff = torch.where(agree, torch.zeros((), dtype=torch.float64, device=x.device), (y - x).abs())
     bound = torch.from_numpy(tolerance.bound(x.abs().reshape(-1).cpu().numpy())).reshape(x.shape).to(x.device)
     bad = torch.isnan(diff) | (diff > bound)
     flat = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff).reshape(-1)
-    index = int(flat.argmax().item()) if flat.numel() else 0
+    if not flat.numel():
+        return ElementStats(names[0], names[1], tuple(x.shape), 0.0, (), 0, 0, True)
+    index = int(flat.argmax().item())
     argmax = tuple(int(i) for i in torch.unravel_index(torch.tensor(index), x.shape)) if x.dim() else ()
     mismatched = int(bad.sum().item())
-    top = float(flat[index].item()) if flat.numel() else 0.0
-    return ElementStats(names[0], names[1], tuple(x.shape), top, argmax, mismatched, x.numel(), mismatched == 0)
+    return ElementStats(
+        names[0], names[1], tuple(x.shape), float(flat[index].item()), argmax, mismatched, x.numel(), mismatched == 0
+    )
 
 
 def find_divergence(
@@ -255,9 +262,12 @@ def _find(
         call(candidate)
     stored.append(cand)
 
-    def tolerance(a: Sketch, b: Sketch) -> Tolerance:
-        default = default_tolerance(a.dtype, b.dtype)
+    def tolerance_of(dtype_a: str, dtype_b: str) -> Tolerance:
+        default = default_tolerance(dtype_a, dtype_b)
         return Tolerance(default.rtol if rtol is None else rtol, default.atol if atol is None else atol)
+
+    def tolerance(a: Sketch, b: Sketch) -> Tolerance:
+        return tolerance_of(a.dtype, b.dtype)
 
     theirs = {_key(name, root_b): name for name in cand.summaries}
     first: tuple[str, str, SketchVerdict] | None = None
@@ -314,12 +324,9 @@ def _find(
         partner = theirs_full.get(_key(tensor_name, root_a))
         if partner is None or kept["b"][partner].shape != value.shape:
             continue
-        a_sketch = ref.summaries.get(tensor_name)
-        tol = (
-            tolerance(a_sketch, a_sketch)
-            if a_sketch is not None
-            else Tolerance(rtol if rtol is not None else 1.3e-6, atol if atol is not None else 1e-5)
-        )
+        # the looser of the two dtypes' tolerances, as the summaries were judged: a float32 reference against a
+        # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
+        tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
         stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
         if tensor_name == name:
             full_first = stats
