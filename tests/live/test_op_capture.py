@@ -360,6 +360,44 @@ def test_an_op_one_side_alone_calls_is_left_unpaired_and_the_rest_pair(settings:
     assert lists.rows[7].a is not None and lists.rows[7].a.source == line_of("reference softmax")
 
 
+def test_a_capture_of_some_modules_leaves_the_rest_allowed_and_what_it_lacks_inside_them_unmatched(
+    settings: Settings,
+) -> None:
+    """A second capture of one module (`modules=`, as the next-capture snippet gives) records nothing else by the
+    user's choice: the reference's other tensors are allowed to have no partner there, and the session is not
+    called incomplete for them; a reference op inside the module that the candidate does not run stays unmatched."""
+    reference, _ = models()
+
+    class Unscaled(Attention):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+            weights = F.softmax(torch.matmul(q, k.transpose(-1, -2)), dim=-1)
+            out: torch.Tensor = self.o_proj(weights @ v)
+            return out
+
+    candidate = Net()
+    candidate.layers[1].self_attn = Unscaled()
+    candidate.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 5, DIM)
+    with torch.no_grad(), capture(reference, "scope", "reference", data_dir=settings.data_dir, level="op"):
+        reference(x)
+    with (
+        torch.no_grad(),
+        capture(
+            candidate, "scope", "attention", data_dir=settings.data_dir, level="op", modules="layers.1.self_attn*"
+        ) as result,
+    ):
+        candidate(x)
+    assert result.session_id is not None
+    report, unmatched = compared(settings, result.session_id)
+    assert report.coverage.unmatched == ["Net.layers.1.self_attn/mul#1_outputs"]
+    assert "Net.layers.0.mlp_outputs" in report.coverage.allowed_unmatched
+    assert "Net.layers.2.self_attn/softmax#1_outputs" in report.coverage.allowed_unmatched
+    assert not any(n.startswith("Net.layers.1.self_attn") for n in report.coverage.allowed_unmatched)
+    assert len(unmatched) == len(report.coverage.unmatched) + len(report.coverage.allowed_unmatched)
+    assert report.verdict.value == "diverged"  # the softmax's inputs differ without the scale
+
+
 def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_divergence(settings: Settings) -> None:
     """The candidate's extra op (a `pow` the reference never calls) has no partner: the first pair to fail is the
     op after it, and the first divergence names the extra op and its line, in the report, the JSON and the CLI."""

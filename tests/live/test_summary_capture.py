@@ -337,6 +337,15 @@ def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(
     # all four runs in one session
     report, _ = compared(settings, 1)
     assert report.first_divergence is not None
+    # the full runs recorded the two modules asked for: the reference's other tensors have no partner there by
+    # that choice, not by accident (allowed, not unmatched); the summary candidate paired every one
+    assert report.coverage.unmatched == [], report.coverage.unmatched[:5]
+    full_runs = {runs["reference (full)"], runs["candidate (full)"]}
+    left_out = [u for u in report.unmatched if u.against_run_id in full_runs and u.run_id == runs["reference"]]
+    assert left_out and all(u.allowed for u in left_out)
+    assert not any(u.against_run_id == runs["candidate"] for u in report.unmatched)
+    assert "Net.layers.0.mlp_outputs" in report.coverage.allowed_unmatched
+    assert not any(name.startswith("Net.layers.1.self_attn/") for name in report.coverage.allowed_unmatched)
 
 
 def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_values_a_whole_pass_stores(

@@ -127,6 +127,9 @@ class RunEndings:
                     "values": all(t.trace.has_values for t in traces),
                     "roots": [t.trace.root.to_json() for t in traces],
                 }
+                scope = traces[0].trace.scope if len(traces) == 1 else None
+                if scope is not None:  # a capture of some modules only: pairing leaves out what it did not ask for
+                    run.module_tree["scope"] = scope.to_json()
 
     def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
         """Point each of `records` bit-identical to a tensor another ready run stored (older or not: runs ingested at

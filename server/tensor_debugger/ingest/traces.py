@@ -26,6 +26,7 @@ import json
 import re
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field, replace
+from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -90,12 +91,45 @@ class TraceTensor:
 
 
 @dataclass(frozen=True)
+class CaptureScope:
+    """What a capture was asked to record (its root's "scope"): the modules matching `modules` (glob patterns, with
+    or without the model's class name, as `capture(modules=...)` takes them; empty: every module), up to the tensor
+    `last` (None: to the end). Tensors outside it were not recorded by choice."""
+
+    modules: tuple[str, ...]
+    last: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"modules": list(self.modules), "last": self.last}
+
+    @classmethod
+    def from_json(cls, data: Any) -> CaptureScope | None:
+        """The scope a module tree's "scope" says; None where it says none, or nothing valid."""
+        if not isinstance(data, dict):
+            return None
+        modules, last = data.get("modules"), data.get("last")
+        if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+            return None
+        if last is not None and not isinstance(last, str):
+            return None
+        return cls(tuple(modules), last) if modules or last is not None else None
+
+    def selects(self, module_path: str) -> bool:
+        """Whether the capture recorded the module at `module_path` ("Model.layers.1.attn", a call's "#2" and an
+        op's "/softmax#1" ignored): the rule of `capture(modules=...)`."""
+        path = re.sub(r"#\d+$", "", module_path.partition("/")[0])
+        short = path.partition(".")[2]
+        return not self.modules or any(fnmatchcase(path, p) or fnmatchcase(short, p) for p in self.modules)
+
+
+@dataclass(frozen=True)
 class Trace:
     model_class: str
     has_values: bool
     root: ModuleNode
     tensors: list[TraceTensor]  # in call order; unreferenced files on disk included
     notes: tuple[str, ...] = ()  # a capture's root "notes": what it could not see, said on the run
+    scope: CaptureScope | None = None  # a capture's root "scope": what it was asked to record
 
 
 def is_trace_json(name: str) -> bool:
@@ -129,16 +163,19 @@ def read_trace(json_path: Path, label: str, files: Collection[str]) -> Trace:
     tensors: list[TraceTensor] = []
     root = _walk(tree, tensors, safetensors)
     notes = tuple(n for n in tree.get("notes") or () if isinstance(n, str))
+    scope = CaptureScope.from_json(tree.get("scope"))
     referenced = {t.file for t in tensors if t.file is not None}
     if not referenced and not safetensors:  # use_repr=True, or the summary alone: shapes and statistics only
-        return Trace(model_class, False, root, tensors, notes)
+        return Trace(model_class, False, root, tensors, notes, scope)
     missing = [t.name for t in tensors if t.file is None]
     if missing and len(missing) == len(tensors):
         raise FileProblem(label, f"names no tensor file present in its folder (first: {missing[0]}.safetensors)")
     # a module called twice overwrites its files: the one file holds the last call, so it goes where that call was
     last = {t.file: i for i, t in enumerate(tensors) if t.file is not None}
     tensors = [t for i, t in enumerate(tensors) if t.file is not None and last[t.file] == i]
-    return Trace(model_class, True, root, _place_unreferenced(tensors, sorted(safetensors - referenced), root), notes)
+    return Trace(
+        model_class, True, root, _place_unreferenced(tensors, sorted(safetensors - referenced), root), notes, scope
+    )
 
 
 # --- the tree -------------------------------------------------------------------------------------------------

@@ -283,6 +283,8 @@ class _Recorder:
         root = {**(self.root or {"module_path": self.root_name}), "complete": True}  # no layer pruned: traces.py
         if self.notes:
             root["notes"] = self.notes
+        if self.patterns or self.last is not None:  # what was asked for: the rest of the model was not recorded
+            root["scope"] = {"modules": list(self.patterns), "last": self.last}
         path.write_text(json.dumps(root), encoding="utf-8")  # no indent: json's C encoder writes it
         return path
 

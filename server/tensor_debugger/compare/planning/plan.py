@@ -9,7 +9,7 @@ comparing the same dumps again or uploading an identical tensor never computes t
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -34,11 +34,13 @@ from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.ingest.split_sketches import split_sketch_verdict
+from tensor_debugger.ingest.traces import CaptureScope
 from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
     PairOverrideRecord,
     PairRecord,
+    RunRecord,
     SessionRecord,
     TensorRecord,
     UnmatchedRecord,
@@ -129,6 +131,7 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                 for side in ("a", "b")
             }
             globs = [str(g) for g in session.allow_unmatched or []]
+            unasked = _unasked(db, candidate.id, pairing.pairs)
             first = position - len(pairing.pairs)  # this candidate's first pair
             places = PairPlaces(pairing.pairs)
             for side, run_id, other, missing in (
@@ -145,12 +148,32 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                             name=tensor.name,
                             tensor_ids=[s.id for s in tensor.shards],
                             allowed=tensor.name in refused[side]
-                            or (side == "a" and any(fnmatchcase(tensor.name, g) for g in globs)),
+                            or (side == "a" and (any(fnmatchcase(tensor.name, g) for g in globs) or unasked(tensor))),
                             before_position=first + places.before(tensor) if side == "a" else None,
                         )
                     )
         # in the same transaction: a reader never sees a planned-again session's pairs all pending in between
         _refresh(context, db, session_id)
+
+
+def _unasked(db: DbSession, run_id: int, pairs: Sequence[PairPlan]) -> Callable[[LogicalTensor], bool]:
+    """Whether a reference tensor is one run `run_id` was not asked to record: a capture of some modules only
+    (`capture(modules=...)`, its module tree's "scope") leaves out the reference's other modules, and everything
+    after the last tensor it asked for (where that tensor is paired, so that its place in the reference is known).
+    Such a tensor lacks a partner by the user's choice, as one allowed to stay unpaired; any other stays unmatched."""
+    tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == run_id))
+    scope = CaptureScope.from_json(tree.get("scope")) if isinstance(tree, dict) else None
+    if scope is None:
+        return lambda tensor: False
+    end = next((p.a.first.position for p in pairs if scope.last is not None and p.b.name == scope.last), None)
+
+    def unasked(tensor: LogicalTensor) -> bool:
+        path = tensor.first.module_path
+        if path is not None and not scope.selects(path):
+            return True
+        return end is not None and tensor.first.position > end
+
+    return unasked
 
 
 def _explored(db: DbSession, session_id: int, run_id: int) -> bool:
