@@ -594,7 +594,7 @@ def test_a_model_that_changes_between_calls_is_refused_and_training_mode_warned(
 def test_summary_capture_through_the_server_and_its_pages_say_from_summaries(shared_server: LiveServer) -> None:
     reference, candidate = models()
     x = x_input()
-    for model, run in ((reference, "reference"), (candidate, "candidate")):
+    for model, run in ((reference, "reference"), (candidate, "candidate"), (candidate, "candidate again")):
         with (
             torch.no_grad(),
             capture(model, "summaries over http", run, server=shared_server.url, level="op", values="summary") as r,
@@ -621,6 +621,9 @@ def test_summary_capture_through_the_server_and_its_pages_say_from_summaries(sha
         assert "bit-identical (equal content hashes)" in client.get(f"/pairs/{passing['id']}").text
         session_page = client.get(f"/sessions/{r.session_id}").text
         assert 'class="summary-basis">from summaries: ' in session_page
+        # two candidates side by side, every pair judged on summaries: no empty chart, but why there is none
+        assert "Candidates side by side" in session_page and '<figure class="chart">' not in session_page
+        assert "No chart of max |diff|: no pair here was compared element by element" in session_page
 
 
 def test_an_unknown_values_mode_is_refused(settings: Settings) -> None:
