@@ -132,7 +132,7 @@ class SessionActions:
         a_name: str,
         b_name: str,
         run_id: int | None = None,
-        alignment: list[dict[str, Any]] | None = None,
+        alignment: list[Step] | None = None,
     ) -> PairReport | None:
         """Pair two tensors by hand (the candidate run `run_id`, else the session's first candidate); manual pairs
         persist and win over every automatic strategy. `alignment`: the steps of a chosen alignment (one of
@@ -156,7 +156,7 @@ class SessionActions:
                         action="align",
                         a_name=a_name,
                         b_name=b_name,
-                        steps=alignment,
+                        steps=[s.to_json() for s in alignment],
                     )
                 )
         self.plan(session_id)
@@ -179,14 +179,14 @@ class SessionActions:
             _delete_overrides(db, pair, "pair")
         self.plan(session_id)
 
-    def set_alignment(self, pair_id: int, steps: list[dict[str, Any]]) -> PairReport:
+    def set_alignment(self, pair_id: int, steps: list[Step]) -> PairReport:
         """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
         with self.sessions.begin() as db:
             pair = _pair(db, pair_id)
             side_a, side_b = tensors_of(db, pair)
             shapes_a, shapes_b = [tuple(t.shape) for t in side_a], [tuple(t.shape) for t in side_b]
             try:
-                Alignment.from_steps(shapes_a, shapes_b, [Step.from_json(s) for s in steps])
+                Alignment.from_steps(shapes_a, shapes_b, steps)
             except (ValueError, KeyError, TypeError) as exc:
                 raise InvalidInputError(f"these steps do not align the pair: {exc}") from None
             _delete_overrides(db, pair, "align")
@@ -197,7 +197,7 @@ class SessionActions:
                     action="align",
                     a_name=pair.a_name,
                     b_name=pair.b_name,
-                    steps=steps,
+                    steps=[s.to_json() for s in steps],
                 )
             )
             session_id, names = pair.session_id, (pair.a_name, pair.b_name)

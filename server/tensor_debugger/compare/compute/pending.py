@@ -22,7 +22,7 @@ from tensor_debugger.compare.compute.profiles import profile_views
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.compare.planning.sides import alignment_key, views_of
-from tensor_debugger.engine.alignment import replicas_of
+from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
@@ -299,7 +299,7 @@ def pair_job(
     pair, a, b = current.sides(pair_id)
     view_a, view_b, _ = views_of(context.store, pair, a, b)
     digests_a, digests_b = tuple(t.digest for t in a), tuple(t.digest for t in b)
-    replicas = ReplicaViews(view_a, view_b, exact) if replicas_of((pair.alignment or {}).get("steps", [])) else None
+    replicas = ReplicaViews(view_a, view_b, exact) if replicas_of(stored_steps(pair.alignment)) else None
     work = PendingPair(pair_id, key, digests_a, digests_b, alignment_key(pair), tol, replicas)
     top = context.top
     kernel = context.kernel

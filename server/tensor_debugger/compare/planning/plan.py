@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
-from tensor_debugger.engine.alignment import Alignment, Step, align
+from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.pairing import (
     LogicalTensor,
@@ -198,7 +198,7 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
             continue
         tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
         if len(a) != 1 or len(b) != 1:  # a summary is of one whole tensor: replicas, or shards read together
-            steps = [Step.from_json(s) for s in (pair.alignment or {}).get("steps", [])]
+            steps = stored_steps(pair.alignment)
             split = split_sketch_verdict(context.store, a, b, steps, tol, context.kernel) if pair.alignment else None
             if split is None:
                 pair.summary, pair.result_id, pair.status = None, None, "error"

@@ -11,6 +11,7 @@ from typing import Any
 from tensor_debugger.compare.reports.formatting import replica_words
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull, PairStatsSummary
 from tensor_debugger.compare.reports.where_reports import WhereEntry
+from tensor_debugger.engine.alignment import Step
 from tensor_debugger.engine.metrics import Number
 from tensor_debugger.store.reports import PairStatus
 
@@ -104,6 +105,6 @@ class PairDetail(PairReport):
     """A pair with its full statistics, alignment steps, shards' shapes and the argmax."""
 
     stats: PairStatsFull | None
-    alignment_steps: list[dict[str, Any]]
+    alignment_steps: list[Step]
     shapes: PairShapes
     argmax: ArgmaxReport | None

@@ -53,7 +53,7 @@ from tensor_debugger.compare.reports.pair_stats import PairStatsFull
 from tensor_debugger.compare.reports.progress import PairProgress
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
-from tensor_debugger.engine.alignment import replicas_of
+from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
@@ -201,7 +201,7 @@ def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
 
 def _replicas(pair: Any, mismatches: dict[int, list[int]]) -> ReplicaReport | None:
     """The pair's replicas (`ReplicaReport`), from its alignment and its result's profile along the rank."""
-    found = replicas_of((pair.alignment or {}).get("steps", []))
+    found = replicas_of(stored_steps(pair.alignment))
     if found is None:
         return None
     side, ranks = found
@@ -216,7 +216,7 @@ def replica_results(pairs: Any) -> set[int]:
     return {
         p.result_id
         for p in pairs
-        if p.status == "fail" and p.result_id is not None and replicas_of((p.alignment or {}).get("steps", []))
+        if p.status == "fail" and p.result_id is not None and replicas_of(stored_steps(p.alignment))
     }
 
 
@@ -615,7 +615,7 @@ def pair_detail(db: DbSession, context: CompareContext, pair_id: int) -> PairDet
         **fields,
         where=_where(fields, result.stats.get("where") if result is not None else None, session.dims),
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,
-        alignment_steps=(pair.alignment or {}).get("steps", []),
+        alignment_steps=stored_steps(pair.alignment),
         shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),
         argmax=argmax_report(db, context, pair, result, tensors),
     )
