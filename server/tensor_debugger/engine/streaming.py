@@ -163,7 +163,7 @@ def located(job: PairJob[Key], stats: PairStats, pool: Executor | None) -> PairS
     except Exception:
         log.exception("could not locate the error of a failing pair; its statistics stand without `where`")
         return stats
-    return replace(stats, where=[s.to_json() for s in spans])
+    return replace(stats, where=spans)
 
 
 def pool_threads(pool: ThreadPoolExecutor) -> int:

@@ -56,6 +56,7 @@ from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
+from tensor_debugger.engine.where import ErrorSpan
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -263,7 +264,9 @@ def pair_report(
     return PairReport(**fields, stats=stats, where=_where(fields, spans, dims))
 
 
-def _where(fields: dict[str, Any], spans: Any, dims: dict[str, str] | None) -> list[WhereEntry] | None:
+def _where(
+    fields: dict[str, Any], spans: Sequence[ErrorSpan] | None, dims: dict[str, str] | None
+) -> list[WhereEntry] | None:
     if fields["status"] != PairStatus.FAIL:
         return None
     return named_where(spans, dims, (fields["name"], fields["a"].name, fields["b"].name), fields["aligned_shape"])
@@ -611,9 +614,10 @@ def pair_detail(db: DbSession, context: CompareContext, pair_id: int) -> PairDet
         mismatches[result.id] = error_profile(db, context, pair.id, 0).mismatched
     fields = _pair_fields(pair, tensors, mismatches)
     session = db.get_one(SessionRecord, pair.session_id)
+    spans = result.stats.get("where") if result is not None else None
     return PairDetail(
         **fields,
-        where=_where(fields, result.stats.get("where") if result is not None else None, session.dims),
+        where=_where(fields, None if spans is None else [ErrorSpan.from_json(s) for s in spans], session.dims),
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,
         alignment_steps=stored_steps(pair.alignment),
         shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),

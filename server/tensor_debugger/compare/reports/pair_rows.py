@@ -15,7 +15,8 @@ from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
-from tensor_debugger.compare.reports.where_reports import StoredSpan, StoredWhere
+from tensor_debugger.compare.reports.where_reports import StoredWhere
+from tensor_debugger.engine.where import ErrorSpan
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
 
 # msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)
@@ -30,7 +31,7 @@ class ResultRow:
     """A result's statistics as summaries show them, and where inside the pair its error is (null: not stored)."""
 
     stats: PairStatsSummary
-    where: list[StoredSpan] | None
+    where: list[ErrorSpan] | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,17 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensor_debugger.engine.metrics import Number
-
-
-@dataclass(frozen=True)
-class WorstElement:
-    """One of a pair's largest differences: where (in aligned coordinates), both values and |a - b|."""
-
-    index: list[int]
-    a: Number  # a complex value as text
-    b: Number
-    abs_diff: Number
+from tensor_debugger.engine.metrics import Number, WorstElement
 
 
 @dataclass(frozen=True)
