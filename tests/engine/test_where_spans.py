@@ -10,11 +10,12 @@ import pytest
 from numpy.typing import NDArray
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.dimension_names import dimension_names, parse_dims, parse_dims_option
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import SourceView
-from tensor_debugger.engine.where import ErrorSpan, confine, locate_error
+from tensor_debugger.engine.where import confine, locate_error
 
 
 def views(a: NDArray[Any], b: NDArray[Any]) -> tuple[SourceView, SourceView]:

@@ -25,10 +25,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tensor_debugger.engine.elementwise import abs_diff, integer_differences, largest, within_tolerance
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.fused import FusedPartial, Kernel, default_kernel, top_limit
 from tensor_debugger.engine.scaled_sums import Scaled, cosine, decibels, products, sum_squares
 from tensor_debugger.engine.tolerances import Tolerance
-from tensor_debugger.engine.where import ErrorSpan
 
 HIST_LOW, HIST_HIGH = -12, 4  # log10 of |difference|: one bin per decade, plus zero and overflow counts
 

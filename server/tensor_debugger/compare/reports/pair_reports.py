@@ -55,8 +55,8 @@ from tensor_debugger.compare.reports.where_reports import WhereEntry, named_wher
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
-from tensor_debugger.engine.where import ErrorSpan
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store.models import (
     ComparisonResultRecord,

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
 from tensor_debugger.compare.reports.where_reports import StoredWhere
-from tensor_debugger.engine.where import ErrorSpan
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
 
 # msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)
@@ -59,7 +59,7 @@ class PairRow:
     b_name: str
     a_tensor_ids: list[int]
     b_tensor_ids: list[int]
-    alignment: dict[str, Any] | None
+    alignment: dict[str, Any] | None  # the column's JSON as is (`Alignment.to_json`): its steps key the cache
     alignment_overridden: bool
     status: str
     result_id: int | None

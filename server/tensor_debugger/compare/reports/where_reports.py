@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tensor_debugger.engine.dimension_names import dimension_names
-from tensor_debugger.engine.where import ErrorSpan
+from tensor_debugger.engine.error_spans import ErrorSpan
 
 
 @dataclass(frozen=True)
