@@ -64,6 +64,24 @@ class ModuleNode:
 
 
 @dataclass(frozen=True)
+class ModuleTree:
+    """A run's module calls as stored with it (a trace's, or a capture's): one root per trace, and whether its
+    tensors hold element values."""
+
+    roots: tuple[ModuleNode, ...] = ()
+    values: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": "hf-trace", "values": self.values, "roots": [r.to_json() for r in self.roots]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> ModuleTree:
+        """A run's module tree column; the empty tree where it holds none."""
+        data = data or {}
+        return cls(tuple(ModuleNode.from_json(r) for r in data.get("roots", [])), bool(data.get("values", True)))
+
+
+@dataclass(frozen=True)
 class TraceTensor:
     """A tensor of the trace, in call order. `file` is its member name in the trace folder; None when the trace
     holds no values (written with use_repr=True)."""

@@ -58,6 +58,7 @@ from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
+from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
     PairRecord,
@@ -403,7 +404,7 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     items = judged.items
     tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
     mine = [i for i in items if i.b.run_id == first_candidate]
-    return module_report(mine, tree, _noise_floors(judged), judged.factor)
+    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged), judged.factor)
 
 
 @dataclass(frozen=True)
