@@ -14,7 +14,13 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.explore import CLI_FILTER, plan_explore
 from tensor_debugger.compare.planning.hand_pairing import candidate_run, check_choice
-from tensor_debugger.compare.planning.pairing_files import check_dims, export_pairing, import_pairing, set_rules
+from tensor_debugger.compare.planning.pairing_files import (
+    PairingExport,
+    check_dims,
+    export_pairing,
+    import_pairing,
+    set_rules,
+)
 from tensor_debugger.compare.planning.plan import plan_session, refresh_session
 from tensor_debugger.compare.planning.sides import tensors_of
 from tensor_debugger.compare.reports.pair_report import PairReport
@@ -58,7 +64,7 @@ class SessionActions:
         name_pattern: str | None = None,
         ulp: int | None = None,
         allow_unmatched: list[str] | None = None,
-        dims: dict[str, Any] | None = None,
+        dims: dict[str, Any] | None = None,  # as the user gave them: `check_dims` says what is wrong with them
     ) -> SessionReport:
         """Rename, change the notes, the tolerances (`default_tolerances`: torch.testing's defaults per dtype)
         and/or the pairing rules: `strategies` (a chain as the CLI's --strategies takes it, a comma list or a
@@ -99,7 +105,7 @@ class SessionActions:
         """The session's chain of strategies and name pattern (the page's form); pairs the session again."""
         return self.update_session(session_id, strategies=strategies, name_pattern=name_pattern)
 
-    def import_pairing(self, session_id: int, data: Any) -> dict[str, Any]:
+    def import_pairing(self, session_id: int, data: Any) -> PairingExport:
         """Apply a pairing file (compare/planning/pairing_files.py; nothing changes when it is not one) and pair the
         session again; the session's pairing file now."""
         with self.sessions.begin() as db:
