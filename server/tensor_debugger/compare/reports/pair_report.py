@@ -6,10 +6,10 @@ imports the module that builds them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from tensor_debugger.compare.reports.formatting import replica_words
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull, PairStatsSummary
+from tensor_debugger.compare.reports.summary_reports import SummaryReport
 from tensor_debugger.compare.reports.where_reports import WhereEntry
 from tensor_debugger.engine.alignment import Step
 from tensor_debugger.engine.metrics import Number
@@ -63,7 +63,7 @@ class PairReport:
     error: str | None
     module_path: str | None
     place: str | None
-    summary: dict[str, Any] | None  # the verdict on summary statistics when element values are not available
+    summary: SummaryReport | None  # the verdict on summary statistics when element values are not available
     rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
     noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
     replicas: ReplicaReport | None  # where one side's shards are copies of the tensor, not parts of it

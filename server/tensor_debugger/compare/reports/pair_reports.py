@@ -51,6 +51,7 @@ from tensor_debugger.compare.reports.pair_rows import (
 )
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull
 from tensor_debugger.compare.reports.progress import PairProgress
+from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import replicas_of, stored_steps
@@ -245,7 +246,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "error": pair.error,
         "module_path": pair.module_path,
         "place": pair.place,
-        "summary": pair.summary,
+        "summary": summary_report(pair.summary),
         "rule": "tolerance",
         "noise_max_abs_diff": None,
         "replicas": _replicas(pair, mismatches),
@@ -563,7 +564,7 @@ def _changed(pair: PairReport) -> bool:
         return False
     if pair.stats is not None and pair.stats.max_abs_diff is not None:
         return bool(pair.stats.max_abs_diff != 0)
-    return summary_basis(pair.summary) and (pair.summary or {}).get("hashes_differ") is True
+    return pair.summary is not None and pair.summary.on_summary and pair.summary.hashes_differ is True
 
 
 def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport] = ()) -> FirstDivergence | None:
@@ -594,14 +595,14 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
         item.b.source,
         list(dict.fromkeys(u.name for u in before)),
         "summary" if summary_basis(item.summary) else None,
-        str(item.summary["reason"]) if item.summary and summary_basis(item.summary) else None,
+        str(item.summary.reason) if item.summary is not None and summary_basis(item.summary) else None,
         item.module_path,
     )
 
 
-def summary_basis(summary: dict[str, Any] | None) -> bool:
+def summary_basis(summary: SummaryReport | None) -> bool:
     """Whether a pair's verdict rests on summaries (`summary_compare.SketchVerdict`)."""
-    return summary is not None and summary.get("basis") == "summary"
+    return summary is not None and summary.on_summary
 
 
 def pair_detail(db: DbSession, context: CompareContext, pair_id: int) -> PairDetail:

@@ -15,6 +15,7 @@ from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
+from tensor_debugger.compare.reports.summary_reports import SummaryReport
 from tensor_debugger.compare.reports.where_reports import StoredWhere
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
@@ -24,6 +25,7 @@ _IDS = msgspec.json.Decoder(list[int])
 _ANY = msgspec.json.Decoder()
 _SUMMARY = msgspec.json.Decoder(PairStatsSummary)
 _WHERE = msgspec.json.Decoder(StoredWhere)
+_VERDICT = msgspec.json.Decoder(SummaryReport | None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +68,7 @@ class PairRow:
     error: str | None
     module_path: str | None
     place: str | None
-    summary: dict[str, Any] | None
+    summary: SummaryReport | None
     run_a_id: int
     run_b_id: int
 
@@ -78,6 +80,10 @@ def _text(column: Any) -> Any:
 
 def _json(raw: str | None) -> Any:
     return None if raw is None else _ANY.decode(raw)
+
+
+def _verdict(raw: str | None) -> SummaryReport | None:
+    return None if raw is None else _VERDICT.decode(raw)
 
 
 def read_pairs(db: DbSession, session_id: int) -> list[PairRow]:
@@ -94,7 +100,9 @@ def read_pairs(db: DbSession, session_id: int) -> list[PairRow]:
     # pairs of one shape share their alignment's text: decoded once, the dict shared (reports only read it)
     alignments = {raw: _json(raw) for raw in {r[-2] for r in rows}}
     return [
-        PairRow(*(*r[:8], _IDS.decode(r[-4]), _IDS.decode(r[-3]), alignments[r[-2]], *r[8:14], _json(r[-1]), *r[14:16]))
+        PairRow(
+            *(*r[:8], _IDS.decode(r[-4]), _IDS.decode(r[-3]), alignments[r[-2]], *r[8:14], _verdict(r[-1]), *r[14:16])
+        )
         for r in rows
     ]
 
