@@ -56,7 +56,7 @@ class PairStatsFull(PairStatsSummary):
 SUMMARY_STATS = tuple(PairStatsSummary.__dataclass_fields__)
 
 
-def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:
+def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:  # `from_json`'s: the stored JSON -> keyword arguments
     values = {k: stats[k] for k in SUMMARY_STATS if k in stats}
     values["worst"] = [WorstElement(**w) for w in stats.get("worst", [])]
     return values
