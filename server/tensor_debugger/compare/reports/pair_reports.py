@@ -224,8 +224,9 @@ def replica_results(pairs: Any) -> set[int]:
 
 
 def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[int]]) -> dict[str, Any]:
-    """`tensors` rows have `name`, `shape` and `dtype`; `mismatches`: per result of a failing replicated pair, the
-    elements outside the tolerance per rank."""
+    """A PairReport's fields but its statistics and `where`, as the keywords both PairReport and PairDetail (which
+    adds its own) are built with. `tensors` rows have `name`, `shape` and `dtype`; `mismatches`: per result of a
+    failing replicated pair, the elements outside the tolerance per rank."""
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
     return {
