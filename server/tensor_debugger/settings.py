@@ -275,7 +275,7 @@ class Settings:
     def from_environ(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         """Settings from TENSOR_DEBUGGER_* variables, then explicit overrides (command-line flags) on top."""
         env = dict(os.environ if environ is None else environ)
-        values: dict[str, Any] = {"data_dir": default_data_dir(env)}
+        values: dict[str, Any] = {"data_dir": default_data_dir(env)}  # field name -> parsed value, of any field's type
         for f in fields(cls):
             raw = _raw_value(env, ENV_PREFIX + f.name.upper())
             if raw is not None and raw != "":

@@ -9,6 +9,7 @@ import logging
 import math
 import platform
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -348,13 +349,13 @@ def test_worst_elements_rank_nan_first_then_the_largest_first_in_aligned_coordin
     b[2, 4999] = b[1, 10] = 5.0
     b[0, 3], b[2, 0], b[0, 1] = np.nan, np.inf, 1e-3
     stats = assert_same(monkeypatch, a, b, Tolerance(1e-5, 1e-5), block=1)
-    assert [w["index"] for w in stats.worst] == [[0, 3], [2, 0], [1, 10], [2, 4999], [0, 1]]
-    assert stats.worst[0] == {"index": [0, 3], "a": 0.0, "b": "nan", "abs_diff": "nan"}
-    assert stats.worst[2] == {"index": [1, 10], "a": 0.0, "b": 5.0, "abs_diff": 5.0}
+    assert [w.index for w in stats.worst] == [[0, 3], [2, 0], [1, 10], [2, 4999], [0, 1]]
+    assert asdict(stats.worst[0]) == {"index": [0, 3], "a": 0.0, "b": "nan", "abs_diff": "nan"}
+    assert asdict(stats.worst[2]) == {"index": [1, 10], "a": 0.0, "b": 5.0, "abs_diff": 5.0}
     finite = b.copy()
     finite[0, 3] = finite[2, 0] = 0.0
     ranked = assert_same(monkeypatch, a, finite, Tolerance(1e-5, 1e-5))
-    assert [w["index"] for w in ranked.worst] == [[1, 10], [2, 4999], [0, 1]]
+    assert [w.index for w in ranked.worst] == [[1, 10], [2, 4999], [0, 1]]
     assert PairStats.from_json(ranked.to_json()) == ranked
 
 
@@ -376,7 +377,7 @@ def test_worst_elements_of_differences_that_grow_along_the_tensor(monkeypatch: p
         plain = PairAccumulator(Tolerance(1e-5, 1e-5), False, top)
         plain.add(a, b, (0,), a.shape)
         assert mine == plain.result().worst and len(mine) == top
-        assert [w["index"] for w in mine[:3]] == [[100], [30_000], [49_999]][:top]
+        assert [w.index for w in mine[:3]] == [[100], [30_000], [49_999]][:top]
         assert stats.worst[: min(3, top)] == mine[: min(3, top)]
 
 
@@ -444,8 +445,8 @@ def test_64_bit_integers_differ_exactly(monkeypatch: pytest.MonkeyPatch, dtype_a
     stats = assert_same(monkeypatch, a, b, Tolerance(0, 0), exact=True, block=7)
     assert stats.max_abs_diff == 1 and isinstance(stats.max_abs_diff, int)
     assert stats.argmax == (2, 2) and stats.mismatched == 3
-    assert [w["index"] for w in stats.worst] == [[2, 2], [17, 3], [29, 0]]
-    assert stats.worst[1] == {"index": [17, 3], "a": base, "b": base + 1, "abs_diff": 1}
+    assert [w.index for w in stats.worst] == [[2, 2], [17, 3], [29, 0]]
+    assert asdict(stats.worst[1]) == {"index": [17, 3], "a": base, "b": base + 1, "abs_diff": 1}
     assert PairStats.from_json(stats.to_json()) == stats
 
 
@@ -457,7 +458,7 @@ def test_the_widest_integer_differences_and_small_integers_are_integers(monkeypa
     b = np.array([high, low, 0, 7], dtype=np.int64)
     stats = assert_same(monkeypatch, a, b, Tolerance(0, 0), exact=True)
     assert (stats.max_abs_diff, stats.argmax) == (2**64 - 1, (0,))
-    assert stats.worst[0] == {"index": [0], "a": int(low), "b": int(high), "abs_diff": 2**64 - 1}
+    assert asdict(stats.worst[0]) == {"index": [0], "a": int(low), "b": int(high), "abs_diff": 2**64 - 1}
     unsigned = np.array([2**64 - 1, 5, 0, 7], dtype=np.uint64)
     mixed = assert_same(monkeypatch, a, unsigned, Tolerance(0, 0), exact=True)
     assert (mixed.max_abs_diff, mixed.argmax) == (2**64 - 1 - int(low), (0,))
@@ -467,4 +468,4 @@ def test_the_widest_integer_differences_and_small_integers_are_integers(monkeypa
         other[42] -= 3
         got = assert_same(monkeypatch, small, other, Tolerance(0, 0), exact=True)
         assert got.max_abs_diff == 3 and isinstance(got.max_abs_diff, int) and got.argmax == (42,)
-        assert got.worst == [{"index": [42], "a": 42, "b": 39, "abs_diff": 3}]
+        assert [asdict(w) for w in got.worst] == [{"index": [42], "a": 42, "b": 39, "abs_diff": 3}]

@@ -10,11 +10,12 @@ import pytest
 from numpy.typing import NDArray
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.dimension_names import dimension_names, parse_dims, parse_dims_option
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import SourceView
-from tensor_debugger.engine.where import ErrorSpan, confine, locate_error
+from tensor_debugger.engine.where import confine, locate_error
 
 
 def views(a: NDArray[Any], b: NDArray[Any]) -> tuple[SourceView, SourceView]:
@@ -98,7 +99,10 @@ def test_the_stream_locates_failing_pairs_only() -> None:
     same, failing = results["same"], results["bad"]
     assert isinstance(same, PairStats) and same.passed and same.where is None
     assert isinstance(failing, PairStats) and not failing.passed
-    assert failing.where == [{"dim": 1, "size": 16, "ranges": [[3, 3]]}, {"dim": 3, "size": 32, "ranges": [[7, 7]]}]
+    assert [s.to_json() for s in failing.where or []] == [
+        {"dim": 1, "size": 16, "ranges": [[3, 3]]},
+        {"dim": 3, "size": 32, "ranges": [[7, 7]]},
+    ]
     assert alone.where == failing.where
     assert PairStats.from_json(failing.to_json()).where == failing.where
 

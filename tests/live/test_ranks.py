@@ -171,11 +171,13 @@ def test_a_summary_reference_against_sharded_ranks_compares_the_merged_shards_an
     report = captured(settings, "tp summary", bug_on=-1, values="summary")
     split = [p for p in report.pairs if p.b.shards > 1]
     assert split and all(p.status == "pass" for p in split), [(p.name, p.status, p.error) for p in split]
-    reasons = {p.name: str((p.summary or {}).get("reason")) for p in split}
+    reasons = {p.name: str(p.summary.reason if p.summary is not None else None) for p in split}
     core = next(p for p in split if p.module_path == "Model.attn.core" and p.place == "outputs")
     assert "no difference found in the summary" in reasons[core.name]
     assert "held as 2 shards (concatenated along dim 2)" in reasons[core.name], reasons[core.name]
-    assert "bit-identity is not checked" in reasons[core.name] and not (core.summary or {}).get("identical")
+    assert "bit-identity is not checked" in reasons[core.name] and (
+        core.summary is None or core.summary.identical is not True
+    )
     output = next(p for p in split if p.module_path == "Model" and p.place == "outputs")
     assert "each of the candidate's 2 replicas compared" in reasons[output.name], reasons[output.name]
     whole = [p for p in report.pairs if p.b.shards == 1]
@@ -193,7 +195,7 @@ def test_a_bug_on_one_rank_against_a_summary_reference_fails_the_merged_shards_f
     assert first.basis == "summary" and "shards" in str(first.summary_reason), first
     output = next(p for p in report.pairs if p.module_path == "Model" and p.place == "outputs")
     assert output.status == "fail", (output.status, output.summary)
-    reason = str((output.summary or {}).get("reason"))
+    reason = str(output.summary.reason if output.summary is not None else None)
     # o_proj runs after the gather: every rank's output holds rank 1's wrong heads, so every replica differs
     assert "rank 0's replica of the candidate, one of 2; 1 more of the 2 replicas differ" in reason, reason
 

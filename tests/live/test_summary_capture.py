@@ -142,7 +142,7 @@ def test_a_summary_capture_stores_no_bytes_and_finds_the_same_first_op_as_a_full
         if values == "summary":
             assert first.basis == "summary" and first.summary_reason is not None
             assert first.summary_reason.startswith("from summaries: ")
-            assert by_name["Net.layers.1.self_attn/matmul#1_outputs"].summary["identical"] is True  # type: ignore[index]
+            assert getattr(by_name["Net.layers.1.self_attn/matmul#1_outputs"].summary, "identical", None) is True
             assert report.on_summaries == len(report.pairs)
             typed = compare_report(result.session_id, "port summary", "http://x/sessions/1", report, [])
             payload = to_json(typed)

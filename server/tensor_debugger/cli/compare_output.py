@@ -41,11 +41,11 @@ from tensor_debugger.store.problem_report import ProblemReport
 
 def read_pairing_file(
     path: Path | None, strategies: str | None, name_pattern: str | None, dims: Sequence[str] = ()
-) -> dict[str, Any]:
+) -> dict[str, Any]:  # a pairing file's JSON, checked where the compare runs
     """The pairing to apply: the file's (if any), with the command line's strategies, pattern and dimension names
     (`--dims GLOB=NAMES`, over the file's globs) over it. Raises InvalidInputError naming the file when it cannot
     be read or is not a JSON object, or naming the --dims option that is not GLOB=NAMES."""
-    data: dict[str, Any] = {}
+    data: dict[str, Any] = {}  # the pairing file's JSON as read: `pairing_files.check_file` checks it
     if path is not None:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))

@@ -14,7 +14,13 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.explore import CLI_FILTER, plan_explore
 from tensor_debugger.compare.planning.hand_pairing import candidate_run, check_choice
-from tensor_debugger.compare.planning.pairing_files import check_dims, export_pairing, import_pairing, set_rules
+from tensor_debugger.compare.planning.pairing_files import (
+    PairingExport,
+    check_dims,
+    export_pairing,
+    import_pairing,
+    set_rules,
+)
 from tensor_debugger.compare.planning.plan import plan_session, refresh_session
 from tensor_debugger.compare.planning.sides import tensors_of
 from tensor_debugger.compare.reports.pair_report import PairReport
@@ -58,7 +64,7 @@ class SessionActions:
         name_pattern: str | None = None,
         ulp: int | None = None,
         allow_unmatched: list[str] | None = None,
-        dims: dict[str, Any] | None = None,
+        dims: dict[str, Any] | None = None,  # as the user gave them: `check_dims` says what is wrong with them
     ) -> SessionReport:
         """Rename, change the notes, the tolerances (`default_tolerances`: torch.testing's defaults per dtype)
         and/or the pairing rules: `strategies` (a chain as the CLI's --strategies takes it, a comma list or a
@@ -99,7 +105,7 @@ class SessionActions:
         """The session's chain of strategies and name pattern (the page's form); pairs the session again."""
         return self.update_session(session_id, strategies=strategies, name_pattern=name_pattern)
 
-    def import_pairing(self, session_id: int, data: Any) -> dict[str, Any]:
+    def import_pairing(self, session_id: int, data: Any) -> PairingExport:
         """Apply a pairing file (compare/planning/pairing_files.py; nothing changes when it is not one) and pair the
         session again; the session's pairing file now."""
         with self.sessions.begin() as db:
@@ -132,7 +138,7 @@ class SessionActions:
         a_name: str,
         b_name: str,
         run_id: int | None = None,
-        alignment: list[dict[str, Any]] | None = None,
+        alignment: list[Step] | None = None,
     ) -> PairReport | None:
         """Pair two tensors by hand (the candidate run `run_id`, else the session's first candidate); manual pairs
         persist and win over every automatic strategy. `alignment`: the steps of a chosen alignment (one of
@@ -156,7 +162,7 @@ class SessionActions:
                         action="align",
                         a_name=a_name,
                         b_name=b_name,
-                        steps=alignment,
+                        steps=[s.to_json() for s in alignment],
                     )
                 )
         self.plan(session_id)
@@ -179,14 +185,14 @@ class SessionActions:
             _delete_overrides(db, pair, "pair")
         self.plan(session_id)
 
-    def set_alignment(self, pair_id: int, steps: list[dict[str, Any]]) -> PairReport:
+    def set_alignment(self, pair_id: int, steps: list[Step]) -> PairReport:
         """Replace the automatic alignment with explicit steps (the `alignment_steps` of a pair's detail)."""
         with self.sessions.begin() as db:
             pair = _pair(db, pair_id)
             side_a, side_b = tensors_of(db, pair)
             shapes_a, shapes_b = [tuple(t.shape) for t in side_a], [tuple(t.shape) for t in side_b]
             try:
-                Alignment.from_steps(shapes_a, shapes_b, [Step.from_json(s) for s in steps])
+                Alignment.from_steps(shapes_a, shapes_b, steps)
             except (ValueError, KeyError, TypeError) as exc:
                 raise InvalidInputError(f"these steps do not align the pair: {exc}") from None
             _delete_overrides(db, pair, "align")
@@ -197,7 +203,7 @@ class SessionActions:
                     action="align",
                     a_name=pair.a_name,
                     b_name=pair.b_name,
-                    steps=steps,
+                    steps=[s.to_json() for s in steps],
                 )
             )
             session_id, names = pair.session_id, (pair.a_name, pair.b_name)

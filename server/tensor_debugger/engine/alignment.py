@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +93,7 @@ class Alignment:
     @property
     def replicas(self) -> tuple[str, int] | None:
         """(side, ranks) where one side's shards are whole copies (replicas) of the tensor; None otherwise."""
-        return replicas_of([s.to_json() for s in self.steps])
+        return replicas_of(self.steps)
 
     @property
     def cost(self) -> int:
@@ -131,10 +131,15 @@ class Alignment:
         return cls(tuple(shapes_a), tuple(shapes_b), tuple(steps), final["a"])
 
 
-def replicas_of(steps: list[dict[str, Any]]) -> tuple[str, int] | None:
-    """(side, ranks) of an alignment's steps (`Step.to_json`) that stack one side's replicas; None otherwise."""
-    stack = next((s for s in steps if s.get("kind") == "stack"), None)
-    return None if stack is None else (str(stack["side"]), int(stack["size"]))
+def replicas_of(steps: Sequence[Step]) -> tuple[str, int] | None:
+    """(side, ranks) of an alignment's steps that stack one side's replicas; None otherwise."""
+    stack = next((s for s in steps if s.kind == "stack"), None)
+    return None if stack is None else (stack.side, stack.size)
+
+
+def stored_steps(alignment_json: dict[str, Any] | None) -> list[Step]:
+    """The steps of an alignment stored as JSON (`Alignment.to_json`: a pair's alignment column); [] for none."""
+    return [Step.from_json(s) for s in (alignment_json or {}).get("steps", [])]
 
 
 def _merged_without_steps(shards: list[Shape], steps: list[Step]) -> Shape:

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tensor_debugger.engine.elementwise import abs_diff, integer_differences, largest, within_tolerance
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.fused import FusedPartial, Kernel, default_kernel, top_limit
 from tensor_debugger.engine.scaled_sums import Scaled, cosine, decibels, products, sum_squares
 from tensor_debugger.engine.tolerances import Tolerance
@@ -44,6 +45,24 @@ DEFAULT_TOP = 8  # worst elements kept per pair (Settings.top, `compare --top`)
 # index, |a - b|, a, b)
 _Worst = tuple[int, float, int, tuple[int, ...], float, Any, Any]
 _EXACT_FLOAT = 1 << 52  # integers of at most this magnitude, and their differences, are exact in float64
+
+
+# JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (json_number); an integer pair's differences and
+# values are exact integers (int64 and uint64 past float64's 2**53 included): `int` here keeps them so where msgspec
+# decodes stored statistics (compare/reports/pair_rows.py). The OpenAPI document says number or string
+# (web/openapi_viewer.py), not oneOf number or integer, which JSON Schema refuses for every whole number.
+Number = float | int | str
+
+
+@dataclass(frozen=True)
+class WorstElement:
+    """One of a pair's largest differences: where (in aligned coordinates), both values and |a - b| (JSON-ready
+    numbers: `json_number`'s, exact integers for an integer pair, a complex value as text)."""
+
+    index: list[int]
+    a: Number
+    b: Number
+    abs_diff: Number
 
 
 @dataclass(frozen=True)
@@ -68,13 +87,12 @@ class PairStats:
     histogram: list[int]  # [zero, decades HIST_LOW..HIST_HIGH-1 ..., >= 10**HIST_HIGH or inf]
     rtol: float
     atol: float
-    # the largest differences, largest first: {"index": aligned index, "a", "b", "abs_diff"} (JSON-ready numbers)
-    worst: list[dict[str, Any]] = field(default_factory=list)
+    worst: list[WorstElement] = field(default_factory=list)  # the largest differences, largest first
     ulp: int = 0  # above 0: the tolerance was this many ULPs of ulp_dtype (rtol and atol unused)
     ulp_dtype: str = ""
-    # failing pairs: the aligned dimensions that confine the error (engine/where.py's ErrorSpan.to_json each, [] where
-    # it is everywhere); None for a passing pair, and for results stored before this was computed
-    where: list[dict[str, Any]] | None = None
+    # failing pairs: the aligned dimensions that confine the error (engine/where.py, [] where it is everywhere); None
+    # for a passing pair, and for results stored before this was computed
+    where: list[ErrorSpan] | None = None
 
     @property
     def passed(self) -> bool:
@@ -83,6 +101,7 @@ class PairStats:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["argmax"] = list(self.argmax) if self.argmax is not None else None
+        data["where"] = None if self.where is None else [s.to_json() for s in self.where]
         return {k: json_number(v) if isinstance(v, float) else v for k, v in data.items()}
 
     @classmethod
@@ -92,14 +111,10 @@ class PairStats:
             for k, v in data.items()
         }
         values["argmax"] = tuple(data["argmax"]) if data.get("argmax") is not None else None
+        values["worst"] = [WorstElement(**w) for w in data.get("worst", [])]
+        where = data.get("where")
+        values["where"] = None if where is None else [ErrorSpan.from_json(s) for s in where]
         return cls(**values)
-
-
-# JSON has no NaN or Infinity: those travel as "nan", "inf" and "-inf" (json_number); an integer pair's differences and
-# values are exact integers (int64 and uint64 past float64's 2**53 included): `int` here keeps them so where msgspec
-# decodes stored statistics (compare/reports/pair_rows.py). The OpenAPI document says number or string
-# (web/openapi_viewer.py), not oneOf number or integer, which JSON Schema refuses for every whole number.
-Number = float | int | str
 
 
 def json_number(value: float) -> float | str:
@@ -527,12 +542,12 @@ class PairAccumulator:
             ulp=self.tol.ulp,
             ulp_dtype=self.tol.ulp_dtype,
             worst=[
-                {
-                    "index": list(index),
-                    "a": _json_value(number(x)),
-                    "b": _json_value(number(y)),
-                    "abs_diff": json_number(d) if isinstance(d, float) and not self.integers else int(d),
-                }
+                WorstElement(
+                    list(index),
+                    _json_value(number(x)),
+                    _json_value(number(y)),
+                    json_number(d) if isinstance(d, float) and not self.integers else int(d),
+                )
                 for _, _, _, index, d, x, y in self.worst
             ],
         )

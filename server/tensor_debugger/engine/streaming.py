@@ -16,11 +16,12 @@ from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.fused import FusedPartial, Kernel
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
-from tensor_debugger.engine.where import ErrorSpan, locate_error
+from tensor_debugger.engine.where import locate_error
 
 log = logging.getLogger(__name__)
 BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side: about 1M elements, 4 stored float32 chunks: short drains
@@ -163,7 +164,7 @@ def located(job: PairJob[Key], stats: PairStats, pool: Executor | None) -> PairS
     except Exception:
         log.exception("could not locate the error of a failing pair; its statistics stand without `where`")
         return stats
-    return replace(stats, where=[s.to_json() for s in spans])
+    return replace(stats, where=spans)
 
 
 def pool_threads(pool: ThreadPoolExecutor) -> int:

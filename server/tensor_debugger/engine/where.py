@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.views import View
 
 SHARE = 0.99  # the share of the squared error the kept indices hold
@@ -28,22 +28,6 @@ SHARE = 0.99  # the share of the squared error the kept indices hold
 EVERYWHERE = 0.5
 MAX_RANGES = 16
 WHERE_BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side read at once
-
-
-@dataclass(frozen=True)
-class ErrorSpan:
-    """The index ranges (inclusive) of aligned dimension `dim` (of `size`) that hold SHARE of a pair's error."""
-
-    dim: int
-    size: int
-    ranges: tuple[tuple[int, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"dim": self.dim, "size": self.size, "ranges": [[s, e] for s, e in self.ranges]}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ErrorSpan:
-        return cls(int(data["dim"]), int(data["size"]), tuple((int(s), int(e)) for s, e in data["ranges"]))
 
 
 class WhereAccumulator:

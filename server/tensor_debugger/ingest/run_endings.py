@@ -19,6 +19,7 @@ from tensor_debugger.ingest.outcomes import TakenOver
 from tensor_debugger.ingest.run_copy import delete_arrays
 from tensor_debugger.ingest.run_rows import problem_rows, summary_record, tensor_records
 from tensor_debugger.ingest.stored import Stored
+from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.database import lock_arrays
@@ -122,14 +123,10 @@ class RunEndings:
             if fingerprint is not None:
                 run.input_fingerprint, run.input_key = fingerprint.data, fingerprint.key
             if traces:
-                run.module_tree = {
-                    "source": "hf-trace",
-                    "values": all(t.trace.has_values for t in traces),
-                    "roots": [t.trace.root.to_json() for t in traces],
-                }
+                # a capture of some modules only says so: pairing leaves out what it did not ask for
                 scope = traces[0].trace.scope if len(traces) == 1 else None
-                if scope is not None:  # a capture of some modules only: pairing leaves out what it did not ask for
-                    run.module_tree["scope"] = scope.to_json()
+                tree = ModuleTree(tuple(t.trace.root for t in traces), all(t.trace.has_values for t in traces), scope)
+                run.module_tree = tree.to_json()
 
     def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
         """Point each of `records` bit-identical to a tensor another ready run stored (older or not: runs ingested at

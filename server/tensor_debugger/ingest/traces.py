@@ -65,6 +65,32 @@ class ModuleNode:
 
 
 @dataclass(frozen=True)
+class ModuleTree:
+    """A run's module calls as stored with it (a trace's, or a capture's): one root per trace, and whether its
+    tensors hold element values."""
+
+    roots: tuple[ModuleNode, ...] = ()
+    values: bool = True
+    scope: CaptureScope | None = None  # a capture of some modules only: what it was asked to record
+
+    def to_json(self) -> dict[str, Any]:
+        data = {"source": "hf-trace", "values": self.values, "roots": [r.to_json() for r in self.roots]}
+        if self.scope is not None:
+            data["scope"] = self.scope.to_json()
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any] | None) -> ModuleTree:
+        """A run's module tree column; the empty tree where it holds none."""
+        data = data or {}
+        return cls(
+            tuple(ModuleNode.from_json(r) for r in data.get("roots", [])),
+            bool(data.get("values", True)),
+            CaptureScope.from_json(data.get("scope")),
+        )
+
+
+@dataclass(frozen=True)
 class TraceTensor:
     """A tensor of the trace, in call order. `file` is its member name in the trace folder; None when the trace
     holds no values (written with use_repr=True)."""

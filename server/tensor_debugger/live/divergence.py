@@ -225,7 +225,8 @@ def find_divergence(
                 stacklevel=2,
             )
     call = _caller(inputs)
-    # into a local data dir, the session's runs are paired once, after the last capture (each would pair them all)
+    # capture()'s keywords; into a local data dir, the session's runs are paired once, after the last capture (each
+    # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
     stored: list[CaptureResult] = []
     try:

@@ -152,7 +152,7 @@ class _Recorder:
         self.patterns = patterns
         self.writer = writer
         self.files: list[str] = []  # the tensors' file names, in call order
-        self.stack: list[dict[str, Any]] = []
+        self.stack: list[dict[str, Any]] = []  # the trace's JSON nodes being written (ingest/traces.py reads them)
         self.root: dict[str, Any] | None = None
         self.calls: dict[str, int] = {}
         self.count = 0

@@ -10,9 +10,28 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 
 TIMEOUT_S = 600.0
 TOKEN_VARIABLE = "TENSOR_DEBUGGER_TOKEN"
+
+
+class _Session(msgspec.Struct):
+    """What an upload reads of a session the server lists or creates."""
+
+    id: int
+    name: str
+
+
+class _Run(msgspec.Struct):
+    run_id: int
+
+
+class _Uploaded(msgspec.Struct):
+    """What an upload reads of the server's answer: the session made (POST /api/sessions only) and the runs."""
+
+    session: _Session | None = None
+    runs: list[_Run] | None = None
 
 
 def server_client(server: str, token: str | None = None) -> httpx.Client:
@@ -35,25 +54,27 @@ def upload_files(
     with server_client(server, token) as client:
         found = client.get("/api/sessions", params={"q": session})
         _check(found, server)
-        existing = next((s for s in found.json() if s["name"] == session), None)
+        listed = msgspec.json.decode(found.content, type=list[_Session])
+        existing = next((s for s in listed if s.name == session), None)
         with ExitStack() as stack:
             files = [(run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream")) for p in paths]
             if existing is None:
                 response = client.post("/api/sessions", data={"name": session}, files=files)
             else:
-                response = client.post(f"/api/sessions/{existing['id']}/runs", params={"label": run}, files=files)
+                response = client.post(f"/api/sessions/{existing.id}/runs", params={"label": run}, files=files)
         _check(response, server)
-        body = response.json()
-        if existing is None and body["session"]["name"] != session and tries > 1:
+        body = msgspec.json.decode(response.content, type=_Uploaded)
+        if existing is None and body.session is not None and body.session.name != session and tries > 1:
             # another client created `session` between the look-up and this upload, and the server named this one
             # "session (2)": the run belongs in the session of that name, so it goes there instead
-            _check(client.delete(f"/api/sessions/{body['session']['id']}"), server)
+            _check(client.delete(f"/api/sessions/{body.session.id}"), server)
             return upload_files(server, session, run, paths, token, tries - 1)
     return _ids(body, existing)
 
 
 def server_sessions(server: str, token: str | None = None) -> list[dict[str, Any]]:
-    """The server's sessions as GET /api/sessions lists them."""
+    """The server's sessions as GET /api/sessions lists them: the answer as sent (JSON), which the caller checks
+    against the fields it shows (cli/remote.py)."""
     with server_client(server, token) as client:
         response = client.get("/api/sessions")
         _check(response, server)
@@ -76,7 +97,9 @@ def _check(response: httpx.Response, server: str) -> None:
     raise RuntimeError(f"{server.rstrip('/')} refused the request ({response.status_code}){hint}: {detail}")
 
 
-def _ids(body: dict[str, Any], existing: dict[str, Any] | None) -> tuple[int, int]:
-    runs = body.get("runs") or []
-    session_id = existing["id"] if existing is not None else body["session"]["id"]
-    return int(session_id), int(runs[-1]["run_id"])
+def _ids(body: _Uploaded, existing: _Session | None) -> tuple[int, int]:
+    runs = body.runs or []
+    made = existing if existing is not None else body.session
+    if made is None or not runs:
+        raise RuntimeError("the server's answer to an upload names no session or no run")
+    return made.id, runs[-1].run_id

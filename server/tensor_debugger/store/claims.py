@@ -65,7 +65,7 @@ class Claims:
     def until(self) -> float:
         return time.time() + self.lease_seconds
 
-    def outage_hold(self) -> dict[str, Any]:
+    def outage_hold(self) -> dict[str, Any]:  # column -> value, for an UPDATE's values()
         """The claim columns of a pending pair whose computation met an outage (the store or the database did not
         answer): held by nobody for the backoff, 1 s after the first batch that met one, then twice as long after
         each further one in a row, up to OUTAGE_MAX_SECONDS."""
@@ -129,7 +129,7 @@ class Claims:
 
     # --- runs -------------------------------------------------------------------------------------------
 
-    def run_claim(self) -> dict[str, Any]:
+    def run_claim(self) -> dict[str, Any]:  # column -> value, for an UPDATE's values()
         """The columns of a run this process begins to ingest: claimed by it until the lease runs out."""
         return {"claimed_by": self.owner, "claimed_until": self.until()}
 

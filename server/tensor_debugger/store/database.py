@@ -173,7 +173,7 @@ def head_revision(versions: Path) -> str | None:
     for path in versions.glob("*.py"):
         if path.name.startswith(("__init__", ".#")):  # files Alembic skips too
             continue
-        values: dict[str, Any] = {}
+        values: dict[str, Any] = {}  # a migration file's module-level assignments, whatever they hold
         try:
             for node in ast.parse(path.read_bytes(), str(path)).body:
                 if isinstance(node, ast.Assign) and len(node.targets) == 1:

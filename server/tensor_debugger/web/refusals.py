@@ -130,7 +130,8 @@ def _reason(exc: HTTPException) -> str:
 
 
 def _failure(error: dict[str, Any]) -> str:
-    """One of a ValidationException's errors: "body 'name': Expected `str`, got `int`"."""
+    """One of a ValidationException's errors (Litestar's free-form dict): "body 'name': Expected `str`, got
+    `int`"."""
     if not error.get("key"):
         return str(error.get("message"))
     source = error.get("source", "body")

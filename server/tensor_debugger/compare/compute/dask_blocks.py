@@ -191,7 +191,7 @@ def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> 
             cluster.client.cancel(tasks)  # type: ignore[no-untyped-call]
             return stats
         accumulator.fold(*part, [s.start for s in region])
-    return replace(stats, where=[s.to_json() for s in accumulator.spans()])
+    return replace(stats, where=accumulator.spans())
 
 
 def where_block(settings: Settings, pair_id: int, key: str, region: Region) -> Masses:

@@ -11,18 +11,18 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from tensor_debugger.compare.compute.chunk_loop import chunk_pairs
-from tensor_debugger.compare.compute.profiles import profile_views
+from tensor_debugger.compare.compute.profiles import ErrorProfile, profile_views, stored_profiles
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.compare.planning.sides import alignment_key, views_of
-from tensor_debugger.engine.alignment import replicas_of
+from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.engine.tolerances import Tolerance
@@ -65,7 +65,7 @@ class PendingPair:
     replicas: ReplicaViews | None = None  # where one side's shards are replicas (alignment.py: stacked)
 
 
-def rank_profiles(work: PendingPair, result: PairStats | Exception) -> dict[str, Any] | None:
+def rank_profile(work: PendingPair, result: PairStats | Exception) -> ErrorProfile | None:
     """A failing replicated pair's error profile along the rank (aligned dim 0), kept with its result: which ranks'
     copies differ (pair_reports.py). None for other pairs, or where reading again failed (those ranks stay unknown)."""
     if work.replicas is None or not isinstance(result, PairStats) or result.passed:
@@ -75,7 +75,7 @@ def rank_profiles(work: PendingPair, result: PairStats | Exception) -> dict[str,
     except Exception:
         log.exception("the ranks of replicated pair %d could not be read again", work.pair_id)
         return None
-    return {"0": asdict(profile)}
+    return profile
 
 
 class Tally:
@@ -226,11 +226,11 @@ class ResultWriter:
 
     def __init__(self, context: CompareContext) -> None:
         self._context = context
-        self._waiting: list[tuple[PendingPair, PairStats | Exception, list[int], dict[str, Any] | None]] = []
+        self._waiting: list[tuple[PendingPair, PairStats | Exception, list[int], ErrorProfile | None]] = []
         self._written = -math.inf  # when the last batch was written
 
     def add(self, work: PendingPair, result: PairStats | Exception, pair_ids: list[int]) -> None:
-        self._waiting.append((work, result, pair_ids, rank_profiles(work, result)))
+        self._waiting.append((work, result, pair_ids, rank_profile(work, result)))
         if len(self._waiting) >= FLUSH_RESULTS or (isinstance(result, Exception) and is_outage(result)):
             self.flush()
         else:
@@ -268,7 +268,7 @@ class ResultWriter:
             }
             if any(isinstance(result, Exception) and is_outage(result) for _, result, _, _ in self._waiting):
                 self._context.claims.outage_met()
-            for work, result, pair_ids, profiles in self._waiting:
+            for work, result, pair_ids, ranks in self._waiting:
                 if isinstance(result, Exception):  # a corrupt chunk: the pair says so, work goes on
                     for pair_id in pair_ids:
                         current.fail(pair_id, work.key, result)
@@ -281,7 +281,7 @@ class ResultWriter:
                         rtol=work.tolerance.rtol,
                         atol=work.tolerance.atol,
                         stats=result.to_json(),
-                        profiles=profiles,
+                        profiles=None if ranks is None else stored_profiles({0: ranks}),
                     )
                     db.add(records[work.key])
             db.flush()  # their ids, for the pairs
@@ -299,7 +299,7 @@ def pair_job(
     pair, a, b = current.sides(pair_id)
     view_a, view_b, _ = views_of(context.store, pair, a, b)
     digests_a, digests_b = tuple(t.digest for t in a), tuple(t.digest for t in b)
-    replicas = ReplicaViews(view_a, view_b, exact) if replicas_of((pair.alignment or {}).get("steps", [])) else None
+    replicas = ReplicaViews(view_a, view_b, exact) if replicas_of(stored_steps(pair.alignment)) else None
     work = PendingPair(pair_id, key, digests_a, digests_b, alignment_key(pair), tol, replicas)
     top = context.top
     kernel = context.kernel

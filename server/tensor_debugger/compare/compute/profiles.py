@@ -44,7 +44,7 @@ def error_profile(db: DbSession, context: CompareContext, pair_id: int, dim: int
     result = db.get(ComparisonResultRecord, pair.result_id) if pair.result_id is not None else None
     cached = (result.profiles or {}).get(str(dim)) if result is not None else None
     if cached is not None:
-        return ErrorProfile(**cached)
+        return ErrorProfile(**cached)  # a profile stored as JSON: `stored_profiles`
     view_a, view_b, _ = views(context.store, db, pair)
     side_a, side_b = tensors_of(db, pair)
     session = db.get_one(SessionRecord, pair.session_id)
@@ -54,11 +54,14 @@ def error_profile(db: DbSession, context: CompareContext, pair_id: int, dim: int
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
     if result is not None:
-        profiles: dict[str, Any] = dict(result.profiles or {})
-        profiles[str(dim)] = asdict(profile)
-        result.profiles = profiles
+        result.profiles = {**(result.profiles or {}), **stored_profiles({dim: profile})}
         db.commit()
     return profile
+
+
+def stored_profiles(profiles: dict[int, ErrorProfile]) -> dict[str, dict[str, Any]]:
+    """Profiles as a result's profiles column holds them: by dimension (as text), each as JSON."""
+    return {str(dim): asdict(profile) for dim, profile in profiles.items()}
 
 
 def profile_views(view_a: View, view_b: View, dim: int, tolerance: Tolerance, exact: bool) -> ErrorProfile:

@@ -5,7 +5,6 @@ and the API to list, and the check that a chosen one fits."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
@@ -22,7 +21,7 @@ class AlignmentChoice:
 
     words: str
     shape: list[int]  # the aligned shape both sides are read in
-    steps: list[dict[str, Any]]
+    steps: list[Step]
     last_resort: bool  # both flattened: element counts agree, layouts may not
     automatic: bool  # the one the session would pick by itself
 
@@ -102,7 +101,7 @@ def hand_pair_choices(
         AlignmentChoice(
             c.words(),
             list(c.shape),
-            [s.to_json() for s in c.steps],
+            list(c.steps),
             c.last_resort,
             automatic is not None and c.key() == automatic.key(),
         )
@@ -119,12 +118,10 @@ def hand_pair_choices(
     )
 
 
-def check_choice(
-    db: DbSession, session_id: int, a_name: str, b_name: str, run: RunRecord, steps: list[dict[str, Any]]
-) -> None:
+def check_choice(db: DbSession, session_id: int, a_name: str, b_name: str, run: RunRecord, steps: list[Step]) -> None:
     """InvalidInputError unless `steps` align the two named tensors."""
     shapes_a, shapes_b = _shapes(db, session_id, run, a_name, "a"), _shapes(db, session_id, run, b_name, "b")
     try:
-        Alignment.from_steps(shapes_a, shapes_b, [Step.from_json(s) for s in steps])
+        Alignment.from_steps(shapes_a, shapes_b, steps)
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise InvalidInputError(f"this alignment does not fit {a_name!r} and {b_name!r}: {exc}") from None

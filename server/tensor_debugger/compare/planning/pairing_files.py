@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session as DbSession
 
@@ -27,6 +28,33 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord
 
 KEYS = ("strategies", "name_pattern", "dims", "pairs", "unpaired")
+
+
+class PairedNames(msgspec.Struct, omit_defaults=True):
+    """A pair kept in the file: the reference's tensor `a` and the candidate's `b` (in `run`, where the session has
+    several candidate runs)."""
+
+    a: str
+    b: str
+    run: str | None = None
+
+
+class UnpairedNames(msgspec.Struct, omit_defaults=True):
+    """What stays unpaired: {"a", "b"}, never these two; {"a"} or {"b"}, this tensor (in `run`, where several)."""
+
+    a: str | None = None
+    b: str | None = None
+    run: str | None = None
+
+
+class PairingExport(msgspec.Struct):
+    """A session's pairing file, as GET answers and PUT takes it."""
+
+    strategies: list[str] | None  # the chain of pairing strategies; null: the default one
+    name_pattern: str | None  # a regex with groups layer and stage (and rank); null: none
+    dims: dict[str, str] | None  # name glob -> comma-separated dimension names; null: none
+    pairs: list[PairedNames]
+    unpaired: list[UnpairedNames]
 
 
 def check_rules(strategies: Any, name_pattern: Any) -> tuple[list[str] | None, str | None]:
@@ -57,13 +85,13 @@ def set_rules(session: SessionRecord, strategies: Any, name_pattern: Any) -> Non
     session.strategies, session.name_pattern = check_rules(strategies, name_pattern)
 
 
-def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
+def export_pairing(db: DbSession, session_id: int) -> PairingExport:
     session = catalog.get_session(db, session_id)
     labels = {r.id: r.label for r in session.runs}
     several = sum(1 for r in session.runs if r.position > 0) > 1
 
-    def entry(run_b_id: int, **names: str) -> dict[str, str]:
-        return {**names, "run": labels[run_b_id]} if several else dict(names)
+    def run(run_b_id: int) -> str | None:
+        return labels[run_b_id] if several else None
 
     pairs = db.scalars(
         select(PairRecord).where(PairRecord.session_id == session_id).order_by(PairRecord.position)
@@ -75,17 +103,17 @@ def export_pairing(db: DbSession, session_id: int) -> dict[str, Any]:
     ).all()
     # only the user's refusals: a tensor that merely found no partner is not listed, or importing the file again
     # would allow it to stay unpaired (and the session's verdict would no longer count it as not compared)
-    unpaired = [entry(o.run_b_id, **{k: v for k, v in (("a", o.a_name), ("b", o.b_name)) if v}) for o in refusals]
-    return {
-        "strategies": session.strategies,
-        "name_pattern": session.name_pattern,
-        "dims": session.dims,
-        "pairs": [entry(p.run_b_id, a=p.a_name, b=p.b_name) for p in pairs],
-        "unpaired": unpaired,
-    }
+    unpaired = [UnpairedNames(o.a_name or None, o.b_name or None, run(o.run_b_id)) for o in refusals]
+    return PairingExport(
+        session.strategies,
+        session.name_pattern,
+        session.dims,
+        [PairedNames(p.a_name, p.b_name, run(p.run_b_id)) for p in pairs],
+        unpaired,
+    )
 
 
-def _entries(data: dict[str, Any], key: str) -> list[dict[str, str]]:
+def _entries(data: dict[str, Any], key: str) -> list[dict[str, str]]:  # a file's JSON, checked here
     items = data[key]
     if not isinstance(items, list):
         raise InvalidInputError(f"{key} must be a list of objects, got {type(items).__name__}")
@@ -106,7 +134,7 @@ def _entries(data: dict[str, Any], key: str) -> list[dict[str, str]]:
     return items
 
 
-def check_file(data: Any) -> dict[str, Any]:
+def check_file(data: Any) -> dict[str, Any]:  # a file's JSON as read, returned once checked
     """The pairing file `data` if it is one (keys, rules and entries well formed); raises InvalidInputError."""
     if not isinstance(data, dict):
         raise InvalidInputError("a pairing file is a JSON object")

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
-from tensor_debugger.engine.alignment import Alignment, Step, align
+from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.pairing import (
     LogicalTensor,
@@ -34,7 +34,7 @@ from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.ingest.split_sketches import split_sketch_verdict
-from tensor_debugger.ingest.traces import CaptureScope
+from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -161,8 +161,7 @@ def _unasked(db: DbSession, run_id: int, pairs: Sequence[PairPlan]) -> Callable[
     (`capture(modules=...)`, its module tree's "scope") leaves out the reference's other modules, and everything
     after the last tensor it asked for (where that tensor is paired, so that its place in the reference is known).
     Such a tensor lacks a partner by the user's choice, as one allowed to stay unpaired; any other stays unmatched."""
-    tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == run_id))
-    scope = CaptureScope.from_json(tree.get("scope")) if isinstance(tree, dict) else None
+    scope = ModuleTree.from_json(db.scalar(select(RunRecord.module_tree).where(RunRecord.id == run_id))).scope
     if scope is None:
         return lambda tensor: False
     end = next((p.a.first.position for p in pairs if scope.last is not None and p.b.name == scope.last), None)
@@ -221,7 +220,7 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
             continue
         tol, _ = tolerance(current.session(pair), a[0].dtype, b[0].dtype)
         if len(a) != 1 or len(b) != 1:  # a summary is of one whole tensor: replicas, or shards read together
-            steps = [Step.from_json(s) for s in (pair.alignment or {}).get("steps", [])]
+            steps = stored_steps(pair.alignment)
             split = split_sketch_verdict(context.store, a, b, steps, tol, context.kernel) if pair.alignment else None
             if split is None:
                 pair.summary, pair.result_id, pair.status = None, None, "error"

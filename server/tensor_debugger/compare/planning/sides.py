@@ -109,7 +109,7 @@ def aligned_views(
     for tensor in (*a, *b):
         if not tensor.has_values:
             raise InvalidInputError(values_unavailable(tensor))
-    steps = [Step.from_json(s) for s in alignment_json["steps"]]
+    steps = [Step.from_json(s) for s in alignment_json["steps"]]  # the stored JSON: the edge
     alignment = Alignment.from_steps([tuple(t.shape) for t in a], [tuple(t.shape) for t in b], steps)
 
     def sources(side: Sequence[TensorRecord]) -> list[View]:

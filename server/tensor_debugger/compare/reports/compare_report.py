@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from tensor_debugger.compare.reports.summary_reports import SummaryReport
 from tensor_debugger.compare.reports.where_reports import WhereEntry
 from tensor_debugger.store.problem_report import ProblemReport
 
@@ -89,7 +90,7 @@ class ComparedPair(msgspec.Struct, frozen=True):
     place: str | None
     # the verdict on summaries, where element values are not available: a trace's (use_repr=True) or a capture's
     # with values="summary" (engine/summary_compare.py), as stored with the result
-    summary: dict[str, Any] | None
+    summary: SummaryReport | None
     candidate: str  # the label of the candidate run
     rule: str  # what judged the verdict: "tolerance", or "noise" (a rerun of the reference's floor)
     noise_max_abs_diff: Number | None  # that floor: the reference's rerun's max |diff| here
@@ -100,7 +101,7 @@ class ComparedPair(msgspec.Struct, frozen=True):
     @property
     def on_summary(self) -> bool:
         """Judged on summaries alone (a capture with values="summary")."""
-        return self.summary is not None and self.summary.get("basis") == "summary"
+        return self.summary is not None and self.summary.on_summary
 
 
 class Unmatched(msgspec.Struct, frozen=True):

@@ -6,11 +6,12 @@ from __future__ import annotations
 import enum
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from tensor_debugger.compare.reports.pair_report import PairReport
 from tensor_debugger.engine.culprits import (
+    Culprit,
     StageCulprit,
     TensorError,
     added_error,
@@ -20,7 +21,7 @@ from tensor_debugger.engine.culprits import (
     stands_out,
 )
 from tensor_debugger.engine.metrics import Number, json_number, parse_number
-from tensor_debugger.ingest.traces import ModuleNode
+from tensor_debugger.ingest.traces import ModuleNode, ModuleTree
 from tensor_debugger.store.reports import PairStatus
 
 
@@ -175,7 +176,7 @@ def pair_error(item: PairReport) -> float | None:
 
 def module_report(
     items: list[PairReport],
-    module_tree: dict[str, Any] | None,
+    module_tree: ModuleTree,
     floors: dict[str, float] | None = None,
     factor: float = 4.0,
 ) -> ModuleReport | None:
@@ -193,7 +194,7 @@ def module_report(
     # each pair's error worked out once: the ranking and each module's pairs both show it
     known = {i.id: e for i in traced if (e := pair_error(i)) is not None}
     errors = [TensorError(i.module_path or "", i.place or "", i.position, known[i.id]) for i in traced if i.id in known]
-    roots = [ModuleNode.from_json(r) for r in (module_tree or {}).get("roots", [])]
+    roots = module_tree.roots
     root_paths = {r.path for r in roots} or {i.module_path or "" for i in traced if "." not in (i.module_path or "")}
     everything = rank_culprits(errors)
     ranked = [c for c in everything if c.module_path not in root_paths] or everything
@@ -226,7 +227,7 @@ def module_report(
     top = culprits[0] if culprits and failing else None
     added = {c.module_path: c for c in ranked}
     return ModuleReport(
-        bool((module_tree or {}).get("values", True)),
+        module_tree.values,
         [_node_report(r, by_module, added, top, known)[0] for r in roots],
         culprits,
         top,
@@ -251,7 +252,7 @@ class _Gap:
         return f"`{self.block}` records no output: the error appears between {between} `{_short_name(self.child)}`"
 
 
-def _gaps(roots: list[ModuleNode], errors: list[TensorError]) -> list[_Gap]:
+def _gaps(roots: Sequence[ModuleNode], errors: list[TensorError]) -> list[_Gap]:
     """Each block without a recorded output, and below it: the error each child's inputs add to what came before.
     The errors are indexed by module once (inputs and outputs, in `errors`' order) and each subtree's largest output
     error is worked out once: a scan of every error per module took 6.8 of 8.4 s for a 2,008-module trace."""
@@ -298,7 +299,7 @@ def _output_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | 
 def _node_report(
     node: ModuleNode,
     by_module: dict[str, list[PairReport]],
-    added: dict[str, Any],
+    added: dict[str, Culprit],
     top: CulpritReport | None,
     errors: dict[int, float],
 ) -> tuple[ModuleNodeReport, int]:

@@ -6,11 +6,12 @@ imports the module that builds them."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from tensor_debugger.compare.reports.formatting import replica_words
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull, PairStatsSummary
+from tensor_debugger.compare.reports.summary_reports import SummaryReport
 from tensor_debugger.compare.reports.where_reports import WhereEntry
+from tensor_debugger.engine.alignment import Step
 from tensor_debugger.engine.metrics import Number
 from tensor_debugger.store.reports import PairStatus
 
@@ -62,7 +63,7 @@ class PairReport:
     error: str | None
     module_path: str | None
     place: str | None
-    summary: dict[str, Any] | None  # the verdict on summary statistics when element values are not available
+    summary: SummaryReport | None  # the verdict on summary statistics when element values are not available
     rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
     noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
     replicas: ReplicaReport | None  # where one side's shards are copies of the tensor, not parts of it
@@ -104,6 +105,6 @@ class PairDetail(PairReport):
     """A pair with its full statistics, alignment steps, shards' shapes and the argmax."""
 
     stats: PairStatsFull | None
-    alignment_steps: list[dict[str, Any]]
+    alignment_steps: list[Step]
     shapes: PairShapes
     argmax: ArgmaxReport | None

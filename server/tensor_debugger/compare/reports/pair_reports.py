@@ -51,12 +51,15 @@ from tensor_debugger.compare.reports.pair_rows import (
 )
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull
 from tensor_debugger.compare.reports.progress import PairProgress
+from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
-from tensor_debugger.engine.alignment import replicas_of
+from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
+from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
     PairRecord,
@@ -201,7 +204,7 @@ def _side(pair: Any, side: str, tensors: dict[int, Any]) -> PairSide:
 
 def _replicas(pair: Any, mismatches: dict[int, list[int]]) -> ReplicaReport | None:
     """The pair's replicas (`ReplicaReport`), from its alignment and its result's profile along the rank."""
-    found = replicas_of((pair.alignment or {}).get("steps", []))
+    found = replicas_of(stored_steps(pair.alignment))
     if found is None:
         return None
     side, ranks = found
@@ -216,13 +219,14 @@ def replica_results(pairs: Any) -> set[int]:
     return {
         p.result_id
         for p in pairs
-        if p.status == "fail" and p.result_id is not None and replicas_of((p.alignment or {}).get("steps", []))
+        if p.status == "fail" and p.result_id is not None and replicas_of(stored_steps(p.alignment))
     }
 
 
 def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[int]]) -> dict[str, Any]:
-    """`tensors` rows have `name`, `shape` and `dtype`; `mismatches`: per result of a failing replicated pair, the
-    elements outside the tolerance per rank."""
+    """A PairReport's fields but its statistics and `where`, as the keywords both PairReport and PairDetail (which
+    adds its own) are built with. `tensors` rows have `name`, `shape` and `dtype`; `mismatches`: per result of a
+    failing replicated pair, the elements outside the tolerance per rank."""
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
     return {
@@ -243,7 +247,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "error": pair.error,
         "module_path": pair.module_path,
         "place": pair.place,
-        "summary": pair.summary,
+        "summary": summary_report(pair.summary),
         "rule": "tolerance",
         "noise_max_abs_diff": None,
         "replicas": _replicas(pair, mismatches),
@@ -263,7 +267,9 @@ def pair_report(
     return PairReport(**fields, stats=stats, where=_where(fields, spans, dims))
 
 
-def _where(fields: dict[str, Any], spans: Any, dims: dict[str, str] | None) -> list[WhereEntry] | None:
+def _where(
+    fields: dict[str, Any], spans: Sequence[ErrorSpan] | None, dims: dict[str, str] | None
+) -> list[WhereEntry] | None:
     if fields["status"] != PairStatus.FAIL:
         return None
     return named_where(spans, dims, (fields["name"], fields["a"].name, fields["b"].name), fields["aligned_shape"])
@@ -400,7 +406,7 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     items = judged.items
     tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
     mine = [i for i in items if i.b.run_id == first_candidate]
-    return module_report(mine, tree, _noise_floors(judged), judged.factor)
+    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged), judged.factor)
 
 
 @dataclass(frozen=True)
@@ -559,7 +565,7 @@ def _changed(pair: PairReport) -> bool:
         return False
     if pair.stats is not None and pair.stats.max_abs_diff is not None:
         return bool(pair.stats.max_abs_diff != 0)
-    return summary_basis(pair.summary) and (pair.summary or {}).get("hashes_differ") is True
+    return pair.summary is not None and pair.summary.on_summary and pair.summary.hashes_differ is True
 
 
 def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport] = ()) -> FirstDivergence | None:
@@ -590,14 +596,14 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
         item.b.source,
         list(dict.fromkeys(u.name for u in before)),
         "summary" if summary_basis(item.summary) else None,
-        str(item.summary["reason"]) if item.summary and summary_basis(item.summary) else None,
+        str(item.summary.reason) if item.summary is not None and summary_basis(item.summary) else None,
         item.module_path,
     )
 
 
-def summary_basis(summary: dict[str, Any] | None) -> bool:
+def summary_basis(summary: SummaryReport | None) -> bool:
     """Whether a pair's verdict rests on summaries (`summary_compare.SketchVerdict`)."""
-    return summary is not None and summary.get("basis") == "summary"
+    return summary is not None and summary.on_summary
 
 
 def pair_detail(db: DbSession, context: CompareContext, pair_id: int) -> PairDetail:
@@ -611,11 +617,12 @@ def pair_detail(db: DbSession, context: CompareContext, pair_id: int) -> PairDet
         mismatches[result.id] = error_profile(db, context, pair.id, 0).mismatched
     fields = _pair_fields(pair, tensors, mismatches)
     session = db.get_one(SessionRecord, pair.session_id)
+    spans = result.stats.get("where") if result is not None else None
     return PairDetail(
         **fields,
-        where=_where(fields, result.stats.get("where") if result is not None else None, session.dims),
+        where=_where(fields, None if spans is None else [ErrorSpan.from_json(s) for s in spans], session.dims),
         stats=PairStatsFull.from_json(result.stats) if result is not None else None,
-        alignment_steps=(pair.alignment or {}).get("steps", []),
+        alignment_steps=stored_steps(pair.alignment),
         shapes=PairShapes([tensors[i].shape for i in pair.a_tensor_ids], [tensors[i].shape for i in pair.b_tensor_ids]),
         argmax=argmax_report(db, context, pair, result, tensors),
     )

@@ -15,7 +15,9 @@ from sqlalchemy import Text, cast, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
-from tensor_debugger.compare.reports.where_reports import StoredSpan, StoredWhere
+from tensor_debugger.compare.reports.summary_reports import SummaryReport
+from tensor_debugger.compare.reports.where_reports import StoredWhere
+from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, RunRecord, TensorRecord
 
 # msgspec's decoders hold no data, only the target type's compiled description (as a compiled regex would)
@@ -23,6 +25,7 @@ _IDS = msgspec.json.Decoder(list[int])
 _ANY = msgspec.json.Decoder()
 _SUMMARY = msgspec.json.Decoder(PairStatsSummary)
 _WHERE = msgspec.json.Decoder(StoredWhere)
+_VERDICT = msgspec.json.Decoder(SummaryReport | None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +33,7 @@ class ResultRow:
     """A result's statistics as summaries show them, and where inside the pair its error is (null: not stored)."""
 
     stats: PairStatsSummary
-    where: list[StoredSpan] | None
+    where: list[ErrorSpan] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,14 +61,14 @@ class PairRow:
     b_name: str
     a_tensor_ids: list[int]
     b_tensor_ids: list[int]
-    alignment: dict[str, Any] | None
+    alignment: dict[str, Any] | None  # the column's JSON as is (`Alignment.to_json`): its steps key the cache
     alignment_overridden: bool
     status: str
     result_id: int | None
     error: str | None
     module_path: str | None
     place: str | None
-    summary: dict[str, Any] | None
+    summary: SummaryReport | None
     run_a_id: int
     run_b_id: int
 
@@ -77,6 +80,10 @@ def _text(column: Any) -> Any:
 
 def _json(raw: str | None) -> Any:
     return None if raw is None else _ANY.decode(raw)
+
+
+def _verdict(raw: str | None) -> SummaryReport | None:
+    return None if raw is None else _VERDICT.decode(raw)
 
 
 def read_pairs(db: DbSession, session_id: int) -> list[PairRow]:
@@ -93,7 +100,9 @@ def read_pairs(db: DbSession, session_id: int) -> list[PairRow]:
     # pairs of one shape share their alignment's text: decoded once, the dict shared (reports only read it)
     alignments = {raw: _json(raw) for raw in {r[-2] for r in rows}}
     return [
-        PairRow(*(*r[:8], _IDS.decode(r[-4]), _IDS.decode(r[-3]), alignments[r[-2]], *r[8:14], _json(r[-1]), *r[14:16]))
+        PairRow(
+            *(*r[:8], _IDS.decode(r[-4]), _IDS.decode(r[-3]), alignments[r[-2]], *r[8:14], _verdict(r[-1]), *r[14:16])
+        )
         for r in rows
     ]
 

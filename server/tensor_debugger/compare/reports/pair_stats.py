@@ -5,17 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tensor_debugger.engine.metrics import Number
-
-
-@dataclass(frozen=True)
-class WorstElement:
-    """One of a pair's largest differences: where (in aligned coordinates), both values and |a - b|."""
-
-    index: list[int]
-    a: Number  # a complex value as text
-    b: Number
-    abs_diff: Number
+from tensor_debugger.engine.metrics import Number, WorstElement
 
 
 @dataclass(frozen=True)
@@ -66,7 +56,7 @@ class PairStatsFull(PairStatsSummary):
 SUMMARY_STATS = tuple(PairStatsSummary.__dataclass_fields__)
 
 
-def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:
+def _summary_values(stats: dict[str, Any]) -> dict[str, Any]:  # `from_json`'s: the stored JSON -> keyword arguments
     values = {k: stats[k] for k in SUMMARY_STATS if k in stats}
     values["worst"] = [WorstElement(**w) for w in stats.get("worst", [])]
     return values

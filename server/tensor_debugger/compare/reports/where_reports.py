@@ -5,25 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from tensor_debugger.engine.dimension_names import dimension_names
-
-
-@dataclass(frozen=True)
-class StoredSpan:
-    """One entry of a result's stored `where` (engine.where.ErrorSpan.to_json)."""
-
-    dim: int
-    size: int
-    ranges: list[list[int]]
+from tensor_debugger.engine.error_spans import ErrorSpan
 
 
 @dataclass(frozen=True)
 class StoredWhere:
     """The `where` of a result's stored statistics, decoded alone (null: none stored)."""
 
-    where: list[StoredSpan] | None = None
+    where: list[ErrorSpan] | None = None
 
 
 @dataclass(frozen=True)
@@ -38,7 +29,7 @@ class WhereEntry:
 
 
 def named_where(
-    spans: Sequence[StoredSpan] | Sequence[Mapping[str, Any]] | None,
+    spans: Sequence[ErrorSpan] | None,
     dims: Mapping[str, str] | None,
     names: Sequence[str],
     aligned_shape: Sequence[int] | None,
@@ -50,9 +41,6 @@ def named_where(
     labels = dimension_names(dims, names, len(aligned_shape)) if aligned_shape is not None else None
     entries = []
     for span in spans:
-        item = span if isinstance(span, Mapping) else vars(span)
-        dim = int(item["dim"])
-        entries.append(
-            WhereEntry(dim, labels[dim] if labels else None, int(item["size"]), [list(r) for r in item["ranges"]])
-        )
+        dim = span.dim
+        entries.append(WhereEntry(dim, labels[dim] if labels else None, span.size, [list(r) for r in span.ranges]))
     return entries

@@ -52,7 +52,10 @@ class LocalController(Controller):
 
     @post("/compare", sync_to_thread=False)
     def compare(
-        self, request: Request[Any, Any, Any], services: NamedDependency[Services], data: JSONBody[dict[str, Any]]
+        self,
+        request: Request[Any, Any, Any],
+        services: NamedDependency[Services],
+        data: JSONBody[dict[str, Any]],  # the request's JSON: `CompareRequest.from_json` reads it, saying what is wrong
     ) -> Stream:
         """`tensor-debugger compare`: one JSON object a line, {"step", "done", "total"} as it goes, then
         {"outcome": ...} (`CompareEvent`, compare/reports/compare_report.py), or {"failure": ...}. The work goes on to

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any, TypeAlias
 
-import msgspec
 from litestar import Controller, get, put
 from litestar.di import NamedDependency
 from litestar.openapi.spec import OpenAPIType, Schema
 from litestar.params import Body, FromPath
 
-from tensor_debugger.compare.planning.pairing_files import export_pairing
+from tensor_debugger.compare.planning.pairing_files import PairingExport, export_pairing
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, error_responses
@@ -47,34 +46,8 @@ def _pairing_file() -> Any:
     return Body(schema_extra={"properties": properties, "additional_properties": False})
 
 
+# the body as sent: free-form JSON that `pairing_files.check_file` checks, naming what is wrong in words
 PairingFile: TypeAlias = Annotated[dict[str, Any], _pairing_file()]
-
-
-class PairedNames(msgspec.Struct, omit_defaults=True):
-    """A pair kept in the file: the reference's tensor `a` and the candidate's `b` (in `run`, where the session has
-    several candidate runs)."""
-
-    a: str
-    b: str
-    run: str | None = None
-
-
-class UnpairedNames(msgspec.Struct, omit_defaults=True):
-    """What stays unpaired: {"a", "b"}, never these two; {"a"} or {"b"}, this tensor (in `run`, where several)."""
-
-    a: str | None = None
-    b: str | None = None
-    run: str | None = None
-
-
-class PairingExport(msgspec.Struct):
-    """A session's pairing file, as GET answers and PUT takes it."""
-
-    strategies: list[str] | None  # the chain of pairing strategies; null: the default one
-    name_pattern: str | None  # a regex with groups layer and stage (and rank); null: none
-    dims: dict[str, str] | None  # name glob -> comma-separated dimension names; null: none
-    pairs: list[PairedNames]
-    unpaired: list[UnpairedNames]
 
 
 PAIRING_RULES = (
@@ -93,7 +66,7 @@ class SessionPairingController(Controller):
         """`strategies` (the chain, null: the default), `name_pattern`, `pairs` ({"a", "b"}) and `unpaired`
         ({"a", "b"}: never these two; {"a"} or {"b"}: this tensor stays unpaired)."""
         with services.sessions() as db:
-            return msgspec.convert(export_pairing(db, session_id), PairingExport)
+            return export_pairing(db, session_id)
 
     @put(
         "/",
@@ -109,4 +82,4 @@ class SessionPairingController(Controller):
         `compare --pairing` may also give a comma list)."""
         if isinstance(data.get("strategies"), str):
             raise InvalidInputError('strategies must be a list of strategy names (["name", "fuzzy:0.8"])')
-        return msgspec.convert(services.actions.import_pairing(session_id, data), PairingExport)
+        return services.actions.import_pairing(session_id, data)

@@ -15,7 +15,7 @@ from litestar.params import FromPath
 from litestar.response import Redirect, Template
 
 from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
-from tensor_debugger.compare.planning.pairing_files import export_pairing
+from tensor_debugger.compare.planning.pairing_files import PairingExport, export_pairing
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.web.controllers.forms import Form
@@ -72,7 +72,7 @@ class PairingPageController(Controller):
         return Redirect(f"/sessions/{session_id}#pairing", status_code=303)
 
     @get("/sessions/{session_id:int}/pairing.json", sync_to_thread=True)
-    def pairing_file(self, services: NamedDependency[Services], session_id: FromPath[int]) -> Response[dict[str, Any]]:
+    def pairing_file(self, services: NamedDependency[Services], session_id: FromPath[int]) -> Response[PairingExport]:
         """The session's pairing file (what GET /api/sessions/{id}/pairing answers) as a download."""
         with services.sessions() as db:
             data = export_pairing(db, session_id)

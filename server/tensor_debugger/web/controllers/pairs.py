@@ -14,6 +14,7 @@ from tensor_debugger.compare.reports.pair_report import ArgmaxReport, PairDetail
 from tensor_debugger.compare.reports.pair_reports import DivergenceReport, SessionPairs, pair_detail, session_pairs
 from tensor_debugger.compare.reports.session_profiles import SessionProfiles, parse_dim, session_profiles
 from tensor_debugger.compare.reports.slices import SliceReport, parse_slice_request, read_slice
+from tensor_debugger.engine.alignment import Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -32,11 +33,11 @@ class ManualPair(msgspec.Struct, forbid_unknown_fields=True):
     b_name: str  # the candidate run's tensor
     run_id: int | None = None  # the candidate run; the session's second run when left out
     # the steps of the alignment chosen (a choice's `steps` from GET .../alignments); left out: the automatic one
-    alignment: list[dict[str, Any]] | None = None
+    alignment: list[Step] | None = None
 
 
 class AlignmentOverride(msgspec.Struct, forbid_unknown_fields=True):
-    steps: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    steps: list[Step] = msgspec.field(default_factory=list)
 
 
 class SessionPairsController(Controller):
