@@ -34,7 +34,9 @@ own while the forward runs on (torch's kernels, BLAKE3 and the statistics kernel
 `SUMMARY_BACKLOG` bytes of copies behind: each summary is of the values the op made, whatever changes the tensor
 later (an in-place op, or code torch cannot see: a C++ extension, a write through `.numpy()`), and the summaries are
 kept in call order. `summarize_forward` does the same without storing
-anything.
+anything. `record` records a run as `capture` would and holds it in memory (with full values, a copy of each tensor)
+until `HeldRun.store` stores it, where `capture` would have; it can also hash, in the same pass, every tensor a
+capture of every module would record (`find_divergence` checks with it that a model repeats its first call).
 """
 
 from __future__ import annotations
