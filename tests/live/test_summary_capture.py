@@ -23,7 +23,7 @@ from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
-from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
+from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch, sketch_hash
 from tensor_debugger.live.divergence import ChangingModelError
 from tensor_debugger.live.recorder import summarize_forward
 from tensor_debugger.services import open_services
@@ -81,6 +81,17 @@ def test_a_summary_is_exact_where_it_can_be_and_samples_the_same_positions_on_bo
     assert content_hash(t[:, ::2]) == content_hash(t[:, ::2].contiguous())
     odd = torch.arange(7, dtype=torch.uint8)  # bytes not a multiple of 8
     assert content_hash(odd) != content_hash(torch.tensor([0, 1, 2, 3, 4, 5, 9], dtype=torch.uint8))
+
+
+def test_a_tensors_hash_alone_is_its_summarys_hash() -> None:
+    """`sketch_hash`, which find_divergence's second pass checks each tensor with, is the hash its summary holds:
+    contiguous or strided, of every width, empty; one flipped bit changes it."""
+    t = torch.randn(64, 48, generator=torch.Generator().manual_seed(5))
+    for value in (t, t.T, t[:, ::3], t.to(torch.bfloat16), t.to(torch.float64), (t > 0), t[:0], torch.tensor(2.5)):
+        assert sketch_hash(value) == sketch(value).hash, value.dtype
+    flipped = t.clone()
+    flipped.view(torch.int32)[3, 4] ^= 1
+    assert sketch_hash(flipped) != sketch_hash(t)
 
 
 def test_summary_verdicts_prove_failures_and_call_a_pass_no_difference_found() -> None:
