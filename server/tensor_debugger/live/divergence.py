@@ -36,6 +36,7 @@ import torch
 
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
+from tensor_debugger.ingest.sketches import dtype_name
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, pair_session, record
 
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
@@ -200,17 +201,23 @@ def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], unt
 
 
 def _full_stats(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], tolerance: Tolerance) -> ElementStats:
-    x, y = a.detach().to(torch.float64), b.detach().to(torch.float64)
-    diff = (y - x).abs()
-    diff = torch.where(torch.isnan(x) & torch.isnan(y), torch.zeros_like(diff), diff)
+    """Element by element, as torch.testing compares: equal values (infinities of one sign included) and NaN against
+    NaN agree; complex values by the magnitude of their difference; an empty tensor has nothing outside."""
+    wide = torch.complex128 if a.is_complex() or b.is_complex() else torch.float64
+    x, y = a.detach().to(wide), b.detach().to(wide)
+    agree = (x == y) | (torch.isnan(x) & torch.isnan(y))
+    diff = torch.where(agree, torch.zeros((), dtype=torch.float64, device=x.device), (y - x).abs())
     bound = torch.from_numpy(tolerance.bound(x.abs().reshape(-1).cpu().numpy())).reshape(x.shape).to(x.device)
     bad = torch.isnan(diff) | (diff > bound)
     flat = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff).reshape(-1)
-    index = int(flat.argmax().item()) if flat.numel() else 0
+    if not flat.numel():
+        return ElementStats(names[0], names[1], tuple(x.shape), 0.0, (), 0, 0, True)
+    index = int(flat.argmax().item())
     argmax = tuple(int(i) for i in torch.unravel_index(torch.tensor(index), x.shape)) if x.dim() else ()
     mismatched = int(bad.sum().item())
-    top = float(flat[index].item()) if flat.numel() else 0.0
-    return ElementStats(names[0], names[1], tuple(x.shape), top, argmax, mismatched, x.numel(), mismatched == 0)
+    return ElementStats(
+        names[0], names[1], tuple(x.shape), float(flat[index].item()), argmax, mismatched, x.numel(), mismatched == 0
+    )
 
 
 def find_divergence(
@@ -240,7 +247,8 @@ def find_divergence(
                 stacklevel=2,
             )
     call = _caller(inputs)
-    # into a local data dir, the session's runs are paired once, after the last capture (each would pair them all)
+    # capture()'s keywords; into a local data dir, the session's runs are paired once, after the last capture (each
+    # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
     stored: list[CaptureResult] = []
     try:
@@ -272,9 +280,12 @@ def _find(
         call(candidate)
     ref, cand = ref_run.result, cand_run.result
 
-    def tolerance(a: Sketch, b: Sketch) -> Tolerance:
-        default = default_tolerance(a.dtype, b.dtype)
+    def tolerance_of(dtype_a: str, dtype_b: str) -> Tolerance:
+        default = default_tolerance(dtype_a, dtype_b)
         return Tolerance(default.rtol if rtol is None else rtol, default.atol if atol is None else atol)
+
+    def tolerance(a: Sketch, b: Sketch) -> Tolerance:
+        return tolerance_of(a.dtype, b.dtype)
 
     theirs = {_key(name, root_b): name for name in cand.summaries}
     first: tuple[str, str, SketchVerdict] | None = None
@@ -338,12 +349,9 @@ def _find(
         partner = theirs_full.get(_key(tensor_name, root_a))
         if partner is None or kept["b"][partner].shape != value.shape:
             continue
-        a_sketch = ref.summaries.get(tensor_name)
-        tol = (
-            tolerance(a_sketch, a_sketch)
-            if a_sketch is not None
-            else Tolerance(rtol if rtol is not None else 1.3e-6, atol if atol is not None else 1e-5)
-        )
+        # the looser of the two dtypes' tolerances, as the summaries were judged: a float32 reference against a
+        # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
+        tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
         stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
         if tensor_name == name:
             full_first = stats
@@ -400,12 +408,15 @@ def _one_sided_before(
 
 def _last_wanted(summaries: Mapping[str, Sketch], patterns: Sequence[str], root: str) -> str | None:
     """The last tensor of a summary capture (in call order) that a capture of modules `patterns` records, other
-    than the model's own inputs and outputs: after it, a full-values pass of the same model has nothing to record."""
+    than the model's own inputs and outputs (its ops are recorded where `patterns` selects it: "*"): after it, a
+    full-values pass of the same model has nothing to record."""
     last = None
     for name in summaries:
         path = re.sub(r"#\d+$", "", module_of(name))
         short = path.partition(".")[2]
-        if path != root and any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in patterns):
+        if (path != root or "/" in name) and any(
+            fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in patterns
+        ):
             last = name
     return last
 
