@@ -23,12 +23,12 @@ from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
-from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
+from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch, sketch_hash
 from tensor_debugger.live.divergence import ChangingModelError
 from tensor_debugger.live.recorder import summarize_forward
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import PairRecord, ProblemRecord, RunRecord, TensorRecord
+from tensor_debugger.store.models import PairRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
 from torch import nn
 
 from tests.live.test_op_capture import DIM, Drift, compared, line_of, models, rows_of
@@ -81,6 +81,17 @@ def test_a_summary_is_exact_where_it_can_be_and_samples_the_same_positions_on_bo
     assert content_hash(t[:, ::2]) == content_hash(t[:, ::2].contiguous())
     odd = torch.arange(7, dtype=torch.uint8)  # bytes not a multiple of 8
     assert content_hash(odd) != content_hash(torch.tensor([0, 1, 2, 3, 4, 5, 9], dtype=torch.uint8))
+
+
+def test_a_tensors_hash_alone_is_its_summarys_hash() -> None:
+    """`sketch_hash`, which find_divergence's second pass checks each tensor with, is the hash its summary holds:
+    contiguous or strided, of every width, empty; one flipped bit changes it."""
+    t = torch.randn(64, 48, generator=torch.Generator().manual_seed(5))
+    for value in (t, t.T, t[:, ::3], t.to(torch.bfloat16), t.to(torch.float64), (t > 0), t[:0], torch.tensor(2.5)):
+        assert sketch_hash(value) == sketch(value).hash, value.dtype
+    flipped = t.clone()
+    flipped.view(torch.int32)[3, 4] ^= 1
+    assert sketch_hash(flipped) != sketch_hash(t)
 
 
 def test_summary_verdicts_prove_failures_and_call_a_pass_no_difference_found() -> None:
@@ -578,15 +589,154 @@ class Dropping(nn.Module):
         return out
 
 
-def test_a_model_that_changes_between_calls_is_refused_and_training_mode_warned(settings: Settings) -> None:
-    torch.manual_seed(0)
-    model = Dropping()  # training mode: dropout differs from call to call
-    with pytest.warns(UserWarning, match="training mode"), pytest.raises(ChangingModelError, match="dropout"):
-        find_divergence(model, model, (x_input(),), session="drop", data_dir=settings.data_dir)
+def stored_anything(settings: Settings) -> dict[str, Any]:
+    """What the data dir holds: how many rows of sessions, runs, tensors and notes, and the array store's files."""
     services = open_services(settings)
     try:
         with services.sessions() as db:
-            assert db.scalars(select(RunRecord)).all() == []  # refused before anything was stored
+            rows = {
+                table.__name__: len(db.scalars(select(table)).all())
+                for table in (SessionRecord, RunRecord, TensorRecord, ProblemRecord)
+            }
+    finally:
+        services.close()
+    arrays = settings.data_dir / "arrays"
+    files = sorted(str(f.relative_to(arrays)) for f in arrays.rglob("*") if f.is_file()) if arrays.exists() else []
+    return {**rows, "arrays": files}
+
+
+def test_a_model_that_changes_between_calls_is_refused_and_training_mode_warned(settings: Settings) -> None:
+    torch.manual_seed(0)
+    model = Dropping()  # training mode: dropout differs from call to call
+    empty = stored_anything(settings)
+    with (
+        pytest.warns(UserWarning, match="training mode"),
+        pytest.raises(ChangingModelError, match="dropout") as refused,
+    ):
+        find_divergence(model, model, (x_input(),), session="drop", data_dir=settings.data_dir)
+    said = str(refused.value)
+    assert said.startswith("the reference called twice on the same inputs gave different values, first at ")
+    assert "first at Dropping.dropout/dropout#1_outputs " in said
+    assert stored_anything(settings) == empty  # refused before anything was stored
+
+
+class Jitter(nn.Module):
+    """Three projections; `noise` adds fresh random values (torch.rand in the forward) to the first's output, so
+    small that the first pass's comparison passes there; `late` adds them to the model's output."""
+
+    def __init__(self, noise: float = 0.0, late: bool = False, planted: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second, self.third = (nn.Linear(DIM, DIM) for _ in range(3))
+        self.noise, self.late = noise, late
+        if planted:
+            with torch.no_grad():
+                self.second.weight.mul_(1.01)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.first(x)
+        if self.noise:
+            h = h + self.noise * torch.rand(h.shape)
+        out: torch.Tensor = self.third(torch.relu(self.second(h)))
+        if self.late:
+            out = out + torch.rand(out.shape)
+        return out
+
+
+@pytest.mark.parametrize("noisy", ["reference", "candidate"])
+def test_a_model_whose_values_change_before_the_divergence_is_refused_naming_it_and_nothing_is_stored(
+    settings: Settings, noisy: str
+) -> None:
+    """The noise is within tolerance where it is added: the first pass finds the planted change after it. Called
+    again, the noisy model's (the reference's, or the candidate's alone) random tensor differs from its first call's,
+    before the divergence: refused, naming that model and that tensor, and nothing is stored."""
+    reference = Jitter(noise=1e-9 if noisy == "reference" else 0.0).eval()
+    candidate = Jitter(noise=1e-9 if noisy == "candidate" else 0.0, planted=True).eval()
+    empty = stored_anything(settings)
+    with pytest.raises(ChangingModelError) as refused:
+        find_divergence(reference, candidate, (x_input(),), session="noise", data_dir=settings.data_dir)
+    said = str(refused.value)
+    assert said.startswith(f"the {noisy} called twice on the same inputs gave different values"), said
+    assert "first at Jitter/rand#1_outputs " in said, said
+    assert stored_anything(settings) == empty
+    assert {k: v for k, v in empty.items() if k != "arrays"} == dict.fromkeys(
+        ("SessionRecord", "RunRecord", "TensorRecord", "ProblemRecord"), 0
+    )
+
+
+def test_dropout_in_the_candidate_alone_is_refused_naming_the_candidate(settings: Settings) -> None:
+    torch.manual_seed(0)
+    reference = Dropping().eval()
+    candidate = Dropping()
+    candidate.load_state_dict(reference.state_dict())  # the same weights, in training mode
+    empty = stored_anything(settings)
+    with (
+        pytest.warns(UserWarning, match="the candidate model is in training mode"),
+        pytest.raises(ChangingModelError) as refused,
+    ):
+        find_divergence(reference, candidate, (x_input(),), session="drop", data_dir=settings.data_dir)
+    said = str(refused.value)
+    assert said.startswith("the candidate called twice on the same inputs gave different values, first at "), said
+    assert "Dropping.dropout/dropout#1_outputs" in said
+    assert stored_anything(settings) == empty
+
+
+def test_values_that_change_only_after_the_last_tensor_asked_for_do_not_change_the_answer(settings: Settings) -> None:
+    """Random values added to the model's output, after everything the answer rests on: the answer is given, and
+    says up to which tensor each model gave the same values when called again."""
+    reference, candidate = Jitter(late=True).eval(), Jitter(late=True, planted=True).eval()
+    found = find_divergence(reference, candidate, (x_input(),), session="late", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference == "Jitter.second/linear#1_outputs"
+    assert found.repeatable_until == ("Jitter.second_outputs", "Jitter.second_outputs")
+    assert (
+        "Called again, each model gave the same values up to Jitter.second_outputs (reference) and "
+        "Jitter.second_outputs (candidate)" in repr(found)
+    )
+    # the same models called twice give different outputs: the noise is real, and left unchecked after that point
+    with torch.no_grad():
+        assert not torch.equal(reference(x_input()), reference(x_input()))
+
+
+def test_find_divergences_summary_runs_are_those_a_summary_capture_stores(settings: Settings) -> None:
+    reference, candidate = models()
+    reference.eval(), candidate.eval()
+    found = find_divergence(reference, candidate, (x_input(),), session="found", data_dir=settings.data_dir)
+    assert found.first is not None and found.repeatable_until is not None
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with (
+            torch.no_grad(),
+            capture(model, "captured", run, data_dir=settings.data_dir, level="op", values="summary"),
+        ):
+            model(x_input())
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+
+            def contents(session: str, run: str) -> dict[str, Any]:
+                record = db.scalars(
+                    select(RunRecord).join(SessionRecord).where(SessionRecord.name == session, RunRecord.label == run)
+                ).one()
+                tensors = db.scalars(
+                    select(TensorRecord).where(TensorRecord.run_id == record.id).order_by(TensorRecord.position)
+                ).all()
+                problems = db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == record.id)).all()
+                # a summary-only tensor's digest is a random "none:" token (it shares no cached result): not compared
+                assert all(t.digest.startswith("none:") for t in tensors)
+                columns = [c.key for c in TensorRecord.__table__.columns if c.key not in ("id", "run_id", "digest")]
+                return {
+                    "run": {
+                        k: getattr(record, k)
+                        for k in ("label", "role", "position", "status", "tensor_count", "total_bytes", "sources")
+                    },
+                    "tree": record.module_tree,
+                    "tensors": [{c: getattr(t, c) for c in columns} for t in tensors],
+                    "problems": [(p.file, p.reason, p.note) for p in problems],
+                }
+
+            for run in ("reference", "candidate"):
+                ours, captured = contents("found", run), contents("captured", run)
+                assert len(ours["tensors"]) > 50 and ours["tree"] is not None
+                assert ours == captured, run
     finally:
         services.close()
 

@@ -192,6 +192,18 @@ def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | 
     )
 
 
+def sketch_hash(tensor: torch.Tensor) -> str:
+    """The hash `sketch(tensor)` gives, alone (none of its statistics, no sample): the cheapest check that a tensor's
+    bits equal those of one summarised before (BLAKE3 of its bytes on the CPU, "fold64" on another device)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        return content_hash(t)
+    from tensor_debugger.store.dtypes import torch_to_storage
+
+    t = _contiguous(t)
+    return _blake3_of(torch_to_storage(t), t)
+
+
 def _blake3(t: torch.Tensor) -> str:
     """The digest ingest gives the tensor's bytes (`writer.new_hasher`): equal to a stored tensor's `digest`."""
     from tensor_debugger.store.dtypes import torch_to_storage

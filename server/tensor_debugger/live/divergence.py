@@ -1,20 +1,24 @@
-"""`find_divergence`: the first diverging op of two models on the same inputs, in two passes.
+"""`find_divergence`: the first diverging op of two models on the same inputs, in four forward passes.
 
-1. Summaries: the reference runs twice with the hooks of a `values="summary"` capture (`recorder.summarize_forward`,
-   storing nothing, then `capture(values="summary")` into the session), and its hashes must agree: a model or inputs
-   that change between calls (dropout, a random op) are refused with the first tensor that changed, and nothing is
-   stored. The candidate
-   is captured the same way; the two runs' summaries are compared in order (`engine/summary_compare.py`), paired by
-   name without the model's class name, and the first that fails is the first divergence.
-2. Full values: both models run again with `capture(values="full")` of the module that holds that op and of the
-   module whose tensor came just before it (its input's maker), into the same session; their tensors are compared
-   here element by element (max |diff| and where, how many elements outside the tolerance), as the session will.
-   Each pass records nothing after the last tensor of those modules in its model's summaries (the model's outputs
-   are left out, as a note on the run says).
-
-Everything captured goes into one session: runs "reference" and "candidate" (summaries), "reference (full)" and
-"candidate (full)". The session compares every run with the reference's: the full runs' pairs there are judged on
-the reference's summaries; the element-wise statistics of the second pass are those this module computes.
+1. Summaries: each model runs once with the hooks of a `values="summary"` capture (`recorder.record`), the summaries
+   held in memory, nothing stored yet. The two runs' summaries are compared in order (`engine/summary_compare.py`),
+   paired by name without the model's class name, and the first that fails is the first divergence. Where none
+   fails, no model is called again: the two summary runs are stored and the answer is "no divergence found", which
+   stands on every pair of summaries having been compared.
+2. Full values and repeatability: each model runs again, recording full values of the module that holds that op
+   and of the module whose tensor came just before it (its input's maker), and nothing after the last tensor of
+   those modules in its summaries (the model's outputs are left out, as a note on the run says). In the same pass,
+   every tensor the first pass summarised, up to that last tensor (or the first divergence, where later), is hashed
+   as its summary's content hash is, and must equal it: a model or inputs that change between calls (dropout, a
+   random op, inputs changed in place), the reference's or the candidate's, are refused (ChangingModelError, naming
+   the model and the first tensor that changed), and nothing is stored. A change after that tensor cannot change
+   the answer, which lies before it; the answer says up to which tensor each model was checked. The full values are
+   compared here element by element (max |diff| and where, how many elements outside the tolerance), as the
+   session will.
+3. Only then is everything stored, into one session: runs "reference" and "candidate" (the summaries, as
+   `capture(values="summary")` would have stored them), "reference (full)" and "candidate (full)". The session
+   compares every run with the reference's: the full runs' pairs there are judged on the reference's summaries; the
+   element-wise statistics of the second pass are those this module computes.
 """
 
 from __future__ import annotations
@@ -33,14 +37,14 @@ import torch
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.sketches import dtype_name
-from tensor_debugger.live.recorder import CaptureResult, Level, capture, pair_session, summarize_forward
+from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, pair_session, record
 
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
 
 
 class ChangingModelError(ValueError):
-    """The reference gave different tensors for the same inputs on two calls: summaries of one call cannot be
-    compared with another's."""
+    """A model (the reference or the candidate) gave different tensors for the same inputs on two calls: summaries
+    of one call cannot be compared with another's."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +95,16 @@ class Divergence:
     next_capture: str | None  # the second pass, as a snippet to rerun
     runs: tuple[str, ...]
     failing_full: list[ElementStats] = field(default_factory=list)  # the second pass's failing pairs, in order
+    # the last tensor of the reference's and of the candidate's up to which a second call gave the same values
+    # (content hashes of every tensor up to it); None where no model was called twice (no divergence found)
+    repeatable_until: tuple[str, str] | None = None
 
     def words(self) -> str:
         if self.first is None:
             return (
                 f"From summaries: no difference found in {self.compared} pairs of summaries (hashes, norms, means "
-                f"and sampled elements; not every element was compared). Session {self.session!r}: {self.location}."
+                "and sampled elements; not every element was compared). Each model was called once (whether it "
+                f"gives the same values on every call was not checked). Session {self.session!r}: {self.location}."
             )
         f = self.first
         where = ""
@@ -127,6 +135,12 @@ class Divergence:
             )
         if self.culprits:
             text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
+        if self.repeatable_until is not None:
+            a, b = self.repeatable_until
+            text += (
+                f" Called again, each model gave the same values up to {a} (reference) and {b} (candidate) (the "
+                "content hash of every tensor up to there compared; what comes after cannot change this answer)."
+            )
         text += f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
         return text
 
@@ -165,14 +179,21 @@ def module_of(name: str) -> str:
     return _PLACE.sub("", name).partition("/")[0]
 
 
-def _check_repeatable(first: Mapping[str, Sketch], second: Mapping[str, Sketch], what: str) -> None:
-    if list(first) != list(second):
+def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], until: str | None, what: str) -> None:
+    """Raise ChangingModelError where the tensors of a model's second call (`again`: their hashes, up to `until`,
+    else to the end) are not those of its first (`first`: their summaries), naming the first that changed."""
+    names = list(first)
+    expected = names[: names.index(until) + 1] if until is not None else names
+    seen = list(again)
+    if seen != expected:
+        at = next((a for a, b in zip(expected, seen, strict=False) if a != b), None)
+        where = f"first at {at}" if at is not None else f"{len(expected)} then {len(seen)} up to {until or 'the end'}"
         raise ChangingModelError(
-            f"{what} called twice on the same inputs recorded different tensors ({len(first)} then {len(second)}); "
-            "summaries of one call cannot be compared with another's"
+            f"{what} called twice on the same inputs recorded different tensors ({where}); summaries of one call "
+            "cannot be compared with another's"
         )
-    for name, sketch in first.items():
-        if second[name].hash != sketch.hash:
+    for name in expected:
+        if again[name] != first[name].hash:
             raise ChangingModelError(
                 f"{what} called twice on the same inputs gave different values, first at {name} (dropout, a random "
                 "op, or inputs changed in place?); put the model in eval mode and seed any randomness"
@@ -213,10 +234,11 @@ def find_divergence(
     atol: float | None = None,
 ) -> Divergence:
     """Find the first op (with `level="module"`, module) where `candidate` diverges from `reference` on `inputs`
-    (a tuple of positional arguments, a dict of keyword arguments, or one argument), in two passes (see the module
-    docstring), all captured into session `session` (on `server`, else in `data_dir` or the default data dir).
-    `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises ChangingModelError where the
-    reference gives different values on two calls; warns where a model is in training mode."""
+    (a tuple of positional arguments, a dict of keyword arguments, or one argument), in four forward passes (see
+    the module docstring), all stored into session `session` (on `server`, else in `data_dir` or the default data
+    dir) once every pass is done. `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises
+    ChangingModelError, storing nothing, where the reference or the candidate gives different values on two calls
+    before the answer; warns where a model is in training mode."""
     for what, model in (("reference", reference), ("candidate", candidate)):
         if model.training:
             warnings.warn(
@@ -249,19 +271,14 @@ def _find(
     atol: float | None,
     stored: list[CaptureResult],
 ) -> Divergence:
-    """`find_divergence`'s passes; each capture stored is appended to `stored`."""
+    """`find_divergence`'s passes; each run stored is appended to `stored`."""
     root_a, root_b = type(reference).__name__, type(candidate).__name__
-    recheck = summarize_forward(reference, lambda: call(reference), level)
-
-    def repeated(result: CaptureResult) -> None:  # raised inside the capture: nothing is kept
-        _check_repeatable(recheck.summaries, result.summaries, "the reference")
-
-    with capture(reference, session, "reference", level=level, values="summary", _check=repeated, **where) as ref:
+    # 1. summaries of each model, held, compared in order
+    with record(reference, level=level, values="summary") as ref_run:
         call(reference)
-    stored.append(ref)
-    with capture(candidate, session, "candidate", level=level, values="summary", **where) as cand:
+    with record(candidate, level=level, values="summary") as cand_run:
         call(candidate)
-    stored.append(cand)
+    ref, cand = ref_run.result, cand_run.result
 
     def tolerance_of(dtype_a: str, dtype_b: str) -> Tolerance:
         default = default_tolerance(dtype_a, dtype_b)
@@ -287,37 +304,44 @@ def _find(
         if not verdict.passed and first is None:
             first = (name, other, verdict)
     runs = ("reference", "candidate")
-    location = _location(ref, server, data_dir)
-    if first is None:
-        return Divergence(session, location, None, [], compared, (), None, runs)
+    if first is None:  # nothing to look at more closely: no model is called again
+        for held, label in ((ref_run, "reference"), (cand_run, "candidate")):
+            stored.append(held.store(session, label, **where))
+        return Divergence(session, _location(stored[0], server, data_dir), None, [], compared, (), None, runs)
 
+    # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
+    # theirs (or the first divergence, where later), which must be the first pass's
     name, other, verdict = first
     module = module_of(name)
     before = _module_before(order, order.index(name), module)
     snippet = next_capture(session, [module, *([before] if before else [])])
-    kept: dict[str, dict[str, torch.Tensor]] = {"a": {}, "b": {}}
-    for side, model, label, summaries in (
-        ("a", reference, "reference (full)", ref.summaries),
-        ("b", candidate, "candidate (full)", cand.summaries),
+    full_runs: list[HeldRun] = []
+    checked: list[str] = []
+    for model, what, summaries, divergent in (
+        (reference, "the reference", ref.summaries, name),
+        (candidate, "the candidate", cand.summaries, other),
     ):
-        store = kept[side]
-
-        def keep(tensor_name: str, tensor: torch.Tensor, store: dict[str, torch.Tensor] = store) -> None:
-            store[tensor_name] = tensor.detach().clone()
-
-        with capture(
-            model,
-            session,
-            label,
-            level=level,
-            values="full",
-            modules=list(snippet.modules),
-            on_tensor=keep,
-            _last=_last_wanted(summaries, snippet.modules, type(model).__name__),
-            **where,
+        last = _last_wanted(summaries, snippet.modules, type(model).__name__)
+        until = _later(list(summaries), last, divergent)
+        with record(
+            model, level=level, values="full", modules=list(snippet.modules), last=last, hashes=True, hash_until=until
         ) as full:
             call(model)
-        stored.append(full)
+        _check_repeatable(summaries, full.hashes, until, what)
+        checked.append(until or next(reversed(summaries)))
+        full_runs.append(full)
+    kept = {"a": full_runs[0].tensors, "b": full_runs[1].tensors}
+
+    # 3. only now, every run stored
+    for held, label in (
+        (ref_run, "reference"),
+        (cand_run, "candidate"),
+        (full_runs[0], "reference (full)"),
+        (full_runs[1], "candidate (full)"),
+    ):
+        stored.append(held.store(session, label, **where))
+    location = _location(stored[0], server, data_dir)
+
     failing: list[ElementStats] = []
     full_first: ElementStats | None = None
     theirs_full = {_key(n, root_b): n for n in kept["b"]}
@@ -358,7 +382,15 @@ def _find(
         snippet.python,
         (*runs, "reference (full)", "candidate (full)"),
         failing,
+        (checked[0], checked[1]),
     )
+
+
+def _later(order: Sequence[str], one: str | None, other: str) -> str | None:
+    """Whichever of `one` and `other` comes later in `order`; None (the end) where `one` is None."""
+    if one is None:
+        return None
+    return one if order.index(one) >= order.index(other) else other
 
 
 def _one_sided_before(

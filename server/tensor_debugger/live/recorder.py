@@ -34,7 +34,9 @@ own while the forward runs on (torch's kernels, BLAKE3 and the statistics kernel
 `SUMMARY_BACKLOG` bytes of copies behind: each summary is of the values the op made, whatever changes the tensor
 later (an in-place op, or code torch cannot see: a C++ extension, a write through `.numpy()`), and the summaries are
 kept in call order. `summarize_forward` does the same without storing
-anything.
+anything. `record` records a run as `capture` would and holds it in memory (with full values, a copy of each tensor)
+until `HeldRun.store` stores it, where `capture` would have; it can also hash, in the same pass, every tensor a
+capture of every module would record (`find_divergence` checks with it that a model repeats its first call).
 """
 
 from __future__ import annotations
@@ -60,11 +62,18 @@ import torch
 
 from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.ingest.safetensors_files import SAFETENSORS_DTYPES
-from tensor_debugger.ingest.sketches import sketch
+from tensor_debugger.ingest.sketches import sketch, sketch_hash
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.ops import OpMode
-from tensor_debugger.live.ranks import gather_counts, process_ranks, rank_folder, send_from_rank0, shared_staging
+from tensor_debugger.live.ranks import (
+    Ranks,
+    gather_counts,
+    process_ranks,
+    rank_folder,
+    send_from_rank0,
+    shared_staging,
+)
 from tensor_debugger.live.writer import DEFAULT_HOST_MEMORY, CaptureWriter, Job, Sink, StoreSink
 from tensor_debugger.store.dtypes import torch_to_storage
 
@@ -141,9 +150,10 @@ class _Recorder:
         folder: Path,
         root_name: str,
         patterns: Sequence[str],
-        writer: CaptureWriter | None,
+        writer: CaptureWriter | _HeldValues | None,
         result: CaptureResult,
         background: bool = False,
+        hashes: dict[str, str] | None = None,
     ) -> None:
         self.folder = folder
         self.result = result
@@ -164,9 +174,12 @@ class _Recorder:
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
         # with values="summary": each tensor's, computed once while it is unchanged (with `background`, on a thread)
-        self.summaries = _Summaries(background)
-        self.pending: list[tuple[str, dict[str, Any], Future[Sketch]]] = []  # summaries not yet in the result
-        self.last: str | None = None  # with values="full": the last tensor wanted; none after it is recorded
+        # with `hashes` (a hash-only recorder, checking that a model repeats a call): each tensor's `sketch_hash`, by
+        # name, in call order, in place of its summary
+        self.hashes = hashes
+        self.summaries = _Summaries(background, sketch if hashes is None else sketch_hash)
+        self.pending: list[tuple[str, dict[str, Any], Future[Any]]] = []  # summaries not yet in the result
+        self.last: str | None = None  # the last tensor wanted (values="full", or hash-only); none after it is recorded
         self.stopped = False
         self.left_out = 0  # tensors after `last`
 
@@ -244,6 +257,10 @@ class _Recorder:
                 if not _has_storage(value):
                     self.skipped.append(f"{name}: a tensor without storage")
                     return repr(value.dtype)
+                if self.stopped:  # hash-only, after `last`
+                    self.left_out += 1
+                    return repr(value.dtype)
+                self.stopped = name == self.last
                 entry: dict[str, Any] = {"shape": repr(value.shape), "dtype": repr(value.dtype), "summary": None}
                 self.pending.append((name, entry, self.summaries.sketch(value)))
                 if source is not None:
@@ -274,6 +291,9 @@ class _Recorder:
         self.summaries.wait()
         for name, entry, future in self.pending:
             summary = future.result()
+            if self.hashes is not None:
+                self.hashes[name] = summary
+                continue
             entry["summary"] = summary.to_json()
             self.result.summaries[name] = summary
         self.pending.clear()
@@ -300,19 +320,20 @@ class _Summaries:
     caller goes on (see the module docstring): of a copy made at once, so that no later change of the tensor reaches
     it; at most `SUMMARY_BACKLOG` bytes of copies wait, and `wait` finishes every one begun."""
 
-    def __init__(self, background: bool = False) -> None:
-        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Future[Sketch]]] = {}
+    def __init__(self, background: bool = False, of: Callable[[torch.Tensor], Any] = sketch) -> None:
+        self.of = of  # what is computed of each tensor: its summary, or (`sketch_hash`) its hash alone
+        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Future[Any]]] = {}
         self.lock = threading.Lock()  # `known`: a tensor may be freed on the summarising thread
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture_summary") if background else None
-        self.waiting: deque[tuple[Future[Sketch], int]] = deque()  # begun on the thread: (summary, bytes)
+        self.waiting: deque[tuple[Future[Any], int]] = deque()  # begun on the thread: (summary, bytes)
         self.backlog = 0  # bytes of the tensors waiting
 
-    def sketch(self, tensor: torch.Tensor) -> Future[Sketch]:
+    def sketch(self, tensor: torch.Tensor) -> Future[Any]:
         key = id(tensor)
         try:
             version = tensor._version
         except RuntimeError:  # "Inference tensors do not track version counter"
-            return _done(sketch(tensor))
+            return _done(self.of(tensor))
         with self.lock:
             known = self.known.get(key)
         if known is not None and known[0]() is tensor and known[1] == version:
@@ -322,14 +343,14 @@ class _Summaries:
             self.known[key] = (weakref.ref(tensor, functools.partial(self._forget, key)), version, summary)
         return summary
 
-    def _begin(self, tensor: torch.Tensor) -> Future[Sketch]:
+    def _begin(self, tensor: torch.Tensor) -> Future[Any]:
         if self.pool is None or tensor.device.type != "cpu":
-            return _done(sketch(tensor))
+            return _done(self.of(tensor))
         nbytes = tensor.numel() * tensor.element_size()
         while self.waiting and self.backlog + nbytes > SUMMARY_BACKLOG:
             self._finish_oldest()
         copy = tensor.detach().clone(memory_format=torch.contiguous_format)  # the values now, whatever comes later
-        summary = self.pool.submit(sketch, copy)
+        summary = self.pool.submit(self.of, copy)
         self.waiting.append((summary, nbytes))
         self.backlog += nbytes
         return summary
@@ -358,8 +379,8 @@ class _Summaries:
                 del self.known[key]
 
 
-def _done(summary: Sketch) -> Future[Sketch]:
-    done: Future[Sketch] = Future()
+def _done(summary: Any) -> Future[Any]:
+    done: Future[Any] = Future()
     done.set_result(summary)
     return done
 
@@ -628,8 +649,6 @@ def capture(
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     backward: bool = False,
     _pair: bool = True,
-    _last: str | None = None,
-    _check: Callable[[CaptureResult], None] | None = None,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
@@ -648,11 +667,8 @@ def capture(
     gradients of the backward passes run inside the block (call `loss.backward()` there, without torch.no_grad):
     of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
     parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
-    Nothing is kept when the block raises. (`_pair=False`, for `find_divergence`'s captures in a row into a
-    local data dir, leaves the session's runs to be paired after the last: `pair_session`. `_last`, for its
-    full-values passes, names the last tensor wanted: those after it, the model's outputs included, are left out,
-    listed in `skipped` and said in a note on the run. `_check(result)`, once the block's summaries are all in
-    `result`, may raise to keep nothing.)
+    Nothing is kept when the block raises. (`_pair=False`, for captures in a row into a local data dir, leaves the
+    session's runs to be paired after the last: `pair_session`.) `record` records the same run without storing it.
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
@@ -678,7 +694,6 @@ def capture(
         background = values == "summary" and level == "op" and not backward and not compiled
         recorder = _Recorder(folder, root_name, patterns, writer, result, background)
         recorder.on_tensor = on_tensor
-        recorder.last = _last
         handles = _hook(model, recorder, level, backward, compiled)
         if level == "op":
             watching.enter_context(OpMode(recorder))
@@ -687,36 +702,11 @@ def capture(
         for handle in handles:
             handle.remove()
         handles = []
-        if recorder.root is None:
-            raise RuntimeError(f"capture of {root_name}: the model was not called inside the block")
-        if level == "op":
-            _note_compiled(recorder)
-        recorder.settle()
-        if _check is not None:
-            _check(result)
-        if recorder.left_out:
-            many = recorder.left_out != 1
-            asked = f"modules {', '.join(patterns)}" if patterns else "every module"
-            recorder.notes.append(
-                f"recorded {asked} only, up to {recorder.last}, the last tensor of theirs: "
-                f"{recorder.left_out} tensor{'s' if many else ''} after it (the model's outputs among them) "
-                f"{'were' if many else 'was'} not recorded"
-            )
+        _ended(recorder, level)
         closing, writer = writer, None
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
-        tree = recorder.write_tree()
-        result.tensors, result.skipped = recorder.count, recorder.skipped
-        if ranks is not None and shared is not None:
-            result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
-            result.session_id, result.run_id = send_from_rank0(ranks, shared, session, run, data_dir, server, token)
-        elif local is not None:
-            local.finish(tree, recorder.files, result, _pair)
-        else:
-            assert server is not None
-            from tensor_debugger.live.upload import upload_run
-
-            result.session_id, result.run_id = upload_run(server, session, run, folder, token)
+        _send(recorder, result, session, run, (folder, local, ranks, shared), data_dir, server, token, _pair)
     finally:
         watching.close()
         for handle in handles:
@@ -731,3 +721,219 @@ def capture(
                 local.close()
             if shared is None or (ranks is not None and ranks.rank == 0):
                 shutil.rmtree(shared or folder, ignore_errors=True)  # rank 0 removes the ranks' folders once sent
+
+
+def _ended(recorder: _Recorder, level: Level) -> None:
+    """The block of a capture (or `record`) ended without raising: its summaries all in, its notes said."""
+    if recorder.root is None:
+        raise RuntimeError(f"capture of {recorder.root_name}: the model was not called inside the block")
+    if level == "op":
+        _note_compiled(recorder)
+    recorder.settle()
+    if recorder.left_out:
+        many = recorder.left_out != 1
+        asked = f"modules {', '.join(recorder.patterns)}" if recorder.patterns else "every module"
+        recorder.notes.append(
+            f"recorded {asked} only, up to {recorder.last}, the last tensor of theirs: "
+            f"{recorder.left_out} tensor{'s' if many else ''} after it (the model's outputs among them) "
+            f"{'were' if many else 'was'} not recorded"
+        )
+
+
+_Place = tuple[Path, "_LocalRun | None", "Ranks | None", "Path | None"]  # staging folder, local run, ranks, shared
+
+
+def _send(
+    recorder: _Recorder,
+    result: CaptureResult,
+    session: str,
+    run: str,
+    place: _Place,
+    data_dir: str | Path | None,
+    server: str | None,
+    token: str | None,
+    pair: bool,
+) -> None:
+    """Store a recorded run whose tensors are all written: its module tree, then the run (into the local run, from
+    rank 0 for the ranks, or uploaded to the server); its ids into `result`."""
+    folder, local, ranks, shared = place
+    tree = recorder.write_tree()
+    result.tensors, result.skipped = recorder.count, recorder.skipped
+    if ranks is not None and shared is not None:
+        result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
+        result.session_id, result.run_id = send_from_rank0(ranks, shared, session, run, data_dir, server, token)
+    elif local is not None:
+        local.finish(tree, recorder.files, result, pair)
+    else:
+        assert server is not None
+        from tensor_debugger.live.upload import upload_run
+
+        result.session_id, result.run_id = upload_run(server, session, run, folder, token)
+
+
+class _HeldValues:
+    """A `record`ed run's tensors (values="full"), each copied as its hook fires and kept, on its device, until the
+    run is stored (`HeldRun.store`)."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []  # the tensors' names in the run, in call order
+        self.jobs: list[tuple[int, str, torch.Tensor]] = []  # (index, file, copy), as a writer is handed them
+
+    def submit(self, index: int, name: str, tensor: torch.Tensor) -> None:
+        self.jobs.append((index, name, tensor.detach().clone()))
+
+
+class _Both:
+    """The op sink of two recorders hooked on the same model at once: busy while either's hooks run (the torch
+    calls of one recorder's hooks are not the model's for the other either)."""
+
+    def __init__(self, first: _Recorder, second: _Recorder) -> None:
+        self.recorders = (first, second)
+
+    @property
+    def busy(self) -> bool:
+        return any(r.busy for r in self.recorders)
+
+    @busy.setter
+    def busy(self, value: bool) -> None:
+        for r in self.recorders:
+            r.busy = value
+
+    def recording(self) -> bool:
+        return any(r.recording() for r in self.recorders)
+
+    def record_op(self, op: str, source: str | None, output: Any) -> None:
+        for r in self.recorders:
+            r.record_op(op, source, output)  # each records it only where its innermost module's ops are recorded
+
+
+@dataclass
+class HeldRun:
+    """A run `record` recorded and holds in memory, stored by `store` as `capture` would have stored it.
+
+    `result`: its summaries and sources (values="summary"), as a capture's; `tensors`: with values="full", each
+    tensor recorded (a copy), by name, in call order; `hashes`: with `record(hashes=True)`, each tensor's content
+    hash (as its summary's), by its name in a capture of every module, in call order."""
+
+    recorder: _Recorder
+    result: CaptureResult
+    held: _HeldValues | None
+    hashes: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def tensors(self) -> dict[str, torch.Tensor]:
+        if self.held is None:
+            return {}
+        return dict(zip(self.held.names, (copy for _, _, copy in self.held.jobs), strict=True))
+
+    def store(
+        self,
+        session: str,
+        run: str,
+        *,
+        data_dir: str | Path | None = None,
+        server: str | None = None,
+        token: str | None = None,
+        staging: str | Path | None = None,
+        host_memory: int = DEFAULT_HOST_MEMORY,
+        workers: int | None = None,
+        _pair: bool = True,
+    ) -> CaptureResult:
+        """Store the run as run `run` of session `session`, where `capture` with the same arguments would have
+        stored it, with the same tensors, summaries, module tree and notes; returns its result, ids filled in."""
+        recorder, result = self.recorder, self.result
+        result.session, result.run = session, run
+        ranks = process_ranks()
+        shared = shared_staging(ranks, staging) if ranks is not None else None
+        folder = rank_folder(shared, ranks) if shared is not None and ranks is not None else None
+        folder = folder or Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
+        recorder.folder = folder
+        result.rank = ranks.rank if ranks is not None else None
+        local: _LocalRun | None = None
+        writer: CaptureWriter | None = None
+        try:
+            local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
+            if self.held is not None:
+                writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
+                for index, file, copy in self.held.jobs:
+                    writer.submit(index, file, copy)
+                closing, writer = writer, None
+                closing.close()  # every tensor written; raises CaptureError if one could not be
+            _send(recorder, result, session, run, (folder, local, ranks, shared), data_dir, server, token, _pair)
+        finally:
+            try:
+                if writer is not None:
+                    writer.close(cancel=True)
+            finally:
+                if local is not None:
+                    local.close()
+                if shared is None or (ranks is not None and ranks.rank == 0):
+                    shutil.rmtree(shared or folder, ignore_errors=True)
+        return result
+
+
+@contextmanager
+def record(
+    model: torch.nn.Module,
+    *,
+    level: Level = "module",
+    values: Values = "full",
+    modules: str | Sequence[str] = (),
+    last: str | None = None,
+    hashes: bool = False,
+    hash_until: str | None = None,
+) -> Iterator[HeldRun]:
+    """Record `model`'s forward passes inside the block as `capture` with the same `level`, `values` and `modules`
+    would, storing nothing: the run is held in memory (with values="full", a copy of each tensor) until
+    `HeldRun.store` stores it. `last` names the last tensor wanted: those after it, the model's outputs included,
+    are left out, listed in `skipped` and said in a note on the run. With `hashes`, every tensor a capture of every
+    module (and, at level "op", of every op) would record, up to `hash_until` (where None, to the end), is hashed as
+    its summary's content hash is (`sketch_hash`), into `HeldRun.hashes`, in the same pass: to check that a model
+    gives the same tensors on another call. Nothing is held when the block raises."""
+    if level not in LEVELS:
+        raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if values not in VALUES:
+        raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
+    patterns = [modules] if isinstance(modules, str) else list(modules)
+    model, compiled = compiled_modules(model)
+    root_name = type(model).__name__
+    background = level == "op" and not compiled
+    held = _HeldValues() if values == "full" else None
+    result = CaptureResult("", "")
+    recorder = _Recorder(Path(), root_name, patterns, held, result, values == "summary" and background)
+    recorder.last = last
+    if held is not None:
+        recorder.on_tensor = lambda name, _: held.names.append(name)
+    checker: _Recorder | None = None
+    if hashes:
+        # each hash computed in the hook, from the tensor as it is then: no copy, no thread (on the GPT-2 bench,
+        # hashing half the model's tensors on the summarising thread, each copied, cost 1.9 CPU s; in the hook, none
+        # measurable)
+        checker = _Recorder(Path(), root_name, [], None, CaptureResult("", ""), hashes={})
+        checker.last = hash_until
+    watching = ExitStack()
+    handles = _hook(model, recorder, level, compiled=compiled)
+    try:
+        if checker is not None:
+            handles += _hook(model, checker, level, compiled=compiled)
+        if level == "op":
+            watching.enter_context(OpMode(recorder if checker is None else _Both(recorder, checker)))
+        run = HeldRun(recorder, result, held)
+        yield run
+        watching.close()
+        for handle in handles:
+            handle.remove()
+        handles = []
+        _ended(recorder, level)
+        result.tensors, result.skipped = recorder.count, recorder.skipped
+        if checker is not None:
+            checker.settle()
+            assert checker.hashes is not None
+            run.hashes = checker.hashes
+    finally:
+        watching.close()
+        for handle in handles:
+            handle.remove()
+        recorder.summaries.close()
+        if checker is not None:
+            checker.summaries.close()
