@@ -15,7 +15,6 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.compare.actions import SessionActions
 from tensor_debugger.compare.compute.computation import Computation, LocalComputation
 from tensor_debugger.compare.compute.early_uploads import EarlyUploads
 from tensor_debugger.compare.compute.sent_pairs import child_lockstep
@@ -40,6 +39,7 @@ from tensor_debugger.store.models import RunRecord
 from tensor_debugger.store.sign_outs import SignOuts
 
 if TYPE_CHECKING:
+    from tensor_debugger.compare.actions import SessionActions
     from tensor_debugger.ingest.queue import IngestQueue
 
 log = logging.getLogger(__name__)
@@ -58,27 +58,38 @@ class Services:
     recovery: RecoveryReport
     stats: StatsCache = field(init=False, default_factory=StatsCache)  # decoded results, for the pages and the API
     worker: ComparisonWorker = field(init=False)  # computes pending pairs in the background once the server starts it
-    actions: SessionActions = field(init=False)  # what users do to sessions and pairs, one call per action
     sign_outs: SignOuts = field(init=False)  # browser sessions signed out (web/auth.py)
     early: EarlyUploads = field(init=False)  # their pairs compared while they ingest
     taking_over: bool = field(init=False, default=False)  # a server: takes over uploads whose ingest died
 
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.compute, self.settings.compare_idle_seconds)
-        self.actions = SessionActions(self.sessions, self.context, self.worker.wake)
         self.sign_outs = SignOuts(self.sessions)
         self.early = EarlyUploads(self.context)
-        # not fields: the web framework reads the fields' types, and the queue's is imported on first use
+        # not fields: the web framework reads the fields' types, and theirs are imported on first use
+        self._actions: SessionActions | None = None
         self._ingests: IngestQueue | None = None
-        self._ingests_made = threading.Lock()
+        self._made = threading.RLock()  # the queue is handed `plan`, which makes the actions
         self.claims.start(also=self.remove_dead_ingests)
+
+    @property
+    def actions(self) -> SessionActions:
+        """What users do to sessions and pairs, one call per action. Made on first use: `compare` plans and reports
+        through the pipeline, which imports the planning and the reports while its runs ingest
+        (`compare/pipeline.py`), not at start-up."""
+        with self._made:
+            if self._actions is None:
+                from tensor_debugger.compare.actions import SessionActions
+
+                self._actions = SessionActions(self.sessions, self.context, self.worker.wake)
+            return self._actions
 
     @property
     def ingests(self) -> IngestQueue:
         """Uploads ingested in the background, in child processes (threads and children start on demand). Made on
         first use, a server's: a command that ingests in its own threads (`compare`, `ingest`) imports none of the
         queue's and the children's machinery (multiprocessing and its process pools)."""
-        with self._ingests_made:
+        with self._made:
             if self._ingests is None:
                 from tensor_debugger.ingest.child import ChildIngests
                 from tensor_debugger.ingest.queue import IngestQueue
@@ -136,7 +147,7 @@ class Services:
         staging.sweep(self.settings.staging_dir, self.ingestor.staged_folders())
 
     def close(self) -> None:
-        with self._ingests_made:
+        with self._made:
             ingests = self._ingests
         if ingests is not None:
             ingests.close()

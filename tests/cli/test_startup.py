@@ -158,6 +158,29 @@ def test_a_first_compare_imports_no_ingest_children(tmp_path: Path) -> None:
     assert [p["status"] for p in answer["pairs"]] == ["pass", "fail"]
 
 
+def test_start_up_leaves_planning_and_reports_to_the_ingest(tmp_path: Path) -> None:
+    """What `compare` imports and opens before its runs' first byte is read leaves out the planning, the reports
+    and the server's session actions (the pipeline imports the first two while the runs ingest); a server's
+    `Services.actions` and `Services.ingests` are made, and imported, on first use."""
+    probe = (
+        "import sys, pathlib;"
+        "import tensor_debugger.cli.main, tensor_debugger.cli.compare;"
+        "from tensor_debugger.services import open_services;"
+        "from tensor_debugger.settings import Settings;"
+        f"services = open_services(Settings(data_dir=pathlib.Path({str(tmp_path / 'data')!r}), demo=False));"
+        "late = ('tensor_debugger.compare.planning.plan', 'tensor_debugger.compare.reports.pair_reports',"
+        " 'tensor_debugger.compare.actions', 'tensor_debugger.ingest.queue');"
+        "print([m for m in late if m in sys.modules]);"
+        "services.actions.plan, services.ingests.submit;"
+        "print([m for m in late if m not in sys.modules]);"
+        "services.close()"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "[]"]
+
+
 @pytest.mark.parametrize(("preset", "threads"), [(None, 1), ("2", 2)])
 def test_numpy_starts_no_blas_thread_unless_asked(tmp_path: Path, preset: str | None, threads: int) -> None:
     """OpenBLAS starts a spinning thread per core when numpy is imported, for BLAS calls nothing here makes: the
