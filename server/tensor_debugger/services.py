@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 from sqlalchemy.engine import make_url
@@ -14,7 +15,6 @@ from sqlalchemy.exc import ArgumentError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
-from tensor_debugger.compare.actions import SessionActions
 from tensor_debugger.compare.compute.computation import Computation, LocalComputation
 from tensor_debugger.compare.compute.early_uploads import EarlyUploads
 from tensor_debugger.compare.compute.sent_pairs import child_lockstep
@@ -22,8 +22,6 @@ from tensor_debugger.compare.compute.worker import ComparisonWorker
 from tensor_debugger.compare.context import CompareContext, open_context
 from tensor_debugger.compare.reports.pair_rows import StatsCache
 from tensor_debugger.ingest import staging
-from tensor_debugger.ingest.child import ChildIngests
-from tensor_debugger.ingest.queue import IngestJob, IngestQueue
 from tensor_debugger.ingest.recovery import RecoveryReport, TakeOver, recover, remove_dead_ingests
 from tensor_debugger.ingest.runs import Ingestor
 from tensor_debugger.settings import Settings
@@ -39,6 +37,10 @@ from tensor_debugger.store.database import (
 from tensor_debugger.store.identity import pair
 from tensor_debugger.store.models import RunRecord
 from tensor_debugger.store.sign_outs import SignOuts
+
+if TYPE_CHECKING:
+    from tensor_debugger.compare.actions import SessionActions
+    from tensor_debugger.ingest.queue import IngestQueue
 
 log = logging.getLogger(__name__)
 
@@ -56,25 +58,51 @@ class Services:
     recovery: RecoveryReport
     stats: StatsCache = field(init=False, default_factory=StatsCache)  # decoded results, for the pages and the API
     worker: ComparisonWorker = field(init=False)  # computes pending pairs in the background once the server starts it
-    actions: SessionActions = field(init=False)  # what users do to sessions and pairs, one call per action
-    ingests: IngestQueue = field(init=False)  # uploads ingested in the background (threads start on demand)
     sign_outs: SignOuts = field(init=False)  # browser sessions signed out (web/auth.py)
     early: EarlyUploads = field(init=False)  # their pairs compared while they ingest
     taking_over: bool = field(init=False, default=False)  # a server: takes over uploads whose ingest died
 
     def __post_init__(self) -> None:
         self.worker = ComparisonWorker(self.compute, self.settings.compare_idle_seconds)
-        self.actions = SessionActions(self.sessions, self.context, self.worker.wake)
         self.sign_outs = SignOuts(self.sessions)
-        at_once = self.settings.ingest_workers
-        # started by a server's first ingest; an upload's reference and candidate ingest at once in one of them,
-        # their pairs compared from the blocks as they are read (compare/compute/sent_pairs.py)
-        children = ChildIngests(self.settings, self.ingestor, at_once, child_lockstep)
         self.early = EarlyUploads(self.context)
-        # with a Dask cluster the pairs are computed by its workers once planned, not here while their runs ingest
-        watcher = None if self.compute.remote else self.early
-        self.ingests = IngestQueue(self.ingestor, self.plan, at_once, children, watcher)
+        # not fields: the web framework reads the fields' types, and theirs are imported on first use
+        self._actions: SessionActions | None = None
+        self._ingests: IngestQueue | None = None
+        self._made = threading.RLock()  # the queue is handed `plan`, which makes the actions
         self.claims.start(also=self.remove_dead_ingests)
+
+    @property
+    def actions(self) -> SessionActions:
+        """What users do to sessions and pairs, one call per action. Made on first use: `compare` plans and reports
+        through the pipeline, which imports the planning and the reports while its runs ingest
+        (`compare/pipeline.py`), not at start-up."""
+        with self._made:
+            if self._actions is None:
+                from tensor_debugger.compare.actions import SessionActions
+
+                self._actions = SessionActions(self.sessions, self.context, self.worker.wake)
+            return self._actions
+
+    @property
+    def ingests(self) -> IngestQueue:
+        """Uploads ingested in the background, in child processes (threads and children start on demand). Made on
+        first use, a server's: a command that ingests in its own threads (`compare`, `ingest`) imports none of the
+        queue's and the children's machinery (multiprocessing and its process pools)."""
+        with self._made:
+            if self._ingests is None:
+                from tensor_debugger.ingest.child import ChildIngests
+                from tensor_debugger.ingest.queue import IngestQueue
+
+                at_once = self.settings.ingest_workers
+                # started by a server's first ingest; an upload's reference and candidate ingest at once in one of
+                # them, their pairs compared from the blocks as they are read (compare/compute/sent_pairs.py)
+                children = ChildIngests(self.settings, self.ingestor, at_once, child_lockstep)
+                # with a Dask cluster the pairs are computed by its workers once planned, not here while their runs
+                # ingest
+                watcher = None if self.compute.remote else self.early
+                self._ingests = IngestQueue(self.ingestor, self.plan, at_once, children, watcher)
+            return self._ingests
 
     def remove_dead_ingests(self) -> None:
         """Remove the runs of ingests that died meanwhile (another replica's, whose lease expired); a server takes
@@ -95,6 +123,8 @@ class Services:
     def _take_over(self) -> TakeOver | None:
         if not self.taking_over:
             return None
+
+        from tensor_debugger.ingest.queue import IngestJob
 
         def take_over(db: DbSession, run: RunRecord) -> Callable[[], object]:
             pending, inputs = self.ingestor.take_over(db, run)
@@ -117,7 +147,10 @@ class Services:
         staging.sweep(self.settings.staging_dir, self.ingestor.staged_folders())
 
     def close(self) -> None:
-        self.ingests.close()
+        with self._made:
+            ingests = self._ingests
+        if ingests is not None:
+            ingests.close()
         self.early.close()
         self.claims.stop()
         self.compute.close()

@@ -137,6 +137,50 @@ def test_compare_again_on_unchanged_files_imports_neither_zarr_nor_torch(tmp_pat
     assert json.loads(again.stdout)["first_divergence"] == json.loads(first.stdout)["first_divergence"]
 
 
+def test_a_first_compare_imports_no_ingest_children(tmp_path: Path) -> None:
+    """`compare` ingests both runs in threads of its own process: the server's ingest queue and its child processes
+    (ingest/queue.py, ingest/child.py, concurrent.futures' process pools) are not imported, as a server's uploads
+    are. The answer is the same as ever."""
+    for run, shift in (("a", 0.0), ("b", 1.0)):
+        (tmp_path / run).mkdir()
+        for name in ("0_x", "1_x"):
+            np.save(tmp_path / run / f"{name}.npy", np.arange(4, dtype=np.float32) + (shift if name == "1_x" else 0))
+    probe = _PROBE.replace("{m.split('.')[0] for m in sys.modules}", "set(sys.modules)")
+    args = ("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1, done.stderr  # a divergence found
+    modules = set(json.loads(done.stderr.strip().splitlines()[-1]))
+    assert "tensor_debugger.compare.pipeline" in modules  # the probe lists modules, not packages
+    assert not modules & {"tensor_debugger.ingest.queue", "tensor_debugger.ingest.child", "concurrent.futures.process"}
+    answer = json.loads(done.stdout)
+    assert answer["first_divergence"]["name"] == "1_x"
+    assert [p["status"] for p in answer["pairs"]] == ["pass", "fail"]
+
+
+def test_start_up_leaves_planning_and_reports_to_the_ingest(tmp_path: Path) -> None:
+    """What `compare` imports and opens before its runs' first byte is read leaves out the planning, the reports
+    and the server's session actions (the pipeline imports the first two while the runs ingest); a server's
+    `Services.actions` and `Services.ingests` are made, and imported, on first use."""
+    probe = (
+        "import sys, pathlib;"
+        "import tensor_debugger.cli.main, tensor_debugger.cli.compare;"
+        "from tensor_debugger.services import open_services;"
+        "from tensor_debugger.settings import Settings;"
+        f"services = open_services(Settings(data_dir=pathlib.Path({str(tmp_path / 'data')!r}), demo=False));"
+        "late = ('tensor_debugger.compare.planning.plan', 'tensor_debugger.compare.reports.pair_reports',"
+        " 'tensor_debugger.compare.actions', 'tensor_debugger.ingest.queue');"
+        "print([m for m in late if m in sys.modules]);"
+        "services.actions.plan, services.ingests.submit;"
+        "print([m for m in late if m not in sys.modules]);"
+        "services.close()"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["[]", "[]"]
+
+
 @pytest.mark.parametrize(("preset", "threads"), [(None, 1), ("2", 2)])
 def test_numpy_starts_no_blas_thread_unless_asked(tmp_path: Path, preset: str | None, threads: int) -> None:
     """OpenBLAS starts a spinning thread per core when numpy is imported, for BLAS calls nothing here makes: the

@@ -30,9 +30,7 @@ from tensor_debugger.compare.planning.requests import (
     wanted_name,
 )
 from tensor_debugger.compare.reports.compare_report import to_json, unread_files
-from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.formatting import format_cosine
-from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
@@ -68,6 +66,8 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     compare's. Exit 0 once done, whatever the verdicts; 2 on unusable input (a file that could not be read too) or
     too many pairs."""
     from tensor_debugger.compare.planning.explore import plan_explore
+    from tensor_debugger.compare.reports.contract import compare_report
+    from tensor_debugger.compare.reports.pair_reports import session_pairs
 
     wanted = name or f"explore {path.name}"
     session_name = free_name(services.sessions, wanted)

@@ -13,6 +13,7 @@ the same reference left with only that reference ready is taken over, not named 
 
 from __future__ import annotations
 
+import importlib
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -31,7 +32,6 @@ from tensor_debugger.compare.compute.lockstep import Lockstep
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.interrupted import Interrupted, interrupted_session
 from tensor_debugger.compare.planning.pairing_files import check_file, import_pairing
-from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.compare.planning.requests import (
     EXIT_FAIL,
     EXIT_PASS,
@@ -51,9 +51,6 @@ from tensor_debugger.compare.reports.compare_report import (
     unread_files,
     unusable_report,
 )
-from tensor_debugger.compare.reports.contract import compare_report
-from tensor_debugger.compare.reports.coverage import SessionVerdict
-from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile
@@ -63,6 +60,16 @@ from tensor_debugger.ingest.taps import EveryTap, RunTap
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.problem_report import ProblemReport
+
+# What planning and the report need once the runs are ingested (`plan_session`, `session_pairs`, `compare_report`),
+# imported then, not at start-up: `_ingest_at_once` imports them in the thread that waits for the runs, while they
+# ingest, so that reading starts that much sooner (about 0.04 CPU s of imports on the way to the first byte read)
+AFTER_INGEST = (
+    "tensor_debugger.compare.planning.plan",
+    "tensor_debugger.compare.reports.pair_reports",
+    "tensor_debugger.compare.reports.contract",
+    "tensor_debugger.compare.reports.coverage",
+)
 
 
 def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
@@ -85,6 +92,8 @@ def run_labels(shown: list[str]) -> list[str]:
 def divergence_known(sessions: sessionmaker[DbSession], session_id: int) -> bool:
     """Whether the session's first divergence is settled: a failing pair with every pair before it (in execution
     order) settled."""
+    from tensor_debugger.compare.reports.pair_reports import session_pairs
+
     with sessions() as db:
         noise = db.scalar(select(RunRecord.id).where(RunRecord.session_id == session_id, RunRecord.role == "noise"))
         if noise is not None:  # verdicts against the noise floor: the report's, not the rows'
@@ -202,6 +211,8 @@ def _ingest_at_once(
     try:
         with ThreadPoolExecutor(len(runs), thread_name_prefix="ingest-run") as pool:
             futures = [pool.submit(ingest, index) for index in range(len(runs))]
+            for name in AFTER_INGEST:  # while the runs ingest: this thread would only wait
+                importlib.import_module(name)
             outcomes = [f.exception() or f.result() for f in futures]
     finally:
         if early is not None:
@@ -357,6 +368,11 @@ def compare_runs(
             with sessions() as db:
                 catalog.delete_session(db, context.store, session_id)
             return _unusable(f"pairing file {request.pairing_shown}: {exc}", problems)
+    from tensor_debugger.compare.planning.plan import plan_session
+    from tensor_debugger.compare.reports.contract import compare_report
+    from tensor_debugger.compare.reports.coverage import SessionVerdict
+    from tensor_debugger.compare.reports.pair_reports import session_pairs
+
     plan_session(context, session_id)
 
     def stop() -> bool:
@@ -398,6 +414,8 @@ def ingest_run(
         )
     except TensorDebuggerError as exc:
         return IngestOutcome(EXIT_UNUSABLE, IngestReport(session=None, run=None, problems=[], error=str(exc)), str(exc))
+    from tensor_debugger.compare.planning.plan import plan_session
+
     plan_session(context, result.session_id)
     payload = IngestReport(
         session=IngestedSession(result.session_id, result.session_name),

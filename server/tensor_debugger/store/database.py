@@ -73,12 +73,12 @@ def alembic_config(url: str) -> Config:
 
 def upgrade_database(engine: Engine) -> None:
     """Bring the schema to the newest migration (creating it in an empty database)."""
-    if schema_is_current(engine):
+    head = head_revision(resource_dir("migrations") / "versions")  # read once: parsing the files is most of a check
+    if schema_is_current(engine, head):
         return
     with _migration_lock(engine):
-        if schema_is_current(engine):  # another process migrated it while this one waited
+        if schema_is_current(engine, head):  # another process migrated it while this one waited
             return
-        head = head_revision(resource_dir("migrations") / "versions")
         if head is not None and engine.dialect.name == "sqlite":
             with engine.begin() as connection:
                 # pysqlite begins transactions before writes only, not DDL: begun here, the tables and the stamp
@@ -96,7 +96,7 @@ def upgrade_database(engine: Engine) -> None:
                 # at once, and all but one failed (UniqueViolation on pg_type_typname_nsp_index). Taken in the
                 # migration's own transaction, the lock is held until its DDL is committed or rolled back.
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
-                if _current_on(connection):  # another process migrated it while this one waited
+                if _current_on(connection, head):  # another process migrated it while this one waited
                     return
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
@@ -141,10 +141,12 @@ def _migration_lock(engine: Engine) -> Iterator[None]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def schema_is_current(engine: Engine) -> bool:
+def schema_is_current(engine: Engine, head: str | None = None) -> bool:
     """Whether the database is at the newest migration, asked without Alembic. False when in doubt: no
-    alembic_version table yet, several rows in it (branches), or migration files this function cannot read."""
-    head = head_revision(resource_dir("migrations") / "versions")
+    alembic_version table yet, several rows in it (branches), or migration files this function cannot read.
+    `head`: the migration files' `head_revision`, where the caller has read it (read here otherwise)."""
+    if head is None:
+        head = head_revision(resource_dir("migrations") / "versions")
     if head is None:
         return False
     try:
@@ -155,10 +157,9 @@ def schema_is_current(engine: Engine) -> bool:
     return stamped == [head]
 
 
-def _current_on(connection: Connection) -> bool:
-    """`schema_is_current`, asked in `connection`'s transaction (which a failed query would abort: the table's
-    existence is asked first)."""
-    head = head_revision(resource_dir("migrations") / "versions")
+def _current_on(connection: Connection, head: str | None) -> bool:
+    """`schema_is_current` at `head`, asked in `connection`'s transaction (which a failed query would abort: the
+    table's existence is asked first)."""
     if head is None or not connection.dialect.has_table(connection, "alembic_version"):
         return False
     return list(connection.execute(text("SELECT version_num FROM alembic_version")).scalars()) == [head]

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.early_uploads import EarlyFigures, EarlyPair
 from tensor_debugger.compare.reports.compare_report import ReadOnce
-from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
 from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
 from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, problem_reports, run_fields
+
+if TYPE_CHECKING:  # a server's queue: the CLI's reports import none of the ingest children's machinery
+    from tensor_debugger.ingest.queue import IngestProgress, IngestQueue
 
 MB = 1_000_000  # the unit the page counts ingests in, as the CLI's progress bar does
 
