@@ -23,7 +23,8 @@ from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
-from tensor_debugger.ingest.sketches import content_hash, record_sketch, sketch
+from tensor_debugger.ingest.fold64 import content_hash
+from tensor_debugger.ingest.sketches import record_sketch, sketch
 from tensor_debugger.live.divergence import ChangingModelError
 from tensor_debugger.live.recorder import summarize_forward
 from tensor_debugger.services import open_services
@@ -184,12 +185,13 @@ def test_a_full_dump_pairs_with_a_summary_capture_of_the_other_side(settings: Se
                     TensorRecord.run_id == ref.run_id, TensorRecord.name == "Net.layers.0.self_attn/softmax#1_outputs"
                 )
             ).one()
-            from_store = record_sketch(services.store, row)
+            from_store = record_sketch(services.store, row, "fold64")
     finally:
         services.close()
     kept = cand.summaries["PortedNet.layers.0.self_attn/softmax#1_outputs"]
     assert from_store is not None and from_store.hash == kept.hash and from_store.sample == kept.sample
-    assert kept.hash == row.digest  # a CPU summary's hash is the digest ingest gives the stored bytes
+    # a CPU summary's hash is the "fold64" hash ingest keeps beside the stored bytes' digest
+    assert row.sketch is not None and kept.hash == row.sketch["fold64"] and kept.hash.startswith("fold64:")
 
 
 def test_a_tiny_llama_summary_pass_and_full_pass_agree_on_the_first_diverging_op(settings: Settings) -> None:
@@ -254,7 +256,7 @@ def test_op_summaries_are_of_the_values_each_op_made_though_later_ops_change_the
             model(x)
         assert list(result.summaries) == list(kept)  # every tensor, in call order
         for name, value in kept.items():
-            assert result.summaries[name] == sketch(value), name
+            assert result.summaries[name] == sketch(value, "fold64"), name
         alone = summarize_forward(model, lambda: model(x), "op")
         assert alone.summaries == result.summaries
     assert "InPlace/add_#1_outputs" in kept and "InPlace/setitem#1_outputs" not in kept  # None: not recorded
@@ -277,7 +279,7 @@ def test_an_ops_summary_is_of_its_values_though_code_torch_cannot_see_changes_th
         capture(model, "unseen", "s", data_dir=settings.data_dir, level="op", values="summary") as result,
     ):
         model(x)
-    assert result.summaries["Unseen/mul#1_outputs"] == sketch(x * 2)  # not of the zeros written after it
+    assert result.summaries["Unseen/mul#1_outputs"] == sketch(x * 2, "fold64")  # not of the zeros written after it
 
 
 class Buffered(nn.Module):

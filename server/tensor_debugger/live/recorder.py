@@ -60,7 +60,7 @@ import torch
 
 from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.ingest.safetensors_files import SAFETENSORS_DTYPES
-from tensor_debugger.ingest.sketches import sketch
+from tensor_debugger.ingest.sketches import fold64_sketch, reshaped
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.ops import OpMode
@@ -165,7 +165,7 @@ class _Recorder:
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
         # with values="summary": each tensor's, computed once while it is unchanged (with `background`, on a thread)
         self.summaries = _Summaries(background)
-        self.pending: list[tuple[str, dict[str, Any], Future[Sketch]]] = []  # summaries not yet in the result
+        self.pending: list[tuple[str, dict[str, Any], Future[_Summary]]] = []  # summaries not yet in the result
         self.last: str | None = None  # with values="full": the last tensor wanted; none after it is recorded
         self.stopped = False
         self.left_out = 0  # tensors after `last`
@@ -273,7 +273,7 @@ class _Recorder:
         order (raises what computing one raised)."""
         self.summaries.wait()
         for name, entry, future in self.pending:
-            summary = future.result()
+            summary = future.result()[0]
             entry["summary"] = summary.to_json()
             self.result.summaries[name] = summary
         self.pending.clear()
@@ -288,46 +288,81 @@ class _Recorder:
 
 
 class _Summaries:
-    """Summaries (`sketches.sketch`) of the tensors met, so that a tensor met again unchanged (a module's output
-    is its last op's, its input the previous module's output) is not read again: kept by the tensor object, with
-    its version counter (which every in-place change of it or of a view of it advances) and a weak reference (so
-    that no tensor is kept alive, and a new tensor at a freed one's address is not taken for it). Inference tensors
-    (`torch.inference_mode`) have no version counter: theirs are computed every time, at once.
+    """Summaries (`sketches.fold64_sketch`: a "fold64" hash on every device) of the tensors met, so that a tensor
+    met again unchanged (a module's output is its last op's, its input the previous module's output) is not read
+    again: kept by the tensor object, with its version counter (which every in-place change of it or of a view of it
+    advances) and a weak reference (so that no tensor is kept alive, and a new tensor at a freed one's address is not
+    taken for it). Inference tensors (`torch.inference_mode`) have no version counter: theirs are computed every
+    time, at once.
+
+    A contiguous CPU view of a tensor summarised (a `view`, `reshape`, `unsqueeze`, ... of it or of the same base)
+    that starts at the same byte and has as many elements of the same dtype holds the same bytes in the same order:
+    its summary is that tensor's with its own shape (`sketches.reshaped`: the same statistics and sample, the hash of
+    the new shape from the same sum of words), while neither was changed in place (their version counter, shared, is
+    the one the summary was made at).
 
     With `background`, a CPU tensor's summary is computed on one thread of its own, in the order asked, while the
     caller goes on (see the module docstring): of a copy made at once, so that no later change of the tensor reaches
     it; at most `SUMMARY_BACKLOG` bytes of copies wait, and `wait` finishes every one begun."""
 
     def __init__(self, background: bool = False) -> None:
-        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Future[Sketch]]] = {}
-        self.lock = threading.Lock()  # `known`: a tensor may be freed on the summarising thread
+        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Future[_Summary]]] = {}
+        # contiguous CPU tensors summarised, by (first byte's address, elements, dtype)
+        self.spans: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, Future[_Summary]]] = {}
+        self.lock = threading.Lock()  # `known` and `spans`: a tensor may be freed on the summarising thread
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture_summary") if background else None
-        self.waiting: deque[tuple[Future[Sketch], int]] = deque()  # begun on the thread: (summary, bytes)
+        self.waiting: deque[tuple[Future[_Summary], int]] = deque()  # begun on the thread: (summary, bytes)
         self.backlog = 0  # bytes of the tensors waiting
 
-    def sketch(self, tensor: torch.Tensor) -> Future[Sketch]:
+    def sketch(self, tensor: torch.Tensor) -> Future[_Summary]:
         key = id(tensor)
         try:
             version = tensor._version
         except RuntimeError:  # "Inference tensors do not track version counter"
-            return _done(sketch(tensor))
+            return _done(fold64_sketch(tensor))
         with self.lock:
             known = self.known.get(key)
         if known is not None and known[0]() is tensor and known[1] == version:
             return known[2]
-        summary = self._begin(tensor)
+        span = _span(tensor)
+        summary = self._alias(tensor, span, version) if span is not None else None
+        summary = summary or self._begin(tensor)
+        ref = weakref.ref(tensor, functools.partial(self._forget, key, span))
         with self.lock:
-            self.known[key] = (weakref.ref(tensor, functools.partial(self._forget, key)), version, summary)
+            self.known[key] = (ref, version, summary)
+            if span is not None:  # the latest tensor of the span
+                self.spans[span] = (ref, version, summary)
         return summary
 
-    def _begin(self, tensor: torch.Tensor) -> Future[Sketch]:
+    def _alias(self, tensor: torch.Tensor, span: tuple[int, int, torch.dtype], version: int) -> Future[_Summary] | None:
+        """The summary of `tensor` from that of a tensor of the same span and base, unchanged since (see the class
+        docstring); None where there is none."""
+        with self.lock:
+            known = self.spans.get(span)
+        if known is None:
+            return None
+        other = known[0]()
+        if other is None or _root(other) is not _root(tensor) or known[1] != version or other._version != version:
+            return None
+        shape, itemsize = tuple(tensor.shape), tensor.element_size()
+
+        def derive(found: _Summary) -> _Summary:
+            summary, total = found
+            return (summary, total) if total is None else (reshaped(summary, total, shape, itemsize), total)
+
+        base = known[2]
+        if base.done() or self.pool is None:
+            return _done(derive(base.result()))
+        return self.pool.submit(lambda: derive(base.result()))  # after `base`'s: one thread, in order
+
+    def _begin(self, tensor: torch.Tensor) -> Future[_Summary]:
         if self.pool is None or tensor.device.type != "cpu":
-            return _done(sketch(tensor))
+            return _done(fold64_sketch(tensor))
         nbytes = tensor.numel() * tensor.element_size()
         while self.waiting and self.backlog + nbytes > SUMMARY_BACKLOG:
             self._finish_oldest()
         copy = tensor.detach().clone(memory_format=torch.contiguous_format)  # the values now, whatever comes later
-        summary = self.pool.submit(sketch, copy)
+        summary = self.pool.submit(fold64_sketch, copy)
         self.waiting.append((summary, nbytes))
         self.backlog += nbytes
         return summary
@@ -349,15 +384,35 @@ class _Summaries:
         self.waiting.clear()
         self.backlog = 0
 
-    def _forget(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
+    def _forget(self, key: int, span: tuple[int, int, torch.dtype] | None, ref: weakref.ref[torch.Tensor]) -> None:
         with self.lock:
             known = self.known.get(key)
             if known is not None and known[0] is ref:
                 del self.known[key]
+            spanned = self.spans.get(span) if span is not None else None
+            if spanned is not None and spanned[0] is ref:
+                del self.spans[span]  # type: ignore[arg-type]
 
 
-def _done(summary: Sketch) -> Future[Sketch]:
-    done: Future[Sketch] = Future()
+# A summary, and where the compiled kernel summed its "fold64" hash, that sum (`sketches.fold64_sketch`).
+_Summary = tuple[Sketch, int | None]
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int, torch.dtype] | None:
+    """A contiguous CPU tensor's (first byte's address, elements, dtype); None for any other."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
+        return None
+    return (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+
+
+def _root(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor a view was made from (its storage's and version counter's owner), else the tensor itself."""
+    base = tensor._base
+    return base if base is not None else tensor
+
+
+def _done(summary: _Summary) -> Future[_Summary]:
+    done: Future[_Summary] = Future()
     done.set_result(summary)
     return done
 
