@@ -218,7 +218,7 @@ def test_a_tiny_llama_summary_pass_and_full_pass_agree_on_the_first_diverging_op
 
 class InPlace(nn.Module):
     """Changes tensors in place after the op that made them was recorded: by method, operator, item assignment,
-    `out=` and `inplace=True`, each right after a large op, while its summary may still be being computed."""
+    `out=` and `inplace=True`, each right after a large op; and a view summarised from the tensor it views."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * 2
@@ -246,7 +246,7 @@ def test_op_summaries_are_of_the_values_each_op_made_though_later_ops_change_the
 
     with torch.no_grad(), capture(model, "in place", "full", data_dir=settings.data_dir, level="op", on_tensor=keep):
         model(x)
-    for attempt in range(3):  # each a race with the summarising thread, run again
+    for attempt in range(3):  # each run again: a summary reused while its tensor changed would show here
         with (
             torch.no_grad(),
             capture(
@@ -267,7 +267,7 @@ class Unseen(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = x * 2
-        y.numpy()[:] = 0.0  # the op's values gone before any summary could be computed on another thread
+        y.numpy()[:] = 0.0  # the op's values gone right after the op
         return y + 1
 
 

@@ -1,6 +1,7 @@
 /* The statistics of one block of a pair in a single pass: what engine/metrics.py computes for finite values with
  * about twenty numpy passes, fused into one loop over cache-sized sub-blocks. Below them, one tensor's summary for
- * ingest (summary.py).
+ * ingest (summary.py), and the "fold64" content hash's sum of a tensor's bytes (ingest/fold64.py), alone or in the
+ * same pass as the summary (a summary capture's CPU tensors).
  *
  * Every value is widened to double before any arithmetic, and every sum accumulates in double (in one vector's
  * lanes, added together at the end). Element-wise results are exactly numpy's: |a - b|, the tolerance test
@@ -622,14 +623,17 @@ uint64_t FAMILY(td_fold64)(const uint8_t *p, int64_t nbytes, int64_t first) { re
         out->max = hi;                                                                                           \
         return 0;                                                                                                \
     }                                                                                                            \
-    int FAMILY(JOIN(td_summary, NAME))(const T *x, int64_t n, td_summary *out) { return NAME##_both(x, n, out, NULL); } \
+    int FAMILY(JOIN(td_summary, NAME))(const T *x, int64_t n, td_summary *out) {                                \
+        return NAME##_both(x, n, out, NULL);                                                                     \
+    }                                                                                                            \
     SKETCH_EXPORT(NAME, T)
 
 #ifdef TD_FOLD64
 /* SUB values of any dtype here are a whole number of words (SUB * size is a multiple of 8): only the last sub-block
  * may end inside a word. */
 #define FOLD_STEP(NAME)                                                                                          \
-    if (fold != NULL) folded += fold_words((const uint8_t *)p, m * (int64_t)sizeof *p, start * (int64_t)sizeof *p / 8);
+    if (fold != NULL)                                                                                            \
+        folded += fold_words((const uint8_t *)p, m * (int64_t)sizeof *p, start * (int64_t)sizeof *p / 8);
 /* td_sketch_f(x, n, out, fold): td_summary_f's summary and the fold64 sum of the same values' bytes, in one pass. */
 #define SKETCH_EXPORT(NAME, T)                                                                                   \
     int FAMILY(JOIN(td_sketch, NAME))(const T *x, int64_t n, td_summary *out, uint64_t *fold) {                  \

@@ -4,15 +4,13 @@ A capture with `values="summary"` computes it as each hook fires, on the GPU for
 numbers and the sampled values come back to the host, never the tensor. A stored tensor (a full capture, a dump)
 gets the same summary at ingest, from the blocks it is written in (stored_sketches.py), and keeps it in its row, so
 either side of a pair may be a summary and the judge reads no stored values for it. Only a row stored before ingest
-kept summaries, or one paired with another device's summary (whose "fold64" hash needs every byte), has its values
-read back (`record_sketch`).
+kept summaries, or before it kept "fold64" hashes and paired with a fold64 summary, has its values read back
+(`record_sketch`).
 
-- A CPU tensor's content hash is the BLAKE3 digest ingest gives a stored tensor ("blake3:<hex>", over a header
-  naming dtype and shape, then the bytes), computed on the host where the tensor already is.
-- Another device's ("fold64:<hex>") reads the bytes as little-endian 64-bit words (the last one padded with zeros),
-  mixes each with its index (multiply, xor-shift; int64 arithmetic, which wraps the same on every device) and adds
-  them up; blake2b of the dtype, the shape, the byte count and that sum is the hash. Equal tensors hash equal; a
-  tensor differing in one word always hashes differently; in more, by chance with probability about 2^-64.
+- The content hash: a summary capture's is "fold64:<hex>" on every device (ingest/fold64.py): on the CPU summed by
+  the compiled kernel in the same pass as the statistics (`fold64_sketch`), elsewhere with torch ops there
+  (`fold64.content_hash`). `sketch(..., "blake3")` of a CPU tensor gives instead the BLAKE3 digest ingest gives a
+  stored tensor ("blake3:<hex>", over a header naming dtype and shape, then the bytes); ingest keeps both.
 - count, sum, sum of squares, min and max are over the finite values, in float64; NaN and Inf are counted.
 - The sample: the values at `sample_positions(numel)` (float64; complex tensors: their magnitudes, as ingest's
   statistics).
@@ -62,8 +60,8 @@ def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | 
     """The summary of `tensor` (see the module docstring), computed where it lives. A CPU tensor's is computed by
     ingest's passes, `kernel`'s (the engine instance's statistics path; the best this CPU runs where None): the
     summary ingest keeps of the same tensor stored has the same hash, counts, extremes and sampled values. Its hash
-    is the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless `hash_kind` is "fold64" (the hash of
-    another device's summary, to compare with)."""
+    is of `hash_kind`, "blake3" (the digest ingest gives its bytes, `writer.new_hasher`: a CPU tensor's default) or
+    "fold64" (another device's default)."""
     import torch
 
     t = tensor.detach()

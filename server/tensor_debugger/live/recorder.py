@@ -28,13 +28,12 @@ is the tree's). Only the ops of modules `modules=` selects are recorded.
 
 With `values="summary"`, no tensor is copied or written: each is summarised on its device (`ingest/sketches.py`),
 the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`), and the run's tensors
-have no values, only their summaries, which pairs are judged on (`engine/summary_compare.py`). With `level="op"`
-(no backward, nothing compiled), a CPU tensor is copied as the hook sees it and the copy summarised on a thread of its
-own while the forward runs on (torch's kernels, BLAKE3 and the statistics kernel release the GIL), up to
-`SUMMARY_BACKLOG` bytes of copies behind: each summary is of the values the op made, whatever changes the tensor
-later (an in-place op, or code torch cannot see: a C++ extension, a write through `.numpy()`), and the summaries are
-kept in call order. `summarize_forward` does the same without storing
-anything.
+have no values, only their summaries, which pairs are judged on (`engine/summary_compare.py`). Each summary is
+computed as the hook fires, on the forward's thread, so it is of the values the op made, whatever changes the tensor
+later (an in-place op, or code torch cannot see: a C++ extension, a write through `.numpy()`); its hash is "fold64"
+on every device (on the CPU the compiled kernel sums it in the same pass as the statistics). Summarising a copy on
+a thread of its own did not pay on 2 cores, where torch's forward holds both (bench/RESULTS.md, 2026-11-28).
+`summarize_forward` does the same without storing anything.
 """
 
 from __future__ import annotations
@@ -45,12 +44,8 @@ import json
 import shutil
 import struct
 import tempfile
-import threading
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,9 +72,7 @@ Level = Literal["module", "op"]
 LEVELS: tuple[Level, ...] = ("module", "op")
 Values = Literal["full", "summary"]
 VALUES: tuple[Values, ...] = ("full", "summary")
-# With values="summary" and level="op": the bytes of tensors at most waiting for their summary on the summarising
 # thread (a hook waits while more are; each is kept alive until summarised).
-SUMMARY_BACKLOG = 128 * 1024 * 1024
 
 
 @functools.cache
@@ -143,7 +136,6 @@ class _Recorder:
         patterns: Sequence[str],
         writer: CaptureWriter | None,
         result: CaptureResult,
-        background: bool = False,
     ) -> None:
         self.folder = folder
         self.result = result
@@ -163,9 +155,9 @@ class _Recorder:
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
-        # with values="summary": each tensor's, computed once while it is unchanged (with `background`, on a thread)
-        self.summaries = _Summaries(background)
-        self.pending: list[tuple[str, dict[str, Any], Future[_Summary]]] = []  # summaries not yet in the result
+        # with values="summary": each tensor's, computed once while it is unchanged
+        self.summaries = _Summaries()
+        self.pending: list[tuple[str, dict[str, Any], _Summary]] = []  # summaries not yet in the result
         self.last: str | None = None  # with values="full": the last tensor wanted; none after it is recorded
         self.stopped = False
         self.left_out = 0  # tensors after `last`
@@ -269,11 +261,8 @@ class _Recorder:
         return type(value).__name__ if value is not None else "None"
 
     def settle(self) -> None:
-        """Every summary begun finished, put in its tensor's entry of the trace JSON and in the result, in call
-        order (raises what computing one raised)."""
-        self.summaries.wait()
-        for name, entry, future in self.pending:
-            summary = future.result()[0]
+        """Every summary put in its tensor's entry of the trace JSON and in the result, in call order."""
+        for name, entry, (summary, _) in self.pending:
             entry["summary"] = summary.to_json()
             self.result.summaries[name] = summary
         self.pending.clear()
@@ -288,110 +277,61 @@ class _Recorder:
 
 
 class _Summaries:
-    """Summaries (`sketches.fold64_sketch`: a "fold64" hash on every device) of the tensors met, so that a tensor
-    met again unchanged (a module's output is its last op's, its input the previous module's output) is not read
-    again: kept by the tensor object, with its version counter (which every in-place change of it or of a view of it
-    advances) and a weak reference (so that no tensor is kept alive, and a new tensor at a freed one's address is not
-    taken for it). Inference tensors (`torch.inference_mode`) have no version counter: theirs are computed every
-    time, at once.
+    """Summaries (`sketches.fold64_sketch`: a "fold64" hash on every device) of the tensors met, each computed as its
+    hook fires, on the caller's thread, so that a tensor met again unchanged (a module's output is its last op's, its
+    input the previous module's output) is not read again: kept by the tensor object, with its version counter (which
+    every in-place change of it or of a view of it advances) and a weak reference (so that no tensor is kept alive,
+    and a new tensor at a freed one's address is not taken for it). Inference tensors (`torch.inference_mode`) have
+    no version counter: theirs are computed every time.
 
     A contiguous CPU view of a tensor summarised (a `view`, `reshape`, `unsqueeze`, ... of it or of the same base)
     that starts at the same byte and has as many elements of the same dtype holds the same bytes in the same order:
     its summary is that tensor's with its own shape (`sketches.reshaped`: the same statistics and sample, the hash of
     the new shape from the same sum of words), while neither was changed in place (their version counter, shared, is
-    the one the summary was made at).
+    the one the summary was made at)."""
 
-    With `background`, a CPU tensor's summary is computed on one thread of its own, in the order asked, while the
-    caller goes on (see the module docstring): of a copy made at once, so that no later change of the tensor reaches
-    it; at most `SUMMARY_BACKLOG` bytes of copies wait, and `wait` finishes every one begun."""
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, _Summary]] = {}
+        # contiguous CPU tensors summarised, by (first byte's address, elements, dtype): the latest of each
+        self.spans: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, _Summary]] = {}
 
-    def __init__(self, background: bool = False) -> None:
-        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Future[_Summary]]] = {}
-        # contiguous CPU tensors summarised, by (first byte's address, elements, dtype)
-        self.spans: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, Future[_Summary]]] = {}
-        self.lock = threading.Lock()  # `known` and `spans`: a tensor may be freed on the summarising thread
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture_summary") if background else None
-        self.waiting: deque[tuple[Future[_Summary], int]] = deque()  # begun on the thread: (summary, bytes)
-        self.backlog = 0  # bytes of the tensors waiting
-
-    def sketch(self, tensor: torch.Tensor) -> Future[_Summary]:
+    def sketch(self, tensor: torch.Tensor) -> _Summary:
         key = id(tensor)
         try:
             version = tensor._version
         except RuntimeError:  # "Inference tensors do not track version counter"
-            return _done(fold64_sketch(tensor))
-        with self.lock:
-            known = self.known.get(key)
+            return fold64_sketch(tensor)
+        known = self.known.get(key)
         if known is not None and known[0]() is tensor and known[1] == version:
             return known[2]
         span = _span(tensor)
         summary = self._alias(tensor, span, version) if span is not None else None
-        summary = summary or self._begin(tensor)
+        summary = summary or fold64_sketch(tensor)
         ref = weakref.ref(tensor, functools.partial(self._forget, key, span))
-        with self.lock:
-            self.known[key] = (ref, version, summary)
-            if span is not None:  # the latest tensor of the span
-                self.spans[span] = (ref, version, summary)
+        self.known[key] = (ref, version, summary)
+        if span is not None:
+            self.spans[span] = (ref, version, summary)
         return summary
 
-    def _alias(self, tensor: torch.Tensor, span: tuple[int, int, torch.dtype], version: int) -> Future[_Summary] | None:
+    def _alias(self, tensor: torch.Tensor, span: tuple[int, int, torch.dtype], version: int) -> _Summary | None:
         """The summary of `tensor` from that of a tensor of the same span and base, unchanged since (see the class
         docstring); None where there is none."""
-        with self.lock:
-            known = self.spans.get(span)
-        if known is None:
+        known = self.spans.get(span)
+        other = known[0]() if known is not None else None
+        if known is None or other is None or _root(other) is not _root(tensor) or known[1] != version:
             return None
-        other = known[0]()
-        if other is None or _root(other) is not _root(tensor) or known[1] != version or other._version != version:
+        summary, total = known[2]
+        if total is None:
             return None
-        shape, itemsize = tuple(tensor.shape), tensor.element_size()
-
-        def derive(found: _Summary) -> _Summary:
-            summary, total = found
-            return (summary, total) if total is None else (reshaped(summary, total, shape, itemsize), total)
-
-        base = known[2]
-        if base.done() or self.pool is None:
-            return _done(derive(base.result()))
-        return self.pool.submit(lambda: derive(base.result()))  # after `base`'s: one thread, in order
-
-    def _begin(self, tensor: torch.Tensor) -> Future[_Summary]:
-        if self.pool is None or tensor.device.type != "cpu":
-            return _done(fold64_sketch(tensor))
-        nbytes = tensor.numel() * tensor.element_size()
-        while self.waiting and self.backlog + nbytes > SUMMARY_BACKLOG:
-            self._finish_oldest()
-        copy = tensor.detach().clone(memory_format=torch.contiguous_format)  # the values now, whatever comes later
-        summary = self.pool.submit(fold64_sketch, copy)
-        self.waiting.append((summary, nbytes))
-        self.backlog += nbytes
-        return summary
-
-    def _finish_oldest(self) -> None:
-        oldest, nbytes = self.waiting.popleft()
-        wait_for([oldest])
-        self.backlog -= nbytes
-
-    def wait(self) -> None:
-        """Every summary begun, finished (its error, if any, is its future's)."""
-        while self.waiting:
-            self._finish_oldest()
-
-    def close(self) -> None:
-        """Stop the summarising thread (summaries not begun are dropped)."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-        self.waiting.clear()
-        self.backlog = 0
+        return reshaped(summary, total, tuple(tensor.shape), tensor.element_size()), total
 
     def _forget(self, key: int, span: tuple[int, int, torch.dtype] | None, ref: weakref.ref[torch.Tensor]) -> None:
-        with self.lock:
-            known = self.known.get(key)
-            if known is not None and known[0] is ref:
-                del self.known[key]
-            spanned = self.spans.get(span) if span is not None else None
-            if spanned is not None and spanned[0] is ref:
-                del self.spans[span]  # type: ignore[arg-type]
+        known = self.known.get(key)
+        if known is not None and known[0] is ref:
+            del self.known[key]
+        spanned = self.spans.get(span) if span is not None else None
+        if span is not None and spanned is not None and spanned[0] is ref:
+            del self.spans[span]
 
 
 # A summary, and where the compiled kernel summed its "fold64" hash, that sum (`sketches.fold64_sketch`).
@@ -409,12 +349,6 @@ def _root(tensor: torch.Tensor) -> torch.Tensor:
     """The tensor a view was made from (its storage's and version counter's owner), else the tensor itself."""
     base = tensor._base
     return base if base is not None else tensor
-
-
-def _done(summary: _Summary) -> Future[_Summary]:
-    done: Future[_Summary] = Future()
-    done.set_result(summary)
-    return done
 
 
 def _holds_tensor(value: Any) -> bool:
@@ -648,7 +582,7 @@ def summarize_forward(
     result = CaptureResult("", "")
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
-    recorder = _Recorder(Path(), type(model).__name__, patterns, None, result, level == "op" and not compiled)
+    recorder = _Recorder(Path(), type(model).__name__, patterns, None, result)
     handles = _hook(model, recorder, level, compiled=compiled)
     try:
         with OpMode(recorder) if level == "op" else ExitStack():
@@ -657,7 +591,6 @@ def summarize_forward(
     finally:
         for handle in handles:
             handle.remove()
-        recorder.summaries.close()
     result.tensors = recorder.count
     result.skipped = recorder.skipped
     return result
@@ -728,8 +661,7 @@ def capture(
         local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
-        background = values == "summary" and level == "op" and not backward and not compiled
-        recorder = _Recorder(folder, root_name, patterns, writer, result, background)
+        recorder = _Recorder(folder, root_name, patterns, writer, result)
         recorder.on_tensor = on_tensor
         recorder.last = _last
         handles = _hook(model, recorder, level, backward, compiled)
@@ -774,8 +706,6 @@ def capture(
         watching.close()
         for handle in handles:
             handle.remove()
-        if recorder is not None:
-            recorder.summaries.close()
         try:
             if writer is not None:
                 writer.close(cancel=True)
