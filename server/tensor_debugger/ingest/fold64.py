@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tensor_debugger.engine.fused import Kernel
+from tensor_debugger.engine.fused import Kernel, default_kernel
 
 if TYPE_CHECKING:
     import torch
@@ -85,7 +85,7 @@ class Fold64:
         self.total = 0
         self.words = 0  # words folded so far
         self.carry = np.empty(0, dtype=np.uint8)  # the bytes of a word begun in the block before
-        self.kernel = kernel if kernel is not None else Kernel()
+        self.kernel = kernel if kernel is not None else default_kernel()
 
     def update(self, data: NDArray[Any]) -> None:
         """The next bytes (a flat uint8 array)."""

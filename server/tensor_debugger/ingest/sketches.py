@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import iter_blocks
-from tensor_debugger.engine.fused import Kernel
+from tensor_debugger.engine.fused import Kernel, default_kernel
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.fold64 import Fold64, content_hash, dtype_name, fold64_digest
@@ -58,16 +58,16 @@ HASH_THREADS = 1
 
 def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | None = None) -> Sketch:
     """The summary of `tensor` (see the module docstring), computed where it lives. A CPU tensor's is computed by
-    ingest's passes, `kernel`'s (the engine instance's statistics path; the best this CPU runs where None): the
-    summary ingest keeps of the same tensor stored has the same hash, counts, extremes and sampled values. Its hash
-    is of `hash_kind`, "blake3" (the digest ingest gives its bytes, `writer.new_hasher`: a CPU tensor's default) or
-    "fold64" (another device's default)."""
+    ingest's passes, `kernel`'s (the engine instance's statistics path; where None, `fused.default_kernel()`, whose
+    family is resolved once): the summary ingest keeps of the same tensor stored has the same hash, counts, extremes
+    and sampled values. Its hash is of `hash_kind`, "blake3" (the digest ingest gives its bytes, `writer.new_hasher`:
+    a CPU tensor's default) or "fold64" (another device's default)."""
     import torch
 
     t = tensor.detach()
     kind = hash_kind or ("blake3" if t.device.type == "cpu" else "fold64")
     if t.device.type == "cpu":
-        return _host_sketch(t, kind, kernel if kernel is not None else Kernel())
+        return _host_sketch(t, kind, kernel if kernel is not None else default_kernel())
     flat = t.reshape(-1)
     if flat.is_complex():
         flat = flat.abs()
@@ -148,7 +148,7 @@ def fold64_sketch(tensor: torch.Tensor, kernel: Kernel | None = None) -> tuple[S
     t = tensor.detach()
     if t.device.type != "cpu":
         return sketch(t, "fold64", kernel), None
-    return _host_sketch_folded(t, "fold64", kernel if kernel is not None else Kernel())
+    return _host_sketch_folded(t, "fold64", kernel if kernel is not None else default_kernel())
 
 
 def reshaped(summary: Sketch, total: int, shape: tuple[int, ...], itemsize: int) -> Sketch:
@@ -247,7 +247,7 @@ def read_back_sketch(
     fold = Fold64(kernel) if hash_kind == "fold64" else None
     hasher = None if fold is not None or digest.startswith(f"{DIGEST_ALGORITHM}:") else new_hasher(logical, shape)
     totals = SummaryAccumulator()
-    kernel = kernel if kernel is not None else Kernel()
+    kernel = kernel if kernel is not None else default_kernel()
     sample = SketchSample(logical, math.prod(shape))
     for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
         block = np.asarray(array[region if region else ()])
