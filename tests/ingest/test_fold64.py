@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import torch
 from tensor_debugger.engine.fused import Kernel, families
+from tensor_debugger.engine.summary_compare import compare_sketches
+from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.fold64 import Fold64, content_hash, dtype_name, fold64_digest
 from tensor_debugger.ingest.sketches import fold64_sketch, reshaped, sketch
 from tensor_debugger.ingest.summary import summarise_folded, summarise_stored
@@ -132,3 +134,16 @@ def test_a_view_of_the_same_bytes_has_the_summary_of_the_tensor_reshaped() -> No
         assert derived.hash != summary.hash  # the shape is in the hash
     with pytest.raises(ValueError, match="cannot be of shape"):
         reshaped(summary, total, (5, 1024), 4)
+
+
+def test_a_fold64_summary_is_never_called_bit_identical_to_a_blake3_one() -> None:
+    """The same tensor hashed both ways (a summary run of an earlier version against one of this): compared on the
+    rest, and said so."""
+    t = values(torch.float32, 4096, 9)
+    old, new = sketch(t, "blake3"), sketch(t, "fold64")
+    for a, b in ((old, new), (new, old)):
+        verdict = compare_sketches(a, b, Tolerance(rtol=1e-5, atol=1e-8))
+        assert verdict.passed and not verdict.identical and verdict.hashes_differ is None
+        assert "bit-identity is not checked" in verdict.reason
+    same = compare_sketches(new, sketch(t.clone(), "fold64"), Tolerance(rtol=1e-5, atol=1e-8))
+    assert same.identical and same.hashes_differ is False
