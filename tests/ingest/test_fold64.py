@@ -4,7 +4,13 @@ definition in torch ops (`fold64.content_hash`), for every vector family this CP
 
 from __future__ import annotations
 
+import itertools
+import json
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -110,18 +116,22 @@ def test_the_one_pass_summary_is_the_summary_kernels_bit_for_bit(family: str, dt
             assert fused is not None and (fused[0] is None) == (special is not None)
 
 
+KERNELS = [Kernel(), Kernel("numpy")]  # compiled, and numpy's arithmetic where the kernel is not in use
+
+
 def test_the_fold_taken_in_blocks_of_any_size_is_the_whole_ones() -> None:
-    """Ingest's blocks and a read back's may end inside a word: the bytes carried over, the index kept."""
+    """Ingest's blocks and a read back's may end inside a word: the bytes carried over, the index kept; the same
+    with the kernel and without it."""
     t = values(torch.float16, 20001, 3)
     data = torch_to_storage(t).view(np.uint8)
-    for cuts in ([1], [3, 5, 7], [8, 16], [4097, 1], [13] * 50):
-        fold = Fold64()
+    for cuts, kernel in itertools.product(([1], [3, 5, 7], [8, 16], [4097, 1], [13] * 50), KERNELS):
+        fold = Fold64(kernel)
         start = 0
         for size in cuts:
             fold.update(data[start : start + size])
             start += size
         fold.update(data[start:])
-        assert fold.digest("float16", (20001,), data.size) == content_hash(t), cuts
+        assert fold.digest("float16", (20001,), data.size) == content_hash(t), (cuts, kernel)
 
 
 def test_a_view_of_the_same_bytes_has_the_summary_of_the_tensor_reshaped() -> None:
@@ -147,3 +157,34 @@ def test_a_fold64_summary_is_never_called_bit_identical_to_a_blake3_one() -> Non
         assert "bit-identity is not checked" in verdict.reason
     same = compare_sketches(new, sketch(t.clone(), "fold64"), Tolerance(rtol=1e-5, atol=1e-8))
     assert same.identical and same.hashes_differ is False
+
+
+def test_ingest_keeps_fold64_hashes_without_importing_torch(tmp_path: Path) -> None:
+    """Ingest of a safetensors file, in a process of its own: the row keeps the fold64 hash of the bytes, and torch
+    (1 to 2 CPU seconds to import) was never imported for it."""
+    from safetensors.numpy import save_file
+
+    array = np.random.default_rng(0).standard_normal((301, 7)).astype(np.float32)  # 8,428 bytes: a word cut short
+    save_file({"x": array}, str(tmp_path / "w.safetensors"))
+    script = f"""
+import json, sys
+from pathlib import Path
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import TensorRecord
+services = open_services(Settings.from_environ(data_dir=Path({str(tmp_path / "data")!r})))
+try:
+    path = Path({str(tmp_path / "w.safetensors")!r})
+    services.ingestor.ingest("s", "r", [InputFile(path, path.name)])
+    with services.sessions() as db:
+        (row,) = db.query(TensorRecord).all()
+        print(json.dumps({{"fold64": row.sketch["fold64"], "torch": "torch" in sys.modules}}))
+finally:
+    services.close()
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"fold64": content_hash(torch.from_numpy(array)), "torch": False}

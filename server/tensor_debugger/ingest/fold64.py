@@ -7,8 +7,8 @@ hash equal; a tensor differing in one word always hashes differently; in more, b
 `content_hash` is its definition, in torch ops on the tensor's own device (a GPU summary's hash). On the host the
 compiled kernel computes the same sum (`engine.fused.Kernel.fold64`, and `Kernel.sketch` with a tensor's summary
 statistics in the same pass), about five times faster than BLAKE3 on one thread; `Fold64` takes a tensor's bytes a
-block at a time (ingest's blocks, a stored tensor read back). The sum is over words in any order, so only each
-word's index matters, never the order the blocks come in.
+block at a time (ingest's blocks, a stored tensor read back), without torch. The sum is over words in any order, so
+only each word's index matters, never the order the blocks come in.
 """
 
 from __future__ import annotations
@@ -79,7 +79,8 @@ def mixed(words: torch.Tensor, first: int) -> torch.Tensor:
 
 class Fold64:
     """`content_hash` of a tensor's bytes taken a block at a time, in order (a word may straddle two blocks), with
-    `kernel`'s compiled fold where it has one, else torch."""
+    `kernel`'s compiled fold where it has one, else numpy's wrapping uint64 arithmetic (`mixed_words`). Ingest hashes
+    every tensor it stores with it: it never imports torch, which ingest does not otherwise need."""
 
     def __init__(self, kernel: Kernel | None = None) -> None:
         self.total = 0
@@ -89,30 +90,38 @@ class Fold64:
 
     def update(self, data: NDArray[Any]) -> None:
         """The next bytes (a flat uint8 array)."""
-        import torch
-
         if self.carry.size:
             data = np.concatenate([self.carry, data])
         whole = data.size // 8 * 8
-        words = np.ascontiguousarray(data[:whole])
-        compiled = self.kernel.fold64(words, self.words)
-        if compiled is not None:
-            self.total += compiled
-        else:
-            as_int = words.view(np.int64)
-            for start in range(0, as_int.size, CHUNK):
-                self.total += int(mixed(torch.from_numpy(as_int[start : start + CHUNK]), self.words + start).item())
-        self.words += whole // 8
+        self._fold(np.ascontiguousarray(data[:whole]))
         self.carry = data[whole:].copy()
 
     def digest(self, dtype: str, shape: tuple[int, ...], nbytes: int) -> str:
         """The hash, once every byte was taken: `dtype` is torch's name ("float32"; ingest's logical names are
         the same)."""
-        import torch
-
         if self.carry.size:
             tail = np.zeros(8, dtype=np.uint8)
             tail[: self.carry.size] = self.carry
-            self.total += int(mixed(torch.from_numpy(tail.view(np.int64)), self.words).item())
+            self._fold(tail)
             self.carry = tail[:0]
         return fold64_digest(dtype, shape, nbytes, self.total)
+
+    def _fold(self, words: NDArray[Any]) -> None:
+        """Whole words (contiguous bytes, a multiple of 8), the next after those folded."""
+        compiled = self.kernel.fold64(words, self.words)
+        if compiled is None:
+            as_int = words.view(np.int64)
+            compiled = sum(mixed_words(as_int[s : s + CHUNK], self.words + s) for s in range(0, as_int.size, CHUNK))
+        self.total += compiled
+        self.words += words.size // 8
+
+
+def mixed_words(words: NDArray[Any], first: int) -> int:
+    """`mixed` in numpy (int64 `words`, the first being word number `first`), modulo 2^64."""
+    with np.errstate(over="ignore"):
+        index = np.arange(first + 1, first + 1 + words.size, dtype=np.uint64)
+        x = words.view(np.uint64) * np.uint64(_K1) + index * np.uint64(_K2)
+        x ^= (x.view(np.int64) >> 31).view(np.uint64)
+        x *= np.uint64(_K3)
+        x ^= (x.view(np.int64) >> 29).view(np.uint64)
+        return int(x.sum(dtype=np.uint64))
