@@ -72,7 +72,6 @@ Level = Literal["module", "op"]
 LEVELS: tuple[Level, ...] = ("module", "op")
 Values = Literal["full", "summary"]
 VALUES: tuple[Values, ...] = ("full", "summary")
-# thread (a hook waits while more are; each is kept alive until summarised).
 
 
 @functools.cache
