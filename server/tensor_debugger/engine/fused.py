@@ -107,6 +107,19 @@ def _library() -> ctypes.CDLL | None:
             if function is not None:
                 function.restype = ctypes.c_int
                 function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(summary_type())]
+            function = getattr(library, f"td_sketch_{code}_{family}", None)  # little-endian machines only
+            if function is not None:
+                function.restype = ctypes.c_int
+                function.argtypes = [
+                    ctypes.c_void_p,
+                    ctypes.c_int64,
+                    ctypes.POINTER(summary_type()),
+                    ctypes.POINTER(ctypes.c_uint64),
+                ]
+        function = getattr(library, f"td_fold64_{family}", None)
+        if function is not None:
+            function.restype = ctypes.c_uint64
+            function.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
         for pair in _PAIRS:
             function = getattr(library, f"td_stats_{pair}_{family}", None)  # a family the compiler could not build
             if function is not None:
@@ -248,6 +261,32 @@ class Kernel:
         if function(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
             return None
         return out
+
+    def sketch(self, stored: NDArray[Any], logical: str) -> tuple[FusedSummary | None, int] | None:
+        """`summary` of a block of stored values and, in the same compiled pass, the "fold64" sum of its bytes
+        (`fold64` from its first word): None where the kernel is not in use or has no such loop for the dtype; the
+        summary None (the fold64 sum still given) where the block met a NaN or an Inf or overflowed."""
+        kernel = STORED_FLOATS.get(logical)
+        if kernel is None or stored.dtype != kernel[1]:
+            return None
+        function = self.function(f"td_sketch_{kernel[0]}")
+        if function is None:
+            return None
+        values = np.ascontiguousarray(stored).reshape(-1)
+        out, fold = summary_type()(), ctypes.c_uint64(0)
+        finite = function(values.ctypes.data, values.size, ctypes.byref(out), ctypes.byref(fold)) == 0
+        return (out if finite else None), int(fold.value)
+
+    def fold64(self, data: NDArray[Any], first: int = 0) -> int | None:
+        """The "fold64" sum (ingest/sketches.py's `content_hash`: unsigned, modulo 2^64) of the bytes of the
+        contiguous array `data`, its first word being word number `first` (0-based) of the tensor, the last one
+        padded with zero bytes; None where the kernel is not in use."""
+        function = self.function("td_fold64")
+        if function is None:
+            return None
+        if not data.flags.c_contiguous:
+            raise ValueError("fold64 reads a C-contiguous array's bytes")
+        return int(function(data.ctypes.data, data.nbytes, first))
 
 
 class _Default:

@@ -1,6 +1,7 @@
 /* The statistics of one block of a pair in a single pass: what engine/metrics.py computes for finite values with
  * about twenty numpy passes, fused into one loop over cache-sized sub-blocks. Below them, one tensor's summary for
- * ingest (summary.py).
+ * ingest (summary.py), and the "fold64" content hash's sum of a tensor's bytes (ingest/fold64.py), alone or in the
+ * same pass as the summary (a summary capture's CPU tensors).
  *
  * Every value is widened to double before any arithmetic, and every sum accumulates in double (in one vector's
  * lanes, added together at the end). Element-wise results are exactly numpy's: |a - b|, the tolerance test
@@ -503,13 +504,78 @@ INLINE double scalar_bf16(const uint16_t *p) {
 }
 #define SCALAR(p) ((double)*(p))
 
+/* ---- A tensor's "fold64" hash (ingest/sketches.py's `content_hash`), alone or with its summary -----------------
+ *
+ * The bytes as little-endian 64-bit words w_i (i from 1), the last one padded with zero bytes; each mixed with its
+ * index in wrapping 64-bit arithmetic, x = w * K1 + i * K2, x ^= x >> 31, x *= K3, x ^= x >> 29 (arithmetic shifts,
+ * as torch shifts an int64), and the mixed words summed (wrapping). `first` is the 0-based index of the first word
+ * (a tensor hashed in pieces). Little-endian machines only: elsewhere the functions are not built and
+ * ingest/sketches.py computes the hash with torch. */
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define TD_FOLD64 1
+#define FOLD_K1 0x1F3D5B79A3C1E2F7ULL
+#define FOLD_K2 0x2545F4914F6CDD1DULL
+#define FOLD_K3 0x3C6EF372FE94F82BULL
+
+typedef uint64_t vu64 __attribute__((vector_size(LANES * 8)));
+
+INLINE uint64_t mix1(uint64_t w, uint64_t i) {
+    uint64_t x = w * FOLD_K1 + i * FOLD_K2;
+    x ^= (uint64_t)((int64_t)x >> 31);
+    x *= FOLD_K3;
+    x ^= (uint64_t)((int64_t)x >> 29);
+    return x;
+}
+
+INLINE uint64_t fold_words(const uint8_t *p, int64_t nbytes, int64_t first) {
+    int64_t words = nbytes / 8, whole = words / LANES * LANES, j;
+    vu64 index = {0}, sum = {0};
+    for (int k = 0; k < LANES; k++) index[k] = (uint64_t)(first + 1 + k);
+    const vu64 step = (vu64){0} + (uint64_t)LANES;
+    for (j = 0; j < whole; j += LANES) {
+        vu64 w;
+        memcpy(&w, p + 8 * j, sizeof w);
+        vu64 x = w * FOLD_K1 + index * FOLD_K2;
+        x ^= (vu64)((vl)x >> 31);
+        x *= FOLD_K3;
+        x ^= (vu64)((vl)x >> 29);
+        sum += x;
+        index += step;
+    }
+    uint64_t total = 0;
+    for (int k = 0; k < LANES; k++) total += sum[k];
+    for (; j < words; j++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * j, sizeof w);
+        total += mix1(w, (uint64_t)(first + 1 + j));
+    }
+    if (nbytes % 8) { /* the tail word, zero-padded */
+        uint64_t w = 0;
+        memcpy(&w, p + 8 * words, (size_t)(nbytes % 8));
+        total += mix1(w, (uint64_t)(first + 1 + words));
+    }
+    return total;
+}
+
+/* The sum of the mixed words of `nbytes` bytes at `p` (the last word padded), the first word being number `first`. */
+uint64_t FAMILY(td_fold64)(const uint8_t *p, int64_t nbytes, int64_t first) { return fold_words(p, nbytes, first); }
+#endif
+
+/* The summary kernels: with `fold` (not NULL), the fold64 sum of the values' bytes too, each sub-block folded while it
+ * is in L1 (one pass over memory). A block whose sums are not finite returns 1: without `fold` at once, with it
+ * once every byte is folded (`*fold` is then set, `out` untouched). */
 #define SUMMARY(NAME, T, LOAD, ONE)                                                                              \
-    int FAMILY(NAME)(const T *x, int64_t n, td_summary *out) {                                                   \
+    INLINE int NAME##_both(const T *x, int64_t n, td_summary *out, uint64_t *fold) {                            \
         const vd inf = (vd){0} + __builtin_inf();                                                                \
         double count = 0, mean = 0, m2 = 0, lo = __builtin_inf(), hi = -__builtin_inf();                        \
+        uint64_t folded = 0;                                                                                     \
+        int finite = 1;                                                                                          \
         for (int64_t start = 0; start < n; start += SUB) {                                                       \
             int64_t m = n - start < SUB ? n - start : SUB, whole = m / LANES * LANES, j;                         \
             const T *p = x + start;                                                                              \
+            FOLD_STEP(NAME)                                                                                      \
+            if (!finite) continue;                                                                               \
             vd sum = {0}, vlo = inf, vhi = -inf;                                                                 \
             for (j = 0; j < whole; j += LANES) {                                                                 \
                 vd v = LOAD(p + j);                                                                              \
@@ -524,7 +590,11 @@ INLINE double scalar_bf16(const uint16_t *p) {
                 blo = v < blo ? v : blo;                                                                         \
                 bhi = v > bhi ? v : bhi;                                                                         \
             }                                                                                                    \
-            if (s - s != 0) return 1; /* NaN for a NaN or an infinite sum */                                      \
+            if (s - s != 0) { /* NaN for a NaN or an infinite sum */                                             \
+                if (fold == NULL) return 1;                                                                      \
+                finite = 0;                                                                                      \
+                continue;                                                                                        \
+            }                                                                                                    \
             double mu = s / (double)m;                                                                           \
             vd q = {0};                                                                                          \
             for (j = 0; j < whole; j += LANES) {                                                                 \
@@ -543,6 +613,8 @@ INLINE double scalar_bf16(const uint16_t *p) {
             lo = blo < lo ? blo : lo;                                                                            \
             hi = bhi > hi ? bhi : hi;                                                                            \
         }                                                                                                        \
+        if (fold != NULL) *fold = folded;                                                                        \
+        if (!finite) return 1;                                                                                   \
         if (mean - mean != 0 || m2 - m2 != 0) return 1; /* overflowed */                                          \
         out->count = count;                                                                                      \
         out->mean = mean;                                                                                        \
@@ -550,14 +622,34 @@ INLINE double scalar_bf16(const uint16_t *p) {
         out->min = lo;                                                                                           \
         out->max = hi;                                                                                           \
         return 0;                                                                                                \
-    }
+    }                                                                                                            \
+    int FAMILY(JOIN(td_summary, NAME))(const T *x, int64_t n, td_summary *out) {                                \
+        return NAME##_both(x, n, out, NULL);                                                                     \
+    }                                                                                                            \
+    SKETCH_EXPORT(NAME, T)
 
-SUMMARY(td_summary_f, float, load_float, SCALAR)
-SUMMARY(td_summary_d, double, load_double, SCALAR)
-#ifdef __FLT16_MAX__
-SUMMARY(td_summary_h, _Float16, load_f16, SCALAR)
+#ifdef TD_FOLD64
+/* SUB values of any dtype here are a whole number of words (SUB * size is a multiple of 8): only the last sub-block
+ * may end inside a word. */
+#define FOLD_STEP(NAME)                                                                                          \
+    if (fold != NULL)                                                                                            \
+        folded += fold_words((const uint8_t *)p, m * (int64_t)sizeof *p, start * (int64_t)sizeof *p / 8);
+/* td_sketch_f(x, n, out, fold): td_summary_f's summary and the fold64 sum of the same values' bytes, in one pass. */
+#define SKETCH_EXPORT(NAME, T)                                                                                   \
+    int FAMILY(JOIN(td_sketch, NAME))(const T *x, int64_t n, td_summary *out, uint64_t *fold) {                  \
+        return NAME##_both(x, n, out, fold);                                                                     \
+    }
+#else
+#define FOLD_STEP(NAME)
+#define SKETCH_EXPORT(NAME, T)
 #endif
-SUMMARY(td_summary_b, uint16_t, load_bf16, scalar_bf16)
+
+SUMMARY(f, float, load_float, SCALAR)
+SUMMARY(d, double, load_double, SCALAR)
+#ifdef __FLT16_MAX__
+SUMMARY(h, _Float16, load_f16, SCALAR)
+#endif
+SUMMARY(b, uint16_t, load_bf16, scalar_bf16)
 
 #else /* ---- Shared by every family ---------------------------------------------------------------------------- */
 

@@ -21,6 +21,7 @@ verdict is "no difference found in the summary", never a full pass.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -75,6 +76,17 @@ class Sketch:
     nan: int
     inf: int
     sample: tuple[float, ...]  # the values at `sample_positions(numel)`, float64 (NaN and Inf kept)
+    # a stored tensor's (ingest keeps both): its "fold64:<hex>" hash besides `hash`, its BLAKE3 digest, so that a
+    # summary hashed with fold64 is compared with the hash of its own kind
+    fold64: str | None = None
+
+    def with_hash(self, kind: str) -> Sketch | None:
+        """This summary with its hash of `kind` ("blake3", "fold64") as `hash`; None where it has none of it."""
+        if self.hash.partition(":")[0] == kind:
+            return self
+        if kind == "fold64" and self.fold64 is not None:
+            return dataclasses.replace(self, hash=self.fold64, fold64=None)
+        return None
 
     @property
     def mean(self) -> float | None:
@@ -108,6 +120,7 @@ class Sketch:
             "max": None if self.max is None else json_number(self.max),
             "nan": self.nan,
             "inf": self.inf,
+            **({"fold64": self.fold64} if self.fold64 is not None else {}),
         }
 
     @classmethod
@@ -133,6 +146,7 @@ class Sketch:
             int(data["nan"]),
             int(data["inf"]),
             sample,
+            None if data.get("fold64") is None else str(data["fold64"]),
         )
 
 
@@ -265,6 +279,9 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
             f"from summaries: no difference found in the summary ({diff.size} sampled elements within {described}, "
             f"norms {rel:.3g} apart); not every element was compared"
         )
+    kinds = (a.hash.partition(":")[0], b.hash.partition(":")[0])
+    if hashes_differ is None and kinds[0] != kinds[1]:  # a blake3 summary (an older CPU capture's) against fold64
+        reason += f"; the hashes are of different kinds ({kinds[0]} and {kinds[1]}): bit-identity is not checked"
     return SketchVerdict(
         not failures,
         False,

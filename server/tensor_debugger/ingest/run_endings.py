@@ -17,7 +17,7 @@ from tensor_debugger.ingest.fingerprints import Fingerprint
 from tensor_debugger.ingest.inputs import RunTrace
 from tensor_debugger.ingest.outcomes import TakenOver
 from tensor_debugger.ingest.run_copy import delete_arrays
-from tensor_debugger.ingest.run_rows import problem_rows, summary_record, tensor_records
+from tensor_debugger.ingest.run_rows import problem_rows, summary_row, tensor_records
 from tensor_debugger.ingest.stored import Stored
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
@@ -107,12 +107,15 @@ class RunEndings:
             lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
             self._share_identical(db, run_id, records)
             position = len(stored)
+            summaries = []
             for run_trace in traces:
                 if run_trace.trace.has_values:
                     continue
                 for traced in run_trace.trace.tensors:
-                    db.add(summary_record(run_id, position, run_trace, traced))
+                    summaries.append(summary_row(run_id, position, run_trace, traced))
                     position += 1
+            for start in range(0, len(summaries), _ROWS_PER_FLUSH):
+                db.execute(insert(TensorRecord), summaries[start : start + _ROWS_PER_FLUSH])
             db.add_all(problem_rows(run_id, problems))
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"

@@ -6,6 +6,7 @@ import math
 import uuid
 from collections.abc import Sequence
 from pathlib import PurePosixPath
+from typing import Any
 
 from tensor_debugger.engine.names import module_layer, parse_layer_stage
 from tensor_debugger.engine.summary_compare import Sketch
@@ -16,8 +17,9 @@ from tensor_debugger.ingest.traces import TraceTensor
 from tensor_debugger.store.models import ProblemRecord, TensorRecord
 
 
-def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> TensorRecord:
-    """A tensor of a trace without element values: what its JSON says, and no array."""
+def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> dict[str, Any]:
+    """A tensor of a trace without element values: what its JSON says, and no array; as the values of its row, for
+    one INSERT of many rows (a summary capture's hundreds: ORM objects cost about twice as much CPU)."""
     shape = list(traced.shape or ())
     stats: dict[str, float | None] = dict(traced.stats)
     sketch = None
@@ -30,7 +32,7 @@ def summary_record(run_id: int, position: int, run_trace: RunTrace, traced: Trac
     layer = parse_layer_stage(PurePosixPath(traced.module_path), ())[0]
     if traced.op is not None:
         layer = module_layer(traced.module_path)
-    return TensorRecord(
+    return dict(
         run_id=run_id,
         position=position,
         name=run_trace.summary_name(traced),

@@ -4,15 +4,13 @@ A capture with `values="summary"` computes it as each hook fires, on the GPU for
 numbers and the sampled values come back to the host, never the tensor. A stored tensor (a full capture, a dump)
 gets the same summary at ingest, from the blocks it is written in (stored_sketches.py), and keeps it in its row, so
 either side of a pair may be a summary and the judge reads no stored values for it. Only a row stored before ingest
-kept summaries, or one paired with another device's summary (whose "fold64" hash needs every byte), has its values
-read back (`record_sketch`).
+kept summaries, or before it kept "fold64" hashes and paired with a fold64 summary, has its values read back
+(`record_sketch`).
 
-- A CPU tensor's content hash is the BLAKE3 digest ingest gives a stored tensor ("blake3:<hex>", over a header
-  naming dtype and shape, then the bytes), computed on the host where the tensor already is.
-- Another device's ("fold64:<hex>") reads the bytes as little-endian 64-bit words (the last one padded with zeros),
-  mixes each with its index (multiply, xor-shift; int64 arithmetic, which wraps the same on every device) and adds
-  them up; blake2b of the dtype, the shape, the byte count and that sum is the hash. Equal tensors hash equal; a
-  tensor differing in one word always hashes differently; in more, by chance with probability about 2^-64.
+- The content hash: a summary capture's is "fold64:<hex>" on every device (ingest/fold64.py): on the CPU summed by
+  the compiled kernel in the same pass as the statistics (`fold64_sketch`), elsewhere with torch ops there
+  (`fold64.content_hash`). `sketch(..., "blake3")` of a CPU tensor gives instead the BLAKE3 digest ingest gives a
+  stored tensor ("blake3:<hex>", over a header naming dtype and shape, then the bytes); ingest keeps both.
 - count, sum, sum of squares, min and max are over the finite values, in float64; NaN and Inf are counted.
 - The sample: the values at `sample_positions(numel)` (float64; complex tensors: their magnitudes, as ingest's
   statistics).
@@ -21,8 +19,8 @@ Work goes `CHUNK` elements at a time, so the float64 temporaries stay bounded on
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import hashlib
 import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -31,9 +29,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import iter_blocks
-from tensor_debugger.engine.fused import Kernel
+from tensor_debugger.engine.fused import Kernel, default_kernel
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
+from tensor_debugger.ingest.fold64 import Fold64, content_hash, dtype_name, fold64_digest
 from tensor_debugger.ingest.stored_sketches import (
     CHUNKS_PER_BLOCK,
     SketchSample,
@@ -41,7 +40,7 @@ from tensor_debugger.ingest.stored_sketches import (
     sketch_of,
     stored_layout,
 )
-from tensor_debugger.ingest.summary import SummaryAccumulator, summarise_stored
+from tensor_debugger.ingest.summary import SummaryAccumulator, summarise_folded, summarise_stored
 from tensor_debugger.store.dtypes import LogicalDtype, parse_dtype
 
 if TYPE_CHECKING:
@@ -55,96 +54,20 @@ CHUNK = 1 << 22  # elements (and words) per step
 # per byte inside a CPU forward pass (torch's threads, between its kernels, hold the cores), and no faster alone
 # on 2 cores: bench/RESULTS.md, 2026-11-27.
 HASH_THREADS = 1
-_K1 = 0x1F3D5B79A3C1E2F7  # odd 64-bit constants, below 2^63 so that they are int64s
-_K2 = 0x2545F4914F6CDD1D
-_K3 = 0x3C6EF372FE94F82B
-_MASK = (1 << 64) - 1
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def content_hash(tensor: torch.Tensor) -> str:
-    """ "fold64:<hex>" of the tensor's dtype, shape and bytes (see the module docstring)."""
-    import torch
-
-    t = tensor.detach().contiguous().reshape(-1)
-    data = t.view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
-    if data.storage_offset() % 8:
-        data = data.clone()
-    nbytes = data.numel()
-    whole = nbytes // 8 * 8
-    total = torch.zeros((), dtype=torch.int64, device=data.device)
-    words = data[:whole].view(torch.int64)
-    for start in range(0, words.numel(), CHUNK):
-        total += _mixed(words[start : start + CHUNK], start)
-    if whole < nbytes:
-        tail = torch.zeros(8, dtype=torch.uint8, device=data.device)
-        tail[: nbytes - whole] = data[whole:]
-        total += _mixed(tail.view(torch.int64), whole // 8)
-    return _fold64_digest(dtype_name(tensor.dtype), tuple(tensor.shape), nbytes, int(total.item()))
-
-
-def _fold64_digest(dtype: str, shape: tuple[int, ...], nbytes: int, total: int) -> str:
-    header = f"{dtype}|{list(shape)}|{nbytes}|{total & _MASK:016x}".encode()
-    return "fold64:" + hashlib.blake2b(header, digest_size=16).hexdigest()
-
-
-class _Fold64:
-    """`content_hash` of a tensor's bytes taken a block at a time, in order (a word may straddle two blocks)."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.words = 0  # words folded so far
-        self.carry = np.empty(0, dtype=np.uint8)  # the bytes of a word begun in the block before
-
-    def update(self, data: NDArray[Any]) -> None:
-        import torch
-
-        if self.carry.size:
-            data = np.concatenate([self.carry, data])
-        whole = data.size // 8 * 8
-        words = np.ascontiguousarray(data[:whole]).view(np.int64)
-        for start in range(0, words.size, CHUNK):
-            self.total += int(_mixed(torch.from_numpy(words[start : start + CHUNK]), self.words + start).item())
-        self.words += words.size
-        self.carry = data[whole:].copy()
-
-    def digest(self, dtype: str, shape: tuple[int, ...], nbytes: int) -> str:
-        import torch
-
-        if self.carry.size:
-            tail = np.zeros(8, dtype=np.uint8)
-            tail[: self.carry.size] = self.carry
-            self.total += int(_mixed(torch.from_numpy(tail.view(np.int64)), self.words).item())
-            self.carry = tail[:0]
-        return _fold64_digest(dtype, shape, nbytes, self.total)
-
-
-def _mixed(words: torch.Tensor, first: int) -> torch.Tensor:
-    import torch
-
-    index = torch.arange(first + 1, first + 1 + words.numel(), dtype=torch.int64, device=words.device)
-    x = words * _K1 + index * _K2
-    x ^= x >> 31
-    x *= _K3
-    x ^= x >> 29
-    return x.sum()
 
 
 def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | None = None) -> Sketch:
     """The summary of `tensor` (see the module docstring), computed where it lives. A CPU tensor's is computed by
-    ingest's passes, `kernel`'s (the engine instance's statistics path; the best this CPU runs where None): the
-    summary ingest keeps of the same tensor stored has the same hash, counts, extremes and sampled values. Its hash
-    is the BLAKE3 digest ingest gives its bytes (`writer.new_hasher`), unless `hash_kind` is "fold64" (the hash of
-    another device's summary, to compare with)."""
+    ingest's passes, `kernel`'s (the engine instance's statistics path; where None, `fused.default_kernel()`, whose
+    family is resolved once): the summary ingest keeps of the same tensor stored has the same hash, counts, extremes
+    and sampled values. Its hash is of `hash_kind`, "blake3" (the digest ingest gives its bytes, `writer.new_hasher`:
+    a CPU tensor's default) or "fold64" (another device's default)."""
     import torch
 
     t = tensor.detach()
     kind = hash_kind or ("blake3" if t.device.type == "cpu" else "fold64")
     if t.device.type == "cpu":
-        return _host_sketch(t, kind, kernel if kernel is not None else Kernel())
+        return _host_sketch(t, kind, kernel if kernel is not None else default_kernel())
     flat = t.reshape(-1)
     if flat.is_complex():
         flat = flat.abs()
@@ -192,18 +115,6 @@ def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | 
     )
 
 
-def sketch_hash(tensor: torch.Tensor) -> str:
-    """The hash `sketch(tensor)` gives, alone (none of its statistics, no sample): the cheapest check that a tensor's
-    bits equal those of one summarised before (BLAKE3 of its bytes on the CPU, "fold64" on another device)."""
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        return content_hash(t)
-    from tensor_debugger.store.dtypes import torch_to_storage
-
-    t = _contiguous(t)
-    return _blake3_of(torch_to_storage(t), t)
-
-
 def _blake3(t: torch.Tensor) -> str:
     """The digest ingest gives the tensor's bytes (`writer.new_hasher`): equal to a stored tensor's `digest`."""
     from tensor_debugger.store.dtypes import torch_to_storage
@@ -225,19 +136,53 @@ def _host_sketch(t: torch.Tensor, kind: str, kernel: Kernel) -> Sketch:
     """A CPU tensor's summary through ingest's summary pass (`kernel`'s, compiled where it can be: one pass, no
     float64 copy) and its sampled values as ingest takes them (`stored_sketches.sampled_values`); sum and sum of
     squares from its count, mean and sum of squared deviations. A tensor that is not contiguous is copied once, and
-    its copy is what the hash, the statistics and the sample read."""
+    its copy is what the hash, the statistics and the sample read. With `kind` "fold64", the kernel computes the
+    hash's sum in the same pass as the statistics (`summary.summarise_folded`)."""
+    return _host_sketch_folded(t, kind, kernel)[0]
+
+
+def fold64_sketch(tensor: torch.Tensor, kernel: Kernel | None = None) -> tuple[Sketch, int | None]:
+    """`sketch(tensor, "fold64", kernel)`, and for a CPU tensor whose hash the compiled kernel summed, that sum
+    (`fold64.fold64_digest`'s `total`; else None): a tensor of the same bytes in the same order has the same sum,
+    whatever its shape (`reshaped`)."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        return sketch(t, "fold64", kernel), None
+    return _host_sketch_folded(t, "fold64", kernel if kernel is not None else default_kernel())
+
+
+def reshaped(summary: Sketch, total: int, shape: tuple[int, ...], itemsize: int) -> Sketch:
+    """The summary of a tensor of `shape` holding the same bytes, in the same order, as the one `summary` (a
+    "fold64" one, whose hash's sum is `total`) is of: the same statistics and sample (the same elements at the same
+    flat positions), the hash of the new shape."""
+    numel = math.prod(shape)
+    if numel != summary.numel or not summary.hash.startswith("fold64:"):
+        raise ValueError(f"a summary of {summary.numel} elements cannot be of shape {list(shape)}")
+    digest = fold64_digest(summary.dtype, shape, numel * itemsize, total)
+    return dataclasses.replace(summary, shape=shape, hash=digest)
+
+
+def _host_sketch_folded(t: torch.Tensor, kind: str, kernel: Kernel) -> tuple[Sketch, int | None]:
     from tensor_debugger.store.dtypes import from_torch, torch_to_storage
 
     t = _contiguous(t)
     logical = from_torch(t.dtype)
     array = torch_to_storage(t)  # shares `t`'s memory: no second copy
+    flat = array.reshape(-1)
     totals = SummaryAccumulator()
-    if array.size:
-        totals.add_stored(array.reshape(-1), logical, kernel)
+    fold: int | None = None
+    if kind == "fold64":  # the statistics and the hash's sum in one compiled pass where the kernel has one
+        block, fold = summarise_folded(flat, logical, kernel)
+        totals.fold(block)
+        shape, nbytes = tuple(t.shape), t.numel() * t.element_size()
+        digest = content_hash(t) if fold is None else fold64_digest(dtype_name(t.dtype), shape, nbytes, fold)
+    else:
+        if array.size:
+            totals.add_stored(flat, logical, kernel)
+        digest = _blake3_of(array, t)
     positions = _sample_index(array.size)
-    values = sampled_values(array.reshape(-1)[positions], logical) if positions.size else []
-    digest = content_hash(t) if kind == "fold64" else _blake3_of(array, t)
-    return sketch_of(tuple(t.shape), dtype_name(t.dtype), digest, totals, values)
+    values = sampled_values(flat[positions], logical) if positions.size else []
+    return sketch_of(tuple(t.shape), dtype_name(t.dtype), digest, totals, values), fold
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -271,8 +216,11 @@ def record_sketch(
     read back (a row stored before ingest kept summaries, or a stored tensor's "fold64" hash); None for a tensor with
     neither (a trace written with use_repr=True)."""
     kept = Sketch.from_json(record.sketch) if record.sketch is not None else None
-    if kept is not None and (not record.has_values or hash_kind in (None, kept.hash.partition(":")[0])):
+    if kept is not None and (not record.has_values or hash_kind is None):
         return kept
+    alike = kept.with_hash(hash_kind) if kept is not None and hash_kind is not None else None
+    if alike is not None:  # its own hash, or ingest's fold64 of a stored tensor
+        return alike
     if not record.has_values:
         return None
     logical = parse_dtype(record.dtype)
@@ -296,10 +244,10 @@ def read_back_sketch(
 
     shape, chunks = tuple(array.shape), tuple(array.chunks)
     layout = stored_layout(shape, chunks)
-    fold = _Fold64() if hash_kind == "fold64" else None
+    fold = Fold64(kernel) if hash_kind == "fold64" else None
     hasher = None if fold is not None or digest.startswith(f"{DIGEST_ALGORITHM}:") else new_hasher(logical, shape)
     totals = SummaryAccumulator()
-    kernel = kernel if kernel is not None else Kernel()
+    kernel = kernel if kernel is not None else default_kernel()
     sample = SketchSample(logical, math.prod(shape))
     for region in iter_blocks(layout, CHUNKS_PER_BLOCK):
         block = np.asarray(array[region if region else ()])

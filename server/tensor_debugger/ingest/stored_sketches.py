@@ -16,6 +16,7 @@ as a capture computes it, folds in another order: its sum and sum of squares may
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -72,10 +73,13 @@ class SketchSample:
             raise ValueError(f"a summary of {self.numel} elements was given {self.offset}")
         return sketch_of(shape, self.logical.name, digest, totals, self.values)
 
-    def kept(self, shape: tuple[int, ...], digest: str, totals: SummaryAccumulator) -> dict[str, Any]:
-        """`sketch` as its row keeps it, `Sketch.to_json(compact=True)`: held for every tensor of a run until the
-        run's rows are written, so its sample is one string, not 256 float objects."""
-        return self.sketch(shape, digest, totals).to_json(compact=True)
+    def kept(
+        self, shape: tuple[int, ...], digest: str, totals: SummaryAccumulator, fold64: str | None = None
+    ) -> dict[str, Any]:
+        """`sketch` as its row keeps it, `Sketch.to_json(compact=True)`, with `fold64` (the "fold64" hash of the same
+        bytes) beside `digest`: held for every tensor of a run until the run's rows are written, so its sample is
+        one string, not 256 float objects."""
+        return dataclasses.replace(self.sketch(shape, digest, totals), fold64=fold64).to_json(compact=True)
 
 
 def sketch_of(

@@ -57,6 +57,21 @@ def summarise_stored(stored: NDArray[Any], logical: LogicalDtype, kernel: Kernel
     return BlockSummary(stored.size, 0, 0, [(int(part.count), part.mean, part.m2, part.min, part.max)])
 
 
+def summarise_folded(stored: NDArray[Any], logical: LogicalDtype, kernel: Kernel) -> tuple[BlockSummary, int | None]:
+    """`summarise_stored` of a contiguous block and the "fold64" sum of its bytes from its first word
+    (`Kernel.fold64`): in one compiled pass where `kernel` has a loop for the dtype (the same summary as
+    `summarise_stored`'s, bit for bit), else the fold in its own compiled pass; the sum None where the kernel is not
+    in use."""
+    fused = kernel.sketch(stored, logical.name) if stored.size else None
+    if fused is None:
+        flat = stored.reshape(-1)
+        return summarise_stored(stored, logical, kernel), kernel.fold64(flat.view(np.uint8)) if flat.size else 0
+    part, fold = fused
+    if part is None:  # a NaN or an Inf (or an overflow): numpy counts and skips them
+        return summarise(storage_to_compute(stored, logical)), fold
+    return BlockSummary(stored.size, 0, 0, [(int(part.count), part.mean, part.m2, part.min, part.max)]), fold
+
+
 def summarise(values: NDArray[Any]) -> BlockSummary:
     """Compute values (see `dtypes.storage_to_compute`), a slice at a time so that the float64 temporaries stay
     small and in cache."""

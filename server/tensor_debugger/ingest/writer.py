@@ -9,7 +9,9 @@ never equals one of the other (a tensor stored under both is kept twice, and com
 Whether a tensor's chunks are compressed is chosen from a sample of its first block (`store.compression`).
 
 Every tensor also gets its summary (`StoredTensor.sketch`, stored_sketches.py) from the same blocks: the digest,
-the folded statistics, and the sampled elements picked from each block as it is read.
+the folded statistics, and the sampled elements picked from each block as it is read; and besides the digest, the
+"fold64" hash of the same bytes (ingest/fold64.py, computed with the digest), which a CPU summary capture's hash is
+compared with.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from numpy.typing import NDArray
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.ingest.block_readers import Leaf
+from tensor_debugger.ingest.fold64 import Fold64
 from tensor_debugger.ingest.stored_sketches import CHUNKS_PER_BLOCK, SketchSample
 from tensor_debugger.ingest.summary import BlockSummary, SummaryAccumulator, TensorSummary, summarise_stored
 from tensor_debugger.ingest.taps import RunTap, TensorTap
@@ -133,6 +136,7 @@ class _Tensor:
     key: str
     leaf: Leaf
     hasher: Any  # from `new_hasher`
+    fold: Fold64  # the "fold64" hash of the same bytes, fed with the hasher
     lane: SerialLane
     sample: SketchSample
     summary: SummaryAccumulator = field(default_factory=SummaryAccumulator)
@@ -151,7 +155,7 @@ class _Tensor:
             nbytes,
             digest,
             self.summary.result(),
-            self.sample.kept(leaf.shape, digest, self.summary),
+            self.sample.kept(leaf.shape, digest, self.summary, self.fold.digest(leaf.dtype.name, leaf.shape, nbytes)),
         )
 
 
@@ -247,6 +251,7 @@ class TensorWriter:
             key,
             leaf,
             new_hasher(leaf.dtype, leaf.shape),
+            Fold64(self.kernel),
             SerialLane(self.pools.pool),
             SketchSample(leaf.dtype, math.prod(leaf.shape)),
         )
@@ -263,7 +268,12 @@ class TensorWriter:
             return None
 
         def hash_block(block: NDArray[Any]) -> Callable[[], None]:
-            return lambda: tensor.hasher.update(block.reshape(-1).view(np.uint8).data)
+            def hashed() -> None:
+                data = block.reshape(-1).view(np.uint8)
+                tensor.hasher.update(data.data)
+                tensor.fold.update(data)
+
+            return hashed
 
         def blocks() -> Iterator[tuple[Region, NDArray[Any]]]:
             if first is None or first_block is None:

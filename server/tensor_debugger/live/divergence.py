@@ -36,7 +36,7 @@ import torch
 
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
-from tensor_debugger.ingest.sketches import dtype_name
+from tensor_debugger.ingest.fold64 import dtype_name
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, pair_session, record
 
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")

@@ -28,15 +28,15 @@ is the tree's). Only the ops of modules `modules=` selects are recorded.
 
 With `values="summary"`, no tensor is copied or written: each is summarised on its device (`ingest/sketches.py`),
 the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`), and the run's tensors
-have no values, only their summaries, which pairs are judged on (`engine/summary_compare.py`). With `level="op"`
-(no backward, nothing compiled), a CPU tensor is copied as the hook sees it and the copy summarised on a thread of its
-own while the forward runs on (torch's kernels, BLAKE3 and the statistics kernel release the GIL), up to
-`SUMMARY_BACKLOG` bytes of copies behind: each summary is of the values the op made, whatever changes the tensor
-later (an in-place op, or code torch cannot see: a C++ extension, a write through `.numpy()`), and the summaries are
-kept in call order. `summarize_forward` does the same without storing
-anything. `record` records a run as `capture` would and holds it in memory (with full values, a copy of each tensor)
-until `HeldRun.store` stores it, where `capture` would have; it can also hash, in the same pass, every tensor a
-capture of every module would record (`find_divergence` checks with it that a model repeats its first call).
+have no values, only their summaries, which pairs are judged on (`engine/summary_compare.py`). Each summary is
+computed as the hook fires, on the forward's thread, so it is of the values the op made, whatever changes the tensor
+later (an in-place op, or code torch cannot see: a C++ extension, a write through `.numpy()`); its hash is "fold64"
+on every device (on the CPU the compiled kernel sums it in the same pass as the statistics). Summarising a copy on
+a thread of its own did not pay on 2 cores, where torch's forward holds both (bench/RESULTS.md, 2026-11-28).
+`summarize_forward` does the same without storing anything. `record` records a run as `capture` would and holds it
+in memory (with full values, a copy of each tensor) until `HeldRun.store` stores it, where `capture` would have; it
+can also hash, in the same pass, every tensor a capture of every module would record, as its summary would
+(`find_divergence` checks with it that a model repeats its first call).
 """
 
 from __future__ import annotations
@@ -47,12 +47,8 @@ import json
 import shutil
 import struct
 import tempfile
-import threading
 import weakref
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +58,7 @@ import torch
 
 from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.ingest.safetensors_files import SAFETENSORS_DTYPES
-from tensor_debugger.ingest.sketches import sketch, sketch_hash
+from tensor_debugger.ingest.sketches import fold64_sketch, reshaped
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.ops import OpMode
@@ -86,9 +82,6 @@ Level = Literal["module", "op"]
 LEVELS: tuple[Level, ...] = ("module", "op")
 Values = Literal["full", "summary"]
 VALUES: tuple[Values, ...] = ("full", "summary")
-# With values="summary" and level="op": the bytes of tensors at most waiting for their summary on the summarising
-# thread (a hook waits while more are; each is kept alive until summarised).
-SUMMARY_BACKLOG = 128 * 1024 * 1024
 
 
 @functools.cache
@@ -152,7 +145,6 @@ class _Recorder:
         patterns: Sequence[str],
         writer: CaptureWriter | _HeldValues | None,
         result: CaptureResult,
-        background: bool = False,
         hashes: dict[str, str] | None = None,
     ) -> None:
         self.folder = folder
@@ -173,12 +165,12 @@ class _Recorder:
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
-        # with values="summary": each tensor's, computed once while it is unchanged (with `background`, on a thread)
-        # with `hashes` (a hash-only recorder, checking that a model repeats a call): each tensor's `sketch_hash`, by
-        # name, in call order, in place of its summary
+        # with values="summary": each tensor's, computed once while it is unchanged; with `hashes` (a hash-only
+        # recorder, checking that a model repeats a call): each tensor's summary's hash, by name, in call order, in
+        # place of its summary
         self.hashes = hashes
-        self.summaries = _Summaries(background, sketch if hashes is None else sketch_hash)
-        self.pending: list[tuple[str, dict[str, Any], Future[Any]]] = []  # summaries not yet in the result
+        self.summaries = _Summaries()
+        self.pending: list[tuple[str, dict[str, Any], _Summary]] = []  # summaries not yet in the result
         self.last: str | None = None  # the last tensor wanted (values="full", or hash-only); none after it is recorded
         self.stopped = False
         self.left_out = 0  # tensors after `last`
@@ -286,13 +278,11 @@ class _Recorder:
         return type(value).__name__ if value is not None else "None"
 
     def settle(self) -> None:
-        """Every summary begun finished, put in its tensor's entry of the trace JSON and in the result, in call
-        order (raises what computing one raised)."""
-        self.summaries.wait()
-        for name, entry, future in self.pending:
-            summary = future.result()
+        """Every summary put in its tensor's entry of the trace JSON and in the result (or, hash-only, its hash in
+        `hashes`), in call order."""
+        for name, entry, (summary, _) in self.pending:
             if self.hashes is not None:
-                self.hashes[name] = summary
+                self.hashes[name] = summary.hash
                 continue
             entry["summary"] = summary.to_json()
             self.result.summaries[name] = summary
@@ -310,79 +300,78 @@ class _Recorder:
 
 
 class _Summaries:
-    """Summaries (`sketches.sketch`) of the tensors met, so that a tensor met again unchanged (a module's output
-    is its last op's, its input the previous module's output) is not read again: kept by the tensor object, with
-    its version counter (which every in-place change of it or of a view of it advances) and a weak reference (so
-    that no tensor is kept alive, and a new tensor at a freed one's address is not taken for it). Inference tensors
-    (`torch.inference_mode`) have no version counter: theirs are computed every time, at once.
+    """Summaries (`sketches.fold64_sketch`: a "fold64" hash on every device) of the tensors met, each computed as its
+    hook fires, on the caller's thread, so that a tensor met again unchanged (a module's output is its last op's, its
+    input the previous module's output) is not read again: kept by the tensor object, with its version counter (which
+    every in-place change of it or of a view of it advances) and a weak reference (so that no tensor is kept alive,
+    and a new tensor at a freed one's address is not taken for it). Inference tensors (`torch.inference_mode`) have
+    no version counter: theirs are computed every time.
 
-    With `background`, a CPU tensor's summary is computed on one thread of its own, in the order asked, while the
-    caller goes on (see the module docstring): of a copy made at once, so that no later change of the tensor reaches
-    it; at most `SUMMARY_BACKLOG` bytes of copies wait, and `wait` finishes every one begun."""
+    A contiguous CPU view of a tensor summarised (a `view`, `reshape`, `unsqueeze`, ... of it or of the same base)
+    that starts at the same byte and has as many elements of the same dtype holds the same bytes in the same order:
+    its summary is that tensor's with its own shape (`sketches.reshaped`: the same statistics and sample, the hash of
+    the new shape from the same sum of words), while neither was changed in place (their version counter, shared, is
+    the one the summary was made at)."""
 
-    def __init__(self, background: bool = False, of: Callable[[torch.Tensor], Any] = sketch) -> None:
-        self.of = of  # what is computed of each tensor: its summary, or (`sketch_hash`) its hash alone
-        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, Future[Any]]] = {}
-        self.lock = threading.Lock()  # `known`: a tensor may be freed on the summarising thread
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="capture_summary") if background else None
-        self.waiting: deque[tuple[Future[Any], int]] = deque()  # begun on the thread: (summary, bytes)
-        self.backlog = 0  # bytes of the tensors waiting
+    def __init__(self) -> None:
+        self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, _Summary]] = {}
+        # contiguous CPU tensors summarised, by (first byte's address, elements, dtype): the latest of each
+        self.spans: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, _Summary]] = {}
 
-    def sketch(self, tensor: torch.Tensor) -> Future[Any]:
+    def sketch(self, tensor: torch.Tensor) -> _Summary:
         key = id(tensor)
         try:
             version = tensor._version
         except RuntimeError:  # "Inference tensors do not track version counter"
-            return _done(self.of(tensor))
-        with self.lock:
-            known = self.known.get(key)
+            return fold64_sketch(tensor)
+        known = self.known.get(key)
         if known is not None and known[0]() is tensor and known[1] == version:
             return known[2]
-        summary = self._begin(tensor)
-        with self.lock:
-            self.known[key] = (weakref.ref(tensor, functools.partial(self._forget, key)), version, summary)
+        span = _span(tensor)
+        summary = self._alias(tensor, span, version) if span is not None else None
+        summary = summary or fold64_sketch(tensor)
+        ref = weakref.ref(tensor, functools.partial(self._forget, key, span))
+        self.known[key] = (ref, version, summary)
+        if span is not None:
+            self.spans[span] = (ref, version, summary)
         return summary
 
-    def _begin(self, tensor: torch.Tensor) -> Future[Any]:
-        if self.pool is None or tensor.device.type != "cpu":
-            return _done(self.of(tensor))
-        nbytes = tensor.numel() * tensor.element_size()
-        while self.waiting and self.backlog + nbytes > SUMMARY_BACKLOG:
-            self._finish_oldest()
-        copy = tensor.detach().clone(memory_format=torch.contiguous_format)  # the values now, whatever comes later
-        summary = self.pool.submit(self.of, copy)
-        self.waiting.append((summary, nbytes))
-        self.backlog += nbytes
-        return summary
+    def _alias(self, tensor: torch.Tensor, span: tuple[int, int, torch.dtype], version: int) -> _Summary | None:
+        """The summary of `tensor` from that of a tensor of the same span and base, unchanged since (see the class
+        docstring); None where there is none."""
+        known = self.spans.get(span)
+        other = known[0]() if known is not None else None
+        if known is None or other is None or _root(other) is not _root(tensor) or known[1] != version:
+            return None
+        summary, total = known[2]
+        if total is None:
+            return None
+        return reshaped(summary, total, tuple(tensor.shape), tensor.element_size()), total
 
-    def _finish_oldest(self) -> None:
-        oldest, nbytes = self.waiting.popleft()
-        wait_for([oldest])
-        self.backlog -= nbytes
-
-    def wait(self) -> None:
-        """Every summary begun, finished (its error, if any, is its future's)."""
-        while self.waiting:
-            self._finish_oldest()
-
-    def close(self) -> None:
-        """Stop the summarising thread (summaries not begun are dropped)."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-        self.waiting.clear()
-        self.backlog = 0
-
-    def _forget(self, key: int, ref: weakref.ref[torch.Tensor]) -> None:
-        with self.lock:
-            known = self.known.get(key)
-            if known is not None and known[0] is ref:
-                del self.known[key]
+    def _forget(self, key: int, span: tuple[int, int, torch.dtype] | None, ref: weakref.ref[torch.Tensor]) -> None:
+        known = self.known.get(key)
+        if known is not None and known[0] is ref:
+            del self.known[key]
+        spanned = self.spans.get(span) if span is not None else None
+        if span is not None and spanned is not None and spanned[0] is ref:
+            del self.spans[span]
 
 
-def _done(summary: Any) -> Future[Any]:
-    done: Future[Any] = Future()
-    done.set_result(summary)
-    return done
+# A summary, and where the compiled kernel summed its "fold64" hash, that sum (`sketches.fold64_sketch`).
+_Summary = tuple[Sketch, int | None]
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int, torch.dtype] | None:
+    """A contiguous CPU tensor's (first byte's address, elements, dtype); None for any other."""
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
+        return None
+    return (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+
+
+def _root(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor a view was made from (its storage's and version counter's owner), else the tensor itself."""
+    base = tensor._base
+    return base if base is not None else tensor
 
 
 def _holds_tensor(value: Any) -> bool:
@@ -616,7 +605,7 @@ def summarize_forward(
     result = CaptureResult("", "")
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
-    recorder = _Recorder(Path(), type(model).__name__, patterns, None, result, level == "op" and not compiled)
+    recorder = _Recorder(Path(), type(model).__name__, patterns, None, result)
     handles = _hook(model, recorder, level, compiled=compiled)
     try:
         with OpMode(recorder) if level == "op" else ExitStack():
@@ -625,7 +614,6 @@ def summarize_forward(
     finally:
         for handle in handles:
             handle.remove()
-        recorder.summaries.close()
     result.tensors = recorder.count
     result.skipped = recorder.skipped
     return result
@@ -691,8 +679,7 @@ def capture(
         local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
-        background = values == "summary" and level == "op" and not backward and not compiled
-        recorder = _Recorder(folder, root_name, patterns, writer, result, background)
+        recorder = _Recorder(folder, root_name, patterns, writer, result)
         recorder.on_tensor = on_tensor
         handles = _hook(model, recorder, level, backward, compiled)
         if level == "op":
@@ -711,8 +698,6 @@ def capture(
         watching.close()
         for handle in handles:
             handle.remove()
-        if recorder is not None:
-            recorder.summaries.close()
         try:
             if writer is not None:
                 writer.close(cancel=True)
@@ -888,8 +873,8 @@ def record(
     `HeldRun.store` stores it. `last` names the last tensor wanted: those after it, the model's outputs included,
     are left out, listed in `skipped` and said in a note on the run. With `hashes`, every tensor a capture of every
     module (and, at level "op", of every op) would record, up to `hash_until` (where None, to the end), is hashed as
-    its summary's content hash is (`sketch_hash`), into `HeldRun.hashes`, in the same pass: to check that a model
-    gives the same tensors on another call. Nothing is held when the block raises."""
+    its summary's content hash is (`sketches.fold64_sketch`), into `HeldRun.hashes`, in the same pass: to check that
+    a model gives the same tensors on another call. Nothing is held when the block raises."""
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
     if values not in VALUES:
@@ -897,18 +882,16 @@ def record(
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
     root_name = type(model).__name__
-    background = level == "op" and not compiled
     held = _HeldValues() if values == "full" else None
     result = CaptureResult("", "")
-    recorder = _Recorder(Path(), root_name, patterns, held, result, values == "summary" and background)
+    recorder = _Recorder(Path(), root_name, patterns, held, result)
     recorder.last = last
     if held is not None:
         recorder.on_tensor = lambda name, _: held.names.append(name)
     checker: _Recorder | None = None
     if hashes:
-        # each hash computed in the hook, from the tensor as it is then: no copy, no thread (on the GPT-2 bench,
-        # hashing half the model's tensors on the summarising thread, each copied, cost 1.9 CPU s; in the hook, none
-        # measurable)
+        # each hash computed in the hook, from the tensor as it is then, as its summary is (the summary's own pass:
+        # the compiled kernel sums the hash with the statistics)
         checker = _Recorder(Path(), root_name, [], None, CaptureResult("", ""), hashes={})
         checker.last = hash_until
     watching = ExitStack()
@@ -934,6 +917,3 @@ def record(
         watching.close()
         for handle in handles:
             handle.remove()
-        recorder.summaries.close()
-        if checker is not None:
-            checker.summaries.close()
