@@ -132,8 +132,8 @@ class Settings:
     )
     ingest_seconds: float = _setting(
         3600.0,
-        "Longest one ingest of the server may take, in seconds: past it its process is ended and its run fails "
-        "with that reason, naming the file it was reading.",
+        "Longest one ingest of the server may take, in seconds (a process started for it counts from its start): "
+        "past it its process is ended and its run fails with that reason, naming the file it was reading.",
     )
     workers: int = _setting(
         0,
