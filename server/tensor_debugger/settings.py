@@ -156,6 +156,12 @@ class Settings:
         "most 10 tries again, waiting longer each time) before the store counts as not answering, in seconds; an "
         "ingest or a comparison that meets it waits and tries again later, a page or the API answers 503.",
     )
+    outage_retry_seconds: float = _setting(
+        60.0,
+        "Longest wait between two tries of an ingest or a comparison that met an outage (the database or the array "
+        "store did not answer), in seconds: the first try again comes after 1 s, each further one twice as long "
+        "after the last, up to this.",
+    )
     dask_scheduler: str = _setting(
         "",
         "Address of a Dask scheduler (tcp://host:8786) whose workers compute pending pairs, reading the same "
@@ -209,6 +215,7 @@ class Settings:
             "compare_idle_seconds",
             "ingest_seconds",
             "store_retry_seconds",
+            "outage_retry_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")
