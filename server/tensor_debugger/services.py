@@ -164,7 +164,7 @@ def open_services(settings: Settings, environ: Mapping[str, str] | None = None, 
     parts. An s3:// array store reads the AWS variables from `environ` (this process's environment unless given).
     `writes` False (a command that only reads): a new pair is checked, not marked as one."""
     store, engine, sessions = open_pair(settings, environ, writes)
-    claims = Claims(sessions, settings.claim_seconds)
+    claims = Claims(sessions, settings.claim_seconds, outage_max_seconds=settings.outage_retry_seconds)
     kernel = settings.statistics_kernel()  # this engine's statistics path: its comparisons' and its ingests'
     ingestor = Ingestor(settings, sessions, store, claims, kernel)
     report = recover(sessions, store, ingestor.live_runs, claims, ingestor.resumable)  # uploads: left for a server

@@ -132,8 +132,8 @@ class Settings:
     )
     ingest_seconds: float = _setting(
         3600.0,
-        "Longest one ingest of the server may take, in seconds: past it its process is ended and its run fails "
-        "with that reason, naming the file it was reading.",
+        "Longest one ingest of the server may take, in seconds (a process started for it counts from its start): "
+        "past it its process is ended and its run fails with that reason, naming the file it was reading.",
     )
     workers: int = _setting(
         0,
@@ -155,6 +155,12 @@ class Settings:
         "How long one request to an s3:// array store is tried again (no connection, a timeout, a 5xx answer: at "
         "most 10 tries again, waiting longer each time) before the store counts as not answering, in seconds; an "
         "ingest or a comparison that meets it waits and tries again later, a page or the API answers 503.",
+    )
+    outage_retry_seconds: float = _setting(
+        60.0,
+        "Longest wait between two tries of an ingest or a comparison that met an outage (the database or the array "
+        "store did not answer), in seconds: the first try again comes after 1 s, each further one twice as long "
+        "after the last, up to this.",
     )
     dask_scheduler: str = _setting(
         "",
@@ -209,6 +215,7 @@ class Settings:
             "compare_idle_seconds",
             "ingest_seconds",
             "store_retry_seconds",
+            "outage_retry_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")

@@ -40,7 +40,7 @@ def compared_on_dask(server: LiveServer, root: Path, name: str, seed: int) -> No
     assert report["first_divergence"]["name"] == "1_post_mlp"
 
 
-IDLE_SECONDS = 0.5  # how often the server's comparison worker wakes when idle (the product's default is 5 s)
+IDLE_SECONDS = 0.2  # how often the server's comparison worker wakes when idle (the product's default is 5 s)
 IDLE_WAKES = 3  # idle wakes between the looks at the scheduler's log
 
 

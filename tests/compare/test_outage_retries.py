@@ -16,7 +16,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.claims import OUTAGE_HOLDER
 from tensor_debugger.store.models import PairRecord
 
-from tests.support.s3 import QUICK_RETRIES, SeaweedS3
+from tests.support.s3 import QUICK_OUTAGE_RETRIES, QUICK_RETRIES, SeaweedS3
 
 
 def statuses(services: Services, session_id: int) -> dict[str, tuple[str, str | None, str | None]]:
@@ -27,7 +27,12 @@ def statuses(services: Services, session_id: int) -> dict[str, tuple[str, str | 
 
 def test_pairs_wait_out_a_store_outage_and_are_computed_once_it_ends(tmp_path: Path, own_s3: SeaweedS3) -> None:
     settings = Settings(
-        data_dir=tmp_path / "data", store_url=own_s3.new_url(), demo=False, workers=2, store_retry_seconds=QUICK_RETRIES
+        data_dir=tmp_path / "data",
+        store_url=own_s3.new_url(),
+        demo=False,
+        workers=2,
+        store_retry_seconds=QUICK_RETRIES,
+        outage_retry_seconds=QUICK_OUTAGE_RETRIES,
     )
     services = open_services(settings, environ=own_s3.environ)
     try:

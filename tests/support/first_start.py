@@ -58,6 +58,8 @@ def start_replicas_at_once(root: Path, database_url: str, env: dict[str, str], c
                 exits.append(f"exit {server.process.returncode}: {' | '.join(tail)}")
         seconds = time.monotonic() - started
     finally:
+        for server in servers:  # their graceful stops at once, not one after another
+            server.ask_to_stop()
         for server in servers:
             server.stop()
     engine = create_db_engine(database_url)

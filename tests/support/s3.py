@@ -42,7 +42,13 @@ ONE_CHUNK_REFUSED = "one-chunk-refused"
 # For a test that stops the server (an outage): a request that meets no connection is given up after about a second
 # (TENSOR_DEBUGGER_STORE_RETRY_SECONDS), not the 4 to 5 s obstore's 10 tries take, so the outage is met sooner
 QUICK_RETRIES = 1.0
-QUICK_STORE_RETRIES = {"TENSOR_DEBUGGER_STORE_RETRY_SECONDS": str(QUICK_RETRIES)}
+# and what met it is tried again every second (TENSOR_DEBUGGER_OUTAGE_RETRY_SECONDS), not after 2, 4, 8 ... s: the
+# first try once the server is back comes within a second (the doubled waits cost 2 to 8 s after each restart)
+QUICK_OUTAGE_RETRIES = 1.0
+QUICK_STORE_RETRIES = {
+    "TENSOR_DEBUGGER_STORE_RETRY_SECONDS": str(QUICK_RETRIES),
+    "TENSOR_DEBUGGER_OUTAGE_RETRY_SECONDS": str(QUICK_OUTAGE_RETRIES),
+}
 
 
 def weed_binary() -> str | None:

@@ -85,6 +85,7 @@ class LiveServer:
     env: dict[str, str] = field(default_factory=dict)  # TENSOR_DEBUGGER_ settings of the child (and AWS_* ones)
     args: tuple[str, ...] = ()  # more `serve` options
     database_url: str = ""  # "": SQLite in the data dir
+    asked_to_stop: bool = field(default=False, init=False)  # SIGTERM sent (`ask_to_stop`): `stop` only waits
 
     @property
     def token(self) -> str | None:
@@ -132,15 +133,23 @@ class LiveServer:
         except httpx.HTTPError:
             return False
 
+    def ask_to_stop(self) -> None:
+        """SIGTERM, once, and return at once: servers asked together stop together, each then waited for (`stop`).
+        Once only: a second SIGTERM during the graceful stop would end it midway."""
+        if self.process is not None and self.process.poll() is None and not self.asked_to_stop:
+            self.process.terminate()
+            self.asked_to_stop = True
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
+            self.ask_to_stop()
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        self.asked_to_stop = False
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

@@ -19,7 +19,7 @@ from tests.support import loopback_http as http
 from tests.support.dumps import make_zip
 from tests.support.polling import wait_until
 from tests.support.postgres import PostgresCluster
-from tests.support.s3 import QUICK_STORE_RETRIES, SeaweedS3
+from tests.support.s3 import QUICK_OUTAGE_RETRIES, QUICK_STORE_RETRIES, SeaweedS3
 from tests.support.servers import LiveServer, free_port, started_server, upload, wait_done, wait_staging_empty
 
 PLANTED = "1_post_mlp"
@@ -80,7 +80,9 @@ def test_an_accepted_upload_survives_a_postgresql_restart_mid_ingest(
     tmp_path: Path, own_postgres: PostgresCluster
 ) -> None:
     url = own_postgres.create_database("restart")
-    server = started_server(tmp_path, database_url=url)
+    # tried again every second while the database is down: the first try after the restart comes within one
+    env = {"TENSOR_DEBUGGER_OUTAGE_RETRY_SECONDS": str(QUICK_OUTAGE_RETRIES)}
+    server = started_server(tmp_path, database_url=url, env=env)
     try:
         files = two_runs(tmp_path)
         session_id = accepted(server, files)

@@ -137,6 +137,7 @@ class ChildIngests:
         self._found: dict[int, Found] = {}  # by run: who hears what its pair's taps found
         self._reading: dict[int, str] = {}  # by run: the file its child has opened last
         self._pids: dict[int, int] = {}  # by slot: its child's process id
+        self._began: dict[int, float] = {}  # by slot: when its child said who it is (time.monotonic), started
         self._reader: threading.Thread | None = None
         self._closed = False
 
@@ -279,17 +280,23 @@ class ChildIngests:
 
     def _watch(self, future: Future[Any], slot: int) -> Any:
         """The ingest's result; past `ingest_seconds`, the slot's child is ended (SIGKILL: it may be stuck in C
-        code) and BrokenProcessPool raised, the time limit named."""
-        timeout = self.settings.ingest_seconds
+        code) and BrokenProcessPool raised, the time limit named. The limit counts from the submission, or from
+        the child's start where the ingest started it: a new process's start (spawn, its imports: seconds of a
+        loaded machine) is not the ingest's."""
+        submitted = time.monotonic()
         while True:
-            try:
-                return future.result(timeout=timeout)
-            except FutureTimeout:
-                with self._lock:
-                    pid = self._pids.get(slot)
-                if pid is not None:
+            with self._lock:
+                pid, began = self._pids.get(slot), self._began.get(slot)
+            if pid is None or began is None:  # its child has not said who it is (starting still): until it has
+                left = PARENT_POLL
+            else:
+                left = max(submitted, began) + self.settings.ingest_seconds - time.monotonic()
+                if left <= 0:
                     break
-                timeout = PARENT_POLL  # its child has not said who it is (starting still): until it has
+            try:
+                return future.result(timeout=left)
+            except FutureTimeout:
+                continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(BrokenProcessPool):
@@ -322,6 +329,7 @@ class ChildIngests:
             if self._pools.get(slot) is pool:
                 del self._pools[slot]
                 self._pids.pop(slot, None)
+                self._began.pop(slot, None)
         pool.shutdown(wait=wait)
 
     def close(self) -> None:
@@ -372,6 +380,7 @@ class ChildIngests:
             with self._lock:
                 if isinstance(message, _Started):
                     self._pids[message.slot] = message.pid
+                    self._began[message.slot] = time.monotonic()
                     continue
                 if isinstance(message, _Reading):
                     self._reading[message.run_id] = message.label

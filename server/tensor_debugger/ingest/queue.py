@@ -28,12 +28,12 @@ from tensor_debugger.ingest.taps import Found
 log = logging.getLogger(__name__)
 
 STAGES = ("queued", "unpacking", "copying", "planning", "waiting")
-OUTAGE_MAX_SECONDS = 60.0  # the longest wait before an ingest that met an outage is tried again (1, 2, 4 ... before)
 
 
-def outage_delay(attempts: int) -> float:
-    """Seconds before the next try of an ingest that met an outage `attempts` times in a row."""
-    return min(OUTAGE_MAX_SECONDS, 2.0 ** min(attempts - 1, 16))
+def outage_delay(attempts: int, longest: float) -> float:
+    """Seconds before the next try of an ingest that met an outage `attempts` times in a row: 1, 2, 4 ... up to
+    `longest` (Settings.outage_retry_seconds)."""
+    return min(longest, 2.0 ** min(attempts - 1, 16))
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ class IngestQueue:
     def _postpone(self, job: IngestJob, future: Future[IngestResult], exc: IngestPostponed) -> bool:
         """Queue the job again after the outage's backoff, its run "waiting" meanwhile; False: the server stops."""
         job = replace(job, outages=job.outages + 1)
-        delay = outage_delay(job.outages)
+        delay = outage_delay(job.outages, self.ingestor.settings.outage_retry_seconds)
         log.warning("ingest of run %s met an outage; tried again in %.0f s: %s", job.pending.run_id, delay, exc)
         timer = threading.Timer(delay, self._resubmit, args=(job, future))
         timer.daemon = True
@@ -353,7 +353,7 @@ class IngestQueue:
                     log.exception("planning session %s after ingest failed", session_id)
                     return
                 outages += 1
-                delay = outage_delay(outages)
+                delay = outage_delay(outages, self.ingestor.settings.outage_retry_seconds)
                 log.warning("planning session %s met an outage; tried again in %.0f s: %s", session_id, delay, outage)
                 if self._stopping.wait(delay):
                     return

@@ -118,7 +118,9 @@ class Ingestor:
         self.kernel = kernel if kernel is not None else settings.statistics_kernel()
         self.sessions = sessions
         self.store = store
-        self.claims = claims or Claims(sessions, settings.claim_seconds)
+        self.claims = claims or Claims(
+            sessions, settings.claim_seconds, outage_max_seconds=settings.outage_retry_seconds
+        )
         self.endings = RunEndings(sessions, store, self.claims)
         self.memory_limit: int | None = None  # set where the OS limits this process's memory (an ingest's child)
         self.reading: Callable[[int, str], None] | None = None  # told of each file as a run's copy opens it

@@ -35,7 +35,8 @@ DEFAULT_LEASE_SECONDS = 30.0  # Settings.claim_seconds's default
 # `claimed_by` of a pending pair whose computation waits for the array store or the database to answer again: held
 # by nobody until `claimed_until`, then any process tries it again
 OUTAGE_HOLDER = "waiting for an outage to end"
-OUTAGE_MAX_SECONDS = 60.0  # the longest wait between tries while an outage goes on (1, 2, 4 ... seconds before)
+OUTAGE_MAX_SECONDS = 60.0  # the longest wait between tries while an outage goes on (1, 2, 4 ... seconds before),
+# where no Settings.outage_retry_seconds is given
 
 
 def new_owner() -> str:
@@ -51,12 +52,20 @@ def claimable(model: type[PairRecord] | type[RunRecord], now: float) -> ColumnEl
 class Claims:
     """One process's claims in one database: taking them, renewing them while the work goes on, giving them back."""
 
-    def __init__(self, sessions: sessionmaker[DbSession], lease_seconds: float, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[DbSession],
+        lease_seconds: float,
+        owner: str | None = None,
+        outage_max_seconds: float = OUTAGE_MAX_SECONDS,
+    ) -> None:
+        """`outage_max_seconds`: the longest hold of pairs that met an outage (`Settings.outage_retry_seconds`)."""
         if lease_seconds <= 0:
             raise ValueError(f"a lease must last a positive number of seconds, got {lease_seconds}")
         self.sessions = sessions
         self.lease_seconds = lease_seconds
         self.owner = owner or new_owner()
+        self.outage_max_seconds = outage_max_seconds
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._outages = 0  # batches in a row that met an outage: each doubles the next hold
@@ -68,8 +77,8 @@ class Claims:
     def outage_hold(self) -> dict[str, Any]:  # column -> value, for an UPDATE's values()
         """The claim columns of a pending pair whose computation met an outage (the store or the database did not
         answer): held by nobody for the backoff, 1 s after the first batch that met one, then twice as long after
-        each further one in a row, up to OUTAGE_MAX_SECONDS."""
-        delay = min(OUTAGE_MAX_SECONDS, 2.0 ** min(self._outages, 16))
+        each further one in a row, up to `outage_max_seconds`."""
+        delay = min(self.outage_max_seconds, 2.0 ** min(self._outages, 16))
         return {"claimed_by": OUTAGE_HOLDER, "claimed_until": time.time() + delay}
 
     def outage_met(self) -> None:

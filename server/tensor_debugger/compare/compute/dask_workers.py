@@ -27,7 +27,7 @@ def worker_context(settings: Settings) -> CompareContext:
         found = _opened.get(settings)
         if found is None:
             sessions = make_sessionmaker(create_db_engine(settings.database_url))
-            claims = Claims(sessions, settings.claim_seconds)
+            claims = Claims(sessions, settings.claim_seconds, outage_max_seconds=settings.outage_retry_seconds)
             claims.start()
             store = ArrayStore(settings.store_url, retry_seconds=settings.store_retry_seconds)
             kernel = Kernel(settings.kernel, settings.kernel_family)  # the statistics path the server's settings name
