@@ -11,22 +11,19 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.support import loopback_http
-from tests.support.browser import shot
+from tests.support.browser import axe_context, axe_violations, shot
 from tests.support.glance_sessions import LONG_NAME, SPOT, GlanceSessions, build_glance_sessions
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port, wait_done
 from tests.support.traces import WrittenTraces
 
 pytestmark = pytest.mark.browser
-
-AXE = Path(__file__).resolve().parents[1] / "support" / "axe" / "axe.min.js"
 
 
 @dataclass(frozen=True)
@@ -80,13 +77,12 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
         "profiles-by-number": f"/sessions/{s.named}/profiles?dim=2",
     }
     found: list[str] = []
-    context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
+    context = axe_context(browser, {"width": 390, "height": 844})  # axe in each page from its start
     page = context.new_page()
     for name, path in pages.items():
         page.set_viewport_size({"width": 390, "height": 844})  # loaded on a phone, as a phone shows it
         page.goto(glance.server.url + path)
         page.wait_for_load_state("load")
-        page.add_script_tag(path=str(AXE))
         for width in (390, 1440):
             page.set_viewport_size({"width": width, "height": 844 if width == 390 else 900})
             wide = page.evaluate("document.documentElement.scrollWidth")
@@ -94,12 +90,7 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
                 found.append(f"{name}: {wide} px wide at {width} px")
             if width == 390:
                 shot(page, f"glance-{name}-390")
-            violations = page.evaluate(
-                """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
-                .filter(v => v.impact === 'serious' || v.impact === 'critical')
-                .map(v => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map(n => n.target.join(' '))}`)"""
-            )
-            found += [f"{name} at {width} px: {v}" for v in violations]
+            found += [f"{name} at {width} px: {v}" for v in axe_violations(page)]
     context.close()
     assert not found, "\n".join(found)
 

@@ -23,7 +23,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support import loopback_http
-from tests.support.browser import shot
+from tests.support.browser import axe_context, axe_violations, shot
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port, wait_done
@@ -283,9 +283,6 @@ def test_runs_are_named_for_their_files_and_list_tensors_in_execution_order(sess
     page.wait_for_url("**#runs")
 
 
-AXE = Path(__file__).resolve().parents[1] / "support" / "axe" / "axe.min.js"
-
-
 def every_page(sessions: Sessions) -> dict[str, str]:
     """A name for the screenshots, and the address of each kind of page."""
     base = sessions.server.url
@@ -310,11 +307,11 @@ def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Bro
     """No horizontal scrolling at 390 px (the page's scrollWidth, which a screenshot would show as a cut-off page),
     and no serious or critical axe-core violation once the same page is widened to 1440 px; a screenshot of the
     phone views of the pages people look at on one. Each page is loaded once, on the phone (a fresh load is what a
-    phone shows; axe looks at the document, which a wider window lays out again). (The context bypasses the pages'
-    CSP only so that axe can be injected.)"""
+    phone shows; axe looks at the document, which a wider window lays out again; axe is in each page from its start:
+    tests/support/browser.py's `axe_context`)."""
     found: list[str] = []
     missing: list[str] = []  # files the pages asked for in vain (the favicon, say)
-    context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
+    context = axe_context(browser, {"width": 390, "height": 844})
     page = context.new_page()
     page.on("response", lambda r: missing.append(r.url) if r.status == 404 and "/sessions/" not in r.url else None)
     for name, path in every_page(sessions).items():
@@ -328,13 +325,7 @@ def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Bro
             shot(page, f"{name}-390")
         assert page.locator("a.skip").count() == 1, name
         page.set_viewport_size({"width": 1440, "height": 900})
-        page.add_script_tag(path=str(AXE))
-        violations = page.evaluate(
-            """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
-            .filter(v => v.impact === 'serious' || v.impact === 'critical')
-            .map(v => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map(n => n.target.join(' '))}`)"""
-        )
-        found += [f"{name}: {v}" for v in violations]
+        found += [f"{name}: {v}" for v in axe_violations(page)]
     assert not missing, missing
     context.close()
     assert not found, "\n".join(found)
