@@ -10,7 +10,7 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -18,10 +18,10 @@ from playwright.sync_api import Browser, Page
 
 from tests.support import loopback_http
 from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.built_once import built_once, copy_of
 from tests.support.glance_sessions import LONG_NAME, SPOT, GlanceSessions, build_glance_sessions
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port, wait_done
-from tests.support.traces import WrittenTraces
 
 pytestmark = pytest.mark.browser
 
@@ -37,10 +37,16 @@ class Glance:
 
 
 @pytest.fixture(scope="module")
-def glance(tmp_path_factory: pytest.TempPathFactory, hf_traces: WrittenTraces) -> Iterator[Glance]:
-    root = tmp_path_factory.mktemp("glance")
-    sessions = build_glance_sessions(root / "data", root, hf_traces)
-    server = LiveServer(root / "data", free_port())
+def glance(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Glance]:
+    """A server of the module's own on a copy of the sessions, built once for the run (tests/support/built_once.py:
+    a worker that finds them built needs no traces of its own)."""
+    built, ids = built_once(
+        tmp_path_factory,
+        "glance",
+        lambda root: asdict(build_glance_sessions(root / "data", root, request.getfixturevalue("hf_traces"))),
+    )
+    sessions = GlanceSessions(**ids)
+    server = LiveServer(copy_of(built / "data", tmp_path_factory.mktemp("glance") / "data"), free_port())
     server.launch()
     try:
         wait_until(server.answers, what="the glance server to answer", timeout=60, interval=0.02)
