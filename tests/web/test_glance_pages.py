@@ -10,23 +10,20 @@ import re
 import struct
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.support import loopback_http
-from tests.support.browser import shot
+from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.built_once import built_once, copy_of
 from tests.support.glance_sessions import LONG_NAME, SPOT, GlanceSessions, build_glance_sessions
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port, wait_done
-from tests.support.traces import WrittenTraces
 
 pytestmark = pytest.mark.browser
-
-AXE = Path(__file__).resolve().parents[1] / "support" / "axe" / "axe.min.js"
 
 
 @dataclass(frozen=True)
@@ -40,10 +37,16 @@ class Glance:
 
 
 @pytest.fixture(scope="module")
-def glance(tmp_path_factory: pytest.TempPathFactory, hf_traces: WrittenTraces) -> Iterator[Glance]:
-    root = tmp_path_factory.mktemp("glance")
-    sessions = build_glance_sessions(root / "data", root, hf_traces)
-    server = LiveServer(root / "data", free_port())
+def glance(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Glance]:
+    """A server of the module's own on a copy of the sessions, built once for the run (tests/support/built_once.py:
+    a worker that finds them built needs no traces of its own)."""
+    built, ids = built_once(
+        tmp_path_factory,
+        "glance",
+        lambda root: asdict(build_glance_sessions(root / "data", root, request.getfixturevalue("hf_traces"))),
+    )
+    sessions = GlanceSessions(**ids)
+    server = LiveServer(copy_of(built / "data", tmp_path_factory.mktemp("glance") / "data"), free_port())
     server.launch()
     try:
         wait_until(server.answers, what="the glance server to answer", timeout=60, interval=0.02)
@@ -80,13 +83,12 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
         "profiles-by-number": f"/sessions/{s.named}/profiles?dim=2",
     }
     found: list[str] = []
-    context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
+    context = axe_context(browser, {"width": 390, "height": 844})  # axe in each page from its start
     page = context.new_page()
     for name, path in pages.items():
         page.set_viewport_size({"width": 390, "height": 844})  # loaded on a phone, as a phone shows it
         page.goto(glance.server.url + path)
         page.wait_for_load_state("load")
-        page.add_script_tag(path=str(AXE))
         for width in (390, 1440):
             page.set_viewport_size({"width": width, "height": 844 if width == 390 else 900})
             wide = page.evaluate("document.documentElement.scrollWidth")
@@ -94,12 +96,7 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
                 found.append(f"{name}: {wide} px wide at {width} px")
             if width == 390:
                 shot(page, f"glance-{name}-390")
-            violations = page.evaluate(
-                """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
-                .filter(v => v.impact === 'serious' || v.impact === 'critical')
-                .map(v => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map(n => n.target.join(' '))}`)"""
-            )
-            found += [f"{name} at {width} px: {v}" for v in violations]
+            found += [f"{name} at {width} px: {v}" for v in axe_violations(page)]
     context.close()
     assert not found, "\n".join(found)
 

@@ -1,6 +1,7 @@
 """The session and pair pages on sessions of real sizes, in headless Chromium: the demo, a 24-layer model whose
 divergence is inside one attention head, and a session of 2,016 pairs (64 tensors explored against each other).
-One server holds all three for the module; screenshots of the views a person checks go to test-artifacts/."""
+One server holds all three for the module (the data built once for the run); screenshots of the views a person
+checks go to test-artifacts/."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support import loopback_http
-from tests.support.browser import shot
+from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.built_once import built_once, copy_of
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port, wait_done
@@ -42,13 +44,11 @@ class Sessions:
     big: int  # 2,016 pairs
 
 
-@pytest.fixture(scope="module")
-def sessions(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Iterator[Sessions]:
-    """A server on a copy of the computed demo, to which this process adds the 24-layer session and the 2,016-pair
-    one through the services (as `compare` and `explore` do) while the server starts: these tests are about the
-    pages, and an upload would only make the server start its ingest processes and wait for them
-    (tests/web/test_pages.py and test_pairing_pages.py upload through the pages)."""
-    root = tmp_path_factory.mktemp("page-views")
+def build_sessions(root: Path, demo_data: Path) -> dict[str, int]:
+    """A copy of the computed demo, to which this process adds the 24-layer session and the 2,016-pair one through
+    the services (as `compare` and `explore` do): these tests are about the pages, and an upload would only make
+    the server start its ingest processes and wait for them (tests/web/test_pages.py and test_pairing_pages.py
+    upload through the pages)."""
     shutil.copytree(demo_data, root / "data")
     write_dump(root / "ref", 24, seed=3, shape=HEADS)
     write_dump(root / "cand", 24, seed=3, shape=HEADS, plant=PLANT)
@@ -57,26 +57,37 @@ def sessions(tmp_path_factory: pytest.TempPathFactory, demo_data: Path) -> Itera
     tensors["layers.0.out"] = tensors["layers.0.out"] + 0.25
     torch.save(tensors, root / "acts.pth")
     services = open_services(Settings(data_dir=root / "data", demo=False))
-    server = LiveServer(root / "data", free_port(), demo=True)
-    server.launch()  # starting while this process ingests, as a server runs beside a `compare --in-process`
     try:
-        try:
-            request = compare_request(make_zip(root / "ref", root / "ref.zip"),
-                                      make_zip(root / "cand", root / "cand.zip"), "24 layers", None, None)  # fmt: skip
-            heads = int(
-                to_json(compare_runs(services.ingestor, services.context, services.compute, request, "").payload)[
-                    "session"
-                ]["id"]
-            )
-            big = services.ingestor.ingest("explore acts.pth", "acts.pth", [InputFile(root / "acts.pth", "acts.pth")])
-            plan_explore(services.context, big.session_id)
-            services.compute(big.session_id)
-        finally:
-            services.close()
+        request = compare_request(make_zip(root / "ref", root / "ref.zip"),
+                                  make_zip(root / "cand", root / "cand.zip"), "24 layers", None, None)  # fmt: skip
+        heads = int(
+            to_json(compare_runs(services.ingestor, services.context, services.compute, request, "").payload)[
+                "session"
+            ]["id"]
+        )
+        big = services.ingestor.ingest("explore acts.pth", "acts.pth", [InputFile(root / "acts.pth", "acts.pth")])
+        plan_explore(services.context, big.session_id)
+        services.compute(big.session_id)
+    finally:
+        services.close()
+    return {"heads": heads, "big": big.session_id}
+
+
+@pytest.fixture(scope="module")
+def sessions(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[Sessions]:
+    """A server of the module's own on a copy of the three sessions, built once for the run
+    (tests/support/built_once.py: a worker that finds them built needs no demo server of its own)."""
+    built, ids = built_once(
+        tmp_path_factory, "page-views", lambda root: build_sessions(root, request.getfixturevalue("demo_data"))
+    )
+    data = copy_of(built / "data", tmp_path_factory.mktemp("page-views") / "data")
+    server = LiveServer(data, free_port(), demo=True)
+    server.launch()
+    try:
         wait_until(server.answers, what="the page-view server to answer", timeout=60, interval=0.02)
-        for session_id in (1, heads, big.session_id):
+        for session_id in (1, ids["heads"], ids["big"]):
             wait_done(server, session_id)
-        yield Sessions(server, 1, heads, big.session_id)
+        yield Sessions(server, 1, ids["heads"], ids["big"])
     finally:
         server.stop()
 
@@ -283,9 +294,6 @@ def test_runs_are_named_for_their_files_and_list_tensors_in_execution_order(sess
     page.wait_for_url("**#runs")
 
 
-AXE = Path(__file__).resolve().parents[1] / "support" / "axe" / "axe.min.js"
-
-
 def every_page(sessions: Sessions) -> dict[str, str]:
     """A name for the screenshots, and the address of each kind of page."""
     base = sessions.server.url
@@ -310,11 +318,11 @@ def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Bro
     """No horizontal scrolling at 390 px (the page's scrollWidth, which a screenshot would show as a cut-off page),
     and no serious or critical axe-core violation once the same page is widened to 1440 px; a screenshot of the
     phone views of the pages people look at on one. Each page is loaded once, on the phone (a fresh load is what a
-    phone shows; axe looks at the document, which a wider window lays out again). (The context bypasses the pages'
-    CSP only so that axe can be injected.)"""
+    phone shows; axe looks at the document, which a wider window lays out again; axe is in each page from its start:
+    tests/support/browser.py's `axe_context`)."""
     found: list[str] = []
     missing: list[str] = []  # files the pages asked for in vain (the favicon, say)
-    context = browser.new_context(viewport={"width": 390, "height": 844}, bypass_csp=True)
+    context = axe_context(browser, {"width": 390, "height": 844})
     page = context.new_page()
     page.on("response", lambda r: missing.append(r.url) if r.status == 404 and "/sessions/" not in r.url else None)
     for name, path in every_page(sessions).items():
@@ -328,13 +336,7 @@ def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Bro
             shot(page, f"{name}-390")
         assert page.locator("a.skip").count() == 1, name
         page.set_viewport_size({"width": 1440, "height": 900})
-        page.add_script_tag(path=str(AXE))
-        violations = page.evaluate(
-            """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
-            .filter(v => v.impact === 'serious' || v.impact === 'critical')
-            .map(v => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map(n => n.target.join(' '))}`)"""
-        )
-        found += [f"{name}: {v}" for v in violations]
+        found += [f"{name}: {v}" for v in axe_violations(page)]
     assert not missing, missing
     context.close()
     assert not found, "\n".join(found)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from tensor_debugger.settings import Settings
 
 from tests.support import loopback_http
 from tests.support.browser import shot
+from tests.support.built_once import built_once, copy_of
 from tests.support.dumps import seeded
 from tests.support.servers import LiveServer, free_port, wait_done
 
@@ -87,9 +89,9 @@ def write_runs(root: Path) -> list[Ranked]:
     return ranked
 
 
-@pytest.fixture(scope="module")
-def ordering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordering]:
-    root = tmp_path_factory.mktemp("ordering")
+def build_ordering(root: Path) -> dict[str, Any]:
+    """The two sessions in `root / "data"`, built in this process through the services (as `compare` does), and
+    the expected ranking of the first's comparable pairs."""
     ranked = write_runs(root)
     (root / "data").mkdir()
     services = open_services(Settings(data_dir=root / "data", demo=False))
@@ -110,10 +112,19 @@ def ordering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordering]:
         )
     finally:
         services.close()
-    server = LiveServer(root / "data", free_port()).start()
+    return {"session": session, "lone": lone, "ranked": [asdict(r) for r in ranked]}  # NaN kept: JSON's NaN
+
+
+@pytest.fixture(scope="module")
+def ordering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordering]:
+    """A server of the module's own on a copy of the sessions, built once for the run
+    (tests/support/built_once.py)."""
+    built, found = built_once(tmp_path_factory, "ordering", build_ordering)
+    data = copy_of(built / "data", tmp_path_factory.mktemp("ordering") / "data")
+    server = LiveServer(data, free_port()).start()
     try:
-        wait_done(server, session)
-        yield Ordering(server, session, ranked, lone)
+        wait_done(server, found["session"])
+        yield Ordering(server, found["session"], [Ranked(**r) for r in found["ranked"]], found["lone"])
     finally:
         server.stop()
 

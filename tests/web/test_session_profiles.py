@@ -16,12 +16,11 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
 
 from tests.support import loopback_http
-from tests.support.browser import shot
+from tests.support.browser import axe_context, axe_violations, shot
 from tests.support.dumps import make_zip, seeded
 from tests.support.servers import LiveServer, upload, wait_done
 
 LAYERS, TOKENS, WIDTH, START = 4, 64, 16, 40
-AXE = Path(__file__).resolve().parents[1] / "support" / "axe" / "axe.min.js"
 
 
 def planted(layer: int) -> float:
@@ -92,7 +91,7 @@ def test_openapi_declares_the_rows(tmp_path: Path) -> None:
 
 
 def test_heatmap_page_opens_the_pair_at_the_cell(shared_server: LiveServer, session: int, browser: Browser) -> None:
-    context = browser.new_context(viewport={"width": 1440, "height": 900}, bypass_csp=True)
+    context = axe_context(browser, {"width": 1440, "height": 900})
     page = context.new_page()
     page.goto(f"{shared_server.url}/sessions/{session}")
     page.get_by_role("link", name="Error profiles").click()
@@ -105,12 +104,7 @@ def test_heatmap_page_opens_the_pair_at_the_cell(shared_server: LiveServer, sess
     hot = page.get_by_label("3_hidden, index 63: max |diff| 0.01", exact=True)
     assert dark.locator("rect").get_attribute("fill") == "#eeeeee"
     assert hot.locator("rect").get_attribute("fill") == "#fde725"  # the top of the scale
-    page.add_script_tag(path=str(AXE))
-    violations = page.evaluate(
-        """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
-        .filter(v => v.impact === 'serious' || v.impact === 'critical').map(v => v.id)"""
-    )
-    assert violations == []
+    assert axe_violations(page) == []
     shot(page, "session-profiles-1440")
     page.set_viewport_size({"width": 390, "height": 844})
     assert page.evaluate("document.documentElement.scrollWidth") <= 390
