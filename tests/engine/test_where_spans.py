@@ -15,7 +15,7 @@ from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import SourceView
-from tensor_debugger.engine.where import confine, locate_error
+from tensor_debugger.engine.where import SLAB_BYTES, block_masses, confine, locate_error
 
 
 def views(a: NDArray[Any], b: NDArray[Any]) -> tuple[SourceView, SourceView]:
@@ -152,3 +152,63 @@ def test_dimension_names() -> None:
     for bad in bad_values:
         with pytest.raises(ValueError, match="dims"):
             parse_dims(bad)
+
+
+def whole_block_masses(a: NDArray[Any], b: NDArray[Any]) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
+    """What `block_masses` computed before it went a slab of rows at a time: the whole block's float64 squares at
+    once, summed per dimension by numpy."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        square = np.square(np.subtract(a, b, dtype=np.float64))
+        square[np.asarray(a, dtype=np.float64) == np.asarray(b, dtype=np.float64)] = 0.0
+    bad = ~np.isfinite(square)
+    square[bad] = 0.0
+
+    def sums(values: NDArray[Any]) -> list[NDArray[Any]]:
+        along_last = values.reshape(-1, values.shape[-1]).sum(axis=0)
+        if values.ndim == 1:
+            return [along_last]
+        rest = values.sum(axis=-1)
+        return [*(rest.sum(axis=tuple(i for i in range(rest.ndim) if i != d)) for d in range(rest.ndim)), along_last]
+
+    return sums(square), [s.astype(np.int64) for s in sums(bad.astype(np.float64))]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1024, 1024),
+        (4096, 256),
+        (300_001,),
+        (3, 700, 500),
+        (2, 2, 3, 40000),
+        (70000, 2),
+        (50000, 3),
+        (200_000, 1),
+        (9, 5),
+        (7,),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_block_masses_a_slab_at_a_time_are_those_of_the_whole_block_bit_for_bit(
+    shape: tuple[int, ...], dtype: str
+) -> None:
+    """Many slabs a block (SLAB_BYTES of squares each), their edges inside rows of the last dimension's sums and
+    not, with non-finite differences in some slabs only (a NaN, an infinity against a finite value, equal
+    infinities) or none."""
+    rng = np.random.default_rng(sum(shape))
+    a = (rng.standard_normal(shape) * 1e3).astype(dtype)
+    b = (a + rng.standard_normal(shape).astype(dtype)).astype(dtype)
+    assert (a.size * 8 > SLAB_BYTES) == (a.size > 100)  # many slabs, or (the last two shapes) one
+    got, want = block_masses(a, b), whole_block_masses(a, b)
+    flat_a, flat_b = a.reshape(-1), b.reshape(-1)
+    flat_a[a.size // 3] = np.nan
+    flat_a[a.size // 2], flat_b[a.size // 2] = np.inf, np.inf
+    flat_b[a.size - 1] = -np.inf
+    bad_got, bad_want = block_masses(a, b), whole_block_masses(a, b)
+    for (squares, counts), (wanted_squares, wanted_counts) in ((got, want), (bad_got, bad_want)):
+        assert len(squares) == len(wanted_squares) == len(counts) == a.ndim
+        for found, wanted in zip(squares, wanted_squares, strict=True):
+            assert found.dtype == wanted.dtype and found.tobytes() == wanted.tobytes()  # the same bits
+        for found, wanted in zip(counts, wanted_counts, strict=True):
+            assert found.dtype == np.int64 and np.array_equal(found, wanted)
+    assert sum(int(c.sum()) for c in bad_got[1]) == 2 * a.ndim  # the NaN and the infinity against a finite value

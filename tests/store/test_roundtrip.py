@@ -10,10 +10,13 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import save_file
+from tensor_debugger.engine.fused import default_kernel
 from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.tensor_files import open_tensor_file
+from tensor_debugger.ingest.writer import TensorWriter, WritePools
 from tensor_debugger.services import Services
+from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import all_dtypes, parse_dtype
@@ -88,6 +91,35 @@ def test_a_file_of_many_tensors_keeps_a_few_buffers(tmp_path: Path) -> None:
         assert opened.leaves[0].reader._pool.held <= 4 << 20  # type: ignore[attr-defined]
     finally:
         opened.close()
+
+
+@pytest.mark.parametrize("beside", [False, True])
+def test_a_run_holds_one_read_buffer_more_than_its_blocks_in_flight(tmp_path: Path, beside: bool) -> None:
+    """However many blocks its files hold, a run's ingest allocates as many read buffers as the writer keeps blocks
+    in flight, and one more being read: with 2 threads, 4 on its own, 3 beside another run's ingest (`compare A B`
+    reads both at once). Counted by the pool; the stored values are the file's."""
+    chunk_bytes = 64 * 1024  # blocks of 16 chunks: 1 MiB
+    files = [tmp_path / f"{k}.pth" for k in range(3)]
+    values = [torch.randn(768, 1024, generator=torch.Generator().manual_seed(k)) for k in range(3)]  # 3 blocks each
+    for path, tensor in zip(files, values, strict=True):
+        torch.save(tensor, path)
+    store = ArrayStore((tmp_path / "arrays").as_uri())
+    pools = WritePools.open(2, beside=beside)
+    buffers = BufferPool(pools.buffers)
+    opened = [open_tensor_file(path, path.name, buffers) for path in files]  # sharing the pool, as a run's files do
+    try:
+        with TensorWriter(store, chunk_bytes, pools, default_kernel()) as writer:
+            results = [writer.add(f"t{k}", leaf) for k, file in enumerate(opened) for leaf in file.leaves]
+            writer.finish()
+    finally:
+        pools.close()
+        for file in opened:
+            file.close()
+    assert pools.in_flight == (2 if beside else 3)
+    assert buffers.made == pools.in_flight + 1  # 9 blocks of 1 MiB, 4 (3) buffers
+    for result, tensor in zip(results, values, strict=True):
+        stored_values = store.open(result().store_key)[...]
+        assert np.array_equal(stored_values, tensor.numpy())
 
 
 def test_buffer_pool_lends_the_smallest_fitting_buffer_and_keeps_a_few() -> None:

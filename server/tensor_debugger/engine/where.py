@@ -28,6 +28,7 @@ SHARE = 0.99  # the share of the squared error the kept indices hold
 EVERYWHERE = 0.5
 MAX_RANGES = 16
 WHERE_BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side read at once
+SLAB_BYTES = 1024 * 1024  # of a block's float64 squares computed at once (`block_masses`)
 
 
 class WhereAccumulator:
@@ -64,8 +65,73 @@ class WhereAccumulator:
 
 def block_masses(a: NDArray[Any], b: NDArray[Any]) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
     """Per dimension of the block, per index: the sum of squared finite |a - b| and the count of non-finite ones
-    (equal values, equal infinities included, differ by zero)."""
+    (equal values, equal infinities included, differ by zero). The squares are computed a slab of rows at a time
+    (`SLAB_BYTES`), so that the block's float64 squares are never in memory at once (8 MiB a block: one per thread
+    comparing, kept by the allocator's heaps once freed), with the same sums, bit for bit, as over the whole block:
+    a row's sum is the row's alone, and the sums down the rows are carried from slab to slab in the same order."""
     kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
+    contiguous = a.flags.c_contiguous and b.flags.c_contiguous and a.shape == b.shape
+    if kind is np.complex128 or not contiguous or a.ndim == 0 or (a.ndim > 1 and a.shape[-1] < 2):
+        return _whole_block_masses(a, b, kind)  # a last dimension of 1: its sum down the rows is pairwise
+    last = a.shape[-1] if a.ndim > 1 else 1
+    a2, b2 = a.reshape(-1, last), b.reshape(-1, last)  # views: the rows in order (a 1-D block: one value a row)
+    rows = a2.shape[0]
+    step = max(1, SLAB_BYTES // (8 * last))
+    scratch = np.empty((min(step, rows), last))
+    row_sums = np.empty(rows)  # each row's sum (the last dimension's), as `per_dim_sums` takes them
+    down: NDArray[Any] | None = None  # the sums down the rows so far, per index of the last dimension
+    bad_rows: NDArray[Any] | None = None  # the counts of non-finite differences, likewise, once one is met
+    bad_down: NDArray[Any] | None = None
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        square = _squares(a2[start:stop], b2[start:stop], scratch[: stop - start])
+        bad = None if np.isfinite(square.sum()) else _drop_nonfinite(square, a2[start:stop], b2[start:stop])
+        if bad is not None:
+            if bad_rows is None or bad_down is None:
+                bad_rows, bad_down = np.zeros(rows, dtype=np.int64), np.zeros(last, dtype=np.int64)
+            bad_rows[start:stop] = bad.sum(axis=-1)
+            bad_down += bad.sum(axis=0)
+        if a.ndim == 1:
+            row_sums[start:stop] = square[:, 0]
+            continue
+        row_sums[start:stop] = square.sum(axis=-1)
+        if down is not None:
+            square[0] += down  # the sum down the rows goes on from where the slab before left it
+        down = square.sum(axis=0)
+    if a.ndim == 1:
+        counts = bad_rows if bad_rows is not None else np.zeros(rows, dtype=np.int64)
+        return [row_sums], [counts]
+    assert down is not None
+    rest = row_sums.reshape(a.shape[:-1])
+    sums = [rest.sum(axis=tuple(i for i in range(rest.ndim) if i != dim)) for dim in range(rest.ndim)]
+    if bad_rows is None or bad_down is None:
+        return [*sums, down], [np.zeros(d, dtype=np.int64) for d in a.shape]
+    counts = bad_rows.reshape(a.shape[:-1])
+    bad_sums = [counts.sum(axis=tuple(i for i in range(counts.ndim) if i != dim)) for dim in range(counts.ndim)]
+    return [*sums, down], [*bad_sums, bad_down]
+
+
+def _squares(a: NDArray[Any], b: NDArray[Any], out: NDArray[Any]) -> NDArray[Any]:
+    """|a - b| squared in float64, into `out` (widened as it goes, exactly, a few thousand values at a time)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        np.subtract(a, b, out=out, dtype=np.float64)
+        np.multiply(out, out, out=out)
+    return out
+
+
+def _drop_nonfinite(square: NDArray[Any], a: NDArray[Any], b: NDArray[Any]) -> NDArray[Any]:
+    """Zero the squares that are not finite (equal infinities first: they differ by zero); where they were."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        square[np.asarray(a, dtype=np.float64) == np.asarray(b, dtype=np.float64)] = 0.0  # equal infinities
+    bad: NDArray[Any] = ~np.isfinite(square)
+    square[bad] = 0.0
+    return bad
+
+
+def _whole_block_masses(
+    a: NDArray[Any], b: NDArray[Any], kind: type[np.generic]
+) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
+    """`block_masses` over the whole block at once (complex values, blocks that are not C-contiguous)."""
     with np.errstate(invalid="ignore", over="ignore"):
         # widened as it goes (exactly, a few thousand values at a time): no widened copy of each side in memory
         diff = np.subtract(a, b, dtype=kind)

@@ -63,11 +63,13 @@ class BufferPool:
     def __init__(self, keep: int = 4) -> None:
         self._keep = keep  # as many as the writer holds blocks at once (WritePools.buffers)
         self._free: list[NDArray[Any]] = []
+        self.made = 0  # buffers allocated (not taken from the kept ones)
 
     def take(self, nbytes: int) -> NDArray[Any]:
         """The smallest kept buffer of at least `nbytes` bytes, else a new one."""
         fitting = [i for i, b in enumerate(self._free) if b.size >= nbytes]
         if not fitting:
+            self.made += 1
             return np.empty(nbytes, dtype=np.uint8)
         return self._free.pop(min(fitting, key=lambda i: self._free[i].size))  # by position: arrays have no ==
 

@@ -119,7 +119,7 @@ class RunCopy:
                 progress(min(done, total), total)
 
         stored: list[Stored] = []
-        pools = WritePools.open(self.settings.threads)
+        pools = WritePools.open(self.settings.threads, beside=tap is not None)  # a tap: read with another run
         buffers = BufferPool(pools.buffers)  # read buffers, shared by the run's files (read one after another)
         budget = PageCacheBudget(self.settings.buffered_run_bytes)  # the run's first bytes through the cache
         # The file before, its last blocks still being written while the next file's are read and handed over:

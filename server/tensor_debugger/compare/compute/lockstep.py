@@ -588,9 +588,9 @@ def _untracked(name: str, shape: tuple[int, ...]) -> str | None:
 
 
 def _limit(shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]) -> int:
-    """Bytes of one side's blocks kept (over all its pairs) before the side ahead waits: two ingest blocks, fewer
-    than the writer holds (`WritePools.in_flight`, one per thread and one more), so that what is kept is still the
-    writer's (not copied)."""
+    """Bytes of one side's blocks kept (over all its pairs) before the side ahead waits: two ingest blocks, no more
+    than the writer holds (`WritePools.in_flight`: one per thread, two at least, beside the other run's ingest), so
+    that what is kept is still the writer's (not copied)."""
     itemsize = dtype.numpy_storage.itemsize
     chunk = int(np.prod(chunks, dtype=np.int64)) * itemsize if chunks else itemsize
     return 2 * CHUNKS_PER_BLOCK * chunk
