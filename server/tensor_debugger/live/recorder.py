@@ -284,7 +284,7 @@ class _Recorder:
             if self.hashes is not None:
                 self.hashes[name] = summary.hash
                 continue
-            entry["summary"] = summary.to_json()
+            entry["summary"] = summary.to_json(compact=True)  # its sample one string: json writes and reads it fast
             self.result.summaries[name] = summary
         self.pending.clear()
 
