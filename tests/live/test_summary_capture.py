@@ -482,6 +482,29 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     assert found.first.reference_only_before == (("Gate/pow#1_outputs", this_files_line("the port's extra scale")),)
 
 
+class Detour(Gate):
+    """The port runs eight ops of its own on the gate (no partner in the reference) before a gate that is off."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.proj(x))
+        gate = gate.pow(1.0).abs().relu().clamp(0, 1).sqrt().exp().log()
+        out: torch.Tensor = self.out(x * (gate + 0.5))
+        return out
+
+
+def test_many_ops_one_side_ran_before_the_divergence_are_all_kept_and_the_nearest_named(settings: Settings) -> None:
+    found = find_divergence(
+        Gate(False).eval(), Detour(False).eval(), (x_input(),), session="detour", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None and first.reference == "Gate/mul#1_outputs", first.reference
+    extra = [name.removeprefix("Detour/").partition("#")[0] for name, _ in first.candidate_only_before]
+    assert extra == ["pow", "abs", "relu", "clamp", "sqrt", "exp", "log", "add"]
+    said = repr(found)
+    assert "the candidate recorded 3 more tensors and then Detour/clamp#1_outputs (" in said
+    assert "Detour/add#1_outputs (" in said and "Detour/pow#1_outputs" not in said
+
+
 class Tail(nn.Module):
     """A projection, then ops of the model's own forward after its last submodule; the port's softmax is over the
     wrong dimension."""

@@ -39,6 +39,7 @@ from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, pair_session, record
 
+_LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
 
 
@@ -119,9 +120,11 @@ class Divergence:
             ("candidate", f.candidate_only_before, "reference"),
             ("reference", f.reference_only_before, "candidate"),
         ):
-            if extra:
-                listed = ", ".join(f"{n} ({at})" if at else n for n, at in extra)
-                text += f" Just before it, the {side} recorded {listed}, which the {other} did not."
+            if extra:  # the last few, nearest the divergence (a fused block against its parts makes dozens)
+                shown = extra[-_LISTED:]
+                listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
+                more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
+                text += f" Just before it, the {side} recorded {more}{listed}, which the {other} did not."
         if f.first_changed is not None:
             changed, at = f.first_changed
             text += (
