@@ -246,17 +246,25 @@ class Kernel:
         function = self.function(f"td_stats_{_CODES[a]}{_CODES[b]}")
         return None if function is None else ctypes.cast(function, ctypes.c_void_p).value
 
+    def _stored_loop(self, prefix: str, stored: NDArray[Any], logical: str) -> tuple[Any, NDArray[Any]] | None:
+        """The compiled loop `prefix`_<dtype> for a block of stored values of logical dtype `logical`, and the block
+        as one contiguous run of values; None where the kernel is not in use or has no such loop."""
+        kernel = STORED_FLOATS.get(logical)
+        if kernel is None or stored.dtype != kernel[1]:
+            return None
+        function = self.function(f"{prefix}_{kernel[0]}")
+        if function is None:
+            return None
+        return function, np.ascontiguousarray(stored).reshape(-1)
+
     def summary(self, stored: NDArray[Any], logical: str) -> FusedSummary | None:
         """The summary of a block of stored values of logical dtype `logical` in one compiled pass, or None where
         the kernel is not in use, has no loop for the dtype, or met a NaN or an Inf or overflowed: the caller then
         computes the block with numpy."""
-        kernel = STORED_FLOATS.get(logical)
-        if kernel is None or stored.dtype != kernel[1]:
+        found = self._stored_loop("td_summary", stored, logical)
+        if found is None:
             return None
-        function = self.function(f"td_summary_{kernel[0]}")
-        if function is None:
-            return None
-        values = np.ascontiguousarray(stored).reshape(-1)
+        function, values = found
         out = summary_type()()
         if function(values.ctypes.data, values.size, ctypes.byref(out)) != 0:
             return None
@@ -266,13 +274,10 @@ class Kernel:
         """`summary` of a block of stored values and, in the same compiled pass, the "fold64" sum of its bytes
         (`fold64` from its first word): None where the kernel is not in use or has no such loop for the dtype; the
         summary None (the fold64 sum still given) where the block met a NaN or an Inf or overflowed."""
-        kernel = STORED_FLOATS.get(logical)
-        if kernel is None or stored.dtype != kernel[1]:
+        found = self._stored_loop("td_sketch", stored, logical)
+        if found is None:
             return None
-        function = self.function(f"td_sketch_{kernel[0]}")
-        if function is None:
-            return None
-        values = np.ascontiguousarray(stored).reshape(-1)
+        function, values = found
         out, fold = summary_type()(), ctypes.c_uint64(0)
         finite = function(values.ctypes.data, values.size, ctypes.byref(out), ctypes.byref(fold)) == 0
         return (out if finite else None), int(fold.value)

@@ -665,10 +665,7 @@ def capture(
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
     root_name = type(model).__name__
-    ranks = process_ranks()  # inside torch.distributed: this rank's tensors are one shard of the run (ranks.py)
-    shared = shared_staging(ranks, staging) if ranks is not None else None
-    folder = rank_folder(shared, ranks) if shared is not None and ranks is not None else None
-    folder = folder or Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
+    ranks, shared, folder = _staging(staging)
     result = CaptureResult(session, run, rank=ranks.rank if ranks is not None else None)
     local: _LocalRun | None = None
     writer: CaptureWriter | None = None
@@ -698,14 +695,31 @@ def capture(
         watching.close()
         for handle in handles:
             handle.remove()
-        try:
-            if writer is not None:
-                writer.close(cancel=True)
-        finally:
-            if local is not None:
-                local.close()
-            if shared is None or (ranks is not None and ranks.rank == 0):
-                shutil.rmtree(shared or folder, ignore_errors=True)  # rank 0 removes the ranks' folders once sent
+        _release(writer, local, ranks, shared, folder)
+
+
+def _staging(staging: str | Path | None) -> tuple[Ranks | None, Path | None, Path]:
+    """This process's ranks (inside torch.distributed: its tensors are one shard of the run, ranks.py), the ranks'
+    shared staging folder, and the folder its run's files are staged in."""
+    ranks = process_ranks()
+    shared = shared_staging(ranks, staging) if ranks is not None else None
+    folder = rank_folder(shared, ranks) if shared is not None and ranks is not None else None
+    return ranks, shared, folder or Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
+
+
+def _release(
+    writer: CaptureWriter | None, local: _LocalRun | None, ranks: Ranks | None, shared: Path | None, folder: Path
+) -> None:
+    """After storing a run, or failing to: the writer cancelled (where still open), the local run closed, the staged
+    files removed (rank 0 removes the ranks' folders once sent)."""
+    try:
+        if writer is not None:
+            writer.close(cancel=True)
+    finally:
+        if local is not None:
+            local.close()
+        if shared is None or (ranks is not None and ranks.rank == 0):
+            shutil.rmtree(shared or folder, ignore_errors=True)
 
 
 def _ended(recorder: _Recorder, level: Level) -> None:
@@ -828,10 +842,7 @@ class HeldRun:
         stored it, with the same tensors, summaries, module tree and notes; returns its result, ids filled in."""
         recorder, result = self.recorder, self.result
         result.session, result.run = session, run
-        ranks = process_ranks()
-        shared = shared_staging(ranks, staging) if ranks is not None else None
-        folder = rank_folder(shared, ranks) if shared is not None and ranks is not None else None
-        folder = folder or Path(tempfile.mkdtemp(prefix="capture-", dir=staging))
+        ranks, shared, folder = _staging(staging)
         recorder.folder = folder
         result.rank = ranks.rank if ranks is not None else None
         local: _LocalRun | None = None
@@ -846,14 +857,7 @@ class HeldRun:
                 closing.close()  # every tensor written; raises CaptureError if one could not be
             _send(recorder, result, session, run, (folder, local, ranks, shared), data_dir, server, token, _pair)
         finally:
-            try:
-                if writer is not None:
-                    writer.close(cancel=True)
-            finally:
-                if local is not None:
-                    local.close()
-                if shared is None or (ranks is not None and ranks.rank == 0):
-                    shutil.rmtree(shared or folder, ignore_errors=True)
+            _release(writer, local, ranks, shared, folder)
         return result
 
 
