@@ -9,6 +9,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -71,3 +73,23 @@ def test_wheel_ships_web_and_migrations_and_runs(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(str(site))
+
+
+def test_the_repository_tracks_no_built_library() -> None:
+    """A clone compiles its kernels on install: no compiled library is committed (a stale one beside the sources
+    would be loaded by nothing, and outlive every change to its C), and those the build writes are ignored."""
+    if not (REPO / ".git").exists():
+        pytest.skip(f"{REPO} is not a git checkout")
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z"], cwd=REPO, capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split("\0")
+    assert [name for name in tracked if name.endswith((".so", ".pyd", ".dylib", ".o"))] == []
+    built = [  # server/build_hooks.py's, and one a module moved elsewhere would build
+        "server/tensor_debugger/engine/_fused_stats.so",
+        "server/tensor_debugger/compare/compute/_chunk_loop.so",
+        "server/tensor_debugger/compare/_chunk_loop.so",
+    ]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *built], cwd=REPO, capture_output=True, text=True, timeout=60
+    ).stdout.split()
+    assert ignored == built
