@@ -1,5 +1,7 @@
 """The OpenAPI document describes every JSON answer of the API: each 2xx application/json response of an /api/
-path has a schema that says something (not missing, not `{}`), so clients can be generated from it."""
+path has a schema that says something (not missing, not `{}`), so clients can be generated from it; and in the
+document a running server serves, every response of every /api/ operation is typed all the way down (no field,
+item or member left `{}`)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from typing import Any
 
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
+
+from tests.support import loopback_http as http
+from tests.support.servers import LiveServer
 
 
 def openapi_document(tmp_path: Path) -> dict[str, Any]:
@@ -85,3 +90,85 @@ def test_the_check_catches_an_undocumented_response() -> None:
         "components": {"schemas": {}},
     }
     assert undocumented_json_responses(document) == ["GET /api/things 200"]
+
+
+def untyped_parts(document: dict[str, Any]) -> list[str]:
+    """Every place, in any response (any status, any content type) of an /api/ operation, whose schema leaves its
+    value untyped (`{}`, or an object of any keys), however deep: a field of an object, an array's items, a union's
+    member, a map's values. Each named by the component holding it, else the operation, status and content type
+    ("SliceReport.a", "GET /api/things 200 application/json:")."""
+    found: list[str] = []
+
+    def walk(schema: dict[str, Any], where: str, seen: frozenset[str]) -> None:
+        if "$ref" in schema:
+            name = schema["$ref"].removeprefix("#/components/schemas/")
+            if name not in seen:
+                walk(document["components"]["schemas"][name], name, seen | {name})
+            return
+        if not set(schema) - {"description", "title", "examples", "default", "deprecated"}:
+            found.append(where)  # `{}`: any value at all
+            return
+        for key in ("oneOf", "anyOf", "allOf"):
+            for member in schema.get(key, []):
+                walk(member, f"{where}|", seen)
+        if schema.get("type") == "array":
+            walk(schema.get("items") or {}, f"{where}[]", seen)
+        for field, value in (schema.get("properties") or {}).items():
+            walk(value, f"{where}.{field}", seen)
+        values = schema.get("additionalProperties")
+        if isinstance(values, dict):
+            walk(values, f"{where}{{}}", seen)
+        elif schema.get("type") == "object" and not schema.get("properties"):
+            found.append(f"{where}{{}}")
+
+    for path, item in document["paths"].items():
+        if not path.startswith("/api/"):
+            continue
+        for method, operation in item.items():
+            if not isinstance(operation, dict) or "responses" not in operation:
+                continue
+            for status, response in operation["responses"].items():
+                for media, content in (response.get("content") or {}).items():
+                    walk(content.get("schema") or {}, f"{method.upper()} {path} {status} {media}:", frozenset())
+    return sorted(set(found))
+
+
+def test_every_response_of_the_served_document_is_typed_all_the_way_down(shared_server: LiveServer) -> None:
+    """The document a running server serves at /schema/openapi.json, every operation and status: a client
+    generated from it gets a type for every value (a slice's values are numbers, "nan"/"inf" or nested lists of
+    them, not `{}`)."""
+    document = http.get(shared_server.url + "/schema/openapi.json", headers=shared_server.auth).json()
+    operations = [m for path, item in document["paths"].items() if path.startswith("/api/") for m in item]
+    assert len(operations) >= 25, operations
+    assert undocumented_json_responses(document) == []
+    assert untyped_parts(document) == []
+
+
+def test_the_deep_check_catches_an_untyped_field_item_or_member() -> None:
+    untyped: dict[str, Any] = {}
+    document = {
+        "paths": {
+            "/api/things": {
+                "get": {
+                    "responses": {
+                        "200": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Thing"}}}}
+                    }
+                }
+            }
+        },
+        "components": {
+            "schemas": {
+                "Thing": {
+                    "type": "object",
+                    "properties": {
+                        "ok": {"type": "integer"},
+                        "values": untyped,
+                        "rows": {"type": "array", "items": {"oneOf": [{"type": "number"}, untyped]}},
+                        "notes": {"type": "object"},
+                        "itself": {"$ref": "#/components/schemas/Thing"},
+                    },
+                }
+            }
+        },
+    }
+    assert untyped_parts(document) == ["Thing.notes{}", "Thing.rows[]|", "Thing.values"]

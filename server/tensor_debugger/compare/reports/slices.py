@@ -18,6 +18,12 @@ from tensor_debugger.errors import InvalidInputError
 MAX_COUNT = 4096  # values along one free dimension
 MAX_VALUES = 64 * 1024  # values in one window
 
+# One value of a window: an integer (a bool as 0 or 1), a float, or "nan", "inf", "-inf"
+SliceNumber = int | float | str
+# A window's values, nested in its shape: a 0-d tensor's one value, a list for one free dimension, a list of lists
+# for two; a complex value is [real, imag], one level deeper
+SliceValues = SliceNumber | list[SliceNumber] | list[list[SliceNumber]] | list[list[list[SliceNumber]]]
+
 
 @dataclass(frozen=True)
 class SliceRequest:
@@ -122,9 +128,9 @@ class SliceReport:
     shape: list[int]  # the aligned shape
     index: list[int | str]  # a fixed index per dimension, ":" where the window runs
     window: list[WindowDim]
-    a: Any
-    b: Any
-    diff: Any
+    a: SliceValues
+    b: SliceValues
+    diff: SliceValues
 
 
 def read_slice(a: View, b: View, request: SliceRequest) -> SliceReport:
@@ -143,19 +149,19 @@ def read_slice(a: View, b: View, request: SliceRequest) -> SliceReport:
     )
 
 
-def _values(array: NDArray[Any]) -> Any:
+def _values(array: NDArray[Any]) -> SliceValues:
     """Nested lists; NaN and infinities as "nan", "inf", "-inf"; complex values as [real, imag]."""
     if array.dtype.kind == "c":
         return _values(np.stack([array.real, array.imag], axis=-1))
-    if array.dtype.kind == "b":
-        return array.astype(int).tolist()
-    if array.dtype.kind in "iu":
-        return array.tolist()
+    if array.dtype.kind in "biu":
+        exact: SliceValues = array.astype(int).tolist() if array.dtype.kind == "b" else array.tolist()
+        return exact
     wide = array.astype(np.float64)
-    as_list = wide.tolist()
+    as_list: SliceValues = wide.tolist()
     if np.isfinite(wide).all():  # the common case: nothing to replace, no walk over every element
         return as_list
-    return _clean(as_list)
+    cleaned: SliceValues = _clean(as_list)
+    return cleaned
 
 
 def _clean(value: Any) -> Any:
