@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -191,6 +192,21 @@ def test_a_bad_database_url_is_one_line_naming_it(tmp_path: Path, command: str) 
         assert lines[0].startswith("tensor-debugger: ") and cause in lines[0], lines
         assert url.replace(":s3cret@", ":***@") in lines[0] and "s3cret" not in lines[0], lines
         assert "Traceback" not in done.stderr
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
+    """A second `make run` (or another program on the port): one line naming the address and the cause, exit 2,
+    before anything is built (no demo session, no data dir), not uvicorn's "ERROR: [Errno 98]" after start-up."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = run_cli("--data-dir", str(tmp_path / "data"), "serve", "--port", str(port))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip() == (
+        f"tensor-debugger: cannot listen on 127.0.0.1:{port}: address already in use (another server? stop it, "
+        "or choose another port: --port P, or make run PORT=P)"
+    )
+    assert done.stdout == ""
+    assert not (tmp_path / "data").exists()
 
 
 def test_sessions_from_a_dead_server_names_it(tmp_path: Path) -> None:

@@ -395,6 +395,10 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
             file=sys.stderr,
             flush=True,
         )
+    refused = _cannot_listen(settings.host, settings.port)
+    if refused is not None:
+        print(f"tensor-debugger: {refused}", file=sys.stderr)
+        return EXIT_UNUSABLE
     # The imports and the app's build with the garbage collector off, as a one-shot command's (`_start_up_heap`):
     # what they make lives as long as the server, and collections during them took about a tenth of their CPU
     enabled = gc.isenabled()
@@ -439,6 +443,24 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
     threading.Thread(target=_say_when_started, args=(server, settings), name="say-address", daemon=True).start()
     server.run()
     return EXIT_OK
+
+
+def _cannot_listen(host: str, port: int) -> str | None:
+    """Why the server could not listen on host:port (a port in use: a second `make run`), said before anything is
+    built; None where it can. Bound as uvicorn binds it (IPv6 for an address with ':', SO_REUSEADDR) and closed at
+    once: uvicorn binds it again as it starts."""
+    import errno
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        socket.create_server((host.strip("[]"), port), family=family).close()
+    except OSError as exc:
+        why = (exc.strerror or str(exc)).split(" (while attempting")[0].lower()  # create_server adds the address
+        if exc.errno == errno.EADDRINUSE:
+            why += " (another server? stop it, or choose another port: --port P, or make run PORT=P)"
+        return f"cannot listen on {host}:{port}: {why}"
+    return None
 
 
 def _say_when_started(server: uvicorn.Server, settings: Settings) -> None:
