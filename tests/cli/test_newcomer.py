@@ -21,7 +21,7 @@ from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
 from tests.support.polling import wait_until
-from tests.support.servers import LiveServer, child_env, free_port, run_cli
+from tests.support.servers import LiveServer, child_env, cli_command, free_port, run_cli
 
 
 def test_compare_with_one_run_asks_for_the_candidate_only() -> None:
@@ -207,6 +207,29 @@ def test_serve_on_a_port_in_use_says_so_in_one_line(tmp_path: Path) -> None:
     )
     assert done.stdout == ""
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_output_into_a_reader_that_left_ends_quietly(tmp_path: Path, json_output: bool) -> None:
+    """`compare A B | head -1` where head exits before compare writes: no BrokenPipeError traceback on stderr (nor
+    "Exception ignored" at exit), exit 141 as a tool that SIGPIPE ends."""
+    ref, cand = layered_dump(tmp_path / "ref", None), layered_dump(tmp_path / "cand", bug_from=1)
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before the first line is written
+    try:
+        done = subprocess.run(
+            [*cli_command(), "--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand)]
+            + (["--json"] if json_output else []),
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+            timeout=120,
+        )
+    finally:
+        os.close(writer)
+    assert done.returncode == 141, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
 
 def test_sessions_from_a_dead_server_names_it(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from tensor_debugger.services import Services
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
+EXIT_READER_GONE = 128 + 13  # as a tool that SIGPIPE ends exits: its output's reader left (`| head`)
 # what keeps a command from opening the data dir's database and store: said in one line, exit 2
 UNOPENED = (StoreUnavailableError, DatabaseSettingError, DatabaseUnavailableError)
 READ_ONLY = ("sessions", "compare-sessions")  # commands that only read the data dir
@@ -230,6 +231,34 @@ def _server_options(command: argparse.ArgumentParser) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The command line's entry point: `_main`, and its output flushed while a closed reader can still be said."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        if not _stdout_gone():
+            raise
+        # The output's reader left (`| head`): nothing more can reach it, and a traceback would only hide what it
+        # read. Python's way out: stdout onto /dev/null, so that its flush at exit fails no more.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_READER_GONE
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reader has closed it."""
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by something with no file: a test's StringIO
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poller.poll(0))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     _one_blas_thread()
     args = build_parser().parse_args(argv)
     try:
