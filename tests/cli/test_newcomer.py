@@ -232,6 +232,18 @@ def test_output_into_a_reader_that_left_ends_quietly(tmp_path: Path, json_output
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
 
 
+def test_compare_with_top_beside_a_server_links_to_its_port(shared_server: LiveServer, tmp_path: Path) -> None:
+    """`compare --top 3` runs in this process (a server keeps its own top) beside a server of the data dir on a port
+    of its own: the link is to that server, not a hint to start one on 8000."""
+    ref, cand = layered_dump(tmp_path / "ref", None), layered_dump(tmp_path / "cand", bug_from=1)
+    data = str(shared_server.data_dir)
+    done = run_cli("--data-dir", data, "compare", str(ref), str(cand), "--top", "3", "--name", "top beside a server")
+    assert done.returncode == 1, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"open in the browser: {shared_server.url}/sessions/"), last
+    assert ":8000" not in done.stdout and "serve" not in last
+
+
 def test_sessions_from_a_dead_server_names_it(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     done = run_cli("sessions", "--server", dead)
