@@ -244,6 +244,21 @@ def test_compare_with_top_beside_a_server_links_to_its_port(shared_server: LiveS
     assert ":8000" not in done.stdout and "serve" not in last
 
 
+def test_compare_where_neither_run_has_tensors_says_why(tmp_path: Path) -> None:
+    """The reference a file with no tensor (read, then refused) and the candidate a path that is not there (refused
+    at once): the reference's run, which made the session, ends last and takes the session with it; the compare
+    says why in plain words (exit 2, no traceback of a session already gone) and leaves no session."""
+    config = tmp_path / "ref" / "config.json"
+    config.parent.mkdir()
+    config.write_text('{"hidden_size": 8}')
+    data = str(tmp_path / "data")
+    done = run_cli("--data-dir", data, "compare", str(config.parent), str(tmp_path / "missing"), "--in-process")
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith(f"tensor-debugger: no tensors found in {config}\n"), done.stderr
+    assert run_cli("--data-dir", data, "sessions", "--json").stdout.strip() == "[]"
+
+
 def test_sessions_from_a_dead_server_names_it(tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{free_port()}"
     done = run_cli("sessions", "--server", dead)

@@ -221,7 +221,9 @@ def _ingest_at_once(
     failed = next((o for o in outcomes if isinstance(o, BaseException)), None)
     if failed is not None:
         with context.sessions() as db:
-            catalog.delete_session(db, context.store, session_id)
+            # not when the run that made it failed last: its removal took the session along (both inputs missing)
+            if db.get(SessionRecord, session_id) is not None:
+                catalog.delete_session(db, context.store, session_id)
         if isinstance(failed, TensorDebuggerError):
             raise _Refused(failed, problems)
         raise failed
