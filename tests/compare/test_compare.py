@@ -18,7 +18,7 @@ from tensor_debugger.compare.planning.plan import plan_session, refresh_session
 from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.heatmap import build_heatmap, heatmap_svg
 from tensor_debugger.compare.reports.pair_reports import pair_detail, session_pairs
-from tensor_debugger.compare.reports.slices import parse_slice_request, read_slice
+from tensor_debugger.compare.reports.slices import SliceValues, parse_slice_request, read_slice
 from tensor_debugger.demo.synthetic import STAGES, Plant, write_dump
 from tensor_debugger.engine.alignment import Alignment
 from tensor_debugger.engine.streaming import compare_stream
@@ -358,6 +358,12 @@ def stored_pair_views(
         return views(services.store, db, pair)
 
 
+def rows(values: SliceValues) -> list[Any]:
+    """A window's values along its first free dimension (a 0-d tensor's window is one value, not a list)."""
+    assert isinstance(values, list), values
+    return values
+
+
 @pytest.mark.parametrize("store_url", STORES, indirect=True)
 def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Path) -> None:
     big = torch.arange(512 * 4096, dtype=torch.float32).reshape(512, 4096)  # 8 MiB: 8 chunks of 64 rows
@@ -369,9 +375,9 @@ def test_slices_read_only_the_chunks_they_need(services: Services, tmp_path: Pat
     window = read_slice(view_a, view_b, request)
     assert services.store.chunk_reads - before == 2  # one chunk per run
     assert window.a == [float(300 * 4096 + c) for c in range(998, 1002)]
-    assert window.diff[2] == pytest.approx(-1.0 - (300 * 4096 + 1000))
+    assert rows(window.diff)[2] == pytest.approx(-1.0 - (300 * 4096 + 1000))
     square = read_slice(view_a, view_b, parse_slice_request(alignment.shape, ":,:", "60,0", "8,64"))
-    assert len(square.a) == 8 and len(square.a[0]) == 64
+    assert len(rows(square.a)) == 8 and len(rows(square.a)[0]) == 64
 
 
 def test_slices_write_nan_and_infinities_as_text(services: Services, tmp_path: Path) -> None:
@@ -380,9 +386,9 @@ def test_slices_write_nan_and_infinities_as_text(services: Services, tmp_path: P
     b[1, 1], b[1, 2], b[2, 3] = float("nan"), float("inf"), float("-inf")
     view_a, view_b, alignment = stored_pair_views(services, tmp_path, a, b)
     window = read_slice(view_a, view_b, parse_slice_request(alignment.shape, ":,:", "0,0", "3,4"))
-    assert window.a[1] == [4.0, 5.0, 6.0, 7.0]  # all finite: the values as they are
-    assert window.b[1] == [4.0, "nan", "inf", 7.0] and window.b[2][3] == "-inf"
-    assert window.diff[1][1] == "nan" and window.diff[0] == [0.0, 0.0, 0.0, 0.0]
+    assert rows(window.a)[1] == [4.0, 5.0, 6.0, 7.0]  # all finite: the values as they are
+    assert rows(window.b)[1] == [4.0, "nan", "inf", 7.0] and rows(window.b)[2][3] == "-inf"
+    assert rows(window.diff)[1][1] == "nan" and rows(window.diff)[0] == [0.0, 0.0, 0.0, 0.0]
 
 
 def test_heatmap_max_pools_so_a_spike_cannot_hide(services: Services, tmp_path: Path) -> None:
