@@ -8,11 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
 
 from tests.support import loopback_http as http
-from tests.support.servers import LiveServer
+from tests.support.servers import LiveServer, upload, wait_done
 
 
 def openapi_document(tmp_path: Path) -> dict[str, Any]:
@@ -172,3 +173,37 @@ def test_the_deep_check_catches_an_untyped_field_item_or_member() -> None:
         },
     }
     assert untyped_parts(document) == ["Thing.notes{}", "Thing.rows[]|", "Thing.values"]
+
+
+def test_real_slices_validate_against_the_served_schema(shared_server: LiveServer, tmp_path: Path) -> None:
+    """Windows of an integer and of a float tensor (whole-valued floats, NaN, infinities), as the API answers them,
+    are valid under the schema the served document gives them: an integer is a number once, not both an integer
+    and a number (which JSON Schema's oneOf refuses)."""
+    import jsonschema_rs
+
+    for side, shift in (("reference", 0), ("candidate", 1)):
+        folder = tmp_path / side
+        folder.mkdir()
+        np.save(folder / "0_ints.npy", np.arange(12, dtype=np.int32).reshape(3, 4) + shift)
+        floats = np.arange(12, dtype=np.float32).reshape(3, 4)
+        floats[1, 1], floats[2, 3] = (np.nan, np.inf) if shift else (4.0, -np.inf)
+        np.save(folder / "1_floats.npy", floats)
+    files = [
+        (side, tmp_path / side / name) for side in ("reference", "candidate") for name in ("0_ints.npy", "1_floats.npy")
+    ]
+    created = upload(shared_server, "openapi: slices validate", files)
+    assert created.status_code == 201, created.text
+    pairs = wait_done(shared_server, created.json()["session"]["id"])["pairs"]
+    assert len(pairs) == 2, pairs
+    document = http.get(shared_server.url + "/schema/openapi.json", headers=shared_server.auth).json()
+    operation = document["paths"]["/api/pairs/{pair_id}/slice"]["get"]
+    schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+    validator = jsonschema_rs.validator_for({**schema, "components": document["components"]})
+    for pair in pairs:
+        for index in (":,:", "1,:"):
+            answer = http.get(
+                f"{shared_server.url}/api/pairs/{pair['id']}/slice", params={"index": index}, headers=shared_server.auth
+            )
+            assert answer.status_code == 200, answer.text
+            errors = [str(error) for error in validator.iter_errors(answer.json())]
+            assert errors == [], (pair["name"], index, answer.json(), errors)

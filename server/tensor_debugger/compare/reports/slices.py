@@ -18,8 +18,9 @@ from tensor_debugger.errors import InvalidInputError
 MAX_COUNT = 4096  # values along one free dimension
 MAX_VALUES = 64 * 1024  # values in one window
 
-# One value of a window: an integer (a bool as 0 or 1), a float, or "nan", "inf", "-inf"
-SliceNumber = int | float | str
+# One value of a window: a number (an integer as such, a bool as 0 or 1), or "nan", "inf", "-inf". Not `int |
+# float`: JSON Schema's oneOf of integer and number would match an integer twice, and so refuse it
+SliceNumber = float | str
 # A window's values, nested in its shape: a 0-d tensor's one value, a list for one free dimension, a list of lists
 # for two; a complex value is [real, imag], one level deeper
 SliceValues = SliceNumber | list[SliceNumber] | list[list[SliceNumber]] | list[list[list[SliceNumber]]]
