@@ -3,6 +3,7 @@
     python bench/first_answer.py                         # 2 x 200 MB of float32 .pth, 32 files per run, in zips
     python bench/first_answer.py --large                 # 2 x 2 GiB in folders, one round (minutes)
     python bench/first_answer.py --baseline /elsewhere/server   # also time another checkout's CLI, in turn
+    python bench/first_answer.py --variant direct:TENSOR_DEBUGGER_BUFFERED_RUN_BYTES=0   # and with these settings
     python bench/first_answer.py --cold --form folders --size-mb 4096   # cold page cache, bytes read (root)
     python bench/first_answer.py --cold --form folders --size-mb 4295 --cgroup-memory 1G   # in a memory cgroup
 
@@ -19,7 +20,10 @@ round and in turn:
   (started before the clock starts), which the command hands the work to (the warm path; for it, the peak RSS is
   the command's own, not the server's);
 - with `--baseline DIR`, the same two again with the package found in DIR (another checkout's `server/` folder,
-  its compiled libraries built, its `migrations/` beside it), so that a change is timed beside the code before it.
+  its compiled libraries built, its `migrations/` beside it), so that a change is timed beside the code before it;
+- with `--variant LABEL:VAR=VALUE[,VAR=VALUE...]` (as often as wanted), the same two again with these settings in
+  the environment (`TENSOR_DEBUGGER_*`, which every other way runs without), so that a setting's default is
+  weighed in turn with it, on the same machine.
 With `--cold` (root only: it writes /proc/sys/vm/drop_caches), each round times the script and the CLI cold only,
 each after `sync` and dropping the page cache, and says the bytes each read from and wrote to the disk: the
 `read_bytes` and `write_bytes` of /proc/<pid>/io of a wrapper process, which the kernel adds its waited-for
@@ -130,6 +134,14 @@ def main() -> None:
         "--large", action="store_true", help="2 x 2 GiB (2048 MiB per run) in folders, one round: --size-mb 2147 ..."
     )
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout's server/ folder to time too")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        type=variant,
+        metavar="LABEL:VAR=VALUE[,VAR=VALUE]",
+        help="also time the CLI with these environment variables set (cold and again), in turn",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temporary folder)")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before each; bytes read (root)")
     parser.add_argument(
@@ -157,6 +169,10 @@ def main() -> None:
             "-m",
             "tensor_debugger",
         ]
+    for label, assignments in args.variant:
+        if label in commands:
+            parser.error(f"--variant {label}: the label is taken")
+        commands[label] = ["/usr/bin/env", *assignments, str(PYTHON), "-m", "tensor_debugger"]
     work = Path(tempfile.mkdtemp(prefix="first-answer-", dir=args.workdir))
     env = child_env()
     try:
@@ -280,7 +296,7 @@ def cold_rounds(
     )
     ways: list[tuple[str, list[str]]] = [("plain script", [str(PYTHON), str(script), str(a), str(b), ",".join(STAGES)])]
     for name, command in commands.items():
-        verbose = ["--verbose"] if name == "compare" else []
+        verbose = [] if name == "baseline" else ["--verbose"]  # a baseline may lack it
         ways.append(
             (
                 f"{name}, cold",
@@ -343,7 +359,11 @@ def import_times(command: list[str], data: Path, a: Path, b: Path, env: dict[str
     """Seconds `compare A B --json` spends importing (`python -X importtime`): all its imports, and each of
     WATCHED's (0 where not imported)."""
     python = [str(PYTHON), "-X", "importtime"]
-    prefix = [*python, "-m", "tensor_debugger"] if command == [str(CLI)] else [*command[:2], *python, *command[3:]]
+    if command == [str(CLI)]:
+        prefix = [*python, "-m", "tensor_debugger"]
+    else:  # /usr/bin/env VAR=VALUE... PYTHON -m tensor_debugger
+        at = command.index(str(PYTHON))
+        prefix = [*command[:at], *python, *command[at + 1 :]]
     done = subprocess.run(
         [*prefix, "--data-dir", str(data), "compare", str(a), str(b), "--json"], env=env, capture_output=True, text=True
     )
@@ -404,6 +424,15 @@ def run_child_allowing(cmd: list[str], env: dict[str, str], killed_ok: bool = Fa
     quoted = " ".join(f"'{part}'" for part in cmd)
     check = "exit 0" if killed_ok else "[ $code -le 1 ] || exit $code"
     return run_child_cpu(["/bin/sh", "-c", f"{quoted}; code=$?; {check}"], env)
+
+
+def variant(text: str) -> tuple[str, list[str]]:
+    """ "direct:A=0,B=1" -> ("direct", ["A=0", "B=1"]): a `--variant`'s label and its environment's additions."""
+    label, _, assignments = text.partition(":")
+    pairs = [a for a in assignments.split(",") if a]
+    if not label or not pairs or any("=" not in a or a.startswith("=") for a in pairs):
+        raise argparse.ArgumentTypeError(f"expected LABEL:VAR=VALUE[,VAR=VALUE...], got {text!r}")
+    return label, pairs
 
 
 def memory_size(text: str) -> int:
