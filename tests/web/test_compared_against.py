@@ -142,6 +142,15 @@ def test_ingest_against_in_the_clis_process_pairs_the_run_with_that_run(tmp_path
     refused = ingest("late", "--against", "none such")
     assert refused.returncode == 2 and "session 's' has no run labelled 'none such'" in refused.stderr
     assert ingest("late", "--against", "early").returncode == 0
+    listed = main_cli("--data-dir", str(data), "sessions")
+    assert "late (8 tensors, against early)" in listed.stdout and "early (8 tensors)" in listed.stdout, listed.stdout
+    (session,) = json.loads(main_cli("--data-dir", str(data), "sessions", "--json").stdout)
+    labels = {r["id"]: r["label"] for r in session["runs"]}
+    assert {r["label"]: labels.get(r["compared_against"]) for r in session["runs"]} == {
+        "reference": None,
+        "early": None,
+        "late": "early",
+    }
     services = open_services(Settings.from_environ(data_dir=data))
     try:
         with services.sessions() as db:

@@ -531,7 +531,7 @@ def _session_list(services: Services) -> list[ListedSession]:
                 s.id,
                 s.name,
                 iso(s.created_at),
-                [ListedRun(r.id, r.label, r.role, r.status, r.tensor_count) for r in s.runs],
+                [ListedRun(r.id, r.label, r.role, r.status, r.tensor_count, r.compared_against_id) for r in s.runs],
             )
             for s in catalog.list_sessions(db)
         ]
