@@ -15,7 +15,7 @@ from tensor_debugger.compare.reports.formatting import format_where
 
 from tests.live.test_op_capture import DIM, line_of, models
 from tests.support import loopback_http
-from tests.support.browser import shot
+from tests.support.browser import axe_context, axe_violations, shot
 from tests.support.servers import LiveServer, wait_done
 
 
@@ -56,7 +56,7 @@ def test_find_divergences_session_shows_the_full_values_figures_on_the_page_and_
     assert (pair["stats"]["mismatched"], pair["stats"]["numel"]) == (first.full.mismatched, first.full.numel)
     assert pair["where"] is not None and full["where"] == pair["where"]
 
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    context = axe_context(browser, {"width": 1440, "height": 900})
     try:
         page = context.new_page()
         page.goto(f"{shared_server.url}/sessions/{session_id}")
@@ -77,6 +77,10 @@ def test_find_divergences_session_shows_the_full_values_figures_on_the_page_and_
         expect(op).to_be_visible()
         marked = op.locator("li.first-divergence")
         expect(marked).to_contain_text("first divergence")
+        expect(marked).to_have_css("background-color", "rgb(253, 236, 234)")  # highlighted
+        expect(page.locator(f"#pair-{report['first_divergence']['pair_id']}")).to_have_class(
+            "row verdict-fail first-divergence"
+        )
         expect(marked).to_contain_text("from summaries")
         for source in (line_of("reference scores"), line_of("ported scores")):
             expect(marked.locator(f'code[title="{source}"]')).to_have_text(source.rsplit("/", 1)[-1])
@@ -96,6 +100,7 @@ def test_find_divergences_session_shows_the_full_values_figures_on_the_page_and_
         row = page.locator(f"#pair-{report['first_divergence']['pair_id']}")
         expect(row.locator(".rests-on")).to_have_text("from summaries")
         shot(page, "find-divergence-session")
+        assert axe_violations(page) == []
         # the full values' pair page: its max |diff| and where
         page.goto(f"{shared_server.url}/pairs/{full['pair_id']}")
         expect(page.locator("#where")).to_contain_text(format_where(pair["where"]))
