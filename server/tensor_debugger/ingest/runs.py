@@ -60,7 +60,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
-from tensor_debugger.store.compared_against import check_against, run_labelled
+from tensor_debugger.store.compared_against import check_against, forget, run_labelled
 from tensor_debugger.store.database import database_outage
 from tensor_debugger.store.models import ArrayFolderRecord, RunRecord, SessionRecord
 
@@ -225,10 +225,8 @@ class Ingestor:
             if taken is not None and taken.status != "failed":
                 raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
             others = [r for r in runs if r is not taken]
-            # runs compared against the failed run this one replaces are compared against this one
-            pointing = [r for r in others if taken is not None and r.compared_against_id == taken.id]
             if taken is not None:
-                position = taken.position
+                position, taken_id = taken.position, taken.id
                 db.delete(taken)
                 db.flush()
             elif by_label and is_reference_label(run_label) and not any(is_reference_label(r.label) for r in others):
@@ -255,13 +253,8 @@ class Ingestor:
             )
             db.add(run)
             db.flush()
-            if pointing:  # a statement, not the rows' attribute: SQLite may give this run the failed one's id
-                db.execute(
-                    update(RunRecord)
-                    .where(RunRecord.id.in_([r.id for r in pointing]))
-                    .values(compared_against_id=run.id)
-                    .execution_options(synchronize_session="fetch")
-                )
+            if taken is not None:  # runs compared against the failed run this one replaces: against this one
+                forget(db, taken_id, instead=run.id)
             if against is not None:
                 if against == run_label:
                     raise InvalidInputError(f"run {run_label!r} cannot be compared against itself")

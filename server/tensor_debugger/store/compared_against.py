@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sqlalchemy import update
+from sqlalchemy.orm import Session as DbSession
+
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store.models import RunRecord
 
@@ -61,3 +64,15 @@ def run_labelled(runs: Sequence[RunRecord], label: str, session: str) -> RunReco
             f"{', '.join(repr(r.label) for r in runs) or 'none'})"
         )
     return found
+
+
+def forget(db: DbSession, run_id: int, instead: int | None = None) -> None:
+    """Run `run_id` is being deleted: the runs compared against it are compared against `instead` (a run replacing
+    it), else against the session's reference again. (The column has no foreign key: SQLite may give a later run
+    the deleted one's id, which they would otherwise take for theirs.)"""
+    db.execute(
+        update(RunRecord)
+        .where(RunRecord.compared_against_id == run_id)
+        .values(compared_against_id=instead)
+        .execution_options(synchronize_session="fetch")
+    )
