@@ -163,3 +163,23 @@ def test_ingest_against_in_the_clis_process_pairs_the_run_with_that_run(tmp_path
             assert sides == {(by_label["early"].id, by_label["late"].id)}
     finally:
         services.close()
+
+
+def test_a_run_removed_leaves_the_runs_compared_against_it_against_the_reference(tmp_path: Path) -> None:
+    """The column has no foreign key: removing a run (an ingest that never completes) clears it in the runs compared
+    against it, so a later run given the removed one's id is not taken for theirs."""
+    services = open_services(Settings.from_environ(data_dir=tmp_path / "data"))
+    try:
+        ingestor = services.ingestor
+        ingestor.begin("s", "reference", ["r"])
+        early = ingestor.begin("s", "early", ["e"])
+        late = ingestor.begin("s", "late", ["l"], against="early")
+        with services.sessions() as db:
+            assert db.get_one(RunRecord, late.run_id).compared_against_id == early.run_id
+        ingestor.cancel(early)
+        again = ingestor.begin("s", "again", ["a"])
+        with services.sessions() as db:
+            assert db.get(RunRecord, early.run_id) is None or again.run_id == early.run_id
+            assert db.get_one(RunRecord, late.run_id).compared_against_id is None
+    finally:
+        services.close()
