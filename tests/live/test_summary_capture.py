@@ -340,16 +340,28 @@ def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(
     assert "The first divergence is Net.layers.1.self_attn/mul#1_outputs" in text and "from summaries" in text
     assert "From full values: max |diff|" in text and found._repr_html_().startswith("<p>")
     assert found.next_capture is not None and "modules=['layers.1.self_attn*', 'layers.1.norm*']" in found.next_capture
-    # the session's runs are paired when it returns (once, after its last capture): each run with the reference
+    # the session's runs are paired when it returns (once, after its last capture)
     services = open_services(settings)
     try:
         with services.sessions() as db:
             runs = {r.label: r.id for r in db.scalars(select(RunRecord))}
-            paired = set(db.scalars(select(PairRecord.run_b_id)))
+            against = {r.label: r.compared_against_id for r in db.scalars(select(RunRecord))}
+            paired = {(a, b) for a, b in db.execute(select(PairRecord.run_a_id, PairRecord.run_b_id))}
     finally:
         services.close()
     assert set(runs) == set(found.runs)
-    assert paired == {runs["candidate"], runs["reference (full)"], runs["candidate (full)"]}
+    # the full candidate against the full reference (element by element), the others against the summaries
+    assert against == {
+        "reference": None,
+        "candidate": None,
+        "reference (full)": None,
+        "candidate (full)": runs["reference (full)"],
+    }
+    assert paired == {
+        (runs["reference"], runs["candidate"]),
+        (runs["reference"], runs["reference (full)"]),
+        (runs["reference (full)"], runs["candidate (full)"]),
+    }
     # all four runs in one session
     report, _ = compared(settings, 1)
     assert report.first_divergence is not None

@@ -154,6 +154,44 @@ def test_capture_notes_stored_before_0019_are_marked_notes(tmp_path: Path) -> No
     assert len(notes) == 4
 
 
+def test_0020_adds_compared_against_in_place_keeping_every_row_that_points_at_a_run(tmp_path: Path) -> None:
+    """On SQLite with foreign keys on, a copy of `runs` would delete every row pointing at it (tensors, pairs,
+    problems): 0020 adds its column in place, and its downgrade drops it in place."""
+    engine = create_db_engine(f"sqlite:///{tmp_path / 'old.sqlite3'}")
+    config = alembic_config(engine.url.render_as_string(hide_password=False))
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, "0019")
+    with sqlite3.connect(tmp_path / "old.sqlite3") as raw:
+        for table in ("sessions", "runs"):  # a run for the problems: any value in each column that needs one
+            columns = [c for c in raw.execute(f"PRAGMA table_info({table})") if c[3] and c[4] is None and not c[5]]
+            values = {name: 1 if "INT" in kind or "BOOL" in kind else "2026-01-01" for _, name, kind, *_ in columns}
+            raw.execute(
+                f"INSERT INTO {table} (id, {', '.join(values)}) VALUES (1, {', '.join('?' * len(values))})",
+                list(values.values()),
+            )
+        raw.executemany("INSERT INTO problems (run_id, file, reason) VALUES (1, ?, 'x')", [("a",), ("b",)])
+    raw.close()
+
+    def counts() -> tuple[int, int, list[str]]:
+        with engine.connect() as connection:
+            runs = connection.scalar(text("SELECT count(*) FROM runs")) or 0
+            problems = connection.scalar(text("SELECT count(*) FROM problems")) or 0
+            columns = [c["name"] for c in inspect(connection).get_columns("runs")]
+        return runs, problems, columns
+
+    upgrade_database(engine)
+    runs, problems, columns = counts()
+    assert (runs, problems) == (1, 2) and "compared_against_id" in columns
+    assert_schema_matches_models(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.downgrade(config, "0019")
+    runs, problems, columns = counts()
+    assert (runs, problems) == (1, 2) and "compared_against_id" not in columns
+    engine.dispose()
+
+
 def test_a_stamp_other_than_the_head_is_not_current(tmp_path: Path) -> None:
     engine = create_db_engine(f"sqlite:///{tmp_path / 'odd.sqlite3'}")
     upgrade_database(engine)

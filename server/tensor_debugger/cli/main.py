@@ -96,6 +96,11 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--session", required=True, help="session name")
     ingest.add_argument("--run", required=True, help="run label, e.g. reference or candidate")
     ingest.add_argument("paths", nargs="+", type=Path, help="tensor files, archives or folders")
+    ingest.add_argument(
+        "--against",
+        metavar="RUN",
+        help="the label of the session's run to compare this run against (default: the session's reference)",
+    )
     ingest.add_argument("--json", action="store_true", help="print one JSON object")
     ingest.add_argument(
         "--in-process",
@@ -274,7 +279,7 @@ def _main(argv: Sequence[str] | None) -> int:
         from tensor_debugger.cli.remote import remote_ingest, remote_sessions
 
         if args.command == "ingest":
-            return remote_ingest(args.server, args.token, args.session, args.run, args.paths, args.json)
+            return remote_ingest(args.server, args.token, args.session, args.run, args.paths, args.json, args.against)
         return remote_sessions(args.server, args.token, args.json)
     request = None
     answers = None
@@ -315,7 +320,7 @@ def _main(argv: Sequence[str] | None) -> int:
     answered: int | None = None
     try:
         if args.command == "ingest":
-            return ingest(services, args.session, args.run, args.paths, args.json)
+            return ingest(services, args.session, args.run, args.paths, args.json, args.against)
         if request is not None:
             from tensor_debugger.cli.compare import run_compare
 
@@ -513,12 +518,14 @@ def warm(settings: Settings, args: argparse.Namespace, request: CompareRequest |
     if address is None:
         return None
     if request is None:  # `ingest`; `compare` comes with its request
-        outcome = remote_ingest(address, args.session, args.run, args.paths)
+        outcome = remote_ingest(address, args.session, args.run, args.paths, args.against)
         return None if outcome is None else show_ingest(outcome, args.json)
     return remote_compare(address, request, args.json)
 
 
-def ingest(services: Services, session: str, run: str, paths: list[Path], as_json: bool) -> int:
+def ingest(
+    services: Services, session: str, run: str, paths: list[Path], as_json: bool, against: str | None = None
+) -> int:
     from tensor_debugger.compare.pipeline import ingest_run
     from tensor_debugger.ingest.inputs import InputFile
 
@@ -531,6 +538,7 @@ def ingest(services: Services, session: str, run: str, paths: list[Path], as_jso
             run,
             [InputFile(p, str(p)) for p in paths],
             progress=lambda _, done, total: bar.update(done, total),
+            against=against,
         )  # planned: the server's worker computes the pairs
     finally:
         bar.close()
@@ -574,7 +582,7 @@ def _session_list(services: Services) -> list[ListedSession]:
                 s.id,
                 s.name,
                 iso(s.created_at),
-                [ListedRun(r.id, r.label, r.role, r.status, r.tensor_count) for r in s.runs],
+                [ListedRun(r.id, r.label, r.role, r.status, r.tensor_count, r.compared_against_id) for r in s.runs],
             )
             for s in catalog.list_sessions(db)
         ]

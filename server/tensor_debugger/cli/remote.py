@@ -52,14 +52,16 @@ def failure(server: str, exc: Exception) -> str:
     return str(exc)
 
 
-def remote_ingest(server: str, token: str | None, session: str, run: str, paths: list[Path], as_json: bool) -> int:
+def remote_ingest(
+    server: str, token: str | None, session: str, run: str, paths: list[Path], as_json: bool, against: str | None = None
+) -> int:
     try:
         files = files_to_send(paths)
     except ValueError as exc:
         print(f"tensor-debugger: {exc}", file=sys.stderr)
         return EXIT_UNUSABLE
     try:
-        session_id, run_id = upload_files(server, session, run, files, token)
+        session_id, run_id = upload_files(server, session, run, files, token, against=against)
     except (RuntimeError, httpx.HTTPError) as exc:
         print(f"tensor-debugger: {failure(server, exc)}", file=sys.stderr)
         return EXIT_FAILED

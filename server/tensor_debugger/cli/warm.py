@@ -81,11 +81,15 @@ def remote_compare(address: ServerAddress, request: CompareRequest, as_json: boo
     return show_compare(outcome, as_json, wanted=wanted_name(request))
 
 
-def remote_ingest(address: ServerAddress, session: str, run: str, paths: list[Path]) -> IngestOutcome | None:
+def remote_ingest(
+    address: ServerAddress, session: str, run: str, paths: list[Path], against: str | None = None
+) -> IngestOutcome | None:
     """Have the server ingest the run; None when it could not be reached (nothing was done)."""
     import urllib.error
 
-    body = msgspec.json.encode(IngestRequest(session, run, [str(p.absolute()) for p in paths], [str(p) for p in paths]))
+    body = msgspec.json.encode(
+        IngestRequest(session, run, [str(p.absolute()) for p in paths], [str(p) for p in paths], against)
+    )
     try:
         answer = _call(address, "POST", "/api/local/ingest", body, None)
     except urllib.error.HTTPError as exc:  # refused (a malformed request): said as the command would say it

@@ -1,7 +1,7 @@
 """What users do to a session, one call per action: rename it, change its tolerances, pair two tensors by hand,
-undo a pair, reorder the pairs, set or clear a pair's alignment. The API's controllers and the pages' forms call
-the same methods; each one changes the rows, pairs the session again (or refreshes its verdicts) where the
-action asks for it, and wakes the comparison worker."""
+undo a pair, reorder the pairs, set or clear a pair's alignment, choose the run a run is compared against. The API's
+controllers and the pages' forms call the same methods; each one changes the rows, pairs the session again (or
+refreshes its verdicts) where the action asks for it, and wakes the comparison worker."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ from tensor_debugger.compare.reports.pair_reports import apply_order, session_pa
 from tensor_debugger.engine.alignment import Alignment, Step
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.store import catalog
+from tensor_debugger.store.compared_against import check_against
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord
-from tensor_debugger.store.reports import SessionReport
+from tensor_debugger.store.reports import RunReport, SessionReport
 
 
 class SessionActions:
@@ -122,6 +123,21 @@ class SessionActions:
         with self.sessions.begin() as db:
             catalog.set_tolerances(catalog.get_session(db, session_id), rtol, atol, ulp)
         self.refresh(session_id)
+
+    def compare_against(self, run_id: int, against_id: int | None) -> RunReport:
+        """Compare run `run_id` against run `against_id` of its session (None: the session's reference), checked
+        as store/compared_against.py says (InvalidInputError with the reason, nothing changed), and pair the
+        session again; returns the run's report."""
+        with self.sessions.begin() as db:
+            run = catalog.get_run(db, run_id)
+            against = catalog.get_run(db, against_id) if against_id is not None else None
+            runs = catalog.get_session(db, run.session_id).runs
+            check_against(run, against, runs)
+            run.compared_against_id = against_id
+            session_id = run.session_id
+        self.plan(session_id)
+        with self.sessions() as db:
+            return RunReport.of(catalog.get_run(db, run_id))
 
     # --- pairing ----------------------------------------------------------------------------------------
 

@@ -402,12 +402,18 @@ def ingest_run(
     run: str,
     inputs: list[InputFile],
     progress: StepProgress | None = None,
+    against: str | None = None,
 ) -> IngestOutcome:
     """`tensor-debugger ingest`: add the run and plan the session (whoever serves the data dir computes the pairs).
-    The payload: the session, the run and the problems; with "error" (exit code 2) when nothing was stored."""
+    The payload: the session, the run and the problems; with "error" (exit code 2) when nothing was stored (or the
+    run named by `against`, the one it is compared against, cannot be: nothing is read then)."""
     try:
         result = ingestor.ingest(
-            session, run, inputs, progress=None if progress is None else lambda d, t: progress(f"ingest {run}", d, t)
+            session,
+            run,
+            inputs,
+            progress=None if progress is None else lambda d, t: progress(f"ingest {run}", d, t),
+            against=against,
         )
     except NothingUsableError as exc:
         problems = [ProblemReport.of(p) for p in exc.problems]

@@ -34,6 +34,7 @@ from sqlalchemy.orm import sessionmaker
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import keys_under
 from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims
+from tensor_debugger.store.compared_against import forget
 from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import ArrayFolderRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
@@ -193,6 +194,7 @@ def remove_dead_ingests(
                 continue
             if run.created_session:
                 made.add(run.session_id)
+            forget(db, run.id)
             db.delete(run)
             removed += 1
     # once all are gone: a compare killed mid-ingest left two runs, the first of which made the session; removed

@@ -22,6 +22,7 @@ from tensor_debugger.ingest.stored import Stored
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.claims import Claims
+from tensor_debugger.store.compared_against import forget
 from tensor_debugger.store.database import lock_arrays
 from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
 
@@ -191,6 +192,7 @@ class RunEndings:
             delete_arrays(self.store, run_prefix(run_id))
             run = db.get(RunRecord, run_id)
             if run is not None:
+                forget(db, run.id)
                 db.delete(run)
             db.flush()
             if created_session_id is not None:

@@ -60,6 +60,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.catalog import parse_label
 from tensor_debugger.store.claims import Claims
+from tensor_debugger.store.compared_against import check_against, forget, run_labelled
 from tensor_debugger.store.database import database_outage
 from tensor_debugger.store.models import ArrayFolderRecord, RunRecord, SessionRecord
 
@@ -135,16 +136,19 @@ class Ingestor:
         listener: StoredListener | None = None,
         by_label: bool = True,
         role: str | None = None,
+        against: str | None = None,
     ) -> IngestResult:
         """Add a run labelled `run_label` to the session (created if needed). With `reuse`, a ready run of the
         same unchanged inputs lends its tensors (and their arrays) instead of the files being read again. `by_label`:
-        see `begin`.
+        see `begin`; `against`: the label of the run of the session it is compared against (`begin`).
 
         Raises NothingUsableError (with every file's problem) when no tensor was found; nothing is kept then.
         """
         # The run's row first, so its place (the reference is the run sent first) is taken before any slow work;
         # the fingerprint next, before anything is read: a file changed while it is being ingested gets another.
-        pending = self.begin(session_name, run_label, [i.label for i in inputs], by_label=by_label, role=role)
+        pending = self.begin(
+            session_name, run_label, [i.label for i in inputs], by_label=by_label, role=role, against=against
+        )
         try:
             fingerprint = (
                 fingerprint_inputs(inputs, archive_limits(self.settings), self.settings.threads) if reuse else None
@@ -164,12 +168,16 @@ class Ingestor:
         by_label: bool = True,
         role: str | None = None,
         staged: Sequence[InputFile] = (),
+        against: str | None = None,
     ) -> PendingRun:
         """Commit the run's row as "ingesting" (and the session, if new and allowed). `staged`: the run's files
         in the staging folder, kept until it is ingested (an accepted upload's), named on the row so that another
         process can take the ingest over (`take_over`) should this one die. `created_session`: the
         caller made the session for this run, so undoing the run may remove it as well. `role`: "noise" for a
         rerun of the reference (its noise floor); left out, the first run is the reference, the others candidates.
+        `against`: the label of the session's run this one is compared against (left out: the session's reference);
+        refused (InvalidInputError, nothing kept) where the session has no such run or it cannot be
+        (store/compared_against.py).
 
         The run takes the next place, so the session's reference (its first run) is the run begun first, not the
         first to finish; but with `by_label`, a run labelled "reference" (any case) takes the first place when no
@@ -180,11 +188,11 @@ class Ingestor:
         run_label = parse_label(run_label, "run label")
         try:
             pending = self._begin(
-                session_name, run_label, sources, create_session, created_session, by_label, role, staged
+                session_name, run_label, sources, create_session, created_session, by_label, role, staged, against
             )
         except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
             pending = self._begin(
-                session_name, run_label, sources, create_session, created_session, by_label, role, staged
+                session_name, run_label, sources, create_session, created_session, by_label, role, staged, against
             )
         return pending
 
@@ -198,6 +206,7 @@ class Ingestor:
         by_label: bool,
         role: str | None,
         staged: Sequence[InputFile],
+        against: str | None = None,
     ) -> PendingRun:
         with self.sessions.begin() as db:
             # A write first, so that this transaction holds SQLite's write lock before it reads: two begins for
@@ -217,7 +226,7 @@ class Ingestor:
                 raise ConflictError(f"session {session_name!r} already has a run labelled {run_label!r}")
             others = [r for r in runs if r is not taken]
             if taken is not None:
-                position = taken.position
+                position, taken_id = taken.position, taken.id
                 db.delete(taken)
                 db.flush()
             elif by_label and is_reference_label(run_label) and not any(is_reference_label(r.label) for r in others):
@@ -244,6 +253,14 @@ class Ingestor:
             )
             db.add(run)
             db.flush()
+            if taken is not None:  # runs compared against the failed run this one replaces: against this one
+                forget(db, taken_id, instead=run.id)
+            if against is not None:
+                if against == run_label:
+                    raise InvalidInputError(f"run {run_label!r} cannot be compared against itself")
+                target = run_labelled(others, against, session_name)
+                check_against(run, target, [*others, run])
+                run.compared_against_id = target.id
             # Its folder in the store recorded with it, before any array is written there: what recovery may delete.
             # (SQLite may give a run the id of one deleted, whose folder's record is kept while rows name arrays in it.)
             if db.get(ArrayFolderRecord, run.id) is None:

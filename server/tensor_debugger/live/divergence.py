@@ -16,9 +16,10 @@
    compared here element by element (max |diff| and where, how many elements outside the tolerance), as the
    session will.
 3. Only then is everything stored, into one session: runs "reference" and "candidate" (the summaries, as
-   `capture(values="summary")` would have stored them), "reference (full)" and "candidate (full)". The session
-   compares every run with the reference's: the full runs' pairs there are judged on the reference's summaries; the
-   element-wise statistics of the second pass are those this module computes.
+   `capture(values="summary")` would have stored them), "reference (full)" and "candidate (full)". "candidate
+   (full)" is compared against "reference (full)" (`runs.compared_against_id`): its pairs are compared element by
+   element, so the session's pages, JSON and CLI show the max |diff| and `where` this module computes; "candidate"
+   and "reference (full)" are compared against the reference's summaries.
 """
 
 from __future__ import annotations
@@ -335,14 +336,15 @@ def _find(
         full_runs.append(full)
     kept = {"a": full_runs[0].tensors, "b": full_runs[1].tensors}
 
-    # 3. only now, every run stored
-    for held, label in (
-        (ref_run, "reference"),
-        (cand_run, "candidate"),
-        (full_runs[0], "reference (full)"),
-        (full_runs[1], "candidate (full)"),
+    # 3. only now, every run stored: the candidate's full values compared against the reference's full values (the
+    # session's pairs there are element by element, as this module's), the rest against the reference's summaries
+    for held, label, against in (
+        (ref_run, "reference", None),
+        (cand_run, "candidate", None),
+        (full_runs[0], "reference (full)", None),
+        (full_runs[1], "candidate (full)", "reference (full)"),
     ):
-        stored.append(held.store(session, label, **where))
+        stored.append(held.store(session, label, **where, against=against))
     location = _location(stored[0], server, data_dir)
 
     failing: list[ElementStats] = []

@@ -92,13 +92,14 @@ def send_from_rank0(
     data_dir: str | Path | None,
     server: str | None,
     token: str | None,
+    against: str | None = None,
 ) -> tuple[int, int]:
-    """Rank 0 sends the ranks' folders as one run; every rank gets (session id, run id), or raises rank 0's
-    error."""
+    """Rank 0 sends the ranks' folders as one run (compared against the session's run labelled `against`, where
+    given); every rank gets (session id, run id), or raises rank 0's error."""
     outcome: tuple[int, int] | str
     if ranks.rank == 0:
         try:
-            outcome = _send(shared, ranks.world, session, run, data_dir, server, token)
+            outcome = _send(shared, ranks.world, session, run, data_dir, server, token, against)
         except Exception as exc:  # every rank raises it, not only rank 0
             outcome = f"{type(exc).__name__}: {exc}"
     else:
@@ -110,7 +111,14 @@ def send_from_rank0(
 
 
 def _send(
-    shared: Path, world: int, session: str, run: str, data_dir: str | Path | None, server: str | None, token: str | None
+    shared: Path,
+    world: int,
+    session: str,
+    run: str,
+    data_dir: str | Path | None,
+    server: str | None,
+    token: str | None,
+    against: str | None = None,
 ) -> tuple[int, int]:
     folders = [shared / f"rank{k}" for k in range(world)]
     if server is not None:
@@ -122,7 +130,7 @@ def _send(
             with tarfile.open(archive, "w") as tar:
                 tar.add(folder, arcname=folder.name)
             archives.append(archive)
-        return upload_files(server, session, run, archives, token)
+        return upload_files(server, session, run, archives, token, against=against)
     from tensor_debugger.ingest.inputs import InputFile
     from tensor_debugger.services import open_services
     from tensor_debugger.settings import Settings
@@ -130,7 +138,9 @@ def _send(
     settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
     services = open_services(settings)
     try:
-        result = services.ingestor.ingest(session, run, [InputFile(f, f.name) for f in folders], reuse=False)
+        result = services.ingestor.ingest(
+            session, run, [InputFile(f, f.name) for f in folders], reuse=False, against=against
+        )
         services.plan(result.session_id)
         return result.session_id, result.run_id
     finally:

@@ -501,7 +501,7 @@ class _LocalRun:
     """A run of the local data directory that the capture writes into as it goes: begun (status "ingesting") when
     the block opens, made ready from the trace when it ends, removed if it never is."""
 
-    def __init__(self, session: str, run: str, data_dir: str | Path | None) -> None:
+    def __init__(self, session: str, run: str, data_dir: str | Path | None, against: str | None = None) -> None:
         from tensor_debugger.services import open_services
         from tensor_debugger.settings import Settings
         from tensor_debugger.store.arrays import run_prefix
@@ -509,7 +509,7 @@ class _LocalRun:
         settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
         self.services: Services = open_services(settings)
         try:
-            self.pending: PendingRun = self.services.ingestor.begin(session, run, [run])
+            self.pending: PendingRun = self.services.ingestor.begin(session, run, [run], against=against)
         except BaseException:
             self.services.close()
             raise
@@ -752,22 +752,26 @@ def _send(
     server: str | None,
     token: str | None,
     pair: bool,
+    against: str | None = None,
 ) -> None:
     """Store a recorded run whose tensors are all written: its module tree, then the run (into the local run, from
-    rank 0 for the ranks, or uploaded to the server); its ids into `result`."""
+    rank 0 for the ranks, or uploaded to the server, compared against the session's run labelled `against` where
+    given); its ids into `result`."""
     folder, local, ranks, shared = place
     tree = recorder.write_tree()
     result.tensors, result.skipped = recorder.count, recorder.skipped
     if ranks is not None and shared is not None:
         result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
-        result.session_id, result.run_id = send_from_rank0(ranks, shared, session, run, data_dir, server, token)
+        result.session_id, result.run_id = send_from_rank0(
+            ranks, shared, session, run, data_dir, server, token, against
+        )
     elif local is not None:
         local.finish(tree, recorder.files, result, pair)
     else:
         assert server is not None
         from tensor_debugger.live.upload import upload_run
 
-        result.session_id, result.run_id = upload_run(server, session, run, folder, token)
+        result.session_id, result.run_id = upload_run(server, session, run, folder, token, against)
 
 
 class _HeldValues:
@@ -837,9 +841,11 @@ class HeldRun:
         host_memory: int = DEFAULT_HOST_MEMORY,
         workers: int | None = None,
         _pair: bool = True,
+        against: str | None = None,
     ) -> CaptureResult:
         """Store the run as run `run` of session `session`, where `capture` with the same arguments would have
-        stored it, with the same tensors, summaries, module tree and notes; returns its result, ids filled in."""
+        stored it, with the same tensors, summaries, module tree and notes; returns its result, ids filled in.
+        `against`: the label of the session's run it is compared against (default: the session's reference)."""
         recorder, result = self.recorder, self.result
         result.session, result.run = session, run
         ranks, shared, folder = _staging(staging)
@@ -848,14 +854,15 @@ class HeldRun:
         local: _LocalRun | None = None
         writer: CaptureWriter | None = None
         try:
-            local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
+            local = _LocalRun(session, run, data_dir, against) if server is None and ranks is None else None
             if self.held is not None:
                 writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
                 for index, file, copy in self.held.jobs:
                     writer.submit(index, file, copy)
                 closing, writer = writer, None
                 closing.close()  # every tensor written; raises CaptureError if one could not be
-            _send(recorder, result, session, run, (folder, local, ranks, shared), data_dir, server, token, _pair)
+            place = (folder, local, ranks, shared)
+            _send(recorder, result, session, run, place, data_dir, server, token, _pair, against)
         finally:
             _release(writer, local, ranks, shared, folder)
         return result

@@ -41,16 +41,26 @@ def server_client(server: str, token: str | None = None) -> httpx.Client:
     return httpx.Client(base_url=server.rstrip("/"), headers=headers, timeout=TIMEOUT_S)
 
 
-def upload_run(server: str, session: str, run: str, folder: Path, token: str | None = None) -> tuple[int, int]:
+def upload_run(
+    server: str, session: str, run: str, folder: Path, token: str | None = None, against: str | None = None
+) -> tuple[int, int]:
     """Upload every file of `folder` as run `run` of session `session`; see `upload_files`."""
-    return upload_files(server, session, run, sorted(p for p in folder.iterdir() if p.is_file()), token)
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    return upload_files(server, session, run, files, token, against=against)
 
 
 def upload_files(
-    server: str, session: str, run: str, paths: Sequence[Path], token: str | None = None, tries: int = 2
+    server: str,
+    session: str,
+    run: str,
+    paths: Sequence[Path],
+    token: str | None = None,
+    tries: int = 2,
+    against: str | None = None,
 ) -> tuple[int, int]:
     """Upload `paths` (tensor files and archives) as run `run` of session `session` (created when no session has
-    that name); returns (session id, run id). Raises RuntimeError with the server's reasons when it refuses."""
+    that name); returns (session id, run id). `against`: the label of the session's run it is compared against (the
+    session must exist and hold it). Raises RuntimeError with the server's reasons when it refuses."""
     with server_client(server, token) as client:
         found = client.get("/api/sessions", params={"q": session})
         _check(found, server)
@@ -58,17 +68,22 @@ def upload_files(
         existing = next((s for s in listed if s.name == session), None)
         with ExitStack() as stack:
             files = [(run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream")) for p in paths]
+            if existing is None and against is not None:
+                raise RuntimeError(
+                    f"{server.rstrip('/')} has no session {session!r}, so no run {against!r} to compare against"
+                )
             if existing is None:
                 response = client.post("/api/sessions", data={"name": session}, files=files)
             else:
-                response = client.post(f"/api/sessions/{existing.id}/runs", params={"label": run}, files=files)
+                params = {"label": run, **({"against": against} if against is not None else {})}
+                response = client.post(f"/api/sessions/{existing.id}/runs", params=params, files=files)
         _check(response, server)
         body = msgspec.json.decode(response.content, type=_Uploaded)
         if existing is None and body.session is not None and body.session.name != session and tries > 1:
             # another client created `session` between the look-up and this upload, and the server named this one
             # "session (2)": the run belongs in the session of that name, so it goes there instead
             _check(client.delete(f"/api/sessions/{body.session.id}"), server)
-            return upload_files(server, session, run, paths, token, tries - 1)
+            return upload_files(server, session, run, paths, token, tries - 1, against)
     return _ids(body, existing)
 
 

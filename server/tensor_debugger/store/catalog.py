@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy import ColumnElement, and_, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import aliased, selectinload
@@ -98,7 +98,11 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
             .join(other, other.id == UnmatchedRecord.other_run_id)
             .where(
                 UnmatchedRecord.session_id.in_(session_ids),
-                reference.position == 0,
+                # the tensors of the run each candidate is compared against: the reference, or the run it names
+                or_(
+                    other.compared_against_id == reference.id,
+                    and_(other.compared_against_id.is_(None), reference.position == 0),
+                ),
                 other.role != "noise",
                 UnmatchedRecord.allowed.is_(False),
             )

@@ -22,7 +22,8 @@ class RunStatus(enum.StrEnum):
 
 
 class RunRole(enum.StrEnum):
-    """The session's first run is the reference; every other run is a candidate compared with it."""
+    """The session's first run is the reference; every other run is a candidate compared with it, or with the run it
+    names (`RunReport.compared_against`)."""
 
     REFERENCE = "reference"
     CANDIDATE = "candidate"
@@ -83,13 +84,16 @@ class RunReport:
     tensors: int
     total_bytes: int
     created_at: str
+    # the id of the run of the session this one is compared against (its pairs' side "a"); null: the session's
+    # reference (the reference itself and its reruns are compared against it, or nothing)
+    compared_against: int | None
 
     @classmethod
     def of(cls, run: RunRecord) -> RunReport:
         return RunReport(*run_fields(run))
 
 
-RunFields = tuple[int, str, RunRole, int, RunStatus, list[str], int, int, str]
+RunFields = tuple[int, str, RunRole, int, RunStatus, list[str], int, int, str, int | None]
 
 
 def run_fields(run: RunRecord) -> RunFields:
@@ -104,6 +108,7 @@ def run_fields(run: RunRecord) -> RunFields:
         run.tensor_count,
         run.total_bytes,
         iso(run.created_at),
+        run.compared_against_id,
     )
 
 

@@ -110,12 +110,14 @@ def start_runs(
     keep_failure: bool,
     created_session: bool = False,
     client: str = "",
+    against: str | None = None,
 ) -> list[StartedRun]:
     """Make every run's row, then queue their ingests. From here on the queue owns `batch`: its files are
     removed once the last of these ingests is over. `keep_failure`: a run with nothing usable stays, "failed",
     with its problems (for the session page); otherwise it is removed. `created_session`: the request made
     the session, so removing its last run (a restart cutting an ingest short, say) removes it too. `client`: who
-    sent the upload; the queue gives each client its turn (ingest/fair_line.py)."""
+    sent the upload; the queue gives each client its turn (ingest/fair_line.py). `against`: the label of the
+    session's run every one of these is compared against (refused, nothing begun, where it cannot be)."""
     begun: list[tuple[str, PendingRun, list[InputFile]]] = []
     try:
         for label, inputs in runs.items():
@@ -127,6 +129,7 @@ def start_runs(
                 created_session=created_session,
                 role="noise" if label == NOISE_FIELD else None,
                 staged=inputs if keep_failure else (),
+                against=against,
             )
             begun.append((label, pending, inputs))
     except BaseException:

@@ -97,6 +97,7 @@ class SessionComparisons(EarlyEngine):
             self._session = session
         self._session_id = session_id
         self._reference: int | None = None
+        self._elsewhere: set[int] = set()  # runs compared against another run than the reference
         self._named: dict[str, list[tuple[int, str]]] = {}  # cache key -> (candidate run, name) of its guesses
         self.results: list[EarlyPair] = []
         super().__init__(context, progress)
@@ -162,11 +163,13 @@ class SessionComparisons(EarlyEngine):
                 return self._guesses(reference, run_id, pairs, in_memory_only=True)
             except Exception:
                 return []
+        if run_id in self._elsewhere:
+            return []
         jobs: list[Job] = []
         try:
             if run_id == reference:
                 for other, tensors in self._tensors.items():
-                    if other != reference:
+                    if other != reference and other not in self._elsewhere:
                         jobs += self._guesses(reference, other, [(r, tensors.get(r.name)) for r in records])
             else:
                 partners = self._tensors[reference]
@@ -211,12 +214,15 @@ class SessionComparisons(EarlyEngine):
     def _load_reference(self) -> None:
         with self.context.sessions() as db:
             kept = db.execute(
-                select(RunRecord.id, RunRecord.role)
+                select(RunRecord.id, RunRecord.role, RunRecord.compared_against_id)
                 .where(RunRecord.session_id == self._session_id, RunRecord.status != "failed")
                 .order_by(RunRecord.position)
             ).all()
         # as the plan takes it (`Comparisons.plan`)
-        self._reference = next((run for run, role in kept if role != "noise"), kept[0][0] if kept else None)
+        self._reference = next((run for run, role, _ in kept if role != "noise"), kept[0][0] if kept else None)
+        # runs compared against another run than the reference: no guess pairs them with the reference's tensors
+        # (the plan pairs them with that run's)
+        self._elsewhere = {run for run, role, against in kept if against is not None and role != "noise"}
 
     def _ready_runs(self) -> list[int]:
         with self.context.sessions() as db:

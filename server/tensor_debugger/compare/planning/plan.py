@@ -1,9 +1,11 @@
 """Pairs of a session: planned from the stored tensors, compared once (the cache), with verdicts.
 
-Planning pairs every candidate run with the reference run (the session's first) and records an alignment for
-each pair. Computing reads both sides block by block through lazy views and stores the statistics in the
-comparison cache under the two sides' content digests, the alignment and the tolerances: reopening a session,
-comparing the same dumps again or uploading an identical tensor never computes them twice.
+Planning pairs every candidate run with the reference run (the session's first), or with the run it names as the
+one it is compared against (`runs.compared_against_id`: find_divergence's full-values candidate against the
+reference's full values), and records an alignment for each pair. Computing reads both sides block by block through
+lazy views and stores the statistics in the comparison cache under the two sides' content digests, the alignment and
+the tolerances: reopening a session, comparing the same dumps again or uploading an identical tensor never computes
+them twice.
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def plan_session(context: CompareContext, session_id: int) -> None:
         if reference is not next((r for r in kept if r.role != "noise"), kept[0]):
             return  # while the reference (the first run) is ingesting, no other run stands in for it
         runs = [reference, *(r for r in runs if r is not reference)]
-        refs_a = _refs(db, reference.id)
+        ready = {r.id: r for r in runs}
+        refs: dict[int, list[TensorRef]] = {}
         overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
         position = 0
         try:
@@ -87,10 +90,15 @@ def plan_session(context: CompareContext, session_id: int) -> None:
         # candidates first, then any rerun of the reference (its pairs are each candidate pair's noise floor)
         others = [r for r in runs[1:] if r.role != "noise"] + [r for r in runs[1:] if r.role == "noise"]
         for candidate in others:
+            against = compared_with(candidate, reference, ready)
+            if against is None:
+                continue  # the run it is compared against is not ready (ingesting or failed): no stand-in for it
+            if against.id not in refs:
+                refs[against.id] = _refs(db, against.id)
             mine = [o for o in overrides if o.run_b_id == candidate.id]
             try:
                 pairing = pair_runs(
-                    refs_a,
+                    refs[against.id],
                     _refs(db, candidate.id),
                     manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
                     unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
@@ -108,7 +116,7 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                         module_path=plan.a.first.module_path,
                         place=plan.a.first.place,
                         session_id=session_id,
-                        run_a_id=reference.id,
+                        run_a_id=against.id,
                         run_b_id=candidate.id,
                         position=position,
                         name=plan.a.name,
@@ -135,8 +143,8 @@ def plan_session(context: CompareContext, session_id: int) -> None:
             first = position - len(pairing.pairs)  # this candidate's first pair
             places = PairPlaces(pairing.pairs)
             for side, run_id, other, missing in (
-                ("a", reference.id, candidate.id, pairing.unmatched_a),
-                ("b", candidate.id, reference.id, pairing.unmatched_b),
+                ("a", against.id, candidate.id, pairing.unmatched_a),
+                ("b", candidate.id, against.id, pairing.unmatched_b),
             ):
                 for n, tensor in enumerate(missing):
                     db.add(
@@ -154,6 +162,15 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                     )
         # in the same transaction: a reader never sees a planned-again session's pairs all pending in between
         _refresh(context, db, session_id)
+
+
+def compared_with(run: RunRecord, reference: RunRecord, ready: dict[int, RunRecord]) -> RunRecord | None:
+    """The run `run`'s pairs are planned against: the run it names (`compared_against_id`), else the session's
+    reference; a rerun of the reference (its noise floor) always against the reference. None where the run it names
+    is not among the `ready` runs (still ingesting, or failed): it is not compared with another in its stead."""
+    if run.role == "noise" or run.compared_against_id is None:
+        return reference
+    return ready.get(run.compared_against_id)
 
 
 def _unasked(db: DbSession, run_id: int, pairs: Sequence[PairPlan]) -> Callable[[LogicalTensor], bool]:

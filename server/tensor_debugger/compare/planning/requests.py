@@ -88,6 +88,7 @@ class IngestRequest(msgspec.Struct, frozen=True):
     run: str
     paths: list[str]
     shown: list[str]
+    against: str | None = None  # the label of the session's run it is compared against (None: the reference)
 
 
 class ServerIdentity(msgspec.Struct, frozen=True):

@@ -23,7 +23,7 @@ from tensor_debugger.compare.reports.compare_report import (
     WorstValue,
 )
 from tensor_debugger.compare.reports.pair_report import PairReport, PairSide
-from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs
+from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs, UnmatchedReport
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
 from tensor_debugger.engine.summary_compare import next_capture
 from tensor_debugger.store.problem_report import ProblemReport
@@ -127,6 +127,13 @@ def compare_report(
 ) -> CompareReport:
     """The CLI's report (a stable contract, narrower than the API's), read from the session's reports."""
     reference_run = report.pairs[0].a.run_id if report.pairs else None
+    # each candidate's tensors are paired with those of the run it is compared against (the reference, or the run
+    # it names): that run's tensors without partner are the reference side's
+    against = {c.run_id: c.against_run_id for c in report.candidates}
+
+    def reference_side(u: UnmatchedReport) -> bool:
+        return u.run_id == against.get(u.against_run_id, reference_run)
+
     first = report.first_divergence
     # a divergence found from summaries: the capture with full values that settles it
     capture = (
@@ -139,8 +146,8 @@ def compare_report(
         session=SessionLink(session_id, name, url),
         pairs=[_pair(p, report) for p in report.pairs],
         unmatched=Unmatched(
-            [u.name for u in report.unmatched if u.run_id == reference_run],
-            [u.name for u in report.unmatched if u.run_id != reference_run],
+            [u.name for u in report.unmatched if reference_side(u)],
+            [u.name for u in report.unmatched if not reference_side(u)],
         ),
         verdict=str(report.verdict),
         coverage=CoverageSummary(

@@ -48,6 +48,7 @@ class ModulePair:
     # a captured op's: the line that called it in the reference and in the candidate ("<file>:<line>")
     reference_source: str | None = None
     candidate_source: str | None = None
+    basis: str | None = None  # "summary" where its verdict rests on summaries (a capture with values="summary")
 
 
 @dataclass(frozen=True)
@@ -327,7 +328,16 @@ def _node_report(
         added_error=json_number(culprit.added_error) if culprit else None,
         is_culprit=top is not None and top.module_path == node.path,
         pairs=[
-            ModulePair(p.id, p.place, p.status, _error_json(errors.get(p.id)), p.a.source, p.b.source) for p in pairs
+            ModulePair(
+                p.id,
+                p.place,
+                p.status,
+                _error_json(errors.get(p.id)),
+                p.a.source,
+                p.b.source,
+                "summary" if p.summary is not None and p.summary.on_summary else None,
+            )
+            for p in pairs
         ],
         children=children,
     )

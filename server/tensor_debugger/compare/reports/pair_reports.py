@@ -122,11 +122,14 @@ class UnmatchedReport:
 
 @dataclass(frozen=True)
 class CandidateReport:
-    """One candidate run of the session (compared with the reference) and its own first divergence."""
+    """One candidate run of the session and its own first divergence; `against_run_id`, `against`: the id and label
+    of the run it is compared against (the session's reference, or the run it names)."""
 
     run_id: int
     label: str
     first_divergence: FirstDivergence | None
+    against_run_id: int | None = None
+    against: str | None = None
 
 
 @dataclass(frozen=True)
@@ -306,19 +309,28 @@ def session_pairs(
             .order_by(UnmatchedRecord.run_id, UnmatchedRecord.position)
         )
     ]
-    reference = items[0].a.run_id if items else next((r.id for r in ordered_runs if r.role != "noise"), None)
-    missing = [u for u in unmatched if u.run_id == reference and u.against_run_id not in noise_runs]
+    # each candidate's tensors are paired with those of the run it is compared against (the session's reference,
+    # or the run it names): that run's tensors without partner there are what was not compared
+    reference = next((r.id for r in ordered_runs if r.role != "noise"), None)
+    against = {r.id: r.compared_against_id or reference for r in ordered_runs}
+
+    def missed(u: UnmatchedReport) -> bool:
+        return u.against_run_id not in noise_runs and u.run_id == against.get(u.against_run_id)
+
+    missing = [u for u in unmatched if missed(u)]
     if closest:
         unmatched = with_closest(db, unmatched, missing)
-        missing = [u for u in unmatched if u.run_id == reference and u.against_run_id not in noise_runs]
+        missing = [u for u in unmatched if missed(u)]
     compared = {i.b.run_id for i in items}
     candidates = [
         CandidateReport(
             run_id,
             label,
             _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing),
+            against.get(run_id),
+            runs.get(against[run_id]) if against.get(run_id) is not None else None,
         )
-        for run_id, label, _, _ in ordered_runs
+        for run_id, label, *_ in ordered_runs
         if run_id in compared
     ]
     done = sum(1 for i in everything if i.status != PairStatus.PENDING)
@@ -384,7 +396,7 @@ def _judged_pairs(db: DbSession, session_id: int, cache: StatsCache | None) -> _
         pair_report(p, tensors, stats.get(p.result_id) if p.result_id else None, mismatches, dims) for p in pairs
     ]
     ordered_runs = db.execute(
-        select(RunRecord.id, RunRecord.label, RunRecord.role, RunRecord.status)
+        select(RunRecord.id, RunRecord.label, RunRecord.role, RunRecord.status, RunRecord.compared_against_id)
         .where(RunRecord.session_id == session_id)
         .order_by(RunRecord.position)
     ).all()

@@ -37,6 +37,11 @@ class RunRecord(Base):
     label: Mapped[str] = mapped_column(String(200))
     role: Mapped[str] = mapped_column(String(20))  # "reference" or "candidate"
     position: Mapped[int]
+    # the id of the run of the same session this one is compared against (its pairs' side "a"); None: the session's
+    # reference (compare/planning/plan.py's `compared_with`). Set on ingest (`--against`) or by
+    # SessionActions.compare_against. No foreign key (migration 0020 says why): a run's deletion clears it in the
+    # runs compared against it (store/compared_against.py's `forget`)
+    compared_against_id: Mapped[int | None]
     status: Mapped[str] = mapped_column(String(20), default="ingesting")
     ingest_pid: Mapped[int | None]  # the process writing it while "ingesting"
     ingest_host: Mapped[str | None] = mapped_column(String(255))

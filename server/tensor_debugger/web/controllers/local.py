@@ -107,6 +107,7 @@ class LocalController(Controller):
             session,
             run,
             [InputFile(p, s) for p, s in zip(paths, shown, strict=True)],
+            against=data.against,
         )
         services.worker.wake()
         return outcome

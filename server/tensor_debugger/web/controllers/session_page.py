@@ -32,6 +32,7 @@ from tensor_debugger.web.views.session_view import (
     ViewParams,
     build_candidates,
     build_groups,
+    full_values,
     has_noise_floor,
     worst_view,
 )
@@ -255,6 +256,7 @@ def session_template(
                 "page_size": PAGE_SIZE,
                 "reorderable": params.reorderable,
                 "candidates": build_candidates(report),
+                "full_values": full_values(report),
                 "noise_floor": has_noise_floor(report),
                 "order_keys": [p.key for p in ordered],
                 "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),

@@ -241,14 +241,21 @@ class SessionController(Controller):
         operation_class=AddRunsOperation,
         responses={
             **UPLOAD_RESPONSES,
-            **error_responses(*CHANGES, 404, 409, 413),
+            **error_responses(
+                *CHANGES,
+                404,
+                409,
+                413,
+                depends_on_state="names in `against` a run the session does not have (or the label of a run it adds)",
+            ),
             422: ResponseSpec(
                 RunOutcomes | ErrorReport,
                 description="nothing usable was found in any run (nothing was kept), or a file could not be used",
                 generate_examples=False,
             ),
         },
-        description="multipart/form-data: files whose field name is their run's label, or `?label=` for all. "
+        description="multipart/form-data: files whose field name is their run's label, or `?label=` for all; "
+        "`?against=` names the run they are compared against (400 where the session has no such run). "
         + WAIT_NOTE
         + " "
         + UPLOAD_LIMIT_NOTE,
@@ -263,6 +270,15 @@ class SessionController(Controller):
             QueryParameter(description="run label for every file", max_length=MAX_LABEL, pattern=NAME_PATTERN),
         ] = None,
         wait: Annotated[bool, WAIT] = True,
+        against: Annotated[
+            str | None,
+            QueryParameter(
+                description="the label of the session's run these runs are compared against (default: the "
+                "session's reference)",
+                max_length=MAX_LABEL,
+                pattern=NAME_PATTERN,
+            ),
+        ] = None,
     ) -> Response[RunOutcomes]:
         session_name = await anyio.to_thread.run_sync(_session_name, services, session_id)
         _check_length(request, services)
@@ -284,6 +300,7 @@ class SessionController(Controller):
                     group_by_run(batch, label),
                     not wait,
                     client=client_of(request),
+                    against=against,
                 )
             )
         except BaseException:

@@ -125,9 +125,9 @@ def gap_markers(report: SessionPairs) -> Gaps:
     for p in report.pairs:
         if p.b.run_id not in last or p.position > last[p.b.run_id].position:
             last[p.b.run_id] = p
-    reference = report.pairs[0].a.run_id if report.pairs else None
+    side_a = {p.b.run_id: p.a.run_id for p in report.pairs}  # the run each candidate is compared against
     for u in report.unmatched:
-        if u.run_id != reference or u.before_position is None:
+        if u.run_id != side_a.get(u.against_run_id) or u.before_position is None:
             continue
         anchor = by_position.get((u.against_run_id, u.before_position))
         if anchor is not None:
@@ -455,3 +455,32 @@ def build_candidates(report: SessionPairs, width: int = 1100, height: int = 220)
 def has_noise_floor(report: SessionPairs) -> bool:
     """Whether the session has a rerun of the reference, so its table shows each pair's noise floor."""
     return any(p.noise_max_abs_diff is not None for p in report.pairs)
+
+
+@dataclass(frozen=True)
+class FullValues:
+    """A candidate's first divergence compared element by element, shown beside a session's first divergence that
+    rests on summaries (find_divergence's "candidate (full)" against "reference (full)"): `same` where it is that
+    tensor. The figures are its pair's: max |diff|, where it is, and the elements outside tolerance."""
+
+    label: str  # the candidate run's
+    against: str  # the run it was compared against
+    pair: PairReport
+    same: bool
+
+
+def full_values(report: SessionPairs) -> list[FullValues]:
+    """Where the session's first divergence rests on summaries: each other candidate's first divergence that was
+    compared element by element (its pair has statistics), the same tensor's first."""
+    first = report.first_divergence
+    if first is None or first.basis != "summary":
+        return []
+    pairs = {p.id: p for p in report.pairs}
+    found = []
+    for candidate in report.candidates:
+        theirs = candidate.first_divergence
+        pair = pairs.get(theirs.pair_id) if theirs is not None and theirs.basis != "summary" else None
+        if pair is None or pair.stats is None:
+            continue
+        found.append(FullValues(candidate.label, candidate.against or "the reference", pair, pair.name == first.name))
+    return sorted(found, key=lambda f: not f.same)

@@ -1,0 +1,78 @@
+"""Which run a run is compared against (`runs.compared_against_id`), checked before it is set: a run of the same
+session, not itself, not the session's reference or a rerun of it (each compared against the reference only), and
+no cycle (a run compared against one that is compared, at any remove, against it)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import update
+from sqlalchemy.orm import Session as DbSession
+
+from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.store.models import RunRecord
+
+
+def check_against(run: RunRecord, against: RunRecord | None, runs: Sequence[RunRecord]) -> None:
+    """Raise InvalidInputError, naming both runs and the reason, where `run` (of the session whose runs are `runs`)
+    may not be compared against `against` (None: the session's reference, always allowed)."""
+    if against is None:
+        return
+    if against.session_id != run.session_id:
+        raise InvalidInputError(
+            f"run {run.label!r} cannot be compared against run {against.id} ({against.label!r}): that run is of "
+            "another session"
+        )
+    if against.id == run.id:
+        raise InvalidInputError(f"run {run.label!r} cannot be compared against itself")
+    if run.position == 0 or run.role == "reference":
+        raise InvalidInputError(
+            f"run {run.label!r} is the session's reference, which the other runs are compared against; it is "
+            "compared against no other run"
+        )
+    if run.role == "noise" or against.role == "noise":
+        which = run if run.role == "noise" else against
+        raise InvalidInputError(
+            f"run {which.label!r} is a rerun of the reference (its noise floor), compared against the reference "
+            f"only: run {run.label!r} cannot be compared against {against.label!r}"
+        )
+    by_id = {r.id: r for r in runs}
+    chain = [run.label, against.label]
+    step: RunRecord | None = against
+    seen = {against.id}
+    while step is not None and step.compared_against_id is not None:
+        step = by_id.get(step.compared_against_id)
+        if step is None:
+            break
+        chain.append(step.label)
+        if step.id == run.id:
+            raise InvalidInputError(
+                f"run {run.label!r} cannot be compared against {against.label!r}: that makes a cycle "
+                f"({' -> '.join(repr(label) for label in chain)})"
+            )
+        if step.id in seen:
+            break
+        seen.add(step.id)
+
+
+def run_labelled(runs: Sequence[RunRecord], label: str, session: str) -> RunRecord:
+    """The run of `runs` labelled `label`; InvalidInputError where the session has none."""
+    found = next((r for r in runs if r.label == label), None)
+    if found is None:
+        raise InvalidInputError(
+            f"session {session!r} has no run labelled {label!r} to compare against (its runs: "
+            f"{', '.join(repr(r.label) for r in runs) or 'none'})"
+        )
+    return found
+
+
+def forget(db: DbSession, run_id: int, instead: int | None = None) -> None:
+    """Run `run_id` is being deleted: the runs compared against it are compared against `instead` (a run replacing
+    it), else against the session's reference again. (The column has no foreign key: SQLite may give a later run
+    the deleted one's id, which they would otherwise take for theirs.)"""
+    db.execute(
+        update(RunRecord)
+        .where(RunRecord.compared_against_id == run_id)
+        .values(compared_against_id=instead)
+        .execution_options(synchronize_session="fetch")
+    )
