@@ -410,7 +410,8 @@ def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_
             assert array.dtype == complete[name].dtype and np.array_equal(array, complete[name]), name
         assert notes[f"{side} (full)"] == [
             f"recorded modules layers.1.self_attn*, layers.1.norm* only, up to {root}.layers.1.self_attn_outputs, the "
-            "last tensor of theirs: 1 tensor after it (the model's outputs among them) was not recorded"
+            "last tensor of theirs: the forward was stopped after it, so nothing after it (the model's outputs among "
+            "them) was recorded"
         ]
 
 
@@ -723,6 +724,48 @@ def test_values_that_change_only_after_the_last_tensor_asked_for_do_not_change_t
     # the same models called twice give different outputs: the noise is real, and left unchecked after that point
     with torch.no_grad():
         assert not torch.equal(reference(x_input()), reference(x_input()))
+
+
+class Counted(nn.Module):
+    """Counts its calls: the last layer of `Late`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2
+
+
+class Late(Jitter):
+    """`Jitter`, then a layer that counts its calls and, from its second call on, gives other values."""
+
+    def __init__(self, planted: bool = False) -> None:
+        super().__init__(planted=planted)
+        self.last = Counted()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.last(super().forward(x))
+        return out + self.last.calls
+
+
+def test_the_second_passes_stop_the_forward_after_the_last_tensor_wanted_and_leave_no_hook(settings: Settings) -> None:
+    """Each model's second call ends where the last tensor the answer needs is recorded and hashed: the layers
+    after it are not run again (a layer there that changes between calls is neither run nor checked), and the model
+    is left as it was, with no hook and no torch function mode, its next call whole."""
+    reference, candidate = Late().eval(), Late(planted=True).eval()
+    hooks = {n: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for n, m in reference.named_modules()}
+    found = find_divergence(reference, candidate, (x_input(),), session="late", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference == "Late.second/linear#1_outputs"
+    assert found.repeatable_until == ("Late.second_outputs", "Late.second_outputs")
+    assert (reference.last.calls, candidate.last.calls) == (1, 1)  # the first passes only
+    assert {n: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for n, m in reference.named_modules()} == hooks
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in candidate.modules())
+    assert torch._C._len_torch_function_stack() == 0  # no torch function mode left active
+    with torch.no_grad():
+        out = reference(x_input())
+    assert reference.last.calls == 2 and out.shape == (2, 5, DIM)
 
 
 def test_find_divergences_summary_runs_are_those_a_summary_capture_stores(settings: Settings) -> None:

@@ -6,15 +6,16 @@
    fails, no model is called again: the two summary runs are stored and the answer is "no divergence found", which
    stands on every pair of summaries having been compared.
 2. Full values and repeatability: each model runs again, recording full values of the module that holds that op
-   and of the module whose tensor came just before it (its input's maker), and nothing after the last tensor of
-   those modules in its summaries (the model's outputs are left out, as a note on the run says). In the same pass,
-   every tensor the first pass summarised, up to that last tensor (or the first divergence, where later), is hashed
-   as its summary's content hash is, and must equal it: a model or inputs that change between calls (dropout, a
-   random op, inputs changed in place), the reference's or the candidate's, are refused (ChangingModelError, naming
-   the model and the first tensor that changed), and nothing is stored. A change after that tensor cannot change
-   the answer, which lies before it; the answer says up to which tensor each model was checked. The full values are
-   compared here element by element (max |diff| and where, how many elements outside the tolerance), as the
-   session will.
+   and of the module whose tensor came just before it (its input's maker). In the same pass, every tensor the first
+   pass summarised, up to the last tensor of those modules in its summaries (or the first divergence, where later),
+   is hashed as its summary's content hash is, and must equal it: a model or inputs that change between calls
+   (dropout, a random op, inputs changed in place), the reference's or the candidate's, are refused
+   (ChangingModelError, naming the model and the first tensor that changed), and nothing is stored. The forward is
+   stopped right after that tensor (`record(stop=True)`): the rest of the model is not run again, nor recorded (the
+   model's outputs are left out, as a note on the run says). A change after that tensor cannot change the answer,
+   which lies before it, and is not checked; the answer says up to which tensor each model was checked. The full
+   values are compared here element by element (max |diff| and where, how many elements outside the tolerance), as
+   the session will.
 3. Only then is everything stored, into one session: runs "reference" and "candidate" (the summaries, as
    `capture(values="summary")` would have stored them), "reference (full)" and "candidate (full)". The session
    compares every run with the reference's: the full runs' pairs there are judged on the reference's summaries; the
@@ -327,7 +328,14 @@ def _find(
         last = _last_wanted(summaries, snippet.modules, type(model).__name__)
         until = _later(list(summaries), last, divergent)
         with record(
-            model, level=level, values="full", modules=list(snippet.modules), last=last, hashes=True, hash_until=until
+            model,
+            level=level,
+            values="full",
+            modules=list(snippet.modules),
+            last=last,
+            hashes=True,
+            hash_until=until,
+            stop=True,
         ) as full:
             call(model)
         _check_repeatable(summaries, full.hashes, until, what)
