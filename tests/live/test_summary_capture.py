@@ -25,7 +25,7 @@ from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sam
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.fold64 import content_hash
 from tensor_debugger.ingest.sketches import record_sketch, sketch
-from tensor_debugger.live.divergence import ChangingModelError
+from tensor_debugger.live.divergence import ChangingModelError, _full_stats
 from tensor_debugger.live.recorder import record, summarize_forward
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
@@ -724,6 +724,32 @@ def test_values_that_change_only_after_the_last_tensor_asked_for_do_not_change_t
     # the same models called twice give different outputs: the noise is real, and left unchecked after that point
     with torch.no_grad():
         assert not torch.equal(reference(x_input()), reference(x_input()))
+
+
+def test_full_values_are_compared_as_torch_testing_compares_them() -> None:
+    """The second pass's element-wise statistics: NaN against NaN and an infinity against the same one agree; NaN
+    against a number is the largest difference; two equal tensors differ nowhere; mixed dtypes are compared wide."""
+    tol = Tolerance(0.0, 0.5)
+    a = torch.tensor([[1.0, float("nan"), float("inf")], [4.0, 5.0, 6.0]])
+    same = _full_stats(a, a.clone(), ("a", "b"), tol)
+    assert (same.max_abs_diff, same.argmax, same.mismatched, same.numel, same.passed) == (0.0, (0, 0), 0, 6, True)
+    b = a.clone()
+    b[1, 0], b[1, 2] = 4.25, 7.0  # one within tolerance, one outside
+    changed = _full_stats(a, b, ("a", "b"), tol)
+    assert (changed.max_abs_diff, changed.argmax, changed.mismatched, changed.passed) == (1.0, (1, 2), 1, False)
+    b[0, 0] = float("nan")
+    with_nan = _full_stats(a, b, ("a", "b"), tol)
+    assert (with_nan.max_abs_diff, with_nan.argmax, with_nan.mismatched) == (math.inf, (0, 0), 2)
+    b = a.clone()
+    b[0, 2] = float("-inf")
+    assert _full_stats(a, b, ("a", "b"), tol).argmax == (0, 2)
+    wide = _full_stats(a.to(torch.float64), a.to(torch.bfloat16), ("a", "b"), tol)
+    assert wide.passed and wide.max_abs_diff == 0.0  # these values are exact in bfloat16
+    third = torch.tensor([1.0, 1.0, 1.0]) / 3
+    narrow = _full_stats(third.to(torch.float64), third.to(torch.bfloat16), ("a", "b"), Tolerance(0.0, 0.0))
+    assert narrow.mismatched == 3 and narrow.max_abs_diff == abs(float(third[0].to(torch.bfloat16)) - float(third[0]))
+    empty = _full_stats(torch.empty(0, 2), torch.empty(0, 2), ("a", "b"), tol)
+    assert (empty.numel, empty.argmax, empty.passed) == (0, (), True)
 
 
 class Counted(nn.Module):
