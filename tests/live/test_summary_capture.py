@@ -794,6 +794,18 @@ def test_the_second_passes_stop_the_forward_after_the_last_tensor_wanted_and_lea
     assert reference.last.calls == 2 and out.shape == (2, 5, DIM)
 
 
+def test_a_compiled_models_second_passes_stop_too(settings: Settings) -> None:
+    """torch.compile runs the hooks between its graphs: the exception that stops the forward passes through them."""
+    plain = Late().eval(), Late(planted=True).eval()
+    reference, candidate = (torch.compile(m, backend="eager") for m in plain)
+    assert isinstance(reference, nn.Module) and isinstance(candidate, nn.Module)
+    found = find_divergence(reference, candidate, (x_input(),), session="late", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference == "Late.second_outputs"  # a compiled op is not seen
+    assert (plain[0].last.calls, plain[1].last.calls) == (1, 1)
+    with torch.no_grad():
+        assert reference(x_input()).shape == (2, 5, DIM)
+
+
 def test_find_divergences_summary_runs_are_those_a_summary_capture_stores(settings: Settings) -> None:
     reference, candidate = models()
     reference.eval(), candidate.eval()
