@@ -25,7 +25,7 @@ from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sam
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.fold64 import content_hash
 from tensor_debugger.ingest.sketches import record_sketch, sketch
-from tensor_debugger.live.divergence import ChangingModelError
+from tensor_debugger.live.divergence import ChangingModelError, _full_stats
 from tensor_debugger.live.recorder import record, summarize_forward
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
@@ -422,7 +422,8 @@ def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_
             assert array.dtype == complete[name].dtype and np.array_equal(array, complete[name]), name
         assert notes[f"{side} (full)"] == [
             f"recorded modules layers.1.self_attn*, layers.1.norm* only, up to {root}.layers.1.self_attn_outputs, the "
-            "last tensor of theirs: 1 tensor after it (the model's outputs among them) was not recorded"
+            "last tensor of theirs: the forward was stopped after it, so nothing after it (the model's outputs among "
+            "them) was recorded"
         ]
 
 
@@ -735,6 +736,86 @@ def test_values_that_change_only_after_the_last_tensor_asked_for_do_not_change_t
     # the same models called twice give different outputs: the noise is real, and left unchecked after that point
     with torch.no_grad():
         assert not torch.equal(reference(x_input()), reference(x_input()))
+
+
+def test_full_values_are_compared_as_torch_testing_compares_them() -> None:
+    """The second pass's element-wise statistics: NaN against NaN and an infinity against the same one agree; NaN
+    against a number is the largest difference; two equal tensors differ nowhere; mixed dtypes are compared wide."""
+    tol = Tolerance(0.0, 0.5)
+    a = torch.tensor([[1.0, float("nan"), float("inf")], [4.0, 5.0, 6.0]])
+    same = _full_stats(a, a.clone(), ("a", "b"), tol)
+    assert (same.max_abs_diff, same.argmax, same.mismatched, same.numel, same.passed) == (0.0, (0, 0), 0, 6, True)
+    b = a.clone()
+    b[1, 0], b[1, 2] = 4.25, 7.0  # one within tolerance, one outside
+    changed = _full_stats(a, b, ("a", "b"), tol)
+    assert (changed.max_abs_diff, changed.argmax, changed.mismatched, changed.passed) == (1.0, (1, 2), 1, False)
+    b[0, 0] = float("nan")
+    with_nan = _full_stats(a, b, ("a", "b"), tol)
+    assert (with_nan.max_abs_diff, with_nan.argmax, with_nan.mismatched) == (math.inf, (0, 0), 2)
+    b = a.clone()
+    b[0, 2] = float("-inf")
+    assert _full_stats(a, b, ("a", "b"), tol).argmax == (0, 2)
+    wide = _full_stats(a.to(torch.float64), a.to(torch.bfloat16), ("a", "b"), tol)
+    assert wide.passed and wide.max_abs_diff == 0.0  # these values are exact in bfloat16
+    third = torch.tensor([1.0, 1.0, 1.0]) / 3
+    narrow = _full_stats(third.to(torch.float64), third.to(torch.bfloat16), ("a", "b"), Tolerance(0.0, 0.0))
+    assert narrow.mismatched == 3 and narrow.max_abs_diff == abs(float(third[0].to(torch.bfloat16)) - float(third[0]))
+    empty = _full_stats(torch.empty(0, 2), torch.empty(0, 2), ("a", "b"), tol)
+    assert (empty.numel, empty.argmax, empty.passed) == (0, (), True)
+
+
+class Counted(nn.Module):
+    """Counts its calls: the last layer of `Late`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return x * 2
+
+
+class Late(Jitter):
+    """`Jitter`, then a layer that counts its calls and, from its second call on, gives other values."""
+
+    def __init__(self, planted: bool = False) -> None:
+        super().__init__(planted=planted)
+        self.last = Counted()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.last(super().forward(x))
+        return out + self.last.calls
+
+
+def test_the_second_passes_stop_the_forward_after_the_last_tensor_wanted_and_leave_no_hook(settings: Settings) -> None:
+    """Each model's second call ends where the last tensor the answer needs is recorded and hashed: the layers
+    after it are not run again (a layer there that changes between calls is neither run nor checked), and the model
+    is left as it was, with no hook and no torch function mode, its next call whole."""
+    reference, candidate = Late().eval(), Late(planted=True).eval()
+    hooks = {n: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for n, m in reference.named_modules()}
+    found = find_divergence(reference, candidate, (x_input(),), session="late", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference == "Late.second/linear#1_outputs"
+    assert found.repeatable_until == ("Late.second_outputs", "Late.second_outputs")
+    assert (reference.last.calls, candidate.last.calls) == (1, 1)  # the first passes only
+    assert {n: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for n, m in reference.named_modules()} == hooks
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in candidate.modules())
+    assert torch._C._len_torch_function_stack() == 0  # no torch function mode left active
+    with torch.no_grad():
+        out = reference(x_input())
+    assert reference.last.calls == 2 and out.shape == (2, 5, DIM)
+
+
+def test_a_compiled_models_second_passes_stop_too(settings: Settings) -> None:
+    """torch.compile runs the hooks between its graphs: the exception that stops the forward passes through them."""
+    plain = Late().eval(), Late(planted=True).eval()
+    reference, candidate = (torch.compile(m, backend="eager") for m in plain)
+    assert isinstance(reference, nn.Module) and isinstance(candidate, nn.Module)
+    found = find_divergence(reference, candidate, (x_input(),), session="late", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference == "Late.second_outputs"  # a compiled op is not seen
+    assert (plain[0].last.calls, plain[1].last.calls) == (1, 1)
+    with torch.no_grad():
+        assert reference(x_input()).shape == (2, 5, DIM)
 
 
 def test_find_divergences_summary_runs_are_those_a_summary_capture_stores(settings: Settings) -> None:

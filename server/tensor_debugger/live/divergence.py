@@ -6,15 +6,16 @@
    fails, no model is called again: the two summary runs are stored and the answer is "no divergence found", which
    stands on every pair of summaries having been compared.
 2. Full values and repeatability: each model runs again, recording full values of the module that holds that op
-   and of the module whose tensor came just before it (its input's maker), and nothing after the last tensor of
-   those modules in its summaries (the model's outputs are left out, as a note on the run says). In the same pass,
-   every tensor the first pass summarised, up to that last tensor (or the first divergence, where later), is hashed
-   as its summary's content hash is, and must equal it: a model or inputs that change between calls (dropout, a
-   random op, inputs changed in place), the reference's or the candidate's, are refused (ChangingModelError, naming
-   the model and the first tensor that changed), and nothing is stored. A change after that tensor cannot change
-   the answer, which lies before it; the answer says up to which tensor each model was checked. The full values are
-   compared here element by element (max |diff| and where, how many elements outside the tolerance), as the
-   session will.
+   and of the module whose tensor came just before it (its input's maker). In the same pass, every tensor the first
+   pass summarised, up to the last tensor of those modules in its summaries (or the first divergence, where later),
+   is hashed as its summary's content hash is, and must equal it: a model or inputs that change between calls
+   (dropout, a random op, inputs changed in place), the reference's or the candidate's, are refused
+   (ChangingModelError, naming the model and the first tensor that changed), and nothing is stored. The forward is
+   stopped right after that tensor (`record(stop=True)`): the rest of the model is not run again, nor recorded (the
+   model's outputs are left out, as a note on the run says). A change after that tensor cannot change the answer,
+   which lies before it, and is not checked; the answer says up to which tensor each model was checked. The full
+   values are compared here element by element (max |diff| and where, how many elements outside the tolerance), as
+   the session will.
 3. Only then is everything stored, into one session: runs "reference" and "candidate" (the summaries, as
    `capture(values="summary")` would have stored them), "reference (full)" and "candidate (full)". "candidate
    (full)" is compared against "reference (full)" (`runs.compared_against_id`): its pairs are compared element by
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
@@ -206,22 +208,29 @@ def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], unt
 
 def _full_stats(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], tolerance: Tolerance) -> ElementStats:
     """Element by element, as torch.testing compares: equal values (infinities of one sign included) and NaN against
-    NaN agree; complex values by the magnitude of their difference; an empty tensor has nothing outside."""
+    NaN agree; complex values by the magnitude of their difference; an empty tensor has nothing outside. In float64
+    (complex128), on the host, one thread; two tensors of one dtype that are equal throughout (`torch.equal`: the
+    pairs before the divergence) are not widened at all: every difference is 0."""
+    shape = tuple(a.shape)
+    if not a.numel():
+        return ElementStats(names[0], names[1], shape, 0.0, (), 0, 0, True)
+    if a.dtype == b.dtype and torch.equal(a, b):  # NaN is never equal: a tensor holding one takes the long way
+        return ElementStats(names[0], names[1], shape, 0.0, (0,) * len(shape), 0, a.numel(), True)
     wide = torch.complex128 if a.is_complex() or b.is_complex() else torch.float64
-    x, y = a.detach().to(wide), b.detach().to(wide)
-    agree = (x == y) | (torch.isnan(x) & torch.isnan(y))
-    diff = torch.where(agree, torch.zeros((), dtype=torch.float64, device=x.device), (y - x).abs())
-    bound = torch.from_numpy(tolerance.bound(x.abs().reshape(-1).cpu().numpy())).reshape(x.shape).to(x.device)
-    bad = torch.isnan(diff) | (diff > bound)
-    flat = torch.where(torch.isnan(diff), torch.full_like(diff, float("inf")), diff).reshape(-1)
-    if not flat.numel():
-        return ElementStats(names[0], names[1], tuple(x.shape), 0.0, (), 0, 0, True)
-    index = int(flat.argmax().item())
-    argmax = tuple(int(i) for i in torch.unravel_index(torch.tensor(index), x.shape)) if x.dim() else ()
-    mismatched = int(bad.sum().item())
-    return ElementStats(
-        names[0], names[1], tuple(x.shape), float(flat[index].item()), argmax, mismatched, x.numel(), mismatched == 0
-    )
+    x = a.detach().to("cpu", wide).numpy().reshape(-1)
+    y = b.detach().to("cpu", wide).numpy().reshape(-1)
+    with np.errstate(invalid="ignore"):  # an infinity less itself, or times rtol 0: NaN, handled here
+        diff = np.abs(y - x)  # float64; NaN where either is NaN, or both are the same infinity
+        nan = np.isnan(diff)
+        if nan.any():
+            diff[(x == y) | (np.isnan(x) & np.isnan(y))] = 0.0  # agree: no difference
+            nan = np.isnan(diff)
+        bad = diff > tolerance.bound(np.abs(x))
+    mismatched = int(np.count_nonzero(bad)) + int(np.count_nonzero(nan))
+    diff[nan] = np.inf  # a NaN against a number is the largest difference
+    index = int(diff.argmax())
+    argmax = tuple(int(i) for i in np.unravel_index(index, shape)) if shape else ()
+    return ElementStats(names[0], names[1], shape, float(diff[index]), argmax, mismatched, a.numel(), mismatched == 0)
 
 
 def find_divergence(
@@ -328,7 +337,14 @@ def _find(
         last = _last_wanted(summaries, snippet.modules, type(model).__name__)
         until = _later(list(summaries), last, divergent)
         with record(
-            model, level=level, values="full", modules=list(snippet.modules), last=last, hashes=True, hash_until=until
+            model,
+            level=level,
+            values="full",
+            modules=list(snippet.modules),
+            last=last,
+            hashes=True,
+            hash_until=until,
+            stop=True,
         ) as full:
             call(model)
         _check_repeatable(summaries, full.hashes, until, what)

@@ -125,6 +125,12 @@ def write_safetensors(path: Path, tensor: torch.Tensor, chunk_bytes: int = WRITE
             f.write(torch_to_storage(flat[start : start + step]).data)  # to the host, raw bits
 
 
+class _Stop(BaseException):
+    """Raised out of a forward by `record(stop=True)`'s hooks once everything wanted is recorded, and caught by
+    `record` as its block ends. Not an Exception: a model's own `except Exception` does not swallow it, and torch
+    runs no `always_call` hook for it."""
+
+
 @dataclass
 class _Scope:
     """A module being called: its call's name, whether its ops are recorded, how often each op was called in it."""
@@ -174,6 +180,17 @@ class _Recorder:
         self.last: str | None = None  # the last tensor wanted (values="full", or hash-only); none after it is recorded
         self.stopped = False
         self.left_out = 0  # tensors after `last`
+        # `record(stop=True)`: whether everything wanted is recorded, so that the forward may stop (`_Stop`), and
+        # whether it was stopped
+        self.done: Callable[[], bool] | None = None
+        self.halted = False
+
+    def halt_if_done(self) -> None:
+        """Stop the forward (raise `_Stop` out of it) where everything wanted is recorded: called as any hook of
+        the model fires, or an op is recorded, before it does anything, so the hooks that recorded the last tensor
+        wanted have all finished."""
+        if self.done is not None and self.done():
+            raise _Stop
 
     def wanted(self, path: str) -> bool:
         if not self.patterns:
@@ -206,6 +223,7 @@ class _Recorder:
     def record_op(self, op: str, source: str | None, output: Any) -> None:
         """An op the forward called (`ops.OpMode`): a node of the innermost module's call, if that module's ops are
         recorded and the op returned tensors."""
+        self.halt_if_done()
         if not self.recording() or not _holds_tensor(output):
             return
         scope = self.scopes[-1]  # recorded, so also the innermost node of the tree: self.stack[-1]
@@ -425,6 +443,7 @@ def _hook(
             wanted: bool = wanted,
             runs_compiled: bool = runs_compiled,
         ) -> None:
+            recorder.halt_if_done()
             recorder.busy = True
             try:
                 call = recorder.enter(path, args, kwargs) if node else path
@@ -439,6 +458,7 @@ def _hook(
         def post(
             _: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, node: bool = node
         ) -> None:
+            recorder.halt_if_done()
             recorder.busy = True
             try:
                 if level == "op":
@@ -729,9 +749,14 @@ def _ended(recorder: _Recorder, level: Level) -> None:
     if level == "op":
         _note_compiled(recorder)
     recorder.settle()
-    if recorder.left_out:
+    asked = f"modules {', '.join(recorder.patterns)}" if recorder.patterns else "every module"
+    if recorder.halted:
+        recorder.notes.append(
+            f"recorded {asked} only, up to {recorder.last}, the last tensor of theirs: the forward was stopped "
+            "after it, so nothing after it (the model's outputs among them) was recorded"
+        )
+    elif recorder.left_out:
         many = recorder.left_out != 1
-        asked = f"modules {', '.join(recorder.patterns)}" if recorder.patterns else "every module"
         recorder.notes.append(
             f"recorded {asked} only, up to {recorder.last}, the last tensor of theirs: "
             f"{recorder.left_out} tensor{'s' if many else ''} after it (the model's outputs among them) "
@@ -878,6 +903,7 @@ def record(
     last: str | None = None,
     hashes: bool = False,
     hash_until: str | None = None,
+    stop: bool = False,
 ) -> Iterator[HeldRun]:
     """Record `model`'s forward passes inside the block as `capture` with the same `level`, `values` and `modules`
     would, storing nothing: the run is held in memory (with values="full", a copy of each tensor) until
@@ -885,7 +911,11 @@ def record(
     are left out, listed in `skipped` and said in a note on the run. With `hashes`, every tensor a capture of every
     module (and, at level "op", of every op) would record, up to `hash_until` (where None, to the end), is hashed as
     its summary's content hash is (`sketches.fold64_sketch`), into `HeldRun.hashes`, in the same pass: to check that
-    a model gives the same tensors on another call. Nothing is held when the block raises."""
+    a model gives the same tensors on another call. With `stop` (and `last`, and with `hashes` `hash_until`, given),
+    the forward itself is stopped once the last tensor wanted is recorded and hashed: an exception of this module's
+    own is raised out of the model's call by the next hook or op, and caught as the block ends, so nothing in the
+    block after that call runs (and the call returns nothing); a note on the run says so. Nothing is held when the
+    block raises."""
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
     if values not in VALUES:
@@ -905,6 +935,14 @@ def record(
         # the compiled kernel sums the hash with the statistics)
         checker = _Recorder(Path(), root_name, [], None, CaptureResult("", ""), hashes={})
         checker.last = hash_until
+    if stop and last is not None and (checker is None or hash_until is not None):
+
+        def done() -> bool:
+            return recorder.stopped and (checker is None or checker.stopped)
+
+        recorder.done = done
+        if checker is not None:
+            checker.done = done
     watching = ExitStack()
     handles = _hook(model, recorder, level, compiled=compiled)
     try:
@@ -913,7 +951,10 @@ def record(
         if level == "op":
             watching.enter_context(OpMode(recorder if checker is None else _Both(recorder, checker)))
         run = HeldRun(recorder, result, held)
-        yield run
+        try:
+            yield run
+        except _Stop:  # everything wanted recorded: the rest of the forward was not run
+            recorder.halted = True
         watching.close()
         for handle in handles:
             handle.remove()
