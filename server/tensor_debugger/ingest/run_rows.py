@@ -23,15 +23,21 @@ def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTe
     shape = list(traced.shape or ())
     stats: dict[str, float | None] = dict(traced.stats)
     sketch = None
+    stored_sketch: dict[str, Any] | None = None
     if traced.sketch is not None:
         try:
             sketch = Sketch.from_json(traced.sketch)
         except (KeyError, TypeError, ValueError) as exc:
             raise FileProblem(run_trace.label, f"{traced.name}: a malformed summary ({exc})") from exc
         stats = {"min": sketch.min, "max": sketch.max, "mean": sketch.mean, "std": sketch.std}
-    layer = parse_layer_stage(PurePosixPath(traced.module_path), ())[0]
+        packed = traced.sketch.get("sample_f64")  # already packed (and read back whole just now): kept as it is
+        stored_sketch = (
+            {**sketch.head_json(), "sample_f64": packed} if isinstance(packed, str) else sketch.to_json(compact=True)
+        )
     if traced.op is not None:
         layer = module_layer(traced.module_path)
+    else:
+        layer = parse_layer_stage(PurePosixPath(traced.module_path), ())[0]
     return dict(
         run_id=run_id,
         position=position,
@@ -56,7 +62,7 @@ def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTe
         place=traced.place,
         source=traced.source,
         has_values=False,
-        sketch=sketch.to_json(compact=True) if sketch else None,  # as a stored tensor's row keeps it
+        sketch=stored_sketch,  # compact, as a stored tensor's row keeps it
     )
 
 

@@ -180,9 +180,15 @@ def read_trace(json_path: Path, label: str, files: Collection[str]) -> Trace:
             tree = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FileProblem(label, f"not a valid trace JSON: {exc}") from exc
+    return trace_of(tree, json_path.name, label, files)
+
+
+def trace_of(tree: Any, json_name: str, label: str, files: Collection[str]) -> Trace:
+    """The trace a trace JSON named `json_name` describes, from its content `tree` (as `json.load` reads it, or a
+    capture's tree in memory, before or in place of writing it), in a folder holding `files`."""
     if not isinstance(tree, dict) or not isinstance(tree.get("module_path"), str):
         raise NotATensor(label, "not a model_addition_debugger_context trace: no root 'module_path'")
-    model_class = json_path.name.split("_debug_tree_")[0]
+    model_class = json_name.split("_debug_tree_")[0]
     safetensors = {f for f in files if f.endswith(".safetensors")}
     if tree.get("complete") is not True:  # a capture's tree names every call; a selection of layers is not pruned
         _restore_pruned_layers(tree, safetensors)

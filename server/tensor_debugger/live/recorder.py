@@ -306,13 +306,18 @@ class _Recorder:
             self.result.summaries[name] = summary
         self.pending.clear()
 
-    def write_tree(self) -> Path:
-        path = self.folder / f"{self.root_name}{FULL_SUFFIX}"
+    def tree(self) -> tuple[str, dict[str, Any]]:
+        """The trace JSON's file name and content (ingest/traces.py reads it)."""
         root = {**(self.root or {"module_path": self.root_name}), "complete": True}  # no layer pruned: traces.py
         if self.notes:
             root["notes"] = self.notes
         if self.patterns or self.last is not None:  # what was asked for: the rest of the model was not recorded
             root["scope"] = {"modules": list(self.patterns), "last": self.last}
+        return f"{self.root_name}{FULL_SUFFIX}", root
+
+    def write_tree(self) -> Path:
+        name, root = self.tree()
+        path = self.folder / name
         path.write_text(json.dumps(root), encoding="utf-8")  # no indent: json's C encoder writes it
         return path
 
@@ -538,21 +543,25 @@ class _LocalRun:
         )
         self.finished = False
 
-    def finish(self, tree: Path, files: list[str], result: CaptureResult, pair: bool = True) -> None:
+    def finish(
+        self, tree: tuple[str, dict[str, Any]], folder: Path, files: list[str], result: CaptureResult, pair: bool = True
+    ) -> None:
         """Make the run ready: its tensors in call order, named, placed and given the module tree as ingest does
-        for the same trace folder; with `pair`, pair the session's runs again."""
+        for the same trace folder (`tree`: its JSON's name and content, read as ingest reads the file, which a
+        local run need not write); with `pair`, pair the session's runs again."""
         from tensor_debugger.ingest.inputs import RunTrace, TensorFileEntry
-        from tensor_debugger.ingest.traces import read_trace
+        from tensor_debugger.ingest.traces import trace_of
 
         label = self.pending.run_label
-        json_label = f"{label}/{tree.name}"
-        trace = read_trace(tree, json_label, [*files, tree.name])
+        name, content = tree
+        json_label = f"{label}/{name}"
+        trace = trace_of(content, name, json_label, [*files, name])
         index = {file: i for i, file in enumerate(files)}
         key_path: tuple[str, ...] = ("data",)
         stored = [
             (
                 TensorFileEntry(
-                    tree.parent / t.file,
+                    folder / t.file,
                     t.relpath(t.file),
                     f"{label}/{t.file}",
                     False,
@@ -783,15 +792,16 @@ def _send(
     rank 0 for the ranks, or uploaded to the server, compared against the session's run labelled `against` where
     given); its ids into `result`."""
     folder, local, ranks, shared = place
-    tree = recorder.write_tree()
     result.tensors, result.skipped = recorder.count, recorder.skipped
+    if local is not None:  # the trace JSON read from memory, not written: nothing else reads its file
+        local.finish(recorder.tree(), folder, recorder.files, result, pair)
+        return
+    recorder.write_tree()
     if ranks is not None and shared is not None:
         result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
         result.session_id, result.run_id = send_from_rank0(
             ranks, shared, session, run, data_dir, server, token, against
         )
-    elif local is not None:
-        local.finish(tree, recorder.files, result, pair)
     else:
         assert server is not None
         from tensor_debugger.live.upload import upload_run

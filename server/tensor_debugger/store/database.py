@@ -112,7 +112,7 @@ def create_at_head(connection: Connection, head: str) -> None:
     transaction: what `alembic upgrade head` leaves (the alembic_version table as Alembic makes it)."""
     from tensor_debugger.store.models import Base
 
-    Base.metadata.create_all(connection)
+    Base.metadata.create_all(connection, checkfirst=False)  # empty: no table to ask about first
     stamp = MetaData()
     versions = Table(
         "alembic_version",
