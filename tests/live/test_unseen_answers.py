@@ -4,8 +4,10 @@ models, round 3"): each test holds one answer that was wrong or claimed too much
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import torch
+import torch.nn.functional as F  # noqa: N812 (the name models use)
 from tensor_debugger import find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
@@ -80,3 +82,65 @@ def test_ops_whose_call_indices_fall_out_of_step_are_not_the_divergence_the_firs
     # the reference's reshapes, out of step with the port's, are its own ops there, not a pair
     assert "GroupedAttention/reshape#1_outputs" in dict(first.reference_only_before)
     assert f"GroupedAttention/repeat#1_outputs ({line_of('port repeat_kv')})" in repr(found)
+
+
+class Norm(nn.Module):
+    """A projection, a layer norm (by F.layer_norm, or written out by hand: the same maths, other roundings), a
+    projection."""
+
+    def __init__(self, by_hand: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj, self.norm, self.out = nn.Linear(DIM, DIM), nn.LayerNorm(DIM), nn.Linear(DIM, DIM)
+        self.by_hand = by_hand
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        if self.by_hand:
+            mean = h.mean(-1, keepdim=True)
+            var = ((h - mean) ** 2).mean(-1, keepdim=True)
+            h = (h - mean) / torch.sqrt(var + self.norm.eps) * self.norm.weight + self.norm.bias
+        else:
+            h = F.layer_norm(h, (DIM,), self.norm.weight, self.norm.bias, self.norm.eps)
+        out: torch.Tensor = self.out(h)
+        return out
+
+
+def test_precision_drift_alone_is_no_divergence_and_the_answer_says_what_differs_and_what_was_not_compared(
+    settings: Settings,
+) -> None:
+    """A layer norm written by hand against F.layer_norm: no divergence, no culprit; but the values do differ (within
+    tolerance), and the hand-written norm's ten ops and F.layer_norm pair with nothing: "no difference found" said
+    neither."""
+    x = torch.randn(4, 9, DIM, generator=torch.Generator().manual_seed(1)) * 3
+    found = find_divergence(Norm(False).eval(), Norm(True).eval(), (x,), session="norm", data_dir=settings.data_dir)
+    assert found.first is None and found.culprits == []
+    assert found.changed is not None and found.changed[0] == "Norm.out_inputs_args_0"
+    assert found.unpaired == (1, 10)
+    text = repr(found)
+    assert text.startswith(
+        f"From summaries: no divergence found in {found.compared} pairs of summaries, but values differ within "
+        "tolerance from Norm.out_inputs_args_0 on"
+    )
+    assert "1 tensor of the reference and 10 of the candidate paired with none of the other's and were not" in text
+    assert "no difference found" not in text
+
+
+def test_a_compiled_candidate_pairs_by_its_models_names_and_the_answer_says_its_ops_were_not_seen(
+    settings: Settings,
+) -> None:
+    """`torch.compile(model)` is an OptimizedModule: its tensors, named by the model it wraps, paired with none of
+    the reference's, and a bias bug was answered "no difference found in 0 pairs"."""
+    reference, port = Norm(False).eval(), Norm(False).eval()
+    with torch.no_grad():
+        port.out.bias.add_(0.1)
+    compiled = cast(nn.Module, torch.compile(port, backend="eager"))
+    x = torch.randn(4, 9, DIM, generator=torch.Generator().manual_seed(1))
+    found = find_divergence(reference, compiled, (x,), session="compiled", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference == "Norm.out_outputs", found.first.reference
+    assert found.culprits == ["Norm.out"]
+    assert found.notes == (
+        "the candidate: Norm ran compiled (torch.compile): its ops are not visible to op capture (its modules' "
+        "inputs and outputs are recorded; capture the model uncompiled to see its ops)",
+    )
+    assert "What the captures could not see: the candidate: Norm ran compiled" in repr(found)

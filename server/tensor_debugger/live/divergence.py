@@ -37,7 +37,7 @@ import torch
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
-from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, pair_session, record
+from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 
 _LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
@@ -99,14 +99,18 @@ class Divergence:
     # the last tensor of the reference's and of the candidate's up to which a second call gave the same values
     # (content hashes of every tensor up to it); None where no model was called twice (no divergence found)
     repeatable_until: tuple[str, str] | None = None
+    # the reference's and the candidate's tensors that paired with none of the other's, so were not compared
+    unpaired: tuple[int, int] = (0, 0)
+    # where no divergence was found: the first pair whose values differ at all (within tolerance), and its line
+    changed: tuple[str, str] | None = None
+    # what the summary captures could not see (a compiled region's ops), each "the reference: ..." or "the
+    # candidate: ..."
+    notes: tuple[str, ...] = ()
 
     def words(self) -> str:
+        seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
         if self.first is None:
-            return (
-                f"From summaries: no difference found in {self.compared} pairs of summaries (hashes, norms, means "
-                "and sampled elements; not every element was compared). Each model was called once (whether it "
-                f"gives the same values on every call was not checked). Session {self.session!r}: {self.location}."
-            )
+            return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
         f = self.first
         where = ""
         if f.reference_source or f.candidate_source:
@@ -144,8 +148,32 @@ class Divergence:
                 f" Called again, each model gave the same values up to {a} (reference) and {b} (candidate) (the "
                 "content hash of every tensor up to there compared; what comes after cannot change this answer)."
             )
-        text += f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
+        text += seen + f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
         return text
+
+    def _none_found(self) -> str:
+        """The answer where no pair of summaries failed, claiming no more than the pairs compared."""
+        a, b = self.unpaired
+        left = (
+            f" {a} tensor{'s' if a != 1 else ''} of the reference and {b} of the candidate paired with none of the "
+            "other's and were not compared."
+            if a or b
+            else ""
+        )
+        if not self.compared:
+            return f"Nothing was compared: no tensor of the reference pairs with one of the candidate.{left}"
+        if self.changed is not None:
+            name, at = self.changed
+            found = (
+                f"From summaries: no divergence found in {self.compared} pairs of summaries, but values differ "
+                f"within tolerance from {name}{f' ({at})' if at else ''} on"
+            )
+        else:
+            found = f"From summaries: no difference found in {self.compared} pairs of summaries"
+        return (
+            f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
+            "model was called once (whether it gives the same values on every call was not checked)."
+        )
 
     def __repr__(self) -> str:
         return self.words()
@@ -170,6 +198,12 @@ def _caller(inputs: Any) -> Callable[[torch.nn.Module], Any]:
             return model(inputs)
 
     return call
+
+
+def _root_name(model: torch.nn.Module) -> str:
+    """The class name a capture gives a model's tensors: that of the model `torch.compile(model)` wraps, where it
+    does (not `OptimizedModule`, whose tensors would then pair with nothing)."""
+    return type(compiled_modules(model)[0]).__name__
 
 
 def _key(name: str, root: str) -> str:
@@ -275,7 +309,7 @@ def _find(
     stored: list[CaptureResult],
 ) -> Divergence:
     """`find_divergence`'s passes; each run stored is appended to `stored`."""
-    root_a, root_b = type(reference).__name__, type(candidate).__name__
+    root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
         call(reference)
@@ -314,10 +348,19 @@ def _find(
         if not verdict.passed and first is None:
             first = (name, other, verdict)
     runs = ("reference", "candidate")
+    paired = {_key(n, root_a) for n in order}.intersection(theirs)
+    unpaired = (len(order) - len(paired), len(cand.summaries) - len(paired))
+    notes = tuple(
+        f"the {what}: {note}"
+        for what, held in (("reference", ref_run), ("candidate", cand_run))
+        for note in held.recorder.notes
+    )
     if first is None:  # nothing to look at more closely: no model is called again
         for held, label in ((ref_run, "reference"), (cand_run, "candidate")):
             stored.append(held.store(session, label, **where))
-        return Divergence(session, _location(stored[0], server, data_dir), None, [], compared, (), None, runs)
+        location = _location(stored[0], server, data_dir)
+        within = (changed, ref.sources.get(changed) or "") if changed is not None else None
+        return Divergence(session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes)
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
     # theirs (or the first divergence, where later), which must be the first pass's
@@ -331,7 +374,7 @@ def _find(
         (reference, "the reference", ref.summaries, name),
         (candidate, "the candidate", cand.summaries, other),
     ):
-        last = _last_wanted(summaries, snippet.modules, type(model).__name__)
+        last = _last_wanted(summaries, snippet.modules, _root_name(model))
         until = _later(list(summaries), last, divergent)
         with record(
             model, level=level, values="full", modules=list(snippet.modules), last=last, hashes=True, hash_until=until
@@ -368,7 +411,7 @@ def _find(
         if not stats.passed:
             failing.append(stats)
     culprits = _culprits(order, kept["a"], failing, root_a)
-    ours = {_key(n, root_a) for n in order}.intersection(theirs)  # the keys paired
+    ours = paired
     found = FirstDivergence(
         name,
         other,
@@ -393,6 +436,9 @@ def _find(
         (*runs, "reference (full)", "candidate (full)"),
         failing,
         (checked[0], checked[1]),
+        unpaired,
+        None,
+        notes,
     )
 
 
