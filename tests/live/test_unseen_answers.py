@@ -8,8 +8,11 @@ from typing import cast
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (the name models use)
+from sqlalchemy import select
 from tensor_debugger import find_divergence
+from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import RunRecord, SessionRecord
 from torch import nn
 
 HERE = Path(__file__)
@@ -144,3 +147,41 @@ def test_a_compiled_candidate_pairs_by_its_models_names_and_the_answer_says_its_
         "inputs and outputs are recorded; capture the model uncompiled to see its ops)",
     )
     assert "What the captures could not see: the candidate: Norm ran compiled" in repr(found)
+
+
+class Keyword(nn.Module):
+    """A model called with keyword arguments only, an int mask among them."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        self.attn = GroupedAttention(port)
+
+    def forward(self, *, hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.attn(hidden) * keep[..., None]
+        return out
+
+
+def test_the_next_capture_runs_as_printed_for_one_tensor_and_for_keyword_inputs_into_the_same_session(
+    settings: Settings,
+) -> None:
+    """The snippet called `reference(*inputs)` whatever the inputs were (a dict's keys as arguments, one tensor
+    split along its first dimension), stored its runs under the labels find_divergence had just used (a
+    ConflictError), and into the default data dir, not the session's."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    for session, reference, candidate, inputs in (
+        ("one tensor", GroupedAttention(False).eval(), GroupedAttention(True).eval(), x),
+        ("keywords", Keyword(False).eval(), Keyword(True).eval(), {"hidden": x, "keep": keep}),
+    ):
+        found = find_divergence(reference, candidate, inputs, session=session, data_dir=settings.data_dir)
+        assert found.next_capture is not None
+        exec(found.next_capture, {"reference": reference, "candidate": candidate, "inputs": inputs})
+        services = open_services(settings)
+        try:
+            with services.sessions() as db:
+                labels = db.scalars(
+                    select(RunRecord.label).join(SessionRecord).where(SessionRecord.name == session)
+                ).all()
+        finally:
+            services.close()
+        assert sorted(labels) == sorted([*found.runs, "reference (full, again)", "candidate (full, again)"])

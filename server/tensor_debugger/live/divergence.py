@@ -206,6 +206,13 @@ def _root_name(model: torch.nn.Module) -> str:
     return type(compiled_modules(model)[0]).__name__
 
 
+def _arguments(inputs: Any) -> str:
+    """How `_caller(inputs)` calls a model, as the next capture's snippet writes it."""
+    if isinstance(inputs, Mapping):
+        return "**inputs"
+    return "*inputs" if isinstance(inputs, tuple | list) else "inputs"
+
+
 def _key(name: str, root: str) -> str:
     """A tensor's name without the model's class name, which differs between a model and its port."""
     return name[len(root) :] if name.startswith(root) else name
@@ -289,7 +296,9 @@ def find_divergence(
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
     stored: list[CaptureResult] = []
     try:
-        return _find(reference, candidate, call, session, server, data_dir, where, level, rtol, atol, stored)
+        return _find(
+            reference, candidate, call, session, server, data_dir, where, level, rtol, atol, stored, _arguments(inputs)
+        )
     finally:
         if server is None and stored and stored[0].session_id is not None:
             pair_session(stored[0].session_id, data_dir)
@@ -307,8 +316,10 @@ def _find(
     rtol: float | None,
     atol: float | None,
     stored: list[CaptureResult],
+    arguments: str = "*inputs",
 ) -> Divergence:
-    """`find_divergence`'s passes; each run stored is appended to `stored`."""
+    """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
+    snippet calls each model on `inputs`."""
     root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
@@ -367,7 +378,15 @@ def _find(
     name, other, verdict = first
     module = module_of(name)
     before = _module_before(order, order.index(name), module)
-    snippet = next_capture(session, [module, *([before] if before else [])])
+    snippet = next_capture(
+        session,
+        [module, *([before] if before else [])],
+        arguments=arguments,
+        # the second pass's runs are stored under "reference (full)" and "candidate (full)": run again, the snippet
+        # adds two more to the session, into the same place
+        runs=("reference (full, again)", "candidate (full, again)"),
+        where=f", server={server!r}" if server is not None else f", data_dir={str(data_dir)!r}" if data_dir else "",
+    )
     full_runs: list[HeldRun] = []
     checked: list[str] = []
     for model, what, summaries, divergent in (
