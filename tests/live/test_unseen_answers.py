@@ -9,11 +9,13 @@ from typing import cast
 import torch
 import torch.nn.functional as F  # noqa: N812 (the name models use)
 from sqlalchemy import select
-from tensor_debugger import find_divergence
+from tensor_debugger import capture, find_divergence
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord, SessionRecord
 from torch import nn
+
+from tests.live.test_op_capture import compared
 
 HERE = Path(__file__)
 DIM, HEADS, KV_HEADS = 16, 4, 2
@@ -185,3 +187,17 @@ def test_the_next_capture_runs_as_printed_for_one_tensor_and_for_keyword_inputs_
         finally:
             services.close()
         assert sorted(labels) == sorted([*found.runs, "reference (full, again)", "candidate (full, again)"])
+
+
+def test_the_sessions_first_divergence_passes_over_ops_out_of_step_too(settings: Settings) -> None:
+    """The same two attentions captured by hand, summaries only: the session's first divergence (CLI, JSON, pages)
+    was the reshapes out of step, "shapes differ"; it is the keys' transpose, with both lines."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    for model, run in ((GroupedAttention(False).eval(), "reference"), (GroupedAttention(True).eval(), "candidate")):
+        with torch.no_grad(), capture(model, "by hand", run, data_dir=settings.data_dir, level="op", values="summary"):
+            model(x)
+    report, _ = compared(settings, 1)
+    first = report.first_divergence
+    assert first is not None and first.name == "GroupedAttention/transpose#4_outputs", first
+    assert (first.reference_source, first.candidate_source) == (line_of("reference scores"), line_of("port scores"))
+    assert first.summary_reason is not None and "shapes differ" not in first.summary_reason

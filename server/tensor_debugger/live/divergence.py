@@ -341,7 +341,8 @@ def _find(
     # op giving other values: each is left unpaired, as an op of one side alone, and the comparison goes on
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
-        if other is not None and "/" in name and ref.summaries[name].shape != cand.summaries[other].shape:
+        op = "/" in name and "#" in name.rpartition("/")[2]  # an op's output: "…/mul#1_outputs"
+        if other is not None and op and ref.summaries[name].shape != cand.summaries[other].shape:
             del theirs[_key(name, root_a)]
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')

@@ -543,8 +543,9 @@ def _first_divergence_of(
     db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
 ) -> FirstDivergence | None:
     """The first divergence among one candidate's pairs `mine` (in execution order), with the candidate's tensors
-    without partner just before it."""
-    at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL), None)
+    without partner just before it. Two ops paired by name and call index whose shapes differ are the two
+    implementations' ops out of step (one calls `reshape` more often), not a divergence: they are passed over."""
+    at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL and not _out_of_step(i)), None)
     if at is None:
         return None
     found = first_divergence(mine[at], missing)
@@ -556,6 +557,12 @@ def _first_divergence_of(
     return replace(
         found, candidate_only_before=extra, first_changed=f"{changed.name}{where}" if changed is not None else None
     )
+
+
+def _out_of_step(pair: PairReport) -> bool:
+    """Whether a pair is of two captured ops' outputs whose shapes differ."""
+    path = pair.module_path or ""
+    return "/" in path and "#" in path.rpartition("/")[2] and pair.a.shape != pair.b.shape
 
 
 def _changed(pair: PairReport) -> bool:
