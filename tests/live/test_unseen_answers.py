@@ -201,3 +201,37 @@ def test_the_sessions_first_divergence_passes_over_ops_out_of_step_too(settings:
     assert first is not None and first.name == "GroupedAttention/transpose#4_outputs", first
     assert (first.reference_source, first.candidate_source) == (line_of("reference scores"), line_of("port scores"))
     assert first.summary_reason is not None and "shapes differ" not in first.summary_reason
+
+
+class Pick(nn.Module):
+    """Rows picked by an index tensor, and a count of a bool mask's kept entries, returned as a tuple; the port
+    counts one less."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(DIM, DIM)
+        self.port = port
+
+    def forward(self, *, x: torch.Tensor, rows: torch.Tensor, keep: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        picked = self.proj(x)[rows]
+        count = keep.sum(-1)
+        if self.port:
+            count = count - 1  # port count
+        return picked, count, keep
+
+
+def test_the_op_that_made_a_tuples_wrong_output_is_named_past_the_outputs_returned_with_it(settings: Settings) -> None:
+    """The second output (an int64 count) diverges; the first output, paired and equal, was recorded as the call
+    returned, between the port's extra op and it: the answer named no op before it."""
+    inputs = {
+        "x": torch.randn(4, DIM, generator=torch.Generator().manual_seed(1)),
+        "rows": torch.tensor([2, 0, 3]),
+        "keep": torch.tensor([[True, False, True], [False, False, True]]),
+    }
+    found = find_divergence(Pick(False).eval(), Pick(True).eval(), inputs, session="pick", data_dir=settings.data_dir)
+    first = found.first
+    assert first is not None and first.reference == "Pick_outputs_1", first.reference
+    assert "outside rtol 0, atol 0" in first.summary.reason  # an integer tensor is held to equality
+    assert first.candidate_only_before == (("Pick/sub#1_outputs", line_of("port count")),)
+    assert f"the candidate recorded Pick/sub#1_outputs ({line_of('port count')})" in repr(found)

@@ -40,6 +40,7 @@ from tensor_debugger.ingest.fold64 import dtype_name
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 
 _LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
+_OUTPUTS = re.compile(r"_outputs(?:_.+)?$")  # a module call's outputs: "Net.head_outputs", "Net_outputs_1"
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
 
 
@@ -473,9 +474,14 @@ def _one_sided_before(
     order: Sequence[str], name: str, paired: Callable[[str], bool], sources: Mapping[str, str]
 ) -> tuple[tuple[str, str], ...]:
     """The tensors of one side's `order` that have no partner (`paired` False), between the last paired one before
-    `name` and `name`, in order, each with its source line ("" where none)."""
+    `name` and `name`, in order, each with its source line ("" where none). Where `name` is one of a module call's
+    outputs, its other outputs before it (recorded as the call returned, after everything it computed) are passed
+    over: the op that made `name` is nearer than them in the order it ran."""
     found: list[tuple[str, str]] = []
+    outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
     for other in reversed(order[: order.index(name)]):
+        if outputs_of is not None and _OUTPUTS.search(other) and _OUTPUTS.sub("", other) == outputs_of:
+            continue
         if paired(other):
             break
         found.append((other, sources.get(other) or ""))
