@@ -235,3 +235,24 @@ def test_the_op_that_made_a_tuples_wrong_output_is_named_past_the_outputs_return
     assert "outside rtol 0, atol 0" in first.summary.reason  # an integer tensor is held to equality
     assert first.candidate_only_before == (("Pick/sub#1_outputs", line_of("port count")),)
     assert f"the candidate recorded Pick/sub#1_outputs ({line_of('port count')})" in repr(found)
+
+
+def test_a_modules_input_that_differs_first_is_laid_to_the_module_that_computed_it(settings: Settings) -> None:
+    """By module, the first divergence of the GQA port is o_proj's input, made by the attention's own code (its
+    repeat_kv): the answer said "in module ….o_proj", looked there again in full, and named no culprit."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    inputs = {"hidden": x, "keep": torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])}
+    found = find_divergence(
+        Keyword(False).eval(),
+        Keyword(True).eval(),
+        inputs,
+        session="by module",
+        data_dir=settings.data_dir,
+        level="module",
+    )
+    first = found.first
+    assert first is not None and first.reference == "Keyword.attn.o_proj_inputs_args_0", first.reference
+    assert first.module == "Keyword.attn" and first.op is None
+    assert found.full_modules[0] == "attn*"
+    assert found.culprits == ["Keyword.attn"]
+    assert "in module Keyword.attn:" in repr(found)

@@ -224,6 +224,17 @@ def module_of(name: str) -> str:
     return _PLACE.sub("", name).partition("/")[0]
 
 
+def _maker_of(name: str) -> str:
+    """The module call whose code made a first divergence: its own module's for an op's or an output's; for a
+    module's input, the module that called it (`Net.attn.o_inputs_args_0` -> `Net.attn`): every tensor before it
+    passed, so what differs was computed there, between its children (by code no op capture saw, or by ops one
+    side alone ran). The model's own inputs are its own."""
+    module = module_of(name)
+    if "/" in name or "_inputs_" not in name[len(module) :] or "." not in module:
+        return module
+    return re.sub(r"#\d+$", "", module).rpartition(".")[0]
+
+
 def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], until: str | None, what: str) -> None:
     """Raise ChangingModelError where the tensors of a model's second call (`again`: their hashes, up to `until`,
     else to the end) are not those of its first (`first`: their summaries), naming the first that changed."""
@@ -378,7 +389,7 @@ def _find(
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
     # theirs (or the first divergence, where later), which must be the first pass's
     name, other, verdict = first
-    module = module_of(name)
+    module = _maker_of(name)
     before = _module_before(order, order.index(name), module)
     snippet = next_capture(
         session,
