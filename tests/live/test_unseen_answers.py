@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import cast
 
+import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the name models use)
 from sqlalchemy import select
@@ -256,3 +257,14 @@ def test_a_modules_input_that_differs_first_is_laid_to_the_module_that_computed_
     assert found.full_modules[0] == "attn*"
     assert found.culprits == ["Keyword.attn"]
     assert "in module Keyword.attn:" in repr(found)
+
+
+def test_a_model_that_raises_on_the_inputs_is_named_in_the_error(settings: Settings) -> None:
+    """A port whose o_proj expects another width raised torch's "mat1 and mat2 shapes cannot be multiplied", which
+    named neither model nor call."""
+    candidate = GroupedAttention(True).eval()
+    candidate.o_proj = nn.Linear(DIM + 1, DIM, bias=False)
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(RuntimeError, match="mat1 and mat2") as raised:
+        find_divergence(GroupedAttention(False).eval(), candidate, x, session="raises", data_dir=settings.data_dir)
+    assert raised.value.__notes__ == ["find_divergence: raised by the candidate model, called as model(inputs)"]

@@ -186,17 +186,23 @@ class Divergence:
         return f"<p>{html.escape(self.words())}</p>"
 
 
-def _caller(inputs: Any) -> Callable[[torch.nn.Module], Any]:
+def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[torch.nn.Module], Any]:
     """How to call a model on `inputs`: a tuple or list of positional arguments, a mapping of keyword arguments,
-    or one argument."""
+    or one argument. What a model raises gets a note naming it (its role in `roles`, by id) and how it was called:
+    the model's own message ("mat1 and mat2 shapes cannot be multiplied") says neither."""
 
     def call(model: torch.nn.Module) -> Any:
         with torch.no_grad():
-            if isinstance(inputs, Mapping):
-                return model(**inputs)
-            if isinstance(inputs, tuple | list):
-                return model(*inputs)
-            return model(inputs)
+            try:
+                if isinstance(inputs, Mapping):
+                    return model(**inputs)
+                if isinstance(inputs, tuple | list):
+                    return model(*inputs)
+                return model(inputs)
+            except Exception as error:
+                what = (roles or {}).get(id(model), "a")
+                error.add_note(f"find_divergence: raised by the {what} model, called as model({_arguments(inputs)})")
+                raise
 
     return call
 
@@ -302,7 +308,7 @@ def find_divergence(
                 "calls (call .eval() first)",
                 stacklevel=2,
             )
-    call = _caller(inputs)
+    call = _caller(inputs, {id(candidate): "candidate", id(reference): "reference"})
     # capture()'s keywords; into a local data dir, the session's runs are paired once, after the last capture (each
     # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
