@@ -190,18 +190,26 @@ def test_the_next_capture_runs_as_printed_for_one_tensor_and_for_keyword_inputs_
         assert sorted(labels) == sorted([*found.runs, "reference (full, again)", "candidate (full, again)"])
 
 
-def test_the_sessions_first_divergence_passes_over_ops_out_of_step_too(settings: Settings) -> None:
-    """The same two attentions captured by hand, summaries only: the session's first divergence (CLI, JSON, pages)
-    was the reshapes out of step, "shapes differ"; it is the keys' transpose, with both lines."""
+@pytest.mark.parametrize("values", ["summary", "full"])
+def test_the_sessions_first_divergence_passes_over_ops_out_of_step_too(settings: Settings, values: str) -> None:
+    """The same two attentions captured by hand: the session's first divergence (CLI, JSON, pages) was the reshapes
+    out of step, "shapes differ"; it is the keys' transpose, with both lines, the port's repeats named before it
+    (counted from the last pair in step: the out-of-step pair's port op comes after it), and from full values
+    `where` is the two query heads whose keys are wrong (1 and 2)."""
     x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
     for model, run in ((GroupedAttention(False).eval(), "reference"), (GroupedAttention(True).eval(), "candidate")):
-        with torch.no_grad(), capture(model, "by hand", run, data_dir=settings.data_dir, level="op", values="summary"):
+        with torch.no_grad(), capture(model, "by hand", run, data_dir=settings.data_dir, level="op", values=values):
             model(x)
     report, _ = compared(settings, 1)
     first = report.first_divergence
     assert first is not None and first.name == "GroupedAttention/transpose#4_outputs", first
     assert (first.reference_source, first.candidate_source) == (line_of("reference scores"), line_of("port scores"))
-    assert first.summary_reason is not None and "shapes differ" not in first.summary_reason
+    repeats = [f"GroupedAttention/repeat#{i}_outputs ({line_of('port repeat_kv')})" for i in (1, 2)]
+    assert first.candidate_only_before == repeats
+    if values == "summary":
+        assert first.summary_reason is not None and "shapes differ" not in first.summary_reason
+    else:
+        assert first.where is not None and [(w.dim, w.ranges) for w in first.where] == [(1, [[1, 2]])]
 
 
 class Pick(nn.Module):

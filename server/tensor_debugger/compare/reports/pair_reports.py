@@ -551,7 +551,9 @@ def _first_divergence_of(
     found = first_divergence(mine[at], missing)
     if found is None:
         return None
-    extra = candidate_only_before(db, session_id, mine[at], mine[at - 1] if at else None)
+    # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence
+    previous = next((p for p in reversed(mine[:at]) if not _out_of_step(p)), None)
+    extra = candidate_only_before(db, session_id, mine[at], previous)
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
     return replace(
