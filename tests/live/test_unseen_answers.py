@@ -276,3 +276,63 @@ def test_a_model_that_raises_on_the_inputs_is_named_in_the_error(settings: Setti
     with pytest.raises(RuntimeError, match="mat1 and mat2") as raised:
         find_divergence(GroupedAttention(False).eval(), candidate, x, session="raises", data_dir=settings.data_dir)
     assert raised.value.__notes__ == ["find_divergence: raised by the candidate model, called as model(inputs)"]
+
+
+class MaskedBlock(nn.Module):
+    """Self-attention scores masked by an additive float mask (eager attention's) or a bool one (SDPA's)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.proj(x)
+        scores = h @ h.transpose(-1, -2)
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        out: torch.Tensor = scores.softmax(-1) @ h
+        return out
+
+
+class Masks(nn.Module):
+    """Blocks in a ModuleList given a mask the model builds: additive floats, or bools (`bool_mask`); `off`, the
+    port's mask shifted by one key."""
+
+    def __init__(self, bool_mask: bool, off: bool = False) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([MaskedBlock()])
+        self.bool_mask, self.off = bool_mask, off
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        if self.off:
+            keep = keep.roll(1, -1)  # port mask
+        mask = (
+            keep[:, None, :]
+            if self.bool_mask
+            else torch.zeros(keep[:, None, :].shape).masked_fill(~keep[:, None, :], -1e9)
+        )
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+def test_a_mask_passed_as_bools_against_additive_floats_is_not_a_divergence_and_a_wrong_one_is_the_models(
+    settings: Settings,
+) -> None:
+    """Eager attention's additive float mask against SDPA's bool mask, the same attention: the block's mask input
+    was the first divergence (81 of 81 elements outside rtol 0), as are the mask builders' ops out of step. A wrong
+    mask of the same kind is one, laid to the model that built it, not to its ModuleList (which no one calls)."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    found = find_divergence(
+        Masks(False).eval(), Masks(True).eval(), (x, keep), session="kinds", data_dir=settings.data_dir
+    )
+    assert found.first is None, repr(found)
+    assert found.culprits == []
+    found = find_divergence(
+        Masks(False).eval(), Masks(False, off=True).eval(), (x, keep), session="off", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None
+    assert first.module == "Masks", first
+    assert ("Masks/roll#1_outputs", line_of("port mask")) in first.candidate_only_before

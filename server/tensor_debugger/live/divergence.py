@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 
+from tensor_debugger.engine.op_alignment import out_of_step
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
@@ -230,15 +231,21 @@ def module_of(name: str) -> str:
     return _PLACE.sub("", name).partition("/")[0]
 
 
-def _maker_of(name: str) -> str:
+def _maker_of(name: str, calls: set[str]) -> str:
     """The module call whose code made a first divergence: its own module's for an op's or an output's; for a
     module's input, the module that called it (`Net.attn.o_inputs_args_0` -> `Net.attn`): every tensor before it
     passed, so what differs was computed there, between its children (by code no op capture saw, or by ops one
-    side alone ran). The model's own inputs are its own."""
+    side alone ran): the nearest ancestor among the module calls `calls` (a ModuleList is called by none). The
+    model's own inputs are its own."""
     module = module_of(name)
-    if "/" in name or "_inputs_" not in name[len(module) :] or "." not in module:
+    if "/" in name or "_inputs_" not in name[len(module) :]:
         return module
-    return re.sub(r"#\d+$", "", module).rpartition(".")[0]
+    path = re.sub(r"#\d+$", "", module)
+    while "." in path:
+        path = path.rpartition(".")[0]
+        if path in calls:
+            return path
+    return module
 
 
 def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], until: str | None, what: str) -> None:
@@ -354,13 +361,15 @@ def _find(
         return tolerance_of(a.dtype, b.dtype)
 
     theirs = {_key(name, root_b): name for name in cand.summaries}
-    # two ops of one name and call index whose shapes differ are the two sides' ops falling out of step where one
-    # implementation calls an op more often (a repeat_kv by expand and reshape against one by repeat), not the same
-    # op giving other values: each is left unpaired, as an op of one side alone, and the comparison goes on
+    # two ops of one name and call index whose shapes (or dtypes' kinds) differ are the two sides' ops falling out
+    # of step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
+    # repeat), not the same op giving other values: each is left unpaired, as an op of one side alone
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
-        op = "/" in name and "#" in name.rpartition("/")[2]  # an op's output: "…/mul#1_outputs"
-        if other is not None and op and ref.summaries[name].shape != cand.summaries[other].shape:
+        if other is None:
+            continue
+        a, b = ref.summaries[name], cand.summaries[other]
+        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)):
             del theirs[_key(name, root_a)]
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
@@ -395,7 +404,7 @@ def _find(
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
     # theirs (or the first divergence, where later), which must be the first pass's
     name, other, verdict = first
-    module = _maker_of(name)
+    module = _maker_of(name, {re.sub(r"#\d+$", "", module_of(n)) for n in order})
     before = _module_before(order, order.index(name), module)
     snippet = next_capture(
         session,

@@ -58,6 +58,7 @@ from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
+from tensor_debugger.engine.op_alignment import out_of_step
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.models import (
@@ -543,8 +544,9 @@ def _first_divergence_of(
     db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
 ) -> FirstDivergence | None:
     """The first divergence among one candidate's pairs `mine` (in execution order), with the candidate's tensors
-    without partner just before it. Two ops paired by name and call index whose shapes differ are the two
-    implementations' ops out of step (one calls `reshape` more often), not a divergence: they are passed over."""
+    without partner just before it. Two ops paired by name and call index whose shapes or dtypes' kinds differ are
+    the two implementations' ops out of step (one calls `reshape` more often), not a divergence:
+    they are passed over."""
     at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL and not _out_of_step(i)), None)
     if at is None:
         return None
@@ -562,9 +564,10 @@ def _first_divergence_of(
 
 
 def _out_of_step(pair: PairReport) -> bool:
-    """Whether a pair is of two captured ops' outputs whose shapes differ."""
-    path = pair.module_path or ""
-    return "/" in path and "#" in path.rpartition("/")[2] and pair.a.shape != pair.b.shape
+    """Whether a pair is of two captured ops' outputs whose calls fell out of step (`op_alignment.out_of_step`)."""
+    if pair.module_path is None:  # not a captured tensor (a dump's)
+        return False
+    return out_of_step(pair.name, (pair.a.shape, pair.b.shape), (pair.a.dtype, pair.b.dtype))
 
 
 def _changed(pair: PairReport) -> bool:
