@@ -336,3 +336,48 @@ def test_a_mask_passed_as_bools_against_additive_floats_is_not_a_divergence_and_
     assert first is not None
     assert first.module == "Masks", first
     assert ("Masks/roll#1_outputs", line_of("port mask")) in first.candidate_only_before
+
+
+class EagerAttention(nn.Module):
+    """Grouped attention by matmul and softmax over repeated keys (`sdpa`: by F.scaled_dot_product_attention with
+    enable_gqa, no repeat); the eager one also reshapes its input first, as a port's bookkeeping might."""
+
+    def __init__(self, sdpa: bool, scale: float = 1.0) -> None:
+        super().__init__()
+        self.attn = GroupedAttention(False)
+        self.sdpa, self.scale = sdpa, scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, (b, t, _) = self.attn, x.shape
+        if not self.sdpa:
+            x = x.reshape(b, t, DIM)
+        q = a.q_proj(x).view(b, t, HEADS, -1).transpose(1, 2)
+        k = a.k_proj(x).view(b, t, KV_HEADS, -1).transpose(1, 2)
+        v = a.v_proj(x).view(b, t, KV_HEADS, -1).transpose(1, 2)
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=self.scale * (DIM // HEADS) ** -0.5)
+        else:
+            k, v = repeat_kv(k, HEADS // KV_HEADS), repeat_kv(v, HEADS // KV_HEADS)
+            out = ((q @ k.transpose(-1, -2)) * (DIM // HEADS) ** -0.5).softmax(-1) @ v
+        result: torch.Tensor = a.o_proj(out.transpose(1, 2).reshape(b, t, DIM))
+        return result
+
+
+def test_an_op_one_side_calls_more_often_pairs_none_of_its_calls(settings: Settings) -> None:
+    """Eager attention against SDPA: the eager side calls reshape four times (its input, repeat_kv twice, the
+    output), SDPA once (the output); reshape#1 was the eager input's against SDPA's output, of one shape, and the
+    answer a divergence there. No call of an op called unevenly is paired: no divergence, the drift said; a wrong
+    scale in SDPA is found at o_proj's input, laid to the attention's own code."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    found = find_divergence(
+        EagerAttention(False).eval(), EagerAttention(True).eval(), (x,), session="sdpa", data_dir=settings.data_dir
+    )
+    assert found.first is None and found.culprits == [], repr(found)
+    found = find_divergence(
+        EagerAttention(False).eval(), EagerAttention(True, 1.5).eval(), (x,), session="bug", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None and first.reference == "EagerAttention.attn.o_proj_inputs_args_0", first.reference
+    assert first.module == "EagerAttention" and all(
+        not s.reference.startswith("EagerAttention/reshape") for s in found.failing_full
+    )

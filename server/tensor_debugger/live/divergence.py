@@ -208,6 +208,25 @@ def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[to
     return call
 
 
+_OP_CALL = re.compile(r"^(.*)/([^/#]+)#(\d+)_outputs$")  # "Net.attn/reshape#3_outputs": its module call, op, index
+
+
+def _op_call(name: str, root: str) -> tuple[str, str, int]:
+    """(module call without the model's class name, op, call index) of an op's tensor; ("", "", 0) for any other."""
+    found = _OP_CALL.match(_key(name, root))
+    return (found[1], found[2], int(found[3])) if found else ("", "", 0)
+
+
+def _call_counts(names: Mapping[str, Sketch], root: str) -> set[tuple[str, str, int]]:
+    """(module call, op, how many times it called the op) of every op one capture recorded."""
+    counts: dict[tuple[str, str], int] = {}
+    for name in names:
+        module, op, index = _op_call(name, root)
+        if op:
+            counts[(module, op)] = max(counts.get((module, op), 0), index)
+    return {(module, op, n) for (module, op), n in counts.items()}
+
+
 def _root_name(model: torch.nn.Module) -> str:
     """The class name a capture gives a model's tensors: that of the model `torch.compile(model)` wraps, where it
     does (not `OptimizedModule`, whose tensors would then pair with nothing)."""
@@ -364,12 +383,18 @@ def _find(
     # two ops of one name and call index whose shapes (or dtypes' kinds) differ are the two sides' ops falling out
     # of step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
     # repeat), not the same op giving other values: each is left unpaired, as an op of one side alone
+    # and an op that one module call runs more often on one side than on the other: which of its calls face each
+    # other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's reshape of one
+    # shape on both), so none of them is paired
+    uneven = _call_counts(ref.summaries, root_a) ^ _call_counts(cand.summaries, root_b)
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
         if other is None:
             continue
         a, b = ref.summaries[name], cand.summaries[other]
-        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)):
+        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)) or _op_call(name, root_a)[:2] in {
+            u[:2] for u in uneven
+        }:
             del theirs[_key(name, root_a)]
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
@@ -447,8 +472,8 @@ def _find(
     theirs_full = {_key(n, root_b): n for n in kept["b"]}
     for tensor_name, value in kept["a"].items():
         partner = theirs_full.get(_key(tensor_name, root_a))
-        if partner is None or kept["b"][partner].shape != value.shape:
-            continue
+        if partner is None or kept["b"][partner].shape != value.shape or _key(tensor_name, root_a) not in paired:
+            continue  # unpaired, or left unpaired above (ops out of step)
         # the looser of the two dtypes' tolerances, as the summaries were judged: a float32 reference against a
         # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
