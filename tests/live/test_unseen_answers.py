@@ -381,3 +381,24 @@ def test_an_op_one_side_calls_more_often_pairs_none_of_its_calls(settings: Setti
     assert first.module == "EagerAttention" and all(
         not s.reference.startswith("EagerAttention/reshape") for s in found.failing_full
     )
+
+
+@pytest.mark.parametrize("scale", [1.0, 1.5])
+def test_the_sessions_first_divergence_pairs_none_of_an_unevenly_called_ops_calls_either(
+    settings: Settings, scale: float
+) -> None:
+    """The eager and SDPA attentions captured by hand, summaries only: the session named reshape#1 (the eager
+    input's against SDPA's output) as find_divergence did; now none, or with a wrong scale, o_proj's input."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    for model, run in ((EagerAttention(False), "reference"), (EagerAttention(True, scale), "candidate")):
+        with (
+            torch.no_grad(),
+            capture(model.eval(), "eager", run, data_dir=settings.data_dir, level="op", values="summary"),
+        ):
+            model(x)
+    report, _ = compared(settings, 1)
+    first = report.first_divergence
+    if scale == 1.0:
+        assert first is None, first
+    else:
+        assert first is not None and first.name == "EagerAttention.attn.o_proj_inputs_args_0", first
