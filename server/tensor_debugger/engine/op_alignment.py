@@ -22,3 +22,24 @@ def align_ops(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int | 
         rows.extend((i, None) for i in range(a_start, a_end))
         rows.extend((None, j) for j in range(b_start, b_end))
     return rows
+
+
+def out_of_step(name: str, shapes: tuple[Sequence[int], Sequence[int]], dtypes: tuple[str, str]) -> bool:
+    """Whether two captured tensors paired by name (`name`, the reference's) are not one value computed two ways:
+    two ops' outputs whose calls of that op fell out of step (one side calls it more often: an extra `getitem` in
+    one mask builder, a `reshape` in one `repeat_kv`), their shapes or their dtypes' kinds (bool, integer, floating,
+    complex) differing; or a module's inputs of different kinds (an additive float mask against a bool one: eager
+    attention's against SDPA's). float32 against bfloat16 is one value in two precisions."""
+    kinds_differ = _kind(dtypes[0]) != _kind(dtypes[1])
+    if "/" in name and "#" in name.rpartition("/")[2]:  # an op's output: "…/mul#1_outputs", not "…/grad_input"
+        return kinds_differ or tuple(shapes[0]) != tuple(shapes[1])
+    return kinds_differ and "_inputs_" in name
+
+
+def _kind(dtype: str) -> str:
+    """A dtype's kind: "bool", "int" (uint8, int64, ...), "complex", else "float" (float32, bfloat16, float8...)."""
+    if dtype == "bool":
+        return "bool"
+    if dtype.startswith(("int", "uint")):
+        return "int"
+    return "complex" if dtype.startswith("complex") else "float"

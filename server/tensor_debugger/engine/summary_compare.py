@@ -320,15 +320,24 @@ def module_pattern(module_path: str) -> str:
     return f"{inner}*" if inner else "*"
 
 
-def next_capture(session: str, module_paths: list[str]) -> NextCapture:
+def next_capture(
+    session: str,
+    module_paths: list[str],
+    *,
+    arguments: str = "*inputs",
+    runs: tuple[str, str] = ("reference (full)", "candidate (full)"),
+    where: str = "",
+) -> NextCapture:
     """The second capture to run where a divergence was found from summaries at a tensor of the first of
-    `module_paths` (the others: modules just before it, kept for their inputs)."""
+    `module_paths` (the others: modules just before it, kept for their inputs). `arguments`: how each model is
+    called on `inputs` ("*inputs", "**inputs" for keyword arguments, "inputs" for one); `runs`: the two runs' labels;
+    `where`: more of capture()'s keywords, as Python (", data_dir='/data'")."""
     patterns = tuple(dict.fromkeys(module_pattern(m) for m in module_paths if m))
     modules = repr(patterns[0]) if len(patterns) == 1 else repr(list(patterns))
     lines = []
-    for model, run in (("reference", "reference (full)"), ("candidate", "candidate (full)")):
+    for model, run in zip(("reference", "candidate"), runs, strict=True):
         lines.append(
             f'with torch.no_grad(), capture({model}, session={session!r}, run={run!r}, values="full", level="op", '
-            f"modules={modules}):\n    {model}(*inputs)"
+            f"modules={modules}{where}):\n    {model}({arguments})"
         )
-    return NextCapture(patterns, "from tensor_debugger import capture\n\n" + "\n".join(lines))
+    return NextCapture(patterns, "import torch\nfrom tensor_debugger import capture\n\n" + "\n".join(lines))

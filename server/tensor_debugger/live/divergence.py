@@ -37,12 +37,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from tensor_debugger.engine.op_alignment import out_of_step
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
-from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, pair_session, record
+from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 
 _LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
+_OUTPUTS = re.compile(r"_outputs(?:_.+)?$")  # a module call's outputs: "Net.head_outputs", "Net_outputs_1"
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
 
 
@@ -102,14 +104,18 @@ class Divergence:
     # the last tensor of the reference's and of the candidate's up to which a second call gave the same values
     # (content hashes of every tensor up to it); None where no model was called twice (no divergence found)
     repeatable_until: tuple[str, str] | None = None
+    # the reference's and the candidate's tensors that paired with none of the other's, so were not compared
+    unpaired: tuple[int, int] = (0, 0)
+    # where no divergence was found: the first pair whose values differ at all (within tolerance), and its line
+    changed: tuple[str, str] | None = None
+    # what the summary captures could not see (a compiled region's ops), each "the reference: ..." or "the
+    # candidate: ..."
+    notes: tuple[str, ...] = ()
 
     def words(self) -> str:
+        seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
         if self.first is None:
-            return (
-                f"From summaries: no difference found in {self.compared} pairs of summaries (hashes, norms, means "
-                "and sampled elements; not every element was compared). Each model was called once (whether it "
-                f"gives the same values on every call was not checked). Session {self.session!r}: {self.location}."
-            )
+            return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
         f = self.first
         where = ""
         if f.reference_source or f.candidate_source:
@@ -147,8 +153,32 @@ class Divergence:
                 f" Called again, each model gave the same values up to {a} (reference) and {b} (candidate) (the "
                 "content hash of every tensor up to there compared; what comes after cannot change this answer)."
             )
-        text += f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
+        text += seen + f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
         return text
+
+    def _none_found(self) -> str:
+        """The answer where no pair of summaries failed, claiming no more than the pairs compared."""
+        a, b = self.unpaired
+        left = (
+            f" {a} tensor{'s' if a != 1 else ''} of the reference and {b} of the candidate paired with none of the "
+            "other's and were not compared."
+            if a or b
+            else ""
+        )
+        if not self.compared:
+            return f"Nothing was compared: no tensor of the reference pairs with one of the candidate.{left}"
+        if self.changed is not None:
+            name, at = self.changed
+            found = (
+                f"From summaries: no divergence found in {self.compared} pairs of summaries, but values differ "
+                f"within tolerance from {name}{f' ({at})' if at else ''} on"
+            )
+        else:
+            found = f"From summaries: no difference found in {self.compared} pairs of summaries"
+        return (
+            f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
+            "model was called once (whether it gives the same values on every call was not checked)."
+        )
 
     def __repr__(self) -> str:
         return self.words()
@@ -160,19 +190,57 @@ class Divergence:
         return f"<p>{html.escape(self.words())}</p>"
 
 
-def _caller(inputs: Any) -> Callable[[torch.nn.Module], Any]:
+def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[torch.nn.Module], Any]:
     """How to call a model on `inputs`: a tuple or list of positional arguments, a mapping of keyword arguments,
-    or one argument."""
+    or one argument. What a model raises gets a note naming it (its role in `roles`, by id) and how it was called:
+    the model's own message ("mat1 and mat2 shapes cannot be multiplied") says neither."""
 
     def call(model: torch.nn.Module) -> Any:
         with torch.no_grad():
-            if isinstance(inputs, Mapping):
-                return model(**inputs)
-            if isinstance(inputs, tuple | list):
-                return model(*inputs)
-            return model(inputs)
+            try:
+                if isinstance(inputs, Mapping):
+                    return model(**inputs)
+                if isinstance(inputs, tuple | list):
+                    return model(*inputs)
+                return model(inputs)
+            except Exception as error:
+                what = (roles or {}).get(id(model), "a")
+                error.add_note(f"find_divergence: raised by the {what} model, called as model({_arguments(inputs)})")
+                raise
 
     return call
+
+
+_OP_CALL = re.compile(r"^(.*)/([^/#]+)#(\d+)_outputs$")  # "Net.attn/reshape#3_outputs": its module call, op, index
+
+
+def _op_call(name: str, root: str) -> tuple[str, str, int]:
+    """(module call without the model's class name, op, call index) of an op's tensor; ("", "", 0) for any other."""
+    found = _OP_CALL.match(_key(name, root))
+    return (found[1], found[2], int(found[3])) if found else ("", "", 0)
+
+
+def _call_counts(names: Mapping[str, Sketch], root: str) -> set[tuple[str, str, int]]:
+    """(module call, op, how many times it called the op) of every op one capture recorded."""
+    counts: dict[tuple[str, str], int] = {}
+    for name in names:
+        module, op, index = _op_call(name, root)
+        if op:
+            counts[(module, op)] = max(counts.get((module, op), 0), index)
+    return {(module, op, n) for (module, op), n in counts.items()}
+
+
+def _root_name(model: torch.nn.Module) -> str:
+    """The class name a capture gives a model's tensors: that of the model `torch.compile(model)` wraps, where it
+    does (not `OptimizedModule`, whose tensors would then pair with nothing)."""
+    return type(compiled_modules(model)[0]).__name__
+
+
+def _arguments(inputs: Any) -> str:
+    """How `_caller(inputs)` calls a model, as the next capture's snippet writes it."""
+    if isinstance(inputs, Mapping):
+        return "**inputs"
+    return "*inputs" if isinstance(inputs, tuple | list) else "inputs"
 
 
 def _key(name: str, root: str) -> str:
@@ -183,6 +251,23 @@ def _key(name: str, root: str) -> str:
 def module_of(name: str) -> str:
     """The module call of a tensor's name: `Net.layers.1.self_attn/mul#1_outputs` -> `Net.layers.1.self_attn`."""
     return _PLACE.sub("", name).partition("/")[0]
+
+
+def _maker_of(name: str, calls: set[str]) -> str:
+    """The module call whose code made a first divergence: its own module's for an op's or an output's; for a
+    module's input, the module that called it (`Net.attn.o_inputs_args_0` -> `Net.attn`): every tensor before it
+    passed, so what differs was computed there, between its children (by code no op capture saw, or by ops one
+    side alone ran): the nearest ancestor among the module calls `calls` (a ModuleList is called by none). The
+    model's own inputs are its own."""
+    module = module_of(name)
+    if "/" in name or "_inputs_" not in name[len(module) :]:
+        return module
+    path = re.sub(r"#\d+$", "", module)
+    while "." in path:
+        path = path.rpartition(".")[0]
+        if path in calls:
+            return path
+    return module
 
 
 def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], until: str | None, what: str) -> None:
@@ -259,13 +344,15 @@ def find_divergence(
                 "calls (call .eval() first)",
                 stacklevel=2,
             )
-    call = _caller(inputs)
+    call = _caller(inputs, {id(candidate): "candidate", id(reference): "reference"})
     # capture()'s keywords; into a local data dir, the session's runs are paired once, after the last capture (each
     # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
     stored: list[CaptureResult] = []
     try:
-        return _find(reference, candidate, call, session, server, data_dir, where, level, rtol, atol, stored)
+        return _find(
+            reference, candidate, call, session, server, data_dir, where, level, rtol, atol, stored, _arguments(inputs)
+        )
     finally:
         if server is None and stored and stored[0].session_id is not None:
             pair_session(stored[0].session_id, data_dir)
@@ -283,9 +370,11 @@ def _find(
     rtol: float | None,
     atol: float | None,
     stored: list[CaptureResult],
+    arguments: str = "*inputs",
 ) -> Divergence:
-    """`find_divergence`'s passes; each run stored is appended to `stored`."""
-    root_a, root_b = type(reference).__name__, type(candidate).__name__
+    """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
+    snippet calls each model on `inputs`."""
+    root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
         call(reference)
@@ -301,6 +390,22 @@ def _find(
         return tolerance_of(a.dtype, b.dtype)
 
     theirs = {_key(name, root_b): name for name in cand.summaries}
+    # two ops of one name and call index whose shapes (or dtypes' kinds) differ are the two sides' ops falling out
+    # of step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
+    # repeat), not the same op giving other values: each is left unpaired, as an op of one side alone
+    # and an op that one module call runs more often on one side than on the other: which of its calls face each
+    # other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's reshape of one
+    # shape on both), so none of them is paired
+    uneven = _call_counts(ref.summaries, root_a) ^ _call_counts(cand.summaries, root_b)
+    for name in list(ref.summaries):
+        other = theirs.get(_key(name, root_a))
+        if other is None:
+            continue
+        a, b = ref.summaries[name], cand.summaries[other]
+        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)) or _op_call(name, root_a)[:2] in {
+            u[:2] for u in uneven
+        }:
+            del theirs[_key(name, root_a)]
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
     compared = 0
@@ -317,24 +422,41 @@ def _find(
         if not verdict.passed and first is None:
             first = (name, other, verdict)
     runs = ("reference", "candidate")
+    paired = {_key(n, root_a) for n in order}.intersection(theirs)
+    unpaired = (len(order) - len(paired), len(cand.summaries) - len(paired))
+    notes = tuple(
+        f"the {what}: {note}"
+        for what, held in (("reference", ref_run), ("candidate", cand_run))
+        for note in held.recorder.notes
+    )
     if first is None:  # nothing to look at more closely: no model is called again
         for held, label in ((ref_run, "reference"), (cand_run, "candidate")):
             stored.append(held.store(session, label, **where))
-        return Divergence(session, _location(stored[0], server, data_dir), None, [], compared, (), None, runs)
+        location = _location(stored[0], server, data_dir)
+        within = (changed, ref.sources.get(changed) or "") if changed is not None else None
+        return Divergence(session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes)
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
     # theirs (or the first divergence, where later), which must be the first pass's
     name, other, verdict = first
-    module = module_of(name)
+    module = _maker_of(name, {re.sub(r"#\d+$", "", module_of(n)) for n in order})
     before = _module_before(order, order.index(name), module)
-    snippet = next_capture(session, [module, *([before] if before else [])])
+    snippet = next_capture(
+        session,
+        [module, *([before] if before else [])],
+        arguments=arguments,
+        # the second pass's runs are stored under "reference (full)" and "candidate (full)": run again, the snippet
+        # adds two more to the session, into the same place
+        runs=("reference (full, again)", "candidate (full, again)"),
+        where=f", server={server!r}" if server is not None else f", data_dir={str(data_dir)!r}" if data_dir else "",
+    )
     full_runs: list[HeldRun] = []
     checked: list[str] = []
     for model, what, summaries, divergent in (
         (reference, "the reference", ref.summaries, name),
         (candidate, "the candidate", cand.summaries, other),
     ):
-        last = _last_wanted(summaries, snippet.modules, type(model).__name__)
+        last = _last_wanted(summaries, snippet.modules, _root_name(model))
         until = _later(list(summaries), last, divergent)
         with record(
             model,
@@ -368,8 +490,8 @@ def _find(
     theirs_full = {_key(n, root_b): n for n in kept["b"]}
     for tensor_name, value in kept["a"].items():
         partner = theirs_full.get(_key(tensor_name, root_a))
-        if partner is None or kept["b"][partner].shape != value.shape:
-            continue
+        if partner is None or kept["b"][partner].shape != value.shape or _key(tensor_name, root_a) not in paired:
+            continue  # unpaired, or left unpaired above (ops out of step)
         # the looser of the two dtypes' tolerances, as the summaries were judged: a float32 reference against a
         # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
@@ -379,7 +501,7 @@ def _find(
         if not stats.passed:
             failing.append(stats)
     culprits = _culprits(order, kept["a"], failing, root_a)
-    ours = {_key(n, root_a) for n in order}
+    ours = paired
     found = FirstDivergence(
         name,
         other,
@@ -404,6 +526,9 @@ def _find(
         (*runs, "reference (full)", "candidate (full)"),
         failing,
         (checked[0], checked[1]),
+        unpaired,
+        None,
+        notes,
     )
 
 
@@ -418,9 +543,14 @@ def _one_sided_before(
     order: Sequence[str], name: str, paired: Callable[[str], bool], sources: Mapping[str, str]
 ) -> tuple[tuple[str, str], ...]:
     """The tensors of one side's `order` that have no partner (`paired` False), between the last paired one before
-    `name` and `name`, in order, each with its source line ("" where none)."""
+    `name` and `name`, in order, each with its source line ("" where none). Where `name` is one of a module call's
+    outputs, its other outputs before it (recorded as the call returned, after everything it computed) are passed
+    over: the op that made `name` is nearer than them in the order it ran."""
     found: list[tuple[str, str]] = []
+    outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
     for other in reversed(order[: order.index(name)]):
+        if outputs_of is not None and _OUTPUTS.search(other) and _OUTPUTS.sub("", other) == outputs_of:
+            continue
         if paired(other):
             break
         found.append((other, sources.get(other) or ""))

@@ -4,6 +4,7 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -58,6 +59,7 @@ from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
+from tensor_debugger.engine.op_alignment import out_of_step
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.models import (
@@ -555,19 +557,74 @@ def _first_divergence_of(
     db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
 ) -> FirstDivergence | None:
     """The first divergence among one candidate's pairs `mine` (in execution order), with the candidate's tensors
-    without partner just before it."""
-    at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL), None)
+    without partner just before it. Two ops paired by name and call index whose shapes or dtypes' kinds differ are
+    the two implementations' ops out of step (one calls `reshape` more often), not a divergence:
+    they are passed over, as are the calls of an op that one module call runs more often on one side than on the
+    other (which of them face each other is not known: eager attention's repeat_kv reshapes against SDPA's none)."""
+    uneven = _uneven_ops(db, session_id, mine, missing)
+
+    def passed_over(pair: PairReport) -> bool:
+        return _out_of_step(pair) or (pair.module_path is not None and _op_of(pair.a.name) in uneven)
+
+    at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL and not passed_over(i)), None)
     if at is None:
         return None
     found = first_divergence(mine[at], missing)
     if found is None:
         return None
-    extra = candidate_only_before(db, session_id, mine[at], mine[at - 1] if at else None)
+    # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence
+    previous = next((p for p in reversed(mine[:at]) if not passed_over(p)), None)
+    extra = candidate_only_before(db, session_id, mine[at], previous)
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
     return replace(
         found, candidate_only_before=extra, first_changed=f"{changed.name}{where}" if changed is not None else None
     )
+
+
+_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs$")  # "Net.attn/reshape#3_outputs": attn, reshape, 3
+
+
+def _op_of(name: str) -> tuple[str, str] | None:
+    """(module call without the model's class name, op) of a captured op's tensor; None for any other."""
+    found = _OP_CALL.match(name)
+    return (found[1], found[2]) if found else None
+
+
+def _uneven_ops(
+    db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
+) -> set[tuple[str, str]]:
+    """The (module call, op) that the reference and the candidate of the pairs `mine` call a different number of
+    times, counted over their pairs and their tensors without partner."""
+    if not mine:
+        return set()
+    run_a, run_b = mine[0].a.run_id, mine[0].b.run_id
+    alone_b = db.scalars(
+        select(UnmatchedRecord.name).where(
+            UnmatchedRecord.session_id == session_id,
+            UnmatchedRecord.run_id == run_b,
+            UnmatchedRecord.other_run_id == run_a,
+        )
+    ).all()
+    counts: list[dict[tuple[str, str], int]] = []
+    for names in (
+        [*(p.a.name for p in mine), *(u.name for u in missing if u.run_id == run_a and u.against_run_id == run_b)],
+        [*(p.b.name for p in mine), *alone_b],
+    ):
+        seen: dict[tuple[str, str], int] = {}
+        for name in names:
+            found = _OP_CALL.match(name)
+            if found:
+                seen[(found[1], found[2])] = max(seen.get((found[1], found[2]), 0), int(found[3]))
+        counts.append(seen)
+    return {key for key in counts[0].keys() | counts[1].keys() if counts[0].get(key) != counts[1].get(key)}
+
+
+def _out_of_step(pair: PairReport) -> bool:
+    """Whether a pair is of two captured ops' outputs whose calls fell out of step (`op_alignment.out_of_step`)."""
+    if pair.module_path is None:  # not a captured tensor (a dump's)
+        return False
+    return out_of_step(pair.name, (pair.a.shape, pair.b.shape), (pair.a.dtype, pair.b.dtype))
 
 
 def _changed(pair: PairReport) -> bool:
