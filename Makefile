@@ -32,7 +32,7 @@ LOWEST ?= .venv-lowest
 BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/kernel_structs.h server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/compute/chunk_loop.c
 LOWEST_BIN := $(LOWEST)/bin
 
-.PHONY: run test install install-test browser cross postgres bench bench-first-start fuzz lint test-lowest ci
+.PHONY: run test screenshots install install-test browser cross postgres bench bench-first-start fuzz lint test-lowest ci
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -114,6 +114,11 @@ PYTEST_WORKERS ?= -n 2 --dist worksteal
 
 test: install-test
 	$(BIN)/python -m pytest $(PYTEST_WORKERS)
+
+# The browser tests again, each writing its screenshots of the pages into test-artifacts/ (a person looks at them
+# before a page change is called done; `make test` takes none: no test reads them, and they cost Chromium CPU).
+screenshots: install-test
+	TEST_SCREENSHOTS=1 $(BIN)/python -m pytest $(PYTEST_WORKERS) -m browser
 
 # The whole suite, browser tests included (Playwright's lowest version counts), tests/test_lint.py too: mypy --strict
 # reads each library's own type annotations, so it is clean on the lowest versions as on the newest (numpy 2.0's

@@ -8,12 +8,12 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import tensor_debugger
 from tensor_debugger.engine.fused import configure
 from tensor_debugger.resources import resource_dir
-from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 
 from tests.support.dask_cluster import DaskCluster
@@ -22,7 +22,11 @@ from tests.support.s3 import SeaweedS3, start_seaweed
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.service_starts import ServiceStarts, needed_services
 from tests.support.slow_first import SlowFirst
-from tests.support.traces import WrittenTraces
+
+if TYPE_CHECKING:  # imported where a fixture needs them: pytest-xdist's controller loads this file and runs no test
+    from tensor_debugger.services import Services
+
+    from tests.support.traces import WrittenTraces
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -148,6 +152,8 @@ def backend_env(
 
 @pytest.fixture
 def services(settings: Settings, store_environ: dict[str, str]) -> Iterator[Services]:
+    from tensor_debugger.services import open_services
+
     opened = open_services(settings, store_environ)
     yield opened
     opened.close()
@@ -157,6 +163,8 @@ def services(settings: Settings, store_environ: dict[str, str]) -> Iterator[Serv
 def hf_traces(tmp_path_factory: pytest.TempPathFactory) -> WrittenTraces:
     """Hugging Face debugger traces of a tiny random Llama (tests/support/traces.py), each written once per run when
     a test first asks for it, and only read by the tests."""
+    from tests.support.traces import WrittenTraces
+
     return WrittenTraces(tmp_path_factory.mktemp("traces"))
 
 

@@ -1,5 +1,6 @@
 """`serve` beyond loopback needs a token or an explicit --no-auth; `ingest` and `sessions` through a server with a
-token (`--server`, `--token` or TENSOR_DEBUGGER_TOKEN), on real processes."""
+token (`--server`, `--token` or TENSOR_DEBUGGER_TOKEN): refusals on real processes (their exit status and words), the
+commands that go on to talk to the server through `main(argv)` in this process (tests/support/cli_main.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import loopback_http as http
+from tests.support.cli_main import main_cli
 from tests.support.dumps import named_dump
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer, free_port, run_cli
 
@@ -45,20 +47,20 @@ def test_ingest_and_sessions_through_a_server_with_its_token(token_server: LiveS
 
     refused = run_cli(*args, "--server", token_server.url)
     assert refused.returncode == 1 and "401" in refused.stderr and "--token" in refused.stderr
-    read_only = run_cli(*args, "--server", token_server.url, "--token", READ_TOKEN)
+    read_only = main_cli(*args, "--server", token_server.url, "--token", READ_TOKEN)
     assert read_only.returncode == 1 and "403" in read_only.stderr and "read-only" in read_only.stderr
 
-    sent = run_cli(*args, "--server", token_server.url, "--token", WRITE_TOKEN)
+    sent = main_cli(*args, "--server", token_server.url, "--token", WRITE_TOKEN)
     assert sent.returncode == 0, sent.stderr
     payload = json.loads(sent.stdout)
     session = http.get(f"{token_server.url}/api/sessions/{payload['session']['id']}", headers=bearer(READ_TOKEN))
     assert session.json()["name"] == "cli over http"
     assert [r["id"] for r in session.json()["runs"]] == [payload["run"]["id"]]
-    again = run_cli(*args, "--server", token_server.url, "--token", WRITE_TOKEN)
+    again = main_cli(*args, "--server", token_server.url, "--token", WRITE_TOKEN)
     assert again.returncode == 1 and "(409): session 'cli over http' already has a run labelled" in again.stderr
     assert "{'" not in again.stderr  # the server's words, not a Python dict
 
-    listed = run_cli("sessions", "--json", "--server", token_server.url, env={"TENSOR_DEBUGGER_TOKEN": READ_TOKEN})
+    listed = main_cli("sessions", "--json", "--server", token_server.url, env={"TENSOR_DEBUGGER_TOKEN": READ_TOKEN})
     assert listed.returncode == 0, listed.stderr
     runs = {s["name"]: s["runs"] for s in json.loads(listed.stdout)}["cli over http"]
     assert [r["label"] for r in runs] == ["reference"]

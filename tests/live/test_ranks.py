@@ -6,10 +6,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import socket
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 import torch
 import torch.distributed as dist
 from tensor_debugger import capture
@@ -81,26 +82,33 @@ def inputs() -> torch.Tensor:
     return torch.randn(2, 3, DIM, generator=torch.Generator().manual_seed(1))
 
 
-def _rank(rank: int, port: int, where: dict[str, str], session: str, run: str, bug_on: int, done: Any) -> None:
-    """One rank: `where` is capture's `data_dir=` or `server=`. The ranks leave together, as a launcher's do: a
-    gloo rank whose peer has exited may abort in its own teardown ("terminate called without an active
-    exception"), which is gloo's, not capture's."""
+# a rank's job: capture's `data_dir=` or `server=`, the session, the rank with the bug (-1: none)
+Job = tuple[dict[str, str], str, int]
+
+
+def _rank(rank: int, port: int, jobs: list[Job], run: str, done: Any) -> None:
+    """One rank, capturing each job's session in turn (the ranks meet at a barrier after each). The ranks leave
+    together, as a launcher's do: a gloo rank whose peer has exited may abort in its own teardown ("terminate called
+    without an active exception"), which is gloo's, not capture's."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=WORLD)
     try:
-        model = Model(rank, WORLD, bug=rank == bug_on)
-        with torch.no_grad(), capture(model, session=session, run=run, workers=1, **where) as result:
-            model(inputs())
-        assert result.rank == rank and result.run_id is not None  # every rank knows the run
-        dist.barrier()
+        for where, session, bug_on in jobs:
+            model = Model(rank, WORLD, bug=rank == bug_on)
+            with torch.no_grad(), capture(model, session=session, run=run, workers=1, **where) as result:
+                model(inputs())
+            assert result.rank == rank and result.run_id is not None  # every rank knows the run
+            dist.barrier()
     finally:
         dist.destroy_process_group()
         done.wait(timeout=60)
 
 
-def run_ranks(where: dict[str, str], session: str, bug_on: int) -> None:
+def run_ranks(jobs: list[Job]) -> None:
+    """Two gloo ranks in processes of their own (spawned: each imports torch and this module again, seconds of CPU),
+    started once for all of `jobs`."""
     spawn = multiprocessing.get_context("spawn")
-    args = (free_port(), where, session, "ranks", bug_on, spawn.Barrier(WORLD))
+    args = (free_port(), jobs, "ranks", spawn.Barrier(WORLD))
     processes = [spawn.Process(target=_rank, args=(k, *args)) for k in range(WORLD)]
     for process in processes:
         process.start()
@@ -115,28 +123,64 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def captured(settings: Settings, session: str, bug_on: int, values: str = "full") -> SessionPairs:
-    model = Model()
-    with (
-        torch.no_grad(),
-        capture(model, session=session, run="reference", data_dir=settings.data_dir, values=values) as result,
-    ):
-        model(inputs())
-    run_ranks({"data_dir": str(settings.data_dir)}, session, bug_on)
-    assert result.session_id is not None
-    services = open_services(settings)
+# the sessions the tests on a data dir compare: (session, rank with the bug, the reference's values)
+IN_DATA_DIR = {
+    "tp": (-1, "full"),
+    "tp bug": (1, "full"),
+    "tp summary": (-1, "summary"),
+    "tp summary bug": (1, "summary"),
+}
+OVER_HTTP = "tp over http"
+
+
+@dataclass(frozen=True)
+class Captured:
+    settings: Settings  # the data dir of the IN_DATA_DIR sessions
+    session_ids: dict[str, int]  # every session's id, OVER_HTTP's (on the shared server) included
+    server: LiveServer
+
+
+@pytest.fixture(scope="module")
+def ranks_captured(tmp_path_factory: pytest.TempPathFactory, _shared_server: LiveServer) -> Captured:
+    """Each session's reference captured in this process (one model, no ranks), then the ranks' run of every
+    session captured by one pair of rank processes: the IN_DATA_DIR sessions into a data dir, OVER_HTTP to the
+    shared server (`shared_server`'s, session-scoped underneath). Each test compares and reads only its own
+    session."""
+    shared_server = _shared_server
+    assert shared_server.alive(), f"the shared server has exited; its log: {shared_server.log}"
+    settings = Settings(data_dir=tmp_path_factory.mktemp("ranks") / "data", demo=False)
+    ids: dict[str, int] = {}
+    references: list[tuple[str, dict[str, Any]]] = [
+        (name, {"data_dir": settings.data_dir, "values": values}) for name, (_, values) in IN_DATA_DIR.items()
+    ]
+    references.append((OVER_HTTP, {"server": shared_server.url}))
+    for name, where in references:
+        model = Model()
+        with torch.no_grad(), capture(model, session=name, run="reference", **where) as result:
+            model(inputs())
+        assert result.session_id is not None
+        ids[name] = result.session_id
+    jobs: list[Job] = [({"data_dir": str(settings.data_dir)}, name, bug) for name, (bug, _) in IN_DATA_DIR.items()]
+    jobs.append(({"server": shared_server.url}, OVER_HTTP, -1))
+    run_ranks(jobs)
+    return Captured(settings, ids, shared_server)
+
+
+def compared(captured: Captured, session: str) -> SessionPairs:
+    """The session's pairs, planned and computed here."""
+    session_id = captured.session_ids[session]
+    services = open_services(captured.settings)
     try:
-        services.plan(result.session_id)
-        services.compute(result.session_id)
+        services.plan(session_id)
+        services.compute(session_id)
         with services.sessions() as db:
-            return session_pairs(db, result.session_id)
+            return session_pairs(db, session_id)
     finally:
         services.close()
 
 
-def test_two_gloo_ranks_capture_one_run_whose_shards_merge_and_pass(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", demo=False)
-    report = captured(settings, "tp", bug_on=-1)
+def test_two_gloo_ranks_capture_one_run_whose_shards_merge_and_pass(ranks_captured: Captured) -> None:
+    report = compared(ranks_captured, "tp")
     assert report.first_divergence is None
     assert all(p.status == "pass" for p in report.pairs), [(p.name, p.status) for p in report.pairs]
     core = next(p for p in report.pairs if p.module_path == "Model.attn.core" and p.place == "outputs")
@@ -148,12 +192,11 @@ def test_two_gloo_ranks_capture_one_run_whose_shards_merge_and_pass(tmp_path: Pa
     assert not report.not_compared
 
 
-def test_a_bug_on_rank_1_only_is_the_first_divergence_and_its_shard_is_named(tmp_path: Path) -> None:
-    settings = Settings(data_dir=tmp_path / "data", demo=False)
-    report = captured(settings, "tp bug", bug_on=1)
+def test_a_bug_on_rank_1_only_is_the_first_divergence_and_its_shard_is_named(ranks_captured: Captured) -> None:
+    report = compared(ranks_captured, "tp bug")
     first = report.first_divergence
     assert first is not None and first.module_path == "Model.attn.core", first
-    services = open_services(settings)
+    services = open_services(ranks_captured.settings)
     try:
         with services.sessions() as db:
             detail = pair_detail(db, services.context, first.pair_id)
@@ -164,11 +207,12 @@ def test_a_bug_on_rank_1_only_is_the_first_divergence_and_its_shard_is_named(tmp
     assert detail.argmax.aligned[-1] >= DIM // WORLD  # in the heads rank 1 holds
 
 
-def test_a_summary_reference_against_sharded_ranks_compares_the_merged_shards_and_each_replica(tmp_path: Path) -> None:
+def test_a_summary_reference_against_sharded_ranks_compares_the_merged_shards_and_each_replica(
+    ranks_captured: Captured,
+) -> None:
     """A summary is of one whole tensor: the ranks' shards are read together into the merged tensor's summary (never
     one shard's statistics against the whole), and each rank's replica is compared on its own."""
-    settings = Settings(data_dir=tmp_path / "data", demo=False)
-    report = captured(settings, "tp summary", bug_on=-1, values="summary")
+    report = compared(ranks_captured, "tp summary")
     split = [p for p in report.pairs if p.b.shards > 1]
     assert split and all(p.status == "pass" for p in split), [(p.name, p.status, p.error) for p in split]
     reasons = {p.name: str(p.summary.reason if p.summary is not None else None) for p in split}
@@ -185,11 +229,10 @@ def test_a_summary_reference_against_sharded_ranks_compares_the_merged_shards_an
     assert report.first_divergence is None
 
 
-def test_a_bug_on_one_rank_against_a_summary_reference_fails_the_merged_shards_first(tmp_path: Path) -> None:
+def test_a_bug_on_one_rank_against_a_summary_reference_fails_the_merged_shards_first(ranks_captured: Captured) -> None:
     """The planted scale on rank 1's heads, seen from a summary reference: the merged shards of the attention core
     fail (first divergence), and the replicated output names the rank whose copy differs."""
-    settings = Settings(data_dir=tmp_path / "data", demo=False)
-    report = captured(settings, "tp summary bug", bug_on=1, values="summary")
+    report = compared(ranks_captured, "tp summary bug")
     first = report.first_divergence
     assert first is not None and first.module_path == "Model.attn.core", first
     assert first.basis == "summary" and "shards" in str(first.summary_reason), first
@@ -200,14 +243,11 @@ def test_a_bug_on_one_rank_against_a_summary_reference_fails_the_merged_shards_f
     assert "rank 0's replica of the candidate, one of 2; 1 more of the 2 replicas differ" in reason, reason
 
 
-def test_ranks_send_one_run_to_a_server(shared_server: LiveServer) -> None:
-    model = Model()
-    with torch.no_grad(), capture(model, session="tp over http", run="reference", server=shared_server.url) as result:
-        model(inputs())
-    run_ranks({"server": shared_server.url}, "tp over http", bug_on=-1)
+def test_ranks_send_one_run_to_a_server(ranks_captured: Captured) -> None:
+    shared_server, session_id = ranks_captured.server, ranks_captured.session_ids[OVER_HTTP]
     with httpx.Client(base_url=shared_server.url, timeout=30) as client:
         report: dict[str, Any] = wait_until(
-            lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
+            lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
             until=lambda r: r["pairs"] and not r["progress"]["pending"],
             what="the ranks' session to be compared",
             timeout=120,

@@ -1,6 +1,8 @@
 """A store belongs to one database (store/identity.py): a process given a database and a store of different pairs
-exits 2 at start, saying which two it found and how to fix it, having written and deleted nothing in the store. Run
-as the CLI in child processes, against real SeaweedFS and PostgreSQL."""
+exits 2 at start, saying which two it found and how to fix it, having written and deleted nothing in the store. The
+refused starts run as the CLI in child processes (their exit status and their one line); the ingests that set a
+test's data up (and must succeed) run `main(argv)` in this process (tests/support/cli_main.py); against real
+SeaweedFS and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from alembic import command
 from tensor_debugger.store.database import alembic_config, create_db_engine
 from tensor_debugger.store.identity import MARKER, hidden_password
 
+from tests.support.cli_main import Finished, main_cli
 from tests.support.postgres import PostgresCluster
 from tests.support.s3 import SeaweedS3
 from tests.support.servers import child_env, cli_command, free_port, run_cli
@@ -33,7 +36,15 @@ def objects(s3: SeaweedS3, url: str) -> list[str]:
     return sorted(item["path"] for batch in obstore.list(s3.bucket(url)) for item in batch)
 
 
-def ingest(data: Path, env: dict[str, str], session: str, files: Path) -> subprocess.CompletedProcess[str]:
+def ingest(data: Path, env: dict[str, str], session: str, files: Path) -> Finished:
+    """An ingest that is to succeed, through `main(argv)` here."""
+    return main_cli(
+        "--data-dir", str(data), "ingest", "--in-process", "--session", session, "--run", "ref", str(files), env=env
+    )
+
+
+def refused_ingest(data: Path, env: dict[str, str], session: str, files: Path) -> subprocess.CompletedProcess[str]:
+    """An ingest that is to be refused at its start, in a child process."""
     return run_cli(
         "--data-dir", str(data), "ingest", "--in-process", "--session", session, "--run", "ref", str(files), env=env
     )
@@ -45,7 +56,7 @@ def served(data: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(args, capture_output=True, text=True, env={**child_env(), **env}, timeout=60)
 
 
-def assert_refused(result: subprocess.CompletedProcess[str], *names: str) -> None:
+def assert_refused(result: Finished, *names: str) -> None:
     assert result.returncode == 2, result.stdout + result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("tensor-debugger: the database "), result.stderr
@@ -86,7 +97,7 @@ def test_a_new_sqlite_given_the_clusters_bucket_refuses_and_deletes_nothing(
     sqlite_url = f"sqlite:///{data / 'metadata.sqlite3'}"
     assert_refused(run_cli("--data-dir", str(data), "sessions", env=laptop), sqlite_url, store_url, "no id")
     assert objects(s3, store_url) == before
-    assert_refused(ingest(data, laptop, "mine", tmp_path / "dump0"), sqlite_url, store_url)
+    assert_refused(refused_ingest(data, laptop, "mine", tmp_path / "dump0"), sqlite_url, store_url)
     assert_refused(served(data, laptop), sqlite_url, store_url)
     assert objects(s3, store_url) == before
     with sqlite3.connect(data / "metadata.sqlite3") as conn:  # and the new database got no id from the store
@@ -110,7 +121,7 @@ def test_the_clusters_database_with_a_local_store_refuses(
     laptop = {"TENSOR_DEBUGGER_DATABASE_URL": database_url}  # the store: a new folder in its data dir
     data = tmp_path / "laptop"
     store_url = (data / "arrays").as_uri()
-    assert_refused(ingest(data, laptop, "mine", tmp_path / "dump"), database_url, store_url, "lacks")
+    assert_refused(refused_ingest(data, laptop, "mine", tmp_path / "dump"), database_url, store_url, "lacks")
     assert_refused(served(data, laptop), database_url, store_url)
     assert_refused(run_cli("--data-dir", str(data), "sessions", env=laptop), database_url, store_url)
     assert not (data / "arrays").exists() or not any((data / "arrays").iterdir())  # no marker, no array
@@ -184,7 +195,7 @@ def test_a_new_database_against_an_unmarked_store_holding_arrays_refuses(tmp_pat
     store = tmp_path / "old" / "arrays"
     (store / MARKER).unlink()
     before = sorted(store.rglob("*"))
-    result = ingest(tmp_path / "new", {"TENSOR_DEBUGGER_STORE_URL": store.as_uri()}, "mine", tmp_path / "dump")
+    result = refused_ingest(tmp_path / "new", {"TENSOR_DEBUGGER_STORE_URL": store.as_uri()}, "mine", tmp_path / "dump")
     assert_refused(result, store.as_uri(), "another database's")
     assert sorted(store.rglob("*")) == before
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from playwright.sync_api import Browser, BrowserContext, Page, ViewportSize
@@ -44,8 +45,16 @@ def axe_violations(page: Page) -> list[str]:
     return found
 
 
+SCREENSHOTS = "TEST_SCREENSHOTS"  # set (not "0" or empty), `shot` writes its screenshots: `make screenshots`
+
+
 def shot(page: Page, name: str) -> None:
-    """A screenshot of the whole page into test-artifacts/ (looked at before a page change is called done)."""
+    """A screenshot of the whole page into test-artifacts/, for a person to look at before a page change is called
+    done, when the run was asked for them (`make screenshots`, which sets TEST_SCREENSHOTS=1). No test reads them,
+    and a whole-page screenshot of a tall page is dear (0.6 s of Chromium's CPU for 1,280 x 11,108 px), so `make
+    test` takes none."""
+    if os.environ.get(SCREENSHOTS, "") in ("", "0"):
+        return
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 

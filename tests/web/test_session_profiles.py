@@ -90,6 +90,7 @@ def test_openapi_declares_the_rows(tmp_path: Path) -> None:
     assert set(fields) == {"dim", "name", "size", "rows", "skipped"}
 
 
+@pytest.mark.browser
 def test_heatmap_page_opens_the_pair_at_the_cell(shared_server: LiveServer, session: int, browser: Browser) -> None:
     context = axe_context(browser, {"width": 1440, "height": 900})
     page = context.new_page()
