@@ -63,6 +63,7 @@ def test_a_candidate_that_dumped_only_layer_zero_is_incomplete(tmp_path: Path) -
         "unmatched": MISSING,
         "allowed_unmatched": [],
         "not_compared": [],
+        "runs_not_compared": [],
     }
     assert out["unmatched"] == {"a": MISSING, "b": []}  # the key scripts already read, as it was
     assert out["first_divergence"] is None

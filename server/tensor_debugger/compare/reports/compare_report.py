@@ -111,6 +111,15 @@ class Unmatched(msgspec.Struct, frozen=True):
     b: list[str]
 
 
+class RunNotComparedSummary(msgspec.Struct, frozen=True):
+    """A run none of whose tensors was compared: the run it is compared against (`against`, null where it was
+    removed) failed, is not ready yet or was removed (`why`)."""
+
+    run: str
+    against: str | None
+    why: str
+
+
 class CoverageSummary(msgspec.Struct, frozen=True):
     """How much of the reference was compared (compare/reports/coverage.py)."""
 
@@ -119,6 +128,7 @@ class CoverageSummary(msgspec.Struct, frozen=True):
     unmatched: list[str]  # reference tensors without partner, not allowed by the user
     allowed_unmatched: list[str]
     not_compared: list[str]  # pairs that errored or are incomparable
+    runs_not_compared: list[RunNotComparedSummary] = []
 
 
 class DivergenceSummary(msgspec.Struct, frozen=True):

@@ -25,9 +25,27 @@ class SessionVerdict(enum.StrEnum):
     COMPARING = "comparing"  # pairs (or runs) not compared yet, and none outside tolerance so far
     DIVERGED = "diverged"  # a pair is outside tolerance
     # no pair is outside tolerance, but not everything was compared: reference tensors without partner (that the
-    # user did not allow), pairs that errored or are incomparable, input files that could not be read
+    # user did not allow), pairs that errored or are incomparable, input files that could not be read, runs compared
+    # against a run that failed, is not ready or is gone (none of their tensors compared)
     INCOMPLETE = "incomplete"
     NO_DIVERGENCE = "no_divergence"  # every reference tensor compared, every pair within tolerance
+
+
+@dataclass(frozen=True)
+class RunNotCompared:
+    """A run none of whose tensors was compared: the run it is compared against (`against`, its label; None where
+    that run is gone) failed, is not ready yet or was removed (`why`)."""
+
+    run: str
+    against: str | None
+    why: str
+
+    @property
+    def words(self) -> str:
+        """ "run 'late' (compared against 'early', which failed)" """
+        against = "a run that was removed" if self.against is None else repr(self.against)
+        which = "" if self.against is None else f", which {self.why}"
+        return f"run {self.run!r} (compared against {against}{which})"
 
 
 @dataclass(frozen=True)
@@ -36,7 +54,8 @@ class Coverage:
     count once); `compared`: of them, those compared with every candidate (a verdict of pass or fail); `unmatched`:
     those with no partner in a candidate that the user did not allow; `allowed_unmatched`: those the user allowed
     to stay unpaired (a pairing file's `unpaired`, an unpair by hand, `--allow-unmatched`); `not_compared`: the
-    pairs that errored or are incomparable; `unread_files`: input files that could not be read."""
+    pairs that errored or are incomparable; `unread_files`: input files that could not be read;
+    `runs_not_compared`: the runs compared against a run that failed, is not ready or is gone (no pairs at all)."""
 
     reference_tensors: int = 0
     compared: int = 0
@@ -44,6 +63,12 @@ class Coverage:
     allowed_unmatched: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)
     unread_files: int = 0
+    runs_not_compared: list[RunNotCompared] = field(default_factory=list)
+
+    @property
+    def left_out(self) -> bool:
+        """Whether anything was not compared (the verdict is incomplete where no pair fails)."""
+        return bool(self.unmatched or self.not_compared or self.unread_files or self.runs_not_compared)
 
 
 def session_verdict(
@@ -56,7 +81,7 @@ def session_verdict(
         return SessionVerdict.DIVERGED
     if PairStatus.PENDING in seen or ingesting:
         return SessionVerdict.COMPARING
-    if coverage.unmatched or coverage.not_compared or coverage.unread_files:
+    if coverage.left_out:
         return SessionVerdict.INCOMPLETE
     if PairStatus.PASS in seen:
         return SessionVerdict.NO_DIVERGENCE

@@ -18,6 +18,7 @@ from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
     Coverage,
+    RunNotCompared,
     SessionVerdict,
     Unpaired,
     closest_candidates,
@@ -351,7 +352,7 @@ def session_pairs(
         )
         or 0
     )
-    coverage = coverage_of(items, missing, unread)
+    coverage = coverage_of(items, missing, unread, runs_left_out(ordered_runs))
     ingesting = any(r.status not in ("ready", "failed") for r in ordered_runs)
     return SessionPairs(
         pairs=items,
@@ -467,9 +468,32 @@ def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | No
     return None
 
 
-def coverage_of(items: list[PairReport], missing: list[UnmatchedReport], unread_files: int) -> Coverage:
+def runs_left_out(runs: Sequence[Any]) -> list[RunNotCompared]:
+    """The ready runs (of a session's `runs`, in order) compared against a run that is not ready: it failed, is
+    still ingesting, or is gone. Planning pairs them with no other run in its stead, so none of their tensors is
+    compared."""
+    by_id = {r.id: r for r in runs}
+    found = []
+    for run in runs:
+        if run.status != "ready" or run.role == "noise" or run.compared_against_id is None:
+            continue
+        against = by_id.get(run.compared_against_id)
+        if against is None:
+            found.append(RunNotCompared(run.label, None, "was removed"))
+        elif against.status != "ready":
+            why = "failed" if against.status == "failed" else f"is not ready yet ({against.status})"
+            found.append(RunNotCompared(run.label, against.label, why))
+    return found
+
+
+def coverage_of(
+    items: list[PairReport],
+    missing: list[UnmatchedReport],
+    unread_files: int,
+    runs_not_compared: Sequence[RunNotCompared] = (),
+) -> Coverage:
     """What was compared of the reference: `items` the candidates' pairs, `missing` the reference's tensors with no
-    partner in a candidate (each once per candidate)."""
+    partner in a candidate (each once per candidate); `runs_not_compared` as `runs_left_out` finds them."""
     # `missing` comes in each run's execution order; those after the last pair (no position) come last
     in_order = sorted(missing, key=lambda u: u.before_position if u.before_position is not None else math.inf)
     not_allowed = list(dict.fromkeys(u.name for u in in_order if not u.allowed))
@@ -485,6 +509,7 @@ def coverage_of(items: list[PairReport], missing: list[UnmatchedReport], unread_
         allowed_unmatched=allowed,
         not_compared=[i.name for i in items if i.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)],
         unread_files=unread_files,
+        runs_not_compared=list(runs_not_compared),
     )
 
 
