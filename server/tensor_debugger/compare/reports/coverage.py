@@ -32,6 +32,20 @@ class SessionVerdict(enum.StrEnum):
 
 
 @dataclass(frozen=True)
+class RunCoverage:
+    """What one candidate run compared of the run it is compared against (`against`, its label): `tensors`, that
+    run's tensors the candidate was asked to record; `compared`, of them those compared (a pass or fail);
+    `not_asked`, that run's tensors outside what the candidate was asked to record (a capture of some modules
+    only, as find_divergence's full-values runs): not compared by choice, and not counted in `tensors`."""
+
+    run: str
+    against: str
+    tensors: int
+    compared: int
+    not_asked: int = 0
+
+
+@dataclass(frozen=True)
 class RunNotCompared:
     """A run none of whose tensors was compared: the run it is compared against (`against`, its label; None where
     that run is gone) failed, is not ready yet or was removed (`why`)."""
@@ -51,10 +65,13 @@ class RunNotCompared:
 @dataclass(frozen=True)
 class Coverage:
     """How much of the reference was compared. `reference_tensors`: the reference's tensors (logical: shards of one
-    count once); `compared`: of them, those compared with every candidate (a verdict of pass or fail); `unmatched`:
-    those with no partner in a candidate that the user did not allow; `allowed_unmatched`: those the user allowed
-    to stay unpaired (a pairing file's `unpaired`, an unpair by hand, `--allow-unmatched`); `not_compared`: the
-    pairs that errored or are incomparable; `unread_files`: input files that could not be read;
+    count once); `compared`: of them, those compared (a verdict of pass or fail) with every candidate that was asked
+    to record them, by one at least; `unmatched`: those with no partner in a candidate that the user did not allow;
+    `allowed_unmatched`: those the user allowed to stay unpaired (a pairing file's `unpaired`, an unpair by hand,
+    `--allow-unmatched`), and those no candidate that compared anything of them was asked to record (outside the
+    modules a capture asked for); a tensor one candidate was not asked to record and another compared counts as
+    compared; `not_compared`: the pairs that errored or are incomparable; `unread_files`: input files that could
+    not be read; `runs`: each candidate run's own coverage of the run it is compared against;
     `runs_not_compared`: the runs compared against a run that failed, is not ready or is gone (no pairs at all)."""
 
     reference_tensors: int = 0
@@ -64,6 +81,7 @@ class Coverage:
     not_compared: list[str] = field(default_factory=list)
     unread_files: int = 0
     runs_not_compared: list[RunNotCompared] = field(default_factory=list)
+    runs: list[RunCoverage] = field(default_factory=list)
 
     @property
     def left_out(self) -> bool:
