@@ -36,7 +36,7 @@ from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.ingest.split_sketches import split_sketch_verdict
-from tensor_debugger.ingest.traces import CaptureScope, ModuleTree
+from tensor_debugger.ingest.traces import CaptureScope
 from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -188,7 +188,8 @@ def _unasked(db: DbSession, run_id: int, pairs: Sequence[PairPlan]) -> Callable[
 
 def capture_scope(db: DbSession, run_id: int) -> CaptureScope | None:
     """What run `run_id` was asked to record (its module tree's "scope"); None where it was not limited."""
-    return ModuleTree.from_json(db.scalar(select(RunRecord.module_tree).where(RunRecord.id == run_id))).scope
+    tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == run_id))
+    return CaptureScope.from_json(tree.get("scope")) if isinstance(tree, dict) else None  # not its whole tree
 
 
 def outside_scope(scope: CaptureScope, end: int | None) -> Callable[[str | None, int], bool]:
