@@ -395,6 +395,11 @@ def test_a_capture_of_some_modules_leaves_the_rest_allowed_and_what_it_lacks_ins
     assert "Net.layers.2.self_attn/softmax#1_outputs" in report.coverage.allowed_unmatched
     assert not any(n.startswith("Net.layers.1.self_attn") for n in report.coverage.allowed_unmatched)
     assert len(unmatched) == len(report.coverage.unmatched) + len(report.coverage.allowed_unmatched)
+    # the one candidate compared none of the tensors it was not asked for: they are not compared, by its choice
+    (run,) = report.coverage.runs
+    assert (run.run, run.against, run.not_asked) == ("attention", "reference", len(report.coverage.allowed_unmatched))
+    assert run.tensors == report.coverage.reference_tensors - run.not_asked == run.compared + 1  # + the unmatched
+    assert report.coverage.compared == run.compared
     assert report.verdict.value == "diverged"  # the softmax's inputs differ without the scale
 
 

@@ -372,8 +372,30 @@ def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(
     left_out = [u for u in report.unmatched if u.against_run_id in full_runs and u.run_id == runs["reference"]]
     assert left_out and all(u.allowed for u in left_out)
     assert not any(u.against_run_id == runs["candidate"] for u in report.unmatched)
-    assert "Net.layers.0.mlp_outputs" in report.coverage.allowed_unmatched
-    assert not any(name.startswith("Net.layers.1.self_attn/") for name in report.coverage.allowed_unmatched)
+    # what was compared, per run against the run it is compared against: the summary candidate compared every
+    # reference tensor, so the tensors the full runs were not asked to record take nothing from the session's
+    # coverage (it read 23 of 114 compared, each of the 91 others "allowed to have no partner")
+    coverage = report.coverage
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            held = {
+                label: {n for (n,) in db.execute(select(TensorRecord.name).where(TensorRecord.run_id == runs[label]))}
+                for label in runs
+            }
+    finally:
+        services.close()
+    assert coverage.reference_tensors == len(held["reference"]) > len(held["reference (full)"]) > 0
+    assert coverage.compared == coverage.reference_tensors and coverage.allowed_unmatched == []
+    by_run = {(r.run, r.against): (r.tensors, r.compared, r.not_asked) for r in coverage.runs}
+    n, full = len(held["reference"]), len(held["reference (full)"])
+    assert by_run == {
+        ("candidate", "reference"): (n, n, 0),
+        ("reference (full)", "reference"): (full, full, n - full),
+        ("candidate (full)", "reference (full)"): (full, full, 0),
+    }, by_run
+    assert "Net.layers.0.mlp_outputs" not in held["reference (full)"]
+    assert report.verdict == "diverged"
 
 
 def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_values_a_whole_pass_stores(

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord
@@ -16,7 +17,8 @@ from tensor_debugger.store.models import PairRecord, RunRecord
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
-from tests.support.servers import LiveServer, wait_done
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, upload, wait_done
 
 
 def dumps(root: Path) -> dict[str, Path]:
@@ -183,3 +185,67 @@ def test_a_run_removed_leaves_the_runs_compared_against_it_against_the_reference
             assert db.get_one(RunRecord, late.run_id).compared_against_id is None
     finally:
         services.close()
+
+
+@pytest.mark.parametrize(
+    "early",
+    [
+        ("model.safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00" + b'{"x": {"dtype"'),  # its header cut short
+        ("config.json", b'{"hidden_size": 8}'),  # no tensor in it: ignored, not an unread file
+    ],
+    ids=["truncated", "no-tensor"],
+)
+def test_a_run_compared_against_a_run_that_failed_makes_the_session_incomplete_naming_it(
+    shared_server: LiveServer, tmp_path: Path, early: tuple[str, bytes]
+) -> None:
+    """ "late" is compared against "early", whose only file is hostile (a safetensors header cut short) or holds
+    no tensor, uploaded without waiting: early's ingest fails and it is kept "failed", so late has no pairs. The
+    session's other candidate passes everywhere, yet the session is not "no divergence" (where early's file held no
+    tensor, nothing else said so): its verdict is incomplete, naming late and why, in the API, the CLI (text and
+    JSON) and the page."""
+    runs = dumps(tmp_path)
+    hostile = tmp_path / "hostile" / early[0]
+    hostile.parent.mkdir()
+    hostile.write_bytes(early[1])
+    same = layered_dump(tmp_path / "same", None)  # the reference's values: every pair passes
+    name = f"failed against {tmp_path.name}"
+    api = f"{shared_server.url}/api"
+
+    def ingest(label: str, path: Path, *extra: str) -> Any:
+        done = main_cli(
+            "ingest", "--server", shared_server.url, "--session", name, "--run", label, *extra, str(path), "--json"
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    session_id = ingest("reference", runs["reference"])["session"]["id"]
+    ingest("same", same)
+    accepted = upload(
+        shared_server, name, [("early", hostile)], f"/api/sessions/{session_id}/runs?label=early&wait=false"
+    )
+    assert accepted.status_code == 202, accepted.text
+
+    def statuses() -> dict[str, str]:
+        listed = loopback_http.get(f"{api}/sessions/{session_id}", headers=shared_server.auth).json()["runs"]
+        return {r["label"]: r["status"] for r in listed}
+
+    wait_until(statuses, until=lambda s: s.get("early") == "failed", what="early's ingest to fail")
+    ingest("late", runs["late"], "--against", "early")
+    assert statuses() == {"reference": "ready", "same": "ready", "early": "failed", "late": "ready"}
+    report = wait_done(shared_server, session_id)
+    assert report["pairs"] and all(p["status"] == "pass" for p in report["pairs"])
+    assert {p["b"]["run_id"] for p in report["pairs"]} != {None} and report["candidates"][0]["label"] == "same"
+    assert [c["label"] for c in report["candidates"]] == ["same"]
+    assert report["verdict"] == "incomplete"
+    assert report["coverage"]["runs_not_compared"] == [{"run": "late", "against": "early", "why": "failed"}]
+    # the CLI, on the server's data dir
+    text = main_cli("--data-dir", str(shared_server.data_dir), "compare-sessions", name, name).stdout
+    assert "but INCOMPLETE: " in text, text
+    assert "no tensor of run 'late' (compared against 'early', which failed) was compared" in text, text
+    listed = main_cli("--data-dir", str(shared_server.data_dir), "compare-sessions", name, name, "--json").stdout
+    as_json = json.loads(listed)
+    assert as_json["a"]["verdict"] == "incomplete"
+    assert as_json["a"]["coverage"]["runs_not_compared"] == [{"run": "late", "against": "early", "why": "failed"}]
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    assert "Incomplete: no pair is outside tolerance, but not everything was compared." in page
+    assert "No tensor of run &#39;late&#39; (compared against &#39;early&#39;, which failed) was compared" in page

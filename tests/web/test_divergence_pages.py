@@ -55,6 +55,30 @@ def test_find_divergences_session_shows_the_full_values_figures_on_the_page_and_
     pair = next(p for p in full_pairs if p["id"] == full["pair_id"])
     assert (pair["stats"]["mismatched"], pair["stats"]["numel"]) == (first.full.mismatched, first.full.numel)
     assert pair["where"] is not None and full["where"] == pair["where"]
+    # coverage, per run against the run it is compared against: the full runs' tensors outside the two modules they
+    # were asked for take nothing from what the summary candidate compared
+    coverage = report["coverage"]
+    n = coverage["reference_tensors"]
+    assert coverage["compared"] == n and coverage["allowed_unmatched"] == [] and report["verdict"] == "diverged"
+    full_count = runs["reference (full)"]["tensors"]
+    assert 0 < full_count < n == runs["reference"]["tensors"]
+    assert coverage["runs"] == [
+        {"run": "candidate", "against": "reference", "tensors": n, "compared": n, "not_asked": 0},
+        {
+            "run": "reference (full)",
+            "against": "reference",
+            "tensors": full_count,
+            "compared": full_count,
+            "not_asked": n - full_count,
+        },
+        {
+            "run": "candidate (full)",
+            "against": "reference (full)",
+            "tensors": full_count,
+            "compared": full_count,
+            "not_asked": 0,
+        },
+    ]
 
     context = axe_context(browser, {"width": 1440, "height": 900})
     try:
@@ -71,6 +95,14 @@ def test_find_divergences_session_shows_the_full_values_figures_on_the_page_and_
         expect(page.locator(".banner.fail .summary-basis")).to_contain_text("from summaries: ")
         expect(page.locator("#runs .compared-against")).to_have_text(
             "compared against reference (full), not the reference"
+        )
+        expect(page.locator("#runs .run-coverage")).to_have_text(
+            [
+                f"compared {n} of {n} tensors of reference",
+                f"compared {full_count} of {full_count} tensors of reference, not asked to record its "
+                f"{n - full_count} others (a capture of some modules only)",
+                f"compared {full_count} of {full_count} tensors of reference (full)",
+            ]
         )
         # the module tree: the first diverging op marked, open, with its line in both implementations
         op = page.locator('details.module[data-module="Net.layers.1.self_attn/mul#1"]')

@@ -338,6 +338,9 @@ def print_not_compared(report: CompareReport) -> None:
     if left_out:
         pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
         print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")
+    for run in coverage.runs_not_compared:
+        against = "a run that was removed" if run.against is None else f"{run.against!r}, which {run.why}"
+        print(f"NOT COMPARED: run {run.run!r}, none of its tensors: it is compared against {against}")
     allowed = coverage.allowed_unmatched
     if allowed:
         print(f"allowed to have no partner ({len(allowed)}): {names_of(allowed)}")

@@ -46,6 +46,7 @@ def incomplete(coverage: Coverage) -> str:
         parts.append(f"{len(coverage.not_compared)} pairs could not be compared")
     if coverage.unread_files:
         parts.append(f"{coverage.unread_files} input files could not be read")
+    parts.extend(f"no tensor of {run.words} was compared" for run in coverage.runs_not_compared)
     return "no divergence among the pairs compared, but INCOMPLETE: " + "; ".join(parts or ["nothing to compare"])
 
 

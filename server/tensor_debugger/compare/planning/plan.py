@@ -36,7 +36,7 @@ from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.ingest.split_sketches import split_sketch_verdict
-from tensor_debugger.ingest.traces import ModuleTree
+from tensor_debugger.ingest.traces import CaptureScope
 from tensor_debugger.store.catalog import lock_sessions
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
@@ -178,18 +178,31 @@ def _unasked(db: DbSession, run_id: int, pairs: Sequence[PairPlan]) -> Callable[
     (`capture(modules=...)`, its module tree's "scope") leaves out the reference's other modules, and everything
     after the last tensor it asked for (where that tensor is paired, so that its place in the reference is known).
     Such a tensor lacks a partner by the user's choice, as one allowed to stay unpaired; any other stays unmatched."""
-    scope = ModuleTree.from_json(db.scalar(select(RunRecord.module_tree).where(RunRecord.id == run_id))).scope
+    scope = capture_scope(db, run_id)
     if scope is None:
         return lambda tensor: False
     end = next((p.a.first.position for p in pairs if scope.last is not None and p.b.name == scope.last), None)
+    outside = outside_scope(scope, end)
+    return lambda tensor: outside(tensor.first.module_path, tensor.first.position)
 
-    def unasked(tensor: LogicalTensor) -> bool:
-        path = tensor.first.module_path
-        if path is not None and not scope.selects(path):
+
+def capture_scope(db: DbSession, run_id: int) -> CaptureScope | None:
+    """What run `run_id` was asked to record (its module tree's "scope"); None where it was not limited."""
+    tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == run_id))
+    return CaptureScope.from_json(tree.get("scope")) if isinstance(tree, dict) else None  # not its whole tree
+
+
+def outside_scope(scope: CaptureScope, end: int | None) -> Callable[[str | None, int], bool]:
+    """Whether a tensor of the run compared against (its module path and position) is outside `scope`: of a module
+    the capture was not asked for, or after `end` (the position there of the last tensor it asked for, None where
+    not known)."""
+
+    def outside(module_path: str | None, position: int) -> bool:
+        if module_path is not None and not scope.selects(module_path):
             return True
-        return end is not None and tensor.first.position > end
+        return end is not None and position > end
 
-    return unasked
+    return outside
 
 
 def _explored(db: DbSession, session_id: int, run_id: int) -> bool:

@@ -111,6 +111,27 @@ class Unmatched(msgspec.Struct, frozen=True):
     b: list[str]
 
 
+class RunNotComparedSummary(msgspec.Struct, frozen=True):
+    """A run none of whose tensors was compared: the run it is compared against (`against`, null where it was
+    removed) failed, is not ready yet or was removed (`why`)."""
+
+    run: str
+    against: str | None
+    why: str
+
+
+class RunCoverageSummary(msgspec.Struct, frozen=True):
+    """What one candidate run compared of the run it is compared against (`against`): `tensors`, that run's tensors
+    it was asked to record; `compared`, of them those compared; `not_asked`, that run's tensors outside what it was
+    asked to record (a capture of some modules only), not counted in `tensors`."""
+
+    run: str
+    against: str
+    tensors: int
+    compared: int
+    not_asked: int
+
+
 class CoverageSummary(msgspec.Struct, frozen=True):
     """How much of the reference was compared (compare/reports/coverage.py)."""
 
@@ -119,6 +140,8 @@ class CoverageSummary(msgspec.Struct, frozen=True):
     unmatched: list[str]  # reference tensors without partner, not allowed by the user
     allowed_unmatched: list[str]
     not_compared: list[str]  # pairs that errored or are incomparable
+    runs_not_compared: list[RunNotComparedSummary] = []
+    runs: list[RunCoverageSummary] = []  # each candidate run's own coverage
 
 
 class DivergenceSummary(msgspec.Struct, frozen=True):

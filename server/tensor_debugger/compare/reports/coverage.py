@@ -25,18 +25,54 @@ class SessionVerdict(enum.StrEnum):
     COMPARING = "comparing"  # pairs (or runs) not compared yet, and none outside tolerance so far
     DIVERGED = "diverged"  # a pair is outside tolerance
     # no pair is outside tolerance, but not everything was compared: reference tensors without partner (that the
-    # user did not allow), pairs that errored or are incomparable, input files that could not be read
+    # user did not allow), pairs that errored or are incomparable, input files that could not be read, runs compared
+    # against a run that failed, is not ready or is gone (none of their tensors compared)
     INCOMPLETE = "incomplete"
     NO_DIVERGENCE = "no_divergence"  # every reference tensor compared, every pair within tolerance
 
 
 @dataclass(frozen=True)
+class RunCoverage:
+    """What one candidate run compared of the run it is compared against (`against`, its label): `tensors`, that
+    run's tensors the candidate was asked to record; `compared`, of them those compared (a pass or fail);
+    `not_asked`, that run's tensors outside what the candidate was asked to record (a capture of some modules
+    only, as find_divergence's full-values runs): not compared by choice, and not counted in `tensors`."""
+
+    run: str
+    against: str
+    tensors: int
+    compared: int
+    not_asked: int = 0
+
+
+@dataclass(frozen=True)
+class RunNotCompared:
+    """A run none of whose tensors was compared: the run it is compared against (`against`, its label; None where
+    that run is gone) failed, is not ready yet or was removed (`why`)."""
+
+    run: str
+    against: str | None
+    why: str
+
+    @property
+    def words(self) -> str:
+        """ "run 'late' (compared against 'early', which failed)" """
+        against = "a run that was removed" if self.against is None else repr(self.against)
+        which = "" if self.against is None else f", which {self.why}"
+        return f"run {self.run!r} (compared against {against}{which})"
+
+
+@dataclass(frozen=True)
 class Coverage:
     """How much of the reference was compared. `reference_tensors`: the reference's tensors (logical: shards of one
-    count once); `compared`: of them, those compared with every candidate (a verdict of pass or fail); `unmatched`:
-    those with no partner in a candidate that the user did not allow; `allowed_unmatched`: those the user allowed
-    to stay unpaired (a pairing file's `unpaired`, an unpair by hand, `--allow-unmatched`); `not_compared`: the
-    pairs that errored or are incomparable; `unread_files`: input files that could not be read."""
+    count once); `compared`: of them, those compared (a verdict of pass or fail) with every candidate that was asked
+    to record them, by one at least; `unmatched`: those with no partner in a candidate that the user did not allow;
+    `allowed_unmatched`: those the user allowed to stay unpaired (a pairing file's `unpaired`, an unpair by hand,
+    `--allow-unmatched`), and those no candidate that compared anything of them was asked to record (outside the
+    modules a capture asked for); a tensor one candidate was not asked to record and another compared counts as
+    compared; `not_compared`: the pairs that errored or are incomparable; `unread_files`: input files that could
+    not be read; `runs`: each candidate run's own coverage of the run it is compared against;
+    `runs_not_compared`: the runs compared against a run that failed, is not ready or is gone (no pairs at all)."""
 
     reference_tensors: int = 0
     compared: int = 0
@@ -44,6 +80,13 @@ class Coverage:
     allowed_unmatched: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)
     unread_files: int = 0
+    runs_not_compared: list[RunNotCompared] = field(default_factory=list)
+    runs: list[RunCoverage] = field(default_factory=list)
+
+    @property
+    def left_out(self) -> bool:
+        """Whether anything was not compared (the verdict is incomplete where no pair fails)."""
+        return bool(self.unmatched or self.not_compared or self.unread_files or self.runs_not_compared)
 
 
 def session_verdict(
@@ -56,7 +99,7 @@ def session_verdict(
         return SessionVerdict.DIVERGED
     if PairStatus.PENDING in seen or ingesting:
         return SessionVerdict.COMPARING
-    if coverage.unmatched or coverage.not_compared or coverage.unread_files:
+    if coverage.left_out:
         return SessionVerdict.INCOMPLETE
     if PairStatus.PASS in seen:
         return SessionVerdict.NO_DIVERGENCE

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -14,10 +14,13 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
 from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
     Coverage,
+    RunCoverage,
+    RunNotCompared,
     SessionVerdict,
     Unpaired,
     closest_candidates,
@@ -351,7 +354,14 @@ def session_pairs(
         )
         or 0
     )
-    coverage = coverage_of(items, missing, unread)
+    coverage = coverage_of(
+        items,
+        missing,
+        unread,
+        runs_left_out(ordered_runs),
+        _not_asked(db, items, missing),
+        _compared_runs(ordered_runs, reference, noise_runs),
+    )
     ingesting = any(r.status not in ("ready", "failed") for r in ordered_runs)
     return SessionPairs(
         pairs=items,
@@ -467,25 +477,133 @@ def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | No
     return None
 
 
-def coverage_of(items: list[PairReport], missing: list[UnmatchedReport], unread_files: int) -> Coverage:
+def _compared_runs(runs: Sequence[Any], reference: int | None, noise: set[int]) -> list[tuple[int, str, str]]:
+    """The session's candidate runs (of `runs`, in order) that are compared: ready, against a ready run; each as
+    (run id, label, label of the run it is compared against)."""
+    by_id = {r.id: r for r in runs}
+    found = []
+    for run in runs:
+        against = by_id.get(run.compared_against_id or reference)
+        if run.id == reference or run.id in noise or run.status != "ready" or against is None:
+            continue
+        if against.status == "ready":
+            found.append((run.id, run.label, against.label))
+    return found
+
+
+def runs_left_out(runs: Sequence[Any]) -> list[RunNotCompared]:
+    """The ready runs (of a session's `runs`, in order) compared against a run that is not ready: it failed, is
+    still ingesting, or is gone. Planning pairs them with no other run in its stead, so none of their tensors is
+    compared."""
+    by_id = {r.id: r for r in runs}
+    found = []
+    for run in runs:
+        if run.status != "ready" or run.role == "noise" or run.compared_against_id is None:
+            continue
+        against = by_id.get(run.compared_against_id)
+        if against is None:
+            found.append(RunNotCompared(run.label, None, "was removed"))
+        elif against.status != "ready":
+            why = "failed" if against.status == "failed" else f"is not ready yet ({against.status})"
+            found.append(RunNotCompared(run.label, against.label, why))
+    return found
+
+
+def coverage_of(
+    items: list[PairReport],
+    missing: list[UnmatchedReport],
+    unread_files: int,
+    runs_not_compared: Sequence[RunNotCompared] = (),
+    not_asked: Collection[tuple[int, str]] = frozenset(),
+    candidates: Sequence[tuple[int, str, str]] = (),
+) -> Coverage:
     """What was compared of the reference: `items` the candidates' pairs, `missing` the reference's tensors with no
-    partner in a candidate (each once per candidate)."""
+    partner in a candidate (each once per candidate); `runs_not_compared` as `runs_left_out` finds them;
+    `not_asked`: (candidate run id, tensor name) of `missing` that candidate was not asked to record (`_not_asked`);
+    `candidates`: each candidate's (run id, label, label of the run it is compared against), in order, for `runs`."""
     # `missing` comes in each run's execution order; those after the last pair (no position) come last
     in_order = sorted(missing, key=lambda u: u.before_position if u.before_position is not None else math.inf)
-    not_allowed = list(dict.fromkeys(u.name for u in in_order if not u.allowed))
-    allowed = [n for n in dict.fromkeys(u.name for u in in_order if u.allowed) if n not in set(not_allowed)]
+    asked = [u for u in in_order if (u.against_run_id, u.name) not in not_asked]
+    not_allowed = list(dict.fromkeys(u.name for u in asked if not u.allowed))
+    allowed = [n for n in dict.fromkeys(u.name for u in asked if u.allowed) if n not in set(not_allowed)]
     judged: dict[str, bool] = {}
     for i in items:
         judged[i.a.name] = judged.get(i.a.name, True) and i.status in (PairStatus.PASS, PairStatus.FAIL)
     left_out = set(not_allowed) | set(allowed)
+    # a tensor no candidate that compared anything of it was asked to record: left out by choice, never compared
+    unasked = [
+        n for n in dict.fromkeys(u.name for u in in_order if (u.against_run_id, u.name) in not_asked) if n not in judged
+    ]
+    allowed += [n for n in unasked if n not in left_out]
     return Coverage(
-        reference_tensors=len(set(judged) | left_out),
+        reference_tensors=len(set(judged) | left_out | set(unasked)),
         compared=sum(1 for name, ok in judged.items() if ok and name not in left_out),
         unmatched=not_allowed,
         allowed_unmatched=allowed,
         not_compared=[i.name for i in items if i.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)],
         unread_files=unread_files,
+        runs_not_compared=list(runs_not_compared),
+        runs=[_run_coverage(c, items, missing, not_asked) for c in candidates],
     )
+
+
+def _run_coverage(
+    candidate: tuple[int, str, str],
+    items: list[PairReport],
+    missing: list[UnmatchedReport],
+    not_asked: Collection[tuple[int, str]],
+) -> RunCoverage:
+    """One candidate's coverage of the run it is compared against (`coverage_of`'s arguments)."""
+    run_id, label, against = candidate
+    judged: dict[str, bool] = {}
+    for i in items:
+        if i.b.run_id == run_id:
+            judged[i.a.name] = judged.get(i.a.name, True) and i.status in (PairStatus.PASS, PairStatus.FAIL)
+    mine = {u.name for u in missing if u.against_run_id == run_id}
+    unasked = {name for name in mine if (run_id, name) in not_asked}
+    return RunCoverage(
+        label,
+        against,
+        len(set(judged) | (mine - unasked)),
+        sum(1 for name, ok in judged.items() if ok and name not in mine),
+        len(unasked),
+    )
+
+
+def _not_asked(db: DbSession, items: list[PairReport], missing: list[UnmatchedReport]) -> set[tuple[int, str]]:
+    """(candidate run id, tensor name) of the `missing` tensors (allowed to stay unpaired) that the candidate was not
+    asked to record: outside the scope of its capture (compare/planning/plan.py's `_unasked`, decided again here
+    from the run's module tree, the tensors' module paths and positions)."""
+    allowed = [u for u in missing if u.allowed and u.tensor_ids]
+    scopes = {}
+    for run_id in {u.against_run_id for u in allowed}:
+        scope = capture_scope(db, run_id)
+        if scope is not None:
+            scopes[run_id] = scope
+    if not scopes:
+        return set()
+    last: dict[int, int] = {}  # each scoped candidate's last tensor asked for: its partner's first tensor id
+    for i in items:
+        scope = scopes.get(i.b.run_id)
+        if scope is not None and scope.last is not None and i.b.name == scope.last and i.a.tensor_ids:
+            last.setdefault(i.b.run_id, i.a.tensor_ids[0])
+    ids = {u.tensor_ids[0] for u in allowed if u.against_run_id in scopes} | set(last.values())
+    places = {
+        t.id: (t.module_path, t.position)
+        for t in db.execute(
+            select(TensorRecord.id, TensorRecord.module_path, TensorRecord.position).where(TensorRecord.id.in_(ids))
+        )
+    }
+    outside = {
+        run_id: outside_scope(scope, places[last[run_id]][1] if run_id in last and last[run_id] in places else None)
+        for run_id, scope in scopes.items()
+    }
+    found = set()
+    for u in allowed:
+        place = places.get(u.tensor_ids[0])
+        if u.against_run_id in outside and place is not None and outside[u.against_run_id](*place):
+            found.add((u.against_run_id, u.name))
+    return found
 
 
 def with_closest(
