@@ -3,6 +3,7 @@
     python bench/statements.py                              # 2 x 200 MB of float32 .pth in zips (first_answer's)
     python bench/statements.py --size-mb 20 --baseline /elsewhere/server   # also another checkout's, then compare
     python bench/statements.py --dump rows.json             # write every row of every table (to diff by hand)
+    python bench/statements.py --uneven --baseline ...      # with unmatched tensors and an incomparable pair
 
 Writes the two runs `bench/first_answer.py` writes, then runs the CLI's cold compare (`--data-dir NEW compare A B
 --json`) in a child whose Python starts with a `sitecustomize` (on PYTHONPATH, inherited by the ingest children)
@@ -148,6 +149,15 @@ def rows(path: Path) -> dict[str, tuple[list[str], list[tuple[object, ...]]]]:
         connection.close()
 
 
+UNEVEN = r"""
+import sys, torch
+from pathlib import Path
+b = Path(sys.argv[1])
+(b / "3_post_mlp.pth").unlink()
+torch.save(torch.ones(4), b / "logits_extra.pth")
+torch.save(torch.zeros(3, 5), b / "2_query.pth")
+"""
+
 RUN_COLUMNS = {"run_id", "run_a_id", "run_b_id", "other_run_id", "compared_against_id"}
 
 
@@ -232,6 +242,7 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=32, help=".pth files per run")
     parser.add_argument("--form", choices=("archives", "folders"), default="archives")
     parser.add_argument("--baseline", type=Path, default=None, help="another checkout's server/ folder, compared")
+    parser.add_argument("--uneven", action="store_true", help="runs with unmatched tensors and a shape changed")
     parser.add_argument("--where", action="store_true", help="by the line of tensor_debugger that wrote, too")
     parser.add_argument("--dump", type=Path, default=None, help="write every table's rows here as JSON")
     args = parser.parse_args()
@@ -244,6 +255,8 @@ def main() -> None:
             env,
         )
         a, b = work / "dump" / "reference", work / "dump" / "candidate"
+        if args.uneven:  # a tensor each side lacks (unmatched rows), one of another shape (an incomparable pair)
+            run_child([str(PYTHON), "-c", UNEVEN, str(b)], env)
         if args.form == "archives":
             sys.path.insert(0, str(HERE))
             from first_answer import zipped
