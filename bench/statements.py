@@ -101,9 +101,9 @@ def count(
     data = work / f"data-{label}"
     paths = [str(hooks)] + ([str(server)] if server is not None else [])
     child = {**env, "PYTHONPATH": os.pathsep.join(paths), "STATEMENTS_OUT": str(out), "STATEMENTS_WHERE": where}
-    # exit 1: the runs diverged (first_answer's do)
+    # exit 1: the runs diverged (first_answer's do); 2: some files had problems (--uneven's)
     command = [str(PYTHON), "-m", "tensor_debugger", "--data-dir", str(data), "compare", str(a), str(b), "--json"]
-    run_child(command, child, ok=frozenset({0, 1}))
+    run_child(command, child, ok=frozenset({0, 1, 2}))
     counts: Counter[tuple[str, str, str]] = Counter()
     for part in work.glob(f"counts-{label}.*"):
         for verb, table, what, n in json.loads(part.read_text()):
@@ -155,6 +155,8 @@ from pathlib import Path
 b = Path(sys.argv[1])
 (b / "3_post_mlp.pth").unlink()
 torch.save(torch.ones(4), b / "logits_extra.pth")
+torch.save({"step": 3, "note": "no tensor"}, b / "meta.pth")  # a problem row (a file without a tensor)
+(b / "broken.pth").write_bytes(b"not a pickle")  # and another
 torch.save(torch.zeros(3, 5), b / "2_query.pth")
 """
 
@@ -255,7 +257,7 @@ def main() -> None:
             env,
         )
         a, b = work / "dump" / "reference", work / "dump" / "candidate"
-        if args.uneven:  # a tensor each side lacks (unmatched rows), one of another shape (an incomparable pair)
+        if args.uneven:  # unmatched tensors, an incomparable pair, problems
             run_child([str(PYTHON), "-c", UNEVEN, str(b)], env)
         if args.form == "archives":
             sys.path.insert(0, str(HERE))

@@ -25,7 +25,7 @@ from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.compared_against import forget
 from tensor_debugger.store.database import lock_arrays
-from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 _ROWS_PER_FLUSH = 512  # tensor rows inserted per flush of a run's one transaction
 
@@ -73,13 +73,13 @@ class RunEndings:
                 if not tensor.has_values:
                     row["digest"] = f"none:{uuid.uuid4().hex}"  # summaries never share cached results
                 rows.append({**row, "run_id": run_id})
-            if rows:
-                db.execute(insert(TensorRecord), rows)
+            if rows:  # every row with every column (as read), None as NULL: one batch
+                db.execute(insert(TensorRecord).execution_options(render_nulls=True), rows)
             problems = [
                 (CaptureNote if p.note else NotATensor if p.ignored else FileProblem)(p.file, p.reason)
                 for p in source.problems
             ]
-            db.add_all(problem_rows(run_id, problems))
+            _insert_problems(db, run_id, problems)
             run.status = "ready"
             run.ingest_pid = None
             run.staged_inputs = None
@@ -123,7 +123,7 @@ class RunEndings:
                     position += 1
             for start in range(0, len(summaries), _ROWS_PER_FLUSH):
                 db.execute(rows_at_once, summaries[start : start + _ROWS_PER_FLUSH])
-            db.add_all(problem_rows(run_id, problems))
+            _insert_problems(db, run_id, problems)
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"
             run.ingest_pid = None
@@ -195,7 +195,7 @@ class RunEndings:
             run = db.get(RunRecord, run_id)
             if run is None:
                 return
-            db.add_all(problem_rows(run_id, problems))
+            _insert_problems(db, run_id, problems)
             run.status = "failed"
             run.ingest_pid = None
             run.staged_inputs = None
@@ -216,3 +216,10 @@ class RunEndings:
                 session = db.get(SessionRecord, created_session_id)
                 if session is not None and not remaining:
                     db.delete(session)
+
+
+def _insert_problems(db: DbSession, run_id: int, problems: list[FileProblem]) -> None:
+    """The run's problems in one INSERT of many rows (ORM objects went in one a row: their ids RETURNING, which
+    SQLite keeps in no order)."""
+    if problems:
+        db.execute(insert(ProblemRecord), problem_rows(run_id, problems))

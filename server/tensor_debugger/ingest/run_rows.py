@@ -14,7 +14,6 @@ from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest.inputs import RunTrace
 from tensor_debugger.ingest.stored import Stored, stored_name
 from tensor_debugger.ingest.traces import TraceTensor
-from tensor_debugger.store.models import ProblemRecord
 
 
 def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> dict[str, Any]:
@@ -118,8 +117,7 @@ def tensor_rows(run_id: int, stored: Sequence[Stored], problems: list[FileProble
     return rows
 
 
-def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[ProblemRecord]:
-    """The rows that keep a run's problems, each with whether it held no tensor."""
-    return [
-        ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored, note=p.note) for p in problems
-    ]
+def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[dict[str, Any]]:
+    """The rows that keep a run's problems, each with whether it held no tensor (and whether it is a capture's
+    note), as the values of one INSERT of many rows."""
+    return [dict(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored, note=p.note) for p in problems]
