@@ -243,6 +243,7 @@ def main() -> None:
                 f"{statistics.median(values) / script_median:9.2f} {statistics.median(cpu[name]):7.2f} "
                 f"{max(peaks[name]):12.0f}"
             )
+        print("CPU s by round: " + "; ".join(f"{name} " + " ".join(f"{c:.3f}" for c in cpu[name]) for name in cpu))
         for name, rounds in imports.items():
             parts = ", ".join(f"{m} {statistics.median(r[m] for r in rounds):.3f}" for m in rounds[0] if m != "total")
             print(

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import bindparam, func, insert, select, update
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
@@ -17,14 +18,14 @@ from tensor_debugger.ingest.fingerprints import Fingerprint
 from tensor_debugger.ingest.inputs import RunTrace
 from tensor_debugger.ingest.outcomes import TakenOver
 from tensor_debugger.ingest.run_copy import delete_arrays
-from tensor_debugger.ingest.run_rows import problem_rows, summary_row, tensor_records
+from tensor_debugger.ingest.run_rows import problem_rows, summary_row, tensor_rows
 from tensor_debugger.ingest.stored import Stored
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.arrays import ArrayStore, run_prefix
 from tensor_debugger.store.claims import Claims
 from tensor_debugger.store.compared_against import forget
 from tensor_debugger.store.database import lock_arrays
-from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 
 _ROWS_PER_FLUSH = 512  # tensor rows inserted per flush of a run's one transaction
 
@@ -72,13 +73,13 @@ class RunEndings:
                 if not tensor.has_values:
                     row["digest"] = f"none:{uuid.uuid4().hex}"  # summaries never share cached results
                 rows.append({**row, "run_id": run_id})
-            if rows:
-                db.execute(insert(TensorRecord), rows)
+            if rows:  # every row with every column (as read), None as NULL: one batch
+                db.execute(insert(TensorRecord).execution_options(render_nulls=True), rows)
             problems = [
                 (CaptureNote if p.note else NotATensor if p.ignored else FileProblem)(p.file, p.reason)
                 for p in source.problems
             ]
-            db.add_all(problem_rows(run_id, problems))
+            _insert_problems(db, run_id, problems)
             run.status = "ready"
             run.ingest_pid = None
             run.staged_inputs = None
@@ -100,13 +101,18 @@ class RunEndings:
         problems.extend(CaptureNote(t.label, note) for t in traces for note in t.trace.notes)  # a capture's notes
         with self.sessions.begin() as db:
             self.hold(db, run_id, owner)
-            records = tensor_records(run_id, stored, problems)
-            for start in range(0, len(records), _ROWS_PER_FLUSH):  # in one transaction, all or nothing
-                db.add_all(records[start : start + _ROWS_PER_FLUSH])
-                db.flush()  # a flush holds its rows' JSON as text at once: 4,096 kept summaries in one, 20 MB more peak
+            # every row with every column, None as NULL (none of the columns a row leaves None has a default):
+            # the rows' INSERT goes in one batch, not one per run of rows that leave out the same columns (an op's
+            # rows have a source, a module's not: 209 batches for a GPT-2 summary capture's 879 rows), nor one a
+            # row as ORM objects' did (their ids RETURNING, which SQLite keeps in no order: 32 for 32 tensors)
+            rows_at_once = insert(TensorRecord).execution_options(render_nulls=True)
+            rows = tensor_rows(run_id, stored, problems)
+            for start in range(0, len(rows), _ROWS_PER_FLUSH):  # in one transaction, all or nothing
+                # a batch holds its rows' JSON as text at once: 4,096 kept summaries in one, 20 MB more peak
+                db.execute(rows_at_once, rows[start : start + _ROWS_PER_FLUSH])
             db.flush()  # SQLite's write lock is held from here: the arrays found below cannot be deleted meanwhile
             lock_arrays(db)  # nor, on PostgreSQL, by a deletion holding this lock
-            self._share_identical(db, run_id, records)
+            self._share_identical(db, run_id, rows)
             position = len(stored)
             summaries = []
             for run_trace in traces:
@@ -115,13 +121,9 @@ class RunEndings:
                 for traced in run_trace.trace.tensors:
                     summaries.append(summary_row(run_id, position, run_trace, traced))
                     position += 1
-            # every row with every column, None as NULL (none of the columns a summary row leaves None has a
-            # default): the rows' INSERT goes in one batch, not one per run of rows that leave out the same columns
-            # (an op's rows have a source, a module's not: 209 batches for a GPT-2 summary capture's 879 rows)
-            rows_at_once = insert(TensorRecord).execution_options(render_nulls=True)
             for start in range(0, len(summaries), _ROWS_PER_FLUSH):
                 db.execute(rows_at_once, summaries[start : start + _ROWS_PER_FLUSH])
-            db.add_all(problem_rows(run_id, problems))
+            _insert_problems(db, run_id, problems)
             run = db.get_one(RunRecord, run_id)
             run.status = "ready"
             run.ingest_pid = None
@@ -136,11 +138,12 @@ class RunEndings:
                 tree = ModuleTree(tuple(t.trace.root for t in traces), all(t.trace.has_values for t in traces), scope)
                 run.module_tree = tree.to_json()
 
-    def _share_identical(self, db: DbSession, run_id: int, records: list[TensorRecord]) -> None:
-        """Point each of `records` bit-identical to a tensor another ready run stored (older or not: runs ingested at
-        once are ready in any order), or an earlier one of this run, at that array, and delete the copy just written.
-        Done before the commit: should it fail, the run is removed all the same."""
-        digests = sorted({r.digest for r in records})
+    def _share_identical(self, db: DbSession, run_id: int, rows: list[dict[str, Any]]) -> None:
+        """Point each of the run's tensor `rows` (inserted) bit-identical to a tensor another ready run stored (older
+        or not: runs ingested at once are ready in any order), or an earlier one of this run, at that array, and
+        delete the copy just written (one UPDATE of many rows). Done before the commit: should it fail, the run is
+        removed all the same."""
+        digests = sorted({r["digest"] for r in rows})
         found: dict[str, str] = {}
         for start in range(0, len(digests), 500):
             for digest, key in db.execute(
@@ -152,11 +155,20 @@ class RunEndings:
                 )
             ):
                 found[digest] = key
-        for record in records:
-            shared = found.setdefault(record.digest, record.store_key)  # the run's own repeats share too
-            if shared != record.store_key:
-                self.store.delete(record.store_key)
-                record.store_key = shared
+        moved = []
+        for row in rows:
+            shared = found.setdefault(row["digest"], row["store_key"])  # the run's own repeats share too
+            if shared != row["store_key"]:
+                self.store.delete(row["store_key"])
+                row["store_key"] = shared
+                moved.append({"row_name": row["name"], "shared_key": shared})
+        if moved:
+            db.connection().execute(  # on the connection, one UPDATE of many rows (the ORM's wants their ids)
+                update(TensorRecord)
+                .where(TensorRecord.run_id == run_id, TensorRecord.name == bindparam("row_name"))
+                .values(store_key=bindparam("shared_key")),
+                moved,
+            )
 
     def hold(self, db: DbSession, run_id: int, owner: str) -> None:
         """The first statement of a transaction that ends a run: renews the claim `owner` holds on it (on
@@ -183,7 +195,7 @@ class RunEndings:
             run = db.get(RunRecord, run_id)
             if run is None:
                 return
-            db.add_all(problem_rows(run_id, problems))
+            _insert_problems(db, run_id, problems)
             run.status = "failed"
             run.ingest_pid = None
             run.staged_inputs = None
@@ -204,3 +216,10 @@ class RunEndings:
                 session = db.get(SessionRecord, created_session_id)
                 if session is not None and not remaining:
                     db.delete(session)
+
+
+def _insert_problems(db: DbSession, run_id: int, problems: list[FileProblem]) -> None:
+    """The run's problems in one INSERT of many rows (ORM objects went in one a row: their ids RETURNING, which
+    SQLite keeps in no order)."""
+    if problems:
+        db.execute(insert(ProblemRecord), problem_rows(run_id, problems))

@@ -14,7 +14,6 @@ from tensor_debugger.errors import FileProblem
 from tensor_debugger.ingest.inputs import RunTrace
 from tensor_debugger.ingest.stored import Stored, stored_name
 from tensor_debugger.ingest.traces import TraceTensor
-from tensor_debugger.store.models import ProblemRecord, TensorRecord
 
 
 def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTensor) -> dict[str, Any]:
@@ -66,12 +65,14 @@ def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTe
     )
 
 
-def tensor_records(run_id: int, stored: Sequence[Stored], problems: list[FileProblem]) -> list[TensorRecord]:
-    """The rows of a run's stored tensors, in order: named as `stored_name` names them, a second tensor of the same
-    name kept as "name (2)" with a problem appended to `problems` saying so; layer and stage from the file's path and
-    key path (a captured op's from its module)."""
+def tensor_rows(run_id: int, stored: Sequence[Stored], problems: list[FileProblem]) -> list[dict[str, Any]]:
+    """The rows of a run's stored tensors, in order, as the values of one INSERT of many rows: every column but
+    the id, None as NULL (none of the columns a row may leave None has a default; ORM objects went in one INSERT a
+    row, as SQLite's RETURNING of their ids keeps no order). Named as `stored_name` names them, a second tensor of
+    the same name kept as "name (2)" with a problem appended to `problems` saying so; layer and stage from the
+    file's path and key path (a captured op's from its module)."""
     seen: dict[str, int] = {}
-    records: list[TensorRecord] = []
+    rows: list[dict[str, Any]] = []
     for position, (entry, key_path, tensor) in enumerate(stored):
         name = stored_name(entry, key_path)
         if entry.module_path is not None and key_path == ("data",):
@@ -85,8 +86,8 @@ def tensor_records(run_id: int, stored: Sequence[Stored], problems: list[FilePro
         if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
             layer = module_layer(entry.module_path)
         s = tensor.summary
-        records.append(
-            TensorRecord(
+        rows.append(
+            dict(
                 run_id=run_id,
                 position=position,
                 name=name,
@@ -109,14 +110,14 @@ def tensor_records(run_id: int, stored: Sequence[Stored], problems: list[FilePro
                 module_path=entry.module_path,
                 place=entry.place,
                 source=entry.source,
+                has_values=True,
                 sketch=tensor.sketch,
             )
         )
-    return records
+    return rows
 
 
-def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[ProblemRecord]:
-    """The rows that keep a run's problems, each with whether it held no tensor."""
-    return [
-        ProblemRecord(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored, note=p.note) for p in problems
-    ]
+def problem_rows(run_id: int, problems: Sequence[FileProblem]) -> list[dict[str, Any]]:
+    """The rows that keep a run's problems, each with whether it held no tensor (and whether it is a capture's
+    note), as the values of one INSERT of many rows."""
+    return [dict(run_id=run_id, file=p.file, reason=p.reason, ignored=p.ignored, note=p.note) for p in problems]

@@ -12,9 +12,9 @@ import math
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from sqlalchemy import Select, func, or_, select
+from sqlalchemy import Select, func, insert, or_, select
 from sqlalchemy.exc import IntegrityError
 
 from tensor_debugger.compare.compute.chunk_loop import chunk_pairs
@@ -268,12 +268,13 @@ class ResultWriter:
             }
             if any(isinstance(result, Exception) and is_outage(result) for _, result, _, _ in self._waiting):
                 self._context.claims.outage_met()
+            new: dict[str, dict[str, Any]] = {}
             for work, result, pair_ids, ranks in self._waiting:
                 if isinstance(result, Exception):  # a corrupt chunk: the pair says so, work goes on
                     for pair_id in pair_ids:
                         current.fail(pair_id, work.key, result)
-                elif work.key not in records:
-                    records[work.key] = ComparisonResultRecord(
+                elif work.key not in records and work.key not in new:
+                    new[work.key] = dict(
                         cache_key=work.key,
                         digests_a=list(work.digests_a),
                         digests_b=list(work.digests_b),
@@ -283,8 +284,17 @@ class ResultWriter:
                         stats=result.to_json(),
                         profiles=None if ranks is None else stored_profiles({0: ranks}),
                     )
-                    db.add(records[work.key])
-            db.flush()  # their ids, for the pairs
+            if new:
+                # one INSERT of many rows (every row the same columns, None as JSON's null as the ORM wrote it),
+                # then their ids in one SELECT: ORM objects went in one INSERT a row, as SQLite's RETURNING of
+                # their ids keeps no order (32 results, 32 statements)
+                db.execute(insert(ComparisonResultRecord).execution_options(render_nulls=True), list(new.values()))
+                records.update(
+                    (r.cache_key, r)
+                    for r in db.scalars(
+                        select(ComparisonResultRecord).where(ComparisonResultRecord.cache_key.in_(list(new)))
+                    )
+                )
             for work, result, pair_ids, _ in self._waiting:
                 if isinstance(result, PairStats):
                     self._context.claims.outage_over()

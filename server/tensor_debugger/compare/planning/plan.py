@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, insert, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import CompareContext, tensor_ref
@@ -83,6 +83,9 @@ def plan_session(context: CompareContext, session_id: int) -> None:
         refs: dict[int, list[TensorRef]] = {}
         overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
         position = 0
+        kept_pairs: list[dict[str, Any]] = []
+        new_pairs: list[dict[str, Any]] = []
+        unmatched: list[dict[str, Any]] = []
         try:
             pattern = compile_name_pattern(session.name_pattern)
         except ValueError as exc:
@@ -110,28 +113,30 @@ def plan_session(context: CompareContext, session_id: int) -> None:
             aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
             for plan in pairing.pairs:
                 alignment, overridden = _alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
-                db.add(
-                    PairRecord(
-                        id=ids.get((candidate.id, plan.a.name, plan.b.name)),
-                        module_path=plan.a.first.module_path,
-                        place=plan.a.first.place,
-                        session_id=session_id,
-                        run_a_id=against.id,
-                        run_b_id=candidate.id,
-                        position=position,
-                        name=plan.a.name,
-                        layer=plan.a.layer,
-                        stage=plan.a.stage,
-                        strategy=plan.strategy,
-                        a_name=plan.a.name,
-                        b_name=plan.b.name,
-                        a_tensor_ids=[s.id for s in plan.a.shards],
-                        b_tensor_ids=[s.id for s in plan.b.shards],
-                        alignment=alignment.to_json() if alignment else None,
-                        alignment_overridden=overridden,
-                        status="pending" if alignment else "incomparable",
-                    )
+                row = dict(
+                    module_path=plan.a.first.module_path,
+                    place=plan.a.first.place,
+                    session_id=session_id,
+                    run_a_id=against.id,
+                    run_b_id=candidate.id,
+                    position=position,
+                    name=plan.a.name,
+                    layer=plan.a.layer,
+                    stage=plan.a.stage,
+                    strategy=plan.strategy,
+                    a_name=plan.a.name,
+                    b_name=plan.b.name,
+                    a_tensor_ids=[s.id for s in plan.a.shards],
+                    b_tensor_ids=[s.id for s in plan.b.shards],
+                    alignment=alignment.to_json() if alignment else None,
+                    alignment_overridden=overridden,
+                    status="pending" if alignment else "incomparable",
                 )
+                kept_id = ids.get((candidate.id, plan.a.name, plan.b.name))
+                if kept_id is None:
+                    new_pairs.append(row)
+                else:
+                    kept_pairs.append({**row, "id": kept_id})
                 position += 1
             # the user's word that a tensor may stay unpaired: an unpair (by hand, or a pairing file's), a glob
             refused = {
@@ -147,8 +152,8 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                 ("b", candidate.id, against.id, pairing.unmatched_b),
             ):
                 for n, tensor in enumerate(missing):
-                    db.add(
-                        UnmatchedRecord(
+                    unmatched.append(
+                        dict(
                             session_id=session_id,
                             run_id=run_id,
                             other_run_id=other,
@@ -160,6 +165,12 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                             before_position=first + places.before(tensor) if side == "a" else None,
                         )
                     )
+        # each table's rows in one INSERT of many (every row the same columns, None as NULL: none of those a row
+        # leaves None has a default), where ORM objects went in one INSERT a row (their ids RETURNING, which SQLite
+        # keeps in no order): the pairs that keep their ids in one, the new ones (ids from the table) in another
+        for table, rows in ((PairRecord, kept_pairs), (PairRecord, new_pairs), (UnmatchedRecord, unmatched)):
+            if rows:
+                db.execute(insert(table).execution_options(render_nulls=True), rows)
         # in the same transaction: a reader never sees a planned-again session's pairs all pending in between
         _refresh(context, db, session_id)
 
