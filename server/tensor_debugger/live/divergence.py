@@ -392,12 +392,13 @@ def _find(
         return tolerance_of(a.dtype, b.dtype)
 
     theirs = {_key(name, root_b): name for name in cand.summaries}
-    # two ops of one name and call index whose shapes (or dtypes' kinds) differ are the two sides' ops falling out
-    # of step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
-    # repeat), not the same op giving other values: each is left unpaired, as an op of one side alone
-    # and an op that one module call runs more often on one side than on the other: which of its calls face each
-    # other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's reshape of one
-    # shape on both), so none of them is paired
+    # Left unpaired, as ops of one side alone:
+    # - two ops of one name and call index whose shapes (or dtypes' kinds) differ: the two sides' ops falling out of
+    #   step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
+    #   repeat), not the same op giving other values;
+    # - every call of an op that one module call runs more often on one side than on the other: which of its calls
+    #   face each other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's
+    #   reshape of one shape on both).
     uneven = _call_counts(ref.summaries, root_a) ^ _call_counts(cand.summaries, root_b)
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
