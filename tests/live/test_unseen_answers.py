@@ -338,6 +338,30 @@ def test_a_mask_passed_as_bools_against_additive_floats_is_not_a_divergence_and_
     assert ("Masks/roll#1_outputs", line_of("port mask")) in first.candidate_only_before
 
 
+def test_a_module_whose_input_was_not_compared_is_named_no_culprit(settings: Settings) -> None:
+    """A float mask against a bool mask that is also wrong (shifted by one key): the block's mask input pairs with
+    nothing (dtype kinds differ), so it was never compared; the block's outputs fail, but its inputs are not known to
+    agree: no culprit is named on it, and the answer says which input was not compared."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    found = find_divergence(
+        Masks(False).eval(), Masks(True, off=True).eval(), (x, keep), session="both", data_dir=settings.data_dir
+    )
+    assert found.first is not None and found.first.module == "Masks.layers.0", repr(found)
+    assert found.culprits == [], repr(found)
+    assert found.uncompared_inputs == (("Masks.layers.0", ("Masks.layers.0_inputs_args_1",)),)
+    words = found.words()
+    assert "Culprit" not in words
+    assert "No culprit is named on Masks.layers.0: its outputs do not agree, but its input " in words
+    assert "Masks.layers.0_inputs_args_1 was not compared" in words
+    # the same block given the same kind of mask, shifted: its mask input is compared and fails, so again no culprit
+    # there; the model that built the mask is where it began
+    found = find_divergence(
+        Masks(True).eval(), Masks(True, off=True).eval(), (x, keep), session="bools", data_dir=settings.data_dir
+    )
+    assert found.uncompared_inputs == () and "Masks.layers.0" not in found.culprits, repr(found)
+
+
 class EagerAttention(nn.Module):
     """Grouped attention by matmul and softmax over repeated keys (`sdpa`: by F.scaled_dot_product_attention with
     enable_gqa, no repeat); the eager one also reshapes its input first, as a port's bookkeeping might."""

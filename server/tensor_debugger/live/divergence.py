@@ -95,7 +95,8 @@ class Divergence:
     session: str
     location: str  # the session's URL on the server, or the local data dir that holds it
     first: FirstDivergence | None
-    culprits: list[str]  # modules whose outputs fail while their inputs pass, from the full values, in order
+    # modules whose outputs fail while every input recorded was compared and passes, from the full values, in order
+    culprits: list[str]
     compared: int  # pairs of summaries compared
     full_modules: tuple[str, ...]  # the `modules=` patterns of the second pass
     next_capture: str | None  # the second pass, as a snippet to rerun
@@ -111,6 +112,9 @@ class Divergence:
     # what the summary captures could not see (a compiled region's ops), each "the reference: ..." or "the
     # candidate: ..."
     notes: tuple[str, ...] = ()
+    # modules whose outputs fail and whose compared inputs pass but with inputs that were not compared (paired with
+    # none of the candidate's, or left unpaired as out of step): each with those inputs; no culprit is named on them
+    uncompared_inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
@@ -147,6 +151,13 @@ class Divergence:
             )
         if self.culprits:
             text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
+        for module, inputs in self.uncompared_inputs:
+            text += (
+                f" No culprit is named on {module}: its outputs do not agree, but its input"
+                f"{'s' if len(inputs) != 1 else ''} {', '.join(inputs)} {'were' if len(inputs) != 1 else 'was'} not "
+                "compared (paired with none of the candidate's: no partner, or one of another shape or kind of "
+                f"dtype), so whether {'they agree' if len(inputs) != 1 else 'it agrees'} is not known."
+            )
         if self.repeatable_until is not None:
             a, b = self.repeatable_until
             text += (
@@ -489,6 +500,7 @@ def _find(
     location = _location(stored[0], server, data_dir)
 
     failing: list[ElementStats] = []
+    judged: set[str] = set()  # the reference's tensors compared element by element
     full_first: ElementStats | None = None
     theirs_full = {_key(n, root_b): n for n in kept["b"]}
     for tensor_name, value in kept["a"].items():
@@ -499,11 +511,12 @@ def _find(
         # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
         stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
+        judged.add(tensor_name)
         if tensor_name == name:
             full_first = stats
         if not stats.passed:
             failing.append(stats)
-    culprits = _culprits(order, kept["a"], failing, root_a)
+    culprits, uncompared = _culprits(order, kept["a"], failing, judged, root_a)
     ours = paired
     found = FirstDivergence(
         name,
@@ -532,6 +545,7 @@ def _find(
         unpaired,
         None,
         notes,
+        uncompared,
     )
 
 
@@ -587,11 +601,19 @@ def _module_before(order: Sequence[str], index: int, module: str) -> str | None:
 
 
 def _culprits(
-    order: Sequence[str], values: Mapping[str, torch.Tensor], failing: list[ElementStats], root: str
-) -> list[str]:
-    """Modules recorded with full values whose outputs fail while their inputs pass (or were not recorded)."""
+    order: Sequence[str],
+    values: Mapping[str, torch.Tensor],
+    failing: list[ElementStats],
+    judged: set[str],
+    root: str,
+) -> tuple[list[str], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """Modules recorded with full values whose outputs fail while every input recorded was compared (its name in
+    `judged`) and passes; and, apart, the modules whose outputs fail and whose compared inputs pass but with inputs
+    not compared, each with those inputs: an input never compared is not known to agree, so no culprit is named
+    on its module."""
     bad = {s.reference for s in failing}
     modules: dict[str, tuple[bool, bool]] = {}  # module -> (an input fails, an output fails)
+    unknown: dict[str, list[str]] = {}  # module -> its inputs not compared
     for name in order:
         if name not in values or "/" in name:
             continue
@@ -599,10 +621,16 @@ def _culprits(
         inputs_bad, outputs_bad = modules.get(module, (False, False))
         if "_inputs_" in name[len(module) :]:
             inputs_bad |= name in bad
+            if name not in judged:
+                unknown.setdefault(module, []).append(name)
         else:
             outputs_bad |= name in bad
         modules[module] = (inputs_bad, outputs_bad)
-    return [m for m, (i, o) in modules.items() if o and not i and m != root]
+    suspects = [m for m, (i, o) in modules.items() if o and not i and m != root]
+    return (
+        [m for m in suspects if m not in unknown],
+        tuple((m, tuple(unknown[m])) for m in suspects if m in unknown),
+    )
 
 
 def _location(result: CaptureResult, server: str | None, data_dir: str | Path | None) -> str:
