@@ -362,6 +362,46 @@ def test_a_module_whose_input_was_not_compared_is_named_no_culprit(settings: Set
     assert found.uncompared_inputs == () and "Masks.layers.0" not in found.culprits, repr(found)
 
 
+class Early(nn.Module):
+    """Two layers with a tanh between; `extra`: a scale by 1.0 after the first (an op the port does not run, the
+    same values); `wrong`: the second layer's weights shifted."""
+
+    def __init__(self, extra: bool, wrong: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.one, self.two = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+        if wrong:
+            with torch.no_grad():
+                self.two.weight += 0.5
+        self.extra = extra
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.one(x)
+        if self.extra:
+            h = h * 1.0
+        out: torch.Tensor = self.two(torch.tanh(h))
+        return out
+
+
+def test_the_answer_names_the_references_tensors_before_the_divergence_that_were_not_compared(
+    settings: Settings,
+) -> None:
+    """An op of the reference's that the candidate does not run, well before the divergence (a pair between them):
+    it was not compared, and the answer says so, as the session's first divergence does (`unmatched_before`)."""
+    x = torch.randn(3, DIM, generator=torch.Generator().manual_seed(2))
+    found = find_divergence(
+        Early(True, False).eval(), Early(False, True).eval(), x, session="early", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None and first.module == "Early.two", repr(found)
+    assert first.reference_only_before == (), first  # a pair lies between: not "just before it"
+    assert first.unmatched_before == ("Early/mul#1_outputs",), first
+    assert (
+        "1 tensor of the reference before it paired with none of the candidate's and was not compared (the first: "
+        "Early/mul#1_outputs); the divergence may have begun there." in found.words()
+    )
+
+
 class EagerAttention(nn.Module):
     """Grouped attention by matmul and softmax over repeated keys (`sdpa`: by F.scaled_dot_product_attention with
     enable_gqa, no repeat); the eager one also reshapes its input first, as a port's bookkeeping might."""

@@ -85,6 +85,9 @@ class FirstDivergence:
     # the first pair before it whose values differ at all (their summaries' hashes differ) though within tolerance,
     # with the reference's line ("" where none): where a difference too small to fail began, which then grew
     first_changed: tuple[str, str] | None = None
+    # every tensor of the reference before it, in its order, that paired with none of the candidate's (as the
+    # session's `unmatched_before`): `reference_only_before` and any earlier, none of them compared
+    unmatched_before: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,15 @@ class Divergence:
                 listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
                 more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
                 text += f" Just before it, the {side} recorded {more}{listed}, which the {other} did not."
+        if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
+            count = len(f.unmatched_before)
+            first_few = f.unmatched_before[:_LISTED]
+            more = f", and {count - len(first_few)} more" if count > len(first_few) else ""
+            text += (
+                f" {count} tensor{'s' if count != 1 else ''} of the reference before it paired with none of the "
+                f"candidate's and {'were' if count != 1 else 'was'} not compared (the first: {', '.join(first_few)}"
+                f"{more}); the divergence may have begun there."
+            )
         if f.first_changed is not None:
             changed, at = f.first_changed
             text += (
@@ -530,6 +542,7 @@ def _find(
         _one_sided_before(list(cand.summaries), other, lambda n: _key(n, root_b) in ours, cand.sources),
         _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
         (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
+        tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
     )
     return Divergence(
         session,
