@@ -788,6 +788,43 @@ def test_full_values_are_compared_as_torch_testing_compares_them() -> None:
     assert (empty.numel, empty.argmax, empty.passed) == (0, (), True)
 
 
+INF, NAN = math.inf, math.nan
+
+
+@pytest.mark.parametrize(
+    ("reference", "candidate", "rtol", "atol"),
+    [
+        ([INF, 1.0], [5.0, 1.0], 1.3e-6, 1e-5),  # an infinity against a number
+        ([5.0, 1.0], [INF, 1.0], 1.3e-6, 1e-5),
+        ([INF, 1.0], [-INF, 1.0], 1.3e-6, 1e-5),  # against the other infinity
+        ([INF, 1.0], [-INF, 1.0], 0.0, 0.0),  # rtol 0: the bound at an infinity is NaN
+        ([INF, 1.0], [5.0, 1.0], 0.0, 1e-5),
+        ([-INF, 1.0], [-INF, 1.0], 0.0, 0.0),  # the same infinity agrees
+        ([INF, -INF], [INF, -INF], 1.3e-6, 1e-5),
+        ([NAN, 1.0], [NAN, 1.0], 1.3e-6, 1e-5),  # NaN against NaN agrees (equal_nan)
+        ([NAN, 1.0], [5.0, 1.0], 1.3e-6, 1e-5),  # NaN against a number does not
+        ([5.0, 1.0], [NAN, 1.0], 0.0, 0.0),
+        ([NAN, INF], [INF, NAN], 1.3e-6, 1e-5),
+        ([1e30, 1.0], [2e30, 1.0], 1.0, 0.0),  # large, within rtol 1
+        ([1.0, 2.0], [1.0, 2.5], 0.0, 0.1),
+    ],
+)
+def test_full_values_pass_where_torch_testing_passes_infinities_and_nans_included(
+    reference: list[float], candidate: list[float], rtol: float, atol: float
+) -> None:
+    """An infinity against a number or against the other infinity is outside any tolerance (its bound, inf or with
+    rtol 0 NaN, let it pass before); NaN against NaN agrees, as torch.testing.assert_close(equal_nan=True)."""
+    a, b = torch.tensor(reference, dtype=torch.float64), torch.tensor(candidate, dtype=torch.float64)
+    try:
+        torch.testing.assert_close(b, a, rtol=rtol, atol=atol, equal_nan=True)
+        expected = True
+    except AssertionError:
+        expected = False
+    stats = _full_stats(a, b, ("a", "b"), Tolerance(rtol, atol))
+    assert stats.passed == expected, stats
+    assert (stats.mismatched == 0) == expected, stats
+
+
 class Counted(nn.Module):
     """Counts its calls: the last layer of `Late`."""
 

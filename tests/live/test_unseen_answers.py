@@ -338,6 +338,70 @@ def test_a_mask_passed_as_bools_against_additive_floats_is_not_a_divergence_and_
     assert ("Masks/roll#1_outputs", line_of("port mask")) in first.candidate_only_before
 
 
+def test_a_module_whose_input_was_not_compared_is_named_no_culprit(settings: Settings) -> None:
+    """A float mask against a bool mask that is also wrong (shifted by one key): the block's mask input pairs with
+    nothing (dtype kinds differ), so it was never compared; the block's outputs fail, but its inputs are not known to
+    agree: no culprit is named on it, and the answer says which input was not compared."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    found = find_divergence(
+        Masks(False).eval(), Masks(True, off=True).eval(), (x, keep), session="both", data_dir=settings.data_dir
+    )
+    assert found.first is not None and found.first.module == "Masks.layers.0", repr(found)
+    assert found.culprits == [], repr(found)
+    assert found.uncompared_inputs == (("Masks.layers.0", ("Masks.layers.0_inputs_args_1",)),)
+    words = found.words()
+    assert "Culprit" not in words
+    assert "No culprit is named on Masks.layers.0: its outputs do not agree, but its input " in words
+    assert "Masks.layers.0_inputs_args_1 was not compared" in words
+    # the same block given the same kind of mask, shifted: its mask input is compared and fails, so again no culprit
+    # there; the model that built the mask is where it began
+    found = find_divergence(
+        Masks(True).eval(), Masks(True, off=True).eval(), (x, keep), session="bools", data_dir=settings.data_dir
+    )
+    assert found.uncompared_inputs == () and "Masks.layers.0" not in found.culprits, repr(found)
+
+
+class Early(nn.Module):
+    """Two layers with a tanh between; `extra`: a scale by 1.0 after the first (an op the port does not run, the
+    same values); `wrong`: the second layer's weights shifted."""
+
+    def __init__(self, extra: bool, wrong: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.one, self.two = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+        if wrong:
+            with torch.no_grad():
+                self.two.weight += 0.5
+        self.extra = extra
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.one(x)
+        if self.extra:
+            h = h * 1.0
+        out: torch.Tensor = self.two(torch.tanh(h))
+        return out
+
+
+def test_the_answer_names_the_references_tensors_before_the_divergence_that_were_not_compared(
+    settings: Settings,
+) -> None:
+    """An op of the reference's that the candidate does not run, well before the divergence (a pair between them):
+    it was not compared, and the answer says so, as the session's first divergence does (`unmatched_before`)."""
+    x = torch.randn(3, DIM, generator=torch.Generator().manual_seed(2))
+    found = find_divergence(
+        Early(True, False).eval(), Early(False, True).eval(), x, session="early", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None and first.module == "Early.two", repr(found)
+    assert first.reference_only_before == (), first  # a pair lies between: not "just before it"
+    assert first.unmatched_before == ("Early/mul#1_outputs",), first
+    assert (
+        "1 tensor of the reference before it paired with none of the candidate's and was not compared (the first: "
+        "Early/mul#1_outputs); the divergence may have begun there." in found.words()
+    )
+
+
 class EagerAttention(nn.Module):
     """Grouped attention by matmul and softmax over repeated keys (`sdpa`: by F.scaled_dot_product_attention with
     enable_gqa, no repeat); the eager one also reshapes its input first, as a port's bookkeeping might."""

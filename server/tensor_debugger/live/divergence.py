@@ -85,6 +85,9 @@ class FirstDivergence:
     # the first pair before it whose values differ at all (their summaries' hashes differ) though within tolerance,
     # with the reference's line ("" where none): where a difference too small to fail began, which then grew
     first_changed: tuple[str, str] | None = None
+    # every tensor of the reference before it, in its order, that paired with none of the candidate's (as the
+    # session's `unmatched_before`): `reference_only_before` and any earlier, none of them compared
+    unmatched_before: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,8 @@ class Divergence:
     session: str
     location: str  # the session's URL on the server, or the local data dir that holds it
     first: FirstDivergence | None
-    culprits: list[str]  # modules whose outputs fail while their inputs pass, from the full values, in order
+    # modules whose outputs fail while every input recorded was compared and passes, from the full values, in order
+    culprits: list[str]
     compared: int  # pairs of summaries compared
     full_modules: tuple[str, ...]  # the `modules=` patterns of the second pass
     next_capture: str | None  # the second pass, as a snippet to rerun
@@ -111,6 +115,9 @@ class Divergence:
     # what the summary captures could not see (a compiled region's ops), each "the reference: ..." or "the
     # candidate: ..."
     notes: tuple[str, ...] = ()
+    # modules whose outputs fail and whose compared inputs pass but with inputs that were not compared (paired with
+    # none of the candidate's, or left unpaired as out of step): each with those inputs; no culprit is named on them
+    uncompared_inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
@@ -134,6 +141,15 @@ class Divergence:
                 listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
                 more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
                 text += f" Just before it, the {side} recorded {more}{listed}, which the {other} did not."
+        if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
+            count = len(f.unmatched_before)
+            first_few = f.unmatched_before[:_LISTED]
+            more = f", and {count - len(first_few)} more" if count > len(first_few) else ""
+            text += (
+                f" {count} tensor{'s' if count != 1 else ''} of the reference before it paired with none of the "
+                f"candidate's and {'were' if count != 1 else 'was'} not compared (the first: {', '.join(first_few)}"
+                f"{more}); the divergence may have begun there."
+            )
         if f.first_changed is not None:
             changed, at = f.first_changed
             text += (
@@ -147,6 +163,13 @@ class Divergence:
             )
         if self.culprits:
             text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
+        for module, inputs in self.uncompared_inputs:
+            text += (
+                f" No culprit is named on {module}: its outputs do not agree, but its input"
+                f"{'s' if len(inputs) != 1 else ''} {', '.join(inputs)} {'were' if len(inputs) != 1 else 'was'} not "
+                "compared (paired with none of the candidate's: no partner, or one of another shape or kind of "
+                f"dtype), so whether {'they agree' if len(inputs) != 1 else 'it agrees'} is not known."
+            )
         if self.repeatable_until is not None:
             a, b = self.repeatable_until
             text += (
@@ -310,7 +333,9 @@ def _full_stats(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], tolera
         if nan.any():
             diff[(x == y) | (np.isnan(x) & np.isnan(y))] = 0.0  # agree: no difference
             nan = np.isnan(diff)
-        bad = diff > tolerance.bound(np.abs(x))
+        # an infinity against a number or against the other infinity: its bound is inf (or, with rtol 0, NaN),
+        # which no comparison exceeds; it is outside any tolerance, as torch.testing holds
+        bad = (diff > tolerance.bound(np.abs(x))) | np.isinf(diff)
     mismatched = int(np.count_nonzero(bad)) + int(np.count_nonzero(nan))
     diff[nan] = np.inf  # a NaN against a number is the largest difference
     index = int(diff.argmax())
@@ -390,12 +415,13 @@ def _find(
         return tolerance_of(a.dtype, b.dtype)
 
     theirs = {_key(name, root_b): name for name in cand.summaries}
-    # two ops of one name and call index whose shapes (or dtypes' kinds) differ are the two sides' ops falling out
-    # of step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
-    # repeat), not the same op giving other values: each is left unpaired, as an op of one side alone
-    # and an op that one module call runs more often on one side than on the other: which of its calls face each
-    # other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's reshape of one
-    # shape on both), so none of them is paired
+    # Left unpaired, as ops of one side alone:
+    # - two ops of one name and call index whose shapes (or dtypes' kinds) differ: the two sides' ops falling out of
+    #   step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
+    #   repeat), not the same op giving other values;
+    # - every call of an op that one module call runs more often on one side than on the other: which of its calls
+    #   face each other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's
+    #   reshape of one shape on both).
     uneven = _call_counts(ref.summaries, root_a) ^ _call_counts(cand.summaries, root_b)
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
@@ -486,6 +512,7 @@ def _find(
     location = _location(stored[0], server, data_dir)
 
     failing: list[ElementStats] = []
+    judged: set[str] = set()  # the reference's tensors compared element by element
     full_first: ElementStats | None = None
     theirs_full = {_key(n, root_b): n for n in kept["b"]}
     for tensor_name, value in kept["a"].items():
@@ -496,11 +523,12 @@ def _find(
         # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
         stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
+        judged.add(tensor_name)
         if tensor_name == name:
             full_first = stats
         if not stats.passed:
             failing.append(stats)
-    culprits = _culprits(order, kept["a"], failing, root_a)
+    culprits, uncompared = _culprits(order, kept["a"], failing, judged, root_a)
     ours = paired
     found = FirstDivergence(
         name,
@@ -514,6 +542,7 @@ def _find(
         _one_sided_before(list(cand.summaries), other, lambda n: _key(n, root_b) in ours, cand.sources),
         _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
         (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
+        tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
     )
     return Divergence(
         session,
@@ -529,6 +558,7 @@ def _find(
         unpaired,
         None,
         notes,
+        uncompared,
     )
 
 
@@ -584,11 +614,19 @@ def _module_before(order: Sequence[str], index: int, module: str) -> str | None:
 
 
 def _culprits(
-    order: Sequence[str], values: Mapping[str, torch.Tensor], failing: list[ElementStats], root: str
-) -> list[str]:
-    """Modules recorded with full values whose outputs fail while their inputs pass (or were not recorded)."""
+    order: Sequence[str],
+    values: Mapping[str, torch.Tensor],
+    failing: list[ElementStats],
+    judged: set[str],
+    root: str,
+) -> tuple[list[str], tuple[tuple[str, tuple[str, ...]], ...]]:
+    """Modules recorded with full values whose outputs fail while every input recorded was compared (its name in
+    `judged`) and passes; and, apart, the modules whose outputs fail and whose compared inputs pass but with inputs
+    not compared, each with those inputs: an input never compared is not known to agree, so no culprit is named
+    on its module."""
     bad = {s.reference for s in failing}
     modules: dict[str, tuple[bool, bool]] = {}  # module -> (an input fails, an output fails)
+    unknown: dict[str, list[str]] = {}  # module -> its inputs not compared
     for name in order:
         if name not in values or "/" in name:
             continue
@@ -596,10 +634,16 @@ def _culprits(
         inputs_bad, outputs_bad = modules.get(module, (False, False))
         if "_inputs_" in name[len(module) :]:
             inputs_bad |= name in bad
+            if name not in judged:
+                unknown.setdefault(module, []).append(name)
         else:
             outputs_bad |= name in bad
         modules[module] = (inputs_bad, outputs_bad)
-    return [m for m, (i, o) in modules.items() if o and not i and m != root]
+    suspects = [m for m, (i, o) in modules.items() if o and not i and m != root]
+    return (
+        [m for m in suspects if m not in unknown],
+        tuple((m, tuple(unknown[m])) for m in suspects if m in unknown),
+    )
 
 
 def _location(result: CaptureResult, server: str | None, data_dir: str | Path | None) -> str:
