@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
+from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
@@ -316,7 +317,9 @@ def session_pairs(
     ]
     # each candidate's tensors are paired with those of the run it is compared against (the session's reference,
     # or the run it names): that run's tensors without partner there are what was not compared
-    reference = next((r.id for r in ordered_runs if r.role != "noise"), None)
+    # as planning takes it: a failed first run is not the reference, the next run is
+    reference_run = session_reference(ordered_runs)
+    reference = reference_run.id if reference_run is not None else None
     against = {r.id: r.compared_against_id or reference for r in ordered_runs}
 
     def missed(u: UnmatchedReport) -> bool:
