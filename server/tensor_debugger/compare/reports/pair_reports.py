@@ -347,7 +347,7 @@ def session_pairs(
     if modules and items:
         module_view = _module_view(db, judged, candidates[0].run_id if candidates else None)
         if module_view is None:
-            stages = stage_culprits(items, _noise_floors(judged), factor)
+            stages = stage_culprits(items, _noise_floors(judged, items[0].b.run_id), factor)
     unread = (
         db.scalar(
             select(func.count())
@@ -424,8 +424,11 @@ def _judged_pairs(db: DbSession, session_id: int, cache: StatsCache | None) -> _
     return _JudgedPairs(everything, items, ordered_runs, noise_runs, factor)
 
 
-def _noise_floors(judged: _JudgedPairs) -> dict[str, float]:
-    return noise_floors([i for i in judged.everything if i.b.run_id in judged.noise_runs])
+def _noise_floors(judged: _JudgedPairs, candidate: int | None) -> dict[str, float]:
+    """The noise floors that apply to `candidate`'s pairs: none where it is compared against another run than the
+    reference (the one the rerun was compared with)."""
+    against = {i.a.run_id for i in judged.items if i.b.run_id == candidate}
+    return noise_floors([i for i in judged.everything if i.b.run_id in judged.noise_runs and i.a.run_id in against])
 
 
 def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | None) -> ModuleReport | None:
@@ -433,7 +436,7 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     items = judged.items
     tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
     mine = [i for i in items if i.b.run_id == first_candidate]
-    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged), judged.factor)
+    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged, first_candidate), judged.factor)
 
 
 @dataclass(frozen=True)
@@ -642,11 +645,12 @@ def with_closest(
 
 def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:
     """Each candidate pair with its noise floor (the reference tensor's pair with the rerun) and the verdict of the
-    noise rule where it applies (`noise.py`)."""
-    floors = {n.a.name: n for n in noise}
+    noise rule where it applies (`noise.py`). Only a pair whose a side is the reference run has a floor: the rerun
+    measures the reference's noise, not that of a candidate another candidate is compared against."""
+    floors = {(n.a.run_id, n.a.name): n for n in noise}
     judged = []
     for item in items:
-        floor = floors.get(item.a.name)
+        floor = floors.get((item.a.run_id, item.a.name))
         floor_error = floor.stats.max_abs_diff if floor is not None and floor.stats is not None else None
         verdict = noise_judges(item.stats.max_abs_diff if item.stats else None, floor_error, factor)
         if (
