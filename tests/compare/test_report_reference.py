@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 from sqlalchemy import update
+from tensor_debugger.compare.planning.hand_pairing import candidate_run
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
@@ -38,3 +39,5 @@ def test_a_failed_first_run_leaves_the_next_run_as_the_reference(services: Servi
     cli = compare_report(session_id, "failed-first", "http://127.0.0.1/", report, [])
     assert (cli.unmatched.a, cli.unmatched.b) == (["a.y"], [])
     assert cli.verdict == "incomplete"
+    with services.sessions() as db:  # a hand pairing's default candidate: b, not the reference a
+        assert candidate_run(db, session_id, None).label == "b"
