@@ -9,6 +9,7 @@ import pytest
 import torch
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_not_compared
+from tensor_debugger.cli.session_diff import incomplete
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.settings import Settings
 
@@ -51,3 +52,6 @@ def test_ops_out_of_step_are_not_compared_and_leave_the_session_incomplete(
     print_not_compared(cli)
     text = capsys.readouterr().out
     assert "NOT COMPARED: pair EagerAttention/reshape#1_outputs (ops out of step: one side calls reshape more" in text
+    # compare-sessions' words for an incomplete session
+    words = incomplete(report.coverage)
+    assert f"{len(out_of_step)} pairs of ops out of step were not compared (EagerAttention/" in words
