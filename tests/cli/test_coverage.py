@@ -65,6 +65,7 @@ def test_a_candidate_that_dumped_only_layer_zero_is_incomplete(tmp_path: Path) -
         "not_compared": [],
         "runs_not_compared": [],
         "runs": [{"run": "cand", "against": "ref", "tensors": 8, "compared": 2, "not_asked": 0}],
+        "out_of_step": [],
     }
     assert out["unmatched"] == {"a": MISSING, "b": []}  # the key scripts already read, as it was
     assert out["first_divergence"] is None

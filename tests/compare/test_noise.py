@@ -8,6 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.services import Services
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
@@ -72,3 +76,30 @@ def test_noise_through_a_server_its_upload_and_page(shared_server: LiveServer, r
     assert "within 4× the rerun" in page
     form = loopback_http.get(f"{shared_server.url}/", headers=shared_server.auth).text
     assert '<input type="file" name="noise" multiple>' in form
+
+
+def test_the_floor_judges_only_pairs_against_the_reference(services: Services, tmp_path: Path) -> None:
+    """The rerun measures the reference's noise: a candidate compared against another candidate is judged by the
+    tolerances, not by the reference's floor (3e-3 apart, within 4 times a 1e-3 floor, fails the tolerances)."""
+    base = torch.linspace(1.0, 2.0, 16)
+    values = {"ref": base, "rerun": base + 1e-3, "early": base + 1.0, "late": base + 1.0 + 3e-3}
+    session_id = 0
+    for label, x in values.items():
+        (tmp_path / label).mkdir()
+        torch.save({"x": x}, tmp_path / label / "acts.pt")
+        files = [InputFile(tmp_path / label / "acts.pt", "acts.pt")]  # the same tensor names in every run
+        role, against = ("noise", None) if label == "rerun" else (None, "early" if label == "late" else None)
+        session_id = services.ingestor.ingest(
+            "floors", label, files, reuse=False, role=role, against=against
+        ).session_id
+    services.plan(session_id)
+    services.compute(session_id)
+    with services.sessions() as db:
+        report = session_pairs(db, session_id)
+    labels = {c.run_id: c.label for c in report.candidates} | {c.against_run_id: c.against for c in report.candidates}
+    by_candidate = {(labels[p.b.run_id], labels[p.a.run_id]): p for p in report.pairs}
+    assert set(by_candidate) == {("early", "ref"), ("late", "early")}
+    early = by_candidate["early", "ref"]  # 1.0 off, far beyond 4 times the floor
+    assert (str(early.status), early.rule, early.noise_max_abs_diff is not None) == ("fail", "noise", True)
+    late = by_candidate["late", "early"]
+    assert (str(late.status), late.rule, late.noise_max_abs_diff) == ("fail", "tolerance", None)

@@ -320,8 +320,8 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> N
 
 def print_not_compared(report: CompareReport) -> None:
     """What of the reference was not compared (the verdict is incomplete, exit 1): its tensors without partner
-    that the user did not allow, pairs that errored or are incomparable; and those the user allowed to stay
-    unpaired."""
+    that the user did not allow, pairs that errored or are incomparable, pairs of ops out of step; and those the
+    user allowed to stay unpaired."""
     coverage = report.coverage
     if coverage is None:
         return
@@ -338,6 +338,8 @@ def print_not_compared(report: CompareReport) -> None:
     if left_out:
         pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
         print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")
+    for pair in coverage.out_of_step:
+        print(f"NOT COMPARED: pair {pair.name} ({pair.why})")
     for run in coverage.runs_not_compared:
         against = "a run that was removed" if run.against is None else f"{run.against!r}, which {run.why}"
         print(f"NOT COMPARED: run {run.run!r}, none of its tensors: it is compared against {against}")

@@ -44,6 +44,9 @@ def incomplete(coverage: Coverage) -> str:
         parts[-1] += ", …)" if len(coverage.unmatched) > 5 else ")"
     if coverage.not_compared:
         parts.append(f"{len(coverage.not_compared)} pairs could not be compared")
+    if coverage.out_of_step:
+        names = ", ".join(o.name for o in coverage.out_of_step[:5]) + (", …" if len(coverage.out_of_step) > 5 else "")
+        parts.append(f"{len(coverage.out_of_step)} pairs of ops out of step were not compared ({names})")
     if coverage.unread_files:
         parts.append(f"{coverage.unread_files} input files could not be read")
     parts.extend(f"no tensor of {run.words} was compared" for run in coverage.runs_not_compared)

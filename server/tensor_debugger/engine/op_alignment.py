@@ -5,8 +5,13 @@ only."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import re
+from collections.abc import Hashable, Iterable, Sequence
 from difflib import SequenceMatcher
+
+# a captured op's output: "Net.attn/reshape#3_outputs" (module call "attn" without the model's class name "Net",
+# op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call "")
+_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs$")
 
 
 def align_ops(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int | None, int | None]]:
@@ -34,6 +39,32 @@ def out_of_step(name: str, shapes: tuple[Sequence[int], Sequence[int]], dtypes: 
     if "/" in name and "#" in name.rpartition("/")[2]:  # an op's output: "…/mul#1_outputs", not "…/grad_input"
         return kinds_differ or tuple(shapes[0]) != tuple(shapes[1])
     return kinds_differ and "_inputs_" in name
+
+
+def op_call(name: str) -> tuple[str, str, int] | None:
+    """(module call without the model's class name, op, call index) of a captured op's output, by its full name
+    (the class name first: it may differ between a model and its port); None for any other tensor."""
+    found = _OP_CALL.match(name)
+    return (found[1], found[2], int(found[3])) if found else None
+
+
+def call_counts(names: Iterable[str]) -> dict[tuple[str, str], int]:
+    """How many times each (module call, op) was called, of the captured ops' outputs among `names` (one run's):
+    its highest call index."""
+    counts: dict[tuple[str, str], int] = {}
+    for name in names:
+        call = op_call(name)
+        if call is not None:
+            counts[call[:2]] = max(counts.get(call[:2], 0), call[2])
+    return counts
+
+
+def uneven_ops(a: Iterable[str], b: Iterable[str]) -> set[tuple[str, str]]:
+    """The (module call, op) that two runs (their tensors' names, `a` and `b`) call a different number of times:
+    which of their calls face each other is not known (eager attention's repeat_kv reshapes against SDPA's none),
+    so none of them is one value computed two ways."""
+    counts_a, counts_b = call_counts(a), call_counts(b)
+    return {key for key in counts_a.keys() | counts_b.keys() if counts_a.get(key) != counts_b.get(key)}
 
 
 def _kind(dtype: str) -> str:

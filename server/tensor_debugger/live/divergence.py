@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensor_debugger.engine.op_alignment import out_of_step
+from tensor_debugger.engine.op_alignment import op_call, out_of_step, uneven_ops
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
@@ -234,25 +234,6 @@ def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[to
     return call
 
 
-_OP_CALL = re.compile(r"^(.*)/([^/#]+)#(\d+)_outputs$")  # "Net.attn/reshape#3_outputs": its module call, op, index
-
-
-def _op_call(name: str, root: str) -> tuple[str, str, int]:
-    """(module call without the model's class name, op, call index) of an op's tensor; ("", "", 0) for any other."""
-    found = _OP_CALL.match(_key(name, root))
-    return (found[1], found[2], int(found[3])) if found else ("", "", 0)
-
-
-def _call_counts(names: Mapping[str, Sketch], root: str) -> set[tuple[str, str, int]]:
-    """(module call, op, how many times it called the op) of every op one capture recorded."""
-    counts: dict[tuple[str, str], int] = {}
-    for name in names:
-        module, op, index = _op_call(name, root)
-        if op:
-            counts[(module, op)] = max(counts.get((module, op), 0), index)
-    return {(module, op, n) for (module, op), n in counts.items()}
-
-
 def _root_name(model: torch.nn.Module) -> str:
     """The class name a capture gives a model's tensors: that of the model `torch.compile(model)` wraps, where it
     does (not `OptimizedModule`, whose tensors would then pair with nothing)."""
@@ -422,15 +403,14 @@ def _find(
     # - every call of an op that one module call runs more often on one side than on the other: which of its calls
     #   face each other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's
     #   reshape of one shape on both).
-    uneven = _call_counts(ref.summaries, root_a) ^ _call_counts(cand.summaries, root_b)
+    uneven = uneven_ops(ref.summaries, cand.summaries)
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
         if other is None:
             continue
         a, b = ref.summaries[name], cand.summaries[other]
-        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)) or _op_call(name, root_a)[:2] in {
-            u[:2] for u in uneven
-        }:
+        op = op_call(name)
+        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)) or (op is not None and op[:2] in uneven):
             del theirs[_key(name, root_a)]
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')

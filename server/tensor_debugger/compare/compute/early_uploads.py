@@ -37,6 +37,7 @@ from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts, f
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.compute.sent_pairs import SentPairs
 from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import PairJob
 from tensor_debugger.ingest.runs import PendingRun
@@ -213,16 +214,19 @@ class SessionComparisons(EarlyEngine):
 
     def _load_reference(self) -> None:
         with self.context.sessions() as db:
-            kept = db.execute(
-                select(RunRecord.id, RunRecord.role, RunRecord.compared_against_id)
-                .where(RunRecord.session_id == self._session_id, RunRecord.status != "failed")
+            runs = db.execute(
+                select(RunRecord.id, RunRecord.role, RunRecord.status, RunRecord.compared_against_id)
+                .where(RunRecord.session_id == self._session_id)
                 .order_by(RunRecord.position)
             ).all()
-        # as the plan takes it (`Comparisons.plan`)
-        self._reference = next((run for run, role, _ in kept if role != "noise"), kept[0][0] if kept else None)
+        # as the plan takes it
+        reference = session_reference(runs)
+        self._reference = reference.id if reference is not None else None
         # runs compared against another run than the reference: no guess pairs them with the reference's tensors
         # (the plan pairs them with that run's)
-        self._elsewhere = {run for run, role, against in kept if against is not None and role != "noise"}
+        self._elsewhere = {
+            r.id for r in runs if r.status != "failed" and r.compared_against_id is not None and r.role != "noise"
+        }
 
     def _ready_runs(self) -> list[int]:
         with self.context.sessions() as db:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.engine.alignment import Alignment, Shape, Step, align, alignment_choices
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
@@ -41,10 +42,18 @@ class HandPairChoices:
 
 def candidate_run(db: DbSession, session_id: int, run_id: int | None) -> RunRecord:
     """The candidate run `run_id`, else the session's first candidate (not a rerun of the reference: its noise
-    floor); InvalidInputError when there is none."""
+    floor); neither the reference (`session_reference`: a failed first run is not it) nor a failed run.
+    InvalidInputError when there is none."""
     session = catalog.get_session(db, session_id)
+    reference = session_reference(session.runs)
     run = next(
-        (r for r in session.runs if r.position > 0 and (r.id == run_id or (run_id is None and r.role != "noise"))),
+        (
+            r
+            for r in session.runs
+            if r is not reference
+            and r.status != "failed"
+            and (r.id == run_id or (run_id is None and r.role != "noise"))
+        ),
         None,
     )
     if run is None:

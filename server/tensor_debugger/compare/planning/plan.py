@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.current import CurrentPairs
+from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
@@ -76,7 +77,7 @@ def plan_session(context: CompareContext, session_id: int) -> None:
         if len(runs) < 2:
             return
         reference = next((r for r in runs if r.role != "noise"), runs[0])
-        if reference is not next((r for r in kept if r.role != "noise"), kept[0]):
+        if reference is not session_reference(kept):
             return  # while the reference (the first run) is ingesting, no other run stands in for it
         runs = [reference, *(r for r in runs if r is not reference)]
         ready = {r.id: r for r in runs}

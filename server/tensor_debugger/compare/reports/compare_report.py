@@ -132,6 +132,13 @@ class RunCoverageSummary(msgspec.Struct, frozen=True):
     not_asked: int
 
 
+class OutOfStepSummary(msgspec.Struct, frozen=True):
+    """A pair of captured ops out of step (`name`, the pair's), not compared, and why in plain words."""
+
+    name: str
+    why: str
+
+
 class CoverageSummary(msgspec.Struct, frozen=True):
     """How much of the reference was compared (compare/reports/coverage.py)."""
 
@@ -142,6 +149,7 @@ class CoverageSummary(msgspec.Struct, frozen=True):
     not_compared: list[str]  # pairs that errored or are incomparable
     runs_not_compared: list[RunNotComparedSummary] = []
     runs: list[RunCoverageSummary] = []  # each candidate run's own coverage
+    out_of_step: list[OutOfStepSummary] = []  # pairs of ops out of step: not compared
 
 
 class DivergenceSummary(msgspec.Struct, frozen=True):

@@ -26,7 +26,8 @@ class SessionVerdict(enum.StrEnum):
     DIVERGED = "diverged"  # a pair is outside tolerance
     # no pair is outside tolerance, but not everything was compared: reference tensors without partner (that the
     # user did not allow), pairs that errored or are incomparable, input files that could not be read, runs compared
-    # against a run that failed, is not ready or is gone (none of their tensors compared)
+    # against a run that failed, is not ready or is gone (none of their tensors compared), pairs of captured ops out
+    # of step (one side calls an op more often: not one value computed two ways)
     INCOMPLETE = "incomplete"
     NO_DIVERGENCE = "no_divergence"  # every reference tensor compared, every pair within tolerance
 
@@ -63,6 +64,16 @@ class RunNotCompared:
 
 
 @dataclass(frozen=True)
+class OutOfStep:
+    """A pair of captured ops out of step (`name`, the pair's): one side calls the op more often in a module call,
+    so which calls face each other is not known, or their outputs' shapes or kinds differ (`why`, in plain words).
+    Its values are not one value computed two ways: it is not compared, and no verdict counts it."""
+
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
 class Coverage:
     """How much of the reference was compared. `reference_tensors`: the reference's tensors (logical: shards of one
     count once); `compared`: of them, those compared (a verdict of pass or fail) with every candidate that was asked
@@ -72,7 +83,9 @@ class Coverage:
     modules a capture asked for); a tensor one candidate was not asked to record and another compared counts as
     compared; `not_compared`: the pairs that errored or are incomparable; `unread_files`: input files that could
     not be read; `runs`: each candidate run's own coverage of the run it is compared against;
-    `runs_not_compared`: the runs compared against a run that failed, is not ready or is gone (no pairs at all)."""
+    `runs_not_compared`: the runs compared against a run that failed, is not ready or is gone (no pairs at all);
+    `out_of_step`: the pairs of captured ops out of step, not compared (their reference tensors are not counted in
+    `compared`)."""
 
     reference_tensors: int = 0
     compared: int = 0
@@ -82,11 +95,14 @@ class Coverage:
     unread_files: int = 0
     runs_not_compared: list[RunNotCompared] = field(default_factory=list)
     runs: list[RunCoverage] = field(default_factory=list)
+    out_of_step: list[OutOfStep] = field(default_factory=list)
 
     @property
     def left_out(self) -> bool:
         """Whether anything was not compared (the verdict is incomplete where no pair fails)."""
-        return bool(self.unmatched or self.not_compared or self.unread_files or self.runs_not_compared)
+        return bool(
+            self.unmatched or self.not_compared or self.unread_files or self.runs_not_compared or self.out_of_step
+        )
 
 
 def session_verdict(

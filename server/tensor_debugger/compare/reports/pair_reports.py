@@ -4,8 +4,7 @@ documents them in its OpenAPI schema), the CLI, the CSV export and the pages ali
 from __future__ import annotations
 
 import math
-import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -15,10 +14,12 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
+from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
     Coverage,
+    OutOfStep,
     RunCoverage,
     RunNotCompared,
     SessionVerdict,
@@ -62,7 +63,7 @@ from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
-from tensor_debugger.engine.op_alignment import out_of_step
+from tensor_debugger.engine.op_alignment import op_call, out_of_step, uneven_ops
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.models import (
@@ -316,7 +317,9 @@ def session_pairs(
     ]
     # each candidate's tensors are paired with those of the run it is compared against (the session's reference,
     # or the run it names): that run's tensors without partner there are what was not compared
-    reference = next((r.id for r in ordered_runs if r.role != "noise"), None)
+    # as planning takes it: a failed first run is not the reference, the next run is
+    reference_run = session_reference(ordered_runs)
+    reference = reference_run.id if reference_run is not None else None
     against = {r.id: r.compared_against_id or reference for r in ordered_runs}
 
     def missed(u: UnmatchedReport) -> bool:
@@ -327,11 +330,15 @@ def session_pairs(
         unmatched = with_closest(db, unmatched, missing)
         missing = [u for u in unmatched if missed(u)]
     compared = {i.b.run_id for i in items}
+    # pairs of captured ops out of step: not one value computed two ways, so not compared (no verdict counts them)
+    out_of_step: dict[int, str] = {}
+    for run_id in compared:
+        out_of_step |= _out_of_step_pairs(db, session_id, [i for i in items if i.b.run_id == run_id], missing)
     candidates = [
         CandidateReport(
             run_id,
             label,
-            _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing),
+            _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing, out_of_step),
             against.get(run_id),
             runs.get(against[run_id]) if against.get(run_id) is not None else None,
         )
@@ -344,7 +351,7 @@ def session_pairs(
     if modules and items:
         module_view = _module_view(db, judged, candidates[0].run_id if candidates else None)
         if module_view is None:
-            stages = stage_culprits(items, _noise_floors(judged), factor)
+            stages = stage_culprits(items, _noise_floors(judged, items[0].b.run_id), factor)
     unread = (
         db.scalar(
             select(func.count())
@@ -361,6 +368,7 @@ def session_pairs(
         runs_left_out(ordered_runs),
         _not_asked(db, items, missing),
         _compared_runs(ordered_runs, reference, noise_runs),
+        out_of_step,
     )
     ingesting = any(r.status not in ("ready", "failed") for r in ordered_runs)
     return SessionPairs(
@@ -380,7 +388,7 @@ def session_pairs(
         stage_ranking=stages.ranked,
         error_growth=error_growth(module_view, stages),
         coverage=coverage,
-        verdict=session_verdict((i.status for i in items), coverage, ingesting),
+        verdict=session_verdict((i.status for i in items if i.id not in out_of_step), coverage, ingesting),
     )
 
 
@@ -421,8 +429,11 @@ def _judged_pairs(db: DbSession, session_id: int, cache: StatsCache | None) -> _
     return _JudgedPairs(everything, items, ordered_runs, noise_runs, factor)
 
 
-def _noise_floors(judged: _JudgedPairs) -> dict[str, float]:
-    return noise_floors([i for i in judged.everything if i.b.run_id in judged.noise_runs])
+def _noise_floors(judged: _JudgedPairs, candidate: int | None) -> dict[str, float]:
+    """The noise floors that apply to `candidate`'s pairs: none where it is compared against another run than the
+    reference (the one the rerun was compared with)."""
+    against = {i.a.run_id for i in judged.items if i.b.run_id == candidate}
+    return noise_floors([i for i in judged.everything if i.b.run_id in judged.noise_runs and i.a.run_id in against])
 
 
 def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | None) -> ModuleReport | None:
@@ -430,7 +441,7 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     items = judged.items
     tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
     mine = [i for i in items if i.b.run_id == first_candidate]
-    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged), judged.factor)
+    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged, first_candidate), judged.factor)
 
 
 @dataclass(frozen=True)
@@ -516,11 +527,14 @@ def coverage_of(
     runs_not_compared: Sequence[RunNotCompared] = (),
     not_asked: Collection[tuple[int, str]] = frozenset(),
     candidates: Sequence[tuple[int, str, str]] = (),
+    out_of_step: Mapping[int, str] | None = None,
 ) -> Coverage:
     """What was compared of the reference: `items` the candidates' pairs, `missing` the reference's tensors with no
     partner in a candidate (each once per candidate); `runs_not_compared` as `runs_left_out` finds them;
     `not_asked`: (candidate run id, tensor name) of `missing` that candidate was not asked to record (`_not_asked`);
-    `candidates`: each candidate's (run id, label, label of the run it is compared against), in order, for `runs`."""
+    `candidates`: each candidate's (run id, label, label of the run it is compared against), in order, for `runs`;
+    `out_of_step`: the pairs of ops out of step (by id, with why: `_out_of_step_pairs`), not compared."""
+    passed_over = out_of_step or {}
     # `missing` comes in each run's execution order; those after the last pair (no position) come last
     in_order = sorted(missing, key=lambda u: u.before_position if u.before_position is not None else math.inf)
     asked = [u for u in in_order if (u.against_run_id, u.name) not in not_asked]
@@ -528,7 +542,7 @@ def coverage_of(
     allowed = [n for n in dict.fromkeys(u.name for u in asked if u.allowed) if n not in set(not_allowed)]
     judged: dict[str, bool] = {}
     for i in items:
-        judged[i.a.name] = judged.get(i.a.name, True) and i.status in (PairStatus.PASS, PairStatus.FAIL)
+        judged[i.a.name] = judged.get(i.a.name, True) and _compared(i, passed_over)
     left_out = set(not_allowed) | set(allowed)
     # a tensor no candidate that compared anything of it was asked to record: left out by choice, never compared
     unasked = [
@@ -543,8 +557,14 @@ def coverage_of(
         not_compared=[i.name for i in items if i.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)],
         unread_files=unread_files,
         runs_not_compared=list(runs_not_compared),
-        runs=[_run_coverage(c, items, missing, not_asked) for c in candidates],
+        runs=[_run_coverage(c, items, missing, not_asked, passed_over) for c in candidates],
+        out_of_step=[OutOfStep(i.name, why) for i in items if (why := passed_over.get(i.id)) is not None],
     )
+
+
+def _compared(pair: PairReport, out_of_step: Mapping[int, str]) -> bool:
+    """Whether a pair's values were compared: a pass or a fail, of ops in step."""
+    return pair.status in (PairStatus.PASS, PairStatus.FAIL) and pair.id not in out_of_step
 
 
 def _run_coverage(
@@ -552,13 +572,14 @@ def _run_coverage(
     items: list[PairReport],
     missing: list[UnmatchedReport],
     not_asked: Collection[tuple[int, str]],
+    out_of_step: Mapping[int, str],
 ) -> RunCoverage:
     """One candidate's coverage of the run it is compared against (`coverage_of`'s arguments)."""
     run_id, label, against = candidate
     judged: dict[str, bool] = {}
     for i in items:
         if i.b.run_id == run_id:
-            judged[i.a.name] = judged.get(i.a.name, True) and i.status in (PairStatus.PASS, PairStatus.FAIL)
+            judged[i.a.name] = judged.get(i.a.name, True) and _compared(i, out_of_step)
     mine = {u.name for u in missing if u.against_run_id == run_id}
     unasked = {name for name in mine if (run_id, name) in not_asked}
     return RunCoverage(
@@ -639,11 +660,12 @@ def with_closest(
 
 def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:
     """Each candidate pair with its noise floor (the reference tensor's pair with the rerun) and the verdict of the
-    noise rule where it applies (`noise.py`)."""
-    floors = {n.a.name: n for n in noise}
+    noise rule where it applies (`noise.py`). Only a pair whose a side is the reference run has a floor: the rerun
+    measures the reference's noise, not that of a candidate another candidate is compared against."""
+    floors = {(n.a.run_id, n.a.name): n for n in noise}
     judged = []
     for item in items:
-        floor = floors.get(item.a.name)
+        floor = floors.get((item.a.run_id, item.a.name))
         floor_error = floor.stats.max_abs_diff if floor is not None and floor.stats is not None else None
         verdict = noise_judges(item.stats.max_abs_diff if item.stats else None, floor_error, factor)
         if (
@@ -672,17 +694,18 @@ def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairRe
 
 
 def _first_divergence_of(
-    db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
+    db: DbSession,
+    session_id: int,
+    mine: list[PairReport],
+    missing: Sequence[UnmatchedReport],
+    out_of_step: Collection[int],
 ) -> FirstDivergence | None:
     """The first divergence among one candidate's pairs `mine` (in execution order), with the candidate's tensors
-    without partner just before it. Two ops paired by name and call index whose shapes or dtypes' kinds differ are
-    the two implementations' ops out of step (one calls `reshape` more often), not a divergence:
-    they are passed over, as are the calls of an op that one module call runs more often on one side than on the
-    other (which of them face each other is not known: eager attention's repeat_kv reshapes against SDPA's none)."""
-    uneven = _uneven_ops(db, session_id, mine, missing)
+    without partner just before it. The pairs of ops out of step (`out_of_step`, their ids: `_out_of_step_pairs`)
+    are no divergence: they are passed over."""
 
     def passed_over(pair: PairReport) -> bool:
-        return _out_of_step(pair) or (pair.module_path is not None and _op_of(pair.a.name) in uneven)
+        return pair.id in out_of_step
 
     at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL and not passed_over(i)), None)
     if at is None:
@@ -700,22 +723,18 @@ def _first_divergence_of(
     )
 
 
-_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs$")  # "Net.attn/reshape#3_outputs": attn, reshape, 3
-
-
-def _op_of(name: str) -> tuple[str, str] | None:
-    """(module call without the model's class name, op) of a captured op's tensor; None for any other."""
-    found = _OP_CALL.match(name)
-    return (found[1], found[2]) if found else None
-
-
-def _uneven_ops(
+def _out_of_step_pairs(
     db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
-) -> set[tuple[str, str]]:
-    """The (module call, op) that the reference and the candidate of the pairs `mine` call a different number of
-    times, counted over their pairs and their tensors without partner."""
-    if not mine:
-        return set()
+) -> dict[int, str]:
+    """Of one candidate's pairs `mine`, those of captured ops out of step, by id, each with why in plain words: not
+    one value computed two ways, so not compared. Two ops paired by name and call index whose shapes or dtypes'
+    kinds differ (one side calls `reshape` more often: its calls fell out of step), a module's inputs of different
+    kinds (`op_alignment.out_of_step`); and every call of an op that one module call runs more often on one side
+    than on the other, counted over the pairs and the tensors without partner (which of them face each other is not
+    known: eager attention's repeat_kv reshapes against SDPA's none; `op_alignment.uneven_ops`)."""
+    captured = [p for p in mine if p.module_path is not None]  # a dump's tensors are no captured ops
+    if not captured:
+        return {}
     run_a, run_b = mine[0].a.run_id, mine[0].b.run_id
     alone_b = db.scalars(
         select(UnmatchedRecord.name).where(
@@ -724,25 +743,24 @@ def _uneven_ops(
             UnmatchedRecord.other_run_id == run_a,
         )
     ).all()
-    counts: list[dict[tuple[str, str], int]] = []
-    for names in (
+    uneven = uneven_ops(
         [*(p.a.name for p in mine), *(u.name for u in missing if u.run_id == run_a and u.against_run_id == run_b)],
         [*(p.b.name for p in mine), *alone_b],
-    ):
-        seen: dict[tuple[str, str], int] = {}
-        for name in names:
-            found = _OP_CALL.match(name)
-            if found:
-                seen[(found[1], found[2])] = max(seen.get((found[1], found[2]), 0), int(found[3]))
-        counts.append(seen)
-    return {key for key in counts[0].keys() | counts[1].keys() if counts[0].get(key) != counts[1].get(key)}
-
-
-def _out_of_step(pair: PairReport) -> bool:
-    """Whether a pair is of two captured ops' outputs whose calls fell out of step (`op_alignment.out_of_step`)."""
-    if pair.module_path is None:  # not a captured tensor (a dump's)
-        return False
-    return out_of_step(pair.name, (pair.a.shape, pair.b.shape), (pair.a.dtype, pair.b.dtype))
+    )
+    found = {}
+    for pair in captured:
+        call = op_call(pair.a.name)
+        if call is not None and call[:2] in uneven:
+            found[pair.id] = f"ops out of step: one side calls {call[1]} more often in {call[0] or 'the model'}"
+        elif out_of_step(pair.name, (pair.a.shape, pair.b.shape), (pair.a.dtype, pair.b.dtype)):
+            if call is not None:
+                found[pair.id] = (
+                    f"ops out of step: the two sides' {call[1]} calls in {call[0] or 'the model'} do not line up "
+                    f"({pair.a.dtype} {pair.a.shape} against {pair.b.dtype} {pair.b.shape})"
+                )
+            else:
+                found[pair.id] = f"inputs of different kinds: {pair.a.dtype} against {pair.b.dtype}"
+    return found
 
 
 def _changed(pair: PairReport) -> bool:
