@@ -61,6 +61,7 @@ from tensor_debugger.ingest.safetensors_files import SAFETENSORS_DTYPES
 from tensor_debugger.ingest.sketches import fold64_sketch, reshaped
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
+from tensor_debugger.live.collector import existing_objects_frozen
 from tensor_debugger.live.ops import OpMode
 from tensor_debugger.live.ranks import (
     Ranks,
@@ -701,7 +702,9 @@ def capture(
     handles: list[torch.utils.hooks.RemovableHandle] = []
     watching = ExitStack()  # with level="op": the torch function mode, active while the block runs
     recorder: _Recorder | None = None
+    collecting = ExitStack()  # the collector leaves the process's objects alone until the run is stored
     try:
+        collecting.enter_context(existing_objects_frozen())
         local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
@@ -725,6 +728,7 @@ def capture(
         for handle in handles:
             handle.remove()
         _release(writer, local, ranks, shared, folder)
+        collecting.close()
 
 
 def _staging(staging: str | Path | None) -> tuple[Ranks | None, Path | None, Path]:
@@ -954,8 +958,10 @@ def record(
         if checker is not None:
             checker.done = done
     watching = ExitStack()
+    collecting = ExitStack()  # the collector leaves the process's objects alone while the run is recorded
     handles = _hook(model, recorder, level, compiled=compiled)
     try:
+        collecting.enter_context(existing_objects_frozen())
         if checker is not None:
             handles += _hook(model, checker, level, compiled=compiled)
         if level == "op":
@@ -979,3 +985,4 @@ def record(
         watching.close()
         for handle in handles:
             handle.remove()
+        collecting.close()
