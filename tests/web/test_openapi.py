@@ -5,6 +5,7 @@ item or member left `{}`)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,23 +52,28 @@ def undocumented_json_responses(document: dict[str, Any]) -> list[str]:
     """Every 2xx answer of an /api/ path that says nothing of its body: no content where there is one (all but
     204), or JSON whose schema leaves it untyped."""
     missing = []
+    for where, status, response in api_responses(document):
+        if not str(status).startswith("2"):
+            continue
+        content = response.get("content") or {}
+        if not content and str(status) != "204":
+            missing.append(f"{where} {status}: no content")
+        if "application/json" not in content:
+            continue
+        if _says_nothing(content["application/json"].get("schema") or {}, document):
+            missing.append(f"{where} {status}")
+    return missing
+
+
+def api_responses(document: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """("METHOD /api/path", status, response) of every response of every /api operation the document lists."""
     for path, item in document["paths"].items():
         if not path.startswith("/api/"):
             continue
         for method, operation in item.items():
-            if not isinstance(operation, dict) or "responses" not in operation:
-                continue
-            for status, response in operation["responses"].items():
-                if not str(status).startswith("2"):
-                    continue
-                content = response.get("content") or {}
-                if not content and str(status) != "204":
-                    missing.append(f"{method.upper()} {path} {status}: no content")
-                if "application/json" not in content:
-                    continue
-                if _says_nothing(content["application/json"].get("schema") or {}, document):
-                    missing.append(f"{method.upper()} {path} {status}")
-    return missing
+            if isinstance(operation, dict) and "responses" in operation:
+                for status, response in operation["responses"].items():
+                    yield f"{method.upper()} {path}", str(status), response
 
 
 def test_every_json_response_of_the_api_has_a_schema(tmp_path: Path) -> None:
@@ -122,15 +128,9 @@ def untyped_parts(document: dict[str, Any]) -> list[str]:
         elif schema.get("type") == "object" and not schema.get("properties"):
             found.append(f"{where}{{}}")
 
-    for path, item in document["paths"].items():
-        if not path.startswith("/api/"):
-            continue
-        for method, operation in item.items():
-            if not isinstance(operation, dict) or "responses" not in operation:
-                continue
-            for status, response in operation["responses"].items():
-                for media, content in (response.get("content") or {}).items():
-                    walk(content.get("schema") or {}, f"{method.upper()} {path} {status} {media}:", frozenset())
+    for where, status, response in api_responses(document):
+        for media, content in (response.get("content") or {}).items():
+            walk(content.get("schema") or {}, f"{where} {status} {media}:", frozenset())
     return sorted(set(found))
 
 
