@@ -413,6 +413,13 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: whatever it resolves to, other machines may reach it
 
 
+def _log_to_stderr() -> None:
+    """The server's log: INFO and above of every logger, one line each on stderr."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s - %(asctime)s - %(name)s - %(module)s - %(message)s")
+
+
 def serve(settings: Settings, no_auth: bool = False) -> int:
     if not is_loopback(settings.host) and not settings.auth_required:
         if not no_auth:
@@ -450,6 +457,7 @@ def serve(settings: Settings, no_auth: bool = False) -> int:
 
     from tensor_debugger.web.app import create_app
 
+    _log_to_stderr()
     app = create_app(settings)
     # A long-lived server: what is loaded at start-up never needs collecting, and pages of thousands of pairs
     # allocate many short-lived objects; fewer, younger collections keep their render times steady.

@@ -166,6 +166,9 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         openapi_config=openapi_config("Tensor Debugger", __version__, redoc_url=static_url(REDOC_BUNDLE)),
         request_max_body_size=settings.max_upload_bytes,
         debug=False,
+        # The app configures no logging: the process that serves it does (`serve`), so an app built inside another
+        # program (a test, a notebook) leaves that program's root logger and its streams alone
+        logging_config=None,
     )
     return app
 
