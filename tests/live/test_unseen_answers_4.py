@@ -5,10 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-from tensor_debugger import find_divergence
+from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
+
+from tests.live.test_op_capture import compared
 
 HERE = Path(__file__)
 DIM, EXPERTS = 8, 4
@@ -66,3 +69,50 @@ def test_a_module_whose_output_has_another_shape_is_the_culprit(settings: Settin
     assert found.first.reference_source == found.first.candidate_source == line_of("router renormalises")
     assert found.culprits == ["Moe.router"], found.culprits
     assert "Culprit: Moe.router (its inputs agree, its outputs do not)" in repr(found)
+
+
+class Decoder(nn.Module):
+    """One step of a decoder with a cache of keys: each call appends its token's key and attends over the cache. The
+    port prepends it: the same values on the first call (the cache empty), other ones from the second on."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.k, self.q = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+        self.cache = torch.zeros(1, 0, DIM)
+        self.port = port
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = self.k(x)
+        if self.port:
+            self.cache = torch.cat([key, self.cache], dim=1)  # port cache
+        else:
+            self.cache = torch.cat([self.cache, key], dim=1)  # reference cache
+        weights = (self.q(x) @ self.cache.transpose(1, 2)).softmax(-1)
+        out: torch.Tensor = weights @ self.cache
+        return out
+
+
+@pytest.mark.parametrize("values", ["summary", "full"])
+def test_every_forward_of_a_capture_is_kept_and_a_bug_of_the_second_is_found_there(
+    settings: Settings, values: str
+) -> None:
+    """A capture around three forwards (generate's steps, a loop): only the last forward's tensors were kept (each
+    call of the model took the trace's root, leaving the calls before it out; with values="full" their files were
+    ingested unnamed, `op000000`), so a bug showing from the second forward on was "no divergence" with a summary
+    capture. Every call is kept, in order, and the first divergence is the second call's cache, at its line on each
+    side."""
+    steps = torch.randn(3, 1, 1, DIM, generator=torch.Generator().manual_seed(1))
+    for model, run in ((Decoder(False).eval(), "reference"), (Decoder(True).eval(), "candidate")):
+        with torch.no_grad(), capture(model, "steps", run, data_dir=settings.data_dir, level="op", values=values):
+            for x in steps:
+                model(x)
+    report, unmatched = compared(settings, 1)
+    names = [p.name for p in report.pairs]
+    assert names[:2] == ["Decoder_inputs_args_0", "Decoder.k_inputs_args_0"], names
+    for call in ("Decoder", "Decoder#2", "Decoder#3"):
+        assert f"{call}/cat#1_outputs" in names and f"{call}_outputs" in names, names
+    assert unmatched == []
+    first = report.first_divergence
+    assert first is not None and first.name == "Decoder#2/cat#1_outputs", first
+    assert (first.reference_source, first.candidate_source) == (line_of("reference cache"), line_of("port cache"))
