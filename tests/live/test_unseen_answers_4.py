@@ -116,3 +116,31 @@ def test_every_forward_of_a_capture_is_kept_and_a_bug_of_the_second_is_found_the
     first = report.first_divergence
     assert first is not None and first.name == "Decoder#2/cat#1_outputs", first
     assert (first.reference_source, first.candidate_source) == (line_of("reference cache"), line_of("port cache"))
+
+
+class Scaled(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x) * 2  # file scale
+        out: torch.Tensor = self.b(h)
+        return out
+
+
+# the port's forward, compiled from a string (as `exec`, `python -c`, a script piped to python, an IPython prompt)
+PORT = "def forward(self, x):\n    h = self.a(x)\n    h = h * 3\n    return self.b(h)\n"
+
+
+def test_an_op_called_by_code_compiled_from_a_string_is_named_at_its_line_there(settings: Settings) -> None:
+    """Frames of code compiled from a string ("<string>") were passed over, so the op's line was the one that called
+    the model (here find_divergence's call, in this file): a line that does not hold the op, named as if it did."""
+    namespace: dict[str, object] = {}
+    exec(compile(PORT, "<string>", "exec"), namespace)  # noqa: S102 (the user's code, compiled from a string)
+    port = type("Port", (Scaled,), {"forward": namespace["forward"]})()
+    x = torch.randn(3, DIM, generator=torch.Generator().manual_seed(1))
+    found = find_divergence(Scaled().eval(), port.eval(), (x,), session="exec", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference.endswith("/mul#1_outputs"), found.first
+    assert (found.first.reference_source, found.first.candidate_source) == (line_of("file scale"), "<string>:3")
