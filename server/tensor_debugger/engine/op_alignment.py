@@ -10,8 +10,9 @@ from collections.abc import Hashable, Iterable, Sequence
 from difflib import SequenceMatcher
 
 # a captured op's output: "Net.attn/reshape#3_outputs" (module call "attn" without the model's class name "Net",
-# op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call "")
-_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs$")
+# op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call ""); one of several outputs
+# of an op's call: "Net.router/topk#1_outputs_0", "Net.attn/chunk#1_outputs_2"
+_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs(?:_[^/]+)?$")
 
 
 def align_ops(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int | None, int | None]]:

@@ -241,12 +241,13 @@ def _match(
 def _module_place(t: LogicalTensor) -> Hashable | None:
     """The module path without its root (the model's class name, which a port often renames) and the place. A
     captured op's path ends in `/{op}#{n}` (`model.layers.3.self_attn/softmax#1`), the root's own ops' too
-    (`LlamaForCausalLM/add#1`): they pair by module path, op and call index."""
+    (`LlamaForCausalLM/add#1`): they pair by module path, op and call index. The model called again in one capture
+    keeps its call's number (`LlamaForCausalLM#2/add#1`: `#2/add#1`), so its calls do not collide."""
     path = t.first.module_path
     if path is None or t.first.place is None:
         return None
     root = len(path)
-    for separator in "./":
+    for separator in "./#":
         found = path.find(separator)
         root = found if found != -1 and found < root else root
     return (path[root:].removeprefix("."), t.first.place)

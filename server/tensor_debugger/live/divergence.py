@@ -495,10 +495,17 @@ def _find(
     judged: set[str] = set()  # the reference's tensors compared element by element
     full_first: ElementStats | None = None
     theirs_full = {_key(n, root_b): n for n in kept["b"]}
+    reshaped: set[str] = set()  # paired tensors whose shapes differ: a divergence, with no elements to compare
     for tensor_name, value in kept["a"].items():
         partner = theirs_full.get(_key(tensor_name, root_a))
-        if partner is None or kept["b"][partner].shape != value.shape or _key(tensor_name, root_a) not in paired:
+        if partner is None or _key(tensor_name, root_a) not in paired:
             continue  # unpaired, or left unpaired above (ops out of step)
+        if kept["b"][partner].shape != value.shape:
+            # a module's output of another shape (a router's top-2 weights against a port's top-1): it fails, as
+            # its summaries did, and makes its module a culprit where the module's inputs agree
+            reshaped.add(tensor_name)
+            judged.add(tensor_name)
+            continue
         # the looser of the two dtypes' tolerances, as the summaries were judged: a float32 reference against a
         # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
@@ -508,7 +515,7 @@ def _find(
             full_first = stats
         if not stats.passed:
             failing.append(stats)
-    culprits, uncompared = _culprits(order, kept["a"], failing, judged, root_a)
+    culprits, uncompared = _culprits(order, kept["a"], {s.reference for s in failing} | reshaped, judged, root_a)
     ours = paired
     found = FirstDivergence(
         name,
@@ -596,15 +603,14 @@ def _module_before(order: Sequence[str], index: int, module: str) -> str | None:
 def _culprits(
     order: Sequence[str],
     values: Mapping[str, torch.Tensor],
-    failing: list[ElementStats],
+    bad: set[str],
     judged: set[str],
     root: str,
 ) -> tuple[list[str], tuple[tuple[str, tuple[str, ...]], ...]]:
-    """Modules recorded with full values whose outputs fail while every input recorded was compared (its name in
-    `judged`) and passes; and, apart, the modules whose outputs fail and whose compared inputs pass but with inputs
-    not compared, each with those inputs: an input never compared is not known to agree, so no culprit is named
-    on its module."""
-    bad = {s.reference for s in failing}
+    """Modules recorded with full values whose outputs fail (their names in `bad`) while every input recorded was
+    compared (its name in `judged`) and passes; and, apart, the modules whose outputs fail and whose compared inputs
+    pass but with inputs not compared, each with those inputs: an input never compared is not known to agree, so no
+    culprit is named on its module."""
     modules: dict[str, tuple[bool, bool]] = {}  # module -> (an input fails, an output fails)
     unknown: dict[str, list[str]] = {}  # module -> its inputs not compared
     for name in order:

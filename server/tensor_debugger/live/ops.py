@@ -49,10 +49,13 @@ def op_name(func: Callable[..., Any]) -> str:
 
 
 def caller_source(frame: FrameType | None, skip: tuple[str, ...]) -> str | None:
-    """`path:line` of the innermost frame from `frame` outwards whose file is in none of the folders `skip`."""
+    """`path:line` of the innermost frame from `frame` outwards whose file is in none of the folders `skip`, nor
+    Python's frozen modules or torch.fx's generated code. Code compiled from a string (`exec`, `python -c`, a script
+    read from stdin, an IPython prompt) is the user's too: `<string>:12`, its line in that string, not the line of
+    the `exec` that ran it."""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(skip) and not filename.startswith("<"):
+        if not filename.startswith(skip) and not filename.startswith(("<frozen ", "<eval_with_key>")):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
     return None

@@ -163,6 +163,7 @@ class _Recorder:
         self.files: list[str] = []  # the tensors' file names, in call order
         self.stack: list[dict[str, Any]] = []  # the trace's JSON nodes being written (ingest/traces.py reads them)
         self.root: dict[str, Any] | None = None
+        self.called_again = False  # the model called more than once: `root` holds each call's node
         self.calls: dict[str, int] = {}
         self.count = 0
         self.skipped: list[str] = []
@@ -207,8 +208,14 @@ class _Recorder:
         node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs"), "children": []}
         if self.stack:
             self.stack[-1]["children"].append(node)
-        else:
+        elif self.root is None:
             self.root = node
+        else:  # the model called again inside the block (generate's forwards, a loop): every call kept, in order,
+            # under one root node of the model's path holding no tensors of its own (each call's are its node's)
+            if not self.called_again:
+                self.root = {"module_path": self.root_name, "children": [self.root]}
+                self.called_again = True
+            self.root["children"].append(node)
         self.stack.append(node)
         return call
 
