@@ -73,6 +73,8 @@ def print_diff(diff: SessionDiff) -> None:
         first = name.first_divergence
         verdict = (
             f"first divergence {first.name}"
+            if first and first.in_execution_order
+            else f"a divergence {first.name} (no execution order is known: the first failing pair listed)"
             if first
             else f"{name.pending} pairs not compared yet: a server on this data dir compares them "
             "(tensor-debugger serve)"

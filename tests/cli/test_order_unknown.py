@@ -1,0 +1,54 @@
+"""Where no execution order is known (a safetensors state dict: its keys, not what ran first), the failing pair
+found is not called the first divergence, in `compare`'s table and JSON and `compare-sessions`; nor are its keys
+ranked as stages that add error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from tests.support.cli_main import main_cli
+from tests.support.dumps import seeded
+
+
+def state_dicts(root: Path) -> tuple[Path, Path]:
+    weights = {f"layers.{n}.proj": seeded((8, 8), n) for n in range(4)}
+    changed = dict(weights)
+    for n in (0, 2):  # keys sort before the others: which changed first in a run is not in a state dict
+        changed[f"layers.{n}.proj"] = weights[f"layers.{n}.proj"] + 1
+    for folder, tensors in (("a", weights), ("b", changed)):
+        (root / folder).mkdir()
+        save_file({k: v.contiguous() for k, v in tensors.items()}, root / folder / "model.safetensors")
+    return root / "a", root / "b"
+
+
+def test_a_state_dict_has_no_first_divergence(tmp_path: Path) -> None:
+    a, b = state_dicts(tmp_path)
+    data = str(tmp_path / "data")
+    done = main_cli("--data-dir", data, "compare", str(a), str(b), "--json")
+    assert done.returncode == 1, done.stderr
+    out = json.loads(done.stdout)
+    assert out["verdict"] == "diverged"
+    first = out["first_divergence"]
+    assert first["name"] == "layers.0.proj" and first["in_execution_order"] is False
+    assert first["unmatched_before"] == [] and first["first_changed"] is None
+    assert out["culprits"] == [] and out["error_growth"] is None and out["culprit_note"] is None
+    table = main_cli("--data-dir", data, "compare", str(a), str(b)).stdout
+    assert "FIRST DIVERGENCE" not in table and "grows evenly" not in table
+    assert "DIVERGENCE (no execution order is known, as in a state dict: the first failing pair listed" in table
+    sessions = main_cli("--data-dir", data, "compare-sessions", "1", "2").stdout
+    assert "first divergence" not in sessions and "a divergence layers.0.proj (no execution order is known" in sessions
+
+
+def test_dumps_with_stages_keep_their_first_divergence(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    for n, name in enumerate(["0_query", "0_key", "1_query"]):
+        torch.save(seeded((4, 4), n), tmp_path / "a" / f"{name}.pth")
+        torch.save(seeded((4, 4), n) + (name != "0_query"), tmp_path / "b" / f"{name}.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    first = json.loads(done.stdout)["first_divergence"]
+    assert first["name"] == "0_key" and first["in_execution_order"] is True
