@@ -254,6 +254,8 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "status": _STATUSES[pair.status],
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
         if pair.alignment is not None
+        else f"incomparable: {pair.error}"
+        if pair.error  # why, where planning said (a shard one side lacks)
         else f"incomparable: {a.shape} vs {b.shape}",
         "aligned_shape": alignment.get("shape"),
         "alignment_overridden": pair.alignment_overridden,
