@@ -123,7 +123,7 @@ def test_sessions_passing_on_summaries_say_so(tmp_path: Path) -> None:
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
     port = copy.deepcopy(model)
     with torch.no_grad():
-        port[2].weight[0, 0] += 1e-6
+        dict(port.named_parameters())["2.weight"][0, 0] += 1e-6
     x = torch.randn(4, 64)
     data = tmp_path / "data"
     for session in ("s1", "s2"):
