@@ -10,8 +10,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import seeded
+from tests.support.servers import LiveServer, upload, wait_done
 
 
 def state_dicts(root: Path) -> tuple[Path, Path]:
@@ -52,3 +54,35 @@ def test_dumps_with_stages_keep_their_first_divergence(tmp_path: Path) -> None:
     done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
     first = json.loads(done.stdout)["first_divergence"]
     assert first["name"] == "0_key" and first["in_execution_order"] is True
+
+
+def test_the_session_page_and_api_say_a_divergence_not_the_first(shared_server: LiveServer, tmp_path: Path) -> None:
+    a, b = state_dicts(tmp_path)
+    files = [("reference", a / "model.safetensors"), ("candidate", b / "model.safetensors")]
+    response = upload(shared_server, "state dicts", files)
+    assert response.status_code == 201, response.text
+    session_id = int(response.json()["session"]["id"])
+    wait_done(shared_server, session_id)
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}").text
+    banner = page[page.index('class="banner fail"') :]
+    banner = banner[: banner.index("</p>")]
+    assert "First divergence" not in banner and 'id="order-unknown"' in banner
+    assert "the first failing pair listed, not the first to fail" in banner
+    api = loopback_http.get(
+        f"{shared_server.url}/api/sessions/{session_id}/first-divergence", headers=shared_server.auth
+    )
+    assert api.json()["first_divergence"]["in_execution_order"] is False
+
+
+def test_the_candidates_list_says_a_divergence(shared_server: LiveServer, tmp_path: Path) -> None:
+    a, b = state_dicts(tmp_path)
+    data = str(shared_server.data_dir)
+    done = main_cli("--data-dir", data, "compare", str(a), str(b), str(b), "--name", "two state dicts", "--json")
+    assert done.returncode == 1, done.stderr
+    session_id = json.loads(done.stdout)["session"]["id"]
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth, timeout=30)
+    section = page.text.split('aria-label="Candidates"')[1].split("</section>")[0]
+    assert "first divergence at" not in section
+    assert (
+        "a divergence (no execution order is known: the first failing pair listed) at <strong>layers.0.proj" in section
+    )
