@@ -82,13 +82,15 @@ class SessionDiff:
     @property
     def pending(self) -> bool:
         """Whether either session has pairs not compared yet, or not comparable, or is still `comparing` with none
-        pending (a run still ingesting, no candidate run yet): what changed cannot all be said."""
+        pending (a run still ingesting, no candidate run yet), or A has pairs B lacks: what changed cannot all be
+        said."""
         return (
             self.a.verdict == SessionVerdict.COMPARING
             or self.b.verdict == SessionVerdict.COMPARING
             or self.a.pending > 0
             or self.b.pending > 0
             or self.counts[Change.NOT_COMPARED] > 0
+            or self.counts[Change.ONLY_A] > 0  # compared in A, not in B: whether B broke it is not known
             or self.counts[Change.PENDING] > 0
         )
 
