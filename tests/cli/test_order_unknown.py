@@ -86,3 +86,20 @@ def test_the_candidates_list_says_a_divergence(shared_server: LiveServer, tmp_pa
     assert (
         "a divergence (no execution order is known: the first failing pair listed) at <strong>layers.0.proj" in section
     )
+
+
+def test_the_sessions_compare_page_says_no_order_is_known(shared_server: LiveServer, tmp_path: Path) -> None:
+    a, b = state_dicts(tmp_path)
+    data = str(shared_server.data_dir)
+    ids = [
+        json.loads(main_cli("--data-dir", data, "compare", str(a), str(b), "--name", name, "--json").stdout)["session"][
+            "id"
+        ]
+        for name in ("dicts before", "dicts after")
+    ]
+    page = loopback_http.get(
+        f"{shared_server.url}/sessions/compare?a={ids[0]}&b={ids[1]}", headers=shared_server.auth, timeout=30
+    ).text
+    line = page[page.index("<p>First divergence: A") :]
+    line = line[: line.index("</p>")]
+    assert line.count("(no execution order is known: the first failing pair listed, not the first to fail)") == 2
