@@ -103,3 +103,15 @@ def test_the_sessions_compare_page_says_no_order_is_known(shared_server: LiveSer
     line = page[page.index("<p>First divergence: A") :]
     line = line[: line.index("</p>")]
     assert line.count("(no execution order is known: the first failing pair listed, not the first to fail)") == 2
+
+
+def test_two_failing_tensors_of_one_layer_and_stage_are_a_tie(tmp_path: Path) -> None:
+    """`x/0_query` and `y/0_query` (two folders of each run: two ranks' or micro-batches' dumps) both fail: which ran
+    first is not known, so neither is called first."""
+    for side in ("a", "b"):
+        for folder, scale in (("x", 1), ("y", 2)):
+            (tmp_path / side / folder).mkdir(parents=True)
+            torch.save(seeded((4, 4), scale) + (side == "b"), tmp_path / side / folder / "0_query.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    first = json.loads(done.stdout)["first_divergence"]
+    assert first["name"] == "x/0_query" and first["in_execution_order"] is False

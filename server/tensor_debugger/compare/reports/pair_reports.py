@@ -725,7 +725,11 @@ def _first_divergence_of(
     if found is None:
         return None
     failing = [p for p in mine if p.status == PairStatus.FAIL and not passed_over(p)]
-    if not all(_in_execution_order(p) for p in failing):
+    tied = mine[at].module_path is None and any(
+        p is not mine[at] and p.module_path is None and (p.layer, p.stage) == (mine[at].layer, mine[at].stage)
+        for p in failing
+    )  # two dumps' tensors of one layer and stage (two folders, two archives): which ran first is not known
+    if tied or not all(_in_execution_order(p) for p in failing):
         # a failing pair whose place in execution is not known may have failed earlier: no "first", no "before"
         return replace(found, in_execution_order=False, unmatched_before=[])
     # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence
