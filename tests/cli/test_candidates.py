@@ -22,6 +22,7 @@ ON_VALUES: dict[str, object] = {
     "summary_reason": None,
     "candidate_only_before": [],
     "first_changed": None,
+    "in_execution_order": True,
 }  # judged on element values, not on summaries
 
 
@@ -51,6 +52,7 @@ def check_payload(out: dict[str, object]) -> None:
         "summary_reason": None,
         "candidate_only_before": [],
         "first_changed": None,
+        "in_execution_order": True,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

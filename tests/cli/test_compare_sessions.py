@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
@@ -108,3 +109,46 @@ def test_pairs_not_compared_yet_are_said_not_called_clean(tmp_path: Path) -> Non
     assert "no divergence" not in done.stdout
     out = json.loads(main_cli("--data-dir", data, "compare-sessions", "pending", "pending", "--json").stdout)
     assert out["a"]["pending"] > 0 and out["a"]["first_divergence"] is None
+
+
+def test_sessions_passing_on_summaries_say_so(tmp_path: Path) -> None:
+    """Two sessions captured with values="summary", the candidate off by 1e-6 in one weight: each passes on
+    summaries whose hashes differ, which shows no more than that no difference was found in the summary, and
+    compare-sessions says so rather than a bare "no divergence"."""
+    import copy
+
+    from tensor_debugger import capture
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64))
+    port = copy.deepcopy(model)
+    with torch.no_grad():
+        dict(port.named_parameters())["2.weight"][0, 0] += 1e-6
+    x = torch.randn(4, 64)
+    data = tmp_path / "data"
+    for session in ("s1", "s2"):
+        for run, net in (("reference", model), ("candidate", port)):
+            with torch.no_grad(), capture(net, session, run, data_dir=data, values="summary"):
+                net(x)
+    done = main_cli("--data-dir", str(data), "compare-sessions", "s1", "s2")
+    assert "A: s1 (session 1): no divergence found in the summaries (2 pairs passed on summaries alone" in done.stdout
+    out = json.loads(main_cli("--data-dir", str(data), "compare-sessions", "s1", "s2", "--json").stdout)
+    assert out["a"]["verdict"] == "no_divergence" and out["a"]["on_summaries"] == 2
+
+
+def test_a_session_with_nothing_compared_yet_is_no_pass(tmp_path: Path) -> None:
+    """A session holding only its reference (the candidate's ingest killed, or not run yet) is `comparing`: not
+    "no divergence ... INCOMPLETE: nothing to compare" with exit 0, as if nothing had broken."""
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    torch.save(torch.ones(4), ref / "0_query.pth")
+    data = str(tmp_path / "data")
+    assert main_cli("--data-dir", data, "ingest", "--session", "half", "--run", "ref", str(ref)).returncode == 0
+    done = main_cli("--data-dir", data, "compare-sessions", "half", "half")
+    assert done.returncode == 2, done.stdout
+    assert (
+        "A: half (session 1): nothing compared yet: a run is still ingesting, or the session has no candidate run"
+        in (done.stdout)
+    )
+    out = json.loads(main_cli("--data-dir", data, "compare-sessions", "half", "half", "--json").stdout)
+    assert out["a"]["verdict"] == "comparing"

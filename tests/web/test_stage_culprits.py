@@ -106,3 +106,37 @@ def test_session_page_says_the_error_grows_evenly(shared_server: LiveServer, tmp
     section = page[page.index('id="stage-culprits"') :]
     assert 'id="even-growth"' in section and "The error grows evenly through the run: no stage stands out" in section
     assert 'id="stage-culprit"' not in section and "stands out</strong>" not in section
+
+
+def test_a_stage_whose_input_was_not_compared_is_no_culprit(tmp_path: Path) -> None:
+    """The first tensor compared was given an error nobody measured: carrying a 5% error from the start (a bug before
+    the dump's first stage, or bf16 rounding everywhere) it is not named the culprit "with input 0"; nor is a stage
+    after a pair that could not be compared (its input's error is not known). Each is said in words instead."""
+    ref, cand = tmp_path / "ref", tmp_path / "cand"
+    ref.mkdir()
+    cand.mkdir()
+    for n, name in enumerate(["0_attn_out", "0_mlp_out", "1_attn_out", "1_mlp_out"]):
+        a = seeded((32, 64), n)
+        noise = seeded((32, 64), 100 + n)
+        torch.save(a, ref / f"{name}.pth")
+        torch.save(a + noise * (0.05 * a.norm() / noise.norm()), cand / f"{name}.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand), "--json")
+    out = json.loads(done.stdout)
+    assert out["culprits"] == []
+    assert out["culprit_note"].startswith("the error is already there at 0_attn_out (the first tensor compared")
+    assert "not known" in out["culprit_note"]
+    table = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(cand))
+    assert "CULPRIT" not in table.stdout and "The error is already there at 0_attn_out" in table.stdout
+    # a middle stage whose input could not be compared (another shape in the candidate): 1_mlp_out's jump from
+    # 0_mlp_out's 1e-3 to 5% may have come from 1_attn_out, never compared
+    for n, (name, error) in enumerate([("0_attn_out", 1e-3), ("0_mlp_out", 1e-3), ("1_mlp_out", 0.05)]):
+        a = seeded((32, 64), n)
+        noise = seeded((32, 64), 100 + n)
+        torch.save(a, ref / f"{name}.pth")
+        torch.save(a + noise * (error * a.norm() / noise.norm()), cand / f"{name}.pth")
+    torch.save(seeded((32, 64), 7), ref / "1_attn_out.pth")
+    torch.save(seeded((32, 65), 7), cand / "1_attn_out.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data2"), "compare", str(ref), str(cand), "--json")
+    out = json.loads(done.stdout)
+    assert out["culprits"] == [], out["culprits"]
+    assert "the error is already there at 1_mlp_out (after 0_mlp_out, with a tensor between" in out["culprit_note"]

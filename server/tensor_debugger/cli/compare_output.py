@@ -254,6 +254,17 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
     print_where(url, data_dir)
 
 
+def divergence_label(first: DivergenceSummary) -> str:
+    """`FIRST DIVERGENCE`, or where no execution order is known (a state dict's weights, names without a stage) what
+    the pair is instead: the first failing one listed."""
+    if first.in_execution_order:
+        return "FIRST DIVERGENCE"
+    return (
+        "DIVERGENCE (no execution order is known, as in a state dict: the first failing pair listed, not the first to "
+        "fail)"
+    )
+
+
 def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> None:
     """`FIRST DIVERGENCE:` where, by how much, and what settles it where it was found from summaries."""
     pair = report.pair_named(first.name)
@@ -268,18 +279,18 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
     at = source_words(pair.a.source, pair.b.source)  # a captured op's lines
     where = f"{where}, {at}" if at else where
     if first.basis == "summary":
-        print(f"FIRST DIVERGENCE: {first.name} ({where}): {first.summary_reason}{inside(first)}")
+        print(f"{divergence_label(first)}: {first.name} ({where}): {first.summary_reason}{inside(first)}")
         if report.next_capture:
             print("next capture, full values of that module (add to this session):")
             print(textwrap.indent(report.next_capture.python, "    "))
     elif stats is None:
         print(
-            f"FIRST DIVERGENCE: {first.name} ({where}): its summary statistics differ (element values "
+            f"{divergence_label(first)}: {first.name} ({where}): its summary statistics differ (element values "
             f"are not available in this trace)"
         )
     elif pair.rule == "noise":
         print(
-            f"FIRST DIVERGENCE: {first.name} ({where}): max |diff| {cell(stats.max_abs_diff)} at "
+            f"{divergence_label(first)}: {first.name} ({where}): max |diff| {cell(stats.max_abs_diff)} at "
             f"{stats.argmax}, beyond the noise factor times the rerun's {cell(pair.noise_max_abs_diff)}"
             f"{inside(first)}"
         )
@@ -287,7 +298,7 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
         replicas = pair.replicas
         copies = replica_words(replicas.side, replicas.differing) if replicas else ""
         print(
-            f"FIRST DIVERGENCE: {first.name} ({where}): {copies + ' differs: ' if copies else ''}max |diff| "
+            f"{divergence_label(first)}: {first.name} ({where}): {copies + ' differs: ' if copies else ''}max |diff| "
             f"{cell(stats.max_abs_diff)} at {stats.argmax}, {stats.mismatched} of {stats.numel} "
             f"elements outside tolerance"
             f"{inside(first)}"
@@ -411,7 +422,7 @@ def print_candidates(report: CompareReport) -> None:
             print(f"{label}: no divergence")
         else:
             where = "no layer" if first.layer is None else f"layer {first.layer}"
-            print(f"{label}: FIRST DIVERGENCE: {first.name} ({where}){inside(first)}")
+            print(f"{label}: {divergence_label(first)}: {first.name} ({where}){inside(first)}")
             print_unmatched_before(first, "  ")
     print_not_compared(report)
     print_incomplete(report.problems)

@@ -73,10 +73,17 @@ def print_diff(diff: SessionDiff) -> None:
         first = name.first_divergence
         verdict = (
             f"first divergence {first.name}"
+            if first and first.in_execution_order
+            else f"a divergence {first.name} (no execution order is known: the first failing pair listed)"
             if first
             else f"{name.pending} pairs not compared yet: a server on this data dir compares them "
             "(tensor-debugger serve)"
             if name.pending
+            else "nothing compared yet: a run is still ingesting, or the session has no candidate run"
+            if name.verdict == "comparing"
+            else f"no divergence found in the summaries ({name.on_summaries} pairs passed on summaries alone: not "
+            "every element compared)"
+            if name.verdict == "no_divergence" and name.on_summaries
             else "no divergence"
             if name.verdict == "no_divergence"
             else incomplete(name.coverage)

@@ -21,11 +21,12 @@ import msgspec
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session as DbSession
 
+from tensor_debugger.compare.context import tensor_ref
 from tensor_debugger.engine.dimension_names import parse_dims
-from tensor_debugger.engine.pairing import compile_name_pattern, parse_strategies
+from tensor_debugger.engine.pairing import apply_name_pattern, compile_name_pattern, group_shards, parse_strategies
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
-from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord
+from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord, TensorRecord
 
 KEYS = ("strategies", "name_pattern", "dims", "pairs", "unpaired")
 
@@ -113,6 +114,37 @@ def export_pairing(db: DbSession, session_id: int) -> PairingExport:
     )
 
 
+def _check_names(
+    db: DbSession,
+    session: SessionRecord,
+    pattern: str | None,
+    pairs: list[dict[str, str]],
+    unpaired: list[dict[str, str]],
+) -> None:
+    """Refuse entries naming a tensor no run has: a pair whose name is a typo would otherwise leave its tensor to
+    the automatic strategies, unsaid, the pairing the user asked for not made. Names are the runs' tensors as
+    pairing sees them (shards merged, under the name pattern); checked only once every run is ready (an ingesting
+    run's tensors are not all known)."""
+    runs = list(session.runs)
+    if not runs or any(r.status != "ready" for r in runs):
+        return
+    compiled = compile_name_pattern(pattern)
+
+    def names(run_id: int) -> set[str]:  # one run's: shards of two runs are no set of one tensor's
+        rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id))
+        refs = apply_name_pattern([tensor_ref(t) for t in rows], compiled)
+        return {t.name for t in group_shards(refs, compiled)}
+
+    each = {r.id: names(r.id) for r in runs}
+    known = {"a": set().union(*each.values()), "b": set().union(*(each[r.id] for r in runs if r.position > 0))}
+    for key, items in (("pairs", pairs), ("unpaired", unpaired)):
+        for n, item in enumerate(items):
+            for side, who in (("a", "reference"), ("b", "candidate")):
+                name = item.get(side)
+                if name is not None and name not in known[side]:
+                    raise InvalidInputError(f"{key}[{n}]: the {who} has no tensor named {name!r}")
+
+
 def _entries(data: dict[str, Any], key: str) -> list[dict[str, str]]:  # a file's JSON, checked here
     items = data[key]
     if not isinstance(items, list):
@@ -163,6 +195,7 @@ def import_pairing(db: DbSession, session_id: int, data: Any) -> None:
     for item in (*(pairs or ()), *(unpaired or ())):
         if "run" in item and item["run"] not in candidates:
             raise InvalidInputError(f"the session has no candidate run labelled {item['run']!r}")
+    _check_names(db, session, pattern, pairs or [], unpaired or [])
     session.strategies, session.name_pattern = strategies, pattern
     if "dims" in data:
         session.dims = check_dims(data["dims"])

@@ -24,6 +24,7 @@ from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.missing_shards import missing_shards, run_ranks
 from tensor_debugger.engine.pairing import (
     LogicalTensor,
     PairPlan,
@@ -100,10 +101,12 @@ def plan_session(context: CompareContext, session_id: int) -> None:
             if against.id not in refs:
                 refs[against.id] = _refs(db, against.id)
             mine = [o for o in overrides if o.run_b_id == candidate.id]
+            candidate_refs = _refs(db, candidate.id)
+            ranks = (run_ranks(refs[against.id], pattern), run_ranks(candidate_refs, pattern))
             try:
                 pairing = pair_runs(
                     refs[against.id],
-                    _refs(db, candidate.id),
+                    candidate_refs,
                     manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
                     unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
                     strategies=session.strategies,
@@ -113,7 +116,11 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                 raise InvalidInputError(f"the session's pairing strategies: {exc}") from None
             aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
             for plan in pairing.pairs:
-                alignment, overridden = _alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
+                # a shard one side lacks: not comparable as it stands (by shape alone it may read as replicas)
+                lacking = missing_shards(plan.a, plan.b, *ranks, pattern)
+                alignment, overridden = (
+                    (None, False) if lacking else _alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
+                )
                 row = dict(
                     module_path=plan.a.first.module_path,
                     place=plan.a.first.place,
@@ -132,6 +139,7 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                     alignment=alignment.to_json() if alignment else None,
                     alignment_overridden=overridden,
                     status="pending" if alignment else "incomparable",
+                    error=lacking,
                 )
                 kept_id = ids.get((candidate.id, plan.a.name, plan.b.name))
                 if kept_id is None:

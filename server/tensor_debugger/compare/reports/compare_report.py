@@ -170,6 +170,9 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     # the first pair before it whose values differ at all though within tolerance, "name (file:line)": where a
     # difference too small to fail began; null where none did
     first_changed: str | None = None
+    # false where no execution order is known (a failing pair without a stage or module: a state dict's weights):
+    # then it is the first failing pair listed, not the first to fail, and nothing is said of what came before it
+    in_execution_order: bool = True
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

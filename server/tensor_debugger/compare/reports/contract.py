@@ -93,6 +93,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.summary_reason,
         found.candidate_only_before,
         found.first_changed,
+        found.in_execution_order,
     )
 
 
@@ -177,9 +178,12 @@ def compare_report(
 
 def culprit_note(report: SessionPairs) -> str | None:
     """In words: where error appears inside a block that records no output, say so (the trace lacks what would
-    localise it further); where no culprit stands out although error was added, that the error grows evenly."""
+    localise it further); where a stage's error would stand out but its input was not compared, that where it began
+    is not known; where no culprit stands out although error was added, that the error grows evenly."""
     if report.modules is not None and report.modules.notes:
         return "; ".join(report.modules.notes)
+    if report.stage_notes:
+        return "; ".join(report.stage_notes)
     if report.error_growth != "even":
         return None
     what = "module" if report.modules is not None else "stage"

@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tensor_debugger.compare.reports.formatting import format_error
 from tensor_debugger.compare.reports.pair_report import PairReport
 from tensor_debugger.engine.culprits import (
     Culprit,
@@ -98,6 +99,9 @@ class StageRanking:
     ranked: list[StageCulpritReport]
     culprits: list[StageCulpritReport]
     compared: int  # how many stages were ranked: none stands out only where some were
+    # where a stage's added error would stand out but the tensor before it was not compared (the first compared, or
+    # one after a pair with no values): its input error is not known, so it is named in words, not as a culprit
+    notes: list[str] = field(default_factory=list)
 
 
 def stage_culprits(
@@ -105,21 +109,43 @@ def stage_culprits(
 ) -> StageRanking:
     """Without module traces, the stages by the error they add: each compared pair's relative RMSE minus that of
     the pair before it in execution order (the first candidate's), among the pairs that carry activations
-    (`carries_activations`). `floors`: with a rerun of the reference, its relative RMSE at each reference tensor
-    (by name), which `factor` times a culprit's added error exceeds."""
+    (`carries_activations`) and have a stage (a place in execution order). `floors`: with a rerun of the
+    reference, its relative RMSE at each reference tensor (by name), which `factor` times a culprit's added error
+    exceeds."""
     if not items or any(i.module_path for i in items):
         return StageRanking([], [], 0)
     candidate = items[0].b.run_id
-    mine = [i for i in items if i.b.run_id == candidate and carries_activations(i)]
+    # a pair without a stage has no known place in execution order (a state dict's key, a file named otherwise):
+    # no tensor before it to measure its added error against
+    mine = [i for i in items if i.b.run_id == candidate and carries_activations(i) and i.stage is not None]
     by_position = {i.position: i for i in mine}
-    errors = [(i.position, e) for i in mine if (e := pair_error(i)) is not None]
+    errors: list[tuple[int, float]] = []
+    # the stages whose input error is not known: the first compared, and each after a pair with no values (not
+    # compared, incomparable, errored): rank_stages takes the error of the last compared tensor before it, or 0
+    unknown_input: set[int] = set()
+    gap = True
+    for i in mine:
+        e = pair_error(i)
+        if e is None:
+            gap = True
+            continue
+        if gap:
+            unknown_input.add(i.position)
+        gap = False
+        errors.append((i.position, e))
     ranked = rank_stages(errors)
-    marked = stands_out(
+    would = stands_out(
         [c.added_error for c in ranked],
         [c.input_error for c in ranked],
         [(floors or {}).get(by_position[c.position].a.name) for c in ranked],
         factor,
     )
+    marked = [w and c.position not in unknown_input for c, w in zip(ranked, would, strict=True)]
+    notes = [
+        _unknown_input_note(by_position[c.position], by_position[c.previous] if c.previous is not None else None, c)
+        for c, w in zip(ranked, would, strict=True)
+        if w and c.position in unknown_input
+    ]
 
     def report(c: StageCulprit) -> StageCulpritReport:
         item = by_position[c.position]
@@ -139,6 +165,21 @@ def stage_culprits(
         [report(c) for c in ranked if c.added_error > 0][:STAGE_CULPRITS],
         [report(c) for c, culprit in zip(ranked, marked, strict=True) if culprit][:STAGE_CULPRITS],
         len(ranked),
+        notes,
+    )
+
+
+def _unknown_input_note(item: PairReport, previous: PairReport | None, stage: StageCulprit) -> str:
+    """In words, a stage whose added error would stand out but whose input was not compared: where the error is
+    first seen, not who made it."""
+    where = (
+        "the first tensor compared"
+        if previous is None
+        else f"after {previous.name}, with a tensor between them that was not compared"
+    )
+    return (
+        f"the error is already there at {item.name} ({where}; relative RMSE {format_error(stage.output_error)}): "
+        "what it was given was not compared, so whether it began there is not known"
     )
 
 

@@ -106,6 +106,10 @@ class FirstDivergence:
     # the first pair before it whose values differ at all though within tolerance (max |diff| above 0, or summaries'
     # hashes that differ), "name (file:line)": where a difference too small to fail began; None where none did
     first_changed: str | None = None
+    # False where no execution order is known (a failing pair without a stage or a module: a state dict's weights,
+    # files named without `{layer}_{stage}`): the pair is the first failing one listed, not the first to fail, and
+    # nothing is said of what came before it
+    in_execution_order: bool = True
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ class SessionPairs:
     # asked for with `modules`: "even" where modules or stages add error and none stands out (as a change of
     # precision or of kernels does), "stands out" where a culprit does; None where nothing could be ranked
     error_growth: str | None = None
+    # without module traces: where a stage's added error would stand out but its input was not compared, in words
+    stage_notes: list[str] = field(default_factory=list)
     # what was compared of the reference, and the session's verdict on it (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
     verdict: SessionVerdict = SessionVerdict.COMPARING
@@ -248,6 +254,8 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "status": _STATUSES[pair.status],
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
         if pair.alignment is not None
+        else f"incomparable: {pair.error}"
+        if pair.error  # why, where planning said (a shard one side lacks)
         else f"incomparable: {a.shape} vs {b.shape}",
         "aligned_shape": alignment.get("shape"),
         "alignment_overridden": pair.alignment_overridden,
@@ -387,6 +395,7 @@ def session_pairs(
         worst_pairs=worst_pairs(items),
         stage_ranking=stages.ranked,
         error_growth=error_growth(module_view, stages),
+        stage_notes=stages.notes,
         coverage=coverage,
         verdict=session_verdict((i.status for i in items if i.id not in out_of_step), coverage, ingesting),
     )
@@ -474,13 +483,15 @@ def noise_floors(noise: list[PairReport]) -> dict[str, float]:
 
 
 def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | None:
-    """ "stands out" where a module or stage is a culprit; "even" where at least two were ranked, some added error
-    (more than engine/culprits.py's MIN_ADDED_ERROR) and none stands out; else None."""
+    """ "stands out" where a module or stage is a culprit (or a note says where error stands out without one: a
+    block that records no output, a stage whose input was not compared); "even" where at least two were ranked,
+    some added error (more than engine/culprits.py's MIN_ADDED_ERROR) and none stands out; else None."""
     if modules is not None:
         named = bool(modules.culprits or modules.notes)
         added, count = [c.added_error for c in modules.ranked], len(modules.ranked)
     else:
-        named, added, count = bool(stages.culprits), [c.added_error for c in stages.ranked], stages.compared
+        named = bool(stages.culprits or stages.notes)
+        added, count = [c.added_error for c in stages.ranked], stages.compared
     if named:
         return "stands out"
     if count >= 2 and any(float(parse_number(a)) > MIN_ADDED_ERROR for a in added):
@@ -713,6 +724,14 @@ def _first_divergence_of(
     found = first_divergence(mine[at], missing)
     if found is None:
         return None
+    failing = [p for p in mine if p.status == PairStatus.FAIL and not passed_over(p)]
+    tied = mine[at].module_path is None and any(
+        p is not mine[at] and p.module_path is None and (p.layer, p.stage) == (mine[at].layer, mine[at].stage)
+        for p in failing
+    )  # two dumps' tensors of one layer and stage (two folders, two archives): which ran first is not known
+    if tied or not all(_in_execution_order(p) for p in failing):
+        # a failing pair whose place in execution is not known may have failed earlier: no "first", no "before"
+        return replace(found, in_execution_order=False, unmatched_before=[])
     # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence
     previous = next((p for p in reversed(mine[:at]) if not passed_over(p)), None)
     extra = candidate_only_before(db, session_id, mine[at], previous)
@@ -721,6 +740,13 @@ def _first_divergence_of(
     return replace(
         found, candidate_only_before=extra, first_changed=f"{changed.name}{where}" if changed is not None else None
     )
+
+
+def _in_execution_order(pair: PairReport) -> bool:
+    """Whether the pair's place in execution order is known: a traced or captured tensor (its call order), or a
+    dump's stage (`{layer}_{stage}` names, the session's name pattern). A state dict's or a checkpoint's keys, and
+    names without a stage, are in the order of their names, not of execution."""
+    return pair.module_path is not None or pair.stage is not None
 
 
 def _out_of_step_pairs(

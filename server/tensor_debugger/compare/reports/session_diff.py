@@ -22,6 +22,7 @@ from tensor_debugger.engine.metrics import Number, json_number, parse_number
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import SessionRecord
+from tensor_debugger.store.reports import PairStatus
 
 CHANGE = 1.1  # an error counts as changed when one side's is more than 10% above the other's
 
@@ -46,6 +47,9 @@ class SessionSide:
     pending: int = 0  # pairs not compared yet: a server on the data dir compares them
     verdict: SessionVerdict = SessionVerdict.COMPARING  # the session's (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
+    # passing pairs judged on summaries alone (a capture's values="summary", a use_repr trace), not shown
+    # bit-identical by equal hashes: their pass says only that no difference was found in the summary
+    on_summaries: int = 0
 
 
 @dataclass(frozen=True)
@@ -77,11 +81,16 @@ class SessionDiff:
 
     @property
     def pending(self) -> bool:
-        """Whether either session has pairs not compared yet, or not comparable (what changed cannot all be said)."""
+        """Whether either session has pairs not compared yet, or not comparable, or is still `comparing` with none
+        pending (a run still ingesting, no candidate run yet), or A has pairs B lacks: what changed cannot all be
+        said."""
         return (
-            self.a.pending > 0
+            self.a.verdict == SessionVerdict.COMPARING
+            or self.b.verdict == SessionVerdict.COMPARING
+            or self.a.pending > 0
             or self.b.pending > 0
             or self.counts[Change.NOT_COMPARED] > 0
+            or self.counts[Change.ONLY_A] > 0  # compared in A, not in B: whether B broke it is not known
             or self.counts[Change.PENDING] > 0
         )
 
@@ -149,6 +158,11 @@ def diff_sessions(db: DbSession, session_a: int, session_b: int) -> SessionDiff:
                 report.progress.pending,
                 report.verdict,
                 report.coverage,
+                sum(
+                    1
+                    for p in report.pairs
+                    if p.status == PairStatus.PASS and p.summary is not None and p.summary.identical is not True
+                ),
             )
         )
         keyed.append(_keyed(report))

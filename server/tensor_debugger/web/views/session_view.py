@@ -382,6 +382,8 @@ class CandidateSeries:
     path: str  # max |diff| of its pairs along the rows
     points: list[ChartPoint]
     first_divergence: str | None  # the tensor's name
+    # False where no execution order is known (pair_reports.FirstDivergence.in_execution_order): not "first"
+    in_execution_order: bool = True
 
 
 @dataclass(frozen=True)
@@ -443,7 +445,11 @@ def build_candidates(report: SessionPairs, width: int = 1100, height: int = 220)
         first = candidate.first_divergence
         series.append(
             CandidateSeries(
-                candidate.label, svg_path((p.x, p.y_diff) for p in points), points, first.name if first else None
+                candidate.label,
+                svg_path((p.x, p.y_diff) for p in points),
+                points,
+                first.name if first else None,
+                first.in_execution_order if first else True,
             )
         )
     ticks = [
