@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord
@@ -249,3 +250,30 @@ def test_a_run_compared_against_a_run_that_failed_makes_the_session_incomplete_n
     page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
     assert "Incomplete: no pair is outside tolerance, but not everything was compared." in page
     assert "No tensor of run &#39;late&#39; (compared against &#39;early&#39;, which failed) was compared" in page
+
+
+def test_the_run_after_a_failed_first_run_is_the_reference_and_compared_against_no_other(tmp_path: Path) -> None:
+    """The session's first run failed (kept "failed", as an upload whose ingest failed is): the next run is the
+    session's reference (planning pairs the others against it), so it may not be compared against another run,
+    whether set with PUT /api/runs/{id}/compared-against (the actions') or as it begins (`--against`); the third
+    run may still be compared against it."""
+    services = open_services(Settings.from_environ(data_dir=tmp_path / "data"))
+    try:
+        ingestor = services.ingestor
+        ingestor.give_up(ingestor.begin("s", "first", ["f"]), [], keep_failure=True)
+        second = ingestor.begin("s", "second", ["r"])
+        third = ingestor.begin("s", "third", ["t"])
+        with services.sessions() as db:
+            first = db.query(RunRecord).filter_by(label="first").one()
+            assert (first.status, first.position, db.get_one(RunRecord, second.run_id).position) == ("failed", 0, 1)
+        with pytest.raises(InvalidInputError, match="run 'second' is the session's reference"):
+            services.actions.compare_against(second.run_id, third.run_id)
+        with services.sessions() as db:
+            assert db.get_one(RunRecord, second.run_id).compared_against_id is None
+        assert services.actions.compare_against(third.run_id, second.run_id).label == "third"
+        # a run that begins after a failed first one alone is the reference too: refused where it names another
+        ingestor.give_up(ingestor.begin("t", "first", ["f"]), [], keep_failure=True)
+        with pytest.raises(InvalidInputError, match="run 'second' is the session's reference"):
+            ingestor.begin("t", "second", ["r"], against="first")
+    finally:
+        services.close()

@@ -20,7 +20,6 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.current import CurrentPairs
-from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
@@ -39,6 +38,7 @@ from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.ingest.split_sketches import split_sketch_verdict
 from tensor_debugger.ingest.traces import CaptureScope
 from tensor_debugger.store.catalog import lock_sessions
+from tensor_debugger.store.compared_against import session_reference
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
     PairOverrideRecord,

@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
-from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
@@ -66,6 +65,7 @@ from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse
 from tensor_debugger.engine.op_alignment import op_call, out_of_step, uneven_ops
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.ingest.traces import ModuleTree
+from tensor_debugger.store.compared_against import session_reference
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
     PairRecord,
