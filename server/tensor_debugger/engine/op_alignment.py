@@ -6,12 +6,14 @@ only."""
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 # a captured op's output: "Net.attn/reshape#3_outputs" (module call "attn" without the model's class name "Net",
-# op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call "")
-_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs$")
+# op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call ""); a tuple's output
+# "…/split#1_outputs_0", a dict's "…/max#1_outputs_values" (its place: "0", "values")
+_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs(?:_(.+))?$")
 
 
 def align_ops(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int | None, int | None]]:
@@ -48,23 +50,60 @@ def op_call(name: str) -> tuple[str, str, int] | None:
     return (found[1], found[2], int(found[3])) if found else None
 
 
-def call_counts(names: Iterable[str]) -> dict[tuple[str, str], int]:
-    """How many times each (module call, op) was called, of the captured ops' outputs among `names` (one run's):
-    its highest call index."""
-    counts: dict[tuple[str, str], int] = {}
-    for name in names:
-        call = op_call(name)
-        if call is not None:
-            counts[call[:2]] = max(counts.get(call[:2], 0), call[2])
-    return counts
+@dataclass(frozen=True)
+class OpTensor:
+    """What aligns of one captured tensor: its full name, its shape and its dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
 
 
-def uneven_ops(a: Iterable[str], b: Iterable[str]) -> set[tuple[str, str]]:
-    """The (module call, op) that two runs (their tensors' names, `a` and `b`) call a different number of times:
-    which of their calls face each other is not known (eager attention's repeat_kv reshapes against SDPA's none),
-    so none of them is one value computed two ways."""
-    counts_a, counts_b = call_counts(a), call_counts(b)
-    return {key for key in counts_a.keys() | counts_b.keys() if counts_a.get(key) != counts_b.get(key)}
+@dataclass(frozen=True)
+class OpPairing:
+    """Two runs' captured ops, paired by module call and sequence alignment (`pair_ops`): `pairs` (reference name,
+    candidate name); `alone_a`, `alone_b`: the ops of a module call both runs made that the alignment left on one
+    side only (an extra cast, a fused kernel's ops), which no other rule may pair."""
+
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    alone_a: list[str] = field(default_factory=list)
+    alone_b: list[str] = field(default_factory=list)
+
+
+def pair_ops(a: Sequence[OpTensor], b: Sequence[OpTensor]) -> OpPairing:
+    """Pair the captured ops' outputs of two runs (`a` the reference's, `b` the candidate's, each in execution
+    order): within each module call both runs made (its path less the model's class name), the two lists of ops
+    aligned (`align_ops`) on each output's op, place, shape and dtype's kind, so that an op one side calls more
+    often (a `reshape` in one `repeat_kv`, an extra `.float()`, matmul and softmax against a fused
+    scaled_dot_product_attention) is that side's alone, in place, and the calls after it face their true
+    counterparts, not those of the same call index. The ops of a module call one run alone made are left out (no
+    decision here). The one pairing of ops that planning, the reports and find_divergence share."""
+    calls_a, calls_b = _by_call(a), _by_call(b)
+    found = OpPairing()
+    for call, mine in calls_a.items():
+        theirs = calls_b.get(call)
+        if theirs is None:
+            continue
+        for i, j in align_ops([k for k, _ in mine], [k for k, _ in theirs]):
+            if i is not None and j is not None:
+                found.pairs.append((mine[i][1], theirs[j][1]))
+            elif i is not None:
+                found.alone_a.append(mine[i][1])
+            elif j is not None:
+                found.alone_b.append(theirs[j][1])
+    return found
+
+
+def _by_call(tensors: Sequence[OpTensor]) -> dict[str, list[tuple[Hashable, str]]]:
+    """The captured ops' outputs among `tensors`, by module call (without the model's class name), each with what
+    aligns (op, place, shape, dtype's kind) and its name, in order."""
+    calls: dict[str, list[tuple[Hashable, str]]] = {}
+    for tensor in tensors:
+        found = _OP_CALL.match(tensor.name)
+        if found is not None:
+            key = (found[2], found[4] or "", tuple(tensor.shape), _kind(tensor.dtype))
+            calls.setdefault(found[1], []).append((key, tensor.name))
+    return calls
 
 
 def _kind(dtype: str) -> str:

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.current import CurrentPairs
+from tensor_debugger.compare.planning.op_pairs import plan_ops
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
@@ -100,17 +101,23 @@ def plan_session(context: CompareContext, session_id: int) -> None:
             if against.id not in refs:
                 refs[against.id] = _refs(db, against.id)
             mine = [o for o in overrides if o.run_b_id == candidate.id]
+            manual = [(o.a_name, o.b_name) for o in mine if o.action == "pair"]
+            unpaired = [(o.a_name, o.b_name) for o in mine if o.action == "unpair"]
+            theirs = _refs(db, candidate.id)
+            # captured ops: paired within each module call by sequence alignment, the rest by the chain
+            ops = plan_ops(refs[against.id], theirs, manual, unpaired, pattern)
             try:
                 pairing = pair_runs(
-                    refs[against.id],
-                    _refs(db, candidate.id),
-                    manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
-                    unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
+                    ops.rest(refs[against.id]),
+                    ops.rest(theirs),
+                    manual=manual,
+                    unpaired=unpaired,
                     strategies=session.strategies,
                     pattern=pattern,
                 )
             except ValueError as exc:
                 raise InvalidInputError(f"the session's pairing strategies: {exc}") from None
+            pairing = ops.merge(pairing)
             aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
             for plan in pairing.pairs:
                 alignment, overridden = _alignment(plan.a, plan.b, aligned.get((plan.a.name, plan.b.name)))
