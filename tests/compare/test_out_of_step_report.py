@@ -3,22 +3,28 @@ reshaped first, repeat_kv by expand and reshape, matmul and softmax) against SDP
 scaled_dot_product_attention, no repeat). Their ops pair within each module call by sequence alignment on op, shape
 and dtype's kind, the one alignment the pair page shows: an op one side alone calls is that side's alone, in place,
 and the calls after it pair with their true counterparts and are compared, not left "out of step"
-(engine/op_alignment.pair_ops). What the alignment cannot match is unpaired, so not compared, and said so."""
+(engine/op_alignment.pair_ops). What the alignment cannot match is unpaired, so not compared, and said so. A pair
+that is not one value computed two ways (a module's inputs of different kinds) is not compared, and counts in no
+pass/fail figure of the progress."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from tensor_debugger import capture
+from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.planning.op_pairs import ALIGNED
 from tensor_debugger.compare.planning.sides import tensors_of
+from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.op_lists import op_lists
 from tensor_debugger.compare.reports.pair_reports import SessionPairs
+from tensor_debugger.compare.reports.progress import pair_progress
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord
 
 from tests.live.test_op_capture import compared as compare_session
-from tests.live.test_unseen_answers import DIM, EagerAttention
+from tests.live.test_unseen_answers import DIM, EagerAttention, Masks
 
 ROOT = "EagerAttention"
 
@@ -108,3 +114,39 @@ def test_a_wrong_scale_in_the_fused_op_is_found_at_the_first_op_after_it_that_bo
     ]
     assert f"{ROOT}/softmax#1_outputs" in first.unmatched_before
     assert report.coverage.out_of_step == [] and str(report.verdict) == "diverged"
+
+
+@pytest.mark.parametrize("off", [False, True])
+def test_pairs_not_one_value_computed_two_ways_count_in_no_pass_or_fail_figure(
+    settings: Settings, off: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A block given an additive float mask against one given bools: its mask input pairs by name but is not one
+    value computed two ways (out of step, not compared). The progress counts it as not compared, never as failing
+    (`off`: the bool mask is also wrong, so the pair's values differ) nor as passing."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    for model, run in ((Masks(False), "reference"), (Masks(True, off=off), "candidate")):
+        with torch.no_grad(), capture(model.eval(), "masks", run, data_dir=settings.data_dir, level="op") as done:
+            model(x, keep)
+    assert done.session_id is not None
+    report, _ = compare_session(settings, done.session_id)
+    out_of_step = {o.name for o in report.coverage.out_of_step}
+    assert "Masks.layers.0_inputs_args_1" in out_of_step
+    progress = report.progress
+    assert progress.not_compared == len(out_of_step) and progress.pending == 0
+    assert progress.failing == sum(1 for p in report.pairs if p.status == "fail" and p.name not in out_of_step)
+    # the server's /progress counts them as the report does
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            assert pair_progress(db, done.session_id) == progress
+    finally:
+        services.close()
+    # the CLI's words: the pairs that pass are those compared
+    cli = compare_report(done.session_id, "masks", "http://127.0.0.1/", report, [])
+    print_table(cli)
+    text = capsys.readouterr().out
+    if not off:
+        passing = sum(1 for p in report.pairs if p.status == "pass" and p.name not in out_of_step)
+        compared = len(report.pairs) - len(out_of_step)
+        assert f"no divergence among the pairs compared: {passing} of {compared} pairs pass" in text, text

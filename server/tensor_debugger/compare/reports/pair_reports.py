@@ -375,11 +375,13 @@ def session_pairs(
         pairs=items,
         first_divergence=candidates[0].first_divergence if candidates else None,
         unmatched=unmatched,
+        # pairs not one value computed two ways count in no pass or fail figure: not compared
         progress=PairProgress.of(
             len(everything),
             done,
-            sum(1 for i in items if i.status == PairStatus.FAIL),
+            sum(1 for i in items if i.status == PairStatus.FAIL and i.id not in out_of_step),
             sum(1 for i in everything if i.status == PairStatus.ERROR),
+            sum(1 for i in items if i.id in out_of_step and i.status in (PairStatus.PASS, PairStatus.FAIL)),
         ),
         modules=module_view,
         stage_culprits=stages.culprits,
