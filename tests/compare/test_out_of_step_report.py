@@ -25,6 +25,7 @@ from tensor_debugger.store.models import PairRecord
 
 from tests.live.test_op_capture import compared as compare_session
 from tests.live.test_unseen_answers import DIM, EagerAttention, Masks
+from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
 
 ROOT = "EagerAttention"
 
@@ -150,3 +151,31 @@ def test_pairs_not_one_value_computed_two_ways_count_in_no_pass_or_fail_figure(
         passing = sum(1 for p in report.pairs if p.status == "pass" and p.name not in out_of_step)
         compared = len(report.pairs) - len(out_of_step)
         assert f"no divergence among the pairs compared: {passing} of {compared} pairs pass" in text, text
+
+
+def test_a_tiny_llamas_eager_and_sdpa_attentions_pair_what_is_certain_and_claim_nothing_over_the_rest(
+    settings: Settings,
+) -> None:
+    """transformers' Llama with eager attention against SDPA, the same weights: eager's repeat_kv reshapes keys and
+    values to (1, 4, 8, 8), SDPA reshapes its output to that shape once, nothing around them alike. Pairing that
+    reshape with either of eager's would compare two different values (a false divergence); it is left unpaired.
+    Every pair passes, the ops both run after attention pair and are compared, and the session is incomplete, not
+    diverged."""
+    x = input_ids()
+    for attention, run in (("eager", "reference"), ("sdpa", "candidate")):
+        model = tiny_llama(attention).eval()
+        with (
+            torch.no_grad(),
+            capture(model, "llama", run, data_dir=settings.data_dir, level="op", values="summary") as done,
+        ):
+            model(x)
+    assert done.session_id is not None
+    report, _ = compare_session(settings, done.session_id)
+    attn = f"{MODEL_CLASS}.model.layers.0.self_attn"
+    pairs = by_name(report)
+    assert [p.name for p in report.pairs if p.status == "fail"] == []
+    assert report.first_divergence is None and str(report.verdict) == "incomplete"
+    assert f"{attn}/reshape#1_outputs" not in pairs and f"{attn}/reshape#1_outputs" in report.coverage.unmatched
+    assert pairs[f"{attn}/transpose#5_outputs"] == (f"{attn}/transpose#4_outputs", ALIGNED, "pass")
+    assert pairs[f"{attn}/reshape#3_outputs"] == (f"{attn}/reshape#2_outputs", ALIGNED, "pass")
+    assert report.coverage.out_of_step == [] and report.progress.failing == 0

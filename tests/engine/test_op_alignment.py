@@ -80,3 +80,49 @@ def test_a_cast_faces_nothing_and_ops_of_other_dtype_kinds_or_module_calls_never
     found = pair_ops(a, b)
     assert found.pairs == [("N/matmul#1_outputs", "N/matmul#1_outputs"), ("N/mul#1_outputs", "N/mul#1_outputs")]
     assert (found.alone_a, found.alone_b) == (["N/eq#1_outputs"], ["N/float#1_outputs", "N/eq#1_outputs"])
+
+
+def test_calls_that_could_face_either_of_two_are_left_alone_not_guessed() -> None:
+    """Llama's eager attention (repeat_kv reshapes keys and values to (1, 4, 8, 8)) against its SDPA one (one
+    reshape of that shape, of the attention's output): nothing around them matches, so which of the two faces SDPA's
+    is not known; none is paired. A reshape with matching ops around it is."""
+    eager = ops(
+        ("L.attn/cat#1_outputs", (1, 2, 8, 8)),
+        ("L.attn/expand#1_outputs", (1, 2, 2, 8, 8)),
+        ("L.attn/reshape#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/expand#2_outputs", (1, 2, 2, 8, 8)),
+        ("L.attn/reshape#2_outputs", (1, 4, 8, 8)),
+        ("L.attn/matmul#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/softmax#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/transpose#1_outputs", (1, 8, 4, 8)),
+        ("L.attn/reshape#3_outputs", (1, 8, 32)),
+    )
+    sdpa = ops(
+        ("L.attn/cat#1_outputs", (1, 2, 8, 8)),
+        ("L.attn/scaled_dot_product_attention#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/reshape#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/transpose#1_outputs", (1, 8, 4, 8)),
+        ("L.attn/reshape#2_outputs", (1, 8, 32)),
+    )
+    found = pair_ops(eager, sdpa)
+    assert found.pairs == [
+        ("L.attn/cat#1_outputs", "L.attn/cat#1_outputs"),
+        ("L.attn/transpose#1_outputs", "L.attn/transpose#1_outputs"),
+        ("L.attn/reshape#3_outputs", "L.attn/reshape#2_outputs"),
+    ]
+    assert "L.attn/reshape#1_outputs" in found.alone_b and "L.attn/reshape#1_outputs" in found.alone_a
+
+
+def test_an_extra_call_right_beside_its_twin_leaves_both_unpaired() -> None:
+    """The candidate multiplies by 1.0 right before multiplying by the scale, as the reference does once: which of
+    its two `mul`s is the reference's is not known, so none pairs; the matmul before and the softmax after do."""
+    a = ops(("N/matmul#1_outputs", (4,)), ("N/mul#1_outputs", (4,)), ("N/softmax#1_outputs", (4,)))
+    b = ops(
+        ("N/matmul#1_outputs", (4,)),
+        ("N/mul#1_outputs", (4,)),
+        ("N/mul#2_outputs", (4,)),
+        ("N/softmax#1_outputs", (4,)),
+    )
+    found = pair_ops(a, b)
+    assert found.pairs == [("N/matmul#1_outputs", "N/matmul#1_outputs"), ("N/softmax#1_outputs", "N/softmax#1_outputs")]
+    assert (found.alone_a, found.alone_b) == (["N/mul#1_outputs"], ["N/mul#1_outputs", "N/mul#2_outputs"])
