@@ -13,6 +13,7 @@ import pytest
 import torch
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
+from tensor_debugger.compare.compute.early import pairable_by_name
 from tensor_debugger.compare.planning.op_pairs import ALIGNED
 from tensor_debugger.compare.planning.sides import tensors_of
 from tensor_debugger.compare.reports.contract import compare_report
@@ -24,6 +25,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord
 
 from tests.live.test_op_capture import compared as compare_session
+from tests.live.test_op_capture import rows_of
 from tests.live.test_unseen_answers import DIM, EagerAttention, Masks
 from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
 
@@ -179,3 +181,19 @@ def test_a_tiny_llamas_eager_and_sdpa_attentions_pair_what_is_certain_and_claim_
     assert pairs[f"{attn}/transpose#5_outputs"] == (f"{attn}/transpose#4_outputs", ALIGNED, "pass")
     assert pairs[f"{attn}/reshape#3_outputs"] == (f"{attn}/reshape#2_outputs", ALIGNED, "pass")
     assert report.coverage.out_of_step == [] and report.progress.failing == 0
+
+
+def test_the_early_same_name_guess_leaves_captured_ops_to_the_plans_alignment(settings: Settings) -> None:
+    """While runs ingest, pairs are guessed by the same name and compared early; a captured op's same name is only
+    its call index (eager's reshape#1, its input's, against SDPA's reshape#1, its output's): no op is guessed, the
+    plan's alignment pairs them. Modules' inputs and outputs still are."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    model = EagerAttention(False).eval()
+    with torch.no_grad(), capture(model, "early", "reference", data_dir=settings.data_dir, level="op") as done:
+        model(x)
+    assert done.run_id is not None
+    rows = rows_of(settings, done.run_id)
+    guessed = pairable_by_name(rows)
+    assert f"{ROOT}/reshape#1_outputs" in {r.name for r in rows}
+    assert not [name for name in guessed if "#" in name.rpartition("/")[2]]
+    assert f"{ROOT}.attn.o_proj_outputs" in guessed
