@@ -1,8 +1,9 @@
-"""`align_ops`: two implementations' ops inside a module, aligned on op and shape."""
+"""`align_ops`: two implementations' ops inside a module, aligned on op and shape; `pair_ops`: two runs' captured
+ops paired by it, module call by module call."""
 
 from __future__ import annotations
 
-from tensor_debugger.engine.op_alignment import align_ops, call_counts, op_call, uneven_ops
+from tensor_debugger.engine.op_alignment import OpTensor, align_ops, op_call, pair_ops
 
 
 def test_a_fused_kernel_faces_the_ops_it_replaces_as_one_sides_only_in_place() -> None:
@@ -18,18 +19,110 @@ def test_an_extra_cast_and_a_changed_shape_stay_apart_and_the_rest_pair() -> Non
     assert align_ops([], b) == [(None, 0), (None, 1), (None, 2), (None, 3)]
 
 
-def test_ops_called_unevenly_are_found_by_module_call_and_op_whatever_the_models_class_name() -> None:
-    eager = [
-        "EagerAttention/reshape#1_outputs",
-        "EagerAttention.attn/reshape#1_outputs",
-        "EagerAttention.attn/reshape#2_outputs",
-        "EagerAttention.attn/mul#1_outputs",
-        "EagerAttention.attn_outputs",  # a module's output, no op
+def test_op_calls_are_named_by_module_call_op_and_index_whatever_the_models_class_name() -> None:
+    assert op_call("EagerAttention/reshape#1_outputs") == ("", "reshape", 1)
+    assert op_call("EagerAttention.attn/reshape#2_outputs") == ("attn", "reshape", 2)
+    assert op_call("Net.attn#2/split#1_outputs_0") == ("attn#2", "split", 1)
+    assert op_call("EagerAttention.attn_outputs") is None  # a module's output, no op
+
+
+def ops(*items: tuple[str, tuple[int, ...]] | tuple[str, tuple[int, ...], str]) -> list[OpTensor]:
+    return [OpTensor(i[0], i[1], i[2] if len(i) == 3 else "float32") for i in items]
+
+
+def test_an_extra_reshape_on_one_side_is_its_alone_and_the_calls_after_it_pair_with_their_true_counterparts() -> None:
+    """A repeat_kv by expand and reshape against one by repeat: the eager side's reshape#2 and #3 are its own, its
+    reshape#4 (the output's) pairs with the port's reshape#1, not with its reshape#1 (the input's, of the same shape
+    but another place); the model's class names differ."""
+    eager = ops(
+        ("Eager.attn/reshape#1_outputs", (2, 5, 16)),
+        ("Eager.attn/transpose#1_outputs", (2, 2, 5, 4)),
+        ("Eager.attn/reshape#2_outputs", (2, 4, 5, 4)),
+        ("Eager.attn/reshape#3_outputs", (2, 4, 5, 4)),
+        ("Eager.attn/matmul#1_outputs", (2, 4, 5, 5)),
+        ("Eager.attn/transpose#2_outputs", (2, 5, 4, 4)),
+        ("Eager.attn/reshape#4_outputs", (2, 5, 16)),
+        ("Eager.attn_outputs", (2, 5, 16)),  # a module's output: no op, not decided here
+        ("Eager.mlp/gelu#1_outputs", (2, 5, 16)),  # a module call the port does not make: not decided here
+    )
+    port = ops(
+        ("Port.attn/transpose#1_outputs", (2, 2, 5, 4)),
+        ("Port.attn/repeat#1_outputs", (2, 4, 5, 4)),
+        ("Port.attn/matmul#1_outputs", (2, 4, 5, 5)),
+        ("Port.attn/transpose#2_outputs", (2, 5, 4, 4)),
+        ("Port.attn/reshape#1_outputs", (2, 5, 16)),
+        ("Port.attn_outputs", (2, 5, 16)),
+    )
+    found = pair_ops(eager, port)
+    assert found.pairs == [
+        ("Eager.attn/transpose#1_outputs", "Port.attn/transpose#1_outputs"),
+        ("Eager.attn/matmul#1_outputs", "Port.attn/matmul#1_outputs"),
+        ("Eager.attn/transpose#2_outputs", "Port.attn/transpose#2_outputs"),
+        ("Eager.attn/reshape#4_outputs", "Port.attn/reshape#1_outputs"),
     ]
-    port = ["Port/reshape#1_outputs", "Port.attn/reshape#1_outputs", "Port.attn/mul#1_outputs", "Port.attn_outputs"]
-    assert op_call(eager[0]) == ("", "reshape", 1)
-    assert op_call(eager[2]) == ("attn", "reshape", 2)
-    assert op_call(eager[4]) is None
-    assert call_counts(eager) == {("", "reshape"): 1, ("attn", "reshape"): 2, ("attn", "mul"): 1}
-    assert uneven_ops(eager, port) == {("attn", "reshape")}
-    assert uneven_ops(eager, eager) == set()
+    assert found.alone_a == [
+        "Eager.attn/reshape#1_outputs",
+        "Eager.attn/reshape#2_outputs",
+        "Eager.attn/reshape#3_outputs",
+    ]
+    assert found.alone_b == ["Port.attn/repeat#1_outputs"]
+
+
+def test_a_cast_faces_nothing_and_ops_of_other_dtype_kinds_or_module_calls_never_pair() -> None:
+    a = ops(("N/matmul#1_outputs", (4,)), ("N/mul#1_outputs", (4,)), ("N/eq#1_outputs", (4,), "bool"))
+    b = ops(
+        ("N/matmul#1_outputs", (4,)),
+        ("N/float#1_outputs", (4,)),
+        ("N/mul#1_outputs", (4,), "bfloat16"),  # one value in another precision: pairs
+        ("N/eq#1_outputs", (4,), "float32"),  # another kind: does not
+        ("N.sub/mul#1_outputs", (4,)),  # another module call
+    )
+    found = pair_ops(a, b)
+    assert found.pairs == [("N/matmul#1_outputs", "N/matmul#1_outputs"), ("N/mul#1_outputs", "N/mul#1_outputs")]
+    assert (found.alone_a, found.alone_b) == (["N/eq#1_outputs"], ["N/float#1_outputs", "N/eq#1_outputs"])
+
+
+def test_calls_that_could_face_either_of_two_are_left_alone_not_guessed() -> None:
+    """Llama's eager attention (repeat_kv reshapes keys and values to (1, 4, 8, 8)) against its SDPA one (one
+    reshape of that shape, of the attention's output): nothing around them matches, so which of the two faces SDPA's
+    is not known; none is paired. A reshape with matching ops around it is."""
+    eager = ops(
+        ("L.attn/cat#1_outputs", (1, 2, 8, 8)),
+        ("L.attn/expand#1_outputs", (1, 2, 2, 8, 8)),
+        ("L.attn/reshape#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/expand#2_outputs", (1, 2, 2, 8, 8)),
+        ("L.attn/reshape#2_outputs", (1, 4, 8, 8)),
+        ("L.attn/matmul#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/softmax#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/transpose#1_outputs", (1, 8, 4, 8)),
+        ("L.attn/reshape#3_outputs", (1, 8, 32)),
+    )
+    sdpa = ops(
+        ("L.attn/cat#1_outputs", (1, 2, 8, 8)),
+        ("L.attn/scaled_dot_product_attention#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/reshape#1_outputs", (1, 4, 8, 8)),
+        ("L.attn/transpose#1_outputs", (1, 8, 4, 8)),
+        ("L.attn/reshape#2_outputs", (1, 8, 32)),
+    )
+    found = pair_ops(eager, sdpa)
+    assert found.pairs == [
+        ("L.attn/cat#1_outputs", "L.attn/cat#1_outputs"),
+        ("L.attn/transpose#1_outputs", "L.attn/transpose#1_outputs"),
+        ("L.attn/reshape#3_outputs", "L.attn/reshape#2_outputs"),
+    ]
+    assert "L.attn/reshape#1_outputs" in found.alone_b and "L.attn/reshape#1_outputs" in found.alone_a
+
+
+def test_an_extra_call_right_beside_its_twin_leaves_both_unpaired() -> None:
+    """The candidate multiplies by 1.0 right before multiplying by the scale, as the reference does once: which of
+    its two `mul`s is the reference's is not known, so none pairs; the matmul before and the softmax after do."""
+    a = ops(("N/matmul#1_outputs", (4,)), ("N/mul#1_outputs", (4,)), ("N/softmax#1_outputs", (4,)))
+    b = ops(
+        ("N/matmul#1_outputs", (4,)),
+        ("N/mul#1_outputs", (4,)),
+        ("N/mul#2_outputs", (4,)),
+        ("N/softmax#1_outputs", (4,)),
+    )
+    found = pair_ops(a, b)
+    assert found.pairs == [("N/matmul#1_outputs", "N/matmul#1_outputs"), ("N/softmax#1_outputs", "N/softmax#1_outputs")]
+    assert (found.alone_a, found.alone_b) == (["N/mul#1_outputs"], ["N/mul#1_outputs", "N/mul#2_outputs"])

@@ -240,6 +240,7 @@ def test_upload_without_waiting_answers_at_once_then_the_runs_become_ready(
         "pending": 0,
         "failing": progress["pairs"]["failing"],
         "errors": 0,
+        "not_compared": 0,
     }
     assert progress["pairs"]["failing"] > 0
     run = http.get(f"{shared_server.url}/api/runs/{body['runs'][1]['run_id']}").json()

@@ -10,9 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.live.recorder import CaptureResult, capture
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord
+from torch import nn
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
@@ -249,3 +253,84 @@ def test_a_run_compared_against_a_run_that_failed_makes_the_session_incomplete_n
     page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
     assert "Incomplete: no pair is outside tolerance, but not everything was compared." in page
     assert "No tensor of run &#39;late&#39; (compared against &#39;early&#39;, which failed) was compared" in page
+
+
+def test_the_run_after_a_failed_first_run_is_the_reference_and_compared_against_no_other(tmp_path: Path) -> None:
+    """The session's first run failed (kept "failed", as an upload whose ingest failed is): the next run is the
+    session's reference (planning pairs the others against it), so it may not be compared against another run,
+    whether set with PUT /api/runs/{id}/compared-against (the actions') or as it begins (`--against`); the third
+    run may still be compared against it."""
+    services = open_services(Settings.from_environ(data_dir=tmp_path / "data"))
+    try:
+        ingestor = services.ingestor
+        ingestor.give_up(ingestor.begin("s", "first", ["f"]), [], keep_failure=True)
+        second = ingestor.begin("s", "second", ["r"])
+        third = ingestor.begin("s", "third", ["t"])
+        with services.sessions() as db:
+            first = db.query(RunRecord).filter_by(label="first").one()
+            assert (first.status, first.position, db.get_one(RunRecord, second.run_id).position) == ("failed", 0, 1)
+        with pytest.raises(InvalidInputError, match="run 'second' is the session's reference"):
+            services.actions.compare_against(second.run_id, third.run_id)
+        with services.sessions() as db:
+            assert db.get_one(RunRecord, second.run_id).compared_against_id is None
+        assert services.actions.compare_against(third.run_id, second.run_id).label == "third"
+        # a run that begins after a failed first one alone is the reference too: refused where it names another
+        ingestor.give_up(ingestor.begin("t", "first", ["f"]), [], keep_failure=True)
+        with pytest.raises(InvalidInputError, match="run 'second' is the session's reference"):
+            ingestor.begin("t", "second", ["r"], against="first")
+    finally:
+        services.close()
+
+
+def test_capture_against_a_run_compares_it_with_that_run_checked_as_ingest_does(
+    tmp_path: Path, shared_server: LiveServer
+) -> None:
+    """`capture(..., against=RUN)` as `ingest --against RUN`: into a data dir the run is compared against that run
+    (its pairs are with it, not the reference), and a run the session lacks, the run itself or the reference's
+    naming another is refused as the block opens, with the reason, nothing recorded; through a server likewise."""
+    data = tmp_path / "data"
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(0))
+
+    def model(shift: float) -> nn.Module:
+        torch.manual_seed(0)
+        linear = nn.Linear(4, 4)
+        with torch.no_grad():
+            linear.bias.add_(shift)
+        return linear.eval()
+
+    def run(label: str, shift: float, data_dir: Path, against: str | None = None) -> CaptureResult:
+        net = model(shift)
+        with torch.no_grad(), capture(net, "caught", label, data_dir=data_dir, against=against) as result:
+            net(x)
+        return result
+
+    run("reference", 0.0, data_dir=data)
+    early = run("early", 0.5, data_dir=data)
+    late = run("late", 0.5, data_dir=data, against="early")
+    with pytest.raises(InvalidInputError, match="session 'caught' has no run labelled 'none such'"):
+        run("other", 0.0, data_dir=data, against="none such")
+    with pytest.raises(InvalidInputError, match="run 'itself' cannot be compared against itself"):
+        run("itself", 0.0, data_dir=data, against="itself")
+    services = open_services(Settings.from_environ(data_dir=data))
+    try:
+        with services.sessions() as db:
+            assert db.get_one(RunRecord, late.run_id).compared_against_id == early.run_id
+            assert {r.label for r in db.query(RunRecord)} == {"reference", "early", "late"}
+            sides = set(db.query(PairRecord.run_a_id).filter_by(run_b_id=late.run_id))
+            assert sides == {(early.run_id,)}
+    finally:
+        services.close()
+    # through a server: the upload's ?against=
+    name = f"caught {tmp_path.name}"
+    url, token = shared_server.url, shared_server.token
+    same, off = model(0.0), model(0.5)
+    with torch.no_grad(), capture(same, name, "reference", server=url, token=token):
+        same(x)
+    with torch.no_grad(), capture(off, name, "early", server=url, token=token) as sent_early:
+        off(x)
+    with torch.no_grad(), capture(off, name, "late", server=url, token=token, against="early") as sent_late:
+        off(x)
+    assert sent_late.session_id is not None
+    listed = loopback_http.get(f"{shared_server.url}/api/sessions/{sent_late.session_id}", headers=shared_server.auth)
+    against = {r["label"]: r["compared_against"] for r in listed.json()["runs"]}
+    assert against == {"reference": None, "early": None, "late": sent_early.run_id}

@@ -142,12 +142,13 @@ def test_find_divergences_session_shows_the_full_values_figures_on_the_page_and_
         context.close()
 
 
-def test_ops_out_of_step_leave_find_divergences_session_incomplete_on_the_page_and_in_the_json(
+def test_ops_one_side_calls_more_often_pair_by_alignment_in_find_divergences_session_and_on_its_page(
     shared_server: LiveServer,
 ) -> None:
-    """Eager attention against SDPA: eager's repeat_kv calls reshape and transpose more often, so those pairs
-    differ in shape or are not known to face each other. They are not compared: the session is incomplete (not
-    diverged with no first divergence), and the page names them."""
+    """Eager attention against SDPA: eager's repeat_kv calls reshape and transpose more often. Those pairs were "out
+    of step", not compared; now the session pairs them as find_divergence did, by the alignment of the model's ops:
+    the eager output's reshape#4 with SDPA's reshape#1, compared (it passes), the eager side's own ops unmatched, in
+    place. The session is incomplete for those (not diverged with no first divergence), and the page says so."""
     found = find_divergence(
         EagerAttention(False).eval(),
         EagerAttention(True).eval(),
@@ -159,11 +160,12 @@ def test_ops_out_of_step_leave_find_divergences_session_incomplete_on_the_page_a
     session_id = int(found.location.rsplit("/", 1)[1])
     report: dict[str, Any] = wait_done(shared_server, session_id)
     assert report["first_divergence"] is None and report["verdict"] == "incomplete"
-    out_of_step = {o["name"]: o["why"] for o in report["coverage"]["out_of_step"]}
-    failing = {p["name"] for p in report["pairs"] if p["status"] == "fail"}
-    assert failing and failing <= set(out_of_step)
-    assert all(why.startswith("ops out of step: ") for why in out_of_step.values())
+    assert report["coverage"]["out_of_step"] == [] and report["progress"]["not_compared"] == 0
+    pairs = {p["name"]: (p["b"]["name"], p["status"]) for p in report["pairs"]}
+    assert pairs["EagerAttention/reshape#4_outputs"] == ("EagerAttention/reshape#1_outputs", "pass")
+    assert "fail" not in {status for _, status in pairs.values()}
+    assert "EagerAttention/reshape#2_outputs" in report["coverage"]["unmatched"]
     page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
     assert 'data-verdict="incomplete"' in page
-    assert f"{len(out_of_step)} pairs of ops out of step were not compared" in page
-    assert "EagerAttention/reshape#1_outputs (ops out of step: one side calls reshape more often in the model)" in page
+    assert "reference tensors have no partner in the candidate" in page
+    assert "out of step" not in page

@@ -241,7 +241,11 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
         rests = (
             " (from summaries: no difference found in the summaries, not every element compared)" if sketched else ""
         )
-        print(f"no divergence{among}: {len(report.pairs) - failing} of {len(report.pairs)} pairs pass{rests}")
+        # pairs not one value computed two ways (out of step) were not compared: neither passing nor failing
+        off = {o.name for o in report.coverage.out_of_step} if report.coverage is not None else set()
+        judged = [p for p in report.pairs if p.name not in off]
+        passing = sum(1 for p in judged if p.status == "pass")
+        print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
     else:
         print_first_divergence(report, first)
     print_unmatched_before(first)

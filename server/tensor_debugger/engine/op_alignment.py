@@ -6,13 +6,14 @@ only."""
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
 # a captured op's output: "Net.attn/reshape#3_outputs" (module call "attn" without the model's class name "Net",
-# op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call ""); one of several outputs
-# of an op's call: "Net.router/topk#1_outputs_0", "Net.attn/chunk#1_outputs_2"
-_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs(?:_[^/]+)?$")
+# op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call ""); a tuple's output
+# "…/split#1_outputs_0", a dict's "…/max#1_outputs_values" (its place: "0", "values")
+_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs(?:_(.+))?$")
 
 
 def align_ops(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int | None, int | None]]:
@@ -49,23 +50,107 @@ def op_call(name: str) -> tuple[str, str, int] | None:
     return (found[1], found[2], int(found[3])) if found else None
 
 
-def call_counts(names: Iterable[str]) -> dict[tuple[str, str], int]:
-    """How many times each (module call, op) was called, of the captured ops' outputs among `names` (one run's):
-    its highest call index."""
-    counts: dict[tuple[str, str], int] = {}
-    for name in names:
-        call = op_call(name)
-        if call is not None:
-            counts[call[:2]] = max(counts.get(call[:2], 0), call[2])
-    return counts
+@dataclass(frozen=True)
+class OpTensor:
+    """What aligns of one captured tensor: its full name, its shape and its dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
 
 
-def uneven_ops(a: Iterable[str], b: Iterable[str]) -> set[tuple[str, str]]:
-    """The (module call, op) that two runs (their tensors' names, `a` and `b`) call a different number of times:
-    which of their calls face each other is not known (eager attention's repeat_kv reshapes against SDPA's none),
-    so none of them is one value computed two ways."""
-    counts_a, counts_b = call_counts(a), call_counts(b)
-    return {key for key in counts_a.keys() | counts_b.keys() if counts_a.get(key) != counts_b.get(key)}
+@dataclass(frozen=True)
+class OpPairing:
+    """Two runs' captured ops, paired by module call and sequence alignment (`pair_ops`): `pairs` (reference name,
+    candidate name); `alone_a`, `alone_b`: the ops of a module call both runs made that the alignment left on one
+    side only (an extra cast, a fused kernel's ops), which no other rule may pair."""
+
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    alone_a: list[str] = field(default_factory=list)
+    alone_b: list[str] = field(default_factory=list)
+
+
+def pair_ops(a: Sequence[OpTensor], b: Sequence[OpTensor]) -> OpPairing:
+    """Pair the captured ops' outputs of two runs (`a` the reference's, `b` the candidate's, each in execution
+    order): within each module call both runs made (its path less the model's class name), the two lists of ops
+    aligned (`align_ops`) on each output's op, place, shape and dtype's kind, so that an op one side calls more
+    often (a `reshape` in one `repeat_kv`, an extra `.float()`, matmul and softmax against a fused
+    scaled_dot_product_attention) is that side's alone, in place, and the calls after it face their true
+    counterparts, not those of the same call index. Where which call faces which is not certain (`certain_matches`)
+    both are left alone: not compared, never a guess. The ops of a module call one run alone made are left out (no
+    decision here). The one pairing of ops that planning, the reports and find_divergence share."""
+    calls_a, calls_b = _by_call(a), _by_call(b)
+    found = OpPairing()
+    for call, mine in calls_a.items():
+        theirs = calls_b.get(call)
+        if theirs is None:
+            continue
+        facing = dict(certain_matches([k for k, _ in mine], [k for k, _ in theirs]))
+        paired_b = set(facing.values())
+        found.pairs.extend((mine[i][1], theirs[j][1]) for i, j in facing.items())
+        found.alone_a.extend(name for i, (_, name) in enumerate(mine) if i not in facing)
+        found.alone_b.extend(name for j, (_, name) in enumerate(theirs) if j not in paired_b)
+    return found
+
+
+def certain_matches(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int, int]]:
+    """(index in `a`, index in `b`) of the keys the alignment (`align_ops`'s) pairs where which faces which is
+    certain, in order. Each run of keys it matches (a block) stands only where that run occurs once on each side
+    between the blocks before and after it: two `reshape`s of one shape in the reference's repeat_kv against one
+    in SDPA's output, with nothing around them that also matches, could face either, so neither does. And a block's
+    end key that the unmatched ops just after it (or just before it) also begin with (end with), on either side,
+    could face that one as well: it is not paired either (`x * 1.0` right before the `* scale` both run)."""
+    matcher = SequenceMatcher(None, list(a), list(b), autojunk=False)
+    blocks = [m for m in matcher.get_matching_blocks() if m.size]
+    found: list[tuple[int, int]] = []
+    for n, block in enumerate(blocks):
+        before = blocks[n - 1] if n else None
+        after = blocks[n + 1] if n + 1 < len(blocks) else None
+        start_a, start_b = (before.a + before.size, before.b + before.size) if before else (0, 0)
+        end_a, end_b = (after.a, after.b) if after else (len(a), len(b))
+        run = list(a[block.a : block.a + block.size])
+        if _occurrences(a[start_a:end_a], run) != 1 or _occurrences(b[start_b:end_b], run) != 1:
+            continue
+        # its ends could slide: a key that also begins the unmatched ops after it (or ends those before it), on
+        # either side, could face that one as well (an extra `mul` right after the `mul` both call)
+        after_keys = {
+            keys[i] for keys, i, end in ((a, block.a + block.size, end_a), (b, block.b + block.size, end_b)) if i < end
+        }
+        before_keys = {
+            keys[i] for keys, i, start in ((a, block.a - 1, start_a), (b, block.b - 1, start_b)) if i >= start
+        }
+        low, high = 0, block.size
+        while high > low and run[high - 1] in after_keys:
+            high -= 1
+        while low < high and run[low] in before_keys:
+            low += 1
+        found.extend((block.a + k, block.b + k) for k in range(low, high))
+    return found
+
+
+def _occurrences(keys: Sequence[Hashable], run: list[Hashable]) -> int:
+    """How many times `run` occurs in `keys`, contiguous (at most 2: only whether it is once matters)."""
+    size, count = len(run), 0
+    if len(keys) < 2 * size:
+        return 1 if len(keys) >= size else 0  # it occurs there (a block is in its own span) and has no room twice
+    for start in range(len(keys) - size + 1):
+        if keys[start] == run[0] and list(keys[start : start + size]) == run:
+            count += 1
+            if count == 2:
+                break
+    return count
+
+
+def _by_call(tensors: Sequence[OpTensor]) -> dict[str, list[tuple[Hashable, str]]]:
+    """The captured ops' outputs among `tensors`, by module call (without the model's class name), each with what
+    aligns (op, place, shape, dtype's kind) and its name, in order."""
+    calls: dict[str, list[tuple[Hashable, str]]] = {}
+    for tensor in tensors:
+        found = _OP_CALL.match(tensor.name)
+        if found is not None:
+            key = (found[2], found[4] or "", tuple(tensor.shape), _kind(tensor.dtype))
+            calls.setdefault(found[1], []).append((key, tensor.name))
+    return calls
 
 
 def _kind(dtype: str) -> str:

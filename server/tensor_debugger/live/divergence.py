@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensor_debugger.engine.op_alignment import op_call, out_of_step, uneven_ops
+from tensor_debugger.engine.op_alignment import OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
@@ -395,22 +395,26 @@ def _find(
     def tolerance(a: Sketch, b: Sketch) -> Tolerance:
         return tolerance_of(a.dtype, b.dtype)
 
-    theirs = {_key(name, root_b): name for name in cand.summaries}
-    # Left unpaired, as ops of one side alone:
-    # - two ops of one name and call index whose shapes (or dtypes' kinds) differ: the two sides' ops falling out of
-    #   step where one implementation calls an op more often (a repeat_kv by expand and reshape against one by
-    #   repeat), not the same op giving other values;
-    # - every call of an op that one module call runs more often on one side than on the other: which of its calls
-    #   face each other is not known (an eager attention's repeat_kv reshapes against SDPA's none, the output's
-    #   reshape of one shape on both).
-    uneven = uneven_ops(ref.summaries, cand.summaries)
+    # captured ops pair within each module call by sequence alignment (engine/op_alignment.pair_ops, as the
+    # session's planning pairs them): an op one side calls more often (a repeat_kv's reshapes against none) is that
+    # side's alone, and the calls after it face their true counterparts; the rest pair by name
+    ops = pair_ops(
+        [OpTensor(n, tuple(s.shape), s.dtype) for n, s in ref.summaries.items()],
+        [OpTensor(n, tuple(s.shape), s.dtype) for n, s in cand.summaries.items()],
+    )
+    decided = {*ops.alone_b, *(b for _, b in ops.pairs)}
+    theirs = {_key(name, root_b): name for name in cand.summaries if name not in decided}
+    for name in ops.alone_a:
+        theirs.pop(_key(name, root_a), None)
+    theirs |= {_key(a, root_a): b for a, b in ops.pairs}
+    # left unpaired: two tensors paired by name that are not one value computed two ways (a module's inputs of
+    # different kinds: an additive float mask against a bool one)
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
         if other is None:
             continue
         a, b = ref.summaries[name], cand.summaries[other]
-        op = op_call(name)
-        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)) or (op is not None and op[:2] in uneven):
+        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)):
             del theirs[_key(name, root_a)]
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
@@ -494,12 +498,11 @@ def _find(
     failing: list[ElementStats] = []
     judged: set[str] = set()  # the reference's tensors compared element by element
     full_first: ElementStats | None = None
-    theirs_full = {_key(n, root_b): n for n in kept["b"]}
     reshaped: set[str] = set()  # paired tensors whose shapes differ: a divergence, with no elements to compare
     for tensor_name, value in kept["a"].items():
-        partner = theirs_full.get(_key(tensor_name, root_a))
-        if partner is None or _key(tensor_name, root_a) not in paired:
-            continue  # unpaired, or left unpaired above (ops out of step)
+        partner = theirs.get(_key(tensor_name, root_a))  # as the first pass paired it
+        if partner is None or partner not in kept["b"]:
+            continue  # unpaired, or left unpaired above
         if kept["b"][partner].shape != value.shape:
             # a module's output of another shape (a router's top-2 weights against a port's top-1): it fails, as
             # its summaries did, and makes its module a culprit where the module's inputs agree
@@ -516,7 +519,7 @@ def _find(
         if not stats.passed:
             failing.append(stats)
     culprits, uncompared = _culprits(order, kept["a"], {s.reference for s in failing} | reshaped, judged, root_a)
-    ours = paired
+    ours = {theirs[k] for k in paired}  # the candidate's tensors paired
     found = FirstDivergence(
         name,
         other,
@@ -526,7 +529,7 @@ def _find(
         cand.sources.get(other),
         verdict,
         full_first,
-        _one_sided_before(list(cand.summaries), other, lambda n: _key(n, root_b) in ours, cand.sources),
+        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand.sources),
         _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
         (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),

@@ -673,6 +673,7 @@ def capture(
     values: Values = "full",
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     backward: bool = False,
+    against: str | None = None,
     _pair: bool = True,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
@@ -692,6 +693,9 @@ def capture(
     gradients of the backward passes run inside the block (call `loss.backward()` there, without torch.no_grad):
     of each recorded module's outputs and inputs (`{module}/grad_output`, `{module}/grad_input`) and of its own
     parameters (`{module}.{parameter}/grad`), in the order the backward computes them, after the forward's tensors.
+    `against` (a run's label): the run is compared against that run of the session, not the session's reference,
+    as `ingest --against` does; into a data dir it is checked as the block opens (InvalidInputError naming the
+    reason: no such run, the run itself, the session's reference, a cycle), through a server as the run is sent.
     Nothing is kept when the block raises. (`_pair=False`, for captures in a row into a local data dir, leaves the
     session's runs to be paired after the last: `pair_session`.) `record` records the same run without storing it.
     """
@@ -712,7 +716,7 @@ def capture(
     collecting = ExitStack()  # the collector leaves the process's objects alone until the run is stored
     try:
         collecting.enter_context(existing_objects_frozen())
-        local = _LocalRun(session, run, data_dir) if server is None and ranks is None else None
+        local = _LocalRun(session, run, data_dir, against) if server is None and ranks is None else None
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer, result)
@@ -729,7 +733,7 @@ def capture(
         closing, writer = writer, None
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
-        _send(recorder, result, session, run, (folder, local, ranks, shared), data_dir, server, token, _pair)
+        _send(recorder, result, session, run, (folder, local, ranks, shared), data_dir, server, token, _pair, against)
     finally:
         watching.close()
         for handle in handles:

@@ -1,16 +1,39 @@
 """Which run a run is compared against (`runs.compared_against_id`), checked before it is set: a run of the same
-session, not itself, not the session's reference or a rerun of it (each compared against the reference only), and
+session, not itself, not the session's reference (`session_reference`: a failed first run hands it to the next)
+or a rerun of it (each compared against the reference only), and
 no cycle (a run compared against one that is compared, at any remove, against it)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, TypeVar
 
 from sqlalchemy import update
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store.models import RunRecord
+
+
+class _Run(Protocol):
+    @property
+    def status(self) -> str: ...
+
+    @property
+    def role(self) -> str: ...
+
+
+R = TypeVar("R", bound=_Run)
+
+
+def session_reference(runs: Sequence[R]) -> R | None:
+    """The session's reference among its `runs` (in order): the first run that did not fail and is not a rerun of
+    the reference (role "noise"), else the first that did not fail. A failed run is never the reference: the next
+    run takes its place. None where every run failed (or there is none). It may still be ingesting: while it is,
+    no other run stands in for it (the plan waits). The one rule that planning, the early comparisons, the reports
+    and `check_against` share."""
+    kept = [r for r in runs if r.status != "failed"]
+    return next((r for r in kept if r.role != "noise"), kept[0] if kept else None)
 
 
 def check_against(run: RunRecord, against: RunRecord | None, runs: Sequence[RunRecord]) -> None:
@@ -25,7 +48,8 @@ def check_against(run: RunRecord, against: RunRecord | None, runs: Sequence[RunR
         )
     if against.id == run.id:
         raise InvalidInputError(f"run {run.label!r} cannot be compared against itself")
-    if run.position == 0 or run.role == "reference":
+    reference = session_reference(sorted(runs, key=lambda r: r.position))
+    if reference is not None and reference.id == run.id:
         raise InvalidInputError(
             f"run {run.label!r} is the session's reference, which the other runs are compared against; it is "
             "compared against no other run"

@@ -30,6 +30,7 @@ from tensor_debugger.compare.compute.pending import FLUSH_SECONDS, PendingPair, 
 from tensor_debugger.compare.context import CompareContext, cache_key, tensor_ref
 from tensor_debugger.compare.planning.sides import aligned_views, alignment_key_of, tolerance
 from tensor_debugger.engine.alignment import align
+from tensor_debugger.engine.op_alignment import op_call
 from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.ingest.stored import Stored, StoredNote, note_of
@@ -296,6 +297,8 @@ def detached_tensors(db: DbSession, run_id: int) -> list[TensorRecord]:
 
 
 def pairable_by_name(rows: Sequence[TensorRecord]) -> dict[str, TensorRecord]:
-    """The tensors a same-name guess may pair, by name: those whose name occurs once and that hold values."""
+    """The tensors a same-name guess may pair, by name: those whose name occurs once and that hold values; not a
+    captured op's output, whose partner is the op the alignment of its module call's ops faces it with
+    (`engine/op_alignment.pair_ops`, in the plan), not the call of the same index."""
     counts = Counter(r.name for r in rows)
-    return {r.name: r for r in rows if counts[r.name] == 1 and r.has_values}
+    return {r.name: r for r in rows if counts[r.name] == 1 and r.has_values and op_call(r.name) is None}

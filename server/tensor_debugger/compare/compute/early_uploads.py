@@ -37,12 +37,12 @@ from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts, f
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.compute.sent_pairs import SentPairs
 from tensor_debugger.compare.context import CompareContext
-from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import PairJob
 from tensor_debugger.ingest.runs import PendingRun
 from tensor_debugger.ingest.stored import NoteListener, StoredNote
 from tensor_debugger.ingest.taps import Found
+from tensor_debugger.store.compared_against import session_reference
 from tensor_debugger.store.models import RunRecord, SessionRecord, TensorRecord
 
 Job = tuple[PairJob[PendingPair], tuple[int, ...]]

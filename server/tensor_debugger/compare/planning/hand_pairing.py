@@ -9,10 +9,10 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
-from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.engine.alignment import Alignment, Shape, Step, align, alignment_choices
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
+from tensor_debugger.store.compared_against import session_reference
 from tensor_debugger.store.models import PairRecord, RunRecord, TensorRecord, UnmatchedRecord
 
 

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.current import CurrentPairs
-from tensor_debugger.compare.planning.reference import session_reference
+from tensor_debugger.compare.planning.op_pairs import plan_ops
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
@@ -40,6 +40,7 @@ from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.ingest.split_sketches import split_sketch_verdict
 from tensor_debugger.ingest.traces import CaptureScope
 from tensor_debugger.store.catalog import lock_sessions
+from tensor_debugger.store.compared_against import session_reference
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
     PairOverrideRecord,
@@ -101,19 +102,24 @@ def plan_session(context: CompareContext, session_id: int) -> None:
             if against.id not in refs:
                 refs[against.id] = _refs(db, against.id)
             mine = [o for o in overrides if o.run_b_id == candidate.id]
+            manual = [(o.a_name, o.b_name) for o in mine if o.action == "pair"]
+            unpaired = [(o.a_name, o.b_name) for o in mine if o.action == "unpair"]
             candidate_refs = _refs(db, candidate.id)
             ranks = (run_ranks(refs[against.id], pattern), run_ranks(candidate_refs, pattern))
+            # captured ops: paired within each module call by sequence alignment, the rest by the chain
+            ops = plan_ops(refs[against.id], candidate_refs, manual, unpaired, pattern)
             try:
                 pairing = pair_runs(
-                    refs[against.id],
-                    candidate_refs,
-                    manual=[(o.a_name, o.b_name) for o in mine if o.action == "pair"],
-                    unpaired=[(o.a_name, o.b_name) for o in mine if o.action == "unpair"],
+                    ops.rest(refs[against.id]),
+                    ops.rest(candidate_refs),
+                    manual=manual,
+                    unpaired=unpaired,
                     strategies=session.strategies,
                     pattern=pattern,
                 )
             except ValueError as exc:
                 raise InvalidInputError(f"the session's pairing strategies: {exc}") from None
+            pairing = ops.merge(pairing)
             aligned = {(o.a_name, o.b_name): o.steps for o in mine if o.action == "align" and o.steps}
             for plan in pairing.pairs:
                 # a shard one side lacks: not comparable as it stands (by shape alone it may read as replicas)

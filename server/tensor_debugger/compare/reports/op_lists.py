@@ -1,5 +1,6 @@
-"""The ops a module call ran on each side, side by side and aligned (`engine/op_alignment.py`): what the pair page
-of a captured module (or of one of its ops) shows of two implementations that differ inside it."""
+"""The ops a module call ran on each side, side by side and aligned as the session paired them (planning's
+`engine/op_alignment.pair_ops`): what the pair page of a captured module (or of one of its ops) shows of two
+implementations that differ inside it."""
 
 from __future__ import annotations
 
@@ -56,9 +57,15 @@ def op_lists(db: DbSession, pair: PairRecord, a: Sequence[TensorRecord], b: Sequ
     if not ops_a and not ops_b:
         return None
     paired = _op_pairs(db, pair, module_a)
+    # the rows follow the session's pairs (planned by engine/op_alignment.pair_ops, module call by module call): two
+    # ops face each other where they are one pair, each other op is its side's alone, in place
+    pair_of_a = {a: found[0] for (a, _), found in paired.items()}
+    pair_of_b = {b: found[0] for (_, b), found in paired.items()}
+    keys_a = [("pair", pair_of_a[o.tensor_id]) if o.tensor_id in pair_of_a else ("a", k) for k, o in enumerate(ops_a)]
+    keys_b = [("pair", pair_of_b[o.tensor_id]) if o.tensor_id in pair_of_b else ("b", k) for k, o in enumerate(ops_b)]
     rows: list[OpRow] = []
     current = None
-    for i, j in align_ops([_key(o) for o in ops_a], [_key(o) for o in ops_b]):
+    for i, j in align_ops(keys_a, keys_b):
         left = ops_a[i] if i is not None else None
         right = ops_b[j] if j is not None else None
         found = paired.get((left.tensor_id, right.tensor_id)) if left and right else None
@@ -89,12 +96,6 @@ def _ops(db: DbSession, run_id: int, module: str) -> list[OpEntry]:
         name = path[len(module) :].lstrip(".").lstrip("/")
         entries.append(OpEntry(tensor_id, name, path.rpartition("/")[2].partition("#")[0], list(shape), source))
     return entries
-
-
-def _key(entry: OpEntry) -> tuple[str, str, tuple[int, ...]]:
-    """What aligns: the op, the child module that ran it, the output's shape (not the call index, which an op the
-    other side lacks shifts)."""
-    return (entry.name.rpartition("/")[0], entry.op, tuple(entry.shape))
 
 
 def _op_pairs(db: DbSession, pair: PairRecord, module_a: str) -> dict[tuple[int, int], tuple[int, str]]:

@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
-from tensor_debugger.compare.planning.reference import session_reference
 from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
@@ -63,9 +62,10 @@ from tensor_debugger.engine.alignment import replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
-from tensor_debugger.engine.op_alignment import op_call, out_of_step, uneven_ops
+from tensor_debugger.engine.op_alignment import op_call, out_of_step
 from tensor_debugger.errors import NotFoundError
 from tensor_debugger.ingest.traces import ModuleTree
+from tensor_debugger.store.compared_against import session_reference
 from tensor_debugger.store.models import (
     ComparisonResultRecord,
     PairRecord,
@@ -341,7 +341,7 @@ def session_pairs(
     # pairs of captured ops out of step: not one value computed two ways, so not compared (no verdict counts them)
     out_of_step: dict[int, str] = {}
     for run_id in compared:
-        out_of_step |= _out_of_step_pairs(db, session_id, [i for i in items if i.b.run_id == run_id], missing)
+        out_of_step |= _out_of_step_pairs([i for i in items if i.b.run_id == run_id])
     candidates = [
         CandidateReport(
             run_id,
@@ -383,11 +383,13 @@ def session_pairs(
         pairs=items,
         first_divergence=candidates[0].first_divergence if candidates else None,
         unmatched=unmatched,
+        # pairs not one value computed two ways count in no pass or fail figure: not compared
         progress=PairProgress.of(
             len(everything),
             done,
-            sum(1 for i in items if i.status == PairStatus.FAIL),
+            sum(1 for i in items if i.status == PairStatus.FAIL and i.id not in out_of_step),
             sum(1 for i in everything if i.status == PairStatus.ERROR),
+            sum(1 for i in items if i.id in out_of_step and i.status in (PairStatus.PASS, PairStatus.FAIL)),
         ),
         modules=module_view,
         stage_culprits=stages.culprits,
@@ -749,36 +751,17 @@ def _in_execution_order(pair: PairReport) -> bool:
     return pair.module_path is not None or pair.stage is not None
 
 
-def _out_of_step_pairs(
-    db: DbSession, session_id: int, mine: list[PairReport], missing: Sequence[UnmatchedReport]
-) -> dict[int, str]:
-    """Of one candidate's pairs `mine`, those of captured ops out of step, by id, each with why in plain words: not
-    one value computed two ways, so not compared. Two ops paired by name and call index whose shapes or dtypes'
-    kinds differ (one side calls `reshape` more often: its calls fell out of step), a module's inputs of different
-    kinds (`op_alignment.out_of_step`); and every call of an op that one module call runs more often on one side
-    than on the other, counted over the pairs and the tensors without partner (which of them face each other is not
-    known: eager attention's repeat_kv reshapes against SDPA's none; `op_alignment.uneven_ops`)."""
-    captured = [p for p in mine if p.module_path is not None]  # a dump's tensors are no captured ops
-    if not captured:
-        return {}
-    run_a, run_b = mine[0].a.run_id, mine[0].b.run_id
-    alone_b = db.scalars(
-        select(UnmatchedRecord.name).where(
-            UnmatchedRecord.session_id == session_id,
-            UnmatchedRecord.run_id == run_b,
-            UnmatchedRecord.other_run_id == run_a,
-        )
-    ).all()
-    uneven = uneven_ops(
-        [*(p.a.name for p in mine), *(u.name for u in missing if u.run_id == run_a and u.against_run_id == run_b)],
-        [*(p.b.name for p in mine), *alone_b],
-    )
+def _out_of_step_pairs(mine: list[PairReport]) -> dict[int, str]:
+    """Of one candidate's pairs `mine`, those not one value computed two ways, by id, each with why in plain words:
+    not compared. Two captured ops paired (by hand, or by a strategy other than the alignment of their module
+    call's ops, `engine/op_alignment.pair_ops`, which pairs only ops of one shape and dtype's kind) whose shapes or
+    dtypes' kinds differ; a module's inputs of different kinds (`op_alignment.out_of_step`)."""
     found = {}
-    for pair in captured:
-        call = op_call(pair.a.name)
-        if call is not None and call[:2] in uneven:
-            found[pair.id] = f"ops out of step: one side calls {call[1]} more often in {call[0] or 'the model'}"
-        elif out_of_step(pair.name, (pair.a.shape, pair.b.shape), (pair.a.dtype, pair.b.dtype)):
+    for pair in mine:
+        if pair.module_path is None:  # a dump's tensors are no captured ops
+            continue
+        if out_of_step(pair.name, (pair.a.shape, pair.b.shape), (pair.a.dtype, pair.b.dtype)):
+            call = op_call(pair.a.name)
             if call is not None:
                 found[pair.id] = (
                     f"ops out of step: the two sides' {call[1]} calls in {call[0] or 'the model'} do not line up "

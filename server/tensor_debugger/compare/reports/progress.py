@@ -13,7 +13,8 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.early_uploads import EarlyFigures, EarlyPair
 from tensor_debugger.compare.reports.compare_report import ReadOnce
-from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord
+from tensor_debugger.engine.op_alignment import out_of_step
+from tensor_debugger.store.models import PairRecord, RunRecord, SessionRecord, TensorRecord
 from tensor_debugger.store.reports import RunRole, RunStatus, RunWithProblems, problem_reports, run_fields
 
 if TYPE_CHECKING:  # a server's queue: the CLI's reports import none of the ingest children's machinery
@@ -132,17 +133,20 @@ def run_progress(run: RunRecord, live: IngestProgress | None) -> RunProgress:
 @dataclass(frozen=True)
 class PairProgress:
     """Pairs no longer pending (`done`) of all the session's pairs; `failing`: those that fail; `errors`: those
-    whose comparison failed (counted in `done`, but never compared: the session's verdict is incomplete)."""
+    whose comparison failed (counted in `done`, but never compared: the session's verdict is incomplete);
+    `not_compared`: those whose two sides are not one value computed two ways (the session's coverage's
+    `out_of_step`), counted in `done` but never in `failing`: not compared either."""
 
     total: int
     done: int
     pending: int
     failing: int
     errors: int = 0
+    not_compared: int = 0
 
     @classmethod
-    def of(cls, total: int, done: int, failing: int, errors: int = 0) -> PairProgress:
-        return cls(total, done, total - done, failing, errors)
+    def of(cls, total: int, done: int, failing: int, errors: int = 0, not_compared: int = 0) -> PairProgress:
+        return cls(total, done, total - done, failing, errors, not_compared)
 
 
 @dataclass(frozen=True)
@@ -203,7 +207,35 @@ def pair_progress(db: DbSession, session_id: int) -> PairProgress:
     ).all()
     counts = {status: n for status, n in rows}
     total = sum(counts.values())
-    return PairProgress.of(total, total - counts.get("pending", 0), counts.get("fail", 0), counts.get("error", 0))
+    off = _not_compared(db, session_id)
+    return PairProgress.of(
+        total,
+        total - counts.get("pending", 0),
+        counts.get("fail", 0) - sum(1 for status in off if status == "fail"),
+        counts.get("error", 0),
+        len(off),
+    )
+
+
+def _not_compared(db: DbSession, session_id: int) -> list[str]:
+    """The statuses of the session's judged pairs of captured tensors whose two sides are not one value computed two
+    ways (`engine/op_alignment.out_of_step`, as the session's report decides it: its coverage's `out_of_step`)."""
+    p, t = PairRecord, TensorRecord
+    pairs = db.execute(
+        select(p.name, p.status, p.a_tensor_ids, p.b_tensor_ids).where(
+            p.session_id == session_id, p.module_path.is_not(None), p.status.in_(("pass", "fail"))
+        )
+    ).all()
+    ids = {ids[0] for pair in pairs for ids in (pair.a_tensor_ids, pair.b_tensor_ids) if ids}
+    if not ids:
+        return []
+    sides = {row.id: (row.shape, row.dtype) for row in db.execute(select(t.id, t.shape, t.dtype).where(t.id.in_(ids)))}
+    found = []
+    for pair in pairs:
+        a, b = sides.get(pair.a_tensor_ids[0]), sides.get(pair.b_tensor_ids[0])
+        if a is not None and b is not None and out_of_step(pair.name, (a[0], b[0]), (a[1], b[1])):
+            found.append(pair.status)
+    return found
 
 
 def session_progress(

@@ -1,0 +1,100 @@
+"""The captured ops of a candidate and of the run it is compared against, paired as `engine/op_alignment.pair_ops`
+aligns them (module call by module call, a sequence alignment on op, place, shape and dtype's kind), before the
+pairing chain of `engine/pairing.py` pairs the rest: a `reshape` one side calls more often is that side's alone, in
+place, and the calls after it pair with their true counterparts, not with the calls of the same index. The user's
+own pairs and unpairs win."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tensor_debugger.engine.op_alignment import OpTensor, pair_ops
+from tensor_debugger.engine.pairing import (
+    LogicalTensor,
+    Pairing,
+    PairPlan,
+    TensorRef,
+    apply_name_pattern,
+    execution_order,
+    group_shards,
+)
+
+ALIGNED = "module aligned"  # the strategy of a pair of ops the alignment made ("module": by module call and op)
+
+
+@dataclass(frozen=True)
+class OpPlan:
+    """The ops the alignment decided: `pairs` (logical tensors, strategy `ALIGNED`), `alone_a`, `alone_b` (left
+    on their side: no other strategy may pair them), and the ids of their stored tensors (`taken`), which the
+    pairing chain is not given."""
+
+    pairs: list[PairPlan]
+    alone_a: list[LogicalTensor]
+    alone_b: list[LogicalTensor]
+    taken: frozenset[int]
+
+    def rest(self, tensors: Sequence[TensorRef]) -> list[TensorRef]:
+        """`tensors` less those the alignment decided: what the pairing chain pairs."""
+        return [t for t in tensors if t.id not in self.taken]
+
+    def merge(self, pairing: Pairing) -> Pairing:
+        """`pairing` (of the rest) with the alignment's pairs and ops alone, each list in execution order."""
+        return Pairing(
+            _in_order([*pairing.pairs, *self.pairs], lambda p: p.a),
+            _in_order([*pairing.unmatched_a, *self.alone_a], lambda t: t),
+            _in_order([*pairing.unmatched_b, *self.alone_b], lambda t: t),
+        )
+
+
+def plan_ops(
+    reference: Sequence[TensorRef],
+    candidate: Sequence[TensorRef],
+    manual: Sequence[tuple[str, str]],
+    unpaired: Sequence[tuple[str, str]],
+    pattern: re.Pattern[str] | None,
+) -> OpPlan:
+    """The ops of `reference` and `candidate` (their stored tensors, in execution order) paired by alignment, as
+    logical tensors (shards merged, the name pattern applied, as `pair_runs` takes them), less those the user
+    paired (`manual`) or held apart (`unpaired` with one name empty): the chain decides those as the user said. A
+    pair the user refused (`unpaired` with both names) leaves its two ops on their sides alone."""
+    held_a = {a for a, _ in manual} | {a for a, b in unpaired if a and not b}
+    held_b = {b for _, b in manual} | {b for a, b in unpaired if b and not a}
+    refused = {(a, b) for a, b in unpaired if a and b}
+    ops_a, ops_b = _ops(reference, pattern, held_a), _ops(candidate, pattern, held_b)
+    found = pair_ops([_op(t) for t in ops_a.values()], [_op(t) for t in ops_b.values()])
+    pairs = [PairPlan(ops_a[a], ops_b[b], ALIGNED) for a, b in found.pairs if (a, b) not in refused]
+    alone_a = [ops_a[a] for a in found.alone_a] + [ops_a[a] for a, b in found.pairs if (a, b) in refused]
+    alone_b = [ops_b[b] for b in found.alone_b] + [ops_b[b] for a, b in found.pairs if (a, b) in refused]
+    taken = {s.id for t in [*(p.a for p in pairs), *(p.b for p in pairs), *alone_a, *alone_b] for s in t.shards}
+    return OpPlan(pairs, alone_a, alone_b, frozenset(taken))
+
+
+def _ops(tensors: Sequence[TensorRef], pattern: re.Pattern[str] | None, held: set[str]) -> dict[str, LogicalTensor]:
+    """The run's logical tensors captured inside a module (their module path names one) but those `held`, by name,
+    in execution order."""
+    logical = group_shards(apply_name_pattern(tensors, pattern), pattern)
+    found = sorted((t for t in logical if t.first.module_path is not None and t.name not in held), key=_position)
+    return {t.name: t for t in found}
+
+
+def _position(tensor: LogicalTensor) -> int:
+    return tensor.position
+
+
+def _op(tensor: LogicalTensor) -> OpTensor:
+    return OpTensor(tensor.name, tensor.first.shape, tensor.first.dtype)
+
+
+T = TypeVar("T")
+
+
+def _in_order(items: list[T], tensor: Callable[[T], LogicalTensor]) -> list[T]:
+    """`items` in execution order (`engine/pairing.execution_order`), by position where a dump's tensors and traced
+    ones are mixed (their orders do not compare)."""
+    try:
+        return sorted(items, key=lambda item: execution_order(tensor(item)))
+    except TypeError:
+        return sorted(items, key=lambda item: tensor(item).position)
