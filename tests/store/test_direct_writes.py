@@ -1,6 +1,7 @@
 """Chunk files written around the page cache (store/direct_writes.py, the `direct_writes` setting): the same bytes
 as a buffered write for every size (the block-aligned body direct, the tail buffered, the zeros a short chunk is
-extended with), really not left in the page cache, and written buffered where the file system refuses."""
+extended with), really not left in the page cache, and written buffered where the file system refuses; bytes on an
+aligned address (an ingest's read buffer) written from where they lie, without the copy into the thread's buffer."""
 
 from __future__ import annotations
 
@@ -9,15 +10,18 @@ import mmap
 import os
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
+from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.direct_writes import ALIGN, BUFFER, SMALLEST, write_chunk_file
+from tensor_debugger.store import direct_writes
+from tensor_debugger.store.direct_writes import ALIGN, BUFFER, SMALLEST, address, write_chunk_file
 
 from tests.support.stored import read_back, stored
 
@@ -175,3 +179,43 @@ def test_a_runs_first_bytes_go_through_the_page_cache_and_the_rest_around_it(on_
         services.close()
     assert resident["0_first"] >= values.nbytes, resident  # the first tensor: within the run's budget
     assert resident["1_second"] <= 4 * ALIGN, resident  # past it: around the cache (each chunk's tail at most)
+
+
+def test_an_ingests_read_buffers_start_on_an_aligned_address() -> None:
+    pool = BufferPool(keep=4)
+    taken = [pool.take(n) for n in (1, ALIGN - 1, 1 << 20, 3 * (1 << 20) + 17)]
+    for buffer in taken:
+        assert address(memoryview(buffer.data)) % ALIGN == 0
+        pool.give(buffer)
+    again = pool.take(1 << 20)  # a kept one: still aligned
+    assert address(memoryview(again.data)) % ALIGN == 0 and pool.made == len(taken)
+
+
+def _written_in_a_fresh_thread(path: Path, data: memoryview) -> bool:
+    """Write `data` direct as `path` on a new thread; whether that thread made its own aligned buffer (a copy)."""
+    made: list[bool] = []
+
+    def write() -> None:
+        write_chunk_file(path, data, 0, True)
+        made.append(getattr(direct_writes._buffers, "view", None) is not None)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join()
+    assert made, "the write failed"
+    return made[0]
+
+
+@pytest.mark.parametrize("size", [SMALLEST, BUFFER + ALIGN + 7, 2 * BUFFER + 1])
+def test_aligned_bytes_are_written_from_where_they_lie(on_disk: Path, size: int) -> None:
+    """A chunk at an aligned address (as an ingest's read buffer gives) goes to the disk without the copy into the
+    thread's buffer, around the page cache, the same bytes; one that is not is copied there first, the same bytes."""
+    pool = BufferPool()
+    buffer = pool.take(size + ALIGN + 16)
+    buffer[:] = np.random.default_rng(9).integers(0, 256, buffer.size, dtype=np.uint8)
+    for offset, copied in ((0, False), (ALIGN, False), (16, True)):
+        data = memoryview(buffer.data)[offset : offset + size]
+        path = on_disk / f"chunk-{offset}"
+        assert _written_in_a_fresh_thread(path, data) is copied, offset
+        assert resident_bytes(path) <= ALIGN, offset  # the tail past the last whole block at most (before a read)
+        assert path.read_bytes() == bytes(data), offset

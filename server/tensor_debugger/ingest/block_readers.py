@@ -17,6 +17,7 @@ from numpy.typing import NDArray
 
 from tensor_debugger.engine.chunking import Region, region_flat_range, region_shape
 from tensor_debugger.errors import FileProblem
+from tensor_debugger.store.direct_writes import ALIGN
 from tensor_debugger.store.dtypes import LogicalDtype
 
 
@@ -55,6 +56,14 @@ class TensorFile:
         self.close()
 
 
+def aligned_buffer(nbytes: int) -> NDArray[Any]:
+    """`nbytes` bytes that start on a boundary of `ALIGN` (numpy's large arrays start 16 bytes past a page): a block
+    read into it lies where a direct write can take its chunks from (store/direct_writes.py), without a copy."""
+    whole = np.empty(nbytes + ALIGN, dtype=np.uint8)
+    start = -int(whole.__array_interface__["data"][0]) % ALIGN
+    return whole[start : start + nbytes]
+
+
 class BufferPool:
     """Byte buffers that finished blocks give back, shared by the readers of one file and capped, so that memory
     stays at a few blocks however many tensors the file holds: new memory costs this VM a page fault per 4 KiB,
@@ -70,7 +79,7 @@ class BufferPool:
         fitting = [i for i, b in enumerate(self._free) if b.size >= nbytes]
         if not fitting:
             self.made += 1
-            return np.empty(nbytes, dtype=np.uint8)
+            return aligned_buffer(nbytes)
         return self._free.pop(min(fitting, key=lambda i: self._free[i].size))  # by position: arrays have no ==
 
     def give(self, buffer: NDArray[Any]) -> None:

@@ -7,6 +7,11 @@ pages so filled push out the cache the comparison reads from. A direct write han
 small reused buffer instead. Only the file's block-aligned body is written so; its tail (under one block) is written
 through the page cache. Where direct writes are refused (tmpfs, some network file systems, other systems), the file
 is written through the page cache as before.
+
+Bytes that already lie on an aligned address (a chunk at the start of an ingest's read buffer, which
+`ingest/block_readers.BufferPool` aligns, and every chunk after it whose offset is a multiple of `ALIGN`) are handed
+to the disk from where they are: no copy at all, and the GIL released for the whole write. Others are copied into
+the thread's aligned buffer first, as a copy under the GIL; so are all where the system refuses the address.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import fcntl
 import mmap
 import os
 import threading
+
+import numpy as np
 
 ALIGN = 4096  # a multiple of every file system's logical block size that direct writes must be aligned to
 BUFFER = 8 << 20  # bytes per write: the reused buffer of each writing thread
@@ -54,12 +61,41 @@ def write_chunk_file(path: os.PathLike[str] | str, data: memoryview, size: int =
         os.close(fd)
 
 
-def _write_direct(fd: int, data: memoryview) -> int:
-    """Write the block-aligned body of `data` from offset 0 through this thread's buffer; returns the bytes written,
-    and leaves `fd` writing through the page cache for the rest (all of it, if the file system refuses)."""
-    buffer, body, done = _buffer(), len(data) - len(data) % ALIGN, 0
+def address(data: memoryview) -> int:
+    """Where the first byte of `data` lies in memory."""
+    return int(np.frombuffer(data, dtype=np.uint8).__array_interface__["data"][0])
+
+
+def _write_in_place(fd: int, data: memoryview, body: int) -> int:
+    """Write `data[:body]` (`body` a multiple of ALIGN) from where it lies, if that is an aligned address; returns the
+    bytes written, fewer where the system refuses the address (EINVAL) or writes less than asked."""
+    done = 0
+    if body == 0 or address(data) % ALIGN:
+        return 0
     try:
         while done < body:
+            n = min(BUFFER, body - done)
+            written = os.write(fd, data[done : done + n])
+            done += written
+            if written != n:  # short: what is left is no longer aligned
+                break
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    return done
+
+
+def _write_direct(fd: int, data: memoryview) -> int:
+    """Write the block-aligned body of `data` from offset 0, from where it lies or else through this thread's buffer;
+    returns the bytes written, and leaves `fd` writing through the page cache for the rest (all of it, if the file
+    system refuses)."""
+    body = len(data) - len(data) % ALIGN
+    done = _write_in_place(fd, data, body)
+    if done % ALIGN:  # a short write: the rest goes through the page cache
+        body = done
+    buffer = _buffer() if done < body else None
+    try:
+        while buffer is not None and done < body:
             n = min(BUFFER, body - done)
             buffer[:n] = data[done : done + n]
             written = os.write(fd, buffer[:n])
