@@ -1,7 +1,8 @@
 """Files that lie about themselves, written here byte by byte from ones numpy, safetensors and torch saved, given to
-the CLI as a process: each is a failed input named with its reason, one line per file, exit status 2 and no
-traceback, whatever the reader raised. Beside a good file, the good one is stored and the command still exits 2
-(an input failed)."""
+the CLI: each is a failed input named with its reason, one line per file, exit status 2 and no traceback, whatever
+the reader raised (each file alone through `main(argv)` in this process, where an exception that escaped would fail
+the test too). Beside a good file, as a process: the good one is stored, each other named, and `compare` of them
+exits 2 (an input failed)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import torch
 from numpy.typing import NDArray
 from safetensors.torch import save_file
 
+from tests.support.cli_main import main_cli
 from tests.support.servers import run_cli
 
 
@@ -94,7 +96,7 @@ HOSTILE = {
 def test_each_hostile_file_is_a_failed_input_named_with_its_reason(tmp_path: Path, name: str) -> None:
     make, reason = HOSTILE[name]
     path = make(tmp_path)
-    done = run_cli("--data-dir", str(tmp_path / "data"), "ingest", "--session", "s", "--run", "r", str(path))
+    done = main_cli("--data-dir", str(tmp_path / "data"), "ingest", "--session", "s", "--run", "r", str(path))
     assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     [line] = [line for line in done.stderr.splitlines() if line.startswith("  ")]

@@ -1,6 +1,7 @@
 """A `compare` killed (kill -9) at any point of its ingest leaves no empty session behind: the next command's
 start-up recovery removes its half-ingested runs and the session they made, so `sessions` lists nothing and the
-next compare of the same inputs takes the same name, not "name (2)"."""
+next compare of the same inputs takes the same name, not "name (2)". The compare killed is a process; the commands
+after it run `main(argv)` in this process (tests/support/cli_main.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.cli_main import main_cli
 from tests.support.polling import wait_until
-from tests.support.servers import child_env, cli_command, run_cli
+from tests.support.servers import child_env, cli_command
 
 
 @pytest.fixture(scope="module")
@@ -77,11 +79,11 @@ def test_a_compare_killed_leaves_no_empty_session(
         compare.wait()
     assert rows(data_dir, "select name from sessions") == [("ref.tar vs port.tar",)]  # killed with its session
 
-    listed = run_cli("--data-dir", str(data_dir), "sessions", "--json")
+    listed = main_cli("--data-dir", str(data_dir), "sessions", "--json")
     assert listed.returncode == 0, listed.stderr
     assert json.loads(listed.stdout) == []
 
-    again = run_cli("--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--in-process", "--json")
+    again = main_cli("--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--in-process", "--json")
     assert again.returncode in (0, 1), again.stderr
     assert json.loads(again.stdout)["session"]["name"] == "ref.tar vs port.tar"
     assert [name for (name,) in rows(data_dir, "select name from sessions")] == ["ref.tar vs port.tar"]

@@ -1,6 +1,7 @@
 """A `compare` killed (kill -9) once its reference is stored, before its candidate is: the same command run again
 takes over that session (its reference kept, the candidate ingested into it) instead of making "name (2)"; where
-the reference's files changed since, or a user wrote notes on the session, it makes "name (2)" as before."""
+the reference's files changed since, or a user wrote notes on the session, it makes "name (2)" as before. The
+compare killed is a process; the commands after it run `main(argv)` in this process (tests/support/cli_main.py)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.cli_main import main_cli
 from tests.support.polling import wait_until
-from tests.support.servers import child_env, cli_command, run_cli
+from tests.support.servers import child_env, cli_command
 
 NAME = "ref vs port.tar"
 
@@ -92,11 +94,11 @@ def test_a_rerun_takes_over_the_killed_compare_s_session(
     killed_compare(data_dir, reference, candidate, flags)
     ((reference_id,),) = rows(data_dir, "select id from runs where label = 'ref'")
 
-    again = run_cli(
+    again = main_cli(
         "--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--in-process", "--json", *flags
     )
     assert f"resuming the interrupted session {NAME!r}" in again.stderr
-    fresh = run_cli(
+    fresh = main_cli(
         "--data-dir", str(tmp_path / "fresh"), "compare", str(reference), str(candidate), "--in-process", "--json"
     )
     assert again.returncode == fresh.returncode == 1, again.stderr  # the query diverges
@@ -110,7 +112,7 @@ def test_a_rerun_takes_over_the_killed_compare_s_session(
     runs = rows(data_dir, "select id, label, status from runs order by position")
     assert [(label, status) for _, label, status in runs] == [("ref", "ready"), ("port.tar", "ready")]
     assert runs[0][0] == reference_id  # the reference kept, not ingested again
-    listed = run_cli("--data-dir", str(data_dir), "sessions", "--json")
+    listed = main_cli("--data-dir", str(data_dir), "sessions", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [session["name"] for session in json.loads(listed.stdout)] == [NAME]
 
@@ -135,7 +137,7 @@ def test_a_killed_compare_s_session_changed_since_is_not_taken_over(
     killed_compare(data_dir, reference, candidate, [])
     change(data_dir, reference)
 
-    again = run_cli("--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--in-process", "--json")
+    again = main_cli("--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--in-process", "--json")
     assert again.returncode == 1, again.stderr
     assert "resuming" not in again.stderr
     assert json.loads(again.stdout)["session"]["name"] == f"{NAME} (2)"

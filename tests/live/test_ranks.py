@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from torch import nn
 
+from tests.support.built_once import built_once, copy_of
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
 
@@ -135,35 +137,56 @@ OVER_HTTP = "tp over http"
 
 @dataclass(frozen=True)
 class Captured:
-    settings: Settings  # the data dir of the IN_DATA_DIR sessions
-    session_ids: dict[str, int]  # every session's id, OVER_HTTP's (on the shared server) included
-    server: LiveServer
+    settings: Settings  # the data dir of the IN_DATA_DIR sessions (this worker's copy of the one built)
+    session_ids: dict[str, int]  # every IN_DATA_DIR session's id
+    over_http: dict[str, Any]  # the server's report of OVER_HTTP's session (GET /api/sessions/{id}/pairs), compared
 
 
-@pytest.fixture(scope="module")
-def ranks_captured(tmp_path_factory: pytest.TempPathFactory, _shared_server: LiveServer) -> Captured:
+def capture_all(folder: Path, server: LiveServer) -> dict[str, Any]:
     """Each session's reference captured in this process (one model, no ranks), then the ranks' run of every
-    session captured by one pair of rank processes: the IN_DATA_DIR sessions into a data dir, OVER_HTTP to the
-    shared server (`shared_server`'s, session-scoped underneath). Each test compares and reads only its own
-    session."""
-    shared_server = _shared_server
-    assert shared_server.alive(), f"the shared server has exited; its log: {shared_server.log}"
-    settings = Settings(data_dir=tmp_path_factory.mktemp("ranks") / "data", demo=False)
+    session captured by one pair of rank processes: the IN_DATA_DIR sessions into a data dir under `folder`,
+    OVER_HTTP to `server`, whose report of it is read once its pairs are compared (the server is the building
+    worker's, gone when that worker ends: a test on another worker reads the report kept here)."""
+    assert server.alive(), f"the shared server has exited; its log: {server.log}"
+    data_dir = folder / "data"
     ids: dict[str, int] = {}
     references: list[tuple[str, dict[str, Any]]] = [
-        (name, {"data_dir": settings.data_dir, "values": values}) for name, (_, values) in IN_DATA_DIR.items()
+        (name, {"data_dir": data_dir, "values": values}) for name, (_, values) in IN_DATA_DIR.items()
     ]
-    references.append((OVER_HTTP, {"server": shared_server.url}))
+    references.append((OVER_HTTP, {"server": server.url}))
     for name, where in references:
         model = Model()
         with torch.no_grad(), capture(model, session=name, run="reference", **where) as result:
             model(inputs())
         assert result.session_id is not None
         ids[name] = result.session_id
-    jobs: list[Job] = [({"data_dir": str(settings.data_dir)}, name, bug) for name, (bug, _) in IN_DATA_DIR.items()]
-    jobs.append(({"server": shared_server.url}, OVER_HTTP, -1))
+    jobs: list[Job] = [({"data_dir": str(data_dir)}, name, bug) for name, (bug, _) in IN_DATA_DIR.items()]
+    jobs.append(({"server": server.url}, OVER_HTTP, -1))
     run_ranks(jobs)
-    return Captured(settings, ids, shared_server)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{ids[OVER_HTTP]}/pairs").json(),
+            until=lambda r: r["pairs"] and not r["progress"]["pending"],
+            what="the ranks' session to be compared",
+            timeout=120,
+            interval=0.05,
+        )
+    return {"session_ids": ids, "over_http": report}
+
+
+@pytest.fixture(scope="module")
+def ranks_captured(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Captured:
+    """The sessions of `capture_all`, captured once for the whole run (tests/support/built_once.py: a pair of rank
+    processes imports torch and this module, seconds of CPU, and `--dist worksteal` may share this module's tests
+    out between workers), OVER_HTTP's to the building worker's shared server (`shared_server`'s, session-scoped
+    underneath). Each worker compares in a copy of the data dir; each test compares and reads only its own
+    session."""
+    built, found = built_once(
+        tmp_path_factory, "ranks", lambda folder: capture_all(folder, request.getfixturevalue("_shared_server"))
+    )
+    copy = copy_of(built, tmp_path_factory.mktemp("ranks") / "built")
+    ids = {str(name): int(session_id) for name, session_id in found["session_ids"].items()}
+    return Captured(Settings(data_dir=copy / "data", demo=False), ids, found["over_http"])
 
 
 def compared(captured: Captured, session: str) -> SessionPairs:
@@ -244,15 +267,7 @@ def test_a_bug_on_one_rank_against_a_summary_reference_fails_the_merged_shards_f
 
 
 def test_ranks_send_one_run_to_a_server(ranks_captured: Captured) -> None:
-    shared_server, session_id = ranks_captured.server, ranks_captured.session_ids[OVER_HTTP]
-    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
-        report: dict[str, Any] = wait_until(
-            lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
-            until=lambda r: r["pairs"] and not r["progress"]["pending"],
-            what="the ranks' session to be compared",
-            timeout=120,
-            interval=0.05,
-        )
+    report = ranks_captured.over_http  # the server's, once it had compared the session (`capture_all`)
     assert report["first_divergence"] is None
     assert {p["status"] for p in report["pairs"]} == {"pass"}
     core = next(p for p in report["pairs"] if p["module_path"] == "Model.attn.core" and p["place"] == "outputs")
