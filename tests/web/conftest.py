@@ -51,6 +51,16 @@ def demo_data(shared_demo_server: LiveServer, tmp_path_factory: pytest.TempPathF
     return copy
 
 
+@pytest.fixture(scope="session")
+def one_ingest_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server with a single ingest slot (TENSOR_DEBUGGER_INGEST_WORKERS=1) per worker, for the tests that
+    need uploads ingested one at a time (the order of the queue, the slot's one child). The same manners as
+    `shared_server`: each test its own session names, nothing left under way when it ends."""
+    server = started_server(tmp_path_factory.mktemp("one-ingest-server"), env={"TENSOR_DEBUGGER_INGEST_WORKERS": "1"})
+    yield server
+    server.stop()
+
+
 @pytest.fixture
 def demo_server(demo_data: Path, tmp_path: Path) -> Iterator[LiveServer]:
     """A server of the test's own with the demo session computed (a copy of `demo_data`), as it is after the first
