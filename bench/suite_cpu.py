@@ -31,7 +31,8 @@ def kind(argv: list[str]) -> str:
     exe = os.path.basename(argv[0])
     joined = " ".join(argv)
     if "chromium" in exe or "chrome" in exe:
-        for arg in argv:
+        # Chromium's children rewrite their command line as one string, words joined by spaces
+        for arg in joined.split():
             if arg.startswith("--type="):
                 return f"chromium {arg[7:]}"
         return "chromium browser"
@@ -124,14 +125,10 @@ def main() -> int:
                 cpu = cpu_of(pid)
                 if cpu is None:
                     continue
-                if pid not in seen:
-                    seen[pid] = (kind(argv_of(pid)), cpu)
-                else:
-                    # a pid's kind is fixed when first seen; an exec after it (bash -c ... exec) is read again
-                    k = seen[pid][0]
-                    if k in {"bash", "sh", "?"} or k.startswith("chromium"):
-                        k = kind(argv_of(pid)) if argv_of(pid) else k
-                    seen[pid] = (k, cpu)
+                # a pid's kind is read at each sample: it is what the process last exec'd (a shell's `exec`,
+                # Chromium's wrapper; a child seen between its fork and its exec has its parent's command line)
+                argv = argv_of(pid)
+                seen[pid] = (kind(argv) if argv else seen.get(pid, ("?", 0.0))[0], cpu)
             time.sleep(args.interval)
         output += child.stdout.read() or b""
         wall = time.monotonic() - start

@@ -11,6 +11,7 @@ import pytest
 from playwright.sync_api import Browser, sync_playwright
 
 from tests.support.browser import CHROMIUM, FLAGS
+from tests.support.built_once import built_once
 from tests.support.servers import LiveServer, started_server, started_with_demo, wait_done
 
 
@@ -34,21 +35,39 @@ def shared_demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Liv
 
 
 @pytest.fixture(scope="session")
-def demo_data(shared_demo_server: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_data(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A copy of the shared demo server's data dir once the demo session is computed (the database copied by
-    SQLite's backup, the arrays as files), taken once: each server of a test's own with the demo starts from a copy
-    of it instead of generating the demo again."""
-    wait_done(shared_demo_server, 1)
-    copy = tmp_path_factory.mktemp("demo-data") / "data"
-    shutil.copytree(shared_demo_server.data_dir, copy, ignore=shutil.ignore_patterns("metadata.sqlite3*", "staging"))
-    source = sqlite3.connect(shared_demo_server.data_dir / "metadata.sqlite3")
-    target = sqlite3.connect(copy / "metadata.sqlite3")
-    try:
-        source.backup(target)
-    finally:
-        target.close()
-        source.close()
-    return copy
+    SQLite's backup, the arrays as files), taken once for the run (tests/support/built_once.py): each server of a
+    test's own with the demo starts from a copy of it instead of generating the demo again, and a worker that finds
+    it taken starts no demo server for it. Not to be changed: its users copy it."""
+
+    def copy_demo(root: Path) -> dict[str, int]:
+        shared_demo_server: LiveServer = request.getfixturevalue("shared_demo_server")
+        wait_done(shared_demo_server, 1)
+        copy = root / "data"
+        ignore = shutil.ignore_patterns("metadata.sqlite3*", "staging")
+        shutil.copytree(shared_demo_server.data_dir, copy, ignore=ignore)
+        source = sqlite3.connect(shared_demo_server.data_dir / "metadata.sqlite3")
+        target = sqlite3.connect(copy / "metadata.sqlite3")
+        try:
+            source.backup(target)
+        finally:
+            target.close()
+            source.close()
+        return {"session": 1}
+
+    built, _ = built_once(tmp_path_factory, "demo", copy_demo)
+    return built / "data"
+
+
+@pytest.fixture(scope="session")
+def one_ingest_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    """One server with a single ingest slot (TENSOR_DEBUGGER_INGEST_WORKERS=1) per worker, for the tests that
+    need uploads ingested one at a time (the order of the queue, the slot's one child). The same manners as
+    `shared_server`: each test its own session names, nothing left under way when it ends."""
+    server = started_server(tmp_path_factory.mktemp("one-ingest-server"), env={"TENSOR_DEBUGGER_INGEST_WORKERS": "1"})
+    yield server
+    server.stop()
 
 
 @pytest.fixture

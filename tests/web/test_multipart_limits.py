@@ -60,12 +60,11 @@ def rss(server: LiveServer) -> int:
     return int(psutil.Process(server.process.pid).memory_info().rss)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
-    """One ingest at a time, so the order of the ingest queue shows."""
-    live = started_server(tmp_path_factory.mktemp("limits"), env={"TENSOR_DEBUGGER_INGEST_WORKERS": "1"})
-    yield live
-    live.stop()
+@pytest.fixture
+def server(one_ingest_server: LiveServer) -> LiveServer:
+    """One ingest at a time, so the order of the ingest queue shows (tests/web/conftest.py's, one per worker)."""
+    assert one_ingest_server.alive(), f"the one-ingest server has exited; its log: {one_ingest_server.log}"
+    return one_ingest_server
 
 
 def sessions_named(server: LiveServer, prefix: str) -> list[dict[str, Any]]:
