@@ -47,6 +47,7 @@ import json
 import shutil
 import struct
 import tempfile
+import threading
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -77,6 +78,7 @@ from tensor_debugger.store.dtypes import torch_to_storage
 if TYPE_CHECKING:
     from tensor_debugger.ingest.runs import PendingRun
     from tensor_debugger.services import Services
+    from tensor_debugger.settings import Settings
 
 WRITE_CHUNK_BYTES = 16 * 1024 * 1024  # written to a file this much at a time
 Level = Literal["module", "op"]
@@ -532,24 +534,68 @@ class _FileSink(Sink):
 
 class _LocalRun:
     """A run of the local data directory that the capture writes into as it goes: begun (status "ingesting") when
-    the block opens, made ready from the trace when it ends, removed if it never is."""
+    the block opens, made ready from the trace when it ends, removed if it never is.
+
+    The data dir is opened (its database made first where it is new: file syncs, the schema) and the run begun on a
+    thread of its own, started here, while the block runs: the first use of the run (`sink`, `finish`) waits for
+    it, and raises what opening or beginning raised. A capture with values="full" asks for the sink at once (its
+    tensors go into the run's arrays as they come), so its data dir is opened before the block runs, as before;
+    with values="summary" nothing is written before the block ends, so the opening overlaps the forward, and a data
+    dir that cannot be used is said when the block ends, with nothing stored. The labels and the settings are read
+    here, at once: a wrong one is said before the block runs."""
 
     def __init__(self, session: str, run: str, data_dir: str | Path | None, against: str | None = None) -> None:
-        from tensor_debugger.services import open_services
         from tensor_debugger.settings import Settings
+        from tensor_debugger.store.catalog import parse_label
+
+        parse_label(session, "session name")
+        parse_label(run, "run label")
+        settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
+        self.finished = False
+        self._opened: tuple[Services, PendingRun, StoreSink] | None = None
+        self._failure: BaseException | None = None
+        self._opening = threading.Thread(
+            target=self._open, args=(settings, session, run, against), name="capture-open", daemon=False
+        )
+        self._opening.start()
+
+    def _open(self, settings: Settings, session: str, run: str, against: str | None) -> None:
+        """Open the data dir and begin the run (on the opening thread): `_opened`, or `_failure` if either raised."""
+        from tensor_debugger.services import open_services
         from tensor_debugger.store.arrays import run_prefix
 
-        settings = Settings.from_environ() if data_dir is None else Settings.from_environ(data_dir=Path(data_dir))
-        self.services: Services = open_services(settings)
         try:
-            self.pending: PendingRun = self.services.ingestor.begin(session, run, [run], against=against)
-        except BaseException:
-            self.services.close()
-            raise
-        self.sink = StoreSink(
-            self.services.store, run_prefix(self.pending.run_id), settings.chunk_bytes, self.services.context.kernel
-        )
-        self.finished = False
+            services = open_services(settings)
+            try:
+                pending = services.ingestor.begin(session, run, [run], against=against)
+                sink = StoreSink(
+                    services.store, run_prefix(pending.run_id), settings.chunk_bytes, services.context.kernel
+                )
+            except BaseException:
+                services.close()
+                raise
+            self._opened = (services, pending, sink)
+        except BaseException as exc:  # raised again, on the capture's thread, by the first use of the run
+            self._failure = exc
+
+    def _wait(self) -> tuple[Services, PendingRun, StoreSink]:
+        self._opening.join()
+        if self._failure is not None:
+            raise self._failure
+        assert self._opened is not None
+        return self._opened
+
+    @property
+    def services(self) -> Services:
+        return self._wait()[0]
+
+    @property
+    def pending(self) -> PendingRun:
+        return self._wait()[1]
+
+    @property
+    def sink(self) -> StoreSink:
+        return self._wait()[2]
 
     def finish(
         self, tree: tuple[str, dict[str, Any]], folder: Path, files: list[str], result: CaptureResult, pair: bool = True
@@ -590,11 +636,17 @@ class _LocalRun:
         result.session_id, result.run_id = self.pending.session_id, self.pending.run_id
 
     def close(self) -> None:
+        """Remove the run if it was begun and not made ready, and let go of the data dir (once opened: where
+        opening failed, nothing was begun, and what it raised is the first use's to say)."""
+        self._opening.join()
+        if self._opened is None:
+            return
+        services, pending, _ = self._opened
         try:
             if not self.finished:
-                self.services.ingestor.cancel(self.pending)
+                services.ingestor.cancel(pending)
         finally:
-            self.services.close()
+            services.close()
 
 
 def pair_session(session_id: int, data_dir: str | Path | None) -> None:
