@@ -6,8 +6,10 @@ leave out the same columns), and are stored with every value, defaults included,
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ import pytest
 import torch
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from tensor_debugger.compare.compute.pending import FLUSH_SECONDS
 
 from tests.support.cli_main import main_cli
 
@@ -75,16 +78,20 @@ def rows(database: Path, table: str) -> list[dict[str, Any]]:
 def test_a_compares_rows_go_in_one_insert_a_table_with_their_defaults(tmp_path: Path, inserts: Counter[str]) -> None:
     a, b = runs(tmp_path)
     data = tmp_path / "data"
+    started = time.monotonic()
     done = main_cli("--data-dir", str(data), "compare", str(a), str(b), "--json", "--in-process")
+    took = time.monotonic() - started
     answer = json.loads(done.stdout)
     assert done.returncode == 2, done.stderr  # problems in the candidate's files
     assert answer["unmatched"] == {"a": ["2_out"], "b": ["logits", "meta.step"]}
-    # one INSERT a run (each run's tensors), a plan (pairs, unmatched), a run's problems; results: one a flush
+    # one INSERT a run (each run's tensors), a plan (pairs, unmatched), a run's problems; results: one a flush (the
+    # first at once, then at most one each FLUSH_SECONDS while the compare runs, and the last), never one a pair
     assert inserts["tensors"] == 2
     assert inserts["pairs"] == 1
     assert inserts["unmatched"] == 1
     assert inserts["problems"] == 1
-    assert 1 <= inserts["comparison_results"] <= 3
+    results = len(rows(data / "metadata.sqlite3", "comparison_results"))
+    assert 1 <= inserts["comparison_results"] <= min(results, 2 + math.ceil(took / FLUSH_SECONDS)), (inserts, took)
 
     database = data / "metadata.sqlite3"
     tensors = rows(database, "tensors")
