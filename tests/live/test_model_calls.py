@@ -1,18 +1,27 @@
-"""A capture around several calls of the model (`generate`'s forwards, a loop of steps) through a served app's
+"""A capture around several calls of the model (`generate`'s forwards, a loop of steps). Through a served app's
 pages: each call of the model is a module tree of its own, side by side at the top in call order, and the first
 divergence is marked inside the call that made it. The recorder keeps the calls under one node of the model's path
 (its trace JSON has one root): the pages showed that node holding the model's own node (`Step` inside `Step`), and
-the graph highlighted the way to a module of the second call (`Step.cache#2`) through the first call (`Step`)."""
+the graph highlighted the way to a module of the second call (`Step.cache#2`) through the first call (`Step`). The
+session's next capture (from summaries) called each model once as if that were what was captured: it says so, and
+what its one forward records."""
 
 from __future__ import annotations
 
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
 import torch
+from sqlalchemy import select
 from tensor_debugger import capture
+from tensor_debugger.compare.reports.contract import compare_report
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
+from tensor_debugger.store.models import RunRecord, TensorRecord
 from torch import nn
 
+from tests.live.test_op_capture import compared
 from tests.support import loopback_http
 from tests.support.servers import LiveServer, free_port, wait_done
 
@@ -100,14 +109,21 @@ class _Graph(HTMLParser):
             self.depth -= 1
 
 
-def test_each_call_of_the_model_is_a_tree_at_the_top_and_the_first_divergence_is_in_its_call(tmp_path: Path) -> None:
-    data = tmp_path / "data"
-    steps = torch.randn(3, 1, 1, DIM, generator=torch.Generator().manual_seed(1))
+STEPS = torch.randn(3, 1, 1, DIM, generator=torch.Generator().manual_seed(1))
+
+
+def captured(data: Path) -> None:
+    """Both sides' three steps captured by hand, as summaries, into session 1 of `data`."""
     for port, run in ((False, "reference"), (True, "candidate")):
         model = Step(port).eval()
         with torch.no_grad(), capture(model, "steps", run, data_dir=data, level="op", values="summary"):
-            for x in steps:
+            for x in STEPS:
                 model(x)
+
+
+def test_each_call_of_the_model_is_a_tree_at_the_top_and_the_first_divergence_is_in_its_call(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    captured(data)
     server = LiveServer(data, free_port()).start()
     try:
         report = wait_done(server, 1)
@@ -157,3 +173,58 @@ def test_each_call_of_the_model_is_a_tree_at_the_top_and_the_first_divergence_is
     assert 'id="first-divergence"' in graph.text
 
     assert "Module Step.cache#2/cat#1, outputs" in pair.text
+
+
+def test_the_next_capture_of_several_calls_says_it_runs_one_forward_and_runs_as_printed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    monkeypatch.setenv("TENSOR_DEBUGGER_DATA_DIR", str(data))  # the snippet's capture(), with no data_dir=
+    captured(data)
+    settings = Settings(data_dir=data, demo=False)
+    report, _ = compared(settings, 1)
+    first = report.first_divergence
+    assert first is not None and first.basis == "summary" and first.name == "Step.cache#2/cat#1_outputs", first
+    typed = compare_report(1, "steps", "http://127.0.0.1/sessions/1", report, [])
+    assert typed.next_capture is not None
+    python = typed.next_capture.python
+    said = " ".join(line.removeprefix("# ") for line in python.splitlines() if line.startswith("# "))
+    assert said.startswith("The runs compared called the model 3 times (Step, Step#2, Step#3: "), python
+    assert "the first divergence is in its call 2 (Step#2)" in said, said
+    assert "This snippet runs ONE forward of each model on `inputs`" in said, said
+    assert "modules='cache*' it records are named as the first call's (Step...)" in said, said
+    assert python.count("    reference(*inputs)") == python.count("    candidate(*inputs)") == 1, python
+
+    # as printed: one forward of each model, the tensors of `cache` named as a first call's
+    exec(python, {"reference": Step(False).eval(), "candidate": Step(True).eval(), "inputs": (STEPS[0],)})
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            names = {
+                label: list(
+                    db.scalars(
+                        select(TensorRecord.name)
+                        .join(RunRecord, RunRecord.id == TensorRecord.run_id)
+                        .where(RunRecord.session_id == 1, RunRecord.label == label)
+                    )
+                )
+                for label in ("reference (full)", "candidate (full)")
+            }
+    finally:
+        services.close()
+    for label, held in names.items():
+        assert "Step.cache/cat#1_outputs" in held and not any("#2" in n for n in held), (label, held)
+
+
+def test_the_next_capture_of_one_call_says_nothing_of_calls(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    for port, run in ((False, "reference"), (True, "candidate")):
+        model = Step(port).eval()
+        model.cache.held = torch.randn(1, 2, DIM, generator=torch.Generator().manual_seed(3))  # one call shows it
+        with torch.no_grad(), capture(model, "steps", run, data_dir=data, level="op", values="summary"):
+            model(STEPS[0])
+    report, _ = compared(Settings(data_dir=data, demo=False), 1)
+    assert report.first_divergence is not None and report.first_divergence.basis == "summary"
+    typed = compare_report(1, "steps", "http://127.0.0.1/sessions/1", report, [])
+    assert typed.next_capture is not None
+    assert not any(line.startswith("#") for line in typed.next_capture.python.splitlines()), typed.next_capture
