@@ -45,10 +45,12 @@ class Step(nn.Module):
     def __init__(self, port: bool) -> None:
         super().__init__()
         torch.manual_seed(0)
+        self.layers = nn.ModuleList([nn.Linear(DIM, DIM)])
         self.k, self.q = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM)
         self.cache = Cache(port)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.layers[0](x)
         held = self.cache(self.k(x))
         weights = (self.q(x) @ held.transpose(1, 2)).softmax(-1)
         out: torch.Tensor = weights @ held
@@ -142,12 +144,15 @@ def test_each_call_of_the_model_is_a_tree_at_the_top_and_the_first_divergence_is
     modules = parser.found
     assert [path for depth, path in modules if depth == 0] == ["Step", "Step#2", "Step#3"], modules
     assert [path for depth, path in modules if depth == 1 and path.startswith("Step.")] == [
+        "Step.layers.0",
         "Step.k",
         "Step.cache",
         "Step.q",
+        "Step.layers.0#2",
         "Step.k#2",
         "Step.cache#2",
         "Step.q#2",
+        "Step.layers.0#3",
         "Step.k#3",
         "Step.cache#3",
         "Step.q#3",
@@ -157,7 +162,10 @@ def test_each_call_of_the_model_is_a_tree_at_the_top_and_the_first_divergence_is
         inside = [path for _, path in modules[start + 1 : end]]
         assert f"Step.cache{call}" in inside and f"Step.cache{call}/cat#1" in inside, (call, inside)
         assert all(
-            p.startswith((f"Step{call}/", f"Step.k{call}", f"Step.q{call}", f"Step.cache{call}")) for p in inside
+            p.startswith(
+                (f"Step{call}/", f"Step.layers.0{call}", f"Step.k{call}", f"Step.q{call}", f"Step.cache{call}")
+            )
+            for p in inside
         )
     # the first divergence marked once, inside the second call's cache
     assert parser.marked == [["Step#2", "Step.cache#2", "Step.cache#2/cat#1"]], parser.marked
@@ -168,6 +176,12 @@ def test_each_call_of_the_model_is_a_tree_at_the_top_and_the_first_divergence_is
     boxes = boxes_of.found
     top = min(depth for depth, _, _ in boxes)
     assert [name for depth, name, _ in boxes if depth == top] == ["Step", "Step#2", "Step#3"], boxes
+    # a numbered block keeps its container's name in every call (`layers.0#2`, not `0#2`)
+    assert [name for depth, name, _ in boxes if depth == top + 1 and "layers" in name] == [
+        "layers.0",
+        "layers.0#2",
+        "layers.0#3",
+    ], boxes
     on_path = [name for _, name, classes in boxes if "first" in classes.split()]
     assert on_path == ["Step#2", "cache#2", "cat#1"], boxes
     assert 'id="first-divergence"' in graph.text
