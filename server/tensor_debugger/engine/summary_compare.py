@@ -24,6 +24,7 @@ import base64
 import dataclasses
 import functools
 import math
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -327,17 +328,44 @@ def next_capture(
     arguments: str = "*inputs",
     runs: tuple[str, str] = ("reference (full)", "candidate (full)"),
     where: str = "",
+    calls: tuple[str, ...] = (),
+    divergent_call: str = "",
 ) -> NextCapture:
     """The second capture to run where a divergence was found from summaries at a tensor of the first of
     `module_paths` (the others: modules just before it, kept for their inputs). `arguments`: how each model is
     called on `inputs` ("*inputs", "**inputs" for keyword arguments, "inputs" for one); `runs`: the two runs' labels;
-    `where`: more of capture()'s keywords, as Python (", data_dir='/data'")."""
+    `where`: more of capture()'s keywords, as Python (", data_dir='/data'"). `calls`: the model's calls the runs
+    compared held, in order, where more than one (`Net`, `Net#2`, ...: generate's forwards, a loop of steps), and
+    `divergent_call` the one the divergence is in: the snippet runs one forward of each model, and says so at its
+    top, with what that means for the modules it names."""
     patterns = tuple(dict.fromkeys(module_pattern(m) for m in module_paths if m))
     modules = repr(patterns[0]) if len(patterns) == 1 else repr(list(patterns))
-    lines = []
+    lines = [_one_forward(calls, divergent_call, modules)] if len(calls) > 1 else []
     for model, run in zip(("reference", "candidate"), runs, strict=True):
         lines.append(
             f'with torch.no_grad(), capture({model}, session={session!r}, run={run!r}, values="full", level="op", '
             f"modules={modules}{where}):\n    {model}({arguments})"
         )
     return NextCapture(patterns, "import torch\nfrom tensor_debugger import capture\n\n" + "\n".join(lines))
+
+
+def _one_forward(calls: tuple[str, ...], divergent_call: str, modules: str) -> str:
+    """The comment that opens a next capture's snippet where the runs compared called the model more than once: the
+    snippet's one forward is not what was captured."""
+    first = calls[0]
+    number = calls.index(divergent_call) + 1 if divergent_call in calls else None
+    where = (
+        f"its first call ({first}): one forward on that call's inputs records it"
+        if number == 1
+        else f"its call {number} ({divergent_call})"
+        if number is not None
+        else "a call not known"
+    )
+    text = (
+        f"The runs compared called the model {len(calls)} times ({', '.join(calls)}: generate's forwards, a loop of "
+        f"steps); the first divergence is in {where}. This snippet runs ONE forward of each model on `inputs`: the "
+        f"tensors of modules={modules} it records are named as the first call's ({first}...), and hold the values of "
+        f"a later call only where `inputs` (and the model's state, a cache) are that call's. To record every call "
+        f"again, put the code that made them (the same generate or loop) in each block in place of the one call."
+    )
+    return "\n".join(textwrap.wrap(text, 116, initial_indent="# ", subsequent_indent="# "))

@@ -135,7 +135,11 @@ class RunEndings:
             if traces:
                 # a capture of some modules only says so: pairing leaves out what it did not ask for
                 scope = traces[0].trace.scope if len(traces) == 1 else None
-                tree = ModuleTree(tuple(t.trace.root for t in traces), all(t.trace.has_values for t in traces), scope)
+                tree = ModuleTree(
+                    tuple(c for t in traces for c in t.trace.root.calls()),
+                    all(t.trace.has_values for t in traces),
+                    scope,
+                )
                 run.module_tree = tree.to_json()
 
     def _share_identical(self, db: DbSession, run_id: int, rows: list[dict[str, Any]]) -> None:

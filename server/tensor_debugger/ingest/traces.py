@@ -58,6 +58,16 @@ class ModuleNode:
     def from_json(cls, data: dict[str, Any]) -> ModuleNode:
         return cls(str(data["path"]), tuple(cls.from_json(c) for c in data.get("children", [])))
 
+    def calls(self) -> tuple[ModuleNode, ...]:
+        """The model's calls this root holds, each a root of its own: itself, or, where a capture's model was called
+        more than once (`generate`'s forwards, a loop of steps), the calls the recorder kept under one node of the
+        model's path (`live/recorder.py`): its first child is the model's first call, of the same path (no module's
+        child has its parent's path), then `{path}#2`, ... (and the gradients of a backward after them), each shown
+        beside the others, not inside a node that is no call of the model."""
+        if self.children and self.children[0].path == self.path:
+            return self.children
+        return (self,)
+
     def walk(self, depth: int = 0) -> Iterator[tuple[ModuleNode, int]]:
         yield self, depth
         for child in self.children:
@@ -84,7 +94,7 @@ class ModuleTree:
         """A run's module tree column; the empty tree where it holds none."""
         data = data or {}
         return cls(
-            tuple(ModuleNode.from_json(r) for r in data.get("roots", [])),
+            tuple(call for r in data.get("roots", []) for call in ModuleNode.from_json(r).calls()),
             bool(data.get("values", True)),
             CaptureScope.from_json(data.get("scope")),
         )

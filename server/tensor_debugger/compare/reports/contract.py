@@ -4,6 +4,7 @@ Its types: `compare_report.py`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 import msgspec
@@ -126,6 +127,28 @@ def _culprits(report: SessionPairs) -> list[Culprit]:
     ]
 
 
+def _model_calls(report: SessionPairs) -> tuple[str, ...]:
+    """The model's own calls the compared tensors name, in call order (`Net`, `Net#2`, ...: a capture around
+    generate's forwards or a loop of steps), each with the reference position of its first tensor; () where the
+    model's own inputs or outputs were not recorded."""
+    firsts: dict[str, int] = {}
+    for pair in report.pairs:
+        path = pair.module_path or ""
+        if path and "." not in path and "/" not in path:
+            firsts[path] = min(firsts.get(path, pair.position), pair.position)
+    ordered = sorted(firsts, key=firsts.__getitem__)
+    model = ordered[0] if ordered else ""
+    return tuple(c for c in ordered if c == model or re.fullmatch(re.escape(model) + r"#\d+", c))
+
+
+def _call_of(first: FirstDivergence, calls: tuple[str, ...], report: SessionPairs) -> str:
+    """The call of the model (of `calls`) that holds the first divergence: the last to begin before it."""
+    at = next((p.position for p in report.pairs if p.id == first.pair_id), None)
+    starts = {c: min(p.position for p in report.pairs if p.module_path == c) for c in calls}
+    before = [c for c in calls if at is not None and starts[c] <= at]
+    return before[-1] if before else ""
+
+
 def compare_report(
     session_id: int, name: str, url: str, report: SessionPairs, problems: Sequence[ProblemReport]
 ) -> CompareReport:
@@ -141,7 +164,12 @@ def compare_report(
     first = report.first_divergence
     # a divergence found from summaries: the capture with full values that settles it
     capture = (
-        next_capture(name, [first.module_path])
+        next_capture(
+            name,
+            [first.module_path],
+            calls=(calls := _model_calls(report)),
+            divergent_call=_call_of(first, calls, report),
+        )
         if first is not None and first.basis == "summary" and first.module_path
         else None
     )

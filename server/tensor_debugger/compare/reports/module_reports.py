@@ -386,12 +386,13 @@ def _node_report(
 
 
 def _short_name(path: str) -> str:
-    """The last part of a module path; a numbered block keeps its container's name ("layers.3"); a captured op
-    its op and call index ("softmax#1")."""
+    """The last part of a module path; a numbered block keeps its container's name ("layers.3", and in a later call
+    "layers.3#2"); a captured op its op and call index ("softmax#1")."""
     if "/" in path:
         return path.rsplit("/", 1)[1]
     parts = path.split(".")
-    return ".".join(parts[-2:]) if len(parts) > 1 and parts[-1].isdigit() else parts[-1]
+    numbered = len(parts) > 1 and parts[-1].partition("#")[0].isdigit()
+    return ".".join(parts[-2:]) if numbered else parts[-1]
 
 
 def _error_json(error: float | None) -> float | str | None:

@@ -11,9 +11,10 @@ that is about 280 kB and 9,500 elements, most inside closed <details> that the b
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from html import escape  # str in, str out: markupsafe's makes a Markup object per call
+from typing import Protocol
 
 from tensor_debugger.compare.reports.formatting import format_error
 from tensor_debugger.compare.reports.module_reports import ModuleNodeReport, ModuleReport
@@ -79,9 +80,28 @@ def _walk(nodes: Iterable[ModuleNodeReport]) -> Iterable[ModuleNodeReport]:
         yield from _walk(node.children)
 
 
-def _ancestors(path: str) -> set[str]:
-    parts = path.split(".")
-    return {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
+class _Tree(Protocol):
+    @property
+    def path(self) -> str: ...
+
+    @property
+    def children(self) -> Sequence[_Tree]: ...
+
+
+def _lineages(nodes: Iterable[_Tree]) -> dict[str, set[str]]:
+    """Each module's path with the paths of the modules above it, as the tree holds them (not read off the name: a
+    module of the model's second call is `Net.attn#2`, inside `Net#2`, not inside `Net`; an op is `Net.attn/mul#1`,
+    inside `Net.attn`)."""
+    found: dict[str, set[str]] = {}
+
+    def visit(node: _Tree, above: set[str]) -> None:
+        mine = found[node.path] = above | {node.path}
+        for child in node.children:
+            visit(child, mine)
+
+    for node in nodes:
+        visit(node, set())
+    return found
 
 
 def build_graph(modules: ModuleReport, first_pair: int | None, query: str = "") -> ModuleGraph:
@@ -94,11 +114,12 @@ def build_graph(modules: ModuleReport, first_pair: int | None, query: str = "") 
         (n.path for n in everything if first_pair is not None and any(p.id == first_pair for p in n.pairs)), None
     )
     culprits = {c.module_path for c in modules.culprits}
-    first_path = _ancestors(first) if first else set()
-    culprit_path = set().union(*(_ancestors(c) for c in culprits)) if culprits else set()
+    lineages = _lineages(modules.tree)
+    first_path = lineages.get(first, {first}) if first else set()
+    culprit_path = set().union(*(lineages.get(c, {c}) for c in culprits)) if culprits else set()
     wanted = query.strip().lower()
     matched = {n.path for n in everything if wanted and wanted in n.path.lower()}
-    open_for_match = set().union(*(_ancestors(m) - {m} for m in matched)) if matched else set()
+    open_for_match = set().union(*(lineages[m] - {m} for m in matched)) if matched else set()
 
     def shade(error: float | None) -> str:
         if error is None:
@@ -192,7 +213,8 @@ def graph_html(graph: ModuleGraph) -> str:
             write("</ul></details>")
         write("</li>")
 
-    to_match = {a for m in _matched_paths(graph.roots) for a in _ancestors(m)}
+    lineages = _lineages(graph.roots)
+    to_match = set().union(*(lineages[m] for m in _matched_paths(graph.roots)))
     for root in graph.roots:
         item(root, 0)
     return "".join(out)
