@@ -247,11 +247,22 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
     print_unmatched_before(first)
     pending = sum(1 for p in report.pairs if p.status == "pending")
     if pending:
-        print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
+        print(fail_fast_stop(first, pending))
     print_culprits(report.culprits, failing > 0, report.culprit_note)
     print_not_compared(report)
     print_incomplete(report.problems)
     print_where(url, data_dir)
+
+
+def fail_fast_stop(first: DivergenceSummary | None, pending: int) -> str:
+    """What `--fail-fast` left: after the first divergence in execution order, or, where no order is known (a state
+    dict's keys), after a failing pair that need not be the first."""
+    if first is not None and not first.in_execution_order:
+        return (
+            f"stopped at a divergence (--fail-fast), not the first: no execution order is known; {pending} pairs not "
+            f"compared, any of them may fail too"
+        )
+    return f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared"
 
 
 def divergence_label(first: DivergenceSummary) -> str:
