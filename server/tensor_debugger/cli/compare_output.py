@@ -22,6 +22,7 @@ from tensor_debugger.compare.reports.compare_report import (
     Culprit,
     DivergenceSummary,
     ReadOnce,
+    second_tensors,
     to_json,
     unread_files,
     unusable_report,
@@ -236,7 +237,7 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
     first = report.first_divergence
     failing = sum(1 for p in report.pairs if p.status != "pass")
     if first is None:
-        incomplete = unread_files(report.problems) or report.verdict == "incomplete"
+        incomplete = unread_files(report.problems) or second_tensors(report.problems) or report.verdict == "incomplete"
         among = " among the pairs compared" if incomplete else ""
         rests = (
             " (from summaries: no difference found in the summaries, not every element compared)" if sketched else ""
@@ -408,6 +409,13 @@ def print_incomplete(problems: Sequence[ProblemReport], culprits: bool = True) -
         print(
             f"INCOMPLETE: {files} could not be read (see problem above): their tensors are missing from this "
             + ("comparison, and a culprit next to them may be wrong" if culprits else "comparison")
+        )
+    second = second_tensors(problems)
+    if second:
+        files = ", ".join(p.file for p in second)
+        print(
+            f"AMBIGUOUS: a run holds two tensors of one name ({files}: see problem above); the first is paired by the "
+            f"name, which may not be the one meant: not a pass (pair them by hand on the session's page)"
         )
 
 

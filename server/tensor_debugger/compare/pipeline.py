@@ -48,6 +48,7 @@ from tensor_debugger.compare.reports.compare_report import (
     IngestOutcome,
     IngestReport,
     ReadOnce,
+    second_tensors,
     unread_files,
     unusable_report,
 )
@@ -387,7 +388,7 @@ def compare_runs(
     payload = compare_report(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
-    if unread_files(problems):  # tensors missing: whatever passed, not a pass
+    if unread_files(problems) or second_tensors(problems):  # tensors missing, or paired by a guess: not a pass
         return CompareOutcome(EXIT_UNUSABLE, payload, resumed=resumed is not None, read_once=read_once)
     # reference tensors without partner that the user did not allow, or pairs not compared: not a pass
     passed = report.verdict == SessionVerdict.NO_DIVERGENCE
