@@ -385,6 +385,13 @@ def compare_runs(
         compute(session_id, progress=step("compare"), should_stop=stop)
     with sessions() as db:
         report = session_pairs(db, session_id, modules=True)
+        deleted = db.get(SessionRecord, session_id) is None
+    if deleted:  # by a server's DELETE or its page meanwhile: what is left of the report is no verdict
+        return _unusable(
+            f"session {session_name!r} was deleted while it was compared (a server's DELETE or its page's Delete): "
+            "nothing of it is kept, and there is no verdict",
+            problems,
+        )
     payload = compare_report(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
