@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import seeded
+from tests.support.servers import LiveServer
 
 
 def runs(root: Path) -> tuple[Path, Path]:
@@ -43,3 +45,16 @@ def test_two_tensors_of_one_name_are_named_both_and_no_pass(tmp_path: Path) -> N
     assert out["verdict"] == "incomplete"
     assert [p["file"] for p in out["problems"]] == [str(b / "0_query.pth")]
     assert str(b / "0_query.npy") in out["problems"][0]["reason"]
+
+
+def test_the_session_page_says_ambiguous_not_could_not_be_read(shared_server: LiveServer, tmp_path: Path) -> None:
+    a, b = runs(tmp_path)
+    data = str(shared_server.data_dir)
+    done = main_cli("--data-dir", data, "compare", str(a), str(b), "--name", "two of one name", "--json")
+    session_id = json.loads(done.stdout)["session"]["id"]
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth, timeout=30).text
+    assert "could not be read" not in page
+    banner = page[page.index('id="second-tensors"') :]
+    banner = banner[: banner.index("</p>")]
+    assert f"Ambiguous: a run holds two tensors of one name ({b / '0_query.pth'})" in banner
+    assert "so this is no pass" in banner
