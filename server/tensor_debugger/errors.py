@@ -53,6 +53,17 @@ class FileProblem(TensorDebuggerError):
         return type(self), (self.file, self.reason)
 
 
+SECOND_TENSOR_OF_A_NAME = "a second tensor named "
+"""How the problem of a run holding two tensors of one name begins (`ingest/run_rows.tensor_rows`): both files were
+read; which of the two the other run's tensor of that name stands for is a guess."""
+
+
+def is_second_tensor(reason: str) -> bool:
+    """Whether a file's problem is a second tensor of a name its run already had (SECOND_TENSOR_OF_A_NAME): the
+    file was read, and nothing of it is missing."""
+    return reason.startswith(SECOND_TENSOR_OF_A_NAME)
+
+
 def unexpected_problem(file: str, exc: BaseException) -> FileProblem:
     """A file whose reading raised an error no reader expected: named, with the error's type and first line, so that
     the run's other files go on and the user learns which file and why, never a traceback."""

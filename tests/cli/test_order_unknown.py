@@ -115,3 +115,24 @@ def test_two_failing_tensors_of_one_layer_and_stage_are_a_tie(tmp_path: Path) ->
     done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
     first = json.loads(done.stdout)["first_divergence"]
     assert first["name"] == "x/0_query" and first["in_execution_order"] is False
+
+
+def test_fail_fast_on_a_state_dict_does_not_say_it_stopped_at_the_first_divergence(tmp_path: Path) -> None:
+    """`--fail-fast` stops at a failing key of a state dict: the keys left pending are not "after" it, and any of them
+    may fail too."""
+    weights = {f"layers.{n}.proj": seeded((64, 64), n) for n in range(30)}
+    changed = {**weights, "layers.0.proj": weights["layers.0.proj"] + 1}
+    for folder, tensors in (("a", weights), ("b", changed)):
+        (tmp_path / folder).mkdir()
+        save_file(tensors, tmp_path / folder / "model.safetensors")
+    done = main_cli(
+        "--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--fail-fast"
+    )
+    assert done.returncode == 1, done.stderr
+    pending = done.stdout.count(" PENDING")
+    assert pending > 0, done.stdout  # the early comparisons stopped at layers.0.proj: the rest left to compare
+    assert "first divergence" not in done.stdout.lower()
+    assert (
+        f"stopped at a divergence (--fail-fast), not the first: no execution order is known; {pending} pairs not "
+        f"compared, any of them may fail too" in done.stdout
+    )

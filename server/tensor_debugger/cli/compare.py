@@ -29,7 +29,7 @@ from tensor_debugger.compare.planning.requests import (
     CompareRequest,
     wanted_name,
 )
-from tensor_debugger.compare.reports.compare_report import to_json, unread_files
+from tensor_debugger.compare.reports.compare_report import second_tensors, to_json, unread_files
 from tensor_debugger.compare.reports.formatting import format_cosine
 from tensor_debugger.errors import NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.inputs import InputFile
@@ -102,7 +102,7 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     url = f"{services.settings.base_url}/sessions/{result.session_id}"
     report = compare_report(result.session_id, session_name, url, pairs, problems)
     # files that could not be read: their tensors are missing, whatever the rest gives (as `compare`)
-    done = EXIT_UNUSABLE if unread_files(problems) else EXIT_PASS
+    done = EXIT_UNUSABLE if unread_files(problems) or second_tensors(problems) else EXIT_PASS
     if as_json:
         print(json.dumps(to_json(report)))
         return done

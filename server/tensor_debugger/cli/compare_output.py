@@ -22,6 +22,7 @@ from tensor_debugger.compare.reports.compare_report import (
     Culprit,
     DivergenceSummary,
     ReadOnce,
+    second_tensors,
     to_json,
     unread_files,
     unusable_report,
@@ -236,7 +237,7 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
     first = report.first_divergence
     failing = sum(1 for p in report.pairs if p.status != "pass")
     if first is None:
-        incomplete = unread_files(report.problems) or report.verdict == "incomplete"
+        incomplete = unread_files(report.problems) or second_tensors(report.problems) or report.verdict == "incomplete"
         among = " among the pairs compared" if incomplete else ""
         rests = (
             " (from summaries: no difference found in the summaries, not every element compared)" if sketched else ""
@@ -251,11 +252,22 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
     print_unmatched_before(first)
     pending = sum(1 for p in report.pairs if p.status == "pending")
     if pending:
-        print(f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared")
+        print(fail_fast_stop(first, pending))
     print_culprits(report.culprits, failing > 0, report.culprit_note)
     print_not_compared(report)
     print_incomplete(report.problems)
     print_where(url, data_dir)
+
+
+def fail_fast_stop(first: DivergenceSummary | None, pending: int) -> str:
+    """What `--fail-fast` left: after the first divergence in execution order, or, where no order is known (a state
+    dict's keys), after a failing pair that need not be the first."""
+    if first is not None and not first.in_execution_order:
+        return (
+            f"stopped at a divergence (--fail-fast), not the first: no execution order is known; {pending} pairs not "
+            f"compared, any of them may fail too"
+        )
+    return f"stopped at the first divergence (--fail-fast): {pending} pairs after it not compared"
 
 
 def divergence_label(first: DivergenceSummary) -> str:
@@ -401,6 +413,13 @@ def print_incomplete(problems: Sequence[ProblemReport], culprits: bool = True) -
         print(
             f"INCOMPLETE: {files} could not be read (see problem above): their tensors are missing from this "
             + ("comparison, and a culprit next to them may be wrong" if culprits else "comparison")
+        )
+    second = second_tensors(problems)
+    if second:
+        files = ", ".join(p.file for p in second)
+        print(
+            f"AMBIGUOUS: a run holds two tensors of one name ({files}: see problem above); the first is paired by the "
+            f"name, which may not be the one meant: not a pass (pair them by hand on the session's page)"
         )
 
 

@@ -48,6 +48,7 @@ from tensor_debugger.compare.reports.compare_report import (
     IngestOutcome,
     IngestReport,
     ReadOnce,
+    second_tensors,
     unread_files,
     unusable_report,
 )
@@ -384,10 +385,17 @@ def compare_runs(
         compute(session_id, progress=step("compare"), should_stop=stop)
     with sessions() as db:
         report = session_pairs(db, session_id, modules=True)
+        deleted = db.get(SessionRecord, session_id) is None
+    if deleted:  # by a server's DELETE or its page meanwhile: what is left of the report is no verdict
+        return _unusable(
+            f"session {session_name!r} was deleted while it was compared (a server's DELETE or its page's Delete): "
+            "nothing of it is kept, and there is no verdict",
+            problems,
+        )
     payload = compare_report(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
-    if unread_files(problems):  # tensors missing: whatever passed, not a pass
+    if unread_files(problems) or second_tensors(problems):  # tensors missing, or paired by a guess: not a pass
         return CompareOutcome(EXIT_UNUSABLE, payload, resumed=resumed is not None, read_once=read_once)
     # reference tensors without partner that the user did not allow, or pairs not compared: not a pass
     passed = report.verdict == SessionVerdict.NO_DIVERGENCE

@@ -282,8 +282,7 @@ class IngestQueue:
         outcomes = [_failed(job, outcome) for job, outcome in zip(jobs, outcomes, strict=True)]
         ready = [outcome for outcome in outcomes if isinstance(outcome, IngestResult)]
         for outcome in ready:
-            with self._lock:
-                self._progress[outcome.run_id] = replace(self._progress[outcome.run_id], stage="planning")
+            self._planning(outcome.run_id)
         if ready:
             self._plan(ready[0].session_id)
         return outcomes
@@ -335,10 +334,16 @@ class IngestQueue:
                     watcher.end(job.pending, ready)
                 except Exception:  # the run is as ingested; pairs not compared yet are computed after the plan
                     log.exception("comparing run %s while it ingested did not end well", run_id)
-        with self._lock:
-            self._progress[run_id] = replace(self._progress[run_id], stage="planning")
+        self._planning(run_id)
         self._plan(result.session_id)
         return result
+
+    def _planning(self, run_id: int) -> None:
+        """The run's figures say "planning"; none where they are gone already (its session deleted meanwhile)."""
+        with self._lock:
+            progress = self._progress.get(run_id)
+            if progress is not None:
+                self._progress[run_id] = replace(progress, stage="planning")
 
     def _plan(self, session_id: int) -> None:
         """Pair the session again; while the database does not answer, tried again after a backoff."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from tensor_debugger.engine.names import module_layer, parse_layer_stage
 from tensor_debugger.engine.summary_compare import Sketch
-from tensor_debugger.errors import FileProblem
+from tensor_debugger.errors import SECOND_TENSOR_OF_A_NAME, FileProblem
 from tensor_debugger.ingest.inputs import RunTrace
 from tensor_debugger.ingest.stored import Stored, stored_name
 from tensor_debugger.ingest.traces import TraceTensor
@@ -72,6 +72,7 @@ def tensor_rows(run_id: int, stored: Sequence[Stored], problems: list[FileProble
     the same name kept as "name (2)" with a problem appended to `problems` saying so; layer and stage from the
     file's path and key path (a captured op's from its module)."""
     seen: dict[str, int] = {}
+    first_from: dict[str, str] = {}  # name -> the file its first tensor came from
     rows: list[dict[str, Any]] = []
     for position, (entry, key_path, tensor) in enumerate(stored):
         name = stored_name(entry, key_path)
@@ -79,9 +80,14 @@ def tensor_rows(run_id: int, stored: Sequence[Stored], problems: list[FileProble
             key_path = ()  # as `stored_name` names it
         if name in seen:
             seen[name] += 1
-            problems.append(FileProblem(entry.label, f"a second tensor named {name!r}; kept as {name} ({seen[name]})"))
+            reason = (
+                f"{SECOND_TENSOR_OF_A_NAME}{name!r} (the first is from {first_from[name]}, and that one is paired by "
+                f"the name); kept as {name} ({seen[name]})"
+            )
+            problems.append(FileProblem(entry.label, reason))
             name = f"{name} ({seen[name]})"
         seen.setdefault(name, 1)
+        first_from.setdefault(name, entry.label)
         layer, stage = parse_layer_stage(entry.relpath, key_path)
         if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
             layer = module_layer(entry.module_path)

@@ -239,6 +239,25 @@ def delete_session(db: DbSession, store: ArrayStore, session_id: int) -> None:
     release_arrays(db, store, run_ids, keys)
 
 
+def refuse_while_ingesting(db: DbSession, session_id: int) -> None:
+    """A user's deletion of a session one of whose runs is still being ingested is refused (ConflictError naming
+    them): the ingest would go on writing that run's rows and arrays, and SQLite gives a deleted run's id (and its
+    folder in the store) to the next run made, so they would land in another session's run."""
+    labels = list(
+        db.scalars(
+            select(RunRecord.label)
+            .where(RunRecord.session_id == session_id, RunRecord.status == "ingesting")
+            .order_by(RunRecord.position)
+        )
+    )
+    if labels:
+        named = ("run " if len(labels) == 1 else "runs ") + ", ".join(repr(label) for label in labels)
+        raise ConflictError(
+            f"session {session_id} is still ingesting {named}: delete it once the ingest has ended (the session "
+            f"page shows its progress); nothing was deleted"
+        )
+
+
 def keys_under(prefix: str) -> ColumnElement[bool]:
     """Tensor rows whose array lies under `prefix` ("runs/12"), as a range the index on store_key serves ("/"
     sorts just before "0")."""

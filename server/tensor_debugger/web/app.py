@@ -20,7 +20,7 @@ from sqlalchemy.exc import DBAPIError
 from tensor_debugger import __version__
 from tensor_debugger.compare.planning.plan import plan_session, sessions_needing_plan
 from tensor_debugger.compare.reports.formatting import register_filters
-from tensor_debugger.errors import TensorDebuggerError
+from tensor_debugger.errors import TensorDebuggerError, is_second_tensor
 from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
@@ -120,6 +120,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
         env.globals["run_title"] = run_title
         register_filters(env)
         env.filters["name_parts"] = name_parts
+        env.tests["second_tensor"] = is_second_tensor  # a problem's reason: a file read, not one missing
 
     app = Litestar(
         route_handlers=[

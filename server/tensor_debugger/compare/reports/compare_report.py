@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 
 from tensor_debugger.compare.reports.summary_reports import SummaryReport
 from tensor_debugger.compare.reports.where_reports import WhereEntry
+from tensor_debugger.errors import is_second_tensor
 from tensor_debugger.store.problem_report import ProblemReport
 
 Number = float | int | str  # engine.metrics's: NaN and infinities travel as "nan", "inf", "-inf"
@@ -312,8 +313,15 @@ def unusable_report(
 
 def unread_files(problems: Sequence[ProblemReport]) -> list[str]:
     """The files of `problems` that could not be read: their tensors are missing, so a comparison of their run is
-    incomplete. Not those that held no tensor (`ignored`)."""
-    return [p.file for p in problems if not p.ignored]
+    incomplete. Not those that held no tensor (`ignored`), nor those read whose tensor's name another already had
+    (`second_tensors`)."""
+    return [p.file for p in problems if not p.ignored and not is_second_tensor(p.reason)]
+
+
+def second_tensors(problems: Sequence[ProblemReport]) -> list[ProblemReport]:
+    """The problems of a file read whose tensor's name a tensor of another file (or key) of its run already had: which
+    of the two the other run's tensor of that name stands for is a guess, so the comparison is no pass."""
+    return [p for p in problems if not p.ignored and is_second_tensor(p.reason)]
 
 
 def to_json(report: msgspec.Struct) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from tensor_debugger.compare.reports.formatting import format_error
 from tensor_debugger.compare.reports.pair_report import PairReport
 from tensor_debugger.engine.culprits import (
+    MIN_ADDED_ERROR,
     Culprit,
     StageCulprit,
     TensorError,
@@ -238,7 +239,11 @@ def module_report(
     errors = [TensorError(i.module_path or "", i.place or "", i.position, known[i.id]) for i in traced if i.id in known]
     roots = module_tree.roots
     root_paths = {r.path for r in roots} or {i.module_path or "" for i in traced if "." not in (i.module_path or "")}
+    # a module an input of which was not compared (incomparable, errored, pending): the error it adds is not known
+    uncompared = _uncompared_inputs(traced, known)
     everything = rank_culprits(errors)
+    unknown = [c for c in everything if c.module_path in uncompared and c.module_path not in root_paths]
+    everything = [c for c in everything if c.module_path not in uncompared]
     ranked = [c for c in everything if c.module_path not in root_paths] or everything
     by_module: dict[str, list[PairReport]] = {}
     for item in traced:
@@ -274,7 +279,31 @@ def module_report(
         culprits,
         top,
         reports,
-        [g.words() for g, m in zip(gaps, gap_marks, strict=True) if m],
+        [g.words() for g, m in zip(gaps, gap_marks, strict=True) if m]
+        + [
+            _uncompared_words(c.module_path, uncompared[c.module_path])
+            for c in unknown
+            if c.added_error > MIN_ADDED_ERROR
+        ],
+    )
+
+
+def _uncompared_inputs(traced: Sequence[PairReport], known: dict[int, float]) -> dict[str, list[PairReport]]:
+    """By module, its input pairs whose error is not known: not compared (incomparable, errored, still pending), or
+    failing without element values. A pair that passed without them counts as no error, as in the ranking."""
+    found: dict[str, list[PairReport]] = {}
+    for item in traced:
+        if (item.place or "").startswith("inputs") and item.id not in known and item.status != PairStatus.PASS:
+            found.setdefault(item.module_path or "", []).append(item)
+    return found
+
+
+def _uncompared_words(module_path: str, inputs: Sequence[PairReport]) -> str:
+    """Why a module whose error grows across its compared inputs is not named: another input was not compared."""
+    listed = ", ".join(f"{i.place} ({i.status})" for i in inputs)
+    return (
+        f"`{module_path}` carries more error out than its compared inputs bring, but its input {listed} was not "
+        f"compared: whether it introduced the error is not known"
     )
 
 

@@ -165,9 +165,11 @@ class SessionController(Controller):
             dims=data.dims,
         )
 
-    @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404))
+    @delete("/{session_id:int}", sync_to_thread=True, responses=error_responses(*CHANGES, 404, 409))
     def delete_session(self, services: NamedDependency[Services], session_id: FromPath[int]) -> None:
         with services.sessions() as db:
+            catalog.get_session(db, session_id)
+            catalog.refuse_while_ingesting(db, session_id)
             catalog.delete_session(db, services.store, session_id)
 
     @get("/{session_id:int}/progress", sync_to_thread=True, responses=error_responses(404))

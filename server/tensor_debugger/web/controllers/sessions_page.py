@@ -53,6 +53,7 @@ class SessionsPageController(Controller):
             session = catalog.get_session(db, session_id)
             if data.get("confirm") != "yes":
                 raise InvalidInputError(f"tick the confirmation to delete {session.name!r}")
+            catalog.refuse_while_ingesting(db, session_id)
             catalog.delete_session(db, services.store, session_id)
         return Redirect("/", status_code=303)
 
