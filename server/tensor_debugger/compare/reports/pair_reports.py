@@ -168,6 +168,9 @@ class SessionPairs:
     # what was compared of the reference, and the session's verdict on it (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
     verdict: SessionVerdict = SessionVerdict.COMPARING
+    # the ids of the pairs whose two sides are not one value computed two ways (`coverage.out_of_step`): their
+    # status says nothing, they were not compared
+    out_of_step: frozenset[int] = frozenset()
 
     @property
     def on_summaries(self) -> int:
@@ -400,6 +403,7 @@ def session_pairs(
         stage_notes=stages.notes,
         coverage=coverage,
         verdict=session_verdict((i.status for i in items if i.id not in out_of_step), coverage, ingesting),
+        out_of_step=frozenset(out_of_step),
     )
 
 
