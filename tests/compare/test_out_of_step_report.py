@@ -138,6 +138,9 @@ def test_pairs_not_one_value_computed_two_ways_count_in_no_pass_or_fail_figure(
     progress = report.progress
     assert progress.not_compared == len(out_of_step) and progress.pending == 0
     assert progress.failing == sum(1 for p in report.pairs if p.status == "fail" and p.name not in out_of_step)
+    # nor do the worst compared pairs list them (a float mask against bools: the largest "difference" of all)
+    worst = report.worst_pairs
+    assert worst.by_max_abs_diff and not {r.name for r in [*worst.by_max_abs_diff, *worst.by_cosine]} & out_of_step
     # the server's /progress counts them as the report does
     services = open_services(settings)
     try:

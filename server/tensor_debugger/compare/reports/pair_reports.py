@@ -397,7 +397,7 @@ def session_pairs(
         modules=module_view,
         stage_culprits=stages.culprits,
         candidates=candidates,
-        worst_pairs=worst_pairs(items),
+        worst_pairs=worst_pairs([i for i in items if i.id not in out_of_step]),  # compared pairs only
         stage_ranking=stages.ranked,
         error_growth=error_growth(module_view, stages),
         stage_notes=stages.notes,
