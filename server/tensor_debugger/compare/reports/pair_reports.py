@@ -456,7 +456,8 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     items = judged.items
     tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
     mine = [i for i in items if i.b.run_id == first_candidate]
-    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged, first_candidate), judged.factor)
+    floors = _noise_floors(judged, first_candidate)
+    return module_report(mine, ModuleTree.from_json(tree), floors, judged.factor, frozenset(_out_of_step_pairs(mine)))
 
 
 @dataclass(frozen=True)
