@@ -152,3 +152,37 @@ def test_a_session_with_nothing_compared_yet_is_no_pass(tmp_path: Path) -> None:
     )
     out = json.loads(main_cli("--data-dir", data, "compare-sessions", "half", "half", "--json").stdout)
     assert out["a"]["verdict"] == "comparing"
+
+
+def test_a_pair_not_compared_in_either_session_is_no_change(tmp_path: Path) -> None:
+    """Session "float" passes a float mask to the attention on both sides; session "bool" the same mask as a
+    bool one on the candidate's side (eager attention's against SDPA's): that input pair is not one value computed
+    two ways, not compared (its session's report lists it out of step), so nothing broke there: compare-sessions
+    says "not compared" for it, not BROKEN, and exits 2, as where it cannot all be said."""
+    from tensor_debugger import capture
+
+    class Attention(torch.nn.Module):
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return x + mask.float()
+
+    class Net(torch.nn.Module):
+        def __init__(self, as_bool: bool) -> None:
+            super().__init__()
+            self.attn, self.as_bool = Attention(), as_bool
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            mask = torch.ones(x.shape, dtype=torch.bool) if self.as_bool else torch.ones(x.shape)
+            out: torch.Tensor = self.attn(x, mask)
+            return out
+
+    x = torch.randn(2, 4)
+    data = tmp_path / "data"
+    for session, port in (("float", False), ("bool", True)):
+        for run, net in (("reference", Net(False)), ("candidate", Net(port))):
+            with torch.no_grad(), capture(net, session, run, data_dir=data, values="summary"):
+                net(x)
+    out = json.loads(main_cli("--data-dir", str(data), "compare-sessions", "float", "bool", "--json").stdout)
+    changes = {p["key"]: (p["status_b"], p["change"]) for p in out["pairs"]}
+    assert changes["Net.attn_inputs_args_1"][1] == "not compared", changes
+    done = main_cli("--data-dir", str(data), "compare-sessions", "float", "bool")
+    assert "BROKEN" not in done.stdout and done.returncode == 2, done.stdout

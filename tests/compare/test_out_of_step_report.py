@@ -26,7 +26,7 @@ from tensor_debugger.store.models import PairRecord
 
 from tests.live.test_op_capture import compared as compare_session
 from tests.live.test_op_capture import rows_of
-from tests.live.test_unseen_answers import DIM, EagerAttention, Masks
+from tests.live.test_unseen_answers import DIM, EagerAttention, MaskedBlock, Masks
 from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
 
 ROOT = "EagerAttention"
@@ -138,6 +138,14 @@ def test_pairs_not_one_value_computed_two_ways_count_in_no_pass_or_fail_figure(
     progress = report.progress
     assert progress.not_compared == len(out_of_step) and progress.pending == 0
     assert progress.failing == sum(1 for p in report.pairs if p.status == "fail" and p.name not in out_of_step)
+    # nor does the module ranking take the mask's "error" as the block's input error
+    modules = report.modules
+    assert modules is not None
+    block = next(c for c in modules.ranked if c.module_path == "Masks.layers.0")
+    assert block.input_error == 0.0, block
+    # nor do the worst compared pairs list them (a float mask against bools: the largest "difference" of all)
+    worst = report.worst_pairs
+    assert worst.by_max_abs_diff and not {r.name for r in [*worst.by_max_abs_diff, *worst.by_cosine]} & out_of_step
     # the server's /progress counts them as the report does
     services = open_services(settings)
     try:
@@ -197,3 +205,44 @@ def test_the_early_same_name_guess_leaves_captured_ops_to_the_plans_alignment(se
     assert f"{ROOT}/reshape#1_outputs" in {r.name for r in rows}
     assert not [name for name in guessed if "#" in name.rpartition("/")[2]]
     assert f"{ROOT}.attn.o_proj_outputs" in guessed
+
+
+class MaskedFirst(torch.nn.Module):
+    """A masked block (`MaskedBlock`) given the model's mask, additive floats or bools (`bool_mask`, the port's,
+    also shifted by one key: a wrong mask), then three layers that add nothing."""
+
+    def __init__(self, bool_mask: bool) -> None:
+        super().__init__()
+        self.block = MaskedBlock()
+        self.layers = torch.nn.ModuleList([torch.nn.Identity() for _ in range(3)])
+        self.bool_mask = bool_mask
+
+    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        mask = keep[:, None, :].roll(1, -1) if self.bool_mask else torch.zeros(keep[:, None, :].shape)
+        if not self.bool_mask:
+            mask = mask.masked_fill(~keep[:, None, :], -1e9)
+        x = self.block(x, mask)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_block_given_a_mask_not_compared_is_no_culprit(settings: Settings) -> None:
+    """A block given the model's mask, additive floats against the port's bools (shifted by one key): its output
+    differs, its other input matches, the layers after it add nothing. Its mask pair is not one value computed two
+    ways, not compared: whether the block was given what the reference's was is not known, so it is no culprit (it
+    was named one once that pair's "error" no longer counted as its input's)."""
+    x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+    keep = torch.tensor([[True, True, True, False, False], [True, True, True, True, True]])
+    for bool_mask, run in ((False, "reference"), (True, "candidate")):
+        torch.manual_seed(0)
+        model = MaskedFirst(bool_mask).eval()
+        with torch.no_grad(), capture(model, "blocks", run, data_dir=settings.data_dir) as done:
+            model(x, keep)
+    assert done.session_id is not None
+    report, _ = compare_session(settings, done.session_id)
+    assert "MaskedFirst.block_inputs_args_1" in {o.name for o in report.coverage.out_of_step}
+    assert report.first_divergence is not None and report.first_divergence.name == "MaskedFirst.block_outputs"
+    modules = report.modules
+    assert modules is not None
+    assert modules.culprits == [] and modules.culprit is None, modules.culprits

@@ -126,3 +126,15 @@ def test_an_extra_call_right_beside_its_twin_leaves_both_unpaired() -> None:
     found = pair_ops(a, b)
     assert found.pairs == [("N/matmul#1_outputs", "N/matmul#1_outputs"), ("N/softmax#1_outputs", "N/softmax#1_outputs")]
     assert (found.alone_a, found.alone_b) == (["N/mul#1_outputs"], ["N/mul#1_outputs", "N/mul#2_outputs"])
+
+
+def test_the_models_own_ops_pair_only_with_those_of_the_same_call_of_the_model() -> None:
+    assert op_call("Net#2/mul#1_outputs") == ("", "mul", 1)
+    # the reference doubles in its first call, the candidate in its second: two calls' inputs, never a pair
+    found = pair_ops(ops(("Net/mul#1_outputs", (1, 4))), ops(("Port#2/mul#1_outputs", (1, 4))))
+    assert found.pairs == [] and found.alone_a == found.alone_b == []
+    found = pair_ops(
+        ops(("Net/mul#1_outputs", (1, 4)), ("Net#2/mul#1_outputs", (1, 4))),
+        ops(("Port/mul#1_outputs", (1, 4)), ("Port#2/mul#1_outputs", (1, 4))),
+    )
+    assert found.pairs == [("Net/mul#1_outputs", "Port/mul#1_outputs"), ("Net#2/mul#1_outputs", "Port#2/mul#1_outputs")]

@@ -12,8 +12,9 @@ from difflib import SequenceMatcher
 
 # a captured op's output: "Net.attn/reshape#3_outputs" (module call "attn" without the model's class name "Net",
 # op "reshape", call index 3); "Net/mul#1_outputs" (the model's own call: module call ""); a tuple's output
-# "…/split#1_outputs_0", a dict's "…/max#1_outputs_values" (its place: "0", "values")
-_OP_CALL = re.compile(r"^[^./]+\.?(.*)/([^/#]+)#(\d+)_outputs(?:_(.+))?$")
+# "…/split#1_outputs_0", a dict's "…/max#1_outputs_values" (its place: "0", "values"); the model's own ops of its
+# second call "Net#2/mul#1_outputs" (the model's call "#2": a module's calls are numbered in its path, "Net.attn#2")
+_OP_CALL = re.compile(r"^[^./#]+(#\d+)?\.?(.*)/([^/#]+)#(\d+)_outputs(?:_(.+))?$")
 
 
 def align_ops(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int | None, int | None]]:
@@ -47,7 +48,7 @@ def op_call(name: str) -> tuple[str, str, int] | None:
     """(module call without the model's class name, op, call index) of a captured op's output, by its full name
     (the class name first: it may differ between a model and its port); None for any other tensor."""
     found = _OP_CALL.match(name)
-    return (found[1], found[2], int(found[3])) if found else None
+    return (found[2], found[3], int(found[4])) if found else None
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,9 @@ class OpPairing:
 
 def pair_ops(a: Sequence[OpTensor], b: Sequence[OpTensor]) -> OpPairing:
     """Pair the captured ops' outputs of two runs (`a` the reference's, `b` the candidate's, each in execution
-    order): within each module call both runs made (its path less the model's class name), the two lists of ops
-    aligned (`align_ops`) on each output's op, place, shape and dtype's kind, so that an op one side calls more
+    order): within each module call both runs made (its path less the model's class name; the model's own ops
+    within one call of the model, `Net#2/mul#1_outputs` the second's), the two lists of ops aligned (`align_ops`)
+    on each output's op, place, shape and dtype's kind, so that an op one side calls more
     often (a `reshape` in one `repeat_kv`, an extra `.float()`, matmul and softmax against a fused
     scaled_dot_product_attention) is that side's alone, in place, and the calls after it face their true
     counterparts, not those of the same call index. Where which call faces which is not certain (`certain_matches`)
@@ -141,15 +143,16 @@ def _occurrences(keys: Sequence[Hashable], run: list[Hashable]) -> int:
     return count
 
 
-def _by_call(tensors: Sequence[OpTensor]) -> dict[str, list[tuple[Hashable, str]]]:
-    """The captured ops' outputs among `tensors`, by module call (without the model's class name), each with what
-    aligns (op, place, shape, dtype's kind) and its name, in order."""
-    calls: dict[str, list[tuple[Hashable, str]]] = {}
+def _by_call(tensors: Sequence[OpTensor]) -> dict[tuple[str, str], list[tuple[Hashable, str]]]:
+    """The captured ops' outputs among `tensors`, by module call (without the model's class name; the model's own
+    ops by its call, "" or "#2": each call of the model has other inputs), each with what aligns (op, place, shape,
+    dtype's kind) and its name, in order."""
+    calls: dict[tuple[str, str], list[tuple[Hashable, str]]] = {}
     for tensor in tensors:
         found = _OP_CALL.match(tensor.name)
         if found is not None:
-            key = (found[2], found[4] or "", tuple(tensor.shape), _kind(tensor.dtype))
-            calls.setdefault(found[1], []).append((key, tensor.name))
+            key = (found[3], found[5] or "", tuple(tensor.shape), _kind(tensor.dtype))
+            calls.setdefault((found[1] or "", found[2]), []).append((key, tensor.name))
     return calls
 
 

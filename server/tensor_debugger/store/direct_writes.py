@@ -69,19 +69,41 @@ def address(data: memoryview) -> int:
 def _write_in_place(fd: int, data: memoryview, body: int) -> int:
     """Write `data[:body]` (`body` a multiple of ALIGN) from where it lies, if that is an aligned address; returns the
     bytes written, fewer where the system refuses the address (EINVAL) or writes less than asked."""
-    done = 0
     if body == 0 or address(data) % ALIGN:
         return 0
     try:
-        while done < body:
-            n = min(BUFFER, body - done)
-            written = os.write(fd, data[done : done + n])
-            done += written
-            if written != n:  # short: what is left is no longer aligned
-                break
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
+        return _write_body(fd, data, 0, body, None)
+    except _Refused as refused:
+        return refused.done
+
+
+class _Refused(Exception):
+    """The system refused a direct write (EINVAL) after `done` bytes."""
+
+    def __init__(self, done: int) -> None:
+        super().__init__(done)
+        self.done = done
+
+
+def _write_body(fd: int, data: memoryview, done: int, body: int, buffer: memoryview | None) -> int:
+    """Write `data[done:body]` in BUFFER-sized writes, from where it lies (`buffer` None) or copied into `buffer`;
+    returns the bytes written in all, stopping at a short write (what is left is no longer aligned). Raises
+    `_Refused` where the system refuses the address or the file (EINVAL)."""
+    while done < body:
+        n = min(BUFFER, body - done)
+        try:
+            if buffer is None:
+                written = os.write(fd, data[done : done + n])
+            else:
+                buffer[:n] = data[done : done + n]
+                written = os.write(fd, buffer[:n])
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            raise _Refused(done) from None
+        done += written
+        if written != n:
+            break
     return done
 
 
@@ -93,18 +115,11 @@ def _write_direct(fd: int, data: memoryview) -> int:
     done = _write_in_place(fd, data, body)
     if done % ALIGN:  # a short write: the rest goes through the page cache
         body = done
-    buffer = _buffer() if done < body else None
-    try:
-        while buffer is not None and done < body:
-            n = min(BUFFER, body - done)
-            buffer[:n] = data[done : done + n]
-            written = os.write(fd, buffer[:n])
-            done += written
-            if written != n:  # short: what is left is no longer aligned
-                break
-    except OSError as exc:
-        if exc.errno != errno.EINVAL:
-            raise
-        os.lseek(fd, done, os.SEEK_SET)  # the file system takes no direct writes after all: the rest goes buffered
+    if done < body:
+        try:
+            done = _write_body(fd, data, done, body, _buffer())
+        except _Refused as refused:  # the file system takes no direct writes after all: the rest goes buffered
+            done = refused.done
+            os.lseek(fd, done, os.SEEK_SET)
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
     return done

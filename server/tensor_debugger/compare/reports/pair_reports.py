@@ -168,6 +168,9 @@ class SessionPairs:
     # what was compared of the reference, and the session's verdict on it (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
     verdict: SessionVerdict = SessionVerdict.COMPARING
+    # the ids of the pairs whose two sides are not one value computed two ways (`coverage.out_of_step`): their
+    # status says nothing, they were not compared
+    out_of_step: frozenset[int] = frozenset()
 
     @property
     def on_summaries(self) -> int:
@@ -394,12 +397,13 @@ def session_pairs(
         modules=module_view,
         stage_culprits=stages.culprits,
         candidates=candidates,
-        worst_pairs=worst_pairs(items),
+        worst_pairs=worst_pairs([i for i in items if i.id not in out_of_step]),  # compared pairs only
         stage_ranking=stages.ranked,
         error_growth=error_growth(module_view, stages),
         stage_notes=stages.notes,
         coverage=coverage,
         verdict=session_verdict((i.status for i in items if i.id not in out_of_step), coverage, ingesting),
+        out_of_step=frozenset(out_of_step),
     )
 
 
@@ -452,7 +456,8 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     items = judged.items
     tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
     mine = [i for i in items if i.b.run_id == first_candidate]
-    return module_report(mine, ModuleTree.from_json(tree), _noise_floors(judged, first_candidate), judged.factor)
+    floors = _noise_floors(judged, first_candidate)
+    return module_report(mine, ModuleTree.from_json(tree), floors, judged.factor, frozenset(_out_of_step_pairs(mine)))
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,9 @@ class Change(StrEnum):
     SAME = "same"
     ONLY_A = "only in A"
     ONLY_B = "only in B"
-    NOT_COMPARED = "not compared"  # errored or incomparable on either side: nothing can be said of it
+    # errored or incomparable on either side, or its two sides not one value computed two ways (ops out of step,
+    # inputs of different kinds: its session's coverage's `out_of_step`): nothing can be said of it
+    NOT_COMPARED = "not compared"
     PENDING = "pending"  # not compared yet on either side: a server on the data dir compares it
 
 
@@ -147,6 +149,7 @@ def diff_sessions(db: DbSession, session_a: int, session_b: int) -> SessionDiff:
     """Raises NotFoundError when either session does not exist."""
     sides = []
     keyed = []
+    off: set[str] = set()  # pairs not one value computed two ways in either session: not compared there
     for session_id in (session_a, session_b):
         record = catalog.get_session(db, session_id)
         report = session_pairs(db, session_id)
@@ -166,11 +169,12 @@ def diff_sessions(db: DbSession, session_a: int, session_b: int) -> SessionDiff:
             )
         )
         keyed.append(_keyed(report))
+        off |= {key for key, pair in keyed[-1].items() if pair.id in report.out_of_step}
     in_a, in_b = keyed
     rows = []
     for key in [*in_a, *(k for k in in_b if k not in in_a)]:
         a, b = in_a.get(key), in_b.get(key)
-        error_a, error_b = _error(a), _error(b)
+        error_a, error_b = (None, None) if key in off else (_error(a), _error(b))
         ratio = None
         if error_a is not None and error_b is not None:
             ratio = error_b / error_a if error_a else (1.0 if error_b == 0 else math.inf)
@@ -183,7 +187,9 @@ def diff_sessions(db: DbSession, session_a: int, session_b: int) -> SessionDiff:
                 _number(error_a),
                 _number(error_b),
                 _number(ratio),
-                _change(a, b, error_a, error_b),
+                Change.NOT_COMPARED
+                if key in off and a is not None and b is not None
+                else _change(a, b, error_a, error_b),
                 None if a is None else a.id,
                 None if b is None else b.id,
             )
