@@ -186,9 +186,17 @@ def test_a_tiny_llamas_eager_and_sdpa_attentions_pair_what_is_certain_and_claim_
     pairs = by_name(report)
     assert [p.name for p in report.pairs if p.status == "fail"] == []
     assert report.first_divergence is None and str(report.verdict) == "incomplete"
-    assert f"{attn}/reshape#1_outputs" not in pairs and f"{attn}/reshape#1_outputs" in report.coverage.unmatched
-    assert pairs[f"{attn}/transpose#5_outputs"] == (f"{attn}/transpose#4_outputs", ALIGNED, "pass")
-    assert pairs[f"{attn}/reshape#3_outputs"] == (f"{attn}/reshape#2_outputs", ALIGNED, "pass")
+    reshape = f"{attn}/reshape#1_outputs"
+    if reshape in pairs:
+        # the lowest transformers pyproject.toml allows: its attention code runs other ops around that reshape, so
+        # where the alignment pairs it, the match is unique: compared, and the same value
+        assert pairs[reshape][1:] == (ALIGNED, "pass"), pairs[reshape]
+    else:  # the newest: the reshape could face either of eager's: faces none
+        assert reshape in report.coverage.unmatched
+        assert pairs[f"{attn}/transpose#5_outputs"] == (f"{attn}/transpose#4_outputs", ALIGNED, "pass")
+        assert pairs[f"{attn}/reshape#3_outputs"] == (f"{attn}/reshape#2_outputs", ALIGNED, "pass")
+    aligned = [p for name, p in pairs.items() if name.startswith(attn + "/") and p[1] == ALIGNED]
+    assert aligned and all(p[2] == "pass" for p in aligned), aligned
     assert report.coverage.out_of_step == [] and report.progress.failing == 0
 
 
