@@ -71,6 +71,19 @@ def test_a_changed_cookie_opens_nothing(client: TestClient[Litestar]) -> None:
     assert opens(client, value) == 200  # the original still opens
 
 
+def test_a_signature_spelled_another_way_opens_nothing(client: TestClient[Litestar]) -> None:
+    """Base64's last character carries unused low bits, so up to three other spellings decode to the same signature
+    bytes: each is refused, whatever this cookie's last character happens to be."""
+    value, _ = sign_in(client, READ_TOKEN)
+    head, mac = value.rsplit(".", 1)
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
+    same_bytes = [c for c in alphabet if c != mac[-1] and alphabet.index(c) // 4 == alphabet.index(mac[-1]) // 4]
+    assert len(same_bytes) == 3
+    for last in same_bytes:
+        assert opens(client, f"{head}.{mac[:-1]}{last}") == 401, last
+    assert opens(client, value) == 200
+
+
 def test_only_this_servers_tokens_sign_cookies_and_only_until_they_expire(client: TestClient[Litestar]) -> None:
     """A cookie is keyed by the token alone: another process with the same tokens signs one this server takes (a
     replica, a restart); one signed with another token, or one past its expiry, is refused."""
