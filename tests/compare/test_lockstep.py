@@ -280,9 +280,10 @@ def test_an_upload_of_both_runs_is_compared_as_it_is_read_with_the_stored_paths_
         "a 0-d or empty tensor": 1,
         "a shard of a tensor split across ranks": 2,
     }
+    live = once.ingests.snapshot()
     with once.sessions() as db:
         session = catalog.get_session(db, session_id)
-        progress = session_progress(session, once.ingests, pair_progress(db, session_id), figures)
+        progress = session_progress(session, live, pair_progress(db, session_id), figures)
     assert progress.early.read_once == ReadOnce(7, figures.read_once.read_back)
     # the server read back the chunks of the pairs read back, and of the NaN's block: as many as the CLI's
     # `compare A B`, which compares the same pairs in memory in its own process, and no more

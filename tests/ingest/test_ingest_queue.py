@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from sqlalchemy import delete
+from tensor_debugger.compare.reports.progress import SessionProgress, pair_progress, session_progress
 from tensor_debugger.errors import NothingUsableError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.outcomes import IngestCancelled
@@ -17,7 +19,8 @@ from tensor_debugger.ingest.queue import IngestJob, IngestProgress, IngestQueue
 from tensor_debugger.ingest.recovery import recover
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import RunRecord
+from tensor_debugger.store import catalog
+from tensor_debugger.store.models import PairRecord, RunRecord
 
 from tests.support.dumps import seeded
 from tests.support.polling import wait_until
@@ -112,6 +115,52 @@ def test_opening_the_data_dir_again_in_this_process_leaves_its_ingest_alone(
     finally:
         again.close()
         other.close()
+
+
+def test_a_report_read_while_the_last_run_is_planned_never_says_done_without_its_pairs(
+    services: Services, tmp_path: Path
+) -> None:
+    """The page's report takes the live figures before the database: the moment the last run's plan commits and
+    its figures are dropped falls either before both (its pairs are read) or after both (it is still "planning");
+    never between, where every run is ready, nothing is live and no pair is read: "done" with no verdict."""
+    planned, release = threading.Event(), threading.Event()
+
+    def plan(session_id: int) -> None:  # commits the pairs, then holds the job before its figures are dropped
+        services.plan(session_id)
+        planned.set()
+        release.wait(60)
+
+    a = services.ingestor.begin("raced", "reference", ["0_x.pth"])
+    services.ingestor.complete(a, [tensor_file(tmp_path, "0_x.pth", 1)])
+    queue = IngestQueue(services.ingestor, plan, at_once=1)
+    try:
+        b = services.ingestor.begin("raced", "candidate", ["0_x.pth"])
+        done = queue.submit(IngestJob(b, [tensor_file(tmp_path, "0_x.pth", 2)], True, lambda: None))
+        assert planned.wait(60)
+        live = queue.snapshot()  # taken while the candidate is "planning": its pairs are committed already
+        assert live[b.run_id].stage == "planning"
+        release.set()
+        done.result(60)
+        wait_until(lambda: queue.progress(b.run_id) is None, what="the candidate's figures to be dropped")
+
+        def report(live: dict[int, IngestProgress]) -> SessionProgress:
+            with services.sessions() as db:
+                return session_progress(catalog.get_session(db, a.session_id), live, pair_progress(db, a.session_id))
+
+        # the plan committed before the figures were taken: the report reads the pair, whichever stage it says
+        raced = report(live)
+        assert raced.stage == "planning" and raced.pairs.total == 1
+        assert report(queue.snapshot()).stage == "comparing"  # nothing live any more, one pair pending
+        # the other order, database first, then figures taken after they were dropped, is what said "done"
+        with services.sessions() as db:
+            session = catalog.get_session(db, a.session_id)
+            db.execute(delete(PairRecord).where(PairRecord.session_id == a.session_id))  # the plan not yet in
+            stale = session_progress(session, queue.snapshot(), pair_progress(db, a.session_id))
+            db.rollback()
+        assert (stale.stage, stale.pairs.total) == ("done", 0)
+    finally:
+        release.set()
+        queue.close()
 
 
 def test_a_failed_background_ingest_is_kept_with_its_reasons_and_can_be_replaced(

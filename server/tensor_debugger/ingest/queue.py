@@ -136,6 +136,13 @@ class IngestQueue:
         with self._lock:
             return self._progress.get(run_id)
 
+    def snapshot(self) -> dict[int, IngestProgress]:
+        """The live figures of every run this process is ingesting (or planning after), by run id, at one moment.
+        Taken before a report reads the database: a run's figures are dropped only after its plan commits, so a
+        run absent here has its pairs in any read that comes after."""
+        with self._lock:
+            return dict(self._progress)
+
     def close(self, timeout: float = 10) -> None:
         """Stop: waiting jobs are dropped and running ones cancelled at their next block of bytes, their runs
         removed as if never begun (their session too when the upload made it and nothing else is in it), but an

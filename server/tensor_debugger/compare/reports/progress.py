@@ -5,6 +5,7 @@ whose script polls it to keep the page live until everything is done."""
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -239,11 +240,17 @@ def _not_compared(db: DbSession, session_id: int) -> list[str]:
 
 
 def session_progress(
-    session: SessionRecord, ingests: IngestQueue, pairs: PairProgress, early: EarlyFigures | None = None
+    session: SessionRecord,
+    live: Mapping[int, IngestProgress],
+    pairs: PairProgress,
+    early: EarlyFigures | None = None,
 ) -> SessionProgress:
-    """`session` with its runs and their problems loaded (catalog.get_session); `early`: its pairs compared while
-    its runs ingest (`EarlyUploads.figures`)."""
-    runs = [run_progress(run, ingests.progress(run.id)) for run in session.runs]
+    """`session` with its runs and their problems loaded (catalog.get_session); `live`: this process's ingests'
+    figures (`IngestQueue.snapshot`), taken before `session` and `pairs` were read, so that a run that has just
+    been planned is either still "planning" there or has its pairs in `pairs` (read the other way round, a page
+    could find every run ready and no pairs, and say it is done); `early`: its pairs compared while its runs
+    ingest (`EarlyUploads.figures`)."""
+    runs = [run_progress(run, live.get(run.id)) for run in session.runs]
     stage = _stage(runs, pairs)
     shown = EarlyPairs.of(early)
     return SessionProgress(session.id, stage, _signature(stage, runs, pairs, shown), runs, pairs, shown)

@@ -230,10 +230,11 @@ def session_template(
 ) -> Template:
     """The session page; a form's refusal is shown next to that form (`pairing`: the rules as typed, with the
     error; `upload_error`: the pairing file's; `hand_error`: pairing by hand's)."""
+    live = services.ingests.snapshot()  # before the database: see session_progress
     with services.sessions() as db:
         session, report = read_session(db, services, session_id, modules=True)
         ordered = apply_order(report.pairs, session.pair_order)
-        progress = session_progress(session, services.ingests, report.progress, services.early.figures(session_id))
+        progress = session_progress(session, live, report.progress, services.early.figures(session_id))
         first_id = report.first_divergence.pair_id if report.first_divergence else None
         choices = None
         if hand is not None:

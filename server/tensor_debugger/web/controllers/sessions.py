@@ -176,10 +176,11 @@ class SessionController(Controller):
     def show_progress(self, services: NamedDependency[Services], session_id: FromPath[int]) -> SessionProgress:
         """How far the session has come: each run's ingest (`stage`, bytes copied of the total while it runs),
         then its pairs compared. `stage` is "ingesting", "planning", "comparing", then "done"."""
+        live = services.ingests.snapshot()  # before the database: see session_progress
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
             pairs = pair_progress(db, session_id)
-            return session_progress(session, services.ingests, pairs, services.early.figures(session_id))
+            return session_progress(session, live, pairs, services.early.figures(session_id))
 
     @post(
         "/",
