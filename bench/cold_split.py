@@ -13,7 +13,10 @@ Each round runs `tensor-debugger compare A B --json` into a new data dir (after 
   (threads Python did not start, such as BLAKE3's, as "native");
 and the process tree's user and system seconds (`wait4`). The probe's own sampling thread ("probe") takes about 0.15
 CPU s of the process's figures. Then, in a fresh process each time, the process CPU of
-the start-up's imports, step by step (IMPORTS). Medians are printed; nothing asserts on timings.
+the start-up's imports, step by step (IMPORTS). With `--imports-first`, each round also runs the same compare with
+every module it imports imported before the probe's clock starts, the two in turn: the difference in the marks is
+what the start-up's imports cost the answer, the most that overlapping them with the reading could save. Medians are
+printed; nothing asserts on timings.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ def hook(event, args):
             mark("first input opened")
     elif event in ("os.fork", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen"):
         spawned.append(event)
+if os.environ.get("COLD_SPLIT_IMPORTS_FIRST"):  # every module the compare imports, before the clock starts
+    import numcodecs, tensor_debugger.cli.compare, tensor_debugger.cli.main, tensor_debugger.services
+    import tensor_debugger.compare.pipeline as imported
+    for name in imported.AFTER_INGEST:
+        __import__(name)
+    T0, C0 = time.perf_counter(), time.process_time()
 sys.addaudithook(hook)
 seen, stop = {}, threading.Event()
 def sample():
@@ -123,6 +132,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--size-mb", type=int, default=200, help="MB of float32 per run, when writing them")
     parser.add_argument("--files", type=int, default=32, help=".pth files per run, when writing them")
+    parser.add_argument(
+        "--imports-first",
+        action="store_true",
+        help="also, in turn, the same compare with every module it imports imported before the clock starts",
+    )
     args = parser.parse_args()
     if len(args.inputs) not in (0, 2):
         parser.error("give two inputs, or none")
@@ -143,9 +157,16 @@ def main() -> None:
             a, b = zipped(folder / "reference"), zipped(folder / "candidate")
         print(machine_line(f"{os.cpu_count()} CPUs seen"))
         print(f"inputs {a} and {b}; {args.rounds} rounds; load {os.getloadavg()[0]:.1f} at the start")
-        rounds = [cold_round(work / f"data-{n}", a, b, env) for n in range(args.rounds)]
+        rounds: list[Round] = []
+        first: list[Round] = []  # --imports-first: each round's second compare, the two taking turns
+        for n in range(args.rounds):
+            ways = [(rounds, False), (first, True)] if args.imports_first else [(rounds, False)]
+            for found, imported in ways if n % 2 == 0 else ways[::-1]:
+                found.append(cold_round(work / f"data-{n}", a, b, env, imported))
         imports = [import_steps(env) for _ in range(args.rounds)]
         report(rounds, imports)
+        if first:
+            report_imports_first(rounds, first)
         print(f"load {os.getloadavg()[0]:.1f} at the end")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -161,8 +182,12 @@ class Round:
     system: float
 
 
-def cold_round(data: Path, a: Path, b: Path, env: dict[str, str]) -> Round:
-    """One cold compare under the probe: its marks, threads and processes, and the tree's user and system time."""
+def cold_round(data: Path, a: Path, b: Path, env: dict[str, str], imports_first: bool = False) -> Round:
+    """One cold compare under the probe: its marks, threads and processes, and the tree's user and system time.
+    `imports_first`: every module the compare imports is imported before the probe's clock starts (its marks count
+    from then; the process tree's figures still include the imports)."""
+    if imports_first:
+        env = {**env, "COLD_SPLIT_IMPORTS_FIRST": "1"}
     os.sync()
     command = [str(PYTHON), "-c", PROBE, "--data-dir", str(data), "compare", str(a), str(b), "--json"]
     with tempfile.TemporaryFile() as err:
@@ -224,6 +249,30 @@ def report(rounds: list[Round], imports: list[list[tuple[str, float]]]) -> None:
     for index, (name, _) in enumerate(imports[0]):
         print(f"{name:60} {median([steps[index][1] for steps in imports]):14.3f}")
     print(f"{'all of them':60} {median([sum(s for _, s in steps) for steps in imports]):14.3f}")
+
+
+def report_imports_first(rounds: list[Round], first: list[Round]) -> None:
+    """The marks of the compare as it runs beside those of the same compare with its imports done before the clock:
+    what the start-up's imports cost this compare's answer, the most that overlapping them with the reading could
+    save."""
+    print("the same compare with every module it imports imported before the clock (in turn with the above)")
+    print(
+        f"{'medians (min), from the clock':34} {'as it runs: wall s':>20} {'CPU s':>14} "
+        f"{'imports first: wall s':>22} {'CPU s':>14}"
+    )
+    for name in ("first input opened", "runs ingested", "end"):
+        cells = []
+        for found in (rounds, first):
+            values = [(w, c) for each in found for mark, w, c in each.marks if mark == name]
+            walls, cpus = [w for w, _ in values], [c for _, c in values]
+            cells += [
+                f"{statistics.median(walls):.3f} ({min(walls):.3f})",
+                f"{statistics.median(cpus):.3f} ({min(cpus):.3f})",
+            ]
+        print(f"{name:34} {cells[0]:>20} {cells[1]:>14} {cells[2]:>22} {cells[3]:>14}")
+    for label, found in (("as it runs", rounds), ("imports first", first)):
+        ends = [f"{w:.2f}/{c:.2f}" for each in found for mark, w, c in each.marks if mark == "end"]
+        print(f"{label}, end by round (wall/CPU s): {' '.join(ends)}")
 
 
 if __name__ == "__main__":
