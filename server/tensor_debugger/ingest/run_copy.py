@@ -5,12 +5,11 @@ run's other files go on; what is not the file's fault (the store, a full disk, a
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
-
-from sqlalchemy.exc import SQLAlchemyError
 
 from tensor_debugger.engine.fused import Kernel
 from tensor_debugger.errors import (
@@ -46,6 +45,14 @@ def out_of_memory(limit: int | None) -> str:
         f"needed more than {limit / 2**30:.3g} GiB of memory (TENSOR_DEBUGGER_INGEST_MEMORY, the most one ingest "
         "may take) to read it; refused"
     )
+
+
+def database_error(error: BaseException) -> bool:
+    """Whether `error` is SQLAlchemy's. Looked up, not imported: where no module has imported SQLAlchemy, none of its
+    errors can have been raised, and the reading side of an ingest (this module, the readers, the writer) imports
+    none of it, so that it could run before the database's side is imported."""
+    errors = sys.modules.get("sqlalchemy.exc")
+    return errors is not None and isinstance(error, errors.SQLAlchemyError)
 
 
 def delete_arrays(store: ArrayStore, prefix: str) -> None:
@@ -251,9 +258,11 @@ class RunCopy:
             if is_disk_full(error):
                 raise DiskFullError(f"the arrays of {entry.label}") from error
             problems.append(FileProblem(entry.label, f"could not be read: {error.strerror or error}"))
-        except (TensorDebuggerError, IngestCancelled, TakenOver, SQLAlchemyError):
+        except (TensorDebuggerError, IngestCancelled, TakenOver):
             raise  # not this file's: the run stops, as it would for any of them
         except Exception as error:  # anything else one file's reading raised: that file fails, named
+            if database_error(error):
+                raise  # a listener's write to the database: not this file's either
             self.drop(run_id, first, made)
             problems.append(unexpected_problem(entry.label, error))
 
