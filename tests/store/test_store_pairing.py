@@ -165,9 +165,12 @@ def test_a_data_dir_from_before_the_marker_adopts_it(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     engine = create_db_engine(f"sqlite:///{data / 'metadata.sqlite3'}")
     config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:  # back to the schema before the marker, as an older release left it
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0014")  # not further: SQLite's downgrades recreate `sessions`, dropping runs
+    with engine.connect() as connection:  # back to the schema before the marker, as an older release left it
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")  # the downgrades copy tables: on, that drops rows
+        connection.commit()
+        with connection.begin():
+            config.attributes["connection"] = connection
+            command.downgrade(config, "0014")
     engine.dispose()
     (data / "arrays" / MARKER).unlink()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:
