@@ -20,6 +20,7 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.database import alembic_config, create_db_engine
 
 from tests.support.cli_main import main_cli
+from tests.support.migrations import migrate_to
 
 TABLES = ("sessions", "runs", "tensors", "pairs", "problems", "unmatched", "array_folders", "comparison_results")
 
@@ -49,13 +50,7 @@ def rows(data: Path) -> dict[str, list[tuple[Any, ...]]]:
 def at_revision(data: Path, revision: str) -> None:
     """The file's schema as `revision` left it, with foreign keys off as a copy of a table needs."""
     engine = create_db_engine(f"sqlite:///{data / 'metadata.sqlite3'}")
-    config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.connect() as connection:
-        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
-        connection.commit()
-        with connection.begin():
-            config.attributes["connection"] = connection
-            command.downgrade(config, revision)
+    migrate_to(engine, revision, downgrade=True)
     engine.dispose()
 
 

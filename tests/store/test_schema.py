@@ -23,6 +23,7 @@ from tensor_debugger.store.database import (
 )
 from tensor_debugger.store.models import Base
 
+from tests.support.migrations import migrate_to
 from tests.support.postgres import DATABASES, PostgresCluster
 
 
@@ -184,12 +185,7 @@ def test_0020_adds_compared_against_in_place_keeping_every_row_that_points_at_a_
     runs, problems, columns = counts()
     assert (runs, problems) == (1, 2) and "compared_against_id" in columns
     assert_schema_matches_models(engine)
-    with engine.connect() as connection:  # through 0021's downgrade, which copies `runs`: foreign keys off
-        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
-        connection.commit()
-        with connection.begin():
-            config.attributes["connection"] = connection
-            command.downgrade(config, "0019")
+    migrate_to(engine, "0019", downgrade=True)  # through 0021's, which copies `runs`: foreign keys off
     runs, problems, columns = counts()
     assert (runs, problems) == (1, 2) and "compared_against_id" not in columns
     engine.dispose()
@@ -257,13 +253,7 @@ def test_a_new_data_dir_made_from_the_models_is_the_migrated_schema(tmp_path: Pa
     fast = create_db_engine(f"sqlite:///{tmp_path / 'fast.sqlite3'}")
     upgrade_database(fast)
     stepwise = create_db_engine(f"sqlite:///{tmp_path / 'stepwise.sqlite3'}")
-    config = alembic_config(stepwise.url.render_as_string(hide_password=False))
-    with stepwise.connect() as connection:  # as the app migrates SQLite: foreign keys off (0021 copies tables)
-        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
-        connection.commit()
-        with connection.begin():
-            config.attributes["connection"] = connection
-            command.upgrade(config, "head")
+    migrate_to(stepwise, "head")  # as the app migrates SQLite: foreign keys off (0021 copies tables)
     assert described(fast) == described(stepwise)
     assert "sessions" in described(fast) and "alembic_version" in described(fast)
     assert_schema_matches_models(fast)
