@@ -107,3 +107,19 @@ def test_0021_refuses_to_run_with_foreign_keys_on(tmp_path: Path) -> None:
         assert connection.scalar(text("SELECT version_num FROM alembic_version")) == "0020"
     engine.dispose()
     assert rows(data) == before
+
+
+def test_a_row_pointing_at_nothing_before_the_migration_neither_stops_it_nor_is_dropped(tmp_path: Path) -> None:
+    """The app migrates with foreign keys off and refuses a migration that leaves a row pointing at nothing; a row
+    that did so already (written by a connection without the pragma: sqlite3's default) is no migration's doing:
+    the start goes on, the row kept as it was."""
+    data = tmp_path / "data"
+    compare(data, "first", dump(tmp_path / "a", 1), dump(tmp_path / "b", 2))
+    at_revision(data, "0020")
+    with sqlite3.connect(data / "metadata.sqlite3") as conn:  # foreign keys off: sqlite3's default
+        conn.execute("INSERT INTO problems (run_id, file, reason, ignored, note) VALUES (999, 'gone', 'x', 0, 0)")
+    conn.close()
+    before = rows(data)
+    listed = main_cli("--data-dir", str(data), "sessions", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert autoincrement(data)["sessions"] and rows(data) == before

@@ -117,8 +117,9 @@ def _upgrade_sqlite(engine: Engine, config: Config) -> None:
     A migration that changes a table SQLite cannot ALTER copies it and drops the old one; with foreign keys on, that
     DROP deletes every row pointing at the table (a copy of `sessions` emptied runs, tensors and pairs). The pragma
     only changes outside a transaction: set first, then BEGIN IMMEDIATE (pysqlite begins none before DDL), and
-    every foreign key checked before the commit: a migration that broke one is rolled back whole. The connection
-    goes back to the pool with them on again."""
+    every foreign key checked before the commit: a migration that left a row pointing at nothing (one that did not
+    before: a file may hold such rows from a connection without the pragma, which migrating neither mends nor
+    refuses) is rolled back whole. The connection goes back to the pool with them on again."""
     from alembic import command
 
     with engine.connect() as connection:
@@ -127,9 +128,10 @@ def _upgrade_sqlite(engine: Engine, config: Config) -> None:
         try:
             with connection.begin():
                 connection.exec_driver_sql("BEGIN IMMEDIATE")
+                before = set(connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall())
                 config.attributes["connection"] = connection
                 command.upgrade(config, "head")
-                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                broken = [row for row in connection.exec_driver_sql("PRAGMA foreign_key_check") if row not in before]
                 if broken:
                     table, rowid, parent, _ = broken[0]
                     raise RuntimeError(
