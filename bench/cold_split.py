@@ -33,8 +33,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from first_answer import zipped
-from harness import child_env, machine_line
+from harness import child_env, cold_inputs, machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -144,17 +143,7 @@ def main() -> None:
     env = child_env()
     env["OPENBLAS_NUM_THREADS"] = env.get("OPENBLAS_NUM_THREADS", "1")  # as the CLI asks before numpy's import
     try:
-        if args.inputs:
-            a, b = (p.resolve() for p in args.inputs)
-        else:
-            folder = work / "dump"
-            subprocess.run(
-                [str(PYTHON), str(ROOT / "bench" / "first_answer.py"), "--write-runs", str(folder)]
-                + [str(args.size_mb), str(args.files)],
-                env=env,
-                check=True,
-            )
-            a, b = zipped(folder / "reference"), zipped(folder / "candidate")
+        a, b = cold_inputs(args.inputs, work, env, args.size_mb, args.files)
         print(machine_line(f"{os.cpu_count()} CPUs seen"))
         print(f"inputs {a} and {b}; {args.rounds} rounds; load {os.getloadavg()[0]:.1f} at the start")
         rounds: list[Round] = []

@@ -28,8 +28,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from first_answer import variant, zipped
-from harness import child_env
+from first_answer import variant
+from harness import child_env, cold_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -47,16 +47,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="cold-turns-"))
     env = child_env()
     try:
-        if args.inputs:
-            a, b = (p.resolve() for p in args.inputs)
-        else:
-            folder = work / "dump"
-            subprocess.run(
-                [str(PYTHON), str(ROOT / "bench" / "first_answer.py"), "--write-runs", str(folder), "200", "32"],
-                env=env,
-                check=True,
-            )
-            a, b = zipped(folder / "reference"), zipped(folder / "candidate")
+        a, b = cold_inputs(args.inputs, work, env)
         ways: list[tuple[str, dict[str, str]]] = [("this", {})]
         ways += [(label, dict(pair.split("=", 1) for pair in pairs)) for label, pairs in args.way]
         walls: dict[str, list[float]] = {label: [] for label, _ in ways}

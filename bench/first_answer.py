@@ -56,12 +56,11 @@ import sys
 import tempfile
 import time
 import urllib.request
-import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness import child_env, machine_line, run_child, run_child_cpu
+from harness import child_env, machine_line, run_child, run_child_cpu, zipped
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -114,14 +113,6 @@ def write_runs(folder: Path, size_mb: int, files: int) -> None:
         if layer >= 1:
             values = values + 1e-3 * torch.randn(rows, HIDDEN, generator=generator)
         torch.save(values, folder / "candidate" / name)
-
-
-def zipped(folder: Path) -> Path:
-    target = folder.with_suffix(".zip")
-    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
-        for path in sorted(folder.iterdir()):
-            archive.write(path, f"{folder.name}/{path.name}")
-    return target
 
 
 def main() -> None:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
+from pathlib import Path
 
 MB = 1e6
 
@@ -76,3 +78,31 @@ def worker_counts(text: str) -> list[int]:
 def resolve(workers: int) -> int:
     """The threads a worker count gives (Settings.threads, without importing the library into this process)."""
     return workers or len(os.sched_getaffinity(0))
+
+
+def zipped(folder: Path) -> Path:
+    """`folder`'s files in a stored (uncompressed) zip beside it, under the folder's name."""
+    target = folder.with_suffix(".zip")
+    with zipfile.ZipFile(target, "w", zipfile.ZIP_STORED) as archive:
+        for path in sorted(folder.iterdir()):
+            archive.write(path, f"{folder.name}/{path.name}")
+    return target
+
+
+def cold_inputs(
+    given: list[Path], work: Path, env: dict[str, str], size_mb: int = 200, files: int = 32
+) -> tuple[Path, Path]:
+    """The two inputs of a cold `compare A B`: `given` (A and B), else first_answer.py's reference and candidate
+    (`size_mb` MB of float32 in `files` .pth files each), written under `work` and zipped."""
+    if given:
+        a, b = (p.resolve() for p in given)
+        return a, b
+    folder = work / "dump"
+    here = Path(__file__).resolve().parent
+    python = here.parent / ".venv" / "bin" / "python"
+    subprocess.run(
+        [str(python), str(here / "first_answer.py"), "--write-runs", str(folder), str(size_mb), str(files)],
+        env=env,
+        check=True,
+    )
+    return zipped(folder / "reference"), zipped(folder / "candidate")

@@ -261,7 +261,7 @@ def main() -> None:
             run_child([str(PYTHON), "-c", UNEVEN, str(b)], env)
         if args.form == "archives":
             sys.path.insert(0, str(HERE))
-            from first_answer import zipped
+            from harness import zipped
 
             a, b = zipped(a), zipped(b)
         counts, data = count(None, work, a, b, env, "this", str(int(args.where)))

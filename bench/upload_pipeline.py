@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from first_answer import PYTHON, serving, zipped
-from harness import child_env, machine_line, run_child
+from first_answer import PYTHON, serving
+from harness import child_env, machine_line, run_child, zipped
 
 POLL = 0.01  # seconds between two looks at the progress
 

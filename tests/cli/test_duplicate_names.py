@@ -58,3 +58,21 @@ def test_the_session_page_says_ambiguous_not_could_not_be_read(shared_server: Li
     banner = banner[: banner.index("</p>")]
     assert f"Ambiguous: a run holds two tensors of one name ({b / '0_query.pth'})" in banner
     assert "so this is no pass" in banner
+
+
+def test_compare_sessions_says_ambiguous_not_could_not_be_read(tmp_path: Path) -> None:
+    """compare-sessions counted the second tensor's problem among the files that could not be read: both were read,
+    and its words and its JSON say what it is."""
+    a, b = runs(tmp_path)
+    data = str(tmp_path / "data")
+    done = main_cli("--data-dir", data, "compare", str(a), str(b), "--name", "twice")
+    assert done.returncode == 2, done.stdout + done.stderr
+    diff = main_cli("--data-dir", data, "compare-sessions", "twice", "twice")
+    assert "could not be read" not in diff.stdout
+    assert (
+        "A: twice (session 1): no divergence among the pairs compared, but INCOMPLETE: AMBIGUOUS: 1 input file holds "
+        "a second tensor of a name its run already had (which one is paired by the name is a guess)" in diff.stdout
+    )
+    out = json.loads(main_cli("--data-dir", data, "compare-sessions", "twice", "twice", "--json").stdout)
+    assert out["a"]["verdict"] == "incomplete"
+    assert (out["a"]["coverage"]["unread_files"], out["a"]["coverage"]["ambiguous_files"]) == (0, 1)

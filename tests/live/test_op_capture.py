@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +33,14 @@ from torch import nn
 
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
+from tests.support.source_lines import marked_line
 from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
 
 HERE = Path(__file__)
 DIM = 16
 
 
-def line_of(marker: str) -> str:
-    """`path:line` of the line of this file that ends with the comment `marker`."""
-    lines = HERE.read_text(encoding="utf-8").splitlines()
-    found = [i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}")]
-    assert len(found) == 1, marker
-    return f"{HERE}:{found[0]}"
+line_of = partial(marked_line, HERE)  # `path:line` of this file's line ending with the comment `marker`
 
 
 class Attention(nn.Module):

@@ -3,6 +3,7 @@ models, round 4"): each test holds one answer that was wrong or claimed too much
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -12,17 +13,13 @@ from tensor_debugger.settings import Settings
 from torch import nn
 
 from tests.live.test_op_capture import compared
+from tests.support.source_lines import marked_line
 
 HERE = Path(__file__)
 DIM, EXPERTS = 8, 4
 
 
-def line_of(marker: str) -> str:
-    """`path:line` of the line of this file that ends with the comment `marker`."""
-    lines = HERE.read_text(encoding="utf-8").splitlines()
-    found = [i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}")]
-    assert len(found) == 1, marker
-    return f"{HERE}:{found[0]}"
+line_of = partial(marked_line, HERE)  # `path:line` of this file's line ending with the comment `marker`
 
 
 class Router(nn.Module):

@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 import torch
-from alembic import command
 from sqlalchemy import inspect, select
 from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
@@ -20,9 +19,11 @@ from tensor_debugger.compare.reports.slices import parse_slice_request, read_sli
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store import catalog
-from tensor_debugger.store.database import alembic_config, create_db_engine, schema_is_current
+from tensor_debugger.store.database import create_db_engine, schema_is_current
 from tensor_debugger.store.identity import MARKER
 from tensor_debugger.store.models import PairRecord, TensorRecord
+
+from tests.support.migrations import migrate_to
 
 
 def write_dump(folder: Path, seed: int) -> None:
@@ -54,14 +55,7 @@ def downgrade_to_previous_schema(data: Path) -> None:
     dropped). The rows are those the previous version wrote: no fingerprints, no shared arrays (the two runs'
     tensors all differ)."""
     engine = create_db_engine(f"sqlite:///{data / 'metadata.sqlite3'}")
-    config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.connect() as connection:
-        # dropping columns copies the tables: without this the copy's DROP TABLE runs would cascade to tensors
-        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
-        connection.commit()
-        with connection.begin():
-            config.attributes["connection"] = connection
-            command.downgrade(config, "0005")
+    migrate_to(engine, "0005", downgrade=True)  # foreign keys off: dropping columns copies the tables
     assert not schema_is_current(engine)
     assert "input_key" not in {c["name"] for c in inspect(engine).get_columns("runs")}
     engine.dispose()

@@ -23,6 +23,7 @@ from tensor_debugger.store.database import (
 )
 from tensor_debugger.store.models import Base
 
+from tests.support.migrations import migrate_to
 from tests.support.postgres import DATABASES, PostgresCluster
 
 
@@ -184,9 +185,7 @@ def test_0020_adds_compared_against_in_place_keeping_every_row_that_points_at_a_
     runs, problems, columns = counts()
     assert (runs, problems) == (1, 2) and "compared_against_id" in columns
     assert_schema_matches_models(engine)
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0019")
+    migrate_to(engine, "0019", downgrade=True)  # through 0021's, which copies `runs`: foreign keys off
     runs, problems, columns = counts()
     assert (runs, problems) == (1, 2) and "compared_against_id" not in columns
     engine.dispose()
@@ -227,11 +226,17 @@ def test_head_revision_of_branches_merges_and_odd_files(tmp_path: Path) -> None:
 
 def described(engine: Engine) -> dict[str, dict[str, Any]]:
     """Every table as SQLAlchemy's inspector reads it from the file: columns (by name: their order aside),
-    primary key, foreign keys, indexes, unique and check constraints."""
+    primary key, foreign keys, indexes, unique and check constraints, and whether SQLite's AUTOINCREMENT is declared
+    (which the inspector does not say: ids never reused)."""
     inspector: Inspector = inspect(engine)
+    with engine.connect() as connection:
+        sql: dict[str, str] = dict(
+            connection.execute(text("SELECT name, sql FROM sqlite_master WHERE type = 'table'")).all()
+        )
     tables: dict[str, dict[str, Any]] = {}
     for table in inspector.get_table_names():
         tables[table] = {
+            "autoincrement": "AUTOINCREMENT" in str(sql[table]).upper(),
             "columns": {c["name"]: {k: str(v) for k, v in c.items()} for c in inspector.get_columns(table)},
             "primary key": inspector.get_pk_constraint(table),
             "foreign keys": sorted(map(str, inspector.get_foreign_keys(table))),
@@ -248,10 +253,7 @@ def test_a_new_data_dir_made_from_the_models_is_the_migrated_schema(tmp_path: Pa
     fast = create_db_engine(f"sqlite:///{tmp_path / 'fast.sqlite3'}")
     upgrade_database(fast)
     stepwise = create_db_engine(f"sqlite:///{tmp_path / 'stepwise.sqlite3'}")
-    config = alembic_config(stepwise.url.render_as_string(hide_password=False))
-    with stepwise.begin() as connection:
-        config.attributes["connection"] = connection
-        command.upgrade(config, "head")
+    migrate_to(stepwise, "head")  # as the app migrates SQLite: foreign keys off (0021 copies tables)
     assert described(fast) == described(stepwise)
     assert "sessions" in described(fast) and "alembic_version" in described(fast)
     assert_schema_matches_models(fast)

@@ -14,11 +14,11 @@ from pathlib import Path
 import obstore
 import pytest
 import torch
-from alembic import command
-from tensor_debugger.store.database import alembic_config, create_db_engine
+from tensor_debugger.store.database import create_db_engine
 from tensor_debugger.store.identity import MARKER, hidden_password
 
 from tests.support.cli_main import Finished, main_cli
+from tests.support.migrations import migrate_to
 from tests.support.postgres import PostgresCluster
 from tests.support.s3 import SeaweedS3
 from tests.support.servers import child_env, cli_command, free_port, run_cli
@@ -164,10 +164,7 @@ def test_a_data_dir_from_before_the_marker_adopts_it(tmp_path: Path) -> None:
     done = ingest(data, {}, "old session", dump(tmp_path / "dump", 0))
     assert done.returncode == 0, done.stderr
     engine = create_db_engine(f"sqlite:///{data / 'metadata.sqlite3'}")
-    config = alembic_config(engine.url.render_as_string(hide_password=False))
-    with engine.begin() as connection:  # back to the schema before the marker, as an older release left it
-        config.attributes["connection"] = connection
-        command.downgrade(config, "0014")  # not further: SQLite's downgrades recreate `sessions`, dropping runs
+    migrate_to(engine, "0014", downgrade=True)  # the schema before the marker, as an older release left it
     engine.dispose()
     (data / "arrays" / MARKER).unlink()
     with sqlite3.connect(data / "metadata.sqlite3") as conn:

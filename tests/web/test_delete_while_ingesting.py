@@ -6,21 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from tests.support import loopback_http
-from tests.support.servers import LiveServer, upload, wait_done
+from tests.support.ingesting import upload_still_ingesting
+from tests.support.servers import LiveServer, wait_done
 
 
 def test_a_session_still_ingesting_is_not_deleted(shared_server: LiveServer, tmp_path: Path) -> None:
-    generator = torch.Generator().manual_seed(0)
-    tensors = {f"{n}_query": torch.randn(2048, 1024, generator=generator) for n in range(8)}  # 64 MiB a run
-    torch.save(tensors, tmp_path / "ref.pth")
-    torch.save({k: v + 1 for k, v in tensors.items()}, tmp_path / "cand.pth")
-    files = [("reference", tmp_path / "ref.pth"), ("candidate", tmp_path / "cand.pth")]
-    accepted = upload(shared_server, "deleted while ingesting", files, url="/api/sessions?wait=false")
-    assert accepted.status_code == 202, accepted.text
-    session_id = int(accepted.json()["session"]["id"])
+    session_id = upload_still_ingesting(shared_server, tmp_path, "deleted while ingesting")
     url = f"{shared_server.url}/api/sessions/{session_id}"
     refused = loopback_http.delete(url, headers=shared_server.auth, timeout=30)
     assert refused.status_code == 409, refused.text

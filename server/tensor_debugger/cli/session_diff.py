@@ -49,6 +49,13 @@ def incomplete(coverage: Coverage) -> str:
         parts.append(f"{len(coverage.out_of_step)} pairs of ops out of step were not compared ({names})")
     if coverage.unread_files:
         parts.append(f"{coverage.unread_files} input files could not be read")
+    if coverage.ambiguous_files:
+        many = coverage.ambiguous_files != 1
+        parts.append(
+            f"AMBIGUOUS: {coverage.ambiguous_files} input file{'s' if many else ''} "
+            f"{'hold' if many else 'holds'} a second tensor of a name {'their' if many else 'its'} run already had "
+            "(which one is paired by the name is a guess)"
+        )
     parts.extend(f"no tensor of {run.words} was compared" for run in coverage.runs_not_compared)
     return "no divergence among the pairs compared, but INCOMPLETE: " + "; ".join(parts or ["nothing to compare"])
 

@@ -52,7 +52,7 @@ from tensor_debugger.compare.reports.compare_report import (
     unread_files,
     unusable_report,
 )
-from tensor_debugger.errors import InvalidInputError, NothingUsableError, TensorDebuggerError
+from tensor_debugger.errors import ConflictError, InvalidInputError, NothingUsableError, TensorDebuggerError
 from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, archive_limits
@@ -367,7 +367,7 @@ def compare_runs(
         try:
             with sessions.begin() as db:
                 import_pairing(db, session_id, request.pairing)
-        except InvalidInputError as exc:  # a candidate run's label the file names and this session lacks
+        except (InvalidInputError, ConflictError) as exc:  # a label or tensor name this session lacks
             with sessions() as db:
                 catalog.delete_session(db, context.store, session_id)
             return _unusable(f"pairing file {request.pairing_shown}: {exc}", problems)

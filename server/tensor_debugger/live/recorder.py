@@ -46,6 +46,7 @@ import functools
 import json
 import shutil
 import struct
+import sys
 import tempfile
 import threading
 import weakref
@@ -429,7 +430,14 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def _eager(hook: _F) -> _F:
-    """`hook`, run as it is where torch.compile meets it (between its graphs, on real tensors), never traced."""
+    """`hook`, run as it is where torch.compile meets it (between its graphs, on real tensors), never traced.
+
+    `torch.compiler.disable` imports torch._dynamo (about 1.5 s of CPU the first time, most of a plain model's first
+    capture); where torch.compile has not been used in this process (torch._dynamo not imported: no module of the
+    model compiled, wrapped or in place, since either imports it), there is nothing to keep the hook from, and it is
+    returned as it is. A torch.compile first called after the hooks are made (inside the block) would trace them."""
+    if "torch._dynamo" not in sys.modules:
+        return hook
     eager: _F = torch.compiler.disable(hook)  # type: ignore[no-untyped-call]
     return eager
 

@@ -96,6 +96,9 @@ def upgrade_database(engine: Engine) -> None:
         from alembic import command
 
         config = alembic_config(engine.url.render_as_string(hide_password=False))
+        if engine.dialect.name == "sqlite":
+            _upgrade_sqlite(engine, config)
+            return
         with engine.begin() as connection:
             if engine.dialect.name == "postgresql":
                 # One migrates at a time: replicas starting together on an empty database each created the tables
@@ -106,6 +109,38 @@ def upgrade_database(engine: Engine) -> None:
                     return
             config.attributes["connection"] = connection
             command.upgrade(config, "head")
+
+
+def _upgrade_sqlite(engine: Engine, config: Config) -> None:
+    """Alembic's upgrade of a SQLite file, with foreign keys off, in one transaction.
+
+    A migration that changes a table SQLite cannot ALTER copies it and drops the old one; with foreign keys on, that
+    DROP deletes every row pointing at the table (a copy of `sessions` emptied runs, tensors and pairs). The pragma
+    only changes outside a transaction: set first, then BEGIN IMMEDIATE (pysqlite begins none before DDL), and
+    every foreign key checked before the commit: a migration that left a row pointing at nothing (one that did not
+    before: a file may hold such rows from a connection without the pragma, which migrating neither mends nor
+    refuses) is rolled back whole. The connection goes back to the pool with them on again."""
+    from alembic import command
+
+    with engine.connect() as connection:
+        connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        connection.commit()  # SQLAlchemy's own transaction, begun by that statement; SQLite began none
+        try:
+            with connection.begin():
+                connection.exec_driver_sql("BEGIN IMMEDIATE")
+                before = set(connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall())
+                config.attributes["connection"] = connection
+                command.upgrade(config, "head")
+                broken = [row for row in connection.exec_driver_sql("PRAGMA foreign_key_check") if row not in before]
+                if broken:
+                    table, rowid, parent, _ = broken[0]
+                    raise RuntimeError(
+                        f"migrating {engine.url.database} left {len(broken)} row(s) pointing at nothing (first: "
+                        f"{table} row {rowid}, to {parent}); rolled back, nothing was changed"
+                    )
+        finally:
+            connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+            connection.commit()
 
 
 def _empty_sqlite(connection: Connection) -> bool:

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.context import tensor_ref
 from tensor_debugger.engine.dimension_names import parse_dims
 from tensor_debugger.engine.pairing import apply_name_pattern, compile_name_pattern, group_shards, parse_strategies
-from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.errors import ConflictError, InvalidInputError
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord, TensorRecord
 
@@ -122,12 +122,22 @@ def _check_names(
     unpaired: list[dict[str, str]],
 ) -> None:
     """Refuse entries naming a tensor no run has: a pair whose name is a typo would otherwise leave its tensor to
-    the automatic strategies, unsaid, the pairing the user asked for not made. Names are the runs' tensors as
-    pairing sees them (shards merged, under the name pattern); checked only once every run is ready (an ingesting
-    run's tensors are not all known)."""
-    runs = list(session.runs)
-    if not runs or any(r.status != "ready" for r in runs):
+    the automatic strategies, unsaid, the pairing the user asked for not made. Names are the ready runs' tensors as
+    pairing sees them (shards merged, under the name pattern). While a run is still ingesting its tensors are not
+    all known: a file naming tensors is refused then (ConflictError: send it again once the runs are ready), never
+    taken unchecked; so is one naming a side (reference, candidate) with no ready run to check against."""
+    if not pairs and not unpaired:
         return
+    runs = list(session.runs)
+    ingesting = [r.label for r in runs if r.status not in ("ready", "failed")]
+    if ingesting:
+        named = ("run " if len(ingesting) == 1 else "runs ") + ", ".join(repr(label) for label in ingesting)
+        raise ConflictError(
+            f"session {session.id} is still ingesting {named}: a pairing file's names are checked against the runs' "
+            "tensors, which are not all known yet; send it again once every run is ready (the session page shows "
+            "the progress); nothing was changed"
+        )
+    runs = [r for r in runs if r.status == "ready"]
     compiled = compile_name_pattern(pattern)
 
     def names(run_id: int) -> set[str]:  # one run's: shards of two runs are no set of one tensor's
@@ -137,10 +147,16 @@ def _check_names(
 
     each = {r.id: names(r.id) for r in runs}
     known = {"a": set().union(*each.values()), "b": set().union(*(each[r.id] for r in runs if r.position > 0))}
+    ready = {"a": bool(runs), "b": any(r.position > 0 for r in runs)}
     for key, items in (("pairs", pairs), ("unpaired", unpaired)):
         for n, item in enumerate(items):
             for side, who in (("a", "reference"), ("b", "candidate")):
                 name = item.get(side)
+                if name is not None and not ready[side]:
+                    raise ConflictError(
+                        f"{key}[{n}] names a {who} tensor, {name!r}, and session {session.id} has no ready {who} run "
+                        "to check it against; nothing was changed"
+                    )
                 if name is not None and name not in known[side]:
                     raise InvalidInputError(f"{key}[{n}]: the {who} has no tensor named {name!r}")
 

@@ -82,7 +82,9 @@ class Coverage:
     `--allow-unmatched`), and those no candidate that compared anything of them was asked to record (outside the
     modules a capture asked for); a tensor one candidate was not asked to record and another compared counts as
     compared; `not_compared`: the pairs that errored or are incomparable; `unread_files`: input files that could
-    not be read; `runs`: each candidate run's own coverage of the run it is compared against;
+    not be read; `ambiguous_files`: files read whose tensor's name a tensor of another file of its run already had
+    (which of the two the other run's tensor stands for is a guess: no pass); `runs`: each candidate run's own
+    coverage of the run it is compared against;
     `runs_not_compared`: the runs compared against a run that failed, is not ready or is gone (no pairs at all);
     `out_of_step`: the pairs of captured ops out of step, not compared (their reference tensors are not counted in
     `compared`)."""
@@ -93,6 +95,7 @@ class Coverage:
     allowed_unmatched: list[str] = field(default_factory=list)
     not_compared: list[str] = field(default_factory=list)
     unread_files: int = 0
+    ambiguous_files: int = 0
     runs_not_compared: list[RunNotCompared] = field(default_factory=list)
     runs: list[RunCoverage] = field(default_factory=list)
     out_of_step: list[OutOfStep] = field(default_factory=list)
@@ -101,7 +104,12 @@ class Coverage:
     def left_out(self) -> bool:
         """Whether anything was not compared (the verdict is incomplete where no pair fails)."""
         return bool(
-            self.unmatched or self.not_compared or self.unread_files or self.runs_not_compared or self.out_of_step
+            self.unmatched
+            or self.not_compared
+            or self.unread_files
+            or self.ambiguous_files
+            or self.runs_not_compared
+            or self.out_of_step
         )
 
 

@@ -8,7 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.profiles import error_profile
@@ -63,7 +63,7 @@ from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
 from tensor_debugger.engine.op_alignment import op_call, out_of_step
-from tensor_debugger.errors import NotFoundError
+from tensor_debugger.errors import NotFoundError, is_second_tensor
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.compared_against import session_reference
 from tensor_debugger.store.models import (
@@ -363,23 +363,23 @@ def session_pairs(
         module_view = _module_view(db, judged, candidates[0].run_id if candidates else None)
         if module_view is None:
             stages = stage_culprits(items, _noise_floors(judged, items[0].b.run_id), factor)
-    unread = (
-        db.scalar(
-            select(func.count())
-            .select_from(ProblemRecord)
-            .join(RunRecord, RunRecord.id == ProblemRecord.run_id)
-            .where(RunRecord.session_id == session_id, ProblemRecord.ignored.is_(False))
-        )
-        or 0
-    )
+    # the runs' problems that are no note nor a file without tensors: files that could not be read, and files read
+    # whose tensor's name their run already had (AMBIGUOUS, not unread)
+    reasons = db.scalars(
+        select(ProblemRecord.reason)
+        .join(RunRecord, RunRecord.id == ProblemRecord.run_id)
+        .where(RunRecord.session_id == session_id, ProblemRecord.ignored.is_(False))
+    ).all()
+    ambiguous = sum(1 for reason in reasons if is_second_tensor(reason))
     coverage = coverage_of(
         items,
         missing,
-        unread,
+        len(reasons) - ambiguous,
         runs_left_out(ordered_runs),
         _not_asked(db, items, missing),
         _compared_runs(ordered_runs, reference, noise_runs),
         out_of_step,
+        ambiguous,
     )
     ingesting = any(r.status not in ("ready", "failed") for r in ordered_runs)
     return SessionPairs(
@@ -546,12 +546,15 @@ def coverage_of(
     not_asked: Collection[tuple[int, str]] = frozenset(),
     candidates: Sequence[tuple[int, str, str]] = (),
     out_of_step: Mapping[int, str] | None = None,
+    ambiguous_files: int = 0,
 ) -> Coverage:
     """What was compared of the reference: `items` the candidates' pairs, `missing` the reference's tensors with no
     partner in a candidate (each once per candidate); `runs_not_compared` as `runs_left_out` finds them;
     `not_asked`: (candidate run id, tensor name) of `missing` that candidate was not asked to record (`_not_asked`);
     `candidates`: each candidate's (run id, label, label of the run it is compared against), in order, for `runs`;
-    `out_of_step`: the pairs of ops out of step (by id, with why: `_out_of_step_pairs`), not compared."""
+    `out_of_step`: the pairs of ops out of step (by id, with why: `_out_of_step_pairs`), not compared;
+    `unread_files`, `ambiguous_files`: the runs' files that could not be read, and those whose tensor's name their
+    run already had."""
     passed_over = out_of_step or {}
     # `missing` comes in each run's execution order; those after the last pair (no position) come last
     in_order = sorted(missing, key=lambda u: u.before_position if u.before_position is not None else math.inf)
@@ -574,6 +577,7 @@ def coverage_of(
         allowed_unmatched=allowed,
         not_compared=[i.name for i in items if i.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)],
         unread_files=unread_files,
+        ambiguous_files=ambiguous_files,
         runs_not_compared=list(runs_not_compared),
         runs=[_run_coverage(c, items, missing, not_asked, passed_over) for c in candidates],
         out_of_step=[OutOfStep(i.name, why) for i in items if (why := passed_over.get(i.id)) is not None],

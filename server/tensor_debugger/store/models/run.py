@@ -30,7 +30,11 @@ class RunRecord(Base):
     """
 
     __tablename__ = "runs"
-    __table_args__ = (UniqueConstraint("session_id", "label", name="uq_runs_session_label"),)
+    # ids never reused (in /runs/<id>, the API and the array store's folder "runs/<id>"): see SessionRecord
+    __table_args__ = (
+        UniqueConstraint("session_id", "label", name="uq_runs_session_label"),
+        {"sqlite_autoincrement": True},
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     session_id: Mapped[int] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"), index=True)

@@ -16,6 +16,9 @@ class SessionRecord(Base):
     """A named comparison a user keeps: two or more runs of the same model."""
 
     __tablename__ = "sessions"
+    # A session's id is in its page's address and the API: SQLite must never give a deleted session's id to another
+    # (without AUTOINCREMENT it reuses the highest ids); PostgreSQL's sequences never go back.
+    __table_args__ = {"sqlite_autoincrement": True}
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)

@@ -24,7 +24,8 @@ class TensorRecord(Base):
     """
 
     __tablename__ = "tensors"
-    __table_args__ = (UniqueConstraint("run_id", "name", name="uq_tensors_run_name"),)
+    # ids never reused (in the API and a pair's tensor ids): see SessionRecord
+    __table_args__ = (UniqueConstraint("run_id", "name", name="uq_tensors_run_name"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)

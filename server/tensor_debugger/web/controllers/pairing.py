@@ -72,14 +72,15 @@ class SessionPairingController(Controller):
         "/",
         sync_to_thread=True,
         request_max_body_size=PAIRING_FILE_LIMIT,
-        responses=error_responses(*CHANGES, *JSON_BODY, 404, depends_on_state=PAIRING_RULES),
+        responses=error_responses(*CHANGES, *JSON_BODY, 404, 409, depends_on_state=PAIRING_RULES),
     )
     def import_file(
         self, services: NamedDependency[Services], session_id: FromPath[int], data: PairingFile
     ) -> PairingExport:
         """Apply a pairing file (every key optional: one left out leaves that part as it is); pairs again and
         answers with the session's pairing now. `strategies` is a list here, as the document says (a file for
-        `compare --pairing` may also give a comma list)."""
+        `compare --pairing` may also give a comma list). A file naming tensors (`pairs`, `unpaired`) is refused
+        with 409 while a run is still ingesting: its names are checked against the runs' tensors."""
         if isinstance(data.get("strategies"), str):
             raise InvalidInputError('strategies must be a list of strategy names (["name", "fuzzy:0.8"])')
         return services.actions.import_pairing(session_id, data)

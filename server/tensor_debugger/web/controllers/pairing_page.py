@@ -16,7 +16,7 @@ from litestar.response import Redirect, Template
 
 from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
 from tensor_debugger.compare.planning.pairing_files import PairingExport, export_pairing
-from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.errors import ConflictError, InvalidInputError
 from tensor_debugger.services import Services
 from tensor_debugger.web.controllers.forms import Form
 from tensor_debugger.web.controllers.session_page import session_template
@@ -99,9 +99,10 @@ class PairingPageController(Controller):
             upload = batch.files[0]
             data = parse_json(upload.path.read_bytes(), Any, what=upload.filename)
             await anyio.to_thread.run_sync(services.actions.import_pairing, session_id, data)
-        except InvalidInputError as exc:
+        except (InvalidInputError, ConflictError) as exc:  # a name no run has; a run still ingesting (409)
+            status = 409 if isinstance(exc, ConflictError) else 400
             return await anyio.to_thread.run_sync(
-                partial(session_template, services, session_id, ViewParams(), upload_error=str(exc), status_code=400)
+                partial(session_template, services, session_id, ViewParams(), upload_error=str(exc), status_code=status)
             )
         finally:
             batch.discard()
