@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tensor_debugger.engine.metrics import json_number
+from tensor_debugger.engine.op_alignment import Likeness
 from tensor_debugger.engine.tolerances import Tolerance
 
 SAMPLE_SIZE = 256  # elements a summary keeps the values of
@@ -299,6 +300,25 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
         described,
         hashes_differ,
     )
+
+
+def sketch_likeness(a: Sketch, b: Sketch, tolerance: Tolerance) -> Likeness:
+    """What two summaries tell of their tensors' likeness, for pairing ops by content (`op_alignment.Likeness`):
+    whether they agree (`compare_sketches` passes, or fails: proved different), and the relative distance of their
+    sampled values, ‖b − a‖ / ‖a‖ over the positions where both are finite (None where none is, or the shapes
+    differ)."""
+    if a.hash == b.hash and a.dtype == b.dtype and a.shape == b.shape:
+        return Likeness(True, 0.0)
+    same = compare_sketches(a, b, tolerance).passed
+    xa, xb = np.array(a.sample, dtype=np.float64), np.array(b.sample, dtype=np.float64)
+    if a.shape != b.shape or xa.shape != xb.shape:
+        return Likeness(same, None)
+    finite = np.isfinite(xa) & np.isfinite(xb)
+    if not finite.any():
+        return Likeness(same, None)
+    apart = float(np.linalg.norm(xb[finite] - xa[finite]))
+    norm = float(np.linalg.norm(xa[finite]))
+    return Likeness(same, apart / norm if norm > 0 else (0.0 if apart == 0 else math.inf))
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ def _pair(p: PairReport, report: SessionPairs) -> ComparedPair:
         noise_max_abs_diff=p.noise_max_abs_diff,
         replicas=Replicas(p.replicas.ranks, p.replicas.side, p.replicas.differing) if p.replicas else None,
         where=p.where,
+        pairing_note=p.pairing_note,
     )
 
 
