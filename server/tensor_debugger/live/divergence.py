@@ -481,6 +481,9 @@ def _find(
         # the second pass's runs are stored under "reference (full)" and "candidate (full)": run again, the snippet
         # adds two more to the session, into the same place
         runs=("reference (full, again)", "candidate (full, again)"),
+        # as "candidate (full)" is: compared against the reference's full values, element by element, not against
+        # the reference's summaries
+        against=(None, "reference (full, again)"),
         where=f", server={server!r}" if server is not None else f", data_dir={str(data_dir)!r}" if data_dir else "",
     )
     full_runs: list[HeldRun] = []

@@ -150,6 +150,21 @@ def _call_of(first: FirstDivergence, calls: tuple[str, ...], report: SessionPair
     return before[-1] if before else ""
 
 
+def _next_runs(first: FirstDivergence, report: SessionPairs) -> tuple[tuple[str, str], tuple[str | None, str | None]]:
+    """The runs a next capture adds (`next_capture`'s `runs` and `against`): where the candidate that diverged is
+    compared against a run of the session other than its reference ("late" against "early"), the candidate's new
+    run is compared against the new run of that run's model ("early (full)"), which is compared against "early"
+    (as "reference (full)" is against the reference), so that each new run pairs with its counterpart; else the
+    default ("reference (full)" and "candidate (full)", both compared against the reference)."""
+    pair = next((p for p in report.pairs if p.id == first.pair_id), None)
+    by_run = {c.run_id: c for c in report.candidates}
+    diverged = by_run.get(pair.b.run_id) if pair is not None else None
+    if pair is None or diverged is None or pair.a.run_id not in by_run:  # against the session's reference
+        return ("reference (full)", "candidate (full)"), (None, None)
+    counterpart = by_run[pair.a.run_id].label
+    return (f"{counterpart} (full)", f"{diverged.label} (full)"), (counterpart, f"{counterpart} (full)")
+
+
 def compare_report(
     session_id: int, name: str, url: str, report: SessionPairs, problems: Sequence[ProblemReport]
 ) -> CompareReport:
@@ -163,15 +178,19 @@ def compare_report(
         return u.run_id == against.get(u.against_run_id, reference_run)
 
     first = report.first_divergence
-    # a divergence found from summaries: the capture with full values that settles it
+    # a divergence found from summaries: the capture with full values that settles it (where the first candidate
+    # has none, the first candidate's that has one: `compare A B C`, a session of several versions of a port)
+    diverged = first or next((c.first_divergence for c in report.candidates if c.first_divergence), None)
     capture = (
         next_capture(
             name,
-            [first.module_path],
+            [diverged.module_path],
             calls=(calls := _model_calls(report)),
-            divergent_call=_call_of(first, calls, report),
+            divergent_call=_call_of(diverged, calls, report),
+            runs=(runs := _next_runs(diverged, report))[0],
+            against=runs[1],
         )
-        if first is not None and first.basis == "summary" and first.module_path
+        if diverged is not None and diverged.basis == "summary" and diverged.module_path
         else None
     )
     coverage = report.coverage
