@@ -6,6 +6,8 @@ find_divergence's "candidate (full)" against "reference (full)")."""
 
 from __future__ import annotations
 
+import html
+import re
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,8 @@ from tensor_debugger.store.models import RunRecord, SessionRecord
 
 from tests.live.test_op_capture import compared
 from tests.live.test_ops_in_another_order import ATTN, Net, x_input
+from tests.support import loopback_http as http
+from tests.support.servers import LiveServer, wait_done
 
 
 def runs_of(settings: Settings, session: str) -> dict[str, tuple[int, int | None]]:
@@ -117,3 +121,44 @@ def test_compares_next_capture_follows_a_candidate_compared_against_another_run(
     assert name == f"{ATTN}/linear#2_outputs"
     assert full_pair(report, runs["late (full)"][0], name) == (runs["early (full)"][0], "fail", True)
     assert full_pair(report, runs["early (full)"][0], name)[1:] == ("pass", False)  # full against early's summary
+
+
+def test_the_session_page_gives_the_next_capture_into_its_server_and_it_runs_as_printed(
+    shared_server: LiveServer,
+) -> None:
+    """The same session of versions captured into a server: its page gives the snippet under the first divergence
+    (`late`'s, against `early`), storing into that server; run as printed, "late (full)" is compared against
+    "early (full)" there, element by element, and fails at the same op."""
+    x = x_input()
+    session = "versions on a server"
+    for model, run, against in ((Net(), "reference", None), (Net(), "early", None), (Net("qkv", "k"), "late", "early")):
+        with (
+            torch.no_grad(),
+            capture(
+                model.eval(), session, run, server=shared_server.url, level="op", values="summary", against=against
+            ) as result,
+        ):
+            model(x)
+    assert result.session_id is not None
+    session_id = result.session_id
+    wait_done(shared_server, session_id)
+    page = http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    found = re.search(r'<details class="next-capture" id="next-capture">.*?<pre><code>(.*?)</code></pre>', page, re.S)
+    assert found is not None, page
+    python = html.unescape(found[1])
+    assert f"server={shared_server.url!r}" in python and "against='early (full)')" in python, python
+    exec(python, {"reference": Net().eval(), "candidate": Net("qkv", "k").eval(), "inputs": (x,)})
+    runs = {
+        r["label"]: r
+        for r in http.get(f"{shared_server.url}/api/sessions/{session_id}", headers=shared_server.auth).json()["runs"]
+    }
+    assert runs["late (full)"]["compared_against"] == runs["early (full)"]["id"], runs
+    assert runs["early (full)"]["compared_against"] == runs["early"]["id"], runs
+    report = wait_done(shared_server, session_id)
+    pair = next(
+        p
+        for p in report["pairs"]
+        if p["b"]["run_id"] == runs["late (full)"]["id"] and p["name"] == f"{ATTN}/linear#2_outputs"
+    )
+    assert (pair["a"]["run_id"], pair["status"]) == (runs["early (full)"]["id"], "fail")
+    assert pair["stats"] is not None and pair["summary"] is None  # element by element

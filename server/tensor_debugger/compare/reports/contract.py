@@ -29,7 +29,7 @@ from tensor_debugger.compare.reports.compare_report import (
 from tensor_debugger.compare.reports.pair_report import PairReport, PairSide
 from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs, UnmatchedReport
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
-from tensor_debugger.engine.summary_compare import next_capture
+from tensor_debugger.engine.summary_compare import NextCapture, next_capture
 from tensor_debugger.store.problem_report import ProblemReport
 
 
@@ -165,10 +165,33 @@ def _next_runs(first: FirstDivergence, report: SessionPairs) -> tuple[tuple[str,
     return (f"{counterpart} (full)", f"{diverged.label} (full)"), (counterpart, f"{counterpart} (full)")
 
 
+def next_capture_of(name: str, report: SessionPairs, where: str = "") -> NextCapture | None:
+    """Where a divergence was found from summaries, the capture with full values that settles it, into session
+    `name` (`where`: more of capture()'s keywords, as Python: ", data_dir='/data'", ", server='http://...'"): the
+    first candidate's, or where it has none, the first candidate's that has one (`compare A B C`, a session of
+    several versions of a port), its runs compared against the right runs (`_next_runs`). None for any other."""
+    first = report.first_divergence
+    diverged = first or next((c.first_divergence for c in report.candidates if c.first_divergence), None)
+    if diverged is None or diverged.basis != "summary" or not diverged.module_path:
+        return None
+    calls = _model_calls(report)
+    runs, against = _next_runs(diverged, report)
+    return next_capture(
+        name,
+        [diverged.module_path],
+        calls=calls,
+        divergent_call=_call_of(diverged, calls, report),
+        runs=runs,
+        against=against,
+        where=where,
+    )
+
+
 def compare_report(
-    session_id: int, name: str, url: str, report: SessionPairs, problems: Sequence[ProblemReport]
+    session_id: int, name: str, url: str, report: SessionPairs, problems: Sequence[ProblemReport], where: str = ""
 ) -> CompareReport:
-    """The CLI's report (a stable contract, narrower than the API's), read from the session's reports."""
+    """The CLI's report (a stable contract, narrower than the API's), read from the session's reports. `where`:
+    the place the next capture's snippet stores into, as capture()'s keywords (", data_dir='/data'")."""
     reference_run = report.pairs[0].a.run_id if report.pairs else None
     # each candidate's tensors are paired with those of the run it is compared against (the reference, or the run
     # it names): that run's tensors without partner are the reference side's
@@ -178,21 +201,7 @@ def compare_report(
         return u.run_id == against.get(u.against_run_id, reference_run)
 
     first = report.first_divergence
-    # a divergence found from summaries: the capture with full values that settles it (where the first candidate
-    # has none, the first candidate's that has one: `compare A B C`, a session of several versions of a port)
-    diverged = first or next((c.first_divergence for c in report.candidates if c.first_divergence), None)
-    capture = (
-        next_capture(
-            name,
-            [diverged.module_path],
-            calls=(calls := _model_calls(report)),
-            divergent_call=_call_of(diverged, calls, report),
-            runs=(runs := _next_runs(diverged, report))[0],
-            against=runs[1],
-        )
-        if diverged is not None and diverged.basis == "summary" and diverged.module_path
-        else None
-    )
+    capture = next_capture_of(name, report, where)
     coverage = report.coverage
     return CompareReport(
         session=SessionLink(session_id, name, url),
