@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the name models use)
 from tensor_debugger import capture, find_divergence
+from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.planning.op_pairs import (
     ALIGNED,
     AMBIGUOUS_STRATEGY,
@@ -158,7 +159,9 @@ def test_a_bug_among_ops_computed_in_another_order_stays_a_bug(settings: Setting
     assert same_order.modules.culprit.module_path == ATTN
 
 
-def test_where_content_decides_nothing_position_stays_ambiguous_and_no_culprit_is_named(settings: Settings) -> None:
+def test_where_content_decides_nothing_position_stays_ambiguous_and_no_culprit_is_named(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The port computes k, q, v and gets both q and k wrong: no content matches another op's, and by position
     each faces the other's (q against k): the pairs stay by position, failing, marked ambiguous, in the JSON and
     as the first divergence's; no module is named a culprit on them. In the reference's order, the same bugs: each
@@ -175,6 +178,10 @@ def test_where_content_decides_nothing_position_stays_ambiguous_and_no_culprit_i
     assert report.modules is not None and report.modules.culprit is None and report.modules.culprits == []
     note = notes_of(session_id, report)["linear#1"]
     assert note.startswith("paired by position, ambiguous: ") and "no module is named a culprit" in note, note
+    print_table(compare_report(session_id, "ops", "http://127.0.0.1/", report, []))
+    printed = capsys.readouterr().out
+    assert f"FIRST DIVERGENCE: {ATTN}/linear#1_outputs" in printed, printed
+    assert "  its two ops were paired by position, ambiguous: " in printed, printed
     _, same_order = session_of(settings, "qkv, q and k wrong", "qkv", "qk", "full")
     assert {v[1] for v in pairs_of(same_order).values()} == {ALIGNED}
     assert same_order.modules is not None and same_order.modules.culprit is not None
