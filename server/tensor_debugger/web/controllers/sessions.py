@@ -192,7 +192,17 @@ class SessionController(Controller):
     @post(
         "/",
         request_max_body_size=None,
-        responses=UPLOAD_RESPONSES,
+        responses={
+            **UPLOAD_RESPONSES,
+            **error_responses(
+                *CHANGES,
+                409,
+                413,
+                507,
+                depends_on_state="names in `against` a run label the upload does not have, or links its runs so "
+                "that one is compared against itself, the reference, or in a cycle",
+            ),
+        },
         operation_class=CreateSessionOperation,
         description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
         "whose field name is their run's label (the first run "
