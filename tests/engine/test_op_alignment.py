@@ -3,7 +3,17 @@ ops paired by it, module call by module call."""
 
 from __future__ import annotations
 
-from tensor_debugger.engine.op_alignment import OpTensor, align_ops, op_call, pair_ops
+from tensor_debugger.engine.op_alignment import (
+    AMBIGUOUS,
+    BY_CONTENT,
+    LEFT_OVER,
+    Content,
+    Likeness,
+    OpTensor,
+    align_ops,
+    op_call,
+    pair_ops,
+)
 
 
 def test_a_fused_kernel_faces_the_ops_it_replaces_as_one_sides_only_in_place() -> None:
@@ -138,3 +148,70 @@ def test_the_models_own_ops_pair_only_with_those_of_the_same_call_of_the_model()
         ops(("Port/mul#1_outputs", (1, 4)), ("Port#2/mul#1_outputs", (1, 4))),
     )
     assert found.pairs == [("Net/mul#1_outputs", "Port/mul#1_outputs"), ("Net#2/mul#1_outputs", "Port#2/mul#1_outputs")]
+
+
+def linears(root: str, order: str) -> list[OpTensor]:
+    """Four `linear`s of one shape in one module call, computing the projections named in `order` ("qkvo")."""
+    return [OpTensor(f"{root}.attn/linear#{n}_outputs", (2, 5, 16), "float32") for n in range(1, len(order) + 1)]
+
+
+def judged_by(a_order: str, b_order: str, values: dict[str, dict[str, float]]) -> Content:
+    """What two ops' contents tell when the reference computes `a_order` and the port `b_order`: `values[a][b]`,
+    the distance between the reference's projection a and the port's b (0: the same, within tolerance)."""
+
+    def content(a: str, b: str) -> Likeness:
+        x = a_order[int(a.partition("#")[2].partition("_")[0]) - 1]
+        y = b_order[int(b.partition("#")[2].partition("_")[0]) - 1]
+        distance = values.get(x, {}).get(y, 1.0)
+        return Likeness(distance == 0.0, distance)
+
+    return content
+
+
+def test_ops_of_one_name_and_shape_in_another_order_pair_by_content_where_it_matches_one_to_one() -> None:
+    """k before q: by position q faced k; their contents match the other way, so they pair by content; v and the
+    output projection keep their places (their contents confirm them)."""
+    same = {p: {p: 0.0} for p in "qkvo"}
+    found = pair_ops(linears("Ref", "qkvo"), linears("Port", "kqvo"), judged_by("qkvo", "kqvo", same))
+    assert found.pairs == [
+        ("Ref.attn/linear#1_outputs", "Port.attn/linear#2_outputs"),
+        ("Ref.attn/linear#2_outputs", "Port.attn/linear#1_outputs"),
+        ("Ref.attn/linear#3_outputs", "Port.attn/linear#3_outputs"),
+        ("Ref.attn/linear#4_outputs", "Port.attn/linear#4_outputs"),
+    ]
+    assert found.settled == {found.pairs[0]: BY_CONTENT, found.pairs[1]: BY_CONTENT}
+    # without content, or where it proves nothing wrong, position stands
+    assert pair_ops(linears("Ref", "qkvo"), linears("Port", "kqvo")).settled == {}
+    unknown = pair_ops(linears("Ref", "qkvo"), linears("Port", "kqvo"), lambda a, b: Likeness(None))
+    assert unknown.settled == {} and unknown.pairs[0][1] == "Port.attn/linear#1_outputs"
+
+
+def test_a_wrong_op_among_them_is_the_one_left_and_stays_a_bug() -> None:
+    """k before q and k wrong: q matches q, the port's k matches nothing; it is the one left, paired with the
+    reference's k (its strictly nearest), where it fails."""
+    values = {"q": {"q": 0.0}, "k": {"k": 0.4}, "v": {"v": 0.0}, "o": {"o": 0.3}}
+    found = pair_ops(linears("Ref", "qkvo"), linears("Port", "kqvo"), judged_by("qkvo", "kqvo", values))
+    assert found.pairs[:2] == [
+        ("Ref.attn/linear#1_outputs", "Port.attn/linear#2_outputs"),
+        ("Ref.attn/linear#2_outputs", "Port.attn/linear#1_outputs"),
+    ]
+    assert found.settled == {found.pairs[0]: BY_CONTENT, found.pairs[1]: LEFT_OVER}
+    # in the reference's order, a wrong k among ops whose contents confirm their places: nothing to say
+    same_order = pair_ops(linears("Ref", "qkvo"), linears("Port", "qkvo"), judged_by("qkvo", "qkvo", values))
+    assert same_order.settled == {} and same_order.pairs[1] == (
+        "Ref.attn/linear#2_outputs",
+        "Port.attn/linear#2_outputs",
+    )
+
+
+def test_where_content_decides_nothing_position_stays_and_is_ambiguous() -> None:
+    """k before q, both wrong, each nearer the other side's same projection: nothing matches, and by position q
+    faces k, which is not its nearest: position stays, ambiguous. An op whose content matches two of the other
+    side's decides nothing either."""
+    values = {"q": {"q": 0.5, "k": 1.8}, "k": {"k": 0.5, "q": 1.8}, "v": {"v": 0.0}, "o": {"o": 0.3}}
+    found = pair_ops(linears("Ref", "qkvo"), linears("Port", "kqvo"), judged_by("qkvo", "kqvo", values))
+    assert found.pairs[0] == ("Ref.attn/linear#1_outputs", "Port.attn/linear#1_outputs")
+    assert found.settled == {found.pairs[0]: AMBIGUOUS, found.pairs[1]: AMBIGUOUS}  # o: its own nearest, in place
+    twice = {"q": {"q": 0.0, "k": 0.0}, "k": {"q": 0.0, "k": 0.0}, "v": {"v": 0.0}, "o": {"o": 0.0}}
+    found = pair_ops(linears("Ref", "qkvo"), linears("Port", "kqvo"), judged_by("qkvo", "kqvo", twice))
+    assert found.settled == {}  # every pair in place matches: nothing proves position wrong

@@ -42,6 +42,7 @@ STATEFUL = {
     "GET /api/pairs/{pair_id}/slice",
     "GET /api/pairs/{pair_id}/profile",
     "GET /api/sessions/{session_id}/profiles",
+    "POST /api/sessions",  # `against`: labels the upload may not have
     "POST /api/sessions/{session_id}/runs",  # `against`: a label the session may not have
     "PUT /api/runs/{run_id}/compared-against",  # a run of another session, itself, the reference, a cycle
 }

@@ -53,6 +53,7 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool, verb
             request,
             base_url,
             progress=line.update,
+            where=f", data_dir={str(settings.data_dir)!r}",  # the session's: the snippet adds its runs to it
         )
     finally:
         line.close()

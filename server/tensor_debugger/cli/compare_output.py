@@ -319,6 +319,8 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
             f"elements outside tolerance"
             f"{inside(first)}"
         )
+    if pair.pairing_note:  # two ops of one name and shape: paired by content, or by position, ambiguously
+        print(f"  its two ops were {pair.pairing_note}")
 
 
 def names_of(names: list[str], shown: int = 20) -> str:

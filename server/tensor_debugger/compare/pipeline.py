@@ -326,8 +326,10 @@ def compare_runs(
     request: CompareRequest,
     base_url: str,
     progress: StepProgress | None = None,
+    where: str = "",
 ) -> CompareOutcome:
-    """Ingest both runs, compare them, and say what the command prints; `base_url` leads the session's URL."""
+    """Ingest both runs, compare them, and say what the command prints; `base_url` leads the session's URL;
+    `where`: the place its next capture's snippet stores into, as capture()'s keywords (", data_dir='/data'")."""
     sessions = context.sessions
     try:
         check_file(request.pairing)
@@ -392,7 +394,7 @@ def compare_runs(
             "nothing of it is kept, and there is no verdict",
             problems,
         )
-    payload = compare_report(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems)
+    payload = compare_report(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems, where)
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
     if unread_files(problems) or second_tensors(problems):  # tensors missing, or paired by a guess: not a pass

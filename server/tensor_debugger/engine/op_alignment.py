@@ -6,7 +6,7 @@ only."""
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
@@ -61,17 +61,38 @@ class OpTensor:
 
 
 @dataclass(frozen=True)
+class Likeness:
+    """What two ops' contents (a reference op's and a candidate op's, of one shape) tell of each other: `same`, True
+    where what was compared of them agrees within the tolerance (their summaries: equal hashes, or nothing outside
+    it), False where it proves them different, None where nothing is known; `distance`, how far apart they are,
+    relative (their sampled values' ‖b − a‖ / ‖a‖), None where not known."""
+
+    same: bool | None
+    distance: float | None = None
+
+
+# how a pair of ops of one name and shape, which the alignment paired by position, was settled by content instead
+BY_CONTENT = "by content"  # their contents match under another one-to-one pairing of those ops: this one
+LEFT_OVER = "left over"  # the one pair left once the others matched by content (or each the nearest of the rest)
+AMBIGUOUS = "ambiguous"  # by position, which their contents neither confirm nor replace: which faces which is unknown
+
+Content = Callable[[str, str], Likeness]  # a reference op's and a candidate op's names: what their contents tell
+
+
+@dataclass(frozen=True)
 class OpPairing:
     """Two runs' captured ops, paired by module call and sequence alignment (`pair_ops`): `pairs` (reference name,
     candidate name); `alone_a`, `alone_b`: the ops of a module call both runs made that the alignment left on one
-    side only (an extra cast, a fused kernel's ops), which no other rule may pair."""
+    side only (an extra cast, a fused kernel's ops), which no other rule may pair; `settled`: the pairs not paired
+    by position alone, each with how (`BY_CONTENT`, `LEFT_OVER`, `AMBIGUOUS`)."""
 
     pairs: list[tuple[str, str]] = field(default_factory=list)
     alone_a: list[str] = field(default_factory=list)
     alone_b: list[str] = field(default_factory=list)
+    settled: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
-def pair_ops(a: Sequence[OpTensor], b: Sequence[OpTensor]) -> OpPairing:
+def pair_ops(a: Sequence[OpTensor], b: Sequence[OpTensor], content: Content | None = None) -> OpPairing:
     """Pair the captured ops' outputs of two runs (`a` the reference's, `b` the candidate's, each in execution
     order): within each module call both runs made (its path less the model's class name; the model's own ops
     within one call of the model, `Net#2/mul#1_outputs` the second's), the two lists of ops aligned (`align_ops`)
@@ -80,7 +101,11 @@ def pair_ops(a: Sequence[OpTensor], b: Sequence[OpTensor]) -> OpPairing:
     scaled_dot_product_attention) is that side's alone, in place, and the calls after it face their true
     counterparts, not those of the same call index. Where which call faces which is not certain (`certain_matches`)
     both are left alone: not compared, never a guess. The ops of a module call one run alone made are left out (no
-    decision here). The one pairing of ops that planning, the reports and find_divergence share."""
+    decision here). Where `content` tells what the ops' contents are (their summaries), ops of one key (name,
+    place, shape, dtype's kind) that the alignment paired by position within a module call are checked by it
+    (`settle_by_content`): two sides that compute them in another order (k before q) pair by content, and where
+    content decides nothing the pairs are marked ambiguous. The one pairing of ops that planning, the reports and
+    find_divergence share."""
     calls_a, calls_b = _by_call(a), _by_call(b)
     found = OpPairing()
     for call, mine in calls_a.items():
@@ -88,11 +113,94 @@ def pair_ops(a: Sequence[OpTensor], b: Sequence[OpTensor]) -> OpPairing:
         if theirs is None:
             continue
         facing = dict(certain_matches([k for k, _ in mine], [k for k, _ in theirs]))
+        if content is not None:
+            facing, how = settle_by_content(mine, theirs, facing, content)
+            found.settled.update({(mine[i][1], theirs[j][1]): words for (i, j), words in how.items()})
         paired_b = set(facing.values())
         found.pairs.extend((mine[i][1], theirs[j][1]) for i, j in facing.items())
         found.alone_a.extend(name for i, (_, name) in enumerate(mine) if i not in facing)
         found.alone_b.extend(name for j, (_, name) in enumerate(theirs) if j not in paired_b)
     return found
+
+
+def settle_by_content(
+    mine: Sequence[tuple[Hashable, str]],
+    theirs: Sequence[tuple[Hashable, str]],
+    facing: dict[int, int],
+    content: Content,
+) -> tuple[dict[int, int], dict[tuple[int, int], str]]:
+    """`facing` (index in `mine` -> index in `theirs`: one module call's ops, each (key, name), as the alignment
+    paired them by position) checked by content, key by key where several pairs share a key (two `linear`s of one
+    shape: q and k). Where every such pair's contents match, or none is proved to differ, position stands. Else:
+
+    - the pairs whose contents match one, and only one, op of the other side's, and that op only them, pair by
+      content where one of them is not the positional pair (the two sides compute these in another order):
+      `BY_CONTENT` those not in place; the ops left pair in order, `LEFT_OVER` (those not in place) where that is
+      one pair, or where its two ops are each other's strictly nearest by content, else `AMBIGUOUS`;
+    - where content agrees with position (its matches are the positional pairs), the other pairs keep position,
+      silently where they are one pair (a bug in one of them stays a bug) or where its two ops are each other's
+      strictly nearest, else `AMBIGUOUS`;
+    - an op whose content matches several of the other side's: position stands, the pairs that do not match are
+      `AMBIGUOUS`.
+
+    Returns the new `facing` and how each pair not settled by position alone was."""
+    groups: dict[Hashable, list[tuple[int, int]]] = {}
+    for i, j in sorted(facing.items()):
+        groups.setdefault(mine[i][0], []).append((i, j))
+    facing = dict(facing)
+    how: dict[tuple[int, int], str] = {}
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        diagonal = [content(mine[i][1], theirs[j][1]) for i, j in group]
+        if not any(d.same is False for d in diagonal):
+            continue  # nothing proves position wrong
+        refs, cands = [i for i, _ in group], [j for _, j in group]
+        table = {
+            (k, m): diagonal[k] if k == m else content(mine[refs[k]][1], theirs[cands[m]][1])
+            for k in range(len(group))
+            for m in range(len(group))
+        }
+        matches = {k: {m for m in range(len(group)) if table[k, m].same} for k in range(len(group))}
+        matched_by = {m: {k for k in range(len(group)) if table[k, m].same} for m in range(len(group))}
+        one_to_one = {k: next(iter(ms)) for k, ms in matches.items() if len(ms) == 1}
+        one_to_one = {k: m for k, m in one_to_one.items() if matched_by[m] == {k}}
+        if any(matches[k] and k not in one_to_one for k in matches):  # content matching several: decides nothing
+            how.update({group[k]: AMBIGUOUS for k in range(len(group)) if not table[k, k].same})
+            continue
+        rest_a = [k for k in range(len(group)) if k not in one_to_one]
+        rest_b = [m for m in range(len(group)) if m not in one_to_one.values()]
+        left = list(zip(rest_a, rest_b, strict=True))
+        nearest = {(k, m) for k, m in left if len(left) == 1 or _nearest(k, m, left, table)}
+        if all(k == m for k, m in one_to_one.items()):  # content agrees with position
+            how.update({group[k]: AMBIGUOUS for k, m in left if (k, m) not in nearest})
+            continue
+        for k in [*one_to_one, *rest_a]:
+            del facing[refs[k]]
+        for k, m in one_to_one.items():
+            facing[refs[k]] = cands[m]
+            if k != m:  # a match in place is position confirmed
+                how[refs[k], cands[m]] = BY_CONTENT
+        for k, m in left:
+            facing[refs[k]] = cands[m]
+            if (k, m) not in nearest or k != m:
+                how[refs[k], cands[m]] = LEFT_OVER if (k, m) in nearest else AMBIGUOUS
+    return dict(sorted(facing.items())), how
+
+
+def _nearest(k: int, m: int, left: Sequence[tuple[int, int]], table: dict[tuple[int, int], Likeness]) -> bool:
+    """Whether the pair (`k`, `m`) of `left` (pairs of indices into a group) is each side's strictly nearest by
+    content among the ops of `left` (their distances known)."""
+    here = table[k, m].distance
+    if here is None:
+        return False
+    for k2, m2 in left:
+        if (k2, m2) == (k, m):
+            continue
+        across = (table[k, m2].distance, table[k2, m].distance)
+        if any(d is None or d <= here for d in across):
+            return False
+    return True
 
 
 def certain_matches(a: Sequence[Hashable], b: Sequence[Hashable]) -> list[tuple[int, int]]:

@@ -32,6 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from tensor_debugger.engine.metrics import json_number
+from tensor_debugger.engine.op_alignment import Likeness
 from tensor_debugger.engine.tolerances import Tolerance
 
 SAMPLE_SIZE = 256  # elements a summary keeps the values of
@@ -301,6 +302,25 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
     )
 
 
+def sketch_likeness(a: Sketch, b: Sketch, tolerance: Tolerance) -> Likeness:
+    """What two summaries tell of their tensors' likeness, for pairing ops by content (`op_alignment.Likeness`):
+    whether they agree (`compare_sketches` passes, or fails: proved different), and the relative distance of their
+    sampled values, ‖b − a‖ / ‖a‖ over the positions where both are finite (None where none is, or the shapes
+    differ)."""
+    if a.hash == b.hash and a.dtype == b.dtype and a.shape == b.shape:
+        return Likeness(True, 0.0)
+    same = compare_sketches(a, b, tolerance).passed
+    xa, xb = np.array(a.sample, dtype=np.float64), np.array(b.sample, dtype=np.float64)
+    if a.shape != b.shape or xa.shape != xb.shape:
+        return Likeness(same, None)
+    finite = np.isfinite(xa) & np.isfinite(xb)
+    if not finite.any():
+        return Likeness(same, None)
+    apart = float(np.linalg.norm(xb[finite] - xa[finite]))
+    norm = float(np.linalg.norm(xa[finite]))
+    return Likeness(same, apart / norm if norm > 0 else (0.0 if apart == 0 else math.inf))
+
+
 @dataclass(frozen=True)
 class NextCapture:
     """The capture that settles a divergence found from summaries: full values of the modules named, the model's
@@ -330,6 +350,7 @@ def next_capture(
     where: str = "",
     calls: tuple[str, ...] = (),
     divergent_call: str = "",
+    against: tuple[str | None, str | None] = (None, None),
 ) -> NextCapture:
     """The second capture to run where a divergence was found from summaries at a tensor of the first of
     `module_paths` (the others: modules just before it, kept for their inputs). `arguments`: how each model is
@@ -337,14 +358,17 @@ def next_capture(
     `where`: more of capture()'s keywords, as Python (", data_dir='/data'"). `calls`: the model's calls the runs
     compared held, in order, where more than one (`Net`, `Net#2`, ...: generate's forwards, a loop of steps), and
     `divergent_call` the one the divergence is in: the snippet runs one forward of each model, and says so at its
-    top, with what that means for the modules it names."""
+    top, with what that means for the modules it names. `against`: the label of the run each new run is to be compared
+    against (`capture(against=)`), None for the session's reference: where the run that diverged is compared against
+    another run than the reference, the new candidate run is compared against its counterpart, not the reference."""
     patterns = tuple(dict.fromkeys(module_pattern(m) for m in module_paths if m))
     modules = repr(patterns[0]) if len(patterns) == 1 else repr(list(patterns))
     lines = [_one_forward(calls, divergent_call, modules)] if len(calls) > 1 else []
-    for model, run in zip(("reference", "candidate"), runs, strict=True):
+    for model, run, other in zip(("reference", "candidate"), runs, against, strict=True):
+        versus = f", against={other!r}" if other is not None else ""
         lines.append(
             f'with torch.no_grad(), capture({model}, session={session!r}, run={run!r}, values="full", level="op", '
-            f"modules={modules}{where}):\n    {model}({arguments})"
+            f"modules={modules}{where}{versus}):\n    {model}({arguments})"
         )
     return NextCapture(patterns, "import torch\nfrom tensor_debugger import capture\n\n" + "\n".join(lines))
 

@@ -37,8 +37,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensor_debugger.engine.op_alignment import OpTensor, out_of_step, pair_ops
-from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, compare_sketches, next_capture
+from tensor_debugger.compare.planning.op_pairs import (
+    ALIGNED,
+    AMBIGUOUS_STRATEGY,
+    BY_CONTENT_STRATEGY,
+    LEFT_OVER_STRATEGY,
+    pairing_note,
+)
+from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, OpTensor, out_of_step, pair_ops
+from tensor_debugger.engine.summary_compare import (
+    Sketch,
+    SketchVerdict,
+    compare_sketches,
+    next_capture,
+    sketch_likeness,
+)
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
@@ -88,6 +101,9 @@ class FirstDivergence:
     # every tensor of the reference before it, in its order, that paired with none of the candidate's (as the
     # session's `unmatched_before`): `reference_only_before` and any earlier, none of them compared
     unmatched_before: tuple[str, ...] = ()
+    # how its two ops were paired where not by position alone (two ops of one name and shape in one module call):
+    # "paired by content: ...", or "paired by position, ambiguous: ..." (no culprit is then named on its module)
+    pairing: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +148,8 @@ class Divergence:
             if f.summary.reason
             else ""
         )
+        if f.pairing:
+            text += f" Its two ops were {f.pairing.partition(': ')[0]}: {f.pairing.partition(': ')[2]}."
         for side, extra, other in (
             ("candidate", f.candidate_only_before, "reference"),
             ("reference", f.reference_only_before, "candidate"),
@@ -397,10 +415,15 @@ def _find(
 
     # captured ops pair within each module call by sequence alignment (engine/op_alignment.pair_ops, as the
     # session's planning pairs them): an op one side calls more often (a repeat_kv's reshapes against none) is that
-    # side's alone, and the calls after it face their true counterparts; the rest pair by name
+    # side's alone, and the calls after it face their true counterparts; the rest pair by name. Ops of one name and
+    # shape the alignment pairs by position are checked by their summaries: computed in another order (k before q),
+    # they pair by content
     ops = pair_ops(
         [OpTensor(n, tuple(s.shape), s.dtype) for n, s in ref.summaries.items()],
         [OpTensor(n, tuple(s.shape), s.dtype) for n, s in cand.summaries.items()],
+        lambda a, b: sketch_likeness(
+            ref.summaries[a], cand.summaries[b], tolerance(ref.summaries[a], cand.summaries[b])
+        ),
     )
     decided = {*ops.alone_b, *(b for _, b in ops.pairs)}
     theirs = {_key(name, root_b): name for name in cand.summaries if name not in decided}
@@ -458,6 +481,9 @@ def _find(
         # the second pass's runs are stored under "reference (full)" and "candidate (full)": run again, the snippet
         # adds two more to the session, into the same place
         runs=("reference (full, again)", "candidate (full, again)"),
+        # as "candidate (full)" is: compared against the reference's full values, element by element, not against
+        # the reference's summaries
+        against=(None, "reference (full, again)"),
         where=f", server={server!r}" if server is not None else f", data_dir={str(data_dir)!r}" if data_dir else "",
     )
     full_runs: list[HeldRun] = []
@@ -519,6 +545,10 @@ def _find(
         if not stats.passed:
             failing.append(stats)
     culprits, uncompared = _culprits(order, kept["a"], {s.reference for s in failing} | reshaped, judged, root_a)
+    # ops paired by position that their contents neither confirm nor replace: which faces which in their module
+    # call is not known, so no culprit is named on it
+    unsure = {module_of(a) for (a, _), how in ops.settled.items() if how == AMBIGUOUS}
+    culprits = [m for m in culprits if m not in unsure]
     ours = {theirs[k] for k in paired}  # the candidate's tensors paired
     found = FirstDivergence(
         name,
@@ -533,6 +563,7 @@ def _find(
         _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
         (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
+        pairing_note(_strategy_of(ops.settled.get((name, other)))),
     )
     return Divergence(
         session,
@@ -549,6 +580,13 @@ def _find(
         None,
         notes,
         uncompared,
+    )
+
+
+def _strategy_of(how: str | None) -> str:
+    """The session's strategy of a pair of ops settled `how` by their contents (None: by position alone)."""
+    return {BY_CONTENT: BY_CONTENT_STRATEGY, LEFT_OVER: LEFT_OVER_STRATEGY, AMBIGUOUS: AMBIGUOUS_STRATEGY}.get(
+        how or "", ALIGNED
     )
 
 

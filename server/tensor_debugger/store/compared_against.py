@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.errors import InvalidInputError
-from tensor_debugger.store.models import RunRecord
+from tensor_debugger.store.models import RunRecord, SessionRecord
 
 
 class _Run(Protocol):
@@ -100,3 +100,23 @@ def forget(db: DbSession, run_id: int, instead: int | None = None) -> None:
         .values(compared_against_id=instead)
         .execution_options(synchronize_session="fetch")
     )
+
+
+def compare_against_labels(db: DbSession, session_id: int, links: dict[str, str]) -> None:
+    """Set which run each of the session's runs named in `links` (its label -> the label of the run it is compared
+    against) is compared against, each checked as `check_against` checks it (with the links set before it, so that
+    a cycle among them is found); InvalidInputError naming the run and the reason where one may not be (the caller
+    rolls back: none is set)."""
+    runs = list(db.scalars(select(RunRecord).where(RunRecord.session_id == session_id)))
+    by_label = {r.label: r for r in runs}
+    session = db.get(SessionRecord, session_id)
+    for label, against in links.items():
+        run = by_label.get(label)
+        if run is None:
+            raise InvalidInputError(f"against: the upload has no run labelled {label!r} to compare")
+        target = run_labelled(runs, against, session.name if session is not None else str(session_id))
+        if target.id == run.id:
+            raise InvalidInputError(f"against: run {label!r} cannot be compared against itself")
+        check_against(run, target, runs)
+        run.compared_against_id = target.id
+    db.flush()

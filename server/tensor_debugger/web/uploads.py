@@ -8,6 +8,7 @@ the request either returns at once (the session page shows the progress) or wait
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -17,12 +18,13 @@ from typing import Any
 from litestar import Request, Response
 from litestar.status_codes import HTTP_201_CREATED, HTTP_202_ACCEPTED, HTTP_422_UNPROCESSABLE_ENTITY
 
-from tensor_debugger.errors import NotFoundError, NothingUsableError
+from tensor_debugger.errors import InvalidInputError, NotFoundError, NothingUsableError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.queue import IngestJob
 from tensor_debugger.ingest.runs import IngestResult, PendingRun, is_reference_label
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
+from tensor_debugger.store.compared_against import compare_against_labels
 from tensor_debugger.store.reports import ProblemReport, RunStatus, SessionDetail, problem_reports
 from tensor_debugger.web.multipart import UploadBatch
 
@@ -111,13 +113,15 @@ def start_runs(
     created_session: bool = False,
     client: str = "",
     against: str | None = None,
+    links: dict[str, str] | None = None,
 ) -> list[StartedRun]:
     """Make every run's row, then queue their ingests. From here on the queue owns `batch`: its files are
     removed once the last of these ingests is over. `keep_failure`: a run with nothing usable stays, "failed",
     with its problems (for the session page); otherwise it is removed. `created_session`: the request made
     the session, so removing its last run (a restart cutting an ingest short, say) removes it too. `client`: who
     sent the upload; the queue gives each client its turn (ingest/fair_line.py). `against`: the label of the
-    session's run every one of these is compared against (refused, nothing begun, where it cannot be)."""
+    session's run every one of these is compared against (refused, nothing begun, where it cannot be); `links`:
+    the run each of some of these is compared against, by label (one of these runs; refused likewise: none begun)."""
     begun: list[tuple[str, PendingRun, list[InputFile]]] = []
     try:
         for label, inputs in runs.items():
@@ -132,6 +136,9 @@ def start_runs(
                 against=against,
             )
             begun.append((label, pending, inputs))
+        if links and begun:  # once every run of the upload has its row: a run may name one begun after it
+            with services.sessions.begin() as db:
+                compare_against_labels(db, begun[0][1].session_id, links)
     except BaseException:
         for _, pending, _ in reversed(begun):
             services.ingestor.cancel(pending)
@@ -175,15 +182,23 @@ def start_session(
     keep_failure: bool,
     label: str | None = None,
     client: str = "",
+    links: dict[str, str] | None = None,
 ) -> tuple[int, list[StartedRun]]:
     """A new session with a run per form field (`label`: one run of every file), each queued for ingest (see
-    `start_runs`)."""
+    `start_runs`; `links`: the run each of some of them is compared against, by label)."""
     with services.sessions.begin() as db:
         session = catalog.create_session(db, name, notes)
         session_id, name = session.id, session.name
     try:
         return session_id, start_runs(
-            services, name, batch, group_by_run(batch, label), keep_failure, created_session=True, client=client
+            services,
+            name,
+            batch,
+            group_by_run(batch, label),
+            keep_failure,
+            created_session=True,
+            client=client,
+            links=links,
         )
     except BaseException:
         delete_if_empty(services, session_id)
@@ -287,3 +302,29 @@ def created(services: Services, session_id: int, outcomes: list[RunOutcome]) -> 
     with services.sessions() as db:
         session = SessionDetail.of(catalog.get_session(db, session_id))
     return Response(UploadCreated(outcomes, session), status_code=HTTP_201_CREATED)
+
+
+def against_links(text: str | None, batch: UploadBatch) -> dict[str, str]:
+    """`POST /api/sessions`'s `against` query parameter: a JSON object from the label of a run of the upload to the
+    label of the upload's run it is compared against (`{"late": "early"}`); {} where it is left out.
+    InvalidInputError naming the problem (not a JSON object of labels, a label the upload has no run of)."""
+    if text is None:
+        return {}
+    try:
+        links = json.loads(text)
+    except ValueError as exc:
+        raise InvalidInputError(f'against: not JSON ({exc}); give an object such as {{"late": "early"}}') from None
+    if not isinstance(links, dict) or not all(isinstance(v, str) for v in links.values()):
+        raise InvalidInputError(
+            "against: give a JSON object from a run's label to the label of the run it is compared against, such as "
+            '{"late": "early"}'
+        )
+    labels = list(group_by_run(batch))
+    for label, other in links.items():
+        for named in (label, other):
+            if named not in labels:
+                raise InvalidInputError(
+                    f"against: the upload has no run labelled {named!r} (its runs: "
+                    f"{', '.join(repr(x) for x in labels) or 'none'})"
+                )
+    return {str(k): str(v) for k, v in links.items()}

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-from tensor_debugger.engine.op_alignment import OpTensor, pair_ops
+from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, Likeness, OpTensor, pair_ops
 from tensor_debugger.engine.pairing import (
     LogicalTensor,
     Pairing,
@@ -23,6 +23,34 @@ from tensor_debugger.engine.pairing import (
 )
 
 ALIGNED = "module aligned"  # the strategy of a pair of ops the alignment made ("module": by module call and op)
+# ops of one name and shape in one module call that the alignment paired by position, settled by their contents
+# (engine/op_alignment.settle_by_content): the two sides compute them in another order (k before q)
+BY_CONTENT_STRATEGY = "module by content"
+LEFT_OVER_STRATEGY = "module left over"  # the one left once the others paired by content
+AMBIGUOUS_STRATEGY = "module ambiguous"  # kept by position, which content neither confirms nor replaces
+_STRATEGIES = {BY_CONTENT: BY_CONTENT_STRATEGY, LEFT_OVER: LEFT_OVER_STRATEGY, AMBIGUOUS: AMBIGUOUS_STRATEGY}
+
+
+def pairing_note(strategy: str) -> str | None:
+    """What a pair's strategy says of how its two ops were paired, in words, where they were not paired by position
+    alone (the pair page, the JSON's `pairing_note`); None for any other pair."""
+    if strategy == BY_CONTENT_STRATEGY:
+        return (
+            "paired by content: the two sides compute these ops (of one name and shape) in another order; paired by "
+            "position they differ, and their summaries match paired so"
+        )
+    if strategy == LEFT_OVER_STRATEGY:
+        return (
+            "paired by content: the two sides compute these ops (of one name and shape) in another order; the others "
+            "paired by their matching summaries, and this pair is the one left (or each is the other's nearest)"
+        )
+    if strategy == AMBIGUOUS_STRATEGY:
+        return (
+            "paired by position, ambiguous: ops of this name and shape in this module call differ paired by "
+            "position, and their contents neither confirm that pairing nor give another; which op faces which is "
+            "not known, so no module is named a culprit on this pair"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -55,17 +83,24 @@ def plan_ops(
     manual: Sequence[tuple[str, str]],
     unpaired: Sequence[tuple[str, str]],
     pattern: re.Pattern[str] | None,
+    content: Callable[[LogicalTensor, LogicalTensor], Likeness] | None = None,
 ) -> OpPlan:
     """The ops of `reference` and `candidate` (their stored tensors, in execution order) paired by alignment, as
     logical tensors (shards merged, the name pattern applied, as `pair_runs` takes them), less those the user
     paired (`manual`) or held apart (`unpaired` with one name empty): the chain decides those as the user said. A
-    pair the user refused (`unpaired` with both names) leaves its two ops on their sides alone."""
+    pair the user refused (`unpaired` with both names) leaves its two ops on their sides alone. `content`: what two
+    ops' contents tell (their summaries), by which ops of one name and shape paired by position are checked."""
     held_a = {a for a, _ in manual} | {a for a, b in unpaired if a and not b}
     held_b = {b for _, b in manual} | {b for a, b in unpaired if b and not a}
     refused = {(a, b) for a, b in unpaired if a and b}
     ops_a, ops_b = _ops(reference, pattern, held_a), _ops(candidate, pattern, held_b)
-    found = pair_ops([_op(t) for t in ops_a.values()], [_op(t) for t in ops_b.values()])
-    pairs = [PairPlan(ops_a[a], ops_b[b], ALIGNED) for a, b in found.pairs if (a, b) not in refused]
+    judge = None if content is None else lambda a, b: content(ops_a[a], ops_b[b])
+    found = pair_ops([_op(t) for t in ops_a.values()], [_op(t) for t in ops_b.values()], judge)
+    pairs = [
+        PairPlan(ops_a[a], ops_b[b], _STRATEGIES.get(found.settled.get((a, b), ""), ALIGNED))
+        for a, b in found.pairs
+        if (a, b) not in refused
+    ]
     alone_a = [ops_a[a] for a in found.alone_a] + [ops_a[a] for a, b in found.pairs if (a, b) in refused]
     alone_b = [ops_b[b] for b in found.alone_b] + [ops_b[b] for a, b in found.pairs if (a, b) in refused]
     taken = {s.id for t in [*(p.a for p in pairs), *(p.b for p in pairs), *alone_a, *alone_b] for s in t.shards}

@@ -25,6 +25,7 @@ from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.missing_shards import missing_shards, run_ranks
+from tensor_debugger.engine.op_alignment import Likeness
 from tensor_debugger.engine.pairing import (
     LogicalTensor,
     PairPlan,
@@ -34,7 +35,7 @@ from tensor_debugger.engine.pairing import (
     pair_runs,
 )
 from tensor_debugger.engine.summaries import SummaryVerdict, compare_summaries
-from tensor_debugger.engine.summary_compare import SketchVerdict
+from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, sketch_likeness
 from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.ingest.sketches import sketch_verdict
 from tensor_debugger.ingest.split_sketches import split_sketch_verdict
@@ -84,6 +85,7 @@ def plan_session(context: CompareContext, session_id: int) -> None:
         runs = [reference, *(r for r in runs if r is not reference)]
         ready = {r.id: r for r in runs}
         refs: dict[int, list[TensorRef]] = {}
+        sketches: dict[int, dict[str, Any]] = {}  # each tensor's kept summary, by id
         overrides = db.scalars(select(PairOverrideRecord).where(PairOverrideRecord.session_id == session_id)).all()
         position = 0
         kept_pairs: list[dict[str, Any]] = []
@@ -100,14 +102,15 @@ def plan_session(context: CompareContext, session_id: int) -> None:
             if against is None:
                 continue  # the run it is compared against is not ready (ingesting or failed): no stand-in for it
             if against.id not in refs:
-                refs[against.id] = _refs(db, against.id)
+                refs[against.id] = _refs(db, against.id, sketches)
             mine = [o for o in overrides if o.run_b_id == candidate.id]
             manual = [(o.a_name, o.b_name) for o in mine if o.action == "pair"]
             unpaired = [(o.a_name, o.b_name) for o in mine if o.action == "unpair"]
-            candidate_refs = _refs(db, candidate.id)
+            candidate_refs = _refs(db, candidate.id, sketches)
             ranks = (run_ranks(refs[against.id], pattern), run_ranks(candidate_refs, pattern))
             # captured ops: paired within each module call by sequence alignment, the rest by the chain
-            ops = plan_ops(refs[against.id], candidate_refs, manual, unpaired, pattern)
+            content = _content_of(sketches, session)
+            ops = plan_ops(refs[against.id], candidate_refs, manual, unpaired, pattern, content)
             try:
                 pairing = pair_runs(
                     ops.rest(refs[against.id]),
@@ -239,9 +242,42 @@ def _explored(db: DbSession, session_id: int, run_id: int) -> bool:
     return sides is not None and tuple(sides) == (run_id, run_id)
 
 
-def _refs(db: DbSession, run_id: int) -> list[TensorRef]:
+def _refs(db: DbSession, run_id: int, sketches: dict[int, dict[str, Any]] | None = None) -> list[TensorRef]:
+    """The run's tensors in order; each one's kept summary (where its row has one) put in `sketches` by id."""
     rows = db.scalars(select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position))
-    return [tensor_ref(t) for t in rows]
+    found = []
+    for t in rows:
+        if sketches is not None and t.sketch is not None:
+            sketches[t.id] = t.sketch
+        found.append(tensor_ref(t))
+    return found
+
+
+def _content_of(
+    sketches: dict[int, dict[str, Any]], session: SessionRecord
+) -> Callable[[LogicalTensor, LogicalTensor], Likeness]:
+    """What two captured ops' kept summaries tell of their contents (`engine/summary_compare.sketch_likeness`, with
+    the session's tolerance), for pairing ops of one name and shape by content: nothing (`same` None) for a side
+    in shards or without a kept summary. Read from the rows planning has loaded: no stored value is read."""
+    parsed: dict[int, Sketch | None] = {}
+
+    def sketch_of(tensor: LogicalTensor) -> Sketch | None:
+        if len(tensor.shards) != 1:
+            return None
+        ref = tensor.first
+        if ref.id not in parsed:
+            kept = sketches.get(ref.id)
+            found = Sketch.from_json(kept) if kept is not None else None
+            parsed[ref.id] = found.with_hash("fold64") or found if found is not None else None
+        return parsed[ref.id]
+
+    def content(a: LogicalTensor, b: LogicalTensor) -> Likeness:
+        left, right = sketch_of(a), sketch_of(b)
+        if left is None or right is None:
+            return Likeness(None)
+        return sketch_likeness(left, right, tolerance(session, left.dtype, right.dtype)[0])
+
+    return content
 
 
 def _alignment(a: LogicalTensor, b: LogicalTensor, steps: list[Any] | None) -> tuple[Alignment | None, bool]:

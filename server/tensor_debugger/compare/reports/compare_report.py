@@ -98,6 +98,8 @@ class ComparedPair(msgspec.Struct, frozen=True):
     replicas: Replicas | None
     # a failing pair's aligned dimensions that confine its error ([]: everywhere); null for any other pair
     where: list[WhereEntry] | None
+    # two captured ops of one name and shape paired by content, or by position ambiguously: how, in words
+    pairing_note: str | None = None
 
     @property
     def on_summary(self) -> bool:

@@ -29,7 +29,7 @@ from tensor_debugger.compare.reports.compare_report import (
 from tensor_debugger.compare.reports.pair_report import PairReport, PairSide
 from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs, UnmatchedReport
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
-from tensor_debugger.engine.summary_compare import next_capture
+from tensor_debugger.engine.summary_compare import NextCapture, next_capture
 from tensor_debugger.store.problem_report import ProblemReport
 
 
@@ -78,6 +78,7 @@ def _pair(p: PairReport, report: SessionPairs) -> ComparedPair:
         noise_max_abs_diff=p.noise_max_abs_diff,
         replicas=Replicas(p.replicas.ranks, p.replicas.side, p.replicas.differing) if p.replicas else None,
         where=p.where,
+        pairing_note=p.pairing_note,
     )
 
 
@@ -149,10 +150,48 @@ def _call_of(first: FirstDivergence, calls: tuple[str, ...], report: SessionPair
     return before[-1] if before else ""
 
 
+def _next_runs(first: FirstDivergence, report: SessionPairs) -> tuple[tuple[str, str], tuple[str | None, str | None]]:
+    """The runs a next capture adds (`next_capture`'s `runs` and `against`): where the candidate that diverged is
+    compared against a run of the session other than its reference ("late" against "early"), the candidate's new
+    run is compared against the new run of that run's model ("early (full)"), which is compared against "early"
+    (as "reference (full)" is against the reference), so that each new run pairs with its counterpart; else the
+    default ("reference (full)" and "candidate (full)", both compared against the reference)."""
+    pair = next((p for p in report.pairs if p.id == first.pair_id), None)
+    by_run = {c.run_id: c for c in report.candidates}
+    diverged = by_run.get(pair.b.run_id) if pair is not None else None
+    if pair is None or diverged is None or pair.a.run_id not in by_run:  # against the session's reference
+        return ("reference (full)", "candidate (full)"), (None, None)
+    counterpart = by_run[pair.a.run_id].label
+    return (f"{counterpart} (full)", f"{diverged.label} (full)"), (counterpart, f"{counterpart} (full)")
+
+
+def next_capture_of(name: str, report: SessionPairs, where: str = "") -> NextCapture | None:
+    """Where a divergence was found from summaries, the capture with full values that settles it, into session
+    `name` (`where`: more of capture()'s keywords, as Python: ", data_dir='/data'", ", server='http://...'"): the
+    first candidate's, or where it has none, the first candidate's that has one (`compare A B C`, a session of
+    several versions of a port), its runs compared against the right runs (`_next_runs`). None for any other."""
+    first = report.first_divergence
+    diverged = first or next((c.first_divergence for c in report.candidates if c.first_divergence), None)
+    if diverged is None or diverged.basis != "summary" or not diverged.module_path:
+        return None
+    calls = _model_calls(report)
+    runs, against = _next_runs(diverged, report)
+    return next_capture(
+        name,
+        [diverged.module_path],
+        calls=calls,
+        divergent_call=_call_of(diverged, calls, report),
+        runs=runs,
+        against=against,
+        where=where,
+    )
+
+
 def compare_report(
-    session_id: int, name: str, url: str, report: SessionPairs, problems: Sequence[ProblemReport]
+    session_id: int, name: str, url: str, report: SessionPairs, problems: Sequence[ProblemReport], where: str = ""
 ) -> CompareReport:
-    """The CLI's report (a stable contract, narrower than the API's), read from the session's reports."""
+    """The CLI's report (a stable contract, narrower than the API's), read from the session's reports. `where`:
+    the place the next capture's snippet stores into, as capture()'s keywords (", data_dir='/data'")."""
     reference_run = report.pairs[0].a.run_id if report.pairs else None
     # each candidate's tensors are paired with those of the run it is compared against (the reference, or the run
     # it names): that run's tensors without partner are the reference side's
@@ -162,17 +201,7 @@ def compare_report(
         return u.run_id == against.get(u.against_run_id, reference_run)
 
     first = report.first_divergence
-    # a divergence found from summaries: the capture with full values that settles it
-    capture = (
-        next_capture(
-            name,
-            [first.module_path],
-            calls=(calls := _model_calls(report)),
-            divergent_call=_call_of(first, calls, report),
-        )
-        if first is not None and first.basis == "summary" and first.module_path
-        else None
-    )
+    capture = next_capture_of(name, report, where)
     coverage = report.coverage
     return CompareReport(
         session=SessionLink(session_id, name, url),

@@ -223,6 +223,7 @@ def module_report(
     floors: dict[str, float] | None = None,
     factor: float = 4.0,
     out_of_step: frozenset[int] = frozenset(),
+    ambiguous: frozenset[int] = frozenset(),
 ) -> ModuleReport | None:
     """`items` are `pair_reports.session_pairs` pairs; None when no pair comes from a module trace or capture.
     Modules with an input and an output pair are ranked by the error they added; the root module (the whole model,
@@ -231,15 +232,18 @@ def module_report(
     the reference, its relative RMSE at each reference tensor (by name), which a culprit's added error exceeds
     `factor` times. `out_of_step`: the ids of pairs whose two sides are not one value computed two ways (a float
     mask against bools), not compared: their error counts nowhere, and a module given one is no culprit (what it
-    was given is not known to match)."""
+    was given is not known to match). `ambiguous`: the ids of pairs of captured ops paired by position where their
+    contents neither confirm nor replace that pairing (compare/planning/op_pairs.AMBIGUOUS_STRATEGY): their error
+    counts nowhere either, and the module whose call ran them is no culprit (what faces what in it is not known)."""
     traced = [i for i in items if i.module_path]
     if not traced:
         return None
     candidate = traced[0].b.run_id  # with several candidate runs, the first one's modules
     traced = [i for i in traced if i.b.run_id == candidate]
     # each pair's error worked out once: the ranking and each module's pairs both show it
-    known = {i.id: e for i in traced if i.id not in out_of_step and (e := pair_error(i)) is not None}
+    known = {i.id: e for i in traced if i.id not in out_of_step | ambiguous and (e := pair_error(i)) is not None}
     given_unknown = {i.module_path for i in traced if i.id in out_of_step and (i.place or "").startswith("inputs")}
+    given_unknown |= {(i.module_path or "").partition("/")[0] for i in traced if i.id in ambiguous}
     errors = [TensorError(i.module_path or "", i.place or "", i.position, known[i.id]) for i in traced if i.id in known]
     roots = module_tree.roots
     root_paths = {r.path for r in roots} or {i.module_path or "" for i in traced if "." not in (i.module_path or "")}

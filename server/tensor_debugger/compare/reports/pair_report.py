@@ -70,6 +70,9 @@ class PairReport:
     # a failing pair's: the aligned dimensions that confine its error ([]: everywhere); null for any other pair, or
     # a result stored before `where` was computed
     where: list[WhereEntry] | None
+    # two captured ops of one name and shape not paired by position alone, in words ("paired by content: ...",
+    # "paired by position, ambiguous: ..."): compare/planning/op_pairs.pairing_note; null for any other pair
+    pairing_note: str | None
 
     @property
     def key(self) -> str:

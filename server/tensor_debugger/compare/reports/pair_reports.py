@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.compare.planning.op_pairs import AMBIGUOUS_STRATEGY, pairing_note
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
 from tensor_debugger.compare.planning.sides import views
 from tensor_debugger.compare.reports.coverage import (
@@ -271,6 +272,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "rule": "tolerance",
         "noise_max_abs_diff": None,
         "replicas": _replicas(pair, mismatches),
+        "pairing_note": pairing_note(pair.strategy),
     }
 
 
@@ -457,7 +459,10 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
     mine = [i for i in items if i.b.run_id == first_candidate]
     floors = _noise_floors(judged, first_candidate)
-    return module_report(mine, ModuleTree.from_json(tree), floors, judged.factor, frozenset(_out_of_step_pairs(mine)))
+    ambiguous = frozenset(i.id for i in mine if i.strategy == AMBIGUOUS_STRATEGY)
+    return module_report(
+        mine, ModuleTree.from_json(tree), floors, judged.factor, frozenset(_out_of_step_pairs(mine)), ambiguous
+    )
 
 
 @dataclass(frozen=True)

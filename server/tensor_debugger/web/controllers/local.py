@@ -73,6 +73,7 @@ class LocalController(Controller):
                     compare_request,
                     services.settings.public_url.rstrip("/") or address.url,  # where the user's links lead
                     progress=lambda step, done, total: events.put(CompareEvent(step, done, total)),
+                    where=f", data_dir={str(services.settings.data_dir)!r}",  # the session's, as in the CLI
                 )
                 events.put(CompareEvent(outcome=outcome))
             except Exception as exc:  # said to the caller, whose command then fails

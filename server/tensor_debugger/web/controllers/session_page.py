@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.planning.hand_pairing import hand_pair_choices
+from tensor_debugger.compare.reports.contract import next_capture_of
 from tensor_debugger.compare.reports.exports import pairs_to_csv
 from tensor_debugger.compare.reports.pair_reports import SessionPairs, apply_order, session_modules, session_pairs
 from tensor_debugger.compare.reports.progress import session_progress
@@ -258,6 +259,8 @@ def session_template(
                 "reorderable": params.reorderable,
                 "candidates": build_candidates(report),
                 "full_values": full_values(report),
+                # the capture that settles a divergence found from summaries, into this session on this server
+                "next_capture": next_capture_of(session.name, report, f", server={services.settings.base_url!r}"),
                 "noise_floor": has_noise_floor(report),
                 "order_keys": [p.key for p in ordered],
                 "pairing": pairing or PairingForm.of(session.strategies, session.name_pattern),

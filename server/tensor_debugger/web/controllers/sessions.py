@@ -13,7 +13,7 @@ from litestar.status_codes import HTTP_201_CREATED, HTTP_422_UNPROCESSABLE_ENTIT
 
 from tensor_debugger.compare.reports.progress import SessionProgress, pair_progress, session_progress
 from tensor_debugger.engine.pairing import STRATEGIES
-from tensor_debugger.errors import NothingUsableError, TooLargeError
+from tensor_debugger.errors import InvalidInputError, NothingUsableError, TooLargeError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.catalog import MAX_LABEL, MAX_NOTES, MAX_ULP
@@ -29,6 +29,7 @@ from tensor_debugger.web.uploads import (
     UploadCreated,
     UploadRejected,
     accepted,
+    against_links,
     client_of,
     created,
     explore_session,
@@ -61,6 +62,12 @@ EXPLORE = QueryParameter(
 )
 MATCH = QueryParameter(description="with explore: only tensors whose names match this glob (any case)")
 EXPLORE_FILTER = "the match parameter (e.g. match=*attn*)"
+AGAINST = QueryParameter(
+    description="with files: a JSON object from a run's label to the label of the upload's run it is compared "
+    'against, not the reference ({"late": "early"}); 400 naming a label the upload has no run of, a run compared '
+    "against itself, the reference, or a cycle (nothing is stored)",
+    max_length=65536,
+)
 WAIT = QueryParameter(
     description="false: answer 202 once the upload is on disk and ingest in the "
     'background; a run with nothing usable is then kept as "failed" with its problems',
@@ -185,7 +192,17 @@ class SessionController(Controller):
     @post(
         "/",
         request_max_body_size=None,
-        responses=UPLOAD_RESPONSES,
+        responses={
+            **UPLOAD_RESPONSES,
+            **error_responses(
+                *CHANGES,
+                409,
+                413,
+                507,
+                depends_on_state="names in `against` a run label the upload does not have, or links its runs so "
+                "that one is compared against itself, the reference, or in a cycle",
+            ),
+        },
         operation_class=CreateSessionOperation,
         description="JSON {name, notes} for an empty session, or multipart/form-data: a `name` field and files "
         "whose field name is their run's label (the first run "
@@ -202,8 +219,11 @@ class SessionController(Controller):
         wait: Annotated[bool, WAIT] = True,
         explore: Annotated[bool, EXPLORE] = False,
         match: Annotated[str | None, MATCH] = None,
+        against: Annotated[str | None, AGAINST] = None,
     ) -> Response[SessionReport | UploadCreated]:
         content_type = request.headers.get("content-type", "")
+        if against is not None and (explore or not content_type.startswith("multipart/")):
+            raise InvalidInputError("against: only for an upload of runs (multipart/form-data), not with explore")
         if content_type.startswith("application/json"):
             body = await read_json(request, SessionCreate)
             return Response(await anyio.to_thread.run_sync(_create_empty, services, body), status_code=201)
@@ -217,6 +237,7 @@ class SessionController(Controller):
             if not batch.files:
                 raise NothingUsableError([])  # 422, as an upload of files that hold nothing usable
             name = batch.fields.get("name", "").strip() or batch.files[0].filename
+            links = against_links(against, batch)  # checked before the session is made: a wrong label stores nothing
             # a run with nothing usable stays, failed, with its problems, beside the runs that were stored (the
             # session's page says why its reference is missing, say); `created` removes all when none was
             session_id, started = await anyio.to_thread.run_sync(
@@ -228,6 +249,7 @@ class SessionController(Controller):
                     batch,
                     True,
                     client=client_of(request),
+                    links=links,
                 )
             )
         except BaseException:
