@@ -88,6 +88,13 @@ class FirstDivergence:
     # every tensor of the reference before it, in its order, that paired with none of the candidate's (as the
     # session's `unmatched_before`): `reference_only_before` and any earlier, none of them compared
     unmatched_before: tuple[str, ...] = ()
+    # the line that made each of `unmatched_before` ("" where none), in its order
+    unmatched_before_sources: tuple[str, ...] = ()
+    # every tensor of the candidate before it, in its order, that paired with none of the reference's, with its line
+    # ("" where none): `candidate_only_before` and any earlier. An op both sides run, once more on one side and right
+    # beside its twin (a scale applied twice), faces none of the other side's (either call could be its partner), so
+    # the candidate's extra call, the bug, lies here, with the reference's call in `unmatched_before`
+    candidate_unmatched_before: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,15 +147,25 @@ class Divergence:
                 shown = extra[-_LISTED:]
                 listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
                 more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
-                text += f" Just before it, the {side} recorded {more}{listed}, which the {other} did not."
+                text += f" Just before it, the {side} recorded {more}{listed}, which paired with none of the {other}'s."
         if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
             count = len(f.unmatched_before)
-            first_few = f.unmatched_before[:_LISTED]
+            lines = f.unmatched_before_sources or ("",) * count
+            first_few = [f"{n} ({at})" if at else n for n, at in zip(f.unmatched_before, lines, strict=True)][:_LISTED]
             more = f", and {count - len(first_few)} more" if count > len(first_few) else ""
             text += (
                 f" {count} tensor{'s' if count != 1 else ''} of the reference before it paired with none of the "
                 f"candidate's and {'were' if count != 1 else 'was'} not compared (the first: {', '.join(first_few)}"
                 f"{more}); the divergence may have begun there."
+            )
+        if len(f.candidate_unmatched_before) > len(f.candidate_only_before):  # some earlier than just before it
+            count = len(f.candidate_unmatched_before)
+            last_few = [f"{n} ({at})" if at else n for n, at in f.candidate_unmatched_before[-_LISTED:]]
+            more = f"{count - len(last_few)} more and then " if count > len(last_few) else ""
+            text += (
+                f" {count} tensor{'s' if count != 1 else ''} of the candidate before it paired with none of the "
+                f"reference's (the last: {more}{', '.join(last_few)}): an op it runs that the reference does not, or "
+                "runs once more beside its twin, may be where it began."
             )
         if f.first_changed is not None:
             changed, at = f.first_changed
@@ -533,6 +550,8 @@ def _find(
         _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
         (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
+        tuple(ref.sources.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
+        tuple((n, cand.sources.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
     )
     return Divergence(
         session,
@@ -550,6 +569,11 @@ def _find(
         notes,
         uncompared,
     )
+
+
+def _before(order: Sequence[str], name: str) -> Sequence[str]:
+    """The names of `order` before `name`."""
+    return order[: order.index(name)]
 
 
 def _later(order: Sequence[str], one: str | None, other: str) -> str | None:
