@@ -5,11 +5,16 @@ much before its fix."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import httpx
 import torch
-from tensor_debugger import find_divergence
+from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
+
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
 
 HERE = Path(__file__)
 DIM, HEADS = 8, 2
@@ -63,3 +68,57 @@ def test_an_op_run_once_more_beside_its_twin_is_named_with_its_line_on_both_side
     words = repr(found)
     assert f"(the first: Scores/mul#1_outputs ({line_of('scores scaled')}))" in words, words
     assert f"Scores/mul#2_outputs ({line_of('scaled again')})" in words, words
+
+
+class Step(nn.Module):
+    """One decoding step over a cache of keys and values, the keys turned by a toy rotary of the step's position; the
+    port clamps positions to 3 (a table cut short): the same values up to position 3, other ones past it."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k, self.v = (nn.Linear(DIM, DIM) for _ in range(3))
+        self.port = port
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor, position: int) -> torch.Tensor:
+        angle = torch.arange(DIM // 2) * 0.1 * (min(position, 3) if self.port else position)  # step's angle
+        self.keys.append(self.k(x) * torch.cat([angle.cos(), angle.cos()]))
+        self.values.append(self.v(x))
+        keys, values = torch.cat(self.keys), torch.cat(self.values)
+        out: torch.Tensor = (self.q(x) @ keys.T * DIM**-0.5).softmax(-1) @ values
+        return out
+
+
+def test_a_summary_captures_session_page_says_what_its_verdicts_rest_on_not_a_printed_trace(
+    shared_server: LiveServer,
+) -> None:
+    """Six decoding steps of each side, captured with level="op", values="summary" through a server: the first
+    divergence is the fifth step's angle (position 4, the first past the port's table), at its line. The session
+    page said "Element values are not available in this trace (written with use_repr=True): verdicts compare shapes
+    and mean, std, min and max only": not what a summary capture is (the same for every find_divergence session,
+    whose reference run is one)."""
+    xs = torch.randn(6, 1, DIM, generator=torch.Generator().manual_seed(3))
+    for run, port in (("reference", False), ("candidate", True)):
+        model = Step(port).eval()
+        with (
+            torch.no_grad(),
+            capture(model, "steps", run, server=shared_server.url, level="op", values="summary") as result,
+        ):
+            for position in range(6):
+                model(xs[position], position)
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{result.session_id}/pairs").json(),
+            until=lambda got: got["pairs"] and not got["progress"]["pending"],
+            what="the captured session's pairs to be judged",
+            timeout=120,
+            interval=0.05,
+        )
+        first = report["first_divergence"]
+        assert first["name"] == "Step#5/mul#2_outputs", first
+        assert first["reference_source"] == first["candidate_source"] == line_of("step's angle")
+        page = client.get(f"/sessions/{result.session_id}").text
+    assert "use_repr" not in page
+    assert 'id="values-summarised">Element values are not available in the reference run: it was captured with' in page
