@@ -122,3 +122,33 @@ def test_a_summary_captures_session_page_says_what_its_verdicts_rest_on_not_a_pr
         page = client.get(f"/sessions/{result.session_id}").text
     assert "use_repr" not in page
     assert 'id="values-summarised">Element values are not available in the reference run: it was captured with' in page
+
+
+class Wide(nn.Module):
+    """A linear layer, a layer norm and another; the port computes it all in float64 (its input cast first)."""
+
+    def __init__(self, float64: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.norm, self.b = nn.Linear(DIM, 16), nn.LayerNorm(16), nn.Linear(16, DIM)
+        self.float64 = float64
+        if float64:
+            self.double()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.float64:
+            x = x.double()
+        out: torch.Tensor = self.b(self.norm(self.a(x)))  # first float64 op
+        return out
+
+
+def test_a_float64_candidate_drifts_from_its_first_op_not_from_its_input_cast(settings: Settings) -> None:
+    """A float32 reference against the same model in float64: precision drift, no divergence. The answer said the
+    values "differ within tolerance from Wide.a_inputs_args_0 on": the input, the same values in another dtype (its
+    hash covers the dtype; every statistic and sampled value is equal). The drift begins at the first op computed in
+    float64."""
+    x = torch.randn(4, DIM, generator=torch.Generator().manual_seed(4))
+    found = find_divergence(Wide(False).eval(), Wide(True).eval(), x, session="float64", data_dir=settings.data_dir)
+    assert found.first is None and found.culprits == [], repr(found)
+    assert found.changed == ("Wide.a/linear#1_outputs", line_of("first float64 op")), found.changed
+    assert "but values differ within tolerance from Wide.a/linear#1_outputs" in repr(found)
