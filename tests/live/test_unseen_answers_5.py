@@ -13,6 +13,7 @@ from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
+from tests.live.test_op_capture import compared
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
 
@@ -68,6 +69,15 @@ def test_an_op_run_once_more_beside_its_twin_is_named_with_its_line_on_both_side
     words = repr(found)
     assert f"(the first: Scores/mul#1_outputs ({line_of('scores scaled')}))" in words, words
     assert f"Scores/mul#2_outputs ({line_of('scaled again')})" in words, words
+    # the session's first divergence (JSON, CLI, pages) named the reference's mul and none of the port's either
+    report, _ = compared(settings, 1)
+    session_first = report.first_divergence
+    assert session_first is not None and session_first.name == "Scores/masked_fill#1_outputs", session_first
+    assert session_first.unmatched_before == ["Scores/mul#1_outputs"], session_first
+    assert session_first.candidate_only_before == [
+        f"Scores/mul#1_outputs ({line_of('scores scaled')})",
+        f"Scores/mul#2_outputs ({line_of('scaled again')})",
+    ], session_first
 
 
 class Step(nn.Module):
