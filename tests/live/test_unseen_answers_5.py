@@ -162,3 +162,26 @@ def test_a_float64_candidate_drifts_from_its_first_op_not_from_its_input_cast(se
     assert found.first is None and found.culprits == [], repr(found)
     assert found.changed == ("Wide.a/linear#1_outputs", line_of("first float64 op")), found.changed
     assert "but values differ within tolerance from Wide.a/linear#1_outputs" in repr(found)
+
+
+def test_no_difference_in_tensors_without_elements_says_no_value_was_compared(settings: Settings) -> None:
+    """An empty batch (0 rows) into a port that doubles its output: every pair is equal, having no elements, and the
+    answer was a plain "no difference found in 6 pairs of summaries"."""
+
+    class Double(nn.Module):
+        def __init__(self, factor: float) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.a, self.factor = nn.Linear(DIM, DIM), factor
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out: torch.Tensor = self.a(x) * self.factor
+            return out
+
+    found = find_divergence(
+        Double(1.0).eval(), Double(2.0).eval(), torch.randn(0, DIM), session="empty", data_dir=settings.data_dir
+    )
+    assert found.first is None and found.empty == found.compared > 0, repr(found)
+    assert "Every one of those pairs held no elements (an empty input?): no value of theirs was compared." in repr(
+        found
+    )

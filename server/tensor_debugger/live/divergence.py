@@ -125,6 +125,9 @@ class Divergence:
     # modules whose outputs fail and whose compared inputs pass but with inputs that were not compared (paired with
     # none of the candidate's, or left unpaired as out of step): each with those inputs; no culprit is named on them
     uncompared_inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # of the pairs of summaries compared, those whose tensors hold no elements (an empty batch): equal, whatever the
+    # models compute
+    empty: int = 0
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
@@ -215,6 +218,10 @@ class Divergence:
             )
         else:
             found = f"From summaries: no difference found in {self.compared} pairs of summaries"
+        if self.empty:
+            every = "Every one of those pairs" if self.empty == self.compared else f"{self.empty} of those pairs"
+            theirs = "theirs" if self.empty > 1 else "its"
+            left += f" {every} held no elements (an empty input?): no value of {theirs} was compared."
         return (
             f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
             "model was called once (whether it gives the same values on every call was not checked)."
@@ -436,6 +443,7 @@ def _find(
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
     compared = 0
+    empty = 0  # pairs compared whose tensors hold no elements
     order = list(ref.summaries)
     for name in order:
         other = theirs.get(_key(name, root_a))
@@ -444,6 +452,7 @@ def _find(
         a, b = ref.summaries[name], cand.summaries[other]
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
+        empty += a.numel == 0 and b.numel == 0
         if first is None and changed is None and verdict.hashes_differ and not _same_values_recast(a, b):
             changed = name
         if not verdict.passed and first is None:
@@ -461,7 +470,9 @@ def _find(
             stored.append(held.store(session, label, **where))
         location = _location(stored[0], server, data_dir)
         within = (changed, ref.sources.get(changed) or "") if changed is not None else None
-        return Divergence(session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes)
+        return Divergence(
+            session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes, empty=empty
+        )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
     # theirs (or the first divergence, where later), which must be the first pass's
