@@ -741,9 +741,11 @@ def _first_divergence_of(
         return replace(found, in_execution_order=False, unmatched_before=[])
     # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence
     previous = next((p for p in reversed(mine[:at]) if not passed_over(p)), None)
-    # a reference tensor without partner before it, pairs after it (an op the port runs once more beside its twin,
-    # a scale applied twice: neither of the port's faces the reference's, and the mask's ops pair between them and
-    # the divergence): the candidate's own from the pair before the last such tensor, where the port's extra call is
+    # a reference op without partner before it, in the same module call, pairs after it (an op the port runs once
+    # more beside its twin, a scale applied twice: neither of the port's faces the reference's, and the mask's ops
+    # pair between them and the divergence): the candidate's own from the pair before the last such op, where the
+    # port's extra call is
+    call = (mine[at].module_path or "").partition("/")
     last_unmatched = max(
         (
             u.before_position
@@ -751,6 +753,8 @@ def _first_divergence_of(
             if u.name in found.unmatched_before
             and u.against_run_id == mine[at].b.run_id
             and u.before_position is not None
+            and call[1]
+            and u.name.startswith(call[0] + "/")
         ),
         default=None,
     )
