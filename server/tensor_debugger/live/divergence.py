@@ -161,7 +161,11 @@ class Divergence:
                 f"candidate's and {'were' if count != 1 else 'was'} not compared (the first: {', '.join(first_few)}"
                 f"{more}); the divergence may have begun there."
             )
-        if len(f.candidate_unmatched_before) > len(f.candidate_only_before):  # some earlier than just before it
+        # the candidate's, where the reference's are named too (an op of both left unpaired as twins: the
+        # candidate's extra call is among these); the last few, nearest the divergence
+        if len(f.unmatched_before) > len(f.reference_only_before) and len(f.candidate_unmatched_before) > len(
+            f.candidate_only_before
+        ):
             count = len(f.candidate_unmatched_before)
             last_few = [f"{n} ({at})" if at else n for n, at in f.candidate_unmatched_before[-_LISTED:]]
             more = f"{count - len(last_few)} more and then " if count > len(last_few) else ""
