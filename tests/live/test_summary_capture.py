@@ -509,7 +509,10 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     assert first.candidate_only_before == (("Gate/pow#1_outputs", this_files_line("the port's extra scale")),)
     assert first.reference_only_before == ()
     extra_line = this_files_line("the port's extra scale")
-    said = f"Just before it, the candidate recorded Gate/pow#1_outputs ({extra_line}), which the reference did not."
+    said = (
+        f"Just before it, the candidate recorded Gate/pow#1_outputs ({extra_line}), which paired with none of the "
+        "reference's."
+    )
     assert said in repr(found)
     # the other way round: the reference runs the op the candidate leaves out
     found = find_divergence(

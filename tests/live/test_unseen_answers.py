@@ -378,7 +378,7 @@ class Early(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.one(x)
         if self.extra:
-            h = h * 1.0
+            h = h * 1.0  # the reference's extra scale
         out: torch.Tensor = self.two(torch.tanh(h))
         return out
 
@@ -396,9 +396,10 @@ def test_the_answer_names_the_references_tensors_before_the_divergence_that_were
     assert first is not None and first.module == "Early.two", repr(found)
     assert first.reference_only_before == (), first  # a pair lies between: not "just before it"
     assert first.unmatched_before == ("Early/mul#1_outputs",), first
+    extra = line_of("the reference's extra scale")
     assert (
         "1 tensor of the reference before it paired with none of the candidate's and was not compared (the first: "
-        "Early/mul#1_outputs); the divergence may have begun there." in found.words()
+        f"Early/mul#1_outputs ({extra})); the divergence may have begun there." in found.words()
     )
 
 

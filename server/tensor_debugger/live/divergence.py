@@ -101,6 +101,13 @@ class FirstDivergence:
     # every tensor of the reference before it, in its order, that paired with none of the candidate's (as the
     # session's `unmatched_before`): `reference_only_before` and any earlier, none of them compared
     unmatched_before: tuple[str, ...] = ()
+    # the line that made each of `unmatched_before` ("" where none), in its order
+    unmatched_before_sources: tuple[str, ...] = ()
+    # every tensor of the candidate before it, in its order, that paired with none of the reference's, with its line
+    # ("" where none): `candidate_only_before` and any earlier. An op both sides run, once more on one side and right
+    # beside its twin (a scale applied twice), faces none of the other side's (either call could be its partner), so
+    # the candidate's extra call, the bug, lies here, with the reference's call in `unmatched_before`
+    candidate_unmatched_before: tuple[tuple[str, str], ...] = ()
     # how its two ops were paired where not by position alone (two ops of one name and shape in one module call):
     # "paired by content: ...", or "paired by position, ambiguous: ..." (no culprit is then named on its module)
     pairing: str | None = None
@@ -134,6 +141,9 @@ class Divergence:
     # modules whose outputs fail and whose compared inputs pass but with inputs that were not compared (paired with
     # none of the candidate's, or left unpaired as out of step): each with those inputs; no culprit is named on them
     uncompared_inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # of the pairs of summaries compared, those whose tensors hold no elements (an empty batch): equal, whatever the
+    # models compute
+    empty: int = 0
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
@@ -158,15 +168,29 @@ class Divergence:
                 shown = extra[-_LISTED:]
                 listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
                 more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
-                text += f" Just before it, the {side} recorded {more}{listed}, which the {other} did not."
+                text += f" Just before it, the {side} recorded {more}{listed}, which paired with none of the {other}'s."
         if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
             count = len(f.unmatched_before)
-            first_few = f.unmatched_before[:_LISTED]
+            lines = f.unmatched_before_sources or ("",) * count
+            first_few = [f"{n} ({at})" if at else n for n, at in zip(f.unmatched_before, lines, strict=True)][:_LISTED]
             more = f", and {count - len(first_few)} more" if count > len(first_few) else ""
             text += (
                 f" {count} tensor{'s' if count != 1 else ''} of the reference before it paired with none of the "
                 f"candidate's and {'were' if count != 1 else 'was'} not compared (the first: {', '.join(first_few)}"
                 f"{more}); the divergence may have begun there."
+            )
+        # the candidate's, where the reference's are named too (an op of both left unpaired as twins: the
+        # candidate's extra call is among these); the last few, nearest the divergence
+        if len(f.unmatched_before) > len(f.reference_only_before) and len(f.candidate_unmatched_before) > len(
+            f.candidate_only_before
+        ):
+            count = len(f.candidate_unmatched_before)
+            last_few = [f"{n} ({at})" if at else n for n, at in f.candidate_unmatched_before[-_LISTED:]]
+            more = f"{count - len(last_few)} more and then " if count > len(last_few) else ""
+            text += (
+                f" {count} tensor{'s' if count != 1 else ''} of the candidate before it paired with none of the "
+                f"reference's (the last: {more}{', '.join(last_few)}): an op it runs that the reference does not, or "
+                "runs once more beside its twin, may be where it began."
             )
         if f.first_changed is not None:
             changed, at = f.first_changed
@@ -216,6 +240,10 @@ class Divergence:
             )
         else:
             found = f"From summaries: no difference found in {self.compared} pairs of summaries"
+        if self.empty:
+            every = "Every one of those pairs" if self.empty == self.compared else f"{self.empty} of those pairs"
+            theirs = "theirs" if self.empty > 1 else "its"
+            left += f" {every} held no elements (an empty input?): no value of {theirs} was compared."
         return (
             f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
             "model was called once (whether it gives the same values on every call was not checked)."
@@ -442,6 +470,7 @@ def _find(
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
     compared = 0
+    empty = 0  # pairs compared whose tensors hold no elements
     order = list(ref.summaries)
     for name in order:
         other = theirs.get(_key(name, root_a))
@@ -450,7 +479,8 @@ def _find(
         a, b = ref.summaries[name], cand.summaries[other]
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
-        if first is None and changed is None and verdict.hashes_differ:
+        empty += a.numel == 0 and b.numel == 0
+        if first is None and changed is None and verdict.hashes_differ and not _same_values_recast(a, b):
             changed = name
         if not verdict.passed and first is None:
             first = (name, other, verdict)
@@ -467,7 +497,9 @@ def _find(
             stored.append(held.store(session, label, **where))
         location = _location(stored[0], server, data_dir)
         within = (changed, ref.sources.get(changed) or "") if changed is not None else None
-        return Divergence(session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes)
+        return Divergence(
+            session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes, empty=empty
+        )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
     # theirs (or the first divergence, where later), which must be the first pass's
@@ -563,6 +595,8 @@ def _find(
         _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
         (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
+        tuple(ref.sources.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
+        tuple((n, cand.sources.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
         pairing_note(_strategy_of(ops.settled.get((name, other)))),
     )
     return Divergence(
@@ -581,6 +615,23 @@ def _find(
         notes,
         uncompared,
     )
+
+
+def _same_values_recast(a: Sketch, b: Sketch) -> bool:
+    """Whether two summaries whose hashes differ are of the same values held in two dtypes (a float32 input and
+    the float64 copy a port makes of it): the hash covers the dtype, but every statistic (float64) and sampled value
+    is equal. Such a pair is no place where values began to differ."""
+    stats = ("shape", "numel", "count", "sum", "sumsq", "min", "max", "nan", "inf")
+    return (
+        a.dtype != b.dtype
+        and all(getattr(a, s) == getattr(b, s) for s in stats)
+        and np.array_equal(np.asarray(a.sample), np.asarray(b.sample), equal_nan=True)
+    )
+
+
+def _before(order: Sequence[str], name: str) -> Sequence[str]:
+    """The names of `order` before `name`."""
+    return order[: order.index(name)]
 
 
 def _strategy_of(how: str | None) -> str:

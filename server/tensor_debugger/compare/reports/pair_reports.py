@@ -750,6 +750,25 @@ def _first_divergence_of(
         return replace(found, in_execution_order=False, unmatched_before=[])
     # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence
     previous = next((p for p in reversed(mine[:at]) if not passed_over(p)), None)
+    # a reference op without partner before it, in the same module call, pairs after it (an op the port runs once
+    # more beside its twin, a scale applied twice: neither of the port's faces the reference's, and the mask's ops
+    # pair between them and the divergence): the candidate's own from the pair before the last such op, where the
+    # port's extra call is
+    call = (mine[at].module_path or "").partition("/")
+    last_unmatched = max(
+        (
+            u.before_position
+            for u in missing
+            if u.name in found.unmatched_before
+            and u.against_run_id == mine[at].b.run_id
+            and u.before_position is not None
+            and call[1]
+            and u.name.startswith(call[0] + "/")
+        ),
+        default=None,
+    )
+    if previous is not None and last_unmatched is not None and last_unmatched <= previous.position:
+        previous = next((p for p in reversed(mine[:at]) if p.position < last_unmatched and not passed_over(p)), None)
     extra = candidate_only_before(db, session_id, mine[at], previous)
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
