@@ -161,11 +161,11 @@ def services(settings: Settings, store_environ: dict[str, str]) -> Iterator[Serv
 
 @pytest.fixture(scope="session")
 def hf_traces(tmp_path_factory: pytest.TempPathFactory) -> WrittenTraces:
-    """Hugging Face debugger traces of a tiny random Llama (tests/support/traces.py), each written once per run when
-    a test first asks for it, and only read by the tests."""
+    """Hugging Face debugger traces of a tiny random Llama (tests/support/traces.py), each written once per run (by
+    whichever pytest worker first asks for it), and only read by the tests."""
     from tests.support.traces import WrittenTraces
 
-    return WrittenTraces(tmp_path_factory.mktemp("traces"))
+    return WrittenTraces(tmp_path_factory)
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from tensor_debugger.engine.metrics import edges
 from tensor_debugger.store import compression
 from tensor_debugger.store.zarr_backend import DEFAULT_CODEC
 
+from tests.support.built_once import built_once
 from tests.support.kernel_reference import check_partial, pair_case
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,10 +67,7 @@ def elf_machine(path: Path) -> int:
     return int.from_bytes(header[18:20], "little")
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The kernel library for aarch64, as the build hook makes it there, and the driver."""
-    folder = tmp_path_factory.mktemp("aarch64")
+def build_library_and_driver(folder: Path) -> dict[str, Any]:
     library, driver = folder / "_fused_stats.so", folder / "kernel_driver"
     done, problems = build_hooks().compile_families(
         REPO, "engine/fused_stats.c", library, compiler=[CROSS], machine="aarch64"
@@ -79,7 +77,15 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     subprocess.run(
         [CROSS, "-O1", "-Wall", "-Werror", "-o", str(driver), str(source)], check=True, capture_output=True, text=True
     )
-    return library, driver
+    return {}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The kernel library for aarch64, as the build hook makes it there, and the driver: built once for the run
+    (tests/support/built_once.py), not once per pytest worker that runs one of the module's tests."""
+    folder, _ = built_once(tmp_path_factory, "aarch64-kernels", build_library_and_driver)
+    return folder / "_fused_stats.so", folder / "kernel_driver"
 
 
 def run(built: tuple[Path, Path], *args: object) -> dict[str, str]:
@@ -168,7 +174,7 @@ def test_summary_kernel_on_aarch64_gives_what_numpy_computes(
 @pytest.fixture(scope="module")
 def chunk_loop(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The chunk-loop library for aarch64, compiled with the build hook's flags and linked with the aarch64 wheel's
-    C-Blosc2."""
+    C-Blosc2, once for the run as `built`."""
     hooks = build_hooks()
     flags = hooks.blosc2_flags(BLOSC2)
     if isinstance(flags, str):
@@ -177,20 +183,24 @@ def chunk_loop(built: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactor
             f"no C-Blosc2 for aarch64: `make cross` unpacks the blosc2 wheel for manylinux aarch64 into "
             f"{BLOSC2.parent}, and {why} (say, it could not be downloaded)"
         )
-    library = tmp_path_factory.mktemp("aarch64-loop") / "_chunk_loop.so"
-    subprocess.run(
-        [
-            CROSS,
-            *hooks.FLAGS,
-            "-o",
-            str(library),
-            str(REPO / hooks.PACKAGE / "compare" / "compute" / "chunk_loop.c"),
-            *flags,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+
+    def build(folder: Path) -> dict[str, Any]:
+        subprocess.run(
+            [
+                CROSS,
+                *hooks.FLAGS,
+                "-o",
+                str(folder / "_chunk_loop.so"),
+                str(REPO / hooks.PACKAGE / "compare" / "compute" / "chunk_loop.c"),
+                *flags,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        return {}
+
+    library = built_once(tmp_path_factory, "aarch64-chunk-loop", build)[0] / "_chunk_loop.so"
     assert elf_machine(library) == EM_AARCH64
     return library
 

@@ -15,6 +15,7 @@ from tensor_debugger.cli.compare import run_compare
 from tensor_debugger.cli.compare_output import compare_request
 from tensor_debugger.services import Services
 
+from tests.support.built_once import built_once
 from tests.support.dumps import make_tar, make_zip, seeded
 
 
@@ -94,10 +95,10 @@ def tiny_llama() -> Any:
     return transformers.LlamaForCausalLM(config).eval()
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def save_checkpoints(root: Path) -> dict[str, Any]:
+    """The tiny Llama saved by transformers four ways, by torch.save, and one sharded save zipped, under `root`: the
+    paths by name, as text, and the keys of the model's state dict."""
     model = tiny_llama()
-    root = tmp_path_factory.mktemp("hf")
     made = {
         "safetensors": root / "whole_safetensors",
         "bin": root / "whole_bin",
@@ -113,13 +114,22 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     torch.save(model.state_dict(), plain / "state_dict.pth")
     made["state_dict"] = plain / "state_dict.pth"
     made["sharded_zip"] = make_zip(made["sharded_safetensors"], root / "sharded.zip", prefix="checkpoint/")
-    return made
+    return {"paths": {name: str(path) for name, path in made.items()}, "keys": sorted(model.state_dict())}
 
 
 @pytest.fixture(scope="module")
-def llama_tensors() -> int:
-    """How many tensors the tiny Llama's state dict holds (the model built once for the module)."""
-    return len(tiny_llama().state_dict())
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The checkpoints of `save_checkpoints`, saved once for the run (tests/support/built_once.py), not once per
+    pytest worker that runs one of the module's tests; only read by them."""
+    _, made = built_once(tmp_path_factory, "hf-checkpoints", save_checkpoints)
+    return {name: Path(path) for name, path in made["paths"].items()}
+
+
+@pytest.fixture(scope="module")
+def llama_keys(tmp_path_factory: pytest.TempPathFactory) -> set[str]:
+    """The keys of the saved tiny Llama's state dict (read from the model when `checkpoints` saved it)."""
+    _, made = built_once(tmp_path_factory, "hf-checkpoints", save_checkpoints)
+    return set(made["keys"])
 
 
 def test_checkpoints_are_really_sharded(checkpoints: dict[str, Path]) -> None:
@@ -144,21 +154,20 @@ def test_hugging_face_checkpoints_pair_in_any_packaging(
     services: Services,
     capsys: pytest.CaptureFixture[str],
     checkpoints: dict[str, Path],
-    llama_tensors: int,
+    llama_keys: set[str],
     a: str,
     b: str,
 ) -> None:
     code, out = compare(services, capsys, checkpoints[a], checkpoints[b])
     assert out["unmatched"] == {"a": [], "b": []}
-    assert len(out["pairs"]) == llama_tensors
+    assert len(out["pairs"]) == len(llama_keys)
     assert code == 0 and all(p["status"] == "pass" for p in out["pairs"])
     # the index is read, never reported as a file that is not a tensor
     assert not [p for p in out["problems"] if "index.json" in p["file"]]
     # a checkpoint's tensors are named by their keys, whichever shard or file holds them (a plain file's stem leads)
-    keys = set(tiny_llama().state_dict())
     for side, kind in (("a", a), ("b", b)):
         names = {p[side]["name"] for p in out["pairs"]}
-        assert names == keys or (kind == "state_dict" and names == {f"state_dict.{k}" for k in keys}), names
+        assert names == llama_keys or (kind == "state_dict" and names == {f"state_dict.{k}" for k in llama_keys}), names
 
 
 def test_missing_shard_is_reported_by_the_index(

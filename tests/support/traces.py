@@ -10,7 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
+
+from tests.support.built_once import built_once
 
 LAYERS = 2
 MODEL_CLASS = "LlamaForCausalLM"
@@ -103,13 +106,20 @@ TRACES: dict[str, dict[str, Any]] = {
 
 
 class WrittenTraces:
-    """The traces of TRACES under `root`, each written the first time a test asks for it; tests only read them."""
+    """The traces of TRACES, each written the first time a test of the run asks for it, once for the run
+    (tests/support/built_once.py: not once per pytest worker, each importing transformers' debugger and running the
+    model); tests only read them."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    def __init__(self, tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.factory = tmp_path_factory
         self.written: dict[str, Path] = {}
 
     def __getitem__(self, name: str) -> Path:
         if name not in self.written:
-            self.written[name] = write_trace(self.root / name, **TRACES[name])
+
+            def write(folder: Path) -> dict[str, Any]:
+                write_trace(folder, **TRACES[name])
+                return {}
+
+            self.written[name] = built_once(self.factory, f"trace-{name}", write)[0]
         return self.written[name]
