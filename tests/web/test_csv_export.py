@@ -48,7 +48,8 @@ def test_rows_judged_on_summaries_say_so_and_rows_not_compared_have_no_basis(
     from tensor_debugger import capture
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+    layers = [torch.nn.Linear(64, 64) for _ in range(3)]
+    model = torch.nn.Sequential(*layers)
     x = torch.randn(32, 64)
     name = "csv on summaries"
     with (
@@ -57,8 +58,8 @@ def test_rows_judged_on_summaries_say_so_and_rows_not_compared_have_no_basis(
     ):
         model(x)
     with torch.no_grad():
-        model[1].weight.mul_(1 + 1e-7)  # within tolerance: the hashes differ, no difference found
-        model[2].weight[3, 5] += 0.5  # a divergence
+        layers[1].weight.mul_(1 + 1e-7)  # within tolerance: the hashes differ, no difference found
+        layers[2].weight[3, 5] += 0.5  # a divergence
         with capture(model, name, "candidate", server=shared_server.url, token=shared_server.token) as sent:
             model(x)
     session_id = sent.session_id
