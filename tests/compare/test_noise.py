@@ -103,3 +103,32 @@ def test_the_floor_judges_only_pairs_against_the_reference(services: Services, t
     assert (str(early.status), early.rule, early.noise_max_abs_diff is not None) == ("fail", "noise", True)
     late = by_candidate["late", "early"]
     assert (str(late.status), late.rule, late.noise_max_abs_diff) == ("fail", "tolerance", None)
+
+
+def test_drift_within_the_noise_floor_names_no_culprit(tmp_path: Path) -> None:
+    """The rerun differs from the reference by 1e-3 at one element of each tensor; the candidate by 3e-3 at every
+    element from layer 2 on: within 4x the floor's max |diff|, so every pair passes by noise. Its relative RMSE
+    stands out against the floor's (one element's), but the drift is within the floor: no culprit, said in words."""
+    values = torch.Generator().manual_seed(0)
+    for run in ("ref", "rerun", "cand"):
+        (tmp_path / run).mkdir()
+    for layer in range(4):
+        for stage in ("attn", "mlp"):
+            tensor = torch.randn(8, 16, generator=values)
+            torch.save(tensor, tmp_path / "ref" / f"{layer}_{stage}.pth")
+            rerun = tensor.clone()
+            rerun[0, 0] += 1e-3
+            torch.save(rerun, tmp_path / "rerun" / f"{layer}_{stage}.pth")
+            drift = 3e-3 * torch.sign(torch.randn(8, 16, generator=values)) if layer >= 2 else 0.0
+            torch.save(tensor + drift, tmp_path / "cand" / f"{layer}_{stage}.pth")
+    data = str(tmp_path / "data")
+    runs = [str(tmp_path / r) for r in ("ref", "cand")]
+    done = main_cli("--data-dir", data, "compare", *runs, "--noise", str(tmp_path / "rerun"), "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert {(p["status"], p["rule"]) for p in out["pairs"]} == {("pass", "noise")}
+    assert out["culprits"] == [], out["culprits"]
+    assert out["culprit_note"].startswith("2_attn adds 0.00277 relative RMSE, which would stand out, but its output is")
+    assert "within the noise floor" in out["culprit_note"]
+    table = main_cli("--data-dir", data, "compare", *runs, "--noise", str(tmp_path / "rerun"))
+    assert "stands out" not in table.stdout and "CULPRIT" not in table.stdout, table.stdout
