@@ -423,6 +423,24 @@ def print_incomplete(problems: Sequence[ProblemReport], culprits: bool = True) -
         )
 
 
+def _no_divergence_of(report: CompareReport, label: str) -> str:
+    """In words, candidate `label`'s verdict where none of its pairs fails: on what it compared only ("among the
+    pairs compared") where a pair of its was not compared or a reference tensor has no partner in it, and saying so
+    where its passes rest on summaries. Another candidate's pairs and coverage are not its."""
+    mine = [p for p in report.pairs if p.candidate == label]
+    passing = sum(1 for p in mine if p.status == "pass")
+    run = next((r for r in report.coverage.runs if r.run == label), None) if report.coverage is not None else None
+    short = run is not None and run.compared < run.tensors
+    among = " among the pairs compared" if passing < len(mine) or short or not mine else ""
+    told = f"no divergence{among}: {passing} of {len(mine)} pairs pass"
+    if run is not None and short:
+        told += f", {run.compared} of {run.tensors} reference tensors compared"
+    sketched = sum(1 for p in mine if p.status == "pass" and p.on_summary and not (p.summary and p.summary.identical))
+    if sketched:
+        told += f" ({sketched} from summaries: no difference found in the summaries, not every element compared)"
+    return told
+
+
 def print_candidates(report: CompareReport) -> None:
     """Several candidates side by side: a row per reference tensor, a column per candidate (verdict and
     max |diff|), then each candidate's first divergence."""
@@ -442,7 +460,7 @@ def print_candidates(report: CompareReport) -> None:
     print_problems(report.problems)
     for label, first in report.first_divergences.items():
         if first is None:
-            print(f"{label}: no divergence")
+            print(f"{label}: {_no_divergence_of(report, label)}")
         else:
             where = "no layer" if first.layer is None else f"layer {first.layer}"
             print(f"{label}: {divergence_label(first)}: {first.name} ({where}){inside(first)}")
