@@ -11,6 +11,9 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord
 
+from tests.support import loopback_http
+from tests.support.servers import LiveServer, wait_done
+
 
 class Net(torch.nn.Module):
     """A linear layer, a NaN written into its output, and a ReLU (which keeps the NaN)."""
@@ -51,3 +54,24 @@ def test_the_same_nan_on_both_sides_fails_on_summaries_as_on_full_values(
         assert out.summary is not None and out.summary["basis"] == "summary"
         assert out.summary["identical"] and not out.summary["passed"]
         assert "bit-identical (equal content hashes), but 1 NaN elements: a NaN is a mismatch" in out.summary["reason"]
+
+
+def test_the_pair_page_of_a_bit_identical_pair_holding_a_nan_says_it_fails(shared_server: LiveServer) -> None:
+    """Through the app: the pair's page gives the reason (bit-identical, but a NaN is a mismatch), not the bare
+    "bit-identical" of a pass."""
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(4, 8)
+    name = "nans on the pair page"
+    for run, kind in (("reference", "summary"), ("candidate", "full")):
+        with (
+            torch.no_grad(),
+            capture(model, name, run, server=shared_server.url, token=shared_server.token, values=kind) as sent,
+        ):
+            model(x)
+    assert sent.session_id is not None
+    report = wait_done(shared_server, sent.session_id)
+    pair = next(p for p in report["pairs"] if p["name"] == "Net_outputs")
+    assert pair["status"] == "fail"
+    page = loopback_http.get(f"{shared_server.url}/pairs/{pair['id']}", headers=shared_server.auth).text
+    notice = page.split('id="from-summaries"')[1].split("</p>")[0]
+    assert "bit-identical (equal content hashes), but 1 NaN elements: a NaN is a mismatch" in notice, notice
