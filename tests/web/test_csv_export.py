@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -77,3 +78,8 @@ def test_rows_judged_on_summaries_say_so_and_rows_not_compared_have_no_basis(
     failing = rows["Sequential.2_outputs"]
     assert (failing["status"], failing["basis"], failing["max_abs_diff"]) == ("fail", "summary", ""), failing
     assert float(failing["sampled_max_abs_diff_lower_bound"]) > 0 and failing["reason"].startswith("from summaries: ")
+    # the session page's bands: a pass on summaries is no difference found in the summary (or identical, by its
+    # hashes), never "within tolerance", which its elements were never checked to be
+    page = http.get(f"{shared_server.url}/sessions/{session_id}?group=band", headers=shared_server.auth).text
+    heads = re.findall(r'<tr class="group-head.*?class="toggle"[^>]*>([^<]+)<', page, re.S)
+    assert heads == ["Identical", "No difference found in the summary", "Failing"], heads
