@@ -197,6 +197,9 @@ def test_a_session_whose_every_pair_was_not_compared_has_no_pairs_to_pass_among(
     data = str(tmp_path / "data")
     made = main_cli("--data-dir", data, "compare", str(tmp_path / "ref"), str(tmp_path / "cand"), "--name", "shapes")
     assert made.returncode == 1 and "INCOMPARABLE" in made.stdout, made.stdout
+    # compare itself: not "no divergence among the pairs compared: 0 of 1 pairs pass"
+    assert "nothing was compared: 0 of 1 pairs compared" in made.stdout.splitlines(), made.stdout
+    assert "no divergence" not in made.stdout
     done = main_cli("--data-dir", data, "compare-sessions", "shapes", "shapes")
     assert done.returncode == 2, done.stdout
     assert "A: shapes (session 1): nothing was compared: INCOMPLETE: 1 pairs could not be compared" in done.stdout

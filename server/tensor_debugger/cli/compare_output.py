@@ -246,7 +246,11 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
         off = {o.name for o in report.coverage.out_of_step} if report.coverage is not None else set()
         judged = [p for p in report.pairs if p.name not in off]
         passing = sum(1 for p in judged if p.status == "pass")
-        print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
+        if judged and not any(p.status in ("pass", "fail") for p in judged):
+            # not one pair has a verdict: there are no pairs compared to have no divergence among
+            print(f"nothing was compared: 0 of {len(judged)} pairs compared")
+        else:
+            print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
     else:
         print_first_divergence(report, first)
     print_unmatched_before(first)
@@ -431,6 +435,8 @@ def _no_divergence_of(report: CompareReport, label: str) -> str:
     passing = sum(1 for p in mine if p.status == "pass")
     run = next((r for r in report.coverage.runs if r.run == label), None) if report.coverage is not None else None
     short = run is not None and run.compared < run.tensors
+    if mine and not any(p.status in ("pass", "fail") for p in mine):
+        return f"nothing was compared: 0 of {len(mine)} pairs compared"
     among = " among the pairs compared" if passing < len(mine) or short or not mine else ""
     told = f"no divergence{among}: {passing} of {len(mine)} pairs pass"
     if run is not None and short:
