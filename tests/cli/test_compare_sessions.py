@@ -13,7 +13,7 @@ import torch
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
-from tests.support.servers import LiveServer
+from tests.support.servers import LiveServer, upload, wait_done
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +204,20 @@ def test_a_session_whose_every_pair_was_not_compared_has_no_pairs_to_pass_among(
     assert done.returncode == 2, done.stdout
     assert "A: shapes (session 1): nothing was compared: INCOMPLETE: 1 pairs could not be compared" in done.stdout
     assert "among the pairs compared" not in done.stdout
+
+
+def test_the_page_of_a_session_that_compared_nothing_says_so(shared_server: LiveServer, tmp_path: Path) -> None:
+    """Uploaded to the app: its one pair incomparable. The page says nothing was compared, not "no pair is outside
+    tolerance"."""
+    files = []
+    for run, width in (("reference", 6), ("candidate", 7)):
+        (tmp_path / run).mkdir()
+        torch.save(torch.ones(4, width), tmp_path / run / "0_query.pth")
+        files.append((run, tmp_path / run / "0_query.pth"))
+    made = upload(shared_server, "compared nothing", files)
+    assert made.status_code == 201, made.text
+    session_id = made.json()["session"]["id"]
+    wait_done(shared_server, session_id)
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    assert '<span id="nothing-compared">Incomplete: nothing was compared.</span>' in page
+    assert "no pair is outside tolerance" not in page
