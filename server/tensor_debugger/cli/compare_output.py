@@ -253,7 +253,7 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
             print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
     else:
         print_first_divergence(report, first)
-    print_unmatched_before(first)
+    print_unmatched_before(first, noise=_changed_by_noise(report, first))
     pending = sum(1 for p in report.pairs if p.status == "pending")
     if pending:
         print(fail_fast_stop(first, pending))
@@ -331,9 +331,23 @@ def names_of(names: list[str], shown: int = 20) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> None:
+def _changed_by_noise(report: CompareReport, first: DivergenceSummary | None, label: str | None = None) -> bool:
+    """Whether `first`'s first pair whose values differ (`first_changed`: its name, then its line) passed by the noise
+    rule, not within tolerance (candidate `label`'s pair, where several candidates are compared)."""
+    changed = first.first_changed if first is not None else None
+    if not changed:
+        return False
+    return any(
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        for p in report.pairs
+        if label is None or p.candidate == label
+    )
+
+
+def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", noise: bool = False) -> None:
     """Under a first divergence: the reference tensors without partner before it in execution order, and the
-    candidate's without partner just before it."""
+    candidate's without partner just before it; the first pair before it whose values differ at all, which passed
+    within tolerance, or with `noise` (it passed by the noise rule) within the noise floor."""
     before = first.unmatched_before if first else []
     if before:
         tensors = (
@@ -346,7 +360,8 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> N
     if extra:
         print(f"{lead}just before it, the candidate recorded what the reference did not: {names_of(extra)}")
     if first is not None and first.first_changed:
-        print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within tolerance there")
+        within = "the noise floor" if noise else "tolerance"
+        print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within {within} there")
 
 
 def print_not_compared(report: CompareReport) -> None:
@@ -470,7 +485,7 @@ def print_candidates(report: CompareReport) -> None:
         else:
             where = "no layer" if first.layer is None else f"layer {first.layer}"
             print(f"{label}: {divergence_label(first)}: {first.name} ({where}){inside(first)}")
-            print_unmatched_before(first, "  ")
+            print_unmatched_before(first, "  ", _changed_by_noise(report, first, label))
     print_not_compared(report)
     print_incomplete(report.problems)
 
