@@ -154,3 +154,22 @@ def test_a_tensor_the_rerun_lacks_has_no_floor_and_the_one_before_it_passed_by_n
     assert lines[6].split()[3:5] == ["FAIL", "0.003"], lines[6]  # 2_mlp: no floor column, no "(noise)"
     assert "FIRST DIVERGENCE: 2_mlp" in done.stdout
     assert "the first tensor whose values differ at all is 2_attn, within the noise floor there" in lines, lines
+
+
+def test_the_page_says_the_first_changed_pair_passed_by_the_noise_floor(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """The same runs compared on the app's data dir: the session page's line under the first divergence says
+    2_attn is within the noise floor there, not within tolerance."""
+    drifting_runs(tmp_path)
+    (tmp_path / "rerun" / "2_mlp.pth").unlink()
+    runs = [str(tmp_path / r) for r in ("ref", "cand")]
+    data = str(shared_server.data_dir)
+    done = main_cli(
+        "--data-dir", data, "compare", *runs, "--noise", str(tmp_path / "rerun"), "--name", "floor line", "--json"
+    )
+    assert done.returncode == 1, done.stderr
+    session_id = json.loads(done.stdout)["session"]["id"]
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    line = page.split('<span class="first-changed">')[1].split("</span>")[0]
+    assert line == "The first tensor whose values differ at all is 2_attn, within the noise floor there.", line

@@ -479,6 +479,22 @@ class FullValues:
     same: bool
 
 
+def changed_by_noise(report: SessionPairs) -> bool:
+    """Whether the first divergence's first pair whose values differ (`first_changed`: its name, then its line)
+    passed by the noise rule, not within tolerance."""
+    first = report.first_divergence
+    changed = first.first_changed if first is not None else None
+    if not changed or first is None:
+        return False
+    pairs = {p.id: p for p in report.pairs}
+    theirs = pairs.get(first.pair_id)
+    return any(
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        for p in report.pairs
+        if theirs is None or p.b.run_id == theirs.b.run_id
+    )
+
+
 def full_values(report: SessionPairs) -> list[FullValues]:
     """Where the session's first divergence rests on summaries: each other candidate's first divergence that was
     compared element by element (its pair has statistics), the same tensor's first."""
