@@ -150,7 +150,20 @@ def stage_culprits(
         for c, w in zip(ranked, would, strict=True)
     ]
     notes = [
-        _unknown_input_note(by_position[c.position], by_position[c.previous] if c.previous is not None else None, c)
+        _unknown_input_note(
+            by_position[c.position],
+            by_position[c.previous] if c.previous is not None else None,
+            c,
+            # pairs compared before it that are not ranked (integers, bools, weights, scalars): it is not the first
+            # tensor compared, only the first ranked
+            any(
+                i.b.run_id == candidate
+                and i.position < c.position
+                and i.position not in by_position
+                and i.status in (PairStatus.PASS, PairStatus.FAIL)
+                for i in items
+            ),
+        )
         for c, w in zip(ranked, would, strict=True)
         if w and c.position in unknown_input
     ]
@@ -183,11 +196,16 @@ def stage_culprits(
     )
 
 
-def _unknown_input_note(item: PairReport, previous: PairReport | None, stage: StageCulprit) -> str:
+def _unknown_input_note(
+    item: PairReport, previous: PairReport | None, stage: StageCulprit, unranked_before: bool = False
+) -> str:
     """In words, a stage whose added error would stand out but whose input was not compared: where the error is
-    first seen, not who made it."""
+    first seen, not who made it. `unranked_before`: pairs before it were compared but are not ranked."""
     where = (
-        "the first tensor compared"
+        "the first tensor compared that carries activations: the integer, bool, weight or scalar pairs compared "
+        "before it are not ranked"
+        if previous is None and unranked_before
+        else "the first tensor compared"
         if previous is None
         else f"after {previous.name}, with a tensor between them that was not compared"
     )
