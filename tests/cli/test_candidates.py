@@ -106,7 +106,7 @@ def test_candidates_through_a_running_server_and_its_pages(shared_server: LiveSe
     assert re.split(r"\s{2,}", lines[0]) == ["#", "layer", "tensor", "c3 (max |diff|)", "c2 (max |diff|)"]
     assert re.split(r"\s{2,}", lines[3]) == ["2", "1", "1_attn", "PASS 0", "FAIL 0.5"]
     assert (
-        "c3: no divergence" in lines
+        "c3: no divergence: 8 of 8 pairs pass" in lines
         and "c2: FIRST DIVERGENCE: 1_attn (layer 1); everywhere (no dimension confines it)" in lines
     )
     clean = main_cli("--data-dir", data, "compare", str(runs["ref"]), str(runs["c3"]), str(runs["ref"]), "--json")
@@ -123,3 +123,18 @@ def test_upload_of_three_runs_pairs_each_candidate(shared_server: LiveServer, ru
     assert [c["label"] for c in report["candidates"]] == ["c1", "c2"]
     assert [c["first_divergence"]["name"] for c in report["candidates"]] == ["2_attn", "1_attn"]
     assert report["first_divergence"]["name"] == "2_attn"
+
+
+def test_a_candidate_that_compared_less_does_not_borrow_anothers_no_divergence(tmp_path: Path) -> None:
+    """`compare ref c1 c2`: c1 compares all 8 tensors, c2 lacks one file and has another unreadable. c2's line
+    says it passed among the pairs it compared, 6 of the reference's 8, as `compare ref c2` alone says."""
+    ref = layered_dump(tmp_path / "ref", None)
+    c1 = layered_dump(tmp_path / "c1", None)
+    c2 = layered_dump(tmp_path / "c2", None)
+    (c2 / "3_mlp.pth").unlink()
+    (c2 / "2_mlp.pth").write_bytes(b"garbage")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(ref), str(c1), str(c2))
+    assert done.returncode == 2, done.stderr
+    lines = done.stdout.splitlines()
+    assert "c1: no divergence: 8 of 8 pairs pass" in lines, done.stdout
+    assert "c2: no divergence among the pairs compared: 6 of 6 pairs pass, 6 of 8 reference tensors compared" in lines

@@ -13,7 +13,7 @@ import torch
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
-from tests.support.servers import LiveServer
+from tests.support.servers import LiveServer, upload, wait_done
 
 
 @pytest.fixture(scope="module")
@@ -186,3 +186,38 @@ def test_a_pair_not_compared_in_either_session_is_no_change(tmp_path: Path) -> N
     assert changes["Net.attn_inputs_args_1"][1] == "not compared", changes
     done = main_cli("--data-dir", str(data), "compare-sessions", "float", "bool")
     assert "BROKEN" not in done.stdout and done.returncode == 2, done.stdout
+
+
+def test_a_session_whose_every_pair_was_not_compared_has_no_pairs_to_pass_among(tmp_path: Path) -> None:
+    """Its one pair incomparable (shapes [4, 6] and [4, 7]): nothing was compared, which compare-sessions says
+    instead of "no divergence among the pairs compared"; exit 2."""
+    for run, width in (("ref", 6), ("cand", 7)):
+        (tmp_path / run).mkdir()
+        torch.save(torch.ones(4, width), tmp_path / run / "0_query.pth")
+    data = str(tmp_path / "data")
+    made = main_cli("--data-dir", data, "compare", str(tmp_path / "ref"), str(tmp_path / "cand"), "--name", "shapes")
+    assert made.returncode == 1 and "INCOMPARABLE" in made.stdout, made.stdout
+    # compare itself: not "no divergence among the pairs compared: 0 of 1 pairs pass"
+    assert "nothing was compared: 0 of 1 pairs compared" in made.stdout.splitlines(), made.stdout
+    assert "no divergence" not in made.stdout
+    done = main_cli("--data-dir", data, "compare-sessions", "shapes", "shapes")
+    assert done.returncode == 2, done.stdout
+    assert "A: shapes (session 1): nothing was compared: INCOMPLETE: 1 pairs could not be compared" in done.stdout
+    assert "among the pairs compared" not in done.stdout
+
+
+def test_the_page_of_a_session_that_compared_nothing_says_so(shared_server: LiveServer, tmp_path: Path) -> None:
+    """Uploaded to the app: its one pair incomparable. The page says nothing was compared, not "no pair is outside
+    tolerance"."""
+    files = []
+    for run, width in (("reference", 6), ("candidate", 7)):
+        (tmp_path / run).mkdir()
+        torch.save(torch.ones(4, width), tmp_path / run / "0_query.pth")
+        files.append((run, tmp_path / run / "0_query.pth"))
+    made = upload(shared_server, "compared nothing", files)
+    assert made.status_code == 201, made.text
+    session_id = made.json()["session"]["id"]
+    wait_done(shared_server, session_id)
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    assert '<span id="nothing-compared">Incomplete: nothing was compared.</span>' in page
+    assert "no pair is outside tolerance" not in page

@@ -157,3 +157,25 @@ def test_with_a_noise_floor_a_culprit_stands_out_from_what_the_floor_predicts(tm
         "--noise", str(folders["rerun"]), "--json",
     )  # fmt: skip
     assert [c["name"] for c in json.loads(done.stdout)["culprits"]] == ["1_value"]
+
+
+def test_a_stage_after_integer_and_bool_pairs_is_not_called_the_first_tensor_compared(tmp_path: Path) -> None:
+    """0_query (int32) and 0_key (bool) are compared, not ranked; 0_value (float, 1% off) is the first ranked stage:
+    the note says it is the first that carries activations, not the first tensor compared."""
+    torch.manual_seed(0)
+    for run in ("a", "b"):
+        (tmp_path / run).mkdir()
+        torch.save(torch.tensor([1, 2, 3], dtype=torch.int32), tmp_path / run / "0_query.pth")
+        torch.save(torch.tensor([True, False]), tmp_path / run / "0_key.pth")
+    value = torch.randn(8, 16)
+    for run, scale in (("a", 1.0), ("b", 1.01)):
+        torch.save(value * scale, tmp_path / run / "0_value.pth")
+        for n, stage in enumerate(("1_query", "1_key", "1_value", "2_query", "2_key")):  # carrying it, adding none
+            torch.save(value * scale * (n + 2), tmp_path / run / f"{stage}.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    assert done.returncode == 1, done.stderr
+    note = json.loads(done.stdout)["culprit_note"]
+    assert note.startswith(
+        "the error is already there at 0_value (the first tensor compared that carries activations: the integer, "
+        "bool, weight or scalar pairs compared before it are not ranked; "
+    ), note

@@ -103,3 +103,73 @@ def test_the_floor_judges_only_pairs_against_the_reference(services: Services, t
     assert (str(early.status), early.rule, early.noise_max_abs_diff is not None) == ("fail", "noise", True)
     late = by_candidate["late", "early"]
     assert (str(late.status), late.rule, late.noise_max_abs_diff) == ("fail", "tolerance", None)
+
+
+def drifting_runs(root: Path) -> None:
+    """`root`/ref, rerun and cand: the rerun differs from the reference by 1e-3 at one element of each tensor; the
+    candidate by 3e-3 at every element from layer 2 on, within 4x the floor's max |diff|."""
+    tmp_path = root
+    values = torch.Generator().manual_seed(0)
+    for run in ("ref", "rerun", "cand"):
+        (tmp_path / run).mkdir()
+    for layer in range(4):
+        for stage in ("attn", "mlp"):
+            tensor = torch.randn(8, 16, generator=values)
+            torch.save(tensor, tmp_path / "ref" / f"{layer}_{stage}.pth")
+            rerun = tensor.clone()
+            rerun[0, 0] += 1e-3
+            torch.save(rerun, tmp_path / "rerun" / f"{layer}_{stage}.pth")
+            drift = 3e-3 * torch.sign(torch.randn(8, 16, generator=values)) if layer >= 2 else 0.0
+            torch.save(tensor + drift, tmp_path / "cand" / f"{layer}_{stage}.pth")
+
+
+def test_drift_within_the_noise_floor_names_no_culprit(tmp_path: Path) -> None:
+    """`drifting_runs`: every pair passes by noise. The candidate's relative RMSE stands out against the floor's
+    (one element's), but the drift is within the floor: no culprit, said in words."""
+    drifting_runs(tmp_path)
+    data = str(tmp_path / "data")
+    runs = [str(tmp_path / r) for r in ("ref", "cand")]
+    done = main_cli("--data-dir", data, "compare", *runs, "--noise", str(tmp_path / "rerun"), "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert {(p["status"], p["rule"]) for p in out["pairs"]} == {("pass", "noise")}
+    assert out["culprits"] == [], out["culprits"]
+    assert out["culprit_note"].startswith("2_attn adds 0.00277 relative RMSE, which would stand out, but its output is")
+    assert "within the noise floor" in out["culprit_note"]
+    table = main_cli("--data-dir", data, "compare", *runs, "--noise", str(tmp_path / "rerun"))
+    assert "stands out" not in table.stdout and "CULPRIT" not in table.stdout, table.stdout
+
+
+def test_a_tensor_the_rerun_lacks_has_no_floor_and_the_one_before_it_passed_by_noise_not_tolerance(
+    tmp_path: Path,
+) -> None:
+    """`drifting_runs` with the rerun lacking 2_mlp: that pair has no floor and fails by tolerance; 2_attn before it
+    differs (3e-3, outside tolerance) but passed by noise, which the line naming it says."""
+    drifting_runs(tmp_path)
+    (tmp_path / "rerun" / "2_mlp.pth").unlink()
+    runs = [str(tmp_path / r) for r in ("ref", "cand")]
+    done = main_cli("--data-dir", str(tmp_path / "data"), "compare", *runs, "--noise", str(tmp_path / "rerun"))
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[6].split()[3:5] == ["FAIL", "0.003"], lines[6]  # 2_mlp: no floor column, no "(noise)"
+    assert "FIRST DIVERGENCE: 2_mlp" in done.stdout
+    assert "the first tensor whose values differ at all is 2_attn, within the noise floor there" in lines, lines
+
+
+def test_the_page_says_the_first_changed_pair_passed_by_the_noise_floor(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """The same runs compared on the app's data dir: the session page's line under the first divergence says
+    2_attn is within the noise floor there, not within tolerance."""
+    drifting_runs(tmp_path)
+    (tmp_path / "rerun" / "2_mlp.pth").unlink()
+    runs = [str(tmp_path / r) for r in ("ref", "cand")]
+    data = str(shared_server.data_dir)
+    done = main_cli(
+        "--data-dir", data, "compare", *runs, "--noise", str(tmp_path / "rerun"), "--name", "floor line", "--json"
+    )
+    assert done.returncode == 1, done.stderr
+    session_id = json.loads(done.stdout)["session"]["id"]
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    line = page.split('<span class="first-changed">')[1].split("</span>")[0]
+    assert line == "The first tensor whose values differ at all is 2_attn, within the noise floor there.", line

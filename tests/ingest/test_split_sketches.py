@@ -67,7 +67,13 @@ def test_shards_merge_into_the_whole_tensors_summary(
     assert all(a == b or (math.isnan(a) and math.isnan(b)) for a, b in zip(merged.sample, expected.sample, strict=True))
     assert merged.hash.startswith("shards:") and merged.hash != expected.hash  # never called bit-identical
     tolerance = Tolerance(rtol=1e-6, atol=1e-6)
-    assert compare_sketches(expected, merged, tolerance).passed
+    same = compare_sketches(expected, merged, tolerance)
+    # the NaN is a mismatch (NaN against NaN too, as full values are judged), and nothing else differs
+    assert not same.passed and "1 NaN elements: a NaN is a mismatch" in same.reason, same.reason
+    assert "norms" not in same.reason and "means" not in same.reason
+    assert same.sampled_mismatched == sum(1 for v in expected.sample if math.isnan(v))
+    finite = sketch(torch.nan_to_num(whole, nan=0.0, posinf=math.inf, neginf=-math.inf))
+    assert compare_sketches(finite, finite, tolerance).passed
     shifted = sketch(torch.where(torch.isfinite(whole), whole + 0.5, whole))
     assert not compare_sketches(shifted, merged, tolerance).passed
 

@@ -766,10 +766,14 @@ def test_values_that_change_only_after_the_last_tensor_asked_for_do_not_change_t
 
 
 def test_full_values_are_compared_as_torch_testing_compares_them() -> None:
-    """The second pass's element-wise statistics: NaN against NaN and an infinity against the same one agree; NaN
-    against a number is the largest difference; two equal tensors differ nowhere; mixed dtypes are compared wide."""
+    """The second pass's element-wise statistics: an infinity against the same one agrees; a NaN is a mismatch (NaN
+    against NaN too, as the session's comparison and torch.testing hold) and the largest difference; two equal
+    tensors differ nowhere; mixed dtypes are compared wide."""
     tol = Tolerance(0.0, 0.5)
     a = torch.tensor([[1.0, float("nan"), float("inf")], [4.0, 5.0, 6.0]])
+    same = _full_stats(a, a.clone(), ("a", "b"), tol)
+    assert (same.max_abs_diff, same.argmax, same.mismatched, same.numel, same.passed) == (math.inf, (0, 1), 1, 6, False)
+    a[0, 1] = 2.0
     same = _full_stats(a, a.clone(), ("a", "b"), tol)
     assert (same.max_abs_diff, same.argmax, same.mismatched, same.numel, same.passed) == (0.0, (0, 0), 0, 6, True)
     b = a.clone()
@@ -804,7 +808,7 @@ INF, NAN = math.inf, math.nan
         ([INF, 1.0], [5.0, 1.0], 0.0, 1e-5),
         ([-INF, 1.0], [-INF, 1.0], 0.0, 0.0),  # the same infinity agrees
         ([INF, -INF], [INF, -INF], 1.3e-6, 1e-5),
-        ([NAN, 1.0], [NAN, 1.0], 1.3e-6, 1e-5),  # NaN against NaN agrees (equal_nan)
+        ([NAN, 1.0], [NAN, 1.0], 1.3e-6, 1e-5),  # NaN against NaN is a mismatch (equal_nan=False)
         ([NAN, 1.0], [5.0, 1.0], 1.3e-6, 1e-5),  # NaN against a number does not
         ([5.0, 1.0], [NAN, 1.0], 0.0, 0.0),
         ([NAN, INF], [INF, NAN], 1.3e-6, 1e-5),
@@ -816,10 +820,10 @@ def test_full_values_pass_where_torch_testing_passes_infinities_and_nans_include
     reference: list[float], candidate: list[float], rtol: float, atol: float
 ) -> None:
     """An infinity against a number or against the other infinity is outside any tolerance (its bound, inf or with
-    rtol 0 NaN, let it pass before); NaN against NaN agrees, as torch.testing.assert_close(equal_nan=True)."""
+    rtol 0 NaN, let it pass before); a NaN fails, NaN against NaN too, as torch.testing.assert_close's default."""
     a, b = torch.tensor(reference, dtype=torch.float64), torch.tensor(candidate, dtype=torch.float64)
     try:
-        torch.testing.assert_close(b, a, rtol=rtol, atol=atol, equal_nan=True)
+        torch.testing.assert_close(b, a, rtol=rtol, atol=atol)
         expected = True
     except AssertionError:
         expected = False

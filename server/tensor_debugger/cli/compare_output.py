@@ -246,10 +246,14 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
         off = {o.name for o in report.coverage.out_of_step} if report.coverage is not None else set()
         judged = [p for p in report.pairs if p.name not in off]
         passing = sum(1 for p in judged if p.status == "pass")
-        print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
+        if judged and not any(p.status in ("pass", "fail") for p in judged):
+            # not one pair has a verdict: there are no pairs compared to have no divergence among
+            print(f"nothing was compared: 0 of {len(judged)} pairs compared")
+        else:
+            print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
     else:
         print_first_divergence(report, first)
-    print_unmatched_before(first)
+    print_unmatched_before(first, noise=_changed_by_noise(report, first))
     pending = sum(1 for p in report.pairs if p.status == "pending")
     if pending:
         print(fail_fast_stop(first, pending))
@@ -329,9 +333,23 @@ def names_of(names: list[str], shown: int = 20) -> str:
     return ", ".join(names[:shown]) + more
 
 
-def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> None:
+def _changed_by_noise(report: CompareReport, first: DivergenceSummary | None, label: str | None = None) -> bool:
+    """Whether `first`'s first pair whose values differ (`first_changed`: its name, then its line) passed by the noise
+    rule, not within tolerance (candidate `label`'s pair, where several candidates are compared)."""
+    changed = first.first_changed if first is not None else None
+    if not changed:
+        return False
+    return any(
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        for p in report.pairs
+        if label is None or p.candidate == label
+    )
+
+
+def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", noise: bool = False) -> None:
     """Under a first divergence: the reference tensors without partner before it in execution order, and the
-    candidate's without partner just before it."""
+    candidate's without partner just before it; the first pair before it whose values differ at all, which passed
+    within tolerance, or with `noise` (it passed by the noise rule) within the noise floor."""
     before = first.unmatched_before if first else []
     if before:
         tensors = (
@@ -344,7 +362,8 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "") -> N
     if extra:
         print(f"{lead}just before it, the candidate recorded what the reference did not: {names_of(extra)}")
     if first is not None and first.first_changed:
-        print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within tolerance there")
+        within = "the noise floor" if noise else "tolerance"
+        print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within {within} there")
 
 
 def print_not_compared(report: CompareReport) -> None:
@@ -425,6 +444,26 @@ def print_incomplete(problems: Sequence[ProblemReport], culprits: bool = True) -
         )
 
 
+def _no_divergence_of(report: CompareReport, label: str) -> str:
+    """In words, candidate `label`'s verdict where none of its pairs fails: on what it compared only ("among the
+    pairs compared") where a pair of its was not compared or a reference tensor has no partner in it, and saying so
+    where its passes rest on summaries. Another candidate's pairs and coverage are not its."""
+    mine = [p for p in report.pairs if p.candidate == label]
+    passing = sum(1 for p in mine if p.status == "pass")
+    run = next((r for r in report.coverage.runs if r.run == label), None) if report.coverage is not None else None
+    short = run is not None and run.compared < run.tensors
+    if mine and not any(p.status in ("pass", "fail") for p in mine):
+        return f"nothing was compared: 0 of {len(mine)} pairs compared"
+    among = " among the pairs compared" if passing < len(mine) or short or not mine else ""
+    told = f"no divergence{among}: {passing} of {len(mine)} pairs pass"
+    if run is not None and short:
+        told += f", {run.compared} of {run.tensors} reference tensors compared"
+    sketched = sum(1 for p in mine if p.status == "pass" and p.on_summary and not (p.summary and p.summary.identical))
+    if sketched:
+        told += f" ({sketched} from summaries: no difference found in the summaries, not every element compared)"
+    return told
+
+
 def print_candidates(report: CompareReport) -> None:
     """Several candidates side by side: a row per reference tensor, a column per candidate (verdict and
     max |diff|), then each candidate's first divergence."""
@@ -444,11 +483,11 @@ def print_candidates(report: CompareReport) -> None:
     print_problems(report.problems)
     for label, first in report.first_divergences.items():
         if first is None:
-            print(f"{label}: no divergence")
+            print(f"{label}: {_no_divergence_of(report, label)}")
         else:
             where = "no layer" if first.layer is None else f"layer {first.layer}"
             print(f"{label}: {divergence_label(first)}: {first.name} ({where}){inside(first)}")
-            print_unmatched_before(first, "  ")
+            print_unmatched_before(first, "  ", _changed_by_noise(report, first, label))
     print_not_compared(report)
     print_incomplete(report.problems)
 

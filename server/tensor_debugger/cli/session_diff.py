@@ -35,7 +35,7 @@ def run_compare_sessions(services: Services, first: str, second: str, as_json: b
 
 
 def incomplete(coverage: Coverage) -> str:
-    """A session with no failing pair that did not compare everything."""
+    """A session with no failing pair that did not compare everything (or nothing at all)."""
     parts = []
     if coverage.unmatched:
         parts.append(
@@ -57,7 +57,9 @@ def incomplete(coverage: Coverage) -> str:
             "(which one is paired by the name is a guess)"
         )
     parts.extend(f"no tensor of {run.words} was compared" for run in coverage.runs_not_compared)
-    return "no divergence among the pairs compared, but INCOMPLETE: " + "; ".join(parts or ["nothing to compare"])
+    # where no pair was compared at all, there are no pairs to have no divergence among
+    lead = "no divergence among the pairs compared, but" if coverage.compared else "nothing was compared:"
+    return f"{lead} INCOMPLETE: " + "; ".join(parts or ["nothing to compare"])
 
 
 def print_diff(diff: SessionDiff) -> None:

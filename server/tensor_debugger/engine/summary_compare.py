@@ -7,8 +7,9 @@ positions for every tensor with as many elements: `sample_positions`).
 
 Two summaries of the same shape compare on what they allow, with the pair's tolerance (|b - a| <= atol + rtol * |a|
 per element, the rule full comparisons use):
-- equal hashes: bit-identical (up to a 64-bit hash's collisions), a pass;
-- different NaN or Inf counts: a divergence;
+- equal hashes: bit-identical (up to a 64-bit hash's collisions), a pass, but for a tensor holding a NaN;
+- different NaN or Inf counts, or a NaN on either side: a divergence (a NaN is a mismatch, as full comparisons and
+  torch.testing's default, equal_nan=False, hold: NaN against NaN too);
 - the sampled elements: the largest |b - a| among them is a LOWER BOUND of the pair's max |diff|; one sampled
   element outside the tolerance is a divergence;
 - the norms: |‖b‖ - ‖a‖| <= ‖b - a‖, and if every element were within tolerance, ‖b - a‖ <= atol·√n + rtol·‖a‖; so
@@ -239,9 +240,18 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
     if a.shape != b.shape:
         reason = f"from summaries: shapes differ ({list(a.shape)} vs {list(b.shape)})"
         return SketchVerdict(False, False, False, reason, 0, None, 0, None, None, None, None, *counts, described)
+    # a NaN is a mismatch wherever it is, NaN against NaN too, as the pair's full values would be judged
+    nans = f"{max(a.nan, b.nan)} NaN elements: a NaN is a mismatch, NaN against NaN too" if a.nan or b.nan else None
     if a.hash == b.hash and a.dtype == b.dtype:
         norm = math.sqrt(a.sumsq)
         reason = "from summaries: bit-identical (equal content hashes)"
+        if nans is not None:
+            sampled_nan = sum(1 for v in a.sample if math.isnan(v))
+            reason += f", but {nans}"
+            return SketchVerdict(
+                False, True, True, reason, len(a.sample), math.inf if sampled_nan else 0.0, sampled_nan,
+                norm, norm, 0.0, 0.0, *counts, described, False,
+            )  # fmt: skip
         return SketchVerdict(
             True, True, True, reason, len(a.sample), 0.0, 0, norm, norm, 0.0, 0.0, *counts, described, False
         )
@@ -250,11 +260,10 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
     xb = np.array(b.sample, dtype=np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         diff = np.abs(xb - xa)
-        both_nan = np.isnan(xa) & np.isnan(xb)
         same_inf = np.isinf(xa) & (xa == xb)
-        diff = np.where(both_nan | same_inf, 0.0, diff)
+        diff = np.where(same_inf, 0.0, diff)
+        # a NaN on either side (NaN against NaN too) is a mismatch
         bad = np.isnan(diff) | (diff > tolerance.bound(np.abs(np.nan_to_num(xa, nan=0.0, posinf=0.0, neginf=0.0))))
-        bad |= np.isnan(xb) & ~both_nan  # a NaN fails wherever the reference has none
     sampled_max = float(np.nanmax(np.where(np.isnan(diff), np.inf, diff))) if diff.size else None
     mismatched = int(np.count_nonzero(bad))
     norm_a, norm_b = math.sqrt(a.sumsq), math.sqrt(b.sumsq)
@@ -267,6 +276,8 @@ def compare_sketches(a: Sketch, b: Sketch, tolerance: Tolerance) -> SketchVerdic
     failures: list[str] = []
     if a.nan != b.nan or a.inf != b.inf:
         failures.append(f"NaN/Inf counts differ ({a.nan}/{a.inf} vs {b.nan}/{b.inf})")
+    elif nans is not None:
+        failures.append(nans)
     if mismatched:
         failures.append(f"{mismatched} of {diff.size} sampled elements outside {described}")
     if finite and abs(norm_b - norm_a) > (atol * math.sqrt(n) + rtol * norm_a) * (1 + _ROUNDING) + _ROUNDING * norm_a:

@@ -342,10 +342,11 @@ def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], unt
 
 
 def _full_stats(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], tolerance: Tolerance) -> ElementStats:
-    """Element by element, as torch.testing compares: equal values (infinities of one sign included) and NaN against
-    NaN agree; complex values by the magnitude of their difference; an empty tensor has nothing outside. In float64
-    (complex128), on the host, one thread; two tensors of one dtype that are equal throughout (`torch.equal`: the
-    pairs before the divergence) are not widened at all: every difference is 0."""
+    """Element by element, as torch.testing compares by default and the session's comparison does: equal values
+    (infinities of one sign included) agree, a NaN is a mismatch (NaN against NaN too: equal_nan=False); complex
+    values by the magnitude of their difference; an empty tensor has nothing outside. In float64 (complex128), on
+    the host, one thread; two tensors of one dtype that are equal throughout (`torch.equal`: the pairs before the
+    divergence) are not widened at all: every difference is 0."""
     shape = tuple(a.shape)
     if not a.numel():
         return ElementStats(names[0], names[1], shape, 0.0, (), 0, 0, True)
@@ -358,7 +359,7 @@ def _full_stats(a: torch.Tensor, b: torch.Tensor, names: tuple[str, str], tolera
         diff = np.abs(y - x)  # float64; NaN where either is NaN, or both are the same infinity
         nan = np.isnan(diff)
         if nan.any():
-            diff[(x == y) | (np.isnan(x) & np.isnan(y))] = 0.0  # agree: no difference
+            diff[x == y] = 0.0  # the same infinity agrees; a NaN (against NaN too) does not
             nan = np.isnan(diff)
         # an infinity against a number or against the other infinity: its bound is inf (or, with rtol 0, NaN),
         # which no comparison exceeds; it is outside any tolerance, as torch.testing holds

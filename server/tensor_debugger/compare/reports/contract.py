@@ -236,13 +236,18 @@ def compare_report(
 def culprit_note(report: SessionPairs) -> str | None:
     """In words: where error appears inside a block that records no output, say so (the trace lacks what would
     localise it further); where a stage's error would stand out but its input was not compared, that where it began
-    is not known; where no culprit stands out although error was added, that the error grows evenly."""
+    is not known; where one would stand out but is within the noise floor, so; where no culprit stands out although
+    error was added, that the error grows evenly."""
     if report.modules is not None and report.modules.notes:
         return "; ".join(report.modules.notes)
     if report.stage_notes:
         return "; ".join(report.stage_notes)
     if report.error_growth != "even":
         return None
+    # what would stand out but is within the noise floor: no culprit, and said so rather than "grows evenly"
+    within = report.modules.noise_notes if report.modules is not None else report.stage_noise_notes
+    if within:
+        return "; ".join(within)
     what = "module" if report.modules is not None else "stage"
     return (
         f"the error grows evenly through the run: no {what} stands out (as a change of precision or of kernels "

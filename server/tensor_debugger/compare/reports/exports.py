@@ -3,7 +3,14 @@ column (the run's label) says whose each pair is (`candidate` is the candidate t
 
 Tensor and run names come from the uploaded files: a text cell that a spreadsheet would read as a formula (one
 starting with `=`, `+`, `-`, `@`, a tab or a carriage return) gets a leading `'`, as OWASP advises against CSV
-injection. Numbers, and the statistics' "-inf", are left as they are."""
+injection. Numbers, and the statistics' "-inf", are left as they are.
+
+A row says what its verdict rests on: `basis` is "values" (every element compared: the statistics columns),
+"summary" (a pair judged on a capture's summaries: no statistics, its `status` "pass" only "no difference found in
+the summary" unless `reason` says bit-identical, and `sampled_max_abs_diff_lower_bound` the largest difference
+among the sampled elements, a lower bound of the pair's), "statistics" (a trace's reported statistics, compared) or
+empty (nothing compared: pending, errored, incomparable); `reason` is the summary's verdict in words or why the pair
+was not compared; `rule` "noise" where the verdict is against the rerun's noise floor (`noise_max_abs_diff`)."""
 
 from __future__ import annotations
 
@@ -46,6 +53,11 @@ COLUMNS = (
     "candidate_dtype",
     "alignment",
     *STAT_COLUMNS,
+    "basis",
+    "sampled_max_abs_diff_lower_bound",
+    "reason",
+    "rule",
+    "noise_max_abs_diff",
 )
 
 
@@ -89,6 +101,20 @@ def pairs_to_csv(pairs: list[PairReport], runs: dict[int, str] | None = None) ->
                     )
                 ),
                 *(getattr(s, k) if s is not None else "" for k in STAT_COLUMNS),
+                *_basis(p),
+                text_cell(p.rule),
+                "" if p.noise_max_abs_diff is None else p.noise_max_abs_diff,
             ]
         )
     return out.getvalue()
+
+
+def _basis(p: PairReport) -> tuple[object, object, object]:
+    """`basis`, `sampled_max_abs_diff_lower_bound` and `reason` of `p`'s row (see the module docstring)."""
+    summary = p.summary if p.summary is not None and p.summary.on_summary else None
+    if summary is not None:
+        bound = summary.sampled_max_abs_diff
+        return "summary", "" if not isinstance(bound, int | float | str) else bound, text_cell(summary.reason or "")
+    if p.summary is not None and p.stats is None:  # a use_repr trace's reported statistics, compared
+        return "statistics", "", text_cell(p.error or "")
+    return ("values" if p.stats is not None else ""), "", text_cell(p.error or "")

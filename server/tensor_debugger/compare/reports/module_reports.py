@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tensor_debugger.compare.reports.formatting import format_error
+from tensor_debugger.compare.reports.noise import Rule
 from tensor_debugger.compare.reports.pair_report import PairReport
 from tensor_debugger.engine.culprits import (
     MIN_ADDED_ERROR,
@@ -103,6 +104,8 @@ class StageRanking:
     # where a stage's added error would stand out but the tensor before it was not compared (the first compared, or
     # one after a pair with no values): its input error is not known, so it is named in words, not as a culprit
     notes: list[str] = field(default_factory=list)
+    # where a stage's added error would stand out but its pair passed within the noise floor: no culprit, in words
+    noise_notes: list[str] = field(default_factory=list)
 
 
 def stage_culprits(
@@ -141,11 +144,33 @@ def stage_culprits(
         [(floors or {}).get(by_position[c.position].a.name) for c in ranked],
         factor,
     )
-    marked = [w and c.position not in unknown_input for c, w in zip(ranked, would, strict=True)]
+    # a stage whose own pair passed within the noise floor made no error beyond the noise: never a culprit
+    marked = [
+        w and c.position not in unknown_input and not within_noise([by_position[c.position]])
+        for c, w in zip(ranked, would, strict=True)
+    ]
     notes = [
-        _unknown_input_note(by_position[c.position], by_position[c.previous] if c.previous is not None else None, c)
+        _unknown_input_note(
+            by_position[c.position],
+            by_position[c.previous] if c.previous is not None else None,
+            c,
+            # pairs compared before it that are not ranked (integers, bools, weights, scalars): it is not the first
+            # tensor compared, only the first ranked
+            any(
+                i.b.run_id == candidate
+                and i.position < c.position
+                and i.position not in by_position
+                and i.status in (PairStatus.PASS, PairStatus.FAIL)
+                for i in items
+            ),
+        )
         for c, w in zip(ranked, would, strict=True)
         if w and c.position in unknown_input
+    ]
+    noise_notes = [
+        _within_noise_words(by_position[c.position].name, c.added_error)
+        for c, w in zip(ranked, would, strict=True)
+        if w and c.position not in unknown_input and within_noise([by_position[c.position]])
     ]
 
     def report(c: StageCulprit) -> StageCulpritReport:
@@ -167,14 +192,20 @@ def stage_culprits(
         [report(c) for c, culprit in zip(ranked, marked, strict=True) if culprit][:STAGE_CULPRITS],
         len(ranked),
         notes,
+        noise_notes,
     )
 
 
-def _unknown_input_note(item: PairReport, previous: PairReport | None, stage: StageCulprit) -> str:
+def _unknown_input_note(
+    item: PairReport, previous: PairReport | None, stage: StageCulprit, unranked_before: bool = False
+) -> str:
     """In words, a stage whose added error would stand out but whose input was not compared: where the error is
-    first seen, not who made it."""
+    first seen, not who made it. `unranked_before`: pairs before it were compared but are not ranked."""
     where = (
-        "the first tensor compared"
+        "the first tensor compared that carries activations: the integer, bool, weight or scalar pairs compared "
+        "before it are not ranked"
+        if previous is None and unranked_before
+        else "the first tensor compared"
         if previous is None
         else f"after {previous.name}, with a tensor between them that was not compared"
     )
@@ -194,6 +225,8 @@ class ModuleReport:
     # where the error stands out between a block's children, in code of the block's own that records no output
     # ("`….self_attn` records no output: the error appears between its q_proj, k_proj, v_proj and `o_proj`")
     notes: list[str] = field(default_factory=list)
+    # where a stage's added error would stand out but its pair passed within the noise floor: no culprit, in words
+    noise_notes: list[str] = field(default_factory=list)
 
 
 def carries_activations(item: PairReport) -> bool:
@@ -264,7 +297,10 @@ def module_report(
         factor,
     )
     marked, gap_marks = marks[: len(ranked)], marks[len(ranked) :]
-    marked = [m and c.module_path not in given_unknown for c, m in zip(ranked, marked, strict=True)]
+    marked = [
+        m and c.module_path not in given_unknown and not within_noise(_outputs(by_module[c.module_path]))
+        for c, m in zip(ranked, marked, strict=True)
+    ]
     failing = any(i.status != "pass" for i in traced)
     reports = [
         CulpritReport(
@@ -293,6 +329,11 @@ def module_report(
             _uncompared_words(c.module_path, uncompared[c.module_path])
             for c in unknown
             if c.added_error > MIN_ADDED_ERROR
+        ],
+        [
+            _within_noise_words(c.module_path, c.added_error)
+            for c, m in zip(ranked, marks[: len(ranked)], strict=True)
+            if m and c.module_path not in given_unknown and within_noise(_outputs(by_module[c.module_path]))
         ],
     )
 
@@ -368,6 +409,25 @@ def _gaps(roots: Sequence[ModuleNode], errors: list[TensorError]) -> list[_Gap]:
         return found
 
     return [g for r in roots for g in below(r)]
+
+
+def within_noise(outputs: Sequence[PairReport]) -> bool:
+    """Whether `outputs` (a stage's pair, a module's output pairs) all passed by the noise rule: each within the
+    factor times the rerun's max |diff| there, an error the rerun of the reference shows too."""
+    return bool(outputs) and all(p.rule == Rule.NOISE and p.status == PairStatus.PASS for p in outputs)
+
+
+def _within_noise_words(name: str, added: float) -> str:
+    """In words: `name`'s added error would stand out, but its output is within the noise floor."""
+    return (
+        f"{name} adds {format_error(added)} relative RMSE, which would stand out, but its output is within the noise "
+        "floor (the rerun of the reference differs as much there): no culprit"
+    )
+
+
+def _outputs(pairs: list[PairReport]) -> list[PairReport]:
+    """A module's output pairs among its `pairs`."""
+    return [p for p in pairs if (p.place or "").startswith("outputs")]
 
 
 def _output_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | None:

@@ -166,6 +166,7 @@ class SessionPairs:
     error_growth: str | None = None
     # without module traces: where a stage's added error would stand out but its input was not compared, in words
     stage_notes: list[str] = field(default_factory=list)
+    stage_noise_notes: list[str] = field(default_factory=list)  # stages that would stand out, within the noise floor
     # what was compared of the reference, and the session's verdict on it (compare/reports/coverage.py)
     coverage: Coverage = field(default_factory=Coverage)
     verdict: SessionVerdict = SessionVerdict.COMPARING
@@ -403,6 +404,7 @@ def session_pairs(
         stage_ranking=stages.ranked,
         error_growth=error_growth(module_view, stages),
         stage_notes=stages.notes,
+        stage_noise_notes=stages.noise_notes,
         coverage=coverage,
         verdict=session_verdict((i.status for i in items if i.id not in out_of_step), coverage, ingesting),
         out_of_step=frozenset(out_of_step),

@@ -23,7 +23,8 @@ from tensor_debugger.web.views.session_chart import svg_path
 
 GROUPS = ("layer", "name", "band", "none")
 SORTS = ("order", "diff", "cosine", "name", "numel")
-BANDS = ("Identical", "Within tolerance", "Failing", "Incomparable", "Error", "Not compared yet")
+SUMMARY_PASS = "No difference found in the summary"  # a pass on summaries: its elements were never compared
+BANDS = ("Identical", "Within tolerance", SUMMARY_PASS, "Failing", "Incomparable", "Error", "Not compared yet")
 VERDICTS = ("all", "fail", "pass", "incomparable", "unmatched")
 PAGE_SIZE = 100  # rows of one group shown at a time
 ROW_BUDGET = 300  # rows rendered with the page; at ~25 elements a row, about 7,500 elements
@@ -343,7 +344,10 @@ def numel(pair: PairReport) -> int:
 
 def band(pair: PairReport) -> str:
     """The pair's similarity band: identical (no difference at all), within tolerance, failing; or why it has
-    none yet."""
+    none yet. A pass on summaries is identical only where their hashes are equal, and otherwise no difference found
+    in the summary, not "within tolerance": its elements were never compared."""
+    if pair.status == "pass" and pair.summary is not None and pair.summary.on_summary:
+        return "Identical" if pair.summary.identical is True else SUMMARY_PASS
     if pair.status == "pass":
         identical = (
             pair.stats is not None
@@ -473,6 +477,22 @@ class FullValues:
     against: str  # the run it was compared against
     pair: PairReport
     same: bool
+
+
+def changed_by_noise(report: SessionPairs) -> bool:
+    """Whether the first divergence's first pair whose values differ (`first_changed`: its name, then its line)
+    passed by the noise rule, not within tolerance."""
+    first = report.first_divergence
+    changed = first.first_changed if first is not None else None
+    if not changed or first is None:
+        return False
+    pairs = {p.id: p for p in report.pairs}
+    theirs = pairs.get(first.pair_id)
+    return any(
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        for p in report.pairs
+        if theirs is None or p.b.run_id == theirs.b.run_id
+    )
 
 
 def full_values(report: SessionPairs) -> list[FullValues]:
