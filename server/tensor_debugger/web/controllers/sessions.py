@@ -65,8 +65,10 @@ EXPLORE_FILTER = "the match parameter (e.g. match=*attn*)"
 AGAINST = QueryParameter(
     description="with files: a JSON object from a run's label to the label of the upload's run it is compared "
     'against, not the reference ({"late": "early"}); 400 naming a label the upload has no run of, a run compared '
-    "against itself, the reference, or a cycle (nothing is stored)",
-    max_length=65536,
+    "against itself, the reference, or a cycle (nothing is stored); at most 1,024 characters",
+    # a URL past the HTTP server's 16 KiB request head is refused before the app sees it, in plain text: 1,024
+    # characters of any text, percent-encoded (12 bytes a character at most), stay well inside it
+    max_length=1024,
 )
 WAIT = QueryParameter(
     description="false: answer 202 once the upload is on disk and ingest in the "
