@@ -62,9 +62,14 @@ def test_a_compare_whose_workers_all_die_stops_and_a_server_computes_its_pairs_l
         compare = subprocess.Popen(
             [*cli_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
         )
-        kill_when_busy(cluster, worker)
-        killed = time.monotonic()
-        out, err = compare.communicate(timeout=60)
+        try:
+            kill_when_busy(cluster, worker)
+            killed = time.monotonic()
+            out, err = compare.communicate(timeout=60)
+        finally:  # a compare still waiting (as it did, for ever) is not left behind
+            if compare.poll() is None:
+                compare.kill()
+                compare.communicate()
         waited = time.monotonic() - killed
         assert compare.returncode == 2, (out, err)
         assert NO_WORKER_SECONDS <= waited < NO_WORKER_SECONDS + 20, waited
