@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import msgspec
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
@@ -408,6 +409,8 @@ def compare_runs(
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
     if stopped is not None:  # pairs left pending: no verdict stands on them, and the command says why
+        if payload.verdict == SessionVerdict.COMPARING:  # nothing compared is outside tolerance, but this is the end
+            payload = msgspec.structs.replace(payload, verdict=str(SessionVerdict.INCOMPLETE))
         return _unusable(str(stopped), problems, payload)
     if unread_files(problems) or second_tensors(problems):  # tensors missing, or paired by a guess: not a pass
         return CompareOutcome(EXIT_UNUSABLE, payload, resumed=resumed is not None, read_once=read_once)
