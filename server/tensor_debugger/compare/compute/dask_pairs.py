@@ -12,6 +12,9 @@ another process held, or added meanwhile) is then computed here as without Dask,
 for pairs another process still holds. The process's one client to the scheduler is kept between computations
 (compare/compute/dask_connection.py); with nothing to send, it is not even made. Only the settings (without tokens), the
 pair ids and blocks' regions travel to the workers. `distributed` is imported only when the setting is given.
+A wait for the workers' results gives up once the scheduler has had no worker for TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS
+(`dask_connection.result_with_workers`): the tasks are cancelled, the pairs not computed stay pending, and
+NoDaskWorkerError says so (a lost worker alone is not waited for: Dask gives its tasks to the others).
 """
 
 from __future__ import annotations
