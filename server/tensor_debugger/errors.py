@@ -211,3 +211,9 @@ class StorePairingError(StoreUnavailableError):
     """The metadata database and the array store are not one pair (store/identity.py): a process given them would
     misread the store or, recovering, delete what another database stored. Raised at start, before anything is
     written or deleted; the message names both and the fix."""
+
+
+class NoDaskWorkerError(TensorDebuggerError):
+    """The Dask scheduler a computation sends its pairs to has had no worker for longer than
+    TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS (all of them killed, none started): the computation stops, its pairs not
+    computed stay pending (for the next computation, once a worker is back), and the message names the scheduler."""

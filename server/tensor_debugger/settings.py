@@ -167,6 +167,12 @@ class Settings:
         "Address of a Dask scheduler (tcp://host:8786) whose workers compute pending pairs, reading the same "
         "database and store; empty computes them in this process (the cluster extra).",
     )
+    dask_no_worker_seconds: float = _setting(
+        60.0,
+        "How long a computation on the Dask cluster waits while its scheduler has no worker at all (every one "
+        "killed, none started), in seconds: then it stops, its pairs not computed stay pending (a server computes "
+        "them once a worker is back, `compare` exits 2 saying so).",
+    )
 
     top: int = _setting(
         8, "How many worst elements (the largest differences) each pair's statistics keep, 0 to 64 (`compare --top`)."
@@ -216,6 +222,7 @@ class Settings:
             "ingest_seconds",
             "store_retry_seconds",
             "outage_retry_seconds",
+            "dask_no_worker_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"setting {name} must be positive")

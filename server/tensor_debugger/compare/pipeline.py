@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
+import msgspec
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
@@ -52,7 +53,13 @@ from tensor_debugger.compare.reports.compare_report import (
     unread_files,
     unusable_report,
 )
-from tensor_debugger.errors import ConflictError, InvalidInputError, NothingUsableError, TensorDebuggerError
+from tensor_debugger.errors import (
+    ConflictError,
+    InvalidInputError,
+    NoDaskWorkerError,
+    NothingUsableError,
+    TensorDebuggerError,
+)
 from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, archive_limits
@@ -383,8 +390,12 @@ def compare_runs(
     def stop() -> bool:
         return request.fail_fast and divergence_known(sessions, session_id)
 
+    stopped: NoDaskWorkerError | None = None
     if not stop():
-        compute(session_id, progress=step("compare"), should_stop=stop)
+        try:
+            compute(session_id, progress=step("compare"), should_stop=stop)
+        except NoDaskWorkerError as exc:  # the cluster lost every worker: the pairs not computed stay pending
+            stopped = exc
     with sessions() as db:
         report = session_pairs(db, session_id, modules=True)
         deleted = db.get(SessionRecord, session_id) is None
@@ -397,6 +408,10 @@ def compare_runs(
     payload = compare_report(session_id, session_name, f"{base_url}/sessions/{session_id}", report, problems, where)
     if not report.pairs:
         return _unusable("no tensor of one run could be paired with a tensor of the other", problems, payload)
+    if stopped is not None:  # pairs left pending: no verdict stands on them, and the command says why
+        if payload.verdict == SessionVerdict.COMPARING:  # nothing compared is outside tolerance, but this is the end
+            payload = msgspec.structs.replace(payload, verdict=str(SessionVerdict.INCOMPLETE))
+        return _unusable(str(stopped), problems, payload)
     if unread_files(problems) or second_tensors(problems):  # tensors missing, or paired by a guess: not a pass
         return CompareOutcome(EXIT_UNUSABLE, payload, resumed=resumed is not None, read_once=read_once)
     # reference tensors without partner that the user did not allow, or pairs not compared: not a pass

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from numpy.typing import NDArray
 from sqlalchemy import select
 
+from tensor_debugger.compare.compute.dask_connection import result_with_workers
 from tensor_debugger.compare.compute.dask_workers import worker_context
 from tensor_debugger.compare.compute.pending import PendingPair, ResultWriter, pair_job, set_up
 from tensor_debugger.compare.context import CompareContext
@@ -31,6 +32,7 @@ from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.metrics import PairAccumulator, PairStats
 from tensor_debugger.engine.streaming import BLOCK_BYTES, PairJob, compare_block, pair_blocks
 from tensor_debugger.engine.where import WhereAccumulator, block_masses, where_regions
+from tensor_debugger.errors import NoDaskWorkerError
 from tensor_debugger.store.models import PairRecord, TensorRecord
 
 if TYPE_CHECKING:
@@ -135,7 +137,7 @@ def collect_split(
         for split in splits:
             if should_stop():
                 break
-            result = split.error or merged(split)
+            result = split.error or merged(split, cluster)
             if result is None:
                 continue
             if isinstance(result, PairStats) and not result.passed:
@@ -147,14 +149,17 @@ def collect_split(
         context.claims.release_pairs()
 
 
-def merged(split: SplitPair) -> PairStats | Exception | None:
+def merged(split: SplitPair, cluster: Cluster) -> PairStats | Exception | None:
     """The pair's statistics from its blocks' partials, merged in block order (the first failed block's error);
-    None where a task did not come back or found the pair changed."""
+    None where a task did not come back or found the pair changed. NoDaskWorkerError where the cluster has had no
+    worker for too long (`dask_connection.result_with_workers`)."""
     job = split.job
     total = job.accumulator()
     for task in split.tasks:
         try:
-            part: Part = task.result()
+            part: Part = cluster.result(task)
+        except NoDaskWorkerError:
+            raise
         except Exception:  # the task was lost (a worker died, the cluster went away): the pair stays pending
             log.exception("a block of pair %d was not computed on the cluster", job.key.pair_id)
             return None
@@ -171,6 +176,11 @@ class Cluster:
     client: Client
     settings: Settings
 
+    def result(self, task: Any) -> Any:
+        """The task's result, waited for while the cluster has a worker (`dask_connection.result_with_workers`)."""
+        settings = self.settings
+        return result_with_workers(self.client, task, settings.dask_scheduler, settings.dask_no_worker_seconds)
+
 
 def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> PairStats:
     """A failing big pair's `stats` with `where`, its blocks read again by the workers (a task each); without
@@ -183,7 +193,10 @@ def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> 
     accumulator = WhereAccumulator(shape)
     for region, task in zip(regions, tasks, strict=True):
         try:
-            part: Masses = task.result()
+            part: Masses = cluster.result(task)
+        except NoDaskWorkerError:
+            cluster.client.cancel(tasks)  # type: ignore[no-untyped-call]
+            raise
         except Exception:
             log.exception("where inside pair %d its error is was not computed on the cluster", work.pair_id)
             part = None

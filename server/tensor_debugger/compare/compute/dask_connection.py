@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
+
+from tensor_debugger.errors import NoDaskWorkerError
 
 if TYPE_CHECKING:
     from distributed import Client
 
 log = logging.getLogger(__name__)
 CONNECT_SECONDS = 30
+WORKER_POLL_SECONDS = 1.0  # how often a wait for a task's result asks the scheduler whether it has a worker
 
 
 class SchedulerConnection:
@@ -56,3 +60,25 @@ def _close(client: Client) -> None:
         client.close()  # type: ignore[no-untyped-call]
     except Exception:  # a client whose scheduler is gone may fail closing: nothing is left to release then
         log.debug("closing a Dask client failed", exc_info=True)
+
+
+def result_with_workers(client: Client, future: Any, address: str, no_worker_seconds: float) -> Any:
+    """The `future`'s result, waited for while the scheduler at `address` has a worker: Dask reschedules a task
+    whose worker died onto another, and would wait forever for a new one once every worker is gone. After
+    `no_worker_seconds` with no worker at all (`Client.scheduler_info`), NoDaskWorkerError names the scheduler."""
+    without_since: float | None = None
+    while True:
+        try:
+            return future.result(timeout=min(WORKER_POLL_SECONDS, no_worker_seconds))
+        except TimeoutError:  # not done yet: is any worker there to do it?
+            pass
+        if client.scheduler_info()["workers"]:
+            without_since = None
+            continue
+        now = time.monotonic()
+        without_since = now if without_since is None else without_since
+        if now - without_since >= no_worker_seconds:
+            raise NoDaskWorkerError(
+                f"no Dask worker has been connected to {address} for {no_worker_seconds:g} s: the pairs not "
+                "computed stay pending (start a worker; a server computes them once one is back)"
+            )

@@ -12,6 +12,9 @@ another process held, or added meanwhile) is then computed here as without Dask,
 for pairs another process still holds. The process's one client to the scheduler is kept between computations
 (compare/compute/dask_connection.py); with nothing to send, it is not even made. Only the settings (without tokens), the
 pair ids and blocks' regions travel to the workers. `distributed` is imported only when the setting is given.
+A wait for the workers' results gives up once the scheduler has had no worker for TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS
+(`dask_connection.result_with_workers`): the tasks are cancelled, the pairs not computed stay pending, and
+NoDaskWorkerError says so (a lost worker alone is not waited for: Dask gives its tasks to the others).
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from tensor_debugger.compare.compute.dask_blocks import Cluster, big_pairs, collect_split, submit_split
-from tensor_debugger.compare.compute.dask_connection import SchedulerConnection
+from tensor_debugger.compare.compute.dask_connection import SchedulerConnection, result_with_workers
 from tensor_debugger.compare.compute.dask_workers import worker_context
 from tensor_debugger.compare.compute.pending import ProgressCallback, Tally, compute_pending, pending_query
 from tensor_debugger.compare.context import CompareContext
+from tensor_debugger.errors import NoDaskWorkerError
 from tensor_debugger.store.claims import claimable
 from tensor_debugger.store.models import PairRecord
 
@@ -76,6 +80,7 @@ def compute_on_dask(
     """Compute every pending pair (of one session, or all) on the Dask cluster at `settings.dask_scheduler`, and
     here what the workers left; returns how many pairs were settled (as `compute_pending` counts them)."""
     tally = Tally(context, session_id, progress, should_stop)
+    no_worker = settings.dask_no_worker_seconds
     stopping = tally.stopping
 
     sent = dataclasses.replace(settings, token="", read_token="")  # the workers need no token: none travels
@@ -98,11 +103,16 @@ def compute_on_dask(
         with context.lock if big else contextlib.nullcontext():
             splits, finished = submit_split(client, sent, context, [p for p in todo if p in big])
             tally.settled(finished)
-            for future in futures:  # in execution order, as the workers finish them
-                tally.settled(int(future.result()))
-                if stopping():
-                    break
-            collect_split(context, splits, tally.settled, stopping, Cluster(client, sent))
+            try:
+                for future in futures:  # in execution order, as the workers finish them
+                    waited = result_with_workers(client, future, settings.dask_scheduler, no_worker)
+                    tally.settled(int(waited))
+                    if stopping():
+                        break
+                collect_split(context, splits, tally.settled, stopping, Cluster(client, sent))
+            except NoDaskWorkerError:  # every worker gone for too long: what they did not settle stays pending
+                client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
+                raise
         if stopping():
             client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
             return tally.done

@@ -7,6 +7,7 @@ import logging
 import threading
 
 from tensor_debugger.compare.compute.computation import Computation
+from tensor_debugger.errors import NoDaskWorkerError
 
 log = logging.getLogger(__name__)
 
@@ -37,5 +38,7 @@ class ComparisonWorker:
             self._wake.clear()
             try:
                 self.compute(should_stop=self._stop.is_set)
+            except NoDaskWorkerError as exc:  # the pairs stay pending: computed at a later wake, once a worker is back
+                log.warning("%s", exc)
             except Exception:  # keep the worker alive; the pair in question is marked "error" where it can be
                 log.exception("comparison worker failed; will retry")

@@ -1,0 +1,128 @@
+"""Every Dask worker killed during a comparison: the computation waits TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS for
+one, then stops, its pairs still pending (no verdict on them). `compare` exits 2 saying that no worker has been
+connected to the scheduler; a server logs it, stays up, and computes the pairs once a worker is back. Both used to
+wait forever (Dask keeps a task whose workers all died for the next worker that joins)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from distributed import Client
+from tensor_debugger.demo.synthetic import Plant, write_dump
+
+from tests.support import loopback_http
+from tests.support.dask_cluster import QUIET, DaskCluster, start_dask
+from tests.support.dumps import make_zip
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, child_env, cli_command, free_port, started_server, upload, wait_done
+
+NO_WORKER_SECONDS = 3.0
+
+
+def kill_when_busy(cluster: DaskCluster, worker: subprocess.Popen[bytes]) -> None:
+    """SIGKILL `worker` (the cluster's only one, stopped) once the scheduler has given it a task."""
+    with Client(cluster.address, timeout=10, set_as_default=False) as client:  # type: ignore[no-untyped-call]
+        wait_until(lambda: any(client.processing().values()), what="the comparison's tasks on the worker", timeout=90)
+    worker.kill()  # mid-compute: the scheduler has no worker left
+    worker.wait()
+    cluster.processes.remove(worker)  # gone for good: the cluster's checks look at the living ones
+
+
+def worker_again(cluster: DaskCluster) -> None:
+    """A new worker process for the cluster's scheduler, once it has joined."""
+    with open(cluster.logs / "worker-again.log", "ab") as log:
+        command = [str(Path(sys.executable).with_name("dask")), "worker", cluster.address, "--nthreads", "1"]
+        command += ["--no-nanny", "--host", "127.0.0.1", "--no-dashboard"]
+        again = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**child_env(), **QUIET})
+    cluster.processes.append(again)
+    wait_until(cluster.workers, what="the new worker to join", timeout=60, interval=0.5)
+
+
+def test_a_compare_whose_workers_all_die_stops_and_a_server_computes_its_pairs_later(tmp_path: Path) -> None:
+    cluster = start_dask(tmp_path / "dask", workers=1)
+    try:
+        write_dump(tmp_path / "ref", layers=2, seed=5)
+        write_dump(tmp_path / "cand", layers=2, seed=5, plant=Plant(1, "post_mlp", (1, 2), 0.25))
+        worker = cluster.processes[1]
+        os.kill(worker.pid, signal.SIGSTOP)  # holds the task it is given, till it is killed with it
+        env = {
+            **{k: v for k, v in child_env().items() if not k.startswith("TENSOR_DEBUGGER_")},
+            "TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address,
+            "TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS": str(NO_WORKER_SECONDS),
+            "TENSOR_DEBUGGER_CLAIM_SECONDS": "2",
+        }
+        data = tmp_path / "data"
+        args = ["--data-dir", str(data), "compare", str(tmp_path / "ref"), str(tmp_path / "cand"), "--json"]
+        compare = subprocess.Popen(
+            [*cli_command(), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        try:
+            kill_when_busy(cluster, worker)
+            killed = time.monotonic()
+            out, err = compare.communicate(timeout=60)
+        finally:  # a compare still waiting (as it did, for ever) is not left behind
+            if compare.poll() is None:
+                compare.kill()
+                compare.communicate()
+        waited = time.monotonic() - killed
+        assert compare.returncode == 2, (out, err)
+        assert NO_WORKER_SECONDS <= waited < NO_WORKER_SECONDS + 20, waited
+        message = f"no Dask worker has been connected to {cluster.address} for 3 s"
+        report = json.loads(out)
+        assert message in report["error"], report["error"]
+        statuses = [p["status"] for p in report["pairs"]]
+        assert statuses and set(statuses) == {"pending"}, statuses
+        assert report["verdict"] == "incomplete" and report["first_divergence"] is None
+
+        # a worker is back: a server on the same data dir computes the pairs left pending
+        worker_again(cluster)
+        server = LiveServer(data, free_port(), env={k: v for k, v in env.items() if k.startswith("TENSOR_")}).start()
+        try:
+            done = wait_done(server, report["session"]["id"], timeout=90)
+            assert done["first_divergence"]["name"] == "1_post_mlp"
+            assert server.alive()
+        finally:
+            server.stop()
+    finally:
+        cluster.stop()
+
+
+def test_a_server_whose_workers_all_die_stays_up_and_computes_the_pairs_once_one_is_back(tmp_path: Path) -> None:
+    cluster = start_dask(tmp_path / "dask", workers=1)
+    try:
+        for name, plant in (("ref", None), ("cand", Plant(1, "post_mlp", (1, 2), 0.25))):
+            write_dump(tmp_path / name, layers=2, seed=6, plant=plant)
+            make_zip(tmp_path / name, tmp_path / f"{name}.zip")
+        worker = cluster.processes[1]
+        os.kill(worker.pid, signal.SIGSTOP)
+        env = {
+            "TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address,
+            "TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS": str(NO_WORKER_SECONDS),
+            "TENSOR_DEBUGGER_COMPARE_IDLE_SECONDS": "0.5",
+        }
+        server = started_server(tmp_path / "server", env=env)
+        try:
+            files = [("reference", tmp_path / "ref.zip"), ("candidate", tmp_path / "cand.zip")]
+            created = upload(server, "workers gone", files)
+            assert created.status_code == 201, created.text
+            session_id = created.json()["session"]["id"]
+            kill_when_busy(cluster, worker)
+            message = f"no Dask worker has been connected to {cluster.address} for 3 s"
+            wait_until(lambda: message in server.log.read_text(errors="replace"), what="the message", timeout=30)
+            assert server.alive()
+            pairs = loopback_http.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json()
+            assert pairs["progress"]["pending"] == pairs["progress"]["total"] > 0, pairs["progress"]
+            worker_again(cluster)
+            done = wait_done(server, session_id, timeout=90)
+            assert done["first_divergence"]["name"] == "1_post_mlp"
+            assert server.alive()
+        finally:
+            server.stop()
+    finally:
+        cluster.stop()
