@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tensor_debugger.store.layout import ArrayLayout
+from tensor_debugger.store.layout import ArrayLayout, missing_chunk
 
 
 @functools.cache
@@ -163,8 +163,10 @@ class ChunkReader:
         path = self._folder / self._layout.chunk_key(coords)
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # never written: the fill value
-            into[...] = self._fill
+        except FileNotFoundError:
+            if self._layout.every_chunk_written:  # it was written: damage, not values
+                raise missing_chunk(f"file {path}") from None
+            into[...] = self._fill  # an array from before the marker: never written, the fill value
             return
         if self.raw:
             _read_raw(fd, path, into)
