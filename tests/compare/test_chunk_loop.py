@@ -276,8 +276,11 @@ def test_a_chunk_file_deleted_from_an_array_written_whole_is_an_error(
     for loop in (chunk_pairs(a, b, exact=False), None):
         ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
         assert isinstance(error, MissingChunkError) and name in str(error), error
-    with pytest.raises(MissingChunkError, match="is missing"):
-        services.store.reader("runs/1/0")[(slice(15, 25), slice(0, 30))]  # a slice, as the pages read one
+    reader = services.store.reader("runs/1/0")
+    for region in ((slice(15, 25), slice(0, 30)), (slice(0, 200, 7), slice(0, 30, 3))):  # the pages' slices
+        with pytest.raises(MissingChunkError, match="is missing"):
+            reader[region]
+    assert np.shape(reader[(slice(0, 20, 2), slice(0, 30, 3))]) == (10, 10)  # steps that skip the chunk: values
 
 
 def test_a_broken_chunk_file_is_named(services: Services, pool: ThreadPoolExecutor) -> None:
@@ -412,6 +415,8 @@ def test_a_deleted_or_broken_chunk_object_is_read_as_a_chunk_file_would_be(
     )
     gone = f"the stored chunk object {services.settings.store_url}/runs/3/0/c/1/0 is missing"
     assert isinstance(error, MissingChunkError) and gone in str(error), error
+    with pytest.raises(MissingChunkError, match="c/1/0 is missing"):
+        services.store.reader("runs/3/0")[(slice(0, 200, 3), slice(0, 300, 5))]  # steps: Zarr reads it
     intact = bytes(obstore.get(bucket, "runs/2/0/c/2/0").bytes())
     name = f"chunk object {services.settings.store_url}/runs/2/0/c/2/0"
     for broken, says in (

@@ -219,6 +219,12 @@ class ObjectChunkReader(ChunkReader):
         found = self._within_one_chunk(region)
         return found if found is not None else super().__getitem__(region)
 
+    def _present(self, path: Path) -> bool:
+        return self.objects.fetch_range(str(path), 0, 1) is not None  # one byte: a HEAD's cost
+
+    def _chunk_name(self, path: Path) -> str:
+        return f"object {self.objects.name(str(path))}"
+
     def _within_one_chunk(self, region: tuple[slice, ...]) -> NDArray[Any] | None:
         """A region inside one raw chunk (a slice of a few values, most often), read from the bytes of the chunk
         object that it spans (one ranged GET: a 64-value window of a 1 MiB chunk fetches 256 bytes) where those are
