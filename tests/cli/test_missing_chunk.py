@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support import loopback_http
 from tests.support.cli_main import main_cli
+from tests.support.servers import LiveServer, free_port, wait_done
 
 
 @pytest.mark.parametrize("value", [1.0, 0.0], ids=["would-fail", "would-pass"])
@@ -41,3 +43,15 @@ def test_a_deleted_chunk_file_is_the_pairs_error(tmp_path: Path, value: float) -
     assert f"the stored chunk file {chunks[-1]} is missing: the data dir is damaged" in pair["error"]
     assert out["verdict"] == "incomplete" and out["first_divergence"] is None
     assert again.returncode != 0
+    server = LiveServer(data, free_port()).start()  # the app on the same data dir: the pair's JSON and page
+    try:
+        sessions = loopback_http.get(f"{server.url}/api/sessions").json()
+        report = wait_done(server, next(s["id"] for s in sessions if s["name"] == "again"))
+        assert report["verdict"] == "incomplete", report
+        (listed,) = report["pairs"]
+        detail = loopback_http.get(f"{server.url}/api/pairs/{listed['id']}").json()
+        assert detail["status"] == "error" and "is missing: the data dir is damaged" in detail["error"], detail
+        page = loopback_http.get(f"{server.url}/pairs/{listed['id']}")
+        assert page.status_code == 200 and "is missing: the data dir is damaged" in page.text
+    finally:
+        server.stop()
