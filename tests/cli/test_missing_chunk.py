@@ -30,7 +30,8 @@ def test_a_deleted_chunk_file_is_the_pairs_error(tmp_path: Path, value: float) -
     assert first.returncode == 0, first.stderr
     arrays = sorted(p for p in data.rglob("zarr.json") if json.loads(p.read_text())["node_type"] == "array")
     assert len(arrays) == 2, arrays  # the reference's, the candidate's
-    chunks = sorted(p for p in arrays[0].parent.iterdir() if p.name != "zarr.json")
+    names = (p for p in arrays[0].parent.iterdir() if p.name != "zarr.json")
+    chunks = sorted(names, key=lambda p: [int(c) for c in p.name.split(".")[1:]])  # "c.15.0": in the grid's order
     assert len(chunks) > 1, chunks
     chunks[-1].unlink()  # the last rows: `value` in both runs
     # another tolerance: the pair is compared again, its runs read back from the store
@@ -53,5 +54,8 @@ def test_a_deleted_chunk_file_is_the_pairs_error(tmp_path: Path, value: float) -
         assert detail["status"] == "error" and "is missing: the data dir is damaged" in detail["error"], detail
         page = loopback_http.get(f"{server.url}/pairs/{listed['id']}")
         assert page.status_code == 200 and "is missing: the data dir is damaged" in page.text
+        window = loopback_http.get(f"{server.url}/api/pairs/{listed['id']}/slice", params={"index": "4095,:"})
+        assert window.status_code == 500 and pair["error"].endswith(window.json()["detail"]), window.text  # no values
+        assert loopback_http.get(f"{server.url}/api/sessions").status_code == 200  # the server stays up
     finally:
         server.stop()
