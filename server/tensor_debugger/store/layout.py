@@ -103,15 +103,20 @@ EVERY_CHUNK_WRITTEN = "every_chunk_written"
 
 
 class MissingChunkError(ValueError):
-    """A chunk of an array written with every chunk is not there: the data dir (or bucket) is damaged."""
+    """A chunk of an array written with every chunk is not there: the data dir (or bucket) is damaged. `chunk`
+    names it ("file /data/arrays/runs/1/0/c.2.0", "object s3://bucket/runs/1/0/c/2/0")."""
+
+    chunk: str = ""
 
 
 def missing_chunk(name: str) -> MissingChunkError:
     """The error for the chunk file or object `name` (its path or URL, which names the run and tensor's array)
     that is missing from an array whose writer wrote every chunk."""
-    return MissingChunkError(
+    error = MissingChunkError(
         f"the stored chunk {name} is missing: the data dir is damaged (its array was written with every chunk)"
     )
+    error.chunk = name
+    return error
 
 
 # New arrays in a local folder name their chunks "c.0.0" (the "default" encoding with "." between coordinates), all
