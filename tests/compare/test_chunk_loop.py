@@ -28,7 +28,7 @@ from tensor_debugger.services import Services
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.chunk_reader import ChunkReader
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
-from tensor_debugger.store.layout import read_layout
+from tensor_debugger.store.layout import EVERY_CHUNK_WRITTEN, MissingChunkError, read_layout
 from tensor_debugger.store.object_chunks import ObjectChunkReader
 
 from tests.support.s3 import SeaweedS3
@@ -67,16 +67,21 @@ def stored(
     dtype_name: str,
     chunks: tuple[int, ...],
     compressed: bool = True,
+    marked: bool = True,
 ) -> View:
     """`values` stored at `key` as `dtype_name` (bfloat16 as its raw bits; Blosc-compressed chunks, or raw ones) and
-    read back as a comparison reads it."""
+    read back as a comparison reads it; not `marked`: its zarr.json without the marker that every chunk was written,
+    as arrays stored before the marker are (a chunk missing there is the fill value)."""
     store = services if isinstance(services, ArrayStore) else services.store
     dtype = parse_dtype(dtype_name)
     if dtype_name == "bfloat16":
         storage = (np.asarray(values, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16)
     else:
         storage = np.asarray(values, dtype=dtype.numpy_storage)
-    store.create(key, values.shape, dtype, chunks, compressed)[...] = storage
+    array = store.create(key, values.shape, dtype, chunks, compressed)
+    array[...] = storage
+    if not marked:
+        del array.attrs[EVERY_CHUNK_WRITTEN]
     reader = store.reader(key)
     assert isinstance(reader, ChunkReader)
     return SourceView(reader, partial(storage_to_compute, logical=dtype))
@@ -237,13 +242,14 @@ def chunk_file(services: Services, key: str, coords: str) -> Path:
 
 
 def test_blocks_the_loop_cannot_finish_go_through_the_views(services: Services, pool: ThreadPoolExecutor) -> None:
-    """A NaN (which only the views' path counts), a chunk never written (the fill value) and a broken chunk file
-    (an error that names it): the loop leaves those blocks, and only those, to the views."""
+    """A NaN (which only the views' path counts), a chunk never written in an array from before the marker (the
+    fill value) and a broken chunk file (an error that names it): the loop leaves those blocks, and only those, to
+    the views."""
     rng = np.random.default_rng(9)
     reference = rng.standard_normal((200, 30))
     cand = candidate(reference, rng)
     cand[150, 3] = np.nan
-    a = stored(services, "runs/1/0", reference, "float32", (10, 30))
+    a = stored(services, "runs/1/0", reference, "float32", (10, 30), marked=False)
     b = stored(services, "runs/2/0", cand, "float32", (10, 30))
     chunk_file(services, "runs/1/0", "2/0").unlink()  # rows 20 to 29 of the reference: zeros
     loop = chunk_pairs(a, b, exact=False)
@@ -253,6 +259,28 @@ def test_blocks_the_loop_cannot_finish_go_through_the_views(services: Services, 
     assert finished == blocks - 2  # the NaN's block and the missing chunk's
     assert got.nan_b == 1 and got.nan_one_side == 1 and math.isnan(got.max_abs_diff) and got.argmax == (150, 3)
     assert_same(got, compare(a, b, pool, None)[0])
+
+
+@pytest.mark.parametrize("same", [False, True], ids=["differs", "zeros-both-sides"])
+def test_a_chunk_file_deleted_from_an_array_written_whole_is_an_error(
+    services: Services, pool: ThreadPoolExecutor, same: bool
+) -> None:
+    """An array whose writer wrote every chunk: a deleted chunk file is the pair's error naming it, through the
+    loop and through the views, never values: not a difference (ones read as zeros) and not a match (zeros on both
+    sides, where the fill value would have matched)."""
+    reference = np.ones((200, 30)) if not same else np.zeros((200, 30))
+    a = stored(services, "runs/1/0", reference, "float32", (10, 30))
+    b = stored(services, "runs/2/0", np.zeros((200, 30)), "float32", (10, 30))
+    chunk_file(services, "runs/1/0", "2/0").unlink()
+    name = f"the stored chunk file {chunk_file(services, 'runs/1/0', '2/0')} is missing: the data dir is damaged"
+    for loop in (chunk_pairs(a, b, exact=False), None):
+        ((_, error),) = compare_stream([PairJob(None, a, b, TOLERANCE, False, loop)], pool)
+        assert isinstance(error, MissingChunkError) and name in str(error), error
+    reader = services.store.reader("runs/1/0")
+    for region in ((slice(15, 25), slice(0, 30)), (slice(0, 200, 7), slice(0, 30, 3))):  # the pages' slices
+        with pytest.raises(MissingChunkError, match="is missing"):
+            reader[region]
+    assert np.shape(reader[(slice(0, 20, 2), slice(0, 30, 3))]) == (10, 10)  # steps that skip the chunk: values
 
 
 def test_a_broken_chunk_file_is_named(services: Services, pool: ThreadPoolExecutor) -> None:
@@ -366,10 +394,11 @@ def test_the_loop_reads_chunk_objects_as_it_reads_chunk_files(
 def test_a_deleted_or_broken_chunk_object_is_read_as_a_chunk_file_would_be(
     services: Services, pool: ThreadPoolExecutor, s3: SeaweedS3
 ) -> None:
-    """A chunk object deleted: its blocks are read through the views, which fill it; one cut short or with a broken
-    table of blocks: the error names the object."""
+    """A chunk object deleted from an array from before the marker: its blocks are read through the views, which
+    fill it; from an array written whole: the pair's error names it; one cut short or with a broken table of
+    blocks: the error names the object."""
     reference = np.linspace(0.0, 1.0, 200 * 300).reshape(200, 300)  # smooth: Blosc compresses it, in blocks
-    a = stored(services, "runs/1/0", reference, "float32", (40, 300))
+    a = stored(services, "runs/1/0", reference, "float32", (40, 300), marked=False)
     b = stored(services, "runs/2/0", reference + 1e-3, "float32", (40, 300))
     loop = chunk_pairs(a, b, exact=False)
     assert loop is not None
@@ -379,6 +408,15 @@ def test_a_deleted_or_broken_chunk_object_is_read_as_a_chunk_file_would_be(
     assert finished == 40 - 8  # blocks of 5 rows: those of rows 40 to 79 went through the views
     assert got.max_abs_diff == pytest.approx(float(np.float32(reference[79, -1] + 1e-3)))
     assert_same(got, compare(a, b, pool, None)[0])
+    whole = stored(services, "runs/3/0", reference, "float32", (40, 300))
+    obstore.delete(bucket, "runs/3/0/c/1/0")
+    ((_, error),) = compare_stream(
+        [PairJob(None, whole, b, TOLERANCE, False, chunk_pairs(whole, b, exact=False))], pool
+    )
+    gone = f"the stored chunk object {services.settings.store_url}/runs/3/0/c/1/0 is missing"
+    assert isinstance(error, MissingChunkError) and gone in str(error), error
+    with pytest.raises(MissingChunkError, match="c/1/0 is missing"):
+        services.store.reader("runs/3/0")[(slice(0, 200, 3), slice(0, 300, 5))]  # steps: Zarr reads it
     intact = bytes(obstore.get(bucket, "runs/2/0/c/2/0").bytes())
     name = f"chunk object {services.settings.store_url}/runs/2/0/c/2/0"
     for broken, says in (

@@ -173,3 +173,34 @@ def test_replicas_are_compared_rank_by_rank_on_the_workers(tmp_path: Path, dask_
     (pair,) = remote
     assert pair["status"] == "fail" and pair["replicas"] == {"ranks": 2, "side": "b", "differing": [1]}
     assert pair["stats"]["argmax"][0] == 1 and pair["stats"]["mismatched"] == 64
+
+
+def test_a_chunk_file_deleted_before_the_workers_read_it_is_the_pairs_error(
+    tmp_path: Path, dask_cluster: DaskCluster
+) -> None:
+    """A Dask worker reads the data dir's arrays as this process does: a chunk file missing from an array written
+    with every chunk is the pair's error naming it, never the fill value's zeros (which would fail the pair)."""
+    for side in ("ref", "cand"):
+        (tmp_path / side).mkdir()
+        tensor = torch.ones((1024, 1024))
+        tensor[0, 0] = 2.0 if side == "ref" else 2.0000002  # stored apart, within the tolerance
+        torch.save(tensor, tmp_path / side / "0_query.pth")
+    data = tmp_path / "data"
+    services = open_services(Settings(data_dir=data, demo=False, dask_scheduler=dask_cluster.address))
+    try:
+        for label in ("ref", "cand"):
+            path = tmp_path / label
+            session_id = services.ingestor.ingest("gone", label, [InputFile(path, path.name)]).session_id
+        chunk = sorted((data / "arrays" / "runs").glob("*/0/c.3.0"))[0]  # rows 768 to 1023 of the first run's
+        chunk.unlink()
+        services.plan(session_id)
+        before = services.store.chunk_reads
+        services.compute(session_id)
+        assert services.store.chunk_reads == before  # read by a worker, not here
+        with services.sessions() as db:
+            (pair,) = session_pairs(db, session_id).pairs
+    finally:
+        services.close()
+    assert pair.status == "error", pair
+    assert pair.error is not None and f"the stored chunk file {chunk} of tensor 0_query in run " in pair.error
+    assert pair.error.endswith("is missing: the data dir is damaged")

@@ -20,6 +20,7 @@ from tensor_debugger.store import object_chunks
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.database import create_db_engine, make_sessionmaker
 from tensor_debugger.store.dtypes import parse_dtype
+from tensor_debugger.store.layout import EVERY_CHUNK_WRITTEN, MissingChunkError
 from tensor_debugger.store.models import RunRecord, TensorRecord
 from tensor_debugger.store.object_chunks import ObjectChunkReader
 
@@ -166,7 +167,7 @@ def test_slices_fetch_their_chunk_objects_and_read_what_zarr_reads(
 ) -> None:
     """Any region of an array in S3, Blosc-compressed or raw, edge chunks included: the chunk objects it covers,
     fetched in batches (of 4 here), decoded bit for bit as Zarr decodes them and counted as Zarr counts them; a
-    deleted chunk object reads as the fill value, as a chunk file never written does."""
+    deleted chunk object is an error naming it (the array was written with every chunk), as a deleted file is."""
     monkeypatch.setattr(object_chunks, "SLICE_BATCH", 4)
     ranged: list[str] = []  # the chunk objects read in part (a ranged GET), seen without changing what is read
     fetch_range = object_chunks.ChunkObjects.fetch_range
@@ -200,9 +201,9 @@ def test_slices_fetch_their_chunk_objects_and_read_what_zarr_reads(
         # a raw array's, where the bytes spanned are under half its chunk (rows 22-26 of column 5 span 149 values)
         assert ranged == ([f"runs/1/{n}/c/1/0", f"runs/1/{n}/c/14/0"] if n else [])
     obstore.delete(s3.bucket(services.settings.store_url), "runs/1/1/c/2/0")  # rows 14 to 20
-    rows = np.asarray(reader[10:30, 0:37])
-    assert not rows[4:11].any() and rows[:4].all() and rows[11:].all()
-    assert not np.asarray(reader[15:17, 3:9]).any()  # inside the deleted chunk alone: the fill value too
+    for region in ((slice(10, 30), slice(0, 37)), (slice(15, 17), slice(3, 9))):  # the second: a ranged GET
+        with pytest.raises(MissingChunkError, match="runs/1/1/c/2/0 is missing: the data dir is damaged"):
+            reader[region]  # written with every chunk: damage, never the fill value
     with pytest.raises(FileNotFoundError, match="runs/1/404"):
         store.reader("runs/1/404", "sha256:0")
 
@@ -221,6 +222,7 @@ def test_what_the_chunk_loop_fetched_is_read_again_without_a_second_fetch_up_to_
     values = np.random.default_rng(6).standard_normal((35, 37)).astype(np.float32) + 10  # no zeros: fill is 0
     array = store.create("runs/1/0", values.shape, parse_dtype("float32"), (7, 37), False)
     array[...] = values
+    del array.attrs[EVERY_CHUNK_WRITTEN]  # as stored before the marker: a deleted object reads as the fill value
     reader = store.reader("runs/1/0", "digest-kept")
     assert isinstance(reader, ObjectChunkReader)
     pieces = reader.flat_pieces(0, values.size)

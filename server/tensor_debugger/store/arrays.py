@@ -30,6 +30,7 @@ from tensor_debugger.store.chunk_writer import ChunkWriter
 from tensor_debugger.store.dtypes import LogicalDtype, storage_to_torch
 from tensor_debugger.store.layout import (
     CHUNK_SEPARATOR,
+    EVERY_CHUNK_WRITTEN,
     ArrayLayout,
     BloscSettings,
     array_document,
@@ -190,7 +191,7 @@ class ArrayStore:
             chunks=chunks,
             compressors=DEFAULT_CODEC if compressed else None,
             fill_value=np.zeros((), dtype=dtype.numpy_storage)[()],
-            attributes={"logical_dtype": dtype.name},
+            attributes={"logical_dtype": dtype.name, EVERY_CHUNK_WRITTEN: True},
             # a folder's arrays name their chunks "c.0.0" (layout.CHUNK_SEPARATOR); an object store's "c/0/0"
             chunk_key_encoding={"name": "default", "separator": CHUNK_SEPARATOR if self._folder else "/"},
             overwrite=True,
@@ -219,7 +220,9 @@ class ArrayStore:
             else None
         )
         separator = CHUNK_SEPARATOR if self._folder else "/"
-        document = array_document(shape, storage, chunks, codec, {"logical_dtype": dtype.name}, separator)
+        document = array_document(
+            shape, storage, chunks, codec, {"logical_dtype": dtype.name, EVERY_CHUNK_WRITTEN: True}, separator
+        )
         if self._objects is not None and document is not None:
             from tensor_debugger.store.object_writes import create_object_array
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tensor_debugger.store.layout import ArrayLayout
+from tensor_debugger.store.layout import ArrayLayout, missing_chunk
 
 
 @functools.cache
@@ -119,6 +119,8 @@ class ChunkReader:
 
     def __getitem__(self, region: tuple[slice, ...]) -> NDArray[Any]:
         if len(region) != len(self.shape) or any(s.step not in (None, 1) for s in region):
+            if self._layout.every_chunk_written:
+                self._check_present(region)
             return np.asarray(self._open_array()[region])
         bounds = [s.indices(d)[:2] for s, d in zip(region, self.shape, strict=True)]
         out = np.empty(tuple(max(0, stop - start) for start, stop in bounds), dtype=self.dtype)
@@ -153,6 +155,28 @@ class ChunkReader:
         self._counter.add(count)  # like the store: a chunk never written counts as a read too
         return out
 
+    def _check_present(self, region: tuple[Any, ...]) -> None:
+        """Raise `missing_chunk` for the first chunk file of `region` (slices with steps, which Zarr reads and would
+        fill) that is not there: a stat per chunk the region touches, on this rare path only."""
+        if len(region) != len(self.shape) or not all(isinstance(s, slice) for s in region):
+            return
+        touched = [
+            sorted({i // c for i in range(*s.indices(d))})
+            for s, d, c in zip(region, self.shape, self.chunks, strict=True)
+        ]
+        for coords in itertools.product(*touched):
+            path = self._folder / self._layout.chunk_key(coords)
+            if not self._present(path):
+                raise missing_chunk(self._chunk_name(path))
+
+    def _present(self, path: Path) -> bool:
+        """Whether the chunk at `path` is there (store/object_chunks.py: the object at that key)."""
+        return path.exists()
+
+    def _chunk_name(self, path: Path) -> str:
+        """The chunk at `path`, as an error names it."""
+        return f"file {path}"
+
     def _decoder(self, every: list[tuple[int, ...]]) -> Callable[[tuple[int, ...], NDArray[Any]], None]:
         """What decodes each chunk of a region (`every` chunk's coordinates) into a whole chunk's array: here, one
         chunk file read at a time (store/object_chunks.py fetches a region's chunk objects at once first)."""
@@ -163,8 +187,10 @@ class ChunkReader:
         path = self._folder / self._layout.chunk_key(coords)
         try:
             fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:  # never written: the fill value
-            into[...] = self._fill
+        except FileNotFoundError:
+            if self._layout.every_chunk_written:  # it was written: damage, not values
+                raise missing_chunk(f"file {path}") from None
+            into[...] = self._fill  # an array from before the marker: never written, the fill value
             return
         if self.raw:
             _read_raw(fd, path, into)

@@ -84,11 +84,39 @@ class ArrayLayout:
         """Decoded size of one whole chunk."""
         return math.prod(self.chunks) * self.dtype.itemsize
 
+    @property
+    def every_chunk_written(self) -> bool:
+        """Whether the writer recorded that it wrote every chunk of the array (all-zero ones included): then a
+        chunk that is not there is damage (`missing_chunk`), never the fill value. Arrays written before the
+        marker lack all-zero chunks legitimately, and read them as the fill value."""
+        return self.attributes.get(EVERY_CHUNK_WRITTEN) is True
+
     def chunk_key(self, coords: tuple[int, ...]) -> str:
         """The chunk's key relative to the array, per the chunk key encoding."""
         if self.v2_keys:
             return self.separator.join(str(c) for c in coords) if coords else "0"
         return self.separator.join(("c", *(str(c) for c in coords)))
+
+
+# The attribute new arrays carry in their zarr.json: the writer writes every chunk, so a missing one is damage.
+EVERY_CHUNK_WRITTEN = "every_chunk_written"
+
+
+class MissingChunkError(ValueError):
+    """A chunk of an array written with every chunk is not there: the data dir (or bucket) is damaged. `chunk`
+    names it ("file /data/arrays/runs/1/0/c.2.0", "object s3://bucket/runs/1/0/c/2/0")."""
+
+    chunk: str = ""
+
+
+def missing_chunk(name: str) -> MissingChunkError:
+    """The error for the chunk file or object `name` (its path or URL, which names the run and tensor's array)
+    that is missing from an array whose writer wrote every chunk."""
+    error = MissingChunkError(
+        f"the stored chunk {name} is missing: the data dir is damaged (its array was written with every chunk)"
+    )
+    error.chunk = name
+    return error
 
 
 # New arrays in a local folder name their chunks "c.0.0" (the "default" encoding with "." between coordinates), all

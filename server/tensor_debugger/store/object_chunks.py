@@ -27,7 +27,7 @@ from numpy.typing import NDArray
 
 from tensor_debugger.errors import StoreOutageError, StoreReadError, StoreWriteError
 from tensor_debugger.store.chunk_reader import ChunkReader, ReadCounter, decode_frame
-from tensor_debugger.store.layout import ArrayLayout, layout_of
+from tensor_debugger.store.layout import ArrayLayout, layout_of, missing_chunk
 from tensor_debugger.store.object_stores import describe_failure, is_refusal
 
 if TYPE_CHECKING:
@@ -219,6 +219,12 @@ class ObjectChunkReader(ChunkReader):
         found = self._within_one_chunk(region)
         return found if found is not None else super().__getitem__(region)
 
+    def _present(self, path: Path) -> bool:
+        return self.objects.fetch_range(str(path), 0, 1) is not None  # one byte: a HEAD's cost
+
+    def _chunk_name(self, path: Path) -> str:
+        return f"object {self.objects.name(str(path))}"
+
     def _within_one_chunk(self, region: tuple[slice, ...]) -> NDArray[Any] | None:
         """A region inside one raw chunk (a slice of a few values, most often), read from the bytes of the chunk
         object that it spans (one ranged GET: a 64-value window of a 1 MiB chunk fetches 256 bytes) where those are
@@ -243,7 +249,9 @@ class ObjectChunkReader(ChunkReader):
         data = self.objects.fetch_range(key, start, end)
         self.count_reads(1)
         shape = tuple(hi - lo for lo, hi in inner)
-        if data is None:  # never written: the fill value
+        if data is None:
+            if self._layout.every_chunk_written:  # it was written: damage, not values
+                raise missing_chunk(f"object {self.objects.name(key)}")
             return np.full(shape, self._fill, dtype=self.dtype)
         if len(data) != end - start:
             raise ValueError(
@@ -310,8 +318,10 @@ class ObjectChunkReader(ChunkReader):
                 fetched.clear()
                 fetched.update(zip(chunks, zip(batch_keys, fetching.popleft().result(), strict=True), strict=True))
             key, data = fetched[coords]
-            if data is None:  # never written: the fill value
-                into[...] = self._fill
+            if data is None:
+                if self._layout.every_chunk_written:  # it was written: damage, not values
+                    raise missing_chunk(f"object {self.objects.name(key)}")
+                into[...] = self._fill  # an array from before the marker: never written, the fill value
                 return
             frame = memoryview(data)
             if not self.raw:

@@ -4,6 +4,7 @@ written with, the store wrapper counting chunk reads, and the store of a URL."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from zarr.storage import LocalStore, MemoryStore, WrapperStore
 from tensor_debugger.errors import StoreOutageError, StoreReadError, StoreWriteError, TensorDebuggerError
 from tensor_debugger.store import compression
 from tensor_debugger.store.chunk_reader import ReadCounter
+from tensor_debugger.store.layout import EVERY_CHUNK_WRITTEN, missing_chunk
 from tensor_debugger.store.object_stores import describe_failure, is_refusal, open_s3_store
 
 if TYPE_CHECKING:
@@ -87,10 +89,31 @@ class CountingStore(WrapperStore[Store]):
             raise StoreReadError(f"the array store did not answer reading {key}: {describe_failure(exc)}") from exc
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
-        if key.rsplit("/", 1)[-1] not in _METADATA_KEYS:
+        chunk = key.rsplit("/", 1)[-1] not in _METADATA_KEYS
+        if chunk:
             self.counter.add(1)
         with self._reading(key):
-            return await self._store.get(key, prototype, byte_range)
+            found = await self._store.get(key, prototype, byte_range)
+        if found is None and chunk and self.read_only:  # a read (mode="r"), not a write's read-modify-write
+            await self._check_never_written(key, prototype)
+        return found
+
+    async def _check_never_written(self, key: str, prototype: BufferPrototype) -> None:
+        """Raise `missing_chunk` where the chunk at `key`, which is not there, belongs to an array written with every
+        chunk (its zarr.json's attribute says so): damage, not the fill value. Only on a missing chunk's path."""
+        parts = key.split("/")
+        at = next((i for i in range(len(parts) - 1, -1, -1) if parts[i] == "c" or parts[i].startswith("c.")), None)
+        if at is None:  # not a chunk key of the "default" encoding (which this store writes)
+            return
+        document = "/".join([*parts[:at], "zarr.json"])
+        with self._reading(document):
+            text = await self._store.get(document, prototype)
+        if text is None:
+            return
+        attributes = json.loads(text.to_bytes()).get("attributes", {})
+        if attributes.get(EVERY_CHUNK_WRITTEN) is True:
+            root = self._store.root if isinstance(self._store, LocalStore) else None
+            raise missing_chunk(f"file {root / key}" if root is not None else f"object {key}")
 
     async def exists(self, key: str) -> bool:
         with self._reading(key):

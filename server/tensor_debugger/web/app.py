@@ -25,6 +25,7 @@ from tensor_debugger.ingest.staging import Sweeper
 from tensor_debugger.resources import resource_dir
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
+from tensor_debugger.store.layout import MissingChunkError
 from tensor_debugger.web.address import ServerAddress, remove_address, write_address
 from tensor_debugger.web.auth import COOKIE_NAME, Access, Authenticator, AuthMiddleware, request_access
 from tensor_debugger.web.controllers.health import HealthController
@@ -43,7 +44,14 @@ from tensor_debugger.web.controllers.sessions_page import SessionsPageController
 from tensor_debugger.web.controllers.tensors import TensorController
 from tensor_debugger.web.json_bodies import BoundedRequest
 from tensor_debugger.web.openapi_viewer import REDOC_BUNDLE, openapi_config
-from tensor_debugger.web.refusals import database_error, error_response, http_error, known_ids, options_answer
+from tensor_debugger.web.refusals import (
+    damaged_store,
+    database_error,
+    error_response,
+    http_error,
+    known_ids,
+    options_answer,
+)
 from tensor_debugger.web.security import SecurityMiddleware, SecurityPolicy, add_security_headers
 from tensor_debugger.web.views.names import name_parts
 from tensor_debugger.web.views.run_view import run_title
@@ -157,6 +165,7 @@ def create_app(settings: Settings, services: Services | None = None) -> Litestar
             TensorDebuggerError: error_response,
             HTTPException: http_error,
             DBAPIError: database_error(settings.database_url),
+            MissingChunkError: damaged_store,
         },
         guards=[known_ids],
         before_request=options_answer,

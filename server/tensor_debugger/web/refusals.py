@@ -33,6 +33,7 @@ from tensor_debugger.errors import (
     is_disk_full,
 )
 from tensor_debugger.store.database import database_outage
+from tensor_debugger.store.layout import MissingChunkError
 from tensor_debugger.store.reports import problem_reports
 from tensor_debugger.web.error_responses import MAX_INT64, ErrorReport
 
@@ -84,6 +85,13 @@ def database_error(database_url: str) -> Callable[[Request[Any, Any, Any], DBAPI
         return _refusal(request, ErrorReport(500, "Internal Server Error"))
 
     return handle
+
+
+def damaged_store(request: Request[Any, Any, Any], exc: MissingChunkError) -> Response[Any]:
+    """A chunk missing from an array written whole (a slice, a heatmap, an inspector's read): the server's data dir
+    is damaged, which a 500 says with the chunk named, never the fill value's zeros as values."""
+    _log.error("%s %s: %s", request.method, request.url.path, exc)
+    return _refusal(request, ErrorReport(500, str(exc)))
 
 
 def http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:

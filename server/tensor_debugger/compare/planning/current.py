@@ -14,6 +14,7 @@ from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.errors import is_outage
 from tensor_debugger.store.catalog import lock_sessions_of_pairs
+from tensor_debugger.store.layout import MissingChunkError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord, TensorRecord
 
 
@@ -92,6 +93,18 @@ class CurrentPairs:
             pair.status = "pass" if PairStats.from_json(record.stats).passed else "fail"
             pair.claimed_by = pair.claimed_until = pair.error = None
 
+    def _missing_chunk(self, pair_id: int, exc: MissingChunkError) -> str:
+        """The pair's error for a chunk missing from one of its tensors' arrays: the chunk, the tensor and its run
+        named (the run's row read on this rare path only)."""
+        _, a, b = self.sides(pair_id)
+        for tensor in (*a, *b):
+            if tensor.store_key and f"/{tensor.store_key}/" in exc.chunk:
+                return (
+                    f"the stored chunk {exc.chunk} of tensor {tensor.name} in run {tensor.run.label} is missing: "
+                    "the data dir is damaged"
+                )
+        return str(exc)
+
     def fail(self, pair_id: int, key: str, exc: Exception) -> None:
         """What `exc` says of the pair, if `key` (what failed to compute) is still its key: an outage (the store or
         the database did not answer) leaves it pending, held for a backoff and tried again, its `error` saying
@@ -100,6 +113,8 @@ class CurrentPairs:
             return
         pair = self.pairs[pair_id]
         message = f"{type(exc).__name__}: {exc}"[:2000]
+        if isinstance(exc, MissingChunkError):
+            message = self._missing_chunk(pair_id, exc)[:2000]
         if is_outage(exc):
             pair.error = f"waiting to be tried again: {exc}"[:2000]
             hold = self._context.claims.outage_hold()
