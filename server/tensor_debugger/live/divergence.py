@@ -37,14 +37,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensor_debugger.compare.planning.op_pairs import (
-    ALIGNED,
-    AMBIGUOUS_STRATEGY,
-    BY_CONTENT_STRATEGY,
-    LEFT_OVER_STRATEGY,
-    pairing_note,
-)
-from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, OpTensor, out_of_step, pair_ops
+from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.summary_compare import (
     Sketch,
     SketchVerdict,
@@ -598,7 +592,7 @@ def _find(
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple(ref.sources.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple((n, cand.sources.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
-        pairing_note(_strategy_of(ops.settled.get((name, other)))),
+        pairing_note(op_strategy(ops.settled.get((name, other)))),
     )
     return Divergence(
         session,
@@ -633,13 +627,6 @@ def _same_values_recast(a: Sketch, b: Sketch) -> bool:
 def _before(order: Sequence[str], name: str) -> Sequence[str]:
     """The names of `order` before `name`."""
     return order[: order.index(name)]
-
-
-def _strategy_of(how: str | None) -> str:
-    """The session's strategy of a pair of ops settled `how` by their contents (None: by position alone)."""
-    return {BY_CONTENT: BY_CONTENT_STRATEGY, LEFT_OVER: LEFT_OVER_STRATEGY, AMBIGUOUS: AMBIGUOUS_STRATEGY}.get(
-        how or "", ALIGNED
-    )
 
 
 def _later(order: Sequence[str], one: str | None, other: str) -> str | None:

@@ -31,6 +31,12 @@ AMBIGUOUS_STRATEGY = "module ambiguous"  # kept by position, which content neith
 _STRATEGIES = {BY_CONTENT: BY_CONTENT_STRATEGY, LEFT_OVER: LEFT_OVER_STRATEGY, AMBIGUOUS: AMBIGUOUS_STRATEGY}
 
 
+def op_strategy(settled: str | None) -> str:
+    """The strategy of a pair of ops the alignment made, settled `settled` by their contents (None: by position
+    alone, or a match of its own)."""
+    return _STRATEGIES.get(settled or "", ALIGNED)
+
+
 def pairing_note(strategy: str) -> str | None:
     """What a pair's strategy says of how its two ops were paired, in words, where they were not paired by position
     alone (the pair page, the JSON's `pairing_note`); None for any other pair."""
@@ -97,7 +103,7 @@ def plan_ops(
     judge = None if content is None else lambda a, b: content(ops_a[a], ops_b[b])
     found = pair_ops([_op(t) for t in ops_a.values()], [_op(t) for t in ops_b.values()], judge)
     pairs = [
-        PairPlan(ops_a[a], ops_b[b], _STRATEGIES.get(found.settled.get((a, b), ""), ALIGNED))
+        PairPlan(ops_a[a], ops_b[b], op_strategy(found.settled.get((a, b))))
         for a, b in found.pairs
         if (a, b) not in refused
     ]
