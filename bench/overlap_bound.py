@@ -3,6 +3,7 @@ a child process started before the heavy imports), measured with today's code, n
 
     python bench/overlap_bound.py                  # first_answer.py's 2 x 200 MB zips, 5 rounds
     python bench/overlap_bound.py --rounds 8 A B   # given inputs
+    python bench/overlap_bound.py --env TENSOR_DEBUGGER_BUFFERED_RUN_BYTES=0   # both ways with this setting
 
 Each round, in turn (each way going first in alternate rounds), after `sync`:
 - *as now*: `tensor-debugger compare A B --json` into a new data dir, one process;
@@ -145,14 +146,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("inputs", nargs="*", type=Path, help="A B (default: first_answer.py's two zips, written)")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="VAR=VALUE", help="set in both ways' environment (repeatable)"
+    )
     args = parser.parse_args()
     env = child_env()
+    for assignment in args.env:
+        name, equals, value = assignment.partition("=")
+        if not equals or not name:
+            parser.error(f"--env: expected VAR=VALUE, got {assignment!r}")
+        env[name] = value
     env["OPENBLAS_NUM_THREADS"] = "1"  # as the CLI sets before numpy is imported (cli/main.py)
     work = Path(tempfile.mkdtemp(prefix="overlap-bound-"))
     try:
         a, b = cold_inputs(args.inputs, work, env)
         print(machine_line("today's code"))
-        print(f"load {os.getloadavg()[0]:.1f} at the start; {args.rounds} rounds, in turn")
+        settings = f"; with {' '.join(args.env)}" if args.env else ""
+        print(f"load {os.getloadavg()[0]:.1f} at the start; {args.rounds} rounds, in turn{settings}")
         walls: dict[str, list[float]] = {"as now": [], "halves": []}
         cpus: dict[str, list[float]] = {"as now": [], "halves": []}
         reading_cpu: list[float] = []
