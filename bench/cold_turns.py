@@ -11,7 +11,7 @@ this times only what a change to the cold compare moves, so that more rounds fit
 its `migrations/` beside it; `TENSOR_DEBUGGER_*` a setting), taking turns at going first. Inputs: `first_answer.py`'s
 two zips (written once into a temporary folder), or A B given. Each answer's first divergence must be the same.
 Prints the median and least wall and CPU seconds (user and system, the child's) of each way, and every round's.
-Nothing asserts on timings.
+Nothing asserts on timings. The packages timed are compiled to bytecode first (`harness.compile_package`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from first_answer import variant
-from harness import child_env, cold_inputs
+from harness import child_env, cold_inputs, compile_package
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -50,6 +50,7 @@ def main() -> None:
         a, b = cold_inputs(args.inputs, work, env)
         ways: list[tuple[str, dict[str, str]]] = [("this", {})]
         ways += [(label, dict(pair.split("=", 1) for pair in pairs)) for label, pairs in args.way]
+        compile_package(PYTHON, *(extra["PYTHONPATH"] for _, extra in ways if "PYTHONPATH" in extra))
         walls: dict[str, list[float]] = {label: [] for label, _ in ways}
         cpus: dict[str, list[float]] = {label: [] for label, _ in ways}
         found: set[str] = set()

@@ -41,6 +41,7 @@ wall seconds, CPU seconds (user and system: steadier than wall time on a loaded 
 VM, whichever command comes right after the script spends 3-5 s more of system time writing 2 x 2 GiB than the
 next (cold then warm: 15.6 s then 8.5 s; warm then cold: 11.5 s then 7.9 s), so one round (`--large`) favours the
 ways after the first; over several rounds (`--size-mb 2147 --form folders --rounds 3`) each goes first in turn.
+The packages timed (this checkout's, a `--baseline`'s) are compiled to bytecode first (`harness.compile_package`).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from harness import child_env, machine_line, run_child, run_child_cpu, zipped
+from harness import child_env, compile_package, machine_line, run_child, run_child_cpu, zipped
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -166,6 +167,7 @@ def main() -> None:
         commands[label] = ["/usr/bin/env", *assignments, str(PYTHON), "-m", "tensor_debugger"]
     work = Path(tempfile.mkdtemp(prefix="first-answer-", dir=args.workdir))
     env = child_env()
+    compile_package(PYTHON, *([args.baseline] if args.baseline is not None else []))
     try:
         run_child([str(PYTHON), __file__, "--write-runs", str(work / "dump"), str(args.size_mb), str(args.files)], env)
         a, b = work / "dump" / "reference", work / "dump" / "candidate"

@@ -18,9 +18,8 @@ and keep what it would not do twice (the reading process opens its own new datab
 parent does in the design): so their wall is the design's best case, give or take those, not a figure of it.
 CPU seconds are the processes' own (user and system, from `wait4`); the reading process's counts from its go only.
 Each answer's first divergence must be the same. Nothing asserts on timings. The package's bytecode is compiled
-first (`compileall`): a shell with PYTHONDONTWRITEBYTECODE=1 (this machine's) leaves an editable install without
-it, and every import of the package then compiles its source, more often in the halves (three interpreters) than as
-now (one), as no installed copy does.
+first (`harness.compile_package`): without it every import of the package compiles its source, more often in the
+halves (three interpreters) than as now (one), as no installed copy does.
 """
 
 from __future__ import annotations
@@ -37,7 +36,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import child_env, cold_inputs, machine_line
+from harness import child_env, cold_inputs, compile_package, machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = ROOT / ".venv" / "bin" / "tensor-debugger"
@@ -160,7 +159,7 @@ def main() -> None:
             parser.error(f"--env: expected VAR=VALUE, got {assignment!r}")
         env[name] = value
     env["OPENBLAS_NUM_THREADS"] = "1"  # as the CLI sets before numpy is imported (cli/main.py)
-    subprocess.run([str(PYTHON), "-m", "compileall", "-q", str(ROOT / "server")], env=env, check=True)
+    compile_package(PYTHON)
     work = Path(tempfile.mkdtemp(prefix="overlap-bound-"))
     try:
         a, b = cold_inputs(args.inputs, work, env)
