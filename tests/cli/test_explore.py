@@ -58,3 +58,18 @@ def test_explore_of_a_run_with_a_file_that_cannot_be_read_is_incomplete(tmp_path
     assert done.returncode == 2, done.stdout + done.stderr
     assert "INCOMPLETE: 1 input file could not be read" in done.stdout
     assert "ignored, no tensor in them (1):" in done.stdout and "problem:" in done.stdout
+
+
+def test_explore_counts_the_tensors_compared_in_any_pair(tmp_path: Path) -> None:
+    """Three tensors, of which two can be compared (one pass) and the third fits neither: the run's three tensors,
+    two of them compared. `compared` counted a tensor only where every pair of it was compared, and only on the
+    pairs' first side, so one incomparable pair left it 0: the page said "nothing was compared"."""
+    same = seeded((4, 6), 1)
+    torch.save({"q": same, "k": same.clone(), "bias": seeded((5,), 4)}, tmp_path / "acts.pth")
+    done = main_cli("--data-dir", str(tmp_path / "data"), "explore", str(tmp_path / "acts.pth"), "--json")
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    verdicts = sorted(p["status"] for p in out["pairs"])
+    assert verdicts == ["incomparable", "incomparable", "pass"], verdicts
+    coverage = out["coverage"]
+    assert (coverage["reference_tensors"], coverage["compared"]) == (3, 2), coverage

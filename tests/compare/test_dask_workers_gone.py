@@ -6,15 +6,20 @@ wait forever (Dask keeps a task whose workers all died for the next worker that 
 from __future__ import annotations
 
 import json
+import operator
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
 from distributed import Client
+from tensor_debugger.compare.compute.dask_connection import SchedulerConnection, WaitStopped, result_with_workers
 from tensor_debugger.demo.synthetic import Plant, write_dump
+from tensor_debugger.errors import NoDaskWorkerError
 
 from tests.support import loopback_http
 from tests.support.dask_cluster import QUIET, DaskCluster, start_dask
@@ -118,10 +123,79 @@ def test_a_server_whose_workers_all_die_stays_up_and_computes_the_pairs_once_one
             assert server.alive()
             pairs = loopback_http.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json()
             assert pairs["progress"]["pending"] == pairs["progress"]["total"] > 0, pairs["progress"]
+            # where users look: the session's progress and the page's status line say why the pairs wait
+            progress = loopback_http.get(f"{server.url}/api/sessions/{session_id}/progress", timeout=30).json()
+            assert progress["stage"] == "comparing" and message in (progress["waiting_for"] or ""), progress
+            page = loopback_http.get(f"{server.url}/sessions/{session_id}", timeout=30).text
+            assert 'id="waiting-for"' in page and message in page, page
             worker_again(cluster)
+            wait_until(  # said no more once a worker is back, whether or not pairs are still pending
+                lambda: loopback_http.get(f"{server.url}/api/sessions/{session_id}/progress", timeout=30).json(),
+                until=lambda p: p["waiting_for"] is None,
+                what="the progress to stop saying the pairs wait for a worker",
+                timeout=60,
+            )
             done = wait_done(server, session_id, timeout=90)
             assert done["first_divergence"]["name"] == "1_post_mlp"
             assert server.alive()
+            assert 'id="waiting-for"' not in loopback_http.get(f"{server.url}/sessions/{session_id}", timeout=30).text
+        finally:
+            server.stop()
+    finally:
+        cluster.stop()
+
+
+def test_a_wait_without_workers_is_noted_until_one_is_seen_and_ends_when_the_process_stops(tmp_path: Path) -> None:
+    """The wait itself, on a real scheduler with no worker: given up after the bound, its words kept on the
+    connection (what a session's progress says) until a wait sees a worker; a stop ends a wait whose bound is far
+    off within a poll."""
+    cluster = start_dask(tmp_path / "dask", workers=0)
+    connection = SchedulerConnection(cluster.address)
+    try:
+        client = connection.client()
+        task = client.submit(operator.add, 1, 2, pure=False)
+        with pytest.raises(NoDaskWorkerError, match="no Dask worker has been connected"):
+            result_with_workers(connection, client, task, 1.0, lambda: False)
+        assert connection.without_workers is not None
+        assert f"no Dask worker has been connected to {cluster.address} for 1 s" in connection.without_workers
+
+        stop = threading.Event()
+        threading.Timer(0.5, stop.set).start()
+        with pytest.raises(WaitStopped):  # the bound is 10 minutes: only the stop ends this wait
+            result_with_workers(connection, client, task, 600.0, stop.is_set)
+        assert stop.is_set()
+
+        worker_again(cluster)
+        assert result_with_workers(connection, client, task, 600.0, lambda: False) == 3
+        assert connection.without_workers is None
+    finally:
+        connection.close()
+        cluster.stop()
+
+
+def test_a_server_stopped_while_its_pairs_wait_for_a_worker_stops_at_once(tmp_path: Path) -> None:
+    """SIGTERM while the comparison worker waits for a Dask worker (the bound: 10 minutes): the wait ends on the
+    stop, and the server exits within its graceful stop (LiveServer.stop kills a server after 20 s, the comparison
+    worker's join gave up after 30 s), the comparison worker stopped, not left behind."""
+    cluster = start_dask(tmp_path / "dask", workers=1)
+    try:
+        for name, plant in (("ref", None), ("cand", Plant(1, "post_mlp", (1, 2), 0.25))):
+            write_dump(tmp_path / name, layers=2, seed=7, plant=plant)
+            make_zip(tmp_path / name, tmp_path / f"{name}.zip")
+        worker = cluster.processes[1]
+        os.kill(worker.pid, signal.SIGSTOP)
+        env = {"TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address, "TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS": "600"}
+        server = started_server(tmp_path / "server", env=env)
+        try:
+            files = [("reference", tmp_path / "ref.zip"), ("candidate", tmp_path / "cand.zip")]
+            created = upload(server, "stopped while waiting", files)
+            assert created.status_code == 201, created.text
+            kill_when_busy(cluster, worker)  # the comparison worker now waits for a worker, for up to 600 s
+            process = server.process
+            assert process is not None
+            server.ask_to_stop()
+            assert process.wait(timeout=20) == 0, server.log.read_text(errors="replace")
+            assert "did not stop" not in server.log.read_text(errors="replace")
         finally:
             server.stop()
     finally:

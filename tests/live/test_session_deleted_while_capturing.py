@@ -2,9 +2,9 @@
 
 Into a data dir the server also serves, the capture's run exists from the block's start, status "ingesting": the
 deletion is refused (409, naming the session and the run) and the capture ends storing its run whole. Through the
-server, nothing of the run is there until the block ends: a capture compared `against` a run of the deleted session
-ends with an error naming the session, keeps nothing (no session made again, no staged file left), and the server
-answers on."""
+server, nothing of the run is there until the block ends: a capture (compared `against` a run of the deleted
+session, or not) ends with an error naming the session, keeps nothing (no session made again, no staged file left),
+and the server answers on."""
 
 from __future__ import annotations
 
@@ -77,10 +77,39 @@ def test_a_capture_through_the_server_against_a_deleted_sessions_run_says_so(
         model(x)
         deleted = http.delete(f"{shared_server.url}/api/sessions/{found}", headers=shared_server.auth, timeout=30)
         assert deleted.status_code == 204, deleted.text
-    assert f"has no session {name!r}, so no run 'reference' to compare against" in str(raised.value)
+    assert f"session {name!r} (id {found}) was deleted during the capture" in str(raised.value)
     assert session_id(shared_server, name) is None  # not made again with the candidate alone
     assert list(staging.iterdir()) == []  # the staged run's files removed
     assert (
         http.get(f"{shared_server.url}/api/sessions/{found}", headers=shared_server.auth, timeout=30).status_code == 404
     )
+    assert http.get(f"{shared_server.url}/healthz", timeout=30).status_code == 200
+
+
+def test_a_capture_through_the_server_into_a_session_deleted_meanwhile_says_so(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """Without `against`: the session the capture found as its block opened is gone when the run is sent. The run
+    is not uploaded into a session made again under the same name (it would hold the candidate alone, as its
+    reference): the capture fails naming the session, and keeps nothing."""
+    name = "deleted while capturing: no against"
+    model, x = net(), torch.randn(2, 16)
+    with torch.no_grad(), capture(model, name, "reference", server=shared_server.url):
+        model(x)
+    found = session_id(shared_server, name)
+    assert found is not None
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    with (
+        pytest.raises(RuntimeError) as raised,
+        torch.no_grad(),
+        capture(model, name, "candidate", server=shared_server.url, staging=staging),
+    ):
+        model(x)
+        deleted = http.delete(f"{shared_server.url}/api/sessions/{found}", headers=shared_server.auth, timeout=30)
+        assert deleted.status_code == 204, deleted.text
+    assert f"session {name!r} (id {found}) was deleted during the capture" in str(raised.value)
+    assert "run 'candidate' was not uploaded" in str(raised.value)
+    assert session_id(shared_server, name) is None  # not made again with the candidate alone
+    assert list(staging.iterdir()) == []  # the staged run's files removed
     assert http.get(f"{shared_server.url}/healthz", timeout=30).status_code == 200

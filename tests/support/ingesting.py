@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import torch
 
 from tests.support.servers import LiveServer, upload
+
+
+def ingest_children(server: LiveServer) -> list[psutil.Process]:
+    """The server's ingest children (its pools' processes, started by multiprocessing's spawn)."""
+    assert server.process is not None
+    return [p for p in psutil.Process(server.process.pid).children() if any("spawn_main" in a for a in p.cmdline())]
 
 
 def upload_still_ingesting(server: LiveServer, folder: Path, name: str) -> int:

@@ -18,15 +18,10 @@ import pytest
 from tests.support import loopback_http as http
 from tests.support.bombs import fortran_zeros_zip, hashed_laughs_pickle, laughs_pth, oversized_legacy_pth
 from tests.support.cli_main import main_cli
+from tests.support.ingesting import ingest_children
 from tests.support.servers import LiveServer, started_server, upload, wait_staging_empty
 
 GiB = 1 << 30
-
-
-def ingest_children(server: LiveServer) -> list[psutil.Process]:
-    """The server's ingest children (its pools' processes, started by multiprocessing's spawn)."""
-    assert server.process is not None
-    return [p for p in psutil.Process(server.process.pid).children() if any("spawn_main" in a for a in p.cmdline())]
 
 
 def peak_rss(process: psutil.Process) -> int:

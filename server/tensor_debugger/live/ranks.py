@@ -93,13 +93,15 @@ def send_from_rank0(
     server: str | None,
     token: str | None,
     against: str | None = None,
+    found: int | None = None,
 ) -> tuple[int, int]:
     """Rank 0 sends the ranks' folders as one run (compared against the session's run labelled `against`, where
-    given); every rank gets (session id, run id), or raises rank 0's error."""
+    given; to a server, into the session of id `found` where its capture found one as it began); every rank gets
+    (session id, run id), or raises rank 0's error."""
     outcome: tuple[int, int] | str
     if ranks.rank == 0:
         try:
-            outcome = _send(shared, ranks.world, session, run, data_dir, server, token, against)
+            outcome = _send(shared, ranks.world, session, run, data_dir, server, token, against, found)
         except Exception as exc:  # every rank raises it, not only rank 0
             outcome = f"{type(exc).__name__}: {exc}"
     else:
@@ -119,6 +121,7 @@ def _send(
     server: str | None,
     token: str | None,
     against: str | None = None,
+    found: int | None = None,
 ) -> tuple[int, int]:
     folders = [shared / f"rank{k}" for k in range(world)]
     if server is not None:
@@ -130,7 +133,7 @@ def _send(
             with tarfile.open(archive, "w") as tar:
                 tar.add(folder, arcname=folder.name)
             archives.append(archive)
-        return upload_files(server, session, run, archives, token, against=against)
+        return upload_files(server, session, run, archives, token, against=against, found=found)
     from tensor_debugger.ingest.inputs import InputFile
     from tensor_debugger.services import open_services
     from tensor_debugger.settings import Settings

@@ -739,7 +739,9 @@ def capture(
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
 
     `server` (e.g. "http://127.0.0.1:8000") sends the run through the API, with `token` (default: the
-    TENSOR_DEBUGGER_TOKEN variable) when the server needs one; otherwise it goes into `data_dir` (default:
+    TENSOR_DEBUGGER_TOKEN variable) when the server needs one, into the session of that name the server has as the
+    block opens (a RuntimeError naming it where it was deleted before the run is sent: never one made again with
+    this run alone), else a new one; otherwise it goes into `data_dir` (default:
     TENSOR_DEBUGGER_DATA_DIR, else the app's default). `modules` keeps only modules whose path, with or
     without the model's class name, matches one of these glob patterns ("model.layers.*.mlp*"); the model itself
     is always recorded. `host_memory` bounds the bytes of host copies waiting to be written (default 1 GiB; a hook
@@ -777,6 +779,7 @@ def capture(
     try:
         collecting.enter_context(existing_objects_frozen())
         local = _LocalRun(session, run, data_dir, against) if server is None and ranks is None else None
+        found = _session_found(server, session, token, ranks)
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
         recorder = _Recorder(folder, root_name, patterns, writer, result)
@@ -793,13 +796,24 @@ def capture(
         closing, writer = writer, None
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
-        _send(recorder, result, session, run, (folder, local, ranks, shared), data_dir, server, token, _pair, against)
+        place = (folder, local, ranks, shared)
+        _send(recorder, result, session, run, place, data_dir, server, token, _pair, against, found)
     finally:
         watching.close()
         for handle in handles:
             handle.remove()
         _release(writer, local, ranks, shared, folder)
         collecting.close()
+
+
+def _session_found(server: str | None, session: str, token: str | None, ranks: Ranks | None) -> int | None:
+    """The id of the server's session named `session` as a capture through it begins (on the rank that sends the
+    run): its run goes into that session, and is not uploaded where it was deleted meanwhile."""
+    if server is None or (ranks is not None and ranks.rank != 0):
+        return None
+    from tensor_debugger.live.upload import session_on
+
+    return session_on(server, session, token)
 
 
 def _staging(staging: str | Path | None) -> tuple[Ranks | None, Path | None, Path]:
@@ -862,10 +876,11 @@ def _send(
     token: str | None,
     pair: bool,
     against: str | None = None,
+    found: int | None = None,
 ) -> None:
     """Store a recorded run whose tensors are all written: its module tree, then the run (into the local run, from
     rank 0 for the ranks, or uploaded to the server, compared against the session's run labelled `against` where
-    given); its ids into `result`."""
+    given; into the session of id `found` where the capture found one as it began); its ids into `result`."""
     folder, local, ranks, shared = place
     result.tensors, result.skipped = recorder.count, recorder.skipped
     if local is not None:  # the trace JSON read from memory, not written: nothing else reads its file
@@ -875,13 +890,13 @@ def _send(
     if ranks is not None and shared is not None:
         result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
         result.session_id, result.run_id = send_from_rank0(
-            ranks, shared, session, run, data_dir, server, token, against
+            ranks, shared, session, run, data_dir, server, token, against, found
         )
     else:
         assert server is not None
         from tensor_debugger.live.upload import upload_run
 
-        result.session_id, result.run_id = upload_run(server, session, run, folder, token, against)
+        result.session_id, result.run_id = upload_run(server, session, run, folder, token, against, found)
 
 
 class _HeldValues:

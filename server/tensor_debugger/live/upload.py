@@ -42,11 +42,30 @@ def server_client(server: str, token: str | None = None) -> httpx.Client:
 
 
 def upload_run(
-    server: str, session: str, run: str, folder: Path, token: str | None = None, against: str | None = None
+    server: str,
+    session: str,
+    run: str,
+    folder: Path,
+    token: str | None = None,
+    against: str | None = None,
+    found: int | None = None,
 ) -> tuple[int, int]:
     """Upload every file of `folder` as run `run` of session `session`; see `upload_files`."""
     files = sorted(p for p in folder.iterdir() if p.is_file())
-    return upload_files(server, session, run, files, token, against=against)
+    return upload_files(server, session, run, files, token, against=against, found=found)
+
+
+def session_on(server: str, session: str, token: str | None = None) -> int | None:
+    """The id of the server's session named `session`, None where it has none."""
+    with server_client(server, token) as client:
+        return _listed(client, server, session)
+
+
+def _listed(client: httpx.Client, server: str, session: str) -> int | None:
+    answer = client.get("/api/sessions", params={"q": session})
+    _check(answer, server)
+    listed = msgspec.json.decode(answer.content, type=list[_Session])
+    return next((s.id for s in listed if s.name == session), None)
 
 
 def upload_files(
@@ -57,15 +76,18 @@ def upload_files(
     token: str | None = None,
     tries: int = 2,
     against: str | None = None,
+    found: int | None = None,
 ) -> tuple[int, int]:
     """Upload `paths` (tensor files and archives) as run `run` of session `session` (created when no session has
     that name); returns (session id, run id). `against`: the label of the session's run it is compared against (the
-    session must exist and hold it). Raises RuntimeError with the server's reasons when it refuses."""
+    session must exist and hold it). `found`: the session's id when the run's capture began (`session_on`): the run
+    goes into that session, and a RuntimeError naming it says that it was deleted since (a session made again
+    would hold this run alone). Raises RuntimeError with the server's reasons when it refuses."""
     with server_client(server, token) as client:
-        found = client.get("/api/sessions", params={"q": session})
-        _check(found, server)
-        listed = msgspec.json.decode(found.content, type=list[_Session])
-        existing = next((s for s in listed if s.name == session), None)
+        listed = _listed(client, server, session)
+        if found is not None and listed != found:
+            raise _deleted(server, session, found, run)
+        existing = None if listed is None else _Session(listed, session)
         with ExitStack() as stack:
             files = [(run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream")) for p in paths]
             if existing is None and against is not None:
@@ -77,13 +99,15 @@ def upload_files(
             else:
                 params = {"label": run, **({"against": against} if against is not None else {})}
                 response = client.post(f"/api/sessions/{existing.id}/runs", params=params, files=files)
+        if found is not None and response.status_code == 404:  # deleted between the look-up and the upload
+            raise _deleted(server, session, found, run)
         _check(response, server)
         body = msgspec.json.decode(response.content, type=_Uploaded)
         if existing is None and body.session is not None and body.session.name != session and tries > 1:
             # another client created `session` between the look-up and this upload, and the server named this one
             # "session (2)": the run belongs in the session of that name, so it goes there instead
             _check(client.delete(f"/api/sessions/{body.session.id}"), server)
-            return upload_files(server, session, run, paths, token, tries - 1, against)
+            return upload_files(server, session, run, paths, token, tries - 1, against, found)
     return _ids(body, existing)
 
 
@@ -110,6 +134,13 @@ def _check(response: httpx.Response, server: str) -> None:
     if response.status_code == 401:
         hint = f" (this server needs a token: --token, or the {TOKEN_VARIABLE} variable)"
     raise RuntimeError(f"{server.rstrip('/')} refused the request ({response.status_code}){hint}: {detail}")
+
+
+def _deleted(server: str, session: str, found: int, run: str) -> RuntimeError:
+    return RuntimeError(
+        f"{server.rstrip('/')}: session {session!r} (id {found}) was deleted during the capture, so run {run!r} was "
+        "not uploaded (a session made again would hold it alone); capture it again to make the session anew"
+    )
 
 
 def _ids(body: _Uploaded, existing: _Session | None) -> tuple[int, int]:

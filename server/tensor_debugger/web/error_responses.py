@@ -29,10 +29,13 @@ WHY = {
     422: "the files have nothing usable (`problems` says why for each)",
     503: "the database or the array store did not answer (`detail` says which): try again after `Retry-After` seconds",
     507: "out of disk space: nothing of the upload was kept, or its run is 'failed' saying so",
+    500: "a stored chunk this read needs is missing (`detail` names its file or object): the data dir is damaged, "
+    "and no value is answered in its place",
 }
 
 CHANGES = (403,)  # every POST, PUT, PATCH and DELETE
 JSON_BODY = (413,)  # every operation that takes a JSON body: it is bounded in size
+READS_VALUES = (500,)  # every operation that may read a tensor's stored values (web/refusals.py's damaged_store)
 
 
 # How a 400 that depends on what the server holds is declared: a request that fits the document can still name

@@ -18,6 +18,12 @@ class Computation(Protocol):
         """Whether other processes (a Dask cluster's workers) compute them, not this one's threads."""
         ...
 
+    @property
+    def waiting_for(self) -> str | None:
+        """Why pending pairs are not being computed now (no Dask worker for too long), None while nothing keeps
+        them: what a session's progress says beside its pending pairs."""
+        ...
+
     def __call__(
         self,
         session_id: int | None = None,
@@ -37,6 +43,10 @@ class LocalComputation:
     @property
     def remote(self) -> bool:
         return False
+
+    @property
+    def waiting_for(self) -> str | None:
+        return None  # this process's threads: nothing to wait for
 
     def __call__(
         self,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from numpy.typing import NDArray
 from sqlalchemy import select
 
-from tensor_debugger.compare.compute.dask_connection import result_with_workers
+from tensor_debugger.compare.compute.dask_connection import SchedulerConnection, WaitStopped, result_with_workers
 from tensor_debugger.compare.compute.dask_workers import worker_context
 from tensor_debugger.compare.compute.pending import PendingPair, ResultWriter, pair_job, set_up
 from tensor_debugger.compare.context import CompareContext
@@ -152,13 +152,13 @@ def collect_split(
 def merged(split: SplitPair, cluster: Cluster) -> PairStats | Exception | None:
     """The pair's statistics from its blocks' partials, merged in block order (the first failed block's error);
     None where a task did not come back or found the pair changed. NoDaskWorkerError where the cluster has had no
-    worker for too long (`dask_connection.result_with_workers`)."""
+    worker for too long, WaitStopped where the process stops (`dask_connection.result_with_workers`)."""
     job = split.job
     total = job.accumulator()
     for task in split.tasks:
         try:
             part: Part = cluster.result(task)
-        except NoDaskWorkerError:
+        except (NoDaskWorkerError, WaitStopped):
             raise
         except Exception:  # the task was lost (a worker died, the cluster went away): the pair stays pending
             log.exception("a block of pair %d was not computed on the cluster", job.key.pair_id)
@@ -171,15 +171,18 @@ def merged(split: SplitPair, cluster: Cluster) -> PairStats | Exception | None:
 
 @dataclass(frozen=True)
 class Cluster:
-    """Where a process sends a big pair's tasks: the client, and what its workers open the pair with."""
+    """Where a process sends a big pair's tasks: the client (of `connection`), what its workers open the pair with,
+    and whether the process is stopping (which ends a wait for a result)."""
 
+    connection: SchedulerConnection
     client: Client
     settings: Settings
+    should_stop: Callable[[], bool]
 
     def result(self, task: Any) -> Any:
         """The task's result, waited for while the cluster has a worker (`dask_connection.result_with_workers`)."""
-        settings = self.settings
-        return result_with_workers(self.client, task, settings.dask_scheduler, settings.dask_no_worker_seconds)
+        no_worker = self.settings.dask_no_worker_seconds
+        return result_with_workers(self.connection, self.client, task, no_worker, self.should_stop)
 
 
 def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> PairStats:
@@ -194,7 +197,7 @@ def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> 
     for region, task in zip(regions, tasks, strict=True):
         try:
             part: Masses = cluster.result(task)
-        except NoDaskWorkerError:
+        except (NoDaskWorkerError, WaitStopped):
             cluster.client.cancel(tasks)  # type: ignore[no-untyped-call]
             raise
         except Exception:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tensor_debugger.errors import NoDaskWorkerError
@@ -21,10 +22,18 @@ CONNECT_SECONDS = 30
 WORKER_POLL_SECONDS = 1.0  # how often a wait for a task's result asks the scheduler whether it has a worker
 
 
+class WaitStopped(Exception):
+    """A wait for the workers' results ended because the process is stopping (`should_stop`): the tasks not done
+    are the caller's to cancel; their pairs stay pending."""
+
+
 class SchedulerConnection:
     def __init__(self, address: str) -> None:
         self.address = address
         self.connections = 0  # clients made so far: 1 for a process whose scheduler never dropped
+        # Why the pairs sent to the workers wait: NoDaskWorkerError's words once a wait gave up for want of a
+        # worker, None again once a wait sees one (or a result comes). Read by the session's progress.
+        self.without_workers: str | None = None
         self._client: Client | None = None
         self._lock = threading.Lock()
 
@@ -62,23 +71,39 @@ def _close(client: Client) -> None:
         log.debug("closing a Dask client failed", exc_info=True)
 
 
-def result_with_workers(client: Client, future: Any, address: str, no_worker_seconds: float) -> Any:
-    """The `future`'s result, waited for while the scheduler at `address` has a worker: Dask reschedules a task
+def result_with_workers(
+    connection: SchedulerConnection,
+    client: Client,
+    future: Any,
+    no_worker_seconds: float,
+    should_stop: Callable[[], bool],
+) -> Any:
+    """The `future`'s result, waited for while the scheduler of `connection` has a worker: Dask reschedules a task
     whose worker died onto another, and would wait forever for a new one once every worker is gone. After
-    `no_worker_seconds` with no worker at all (`Client.scheduler_info`), NoDaskWorkerError names the scheduler."""
+    `no_worker_seconds` with no worker at all (`Client.scheduler_info`), NoDaskWorkerError names the scheduler, and
+    `connection.without_workers` keeps its words until a worker is seen. WaitStopped, within a poll
+    (WORKER_POLL_SECONDS), once `should_stop` says so: a stopping server does not wait out the bound."""
     without_since: float | None = None
     while True:
+        if should_stop():
+            raise WaitStopped()
         try:
-            return future.result(timeout=min(WORKER_POLL_SECONDS, no_worker_seconds))
+            found = future.result(timeout=min(WORKER_POLL_SECONDS, no_worker_seconds))
         except TimeoutError:  # not done yet: is any worker there to do it?
             pass
+        else:
+            connection.without_workers = None
+            return found
         if client.scheduler_info()["workers"]:
+            connection.without_workers = None
             without_since = None
             continue
         now = time.monotonic()
         without_since = now if without_since is None else without_since
         if now - without_since >= no_worker_seconds:
-            raise NoDaskWorkerError(
-                f"no Dask worker has been connected to {address} for {no_worker_seconds:g} s: the pairs not "
-                "computed stay pending (start a worker; a server computes them once one is back)"
+            error = NoDaskWorkerError(
+                f"no Dask worker has been connected to {connection.address} for {no_worker_seconds:g} s: the pairs "
+                "not computed stay pending (start a worker; a server computes them once one is back)"
             )
+            connection.without_workers = str(error)
+            raise error

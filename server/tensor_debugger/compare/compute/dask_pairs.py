@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from tensor_debugger.compare.compute.dask_blocks import Cluster, big_pairs, collect_split, submit_split
-from tensor_debugger.compare.compute.dask_connection import SchedulerConnection, result_with_workers
+from tensor_debugger.compare.compute.dask_connection import SchedulerConnection, WaitStopped, result_with_workers
 from tensor_debugger.compare.compute.dask_workers import worker_context
 from tensor_debugger.compare.compute.pending import ProgressCallback, Tally, compute_pending, pending_query
 from tensor_debugger.compare.context import CompareContext
@@ -64,6 +64,11 @@ class DaskComputation:
         should_stop: Callable[[], bool] | None = None,
     ) -> int:
         return compute_on_dask(self.settings, self.scheduler, self.context, session_id, progress, should_stop)
+
+    @property
+    def waiting_for(self) -> str | None:
+        """Why pending pairs wait: no worker connected to the scheduler for the bound (None once one is seen)."""
+        return self.scheduler.without_workers
 
     def close(self) -> None:
         self.scheduler.close()
@@ -105,14 +110,16 @@ def compute_on_dask(
             tally.settled(finished)
             try:
                 for future in futures:  # in execution order, as the workers finish them
-                    waited = result_with_workers(client, future, settings.dask_scheduler, no_worker)
+                    waited = result_with_workers(scheduler, client, future, no_worker, stopping)
                     tally.settled(int(waited))
                     if stopping():
                         break
-                collect_split(context, splits, tally.settled, stopping, Cluster(client, sent))
+                collect_split(context, splits, tally.settled, stopping, Cluster(scheduler, client, sent, stopping))
             except NoDaskWorkerError:  # every worker gone for too long: what they did not settle stays pending
                 client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
                 raise
+            except WaitStopped:  # the process stops: checked below
+                pass
         if stopping():
             client.cancel([*futures, *(t for split in splits for t in split.tasks)])  # type: ignore[no-untyped-call]
             return tally.done

@@ -16,6 +16,7 @@ from tensor_debugger.engine.profiles import ProfileAccumulator
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
 from tensor_debugger.errors import InvalidInputError, NotFoundError
+from tensor_debugger.store.layout import MissingChunkError
 from tensor_debugger.store.models import ComparisonResultRecord, PairRecord, SessionRecord
 
 PROFILE_BLOCK_BYTES = 8 * 1024 * 1024  # of float64 per side read at once
@@ -51,6 +52,8 @@ def error_profile(db: DbSession, context: CompareContext, pair_id: int, dim: int
     tol, exact = tolerance(session, side_a[0].dtype, side_b[0].dtype)
     try:
         profile = profile_views(view_a, view_b, dim, tol, exact)
+    except MissingChunkError:
+        raise  # the data dir is damaged, not the request: web/refusals.py's damaged_store answers it
     except ValueError as exc:
         raise InvalidInputError(str(exc)) from None
     if result is not None:

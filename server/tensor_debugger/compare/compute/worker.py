@@ -10,6 +10,7 @@ from tensor_debugger.compare.compute.computation import Computation
 from tensor_debugger.errors import NoDaskWorkerError
 
 log = logging.getLogger(__name__)
+STOP_SECONDS = 30.0  # how long a stop waits for the computation under way
 
 
 class ComparisonWorker:
@@ -28,9 +29,12 @@ class ComparisonWorker:
         self._wake.set()
 
     def stop(self) -> None:
+        """Ask the computation to stop (a wait for Dask workers ends within a poll) and wait for it, 30 s at most."""
         self._stop.set()
         self._wake.set()
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=STOP_SECONDS)
+        if self._thread.is_alive():
+            log.warning("the comparison worker did not stop within %g s: left to end with the process", STOP_SECONDS)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -87,7 +87,8 @@ class Coverage:
     coverage of the run it is compared against;
     `runs_not_compared`: the runs compared against a run that failed, is not ready or is gone (no pairs at all);
     `out_of_step`: the pairs of captured ops out of step, not compared (their reference tensors are not counted in
-    `compared`)."""
+    `compared`). An explored run (`explore`: every tensor against every other) counts its tensors of either side of
+    its pairs, each compared where one pair of it was at least."""
 
     reference_tensors: int = 0
     compared: int = 0

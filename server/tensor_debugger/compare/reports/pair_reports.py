@@ -76,7 +76,7 @@ from tensor_debugger.store.models import (
     TensorRecord,
     UnmatchedRecord,
 )
-from tensor_debugger.store.reports import PairStatus, parse_strategy
+from tensor_debugger.store.reports import PairingStrategy, PairStatus, parse_strategy
 
 _STATUSES = {str(s): s for s in PairStatus}  # a dict lookup: calling the enum took 10% of a session's report
 
@@ -570,7 +570,11 @@ def coverage_of(
     allowed = [n for n in dict.fromkeys(u.name for u in asked if u.allowed) if n not in set(not_allowed)]
     judged: dict[str, bool] = {}
     for i in items:
-        judged[i.a.name] = judged.get(i.a.name, True) and _compared(i, passed_over)
+        if i.strategy == PairingStrategy.EXPLORE:  # one run, every tensor against every other: each of either side,
+            for name in (i.a.name, i.b.name):  # compared where any pair of it was (others may not fit its shape)
+                judged[name] = judged.get(name, False) or _compared(i, passed_over)
+        else:
+            judged[i.a.name] = judged.get(i.a.name, True) and _compared(i, passed_over)
     left_out = set(not_allowed) | set(allowed)
     # a tensor no candidate that compared anything of it was asked to record: left out by choice, never compared
     unasked = [

@@ -182,6 +182,9 @@ class SessionProgress:
     runs: list[RunProgress]
     pairs: PairProgress
     early: EarlyPairs  # while runs ingest: the pairs already compared
+    # while pairs are pending: why none is being compared now (no Dask worker connected to the scheduler for
+    # TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS), null while nothing keeps them, and again once a worker is back
+    waiting_for: str | None = None
 
 
 def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
@@ -193,13 +196,15 @@ def _stage(runs: list[RunProgress], pairs: PairProgress) -> SessionStage:
     return SessionStage.COMPARING if pairs.pending else SessionStage.DONE
 
 
-def _signature(stage: SessionStage, runs: list[RunProgress], pairs: PairProgress, early: EarlyPairs) -> str:
+def _signature(
+    stage: SessionStage, runs: list[RunProgress], pairs: PairProgress, early: EarlyPairs, waiting: bool
+) -> str:
     """The page's script fetches the page again when this changes."""
     marks = ",".join(
         f"{r.id}:{r.stage if r.stage in (RunStage.QUEUED, RunStage.PLANNING, RunStage.WAITING) else r.status}"
         for r in runs
     )
-    return f"{stage}|{marks}|{pairs.done}/{pairs.total}|{early.compared}"
+    return f"{stage}|{marks}|{pairs.done}/{pairs.total}|{early.compared}{'|waiting' if waiting else ''}"
 
 
 def pair_progress(db: DbSession, session_id: int) -> PairProgress:
@@ -244,13 +249,17 @@ def session_progress(
     live: Mapping[int, IngestProgress],
     pairs: PairProgress,
     early: EarlyFigures | None = None,
+    waiting_for: str | None = None,
 ) -> SessionProgress:
     """`session` with its runs and their problems loaded (catalog.get_session); `live`: this process's ingests'
     figures (`IngestQueue.snapshot`), taken before `session` and `pairs` were read, so that a run that has just
     been planned is either still "planning" there or has its pairs in `pairs` (read the other way round, a page
     could find every run ready and no pairs, and say it is done); `early`: its pairs compared while its runs
-    ingest (`EarlyUploads.figures`)."""
+    ingest (`EarlyUploads.figures`); `waiting_for`: why the process's pending pairs are not being computed now
+    (`Computation.waiting_for`), said only while this session has some."""
     runs = [run_progress(run, live.get(run.id)) for run in session.runs]
     stage = _stage(runs, pairs)
     shown = EarlyPairs.of(early)
-    return SessionProgress(session.id, stage, _signature(stage, runs, pairs, shown), runs, pairs, shown)
+    why = waiting_for if pairs.pending else None
+    signature = _signature(stage, runs, pairs, shown, why is not None)
+    return SessionProgress(session.id, stage, signature, runs, pairs, shown, why)

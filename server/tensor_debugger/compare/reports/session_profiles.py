@@ -19,6 +19,7 @@ from tensor_debugger.engine.dimension_names import NAME, dimension_names
 from tensor_debugger.engine.metrics import Number
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
+from tensor_debugger.store.layout import MissingChunkError
 from tensor_debugger.store.reports import PairStatus
 
 
@@ -101,7 +102,7 @@ def session_profiles(db: DbSession, context: CompareContext, session_id: int, di
         if reason is None and index is not None:
             try:
                 profile = error_profile(db, context, pair.id, index)
-            except InvalidInputError as exc:
+            except (InvalidInputError, MissingChunkError) as exc:  # a damaged pair is skipped saying so
                 reason = str(exc)
             else:
                 rows.append(

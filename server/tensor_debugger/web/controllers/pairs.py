@@ -19,7 +19,7 @@ from tensor_debugger.errors import InvalidInputError, NotFoundError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord
-from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, error_responses
+from tensor_debugger.web.error_responses import CHANGES, JSON_BODY, READS_VALUES, error_responses
 from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, StrictBody
 
 WRITE = error_responses(*CHANGES, *JSON_BODY, 404)  # a JSON body about a session or pair
@@ -148,13 +148,13 @@ class PairController(Controller):
     path = "/api/pairs"
     tags = ["pairs"]
 
-    @get("/{pair_id:int}", sync_to_thread=True, responses=error_responses(404))
+    @get("/{pair_id:int}", sync_to_thread=True, responses=error_responses(404, *READS_VALUES))
     def show_pair(self, services: NamedDependency[Services], pair_id: FromPath[int]) -> PairDetail:
         """Statistics (with the histogram of |difference| per decade), shapes, alignment steps and the argmax."""
         with services.sessions() as db:
             return pair_detail(db, services.context, pair_id)
 
-    @get("/{pair_id:int}/argmax", sync_to_thread=True, responses=error_responses(404))
+    @get("/{pair_id:int}/argmax", sync_to_thread=True, responses=error_responses(404, *READS_VALUES))
     def argmax(self, services: NamedDependency[Services], pair_id: FromPath[int]) -> ArgmaxReport | None:
         with services.sessions() as db:
             return pair_detail(db, services.context, pair_id).argmax
@@ -163,7 +163,9 @@ class PairController(Controller):
         "/{pair_id:int}/profile",
         sync_to_thread=True,
         responses=error_responses(
-            404, depends_on_state="names a dimension past the pair's aligned rank, or the pair has no element values"
+            404,
+            *READS_VALUES,
+            depends_on_state="names a dimension past the pair's aligned rank, or the pair has no element values",
         ),
     )
     def profile(
@@ -182,6 +184,7 @@ class PairController(Controller):
         sync_to_thread=True,
         responses=error_responses(
             404,
+            *READS_VALUES,
             depends_on_state="gives an index, start or count that does not fit the pair's aligned shape (one entry "
             "per dimension, within its size, one or two ':' windows of at most 65,536 values)",
         ),

@@ -236,7 +236,8 @@ def session_template(
     with services.sessions() as db:
         session, report = read_session(db, services, session_id, modules=True)
         ordered = apply_order(report.pairs, session.pair_order)
-        progress = session_progress(session, live, report.progress, services.early.figures(session_id))
+        early = services.early.figures(session_id)
+        progress = session_progress(session, live, report.progress, early, services.compute.waiting_for)
         first_id = report.first_divergence.pair_id if report.first_divergence else None
         choices = None
         if hand is not None:

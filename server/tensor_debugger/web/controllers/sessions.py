@@ -189,7 +189,9 @@ class SessionController(Controller):
         with services.sessions() as db:
             session = catalog.get_session(db, session_id)
             pairs = pair_progress(db, session_id)
-            return session_progress(session, live, pairs, services.early.figures(session_id))
+            return session_progress(
+                session, live, pairs, services.early.figures(session_id), services.compute.waiting_for
+            )
 
     @post(
         "/",
