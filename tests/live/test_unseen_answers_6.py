@@ -489,6 +489,36 @@ def test_dropout_in_eval_mode_is_refused_naming_its_line_without_telling_to_call
     assert "put the model in eval mode" not in words and "the model is in eval mode" in words, words
 
 
+class SamePad(nn.Module):
+    """A 'same' conv and a residual; the port pads by 2 for 1 (Wav2Vec2's same-pad left unremoved, in short): its
+    output is two steps longer, and the residual add raises."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv1d(D, D, 3, padding=2 if port else 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.conv(x.transpose(1, 2)).transpose(1, 2)  # same conv
+        return x + h
+
+
+def test_a_port_that_raises_is_told_the_first_divergence_recorded_before_it(settings: Settings) -> None:
+    """The port's shapes go wrong at its conv and torch raises at the residual add: find_divergence passed the
+    error on with a note naming the model, and nothing of what the two captures had recorded up to there."""
+    x = _x(torch.Generator().manual_seed(5))
+    with pytest.raises(RuntimeError, match="must match the size") as raised:
+        find_divergence(SamePad(False).eval(), SamePad(True).eval(), x, session="raises", data_dir=settings.data_dir)
+    notes = getattr(raised.value, "__notes__", [])
+    assert "find_divergence: raised by the candidate model, called as model(inputs)" in notes, notes
+    at = line_of("same conv")
+    assert (
+        "find_divergence: before the candidate raised, the first divergence among the 4 pairs of summaries compared "
+        f"was SamePad.conv_outputs (called at {at} in the reference, {at} in the candidate): from summaries: shapes "
+        "differ ([2, 16, 6] vs [2, 16, 8])"
+    ) in notes, notes
+
+
 # --- transformers models against a copy of their own modeling file with one line changed ----------------------------
 
 

@@ -456,8 +456,12 @@ def _find(
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
         call(reference)
+    raised: Exception | None = None  # what the candidate raised: its summaries up to there are still compared
     with record(candidate, level=level, values="summary") as cand_run:
-        call(candidate)
+        try:
+            call(candidate)
+        except Exception as error:
+            raised = error
     ref, cand = ref_run.result, cand_run.result
     # the line that made each tensor: an op's caller, or, for a module call's inputs and outputs, the line that
     # called the module (the model's own inputs and outputs have none: it is called here, not by the user's code)
@@ -516,6 +520,9 @@ def _find(
             changed = name
         if not verdict.passed and first is None:
             first = (name, other, verdict)
+    if raised is not None:
+        raised.add_note(_before_raising(first, compared, ref_lines, cand_lines))
+        raise raised
     runs = ("reference", "candidate")
     paired = {_key(n, root_a) for n in order}.intersection(theirs)
     unpaired = (len(order) - len(paired), len(cand.summaries) - len(paired))
@@ -646,6 +653,27 @@ def _find(
         None,
         notes,
         uncompared,
+    )
+
+
+def _before_raising(
+    first: tuple[str, str, SketchVerdict] | None,
+    compared: int,
+    ref_lines: Mapping[str, str],
+    cand_lines: Mapping[str, str],
+) -> str:
+    """What the summaries the candidate recorded before it raised (a port whose shapes go wrong, then meet an op
+    that refuses them) tell: the first pair that failed among them, with its lines, or that none did."""
+    if first is None:
+        return (
+            f"find_divergence: before the candidate raised, {compared} pairs of summaries were compared and none "
+            "differed beyond tolerance"
+        )
+    name, other, verdict = first
+    at = f" (called at {ref_lines.get(name)} in the reference, {cand_lines.get(other)} in the candidate)"
+    return (
+        f"find_divergence: before the candidate raised, the first divergence among the {compared} pairs of summaries "
+        f"compared was {name}{at if name in ref_lines or other in cand_lines else ''}: {verdict.reason}"
     )
 
 
