@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -65,7 +65,7 @@ class Rotary(nn.Module):
         k = self.k(x).view(b, t, H, HD).transpose(1, 2)
         cos, sin = rope(t, HD)
         q, k = self.turn(q, cos, sin), self.turn(k, cos, sin)
-        return (q @ k.transpose(-1, -2) * HD**-0.5).softmax(-1)
+        return cast(torch.Tensor, (q @ k.transpose(-1, -2) * HD**-0.5).softmax(-1))
 
 
 class HeadSplit(nn.Module):
@@ -87,7 +87,7 @@ class HeadSplit(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.qkv(x).chunk(3, -1)
         out = F.scaled_dot_product_attention(self.heads(q), self.heads(k), self.heads(v))  # heads attend
-        return self.o(out.transpose(1, 2).reshape(x.shape))
+        return cast(torch.Tensor, self.o(out.transpose(1, 2).reshape(x.shape)))
 
 
 class HalfNorm(nn.Module):
@@ -104,9 +104,9 @@ class HalfNorm(nn.Module):
         h = self.up(x)
         if self.port:
             var = h.pow(2).mean(-1, keepdim=True)  # squares in float16
-            return self.weight * (h * torch.rsqrt(var + 1e-6))
+            return cast(torch.Tensor, self.weight * (h * torch.rsqrt(var + 1e-6)))
         var32 = h.float().pow(2).mean(-1, keepdim=True)  # squares in float32
-        return self.weight * (h.float() * torch.rsqrt(var32 + 1e-6)).half()
+        return cast(torch.Tensor, self.weight * (h.float() * torch.rsqrt(var32 + 1e-6)).half())
 
 
 class PreNorm(nn.Module):
@@ -121,8 +121,8 @@ class PreNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.port:
             x = self.norm(x)
-            return x + self.ff(x)  # port residual
-        return x + self.ff(self.norm(x))  # residual
+            return cast(torch.Tensor, x + self.ff(x))  # port residual
+        return cast(torch.Tensor, x + self.ff(self.norm(x)))  # residual
 
 
 class Masked(nn.Module):
@@ -137,7 +137,7 @@ class Masked(nn.Module):
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         s = self.q(x) @ self.k(x).transpose(-1, -2) * D**-0.5
-        return s.masked_fill(~keep[:, None, :], self.fill).softmax(-1)  # padding filled
+        return cast(torch.Tensor, s.masked_fill(~keep[:, None, :], self.fill).softmax(-1))  # padding filled
 
 
 class CausalConv(nn.Module):
@@ -201,7 +201,7 @@ class RotaryTable(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         angles = positions.float()[:, None] * self.inv_freq[None].float()  # angles
         emb = torch.cat([angles, angles], -1)
-        return self.proj(x) * emb.cos().to(x.dtype)
+        return cast(torch.Tensor, self.proj(x) * emb.cos().to(x.dtype))
 
 
 class Residual(nn.Module):
@@ -217,7 +217,7 @@ class Residual(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x[..., : D // 2]
         h = h.mul_(0.5) if self.port else h * 0.5  # in place on a view
-        return x + self.ff(torch.cat([h, x[..., D // 2 :]], -1))  # view's residual
+        return cast(torch.Tensor, x + self.ff(torch.cat([h, x[..., D // 2 :]], -1)))  # view's residual
 
 
 class AlwaysDropout(nn.Module):
@@ -262,7 +262,7 @@ class CausalMask(nn.Module):
         t = x.shape[1]
         mask = torch.ones(t, t, dtype=torch.bool).triu(self.diagonal)  # causal mask
         s = self.q(x) @ self.k(x).transpose(-1, -2)
-        return s.masked_fill(mask, torch.finfo(s.dtype).min).softmax(-1)
+        return cast(torch.Tensor, s.masked_fill(mask, torch.finfo(s.dtype).min).softmax(-1))
 
 
 class Positions(nn.Module):
@@ -344,7 +344,7 @@ class ComplexRope(nn.Module):
             return torch.view_as_real(pairs * turns[None, :, None]).flatten(3)  # complex turn
         cos, sin = rope(t, HD)
         rot = torch.cat([-q[..., HD // 2 :], q[..., : HD // 2]], -1)
-        return q * cos[None, :, None] + rot * sin[None, :, None]
+        return cast(torch.Tensor, q * cos[None, :, None] + rot * sin[None, :, None])
 
 
 @dataclass(frozen=True)
@@ -500,7 +500,7 @@ class SamePad(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv(x.transpose(1, 2)).transpose(1, 2)  # same conv
-        return x + h
+        return cast(torch.Tensor, x + h)
 
 
 def test_a_port_that_raises_is_told_the_first_divergence_recorded_before_it(settings: Settings) -> None:
@@ -590,7 +590,7 @@ def _pair(port: Port, cls: str, config: Any) -> tuple[nn.Module, nn.Module]:
     return reference, candidate
 
 
-SMALL = dict(
+SMALL: dict[str, Any] = dict(
     vocab_size=64,
     hidden_size=16,
     intermediate_size=32,
