@@ -276,7 +276,14 @@ def test_a_model_that_raises_on_the_inputs_is_named_in_the_error(settings: Setti
     x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
     with pytest.raises(RuntimeError, match="mat1 and mat2") as raised:
         find_divergence(GroupedAttention(False).eval(), candidate, x, session="raises", data_dir=settings.data_dir)
-    assert raised.value.__notes__ == ["find_divergence: raised by the candidate model, called as model(inputs)"]
+    notes = raised.value.__notes__
+    assert notes[0] == "find_divergence: raised by the candidate model, called as model(inputs)", notes
+    # the port's tiled heads, recorded before it raised, are said too (tests/live/test_unseen_answers_6.py)
+    assert notes[1].startswith(
+        "find_divergence: before the candidate raised, the first divergence among the 23 pairs of summaries compared "
+        "was GroupedAttention/transpose#4_outputs ("
+    ), notes
+    assert f"{line_of('port scores')} in the candidate)" in notes[1], notes
 
 
 class MaskedBlock(nn.Module):
