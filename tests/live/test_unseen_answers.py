@@ -108,7 +108,7 @@ class Norm(nn.Module):
             h = (h - mean) / torch.sqrt(var + self.norm.eps) * self.norm.weight + self.norm.bias
         else:
             h = F.layer_norm(h, (DIM,), self.norm.weight, self.norm.bias, self.norm.eps)
-        out: torch.Tensor = self.out(h)
+        out: torch.Tensor = self.out(h)  # the norm's out called
         return out
 
 
@@ -124,9 +124,10 @@ def test_precision_drift_alone_is_no_divergence_and_the_answer_says_what_differs
     assert found.changed is not None and found.changed[0] == "Norm.out_inputs_args_0"
     assert found.unpaired == (1, 10)
     text = repr(found)
+    out_called = line_of("the norm's out called")  # a module's input: the line that called the module with it
     assert text.startswith(
         f"From summaries: no divergence found in {found.compared} pairs of summaries, but values differ within "
-        "tolerance from Norm.out_inputs_args_0 on"
+        f"tolerance from Norm.out_inputs_args_0 ({out_called}) on"
     )
     assert "1 tensor of the reference and 10 of the candidate paired with none of the other's and were not" in text
     assert "no difference found" not in text
@@ -275,7 +276,14 @@ def test_a_model_that_raises_on_the_inputs_is_named_in_the_error(settings: Setti
     x = torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
     with pytest.raises(RuntimeError, match="mat1 and mat2") as raised:
         find_divergence(GroupedAttention(False).eval(), candidate, x, session="raises", data_dir=settings.data_dir)
-    assert raised.value.__notes__ == ["find_divergence: raised by the candidate model, called as model(inputs)"]
+    notes = raised.value.__notes__
+    assert notes[0] == "find_divergence: raised by the candidate model, called as model(inputs)", notes
+    # the port's tiled heads, recorded before it raised, are said too (tests/live/test_unseen_answers_6.py)
+    assert notes[1].startswith(
+        "find_divergence: before the candidate raised, the first divergence among the 23 pairs of summaries compared "
+        "was GroupedAttention/transpose#4_outputs ("
+    ), notes
+    assert f"{line_of('port scores')} in the candidate)" in notes[1], notes
 
 
 class MaskedBlock(nn.Module):

@@ -80,7 +80,8 @@ class FirstDivergence:
     candidate: str
     module: str  # the module call holding it: "Net.layers.1.self_attn"
     op: str | None  # the op's function, where the tensor is an op's ("mul")
-    reference_source: str | None  # "<file>:<line>" of the op's caller
+    # "<file>:<line>" of the op's caller; for a module call's input or output, of the line that called the module
+    reference_source: str | None
     candidate_source: str | None
     summary: SketchVerdict  # what the summaries showed
     full: ElementStats | None  # the same pair from full values (None where the second pass did not record it)
@@ -260,18 +261,32 @@ def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[to
 
     def call(model: torch.nn.Module) -> Any:
         with torch.no_grad():
+            given = _copied(inputs)
             try:
-                if isinstance(inputs, Mapping):
-                    return model(**inputs)
-                if isinstance(inputs, tuple | list):
-                    return model(*inputs)
-                return model(inputs)
+                if isinstance(given, Mapping):
+                    return model(**given)
+                if isinstance(given, tuple | list):
+                    return model(*given)
+                return model(given)
             except Exception as error:
                 what = (roles or {}).get(id(model), "a")
                 error.add_note(f"find_divergence: raised by the {what} model, called as model({_arguments(inputs)})")
                 raise
 
     return call
+
+
+def _copied(value: Any) -> Any:
+    """`value` with each tensor in it (in tuples, lists and dicts, however nested) a copy of its own: each call of a
+    model gets inputs no earlier call changed in place (a port scaling a view of its input, `x[..., :8].mul_(0.5)`,
+    would otherwise change what the other model, and its own second call, are given)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, tuple | list):
+        return type(value)(_copied(v) for v in value) if type(value) in (tuple, list) else value
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: _copied(v) for k, v in value.items()}
+    return value
 
 
 def _root_name(model: torch.nn.Module) -> str:
@@ -314,9 +329,18 @@ def _maker_of(name: str, calls: set[str]) -> str:
     return module
 
 
-def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], until: str | None, what: str) -> None:
+def _check_repeatable(
+    first: Mapping[str, Sketch],
+    again: Mapping[str, str],
+    until: str | None,
+    what: str,
+    lines: Mapping[str, str],
+    training: bool,
+) -> None:
     """Raise ChangingModelError where the tensors of a model's second call (`again`: their hashes, up to `until`,
-    else to the end) are not those of its first (`first`: their summaries), naming the first that changed."""
+    else to the end) are not those of its first (`first`: their summaries), naming the first that changed and the
+    line that made it (`lines`); the advice to call `.eval()` only where the model is in training mode (`training`):
+    one in eval mode changes by code that ignores it (`F.dropout(x, p, training=True)`, a random op)."""
     names = list(first)
     expected = names[: names.index(until) + 1] if until is not None else names
     seen = list(again)
@@ -329,9 +353,16 @@ def _check_repeatable(first: Mapping[str, Sketch], again: Mapping[str, str], unt
         )
     for name in expected:
         if again[name] != first[name].hash:
+            at = f" ({lines[name]})" if name in lines else ""
+            advice = (
+                "put the model in eval mode and seed any randomness"
+                if training
+                else "the model is in eval mode, so look there for an op that ignores it (dropout called with "
+                "training=True) or draws random numbers"
+            )
             raise ChangingModelError(
-                f"{what} called twice on the same inputs gave different values, first at {name} (dropout, a random "
-                "op, or inputs changed in place?); put the model in eval mode and seed any randomness"
+                f"{what} called twice on the same inputs gave different values, first at {name}{at} (dropout, a "
+                f"random op, or inputs changed in place?); {advice}"
             )
 
 
@@ -425,9 +456,19 @@ def _find(
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
         call(reference)
+    raised: Exception | None = None  # what the candidate raised: its summaries up to there are still compared
     with record(candidate, level=level, values="summary") as cand_run:
-        call(candidate)
+        try:
+            call(candidate)
+        except Exception as error:
+            raised = error
     ref, cand = ref_run.result, cand_run.result
+    # the line that made each tensor: an op's caller, or, for a module call's inputs and outputs, the line that
+    # called the module (the model's own inputs and outputs have none: it is called here, not by the user's code)
+    ref_lines, cand_lines = (
+        {**{n: at for n, at in r.called_at.items() if re.sub(r"#\d+$", "", module_of(n)) != root}, **r.sources}
+        for r, root in ((ref, root_a), (cand, root_b))
+    )
 
     def tolerance_of(dtype_a: str, dtype_b: str) -> Tolerance:
         default = default_tolerance(dtype_a, dtype_b)
@@ -479,6 +520,9 @@ def _find(
             changed = name
         if not verdict.passed and first is None:
             first = (name, other, verdict)
+    if raised is not None:
+        raised.add_note(_before_raising(first, compared, ref_lines, cand_lines))
+        raise raised
     runs = ("reference", "candidate")
     paired = {_key(n, root_a) for n in order}.intersection(theirs)
     unpaired = (len(order) - len(paired), len(cand.summaries) - len(paired))
@@ -491,7 +535,7 @@ def _find(
         for held, label in ((ref_run, "reference"), (cand_run, "candidate")):
             stored.append(held.store(session, label, **where))
         location = _location(stored[0], server, data_dir)
-        within = (changed, ref.sources.get(changed) or "") if changed is not None else None
+        within = (changed, ref_lines.get(changed) or "") if changed is not None else None
         return Divergence(
             session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes, empty=empty
         )
@@ -515,9 +559,9 @@ def _find(
     )
     full_runs: list[HeldRun] = []
     checked: list[str] = []
-    for model, what, summaries, divergent in (
-        (reference, "the reference", ref.summaries, name),
-        (candidate, "the candidate", cand.summaries, other),
+    for model, what, summaries, divergent, lines in (
+        (reference, "the reference", ref.summaries, name, ref_lines),
+        (candidate, "the candidate", cand.summaries, other, cand_lines),
     ):
         last = _last_wanted(summaries, snippet.modules, _root_name(model))
         until = _later(list(summaries), last, divergent)
@@ -532,7 +576,7 @@ def _find(
             stop=True,
         ) as full:
             call(model)
-        _check_repeatable(summaries, full.hashes, until, what)
+        _check_repeatable(summaries, full.hashes, until, what, lines, model.training)
         checked.append(until or next(reversed(summaries)))
         full_runs.append(full)
     kept = {"a": full_runs[0].tensors, "b": full_runs[1].tensors}
@@ -582,16 +626,16 @@ def _find(
         other,
         module,
         name.rpartition("/")[2].partition("#")[0] if "/" in name else None,
-        ref.sources.get(name),
-        cand.sources.get(other),
+        ref_lines.get(name),
+        cand_lines.get(other),
         verdict,
         full_first,
-        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand.sources),
-        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref.sources),
-        (changed, ref.sources.get(changed) or "") if changed is not None and changed != name else None,
+        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines),
+        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines),
+        (changed, ref_lines.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
-        tuple(ref.sources.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
-        tuple((n, cand.sources.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
+        tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
+        tuple((n, cand_lines.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
         pairing_note(op_strategy(ops.settled.get((name, other)))),
     )
     return Divergence(
@@ -609,6 +653,27 @@ def _find(
         None,
         notes,
         uncompared,
+    )
+
+
+def _before_raising(
+    first: tuple[str, str, SketchVerdict] | None,
+    compared: int,
+    ref_lines: Mapping[str, str],
+    cand_lines: Mapping[str, str],
+) -> str:
+    """What the summaries the candidate recorded before it raised (a port whose shapes go wrong, then meet an op
+    that refuses them) tell: the first pair that failed among them, with its lines, or that none did."""
+    if first is None:
+        return (
+            f"find_divergence: before the candidate raised, {compared} pairs of summaries were compared and none "
+            "differed beyond tolerance"
+        )
+    name, other, verdict = first
+    at = f" (called at {ref_lines.get(name)} in the reference, {cand_lines.get(other)} in the candidate)"
+    return (
+        f"find_divergence: before the candidate raised, the first divergence among the {compared} pairs of summaries "
+        f"compared was {name}{at if name in ref_lines or other in cand_lines else ''}: {verdict.reason}"
     )
 
 

@@ -12,6 +12,7 @@ report a divergence, or a model changing between calls, that is not the model's.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable
@@ -61,14 +62,20 @@ def caller_source(frame: FrameType | None, skip: tuple[str, ...]) -> str | None:
     return None
 
 
+@functools.cache
+def user_code_skips() -> tuple[str, ...]:
+    """The folders whose frames are not the user's code: torch's and this package's."""
+    torch_dir = os.path.dirname(os.path.abspath(inspect.getfile(torch)))
+    return (torch_dir + os.sep, _OWN_DIR + os.sep)
+
+
 class OpMode(TorchFunctionMode):
     """Hands every tensor-returning torch call of the forward to `sink`, in execution order."""
 
     def __init__(self, sink: OpSink) -> None:
         super().__init__()
         self.sink = sink
-        torch_dir = os.path.dirname(os.path.abspath(inspect.getfile(torch)))
-        self.skip = (torch_dir + os.sep, _OWN_DIR + os.sep)
+        self.skip = user_code_skips()
 
     def __torch_function__(
         self,

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import inspect
 import json
 import shutil
 import struct
@@ -64,7 +65,7 @@ from tensor_debugger.ingest.sketches import fold64_sketch, reshaped
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.collector import existing_objects_frozen
-from tensor_debugger.live.ops import OpMode
+from tensor_debugger.live.ops import OpMode, caller_source, user_code_skips
 from tensor_debugger.live.ranks import (
     Ranks,
     gather_counts,
@@ -110,6 +111,10 @@ class CaptureResult:
     # with values="summary": each tensor's summary, by its name in the run, in call order
     summaries: dict[str, Sketch] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)  # a captured op's tensors' callers, by name
+    # with values="summary": a module call's inputs' and outputs' names, each with the line of the user's code that
+    # called the module ("<file>:<line>", the innermost frame outside torch, as an op's source): where a module's
+    # input is the first divergence, that line passed it
+    called_at: dict[str, str] = field(default_factory=dict)
     rank: int | None = None  # inside torch.distributed: this process's rank (tensors, skipped: all ranks')
 
 
@@ -165,6 +170,7 @@ class _Recorder:
         self.writer = writer
         self.files: list[str] = []  # the tensors' file names, in call order
         self.stack: list[dict[str, Any]] = []  # the trace's JSON nodes being written (ingest/traces.py reads them)
+        self.called_from: list[str | None] = []  # each of `stack`'s calls, the line that called its module
         self.root: dict[str, Any] | None = None
         self.called_again = False  # the model called more than once: `root` holds each call's node
         self.calls: dict[str, int] = {}
@@ -208,7 +214,9 @@ class _Recorder:
         self.calls[path] = self.calls.get(path, 0) + 1
         call = path if self.calls[path] == 1 else f"{path}#{self.calls[path]}"
         inputs = {k: v for k, v in (("args", list(args)), ("kwargs", kwargs)) if v}
-        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs"), "children": []}
+        at = caller_source(inspect.currentframe(), user_code_skips()) if self.writer is None else None
+        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs", called_at=at), "children": []}
+        self.called_from.append(at)
         if self.stack:
             self.stack[-1]["children"].append(node)
         elif self.root is None:
@@ -224,7 +232,8 @@ class _Recorder:
 
     def leave(self, output: Any) -> None:
         node = self.stack.pop()
-        node["outputs"] = self.serialize(output, f"{node['module_path']}_outputs")
+        at = self.called_from.pop()
+        node["outputs"] = self.serialize(output, f"{node['module_path']}_outputs", called_at=at)
 
     def recording(self) -> bool:
         """Whether an op called now is recorded: the innermost module's ops are, and it does not run compiled (a
@@ -265,10 +274,13 @@ class _Recorder:
         node = {"module_path": call, "outputs": self.serialize(value, f"{call}_outputs", stem)}
         self.root["children"].append(node)
 
-    def serialize(self, value: Any, name: str, stem: str | None = None, source: str | None = None) -> Any:
+    def serialize(
+        self, value: Any, name: str, stem: str | None = None, source: str | None = None, called_at: str | None = None
+    ) -> Any:
         """The trace JSON's entry for `value`, its tensors handed to the writer (with values="summary": summarised
         here, on their device); mirrors the debugger's layout. Files are named `name` (or `stem`, where given) with
-        the place's suffixes; `name` is the tensor's name in the run."""
+        the place's suffixes; `name` is the tensor's name in the run. `source`: an op's caller; `called_at`: a
+        module call's (its inputs and outputs), kept apart in the result (a tensor with a source is an op's)."""
         stem = stem or name
         if isinstance(value, torch.Tensor):
             if value.dtype not in safetensors_codes():
@@ -286,6 +298,8 @@ class _Recorder:
                 self.pending.append((name, entry, self.summaries.sketch(value)))
                 if source is not None:
                     self.result.sources[name] = source
+                if called_at is not None:
+                    self.result.called_at[name] = called_at
                 self.count += 1
                 return entry  # its summary is filled in by `settle`
             if self.stopped:
@@ -301,9 +315,11 @@ class _Recorder:
             self.count += 1
             return {"shape": repr(value.shape), "dtype": repr(value.dtype), "value": f"./{file}"}
         if isinstance(value, list | tuple):
-            return [self.serialize(v, f"{name}_{i}", f"{stem}_{i}", source) for i, v in enumerate(value)]
+            return [self.serialize(v, f"{name}_{i}", f"{stem}_{i}", source, called_at) for i, v in enumerate(value)]
         if isinstance(value, dict):  # ModelOutput is a dict too
-            return {str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}", source) for k, v in value.items()}
+            return {
+                str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}", source, called_at) for k, v in value.items()
+            }
         return type(value).__name__ if value is not None else "None"
 
     def settle(self) -> None:
