@@ -53,7 +53,8 @@ def service_starts(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
     """Starts the PostgreSQL cluster, S3 server and Dask cluster that the run's tests need together, when a test
     first asks for one of them (tests/support/service_starts.py), or finds those another pytest worker started: one of
     each for the run, stopped by the controller at its end (tests/support/run_services.py)."""
-    plugin: RunServices = request.config.pluginmanager.get_plugin(PLUGIN)
+    plugin = request.config.pluginmanager.get_plugin(PLUGIN)
+    assert isinstance(plugin, RunServices)
     starts = ServiceStarts(needed_services(request.session.items), plugin.folder, tmp_path_factory)
     yield starts
     starts.close()
