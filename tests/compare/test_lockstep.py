@@ -182,9 +182,12 @@ def test_a_run_ahead_of_the_other_gives_its_pair_up_and_the_answer_is_the_same(
     the store, the pairs after are in step again."""
     once, stored = two_stores
     generator = torch.Generator().manual_seed(3)
-    values = [torch.randn(BIG, generator=generator) for _ in range(4)]
-    values[1] = torch.randn(4 * BIG[0], BIG[1], generator=generator)  # the reference reads it while ...
-    values[2] = torch.randn(3000, 2003, generator=generator)  # ... the candidate keeps more of this than it may
+    # a quarter of BIG a tensor (4 MiB): each of them still keeps the side ahead past its limit (`lockstep._limit`:
+    # two ingest blocks of CHUNK_BYTES chunks, 2 MiB) several times over, as BIG did, in a quarter of the ingests
+    shape = (BIG[0] // 4, BIG[1])
+    values = [torch.randn(shape, generator=generator) for _ in range(4)]
+    values[1] = torch.randn(4 * shape[0], shape[1], generator=generator)  # the reference reads it while ...
+    values[2] = torch.randn(750, 2003, generator=generator)  # ... the candidate keeps more of this than it may
     for label, kept in (("ref", range(4)), ("cand", (0, 2, 3))):
         folder = tmp_path / label
         folder.mkdir()
