@@ -80,7 +80,7 @@ class FirstDivergence:
     candidate: str
     module: str  # the module call holding it: "Net.layers.1.self_attn"
     op: str | None  # the op's function, where the tensor is an op's ("mul")
-    reference_source: str | None  # "<file>:<line>" of the op's caller
+    reference_source: str | None  # "<file>:<line>" of the op's caller (of a module's input: the module's caller)
     candidate_source: str | None
     summary: SketchVerdict  # what the summaries showed
     full: ElementStats | None  # the same pair from full values (None where the second pass did not record it)
@@ -145,8 +145,11 @@ class Divergence:
             return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
         f = self.first
         where = ""
+        how = "passed" if is_module_input(f.reference) else "called"
         if f.reference_source or f.candidate_source:
-            where = f" (called at {f.reference_source} in the reference, {f.candidate_source} in the candidate)"
+            where = f" ({how} at {f.reference_source} in the reference, {f.candidate_source} in the candidate)"
+        elif how == "passed":  # both captured here: no frame outside torch and this package called the module
+            where = " (no source line: the module was called from no code outside torch)"
         text = (
             f"The first divergence is {f.reference}{where}, in module {f.module}: {f.summary.reason}."
             if f.summary.reason
@@ -297,6 +300,11 @@ def module_of(name: str) -> str:
     return _PLACE.sub("", name).partition("/")[0]
 
 
+def is_module_input(name: str) -> bool:
+    """Whether a tensor's name is a module's input's (`Net.attn.o_inputs_args_0`), not an op's or an output's."""
+    return "/" not in name and "_inputs_" in name[len(module_of(name)) :]
+
+
 def _maker_of(name: str, calls: set[str]) -> str:
     """The module call whose code made a first divergence: its own module's for an op's or an output's; for a
     module's input, the module that called it (`Net.attn.o_inputs_args_0` -> `Net.attn`): every tensor before it
@@ -304,7 +312,7 @@ def _maker_of(name: str, calls: set[str]) -> str:
     side alone ran): the nearest ancestor among the module calls `calls` (a ModuleList is called by none). The
     model's own inputs are its own."""
     module = module_of(name)
-    if "/" in name or "_inputs_" not in name[len(module) :]:
+    if not is_module_input(name):
         return module
     path = re.sub(r"#\d+$", "", module)
     while "." in path:

@@ -96,6 +96,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.candidate_only_before,
         found.first_changed,
         found.in_execution_order,
+        found.source_note,
     )
 
 
@@ -170,7 +171,8 @@ def _next_runs(first: FirstDivergence, report: SessionPairs) -> tuple[tuple[str,
 
 
 def _free_label(label: str, taken: set[str]) -> str:
-    """"<label> (full)", or where the session has a run of that label, "<label> (full, 2)", "(full, 3)", ..."""
+    """The label of a next capture's run of the model of run `label`: "<label> (full)", or where the session has
+    a run of that label (`taken`), "<label> (full, 2)", "(full, 3)", ..."""
     wanted, number = f"{label} (full)", 1
     while wanted in taken:
         number += 1
