@@ -123,7 +123,8 @@ def test_a_sessions_next_capture_compares_the_diverging_module_on_full_values_on
     assert summary_pair.where is None  # on summaries: no `where`
 
     again = compare_report(session_id, "ports", "http://127.0.0.1/sessions/1", report, [], where).next_capture
-    assert again is not None and "run='candidate (full, 2)'" in again.python, again.python
+    assert again is not None
+    assert "run='candidate (full, 2)'" in again.python, again.python
     assert "against='reference (full, 2)')" in again.python, again.python
     exec(again.python, dict(models))
     runs = runs_of(settings, "ports")

@@ -64,7 +64,7 @@ from tensor_debugger.ingest.sketches import fold64_sketch, reshaped
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.collector import existing_objects_frozen
-from tensor_debugger.live.ops import OpMode
+from tensor_debugger.live.ops import OpMode, module_caller, skipped_dirs
 from tensor_debugger.live.ranks import (
     Ranks,
     gather_counts,
@@ -175,6 +175,11 @@ class _Recorder:
         self.grads = 0
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
+        # the modules called during a backward pass (activation checkpointing's recomputation), how often: the
+        # outermost of each recomputation (a checkpointed decoder layer, not its own modules); how deep it is now
+        self.recomputed: dict[str, int] = {}
+        self.recomputing = 0
+        self.skip = skipped_dirs()  # the frames that are not the user's code (`module_caller`)
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
         # with values="summary": each tensor's, computed once while it is unchanged; with `hashes` (a hash-only
         # recorder, checking that a model repeats a call): each tensor's summary's hash, by name, in call order, in
@@ -204,11 +209,15 @@ class _Recorder:
         return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in self.patterns)
 
     def enter(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """Begin a node for this call of the module at `path`; returns the call's name."""
+        """Begin a node for this call of the module at `path`; returns the call's name. The node's `caller`, and
+        its inputs' source, is the line that called the module (`module_caller`), where one is outside torch."""
         self.calls[path] = self.calls.get(path, 0) + 1
         call = path if self.calls[path] == 1 else f"{path}#{self.calls[path]}"
         inputs = {k: v for k, v in (("args", list(args)), ("kwargs", kwargs)) if v}
-        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs"), "children": []}
+        caller = module_caller(sys._getframe(1), self.skip)
+        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs", source=caller), "children": []}
+        if caller is not None:
+            node["caller"] = caller
         if self.stack:
             self.stack[-1]["children"].append(node)
         elif self.root is None:
@@ -221,6 +230,21 @@ class _Recorder:
             self.root["children"].append(node)
         self.stack.append(node)
         return call
+
+    def enter_recomputed(self, path: str, level: Level) -> None:
+        """A call of the module at `path` that a backward pass makes (`recomputing`): counted, not recorded as a
+        call (it would be `{path}#2`, a call the model did not make, left without partner against a model that
+        does not checkpoint), and with level="op" its ops not recorded either. `leave_recomputed` ends it."""
+        if not self.recomputing:
+            self.recomputed[path] = self.recomputed.get(path, 0) + 1
+        self.recomputing += 1
+        if level == "op":
+            self.scopes.append(_Scope(path, False))
+
+    def leave_recomputed(self, level: Level) -> None:
+        self.recomputing -= 1
+        if level == "op":
+            self.scopes.pop()
 
     def leave(self, output: Any) -> None:
         node = self.stack.pop()
@@ -467,6 +491,9 @@ def _hook(
             runs_compiled: bool = runs_compiled,
         ) -> None:
             recorder.halt_if_done()
+            if recomputing():
+                recorder.enter_recomputed(path, level)
+                return
             recorder.busy = True
             try:
                 call = recorder.enter(path, args, kwargs) if node else path
@@ -482,6 +509,9 @@ def _hook(
             _: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, node: bool = node
         ) -> None:
             recorder.halt_if_done()
+            if recomputing():
+                recorder.leave_recomputed(level)
+                return
             recorder.busy = True
             try:
                 if level == "op":
@@ -685,6 +715,27 @@ def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]
     return root, compiled
 
 
+def recomputing() -> bool:
+    """Whether a module called now is called by a backward pass: activation checkpointing
+    (`torch.utils.checkpoint`, with use_reentrant True or False) runs the forward of the modules it checkpoints
+    again during backward, to make the activations it did not keep; a module called there is taken for that."""
+    return bool(torch._C._current_graph_task_id() != -1)  # -1: no backward pass is running on this thread
+
+
+def _note_recomputed(recorder: _Recorder) -> None:
+    """Say on the run which recorded modules were run again by a backward pass, and what of them was recorded."""
+    if not recorder.recomputed:
+        return
+    calls = sum(recorder.recomputed.values())
+    named = ", ".join(recorder.recomputed)
+    recorder.notes.append(
+        f"{calls} call{'s' if calls != 1 else ''} of {named} (with the modules inside) ran again during the "
+        "backward pass (activation checkpointing's recomputation): not recorded as calls of their own, their "
+        "tensors are those of the forward's calls; the values recomputed were not recorded, so they were not "
+        "compared with the forward's"
+    )
+
+
 def _note_compiled(recorder: _Recorder) -> None:
     """Say on the run which modules ran compiled, whose ops op capture does not record."""
     for path in recorder.compiled_calls:
@@ -832,6 +883,7 @@ def _ended(recorder: _Recorder, level: Level) -> None:
         raise RuntimeError(f"capture of {recorder.root_name}: the model was not called inside the block")
     if level == "op":
         _note_compiled(recorder)
+    _note_recomputed(recorder)
     recorder.settle()
     asked = f"modules {', '.join(recorder.patterns)}" if recorder.patterns else "every module"
     if recorder.halted:
