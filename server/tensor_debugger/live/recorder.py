@@ -23,8 +23,10 @@ streamed to the upload API when the block ends.
 With `level="op"`, every torch function the forward calls (`live/ops.py`) is recorded too: its outputs, as a node
 of the tree inside the innermost module that called it, named `{module call}/{op}#{n}` (the n-th call of that op
 inside that call of the module: `LlamaForCausalLM.model.layers.3.self_attn/softmax#1`), with `source`, the file and
-line of the user's code that called it. Its files are named `op{count}...` (a module path can be long; the name
-is the tree's). Only the ops of modules `modules=` selects are recorded.
+line of the user's code that called it (a module's inputs, at either level, carry the line that called the module).
+Its files are named `op{count}...` (a module path can be long; the name is the tree's). Only the ops of modules
+`modules=` selects are recorded. A module called while a backward pass runs (activation checkpointing's
+recomputation) is not recorded again, nor its ops: a note on the run says which (`recomputing`).
 
 With `values="summary"`, no tensor is copied or written: each is summarised on its device (`ingest/sketches.py`),
 the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`), and the run's tensors
