@@ -23,6 +23,7 @@ ON_VALUES: dict[str, object] = {
     "candidate_only_before": [],
     "first_changed": None,
     "in_execution_order": True,
+    "source_note": None,
 }  # judged on element values, not on summaries
 
 
@@ -53,6 +54,7 @@ def check_payload(out: dict[str, object]) -> None:
         "candidate_only_before": [],
         "first_changed": None,
         "in_execution_order": True,
+        "source_note": None,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

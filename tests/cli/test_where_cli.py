@@ -68,6 +68,7 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "candidate_only_before": [],
         "first_changed": None,
         "in_execution_order": True,
+        "source_note": None,
     }
 
     # the same session's table, from the cache, in this process

@@ -83,6 +83,54 @@ def test_find_divergences_next_capture_compares_the_new_candidate_run_with_the_n
     assert again.first_divergence is not None and again.first_divergence.name == found.first.reference
 
 
+def test_a_sessions_next_capture_compares_the_diverging_module_on_full_values_on_both_sides(
+    tmp_path: Path,
+) -> None:
+    """Two summary captures, the candidate against the session's reference (the default). The next capture's
+    snippet (`compare --json`'s, the CLI's and the page's: one function) adds "reference (full)" and "candidate
+    (full)" compared against it: run as printed, the first divergence's op pairs full values with full values,
+    element by element, with a `where` (against the reference's summaries it had none). Run as printed again, its
+    runs take free labels ("(full, 2)") where the first ones would clash."""
+    data = tmp_path / "data"
+    x = x_input()
+    for model, run in ((Net(), "reference"), (Net("qkv", "q"), "candidate")):
+        with torch.no_grad(), capture(model.eval(), "ports", run, data_dir=data, level="op", values="summary"):
+            model(x)
+    settings = Settings(data_dir=data, demo=False)
+    session_id = session_id_of(settings, "ports")
+    report, _ = compared(settings, session_id)
+    assert report.first_divergence is not None and report.first_divergence.basis == "summary"
+    name = report.first_divergence.name
+    assert name == f"{ATTN}/linear#1_outputs"  # q's projection, the planted bug
+    where = f", data_dir={str(data)!r}"
+    typed = compare_report(session_id, "ports", "http://127.0.0.1/sessions/1", report, [], where)
+    assert typed.next_capture is not None
+    python = typed.next_capture.python
+    assert "run='reference (full)'" in python and "run='candidate (full)'" in python, python
+    assert "against='reference (full)')" in python, python
+    models = {"reference": Net().eval(), "candidate": Net("qkv", "q").eval(), "inputs": (x,)}
+    exec(python, dict(models))
+    runs = runs_of(settings, "ports")
+    assert runs["candidate (full)"][1] == runs["reference (full)"][0] and runs["reference (full)"][1] is None, runs
+    report, _ = compared(settings, session_id)
+    pair = next(p for p in report.pairs if p.b.run_id == runs["candidate (full)"][0] and p.name == name)
+    assert (pair.a.run_id, str(pair.status)) == (runs["reference (full)"][0], "fail")
+    # element by element, its `where` computed: [] (the scaled weight's error is everywhere, in no one head)
+    assert pair.stats is not None and pair.summary is None and pair.where == [], pair
+    full = next(c for c in report.candidates if c.label == "candidate (full)").first_divergence
+    assert full is not None and (full.name, full.basis, full.where) == (name, None, [])
+    summary_pair = next(p for p in report.pairs if p.b.run_id == runs["candidate"][0] and p.name == name)
+    assert summary_pair.where is None  # on summaries: no `where`
+
+    again = compare_report(session_id, "ports", "http://127.0.0.1/sessions/1", report, [], where).next_capture
+    assert again is not None
+    assert "run='candidate (full, 2)'" in again.python, again.python
+    assert "against='reference (full, 2)')" in again.python, again.python
+    exec(again.python, dict(models))
+    runs = runs_of(settings, "ports")
+    assert runs["candidate (full, 2)"][1] == runs["reference (full, 2)"][0], runs
+
+
 def test_compares_next_capture_follows_a_candidate_compared_against_another_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -90,7 +90,7 @@ class Net(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x)  # net calls a layer
         return torch.tanh(x)
 
 
@@ -178,7 +178,12 @@ def test_ops_are_recorded_in_order_named_by_module_op_and_call_with_their_source
     assert by_name["Net.layers.2/add#2_outputs"].position < by_name["Net.layers.2_outputs"].position
     assert [r.name for r in rows][-2:] == ["Net/tanh#1_outputs", "Net_outputs"]
     assert [r.position for r in rows] == list(range(len(rows)))
-    assert all(r.source is None for r in rows if "/" not in (r.module_path or ""))  # modules' tensors have none
+    modules = [r for r in rows if "/" not in (r.module_path or "")]
+    assert all(r.source is None for r in modules if (r.place or "").startswith("outputs"))  # outputs have none
+    # a module's inputs: the line that called the module (layer 1's: `x = layer(x)` in Net.forward)
+    assert all(r.source for r in modules if (r.place or "").startswith("inputs"))
+    called = next(r.source for r in modules if r.name == "Net.layers.1_inputs_args_0")
+    assert called == line_of("net calls a layer"), called
     # the op's values are those the forward computed
     services = open_services(settings)
     try:
@@ -222,7 +227,8 @@ def test_the_first_diverging_op_of_a_port_is_named_with_its_line_on_both_sides(s
     payload = to_json(typed)
     pair = next(p for p in payload["pairs"] if p["name"] == first.name)
     assert (pair["a"]["source"], pair["b"]["source"]) == (line_of("reference scores"), line_of("ported scores"))
-    assert next(p for p in payload["pairs"] if p["module_path"] == "Net.layers.1")["a"]["source"] is None
+    outputs = next(p for p in payload["pairs"] if p["module_path"] == "Net.layers.1" and p["place"] == "outputs")
+    assert outputs["a"]["source"] is None  # a module's outputs have no line (its inputs: the line that called it)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         print_table(typed)
@@ -262,7 +268,8 @@ def test_module_level_records_no_op_and_an_unknown_level_is_refused(settings: Se
         reference(torch.randn(2, 5, DIM))
     assert result.run_id is not None
     rows = rows_of(settings, result.run_id)
-    assert rows and not any("/" in r.name or r.source is not None for r in rows)
+    assert rows and not any("/" in r.name for r in rows)
+    assert not any(r.source for r in rows if not (r.place or "").startswith("inputs"))  # inputs: the caller's line
     refused = pytest.raises(ValueError, match="capture level must be one of module, op, got 'ops'")
     with refused, capture(reference, "modules", "r2", data_dir=settings.data_dir, level="ops"):
         pass

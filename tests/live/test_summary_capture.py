@@ -890,14 +890,16 @@ def test_a_compiled_models_second_passes_stop_too(settings: Settings) -> None:
 def test_find_divergences_summary_runs_are_those_a_summary_capture_stores(settings: Settings) -> None:
     reference, candidate = models()
     reference.eval(), candidate.eval()
-    found = find_divergence(reference, candidate, (x_input(),), session="found", data_dir=settings.data_dir)
+    found = find_divergence(reference, candidate, (x_input(),), session="found", data_dir=settings.data_dir)  # asks
     assert found.first is not None and found.repeatable_until is not None
     for model, run in ((reference, "reference"), (candidate, "candidate")):
         with (
             torch.no_grad(),
             capture(model, "captured", run, data_dir=settings.data_dir, level="op", values="summary"),
         ):
-            model(x_input())
+            model(x_input())  # calls the model
+    # the model's own inputs' source, the line that passed them: find_divergence's caller's, the capture's
+    callers = {"found": this_files_line("asks"), "captured": this_files_line("calls the model")}
     services = open_services(settings)
     try:
         with services.sessions() as db:
@@ -913,13 +915,17 @@ def test_find_divergences_summary_runs_are_those_a_summary_capture_stores(settin
                 # a summary-only tensor's digest is a random "none:" token (it shares no cached result): not compared
                 assert all(t.digest.startswith("none:") for t in tensors)
                 columns = [c.key for c in TensorRecord.__table__.columns if c.key not in ("id", "run_id", "digest")]
+                rows = [{c: getattr(t, c) for c in columns} for t in tensors]
+                root = rows[0]["module_path"]  # the model's (Net, PortedNet): its inputs come first
+                own = [r for r in rows if r["module_path"] == root and r["name"].startswith(f"{root}_inputs_")]
+                assert own and all(r.pop("source") == callers[session] for r in own), own
                 return {
                     "run": {
                         k: getattr(record, k)
                         for k in ("label", "role", "position", "status", "tensor_count", "total_bytes", "sources")
                     },
                     "tree": record.module_tree,
-                    "tensors": [{c: getattr(t, c) for c in columns} for t in tensors],
+                    "tensors": rows,
                     "problems": [(p.file, p.reason, p.note) for p in problems],
                 }
 

@@ -455,7 +455,7 @@ def test_a_modules_input_that_diverges_is_named_with_the_line_that_called_the_mo
     first = found.first
     assert first is not None and first.reference == "Positions.positions_inputs_args_0", repr(found)
     assert first.reference_source == first.candidate_source == line_of("embeddings"), first
-    assert f"(called at {line_of('embeddings')} in the reference" in repr(found)
+    assert f"(passed at {line_of('embeddings')} in the reference" in repr(found)
     assert ("Positions/arange#1_outputs", line_of("port positions")) in first.candidate_unmatched_before, first
 
 

@@ -296,8 +296,10 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
         if first.stage is None
         else f"layer {first.layer}, stage {first.stage}"
     )
-    at = source_words(pair.a.source, pair.b.source)  # a captured op's lines
+    at = source_words(pair.a.source, pair.b.source, pair.place)  # a captured op's lines, or a module input's
     where = f"{where}, {at}" if at else where
+    if first.source_note:
+        where = f"{where}; {first.source_note}"
     if first.basis == "summary":
         print(f"{divergence_label(first)}: {first.name} ({where}): {first.summary_reason}{inside(first)}")
         if report.next_capture:

@@ -50,7 +50,7 @@ class TensorFileEntry:
     keys: tuple[str, ...] = ()  # leading key path (the array's name inside a .npz)
     module_path: str | None = None  # from a module trace: the module whose input or output this is
     place: str | None = None  # from a module trace: "inputs_args_0", "outputs", ...
-    source: str | None = None  # a captured op's caller, "<file>:<line>" (a capture with level="op")
+    source: str | None = None  # a captured op's caller, or the caller of a captured module it is an input of
     span: Span | None = None  # read in place: the file's bytes in the archive at `path`
     packed: Packed | None = None  # read through a decompressing stream: a compressed member of the zip at `path`
 

@@ -89,8 +89,8 @@ def tensor_rows(run_id: int, stored: Sequence[Stored], problems: list[FileProble
         seen.setdefault(name, 1)
         first_from.setdefault(name, entry.label)
         layer, stage = parse_layer_stage(entry.relpath, key_path)
-        if layer is None and entry.source is not None and entry.module_path is not None:  # a captured op
-            layer = module_layer(entry.module_path)
+        if layer is None and entry.source is not None and "/" in (entry.module_path or ""):  # a captured op
+            layer = module_layer(entry.module_path or "")
         s = tensor.summary
         rows.append(
             dict(

@@ -14,6 +14,7 @@ place. A file the JSON never names (the root's logits) still becomes a tensor, a
 A capture with `level="op"` (`live/recorder.py`) adds op nodes: `{"module_path": "<module call>/softmax#1", "op":
 "softmax", "source": "<file>:<line>", "outputs": ...}`, children of the module call that ran them, in call order.
 Their files have short names of their own; their tensors are named by the tree (`<module call>/softmax#1_outputs`).
+A capture's module call nodes have `"caller": "<file>:<line>"`, the line that called the module: its inputs' source.
 A capture with `values="summary"` writes no files: each tensor entry holds `"summary"`, its summary
 (`engine/summary_compare.py`), in place of `"value"`. A capture's root says `"complete": true`: no layer was left
 out, so none is put back (with `modules=`, the layers it did not select have no node and only some files).
@@ -112,7 +113,7 @@ class TraceTensor:
     dtype: str | None = None  # torch's spelling without "torch."
     stats: dict[str, float] = field(default_factory=dict)  # of the four STATISTICS, those the JSON gives
     op: str | None = None  # a captured op's function ("softmax"); None for a module's input or output
-    source: str | None = None  # a captured op's caller, "<file>:<line>"
+    source: str | None = None  # a captured op's caller, or the caller of a captured module it is an input of
     sketch: dict[str, Any] | None = None  # a summary capture's summary of it (`summary_compare.Sketch.to_json`)
 
     @property
@@ -225,8 +226,10 @@ def trace_of(tree: Any, json_name: str, label: str, files: Collection[str]) -> T
 
 def _walk(node: dict[str, Any], out: list[TraceTensor], files: set[str]) -> ModuleNode:
     path = str(node.get("module_path", "?")).removesuffix(" (top-level)")
+    caller = node.get("caller")  # a capture's: the line that called the module, its inputs' source
     for place, entry in _flatten(node.get("inputs"), "inputs"):
-        out.append(_tensor(path, place, entry, files))
+        tensor = _tensor(path, place, entry, files)
+        out.append(replace(tensor, source=caller) if isinstance(caller, str) else tensor)
     children = tuple(_walk(c, out, files) for c in node.get("children") or () if isinstance(c, dict))
     op, source = node.get("op"), node.get("source")
     for place, entry in _flatten(node.get("outputs"), "outputs"):

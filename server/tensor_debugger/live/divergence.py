@@ -146,8 +146,11 @@ class Divergence:
             return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
         f = self.first
         where = ""
+        how = "passed" if is_module_input(f.reference) else "called"
         if f.reference_source or f.candidate_source:
-            where = f" (called at {f.reference_source} in the reference, {f.candidate_source} in the candidate)"
+            where = f" ({how} at {f.reference_source} in the reference, {f.candidate_source} in the candidate)"
+        elif how == "passed":  # both captured here: no frame outside torch and this package called the module
+            where = " (no source line: the module was called from no code outside torch)"
         text = (
             f"The first divergence is {f.reference}{where}, in module {f.module}: {f.summary.reason}."
             if f.summary.reason
@@ -312,6 +315,11 @@ def module_of(name: str) -> str:
     return _PLACE.sub("", name).partition("/")[0]
 
 
+def is_module_input(name: str) -> bool:
+    """Whether a tensor's name is a module's input's (`Net.attn.o_inputs_args_0`), not an op's or an output's."""
+    return "/" not in name and "_inputs_" in name[len(module_of(name)) :]
+
+
 def _maker_of(name: str, calls: set[str]) -> str:
     """The module call whose code made a first divergence: its own module's for an op's or an output's; for a
     module's input, the module that called it (`Net.attn.o_inputs_args_0` -> `Net.attn`): every tensor before it
@@ -319,7 +327,7 @@ def _maker_of(name: str, calls: set[str]) -> str:
     side alone ran): the nearest ancestor among the module calls `calls` (a ModuleList is called by none). The
     model's own inputs are its own."""
     module = module_of(name)
-    if "/" in name or "_inputs_" not in name[len(module) :]:
+    if not is_module_input(name):
         return module
     path = re.sub(r"#\d+$", "", module)
     while "." in path:
@@ -466,7 +474,11 @@ def _find(
     # the line that made each tensor: an op's caller, or, for a module call's inputs and outputs, the line that
     # called the module (the model's own inputs and outputs have none: it is called here, not by the user's code)
     ref_lines, cand_lines = (
-        {**{n: at for n, at in r.called_at.items() if re.sub(r"#\d+$", "", module_of(n)) != root}, **r.sources}
+        {
+            n: at
+            for n, at in {**r.called_at, **r.sources}.items()
+            if not re.match(rf"{re.escape(root)}(#\d+)?_(inputs|outputs)", n)
+        }
         for r, root in ((ref, root_a), (cand, root_b))
     )
 

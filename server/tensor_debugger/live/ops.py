@@ -7,7 +7,10 @@ torch (and outside this package), e.g. `.../modeling_llama.py:412`. Calls nested
 (`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs. So are the outputs of calls
 that allocate without setting values (`torch.empty`, `empty_like`, `new_empty`, ...: `UNINITIALISED`): their bytes
 are whatever the memory held, which differ from call to call and from one run to another, so a summary of them would
-report a divergence, or a model changing between calls, that is not the model's.
+report a divergence, or a model changing between calls, that is not the model's. Nor are the calls torch's module
+hooks make (`BackwardHook`, the identity function it wraps a module's inputs and outputs in where full backward hooks
+are registered, as `capture(backward=True)` does): they are the capture's, not the model's, and they come and go with
+grad mode (a module checkpointed with use_reentrant=True runs its forward without grad and makes none).
 """
 
 from __future__ import annotations
@@ -69,6 +72,19 @@ def user_code_skips() -> tuple[str, ...]:
     return (torch_dir + os.sep, _OWN_DIR + os.sep)
 
 
+def module_caller(frame: FrameType | None, skip: tuple[str, ...]) -> str | None:
+    """`path:line` of the code that called a module, from a frame of its hooks (`caller_source`): the line that
+    passed the module its inputs (`hidden = self.mlp(hidden)`). A `__call__` that a module's class defines around
+    torch's (transformers' `GradientCheckpointingLayer`) passes the call on, and is not that line."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        wrapper = frame.f_code.co_name == "__call__" and isinstance(frame.f_locals.get("self"), torch.nn.Module)
+        if not wrapper and not filename.startswith(skip) and not filename.startswith(("<frozen ", "<eval_with_key>")):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
+    return None
+
+
 class OpMode(TorchFunctionMode):
     """Hands every tensor-returning torch call of the forward to `sink`, in execution order."""
 
@@ -76,6 +92,8 @@ class OpMode(TorchFunctionMode):
         super().__init__()
         self.sink = sink
         self.skip = user_code_skips()
+        self.hooks_file = os.path.join(self.skip[0], "utils", "hooks.py")  # BackwardHook
+        self.function_file = os.path.join(self.skip[0], "autograd", "function.py")  # Function.apply
 
     def __torch_function__(
         self,
@@ -90,5 +108,16 @@ class OpMode(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if self.sink.busy or name == "__get__" or name in UNINITIALISED or not self.sink.recording():
             return output
-        self.sink.record_op(op_name(func), caller_source(inspect.currentframe(), self.skip), output)
+        frame = inspect.currentframe()
+        if self._from_module_hooks(frame):
+            return output
+        self.sink.record_op(op_name(func), caller_source(frame, self.skip), output)
         return output
+
+    def _from_module_hooks(self, frame: FrameType | None) -> bool:
+        """Whether the call being handled was made by torch's module hooks (`BackwardHook`), through
+        `Function.apply`: see the module docstring."""
+        caller = frame.f_back if frame is not None else None
+        while caller is not None and caller.f_code.co_filename == self.function_file:
+            caller = caller.f_back
+        return caller is not None and caller.f_code.co_filename == self.hooks_file

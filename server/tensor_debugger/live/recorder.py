@@ -23,8 +23,10 @@ streamed to the upload API when the block ends.
 With `level="op"`, every torch function the forward calls (`live/ops.py`) is recorded too: its outputs, as a node
 of the tree inside the innermost module that called it, named `{module call}/{op}#{n}` (the n-th call of that op
 inside that call of the module: `LlamaForCausalLM.model.layers.3.self_attn/softmax#1`), with `source`, the file and
-line of the user's code that called it. Its files are named `op{count}...` (a module path can be long; the name
-is the tree's). Only the ops of modules `modules=` selects are recorded.
+line of the user's code that called it (a module's inputs, at either level, carry the line that called the module).
+Its files are named `op{count}...` (a module path can be long; the name is the tree's). Only the ops of modules
+`modules=` selects are recorded. A module called while a backward pass runs (activation checkpointing's
+recomputation) is not recorded again, nor its ops: a note on the run says which (`recomputing`).
 
 With `values="summary"`, no tensor is copied or written: each is summarised on its device (`ingest/sketches.py`),
 the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`), and the run's tensors
@@ -43,7 +45,6 @@ from __future__ import annotations
 
 import fnmatch
 import functools
-import inspect
 import json
 import shutil
 import struct
@@ -65,7 +66,7 @@ from tensor_debugger.ingest.sketches import fold64_sketch, reshaped
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.collector import existing_objects_frozen
-from tensor_debugger.live.ops import OpMode, caller_source, user_code_skips
+from tensor_debugger.live.ops import OpMode, module_caller, user_code_skips
 from tensor_debugger.live.ranks import (
     Ranks,
     gather_counts,
@@ -181,6 +182,11 @@ class _Recorder:
         self.grads = 0
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
+        # the modules called during a backward pass (activation checkpointing's recomputation), how often: the
+        # outermost of each recomputation (a checkpointed decoder layer, not its own modules); how deep it is now
+        self.recomputed: dict[str, int] = {}
+        self.recomputing = 0
+        self.skip = user_code_skips()  # the frames that are not the user's code (`module_caller`)
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
         # with values="summary": each tensor's, computed once while it is unchanged; with `hashes` (a hash-only
         # recorder, checking that a model repeats a call): each tensor's summary's hash, by name, in call order, in
@@ -210,13 +216,16 @@ class _Recorder:
         return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in self.patterns)
 
     def enter(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-        """Begin a node for this call of the module at `path`; returns the call's name."""
+        """Begin a node for this call of the module at `path`; returns the call's name. The node's `caller`, and
+        its inputs' source, is the line that called the module (`module_caller`), where one is outside torch."""
         self.calls[path] = self.calls.get(path, 0) + 1
         call = path if self.calls[path] == 1 else f"{path}#{self.calls[path]}"
         inputs = {k: v for k, v in (("args", list(args)), ("kwargs", kwargs)) if v}
-        at = caller_source(inspect.currentframe(), user_code_skips()) if self.writer is None else None
-        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs", called_at=at), "children": []}
-        self.called_from.append(at)
+        caller = module_caller(sys._getframe(1), self.skip)
+        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs", source=caller), "children": []}
+        if caller is not None:
+            node["caller"] = caller
+        self.called_from.append(caller)
         if self.stack:
             self.stack[-1]["children"].append(node)
         elif self.root is None:
@@ -229,6 +238,21 @@ class _Recorder:
             self.root["children"].append(node)
         self.stack.append(node)
         return call
+
+    def enter_recomputed(self, path: str, level: Level) -> None:
+        """A call of the module at `path` that a backward pass makes (`recomputing`): counted, not recorded as a
+        call (it would be `{path}#2`, a call the model did not make, left without partner against a model that
+        does not checkpoint), and with level="op" its ops not recorded either. `leave_recomputed` ends it."""
+        if not self.recomputing:
+            self.recomputed[path] = self.recomputed.get(path, 0) + 1
+        self.recomputing += 1
+        if level == "op":
+            self.scopes.append(_Scope(path, False))
+
+    def leave_recomputed(self, level: Level) -> None:
+        self.recomputing -= 1
+        if level == "op":
+            self.scopes.pop()
 
     def leave(self, output: Any) -> None:
         node = self.stack.pop()
@@ -483,6 +507,9 @@ def _hook(
             runs_compiled: bool = runs_compiled,
         ) -> None:
             recorder.halt_if_done()
+            if recomputing():
+                recorder.enter_recomputed(path, level)
+                return
             recorder.busy = True
             try:
                 call = recorder.enter(path, args, kwargs) if node else path
@@ -498,6 +525,9 @@ def _hook(
             _: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, node: bool = node
         ) -> None:
             recorder.halt_if_done()
+            if recomputing():
+                recorder.leave_recomputed(level)
+                return
             recorder.busy = True
             try:
                 if level == "op":
@@ -701,6 +731,27 @@ def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]
     return root, compiled
 
 
+def recomputing() -> bool:
+    """Whether a module called now is called by a backward pass: activation checkpointing
+    (`torch.utils.checkpoint`, with use_reentrant True or False) runs the forward of the modules it checkpoints
+    again during backward, to make the activations it did not keep; a module called there is taken for that."""
+    return bool(torch._C._current_graph_task_id() != -1)  # -1: no backward pass is running on this thread
+
+
+def _note_recomputed(recorder: _Recorder) -> None:
+    """Say on the run which recorded modules were run again by a backward pass, and what of them was recorded."""
+    if not recorder.recomputed:
+        return
+    calls = sum(recorder.recomputed.values())
+    named = ", ".join(recorder.recomputed)
+    recorder.notes.append(
+        f"{calls} call{'s' if calls != 1 else ''} of {named} (with the modules inside) ran again during the "
+        "backward pass (activation checkpointing's recomputation): not recorded as calls of their own, their "
+        "tensors are those of the forward's calls; the values recomputed were not recorded, so they were not "
+        "compared with the forward's"
+    )
+
+
 def _note_compiled(recorder: _Recorder) -> None:
     """Say on the run which modules ran compiled, whose ops op capture does not record."""
     for path in recorder.compiled_calls:
@@ -862,6 +913,7 @@ def _ended(recorder: _Recorder, level: Level) -> None:
         raise RuntimeError(f"capture of {recorder.root_name}: the model was not called inside the block")
     if level == "op":
         _note_compiled(recorder)
+    _note_recomputed(recorder)
     recorder.settle()
     asked = f"modules {', '.join(recorder.patterns)}" if recorder.patterns else "every module"
     if recorder.halted:

@@ -176,6 +176,8 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     # false where no execution order is known (a failing pair without a stage or module: a state dict's weights):
     # then it is the first failing pair listed, not the first to fail, and nothing is said of what came before it
     in_execution_order: bool = True
+    # where it is a module's input and a side has no `source` (the line that passed it), why; null otherwise
+    source_note: str | None = None
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

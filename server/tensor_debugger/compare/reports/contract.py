@@ -96,6 +96,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.candidate_only_before,
         found.first_changed,
         found.in_execution_order,
+        found.source_note,
     )
 
 
@@ -154,15 +155,29 @@ def _next_runs(first: FirstDivergence, report: SessionPairs) -> tuple[tuple[str,
     """The runs a next capture adds (`next_capture`'s `runs` and `against`): where the candidate that diverged is
     compared against a run of the session other than its reference ("late" against "early"), the candidate's new
     run is compared against the new run of that run's model ("early (full)"), which is compared against "early"
-    (as "reference (full)" is against the reference), so that each new run pairs with its counterpart; else the
-    default ("reference (full)" and "candidate (full)", both compared against the reference)."""
+    (as "reference (full)" is against the reference), so that each new run pairs with its counterpart; else
+    "reference (full)" (against the reference) and "candidate (full)" against "reference (full)": against the
+    reference itself, a summary run, its pairs would be judged on summaries again, with no `where`."""
     pair = next((p for p in report.pairs if p.id == first.pair_id), None)
     by_run = {c.run_id: c for c in report.candidates}
     diverged = by_run.get(pair.b.run_id) if pair is not None else None
+    taken = {c.label for c in report.candidates}  # the snippet run twice: its runs' labels are taken
     if pair is None or diverged is None or pair.a.run_id not in by_run:  # against the session's reference
-        return ("reference (full)", "candidate (full)"), (None, None)
+        first_run, second_run = _free_label("reference", taken), _free_label("candidate", taken)
+        return (first_run, second_run), (None, first_run)
     counterpart = by_run[pair.a.run_id].label
-    return (f"{counterpart} (full)", f"{diverged.label} (full)"), (counterpart, f"{counterpart} (full)")
+    first_run, second_run = _free_label(counterpart, taken), _free_label(diverged.label, taken)
+    return (first_run, second_run), (counterpart, first_run)
+
+
+def _free_label(label: str, taken: set[str]) -> str:
+    """The label of a next capture's run of the model of run `label`: "<label> (full)", or where the session has
+    a run of that label (`taken`), "<label> (full, 2)", "(full, 3)", ..."""
+    wanted, number = f"{label} (full)", 1
+    while wanted in taken:
+        number += 1
+        wanted = f"{label} (full, {number})"
+    return wanted
 
 
 def next_capture_of(name: str, report: SessionPairs, where: str = "") -> NextCapture | None:

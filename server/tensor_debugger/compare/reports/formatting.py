@@ -163,9 +163,11 @@ def format_source(source: str | None) -> str:
     return source.replace("\\", "/").rsplit("/", 1)[-1]
 
 
-def source_words(reference: str | None, candidate: str | None) -> str:
+def source_words(reference: str | None, candidate: str | None, place: str | None = None) -> str:
     """Where the two implementations called a captured op: "at modeling_llama.py:412 in the reference, my_port.py:88
-    in the candidate"; "" where neither side is known."""
+    in the candidate"; for a module's input (`place` "inputs..."), the lines that passed it: "passed at ..."; ""
+    where neither side is known."""
     if not reference and not candidate:
         return ""
-    return f"at {format_source(reference)} in the reference, {format_source(candidate)} in the candidate"
+    passed = "passed " if (place or "").startswith("inputs") else ""
+    return f"{passed}at {format_source(reference)} in the reference, {format_source(candidate)} in the candidate"

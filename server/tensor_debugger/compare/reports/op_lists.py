@@ -82,8 +82,11 @@ def _ops(db: DbSession, run_id: int, module: str) -> list[OpEntry]:
     first, last = db.execute(
         select(func.min(t.position), func.max(t.position)).where(t.run_id == run_id, t.module_path == module)
     ).one()
-    query = select(t.id, t.module_path, t.shape, t.source).where(
-        t.run_id == run_id, t.source.is_not(None), t.module_path.startswith(module, autoescape=True)
+    query = select(t.id, t.module_path, t.shape, t.source).where(  # ops: a source, "/" (a module's input: no "/")
+        t.run_id == run_id,
+        t.source.is_not(None),
+        t.module_path.startswith(module, autoescape=True),
+        t.module_path.contains("/", autoescape=True),
     )
     if first is not None:
         query = query.where(t.position > first, t.position < last)

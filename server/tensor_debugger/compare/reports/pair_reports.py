@@ -111,6 +111,9 @@ class FirstDivergence:
     # files named without `{layer}_{stage}`): the pair is the first failing one listed, not the first to fail, and
     # nothing is said of what came before it
     in_execution_order: bool = True
+    # where it is a module's input and a side's run names no line that passed it (`input_source_note`): why
+    source_note: str | None = None
+    place: str | None = None  # the pair's place in its module ("inputs_args_0", "outputs"); None for a dump's
 
 
 @dataclass(frozen=True)
@@ -851,6 +854,21 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
         "summary" if summary_basis(item.summary) else None,
         str(item.summary.reason) if item.summary is not None and summary_basis(item.summary) else None,
         item.module_path,
+        source_note=input_source_note(item),
+        place=item.place,
+    )
+
+
+def input_source_note(item: PairReport) -> str | None:
+    """Why a pair of a module's inputs has no source line on a side, in words; None where both sides have one (a
+    capture's: the line that called the module), or it is no module's input (an op's line is its caller's; a
+    module's output has the lines of its ops)."""
+    if not (item.place or "").startswith("inputs") or (item.a.source and item.b.source):
+        return None
+    sides = " and ".join(w for w, s in (("the reference", item.a.source), ("the candidate", item.b.source)) if not s)
+    return (
+        f"no source line: {sides} did not record which line of code passed this input (a capture records the "
+        "line that called the module, where that line is outside torch; a trace or dump read from files records none)"
     )
 
 
