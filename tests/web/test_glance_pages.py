@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.support import loopback_http
-from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.browser import ModulePage, axe_context, axe_violations, shot
 from tests.support.built_once import built_once, copy_of
 from tests.support.glance_sessions import LONG_NAME, SPOT, GlanceSessions, build_glance_sessions
 from tests.support.polling import wait_until
@@ -57,12 +57,16 @@ def glance(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1440, "height": 900})
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
 
 
 def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> None:

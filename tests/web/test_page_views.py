@@ -24,7 +24,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support import loopback_http
-from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.browser import ModulePage, axe_context, axe_violations, shot
 from tests.support.built_once import built_once, copy_of
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
@@ -92,12 +92,16 @@ def sessions(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1440, "height": 900})
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
 
 
 def elements(page: Page) -> int:
