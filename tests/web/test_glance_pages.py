@@ -69,9 +69,17 @@ def page(module_page: ModulePage) -> Page:
     return module_page.fresh()
 
 
+# the pages whose elements, at both widths, are all on a page axe checks: compare-sessions with `changed`
+# filtered shows a subset of the rows of compare-sessions unfiltered; profiles by number the same elements as by name
+SAME_ELEMENTS = {"compare-changed", "profiles-by-number"}
+
+
 def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> None:
-    """document.scrollWidth within the viewport at 390 px on the session, pair and compare-sessions pages (a
-    trace's among them), and no serious or critical axe-core violation at 390 and at 1,440 px."""
+    """document.scrollWidth within the viewport at 390 and 1,440 px on the session, pair, compare-sessions, graph and
+    profiles pages (a trace's among them), and no serious or critical axe-core violation at 390 and at 1,440 px on
+    each of them but the two in SAME_ELEMENTS: each of those shows no element (tag, classes, role, colour and
+    background, as laid out at either width) that another page axe checks at that width does not show too
+    (bench/RESULTS.md, "tests/web's CPU, round 4"), and axe on it cost a second or two of Chromium for nothing."""
     s = glance.sessions
     pages = {
         "trace-session": f"/sessions/{s.trace}",
@@ -100,7 +108,8 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
                 found.append(f"{name}: {wide} px wide at {width} px")
             if width == 390:
                 shot(page, f"glance-{name}-390")
-            found += [f"{name} at {width} px: {v}" for v in axe_violations(page)]
+            if name not in SAME_ELEMENTS:
+                found += [f"{name} at {width} px: {v}" for v in axe_violations(page)]
     context.close()
     assert not found, "\n".join(found)
 
