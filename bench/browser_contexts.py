@@ -3,12 +3,14 @@ contexts one after the other, each a page loading a small static page twice, the
 whole tree counted by a cgroup v1 cpuacct group of its own (Chromium's renderers, which nobody waits for, included),
 and Chromium's processes by kind, sampled every 20 ms.
 
-    .venv/bin/python bench/browser_contexts.py [--contexts 10] [--mode ctx|pages|nav] [--drop FLAG] [FLAG ...]
+    .venv/bin/python bench/browser_contexts.py [--contexts 10] [--mode ctx|pages|nav|fresh] [--drop FLAG] [FLAG ...]
 
-`ctx`: a context per round, as each test has; `pages`: one context, a new page per round; `nav`: one page for every
-round. `--drop` leaves one of the tests' flags out (e.g. --drop=--disable-gpu), more are added (e.g.
---renderer-process-limit=2). A Chromium child seen only before it names its type counts as "browser". Needs root
-and /sys/fs/cgroup/cpuacct (as on the project's VM); the group is removed afterwards."""
+`ctx`: a context per round, as each test had; `pages`: one context, a new page per round; `nav`: one page for every
+round; `fresh`: one page made as good as new each round (tests/support/browser.py's `ModulePage.fresh`: cookies,
+storage and cache cleared, about:blank between), as a module's tests now share it. `--drop` leaves one of the
+tests' flags out (e.g. --drop=--disable-gpu), more are added (e.g. --renderer-process-limit=2). A Chromium child
+seen only before it names its type counts as "browser". Needs root and /sys/fs/cgroup/cpuacct (as on the
+project's VM); the group is removed afterwards."""
 
 from __future__ import annotations
 
@@ -26,9 +28,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from playwright.sync_api import sync_playwright  # noqa: E402
+from playwright.sync_api import ViewportSize, sync_playwright  # noqa: E402
 
-from tests.support.browser import CHROMIUM, FLAGS  # noqa: E402
+from tests.support.browser import CHROMIUM, FLAGS, ModulePage  # noqa: E402
 
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
@@ -52,7 +54,7 @@ def chromium_kind(pid: str) -> str | None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--contexts", type=int, default=10)
-    parser.add_argument("--mode", choices=("ctx", "pages", "nav"), default="ctx")
+    parser.add_argument("--mode", choices=("ctx", "pages", "nav", "fresh"), default="ctx")
     parser.add_argument("--drop", action="append", default=[], help="one of the tests' flags to leave out")
     args, extra = parser.parse_known_args()
     flags = [flag for flag in FLAGS if flag not in args.drop] + extra
@@ -83,12 +85,17 @@ def main() -> int:
         start = time.monotonic()
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=CHROMIUM, args=flags, headless=True)
-            shared = None if args.mode == "ctx" else browser.new_context(viewport={"width": 1440, "height": 900})
+            viewport: ViewportSize = {"width": 1440, "height": 900}
+            module = ModulePage(browser, viewport) if args.mode == "fresh" else None
+            shared = browser.new_context(viewport=viewport) if args.mode in ("pages", "nav") else None
             page = None
             for _ in range(args.contexts):
-                context = shared or browser.new_context(viewport={"width": 1440, "height": 900})
-                if page is None or args.mode != "nav":
-                    page = context.new_page()
+                if module is not None:
+                    page = module.fresh()
+                else:
+                    context = shared or browser.new_context(viewport=viewport)
+                    if page is None or args.mode != "nav":
+                        page = context.new_page()
                 for address in (url, url + "?again"):
                     page.goto(address)
                     page.wait_for_load_state("load")

@@ -17,7 +17,9 @@ from tests.support.servers import LiveServer, started_server, started_with_demo,
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[Browser]:
-    """One Chromium for the run; each test gets a context (cookies, storage, cache) and a page of its own."""
+    """One Chromium for the run. A module's tests share one page, made as good as new before each test
+    (tests/support/browser.py's `ModulePage`: cookies, storage and cache cleared, the viewport set back); a test
+    that needs other context options (axe's, JavaScript off once) makes a context of its own."""
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} is missing: `make test` installs Debian's chromium")
     with sync_playwright() as playwright:

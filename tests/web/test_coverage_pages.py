@@ -12,19 +12,23 @@ import pytest
 import torch
 from playwright.sync_api import Browser, Page, expect
 
-from tests.support.browser import open_new_session_form, shot, wait_until_compared
+from tests.support.browser import ModulePage, open_new_session_form, shot, wait_until_compared
 from tests.support.dumps import layered_dump, make_zip
 from tests.support.servers import LiveServer
 
 pytestmark = pytest.mark.browser
 
 
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1280, "height": 900}, java_script_enabled=False)
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, java_script_enabled=False)
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
 
 
 def new_session(page: Page, server: LiveServer, name: str, reference: Path, candidate: Path) -> str:

@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Browser, Page
 
 from tests.support import loopback_http
-from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.browser import ModulePage, axe_context, axe_violations, shot
 from tests.support.built_once import built_once, copy_of
 from tests.support.glance_sessions import LONG_NAME, SPOT, GlanceSessions, build_glance_sessions
 from tests.support.polling import wait_until
@@ -57,17 +57,29 @@ def glance(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequ
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1440, "height": 900})
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
+
+
+# the pages whose elements, at both widths, are all on a page axe checks: compare-sessions with `changed`
+# filtered shows a subset of the rows of compare-sessions unfiltered; profiles by number the same elements as by name
+SAME_ELEMENTS = {"compare-changed", "profiles-by-number"}
 
 
 def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> None:
-    """document.scrollWidth within the viewport at 390 px on the session, pair and compare-sessions pages (a
-    trace's among them), and no serious or critical axe-core violation at 390 and at 1,440 px."""
+    """document.scrollWidth within the viewport at 390 and 1,440 px on the session, pair, compare-sessions, graph and
+    profiles pages (a trace's among them), and no serious or critical axe-core violation at 390 and at 1,440 px on
+    each of them but the two in SAME_ELEMENTS: each of those shows no element (tag, classes, role, colour and
+    background, as laid out at either width) that another page axe checks at that width does not show too
+    (bench/RESULTS.md, "tests/web's CPU, round 4"), and axe on it cost a second or two of Chromium for nothing."""
     s = glance.sessions
     pages = {
         "trace-session": f"/sessions/{s.trace}",
@@ -96,7 +108,8 @@ def test_pages_fit_a_phone_and_pass_axe(glance: Glance, browser: Browser) -> Non
                 found.append(f"{name}: {wide} px wide at {width} px")
             if width == 390:
                 shot(page, f"glance-{name}-390")
-            found += [f"{name} at {width} px: {v}" for v in axe_violations(page)]
+            if name not in SAME_ELEMENTS:
+                found += [f"{name} at {width} px: {v}" for v in axe_violations(page)]
     context.close()
     assert not found, "\n".join(found)
 

@@ -12,7 +12,7 @@ import pytest
 from playwright.sync_api import Browser, Page, expect
 
 from tests.support import loopback_http
-from tests.support.browser import wait_until_compared
+from tests.support.browser import ModulePage, wait_until_compared
 from tests.support.servers import LiveServer
 from tests.support.traces import MODEL_CLASS, WrittenTraces
 
@@ -21,12 +21,16 @@ pytestmark = pytest.mark.browser
 DOWN_PROJ = f"{MODEL_CLASS}.model.layers.1.mlp.down_proj"
 
 
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1280, "height": 900})
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
 
 
 def open_session(server: LiveServer, page: Page, name: str, reference: Path, candidate: Path) -> None:

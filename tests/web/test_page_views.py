@@ -24,7 +24,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support import loopback_http
-from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.browser import ModulePage, axe_context, axe_violations, shot
 from tests.support.built_once import built_once, copy_of
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
@@ -92,12 +92,16 @@ def sessions(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRe
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1440, "height": 900})
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
 
 
 def elements(page: Page) -> int:
@@ -312,14 +316,23 @@ def every_page(sessions: Sessions) -> dict[str, str]:
 
 
 PHONE_SHOTS = {"session-24-layers", "pair"}  # the other pages' wide views are in the other tests' screenshots
+# axe at 1440 px on every page but these: each shows no element (tag, classes, role, colour and background) that
+# another page axe checks at that width does not (bench/RESULTS.md, "tests/web's CPU, round 4"): the sessions list
+# is test_glance_pages.py's, the 24-layer session's elements are the demo session's (3,948 elements:
+# the dearest page for axe), the pair page's are in its manual mode's
+SAME_ELEMENTS = {"sessions", "session-24-layers", "pair"}
+# axe at 390 px too on the run and error pages, which no other test checks on a phone (the session, pair and
+# sessions pages are checked at 390 px in test_glance_pages.py)
+AXE_ON_A_PHONE = {"run", "not-found"}
 
 
 def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Browser) -> None:
     """No horizontal scrolling at 390 px (the page's scrollWidth, which a screenshot would show as a cut-off page),
-    and no serious or critical axe-core violation once the same page is widened to 1440 px; a screenshot of the
-    phone views of the pages people look at on one. Each page is loaded once, on the phone (a fresh load is what a
-    phone shows; axe looks at the document, which a wider window lays out again; axe is in each page from its start:
-    tests/support/browser.py's `axe_context`)."""
+    and no serious or critical axe-core violation once the same page is widened to 1440 px (but on the pages in
+    SAME_ELEMENTS), nor at 390 px on those in AXE_ON_A_PHONE; a screenshot of the phone views of the pages people
+    look at on one. Each page is loaded once, on the phone (a fresh load is what a phone shows; axe looks at the
+    document, which a wider window lays out again; axe is in each page from its start: tests/support/browser.py's
+    `axe_context`)."""
     found: list[str] = []
     missing: list[str] = []  # files the pages asked for in vain (the favicon, say)
     context = axe_context(browser, {"width": 390, "height": 844})
@@ -335,8 +348,11 @@ def test_every_page_passes_axe_and_fits_a_phone(sessions: Sessions, browser: Bro
         if name in PHONE_SHOTS:
             shot(page, f"{name}-390")
         assert page.locator("a.skip").count() == 1, name
-        page.set_viewport_size({"width": 1440, "height": 900})
-        found += [f"{name}: {v}" for v in axe_violations(page)]
+        if name in AXE_ON_A_PHONE:
+            found += [f"{name} at 390 px: {v}" for v in axe_violations(page)]
+        if name not in SAME_ELEMENTS:
+            page.set_viewport_size({"width": 1440, "height": 900})
+            found += [f"{name}: {v}" for v in axe_violations(page)]
     assert not missing, missing
     context.close()
     assert not found, "\n".join(found)

@@ -16,7 +16,7 @@ from playwright.sync_api import Browser, Page, Response, expect
 from tensor_debugger.demo.synthetic import Plant, write_dump
 
 from tests.support import loopback_http
-from tests.support.browser import open_new_session_form, shot, wait_until_compared
+from tests.support.browser import ModulePage, open_new_session_form, shot, wait_until_compared
 from tests.support.dumps import make_zip, seeded
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer, free_port
@@ -25,24 +25,31 @@ from tests.support.traces import MODEL_CLASS, WrittenTraces
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1280, "height": 900})
+    yield shared
+    shared.close()
 
 
 @pytest.fixture
-def page_without_scripts(browser: Browser) -> Iterator[Page]:
-    """A browser with JavaScript off: the pages must work before (and without) any script."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, java_script_enabled=False)
-    # waits for what a server does in the background (an ingest, which starts a child process: 30 s, Playwright's
-    # default, was too short on a loaded machine) end as soon as it shows; the longer limit only bounds a failure
-    context.set_default_timeout(120_000)
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
+
+
+@pytest.fixture(scope="module")
+def module_page_without_scripts(browser: Browser) -> Iterator[ModulePage]:
+    """A browser with JavaScript off: the pages must work before (and without) any script. Its waits for what a
+    server does in the background (an ingest, which starts a child process: 30 s, Playwright's default, was too
+    short on a loaded machine) end as soon as it shows; the longer limit only bounds a failure."""
+    shared = ModulePage(browser, {"width": 1280, "height": 900}, java_script_enabled=False, timeout_ms=120_000)
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def page_without_scripts(module_page_without_scripts: ModulePage) -> Page:
+    return module_page_without_scripts.fresh()
 
 
 @pytest.fixture(scope="module")

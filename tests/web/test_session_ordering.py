@@ -30,7 +30,7 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support import loopback_http
-from tests.support.browser import shot
+from tests.support.browser import ModulePage, shot
 from tests.support.built_once import built_once, copy_of
 from tests.support.dumps import seeded
 from tests.support.servers import LiveServer, free_port, wait_done
@@ -129,12 +129,16 @@ def ordering(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ordering]:
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def module_page(browser: Browser) -> Iterator[ModulePage]:
+    shared = ModulePage(browser, {"width": 1440, "height": 900})
+    yield shared
+    shared.close()
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1440, "height": 900})
-    opened = context.new_page()
-    yield opened
-    context.close()
+def page(module_page: ModulePage) -> Page:
+    return module_page.fresh()
 
 
 def worst_by_diff(ranked: list[Ranked]) -> list[str]:
