@@ -106,9 +106,8 @@ run: install
 	exec $(BIN)/tensor-debugger serve --host $(HOST) --port $(PORT)
 
 # Two workers (pytest-xdist): most tests wait part of the time on a server, a browser or a subprocess, so two
-# workers keep two cores busy. PostgreSQL, S3 and Dask start once for the run, when a test first needs them, shared by
-# the workers (tests/support/run_services.py); each worker starts its own shared servers of the app, so more workers
-# than cores only add start-ups: `make test PYTEST_WORKERS=` runs in one process.
+# workers keep two cores busy. Each worker starts its own shared servers (and PostgreSQL, S3 and Dask when its tests
+# need them), so more workers than cores only add start-ups: `make test PYTEST_WORKERS=` runs in one process.
 # worksteal: a worker that runs out takes half of what the other has left, so the run does not end on one worker
 # with a queue while the other idles; the files come slowest first by the last run's times (tests/support/slow_first.py).
 PYTEST_WORKERS ?= -n 2 --dist worksteal

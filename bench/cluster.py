@@ -242,7 +242,6 @@ def main() -> None:
             cluster["TENSOR_DEBUGGER_DATABASE_URL"] = postgres.create_database()
         aws = {**s3.environ, **({"AWS_UNSIGNED_PAYLOAD": "true"} if args.unsigned_payload else {})}
         cluster.update(aws)
-        assert s3.process is not None  # started here
         weed_pid = s3.process.pid
         servers = "SeaweedFS and PostgreSQL" if postgres is not None else "SeaweedFS"
         s3_name = "PostgreSQL + S3" if postgres is not None else "SQLite + S3"

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import compileall
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -17,7 +18,6 @@ from tensor_debugger.settings import Settings
 
 from tests.support.dask_cluster import DaskCluster
 from tests.support.postgres import PostgresCluster, start_cluster
-from tests.support.run_services import PLUGIN, RunServices
 from tests.support.s3 import SeaweedS3, start_seaweed
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.service_starts import ServiceStarts, needed_services
@@ -30,10 +30,8 @@ if TYPE_CHECKING:  # imported where a fixture needs them: pytest-xdist's control
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The run's test files slowest first (tests/support/slow_first.py); the run's services folder
-    (tests/support/run_services.py)."""
+    """The run's test files slowest first (tests/support/slow_first.py)."""
     config.pluginmanager.register(SlowFirst(config), "tensor_debugger_slow_first")
-    config.pluginmanager.register(RunServices(config), PLUGIN)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -51,45 +49,45 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 @pytest.fixture(scope="session")
 def service_starts(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceStarts]:
     """Starts the PostgreSQL cluster, S3 server and Dask cluster that the run's tests need together, when a test
-    first asks for one of them (tests/support/service_starts.py), or finds those another pytest worker started: one of
-    each for the run, stopped by the controller at its end (tests/support/run_services.py)."""
-    plugin = request.config.pluginmanager.get_plugin(PLUGIN)
-    assert isinstance(plugin, RunServices)
-    starts = ServiceStarts(needed_services(request.session.items), plugin.folder, tmp_path_factory)
+    first asks for one of them (tests/support/service_starts.py)."""
+    starts = ServiceStarts(needed_services(request.session.items), tmp_path_factory)
     yield starts
-    starts.close()
+    starts.stop_unused()
 
 
 @pytest.fixture(scope="session")
-def postgres(service_starts: ServiceStarts) -> PostgresCluster:
-    """The run's PostgreSQL cluster (tests/support/postgres.py), started when a test first asks for it. Shared by
-    the run's workers: a test makes databases of its own in it (`create_database`), and never stops it."""
+def postgres(service_starts: ServiceStarts) -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster of the run's own (tests/support/postgres.py), started when a test first asks for it."""
     started = service_starts.take("postgres")
     if isinstance(started, str):
         pytest.skip(started)
     assert isinstance(started, PostgresCluster)
-    return started
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="session")
-def s3(service_starts: ServiceStarts) -> SeaweedS3:
-    """The run's SeaweedFS S3 server (tests/support/s3.py), started when a test first asks for it. Shared by the
-    run's workers: a test stores under prefixes of its own (`new_url`), and never stops it."""
+def s3(service_starts: ServiceStarts) -> Iterator[SeaweedS3]:
+    """A SeaweedFS S3 server of the run's own (tests/support/s3.py), started when a test first asks for it."""
     started = service_starts.take("s3")
     if isinstance(started, str):
         pytest.skip(started)
     assert isinstance(started, SeaweedS3)
-    return started
+    yield started
+    started.stop()
 
 
 @pytest.fixture(scope="session")
-def dask_cluster(service_starts: ServiceStarts) -> DaskCluster:
-    """The run's Dask scheduler (with its dashboard) and two worker processes (tests/support/dask_cluster.py),
-    started when a test first asks for it; the workers reach the run's S3 server where there is one. Shared by the
-    run's workers: a test never stops it or its workers."""
+def dask_cluster(request: pytest.FixtureRequest, service_starts: ServiceStarts) -> Iterator[DaskCluster]:
+    """A Dask scheduler (with its dashboard) and two worker processes of the run's own
+    (tests/support/dask_cluster.py), started when a test first asks for it; the workers reach the run's S3 server
+    where there is one."""
+    with contextlib.suppress(pytest.skip.Exception):  # no SeaweedFS here: the workers read arrays in folders only
+        request.getfixturevalue("s3")  # torn down after the cluster
     started = service_starts.take("dask_cluster")
     assert isinstance(started, DaskCluster)
-    return started
+    yield started
+    started.stop()
 
 
 @pytest.fixture
@@ -327,7 +325,7 @@ def own_s3(_outage_s3: list[SeaweedS3]) -> Iterator[SeaweedS3]:
         _outage_s3.append(server)
     server = _outage_s3[0]
     yield server
-    if server.exit_status() is not None:
+    if server.process.poll() is not None:
         try:
             server.restart()
         except (RuntimeError, AssertionError):

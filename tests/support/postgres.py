@@ -8,12 +8,12 @@ fresh one under the system's temporary directory (pytest's own are private to ro
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import pwd
 import shutil
 import subprocess
 import tempfile
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +40,8 @@ class PostgresCluster:
     bin_dir: Path
     root: Path  # holds data/, the socket and the log
     port: int = field(default_factory=free_port)
-    migrated: bool = False  # the migrated template exists (made by this process or the one that started the cluster)
+    _names: itertools.count[int] = field(default_factory=itertools.count)
+    _migrated: bool = False
     running: bool = False  # started and not paused or stopped since
 
     @property
@@ -90,9 +91,8 @@ class PostgresCluster:
 
     def create_database(self, prefix: str = "test", migrated: bool = True) -> str:
         """A new database, at the newest schema (a copy of a template migrated once: Alembic's run costs about a
-        second a database) or empty; returns its SQLAlchemy URL. Named at random: the run's pytest workers share the
-        cluster (tests/support/run_services.py), and a count of this process's own would give both `test_1`."""
-        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        second a database) or empty; returns its SQLAlchemy URL."""
+        name = f"{prefix}_{next(self._names)}"
         template = self._template() if migrated else "template1"
         self._execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
         return self.url(name)
@@ -103,14 +103,14 @@ class PostgresCluster:
         self._template()
 
     def _template(self) -> str:
-        if not self.migrated:
+        if not self._migrated:
             from tensor_debugger.store.database import create_db_engine, upgrade_database
 
             self._execute(f'CREATE DATABASE "{TEMPLATE}"')
             engine = create_db_engine(self.url(TEMPLATE))
             upgrade_database(engine)
             engine.dispose()  # a template is copied only while nobody is connected to it
-            self.migrated = True
+            self._migrated = True
         return TEMPLATE
 
     def _execute(self, sql: str) -> None:

@@ -62,17 +62,12 @@ class SeaweedS3:
     """A running `weed server -s3`, its bucket created."""
 
     root: Path
-    process: subprocess.Popen[bytes] | None  # None in a process that did not start it (a pytest worker sharing it)
+    process: subprocess.Popen[bytes]
     s3_port: int
     master_port: int
     master_grpc_port: int = 0
     weed: str = "weed"
     args: tuple[str, ...] = ()  # the command it was started with, for `restart`
-
-    def exit_status(self) -> int | None:
-        """The exit status of the server's process, once it has exited; None while it runs, or where this process did
-        not start it."""
-        return None if self.process is None else self.process.poll()
 
     @property
     def endpoint(self) -> str:
@@ -120,8 +115,8 @@ class SeaweedS3:
         """Return once the S3 gateway answers and BUCKET exists (the server killed if it never does)."""
 
         def answers() -> bool:
-            if (status := self.exit_status()) is not None:
-                raise RuntimeError(f"weed exited with {status}; its log: {self.root / 'weed.log'}")
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}; its log: {self.root / 'weed.log'}")
             try:
                 loopback_http.get(self.endpoint, timeout=1)  # 403 to an unsigned request: the gateway is up
             except httpx.TransportError:
@@ -136,9 +131,8 @@ class SeaweedS3:
             raise
 
     def stop(self) -> None:
-        """Kill the server (one this process started): its data is the run's temporary files, and a graceful stop
-        takes seconds."""
-        if self.process is not None and self.process.poll() is None:
+        """Kill the server: its data is the run's temporary files, and a graceful stop takes seconds."""
+        if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
 
@@ -149,8 +143,8 @@ class SeaweedS3:
         self.process = _popen(list(self.args), self.root)
 
         def answers() -> bool:
-            if (status := self.exit_status()) is not None:
-                raise RuntimeError(f"weed exited with {status}; its log: {self.root / 'weed.log'}")
+            if self.process.poll() is not None:
+                raise RuntimeError(f"weed exited with {self.process.returncode}; its log: {self.root / 'weed.log'}")
             try:
                 return loopback_http.get(self.endpoint + f"/{BUCKET}", timeout=1).status_code in (200, 403)
             except httpx.TransportError:

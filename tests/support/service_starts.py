@@ -1,21 +1,18 @@
 """The run's PostgreSQL cluster, SeaweedFS server and Dask cluster (tests/support/postgres.py, s3.py,
 dask_cluster.py) started together, each in a thread of its own, the first time a test asks for one of them: every
 one of the three that some collected test needs, so that the run waits for the slowest start instead of the sum of
-the three (about 4 s instead of 12 s on a loaded machine). A run that needs none starts none. Each is shared by the
-run's pytest workers (tests/support/run_services.py): a worker takes those another has recorded, waits for those
-another is starting, and starts the rest."""
+the three (about 4 s instead of 12 s on a loaded machine). A run that needs none starts none."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
+from typing import Protocol
 
 import pytest
 
-from tests.support.dask_cluster import start_dask
+from tests.support.dask_cluster import DaskCluster, start_dask
 from tests.support.postgres import PostgresCluster, start_cluster
-from tests.support.run_services import Service, forget, lock, record, recorded, shared
 from tests.support.s3 import SeaweedS3, launch_seaweed
 
 SERVICES = ("postgres", "s3", "dask_cluster")  # the fixtures of tests/conftest.py that return them
@@ -25,6 +22,12 @@ INDIRECT = {
     "store_url": ("s3", "s3"),
     "dask_scheduler": ("dask", "dask_cluster"),
 }
+
+Service = PostgresCluster | SeaweedS3 | DaskCluster | str  # str: why it cannot start here (a skip)
+
+
+class _Stoppable(Protocol):
+    def stop(self) -> None: ...
 
 
 def needed_services(items: Iterable[pytest.Item]) -> set[str]:
@@ -41,70 +44,53 @@ def needed_services(items: Iterable[pytest.Item]) -> set[str]:
 
 
 class ServiceStarts:
-    """Starts (or finds) the services of the run in threads and hands each out; `close` waits for starts under way,
-    so that what they started is recorded for the controller to stop."""
+    """Starts the services of the run in threads and hands each out once; `stop_unused` stops those started but never
+    asked for (a run stopped early by -x, say)."""
 
-    def __init__(self, needed: set[str], folder: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    def __init__(self, needed: set[str], tmp_path_factory: pytest.TempPathFactory) -> None:
         self._needed = needed
-        self._folder = folder  # the run's services folder (tests/support/run_services.py)
         self._factory = tmp_path_factory
         self._pool = ThreadPoolExecutor(len(SERVICES), thread_name_prefix="service-start")
         self._futures: dict[str, Future[Service]] = {}
+        self._handed: set[str] = set()
+        self._seaweed: SeaweedS3 | str = "not launched"
 
     def take(self, name: str) -> Service:
         """The started service `name` (waiting for its start), or why there is none; starts it and the run's other
         needed services first if none has started yet."""
         if name not in self._futures:
             self._start_all({name} | self._needed)
+        self._handed.add(name)
         return self._futures[name].result()
 
     def _start_all(self, names: set[str]) -> None:
         if "postgres" in names and "postgres" not in self._futures:
-            self._futures["postgres"] = self._pool.submit(shared, self._folder, "postgres", _migrated_cluster)
-        seaweed: Service = "not launched"
+            self._futures["postgres"] = self._pool.submit(_migrated_cluster)
         if ("s3" in names or "dask_cluster" in names) and "s3" not in self._futures:
-            seaweed, self._futures["s3"] = self._seaweed()
+            self._seaweed = launch_seaweed(self._factory.mktemp("seaweedfs"))  # its ports known, not answering yet
+            self._futures["s3"] = self._pool.submit(_ready, self._seaweed)
         if "dask_cluster" in names and "dask_cluster" not in self._futures:
             logs = self._factory.mktemp("dask")  # made here: the factory is not for threads
             # the S3 server's AWS variables; none where there is no SeaweedFS here (the workers then read arrays
             # in folders only)
-            environ = seaweed.environ if isinstance(seaweed, SeaweedS3) else {}
+            environ = self._seaweed.environ if isinstance(self._seaweed, SeaweedS3) else {}
 
             def dask() -> Service:
                 return start_dask(logs, workers=2, environ=environ, dashboard=True)
 
-            self._futures["dask_cluster"] = self._pool.submit(shared, self._folder, "dask_cluster", dask)
+            self._futures["dask_cluster"] = self._pool.submit(dask)
 
-    def _seaweed(self) -> tuple[Service, Future[Service]]:
-        """The run's SeaweedFS, and its start: the recorded one; else one launched here (its ports known at once, for
-        the Dask workers' environment), recorded at once (the controller stops it however the run ends) and handed
-        out once it answers, its lock held until then."""
-        held = lock(self._folder, "s3")
-        found = recorded(self._folder, "s3")
-        if found is not None:
-            held.close()
-            done: Future[Service] = Future()
-            done.set_result(found)
-            return found, done
-        try:
-            launched = record(self._folder, "s3", launch_seaweed(self._factory.mktemp("seaweedfs")))
-        except BaseException:
-            held.close()
-            raise
-
-        def ready() -> Service:
-            with held:
-                if isinstance(launched, SeaweedS3):
-                    try:
-                        launched.wait_ready()  # kills it if it never answers
-                    except BaseException:
-                        forget(self._folder, "s3")
-                        raise
-                return launched
-
-        return launched, self._pool.submit(ready)
-
-    def close(self) -> None:
+    def stop_unused(self) -> None:
+        for name, future in self._futures.items():
+            if name in self._handed:
+                continue
+            try:
+                started = future.result()
+            except Exception:  # noqa: BLE001 (its start failed: nothing to stop)
+                continue
+            if not isinstance(started, str):
+                stoppable: _Stoppable = started
+                stoppable.stop()
         self._pool.shutdown()
 
 
@@ -118,3 +104,9 @@ def _migrated_cluster() -> Service:
             started.stop()
             raise
     return started
+
+
+def _ready(launched: SeaweedS3 | str) -> Service:
+    if isinstance(launched, SeaweedS3):
+        launched.wait_ready()
+    return launched
