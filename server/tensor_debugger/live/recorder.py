@@ -26,7 +26,7 @@ inside that call of the module: `LlamaForCausalLM.model.layers.3.self_attn/softm
 line of the user's code that called it (a module's inputs, at either level, carry the line that called the module).
 Its files are named `op{count}...` (a module path can be long; the name is the tree's). Only the ops of modules
 `modules=` selects are recorded. A module called while a backward pass runs (activation checkpointing's
-recomputation) is not recorded again, nor its ops: a note on the run says which (`recomputing`).
+recomputation) is not recorded again, nor its ops: a note on the run says which (`_Recorder.recomputed_call`).
 
 With `values="summary"`, no tensor is copied or written: each is summarised on its device (`ingest/sketches.py`),
 the summary put in the trace JSON in place of a file (and kept in `CaptureResult.summaries`), and the run's tensors
@@ -238,6 +238,13 @@ class _Recorder:
             self.root["children"].append(node)
         self.stack.append(node)
         return call
+
+    def recomputed_call(self, is_model: bool) -> bool:
+        """Whether a module call starting now is a recomputation: a call inside one (`recomputing`), or a call of a
+        module inside the model (not the model itself) while no call of the model is under way, after one was.
+        Activation checkpointing (`torch.utils.checkpoint`, use_reentrant True or False) runs the forward of the
+        modules it checkpoints again during the backward pass, after the model's forward returned."""
+        return self.recomputing > 0 or (not is_model and not self.stack and self.root is not None)
 
     def enter_recomputed(self, path: str, level: Level) -> None:
         """A call of the module at `path` that a backward pass makes (`recomputing`): counted, not recorded as a
@@ -505,9 +512,10 @@ def _hook(
             node: bool = node,
             wanted: bool = wanted,
             runs_compiled: bool = runs_compiled,
+            is_model: bool = module is model,
         ) -> None:
             recorder.halt_if_done()
-            if recomputing():
+            if recorder.recomputed_call(is_model):
                 recorder.enter_recomputed(path, level)
                 return
             recorder.busy = True
@@ -525,7 +533,7 @@ def _hook(
             _: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, node: bool = node
         ) -> None:
             recorder.halt_if_done()
-            if recomputing():
+            if recorder.recomputing:
                 recorder.leave_recomputed(level)
                 return
             recorder.busy = True
@@ -729,13 +737,6 @@ def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]
         if getattr(module, "_compiled_call_impl", None) is not None or wrapped:
             compiled.append(name)
     return root, compiled
-
-
-def recomputing() -> bool:
-    """Whether a module called now is called by a backward pass: activation checkpointing
-    (`torch.utils.checkpoint`, with use_reentrant True or False) runs the forward of the modules it checkpoints
-    again during backward, to make the activations it did not keep; a module called there is taken for that."""
-    return bool(torch._C._current_graph_task_id() != -1)  # -1: no backward pass is running on this thread
 
 
 def _note_recomputed(recorder: _Recorder) -> None:
