@@ -25,6 +25,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import html
 import re
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.summary_compare import (
     Sketch,
@@ -48,6 +50,14 @@ from tensor_debugger.engine.summary_compare import (
 )
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
+from tensor_debugger.live.precision_floor import (
+    Floor,
+    cast_inputs,
+    floor_model,
+    lower_precision,
+    within_full,
+    within_sketches,
+)
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 
 _LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
@@ -72,6 +82,9 @@ class ElementStats:
     mismatched: int  # elements outside the tolerance
     numel: int
     passed: bool
+    # with a precision floor: the floor's max |diff| at this tensor, where the pair failed its tolerance and was
+    # judged against it (passed: within NOISE_FACTOR times it)
+    floor_max_abs_diff: float | None = None
 
 
 @dataclass(frozen=True)
@@ -139,9 +152,17 @@ class Divergence:
     # of the pairs of summaries compared, those whose tensors hold no elements (an empty batch): equal, whatever the
     # models compute
     empty: int = 0
+    # the precision floor (live/precision_floor.py): the candidate's dtype where it is less precise than the
+    # reference's and a converted copy of the reference judged the pairs ("float16"), else None
+    floor: str | None = None
+    # pairs of summaries outside their tolerance but within the precision floor, so passed
+    within_floor: int = 0
+    # why no precision floor was used though the candidate's dtype is less precise (the converted copy raised)
+    floor_note: str | None = None
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
+        seen = self._floor_words() + seen
         if self.first is None:
             return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
         f = self.first
@@ -196,8 +217,15 @@ class Divergence:
         if f.full is not None:
             text += (
                 f" From full values: max |diff| {f.full.max_abs_diff:.4g} at {list(f.full.argmax)}, "
-                f"{f.full.mismatched} of {f.full.numel} elements outside tolerance."
+                f"{f.full.mismatched} of {f.full.numel} elements outside tolerance"
             )
+            if f.full.floor_max_abs_diff is not None:
+                within = "within" if f.full.passed else "more than"
+                text += (
+                    f", {within} {NOISE_FACTOR:g} times the precision floor's max |diff| "
+                    f"{f.full.floor_max_abs_diff:.4g}"
+                )
+            text += "."
         if self.culprits:
             text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
         for module, inputs in self.uncompared_inputs:
@@ -215,6 +243,22 @@ class Divergence:
             )
         text += seen + f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
         return text
+
+    def _floor_words(self) -> str:
+        """What the precision floor did, or why there was none."""
+        if self.floor_note is not None:
+            return f" {self.floor_note}."
+        if self.floor is None:
+            return ""
+        many = self.within_floor != 1
+        return (
+            f" The candidate computes in {self.floor}: every pair was judged against the precision floor of "
+            f"{self.floor} (a copy of the reference converted to {self.floor}, run on the same inputs cast to it, "
+            "not stored): a pair outside its tolerance passes where its |diff| is within "
+            f"{NOISE_FACTOR:g} times the copy's (from summaries, of the sampled elements). {self.within_floor} pair"
+            f"{'s' if many else ''} of summaries {'were' if many else 'was'} outside tolerance but within the "
+            "precision floor: rounding to the lower precision, not a difference of the candidate's own."
+        )
 
     def _none_found(self) -> str:
         """The answer where no pair of summaries failed, claiming no more than the pairs compared."""
@@ -235,6 +279,11 @@ class Divergence:
             )
         else:
             found = f"From summaries: no difference found in {self.compared} pairs of summaries"
+        if self.floor is not None and self.within_floor:
+            found = (
+                f"From summaries: no divergence beyond the precision floor of {self.floor} found in {self.compared} "
+                "pairs of summaries"
+            )
         if self.empty:
             every = "Every one of those pairs" if self.empty == self.compared else f"{self.empty} of those pairs"
             theirs = "theirs" if self.empty > 1 else "its"
@@ -408,13 +457,21 @@ def find_divergence(
     level: Level = "op",
     rtol: float | None = None,
     atol: float | None = None,
+    precision_floor: bool = True,
 ) -> Divergence:
     """Find the first op (with `level="module"`, module) where `candidate` diverges from `reference` on `inputs`
     (a tuple of positional arguments, a dict of keyword arguments, or one argument), in four forward passes (see
     the module docstring), all stored into session `session` (on `server`, else in `data_dir` or the default data
     dir) once every pass is done. `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises
     ChangingModelError, storing nothing, where the reference or the candidate gives different values on two calls
-    before the answer; warns where a model is in training mode."""
+    before the answer; warns where a model is in training mode.
+
+    Where the candidate computes in a less precise floating dtype than the reference (its first floating
+    parameter's: float16 or bfloat16 against float32), a copy of the reference converted to that dtype runs beside
+    them on the same inputs (floating tensors cast to it) as the precision floor (live/precision_floor.py): a pair
+    outside its tolerance passes where its |diff| is within 4 times the copy's, so rounding names no divergence and
+    no culprit. It costs a copy of the reference's parameters in that dtype and its forward passes; it is not
+    stored. `precision_floor=False` judges by tolerances alone."""
     for what, model in (("reference", reference), ("candidate", candidate)):
         if model.training:
             warnings.warn(
@@ -427,9 +484,31 @@ def find_divergence(
     # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
     stored: list[CaptureResult] = []
+    lower = lower_precision(reference, candidate) if precision_floor else None
+    floor: Floor | None = None
+    if lower is not None:
+        copied = floor_model(reference, lower)
+        floor = Floor(
+            copied,
+            _caller(cast_inputs(inputs, lower), {id(copied): f"reference converted to {dtype_name(lower)}"}),
+            dtype_name(lower),
+            dtype_name(next(p.dtype for p in reference.parameters() if p.is_floating_point())),
+        )
     try:
         return _find(
-            reference, candidate, call, session, server, data_dir, where, level, rtol, atol, stored, _arguments(inputs)
+            reference,
+            candidate,
+            call,
+            session,
+            server,
+            data_dir,
+            where,
+            level,
+            rtol,
+            atol,
+            stored,
+            _arguments(inputs),
+            floor,
         )
     finally:
         if server is None and stored and stored[0].session_id is not None:
@@ -449,9 +528,10 @@ def _find(
     atol: float | None,
     stored: list[CaptureResult],
     arguments: str = "*inputs",
+    floor: Floor | None = None,
 ) -> Divergence:
     """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
-    snippet calls each model on `inputs`."""
+    snippet calls each model on `inputs`; `floor`, the precision floor, where there is one."""
     root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
@@ -463,6 +543,19 @@ def _find(
         except Exception as error:
             raised = error
     ref, cand = ref_run.result, cand_run.result
+    floor_sketches: Mapping[str, Sketch] = {}
+    floor_note: str | None = None
+    if floor is not None:
+        try:
+            with record(floor.model, level=level, values="summary") as floor_run:
+                floor.call(floor.model)
+            floor_sketches = floor_run.result.summaries
+        except Exception as error:  # the converted copy cannot run (an op without a kernel in that dtype)
+            floor_note = (
+                f"The candidate computes in {floor.dtype}, but the reference converted to {floor.dtype} (the "
+                f"precision floor) raised {type(error).__name__}: {error}; pairs were judged by tolerances alone"
+            )
+            floor = None
     # the line that made each tensor: an op's caller, or, for a module call's inputs and outputs, the line that
     # called the module (the model's own inputs and outputs have none: it is called here, not by the user's code)
     ref_lines, cand_lines = (
@@ -507,6 +600,7 @@ def _find(
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
     compared = 0
     empty = 0  # pairs compared whose tensors hold no elements
+    within_floor = 0  # pairs outside tolerance but within the precision floor
     order = list(ref.summaries)
     for name in order:
         other = theirs.get(_key(name, root_a))
@@ -515,6 +609,11 @@ def _find(
         a, b = ref.summaries[name], cand.summaries[other]
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
+        if not verdict.passed and name in floor_sketches and floor_sketches[name].shape == a.shape:
+            f = floor_sketches[name]
+            if within_sketches(verdict, compare_sketches(a, f, tolerance(a, f))):
+                verdict = dataclasses.replace(verdict, passed=True)
+                within_floor += 1
         empty += a.numel == 0 and b.numel == 0
         if first is None and changed is None and verdict.hashes_differ and not _same_values_recast(a, b):
             changed = name
@@ -537,7 +636,23 @@ def _find(
         location = _location(stored[0], server, data_dir)
         within = (changed, ref_lines.get(changed) or "") if changed is not None else None
         return Divergence(
-            session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes, empty=empty
+            session,
+            location,
+            None,
+            [],
+            compared,
+            (),
+            None,
+            runs,
+            [],
+            None,
+            unpaired,
+            within,
+            notes,
+            empty=empty,
+            floor=floor.dtype if floor is not None else None,
+            within_floor=within_floor,
+            floor_note=floor_note,
         )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
@@ -580,6 +695,14 @@ def _find(
         checked.append(until or next(reversed(summaries)))
         full_runs.append(full)
     kept = {"a": full_runs[0].tensors, "b": full_runs[1].tensors}
+    floor_values: dict[str, torch.Tensor] = {}
+    if floor is not None:  # the floor's full values of the same modules, up to the reference's last wanted
+        last = _last_wanted(ref.summaries, snippet.modules, root_a)
+        with record(
+            floor.model, level=level, values="full", modules=list(snippet.modules), last=last, stop=True
+        ) as floor_full:
+            floor.call(floor.model)
+        floor_values = floor_full.tensors
 
     # 3. only now, every run stored: the candidate's full values compared against the reference's full values (the
     # session's pairs there are element by element, as this module's), the rest against the reference's summaries
@@ -610,6 +733,12 @@ def _find(
         # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
         stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
+        floor_value = floor_values.get(tensor_name)
+        if not stats.passed and floor_value is not None and floor_value.shape == value.shape:
+            floor_error = _full_stats(value, floor_value, (tensor_name, tensor_name), tol).max_abs_diff
+            stats = dataclasses.replace(
+                stats, passed=within_full(stats.max_abs_diff, floor_error), floor_max_abs_diff=floor_error
+            )
         judged.add(tensor_name)
         if tensor_name == name:
             full_first = stats
@@ -653,6 +782,9 @@ def _find(
         None,
         notes,
         uncompared,
+        floor=floor.dtype if floor is not None else None,
+        within_floor=within_floor,
+        floor_note=floor_note,
     )
 
 
