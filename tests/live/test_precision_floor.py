@@ -14,6 +14,8 @@ from tensor_debugger import find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
+from tests.support.traces import MODEL_CLASS, SCALED, input_ids, tiny_llama
+
 D, H = 16, 4
 
 
@@ -133,3 +135,61 @@ def test_models_of_one_dtype_have_no_floor(settings: Settings) -> None:
     )
     assert found.floor is None
     assert found.first is not None and found.first.module.startswith("Stack.layers.2")
+
+
+class Inverse(nn.Module):
+    """Multiplies by the inverse of a parameter; torch has no float16 inverse on the host, so the port inverts in
+    float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.m = nn.Parameter(torch.eye(D) + 0.1 * torch.randn(D, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        inverse = torch.linalg.inv(m.float()).to(m.dtype) if m.dtype != torch.float32 else torch.linalg.inv(m)
+        out: torch.Tensor = x.to(m.dtype) @ inverse
+        return out
+
+
+class ReferenceInverse(Inverse):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x @ torch.linalg.inv(self.m)
+        return out
+
+
+def test_a_reference_that_cannot_run_in_the_lower_precision_is_said_and_tolerances_judge(settings: Settings) -> None:
+    found = find_divergence(
+        ReferenceInverse().eval(),
+        Inverse().half().eval(),
+        (_inputs((4, D)),),
+        session="inv",
+        data_dir=settings.data_dir,
+    )
+    assert found.floor is None
+    assert found.floor_note is not None and "(the precision floor) raised" in found.floor_note
+    assert "pairs were judged by tolerances alone" in found.words()
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.bfloat16, None), (torch.float16, SCALED)])
+def test_a_tiny_transformers_llama_in_lower_precision(
+    settings: Settings, dtype: torch.dtype, scale: str | None
+) -> None:
+    """A 2-layer Llama (transformers, random weights) in float32 against itself in a lower precision: with no bug,
+    no culprit (tolerances alone named the model and layer 0's projections from float16, rotary's cast from
+    bfloat16); with layer 1's o_proj scaled 5%, that projection."""
+    found = find_divergence(
+        tiny_llama().eval(),
+        tiny_llama(dtype=dtype, scale=scale).eval(),
+        (input_ids(),),
+        session="llama",
+        data_dir=settings.data_dir,
+    )
+    assert found.floor == str(dtype).removeprefix("torch.")
+    if scale is None:
+        assert found.first is None and found.culprits == [], found.words()
+    else:
+        assert found.first is not None, found.words()
+        assert found.first.reference == f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj/linear#1_outputs"
+        assert found.culprits == [f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj"]

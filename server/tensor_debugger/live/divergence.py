@@ -21,6 +21,12 @@
    (full)" is compared against "reference (full)" (`runs.compared_against_id`): its pairs are compared element by
    element, so the session's pages, JSON and CLI show the max |diff| and `where` this module computes; "candidate"
    and "reference (full)" are compared against the reference's summaries.
+
+Where the candidate computes in a less precise floating dtype than the reference (float16 or bfloat16 against
+float32), a copy of the reference converted to that dtype runs in passes 1 and 2 as well: the precision floor
+(`live/precision_floor.py`). Pairs are judged against it as `compare --noise` judges against a rerun of the
+reference (the noise rule). It is not stored: the session's noise rule needs each pair's max |diff|, which pairs of
+summaries do not have, so the session's pages judge by tolerances alone. `precision_floor=False` turns it off.
 """
 
 from __future__ import annotations
@@ -254,7 +260,8 @@ class Divergence:
         return (
             f" The candidate computes in {self.floor}: every pair was judged against the precision floor of "
             f"{self.floor} (a copy of the reference converted to {self.floor}, run on the same inputs cast to it, "
-            "not stored): a pair outside its tolerance passes where its |diff| is within "
+            "not stored: the session's pages judge its pairs by tolerances alone): a pair outside its tolerance "
+            "passes where its |diff| is within "
             f"{NOISE_FACTOR:g} times the copy's (from summaries, of the sampled elements). {self.within_floor} pair"
             f"{'s' if many else ''} of summaries {'were' if many else 'was'} outside tolerance but within the "
             "precision floor: rounding to the lower precision, not a difference of the candidate's own."
@@ -470,8 +477,9 @@ def find_divergence(
     parameter's: float16 or bfloat16 against float32), a copy of the reference converted to that dtype runs beside
     them on the same inputs (floating tensors cast to it) as the precision floor (live/precision_floor.py): a pair
     outside its tolerance passes where its |diff| is within 4 times the copy's, so rounding names no divergence and
-    no culprit. It costs a copy of the reference's parameters in that dtype and its forward passes; it is not
-    stored. `precision_floor=False` judges by tolerances alone."""
+    no culprit. It costs a copy of the reference's parameters and buffers in that dtype and its forward passes (one
+    with summaries, one more with full values where a divergence is found); it is not stored, so the session's
+    pages judge its pairs by tolerances alone. `precision_floor=False` judges by tolerances alone here too."""
     for what, model in (("reference", reference), ("candidate", candidate)):
         if model.training:
             warnings.warn(
