@@ -21,10 +21,17 @@
    (full)" is compared against "reference (full)" (`runs.compared_against_id`): its pairs are compared element by
    element, so the session's pages, JSON and CLI show the max |diff| and `where` this module computes; "candidate"
    and "reference (full)" are compared against the reference's summaries.
+
+Where the candidate computes in a less precise floating dtype than the reference (float16 or bfloat16 against
+float32), a copy of the reference converted to that dtype runs in passes 1 and 2 as well: the precision floor
+(`live/precision_floor.py`). Pairs are judged against it as `compare --noise` judges against a rerun of the
+reference (the noise rule). It is not stored: the session's noise rule needs each pair's max |diff|, which pairs of
+summaries do not have, so the session's pages judge by tolerances alone. `precision_floor=False` turns it off.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import html
 import re
@@ -38,6 +45,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.summary_compare import (
     Sketch,
@@ -48,6 +56,14 @@ from tensor_debugger.engine.summary_compare import (
 )
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
+from tensor_debugger.live.precision_floor import (
+    Floor,
+    cast_inputs,
+    floor_model,
+    lower_precision,
+    within_full,
+    within_sketches,
+)
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 
 _LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
@@ -72,6 +88,9 @@ class ElementStats:
     mismatched: int  # elements outside the tolerance
     numel: int
     passed: bool
+    # with a precision floor: the floor's max |diff| at this tensor, where the pair failed its tolerance and was
+    # judged against it (passed: within NOISE_FACTOR times it)
+    floor_max_abs_diff: float | None = None
 
 
 @dataclass(frozen=True)
@@ -139,9 +158,20 @@ class Divergence:
     # of the pairs of summaries compared, those whose tensors hold no elements (an empty batch): equal, whatever the
     # models compute
     empty: int = 0
+    # the precision floor (live/precision_floor.py): the candidate's dtype where it is less precise than the
+    # reference's and a converted copy of the reference judged the pairs ("float16"), else None
+    floor: str | None = None
+    # pairs of summaries outside their tolerance but within the precision floor, so passed
+    within_floor: int = 0
+    # from full values, the module outputs outside tolerance but within the precision floor: no culprit is named on
+    # their modules (a bug whose effect there is no more than 4 times the rounding)
+    floored_outputs: tuple[str, ...] = ()
+    # why no precision floor was used though the candidate's dtype is less precise (the converted copy raised)
+    floor_note: str | None = None
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
+        seen = self._floor_words() + seen
         if self.first is None:
             return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
         f = self.first
@@ -199,10 +229,25 @@ class Divergence:
         if f.full is not None:
             text += (
                 f" From full values: max |diff| {f.full.max_abs_diff:.4g} at {list(f.full.argmax)}, "
-                f"{f.full.mismatched} of {f.full.numel} elements outside tolerance."
+                f"{f.full.mismatched} of {f.full.numel} elements outside tolerance"
             )
+            if f.full.floor_max_abs_diff is not None:
+                within = "within" if f.full.passed else "more than"
+                text += (
+                    f", {within} {NOISE_FACTOR:g} times the precision floor's max |diff| "
+                    f"{f.full.floor_max_abs_diff:.4g}"
+                )
+            text += "."
         if self.culprits:
             text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
+        if self.floored_outputs:
+            floored = self.floored_outputs[-_LISTED:]  # the last, nearest the divergence's module
+            hidden = len(self.floored_outputs) - len(floored)
+            text += (
+                " From full values, module outputs outside tolerance but within the precision floor, so no culprit "
+                f"is named on their modules for them: {f'{hidden} more and then ' if hidden else ''}"
+                f"{', '.join(floored)}."
+            )
         for module, inputs in self.uncompared_inputs:
             text += (
                 f" No culprit is named on {module}: its outputs do not agree, but its input"
@@ -218,6 +263,23 @@ class Divergence:
             )
         text += seen + f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
         return text
+
+    def _floor_words(self) -> str:
+        """What the precision floor did, or why there was none."""
+        if self.floor_note is not None:
+            return f" {self.floor_note}."
+        if self.floor is None:
+            return ""
+        many = self.within_floor != 1
+        return (
+            f" The candidate computes in {self.floor}: every pair was judged against the precision floor of "
+            f"{self.floor} (a copy of the reference converted to {self.floor}, run on the same inputs cast to it, "
+            "not stored: the session's pages judge its pairs by tolerances alone): a pair outside its tolerance "
+            "passes where its |diff| is within "
+            f"{NOISE_FACTOR:g} times the copy's (from summaries, of the sampled elements). {self.within_floor} pair"
+            f"{'s' if many else ''} of summaries {'were' if many else 'was'} outside tolerance but within the "
+            "precision floor: rounding to the lower precision, not a difference of the candidate's own."
+        )
 
     def _none_found(self) -> str:
         """The answer where no pair of summaries failed, claiming no more than the pairs compared."""
@@ -238,6 +300,11 @@ class Divergence:
             )
         else:
             found = f"From summaries: no difference found in {self.compared} pairs of summaries"
+        if self.floor is not None and self.within_floor:
+            found = (
+                f"From summaries: no divergence beyond the precision floor of {self.floor} found in {self.compared} "
+                "pairs of summaries"
+            )
         if self.empty:
             every = "Every one of those pairs" if self.empty == self.compared else f"{self.empty} of those pairs"
             theirs = "theirs" if self.empty > 1 else "its"
@@ -416,13 +483,22 @@ def find_divergence(
     level: Level = "op",
     rtol: float | None = None,
     atol: float | None = None,
+    precision_floor: bool = True,
 ) -> Divergence:
     """Find the first op (with `level="module"`, module) where `candidate` diverges from `reference` on `inputs`
     (a tuple of positional arguments, a dict of keyword arguments, or one argument), in four forward passes (see
     the module docstring), all stored into session `session` (on `server`, else in `data_dir` or the default data
     dir) once every pass is done. `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises
     ChangingModelError, storing nothing, where the reference or the candidate gives different values on two calls
-    before the answer; warns where a model is in training mode."""
+    before the answer; warns where a model is in training mode.
+
+    Where the candidate computes in a less precise floating dtype than the reference (its first floating
+    parameter's: float16 or bfloat16 against float32), a copy of the reference converted to that dtype runs beside
+    them on the same inputs (floating tensors cast to it) as the precision floor (live/precision_floor.py): a pair
+    outside its tolerance passes where its |diff| is within 4 times the copy's, so rounding names no divergence and
+    no culprit. It costs a copy of the reference's parameters and buffers in that dtype and its forward passes (one
+    with summaries, one more with full values where a divergence is found); it is not stored, so the session's
+    pages judge its pairs by tolerances alone. `precision_floor=False` judges by tolerances alone here too."""
     for what, model in (("reference", reference), ("candidate", candidate)):
         if model.training:
             warnings.warn(
@@ -435,9 +511,31 @@ def find_divergence(
     # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
     stored: list[CaptureResult] = []
+    lower = lower_precision(reference, candidate) if precision_floor else None
+    floor: Floor | None = None
+    if lower is not None:
+        copied = floor_model(reference, lower)
+        floor = Floor(
+            copied,
+            _caller(cast_inputs(inputs, lower), {id(copied): f"reference converted to {dtype_name(lower)}"}),
+            dtype_name(lower),
+            dtype_name(next(p.dtype for p in reference.parameters() if p.is_floating_point())),
+        )
     try:
         return _find(
-            reference, candidate, call, session, server, data_dir, where, level, rtol, atol, stored, _arguments(inputs)
+            reference,
+            candidate,
+            call,
+            session,
+            server,
+            data_dir,
+            where,
+            level,
+            rtol,
+            atol,
+            stored,
+            _arguments(inputs),
+            floor,
         )
     finally:
         if server is None and stored and stored[0].session_id is not None:
@@ -457,9 +555,10 @@ def _find(
     atol: float | None,
     stored: list[CaptureResult],
     arguments: str = "*inputs",
+    floor: Floor | None = None,
 ) -> Divergence:
     """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
-    snippet calls each model on `inputs`."""
+    snippet calls each model on `inputs`; `floor`, the precision floor, where there is one."""
     root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
@@ -471,6 +570,19 @@ def _find(
         except Exception as error:
             raised = error
     ref, cand = ref_run.result, cand_run.result
+    floor_sketches: Mapping[str, Sketch] = {}
+    floor_note: str | None = None
+    if floor is not None:
+        try:
+            with record(floor.model, level=level, values="summary") as floor_run:
+                floor.call(floor.model)
+            floor_sketches = floor_run.result.summaries
+        except Exception as error:  # the converted copy cannot run (an op without a kernel in that dtype)
+            floor_note = (
+                f"The candidate computes in {floor.dtype}, but the reference converted to {floor.dtype} (the "
+                f"precision floor) raised {type(error).__name__}: {error}; pairs were judged by tolerances alone"
+            )
+            floor = None
     # the line that made each tensor: an op's caller, or, for a module call's inputs and outputs, the line that
     # called the module (the model's own inputs and outputs have none: it is called here, not by the user's code)
     ref_lines, cand_lines = (
@@ -519,6 +631,7 @@ def _find(
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
     compared = 0
     empty = 0  # pairs compared whose tensors hold no elements
+    within_floor = 0  # pairs outside tolerance but within the precision floor
     order = list(ref.summaries)
     for name in order:
         other = theirs.get(_key(name, root_a))
@@ -527,6 +640,11 @@ def _find(
         a, b = ref.summaries[name], cand.summaries[other]
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
+        if not verdict.passed and name in floor_sketches and floor_sketches[name].shape == a.shape:
+            f = floor_sketches[name]
+            if within_sketches(verdict, compare_sketches(a, f, tolerance(a, f))):
+                verdict = dataclasses.replace(verdict, passed=True)
+                within_floor += 1
         empty += a.numel == 0 and b.numel == 0
         if first is None and changed is None and verdict.hashes_differ and not _same_values_recast(a, b):
             changed = name
@@ -549,7 +667,23 @@ def _find(
         location = _location(stored[0], server, data_dir)
         within = (changed, ref_lines.get(changed) or "") if changed is not None else None
         return Divergence(
-            session, location, None, [], compared, (), None, runs, [], None, unpaired, within, notes, empty=empty
+            session,
+            location,
+            None,
+            [],
+            compared,
+            (),
+            None,
+            runs,
+            [],
+            None,
+            unpaired,
+            within,
+            notes,
+            empty=empty,
+            floor=floor.dtype if floor is not None else None,
+            within_floor=within_floor,
+            floor_note=floor_note,
         )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
@@ -592,6 +726,14 @@ def _find(
         checked.append(until or next(reversed(summaries)))
         full_runs.append(full)
     kept = {"a": full_runs[0].tensors, "b": full_runs[1].tensors}
+    floor_values: dict[str, torch.Tensor] = {}
+    if floor is not None:  # the floor's full values of the same modules, up to the reference's last wanted
+        last = _last_wanted(ref.summaries, snippet.modules, root_a)
+        with record(
+            floor.model, level=level, values="full", modules=list(snippet.modules), last=last, stop=True
+        ) as floor_full:
+            floor.call(floor.model)
+        floor_values = floor_full.tensors
 
     # 3. only now, every run stored: the candidate's full values compared against the reference's full values (the
     # session's pairs there are element by element, as this module's), the rest against the reference's summaries
@@ -605,6 +747,7 @@ def _find(
     location = _location(stored[0], server, data_dir)
 
     failing: list[ElementStats] = []
+    floored_outputs: list[str] = []  # module outputs outside tolerance but within the precision floor
     judged: set[str] = set()  # the reference's tensors compared element by element
     full_first: ElementStats | None = None
     reshaped: set[str] = set()  # paired tensors whose shapes differ: a divergence, with no elements to compare
@@ -622,11 +765,24 @@ def _find(
         # bfloat16 port is held to bfloat16's, so precision drift alone names no culprit
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
         stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
+        floor_value = floor_values.get(tensor_name)
+        if not stats.passed and floor_value is not None and floor_value.shape == value.shape:
+            floor_error = _full_stats(value, floor_value, (tensor_name, tensor_name), tol).max_abs_diff
+            stats = dataclasses.replace(
+                stats, passed=within_full(stats.max_abs_diff, floor_error), floor_max_abs_diff=floor_error
+            )
         judged.add(tensor_name)
         if tensor_name == name:
             full_first = stats
         if not stats.passed:
             failing.append(stats)
+        elif (
+            stats.floor_max_abs_diff is not None
+            and "/" not in tensor_name
+            and module_of(tensor_name) != root_a
+            and _OUTPUTS.search(tensor_name[len(module_of(tensor_name)) :])
+        ):
+            floored_outputs.append(tensor_name)
     culprits, uncompared = _culprits(order, kept["a"], {s.reference for s in failing} | reshaped, judged, root_a)
     # ops paired by position that their contents neither confirm nor replace: which faces which in their module
     # call is not known, so no culprit is named on it
@@ -665,6 +821,10 @@ def _find(
         None,
         notes,
         uncompared,
+        floor=floor.dtype if floor is not None else None,
+        within_floor=within_floor,
+        floor_note=floor_note,
+        floored_outputs=tuple(floored_outputs),
     )
 
 

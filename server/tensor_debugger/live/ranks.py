@@ -94,6 +94,7 @@ def send_from_rank0(
     token: str | None,
     against: str | None = None,
     found: int | None = None,
+    role: str | None = None,
 ) -> tuple[int, int]:
     """Rank 0 sends the ranks' folders as one run (compared against the session's run labelled `against`, where
     given; to a server, into the session of id `found` where its capture found one as it began); every rank gets
@@ -101,7 +102,7 @@ def send_from_rank0(
     outcome: tuple[int, int] | str
     if ranks.rank == 0:
         try:
-            outcome = _send(shared, ranks.world, session, run, data_dir, server, token, against, found)
+            outcome = _send(shared, ranks.world, session, run, data_dir, server, token, against, found, role)
         except Exception as exc:  # every rank raises it, not only rank 0
             outcome = f"{type(exc).__name__}: {exc}"
     else:
@@ -122,6 +123,7 @@ def _send(
     token: str | None,
     against: str | None = None,
     found: int | None = None,
+    role: str | None = None,
 ) -> tuple[int, int]:
     folders = [shared / f"rank{k}" for k in range(world)]
     if server is not None:
@@ -133,7 +135,7 @@ def _send(
             with tarfile.open(archive, "w") as tar:
                 tar.add(folder, arcname=folder.name)
             archives.append(archive)
-        return upload_files(server, session, run, archives, token, against=against, found=found)
+        return upload_files(server, session, run, archives, token, against=against, found=found, role=role)
     from tensor_debugger.ingest.inputs import InputFile
     from tensor_debugger.services import open_services
     from tensor_debugger.settings import Settings
@@ -142,7 +144,7 @@ def _send(
     services = open_services(settings)
     try:
         result = services.ingestor.ingest(
-            session, run, [InputFile(f, f.name) for f in folders], reuse=False, against=against
+            session, run, [InputFile(f, f.name) for f in folders], reuse=False, against=against, role=role
         )
         services.plan(result.session_id)
         return result.session_id, result.run_id

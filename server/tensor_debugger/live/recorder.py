@@ -75,6 +75,7 @@ from tensor_debugger.live.ranks import (
     send_from_rank0,
     shared_staging,
 )
+from tensor_debugger.live.roles import parse_role
 from tensor_debugger.live.writer import DEFAULT_HOST_MEMORY, CaptureWriter, Job, Sink, StoreSink
 from tensor_debugger.store.dtypes import torch_to_storage
 
@@ -606,7 +607,9 @@ class _LocalRun:
     dir that cannot be used is said when the block ends, with nothing stored. The labels and the settings are read
     here, at once: a wrong one is said before the block runs."""
 
-    def __init__(self, session: str, run: str, data_dir: str | Path | None, against: str | None = None) -> None:
+    def __init__(
+        self, session: str, run: str, data_dir: str | Path | None, against: str | None = None, role: str | None = None
+    ) -> None:
         from tensor_debugger.settings import Settings
         from tensor_debugger.store.catalog import parse_label
 
@@ -617,11 +620,11 @@ class _LocalRun:
         self._opened: tuple[Services, PendingRun, StoreSink] | None = None
         self._failure: BaseException | None = None
         self._opening = threading.Thread(
-            target=self._open, args=(settings, session, run, against), name="capture-open", daemon=False
+            target=self._open, args=(settings, session, run, against, role), name="capture-open", daemon=False
         )
         self._opening.start()
 
-    def _open(self, settings: Settings, session: str, run: str, against: str | None) -> None:
+    def _open(self, settings: Settings, session: str, run: str, against: str | None, role: str | None) -> None:
         """Open the data dir and begin the run (on the opening thread): `_opened`, or `_failure` if either raised."""
         from tensor_debugger.services import open_services
         from tensor_debugger.store.arrays import run_prefix
@@ -629,7 +632,7 @@ class _LocalRun:
         try:
             services = open_services(settings)
             try:
-                pending = services.ingestor.begin(session, run, [run], against=against)
+                pending = services.ingestor.begin(session, run, [run], role=role, against=against)
                 sink = StoreSink(
                     services.store, run_prefix(pending.run_id), settings.chunk_bytes, services.context.kernel
                 )
@@ -802,6 +805,7 @@ def capture(
     on_tensor: Callable[[str, torch.Tensor], None] | None = None,
     backward: bool = False,
     against: str | None = None,
+    role: str | None = None,
     _pair: bool = True,
 ) -> Iterator[CaptureResult]:
     """Record `model`'s forward passes inside the block as run `run` of session `session` (created if needed).
@@ -826,13 +830,18 @@ def capture(
     `against` (a run's label): the run is compared against that run of the session, not the session's reference,
     as `ingest --against` does; into a data dir it is checked as the block opens (InvalidInputError naming the
     reason: no such run, the run itself, the session's reference, a cycle), through a server as the run is sent.
-    Nothing is kept when the block raises. (`_pair=False`, for captures in a row into a local data dir, leaves the
-    session's runs to be paired after the last: `pair_session`.) `record` records the same run without storing it.
+    `role="noise"`: the run is a rerun of the reference, the noise floor of each candidate's pairs (as `compare
+    --noise` makes one: a pair passes when its max |diff| is within the session's noise factor times the rerun's
+    there), not a candidate; through a server it must be labelled "noise" (the upload form's field of a rerun), a
+    ValueError as the block opens otherwise. Nothing is kept when the block raises. (`_pair=False`, for captures in
+    a row into a local data dir, leaves the session's runs to be paired after the last: `pair_session`.) `record`
+    records the same run without storing it.
     """
     if level not in LEVELS:
         raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
     if values not in VALUES:
         raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
+    parse_role(role, run, server)
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
     root_name = type(model).__name__
@@ -846,7 +855,7 @@ def capture(
     collecting = ExitStack()  # the collector leaves the process's objects alone until the run is stored
     try:
         collecting.enter_context(existing_objects_frozen())
-        local = _LocalRun(session, run, data_dir, against) if server is None and ranks is None else None
+        local = _LocalRun(session, run, data_dir, against, role) if server is None and ranks is None else None
         found = _session_found(server, session, token, ranks)
         if values == "full":
             writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
@@ -865,7 +874,7 @@ def capture(
         if closing is not None:
             closing.close()  # every tensor written; raises CaptureError if one could not be
         place = (folder, local, ranks, shared)
-        _send(recorder, result, session, run, place, data_dir, server, token, _pair, against, found)
+        _send(recorder, result, session, run, place, data_dir, server, token, _pair, against, found, role)
     finally:
         watching.close()
         for handle in handles:
@@ -946,6 +955,7 @@ def _send(
     pair: bool,
     against: str | None = None,
     found: int | None = None,
+    role: str | None = None,
 ) -> None:
     """Store a recorded run whose tensors are all written: its module tree, then the run (into the local run, from
     rank 0 for the ranks, or uploaded to the server, compared against the session's run labelled `against` where
@@ -959,13 +969,13 @@ def _send(
     if ranks is not None and shared is not None:
         result.tensors, result.skipped = gather_counts(ranks, recorder.count, recorder.skipped)
         result.session_id, result.run_id = send_from_rank0(
-            ranks, shared, session, run, data_dir, server, token, against, found
+            ranks, shared, session, run, data_dir, server, token, against, found, role
         )
     else:
         assert server is not None
         from tensor_debugger.live.upload import upload_run
 
-        result.session_id, result.run_id = upload_run(server, session, run, folder, token, against, found)
+        result.session_id, result.run_id = upload_run(server, session, run, folder, token, against, found, role)
 
 
 class _HeldValues:

@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import msgspec
 
+from tensor_debugger.live.roles import parse_role
+
 TIMEOUT_S = 600.0
 TOKEN_VARIABLE = "TENSOR_DEBUGGER_TOKEN"
 
@@ -49,10 +51,11 @@ def upload_run(
     token: str | None = None,
     against: str | None = None,
     found: int | None = None,
+    role: str | None = None,
 ) -> tuple[int, int]:
     """Upload every file of `folder` as run `run` of session `session`; see `upload_files`."""
     files = sorted(p for p in folder.iterdir() if p.is_file())
-    return upload_files(server, session, run, files, token, against=against, found=found)
+    return upload_files(server, session, run, files, token, against=against, found=found, role=role)
 
 
 def session_on(server: str, session: str, token: str | None = None) -> int | None:
@@ -77,12 +80,15 @@ def upload_files(
     tries: int = 2,
     against: str | None = None,
     found: int | None = None,
+    role: str | None = None,
 ) -> tuple[int, int]:
     """Upload `paths` (tensor files and archives) as run `run` of session `session` (created when no session has
     that name); returns (session id, run id). `against`: the label of the session's run it is compared against (the
     session must exist and hold it). `found`: the session's id when the run's capture began (`session_on`): the run
     goes into that session, and a RuntimeError naming it says that it was deleted since (a session made again
-    would hold this run alone). Raises RuntimeError with the server's reasons when it refuses."""
+    would hold this run alone). `role` "noise": a rerun of the reference (`parse_role`: labelled "noise"), sent in
+    the form's field of that name. Raises RuntimeError with the server's reasons when it refuses."""
+    parse_role(role, run, server)
     with server_client(server, token) as client:
         listed = _listed(client, server, session)
         if found is not None and listed != found:
@@ -107,7 +113,7 @@ def upload_files(
             # another client created `session` between the look-up and this upload, and the server named this one
             # "session (2)": the run belongs in the session of that name, so it goes there instead
             _check(client.delete(f"/api/sessions/{body.session.id}"), server)
-            return upload_files(server, session, run, paths, token, tries - 1, against, found)
+            return upload_files(server, session, run, paths, token, tries - 1, against, found, role)
     return _ids(body, existing)
 
 

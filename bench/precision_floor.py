@@ -1,0 +1,99 @@
+"""Benchmark `find_divergence`'s precision floor: what the converted copy of the reference costs.
+
+    python bench/precision_floor.py                      # 12 blocks of hidden 512, 64 tokens, float32 vs bfloat16
+    python bench/precision_floor.py --dtype float16 --runs 3
+
+The model is a stack of blocks (a linear layer, GELU, another linear layer, a residual), seeded; the reference runs
+in float32, the candidate is the same model converted to `--dtype` (no bug, so no model is called a second time:
+two forwards with summaries, three with the floor), and again with a bug planted in the last block's activation
+(SiLU for GELU: the second pass runs, full values of two modules). Each `find_divergence` runs into a new data dir,
+with `precision_floor=False` and with the floor; printed: its wall and CPU time (this process, all threads), the
+answer's first divergence and culprits, and the bytes of the converted copy's parameters. Nothing asserts on timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import statistics
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F  # noqa: N812 (the name models use)
+from tensor_debugger import find_divergence
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, hidden: int, bug: bool) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        out: torch.Tensor = x + self.down(F.silu(h) if self.bug else F.gelu(h))
+        return out
+
+
+class Stack(nn.Module):
+    def __init__(self, layers: int, hidden: int, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Block(hidden, bug and i == layers - 1) for i in range(layers))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(next(self.parameters()).dtype)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--dtype", choices=("bfloat16", "float16"), default="bfloat16")
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    dtype = getattr(torch, args.dtype)
+    machine = platform.processor() or platform.machine()
+    print(f"{machine}, {os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
+    reference = Stack(args.layers, args.hidden).eval()
+    copy_bytes = sum(p.numel() for p in reference.parameters()) * torch.finfo(dtype).bits // 8
+    print(
+        f"{args.layers} blocks, hidden {args.hidden}, {args.tokens} tokens; float32 against {args.dtype}; the "
+        f"converted copy's parameters: {copy_bytes / 2**20:.1f} MiB"
+    )
+    x = torch.randn(1, args.tokens, args.hidden, generator=torch.Generator().manual_seed(1))
+    for bug in (False, True):
+        candidate = Stack(args.layers, args.hidden, bug).to(dtype).eval()
+        for floor in (False, True):
+            walls, cpus = [], []
+            for _ in range(args.runs):
+                with tempfile.TemporaryDirectory() as data_dir:
+                    wall, cpu = time.perf_counter(), _cpu()
+                    found = find_divergence(
+                        reference, candidate, (x,), session="bench", data_dir=data_dir, precision_floor=floor
+                    )
+                    walls.append(time.perf_counter() - wall)
+                    cpus.append(_cpu() - cpu)
+            first = found.first.module if found.first is not None else None
+            print(
+                f"{'bug in the last block' if bug else 'no bug':22} floor {'on ' if floor else 'off'}: "
+                f"wall {statistics.median(walls):.2f} s, CPU {statistics.median(cpus):.2f} s (median of {args.runs}); "
+                f"first divergence {first}, culprits {found.culprits}"
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""The precision floor of `find_divergence`: where the candidate computes in a lower floating precision than the
+reference (a float16 or bfloat16 port of a float32 model), a copy of the reference converted to the candidate's dtype,
+run on the same inputs (their floating tensors cast to that dtype), is the noise floor of every pair, as a rerun of
+the reference is for `compare --noise` (compare/reports/noise.py): a pair that fails its tolerance passes when the
+candidate's |diff| is within NOISE_FACTOR times the floor's at that tensor (the "noise" rule). Rounding to the lower
+precision alone then names no culprit; a bug that adds more than that does.
+
+From summaries the |diff| compared is the largest among the sampled elements (the same positions on both sides,
+`engine/summary_compare.sample_positions`): a lower bound of each max |diff|, the same estimate for both. From full
+values, each max |diff|. A NaN or Inf count that differs, or shapes that differ, is never within the floor.
+
+The cost: a copy of the reference's parameters and buffers in the candidate's dtype, and its forward passes (one
+with summaries, and where a divergence is found one with the full values of the modules wanted), beside the others.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR, noise_judges
+from tensor_debugger.engine.summary_compare import SketchVerdict
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The reference converted to the candidate's dtype, and how to call it on the inputs cast likewise."""
+
+    model: torch.nn.Module
+    call: Callable[[torch.nn.Module], Any]
+    dtype: str  # "float16", "bfloat16"
+    reference_dtype: str  # "float32"
+
+
+def floating_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype of a model's first floating parameter (else buffer); None where it holds none."""
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        if tensor.is_floating_point():
+            return tensor.dtype
+    return None
+
+
+def lower_precision(reference: torch.nn.Module, candidate: torch.nn.Module) -> torch.dtype | None:
+    """The candidate's floating dtype where it is less precise than the reference's (a larger machine epsilon:
+    float16 or bfloat16 against float32, bfloat16 against float16), else None."""
+    a, b = floating_dtype(reference), floating_dtype(candidate)
+    if a is None or b is None or a == b:
+        return None
+    return b if torch.finfo(b).eps > torch.finfo(a).eps else None
+
+
+def cast_inputs(value: Any, dtype: torch.dtype) -> Any:
+    """`value` with each floating tensor in it (in tuples, lists and dicts, however nested) cast to `dtype`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, tuple | list) and type(value) in (tuple, list):
+        return type(value)(cast_inputs(v, dtype) for v in value)
+    if isinstance(value, dict) and type(value) is dict:
+        return {k: cast_inputs(v, dtype) for k, v in value.items()}
+    return value
+
+
+def floor_model(reference: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A copy of `reference` (its parameters and buffers: as much memory again, in `dtype`) converted to `dtype`,
+    in the reference's mode (eval or training)."""
+    model = copy.deepcopy(reference).to(dtype)
+    model.train(reference.training)
+    return model
+
+
+def within_sketches(candidate: SketchVerdict, floor: SketchVerdict, factor: float = NOISE_FACTOR) -> bool:
+    """Whether a pair whose summaries fail (`candidate`: the reference's against the candidate's) is within the
+    precision floor (`floor`: the reference's against the floor's, at the same tensor): its sampled max |diff| within
+    `factor` times the floor's, which is not zero, and its NaN and Inf counts and shapes those of the reference."""
+    if not candidate.shapes_equal or candidate.nan[0] != candidate.nan[1] or candidate.inf[0] != candidate.inf[1]:
+        return False
+    if candidate.nan[1] or floor.nan[1]:  # a NaN anywhere fails, as the noise rule holds
+        return False
+    return noise_judges(candidate.sampled_max_abs_diff, floor.sampled_max_abs_diff, factor) is True
+
+
+def within_full(candidate_error: float, floor_error: float, factor: float = NOISE_FACTOR) -> bool:
+    """Whether a pair that fails its tolerance from full values is within the precision floor: its max |diff|
+    within `factor` times the floor's max |diff| there, which is not zero (a NaN or an infinite |diff| never is)."""
+    if candidate_error == float("inf"):
+        return False
+    return noise_judges(candidate_error, floor_error, factor) is True

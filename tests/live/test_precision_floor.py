@@ -1,0 +1,243 @@
+"""`find_divergence` on ports in a lower precision (float16, bfloat16) of a float32 reference: the precision floor
+(live/precision_floor.py) keeps rounding from being named a divergence or a culprit, and a bug planted in layer 2
+is still named there (bench/RESULTS.md, "answers on unseen models, round 6": before the floor, a port with no bug
+named layer 0 its culprit)."""
+
+from __future__ import annotations
+
+from typing import cast
+
+import pytest
+import torch
+import torch.nn.functional as F  # noqa: N812 (the name models use)
+from tensor_debugger import find_divergence
+from tensor_debugger.settings import Settings
+from torch import nn
+
+from tests.support.traces import MODEL_CLASS, SCALED, input_ids, tiny_llama
+
+D, H = 16, 4
+
+
+class Block(nn.Module):
+    """A linear layer and its activation: GELU, or (the bug) SiLU."""
+
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.linear = nn.Linear(D, D)
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.linear(x)
+        return F.silu(h) if self.bug else F.gelu(h)
+
+
+class Stack(nn.Module):
+    """Three blocks; the bug, where planted, in layer 2. The input is cast to the weights' dtype."""
+
+    def __init__(self, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Block(bug and i == 2) for i in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(next(self.parameters()).dtype)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a residual; the bug scales the scores by 1/d instead of 1/sqrt(d)."""
+
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.qkv, self.out = nn.Linear(D, 3 * D), nn.Linear(D, D)
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        scale = (D // H) ** (-1.0 if self.bug else -0.5)
+        weights = torch.softmax(q @ k.transpose(-1, -2) * scale, dim=-1)
+        return cast(torch.Tensor, x + self.out((weights @ v).transpose(1, 2).reshape(b, t, D)))
+
+
+class AttentionStack(nn.Module):
+    def __init__(self, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Attention(bug and i == 2) for i in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(next(self.parameters()).dtype)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+MODELS = {"mlp": (Stack, (4, D)), "attention": (AttentionStack, (2, 6, D))}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _inputs(shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_port_in_lower_precision_with_no_bug_names_no_divergence_and_says_why(
+    settings: Settings, model: str, dtype: str
+) -> None:
+    make, shape = MODELS[model]
+    reference, candidate = make().eval(), make().to(DTYPES[dtype]).eval()
+    found = find_divergence(reference, candidate, (_inputs(shape),), session="floor", data_dir=settings.data_dir)
+    assert found.first is None
+    assert found.culprits == []
+    assert found.floor == dtype
+    assert found.within_floor > 0  # tolerances alone would have failed these pairs
+    words = found.words()
+    assert f"no divergence beyond the precision floor of {dtype}" in words
+    assert "within the precision floor: rounding to the lower precision" in words
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("dtype", list(DTYPES))
+def test_a_bug_in_layer_2_of_a_port_in_lower_precision_is_named_there(
+    settings: Settings, model: str, dtype: str
+) -> None:
+    make, shape = MODELS[model]
+    reference, candidate = make().eval(), make(bug=True).to(DTYPES[dtype]).eval()
+    found = find_divergence(reference, candidate, (_inputs(shape),), session="floor", data_dir=settings.data_dir)
+    assert found.first is not None
+    root = type(reference).__name__
+    assert found.first.module.startswith(f"{root}.layers.2"), found.words()
+    assert found.culprits and all(c.startswith(f"{root}.layers.2") for c in found.culprits), found.words()
+    assert all(".layers.2" in s.reference for s in found.failing_full), found.words()
+    assert found.floor == dtype
+
+
+def test_without_the_floor_rounding_is_judged_by_tolerances_alone(settings: Settings) -> None:
+    """`precision_floor=False`: the answer the floor corrects (float16 rounding of layer 0 named a divergence)."""
+    reference, candidate = Stack().eval(), Stack().half().eval()
+    found = find_divergence(
+        reference, candidate, (_inputs((4, D)),), session="off", data_dir=settings.data_dir, precision_floor=False
+    )
+    assert found.first is not None
+    assert found.first.module == "Stack.layers.0.linear"
+    assert found.floor is None
+    assert "precision floor" not in found.words()
+
+
+def test_models_of_one_dtype_have_no_floor(settings: Settings) -> None:
+    found = find_divergence(
+        Stack().eval(), Stack(bug=True).eval(), (_inputs((4, D)),), session="same", data_dir=settings.data_dir
+    )
+    assert found.floor is None
+    assert found.first is not None and found.first.module.startswith("Stack.layers.2")
+
+
+class Inverse(nn.Module):
+    """Multiplies by the inverse of a parameter; torch has no float16 inverse on the host, so the port inverts in
+    float32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.m = nn.Parameter(torch.eye(D) + 0.1 * torch.randn(D, D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        inverse = torch.linalg.inv(m.float()).to(m.dtype) if m.dtype != torch.float32 else torch.linalg.inv(m)
+        out: torch.Tensor = x.to(m.dtype) @ inverse
+        return out
+
+
+class ReferenceInverse(Inverse):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = x @ torch.linalg.inv(self.m)
+        return out
+
+
+def test_a_reference_that_cannot_run_in_the_lower_precision_is_said_and_tolerances_judge(settings: Settings) -> None:
+    found = find_divergence(
+        ReferenceInverse().eval(),
+        Inverse().half().eval(),
+        (_inputs((4, D)),),
+        session="inv",
+        data_dir=settings.data_dir,
+    )
+    assert found.floor is None
+    assert found.floor_note is not None and "(the precision floor) raised" in found.floor_note
+    assert "pairs were judged by tolerances alone" in found.words()
+
+
+@pytest.mark.parametrize(("dtype", "scale"), [(torch.bfloat16, None), (torch.float16, SCALED)])
+def test_a_tiny_transformers_llama_in_lower_precision(
+    settings: Settings, dtype: torch.dtype, scale: str | None
+) -> None:
+    """A 2-layer Llama (transformers, random weights) in float32 against itself in a lower precision: with no bug,
+    no culprit (tolerances alone named the model and layer 0's projections from float16, rotary's cast from
+    bfloat16); with layer 1's o_proj scaled 5%, that projection."""
+    found = find_divergence(
+        tiny_llama().eval(),
+        tiny_llama(dtype=dtype, scale=scale).eval(),
+        (input_ids(),),
+        session="llama",
+        data_dir=settings.data_dir,
+    )
+    assert found.floor == str(dtype).removeprefix("torch.")
+    if scale is None:
+        assert found.first is None and found.culprits == [], found.words()
+    else:
+        assert found.first is not None, found.words()
+        assert found.first.reference == f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj/linear#1_outputs"
+        assert found.culprits == [f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj"]
+
+
+class Residual(nn.Module):
+    """x + down(act(up(x))): GELU, or (the bug) SiLU."""
+
+    def __init__(self, hidden: int, bug: bool) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        out: torch.Tensor = x + self.down(F.silu(h) if self.bug else F.gelu(h))
+        return out
+
+
+class ResidualStack(nn.Module):
+    def __init__(self, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Residual(512, bug and i == 11) for i in range(12))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.to(next(self.parameters()).dtype)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def test_a_bug_whose_effect_on_its_modules_output_is_within_the_floor_names_no_culprit_and_says_so(
+    settings: Settings,
+) -> None:
+    """12 residual blocks of width 512 in bfloat16: the last block's SiLU is found (its down projection's input), but
+    at the block's output the residual stream's accumulated rounding (the floor's max |diff| there) is more than a
+    quarter of the bug's, so the block is not named a culprit, and the answer says which outputs were within it."""
+    x = torch.randn(1, 64, 512, generator=torch.Generator().manual_seed(1))
+    found = find_divergence(
+        ResidualStack().eval(),
+        ResidualStack(bug=True).to(torch.bfloat16).eval(),
+        (x,),
+        session="residual",
+        data_dir=settings.data_dir,
+    )
+    assert found.first is not None and found.first.module == "ResidualStack.layers.11", found.words()
+    assert found.first.full is not None and not found.first.full.passed
+    assert found.culprits == []
+    assert "ResidualStack.layers.11_outputs" in found.floored_outputs
+    assert "so no culprit is named on their modules for them: " in found.words()
