@@ -180,7 +180,7 @@ class PageCacheBudget:
     A small run is written faster through the cache (the kernel writes it back after the ingest, and its comparison
     reads it from there); past a few hundred MB, filling the cache costs more than the disk's time. A tensor whose
     pair is compared from its blocks as they are read (`RunTap.compares`) is not read back by its comparison: it
-    goes around the cache and takes none of the budget (on this 2-core VM, 0.5 CPU s less of a first compare of
+    goes around the cache and takes none of the budget (on this 2-core VM, 0.3-0.5 CPU s less of a first compare of
     2 x 200 MB: bench/RESULTS.md)."""
 
     def __init__(self, nbytes: int) -> None:
