@@ -1,9 +1,12 @@
 """The positions a summary samples are splitmix64 of the seed plus the draw's number, modulo the element count: the
-numpy computation gives the positions of the plain definition, for every count."""
+numpy computation gives the positions of the plain definition, for every count, without importing numpy.ma (which
+np.unique imports: a first compare imported it for this alone)."""
 
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 from tensor_debugger.engine.summary_compare import SAMPLE_SEED, SAMPLE_SIZE, sample_positions
 
@@ -32,3 +35,16 @@ def test_sample_positions_follow_their_definition() -> None:
         assert positions == defined(numel), numel
         assert all(type(p) is int for p in positions)
     assert len(sample_positions(10**6)) == SAMPLE_SIZE  # no two draws coincide there
+
+
+def test_sampling_positions_imports_no_numpy_ma() -> None:
+    probe = (
+        "import sys\n"
+        "from tensor_debugger.engine.summary_compare import sample_positions\n"
+        "assert 'numpy.ma' not in sys.modules\n"
+        "sample_positions(10**6)\n"
+        "print('numpy.ma' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False"

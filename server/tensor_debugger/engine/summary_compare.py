@@ -60,7 +60,11 @@ def _drawn_positions(numel: int, size: int) -> tuple[int, ...]:
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         x ^= x >> np.uint64(31)
-    return tuple(np.unique(x % np.uint64(numel)).tolist())
+    # the distinct draws, ascending: what np.unique gives, which imports numpy.ma (0.04 CPU s of a first compare)
+    drawn = np.sort(x % np.uint64(numel))
+    distinct = np.ones(drawn.size, dtype=bool)
+    distinct[1:] = drawn[1:] != drawn[:-1]
+    return tuple(drawn[distinct].tolist())
 
 
 @dataclass(frozen=True)
