@@ -4,6 +4,8 @@ into a server whose one ingest child is held (stopped) till the test lets it go.
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import TracebackType
 
@@ -11,7 +13,7 @@ import numpy as np
 import psutil
 import torch
 
-from tests.support.servers import LiveServer, upload
+from tests.support.servers import LiveServer, started_server, upload
 
 
 def ingest_children(server: LiveServer) -> list[psutil.Process]:
@@ -68,3 +70,16 @@ class HeldIngests:
         self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.release()
+
+
+@contextmanager
+def held_session(folder: Path, name: str) -> Iterator[tuple[LiveServer, int, HeldIngests]]:
+    """A server of the test's own with one ingest child (held: `HeldIngests`), and session `name` uploaded to it
+    still ingesting (`upload_still_ingesting`): the server, the session's id, and the hold to release. The server
+    is stopped on the way out."""
+    server = started_server(folder / "server", env={"TENSOR_DEBUGGER_INGEST_WORKERS": "1"})
+    try:
+        with HeldIngests(server, folder) as held:
+            yield server, upload_still_ingesting(server, folder, name), held
+    finally:
+        server.stop()

@@ -12,34 +12,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.support import loopback_http
-from tests.support.ingesting import HeldIngests, upload_still_ingesting
-from tests.support.servers import started_server, wait_done
+from tests.support.ingesting import held_session
+from tests.support.servers import wait_done
 
 
 def test_a_session_still_ingesting_is_not_deleted(tmp_path: Path) -> None:
-    server = started_server(tmp_path / "server", env={"TENSOR_DEBUGGER_INGEST_WORKERS": "1"})
-    try:
-        with HeldIngests(server, tmp_path) as held:
-            session_id = upload_still_ingesting(server, tmp_path, "deleted while ingesting")
-            url = f"{server.url}/api/sessions/{session_id}"
-            runs = loopback_http.get(url, headers=server.auth, timeout=30).json()["runs"]
-            assert [(r["label"], r["status"]) for r in runs] == [("reference", "ingesting"), ("candidate", "ingesting")]
-            refused = loopback_http.delete(url, headers=server.auth, timeout=30)
-            assert refused.status_code == 409, refused.text
-            assert f"session {session_id} is still ingesting runs 'reference', 'candidate'" in refused.text
-            assert "nothing was deleted" in refused.text
-            assert loopback_http.get(url, headers=server.auth, timeout=30).status_code == 200
-            held.release()
-            report = wait_done(server, session_id)
-            assert report["progress"] == {
-                "total": 8,
-                "done": 8,
-                "pending": 0,
-                "failing": 8,
-                "errors": 0,
-                "not_compared": 0,
-            }
-            assert loopback_http.delete(url, headers=server.auth, timeout=30).status_code == 204
-            assert loopback_http.get(url, headers=server.auth, timeout=30).status_code == 404
-    finally:
-        server.stop()
+    with held_session(tmp_path, "deleted while ingesting") as (server, session_id, held):
+        url = f"{server.url}/api/sessions/{session_id}"
+        runs = loopback_http.get(url, headers=server.auth, timeout=30).json()["runs"]
+        assert [(r["label"], r["status"]) for r in runs] == [("reference", "ingesting"), ("candidate", "ingesting")]
+        refused = loopback_http.delete(url, headers=server.auth, timeout=30)
+        assert refused.status_code == 409, refused.text
+        assert f"session {session_id} is still ingesting runs 'reference', 'candidate'" in refused.text
+        assert "nothing was deleted" in refused.text
+        assert loopback_http.get(url, headers=server.auth, timeout=30).status_code == 200
+        held.release()
+        report = wait_done(server, session_id)
+        assert report["progress"] == {
+            "total": 8,
+            "done": 8,
+            "pending": 0,
+            "failing": 8,
+            "errors": 0,
+            "not_compared": 0,
+        }
+        assert loopback_http.delete(url, headers=server.auth, timeout=30).status_code == 204
+        assert loopback_http.get(url, headers=server.auth, timeout=30).status_code == 404
