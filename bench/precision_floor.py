@@ -3,12 +3,13 @@
     python bench/precision_floor.py                      # 12 blocks of hidden 512, 64 tokens, float32 vs bfloat16
     python bench/precision_floor.py --dtype float16 --runs 3
 
-The model is a stack of blocks (a linear layer, GELU, another linear layer, a residual), seeded; the reference runs
-in float32, the candidate is the same model converted to `--dtype` (no bug, so no model is called a second time:
-two forwards with summaries, three with the floor), and again with a bug planted in the last block's activation
-(SiLU for GELU: the second pass runs, full values of two modules). Each `find_divergence` runs into a new data dir,
-with `precision_floor=False` and with the floor; printed: its wall and CPU time (this process, all threads), the
-answer's first divergence and culprits, and the bytes of the converted copy's parameters. Nothing asserts on timings.
+The model is `tensor_debugger.demo.models.ResidualStack` (blocks of a linear layer, GELU, another linear layer and
+a residual), seeded; the reference runs in float32, the candidate is the same model converted to `--dtype` (no bug,
+so no model is called a second time: two forwards with summaries, three with the floor), and again with a bug
+planted in the last block's activation (SiLU for GELU: the second pass runs, full values of two modules). Each
+`find_divergence` runs into a new data dir, with `precision_floor=False` and with the floor; printed: its wall and
+CPU time (this process, all threads), the answer's first divergence and culprits, and the bytes of the converted
+copy's parameters. Nothing asserts on timings.
 """
 
 from __future__ import annotations
@@ -22,34 +23,8 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F  # noqa: N812 (the name models use)
 from tensor_debugger import find_divergence
-from torch import nn
-
-
-class Block(nn.Module):
-    def __init__(self, hidden: int, bug: bool) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
-        self.bug = bug
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)
-        out: torch.Tensor = x + self.down(F.silu(h) if self.bug else F.gelu(h))
-        return out
-
-
-class Stack(nn.Module):
-    def __init__(self, layers: int, hidden: int, bug: bool = False) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layers = nn.ModuleList(Block(hidden, bug and i == layers - 1) for i in range(layers))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(next(self.parameters()).dtype)
-        for layer in self.layers:
-            x = layer(x)
-        return x
+from tensor_debugger.demo.models import ResidualStack
 
 
 def _cpu() -> float:
@@ -68,7 +43,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     machine = platform.processor() or platform.machine()
     print(f"{machine}, {os.cpu_count()} CPUs, torch {torch.__version__}, load {os.getloadavg()}")
-    reference = Stack(args.layers, args.hidden).eval()
+    reference = ResidualStack(args.layers, args.hidden).eval()
     copy_bytes = sum(p.numel() for p in reference.parameters()) * torch.finfo(dtype).bits // 8
     print(
         f"{args.layers} blocks, hidden {args.hidden}, {args.tokens} tokens; float32 against {args.dtype}; the "
@@ -76,7 +51,7 @@ def main() -> None:
     )
     x = torch.randn(1, args.tokens, args.hidden, generator=torch.Generator().manual_seed(1))
     for bug in (False, True):
-        candidate = Stack(args.layers, args.hidden, bug).to(dtype).eval()
+        candidate = ResidualStack(args.layers, args.hidden, bug).to(dtype).eval()
         for floor in (False, True):
             walls, cpus = [], []
             for _ in range(args.runs):

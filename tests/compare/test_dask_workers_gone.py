@@ -13,6 +13,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -98,51 +101,69 @@ def test_a_compare_whose_workers_all_die_stops_and_a_server_computes_its_pairs_l
         cluster.stop()
 
 
-def test_a_server_whose_workers_all_die_stays_up_and_computes_the_pairs_once_one_is_back(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class Held:
+    """A server on a one-worker cluster, and the session whose pairs that worker, stopped, was given to compute."""
+
+    cluster: DaskCluster
+    worker: subprocess.Popen[bytes]
+    server: LiveServer
+    session_id: int
+
+
+@contextmanager
+def held_by_a_stopped_worker(tmp_path: Path, name: str, seed: int, env: dict[str, str]) -> Iterator[Held]:
+    """Session `name` (a reference and a candidate with a plant in layer 1, zipped) uploaded to a server whose Dask
+    cluster's only worker is stopped (SIGSTOP: it holds the task it is given, till it is killed with it); the server
+    and the cluster stopped on the way out."""
     cluster = start_dask(tmp_path / "dask", workers=1)
     try:
-        for name, plant in (("ref", None), ("cand", Plant(1, "post_mlp", (1, 2), 0.25))):
-            write_dump(tmp_path / name, layers=2, seed=6, plant=plant)
-            make_zip(tmp_path / name, tmp_path / f"{name}.zip")
+        for run, plant in (("ref", None), ("cand", Plant(1, "post_mlp", (1, 2), 0.25))):
+            write_dump(tmp_path / run, layers=2, seed=seed, plant=plant)
+            make_zip(tmp_path / run, tmp_path / f"{run}.zip")
         worker = cluster.processes[1]
         os.kill(worker.pid, signal.SIGSTOP)
-        env = {
-            "TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address,
-            "TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS": str(NO_WORKER_SECONDS),
-            "TENSOR_DEBUGGER_COMPARE_IDLE_SECONDS": "0.5",
-        }
-        server = started_server(tmp_path / "server", env=env)
+        server = started_server(tmp_path / "server", env={"TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address, **env})
         try:
             files = [("reference", tmp_path / "ref.zip"), ("candidate", tmp_path / "cand.zip")]
-            created = upload(server, "workers gone", files)
+            created = upload(server, name, files)
             assert created.status_code == 201, created.text
-            session_id = created.json()["session"]["id"]
-            kill_when_busy(cluster, worker)
-            message = f"no Dask worker has been connected to {cluster.address} for 3 s"
-            wait_until(lambda: message in server.log.read_text(errors="replace"), what="the message", timeout=30)
-            assert server.alive()
-            pairs = loopback_http.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json()
-            assert pairs["progress"]["pending"] == pairs["progress"]["total"] > 0, pairs["progress"]
-            # where users look: the session's progress and the page's status line say why the pairs wait
-            progress = loopback_http.get(f"{server.url}/api/sessions/{session_id}/progress", timeout=30).json()
-            assert progress["stage"] == "comparing" and message in (progress["waiting_for"] or ""), progress
-            page = loopback_http.get(f"{server.url}/sessions/{session_id}", timeout=30).text
-            assert 'id="waiting-for"' in page and message in page, page
-            worker_again(cluster)
-            wait_until(  # said no more once a worker is back, whether or not pairs are still pending
-                lambda: loopback_http.get(f"{server.url}/api/sessions/{session_id}/progress", timeout=30).json(),
-                until=lambda p: p["waiting_for"] is None,
-                what="the progress to stop saying the pairs wait for a worker",
-                timeout=60,
-            )
-            done = wait_done(server, session_id, timeout=90)
-            assert done["first_divergence"]["name"] == "1_post_mlp"
-            assert server.alive()
-            assert 'id="waiting-for"' not in loopback_http.get(f"{server.url}/sessions/{session_id}", timeout=30).text
+            yield Held(cluster, worker, server, created.json()["session"]["id"])
         finally:
             server.stop()
     finally:
         cluster.stop()
+
+
+def test_a_server_whose_workers_all_die_stays_up_and_computes_the_pairs_once_one_is_back(tmp_path: Path) -> None:
+    env = {
+        "TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS": str(NO_WORKER_SECONDS),
+        "TENSOR_DEBUGGER_COMPARE_IDLE_SECONDS": "0.5",
+    }
+    with held_by_a_stopped_worker(tmp_path, "workers gone", 6, env) as held:
+        cluster, server, session_id = held.cluster, held.server, held.session_id
+        kill_when_busy(cluster, held.worker)
+        message = f"no Dask worker has been connected to {cluster.address} for 3 s"
+        wait_until(lambda: message in server.log.read_text(errors="replace"), what="the message", timeout=30)
+        assert server.alive()
+        pairs = loopback_http.get(f"{server.url}/api/sessions/{session_id}/pairs", timeout=30).json()
+        assert pairs["progress"]["pending"] == pairs["progress"]["total"] > 0, pairs["progress"]
+        # where users look: the session's progress and the page's status line say why the pairs wait
+        progress = loopback_http.get(f"{server.url}/api/sessions/{session_id}/progress", timeout=30).json()
+        assert progress["stage"] == "comparing" and message in (progress["waiting_for"] or ""), progress
+        page = loopback_http.get(f"{server.url}/sessions/{session_id}", timeout=30).text
+        assert 'id="waiting-for"' in page and message in page, page
+        worker_again(cluster)
+        wait_until(  # said no more once a worker is back, whether or not pairs are still pending
+            lambda: loopback_http.get(f"{server.url}/api/sessions/{session_id}/progress", timeout=30).json(),
+            until=lambda p: p["waiting_for"] is None,
+            what="the progress to stop saying the pairs wait for a worker",
+            timeout=60,
+        )
+        done = wait_done(server, session_id, timeout=90)
+        assert done["first_divergence"]["name"] == "1_post_mlp"
+        assert server.alive()
+        assert 'id="waiting-for"' not in loopback_http.get(f"{server.url}/sessions/{session_id}", timeout=30).text
 
 
 def test_a_wait_without_workers_is_noted_until_one_is_seen_and_ends_when_the_process_stops(tmp_path: Path) -> None:
@@ -177,26 +198,12 @@ def test_a_server_stopped_while_its_pairs_wait_for_a_worker_stops_at_once(tmp_pa
     """SIGTERM while the comparison worker waits for a Dask worker (the bound: 10 minutes): the wait ends on the
     stop, and the server exits within its graceful stop (LiveServer.stop kills a server after 20 s, the comparison
     worker's join gave up after 30 s), the comparison worker stopped, not left behind."""
-    cluster = start_dask(tmp_path / "dask", workers=1)
-    try:
-        for name, plant in (("ref", None), ("cand", Plant(1, "post_mlp", (1, 2), 0.25))):
-            write_dump(tmp_path / name, layers=2, seed=7, plant=plant)
-            make_zip(tmp_path / name, tmp_path / f"{name}.zip")
-        worker = cluster.processes[1]
-        os.kill(worker.pid, signal.SIGSTOP)
-        env = {"TENSOR_DEBUGGER_DASK_SCHEDULER": cluster.address, "TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS": "600"}
-        server = started_server(tmp_path / "server", env=env)
-        try:
-            files = [("reference", tmp_path / "ref.zip"), ("candidate", tmp_path / "cand.zip")]
-            created = upload(server, "stopped while waiting", files)
-            assert created.status_code == 201, created.text
-            kill_when_busy(cluster, worker)  # the comparison worker now waits for a worker, for up to 600 s
-            process = server.process
-            assert process is not None
-            server.ask_to_stop()
-            assert process.wait(timeout=20) == 0, server.log.read_text(errors="replace")
-            assert "did not stop" not in server.log.read_text(errors="replace")
-        finally:
-            server.stop()
-    finally:
-        cluster.stop()
+    with held_by_a_stopped_worker(
+        tmp_path, "stopped while waiting", 7, {"TENSOR_DEBUGGER_DASK_NO_WORKER_SECONDS": "600"}
+    ) as held:
+        kill_when_busy(held.cluster, held.worker)  # the comparison worker now waits for a worker, for up to 600 s
+        process = held.server.process
+        assert process is not None
+        held.server.ask_to_stop()
+        assert process.wait(timeout=20) == 0, held.server.log.read_text(errors="replace")
+        assert "did not stop" not in held.server.log.read_text(errors="replace")

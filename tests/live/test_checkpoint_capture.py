@@ -135,3 +135,52 @@ def test_a_tiny_llama_with_gradient_checkpointing_pairs_with_itself_without(
     }
     failing = [(p.name, p.status) for p in report.pairs if p.status != "pass"]
     assert not failing and report.first_divergence is None, failing
+
+
+class Head(nn.Module):
+    """A body and a head; the user calls the head directly after the forward, as code that reuses a model's
+    `lm_head` on hidden states of its own does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head = nn.Linear(6, 6), nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.head(self.body(x))
+        return out
+
+
+@pytest.mark.parametrize("level", ["module", "op"])
+def test_a_submodule_called_by_the_user_after_the_forward_is_recorded_as_its_own_call(
+    settings: Settings, level: str
+) -> None:
+    """`model.head(h)` after `model(x)`, in the same capture block, with no backward pass running: a call of the
+    user's, recorded as `Head.head#2` (its inputs, outputs and ops), not taken for a recomputation (it was, being a
+    call inside the model while no call of the model is under way, after one was)."""
+    model, x = Head().eval(), torch.randn(4, 6, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), capture(model, "direct", "reference", data_dir=settings.data_dir, level=level, workers=1):
+        model(x)
+        model.head(torch.ones(2, 6))
+    names, notes = names_and_notes(settings, "direct", "reference")
+    assert "Head.head#2_inputs_args_0" in names and "Head.head#2_outputs" in names, names
+    if level == "op":
+        assert "Head.head#2/linear#1_outputs" in names, names
+    assert not any("recomputation" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["use_reentrant=True", "use_reentrant=False"])
+def test_a_direct_call_and_a_recomputation_in_one_block_are_told_apart(settings: Settings, reentrant: bool) -> None:
+    """A checkpointed model's forward, then the user's own call of its `down`, then the backward pass: `down`'s
+    call is recorded (`Checkpointed.down#2`), up's and act's recomputation is not, and is said."""
+    x = torch.randn(4, 6, generator=torch.Generator().manual_seed(1)).requires_grad_()
+    model = Checkpointed(reentrant)
+    with capture(model, "both", "reference", data_dir=settings.data_dir, backward=True, level="op", workers=1):
+        out = model(x)
+        model.down(torch.ones(2, model.down.in_features))
+        out.pow(2).mean().backward()
+    names, notes = names_and_notes(settings, "both", "reference")
+    assert "Checkpointed.down#2_outputs" in names and "Checkpointed.down#2/linear#1_outputs" in names, names
+    assert [n for n in names if again(n) and not n.startswith("Checkpointed.down#2")] == [], names
+    recomputed = [n for n in notes if "activation checkpointing's recomputation" in n]
+    assert recomputed and recomputed[0].startswith("2 calls of Checkpointed.act, Checkpointed.up"), notes

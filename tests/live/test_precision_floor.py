@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the name models use)
 from tensor_debugger import find_divergence
+from tensor_debugger.demo.models import LayerStack, ResidualStack
 from tensor_debugger.settings import Settings
 from torch import nn
 
@@ -32,19 +33,12 @@ class Block(nn.Module):
         return F.silu(h) if self.bug else F.gelu(h)
 
 
-class Stack(nn.Module):
-    """Three blocks; the bug, where planted, in layer 2. The input is cast to the weights' dtype."""
+class Stack(LayerStack):
+    """Three blocks; the bug, where planted, in layer 2."""
 
     def __init__(self, bug: bool = False) -> None:
-        super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(Block(bug and i == 2) for i in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(next(self.parameters()).dtype)
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__(Block(bug and i == 2) for i in range(3))
 
 
 class Attention(nn.Module):
@@ -63,17 +57,10 @@ class Attention(nn.Module):
         return cast(torch.Tensor, x + self.out((weights @ v).transpose(1, 2).reshape(b, t, D)))
 
 
-class AttentionStack(nn.Module):
+class AttentionStack(LayerStack):
     def __init__(self, bug: bool = False) -> None:
-        super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(Attention(bug and i == 2) for i in range(3))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(next(self.parameters()).dtype)
-        for layer in self.layers:
-            x = layer(x)
-        return x
+        super().__init__(Attention(bug and i == 2) for i in range(3))
 
 
 MODELS = {"mlp": (Stack, (4, D)), "attention": (AttentionStack, (2, 6, D))}
@@ -193,33 +180,6 @@ def test_a_tiny_transformers_llama_in_lower_precision(
         assert found.first is not None, found.words()
         assert found.first.reference == f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj/linear#1_outputs"
         assert found.culprits == [f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj"]
-
-
-class Residual(nn.Module):
-    """x + down(act(up(x))): GELU, or (the bug) SiLU."""
-
-    def __init__(self, hidden: int, bug: bool) -> None:
-        super().__init__()
-        self.up, self.down = nn.Linear(hidden, 2 * hidden), nn.Linear(2 * hidden, hidden)
-        self.bug = bug
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.up(x)
-        out: torch.Tensor = x + self.down(F.silu(h) if self.bug else F.gelu(h))
-        return out
-
-
-class ResidualStack(nn.Module):
-    def __init__(self, bug: bool = False) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layers = nn.ModuleList(Residual(512, bug and i == 11) for i in range(12))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x.to(next(self.parameters()).dtype)
-        for layer in self.layers:
-            x = layer(x)
-        return x
 
 
 def test_a_bug_whose_effect_on_its_modules_output_is_within_the_floor_names_no_culprit_and_says_so(

@@ -58,41 +58,21 @@ def test_a_capture_into_the_data_dir_keeps_its_session_from_deletion(shared_serv
     assert not (shared_server.data_dir / "arrays" / "runs" / str(result.run_id)).exists()
 
 
-def test_a_capture_through_the_server_against_a_deleted_sessions_run_says_so(
-    shared_server: LiveServer, tmp_path: Path
-) -> None:
-    name = "deleted while capturing: server"
-    model, x = net(), torch.randn(2, 16)
-    with torch.no_grad(), capture(model, name, "reference", server=shared_server.url):
-        model(x)
-    found = session_id(shared_server, name)
-    assert found is not None
-    staging = tmp_path / "staging"
-    staging.mkdir()
-    with (
-        pytest.raises(RuntimeError) as raised,
-        torch.no_grad(),
-        capture(model, name, "candidate", server=shared_server.url, against="reference", staging=staging),
-    ):
-        model(x)
-        deleted = http.delete(f"{shared_server.url}/api/sessions/{found}", headers=shared_server.auth, timeout=30)
-        assert deleted.status_code == 204, deleted.text
-    assert f"session {name!r} (id {found}) was deleted during the capture" in str(raised.value)
-    assert session_id(shared_server, name) is None  # not made again with the candidate alone
-    assert list(staging.iterdir()) == []  # the staged run's files removed
-    assert (
-        http.get(f"{shared_server.url}/api/sessions/{found}", headers=shared_server.auth, timeout=30).status_code == 404
-    )
-    assert http.get(f"{shared_server.url}/healthz", timeout=30).status_code == 200
-
-
+@pytest.mark.parametrize(
+    ("name", "against"),
+    [
+        ("deleted while capturing: server", "reference"),  # compared against a run of the deleted session
+        # without `against`: the session the capture found as its block opened is gone when the run is sent. The
+        # run is not uploaded into a session made again under the same name (it would hold the candidate alone, as
+        # its reference)
+        ("deleted while capturing: no against", None),
+    ],
+    ids=["against its run", "no against"],
+)
 def test_a_capture_through_the_server_into_a_session_deleted_meanwhile_says_so(
-    shared_server: LiveServer, tmp_path: Path
+    shared_server: LiveServer, tmp_path: Path, name: str, against: str | None
 ) -> None:
-    """Without `against`: the session the capture found as its block opened is gone when the run is sent. The run
-    is not uploaded into a session made again under the same name (it would hold the candidate alone, as its
-    reference): the capture fails naming the session, and keeps nothing."""
-    name = "deleted while capturing: no against"
+    """The capture fails naming the session, and keeps nothing: no session made again, no staged file left."""
     model, x = net(), torch.randn(2, 16)
     with torch.no_grad(), capture(model, name, "reference", server=shared_server.url):
         model(x)
@@ -103,7 +83,7 @@ def test_a_capture_through_the_server_into_a_session_deleted_meanwhile_says_so(
     with (
         pytest.raises(RuntimeError) as raised,
         torch.no_grad(),
-        capture(model, name, "candidate", server=shared_server.url, staging=staging),
+        capture(model, name, "candidate", server=shared_server.url, against=against, staging=staging),
     ):
         model(x)
         deleted = http.delete(f"{shared_server.url}/api/sessions/{found}", headers=shared_server.auth, timeout=30)
@@ -112,4 +92,7 @@ def test_a_capture_through_the_server_into_a_session_deleted_meanwhile_says_so(
     assert "run 'candidate' was not uploaded" in str(raised.value)
     assert session_id(shared_server, name) is None  # not made again with the candidate alone
     assert list(staging.iterdir()) == []  # the staged run's files removed
+    assert (
+        http.get(f"{shared_server.url}/api/sessions/{found}", headers=shared_server.auth, timeout=30).status_code == 404
+    )
     assert http.get(f"{shared_server.url}/healthz", timeout=30).status_code == 200

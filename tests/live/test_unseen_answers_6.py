@@ -576,21 +576,51 @@ def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, s
         sys.modules.pop(name, None)
 
 
-def _pair(port: Port, cls: str, config: Any) -> tuple[nn.Module, nn.Module]:
-    """The reference built from `config` (its weights jittered: norms' ones and zeros would hide a swapped norm),
-    and the port's class with the same weights; both eager attention, eval mode."""
+def _pair(ports: Callable[[str, str, str], Port], ported: Ported) -> tuple[Port, nn.Module, nn.Module]:
+    """The case's port; the reference built from its config (its weights jittered: norms' ones and zeros would hide
+    a swapped norm), and the port's class with the same weights; both eager attention, eval mode."""
     import transformers
 
+    port = ports(ported.family, ported.old, ported.new)
+    config = getattr(transformers, ported.config)(**ported.options)  # Any: configs are untyped in transformers 4.53
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    reference: nn.Module = getattr(transformers, cls)(config).eval()
+    reference: nn.Module = getattr(transformers, ported.model)(config).eval()
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for p in reference.parameters():
             p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    candidate: nn.Module = getattr(port.module, cls)(config).eval()
+    candidate: nn.Module = getattr(port.module, ported.model)(config).eval()
     candidate.load_state_dict(reference.state_dict())
-    return reference, candidate
+    return port, reference, candidate
+
+
+@dataclass(frozen=True)
+class Ported:
+    """A transformers model against its port: `old` replaced by `new` in `modeling_<family>.py`; `model` and its
+    `config` built with `options` (transformers' class names), called on `inputs`."""
+
+    family: str
+    old: str
+    new: str
+    model: str
+    config: str
+    options: dict[str, Any]
+    inputs: Any
+
+
+@dataclass(frozen=True)
+class PortAnswer:
+    """The answer expected of a port: the first divergence's reference tensor, the line named on each side (the
+    one holding `line` in the original, and `port_line` or `line` in the port), the culprits, and where given the
+    first divergence's module and a tensor the candidate recorded alone before it, with its line in the port."""
+
+    first: str
+    line: str
+    port_line: str | None = None
+    culprits: tuple[str, ...] | None = None
+    module: str | None = None
+    candidate_only: tuple[str, str] | None = None
 
 
 SMALL: dict[str, Any] = dict(
@@ -602,167 +632,187 @@ SMALL: dict[str, Any] = dict(
     num_key_value_heads=2,
     max_position_embeddings=32,
 )
-IDS = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
+IDS = {"input_ids": torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))}
 
-
-def test_cohere_rotary_by_halves_for_interleaved_pairs(settings: Settings, ports: Callable[..., Port]) -> None:
-    import transformers
-
-    port = ports(
-        "cohere",
-        "    x1 = x[..., ::2]\n    x2 = x[..., 1::2]\n    rot_x = torch.stack([-x2, x1], dim=-1).flatten(-2)",
-        "    x1 = x[..., : x.shape[-1] // 2]\n    x2 = x[..., x.shape[-1] // 2 :]\n"
-        "    rot_x = torch.cat((-x2, x1), dim=-1)",
-    )
-    ref, cand = _pair(port, "CohereForCausalLM", transformers.CohereConfig(**SMALL))  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
-    found = find_divergence(ref, cand, {"input_ids": IDS}, session="cohere", data_dir=settings.data_dir)
-    first = found.first
-    assert first is not None and first.reference == "CohereForCausalLM.model.layers.0.self_attn/getitem#1_outputs"
-    assert (first.reference_source, first.candidate_source) == port.lines("x1 = x[..., ::2]", "x1 = x[..., : x.shape")
-    assert found.culprits == ["CohereForCausalLM.model.layers.0.self_attn"], repr(found)
-
-
-def test_qwen3_keys_normed_by_the_query_norm(settings: Settings, ports: Callable[..., Port]) -> None:
-    import transformers
-
-    port = ports("qwen3", "key_states = self.k_norm(", "key_states = self.q_norm(")
-    ref, cand = _pair(port, "Qwen3ForCausalLM", transformers.Qwen3Config(head_dim=4, **SMALL))  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
-    found = find_divergence(ref, cand, {"input_ids": IDS}, session="qwen3", data_dir=settings.data_dir)
-    first = found.first
-    assert first is not None and first.reference == "Qwen3ForCausalLM.model.layers.0.self_attn/transpose#2_outputs"
-    assert (first.reference_source, first.candidate_source) == port.lines(
-        "key_states = self.k_norm(", "key_states = self.q_norm("
-    )
+PORT_CASES = {
+    "cohere rotary by halves for interleaved pairs": (
+        Ported(
+            "cohere",
+            "    x1 = x[..., ::2]\n    x2 = x[..., 1::2]\n    rot_x = torch.stack([-x2, x1], dim=-1).flatten(-2)",
+            "    x1 = x[..., : x.shape[-1] // 2]\n    x2 = x[..., x.shape[-1] // 2 :]\n"
+            "    rot_x = torch.cat((-x2, x1), dim=-1)",
+            "CohereForCausalLM",
+            "CohereConfig",
+            SMALL,
+            IDS,
+        ),
+        PortAnswer(
+            "CohereForCausalLM.model.layers.0.self_attn/getitem#1_outputs",
+            "x1 = x[..., ::2]",
+            "x1 = x[..., : x.shape",
+            culprits=("CohereForCausalLM.model.layers.0.self_attn",),
+        ),
+    ),
     # the port's second call of q_norm, named with the line that called it
-    q_norm = (
-        "Qwen3ForCausalLM.model.layers.0.self_attn.q_norm#2_outputs",
-        _line(port.path, "key_states = self.q_norm("),
-    )
-    assert q_norm in first.candidate_only_before, first.candidate_only_before
-    assert found.culprits == ["Qwen3ForCausalLM.model.layers.0.self_attn"], repr(found)
+    "qwen3 keys normed by the query norm": (
+        Ported(
+            "qwen3",
+            "key_states = self.k_norm(",
+            "key_states = self.q_norm(",
+            "Qwen3ForCausalLM",
+            "Qwen3Config",
+            {"head_dim": 4, **SMALL},
+            IDS,
+        ),
+        PortAnswer(
+            "Qwen3ForCausalLM.model.layers.0.self_attn/transpose#2_outputs",
+            "key_states = self.k_norm(",
+            "key_states = self.q_norm(",
+            culprits=("Qwen3ForCausalLM.model.layers.0.self_attn",),
+            candidate_only=("Qwen3ForCausalLM.model.layers.0.self_attn.q_norm#2_outputs", "key_states = self.q_norm("),
+        ),
+    ),
+    # the first divergence is the activation module's output (its ops differ: NewGELU's five against one `gelu`),
+    # which came with no line on either side: now the line calling the activation
+    "gpt2 exact gelu for gelu_new is named at the line calling the activation": (
+        Ported(
+            "gpt2",
+            "self.act = ACT2FN[config.activation_function]",
+            "self.act = nn.GELU()",
+            "GPT2LMHeadModel",
+            "GPT2Config",
+            dict(vocab_size=64, n_embd=16, n_layer=2, n_head=4, n_positions=32),
+            IDS,
+        ),
+        PortAnswer(
+            "GPT2LMHeadModel.transformer.h.0.mlp.act_outputs",
+            "hidden_states = self.act(hidden_states)",
+            culprits=("GPT2LMHeadModel.transformer.h.0.mlp.act",),
+        ),
+    ),
+    # ALBERT's two layer groups, each called twice: the port calls them 0 1 0 1 for 0 0 1 1. The first divergence
+    # is the input of group 0's second call, in module encoder, with no line before; now the loop's line that
+    # called it
+    "albert shared groups called out of order name the line that called them": (
+        Ported(
+            "albert",
+            "group_idx = int(i / (self.config.num_hidden_layers / self.config.num_hidden_groups))",
+            "group_idx = i % self.config.num_hidden_groups",
+            "AlbertModel",
+            "AlbertConfig",
+            dict(
+                vocab_size=64,
+                embedding_size=8,
+                hidden_size=16,
+                num_hidden_layers=4,
+                num_hidden_groups=2,
+                num_attention_heads=2,
+                intermediate_size=32,
+                max_position_embeddings=32,
+            ),
+            IDS,
+        ),
+        PortAnswer(
+            "AlbertModel.encoder.albert_layer_groups.0#2_inputs_args_0",
+            "hidden_states = self.albert_layer_groups[",
+            module="AlbertModel.encoder",
+        ),
+    ),
+    # the port applies the MLP's layer scale after adding the residual: the layer scale's input differs, at the
+    # line that called it on each side (one line apart)
+    "dinov2 layer scale on the residual sum names each side's line": (
+        Ported(
+            "dinov2",
+            "        hidden_states = self.layer_scale2(hidden_states)\n"
+            "        hidden_states = self.drop_path(hidden_states) + residual\n",
+            "        hidden_states = self.drop_path(hidden_states) + residual\n"
+            "        hidden_states = self.layer_scale2(hidden_states)\n",
+            "Dinov2Model",
+            "Dinov2Config",
+            dict(
+                hidden_size=16,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                mlp_ratio=2,
+                image_size=16,
+                patch_size=4,
+                layerscale_value=0.5,
+            ),
+            torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(3)),
+        ),
+        PortAnswer(
+            "Dinov2Model.encoder.layer.0.layer_scale2_inputs_args_0",
+            "= self.layer_scale2(hidden_states)",
+            culprits=("Dinov2Model.encoder.layer.0",),
+        ),
+    ),
+    "wav2vec2 same pad removed at the front": (
+        Ported(
+            "wav2vec2",
+            "hidden_states = hidden_states[:, :, : -self.num_pad_remove]",
+            "hidden_states = hidden_states[:, :, self.num_pad_remove :]",
+            "Wav2Vec2Model",
+            "Wav2Vec2Config",
+            dict(
+                vocab_size=16,
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+                conv_dim=(8, 8),
+                conv_stride=(5, 2),
+                conv_kernel=(10, 3),
+                num_conv_pos_embeddings=4,
+                num_conv_pos_embedding_groups=2,
+            ),
+            torch.randn(2, 400, generator=torch.Generator().manual_seed(3)),
+        ),
+        PortAnswer(
+            "Wav2Vec2Model.encoder.pos_conv_embed.padding/getitem#1_outputs",
+            "hidden_states[:, :, : -self.num_pad_remove]",
+            "hidden_states[:, :, self.num_pad_remove :]",
+            culprits=("Wav2Vec2Model.encoder.pos_conv_embed.padding",),
+        ),
+    ),
+}
 
 
-def test_gpt2_exact_gelu_for_gelu_new_is_named_at_the_line_calling_the_activation(
-    settings: Settings, ports: Callable[..., Port]
+@pytest.mark.parametrize("case", list(PORT_CASES), ids=list(PORT_CASES))
+def test_a_transformers_port_with_one_line_changed_is_named_at_that_line(
+    settings: Settings, ports: Callable[[str, str, str], Port], case: str
 ) -> None:
-    """The first divergence is the activation module's output (its ops differ: NewGELU's five against one
-    `gelu`), which came with no line on either side."""
-    import transformers
-
-    port = ports("gpt2", "self.act = ACT2FN[config.activation_function]", "self.act = nn.GELU()")
-    config = transformers.GPT2Config(vocab_size=64, n_embd=16, n_layer=2, n_head=4, n_positions=32)  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
-    ref, cand = _pair(port, "GPT2LMHeadModel", config)
-    found = find_divergence(ref, cand, {"input_ids": IDS}, session="gpt2", data_dir=settings.data_dir)
+    ported, answer = PORT_CASES[case]
+    port, ref, cand = _pair(ports, ported)
+    found = find_divergence(ref, cand, ported.inputs, session=ported.family, data_dir=settings.data_dir)
     first = found.first
-    assert first is not None and first.reference == "GPT2LMHeadModel.transformer.h.0.mlp.act_outputs", repr(found)
-    assert (first.reference_source, first.candidate_source) == port.lines("hidden_states = self.act(hidden_states)")
-    assert found.culprits == ["GPT2LMHeadModel.transformer.h.0.mlp.act"], repr(found)
-
-
-def test_albert_shared_groups_called_out_of_order_name_the_line_that_called_them(
-    settings: Settings, ports: Callable[..., Port]
-) -> None:
-    """ALBERT's two layer groups, each called twice: the port calls them 0 1 0 1 for 0 0 1 1. The first
-    divergence is the input of group 0's second call, in module encoder, with no line before; now the loop's line
-    that called it."""
-    import transformers
-
-    port = ports(
-        "albert",
-        "group_idx = int(i / (self.config.num_hidden_layers / self.config.num_hidden_groups))",
-        "group_idx = i % self.config.num_hidden_groups",
-    )
-    config = transformers.AlbertConfig(  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
-        vocab_size=64,
-        embedding_size=8,
-        hidden_size=16,
-        num_hidden_layers=4,
-        num_hidden_groups=2,
-        num_attention_heads=2,
-        intermediate_size=32,
-        max_position_embeddings=32,
-    )
-    ref, cand = _pair(port, "AlbertModel", config)
-    found = find_divergence(ref, cand, {"input_ids": IDS}, session="albert", data_dir=settings.data_dir)
-    first = found.first
-    assert first is not None and first.reference == "AlbertModel.encoder.albert_layer_groups.0#2_inputs_args_0"
-    assert first.module == "AlbertModel.encoder", first
-    assert (first.reference_source, first.candidate_source) == port.lines("hidden_states = self.albert_layer_groups[")
-
-
-def test_dinov2_layer_scale_on_the_residual_sum_names_each_sides_line(
-    settings: Settings, ports: Callable[..., Port]
-) -> None:
-    """The port applies the MLP's layer scale after adding the residual: the layer scale's input differs, at
-    the line that called it on each side (one line apart)."""
-    import transformers
-
-    port = ports(
-        "dinov2",
-        "        hidden_states = self.layer_scale2(hidden_states)\n"
-        "        hidden_states = self.drop_path(hidden_states) + residual\n",
-        "        hidden_states = self.drop_path(hidden_states) + residual\n"
-        "        hidden_states = self.layer_scale2(hidden_states)\n",
-    )
-    config = transformers.Dinov2Config(  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
-        hidden_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        mlp_ratio=2,
-        image_size=16,
-        patch_size=4,
-        layerscale_value=0.5,
-    )
-    ref, cand = _pair(port, "Dinov2Model", config)
-    image = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(3))
-    found = find_divergence(ref, cand, image, session="dinov2", data_dir=settings.data_dir)
-    first = found.first
-    assert first is not None and first.reference == "Dinov2Model.encoder.layer.0.layer_scale2_inputs_args_0"
-    assert (first.reference_source, first.candidate_source) == port.lines("= self.layer_scale2(hidden_states)")
+    assert first is not None and first.reference == answer.first, repr(found)
+    assert (first.reference_source, first.candidate_source) == port.lines(answer.line, answer.port_line)
     assert first.reference_source != first.candidate_source
-    assert found.culprits == ["Dinov2Model.encoder.layer.0"], repr(found)
+    if answer.module is not None:
+        assert first.module == answer.module, first
+    if answer.candidate_only is not None:
+        name, port_line = answer.candidate_only
+        assert (name, _line(port.path, port_line)) in first.candidate_only_before, first.candidate_only_before
+    if answer.culprits is not None:
+        assert found.culprits == list(answer.culprits), repr(found)
 
 
-def test_wav2vec2_same_pad_removed_at_the_front(settings: Settings, ports: Callable[..., Port]) -> None:
-    import transformers
-
-    port = ports(
-        "wav2vec2",
-        "hidden_states = hidden_states[:, :, : -self.num_pad_remove]",
-        "hidden_states = hidden_states[:, :, self.num_pad_remove :]",
-    )
-    config = transformers.Wav2Vec2Config(  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
-        vocab_size=16,
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        conv_dim=(8, 8),
-        conv_stride=(5, 2),
-        conv_kernel=(10, 3),
-        num_conv_pos_embeddings=4,
-        num_conv_pos_embedding_groups=2,
-    )
-    ref, cand = _pair(port, "Wav2Vec2Model", config)
-    audio = torch.randn(2, 400, generator=torch.Generator().manual_seed(3))
-    found = find_divergence(ref, cand, audio, session="wav2vec2", data_dir=settings.data_dir)
-    first = found.first
-    assert first is not None
-    assert first.reference == "Wav2Vec2Model.encoder.pos_conv_embed.padding/getitem#1_outputs", repr(found)
-    assert (first.reference_source, first.candidate_source) == port.lines(
-        "hidden_states[:, :, : -self.num_pad_remove]", "hidden_states[:, :, self.num_pad_remove :]"
-    )
-    assert found.culprits == ["Wav2Vec2Model.encoder.pos_conv_embed.padding"], repr(found)
-
-
-def test_starcoder2_dropout_forced_on_is_refused_at_its_line(settings: Settings, ports: Callable[..., Port]) -> None:
-    import transformers
-
+def test_starcoder2_dropout_forced_on_is_refused_at_its_line(
+    settings: Settings, ports: Callable[[str, str, str], Port]
+) -> None:
     old = "hidden_states = nn.functional.dropout(hidden_states, p=self.residual_dropout, training=self.training)"
-    port = ports("starcoder2", old, old.replace("training=self.training", "training=True"))
-    ref, cand = _pair(port, "Starcoder2ForCausalLM", transformers.Starcoder2Config(residual_dropout=0.1, **SMALL))  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
+    ported = Ported(
+        "starcoder2",
+        old,
+        old.replace("training=self.training", "training=True"),
+        "Starcoder2ForCausalLM",
+        "Starcoder2Config",
+        {"residual_dropout": 0.1, **SMALL},
+        IDS,
+    )
+    port, ref, cand = _pair(ports, ported)
     with pytest.raises(ChangingModelError) as raised:
-        find_divergence(ref, cand, {"input_ids": IDS}, session="starcoder2", data_dir=settings.data_dir)
+        find_divergence(ref, cand, ported.inputs, session=ported.family, data_dir=settings.data_dir)
     at = _line(port.path, "training=True)")
     assert "the candidate called twice on the same inputs gave different values, first at " in str(raised.value)
     assert f"Starcoder2ForCausalLM.model.layers.0.mlp/dropout#1_outputs ({at})" in str(raised.value), raised.value

@@ -59,6 +59,30 @@ def cli_command() -> list[str]:
     return [sys.executable, "-m", "tensor_debugger"]
 
 
+# `python -m tensor_debugger ARGS`, once the process has asked the kernel to SIGKILL it when the thread that started it
+# ends (PR_SET_PDEATHSIG, Linux; the parent's pid is the first argument): a server started by a pytest worker that
+# ends without its teardown (killed, or its controller gone: bench/RESULTS.md found such servers running on) goes
+# with it. Asked by the child itself, not in a `preexec_fn`, which is unsafe in a process with threads (pytest-xdist's
+# workers have them); a parent already gone by then ends it at once. The thread matters: a server must be started
+# from a thread that lives as long as the server should (every test starts its servers on its main thread).
+_DIE_WITH_PARENT = """\
+import ctypes, os, runpy, signal, sys
+parent = int(sys.argv.pop(1))
+if ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0) != 0:  # PR_SET_PDEATHSIG
+    sys.exit(f"prctl(PR_SET_PDEATHSIG) failed: errno {ctypes.get_errno()}")
+if os.getppid() != parent:
+    sys.exit(f"the process that started this server ({parent}) has ended")
+runpy.run_module("tensor_debugger", run_name="__main__", alter_sys=True)
+"""
+
+
+def server_command() -> list[str]:
+    """`cli_command()` for a server: on Linux, one that dies with this process (`_DIE_WITH_PARENT`)."""
+    if not sys.platform.startswith("linux"):
+        return cli_command()
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid())]
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`tensor-debugger ARGS` in a child process, with no TENSOR_DEBUGGER_ setting but those in `env`."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("TENSOR_DEBUGGER_")}
@@ -106,7 +130,7 @@ class LiveServer:
 
     def launch(self) -> subprocess.Popen[bytes]:
         """Start the server's process and return at once (`start` also waits until it answers)."""
-        args = [*cli_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port), *self.args]
+        args = [*server_command(), "--data-dir", str(self.data_dir), "serve", "--port", str(self.port), *self.args]
         if not self.demo:
             args.append("--no-demo")
         log = open(self.log, "ab")
@@ -117,11 +141,20 @@ class LiveServer:
         log.close()  # the child has its own copy
         return self.process
 
-    def start(self) -> LiveServer:
+    def start(self, timeout: float = 60) -> LiveServer:
+        """Launch the server and wait until it answers; one that does not within `timeout` seconds (or whose wait
+        is interrupted) is stopped before the error goes on, not left running with no one to stop it."""
         self.launch()
-        wait_until(
-            self.answers, what=f"the server on port {self.port} to answer GET /api/sessions", timeout=60, interval=0.02
-        )
+        try:
+            wait_until(
+                self.answers,
+                what=f"the server on port {self.port} to answer GET /api/sessions",
+                timeout=timeout,
+                interval=0.02,
+            )
+        except BaseException:
+            self.stop()
+            raise
         return self
 
     def answers(self) -> bool:

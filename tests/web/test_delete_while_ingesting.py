@@ -9,38 +9,15 @@ server) is copied, not read."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
-import numpy as np
-import psutil
-
 from tests.support import loopback_http
-from tests.support.ingesting import ingest_children, upload_still_ingesting
-from tests.support.servers import LiveServer, started_server, upload, wait_done
-
-
-def held_ingests(server: LiveServer, folder: Path) -> list[psutil.Process]:
-    """The server's one ingest child, started by a first upload (ingest children are kept for the next ones) and
-    then stopped: no ingest of the server goes on till it is continued."""
-    for side in ("reference", "candidate"):
-        (folder / side).mkdir()
-        np.save(folder / side / "0_warm.npy", np.arange(4, dtype=np.float32))
-    warm = upload(server, "warm up", [(side, folder / side / "0_warm.npy") for side in ("reference", "candidate")])
-    assert warm.status_code == 201, warm.text
-    children = ingest_children(server)
-    assert len(children) == 1, children  # TENSOR_DEBUGGER_INGEST_WORKERS=1: every ingest goes to this one
-    for child in children:
-        child.send_signal(signal.SIGSTOP)
-    return children
+from tests.support.ingesting import held_session
+from tests.support.servers import wait_done
 
 
 def test_a_session_still_ingesting_is_not_deleted(tmp_path: Path) -> None:
-    server = started_server(tmp_path / "server", env={"TENSOR_DEBUGGER_INGEST_WORKERS": "1"})
-    held: list[psutil.Process] = []
-    try:
-        held = held_ingests(server, tmp_path)
-        session_id = upload_still_ingesting(server, tmp_path, "deleted while ingesting")
+    with held_session(tmp_path, "deleted while ingesting") as (server, session_id, held):
         url = f"{server.url}/api/sessions/{session_id}"
         runs = loopback_http.get(url, headers=server.auth, timeout=30).json()["runs"]
         assert [(r["label"], r["status"]) for r in runs] == [("reference", "ingesting"), ("candidate", "ingesting")]
@@ -49,9 +26,7 @@ def test_a_session_still_ingesting_is_not_deleted(tmp_path: Path) -> None:
         assert f"session {session_id} is still ingesting runs 'reference', 'candidate'" in refused.text
         assert "nothing was deleted" in refused.text
         assert loopback_http.get(url, headers=server.auth, timeout=30).status_code == 200
-        for child in held:
-            child.send_signal(signal.SIGCONT)
-        held = []
+        held.release()
         report = wait_done(server, session_id)
         assert report["progress"] == {
             "total": 8,
@@ -63,7 +38,3 @@ def test_a_session_still_ingesting_is_not_deleted(tmp_path: Path) -> None:
         }
         assert loopback_http.delete(url, headers=server.auth, timeout=30).status_code == 204
         assert loopback_http.get(url, headers=server.auth, timeout=30).status_code == 404
-    finally:
-        for child in held:
-            child.send_signal(signal.SIGCONT)
-        server.stop()

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
+from torch.utils.module_tracker import ModuleTracker
 
 from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.ingest.safetensors_files import SAFETENSORS_DTYPES
@@ -187,6 +188,9 @@ class _Recorder:
         # outermost of each recomputation (a checkpointed decoder layer, not its own modules); how deep it is now
         self.recomputed: dict[str, int] = {}
         self.recomputing = 0
+        # never entered: only its `is_bw`, whether autograd's backward pass is running on this thread (torch's public
+        # way to ask it; on a GPU the pass, recomputation included, runs on autograd's own threads, where it is asked)
+        self.autograd = ModuleTracker()
         self.skip = user_code_skips()  # the frames that are not the user's code (`module_caller`)
         self.busy = False  # in a hook: torch calls made here are the recorder's, not the model's
         # with values="summary": each tensor's, computed once while it is unchanged; with `hashes` (a hash-only
@@ -242,10 +246,14 @@ class _Recorder:
 
     def recomputed_call(self, is_model: bool) -> bool:
         """Whether a module call starting now is a recomputation: a call inside one (`recomputing`), or a call of a
-        module inside the model (not the model itself) while no call of the model is under way, after one was.
-        Activation checkpointing (`torch.utils.checkpoint`, use_reentrant True or False) runs the forward of the
-        modules it checkpoints again during the backward pass, after the model's forward returned."""
-        return self.recomputing > 0 or (not is_model and not self.stack and self.root is not None)
+        module inside the model (not the model itself) while no call of the model is under way, after one was, made
+        by a backward pass. Activation checkpointing (`torch.utils.checkpoint`, use_reentrant True or False) runs
+        the forward of the modules it checkpoints again during the backward pass, after the model's forward
+        returned. The same call made by the user's code (`model.lm_head(h)` after `model(x)`) is a call of its own,
+        recorded: no backward pass is running then."""
+        if self.recomputing > 0:
+            return True
+        return not is_model and not self.stack and self.root is not None and bool(self.autograd.is_bw)
 
     def enter_recomputed(self, path: str, level: Level) -> None:
         """A call of the module at `path` that a backward pass makes (`recomputing`): counted, not recorded as a

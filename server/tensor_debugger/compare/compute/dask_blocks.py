@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -94,6 +95,13 @@ class SplitPair:
     error: Exception | None = None  # the views disagree in shape: the pair's result
 
 
+def task_key(function: str, cache_key: str) -> str:
+    """A block's task's Dask key: the function's name, the first 8 hex digits of the comparison's cache key (so that
+    one comparison's blocks can be told from another's in the task stream: the dashboard's, a test's), and a token
+    of its own. Dask still groups the tasks under the function's name: it reads a word of 8 hex digits as a hash."""
+    return f"{function}-{cache_key.rpartition(':')[2][:8]}-{uuid.uuid4().hex}"
+
+
 def submit_split(
     client: Client, settings: Settings, context: CompareContext, pair_ids: Sequence[int]
 ) -> tuple[list[SplitPair], int]:
@@ -116,7 +124,10 @@ def submit_split(
             continue
         work = job.key
         split.tasks = [
-            client.submit(compute_block, settings, work.pair_id, work.key, region, pure=False) for region in regions
+            client.submit(
+                compute_block, settings, work.pair_id, work.key, region, key=task_key("compute_block", work.key)
+            )
+            for region in regions
         ]
     return list(splits.values()), finished
 
@@ -192,7 +203,10 @@ def located_on_cluster(cluster: Cluster, split: SplitPair, stats: PairStats) -> 
     shape = tuple(split.job.a.shape)
     regions = where_regions(shape)
     submit = cluster.client.submit
-    tasks = [submit(where_block, cluster.settings, work.pair_id, work.key, r, pure=False) for r in regions]
+    tasks = [
+        submit(where_block, cluster.settings, work.pair_id, work.key, r, key=task_key("where_block", work.key))
+        for r in regions
+    ]
     accumulator = WhereAccumulator(shape)
     for region, task in zip(regions, tasks, strict=True):
         try:
