@@ -513,7 +513,7 @@ SMALL: dict[str, Any] = dict(
     vocab_size=64,
     hidden_size=16,
     intermediate_size=32,
-    num_hidden_layers=2,
+    num_hidden_layers=1,  # every bug planted is in layer 0 (a second layer only costs CPU)
     num_attention_heads=4,
     num_key_value_heads=2,
     max_position_embeddings=32,
@@ -582,7 +582,7 @@ FAMILIES = {
             head_dim=4,
             layer_types=["sliding_attention", "full_attention"],
             sliding_window=4,
-            **SMALL,
+            **{**SMALL, "num_hidden_layers": 2},
         ),
         "position_embeddings=position_embeddings[self.config.layer_types[i]],",
         'position_embeddings=position_embeddings["full_attention"],',
