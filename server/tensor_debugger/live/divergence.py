@@ -303,9 +303,9 @@ class Divergence:
         return (
             f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
             f"{' (torch.autocast)' if self.floor_autocast else ''}: every pair was judged against the precision "
-            f"floor of {self.floor} ({self._floor_copy()}, not stored: the session's pages judge its pairs by tolerances alone): a pair outside its tolerance "
-            "passes where its |diff| is within "
-            f"{NOISE_FACTOR:g} times the copy's (from summaries, of the sampled elements). {self.within_floor} pair"
+            f"floor of {self.floor} ({self._floor_copy()}, not stored: the session's pages judge its pairs by "
+            "tolerances alone): a pair outside its tolerance passes where its |diff| is within "
+            f"{NOISE_FACTOR:g} times the floor's (from summaries, of the sampled elements). {self.within_floor} pair"
             f"{'s' if many else ''} of summaries {'were' if many else 'was'} outside tolerance but within the "
             "precision floor: rounding to the lower precision, not a difference of the candidate's own."
         )
@@ -698,9 +698,7 @@ def _find(
             del theirs[_key(name, root_a)]
     # the outermost of them (the modules inside a split call are split with it)
     split_calls = tuple(
-        (path, *counts)
-        for path, counts in split.items()
-        if not any(path.startswith(outer + ".") for outer in split)
+        (path, *counts) for path, counts in split.items() if not any(path.startswith(outer + ".") for outer in split)
     )
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')

@@ -68,7 +68,9 @@ def lower_computed(dtypes: Iterable[str], reference: torch.nn.Module, candidate:
         dtype = getattr(torch, name, None)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             continue
-        if torch.finfo(dtype).eps > torch.finfo(a).eps and (found is None or torch.finfo(dtype).eps > torch.finfo(found).eps):
+        if torch.finfo(dtype).eps > torch.finfo(a).eps and (
+            found is None or torch.finfo(dtype).eps > torch.finfo(found).eps
+        ):
             found = dtype
     return found
 
