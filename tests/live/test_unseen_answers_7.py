@@ -335,7 +335,6 @@ class Case:
     before: tuple[str, str] | None = None  # a tensor of the candidate's named before it, and its line's marker
     words: tuple[str, ...] = ()  # words the answer holds
     absent: tuple[str, ...] = field(default_factory=tuple)  # words it must not hold
-    left: str = ""  # why the answer is still wrong (the case is expected to fail: bench/RESULTS.md, round 7)
 
 
 def _x(g: torch.Generator) -> torch.Tensor:
@@ -369,7 +368,6 @@ CASES = {
         _x,
         "Compiled/mul#1_outputs",
         ("helper", "helper"),
-        left="the compiled helper's op is named at its `def` line (the frame dynamo runs), not at its own",
     ),
     "channels_last (the same values)": Case(Conv, lambda g: torch.randn(2, 3, 6, 6, generator=g), None, (None, None)),
     "a bfloat16 autocast region (rounding only)": Case(
@@ -410,14 +408,7 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=c.left)) if c.left else name
-        for name, c in CASES.items()
-    ],
-    ids=list(CASES),
-)
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_a_planted_bug_is_named_at_its_op_and_line(settings: Settings, case: str) -> None:
     c = CASES[case]
     g = torch.Generator().manual_seed(5)
