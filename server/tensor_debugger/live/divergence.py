@@ -300,14 +300,15 @@ class Divergence:
         if self.floor is None:
             return ""
         many = self.within_floor != 1
+        how = " (a torch.autocast region, or casts of its own)" if self.floor_autocast else ""
         return (
             f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
-            f"{' (torch.autocast)' if self.floor_autocast else ''}: every pair was judged against the precision "
-            f"floor of {self.floor} ({self._floor_copy()}, not stored: the session's pages judge its pairs by "
-            "tolerances alone): a pair outside its tolerance passes where its |diff| is within "
-            f"{NOISE_FACTOR:g} times the floor's (from summaries, of the sampled elements). {self.within_floor} pair"
-            f"{'s' if many else ''} of summaries {'were' if many else 'was'} outside tolerance but within the "
-            "precision floor: rounding to the lower precision, not a difference of the candidate's own."
+            f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "
+            "not stored: the session's pages judge its pairs by tolerances alone): a pair outside its tolerance "
+            f"passes where its |diff| is within {NOISE_FACTOR:g} times the floor's (from summaries, of the sampled "
+            f"elements). {self.within_floor} pair{'s' if many else ''} of summaries {'were' if many else 'was'} "
+            "outside tolerance but within the precision floor: rounding to the lower precision, not a difference of "
+            "the candidate's own."
         )
 
     def _floor_copy(self) -> str:
@@ -547,7 +548,10 @@ def find_divergence(
     outside its tolerance passes where its |diff| is within 4 times the copy's, so rounding names no divergence and
     no culprit. It costs a copy of the reference's parameters and buffers in that dtype and its forward passes (one
     with summaries, one more with full values where a divergence is found); it is not stored, so the session's
-    pages judge its pairs by tolerances alone. `precision_floor=False` judges by tolerances alone here too."""
+    pages judge its pairs by tolerances alone. `precision_floor=False` judges by tolerances alone here too. Where
+    the candidate's parameters are the reference's dtype but its capture recorded tensors in a less precise one (a
+    torch.autocast region), the floor is the reference itself run under autocast to that dtype
+    (`precision_floor.autocast_floor`)."""
     for what, model in (("reference", reference), ("candidate", candidate)):
         if model.training:
             warnings.warn(
