@@ -31,9 +31,11 @@ summaries do not have, so the session's pages judge by tolerances alone. `precis
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import fnmatch
 import html
+import inspect
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -58,8 +60,11 @@ from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
 from tensor_debugger.live.precision_floor import (
     Floor,
+    autocast_floor,
     cast_inputs,
+    floating_dtype,
     floor_model,
+    lower_computed,
     lower_precision,
     within_full,
     within_sketches,
@@ -125,6 +130,11 @@ class FirstDivergence:
     # how its two ops were paired where not by position alone (two ops of one name and shape in one module call):
     # "paired by content: ...", or "paired by position, ambiguous: ..." (no culprit is then named on its module)
     pairing: str | None = None
+    # tensors of the candidate just before it (after the last whose partner the reference recorded before it), in
+    # its order, that pair by name with tensors the reference records only after it: each with its line and its
+    # partner's line ("" where none). A module called in another's place (the attention's norm called as the
+    # feed-forward's) pairs by name with the reference's later call of it, so its line, the bug's, is here
+    candidate_early_before: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -168,10 +178,17 @@ class Divergence:
     floored_outputs: tuple[str, ...] = ()
     # why no precision floor was used though the candidate's dtype is less precise (the converted copy raised)
     floor_note: str | None = None
+    # whether the precision floor is the reference run under torch.autocast (the candidate computed parts of its
+    # forward in `floor` though its parameters are the reference's dtype), not a converted copy of it
+    floor_autocast: bool = False
+    # modules one side calls more often than the other on inputs of other shapes (a block run row by row and
+    # concatenated, against one call on the batch): (module path without the model's class name, the reference's
+    # calls, the candidate's); their calls face none of each other's, so their tensors were not compared
+    split_calls: tuple[tuple[str, int, int], ...] = ()
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
-        seen = self._floor_words() + seen
+        seen = self._floor_words() + self._split_words() + seen
         if self.first is None:
             return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
         f = self.first
@@ -197,6 +214,18 @@ class Divergence:
                 listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
                 more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
                 text += f" Just before it, the {side} recorded {more}{listed}, which paired with none of the {other}'s."
+        if f.candidate_early_before:
+            shown_early = f.candidate_early_before[-_LISTED:]
+            listed = ", ".join(f"{n} ({at})" if at else n for n, at, _ in shown_early)
+            hidden = len(f.candidate_early_before) - len(shown_early)
+            later = list(dict.fromkeys(at for _, _, at in f.candidate_early_before if at))[:_LISTED]
+            lines_later = f" ({', '.join(later)})" if later else ""
+            text += (
+                f" Just before it, the candidate recorded {f'{hidden} more tensors and then ' if hidden else ''}"
+                f"{listed}, which pair by name with tensors the reference records only after it"
+                f"{lines_later}: the candidate ran them where the reference does not "
+                "(a module called in another's place?), which may be where it began."
+            )
         if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
             count = len(f.unmatched_before)
             lines = f.unmatched_before_sources or ("",) * count
@@ -271,14 +300,35 @@ class Divergence:
         if self.floor is None:
             return ""
         many = self.within_floor != 1
+        how = " (a torch.autocast region, or casts of its own)" if self.floor_autocast else ""
         return (
-            f" The candidate computes in {self.floor}: every pair was judged against the precision floor of "
-            f"{self.floor} (a copy of the reference converted to {self.floor}, run on the same inputs cast to it, "
+            f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
+            f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "
             "not stored: the session's pages judge its pairs by tolerances alone): a pair outside its tolerance "
-            "passes where its |diff| is within "
-            f"{NOISE_FACTOR:g} times the copy's (from summaries, of the sampled elements). {self.within_floor} pair"
-            f"{'s' if many else ''} of summaries {'were' if many else 'was'} outside tolerance but within the "
-            "precision floor: rounding to the lower precision, not a difference of the candidate's own."
+            f"passes where its |diff| is within {NOISE_FACTOR:g} times the floor's (from summaries, of the sampled "
+            f"elements). {self.within_floor} pair{'s' if many else ''} of summaries {'were' if many else 'was'} "
+            "outside tolerance but within the precision floor: rounding to the lower precision, not a difference of "
+            "the candidate's own."
+        )
+
+    def _floor_copy(self) -> str:
+        """What ran as the precision floor, in words."""
+        if self.floor_autocast:
+            return f"the reference run under torch.autocast to {self.floor} on the same inputs"
+        return f"a copy of the reference converted to {self.floor}, run on the same inputs cast to it"
+
+    def _split_words(self) -> str:
+        """The modules whose calls were split differently on the two sides, so not compared."""
+        if not self.split_calls:
+            return ""
+        listed = ", ".join(
+            f"{path.lstrip('.')} ({a} call{'s' if a != 1 else ''} in the reference, {b} in the candidate)"
+            for path, a, b in self.split_calls
+        )
+        return (
+            f" Called a different number of times on inputs of other shapes (a batch run in pieces?): {listed}; "
+            "those calls face none of the other side's, so their tensors (and those of the modules inside them) "
+            "were not compared."
         )
 
     def _none_found(self) -> str:
@@ -498,7 +548,10 @@ def find_divergence(
     outside its tolerance passes where its |diff| is within 4 times the copy's, so rounding names no divergence and
     no culprit. It costs a copy of the reference's parameters and buffers in that dtype and its forward passes (one
     with summaries, one more with full values where a divergence is found); it is not stored, so the session's
-    pages judge its pairs by tolerances alone. `precision_floor=False` judges by tolerances alone here too."""
+    pages judge its pairs by tolerances alone. `precision_floor=False` judges by tolerances alone here too. Where
+    the candidate's parameters are the reference's dtype but its capture recorded tensors in a less precise one (a
+    torch.autocast region), the floor is the reference itself run under autocast to that dtype
+    (`precision_floor.autocast_floor`)."""
     for what, model in (("reference", reference), ("candidate", candidate)):
         if model.training:
             warnings.warn(
@@ -536,6 +589,7 @@ def find_divergence(
             stored,
             _arguments(inputs),
             floor,
+            precision_floor,
         )
     finally:
         if server is None and stored and stored[0].session_id is not None:
@@ -556,6 +610,7 @@ def _find(
     stored: list[CaptureResult],
     arguments: str = "*inputs",
     floor: Floor | None = None,
+    autocast_floor_allowed: bool = False,
 ) -> Divergence:
     """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
     snippet calls each model on `inputs`; `floor`, the precision floor, where there is one."""
@@ -570,6 +625,12 @@ def _find(
         except Exception as error:
             raised = error
     ref, cand = ref_run.result, cand_run.result
+    if floor is None and autocast_floor_allowed and raised is None:
+        # the candidate's parameters are the reference's dtype, but it computed tensors in a less precise one: an
+        # autocast region (a bfloat16 MLP in a float32 port); the floor is the reference under autocast
+        lower = lower_computed((s.dtype for s in cand.summaries.values()), reference, candidate)
+        if lower is not None:
+            floor = autocast_floor(reference, call, lower, dtype_name(floating_dtype(reference) or torch.float32))
     floor_sketches: Mapping[str, Sketch] = {}
     floor_note: str | None = None
     if floor is not None:
@@ -618,15 +679,31 @@ def _find(
     for name in ops.alone_a:
         theirs.pop(_key(name, root_a), None)
     theirs |= {_key(a, root_a): b for a, b in ops.pairs}
+    # a module's input passed by keyword on one side and by position on the other (`self.attn(x=h, keep=m)` against
+    # `self.attn(h, m)`): paired by the parameter's name in the module's `forward` signature
+    keyworded = _keyword_partners(reference, candidate, ref.summaries, cand.summaries, theirs, root_a, root_b)
+    theirs |= {_key(name, root_a): partner for name, partner in keyworded}
     # left unpaired: two tensors paired by name that are not one value computed two ways (a module's inputs of
     # different kinds: an additive float mask against a bool one)
+    # And a module's inputs and outputs of other shapes where one side calls that module more often (a block run
+    # row by row against one call on the batch): its calls face none of each other's
+    calls_a, calls_b = _module_calls(ref.summaries, root_a), _module_calls(cand.summaries, root_b)
+    split: dict[str, tuple[int, int]] = {}
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
         if other is None:
             continue
         a, b = ref.summaries[name], cand.summaries[other]
-        if out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)):
+        path = _key(re.sub(r"#\d+$", "", module_of(name)), root_a)
+        if "/" not in name and tuple(a.shape) != tuple(b.shape) and calls_a[path] != calls_b[path]:
+            split[path] = (calls_a[path], calls_b[path])
             del theirs[_key(name, root_a)]
+        elif out_of_step(name, (a.shape, b.shape), (a.dtype, b.dtype)):
+            del theirs[_key(name, root_a)]
+    # the outermost of them (the modules inside a split call are split with it)
+    split_calls = tuple(
+        (path, *counts) for path, counts in split.items() if not any(path.startswith(outer + ".") for outer in split)
+    )
     first: tuple[str, str, SketchVerdict] | None = None
     changed: str | None = None  # the first pair whose hashes differ (of one kind: both hosts', or both devices')
     compared = 0
@@ -684,6 +761,8 @@ def _find(
             floor=floor.dtype if floor is not None else None,
             within_floor=within_floor,
             floor_note=floor_note,
+            split_calls=split_calls,
+            floor_autocast=floor is not None and floor.autocast,
         )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
@@ -805,6 +884,15 @@ def _find(
         tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple((n, cand_lines.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
         pairing_note(op_strategy(ops.settled.get((name, other)))),
+        _early_before(
+            list(cand.summaries),
+            other,
+            {theirs[k]: k for k in paired},
+            {_key(n, root_a): i for i, n in enumerate(order)},
+            order.index(name),
+            cand_lines,
+            {_key(n, root_a): at for n, at in ref_lines.items()},
+        ),
     )
     return Divergence(
         session,
@@ -825,6 +913,8 @@ def _find(
         within_floor=within_floor,
         floor_note=floor_note,
         floored_outputs=tuple(floored_outputs),
+        split_calls=split_calls,
+        floor_autocast=floor is not None and floor.autocast,
     )
 
 
@@ -879,16 +969,119 @@ def _one_sided_before(
     """The tensors of one side's `order` that have no partner (`paired` False), between the last paired one before
     `name` and `name`, in order, each with its source line ("" where none). Where `name` is one of a module call's
     outputs, its other outputs before it (recorded as the call returned, after everything it computed) are passed
-    over: the op that made `name` is nearer than them in the order it ran."""
+    over: the op that made `name` is nearer than them in the order it ran; so are a module call's other inputs,
+    where `name` is one of them (recorded as the call began, after whatever made each)."""
     found: list[tuple[str, str]] = []
     outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
+    inputs_of = module_of(name) if is_module_input(name) else None
     for other in reversed(order[: order.index(name)]):
         if outputs_of is not None and _OUTPUTS.search(other) and _OUTPUTS.sub("", other) == outputs_of:
+            continue
+        if inputs_of is not None and is_module_input(other) and module_of(other) == inputs_of:
             continue
         if paired(other):
             break
         found.append((other, sources.get(other) or ""))
     return tuple(reversed(found))
+
+
+def _early_before(
+    order: Sequence[str],
+    name: str,
+    partner_of: Mapping[str, str],
+    reference_index: Mapping[str, int],
+    index: int,
+    sources: Mapping[str, str],
+    reference_sources: Mapping[str, str],
+) -> tuple[tuple[str, str, str], ...]:
+    """The candidate's tensors of `order` just before `name` whose partners (`partner_of`: the reference's, by
+    key) the reference recorded after its first divergence (at `index` in its order): from `name` back to the last
+    whose partner comes before it, those unpaired passed over, as `_one_sided_before` passes over a module call's
+    other outputs. Each with its line and its partner's."""
+    found: list[tuple[str, str, str]] = []
+    outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
+    for other in reversed(order[: order.index(name)]):
+        if outputs_of is not None and _OUTPUTS.search(other) and _OUTPUTS.sub("", other) == outputs_of:
+            continue
+        partner = partner_of.get(other)
+        if partner is None:
+            continue
+        if reference_index[partner] < index:
+            break
+        found.append((other, sources.get(other) or "", reference_sources.get(partner) or ""))
+    return tuple(reversed(found))
+
+
+_ARGUMENT = re.compile(r"^(?P<call>.+)_inputs_(?P<how>args|kwargs)_(?P<which>.+)$")
+
+
+def _keyword_partners(
+    reference: torch.nn.Module,
+    candidate: torch.nn.Module,
+    ours: Mapping[str, Sketch],
+    others: Mapping[str, Sketch],
+    theirs: Mapping[str, str],
+    root_a: str,
+    root_b: str,
+) -> list[tuple[str, str]]:
+    """The reference's module inputs paired with none of the candidate's, each with the candidate's input of the same
+    module call that the other side passed the other way (by keyword for by position, or the reverse): the
+    positional argument `i` is the `i`-th parameter of the module's `forward` (a tuple's parts follow: `_0_1`)."""
+    taken = {theirs[_key(n, root_a)] for n in ours if _key(n, root_a) in theirs}
+    left = {_key(n, root_b): n for n in others if n not in taken}
+    found: list[tuple[str, str]] = []
+    for name in ours:
+        if _key(name, root_a) in theirs or "/" in name:
+            continue
+        parsed = _ARGUMENT.match(_key(name, root_a))
+        if parsed is None:
+            continue
+        call, how = parsed["call"], parsed["how"]
+        path = re.sub(r"#\d+$", "", call).lstrip(".")
+        names = _parameters(reference, path)
+        if names is None or _parameters(candidate, path) != names:
+            continue
+        if how == "args":
+            index, _, rest = parsed["which"].partition("_")
+            if not index.isdigit() or int(index) >= len(names):
+                continue
+            other = f"{call}_inputs_kwargs_{names[int(index)]}{'_' + rest if rest else ''}"
+        else:
+            which = parsed["which"]
+            match = next((n for n in names if which == n or which.startswith(n + "_")), None)
+            if match is None:
+                continue
+            other = f"{call}_inputs_args_{names.index(match)}{which[len(match) :]}"
+        if other in left:
+            found.append((name, left.pop(other)))
+    return found
+
+
+def _parameters(model: torch.nn.Module, path: str) -> list[str] | None:
+    """The names of the parameters of the `forward` of `model`'s submodule at `path` ("" for the model), in order,
+    up to any `*args` or keyword-only one; None where there is no such module or no signature."""
+    try:
+        module = model.get_submodule(path) if path else model
+        signature = inspect.signature(module.forward)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    names: list[str] = []
+    for parameter in signature.parameters.values():
+        if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
+            break
+        names.append(parameter.name)
+    return names
+
+
+def _module_calls(summaries: Mapping[str, Sketch], root: str) -> dict[str, int]:
+    """How many times each module (its path without the model's class name, nor a call's `#n`) was called, by
+    the module calls its tensors were recorded in; 0 for any other."""
+    calls: dict[str, set[str]] = {}
+    for name in summaries:
+        module = _key(module_of(name), root)
+        calls.setdefault(re.sub(r"#\d+$", "", module), set()).add(module)
+    counted = {path: len(held) for path, held in calls.items()}
+    return collections.defaultdict(int, counted)
 
 
 def _last_wanted(summaries: Mapping[str, Sketch], patterns: Sequence[str], root: str) -> str | None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import linecache
 import os
+import re
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
@@ -59,9 +61,37 @@ def caller_source(frame: FrameType | None, skip: tuple[str, ...]) -> str | None:
     the `exec` that ran it."""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not filename.startswith(skip) and not filename.startswith(("<frozen ", "<eval_with_key>")):
+        if filename.startswith("<eval_with_key>"):
+            traced = _traced_source(frame, skip)
+            if traced is not None:
+                return traced
+        elif not filename.startswith(skip) and not filename.startswith("<frozen "):
             return f"{filename}:{frame.f_lineno}"
         frame = frame.f_back
+    return None
+
+
+_TRACE_LINE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
+_ASSIGNED = re.compile(r"^\s*(?P<name>\w+)\s*=")
+
+
+def _traced_source(frame: FrameType, skip: tuple[str, ...]) -> str | None:
+    """`path:line` of the user's code that a torch.fx graph's generated code (a `torch.compile`d function run by an
+    eager backend) runs at `frame`: the innermost frame outside `skip` of the stack trace torch recorded on the graph
+    node its line assigns, as it traced the user's code. The frame outside the graph is dynamo's, at the compiled
+    function's `def` line, not the line of the op. None where any of it is missing."""
+    graph_module = frame.f_locals.get("self")
+    graph = getattr(graph_module, "graph", None)
+    assigned = _ASSIGNED.match(linecache.getline(frame.f_code.co_filename, frame.f_lineno))
+    if graph is None or assigned is None:
+        return None
+    node = next((n for n in graph.nodes if n.name == assigned["name"]), None)
+    trace = node.meta.get("stack_trace") if node is not None else None
+    if not isinstance(trace, str):
+        return None
+    for found in reversed(list(_TRACE_LINE.finditer(trace))):
+        if not found["file"].startswith(skip) and not found["file"].startswith("<frozen "):
+            return f"{found['file']}:{found['line']}"
     return None
 
 

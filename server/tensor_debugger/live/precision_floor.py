@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,44 @@ class Floor:
     call: Callable[[torch.nn.Module], Any]
     dtype: str  # "float16", "bfloat16"
     reference_dtype: str  # "float32"
+    # True where the candidate's parameters are the reference's dtype but it computes parts in `dtype` under
+    # torch.autocast: the floor is then the reference itself run under autocast to `dtype` (`autocast_floor`)
+    autocast: bool = False
+
+
+def autocast_floor(
+    reference: torch.nn.Module, call: Callable[[torch.nn.Module], Any], lower: torch.dtype, reference_dtype: str
+) -> Floor:
+    """The precision floor of a candidate that computes parts of its forward in `lower` under torch.autocast (a
+    bfloat16 region in a float32 port): the reference itself, called as `call` calls it but under autocast to
+    `lower` on its parameters' device. Ops autocast leaves in float32 stay so; the ones it lowers round as the
+    candidate's region does, and more (the whole forward is under it): a floor no tighter than the candidate's."""
+    device = next(itertools.chain(reference.parameters(), reference.buffers()), torch.empty(0)).device.type
+
+    def under_autocast(model: torch.nn.Module) -> Any:
+        with torch.autocast(device, dtype=lower):
+            return call(model)
+
+    return Floor(reference, under_autocast, str(lower).removeprefix("torch."), reference_dtype, autocast=True)
+
+
+def lower_computed(dtypes: Iterable[str], reference: torch.nn.Module, candidate: torch.nn.Module) -> torch.dtype | None:
+    """The least precise floating dtype among `dtypes` (those of the tensors a candidate's capture recorded) where it
+    is less precise than the reference's parameters' and the candidate's parameters are the reference's dtype (so
+    an autocast region, not a converted model, computed in it), else None."""
+    a, b = floating_dtype(reference), floating_dtype(candidate)
+    if a is None or a != b:
+        return None
+    found: torch.dtype | None = None
+    for name in set(dtypes):
+        dtype = getattr(torch, name, None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            continue
+        if torch.finfo(dtype).eps > torch.finfo(a).eps and (
+            found is None or torch.finfo(dtype).eps > torch.finfo(found).eps
+        ):
+            found = dtype
+    return found
 
 
 def floating_dtype(model: torch.nn.Module) -> torch.dtype | None:
