@@ -660,10 +660,10 @@ def _find(
         compared += 1
         if name in floor_sketches:  # as the session's noise rule judges it (its rerun: the floor's summaries)
             f = floor_sketches[name]
-            judged = judged_sketches(verdict, compare_sketches(a, f, tolerance(a, f)), a.numel)
-            within_floor += judged.passed and not verdict.passed
-            beyond_floor += verdict.passed and not judged.passed
-            verdict = judged
+            by_floor = judged_sketches(verdict, compare_sketches(a, f, tolerance(a, f)), a.numel)
+            within_floor += by_floor.passed and not verdict.passed
+            beyond_floor += verdict.passed and not by_floor.passed
+            verdict = by_floor
         empty += a.numel == 0 and b.numel == 0
         if first is None and changed is None and verdict.hashes_differ and not _same_values_recast(a, b):
             changed = name
@@ -681,7 +681,7 @@ def _find(
         for note in held.recorder.notes
     )
     # the first pass's runs, the floor's summaries as the session's rerun (its noise floor), stored in that order
-    first_runs = [(ref_run, "reference", None), (cand_run, "candidate", None)]
+    first_runs: list[tuple[HeldRun, str, str | None]] = [(ref_run, "reference", None), (cand_run, "candidate", None)]
     if floor_held is not None:
         first_runs.append((floor_held, NOISE_RUN, NOISE_ROLE))
     if first is None:  # nothing to look at more closely: no model is called again
@@ -763,7 +763,10 @@ def _find(
     # 3. only now, every run stored: the candidate's full values compared against the reference's full values (the
     # session's pairs there are element by element, as this module's), the rest against the reference's summaries;
     # the floor's full values, the rerun of "reference (full)": the noise floor of "candidate (full)"'s pairs
-    second_runs = [(full_runs[0], "reference (full)", None), (full_runs[1], "candidate (full)", None)]
+    second_runs: list[tuple[HeldRun, str, str | None]] = [
+        (full_runs[0], "reference (full)", None),
+        (full_runs[1], "candidate (full)", None),
+    ]
     if floor_full is not None:
         second_runs.append((floor_full, NOISE_FULL_RUN, NOISE_ROLE))
     for held, label, role in first_runs:

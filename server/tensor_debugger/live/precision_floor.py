@@ -86,7 +86,8 @@ def judged_sketches(candidate: SketchVerdict, floor: SketchVerdict, numel: int) 
     layer's noise rule for summaries (`compare/reports/noise.summary_noise_verdict`), through the JSON the session
     stores; `candidate` as it is where that rule does not apply (a floor of zero at the sampled elements: the
     tolerances judge)."""
-    judged = summary_noise_verdict(summary_report(candidate.to_json()), summary_report(floor.to_json()), numel, NOISE)
+    stored = summary_report(candidate.to_json())
+    judged = None if stored is None else summary_noise_verdict(stored, summary_report(floor.to_json()), numel, NOISE)
     if judged is None:
         return candidate
     return dataclasses.replace(candidate, passed=judged.passed, reason=str(judged.reason))
