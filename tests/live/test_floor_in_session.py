@@ -57,6 +57,7 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
         assert found.first is None and found.culprits == [], found.words()
         assert report["verdict"] == "no_divergence" and report["first_divergence"] is None
         assert banner.group(1) == "no_divergence"
+        assert 'id="judged-by-noise"' in banner.group(2)  # not "every pair is within tolerance" alone
         assert "noise (full)" not in runs  # no second pass
         return
     assert found.first is not None and found.first.module.startswith(f"{root}.layers.2"), found.words()

@@ -185,6 +185,12 @@ class SessionPairs:
         return sum(1 for p in self.pairs if summary_basis(p.summary))
 
     @property
+    def by_noise(self) -> int:
+        """How many pairs the noise rule judged (a rerun in the session, `compare --noise`, or find_divergence's
+        precision floor): their verdict is against the rerun's error there, not against the tolerances."""
+        return sum(1 for p in self.pairs if p.rule == Rule.NOISE)
+
+    @property
     def not_compared(self) -> list[PairReport]:
         """The pairs that have no verdict and never will as they are: incomparable, or their comparison failed."""
         return [p for p in self.pairs if p.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)]
