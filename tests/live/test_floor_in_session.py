@@ -1,8 +1,9 @@
 """`find_divergence`'s precision floor is stored in its session as the session's rerun (role "noise": "noise", the
 floor's summaries; "noise (full)", its full values, compared against "reference (full)"), and the session judges
-every pair by the noise rule as the answer does: the notebook's answer, the session's JSON and its page agree on a
-bfloat16 port with no bug (no divergence, no culprit) and with a bug in layer 2 (layer 2, everywhere). Before, the
-floor was not stored and the session, judging by tolerances alone, named layer 0 where the answer named nothing."""
+every pair by the noise rule as the answer does: the notebook's answer, the session's JSON, its page and the sessions
+list agree on a bfloat16 port with no bug (no divergence, no culprit) and with a bug in layer 2 (layer 2,
+everywhere). Before, the floor was not stored and the session, judging by tolerances alone, named layer 0 where the
+answer named nothing."""
 
 from __future__ import annotations
 
@@ -49,14 +50,20 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
         report = _judged(client, session_id)
         runs = {r["label"]: r["role"] for r in client.get(f"/api/sessions/{session_id}").json()["runs"]}
         page = client.get(f"/sessions/{session_id}").text
+        listed = client.get("/", params={"q": f"floor in session {model} {bug}"}).text
     banner = re.search(r'<p class="banner (?:fail|pass)"[^>]*data-verdict="(\w+)"[^>]*>(.*?)</p>', page, re.S)
     assert banner is not None
+    row = re.search(rf'<a href="/sessions/{session_id}">.*?</tr>', listed, re.S)
+    assert row is not None
+    # the row from its name's link on: its runs, then (after two cells with a class) its "First divergence"
+    first_cell = re.findall(r"<td>(.*?)</td>", row.group(0), re.S)[1]
     assert runs["noise"] == "noise"
     assert any(p["rule"] == "noise" for p in report["pairs"])
     if not bug:
         assert found.first is None and found.culprits == [], found.words()
         assert report["verdict"] == "no_divergence" and report["first_divergence"] is None
         assert banner.group(1) == "no_divergence"
+        assert first_cell == "—", first_cell  # the list judges as the page (its rows: by tolerances alone)
         assert 'id="judged-by-noise"' in banner.group(2)  # not "every pair is within tolerance" alone
         assert "noise (full)" not in runs  # no second pass
         return
@@ -70,3 +77,4 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
     assert full is not None and f"{root}.layers.2" in full["name"], full  # its full values judged by the floor's
     assert banner.group(1) == "diverged"
     assert f">{found.first.reference}</a>" in banner.group(2)
+    assert f">{found.first.reference}</a>" in first_cell
