@@ -27,7 +27,7 @@ float32), a copy of the reference converted to that dtype runs in passes 1 and 2
 (`live/precision_floor.py`). It is stored as the session's rerun (role "noise": "noise", its summaries, and
 "noise (full)", its full values compared against "reference (full)"), and every pair is judged here by the session's
 own noise rule (compare/reports/noise.py, on summaries and on full values), so that this answer, the session's page,
-its JSON and the CLI say the same. `precision_floor=False` turns it off.
+its JSON and the sessions list say the same. `precision_floor=False` turns it off.
 """
 
 from __future__ import annotations
