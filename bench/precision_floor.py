@@ -8,8 +8,9 @@ a residual), seeded; the reference runs in float32, the candidate is the same mo
 so no model is called a second time: two forwards with summaries, three with the floor), and again with a bug
 planted in the last block's activation (SiLU for GELU: the second pass runs, full values of two modules). Each
 `find_divergence` runs into a new data dir, with `precision_floor=False` and with the floor; printed: its wall and
-CPU time (this process, all threads), the answer's first divergence and culprits, and the bytes of the converted
-copy's parameters. Nothing asserts on timings.
+CPU time (this process, all threads), the answer's first divergence and culprits, the bytes the data dir holds
+afterwards (the floor's runs "noise" and "noise (full)" are stored in the session), the session's runs, and the
+bytes of the converted copy's parameters. Nothing asserts on timings.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import resource
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 from tensor_debugger import find_divergence
@@ -53,7 +55,7 @@ def main() -> None:
     for bug in (False, True):
         candidate = ResidualStack(args.layers, args.hidden, bug).to(dtype).eval()
         for floor in (False, True):
-            walls, cpus = [], []
+            walls, cpus, sizes = [], [], []
             for _ in range(args.runs):
                 with tempfile.TemporaryDirectory() as data_dir:
                     wall, cpu = time.perf_counter(), _cpu()
@@ -62,10 +64,12 @@ def main() -> None:
                     )
                     walls.append(time.perf_counter() - wall)
                     cpus.append(_cpu() - cpu)
+                    sizes.append(sum(f.stat().st_size for f in Path(data_dir).rglob("*") if f.is_file()))
             first = found.first.module if found.first is not None else None
             print(
                 f"{'bug in the last block' if bug else 'no bug':22} floor {'on ' if floor else 'off'}: "
                 f"wall {statistics.median(walls):.2f} s, CPU {statistics.median(cpus):.2f} s (median of {args.runs}); "
+                f"data dir {statistics.median(sizes) / 2**20:.2f} MiB; runs {', '.join(found.runs)}; "
                 f"first divergence {first}, culprits {found.culprits}"
             )
 

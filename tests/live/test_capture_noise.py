@@ -9,9 +9,10 @@ import torch
 from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import RunRecord
+from tensor_debugger.store.models import PairRecord, RunRecord
 from torch import nn
 
 from tests.support.polling import wait_until
@@ -98,3 +99,40 @@ def test_a_rerun_through_a_server_must_be_labelled_noise_and_the_role_must_be_kn
         capture(net, session="s", run="r", role="candidate", data_dir=settings.data_dir),
     ):
         net(X)
+
+
+def test_a_rerun_compared_against_another_run_is_that_runs_floor_and_no_run_is_compared_against_a_rerun(
+    settings: Settings,
+) -> None:
+    """`capture(..., role="noise", against=RUN)`: the rerun is paired with RUN's tensors (its noise floor, as
+    find_divergence's "noise (full)" is of "reference (full)"); a run compared against a rerun is refused, naming
+    it."""
+    where = {"data_dir": settings.data_dir}
+    results = {}
+    for run, model, role, against in (
+        ("reference", Net(), None, None),
+        ("other reference", Net(), None, None),
+        ("noise (other)", Net().half(), "noise", "other reference"),
+    ):
+        with (
+            torch.no_grad(),
+            capture(model.eval(), session="floors", run=run, role=role, against=against, **where) as result,
+        ):
+            model(X)
+        results[run] = result
+    with (
+        pytest.raises(InvalidInputError, match="run 'noise \\(other\\)' is a rerun .* cannot be compared against it"),
+        capture(Net().eval(), session="floors", run="late", against="noise (other)", **where),
+    ):
+        Net()(X)
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            sides = set(
+                db.scalars(select(PairRecord.run_a_id).where(PairRecord.run_b_id == results["noise (other)"].run_id))
+            )
+            roles = {label: role for label, role in db.execute(select(RunRecord.label, RunRecord.role))}
+    finally:
+        services.close()
+    assert sides == {results["other reference"].run_id}
+    assert roles["noise (other)"] == "noise" and "late" not in roles

@@ -95,6 +95,12 @@ def is_reference_label(label: str) -> bool:
     return label.strip().casefold() == "reference"
 
 
+def is_noise_label(label: str) -> bool:
+    """Whether an upload's run of this label is a rerun (role "noise"): "noise", or "noise (...)" (find_divergence's
+    "noise (full)", the precision floor's full values, compared against "reference (full)")."""
+    return label == "noise" or (label.startswith("noise (") and label.endswith(")"))
+
+
 def archive_limits(settings: Settings) -> ArchiveLimits:
     return ArchiveLimits(
         settings.max_archive_members,

@@ -24,9 +24,10 @@
 
 Where the candidate computes in a less precise floating dtype than the reference (float16 or bfloat16 against
 float32), a copy of the reference converted to that dtype runs in passes 1 and 2 as well: the precision floor
-(`live/precision_floor.py`). Pairs are judged against it as `compare --noise` judges against a rerun of the
-reference (the noise rule). It is not stored: the session's noise rule needs each pair's max |diff|, which pairs of
-summaries do not have, so the session's pages judge by tolerances alone. `precision_floor=False` turns it off.
+(`live/precision_floor.py`). It is stored as the session's rerun (role "noise": "noise", its summaries, and
+"noise (full)", its full values compared against "reference (full)"), and every pair is judged here by the session's
+own noise rule (compare/reports/noise.py, on summaries and on full values), so that this answer, the session's page,
+its JSON and the sessions list say the same. `precision_floor=False` turns it off.
 """
 
 from __future__ import annotations
@@ -64,13 +65,15 @@ from tensor_debugger.live.precision_floor import (
     cast_inputs,
     floating_dtype,
     floor_model,
+    judged_full,
+    judged_sketches,
     lower_computed,
     lower_precision,
-    within_full,
-    within_sketches,
 )
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
+from tensor_debugger.live.roles import NOISE_ROLE
 
+NOISE_RUN, NOISE_FULL_RUN = "noise", "noise (full)"  # the precision floor's runs in the session (role "noise")
 _LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
 _OUTPUTS = re.compile(r"_outputs(?:_.+)?$")  # a module call's outputs: "Net.head_outputs", "Net_outputs_1"
 _PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
@@ -93,8 +96,8 @@ class ElementStats:
     mismatched: int  # elements outside the tolerance
     numel: int
     passed: bool
-    # with a precision floor: the floor's max |diff| at this tensor, where the pair failed its tolerance and was
-    # judged against it (passed: within NOISE_FACTOR times it)
+    # with a precision floor: the floor's max |diff| at this tensor, where it judged the pair (passed: within
+    # NOISE_FACTOR times it); None where there is none, or it is zero there (the tolerance judged)
     floor_max_abs_diff: float | None = None
 
 
@@ -173,6 +176,8 @@ class Divergence:
     floor: str | None = None
     # pairs of summaries outside their tolerance but within the precision floor, so passed
     within_floor: int = 0
+    # pairs of summaries within their tolerance but more than NOISE_FACTOR times the precision floor, so failed
+    beyond_floor: int = 0
     # from full values, the module outputs outside tolerance but within the precision floor: no culprit is named on
     # their modules (a bug whose effect there is no more than 4 times the rounding)
     floored_outputs: tuple[str, ...] = ()
@@ -300,15 +305,24 @@ class Divergence:
         if self.floor is None:
             return ""
         many = self.within_floor != 1
+        beyond = ""
+        if self.beyond_floor:
+            more = self.beyond_floor != 1
+            beyond = (
+                f" {self.beyond_floor} pair{'s' if more else ''} of summaries within tolerance "
+                f"{'were' if more else 'was'} more than {NOISE_FACTOR:g} times the precision floor, so "
+                f"{'they fail' if more else 'it fails'}."
+            )
         how = " (a torch.autocast region, or casts of its own)" if self.floor_autocast else ""
         return (
             f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
             f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "
-            "not stored: the session's pages judge its pairs by tolerances alone): a pair outside its tolerance "
-            f"passes where its |diff| is within {NOISE_FACTOR:g} times the floor's (from summaries, of the sampled "
-            f"elements). {self.within_floor} pair{'s' if many else ''} of summaries {'were' if many else 'was'} "
-            "outside tolerance but within the precision floor: rounding to the lower precision, not a difference of "
-            "the candidate's own."
+            f"stored as the session's rerun, run {NOISE_RUN!r}, so that its pages judge as this answer does): a "
+            f"pair passes where its |diff| is within {NOISE_FACTOR:g} times the floor's and fails where it is more "
+            "(from summaries, of the sampled elements and the norms: lower bounds; where the floor's is zero, the "
+            f"tolerance judges). {self.within_floor} pair{'s' if many else ''} of summaries "
+            f"{'were' if many else 'was'} outside tolerance but within the precision floor: rounding to the lower "
+            f"precision, not a difference of the candidate's own.{beyond}"
         )
 
     def _floor_copy(self) -> str:
@@ -544,11 +558,12 @@ def find_divergence(
 
     Where the candidate computes in a less precise floating dtype than the reference (its first floating
     parameter's: float16 or bfloat16 against float32), a copy of the reference converted to that dtype runs beside
-    them on the same inputs (floating tensors cast to it) as the precision floor (live/precision_floor.py): a pair
-    outside its tolerance passes where its |diff| is within 4 times the copy's, so rounding names no divergence and
-    no culprit. It costs a copy of the reference's parameters and buffers in that dtype and its forward passes (one
-    with summaries, one more with full values where a divergence is found); it is not stored, so the session's
-    pages judge its pairs by tolerances alone. `precision_floor=False` judges by tolerances alone here too. Where
+    them on the same inputs (floating tensors cast to it) as the precision floor (live/precision_floor.py), stored
+    as the session's rerun (runs "noise" and "noise (full)", role "noise"): each pair is judged by the session's
+    noise rule, passing where its |diff| is within 4 times the floor's and failing where it is more, so rounding
+    names no divergence and no culprit, and the session's pages say what this answer says. It costs a copy of the
+    reference's parameters and buffers in that dtype, its forward passes (one with summaries, one more with full
+    values where a divergence is found) and their runs. `precision_floor=False` judges by tolerances alone. Where
     the candidate's parameters are the reference's dtype but its capture recorded tensors in a less precise one (a
     torch.autocast region), the floor is the reference itself run under autocast to that dtype
     (`precision_floor.autocast_floor`)."""
@@ -632,12 +647,14 @@ def _find(
         if lower is not None:
             floor = autocast_floor(reference, call, lower, dtype_name(floating_dtype(reference) or torch.float32))
     floor_sketches: Mapping[str, Sketch] = {}
+    floor_held: HeldRun | None = None  # the floor's summaries, stored as the session's run "noise"
     floor_note: str | None = None
     if floor is not None:
         try:
             with record(floor.model, level=level, values="summary") as floor_run:
                 floor.call(floor.model)
             floor_sketches = floor_run.result.summaries
+            floor_held = floor_run
         except Exception as error:  # the converted copy cannot run (an op without a kernel in that dtype)
             floor_note = (
                 f"The candidate computes in {floor.dtype}, but the reference converted to {floor.dtype} (the "
@@ -709,6 +726,7 @@ def _find(
     compared = 0
     empty = 0  # pairs compared whose tensors hold no elements
     within_floor = 0  # pairs outside tolerance but within the precision floor
+    beyond_floor = 0  # pairs within tolerance but beyond the precision floor
     order = list(ref.summaries)
     for name in order:
         other = theirs.get(_key(name, root_a))
@@ -717,11 +735,12 @@ def _find(
         a, b = ref.summaries[name], cand.summaries[other]
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
-        if not verdict.passed and name in floor_sketches and floor_sketches[name].shape == a.shape:
+        if name in floor_sketches:  # as the session's noise rule judges it (its rerun: the floor's summaries)
             f = floor_sketches[name]
-            if within_sketches(verdict, compare_sketches(a, f, tolerance(a, f))):
-                verdict = dataclasses.replace(verdict, passed=True)
-                within_floor += 1
+            by_floor = judged_sketches(verdict, compare_sketches(a, f, tolerance(a, f)), a.numel)
+            within_floor += by_floor.passed and not verdict.passed
+            beyond_floor += verdict.passed and not by_floor.passed
+            verdict = by_floor
         empty += a.numel == 0 and b.numel == 0
         if first is None and changed is None and verdict.hashes_differ and not _same_values_recast(a, b):
             changed = name
@@ -730,7 +749,7 @@ def _find(
     if raised is not None:
         raised.add_note(_before_raising(first, compared, ref_lines, cand_lines))
         raise raised
-    runs = ("reference", "candidate")
+    runs: tuple[str, ...] = ("reference", "candidate", *((NOISE_RUN,) if floor_held is not None else ()))
     paired = {_key(n, root_a) for n in order}.intersection(theirs)
     unpaired = (len(order) - len(paired), len(cand.summaries) - len(paired))
     notes = tuple(
@@ -738,9 +757,13 @@ def _find(
         for what, held in (("reference", ref_run), ("candidate", cand_run))
         for note in held.recorder.notes
     )
+    # the first pass's runs, the floor's summaries as the session's rerun (its noise floor), stored in that order
+    first_runs: list[tuple[HeldRun, str, str | None]] = [(ref_run, "reference", None), (cand_run, "candidate", None)]
+    if floor_held is not None:
+        first_runs.append((floor_held, NOISE_RUN, NOISE_ROLE))
     if first is None:  # nothing to look at more closely: no model is called again
-        for held, label in ((ref_run, "reference"), (cand_run, "candidate")):
-            stored.append(held.store(session, label, **where))
+        for held, label, role in first_runs:
+            stored.append(held.store(session, label, **where, role=role))
         location = _location(stored[0], server, data_dir)
         within = (changed, ref_lines.get(changed) or "") if changed is not None else None
         return Divergence(
@@ -760,6 +783,7 @@ def _find(
             empty=empty,
             floor=floor.dtype if floor is not None else None,
             within_floor=within_floor,
+            beyond_floor=beyond_floor,
             floor_note=floor_note,
             split_calls=split_calls,
             floor_autocast=floor is not None and floor.autocast,
@@ -806,8 +830,9 @@ def _find(
         full_runs.append(full)
     kept = {"a": full_runs[0].tensors, "b": full_runs[1].tensors}
     floor_values: dict[str, torch.Tensor] = {}
-    if floor is not None:  # the floor's full values of the same modules, up to the reference's last wanted
-        last = _last_wanted(ref.summaries, snippet.modules, root_a)
+    floor_full: HeldRun | None = None
+    if floor is not None and floor_held is not None:  # the floor's full values of the same modules, up to the
+        last = _last_wanted(ref.summaries, snippet.modules, root_a)  # reference's last wanted
         with record(
             floor.model, level=level, values="full", modules=list(snippet.modules), last=last, stop=True
         ) as floor_full:
@@ -815,14 +840,19 @@ def _find(
         floor_values = floor_full.tensors
 
     # 3. only now, every run stored: the candidate's full values compared against the reference's full values (the
-    # session's pairs there are element by element, as this module's), the rest against the reference's summaries
-    for held, label, against in (
-        (ref_run, "reference", None),
-        (cand_run, "candidate", None),
+    # session's pairs there are element by element, as this module's), the rest against the reference's summaries;
+    # the floor's full values, the rerun of "reference (full)": the noise floor of "candidate (full)"'s pairs
+    second_runs: list[tuple[HeldRun, str, str | None]] = [
         (full_runs[0], "reference (full)", None),
-        (full_runs[1], "candidate (full)", "reference (full)"),
-    ):
-        stored.append(held.store(session, label, **where, against=against))
+        (full_runs[1], "candidate (full)", None),
+    ]
+    if floor_full is not None:
+        second_runs.append((floor_full, NOISE_FULL_RUN, NOISE_ROLE))
+    for held, label, role in first_runs:
+        stored.append(held.store(session, label, **where, role=role))
+    for held, label, role in second_runs:
+        against = "reference (full)" if label != "reference (full)" else None
+        stored.append(held.store(session, label, **where, against=against, role=role))
     location = _location(stored[0], server, data_dir)
 
     failing: list[ElementStats] = []
@@ -845,18 +875,22 @@ def _find(
         tol = tolerance_of(dtype_name(value.dtype), dtype_name(kept["b"][partner].dtype))
         stats = _full_stats(value, kept["b"][partner], (tensor_name, partner), tol)
         floor_value = floor_values.get(tensor_name)
-        if not stats.passed and floor_value is not None and floor_value.shape == value.shape:
+        tolerance_passed = stats.passed
+        if floor_value is not None and floor_value.shape == value.shape:  # as the session judges it
             floor_error = _full_stats(value, floor_value, (tensor_name, tensor_name), tol).max_abs_diff
-            stats = dataclasses.replace(
-                stats, passed=within_full(stats.max_abs_diff, floor_error), floor_max_abs_diff=floor_error
-            )
+            if floor_error > 0:
+                stats = dataclasses.replace(
+                    stats,
+                    passed=judged_full(stats.passed, stats.max_abs_diff, floor_error),
+                    floor_max_abs_diff=floor_error,
+                )
         judged.add(tensor_name)
         if tensor_name == name:
             full_first = stats
         if not stats.passed:
             failing.append(stats)
         elif (
-            stats.floor_max_abs_diff is not None
+            not tolerance_passed
             and "/" not in tensor_name
             and module_of(tensor_name) != root_a
             and _OUTPUTS.search(tensor_name[len(module_of(tensor_name)) :])
@@ -902,7 +936,7 @@ def _find(
         compared,
         snippet.modules,
         snippet.python,
-        (*runs, "reference (full)", "candidate (full)"),
+        (*runs, *(label for _, label, _ in second_runs)),
         failing,
         (checked[0], checked[1]),
         unpaired,
@@ -911,6 +945,7 @@ def _find(
         uncompared,
         floor=floor.dtype if floor is not None else None,
         within_floor=within_floor,
+        beyond_floor=beyond_floor,
         floor_note=floor_note,
         floored_outputs=tuple(floored_outputs),
         split_calls=split_calls,

@@ -1,21 +1,25 @@
 """The precision floor of `find_divergence`: where the candidate computes in a lower floating precision than the
 reference (a float16 or bfloat16 port of a float32 model), a copy of the reference converted to the candidate's dtype,
 run on the same inputs (their floating tensors cast to that dtype), is the noise floor of every pair, as a rerun of
-the reference is for `compare --noise` (compare/reports/noise.py): a pair that fails its tolerance passes when the
-candidate's |diff| is within NOISE_FACTOR times the floor's at that tensor (the "noise" rule). Rounding to the lower
-precision alone then names no culprit; a bug that adds more than that does.
+the reference is for `compare --noise`: it is stored in the session as its rerun (role "noise": run "noise", its
+summaries, and where a divergence is found "noise (full)", its full values, compared against "reference (full)"),
+and every pair is judged by the session's noise rule (compare/reports/noise.py), here as the session's reports judge
+it: a pair passes when the candidate's error is within NOISE_FACTOR times the floor's at that tensor, and fails when
+it is more (where the floor is zero there, the tolerances judge). Rounding to the lower precision alone then names no
+culprit; a bug that adds more than that does.
 
-From summaries the |diff| compared is the largest among the sampled elements (the same positions on both sides,
-`engine/summary_compare.sample_positions`): a lower bound of each max |diff|, the same estimate for both. From full
-values, each max |diff|. A NaN or Inf count that differs, or shapes that differ, is never within the floor.
+From summaries the errors compared are lower bounds (`summary_noise_verdict`: the largest |diff| among the sampled
+elements, and the relative norm difference), the verdict's words saying so. From full values, each max |diff|. A NaN,
+an Inf count that differs, or shapes that differ, are never within the floor.
 
-The cost: a copy of the reference's parameters and buffers in the candidate's dtype, and its forward passes (one
-with summaries, and where a divergence is found one with the full values of the modules wanted), beside the others.
+The cost: a copy of the reference's parameters and buffers in the candidate's dtype, its forward passes (one with
+summaries, and where a divergence is found one with the full values of the modules wanted), and its runs stored.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -23,8 +27,11 @@ from typing import Any
 
 import torch
 
-from tensor_debugger.compare.reports.noise import NOISE_FACTOR, noise_judges
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR, noise_judges, summary_noise_verdict
+from tensor_debugger.compare.reports.summary_reports import summary_report
 from tensor_debugger.engine.summary_compare import SketchVerdict
+
+NOISE = NOISE_FACTOR  # a session's noise factor as find_divergence makes it (the default; no user sets another)
 
 
 @dataclass(frozen=True)
@@ -111,20 +118,22 @@ def floor_model(reference: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Modu
     return model
 
 
-def within_sketches(candidate: SketchVerdict, floor: SketchVerdict, factor: float = NOISE_FACTOR) -> bool:
-    """Whether a pair whose summaries fail (`candidate`: the reference's against the candidate's) is within the
-    precision floor (`floor`: the reference's against the floor's, at the same tensor): its sampled max |diff| within
-    `factor` times the floor's, which is not zero, and its NaN and Inf counts and shapes those of the reference."""
-    if not candidate.shapes_equal or candidate.nan[0] != candidate.nan[1] or candidate.inf[0] != candidate.inf[1]:
-        return False
-    if candidate.nan[1] or floor.nan[1]:  # a NaN anywhere fails, as the noise rule holds
-        return False
-    return noise_judges(candidate.sampled_max_abs_diff, floor.sampled_max_abs_diff, factor) is True
+def judged_sketches(candidate: SketchVerdict, floor: SketchVerdict, numel: int) -> SketchVerdict:
+    """A pair of summaries (`candidate`: the reference's against the candidate's) judged as the session judges it
+    against its noise run (`floor`: the reference's against the floor's, at the same tensor): by the reports
+    layer's noise rule for summaries (`compare/reports/noise.summary_noise_verdict`), through the JSON the session
+    stores; `candidate` as it is where that rule does not apply (a floor of zero at the sampled elements: the
+    tolerances judge)."""
+    stored = summary_report(candidate.to_json())
+    judged = None if stored is None else summary_noise_verdict(stored, summary_report(floor.to_json()), numel, NOISE)
+    if judged is None:
+        return candidate
+    return dataclasses.replace(candidate, passed=judged.passed, reason=str(judged.reason))
 
 
-def within_full(candidate_error: float, floor_error: float, factor: float = NOISE_FACTOR) -> bool:
-    """Whether a pair that fails its tolerance from full values is within the precision floor: its max |diff|
-    within `factor` times the floor's max |diff| there, which is not zero (a NaN or an infinite |diff| never is)."""
-    if candidate_error == float("inf"):
-        return False
-    return noise_judges(candidate_error, floor_error, factor) is True
+def judged_full(tolerance_passed: bool, error: float, floor_error: float) -> bool:
+    """A pair of full values judged as the session judges it against its noise run (`noise_judges`: its max |diff|
+    `error` within NOISE_FACTOR times the floor's `floor_error`, both ways), by its tolerance where the floor is
+    zero there."""
+    verdict = noise_judges(error, floor_error, NOISE)
+    return tolerance_passed if verdict is None else verdict

@@ -1054,10 +1054,13 @@ class HeldRun:
         workers: int | None = None,
         _pair: bool = True,
         against: str | None = None,
+        role: str | None = None,
     ) -> CaptureResult:
         """Store the run as run `run` of session `session`, where `capture` with the same arguments would have
         stored it, with the same tensors, summaries, module tree and notes; returns its result, ids filled in.
-        `against`: the label of the session's run it is compared against (default: the session's reference)."""
+        `against`: the label of the session's run it is compared against (default: the session's reference);
+        `role`: "noise" for a rerun, the noise floor of the run it is compared against (as `capture`'s)."""
+        parse_role(role, run, server)
         recorder, result = self.recorder, self.result
         result.session, result.run = session, run
         ranks, shared, folder = _staging(staging)
@@ -1066,7 +1069,7 @@ class HeldRun:
         local: _LocalRun | None = None
         writer: CaptureWriter | None = None
         try:
-            local = _LocalRun(session, run, data_dir, against) if server is None and ranks is None else None
+            local = _LocalRun(session, run, data_dir, against, role) if server is None and ranks is None else None
             if self.held is not None:
                 writer = CaptureWriter(local.sink if local is not None else _FileSink(folder), host_memory, workers)
                 for index, file, copy in self.held.jobs:
@@ -1074,7 +1077,7 @@ class HeldRun:
                 closing, writer = writer, None
                 closing.close()  # every tensor written; raises CaptureError if one could not be
             place = (folder, local, ranks, shared)
-            _send(recorder, result, session, run, place, data_dir, server, token, _pair, against)
+            _send(recorder, result, session, run, place, data_dir, server, token, _pair, against, role=role)
         finally:
             _release(writer, local, ranks, shared, folder)
         return result

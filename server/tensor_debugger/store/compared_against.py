@@ -1,6 +1,6 @@
 """Which run a run is compared against (`runs.compared_against_id`), checked before it is set: a run of the same
 session, not itself, not the session's reference (`session_reference`: a failed first run hands it to the next)
-or a rerun of it (each compared against the reference only), and
+nor a rerun (role "noise": the noise floor of the run it is compared against, never a run compared against), and
 no cycle (a run compared against one that is compared, at any remove, against it)."""
 
 from __future__ import annotations
@@ -54,11 +54,12 @@ def check_against(run: RunRecord, against: RunRecord | None, runs: Sequence[RunR
             f"run {run.label!r} is the session's reference, which the other runs are compared against; it is "
             "compared against no other run"
         )
-    if run.role == "noise" or against.role == "noise":
-        which = run if run.role == "noise" else against
+    if against.role == "noise":
+        # a rerun measures the noise of the run it is compared against (the reference, or a run of the reference's
+        # model stored apart, as find_divergence's "reference (full)"): no run's pairs are judged against it
         raise InvalidInputError(
-            f"run {which.label!r} is a rerun of the reference (its noise floor), compared against the reference "
-            f"only: run {run.label!r} cannot be compared against {against.label!r}"
+            f"run {against.label!r} is a rerun (the noise floor of the run it is compared against), which no run is "
+            f"compared against: run {run.label!r} cannot be compared against it"
         )
     by_id = {r.id: r for r in runs}
     chain = [run.label, against.label]

@@ -21,7 +21,7 @@ from litestar.status_codes import HTTP_201_CREATED, HTTP_202_ACCEPTED, HTTP_422_
 from tensor_debugger.errors import InvalidInputError, NotFoundError, NothingUsableError
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.queue import IngestJob
-from tensor_debugger.ingest.runs import IngestResult, PendingRun, is_reference_label
+from tensor_debugger.ingest.runs import IngestResult, PendingRun, is_noise_label, is_reference_label
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
 from tensor_debugger.store.compared_against import compare_against_labels
@@ -87,7 +87,9 @@ class StartedRun:
         return RunOutcome(self.label, self.pending.run_id, RunStatus.INGESTING)
 
 
-NOISE_FIELD = "noise"  # the form field of a rerun of the reference: the noise floor of each pair (compare/noise.py)
+# the form field of a rerun of the reference: the noise floor of each pair (compare/noise.py); a run labelled
+# "noise (...)" is a rerun too (ingest/runs.is_noise_label)
+NOISE_FIELD = "noise"
 
 
 def client_of(request: Request[Any, Any, Any]) -> str:
@@ -131,7 +133,7 @@ def start_runs(
                 [i.label for i in inputs],
                 create_session=False,
                 created_session=created_session,
-                role="noise" if label == NOISE_FIELD else None,
+                role="noise" if is_noise_label(label) else None,
                 staged=inputs if keep_failure else (),
                 against=against,
             )

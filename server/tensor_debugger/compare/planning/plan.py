@@ -195,9 +195,10 @@ def plan_session(context: CompareContext, session_id: int) -> None:
 
 def compared_with(run: RunRecord, reference: RunRecord, ready: dict[int, RunRecord]) -> RunRecord | None:
     """The run `run`'s pairs are planned against: the run it names (`compared_against_id`), else the session's
-    reference; a rerun of the reference (its noise floor) always against the reference. None where the run it names
-    is not among the `ready` runs (still ingesting, or failed): it is not compared with another in its stead."""
-    if run.role == "noise" or run.compared_against_id is None:
+    reference (a rerun, role "noise", is the noise floor of the run it is planned against). None where the run it
+    names is not among the `ready` runs (still ingesting, or failed): it is not compared with another in its
+    stead."""
+    if run.compared_against_id is None:
         return reference
     return ready.get(run.compared_against_id)
 

@@ -65,7 +65,9 @@ class PairReport:
     place: str | None
     summary: SummaryReport | None  # the verdict on summary statistics when element values are not available
     rule: str  # what judged the verdict: "tolerance", or "noise" (within the factor times the noise floor)
-    noise_max_abs_diff: Number | None  # with a rerun of the reference: its max |diff| at this tensor (the floor)
+    # with a rerun in the session: its max |diff| at this tensor (the floor); for a pair judged on summaries, its
+    # sampled max |diff| (a lower bound; the summary's reason says what the verdict rests on)
+    noise_max_abs_diff: Number | None
     replicas: ReplicaReport | None  # where one side's shards are copies of the tensor, not parts of it
     # a failing pair's: the aligned dimensions that confine its error ([]: everywhere); null for any other pair, or
     # a result stored before `where` was computed

@@ -8,6 +8,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from msgspec import UnsetType
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
@@ -35,7 +36,7 @@ from tensor_debugger.compare.reports.module_reports import (
     pair_error,
     stage_culprits,
 )
-from tensor_debugger.compare.reports.noise import NOISE_FACTOR, Rule, noise_judges
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR, Rule, noise_judges, summary_noise_verdict
 from tensor_debugger.compare.reports.one_sided import candidate_only_before
 from tensor_debugger.compare.reports.pair_report import (
     ArgmaxReport,
@@ -182,6 +183,12 @@ class SessionPairs:
         """How many pairs were judged on summaries alone (a capture with values="summary"): a pass of such a pair
         says only that no difference was found in the summary."""
         return sum(1 for p in self.pairs if summary_basis(p.summary))
+
+    @property
+    def by_noise(self) -> int:
+        """How many pairs the noise rule judged (a rerun in the session, `compare --noise`, or find_divergence's
+        precision floor): their verdict is against the rerun's error there, not against the tolerances."""
+        return sum(1 for p in self.pairs if p.rule == Rule.NOISE)
 
     @property
     def not_compared(self) -> list[PairReport]:
@@ -702,6 +709,10 @@ def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: flo
     judged = []
     for item in items:
         floor = floors.get((item.a.run_id, item.a.name))
+        on_summaries = _judged_on_summaries(item, floor, factor)
+        if on_summaries is not None:
+            judged.append(on_summaries)
+            continue
         floor_error = floor.stats.max_abs_diff if floor is not None and floor.stats is not None else None
         verdict = noise_judges(item.stats.max_abs_diff if item.stats else None, floor_error, factor)
         if (
@@ -719,6 +730,23 @@ def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: flo
                 replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error, where=where)
             )
     return judged
+
+
+def _judged_on_summaries(item: PairReport, floor: PairReport | None, factor: float) -> PairReport | None:
+    """A pair known by its summaries judged by the noise rule against its floor's summaries (`noise.py`'s
+    `summary_noise_verdict`: its words say it rests on summaries); None where that rule does not apply."""
+    if floor is None or item.summary is None or item.status not in (PairStatus.PASS, PairStatus.FAIL):
+        return None
+    verdict = summary_noise_verdict(item.summary, floor.summary, math.prod(item.a.shape), factor)
+    if verdict is None or floor.summary is None or isinstance(floor.summary.sampled_max_abs_diff, UnsetType):
+        return None
+    return replace(
+        item,
+        status=PairStatus.PASS if verdict.passed else PairStatus.FAIL,
+        summary=verdict,
+        rule=str(Rule.NOISE),
+        noise_max_abs_diff=floor.summary.sampled_max_abs_diff,  # from summaries: the floor's sampled max |diff|
+    )
 
 
 def apply_order(pairs: list[PairReport], order: list[str] | None) -> list[PairReport]:

@@ -16,8 +16,8 @@ from tensor_debugger.web.json_bodies import JSON_BODY_LIMIT, StrictBody
 
 AGAINST = (
     "names a run of another session, the run itself, or makes a cycle (a run compared against one compared, at any "
-    "remove, against it); or asks it of the session's reference or of a rerun of it (compared against the reference "
-    "only)"
+    "remove, against it); or asks it of the session's reference, or against a rerun (the noise floor of the run it "
+    "is compared against, never a run compared against)"
 )
 
 

@@ -12,6 +12,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
 from litestar.response import Redirect, Template
 
+from tensor_debugger.compare.reports.session_summaries import judged_summaries
 from tensor_debugger.errors import InvalidInputError, TensorDebuggerError
 from tensor_debugger.services import Services
 from tensor_debugger.store import catalog
@@ -28,7 +29,7 @@ class SessionsPageController(Controller):
     def sessions_page(self, services: NamedDependency[Services], q: FromQuery[str | None] = None) -> Template:
         with services.sessions() as db:
             sessions = catalog.list_sessions(db, q)
-            summaries = catalog.summarize_sessions(db, [s.id for s in sessions])
+            summaries = judged_summaries(db, catalog.summarize_sessions(db, [s.id for s in sessions]), services.stats)
             return Template("sessions.html", context={"sessions": sessions, "q": q or "", "summaries": summaries})
 
     @get("/sessions", sync_to_thread=False)
@@ -151,6 +152,8 @@ def _form_error(services: Services, name: str, message: str, explore: dict[str, 
                 "sessions": sessions,
                 "q": "",
                 **errors,
-                "summaries": catalog.summarize_sessions(db, [s.id for s in sessions]),
+                "summaries": judged_summaries(
+                    db, catalog.summarize_sessions(db, [s.id for s in sessions]), services.stats
+                ),
             },
         )

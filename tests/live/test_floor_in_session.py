@@ -1,0 +1,80 @@
+"""`find_divergence`'s precision floor is stored in its session as the session's rerun (role "noise": "noise", the
+floor's summaries; "noise (full)", its full values, compared against "reference (full)"), and the session judges
+every pair by the noise rule as the answer does: the notebook's answer, the session's JSON, its page and the sessions
+list agree on a bfloat16 port with no bug (no divergence, no culprit) and with a bug in layer 2 (layer 2,
+everywhere). Before, the floor was not stored and the session, judging by tolerances alone, named layer 0 where the
+answer named nothing."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from tensor_debugger import find_divergence
+
+from tests.live.test_precision_floor import MODELS, _inputs
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer
+
+
+def _judged(client: httpx.Client, session_id: int) -> dict[str, Any]:
+    report: dict[str, Any] = wait_until(
+        lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
+        until=lambda got: got["pairs"] and not got["progress"]["pending"],
+        what="find_divergence's session to be judged",
+        timeout=120,
+        interval=0.05,
+    )
+    return report
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("bug", [False, True], ids=["no bug", "bug in layer 2"])
+def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
+    shared_server: LiveServer, model: str, bug: bool
+) -> None:
+    make, shape = MODELS[model]
+    found = find_divergence(
+        make().eval(),
+        make(bug=bug).to(torch.bfloat16).eval(),
+        (_inputs(shape),),
+        session=f"floor in session {model} {bug}",
+        server=shared_server.url,
+    )
+    root = make.__name__
+    session_id = int(found.location.rpartition("/sessions/")[2])
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report = _judged(client, session_id)
+        runs = {r["label"]: r["role"] for r in client.get(f"/api/sessions/{session_id}").json()["runs"]}
+        page = client.get(f"/sessions/{session_id}").text
+        listed = client.get("/", params={"q": f"floor in session {model} {bug}"}).text
+    banner = re.search(r'<p class="banner (?:fail|pass)"[^>]*data-verdict="(\w+)"[^>]*>(.*?)</p>', page, re.S)
+    assert banner is not None
+    row = re.search(rf'<a href="/sessions/{session_id}">.*?</tr>', listed, re.S)
+    assert row is not None
+    # the row from its name's link on: its runs, then (after two cells with a class) its "First divergence"
+    first_cell = re.findall(r"<td>(.*?)</td>", row.group(0), re.S)[1]
+    assert runs["noise"] == "noise"
+    assert any(p["rule"] == "noise" for p in report["pairs"])
+    if not bug:
+        assert found.first is None and found.culprits == [], found.words()
+        assert report["verdict"] == "no_divergence" and report["first_divergence"] is None
+        assert banner.group(1) == "no_divergence"
+        assert first_cell == "—", first_cell  # the list judges as the page (its rows: by tolerances alone)
+        assert 'id="judged-by-noise"' in banner.group(2)  # not "every pair is within tolerance" alone
+        assert "noise (full)" not in runs  # no second pass
+        return
+    assert found.first is not None and found.first.module.startswith(f"{root}.layers.2"), found.words()
+    assert found.culprits and all(c.startswith(f"{root}.layers.2") for c in found.culprits), found.words()
+    assert runs["noise (full)"] == "noise"
+    assert report["verdict"] == "diverged"
+    assert report["first_divergence"]["name"] == found.first.reference
+    by_label = {c["label"]: c for c in report["candidates"]}
+    full = by_label["candidate (full)"]["first_divergence"]
+    assert full is not None and f"{root}.layers.2" in full["name"], full  # its full values judged by the floor's
+    assert banner.group(1) == "diverged"
+    assert f">{found.first.reference}</a>" in banner.group(2)
+    assert f">{found.first.reference}</a>" in first_cell
