@@ -119,9 +119,7 @@ class Settings:
         "where its file system allows; false writes them all through the cache (a disk much slower than memory).",
     )
     buffered_run_bytes: int = _setting(
-        256 * 1024 * 1024,
-        "Bytes of each run written through the page cache before the rest go around it (a tensor whose pair is "
-        "compared as both runs are read goes around it from its first byte: nothing reads it back).",
+        256 * 1024 * 1024, "Bytes of each run written through the page cache before the rest go around it."
     )
     ingest_workers: int = _setting(
         2, "How many uploaded runs the server ingests at once (each with `workers` threads); more wait their turn."

@@ -50,9 +50,6 @@ class _RaisingTap:
         self.error = error
         self.closed = False
 
-    def compares(self, name: str, shape: tuple[int, ...], dtype: LogicalDtype) -> bool:
-        return True
-
     def tensor(
         self, name: str, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
     ) -> TensorTap | None:

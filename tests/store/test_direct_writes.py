@@ -1,8 +1,7 @@
 """Chunk files written around the page cache (store/direct_writes.py, the `direct_writes` setting): the same bytes
 as a buffered write for every size (the block-aligned body direct, the tail buffered, the zeros a short chunk is
 extended with), really not left in the page cache, and written buffered where the file system refuses; bytes on an
-aligned address (an ingest's read buffer) written from where they lie, without the copy into the thread's buffer; a
-pair compared as its runs are read, written around the cache whatever the run's budget."""
+aligned address (an ingest's read buffer) written from where they lie, without the copy into the thread's buffer."""
 
 from __future__ import annotations
 
@@ -17,8 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tensor_debugger.compare.pipeline import compare_runs
-from tensor_debugger.compare.planning.requests import CompareRequest
 from tensor_debugger.ingest.block_readers import BufferPool
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import open_services
@@ -182,29 +179,6 @@ def test_a_runs_first_bytes_go_through_the_page_cache_and_the_rest_around_it(on_
         services.close()
     assert resident["0_first"] >= values.nbytes, resident  # the first tensor: within the run's budget
     assert resident["1_second"] <= 4 * ALIGN, resident  # past it: around the cache (each chunk's tail at most)
-
-
-def test_a_pair_compared_as_it_is_read_goes_around_the_page_cache_from_its_first_byte(on_disk: Path) -> None:
-    """Two runs ingested at once (`compare A B`): a pair compared from its blocks is not read back, so its chunk files
-    take none of the run's page-cache budget (the default: 256 MiB, far above these runs) and none stays cached."""
-    tmp_path = on_disk
-    values = np.random.default_rng(10).standard_normal((1024, 1000)).astype(np.float32)
-    for name, run in (("ref", values), ("cand", values + np.float32(1e-3))):
-        (tmp_path / name).mkdir()
-        np.save(tmp_path / name / "acts.npy", run)
-    services = open_services(Settings(data_dir=tmp_path / "data", demo=False))
-    try:
-        a, b = tmp_path / "ref", tmp_path / "cand"
-        outcome = compare_runs(
-            services.ingestor, services.context, services.compute, CompareRequest(a, b, str(a), str(b)), "http://here"
-        )
-        assert services.settings.buffered_run_bytes >= 2 * values.nbytes
-        assert outcome.read_once is not None and (outcome.read_once.in_memory, outcome.read_once.read_back) == (1, {})
-        chunks = [p for p in (tmp_path / "data" / "arrays").rglob("c.*") if p.is_file()]
-        assert len(chunks) > 4 and all(p.stat().st_size > SMALLEST for p in chunks)
-        assert sum(resident_bytes(p) for p in chunks) <= len(chunks) * ALIGN  # each chunk's tail at most
-    finally:
-        services.close()
 
 
 def test_an_ingests_read_buffers_start_on_an_aligned_address() -> None:

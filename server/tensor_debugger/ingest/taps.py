@@ -37,11 +37,6 @@ class TensorTap(Protocol):
 class RunTap(Protocol):
     """A run's ingest's tap: each tensor it begins to store, and its end."""
 
-    def compares(self, name: str, shape: tuple[int, ...], dtype: LogicalDtype) -> bool:
-        """Whether the tensor `name` of `shape` and `dtype` is one whose pair the tap would compare from its blocks
-        as they are read, asked before its array is begun: its chunk files are then written around the page cache,
-        which no comparison reads them back from (the pair may still be given up later, and read from the disk)."""
-
     def tensor(
         self, name: str, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
     ) -> TensorTap | None:
@@ -75,9 +70,6 @@ class EveryTap:
 
     def __init__(self, taps: Sequence[RunTap]) -> None:
         self._taps = list(taps)
-
-    def compares(self, name: str, shape: tuple[int, ...], dtype: LogicalDtype) -> bool:
-        return all(tap.compares(name, shape, dtype) for tap in self._taps)  # else one reads it back
 
     def tensor(
         self, name: str, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]

@@ -178,10 +178,7 @@ class PageCacheBudget:
     """How much more of a run goes through the page cache before its chunk files are written around it (the
     `direct_writes` setting, store/direct_writes.py): the first `buffered_run_bytes` of each run, tensor by tensor.
     A small run is written faster through the cache (the kernel writes it back after the ingest, and its comparison
-    reads it from there); past a few hundred MB, filling the cache costs more than the disk's time. A tensor whose
-    pair is compared from its blocks as they are read (`RunTap.compares`) is not read back by its comparison: it
-    goes around the cache and takes none of the budget (on this 2-core VM, 0.3-0.5 CPU s less of a first compare of
-    2 x 200 MB: bench/RESULTS.md)."""
+    reads it from there); past a few hundred MB, filling the cache costs more than the disk's time."""
 
     def __init__(self, nbytes: int) -> None:
         self._left = nbytes
@@ -252,9 +249,7 @@ class TensorWriter:
         first = next(regions, None)
         first_block = leaf.reader.read(first) if first is not None else None  # may be a view of a mapped file
         compressed = first_block is None or worth_compressing(first_block)
-        # a tensor whose pair is compared from these blocks is not read back: its chunk files need no page cache
-        compared = tap is not None and name is not None and tap.compares(name, leaf.shape, leaf.dtype)
-        direct = self.budget is None or compared or self.budget.direct(math.prod(leaf.shape) * leaf.dtype.itemsize)
+        direct = self.budget is None or self.budget.direct(math.prod(leaf.shape) * leaf.dtype.itemsize)
         array = self.store.writer(key, leaf.shape, leaf.dtype, layout.chunks, compressed, direct)
         tensor = _Tensor(
             key,

@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from tensor_debugger.compare.compute.chunk_loop import ChunkPairs, Pieces, chunk_pairs, loop_name
+from tensor_debugger.compare.compute.chunk_loop import ChunkPairs, Pieces, chunk_pairs
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.sides import aligned_views, tolerance
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region, region_flat_range
-from tensor_debugger.engine.fused import STORED_FLOATS, FusedPartial, Kernel
+from tensor_debugger.engine.fused import FusedPartial, Kernel
 from tensor_debugger.engine.pairing import shard_of
 from tensor_debugger.engine.streaming import PairJob, pair_blocks
 from tensor_debugger.engine.tolerances import Tolerance
@@ -155,15 +155,6 @@ class Lockstep:
         return _RunTap(self, side)
 
     # -- the ingests' side
-
-    def compares(self, name: str, shape: tuple[int, ...], dtype: LogicalDtype) -> bool:
-        """Whether a tensor of `name`, `shape` and `dtype` is one `begin` would track and `_planned` give the chunk
-        loop, its partner being of its dtype (`RunTap.compares`): a float, not a shard or 0-d, compared within a
-        tolerance, not in ULPs, with the compiled loop in use."""
-        if _untracked(name, shape) is not None or dtype.name not in STORED_FLOATS:
-            return False
-        tol, exact = tolerance(self._session, dtype.name, dtype.name)
-        return not (tol.ulp or exact) and loop_name(self._context.kernel) == "chunk loop"
 
     def begin(
         self, side: int, name: str, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
@@ -562,9 +553,6 @@ class _RunTap:
     def __init__(self, lockstep: Lockstep, side: int) -> None:
         self._lockstep = lockstep
         self._side = side
-
-    def compares(self, name: str, shape: tuple[int, ...], dtype: LogicalDtype) -> bool:
-        return self._lockstep.compares(name, shape, dtype)
 
     def tensor(
         self, name: str, key: str, shape: tuple[int, ...], dtype: LogicalDtype, chunks: tuple[int, ...]
