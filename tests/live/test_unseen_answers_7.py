@@ -780,3 +780,35 @@ def test_a_block_run_row_by_row_is_no_divergence_for_find_divergence_as_for_the_
     report, _ = compared(settings, 1)
     assert report.first_divergence is None and report.verdict == "incomplete", report.verdict
     assert "Rows.f_inputs_args_0" in {p.name for p in report.not_compared}
+
+
+class SharedRegion(nn.Module):
+    """An MLP whose first layer runs under a bfloat16 autocast region on both sides; with `bug`, the port scales its
+    float32 output by 1.003 (a bug of about the size of bfloat16's rounding, where both sides compute in float32)."""
+
+    def __init__(self, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up, self.down = nn.Linear(D, 2 * D), nn.Linear(2 * D, D)
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = F.gelu(self.up(x)).float()
+        out = cast(torch.Tensor, self.down(h))
+        return out * 1.003 if self.bug else out  # shared region scaled
+
+
+def test_an_autocast_region_both_sides_share_is_no_precision_floor(settings: Settings) -> None:
+    """Both sides compute `up` under the same bfloat16 autocast region: the candidate computes in no dtype the
+    reference does not, so no precision floor is used (the autocast floor ran the whole reference under autocast, its
+    float32 `down` in bfloat16 too, and a float32 bug of that size passed within it: no divergence)."""
+    x = _x(torch.Generator().manual_seed(5))
+    same = find_divergence(SharedRegion().eval(), SharedRegion().eval(), x, session="same", data_dir=settings.data_dir)
+    assert same.floor is None and not same.floor_autocast and same.first is None, repr(same)
+    found = find_divergence(
+        SharedRegion().eval(), SharedRegion(bug=True).eval(), x, session="bug", data_dir=settings.data_dir
+    )
+    words = repr(found)
+    assert found.floor is None and "parts of its forward" not in words, words
+    assert found.first is not None and found.first.reference == "SharedRegion_outputs", words

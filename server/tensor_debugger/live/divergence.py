@@ -436,6 +436,19 @@ def _arguments(inputs: Any) -> str:
     return "*inputs" if isinstance(inputs, tuple | list) else "inputs"
 
 
+def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str) -> set[str]:
+    """The dtypes the candidate's capture (`others`) recorded where the reference's (`ours`) did not: a tensor's
+    whose namesake in the reference holds another dtype, or one the reference has no namesake of, in a dtype the
+    reference recorded nowhere."""
+    by_key = {_key(n, root_a): s.dtype for n, s in ours.items()}
+    everywhere = set(by_key.values())
+    return {
+        s.dtype
+        for n, s in others.items()
+        if (by_key[_key(n, root_b)] != s.dtype if _key(n, root_b) in by_key else s.dtype not in everywhere)
+    }
+
+
 def _key(name: str, root: str) -> str:
     """A tensor's name without the model's class name, which differs between a model and its port."""
     return name[len(root) :] if name.startswith(root) else name
@@ -642,8 +655,9 @@ def _find(
     ref, cand = ref_run.result, cand_run.result
     if floor is None and autocast_floor_allowed and raised is None:
         # the candidate's parameters are the reference's dtype, but it computed tensors in a less precise one: an
-        # autocast region (a bfloat16 MLP in a float32 port); the floor is the reference under autocast
-        lower = lower_computed((s.dtype for s in cand.summaries.values()), reference, candidate)
+        # autocast region (a bfloat16 MLP in a float32 port); the floor is the reference under autocast. Only the
+        # dtypes the reference does not compute in there: a region both sides share calls for no floor
+        lower = lower_computed(_lowered_dtypes(ref.summaries, cand.summaries, root_a, root_b), reference, candidate)
         if lower is not None:
             floor = autocast_floor(reference, call, lower, dtype_name(floating_dtype(reference) or torch.float32))
     floor_sketches: Mapping[str, Sketch] = {}

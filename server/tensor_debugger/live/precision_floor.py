@@ -64,9 +64,10 @@ def autocast_floor(
 
 
 def lower_computed(dtypes: Iterable[str], reference: torch.nn.Module, candidate: torch.nn.Module) -> torch.dtype | None:
-    """The least precise floating dtype among `dtypes` (those of the tensors a candidate's capture recorded) where it
-    is less precise than the reference's parameters' and the candidate's parameters are the reference's dtype (so
-    an autocast region, not a converted model, computed in it), else None."""
+    """The least precise floating dtype among `dtypes` (those a candidate's capture recorded where the reference's
+    did not: `divergence._lowered_dtypes`) where it is less precise than the reference's parameters' and the
+    candidate's parameters are the reference's dtype (so an autocast region, not a converted model, computed in
+    it), else None."""
     a, b = floating_dtype(reference), floating_dtype(candidate)
     if a is None or a != b:
         return None
