@@ -812,3 +812,38 @@ def test_an_autocast_region_both_sides_share_is_no_precision_floor(settings: Set
     words = repr(found)
     assert found.floor is None and "parts of its forward" not in words, words
     assert found.first is not None and found.first.reference == "SharedRegion_outputs", words
+
+
+class Float32Only(nn.Module):
+    """A linear layer and then an op with a float32 kernel only; the port runs the layer under a bfloat16 autocast
+    region and casts back before the op."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(D, D)
+        self.port = port
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        region = torch.autocast("cpu", dtype=torch.bfloat16) if self.port else contextlib.nullcontext()
+        with region:
+            h = self.up(x)
+        if self.port:
+            h = h.float()
+        if h.dtype != torch.float32:
+            raise TypeError(f"a float32 kernel only, got {h.dtype}")
+        return h.float().exp()
+
+
+def test_an_autocast_floor_that_raised_is_said_as_what_ran(settings: Settings) -> None:
+    """The reference raises under autocast (its own op has a float32 kernel only): the answer said "the reference
+    converted to bfloat16 (the precision floor) raised", of a copy that was never made; it now says what ran."""
+    x = _x(torch.Generator().manual_seed(5))
+    found = find_divergence(
+        Float32Only(False).eval(), Float32Only(True).eval(), x, session="f32", data_dir=settings.data_dir
+    )
+    words = found.words()
+    assert found.floor is None and found.floor_note is not None, words
+    assert "converted" not in found.floor_note, found.floor_note
+    assert "the reference run under torch.autocast to bfloat16 (the precision floor) raised TypeError" in words, words
+    assert "computes parts of its forward in bfloat16" in words and "judged by tolerances alone" in words, words

@@ -669,10 +669,15 @@ def _find(
                 floor.call(floor.model)
             floor_sketches = floor_run.result.summaries
             floor_held = floor_run
-        except Exception as error:  # the converted copy cannot run (an op without a kernel in that dtype)
+        except Exception as error:  # the floor cannot run (an op without a kernel in that dtype)
+            ran, parts = (
+                (f"the reference run under torch.autocast to {floor.dtype}", "parts of its forward ")
+                if floor.autocast
+                else (f"the reference converted to {floor.dtype}", "")
+            )
             floor_note = (
-                f"The candidate computes in {floor.dtype}, but the reference converted to {floor.dtype} (the "
-                f"precision floor) raised {type(error).__name__}: {error}; pairs were judged by tolerances alone"
+                f"The candidate computes {parts}in {floor.dtype}, but {ran} (the precision floor) raised "
+                f"{type(error).__name__}: {error}; pairs were judged by tolerances alone"
             )
             floor = None
     # the line that made each tensor: an op's caller, or, for a module call's inputs and outputs, the line that
