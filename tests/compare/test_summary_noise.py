@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from tensor_debugger.compare.reports.noise import NOISE_FACTOR, summary_noise_verdict
+from tensor_debugger.compare.reports.noise import NOISE_FACTOR, noise_judges, summary_noise_verdict
 from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
 from tensor_debugger.engine.summary_compare import compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import default_tolerance
@@ -62,3 +62,18 @@ def test_a_rerun_identical_at_the_samples_leaves_the_tolerances_to_judge_and_a_n
     with_nan[0] = float("nan")
     judged = summary_noise_verdict(_verdict(with_nan), _verdict(_noisy(1e-7, 1)), N, NOISE_FACTOR)
     assert judged is not None and not judged.passed
+
+
+def test_a_rerun_that_overflowed_bounds_nothing_and_leaves_the_tolerances_to_judge() -> None:
+    """A rerun with an infinity where the reference has none (a float16 copy that overflowed there) has an infinite
+    error: 4 times it bounded nothing, so every candidate passed at that tensor, however far. The tolerances judge
+    it, as at a floor of zero; on full values too."""
+    overflowed = _noisy(1e-7, 1)
+    overflowed[sample_positions(N)[0]] = float("inf")
+    floor = _verdict(overflowed)
+    far = _verdict(_noisy(1e-2, 2))
+    assert not far.passed
+    assert summary_noise_verdict(far, floor, N, NOISE_FACTOR) is None
+    assert noise_judges(1.0, float("inf"), NOISE_FACTOR) is None
+    assert noise_judges(1.0, "inf", NOISE_FACTOR) is None
+    assert noise_judges(1e-7, 1e-7, NOISE_FACTOR) is True

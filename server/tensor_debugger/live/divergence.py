@@ -97,7 +97,7 @@ class ElementStats:
     numel: int
     passed: bool
     # with a precision floor: the floor's max |diff| at this tensor, where it judged the pair (passed: within
-    # NOISE_FACTOR times it); None where there is none, or it is zero there (the tolerance judged)
+    # NOISE_FACTOR times it); None where there is none, or it is zero or infinite there (the tolerance judged)
     floor_max_abs_diff: float | None = None
 
 
@@ -897,7 +897,7 @@ def _find(
         tolerance_passed = stats.passed
         if floor_value is not None and floor_value.shape == value.shape:  # as the session judges it
             floor_error = _full_stats(value, floor_value, (tensor_name, tensor_name), tol).max_abs_diff
-            if floor_error > 0:
+            if 0 < floor_error < float("inf"):  # else the tolerance judges (as noise_judges has it)
                 stats = dataclasses.replace(
                     stats,
                     passed=judged_full(stats.passed, stats.max_abs_diff, floor_error),

@@ -3,8 +3,9 @@ pair is judged against the error the rerun itself shows at that tensor (the refe
 same pair's statistics) instead of against fixed tolerances.
 
 A pair passes when the candidate's max |diff| is within `factor` times the rerun's (the "noise" rule). Where the
-rerun is bit-identical at that tensor (a noise floor of zero), or its pair is missing or not computed yet, the
-tolerances judge as without a rerun (the "tolerance" rule). NaN anywhere fails. A pair known by its summaries only
+rerun is bit-identical at that tensor (a noise floor of zero), or its error there is infinite (an overflow, which
+bounds nothing), or its pair is missing or not computed yet, the tolerances judge as without a rerun (the
+"tolerance" rule). NaN anywhere fails. A pair known by its summaries only
 (a capture with values="summary", as find_divergence's precision floor stores its runs) is judged by the lower
 bounds of its error the summaries hold (`summary_noise_verdict`), and its words say so.
 
@@ -35,12 +36,13 @@ class Rule(StrEnum):
 
 def noise_judges(candidate_error: object, noise_error: object, factor: float) -> bool | None:
     """Whether the candidate's max |diff| is within `factor` times the noise floor's; None when the noise rule does
-    not apply (no floor, or a floor of zero: the tolerances judge)."""
+    not apply (no floor, a floor of zero, or an infinite one, an overflow that bounds nothing: the tolerances
+    judge)."""
     if candidate_error is None or noise_error is None:
         return None
     floor = float(parse_number(noise_error))
     error = float(parse_number(candidate_error))
-    if math.isnan(floor) or floor <= 0:
+    if not math.isfinite(floor) or floor <= 0:
         return None
     return not math.isnan(error) and error <= factor * floor
 
@@ -52,7 +54,8 @@ def summary_noise_verdict(
     reference's summary against the candidate's; `floor`, the reference's against the rerun's at the same tensor;
     `numel`, the tensor's elements): its verdict, its words saying that it rests on summaries; None where the rule
     does not apply (either is not a capture's summaries, or the rerun shows no difference at the sampled elements:
-    a floor of zero, where the tolerances judge, as with full values).
+    a floor of zero, or an Inf count of the rerun's that differs from the reference's, an overflow: the tolerances
+    judge, as with full values).
 
     Summaries hold no max |diff|: two lower bounds of the error stand for it, each against `factor` times the
     rerun's own. The sampled max |diff| (the largest |diff| among the same positions on every side) against the
@@ -64,8 +67,9 @@ def summary_noise_verdict(
     if floor is None or not candidate.on_summary or not floor.on_summary:
         return None
     floor_sampled = _number(floor.sampled_max_abs_diff)
-    if floor_sampled is None or math.isnan(floor_sampled) or floor_sampled <= 0:
-        return None
+    floor_inf = floor.inf if isinstance(floor.inf, list) else [0, 0]
+    if floor_sampled is None or not math.isfinite(floor_sampled) or floor_sampled <= 0 or floor_inf[0] != floor_inf[1]:
+        return None  # no floor, one of zero, or one that overflowed (an Inf the reference has not): it bounds nothing
     words = f"from summaries, against the noise floor ({factor:g} times the rerun's error at this tensor)"
     nan = candidate.nan if isinstance(candidate.nan, list) else [0, 0]
     inf = candidate.inf if isinstance(candidate.inf, list) else [0, 0]

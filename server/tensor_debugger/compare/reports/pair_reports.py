@@ -703,8 +703,9 @@ def with_closest(
 
 def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: float) -> list[PairReport]:
     """Each candidate pair with its noise floor (the reference tensor's pair with the rerun) and the verdict of the
-    noise rule where it applies (`noise.py`). Only a pair whose a side is the reference run has a floor: the rerun
-    measures the reference's noise, not that of a candidate another candidate is compared against."""
+    noise rule where it applies (`noise.py`). Only a pair whose a side is the run the rerun is compared against
+    (the reference, or the run it names: find_divergence's "noise (full)" against "reference (full)") has a
+    floor: the rerun measures that run's noise, not that of another."""
     floors = {(n.a.run_id, n.a.name): n for n in noise}
     judged = []
     for item in items:
