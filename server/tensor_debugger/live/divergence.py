@@ -35,12 +35,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fnmatch
-import html
 import inspect
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +46,6 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
-from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.summary_compare import (
     Sketch,
@@ -59,6 +56,14 @@ from tensor_debugger.engine.summary_compare import (
 )
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
+from tensor_debugger.live.capture_names import is_module_input, module_of
+from tensor_debugger.live.divergence_answer import (
+    NOISE_FULL_RUN,
+    NOISE_RUN,
+    Divergence,
+    ElementStats,
+    FirstDivergence,
+)
 from tensor_debugger.live.precision_floor import (
     Floor,
     autocast_floor,
@@ -73,319 +78,12 @@ from tensor_debugger.live.precision_floor import (
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
 
-NOISE_RUN, NOISE_FULL_RUN = "noise", "noise (full)"  # the precision floor's runs in the session (role "noise")
-_LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
 _OUTPUTS = re.compile(r"_outputs(?:_.+)?$")  # a module call's outputs: "Net.head_outputs", "Net_outputs_1"
-_PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
 
 
 class ChangingModelError(ValueError):
     """A model (the reference or the candidate) gave different tensors for the same inputs on two calls: summaries
     of one call cannot be compared with another's."""
-
-
-@dataclass(frozen=True)
-class ElementStats:
-    """A pair compared element by element (the second pass)."""
-
-    reference: str
-    candidate: str
-    shape: tuple[int, ...]
-    max_abs_diff: float
-    argmax: tuple[int, ...]  # where max |diff| is
-    mismatched: int  # elements outside the tolerance
-    numel: int
-    passed: bool
-    # with a precision floor: the floor's max |diff| at this tensor, where it judged the pair (passed: within
-    # NOISE_FACTOR times it); None where there is none, or it is zero or infinite there (the tolerance judged)
-    floor_max_abs_diff: float | None = None
-
-
-@dataclass(frozen=True)
-class FirstDivergence:
-    reference: str  # the reference's tensor: "Net.layers.1.self_attn/mul#1_outputs"
-    candidate: str
-    module: str  # the module call holding it: "Net.layers.1.self_attn"
-    op: str | None  # the op's function, where the tensor is an op's ("mul")
-    # "<file>:<line>" of the op's caller; for a module call's input or output, of the line that called the module
-    reference_source: str | None
-    candidate_source: str | None
-    summary: SketchVerdict  # what the summaries showed
-    full: ElementStats | None  # the same pair from full values (None where the second pass did not record it)
-    # tensors one side recorded and the other did not, between the last pair before it and it (in each side's own
-    # order), with the line that made each ("" where none was recorded): an op one implementation runs and the
-    # other does not (an extra scale, a cast, a fused kernel) is where the divergence may have begun
-    candidate_only_before: tuple[tuple[str, str], ...] = ()
-    reference_only_before: tuple[tuple[str, str], ...] = ()
-    # the first pair before it whose values differ at all (their summaries' hashes differ) though within tolerance,
-    # with the reference's line ("" where none): where a difference too small to fail began, which then grew
-    first_changed: tuple[str, str] | None = None
-    # every tensor of the reference before it, in its order, that paired with none of the candidate's (as the
-    # session's `unmatched_before`): `reference_only_before` and any earlier, none of them compared
-    unmatched_before: tuple[str, ...] = ()
-    # the line that made each of `unmatched_before` ("" where none), in its order
-    unmatched_before_sources: tuple[str, ...] = ()
-    # every tensor of the candidate before it, in its order, that paired with none of the reference's, with its line
-    # ("" where none): `candidate_only_before` and any earlier. An op both sides run, once more on one side and right
-    # beside its twin (a scale applied twice), faces none of the other side's (either call could be its partner), so
-    # the candidate's extra call, the bug, lies here, with the reference's call in `unmatched_before`
-    candidate_unmatched_before: tuple[tuple[str, str], ...] = ()
-    # how its two ops were paired where not by position alone (two ops of one name and shape in one module call):
-    # "paired by content: ...", or "paired by position, ambiguous: ..." (no culprit is then named on its module)
-    pairing: str | None = None
-    # tensors of the candidate just before it (after the last whose partner the reference recorded before it), in
-    # its order, that pair by name with tensors the reference records only after it: each with its line and its
-    # partner's line ("" where none). A module called in another's place (the attention's norm called as the
-    # feed-forward's) pairs by name with the reference's later call of it, so its line, the bug's, is here
-    candidate_early_before: tuple[tuple[str, str, str], ...] = ()
-
-
-@dataclass(frozen=True)
-class Divergence:
-    """What `find_divergence` found: see its docstring. `first` is None where no difference was found in the
-    summaries."""
-
-    session: str
-    location: str  # the session's URL on the server, or the local data dir that holds it
-    first: FirstDivergence | None
-    # modules whose outputs fail while every input recorded was compared and passes, from the full values, in order
-    culprits: list[str]
-    compared: int  # pairs of summaries compared
-    full_modules: tuple[str, ...]  # the `modules=` patterns of the second pass
-    next_capture: str | None  # the second pass, as a snippet to rerun
-    runs: tuple[str, ...]
-    failing_full: list[ElementStats] = field(default_factory=list)  # the second pass's failing pairs, in order
-    # the last tensor of the reference's and of the candidate's up to which a second call gave the same values
-    # (content hashes of every tensor up to it); None where no model was called twice (no divergence found)
-    repeatable_until: tuple[str, str] | None = None
-    # the reference's and the candidate's tensors that paired with none of the other's, so were not compared
-    unpaired: tuple[int, int] = (0, 0)
-    # where no divergence was found: the first pair whose values differ at all (within tolerance), and its line
-    changed: tuple[str, str] | None = None
-    # what the summary captures could not see (a compiled region's ops), each "the reference: ..." or "the
-    # candidate: ..."
-    notes: tuple[str, ...] = ()
-    # modules whose outputs fail and whose compared inputs pass but with inputs that were not compared (paired with
-    # none of the candidate's, or left unpaired as out of step): each with those inputs; no culprit is named on them
-    uncompared_inputs: tuple[tuple[str, tuple[str, ...]], ...] = ()
-    # of the pairs of summaries compared, those whose tensors hold no elements (an empty batch): equal, whatever the
-    # models compute
-    empty: int = 0
-    # the precision floor (live/precision_floor.py): the candidate's dtype where it is less precise than the
-    # reference's and a converted copy of the reference judged the pairs ("float16"), else None
-    floor: str | None = None
-    # pairs of summaries outside their tolerance but within the precision floor, so passed
-    within_floor: int = 0
-    # pairs of summaries within their tolerance but more than NOISE_FACTOR times the precision floor, so failed
-    beyond_floor: int = 0
-    # from full values, the module outputs outside tolerance but within the precision floor: no culprit is named on
-    # their modules (a bug whose effect there is no more than 4 times the rounding)
-    floored_outputs: tuple[str, ...] = ()
-    # why no precision floor was used though the candidate's dtype is less precise (the converted copy raised)
-    floor_note: str | None = None
-    # whether the precision floor is the reference run under torch.autocast (the candidate computed parts of its
-    # forward in `floor` though its parameters are the reference's dtype), not a converted copy of it
-    floor_autocast: bool = False
-    # modules one side calls more often than the other on inputs of other shapes (a block run row by row and
-    # concatenated, against one call on the batch): (module path without the model's class name, the reference's
-    # calls, the candidate's); their calls face none of each other's, so their tensors were not compared
-    split_calls: tuple[tuple[str, int, int], ...] = ()
-
-    def words(self) -> str:
-        seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
-        seen = self._floor_words() + self._split_words() + seen
-        if self.first is None:
-            return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
-        f = self.first
-        where = ""
-        how = "passed" if is_module_input(f.reference) else "called"
-        if f.reference_source or f.candidate_source:
-            where = f" ({how} at {f.reference_source} in the reference, {f.candidate_source} in the candidate)"
-        elif how == "passed":  # both captured here: no frame outside torch and this package called the module
-            where = " (no source line: the module was called from no code outside torch)"
-        text = (
-            f"The first divergence is {f.reference}{where}, in module {f.module}: {f.summary.reason}."
-            if f.summary.reason
-            else ""
-        )
-        if f.pairing:
-            text += f" Its two ops were {f.pairing.partition(': ')[0]}: {f.pairing.partition(': ')[2]}."
-        for side, extra, other in (
-            ("candidate", f.candidate_only_before, "reference"),
-            ("reference", f.reference_only_before, "candidate"),
-        ):
-            if extra:  # the last few, nearest the divergence (a fused block against its parts makes dozens)
-                shown = extra[-_LISTED:]
-                listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
-                more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
-                text += f" Just before it, the {side} recorded {more}{listed}, which paired with none of the {other}'s."
-        if f.candidate_early_before:
-            shown_early = f.candidate_early_before[-_LISTED:]
-            listed = ", ".join(f"{n} ({at})" if at else n for n, at, _ in shown_early)
-            hidden = len(f.candidate_early_before) - len(shown_early)
-            later = list(dict.fromkeys(at for _, _, at in f.candidate_early_before if at))[:_LISTED]
-            lines_later = f" ({', '.join(later)})" if later else ""
-            text += (
-                f" Just before it, the candidate recorded {f'{hidden} more tensors and then ' if hidden else ''}"
-                f"{listed}, which pair by name with tensors the reference records only after it"
-                f"{lines_later}: the candidate ran them where the reference does not "
-                "(a module called in another's place?), which may be where it began."
-            )
-        if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
-            count = len(f.unmatched_before)
-            lines = f.unmatched_before_sources or ("",) * count
-            first_few = [f"{n} ({at})" if at else n for n, at in zip(f.unmatched_before, lines, strict=True)][:_LISTED]
-            more = f", and {count - len(first_few)} more" if count > len(first_few) else ""
-            text += (
-                f" {count} tensor{'s' if count != 1 else ''} of the reference before it paired with none of the "
-                f"candidate's and {'were' if count != 1 else 'was'} not compared (the first: {', '.join(first_few)}"
-                f"{more}); the divergence may have begun there."
-            )
-        # the candidate's, where the reference's are named too (an op of both left unpaired as twins: the
-        # candidate's extra call is among these); the last few, nearest the divergence
-        if len(f.unmatched_before) > len(f.reference_only_before) and len(f.candidate_unmatched_before) > len(
-            f.candidate_only_before
-        ):
-            count = len(f.candidate_unmatched_before)
-            last_few = [f"{n} ({at})" if at else n for n, at in f.candidate_unmatched_before[-_LISTED:]]
-            more = f"{count - len(last_few)} more and then " if count > len(last_few) else ""
-            text += (
-                f" {count} tensor{'s' if count != 1 else ''} of the candidate before it paired with none of the "
-                f"reference's (the last: {more}{', '.join(last_few)}): an op it runs that the reference does not, or "
-                "runs once more beside its twin, may be where it began."
-            )
-        if f.first_changed is not None:
-            changed, at = f.first_changed
-            text += (
-                f" The first tensor whose values differ at all is {changed}{f' ({at})' if at else ''}, within "
-                "tolerance there."
-            )
-        if f.full is not None:
-            text += (
-                f" From full values: max |diff| {f.full.max_abs_diff:.4g} at {list(f.full.argmax)}, "
-                f"{f.full.mismatched} of {f.full.numel} elements outside tolerance"
-            )
-            if f.full.floor_max_abs_diff is not None:
-                within = "within" if f.full.passed else "more than"
-                text += (
-                    f", {within} {NOISE_FACTOR:g} times the precision floor's max |diff| "
-                    f"{f.full.floor_max_abs_diff:.4g}"
-                )
-            text += "."
-        if self.culprits:
-            text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
-        if self.floored_outputs:
-            floored = self.floored_outputs[-_LISTED:]  # the last, nearest the divergence's module
-            hidden = len(self.floored_outputs) - len(floored)
-            text += (
-                " From full values, module outputs outside tolerance but within the precision floor, so no culprit "
-                f"is named on their modules for them: {f'{hidden} more and then ' if hidden else ''}"
-                f"{', '.join(floored)}."
-            )
-        for module, inputs in self.uncompared_inputs:
-            text += (
-                f" No culprit is named on {module}: its outputs do not agree, but its input"
-                f"{'s' if len(inputs) != 1 else ''} {', '.join(inputs)} {'were' if len(inputs) != 1 else 'was'} not "
-                "compared (paired with none of the candidate's: no partner, or one of another shape or kind of "
-                f"dtype), so whether {'they agree' if len(inputs) != 1 else 'it agrees'} is not known."
-            )
-        if self.repeatable_until is not None:
-            a, b = self.repeatable_until
-            text += (
-                f" Called again, each model gave the same values up to {a} (reference) and {b} (candidate) (the "
-                "content hash of every tensor up to there compared; what comes after cannot change this answer)."
-            )
-        text += seen + f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
-        return text
-
-    def _floor_words(self) -> str:
-        """What the precision floor did, or why there was none."""
-        if self.floor_note is not None:
-            return f" {self.floor_note}."
-        if self.floor is None:
-            return ""
-        many = self.within_floor != 1
-        beyond = ""
-        if self.beyond_floor:
-            more = self.beyond_floor != 1
-            beyond = (
-                f" {self.beyond_floor} pair{'s' if more else ''} of summaries within tolerance "
-                f"{'were' if more else 'was'} more than {NOISE_FACTOR:g} times the precision floor, so "
-                f"{'they fail' if more else 'it fails'}."
-            )
-        how = " (a torch.autocast region, or casts of its own)" if self.floor_autocast else ""
-        return (
-            f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
-            f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "
-            f"stored as the session's rerun, run {NOISE_RUN!r}, so that its pages judge as this answer does): a "
-            f"pair passes where its |diff| is within {NOISE_FACTOR:g} times the floor's and fails where it is more "
-            "(from summaries, of the sampled elements and the norms: lower bounds; where the floor's is zero, the "
-            f"tolerance judges). {self.within_floor} pair{'s' if many else ''} of summaries "
-            f"{'were' if many else 'was'} outside tolerance but within the precision floor: rounding to the lower "
-            f"precision, not a difference of the candidate's own.{beyond}"
-        )
-
-    def _floor_copy(self) -> str:
-        """What ran as the precision floor, in words."""
-        if self.floor_autocast:
-            return f"the reference run under torch.autocast to {self.floor} on the same inputs"
-        return f"a copy of the reference converted to {self.floor}, run on the same inputs cast to it"
-
-    def _split_words(self) -> str:
-        """The modules whose calls were split differently on the two sides, so not compared."""
-        if not self.split_calls:
-            return ""
-        listed = ", ".join(
-            f"{path.lstrip('.')} ({a} call{'s' if a != 1 else ''} in the reference, {b} in the candidate)"
-            for path, a, b in self.split_calls
-        )
-        return (
-            f" Called a different number of times on inputs of other shapes (a batch run in pieces?): {listed}; "
-            "those calls face none of the other side's, so their tensors (and those of the modules inside them) "
-            "were not compared."
-        )
-
-    def _none_found(self) -> str:
-        """The answer where no pair of summaries failed, claiming no more than the pairs compared."""
-        a, b = self.unpaired
-        left = (
-            f" {a} tensor{'s' if a != 1 else ''} of the reference and {b} of the candidate paired with none of the "
-            "other's and were not compared."
-            if a or b
-            else ""
-        )
-        if not self.compared:
-            return f"Nothing was compared: no tensor of the reference pairs with one of the candidate.{left}"
-        if self.changed is not None:
-            name, at = self.changed
-            found = (
-                f"From summaries: no divergence found in {self.compared} pairs of summaries, but values differ "
-                f"within tolerance from {name}{f' ({at})' if at else ''} on"
-            )
-        else:
-            found = f"From summaries: no difference found in {self.compared} pairs of summaries"
-        if self.floor is not None and self.within_floor:
-            found = (
-                f"From summaries: no divergence beyond the precision floor of {self.floor} found in {self.compared} "
-                "pairs of summaries"
-            )
-        if self.empty:
-            every = "Every one of those pairs" if self.empty == self.compared else f"{self.empty} of those pairs"
-            theirs = "theirs" if self.empty > 1 else "its"
-            left += f" {every} held no elements (an empty input?): no value of {theirs} was compared."
-        return (
-            f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
-            "model was called once (whether it gives the same values on every call was not checked)."
-        )
-
-    def __repr__(self) -> str:
-        return self.words()
-
-    def _repr_markdown_(self) -> str:
-        return self.words()
-
-    def _repr_html_(self) -> str:
-        return f"<p>{html.escape(self.words())}</p>"
 
 
 def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[torch.nn.Module], Any]:
@@ -452,16 +150,6 @@ def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], ro
 def _key(name: str, root: str) -> str:
     """A tensor's name without the model's class name, which differs between a model and its port."""
     return name[len(root) :] if name.startswith(root) else name
-
-
-def module_of(name: str) -> str:
-    """The module call of a tensor's name: `Net.layers.1.self_attn/mul#1_outputs` -> `Net.layers.1.self_attn`."""
-    return _PLACE.sub("", name).partition("/")[0]
-
-
-def is_module_input(name: str) -> bool:
-    """Whether a tensor's name is a module's input's (`Net.attn.o_inputs_args_0`), not an op's or an output's."""
-    return "/" not in name and "_inputs_" in name[len(module_of(name)) :]
 
 
 def _maker_of(name: str, calls: set[str]) -> str:
