@@ -249,8 +249,8 @@ class Divergence:
             f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "
             f"stored as the session's rerun, run {NOISE_RUN!r}, so that its pages judge as this answer does): a "
             f"pair passes where its |diff| is within {NOISE_FACTOR:g} times the floor's and fails where it is more "
-            "(from summaries, of the sampled elements and the norms: lower bounds; where the floor's is zero, the "
-            f"tolerance judges). {self.within_floor} pair{'s' if many else ''} of summaries "
+            "(from summaries, of the sampled elements and the norms: lower bounds; where the floor's is zero or "
+            f"infinite, the tolerance judges). {self.within_floor} pair{'s' if many else ''} of summaries "
             f"{'were' if many else 'was'} outside tolerance but within the precision floor: rounding to the lower "
             f"precision, not a difference of the candidate's own.{beyond}"
         )
