@@ -50,6 +50,7 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
         report = _judged(client, session_id)
         runs = {r["label"]: r["role"] for r in client.get(f"/api/sessions/{session_id}").json()["runs"]}
         page = client.get(f"/sessions/{session_id}").text
+        graph = client.get(f"/sessions/{session_id}/graph").text
         listed = client.get("/", params={"q": f"floor in session {model} {bug}"}).text
     banner = re.search(r'<p class="banner (?:fail|pass)"[^>]*data-verdict="(\w+)"[^>]*>(.*?)</p>', page, re.S)
     assert banner is not None
@@ -70,6 +71,7 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
         assert report["modules"]["culprits"] == [] and report["modules"]["culprit"] is None
         assert "rest on summaries" in report["modules"]["values_note"], report["modules"]
         assert 'id="culprits-judged-on"' in page and "no culprit can be judged" in page
+        assert not re.search(r'<div class="[^"]*on-path[^"]*\bculprit\b[^"]*"', graph)
         return
     assert found.first is not None and found.first.module.startswith(f"{root}.layers.2"), found.words()
     assert found.culprits and all(c.startswith(f"{root}.layers.2") for c in found.culprits), found.words()
@@ -94,6 +96,8 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
     culprit = re.search(r'<p class="banner culprit" role="alert" id="culprit">(.*?)</p>', page, re.S)
     assert culprit is not None and f"<code>{found.culprits[0]}</code>" in culprit.group(1)
     assert re.search(rf'<details class="module [^"]* culprit" data-module="{re.escape(found.culprits[0])}"', page)
+    # the model graph highlights the path to it as to a culprit
+    assert re.search(r'<div class="[^"]*on-path[^"]*\bculprit\b[^"]*"', graph)
 
 
 def _full_modules(report: dict[str, Any]) -> set[str]:
