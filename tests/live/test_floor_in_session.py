@@ -50,6 +50,7 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
         report = _judged(client, session_id)
         runs = {r["label"]: r["role"] for r in client.get(f"/api/sessions/{session_id}").json()["runs"]}
         page = client.get(f"/sessions/{session_id}").text
+        graph = client.get(f"/sessions/{session_id}/graph").text
         listed = client.get("/", params={"q": f"floor in session {model} {bug}"}).text
     banner = re.search(r'<p class="banner (?:fail|pass)"[^>]*data-verdict="(\w+)"[^>]*>(.*?)</p>', page, re.S)
     assert banner is not None
@@ -66,6 +67,11 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
         assert first_cell == "—", first_cell  # the list judges as the page (its rows: by tolerances alone)
         assert 'id="judged-by-noise"' in banner.group(2)  # not "every pair is within tolerance" alone
         assert "noise (full)" not in runs  # no second pass
+        # only summaries were compared: no culprit, and the session says why rather than naming nothing silently
+        assert report["modules"]["culprits"] == [] and report["modules"]["culprit"] is None
+        assert "rest on summaries" in report["modules"]["values_note"], report["modules"]
+        assert 'id="culprits-judged-on"' in page and "no culprit can be judged" in page
+        assert not re.search(r'<div class="[^"]*on-path[^"]*\bculprit\b[^"]*"', graph)
         return
     assert found.first is not None and found.first.module.startswith(f"{root}.layers.2"), found.words()
     assert found.culprits and all(c.startswith(f"{root}.layers.2") for c in found.culprits), found.words()
@@ -78,3 +84,23 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
     assert banner.group(1) == "diverged"
     assert f">{found.first.reference}</a>" in banner.group(2)
     assert f">{found.first.reference}</a>" in first_cell
+    # the culprit the answer names from the second pass's full values is the session's: judged by the module view's
+    # rule on the "(full)" runs' pairs, with the rerun "noise (full)"
+    modules = report["modules"]
+    assert [c["module_path"] for c in modules["culprits"]] == found.culprits, (modules, found.words())
+    assert modules["culprit"]["module_path"] == found.culprits[0]
+    assert "'candidate (full)' against 'reference (full)', with the rerun 'noise (full)'" in modules["values_note"]
+    # only modules recorded with full values are ranked: layer 0 was compared on summaries alone
+    assert {c["module_path"] for c in modules["ranked"]} <= {m for m in _full_modules(report) if m}
+    assert not any(c["module_path"].startswith(f"{root}.layers.0") for c in modules["ranked"])
+    culprit = re.search(r'<p class="banner culprit" role="alert" id="culprit">(.*?)</p>', page, re.S)
+    assert culprit is not None and f"<code>{found.culprits[0]}</code>" in culprit.group(1)
+    assert re.search(rf'<details class="module [^"]* culprit" data-module="{re.escape(found.culprits[0])}"', page)
+    # the model graph highlights the path to it as to a culprit
+    assert re.search(r'<div class="[^"]*on-path[^"]*\bculprit\b[^"]*"', graph)
+
+
+def _full_modules(report: dict[str, Any]) -> set[str]:
+    """The modules of the pairs of run "candidate (full)"."""
+    full = {c["run_id"] for c in report["candidates"] if c["label"] == "candidate (full)"}
+    return {p["module_path"] for p in report["pairs"] if p["b"]["run_id"] in full}

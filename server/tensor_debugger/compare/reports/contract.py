@@ -252,7 +252,14 @@ def culprit_note(report: SessionPairs) -> str | None:
     """In words: where error appears inside a block that records no output, say so (the trace lacks what would
     localise it further); where a stage's error would stand out but its input was not compared, that where it began
     is not known; where one would stand out but is within the noise floor, so; where no culprit stands out although
-    error was added, that the error grows evenly."""
+    error was added, that the error grows evenly. Where the module view's pairs rest on summaries, first which runs'
+    full values judged the culprits, or that none could be judged."""
+    words = [report.modules.values_note] if report.modules is not None and report.modules.values_note else []
+    rest = _culprit_words(report)
+    return "; ".join(words + ([rest] if rest else [])) or None
+
+
+def _culprit_words(report: SessionPairs) -> str | None:
     if report.modules is not None and report.modules.notes:
         return "; ".join(report.modules.notes)
     if report.stage_notes:

@@ -227,6 +227,9 @@ class ModuleReport:
     notes: list[str] = field(default_factory=list)
     # where a stage's added error would stand out but its pair passed within the noise floor: no culprit, in words
     noise_notes: list[str] = field(default_factory=list)
+    # where the candidate's pairs rest on summaries: in words, which runs' full values the culprits were judged on,
+    # or that none were, so no culprit can be judged (compare/reports/full_values.py)
+    values_note: str | None = None
 
 
 def carries_activations(item: PairReport) -> bool:
@@ -293,7 +296,8 @@ def module_report(
     marks = stands_out(
         [c.added_error for c in ranked] + [g.added for g in gaps],
         [c.input_error for c in ranked] + [g.given for g in gaps],
-        [_output_floor(by_module[c.module_path], floors or {}) for c in ranked],
+        [_output_floor(by_module[c.module_path], floors or {}) for c in ranked]
+        + [_input_floor(by_module.get(g.child, []), floors or {}) for g in gaps],
         factor,
     )
     marked, gap_marks = marks[: len(ranked)], marks[len(ranked) :]
@@ -433,6 +437,13 @@ def _outputs(pairs: list[PairReport]) -> list[PairReport]:
 def _output_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | None:
     """The noise floor at a module's outputs: the largest of theirs that is known."""
     known = [floors[p.a.name] for p in pairs if (p.place or "").startswith("outputs") and p.a.name in floors]
+    return max(known) if known else None
+
+
+def _input_floor(pairs: list[PairReport], floors: dict[str, float]) -> float | None:
+    """The noise floor at a module's inputs: the largest of theirs that is known. Error that appears between a
+    block's children is judged against it, as a module's added error against the floor at its outputs."""
+    known = [floors[p.a.name] for p in pairs if (p.place or "").startswith("inputs") and p.a.name in floors]
     return max(known) if known else None
 
 

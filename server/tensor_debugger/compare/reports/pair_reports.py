@@ -28,6 +28,13 @@ from tensor_debugger.compare.reports.coverage import (
     closest_candidates,
     session_verdict,
 )
+from tensor_debugger.compare.reports.full_values import (
+    full_values_run,
+    rests_on_summaries,
+    summary_words,
+    values_words,
+    with_full_values,
+)
 from tensor_debugger.compare.reports.module_reports import (
     ModuleReport,
     StageCulpritReport,
@@ -466,11 +473,33 @@ def _noise_floors(judged: _JudgedPairs, candidate: int | None) -> dict[str, floa
 
 
 def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | None) -> ModuleReport | None:
-    """The module view of the first candidate's pairs, on the reference's module tree (`module_report`)."""
-    items = judged.items
-    tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == items[0].a.run_id))  # the reference's
-    mine = [i for i in items if i.b.run_id == first_candidate]
-    floors = _noise_floors(judged, first_candidate)
+    """The module view of the first candidate's pairs, on the reference's module tree (`module_report`). Where
+    those pairs rest on summaries, its culprits are judged on the session's second capture of both sides with full
+    values where it has one (compare/reports/full_values.py), and where it has none, the view says so."""
+    view = _candidate_modules(db, judged, first_candidate)
+    mine = [i for i in judged.items if i.b.run_id == first_candidate]
+    if view is None or first_candidate is None or not rests_on_summaries(mine):
+        return view
+    labels = {r.id: r.label for r in judged.runs}
+    run = full_values_run(judged.items, [r.id for r in judged.runs], judged.noise_runs, first_candidate)
+    full = _candidate_modules(db, judged, run.candidate) if run is not None else None
+    if run is None or full is None:
+        return replace(view, values_note=summary_words(labels.get(first_candidate, str(first_candidate))))
+    noise = sorted(
+        {i.b.run_id for i in judged.everything if i.b.run_id in judged.noise_runs and i.a.run_id == run.against}
+    )
+    return with_full_values(
+        view, full, values_words(labels, run, noise if _noise_floors(judged, run.candidate) else [])
+    )
+
+
+def _candidate_modules(db: DbSession, judged: _JudgedPairs, candidate: int | None) -> ModuleReport | None:
+    """`candidate`'s module view, on the module tree of the run its pairs are compared against."""
+    mine = [i for i in judged.items if i.b.run_id == candidate]
+    if not mine:
+        return None
+    tree = db.scalar(select(RunRecord.module_tree).where(RunRecord.id == mine[0].a.run_id))
+    floors = _noise_floors(judged, candidate)
     ambiguous = frozenset(i.id for i in mine if i.strategy == AMBIGUOUS_STRATEGY)
     return module_report(
         mine, ModuleTree.from_json(tree), floors, judged.factor, frozenset(_out_of_step_pairs(mine)), ambiguous
