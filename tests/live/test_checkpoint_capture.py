@@ -109,7 +109,11 @@ def test_a_tiny_llama_with_gradient_checkpointing_pairs_with_itself_without(
     # no cache: transformers turns it off where it checkpoints in training, so the plain model's ops would differ
     ids = {"input_ids": torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(2)), "use_cache": False}
     checkpointed = tiny_llama().train()
-    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    kwargs = {"use_reentrant": reentrant}
+    if hasattr(checkpointed, "activation_checkpointing_enable"):  # transformers 5.x's name; 4.x has only the old one
+        checkpointed.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     # the embeddings' output needs grad (without it the reentrant checkpoint gives the layers' weights none): a hook
     # whose requires_grad_ is an op of each model; transformers 5 registers it as it enables checkpointing, 4.x not
     if not hasattr(checkpointed, "_require_grads_hook"):

@@ -869,7 +869,8 @@ def test_the_second_passes_stop_the_forward_after_the_last_tensor_wanted_and_lea
     assert {n: (dict(m._forward_hooks), dict(m._forward_pre_hooks)) for n, m in reference.named_modules()} == hooks
     assert not any(m._forward_hooks or m._forward_pre_hooks for m in candidate.modules())
     gc.collect()  # a torch function mode left active would be held by torch's mode stack
-    assert not [o for o in gc.get_objects() if isinstance(o, OpMode)]
+    # by type, not isinstance: that reads `__class__` of every object, deprecated proxies of torch's among them
+    assert not [o for o in gc.get_objects() if OpMode in type(o).__mro__]
     with torch.no_grad():
         out = reference(x_input())
     assert reference.last.calls == 2 and out.shape == (2, 5, DIM)
