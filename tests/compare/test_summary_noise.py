@@ -5,6 +5,7 @@ verdict rests on summaries; a rerun identical at the sampled elements leaves the
 
 from __future__ import annotations
 
+import msgspec
 import numpy as np
 import torch
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR, noise_judges, summary_noise_verdict
@@ -77,3 +78,11 @@ def test_a_rerun_that_overflowed_bounds_nothing_and_leaves_the_tolerances_to_jud
     assert noise_judges(1.0, float("inf"), NOISE_FACTOR) is None
     assert noise_judges(1.0, "inf", NOISE_FACTOR) is None
     assert noise_judges(1e-7, 1e-7, NOISE_FACTOR) is True
+
+
+def test_a_candidate_whose_sampled_diff_is_unknown_is_left_to_the_tolerances() -> None:
+    """No sampled max |diff| of the candidate's (a summary that kept none): the rule has nothing to hold against the
+    floor, so it does not pass the pair on the norms alone as if that |diff| were zero."""
+    floor = _verdict(_noisy(1e-7, 1))
+    unknown = msgspec.structs.replace(_verdict(_noisy(1e-2, 2)), sampled_max_abs_diff=None)
+    assert summary_noise_verdict(unknown, floor, N, NOISE_FACTOR) is None

@@ -78,7 +78,9 @@ def summary_noise_verdict(
         return msgspec.structs.replace(
             candidate, passed=False, reason=f"{words}: {str(candidate.reason).removeprefix('from summaries: ')}"
         )
-    sampled = _number(candidate.sampled_max_abs_diff) or 0.0
+    sampled = _number(candidate.sampled_max_abs_diff)
+    if sampled is None:
+        return None  # the candidate's sampled |diff| unknown: nothing to hold against the floor; the tolerances judge
     within_samples = not math.isnan(sampled) and sampled <= factor * floor_sampled
     checks = [
         f"sampled max |diff| {sampled:.4g}, {'within' if within_samples else 'more than'} {factor:g} times the "
