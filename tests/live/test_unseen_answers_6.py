@@ -6,14 +6,10 @@ little before it."""
 
 from __future__ import annotations
 
-import importlib.util
-import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any, cast
 
 import pytest
@@ -24,7 +20,8 @@ from tensor_debugger.live.divergence import ChangingModelError
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.support.source_lines import marked_line
+from tests.support.model_ports import Port, port_writer
+from tests.support.source_lines import line_holding, marked_line
 
 HERE = Path(__file__)
 D, H, KV = 16, 4, 2
@@ -522,58 +519,11 @@ def test_a_port_that_raises_is_told_the_first_divergence_recorded_before_it(sett
 # --- transformers models against a copy of their own modeling file with one line changed ----------------------------
 
 
-@dataclass(frozen=True)
-class Port:
-    """The original modeling file, its port's path and the port's module."""
-
-    original: Path
-    path: Path
-    module: ModuleType
-
-    def lines(self, needle: str, port_needle: str | None = None) -> tuple[str, str]:
-        """`path:line` of the one line holding `needle` in the original, and `port_needle` (or `needle`) in the port."""
-        return _line(self.original, needle), _line(self.path, port_needle or needle)
-
-
-def _line(path: Path, needle: str) -> str:
-    found = [i + 1 for i, text in enumerate(path.read_text(encoding="utf-8").splitlines()) if needle in text]
-    if not found:  # the case's line is written against a newer release's source
-        pytest.skip(f"{path.name} of this transformers release has no {needle!r}")
-    assert len(found) == 1, (path, needle, found)
-    return f"{path}:{found[0]}"
-
-
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, str, str], Port]]:
-    """Writes `modeling_<family>.py` with `old` replaced by `new` as `port_<family>.py` and imports it."""
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("ports")
-    made: list[str] = []
-
-    def port(family: str, old: str, new: str) -> Port:
-        original = Path(transformers.__file__).parent / "models" / family / f"modeling_{family}.py"
-        text = original.read_text(encoding="utf-8")
-        if text.count(old) != 1:  # the case's port is written against a newer release's source
-            pytest.skip(f"transformers {transformers.__version__}'s modeling_{family}.py has no single {old!r}")
-        text = text.replace(old, new)
-        text = re.sub(r"from \.\.\.(\w)", r"from transformers.\1", text).replace(
-            "from ... import", "from transformers import"
-        )
-        text = re.sub(r"from \.\.(\w)", r"from transformers.models.\1", text)
-        text = re.sub(r"from \.(\w)", rf"from transformers.models.{family}.\1", text)
-        path = folder / f"port_{family}.py"
-        path.write_text(text, encoding="utf-8")
-        spec = importlib.util.spec_from_file_location(f"port_{family}", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        made.append(spec.name)
-        spec.loader.exec_module(module)
-        return Port(original, path, module)
-
-    yield port
-    for name in made:
-        sys.modules.pop(name, None)
+    """Writes `modeling_<family>.py` with `old` replaced by `new` as a port of its own and imports it."""
+    with port_writer(tmp_path_factory.mktemp("ports")) as write:
+        yield lambda family, old, new: write(family, f"port_{family}", old, new)
 
 
 def _pair(ports: Callable[[str, str, str], Port], ported: Ported) -> tuple[Port, nn.Module, nn.Module]:
@@ -792,7 +742,7 @@ def test_a_transformers_port_with_one_line_changed_is_named_at_that_line(
         assert first.module == answer.module, first
     if answer.candidate_only is not None:
         name, port_line = answer.candidate_only
-        assert (name, _line(port.path, port_line)) in first.candidate_only_before, first.candidate_only_before
+        assert (name, line_holding(port.path, port_line)) in first.candidate_only_before, first.candidate_only_before
     if answer.culprits is not None:
         assert found.culprits == list(answer.culprits), repr(found)
 
@@ -813,6 +763,6 @@ def test_starcoder2_dropout_forced_on_is_refused_at_its_line(
     port, ref, cand = _pair(ports, ported)
     with pytest.raises(ChangingModelError) as raised:
         find_divergence(ref, cand, ported.inputs, session=ported.family, data_dir=settings.data_dir)
-    at = _line(port.path, "training=True)")
+    at = line_holding(port.path, "training=True)")
     assert "the candidate called twice on the same inputs gave different values, first at " in str(raised.value)
     assert f"Starcoder2ForCausalLM.model.layers.0.mlp/dropout#1_outputs ({at})" in str(raised.value), raised.value

@@ -7,15 +7,12 @@ tests named after a fix held an answer that was wrong or said too little before 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import math
 import re
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any, cast
 
 import pytest
@@ -26,7 +23,8 @@ from tensor_debugger.settings import Settings
 from torch import nn
 
 from tests.live.test_op_capture import compared
-from tests.support.source_lines import marked_line
+from tests.support.model_ports import Port, port_writer
+from tests.support.source_lines import line_holding, marked_line
 
 HERE = Path(__file__)
 D, H = 16, 4
@@ -437,55 +435,11 @@ def test_a_planted_bug_is_named_at_its_op_and_line(settings: Settings, case: str
 # --- transformers models against a copy of their own modeling file with one line changed ----------------------------
 
 
-@dataclass(frozen=True)
-class Port:
-    """The original modeling file, its port's path and the port's module."""
-
-    original: Path
-    path: Path
-    module: ModuleType
-
-
-def _line(path: Path, needle: str, first: bool = False) -> str:
-    """`path:line` of the one line of `path` holding `needle` (with `first`, the first of several)."""
-    found = [i + 1 for i, text in enumerate(path.read_text(encoding="utf-8").splitlines()) if needle in text]
-    if not found:  # the case's line is written against a newer release's source
-        pytest.skip(f"{path.name} of this transformers release has no {needle!r}")
-    assert len(found) == 1 or first, (path, needle, found)
-    return f"{path}:{found[0]}"
-
-
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, str, str, str], Port]]:
-    """Writes `modeling_<family>.py` with `old` replaced by `new` as `port_<family>_<tag>.py` and imports it."""
-    transformers = pytest.importorskip("transformers")
-    folder = tmp_path_factory.mktemp("ports")
-    made: list[str] = []
-
-    def port(family: str, tag: str, old: str, new: str) -> Port:
-        original = Path(transformers.__file__).parent / "models" / family / f"modeling_{family}.py"
-        text = original.read_text(encoding="utf-8")
-        if text.count(old) != 1:  # the case's port is written against a newer release's source
-            pytest.skip(f"transformers {transformers.__version__}'s modeling_{family}.py has no single {old!r}")
-        text = text.replace(old, new)
-        text = re.sub(r"from \.\.\.(\w)", r"from transformers.\1", text).replace(
-            "from ... import", "from transformers import"
-        )
-        text = re.sub(r"from \.\.(\w)", r"from transformers.models.\1", text)
-        text = re.sub(r"from \.(\w)", rf"from transformers.models.{family}.\1", text)
-        path = folder / f"port_{family}_{tag}.py"
-        path.write_text(text, encoding="utf-8")
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        made.append(spec.name)
-        spec.loader.exec_module(module)
-        return Port(original, path, module)
-
-    yield port
-    for name in made:
-        sys.modules.pop(name, None)
+    """Writes `modeling_<family>.py` with `old` replaced by `new` as a port of its own and imports it."""
+    with port_writer(tmp_path_factory.mktemp("ports")) as write:
+        yield lambda family, tag, old, new: write(family, f"port_{family}_{tag}", old, new)
 
 
 def _pair(port: Port, cls: str, config: Any) -> tuple[nn.Module, nn.Module]:
@@ -709,11 +663,11 @@ def test_a_transformers_port_with_one_line_changed_is_named_at_that_line(
     found = find_divergence(ref, cand, c.inputs(), session="family", data_dir=settings.data_dir)
     first = found.first
     assert first is not None and first.reference == cls + c.first, repr(found)
-    lines = (_line(port.original, c.lines[0]), _line(port.path, c.lines[1]))
+    lines = (line_holding(port.original, c.lines[0]), line_holding(port.path, c.lines[1]))
     assert (first.reference_source, first.candidate_source) == lines, repr(found)
     assert found.culprits == [cls + m for m in c.culprits], repr(found)
     if c.early is not None:
-        assert _line(port.path, c.early) in {at for _, at, _ in first.candidate_early_before}, first
+        assert line_holding(port.path, c.early) in {at for _, at, _ in first.candidate_early_before}, first
 
 
 # --- the two answers round 6 left wrong ---------------------------------------------------------------------------
@@ -738,8 +692,8 @@ def test_olmo2_a_norm_called_in_anothers_place_names_the_ports_line(
     first = found.first
     assert first is not None and first.reference == "Olmo2ForCausalLM.model.layers.0/add#1_outputs", repr(found)
     # the port calls it twice: in the attention's norm's place (the bug), and in its own
-    bug = _line(port.path, "hidden_states = self.post_feedforward_layernorm(hidden_states)", first=True)
-    reference_call = _line(port.original, "hidden_states = self.post_feedforward_layernorm(hidden_states)")
+    bug = line_holding(port.path, "hidden_states = self.post_feedforward_layernorm(hidden_states)", first=True)
+    reference_call = line_holding(port.original, "hidden_states = self.post_feedforward_layernorm(hidden_states)")
     assert (
         "Olmo2ForCausalLM.model.layers.0.post_feedforward_layernorm_outputs",
         bug,
