@@ -1,6 +1,7 @@
 # Two commands for a new user: `make run` and `make test`. Both install what is missing first.
-# `make ci` is the full check CI runs (.ci/run runs its three steps by name): lint, the suite on the newest
-# dependencies, and the suite again on the lowest versions pyproject.toml declares (`make test-lowest`).
+# `make ci` is the full check CI runs (.ci/run runs its four steps by name): lint, the suite's two tiers on the newest
+# dependencies (`make test`, `make test-slow`), and the whole suite again on the lowest versions pyproject.toml
+# declares (`make test-lowest`).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -32,7 +33,7 @@ LOWEST ?= .venv-lowest
 BUILT_FROM := server/build_hooks.py server/tensor_debugger/engine/kernel_structs.h server/tensor_debugger/engine/fused_stats.c server/tensor_debugger/compare/compute/chunk_loop.c
 LOWEST_BIN := $(LOWEST)/bin
 
-.PHONY: run test screenshots install install-test browser cross postgres bench bench-first-start fuzz lint test-lowest ci
+.PHONY: run test test-slow test-all screenshots install install-test browser cross postgres bench bench-first-start fuzz lint test-lowest ci
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -112,7 +113,16 @@ run: install
 # with a queue while the other idles; the files come slowest first by the last run's times (tests/support/slow_first.py).
 PYTEST_WORKERS ?= -n 2 --dist worksteal
 
+# The suite in two tiers (tests/support/tiers.py): `make test` the quick one, about 1,400 tests in a few minutes;
+# `make test-slow` the rest: lint, packaging, the browser, PostgreSQL, S3 and Dask, the servers of their own, the
+# answers on unseen models; `make test-all` both in one run. CI runs both tiers (`make ci`).
 test: install-test
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m "not slow"
+
+test-slow: install-test
+	$(BIN)/python -m pytest $(PYTEST_WORKERS) -m slow
+
+test-all: install-test
 	$(BIN)/python -m pytest $(PYTEST_WORKERS)
 
 # The browser tests again, each writing its screenshots of the pages into test-artifacts/ (a person looks at them
@@ -126,7 +136,7 @@ screenshots: install-test
 test-lowest: $(LOWEST)/.installed-test browser postgres
 	$(LOWEST_BIN)/python -m pytest $(PYTEST_WORKERS)
 
-ci: lint test test-lowest
+ci: lint test test-slow test-lowest
 
 bench: install
 	$(BIN)/python bench/ingest.py --size-gib 1

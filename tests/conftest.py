@@ -22,6 +22,7 @@ from tests.support.s3 import SeaweedS3, start_seaweed
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, started_server
 from tests.support.service_starts import ServiceStarts, needed_services
 from tests.support.slow_first import SlowFirst
+from tests.support.tiers import Tiers
 
 if TYPE_CHECKING:  # imported where a fixture needs them: pytest-xdist's controller loads this file and runs no test
     from tensor_debugger.services import Services
@@ -30,8 +31,10 @@ if TYPE_CHECKING:  # imported where a fixture needs them: pytest-xdist's control
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The run's test files slowest first (tests/support/slow_first.py)."""
+    """The run's test files slowest first (tests/support/slow_first.py); the slow tier marked
+    (tests/support/tiers.py)."""
     config.pluginmanager.register(SlowFirst(config), "tensor_debugger_slow_first")
+    config.pluginmanager.register(Tiers(), "tensor_debugger_tiers")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
