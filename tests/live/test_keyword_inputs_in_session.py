@@ -7,6 +7,7 @@ on unseen models, round 7", "Left, seen on the way")."""
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Any
 
@@ -94,6 +95,10 @@ def test_keyword_inputs_pair_with_positional_ones_in_the_session_as_in_the_answe
         ("Keywords.attn_inputs_args_1", "Keywords.attn_inputs_kwargs_keep"),
     }, by_parameter
     assert all(p["pairing_note"].startswith(NOTE) for p in by_parameter.values())
+    # the pair page says it too
+    mask = by_parameter[("Keywords.attn_inputs_args_1", "Keywords.attn_inputs_kwargs_keep")]
+    page = httpx.get(f"{shared_server.url}/pairs/{mask['id']}", timeout=30).text
+    assert re.search(rf'<p class="meta" id="pairing-note">{re.escape(NOTE)}', page), page
 
 
 def test_a_keyword_mask_that_differs_is_the_sessions_first_divergence_as_the_answers(
