@@ -112,5 +112,8 @@ def test_a_keyword_mask_that_differs_is_the_sessions_first_divergence_as_the_ans
     assert report["first_divergence"]["name"] == found.first.reference, report["first_divergence"]
     mask = next(p for p in report["pairs"] if p["a"]["name"] == "Keywords.attn_inputs_args_1")
     assert mask["b"]["name"] == "Keywords.attn_inputs_kwargs_keep" and mask["status"] == "fail", mask
+    # both say how the two were paired
+    assert mask["pairing_note"].startswith(NOTE), mask
+    assert f"Its two inputs were {NOTE}" in found.words(), found.words()
     assert report["coverage"]["unmatched"] == [], report["coverage"]
     assert alone == {"Keywords/getitem#1_outputs", "Keywords/expand_as#1_outputs"}, alone  # the port's mask's ops

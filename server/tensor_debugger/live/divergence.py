@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.compare.planning.op_pairs import PARAMETER_STRATEGY, op_strategy, pairing_note
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import parameter_key, unique_matches
 from tensor_debugger.engine.summary_compare import (
@@ -405,7 +405,8 @@ def _find(
     theirs |= {_key(a, root_a): b for a, b in ops.pairs}
     # a module's input passed by keyword on one side and by position on the other (`self.attn(x=h, keep=m)` against
     # `self.attn(h, m)`): paired by the parameter of the module's `forward` each binds to, as the session pairs them
-    theirs |= {_key(name, root_a): partner for name, partner in _parameter_partners(ref, cand, theirs, root_a)}
+    by_parameter = dict(_parameter_partners(ref, cand, theirs, root_a))
+    theirs |= {_key(name, root_a): partner for name, partner in by_parameter.items()}
     # left unpaired: two tensors paired by name that are not one value computed two ways (a module's inputs of
     # different kinds: an additive float mask against a bool one)
     # And a module's inputs and outputs of other shapes where one side calls that module more often (a block run
@@ -623,7 +624,7 @@ def _find(
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple((n, cand_lines.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
-        pairing_note(op_strategy(ops.settled.get((name, other)))),
+        pairing_note(PARAMETER_STRATEGY if name in by_parameter else op_strategy(ops.settled.get((name, other)))),
         _early_before(
             list(cand.summaries),
             other,
