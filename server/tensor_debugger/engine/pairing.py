@@ -295,7 +295,8 @@ def parameter_key(module_path: str, place: str, parameter: str | None) -> Hashab
 
 
 def _parameter(t: LogicalTensor) -> Hashable | None:
-    if len(t.shards) != 1 or t.first.module_path is None or t.first.place is None:
+    """`parameter_key` of a tensor, or of a tensor's shards (ranks') where all are bound to one parameter."""
+    if t.first.module_path is None or t.first.place is None or len({s.parameter for s in t.shards}) != 1:
         return None
     return parameter_key(t.first.module_path, t.first.place, t.first.parameter)
 
