@@ -13,6 +13,7 @@ from tensor_debugger.engine.pairing import (
     compile_name_pattern,
     identities,
     pair_runs,
+    parameter_key,
     parse_strategies,
 )
 
@@ -64,6 +65,37 @@ def test_fuzzy_is_one_to_one_best_first() -> None:
     a = refs("h.2.attention_out", "h.2.attention_output_proj")
     b = refs("h.2.attn_out")
     assert made(a, b, strategies=["fuzzy"]) == [("h.2.attention_out", "h.2.attn_out", "fuzzy 0.95")]
+
+
+def inputs(root: str, *places: tuple[str, str | None]) -> list[TensorRef]:
+    """A captured module call's inputs (`attn`'s, under the model class `root`), each a place and its parameter."""
+    return [
+        TensorRef(i, f"{root}.attn_{place}", (2,), "float32", i, module_path=f"{root}.attn", place=place, parameter=p)
+        for i, (place, p) in enumerate(places)
+    ]
+
+
+def test_a_keyword_input_pairs_with_the_positional_one_bound_to_the_same_parameter() -> None:
+    """`attn(h, m)` against `attn(x=h, keep=m)` under a renamed model class: by the parameter each binds to, a
+    tuple's parts part by part; never where no parameter was recorded (a Hugging Face trace)."""
+    reference = inputs("Net", ("inputs_args_0", "x"), ("inputs_args_1_0", "keep"), ("inputs_args_1_1", "keep"))
+    candidate = inputs(
+        "Port", ("inputs_kwargs_keep_1", "keep"), ("inputs_kwargs_keep_0", "keep"), ("inputs_kwargs_x", "x")
+    )
+    assert made(reference, candidate, strategies=["name", "module", "parameter"]) == [
+        ("Net.attn_inputs_args_0", "Port.attn_inputs_kwargs_x", "parameter"),
+        ("Net.attn_inputs_args_1_0", "Port.attn_inputs_kwargs_keep_0", "parameter"),
+        ("Net.attn_inputs_args_1_1", "Port.attn_inputs_kwargs_keep_1", "parameter"),
+    ]
+    assert "parameter" in parse_strategies(None)  # in the default chain
+    assert made(inputs("Net", ("inputs_args_0", None)), inputs("Port", ("inputs_kwargs_x", None))) == []
+    assert parameter_key("Net.attn#2", "inputs_kwargs_x_0", "x") == ("attn#2", "x", "_0")
+    assert parameter_key("Net.attn", "inputs_kwargs_xy", "x") is None  # not the keyword `x`'s
+    assert parameter_key("Net.attn", "outputs", "x") is None
+    parts = inputs("Port", ("inputs_kwargs_x", "x"), ("inputs_kwargs_x_0", "x"))  # a part of `x` is not `x`
+    assert made(inputs("Net", ("inputs_args_0", "x")), parts, strategies=["parameter"]) == [
+        ("Net.attn_inputs_args_0", "Port.attn_inputs_kwargs_x", "parameter")
+    ]
 
 
 def test_the_chain_is_the_users() -> None:

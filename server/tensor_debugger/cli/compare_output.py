@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tensor_debugger.cli.table import print_rows
+from tensor_debugger.compare.planning.op_pairs import PARAMETER_STRATEGY
 from tensor_debugger.compare.planning.requests import CompareRequest
 from tensor_debugger.compare.reports.compare_report import (
     ComparedPair,
@@ -325,8 +326,8 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
             f"elements outside tolerance"
             f"{inside(first)}"
         )
-    if pair.pairing_note:  # two ops of one name and shape: paired by content, or by position, ambiguously
-        print(f"  its two ops were {pair.pairing_note}")
+    if pair.pairing_note:  # two ops of one name and shape (by content, or by position, ambiguously); an input
+        print(f"  its two {'inputs' if pair.strategy == PARAMETER_STRATEGY else 'ops'} were {pair.pairing_note}")
 
 
 def names_of(names: list[str], shown: int = 20) -> str:

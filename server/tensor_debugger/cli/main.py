@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--strategies",
         metavar="LIST",
         help="pairing strategies in the order tried, e.g. "
-        "layer_stage,name,normalized,fuzzy:0.8,shape (default: layer_stage,name,module,key,"
+        "layer_stage,name,normalized,fuzzy:0.8,shape (default: layer_stage,name,module,parameter,key,"
         "normalized,fuzzy,shape)",
     )
     compare.add_argument(

@@ -87,4 +87,5 @@ def tensor_ref(t: TensorRecord) -> TensorRef:
         t.digest,
         t.module_path,
         t.place,
+        t.parameter,
     )

@@ -4,9 +4,10 @@ Tensor-parallel shards (`_rank{k}`, `_tp{k}` suffixes, `rank{k}/` or `tp{k}/` fo
 `rank` group) first merge into one logical tensor per run. Each logical tensor also gets an identity: its name
 less what only packages it (see `identities`). Then a chain of strategies pairs what is left, each pair
 remembering which matched it: manual pairs (which win over everything), layer + stage (+ key path), the same
-name or identity, the same module path and place under a renamed model class, the same key path, normalised
-names, fuzzy names (`fuzzy.py`), and a shape unique on both sides (dumps only). The chain is the session's
-choice (`parse_strategies`). Whatever stays unmatched is listed per run.
+name or identity, the same module path and place under a renamed model class, a captured module input bound to
+the same parameter of the module's `forward` (passed by keyword on one side, by position on the other), the same
+key path, normalised names, fuzzy names (`fuzzy.py`), and a shape unique on both sides (dumps only). The chain is
+the session's choice (`parse_strategies`). Whatever stays unmatched is listed per run.
 """
 
 from __future__ import annotations
@@ -15,12 +16,16 @@ import re
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from tensor_debugger.engine.fuzzy import fuzzy_matches, parse_threshold
 from tensor_debugger.engine.names import normalize
 from tensor_debugger.engine.stages import execution_key
 
 __all__ = ["normalize"]  # where callers have always found it
+
+_T = TypeVar("_T")
+_U = TypeVar("_U")
 
 _SHARD_SUFFIX = re.compile(r"^(?P<base>.+?)_(?:rank|tp)(?P<rank>\d+)(?P<rest>(?:\..*)?)$", re.IGNORECASE)
 _SHARD_FOLDER = re.compile(r"(?:^|/)(?:rank|tp)[_-]?(?P<rank>\d+)(?:/|$)", re.IGNORECASE)
@@ -42,6 +47,7 @@ class TensorRef:
     digest: str = ""
     module_path: str | None = None  # from a module trace or a capture
     place: str | None = None
+    parameter: str | None = None  # a captured module input's: the parameter of the module's `forward` it binds to
 
 
 @dataclass(frozen=True)
@@ -77,7 +83,7 @@ class LogicalTensor:
 class PairPlan:
     a: LogicalTensor  # reference
     b: LogicalTensor  # candidate
-    strategy: str  # "manual", "layer_stage", "name", "module", "key", "normalized", "fuzzy 0.93", "shape"
+    strategy: str  # "manual", "layer_stage", "name", "module", "parameter", "key", "normalized", "fuzzy 0.93", "shape"
 
 
 @dataclass
@@ -208,10 +214,22 @@ def compile_name_pattern(text: str | None) -> re.Pattern[str] | None:
 KeyFn = Callable[[LogicalTensor], Hashable | None]
 
 
-def _unique_index(items: list[LogicalTensor], key: KeyFn) -> dict[Hashable, LogicalTensor]:
+def _unique_index(items: Iterable[_T], key: Callable[[_T], Hashable | None]) -> dict[Hashable, _T]:
     keyed = [(k, item) for item in items if (k := key(item)) is not None]
     counts = Counter(k for k, _ in keyed)
     return {k: item for k, item in keyed if counts[k] == 1}
+
+
+def unique_matches(
+    left: Iterable[_T],
+    right: Iterable[_U],
+    key_a: Callable[[_T], Hashable | None],
+    key_b: Callable[[_U], Hashable | None],
+) -> list[tuple[_T, _U]]:
+    """The items of `left` and `right` whose key is unique on both sides, paired (each strategy's rule), in the
+    order of `left`."""
+    index_a, index_b = _unique_index(left, key_a), _unique_index(right, key_b)
+    return [(a, index_b[k]) for k, a in index_a.items() if k in index_b]
 
 
 def _match(
@@ -224,17 +242,11 @@ def _match(
     """Pair items whose key is unique on both sides; hand back what is left on each."""
     if not left or not right:
         return left, right
-    index_a, index_b = _unique_index(left, key), _unique_index(right, key)
-    matched_a: set[int] = set()
-    matched_b: set[int] = set()
-    for k, a in index_a.items():
-        b = index_b.get(k)
-        if b is not None:
-            pairs.append(PairPlan(a, b, strategy))
-            matched_a.add(id(a))
-            matched_b.add(id(b))
-    if not matched_a:
+    matched = unique_matches(left, right, key, key)
+    if not matched:
         return left, right
+    pairs.extend(PairPlan(a, b, strategy) for a, b in matched)
+    matched_a, matched_b = {id(a) for a, _ in matched}, {id(b) for _, b in matched}
     return [a for a in left if id(a) not in matched_a], [b for b in right if id(b) not in matched_b]
 
 
@@ -246,11 +258,47 @@ def _module_place(t: LogicalTensor) -> Hashable | None:
     path = t.first.module_path
     if path is None or t.first.place is None:
         return None
-    root = len(path)
+    return (without_root(path), t.first.place)
+
+
+def without_root(module_path: str) -> str:
+    """A module call's path without its root, the model's class name (`Net.layers.0.attn#2` -> `layers.0.attn#2`,
+    `Net#2/add#1` -> `#2/add#1`)."""
+    root = len(module_path)
     for separator in "./#":
-        found = path.find(separator)
+        found = module_path.find(separator)
         root = found if found != -1 and found < root else root
-    return (path[root:].removeprefix("."), t.first.place)
+    return module_path[root:].removeprefix(".")
+
+
+_ARGUMENT = re.compile(r"^inputs_args_\d+")
+
+
+def parameter_key(module_path: str, place: str, parameter: str | None) -> Hashable | None:
+    """What pairs a captured module input passed by keyword on one side with the one passed by position on the
+    other (strategy `parameter`): its module call (without the root), the parameter of the module's `forward` its
+    argument binds to, and its part within that argument (`_0` for a tuple's first). `place` is
+    `inputs_args_{i}...` or `inputs_kwargs_{parameter}...`; None for a tensor with no parameter recorded (another
+    place, or a Hugging Face trace). Read by the session's planning and by find_divergence alike, so they cannot
+    pair otherwise."""
+    if parameter is None:
+        return None
+    keyword = f"inputs_kwargs_{parameter}"
+    found = _ARGUMENT.match(place)
+    if found is not None:
+        part = place[found.end() :]
+    elif place == keyword or place.startswith(keyword + "_"):
+        part = place[len(keyword) :]
+    else:
+        return None
+    return (without_root(module_path), parameter, part)
+
+
+def _parameter(t: LogicalTensor) -> Hashable | None:
+    """`parameter_key` of a tensor, or of a tensor's shards (ranks') where all are bound to one parameter."""
+    if t.first.module_path is None or t.first.place is None or len({s.parameter for s in t.shards}) != 1:
+        return None
+    return parameter_key(t.first.module_path, t.first.place, t.first.parameter)
 
 
 def is_op(t: LogicalTensor) -> bool:
@@ -276,13 +324,16 @@ STRATEGIES: dict[str, list[KeyFn]] = {
     "layer_stage": [_layer_stage],
     "name": [lambda t: t.name, lambda t: t.identity or None],
     "module": [_module_place],
+    # a module's input passed by keyword on one side, by position on the other (`attn(x=h)`, `attn(h)`), where the
+    # capture recorded the parameter each binds to; after the names, so it pairs only what they leave
+    "parameter": [_parameter],
     "key": [lambda t: t.first.key_path or None],
     "normalized": [lambda t: normalize(t.identity or t.name) or None],
     "fuzzy": [],  # fuzzy.fuzzy_matches, not a key
     # traced tensors are named by module and place: a shape alone would pair an attention mask with a stranger
     "shape": [lambda t: tuple(t.shapes) if t.first.module_path is None else None],
 }
-DEFAULT_STRATEGIES = ("layer_stage", "name", "module", "key", "normalized", "fuzzy", "shape")
+DEFAULT_STRATEGIES = ("layer_stage", "name", "module", "parameter", "key", "normalized", "fuzzy", "shape")
 
 
 def parse_strategies(items: str | Sequence[str] | None) -> list[str]:

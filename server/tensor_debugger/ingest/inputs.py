@@ -51,6 +51,7 @@ class TensorFileEntry:
     module_path: str | None = None  # from a module trace: the module whose input or output this is
     place: str | None = None  # from a module trace: "inputs_args_0", "outputs", ...
     source: str | None = None  # a captured op's caller, or the caller of a captured module it is an input of
+    parameter: str | None = None  # a captured module input: the parameter of the module's `forward` it binds to
     span: Span | None = None  # read in place: the file's bytes in the archive at `path`
     packed: Packed | None = None  # read through a decompressing stream: a compressed member of the zip at `path`
 
@@ -158,6 +159,7 @@ class _Expander:
                     module_path=tensor.module_path,
                     place=tensor.place,
                     source=tensor.source,
+                    parameter=tensor.parameter,
                     span=found.span,
                     packed=found.packed,
                 )

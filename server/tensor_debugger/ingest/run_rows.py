@@ -60,6 +60,7 @@ def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTe
         module_path=traced.module_path,
         place=traced.place,
         source=traced.source,
+        parameter=traced.parameter,
         has_values=False,
         sketch=stored_sketch,  # compact, as a stored tensor's row keeps it
     )
@@ -116,6 +117,7 @@ def tensor_rows(run_id: int, stored: Sequence[Stored], problems: list[FileProble
                 module_path=entry.module_path,
                 place=entry.place,
                 source=entry.source,
+                parameter=entry.parameter,
                 has_values=True,
                 sketch=tensor.sketch,
             )

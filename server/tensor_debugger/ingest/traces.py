@@ -15,6 +15,8 @@ A capture with `level="op"` (`live/recorder.py`) adds op nodes: `{"module_path":
 "softmax", "source": "<file>:<line>", "outputs": ...}`, children of the module call that ran them, in call order.
 Their files have short names of their own; their tensors are named by the tree (`<module call>/softmax#1_outputs`).
 A capture's module call nodes have `"caller": "<file>:<line>"`, the line that called the module: its inputs' source.
+A capture's module input entries have `"parameter"`: the parameter of the module's `forward` the argument binds to
+(`"x"` for `attn(h)` and for `attn(x=h)` alike), where its signature could be read.
 A capture with `values="summary"` writes no files: each tensor entry holds `"summary"`, its summary
 (`engine/summary_compare.py`), in place of `"value"`. A capture's root says `"complete": true`: no layer was left
 out, so none is put back (with `modules=`, the layers it did not select have no node and only some files).
@@ -115,6 +117,7 @@ class TraceTensor:
     op: str | None = None  # a captured op's function ("softmax"); None for a module's input or output
     source: str | None = None  # a captured op's caller, or the caller of a captured module it is an input of
     sketch: dict[str, Any] | None = None  # a summary capture's summary of it (`summary_compare.Sketch.to_json`)
+    parameter: str | None = None  # a capture's module input: the parameter of the module's `forward` it binds to
 
     @property
     def name(self) -> str:
@@ -260,8 +263,16 @@ def _tensor(path: str, place: str, entry: dict[str, Any], files: set[str]) -> Tr
         file = name if name in files else None
     stats = {k: v for k in STATISTICS if (v := parse_tensor_repr(entry.get(k))) is not None}
     sketch = entry.get("summary") if isinstance(entry.get("summary"), dict) else None
+    parameter = entry.get("parameter") if place.startswith("inputs_") else None
     return TraceTensor(
-        path, place, file, parse_shape(entry.get("shape")), trace_dtype(entry.get("dtype")), stats, sketch=sketch
+        path,
+        place,
+        file,
+        parse_shape(entry.get("shape")),
+        trace_dtype(entry.get("dtype")),
+        stats,
+        sketch=sketch,
+        parameter=parameter if isinstance(parameter, str) and parameter else None,
     )
 
 

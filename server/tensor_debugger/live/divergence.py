@@ -35,18 +35,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fnmatch
-import inspect
 import re
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.compare.planning.op_pairs import PARAMETER_STRATEGY, op_strategy, pairing_note
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
+from tensor_debugger.engine.pairing import parameter_key, unique_matches
 from tensor_debugger.engine.summary_compare import (
     Sketch,
     SketchVerdict,
@@ -404,9 +404,9 @@ def _find(
         theirs.pop(_key(name, root_a), None)
     theirs |= {_key(a, root_a): b for a, b in ops.pairs}
     # a module's input passed by keyword on one side and by position on the other (`self.attn(x=h, keep=m)` against
-    # `self.attn(h, m)`): paired by the parameter's name in the module's `forward` signature
-    keyworded = _keyword_partners(reference, candidate, ref.summaries, cand.summaries, theirs, root_a, root_b)
-    theirs |= {_key(name, root_a): partner for name, partner in keyworded}
+    # `self.attn(h, m)`): paired by the parameter of the module's `forward` each binds to, as the session pairs them
+    by_parameter = dict(_parameter_partners(ref, cand, theirs, root_a))
+    theirs |= {_key(name, root_a): partner for name, partner in by_parameter.items()}
     # left unpaired: two tensors paired by name that are not one value computed two ways (a module's inputs of
     # different kinds: an additive float mask against a bool one)
     # And a module's inputs and outputs of other shapes where one side calls that module more often (a block run
@@ -624,7 +624,7 @@ def _find(
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple((n, cand_lines.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
-        pairing_note(op_strategy(ops.settled.get((name, other)))),
+        pairing_note(PARAMETER_STRATEGY if name in by_parameter else op_strategy(ops.settled.get((name, other)))),
         _early_before(
             list(cand.summaries),
             other,
@@ -754,65 +754,25 @@ def _early_before(
     return tuple(reversed(found))
 
 
-_ARGUMENT = re.compile(r"^(?P<call>.+)_inputs_(?P<how>args|kwargs)_(?P<which>.+)$")
-
-
-def _keyword_partners(
-    reference: torch.nn.Module,
-    candidate: torch.nn.Module,
-    ours: Mapping[str, Sketch],
-    others: Mapping[str, Sketch],
-    theirs: Mapping[str, str],
-    root_a: str,
-    root_b: str,
+def _parameter_partners(
+    ref: CaptureResult, cand: CaptureResult, theirs: Mapping[str, str], root_a: str
 ) -> list[tuple[str, str]]:
     """The reference's module inputs paired with none of the candidate's, each with the candidate's input of the same
-    module call that the other side passed the other way (by keyword for by position, or the reverse): the
-    positional argument `i` is the `i`-th parameter of the module's `forward` (a tuple's parts follow: `_0_1`)."""
-    taken = {theirs[_key(n, root_a)] for n in ours if _key(n, root_a) in theirs}
-    left = {_key(n, root_b): n for n in others if n not in taken}
-    found: list[tuple[str, str]] = []
-    for name in ours:
-        if _key(name, root_a) in theirs or "/" in name:
-            continue
-        parsed = _ARGUMENT.match(_key(name, root_a))
-        if parsed is None:
-            continue
-        call, how = parsed["call"], parsed["how"]
-        path = re.sub(r"#\d+$", "", call).lstrip(".")
-        names = _parameters(reference, path)
-        if names is None or _parameters(candidate, path) != names:
-            continue
-        if how == "args":
-            index, _, rest = parsed["which"].partition("_")
-            if not index.isdigit() or int(index) >= len(names):
-                continue
-            other = f"{call}_inputs_kwargs_{names[int(index)]}{'_' + rest if rest else ''}"
-        else:
-            which = parsed["which"]
-            match = next((n for n in names if which == n or which.startswith(n + "_")), None)
-            if match is None:
-                continue
-            other = f"{call}_inputs_args_{names.index(match)}{which[len(match) :]}"
-        if other in left:
-            found.append((name, left.pop(other)))
-    return found
+    module call bound to the same parameter of the module's `forward` (passed by keyword on one side, by position on
+    the other), by the parameter each capture recorded (`CaptureResult.parameters`) and the rule the session's
+    planning pairs stored runs by (`engine/pairing.py`, strategy `parameter`): the two cannot pair otherwise."""
+    taken = {theirs[_key(n, root_a)] for n in ref.summaries if _key(n, root_a) in theirs}
+    ours = [n for n in ref.summaries if _key(n, root_a) not in theirs and n in ref.parameters]
+    others = [n for n in cand.summaries if n not in taken and n in cand.parameters]
 
+    def keyed(result: CaptureResult) -> Callable[[str], Hashable | None]:
+        def key(name: str) -> Hashable | None:
+            module = module_of(name)
+            return parameter_key(module, name[len(module) + 1 :], result.parameters.get(name))
 
-def _parameters(model: torch.nn.Module, path: str) -> list[str] | None:
-    """The names of the parameters of the `forward` of `model`'s submodule at `path` ("" for the model), in order,
-    up to any `*args` or keyword-only one; None where there is no such module or no signature."""
-    try:
-        module = model.get_submodule(path) if path else model
-        signature = inspect.signature(module.forward)
-    except (AttributeError, TypeError, ValueError):
-        return None
-    names: list[str] = []
-    for parameter in signature.parameters.values():
-        if parameter.kind not in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD):
-            break
-        names.append(parameter.name)
-    return names
+        return key
+
+    return unique_matches(ours, others, keyed(ref), keyed(cand))
 
 
 def _module_calls(summaries: Mapping[str, Sketch], root: str) -> dict[str, int]:

@@ -61,7 +61,8 @@ class FirstDivergence:
     # the candidate's extra call, the bug, lies here, with the reference's call in `unmatched_before`
     candidate_unmatched_before: tuple[tuple[str, str], ...] = ()
     # how its two ops were paired where not by position alone (two ops of one name and shape in one module call):
-    # "paired by content: ...", or "paired by position, ambiguous: ..." (no culprit is then named on its module)
+    # "paired by content: ...", or "paired by position, ambiguous: ..." (no culprit is then named on its module); or
+    # how two module inputs were paired where one side passed it by keyword: "paired by parameter: ..."
     pairing: str | None = None
     # tensors of the candidate just before it (after the last whose partner the reference recorded before it), in
     # its order, that pair by name with tensors the reference records only after it: each with its line and its
@@ -139,7 +140,8 @@ class Divergence:
             else ""
         )
         if f.pairing:
-            text += f" Its two ops were {f.pairing.partition(': ')[0]}: {f.pairing.partition(': ')[2]}."
+            how, _, why = f.pairing.partition(": ")
+            text += f" Its two {'inputs' if how == 'paired by parameter' else 'ops'} were {how}: {why}."
         for side, extra, other in (
             ("candidate", f.candidate_only_before, "reference"),
             ("reference", f.reference_only_before, "candidate"),

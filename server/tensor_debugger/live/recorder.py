@@ -68,6 +68,7 @@ from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.collector import existing_objects_frozen
 from tensor_debugger.live.ops import OpMode, module_caller, user_code_skips
+from tensor_debugger.live.parameters import ForwardParameters, forward_parameters
 from tensor_debugger.live.ranks import (
     Ranks,
     gather_counts,
@@ -118,6 +119,9 @@ class CaptureResult:
     # called the module ("<file>:<line>", the innermost frame outside torch, as an op's source): where a module's
     # input is the first divergence, that line passed it
     called_at: dict[str, str] = field(default_factory=dict)
+    # a module call's inputs' names, each with the parameter of the module's `forward` its argument binds to (where
+    # the signature could be read: `live/parameters.py`), as the run stores it: what pairs `attn(x=h)` with `attn(h)`
+    parameters: dict[str, str] = field(default_factory=dict)
     rank: int | None = None  # inside torch.distributed: this process's rank (tensors, skipped: all ranks')
 
 
@@ -174,6 +178,7 @@ class _Recorder:
         self.files: list[str] = []  # the tensors' file names, in call order
         self.stack: list[dict[str, Any]] = []  # the trace's JSON nodes being written (ingest/traces.py reads them)
         self.called_from: list[str | None] = []  # each of `stack`'s calls, the line that called its module
+        self.signatures: dict[str, ForwardParameters | None] = {}  # each module's `forward`'s, by path, read once
         self.root: dict[str, Any] | None = None
         self.called_again = False  # the model called more than once: `root` holds each call's node
         self.calls: dict[str, int] = {}
@@ -220,14 +225,32 @@ class _Recorder:
         short = path.partition(".")[2]
         return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in self.patterns)
 
-    def enter(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def enter(self, path: str, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """Begin a node for this call of the module at `path`; returns the call's name. The node's `caller`, and
-        its inputs' source, is the line that called the module (`module_caller`), where one is outside torch."""
+        its inputs' source, is the line that called the module (`module_caller`), where one is outside torch; each
+        input's entry has the parameter of the module's `forward` its argument binds to, where known."""
         self.calls[path] = self.calls.get(path, 0) + 1
         call = path if self.calls[path] == 1 else f"{path}#{self.calls[path]}"
-        inputs = {k: v for k, v in (("args", list(args)), ("kwargs", kwargs)) if v}
         caller = module_caller(sys._getframe(1), self.skip)
-        node = {"module_path": call, "inputs": self.serialize(inputs, f"{call}_inputs", source=caller), "children": []}
+        if path not in self.signatures:
+            self.signatures[path] = forward_parameters(module)
+        bound = self.signatures[path]
+        inputs: dict[str, Any] = {}
+        if args:
+            inputs["args"] = [
+                self.serialize(
+                    v, f"{call}_inputs_args_{i}", source=caller, parameter=bound.of_argument(i) if bound else None
+                )
+                for i, v in enumerate(args)
+            ]
+        if kwargs:
+            inputs["kwargs"] = {
+                str(k): self.serialize(
+                    v, f"{call}_inputs_kwargs_{k}", source=caller, parameter=bound.of_keyword(k) if bound else None
+                )
+                for k, v in kwargs.items()
+            }
+        node = {"module_path": call, "inputs": inputs, "children": []}
         if caller is not None:
             node["caller"] = caller
         self.called_from.append(caller)
@@ -315,12 +338,19 @@ class _Recorder:
         self.root["children"].append(node)
 
     def serialize(
-        self, value: Any, name: str, stem: str | None = None, source: str | None = None, called_at: str | None = None
+        self,
+        value: Any,
+        name: str,
+        stem: str | None = None,
+        source: str | None = None,
+        called_at: str | None = None,
+        parameter: str | None = None,
     ) -> Any:
         """The trace JSON's entry for `value`, its tensors handed to the writer (with values="summary": summarised
         here, on their device); mirrors the debugger's layout. Files are named `name` (or `stem`, where given) with
         the place's suffixes; `name` is the tensor's name in the run. `source`: an op's caller; `called_at`: a
-        module call's (its inputs and outputs), kept apart in the result (a tensor with a source is an op's)."""
+        module call's (its inputs and outputs), kept apart in the result (a tensor with a source is an op's);
+        `parameter`: a module input's parameter (`live/parameters.py`), in its entry and in the result."""
         stem = stem or name
         if isinstance(value, torch.Tensor):
             if value.dtype not in safetensors_codes():
@@ -335,6 +365,8 @@ class _Recorder:
                     return repr(value.dtype)
                 self.stopped = name == self.last
                 entry: dict[str, Any] = {"shape": repr(value.shape), "dtype": repr(value.dtype), "summary": None}
+                if parameter is not None:
+                    entry["parameter"] = self.result.parameters[name] = parameter
                 self.pending.append((name, entry, self.summaries.sketch(value)))
                 if source is not None:
                     self.result.sources[name] = source
@@ -353,12 +385,19 @@ class _Recorder:
             self.writer.submit(self.count, file, value)
             self.files.append(file)
             self.count += 1
-            return {"shape": repr(value.shape), "dtype": repr(value.dtype), "value": f"./{file}"}
+            written = {"shape": repr(value.shape), "dtype": repr(value.dtype), "value": f"./{file}"}
+            if parameter is not None:
+                written["parameter"] = self.result.parameters[name] = parameter
+            return written
         if isinstance(value, list | tuple):
-            return [self.serialize(v, f"{name}_{i}", f"{stem}_{i}", source, called_at) for i, v in enumerate(value)]
+            return [
+                self.serialize(v, f"{name}_{i}", f"{stem}_{i}", source, called_at, parameter)
+                for i, v in enumerate(value)
+            ]
         if isinstance(value, dict):  # ModelOutput is a dict too
             return {
-                str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}", source, called_at) for k, v in value.items()
+                str(k): self.serialize(v, f"{name}_{k}", f"{stem}_{k}", source, called_at, parameter)
+                for k, v in value.items()
             }
         return type(value).__name__ if value is not None else "None"
 
@@ -514,7 +553,7 @@ def _hook(
             continue
 
         def pre(
-            _: torch.nn.Module,
+            called: torch.nn.Module,
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
             path: str = path,
@@ -529,7 +568,7 @@ def _hook(
                 return
             recorder.busy = True
             try:
-                call = recorder.enter(path, args, kwargs) if node else path
+                call = recorder.enter(path, called, args, kwargs) if node else path
                 if level == "op":
                     inside = runs_compiled or bool(recorder.scopes and recorder.scopes[-1].compiled)
                     recorder.scopes.append(_Scope(call, wanted, inside))
@@ -695,6 +734,7 @@ class _LocalRun:
                     module_path=t.module_path,
                     place=t.place,
                     source=t.source,
+                    parameter=t.parameter,
                 ),
                 key_path,
                 self.sink.stored[index[t.file]],

@@ -46,6 +46,7 @@ class PairingStrategy(enum.StrEnum):
     LAYER_STAGE = "layer_stage"
     NAME = "name"
     MODULE = "module"
+    PARAMETER = "parameter"
     KEY = "key"
     NORMALIZED = "normalized"
     FUZZY = "fuzzy"

@@ -28,6 +28,8 @@ ALIGNED = "module aligned"  # the strategy of a pair of ops the alignment made (
 BY_CONTENT_STRATEGY = "module by content"
 LEFT_OVER_STRATEGY = "module left over"  # the one left once the others paired by content
 AMBIGUOUS_STRATEGY = "module ambiguous"  # kept by position, which content neither confirms nor replaces
+# a module's input passed by keyword on one side, by position on the other (engine/pairing.py's strategy)
+PARAMETER_STRATEGY = "parameter"
 _STRATEGIES = {BY_CONTENT: BY_CONTENT_STRATEGY, LEFT_OVER: LEFT_OVER_STRATEGY, AMBIGUOUS: AMBIGUOUS_STRATEGY}
 
 
@@ -39,7 +41,13 @@ def op_strategy(settled: str | None) -> str:
 
 def pairing_note(strategy: str) -> str | None:
     """What a pair's strategy says of how its two ops were paired, in words, where they were not paired by position
-    alone (the pair page, the JSON's `pairing_note`); None for any other pair."""
+    alone, or of how two module inputs were paired where their names differ (the pair page, the JSON's
+    `pairing_note`); None for any other pair."""
+    if strategy == PARAMETER_STRATEGY:
+        return (
+            "paired by parameter: one side passes this input by keyword and the other by position, and both bind "
+            "to the same parameter of the module's forward"
+        )
     if strategy == BY_CONTENT_STRATEGY:
         return (
             "paired by content: the two sides compute these ops (of one name and shape) in another order; paired by "

@@ -51,6 +51,9 @@ class TensorRecord(Base):
     place: Mapped[str | None] = mapped_column(String(200))  # "inputs_args_0", "outputs", ...
     # a captured op's caller, "<file>:<line>": the innermost frame outside torch (a capture with level="op")
     source: Mapped[str | None] = mapped_column(Text)
+    # a captured module input's parameter of the module's `forward` that its argument binds to ("x" for `attn(h)` and
+    # for `attn(x=h)` alike), where the capture could read the signature; null for every other tensor
+    parameter: Mapped[str | None] = mapped_column(Text)
     # False for a trace written with use_repr=True: shape, dtype and mean/std/min/max only, no array stored
     has_values: Mapped[bool] = mapped_column(default=True, server_default=true())
     # the tensor's summary (`summary_compare.Sketch.to_json`): a capture with values="summary" keeps it in place of the
