@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fnmatch
+import functools
 import inspect
 import re
 import warnings
@@ -84,6 +85,15 @@ _OUTPUTS = re.compile(r"_outputs(?:_.+)?$")  # a module call's outputs: "Net.hea
 class ChangingModelError(ValueError):
     """A model (the reference or the candidate) gave different tensors for the same inputs on two calls: summaries
     of one call cannot be compared with another's."""
+
+
+class _OtherTensorsRecorded(ChangingModelError):
+    """A model's second call recorded another list of tensors than its first: `what` ("the reference"), and the
+    first tensor where the lists part (None where one list is the start of the other)."""
+
+    def __init__(self, message: str, what: str, at: str | None) -> None:
+        super().__init__(message)
+        self.what, self.at = what, at
 
 
 def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[torch.nn.Module], Any]:
@@ -187,9 +197,11 @@ def _check_repeatable(
     if seen != expected:
         at = next((a for a, b in zip(expected, seen, strict=False) if a != b), None)
         where = f"first at {at}" if at is not None else f"{len(expected)} then {len(seen)} up to {until or 'the end'}"
-        raise ChangingModelError(
+        raise _OtherTensorsRecorded(
             f"{what} called twice on the same inputs recorded different tensors ({where}); summaries of one call "
-            "cannot be compared with another's"
+            "cannot be compared with another's",
+            what,
+            at,
         )
     for name in expected:
         if again[name] != first[name].hash:
@@ -290,23 +302,41 @@ def find_divergence(
             dtype_name(lower),
             dtype_name(next(p.dtype for p in reference.parameters() if p.is_floating_point())),
         )
+    find = functools.partial(
+        _find,
+        reference,
+        candidate,
+        call,
+        session,
+        server,
+        data_dir,
+        where,
+        level,
+        rtol,
+        atol,
+        stored,
+        _arguments(inputs),
+        floor,
+        precision_floor,
+    )
     try:
-        return _find(
-            reference,
-            candidate,
-            call,
-            session,
-            server,
-            data_dir,
-            where,
-            level,
-            rtol,
-            atol,
-            stored,
-            _arguments(inputs),
-            floor,
-            precision_floor,
-        )
+        try:
+            return find()
+        except _OtherTensorsRecorded as first_call:
+            # a model whose first call records tensors its later calls do not (a value computed on the first call
+            # and kept: a helper under functools.lru_cache, a table built lazily): nothing is stored yet, so both
+            # models are called afresh, each now past its first call, and those calls are compared
+            at = f", first at {first_call.at}" if first_call.at is not None else ""
+            note = (
+                f"{first_call.what}'s first call recorded other tensors than its second{at} (a value computed on "
+                "the first call and kept, as functools.lru_cache keeps one?): both models were called again and "
+                "these later calls compared"
+            )
+            try:
+                return find(first_call_note=note)
+            except _OtherTensorsRecorded as again:
+                again.add_note(f"find_divergence: the same after leaving each model's first call out ({note})")
+                raise
     finally:
         if server is None and stored and stored[0].session_id is not None:
             pair_session(stored[0].session_id, data_dir)
@@ -327,9 +357,11 @@ def _find(
     arguments: str = "*inputs",
     floor: Floor | None = None,
     autocast_floor_allowed: bool = False,
+    first_call_note: str | None = None,
 ) -> Divergence:
     """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
-    snippet calls each model on `inputs`; `floor`, the precision floor, where there is one."""
+    snippet calls each model on `inputs`; `floor`, the precision floor, where there is one; `first_call_note`, why
+    the models' first calls were left out (said among the answer's notes)."""
     root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
@@ -464,6 +496,8 @@ def _find(
         for what, held in (("reference", ref_run), ("candidate", cand_run))
         for note in held.recorder.notes
     )
+    if first_call_note is not None:
+        notes = (*notes, first_call_note)
     # the first pass's runs, the floor's summaries as the session's rerun (its noise floor), stored in that order
     first_runs: list[tuple[HeldRun, str, str | None]] = [(ref_run, "reference", None), (cand_run, "candidate", None)]
     if floor_held is not None:
