@@ -3,7 +3,8 @@ unseen models, round 8"): the answers that were wrong and are now fixed, and thr
 guards. Fixed: a model whose first call computes a value later calls take from a cache (`functools.lru_cache`, as
 BEiT's relative position index) was refused as "recorded different tensors"; a view of memory allocated unset
 (`new_empty`) and filled after the view was taken (DeepSeek-V3's keys) was summarised as it was made, its garbage
-named as the first divergence or the model refused as changing between calls."""
+named as the first divergence or the model refused as changing between calls; a model in training mode with
+BatchNorm (its counter `add_`'ed on each call) was refused as changing between calls."""
 
 from __future__ import annotations
 
@@ -169,6 +170,45 @@ def test_a_planted_bug_is_named_at_its_op_and_line(settings: Settings, case: str
         assert (name, line_of(marker)) in own, first
     for said in c.words:
         assert said in words, words
+
+
+class Normed(nn.Module):
+    """A BatchNorm between two layers; the port scales the norm's output by 1.1."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.bn, self.b = nn.Linear(D, D), nn.BatchNorm1d(D), nn.Linear(D, D)
+        with torch.no_grad():
+            cast(torch.Tensor, self.bn.running_mean).normal_()
+            cast(torch.Tensor, self.bn.running_var).uniform_(0.5, 2.0)
+        self.scale = 1.1 if port else 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.bn(self.a(x).transpose(1, 2)).transpose(1, 2)
+        return cast(torch.Tensor, self.b(h * self.scale))  # scaled
+
+
+def test_batchnorm_models_in_training_mode_are_warned_of_and_answered_their_buffers_left_as_given(
+    settings: Settings,
+) -> None:
+    """Both models in training mode, BatchNorm using each batch's statistics (the same outputs on every call): the
+    second call's `num_batches_tracked.add_(1)` gave 2 where the first gave 1, and the reference was refused as
+    "called twice ... gave different values" (each pass moving the running statistics the caller's models keep).
+    Each call now starts from the buffers as given: the warning, then the port's scale at its line; and the
+    models' buffers are as they were."""
+    reference, candidate = Normed(False).train(), Normed(True).train()
+    before = {k: v.clone() for k, v in reference.state_dict().items()}
+    x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(5))
+    with pytest.warns(UserWarning) as warned:
+        found = find_divergence(reference, candidate, x, session="bn", data_dir=settings.data_dir)
+    said = {str(w.message).partition(":")[0] for w in warned}
+    assert said == {f"the {what} model is in training mode" for what in ("reference", "candidate")}, said
+    first = found.first
+    assert first is not None and first.reference == "Normed/mul#1_outputs", repr(found)
+    assert (first.reference_source, first.candidate_source) == (line_of("scaled"), line_of("scaled")), repr(found)
+    after = reference.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items()), "the reference's buffers were changed"
 
 
 # --- transformers models against a copy of their own modeling file with one line changed ----------------------------

@@ -65,6 +65,7 @@ from tensor_debugger.live.divergence_answer import (
     ElementStats,
     FirstDivergence,
 )
+from tensor_debugger.live.model_state import BufferStates
 from tensor_debugger.live.precision_floor import (
     Floor,
     autocast_floor,
@@ -96,12 +97,17 @@ class _OtherTensorsRecorded(ChangingModelError):
         self.what, self.at = what, at
 
 
-def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[torch.nn.Module], Any]:
+def _caller(
+    inputs: Any, roles: Mapping[int, str] | None = None, states: BufferStates | None = None
+) -> Callable[[torch.nn.Module], Any]:
     """How to call a model on `inputs`: a tuple or list of positional arguments, a mapping of keyword arguments,
     or one argument. What a model raises gets a note naming it (its role in `roles`, by id) and how it was called:
-    the model's own message ("mat1 and mat2 shapes cannot be multiplied") says neither."""
+    the model's own message ("mat1 and mat2 shapes cannot be multiplied") says neither. With `states`, each call
+    starts from the model's buffers as its first found them (live/model_state.py)."""
 
     def call(model: torch.nn.Module) -> Any:
+        if states is not None:
+            states.before_call(model)
         with torch.no_grad():
             given = _copied(inputs)
             try:
@@ -287,7 +293,8 @@ def find_divergence(
                 "calls (call .eval() first)",
                 stacklevel=2,
             )
-    call = _caller(inputs, {id(candidate): "candidate", id(reference): "reference"})
+    states = BufferStates()  # each call from the buffers the first started from; the caller's, as given, at the end
+    call = _caller(inputs, {id(candidate): "candidate", id(reference): "reference"}, states)
     # capture()'s keywords; into a local data dir, the session's runs are paired once, after the last capture (each
     # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
@@ -298,7 +305,7 @@ def find_divergence(
         copied = floor_model(reference, lower)
         floor = Floor(
             copied,
-            _caller(cast_inputs(inputs, lower), {id(copied): f"reference converted to {dtype_name(lower)}"}),
+            _caller(cast_inputs(inputs, lower), {id(copied): f"reference converted to {dtype_name(lower)}"}, states),
             dtype_name(lower),
             dtype_name(next(p.dtype for p in reference.parameters() if p.is_floating_point())),
         )
@@ -338,6 +345,7 @@ def find_divergence(
                 again.add_note(f"find_divergence: the same after leaving each model's first call out ({note})")
                 raise
     finally:
+        states.restore_all()
         if server is None and stored and stored[0].session_id is not None:
             pair_session(stored[0].session_id, data_dir)
 
