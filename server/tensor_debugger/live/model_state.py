@@ -30,8 +30,8 @@ class BufferStates:
         held = []
         seen: set[int] = set()
         for module in model.modules():
-            for name, buffer in module._buffers.items():
-                if buffer is not None and id(buffer) not in seen:
+            for name, buffer in module.named_buffers(recurse=False):
+                if id(buffer) not in seen:
                     seen.add(id(buffer))
                     held.append((module, name, buffer, buffer.detach().clone()))
         self._kept[id(model)] = (model, held)
@@ -45,8 +45,8 @@ class BufferStates:
     def _restore(held: list[tuple[torch.nn.Module, str, torch.Tensor, torch.Tensor]]) -> None:
         with torch.no_grad():
             for module, name, buffer, values in held:
-                module._buffers[name] = buffer  # a buffer the call replaced (a table rebuilt longer) is the old one
+                setattr(module, name, buffer)  # a buffer the call replaced (a table rebuilt longer) is the old one
                 try:
                     buffer.copy_(values)
                 except RuntimeError:  # an inference tensor, written outside inference mode: its copy takes its place
-                    module._buffers[name] = values.clone()
+                    setattr(module, name, values.clone())
