@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import fnmatch
+import functools
 import re
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
@@ -64,6 +65,7 @@ from tensor_debugger.live.divergence_answer import (
     ElementStats,
     FirstDivergence,
 )
+from tensor_debugger.live.model_state import BufferStates
 from tensor_debugger.live.precision_floor import (
     Floor,
     autocast_floor,
@@ -86,12 +88,26 @@ class ChangingModelError(ValueError):
     of one call cannot be compared with another's."""
 
 
-def _caller(inputs: Any, roles: Mapping[int, str] | None = None) -> Callable[[torch.nn.Module], Any]:
+class _OtherTensorsRecorded(ChangingModelError):
+    """A model's second call recorded another list of tensors than its first: `what` ("the reference"), and the
+    first tensor where the lists part (None where one list is the start of the other)."""
+
+    def __init__(self, message: str, what: str, at: str | None) -> None:
+        super().__init__(message)
+        self.what, self.at = what, at
+
+
+def _caller(
+    inputs: Any, roles: Mapping[int, str] | None = None, states: BufferStates | None = None
+) -> Callable[[torch.nn.Module], Any]:
     """How to call a model on `inputs`: a tuple or list of positional arguments, a mapping of keyword arguments,
     or one argument. What a model raises gets a note naming it (its role in `roles`, by id) and how it was called:
-    the model's own message ("mat1 and mat2 shapes cannot be multiplied") says neither."""
+    the model's own message ("mat1 and mat2 shapes cannot be multiplied") says neither. With `states`, each call
+    starts from the model's buffers as its first found them (live/model_state.py)."""
 
     def call(model: torch.nn.Module) -> Any:
+        if states is not None:
+            states.before_call(model)
         with torch.no_grad():
             given = _copied(inputs)
             try:
@@ -187,9 +203,11 @@ def _check_repeatable(
     if seen != expected:
         at = next((a for a, b in zip(expected, seen, strict=False) if a != b), None)
         where = f"first at {at}" if at is not None else f"{len(expected)} then {len(seen)} up to {until or 'the end'}"
-        raise ChangingModelError(
+        raise _OtherTensorsRecorded(
             f"{what} called twice on the same inputs recorded different tensors ({where}); summaries of one call "
-            "cannot be compared with another's"
+            "cannot be compared with another's",
+            what,
+            at,
         )
     for name in expected:
         if again[name] != first[name].hash:
@@ -275,7 +293,8 @@ def find_divergence(
                 "calls (call .eval() first)",
                 stacklevel=2,
             )
-    call = _caller(inputs, {id(candidate): "candidate", id(reference): "reference"})
+    states = BufferStates()  # each call from the buffers the first started from; the caller's, as given, at the end
+    call = _caller(inputs, {id(candidate): "candidate", id(reference): "reference"}, states)
     # capture()'s keywords; into a local data dir, the session's runs are paired once, after the last capture (each
     # would pair them all)
     where: dict[str, Any] = {"server": server, "token": token, "data_dir": data_dir, "_pair": server is not None}
@@ -286,28 +305,47 @@ def find_divergence(
         copied = floor_model(reference, lower)
         floor = Floor(
             copied,
-            _caller(cast_inputs(inputs, lower), {id(copied): f"reference converted to {dtype_name(lower)}"}),
+            _caller(cast_inputs(inputs, lower), {id(copied): f"reference converted to {dtype_name(lower)}"}, states),
             dtype_name(lower),
             dtype_name(next(p.dtype for p in reference.parameters() if p.is_floating_point())),
         )
+    find = functools.partial(
+        _find,
+        reference,
+        candidate,
+        call,
+        session,
+        server,
+        data_dir,
+        where,
+        level,
+        rtol,
+        atol,
+        stored,
+        _arguments(inputs),
+        floor,
+        precision_floor,
+    )
     try:
-        return _find(
-            reference,
-            candidate,
-            call,
-            session,
-            server,
-            data_dir,
-            where,
-            level,
-            rtol,
-            atol,
-            stored,
-            _arguments(inputs),
-            floor,
-            precision_floor,
-        )
+        try:
+            return find()
+        except _OtherTensorsRecorded as first_call:
+            # a model whose first call records tensors its later calls do not (a value computed on the first call
+            # and kept: a helper under functools.lru_cache, a table built lazily): nothing is stored yet, so both
+            # models are called afresh, each now past its first call, and those calls are compared
+            at = f", first at {first_call.at}" if first_call.at is not None else ""
+            note = (
+                f"{first_call.what}'s first call recorded other tensors than its second{at} (a value computed on "
+                "the first call and kept, as functools.lru_cache keeps one?): both models were called again and "
+                "these later calls compared"
+            )
+            try:
+                return find(first_call_note=note)
+            except _OtherTensorsRecorded as again:
+                again.add_note(f"find_divergence: the same after leaving each model's first call out ({note})")
+                raise
     finally:
+        states.restore_all()
         if server is None and stored and stored[0].session_id is not None:
             pair_session(stored[0].session_id, data_dir)
 
@@ -327,9 +365,11 @@ def _find(
     arguments: str = "*inputs",
     floor: Floor | None = None,
     autocast_floor_allowed: bool = False,
+    first_call_note: str | None = None,
 ) -> Divergence:
     """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
-    snippet calls each model on `inputs`; `floor`, the precision floor, where there is one."""
+    snippet calls each model on `inputs`; `floor`, the precision floor, where there is one; `first_call_note`, why
+    the models' first calls were left out (said among the answer's notes)."""
     root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
@@ -464,6 +504,8 @@ def _find(
         for what, held in (("reference", ref_run), ("candidate", cand_run))
         for note in held.recorder.notes
     )
+    if first_call_note is not None:
+        notes = (*notes, first_call_note)
     # the first pass's runs, the floor's summaries as the session's rerun (its noise floor), stored in that order
     first_runs: list[tuple[HeldRun, str, str | None]] = [(ref_run, "reference", None), (cand_run, "candidate", None)]
     if floor_held is not None:

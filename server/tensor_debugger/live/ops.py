@@ -20,6 +20,7 @@ import inspect
 import linecache
 import os
 import re
+import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Protocol
@@ -124,6 +125,8 @@ class OpMode(TorchFunctionMode):
         self.skip = user_code_skips()
         self.hooks_file = os.path.join(self.skip[0], "utils", "hooks.py")  # BackwardHook
         self.function_file = os.path.join(self.skip[0], "autograd", "function.py")  # Function.apply
+        # tensors made by an UNINITIALISED call and not written since, by id (`_views_unset_memory`)
+        self._fresh: dict[int, weakref.ref[torch.Tensor]] = {}
 
     def __torch_function__(
         self,
@@ -136,13 +139,46 @@ class OpMode(TorchFunctionMode):
         if torch.compiler.is_compiling():  # torch.compile tracing the model: not a call run here
             return output
         name = getattr(func, "__name__", "")
+        if name in UNINITIALISED and isinstance(output, torch.Tensor):
+            self._allocated(output)
         if self.sink.busy or name == "__get__" or name in UNINITIALISED or not self.sink.recording():
+            return output
+        if self._fresh and self._views_unset_memory(name, args, kwargs or {}, output):
             return output
         frame = inspect.currentframe()
         if self._from_module_hooks(frame):
             return output
         self.sink.record_op(op_name(func), caller_source(frame, self.skip), output)
         return output
+
+    def _allocated(self, tensor: torch.Tensor) -> None:
+        """Keeps `tensor`, made by an `UNINITIALISED` call, as memory not yet written (until it is, or is freed)."""
+        key = id(tensor)
+        self._fresh[key] = weakref.ref(tensor, lambda _: self._fresh.pop(key, None))
+
+    def _views_unset_memory(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> bool:
+        """Whether the call takes a view of a tensor `_allocated` before anything was written into it: DeepSeek-V3's
+        `key_states = kv.new_empty(...)`, then `key_states[..., :d].copy_(k_nope)`: the slice, summarised as it is
+        made, holds whatever the memory held (it is filled only after), so it is not recorded; what is copied into it
+        is (the `copy_`'s output). A write into such a tensor itself (an in-place op on it, `out=` it, an item set)
+        makes it an ordinary tensor from then on; any other op reading it before (`t + 1`) is recorded: the model's
+        own reading of memory it never set."""
+        fresh = [
+            a
+            for a in (*args, kwargs.get("out"))
+            if isinstance(a, torch.Tensor) and (held := self._fresh.get(id(a))) is not None and held() is a
+        ]
+        if not fresh:
+            return False
+        writes = name == "__setitem__" or (name.endswith("_") and not name.startswith("__")) or name.startswith("__i")
+        if writes or any(kwargs.get("out") is a for a in fresh):
+            for a in fresh:
+                self._fresh.pop(id(a), None)
+            return False
+        if not isinstance(output, torch.Tensor) or output.device.type == "meta":
+            return False
+        storage = output.untyped_storage().data_ptr()
+        return any(a.untyped_storage().data_ptr() == storage for a in fresh)
 
     def _from_module_hooks(self, frame: FrameType | None) -> bool:
         """Whether the call being handled was made by torch's module hooks (`BackwardHook`), through

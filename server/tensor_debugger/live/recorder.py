@@ -912,7 +912,12 @@ def capture(
         handles = _hook(model, recorder, level, backward, compiled)
         if level == "op":
             watching.enter_context(OpMode(recorder))
-        yield result
+        try:
+            yield result
+        except RuntimeError as error:
+            if backward and "BackwardHookFunction" in str(error):
+                error.add_note(_IN_PLACE_WITH_BACKWARD)
+            raise
         watching.close()
         for handle in handles:
             handle.remove()
@@ -929,6 +934,17 @@ def capture(
             handle.remove()
         _release(writer, local, ranks, shared, folder)
         collecting.close()
+
+
+# torch's words, where a module's output (or input), wrapped by the full backward hooks of backward=True, is changed in
+# place: "Output 0 of BackwardHookFunction is a view and is being modified inplace ..."; they name neither the capture
+# nor what to do
+_IN_PLACE_WITH_BACKWARD = (
+    "capture(backward=True): gradients are recorded through torch's full backward hooks "
+    "(register_full_backward_hook), which forbid changing a module's output or input in place; the model did (an "
+    "in-place op such as `h += b` or `h.mul_(s)` on a tensor a module returned or was given). It runs without "
+    "backward=True, or with that op out of place (`h = h + b`)"
+)
 
 
 def _session_found(server: str | None, session: str, token: str | None, ranks: Ranks | None) -> int | None:
