@@ -259,23 +259,26 @@ class Divergence:
                     f"it cannot be replayed ({e.reason}), so no culprit is named on it from its own error."
                 )
                 continue
+            if not e.culprit:
+                continue  # listed together below
             figures = (
                 f"max |diff| {e.candidate_error:.4g} against the floor copy's {e.floor_error:.4g} on the same "
                 f"inputs; relative RMSE {e.candidate_rmse:.3g} against {e.floor_rmse:.3g}, the inputs' cast adding "
                 f"{e.input_rmse:.3g}"
             )
-            if e.culprit:
-                text += (
-                    f" {e.module}'s outputs are within {NOISE_FACTOR:g} times the precision floor (the rounding "
-                    f"accumulated before it), but its own error, given the reference's inputs, is {e.ratio:.1f}x the "
-                    f"precision floor's ({figures}): a culprit, on a replay of its call that find_divergence made "
-                    f"(stored as runs {', '.join(repr(r) for r in OWN_RUNS)})."
-                )
-            else:
-                text += (
-                    f" {e.module}'s own error, given the reference's inputs, is {e.ratio:.1f}x the precision floor's "
-                    f"({figures}): no more than rounding, not a culprit."
-                )
+            text += (
+                f" {e.module}'s outputs are within {NOISE_FACTOR:g} times the precision floor (the rounding "
+                f"accumulated before it), but its own error, given the reference's inputs, is {e.ratio:.1f}x the "
+                f"precision floor's ({figures}): a culprit, on a replay of its call that find_divergence made "
+                f"(stored as runs {', '.join(repr(r) for r in OWN_RUNS)})."
+            )
+        rounding = [e for e in self.own_errors if e.reason is None and not e.culprit]
+        if rounding:
+            listed = ", ".join(f"{e.module} {e.ratio:.1f}x" for e in rounding)
+            text += (
+                f" Called again on the reference's arguments to them, the own errors of modules within the precision "
+                f"floor, each against the floor copy's (max |diff|): {listed}: no culprit among them."
+            )
         return text
 
     def _floor_words(self) -> str:

@@ -11,13 +11,14 @@ bug-free blocks at most 1.3 times (bench/RESULTS.md).
 
 During the reference's second pass, a forward pre-hook (`with_kwargs=True`) keeps a copy of the arguments of each
 module call in the window (its tensors detached and cloned). Each is then called again, under `torch.no_grad()`, on
-those arguments (floating tensors cast to the module's own parameter dtype, on its device): the reference's module,
-whose output must equal the one its forward recorded, bit for bit; the candidate's, twice, whose two outputs must be
-equal; and the floor copy's. A call is not replayed, and no culprit is named on it, where its arguments hold a value
-that cannot be copied soundly (an object other than a tensor, a number, a string, None, a dtype or a device, in
-tuples, lists and dicts), where a call changes a parameter, a buffer or a plain attribute of the module (a cache, a
-step counter: its buffers are put back), or where a second call gives other values: the module keeps state between
-calls, and its replay is not the call the forward made.
+those arguments: the reference's module, as its forward gave them, whose output must equal the one its forward
+recorded, bit for bit; the candidate's (floating tensors cast to the module's own parameter dtype, on its device, as
+its own forward would receive them), twice, whose two outputs must be equal; and the floor copy's, cast likewise. A
+call is not replayed, and no culprit is named on it, where its arguments hold a value that cannot be copied soundly
+(an object other than a tensor, a number, a string, None, a dtype or a device, in tuples, lists and dicts), where a
+call changes a parameter, a buffer or a plain attribute of the module (a cache, a step counter: its buffers and
+plain attributes are put back), or where a second call gives other values: the module keeps state between calls, and
+its replay is not the call the forward made.
 
 The culprit rule is the one the session's module view applies to the runs stored from these calls
 (`compare/reports/module_reports.module_report` with the rerun "noise (own)"): the candidate's output fails the
@@ -141,11 +142,12 @@ def kept_arguments(
             handle.remove()
 
 
-def _cast(value: Any, dtype: torch.dtype | None, device: torch.device) -> Any:
-    """`value` (copied again) with each tensor on `device`, its floating ones in `dtype` (where not None)."""
+def _cast(value: Any, dtype: torch.dtype | None, device: torch.device | None) -> Any:
+    """`value` copied again (so that a call changing its arguments in place changes no other call's), each tensor
+    on `device` and each floating one in `dtype`, where given."""
     if isinstance(value, torch.Tensor):
-        moved = value.to(device)
-        return moved.to(dtype) if dtype is not None and moved.is_floating_point() else moved.clone()
+        wanted = dtype if dtype is not None and value.is_floating_point() else value.dtype
+        return value.to(device=device or value.device, dtype=wanted, copy=True)
     if type(value) in (tuple, list):
         return type(value)(_cast(v, dtype, device) for v in value)
     if type(value) is dict:
@@ -185,10 +187,17 @@ class NotReplayable(Exception):
 
 
 def _call(module: torch.nn.Module, arguments: Arguments, dtype: torch.dtype | None, what: str) -> Any:
-    """Call `module` on `arguments` (cast for it) under no_grad; NotReplayable where it raises or changes its own
-    state (its buffers put back first)."""
-    device = next((p.device for p in module.parameters()), torch.device("cpu"))
+    """Call `module` on `arguments` (their floating tensors cast to `dtype` where given, on the module's device)
+    under no_grad; NotReplayable where it raises or changes its own state (its buffers and plain attributes put back
+    first)."""
+    device = next((p.device for p in module.parameters()), None)  # none of its own: where its arguments are
     buffers = {n: b.detach().clone() for n, b in module.named_buffers()}
+    plain = {
+        (name, key): value
+        for name, sub in module.named_modules()
+        for key, value in vars(sub).items()
+        if not key.startswith("_") and isinstance(value, _PLAIN)
+    }
     before = _state(module)
     try:
         with torch.no_grad():
@@ -200,6 +209,8 @@ def _call(module: torch.nn.Module, arguments: Arguments, dtype: torch.dtype | No
         with torch.no_grad():
             for name, saved in buffers.items():
                 module.get_buffer(name).copy_(saved)
+        for (name, key), value in plain.items():
+            setattr(module.get_submodule(name), key, value)
         changed = sorted(k.lstrip(".") for k in set(before) | set(after) if before.get(k) != after.get(k))
         raise NotReplayable(
             f"the {what}'s module changed its own state when called ({', '.join(changed[:3])}): it keeps state "
@@ -247,10 +258,9 @@ def replay(
     lower: torch.dtype,
 ) -> OwnError:
     """Module call `call` (its name in the reference's run; at its path inside each of `models`: the reference, the
-    candidate, the floor copy) replayed
-    on the reference's `arguments` to it; `recorded`, the output the reference's forward recorded for it (None where
-    not recorded). `lower`: the dtype of a module with no floating parameter of its own, in the candidate and the
-    floor copy."""
+    candidate, the floor copy) replayed on the reference's `arguments` to it; `recorded`, the output the reference's
+    forward recorded for it (None where not recorded). `lower`: the dtype of a module with no floating parameter of
+    its own, in the candidate and the floor copy."""
     nan = math.nan
     try:
         if arguments is None:
@@ -263,7 +273,7 @@ def replay(
             modules = [m.get_submodule(call_path(call)[0]) for m in models]
         except AttributeError as error:
             raise NotReplayable(f"a model has no module {call_path(call)[0]}: {error}") from error
-        ours = _call(modules[0], arguments, _dtype(modules[0], torch.float32), "reference")
+        ours = _call(modules[0], arguments, None, "reference")  # its own arguments, as its forward gave them
         if not all(torch.equal(a, b) for a, b in zip(_tensors(ours), _tensors(recorded), strict=False)) or len(
             _tensors(ours)
         ) != len(_tensors(recorded)):
@@ -314,12 +324,12 @@ def recorded_replays(
         for call, arguments in replayed:
             path, number = call_path(call)
             for model, held, what, fallback in (
-                (models[0], ours, "reference", torch.float32),
+                (models[0], ours, "reference", None),
                 (models[1], theirs, "candidate", lower),
                 (models[2], floor, "floor copy", lower),
             ):
                 name = f"{held.recorder.root_name}.{path}"
                 held.recorder.calls[name] = number - 1  # named as the forward's call: `path#2` for its second
                 module = model.get_submodule(path)
-                _call(module, arguments, _dtype(module, fallback), what)
+                _call(module, arguments, _dtype(module, fallback) if fallback is not None else None, what)
     return ours, theirs, floor
