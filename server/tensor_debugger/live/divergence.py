@@ -623,22 +623,23 @@ def _find(
             floored_outputs.append(tensor_name)
     bad = {s.reference for s in failing} | reshaped
     culprits, uncompared = _culprits(order, kept["a"], bad, judged, root_a)
+    # ops paired by position that their contents neither confirm nor replace: which faces which in their module
+    # call is not known, so no culprit is named on it
+    unsure = {module_of(a) for (a, _), how in ops.settled.items() if how == AMBIGUOUS}
+    culprits = [m for m in culprits if m not in unsure]
     own: tuple[OwnError, ...] = ()
-    if floor is not None and window:
-        # modules whose outputs are outside tolerance but within the floor while their inputs pass: each called
-        # again on the reference's arguments, its own error against the floor copy's
-        suspects = _floored_modules(floored_outputs, kept["a"], bad, judged, culprits)
+    if floor is not None and window and not culprits:
+        # no culprit by outputs and inputs: the modules whose outputs are outside tolerance but within the floor
+        # while their inputs pass, each called again on the reference's arguments, its own error against the floor
+        # copy's; the replays stored where one names a culprit, for the session to judge
+        suspects = [m for m in _floored_modules(floored_outputs, kept["a"], bad, judged, culprits) if m not in unsure]
         own, own_runs = _own_errors(suspects, arguments_kept, kept["a"], (reference, candidate, floor.model), floor)
         for label, held in own_runs:
             against = None if label == OWN_RUNS[0] else OWN_RUNS[0]
             role = NOISE_ROLE if label == OWN_RUNS[2] else None
             stored.append(held.store(session, label, **where, against=against, role=role))
             second_runs.append((held, label, role))
-        culprits += [m for m in named(own) if m not in culprits]
-    # ops paired by position that their contents neither confirm nor replace: which faces which in their module
-    # call is not known, so no culprit is named on it
-    unsure = {module_of(a) for (a, _), how in ops.settled.items() if how == AMBIGUOUS}
-    culprits = [m for m in culprits if m not in unsure]
+        culprits += named(own)
     ours = {theirs[k] for k in paired}  # the candidate's tensors paired
     found = FirstDivergence(
         name,
@@ -728,15 +729,15 @@ def _own_errors(
     floor: Floor,
 ) -> tuple[tuple[OwnError, ...], list[tuple[str, HeldRun]]]:
     """Each of `suspects` replayed (live/own_error.py) on the reference's `arguments` to it, checked against its
-    outputs in `values` (the reference's second pass); and the replays recorded as the session's runs
-    "reference (own)", "candidate (own)" and "noise (own)" (none where no call could be replayed)."""
+    outputs in `values` (the reference's second pass); and, where one names a culprit, the replays recorded as the
+    session's runs "reference (own)", "candidate (own)" and "noise (own)"."""
     lower = getattr(torch, floor.dtype)
     errors = []
     for module in suspects:
         outputs = [v for n, v in values.items() if "/" not in n and module_of(n) == module and not is_module_input(n)]
         errors.append(replay(module, arguments.get(module), outputs or None, models, lower))
     replayed = [(e.module, arguments[e.module]) for e in errors if e.reason is None]
-    if not replayed:
+    if not named(errors):  # nothing for the session to name: its runs would show only rounding
         return tuple(errors), []
     held = recorded_replays(models, [(m, a) for m, a in replayed if isinstance(a, Arguments)], lower)
     return tuple(errors), list(zip(OWN_RUNS, held, strict=True))
