@@ -729,15 +729,16 @@ def _own_errors(
     floor: Floor,
 ) -> tuple[tuple[OwnError, ...], list[tuple[str, HeldRun]]]:
     """Each of `suspects` replayed (live/own_error.py) on the reference's `arguments` to it, checked against its
-    outputs in `values` (the reference's second pass); and, where one names a culprit, the replays recorded as the
-    session's runs "reference (own)", "candidate (own)" and "noise (own)"."""
+    outputs in `values` (the reference's second pass); and the replays of those it names culprits, recorded as the
+    session's runs "reference (own)", "candidate (own)" and "noise (own)" (none where it names none)."""
     lower = getattr(torch, floor.dtype)
     errors = []
     for module in suspects:
         outputs = [v for n, v in values.items() if "/" not in n and module_of(n) == module and not is_module_input(n)]
         errors.append(replay(module, arguments.get(module), outputs or None, models, lower))
-    replayed = [(e.module, arguments[e.module]) for e in errors if e.reason is None]
-    if not named(errors):  # nothing for the session to name: its runs would show only rounding
+    # the calls that name a culprit, recorded for the session to judge (those of rounding alone are in the answer)
+    replayed = [(m, arguments[m]) for m in named(errors)]
+    if not replayed:
         return tuple(errors), []
     held = recorded_replays(models, [(m, a) for m, a in replayed if isinstance(a, Arguments)], lower)
     return tuple(errors), list(zip(OWN_RUNS, held, strict=True))
