@@ -27,7 +27,11 @@ float32), a copy of the reference converted to that dtype runs in passes 1 and 2
 (`live/precision_floor.py`). It is stored as the session's rerun (role "noise": "noise", its summaries, and
 "noise (full)", its full values compared against "reference (full)"), and every pair is judged here by the session's
 own noise rule (compare/reports/noise.py, on summaries and on full values), so that this answer, the session's page,
-its JSON and the sessions list say the same. `precision_floor=False` turns it off.
+its JSON and the sessions list say the same. `precision_floor=False` turns it off. Where the rule on outputs and
+inputs then names no culprit, the modules whose outputs are within the floor while their inputs pass are called again
+on the reference's own arguments to them (kept during its second pass), the candidate's module and the floor copy's,
+and named where the candidate's own error stands out against the copy's (live/own_error.py); the calls that name one
+are stored as runs "reference (own)", "candidate (own)" and "noise (own)", which the session judges likewise.
 """
 
 from __future__ import annotations
@@ -740,7 +744,11 @@ def _own_errors(
     replayed = [(m, arguments[m]) for m in named(errors)]
     if not replayed:
         return tuple(errors), []
-    held = recorded_replays(models, [(m, a) for m, a in replayed if isinstance(a, Arguments)], lower)
+    try:
+        held = recorded_replays(models, [(m, a) for m, a in replayed if isinstance(a, Arguments)], lower)
+    except Exception as error:  # a call replayed once already failed when recorded: named on nothing stored, never
+        why = f"recording its replay for the session raised {type(error).__name__}: {error}"
+        return tuple(dataclasses.replace(e, culprit=False, reason=why) if e.culprit else e for e in errors), []
     return tuple(errors), list(zip(OWN_RUNS, held, strict=True))
 
 
