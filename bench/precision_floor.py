@@ -10,7 +10,8 @@ planted in the last block's activation (SiLU for GELU: the second pass runs, ful
 `find_divergence` runs into a new data dir, with `precision_floor=False` and with the floor; printed: its wall and
 CPU time (this process, all threads), the answer's first divergence and culprits, the bytes the data dir holds
 afterwards (the floor's runs "noise" and "noise (full)" are stored in the session), the session's runs, and the
-bytes of the converted copy's parameters. Nothing asserts on timings.
+bytes of the converted copy's parameters; and each module the floor hid that was called again on the reference's
+arguments (live/own_error.py), with its own error in times the floor copy's. Nothing asserts on timings.
 """
 
 from __future__ import annotations
@@ -72,6 +73,13 @@ def main() -> None:
                 f"data dir {statistics.median(sizes) / 2**20:.2f} MiB; runs {', '.join(found.runs)}; "
                 f"first divergence {first}, culprits {found.culprits}"
             )
+            for own in found.own_errors:  # modules within the floor replayed on the reference's arguments
+                ratio = f"{own.ratio:.2f}x" if own.reason is None else f"not replayed ({own.reason})"
+                print(
+                    f"    own error of {own.module}: {ratio} the floor copy's (max |diff| {own.candidate_error:.4g} "
+                    f"against {own.floor_error:.4g}; relative RMSE {own.candidate_rmse:.3g} against "
+                    f"{own.floor_rmse:.3g}){', culprit' if own.culprit else ''}"
+                )
 
 
 if __name__ == "__main__":

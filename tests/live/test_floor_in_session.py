@@ -7,6 +7,7 @@ answer named nothing."""
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -14,6 +15,7 @@ import httpx
 import pytest
 import torch
 from tensor_debugger import find_divergence
+from tensor_debugger.demo.models import ResidualStack
 
 from tests.live.test_precision_floor import MODELS, _inputs
 from tests.support.polling import wait_until
@@ -104,3 +106,35 @@ def _full_modules(report: dict[str, Any]) -> set[str]:
     """The modules of the pairs of run "candidate (full)"."""
     full = {c["run_id"] for c in report["candidates"] if c["label"] == "candidate (full)"}
     return {p["module_path"] for p in report["pairs"] if p["b"]["run_id"] in full}
+
+
+def test_a_culprit_named_by_its_own_error_is_the_sessions_too(shared_server: LiveServer) -> None:
+    """12 residual blocks of width 32 in bfloat16, SiLU in the last: its output is within the precision floor, and
+    find_divergence names it from its own error, replaying its call on the reference's arguments (runs
+    "reference (own)", "candidate (own)", "noise (own)"); the session's module view judges those runs by its own
+    rule and names the same culprit, on the JSON and the page (before: none, on either)."""
+    x = torch.randn(1, 16, 32, generator=torch.Generator().manual_seed(1))
+    found = find_divergence(
+        ResidualStack(hidden=32).eval(),
+        ResidualStack(hidden=32, bug=True).to(torch.bfloat16).eval(),
+        (x,),
+        session="own error in session",
+        server=shared_server.url,
+    )
+    assert found.culprits == ["ResidualStack.layers.11"], found.words()
+    assert "ResidualStack.layers.11_outputs" in found.floored_outputs  # the case: its output is within the floor
+    session_id = int(found.location.rpartition("/sessions/")[2])
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report = _judged(client, session_id)
+        runs = {r["label"]: r["role"] for r in client.get(f"/api/sessions/{session_id}").json()["runs"]}
+        page = client.get(f"/sessions/{session_id}").text
+    assert runs["noise (own)"] == "noise" and "candidate (own)" in runs and "reference (own)" in runs
+    modules = report["modules"]
+    assert [c["module_path"] for c in modules["culprits"]] == found.culprits, modules
+    assert modules["culprit"]["module_path"] == "ResidualStack.layers.11"
+    assert "named ResidualStack.layers.11 on run 'candidate (own)' against 'reference (own)'" in modules["values_note"]
+    assert not any(n.startswith("ResidualStack.layers.11 adds ") for n in modules["noise_notes"]), modules
+    culprit = re.search(r'<p class="banner culprit" role="alert" id="culprit">(.*?)</p>', page, re.S)
+    assert culprit is not None and "<code>ResidualStack.layers.11</code>" in culprit.group(1)
+    # the page says which runs named it: the replay's
+    assert "named ResidualStack.layers.11 on run 'candidate (own)' against 'reference (own)'" in html.unescape(page)

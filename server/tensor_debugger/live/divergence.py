@@ -27,7 +27,11 @@ float32), a copy of the reference converted to that dtype runs in passes 1 and 2
 (`live/precision_floor.py`). It is stored as the session's rerun (role "noise": "noise", its summaries, and
 "noise (full)", its full values compared against "reference (full)"), and every pair is judged here by the session's
 own noise rule (compare/reports/noise.py, on summaries and on full values), so that this answer, the session's page,
-its JSON and the sessions list say the same. `precision_floor=False` turns it off.
+its JSON and the sessions list say the same. `precision_floor=False` turns it off. Where the rule on outputs and
+inputs then names no culprit, the modules whose outputs are within the floor while their inputs pass are called again
+on the reference's own arguments to them (kept during its second pass), the candidate's module and the floor copy's,
+and named where the candidate's own error stands out against the copy's (live/own_error.py); the calls that name one
+are stored as runs "reference (own)", "candidate (own)" and "noise (own)", which the session judges likewise.
 """
 
 from __future__ import annotations
@@ -61,11 +65,21 @@ from tensor_debugger.live.capture_names import is_module_input, module_of
 from tensor_debugger.live.divergence_answer import (
     NOISE_FULL_RUN,
     NOISE_RUN,
+    OWN_RUNS,
     Divergence,
     ElementStats,
     FirstDivergence,
 )
 from tensor_debugger.live.model_state import BufferStates
+from tensor_debugger.live.own_error import (
+    Arguments,
+    OwnError,
+    call_path,
+    kept_arguments,
+    named,
+    recorded_replays,
+    replay,
+)
 from tensor_debugger.live.precision_floor import (
     Floor,
     autocast_floor,
@@ -557,23 +571,31 @@ def _find(
     )
     full_runs: list[HeldRun] = []
     checked: list[str] = []
+    # with a converted floor: the arguments of each module call the second pass records, kept as the reference's
+    # call begins, to call each module again on them (its own error: live/own_error.py)
+    window = _window(order, snippet.modules, root_a) if floor is not None and not floor.autocast else []
+    arguments_kept: dict[str, Arguments | str] = {}
     for model, what, summaries, divergent, lines in (
         (reference, "the reference", ref.summaries, name, ref_lines),
         (candidate, "the candidate", cand.summaries, other, cand_lines),
     ):
         last = _last_wanted(summaries, snippet.modules, _root_name(model))
         until = _later(list(summaries), last, divergent)
-        with record(
-            model,
-            level=level,
-            values="full",
-            modules=list(snippet.modules),
-            last=last,
-            hashes=True,
-            hash_until=until,
-            stop=True,
-        ) as full:
+        with (
+            record(
+                model,
+                level=level,
+                values="full",
+                modules=list(snippet.modules),
+                last=last,
+                hashes=True,
+                hash_until=until,
+                stop=True,
+            ) as full,
+            kept_arguments(model, window if model is reference else [], full.recorder) as caught,
+        ):
             call(model)
+        arguments_kept |= caught
         _check_repeatable(summaries, full.hashes, until, what, lines, model.training)
         checked.append(until or next(reversed(summaries)))
         full_runs.append(full)
@@ -645,11 +667,25 @@ def _find(
             and _OUTPUTS.search(tensor_name[len(module_of(tensor_name)) :])
         ):
             floored_outputs.append(tensor_name)
-    culprits, uncompared = _culprits(order, kept["a"], {s.reference for s in failing} | reshaped, judged, root_a)
+    bad = {s.reference for s in failing} | reshaped
+    culprits, uncompared = _culprits(order, kept["a"], bad, judged, root_a)
     # ops paired by position that their contents neither confirm nor replace: which faces which in their module
     # call is not known, so no culprit is named on it
     unsure = {module_of(a) for (a, _), how in ops.settled.items() if how == AMBIGUOUS}
     culprits = [m for m in culprits if m not in unsure]
+    own: tuple[OwnError, ...] = ()
+    if floor is not None and window and not culprits:
+        # no culprit by outputs and inputs: the modules whose outputs are outside tolerance but within the floor
+        # while their inputs pass, each called again on the reference's arguments, its own error against the floor
+        # copy's; the replays stored where one names a culprit, for the session to judge
+        suspects = [m for m in _floored_modules(floored_outputs, kept["a"], bad, judged, culprits) if m not in unsure]
+        own, own_runs = _own_errors(suspects, arguments_kept, kept["a"], (reference, candidate, floor.model), floor)
+        for label, held in own_runs:
+            against = None if label == OWN_RUNS[0] else OWN_RUNS[0]
+            role = NOISE_ROLE if label == OWN_RUNS[2] else None
+            stored.append(held.store(session, label, **where, against=against, role=role))
+            second_runs.append((held, label, role))
+        culprits += named(own)
     ours = {theirs[k] for k in paired}  # the candidate's tensors paired
     found = FirstDivergence(
         name,
@@ -699,7 +735,63 @@ def _find(
         floored_outputs=tuple(floored_outputs),
         split_calls=split_calls,
         floor_autocast=floor is not None and floor.autocast,
+        own_errors=own,
     )
+
+
+def _window(order: Sequence[str], patterns: Sequence[str], root: str) -> list[str]:
+    """The module calls (other than the model's own) whose tensors a capture of modules `patterns` records, in the
+    order of the reference's tensors `order`."""
+    calls = dict.fromkeys(module_of(n) for n in order if "/" not in n)
+    return [
+        c
+        for c in calls
+        if c != root
+        and c.startswith(root + ".")
+        and any(
+            fnmatch.fnmatchcase(p, pattern) for p in (call_path(c)[0], re.sub(r"#\d+$", "", c)) for pattern in patterns
+        )
+    ]
+
+
+def _floored_modules(
+    floored: Sequence[str], values: Mapping[str, torch.Tensor], bad: set[str], judged: set[str], named: Sequence[str]
+) -> list[str]:
+    """The module calls of the outputs `floored` (outside tolerance, within the precision floor) not named already,
+    whose every recorded input was compared and passes: where the floor may hide a module's own error."""
+    found = []
+    for module in dict.fromkeys(module_of(n) for n in floored):
+        inputs = [n for n in values if is_module_input(n) and module_of(n) == module]
+        if module not in named and inputs and all(n in judged and n not in bad for n in inputs):
+            found.append(module)
+    return found
+
+
+def _own_errors(
+    suspects: Sequence[str],
+    arguments: Mapping[str, Arguments | str],
+    values: Mapping[str, torch.Tensor],
+    models: tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module],
+    floor: Floor,
+) -> tuple[tuple[OwnError, ...], list[tuple[str, HeldRun]]]:
+    """Each of `suspects` replayed (live/own_error.py) on the reference's `arguments` to it, checked against its
+    outputs in `values` (the reference's second pass); and the replays of those it names culprits, recorded as the
+    session's runs "reference (own)", "candidate (own)" and "noise (own)" (none where it names none)."""
+    lower = getattr(torch, floor.dtype)
+    errors = []
+    for module in suspects:
+        outputs = [v for n, v in values.items() if "/" not in n and module_of(n) == module and not is_module_input(n)]
+        errors.append(replay(module, arguments.get(module), outputs or None, models, lower))
+    # the calls that name a culprit, recorded for the session to judge (those of rounding alone are in the answer)
+    replayed = [(m, arguments[m]) for m in named(errors)]
+    if not replayed:
+        return tuple(errors), []
+    try:
+        held = recorded_replays(models, [(m, a) for m, a in replayed if isinstance(a, Arguments)], lower)
+    except Exception as error:  # a call replayed once already failed when recorded: named on nothing stored, never
+        why = f"recording its replay for the session raised {type(error).__name__}: {error}"
+        return tuple(dataclasses.replace(e, culprit=False, reason=why) if e.culprit else e for e in errors), []
+    return tuple(errors), list(zip(OWN_RUNS, held, strict=True))
 
 
 def _before_raising(

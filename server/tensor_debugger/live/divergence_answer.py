@@ -8,9 +8,13 @@ from dataclasses import dataclass, field
 
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.summary_compare import SketchVerdict
-from tensor_debugger.live.capture_names import is_module_input
+from tensor_debugger.live.capture_names import is_module_input, module_of
+from tensor_debugger.live.own_error import OwnError
 
 NOISE_RUN, NOISE_FULL_RUN = "noise", "noise (full)"  # the precision floor's runs in the session (role "noise")
+# module calls replayed on the reference's arguments (live/own_error.py): the reference's, the candidate's (compared
+# against the first), the floor copy's (its rerun, role "noise")
+OWN_RUNS = ("reference (own)", "candidate (own)", "noise (own)")
 _LISTED = 5  # one side's unpaired tensors just before the first divergence named in its words, the nearest
 
 
@@ -121,6 +125,10 @@ class Divergence:
     # concatenated, against one call on the batch): (module path without the model's class name, the reference's
     # calls, the candidate's); their calls face none of each other's, so their tensors were not compared
     split_calls: tuple[tuple[str, int, int], ...] = ()
+    # with a converted precision floor: the modules whose outputs were within it while their inputs passed, each
+    # called again on the reference's arguments to it (live/own_error.py), in order; a culprit where its own error
+    # stands out against the floor copy's
+    own_errors: tuple[OwnError, ...] = ()
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
@@ -204,11 +212,21 @@ class Divergence:
                     f"{f.full.floor_max_abs_diff:.4g}"
                 )
             text += "."
+        own = {e.module for e in self.own_errors if e.culprit}
         if self.culprits:
-            text += f" Culprit: {', '.join(self.culprits)} (its inputs agree, its outputs do not)."
-        if self.floored_outputs:
-            floored = self.floored_outputs[-_LISTED:]  # the last, nearest the divergence's module
-            hidden = len(self.floored_outputs) - len(floored)
+            text += " Culprit: " + ", ".join(
+                f"{c} (its own error, given the reference's inputs, is {self._own(c).ratio:.1f}x the precision floor's)"
+                if c in own
+                else f"{c} (its inputs agree, its outputs do not)"
+                for c in self.culprits
+            )
+            text += "."
+        text += self._own_words()
+        # the outputs within the floor whose module no replay named
+        floored_left = tuple(n for n in self.floored_outputs if module_of(n) not in own)
+        if floored_left:
+            floored = floored_left[-_LISTED:]  # the last, nearest the divergence's module
+            hidden = len(floored_left) - len(floored)
             text += (
                 " From full values, module outputs outside tolerance but within the precision floor, so no culprit "
                 f"is named on their modules for them: {f'{hidden} more and then ' if hidden else ''}"
@@ -228,6 +246,41 @@ class Divergence:
                 "content hash of every tensor up to there compared; what comes after cannot change this answer)."
             )
         text += seen + f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
+        return text
+
+    def _own(self, module: str) -> OwnError:
+        return next(e for e in self.own_errors if e.module == module)
+
+    def _own_words(self) -> str:
+        """What calling each module again on the reference's arguments showed, or why it could not be done."""
+        text = ""
+        for e in self.own_errors:
+            if e.reason is not None:
+                text += (
+                    f" {e.module}'s outputs are within the precision floor, and its own error could not be measured: "
+                    f"it cannot be replayed ({e.reason}), so no culprit is named on it from its own error."
+                )
+                continue
+            if not e.culprit:
+                continue  # listed together below
+            figures = (
+                f"max |diff| {e.candidate_error:.4g} against the floor copy's {e.floor_error:.4g} on the same "
+                f"inputs; relative RMSE {e.candidate_rmse:.3g} against {e.floor_rmse:.3g}, the inputs' cast adding "
+                f"{e.input_rmse:.3g}"
+            )
+            text += (
+                f" {e.module}'s outputs are within {NOISE_FACTOR:g} times the precision floor (the rounding "
+                f"accumulated before it), but its own error, given the reference's inputs, is {e.ratio:.1f}x the "
+                f"precision floor's ({figures}): a culprit, on a replay of its call that find_divergence made "
+                f"(stored as runs {', '.join(repr(r) for r in OWN_RUNS)})."
+            )
+        rounding = [e for e in self.own_errors if e.reason is None and not e.culprit]
+        if rounding:
+            listed = ", ".join(f"{e.module} {e.ratio:.1f}x" for e in rounding)
+            text += (
+                f" Called again on the reference's arguments to them, the own errors of modules within the precision "
+                f"floor, each against the floor copy's (max |diff|): {listed}: no culprit among them."
+            )
         return text
 
     def _floor_words(self) -> str:

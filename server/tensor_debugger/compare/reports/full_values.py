@@ -41,13 +41,14 @@ def rests_on_summaries(mine: Sequence[PairReport]) -> bool:
     return on_summary and all(pair_error(i) is None for i in traced)
 
 
-def full_values_run(
+def full_values_runs(
     items: Sequence[PairReport], run_order: Sequence[int], noise_runs: Collection[int], first_candidate: int
-) -> FullValuesRun | None:
-    """The first candidate run (in the session's run order) of `items` (the session's judged pairs, reruns left
-    out) whose traced pairs have element values, compared against a run that is itself a candidate compared against
-    `first_candidate`'s reference: a second capture of both sides with full values, as find_divergence stores it.
-    None where the session has none."""
+) -> list[FullValuesRun]:
+    """The candidate runs (in the session's run order) of `items` (the session's judged pairs, reruns left out)
+    whose traced pairs have element values, each compared against a run that is itself a candidate compared against
+    `first_candidate`'s reference: a second capture of both sides with full values, as find_divergence stores it
+    ("candidate (full)" against "reference (full)"), and its replay of modules on the reference's arguments to them
+    ("candidate (own)" against "reference (own)"). Empty where the session has none."""
     against: dict[int, set[int]] = {}
     valued: set[int] = set()
     for i in items:
@@ -55,6 +56,7 @@ def full_values_run(
         if i.module_path and pair_error(i) is not None:
             valued.add(i.b.run_id)
     references = against.get(first_candidate, set())
+    found = []
     for run in run_order:
         if run == first_candidate or run in noise_runs or run not in valued or len(against.get(run, ())) != 1:
             continue
@@ -63,8 +65,8 @@ def full_values_run(
             continue
         recaptured = against.get(second, set())
         if len(recaptured) == 1 and recaptured <= references:
-            return FullValuesRun(run, second, next(iter(recaptured)))
-    return None
+            found.append(FullValuesRun(run, second, next(iter(recaptured))))
+    return found
 
 
 def values_words(labels: Mapping[int, str], run: FullValuesRun, noise: Sequence[int]) -> str:
@@ -85,21 +87,35 @@ def summary_words(label: str) -> str:
     )
 
 
-def with_full_values(view: ModuleReport, full: ModuleReport, words: str) -> ModuleReport:
+def with_full_values(
+    view: ModuleReport, full: ModuleReport, words: str, more: Sequence[tuple[ModuleReport, str]] = ()
+) -> ModuleReport:
     """`view` (a candidate's module view from summaries: its tree) with the culprits, the ranking and the notes of
     `full` (the module view of the same modules compared with full values), the culprit marked in the tree and each
-    ranked module's added error on its node."""
+    ranked module's added error on its node. `more`: the module views of other runs compared with full values (a
+    replay of modules on the reference's arguments), each with its words: their culprits are added after `full`'s,
+    and a note of `full`'s that a module's output is within the noise floor is dropped where one names it."""
+    culprits = list(full.culprits)
+    named_on: list[str] = []
+    for other, how in more:
+        added_here = [c for c in other.culprits if c.module_path not in {n.module_path for n in culprits}]
+        culprits += added_here
+        if added_here:
+            named_on.append(f"{', '.join(c.module_path for c in added_here)} on {how}")
+    top = full.culprit or next((o.culprit for o, _ in more if o.culprit is not None), None)
+    named = {c.module_path for c in culprits}
     added = {c.module_path: c for c in full.ranked}
-    tree = [_marked(node, added, full.culprit) for node in view.tree]
+    tree = [_marked(node, added, top) for node in view.tree]
+    noise_notes = [n for n in full.noise_notes if not any(n.startswith(f"{m} adds ") for m in named)]
     return replace(
         view,
         tree=tree,
-        culprits=full.culprits,
-        culprit=full.culprit,
+        culprits=culprits,
+        culprit=top,
         ranked=full.ranked,
         notes=full.notes,
-        noise_notes=full.noise_notes,
-        values_note=words,
+        noise_notes=noise_notes,
+        values_note=words + "".join(f"; named {n}" for n in named_on),
     )
 
 

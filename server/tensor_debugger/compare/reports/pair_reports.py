@@ -29,7 +29,8 @@ from tensor_debugger.compare.reports.coverage import (
     session_verdict,
 )
 from tensor_debugger.compare.reports.full_values import (
-    full_values_run,
+    FullValuesRun,
+    full_values_runs,
     rests_on_summaries,
     summary_words,
     values_words,
@@ -481,16 +482,19 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
     if view is None or first_candidate is None or not rests_on_summaries(mine):
         return view
     labels = {r.id: r.label for r in judged.runs}
-    run = full_values_run(judged.items, [r.id for r in judged.runs], judged.noise_runs, first_candidate)
-    full = _candidate_modules(db, judged, run.candidate) if run is not None else None
-    if run is None or full is None:
+    runs = full_values_runs(judged.items, [r.id for r in judged.runs], judged.noise_runs, first_candidate)
+    views = [(run, found) for run in runs if (found := _candidate_modules(db, judged, run.candidate)) is not None]
+    if not views:
         return replace(view, values_note=summary_words(labels.get(first_candidate, str(first_candidate))))
-    noise = sorted(
-        {i.b.run_id for i in judged.everything if i.b.run_id in judged.noise_runs and i.a.run_id == run.against}
-    )
-    return with_full_values(
-        view, full, values_words(labels, run, noise if _noise_floors(judged, run.candidate) else [])
-    )
+
+    def words(run: FullValuesRun) -> str:
+        noise = sorted(
+            {i.b.run_id for i in judged.everything if i.b.run_id in judged.noise_runs and i.a.run_id == run.against}
+        )
+        return values_words(labels, run, noise if _noise_floors(judged, run.candidate) else [])
+
+    (run, full), more = views[0], views[1:]
+    return with_full_values(view, full, words(run), [(other, words(r).partition(": ")[2]) for r, other in more])
 
 
 def _candidate_modules(db: DbSession, judged: _JudgedPairs, candidate: int | None) -> ModuleReport | None:
