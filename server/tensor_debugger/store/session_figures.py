@@ -1,0 +1,185 @@
+"""The sessions list's judged figures, kept (`SessionFiguresRecord`) with a fingerprint of everything they were
+judged from, so that the list judges a session with a rerun again only when that session changed.
+
+What a session's judged figures (failing count, first divergence, first pair) depend on, and how the fingerprint
+covers it:
+
+- its pairs' rows (status, comparison result, summary verdict, sides, names, position, alignment, error): summed
+  in SQL as one number per row (`_row_number`), so reading them costs the database a scan of the session's pair
+  rows and Python nothing per pair;
+- the statistics of each pair's comparison result: a result row is written once under its key and never changed
+  (compare/compute/pending.py), so its id stands for them;
+- its runs (ids, order, role, status, the run each is compared against, how many tensors): a run's tensors are
+  written before it turns "ready" (ingest/run_endings.py) and never after, so its status and count stand for them;
+- the session's tolerances, noise factor and pairing rules, and the user's hand pairings (their ids);
+- the rule itself: `FIGURES_RULE` and the package's version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import BigInteger, ColumnElement, Text, case, cast, delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
+
+from tensor_debugger import __version__
+from tensor_debugger.store.models import (
+    PAIR_STATUSES,
+    PairOverrideRecord,
+    PairRecord,
+    RunRecord,
+    SessionFiguresRecord,
+    SessionRecord,
+)
+
+# Raise when the way a session's figures are judged changes (compare/reports/pair_reports.py `judge_by_noise`,
+# `_first_divergence_of`): every figure kept under the old rule is then judged again.
+FIGURES_RULE = 1
+_MODULUS = 2_147_483_629  # a prime under 2**31: a row's number times a weight stays far inside 64 bits
+
+
+@dataclass(frozen=True)
+class JudgedFigures:
+    failing: int
+    first_divergence: str | None  # the earliest failing pair's name
+    first_pair: int | None  # its id
+
+
+def _big(column: Any) -> ColumnElement[int]:
+    """As a 64-bit integer (PostgreSQL multiplies 32-bit integers in 32 bits, and refuses what overflows)."""
+    return cast(func.coalesce(column, 0), BigInteger)
+
+
+def _length(column: Any) -> ColumnElement[int]:
+    return _big(func.length(func.coalesce(cast(column, Text), "")))
+
+
+def _row_number() -> ColumnElement[int]:
+    """One number per pair row, under `_MODULUS`, from every column its judged figures may depend on."""
+    p = PairRecord
+    status = case({s: k + 1 for k, s in enumerate(PAIR_STATUSES)}, value=p.status, else_=0)
+    weighted: list[tuple[Any, int]] = [
+        (p.id, 1_000_003),
+        (p.position, 7_919),
+        (p.result_id, 104_729),
+        (p.run_a_id, 31),
+        (p.run_b_id, 131),
+        (p.layer, 61),
+    ]
+    texts: list[Any] = [p.name, p.a_name, p.b_name, p.a_tensor_ids, p.b_tensor_ids, p.alignment, p.summary]
+    texts += [p.error, p.module_path, p.place, p.stage, p.strategy]
+    total: ColumnElement[int] = _big(status) * 1_299_709
+    for column, weight in weighted:
+        total = total + _big(column) * weight
+    for k, column in enumerate(texts):
+        total = total + _length(column) * (15_485_863 + 2 * k)
+    return total % _MODULUS
+
+
+def fingerprints(db: DbSession, session_ids: Sequence[int]) -> dict[int, str]:
+    """Each session's fingerprint (64 hex digits) of everything its judged figures depend on."""
+    if not session_ids:
+        return {}
+    ids = list(session_ids)
+    parts: dict[int, list[Any]] = {sid: [FIGURES_RULE, __version__] for sid in ids}
+    row = _row_number()
+    for sid, *figures in db.execute(
+        select(
+            PairRecord.session_id,
+            func.count(),
+            func.sum(row),
+            func.sum(row * row % _MODULUS),
+            func.max(PairRecord.id),
+        )
+        .where(PairRecord.session_id.in_(ids))
+        .group_by(PairRecord.session_id)
+    ):
+        parts[sid].append(("pairs", *(int(f or 0) for f in figures)))
+    for sid, *run in db.execute(
+        select(
+            RunRecord.session_id,
+            RunRecord.id,
+            RunRecord.position,
+            RunRecord.role,
+            RunRecord.status,
+            RunRecord.compared_against_id,
+            RunRecord.tensor_count,
+        )
+        .where(RunRecord.session_id.in_(ids))
+        .order_by(RunRecord.session_id, RunRecord.position, RunRecord.id)
+    ):
+        parts[sid].append(("run", *run))
+    for sid, *rules in db.execute(
+        select(
+            SessionRecord.id,
+            SessionRecord.rtol,
+            SessionRecord.atol,
+            SessionRecord.ulp,
+            SessionRecord.noise_factor,
+            cast(SessionRecord.strategies, Text),
+            SessionRecord.name_pattern,
+            cast(SessionRecord.allow_unmatched, Text),
+        ).where(SessionRecord.id.in_(ids))
+    ):
+        parts[sid].append(("session", *rules))
+    for sid, count, last, total in db.execute(
+        select(
+            PairOverrideRecord.session_id,
+            func.count(),
+            func.max(PairOverrideRecord.id),
+            func.sum(_length(PairOverrideRecord.steps)),
+        )
+        .where(PairOverrideRecord.session_id.in_(ids))
+        .group_by(PairOverrideRecord.session_id)
+    ):
+        parts[sid].append(("overrides", count, last, int(total or 0)))
+    return {sid: hashlib.sha256(repr(found).encode()).hexdigest() for sid, found in parts.items()}
+
+
+def kept_figures(db: DbSession, prints: Mapping[int, str]) -> dict[int, JudgedFigures]:
+    """The figures kept for these sessions whose fingerprint is still `prints`' (the others must be judged)."""
+    if not prints:
+        return {}
+    kept = db.execute(
+        select(
+            SessionFiguresRecord.session_id,
+            SessionFiguresRecord.fingerprint,
+            SessionFiguresRecord.failing,
+            SessionFiguresRecord.first_divergence,
+            SessionFiguresRecord.first_pair,
+        ).where(SessionFiguresRecord.session_id.in_(list(prints)))
+    ).all()
+    return {
+        sid: JudgedFigures(failing, first_divergence, first_pair)
+        for sid, fingerprint, failing, first_divergence, first_pair in kept
+        if prints.get(sid) == fingerprint
+    }
+
+
+def keep_figures(sessions: sessionmaker[Any], judged: Mapping[int, tuple[str, JudgedFigures]]) -> None:
+    """Keep each session's judged figures under their fingerprint, in a transaction of their own. A session deleted
+    meanwhile, or whose figures another request kept first, keeps nothing from this call (the next list judges
+    again where needed)."""
+    if not judged:
+        return
+    with sessions() as db:
+        db.execute(delete(SessionFiguresRecord).where(SessionFiguresRecord.session_id.in_(list(judged))))
+        db.add_all(
+            SessionFiguresRecord(
+                session_id=sid,
+                fingerprint=fingerprint,
+                failing=figures.failing,
+                first_divergence=figures.first_divergence,
+                first_pair=figures.first_pair,
+            )
+            for sid, (fingerprint, figures) in judged.items()
+        )
+        try:
+            db.commit()
+        except IntegrityError:
+            db.rollback()
