@@ -6,6 +6,7 @@ next load, the figures then those of the session's own report."""
 from __future__ import annotations
 
 import re
+import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,27 @@ def test_a_repeat_load_reads_no_pairs_and_every_change_shows(
     assert seen[-1] == changes[-1]
     assert reads.during(lambda: seen.append(_listed(client, session_id))) == 0
     assert seen[-1] == changes[-1]
+
+
+def test_the_list_does_not_wait_on_a_writer_to_keep_its_figures(
+    services: Services, settings: Settings, client: TestClient[Litestar], tmp_path: Path
+) -> None:
+    """While another connection holds SQLite's writer lock (a long ingest's transaction, say), the list shows the
+    judged figures and keeps none (its keeping waits 100 ms, not the 30 s a writer waits); once the lock is free,
+    the next load keeps them."""
+    _ingest(services, tmp_path, "reference", {})
+    _ingest(services, tmp_path, "rerun", {2: 1e-4, 3: 1e-4}, role="noise")
+    session_id = _ingest(services, tmp_path, "candidate", {0: 1e-3, 1: 1e-3, 2: 0.5, 3: 0.5})
+    judged = _judged(services, session_id)
+    writer = sqlite3.connect(settings.data_dir / "metadata.sqlite3", isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        assert _listed(client, session_id) == judged
+        with services.sessions() as db:
+            assert db.get(SessionFiguresRecord, session_id) is None
+    finally:
+        writer.close()
+    assert _listed(client, session_id) == judged
+    with services.sessions() as db:
+        kept = db.get(SessionFiguresRecord, session_id)
+        assert kept is not None and (kept.failing, kept.first_divergence) == judged

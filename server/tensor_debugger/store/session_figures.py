@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import BigInteger, ColumnElement, Text, case, cast, delete, func, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger import __version__
+from tensor_debugger.store.database import SQLITE_BUSY_MS
 from tensor_debugger.store.models import (
     PAIR_STATUSES,
     PairOverrideRecord,
@@ -40,6 +41,7 @@ from tensor_debugger.store.models import (
 # Raise when the way a session's figures are judged changes (compare/reports/pair_reports.py `judge_by_noise`,
 # `_first_divergence_of`): every figure kept under the old rule is then judged again.
 FIGURES_RULE = 1
+LOCK_WAIT_MS = 100  # the longest keeping the figures waits for a lock (the list then shows them unkept)
 _MODULUS = 2_147_483_629  # a prime under 2**31: a row's number times a weight stays far inside 64 bits
 
 
@@ -162,24 +164,43 @@ def kept_figures(db: DbSession, prints: Mapping[int, str]) -> dict[int, JudgedFi
 
 
 def keep_figures(sessions: sessionmaker[Any], judged: Mapping[int, tuple[str, JudgedFigures]]) -> None:
-    """Keep each session's judged figures under their fingerprint, in a transaction of their own. A session deleted
-    meanwhile, or whose figures another request kept first, keeps nothing from this call (the next list judges
-    again where needed)."""
+    """Keep each session's judged figures under their fingerprint, in a transaction of their own that waits at most
+    `LOCK_WAIT_MS` for the database's locks: the list is a read, and must not wait on a long write (an ingest, a
+    comparison's batch); where it would, or where a session was deleted meanwhile, or another request kept its
+    figures first, nothing is kept (the next list judges again what it needs)."""
     if not judged:
         return
     with sessions() as db:
-        db.execute(delete(SessionFiguresRecord).where(SessionFiguresRecord.session_id.in_(list(judged))))
-        db.add_all(
-            SessionFiguresRecord(
-                session_id=sid,
-                fingerprint=fingerprint,
-                failing=figures.failing,
-                first_divergence=figures.first_divergence,
-                first_pair=figures.first_pair,
-            )
-            for sid, (fingerprint, figures) in judged.items()
-        )
         try:
+            _wait_briefly(db)
+            db.execute(delete(SessionFiguresRecord).where(SessionFiguresRecord.session_id.in_(list(judged))))
+            db.add_all(
+                SessionFiguresRecord(
+                    session_id=sid,
+                    fingerprint=fingerprint,
+                    failing=figures.failing,
+                    first_divergence=figures.first_divergence,
+                    first_pair=figures.first_pair,
+                )
+                for sid, (fingerprint, figures) in judged.items()
+            )
             db.commit()
-        except IntegrityError:
+        except (IntegrityError, OperationalError):
             db.rollback()
+        finally:
+            _wait_as_before(db)
+
+
+def _wait_briefly(db: DbSession) -> None:
+    """This transaction's lock waits bounded by `LOCK_WAIT_MS`: PostgreSQL's lock_timeout for it alone (SET LOCAL);
+    SQLite's busy timeout of the connection, set back by `_wait_as_before`."""
+    if db.get_bind().dialect.name == "sqlite":
+        db.connection().exec_driver_sql(f"PRAGMA busy_timeout={LOCK_WAIT_MS}")
+    else:
+        db.connection().exec_driver_sql(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")
+
+
+def _wait_as_before(db: DbSession) -> None:
+    if db.get_bind().dialect.name == "sqlite":
+        db.connection().exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
+        db.rollback()  # the connection back to the pool with no transaction open
