@@ -226,6 +226,9 @@ def main() -> int:
     parser.add_argument("--counts", default="1,10,50", help="numbers of sessions listed, ascending (default 1,10,50)")
     parser.add_argument("--layers", default="24,96,192", help="the sessions' depths, in turn (default 24,96,192)")
     parser.add_argument("--repeats", type=int, default=5, help="repeat loads per figure (default 5)")
+    parser.add_argument(
+        "--data-dir", type=Path, help="build into this new folder and keep it (default: a temporary one)"
+    )
     args = parser.parse_args()
     counts = [int(c) for c in args.counts.split(",")]
     layers = [int(n) for n in args.layers.split(",")]
@@ -233,7 +236,7 @@ def main() -> int:
 
     print(f"{platform.node()}: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")
     print(f"library: {Path(tensor_debugger.__file__).parent}; load {os.getloadavg()[0]:.1f}")
-    data = Path(tempfile.mkdtemp(prefix="sessions-list-"))
+    data = args.data_dir or Path(tempfile.mkdtemp(prefix="sessions-list-"))
     try:
         built, pairs = 0, 0
         print("\n| sessions | op pairs | build s | first load | repeat loads | judged on every load |")
@@ -250,7 +253,8 @@ def main() -> int:
             )
         print(f"load after: {os.getloadavg()[0]:.1f}")
     finally:
-        shutil.rmtree(data, ignore_errors=True)
+        if args.data_dir is None:
+            shutil.rmtree(data, ignore_errors=True)
     return 0
 
 

@@ -4,9 +4,9 @@ judged from, so that the list judges a session with a rerun again only when that
 What a session's judged figures (failing count, first divergence, first pair) depend on, and how the fingerprint
 covers it:
 
-- its pairs' rows (status, comparison result, summary verdict, sides, names, position, alignment, error): summed
-  in SQL as one number per row (`_row_number`), so reading them costs the database a scan of the session's pair
-  rows and Python nothing per pair;
+- its pairs' rows (ids, status, comparison result, summary verdict, runs, position, alignment): summed in SQL as
+  one number per row (`_row_number`), so reading them costs the database a scan of the session's pair rows (about
+  a microsecond a row on SQLite) and Python nothing per pair;
 - the statistics of each pair's comparison result: a result row is written once under its key and never changed
   (compare/compute/pending.py), so its id stands for them;
 - its runs (ids, order, role, status, the run each is compared against, how many tensors): a run's tensors are
@@ -52,34 +52,34 @@ class JudgedFigures:
     first_pair: int | None  # its id
 
 
-def _big(column: Any) -> ColumnElement[int]:
-    """As a 64-bit integer (PostgreSQL multiplies 32-bit integers in 32 bits, and refuses what overflows)."""
-    return cast(func.coalesce(column, 0), BigInteger)
-
-
 def _length(column: Any) -> ColumnElement[int]:
-    return _big(func.length(func.coalesce(cast(column, Text), "")))
+    return func.length(func.coalesce(cast(column, Text), ""))
 
 
-def _row_number() -> ColumnElement[int]:
-    """One number per pair row, under `_MODULUS`, from every column its judged figures may depend on."""
+def _row_number(widen: bool) -> ColumnElement[int]:
+    """One number per pair row, under `_MODULUS`, from the columns its verdict and place depend on. The others follow
+    from what the fingerprint holds besides: a pair's names are its id's (a pair planned again keeps its id only
+    for the same candidate and names: compare/planning/plan.py), its tensors' ids, module path and place those of
+    its runs' tensors under those names (unchanged once a run is ready), its layer, stage and strategy the
+    session's pairing rules'. `widen`: each term cast to 64 bits first (PostgreSQL multiplies 32-bit integers in
+    32 bits and refuses what overflows; SQLite's integers are 64-bit, and the casts would triple its work)."""
     p = PairRecord
     status = case({s: k + 1 for k, s in enumerate(PAIR_STATUSES)}, value=p.status, else_=0)
     weighted: list[tuple[Any, int]] = [
+        (status, 1_299_709),
         (p.id, 1_000_003),
         (p.position, 7_919),
-        (p.result_id, 104_729),
+        (func.coalesce(p.result_id, 0), 104_729),
         (p.run_a_id, 31),
         (p.run_b_id, 131),
-        (p.layer, 61),
+        (case((p.alignment_overridden, 1), else_=0), 3),
+        (_length(p.alignment), 15_485_863),
+        (_length(p.summary), 15_485_867),
     ]
-    texts: list[Any] = [p.name, p.a_name, p.b_name, p.a_tensor_ids, p.b_tensor_ids, p.alignment, p.summary]
-    texts += [p.error, p.module_path, p.place, p.stage, p.strategy]
-    total: ColumnElement[int] = _big(status) * 1_299_709
-    for column, weight in weighted:
-        total = total + _big(column) * weight
-    for k, column in enumerate(texts):
-        total = total + _length(column) * (15_485_863 + 2 * k)
+    terms = [(cast(column, BigInteger) if widen else column) * weight for column, weight in weighted]
+    total: ColumnElement[int] = terms[0]
+    for term in terms[1:]:
+        total = total + term
     return total % _MODULUS
 
 
@@ -88,18 +88,21 @@ def fingerprints(db: DbSession, session_ids: Sequence[int]) -> dict[int, str]:
     if not session_ids:
         return {}
     ids = list(session_ids)
+    widen = db.get_bind().dialect.name != "sqlite"
     parts: dict[int, list[Any]] = {sid: [FIGURES_RULE, __version__] for sid in ids}
-    row = _row_number()
+    rows = (
+        select(PairRecord.session_id, PairRecord.id, _row_number(widen).label("number"))
+        .where(PairRecord.session_id.in_(ids))
+        .subquery()
+    )
     for sid, *figures in db.execute(
         select(
-            PairRecord.session_id,
+            rows.c.session_id,
             func.count(),
-            func.sum(row),
-            func.sum(row * row % _MODULUS),
-            func.max(PairRecord.id),
-        )
-        .where(PairRecord.session_id.in_(ids))
-        .group_by(PairRecord.session_id)
+            func.sum(rows.c.number),
+            func.sum(rows.c.number * rows.c.number % _MODULUS),
+            func.max(rows.c.id),
+        ).group_by(rows.c.session_id)
     ):
         parts[sid].append(("pairs", *(int(f or 0) for f in figures)))
     for sid, *run in db.execute(
