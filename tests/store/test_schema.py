@@ -62,6 +62,7 @@ def test_upgrade_head_matches_models(tmp_path: Path, database: str, request: pyt
         "sign_outs",
         "database_identity",
         "array_folders",
+        "session_figures",
     }
     upgrade_database(engine)  # a second start is a no-op
     engine.dispose()

@@ -42,6 +42,9 @@ if TYPE_CHECKING:
     from alembic.config import Config
 
 
+SQLITE_BUSY_MS = 30_000  # how long a SQLite statement waits for another connection's lock before it fails
+
+
 def create_db_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
@@ -64,7 +67,7 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor.execute("PRAGMA synchronous=OFF")
     cursor.execute("PRAGMA journal_mode=WAL")  # readers never wait on the ingest writing
     cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
     cursor.close()
 
 

@@ -1,39 +1,66 @@
 """The sessions list's figures (`store/catalog.summarize_sessions`: counts of the pairs' rows) for the sessions that
 hold a rerun (role "noise": `compare --noise`, `capture(role="noise")`, find_divergence's precision floor): their
 rows carry the tolerances' verdicts, while their pages judge by the noise rule (`pair_reports.judge_by_noise`). The
-failing pairs and the first divergence of such a session are the page's; the others' rows stand as they are. Each
-such session costs one report of its pairs (as its page does)."""
+failing pairs and the first divergence of such a session are the page's; the others' rows stand as they are.
+
+Judging a session costs one report of its pairs (as its page does: milliseconds per hundred pairs). The figures of a
+settled session (no pair pending, no run ingesting) are kept with the fingerprint of what they were judged from
+(store/session_figures.py): a later list judges again only the sessions whose fingerprint changed."""
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
+from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.compare.reports.pair_rows import StatsCache
 from tensor_debugger.store.catalog import SessionSummary
 from tensor_debugger.store.models import RunRecord
+from tensor_debugger.store.session_figures import JudgedFigures, fingerprints, keep_figures, kept_figures
+
+SETTLED_RUNS = ("ready", "failed")  # a run in another status may still change its session's figures
 
 
 def judged_summaries(
-    db: DbSession, summaries: dict[int, SessionSummary], cache: StatsCache | None = None
+    db: DbSession,
+    summaries: dict[int, SessionSummary],
+    cache: StatsCache | None = None,
+    keep: sessionmaker[Any] | None = None,
 ) -> dict[int, SessionSummary]:
-    """`summaries` with each session that holds a rerun given its page's failing count and first divergence."""
-    with_rerun = set(
-        db.scalars(
-            select(RunRecord.session_id).where(RunRecord.session_id.in_(list(summaries)), RunRecord.role == "noise")
-        )
-    )
-    judged = dict(summaries)
-    for session_id in with_rerun:
+    """`summaries` with each session that holds a rerun given its page's failing count and first divergence.
+    `keep`: where to keep the figures judged for settled sessions (in a transaction of their own); None: nowhere."""
+    runs = db.execute(
+        select(RunRecord.session_id, RunRecord.role, RunRecord.status).where(RunRecord.session_id.in_(list(summaries)))
+    ).all()
+    with_rerun = {sid for sid, role, _ in runs if role == "noise"}
+    unsettled = {sid for sid, _, status in runs if status not in SETTLED_RUNS}
+    # the fingerprints before the reports: a change made while judging then shows as a fingerprint changed (judged
+    # again on the next list), never as figures of the new state kept under the old state's fingerprint
+    prints = fingerprints(db, sorted(with_rerun))
+    found = kept_figures(db, prints)
+    to_keep: dict[int, tuple[str, JudgedFigures]] = {}
+    for session_id in sorted(with_rerun - set(found)):
         report = session_pairs(db, session_id, cache=cache)
         first = report.first_divergence
+        found[session_id] = JudgedFigures(
+            report.progress.failing,
+            first.name if first is not None else None,
+            first.pair_id if first is not None else None,
+        )
+        if summaries[session_id].pending == 0 and session_id not in unsettled:
+            to_keep[session_id] = (prints[session_id], found[session_id])
+    if keep is not None:
+        keep_figures(keep, to_keep)
+    judged = dict(summaries)
+    for session_id, figures in found.items():
         judged[session_id] = replace(
             summaries[session_id],
-            failing=report.progress.failing,
-            first_divergence=first.name if first is not None else None,
-            first_pair=first.pair_id if first is not None else None,
+            failing=figures.failing,
+            first_divergence=figures.first_divergence,
+            first_pair=figures.first_pair,
         )
     return judged

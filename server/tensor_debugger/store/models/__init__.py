@@ -9,6 +9,7 @@ from tensor_debugger.store.models.pair_override import OVERRIDE_ACTIONS, PairOve
 from tensor_debugger.store.models.problem import ProblemRecord
 from tensor_debugger.store.models.run import RUN_STATUSES, RunRecord
 from tensor_debugger.store.models.session import SessionRecord
+from tensor_debugger.store.models.session_figures import SessionFiguresRecord
 from tensor_debugger.store.models.sign_out import SignOutRecord
 from tensor_debugger.store.models.tensor import TensorRecord
 from tensor_debugger.store.models.unmatched import UnmatchedRecord
@@ -26,6 +27,7 @@ __all__ = [
     "ProblemRecord",
     "RUN_STATUSES",
     "RunRecord",
+    "SessionFiguresRecord",
     "SessionRecord",
     "SignOutRecord",
     "TensorRecord",

@@ -29,7 +29,9 @@ class SessionsPageController(Controller):
     def sessions_page(self, services: NamedDependency[Services], q: FromQuery[str | None] = None) -> Template:
         with services.sessions() as db:
             sessions = catalog.list_sessions(db, q)
-            summaries = judged_summaries(db, catalog.summarize_sessions(db, [s.id for s in sessions]), services.stats)
+            summaries = judged_summaries(
+                db, catalog.summarize_sessions(db, [s.id for s in sessions]), services.stats, services.sessions
+            )
             return Template("sessions.html", context={"sessions": sessions, "q": q or "", "summaries": summaries})
 
     @get("/sessions", sync_to_thread=False)
@@ -153,7 +155,7 @@ def _form_error(services: Services, name: str, message: str, explore: dict[str, 
                 "q": "",
                 **errors,
                 "summaries": judged_summaries(
-                    db, catalog.summarize_sessions(db, [s.id for s in sessions]), services.stats
+                    db, catalog.summarize_sessions(db, [s.id for s in sessions]), services.stats, services.sessions
                 ),
             },
         )
