@@ -2,8 +2,9 @@
 `linear`s of one shape swapped). The alignment of a module call's ops goes by name and shape, so it pairs them by
 position, q against k: a false divergence. Their contents (the summaries every captured or stored tensor keeps)
 settle it (engine/op_alignment.settle_by_content): where they match under another one-to-one pairing the ops pair by
-content and say so; where content decides nothing, position stays and the pair says it is ambiguous, and no
-culprit is named on it; a real bug among the swapped ops stays a divergence."""
+content and say so; where content decides nothing, position stays and the pair says it is ambiguous, and its
+error counts toward no culprit (its module is judged on its own inputs and outputs); a real bug among the swapped
+ops stays a divergence."""
 
 from __future__ import annotations
 
@@ -159,13 +160,14 @@ def test_a_bug_among_ops_computed_in_another_order_stays_a_bug(settings: Setting
     assert same_order.modules.culprit.module_path == ATTN
 
 
-def test_where_content_decides_nothing_position_stays_ambiguous_and_no_culprit_is_named(
+def test_where_content_decides_nothing_position_stays_ambiguous_and_the_module_is_judged_on_its_own(
     settings: Settings, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """The port computes k, q, v and gets both q and k wrong: no content matches another op's, and by position
     each faces the other's (q against k): the pairs stay by position, failing, marked ambiguous, in the JSON and
-    as the first divergence's; no module is named a culprit on them. In the reference's order, the same bugs: each
-    op is its partner's nearest by content, so position stands, and the attention is the culprit."""
+    as the first divergence's; their errors count toward no culprit, but the attention, whose inputs agree and
+    whose output differs, is the culprit whichever op faces which inside it. In the reference's order, the same
+    bugs: each op is its partner's nearest by content, so position stands, and the attention is the culprit too."""
     session_id, report = session_of(settings, "kqv, q and k wrong", "kqv", "qk", "full")
     pairs = pairs_of(report)
     for op in ("linear", "view", "transpose"):
@@ -175,9 +177,10 @@ def test_where_content_decides_nothing_position_stays_ambiguous_and_no_culprit_i
     assert pairs["linear#4"] == ("linear#4", ALIGNED, "fail")  # the output projection: its own nearest
     first = report.first_divergence
     assert first is not None and first.name == f"{ATTN}/linear#1_outputs" and str(report.verdict) == "diverged"
-    assert report.modules is not None and report.modules.culprit is None and report.modules.culprits == []
+    assert report.modules is not None and report.modules.culprit is not None
+    assert report.modules.culprit.module_path == ATTN, report.modules.culprits
     note = notes_of(session_id, report)["linear#1"]
-    assert note.startswith("paired by position, ambiguous: ") and "no module is named a culprit" in note, note
+    assert note.startswith("paired by position, ambiguous: ") and "counts toward no culprit" in note, note
     print_table(compare_report(session_id, "ops", "http://127.0.0.1/", report, []))
     printed = capsys.readouterr().out
     assert f"FIRST DIVERGENCE: {ATTN}/linear#1_outputs" in printed, printed

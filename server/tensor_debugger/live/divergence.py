@@ -669,10 +669,10 @@ def _find(
             floored_outputs.append(tensor_name)
     bad = {s.reference for s in failing} | reshaped
     culprits, uncompared = _culprits(order, kept["a"], bad, judged, root_a)
-    # ops paired by position that their contents neither confirm nor replace: which faces which in their module
-    # call is not known, so no culprit is named on it
+    # ops paired by position that their contents neither confirm nor replace (which faces which in their module call
+    # is not known) leave that module judged on its own inputs and outputs, as the session's pages judge it; only
+    # its replay (below) is passed over, whose figures would compare ops paired so
     unsure = {module_of(a) for (a, _), how in ops.settled.items() if how == AMBIGUOUS}
-    culprits = [m for m in culprits if m not in unsure]
     own: tuple[OwnError, ...] = ()
     if floor is not None and window and not culprits:
         # no culprit by outputs and inputs: the modules whose outputs are outside tolerance but within the floor

@@ -65,7 +65,7 @@ class FirstDivergence:
     # the candidate's extra call, the bug, lies here, with the reference's call in `unmatched_before`
     candidate_unmatched_before: tuple[tuple[str, str], ...] = ()
     # how its two ops were paired where not by position alone (two ops of one name and shape in one module call):
-    # "paired by content: ...", or "paired by position, ambiguous: ..." (no culprit is then named on its module); or
+    # "paired by content: ...", or "paired by position, ambiguous: ..." (its error then counts toward no culprit); or
     # how two module inputs were paired where one side passed it by keyword: "paired by parameter: ..."
     pairing: str | None = None
     # tensors of the candidate just before it (after the last whose partner the reference recorded before it), in

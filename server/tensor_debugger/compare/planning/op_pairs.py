@@ -62,7 +62,8 @@ def pairing_note(strategy: str) -> str | None:
         return (
             "paired by position, ambiguous: ops of this name and shape in this module call differ paired by "
             "position, and their contents neither confirm that pairing nor give another; which op faces which is "
-            "not known, so no module is named a culprit on this pair"
+            "not known: this pair's error counts toward no culprit (its module is judged on its own inputs and "
+            "outputs)"
         )
     return None
 

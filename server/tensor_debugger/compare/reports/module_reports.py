@@ -270,7 +270,8 @@ def module_report(
     mask against bools), not compared: their error counts nowhere, and a module given one is no culprit (what it
     was given is not known to match). `ambiguous`: the ids of pairs of captured ops paired by position where their
     contents neither confirm nor replace that pairing (compare/planning/op_pairs.AMBIGUOUS_STRATEGY): their error
-    counts nowhere either, and the module whose call ran them is no culprit (what faces what in it is not known)."""
+    counts nowhere either; the module whose call ran them is judged, as every module, on its own inputs and outputs
+    (which faces which inside it changes neither: its inputs agree and its output differs, or not)."""
     traced = [i for i in items if i.module_path]
     if not traced:
         return None
@@ -279,7 +280,6 @@ def module_report(
     # each pair's error worked out once: the ranking and each module's pairs both show it
     known = {i.id: e for i in traced if i.id not in out_of_step | ambiguous and (e := pair_error(i)) is not None}
     given_unknown = {i.module_path for i in traced if i.id in out_of_step and (i.place or "").startswith("inputs")}
-    given_unknown |= {(i.module_path or "").partition("/")[0] for i in traced if i.id in ambiguous}
     errors = [TensorError(i.module_path or "", i.place or "", i.position, known[i.id]) for i in traced if i.id in known]
     roots = module_tree.roots
     root_paths = {r.path for r in roots} or {i.module_path or "" for i in traced if "." not in (i.module_path or "")}
