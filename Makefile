@@ -113,7 +113,7 @@ run: install
 # with a queue while the other idles; the files come slowest first by the last run's times (tests/support/slow_first.py).
 PYTEST_WORKERS ?= -n 2 --dist worksteal
 
-# The suite in two tiers (tests/support/tiers.py): `make test` the quick one, about 1,400 tests in a few minutes;
+# The suite in two tiers (tests/support/tiers.py): `make test` the quick one, about 1,300 tests in 2.5 minutes;
 # `make test-slow` the rest: lint, packaging, the browser, PostgreSQL, S3 and Dask, the servers of their own, the
 # answers on unseen models; `make test-all` both in one run. CI runs both tiers (`make ci`).
 test: install-test
