@@ -313,9 +313,11 @@ def test_beit_whose_position_index_is_cached_after_its_first_call(
     found = find_divergence(reference, candidate, image, session="beit", data_dir=settings.data_dir)
     first = found.first
     assert first is not None, repr(found)
-    assert first.reference == "BeitModel.layers.0.relative_position_bias/permute#3_outputs", repr(found)
+    # where the bias module sits changes with the release (transformers 4.53: encoder.layer.0.attention.attention)
+    bias = "BeitModel." + next(n for n, _ in reference.named_modules() if n.endswith(".relative_position_bias"))
+    assert first.reference == f"{bias}/permute#3_outputs", repr(found)
     assert (first.reference_source, first.candidate_source) == port.lines("relative_position_bias.permute(2,")
-    assert found.culprits == ["BeitModel.layers.0.relative_position_bias"], repr(found)
+    assert found.culprits == [bias], repr(found)
 
 
 def test_deepseek_v3_whose_keys_are_copied_into_unset_memory(settings: Settings, ports: Callable[..., Port]) -> None:
