@@ -23,7 +23,7 @@ from tensor_debugger.settings import Settings
 from torch import nn
 
 from tests.live.test_op_capture import compared
-from tests.support.model_ports import Port, port_writer
+from tests.support.model_ports import Port, jittered_pair, port_writer
 from tests.support.source_lines import line_holding, marked_line
 
 HERE = Path(__file__)
@@ -442,23 +442,6 @@ def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, s
         yield lambda family, tag, old, new: write(family, f"port_{family}_{tag}", old, new)
 
 
-def _pair(port: Port, cls: str, config: Any) -> tuple[nn.Module, nn.Module]:
-    """The reference built from `config` (its weights jittered: norms' ones and zeros would hide a swapped norm),
-    and the port's class with the same weights; both eager attention, eval mode."""
-    import transformers
-
-    config._attn_implementation = "eager"
-    torch.manual_seed(0)
-    reference: nn.Module = getattr(transformers, cls)(config).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in reference.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    candidate: nn.Module = getattr(port.module, cls)(config).eval()
-    candidate.load_state_dict(reference.state_dict())
-    return reference, candidate
-
-
 SMALL: dict[str, Any] = dict(
     vocab_size=64,
     hidden_size=16,
@@ -664,7 +647,7 @@ def test_a_transformers_port_with_one_line_changed_is_named_at_that_line(
     tag = re.sub(r"\W+", "_", case.partition(",")[2].strip())[:24]
     port = ports(c.family, tag, c.old, c.new)
     cls = c.cls
-    ref, cand = _pair(port, cls, c.config())
+    ref, cand = jittered_pair(port, cls, c.config())
     found = find_divergence(ref, cand, c.inputs(), session="family", data_dir=settings.data_dir)
     first = found.first
     assert first is not None and first.reference == cls + c.first, repr(found)
@@ -692,7 +675,7 @@ def test_olmo2_a_norm_called_in_anothers_place_names_the_ports_line(
         "hidden_states = self.post_attention_layernorm(hidden_states)",
         "hidden_states = self.post_feedforward_layernorm(hidden_states)",
     )
-    ref, cand = _pair(port, "Olmo2ForCausalLM", transformers.Olmo2Config(**SMALL))  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
+    ref, cand = jittered_pair(port, "Olmo2ForCausalLM", transformers.Olmo2Config(**SMALL))  # type: ignore[no-untyped-call,unused-ignore]  # untyped in transformers 4.53
     found = find_divergence(ref, cand, {"input_ids": IDS}, session="olmo2", data_dir=settings.data_dir)
     first = found.first
     assert first is not None and first.reference == "Olmo2ForCausalLM.model.layers.0/add#1_outputs", repr(found)

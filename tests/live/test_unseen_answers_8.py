@@ -21,7 +21,7 @@ from tensor_debugger import find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.support.model_ports import Port, port_writer
+from tests.support.model_ports import Port, jittered_pair, port_writer
 from tests.support.source_lines import line_holding, marked_line
 
 HERE = Path(__file__)
@@ -251,24 +251,6 @@ def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, s
         yield lambda family, tag, old, new: write(family, f"port8_{family}_{tag}", old, new)
 
 
-def _pair(port: Port, cls: str, config: Any) -> tuple[nn.Module, nn.Module]:
-    """The reference (weights jittered) and the port's class with its weights; eager attention and experts (the
-    experts' own loop, the code the port changes, not a fused kernel), eval mode."""
-    import transformers
-
-    config._attn_implementation = "eager"
-    config._experts_implementation = "eager"
-    torch.manual_seed(0)
-    reference: nn.Module = getattr(transformers, cls)(config).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in reference.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * 0.1)
-    candidate: nn.Module = getattr(port.module, cls)(config).eval()
-    candidate.load_state_dict(reference.state_dict())
-    return reference, candidate
-
-
 SMALL: dict[str, Any] = dict(
     vocab_size=64,
     hidden_size=16,
@@ -308,7 +290,7 @@ def test_beit_whose_position_index_is_cached_after_its_first_call(
         patch_size=4,
         use_relative_position_bias=True,
     )
-    reference, candidate = _pair(port, "BeitModel", config)
+    reference, candidate = jittered_pair(port, "BeitModel", config)
     image = torch.randn(1, 3, 16, 16, generator=torch.Generator().manual_seed(3))
     found = find_divergence(reference, candidate, image, session="beit", data_dir=settings.data_dir)
     first = found.first
@@ -352,7 +334,7 @@ def test_deepseek_v3_whose_keys_are_copied_into_unset_memory(settings: Settings,
         head_dim=4,
         **{**SMALL, "num_key_value_heads": 4},
     )
-    reference, candidate = _pair(port, "DeepseekV3ForCausalLM", config)
+    reference, candidate = jittered_pair(port, "DeepseekV3ForCausalLM", config)
     found = find_divergence(reference, candidate, {"input_ids": IDS}, session="ds3", data_dir=settings.data_dir)
     first = found.first
     gate = "DeepseekV3ForCausalLM.model.layers.0.mlp.gate"
@@ -372,7 +354,7 @@ def test_mixtral_experts_weighted_by_the_other_slots_weight(settings: Settings, 
         "current_hidden_states = current_hidden_states * top_k_weights[token_idx, 1 - top_k_pos, None]",
     )
     config = _config("MixtralConfig", num_local_experts=E, num_experts_per_tok=K, **SMALL)
-    reference, candidate = _pair(port, "MixtralForCausalLM", config)
+    reference, candidate = jittered_pair(port, "MixtralForCausalLM", config)
     found = find_divergence(reference, candidate, {"input_ids": IDS}, session="mixtral", data_dir=settings.data_dir)
     first = found.first
     experts = "MixtralForCausalLM.model.layers.0.mlp.experts"

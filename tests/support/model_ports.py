@@ -12,8 +12,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
 from tests.support.source_lines import line_holding
 
@@ -65,3 +68,22 @@ def port_writer(folder: Path) -> Iterator[Callable[[str, str, str, str], Port]]:
     finally:
         for name in made:
             sys.modules.pop(name, None)
+
+
+def jittered_pair(port: Port, cls: str, config: Any) -> tuple[nn.Module, nn.Module]:
+    """The transformers class `cls` built from `config` with its weights jittered (norms' ones and zeros would hide a
+    swapped norm), and the port's class with the same weights; eager attention and experts (the code a port
+    changes, not a fused kernel), eval mode."""
+    import transformers
+
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    reference: nn.Module = getattr(transformers, cls)(config).eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.1)
+    candidate: nn.Module = getattr(port.module, cls)(config).eval()
+    candidate.load_state_dict(reference.state_dict())
+    return reference, candidate
