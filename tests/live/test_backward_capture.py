@@ -3,6 +3,7 @@ diverging gradient of a port whose backward only is wrong."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -13,7 +14,7 @@ from tensor_debugger import capture
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import SessionRecord, TensorRecord
+from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 from torch import nn
 
 DIM = 6
@@ -55,6 +56,26 @@ class Tiny(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.down(self.act(self.up(x)))
         return out
+
+
+def names_and_notes(settings: Settings, session: str, run: str) -> tuple[list[str], list[str]]:
+    from tensor_debugger.services import open_services
+
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            run_id = db.scalars(
+                select(RunRecord.id).join(SessionRecord).where(SessionRecord.name == session, RunRecord.label == run)
+            ).one()
+            names = list(
+                db.scalars(
+                    select(TensorRecord.name).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
+                )
+            )
+            notes = [p.reason for p in db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == run_id))]
+    finally:
+        services.close()
+    return names, notes
 
 
 def train_step(model: nn.Module, session: str, run: str, settings: Settings) -> int:
@@ -115,3 +136,38 @@ def compared(settings: Settings, session: str) -> Any:
             return session_pairs(db, session_id)
     finally:
         services.close()
+
+
+class Outputs(nn.Module):
+    """`Tiny` returning a dict, as a transformers model returns a ModelOutput: torch's module backward hooks see
+    only a tensor or a tuple, so the model's own gradients cannot be recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tiny = Tiny()
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"out": self.tiny(x)}
+
+
+def test_a_module_returning_a_dict_says_its_gradients_were_not_recorded_and_torch_does_not_warn(
+    settings: Settings,
+) -> None:
+    """The run's note names the module whose gradients were not recorded, and why; torch's own warnings about the
+    capture's hooks (the dict output, the first module's input needing no gradient) do not reach the user."""
+    model, x = Outputs(), torch.randn(4, DIM, generator=torch.Generator().manual_seed(1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with capture(model, "dict out", "reference", data_dir=settings.data_dir, backward=True, workers=1):
+            model(x)["out"].pow(2).mean().backward()
+        warnings.warn("the user's own warning, after the block", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["the user's own warning, after the block"]
+    names, notes = names_and_notes(settings, "dict out", "reference")
+    grads = [n for n in names if "/grad" in n]
+    assert "Outputs.tiny/grad_output_outputs" in grads and "Outputs.tiny.up.weight/grad_outputs" in grads, grads
+    assert not any(n.startswith("Outputs/") for n in grads), grads
+    assert notes == [
+        "Outputs returned a dict, not a tensor or a tuple of tensors: torch's module backward hooks cannot see its "
+        "gradients, so Outputs/grad_output and Outputs/grad_input were not recorded (the gradients of its "
+        "parameters and of the modules inside it were)"
+    ], notes

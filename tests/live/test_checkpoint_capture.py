@@ -10,14 +10,12 @@ from typing import Any
 
 import pytest
 import torch
-from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tests.live.test_backward_capture import Tiny, compared
+from tests.live.test_backward_capture import Tiny, compared, names_and_notes
 from tests.support.traces import tiny_llama
 
 
@@ -41,26 +39,6 @@ def again(name: str) -> bool:
     """Whether a tensor is of a module's second (third...) call: `Net.up#2_outputs`, `Net.up#2/linear#1_outputs`
     (not the second call of an op inside one module call, `Net.up/getitem#2_outputs`)."""
     return "#" in name.partition("/")[0]
-
-
-def names_and_notes(settings: Settings, session: str, run: str) -> tuple[list[str], list[str]]:
-    from tensor_debugger.services import open_services
-
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            run_id = db.scalars(
-                select(RunRecord.id).join(SessionRecord).where(SessionRecord.name == session, RunRecord.label == run)
-            ).one()
-            names = list(
-                db.scalars(
-                    select(TensorRecord.name).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
-                )
-            )
-            notes = [p.reason for p in db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == run_id))]
-    finally:
-        services.close()
-    return names, notes
 
 
 def train_step(model: nn.Module, session: str, run: str, settings: Settings, level: Any, x: Any) -> None:

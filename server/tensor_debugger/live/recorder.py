@@ -51,6 +51,7 @@ import struct
 import sys
 import tempfile
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
@@ -189,6 +190,9 @@ class _Recorder:
         self.grads = 0
         self.notes: list[str] = []  # what the capture could not see, said on the run
         self.compiled_calls: dict[str, None] = {}  # modules that ran compiled, in call order
+        # with backward=True: the recorded modules whose output torch's full backward hooks cannot see (neither a
+        # tensor nor a tuple: a ModelOutput, a dict), with its type's name, in call order
+        self.unseen_grads: dict[str, str] = {}
         # the modules called during a backward pass (activation checkpointing's recomputation), how often: the
         # outermost of each recomputation (a checkpointed decoder layer, not its own modules); how deep it is now
         self.recomputed: dict[str, int] = {}
@@ -578,12 +582,21 @@ def _hook(
                 recorder.busy = False
 
         def post(
-            _: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any, node: bool = node
+            _: torch.nn.Module,
+            args: tuple[Any, ...],
+            kwargs: dict[str, Any],
+            output: Any,
+            node: bool = node,
+            path: str = path,
+            grads: bool = backward and node,
         ) -> None:
             recorder.halt_if_done()
             if recorder.recomputing:
                 recorder.leave_recomputed(level)
                 return
+            if grads and not isinstance(output, torch.Tensor | tuple) and torch.is_grad_enabled():
+                # torch's Module call wraps only a tensor or a tuple for the backward hooks (it warns otherwise)
+                recorder.unseen_grads.setdefault(path, type(output).__name__)
             recorder.busy = True
             try:
                 if level == "op":
@@ -804,6 +817,33 @@ def _note_recomputed(recorder: _Recorder) -> None:
     )
 
 
+def _note_unseen_grads(recorder: _Recorder) -> None:
+    """Say on the run which recorded modules' gradients torch's full backward hooks could not see."""
+    for path, kind in recorder.unseen_grads.items():
+        recorder.notes.append(
+            f"{path} returned a {kind}, not a tensor or a tuple of tensors: torch's module backward hooks cannot "
+            f"see its gradients, so {path}/grad_output and {path}/grad_input were not recorded (the gradients of "
+            "its parameters and of the modules inside it were)"
+        )
+
+
+@contextmanager
+def _quiet_backward_hook_warnings() -> Iterator[None]:
+    """torch's UserWarnings about the full backward hooks `capture(backward=True)` adds, silenced while it records:
+    they are about the capture's hooks, not the user's code; what they mean for the run is said in its notes
+    (`_note_unseen_grads`), or is nothing to record (no input of the first module requires a gradient)."""
+    with warnings.catch_warnings():
+        for words in _BACKWARD_HOOK_WARNINGS:
+            warnings.filterwarnings("ignore", message=words, category=UserWarning)
+        yield
+
+
+_BACKWARD_HOOK_WARNINGS = (
+    "For backward hooks to be called, module output should be a Tensor or a tuple of Tensors",
+    "Full backward hook is firing when gradients are computed with respect to module outputs since no inputs",
+)
+
+
 def _note_compiled(recorder: _Recorder) -> None:
     """Say on the run which modules ran compiled, whose ops op capture does not record."""
     for path in recorder.compiled_calls:
@@ -910,6 +950,8 @@ def capture(
         recorder = _Recorder(folder, root_name, patterns, writer, result)
         recorder.on_tensor = on_tensor
         handles = _hook(model, recorder, level, backward, compiled)
+        if backward:
+            collecting.enter_context(_quiet_backward_hook_warnings())
         if level == "op":
             watching.enter_context(OpMode(recorder))
         try:
@@ -988,6 +1030,8 @@ def _ended(recorder: _Recorder, level: Level) -> None:
     if level == "op":
         _note_compiled(recorder)
     _note_recomputed(recorder)
+    if recorder.grads:
+        _note_unseen_grads(recorder)
     recorder.settle()
     asked = f"modules {', '.join(recorder.patterns)}" if recorder.patterns else "every module"
     if recorder.halted:
