@@ -233,10 +233,14 @@ def test_block_masses_compiled_are_numpys_bit_for_bit(family: str, shape: tuple[
     flat_a, flat_b = a.reshape(-1), b.reshape(-1)
     assert kernel.where_sums(a.reshape(-1, shape[-1]), b.reshape(-1, shape[-1])) is not None  # computed compiled
     cases: list[tuple[NDArray[Any], NDArray[Any]]] = [(a, b)]
-    for position, x, y in ((a.size // 3, np.nan, 1.0), (a.size // 2, np.inf, np.inf), (a.size - 1, 1e300, -1e300)):
+    for position, value_a, value_b in (
+        (a.size // 3, np.nan, 1.0),
+        (a.size // 2, np.inf, np.inf),
+        (a.size - 1, 1e300, -1e300),
+    ):
         bad_a, bad_b = flat_a.copy(), flat_b.copy()
         with np.errstate(over="ignore"):  # 1e300 is an infinity in float32
-            bad_a[position], bad_b[position] = x, y
+            bad_a[position], bad_b[position] = value_a, value_b
         cases.append((bad_a.reshape(shape), bad_b.reshape(shape)))
     for x, y in cases:
         with np.errstate(over="ignore"):

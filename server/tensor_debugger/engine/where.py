@@ -86,10 +86,9 @@ def block_masses(
     a2, b2 = a.reshape(-1, last), b.reshape(-1, last)  # views: the rows in order (a 1-D block: one value a row)
     compiled = None if kernel is None or a.ndim == 1 or a.size == 0 else kernel.where_sums(a2, b2)
     if compiled is not None:
-        row_sums, down = compiled
-        rest = row_sums.reshape(a.shape[:-1])
+        rest = compiled[0].reshape(a.shape[:-1])
         sums = [rest.sum(axis=tuple(i for i in range(rest.ndim) if i != dim)) for dim in range(rest.ndim)]
-        return [*sums, down], [np.zeros(d, dtype=np.int64) for d in a.shape]
+        return [*sums, compiled[1]], [np.zeros(d, dtype=np.int64) for d in a.shape]
     rows = a2.shape[0]
     step = max(1, SLAB_BYTES // (8 * last))
     scratch = np.empty((min(step, rows), last))
