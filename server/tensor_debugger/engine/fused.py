@@ -116,6 +116,11 @@ def _library() -> ctypes.CDLL | None:
                     ctypes.POINTER(summary_type()),
                     ctypes.POINTER(ctypes.c_uint64),
                 ]
+        for code in ("ff", "dd"):
+            function = getattr(library, f"td_where_{code}_{family}", None)
+            if function is not None:
+                function.restype = ctypes.c_int
+                function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3
         function = getattr(library, f"td_fold64_{family}", None)
         if function is not None:
             function.restype = ctypes.c_uint64
@@ -281,6 +286,27 @@ class Kernel:
         out, fold = summary_type()(), ctypes.c_uint64(0)
         finite = function(values.ctypes.data, values.size, ctypes.byref(out), ctypes.byref(fold)) == 0
         return (out if finite else None), int(fold.value)
+
+    def where_sums(self, a: NDArray[Any], b: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]] | None:
+        """For C-contiguous 2-D blocks `a` and `b` of one shape and dtype (float32 or float64): per row the sum of
+        the squared differences (widened to float64), per column the sum down the rows, bit for bit as
+        engine/where.py's numpy path sums them; None where the kernel is not in use, has no loop for the dtype, or
+        met a square or a row sum that is not finite (the numpy path then counts those)."""
+        code = {np.dtype(np.float32): "ff", np.dtype(np.float64): "dd"}.get(a.dtype)
+        if code is None or b.dtype != a.dtype or a.shape != b.shape or a.ndim != 2:
+            return None
+        if not (a.flags.c_contiguous and b.flags.c_contiguous):
+            return None
+        function = self.function(f"td_where_{code}")
+        if function is None:
+            return None
+        rows, last = a.shape
+        row_sums, down, scratch = np.empty(rows), np.empty(last), np.empty(last)
+        if function(
+            a.ctypes.data, b.ctypes.data, rows, last, row_sums.ctypes.data, down.ctypes.data, scratch.ctypes.data
+        ):
+            return None
+        return row_sums, down
 
     def fold64(self, data: NDArray[Any], first: int = 0) -> int | None:
         """The "fold64" sum (ingest/sketches.py's `content_hash`: unsigned, modulo 2^64) of the bytes of the

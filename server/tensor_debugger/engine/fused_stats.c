@@ -651,6 +651,62 @@ SUMMARY(h, _Float16, load_f16, SCALAR)
 #endif
 SUMMARY(b, uint16_t, load_bf16, scalar_bf16)
 
+/* engine/where.py's `block_masses` of a C-contiguous block of `rows` rows of `last` values a side, float32 or float64:
+ * per row, the sum of its squared differences (each side widened to double, then subtracted and squared: numpy's
+ * `_squares`) in numpy's order for a contiguous row (`pairwise`, below), into `row_sums`; per column, the sum down the
+ * rows in row order, into `down`; `row` is scratch for `last` doubles. Returns 1 where a row's sum is not finite (a
+ * square that is not finite, or a row that overflows): the caller then takes numpy's path, which counts those. */
+#define PW_BLOCK 128
+/* numpy's add.reduce of `n` contiguous doubles from 0 (its DOUBLE_pairwise_sum): under 8 values one after another;
+ * up to PW_BLOCK in 8 running sums then the rest; past it, two halves (a multiple of 8 first) summed apart. */
+static double pairwise(const double *a, int64_t n) {
+    if (n < 8) {
+        double res = 0.;
+        for (int64_t i = 0; i < n; i++) res += a[i];
+        return res;
+    }
+    if (n <= PW_BLOCK) {
+        double r[8];
+        int64_t i;
+        for (int k = 0; k < 8; k++) r[k] = a[k];
+        for (i = 8; i < n - (n % 8); i += 8)
+            for (int k = 0; k < 8; k++) r[k] += a[i + k];
+        double res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) res += a[i];
+        return res;
+    }
+    int64_t n2 = n / 2;
+    n2 -= n2 % 8;
+    return pairwise(a, n2) + pairwise(a + n2, n - n2);
+}
+
+#define WHERE(NAME, T)                                                                                           \
+    int FAMILY(NAME)(const T *a, const T *b, int64_t rows, int64_t last, double *row_sums, double *down,         \
+                     double *row) {                                                                              \
+        for (int64_t i = 0; i < rows; i++) {                                                                     \
+            const T *x = a + i * last, *y = b + i * last;                                                        \
+            if (i == 0)                                                                                          \
+                for (int64_t j = 0; j < last; j++) {                                                             \
+                    double d = (double)x[j] - (double)y[j];                                                      \
+                    row[j] = d * d;                                                                              \
+                    down[j] = row[j];                                                                            \
+                }                                                                                                \
+            else                                                                                                 \
+                for (int64_t j = 0; j < last; j++) {                                                             \
+                    double d = (double)x[j] - (double)y[j];                                                      \
+                    row[j] = d * d;                                                                              \
+                    down[j] += row[j];                                                                           \
+                }                                                                                                \
+            double s = pairwise(row, last);                                                                      \
+            if (s - s != 0) return 1; /* NaN for a NaN or an infinite sum */                                     \
+            row_sums[i] = s;                                                                                     \
+        }                                                                                                        \
+        return 0;                                                                                                \
+    }
+
+WHERE(td_where_ff, float)
+WHERE(td_where_dd, double)
+
 #else /* ---- Shared by every family ---------------------------------------------------------------------------- */
 
 /* Whether this CPU runs the family named `name` (compiled for x86-64-v4, -v3, or the baseline). */

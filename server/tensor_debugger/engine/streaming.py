@@ -17,7 +17,7 @@ from typing import Generic, TypeVar
 
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.error_spans import ErrorSpan
-from tensor_debugger.engine.fused import FusedPartial, Kernel
+from tensor_debugger.engine.fused import FusedPartial, Kernel, default_kernel
 from tensor_debugger.engine.metrics import DEFAULT_TOP, PairAccumulator, PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
@@ -160,7 +160,9 @@ def located(job: PairJob[Key], stats: PairStats, pool: Executor | None) -> PairS
     if stats.passed:
         return stats
     try:
-        spans = job.spans() if job.spans is not None else locate_error(job.a, job.b, pool)
+        spans = (
+            job.spans() if job.spans is not None else locate_error(job.a, job.b, pool, job.kernel or default_kernel())
+        )
     except Exception:
         log.exception("could not locate the error of a failing pair; its statistics stand without `where`")
         return stats

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Executor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -21,6 +21,9 @@ from numpy.typing import NDArray
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.views import View
+
+if TYPE_CHECKING:
+    from tensor_debugger.engine.fused import Kernel
 
 SHARE = 0.99  # the share of the squared error the kept indices hold
 # A dimension is "everywhere" (left out) when holding SHARE takes more than this fraction of its indices, or more
@@ -40,9 +43,9 @@ class WhereAccumulator:
         self.squares = [np.zeros(d) for d in shape]
         self.nonfinite = [np.zeros(d, dtype=np.int64) for d in shape]
 
-    def add(self, a: NDArray[Any], b: NDArray[Any], origin: Sequence[int]) -> None:
+    def add(self, a: NDArray[Any], b: NDArray[Any], origin: Sequence[int], kernel: Kernel | None = None) -> None:
         """Fold a block of both sides whose first element sits at `origin` (aligned coordinates)."""
-        squares, nonfinite = block_masses(a, b)
+        squares, nonfinite = block_masses(a, b, kernel)
         self.fold(squares, nonfinite, origin)
 
     def fold(self, squares: list[NDArray[Any]], nonfinite: list[NDArray[Any]], origin: Sequence[int]) -> None:
@@ -63,18 +66,29 @@ class WhereAccumulator:
         return spans
 
 
-def block_masses(a: NDArray[Any], b: NDArray[Any]) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
+def block_masses(
+    a: NDArray[Any], b: NDArray[Any], kernel: Kernel | None = None
+) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
     """Per dimension of the block, per index: the sum of squared finite |a - b| and the count of non-finite ones
     (equal values, equal infinities included, differ by zero). The squares are computed a slab of rows at a time
     (`SLAB_BYTES`), so that the block's float64 squares are never in memory at once (8 MiB a block: one per thread
     comparing, kept by the allocator's heaps once freed), with the same sums, bit for bit, as over the whole block:
-    a row's sum is the row's alone, and the sums down the rows are carried from slab to slab in the same order."""
+    a row's sum is the row's alone, and the sums down the rows are carried from slab to slab in the same order.
+
+    With `kernel` (its compiled loop in use), a block of float32 or float64 pairs of two dimensions or more has its
+    row and column sums computed in one compiled pass, in the same order (`Kernel.where_sums`: the same floats);
+    a block where a square is not finite is then computed here."""
     kind = np.complex128 if a.dtype.kind == "c" or b.dtype.kind == "c" else np.float64
     contiguous = a.flags.c_contiguous and b.flags.c_contiguous and a.shape == b.shape
     if kind is np.complex128 or not contiguous or a.ndim == 0 or (a.ndim > 1 and a.shape[-1] < 2):
         return _whole_block_masses(a, b, kind)  # a last dimension of 1: its sum down the rows is pairwise
     last = a.shape[-1] if a.ndim > 1 else 1
     a2, b2 = a.reshape(-1, last), b.reshape(-1, last)  # views: the rows in order (a 1-D block: one value a row)
+    compiled = None if kernel is None or a.ndim == 1 or a.size == 0 else kernel.where_sums(a2, b2)
+    if compiled is not None:
+        rest = compiled[0].reshape(a.shape[:-1])
+        sums = [rest.sum(axis=tuple(i for i in range(rest.ndim) if i != dim)) for dim in range(rest.ndim)]
+        return [*sums, compiled[1]], [np.zeros(d, dtype=np.int64) for d in a.shape]
     rows = a2.shape[0]
     step = max(1, SLAB_BYTES // (8 * last))
     scratch = np.empty((min(step, rows), last))
@@ -185,9 +199,9 @@ def where_regions(shape: tuple[int, ...]) -> list[Region]:
     return list(iter_blocks(plan_chunks(shape, 8, WHERE_BLOCK_BYTES), 1)) if shape else []
 
 
-def locate_error(a: View, b: View, pool: Executor | None = None) -> list[ErrorSpan]:
+def locate_error(a: View, b: View, pool: Executor | None = None, kernel: Kernel | None = None) -> list[ErrorSpan]:
     """Read both views (same shape) block by block, on `pool`'s threads where given, and say where their error
-    is (`WhereAccumulator.spans`)."""
+    is (`WhereAccumulator.spans`; `kernel`: as `block_masses` takes it)."""
     shape = tuple(a.shape)
     if a.shape != b.shape:
         raise ValueError(f"views differ in shape: {list(a.shape)} and {list(b.shape)}")
@@ -197,7 +211,7 @@ def locate_error(a: View, b: View, pool: Executor | None = None) -> list[ErrorSp
     regions = where_regions(shape)
 
     def masses(region: Region) -> tuple[list[NDArray[Any]], list[NDArray[Any]]]:
-        return block_masses(a.read(region), b.read(region))
+        return block_masses(a.read(region), b.read(region), kernel)
 
     parts = pool.map(masses, regions) if pool is not None else map(masses, regions)
     for region, (squares, nonfinite) in zip(regions, parts, strict=True):

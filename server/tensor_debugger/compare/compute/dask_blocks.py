@@ -229,7 +229,7 @@ def where_block(settings: Settings, pair_id: int, key: str, region: Region) -> M
     reading it; None where the pair no longer wants the comparison `key` names."""
     try:
         job = worker_job(worker_context(settings), settings, pair_id, key)
-        return None if job is None else block_masses(job.a.read(region), job.b.read(region))
+        return None if job is None else block_masses(job.a.read(region), job.b.read(region), job.kernel)
     except Exception as exc:
         return exc
 

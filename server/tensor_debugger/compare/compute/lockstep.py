@@ -473,7 +473,7 @@ class Lockstep:
             region = plan.where[pair.where_done]
             shape = tuple(s.stop - s.start for s in region)
             a, b = (_values(h, parts, shape) for h, parts in zip(pair.halves, held, strict=True) if h is not None)
-            squares, nonfinite = block_masses(a, b)
+            squares, nonfinite = block_masses(a, b, self._context.kernel)
         del held
         with self._changed:
             if kind == "stats":
