@@ -290,8 +290,9 @@ class Kernel:
     def where_sums(self, a: NDArray[Any], b: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]] | None:
         """For C-contiguous 2-D blocks `a` and `b` of one shape and dtype (float32 or float64): per row the sum of
         the squared differences (widened to float64), per column the sum down the rows, bit for bit as
-        engine/where.py's numpy path sums them; None where the kernel is not in use, has no loop for the dtype, or
-        met a square or a row sum that is not finite (the numpy path then counts those)."""
+        engine/where.py's numpy path sums them; None where the kernel is not in use, has no loop for the dtype, the
+        rows are longer than WHERE_ROW_LIMIT, or it met a square or a row sum that is not finite (the numpy path
+        then counts those)."""
         code = {np.dtype(np.float32): "ff", np.dtype(np.float64): "dd"}.get(a.dtype)
         if code is None or b.dtype != a.dtype or a.shape != b.shape or a.ndim != 2:
             return None
@@ -301,6 +302,8 @@ class Kernel:
         if function is None:
             return None
         rows, last = a.shape
+        if last > WHERE_ROW_LIMIT:
+            return None
         row_sums, down, scratch = np.empty(rows), np.empty(last), np.empty(last)
         if function(
             a.ctypes.data, b.ctypes.data, rows, last, row_sums.ctypes.data, down.ctypes.data, scratch.ctypes.data
@@ -318,6 +321,12 @@ class Kernel:
         if not data.flags.c_contiguous:
             raise ValueError("fold64 reads a C-contiguous array's bytes")
         return int(function(data.ctypes.data, data.nbytes, first))
+
+
+# The longest row the compiled where pass sums: numpy's own order for a longer row changed between releases (2.0
+# sums it in pieces of its 8,192-element buffer, later releases whole), so such a row keeps numpy's path and its sums
+# stay those of the numpy installed, bit for bit.
+WHERE_ROW_LIMIT = 8192
 
 
 class _Default:
