@@ -45,7 +45,7 @@ class Attend(nn.Module):
         assert attention_mask is not None
         s = self.q(hidden_states) @ self.k(hidden_states).transpose(-1, -2) * D**-0.5
         s = s.masked_fill(~attention_mask[:, None, :], torch.finfo(s.dtype).min)  # reference masked
-        return s.softmax(-1) @ hidden_states
+        return cast(torch.Tensor, s.softmax(-1) @ hidden_states)
 
 
 class AttendKwargs(nn.Module):
@@ -61,7 +61,7 @@ class AttendKwargs(nn.Module):
         mask = kwargs["attention_mask"]
         s = self.q(hidden_states) @ self.k(hidden_states).transpose(-1, -2) * D**-0.5
         s = s.masked_fill(~mask[:, None, :], 0.0 if self.bug else torch.finfo(s.dtype).min)  # port masked
-        return s.softmax(-1) @ hidden_states
+        return cast(torch.Tensor, s.softmax(-1) @ hidden_states)
 
 
 class Block(nn.Module):
@@ -101,7 +101,7 @@ class Summed(nn.Module):
         self.sum = Overflow()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.sum(x, x * 2, x * 3)
+        return cast(torch.Tensor, self.sum(x, x * 2, x * 3))
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
@@ -139,9 +139,9 @@ def test_the_capture_records_kwargs_entries_by_their_keyword_and_args_by_their_p
             "Block.attn_inputs_kwargs_attention_mask": "**attention_mask",
         },
     }, stored
-    model = Summed()
-    with torch.no_grad(), capture(model, "bound", "overflow", data_dir=settings.data_dir) as result:
-        model(torch.ones(3))
+    summed = Summed()
+    with torch.no_grad(), capture(summed, "bound", "overflow", data_dir=settings.data_dir) as result:
+        summed(torch.ones(3))
     assert result.run_id is not None
     overflow = {n: p for n, p in _stored(settings, result.run_id).items() if n.startswith("Summed.sum_inputs")}
     assert overflow == {
@@ -242,8 +242,9 @@ def test_a_key_one_side_passes_alone_is_listed_one_sided_in_place(shared_server:
     alone = [u for u in report["unmatched"] if u["against_run_id"] == candidate]
     assert [u["name"] for u in alone] == ["Block.attn_inputs_kwargs_position_ids"], alone
     assert report["coverage"]["unmatched"] == ["Block.attn_inputs_kwargs_position_ids"], report["coverage"]
-    after = next(p for p in report["pairs"] if p["position"] == alone[0]["before_position"])
-    order = [p["a"]["name"] for p in report["pairs"]]
+    pairs = [p for p in report["pairs"] if p["b"]["run_id"] == candidate]
+    after = next(p for p in pairs if p["position"] == alone[0]["before_position"])
+    order = [p["a"]["name"] for p in pairs]
     assert order.index(after["a"]["name"]) == order.index("Block.attn_inputs_args_1") + 1, (after, order)
     assert report["first_divergence"]["name"] == first.reference, report["first_divergence"]
     mask = next(p for p in report["pairs"] if p["a"]["name"] == "Block.attn_inputs_args_1")
