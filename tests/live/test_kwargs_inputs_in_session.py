@@ -68,7 +68,7 @@ class Block(nn.Module):
     """The reference (`port` False) calls its attention `attn(x, keep)`; the port `attn(x, attention_mask=keep)`.
     `case`: "named" (that), "both" (the reference's attention takes the mask through `**kwargs` too, called as the
     port's), "extra" (the reference also passes `position_ids=`, which its attention's `**kwargs` takes and the
-    port's call has not)."""
+    port's call has not), "row 0" (the port's mask of every row taken from row 0)."""
 
     def __init__(self, port: bool, case: str = "named", bug: bool = False) -> None:
         super().__init__()
@@ -79,7 +79,9 @@ class Block(nn.Module):
         self.port, self.case = port, case
 
     def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        if self.port or self.case == "both":
+        if self.port and self.case == "row 0":
+            h = self.attn(x, attention_mask=keep[:1].expand_as(keep))  # row 0
+        elif self.port or self.case == "both":
             h = self.attn(x, attention_mask=keep)  # keyword
         elif self.case == "extra":
             h = self.attn(x, keep, position_ids=self.positions)  # extra keyword
@@ -249,3 +251,16 @@ def test_a_key_one_side_passes_alone_is_listed_one_sided_in_place(shared_server:
     assert report["first_divergence"]["name"] == first.reference, report["first_divergence"]
     mask = next(p for p in report["pairs"] if p["a"]["name"] == "Block.attn_inputs_args_1")
     assert mask["strategy"] == "parameter through **kwargs", mask
+
+
+def test_a_mask_through_kwargs_that_differs_is_the_first_divergence_said_so(settings: Settings) -> None:
+    """The port's mask of every row taken from row 0, through `**kwargs`: the first divergence is the mask itself,
+    at each side's call, and the answer says how its two inputs were paired."""
+    found = find_divergence(
+        Block(False).eval(), Block(True, "row 0").eval(), _inputs(), session="row 0", data_dir=settings.data_dir
+    )
+    first = found.first
+    assert first is not None and first.reference == "Block.attn_inputs_args_1", found.words()
+    assert first.candidate == "Block.attn_inputs_kwargs_attention_mask", first
+    assert (first.reference_source, first.candidate_source) == (line_of("positional"), line_of("row 0"))
+    assert f"Its two inputs were {NOTE}" in found.words(), found.words()
