@@ -98,6 +98,56 @@ def test_a_keyword_input_pairs_with_the_positional_one_bound_to_the_same_paramet
     ]
 
 
+def test_a_keyword_through_kwargs_pairs_with_the_parameter_of_its_name() -> None:
+    """`attn(h, m)` into `forward(self, x, mask=None)` against `attn(h, mask=m)` into `forward(self, x, **kwargs)`
+    (recorded `**mask`): paired by the keyword's name, said so in the strategy; an argument into `*args` (`*1`)
+    pairs with no named parameter, nor with a `**kwargs` keyword; a key one side's `**kwargs` alone has stays
+    unpaired; where both sides' `**kwargs` carry the key the names pair them first."""
+    reference = inputs(
+        "Net",
+        ("inputs_args_0", "hidden_states"),
+        ("inputs_args_1_0", "attention_mask"),
+        ("inputs_args_1_1", "attention_mask"),
+    )
+    candidate = inputs(
+        "Port",
+        ("inputs_kwargs_attention_mask_1", "**attention_mask"),
+        ("inputs_kwargs_attention_mask_0", "**attention_mask"),
+        ("inputs_kwargs_hidden_states", "hidden_states"),
+        ("inputs_kwargs_position_ids", "**position_ids"),
+    )
+    pairing = pair_runs(reference, candidate, strategies=["name", "module", "parameter"])
+    assert [(p.a.name, p.b.name, p.strategy) for p in pairing.pairs] == [
+        ("Net.attn_inputs_args_0", "Port.attn_inputs_kwargs_hidden_states", "parameter"),
+        ("Net.attn_inputs_args_1_0", "Port.attn_inputs_kwargs_attention_mask_0", "parameter through **kwargs"),
+        ("Net.attn_inputs_args_1_1", "Port.attn_inputs_kwargs_attention_mask_1", "parameter through **kwargs"),
+    ]
+    assert [t.name for t in pairing.unmatched_b] == ["Port.attn_inputs_kwargs_position_ids"]  # one side's only
+    assert parameter_key("Net.attn", "inputs_kwargs_mask_0", "**mask") == ("attn", "mask", "_0")
+    assert parameter_key("Net.attn", "inputs_kwargs_mask_0", "mask") == parameter_key(
+        "Net.attn", "inputs_args_1_0", "mask"
+    )
+    assert parameter_key("Net.attn", "inputs_args_1", "**mask") is None  # a keyword's mark on a positional place
+    assert parameter_key("Net.attn", "inputs_kwargs_masks", "**mask") is None
+    assert parameter_key("Net.attn", "inputs_args_2_0", "*2") == ("attn", "*2", "_0")
+    assert parameter_key("Net.attn", "inputs_args_2", "*1") is None  # the position is the place's
+    # `*args`' second argument against a parameter's, or against a `**kwargs` keyword: no pair
+    overflow = inputs("Net", ("inputs_args_1", "*1"))
+    assert made(overflow, inputs("Port", ("inputs_kwargs_mask", "**mask")), strategies=["parameter"]) == []
+    assert made(overflow, inputs("Port", ("inputs_args_1", "mask")), strategies=["module", "parameter"]) == [
+        ("Net.attn_inputs_args_1", "Port.attn_inputs_args_1", "module")  # the place's name, as before
+    ]
+    # both sides' `**kwargs` with the key: their names pair them
+    both = made(
+        inputs("Net", ("inputs_kwargs_mask", "**mask")),
+        inputs("Port", ("inputs_kwargs_mask", "**mask")),
+        strategies=["name", "module", "parameter"],
+    )
+    assert both == [("Net.attn_inputs_kwargs_mask", "Port.attn_inputs_kwargs_mask", "module")]
+    # recorded nowhere (a Hugging Face trace): unpaired as before
+    assert made(inputs("Net", ("inputs_args_1", None)), inputs("Port", ("inputs_kwargs_mask", None))) == []
+
+
 def test_the_chain_is_the_users() -> None:
     a = refs("x.weight", "y.weight", shape=(3,))
     b = refs("model.x.weight", "z.weight", shape=(3,))

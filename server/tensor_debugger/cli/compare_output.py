@@ -327,7 +327,8 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
             f"{inside(first)}"
         )
     if pair.pairing_note:  # two ops of one name and shape (by content, or by position, ambiguously); an input
-        print(f"  its two {'inputs' if pair.strategy == PARAMETER_STRATEGY else 'ops'} were {pair.pairing_note}")
+        inputs = pair.strategy.partition(" ")[0] == PARAMETER_STRATEGY  # "parameter through **kwargs" too
+        print(f"  its two {'inputs' if inputs else 'ops'} were {pair.pairing_note}")
 
 
 def names_of(names: list[str], shown: int = 20) -> str:

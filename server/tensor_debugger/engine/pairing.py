@@ -5,9 +5,10 @@ Tensor-parallel shards (`_rank{k}`, `_tp{k}` suffixes, `rank{k}/` or `tp{k}/` fo
 less what only packages it (see `identities`). Then a chain of strategies pairs what is left, each pair
 remembering which matched it: manual pairs (which win over everything), layer + stage (+ key path), the same
 name or identity, the same module path and place under a renamed model class, a captured module input bound to
-the same parameter of the module's `forward` (passed by keyword on one side, by position on the other), the same
-key path, normalised names, fuzzy names (`fuzzy.py`), and a shape unique on both sides (dumps only). The chain is
-the session's choice (`parse_strategies`). Whatever stays unmatched is listed per run.
+the same parameter of the module's `forward` (passed by keyword on one side, by position on the other; or by a
+keyword into `**kwargs` on one side, to the parameter of that name on the other), the same key path, normalised
+names, fuzzy names (`fuzzy.py`), and a shape unique on both sides (dumps only). The chain is the session's choice
+(`parse_strategies`). Whatever stays unmatched is listed per run.
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ class LogicalTensor:
 class PairPlan:
     a: LogicalTensor  # reference
     b: LogicalTensor  # candidate
-    strategy: str  # "manual", "layer_stage", "name", "module", "parameter", "key", "normalized", "fuzzy 0.93", "shape"
+    # "manual", "layer_stage", "name", "module", "parameter" ("parameter through **kwargs"), "key", "normalized",
+    # "fuzzy 0.93", "shape"
+    strategy: str
 
 
 @dataclass
@@ -271,20 +274,43 @@ def without_root(module_path: str) -> str:
     return module_path[root:].removeprefix(".")
 
 
-_ARGUMENT = re.compile(r"^inputs_args_\d+")
+_ARGUMENT = re.compile(r"^inputs_args_(\d+)")
+
+# How a capture records an argument that binds to no named parameter of the module's `forward` (live/parameters.py):
+# one past the named positional ones as `*{i}` (its position in the call, into `*args`), a keyword no parameter is
+# named for as `**{key}` (into `**kwargs`). Neither can be a parameter's name, so neither collides with one
+ARGS_MARK = "*"
+KWARGS_MARK = "**"
+PARAMETER = "parameter"
+# the strategy of a pair made by the parameter rule where one side's input went through `**kwargs` (paired by the
+# keyword's name with the other side's parameter of that name); its first word is the strategy's, as fuzzy's score
+PARAMETER_THROUGH_KWARGS = "parameter through **kwargs"
 
 
 def parameter_key(module_path: str, place: str, parameter: str | None) -> Hashable | None:
     """What pairs a captured module input passed by keyword on one side with the one passed by position on the
     other (strategy `parameter`): its module call (without the root), the parameter of the module's `forward` its
-    argument binds to, and its part within that argument (`_0` for a tuple's first). `place` is
-    `inputs_args_{i}...` or `inputs_kwargs_{parameter}...`; None for a tensor with no parameter recorded (another
-    place, or a Hugging Face trace). Read by the session's planning and by find_divergence alike, so they cannot
-    pair otherwise."""
+    argument binds to, and its part within that argument (`_0` for a tuple's first). A keyword that went into
+    `**kwargs` (`**mask`) counts as the parameter of its name (`mask`), so it pairs with `mask` on the other side
+    (bound by position or by keyword) and with another `**kwargs`' `mask`; an argument that went into `*args`
+    (`*2`) pairs only with the other side's argument at that position into `*args`. `place` is
+    `inputs_args_{i}...` or `inputs_kwargs_{key}...`; None for a tensor with no parameter recorded (another
+    place, or a Hugging Face trace), or one whose place does not fit it. Read by the session's planning and by
+    find_divergence alike, so they cannot pair otherwise."""
     if parameter is None:
         return None
-    keyword = f"inputs_kwargs_{parameter}"
     found = _ARGUMENT.match(place)
+    if parameter.startswith(KWARGS_MARK):
+        name = parameter[len(KWARGS_MARK) :]
+        keyword = f"inputs_kwargs_{name}"
+        if found is not None or not (place == keyword or place.startswith(keyword + "_")):
+            return None
+        return (without_root(module_path), name, place[len(keyword) :])
+    if parameter.startswith(ARGS_MARK):
+        if found is None or parameter != f"{ARGS_MARK}{found.group(1)}":
+            return None
+        return (without_root(module_path), parameter, place[found.end() :])
+    keyword = f"inputs_kwargs_{parameter}"
     if found is not None:
         part = place[found.end() :]
     elif place == keyword or place.startswith(keyword + "_"):
@@ -292,6 +318,13 @@ def parameter_key(module_path: str, place: str, parameter: str | None) -> Hashab
     else:
         return None
     return (without_root(module_path), parameter, part)
+
+
+def parameter_strategy(a: str | None, b: str | None) -> str:
+    """The strategy of a pair the parameter rule made of inputs bound to `a` and `b`: `PARAMETER_THROUGH_KWARGS`
+    where either went through `**kwargs`, else `PARAMETER`."""
+    through = any(p is not None and p.startswith(KWARGS_MARK) for p in (a, b))
+    return PARAMETER_THROUGH_KWARGS if through else PARAMETER
 
 
 def _parameter(t: LogicalTensor) -> Hashable | None:
@@ -408,6 +441,11 @@ def pair_runs(
             right = [t for j, t in enumerate(right) if j not in made_b] + ops_b
         for key in STRATEGIES[strategy]:
             left, right = _match(left, right, key, strategy, pairs)
+        if strategy == PARAMETER:
+            pairs[before:] = [
+                replace(p, strategy=parameter_strategy(p.a.first.parameter, p.b.first.parameter))
+                for p in pairs[before:]
+            ]
         refused = [p for p in pairs[before:] if (p.a.name, p.b.name) in forbidden]
         if refused:
             pairs = [p for p in pairs if p not in refused]

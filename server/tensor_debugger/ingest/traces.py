@@ -16,7 +16,8 @@ A capture with `level="op"` (`live/recorder.py`) adds op nodes: `{"module_path":
 Their files have short names of their own; their tensors are named by the tree (`<module call>/softmax#1_outputs`).
 A capture's module call nodes have `"caller": "<file>:<line>"`, the line that called the module: its inputs' source.
 A capture's module input entries have `"parameter"`: the parameter of the module's `forward` the argument binds to
-(`"x"` for `attn(h)` and for `attn(x=h)` alike), where its signature could be read.
+(`"x"` for `attn(h)` and for `attn(x=h)` alike; `"**mask"` for `mask=m` into a `**kwargs`, `"*2"` for the third
+positional argument into a `*args`), where its signature could be read.
 A capture with `values="summary"` writes no files: each tensor entry holds `"summary"`, its summary
 (`engine/summary_compare.py`), in place of `"value"`. A capture's root says `"complete": true`: no layer was left
 out, so none is put back (with `modules=`, the layers it did not select have no node and only some files).

@@ -49,9 +49,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from tensor_debugger.compare.planning.op_pairs import PARAMETER_STRATEGY, op_strategy, pairing_note
+from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
-from tensor_debugger.engine.pairing import parameter_key, unique_matches
+from tensor_debugger.engine.pairing import parameter_key, parameter_strategy, unique_matches
 from tensor_debugger.engine.summary_compare import (
     Sketch,
     SketchVerdict,
@@ -702,7 +702,11 @@ def _find(
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple((n, cand_lines.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
-        pairing_note(PARAMETER_STRATEGY if name in by_parameter else op_strategy(ops.settled.get((name, other)))),
+        pairing_note(
+            parameter_strategy(ref.parameters.get(name), cand.parameters.get(other))
+            if name in by_parameter
+            else op_strategy(ops.settled.get((name, other)))
+        ),
         _early_before(
             list(cand.summaries),
             other,

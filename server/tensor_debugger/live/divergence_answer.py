@@ -66,7 +66,8 @@ class FirstDivergence:
     candidate_unmatched_before: tuple[tuple[str, str], ...] = ()
     # how its two ops were paired where not by position alone (two ops of one name and shape in one module call):
     # "paired by content: ...", or "paired by position, ambiguous: ..." (its error then counts toward no culprit); or
-    # how two module inputs were paired where one side passed it by keyword: "paired by parameter: ..."
+    # how two module inputs were paired where one side passed it by keyword: "paired by parameter: ...", or "paired
+    # by parameter name through **kwargs: ..." where that keyword went into one side's `**kwargs`
     pairing: str | None = None
     # tensors of the candidate just before it (after the last whose partner the reference recorded before it), in
     # its order, that pair by name with tensors the reference records only after it: each with its line and its
@@ -149,7 +150,7 @@ class Divergence:
         )
         if f.pairing:
             how, _, why = f.pairing.partition(": ")
-            text += f" Its two {'inputs' if how == 'paired by parameter' else 'ops'} were {how}: {why}."
+            text += f" Its two {'inputs' if how.startswith('paired by parameter') else 'ops'} were {how}: {why}."
         for side, extra, other in (
             ("candidate", f.candidate_only_before, "reference"),
             ("reference", f.reference_only_before, "candidate"),

@@ -1,7 +1,11 @@
 """Which parameter of a module's `forward` each argument of a call binds to, as Python binds it: the `i`-th
 positional argument to the `i`-th positional parameter (up to a `*args` or the first keyword-only one), a keyword
-argument to the parameter of its name. The capture records it on each module input (`recorder.py`), so that an
-input passed by keyword on one side and by position on the other pairs (`engine/pairing.parameter_key`)."""
+argument to the parameter of its name. An argument past the named ones goes into `*args`, recorded as `*{i}` (its
+position in the call); a keyword no parameter is named for goes into `**kwargs`, recorded as `**{key}`: neither can
+be a parameter's name, so neither collides with one (`engine/pairing.py`'s `ARGS_MARK`, `KWARGS_MARK`). The capture
+records it on each module input (`recorder.py`), so that an input passed by keyword on one side and by position on
+the other pairs, and one passed through `**kwargs` pairs with the parameter of its name
+(`engine/pairing.parameter_key`)."""
 
 from __future__ import annotations
 
@@ -10,19 +14,30 @@ from dataclasses import dataclass
 
 import torch
 
+from tensor_debugger.engine.pairing import ARGS_MARK, KWARGS_MARK
+
 
 @dataclass(frozen=True)
 class ForwardParameters:
     positional: tuple[str, ...]  # positional-only and positional-or-keyword, in order, up to `*args`/keyword-only
     keywords: frozenset[str]  # those a keyword binds to: positional-or-keyword and keyword-only
+    var_positional: bool = False  # a `*args`
+    var_keyword: bool = False  # a `**kwargs`
 
     def of_argument(self, index: int) -> str | None:
-        """The parameter the positional argument `index` binds to; None past the named ones (into `*args`)."""
-        return self.positional[index] if index < len(self.positional) else None
+        """The parameter the positional argument `index` binds to: `*{index}` past the named ones where the forward
+        has a `*args`; None where it has none (Python refuses that call)."""
+        if index < len(self.positional):
+            return self.positional[index]
+        return f"{ARGS_MARK}{index}" if self.var_positional else None
 
     def of_keyword(self, key: str) -> str | None:
-        """The parameter the keyword argument `key` binds to; None where none is named so (into `**kwargs`)."""
-        return key if key in self.keywords else None
+        """The parameter the keyword argument `key` binds to: `**{key}` where none is named so and the forward has a
+        `**kwargs` (a positional-only parameter's name too: Python puts that keyword in `**kwargs`); None where it
+        has none."""
+        if key in self.keywords:
+            return key
+        return f"{KWARGS_MARK}{key}" if self.var_keyword else None
 
 
 def forward_parameters(module: torch.nn.Module) -> ForwardParameters | None:
@@ -35,6 +50,7 @@ def forward_parameters(module: torch.nn.Module) -> ForwardParameters | None:
     positional: list[str] = []
     keywords: set[str] = set()
     open_positional = True
+    kinds = {p.kind for p in signature.parameters.values()}
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD) and open_positional:
             positional.append(parameter.name)
@@ -42,4 +58,9 @@ def forward_parameters(module: torch.nn.Module) -> ForwardParameters | None:
             open_positional = False
         if parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
             keywords.add(parameter.name)
-    return ForwardParameters(tuple(positional), frozenset(keywords))
+    return ForwardParameters(
+        tuple(positional),
+        frozenset(keywords),
+        inspect.Parameter.VAR_POSITIONAL in kinds,
+        inspect.Parameter.VAR_KEYWORD in kinds,
+    )

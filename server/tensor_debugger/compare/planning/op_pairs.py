@@ -13,6 +13,8 @@ from typing import TypeVar
 
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, Likeness, OpTensor, pair_ops
 from tensor_debugger.engine.pairing import (
+    PARAMETER,
+    PARAMETER_THROUGH_KWARGS,
     LogicalTensor,
     Pairing,
     PairPlan,
@@ -28,8 +30,10 @@ ALIGNED = "module aligned"  # the strategy of a pair of ops the alignment made (
 BY_CONTENT_STRATEGY = "module by content"
 LEFT_OVER_STRATEGY = "module left over"  # the one left once the others paired by content
 AMBIGUOUS_STRATEGY = "module ambiguous"  # kept by position, which content neither confirms nor replaces
-# a module's input passed by keyword on one side, by position on the other (engine/pairing.py's strategy)
-PARAMETER_STRATEGY = "parameter"
+# a module's input passed by keyword on one side, by position on the other (engine/pairing.py's strategy); and
+# the same where one side's keyword went into the forward's `**kwargs`
+PARAMETER_STRATEGY = PARAMETER
+PARAMETER_THROUGH_KWARGS_STRATEGY = PARAMETER_THROUGH_KWARGS
 _STRATEGIES = {BY_CONTENT: BY_CONTENT_STRATEGY, LEFT_OVER: LEFT_OVER_STRATEGY, AMBIGUOUS: AMBIGUOUS_STRATEGY}
 
 
@@ -47,6 +51,11 @@ def pairing_note(strategy: str) -> str | None:
         return (
             "paired by parameter: one side passes this input by keyword and the other by position, and both bind "
             "to the same parameter of the module's forward"
+        )
+    if strategy == PARAMETER_THROUGH_KWARGS_STRATEGY:
+        return (
+            "paired by parameter name through **kwargs: one side passes this input by keyword into its forward's "
+            "**kwargs, and the other binds it to its forward's parameter of that name"
         )
     if strategy == BY_CONTENT_STRATEGY:
         return (
