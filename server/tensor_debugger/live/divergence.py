@@ -696,8 +696,8 @@ def _find(
         cand_lines.get(other),
         verdict,
         full_first,
-        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines),
-        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines),
+        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines, cand.summaries),
+        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines, ref.summaries),
         (changed, ref_lines.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
@@ -840,13 +840,19 @@ def _later(order: Sequence[str], one: str | None, other: str) -> str | None:
 
 
 def _one_sided_before(
-    order: Sequence[str], name: str, paired: Callable[[str], bool], sources: Mapping[str, str]
+    order: Sequence[str],
+    name: str,
+    paired: Callable[[str], bool],
+    sources: Mapping[str, str],
+    summaries: Mapping[str, Sketch],
 ) -> tuple[tuple[str, str], ...]:
     """The tensors of one side's `order` that have no partner (`paired` False), between the last paired one before
     `name` and `name`, in order, each with its source line ("" where none). Where `name` is one of a module call's
     outputs, its other outputs before it (recorded as the call returned, after everything it computed) are passed
     over: the op that made `name` is nearer than them in the order it ran; so are a module call's other inputs,
-    where `name` is one of them (recorded as the call began, after whatever made each)."""
+    where `name` is one of them (recorded as the call began, after whatever made each). So are paired tensors that
+    hold no elements (a cache's `torch.tensor([])` made just before its first `cat`): they agree by holding nothing,
+    which tells nothing of the values before them."""
     found: list[tuple[str, str]] = []
     outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
     inputs_of = module_of(name) if is_module_input(name) else None
@@ -856,6 +862,8 @@ def _one_sided_before(
         if inputs_of is not None and is_module_input(other) and module_of(other) == inputs_of:
             continue
         if paired(other):
+            if summaries[other].numel == 0:
+                continue
             break
         found.append((other, sources.get(other) or ""))
     return tuple(reversed(found))
