@@ -3,7 +3,9 @@ unseen models, round 9"): the answers that said too little and are now fixed, an
 guards. Fixed: a port's extra ops just before a key/value cache's first `cat` (SmolLM3 turning a layer's keys it
 should not) went unnamed, the cache's empty `torch.tensor([])`, paired and equal, standing between them and the
 divergence; a complex tensor's `.real` or `.imag` (FNet's `fftn(x).real`) was not recorded, so a port taking the
-other half was named at its module's output with the line that called the module, not the line of the bug."""
+other half was named at its module's output with the line that called the module, not the line of the bug; a port
+computing parts of its forward in bfloat16 by casts of its own was told so, not where; two slices swapped in use
+(Phi's rotated and passed halves), paired by content across call indices, were not named."""
 
 from __future__ import annotations
 
@@ -85,6 +87,73 @@ def test_the_sessions_answer_names_it_too(settings: Settings) -> None:
     first = report.first_divergence
     assert first is not None and first.name == "CacheCat/cat#1_outputs", first
     assert first.candidate_only_before == [f"CacheCat/mul#1_outputs ({line_of('port scale')})"], first
+
+
+class HalfScores(nn.Module):
+    """Attention probabilities; the port computes its scores in bfloat16 (casts of its own, no autocast)."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k = nn.Linear(D, D), nn.Linear(D, D)
+        self.port = port
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k = self.q(x), self.k(x).transpose(-1, -2)
+        s = (q.bfloat16() @ k.bfloat16()).float() if self.port else q @ k  # half
+        return cast(torch.Tensor, (s * D**-0.5).softmax(-1))
+
+
+def test_a_port_computing_its_scores_in_bfloat16_is_told_where_that_begins(settings: Settings) -> None:
+    """Said too little (Gemma2's scores cast to bfloat16 in a port): "no divergence beyond the precision floor of
+    bfloat16", rightly (rounding only), and that the candidate computes parts of its forward in bfloat16, but not
+    where. Now the first tensor it computes in bfloat16 where the reference does not, with its line."""
+    x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(5))
+    reference, candidate = HalfScores(False).eval(), HalfScores(True).eval()
+    found = find_divergence(reference, candidate, x, session="half", data_dir=settings.data_dir)
+    assert found.first is None and found.floor == "bfloat16", repr(found)
+    assert found.lowered_first == ("HalfScores/bfloat16#1_outputs", line_of("half")), repr(found)
+    assert f"from HalfScores/bfloat16#1_outputs ({line_of('half')}) on, the first tensor" in repr(found)
+
+
+class HalvesSwapped(nn.Module):
+    """Queries whose first half is turned by position angles and second half passed (a partial rotary); the port
+    turns the second half and passes the first."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q, self.k = nn.Linear(D, D), nn.Linear(D, D)
+        self.port = port
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q(x)
+        if self.port:
+            rot = q[..., D // 2 :]  # port rot
+            kept = q[..., : D // 2]  # port kept
+        else:
+            rot = q[..., : D // 2]  # rot
+            kept = q[..., D // 2 :]  # kept
+        angles = torch.arange(x.shape[1], dtype=x.dtype)[:, None] * 0.3
+        q = torch.cat([rot * angles.cos() + rot.flip(-1) * angles.sin(), kept], -1)
+        return cast(torch.Tensor, (q @ self.k(x).transpose(-1, -2)).softmax(-1))
+
+
+def test_slices_swapped_in_use_are_named_at_their_lines(settings: Settings) -> None:
+    """Said too little (Phi's rotated and passed halves swapped): the rotary's multiply was named at its line, but
+    the slices, holding the same values on both sides and paired by content across call indices, nowhere. Now each
+    crossed pair, with both sides' lines."""
+    x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(5))
+    reference, candidate = HalvesSwapped(False).eval(), HalvesSwapped(True).eval()
+    found = find_divergence(reference, candidate, x, session="halves", data_dir=settings.data_dir)
+    first = found.first
+    assert first is not None and first.module == "HalvesSwapped", repr(found)
+    crossed = {
+        ("HalvesSwapped/getitem#1_outputs", line_of("rot"), "HalvesSwapped/getitem#2_outputs", line_of("port kept")),
+        ("HalvesSwapped/getitem#2_outputs", line_of("kept"), "HalvesSwapped/getitem#1_outputs", line_of("port rot")),
+    }
+    assert set(first.crossed_before) == crossed, first
+    assert "ops paired by content across call indices" in repr(found)
 
 
 # --- transformers models against a copy of their own modeling file with one line changed ----------------------------

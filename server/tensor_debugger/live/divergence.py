@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import PARAMETER_STRATEGY, op_strategy, pairing_note
-from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
+from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import parameter_key, unique_matches
 from tensor_debugger.engine.summary_compare import (
     Sketch,
@@ -175,6 +175,24 @@ def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], ro
         for n, s in others.items()
         if (by_key[_key(n, root_b)] != s.dtype if _key(n, root_b) in by_key else s.dtype not in everywhere)
     }
+
+
+def _first_lowered(
+    ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str, dtype: str
+) -> str | None:
+    """The candidate's (`others`) first tensor in `dtype` that `_lowered_dtypes` counts: whose namesake in the
+    reference holds another dtype, or that has no namesake while the reference recorded `dtype` nowhere."""
+    by_key = {_key(n, root_a): s.dtype for n, s in ours.items()}
+    everywhere = set(by_key.values())
+    return next(
+        (
+            n
+            for n, s in others.items()
+            if s.dtype == dtype
+            and (by_key[_key(n, root_b)] != dtype if _key(n, root_b) in by_key else dtype not in everywhere)
+        ),
+        None,
+    )
 
 
 def _key(name: str, root: str) -> str:
@@ -433,6 +451,13 @@ def _find(
         for r, root in ((ref, root_a), (cand, root_b))
     )
 
+    lowered = (
+        _first_lowered(ref.summaries, cand.summaries, root_a, root_b, floor.dtype)
+        if floor is not None and floor.autocast
+        else None
+    )
+    lowered_first = (lowered, cand_lines.get(lowered) or "") if lowered is not None else None
+
     def tolerance_of(dtype_a: str, dtype_b: str) -> Tolerance:
         default = default_tolerance(dtype_a, dtype_b)
         return Tolerance(default.rtol if rtol is None else rtol, default.atol if atol is None else atol)
@@ -550,6 +575,7 @@ def _find(
             floor_note=floor_note,
             split_calls=split_calls,
             floor_autocast=floor is not None and floor.autocast,
+            lowered_first=lowered_first,
         )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
@@ -712,6 +738,7 @@ def _find(
             cand_lines,
             {_key(n, root_a): at for n, at in ref_lines.items()},
         ),
+        crossed_before=_crossed_before(ops.settled, order, name, ref_lines, cand_lines),
     )
     return Divergence(
         session,
@@ -735,6 +762,7 @@ def _find(
         floored_outputs=tuple(floored_outputs),
         split_calls=split_calls,
         floor_autocast=floor is not None and floor.autocast,
+        lowered_first=lowered_first,
         own_errors=own,
     )
 
@@ -837,6 +865,29 @@ def _later(order: Sequence[str], one: str | None, other: str) -> str | None:
     if one is None:
         return None
     return one if order.index(one) >= order.index(other) else other
+
+
+def _crossed_before(
+    settled: Mapping[tuple[str, str], str],
+    order: Sequence[str],
+    name: str,
+    ref_lines: Mapping[str, str],
+    cand_lines: Mapping[str, str],
+) -> tuple[tuple[str, str, str, str], ...]:
+    """The op pairs of `name`'s module call before it, in the reference's `order`, that their contents paired
+    (`BY_CONTENT`, or the one `LEFT_OVER` once others did) across call indices (`getitem#1` with `getitem#2`): each
+    the reference's tensor and line, the candidate's and line."""
+    before = {n: i for i, n in enumerate(order[: order.index(name)])}
+    module = module_of(name)
+    crossed = [
+        (before[a], a, b)
+        for (a, b), how in settled.items()
+        if how in (BY_CONTENT, LEFT_OVER)
+        and a in before
+        and module_of(a) == module
+        and a.rpartition("/")[2] != b.rpartition("/")[2]
+    ]
+    return tuple((a, ref_lines.get(a) or "", b, cand_lines.get(b) or "") for _, a, b in sorted(crossed))
 
 
 def _one_sided_before(
