@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
-from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
+from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import parameter_key, parameter_strategy, unique_matches
 from tensor_debugger.engine.summary_compare import (
     Sketch,
@@ -175,6 +175,24 @@ def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], ro
         for n, s in others.items()
         if (by_key[_key(n, root_b)] != s.dtype if _key(n, root_b) in by_key else s.dtype not in everywhere)
     }
+
+
+def _first_lowered(
+    ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str, dtype: str
+) -> str | None:
+    """The candidate's (`others`) first tensor in `dtype` that `_lowered_dtypes` counts: whose namesake in the
+    reference holds another dtype, or that has no namesake while the reference recorded `dtype` nowhere."""
+    by_key = {_key(n, root_a): s.dtype for n, s in ours.items()}
+    everywhere = set(by_key.values())
+    return next(
+        (
+            n
+            for n, s in others.items()
+            if s.dtype == dtype
+            and (by_key[_key(n, root_b)] != dtype if _key(n, root_b) in by_key else dtype not in everywhere)
+        ),
+        None,
+    )
 
 
 def _key(name: str, root: str) -> str:
@@ -433,6 +451,13 @@ def _find(
         for r, root in ((ref, root_a), (cand, root_b))
     )
 
+    lowered = (
+        _first_lowered(ref.summaries, cand.summaries, root_a, root_b, floor.dtype)
+        if floor is not None and floor.autocast
+        else None
+    )
+    lowered_first = (lowered, cand_lines.get(lowered) or "") if lowered is not None else None
+
     def tolerance_of(dtype_a: str, dtype_b: str) -> Tolerance:
         default = default_tolerance(dtype_a, dtype_b)
         return Tolerance(default.rtol if rtol is None else rtol, default.atol if atol is None else atol)
@@ -550,6 +575,7 @@ def _find(
             floor_note=floor_note,
             split_calls=split_calls,
             floor_autocast=floor is not None and floor.autocast,
+            lowered_first=lowered_first,
         )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
@@ -696,8 +722,8 @@ def _find(
         cand_lines.get(other),
         verdict,
         full_first,
-        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines),
-        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines),
+        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines, cand.summaries),
+        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines, ref.summaries),
         (changed, ref_lines.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
@@ -716,6 +742,7 @@ def _find(
             cand_lines,
             {_key(n, root_a): at for n, at in ref_lines.items()},
         ),
+        crossed_before=_crossed_before(ops.settled, order, name, ref_lines, cand_lines),
     )
     return Divergence(
         session,
@@ -739,6 +766,7 @@ def _find(
         floored_outputs=tuple(floored_outputs),
         split_calls=split_calls,
         floor_autocast=floor is not None and floor.autocast,
+        lowered_first=lowered_first,
         own_errors=own,
     )
 
@@ -843,14 +871,43 @@ def _later(order: Sequence[str], one: str | None, other: str) -> str | None:
     return one if order.index(one) >= order.index(other) else other
 
 
+def _crossed_before(
+    settled: Mapping[tuple[str, str], str],
+    order: Sequence[str],
+    name: str,
+    ref_lines: Mapping[str, str],
+    cand_lines: Mapping[str, str],
+) -> tuple[tuple[str, str, str, str], ...]:
+    """The op pairs of `name`'s module call before it, in the reference's `order`, that their contents paired
+    (`BY_CONTENT`, or the one `LEFT_OVER` once others did) across call indices (`getitem#1` with `getitem#2`): each
+    the reference's tensor and line, the candidate's and line."""
+    before = {n: i for i, n in enumerate(order[: order.index(name)])}
+    module = module_of(name)
+    crossed = [
+        (before[a], a, b)
+        for (a, b), how in settled.items()
+        if how in (BY_CONTENT, LEFT_OVER)
+        and a in before
+        and module_of(a) == module
+        and a.rpartition("/")[2] != b.rpartition("/")[2]
+    ]
+    return tuple((a, ref_lines.get(a) or "", b, cand_lines.get(b) or "") for _, a, b in sorted(crossed))
+
+
 def _one_sided_before(
-    order: Sequence[str], name: str, paired: Callable[[str], bool], sources: Mapping[str, str]
+    order: Sequence[str],
+    name: str,
+    paired: Callable[[str], bool],
+    sources: Mapping[str, str],
+    summaries: Mapping[str, Sketch],
 ) -> tuple[tuple[str, str], ...]:
     """The tensors of one side's `order` that have no partner (`paired` False), between the last paired one before
     `name` and `name`, in order, each with its source line ("" where none). Where `name` is one of a module call's
     outputs, its other outputs before it (recorded as the call returned, after everything it computed) are passed
     over: the op that made `name` is nearer than them in the order it ran; so are a module call's other inputs,
-    where `name` is one of them (recorded as the call began, after whatever made each)."""
+    where `name` is one of them (recorded as the call began, after whatever made each). So are paired tensors that
+    hold no elements (a cache's `torch.tensor([])` made just before its first `cat`): they agree by holding nothing,
+    which tells nothing of the values before them."""
     found: list[tuple[str, str]] = []
     outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
     inputs_of = module_of(name) if is_module_input(name) else None
@@ -860,6 +917,8 @@ def _one_sided_before(
         if inputs_of is not None and is_module_input(other) and module_of(other) == inputs_of:
             continue
         if paired(other):
+            if summaries[other].numel == 0:
+                continue
             break
         found.append((other, sources.get(other) or ""))
     return tuple(reversed(found))

@@ -74,6 +74,11 @@ class FirstDivergence:
     # partner's line ("" where none). A module called in another's place (the attention's norm called as the
     # feed-forward's) pairs by name with the reference's later call of it, so its line, the bug's, is here
     candidate_early_before: tuple[tuple[str, str, str], ...] = ()
+    # ops of its module call before it, of one name and shape, that paired by content with an op of another call
+    # index on the other side (the candidate's `getitem#1` holding what the reference's `getitem#2` holds): each the
+    # reference's tensor and line, the candidate's and line. Two slices swapped in use (a rotary turning the half it
+    # should pass) hold the same values on both sides, so no pair of theirs differs: their lines are only here
+    crossed_before: tuple[tuple[str, str, str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,9 @@ class Divergence:
     # whether the precision floor is the reference run under torch.autocast (the candidate computed parts of its
     # forward in `floor` though its parameters are the reference's dtype), not a converted copy of it
     floor_autocast: bool = False
+    # with that floor: the candidate's first tensor in `floor` where the reference computes in another dtype, and
+    # the line that made it ("" where none): where the candidate's own lower precision begins
+    lowered_first: tuple[str, str] | None = None
     # modules one side calls more often than the other on inputs of other shapes (a block run row by row and
     # concatenated, against one call on the batch): (module path without the model's class name, the reference's
     # calls, the candidate's); their calls face none of each other's, so their tensors were not compared
@@ -171,6 +179,17 @@ class Divergence:
                 f"{listed}, which pair by name with tensors the reference records only after it"
                 f"{lines_later}: the candidate ran them where the reference does not "
                 "(a module called in another's place?), which may be where it began."
+            )
+        if f.crossed_before:
+            shown_crossed = [
+                f"the candidate's {c}{f' ({c_at})' if c_at else ''} holds what the reference's {r}"
+                f"{f' ({r_at})' if r_at else ''} holds"
+                for r, r_at, c, c_at in f.crossed_before[:_LISTED]
+            ]
+            text += (
+                f" Before it in its module call, ops paired by content across call indices: {'; '.join(shown_crossed)}"
+                ": the two sides make them in another order, or use each other's where the other does (halves "
+                "swapped?), which may be where it began."
             )
         if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
             count = len(f.unmatched_before)
@@ -300,6 +319,9 @@ class Divergence:
                 f"{'they fail' if more else 'it fails'}."
             )
         how = " (a torch.autocast region, or casts of its own)" if self.floor_autocast else ""
+        if self.lowered_first is not None:
+            name, at = self.lowered_first
+            how += f", from {name}{f' ({at})' if at else ''} on, the first tensor it computes in {self.floor}"
         return (
             f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
             f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "

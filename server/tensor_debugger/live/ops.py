@@ -4,7 +4,9 @@ Each call that returns tensors (matmul, softmax, the arithmetic operators, `F.*`
 the recorder with its op name and the file and line of the user's code that called it: the innermost frame outside
 torch (and outside this package), e.g. `.../modeling_llama.py:412`. Calls nested inside another op (the
 `Tensor.softmax` that `F.softmax` calls) are not seen: the mode is off while its handler runs. Property getters
-(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs. So are the outputs of calls
+(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs; but for `real` and `imag`
+(`GETTERS`), which pick one half of a complex tensor's values (FNet's `fftn(x).real`: the port's `.imag` for it
+changes nothing else), recorded as ops of those names. So are the outputs of calls
 that allocate without setting values (`torch.empty`, `empty_like`, `new_empty`, ...: `UNINITIALISED`): their bytes
 are whatever the memory held, which differ from call to call and from one run to another, so a summary of them would
 report a divergence, or a model changing between calls, that is not the model's. Nor are the calls torch's module
@@ -49,8 +51,23 @@ UNINITIALISED = frozenset(
 )
 
 
+# Property getters recorded as ops (see the module docstring), by the attribute's name.
+GETTERS = frozenset(("real", "imag"))
+
+
+def getter_name(func: Callable[..., Any]) -> str | None:
+    """The attribute a property getter (`Tensor.real.__get__`) reads; None for any other call."""
+    if getattr(func, "__name__", "") != "__get__":
+        return None
+    return getattr(getattr(func, "__self__", None), "__name__", None)
+
+
 def op_name(func: Callable[..., Any]) -> str:
-    """`softmax`, `matmul`, `add_`; a dunder loses its underscores (`__getitem__` -> `getitem`)."""
+    """`softmax`, `matmul`, `add_`; a dunder loses its underscores (`__getitem__` -> `getitem`); a property
+    getter is named by its attribute (`real`)."""
+    attribute = getter_name(func)
+    if attribute is not None:
+        return attribute
     name = getattr(func, "__name__", None) or type(func).__name__
     return name.strip("_") if name.startswith("__") and name.endswith("__") else name
 
@@ -141,7 +158,9 @@ class OpMode(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name in UNINITIALISED and isinstance(output, torch.Tensor):
             self._allocated(output)
-        if self.sink.busy or name == "__get__" or name in UNINITIALISED or not self.sink.recording():
+        if name == "__get__" and getter_name(func) not in GETTERS:
+            return output
+        if self.sink.busy or name in UNINITIALISED or not self.sink.recording():
             return output
         if self._fresh and self._views_unset_memory(name, args, kwargs or {}, output):
             return output

@@ -819,8 +819,10 @@ def _first_divergence_of(
     if tied or not all(_in_execution_order(p) for p in failing):
         # a failing pair whose place in execution is not known may have failed earlier: no "first", no "before"
         return replace(found, in_execution_order=False, unmatched_before=[])
-    # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence
-    previous = next((p for p in reversed(mine[:at]) if not passed_over(p)), None)
+    # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence; a
+    # pair holding no elements (a cache's `torch.tensor([])` just before its first `cat`) agrees by holding nothing,
+    # so the candidate's ops before it are still just before the divergence
+    previous = next((p for p in reversed(mine[:at]) if not passed_over(p) and not _holds_nothing(p)), None)
     # a reference op without partner before it, in the same module call, pairs after it (an op the port runs once
     # more beside its twin, a scale applied twice: neither of the port's faces the reference's, and the mask's ops
     # pair between them and the divergence): the candidate's own from the pair before the last such op, where the
@@ -839,7 +841,14 @@ def _first_divergence_of(
         default=None,
     )
     if previous is not None and last_unmatched is not None and last_unmatched <= previous.position:
-        previous = next((p for p in reversed(mine[:at]) if p.position < last_unmatched and not passed_over(p)), None)
+        previous = next(
+            (
+                p
+                for p in reversed(mine[:at])
+                if p.position < last_unmatched and not passed_over(p) and not _holds_nothing(p)
+            ),
+            None,
+        )
     extra = candidate_only_before(db, session_id, mine[at], previous)
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
@@ -977,3 +986,8 @@ def argmax_report(
         tensor = tensors[ids[shard]]
         sides.append(ArgmaxSide(tensor.name, tensor.id, list(index)))
     return ArgmaxReport(list(stats.argmax), json_number(stats.max_abs_diff), sides[0], sides[1])
+
+
+def _holds_nothing(pair: PairReport) -> bool:
+    """Whether both sides of `pair` hold no elements (a dimension of size 0)."""
+    return 0 in pair.a.shape and 0 in pair.b.shape
