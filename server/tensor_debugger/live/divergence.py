@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
-from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, OpTensor, out_of_step, pair_ops
+from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import parameter_key, parameter_strategy, unique_matches
 from tensor_debugger.engine.summary_compare import (
     Sketch,
@@ -71,6 +71,15 @@ from tensor_debugger.live.divergence_answer import (
     FirstDivergence,
 )
 from tensor_debugger.live.model_state import BufferStates
+from tensor_debugger.live.order_context import (
+    OUTPUTS,
+    crossed_before,
+    early_before,
+    later_of,
+    module_before,
+    names_before,
+    one_sided_before,
+)
 from tensor_debugger.live.own_error import (
     Arguments,
     OwnError,
@@ -93,8 +102,6 @@ from tensor_debugger.live.precision_floor import (
 )
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
-
-_OUTPUTS = re.compile(r"_outputs(?:_.+)?$")  # a module call's outputs: "Net.head_outputs", "Net_outputs_1"
 
 
 class ChangingModelError(ValueError):
@@ -582,7 +589,7 @@ def _find(
     # theirs (or the first divergence, where later), which must be the first pass's
     name, other, verdict = first
     module = _maker_of(name, {re.sub(r"#\d+$", "", module_of(n)) for n in order})
-    before = _module_before(order, order.index(name), module)
+    before = module_before(order, order.index(name), module)
     snippet = next_capture(
         session,
         [module, *([before] if before else [])],
@@ -606,7 +613,7 @@ def _find(
         (candidate, "the candidate", cand.summaries, other, cand_lines),
     ):
         last = _last_wanted(summaries, snippet.modules, _root_name(model))
-        until = _later(list(summaries), last, divergent)
+        until = later_of(list(summaries), last, divergent)
         with (
             record(
                 model,
@@ -690,7 +697,7 @@ def _find(
             not tolerance_passed
             and "/" not in tensor_name
             and module_of(tensor_name) != root_a
-            and _OUTPUTS.search(tensor_name[len(module_of(tensor_name)) :])
+            and OUTPUTS.search(tensor_name[len(module_of(tensor_name)) :])
         ):
             floored_outputs.append(tensor_name)
     bad = {s.reference for s in failing} | reshaped
@@ -722,18 +729,18 @@ def _find(
         cand_lines.get(other),
         verdict,
         full_first,
-        _one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines, cand.summaries),
-        _one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines, ref.summaries),
+        one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines, cand.summaries),
+        one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines, ref.summaries),
         (changed, ref_lines.get(changed) or "") if changed is not None and changed != name else None,
         tuple(n for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
         tuple(ref_lines.get(n) or "" for n in order[: order.index(name)] if _key(n, root_a) not in theirs),
-        tuple((n, cand_lines.get(n) or "") for n in _before(list(cand.summaries), other) if n not in ours),
+        tuple((n, cand_lines.get(n) or "") for n in names_before(list(cand.summaries), other) if n not in ours),
         pairing_note(
             parameter_strategy(ref.parameters.get(name), cand.parameters.get(other))
             if name in by_parameter
             else op_strategy(ops.settled.get((name, other)))
         ),
-        _early_before(
+        early_before(
             list(cand.summaries),
             other,
             {theirs[k]: k for k in paired},
@@ -742,7 +749,7 @@ def _find(
             cand_lines,
             {_key(n, root_a): at for n, at in ref_lines.items()},
         ),
-        crossed_before=_crossed_before(ops.settled, order, name, ref_lines, cand_lines),
+        crossed_before=crossed_before(ops.settled, order, name, ref_lines, cand_lines),
     )
     return Divergence(
         session,
@@ -859,98 +866,6 @@ def _same_values_recast(a: Sketch, b: Sketch) -> bool:
     )
 
 
-def _before(order: Sequence[str], name: str) -> Sequence[str]:
-    """The names of `order` before `name`."""
-    return order[: order.index(name)]
-
-
-def _later(order: Sequence[str], one: str | None, other: str) -> str | None:
-    """Whichever of `one` and `other` comes later in `order`; None (the end) where `one` is None."""
-    if one is None:
-        return None
-    return one if order.index(one) >= order.index(other) else other
-
-
-def _crossed_before(
-    settled: Mapping[tuple[str, str], str],
-    order: Sequence[str],
-    name: str,
-    ref_lines: Mapping[str, str],
-    cand_lines: Mapping[str, str],
-) -> tuple[tuple[str, str, str, str], ...]:
-    """The op pairs of `name`'s module call before it, in the reference's `order`, that their contents paired
-    (`BY_CONTENT`, or the one `LEFT_OVER` once others did) across call indices (`getitem#1` with `getitem#2`): each
-    the reference's tensor and line, the candidate's and line."""
-    before = {n: i for i, n in enumerate(order[: order.index(name)])}
-    module = module_of(name)
-    crossed = [
-        (before[a], a, b)
-        for (a, b), how in settled.items()
-        if how in (BY_CONTENT, LEFT_OVER)
-        and a in before
-        and module_of(a) == module
-        and a.rpartition("/")[2] != b.rpartition("/")[2]
-    ]
-    return tuple((a, ref_lines.get(a) or "", b, cand_lines.get(b) or "") for _, a, b in sorted(crossed))
-
-
-def _one_sided_before(
-    order: Sequence[str],
-    name: str,
-    paired: Callable[[str], bool],
-    sources: Mapping[str, str],
-    summaries: Mapping[str, Sketch],
-) -> tuple[tuple[str, str], ...]:
-    """The tensors of one side's `order` that have no partner (`paired` False), between the last paired one before
-    `name` and `name`, in order, each with its source line ("" where none). Where `name` is one of a module call's
-    outputs, its other outputs before it (recorded as the call returned, after everything it computed) are passed
-    over: the op that made `name` is nearer than them in the order it ran; so are a module call's other inputs,
-    where `name` is one of them (recorded as the call began, after whatever made each). So are paired tensors that
-    hold no elements (a cache's `torch.tensor([])` made just before its first `cat`): they agree by holding nothing,
-    which tells nothing of the values before them."""
-    found: list[tuple[str, str]] = []
-    outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
-    inputs_of = module_of(name) if is_module_input(name) else None
-    for other in reversed(order[: order.index(name)]):
-        if outputs_of is not None and _OUTPUTS.search(other) and _OUTPUTS.sub("", other) == outputs_of:
-            continue
-        if inputs_of is not None and is_module_input(other) and module_of(other) == inputs_of:
-            continue
-        if paired(other):
-            if summaries[other].numel == 0:
-                continue
-            break
-        found.append((other, sources.get(other) or ""))
-    return tuple(reversed(found))
-
-
-def _early_before(
-    order: Sequence[str],
-    name: str,
-    partner_of: Mapping[str, str],
-    reference_index: Mapping[str, int],
-    index: int,
-    sources: Mapping[str, str],
-    reference_sources: Mapping[str, str],
-) -> tuple[tuple[str, str, str], ...]:
-    """The candidate's tensors of `order` just before `name` whose partners (`partner_of`: the reference's, by
-    key) the reference recorded after its first divergence (at `index` in its order): from `name` back to the last
-    whose partner comes before it, those unpaired passed over, as `_one_sided_before` passes over a module call's
-    other outputs. Each with its line and its partner's."""
-    found: list[tuple[str, str, str]] = []
-    outputs_of = _OUTPUTS.sub("", name) if _OUTPUTS.search(name) and "/" not in name else None
-    for other in reversed(order[: order.index(name)]):
-        if outputs_of is not None and _OUTPUTS.search(other) and _OUTPUTS.sub("", other) == outputs_of:
-            continue
-        partner = partner_of.get(other)
-        if partner is None:
-            continue
-        if reference_index[partner] < index:
-            break
-        found.append((other, sources.get(other) or "", reference_sources.get(partner) or ""))
-    return tuple(reversed(found))
-
-
 def _parameter_partners(
     ref: CaptureResult, cand: CaptureResult, theirs: Mapping[str, str], root_a: str
 ) -> list[tuple[str, str]]:
@@ -996,17 +911,6 @@ def _last_wanted(summaries: Mapping[str, Sketch], patterns: Sequence[str], root:
         ):
             last = name
     return last
-
-
-def _module_before(order: Sequence[str], index: int, module: str) -> str | None:
-    """The module call of the nearest tensor before `order[index]` that is neither in `module` nor one of its
-    ancestors (whose inputs come before everything inside it): the module that made its input."""
-    for name in reversed(order[:index]):
-        other = module_of(name)
-        if other == module or module.startswith(other + ".") or other.startswith(module + "."):
-            continue
-        return other
-    return None
 
 
 def _culprits(
