@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import BigInteger, ColumnElement, Text, case, cast, delete, func, select
+from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
@@ -174,8 +175,16 @@ def keep_figures(sessions: sessionmaker[Any], judged: Mapping[int, tuple[str, Ju
     if not judged:
         return
     with sessions() as db:
+        # the transaction's own connection: on SQLite the short wait is a setting of that connection, set back on
+        # it (and on no other the pool holds) before it goes back to the pool, whatever happened
+        connection = db.connection()
+        sqlite = connection.dialect.name == "sqlite"
+        raw = connection.connection.dbapi_connection if sqlite else None
+        if raw is not None:
+            _busy_timeout(raw, LOCK_WAIT_MS)
+        else:
+            connection.exec_driver_sql(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")  # for this transaction alone
         try:
-            _wait_briefly(db)
             db.execute(delete(SessionFiguresRecord).where(SessionFiguresRecord.session_id.in_(list(judged))))
             db.add_all(
                 SessionFiguresRecord(
@@ -187,23 +196,24 @@ def keep_figures(sessions: sessionmaker[Any], judged: Mapping[int, tuple[str, Ju
                 )
                 for sid, (fingerprint, figures) in judged.items()
             )
-            db.commit()
+            db.flush()
+            kept = True
         except (IntegrityError, OperationalError):
-            db.rollback()
+            kept = False
         finally:
-            _wait_as_before(db)
+            if raw is not None:
+                _busy_timeout(raw, SQLITE_BUSY_MS)
+        if kept:
+            db.commit()
+        else:
+            db.rollback()
 
 
-def _wait_briefly(db: DbSession) -> None:
-    """This transaction's lock waits bounded by `LOCK_WAIT_MS`: PostgreSQL's lock_timeout for it alone (SET LOCAL);
-    SQLite's busy timeout of the connection, set back by `_wait_as_before`."""
-    if db.get_bind().dialect.name == "sqlite":
-        db.connection().exec_driver_sql(f"PRAGMA busy_timeout={LOCK_WAIT_MS}")
-    else:
-        db.connection().exec_driver_sql(f"SET LOCAL lock_timeout = {LOCK_WAIT_MS}")
-
-
-def _wait_as_before(db: DbSession) -> None:
-    if db.get_bind().dialect.name == "sqlite":
-        db.connection().exec_driver_sql(f"PRAGMA busy_timeout={SQLITE_BUSY_MS}")
-        db.rollback()  # the connection back to the pool with no transaction open
+def _busy_timeout(raw: DBAPIConnection, ms: int) -> None:
+    """Set how long SQLite connection `raw` waits for another's lock (a setting of the connection, not of its
+    transaction, which it leaves as it is)."""
+    cursor = raw.cursor()
+    try:
+        cursor.execute(f"PRAGMA busy_timeout={ms}")
+    finally:
+        cursor.close()
