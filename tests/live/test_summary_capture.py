@@ -304,12 +304,13 @@ class Strided(nn.Module):
     in place, and viewed as heads again."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = (x * 1.5).split(48, dim=-1)  # each (2, 300, 48), stride 144
+        q, k, v = torch.split(x * 1.5, 48, dim=-1)  # each (2, 300, 48), stride 144
         heads = q.view(2, 300, 4, 12)
         turned = k.view(2, 300, 4, 12).transpose(1, 2)
         q.mul_(2)
         again = q.view(2, 300, 4, 12)
-        return heads + turned.transpose(1, 2) + again + v.reshape(2, 300, 4, 12)
+        out: torch.Tensor = heads + turned.transpose(1, 2) + again + v.reshape(2, 300, 4, 12)
+        return out
 
 
 def test_a_strided_view_is_summarised_as_the_tensor_it_reads_in_the_same_order(settings: Settings) -> None:

@@ -177,7 +177,7 @@ class SketchJson(dict[str, Any]):
     def _read_only(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("a summary's JSON (SketchJson) is read-only: change a copy of it, dict(...)")
 
-    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _read_only  # type: ignore[assignment]
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _read_only
 
 
 def pack_sample(values: tuple[float, ...] | NDArray[Any]) -> str:
