@@ -4,8 +4,10 @@ same as a capture's summary of the tensor in everything but the last bits of the
 
 from __future__ import annotations
 
+import copy
 import json
 import math
+import pickle
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -254,3 +256,26 @@ def test_a_malformed_compact_sample_is_refused(sample: object, reason: str) -> N
     assert Sketch.from_json(data) == sketch(torch.tensor([1.0, 2.0]))
     with pytest.raises((ValueError, TypeError), match=reason):
         Sketch.from_json({**data, "sample_f64": sample})
+
+
+def test_the_compact_json_is_read_only_and_gives_its_summary_back_as_parsing_would() -> None:
+    """`to_json(compact=True)` keeps the summary it was made from (`SketchJson`), which `from_json` gives back
+    without parsing: so it must equal what parsing gives, bit for bit, and the JSON cannot be changed under it. A
+    copy (json, pickle, `dict`) is a plain dict, parsed as any other."""
+    made = sketch(with_specials(seeded((33, 65), 3)), "fold64")
+    data = made.to_json(compact=True)
+    written = json.loads(json.dumps(data))
+    assert written == dict(data) and type(written) is dict
+    parsed = Sketch.from_json(written)
+    assert Sketch.from_json(data) is made
+    assert bits(parsed.sample) == bits(made.sample) and same(parsed, made) and parsed.hash == made.hash
+    with pytest.raises(TypeError, match="read-only"):
+        data["sum"] = 0.0
+    with pytest.raises(TypeError, match="read-only"):
+        data.update(sum=0.0)
+    assert Sketch.from_json(data) is made
+    copied = pickle.loads(pickle.dumps(data))
+    assert type(copied) is dict and copied == written
+    assert type(copy.deepcopy(data)) is dict
+    changed = {**data, "sum": 0.0}  # a changed copy is parsed, not taken for the summary it was made from
+    assert Sketch.from_json(changed).sum == 0.0

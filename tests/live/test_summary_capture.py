@@ -298,6 +298,49 @@ def test_an_ops_summary_is_of_its_values_though_code_torch_cannot_see_changes_th
     assert result.summaries["Unseen/mul#1_outputs"] == sketch(x * 2, "fold64")  # not of the zeros written after it
 
 
+class Strided(nn.Module):
+    """q, k and v split from one fused projection (strided views of it), each viewed as heads: q's view reads the
+    same elements in the same order as q (its summary q's, reshaped), k's transposed one does not; then q changed
+    in place, and viewed as heads again."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = torch.split(x * 1.5, 48, dim=-1)  # each (2, 300, 48), stride 144
+        heads = q.view(2, 300, 4, 12)
+        turned = k.view(2, 300, 4, 12).transpose(1, 2)
+        q.mul_(2)
+        again = q.view(2, 300, 4, 12)
+        out: torch.Tensor = heads + turned.transpose(1, 2) + again + v.reshape(2, 300, 4, 12)
+        return out
+
+
+def test_a_strided_view_is_summarised_as_the_tensor_it_reads_in_the_same_order(settings: Settings) -> None:
+    """Each summary is of the values its op made, whether taken from the strided tensor it views (q's heads), or
+    computed (the transposed heads, another order of the same bytes; q's heads after q changed in place)."""
+    model = Strided()
+    x = torch.randn(2, 300, 144, generator=torch.Generator().manual_seed(5))
+    kept: dict[str, torch.Tensor] = {}
+
+    def keep(name: str, tensor: torch.Tensor) -> None:
+        kept[name] = tensor.detach().clone()
+
+    with torch.no_grad(), capture(model, "strided", "full", data_dir=settings.data_dir, level="op", on_tensor=keep):
+        model(x)
+    with (
+        torch.no_grad(),
+        capture(model, "strided", "summary", data_dir=settings.data_dir, level="op", values="summary") as result,
+    ):
+        model(x)
+    assert list(result.summaries) == list(kept)
+    for name, value in kept.items():
+        assert result.summaries[name] == sketch(value, "fold64"), name
+    q, heads, turned = (
+        result.summaries[f"Strided/{op}"] for op in ("split#1_outputs_0", "view#1_outputs", "transpose#1_outputs")
+    )
+    assert heads.hash != q.hash and (heads.sum, heads.sample) == (q.sum, q.sample)  # the same values, reshaped
+    assert result.summaries["Strided/view#3_outputs"].sum == 2 * heads.sum  # q's heads again, after q.mul_(2)
+    assert turned.sample != result.summaries["Strided/view#2_outputs"].sample  # another order
+
+
 class Buffered(nn.Module):
     """An output buffer allocated empty and filled afterwards, as fused-kernel wrappers do."""
 

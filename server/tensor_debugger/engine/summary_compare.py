@@ -110,8 +110,9 @@ class Sketch:
         """The summary as JSON; `compact` writes the sample as one string ("sample_f64", `pack_sample`: 2.7 kB for 256
         values) in place of a list of numbers ("sample": 256 float objects, 8 kB held): a stored row's form, which
         ingest holds for every tensor of a run until its rows are written. `from_json` reads both."""
-        sample = {"sample_f64": pack_sample(self.sample)} if compact else {"sample": _json_numbers(self.sample)}
-        return {**self.head_json(), **sample}
+        if compact:
+            return SketchJson({**self.head_json(), "sample_f64": pack_sample(self.sample)}, self)
+        return {**self.head_json(), "sample": _json_numbers(self.sample)}
 
     def head_json(self) -> dict[str, Any]:
         """`to_json` without the sample."""
@@ -133,7 +134,8 @@ class Sketch:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Sketch:
         """Raises ValueError (KeyError, TypeError) on a malformed summary."""
-
+        if type(data) is SketchJson:  # made by `to_json` in this process, unchangeable since: its summary
+            return data.sketch
         packed = data.get("sample_f64")  # a stored row's compact form; a capture's and older rows' list
         sample = unpack_sample(packed) if packed is not None else tuple(map(float, data["sample"]))
         number = float  # "nan", "inf" and "-inf" parse as floats
@@ -155,6 +157,27 @@ class Sketch:
             sample,
             None if data.get("fold64") is None else str(data["fold64"]),
         )
+
+
+class SketchJson(dict[str, Any]):
+    """`Sketch.to_json(compact=True)`: the JSON, read-only, holding the summary it was made from, so that
+    `Sketch.from_json` of it in the same process gives that summary back without parsing it again (a summary capture
+    makes hundreds into JSON as its block ends, and its run's rows read them back at once). Written by `json` as
+    any dict; a copy (`dict(...)`, `copy`, pickle) is a plain dict."""
+
+    __slots__ = ("sketch",)
+
+    def __init__(self, data: dict[str, Any], sketch: Sketch) -> None:
+        super().__init__(data)
+        self.sketch = sketch
+
+    def __reduce__(self) -> tuple[type[dict[str, Any]], tuple[dict[str, Any]]]:
+        return dict, (dict(self),)
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a summary's JSON (SketchJson) is read-only: change a copy of it, dict(...)")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _read_only
 
 
 def pack_sample(values: tuple[float, ...] | NDArray[Any]) -> str:

@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from tensor_debugger.engine.names import module_layer, parse_layer_stage
-from tensor_debugger.engine.summary_compare import Sketch
+from tensor_debugger.engine.summary_compare import Sketch, SketchJson
 from tensor_debugger.errors import SECOND_TENSOR_OF_A_NAME, FileProblem
 from tensor_debugger.ingest.inputs import RunTrace
 from tensor_debugger.ingest.stored import Stored, stored_name
@@ -30,9 +30,12 @@ def summary_row(run_id: int, position: int, run_trace: RunTrace, traced: TraceTe
             raise FileProblem(run_trace.label, f"{traced.name}: a malformed summary ({exc})") from exc
         stats = {"min": sketch.min, "max": sketch.max, "mean": sketch.mean, "std": sketch.std}
         packed = traced.sketch.get("sample_f64")  # already packed (and read back whole just now): kept as it is
-        stored_sketch = (
-            {**sketch.head_json(), "sample_f64": packed} if isinstance(packed, str) else sketch.to_json(compact=True)
-        )
+        if isinstance(traced.sketch, SketchJson):  # `to_json(compact=True)` of this sketch, in this process
+            stored_sketch = traced.sketch
+        elif isinstance(packed, str):
+            stored_sketch = {**sketch.head_json(), "sample_f64": packed}
+        else:
+            stored_sketch = sketch.to_json(compact=True)
     if traced.op is not None:
         layer = module_layer(traced.module_path)
     else:

@@ -26,10 +26,11 @@ out, so none is put back (with `modules=`, the layers it did not select have no 
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Collection, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -231,16 +232,15 @@ def trace_of(tree: Any, json_name: str, label: str, files: Collection[str]) -> T
 def _walk(node: dict[str, Any], out: list[TraceTensor], files: set[str]) -> ModuleNode:
     path = str(node.get("module_path", "?")).removesuffix(" (top-level)")
     caller = node.get("caller")  # a capture's: the line that called the module, its inputs' source
+    caller = caller if isinstance(caller, str) else None
     for place, entry in _flatten(node.get("inputs"), "inputs"):
-        tensor = _tensor(path, place, entry, files)
-        out.append(replace(tensor, source=caller) if isinstance(caller, str) else tensor)
+        out.append(_tensor(path, place, entry, files, source=caller))
     children = tuple(_walk(c, out, files) for c in node.get("children") or () if isinstance(c, dict))
     op, source = node.get("op"), node.get("source")
+    op = op if isinstance(op, str) else None
+    source = source if op is not None and isinstance(source, str) else None
     for place, entry in _flatten(node.get("outputs"), "outputs"):
-        tensor = _tensor(path, place, entry, files)
-        if isinstance(op, str):
-            tensor = replace(tensor, op=op, source=source if isinstance(source, str) else None)
-        out.append(tensor)
+        out.append(_tensor(path, place, entry, files, op, source))
     return ModuleNode(path, children)
 
 
@@ -256,7 +256,9 @@ def _flatten(value: Any, place: str) -> Iterator[tuple[str, dict[str, Any]]]:
             yield from _flatten(item, f"{place}_{i}")
 
 
-def _tensor(path: str, place: str, entry: dict[str, Any], files: set[str]) -> TraceTensor:
+def _tensor(
+    path: str, place: str, entry: dict[str, Any], files: set[str], op: str | None = None, source: str | None = None
+) -> TraceTensor:
     value = entry.get("value")
     file = None
     if isinstance(value, str) and value.endswith(".safetensors"):
@@ -272,8 +274,10 @@ def _tensor(path: str, place: str, entry: dict[str, Any], files: set[str]) -> Tr
         parse_shape(entry.get("shape")),
         trace_dtype(entry.get("dtype")),
         stats,
-        sketch=sketch,
-        parameter=parameter if isinstance(parameter, str) and parameter else None,
+        op,
+        source,
+        sketch,
+        parameter if isinstance(parameter, str) and parameter else None,
     )
 
 
@@ -357,8 +361,12 @@ def _place_unreferenced(tensors: list[TraceTensor], extra: list[str], root: Modu
 
 def parse_shape(text: Any) -> tuple[int, ...] | None:
     """ "torch.Size([1, 8, 32])" -> (1, 8, 32)."""
-    if not isinstance(text, str):
-        return None
+    return _shape_of(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=4096)
+def _shape_of(text: str) -> tuple[int, ...] | None:
+    """`parse_shape` of a string, remembered: a trace's hundreds of tensors come in a few shapes."""
     found = _SHAPE.search(text)
     if found is None:
         return None

@@ -153,14 +153,16 @@ class OpMode(TorchFunctionMode):
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         output = func(*args, **(kwargs or {}))
-        if torch.compiler.is_compiling():  # torch.compile tracing the model: not a call run here
+        # the recorder's own calls first (its hooks reading `.dtype`, `._version`, `untyped_storage()` of what they
+        # summarise: 1,977 of a GPT-2 summary capture's 2,732 calls here): not the model's, nothing else to ask
+        if self.sink.busy or torch.compiler.is_compiling():  # or torch.compile tracing the model: not run here
             return output
         name = getattr(func, "__name__", "")
-        if name in UNINITIALISED and isinstance(output, torch.Tensor):
-            self._allocated(output)
-        if name == "__get__" and getter_name(func) not in GETTERS:
+        if name in UNINITIALISED:
+            if isinstance(output, torch.Tensor):
+                self._allocated(output)
             return output
-        if self.sink.busy or name in UNINITIALISED or not self.sink.recording():
+        if (name == "__get__" and getter_name(func) not in GETTERS) or not self.sink.recording():
             return output
         if self._fresh and self._views_unset_memory(name, args, kwargs or {}, output):
             return output

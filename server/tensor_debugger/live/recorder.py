@@ -440,16 +440,17 @@ class _Summaries:
     and a new tensor at a freed one's address is not taken for it). Inference tensors (`torch.inference_mode`) have
     no version counter: theirs are computed every time.
 
-    A contiguous CPU view of a tensor summarised (a `view`, `reshape`, `unsqueeze`, ... of it or of the same base)
-    that starts at the same byte and has as many elements of the same dtype holds the same bytes in the same order:
-    its summary is that tensor's with its own shape (`sketches.reshaped`: the same statistics and sample, the hash of
-    the new shape from the same sum of words), while neither was changed in place (their version counter, shared, is
-    the one the summary was made at)."""
+    A CPU view of a tensor summarised (a `view`, `reshape`, `unsqueeze`, ... of it or of the same base) that starts
+    at the same byte, has as many elements of the same dtype and reads them in the same steps (`_steps`: contiguous
+    ones, or a strided q split from a fused projection and its view as heads) holds the same bytes in the same
+    order: its summary is that tensor's with its own shape (`sketches.reshaped`: the same statistics and sample, the
+    hash of the new shape from the same sum of words), while neither was changed in place (their version counter,
+    shared, is the one the summary was made at)."""
 
     def __init__(self) -> None:
         self.known: dict[int, tuple[weakref.ref[torch.Tensor], int, _Summary]] = {}
-        # contiguous CPU tensors summarised, by (first byte's address, elements, dtype): the latest of each
-        self.spans: dict[tuple[int, int, torch.dtype], tuple[weakref.ref[torch.Tensor], int, _Summary]] = {}
+        # CPU tensors summarised, by (first byte's address, elements, dtype, steps: `_span`): the latest of each
+        self.spans: dict[_Span, tuple[weakref.ref[torch.Tensor], int, _Summary]] = {}
 
     def sketch(self, tensor: torch.Tensor) -> _Summary:
         key = id(tensor)
@@ -469,7 +470,7 @@ class _Summaries:
             self.spans[span] = (ref, version, summary)
         return summary
 
-    def _alias(self, tensor: torch.Tensor, span: tuple[int, int, torch.dtype], version: int) -> _Summary | None:
+    def _alias(self, tensor: torch.Tensor, span: _Span, version: int) -> _Summary | None:
         """The summary of `tensor` from that of a tensor of the same span and base, unchanged since (see the class
         docstring); None where there is none."""
         known = self.spans.get(span)
@@ -481,7 +482,7 @@ class _Summaries:
             return None
         return reshaped(summary, total, tuple(tensor.shape), tensor.element_size()), total
 
-    def _forget(self, key: int, span: tuple[int, int, torch.dtype] | None, ref: weakref.ref[torch.Tensor]) -> None:
+    def _forget(self, key: int, span: _Span | None, ref: weakref.ref[torch.Tensor]) -> None:
         known = self.known.get(key)
         if known is not None and known[0] is ref:
             del self.known[key]
@@ -492,13 +493,32 @@ class _Summaries:
 
 # A summary, and where the compiled kernel summed its "fold64" hash, that sum (`sketches.fold64_sketch`).
 _Summary = tuple[Sketch, int | None]
+_Span = tuple[int, int, torch.dtype, tuple[tuple[int, int], ...]]  # `_span`
 
 
-def _span(tensor: torch.Tensor) -> tuple[int, int, torch.dtype] | None:
-    """A contiguous CPU tensor's (first byte's address, elements, dtype); None for any other."""
-    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.numel() == 0:
+def _span(tensor: torch.Tensor) -> _Span | None:
+    """A CPU tensor's (first byte's address, elements, dtype, the steps its elements are read in: `_steps`); None
+    for any other, or an empty one."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0:
         return None
-    return (tensor.data_ptr(), tensor.numel(), tensor.dtype)
+    return (tensor.data_ptr(), tensor.numel(), tensor.dtype, _steps(tensor.shape, tensor.stride()))
+
+
+def _steps(shape: Sequence[int], strides: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """The (size, stride) of each dimension with dimensions of size 1 left out and each dimension merged into the one
+    before it where it continues it (stride before = size * stride): two tensors from the same first byte with the
+    same steps read the same elements in the same order (a contiguous one's are `((numel, 1),)`; q split from a
+    fused projection, (1, 256, 768) of stride 2304, and its view as heads, (1, 256, 12, 64), are one; transposed,
+    not)."""
+    steps: list[tuple[int, int]] = []
+    for size, stride in zip(shape, strides, strict=True):
+        if size == 1:
+            continue
+        if steps and steps[-1][1] == size * stride:
+            steps[-1] = (steps[-1][0] * size, stride)
+        else:
+            steps.append((size, stride))
+    return tuple(steps)
 
 
 def _root(tensor: torch.Tensor) -> torch.Tensor:
