@@ -18,19 +18,7 @@ from tensor_debugger import find_divergence
 from tensor_debugger.demo.models import ResidualStack
 
 from tests.live.test_precision_floor import MODELS, _inputs
-from tests.support.polling import wait_until
-from tests.support.servers import LiveServer
-
-
-def _judged(client: httpx.Client, session_id: int) -> dict[str, Any]:
-    report: dict[str, Any] = wait_until(
-        lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
-        until=lambda got: got["pairs"] and not got["progress"]["pending"],
-        what="find_divergence's session to be judged",
-        timeout=120,
-        interval=0.05,
-    )
-    return report
+from tests.support.servers import LiveServer, session_judged
 
 
 @pytest.mark.parametrize("model", list(MODELS))
@@ -49,7 +37,7 @@ def test_the_answer_the_json_and_the_page_agree_on_a_bfloat16_port(
     root = make.__name__
     session_id = int(found.location.rpartition("/sessions/")[2])
     with httpx.Client(base_url=shared_server.url, timeout=30) as client:
-        report = _judged(client, session_id)
+        report = session_judged(client, session_id)
         runs = {r["label"]: r["role"] for r in client.get(f"/api/sessions/{session_id}").json()["runs"]}
         page = client.get(f"/sessions/{session_id}").text
         graph = client.get(f"/sessions/{session_id}/graph").text
@@ -125,7 +113,7 @@ def test_a_culprit_named_by_its_own_error_is_the_sessions_too(shared_server: Liv
     assert "ResidualStack.layers.11_outputs" in found.floored_outputs  # the case: its output is within the floor
     session_id = int(found.location.rpartition("/sessions/")[2])
     with httpx.Client(base_url=shared_server.url, timeout=30) as client:
-        report = _judged(client, session_id)
+        report = session_judged(client, session_id)
         runs = {r["label"]: r["role"] for r in client.get(f"/api/sessions/{session_id}").json()["runs"]}
         page = client.get(f"/sessions/{session_id}").text
     assert runs["noise (own)"] == "noise" and "candidate (own)" in runs and "reference (own)" in runs

@@ -20,21 +20,9 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import TensorRecord
 
 from tests.live.test_unseen_answers_7 import Keywords, _keep
-from tests.support.polling import wait_until
-from tests.support.servers import LiveServer
+from tests.support.servers import LiveServer, session_judged
 
 NOTE = "paired by parameter: one side passes this input by keyword and the other by position"
-
-
-def _judged(client: httpx.Client, session_id: int) -> dict[str, Any]:
-    report: dict[str, Any] = wait_until(
-        lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
-        until=lambda got: got["pairs"] and not got["progress"]["pending"],
-        what="find_divergence's session to be judged",
-        timeout=120,
-        interval=0.05,
-    )
-    return report
 
 
 def _answer_and_session(server: LiveServer, bug: bool, session: str) -> tuple[Any, dict[str, Any], set[str]]:
@@ -45,7 +33,7 @@ def _answer_and_session(server: LiveServer, bug: bool, session: str) -> tuple[An
     found = find_divergence(model(False).eval(), model(True).eval(), inputs, session=session, server=server.url)
     session_id = int(found.location.rpartition("/sessions/")[2])
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        report = _judged(client, session_id)
+        report = session_judged(client, session_id)
         # every tensor of the candidate's first run has a partner too (the session lists the reference's unpaired)
         candidate = next(c["run_id"] for c in report["candidates"] if c["label"] == "candidate")
         names = {t["name"] for t in client.get(f"/api/runs/{candidate}/tensors").json()}

@@ -23,8 +23,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import TensorRecord
 from torch import nn
 
-from tests.support.polling import wait_until
-from tests.support.servers import LiveServer
+from tests.support.servers import LiveServer, session_judged
 from tests.support.source_lines import marked_line
 
 D, T = 8, 6
@@ -153,17 +152,6 @@ def test_the_capture_records_kwargs_entries_by_their_keyword_and_args_by_their_p
     }, overflow
 
 
-def _judged(client: httpx.Client, session_id: int) -> dict[str, Any]:
-    report: dict[str, Any] = wait_until(
-        lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
-        until=lambda got: got["pairs"] and not got["progress"]["pending"],
-        what="find_divergence's session to be judged",
-        timeout=120,
-        interval=0.05,
-    )
-    return report
-
-
 def _answer_and_session(server: LiveServer, session: str, case: str, bug: bool) -> tuple[Any, dict[str, Any]]:
     """find_divergence's answer on the block (`case`, with `bug` in the port's masked path) and its session's
     pairs, once judged, read back from the server."""
@@ -171,7 +159,7 @@ def _answer_and_session(server: LiveServer, session: str, case: str, bug: bool) 
         Block(False, case).eval(), Block(True, case, bug).eval(), _inputs(), session=session, server=server.url
     )
     with httpx.Client(base_url=server.url, timeout=30) as client:
-        report = _judged(client, int(found.location.rpartition("/sessions/")[2]))
+        report = session_judged(client, int(found.location.rpartition("/sessions/")[2]))
     return found, report
 
 

@@ -238,6 +238,19 @@ def wait_done(server: LiveServer, session_id: int, timeout: float = 120) -> dict
     return report
 
 
+def session_judged(client: httpx.Client, session_id: int) -> dict[str, Any]:
+    """The session's pairs report (through `client`, an app's) once it has pairs and none is pending: what a
+    `find_divergence` or capture into that app's data dir left to be judged."""
+    report: dict[str, Any] = wait_until(
+        lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
+        until=lambda got: got["pairs"] and not got["progress"]["pending"],
+        what=f"session {session_id} to be judged",
+        timeout=120,
+        interval=0.05,
+    )
+    return report
+
+
 def wait_staging_empty(server: LiveServer) -> None:
     """Wait until the server's staging folder holds nothing: an upload's files go as its last ingest ends, which
     can be a moment after the request that waited for the ingests has returned."""
