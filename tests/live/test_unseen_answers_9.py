@@ -107,13 +107,16 @@ class HalfScores(nn.Module):
 def test_a_port_computing_its_scores_in_bfloat16_is_told_where_that_begins(settings: Settings) -> None:
     """Said too little (Gemma2's scores cast to bfloat16 in a port): "no divergence beyond the precision floor of
     bfloat16", rightly (rounding only), and that the candidate computes parts of its forward in bfloat16, but not
-    where. Now the first tensor it computes in bfloat16 where the reference does not, with its line."""
+    where. Now the first of its recorded tensors in bfloat16 where the reference's is not, with its line."""
     x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(5))
     reference, candidate = HalfScores(False).eval(), HalfScores(True).eval()
     found = find_divergence(reference, candidate, x, session="half", data_dir=settings.data_dir)
     assert found.first is None and found.floor == "bfloat16", repr(found)
     assert found.lowered_first == ("HalfScores/bfloat16#1_outputs", line_of("half")), repr(found)
-    assert f"from HalfScores/bfloat16#1_outputs ({line_of('half')}) on, the first tensor" in repr(found)
+    assert (
+        f"from HalfScores/bfloat16#1_outputs ({line_of('half')}) on, the first of its recorded tensors in bfloat16"
+        in repr(found)
+    )
 
 
 class HalvesSwapped(nn.Module):

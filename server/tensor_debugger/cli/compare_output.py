@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from tensor_debugger.cli.table import print_rows
-from tensor_debugger.compare.planning.op_pairs import PARAMETER_STRATEGY
 from tensor_debugger.compare.planning.requests import CompareRequest
 from tensor_debugger.compare.reports.compare_report import (
     ComparedPair,
@@ -37,6 +36,7 @@ from tensor_debugger.compare.reports.formatting import (
     source_words,
 )
 from tensor_debugger.engine.dimension_names import parse_dims_option
+from tensor_debugger.engine.pairing import PARAMETER
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store.problem_report import ProblemReport
 
@@ -327,7 +327,7 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
             f"{inside(first)}"
         )
     if pair.pairing_note:  # two ops of one name and shape (by content, or by position, ambiguously); an input
-        inputs = pair.strategy.partition(" ")[0] == PARAMETER_STRATEGY  # "parameter through **kwargs" too
+        inputs = pair.strategy.partition(" ")[0] == PARAMETER  # "parameter through **kwargs" too
         print(f"  its two {'inputs' if inputs else 'ops'} were {pair.pairing_note}")
 
 

@@ -42,7 +42,7 @@ import fnmatch
 import functools
 import re
 import warnings
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,35 +171,30 @@ def _arguments(inputs: Any) -> str:
     return "*inputs" if isinstance(inputs, tuple | list) else "inputs"
 
 
-def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str) -> set[str]:
-    """The dtypes the candidate's capture (`others`) recorded where the reference's (`ours`) did not: a tensor's
-    whose namesake in the reference holds another dtype, or one the reference has no namesake of, in a dtype the
-    reference recorded nowhere."""
+def _lowered(
+    ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str
+) -> Iterator[tuple[str, str]]:
+    """The candidate's (`others`) tensors, in its order, with their dtype, in a dtype the reference's capture
+    (`ours`) did not record there: whose namesake in the reference holds another dtype, or that have no namesake
+    while the reference recorded that dtype nowhere."""
     by_key = {_key(n, root_a): s.dtype for n, s in ours.items()}
     everywhere = set(by_key.values())
-    return {
-        s.dtype
-        for n, s in others.items()
-        if (by_key[_key(n, root_b)] != s.dtype if _key(n, root_b) in by_key else s.dtype not in everywhere)
-    }
+    for n, s in others.items():
+        key = _key(n, root_b)
+        if by_key[key] != s.dtype if key in by_key else s.dtype not in everywhere:
+            yield n, s.dtype
+
+
+def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str) -> set[str]:
+    """The dtypes of `_lowered`'s tensors: those the candidate computes in where the reference does not."""
+    return {dtype for _, dtype in _lowered(ours, others, root_a, root_b)}
 
 
 def _first_lowered(
     ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str, dtype: str
 ) -> str | None:
-    """The candidate's (`others`) first tensor in `dtype` that `_lowered_dtypes` counts: whose namesake in the
-    reference holds another dtype, or that has no namesake while the reference recorded `dtype` nowhere."""
-    by_key = {_key(n, root_a): s.dtype for n, s in ours.items()}
-    everywhere = set(by_key.values())
-    return next(
-        (
-            n
-            for n, s in others.items()
-            if s.dtype == dtype
-            and (by_key[_key(n, root_b)] != dtype if _key(n, root_b) in by_key else dtype not in everywhere)
-        ),
-        None,
-    )
+    """The first of `_lowered`'s tensors in `dtype`."""
+    return next((n for n, lowered in _lowered(ours, others, root_a, root_b) if lowered == dtype), None)
 
 
 def _key(name: str, root: str) -> str:

@@ -321,7 +321,10 @@ class Divergence:
         how = " (a torch.autocast region, or casts of its own)" if self.floor_autocast else ""
         if self.lowered_first is not None:
             name, at = self.lowered_first
-            how += f", from {name}{f' ({at})' if at else ''} on, the first tensor it computes in {self.floor}"
+            how += (
+                f", from {name}{f' ({at})' if at else ''} on, the first of its recorded tensors in {self.floor} "
+                "where the reference's is not"
+            )
         return (
             f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
             f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "

@@ -30,10 +30,6 @@ ALIGNED = "module aligned"  # the strategy of a pair of ops the alignment made (
 BY_CONTENT_STRATEGY = "module by content"
 LEFT_OVER_STRATEGY = "module left over"  # the one left once the others paired by content
 AMBIGUOUS_STRATEGY = "module ambiguous"  # kept by position, which content neither confirms nor replaces
-# a module's input passed by keyword on one side, by position on the other (engine/pairing.py's strategy); and
-# the same where one side's keyword went into the forward's `**kwargs`
-PARAMETER_STRATEGY = PARAMETER
-PARAMETER_THROUGH_KWARGS_STRATEGY = PARAMETER_THROUGH_KWARGS
 _STRATEGIES = {BY_CONTENT: BY_CONTENT_STRATEGY, LEFT_OVER: LEFT_OVER_STRATEGY, AMBIGUOUS: AMBIGUOUS_STRATEGY}
 
 
@@ -47,12 +43,12 @@ def pairing_note(strategy: str) -> str | None:
     """What a pair's strategy says of how its two ops were paired, in words, where they were not paired by position
     alone, or of how two module inputs were paired where their names differ (the pair page, the JSON's
     `pairing_note`); None for any other pair."""
-    if strategy == PARAMETER_STRATEGY:
+    if strategy == PARAMETER:
         return (
             "paired by parameter: one side passes this input by keyword and the other by position, and both bind "
             "to the same parameter of the module's forward"
         )
-    if strategy == PARAMETER_THROUGH_KWARGS_STRATEGY:
+    if strategy == PARAMETER_THROUGH_KWARGS:
         return (
             "paired by parameter name through **kwargs: one side passes this input by keyword into its forward's "
             "**kwargs, and the other binds it to its forward's parameter of that name"
