@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from litestar.testing import TestClient
-from tensor_debugger.cli.warm import find_server
+from tensor_debugger.cli.warm import PROBE_SECONDS, ServerProbe, probe_server
 from tensor_debugger.demo.synthetic import Plant, write_dump
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.address import ServerAddress, address_path, read_address, write_address
@@ -21,7 +23,7 @@ from tensor_debugger.web.app import create_app
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer, free_port
+from tests.support.servers import LiveServer, free_port, started_server
 
 
 def dumps(tmp_path: Path) -> tuple[Path, Path]:
@@ -90,10 +92,36 @@ def test_a_stale_address_is_ignored(tmp_path: Path) -> None:
         ServerAddress(int(gone.stdout), f"http://127.0.0.1:{free_port()}", "t"),  # its process has exited
     ):
         write_address(settings.data_dir, stale)
-        assert find_server(settings) is None
+        assert probe_server(settings) == ServerProbe()  # no server: refused, or gone
     done = main_cli("--data-dir", str(settings.data_dir), "compare", str(a), str(b), "--json")
     assert done.returncode == 1, done.stderr
     assert json.loads(done.stdout)["session"]["url"].startswith("http://127.0.0.1:8000/")  # done by itself
+
+
+def test_a_server_that_does_not_answer_in_time(tmp_path: Path) -> None:
+    """A server of this data dir that is alive but does not answer (here stopped by SIGSTOP; a loaded one is the
+    same for the probe): the command compares by itself after one probe, says so on stderr, and names the
+    session's page on that server, where it is once the server answers, not on the settings' default port."""
+    a, b = dumps(tmp_path)
+    server = started_server(tmp_path / "serving")
+    assert server.process is not None
+    try:
+        os.kill(server.process.pid, signal.SIGSTOP)
+        started = time.monotonic()
+        done = main_cli("--data-dir", str(server.data_dir), "compare", str(a), str(b), "--name", "silent")
+        waited = time.monotonic() - started
+        os.kill(server.process.pid, signal.SIGCONT)
+        assert done.returncode == 1, done.stderr
+        assert f"the server at {server.url} (this data dir's) did not answer in" in done.stderr
+        assert "open in the browser: " + server.url + "/sessions/" in done.stdout
+        assert "8000" not in done.stdout and "serve, then" not in done.stdout
+        assert waited >= PROBE_SECONDS  # it was asked, and waited for
+        url = done.stdout.split("open in the browser: ", 1)[1].split()[0]
+        page = loopback_http.get(url.replace("/sessions/", "/api/sessions/"), timeout=30)
+        assert page.status_code == 200 and page.json()["name"] == "silent"
+    finally:
+        os.kill(server.process.pid, signal.SIGCONT)
+        server.stop()
 
 
 def test_the_app_removes_its_address_when_it_stops(tmp_path: Path) -> None:

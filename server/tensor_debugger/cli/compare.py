@@ -21,7 +21,7 @@ from tensor_debugger.cli.compare_output import (
 )
 from tensor_debugger.cli.progress_bar import ProgressBar, StatusLine
 from tensor_debugger.cli.table import print_rows
-from tensor_debugger.cli.warm import find_server
+from tensor_debugger.cli.warm import ServerProbe, probe_server
 from tensor_debugger.compare.pipeline import compare_runs, free_name
 from tensor_debugger.compare.planning.requests import (
     EXIT_PASS,
@@ -38,11 +38,15 @@ from tensor_debugger.store import catalog
 from tensor_debugger.store.problem_report import ProblemReport
 
 
-def run_compare(services: Services, request: CompareRequest, as_json: bool, verbose: bool = False) -> int:
+def run_compare(
+    services: Services, request: CompareRequest, as_json: bool, verbose: bool = False, probe: ServerProbe | None = None
+) -> int:
     """Compare in this process; prints what `show_compare` prints and returns the exit code. `verbose`: say on
-    stderr how the pairs were read (`read_once_words`)."""
+    stderr how the pairs were read (`read_once_words`). `probe`: what asking this data dir's server found, where
+    the caller asked already (else it is asked here: a server asked not to take the work, `--top`)."""
     settings = services.settings
-    running = find_server(settings)  # a server of this data dir (say, one asked not to take the work: --top)
+    probe = probe_server(settings) if probe is None else probe
+    running = probe.answered or probe.silent  # the server of this data dir, which serves the session's page
     base_url = settings.base_url if running is None else settings.public_url.rstrip("/") or running.url
     line = StatusLine()
     try:

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from tensor_debugger.cli.session_list import ListedSession
+    from tensor_debugger.cli.warm import ServerProbe
     from tensor_debugger.compare.planning.requests import CompareRequest
     from tensor_debugger.compare.reports.compare_report import IngestOutcome
     from tensor_debugger.services import Services
@@ -301,9 +302,13 @@ def _main(argv: Sequence[str] | None) -> int:
         except TensorDebuggerError as exc:  # a bad argument or an unreadable pairing file
             print_unusable(str(exc), [], args.json)
             return EXIT_UNUSABLE
+    probe = None  # what asking this data dir's server found (cli/warm.py), asked once
     # a warm server keeps its own top: a compare with --top runs here
     if (args.command == "ingest" or (args.command == "compare" and args.top is None)) and not args.in_process:
-        code = warm(settings, args, request)
+        from tensor_debugger.cli.warm import probe_server
+
+        probe = probe_server(settings)
+        code = warm(probe, args, request)
         if code is not None:
             return code
     if args.command in READ_ONLY and _nothing_stored_yet(settings):  # a read creates no data dir or database
@@ -325,9 +330,9 @@ def _main(argv: Sequence[str] | None) -> int:
             from tensor_debugger.cli.compare import run_compare
 
             if answers is None:
-                return run_compare(services, request, args.json, args.verbose)
+                return run_compare(services, request, args.json, args.verbose, probe)
             with answers.recording():
-                answered = run_compare(services, request, args.json, args.verbose)
+                answered = run_compare(services, request, args.json, args.verbose, probe)
             return answered
         if args.command == "compare-sessions":
             from tensor_debugger.cli.session_diff import run_compare_sessions
@@ -517,13 +522,15 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(EXIT_OK)
 
 
-def warm(settings: Settings, args: argparse.Namespace, request: CompareRequest | None) -> int | None:
+def warm(probe: ServerProbe, args: argparse.Namespace, request: CompareRequest | None) -> int | None:
     """`compare` or `ingest` done by the server of this data dir, printed as if done here; None when no server
     runs there (or it could not be reached), and the command does the work itself."""
-    from tensor_debugger.cli.warm import find_server, remote_compare, remote_ingest
+    from tensor_debugger.cli.warm import remote_compare, remote_ingest, silent_words
 
-    address = find_server(settings)
+    address = probe.answered
     if address is None:
+        if probe.silent is not None:
+            print(silent_words(probe.silent), file=sys.stderr)
         return None
     if request is None:  # `ingest`; `compare` comes with its request
         outcome = remote_ingest(address, args.session, args.run, args.paths, args.against)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,18 +37,45 @@ class ServerGone(Exception):  # noqa: N818 (a condition, reported in words)
     """The server stopped answering part way: what it did is unknown to this command."""
 
 
+@dataclass(frozen=True)
+class ServerProbe:
+    """What asking this data dir's server found: `answered`, the server that said it is this data dir's (the work
+    goes to it); `silent`, one whose address the data dir holds and whose process lives, but that did not answer in
+    `PROBE_SECONDS` (busy, or stopped): the command does the work itself, and its session's page is on that server."""
+
+    answered: ServerAddress | None = None
+    silent: ServerAddress | None = None
+
+
 def find_server(settings: Settings) -> ServerAddress | None:
     """The server of this data dir, if one runs and answers as it (same database and array store)."""
+    return probe_server(settings).answered
+
+
+def probe_server(settings: Settings) -> ServerProbe:
+    """Ask the server whose address this data dir holds who it is (see `ServerProbe`). An address nothing listens
+    at (refused: a stale file whose process id was reused) or a server of another database is no server."""
     address = read_address(settings.data_dir, settings.address_file)
     if address is None or not process_alive(address.pid):
-        return None
+        return ServerProbe()
     try:
         with _call(address, "GET", "/api/local/", None, PROBE_SECONDS) as answer:
             found = msgspec.json.decode(answer.read(), type=ServerIdentity)
-    except (OSError, msgspec.DecodeError):
-        return None
+    except OSError as exc:
+        timed_out = isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
+        return ServerProbe(silent=address if timed_out else None)
+    except msgspec.DecodeError:
+        return ServerProbe()
     same = found.database_url == settings.database_url and found.store_url == settings.store_url
-    return address if same and found.pid == address.pid else None
+    return ServerProbe(answered=address if same and found.pid == address.pid else None)
+
+
+def silent_words(address: ServerAddress) -> str:
+    """The note a command prints when it does the work itself because the server did not answer in time."""
+    return (
+        f"note: the server at {address.url} (this data dir's) did not answer in {PROBE_SECONDS:g} s: "
+        "this command compares in its own process"
+    )
 
 
 def remote_compare(address: ServerAddress, request: CompareRequest, as_json: bool) -> int | None:
