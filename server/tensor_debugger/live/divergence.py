@@ -102,6 +102,7 @@ from tensor_debugger.live.precision_floor import (
 )
 from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
+from tensor_debugger.live.state_differences import differing_state, state_words
 
 
 class ChangingModelError(ValueError):
@@ -584,6 +585,10 @@ def _find(
     # theirs (or the first divergence, where later), which must be the first pass's
     name, other, verdict = first
     module = _maker_of(name, {re.sub(r"#\d+$", "", module_of(n)) for n in order})
+    # the parameters and buffers of the module that made it, the candidate's against the reference's: set outside
+    # the forward, so no op recorded made them (live/module_state.py)
+    other_module = _maker_of(other, {re.sub(r"#\d+$", "", module_of(n)) for n in cand.summaries})
+    state = differing_state(reference, candidate, call_path(module)[0], call_path(other_module)[0])
     before = module_before(order, order.index(name), module)
     snippet = next_capture(
         session,
@@ -647,6 +652,8 @@ def _find(
     ]
     if floor_full is not None:
         second_runs.append((floor_full, NOISE_FULL_RUN, NOISE_ROLE))
+    if state:  # said on the candidate's run too: the session's pages show it beside its pairs
+        full_runs[1].recorder.notes.append(state_words(module, other_module, state))
     for held, label, role in first_runs:
         stored.append(held.store(session, label, **where, role=role))
     for held, label, role in second_runs:
@@ -770,6 +777,7 @@ def _find(
         floor_autocast=floor is not None and floor.autocast,
         lowered_first=lowered_first,
         own_errors=own,
+        state=(module, other_module, state) if state else None,
     )
 
 

@@ -10,6 +10,7 @@ from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.live.capture_names import is_module_input, module_of
 from tensor_debugger.live.own_error import OwnError
+from tensor_debugger.live.state_differences import StateDifference, state_words
 
 NOISE_RUN, NOISE_FULL_RUN = "noise", "noise (full)"  # the precision floor's runs in the session (role "noise")
 # module calls replayed on the reference's arguments (live/own_error.py): the reference's, the candidate's (compared
@@ -138,6 +139,9 @@ class Divergence:
     # called again on the reference's arguments to it (live/own_error.py), in order; a culprit where its own error
     # stands out against the floor copy's
     own_errors: tuple[OwnError, ...] = ()
+    # the module call that made the first divergence (the reference's, the candidate's) and its parameters and
+    # buffers that differ from the reference's of one name and shape (live/state_differences.py); None where none do
+    state: tuple[str, str, tuple[StateDifference, ...]] | None = None
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
@@ -241,6 +245,9 @@ class Divergence:
                 for c in self.culprits
             )
             text += "."
+        if self.state is not None:
+            said = state_words(*self.state)
+            text += f" {said[0].upper()}{said[1:]}."
         text += self._own_words()
         # the outputs within the floor whose module no replay named
         floored_left = tuple(n for n in self.floored_outputs if module_of(n) not in own)
