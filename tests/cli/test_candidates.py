@@ -24,6 +24,8 @@ ON_VALUES: dict[str, object] = {
     "first_changed": None,
     "in_execution_order": True,
     "source_note": None,
+    "crossed_before": [],
+    "lowered_first": None,
 }  # judged on element values, not on summaries
 
 
@@ -55,6 +57,8 @@ def check_payload(out: dict[str, object]) -> None:
         "first_changed": None,
         "in_execution_order": True,
         "source_note": None,
+        "crossed_before": [],
+        "lowered_first": None,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

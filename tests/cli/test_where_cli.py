@@ -69,6 +69,8 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "first_changed": None,
         "in_execution_order": True,
         "source_note": None,
+        "crossed_before": [],  # a dump's: no ops, no capture's order
+        "lowered_first": None,
     }
 
     # the same session's table, from the cache, in this process

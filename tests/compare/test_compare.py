@@ -86,6 +86,8 @@ def test_compare_finds_the_planted_first_divergence(
         "first_changed": None,
         "in_execution_order": True,
         "source_note": None,
+        "crossed_before": [],
+        "lowered_first": None,
     }
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]

@@ -11,6 +11,7 @@ from tensor_debugger.engine.op_alignment import (
     Likeness,
     OpTensor,
     align_ops,
+    crossed,
     op_call,
     pair_ops,
 )
@@ -215,3 +216,31 @@ def test_where_content_decides_nothing_position_stays_and_is_ambiguous() -> None
     twice = {"q": {"q": 0.0, "k": 0.0}, "k": {"q": 0.0, "k": 0.0}, "v": {"v": 0.0}, "o": {"o": 0.0}}
     found = pair_ops(linears("Ref", "qkvo"), linears("Port", "kqvo"), judged_by("qkvo", "kqvo", twice))
     assert found.settled == {}  # every pair in place matches: nothing proves position wrong
+
+
+def test_crossed_names_content_pairs_across_call_indices_before_the_divergence_in_its_module_call() -> None:
+    """Slices swapped in use (`getitem#1` with `getitem#2`) before the first divergence, in its module call, in the
+    reference's order; not a pair by content of the same index, an ambiguous one, one after it (not in `before`)
+    or one of another module call."""
+    settled = {
+        ("Net.attn/getitem#2_outputs", "Port.attn/getitem#1_outputs"): LEFT_OVER,
+        ("Net.attn/getitem#1_outputs", "Port.attn/getitem#2_outputs"): BY_CONTENT,
+        ("Net.attn/linear#1_outputs", "Port.attn/linear#1_outputs"): BY_CONTENT,  # another order, same index
+        ("Net.attn/view#1_outputs", "Port.attn/view#2_outputs"): AMBIGUOUS,
+        ("Net.mlp/getitem#1_outputs", "Port.mlp/getitem#2_outputs"): BY_CONTENT,
+        ("Net.attn/mul#1_outputs", "Port.attn/mul#2_outputs"): BY_CONTENT,  # after it
+    }
+    before = [
+        "Net.attn_inputs_args_0",
+        "Net.attn/linear#1_outputs",
+        "Net.attn/getitem#1_outputs",
+        "Net.attn/getitem#2_outputs",
+        "Net.attn/view#1_outputs",
+        "Net.mlp/getitem#1_outputs",
+    ]
+    assert crossed(settled, before, "Net.attn") == [
+        ("Net.attn/getitem#1_outputs", "Port.attn/getitem#2_outputs"),
+        ("Net.attn/getitem#2_outputs", "Port.attn/getitem#1_outputs"),
+    ]
+    assert crossed(settled, before, "Net.mlp") == [("Net.mlp/getitem#1_outputs", "Port.mlp/getitem#2_outputs")]
+    assert crossed(settled, before[:2], "Net.attn") == []

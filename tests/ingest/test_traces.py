@@ -85,6 +85,8 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
         "first_changed": None,
         "in_execution_order": True,
         "source_note": None,  # an output's: no source line is expected
+        "crossed_before": [],
+        "lowered_first": None,
     }
     assert (out["basis"], out["pairs_on_summaries"], out["next_capture"]) == ("values", 0, None)
     top = out["culprits"][0]

@@ -27,6 +27,7 @@ from tensor_debugger.compare.reports.compare_report import (
     unread_files,
     unusable_report,
 )
+from tensor_debugger.compare.reports.divergence_words import crossed_words, lowered_words
 from tensor_debugger.compare.reports.formatting import (
     format_cosine,
     format_error,
@@ -353,7 +354,8 @@ def _changed_by_noise(report: CompareReport, first: DivergenceSummary | None, la
 def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", noise: bool = False) -> None:
     """Under a first divergence: the reference tensors without partner before it in execution order, and the
     candidate's without partner just before it; the first pair before it whose values differ at all, which passed
-    within tolerance, or with `noise` (it passed by the noise rule) within the noise floor."""
+    within tolerance, or with `noise` (it passed by the noise rule) within the noise floor; the ops before it paired
+    by content across call indices, and where the candidate's lower precision begins."""
     before = first.unmatched_before if first else []
     if before:
         tensors = (
@@ -368,6 +370,10 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
     if first is not None and first.first_changed:
         within = "the noise floor" if noise else "tolerance"
         print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within {within} there")
+    if first is not None:  # in find_divergence's words
+        for words in (crossed_words(first.crossed_before), lowered_words(first.lowered_first)):
+            if words:
+                print(f"{lead}{words}")
 
 
 def print_not_compared(report: CompareReport) -> None:

@@ -6,7 +6,7 @@ only."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 
@@ -75,6 +75,27 @@ class Likeness:
 BY_CONTENT = "by content"  # their contents match under another one-to-one pairing of those ops: this one
 LEFT_OVER = "left over"  # the one pair left once the others matched by content (or each the nearest of the rest)
 AMBIGUOUS = "ambiguous"  # by position, which their contents neither confirm nor replace: which faces which is unknown
+
+
+def crossed(settled: Mapping[tuple[str, str], str], before: Sequence[str], module_call: str) -> list[tuple[str, str]]:
+    """The op pairs (reference name, candidate name) of `settled` that their contents paired (`BY_CONTENT`, or the
+    one `LEFT_OVER` once others did) across call indices (`getitem#1` with `getitem#2`), whose reference op is one of
+    `before` (the reference's tensors before a first divergence, in its order) and was called in `module_call` (the
+    first divergence's module call, the model's class name included: `Net.layers.0.attn`), in `before`'s order. Two
+    slices swapped in use (a rotary turning the half it should pass) hold the same values on both sides, so no pair
+    of theirs differs: they are named only here."""
+    at = {name: k for k, name in enumerate(before)}
+    found = [
+        (at[a], a, b)
+        for (a, b), how in settled.items()
+        if how in (BY_CONTENT, LEFT_OVER)
+        and a in at
+        and "/" in a
+        and a.partition("/")[0] == module_call
+        and a.rpartition("/")[2] != b.rpartition("/")[2]
+    ]
+    return [(a, b) for _, a, b in sorted(found)]
+
 
 Content = Callable[[str, str], Likeness]  # a reference op's and a candidate op's names: what their contents tell
 

@@ -78,6 +78,18 @@ def lower_precision(dtype_a: str, dtype_b: str) -> str:
     return max((dtype_a, dtype_b), key=lambda d: (-_FORMATS[d][0], _FORMATS[d][1]))
 
 
+def real_float(dtype: str) -> bool:
+    """Whether `dtype` is a real float dtype whose spacing is known (not an integer, a bool, or complex)."""
+    return dtype in _FORMATS and not dtype.startswith("complex")
+
+
+def less_precise(dtype: str, than: str) -> bool:
+    """Whether `dtype` is a real float dtype with a coarser spacing than real float dtype `than` (fewer significand
+    bits: the order of torch.finfo's eps): bfloat16 and float16 than float32, bfloat16 than float16. False for any
+    other."""
+    return real_float(dtype) and real_float(than) and _FORMATS[dtype][0] < _FORMATS[than][0]
+
+
 def has_ulp(dtype: str) -> bool:
     """Whether ULP tolerances know the dtype's spacing."""
     return dtype in _FORMATS

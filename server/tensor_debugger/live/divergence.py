@@ -42,7 +42,7 @@ import fnmatch
 import functools
 import re
 import warnings
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.engine.lowered import Recorded, first_lowered, lowered
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import parameter_key, parameter_strategy, unique_matches
 from tensor_debugger.engine.summary_compare import (
@@ -172,30 +173,26 @@ def _arguments(inputs: Any) -> str:
     return "*inputs" if isinstance(inputs, tuple | list) else "inputs"
 
 
-def _lowered(
-    ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str
-) -> Iterator[tuple[str, str]]:
-    """The candidate's (`others`) tensors, in its order, with their dtype, in a dtype the reference's capture
-    (`ours`) did not record there: whose namesake in the reference holds another dtype, or that have no namesake
-    while the reference recorded that dtype nowhere."""
+def _recorded(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str) -> list[Recorded]:
+    """The candidate's (`others`) tensors, in its order, each with its dtype and its namesake's in the reference's
+    capture (`ours`; None where none), as `engine/lowered.py`'s rule takes them."""
     by_key = {_key(n, root_a): s.dtype for n, s in ours.items()}
-    everywhere = set(by_key.values())
-    for n, s in others.items():
-        key = _key(n, root_b)
-        if by_key[key] != s.dtype if key in by_key else s.dtype not in everywhere:
-            yield n, s.dtype
+    return [(n, s.dtype, by_key.get(_key(n, root_b))) for n, s in others.items()]
 
 
 def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str) -> set[str]:
-    """The dtypes of `_lowered`'s tensors: those the candidate computes in where the reference does not."""
-    return {dtype for _, dtype in _lowered(ours, others, root_a, root_b)}
+    """The dtypes of `engine/lowered.lowered`'s tensors: those the candidate computes in where the reference does
+    not."""
+    everywhere = {s.dtype for s in ours.values()}
+    return {dtype for _, dtype in lowered(_recorded(ours, others, root_a, root_b), everywhere)}
 
 
 def _first_lowered(
     ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str, dtype: str
 ) -> str | None:
-    """The first of `_lowered`'s tensors in `dtype`."""
-    return next((n for n, lowered in _lowered(ours, others, root_a, root_b) if lowered == dtype), None)
+    """The first of `engine/lowered.lowered`'s tensors in `dtype`."""
+    everywhere = {s.dtype for s in ours.values()}
+    return first_lowered(_recorded(ours, others, root_a, root_b), everywhere, dtype)
 
 
 def _key(name: str, root: str) -> str:

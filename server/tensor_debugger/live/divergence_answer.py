@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from tensor_debugger.compare.reports.compare_report import CrossedOps, LoweredFirst
+from tensor_debugger.compare.reports.divergence_words import crossed_words, lowered_clause
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.live.capture_names import is_module_input, module_of
@@ -185,16 +187,7 @@ class Divergence:
                 "(a module called in another's place?), which may be where it began."
             )
         if f.crossed_before:
-            shown_crossed = [
-                f"the candidate's {c}{f' ({c_at})' if c_at else ''} holds what the reference's {r}"
-                f"{f' ({r_at})' if r_at else ''} holds"
-                for r, r_at, c, c_at in f.crossed_before[:_LISTED]
-            ]
-            text += (
-                f" Before it in its module call, ops paired by content across call indices: {'; '.join(shown_crossed)}"
-                ": the two sides make them in another order, or use each other's where the other does (halves "
-                "swapped?), which may be where it began."
-            )
+            text += " " + crossed_words([CrossedOps(*c) for c in f.crossed_before])
         if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
             count = len(f.unmatched_before)
             lines = f.unmatched_before_sources or ("",) * count
@@ -328,10 +321,7 @@ class Divergence:
         how = " (a torch.autocast region, or casts of its own)" if self.floor_autocast else ""
         if self.lowered_first is not None:
             name, at = self.lowered_first
-            how += (
-                f", from {name}{f' ({at})' if at else ''} on, the first of its recorded tensors in {self.floor} "
-                "where the reference's is not"
-            )
+            how += ", " + lowered_clause(LoweredFirst(name, at, self.floor))
         return (
             f" The candidate computes {'parts of its forward ' if self.floor_autocast else ''}in {self.floor}"
             f"{how}: every pair was judged against the precision floor of {self.floor} ({self._floor_copy()}, "

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 
-from tensor_debugger.engine.op_alignment import BY_CONTENT, LEFT_OVER
+from tensor_debugger.engine.op_alignment import crossed
 from tensor_debugger.engine.summary_compare import Sketch
 from tensor_debugger.live.capture_names import is_module_input, module_of
 
@@ -34,19 +34,10 @@ def crossed_before(
     cand_lines: Mapping[str, str],
 ) -> tuple[tuple[str, str, str, str], ...]:
     """The op pairs of `name`'s module call before it, in the reference's `order`, that their contents paired
-    (`BY_CONTENT`, or the one `LEFT_OVER` once others did) across call indices (`getitem#1` with `getitem#2`): each
-    the reference's tensor and line, the candidate's and line."""
-    before = {n: i for i, n in enumerate(order[: order.index(name)])}
-    module = module_of(name)
-    crossed = [
-        (before[a], a, b)
-        for (a, b), how in settled.items()
-        if how in (BY_CONTENT, LEFT_OVER)
-        and a in before
-        and module_of(a) == module
-        and a.rpartition("/")[2] != b.rpartition("/")[2]
-    ]
-    return tuple((a, ref_lines.get(a) or "", b, cand_lines.get(b) or "") for _, a, b in sorted(crossed))
+    across call indices (`engine/op_alignment.crossed`, the rule the session's first divergence uses too): each the
+    reference's tensor and line, the candidate's and line."""
+    found = crossed(settled, order[: order.index(name)], module_of(name))
+    return tuple((a, ref_lines.get(a) or "", b, cand_lines.get(b) or "") for a, b in found)
 
 
 def one_sided_before(

@@ -29,6 +29,7 @@ import torch
 
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR, noise_judges, summary_noise_verdict
 from tensor_debugger.compare.reports.summary_reports import summary_report
+from tensor_debugger.engine.lowered import least_precise
 from tensor_debugger.engine.summary_compare import SketchVerdict
 
 NOISE = NOISE_FACTOR  # a session's noise factor as find_divergence makes it (the default; no user sets another)
@@ -71,16 +72,8 @@ def lower_computed(dtypes: Iterable[str], reference: torch.nn.Module, candidate:
     a, b = floating_dtype(reference), floating_dtype(candidate)
     if a is None or a != b:
         return None
-    found: torch.dtype | None = None
-    for name in set(dtypes):
-        dtype = getattr(torch, name, None)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            continue
-        if torch.finfo(dtype).eps > torch.finfo(a).eps and (
-            found is None or torch.finfo(dtype).eps > torch.finfo(found).eps
-        ):
-            found = dtype
-    return found
+    found = least_precise(dtypes, str(a).removeprefix("torch."))
+    return None if found is None else getattr(torch, found)
 
 
 def floating_dtype(model: torch.nn.Module) -> torch.dtype | None:

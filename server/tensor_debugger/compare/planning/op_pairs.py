@@ -39,6 +39,12 @@ def op_strategy(settled: str | None) -> str:
     return _STRATEGIES.get(settled or "", ALIGNED)
 
 
+def settled_by(strategy: str) -> str | None:
+    """How a stored pair of ops was settled by their contents (`BY_CONTENT`, `LEFT_OVER`, `AMBIGUOUS`), from its
+    strategy (`op_strategy`'s inverse); None for any other pair."""
+    return next((how for how, named in _STRATEGIES.items() if named == strategy), None)
+
+
 def pairing_note(strategy: str) -> str | None:
     """What a pair's strategy says of how its two ops were paired, in words, where they were not paired by position
     alone, or of how two module inputs were paired where their names differ (the pair page, the JSON's

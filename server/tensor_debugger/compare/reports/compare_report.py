@@ -155,6 +155,26 @@ class CoverageSummary(msgspec.Struct, frozen=True):
     out_of_step: list[OutOfStepSummary] = []  # pairs of ops out of step: not compared
 
 
+class CrossedOps(msgspec.Struct, frozen=True):
+    """Two ops before a first divergence, in its module call, that their contents paired across call indices: the
+    candidate's `candidate` (its `getitem#2`) holds what the reference's `reference` (its `getitem#1`) holds; each
+    with the line that called it ("" where none was recorded)."""
+
+    reference: str
+    reference_source: str
+    candidate: str
+    candidate_source: str
+
+
+class LoweredFirst(msgspec.Struct, frozen=True):
+    """Where a candidate's lower precision begins: `name`, the first of its recorded tensors in `dtype` (a less
+    precise float dtype) where the reference's is not, and the line that made it ("" where none was recorded)."""
+
+    name: str
+    source: str
+    dtype: str
+
+
 class DivergenceSummary(msgspec.Struct, frozen=True):
     """A candidate's first divergence. `unmatched_before`: the reference tensors without partner (not allowed by the
     user) before it in execution order; `where`: the dimensions and index ranges its error is confined to; `basis`
@@ -178,6 +198,12 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     in_execution_order: bool = True
     # where it is a module's input and a side has no `source` (the line that passed it), why; null otherwise
     source_note: str | None = None
+    # ops before it in its module call that paired by content across call indices (two slices swapped in use);
+    # [] where none did, or no op capture recorded them
+    crossed_before: list[CrossedOps] = []
+    # where the candidate's lower precision begins; null where its recorded tensors are in no less precise float
+    # dtype than the reference's, or no capture recorded their order
+    lowered_first: LoweredFirst | None = None
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

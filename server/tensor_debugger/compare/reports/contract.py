@@ -97,6 +97,8 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.first_changed,
         found.in_execution_order,
         found.source_note,
+        found.crossed_before,
+        found.lowered_first,
     )
 
 

@@ -17,6 +17,8 @@ from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.op_pairs import AMBIGUOUS_STRATEGY, pairing_note
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
 from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.reports.before_divergence import crossed_before, lowered_first
+from tensor_debugger.compare.reports.compare_report import CrossedOps, LoweredFirst
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
     Coverage,
@@ -28,6 +30,7 @@ from tensor_debugger.compare.reports.coverage import (
     closest_candidates,
     session_verdict,
 )
+from tensor_debugger.compare.reports.divergence_words import crossed_words, lowered_words
 from tensor_debugger.compare.reports.full_values import (
     FullValuesRun,
     full_values_runs,
@@ -123,6 +126,22 @@ class FirstDivergence:
     # where it is a module's input and a side's run names no line that passed it (`input_source_note`): why
     source_note: str | None = None
     place: str | None = None  # the pair's place in its module ("inputs_args_0", "outputs"); None for a dump's
+    # ops before it in its module call that paired by content across call indices (two slices swapped in use), with
+    # both sides' lines: compare/reports/before_divergence.py, by find_divergence's rule
+    crossed_before: list[CrossedOps] = field(default_factory=list)
+    # where the candidate's lower precision begins (the first of its captured tensors in a less precise float dtype
+    # where the reference's is not); None where there is none
+    lowered_first: LoweredFirst | None = None
+
+    @property
+    def crossed_words(self) -> str:
+        """`crossed_before` in the words find_divergence's answer says it with ("" where none)."""
+        return crossed_words(self.crossed_before)
+
+    @property
+    def lowered_words(self) -> str:
+        """`lowered_first` in words ("" where none)."""
+        return lowered_words(self.lowered_first)
 
 
 @dataclass(frozen=True)
@@ -853,7 +872,11 @@ def _first_divergence_of(
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
     return replace(
-        found, candidate_only_before=extra, first_changed=f"{changed.name}{where}" if changed is not None else None
+        found,
+        candidate_only_before=extra,
+        first_changed=f"{changed.name}{where}" if changed is not None else None,
+        crossed_before=crossed_before(mine, at),
+        lowered_first=lowered_first(db, mine[at], mine),
     )
 
 
