@@ -42,8 +42,7 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool, verb
     """Compare in this process; prints what `show_compare` prints and returns the exit code. `verbose`: say on
     stderr how the pairs were read (`read_once_words`)."""
     settings = services.settings
-    running = find_server(settings)  # a server of this data dir (say, one asked not to take the work: --top)
-    base_url = settings.base_url if running is None else settings.public_url.rstrip("/") or running.url
+    base_url, hint_dir = link_base(services)
     line = StatusLine()
     try:
         outcome = compare_runs(
@@ -59,7 +58,18 @@ def run_compare(services: Services, request: CompareRequest, as_json: bool, verb
         line.close()
     if verbose and outcome.read_once is not None:
         print(read_once_words(outcome.read_once), file=sys.stderr)
-    return show_compare(outcome, as_json, None if running is not None else settings.data_dir, wanted_name(request))
+    return show_compare(outcome, as_json, hint_dir, wanted_name(request))
+
+
+def link_base(services: Services) -> tuple[str, Path | None]:
+    """Where a session made in this process is linked: a server running on this data dir (say, one asked not to
+    take the work: --top, --in-process, explore) at its address, and no hint to start one; else the settings'
+    address and the data dir, for the hint to serve it."""
+    settings = services.settings
+    running = find_server(settings)
+    if running is None:
+        return settings.base_url, settings.data_dir
+    return settings.public_url.rstrip("/") or running.url, None
 
 
 def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
@@ -100,7 +110,8 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         bar.close()
     with services.sessions() as db:
         pairs = session_pairs(db, result.session_id)
-    url = f"{services.settings.base_url}/sessions/{result.session_id}"
+    base_url, hint_dir = link_base(services)
+    url = f"{base_url}/sessions/{result.session_id}"
     report = compare_report(result.session_id, session_name, url, pairs, problems)
     # files that could not be read: their tensors are missing, whatever the rest gives (as `compare`)
     done = EXIT_UNUSABLE if unread_files(problems) or second_tensors(problems) else EXIT_PASS
@@ -125,5 +136,5 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     print_not_compared(report)  # pairs that errored or are incomparable: neither equal nor not
     print_problems(problems)
     print_incomplete(problems, culprits=False)  # every tensor against every other: no culprit
-    print_where(url, services.settings.data_dir)
+    print_where(url, hint_dir)
     return done
