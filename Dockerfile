@@ -20,7 +20,7 @@ COPY server /src/server
 COPY web /src/web
 COPY migrations /src/migrations
 RUN pip install "/src[cluster]" \
-    && python -c "from tensor_debugger.engine.fused import kernel_name; from tensor_debugger.compare.chunk_loop \
+    && python -c "from tensor_debugger.engine.fused import kernel_name; from tensor_debugger.compare.compute.chunk_loop \
 import loop_name; k, l = kernel_name(), loop_name(); print('kernels:', k, '| chunk loop:', l); \
 assert k == 'compiled', k"
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -221,3 +222,17 @@ def test_the_health_checks_ask_what_the_server_answers(shared_server: LiveServer
         assert url is not None and url.group(1) == "/healthz", check
         answer = loopback_http.get(shared_server.url + url.group(1), timeout=30)
         assert (answer.status_code, answer.json()) == (200, {"database": "ok", "store": "ok"})
+
+
+def test_the_build_stages_check_of_the_kernels_runs() -> None:
+    """The build stage ends by importing the kernels and the chunk loop (`python -c "..."`): that check runs here,
+    on this checkout's package built with a C compiler as the image's is, so a module it names that moved would fail
+    the image's build."""
+    (check,) = [
+        re.search(r'python -c "(.*)"', args, re.S).group(1)  # type: ignore[union-attr]
+        for word, args in dockerfile_instructions()
+        if word == "RUN" and "python -c" in args
+    ]
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("kernels: compiled | chunk loop: "), done.stdout

@@ -206,3 +206,13 @@ def test_allow_unmatched_reaches_a_running_server(shared_server: LiveServer, tmp
     out = json.loads(done.stdout)
     assert done.returncode == 0 and out["coverage"]["allowed_unmatched"] == MISSING, done.stdout
     assert out["session"]["url"].startswith(shared_server.url)  # the server did the work
+
+
+def test_one_reference_tensor_without_partner_is_counted_in_words_that_agree(tmp_path: Path) -> None:
+    """One of 8 reference tensors has no partner: "1 of 8 reference tensors has", not "1 of 8 reference tensor"."""
+    a = layered_dump(tmp_path / "ref", None)
+    b = layered_dump(tmp_path / "cand", None)
+    (b / "3_mlp.pth").unlink()
+    table = main_cli("compare", str(a), str(b), "--in-process", env={"TENSOR_DEBUGGER_DATA_DIR": str(tmp_path / "d")})
+    assert table.returncode == 1, table.stdout + table.stderr
+    assert "NOT COMPARED: 1 of 8 reference tensors has no partner in the candidate: 3_mlp" in table.stdout

@@ -9,6 +9,7 @@ import torch
 
 from tests.support.cli_main import main_cli
 from tests.support.dumps import seeded
+from tests.support.servers import LiveServer
 
 
 def test_explore_pairs_every_tensor_with_every_other(tmp_path: Path) -> None:
@@ -73,3 +74,17 @@ def test_explore_counts_the_tensors_compared_in_any_pair(tmp_path: Path) -> None
     assert verdicts == ["incomparable", "incomparable", "pass"], verdicts
     coverage = out["coverage"]
     assert (coverage["reference_tensors"], coverage["compared"]) == (3, 2), coverage
+
+
+def test_explore_beside_a_server_links_to_its_port(shared_server: LiveServer, tmp_path: Path) -> None:
+    """`explore` runs in this process beside a server of the data dir on a port of its own: its link (the table's
+    last line and the JSON's `url`) is to that server, not a hint to start one on 8000."""
+    torch.save({"q": seeded((4, 6), 1), "k": seeded((4, 6), 2)}, tmp_path / "acts.pth")
+    data = str(shared_server.data_dir)
+    done = main_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--name", f"explore {tmp_path.name}")
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith(f"open in the browser: {shared_server.url}/sessions/"), last
+    assert ":8000" not in done.stdout and "serve" not in last
+    out = json.loads(main_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--json").stdout)
+    assert out["session"]["url"] == f"{shared_server.url}/sessions/{out['session']['id']}"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import html
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +25,7 @@ from tensor_debugger.store.models import RunRecord, SessionRecord
 from tests.live.test_op_capture import compared
 from tests.live.test_ops_in_another_order import ATTN, Net, x_input
 from tests.support import loopback_http as http
-from tests.support.servers import LiveServer, wait_done
+from tests.support.servers import LiveServer, child_env, wait_done
 
 
 def runs_of(settings: Settings, session: str) -> dict[str, tuple[int, int | None]]:
@@ -210,3 +212,27 @@ def test_the_session_page_gives_the_next_capture_into_its_server_and_it_runs_as_
     )
     assert (pair["a"]["run_id"], pair["status"]) == (runs["early (full)"]["id"], "fail")
     assert pair["stats"] is not None and pair["summary"] is None  # element by element
+
+
+def test_find_divergences_snippet_names_the_default_data_dir_it_stored_into(tmp_path: Path) -> None:
+    """Without `data_dir=`, find_divergence stores into the environment's data dir; its snippet names that folder
+    (`data_dir=`), so run in another shell (another TENSOR_DEBUGGER_DATA_DIR, none) it adds its runs to the same
+    session, as `compare`'s snippet names its data dir."""
+    code = (
+        "from tensor_debugger import find_divergence\n"
+        "from tests.live.test_ops_in_another_order import Net, x_input\n"
+        "found = find_divergence(Net().eval(), Net('qkv', 'k').eval(), (x_input(),), session='default dir')\n"
+        "print(found.next_capture)\n"
+    )
+    data = tmp_path / "from env"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**child_env(), "TENSOR_DEBUGGER_DATA_DIR": str(data)},
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert f"data_dir={str(data)!r}" in done.stdout, done.stdout

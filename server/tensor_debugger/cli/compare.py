@@ -45,9 +45,7 @@ def run_compare(
     stderr how the pairs were read (`read_once_words`). `probe`: what asking this data dir's server found, where
     the caller asked already (else it is asked here: a server asked not to take the work, `--top`)."""
     settings = services.settings
-    probe = probe_server(settings) if probe is None else probe
-    running = probe.answered or probe.silent  # the server of this data dir, which serves the session's page
-    base_url = settings.base_url if running is None else settings.public_url.rstrip("/") or running.url
+    base_url, hint_dir = link_base(services, probe)
     line = StatusLine()
     try:
         outcome = compare_runs(
@@ -63,7 +61,20 @@ def run_compare(
         line.close()
     if verbose and outcome.read_once is not None:
         print(read_once_words(outcome.read_once), file=sys.stderr)
-    return show_compare(outcome, as_json, None if running is not None else settings.data_dir, wanted_name(request))
+    return show_compare(outcome, as_json, hint_dir, wanted_name(request))
+
+
+def link_base(services: Services, probe: ServerProbe | None = None) -> tuple[str, Path | None]:
+    """Where a session made in this process is linked: a server running on this data dir (say, one asked not to
+    take the work: --top, --in-process, explore; or one that did not answer in time) at its address, and no hint
+    to start one; else the settings' address and the data dir, for the hint to serve it. `probe`: what asking that
+    server found, where the caller asked already (else it is asked here)."""
+    settings = services.settings
+    probe = probe_server(settings) if probe is None else probe
+    running = probe.answered or probe.silent
+    if running is None:
+        return settings.base_url, settings.data_dir
+    return settings.public_url.rstrip("/") or running.url, None
 
 
 def run_explore(services: Services, path: Path, match: str | None, name: str | None, as_json: bool) -> int:
@@ -104,7 +115,8 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
         bar.close()
     with services.sessions() as db:
         pairs = session_pairs(db, result.session_id)
-    url = f"{services.settings.base_url}/sessions/{result.session_id}"
+    base_url, hint_dir = link_base(services)
+    url = f"{base_url}/sessions/{result.session_id}"
     report = compare_report(result.session_id, session_name, url, pairs, problems)
     # files that could not be read: their tensors are missing, whatever the rest gives (as `compare`)
     done = EXIT_UNUSABLE if unread_files(problems) or second_tensors(problems) else EXIT_PASS
@@ -129,5 +141,5 @@ def run_explore(services: Services, path: Path, match: str | None, name: str | N
     print_not_compared(report)  # pairs that errored or are incomparable: neither equal nor not
     print_problems(problems)
     print_incomplete(problems, culprits=False)  # every tensor against every other: no culprit
-    print_where(url, services.settings.data_dir)
+    print_where(url, hint_dir)
     return done

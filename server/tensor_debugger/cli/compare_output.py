@@ -387,7 +387,9 @@ def print_not_compared(report: CompareReport) -> None:
     if missing:
         of = coverage.reference_tensors
         total = f" of {of}" if of else ""
-        tensors = "reference tensor has" if len(missing) == 1 else "reference tensors have"
+        # "1 reference tensor has", "1 of 8 reference tensors has", "6 of 8 reference tensors have"
+        tensors = "reference tensors" if len(missing) > 1 or of else "reference tensor"
+        tensors += " has" if len(missing) == 1 else " have"
         print(
             f"NOT COMPARED: {len(missing)}{total} {tensors} no partner in the candidate: {names_of(missing)} "
             "(pair them by hand on the session's page, or allow them with --allow-unmatched GLOB)"

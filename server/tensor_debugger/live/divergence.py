@@ -597,7 +597,8 @@ def _find(
         # as "candidate (full)" is: compared against the reference's full values, element by element, not against
         # the reference's summaries
         against=(None, "reference (full, again)"),
-        where=f", server={server!r}" if server is not None else f", data_dir={str(data_dir)!r}" if data_dir else "",
+        # the place it stores into, named even where it is the default data dir (the snippet may run elsewhere)
+        where=f", server={server!r}" if server is not None else f", data_dir={_data_dir(data_dir)!r}",
     )
     full_runs: list[HeldRun] = []
     checked: list[str] = []
@@ -948,6 +949,11 @@ def _culprits(
 def _location(result: CaptureResult, server: str | None, data_dir: str | Path | None) -> str:
     if server is not None:
         return f"{server.rstrip('/')}/sessions/{result.session_id}"
+    return _data_dir(data_dir)
+
+
+def _data_dir(data_dir: str | Path | None) -> str:
+    """The data dir a capture without `server` stores into: `data_dir`, else the settings' (the environment's)."""
     if data_dir is not None:
         return str(Path(data_dir))
     from tensor_debugger.settings import Settings
