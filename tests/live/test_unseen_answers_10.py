@@ -125,9 +125,9 @@ def test_falcon_alibi_slopes_negated_names_the_ports_neg_earlier_in_the_call(
     settings: Settings, ports: Callable[..., Port]
 ) -> None:
     """Said too little: the first divergence, the slopes' use (`slopes[..., None]`), was right, but the port's `neg`
-    at the bug's line went unnamed: the positions' ops (`cumsum`, ...) lie between, paired and equal, and the
-    reference has no tensor without partner. Now the candidate's ops without partner earlier in the same module
-    call are named."""
+    at the bug's line went unnamed, in the answer and in the session's first divergence: the positions' ops
+    (`cumsum`, ...) lie between, paired and equal, and the reference has no tensor without partner. Now the
+    candidate's ops without partner earlier in the same module call are named in both."""
     port = ports("falcon", "sign", "    slopes = torch.pow(base, powers)\n", "    slopes = -torch.pow(base, powers)\n")
     config = _config(
         "FalconConfig",
@@ -150,6 +150,9 @@ def test_falcon_alibi_slopes_negated_names_the_ports_neg_earlier_in_the_call(
         f"Earlier in its module call, the candidate recorded FalconForCausalLM.transformer/neg#1_outputs ({negated})"
         in repr(found)
     ), repr(found)
+    in_session = _session_report(settings, "falcon").first_divergence  # the session of its runs says the same
+    assert in_session is not None and in_session.name == first.reference, in_session
+    assert in_session.candidate_only_before == [f"FalconForCausalLM.transformer/neg#1_outputs ({negated})"], in_session
 
 
 def test_gpt_neo_a_mask_letting_one_future_token_through_says_the_outputs_agree(

@@ -857,6 +857,11 @@ def _first_divergence_of(
             None,
         )
     extra = candidate_only_before(db, session_id, mine[at], previous)
+    if not extra and not found.unmatched_before and call[1]:
+        # none just before it: the candidate's own earlier in the op's module call, pairs that agree between them
+        # and it (Falcon's slopes negated, then the positions' ops, then the slopes' use), as find_divergence names
+        outside = next((p for p in reversed(mine[:at]) if not (p.module_path or "").startswith(call[0] + "/")), None)
+        extra = candidate_only_before(db, session_id, mine[at], outside)
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
     return replace(
