@@ -514,6 +514,7 @@ def _find(
     within_floor = 0  # pairs outside tolerance but within the precision floor
     beyond_floor = 0  # pairs within tolerance but beyond the precision floor
     order = list(ref.summaries)
+    model_outputs: list[bool] = []  # whether each pair of the model's own outputs passes
     for name in order:
         other = theirs.get(_key(name, root_a))
         if other is None:
@@ -532,6 +533,8 @@ def _find(
             changed = name
         if not verdict.passed and first is None:
             first = (name, other, verdict)
+        if re.match(rf"{re.escape(root_a)}_outputs", name):
+            model_outputs.append(verdict.passed)
     if raised is not None:
         raised.add_note(_before_raising(first, compared, ref_lines, cand_lines))
         raise raised
@@ -776,6 +779,7 @@ def _find(
         lowered_first=lowered_first,
         own_errors=own,
         state=(module, other_module, state) if state else None,
+        outputs_agree=bool(model_outputs) and all(model_outputs),
     )
 
 

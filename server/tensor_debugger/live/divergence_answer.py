@@ -144,6 +144,28 @@ class Divergence:
     # the module call that made the first divergence (the reference's, the candidate's) and its parameters and
     # buffers that differ from the reference's of one name and shape (live/state_differences.py); None where none do
     state: tuple[str, str, tuple[StateDifference, ...]] | None = None
+    # where a divergence was found: whether every pair of the models' own outputs passes on summaries (a causal mask
+    # let one future token through, then a second mask took it out again): the divergence does not reach them
+    outputs_agree: bool = False
+
+    @staticmethod
+    def _earlier_in_call(f: FirstDivergence) -> str:
+        """The candidate's ops without partner earlier in the first diverging op's module call than those just
+        before it, pairs that agree between them and it (Falcon's ALiBi slopes negated, `-torch.pow(...)`: the
+        port's `neg` one-sided, then the positions' ops, paired and equal, then the slopes' use, the divergence)."""
+        if "/" not in f.candidate:
+            return ""
+        call = f.candidate.partition("/")[0] + "/"
+        named = set(f.candidate_only_before)
+        earlier = [(n, at) for n, at in f.candidate_unmatched_before if n.startswith(call) and (n, at) not in named]
+        if not earlier:
+            return ""
+        shown = [f"{n} ({at})" if at else n for n, at in earlier[-_LISTED:]]
+        more = f"{len(earlier) - len(shown)} more and then " if len(earlier) > len(shown) else ""
+        return (
+            f" Earlier in its module call, the candidate recorded {more}{', '.join(shown)}, which paired with none "
+            "of the reference's: an op it runs that the reference does not may be where it began."
+        )
 
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
@@ -211,6 +233,8 @@ class Divergence:
                 f"reference's (the last: {more}{', '.join(last_few)}): an op it runs that the reference does not, or "
                 "runs once more beside its twin, may be where it began."
             )
+        else:
+            text += self._earlier_in_call(f)
         if f.first_changed is not None:
             changed, at = f.first_changed
             text += (
@@ -258,6 +282,11 @@ class Divergence:
                 f"{'s' if len(inputs) != 1 else ''} {', '.join(inputs)} {'were' if len(inputs) != 1 else 'was'} not "
                 "compared (paired with none of the candidate's: no partner, or one of another shape or kind of "
                 f"dtype), so whether {'they agree' if len(inputs) != 1 else 'it agrees'} is not known."
+            )
+        if self.outputs_agree:
+            text += (
+                " The models' own outputs agree (their summaries pass): what diverges here does not reach them "
+                "(taken out again later, as by a second mask?)."
             )
         if self.repeatable_until is not None:
             a, b = self.repeatable_until

@@ -68,6 +68,7 @@ from tensor_debugger.compare.reports.pair_rows import (
 )
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull
 from tensor_debugger.compare.reports.progress import PairProgress
+from tensor_debugger.compare.reports.reshaped import reshaped_pairs
 from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
@@ -824,13 +825,19 @@ def _first_divergence_of(
     def passed_over(pair: PairReport) -> bool:
         return pair.id in out_of_step
 
-    at = next((k for k, i in enumerate(mine) if i.status == PairStatus.FAIL and not passed_over(i)), None)
+    # a module's output of another shape, the module called as often on each side (a stride changed): it diverges
+    reshaped = reshaped_pairs(db, session_id, mine)
+
+    def diverges(pair: PairReport) -> bool:
+        return (pair.status == PairStatus.FAIL or pair.id in reshaped) and not passed_over(pair)
+
+    at = next((k for k, i in enumerate(mine) if diverges(i)), None)
     if at is None:
         return None
     found = first_divergence(mine[at], missing)
     if found is None:
         return None
-    failing = [p for p in mine if p.status == PairStatus.FAIL and not passed_over(p)]
+    failing = [p for p in mine if diverges(p)]
     tied = mine[at].module_path is None and any(
         p is not mine[at] and p.module_path is None and (p.layer, p.stage) == (mine[at].layer, mine[at].stage)
         for p in failing
@@ -869,6 +876,11 @@ def _first_divergence_of(
             None,
         )
     extra = candidate_only_before(db, session_id, mine[at], previous)
+    if not extra and not found.unmatched_before and call[1]:
+        # none just before it: the candidate's own earlier in the op's module call, pairs that agree between them
+        # and it (Falcon's slopes negated, then the positions' ops, then the slopes' use), as find_divergence names
+        outside = next((p for p in reversed(mine[:at]) if not (p.module_path or "").startswith(call[0] + "/")), None)
+        extra = candidate_only_before(db, session_id, mine[at], outside)
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
     return replace(
