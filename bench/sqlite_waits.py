@@ -4,9 +4,10 @@
 
 SQLite's busy handler (a connection that finds the write lock taken) sleeps 1, 2, 5, 10, 15, 20, 25, 25, ... ms
 and looks again; it is not woken by the lock's release. Each round runs `tensor-debugger compare A B --json` into a
-new data dir under `strace -f -e clock_nanosleep,nanosleep` and counts the relative CLOCK_REALTIME sleeps (what
-SQLite's `usleep` makes; Python's own `time.sleep` sleeps on CLOCK_MONOTONIC) by Python thread, and the
-milliseconds they asked for: a count, not a timing, so it means the same on a loaded machine. Inputs:
+new data dir under `strace -f -T -e clock_nanosleep,nanosleep` and counts the relative CLOCK_REALTIME sleeps (what
+SQLite's `usleep` makes) by Python thread, and the milliseconds they asked for: a count, not a timing, so it means
+the same on a loaded machine. Python's own `time.sleep`s (CLOCK_MONOTONIC, to a deadline) are listed by thread
+too, with the milliseconds they took ("time.sleep MainThread": `cli/answers.py` waiting for the file clock). Inputs:
 `first_answer.py`'s two zips (written once), or A B given. Each answer's first divergence must be the same. Needs
 `strace` (Linux). Nothing asserts.
 """
@@ -44,6 +45,7 @@ threading.Thread.run = _named
 atexit.register(lambda: json.dump(_names, open(os.environ["SQLITE_WAITS_NAMES"], "w")))
 """
 SLEEP = re.compile(r"^(\d+) +(?:clock_nanosleep\(CLOCK_REALTIME, 0, |nanosleep\()\{tv_sec=(\d+), tv_nsec=(\d+)\}")
+PYTHON_SLEEP = re.compile(r"^(\d+) +clock_nanosleep\(CLOCK_MONOTONIC, TIMER_ABSTIME, .* <(\d+\.\d+)>$")
 
 
 def sleeps(trace: Path, names: dict[int, str]) -> Counter[str]:
@@ -51,6 +53,12 @@ def sleeps(trace: Path, names: dict[int, str]) -> Counter[str]:
     stripped), and the count under the key "<thread> sleeps"."""
     asked: Counter[str] = Counter()
     for line in trace.read_text().splitlines():
+        python = PYTHON_SLEEP.match(line)
+        if python is not None:  # time.sleep: its time spent (its deadline is absolute)
+            thread = re.sub(r"_?\d+$", "", names.get(int(python.group(1)), "native"))
+            asked[f"time.sleep {thread}"] += round(float(python.group(2)) * 1000)
+            asked[f"time.sleep {thread} sleeps"] += 1
+            continue
         found = SLEEP.match(line)
         if found is None:
             continue
@@ -90,7 +98,7 @@ def main() -> None:
                 shutil.rmtree(data, ignore_errors=True)
                 path = os.pathsep.join(p for p in (str(site), extra.get("PYTHONPATH", "")) if p)
                 done = subprocess.run(
-                    ["strace", "-f", "-e", "trace=clock_nanosleep,nanosleep", "-o", str(trace)]
+                    ["strace", "-f", "-T", "-e", "trace=clock_nanosleep,nanosleep", "-o", str(trace)]
                     + [str(CLI), "--data-dir", str(data), "compare", str(a), str(b), "--json"],
                     env={**env, **extra, "PYTHONPATH": path, "SQLITE_WAITS_NAMES": str(names)},
                     capture_output=True,
@@ -109,8 +117,9 @@ def main() -> None:
         print(f"load {os.getloadavg()[0]:.1f} at the end")
         for label, _ in ways:
             rounds = asked[label]
-            ms = [sum(v for k, v in c.items() if not k.endswith(" sleeps")) for c in rounds]
-            count = [sum(v for k, v in c.items() if k.endswith(" sleeps")) for c in rounds]
+            busy = [k for c in rounds for k in c if not k.startswith("time.sleep")]
+            ms = [sum(v for k, v in c.items() if k in busy and not k.endswith(" sleeps")) for c in rounds]
+            count = [sum(v for k, v in c.items() if k in busy and k.endswith(" sleeps")) for c in rounds]
             total: Counter[str] = Counter()
             for c in rounds:
                 total.update(c)

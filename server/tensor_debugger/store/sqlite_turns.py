@@ -35,9 +35,22 @@ _turns: dict[str, threading.Lock] = {}
 _turns_made = threading.Lock()
 
 
+def _forked() -> None:
+    """A forked child's turns are its own: a lock some thread of the parent held would stay held in it."""
+    global _turns_made
+    _turns.clear()
+    _turns_made = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 def turns_of(database: str) -> threading.Lock:
     """The lock of the SQLite file `database` (one per file in this process, whichever engine opens it)."""
-    key = os.path.realpath(database)
+    return _lock_of(os.path.realpath(database))
+
+
+def _lock_of(key: str) -> threading.Lock:
     with _turns_made:
         return _turns.setdefault(key, threading.Lock())
 
@@ -45,12 +58,12 @@ def turns_of(database: str) -> threading.Lock:
 def connection_factory(database: str, busy_ms: int) -> type[sqlite3.Connection]:
     """A `sqlite3.Connection` class (`sqlite3.connect(factory=...)`) whose connections take turns writing to
     `database` through its lock, waiting at most `busy_ms` (until a `PRAGMA busy_timeout` says otherwise)."""
-    turns = turns_of(database)
+    key = os.path.realpath(database)
 
     class TurnConnection(sqlite3.Connection):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._holds = False
+            self._held: threading.Lock | None = None  # the turn, while this connection has it
             self._busy_ms = busy_ms
 
         def cursor(self, factory: Any = None) -> Any:  # noqa: ARG002 - the turns' cursor, whatever is asked
@@ -83,25 +96,30 @@ def connection_factory(database: str, busy_ms: int) -> type[sqlite3.Connection]:
             finally:
                 self._release()
 
+        def __del__(self) -> None:  # dropped unclosed: SQLite lets its lock go with it, and so does the turn
+            if getattr(self, "_held", None) is not None:
+                self._release()
+
         def _before(self, sql: str) -> None:
             busy = _BUSY_TIMEOUT.match(sql)
             if busy is not None:
                 self._busy_ms = int(busy.group(1))
-            if self._holds or not _WRITES.match(sql):
+            if self._held is not None or not _WRITES.match(sql):
                 return
+            turns = _lock_of(key)  # looked up each time: a forked child has new ones
             if not turns.acquire(timeout=max(self._busy_ms, 0) / 1000):
                 raise sqlite3.OperationalError("database is locked")
-            self._holds = True
+            self._held = turns
 
         def _settle(self) -> None:
             """Give the turn back where no transaction is open (any more)."""
-            if self._holds and not self.in_transaction:
+            if self._held is not None and not self.in_transaction:
                 self._release()
 
         def _release(self) -> None:
-            if self._holds:
-                self._holds = False
-                turns.release()
+            held, self._held = self._held, None
+            if held is not None:
+                held.release()
 
     class TurnCursor(sqlite3.Cursor):
         connection: TurnConnection
