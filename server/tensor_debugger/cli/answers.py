@@ -13,8 +13,10 @@ settings. Beside the answer it keeps the state of what it read, checked at the n
   once the command has closed the database. Every write transaction of any process appends to the log or writes
   the file (and so changes its modification time): a session deleted, renamed, its tolerances changed, or any
   other write, makes the next lookup miss. A file's time comes from a clock that moves in ticks of a few
-  milliseconds: the state is only kept once the newest of those times is `QUIET_NS` old, so that a later write
-  cannot leave the same time behind; on a file system whose times are whole milliseconds (or coarser), never.
+  milliseconds: the state is only kept once that clock has moved past the newest of those times (Linux stamps a
+  file with its coarse real-time clock, or a finer time that is never earlier: CLOCK_REALTIME_COARSE, a tick
+  at most; elsewhere, once the newest time is `QUIET_NS` old), so that a later write cannot leave the same time
+  behind; on a file system whose times are whole milliseconds (or coarser), never.
 - no server on the data dir (its address file absent): with one, the warm path answers (`warm.py`).
 
 A lookup that finds any difference (or no file, or a database that is not SQLite) misses, and the command does
@@ -43,7 +45,8 @@ from tensor_debugger.settings import Settings
 FORMAT = 1  # of the answer files; raise it when what they hold changes
 FOLDER = "answers"
 KEPT = 64  # answer files kept in a data dir, the newest
-QUIET_NS = 30_000_000  # how old the database's newest file time must be before its state is kept
+QUIET_NS = 30_000_000  # how old the database's newest file time must be before its state is kept (not Linux)
+LINUX_CLOCK_REALTIME_COARSE = 5  # <linux/time.h>; the time module names no such clock
 CACHED_EXITS = (0, 1)  # a pass, a divergence; an unusable input (2) is always done again
 PACKAGE = Path(__file__).resolve().parent.parent
 
@@ -178,14 +181,22 @@ def database_state(database: Path) -> dict[str, list[int] | None]:
 
 
 def quiet_database_state(database: Path) -> dict[str, list[int] | None] | None:
-    """`database_state` once its newest time is `QUIET_NS` old (waiting up to that long); None where the file is
-    missing or the file system keeps whole milliseconds only."""
+    """`database_state` once the clock that stamps files has moved past its newest time (waiting a tick or so;
+    elsewhere than Linux, until that time is `QUIET_NS` old); None where the file is missing or the file system
+    keeps whole milliseconds only."""
+    coarse = LINUX_CLOCK_REALTIME_COARSE if sys.platform == "linux" else None  # what Linux stamps files with
     for _ in range(5):
         state = database_state(database)
         main = state[""]
         if main is None or main[1] % 1_000_000 == 0:
             return None
         newest = max(max(s[1], s[2]) for s in state.values() if s is not None)
+        if coarse is not None:  # a later write is stamped at least this clock's time: past `newest` once it is
+            wait = newest - time.clock_gettime_ns(coarse)
+            if wait < 0:
+                return state
+            time.sleep(wait / 1e9 + time.clock_getres(coarse))
+            continue
         wait = newest + QUIET_NS - time.time_ns()
         if wait <= 0:
             return state
