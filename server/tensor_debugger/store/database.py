@@ -37,7 +37,6 @@ from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.errors import DatabaseSettingError, DatabaseUnavailableError, is_disk_full
 from tensor_debugger.resources import resource_dir
-from tensor_debugger.store.sqlite_turns import connection_factory
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -49,12 +48,9 @@ SQLITE_BUSY_MS = 30_000  # how long a SQLite statement waits for another connect
 def create_db_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
-        connect_args: dict[str, Any] = {"timeout": SQLITE_BUSY_MS / 1000, "check_same_thread": False}
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-            # its writers take turns in this process, each let in when the one before is done (sqlite_turns.py)
-            connect_args["factory"] = connection_factory(path.split("?", 1)[0], SQLITE_BUSY_MS)
-        engine = create_engine(url, connect_args=connect_args)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     return create_engine(url, pool_pre_ping=True)
