@@ -439,13 +439,13 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         print_table(typed)
-    assert f"just before it, the candidate recorded what the reference did not: {extra}" in printed.getvalue()
+    assert f"before it, the candidate recorded what the reference did not: {extra}" in printed.getvalue()
     assert first.first_changed is None  # every pair before it is bit-identical
     with TestClient(create_app(settings), base_url="http://127.0.0.1") as client:
         page = client.get(f"/sessions/{result.session_id}")
     assert page.status_code == 200
     banner = page.text.split('class="candidate-only-before"', 1)[1].split("</span>", 1)[0]
-    assert "Just before it, the candidate recorded what the reference did not:" in banner
+    assert "Before it, the candidate recorded what the reference did not:" in banner
     assert "Net.layers.1.self_attn/pow#1_outputs" in banner
 
 

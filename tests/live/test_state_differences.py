@@ -115,6 +115,23 @@ def test_which_parameters_and_buffers_are_compared() -> None:
     reference = Block()
     # rounded to a lower precision only: the reference's values cast to bfloat16 are the candidate's
     assert differing_state(reference, copy.deepcopy(reference).to(torch.bfloat16), "", "") == ()
+    # the other way round: a bfloat16 reference against a float32 port loaded from the float32 weights
+    assert differing_state(copy.deepcopy(reference).to(torch.bfloat16), reference, "", "") == ()
+    # other kinds of dtype (complex against real, float against bool) and tensors without values are not compared
+    kinds, others = nn.Module(), nn.Module()
+    kinds.register_buffer("z", torch.tensor([1 + 2j, 3 + 0j]))
+    others.register_buffer("z", torch.tensor([1.0, 3.0]))
+    kinds.register_buffer("mask", torch.tensor([0.5, 1.0]))
+    others.register_buffer("mask", torch.tensor([True, True]))
+    kinds.register_buffer("empty_weights", torch.empty(3, device="meta"))
+    others.register_buffer("empty_weights", torch.empty(3, device="meta"))
+    assert differing_state(kinds, others, "", "") == ()
+    # integers compared as integers: one apart past 2**53, where float64 holds no difference
+    big, bigger = nn.Module(), nn.Module()
+    big.register_buffer("step", torch.tensor([2**53 + 1, 7], dtype=torch.int64))
+    bigger.register_buffer("step", torch.tensor([2**53, 7], dtype=torch.int64))
+    (step,) = differing_state(big, bigger, "", "")
+    assert (step.max_abs_diff, step.argmax, step.mismatched) == (1.0, (0,), 1)
     # NaN on both sides at one place is no difference; a NaN on one side is, and its |diff| is infinite
     one_sided = copy.deepcopy(reference)
     with torch.no_grad():

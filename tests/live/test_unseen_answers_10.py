@@ -185,7 +185,9 @@ def test_gpt_neo_a_mask_letting_one_future_token_through_says_the_outputs_agree(
     first = found.first
     assert first is not None and first.op == "getitem" and found.culprits == [], repr(found)
     assert found.outputs_agree, repr(found)
-    assert "The models' own outputs agree (their summaries pass)" in repr(found)
+    assert "The models' own outputs are bit-identical (their content hashes are equal)" in repr(found)
+    # the buffer itself, made in `__init__`, compared by name (live/state_differences.py)
+    assert found.state is not None and [(d.name, d.kind) for d in found.state[2]] == [("bias", "buffer")], repr(found)
 
 
 def test_qwen3_moe_an_expert_index_off_by_one_is_named_at_the_experts_line(
@@ -262,3 +264,28 @@ def test_a_module_taking_star_args_pairs_its_inputs_with_named_parameters(settin
     assert first is not None and first.reference == "Outer.m/mul#1_outputs", repr(found)
     assert (first.reference_source, first.candidate_source) == (line_of("named"), line_of("starred")), repr(found)
     assert found.culprits == ["Outer.m"] and found.unpaired == (0, 1), repr(found)
+
+
+class _Lengths(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Linear(4, 4)
+        self.out = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.out(torch.relu(self.emb(x)))
+        return out
+
+
+def test_an_output_of_another_shape_after_an_input_of_another_shape_is_no_divergence(settings: Settings) -> None:
+    """A module's output of another shape is the first divergence only where that call's inputs were compared and
+    pass: two captures fed inputs of other lengths (6 and 8 tokens) make every output of another shape, and what
+    differs came in with the inputs, so the session names no first divergence (its pairs are not compared)."""
+    for run, length in (("reference", 6), ("candidate", 8)):
+        model = _Lengths().eval()
+        x = torch.randn(2, length, 4, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad(), capture(model, "lengths", run, data_dir=settings.data_dir, values="summary"):
+            model(x)
+    report = _session_report(settings, "lengths")
+    assert report.first_divergence is None, report.first_divergence

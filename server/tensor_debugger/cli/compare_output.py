@@ -307,6 +307,9 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
         if report.next_capture:
             print("next capture, full values of that module (add to this session):")
             print(textwrap.indent(report.next_capture.python, "    "))
+    elif stats is None and pair.status == "incomparable" and pair.a.shape != pair.b.shape:
+        # a module's output of another shape (compare/reports/reshaped.py): no element was compared
+        print(f"{divergence_label(first)}: {first.name} ({where}): shapes differ ({pair.a.shape} vs {pair.b.shape})")
     elif stats is None:
         print(
             f"{divergence_label(first)}: {first.name} ({where}): its summary statistics differ (element values "
@@ -366,7 +369,7 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
         print(f"{lead}{tensors} not compared (no partner in the candidate): {names_of(before)}")
     extra = first.candidate_only_before if first else []
     if extra:
-        print(f"{lead}just before it, the candidate recorded what the reference did not: {names_of(extra)}")
+        print(f"{lead}before it, the candidate recorded what the reference did not: {names_of(extra)}")
     if first is not None and first.first_changed:
         within = "the noise floor" if noise else "tolerance"
         print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within {within} there")

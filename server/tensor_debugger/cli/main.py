@@ -311,6 +311,8 @@ def _main(argv: Sequence[str] | None) -> int:
         code = warm(probe, args, request)
         if code is not None:
             return code
+        if probe.answered is not None:  # it answered, then could not be reached: asked again where it matters
+            probe = None
     if args.command in READ_ONLY and _nothing_stored_yet(settings):  # a read creates no data dir or database
         return _nothing_stored(settings, args)
     with _start_up_heap():

@@ -47,11 +47,6 @@ class ServerProbe:
     silent: ServerAddress | None = None
 
 
-def find_server(settings: Settings) -> ServerAddress | None:
-    """The server of this data dir, if one runs and answers as it (same database and array store)."""
-    return probe_server(settings).answered
-
-
 def probe_server(settings: Settings) -> ServerProbe:
     """Ask the server whose address this data dir holds who it is (see `ServerProbe`). An address nothing listens
     at (refused: a stale file whose process id was reused) or a server of another database is no server."""
@@ -74,7 +69,7 @@ def silent_words(address: ServerAddress) -> str:
     """The note a command prints when it does the work itself because the server did not answer in time."""
     return (
         f"note: the server at {address.url} (this data dir's) did not answer in {PROBE_SECONDS:g} s: "
-        "this command compares in its own process"
+        "this command does the work in its own process"
     )
 
 

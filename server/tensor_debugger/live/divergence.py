@@ -514,12 +514,17 @@ def _find(
     within_floor = 0  # pairs outside tolerance but within the precision floor
     beyond_floor = 0  # pairs within tolerance but beyond the precision floor
     order = list(ref.summaries)
-    model_outputs: list[bool] = []  # whether each pair of the model's own outputs passes
+    # whether each of the reference's own outputs paired with a bit-identical one of the candidate's (hashes equal)
+    model_outputs: list[bool] = []
     for name in order:
         other = theirs.get(_key(name, root_a))
+        own_output = re.match(rf"{re.escape(root_a)}_outputs", name) is not None
         if other is None:
+            model_outputs += [False] if own_output else []  # not compared: nothing is said of the outputs
             continue
         a, b = ref.summaries[name], cand.summaries[other]
+        if own_output:
+            model_outputs.append(a.hash == b.hash)
         verdict = compare_sketches(a, b, tolerance(a, b))
         compared += 1
         if name in floor_sketches:  # as the session's noise rule judges it (its rerun: the floor's summaries)
@@ -533,8 +538,6 @@ def _find(
             changed = name
         if not verdict.passed and first is None:
             first = (name, other, verdict)
-        if re.match(rf"{re.escape(root_a)}_outputs", name):
-            model_outputs.append(verdict.passed)
     if raised is not None:
         raised.add_note(_before_raising(first, compared, ref_lines, cand_lines))
         raise raised
@@ -586,9 +589,12 @@ def _find(
     name, other, verdict = first
     module = _maker_of(name, {re.sub(r"#\d+$", "", module_of(n)) for n in order})
     # the parameters and buffers of the module that made it, the candidate's against the reference's: set outside
-    # the forward, so no op recorded made them (live/module_state.py)
+    # the forward, so no op recorded made them (live/state_differences.py); what cannot be read says nothing
     other_module = _maker_of(other, {re.sub(r"#\d+$", "", module_of(n)) for n in cand.summaries})
-    state = differing_state(reference, candidate, call_path(module)[0], call_path(other_module)[0])
+    try:
+        state = differing_state(reference, candidate, call_path(module)[0], call_path(other_module)[0])
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):  # a tensor torch cannot copy or compare
+        state = ()
     before = module_before(order, order.index(name), module)
     snippet = next_capture(
         session,

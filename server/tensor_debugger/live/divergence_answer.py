@@ -144,8 +144,9 @@ class Divergence:
     # the module call that made the first divergence (the reference's, the candidate's) and its parameters and
     # buffers that differ from the reference's of one name and shape (live/state_differences.py); None where none do
     state: tuple[str, str, tuple[StateDifference, ...]] | None = None
-    # where a divergence was found: whether every pair of the models' own outputs passes on summaries (a causal mask
-    # let one future token through, then a second mask took it out again): the divergence does not reach them
+    # where a divergence was found: whether every one of the models' own outputs paired with a bit-identical one
+    # (content hashes equal: a causal mask let one future token through, then a second mask took it out again): the
+    # divergence does not reach them
     outputs_agree: bool = False
 
     @staticmethod
@@ -285,8 +286,8 @@ class Divergence:
             )
         if self.outputs_agree:
             text += (
-                " The models' own outputs agree (their summaries pass): what diverges here does not reach them "
-                "(taken out again later, as by a second mask?)."
+                " The models' own outputs are bit-identical (their content hashes are equal): what diverges here "
+                "does not reach them (taken out again later, as by a second mask?)."
             )
         if self.repeatable_until is not None:
             a, b = self.repeatable_until

@@ -3,10 +3,12 @@ name (`find_divergence`). They are set outside the forward (a rotary's `inv_freq
 base, an embedding scale, a weight loaded under the wrong key), so no recorded op made them: op capture names the
 first op that reads one, and only the models themselves hold what it read.
 
-A name both modules hold, with one shape on both sides, is compared: the reference's value cast to the candidate's
-dtype against the candidate's, exactly (a bfloat16 port of a float32 model holds the reference's weights rounded,
-which is no difference). Names one side lacks, or of another shape (a port that fuses q, k and v), are not compared,
-and nothing is said of them."""
+A name both modules hold, with one shape and one kind of dtype (floating, complex, integer, bool) on both sides, is
+compared: both cast to the less precise of the two dtypes, exactly (a bfloat16 port of a float32 model holds the
+reference's weights rounded, which is no difference; nor is a float32 port of a bfloat16 reference loaded from the
+float32 weights), integers as integers. The comparison runs on the candidate's device, copying only where the two
+devices differ. Names one side lacks, of another shape or kind (a port that fuses q, k and v), and tensors with no
+values to read (meta, sparse) are not compared, and nothing is said of them."""
 
 from __future__ import annotations
 
@@ -61,27 +63,61 @@ def differing_state(
     return tuple(found)
 
 
+def _kind(dtype: torch.dtype) -> str:
+    return (
+        "complex"
+        if dtype.is_complex
+        else "float"
+        if dtype.is_floating_point
+        else "bool"
+        if dtype == torch.bool
+        else "int"
+    )
+
+
+def _common(a: torch.dtype, b: torch.dtype) -> torch.dtype:
+    """The less precise of two dtypes of one kind (the one with fewer significand bits, then fewer bytes)."""
+    if a == b or _kind(a) in ("bool", "int"):
+        return a if a == b else torch.promote_types(a, b)  # integers: the wider, no value lost
+    bits = {d: (torch.finfo(d).eps, -torch.finfo(d).bits) for d in (a, b)} if _kind(a) == "float" else {}
+    if bits:
+        return max((a, b), key=lambda d: bits[d])  # the larger eps: the less precise
+    return a if a.itemsize <= b.itemsize else b
+
+
 def _difference(name: str, kind: str, value: torch.Tensor, other: torch.Tensor) -> StateDifference | None:
-    """How `other` differs from `value` cast to its dtype, block by block on the CPU; None where they are equal
-    (NaN where both hold NaN counts as equal)."""
+    """How `other` differs from `value`, both cast to their less precise dtype, block by block on `other`'s device;
+    None where they are equal (NaN where both hold NaN counts as equal), of different kinds of dtype, or without
+    values to read."""
+    if _kind(value.dtype) != _kind(other.dtype) or any(t.is_meta or t.layout != torch.strided for t in (value, other)):
+        return None
+    dtype = _common(value.dtype, other.dtype)
+    exact = _kind(dtype) in ("bool", "int")
     with torch.no_grad():
         a = value.detach().reshape(-1)
         b = other.detach().reshape(-1)
         worst, at, mismatched = 0.0, -1, 0
         for start in range(0, a.numel(), _BLOCK):
-            x = a[start : start + _BLOCK].to(device="cpu", dtype=b.dtype)
-            y = b[start : start + _BLOCK].to(device="cpu")
+            x = a[start : start + _BLOCK].to(device=b.device, dtype=dtype)
+            y = b[start : start + _BLOCK].to(dtype=dtype)
             if torch.equal(x, y):
                 continue
             differ = x != y
-            if x.is_floating_point() or x.is_complex():
+            if not exact:
                 differ &= ~(x.isnan() & y.isnan())
             count = int(differ.sum())
             if not count:
                 continue
             mismatched += count
-            gap = (x.to(torch.float64) - y.to(torch.float64)).abs() if not x.is_complex() else (x - y).abs()
-            gap = torch.where(differ, gap.nan_to_num(nan=float("inf")), torch.zeros((), dtype=gap.dtype))
+            if exact:  # integers as integers (int64 past 2**53 stays exact); bool as 0 and 1
+                gap = (x.to(torch.int64) - y.to(torch.int64)).abs().to(torch.float64)
+            elif x.is_complex():
+                gap = (x.to(torch.complex128) - y.to(torch.complex128)).abs()
+            else:
+                gap = (x.to(torch.float64) - y.to(torch.float64)).abs()
+            gap = torch.where(
+                differ, gap.nan_to_num(nan=float("inf")), torch.zeros((), dtype=gap.dtype, device=gap.device)
+            )
             block_worst = float(gap.max())
             if block_worst > worst or at < 0:
                 worst, at = block_worst, start + int(gap.argmax())
@@ -99,6 +135,6 @@ def state_words(module: str, other_module: str, differences: tuple[StateDifferen
     return (
         f"in {where}, the candidate holds parameters or buffers that differ from the reference's of the same "
         f"name{more}: "
-        f"{', '.join(d.words() for d in differences)}; they are set outside the forward (in `__init__`, or as the "
-        "weights were loaded), so no recorded op made them"
+        f"{', '.join(d.words() for d in differences)}; no recorded op made them: they are set outside the forward "
+        "(in `__init__`, or as the weights were loaded), or changed by it in place (running statistics)"
     )

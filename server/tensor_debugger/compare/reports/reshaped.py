@@ -22,7 +22,13 @@ _MODULE_PLACE = re.compile(r"^([^/]+?)_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.
 
 def reshaped_pairs(db: DbSession, session_id: int, mine: Sequence[PairReport]) -> set[int]:
     """The ids of the pairs of `mine` (one candidate's) that are a module's output whose two shapes differ, left
-    incomparable, where neither side records a call of that module the other lacks."""
+    incomparable, where the inputs of that module call were recorded, compared and pass on both sides (else what
+    differs may have come in with them: an input of another shape, or one not compared, names nothing here), and
+    neither side records a call of that module the other lacks."""
+    inputs: dict[str, list[PairReport]] = {}
+    for p in mine:
+        if p.module_path is not None and "/" not in p.module_path and (p.place or "").startswith("inputs"):
+            inputs.setdefault(p.module_path, []).append(p)
     found = [
         p
         for p in mine
@@ -31,12 +37,18 @@ def reshaped_pairs(db: DbSession, session_id: int, mine: Sequence[PairReport]) -
         and "/" not in p.module_path
         and (p.place or "").startswith("outputs")
         and p.a.shape != p.b.shape
+        and inputs.get(p.module_path)
+        and all(i.status == PairStatus.PASS for i in inputs[p.module_path])
     ]
     if not found:
         return set()
     runs = {p.a.run_id for p in found} | {p.b.run_id for p in found}
     unmatched = db.scalars(
-        select(UnmatchedRecord.name).where(UnmatchedRecord.session_id == session_id, UnmatchedRecord.run_id.in_(runs))
+        select(UnmatchedRecord.name).where(
+            UnmatchedRecord.session_id == session_id,
+            UnmatchedRecord.run_id.in_(runs),
+            UnmatchedRecord.other_run_id.in_(runs),  # this candidate's, not another's against the reference
+        )
     )
     split = {_module(call[1]) for name in unmatched if (call := _MODULE_PLACE.match(name))}
     return {p.id for p in found if _module(p.module_path or "") not in split}
