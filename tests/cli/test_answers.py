@@ -140,3 +140,18 @@ def stored() -> list[object]:
     """The ids of the sessions in the data dir."""
     listed = main_cli("--data-dir", "data", "sessions", "--json")
     return [s["id"] for s in json.loads(listed.stdout)]
+
+
+def test_a_database_stamped_in_the_future_keeps_no_answer_and_no_wait(tmp_path: Path) -> None:
+    """A database file whose time is ahead of this clock (copied with its times from a host whose clock runs ahead,
+    a network file system's server) is not waited for until that time comes: no answer is kept on it."""
+    from tensor_debugger.cli.answers import quiet_database_state
+
+    database = tmp_path / "metadata.sqlite3"
+    database.write_bytes(b"not empty")
+    ahead = time.time_ns() + 3600 * 10**9 + 123_456  # an hour ahead, not whole milliseconds
+    os.utime(database, ns=(ahead, ahead))
+    assert quiet_database_state(database) is None  # at once (before, it slept until that hour had come)
+    os.utime(database, ns=(time.time_ns() - 10**9 + 123_456,) * 2)  # a second old: its state is kept
+    state = quiet_database_state(database)
+    assert state is not None and state[""] is not None

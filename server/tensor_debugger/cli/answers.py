@@ -46,6 +46,9 @@ FORMAT = 1  # of the answer files; raise it when what they hold changes
 FOLDER = "answers"
 KEPT = 64  # answer files kept in a data dir, the newest
 QUIET_NS = 30_000_000  # how old the database's newest file time must be before its state is kept (not Linux)
+# a file time further ahead of the clock than this: stamped by another clock (a copy kept its times, a network file
+# system's server): no answer is kept on it, rather than waiting for that time to come
+FUTURE_NS = 1_000_000_000
 LINUX_CLOCK_REALTIME_COARSE = 5  # <linux/time.h>; the time module names no such clock
 CACHED_EXITS = (0, 1)  # a pass, a divergence; an unusable input (2) is always done again
 PACKAGE = Path(__file__).resolve().parent.parent
@@ -195,11 +198,15 @@ def quiet_database_state(database: Path) -> dict[str, list[int] | None] | None:
             wait = newest - time.clock_gettime_ns(coarse)
             if wait < 0:
                 return state
+            if wait > FUTURE_NS:  # stamped ahead of this clock (copied with its times, another host's): not kept
+                return None
             time.sleep(wait / 1e9 + time.clock_getres(coarse))
             continue
         wait = newest + QUIET_NS - time.time_ns()
         if wait <= 0:
             return state
+        if wait > QUIET_NS + FUTURE_NS:
+            return None
         time.sleep(wait / 1e9)
     return None
 
