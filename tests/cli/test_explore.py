@@ -86,5 +86,7 @@ def test_explore_beside_a_server_links_to_its_port(shared_server: LiveServer, tm
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith(f"open in the browser: {shared_server.url}/sessions/"), last
     assert ":8000" not in done.stdout and "serve" not in last
-    out = json.loads(main_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), "--json").stdout)
+    # the shared server's sessions are every test's: each of this test's named its own (no "explore acts.pth")
+    named = ("--name", f"explore json {tmp_path.name}")
+    out = json.loads(main_cli("--data-dir", data, "explore", str(tmp_path / "acts.pth"), *named, "--json").stdout)
     assert out["session"]["url"] == f"{shared_server.url}/sessions/{out['session']['id']}"
