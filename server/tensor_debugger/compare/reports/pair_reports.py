@@ -135,7 +135,7 @@ class FirstDivergence:
     lowered_first: LoweredFirst | None = None
     # where it is a module's output of another shape on each side (compare/reports/reshaped.py): the two shapes,
     # the reference's and the candidate's (no element values compared); else None
-    shapes: tuple[list[int], list[int]] | None = None
+    shapes: list[list[int]] | None = None
 
     @property
     def crossed_words(self) -> str:
@@ -892,7 +892,7 @@ def _first_divergence_of(
         first_changed=f"{changed.name}{where}" if changed is not None else None,
         crossed_before=crossed_before(mine, at),
         lowered_first=lowered_first(db, mine[at], mine),
-        shapes=(list(mine[at].a.shape), list(mine[at].b.shape)) if mine[at].id in reshaped else None,
+        shapes=[list(mine[at].a.shape), list(mine[at].b.shape)] if mine[at].id in reshaped else None,
     )
 
 
