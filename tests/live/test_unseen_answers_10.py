@@ -17,14 +17,11 @@ from typing import Any, cast
 
 import pytest
 import torch
-from sqlalchemy import select
 from tensor_debugger import capture, find_divergence
-from tensor_debugger.compare.reports.pair_reports import SessionPairs, session_pairs
-from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import SessionRecord
 from torch import nn
 
+from tests.live.test_backward_capture import compared as _session_report  # planned, computed, reported
 from tests.support.model_ports import Port, jittered_pair, port_writer
 from tests.support.source_lines import line_holding, marked_line
 
@@ -47,19 +44,6 @@ def _config(name: str, **kwargs: Any) -> Any:
     if not hasattr(transformers, name):
         pytest.skip(f"transformers {transformers.__version__} has no {name}")
     return getattr(transformers, name)(**kwargs)
-
-
-def _session_report(settings: Settings, name: str) -> SessionPairs:
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            session_id = db.scalars(select(SessionRecord.id).where(SessionRecord.name == name)).one()
-        services.plan(session_id)
-        services.compute(session_id)
-        with services.sessions() as db:
-            return session_pairs(db, session_id)
-    finally:
-        services.close()
 
 
 STRIDES = (
