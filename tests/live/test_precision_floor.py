@@ -180,3 +180,52 @@ def test_a_tiny_transformers_llama_in_lower_precision(
         assert found.first is not None, found.words()
         assert found.first.reference == f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj/linear#1_outputs"
         assert found.culprits == [f"{MODEL_CLASS}.model.layers.1.self_attn.o_proj"]
+
+
+class Gate(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.proj(x)) * scale.to(x.dtype)
+
+
+class Regional(nn.Module):
+    """Two blocks; the port runs the second's MLP under a bfloat16 autocast region, and with `bug` scales the first
+    block's projection by 1.004 (within 4 times bfloat16's rounding, far outside float32's tolerance)."""
+
+    def __init__(self, port: bool, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = nn.Linear(16, 16)
+        self.mlp = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 16))
+        self.gate = Gate()
+        self.port, self.bug = port, bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h: torch.Tensor = self.first(x)
+        if self.bug:
+            h = h * 1.004  # scaled
+        if self.port:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return cast(torch.Tensor, self.gate(self.mlp(h), scale=h)).float() + h  # gate by keyword
+        return cast(torch.Tensor, self.gate(self.mlp(h), scale=h)) + h
+
+
+def test_an_autocast_floor_covers_only_the_modules_the_candidate_lowers(settings: Settings) -> None:
+    """The reference runs under autocast only in the forward of the modules where the candidate computes in
+    bfloat16 (the MLP's), so a small bug before the region is judged by float32's tolerance, not passed as rounding;
+    the region's own rounding still names no divergence."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+    reference = Regional(False).eval()
+    clean = find_divergence(reference, Regional(True).eval(), x, session="regional clean", data_dir=settings.data_dir)
+    assert clean.first is None and clean.floor_autocast and not clean.culprits, repr(clean)
+    assert clean.floor_region == ("gate", "gate.proj", "mlp.0", "mlp.1", "mlp.2"), clean.floor_region
+    assert "with torch.autocast to bfloat16 in the forward of gate, gate.proj, mlp.0, mlp.1, mlp.2 only" in repr(clean)
+    assert clean.within_floor, repr(clean)  # the region's rounding, judged against the floor's
+    found = find_divergence(
+        reference, Regional(True, bug=True).eval(), x, session="regional bug", data_dir=settings.data_dir
+    )
+    assert found.first is not None and found.first.reference == "Regional.mlp_inputs_args_0", repr(found)
+    assert found.first.candidate_only_before[0][0] == "Regional/mul#1_outputs", repr(found)

@@ -16,3 +16,10 @@ def module_of(name: str) -> str:
 def is_module_input(name: str) -> bool:
     """Whether a tensor's name is a module's input's (`Net.attn.o_inputs_args_0`), not an op's or an output's."""
     return "/" not in name and "_inputs_" in name[len(module_of(name)) :]
+
+
+def call_path(call: str) -> tuple[str, int]:
+    """A module call's path inside its model and which call of it it is (from 1): `Net.layers.1#2` -> ("layers.1",
+    2)."""
+    path, _, number = call.partition("#")
+    return path.partition(".")[2], int(number) if number else 1

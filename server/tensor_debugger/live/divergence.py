@@ -62,7 +62,7 @@ from tensor_debugger.engine.summary_compare import (
 )
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
-from tensor_debugger.live.capture_names import is_module_input, module_of
+from tensor_debugger.live.capture_names import call_path, is_module_input, module_of
 from tensor_debugger.live.divergence_answer import (
     NOISE_FULL_RUN,
     NOISE_RUN,
@@ -84,7 +84,6 @@ from tensor_debugger.live.order_context import (
 from tensor_debugger.live.own_error import (
     Arguments,
     OwnError,
-    call_path,
     kept_arguments,
     named,
     recorded_replays,
@@ -93,6 +92,7 @@ from tensor_debugger.live.own_error import (
 from tensor_debugger.live.precision_floor import (
     Floor,
     autocast_floor,
+    autocast_region,
     cast_inputs,
     floating_dtype,
     floor_model,
@@ -185,6 +185,14 @@ def _lowered_dtypes(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], ro
     not."""
     everywhere = {s.dtype for s in ours.values()}
     return {dtype for _, dtype in lowered(_recorded(ours, others, root_a, root_b), everywhere)}
+
+
+def _lowered_names(
+    ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str, dtype: str
+) -> list[str]:
+    """`engine/lowered.lowered`'s tensors in `dtype`, the candidate's names, in its order."""
+    everywhere = {s.dtype for s in ours.values()}
+    return [n for n, lower in lowered(_recorded(ours, others, root_a, root_b), everywhere) if lower == dtype]
 
 
 def _first_lowered(
@@ -316,8 +324,8 @@ def find_divergence(
     reference's parameters and buffers in that dtype, its forward passes (one with summaries, one more with full
     values where a divergence is found) and their runs. `precision_floor=False` judges by tolerances alone. Where
     the candidate's parameters are the reference's dtype but its capture recorded tensors in a less precise one (a
-    torch.autocast region), the floor is the reference itself run under autocast to that dtype
-    (`precision_floor.autocast_floor`)."""
+    torch.autocast region), the floor is the reference itself with autocast to that dtype in the forward of the
+    modules where the candidate computes in it (`precision_floor.autocast_floor`, `autocast_region`)."""
     for what, model in (("reference", reference), ("candidate", candidate)):
         if model.training:
             warnings.warn(
@@ -419,7 +427,12 @@ def _find(
         # dtypes the reference does not compute in there: a region both sides share calls for no floor
         lower = lower_computed(_lowered_dtypes(ref.summaries, cand.summaries, root_a, root_b), reference, candidate)
         if lower is not None:
-            floor = autocast_floor(reference, call, lower, dtype_name(floating_dtype(reference) or torch.float32))
+            region = autocast_region(
+                _lowered_names(ref.summaries, cand.summaries, root_a, root_b, dtype_name(lower)), reference
+            )
+            floor = autocast_floor(
+                reference, call, lower, dtype_name(floating_dtype(reference) or torch.float32), region
+            )
     floor_sketches: Mapping[str, Sketch] = {}
     floor_held: HeldRun | None = None  # the floor's summaries, stored as the session's run "noise"
     floor_note: str | None = None
@@ -581,6 +594,7 @@ def _find(
             floor_note=floor_note,
             split_calls=split_calls,
             floor_autocast=floor is not None and floor.autocast,
+            floor_region=floor.region if floor is not None else (),
             lowered_first=lowered_first,
         )
 
@@ -782,6 +796,7 @@ def _find(
         floored_outputs=tuple(floored_outputs),
         split_calls=split_calls,
         floor_autocast=floor is not None and floor.autocast,
+        floor_region=floor.region if floor is not None else (),
         lowered_first=lowered_first,
         own_errors=own,
         state=(module, other_module, state) if state else None,

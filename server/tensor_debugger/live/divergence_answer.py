@@ -130,6 +130,9 @@ class Divergence:
     # whether the precision floor is the reference run under torch.autocast (the candidate computed parts of its
     # forward in `floor` though its parameters are the reference's dtype), not a converted copy of it
     floor_autocast: bool = False
+    # with that floor: the reference's modules run under autocast, where the candidate computes in `floor` (paths
+    # without the model's class name); () where the whole forward ran under it
+    floor_region: tuple[str, ...] = ()
     # with that floor: the candidate's first tensor in `floor` where the reference computes in another dtype, and
     # the line that made it ("" where none): where the candidate's own lower precision begins
     lowered_first: tuple[str, str] | None = None
@@ -365,6 +368,12 @@ class Divergence:
 
     def _floor_copy(self) -> str:
         """What ran as the precision floor, in words."""
+        if self.floor_autocast and self.floor_region:
+            shown = ", ".join(self.floor_region[:_LISTED]) + (", ..." if len(self.floor_region) > _LISTED else "")
+            return (
+                f"the reference run on the same inputs with torch.autocast to {self.floor} in the forward of "
+                f"{shown} only, where the candidate computes in it"
+            )
         if self.floor_autocast:
             return f"the reference run under torch.autocast to {self.floor} on the same inputs"
         return f"a copy of the reference converted to {self.floor}, run on the same inputs cast to it"

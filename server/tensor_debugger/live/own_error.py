@@ -38,6 +38,7 @@ import torch
 
 from tensor_debugger.compare.reports.noise import noise_judges
 from tensor_debugger.engine.culprits import stands_out
+from tensor_debugger.live.capture_names import call_path
 from tensor_debugger.live.ops import OpSink
 from tensor_debugger.live.precision_floor import NOISE
 from tensor_debugger.live.recorder import HeldRun, record
@@ -87,13 +88,6 @@ def _copied(value: Any, path: str) -> Any:
     if type(value) is dict:
         return {k: _copied(v, f"{path}[{k!r}]") for k, v in value.items()}
     raise ValueError(f"its argument {path} is a {type(value).__name__}, which cannot be copied and passed again")
-
-
-def call_path(call: str) -> tuple[str, int]:
-    """A module call's path inside its model and which call of it it is (from 1): `Net.layers.1#2` -> ("layers.1",
-    2)."""
-    path, _, number = call.partition("#")
-    return path.partition(".")[2], int(number) if number else 1
 
 
 @contextmanager

@@ -18,10 +18,12 @@ summaries, and where a divergence is found one with the full values of the modul
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import functools
 import itertools
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +33,7 @@ from tensor_debugger.compare.reports.noise import NOISE_FACTOR, noise_judges, su
 from tensor_debugger.compare.reports.summary_reports import summary_report
 from tensor_debugger.engine.lowered import least_precise
 from tensor_debugger.engine.summary_compare import SketchVerdict
+from tensor_debugger.live.capture_names import call_path, module_of
 
 NOISE = NOISE_FACTOR  # a session's noise factor as find_divergence makes it (the default; no user sets another)
 
@@ -46,22 +49,88 @@ class Floor:
     # True where the candidate's parameters are the reference's dtype but it computes parts in `dtype` under
     # torch.autocast: the floor is then the reference itself run under autocast to `dtype` (`autocast_floor`)
     autocast: bool = False
+    # with `autocast`: the reference's modules whose forward runs under it (`autocast_region`); () for all of it
+    region: tuple[str, ...] = ()
 
 
 def autocast_floor(
-    reference: torch.nn.Module, call: Callable[[torch.nn.Module], Any], lower: torch.dtype, reference_dtype: str
+    reference: torch.nn.Module,
+    call: Callable[[torch.nn.Module], Any],
+    lower: torch.dtype,
+    reference_dtype: str,
+    region: Sequence[str] = (),
 ) -> Floor:
     """The precision floor of a candidate that computes parts of its forward in `lower` under torch.autocast (a
-    bfloat16 region in a float32 port): the reference itself, called as `call` calls it but under autocast to
-    `lower` on its parameters' device. Ops autocast leaves in float32 stay so; the ones it lowers round as the
-    candidate's region does, and more (the whole forward is under it): a floor no tighter than the candidate's."""
+    bfloat16 region in a float32 port): the reference itself, called as `call` calls it but with autocast to
+    `lower` on its parameters' device inside the forward of each of its submodules `region` (their paths, where
+    the candidate computes in `lower`: `autocast_region`), or around the whole call where `region` is empty. Ops
+    autocast leaves in float32 stay so; the ones it lowers round as the candidate's region does. Outside the region
+    the floor is the reference's own values, so a difference there is judged by the tolerances, not passed as
+    rounding."""
     device = next(itertools.chain(reference.parameters(), reference.buffers()), torch.empty(0)).device.type
+    modules = [reference.get_submodule(path) for path in region]
 
     def under_autocast(model: torch.nn.Module) -> Any:
-        with torch.autocast(device, dtype=lower):
+        if not modules:
+            with torch.autocast(device, dtype=lower):
+                return call(model)
+        with contextlib.ExitStack() as restore:
+            for module in modules:
+                restore.enter_context(_forward_under_autocast(module, device, lower))
             return call(model)
 
-    return Floor(reference, under_autocast, str(lower).removeprefix("torch."), reference_dtype, autocast=True)
+    return Floor(
+        reference,
+        under_autocast,
+        str(lower).removeprefix("torch."),
+        reference_dtype,
+        autocast=True,
+        region=tuple(region),
+    )
+
+
+@contextlib.contextmanager
+def _forward_under_autocast(module: torch.nn.Module, device: str, lower: torch.dtype) -> Iterator[None]:
+    """Within the block, `module`'s forward runs under autocast to `lower` (its hooks, a capture's included, run
+    outside it, as they run outside a region the module's caller opens)."""
+    forward = module.forward
+    had_own = "forward" in vars(module)
+
+    @functools.wraps(forward)  # its signature read through `__wrapped__`: the inputs keep their names
+    def lowered_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device, dtype=lower):
+            return forward(*args, **kwargs)
+
+    module.forward = lowered_forward
+    try:
+        yield
+    finally:
+        if had_own:
+            module.forward = forward
+        else:
+            del module.forward
+
+
+def autocast_region(lowered: Iterable[str], reference: torch.nn.Module) -> tuple[str, ...]:
+    """The paths (inside the model, without its class name) of the module calls where the candidate computed the
+    tensors `lowered` (its names, in a dtype the reference does not compute in there), for `autocast_floor`: the
+    modules of its ops' outputs where it recorded ops, else of its module outputs, the innermost; () (the whole
+    forward) where one of them is the model itself or names no submodule of the reference (a port whose modules
+    are named otherwise)."""
+    names = list(lowered)
+    ops = [n for n in names if "/" in n]
+    chosen = ops or [n for n in names if "_outputs" in n[len(module_of(n)) :]]
+    paths = sorted({call_path(module_of(n))[0] for n in chosen})
+    if not paths or "" in paths:
+        return ()
+    try:
+        for path in paths:
+            reference.get_submodule(path)
+    except AttributeError:
+        return ()
+    if not ops:  # module outputs: a module whose submodule is in the region is not itself (its own code may not be)
+        paths = [p for p in paths if not any(q.startswith(p + ".") for q in paths)]
+    return tuple(paths)
 
 
 def lower_computed(dtypes: Iterable[str], reference: torch.nn.Module, candidate: torch.nn.Module) -> torch.dtype | None:
