@@ -7,12 +7,14 @@ A cold first compare of 2 x 200 MB writes about 400 MB of chunk files through th
 profile of it (`reading_split.py --whole`) puts the kernel's copy into new page-cache pages
 (`copy_folio_from_iter_atomic`) at 0.36 to 0.72 CPU s from one compare to the next, for the same bytes. This
 measures that copy alone, without the tool: each round writes MIB files of 1 MiB from one kept buffer (as ingest
-writes chunk files from its read buffers) into a new folder, twice, in turn: once just after as many bytes of
+writes chunk files from its read buffers) into a new folder, three ways in turn: once just after as many bytes of
 another folder were deleted ("just freed": the kernel hands back pages freed a moment ago), once WAIT seconds after
-such a delete ("freed WAIT s before"). On a virtual machine whose balloon device reports free pages to its host
-(virtio-balloon's free page reporting, reported here when the device says so), pages free for a few seconds are
-given back to the host, and the first write into each one costs the host's fault inside the copy. Prints the CPU
-seconds (this process's, user and system) of each write and the medians; nothing asserts on timings.
+such a delete ("freed WAIT s before"), and, as a control for the wait itself, once after WAIT idle seconds and then
+the delete ("idle WAIT s, then just freed"). The question it asks: on a virtual machine whose balloon device
+reports free pages to its host (virtio-balloon's free page reporting, printed here when the device says so), does a
+page that stayed free a few seconds cost the host's fault at its first write, inside the copy? (RESULTS.md,
+2026-11-29: not confirmed here.) Prints the CPU seconds (this process's, user and system) of each write, by round,
+and the medians; nothing asserts on timings.
 """
 
 from __future__ import annotations
@@ -75,20 +77,22 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="page-cache-touch-", dir=args.folder))
     print(machine_line(free_page_reporting()))
     print(f"{args.mib} files of 1 MiB a write, in {work}; load {os.getloadavg()[0]:.1f} at the start")
-    ways = ("just freed", f"freed {args.wait:g} s before")
+    ways = ("just freed", f"freed {args.wait:g} s before", f"idle {args.wait:g} s, then just freed")
     cpus: dict[str, list[float]] = {way: [] for way in ways}
     try:
         for round_index in range(args.rounds):
-            for way in ways if round_index % 2 == 0 else reversed(ways):
+            for way in ways[round_index % 3 :] + ways[: round_index % 3]:
+                if way == ways[2]:
+                    time.sleep(args.wait)
                 freed(work / "before", args.mib, buffer)
-                if way != ways[0]:
+                if way == ways[1]:
                     time.sleep(args.wait)
                 cpus[way].append(write_files(work / "timed", args.mib, buffer))
                 os.sync()
                 shutil.rmtree(work / "timed")
         for way in ways:
             by_round = " ".join(f"{c:.3f}" for c in cpus[way])
-            print(f"{way:>22}: CPU s median {statistics.median(cpus[way]):.3f}; by round {by_round}")
+            print(f"{way:>32}: CPU s median {statistics.median(cpus[way]):.3f}; by round {by_round}")
         print(f"load {os.getloadavg()[0]:.1f} at the end")
     finally:
         shutil.rmtree(work, ignore_errors=True)
