@@ -3,6 +3,7 @@
     python bench/reading_split.py                  # first_answer.py's 2 x 200 MB zips, 3 rounds
     python bench/reading_split.py --rounds 5 A B   # given inputs
     python bench/reading_split.py --env TENSOR_DEBUGGER_BUFFERED_RUN_BYTES=0   # with this setting too, in turn
+    python bench/reading_split.py --whole          # the whole process: the start-up's imports counted too
 
 Each round runs `tensor-debugger compare A B --json` into a new data dir (after `sync`) under `perf record -g` (the
 kernel's samples of CPU time, every thread), in a process that imported every module the compare imports before
@@ -12,6 +13,9 @@ the pairs' statistics in lockstep, the plan and the answer. Samples before the g
 counted to its thread (the Python thread's name, numbers stripped; threads Python did not start, such as BLAKE3's,
 as "native") and to what it ran (CATEGORIES: the kernel by the path the sample's stack went through, else the first
 library in the stack that is not the interpreter, else the interpreter: Python code, the pickle parse, the ORM).
+With `--whole`, nothing is imported first and every sample from the interpreter's start is counted (the
+start-up's imports on MainThread, as a user's first compare spends them), and the interpreter's own C parts that
+show there (compiling source: dataclasses' generated methods; loading bytecode; the cyclic GC) are named apart.
 The interpreter's share is not split by Python function here: `py-spy record --gil` does that (see RESULTS.md).
 With `--env`, each round also runs the same compare with those settings, the two in turn. Needs `perf` (Linux);
 CPU seconds are samples over the sampling frequency. Medians are printed; nothing asserts on timings. The package
@@ -59,6 +63,25 @@ finally:
 sys.exit(code)
 """
 
+# `--whole`: nothing imported before the compare, every sample from the interpreter's start counted (go 0) and the
+# process's CPU from its start: the start-up's imports as a user's first compare spends them, beside the rest.
+WHOLE_PROBE = r"""
+import json, sys, threading, time
+names = {threading.get_native_id(): "MainThread"}
+_run = threading.Thread.run
+def run(self):
+    names[threading.get_native_id()] = self.name
+    return _run(self)
+threading.Thread.run = run
+try:
+    from tensor_debugger.cli.main import main
+    code = main(sys.argv[2:])
+finally:
+    with open(sys.argv[1], "w") as f:
+        json.dump({"go": 0.0, "cpu": time.process_time(), "names": names}, f)
+sys.exit(code)
+"""
+
 # (label, kernel symbols any of which in a kernel sample's stack puts it there), first match wins
 KERNEL_PATHS = (
     ("kernel: chunk files written into the page cache", ("generic_perform_write", "copy_folio_from_iter")),
@@ -80,6 +103,13 @@ LIBRARIES = (
     ("numpy", "_multiarray"),
     ("numpy", "numpy"),
 )
+# (label, interpreter symbols any of which in a sample's stack puts an interpreter sample there), first match wins:
+# the parts of the interpreter's own C that `--whole` shows in the start-up (Python frames are not named in 3.11)
+INTERPRETER_PARTS = (
+    ("interpreter: compiling source (exec: dataclasses' methods)", ("_PyPegen_", "_PyAST_Compile", "compiler_")),
+    ("interpreter: loading bytecode (.pyc unmarshal)", ("r_object", "PyMarshal_")),
+    ("interpreter: cyclic GC", ("gc_collect_main",)),
+)
 
 
 def category(frames: list[tuple[str, str]]) -> str:
@@ -98,6 +128,10 @@ def category(frames: list[tuple[str, str]]) -> str:
     if "libc" in leaf:
         return "libc (memcpy, malloc)"
     if "python" in leaf:
+        symbols = " ".join(symbol for _, symbol in frames)
+        for label, marks in INTERPRETER_PARTS:
+            if any(mark in symbols for mark in marks):
+                return label
         return "interpreter (Python code, pickle parse, ORM)"
     return "other"
 
@@ -126,7 +160,7 @@ def samples(data: Path, go: float, names: dict[int, str]) -> tuple[Counter[str],
         if not line.strip():
             flush()
             head, frames = None, []
-        elif not line[0].isspace():
+        elif not line.startswith("\t"):  # a sample's head: its thread id, right-aligned (a small one has spaces first)
             match = re.match(r"\s*(\d+)\s+([\d.]+):", line)
             head = (int(match.group(1)), float(match.group(2))) if match else None
             frames = []
@@ -138,14 +172,18 @@ def samples(data: Path, go: float, names: dict[int, str]) -> tuple[Counter[str],
     return threads, kinds
 
 
-def one(a: Path, b: Path, env: dict[str, str], work: Path, frequency: int) -> tuple[float, Counter[str], Counter[str]]:
-    """One compare under perf: (process CPU s from the go, samples by thread, samples by category)."""
+def one(
+    a: Path, b: Path, env: dict[str, str], work: Path, frequency: int, whole: bool = False
+) -> tuple[float, Counter[str], Counter[str]]:
+    """One compare under perf: (process CPU s from the go, samples by thread, samples by category). `whole`: nothing
+    imported first, every sample and the process's CPU from its start."""
     data_dir, probe, data = work / "data", work / "probe.json", work / "perf.data"
     shutil.rmtree(data_dir, ignore_errors=True)
     os.sync()
+    probe_code = WHOLE_PROBE if whole else PROBE
     command = [
         "perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-F", str(frequency), "-g", "-o", str(data), "--",
-        str(PYTHON), "-c", PROBE, str(probe), "--data-dir", str(data_dir), "compare", str(a), str(b), "--json",
+        str(PYTHON), "-c", probe_code, str(probe), "--data-dir", str(data_dir), "compare", str(a), str(b), "--json",
     ]  # fmt: skip
     done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode not in (0, 1):  # 1: a pair failed (the inputs' candidate differs)
@@ -172,6 +210,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--frequency", type=int, default=999, help="perf's samples per second of CPU")
     parser.add_argument("--env", action="append", default=[], metavar="VAR=VALUE", help="also run with these set")
+    parser.add_argument(
+        "--whole", action="store_true", help="the whole process: its start-up's imports counted too, from its start"
+    )
     args = parser.parse_args()
     if shutil.which("perf") is None:
         sys.exit("reading_split.py needs `perf` (linux-tools) on PATH")
@@ -194,12 +235,13 @@ def main() -> None:
         for round_index in range(args.rounds):
             order = list(ways) if round_index % 2 == 0 else list(reversed(ways))
             for name in order:
-                seconds, threads, kinds = one(a, b, ways[name], work, args.frequency)
+                seconds, threads, kinds = one(a, b, ways[name], work, args.frequency, args.whole)
                 cpu[name].append(seconds)
                 split[name]["thread"].append(threads)
                 split[name]["what it ran"].append(kinds)
         for name in ways:
-            print(f"\n{name}: process CPU s from the go, by round: {' '.join(f'{c:.2f}' for c in cpu[name])}")
+            since = "its start" if args.whole else "the go"
+            print(f"\n{name}: process CPU s from {since}, by round: {' '.join(f'{c:.2f}' for c in cpu[name])}")
             for title, runs in split[name].items():
                 report(title, runs, args.frequency)
             sampled = [sum(run.values()) / args.frequency for run in split[name]["thread"]]
