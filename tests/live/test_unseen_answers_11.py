@@ -83,7 +83,8 @@ class Normed(nn.Module):
         self.b = nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(self.norm(self.a(x)))
+        out: torch.Tensor = self.b(self.norm(self.a(x)))
+        return out
 
 
 def test_a_norm_in_bfloat16_grown_past_tolerance_by_the_next_layer_names_no_culprit_there(settings: Settings) -> None:
@@ -187,7 +188,7 @@ class Cached(nn.Module):
             k = torch.cat([cache[0], k], 1) if cache else k
             cache[:] = [k]
         t, n = x.shape[1], k.shape[1]
-        scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+        scores: torch.Tensor = q @ k.transpose(-1, -2) / math.sqrt(D)
         future = torch.arange(n)[None] > torch.arange(t)[:, None] + n - t
         return scores.masked_fill(future, float("-inf")).softmax(-1)
 
@@ -211,7 +212,9 @@ def test_a_cache_given_keys_before_their_rotary_names_what_it_holds(settings: Se
     prefill agrees), but nothing said what the port's cache held. Now the answer names the reference's tensor
     recorded before it that holds the same bytes: the keys as the rotary was given them, at the line that turns
     them, the step the port's cache skipped."""
-    found = find_divergence(Decode(False).eval(), Decode(True).eval(), (IDS,), session="cache", data_dir=settings.data_dir)
+    found = find_divergence(
+        Decode(False).eval(), Decode(True).eval(), (IDS,), session="cache", data_dir=settings.data_dir
+    )
     first = found.first
     assert first is not None and first.reference == "Decode.attn#2_inputs_args_1_0", repr(found)
     assert first.reference_source == first.candidate_source == line_of("decode step"), repr(found)
@@ -267,7 +270,8 @@ class Small(nn.Module):
         self.b = nn.Linear(D, D)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.b(torch.nn.functional.gelu(self.a(x)).softmax(-1))
+        out: torch.Tensor = self.b(torch.nn.functional.gelu(self.a(x)).softmax(-1))
+        return out
 
 
 def test_the_same_model_under_no_grad_and_inference_mode_is_no_divergence(settings: Settings) -> None:

@@ -47,8 +47,8 @@ def differing_state(
     reference: torch.nn.Module, candidate: torch.nn.Module, reference_path: str, candidate_path: str
 ) -> tuple[StateDifference, ...]:
     """The parameters and buffers of the reference's submodule `reference_path` ("" for the model itself) that
-    differ from those of one name in the candidate's `candidate_path` (in values, or in shape), the first `LISTED` in the
-    reference module's order; () where either path names no submodule."""
+    differ from those of one name in the candidate's `candidate_path` (in values, or in shape), the first `LISTED`
+    in the reference module's order; () where either path names no submodule."""
     try:
         ours, theirs = reference.get_submodule(reference_path), candidate.get_submodule(candidate_path)
     except AttributeError:
