@@ -139,10 +139,17 @@ def test_which_parameters_and_buffers_are_compared() -> None:
     assert differing_state(one_sided, copy.deepcopy(one_sided), "", "") == ()
     (nan,) = differing_state(reference, one_sided, "up", "up")
     assert (nan.name, nan.max_abs_diff, nan.argmax) == ("bias", float("inf"), (0,))
-    # another shape, or a name the other side lacks (a fused port): not compared, nothing said
+    # a parameter of another shape, or a name the other side lacks (a fused port): not compared, nothing said
     fused = copy.deepcopy(reference)
     fused.up = nn.Linear(DIM, 2 * DIM)
     assert differing_state(reference, fused, "up", "up") == ()
+    # a buffer of another shape (an `inv_freq` made in `__init__` for another rotary width): said, with both shapes
+    narrow, wide = nn.Module(), nn.Module()
+    narrow.register_buffer("inv_freq", torch.ones(2), persistent=False)
+    wide.register_buffer("inv_freq", torch.ones(4), persistent=False)
+    (shaped,) = differing_state(narrow, wide, "", "")
+    assert (shaped.kind, shaped.shape, shaped.other_shape) == ("buffer", (2,), (4,)), shaped
+    assert shaped.words() == "inv_freq (a buffer of shape [2], [4] in the candidate)"
     assert differing_state(reference, reference, "nowhere", "up") == ()
     # paths are each side's own: the candidate's module of another name
     proj = copy.deepcopy(reference.up)

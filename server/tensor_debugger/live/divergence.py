@@ -88,6 +88,7 @@ from tensor_debugger.live.own_error import (
     named,
     recorded_replays,
     replay,
+    reproduces,
 )
 from tensor_debugger.live.precision_floor import (
     Floor,
@@ -627,7 +628,8 @@ def _find(
     checked: list[str] = []
     # with a converted floor: the arguments of each module call the second pass records, kept as the reference's
     # call begins, to call each module again on them (its own error: live/own_error.py)
-    window = _window(order, snippet.modules, root_a) if floor is not None and not floor.autocast else []
+    # (without a floor, to call the candidate's module on them where a culprit's inputs agree only within tolerance)
+    window = _window(order, snippet.modules, root_a) if floor is None or not floor.autocast else []
     arguments_kept: dict[str, Arguments | str] = {}
     for model, what, summaries, divergent, lines in (
         (reference, "the reference", ref.summaries, name, ref_lines),
@@ -725,6 +727,17 @@ def _find(
             floored_outputs.append(tensor_name)
     bad = {s.reference for s in failing} | reshaped
     culprits, uncompared = _culprits(order, kept["a"], bad, judged, root_a)
+    grown: list[str] = []  # culprits by that rule whose module, given the reference's inputs, agrees
+    if floor is None:
+        grown = _grown(
+            culprits,
+            kept,
+            {k: theirs[_key(k, root_a)] for k in kept["a"] if _key(k, root_a) in theirs},
+            arguments_kept,
+            (reference, candidate),
+            tolerance_of,
+        )
+        culprits = [c for c in culprits if c not in grown]
     # ops paired by position that their contents neither confirm nor replace (which faces which in their module call
     # is not known) leave that module judged on its own inputs and outputs, as the session's pages judge it; only
     # its replay (below) is passed over, whose figures would compare ops paired so
@@ -773,6 +786,7 @@ def _find(
             {_key(n, root_a): at for n, at in ref_lines.items()},
         ),
         crossed_before=crossed_before(ops.settled, order, name, ref_lines, cand_lines),
+        candidate_holds=_held_before(order, name, ref.summaries, cand.summaries.get(other), ref_lines),
     )
     return Divergence(
         session,
@@ -801,7 +815,60 @@ def _find(
         own_errors=own,
         state=(module, other_module, state) if state else None,
         outputs_agree=bool(model_outputs) and all(model_outputs),
+        grown=tuple(grown),
     )
+
+
+def _held_before(
+    order: Sequence[str],
+    name: str,
+    summaries: Mapping[str, Sketch],
+    theirs: Sketch | None,
+    lines: Mapping[str, str],
+) -> tuple[str, str] | None:
+    """The reference's last tensor before `name` (in its `order`) whose content hash is the candidate's `theirs`
+    (the dtype, the shape and every byte equal), with its line; None where none is, or where `theirs` is a constant
+    (every element one value: zeros, ones, a mask of one kind match anything of their shape)."""
+    if theirs is None or not theirs.numel or theirs.min == theirs.max or theirs.nan:
+        return None
+    for earlier in reversed(order[: order.index(name)]):
+        sketch = summaries.get(earlier)
+        if sketch is not None and sketch.hash == theirs.hash:
+            return earlier, lines.get(earlier) or ""
+    return None
+
+
+def _grown(
+    culprits: Sequence[str],
+    kept: Mapping[str, Mapping[str, torch.Tensor]],
+    partners: Mapping[str, str],
+    arguments: Mapping[str, Arguments | str],
+    models: tuple[torch.nn.Module, torch.nn.Module],
+    tolerance_of: Callable[[str, str], Tolerance],
+) -> list[str]:
+    """Of `culprits` (outputs fail, inputs pass), those whose inputs are not bit-identical to the candidate's
+    (`partners`: the reference's tensor names to the candidate's, values in `kept` "a" and "b") and whose candidate
+    module, called on the reference's `arguments`, gives the reference's outputs within tolerance: their outputs
+    differ because their inputs do, grown past the tolerance, not by their own doing."""
+    found = []
+    for module in culprits:
+        names = [n for n in kept["a"] if "/" not in n and module_of(n) == module]
+        inputs = [n for n in names if is_module_input(n)]
+        if not inputs or all(
+            n in partners
+            and kept["a"][n].dtype == kept["b"][partners[n]].dtype
+            and torch.equal(kept["a"][n], kept["b"][partners[n]])
+            for n in inputs
+        ):
+            continue  # its inputs agree bit for bit: what differs is its own doing
+
+        def agree(a: torch.Tensor, b: torch.Tensor) -> bool:
+            return _full_stats(a, b, ("", ""), tolerance_of(dtype_name(a.dtype), dtype_name(b.dtype))).passed
+
+        outputs = [kept["a"][n] for n in names if not is_module_input(n)]
+        if reproduces(module, arguments.get(module), outputs, models, agree):
+            found.append(module)
+    return found
 
 
 def _window(order: Sequence[str], patterns: Sequence[str], root: str) -> list[str]:

@@ -82,6 +82,10 @@ class FirstDivergence:
     # reference's tensor and line, the candidate's and line. Two slices swapped in use (a rotary turning the half it
     # should pass) hold the same values on both sides, so no pair of theirs differs: their lines are only here
     crossed_before: tuple[tuple[str, str, str, str], ...] = ()
+    # the reference's tensor recorded before it that holds, bit for bit, what the candidate's holds (content hashes
+    # equal; not a constant), with its line ("" where none): a cache given the keys before their rotary holds the
+    # reference's keys as they were before it, so the op that made them names the step the candidate skipped
+    candidate_holds: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +155,10 @@ class Divergence:
     # (content hashes equal: a causal mask let one future token through, then a second mask took it out again): the
     # divergence does not reach them
     outputs_agree: bool = False
+    # modules whose outputs fail while their inputs agree within tolerance but not bit for bit, whose candidate
+    # module, called on the reference's arguments to it, gives the reference's outputs within tolerance: no
+    # culprit is named on them (their inputs' difference grown past the tolerance, not their own doing)
+    grown: tuple[str, ...] = ()
 
     @staticmethod
     def _earlier_in_call(f: FirstDivergence) -> str:
@@ -188,6 +196,13 @@ class Divergence:
             if f.summary.reason
             else ""
         )
+        if f.candidate_holds is not None:
+            held, at = f.candidate_holds
+            text += (
+                f" The candidate's {f.candidate} holds, bit for bit, what the reference's {held}"
+                f"{f' ({at})' if at else ''} held before it: a step the reference takes after that one, the candidate "
+                "did not take (or took elsewhere)."
+            )
         if f.pairing:
             how, _, why = f.pairing.partition(": ")
             text += f" Its two {'inputs' if how.startswith('paired by parameter') else 'ops'} were {how}: {why}."
@@ -266,6 +281,13 @@ class Divergence:
                 for c in self.culprits
             )
             text += "."
+        if self.grown:
+            text += (
+                f" No culprit is named on {', '.join(self.grown)}: its inputs agree within tolerance but not bit "
+                "for bit, and the candidate's module, called again on the reference's inputs to it, gives the "
+                "reference's outputs within tolerance: its outputs differ because its inputs do (a difference "
+                "within tolerance grown past it), not by its own doing; look before it."
+            )
         if self.state is not None:
             said = state_words(*self.state)
             text += f" {said[0].upper()}{said[1:]}."

@@ -82,9 +82,13 @@ def early_before(
     """The candidate's tensors of `order` just before `name` whose partners (`partner_of`: the reference's, by
     key) the reference recorded after its first divergence (at `index` in its order): from `name` back to the last
     whose partner comes before it, those unpaired passed over, as `one_sided_before` passes over a module call's
-    other outputs. Each with its line and its partner's."""
+    other outputs. Inside an op's own module call (its submodules' calls too), tensors whose partners come before
+    are passed over as well: ops that agree can lie between (a rotary's `unsqueeze` of its cosines, after the
+    query's norm called before the rotary where the reference calls it after). Each with its line and its
+    partner's."""
     found: list[tuple[str, str, str]] = []
     outputs_of = OUTPUTS.sub("", name) if OUTPUTS.search(name) and "/" not in name else None
+    call = module_of(name) if "/" in name else None
     for other in reversed(order[: order.index(name)]):
         if outputs_of is not None and OUTPUTS.search(other) and OUTPUTS.sub("", other) == outputs_of:
             continue
@@ -92,6 +96,9 @@ def early_before(
         if partner is None:
             continue
         if reference_index[partner] < index:
+            held = module_of(other)
+            if call is not None and (held == call or held.startswith(call + ".")):
+                continue
             break
         found.append((other, sources.get(other) or "", reference_sources.get(partner) or ""))
     return tuple(reversed(found))

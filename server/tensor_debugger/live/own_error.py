@@ -29,7 +29,7 @@ input's, the inputs as cast) stands out against the floor's at the output (`engi
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -327,3 +327,33 @@ def recorded_replays(
                 module = model.get_submodule(path)
                 _call(module, arguments, _dtype(module, fallback) if fallback is not None else None, what)
     return ours, theirs, floor
+
+
+def reproduces(
+    call: str,
+    arguments: Arguments | str | None,
+    recorded: Sequence[torch.Tensor],
+    models: tuple[torch.nn.Module, torch.nn.Module],
+    agree: Callable[[torch.Tensor, torch.Tensor], bool],
+) -> bool:
+    """Whether the candidate's module call `call` (its name in the reference's run), given the reference's
+    `arguments` to it, gives the reference's `recorded` outputs, each pair as `agree` judges it (`models`: the
+    reference, the candidate, of one dtype). A module whose inputs agree only within tolerance and whose outputs do
+    not is named a culprit by the rule of outputs and inputs; where this holds, its outputs differ because its inputs
+    do (a difference within tolerance grown past it: a norm computed in bfloat16 before a linear layer), not by
+    its own doing. False where the call cannot be replayed soundly (as `replay` refuses it) or the reference's
+    module, called again on its own arguments, does not give `recorded` bit for bit."""
+    if not isinstance(arguments, Arguments) or not recorded:
+        return False
+    try:
+        modules = [m.get_submodule(call_path(call)[0]) for m in models]
+        ours = _tensors(_call(modules[0], arguments, None, "reference"))
+        if len(ours) != len(recorded) or not all(torch.equal(a, b) for a, b in zip(ours, recorded, strict=True)):
+            return False
+        theirs = _tensors(_call(modules[1], arguments, _dtype(modules[1], ours[0].dtype), "candidate"))
+        again = _tensors(_call(modules[1], arguments, _dtype(modules[1], ours[0].dtype), "candidate"))
+    except (NotReplayable, AttributeError):
+        return False
+    if len(theirs) != len(ours) or not all(torch.equal(a, b) for a, b in zip(theirs, again, strict=True)):
+        return False
+    return all(a.shape == b.shape and agree(a, b) for a, b in zip(ours, theirs, strict=True))

@@ -7,11 +7,15 @@ A name both modules hold, with one shape and one kind of dtype (floating, comple
 compared: both cast to the less precise of the two dtypes, exactly (a bfloat16 port of a float32 model holds the
 reference's weights rounded, which is no difference; nor is a float32 port of a bfloat16 reference loaded from the
 float32 weights), integers as integers. The comparison runs on the candidate's device, copying only where the two
-devices differ. Names one side lacks, of another shape or kind (a port that fuses q, k and v), and tensors with no
-values to read (meta, sparse) are not compared, and nothing is said of them."""
+devices differ. A buffer both hold with another shape is a difference, said with its two shapes (a rotary's
+`inv_freq` made in `__init__` for another partial rotary factor: not in the state dict, so no load refused it).
+Names one side lacks, parameters of another shape (a port that fuses q, k and v, or gate and up: its own layout),
+tensors of another kind of dtype, and tensors with no values to read (meta, sparse) are not compared, and nothing
+is said of them."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -28,8 +32,12 @@ class StateDifference:
     argmax: tuple[int, ...]  # the index of the largest |diff|
     mismatched: int  # elements that differ
     numel: int
+    shape: tuple[int, ...] = ()  # the reference's, where the candidate's is another
+    other_shape: tuple[int, ...] | None = None  # the candidate's, where it is another: nothing else is compared
 
     def words(self) -> str:
+        if self.other_shape is not None:
+            return f"{self.name} (a {self.kind} of shape {list(self.shape)}, {list(self.other_shape)} in the candidate)"
         return (
             f"{self.name} (a {self.kind}, max |diff| {self.max_abs_diff:.4g} at {list(self.argmax)}, "
             f"{self.mismatched} of {self.numel} elements differ)"
@@ -40,8 +48,8 @@ def differing_state(
     reference: torch.nn.Module, candidate: torch.nn.Module, reference_path: str, candidate_path: str
 ) -> tuple[StateDifference, ...]:
     """The parameters and buffers of the reference's submodule `reference_path` ("" for the model itself) that
-    differ from those of one name and shape in the candidate's `candidate_path`, the first `LISTED` in the
-    reference module's order; () where either path names no submodule."""
+    differ from those of one name in the candidate's `candidate_path` (in values; buffers in shape too), the first
+    `LISTED` in the reference module's order; () where either path names no submodule."""
     try:
         ours, theirs = reference.get_submodule(reference_path), candidate.get_submodule(candidate_path)
     except AttributeError:
@@ -53,9 +61,15 @@ def differing_state(
     ):
         for name, value in mine.items():
             other = others.get(name)
-            if other is None or other.shape != value.shape:
+            if other is None or (other.shape != value.shape and kind == "parameter"):
                 continue
-            difference = _difference(name, kind, value, other)
+            if other.shape != value.shape:
+                shape, numel = tuple(value.shape), value.numel()
+                difference: StateDifference | None = StateDifference(
+                    name, kind, math.inf, (), numel, numel, shape, tuple(other.shape)
+                )
+            else:
+                difference = _difference(name, kind, value, other)
             if difference is not None:
                 found.append(difference)
                 if len(found) == LISTED:
