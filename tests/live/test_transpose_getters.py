@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from functools import partial
 from pathlib import Path
-from typing import cast
 
 import torch
 from tensor_debugger import capture, find_divergence
@@ -55,10 +54,10 @@ class Mixed(nn.Module):
         self.port = port
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.w
+        w: torch.Tensor = self.w
         if self.port:
             w = w.T  # port transposes
-        return cast(torch.Tensor, torch.relu(x @ w))  # mixed
+        return torch.relu(x @ w)  # mixed
 
 
 def _x() -> torch.Tensor:
