@@ -238,7 +238,21 @@ def test_a_keyword_bound_to_a_positional_parameter_pairs_with_the_other_sides_ar
     ) == [("Net.attn_inputs_args_1", "Port.attn_inputs_kwargs_mask", "parameter")]
     assert parameter_name("mask@1") == ("mask", 1) and parameter_name("mask") == ("mask", None)
     assert parameter_name("*1") == ("*1", None)
-    assert position_key("Net.attn#2", "inputs_kwargs_mask_0", "mask@1") == (("attn#2", 1, "_0"), True)
-    assert position_key("Net.attn", "inputs_args_1_0", "*1") == (("attn", 1, "_0"), False)
+    assert position_key("Net.attn#2", "inputs_kwargs_mask_0", "mask@1") == (("attn#2", 1, "_0", None), True)
+    assert position_key("Net.attn", "inputs_args_1_0", "*1", (2, 3)) == (("attn", 1, "_0", (2, 3)), False)
+    # of other shapes at one position: other tensors (the port's positional embeddings where the mask was)
+    wide = [
+        TensorRef(
+            9,
+            "Port.attn_inputs_args_1",
+            (4,),
+            "float32",
+            9,
+            module_path="Port.attn",
+            place="inputs_args_1",
+            parameter="*1",
+        )
+    ]
+    assert made(inputs("Net", ("inputs_kwargs_mask", "mask@1")), wide, strategies=["parameter"]) == []
     assert position_key("Net.attn", "inputs_kwargs_masks", "mask@1") is None  # not the keyword `mask`'s
     assert position_key("Net.attn", "inputs_args_1", None) is None  # recorded nowhere (a Hugging Face trace)

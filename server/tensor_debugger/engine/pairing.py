@@ -338,22 +338,26 @@ def parameter_key(module_path: str, place: str, parameter: str | None) -> Hashab
     return (without_root(module_path), name, part)
 
 
-def position_key(module_path: str, place: str, parameter: str | None) -> tuple[Hashable, bool] | None:
+def position_key(
+    module_path: str, place: str, parameter: str | None, shape: Hashable = None
+) -> tuple[Hashable, bool] | None:
     """What pairs a keyword argument bound to the positional parameter k of one side's `forward` with the other
     side's k-th positional argument (strategy `parameter by position`: `forward(self, x, mask)` called with
     `mask=m` against `forward(self, *args)` called `(h, m)`), and whether it was passed by keyword: the module call
-    (without the root), k and the part within the argument. None where no parameter was recorded, for a keyword
-    into `**kwargs` or to a keyword-only parameter (no position), and where the place does not fit the parameter."""
+    (without the root), k, the part within the argument and the tensor's `shape` (two signatures of other orders
+    put other tensors at one position: of one shape they are more likely one). None where no parameter was
+    recorded, for a keyword into `**kwargs` or to a keyword-only parameter (no position), and where the place does
+    not fit the parameter."""
     if parameter is None or parameter.startswith(KWARGS_MARK):
         return None
     found = _ARGUMENT.match(place)
     if found is not None:
-        return (without_root(module_path), int(found.group(1)), place[found.end() :]), False
+        return (without_root(module_path), int(found.group(1)), place[found.end() :], shape), False
     name, position = parameter_name(parameter)
     keyword = f"inputs_kwargs_{name}"
     if position is None or not (place == keyword or place.startswith(keyword + "_")):
         return None
-    return (without_root(module_path), position, place[len(keyword) :]), True
+    return (without_root(module_path), position, place[len(keyword) :], shape), True
 
 
 def position_matches(
@@ -399,7 +403,7 @@ def _position(t: LogicalTensor) -> tuple[Hashable, bool] | None:
     """`position_key` of a tensor, or of a tensor's shards (ranks') where all are bound to one parameter."""
     if t.first.module_path is None or t.first.place is None or len({s.parameter for s in t.shards}) != 1:
         return None
-    return position_key(t.first.module_path, t.first.place, t.first.parameter)
+    return position_key(t.first.module_path, t.first.place, t.first.parameter, tuple(t.shapes))
 
 
 def is_op(t: LogicalTensor) -> bool:

@@ -905,7 +905,8 @@ def _parameter_partners(
     def placed(result: CaptureResult) -> Callable[[str], tuple[Hashable, bool] | None]:
         def key(name: str) -> tuple[Hashable, bool] | None:
             module = module_of(name)
-            return position_key(module, name[len(module) + 1 :], result.parameters.get(name))
+            shape = result.summaries[name].shape
+            return position_key(module, name[len(module) + 1 :], result.parameters.get(name), shape)
 
         return key
 
