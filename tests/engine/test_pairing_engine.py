@@ -14,7 +14,9 @@ from tensor_debugger.engine.pairing import (
     identities,
     pair_runs,
     parameter_key,
+    parameter_name,
     parse_strategies,
+    position_key,
 )
 
 
@@ -191,3 +193,66 @@ def test_name_pattern_gives_layer_stage_order_and_shards() -> None:
 def test_bad_name_patterns_are_named(text: str, words: str) -> None:
     with pytest.raises(ValueError, match=re.escape(words)):
         compile_name_pattern(text)
+
+
+def test_a_keyword_bound_to_a_positional_parameter_pairs_with_the_other_sides_argument_at_its_position() -> None:
+    """`m(h, mask=m)` into `forward(self, x, mask)` (recorded `mask@1`) against `m(h, m)` into `forward(self,
+    *args)` (`*1`): paired by position 1, said so in the strategy, a tuple's parts part by part; what the names pair
+    is paired by them first; two keywords of other names at one position (other parameters of two signatures'
+    orders), a keyword-only parameter (no position) and a `**kwargs` keyword stay unpaired; a data dir from before
+    positions were recorded (`mask`) pairs by name as before."""
+    reference = inputs(
+        "Net", ("inputs_args_0", "x@0"), ("inputs_kwargs_mask_0", "mask@1"), ("inputs_kwargs_mask_1", "mask@1")
+    )
+    candidate = inputs("Port", ("inputs_args_0", "*0"), ("inputs_args_1_1", "*1"), ("inputs_args_1_0", "*1"))
+    assert made(reference, candidate, strategies=["name", "module", "parameter"]) == [
+        ("Net.attn_inputs_args_0", "Port.attn_inputs_args_0", "module"),
+        ("Net.attn_inputs_kwargs_mask_0", "Port.attn_inputs_args_1_0", "parameter by position"),
+        ("Net.attn_inputs_kwargs_mask_1", "Port.attn_inputs_args_1_1", "parameter by position"),
+    ]
+    # the other way round, and against a positional argument bound to a parameter of another name
+    assert made(
+        inputs("Net", ("inputs_args_1", "keep@1")),
+        inputs("Port", ("inputs_kwargs_mask", "mask@1")),
+        strategies=["parameter"],
+    ) == [("Net.attn_inputs_args_1", "Port.attn_inputs_kwargs_mask", "parameter by position")]
+    # the names first: `mask` by keyword on both sides' other positions is one parameter
+    named = made(
+        inputs("Net", ("inputs_args_1", "mask@1")),
+        inputs("Port", ("inputs_kwargs_mask", "mask@2"), ("inputs_args_1", "*1")),
+        strategies=["name", "parameter"],
+    )
+    assert named == [("Net.attn_inputs_args_1", "Port.attn_inputs_kwargs_mask", "parameter")]
+    keywords = (
+        inputs("Net", ("inputs_kwargs_position_ids", "position_ids@2")),
+        inputs("Port", ("inputs_kwargs_attention_mask", "attention_mask@2")),
+    )
+    assert made(*keywords, strategies=["parameter"]) == []
+    overflow = inputs("Port", ("inputs_args_1", "*1"))
+    assert made(inputs("Net", ("inputs_kwargs_mask", "mask")), overflow, strategies=["parameter"]) == []  # keyword-only
+    assert made(inputs("Net", ("inputs_kwargs_mask", "**mask")), overflow, strategies=["parameter"]) == []
+    assert made(
+        inputs("Net", ("inputs_args_1", "mask")),
+        inputs("Port", ("inputs_kwargs_mask", "mask@1")),
+        strategies=["parameter"],
+    ) == [("Net.attn_inputs_args_1", "Port.attn_inputs_kwargs_mask", "parameter")]
+    assert parameter_name("mask@1") == ("mask", 1) and parameter_name("mask") == ("mask", None)
+    assert parameter_name("*1") == ("*1", None)
+    assert position_key("Net.attn#2", "inputs_kwargs_mask_0", "mask@1") == (("attn#2", 1, "_0", None), True)
+    assert position_key("Net.attn", "inputs_args_1_0", "*1", (2, 3)) == (("attn", 1, "_0", (2, 3)), False)
+    # of other shapes at one position: other tensors (the port's positional embeddings where the mask was)
+    wide = [
+        TensorRef(
+            9,
+            "Port.attn_inputs_args_1",
+            (4,),
+            "float32",
+            9,
+            module_path="Port.attn",
+            place="inputs_args_1",
+            parameter="*1",
+        )
+    ]
+    assert made(inputs("Net", ("inputs_kwargs_mask", "mask@1")), wide, strategies=["parameter"]) == []
+    assert position_key("Net.attn", "inputs_kwargs_masks", "mask@1") is None  # not the keyword `mask`'s
+    assert position_key("Net.attn", "inputs_args_1", None) is None  # recorded nowhere (a Hugging Face trace)

@@ -58,13 +58,13 @@ def test_the_capture_stores_the_parameter_each_module_input_binds_to(settings: S
             services.close()
         bound = {name: parameter for name, parameter in rows if name.startswith("Keywords.attn_inputs")}
         assert bound == (
-            {"Keywords.attn_inputs_kwargs_x": "x", "Keywords.attn_inputs_kwargs_keep": "keep"}
+            {"Keywords.attn_inputs_kwargs_x": "x@0", "Keywords.attn_inputs_kwargs_keep": "keep@1"}
             if port
-            else {"Keywords.attn_inputs_args_0": "x", "Keywords.attn_inputs_args_1": "keep"}
+            else {"Keywords.attn_inputs_args_0": "x@0", "Keywords.attn_inputs_args_1": "keep@1"}
         ), bound
         # the model's own inputs bind to its forward's parameters; its outputs and ops to none
         parameters = {name: parameter for name, parameter in rows}
-        assert parameters["Keywords_inputs_args_0"] == "x" and parameters["Keywords_inputs_args_1"] == "keep"
+        assert parameters["Keywords_inputs_args_0"] == "x@0" and parameters["Keywords_inputs_args_1"] == "keep@1"
         assert parameters["Keywords_outputs"] is None and parameters["Keywords.attn_outputs"] is None
 
 

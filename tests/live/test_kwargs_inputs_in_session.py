@@ -131,12 +131,12 @@ def test_the_capture_records_kwargs_entries_by_their_keyword_and_args_by_their_p
         stored[label] = {n: p for n, p in _stored(settings, result.run_id).items() if n.startswith("Block.attn_in")}
     assert stored == {
         "reference": {
-            "Block.attn_inputs_args_0": "hidden_states",
-            "Block.attn_inputs_args_1": "attention_mask",
+            "Block.attn_inputs_args_0": "hidden_states@0",
+            "Block.attn_inputs_args_1": "attention_mask@1",
             "Block.attn_inputs_kwargs_position_ids": "**position_ids",
         },
         "port": {
-            "Block.attn_inputs_args_0": "hidden_states",
+            "Block.attn_inputs_args_0": "hidden_states@0",
             "Block.attn_inputs_kwargs_attention_mask": "**attention_mask",
         },
     }, stored
@@ -146,7 +146,7 @@ def test_the_capture_records_kwargs_entries_by_their_keyword_and_args_by_their_p
     assert result.run_id is not None
     overflow = {n: p for n, p in _stored(settings, result.run_id).items() if n.startswith("Summed.sum_inputs")}
     assert overflow == {
-        "Summed.sum_inputs_args_0": "x",
+        "Summed.sum_inputs_args_0": "x@0",
         "Summed.sum_inputs_args_1": "*1",
         "Summed.sum_inputs_args_2": "*2",
     }, overflow

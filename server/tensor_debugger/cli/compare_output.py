@@ -27,7 +27,7 @@ from tensor_debugger.compare.reports.compare_report import (
     unread_files,
     unusable_report,
 )
-from tensor_debugger.compare.reports.divergence_words import crossed_words, lowered_words
+from tensor_debugger.compare.reports.divergence_words import RESHAPED_WHY, crossed_words, lowered_words
 from tensor_debugger.compare.reports.formatting import (
     format_cosine,
     format_error,
@@ -309,7 +309,10 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
             print(textwrap.indent(report.next_capture.python, "    "))
     elif stats is None and pair.status == "incomparable" and pair.a.shape != pair.b.shape:
         # a module's output of another shape (compare/reports/reshaped.py): no element was compared
-        print(f"{divergence_label(first)}: {first.name} ({where}): shapes differ ({pair.a.shape} vs {pair.b.shape})")
+        print(
+            f"{divergence_label(first)}: {first.name} ({where}): shapes differ ({pair.a.shape} vs {pair.b.shape}); "
+            f"{RESHAPED_WHY}"
+        )
     elif stats is None:
         print(
             f"{divergence_label(first)}: {first.name} ({where}): its summary statistics differ (element values "
@@ -397,7 +400,9 @@ def print_not_compared(report: CompareReport) -> None:
             f"NOT COMPARED: {len(missing)}{total} {tensors} no partner in the candidate: {names_of(missing)} "
             "(pair them by hand on the session's page, or allow them with --allow-unmatched GLOB)"
         )
-    left_out = coverage.not_compared
+    # a first divergence of another shape (incomparable) was said with its shapes: not again as not compared
+    named = {d.name for d in (report.first_divergence, *report.first_divergences.values()) if d is not None}
+    left_out = [name for name in coverage.not_compared if name not in named]
     if left_out:
         pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
         print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")

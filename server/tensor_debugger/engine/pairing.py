@@ -6,7 +6,8 @@ less what only packages it (see `identities`). Then a chain of strategies pairs 
 remembering which matched it: manual pairs (which win over everything), layer + stage (+ key path), the same
 name or identity, the same module path and place under a renamed model class, a captured module input bound to
 the same parameter of the module's `forward` (passed by keyword on one side, by position on the other; or by a
-keyword into `**kwargs` on one side, to the parameter of that name on the other), the same key path, normalised
+keyword into `**kwargs` on one side, to the parameter of that name on the other; or by keyword to the positional
+parameter k on one side, as the k-th positional argument on the other), the same key path, normalised
 names, fuzzy names (`fuzzy.py`), and a shape unique on both sides (dumps only). The chain is the session's choice
 (`parse_strategies`). Whatever stays unmatched is listed per run.
 """
@@ -27,6 +28,7 @@ __all__ = ["normalize"]  # where callers have always found it
 
 _T = TypeVar("_T")
 _U = TypeVar("_U")
+_V = TypeVar("_V")
 
 _SHARD_SUFFIX = re.compile(r"^(?P<base>.+?)_(?:rank|tp)(?P<rank>\d+)(?P<rest>(?:\..*)?)$", re.IGNORECASE)
 _SHARD_FOLDER = re.compile(r"(?:^|/)(?:rank|tp)[_-]?(?P<rank>\d+)(?:/|$)", re.IGNORECASE)
@@ -276,15 +278,30 @@ def without_root(module_path: str) -> str:
 
 _ARGUMENT = re.compile(r"^inputs_args_(\d+)")
 
-# How a capture records an argument that binds to no named parameter of the module's `forward` (live/parameters.py):
-# one past the named positional ones as `*{i}` (its position in the call, into `*args`), a keyword no parameter is
-# named for as `**{key}` (into `**kwargs`). Neither can be a parameter's name, so neither collides with one
+# How a capture records the parameter of the module's `forward` an argument binds to (live/parameters.py): a
+# positional parameter as `{name}@{k}` (its position in the signature beside its name: `mask@1`; data dirs from
+# before it hold `mask`), a keyword-only one as its name; one past the named positional ones as `*{i}` (its position
+# in the call, into `*args`), a keyword no parameter is named for as `**{key}` (into `**kwargs`). None of these marks
+# can be in a parameter's name, so none collides with one
 ARGS_MARK = "*"
 KWARGS_MARK = "**"
+POSITION_MARK = "@"
 PARAMETER = "parameter"
 # the strategy of a pair made by the parameter rule where one side's input went through `**kwargs` (paired by the
 # keyword's name with the other side's parameter of that name); its first word is the strategy's, as fuzzy's score
 PARAMETER_THROUGH_KWARGS = "parameter through **kwargs"
+# the strategy of a pair made by position: a keyword argument bound to the positional parameter k on one side, the
+# k-th positional argument (into `*args`, or to a parameter of another name) on the other
+PARAMETER_BY_POSITION = "parameter by position"
+
+
+def parameter_name(parameter: str) -> tuple[str, int | None]:
+    """A recorded parameter's name and its position in the signature (None where none was recorded: a keyword-only
+    parameter, `*args`' and `**kwargs`' entries, a data dir from before positions were recorded)."""
+    if parameter.startswith(ARGS_MARK):
+        return parameter, None
+    name, mark, position = parameter.rpartition(POSITION_MARK)
+    return (name, int(position)) if mark and position.isdigit() else (parameter, None)
 
 
 def parameter_key(module_path: str, place: str, parameter: str | None) -> Hashable | None:
@@ -310,21 +327,69 @@ def parameter_key(module_path: str, place: str, parameter: str | None) -> Hashab
         if found is None or parameter != f"{ARGS_MARK}{found.group(1)}":
             return None
         return (without_root(module_path), parameter, place[found.end() :])
-    keyword = f"inputs_kwargs_{parameter}"
+    name = parameter_name(parameter)[0]
+    keyword = f"inputs_kwargs_{name}"
     if found is not None:
         part = place[found.end() :]
     elif place == keyword or place.startswith(keyword + "_"):
         part = place[len(keyword) :]
     else:
         return None
-    return (without_root(module_path), parameter, part)
+    return (without_root(module_path), name, part)
+
+
+def position_key(
+    module_path: str, place: str, parameter: str | None, shape: Hashable = None
+) -> tuple[Hashable, bool] | None:
+    """What pairs a keyword argument bound to the positional parameter k of one side's `forward` with the other
+    side's k-th positional argument (strategy `parameter by position`: `forward(self, x, mask)` called with
+    `mask=m` against `forward(self, *args)` called `(h, m)`), and whether it was passed by keyword: the module call
+    (without the root), k, the part within the argument and the tensor's `shape` (two signatures of other orders
+    put other tensors at one position: of one shape they are more likely one). None where no parameter was
+    recorded, for a keyword into `**kwargs` or to a keyword-only parameter (no position), and where the place does
+    not fit the parameter."""
+    if parameter is None or parameter.startswith(KWARGS_MARK):
+        return None
+    found = _ARGUMENT.match(place)
+    if found is not None:
+        return (without_root(module_path), int(found.group(1)), place[found.end() :], shape), False
+    name, position = parameter_name(parameter)
+    keyword = f"inputs_kwargs_{name}"
+    if position is None or not (place == keyword or place.startswith(keyword + "_")):
+        return None
+    return (without_root(module_path), position, place[len(keyword) :], shape), True
+
+
+def position_matches(
+    left: Sequence[_T],
+    right: Sequence[_U],
+    key_a: Callable[[_T], tuple[Hashable, bool] | None],
+    key_b: Callable[[_U], tuple[Hashable, bool] | None],
+) -> list[tuple[_T, _U]]:
+    """The items of `left` and `right` paired by `position_key` where one side passed its argument by keyword and
+    the other by position (two keywords of other names at one position are other parameters: an optional
+    `position_ids=` against an optional `attention_mask=` of another signature's order), unique on both sides."""
+
+    def only(key: Callable[[_V], tuple[Hashable, bool] | None], by_keyword: bool) -> Callable[[_V], Hashable | None]:
+        def keyed(item: _V) -> Hashable | None:
+            found = key(item)
+            return found[0] if found is not None and found[1] == by_keyword else None
+
+        return keyed
+
+    made = unique_matches(left, right, only(key_a, True), only(key_b, False))
+    made += unique_matches(left, right, only(key_a, False), only(key_b, True))
+    return made
 
 
 def parameter_strategy(a: str | None, b: str | None) -> str:
     """The strategy of a pair the parameter rule made of inputs bound to `a` and `b`: `PARAMETER_THROUGH_KWARGS`
-    where either went through `**kwargs`, else `PARAMETER`."""
-    through = any(p is not None and p.startswith(KWARGS_MARK) for p in (a, b))
-    return PARAMETER_THROUGH_KWARGS if through else PARAMETER
+    where either went through `**kwargs`, `PARAMETER_BY_POSITION` where their names differ (paired by position),
+    else `PARAMETER`."""
+    if any(p is not None and p.startswith(KWARGS_MARK) for p in (a, b)):
+        return PARAMETER_THROUGH_KWARGS
+    names = {parameter_name(p)[0] if p is not None else None for p in (a, b)}
+    return PARAMETER_BY_POSITION if len(names) > 1 else PARAMETER
 
 
 def _parameter(t: LogicalTensor) -> Hashable | None:
@@ -332,6 +397,13 @@ def _parameter(t: LogicalTensor) -> Hashable | None:
     if t.first.module_path is None or t.first.place is None or len({s.parameter for s in t.shards}) != 1:
         return None
     return parameter_key(t.first.module_path, t.first.place, t.first.parameter)
+
+
+def _position(t: LogicalTensor) -> tuple[Hashable, bool] | None:
+    """`position_key` of a tensor, or of a tensor's shards (ranks') where all are bound to one parameter."""
+    if t.first.module_path is None or t.first.place is None or len({s.parameter for s in t.shards}) != 1:
+        return None
+    return position_key(t.first.module_path, t.first.place, t.first.parameter, tuple(t.shapes))
 
 
 def is_op(t: LogicalTensor) -> bool:
@@ -358,7 +430,9 @@ STRATEGIES: dict[str, list[KeyFn]] = {
     "name": [lambda t: t.name, lambda t: t.identity or None],
     "module": [_module_place],
     # a module's input passed by keyword on one side, by position on the other (`attn(x=h)`, `attn(h)`), where the
-    # capture recorded the parameter each binds to; after the names, so it pairs only what they leave
+    # capture recorded the parameter each binds to; after the names, so it pairs only what they leave. Then (in
+    # `pair_runs`) a keyword argument bound to the positional parameter k against the other side's k-th positional
+    # argument (`position_matches`: `mask=m` against `*args`' second)
     "parameter": [_parameter],
     "key": [lambda t: t.first.key_path or None],
     "normalized": [lambda t: normalize(t.identity or t.name) or None],
@@ -446,6 +520,12 @@ def pair_runs(
                 replace(p, strategy=parameter_strategy(p.a.first.parameter, p.b.first.parameter))
                 for p in pairs[before:]
             ]
+            # what the names leave: a keyword argument against the other side's positional one at its position
+            by_position = position_matches(left, right, _position, _position)
+            pairs += [PairPlan(a, b, PARAMETER_BY_POSITION) for a, b in by_position]
+            taken_a, taken_b = {id(a) for a, _ in by_position}, {id(b) for _, b in by_position}
+            left = [t for t in left if id(t) not in taken_a]
+            right = [t for t in right if id(t) not in taken_b]
         refused = [p for p in pairs[before:] if (p.a.name, p.b.name) in forbidden]
         if refused:
             pairs = [p for p in pairs if p not in refused]

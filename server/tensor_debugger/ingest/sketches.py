@@ -64,7 +64,7 @@ def sketch(tensor: torch.Tensor, hash_kind: str | None = None, kernel: Kernel | 
     a CPU tensor's default) or "fold64" (another device's default)."""
     import torch
 
-    t = tensor.detach()
+    t = _resolved(tensor.detach())
     kind = hash_kind or ("blake3" if t.device.type == "cpu" else "fold64")
     if t.device.type == "cpu":
         return _host_sketch(t, kind, kernel if kernel is not None else default_kernel())
@@ -145,7 +145,7 @@ def fold64_sketch(tensor: torch.Tensor, kernel: Kernel | None = None) -> tuple[S
     """`sketch(tensor, "fold64", kernel)`, and for a CPU tensor whose hash the compiled kernel summed, that sum
     (`fold64.fold64_digest`'s `total`; else None): a tensor of the same bytes in the same order has the same sum,
     whatever its shape (`reshaped`)."""
-    t = tensor.detach()
+    t = _resolved(tensor.detach())
     if t.device.type != "cpu":
         return sketch(t, "fold64", kernel), None
     return _host_sketch_folded(t, "fold64", kernel if kernel is not None else default_kernel())
@@ -183,6 +183,12 @@ def _host_sketch_folded(t: torch.Tensor, kind: str, kernel: Kernel) -> tuple[Ske
     positions = _sample_index(array.size)
     values = sampled_values(flat[positions], logical) if positions.size else []
     return sketch_of(tuple(t.shape), dtype_name(t.dtype), digest, totals, values), fold
+
+
+def _resolved(t: torch.Tensor) -> torch.Tensor:
+    """`t` with a lazy conjugation or negation applied (`x.H`, `x.mH`, `x.conj()` of a complex tensor: views whose
+    memory holds the values before it, which torch conjugates as it reads them), a copy; `t` itself otherwise."""
+    return t.resolve_conj().resolve_neg() if t.is_conj() or t.is_neg() else t
 
 
 def _contiguous(t: torch.Tensor) -> torch.Tensor:

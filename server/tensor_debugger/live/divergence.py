@@ -52,7 +52,13 @@ import torch
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
 from tensor_debugger.engine.lowered import Recorded, first_lowered, lowered
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
-from tensor_debugger.engine.pairing import parameter_key, parameter_strategy, unique_matches
+from tensor_debugger.engine.pairing import (
+    parameter_key,
+    parameter_strategy,
+    position_key,
+    position_matches,
+    unique_matches,
+)
 from tensor_debugger.engine.summary_compare import (
     Sketch,
     SketchVerdict,
@@ -964,7 +970,8 @@ def _parameter_partners(
 ) -> list[tuple[str, str]]:
     """The reference's module inputs paired with none of the candidate's, each with the candidate's input of the same
     module call bound to the same parameter of the module's `forward` (passed by keyword on one side, by position on
-    the other), by the parameter each capture recorded (`CaptureResult.parameters`) and the rule the session's
+    the other; what the names leave, by position: a keyword bound to the positional parameter k against the k-th
+    positional argument), by the parameter each capture recorded (`CaptureResult.parameters`) and the rule the session's
     planning pairs stored runs by (`engine/pairing.py`, strategy `parameter`): the two cannot pair otherwise."""
     taken = {theirs[_key(n, root_a)] for n in ref.summaries if _key(n, root_a) in theirs}
     ours = [n for n in ref.summaries if _key(n, root_a) not in theirs and n in ref.parameters]
@@ -977,7 +984,18 @@ def _parameter_partners(
 
         return key
 
-    return unique_matches(ours, others, keyed(ref), keyed(cand))
+    def placed(result: CaptureResult) -> Callable[[str], tuple[Hashable, bool] | None]:
+        def key(name: str) -> tuple[Hashable, bool] | None:
+            module = module_of(name)
+            shape = result.summaries[name].shape
+            return position_key(module, name[len(module) + 1 :], result.parameters.get(name), shape)
+
+        return key
+
+    by_name = unique_matches(ours, others, keyed(ref), keyed(cand))
+    named_a, named_b = {a for a, _ in by_name}, {b for _, b in by_name}
+    left, right = [n for n in ours if n not in named_a], [n for n in others if n not in named_b]
+    return by_name + position_matches(left, right, placed(ref), placed(cand))
 
 
 def _module_calls(summaries: Mapping[str, Sketch], root: str) -> dict[str, int]:

@@ -1,18 +1,19 @@
 """Op-level capture: every torch function a forward pass calls, seen through `torch.overrides.TorchFunctionMode`.
 
-Each call that returns tensors (matmul, softmax, the arithmetic operators, `F.*`, views and casts) is handed to
-the recorder with its op name and the file and line of the user's code that called it: the innermost frame outside
-torch (and outside this package), e.g. `.../modeling_llama.py:412`. Calls nested inside another op (the
-`Tensor.softmax` that `F.softmax` calls) are not seen: the mode is off while its handler runs. Property getters
-(`x.T`, `x.shape`) are left out: they name an attribute, not an op the code performs; but for `real` and `imag`
-(`GETTERS`), which pick one half of a complex tensor's values (FNet's `fftn(x).real`: the port's `.imag` for it
-changes nothing else), recorded as ops of those names. So are the outputs of calls
-that allocate without setting values (`torch.empty`, `empty_like`, `new_empty`, ...: `UNINITIALISED`): their bytes
-are whatever the memory held, which differ from call to call and from one run to another, so a summary of them would
-report a divergence, or a model changing between calls, that is not the model's. Nor are the calls torch's module
-hooks make (`BackwardHook`, the identity function it wraps a module's inputs and outputs in where full backward hooks
-are registered, as `capture(backward=True)` does): they are the capture's, not the model's, and they come and go with
-grad mode (a module checkpointed with use_reentrant=True runs its forward without grad and makes none).
+Each call that returns tensors (matmul, softmax, the arithmetic operators, `F.*`, views and casts) is handed to the
+recorder with its op name and the file and line of the user's code that called it: the innermost frame outside torch
+(and outside this package), e.g. `.../modeling_llama.py:412`. Calls nested inside another op (the `Tensor.softmax` that
+`F.softmax` calls) are not seen: the mode is off while its handler runs. Property getters (`x.shape`, `x.grad`) are left
+out: they name an attribute, not an op the code performs; but for those that compute a tensor from the values
+(`GETTERS`): `real` and `imag`, which pick one half of a complex tensor's values (FNet's `fftn(x).real`: the port's
+`.imag` for it changes nothing else), and the transposes `T`, `mT`, `H` and `mH` (a port transposing a square weight the
+reference uses as it is), recorded as ops of those names, each with its line. Left out are the outputs of calls that
+allocate without setting values (`torch.empty`, `empty_like`, `new_empty`, ...: `UNINITIALISED`): their bytes are
+whatever the memory held, which differ from call to call and from one run to another, so a summary of them would report
+a divergence, or a model changing between calls, that is not the model's. Nor are the calls torch's module hooks make
+(`BackwardHook`, the identity function it wraps a module's inputs and outputs in where full backward hooks are
+registered, as `capture(backward=True)` does): they are the capture's, not the model's, and they come and go with grad
+mode (a module checkpointed with use_reentrant=True runs its forward without grad and makes none).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ UNINITIALISED = frozenset(
 
 
 # Property getters recorded as ops (see the module docstring), by the attribute's name.
-GETTERS = frozenset(("real", "imag"))
+GETTERS = frozenset(("real", "imag", "T", "mT", "H", "mH"))
 
 
 def getter_name(func: Callable[..., Any]) -> str | None:

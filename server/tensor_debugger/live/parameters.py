@@ -1,11 +1,13 @@
 """Which parameter of a module's `forward` each argument of a call binds to, as Python binds it: the `i`-th
 positional argument to the `i`-th positional parameter (up to a `*args` or the first keyword-only one), a keyword
-argument to the parameter of its name. An argument past the named ones goes into `*args`, recorded as `*{i}` (its
-position in the call); a keyword no parameter is named for goes into `**kwargs`, recorded as `**{key}`: neither can
-be a parameter's name, so neither collides with one (`engine/pairing.py`'s `ARGS_MARK`, `KWARGS_MARK`). The capture
-records it on each module input (`recorder.py`), so that an input passed by keyword on one side and by position on
-the other pairs, and one passed through `**kwargs` pairs with the parameter of its name
-(`engine/pairing.parameter_key`)."""
+argument to the parameter of its name. A positional parameter is recorded with its position beside its name
+(`mask@1`, `engine/pairing.py`'s `POSITION_MARK`), so that a keyword argument bound to it pairs with the other
+side's argument at that position where their names differ (a port's `forward(self, *args)`). An argument past the
+named ones goes into `*args`, recorded as `*{i}` (its position in the call); a keyword no parameter is named for
+goes into `**kwargs`, recorded as `**{key}`: neither can be a parameter's name, so neither collides with one
+(`ARGS_MARK`, `KWARGS_MARK`). The capture records it on each module input (`recorder.py`), so that an input passed
+by keyword on one side and by position on the other pairs, and one passed through `**kwargs` pairs with the
+parameter of its name (`engine/pairing.parameter_key`, `position_key`)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tensor_debugger.engine.pairing import ARGS_MARK, KWARGS_MARK
+from tensor_debugger.engine.pairing import ARGS_MARK, KWARGS_MARK, POSITION_MARK
 
 
 @dataclass(frozen=True)
@@ -25,18 +27,18 @@ class ForwardParameters:
     var_keyword: bool = False  # a `**kwargs`
 
     def of_argument(self, index: int) -> str | None:
-        """The parameter the positional argument `index` binds to: `*{index}` past the named ones where the forward
-        has a `*args`; None where it has none (Python refuses that call)."""
+        """The parameter the positional argument `index` binds to, `{name}@{index}`; `*{index}` past the named ones
+        where the forward has a `*args`; None where it has none (Python refuses that call)."""
         if index < len(self.positional):
-            return self.positional[index]
+            return f"{self.positional[index]}{POSITION_MARK}{index}"
         return f"{ARGS_MARK}{index}" if self.var_positional else None
 
     def of_keyword(self, key: str) -> str | None:
-        """The parameter the keyword argument `key` binds to: `**{key}` where none is named so and the forward has a
-        `**kwargs` (a positional-only parameter's name too: Python puts that keyword in `**kwargs`); None where it
-        has none."""
+        """The parameter the keyword argument `key` binds to (`{key}@{k}` where it is the positional one k, `key`
+        where keyword-only); `**{key}` where none is named so and the forward has a `**kwargs` (a positional-only
+        parameter's name too: Python puts that keyword in `**kwargs`); None where it has none."""
         if key in self.keywords:
-            return key
+            return f"{key}{POSITION_MARK}{self.positional.index(key)}" if key in self.positional else key
         return f"{KWARGS_MARK}{key}" if self.var_keyword else None
 
 

@@ -498,8 +498,8 @@ _Span = tuple[int, int, torch.dtype, tuple[tuple[int, int], ...]]  # `_span`
 
 def _span(tensor: torch.Tensor) -> _Span | None:
     """A CPU tensor's (first byte's address, elements, dtype, the steps its elements are read in: `_steps`); None
-    for any other, or an empty one."""
-    if tensor.device.type != "cpu" or tensor.numel() == 0:
+    for any other, an empty one, or a lazy conjugate or negation (`x.H`, `x.conj()`: not the values its bytes hold)."""
+    if tensor.device.type != "cpu" or tensor.numel() == 0 or tensor.is_conj() or tensor.is_neg():
         return None
     return (tensor.data_ptr(), tensor.numel(), tensor.dtype, _steps(tensor.shape, tensor.stride()))
 

@@ -41,7 +41,8 @@ class PairStatus(enum.StrEnum):
 class PairingStrategy(enum.StrEnum):
     """How a pair was found (engine.pairing's strategies, strongest first; `explore` pairs every two tensors of one
     run). A pair's `strategy` text starts with one of these: fuzzy pairs add their score ("fuzzy 0.95"), a parameter
-    pair made through one side's `**kwargs` says so ("parameter through **kwargs")."""
+    pair made through one side's `**kwargs` says so ("parameter through **kwargs"), and one made by position
+    ("parameter by position")."""
 
     MANUAL = "manual"
     LAYER_STAGE = "layer_stage"

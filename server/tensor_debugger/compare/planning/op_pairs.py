@@ -14,6 +14,7 @@ from typing import TypeVar
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, Likeness, OpTensor, pair_ops
 from tensor_debugger.engine.pairing import (
     PARAMETER,
+    PARAMETER_BY_POSITION,
     PARAMETER_THROUGH_KWARGS,
     LogicalTensor,
     Pairing,
@@ -53,6 +54,12 @@ def pairing_note(strategy: str) -> str | None:
         return (
             "paired by parameter: one side passes this input by keyword and the other by position, and both bind "
             "to the same parameter of the module's forward"
+        )
+    if strategy == PARAMETER_BY_POSITION:
+        return (
+            "paired by parameter position: one side passes this input by keyword to its forward's positional "
+            "parameter k, and the other passes it as its k-th positional argument (into *args, or to a parameter of "
+            "another name)"
         )
     if strategy == PARAMETER_THROUGH_KWARGS:
         return (

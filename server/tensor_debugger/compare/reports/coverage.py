@@ -23,7 +23,9 @@ class SessionVerdict(enum.StrEnum):
     """Where a session stands, in one word."""
 
     COMPARING = "comparing"  # pairs (or runs) not compared yet, and none outside tolerance so far
-    DIVERGED = "diverged"  # a pair is outside tolerance
+    # a pair is outside tolerance, or a module's output has another shape on each side where its inputs agree (that
+    # pair is incomparable: no element was compared, but it is the first divergence)
+    DIVERGED = "diverged"
     # no pair is outside tolerance, but not everything was compared: reference tensors without partner (that the
     # user did not allow), pairs that errored or are incomparable, input files that could not be read, runs compared
     # against a run that failed, is not ready or is gone (none of their tensors compared), pairs of captured ops out
@@ -115,12 +117,14 @@ class Coverage:
 
 
 def session_verdict(
-    statuses: Iterable[PairStatus | str], coverage: Coverage, ingesting: bool = False
+    statuses: Iterable[PairStatus | str], coverage: Coverage, ingesting: bool = False, diverged: bool = False
 ) -> SessionVerdict:
-    """The verdict: diverged when a pair fails; comparing while pairs are pending or runs ingest; incomplete when
-    anything was left out (`coverage`); no divergence when pairs exist and all of them pass."""
+    """The verdict: diverged when a pair fails, or where a first divergence was found without a failing pair
+    (`diverged`: a module's output of another shape on each side, its inputs compared and passing:
+    compare/reports/reshaped.py); comparing while pairs are pending or runs ingest; incomplete when anything was
+    left out (`coverage`); no divergence when pairs exist and all of them pass."""
     seen = set(statuses)
-    if PairStatus.FAIL in seen:
+    if PairStatus.FAIL in seen or diverged:
         return SessionVerdict.DIVERGED
     if PairStatus.PENDING in seen or ingesting:
         return SessionVerdict.COMPARING

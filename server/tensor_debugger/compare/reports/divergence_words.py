@@ -10,6 +10,13 @@ from tensor_debugger.compare.reports.compare_report import CrossedOps, LoweredFi
 
 LISTED = 5  # the pairs of crossed ops named in words, the first
 
+# why a module's output of another shape on each side is the first divergence, and the session's verdict
+# "diverged", though no element of it was compared (compare/reports/reshaped.py), after its two shapes
+RESHAPED_WHY = (
+    "its inputs were compared and agree, and each side calls it as often, so the runs diverge here (the session's "
+    "verdict: diverged), though no element of it could be compared"
+)
+
 
 def _at(name: str, source: str) -> str:
     return f"{name} ({source})" if source else name

@@ -30,7 +30,7 @@ from tensor_debugger.compare.reports.coverage import (
     closest_candidates,
     session_verdict,
 )
-from tensor_debugger.compare.reports.divergence_words import crossed_words, lowered_words
+from tensor_debugger.compare.reports.divergence_words import RESHAPED_WHY, crossed_words, lowered_words
 from tensor_debugger.compare.reports.full_values import (
     FullValuesRun,
     full_values_runs,
@@ -146,6 +146,11 @@ class FirstDivergence:
     def lowered_words(self) -> str:
         """`lowered_first` in words ("" where none)."""
         return lowered_words(self.lowered_first)
+
+    @property
+    def reshaped_why(self) -> str:
+        """Where it is a module's output of another shape (`shapes`), why that is a divergence ("" otherwise)."""
+        return RESHAPED_WHY if self.shapes is not None else ""
 
 
 @dataclass(frozen=True)
@@ -447,7 +452,12 @@ def session_pairs(
         stage_notes=stages.notes,
         stage_noise_notes=stages.noise_notes,
         coverage=coverage,
-        verdict=session_verdict((i.status for i in items if i.id not in out_of_step), coverage, ingesting),
+        verdict=session_verdict(
+            (i.status for i in items if i.id not in out_of_step),
+            coverage,
+            ingesting,
+            diverged=any(c.first_divergence is not None for c in candidates),
+        ),
         out_of_step=frozenset(out_of_step),
     )
 

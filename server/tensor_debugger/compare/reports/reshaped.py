@@ -7,24 +7,22 @@ not compared: it was made by an output before it, or given by the user (two capt
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.reports.pair_report import PairReport
-from tensor_debugger.store.models import UnmatchedRecord
+from tensor_debugger.store.models import TensorRecord, UnmatchedRecord
 from tensor_debugger.store.reports import PairStatus
-
-# a module call's input or output by its tensor's name: "Net.rows.f#2_inputs_args_0" -> "Net.rows.f#2"
-_MODULE_PLACE = re.compile(r"^([^/]+?)_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
 
 
 def reshaped_pairs(db: DbSession, session_id: int, mine: Sequence[PairReport]) -> set[int]:
     """The ids of the pairs of `mine` (one candidate's) that are a module's output whose two shapes differ, left
     incomparable, where the inputs of that module call were recorded, compared and pass on both sides (else what
     differs may have come in with them: an input of another shape, or one not compared, names nothing here), and
-    neither side records a call of that module the other lacks."""
+    neither side records a call of that module the other lacks (each side judged by its own module paths: a port's
+    may differ from the reference's)."""
     inputs: dict[str, list[PairReport]] = {}
     for p in mine:
         if p.module_path is not None and "/" not in p.module_path and (p.place or "").startswith("inputs"):
@@ -43,15 +41,39 @@ def reshaped_pairs(db: DbSession, session_id: int, mine: Sequence[PairReport]) -
     if not found:
         return set()
     runs = {p.a.run_id for p in found} | {p.b.run_id for p in found}
-    unmatched = db.scalars(
-        select(UnmatchedRecord.name).where(
+    unmatched = db.execute(
+        select(UnmatchedRecord.run_id, UnmatchedRecord.tensor_ids).where(
             UnmatchedRecord.session_id == session_id,
             UnmatchedRecord.run_id.in_(runs),
             UnmatchedRecord.other_run_id.in_(runs),  # this candidate's, not another's against the reference
         )
+    ).all()
+    first_ids = {ids[0]: run for run, ids in unmatched if ids}
+    sides = {p.b.tensor_ids[0] for p in found if p.b.tensor_ids}
+    paths = _module_paths(db, first_ids.keys() | sides)
+    # the module calls each run records that the other lacks, by the tensors' own module paths (a name's text would
+    # cut a module called `proj_outputs_head` short at its `_outputs_`)
+    split = {(first_ids[i], _module(path)) for i, path in paths.items() if i in first_ids}
+
+    def split_call(p: PairReport) -> bool:
+        b_path = paths.get(p.b.tensor_ids[0]) if p.b.tensor_ids else None
+        return (p.a.run_id, _module(p.module_path or "")) in split or (
+            b_path is not None and (p.b.run_id, _module(b_path)) in split
+        )
+
+    return {p.id for p in found if not split_call(p)}
+
+
+def _module_paths(db: DbSession, ids: Iterable[int]) -> dict[int, str]:
+    """The module of each of these tensors that is a module call's input or output (not an op's), by tensor id."""
+    rows = db.execute(
+        select(TensorRecord.id, TensorRecord.module_path, TensorRecord.place).where(TensorRecord.id.in_(list(ids)))
     )
-    split = {_module(call[1]) for name in unmatched if (call := _MODULE_PLACE.match(name))}
-    return {p.id for p in found if _module(p.module_path or "") not in split}
+    return {
+        i: path
+        for i, path, place in rows
+        if path is not None and "/" not in path and (place or "").startswith(("inputs", "outputs"))
+    }
 
 
 def _module(path: str) -> str:
