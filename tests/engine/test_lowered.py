@@ -36,4 +36,3 @@ def test_the_least_precise_float_dtype_below_the_references() -> None:
     assert least_precise(["float32"], "float64") == "float32"
     assert less_precise("bfloat16", "float16") and not less_precise("float16", "bfloat16")
     assert not less_precise("int8", "float32") and not less_precise("float16", "int64")
-

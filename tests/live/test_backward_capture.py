@@ -11,11 +11,12 @@ import numpy as np
 import torch
 from sqlalchemy import select
 from tensor_debugger import capture
-from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
 from torch import nn
+
+from tests.support.sessions import compared
 
 DIM = 6
 
@@ -123,19 +124,6 @@ def test_gradients_are_recorded_in_backward_order_and_the_first_wrong_one_is_the
     assert first is not None and first.module_path == "Tiny.act/grad_input", first  # the wrong backward's gradient
     failing = {p.module_path for p in report.pairs if p.status == "fail"}
     assert "Tiny.act/grad_output" not in failing and "Tiny.up.weight/grad" in failing  # before: right; after: wrong
-
-
-def compared(settings: Settings, session: str) -> Any:
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            session_id = db.scalars(select(SessionRecord.id).where(SessionRecord.name == session)).one()
-        services.plan(session_id)
-        services.compute(session_id)
-        with services.sessions() as db:
-            return session_pairs(db, session_id)
-    finally:
-        services.close()
 
 
 class Outputs(nn.Module):

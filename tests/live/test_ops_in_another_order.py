@@ -29,9 +29,9 @@ from tensor_debugger.compare.reports.pair_reports import SessionPairs
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_op_capture import compared
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
+from tests.support.sessions import compared
 
 DIM, HEADS = 16, 4
 ATTN = "Net.attn"
@@ -89,7 +89,7 @@ def session_of(settings: Settings, name: str, order: str, bug: str, values: str)
         ):
             model(x)
     assert done.session_id is not None
-    report, _ = compared(settings, done.session_id)
+    report = compared(settings, done.session_id, modules=True)
     return done.session_id, report
 
 

@@ -36,4 +36,3 @@ def least_precise(dtypes: Iterable[str], than: str) -> str | None:
 def first_lowered(candidate: Iterable[Recorded], reference_dtypes: Collection[str], dtype: str) -> str | None:
     """The first of `lowered`'s tensors in `dtype`."""
     return next((n for n, lower in lowered(candidate, reference_dtypes) if lower == dtype), None)
-
