@@ -4,8 +4,6 @@ diverging gradient of a port whose backward only is wrong."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from typing import Any, cast
 
 import numpy as np
 import torch
@@ -13,70 +11,11 @@ from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import TensorRecord
 from torch import nn
 
-from tests.support.sessions import compared
-
-DIM = 6
-
-
-class Square(torch.autograd.Function):
-    """x², whose backward is 2x·g, or (the planted bug) a little more."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        ctx.factor = factor
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad * ctx.factor, None
-
-
-class Act(nn.Module):
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        apply = cast("Callable[..., torch.Tensor]", Square.apply)  # typed from torch 2.15 on, untyped before
-        return apply(x, self.factor)
-
-
-class Tiny(nn.Module):
-    def __init__(self, factor: float = 1.0) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up = nn.Linear(DIM, DIM)
-        self.act = Act(factor)
-        self.down = nn.Linear(DIM, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down(self.act(self.up(x)))
-        return out
-
-
-def names_and_notes(settings: Settings, session: str, run: str) -> tuple[list[str], list[str]]:
-    from tensor_debugger.services import open_services
-
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            run_id = db.scalars(
-                select(RunRecord.id).join(SessionRecord).where(SessionRecord.name == session, RunRecord.label == run)
-            ).one()
-            names = list(
-                db.scalars(
-                    select(TensorRecord.name).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
-                )
-            )
-            notes = [p.reason for p in db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == run_id))]
-    finally:
-        services.close()
-    return names, notes
+from tests.support.backward_models import DIM, Tiny
+from tests.support.sessions import compared, names_and_notes
 
 
 def train_step(model: nn.Module, session: str, run: str, settings: Settings) -> int:

@@ -22,8 +22,8 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord, SessionRecord
 
-from tests.live.test_ops_in_another_order import ATTN, Net, x_input
 from tests.support import loopback_http as http
+from tests.support.reordered_attention import ATTN, Net, x_input
 from tests.support.servers import LiveServer, child_env, wait_done
 from tests.support.sessions import compared, session_id_of
 
@@ -209,7 +209,7 @@ def test_find_divergences_snippet_names_the_default_data_dir_it_stored_into(tmp_
     session, as `compare`'s snippet names its data dir."""
     code = (
         "from tensor_debugger import find_divergence\n"
-        "from tests.live.test_ops_in_another_order import Net, x_input\n"
+        "from tests.support.reordered_attention import Net, x_input\n"
         "found = find_divergence(Net().eval(), Net('qkv', 'k').eval(), (x_input(),), session='default dir')\n"
         "print(found.next_capture)\n"
     )

@@ -1,5 +1,5 @@
 """A session as tests read it: planned and computed here, its pairs' report (by id or by name), the reference
-tensors left unmatched, a run's tensor rows."""
+tensors left unmatched, a run's tensor rows, names and notes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from sqlalchemy import select
 from tensor_debugger.compare.reports.pair_reports import SessionPairs, session_pairs
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import SessionRecord, TensorRecord, UnmatchedRecord
+from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord, UnmatchedRecord
 
 
 def session_id_of(settings: Settings, session: str) -> int:
@@ -65,3 +65,22 @@ def rows_of(settings: Settings, run_id: int) -> list[TensorRecord]:
             return list(db.scalars(query))
     finally:
         services.close()
+
+
+def names_and_notes(settings: Settings, session: str, run: str) -> tuple[list[str], list[str]]:
+    """The names of the run's tensors, in its order, and the reasons of the problems noted on it."""
+    services = open_services(settings)
+    try:
+        with services.sessions() as db:
+            run_id = db.scalars(
+                select(RunRecord.id).join(SessionRecord).where(SessionRecord.name == session, RunRecord.label == run)
+            ).one()
+            names = list(
+                db.scalars(
+                    select(TensorRecord.name).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
+                )
+            )
+            notes = [p.reason for p in db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == run_id))]
+    finally:
+        services.close()
+    return names, notes
