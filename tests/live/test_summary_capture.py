@@ -1,6 +1,6 @@
 """`capture(values="summary")`: summaries computed where the tensor lives, no bytes stored; pairs judged on them
 (and never claimed as more); the second capture they call for; `find_divergence`'s two passes. Real models: a
-hand-written attention block with a planted softmax-scale bug (tests/live/test_op_capture.py) and a tiny Llama
+hand-written attention block with a planted softmax-scale bug (tests/support/op_models.py) and a tiny Llama
 built by transformers with a planted change."""
 
 from __future__ import annotations
