@@ -14,13 +14,12 @@ import torch
 from tensor_debugger import capture
 from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.compare.reports.contract import compare_report
-from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.engine.culprits import stands_out
-from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 
 from tests.support.cli_main import main_cli
 from tests.support.dumps import seeded
+from tests.support.sessions import compared
 from tests.support.stage_dumps import BUG_STAGE, dump_stages
 from tests.support.traces import MODEL_CLASS, SCALED, WrittenTraces, input_ids, tiny_llama
 
@@ -116,15 +115,8 @@ def captured_json(settings: Settings, candidate: Any) -> dict[str, Any]:
         with torch.no_grad(), capture(model, session=session, run=run, data_dir=settings.data_dir) as result:
             model(input_ids())
     assert result.session_id is not None
-    services = open_services(settings)
-    try:
-        services.plan(result.session_id)
-        services.compute(result.session_id)
-        with services.sessions() as db:
-            report = session_pairs(db, result.session_id, modules=True)
-        return to_json(compare_report(result.session_id, session, "", report, []))
-    finally:
-        services.close()
+    report = compared(settings, result.session_id, modules=True)
+    return to_json(compare_report(result.session_id, session, "", report, []))
 
 
 def test_captures_even_drift_and_a_planted_bug(settings: Settings) -> None:

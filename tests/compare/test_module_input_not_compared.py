@@ -13,9 +13,9 @@ import torch
 from tensor_debugger import capture
 from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.compare.reports.contract import compare_report
-from tensor_debugger.compare.reports.pair_reports import session_pairs
-from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
+
+from tests.support.sessions import compared as compared_session
 
 
 class Mix(torch.nn.Module):
@@ -44,15 +44,8 @@ def compared(data_dir: Path, projections: int) -> dict[str, Any]:
         with torch.no_grad(), capture(net, session="s", run=run, data_dir=data_dir) as result:
             net(x, extra)
     assert result.session_id is not None
-    services = open_services(Settings(data_dir=data_dir))
-    try:
-        services.plan(result.session_id)
-        services.compute(result.session_id)
-        with services.sessions() as db:
-            report = session_pairs(db, result.session_id, modules=True)
-        return to_json(compare_report(result.session_id, "s", "", report, []))
-    finally:
-        services.close()
+    report = compared_session(Settings(data_dir=data_dir), result.session_id, modules=True)
+    return to_json(compare_report(result.session_id, "s", "", report, []))
 
 
 @pytest.mark.parametrize("projections", [2, 4])

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 
@@ -17,6 +16,7 @@ from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer, upload, wait_done
+from tests.support.sessions import computed
 
 BUG = {"2_attn", "2_mlp"}
 
@@ -92,10 +92,7 @@ def test_the_floor_judges_only_pairs_against_the_reference(services: Services, t
         session_id = services.ingestor.ingest(
             "floors", label, files, reuse=False, role=role, against=against
         ).session_id
-    services.plan(session_id)
-    services.compute(session_id)
-    with services.sessions() as db:
-        report = session_pairs(db, session_id)
+    report = computed(services, session_id)
     labels = {c.run_id: c.label for c in report.candidates} | {c.against_run_id: c.against for c in report.candidates}
     by_candidate = {(labels[p.b.run_id], labels[p.a.run_id]): p for p in report.pairs}
     assert set(by_candidate) == {("early", "ref"), ("late", "early")}

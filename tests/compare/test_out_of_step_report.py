@@ -24,9 +24,8 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord
 
-from tests.live.test_op_capture import compared as compare_session
-from tests.live.test_op_capture import rows_of
-from tests.live.test_unseen_answers import DIM, EagerAttention, MaskedBlock, Masks
+from tests.support.grouped_attention import DIM, EagerAttention, MaskedBlock, Masks
+from tests.support.sessions import compared, rows_of
 from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
 
 ROOT = "EagerAttention"
@@ -41,7 +40,7 @@ def captured(settings: Settings, session: str, scale: float) -> SessionPairs:
         ):
             model(x)
     assert done.session_id is not None
-    report, _ = compare_session(settings, done.session_id)
+    report = compared(settings, done.session_id, modules=True)
     return report
 
 
@@ -132,7 +131,7 @@ def test_pairs_not_one_value_computed_two_ways_count_in_no_pass_or_fail_figure(
         with torch.no_grad(), capture(model.eval(), "masks", run, data_dir=settings.data_dir, level="op") as done:
             model(x, keep)
     assert done.session_id is not None
-    report, _ = compare_session(settings, done.session_id)
+    report = compared(settings, done.session_id, modules=True)
     out_of_step = {o.name for o in report.coverage.out_of_step}
     assert "Masks.layers.0_inputs_args_1" in out_of_step
     progress = report.progress
@@ -160,8 +159,8 @@ def test_pairs_not_one_value_computed_two_ways_count_in_no_pass_or_fail_figure(
     text = capsys.readouterr().out
     if not off:
         passing = sum(1 for p in report.pairs if p.status == "pass" and p.name not in out_of_step)
-        compared = len(report.pairs) - len(out_of_step)
-        assert f"no divergence among the pairs compared: {passing} of {compared} pairs pass" in text, text
+        counted = len(report.pairs) - len(out_of_step)
+        assert f"no divergence among the pairs compared: {passing} of {counted} pairs pass" in text, text
 
 
 def test_a_tiny_llamas_eager_and_sdpa_attentions_pair_what_is_certain_and_claim_nothing_over_the_rest(
@@ -181,7 +180,7 @@ def test_a_tiny_llamas_eager_and_sdpa_attentions_pair_what_is_certain_and_claim_
         ):
             model(x)
     assert done.session_id is not None
-    report, _ = compare_session(settings, done.session_id)
+    report = compared(settings, done.session_id, modules=True)
     attn = f"{MODEL_CLASS}.model.layers.0.self_attn"
     pairs = by_name(report)
     assert [p.name for p in report.pairs if p.status == "fail"] == []
@@ -251,7 +250,7 @@ def test_a_block_given_a_mask_not_compared_is_no_culprit(settings: Settings) -> 
         with torch.no_grad(), capture(model, "blocks", run, data_dir=settings.data_dir) as done:
             model(x, keep)
     assert done.session_id is not None
-    report, _ = compare_session(settings, done.session_id)
+    report = compared(settings, done.session_id, modules=True)
     assert "MaskedFirst.block_inputs_args_1" in {o.name for o in report.coverage.out_of_step}
     assert report.first_divergence is not None and report.first_divergence.name == "MaskedFirst.block_outputs"
     modules = report.modules

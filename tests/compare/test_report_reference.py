@@ -9,10 +9,11 @@ import torch
 from sqlalchemy import update
 from tensor_debugger.compare.planning.hand_pairing import candidate_run
 from tensor_debugger.compare.reports.contract import compare_report
-from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.services import Services
 from tensor_debugger.store.models import RunRecord
+
+from tests.support.sessions import computed
 
 
 def test_a_failed_first_run_leaves_the_next_run_as_the_reference(services: Services, tmp_path: Path) -> None:
@@ -25,11 +26,8 @@ def test_a_failed_first_run_leaves_the_next_run_as_the_reference(services: Servi
         session_id = services.ingestor.ingest("failed-first", label, files, reuse=False).session_id
     with services.sessions.begin() as db:  # the first upload failed; its run is kept, marked failed
         db.execute(update(RunRecord).where(RunRecord.label == "r").values(status="failed"))
-    services.plan(session_id)
-    services.compute(session_id)
 
-    with services.sessions() as db:
-        report = session_pairs(db, session_id)
+    report = computed(services, session_id)
     assert [(p.name, str(p.status)) for p in report.pairs] == [("a.x", "pass")]
     # a's y has no partner in b: not compared, so no "no divergence"
     assert report.coverage.unmatched == ["a.y"]

@@ -3,7 +3,7 @@ first divergence both use."""
 
 from __future__ import annotations
 
-from tensor_debugger.engine.lowered import first_float, first_lowered, least_precise, lowered
+from tensor_debugger.engine.lowered import first_lowered, least_precise, lowered
 from tensor_debugger.engine.tolerances import less_precise
 
 # a float32 port whose scores are cast to bfloat16 and back: (name, dtype, its namesake's in the reference)
@@ -36,9 +36,3 @@ def test_the_least_precise_float_dtype_below_the_references() -> None:
     assert least_precise(["float32"], "float64") == "float32"
     assert less_precise("bfloat16", "float16") and not less_precise("float16", "bfloat16")
     assert not less_precise("int8", "float32") and not less_precise("float16", "int64")
-
-
-def test_the_first_float_dtype_of_a_run() -> None:
-    assert first_float(["int64", "bool", "float32", "bfloat16"]) == "float32"
-    assert first_float(["float64"]) == "float64"
-    assert first_float(["int64", "complex64"]) is None

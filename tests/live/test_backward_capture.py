@@ -4,78 +4,18 @@ diverging gradient of a port whose backward only is wrong."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
-from typing import Any, cast
 
 import numpy as np
 import torch
 from sqlalchemy import select
 from tensor_debugger import capture
-from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import ProblemRecord, RunRecord, SessionRecord, TensorRecord
+from tensor_debugger.store.models import TensorRecord
 from torch import nn
 
-DIM = 6
-
-
-class Square(torch.autograd.Function):
-    """x², whose backward is 2x·g, or (the planted bug) a little more."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, factor: float) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        ctx.factor = factor
-        return x * x
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        (x,) = ctx.saved_tensors
-        return 2 * x * grad * ctx.factor, None
-
-
-class Act(nn.Module):
-    def __init__(self, factor: float) -> None:
-        super().__init__()
-        self.factor = factor
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        apply = cast("Callable[..., torch.Tensor]", Square.apply)  # typed from torch 2.15 on, untyped before
-        return apply(x, self.factor)
-
-
-class Tiny(nn.Module):
-    def __init__(self, factor: float = 1.0) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up = nn.Linear(DIM, DIM)
-        self.act = Act(factor)
-        self.down = nn.Linear(DIM, 1)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = self.down(self.act(self.up(x)))
-        return out
-
-
-def names_and_notes(settings: Settings, session: str, run: str) -> tuple[list[str], list[str]]:
-    from tensor_debugger.services import open_services
-
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            run_id = db.scalars(
-                select(RunRecord.id).join(SessionRecord).where(SessionRecord.name == session, RunRecord.label == run)
-            ).one()
-            names = list(
-                db.scalars(
-                    select(TensorRecord.name).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
-                )
-            )
-            notes = [p.reason for p in db.scalars(select(ProblemRecord).where(ProblemRecord.run_id == run_id))]
-    finally:
-        services.close()
-    return names, notes
+from tests.support.backward_models import DIM, Tiny
+from tests.support.sessions import compared, names_and_notes
 
 
 def train_step(model: nn.Module, session: str, run: str, settings: Settings) -> int:
@@ -123,19 +63,6 @@ def test_gradients_are_recorded_in_backward_order_and_the_first_wrong_one_is_the
     assert first is not None and first.module_path == "Tiny.act/grad_input", first  # the wrong backward's gradient
     failing = {p.module_path for p in report.pairs if p.status == "fail"}
     assert "Tiny.act/grad_output" not in failing and "Tiny.up.weight/grad" in failing  # before: right; after: wrong
-
-
-def compared(settings: Settings, session: str) -> Any:
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            session_id = db.scalars(select(SessionRecord.id).where(SessionRecord.name == session)).one()
-        services.plan(session_id)
-        services.compute(session_id)
-        with services.sessions() as db:
-            return session_pairs(db, session_id)
-    finally:
-        services.close()
 
 
 class Outputs(nn.Module):

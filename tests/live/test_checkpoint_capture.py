@@ -15,7 +15,8 @@ from tensor_debugger.settings import Settings
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from tests.live.test_backward_capture import Tiny, compared, names_and_notes
+from tests.support.backward_models import Tiny
+from tests.support.sessions import compared, names_and_notes
 from tests.support.traces import tiny_llama
 
 

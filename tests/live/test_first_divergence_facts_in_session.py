@@ -22,9 +22,9 @@ from tensor_debugger.compare.reports.pair_reports import SessionPairs
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_op_capture import compared
 from tests.live.test_unseen_answers_9 import CacheCat, D, HalfScores, HalvesSwapped, line_of
 from tests.support.servers import LiveServer, session_judged
+from tests.support.sessions import compared
 
 X = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(5))
 # the crossed pairs find_divergence names (tests/live/test_unseen_answers_9.py), in the reference's order
@@ -54,7 +54,7 @@ def local_session(settings: Settings, model: type[nn.Module], name: str) -> tupl
             instance(X)
         assert done.session_id is not None
         session_id = done.session_id
-    report, _ = compared(settings, session_id)
+    report = compared(settings, session_id, modules=True)
     return session_id, report
 
 

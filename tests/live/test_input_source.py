@@ -21,11 +21,10 @@ from tensor_debugger.cli.compare_output import print_first_divergence
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.settings import Settings
 
-from tests.live.test_next_capture_against import session_id_of
-from tests.live.test_op_capture import compared
 from tests.support import loopback_http as http
 from tests.support.cli_main import main_cli
 from tests.support.servers import LiveServer, wait_done
+from tests.support.sessions import compared, session_id_of
 from tests.support.traces import input_ids, tiny_llama, write_trace
 
 O_PROJ_INPUT = "LlamaForCausalLM.model.layers.1.self_attn.o_proj_inputs_args_0"
@@ -46,7 +45,7 @@ def test_a_first_divergence_on_a_modules_input_names_the_line_that_passed_it(
         with torch.no_grad(), capture(model, "inner", run, data_dir=settings.data_dir, level=level):
             model(input_ids())
     session_id = session_id_of(settings, "inner")
-    report, _ = compared(settings, session_id)
+    report = compared(settings, session_id, modules=True)
     first = report.first_divergence
     assert first is not None and first.name == O_PROJ_INPUT, first
     assert first.reference_source is not None and "modeling_llama.py:" in first.reference_source, first

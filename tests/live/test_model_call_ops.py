@@ -14,7 +14,7 @@ from tensor_debugger import capture
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_op_capture import compared
+from tests.support.sessions import compared_with_unmatched as compared
 
 DIM = 4
 

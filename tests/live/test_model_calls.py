@@ -21,9 +21,9 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord, TensorRecord
 from torch import nn
 
-from tests.live.test_op_capture import compared
 from tests.support import loopback_http
 from tests.support.servers import LiveServer, free_port, wait_done
+from tests.support.sessions import compared
 
 DIM = 8
 
@@ -196,7 +196,7 @@ def test_the_next_capture_of_several_calls_says_it_runs_one_forward_and_runs_as_
     monkeypatch.setenv("TENSOR_DEBUGGER_DATA_DIR", str(data))  # the snippet's capture(), with no data_dir=
     captured(data)
     settings = Settings(data_dir=data, demo=False)
-    report, _ = compared(settings, 1)
+    report = compared(settings, 1, modules=True)
     first = report.first_divergence
     assert first is not None and first.basis == "summary" and first.name == "Step.cache#2/cat#1_outputs", first
     typed = compare_report(1, "steps", "http://127.0.0.1/sessions/1", report, [])
@@ -237,7 +237,7 @@ def test_the_next_capture_of_one_call_says_nothing_of_calls(tmp_path: Path) -> N
         model.cache.held = torch.randn(1, 2, DIM, generator=torch.Generator().manual_seed(3))  # one call shows it
         with torch.no_grad(), capture(model, "steps", run, data_dir=data, level="op", values="summary"):
             model(STEPS[0])
-    report, _ = compared(Settings(data_dir=data, demo=False), 1)
+    report = compared(Settings(data_dir=data, demo=False), 1, modules=True)
     assert report.first_divergence is not None and report.first_divergence.basis == "summary"
     typed = compare_report(1, "steps", "http://127.0.0.1/sessions/1", report, [])
     assert typed.next_capture is not None

@@ -22,10 +22,10 @@ from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord, SessionRecord
 
-from tests.live.test_op_capture import compared
-from tests.live.test_ops_in_another_order import ATTN, Net, x_input
 from tests.support import loopback_http as http
+from tests.support.reordered_attention import ATTN, Net, x_input
 from tests.support.servers import LiveServer, child_env, wait_done
+from tests.support.sessions import compared, session_id_of
 
 
 def runs_of(settings: Settings, session: str) -> dict[str, tuple[int, int | None]]:
@@ -41,17 +41,6 @@ def runs_of(settings: Settings, session: str) -> dict[str, tuple[int, int | None
     finally:
         services.close()
     return {label: (run_id, against) for label, run_id, against in rows}
-
-
-def session_id_of(settings: Settings, session: str) -> int:
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            found: int | None = db.scalar(select(SessionRecord.id).where(SessionRecord.name == session))
-    finally:
-        services.close()
-    assert found is not None
-    return found
 
 
 def full_pair(report: SessionPairs, run_id: int, name: str) -> tuple[int, str, bool]:
@@ -78,7 +67,7 @@ def test_find_divergences_next_capture_compares_the_new_candidate_run_with_the_n
     runs = runs_of(settings, "again")
     assert runs["candidate (full, again)"][1] == runs["reference (full, again)"][0], runs
     assert runs["reference (full, again)"][1] is None  # against the reference, as "reference (full)" is
-    report, _ = compared(settings, session_id_of(settings, "again"))
+    report = compared(settings, "again", modules=True)
     against, status, element_wise = full_pair(report, runs["candidate (full, again)"][0], found.first.reference)
     assert (against, status, element_wise) == (runs["reference (full, again)"][0], "fail", True)
     again = next(c for c in report.candidates if c.label == "candidate (full, again)")
@@ -100,7 +89,7 @@ def test_a_sessions_next_capture_compares_the_diverging_module_on_full_values_on
             model(x)
     settings = Settings(data_dir=data, demo=False)
     session_id = session_id_of(settings, "ports")
-    report, _ = compared(settings, session_id)
+    report = compared(settings, session_id, modules=True)
     assert report.first_divergence is not None and report.first_divergence.basis == "summary"
     name = report.first_divergence.name
     assert name == f"{ATTN}/linear#1_outputs"  # q's projection, the planted bug
@@ -114,7 +103,7 @@ def test_a_sessions_next_capture_compares_the_diverging_module_on_full_values_on
     exec(python, dict(models))
     runs = runs_of(settings, "ports")
     assert runs["candidate (full)"][1] == runs["reference (full)"][0] and runs["reference (full)"][1] is None, runs
-    report, _ = compared(settings, session_id)
+    report = compared(settings, session_id, modules=True)
     pair = next(p for p in report.pairs if p.b.run_id == runs["candidate (full)"][0] and p.name == name)
     assert (pair.a.run_id, str(pair.status)) == (runs["reference (full)"][0], "fail")
     # element by element, its `where` computed: [] (the scaled weight's error is everywhere, in no one head)
@@ -155,7 +144,7 @@ def test_compares_next_capture_follows_a_candidate_compared_against_another_run(
             model(x)
     settings = Settings(data_dir=data, demo=False)
     session_id = session_id_of(settings, "versions")
-    report, _ = compared(settings, session_id)
+    report = compared(settings, session_id, modules=True)
     late = next(c for c in report.candidates if c.label == "late")
     assert late.against == "early" and late.first_divergence is not None
     typed = compare_report(session_id, "versions", "http://127.0.0.1/sessions/1", report, [])
@@ -166,7 +155,7 @@ def test_compares_next_capture_follows_a_candidate_compared_against_another_run(
     exec(python, {"reference": Net().eval(), "candidate": Net("qkv", "k").eval(), "inputs": (x,)})
     runs = runs_of(settings, "versions")
     assert runs["early (full)"][1] == runs["early"][0] and runs["late (full)"][1] == runs["early (full)"][0], runs
-    report, _ = compared(settings, session_id)
+    report = compared(settings, session_id, modules=True)
     name = late.first_divergence.name
     assert name == f"{ATTN}/linear#2_outputs"
     assert full_pair(report, runs["late (full)"][0], name) == (runs["early (full)"][0], "fail", True)
@@ -220,7 +209,7 @@ def test_find_divergences_snippet_names_the_default_data_dir_it_stored_into(tmp_
     session, as `compare`'s snippet names its data dir."""
     code = (
         "from tensor_debugger import find_divergence\n"
-        "from tests.live.test_ops_in_another_order import Net, x_input\n"
+        "from tests.support.reordered_attention import Net, x_input\n"
         "found = find_divergence(Net().eval(), Net('qkv', 'k').eval(), (x_input(),), session='default dir')\n"
         "print(found.next_capture)\n"
     )

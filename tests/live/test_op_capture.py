@@ -16,7 +16,6 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812 (the name models use)
 from litestar.testing import TestClient
-from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.planning.sides import tensors_of
@@ -24,117 +23,29 @@ from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.module_reports import ModuleNodeReport
 from tensor_debugger.compare.reports.op_lists import op_lists
-from tensor_debugger.compare.reports.pair_reports import SessionPairs, session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
-from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord
+from tensor_debugger.store.models import PairRecord
 from tensor_debugger.web.app import create_app
 from torch import nn
 
+from tests.support.op_models import DIM, Attention, Drift, Net, line_of, models
+from tests.support.op_models import HERE as MODELS_FILE
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
+from tests.support.sessions import compared_with_unmatched as compared
+from tests.support.sessions import rows_of
 from tests.support.source_lines import marked_line
 from tests.support.traces import MODEL_CLASS, input_ids, tiny_llama
 
 HERE = Path(__file__)
-DIM = 16
-
-
-line_of = partial(marked_line, HERE)  # `path:line` of this file's line ending with the comment `marker`
-
-
-class Attention(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(DIM, DIM, bias=False) for _ in range(4))
-        self.scaling = DIM**-0.5
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * self.scaling  # reference scores
-        weights = F.softmax(scores, dim=-1)  # reference softmax
-        out: torch.Tensor = self.o_proj(weights @ v)
-        return out
-
-
-class PortedAttention(Attention):
-    """The attention's forward copied into a port, with the softmax scale got wrong."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        scores = torch.matmul(q, k.transpose(-1, -2)) * (self.scaling * 1.25)  # ported scores
-        weights = F.softmax(scores, dim=-1)  # ported softmax
-        out: torch.Tensor = self.o_proj(weights @ v)
-        return out
-
-
-class Block(nn.Module):
-    def __init__(self, attention: nn.Module) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(DIM)
-        self.self_attn = attention
-        self.mlp = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.norm(x))
-        out: torch.Tensor = x + self.mlp(x)
-        return out
-
-
-class Net(nn.Module):
-    def __init__(self, ported_layer: int | None = None, layers: int = 3) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(
-            Block(PortedAttention() if i == ported_layer else Attention()) for i in range(layers)
-        )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers:
-            x = layer(x)  # net calls a layer
-        return torch.tanh(x)
-
-
-class PortedNet(Net):
-    """The port: another class name (so its tensors' names differ from the reference's), layer 1 ported."""
-
-    def __init__(self) -> None:
-        super().__init__(ported_layer=1)
-
-
-def models() -> tuple[Net, PortedNet]:
-    torch.manual_seed(0)
-    reference = Net()
-    candidate = PortedNet()
-    candidate.load_state_dict(reference.state_dict())
-    return reference, candidate
+line_here = partial(marked_line, HERE)  # `path:line` of this file's line ending with the comment `marker`
 
 
 def walk(node: ModuleNodeReport) -> Iterator[ModuleNodeReport]:
     yield node
     for child in node.children:
         yield from walk(child)
-
-
-def rows_of(settings: Settings, run_id: int) -> list[TensorRecord]:
-    services = open_services(settings)
-    try:
-        with services.sessions() as db:
-            query = select(TensorRecord).where(TensorRecord.run_id == run_id).order_by(TensorRecord.position)
-            return list(db.scalars(query))
-    finally:
-        services.close()
-
-
-def compared(settings: Settings, session_id: int) -> tuple[SessionPairs, list[str]]:
-    services = open_services(settings)
-    try:
-        services.plan(session_id)
-        services.compute(session_id)
-        with services.sessions() as db:
-            unmatched = list(db.scalars(select(UnmatchedRecord.name).where(UnmatchedRecord.session_id == session_id)))
-            return session_pairs(db, session_id, modules=True), unmatched
-    finally:
-        services.close()
 
 
 def test_ops_are_recorded_in_order_named_by_module_op_and_call_with_their_source_line(settings: Settings) -> None:
@@ -173,7 +84,7 @@ def test_ops_are_recorded_in_order_named_by_module_op_and_call_with_their_source
     assert by_name["Net.layers.1.self_attn/mul#1_outputs"].source == line_of("reference scores")
     # an op inside an nn.Linear is traced to the line that called the module, outside torch
     assert by_name["Net.layers.1.self_attn.o_proj/linear#1_outputs"].source is not None
-    assert by_name["Net.layers.1.self_attn.o_proj/linear#1_outputs"].source.startswith(f"{HERE}:")
+    assert by_name["Net.layers.1.self_attn.o_proj/linear#1_outputs"].source.startswith(f"{MODELS_FILE}:")
     # the block's own arithmetic and the model's: `x + ...` twice in each block, tanh at the root
     assert by_name["Net.layers.2/add#2_outputs"].position < by_name["Net.layers.2_outputs"].position
     assert [r.name for r in rows][-2:] == ["Net/tanh#1_outputs", "Net_outputs"]
@@ -432,7 +343,7 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     assert unmatched == ["Net.layers.1.self_attn/pow#1_outputs"]
     first = report.first_divergence
     assert first is not None and first.name == "Net.layers.1.self_attn/matmul#2_outputs", first
-    extra = f"Net.layers.1.self_attn/pow#1_outputs ({line_of('extra op of the port')})"
+    extra = f"Net.layers.1.self_attn/pow#1_outputs ({line_here('extra op of the port')})"
     assert first.candidate_only_before == [extra]
     typed = compare_report(result.session_id, "sharp", "http://127.0.0.1/sessions/1", report, [])
     assert to_json(typed)["first_divergence"]["candidate_only_before"] == [extra]
@@ -447,21 +358,6 @@ def test_an_op_only_the_candidate_runs_is_named_with_its_line_before_the_first_d
     banner = page.text.split('class="candidate-only-before"', 1)[1].split("</span>", 1)[0]
     assert "Before it, the candidate recorded what the reference did not:" in banner
     assert "Net.layers.1.self_attn/pow#1_outputs" in banner
-
-
-class Drift(nn.Module):
-    """A difference within tolerance (1e-6 added) that a later op magnifies past it (x1000 after a cancellation)."""
-
-    def __init__(self, offset: float) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(DIM, DIM)
-        self.offset = offset
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x) + self.offset  # drift begins
-        out: torch.Tensor = (h - self.proj(x)) * 1000
-        return out
 
 
 @pytest.mark.parametrize("values", ["full", "summary"])
@@ -548,6 +444,6 @@ def test_a_tiny_llama_and_its_port_diverge_first_at_layer_1s_scaled_scores(setti
     reference_file, reference_line = (first.reference_source or "").rsplit(":", 1)
     assert reference_file == modeling_llama.__file__
     assert "torch.matmul(query, key_states.transpose(2, 3)) * scaling" in lines[int(reference_line) - 1]
-    assert first.candidate_source == line_of("ported llama scores")
+    assert first.candidate_source == line_here("ported llama scores")
     layer_0 = [p for p in report.pairs if ".layers.0." in p.name and "/" in p.name]
     assert layer_0 and all(p.status == "pass" for p in layer_0)

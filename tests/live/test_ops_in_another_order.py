@@ -8,14 +8,12 @@ ops stays a divergence."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
 import torch
-import torch.nn.functional as F  # noqa: N812 (the name models use)
 from tensor_debugger import capture, find_divergence
 from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.planning.op_pairs import (
@@ -27,55 +25,11 @@ from tensor_debugger.compare.planning.op_pairs import (
 from tensor_debugger.compare.reports.contract import compare_report
 from tensor_debugger.compare.reports.pair_reports import SessionPairs
 from tensor_debugger.settings import Settings
-from torch import nn
 
-from tests.live.test_op_capture import compared
 from tests.support.polling import wait_until
+from tests.support.reordered_attention import ATTN, Net, x_input
 from tests.support.servers import LiveServer
-
-DIM, HEADS = 16, 4
-ATTN = "Net.attn"
-
-
-class Attention(nn.Module):
-    """Hand-written multi-head attention whose projections are its own weights (`F.linear` in its own call, no
-    `nn.Linear` modules): q, k and v computed in `order`; `bug`: the projections whose weight is scaled by 1.5."""
-
-    def __init__(self, order: str = "qkv", bug: str = "") -> None:
-        super().__init__()
-        generator = torch.Generator().manual_seed(0)
-        self.w = nn.ParameterDict({n: nn.Parameter(torch.randn(DIM, DIM, generator=generator) / 4) for n in "qkvo"})
-        self.order, self.bug = order, bug
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        made: dict[str, torch.Tensor] = {}
-        for name in self.order:
-            weight = self.w[name] * 1.5 if name in self.bug else self.w[name]
-            made[name] = F.linear(x, weight).view(b, t, HEADS, -1).transpose(1, 2)
-        q, k, v = made["q"], made["k"], made["v"]
-        scores = (q @ k.transpose(-1, -2) / math.sqrt(DIM // HEADS)).softmax(-1)
-        return F.linear((scores @ v).transpose(1, 2).reshape(b, t, DIM), self.w["o"])
-
-
-class Net(nn.Module):
-    """The attention, then three layers that add nothing (so that a module adding error stands out among the
-    modules ranked)."""
-
-    def __init__(self, order: str = "qkv", bug: str = "") -> None:
-        super().__init__()
-        self.attn = Attention(order, bug)
-        self.layers = nn.ModuleList([nn.Identity() for _ in range(3)])
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.attn(x)
-        for layer in self.layers:
-            x = layer(x)
-        return x
-
-
-def x_input() -> torch.Tensor:
-    return torch.randn(2, 5, DIM, generator=torch.Generator().manual_seed(1))
+from tests.support.sessions import compared
 
 
 def session_of(settings: Settings, name: str, order: str, bug: str, values: str) -> tuple[int, SessionPairs]:
@@ -89,7 +43,7 @@ def session_of(settings: Settings, name: str, order: str, bug: str, values: str)
         ):
             model(x)
     assert done.session_id is not None
-    report, _ = compared(settings, done.session_id)
+    report = compared(settings, done.session_id, modules=True)
     return done.session_id, report
 
 

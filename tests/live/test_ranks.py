@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from tensor_debugger import capture
-from tensor_debugger.compare.reports.pair_reports import SessionPairs, pair_detail, session_pairs
+from tensor_debugger.compare.reports.pair_reports import SessionPairs, pair_detail
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from torch import nn
@@ -23,6 +23,7 @@ from torch import nn
 from tests.support.built_once import built_once, copy_of
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
+from tests.support.sessions import compared as compared_session
 
 DIM, HEADS, WORLD = 8, 4, 2
 
@@ -191,15 +192,7 @@ def ranks_captured(tmp_path_factory: pytest.TempPathFactory, request: pytest.Fix
 
 def compared(captured: Captured, session: str) -> SessionPairs:
     """The session's pairs, planned and computed here."""
-    session_id = captured.session_ids[session]
-    services = open_services(captured.settings)
-    try:
-        services.plan(session_id)
-        services.compute(session_id)
-        with services.sessions() as db:
-            return session_pairs(db, session_id)
-    finally:
-        services.close()
+    return compared_session(captured.settings, captured.session_ids[session])
 
 
 def test_two_gloo_ranks_capture_one_run_whose_shards_merge_and_pass(ranks_captured: Captured) -> None:

@@ -1,6 +1,6 @@
 """`capture(values="summary")`: summaries computed where the tensor lives, no bytes stored; pairs judged on them
 (and never claimed as more); the second capture they call for; `find_divergence`'s two passes. Real models: a
-hand-written attention block with a planted softmax-scale bug (tests/live/test_op_capture.py) and a tiny Llama
+hand-written attention block with a planted softmax-scale bug (tests/support/op_models.py) and a tiny Llama
 built by transformers with a planted change."""
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, ProblemRecord, RunRecord, SessionRecord, TensorRecord
 from torch import nn
 
-from tests.live.test_op_capture import DIM, Drift, compared, line_of, models, rows_of
+from tests.support.op_models import DIM, Drift, line_of, models
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
+from tests.support.sessions import compared, rows_of
 from tests.support.traces import input_ids, tiny_llama
 
 TOL = Tolerance(1.3e-6, 1e-5)
@@ -148,7 +149,7 @@ def test_a_summary_capture_stores_no_bytes_and_finds_the_same_first_op_as_a_full
                 softmax = next(r for r in rows if r.name.endswith("layers.1.self_attn/softmax#1_outputs"))
                 assert softmax.source is not None and softmax.layer == 1
         assert result.session_id is not None
-        report, _ = compared(settings, result.session_id)
+        report = compared(settings, result.session_id, modules=True)
         first = report.first_divergence
         assert first is not None and first.name == "Net.layers.1.self_attn/mul#1_outputs"
         assert (first.reference_source, first.candidate_source) == (
@@ -189,7 +190,7 @@ def test_a_full_dump_pairs_with_a_summary_capture_of_the_other_side(settings: Se
     ):
         candidate(x)
     assert cand.session_id is not None and ref.run_id is not None
-    report, _ = compared(settings, cand.session_id)
+    report = compared(settings, cand.session_id, modules=True)
     first = report.first_divergence
     assert first is not None and first.name == "Net.layers.1.self_attn/mul#1_outputs" and first.basis == "summary"
     # the stored side's summary, computed from its values read back, equals the one the capture would keep
@@ -221,7 +222,7 @@ def test_a_tiny_llama_summary_pass_and_full_pass_agree_on_the_first_diverging_op
             ):
                 model(input_ids())
         assert r.session_id is not None
-        report, _ = compared(settings, r.session_id)
+        report = compared(settings, r.session_id, modules=True)
         assert report.first_divergence is not None
         firsts[values] = (report.first_divergence.name, report.first_divergence.reference_source)
     assert firsts["summary"] == firsts["full"]
@@ -408,7 +409,7 @@ def test_find_divergence_names_the_op_its_lines_and_the_culprit_from_two_passes(
         (runs["reference (full)"], runs["candidate (full)"]),
     }
     # all four runs in one session
-    report, _ = compared(settings, 1)
+    report = compared(settings, 1, modules=True)
     assert report.first_divergence is not None
     # the full runs recorded the two modules asked for: the reference's other tensors have no partner there by
     # that choice, not by accident (allowed, not unmatched); the summary candidate paired every one

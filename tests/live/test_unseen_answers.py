@@ -16,10 +16,11 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord, SessionRecord
 from torch import nn
 
-from tests.live.test_op_capture import compared
+from tests.support.grouped_attention import DIM, EagerAttention, GroupedAttention, Masks
+from tests.support.grouped_attention import line_of as attention_line
+from tests.support.sessions import compared
 
 HERE = Path(__file__)
-DIM, HEADS, KV_HEADS = 16, 4, 2
 
 
 def line_of(marker: str) -> str:
@@ -28,44 +29,6 @@ def line_of(marker: str) -> str:
     found = [i + 1 for i, text in enumerate(lines) if text.rstrip().endswith(f"# {marker}")]
     assert len(found) == 1, marker
     return f"{HERE}:{found[0]}"
-
-
-def repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
-    """Each key/value head `n` times in a row, as transformers' `repeat_kv` does it."""
-    b, h, t, d = x.shape
-    return x[:, :, None].expand(b, h, n, t, d).reshape(b, h * n, t, d)
-
-
-def port_repeat_kv(x: torch.Tensor, n: int) -> torch.Tensor:
-    """The port's: the heads tiled (0 1 0 1), not repeated in place (0 0 1 1)."""
-    return x.repeat(1, n, 1, 1)  # port repeat_kv
-
-
-class GroupedAttention(nn.Module):
-    """Attention with 4 query heads sharing 2 key/value heads."""
-
-    def __init__(self, port: bool) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.q_proj = nn.Linear(DIM, DIM, bias=False)
-        self.k_proj, self.v_proj = (nn.Linear(DIM, DIM // HEADS * KV_HEADS, bias=False) for _ in range(2))
-        self.o_proj = nn.Linear(DIM, DIM, bias=False)
-        self.port = port
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, HEADS, -1).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, KV_HEADS, -1).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, KV_HEADS, -1).transpose(1, 2)
-        if self.port:
-            k, v = port_repeat_kv(k, HEADS // KV_HEADS), port_repeat_kv(v, HEADS // KV_HEADS)
-            scores = q @ k.transpose(-1, -2)  # port scores
-        else:
-            k, v = repeat_kv(k, HEADS // KV_HEADS), repeat_kv(v, HEADS // KV_HEADS)
-            scores = q @ k.transpose(-1, -2)  # reference scores
-        out = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, DIM)
-        result: torch.Tensor = self.o_proj(out)
-        return result
 
 
 def test_ops_whose_call_indices_fall_out_of_step_are_not_the_divergence_the_first_that_differs_is(
@@ -81,13 +44,16 @@ def test_ops_whose_call_indices_fall_out_of_step_are_not_the_divergence_the_firs
     first = found.first
     assert first is not None
     assert first.reference == "GroupedAttention/transpose#4_outputs", first.reference
-    assert (first.reference_source, first.candidate_source) == (line_of("reference scores"), line_of("port scores"))
+    assert (first.reference_source, first.candidate_source) == (
+        attention_line("reference scores"),
+        attention_line("port scores"),
+    )
     assert first.summary.shapes_equal and "shapes differ" not in first.summary.reason
     assert first.full is not None and not first.full.passed
-    assert ("GroupedAttention/repeat#1_outputs", line_of("port repeat_kv")) in first.candidate_only_before
+    assert ("GroupedAttention/repeat#1_outputs", attention_line("port repeat_kv")) in first.candidate_only_before
     # the reference's reshapes, out of step with the port's, are its own ops there, not a pair
     assert "GroupedAttention/reshape#1_outputs" in dict(first.reference_only_before)
-    assert f"GroupedAttention/repeat#1_outputs ({line_of('port repeat_kv')})" in repr(found)
+    assert f"GroupedAttention/repeat#1_outputs ({attention_line('port repeat_kv')})" in repr(found)
 
 
 class Norm(nn.Module):
@@ -201,11 +167,14 @@ def test_the_sessions_first_divergence_passes_over_ops_out_of_step_too(settings:
     for model, run in ((GroupedAttention(False).eval(), "reference"), (GroupedAttention(True).eval(), "candidate")):
         with torch.no_grad(), capture(model, "by hand", run, data_dir=settings.data_dir, level="op", values=values):
             model(x)
-    report, _ = compared(settings, 1)
+    report = compared(settings, 1, modules=True)
     first = report.first_divergence
     assert first is not None and first.name == "GroupedAttention/transpose#4_outputs", first
-    assert (first.reference_source, first.candidate_source) == (line_of("reference scores"), line_of("port scores"))
-    repeats = [f"GroupedAttention/repeat#{i}_outputs ({line_of('port repeat_kv')})" for i in (1, 2)]
+    assert (first.reference_source, first.candidate_source) == (
+        attention_line("reference scores"),
+        attention_line("port scores"),
+    )
+    repeats = [f"GroupedAttention/repeat#{i}_outputs ({attention_line('port repeat_kv')})" for i in (1, 2)]
     assert first.candidate_only_before == repeats
     if values == "summary":
         assert first.summary_reason is not None and "shapes differ" not in first.summary_reason
@@ -283,45 +252,7 @@ def test_a_model_that_raises_on_the_inputs_is_named_in_the_error(settings: Setti
         "find_divergence: before the candidate raised, the first divergence among the 23 pairs of summaries compared "
         "was GroupedAttention/transpose#4_outputs ("
     ), notes
-    assert f"{line_of('port scores')} in the candidate)" in notes[1], notes
-
-
-class MaskedBlock(nn.Module):
-    """Self-attention scores masked by an additive float mask (eager attention's) or a bool one (SDPA's)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.proj = nn.Linear(DIM, DIM)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        h = self.proj(x)
-        scores = h @ h.transpose(-1, -2)
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-        out: torch.Tensor = scores.softmax(-1) @ h
-        return out
-
-
-class Masks(nn.Module):
-    """Blocks in a ModuleList given a mask the model builds: additive floats, or bools (`bool_mask`); `off`, the
-    port's mask shifted by one key."""
-
-    def __init__(self, bool_mask: bool, off: bool = False) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList([MaskedBlock()])
-        self.bool_mask, self.off = bool_mask, off
-
-    def forward(self, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
-        if self.off:
-            keep = keep.roll(1, -1)  # port mask
-        mask = (
-            keep[:, None, :]
-            if self.bool_mask
-            else torch.zeros(keep[:, None, :].shape).masked_fill(~keep[:, None, :], -1e9)
-        )
-        for layer in self.layers:
-            x = layer(x, mask)
-        return x
+    assert f"{attention_line('port scores')} in the candidate)" in notes[1], notes
 
 
 def test_a_mask_passed_as_bools_against_additive_floats_is_not_a_divergence_and_a_wrong_one_is_the_models(
@@ -343,7 +274,7 @@ def test_a_mask_passed_as_bools_against_additive_floats_is_not_a_divergence_and_
     first = found.first
     assert first is not None
     assert first.module == "Masks", first
-    assert ("Masks/roll#1_outputs", line_of("port mask")) in first.candidate_only_before
+    assert ("Masks/roll#1_outputs", attention_line("port mask")) in first.candidate_only_before
 
 
 def test_a_module_whose_input_was_not_compared_is_named_no_culprit(settings: Settings) -> None:
@@ -411,31 +342,6 @@ def test_the_answer_names_the_references_tensors_before_the_divergence_that_were
     )
 
 
-class EagerAttention(nn.Module):
-    """Grouped attention by matmul and softmax over repeated keys (`sdpa`: by F.scaled_dot_product_attention with
-    enable_gqa, no repeat); the eager one also reshapes its input first, as a port's bookkeeping might."""
-
-    def __init__(self, sdpa: bool, scale: float = 1.0) -> None:
-        super().__init__()
-        self.attn = GroupedAttention(False)
-        self.sdpa, self.scale = sdpa, scale
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a, (b, t, _) = self.attn, x.shape
-        if not self.sdpa:
-            x = x.reshape(b, t, DIM)
-        q = a.q_proj(x).view(b, t, HEADS, -1).transpose(1, 2)
-        k = a.k_proj(x).view(b, t, KV_HEADS, -1).transpose(1, 2)
-        v = a.v_proj(x).view(b, t, KV_HEADS, -1).transpose(1, 2)
-        if self.sdpa:
-            out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=self.scale * (DIM // HEADS) ** -0.5)
-        else:
-            k, v = repeat_kv(k, HEADS // KV_HEADS), repeat_kv(v, HEADS // KV_HEADS)
-            out = ((q @ k.transpose(-1, -2)) * (DIM // HEADS) ** -0.5).softmax(-1) @ v
-        result: torch.Tensor = a.o_proj(out.transpose(1, 2).reshape(b, t, DIM))
-        return result
-
-
 def test_an_op_one_side_calls_more_often_pairs_by_alignment_not_by_call_index(settings: Settings) -> None:
     """Eager attention against SDPA: the eager side calls reshape four times (its input, repeat_kv twice, the
     output), SDPA once (the output); reshape#1 was the eager input's against SDPA's output, of one shape, and the
@@ -473,7 +379,7 @@ def test_the_sessions_first_divergence_pairs_an_unevenly_called_ops_calls_by_ali
             capture(model.eval(), "eager", run, data_dir=settings.data_dir, level="op", values="summary"),
         ):
             model(x)
-    report, _ = compared(settings, 1)
+    report = compared(settings, 1, modules=True)
     first = report.first_divergence
     if scale == 1.0:
         assert first is None, first

@@ -12,7 +12,7 @@ from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_op_capture import compared
+from tests.support.sessions import compared_with_unmatched as compared
 from tests.support.source_lines import marked_line
 
 HERE = Path(__file__)

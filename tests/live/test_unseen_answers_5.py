@@ -13,9 +13,9 @@ from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_op_capture import compared
 from tests.support.polling import wait_until
 from tests.support.servers import LiveServer
+from tests.support.sessions import compared_with_unmatched as compared
 
 HERE = Path(__file__)
 DIM, HEADS = 8, 2

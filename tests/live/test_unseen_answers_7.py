@@ -22,8 +22,8 @@ from tensor_debugger import find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_op_capture import compared
 from tests.support.model_ports import Port, jittered_pair, port_writer
+from tests.support.sessions import compared_with_unmatched as compared
 from tests.support.source_lines import line_holding, marked_line
 
 HERE = Path(__file__)

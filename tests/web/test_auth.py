@@ -20,6 +20,7 @@ from tensor_debugger.web.sign_in_limits import FAILURES, WINDOW_SECONDS
 
 from tests.support import loopback_http as http
 from tests.support.dumps import named_dump
+from tests.support.forms import hidden
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, bearer, started_server, wait_done
 
 HTML = {"accept": "text/html"}
@@ -29,12 +30,6 @@ READ_ONLY = "a read-only token may look at everything and change nothing"
 def post_actions(html: str) -> list[str]:
     """The action of every POST form of a page."""
     return re.findall(r'<form[^>]*method="post"[^>]*action="([^"]*)"', html)
-
-
-def hidden(html: str, name: str) -> str:
-    match = re.search(rf'name="{name}" value="([^"]*)"', html)
-    assert match is not None, f"no {name} field in the page"
-    return match.group(1)
 
 
 @pytest.fixture(scope="module")

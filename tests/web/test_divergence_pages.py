@@ -13,10 +13,10 @@ from playwright.sync_api import Browser, expect
 from tensor_debugger import find_divergence
 from tensor_debugger.compare.reports.formatting import format_where
 
-from tests.live.test_op_capture import DIM, line_of, models
-from tests.live.test_unseen_answers import EagerAttention
 from tests.support import loopback_http
 from tests.support.browser import axe_context, axe_violations, shot
+from tests.support.grouped_attention import EagerAttention
+from tests.support.op_models import DIM, line_of, models
 from tests.support.servers import LiveServer, wait_done
 
 

@@ -15,8 +15,8 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
 from tensor_debugger.web.auth import COOKIE_NAME, SESSION_SECONDS, Access, Authenticator
 
+from tests.support.forms import hidden
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN
-from tests.web.test_auth import hidden
 
 
 @pytest.fixture

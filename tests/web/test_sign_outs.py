@@ -10,10 +10,10 @@ import httpx
 import pytest
 from tensor_debugger.web.auth import COOKIE_NAME
 
+from tests.support.forms import hidden
 from tests.support.polling import wait_until
 from tests.support.postgres import DATABASES
 from tests.support.servers import READ_TOKEN, WRITE_TOKEN, LiveServer, free_port
-from tests.web.test_auth import hidden
 
 TOKENS = {"TENSOR_DEBUGGER_TOKEN": WRITE_TOKEN, "TENSOR_DEBUGGER_READ_TOKEN": READ_TOKEN}
 

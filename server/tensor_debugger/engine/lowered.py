@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Iterator
 
-from tensor_debugger.engine.tolerances import less_precise, real_float
+from tensor_debugger.engine.tolerances import less_precise
 
 # one of a candidate's tensors, in its order: (name, dtype, the dtype of its namesake in the reference, None where
 # the reference recorded none)
@@ -36,9 +36,3 @@ def least_precise(dtypes: Iterable[str], than: str) -> str | None:
 def first_lowered(candidate: Iterable[Recorded], reference_dtypes: Collection[str], dtype: str) -> str | None:
     """The first of `lowered`'s tensors in `dtype`."""
     return next((n for n, lower in lowered(candidate, reference_dtypes) if lower == dtype), None)
-
-
-def first_float(dtypes: Iterable[str]) -> str | None:
-    """The first real float dtype of `dtypes` (a run's, in its order: its inputs' or first op's, the precision it
-    computes in), else None."""
-    return next((d for d in dtypes if real_float(d)), None)
