@@ -22,9 +22,9 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import SessionRecord
 from torch import nn
 
-from tests.live.test_backward_capture import compared
 from tests.support.cli_main import main_cli
 from tests.support.servers import LiveServer, session_judged
+from tests.support.sessions import compared
 
 C, T = 4, 8
 

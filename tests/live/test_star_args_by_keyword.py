@@ -21,7 +21,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import RunRecord, TensorRecord
 from torch import nn
 
-from tests.live.test_backward_capture import compared
+from tests.support.sessions import compared
 from tests.support.source_lines import marked_line
 
 D, T = 16, 6

@@ -14,7 +14,7 @@ from tensor_debugger.ingest.sketches import fold64_sketch
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_backward_capture import compared
+from tests.support.sessions import compared
 from tests.support.source_lines import marked_line
 
 D = 8

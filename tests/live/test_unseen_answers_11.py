@@ -21,8 +21,8 @@ from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.live.test_backward_capture import compared as _session_report  # planned, computed, reported
 from tests.support.model_ports import Port, jittered_pair, port_writer
+from tests.support.sessions import compared as _session_report  # planned, computed, reported
 from tests.support.source_lines import marked_line
 
 HERE = Path(__file__)
