@@ -229,3 +229,50 @@ def test_an_autocast_floor_covers_only_the_modules_the_candidate_lowers(settings
     )
     assert found.first is not None and found.first.reference == "Regional.mlp_inputs_args_0", repr(found)
     assert found.first.candidate_only_before[0][0] == "Regional/mul#1_outputs", repr(found)
+
+
+class Lowered(nn.Module):
+    """A block whose own matmul and child run under a bfloat16 autocast region in the port, its output cast back
+    to float32 there (`.float()`), as a port ends its region before a float32 layer."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(16, 16) / 4)
+        self.child = nn.Linear(16, 16)
+        self.port = port
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.port:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return cast(torch.Tensor, self.child(torch.tanh(x @ self.w))).float()
+        return cast(torch.Tensor, self.child(torch.tanh(x @ self.w)))
+
+
+class Around(nn.Module):
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.pre, self.block, self.post = nn.Linear(16, 16), Lowered(port), nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.post(self.block(self.pre(x))))
+
+
+@pytest.mark.parametrize("level", ["op", "module"])
+def test_an_autocast_region_ending_in_a_cast_before_a_float32_layer_is_rounding_only(
+    settings: Settings, level: str
+) -> None:
+    """The region's module's outputs go back to float32 in the floor as the candidate's do (the reference has no
+    such cast: its float32 `post` would meet a bfloat16 input); a module capture, which cannot see the block's own
+    code, runs the whole reference under autocast."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+    found = find_divergence(
+        Around(False).eval(),
+        Around(True).eval(),
+        x,
+        session=f"around {level}",
+        data_dir=settings.data_dir,
+        level=level,
+    )
+    assert found.first is None and found.floor_autocast and found.floor_note is None, repr(found)
+    assert found.floor_region == (("block", "block.child") if level == "op" else ()), found.floor_region

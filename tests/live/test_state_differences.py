@@ -150,6 +150,16 @@ def test_which_parameters_and_buffers_are_compared() -> None:
     (shaped,) = differing_state(narrow, wide, "", "")
     assert (shaped.kind, shaped.shape, shaped.other_shape) == ("buffer", (2,), (4,)), shaped
     assert shaped.words() == "inv_freq (a buffer of shape [2], [4] in the candidate)"
+    # the same elements in another shape (a rotary cache kept with broadcast dimensions): compared as the
+    # reference's shape, said only where the values differ
+    flat, broadcast = nn.Module(), nn.Module()
+    flat.register_buffer("cos_cached", torch.arange(8.0).reshape(2, 4))
+    cached_values = torch.arange(8.0).reshape(1, 1, 2, 4)
+    broadcast.register_buffer("cos_cached", cached_values)
+    assert differing_state(flat, broadcast, "", "") == ()
+    cached_values[0, 0, 1, 2] = 0.5
+    (cached,) = differing_state(flat, broadcast, "", "")
+    assert (cached.max_abs_diff, cached.argmax, cached.mismatched) == (5.5, (1, 2), 1), cached
     assert differing_state(reference, reference, "nowhere", "up") == ()
     # paths are each side's own: the candidate's module of another name
     proj = copy.deepcopy(reference.up)

@@ -9,6 +9,7 @@ import json
 import shlex
 import sys
 import textwrap
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -401,8 +402,15 @@ def print_not_compared(report: CompareReport) -> None:
             "(pair them by hand on the session's page, or allow them with --allow-unmatched GLOB)"
         )
     # a first divergence of another shape (incomparable) was said with its shapes: not again as not compared
-    named = {d.name for d in (report.first_divergence, *report.first_divergences.values()) if d is not None}
-    left_out = [name for name in coverage.not_compared if name not in named]
+    # (once per candidate's first divergence: another candidate's pair of the same name that errored is still said)
+    firsts = list(report.first_divergences.values()) if report.first_divergences else [report.first_divergence]
+    named = Counter(d.name for d in firsts if d is not None)
+    left_out = []
+    for name in coverage.not_compared:
+        if named[name]:
+            named[name] -= 1
+        else:
+            left_out.append(name)
     if left_out:
         pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
         print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")

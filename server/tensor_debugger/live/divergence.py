@@ -50,7 +50,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
-from tensor_debugger.engine.lowered import Recorded, first_lowered, lowered
+from tensor_debugger.engine.lowered import Recorded, lowered
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import (
     parameter_key,
@@ -206,8 +206,7 @@ def _first_lowered(
     ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str, dtype: str
 ) -> str | None:
     """The first of `engine/lowered.lowered`'s tensors in `dtype`."""
-    everywhere = {s.dtype for s in ours.values()}
-    return first_lowered(_recorded(ours, others, root_a, root_b), everywhere, dtype)
+    return next(iter(_lowered_names(ours, others, root_a, root_b, dtype)), None)
 
 
 def _key(name: str, root: str) -> str:
@@ -428,6 +427,7 @@ def _find(
         except Exception as error:
             raised = error
     ref, cand = ref_run.result, cand_run.result
+    lower: torch.dtype | None = None  # the dtype of an autocast floor
     if floor is None and autocast_floor_allowed and raised is None:
         # the candidate's parameters are the reference's dtype, but it computed tensors in a less precise one: an
         # autocast region (a bfloat16 MLP in a float32 port); the floor is the reference under autocast. Only the
@@ -443,13 +443,19 @@ def _find(
     floor_sketches: Mapping[str, Sketch] = {}
     floor_held: HeldRun | None = None  # the floor's summaries, stored as the session's run "noise"
     floor_note: str | None = None
-    if floor is not None:
+    while floor is not None:
         try:
             with record(floor.model, level=level, values="summary") as floor_run:
                 floor.call(floor.model)
             floor_sketches = floor_run.result.summaries
             floor_held = floor_run
+            break
         except Exception as error:  # the floor cannot run (an op without a kernel in that dtype)
+            if floor.autocast and floor.region and lower is not None:
+                # autocast in some modules only raised (their outputs met the reference's float32 code in a way the
+                # candidate's did not): the whole reference under autocast, as wide as a floor can be
+                floor = autocast_floor(reference, call, lower, floor.reference_dtype)
+                continue
             ran, parts = (
                 (f"the reference run under torch.autocast to {floor.dtype}", "parts of its forward ")
                 if floor.autocast

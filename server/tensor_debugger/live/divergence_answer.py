@@ -222,7 +222,7 @@ class Divergence:
             later = list(dict.fromkeys(at for _, _, at in f.candidate_early_before if at))[:_LISTED]
             lines_later = f" ({', '.join(later)})" if later else ""
             text += (
-                f" Just before it, the candidate recorded {f'{hidden} more tensors and then ' if hidden else ''}"
+                f" Before it, the candidate recorded {f'{hidden} more tensors and then ' if hidden else ''}"
                 f"{listed}, which pair by name with tensors the reference records only after it"
                 f"{lines_later}: the candidate ran them where the reference does not "
                 "(a module called in another's place?), which may be where it began."

@@ -88,16 +88,21 @@ def early_before(
     partner's."""
     found: list[tuple[str, str, str]] = []
     outputs_of = OUTPUTS.sub("", name) if OUTPUTS.search(name) and "/" not in name else None
+    at = order.index(name)
     call = module_of(name) if "/" in name else None
-    for other in reversed(order[: order.index(name)]):
+    # where the op's module call begins in the order (its first tensor: an input); what follows it up to the op is
+    # inside that call, its submodules' calls included, whichever call of the module it is (a second call's
+    # submodules are named `M.a.rot#2`, not `M.a#2.rot`)
+    begins = next((i for i, n in enumerate(order[:at]) if module_of(n) == call), at) if call is not None else at
+    for position in range(at - 1, -1, -1):
+        other = order[position]
         if outputs_of is not None and OUTPUTS.search(other) and OUTPUTS.sub("", other) == outputs_of:
             continue
         partner = partner_of.get(other)
         if partner is None:
             continue
         if reference_index[partner] < index:
-            held = module_of(other)
-            if call is not None and (held == call or held.startswith(call + ".")):
+            if position >= begins:
                 continue
             break
         found.append((other, sources.get(other) or "", reference_sources.get(partner) or ""))

@@ -350,8 +350,9 @@ def reproduces(
         ours = _tensors(_call(modules[0], arguments, None, "reference"))
         if len(ours) != len(recorded) or not all(torch.equal(a, b) for a, b in zip(ours, recorded, strict=True)):
             return False
-        theirs = _tensors(_call(modules[1], arguments, _dtype(modules[1], ours[0].dtype), "candidate"))
-        again = _tensors(_call(modules[1], arguments, _dtype(modules[1], ours[0].dtype), "candidate"))
+        # the two models of one dtype: the arguments as the reference's module took them
+        theirs = _tensors(_call(modules[1], arguments, None, "candidate"))
+        again = _tensors(_call(modules[1], arguments, None, "candidate"))
     except (NotReplayable, AttributeError):
         return False
     if len(theirs) != len(ours) or not all(torch.equal(a, b) for a, b in zip(theirs, again, strict=True)):

@@ -23,7 +23,7 @@ import copy
 import dataclasses
 import functools
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,25 +58,25 @@ def autocast_floor(
     call: Callable[[torch.nn.Module], Any],
     lower: torch.dtype,
     reference_dtype: str,
-    region: Sequence[str] = (),
+    region: Region | None = None,
 ) -> Floor:
     """The precision floor of a candidate that computes parts of its forward in `lower` under torch.autocast (a
     bfloat16 region in a float32 port): the reference itself, called as `call` calls it but with autocast to
-    `lower` on its parameters' device inside the forward of each of its submodules `region` (their paths, where
-    the candidate computes in `lower`: `autocast_region`), or around the whole call where `region` is empty. Ops
-    autocast leaves in float32 stay so; the ones it lowers round as the candidate's region does. Outside the region
-    the floor is the reference's own values, so a difference there is judged by the tolerances, not passed as
-    rounding."""
+    `lower` on its parameters' device inside the forward of each of its submodules in `region` (where the candidate
+    computes in `lower`: `autocast_region`), or around the whole call where there is none. Ops autocast leaves in
+    float32 stay so; the ones it lowers round as the candidate's region does. Outside the region the floor is the
+    reference's own values, so a difference there is judged by the tolerances, not passed as rounding."""
     device = next(itertools.chain(reference.parameters(), reference.buffers()), torch.empty(0)).device.type
-    modules = [reference.get_submodule(path) for path in region]
+    modules = [] if region is None else [(reference.get_submodule(p), p in region.kept_lower) for p in region.paths]
+    raised_to = getattr(torch, reference_dtype)
 
     def under_autocast(model: torch.nn.Module) -> Any:
         if not modules:
             with torch.autocast(device, dtype=lower):
                 return call(model)
         with contextlib.ExitStack() as restore:
-            for module in modules:
-                restore.enter_context(_forward_under_autocast(module, device, lower))
+            for module, kept in modules:
+                restore.enter_context(_forward_under_autocast(module, device, lower, None if kept else raised_to))
             return call(model)
 
     return Floor(
@@ -85,21 +85,35 @@ def autocast_floor(
         str(lower).removeprefix("torch."),
         reference_dtype,
         autocast=True,
-        region=tuple(region),
+        region=() if region is None else region.paths,
     )
 
 
+@dataclass(frozen=True)
+class Region:
+    """The reference's modules whose forward the autocast floor runs under autocast (paths inside the model, without
+    its class name), and those of them whose outputs stay in the lower dtype (the candidate's do); the others' are
+    cast back to the reference's dtype, as the candidate's region ends (`.float()` before a float32 layer)."""
+
+    paths: tuple[str, ...]
+    kept_lower: frozenset[str]
+
+
 @contextlib.contextmanager
-def _forward_under_autocast(module: torch.nn.Module, device: str, lower: torch.dtype) -> Iterator[None]:
+def _forward_under_autocast(
+    module: torch.nn.Module, device: str, lower: torch.dtype, raised_to: torch.dtype | None
+) -> Iterator[None]:
     """Within the block, `module`'s forward runs under autocast to `lower` (its hooks, a capture's included, run
-    outside it, as they run outside a region the module's caller opens)."""
+    outside it, as they run outside a region the module's caller opens), its outputs in `lower` cast to `raised_to`
+    where that is given."""
     forward = module.forward
     had_own = "forward" in vars(module)
 
     @functools.wraps(forward)  # its signature read through `__wrapped__`: the inputs keep their names
     def lowered_forward(*args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device, dtype=lower):
-            return forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
+        return out if raised_to is None else _raised(out, lower, raised_to)
 
     module.forward = lowered_forward
     try:
@@ -111,26 +125,36 @@ def _forward_under_autocast(module: torch.nn.Module, device: str, lower: torch.d
             del module.forward
 
 
-def autocast_region(lowered: Iterable[str], reference: torch.nn.Module) -> tuple[str, ...]:
-    """The paths (inside the model, without its class name) of the module calls where the candidate computed the
-    tensors `lowered` (its names, in a dtype the reference does not compute in there), for `autocast_floor`: the
-    modules of its ops' outputs where it recorded ops, else of its module outputs, the innermost; () (the whole
-    forward) where one of them is the model itself or names no submodule of the reference (a port whose modules
-    are named otherwise)."""
+def _raised(value: Any, lower: torch.dtype, dtype: torch.dtype) -> Any:
+    """`value` with each tensor in `lower` in it (in tuples, lists and dicts, however nested) cast to `dtype`."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.dtype == lower else value
+    if type(value) in (tuple, list):
+        return type(value)(_raised(v, lower, dtype) for v in value)
+    if type(value) is dict:
+        return {k: _raised(v, lower, dtype) for k, v in value.items()}
+    return value
+
+
+def autocast_region(lowered: Iterable[str], reference: torch.nn.Module) -> Region | None:
+    """Where the autocast floor runs the reference under autocast, from the candidate's tensors `lowered` (its
+    names, in a dtype the reference does not compute in there): the module calls of its ops' outputs (their paths
+    inside the model, without its class name), those whose own outputs are among `lowered` keeping them in it. None
+    (the whole forward) where the candidate recorded no op there (module capture: its own code between the modules
+    is not seen), or where one of them is the model itself or names no submodule of the reference (a port whose
+    modules are named otherwise)."""
     names = list(lowered)
     ops = [n for n in names if "/" in n]
-    chosen = ops or [n for n in names if "_outputs" in n[len(module_of(n)) :]]
-    paths = sorted({call_path(module_of(n))[0] for n in chosen})
+    paths = sorted({call_path(module_of(n))[0] for n in ops})
     if not paths or "" in paths:
-        return ()
+        return None
     try:
         for path in paths:
             reference.get_submodule(path)
     except AttributeError:
-        return ()
-    if not ops:  # module outputs: a module whose submodule is in the region is not itself (its own code may not be)
-        paths = [p for p in paths if not any(q.startswith(p + ".") for q in paths)]
-    return tuple(paths)
+        return None
+    kept = {call_path(module_of(n))[0] for n in names if "/" not in n and "_outputs" in n[len(module_of(n)) :]}
+    return Region(tuple(paths), frozenset(kept))
 
 
 def lower_computed(dtypes: Iterable[str], reference: torch.nn.Module, candidate: torch.nn.Module) -> torch.dtype | None:

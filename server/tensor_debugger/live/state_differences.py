@@ -63,13 +63,16 @@ def differing_state(
             other = others.get(name)
             if other is None or (other.shape != value.shape and kind == "parameter"):
                 continue
-            if other.shape != value.shape:
-                shape, numel = tuple(value.shape), value.numel()
-                difference: StateDifference | None = StateDifference(
-                    name, kind, math.inf, (), numel, numel, shape, tuple(other.shape)
-                )
-            else:
+            difference: StateDifference | None = None
+            if other.shape == value.shape:
                 difference = _difference(name, kind, value, other)
+            elif other.numel() == value.numel() and other.layout == torch.strided:
+                # the same elements in another shape (a rotary cache kept as [1, 1, seq, dim] for [seq, dim]):
+                # compared as the reference's shape, said only where the values differ
+                difference = _difference(name, kind, value, other.reshape(value.shape))
+            elif _kind(other.dtype) == _kind(value.dtype):
+                shape, numel = tuple(value.shape), value.numel()
+                difference = StateDifference(name, kind, math.inf, (), numel, numel, shape, tuple(other.shape))
             if difference is not None:
                 found.append(difference)
                 if len(found) == LISTED:
