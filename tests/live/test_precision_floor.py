@@ -276,3 +276,40 @@ def test_an_autocast_region_ending_in_a_cast_before_a_float32_layer_is_rounding_
     )
     assert found.first is None and found.floor_autocast and found.floor_note is None, repr(found)
     assert found.floor_region == (("block", "block.child") if level == "op" else ()), found.floor_region
+
+
+class CastByCaller(nn.Module):
+    """A child Linear under a bfloat16 autocast region in the port, its output cast back by the caller
+    (`self.post(self.block(x).float())`); with `bug`, the port scales the region's input by 1.004 first."""
+
+    def __init__(self, port: bool, bug: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.block, self.post = nn.Sequential(nn.Linear(16, 16)), nn.Linear(16, 16)
+        self.port, self.bug = port, bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.port:
+            return cast(torch.Tensor, self.post(self.block(x)))
+        if self.bug:
+            x = x * 1.004  # scaled
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h: torch.Tensor = self.block(x)
+        return cast(torch.Tensor, self.post(h.float()))
+
+
+def test_a_region_whose_caller_casts_its_output_back_keeps_the_floor_to_the_region(settings: Settings) -> None:
+    """The floor casts the region's outermost module's outputs back (bfloat16 to float32 is exact), so the
+    reference's float32 `post` runs as the candidate's does, and the floor stays the region's (widened to the whole
+    forward, a bug before the region would pass as rounding)."""
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(3))
+    reference = CastByCaller(False).eval()
+    clean = find_divergence(
+        reference, CastByCaller(True).eval(), x, session="cast by caller", data_dir=settings.data_dir
+    )
+    assert clean.first is None and clean.floor_region == ("block.0",) and clean.floor_widened is None, repr(clean)
+    found = find_divergence(
+        reference, CastByCaller(True, bug=True).eval(), x, session="cast by caller bug", data_dir=settings.data_dir
+    )
+    assert found.first is not None and found.first.reference == "CastByCaller.block_inputs_args_0", repr(found)
+    assert found.floor_widened is None, repr(found)

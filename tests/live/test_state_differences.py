@@ -160,6 +160,12 @@ def test_which_parameters_and_buffers_are_compared() -> None:
     cached_values[0, 0, 1, 2] = 0.5
     (cached,) = differing_state(flat, broadcast, "", "")
     assert (cached.max_abs_diff, cached.argmax, cached.mismatched) == (5.5, (1, 2), 1), cached
+    # as many elements in another layout ([2, 3] against [3, 2]) is another shape, said as such
+    rows, columns = nn.Module(), nn.Module()
+    rows.register_buffer("table", torch.arange(6.0).reshape(2, 3))
+    columns.register_buffer("table", torch.arange(6.0).reshape(2, 3).T.contiguous())
+    (table,) = differing_state(rows, columns, "", "")
+    assert table.words() == "table (a buffer of shape [2, 3], [3, 2] in the candidate)", table
     assert differing_state(reference, reference, "nowhere", "up") == ()
     # paths are each side's own: the candidate's module of another name
     proj = copy.deepcopy(reference.up)

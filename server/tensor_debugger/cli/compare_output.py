@@ -383,6 +383,13 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
                 print(f"{lead}{words}")
 
 
+def _reshaped(report: CompareReport, name: str) -> bool:
+    """Whether a first divergence is a module's output of another shape (its pair incomparable: the kind said with
+    its shapes, not again as not compared), not a failing pair."""
+    pairs = [p for p in report.pairs if p.name == name]
+    return any(p.status == "incomparable" and p.a.shape != p.b.shape for p in pairs)
+
+
 def print_not_compared(report: CompareReport) -> None:
     """What of the reference was not compared (the verdict is incomplete, exit 1): its tensors without partner
     that the user did not allow, pairs that errored or are incomparable, pairs of ops out of step; and those the
@@ -404,7 +411,7 @@ def print_not_compared(report: CompareReport) -> None:
     # a first divergence of another shape (incomparable) was said with its shapes: not again as not compared
     # (once per candidate's first divergence: another candidate's pair of the same name that errored is still said)
     firsts = list(report.first_divergences.values()) if report.first_divergences else [report.first_divergence]
-    named = Counter(d.name for d in firsts if d is not None)
+    named = Counter(d.name for d in firsts if d is not None and _reshaped(report, d.name))
     left_out = []
     for name in coverage.not_compared:
         if named[name]:

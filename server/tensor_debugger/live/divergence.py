@@ -428,6 +428,7 @@ def _find(
             raised = error
     ref, cand = ref_run.result, cand_run.result
     lower: torch.dtype | None = None  # the dtype of an autocast floor
+    widened: str | None = None  # why an autocast floor in some modules only was not used (what it raised)
     if floor is None and autocast_floor_allowed and raised is None:
         # the candidate's parameters are the reference's dtype, but it computed tensors in a less precise one: an
         # autocast region (a bfloat16 MLP in a float32 port); the floor is the reference under autocast. Only the
@@ -453,7 +454,8 @@ def _find(
         except Exception as error:  # the floor cannot run (an op without a kernel in that dtype)
             if floor.autocast and floor.region and lower is not None:
                 # autocast in some modules only raised (their outputs met the reference's float32 code in a way the
-                # candidate's did not): the whole reference under autocast, as wide as a floor can be
+                # candidate's did not): the whole reference under autocast, as wide as a floor can be, said
+                widened = f"{type(error).__name__}: {error}"
                 floor = autocast_floor(reference, call, lower, floor.reference_dtype)
                 continue
             ran, parts = (
@@ -608,6 +610,7 @@ def _find(
             split_calls=split_calls,
             floor_autocast=floor is not None and floor.autocast,
             floor_region=floor.region if floor is not None else (),
+            floor_widened=widened if floor is not None else None,
             lowered_first=lowered_first,
         )
 
@@ -823,6 +826,7 @@ def _find(
         split_calls=split_calls,
         floor_autocast=floor is not None and floor.autocast,
         floor_region=floor.region if floor is not None else (),
+        floor_widened=widened if floor is not None else None,
         lowered_first=lowered_first,
         own_errors=own,
         state=(module, other_module, state) if state else None,

@@ -137,6 +137,9 @@ class Divergence:
     # with that floor: the reference's modules run under autocast, where the candidate computes in `floor` (paths
     # without the model's class name); () where the whole forward ran under it
     floor_region: tuple[str, ...] = ()
+    # with that floor run under autocast in all of the reference: why autocast in those modules only was not used
+    # (what it raised), else None
+    floor_widened: str | None = None
     # with that floor: the candidate's first tensor in `floor` where the reference computes in another dtype, and
     # the line that made it ("" where none): where the candidate's own lower precision begins
     lowered_first: tuple[str, str] | None = None
@@ -395,6 +398,11 @@ class Divergence:
             return (
                 f"the reference run on the same inputs with torch.autocast to {self.floor} in the forward of "
                 f"{shown} only, where the candidate computes in it"
+            )
+        if self.floor_autocast and self.floor_widened:
+            return (
+                f"the reference run under torch.autocast to {self.floor} on the same inputs, all of its forward: with "
+                f"autocast in only the modules where the candidate computes in it, it raised {self.floor_widened}"
             )
         if self.floor_autocast:
             return f"the reference run under torch.autocast to {self.floor} on the same inputs"

@@ -93,7 +93,13 @@ def early_before(
     # where the op's module call begins in the order (its first tensor: an input); what follows it up to the op is
     # inside that call, its submodules' calls included, whichever call of the module it is (a second call's
     # submodules are named `M.a.rot#2`, not `M.a#2.rot`)
-    begins = next((i for i, n in enumerate(order[:at]) if module_of(n) == call), at) if call is not None else at
+    begins = next((i for i, n in enumerate(order[:at]) if module_of(n) == call), None) if call is not None else at
+    if begins is None:  # the call recorded nothing of its own before the op (no tensor argument): its submodules'
+        # calls just before the op, by path, are inside it
+        inside = re.sub(r"#\d+$", "", call or "")
+        begins = at
+        while begins > 0 and re.sub(r"#\d+", "", module_of(order[begins - 1])).startswith(inside + "."):
+            begins -= 1
     for position in range(at - 1, -1, -1):
         other = order[position]
         if outputs_of is not None and OUTPUTS.search(other) and OUTPUTS.sub("", other) == outputs_of:

@@ -350,9 +350,13 @@ def reproduces(
         ours = _tensors(_call(modules[0], arguments, None, "reference"))
         if len(ours) != len(recorded) or not all(torch.equal(a, b) for a, b in zip(ours, recorded, strict=True)):
             return False
-        # the two models of one dtype: the arguments as the reference's module took them
-        theirs = _tensors(_call(modules[1], arguments, None, "candidate"))
-        again = _tensors(_call(modules[1], arguments, None, "candidate"))
+        # the arguments as the reference's module took them, cast to the candidate module's floating dtype where it
+        # holds another (a bfloat16 port judged without a precision floor)
+        theirs_dtype = next((p.dtype for p in modules[1].parameters() if p.is_floating_point()), None)
+        ours_dtype = next((p.dtype for p in modules[0].parameters() if p.is_floating_point()), None)
+        cast = None if theirs_dtype == ours_dtype else theirs_dtype
+        theirs = _tensors(_call(modules[1], arguments, cast, "candidate"))
+        again = _tensors(_call(modules[1], arguments, cast, "candidate"))
     except (NotReplayable, AttributeError):
         return False
     if len(theirs) != len(ours) or not all(torch.equal(a, b) for a, b in zip(theirs, again, strict=True)):

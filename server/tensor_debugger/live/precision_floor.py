@@ -92,8 +92,9 @@ def autocast_floor(
 @dataclass(frozen=True)
 class Region:
     """The reference's modules whose forward the autocast floor runs under autocast (paths inside the model, without
-    its class name), and those of them whose outputs stay in the lower dtype (the candidate's do); the others' are
-    cast back to the reference's dtype, as the candidate's region ends (`.float()` before a float32 layer)."""
+    its class name), and those of them whose outputs stay in the lower dtype (those inside another of them); the
+    others' are cast back to the reference's dtype, as the candidate's region ends (`.float()` before a float32
+    layer, or float32 code promoting them)."""
 
     paths: tuple[str, ...]
     kept_lower: frozenset[str]
@@ -131,15 +132,20 @@ def _raised(value: Any, lower: torch.dtype, dtype: torch.dtype) -> Any:
         return value.to(dtype) if value.dtype == lower else value
     if type(value) in (tuple, list):
         return type(value)(_raised(v, lower, dtype) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a namedtuple
+        return type(value)(*(_raised(v, lower, dtype) for v in value))
     if type(value) is dict:
         return {k: _raised(v, lower, dtype) for k, v in value.items()}
+    if isinstance(value, dict):  # a dict of its own class (transformers' ModelOutput): its values set in place
+        for k, v in list(value.items()):
+            value[k] = _raised(v, lower, dtype)
     return value
 
 
 def autocast_region(lowered: Iterable[str], reference: torch.nn.Module) -> Region | None:
     """Where the autocast floor runs the reference under autocast, from the candidate's tensors `lowered` (its
     names, in a dtype the reference does not compute in there): the module calls of its ops' outputs (their paths
-    inside the model, without its class name), those whose own outputs are among `lowered` keeping them in it. None
+    inside the model, without its class name), those inside another of them keeping their outputs in it. None
     (the whole forward) where the candidate recorded no op there (module capture: its own code between the modules
     is not seen), or where one of them is the model itself or names no submodule of the reference (a port whose
     modules are named otherwise)."""
@@ -153,7 +159,9 @@ def autocast_region(lowered: Iterable[str], reference: torch.nn.Module) -> Regio
             reference.get_submodule(path)
     except AttributeError:
         return None
-    kept = {call_path(module_of(n))[0] for n in names if "/" not in n and "_outputs" in n[len(module_of(n)) :]}
+    # a module inside another of the region hands its outputs to code under autocast, as the candidate's does; the
+    # outermost cast theirs back (bfloat16 to float32 is exact, as the promotion by float32 code after a region is)
+    kept = {p for p in paths if any(p.startswith(q + ".") for q in paths)}
     return Region(tuple(paths), frozenset(kept))
 
 

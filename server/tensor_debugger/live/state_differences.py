@@ -66,11 +66,11 @@ def differing_state(
             difference: StateDifference | None = None
             if other.shape == value.shape:
                 difference = _difference(name, kind, value, other)
-            elif other.numel() == value.numel() and other.layout == torch.strided:
-                # the same elements in another shape (a rotary cache kept as [1, 1, seq, dim] for [seq, dim]):
-                # compared as the reference's shape, said only where the values differ
+            elif _squeezed(other.shape) == _squeezed(value.shape) and other.layout == torch.strided:
+                # the same shape but for dimensions of size 1 (a rotary cache kept as [1, 1, seq, dim] for
+                # [seq, dim]): compared as the reference's shape, said only where the values differ
                 difference = _difference(name, kind, value, other.reshape(value.shape))
-            elif _kind(other.dtype) == _kind(value.dtype):
+            else:
                 shape, numel = tuple(value.shape), value.numel()
                 difference = StateDifference(name, kind, math.inf, (), numel, numel, shape, tuple(other.shape))
             if difference is not None:
@@ -78,6 +78,11 @@ def differing_state(
                 if len(found) == LISTED:
                     return tuple(found)
     return tuple(found)
+
+
+def _squeezed(shape: torch.Size) -> tuple[int, ...]:
+    """A shape without its dimensions of size 1."""
+    return tuple(n for n in shape if n != 1)
 
 
 def _kind(dtype: torch.dtype) -> str:
