@@ -756,25 +756,35 @@ def test_an_autocast_region_both_sides_share_is_no_precision_floor(settings: Set
     assert found.first is not None and found.first.reference == "SharedRegion_outputs", words
 
 
-class Float32Only(nn.Module):
-    """A linear layer and then an op with a float32 kernel only; the port runs the layer under a bfloat16 autocast
-    region and casts back before the op."""
+class Float32Block(nn.Module):
+    """A linear map in the block's own code and then an op with a float32 kernel only; the port runs the map under
+    a bfloat16 autocast region and casts back before the op, in the same forward (so autocast around the block's
+    forward, as the floor runs the reference, leaves it in bfloat16)."""
 
     def __init__(self, port: bool) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.up = nn.Linear(D, D)
+        self.weight, self.bias = nn.Parameter(torch.randn(D, D) / D**0.5), nn.Parameter(torch.zeros(D))
         self.port = port
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         region = torch.autocast("cpu", dtype=torch.bfloat16) if self.port else contextlib.nullcontext()
         with region:
-            h = self.up(x)
+            h = F.linear(x, self.weight, self.bias)
         if self.port:
             h = h.float()
         if h.dtype != torch.float32:
             raise TypeError(f"a float32 kernel only, got {h.dtype}")
         return cast(torch.Tensor, h.exp())
+
+
+class Float32Only(nn.Module):
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.block = Float32Block(port)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return cast(torch.Tensor, self.block(x))
 
 
 def test_an_autocast_floor_that_raised_is_said_as_what_ran(settings: Settings) -> None:
@@ -787,5 +797,6 @@ def test_an_autocast_floor_that_raised_is_said_as_what_ran(settings: Settings) -
     words = found.words()
     assert found.floor is None and found.floor_note is not None, words
     assert "converted" not in found.floor_note, found.floor_note
+    # autocast around the block's forward raised, and so did autocast around the whole forward
     assert "the reference run under torch.autocast to bfloat16 (the precision floor) raised TypeError" in words, words
     assert "computes parts of its forward in bfloat16" in words and "judged by tolerances alone" in words, words
