@@ -774,7 +774,7 @@ class Float32Block(nn.Module):
             h = h.float()
         if h.dtype != torch.float32:
             raise TypeError(f"a float32 kernel only, got {h.dtype}")
-        return cast(torch.Tensor, h.exp())
+        return h.exp()
 
 
 class Float32Only(nn.Module):
