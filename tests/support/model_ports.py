@@ -44,6 +44,8 @@ def port_writer(folder: Path) -> Iterator[Callable[[str, str, str, str], Port]]:
 
     def write(family: str, stem: str, old: str, new: str) -> Port:
         original = Path(transformers.__file__).parent / "models" / family / f"modeling_{family}.py"
+        if not original.is_file():  # a family newer than this release
+            pytest.skip(f"transformers {transformers.__version__} has no modeling_{family}.py")
         text = original.read_text(encoding="utf-8")
         if text.count(old) != 1:  # the case's port is written against a newer release's source
             pytest.skip(f"transformers {transformers.__version__}'s modeling_{family}.py has no single {old!r}")
