@@ -62,18 +62,19 @@ class KeywordOnly(nn.Module):
 
 class Outer(nn.Module):
     """The reference calls its inner module with the mask by keyword, the port positionally (`case` "keyword
-    only": the reference's mask is a keyword-only parameter, which has no position)."""
+    only": the reference's mask is a keyword-only parameter, which has no position; "positional": the reference
+    passes it by position too)."""
 
     def __init__(self, port: bool, bug: bool = False, case: str = "named") -> None:
         super().__init__()
         torch.manual_seed(0)
         self.a = nn.Linear(D, D)
         self.m: nn.Module = Starred(bug) if port else KeywordOnly() if case == "keyword only" else Named()
-        self.port = port
+        self.by_position = port or case == "positional"
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         h = self.a(x)
-        return cast(torch.Tensor, self.m(h, mask) if self.port else self.m(h, mask=mask))
+        return cast(torch.Tensor, self.m(h, mask) if self.by_position else self.m(h, mask=mask))
 
 
 def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,11 +114,17 @@ def test_the_capture_records_a_positional_parameters_position_beside_its_name(se
     }
 
 
-def test_find_divergence_pairs_the_keyword_with_the_star_args_at_its_position(settings: Settings) -> None:
+@pytest.mark.parametrize("case", ["named", "positional"])
+def test_find_divergence_pairs_the_keyword_with_the_star_args_at_its_position(settings: Settings, case: str) -> None:
     """The port's mask flipped: the first divergence is the module's `mul` at each side's line, the module is the
-    culprit, and its mask (passed by keyword on one side, into `*args` on the other) was compared."""
+    culprit, and its mask (passed by keyword, or by position, on one side, into `*args` on the other) was
+    compared."""
     found = find_divergence(
-        Outer(False).eval(), Outer(True, bug=True).eval(), _inputs(), session="kw", data_dir=settings.data_dir
+        Outer(False, case=case).eval(),
+        Outer(True, bug=True).eval(),
+        _inputs(),
+        session=f"kw {case}",
+        data_dir=settings.data_dir,
     )
     first = found.first
     assert first is not None and first.reference == "Outer.m/mul#1_outputs", found.words()

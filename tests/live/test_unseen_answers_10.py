@@ -11,9 +11,8 @@ named with no word that the outputs agree."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from functools import partial
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import pytest
 import torch
@@ -21,29 +20,18 @@ from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.support.model_ports import Port, jittered_pair, port_writer
+from tests.support.model_ports import Port, config_of, jittered_pair, port_writer
 from tests.support.sessions import compared as _session_report  # planned, computed, reported
-from tests.support.source_lines import line_holding, marked_line
+from tests.support.source_lines import line_holding
 
-HERE = Path(__file__)
 D = 16
 IDS = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
-
-line_of = partial(marked_line, HERE)
 
 
 @pytest.fixture(scope="module")
 def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, str, str, str], Port]]:
     with port_writer(tmp_path_factory.mktemp("ports")) as write:
         yield lambda family, tag, old, new: write(family, f"port10_{family}_{tag}", old, new)
-
-
-def _config(name: str, **kwargs: Any) -> Any:
-    import transformers
-
-    if not hasattr(transformers, name):
-        pytest.skip(f"transformers {transformers.__version__} has no {name}")
-    return getattr(transformers, name)(**kwargs)
 
 
 STRIDES = (
@@ -65,7 +53,7 @@ def test_whisper_strides_swapped_the_session_names_the_first_convolution(
     module's output of another shape, the module called once on each side, is the first divergence, and the port's
     convolution that made it is named with the line that called it."""
     port = ports("whisper", "stride", STRIDES, SWAPPED)
-    config = _config(
+    config = config_of(
         "WhisperConfig",
         vocab_size=64,
         num_mel_bins=8,
@@ -113,7 +101,7 @@ def test_falcon_alibi_slopes_negated_names_the_ports_neg_earlier_in_the_call(
     (`cumsum`, ...) lie between, paired and equal, and the reference has no tensor without partner. Now the
     candidate's ops without partner earlier in the same module call are named in both."""
     port = ports("falcon", "sign", "    slopes = torch.pow(base, powers)\n", "    slopes = -torch.pow(base, powers)\n")
-    config = _config(
+    config = config_of(
         "FalconConfig",
         vocab_size=64,
         hidden_size=16,
@@ -153,7 +141,7 @@ def test_gpt_neo_a_mask_letting_one_future_token_through_says_the_outputs_agree(
     indent = " " * 12 if f"{' ' * 12}{built}" in source.read_text(encoding="utf-8") else " " * 8  # _init_weights'
     old = f"{indent}{built}"
     port = ports("gpt_neo", "future", old, old.replace("dtype=bool))", "dtype=bool), 1)"))
-    config = _config(
+    config = config_of(
         "GPTNeoConfig",
         vocab_size=64,
         hidden_size=16,
@@ -181,7 +169,7 @@ def test_qwen3_moe_an_expert_index_off_by_one_is_named_at_the_experts_line(
     expert's weights, named at the experts' first linear, the port's line, culprit the experts."""
     old = "self.gate_up_proj[expert_idx]).chunk"
     port = ports("qwen3_moe", "index", old, "self.gate_up_proj[(expert_idx + 1) % self.num_experts]).chunk")
-    config = _config(
+    config = config_of(
         "Qwen3MoeConfig",
         vocab_size=64,
         hidden_size=16,
@@ -202,52 +190,6 @@ def test_qwen3_moe_an_expert_index_off_by_one_is_named_at_the_experts_line(
     assert first is not None and first.reference == f"{experts}/linear#1_outputs", repr(found)
     assert (first.reference_source, first.candidate_source) == port.lines(old, "(expert_idx + 1)"), repr(found)
     assert found.culprits == [experts], repr(found)
-
-
-class Named(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.f = nn.Linear(D, D)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return cast(torch.Tensor, self.f(x) * mask)  # named
-
-
-class Starred(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.f = nn.Linear(D, D)
-
-    def forward(self, *args: torch.Tensor) -> torch.Tensor:
-        x, mask = args
-        return cast(torch.Tensor, self.f(x) * mask.flip(1))  # starred
-
-
-class Outer(nn.Module):
-    """A masked projection; the port's takes `*args` and flips the mask along the sequence."""
-
-    def __init__(self, port: bool) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.a = nn.Linear(D, D)
-        self.m = Starred() if port else Named()
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return cast(torch.Tensor, self.m(self.a(x), mask))
-
-
-def test_a_module_taking_star_args_pairs_its_inputs_with_named_parameters(settings: Settings) -> None:
-    """Right (kept: no earlier round had `*args` on one side): called by position, the port's `*args` inputs pair
-    with the reference's named parameters, so its module is the culprit, the bug at the port's line."""
-    x = torch.randn(2, 6, D, generator=torch.Generator().manual_seed(5))
-    mask = (torch.rand(2, 6, 1, generator=torch.Generator().manual_seed(6)) > 0.3).float()
-    found = find_divergence(
-        Outer(False).eval(), Outer(True).eval(), (x, mask), session="star", data_dir=settings.data_dir
-    )
-    first = found.first
-    assert first is not None and first.reference == "Outer.m/mul#1_outputs", repr(found)
-    assert (first.reference_source, first.candidate_source) == (line_of("named"), line_of("starred")), repr(found)
-    assert found.culprits == ["Outer.m"] and found.unpaired == (0, 1), repr(found)
 
 
 class _Lengths(nn.Module):

@@ -13,7 +13,6 @@ import math
 from collections.abc import Callable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from tensor_debugger import capture, find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.support.model_ports import Port, jittered_pair, port_writer
+from tests.support.model_ports import Port, config_of, jittered_pair, port_writer
 from tests.support.sessions import compared as _session_report  # planned, computed, reported
 from tests.support.source_lines import marked_line
 
@@ -36,14 +35,6 @@ line_of = partial(marked_line, HERE)
 def ports(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str, str, str, str], Port]]:
     with port_writer(tmp_path_factory.mktemp("ports")) as write:
         yield lambda family, tag, old, new: write(family, f"port11_{family}_{tag}", old, new)
-
-
-def _config(name: str, **kwargs: Any) -> Any:
-    import transformers
-
-    if not hasattr(transformers, name):
-        pytest.skip(f"transformers {transformers.__version__} has no {name}")
-    return getattr(transformers, name)(**kwargs)
 
 
 SMALL = {
@@ -113,7 +104,7 @@ def test_glm4_partial_rotary_factor_ignored_names_the_buffer_of_another_shape(
     port's `inv_freq` (a buffer made in `__init__`, not in the state dict, so no load refused it) is made for the
     whole head. Buffers of one name and another shape were passed over; now they are said with both shapes."""
     port = ports("glm4", "prf", "        dim = int(head_dim * partial_rotary_factor)\n", "        dim = head_dim\n")
-    reference, candidate = jittered_pair(port, "Glm4ForCausalLM", _config("Glm4Config", **SMALL))
+    reference, candidate = jittered_pair(port, "Glm4ForCausalLM", config_of("Glm4Config", **SMALL))
     found = find_divergence(reference, candidate, {"input_ids": IDS}, session="glm4", data_dir=settings.data_dir)
     first = found.first
     assert first is not None and first.reference == "Glm4ForCausalLM.model.rotary_emb_outputs_0", repr(found)
@@ -137,7 +128,7 @@ def test_hunyuan_qk_norm_before_the_rotary_names_the_ports_norm_calls(
         "        key_states = self.key_layernorm(key_states)\n"
     )
     port = ports("hunyuan_v1_dense", "qk", rotary + norms, norms + rotary)
-    reference, candidate = jittered_pair(port, "HunYuanDenseV1ForCausalLM", _config("HunYuanDenseV1Config", **SMALL))
+    reference, candidate = jittered_pair(port, "HunYuanDenseV1ForCausalLM", config_of("HunYuanDenseV1Config", **SMALL))
     found = find_divergence(reference, candidate, {"input_ids": IDS}, session="hunyuan", data_dir=settings.data_dir)
     first = found.first
     attention = "HunYuanDenseV1ForCausalLM.model.layers.0.self_attn"
@@ -241,7 +232,7 @@ def test_gpt_oss_attention_sinks_dropped_names_the_sinks_concatenation(
     old = text[begin:end] + "    scores = probs[..., :-1]  # we drop the sink here\n"
     new = old.replace("torch.cat([attn_weights, sinks], dim=-1)", "attn_weights").replace("probs[..., :-1]", "probs")
     port = ports("gpt_oss", "sinks", old, new)
-    config = _config(
+    config = config_of(
         "GptOssConfig",
         **{**SMALL, "hidden_size": 16, "intermediate_size": 16, "head_dim": 4},
         num_local_experts=4,

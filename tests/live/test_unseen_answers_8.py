@@ -21,7 +21,7 @@ from tensor_debugger import find_divergence
 from tensor_debugger.settings import Settings
 from torch import nn
 
-from tests.support.model_ports import Port, jittered_pair, port_writer
+from tests.support.model_ports import Port, config_of, jittered_pair, port_writer
 from tests.support.source_lines import line_holding, marked_line
 
 HERE = Path(__file__)
@@ -263,12 +263,6 @@ SMALL: dict[str, Any] = dict(
 IDS = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
 
 
-def _config(name: str, **kwargs: Any) -> Any:
-    import transformers
-
-    return getattr(transformers, name)(**kwargs)
-
-
 def test_beit_whose_position_index_is_cached_after_its_first_call(
     settings: Settings, ports: Callable[..., Port]
 ) -> None:
@@ -280,7 +274,7 @@ def test_beit_whose_position_index_is_cached_after_its_first_call(
         "relative_position_bias = relative_position_bias.permute(2, 0, 1).contiguous()",
         "relative_position_bias = relative_position_bias.permute(2, 1, 0).contiguous()",
     )
-    config = _config(
+    config = config_of(
         "BeitConfig",
         hidden_size=16,
         num_hidden_layers=1,
@@ -316,7 +310,7 @@ def test_deepseek_v3_whose_keys_are_copied_into_unset_memory(settings: Settings,
         import transformers
 
         pytest.skip(f"transformers {transformers.__version__}'s DeepSeek-V3 puts its keys together without new_empty")
-    config = _config(
+    config = config_of(
         "DeepseekV3Config",
         n_routed_experts=4,
         num_experts_per_tok=2,
@@ -353,7 +347,7 @@ def test_mixtral_experts_weighted_by_the_other_slots_weight(settings: Settings, 
         "current_hidden_states = current_hidden_states * top_k_weights[token_idx, top_k_pos, None]",
         "current_hidden_states = current_hidden_states * top_k_weights[token_idx, 1 - top_k_pos, None]",
     )
-    config = _config("MixtralConfig", num_local_experts=E, num_experts_per_tok=K, **SMALL)
+    config = config_of("MixtralConfig", num_local_experts=E, num_experts_per_tok=K, **SMALL)
     reference, candidate = jittered_pair(port, "MixtralForCausalLM", config)
     found = find_divergence(reference, candidate, {"input_ids": IDS}, session="mixtral", data_dir=settings.data_dir)
     first = found.first

@@ -24,7 +24,7 @@ from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import SessionRecord
 from torch import nn
 
-from tests.support.model_ports import Port, jittered_pair, port_writer
+from tests.support.model_ports import Port, config_of, jittered_pair, port_writer
 from tests.support.source_lines import marked_line
 
 HERE = Path(__file__)
@@ -179,19 +179,11 @@ SMALL: dict[str, Any] = dict(
 IDS = torch.randint(0, 64, (2, 7), generator=torch.Generator().manual_seed(1))
 
 
-def _config(name: str, **kwargs: Any) -> Any:
-    import transformers
-
-    if not hasattr(transformers, name):
-        pytest.skip(f"transformers {transformers.__version__} has no {name}")
-    return getattr(transformers, name)(**kwargs)
-
-
 def test_smollm3_turning_the_keys_of_a_layer_without_rotary(settings: Settings, ports: Callable[..., Port]) -> None:
     """SmolLM3's NoPE layer (no rotary) turned by the port: the first divergence, the cache's `cat` of the keys, was
     named with nothing before it; the port's rotary ops now, at their lines in the port."""
     port = ports("smollm3", "rope", "        if self.use_rope:\n", "        if True:  # rotary everywhere\n")
-    config = _config(
+    config = config_of(
         "SmolLM3Config",
         **SMALL,
         num_hidden_layers=2,
@@ -223,7 +215,7 @@ def test_fnet_taking_the_imaginary_part_of_its_fourier_transform(
         "outputs = self.fourier_transform(hidden_states).real",
         "outputs = self.fourier_transform(hidden_states).imag",
     )
-    config = _config(
+    config = config_of(
         "FNetConfig",
         vocab_size=64,
         hidden_size=16,
@@ -253,7 +245,7 @@ def test_mamba2_gating_its_norm_by_sigmoid_for_silu(settings: Settings, ports: C
         "hidden_states = hidden_states * nn.functional.silu(gate.to(torch.float32))",
         "hidden_states = hidden_states * torch.sigmoid(gate.to(torch.float32))",
     )
-    config = _config(
+    config = config_of(
         "Mamba2Config",
         vocab_size=64,
         hidden_size=16,
@@ -290,7 +282,7 @@ def test_convnextv2_normalising_its_response_over_the_wrong_dims(
         "torch.linalg.vector_norm(hidden_states, ord=2, dim=(1, 2), keepdim=True)",
         "torch.linalg.vector_norm(hidden_states, ord=2, dim=(2, 3), keepdim=True)",
     )
-    config = _config("ConvNextV2Config", hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32)
+    config = config_of("ConvNextV2Config", hidden_sizes=[8, 16], depths=[1, 1], num_stages=2, image_size=32)
     reference, candidate = jittered_pair(port, "ConvNextV2Model", config)
     image = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(3))
     found = find_divergence(reference, candidate, image, session="convnextv2", data_dir=settings.data_dir)

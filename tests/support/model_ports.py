@@ -34,6 +34,16 @@ class Port:
         return line_holding(self.original, needle), line_holding(self.path, port_needle or needle)
 
 
+def config_of(name: str, **kwargs: Any) -> Any:
+    """The transformers config class `name` made with `kwargs`; the test skips, naming the release, where the
+    installed transformers has no such class."""
+    import transformers
+
+    if not hasattr(transformers, name):
+        pytest.skip(f"transformers {transformers.__version__} has no {name}")
+    return getattr(transformers, name)(**kwargs)
+
+
 @contextmanager
 def port_writer(folder: Path) -> Iterator[Callable[[str, str, str, str], Port]]:
     """`write(family, stem, old, new)`: `modeling_<family>.py` of the installed transformers with `old` (which must
