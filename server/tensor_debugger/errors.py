@@ -36,6 +36,10 @@ class ConflictError(TensorDebuggerError):
     """A name already taken, or an operation that clashes with the current state."""
 
 
+class SessionNameTaken(ConflictError):
+    """A run that was to make a new session found one of that name (another command made it meanwhile)."""
+
+
 class FileProblem(TensorDebuggerError):
     """One input file that could not be used. `file` names it as the user gave it. Its tensors, if it held any,
     are missing from the run: a comparison of the run is incomplete (`ignored` is False). `note`: a note about the

@@ -87,3 +87,36 @@ def test_a_compare_killed_leaves_no_empty_session(
     assert again.returncode in (0, 1), again.stderr
     assert json.loads(again.stdout)["session"]["name"] == "ref.tar vs port.tar"
     assert [name for (name,) in rows(data_dir, "select name from sessions")] == ["ref.tar vs port.tar"]
+
+
+def test_a_compare_stopped_by_ctrl_c_says_so_in_one_line_and_the_same_command_answers_after(
+    tmp_path: Path, big_runs: tuple[Path, Path]
+) -> None:
+    """Ctrl-C mid-ingest printed a traceback and exited 1, the code of a divergence found. Now: one line, no
+    verdict, exit 130 (128 + SIGINT, as a shell reports it), and the same command again answers in the same
+    session name."""
+    data_dir = tmp_path / "data"
+    reference, candidate = big_runs
+    compare = subprocess.Popen(
+        [*cli_command(), "--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--in-process"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
+    try:
+        wait_until(lambda: copying(data_dir), what="the compare to reach mid-ingest", timeout=120, interval=0.005)
+        compare.send_signal(signal.SIGINT)
+        out, err = compare.communicate(timeout=120)
+    finally:
+        if compare.poll() is None:
+            compare.kill()
+            compare.wait()
+    assert compare.returncode == 130, (out, err)
+    assert "Traceback" not in err and "interrupted (Ctrl-C): no verdict" in err, err
+    assert out == ""
+
+    again = main_cli("--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--in-process", "--json")
+    assert again.returncode == 1, again.stderr  # the two tensors differ
+    assert json.loads(again.stdout)["session"]["name"] == "ref.tar vs port.tar"
+    assert [name for (name,) in rows(data_dir, "select name from sessions")] == ["ref.tar vs port.tar"]

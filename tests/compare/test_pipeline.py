@@ -143,3 +143,43 @@ def test_results_compared_early_are_written_in_batches(services: Services, tmp_p
         assert db.scalar(select(func.count(PairRecord.result_id.distinct()))) == results  # all cached before the plan
         assert not db.scalar(select(func.count()).where(PairRecord.status == "pending"))
     assert 0 < commits.count("compare-early") < results / 2
+
+
+@pytest.mark.parametrize("fail_fast", [False, True])
+def test_a_session_name_another_compare_takes_meanwhile_is_not_shared(
+    services: Services, tmp_path: Path, fail_fast: bool
+) -> None:
+    """Two `compare --name nightly` at once: each found "nightly" free, and both landed in one session of four runs
+    (the first reported the other's runs as its candidates; the second, a clash of labels or "no tensor could be
+    paired"). Now a compare's first run makes its session, and where another command made one of that name since
+    it was found free, the compare takes the next free name. The other command's session is left as it was."""
+    a, b = runs(tmp_path, layers=1, plant=Plant(layer=0, stage="post_attn", index=(1, 2), offset=0.5))
+    armed = [True]
+
+    def other_compare_first(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if armed[0] and statement.startswith("UPDATE sessions SET name"):  # the first run's begin, name found free
+            armed[0] = False
+            other = threading.Thread(target=lambda: services.ingestor.begin("nightly", "other", ["other"]))
+            other.start()
+            other.join()
+
+    engine = services.sessions.kw["bind"]
+    event.listen(engine, "before_cursor_execute", other_compare_first)
+    try:
+        outcome = compare_runs(
+            services.ingestor,
+            services.context,
+            services.compute,
+            request(a, b, name="nightly", fail_fast=fail_fast),
+            "http://here",
+            None,
+        )
+    finally:
+        event.remove(engine, "before_cursor_execute", other_compare_first)
+    assert not armed[0]
+    payload = to_json(outcome.payload)
+    assert outcome.exit_code == 1 and payload["first_divergence"]["name"] == "0_post_attn"
+    assert payload["session"]["name"] == "nightly (2)"
+    with services.sessions() as db:
+        sessions = {s.name: sorted(r.label for r in s.runs) for s in db.scalars(select(SessionRecord))}
+    assert sessions == {"nightly": ["other"], "nightly (2)": ["cand.zip", "ref.zip"]}

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2
 EXIT_READER_GONE = 128 + 13  # as a tool that SIGPIPE ends exits: its output's reader left (`| head`)
+EXIT_INTERRUPTED = 128 + 2  # as a tool that SIGINT ends exits: the user pressed Ctrl-C
 # what keeps a command from opening the data dir's database and store: said in one line, exit 2
 UNOPENED = (StoreUnavailableError, DatabaseSettingError, DatabaseUnavailableError)
 READ_ONLY = ("sessions", "compare-sessions")  # commands that only read the data dir
@@ -249,6 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         # read. Python's way out: stdout onto /dev/null, so that its flush at exit fails no more.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_READER_GONE
+    except KeyboardInterrupt:
+        # Ctrl-C: one line, not a traceback. What a compare had begun is undone on its way out (its runs, and the
+        # session they made), or taken up by the same command again where its reference was stored.
+        print("\ntensor-debugger: interrupted (Ctrl-C): no verdict. Run the same command again.", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _stdout_gone() -> bool:

@@ -58,10 +58,12 @@ from tensor_debugger.errors import (
     InvalidInputError,
     NoDaskWorkerError,
     NothingUsableError,
+    SessionNameTaken,
     TensorDebuggerError,
 )
 from tensor_debugger.ingest.fingerprints import fingerprint_inputs
 from tensor_debugger.ingest.inputs import InputFile
+from tensor_debugger.ingest.outcomes import IngestCancelled
 from tensor_debugger.ingest.runs import Ingestor, IngestResult, PendingRun, archive_limits
 from tensor_debugger.ingest.stored import NotesOf
 from tensor_debugger.ingest.taps import EveryTap, RunTap
@@ -72,6 +74,8 @@ from tensor_debugger.store.problem_report import ProblemReport
 # What planning and the report need once the runs are ingested (`plan_session`, `session_pairs`, `compare_report`),
 # imported then, not at start-up: `_ingest_at_once` imports them in the thread that waits for the runs, while they
 # ingest, so that reading starts that much sooner (about 0.04 CPU s of imports on the way to the first byte read)
+_NAME_TRIES = 20  # a compare's new session: names tried where others take each meanwhile (then the error says so)
+
 AFTER_INGEST = (
     "tensor_debugger.compare.planning.plan",
     "tensor_debugger.compare.reports.pair_reports",
@@ -84,6 +88,20 @@ def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
     """`wanted`, or `wanted (2)` where a session has that name, as the API names a new session (catalog)."""
     with sessions() as db:
         return catalog.free_name(db, wanted)
+
+
+def _begin_session(
+    ingestor: Ingestor, context: CompareContext, name: str, label: str, given: InputFile, role: str | None
+) -> PendingRun:
+    """The first run's row, in a session it makes: `name`, or where another command made a session of that name
+    since it was found free (two compares at once, one name wanted), the next free name. Two commands never share
+    a session neither asked to join."""
+    for _ in range(_NAME_TRIES):
+        try:
+            return ingestor.begin(name, label, [given.label], by_label=False, role=role, new_session=True)
+        except SessionNameTaken:
+            name = free_name(context.sessions, name)
+    return ingestor.begin(name, label, [given.label], by_label=False, role=role, new_session=True)
 
 
 def run_labels(shown: list[str]) -> list[str]:
@@ -152,7 +170,11 @@ def _ingest_at_once(
     pending: list[PendingRun] = []
     try:
         for label, given, role in runs:  # in order: the first begun is the reference
-            pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
+            if pending or resumed is not None:
+                pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
+            else:
+                pending.append(_begin_session(ingestor, context, session_name, label, given, role))
+                session_name = pending[0].session_name
         session_id = pending[0].session_id if resumed is None else resumed.session_id
         with context.sessions.begin() as db:
             session = catalog.get_session(db, session_id)
@@ -167,12 +189,14 @@ def _ingest_at_once(
     ingest_step = step("ingest " + ", ".join(label for label, _, _ in runs))
     figures = [(0, 0)] * len(runs)
     lock = threading.Lock()
+    interrupted = threading.Event()  # Ctrl-C in this thread: each run's ingest stops at its next block
 
-    def progress(index: int) -> Callable[[int, int], None] | None:
-        if ingest_step is None:
-            return None
-
+    def progress(index: int) -> Callable[[int, int], None]:
         def report(done: int, total: int) -> None:
+            if interrupted.is_set():
+                raise IngestCancelled("the compare was interrupted")
+            if ingest_step is None:
+                return
             with lock:
                 figures[index] = (done, total)
                 ingest_step(sum(d for d, _ in figures), sum(t for _, t in figures))
@@ -219,9 +243,20 @@ def _ingest_at_once(
     try:
         with ThreadPoolExecutor(len(runs), thread_name_prefix="ingest-run") as pool:
             futures = [pool.submit(ingest, index) for index in range(len(runs))]
-            for name in AFTER_INGEST:  # while the runs ingest: this thread would only wait
-                importlib.import_module(name)
-            outcomes = [f.exception() or f.result() for f in futures]
+            try:
+                for name in AFTER_INGEST:  # while the runs ingest: this thread would only wait
+                    importlib.import_module(name)
+                outcomes = [f.exception() or f.result() for f in futures]
+            except BaseException:  # Ctrl-C: the runs stop where they are, dropped as if never begun
+                interrupted.set()
+                raise
+    except BaseException:
+        if interrupted.is_set():  # a run that was stored keeps the session (the same command takes it up again)
+            with context.sessions() as db:
+                session = db.get(SessionRecord, session_id)
+                if session is not None and not session.runs:
+                    catalog.delete_session(db, context.store, session_id)
+        raise
     finally:
         if early is not None:
             early.settle()
@@ -274,7 +309,11 @@ def _ingest_in_turn(
     done = 0  # of `pending`, ingested (or given up by `complete`)
     try:
         for label, given, role in runs[1:] if resumed is not None else runs:
-            pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
+            if pending or resumed is not None:
+                pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
+            else:
+                pending.append(_begin_session(ingestor, context, session_name, label, given, role))
+                session_name = pending[0].session_name
             session_id = pending[-1].session_id
         assert session_id is not None
         todo = runs[1:] if resumed is not None else runs
@@ -398,7 +437,10 @@ def compare_runs(
             stopped = exc
     with sessions() as db:
         report = session_pairs(db, session_id, modules=True)
-        deleted = db.get(SessionRecord, session_id) is None
+        record = db.get(SessionRecord, session_id)
+        deleted = record is None
+        if record is not None:  # another command may have taken the name found free: the one made is said
+            session_name = record.name
     if deleted:  # by a server's DELETE or its page meanwhile: what is left of the report is no verdict
         return _unusable(
             f"session {session_name!r} was deleted while it was compared (a server's DELETE or its page's Delete): "

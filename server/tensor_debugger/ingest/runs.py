@@ -44,6 +44,7 @@ from tensor_debugger.errors import (
     IngestPostponed,
     InvalidInputError,
     NothingUsableError,
+    SessionNameTaken,
     is_outage,
 )
 from tensor_debugger.ingest.archives import ArchiveLimits
@@ -175,6 +176,7 @@ class Ingestor:
         role: str | None = None,
         staged: Sequence[InputFile] = (),
         against: str | None = None,
+        new_session: bool = False,
     ) -> PendingRun:
         """Commit the run's row as "ingesting" (and the session, if new and allowed). `staged`: the run's files
         in the staging folder, kept until it is ingested (an accepted upload's), named on the row so that another
@@ -183,7 +185,9 @@ class Ingestor:
         rerun of the reference (its noise floor); left out, the first run is the reference, the others candidates.
         `against`: the label of the session's run this one is compared against (left out: the session's reference);
         refused (InvalidInputError, nothing kept) where the session has no such run or it cannot be
-        (store/compared_against.py).
+        (store/compared_against.py). `new_session`: the run makes its session, and a session of that name found
+        (another command made it meanwhile) is refused with SessionNameTaken, nothing kept: two commands never land
+        in one session by picking one free name at once.
 
         The run takes the next place, so the session's reference (its first run) is the run begun first, not the
         first to finish; but with `by_label`, a run labelled "reference" (any case) takes the first place when no
@@ -194,11 +198,29 @@ class Ingestor:
         run_label = parse_label(run_label, "run label")
         try:
             pending = self._begin(
-                session_name, run_label, sources, create_session, created_session, by_label, role, staged, against
+                session_name,
+                run_label,
+                sources,
+                create_session,
+                created_session,
+                by_label,
+                role,
+                staged,
+                against,
+                new_session,
             )
         except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
             pending = self._begin(
-                session_name, run_label, sources, create_session, created_session, by_label, role, staged, against
+                session_name,
+                run_label,
+                sources,
+                create_session,
+                created_session,
+                by_label,
+                role,
+                staged,
+                against,
+                new_session,
             )
         return pending
 
@@ -213,6 +235,7 @@ class Ingestor:
         role: str | None,
         staged: Sequence[InputFile],
         against: str | None = None,
+        new_session: bool = False,
     ) -> PendingRun:
         with self.sessions.begin() as db:
             # A write first, so that this transaction holds SQLite's write lock before it reads: two begins for
@@ -220,6 +243,8 @@ class Ingestor:
             db.execute(update(SessionRecord).where(SessionRecord.name == session_name).values(name=SessionRecord.name))
             session = db.scalar(select(SessionRecord).where(SessionRecord.name == session_name))
             created = session is None
+            if new_session and session is not None:
+                raise SessionNameTaken(f"a session named {session_name!r} was made by another command meanwhile")
             if session is None:
                 if not create_session:
                     raise InvalidInputError(f"no session named {session_name!r}")
