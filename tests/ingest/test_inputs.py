@@ -160,3 +160,23 @@ def test_more_than_two_runs_per_session(services: Services, tmp_path: Path) -> N
             ("bf16", "candidate", 1),
             ("tp8", "candidate", 2),
         ]
+
+
+def test_a_hub_cache_snapshot_of_symbolic_links_is_read(services: Services, tmp_path: Path) -> None:
+    """A Hugging Face hub cache keeps a model's files as blobs named by hash, and each snapshot folder holds
+    symbolic links to them under the files' names (sub-folders real). A folder a user names is theirs to read: its
+    links were skipped ("no tensors found in any of 2 input files"); now each is read under its link's name. (Links
+    inside an archive are still refused: tests/ingest/test_bad_input.py.)"""
+    blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshots" / "abc123"
+    blobs.mkdir()
+    (snapshot / "sub").mkdir(parents=True)
+    weights = {"model.embed.weight": seeded((8, 4), 0), "model.norm.weight": seeded((4,), 1)}
+    save_file(weights, blobs / "0a1b2c")
+    np.save(blobs / "3d4e5f.npy", seeded((2, 3), 2).numpy())
+    (snapshot / "model.safetensors").symlink_to("../../blobs/0a1b2c")
+    (snapshot / "sub" / "extra.npy").symlink_to("../../../blobs/3d4e5f.npy")
+    result = services.ingestor.ingest("hub", "ref", [InputFile(snapshot, "abc123")])
+    assert result.problems == []
+    got = stored(services, result.run_id)
+    assert sorted(got) == ["model.embed.weight", "model.norm.weight", "sub/extra"]
+    assert same_bits(read_back(services, got["model.embed.weight"]), weights["model.embed.weight"])

@@ -186,7 +186,7 @@ class _Expander:
         if member is not None and (member.span or member.packed):  # a tensor file not extracted: `path` holds it
             yield TensorFileEntry(path, relpath, label, False, span=member.span, packed=member.packed)
             return
-        if path.is_symlink() and depth > 0:
+        if path.is_symlink() and depth > 0 and staged:  # never made by our unpacking, which refuses links
             raise FileProblem(label, "is a symbolic link; skipped")
         kind = archive_kind(path)
         if kind == "npz":
