@@ -253,8 +253,8 @@ def _ingest_at_once(
     except BaseException:
         if interrupted.is_set():  # a run that was stored keeps the session (the same command takes it up again)
             with context.sessions() as db:
-                session = db.get(SessionRecord, session_id)
-                if session is not None and not session.runs:
+                left = db.get(SessionRecord, session_id)
+                if left is not None and not left.runs:
                     catalog.delete_session(db, context.store, session_id)
         raise
     finally:
