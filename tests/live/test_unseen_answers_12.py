@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from tensor_debugger import find_divergence
+from tensor_debugger.live.own_error import Arguments, kept_arguments
 from tensor_debugger.settings import Settings
 from torch import nn
 
@@ -196,3 +197,17 @@ def test_a_conv_state_not_rolled_names_the_references_roll(settings: Settings) -
     assert first.reference_source == first.candidate_source == line_of("step"), repr(found)
     assert first.unmatched_before == ("StreamConv/roll#1_outputs",), repr(found)
     assert first.unmatched_before_sources == (line_of("roll"),), repr(found)
+
+
+def test_a_replay_keeps_the_arguments_of_the_slot_named() -> None:
+    """Wrong with the slots named alone: the replay of a module call (`own_error.kept_arguments`, which a culprit
+    whose inputs agree only within tolerance is called again on) counted the calls of `layers.1`, the block's
+    second slot, on the block object, so it kept the arguments of its first call (`layers.0`'s). Now it counts
+    them by slot, as the capture names them."""
+    model, x = Stack(True).eval(), torch.randn(3, D, generator=torch.Generator().manual_seed(2))
+    with kept_arguments(model, ["Stack.layers.1", "Stack.layers.0"]) as kept:
+        model(x)
+    second, first = kept["Stack.layers.1"], kept["Stack.layers.0"]
+    assert isinstance(second, Arguments) and isinstance(first, Arguments), kept
+    torch.testing.assert_close(first.args[0], x, rtol=0, atol=0)
+    torch.testing.assert_close(second.args[0], model.layers[0](x), rtol=0, atol=0)

@@ -12,7 +12,11 @@ registered once keeps its name, whatever the number of its calls (ALBERT's layer
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -61,3 +65,41 @@ class CallNames:
             return recorded
         entered = self.entered.pop()
         return recorded if entered.recorded is None else entered.recorded
+
+
+@contextmanager
+def slots_followed(model: torch.nn.Module) -> Iterator[Callable[[torch.nn.Module], str] | None]:
+    """Within the block, a function giving the path (inside `model`, "" for itself) that the call of a module
+    beginning now is recorded under, the recorder's way: for hooks of others, which run after these (registered
+    first). None, and nothing hooked, where no module of `model` is shared (each call's path is then its module's)."""
+    shared = aliases(model, "")  # "" the model, ".layers.0" a module inside it
+    if not shared:
+        yield None
+        return
+    names = CallNames()
+
+    def pre(module: torch.nn.Module, _: tuple[Any, ...], paths: tuple[str, ...]) -> None:
+        names.enter(shared.get(id(module), paths))
+
+    def post(_: torch.nn.Module, __: tuple[Any, ...], ___: Any) -> None:
+        names.leave(True)
+
+    handles = []
+    for name, module in model.named_modules():
+        paths = (f".{name}" if name else "",)
+        handles.append(module.register_forward_pre_hook(functools.partial(_pre_of, pre, paths)))
+        handles.append(module.register_forward_hook(post, always_call=True))
+    try:
+        yield lambda module: names.entered[-1].path[1:] if names.entered else ""
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _pre_of(
+    pre: Callable[[torch.nn.Module, tuple[Any, ...], tuple[str, ...]], None],
+    paths: tuple[str, ...],
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+) -> None:
+    pre(module, args, paths)
