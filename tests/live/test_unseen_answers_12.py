@@ -1,5 +1,6 @@
 """Answers on models and planted bugs no earlier round built (bench/RESULTS.md, "answers on unseen models, round
-12"): the one that was wrong and is now fixed, and two right ones no earlier round guards.
+12"): the cause that was wrong and is now fixed (three cases, and the replay's count that the fix needed), and two
+right ones no earlier round guards.
 
 Fixed: one module object placed in several slots (weights shared across layers, `nn.ModuleList([block, block])`;
 an embedding both the encoder's and the decoder's) had every call named by its first name (`layers.0`,
