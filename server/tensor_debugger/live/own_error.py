@@ -39,6 +39,7 @@ import torch
 from tensor_debugger.compare.reports.noise import noise_judges
 from tensor_debugger.engine.culprits import stands_out
 from tensor_debugger.live.capture_names import call_path
+from tensor_debugger.live.module_names import slots_followed
 from tensor_debugger.live.ops import OpSink
 from tensor_debugger.live.precision_floor import NOISE
 from tensor_debugger.live.recorder import HeldRun, record
@@ -102,19 +103,37 @@ def kept_arguments(
     for call in calls:
         path, number = call_path(call)
         wanted.setdefault(path, {})[number] = call
+    with slots_followed(model) as slot:  # a module in several slots: its calls counted by slot, as recorded
+        yield from _kept(model, wanted, kept, sink, slot)
+
+
+def _kept(
+    model: torch.nn.Module,
+    wanted: Mapping[str, Mapping[int, str]],
+    kept: dict[str, Arguments | str],
+    sink: OpSink | None,
+    slot: Callable[[torch.nn.Module], str] | None,
+) -> Iterator[dict[str, Arguments | str]]:
+    """`kept_arguments`'s hooks; `slot`: the path a call beginning now is recorded under, where a module of the
+    model is shared (`module_names.slots_followed`)."""
     counts: dict[str, int] = {}
     handles = []
-    for path, numbers in wanted.items():
+    hooked: set[int] = set()
+    for path in wanted:
+        module = model.get_submodule(path)
+        if slot is not None and id(module) in hooked:  # one hook counts every slot's calls
+            continue
+        hooked.add(id(module))
 
         def pre(
-            _: torch.nn.Module,
+            called: torch.nn.Module,
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
             path: str = path,
-            numbers: Mapping[int, str] = numbers,
         ) -> None:
+            path = slot(called) if slot is not None else path
             counts[path] = counts.get(path, 0) + 1
-            call = numbers.get(counts[path])
+            call = wanted.get(path, {}).get(counts[path])
             if call is None:
                 return
             busy = sink.busy if sink is not None else False
@@ -128,7 +147,7 @@ def kept_arguments(
                 if sink is not None:
                     sink.busy = busy
 
-        handles.append(model.get_submodule(path).register_forward_pre_hook(pre, with_kwargs=True))
+        handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
     try:
         yield kept
     finally:

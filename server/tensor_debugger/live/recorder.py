@@ -68,6 +68,7 @@ from tensor_debugger.ingest.sketches import fold64_sketch, reshaped
 from tensor_debugger.ingest.traces import FULL_SUFFIX
 from tensor_debugger.ingest.writer import WritePools
 from tensor_debugger.live.collector import existing_objects_frozen
+from tensor_debugger.live.module_names import CallNames, aliases
 from tensor_debugger.live.ops import OpMode, module_caller, user_code_skips
 from tensor_debugger.live.parameters import ForwardParameters, forward_parameters
 from tensor_debugger.live.ranks import (
@@ -183,6 +184,7 @@ class _Recorder:
         self.root: dict[str, Any] | None = None
         self.called_again = False  # the model called more than once: `root` holds each call's node
         self.calls: dict[str, int] = {}
+        self.names = CallNames()  # the module calls under way, by the name each is recorded under
         self.count = 0
         self.skipped: list[str] = []
         self.scopes: list[_Scope] = []  # with level="op": every module being called, innermost last
@@ -568,9 +570,11 @@ def _hook(
     is known to be inside the innermost (and recorded only where that module is). With `backward`, the recorded
     modules' gradients too (`_hook_backward`)."""
     handles = []
+    shared = aliases(model, recorder.root_name)  # modules of several names: each call named by its slot
     for name, module in model.named_modules():
         path = recorder.root_name if not name else f"{recorder.root_name}.{name}"
-        wanted = recorder.wanted(path)
+        names = shared.get(id(module), (path,))
+        wanted = any(recorder.wanted(p) for p in names)  # a shared module: recorded from the slots `modules=` say
         node = module is model or wanted
         runs_compiled = name in compiled
         if not node and level == "module":
@@ -581,6 +585,7 @@ def _hook(
             args: tuple[Any, ...],
             kwargs: dict[str, Any],
             path: str = path,
+            names: tuple[str, ...] = names,
             node: bool = node,
             wanted: bool = wanted,
             runs_compiled: bool = runs_compiled,
@@ -592,7 +597,11 @@ def _hook(
                 return
             recorder.busy = True
             try:
-                call = recorder.enter(path, called, args, kwargs) if node else path
+                named = recorder.names.enter(names)
+                if len(names) > 1:
+                    wanted = recorder.wanted(named)
+                    node = recorder.names.entered[-1].recorded = is_model or wanted
+                call = recorder.enter(named, called, args, kwargs) if node else named
                 if level == "op":
                     inside = runs_compiled or bool(recorder.scopes and recorder.scopes[-1].compiled)
                     recorder.scopes.append(_Scope(call, wanted, inside))
@@ -619,6 +628,7 @@ def _hook(
                 recorder.unseen_grads.setdefault(path, type(output).__name__)
             recorder.busy = True
             try:
+                node = recorder.names.leave(node)
                 if level == "op":
                     recorder.scopes.pop()
                 if node:
