@@ -26,6 +26,9 @@ ON_VALUES: dict[str, object] = {
     "source_note": None,
     "crossed_before": [],
     "lowered_first": None,
+    "candidate_early_before": [],
+    "candidate_holds": None,
+    "find_divergence_checks": [],
 }  # judged on element values, not on summaries
 
 
@@ -59,6 +62,9 @@ def check_payload(out: dict[str, object]) -> None:
         "source_note": None,
         "crossed_before": [],
         "lowered_first": None,
+        "candidate_early_before": [],
+        "candidate_holds": None,
+        "find_divergence_checks": [],
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

@@ -1,18 +1,35 @@
-"""Two facts of what lies before a candidate's first divergence, from what the session stores, by the rules
-`find_divergence` answers with (engine/op_alignment.crossed, engine/lowered.py): ops of its module call that paired
-by content across call indices (their pairs' strategies), and where the candidate's lower precision begins (its
-tensors' dtypes against the reference's). A session made by two plain `capture(level="op")` calls says them too."""
+"""What lies before a candidate's first divergence, from what the session stores, by the rules `find_divergence`
+answers with (engine/op_alignment.crossed, engine/lowered.py, engine/capture_order.py): ops of its module call that
+paired by content across call indices (their pairs' strategies), where the candidate's lower precision begins (its
+tensors' dtypes against the reference's), the candidate's tensors recorded where the reference records their
+partners only after it (the two runs' orders), and the reference's tensor that holds what the candidate's holds
+there (content hashes); and what only find_divergence, holding the models, can check of it. A session made by two
+plain `capture(level="op")` calls says them too."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.planning.op_pairs import settled_by
-from tensor_debugger.compare.reports.compare_report import CrossedOps, LoweredFirst
+from tensor_debugger.compare.reports.compare_report import (
+    CrossedOps,
+    HeldBefore,
+    LoweredFirst,
+    ModelCheck,
+    RecordedEarly,
+)
 from tensor_debugger.compare.reports.pair_report import PairReport
+from tensor_debugger.engine.capture_order import (
+    early_before,
+    held_before,
+    holds_one_value,
+    is_module_input,
+    with_call_lines,
+)
 from tensor_debugger.engine.lowered import Recorded, first_lowered, least_precise, lowered
 from tensor_debugger.engine.op_alignment import crossed
 from tensor_debugger.engine.tolerances import real_float
@@ -66,6 +83,103 @@ def lowered_first(db: DbSession, item: PairReport, mine: Sequence[PairReport]) -
         return None
     source = next(row.source for row in rows if row.name == name)
     return LoweredFirst(name, source or "", dtype)
+
+
+def recorded_early(
+    db: DbSession, mine: Sequence[PairReport], at: int, out_of_step: Collection[int]
+) -> list[RecordedEarly]:
+    """The candidate's tensors just before `mine[at]` (a first divergence among one candidate's pairs `mine`, in
+    execution order) that pair with tensors the reference records only after it (`engine/capture_order.
+    early_before`, as find_divergence finds them; the pairs of ops out of step, by id, count as unpaired); [] where
+    it is no captured tensor. The candidate's rows up to it are read (names, positions, lines)."""
+    item = mine[at]
+    if item.module_path is None:
+        return []
+    paired = {i: p for p in mine if p.id not in out_of_step for i in p.b.tensor_ids}
+    upper = db.scalar(select(func.max(TensorRecord.position)).where(TensorRecord.id.in_(item.b.tensor_ids)))
+    if upper is None:
+        return []
+    order: list[str] = []
+    sources: dict[str, str] = {}
+    for tensor_id, name, source in db.execute(
+        select(TensorRecord.id, TensorRecord.name, TensorRecord.source)
+        .where(TensorRecord.run_id == item.b.run_id, TensorRecord.position <= upper)
+        .order_by(TensorRecord.position)
+    ):
+        pair = paired.get(tensor_id)
+        logical = pair.b.name if pair is not None else name  # a tensor's shards: one name
+        if logical not in sources:
+            order.append(logical)
+            sources[logical] = source or ""
+    if item.b.name not in sources:
+        return []
+    pairs = [p for p in mine if p.id not in out_of_step]
+    found = early_before(
+        order,
+        item.b.name,
+        {p.b.name: p.a.name for p in pairs},
+        {p.a.name: p.position for p in pairs},
+        item.position,
+        with_call_lines(order, sources),
+        with_call_lines([p.a.name for p in pairs], {p.a.name: p.a.source or "" for p in pairs}),
+    )
+    return [RecordedEarly(*e) for e in found]
+
+
+def held_before_of(db: DbSession, item: PairReport) -> HeldBefore | None:
+    """The reference's last tensor recorded before `item` (a first divergence) that holds, bit for bit, what the
+    candidate's holds there (content hashes of one kind equal: `engine/capture_order.held_before`), with its line;
+    None where none does, where the candidate's holds one value (`holds_one_value`), or where it is no captured
+    tensor (a dump's order is its files', not execution's)."""
+    if item.module_path is None or len(item.a.tensor_ids) != 1 or len(item.b.tensor_ids) != 1:
+        return None
+    theirs = db.get(TensorRecord, item.b.tensor_ids[0])
+    at = db.scalar(select(TensorRecord.position).where(TensorRecord.id == item.a.tensor_ids[0]))
+    if theirs is None or at is None or holds_one_value(theirs.numel, theirs.min, theirs.max, theirs.nan_count):
+        return None
+    hashes = _hashes(theirs.digest, theirs.sketch)
+    if not hashes:
+        return None
+    # the rows of one hash before it (few), then the rule picks the last
+    found = db.execute(
+        select(TensorRecord.name, TensorRecord.digest, TensorRecord.sketch, TensorRecord.source)
+        .where(
+            TensorRecord.run_id == item.a.run_id,
+            TensorRecord.position < at,
+            or_(
+                TensorRecord.digest.in_(hashes),
+                TensorRecord.sketch["hash"].as_string().in_(hashes),
+                TensorRecord.sketch["fold64"].as_string().in_(hashes),
+            ),
+        )
+        .order_by(TensorRecord.position)
+    ).all()
+    held = held_before([r.name for r in found], {r.name: _hashes(r.digest, r.sketch) for r in found}, hashes)
+    if held is None:
+        return None
+    return HeldBefore(item.b.name, held, next(r.source for r in found if r.name == held) or "")
+
+
+def model_checks(item: PairReport, first_changed: str | None, lowered: LoweredFirst | None) -> list[ModelCheck]:
+    """What only find_divergence can check of `item`, a captured op's or module's output that is a first
+    divergence: where a pair before it differs within tolerance (`first_changed`), whether its module's outputs
+    differ by its own doing (a replay of the module on the reference's inputs); where none does (its inputs agree
+    bit for bit), whether its module's parameters or buffers differ; where the candidate computes in a lower
+    precision (`lowered`), whether the difference is beyond its rounding (the precision floor). [] for a module's
+    input (made by another module) and a dump's tensor."""
+    if item.module_path is None or is_module_input(item.a.name):
+        return []
+    checks = [ModelCheck.GROWN if first_changed is not None else ModelCheck.STATE]
+    return checks + ([ModelCheck.FLOOR] if lowered is not None else [])
+
+
+def _hashes(digest: str, sketch: dict[str, Any] | None) -> frozenset[str]:
+    """A row's content hashes, each "<kind>:<hex>": its digest (not a summary row's "none:" placeholder) and its
+    summary's hashes."""
+    found = {digest} if not digest.startswith("none:") else set()
+    if sketch is not None:
+        found |= {h for h in (sketch.get("hash"), sketch.get("fold64")) if isinstance(h, str)}
+    return frozenset(found)
 
 
 def _dtypes(db: DbSession, run_id: int) -> Sequence[str]:
