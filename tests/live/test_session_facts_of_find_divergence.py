@@ -12,7 +12,7 @@ import html
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
@@ -59,7 +59,7 @@ class NormedFirst(nn.Module):
         q = q * torch.cat([angles, angles], -1).cos()  # turned
         if not self.port:
             q = self.norm(q)  # normed
-        return q
+        return cast(torch.Tensor, q)
 
 
 def summary_session(
@@ -193,9 +193,9 @@ def test_the_session_page_and_api_say_them(shared_server: LiveServer) -> None:
             session_id = done.session_id
         with httpx.Client(base_url=shared_server.url, timeout=30, headers=shared_server.auth) as client:
             api = session_judged(client, session_id)["first_divergence"]
-            page = client.get(f"/sessions/{session_id}")
-            assert page.status_code == 200, page.text
-        sessions[model] = (api, html.unescape(page.text))
+            answer = client.get(f"/sessions/{session_id}")
+            assert answer.status_code == 200, answer.text
+        sessions[model] = (api, html.unescape(answer.text))
     api, page = sessions[NormedFirst]
     early = [RecordedEarly(**e) for e in api["candidate_early_before"]]
     assert {e.candidate for e in early} >= {"NormedFirst.norm_outputs", "NormedFirst.norm/layer_norm#1_outputs"}, api

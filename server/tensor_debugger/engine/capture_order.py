@@ -22,22 +22,6 @@ def is_module_input(name: str) -> bool:
     return "/" not in name and "_inputs_" in name[len(module_of(name)) :]
 
 
-def with_call_lines(order: Sequence[str], sources: Mapping[str, str]) -> dict[str, str]:
-    """Each tensor's line of `order` ("" where none): its own (`sources`: an op's caller, the line that passed a
-    module's input), or for a module call's output without one, the line that called the module (its inputs'), as
-    find_divergence names it."""
-    called: dict[str, str] = {}
-    lines: dict[str, str] = {}
-    for name in order:
-        line = sources.get(name) or ""
-        if line and is_module_input(name):
-            called.setdefault(module_of(name), line)
-        elif not line and "/" not in name and OUTPUTS.search(name):
-            line = called.get(module_of(name), "")
-        lines[name] = line
-    return lines
-
-
 def early_before(
     order: Sequence[str],
     name: str,

@@ -28,7 +28,6 @@ from tensor_debugger.engine.capture_order import (
     held_before,
     holds_one_value,
     is_module_input,
-    with_call_lines,
 )
 from tensor_debugger.engine.lowered import Recorded, first_lowered, least_precise, lowered
 from tensor_debugger.engine.op_alignment import crossed
@@ -100,30 +99,50 @@ def recorded_early(
     if upper is None:
         return []
     order: list[str] = []
-    sources: dict[str, str] = {}
-    for tensor_id, name, source in db.execute(
-        select(TensorRecord.id, TensorRecord.name, TensorRecord.source)
+    lines = _CallLines()
+    for tensor_id, name, source, module_path, place in db.execute(
+        select(TensorRecord.id, TensorRecord.name, TensorRecord.source, TensorRecord.module_path, TensorRecord.place)
         .where(TensorRecord.run_id == item.b.run_id, TensorRecord.position <= upper)
         .order_by(TensorRecord.position)
     ):
         pair = paired.get(tensor_id)
         logical = pair.b.name if pair is not None else name  # a tensor's shards: one name
-        if logical not in sources:
+        if logical not in lines.of:
             order.append(logical)
-            sources[logical] = source or ""
-    if item.b.name not in sources:
+            lines.add(logical, source, module_path, place)
+    if item.b.name not in lines.of:
         return []
     pairs = [p for p in mine if p.id not in out_of_step]
+    reference_lines = _CallLines()
+    for p in pairs:
+        reference_lines.add(p.a.name, p.a.source, p.module_path, p.place)
     found = early_before(
         order,
         item.b.name,
         {p.b.name: p.a.name for p in pairs},
         {p.a.name: p.position for p in pairs},
         item.position,
-        with_call_lines(order, sources),
-        with_call_lines([p.a.name for p in pairs], {p.a.name: p.a.source or "" for p in pairs}),
+        lines.of,
+        reference_lines.of,
     )
     return [RecordedEarly(*e) for e in found]
+
+
+class _CallLines:
+    """Each tensor's line, added in its run's order: its own (an op's caller, the line that passed a module's
+    input), or for a module call's output, which the capture stores none for, the line that called the module (its
+    inputs'), as find_divergence names it."""
+
+    def __init__(self) -> None:
+        self.of: dict[str, str] = {}
+        self._called: dict[str, str] = {}  # a module call's line, from its first input with one
+
+    def add(self, name: str, source: str | None, module_path: str | None, place: str | None) -> None:
+        if source and module_path is not None and place is not None and place.startswith("inputs"):
+            self._called.setdefault(module_path, source)
+        elif not source and module_path is not None and place is not None and place.startswith("outputs"):
+            source = self._called.get(module_path)
+        self.of[name] = source or ""
 
 
 def held_before_of(db: DbSession, item: PairReport) -> HeldBefore | None:
@@ -146,6 +165,11 @@ def held_before_of(db: DbSession, item: PairReport) -> HeldBefore | None:
         .where(
             TensorRecord.run_id == item.a.run_id,
             TensorRecord.position < at,
+            # what a hash covers, in columns: most rows are left out before their summaries' JSON is read
+            TensorRecord.numel == theirs.numel,
+            TensorRecord.dtype == theirs.dtype,
+            TensorRecord.min == theirs.min,
+            TensorRecord.max == theirs.max,
             or_(
                 TensorRecord.digest.in_(hashes),
                 TensorRecord.sketch["hash"].as_string().in_(hashes),
