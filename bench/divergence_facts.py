@@ -1,6 +1,6 @@
 """What the session's report spends on the facts of its first divergence that find_divergence's answer says too
 (compare/reports/before_divergence.py: the candidate's tensors recorded early, the reference's tensor holding what
-the candidate's holds, what only find_divergence can check), against the whole report, with the first divergence
+the candidate's holds, what only find_divergence can check, whether the models' outputs agree), against the whole report, with the first divergence
 in the last of L residual blocks (every row of both runs before it).
 
     python bench/divergence_facts.py                       # L = 48, 192, 768
@@ -24,7 +24,12 @@ from pathlib import Path
 
 import torch
 from tensor_debugger import capture
-from tensor_debugger.compare.reports.before_divergence import held_before_of, model_checks, recorded_early
+from tensor_debugger.compare.reports.before_divergence import (
+    held_before_of,
+    model_checks,
+    outputs_agree,
+    recorded_early,
+)
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.demo.models import ResidualStack
 from tensor_debugger.services import open_services
@@ -69,13 +74,14 @@ def measure(layers: int, repeats: int) -> None:
                 early = cpu_median(lambda: recorded_early(db, mine, at, ()), repeats)
                 held = cpu_median(lambda: held_before_of(db, mine[at]), repeats)
                 checks = cpu_median(lambda: model_checks(mine[at], first.first_changed, first.lowered_first), repeats)
+                agree = cpu_median(lambda: outputs_agree(db, mine, []), repeats)
         finally:
             services.close()
         print(
             f"L={layers}: {len(report.pairs)} pairs, first divergence {first.name} (pair {at + 1} of {len(mine)}); "
             f"report {whole * 1e3:.1f} ms CPU; of which candidate_early_before {early * 1e3:.2f} ms, "
-            f"candidate_holds {held * 1e3:.2f} ms, find_divergence_checks {checks * 1e3:.3f} ms "
-            f"({(early + held + checks) / whole:.1%} of the report)"
+            f"candidate_holds {held * 1e3:.2f} ms, find_divergence_checks {checks * 1e3:.3f} ms, outputs_agree "
+            f"{agree * 1e3:.2f} ms ({(early + held + checks + agree) / whole:.1%} of the report)"
         )
 
 

@@ -29,6 +29,7 @@ ON_VALUES: dict[str, object] = {
     "candidate_early_before": [],
     "candidate_holds": None,
     "find_divergence_checks": [],
+    "outputs_agree": False,
 }  # judged on element values, not on summaries
 
 
@@ -65,6 +66,7 @@ def check_payload(out: dict[str, object]) -> None:
         "candidate_early_before": [],
         "candidate_holds": None,
         "find_divergence_checks": [],
+        "outputs_agree": False,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

@@ -91,6 +91,7 @@ def test_compare_finds_the_planted_first_divergence(
         "candidate_early_before": [],
         "candidate_holds": None,
         "find_divergence_checks": [],
+        "outputs_agree": False,
     }
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]

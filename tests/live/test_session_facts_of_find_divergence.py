@@ -62,6 +62,26 @@ class NormedFirst(nn.Module):
         return cast(torch.Tensor, q)
 
 
+class MaskedTwice(nn.Module):
+    """Scores masked by a causal mask, then by a second one; the port's first lets each token see the next, which
+    the second takes out again (GPT-Neo's mask buffer built with `tril(..., 1)`, round 10, by hand)."""
+
+    def __init__(self, port: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.q = nn.Linear(D, D)
+        self.port = port
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self.q(x)
+        scores = q @ q.transpose(-1, -2)
+        t = scores.shape[-1]
+        seen = torch.ones(t, t, dtype=torch.bool).tril(1 if self.port else 0)  # first mask
+        scores = scores.masked_fill(~seen, float("-inf"))
+        scores = scores.masked_fill(~torch.ones(t, t, dtype=torch.bool).tril(), float("-inf"))
+        return cast(torch.Tensor, scores.softmax(-1))
+
+
 def summary_session(
     settings: Settings, model: Callable[[bool], nn.Module], name: str, *inputs: Any
 ) -> tuple[int, SessionPairs]:
@@ -209,3 +229,26 @@ def test_the_session_page_and_api_say_them(shared_server: LiveServer) -> None:
     assert held.reference == "Decode.attn.rot#2_inputs_args_0", api
     assert f'<span class="candidate-holds" id="candidate-holds">{holds_words(held)}</span>' in page
     assert 'id="early-before"' not in page and 'id="find-divergence-checks"' not in page
+    assert 'id="outputs-agree"' not in page  # the decode step's probabilities differ
+
+
+def test_a_divergence_taken_out_again_is_said_not_to_reach_the_models_outputs(
+    settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A first mask letting one future token through, a second taking it out: the session's first divergence (the
+    first mask) is said, as find_divergence says it, not to reach the models' own outputs, which are bit-identical
+    by their content hashes; a session whose outputs differ says nothing of it."""
+    found = find_divergence(
+        MaskedTwice(False).eval(), MaskedTwice(True).eval(), X, session="masked fd", data_dir=settings.data_dir
+    )
+    assert found.outputs_agree and found.first is not None, repr(found)
+    session_id, report = summary_session(settings, MaskedTwice, "masked", X)
+    first = first_of(report)
+    assert first.name == found.first.reference, (first, repr(found))
+    assert first.outputs_agree, first
+    assert f" {first.outputs_agree_words} " in repr(found), (first.outputs_agree_words, repr(found))
+    printed, json_first = said(session_id, "masked", report, capsys)
+    assert json_first["outputs_agree"] is True, json_first
+    assert f"\n{first.outputs_agree_words}\n" in printed, printed
+    _, other = summary_session(settings, NormedFirst, "outputs differ", X)
+    assert first_of(other).outputs_agree is False and first_of(other).outputs_agree_words == ""

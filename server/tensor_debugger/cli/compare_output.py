@@ -29,6 +29,7 @@ from tensor_debugger.compare.reports.compare_report import (
     unusable_report,
 )
 from tensor_debugger.compare.reports.divergence_words import (
+    OUTPUTS_AGREE,
     RESHAPED_WHY,
     checks_words,
     crossed_words,
@@ -394,6 +395,7 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
             crossed_words(first.crossed_before),
             lowered_words(first.lowered_first),
             checks_words(first.name, first.find_divergence_checks, dtype),
+            OUTPUTS_AGREE if first.outputs_agree else "",
         ):
             if words:
                 print(f"{lead}{words}")

@@ -7,7 +7,13 @@ import html
 from dataclasses import dataclass, field
 
 from tensor_debugger.compare.reports.compare_report import CrossedOps, HeldBefore, LoweredFirst, RecordedEarly
-from tensor_debugger.compare.reports.divergence_words import crossed_words, early_words, holds_words, lowered_clause
+from tensor_debugger.compare.reports.divergence_words import (
+    OUTPUTS_AGREE,
+    crossed_words,
+    early_words,
+    holds_words,
+    lowered_clause,
+)
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.live.capture_names import is_module_input, module_of
@@ -298,10 +304,7 @@ class Divergence:
                 f"dtype), so whether {'they agree' if len(inputs) != 1 else 'it agrees'} is not known."
             )
         if self.outputs_agree:
-            text += (
-                " The models' own outputs are bit-identical (their content hashes are equal): what diverges here "
-                "does not reach them (taken out again later, as by a second mask?)."
-            )
+            text += " " + OUTPUTS_AGREE
         if self.repeatable_until is not None:
             a, b = self.repeatable_until
             text += (

@@ -8,6 +8,7 @@ plain `capture(level="op")` calls says them too."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -33,6 +34,8 @@ from tensor_debugger.engine.lowered import Recorded, first_lowered, least_precis
 from tensor_debugger.engine.op_alignment import crossed
 from tensor_debugger.engine.tolerances import real_float
 from tensor_debugger.store.models import TensorRecord
+
+_ROOT_OUTPUT = re.compile(r"^[^./#]+(#\d+)?_outputs")  # the model's own outputs: "Net_outputs", "Net#2_outputs_1"
 
 
 def crossed_before(mine: Sequence[PairReport], at: int) -> list[CrossedOps]:
@@ -182,6 +185,34 @@ def held_before_of(db: DbSession, item: PairReport) -> HeldBefore | None:
     if held is None:
         return None
     return HeldBefore(item.b.name, held, next(r.source for r in found if r.name == held) or "")
+
+
+def outputs_agree(db: DbSession, mine: Sequence[PairReport], missing: Sequence[str]) -> bool:
+    """Whether every one of the reference model's own outputs (its root module call's, in one candidate's pairs
+    `mine`) paired with a bit-identical one of the candidate's (content hashes of one kind equal), as find_divergence
+    says it; False where any has no partner (among `missing`, the reference's tensors without one), or none was
+    recorded."""
+    if any(_ROOT_OUTPUT.match(name) for name in missing):
+        return False
+    own = [
+        p
+        for p in mine
+        if p.module_path is not None
+        and "." not in p.module_path
+        and "/" not in p.module_path
+        and (p.place or "").startswith("outputs")
+        and len(p.a.tensor_ids) == len(p.b.tensor_ids) == 1
+    ]
+    if not own:
+        return False
+    ids = [i for p in own for i in (p.a.tensor_ids[0], p.b.tensor_ids[0])]
+    hashes = {
+        row.id: _hashes(row.digest, row.sketch)
+        for row in db.execute(
+            select(TensorRecord.id, TensorRecord.digest, TensorRecord.sketch).where(TensorRecord.id.in_(ids))
+        )
+    }
+    return all(hashes.get(p.a.tensor_ids[0], frozenset()) & hashes.get(p.b.tensor_ids[0], frozenset()) for p in own)
 
 
 def model_checks(item: PairReport, first_changed: str | None, lowered: LoweredFirst | None) -> list[ModelCheck]:

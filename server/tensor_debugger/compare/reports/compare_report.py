@@ -243,6 +243,8 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     candidate_holds: HeldBefore | None = None
     # what find_divergence can check of it that the session cannot (it needs the models); [] where nothing applies
     find_divergence_checks: list[ModelCheck] = []
+    # whether every one of the models' own outputs paired with a bit-identical one: the divergence does not reach them
+    outputs_agree: bool = False
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

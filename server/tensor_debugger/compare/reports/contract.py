@@ -102,6 +102,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.candidate_early_before,
         found.candidate_holds,
         found.find_divergence_checks,
+        found.outputs_agree,
     )
 
 

@@ -24,6 +24,12 @@ RESHAPED_WHY = (
     "verdict: diverged), though no element of it could be compared"
 )
 
+# where a first divergence was found and every one of the models' own outputs paired with a bit-identical one
+OUTPUTS_AGREE = (
+    "The models' own outputs are bit-identical (their content hashes are equal): what diverges here does not reach "
+    "them (taken out again later, as by a second mask?)."
+)
+
 
 def _at(name: str, source: str) -> str:
     return f"{name} ({source})" if source else name

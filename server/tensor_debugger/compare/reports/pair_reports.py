@@ -22,6 +22,7 @@ from tensor_debugger.compare.reports.before_divergence import (
     held_before_of,
     lowered_first,
     model_checks,
+    outputs_agree,
     recorded_early,
 )
 from tensor_debugger.compare.reports.compare_report import (
@@ -43,6 +44,7 @@ from tensor_debugger.compare.reports.coverage import (
     session_verdict,
 )
 from tensor_debugger.compare.reports.divergence_words import (
+    OUTPUTS_AGREE,
     RESHAPED_WHY,
     checks_words,
     crossed_words,
@@ -162,6 +164,13 @@ class FirstDivergence:
     candidate_holds: HeldBefore | None = None
     # what find_divergence can check of it that the session cannot (it needs the models)
     find_divergence_checks: list[ModelCheck] = field(default_factory=list)
+    # whether every one of the models' own outputs is bit-identical to the candidate's: it does not reach them
+    outputs_agree: bool = False
+
+    @property
+    def outputs_agree_words(self) -> str:
+        """`outputs_agree` in the words find_divergence's answer says it with ("" where they do not)."""
+        return OUTPUTS_AGREE if self.outputs_agree else ""
 
     @property
     def early_words(self) -> str:
@@ -949,6 +958,7 @@ def _first_divergence_of(
         candidate_early_before=recorded_early(db, mine, at, out_of_step),
         candidate_holds=held_before_of(db, mine[at]),
         find_divergence_checks=model_checks(mine[at], changed.name if changed is not None else None, lowered),
+        outputs_agree=outputs_agree(db, mine, [u.name for u in missing if u.against_run_id == mine[at].b.run_id]),
     )
 
 
