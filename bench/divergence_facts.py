@@ -1,7 +1,7 @@
 """What the session's report spends on the facts of its first divergence that find_divergence's answer says too
 (compare/reports/before_divergence.py: the candidate's tensors recorded early, the reference's tensor holding what
-the candidate's holds, what only find_divergence can check, whether the models' outputs agree), against the whole report, with the first divergence
-in the last of L residual blocks (every row of both runs before it).
+the candidate's holds, what only find_divergence can check, whether the models' outputs agree), against the whole
+report, with the first divergence in the last of L residual blocks (every row of both runs before it).
 
     python bench/divergence_facts.py                       # L = 48, 192, 768
     python bench/divergence_facts.py --layers 96 --repeats 5
