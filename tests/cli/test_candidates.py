@@ -26,6 +26,10 @@ ON_VALUES: dict[str, object] = {
     "source_note": None,
     "crossed_before": [],
     "lowered_first": None,
+    "candidate_early_before": [],
+    "candidate_holds": None,
+    "find_divergence_checks": [],
+    "outputs_agree": False,
 }  # judged on element values, not on summaries
 
 
@@ -59,6 +63,10 @@ def check_payload(out: dict[str, object]) -> None:
         "source_note": None,
         "crossed_before": [],
         "lowered_first": None,
+        "candidate_early_before": [],
+        "candidate_holds": None,
+        "find_divergence_checks": [],
+        "outputs_agree": False,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

@@ -87,6 +87,11 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
         "source_note": None,  # an output's: no source line is expected
         "crossed_before": [],
         "lowered_first": None,
+        "candidate_early_before": [],
+        "candidate_holds": None,
+        # its module's weight perturbed: which only find_divergence can check (it holds the models)
+        "find_divergence_checks": ["parameters and buffers"],
+        "outputs_agree": False,
     }
     assert (out["basis"], out["pairs_on_summaries"], out["next_capture"]) == ("values", 0, None)
     top = out["culprits"][0]

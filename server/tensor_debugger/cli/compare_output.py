@@ -28,7 +28,15 @@ from tensor_debugger.compare.reports.compare_report import (
     unread_files,
     unusable_report,
 )
-from tensor_debugger.compare.reports.divergence_words import RESHAPED_WHY, crossed_words, lowered_words
+from tensor_debugger.compare.reports.divergence_words import (
+    OUTPUTS_AGREE,
+    RESHAPED_WHY,
+    checks_words,
+    crossed_words,
+    early_words,
+    holds_words,
+    lowered_words,
+)
 from tensor_debugger.compare.reports.formatting import (
     format_cosine,
     format_error,
@@ -361,8 +369,10 @@ def _changed_by_noise(report: CompareReport, first: DivergenceSummary | None, la
 def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", noise: bool = False) -> None:
     """Under a first divergence: the reference tensors without partner before it in execution order, and the
     candidate's without partner just before it; the first pair before it whose values differ at all, which passed
-    within tolerance, or with `noise` (it passed by the noise rule) within the noise floor; the ops before it paired
-    by content across call indices, and where the candidate's lower precision begins."""
+    within tolerance, or with `noise` (it passed by the noise rule) within the noise floor; in find_divergence's words,
+    the reference's tensor that holds what the candidate's holds there, the candidate's tensors recorded where the
+    reference records them only after it, the ops before it paired by content across call indices, where the
+    candidate's lower precision begins, and what find_divergence can check of it that the session cannot."""
     before = first.unmatched_before if first else []
     if before:
         tensors = (
@@ -378,7 +388,15 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
         within = "the noise floor" if noise else "tolerance"
         print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within {within} there")
     if first is not None:  # in find_divergence's words
-        for words in (crossed_words(first.crossed_before), lowered_words(first.lowered_first)):
+        dtype = first.lowered_first.dtype if first.lowered_first is not None else None
+        for words in (
+            holds_words(first.candidate_holds),
+            early_words(first.candidate_early_before),
+            crossed_words(first.crossed_before),
+            lowered_words(first.lowered_first),
+            checks_words(first.name, first.find_divergence_checks, dtype),
+            OUTPUTS_AGREE if first.outputs_agree else "",
+        ):
             if words:
                 print(f"{lead}{words}")
 

@@ -180,6 +180,12 @@ class SketchJson(dict[str, Any]):
     __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = __ior__ = _read_only
 
 
+def sketch_hashes(sketch: Sketch) -> frozenset[str]:
+    """A summary's content hashes, each "<kind>:<hex>" (a stored tensor's BLAKE3 digest and its fold64 hash): equal
+    hashes of one kind are bit-identical tensors (dtype, shape and bytes)."""
+    return frozenset(h for h in (sketch.hash, sketch.fold64) if h is not None)
+
+
 def pack_sample(values: tuple[float, ...] | NDArray[Any]) -> str:
     """Sampled values as one string: base64 of their little-endian float64 bytes (NaN, Inf and -0.0 kept bit for
     bit)."""

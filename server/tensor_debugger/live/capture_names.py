@@ -3,19 +3,10 @@ an op's `Net.attn/mul#1_outputs`; read back by `find_divergence` and its answer.
 
 from __future__ import annotations
 
-import re
+# the names' rules the session's report reads too
+from tensor_debugger.engine.capture_order import is_module_input, module_of
 
-_PLACE = re.compile(r"_(?:inputs_(?:args|kwargs)_.+|outputs(?:_.+)?)$")
-
-
-def module_of(name: str) -> str:
-    """The module call of a tensor's name: `Net.layers.1.self_attn/mul#1_outputs` -> `Net.layers.1.self_attn`."""
-    return _PLACE.sub("", name).partition("/")[0]
-
-
-def is_module_input(name: str) -> bool:
-    """Whether a tensor's name is a module's input's (`Net.attn.o_inputs_args_0`), not an op's or an output's."""
-    return "/" not in name and "_inputs_" in name[len(module_of(name)) :]
+__all__ = ["call_path", "is_module_input", "module_of"]
 
 
 def call_path(call: str) -> tuple[str, int]:

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.engine.capture_order import held_before, holds_one_value
 from tensor_debugger.engine.lowered import Recorded, lowered
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import (
@@ -64,6 +65,7 @@ from tensor_debugger.engine.summary_compare import (
     SketchVerdict,
     compare_sketches,
     next_capture,
+    sketch_hashes,
     sketch_likeness,
 )
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
@@ -842,16 +844,14 @@ def _held_before(
     theirs: Sketch | None,
     lines: Mapping[str, str],
 ) -> tuple[str, str] | None:
-    """The reference's last tensor before `name` (in its `order`) whose content hash is the candidate's `theirs`
-    (the dtype, the shape and every byte equal), with its line; None where none is, or where `theirs` is a constant
-    (every element one value: zeros, ones, a mask of one kind match anything of their shape)."""
-    if theirs is None or not theirs.numel or theirs.min == theirs.max or theirs.nan:
+    """The reference's last tensor before `name` (in its `order`) whose content hash is the candidate's `theirs`,
+    with its line (`engine/capture_order.held_before`, the rule the session's report names it by); None where none
+    is, or where `theirs` holds one value."""
+    if theirs is None or holds_one_value(theirs.numel, theirs.min, theirs.max, theirs.nan):
         return None
-    for earlier in reversed(order[: order.index(name)]):
-        sketch = summaries.get(earlier)
-        if sketch is not None and sketch.hash == theirs.hash:
-            return earlier, lines.get(earlier) or ""
-    return None
+    before = names_before(order, name)
+    held = held_before(before, {n: sketch_hashes(summaries[n]) for n in before}, sketch_hashes(theirs))
+    return None if held is None else (held, lines.get(held) or "")
 
 
 def _grown(

@@ -6,8 +6,14 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
-from tensor_debugger.compare.reports.compare_report import CrossedOps, LoweredFirst
-from tensor_debugger.compare.reports.divergence_words import crossed_words, lowered_clause
+from tensor_debugger.compare.reports.compare_report import CrossedOps, HeldBefore, LoweredFirst, RecordedEarly
+from tensor_debugger.compare.reports.divergence_words import (
+    OUTPUTS_AGREE,
+    crossed_words,
+    early_words,
+    holds_words,
+    lowered_clause,
+)
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.live.capture_names import is_module_input, module_of
@@ -200,12 +206,7 @@ class Divergence:
             else ""
         )
         if f.candidate_holds is not None:
-            held, at = f.candidate_holds
-            text += (
-                f" The candidate's {f.candidate} holds, bit for bit, what the reference's {held}"
-                f"{f' ({at})' if at else ''} held before it: a step the reference takes after that one, the candidate "
-                "did not take (or took elsewhere)."
-            )
+            text += " " + holds_words(HeldBefore(f.candidate, *f.candidate_holds))
         if f.pairing:
             how, _, why = f.pairing.partition(": ")
             text += f" Its two {'inputs' if how.startswith('paired by parameter') else 'ops'} were {how}: {why}."
@@ -219,17 +220,7 @@ class Divergence:
                 more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
                 text += f" Just before it, the {side} recorded {more}{listed}, which paired with none of the {other}'s."
         if f.candidate_early_before:
-            shown_early = f.candidate_early_before[-_LISTED:]
-            listed = ", ".join(f"{n} ({at})" if at else n for n, at, _ in shown_early)
-            hidden = len(f.candidate_early_before) - len(shown_early)
-            later = list(dict.fromkeys(at for _, _, at in f.candidate_early_before if at))[:_LISTED]
-            lines_later = f" ({', '.join(later)})" if later else ""
-            text += (
-                f" Before it, the candidate recorded {f'{hidden} more tensors and then ' if hidden else ''}"
-                f"{listed}, which pair by name with tensors the reference records only after it"
-                f"{lines_later}: the candidate ran them where the reference does not "
-                "(a module called in another's place?), which may be where it began."
-            )
+            text += " " + early_words([RecordedEarly(*e) for e in f.candidate_early_before])
         if f.crossed_before:
             text += " " + crossed_words([CrossedOps(*c) for c in f.crossed_before])
         if len(f.unmatched_before) > len(f.reference_only_before):  # some earlier than those just before it
@@ -313,10 +304,7 @@ class Divergence:
                 f"dtype), so whether {'they agree' if len(inputs) != 1 else 'it agrees'} is not known."
             )
         if self.outputs_agree:
-            text += (
-                " The models' own outputs are bit-identical (their content hashes are equal): what diverges here "
-                "does not reach them (taken out again later, as by a second mask?)."
-            )
+            text += " " + OUTPUTS_AGREE
         if self.repeatable_until is not None:
             a, b = self.repeatable_until
             text += (

@@ -4,14 +4,14 @@ a call's input. Pure functions of the two orders and what `live/divergence.py` p
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping, Sequence
 
+# the candidate's recorded early, by the rule the session's report says it with too
+from tensor_debugger.engine.capture_order import OUTPUTS, early_before, is_module_input, module_of
 from tensor_debugger.engine.op_alignment import crossed
 from tensor_debugger.engine.summary_compare import Sketch
-from tensor_debugger.live.capture_names import is_module_input, module_of
 
-OUTPUTS = re.compile(r"_outputs(?:_.+)?$")  # a module call's outputs: "Net.head_outputs", "Net_outputs_1"
+__all__ = ["OUTPUTS", "crossed_before", "early_before", "later_of", "module_before", "names_before", "one_sided_before"]
 
 
 def names_before(order: Sequence[str], name: str) -> Sequence[str]:
@@ -67,51 +67,6 @@ def one_sided_before(
                 continue
             break
         found.append((other, sources.get(other) or ""))
-    return tuple(reversed(found))
-
-
-def early_before(
-    order: Sequence[str],
-    name: str,
-    partner_of: Mapping[str, str],
-    reference_index: Mapping[str, int],
-    index: int,
-    sources: Mapping[str, str],
-    reference_sources: Mapping[str, str],
-) -> tuple[tuple[str, str, str], ...]:
-    """The candidate's tensors of `order` just before `name` whose partners (`partner_of`: the reference's, by
-    key) the reference recorded after its first divergence (at `index` in its order): from `name` back to the last
-    whose partner comes before it, those unpaired passed over, as `one_sided_before` passes over a module call's
-    other outputs. Inside an op's own module call (its submodules' calls too), tensors whose partners come before
-    are passed over as well: ops that agree can lie between (a rotary's `unsqueeze` of its cosines, after the
-    query's norm called before the rotary where the reference calls it after). Each with its line and its
-    partner's."""
-    found: list[tuple[str, str, str]] = []
-    outputs_of = OUTPUTS.sub("", name) if OUTPUTS.search(name) and "/" not in name else None
-    at = order.index(name)
-    call = module_of(name) if "/" in name else None
-    # where the op's module call begins in the order (its first tensor: an input); what follows it up to the op is
-    # inside that call, its submodules' calls included, whichever call of the module it is (a second call's
-    # submodules are named `M.a.rot#2`, not `M.a#2.rot`)
-    begins = next((i for i, n in enumerate(order[:at]) if module_of(n) == call), None) if call is not None else at
-    if begins is None:  # the call recorded nothing of its own before the op (no tensor argument): its submodules'
-        # calls just before the op, by path, are inside it
-        inside = re.sub(r"#\d+$", "", call or "")
-        begins = at
-        while begins > 0 and re.sub(r"#\d+", "", module_of(order[begins - 1])).startswith(inside + "."):
-            begins -= 1
-    for position in range(at - 1, -1, -1):
-        other = order[position]
-        if outputs_of is not None and OUTPUTS.search(other) and OUTPUTS.sub("", other) == outputs_of:
-            continue
-        partner = partner_of.get(other)
-        if partner is None:
-            continue
-        if reference_index[partner] < index:
-            if position >= begins:
-                continue
-            break
-        found.append((other, sources.get(other) or "", reference_sources.get(partner) or ""))
     return tuple(reversed(found))
 
 

@@ -9,6 +9,7 @@ stage's; `error` only where nothing could be compared)."""
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Any
 
@@ -175,6 +176,37 @@ class LoweredFirst(msgspec.Struct, frozen=True):
     dtype: str
 
 
+class RecordedEarly(msgspec.Struct, frozen=True):
+    """A tensor the candidate recorded just before its first divergence that pairs by name with one the reference
+    records only after it (a norm called before the rotary where the reference calls it after): the candidate's
+    tensor and line, and its partner's line ("" where none was recorded)."""
+
+    candidate: str
+    candidate_source: str
+    reference_source: str
+
+
+class HeldBefore(msgspec.Struct, frozen=True):
+    """The reference's tensor `reference` recorded before a first divergence that holds, bit for bit, what the
+    candidate's tensor there (`candidate`) holds (content hashes equal; the candidate's not one value throughout),
+    with its line ("" where none was recorded): a cache given the keys before their rotary holds the reference's
+    keys as the rotary got them."""
+
+    candidate: str
+    reference: str
+    reference_source: str
+
+
+class ModelCheck(enum.StrEnum):
+    """What only `find_divergence`, which holds the two models, can check of a session's first divergence."""
+
+    # whether the module diverges by its own doing or by its inputs' difference within tolerance grown past it:
+    # the candidate's module called again on the reference's inputs to it
+    GROWN = "grown"
+    STATE = "parameters and buffers"  # whether the module's parameters or buffers differ (no capture stores them)
+    FLOOR = "precision floor"  # whether the difference is beyond the rounding to the candidate's lower precision
+
+
 class DivergenceSummary(msgspec.Struct, frozen=True):
     """A candidate's first divergence. `unmatched_before`: the reference tensors without partner (not allowed by the
     user) before it in execution order; `where`: the dimensions and index ranges its error is confined to; `basis`
@@ -204,6 +236,15 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     # where the candidate's lower precision begins; null where its recorded tensors are in no less precise float
     # dtype than the reference's, or no capture recorded their order
     lowered_first: LoweredFirst | None = None
+    # the candidate's tensors just before it that pair with tensors the reference records only after it; [] where
+    # none does, or no op capture recorded them
+    candidate_early_before: list[RecordedEarly] = []
+    # the reference's tensor before it holding what the candidate's holds there; null where none does
+    candidate_holds: HeldBefore | None = None
+    # what find_divergence can check of it that the session cannot (it needs the models); [] where nothing applies
+    find_divergence_checks: list[ModelCheck] = []
+    # whether every one of the models' own outputs paired with a bit-identical one: the divergence does not reach them
+    outputs_agree: bool = False
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

@@ -99,6 +99,10 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.source_note,
         found.crossed_before,
         found.lowered_first,
+        found.candidate_early_before,
+        found.candidate_holds,
+        found.find_divergence_checks,
+        found.outputs_agree,
     )
 
 

@@ -6,15 +6,28 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from tensor_debugger.compare.reports.compare_report import CrossedOps, LoweredFirst
+from tensor_debugger.compare.reports.compare_report import (
+    CrossedOps,
+    HeldBefore,
+    LoweredFirst,
+    ModelCheck,
+    RecordedEarly,
+)
+from tensor_debugger.engine.capture_order import module_of
 
-LISTED = 5  # the pairs of crossed ops named in words, the first
+LISTED = 5  # the pairs of crossed ops named in words, the first; the tensors recorded early, the last
 
 # why a module's output of another shape on each side is the first divergence, and the session's verdict
 # "diverged", though no element of it was compared (compare/reports/reshaped.py), after its two shapes
 RESHAPED_WHY = (
     "its inputs were compared and agree, and each side calls it as often, so the runs diverge here (the session's "
     "verdict: diverged), though no element of it could be compared"
+)
+
+# where a first divergence was found and every one of the models' own outputs paired with a bit-identical one
+OUTPUTS_AGREE = (
+    "The models' own outputs are bit-identical (their content hashes are equal): what diverges here does not reach "
+    "them (taken out again later, as by a second mask?)."
 )
 
 
@@ -52,3 +65,53 @@ def lowered_words(first: LoweredFirst | None) -> str:
     if first is None:
         return ""
     return f"Where the candidate's lower precision begins: {lowered_clause(first)}."
+
+
+def early_words(early: Sequence[RecordedEarly]) -> str:
+    """The candidate's tensors recorded before a first divergence that pair with tensors the reference records only
+    after it, as one sentence ("" where none): the last few, nearest the divergence, and their partners' lines."""
+    if not early:
+        return ""
+    shown = early[-LISTED:]
+    hidden = len(early) - len(shown)
+    later = list(dict.fromkeys(e.reference_source for e in early if e.reference_source))[:LISTED]
+    lines_later = f" ({', '.join(later)})" if later else ""
+    return (
+        f"Before it, the candidate recorded {f'{hidden} more tensors and then ' if hidden else ''}"
+        f"{', '.join(_at(e.candidate, e.candidate_source) for e in shown)}, which pair by name with tensors the "
+        f"reference records only after it{lines_later}: the candidate ran them where the reference does not (a "
+        "module called in another's place?), which may be where it began."
+    )
+
+
+def holds_words(held: HeldBefore | None) -> str:
+    """What the candidate's tensor at a first divergence holds, where the reference recorded it before (`held`), as
+    one sentence ("" where it did not)."""
+    if held is None:
+        return ""
+    return (
+        f"The candidate's {held.candidate} holds, bit for bit, what the reference's "
+        f"{_at(held.reference, held.reference_source)} held before it: a step the reference takes after that one, the "
+        "candidate did not take (or took elsewhere)."
+    )
+
+
+def checks_words(name: str, checks: Sequence[ModelCheck], dtype: str | None = None) -> str:
+    """What `find_divergence` can check of a session's first divergence `name` (a captured tensor) that the session
+    cannot, as one sentence ("" where nothing applies); `dtype`, the candidate's lower precision, for the precision
+    floor."""
+    module = module_of(name)
+    what = {
+        ModelCheck.GROWN: f"whether {module} diverges by its own doing or by its inputs' difference within tolerance "
+        "grown past it (it calls the candidate's module again on the reference's inputs to it)",
+        ModelCheck.STATE: f"whether {module}'s parameters or buffers differ from the reference's (no capture stores "
+        "them)",
+        ModelCheck.FLOOR: f"whether the difference is beyond the rounding to {dtype or 'its lower precision'} (a "
+        "precision floor: the reference run again in it)",
+    }
+    if not checks:
+        return ""
+    return (
+        "What needs the two models, find_divergence(reference, candidate, inputs) can check, and this session "
+        f"cannot: {'; '.join(what[c] for c in checks)}."
+    )

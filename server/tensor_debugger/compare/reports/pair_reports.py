@@ -17,8 +17,21 @@ from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.op_pairs import AMBIGUOUS_STRATEGY, pairing_note
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
 from tensor_debugger.compare.planning.sides import views
-from tensor_debugger.compare.reports.before_divergence import crossed_before, lowered_first
-from tensor_debugger.compare.reports.compare_report import CrossedOps, LoweredFirst
+from tensor_debugger.compare.reports.before_divergence import (
+    crossed_before,
+    held_before_of,
+    lowered_first,
+    model_checks,
+    outputs_agree,
+    recorded_early,
+)
+from tensor_debugger.compare.reports.compare_report import (
+    CrossedOps,
+    HeldBefore,
+    LoweredFirst,
+    ModelCheck,
+    RecordedEarly,
+)
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
     Coverage,
@@ -30,7 +43,15 @@ from tensor_debugger.compare.reports.coverage import (
     closest_candidates,
     session_verdict,
 )
-from tensor_debugger.compare.reports.divergence_words import RESHAPED_WHY, crossed_words, lowered_words
+from tensor_debugger.compare.reports.divergence_words import (
+    OUTPUTS_AGREE,
+    RESHAPED_WHY,
+    checks_words,
+    crossed_words,
+    early_words,
+    holds_words,
+    lowered_words,
+)
 from tensor_debugger.compare.reports.full_values import (
     FullValuesRun,
     full_values_runs,
@@ -136,6 +157,36 @@ class FirstDivergence:
     # where it is a module's output of another shape on each side (compare/reports/reshaped.py): the two shapes,
     # the reference's and the candidate's (no element values compared); else None
     shapes: list[list[int]] | None = None
+    # the candidate's tensors just before it that pair with tensors the reference records only after it, each with
+    # its line and its partner's: compare/reports/before_divergence.py, by find_divergence's rule
+    candidate_early_before: list[RecordedEarly] = field(default_factory=list)
+    # the reference's tensor before it that holds, bit for bit, what the candidate's holds there; None where none
+    candidate_holds: HeldBefore | None = None
+    # what find_divergence can check of it that the session cannot (it needs the models)
+    find_divergence_checks: list[ModelCheck] = field(default_factory=list)
+    # whether every one of the models' own outputs is bit-identical to the candidate's: it does not reach them
+    outputs_agree: bool = False
+
+    @property
+    def outputs_agree_words(self) -> str:
+        """`outputs_agree` in the words find_divergence's answer says it with ("" where they do not)."""
+        return OUTPUTS_AGREE if self.outputs_agree else ""
+
+    @property
+    def early_words(self) -> str:
+        """`candidate_early_before` in the words find_divergence's answer says it with ("" where none)."""
+        return early_words(self.candidate_early_before)
+
+    @property
+    def holds_words(self) -> str:
+        """`candidate_holds` in the words find_divergence's answer says it with ("" where none)."""
+        return holds_words(self.candidate_holds)
+
+    @property
+    def checks_words(self) -> str:
+        """`find_divergence_checks` in one sentence ("" where none)."""
+        dtype = self.lowered_first.dtype if self.lowered_first is not None else None
+        return checks_words(self.name, self.find_divergence_checks, dtype)
 
     @property
     def crossed_words(self) -> str:
@@ -896,13 +947,18 @@ def _first_divergence_of(
         extra = candidate_only_before(db, session_id, mine[at], outside)
     changed = next((p for p in mine[:at] if _changed(p)), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
+    lowered = lowered_first(db, mine[at], mine)
     return replace(
         found,
         candidate_only_before=extra,
         first_changed=f"{changed.name}{where}" if changed is not None else None,
         crossed_before=crossed_before(mine, at),
-        lowered_first=lowered_first(db, mine[at], mine),
+        lowered_first=lowered,
         shapes=[list(mine[at].a.shape), list(mine[at].b.shape)] if mine[at].id in reshaped else None,
+        candidate_early_before=recorded_early(db, mine, at, out_of_step),
+        candidate_holds=held_before_of(db, mine[at]),
+        find_divergence_checks=model_checks(mine[at], changed.name if changed is not None else None, lowered),
+        outputs_agree=outputs_agree(db, mine, [u.name for u in missing if u.against_run_id == mine[at].b.run_id]),
     )
 
 
