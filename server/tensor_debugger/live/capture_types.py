@@ -34,3 +34,11 @@ class CaptureResult:
     # the signature could be read: `live/parameters.py`), as the run stores it: what pairs `attn(x=h)` with `attn(h)`
     parameters: dict[str, str] = field(default_factory=dict)
     rank: int | None = None  # inside torch.distributed: this process's rank (tensors, skipped: all ranks')
+
+
+def check_level_and_values(level: str, values: str) -> None:
+    """A ValueError naming the choices where a capture's `level` or `values` is none of them."""
+    if level not in LEVELS:
+        raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if values not in VALUES:
+        raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")

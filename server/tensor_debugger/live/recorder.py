@@ -53,9 +53,11 @@ from typing import Any
 import torch
 
 from tensor_debugger.live.call_recorder import Both, HeldValues, Recorder, Stop
-from tensor_debugger.live.capture_types import LEVELS, VALUES, Values
-from tensor_debugger.live.capture_types import CaptureResult as CaptureResult  # what `capture` yields, and
-from tensor_debugger.live.capture_types import Level as Level  # its levels: part of its interface, as `record`'s
+
+# what `capture` yields and the levels it takes: part of this module's interface (live/divergence.py imports them)
+from tensor_debugger.live.capture_types import CaptureResult as CaptureResult
+from tensor_debugger.live.capture_types import Level as Level
+from tensor_debugger.live.capture_types import Values, check_level_and_values
 from tensor_debugger.live.collector import existing_objects_frozen
 from tensor_debugger.live.module_hooks import hook_model, quiet_backward_hook_warnings
 from tensor_debugger.live.ops import OpMode
@@ -166,10 +168,7 @@ def capture(
     a row into a local data dir, leaves the session's runs to be paired after the last: `pair_session`.) `record`
     records the same run without storing it.
     """
-    if level not in LEVELS:
-        raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
-    if values not in VALUES:
-        raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
+    check_level_and_values(level, values)
     parse_role(role, run, server)
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
@@ -314,10 +313,7 @@ def record(
     own is raised out of the model's call by the next hook or op, and caught as the block ends, so nothing in the
     block after that call runs (and the call returns nothing); a note on the run says so. Nothing is held when the
     block raises."""
-    if level not in LEVELS:
-        raise ValueError(f"capture level must be one of {', '.join(LEVELS)}, got {level!r}")
-    if values not in VALUES:
-        raise ValueError(f"capture values must be one of {', '.join(VALUES)}, got {values!r}")
+    check_level_and_values(level, values)
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
     root_name = type(model).__name__
