@@ -37,7 +37,7 @@ from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts, f
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.compute.sent_pairs import SentPairs
 from tensor_debugger.compare.context import CompareContext
-from tensor_debugger.engine.pairing import shard_of
+from tensor_debugger.engine.logical_tensors import shard_of
 from tensor_debugger.engine.streaming import PairJob
 from tensor_debugger.ingest.runs import PendingRun
 from tensor_debugger.ingest.stored import NoteListener, StoredNote

@@ -48,7 +48,7 @@ from tensor_debugger.compare.planning.sides import aligned_views, tolerance
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region, region_flat_range
 from tensor_debugger.engine.fused import FusedPartial, Kernel
-from tensor_debugger.engine.pairing import shard_of
+from tensor_debugger.engine.logical_tensors import shard_of
 from tensor_debugger.engine.streaming import PairJob, pair_blocks
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.where import WhereAccumulator, block_masses, where_regions
