@@ -150,5 +150,5 @@ def _times_power_of_two(x: NDArray[Any], power: int) -> NDArray[Any]:
 
 
 def _dot(x: NDArray[Any], y: NDArray[Any]) -> float:
-    """The real part of sum(x * y), in one pass (not BLAS: see metrics._dot)."""
+    """The real part of sum(x * y), in one pass (not BLAS: see pair_accumulator._dot)."""
     return float(np.real(np.einsum("i,i->", x, y)))
