@@ -16,7 +16,7 @@ from numpy.typing import NDArray
 from tensor_debugger.engine.elementwise import abs_diff, integer_differences, largest, within_tolerance
 from tensor_debugger.engine.fused import FusedPartial, Kernel, default_kernel, top_limit
 from tensor_debugger.engine.metrics import DEFAULT_TOP, EDGES, PairStats, WorstElement, edges, json_number, json_value
-from tensor_debugger.engine.scaled_sums import Scaled, cosine, decibels, products, sum_squares
+from tensor_debugger.engine.scaled_sums import Scaled, cosine, decibels, products, real_dot, sum_squares
 from tensor_debugger.engine.tolerances import Tolerance
 
 _SLICE = 1 << 16  # elements per step: 512 KiB of float64 per temporary
@@ -97,7 +97,7 @@ class PairAccumulator:
                 np.copyto(a64, flat_a[start:stop], casting="unsafe")  # exact: all real dtypes here fit float64's range
                 np.copyto(b64, flat_b[start:stop], casting="unsafe")
                 where = (origin, a.shape, shape, start)
-                norm_a, norm_b = _dot(a64, a64), _dot(b64, b64)
+                norm_a, norm_b = real_dot(a64, a64), real_dot(b64, b64)
                 if math.isfinite(norm_a) and math.isfinite(norm_b):  # NaN and Inf propagate into sums of squares
                     self._add_finite(a64, b64, norm_a, norm_b, buffers, where)
                 else:  # some NaN or Inf (or squares past float64's range)
@@ -115,7 +115,7 @@ class PairAccumulator:
             a64, b64 = buffers.a[: stop - start], buffers.b[: stop - start]
             np.copyto(a64, xa, casting="unsafe")
             np.copyto(b64, xb, casting="unsafe")
-            norm_a, norm_b = _dot(a64, a64), _dot(b64, b64)
+            norm_a, norm_b = real_dot(a64, a64), real_dot(b64, b64)
             exact = (integer_differences(xa, xb), xa, xb)
             self._add_finite(a64, b64, norm_a, norm_b, buffers, (origin, block_shape, shape, start), exact)
 
@@ -248,7 +248,7 @@ class PairAccumulator:
                 self._offer(*exact, None, where)
         self.valid += n
         self.sum_abs += float(diff.sum())
-        self.sum_sq += sum_squares(diff, _dot(diff, diff)) if top > 0 else Scaled()
+        self.sum_sq += sum_squares(diff, real_dot(diff, diff)) if top > 0 else Scaled()
         ref = np.abs(a64, out=buffers.ref[:n])
         low = float(ref.min())
         scratch = buffers.scratch[:n]
@@ -308,7 +308,7 @@ class PairAccumulator:
             d = diff[valid]
             self.sum_abs += float(d.sum())
             with np.errstate(over="ignore"):
-                self.sum_sq += sum_squares(d, _dot(d, d))
+                self.sum_sq += sum_squares(d, real_dot(d, d))
             ref = abs_a[valid]
             nonzero = (ref > 0) & np.isfinite(ref)
             if nonzero.any():
@@ -321,7 +321,7 @@ class PairAccumulator:
             self.unequal_inf += int(np.count_nonzero((inf_a | inf_b) & valid & (diff > 0)))
             fa, fb = a64[finite], b64[finite]
             with np.errstate(over="ignore"):
-                dot, norm_a, norm_b = products(fa, fb, _dot(np.conj(fa), fa), _dot(np.conj(fb), fb))
+                dot, norm_a, norm_b = products(fa, fb, real_dot(np.conj(fa), fa), real_dot(np.conj(fb), fb))
             self.dot += dot
             self.norm_a += norm_a
             self.norm_b += norm_b
@@ -453,12 +453,6 @@ class _Buffers:
     def __init__(self, size: int) -> None:
         self.a, self.b, self.diff, self.ref, self.scratch = (np.empty(size) for _ in range(5))
         self.flags = np.empty(size, dtype=bool)
-
-
-def _dot(x: NDArray[Any], y: NDArray[Any]) -> float:
-    """The real part of sum(x * y), in one pass with no temporary; not BLAS, whose threads spin on the cores the
-    comparison's own threads need."""
-    return float(np.real(np.einsum("i,i->", x, y)))
 
 
 def _same(value: Any) -> Any:
