@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 
 from harness import machine_line
-from tensor_debugger.engine.pairing import TensorRef, pair_runs
+from tensor_debugger.engine.logical_tensors import TensorRef
+from tensor_debugger.engine.pairing import pair_runs
 
 STAGES = (
     "post_ln_pre_attn",

@@ -15,7 +15,8 @@ from tensor_debugger.compare.compute.profiles import profile_views
 from tensor_debugger.compare.reports.heatmap import build_heatmap
 from tensor_debugger.compare.reports.inspector import build_inspector
 from tensor_debugger.compare.reports.slices import SliceRequest, read_window
-from tensor_debugger.engine.metrics import PairAccumulator, PairStats, parse_number
+from tensor_debugger.engine.metrics import PairStats, parse_number
+from tensor_debugger.engine.pair_accumulator import PairAccumulator
 from tensor_debugger.engine.tolerances import EXACT, Tolerance
 from tensor_debugger.engine.views import SourceView
 

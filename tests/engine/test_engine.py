@@ -15,8 +15,9 @@ from numpy.typing import NDArray
 from tensor_debugger.engine.alignment import align
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.fused import configure, kernel_name
+from tensor_debugger.engine.logical_tensors import TensorRef, group_shards, shard_of
 from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairStats
-from tensor_debugger.engine.pairing import TensorRef, group_shards, normalize, pair_runs, shard_of
+from tensor_debugger.engine.pairing import normalize, pair_runs
 from tensor_debugger.engine.streaming import PairJob, compare_stream, compare_views
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.engine.views import SourceView, View, build_view, flat_boxes

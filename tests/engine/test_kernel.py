@@ -31,7 +31,8 @@ from tensor_debugger.engine.fused import (
     partial_type,
     use_family,
 )
-from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairAccumulator, PairStats, edges
+from tensor_debugger.engine.metrics import HIST_HIGH, HIST_LOW, PairStats, edges
+from tensor_debugger.engine.pair_accumulator import PairAccumulator
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.summary import SummaryAccumulator, TensorSummary
 from tensor_debugger.services import open_services

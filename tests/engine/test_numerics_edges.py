@@ -16,7 +16,8 @@ import torch
 from numpy.typing import NDArray
 from tensor_debugger.engine import streaming
 from tensor_debugger.engine.fused import configure
-from tensor_debugger.engine.metrics import PairAccumulator, PairStats
+from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.pair_accumulator import PairAccumulator
 from tensor_debugger.engine.profiles import ProfileAccumulator
 from tensor_debugger.engine.scaled_sums import Scaled, cosine, sum_squares
 from tensor_debugger.engine.streaming import compare_views

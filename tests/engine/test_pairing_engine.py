@@ -7,17 +7,9 @@ import re
 
 import pytest
 from tensor_debugger.engine.fuzzy import similarity, tokens
-from tensor_debugger.engine.pairing import (
-    LogicalTensor,
-    TensorRef,
-    compile_name_pattern,
-    identities,
-    pair_runs,
-    parameter_key,
-    parameter_name,
-    parse_strategies,
-    position_key,
-)
+from tensor_debugger.engine.logical_tensors import LogicalTensor, TensorRef, identities
+from tensor_debugger.engine.name_patterns import compile_name_pattern
+from tensor_debugger.engine.pairing import pair_runs, parameter_key, parameter_name, parse_strategies, position_key
 
 
 def refs(*names: str, shape: tuple[int, ...] = (2,), keys: bool = False) -> list[TensorRef]:

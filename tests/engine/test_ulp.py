@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from tensor_debugger.engine.fused import configure
-from tensor_debugger.engine.metrics import PairAccumulator
+from tensor_debugger.engine.pair_accumulator import PairAccumulator
 from tensor_debugger.engine.tolerances import Tolerance, lower_precision, ulp_bound
 
 BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}

@@ -16,7 +16,7 @@ from tensor_debugger.compare.planning import sides
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.ingest.inputs import InputFile
 from tensor_debugger.ingest.writer import WritePools
-from tensor_debugger.live.recorder import safetensors_codes, write_safetensors
+from tensor_debugger.live.safetensors_files import safetensors_codes, write_safetensors
 from tensor_debugger.live.writer import CaptureError, CaptureWriter, HostBufferPool, Job, Sink
 from tensor_debugger.services import Services, open_services
 from tensor_debugger.settings import Settings

@@ -12,7 +12,7 @@ from litestar.testing import TestClient
 from sqlalchemy import select
 from tensor_debugger import capture
 from tensor_debugger.cli.compare_output import print_problems
-from tensor_debugger.live.recorder import Level
+from tensor_debugger.live.capture_types import Level
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import ProblemRecord, TensorRecord

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import torch
 from tensor_debugger.errors import InvalidInputError
-from tensor_debugger.live.recorder import CaptureResult, capture
+from tensor_debugger.live.capture_types import CaptureResult
+from tensor_debugger.live.recorder import capture
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
 from tensor_debugger.store.models import PairRecord, RunRecord

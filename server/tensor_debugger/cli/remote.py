@@ -11,10 +11,9 @@ from pathlib import Path
 import httpx
 import msgspec
 
+from tensor_debugger.cli.exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNUSABLE
 from tensor_debugger.cli.session_list import ListedSession, print_sessions
 from tensor_debugger.live.upload import server_sessions, upload_files
-
-EXIT_OK, EXIT_FAILED, EXIT_UNUSABLE = 0, 1, 2  # as cli/main.py's
 
 
 def files_to_send(paths: list[Path]) -> list[Path]:

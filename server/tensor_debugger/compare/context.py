@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.engine.fused import Kernel, default_kernel
+from tensor_debugger.engine.logical_tensors import TensorRef
 from tensor_debugger.engine.metrics import DEFAULT_TOP
-from tensor_debugger.engine.pairing import TensorRef
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.claims import DEFAULT_LEASE_SECONDS, Claims

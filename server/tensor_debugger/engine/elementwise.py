@@ -1,6 +1,6 @@
-"""Element-wise differences of two aligned blocks, with the rules every statistic follows (engine/metrics.py folds
-them; the heatmap, the value inspector and the error profiles read them), so that what a page shows of an element is
-what the pair's statistics counted:
+"""Element-wise differences of two aligned blocks, with the rules every statistic follows (engine/pair_accumulator.py
+folds them; the heatmap, the value inspector and the error profiles read them), so that what a page shows of an
+element is what the pair's statistics counted:
 
 - |candidate - reference| is float64 (its magnitude for complex values); a NaN on either side makes it NaN; equal
   values differ by zero (equal infinities included); integers and bools differ exactly (64-bit values past float64's

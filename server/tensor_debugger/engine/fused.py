@@ -6,7 +6,7 @@ Which path statistics take is a `Kernel`, an object chosen per engine instance: 
 to every PairAccumulator and chunk loop, and the Ingestor to every tensor summary it computes (an ingest child builds
 its own from the same settings), so that two kernels can compute side by side in one process. The package build
 compiles the library next to this file (server/build_hooks.py); where it was not built, or TENSOR_DEBUGGER_KERNEL=numpy
-asks for it, `Kernel.partial` returns None and metrics.py computes with numpy alone.
+asks for it, `Kernel.partial` returns None and pair_accumulator.py computes with numpy alone.
 TENSOR_DEBUGGER_KERNEL=blocks keeps the kernel but not the chunk loop that feeds it stored chunks
 (tensor_debugger.compare.compute.chunk_loop): blocks are then read into arrays first, as before that loop existed.
 
@@ -165,8 +165,8 @@ class Kernel:
     """A statistics path, chosen per engine instance (services build one from Settings.kernel and
     Settings.kernel_family and carry it in the CompareContext; a test may hold several at once): `path` "compiled"
     (the kernels and the chunk loop that feeds them stored chunks), "blocks" (the kernels on blocks read into arrays)
-    or "numpy" (neither: metrics.py computes with numpy alone); `family` the vector family the kernels run ("" for the
-    best this CPU runs; one it does not run is warned of and the best taken)."""
+    or "numpy" (neither: pair_accumulator.py computes with numpy alone); `family` the vector family the kernels run
+    ("" for the best this CPU runs; one it does not run is warned of and the best taken)."""
 
     path: str = "compiled"
     family: str = ""

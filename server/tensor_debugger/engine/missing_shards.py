@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from tensor_debugger.engine.pairing import LogicalTensor, TensorRef, shard_of
+from tensor_debugger.engine.logical_tensors import LogicalTensor, TensorRef, shard_of
 
 
 def run_ranks(tensors: list[TensorRef], pattern: re.Pattern[str] | None = None) -> set[int]:

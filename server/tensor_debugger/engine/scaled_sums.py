@@ -78,11 +78,11 @@ def products(x: NDArray[Any], y: NDArray[Any], norm_x: float, norm_y: float) -> 
     sum_x = Scaled.of(norm_x) if plain_x else sum_squares(x)
     sum_y = Scaled.of(norm_y) if plain_y else sum_squares(y)
     if plain_x and plain_y:
-        return Scaled.of(_dot(_conj(x), y)), sum_x, sum_y
+        return Scaled.of(real_dot(_conj(x), y)), sum_x, sum_y
     scale_x, scale_y = _scale(x), _scale(y)
     if scale_x is None or scale_y is None:
         return Scaled(), sum_x, sum_y  # a side of zeros
-    dot = _dot(_conj(_times_power_of_two(x, -scale_x)), _times_power_of_two(y, -scale_y))
+    dot = real_dot(_conj(_times_power_of_two(x, -scale_x)), _times_power_of_two(y, -scale_y))
     return Scaled.of(dot, scale_x + scale_y), sum_x, sum_y
 
 
@@ -95,7 +95,7 @@ def sum_squares(x: NDArray[Any], plain: float | None = None) -> Scaled:
     if scale is None:
         return Scaled()
     sx = _times_power_of_two(x, -scale)
-    return Scaled.of(_dot(_conj(sx), sx), 2 * scale)
+    return Scaled.of(real_dot(_conj(sx), sx), 2 * scale)
 
 
 def cosine(dot: Scaled, norm_a: Scaled, norm_b: Scaled) -> float:
@@ -149,6 +149,7 @@ def _times_power_of_two(x: NDArray[Any], power: int) -> NDArray[Any]:
     return np.asarray(np.ldexp(x, power))
 
 
-def _dot(x: NDArray[Any], y: NDArray[Any]) -> float:
-    """The real part of sum(x * y), in one pass (not BLAS: see metrics._dot)."""
+def real_dot(x: NDArray[Any], y: NDArray[Any]) -> float:
+    """The real part of sum(x * y), in one pass with no temporary; not BLAS, whose threads spin on the cores the
+    comparison's own threads need."""
     return float(np.real(np.einsum("i,i->", x, y)))

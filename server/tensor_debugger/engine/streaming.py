@@ -18,7 +18,8 @@ from typing import Generic, TypeVar
 from tensor_debugger.engine.chunking import Region, iter_blocks, plan_chunks
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.fused import FusedPartial, Kernel, default_kernel
-from tensor_debugger.engine.metrics import DEFAULT_TOP, PairAccumulator, PairStats
+from tensor_debugger.engine.metrics import DEFAULT_TOP, PairStats
+from tensor_debugger.engine.pair_accumulator import PairAccumulator
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.engine.views import View
 from tensor_debugger.engine.where import locate_error

@@ -4,7 +4,7 @@
 An index is read, not stored: its `weight_map` names the shard file of every weight. Every shard it names must
 be among the files of the run; a missing one is reported (with how many weights it held), and the index itself
 is never reported as a file that is not a tensor. Pairing drops the shards' file names from the tensors'
-identities (`engine.pairing.identities`), so a sharded checkpoint pairs with the same weights saved in one file.
+identities (`engine.logical_tensors.identities`), so a sharded checkpoint pairs with the same weights saved in one file.
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class ModuleNode:
     def calls(self) -> tuple[ModuleNode, ...]:
         """The model's calls this root holds, each a root of its own: itself, or, where a capture's model was called
         more than once (`generate`'s forwards, a loop of steps), the calls the recorder kept under one node of the
-        model's path (`live/recorder.py`): its first child is the model's first call, of the same path (no module's
+        model's path (`live/call_recorder.py`): its first child is the model's first call, of the same path (no module's
         child has its parent's path), then `{path}#2`, ... (and the gradients of a backward after them), each shown
         beside the others, not inside a node that is no call of the model."""
         if self.children and self.children[0].path == self.path:

@@ -1,4 +1,4 @@
-"""How a capture names a module call's tensors (`recorder.py`): `Net.attn_inputs_args_0`, `Net.attn_outputs`,
+"""How a capture names a module call's tensors (`call_recorder.py`): `Net.attn_inputs_args_0`, `Net.attn_outputs`,
 an op's `Net.attn/mul#1_outputs`; read back by `find_divergence` and its answer."""
 
 from __future__ import annotations

@@ -71,6 +71,7 @@ from tensor_debugger.engine.summary_compare import (
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
 from tensor_debugger.live.capture_names import call_path, is_module_input, module_of
+from tensor_debugger.live.capture_types import CaptureResult, Level
 from tensor_debugger.live.divergence_answer import (
     NOISE_FULL_RUN,
     NOISE_RUN,
@@ -110,7 +111,7 @@ from tensor_debugger.live.precision_floor import (
     lower_computed,
     lower_precision,
 )
-from tensor_debugger.live.recorder import CaptureResult, HeldRun, Level, compiled_modules, pair_session, record
+from tensor_debugger.live.recorder import HeldRun, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
 from tensor_debugger.live.state_differences import differing_state, state_words
 

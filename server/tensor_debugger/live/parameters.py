@@ -5,7 +5,7 @@ argument to the parameter of its name. A positional parameter is recorded with i
 side's argument at that position where their names differ (a port's `forward(self, *args)`). An argument past the
 named ones goes into `*args`, recorded as `*{i}` (its position in the call); a keyword no parameter is named for
 goes into `**kwargs`, recorded as `**{key}`: neither can be a parameter's name, so neither collides with one
-(`ARGS_MARK`, `KWARGS_MARK`). The capture records it on each module input (`recorder.py`), so that an input passed
+(`ARGS_MARK`, `KWARGS_MARK`). The capture records it on each module input (`call_recorder.py`), so that an input passed
 by keyword on one side and by position on the other pairs, and one passed through `**kwargs` pairs with the
 parameter of its name (`engine/pairing.parameter_key`, `position_key`)."""
 

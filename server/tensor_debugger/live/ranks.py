@@ -6,8 +6,8 @@ several hosts `staging=` must be a folder every rank sees). When the block ends,
 rank 0 then sends the folders as one run (into the data directory, or to the server as one plain `.tar` per rank),
 and every rank's result gets its ids. Names are led by the folder (`rank1/Model.attn.q_proj_outputs`), the
 tensor-parallel convention ingest and pairing already know: each tensor's shards merge into one logical tensor
-(`engine/pairing.py`), concatenated where they are pieces of it, compared copy by copy where every rank holds the
-whole of it (replicas), and a rank whose shard differs is named.
+(`engine/logical_tensors.py`), concatenated where they are pieces of it, compared copy by copy where every rank
+holds the whole of it (replicas), and a rank whose shard differs is named.
 """
 
 from __future__ import annotations

@@ -30,7 +30,8 @@ from tensor_debugger.compare.compute.pending import PendingPair, ResultWriter, p
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.engine.chunking import Region
-from tensor_debugger.engine.metrics import PairAccumulator, PairStats
+from tensor_debugger.engine.metrics import PairStats
+from tensor_debugger.engine.pair_accumulator import PairAccumulator
 from tensor_debugger.engine.streaming import BLOCK_BYTES, PairJob, compare_block, pair_blocks
 from tensor_debugger.engine.where import WhereAccumulator, block_masses, where_regions
 from tensor_debugger.errors import NoDaskWorkerError

@@ -30,8 +30,9 @@ from tensor_debugger.compare.compute.pending import FLUSH_SECONDS, PendingPair, 
 from tensor_debugger.compare.context import CompareContext, cache_key, tensor_ref
 from tensor_debugger.compare.planning.sides import aligned_views, alignment_key_of, tolerance
 from tensor_debugger.engine.alignment import align
+from tensor_debugger.engine.logical_tensors import LogicalTensor, shard_of
 from tensor_debugger.engine.op_alignment import op_call
-from tensor_debugger.engine.pairing import LogicalTensor, execution_order, shard_of
+from tensor_debugger.engine.pairing import execution_order
 from tensor_debugger.engine.streaming import PairJob, compare_stream
 from tensor_debugger.ingest.stored import Stored, StoredNote, note_of
 from tensor_debugger.store.models import ComparisonResultRecord, SessionRecord, TensorRecord

@@ -33,11 +33,12 @@ from tensor_debugger.compare.compute.early import (
     pairable_by_name,
     stored_record,
 )
-from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts, from_memory_only
+from tensor_debugger.compare.compute.in_memory_pairs import from_memory_only
+from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.compute.sent_pairs import SentPairs
 from tensor_debugger.compare.context import CompareContext
-from tensor_debugger.engine.pairing import shard_of
+from tensor_debugger.engine.logical_tensors import shard_of
 from tensor_debugger.engine.streaming import PairJob
 from tensor_debugger.ingest.runs import PendingRun
 from tensor_debugger.ingest.stored import NoteListener, StoredNote

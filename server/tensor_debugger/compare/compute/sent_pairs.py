@@ -4,9 +4,9 @@ early comparisons (`early_uploads.py`) as from a `Lockstep` of their own.
 An upload of a reference and a candidate ingests both runs at once in one child process, each handing its blocks
 to a `Lockstep` there (`child_lockstep`). Before the child tells the server that a file's tensors are stored, it
 sends the pairs finished in memory since (`Lockstep.take_found`: their statistics, blocks and where the error is,
-as `lockstep.InMemoryPair`), so a pair is here before the note of its second tensor makes the server guess it; at
+as `in_memory_pairs.InMemoryPair`), so a pair is here before the note of its second tensor makes the server guess it; at
 the end it sends why the other pairs were not. The server's guess of such a pair then takes its statistics from
-here (`lockstep.replay`: the same checks as in one process), and reads nothing of the stored copy.
+here (`in_memory_pairs.replay`: the same checks as in one process), and reads nothing of the stored copy.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import threading
 from collections import Counter
 from collections.abc import Sequence
 
-from tensor_debugger.compare.compute.lockstep import InMemoryPair, Lockstep, LockstepCounts, replay
+from tensor_debugger.compare.compute.in_memory_pairs import InMemoryPair, replay
+from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.context import open_context
 from tensor_debugger.engine.streaming import PairJob

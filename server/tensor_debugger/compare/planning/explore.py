@@ -14,7 +14,8 @@ from sqlalchemy import delete, select
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.plan import refresh_session
 from tensor_debugger.engine.alignment import align
-from tensor_debugger.engine.pairing import execution_order, group_shards
+from tensor_debugger.engine.logical_tensors import group_shards
+from tensor_debugger.engine.pairing import execution_order
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairRecord, TensorRecord, UnmatchedRecord

@@ -11,18 +11,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from tensor_debugger.engine.logical_tensors import LogicalTensor, TensorRef, group_shards
+from tensor_debugger.engine.name_patterns import apply_name_pattern
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, BY_CONTENT, LEFT_OVER, Likeness, OpTensor, pair_ops
 from tensor_debugger.engine.pairing import (
     PARAMETER,
     PARAMETER_BY_POSITION,
     PARAMETER_THROUGH_KWARGS,
-    LogicalTensor,
     Pairing,
     PairPlan,
-    TensorRef,
-    apply_name_pattern,
     execution_order,
-    group_shards,
 )
 
 ALIGNED = "module aligned"  # the strategy of a pair of ops the alignment made ("module": by module call and op)

@@ -23,7 +23,9 @@ from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import tensor_ref
 from tensor_debugger.engine.dimension_names import parse_dims
-from tensor_debugger.engine.pairing import apply_name_pattern, compile_name_pattern, group_shards, parse_strategies
+from tensor_debugger.engine.logical_tensors import group_shards
+from tensor_debugger.engine.name_patterns import apply_name_pattern, compile_name_pattern
+from tensor_debugger.engine.pairing import parse_strategies
 from tensor_debugger.errors import ConflictError, InvalidInputError
 from tensor_debugger.store import catalog
 from tensor_debugger.store.models import PairOverrideRecord, PairRecord, SessionRecord, TensorRecord

@@ -23,17 +23,12 @@ from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.compare.planning.op_pairs import plan_ops
 from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
+from tensor_debugger.engine.logical_tensors import LogicalTensor, TensorRef
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.missing_shards import missing_shards, run_ranks
+from tensor_debugger.engine.name_patterns import compile_name_pattern
 from tensor_debugger.engine.op_alignment import Likeness
-from tensor_debugger.engine.pairing import (
-    LogicalTensor,
-    PairPlan,
-    TensorRef,
-    compile_name_pattern,
-    execution_order,
-    pair_runs,
-)
+from tensor_debugger.engine.pairing import PairPlan, execution_order, pair_runs
 from tensor_debugger.engine.summaries import SummaryVerdict, compare_summaries
 from tensor_debugger.engine.summary_compare import Sketch, SketchVerdict, sketch_likeness
 from tensor_debugger.errors import InvalidInputError, NotFoundError

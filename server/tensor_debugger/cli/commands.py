@@ -1,0 +1,100 @@
+"""`ingest` (here, or by this data dir's running server: `warm`) and `sessions` on the data dir."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tensor_debugger.cli.exit_codes import EXIT_OK
+from tensor_debugger.cli.progress_bar import ProgressBar
+
+if TYPE_CHECKING:
+    from tensor_debugger.cli.session_list import ListedSession
+    from tensor_debugger.cli.warm import ServerProbe
+    from tensor_debugger.compare.planning.requests import CompareRequest
+    from tensor_debugger.compare.reports.compare_report import IngestOutcome
+    from tensor_debugger.services import Services
+
+
+def warm(probe: ServerProbe, args: argparse.Namespace, request: CompareRequest | None) -> int | None:
+    """`compare` or `ingest` done by the server of this data dir, printed as if done here; None when no server
+    runs there (or it could not be reached), and the command does the work itself."""
+    from tensor_debugger.cli.warm import remote_compare, remote_ingest, silent_words
+
+    address = probe.answered
+    if address is None:
+        if probe.silent is not None:
+            print(silent_words(probe.silent), file=sys.stderr)
+        return None
+    if request is None:  # `ingest`; `compare` comes with its request
+        outcome = remote_ingest(address, args.session, args.run, args.paths, args.against)
+        return None if outcome is None else show_ingest(outcome, args.json)
+    return remote_compare(address, request, args.json)
+
+
+def ingest(
+    services: Services, session: str, run: str, paths: list[Path], as_json: bool, against: str | None = None
+) -> int:
+    from tensor_debugger.compare.pipeline import ingest_run
+    from tensor_debugger.ingest.inputs import InputFile
+
+    bar = ProgressBar(f"ingest {run}")
+    try:
+        outcome = ingest_run(
+            services.ingestor,
+            services.context,
+            session,
+            run,
+            [InputFile(p, str(p)) for p in paths],
+            progress=lambda _, done, total: bar.update(done, total),
+            against=against,
+        )  # planned: the server's worker computes the pairs
+    finally:
+        bar.close()
+    return show_ingest(outcome, as_json)
+
+
+def show_ingest(outcome: IngestOutcome, as_json: bool) -> int:
+    from tensor_debugger.compare.reports.compare_report import to_json
+
+    report = outcome.payload
+    if as_json:
+        print(json.dumps(to_json(report)))
+    elif outcome.error is not None:
+        print(f"tensor-debugger: {outcome.error}", file=sys.stderr)
+        for p in report.problems:
+            print(f"  {p.file}: {p.reason}", file=sys.stderr)
+    elif report.session is not None and report.run is not None:
+        run = report.run
+        tensors = f"{run.tensors} tensor{'' if run.tensors == 1 else 's'}"
+        print(f"stored {tensors} as run {run.label!r} of session {report.session.name!r}")
+        for p in report.problems:
+            print(f"  problem: {p.file}: {p.reason}")
+    return outcome.exit_code
+
+
+def list_sessions(services: Services, as_json: bool) -> int:
+    from tensor_debugger.cli.session_list import print_sessions
+
+    print_sessions(_session_list(services), as_json, str(services.settings.data_dir))
+    return EXIT_OK
+
+
+def _session_list(services: Services) -> list[ListedSession]:
+    from tensor_debugger.cli.session_list import ListedRun, ListedSession
+    from tensor_debugger.store import catalog
+    from tensor_debugger.store.reports import iso
+
+    with services.sessions() as db:
+        return [
+            ListedSession(
+                s.id,
+                s.name,
+                iso(s.created_at),
+                [ListedRun(r.id, r.label, r.role, r.status, r.tensor_count, r.compared_against_id) for r in s.runs],
+            )
+            for s in catalog.list_sessions(db)
+        ]
