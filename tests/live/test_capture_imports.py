@@ -1,6 +1,7 @@
 """A plain torch model's first capture (no torch.compile anywhere in the process) imports no torch._dynamo: the
 hooks were each wrapped in `torch.compiler.disable`, which imports it (about 1.5 s of CPU, most of a first capture's
-cost); nor the session actions (`compare/actions.py`). Where torch.compile was used, the hooks are still kept from its tracing (tests/live/test_compile_capture.py)."""
+cost); nor the session actions (`compare/actions.py`). Where torch.compile was used, the hooks are still kept from
+its tracing (tests/live/test_compile_capture.py)."""
 
 from __future__ import annotations
 
