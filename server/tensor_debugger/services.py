@@ -20,7 +20,6 @@ from tensor_debugger.compare.compute.early_uploads import EarlyUploads
 from tensor_debugger.compare.compute.sent_pairs import child_lockstep
 from tensor_debugger.compare.compute.worker import ComparisonWorker
 from tensor_debugger.compare.context import CompareContext, open_context
-from tensor_debugger.compare.planning.plan import plan_session
 from tensor_debugger.compare.reports.pair_rows import StatsCache
 from tensor_debugger.ingest import staging
 from tensor_debugger.ingest.recovery import RecoveryReport, TakeOver, recover, remove_dead_ingests
@@ -138,7 +137,10 @@ class Services:
     def plan(self, session_id: int) -> None:
         """Pair the session's runs again (after an ingest or a user's override) and let the worker know: what
         `actions.plan` does, without importing the actions (the reports and hand pairing they use: about 0.1 s of
-        CPU, which a process's first capture paid after its forward, when it paired its session)."""
+        CPU, which a process's first capture paid after its forward, when it paired its session). The planning
+        itself is imported here, on first use: `compare` imports it while its runs ingest (compare/pipeline.py)."""
+        from tensor_debugger.compare.planning.plan import plan_session
+
         plan_session(self.context, session_id)
         self.worker.wake()
 
