@@ -135,8 +135,14 @@ class Services:
         return take_over
 
     def plan(self, session_id: int) -> None:
-        """Pair the session's runs again (after an ingest or a user's override) and let the worker know."""
-        self.actions.plan(session_id)
+        """Pair the session's runs again (after an ingest or a user's override) and let the worker know: what
+        `actions.plan` does, without importing the actions (the reports and hand pairing they use: about 0.1 s of
+        CPU, which a process's first capture paid after its forward, when it paired its session). The planning
+        itself is imported here, on first use: `compare` imports it while its runs ingest (compare/pipeline.py)."""
+        from tensor_debugger.compare.planning.plan import plan_session
+
+        plan_session(self.context, session_id)
+        self.worker.wake()
 
     def sweep(self) -> None:
         """Remove what processes killed meanwhile left behind: their runs still "ingesting" (arrays and all) and

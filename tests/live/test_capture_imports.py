@@ -1,6 +1,7 @@
 """A plain torch model's first capture (no torch.compile anywhere in the process) imports no torch._dynamo: the
 hooks were each wrapped in `torch.compiler.disable`, which imports it (about 1.5 s of CPU, most of a first capture's
-cost). Where torch.compile was used, the hooks are still kept from its tracing (tests/live/test_compile_capture.py)."""
+cost); nor the session actions (`compare/actions.py`). Where torch.compile was used, the hooks are still kept from
+its tracing (tests/live/test_compile_capture.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ for level in ("module", "op"):
             data_dir = os.path.join(sys.argv[1], level)
             with torch.no_grad(), capture(model, "s", "r", data_dir=data_dir, level=level, backward=False) as result:
                 model(torch.randn(2, 8))
-            print(json.dumps({"level": level, "dynamo": "torch._dynamo" in sys.modules, "tensors": result.tensors}))
+            print(json.dumps({
+                "level": level,
+                "dynamo": "torch._dynamo" in sys.modules,
+                "actions": "tensor_debugger.compare.actions" in sys.modules,
+                "tensors": result.tensors,
+            }))
             code = 0
         except BaseException:
             traceback.print_exc()
@@ -54,3 +60,6 @@ def test_a_plain_models_first_capture_imports_no_dynamo(tmp_path: Path) -> None:
     for out in outs:
         assert out["tensors"] > 0
         assert out["dynamo"] is False, out["level"]
+        # pairing the session when the block ends needs the planning, not the users' actions and the reports they
+        # import (about 0.1 s of CPU, after the forward)
+        assert out["actions"] is False, out["level"]

@@ -223,6 +223,10 @@ def test_head_revision_of_branches_merges_and_odd_files(tmp_path: Path) -> None:
     assert head_revision(tmp_path) == "d"
     migration("e", "revision = compute()\ndown_revision = 'd'")
     assert head_revision(tmp_path) is None  # not a literal: left to Alembic
+    migration("e", "revision = 'e'\ndown_revision = 'd'")  # written again: read again, not remembered
+    assert head_revision(tmp_path) == "e"
+    (tmp_path / "e.py").unlink()
+    assert head_revision(tmp_path) == "d"
 
 
 def described(engine: Engine) -> dict[str, dict[str, Any]]:
@@ -250,18 +254,24 @@ def described(engine: Engine) -> dict[str, dict[str, Any]]:
 
 def test_a_new_data_dir_made_from_the_models_is_the_migrated_schema(tmp_path: Path) -> None:
     """A new SQLite database is created from the models' metadata and stamped (no Alembic): the same schema, read
-    back from the files, as the 10 migrations run one by one give, and Alembic takes it as at its head."""
-    fast = create_db_engine(f"sqlite:///{tmp_path / 'fast.sqlite3'}")
-    upgrade_database(fast)
+    back from the files, as the migrations run one by one give, and Alembic takes it as at its head. The second new
+    database of the process is made from the statements the first compiled: the same schema again."""
     stepwise = create_db_engine(f"sqlite:///{tmp_path / 'stepwise.sqlite3'}")
     migrate_to(stepwise, "head")  # as the app migrates SQLite: foreign keys off (0021 copies tables)
-    assert described(fast) == described(stepwise)
-    assert "sessions" in described(fast) and "alembic_version" in described(fast)
-    assert_schema_matches_models(fast)
-    with fast.connect() as a, stepwise.connect() as b:
-        version = "SELECT version_num FROM alembic_version"
-        assert a.execute(text(version)).scalars().all() == b.execute(text(version)).scalars().all() == [alembic_head()]
-    fast.dispose()
+    for name in ("fast.sqlite3", "again.sqlite3"):
+        fast = create_db_engine(f"sqlite:///{tmp_path / name}")
+        upgrade_database(fast)
+        assert described(fast) == described(stepwise)
+        assert "sessions" in described(fast) and "alembic_version" in described(fast)
+        assert_schema_matches_models(fast)
+        with fast.connect() as a, stepwise.connect() as b:
+            version = "SELECT version_num FROM alembic_version"
+            made, migrated = (c.execute(text(version)).scalars().all() for c in (a, b))
+        assert made == migrated == [alembic_head()]
+        with fast.connect() as a, stepwise.connect() as b:  # SQLite's own record: every table, index and trigger
+            schema = "SELECT type, name, tbl_name FROM sqlite_master ORDER BY type, name"
+            assert a.execute(text(schema)).all() == b.execute(text(schema)).all()
+        fast.dispose()
     stepwise.dispose()
 
 
