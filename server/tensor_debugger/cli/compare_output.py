@@ -308,8 +308,9 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
         if report.next_capture:
             print("next capture, full values of that module (add to this session):")
             print(textwrap.indent(report.next_capture.python, "    "))
-    elif stats is None and pair.status == "incomparable" and pair.a.shape != pair.b.shape:
-        # a module's output of another shape (compare/reports/reshaped.py): no element was compared
+    elif pair.status == "incomparable" and pair.a.shape != pair.b.shape:
+        # a module's output of another shape (compare/reports/reshaped.py): no element was compared, or only those
+        # of the reference's rows the candidate has (its statistics are of those alone)
         print(
             f"{divergence_label(first)}: {first.name} ({where}): shapes differ ({pair.a.shape} vs {pair.b.shape}); "
             f"{RESHAPED_WHY}"
