@@ -7,10 +7,14 @@ unchecked."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tensor_debugger.compare.reports.pair_reports import session_pairs
+from tensor_debugger.services import open_services
+from tensor_debugger.settings import Settings
 
 from tests.support.cli_main import main_cli
 
@@ -88,3 +92,24 @@ def test_a_padded_vocabulary_passes_its_extra_rows_said_unchecked(tmp_path: Path
     assert pair["status"] == "pass" and pair["error"] is None and pair["stats"]["numel"] == 48
     assert pair["alignment"] == "candidate cut to its first 6 of 8 rows along dim 0 (2 candidate rows not compared)"
     assert "no divergence" in table
+
+
+def test_a_pass_stored_before_the_rule_reads_as_no_pass(tmp_path: Path) -> None:
+    """A data dir whose pair was settled "pass" before a cut reference stopped passing: its reports say what the
+    rule says now (the same verdict as a pair settled today), whatever its stored row holds."""
+    full = _values((6, 8), 6)
+    ref, cand = _runs(tmp_path, {"0_query": full}, {"0_query": full[:4]})
+    code, out, _ = _compare(tmp_path, ref, cand)
+    assert code == 1
+    with sqlite3.connect(tmp_path / "data" / "metadata.sqlite3") as db:
+        settled = "UPDATE pairs SET status = 'pass', error = NULL WHERE session_id = ?"
+        stored = db.execute(settled, (out["session"]["id"],))
+        assert stored.rowcount == 1
+    services = open_services(Settings(data_dir=tmp_path / "data"))
+    try:
+        with services.sessions() as db:
+            report = session_pairs(db, out["session"]["id"])
+    finally:
+        services.close()
+    assert report.verdict == "incomplete" and [p.status for p in report.pairs] == ["incomparable"]
+    assert report.pairs[0].error == out["pairs"][0]["error"]

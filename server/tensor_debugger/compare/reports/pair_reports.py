@@ -295,6 +295,11 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
     failing replicated pair, the elements outside the tolerance per rank."""
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
+    cut = _reference_cut(pair, tensors)
+    status, error = _STATUSES[pair.status], pair.error
+    if status == PairStatus.PASS and cut is not None:  # a row settled before the rule (cut_verdict) held
+        settled, error = cut_verdict(True, cut)
+        status = PairStatus(settled)
     return {
         "id": pair.id,
         "position": pair.position,
@@ -302,7 +307,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "layer": pair.layer,
         "stage": pair.stage,
         "strategy": parse_strategy(pair.strategy),
-        "status": _STATUSES[pair.status],
+        "status": status,
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
         if pair.alignment is not None
         else f"incomparable: {pair.error}"
@@ -312,7 +317,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "alignment_overridden": pair.alignment_overridden,
         "a": a,
         "b": b,
-        "error": pair.error,
+        "error": error,
         "module_path": pair.module_path,
         "place": pair.place,
         "summary": summary_report(pair.summary),
@@ -320,7 +325,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "noise_max_abs_diff": None,
         "replicas": _replicas(pair, mismatches),
         "pairing_note": pairing_note(pair.strategy),
-        "reference_cut": _reference_cut(pair, tensors),
+        "reference_cut": cut,
     }
 
 
