@@ -215,6 +215,9 @@ def test_a_candidate_with_fewer_rows_is_not_a_pass(shared_server: LiveServer, tm
     assert sorted(report["coverage"]["not_compared"]) == ["0_post_attn", "0_query"]
     page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
     assert "No divergence" not in page and "Incomplete" in page
+    pair_page = loopback_http.get(f"{shared_server.url}/pairs/{cut['id']}", headers=shared_server.auth)
+    assert pair_page.status_code == 200 and 'id="reference-cut">Not a pass: compared 4 of the' in pair_page.text
+    assert "2 reference rows were not compared. These statistics are of the rows compared only." in pair_page.text
     compared = loopback_http.get(f"{shared_server.url}/api/pairs/{cut['id']}/slice", params={"index": "3,:"})
     assert compared.status_code == 200 and compared.json()["window"] == [{"dim": 1, "start": 0, "count": 8}]
     refused = loopback_http.get(f"{shared_server.url}/api/pairs/{empty['id']}/slice", params={"index": ":,:"})
