@@ -113,3 +113,21 @@ def test_a_pass_stored_before_the_rule_reads_as_no_pass(tmp_path: Path) -> None:
         services.close()
     assert report.verdict == "incomplete" and [p.status for p in report.pairs] == ["incomparable"]
     assert report.pairs[0].error == out["pairs"][0]["error"]
+
+
+def test_within_the_noise_floor_is_no_pass_either(tmp_path: Path) -> None:
+    """The candidate's 4 rows differ from the reference's beyond tolerance but within the rerun's noise: the noise
+    rule would pass them, and does not pass the pair, whose other 2 reference rows were compared with nothing."""
+    full = _values((6, 8), 7)
+    drift = np.full((6, 8), 0.01, np.float32)
+    ref, cand = _runs(tmp_path, {"0_query": full}, {"0_query": (full + drift)[:4]})
+    rerun = tmp_path / "rerun"
+    rerun.mkdir()
+    np.save(rerun / "0_query.npy", full - drift)
+    data = str(tmp_path / "data")
+    done = main_cli("--data-dir", data, "compare", str(ref), str(cand), "--noise", str(rerun), "--json")
+    out = json.loads(done.stdout)
+    pair = next(p for p in out["pairs"] if p["candidate"] == "cand")
+    assert pair["rule"] == "noise" and pair["stats"]["mismatched"] > 0
+    assert pair["status"] == "incomparable" and pair["error"].startswith("not a pass: compared 4 of the reference's 6")
+    assert done.returncode == 1 and out["verdict"] == "incomplete"
