@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from tensor_debugger.engine.alignment import align
+from tensor_debugger.engine.alignment import ReferenceCut, align, cut_verdict, reference_cut
 from tensor_debugger.engine.chunking import Region
 from tensor_debugger.engine.fused import configure, kernel_name
 from tensor_debugger.engine.logical_tensors import TensorRef, group_shards, shard_of
@@ -322,3 +322,31 @@ def test_default_tolerances_follow_torch_testing() -> None:
     assert default_tolerance("float32", "float32") == Tolerance(1.3e-6, 1e-5)
     assert default_tolerance("float16", "float64") == Tolerance(1e-3, 1e-5)
     assert default_tolerance("int64", "float32") == Tolerance(0, 0)
+
+
+def test_reference_rows_cut_away_are_never_a_pass() -> None:
+    # the reference's extra rows cut away: only the rows the candidate has face it
+    fewer = align([(1, 6, 8)], [(4, 8)])
+    assert fewer is not None and fewer.shape == (4, 8)
+    assert fewer.words() == (
+        "reference size-1 dims dropped -> [6, 8]; reference cut to its first 4 of 6 rows along dim 0 "
+        "(2 reference rows not compared)"
+    )
+    cut = reference_cut(list(fewer.shapes_a), fewer.steps)
+    assert cut == ReferenceCut(4, 6, 0)
+    assert cut_verdict(True, cut.words()) == (
+        "incomparable",
+        "not a pass: compared 4 of the reference's 6 rows along dim 0: the candidate has 4, so 2 reference rows "
+        "were not compared; the rows compared are within tolerance",
+    )
+    assert cut_verdict(False, cut.words()) == ("fail", None)
+    # a reference in shards, concatenated first: the rows counted after the concat
+    shards = align([(3, 8), (3, 8)], [(5, 8)])
+    assert shards is not None and reference_cut(list(shards.shapes_a), shards.steps) == ReferenceCut(5, 6, 0)
+    # the candidate's extra rows (a padded vocabulary): every reference element compared, a pass stands
+    padded = align([(6, 8)], [(8, 8)])
+    assert padded is not None and reference_cut(list(padded.shapes_a), padded.steps) is None
+    assert cut_verdict(True, None) == ("pass", None)
+    # no rows on one side: 0 elements against some is incomparable
+    assert align([(1, 6, 8)], [(1, 0, 8)]) is None and align([(0, 8)], [(6, 8)]) is None
+    assert align([(0, 8)], [(0, 8)]) is not None  # both empty: nothing left out

@@ -59,7 +59,7 @@ def test_whole_copies_are_replicas(shapes_a: Shapes, shapes_b: Shapes, side: str
             [(20, 4)],
             [(12, 4), (12, 4)],
             "candidate shards concatenated along dim 0 -> [24, 4]; "
-            "candidate cut to its first 20 rows along dim 0 (extra rows ignored)",
+            "candidate cut to its first 20 of 24 rows along dim 0 (4 candidate rows not compared)",
         ),  # padded: never a truncated replica
     ],
 )

@@ -181,3 +181,48 @@ def test_a_pair_that_cannot_be_compared_is_not_called_within_tolerance(
     assert report["verdict"] == "incomplete" and report["coverage"]["not_compared"] == ["0_post_attn"]
     listed = loopback_http.get(f"{shared_server.url}/?q=one+incomparable", headers=shared_server.auth).text
     assert "1 not compared" in listed and ">none<" not in listed
+
+
+def test_a_candidate_with_fewer_rows_is_not_a_pass(shared_server: LiveServer, tmp_path: Path) -> None:
+    """The candidate holds the first 4 of the reference's 6 rows (equal values), and another tensor no rows at all:
+    the 4 rows are compared and said to be, but neither pair passes, nor does the session; the slice of the pair
+    that has no aligned values answers 409 saying why, that of the cut pair its 4 compared rows."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    torch.save(seeded((6, 8), 1), a / "0_query.pth")
+    torch.save(seeded((6, 8), 1)[:4].clone(), b / "0_query.pth")
+    torch.save(seeded((1, 6, 8), 2), a / "0_post_attn.pth")
+    torch.save(torch.zeros((1, 0, 8)), b / "0_post_attn.pth")
+    response = upload(
+        shared_server,
+        "fewer rows",
+        [("reference", make_zip(a, tmp_path / "a.zip")), ("candidate", make_zip(b, tmp_path / "b.zip"))],
+    )
+    assert response.status_code == 201, response.text
+    session_id = response.json()["session"]["id"]
+    report = wait_done(shared_server, session_id)
+    pairs = {p["name"]: p for p in report["pairs"]}
+    cut, empty = pairs["0_query"], pairs["0_post_attn"]
+    assert cut["status"] == "incomparable" and cut["stats"]["numel"] == 32 and cut["stats"]["max_abs_diff"] == 0
+    assert cut["reference_cut"] == (
+        "compared 4 of the reference's 6 rows along dim 0: the candidate has 4, so 2 reference rows were not compared"
+    )
+    assert cut["error"] == f"not a pass: {cut['reference_cut']}; the rows compared are within tolerance"
+    assert "reference cut to its first 4 of 6 rows along dim 0 (2 reference rows not compared)" in cut["alignment"]
+    assert empty["status"] == "incomparable" and empty["stats"] is None and empty["aligned_shape"] is None
+    assert report["verdict"] == "incomplete"
+    assert sorted(report["coverage"]["not_compared"]) == ["0_post_attn", "0_query"]
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    assert "No divergence" not in page and "Incomplete" in page
+    pair_page = loopback_http.get(f"{shared_server.url}/pairs/{cut['id']}", headers=shared_server.auth)
+    assert pair_page.status_code == 200 and 'id="reference-cut">Not a pass: compared 4 of the' in pair_page.text
+    assert "2 reference rows were not compared. These statistics are of the rows compared only." in pair_page.text
+    compared = loopback_http.get(f"{shared_server.url}/api/pairs/{cut['id']}/slice", params={"index": "3,:"})
+    assert compared.status_code == 200 and compared.json()["window"] == [{"dim": 1, "start": 0, "count": 8}]
+    refused = loopback_http.get(f"{shared_server.url}/api/pairs/{empty['id']}/slice", params={"index": ":,:"})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["detail"] == (
+        f"pair {empty['id']} (0_post_attn) is incomparable (no alignment makes its shapes comparable): it has no "
+        "aligned values to read"
+    )

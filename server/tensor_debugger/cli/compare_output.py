@@ -316,8 +316,9 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
         if report.next_capture:
             print("next capture, full values of that module (add to this session):")
             print(textwrap.indent(report.next_capture.python, "    "))
-    elif stats is None and pair.status == "incomparable" and pair.a.shape != pair.b.shape:
-        # a module's output of another shape (compare/reports/reshaped.py): no element was compared
+    elif pair.status == "incomparable" and pair.a.shape != pair.b.shape:
+        # a module's output of another shape (compare/reports/reshaped.py): no element was compared, or only those
+        # of the reference's rows the candidate has (its statistics are of those alone)
         print(
             f"{divergence_label(first)}: {first.name} ({where}): shapes differ ({pair.a.shape} vs {pair.b.shape}); "
             f"{RESHAPED_WHY}"
@@ -408,6 +409,16 @@ def _reshaped(report: CompareReport, name: str) -> bool:
     return any(p.status == "incomparable" and p.a.shape != p.b.shape for p in pairs)
 
 
+def _print_why(report: CompareReport, names: list[str], shown: int = 20) -> None:
+    """Why each of the pairs `names` was not compared, where its pair says (an error, a shard one side lacks, the
+    reference rows an alignment cut away): one indented line each, the first `shown` (the JSON has them all)."""
+    said = 0
+    for pair in report.pairs:
+        if said < shown and pair.name in names and pair.error:
+            print(f"  {pair.name}: {pair.error}")
+            said += 1
+
+
 def print_not_compared(report: CompareReport) -> None:
     """What of the reference was not compared (the verdict is incomplete, exit 1): its tensors without partner
     that the user did not allow, pairs that errored or are incomparable, pairs of ops out of step; and those the
@@ -439,6 +450,7 @@ def print_not_compared(report: CompareReport) -> None:
     if left_out:
         pairs = "1 pair" if len(left_out) == 1 else f"{len(left_out)} pairs"
         print(f"NOT COMPARED: {pairs} could not be compared (error or incomparable): {names_of(left_out)}")
+        _print_why(report, left_out)
     for pair in coverage.out_of_step:
         print(f"NOT COMPARED: pair {pair.name} ({pair.why})")
     for run in coverage.runs_not_compared:

@@ -45,7 +45,7 @@ class Step:
         if self.kind == "permute":
             return f"{who} dims permuted {list(self.perm)} -> {list(self.shape)}"
         if self.kind == "truncate":
-            return f"{who} cut to its first {self.size} rows along dim {self.axis} (extra rows ignored)"
+            return f"{who} cut to its first {self.size} rows along dim {self.axis} (the rest not compared)"
         if self.kind == "stack":
             stacked = list(self.shape)
             return f"{who} replicated on {self.size} ranks: copies stacked along a new dim 0 (the rank) -> {stacked}"
@@ -100,7 +100,18 @@ class Alignment:
         return sum(_COST[s.kind] for s in self.steps)
 
     def words(self) -> str:
-        return "; ".join(s.words() for s in self.steps) or "same shape"
+        return "; ".join(self._step_words(i) for i in range(len(self.steps))) or "same shape"
+
+    def _step_words(self, index: int) -> str:
+        step = self.steps[index]
+        if step.kind != "truncate":
+            return step.words()
+        rows = _rows_before(self.shapes_a if step.side == "a" else self.shapes_b, self.steps[:index], step)
+        who = "reference" if step.side == "a" else "candidate"
+        return (
+            f"{who} cut to its first {step.size} of {rows} rows along dim {step.axis} "
+            f"({rows - step.size} {who} rows not compared)"
+        )
 
     def side_steps(self, side: str) -> list[Step]:
         return [s for s in self.steps if s.side == side]
@@ -129,6 +140,55 @@ class Alignment:
         if final["a"] != final["b"]:
             raise ValueError(f"the steps give {list(final['a'])} and {list(final['b'])}, which differ")
         return cls(tuple(shapes_a), tuple(shapes_b), tuple(steps), final["a"])
+
+
+@dataclass(frozen=True)
+class ReferenceCut:
+    """What an alignment left out of the reference: only `kept` of its `rows` along `axis` (after its own views)
+    face the candidate; the other rows were compared with nothing."""
+
+    kept: int
+    rows: int
+    axis: int
+
+    def words(self) -> str:
+        left = self.rows - self.kept
+        return (
+            f"compared {self.kept} of the reference's {self.rows} rows along dim {self.axis}: the candidate has "
+            f"{self.kept}, so {left} reference row{'s were' if left != 1 else ' was'} not compared"
+        )
+
+
+def reference_cut(shapes_a: Sequence[Shape], steps: Sequence[Step]) -> ReferenceCut | None:
+    """The reference rows an alignment (`steps`, the reference's shards' shapes `shapes_a`) leaves out, or None
+    where every reference element faces a candidate element. A pair with such a cut never passes: rows compared
+    with nothing are not compared (`cut_verdict`)."""
+    for index, step in enumerate(steps):
+        if step.side == "a" and step.kind == "truncate":
+            rows = _rows_before(shapes_a, steps[:index], step)
+            if rows > step.size:
+                return ReferenceCut(step.size, rows, step.axis)
+    return None
+
+
+def cut_verdict(passed: bool, cut: str | None) -> tuple[str, str | None]:
+    """A pair's status and error from the verdict on what was compared of it (`passed`) and the reference rows its
+    alignment cut away (`cut`: `ReferenceCut.words`, None where none): the one rule every verdict written or judged
+    again (by a rerun's noise) follows. Rows compared with nothing are not compared: such a pair fails where what
+    was compared fails, and is otherwise incomparable as a whole, never a pass."""
+    if not passed:
+        return "fail", None
+    if cut is None:
+        return "pass", None
+    return "incomparable", f"not a pass: {cut}; the rows compared are within tolerance"
+
+
+def _rows_before(shards: Sequence[Shape], earlier: Sequence[Step], cut: Step) -> int:
+    """The length along `cut`'s axis of its side's shape before it: after the side's earlier steps, or its one
+    shard's own shape where there are none (a side of several shards has a concat step first)."""
+    mine = [s for s in earlier if s.side == cut.side]
+    shape = mine[-1].shape if mine else shards[0]
+    return shape[cut.axis] if 0 <= cut.axis < len(shape) else cut.size
 
 
 def replicas_of(steps: Sequence[Step]) -> tuple[str, int] | None:
@@ -247,8 +307,9 @@ def _pair_single(a: Shape, b: Shape) -> list[tuple[list[Step], Shape]]:
 
 
 def _truncations(qa: Shape, qb: Shape, steps_a: list[Step], steps_b: list[Step]) -> list[tuple[list[Step], Shape]]:
-    """One side has extra leading rows (dim 0), possibly after permuting the candidate's other dims."""
-    if len(qa) != len(qb) or not qa or qa[0] == qb[0]:
+    """One side has extra leading rows (dim 0), possibly after permuting the candidate's other dims. None where
+    one side has no rows at all: 0 elements against a tensor that has some are incomparable, not compared."""
+    if len(qa) != len(qb) or not qa or qa[0] == qb[0] or min(qa[0], qb[0]) == 0:
         return []
     rows = min(qa[0], qb[0])
     long_side = "a" if qa[0] > qb[0] else "b"

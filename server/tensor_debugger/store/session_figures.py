@@ -41,7 +41,8 @@ from tensor_debugger.store.models import (
 
 # Raise when the way a session's figures are judged changes (compare/reports/pair_reports.py `judge_by_noise`,
 # `_first_divergence_of`): every figure kept under the old rule is then judged again.
-FIGURES_RULE = 2  # 2: a module output of another shape is judged split by each side's own module paths (reshaped.py)
+FIGURES_RULE = 3  # 3: a pair whose alignment cut reference rows away is no pass, by the noise rule either
+# (2: a module output of another shape is judged split by each side's own module paths: reshaped.py)
 LOCK_WAIT_MS = 100  # the longest keeping the figures waits for a lock (the list then shows them unkept)
 _MODULUS = 2_147_483_629  # a prime under 2**31: a row's number times a weight stays far inside 64 bits
 

@@ -24,7 +24,8 @@ WHY = {
     401: "a server with a token (TENSOR_DEBUGGER_TOKEN) wants `Authorization: Bearer <token>`",
     403: "a browser's request from another site, or a read-only token, which may not change anything here",
     404: "no such session, run, pair or tensor (an id outside 0 to 2^63-1 names none)",
-    409: "a session name or run label that is taken, or a session still ingesting a run (the detail names it)",
+    409: "a session name or run label that is taken, a session still ingesting a run, or a pair that is incomparable "
+    "(no aligned values to read): the detail names it",
     413: "the body is larger than this operation takes",
     422: "the files have nothing usable (`problems` says why for each)",
     503: "the database or the array store did not answer (`detail` says which): try again after `Retry-After` seconds",

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import CompareContext
-from tensor_debugger.compare.planning.sides import pair_key
+from tensor_debugger.compare.planning.sides import pair_key, settled_status
 from tensor_debugger.engine.metrics import PairStats
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.errors import is_outage
@@ -88,10 +88,10 @@ class CurrentPairs:
     def settle(self, pair_id: int, key: str, record: ComparisonResultRecord) -> None:
         """Give `record` (the result for `key`) to the pair if that is still its key."""
         if self.key(pair_id) == key:
-            pair = self.pairs[pair_id]
+            pair, a, _ = self.sides(pair_id)
             pair.result_id = record.id
-            pair.status = "pass" if PairStats.from_json(record.stats).passed else "fail"
-            pair.claimed_by = pair.claimed_until = pair.error = None
+            pair.status, pair.error = settled_status(pair, a, PairStats.from_json(record.stats).passed)
+            pair.claimed_by = pair.claimed_until = None
 
     def _missing_chunk(self, pair_id: int, exc: MissingChunkError) -> str:
         """The pair's error for a chunk missing from one of its tensors' arrays: the chunk, the tensor and its run

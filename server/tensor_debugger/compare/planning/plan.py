@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session as DbSession
 from tensor_debugger.compare.context import CompareContext, tensor_ref
 from tensor_debugger.compare.planning.current import CurrentPairs
 from tensor_debugger.compare.planning.op_pairs import plan_ops
-from tensor_debugger.compare.planning.sides import tensor_summary, tolerance
+from tensor_debugger.compare.planning.sides import settled_status, tensor_summary, tolerance
 from tensor_debugger.engine.alignment import Alignment, Step, align, stored_steps
 from tensor_debugger.engine.logical_tensors import LogicalTensor, TensorRef
 from tensor_debugger.engine.metrics import PairStats
@@ -296,9 +296,9 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
     """`refresh_session` in the transaction `db` (a plan's own, or one of its own)."""
     lock_sessions(db, [session_id])  # a plan between reading the pairs and writing would reuse their ids
     db.flush()  # the pairs a plan in this transaction has just added
-    pairs = db.scalars(
-        select(PairRecord).where(PairRecord.session_id == session_id, PairRecord.status != "incomparable")
-    ).all()
+    # every pair with an alignment: one settled incomparable for the reference rows its alignment cut away is
+    # judged again too (`settled_status`: what was compared may fail under other tolerances)
+    pairs = [p for p in db.scalars(select(PairRecord).where(PairRecord.session_id == session_id)) if p.alignment]
     current = CurrentPairs(context, db, pairs)  # every pair's tensors and session in two queries
     keys: dict[int, str] = {}
     for pair in pairs:
@@ -319,8 +319,8 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
             verdict = sketch_verdict(context.store, a, b, tol, context.kernel) or compare_summaries(
                 tensor_summary(a[0]), tensor_summary(b[0]), tol
             )
-        pair.summary, pair.result_id, pair.error = verdict.to_json(), None, None
-        pair.status = "pass" if verdict.passed else "fail"
+        pair.summary, pair.result_id = verdict.to_json(), None
+        pair.status, pair.error = settled_status(pair, a, verdict.passed)
     cached = {
         r.cache_key: r
         for r in db.scalars(
@@ -336,7 +336,9 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
             pair.result_id, pair.status = None, "pending"
         else:
             pair.result_id = found.id
-            pair.status = "pass" if PairStats.from_json(found.stats).passed else "fail"
+            pair.status, pair.error = settled_status(
+                pair, current.sides(pair.id)[1], PairStats.from_json(found.stats).passed
+            )
 
 
 def _sharded_against_summary(a: Sequence[TensorRecord], b: Sequence[TensorRecord]) -> str:

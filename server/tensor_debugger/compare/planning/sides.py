@@ -12,11 +12,11 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import cache_key
-from tensor_debugger.engine.alignment import Alignment, Step
+from tensor_debugger.engine.alignment import Alignment, Step, cut_verdict, reference_cut, stored_steps
 from tensor_debugger.engine.summaries import ReportedSummary
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_ulp, is_exact_dtype, lower_precision
 from tensor_debugger.engine.views import SourceView, View, build_view
-from tensor_debugger.errors import InvalidInputError
+from tensor_debugger.errors import ConflictError, InvalidInputError
 from tensor_debugger.store.arrays import ArrayStore
 from tensor_debugger.store.dtypes import parse_dtype, storage_to_compute
 from tensor_debugger.store.models import PairRecord, SessionRecord, TensorRecord
@@ -61,6 +61,24 @@ def pair_key(
     )
 
 
+def settled_status(pair: PairRecord, a: Sequence[TensorRecord], passed: bool) -> tuple[str, str | None]:
+    """The status and error a pair settles with, given whether what was compared of it is within tolerance
+    (`passed`: its statistics' or its summaries' verdict), by `engine.alignment.cut_verdict`: a pair whose
+    alignment cut reference rows away (the candidate has fewer rows, a tensor-parallel shard is missing) is never
+    a pass. Candidate rows cut away (a vocabulary padded to a multiple) leave every reference element compared:
+    the alignment's words say they were not."""
+    return cut_verdict(passed, reference_cut_words(pair, [tuple(t.shape) for t in a]))
+
+
+def reference_cut_words(pair: Any, shapes_a: Sequence[tuple[int, ...]]) -> str | None:
+    """`engine.alignment.reference_cut` of a pair row (its stored alignment, its reference shards' `shapes_a`), in
+    words; None where every reference element faces a candidate element (or the pair has no alignment)."""
+    if not pair.alignment:
+        return None
+    cut = reference_cut(shapes_a, stored_steps(pair.alignment))
+    return None if cut is None else cut.words()
+
+
 def alignment_key(pair: PairRecord) -> str:
     """The pair's alignment steps as the cache key hashes them (and its result records them)."""
     return alignment_key_of(pair.alignment or {})
@@ -97,7 +115,8 @@ def views_of(
 ) -> tuple[View, View, Alignment]:
     """`views`, given the pair's tensors (the reference's shards and the candidate's, in rank order)."""
     if pair.alignment is None:
-        raise ValueError("the pair is incomparable: no alignment")
+        why = pair.error or "no alignment makes its shapes comparable"
+        raise ConflictError(f"pair {pair.id} ({pair.name}) is incomparable ({why}): it has no aligned values to read")
     return aligned_views(store, pair.alignment, a, b)
 
 

@@ -21,7 +21,7 @@ LISTED = 5  # the pairs of crossed ops named in words, the first; the tensors re
 # "diverged", though no element of it was compared (compare/reports/reshaped.py), after its two shapes
 RESHAPED_WHY = (
     "its inputs were compared and agree, and each side calls it as often, so the runs diverge here (the session's "
-    "verdict: diverged), though no element of it could be compared"
+    "verdict: diverged), though it could not be compared as a whole"
 )
 
 # where a first divergence was found and every one of the models' own outputs paired with a bit-identical one

@@ -75,6 +75,9 @@ class PairReport:
     # two captured ops of one name and shape not paired by position alone, in words ("paired by content: ...",
     # "paired by position, ambiguous: ..."): compare/planning/op_pairs.pairing_note; null for any other pair
     pairing_note: str | None
+    # the reference rows its alignment cut away, in words ("compared 4 of the reference's 6 rows along dim 0: ..."):
+    # such a pair never passes (engine.alignment.cut_verdict); null where every reference element was compared
+    reference_cut: str | None
 
     @property
     def key(self) -> str:

@@ -16,7 +16,7 @@ from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.op_pairs import AMBIGUOUS_STRATEGY, pairing_note
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
-from tensor_debugger.compare.planning.sides import views
+from tensor_debugger.compare.planning.sides import reference_cut_words, views
 from tensor_debugger.compare.reports.before_divergence import (
     crossed_before,
     held_before_of,
@@ -93,7 +93,7 @@ from tensor_debugger.compare.reports.reshaped import reshaped_pairs
 from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
-from tensor_debugger.engine.alignment import replicas_of, stored_steps
+from tensor_debugger.engine.alignment import cut_verdict, replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
@@ -346,6 +346,11 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
     failing replicated pair, the elements outside the tolerance per rank."""
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
+    cut = _reference_cut(pair, tensors)
+    status, error = _STATUSES[pair.status], pair.error
+    if status == PairStatus.PASS and cut is not None:  # a row settled before the rule (cut_verdict) held
+        settled, error = cut_verdict(True, cut)
+        status = PairStatus(settled)
     return {
         "id": pair.id,
         "position": pair.position,
@@ -353,7 +358,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "layer": pair.layer,
         "stage": pair.stage,
         "strategy": parse_strategy(pair.strategy),
-        "status": _STATUSES[pair.status],
+        "status": status,
         "alignment": alignment.get("words", "no alignment: the shapes cannot be made comparable")
         if pair.alignment is not None
         else f"incomparable: {pair.error}"
@@ -363,7 +368,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "alignment_overridden": pair.alignment_overridden,
         "a": a,
         "b": b,
-        "error": pair.error,
+        "error": error,
         "module_path": pair.module_path,
         "place": pair.place,
         "summary": summary_report(pair.summary),
@@ -371,7 +376,15 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "noise_max_abs_diff": None,
         "replicas": _replicas(pair, mismatches),
         "pairing_note": pairing_note(pair.strategy),
+        "reference_cut": cut,
     }
+
+
+def _reference_cut(pair: Any, tensors: dict[int, Any]) -> str | None:
+    """`PairReport.reference_cut` of a pair row, from its reference shards' shapes (`tensors` rows)."""
+    if not pair.alignment or any(i not in tensors for i in pair.a_tensor_ids):
+        return None
+    return reference_cut_words(pair, [tuple(tensors[i].shape) for i in pair.a_tensor_ids])
 
 
 def pair_report(
@@ -833,19 +846,29 @@ def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: flo
             continue
         floor_error = floor.stats.max_abs_diff if floor is not None and floor.stats is not None else None
         verdict = noise_judges(item.stats.max_abs_diff if item.stats else None, floor_error, factor)
-        if (
-            floor is not None
-            and floor.status == PairStatus.PENDING
-            and item.status in (PairStatus.PASS, PairStatus.FAIL)
-        ):
+        # a verdict to judge again: a pass or a fail, or a pair incomparable only for the reference rows its
+        # alignment cut away (what was compared of it may be beyond the noise)
+        judged_again = item.status in (PairStatus.PASS, PairStatus.FAIL) or (
+            item.status == PairStatus.INCOMPARABLE and item.reference_cut is not None and item.stats is not None
+        )
+        if floor is not None and floor.status == PairStatus.PENDING and judged_again:
             judged.append(replace(item, status=PairStatus.PENDING))  # its verdict waits for its floor
-        elif verdict is None or item.status not in (PairStatus.PASS, PairStatus.FAIL):
+        elif verdict is None or not judged_again:
             judged.append(replace(item, noise_max_abs_diff=floor_error))
         else:
-            status = PairStatus.PASS if verdict else PairStatus.FAIL
+            # within the noise is no pass either where reference rows were cut away (cut_verdict)
+            settled, error = cut_verdict(verdict, item.reference_cut)
+            status = PairStatus(settled)
             where = item.where if status == PairStatus.FAIL else None  # known where tolerances failed it too
             judged.append(
-                replace(item, status=status, rule=str(Rule.NOISE), noise_max_abs_diff=floor_error, where=where)
+                replace(
+                    item,
+                    status=status,
+                    error=error if status == PairStatus.INCOMPARABLE else item.error,
+                    rule=str(Rule.NOISE),
+                    noise_max_abs_diff=floor_error,
+                    where=where,
+                )
             )
     return judged
 
@@ -858,9 +881,11 @@ def _judged_on_summaries(item: PairReport, floor: PairReport | None, factor: flo
     verdict = summary_noise_verdict(item.summary, floor.summary, math.prod(item.a.shape), factor)
     if verdict is None or floor.summary is None or isinstance(floor.summary.sampled_max_abs_diff, UnsetType):
         return None
+    settled, error = cut_verdict(verdict.passed, item.reference_cut)
     return replace(
         item,
-        status=PairStatus.PASS if verdict.passed else PairStatus.FAIL,
+        status=PairStatus(settled),
+        error=error if settled == PairStatus.INCOMPARABLE else item.error,
         summary=verdict,
         rule=str(Rule.NOISE),
         noise_max_abs_diff=floor.summary.sampled_max_abs_diff,  # from summaries: the floor's sampled max |diff|

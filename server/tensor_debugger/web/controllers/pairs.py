@@ -184,6 +184,7 @@ class PairController(Controller):
         sync_to_thread=True,
         responses=error_responses(
             404,
+            409,
             *READS_VALUES,
             depends_on_state="gives an index, start or count that does not fit the pair's aligned shape (one entry "
             "per dimension, within its size, one or two ':' windows of at most 65,536 values)",
@@ -201,7 +202,7 @@ class PairController(Controller):
         count: Annotated[str, QueryParameter(description="window length per ':' dim (at most 4096)")] = "",
     ) -> SliceReport:
         """Values of both runs and their difference (candidate - reference) in a window of the aligned tensors,
-        reading only the chunks that intersect it."""
+        reading only the chunks that intersect it; 409 for an incomparable pair (no aligned values)."""
         with services.sessions() as db:
             pair = _pair(db, pair_id)
             view_a, view_b, alignment = views(services.store, db, pair)
