@@ -26,6 +26,9 @@ ON_VALUES: dict[str, object] = {
     "source_note": None,
     "crossed_before": [],
     "lowered_first": None,
+    "order_note": None,
+    "paired_by": None,
+    "candidate_name": None,
 }  # judged on element values, not on summaries
 
 
@@ -59,6 +62,9 @@ def check_payload(out: dict[str, object]) -> None:
         "source_note": None,
         "crossed_before": [],
         "lowered_first": None,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

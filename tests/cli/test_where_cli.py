@@ -71,6 +71,9 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "source_note": None,
         "crossed_before": [],  # a dump's: no ops, no capture's order
         "lowered_first": None,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
 
     # the same session's table, from the cache, in this process

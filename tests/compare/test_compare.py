@@ -88,6 +88,9 @@ def test_compare_finds_the_planted_first_divergence(
         "source_note": None,
         "crossed_before": [],
         "lowered_first": None,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]

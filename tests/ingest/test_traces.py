@@ -87,6 +87,9 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
         "source_note": None,  # an output's: no source line is expected
         "crossed_before": [],
         "lowered_first": None,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
     assert (out["basis"], out["pairs_on_summaries"], out["next_capture"]) == ("values", 0, None)
     top = out["culprits"][0]
