@@ -114,12 +114,15 @@ def test_one_failing_stage_of_unknown_order_in_its_layer_is_still_first(tmp_path
     for n in (2, 3):
         candidate[f"{n}_hidden"] = reference[f"{n}_hidden"] * np.float32(1.5)
     query = {"2_query": rng.standard_normal((4, 8)).astype(np.float32)}
-    for folder, extra in (("alone", {}), ("beside_query", query)):
+    # within tolerance, but changed: listed before 2_hidden by name, not known to have run before it
+    changed = {"2_query": query["2_query"] + np.float32(1e-6)}
+    for folder, extra, theirs in (("alone", {}, {}), ("beside_query", query, changed)):
         (tmp_path / folder).mkdir()
-        out = compare_json(tmp_path / folder / "data", *dumps(tmp_path / folder, reference | extra, candidate | extra))
+        out = compare_json(tmp_path / folder / "data", *dumps(tmp_path / folder, reference | extra, candidate | theirs))
         first = out["first_divergence"]
         assert isinstance(first, dict)
         assert first["name"] == "2_hidden" and first["in_execution_order"] is True and first["order_note"] is None
+        assert first["first_changed"] is None
         culprits = out["culprits"]
         assert isinstance(culprits, list)
         if extra:

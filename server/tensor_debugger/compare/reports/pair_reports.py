@@ -910,7 +910,7 @@ def _first_divergence_of(
         # and it (Falcon's slopes negated, then the positions' ops, then the slopes' use), as find_divergence names
         outside = next((p for p in reversed(mine[:at]) if not (p.module_path or "").startswith(call[0] + "/")), None)
         extra = candidate_only_before(db, session_id, mine[at], outside)
-    changed = next((p for p in mine[:at] if _changed(p)), None)
+    changed = next((p for p in mine[:at] if _changed(p) and _known_before(p, mine[at])), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
     return replace(
         found,
@@ -927,6 +927,14 @@ def _in_execution_order(pair: PairReport) -> bool:
     dump's stage (`{layer}_{stage}` names, the session's name pattern). A state dict's or a checkpoint's keys, and
     names without a stage, are in the order of their names, not of execution."""
     return pair.module_path is not None or pair.stage is not None
+
+
+def _known_before(pair: PairReport, item: PairReport) -> bool:
+    """Whether `pair`, listed before `item`, is known to have run before it: not two stages of one layer of a dump
+    whose order is not known (`0_hidden` listed after `0_query` by name)."""
+    if pair.module_path is not None or item.module_path is not None or pair.layer != item.layer:
+        return True
+    return stages_ordered([pair.stage, item.stage])
 
 
 def _unordered_layer(item: PairReport, failing: list[PairReport]) -> str | None:
