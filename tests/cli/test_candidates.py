@@ -30,6 +30,9 @@ ON_VALUES: dict[str, object] = {
     "candidate_holds": None,
     "find_divergence_checks": [],
     "outputs_agree": False,
+    "order_note": None,
+    "paired_by": None,
+    "candidate_name": None,
 }  # judged on element values, not on summaries
 
 
@@ -67,6 +70,9 @@ def check_payload(out: dict[str, object]) -> None:
         "candidate_holds": None,
         "find_divergence_checks": [],
         "outputs_agree": False,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

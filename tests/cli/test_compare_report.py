@@ -42,7 +42,7 @@ def test_compare_json_is_a_compare_report(tmp_path: Path) -> None:
     assert failing.stats is not None and failing.stats.worst and failing.where is not None
     assert report.culprits and isinstance(report.culprits[0].name, str)  # a plain dump's stages
     assert set(data["culprits"][0]) == {"name", "layer", "stage", "previous", "added_error", "input_error",
-                                         "output_error"}  # fmt: skip
+                                         "output_error", "paired_by", "candidate_name"}  # fmt: skip
     assert "error" not in data  # only where nothing could be compared
 
     several = main_cli("--data-dir", data_dir, "compare", str(ref), str(cand), str(other), "--json")

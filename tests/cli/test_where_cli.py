@@ -75,6 +75,9 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "candidate_holds": None,
         "find_divergence_checks": [],
         "outputs_agree": False,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
 
     # the same session's table, from the cache, in this process

@@ -92,6 +92,9 @@ def test_compare_finds_the_planted_first_divergence(
         "candidate_holds": None,
         "find_divergence_checks": [],
         "outputs_agree": False,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]

@@ -166,9 +166,11 @@ def test_name_pattern_gives_layer_stage_order_and_shards() -> None:
     a = refs("L1_mlp", "L0_attn_out", "L0_attn_in")
     b = refs("L1_mlp_r0", "L1_mlp_r1", "L0_attn_out", "L0_attn_in")
     pairing = pair_runs(a, b, pattern=pattern, strategies=["layer_stage"])
+    # attn_out is the attention block's output, a stage of the transformer order (engine/stages.STAGE_ALIASES);
+    # attn_in is no known stage, so it comes after, by name (no execution order: stages_ordered is False)
     assert [(p.a.name, p.b.name, p.a.layer, p.strategy) for p in pairing.pairs] == [
-        ("L0_attn_in", "L0_attn_in", 0, "layer_stage"),
         ("L0_attn_out", "L0_attn_out", 0, "layer_stage"),
+        ("L0_attn_in", "L0_attn_in", 0, "layer_stage"),
         ("L1_mlp", "L1_mlp_r", 1, "layer_stage"),
     ]
     assert [s.name for s in pairing.pairs[2].b.shards] == ["L1_mlp_r0", "L1_mlp_r1"]

@@ -92,6 +92,9 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
         # its module's weight perturbed: which only find_divergence can check (it holds the models)
         "find_divergence_checks": ["parameters and buffers"],
         "outputs_agree": False,
+        "order_note": None,
+        "paired_by": None,
+        "candidate_name": None,
     }
     assert (out["basis"], out["pairs_on_summaries"], out["next_capture"]) == ("values", 0, None)
     top = out["culprits"][0]

@@ -45,6 +45,7 @@ from tensor_debugger.compare.reports.formatting import (
     replica_words,
     source_words,
 )
+from tensor_debugger.compare.reports.guessed_pairs import guess_words
 from tensor_debugger.engine.dimension_names import parse_dims_option
 from tensor_debugger.engine.pairing import PARAMETER
 from tensor_debugger.errors import InvalidInputError
@@ -290,10 +291,21 @@ def divergence_label(first: DivergenceSummary) -> str:
     the pair is instead: the first failing one listed."""
     if first.in_execution_order:
         return "FIRST DIVERGENCE"
+    if first.order_note:  # a dump's stages sorted by name (`q_proj`, `mlp`)
+        return (
+            f"DIVERGENCE (no execution order is known: {first.order_note}; the first failing pair listed, not the "
+            "first to fail)"
+        )
     return (
         "DIVERGENCE (no execution order is known, as in a state dict: the first failing pair listed, not the first to "
         "fail)"
     )
+
+
+def with_guess(where: str, first: DivergenceSummary) -> str:
+    """`where` (layer and stage), and where the pair's partner was guessed, the strategy and the candidate's tensor."""
+    guess = guess_words(first.paired_by, first.candidate_name)
+    return f"{where}; {guess}" if guess else where
 
 
 def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> None:
@@ -311,6 +323,7 @@ def print_first_divergence(report: CompareReport, first: DivergenceSummary) -> N
     where = f"{where}, {at}" if at else where
     if first.source_note:
         where = f"{where}; {first.source_note}"
+    where = with_guess(where, first)
     if first.basis == "summary":
         print(f"{divergence_label(first)}: {first.name} ({where}): {first.summary_reason}{inside(first)}")
         if report.next_capture:
@@ -550,7 +563,7 @@ def print_candidates(report: CompareReport) -> None:
         if first is None:
             print(f"{label}: {_no_divergence_of(report, label)}")
         else:
-            where = "no layer" if first.layer is None else f"layer {first.layer}"
+            where = with_guess("no layer" if first.layer is None else f"layer {first.layer}", first)
             print(f"{label}: {divergence_label(first)}: {first.name} ({where}){inside(first)}")
             print_unmatched_before(first, "  ", _changed_by_noise(report, first, label))
     print_not_compared(report)
@@ -583,9 +596,13 @@ def print_culprit_table(culprits: Sequence[Culprit], failing: bool, top: int) ->
     print_rows(rows, indent="  ")
     best = culprits[0]
     if failing:
+        guess = guess_words(
+            best.paired_by if isinstance(best.paired_by, str) else None,
+            best.candidate_name if isinstance(best.candidate_name, str) else None,
+        )
         print(
-            f"CULPRIT: {best.label} added {format_error(best.added_error)} relative RMSE "
-            f"(input {format_error(best.input_error)}, output {format_error(best.output_error)})"
+            f"CULPRIT: {best.label}{f' ({guess})' if guess else ''} added {format_error(best.added_error)} relative "
+            f"RMSE (input {format_error(best.input_error)}, output {format_error(best.output_error)})"
         )
 
 

@@ -228,6 +228,13 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     # false where no execution order is known (a failing pair without a stage or module: a state dict's weights):
     # then it is the first failing pair listed, not the first to fail, and nothing is said of what came before it
     in_execution_order: bool = True
+    # where in_execution_order is false because the failing stages of its layer have no known order (names not in
+    # the transformer stage order, sorted by name), why; null otherwise
+    order_note: str | None = None
+    # where its partner was guessed, the strategy ("shape", "fuzzy 0.86") and the candidate's tensor; null where
+    # names, module paths, parameters or the user paired it
+    paired_by: str | None = None
+    candidate_name: str | None = None
     # where it is a module's input and a side has no `source` (the line that passed it), why; null otherwise
     source_note: str | None = None
     # ops before it in its module call that paired by content across call indices (two slices swapped in use);
@@ -268,6 +275,9 @@ class Culprit(msgspec.Struct, frozen=True, kw_only=True):
     added_error: Number
     input_error: Number
     output_error: Number
+    # a stage's pair whose partner was guessed: the strategy ("shape", "fuzzy 0.86") and the candidate's tensor
+    paired_by: str | None | UnsetType = UNSET
+    candidate_name: str | None | UnsetType = UNSET
 
     @property
     def label(self) -> str:

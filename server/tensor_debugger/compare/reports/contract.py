@@ -96,13 +96,16 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.candidate_only_before,
         found.first_changed,
         found.in_execution_order,
-        found.source_note,
-        found.crossed_before,
-        found.lowered_first,
-        found.candidate_early_before,
-        found.candidate_holds,
-        found.find_divergence_checks,
-        found.outputs_agree,
+        source_note=found.source_note,
+        crossed_before=found.crossed_before,
+        lowered_first=found.lowered_first,
+        candidate_early_before=found.candidate_early_before,
+        candidate_holds=found.candidate_holds,
+        find_divergence_checks=found.find_divergence_checks,
+        outputs_agree=found.outputs_agree,
+        order_note=found.order_note,
+        paired_by=found.paired_by,
+        candidate_name=found.candidate_name,
     )
 
 
@@ -130,6 +133,8 @@ def _culprits(report: SessionPairs) -> list[Culprit]:
             added_error=c.added_error,
             input_error=c.input_error,
             output_error=c.output_error,
+            paired_by=c.paired_by,
+            candidate_name=c.candidate_name,
         )
         for c in report.stage_culprits
     ]

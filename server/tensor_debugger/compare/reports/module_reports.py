@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tensor_debugger.compare.reports.formatting import format_error
+from tensor_debugger.compare.reports.guessed_pairs import guess_words, guessed_by
 from tensor_debugger.compare.reports.noise import Rule
 from tensor_debugger.compare.reports.pair_report import PairReport
 from tensor_debugger.engine.culprits import (
@@ -24,6 +25,7 @@ from tensor_debugger.engine.culprits import (
     stands_out,
 )
 from tensor_debugger.engine.metrics import Number, json_number, parse_number
+from tensor_debugger.engine.stages import stages_ordered, unordered_words
 from tensor_debugger.ingest.traces import ModuleNode, ModuleTree
 from tensor_debugger.store.reports import PairStatus
 
@@ -87,6 +89,14 @@ class StageCulpritReport:
     input_error: Number
     output_error: Number
     pair_id: int
+    # where its partner was guessed (`guessed_pairs`): the strategy ("shape", "fuzzy 0.86") and the candidate's tensor
+    paired_by: str | None = None
+    candidate_name: str | None = None
+
+    @property
+    def guess(self) -> str:
+        """Where its partner was guessed, the strategy and the candidate's tensor in words ("" otherwise)."""
+        return guess_words(self.paired_by, self.candidate_name) or ""
 
 
 STAGE_CULPRITS = 10  # the most a report lists
@@ -122,6 +132,15 @@ def stage_culprits(
     # a pair without a stage has no known place in execution order (a state dict's key, a file named otherwise):
     # no tensor before it to measure its added error against
     mine = [i for i in items if i.b.run_id == candidate and carries_activations(i) and i.stage is not None]
+    # a layer whose stages have no known order (`q_proj`, `mlp`: sorted by name, `engine/stages.stages_ordered`):
+    # the tensor before each of its stages is not known, so none of them is ranked, and the stage after it has no
+    # known input error; where one of them fails, said so
+    unordered = _unordered_layers(mine)
+    order_notes = [
+        f"no stage of layer {layer} is named a culprit: {words}" if layer is not None else words
+        for layer, words in unordered.items()
+        if any(i.layer == layer and i.status == PairStatus.FAIL for i in mine)
+    ]
     by_position = {i.position: i for i in mine}
     errors: list[tuple[int, float]] = []
     # the stages whose input error is not known: the first compared, and each after a pair with no values (not
@@ -129,7 +148,7 @@ def stage_culprits(
     unknown_input: set[int] = set()
     gap = True
     for i in mine:
-        e = pair_error(i)
+        e = None if i.layer in unordered else pair_error(i)
         if e is None:
             gap = True
             continue
@@ -185,15 +204,25 @@ def stage_culprits(
             json_number(c.input_error),
             json_number(c.output_error),
             item.id,
+            guessed_by(item.strategy),
+            item.b.name if guessed_by(item.strategy) else None,
         )
 
     return StageRanking(
         [report(c) for c in ranked if c.added_error > 0][:STAGE_CULPRITS],
         [report(c) for c, culprit in zip(ranked, marked, strict=True) if culprit][:STAGE_CULPRITS],
         len(ranked),
-        notes,
+        order_notes + notes,
         noise_notes,
     )
+
+
+def _unordered_layers(mine: list[PairReport]) -> dict[int | None, str]:
+    """The layers of `mine` whose stages have no known execution order, each with why in words."""
+    stages: dict[int | None, list[str | None]] = {}
+    for i in mine:
+        stages.setdefault(i.layer, []).append(i.stage)
+    return {layer: unordered_words(layer, held) for layer, held in stages.items() if not stages_ordered(held)}
 
 
 def _unknown_input_note(

@@ -60,6 +60,7 @@ from tensor_debugger.compare.reports.full_values import (
     values_words,
     with_full_values,
 )
+from tensor_debugger.compare.reports.guessed_pairs import guess_words, guessed_by
 from tensor_debugger.compare.reports.module_reports import (
     ModuleReport,
     StageCulpritReport,
@@ -98,6 +99,7 @@ from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
 from tensor_debugger.engine.op_alignment import op_call, out_of_step
+from tensor_debugger.engine.stages import stages_ordered, unordered_words
 from tensor_debugger.errors import NotFoundError, is_second_tensor
 from tensor_debugger.ingest.traces import ModuleTree
 from tensor_debugger.store.compared_against import session_reference
@@ -145,6 +147,11 @@ class FirstDivergence:
     # files named without `{layer}_{stage}`): the pair is the first failing one listed, not the first to fail, and
     # nothing is said of what came before it
     in_execution_order: bool = True
+    # where in_execution_order is False because the failing stages of its layer have no known order, why in words
+    order_note: str | None = None
+    # where its partner was guessed (`guessed_pairs`): the strategy ("shape", "fuzzy 0.86") and the candidate's tensor
+    paired_by: str | None = None
+    candidate_name: str | None = None
     # where it is a module's input and a side's run names no line that passed it (`input_source_note`): why
     source_note: str | None = None
     place: str | None = None  # the pair's place in its module ("inputs_args_0", "outputs"); None for a dump's
@@ -192,6 +199,11 @@ class FirstDivergence:
     def crossed_words(self) -> str:
         """`crossed_before` in the words find_divergence's answer says it with ("" where none)."""
         return crossed_words(self.crossed_before)
+
+    @property
+    def guess(self) -> str:
+        """Where its partner was guessed, the strategy and the candidate's tensor in words ("" otherwise)."""
+        return guess_words(self.paired_by, self.candidate_name) or ""
 
     @property
     def lowered_words(self) -> str:
@@ -934,6 +946,10 @@ def _first_divergence_of(
     if tied or not all(_in_execution_order(p) for p in failing):
         # a failing pair whose place in execution is not known may have failed earlier: no "first", no "before"
         return replace(found, in_execution_order=False, unmatched_before=[])
+    unordered = _unordered_layer(mine[at], failing)
+    if unordered is not None:
+        # failing stages of one layer whose order is not known (`q_proj`, `mlp`): sorted by name, not by execution
+        return replace(found, in_execution_order=False, unmatched_before=[], order_note=unordered)
     # from the last pair in step before it: an out-of-step pair's candidate op may come after the divergence; a
     # pair holding no elements (a cache's `torch.tensor([])` just before its first `cat`) agrees by holding nothing,
     # so the candidate's ops before it are still just before the divergence
@@ -970,7 +986,7 @@ def _first_divergence_of(
         # and it (Falcon's slopes negated, then the positions' ops, then the slopes' use), as find_divergence names
         outside = next((p for p in reversed(mine[:at]) if not (p.module_path or "").startswith(call[0] + "/")), None)
         extra = candidate_only_before(db, session_id, mine[at], outside)
-    changed = next((p for p in mine[:at] if _changed(p)), None)
+    changed = next((p for p in mine[:at] if _changed(p) and _known_before(p, mine[at])), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
     lowered = lowered_first(db, mine[at], mine)
     return replace(
@@ -992,6 +1008,23 @@ def _in_execution_order(pair: PairReport) -> bool:
     dump's stage (`{layer}_{stage}` names, the session's name pattern). A state dict's or a checkpoint's keys, and
     names without a stage, are in the order of their names, not of execution."""
     return pair.module_path is not None or pair.stage is not None
+
+
+def _known_before(pair: PairReport, item: PairReport) -> bool:
+    """Whether `pair`, listed before `item`, is known to have run before it: not two stages of one layer of a dump
+    whose order is not known (`0_hidden` listed after `0_query` by name)."""
+    if pair.module_path is not None or item.module_path is not None or pair.layer != item.layer:
+        return True
+    return stages_ordered([pair.stage, item.stage])
+
+
+def _unordered_layer(item: PairReport, failing: list[PairReport]) -> str | None:
+    """Where `item` is a dump's tensor and the failing pairs of its layer have stages whose execution order is not
+    known (`engine/stages.stages_ordered`), why in words; else None."""
+    if item.module_path is not None:
+        return None
+    stages = [p.stage for p in failing if p.module_path is None and p.layer == item.layer]
+    return None if stages_ordered(stages) else unordered_words(item.layer, stages)
 
 
 def _out_of_step_pairs(mine: list[PairReport]) -> dict[int, str]:
@@ -1057,6 +1090,8 @@ def first_divergence(item: PairReport | None, missing: Sequence[UnmatchedReport]
         item.module_path,
         source_note=input_source_note(item),
         place=item.place,
+        paired_by=guessed_by(item.strategy),
+        candidate_name=item.b.name if guessed_by(item.strategy) else None,
     )
 
 
