@@ -470,10 +470,16 @@ class Divergence:
             return f"Nothing was compared: no tensor of the reference pairs with one of the candidate.{left}"
         if self.changed is not None and self.repeatable_until is not None:  # the full values looked at too
             name, at = self.changed
+            modules = (
+                "the whole model"
+                if "*" in self.full_modules
+                else f"modules {', '.join(repr(m) for m in self.full_modules)}"
+            )
             found = (
-                f"No divergence found in {self.compared} pairs of summaries nor in the {self.full_compared} pairs of "
-                f"full values compared element by element (modules {', '.join(self.full_modules)}), but values differ "
-                f"(content hashes) from {name}{f' ({at})' if at else ''} on; {_changed_words(self.changed_full)}"
+                f"No divergence found, though values differ (content hashes) from {name}{f' ({at})' if at else ''} "
+                f"on: none of the {self.compared} pairs of summaries is outside tolerance, and the "
+                f"{self.full_compared} pairs whose full values were compared element by element (those of "
+                f"{modules}) are all within it; at {name}, {_changed_words(self.changed_full)}"
             )
         elif self.changed is not None:
             name, at = self.changed
@@ -496,9 +502,9 @@ class Divergence:
         if self.repeatable_until is not None:
             a, b = self.repeatable_until
             return (
-                f"{found} (the other pairs by hashes, norms, means and sampled elements: not every element of theirs "
-                f"was compared).{left} Called again, each model gave the same values up to {a} (reference) and {b} "
-                "(candidate)."
+                f"{found}. The other pairs were compared by hashes, norms, means and sampled elements (lower bounds of "
+                f"max |diff|: not every element of theirs was compared).{left} Called again, each model gave the same "
+                f"values up to {a} (reference) and {b} (candidate) (runs {', '.join(self.runs)})."
             )
         return (
             f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
@@ -524,7 +530,5 @@ def _changed_words(full: ElementStats | None) -> str:
             "compared)"
         )
     if full.passed:
-        return (
-            f"its full values are within tolerance there (max |diff| {full.max_abs_diff:.4g}, every element compared)"
-        )
-    return f"its full values differ beyond tolerance there (max |diff| {full.max_abs_diff:.4g})"
+        return f"its full values are within tolerance (max |diff| {full.max_abs_diff:.4g}, every element compared)"
+    return f"its full values differ beyond tolerance (max |diff| {full.max_abs_diff:.4g})"
