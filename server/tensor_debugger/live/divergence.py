@@ -2,9 +2,11 @@
 
 1. Summaries: each model runs once with the hooks of a `values="summary"` capture (`recorder.record`), the summaries
    held in memory, nothing stored yet. The two runs' summaries are compared in order (`engine/summary_compare.py`),
-   paired by name without the model's class name, and the first that fails is the first divergence. Where none
-   fails, no model is called again: the two summary runs are stored and the answer is "no divergence found", which
-   stands on every pair of summaries having been compared.
+   paired by name without the model's class name, and the first that fails is the first divergence found by them.
+   Where none fails and every pair's content hashes are equal, no model is called again: the two summary runs are
+   stored and the answer is "no difference found", which stands on every pair of summaries having been compared.
+   Where none fails but hashes differ, the summaries (lower bounds of max |diff|: sampled elements, norms) may have
+   missed one element far off: the second pass looks at the first pair whose hashes differ.
 2. Full values and repeatability: each model runs again, recording full values of the module that holds that op
    and of the module whose tensor came just before it (its input's maker). In the same pass, every tensor the first
    pass summarised, up to the last tensor of those modules in its summaries (or the first divergence, where later),
@@ -15,8 +17,10 @@
    model's outputs are left out, as a note on the run says). A change after that tensor cannot change the answer,
    which lies before it, and is not checked; the answer says up to which tensor each model was checked. The full
    values are compared here element by element (max |diff| and where, how many elements outside the tolerance), as
-   the session will.
-3. Only then is everything stored, into one session: runs "reference" and "candidate" (the summaries, as
+   the session will, and where a pair of them fails earlier than the summaries' first divergence (or fails where
+   the summaries found none), that pair is the first divergence, said to be found by the full values.
+3. Only then is everything stored, into one session (a new one, named as `compare` names one, "name (2)", where a
+   session of the name asked for exists: live/session_name.py): runs "reference" and "candidate" (the summaries, as
    `capture(values="summary")` would have stored them), "reference (full)" and "candidate (full)". "candidate
    (full)" is compared against "reference (full)" (`runs.compared_against_id`): its pairs are compared element by
    element, so the session's pages, JSON and CLI show the max |diff| and `where` this module computes; "candidate"
@@ -318,7 +322,8 @@ def find_divergence(
     """Find the first op (with `level="module"`, module) where `candidate` diverges from `reference` on `inputs`
     (a tuple of positional arguments, a dict of keyword arguments, or one argument), in four forward passes (see
     the module docstring), all stored into session `session` (on `server`, else in `data_dir` or the default data
-    dir) once every pass is done. `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises
+    dir; where a session of that name exists, into a new one, `session (2)`, said in the answer) once every pass is
+    done. `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises
     ChangingModelError, storing nothing, where the reference or the candidate gives different values on two calls
     before the answer; warns where a model is in training mode.
 

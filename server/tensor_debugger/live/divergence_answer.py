@@ -490,7 +490,12 @@ class Divergence:
             )
         else:
             found = f"From summaries: no difference found in {self.compared} pairs of summaries"
-        if self.floor is not None and self.within_floor:
+        if self.floor is not None and self.within_floor and self.repeatable_until is not None:
+            found = (
+                f"No divergence beyond the precision floor of {self.floor} found in {self.compared} pairs of "
+                f"summaries nor in the {self.full_compared} pairs whose full values were compared element by element"
+            )
+        elif self.floor is not None and self.within_floor:
             found = (
                 f"From summaries: no divergence beyond the precision floor of {self.floor} found in {self.compared} "
                 "pairs of summaries"
