@@ -96,8 +96,9 @@ def test_precision_drift_alone_is_no_divergence_and_the_answer_says_what_differs
     assert found.changed_full is not None and found.changed_full.passed
     assert found.full_compared > 0 and found.full_modules == ("*",)
     assert text.startswith(
-        f"No divergence found, though values differ (content hashes) from Norm.out_inputs_args_0 ({out_called}) on: "
-        f"none of the {found.compared} pairs of summaries is outside tolerance, and the {found.full_compared} pairs "
+        "From summaries and full values: no divergence found, though values differ (content hashes) from "
+        f"Norm.out_inputs_args_0 ({out_called}) on: none of the {found.compared} pairs of summaries is outside "
+        f"tolerance, and the {found.full_compared} pairs "
         "whose full values were compared element by element (those of the whole model) are all within it"
     )
     assert "1 tensor of the reference and 10 of the candidate paired with none of the other's and were not" in text

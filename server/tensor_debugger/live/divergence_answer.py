@@ -476,8 +476,9 @@ class Divergence:
                 else f"modules {', '.join(repr(m) for m in self.full_modules)}"
             )
             found = (
-                f"No divergence found, though values differ (content hashes) from {name}{f' ({at})' if at else ''} "
-                f"on: none of the {self.compared} pairs of summaries is outside tolerance, and the "
+                "From summaries and full values: no divergence found, though values differ (content hashes) from "
+                f"{name}{f' ({at})' if at else ''} on: none of the {self.compared} pairs of summaries is outside "
+                "tolerance, and the "
                 f"{self.full_compared} pairs whose full values were compared element by element (those of "
                 f"{modules}) are all within it; at {name}, {_changed_words(self.changed_full)}"
             )
@@ -492,8 +493,9 @@ class Divergence:
             found = f"From summaries: no difference found in {self.compared} pairs of summaries"
         if self.floor is not None and self.within_floor and self.repeatable_until is not None:
             found = (
-                f"No divergence beyond the precision floor of {self.floor} found in {self.compared} pairs of "
-                f"summaries nor in the {self.full_compared} pairs whose full values were compared element by element"
+                "From summaries and full values: no divergence beyond the precision floor of "
+                f"{self.floor} found in {self.compared} pairs of summaries nor in the {self.full_compared} pairs "
+                "whose full values were compared element by element"
             )
         elif self.floor is not None and self.within_floor:
             found = (
