@@ -209,7 +209,7 @@ class Divergence:
         elif how == "passed":  # both captured here: no frame outside torch and this package called the module
             where = " (no source line: the module was called from no code outside torch)"
         if f.by_full:
-            later = (
+            summaries_named = (
                 f"; the summaries named {f.summary_first} first, a later pair"
                 if f.summary_first is not None
                 else "; the summaries found no pair outside tolerance"
@@ -217,7 +217,7 @@ class Divergence:
             text = (
                 f"The first divergence, found by comparing full values element by element, is {f.reference}{where}, "
                 f"in module {f.module}. Its summaries found nothing outside tolerance there (they bound max |diff| "
-                f"from below: sampled elements, norms and means){later}."
+                f"from below: sampled elements, norms and means){summaries_named}."
             )
         else:
             text = (
@@ -507,11 +507,11 @@ class Divergence:
             theirs = "theirs" if self.empty > 1 else "its"
             left += f" {every} held no elements (an empty input?): no value of {theirs} was compared."
         if self.repeatable_until is not None:
-            a, b = self.repeatable_until
+            ref_until, cand_until = self.repeatable_until
             return (
                 f"{found}. The other pairs were compared by hashes, norms, means and sampled elements (lower bounds of "
                 f"max |diff|: not every element of theirs was compared).{left} Called again, each model gave the same "
-                f"values up to {a} (reference) and {b} (candidate) (runs {', '.join(self.runs)})."
+                f"values up to {ref_until} (reference) and {cand_until} (candidate) (runs {', '.join(self.runs)})."
             )
         return (
             f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
