@@ -4,8 +4,9 @@
     python bench/precision_floor.py --dtype float16 --runs 3
 
 The model is `tensor_debugger.demo.models.ResidualStack` (blocks of a linear layer, GELU, another linear layer and
-a residual), seeded; the reference runs in float32, the candidate is the same model converted to `--dtype` (no bug,
-so no model is called a second time: two forwards with summaries, three with the floor), and again with a bug
+a residual), seeded; the reference runs in float32, the candidate is the same model converted to `--dtype` (no bug:
+two forwards with summaries, three with the floor, then, as the hashes differ by rounding, the second pass's full
+values of the first changed tensor's module, which decide), and again with a bug
 planted in the last block's activation (SiLU for GELU: the second pass runs, full values of two modules). Each
 `find_divergence` runs into a new data dir, with `precision_floor=False` and with the floor; printed: its wall and
 CPU time (this process, all threads), the answer's first divergence and culprits, the bytes the data dir holds

@@ -681,7 +681,12 @@ def test_the_first_change_within_tolerance_is_named_where_it_precedes_the_diverg
     first = found.first
     assert first is not None and first.reference == "Drift/mul#1_outputs", first.reference
     assert first.first_changed == ("Drift/add#1_outputs", line_of("drift begins"))
-    assert "The first tensor whose values differ at all is Drift/add#1_outputs" in repr(found)
+    # its summaries pass, which bound max |diff| from below: "within tolerance" stands on its full values alone
+    assert first.first_changed_full is not None and first.first_changed_full.passed
+    assert (
+        "The first tensor whose values differ at all (content hashes) is Drift/add#1_outputs "
+        f"({line_of('drift begins')}); its full values are within tolerance (max |diff| "
+    ) in repr(found)
     # where the first change is the divergence itself, nothing more is said
     found = find_divergence(
         Drift(0.0).eval(), Drift(1.0).eval(), (x_input(),), session="jump", data_dir=settings.data_dir

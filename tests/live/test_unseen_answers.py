@@ -91,9 +91,15 @@ def test_precision_drift_alone_is_no_divergence_and_the_answer_says_what_differs
     assert found.unpaired == (1, 10)
     text = repr(found)
     out_called = line_of("the norm's out called")  # a module's input: the line that called the module with it
+    # the summaries pass, but they bound max |diff| from below: "within tolerance" stands on the full values of the
+    # pairs a second pass compared, from the first whose hashes differ
+    assert found.changed_full is not None and found.changed_full.passed
+    assert found.full_compared > 0 and found.full_modules == ("*",)
     assert text.startswith(
-        f"From summaries: no divergence found in {found.compared} pairs of summaries, but values differ within "
-        f"tolerance from Norm.out_inputs_args_0 ({out_called}) on"
+        "From summaries and full values: no divergence found, though values differ (content hashes) from "
+        f"Norm.out_inputs_args_0 ({out_called}) on: none of the {found.compared} pairs of summaries is outside "
+        f"tolerance, and the {found.full_compared} pairs "
+        "whose full values were compared element by element (those of the whole model) are all within it"
     )
     assert "1 tensor of the reference and 10 of the candidate paired with none of the other's and were not" in text
     assert "no difference found" not in text

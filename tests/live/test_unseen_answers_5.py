@@ -161,7 +161,8 @@ def test_a_float64_candidate_drifts_from_its_first_op_not_from_its_input_cast(se
     found = find_divergence(Wide(False).eval(), Wide(True).eval(), x, session="float64", data_dir=settings.data_dir)
     assert found.first is None and found.culprits == [], repr(found)
     assert found.changed == ("Wide.a/linear#1_outputs", line_of("first float64 op")), found.changed
-    assert "but values differ within tolerance from Wide.a/linear#1_outputs" in repr(found)
+    assert "values differ (content hashes) from Wide.a/linear#1_outputs" in repr(found)
+    assert found.changed_full is not None and found.changed_full.passed, found.changed_full
 
 
 def test_no_difference_in_tensors_without_elements_says_no_value_was_compared(settings: Settings) -> None:

@@ -348,7 +348,11 @@ def _keep(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
 CASES = {
     "sliding window one wider": Case(Window, _x, "Window/lt#1_outputs", ("window", "window")),
     "RMSNorm eps 1e-5 for 1e-6 on small activations": Case(
-        TinyVarNorm, _x, "TinyVarNorm/rsqrt#1_outputs", ("eps", "eps"), words=("differ at all is TinyVarNorm/add#1",)
+        TinyVarNorm,
+        _x,
+        "TinyVarNorm/rsqrt#1_outputs",
+        ("eps", "eps"),
+        words=("differ at all (content hashes) is TinyVarNorm/add#1",),
     ),
     "scores divided by d for sqrt(d)": Case(Scale, _x, "Scale/div#1_outputs", ("scale", "scale")),
     # the helper's first call turns the queries in the reference, the keys in the port: which faces which is not

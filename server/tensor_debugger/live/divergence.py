@@ -2,9 +2,11 @@
 
 1. Summaries: each model runs once with the hooks of a `values="summary"` capture (`recorder.record`), the summaries
    held in memory, nothing stored yet. The two runs' summaries are compared in order (`engine/summary_compare.py`),
-   paired by name without the model's class name, and the first that fails is the first divergence. Where none
-   fails, no model is called again: the two summary runs are stored and the answer is "no divergence found", which
-   stands on every pair of summaries having been compared.
+   paired by name without the model's class name, and the first that fails is the first divergence found by them.
+   Where none fails and every pair's content hashes are equal, no model is called again: the two summary runs are
+   stored and the answer is "no difference found", which stands on every pair of summaries having been compared.
+   Where none fails but hashes differ, the summaries (lower bounds of max |diff|: sampled elements, norms) may have
+   missed one element far off: the second pass looks at the first pair whose hashes differ.
 2. Full values and repeatability: each model runs again, recording full values of the module that holds that op
    and of the module whose tensor came just before it (its input's maker). In the same pass, every tensor the first
    pass summarised, up to the last tensor of those modules in its summaries (or the first divergence, where later),
@@ -15,8 +17,10 @@
    model's outputs are left out, as a note on the run says). A change after that tensor cannot change the answer,
    which lies before it, and is not checked; the answer says up to which tensor each model was checked. The full
    values are compared here element by element (max |diff| and where, how many elements outside the tolerance), as
-   the session will.
-3. Only then is everything stored, into one session: runs "reference" and "candidate" (the summaries, as
+   the session will, and where a pair of them fails earlier than the summaries' first divergence (or fails where
+   the summaries found none), that pair is the first divergence, said to be found by the full values.
+3. Only then is everything stored, into one session (a new one, named as `compare` names one, "name (2)", where a
+   session of the name asked for exists: live/session_name.py): runs "reference" and "candidate" (the summaries, as
    `capture(values="summary")` would have stored them), "reference (full)" and "candidate (full)". "candidate
    (full)" is compared against "reference (full)" (`runs.compared_against_id`): its pairs are compared element by
    element, so the session's pages, JSON and CLI show the max |diff| and `where` this module computes; "candidate"
@@ -113,7 +117,8 @@ from tensor_debugger.live.precision_floor import (
 )
 from tensor_debugger.live.recorder import HeldRun, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
-from tensor_debugger.live.state_differences import differing_state, state_words
+from tensor_debugger.live.session_name import free_session
+from tensor_debugger.live.state_differences import StateDifference, differing_state, state_words
 
 
 class ChangingModelError(ValueError):
@@ -320,7 +325,8 @@ def find_divergence(
     """Find the first op (with `level="module"`, module) where `candidate` diverges from `reference` on `inputs`
     (a tuple of positional arguments, a dict of keyword arguments, or one argument), in four forward passes (see
     the module docstring), all stored into session `session` (on `server`, else in `data_dir` or the default data
-    dir) once every pass is done. `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises
+    dir; where a session of that name exists, into a new one, `session (2)`, said in the answer) once every pass is
+    done. `rtol`, `atol`: the tolerance (default: torch.testing's for the dtypes). Raises
     ChangingModelError, storing nothing, where the reference or the candidate gives different values on two calls
     before the answer; warns where a model is in training mode.
 
@@ -342,6 +348,9 @@ def find_divergence(
                 "calls (call .eval() first)",
                 stacklevel=2,
             )
+    # a session made before (an earlier call's, a compare's) is never added to: its labels would clash, or its
+    # reference lose its place; a new session takes the name a compare would give it, "name (2)"
+    asked, session = session, free_session(session, server, token, data_dir)
     states = BufferStates()  # each call from the buffers the first started from; the caller's, as given, at the end
     call = _caller(inputs, {id(candidate): "candidate", id(reference): "reference"}, states)
     # capture()'s keywords; into a local data dir, the session's runs are paired once, after the last capture (each
@@ -377,7 +386,7 @@ def find_divergence(
     )
     try:
         try:
-            return find()
+            return _named(find(), asked)
         except _OtherTensorsRecorded as first_call:
             # a model whose first call records tensors its later calls do not (a value computed on the first call
             # and kept: a helper under functools.lru_cache, a table built lazily): nothing is stored yet, so both
@@ -389,7 +398,7 @@ def find_divergence(
                 "these later calls compared"
             )
             try:
-                return find(first_call_note=note)
+                return _named(find(first_call_note=note), asked)
             except _OtherTensorsRecorded as again:
                 again.add_note(f"find_divergence: the same after leaving each model's first call out ({note})")
                 raise
@@ -397,6 +406,11 @@ def find_divergence(
         states.restore_all()
         if server is None and stored and stored[0].session_id is not None:
             pair_session(stored[0].session_id, data_dir)
+
+
+def _named(found: Divergence, asked: str) -> Divergence:
+    """`found`, saying the session name asked for where it was taken, so another was used."""
+    return dataclasses.replace(found, asked_session=asked) if asked != found.session else found
 
 
 def _find(
@@ -547,6 +561,7 @@ def _find(
     order = list(ref.summaries)
     # whether each of the reference's own outputs paired with a bit-identical one of the candidate's (hashes equal)
     model_outputs: list[bool] = []
+    verdicts: dict[str, SketchVerdict] = {}  # each pair compared, by the reference's name: its summaries' verdict
     for name in order:
         other = theirs.get(_key(name, root_a))
         own_output = re.match(rf"{re.escape(root_a)}_outputs", name) is not None
@@ -564,6 +579,7 @@ def _find(
             within_floor += by_floor.passed and not verdict.passed
             beyond_floor += verdict.passed and not by_floor.passed
             verdict = by_floor
+        verdicts[name] = verdict
         empty += a.numel == 0 and b.numel == 0
         if first is None and changed is None and verdict.hashes_differ and not _same_values_recast(a, b):
             changed = name
@@ -586,7 +602,7 @@ def _find(
     first_runs: list[tuple[HeldRun, str, str | None]] = [(ref_run, "reference", None), (cand_run, "candidate", None)]
     if floor_held is not None:
         first_runs.append((floor_held, NOISE_RUN, NOISE_ROLE))
-    if first is None:  # nothing to look at more closely: no model is called again
+    if first is None and changed is None:  # every pair bit-identical: no model is called again
         for held, label, role in first_runs:
             stored.append(held.store(session, label, **where, role=role))
         location = _location(stored[0], server, data_dir)
@@ -618,16 +634,19 @@ def _find(
         )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
-    # theirs (or the first divergence, where later), which must be the first pass's
-    name, other, verdict = first
+    # theirs (or the first divergence, where later), which must be the first pass's. Where the summaries found no
+    # pair outside tolerance but hashes differ, the modules wanted are those of the first pair that differs: the
+    # summaries bound max |diff| from below (a few sampled elements, the norms), so one element far off can pass them
+    if first is not None:
+        name, other, verdict = first
+    else:
+        assert changed is not None
+        name, other, verdict = changed, theirs[_key(changed, root_a)], verdicts[changed]
     module = _maker_of(name, {re.sub(r"#\d+$", "", module_of(n)) for n in order})
     # the parameters and buffers of the module that made it, the candidate's against the reference's: set outside
     # the forward, so no op recorded made them (live/state_differences.py); what cannot be read says nothing
     other_module = _maker_of(other, {re.sub(r"#\d+$", "", module_of(n)) for n in cand.summaries})
-    try:
-        state = differing_state(reference, candidate, call_path(module)[0], call_path(other_module)[0])
-    except (RuntimeError, NotImplementedError, TypeError, ValueError):  # a tensor torch cannot copy or compare
-        state = ()
+    state = _differing_state(reference, candidate, module, other_module)
     before = module_before(order, order.index(name), module)
     snippet = next_capture(
         session,
@@ -653,7 +672,7 @@ def _find(
         (reference, "the reference", ref.summaries, name, ref_lines),
         (candidate, "the candidate", cand.summaries, other, cand_lines),
     ):
-        last = _last_wanted(summaries, snippet.modules, _root_name(model))
+        last = _last_wanted(summaries, snippet.modules, _root_name(model), divergent)
         until = later_of(list(summaries), last, divergent)
         with (
             record(
@@ -677,35 +696,17 @@ def _find(
     floor_values: dict[str, torch.Tensor] = {}
     floor_full: HeldRun | None = None
     if floor is not None and floor_held is not None:  # the floor's full values of the same modules, up to the
-        last = _last_wanted(ref.summaries, snippet.modules, root_a)  # reference's last wanted
+        last = _last_wanted(ref.summaries, snippet.modules, root_a, name)  # reference's last wanted
         with record(
             floor.model, level=level, values="full", modules=list(snippet.modules), last=last, stop=True
         ) as floor_full:
             floor.call(floor.model)
         floor_values = floor_full.tensors
 
-    # 3. only now, every run stored: the candidate's full values compared against the reference's full values (the
-    # session's pairs there are element by element, as this module's), the rest against the reference's summaries;
-    # the floor's full values, the rerun of "reference (full)": the noise floor of "candidate (full)"'s pairs
-    second_runs: list[tuple[HeldRun, str, str | None]] = [
-        (full_runs[0], "reference (full)", None),
-        (full_runs[1], "candidate (full)", None),
-    ]
-    if floor_full is not None:
-        second_runs.append((floor_full, NOISE_FULL_RUN, NOISE_ROLE))
-    if state:  # said on the candidate's run too: the session's pages show it beside its pairs
-        full_runs[1].recorder.notes.append(state_words(module, other_module, state))
-    for held, label, role in first_runs:
-        stored.append(held.store(session, label, **where, role=role))
-    for held, label, role in second_runs:
-        against = "reference (full)" if label != "reference (full)" else None
-        stored.append(held.store(session, label, **where, against=against, role=role))
-    location = _location(stored[0], server, data_dir)
-
     failing: list[ElementStats] = []
     floored_outputs: list[str] = []  # module outputs outside tolerance but within the precision floor
     judged: set[str] = set()  # the reference's tensors compared element by element
-    full_first: ElementStats | None = None
+    full_of: dict[str, ElementStats] = {}  # the reference's tensors compared element by element: their figures
     reshaped: set[str] = set()  # paired tensors whose shapes differ: a divergence, with no elements to compare
     for tensor_name, value in kept["a"].items():
         partner = theirs.get(_key(tensor_name, root_a))  # as the first pass paired it
@@ -732,8 +733,7 @@ def _find(
                     floor_max_abs_diff=floor_error,
                 )
         judged.add(tensor_name)
-        if tensor_name == name:
-            full_first = stats
+        full_of[tensor_name] = stats
         if not stats.passed:
             failing.append(stats)
         elif (
@@ -744,6 +744,63 @@ def _find(
         ):
             floored_outputs.append(tensor_name)
     bad = {s.reference for s in failing} | reshaped
+    # the first divergence stands on full values where they were compared: the earliest pair whose full values fail
+    # (the summaries bound max |diff| from below, so they miss one element far off, or name a later pair first)
+    summary_first = first[0] if first is not None else None
+    earliest = next((n for n in kept["a"] if n in bad and n in verdicts), None)
+    if earliest is not None and (first is None or order.index(earliest) < order.index(name)):
+        name, other, verdict = earliest, theirs[_key(earliest, root_a)], verdicts[earliest]
+        module = _maker_of(name, {re.sub(r"#\d+$", "", module_of(n)) for n in order})
+        other_module = _maker_of(other, {re.sub(r"#\d+$", "", module_of(n)) for n in cand.summaries})
+        state = _differing_state(reference, candidate, module, other_module)
+
+    # 3. only now, the answer known, every run stored: the candidate's full values compared against the reference's
+    # full values (the session's pairs there are element by element, as this module's), the rest against the
+    # reference's summaries; the floor's full values, the rerun of "reference (full)": the noise floor of
+    # "candidate (full)"'s pairs
+    second_runs: list[tuple[HeldRun, str, str | None]] = [
+        (full_runs[0], "reference (full)", None),
+        (full_runs[1], "candidate (full)", None),
+    ]
+    if floor_full is not None:
+        second_runs.append((floor_full, NOISE_FULL_RUN, NOISE_ROLE))
+    if state:  # said on the candidate's run too: the session's pages show it beside its pairs
+        full_runs[1].recorder.notes.append(state_words(module, other_module, state))
+    for held, label, role in first_runs:
+        stored.append(held.store(session, label, **where, role=role))
+    for held, label, role in second_runs:
+        against = "reference (full)" if label != "reference (full)" else None
+        stored.append(held.store(session, label, **where, against=against, role=role))
+    location = _location(stored[0], server, data_dir)
+
+    if first is None and earliest is None:  # the full values agree too: no divergence found
+        return Divergence(
+            session,
+            location,
+            None,
+            [],
+            compared,
+            snippet.modules,
+            None,
+            (*runs, *(label for _, label, _ in second_runs)),
+            [],
+            (checked[0], checked[1]),
+            unpaired,
+            (changed, ref_lines.get(changed) or "") if changed is not None else None,
+            notes,
+            empty=empty,
+            floor=floor.dtype if floor is not None else None,
+            within_floor=within_floor,
+            beyond_floor=beyond_floor,
+            floor_note=floor_note,
+            split_calls=split_calls,
+            floor_autocast=floor is not None and floor.autocast,
+            floor_region=floor.region if floor is not None else (),
+            floor_widened=widened if floor is not None else None,
+            lowered_first=lowered_first,
+            full_compared=len(judged),
+            changed_full=full_of.get(changed) if changed is not None else None,
+        )
     culprits, uncompared = _culprits(order, kept["a"], bad, judged, root_a)
     grown: list[str] = []  # culprits by that rule whose module, given the reference's inputs, agrees
     if floor is None:
@@ -782,7 +839,7 @@ def _find(
         ref_lines.get(name),
         cand_lines.get(other),
         verdict,
-        full_first,
+        full_of.get(name),
         one_sided_before(list(cand.summaries), other, lambda n: n in ours, cand_lines, cand.summaries),
         one_sided_before(order, name, lambda n: _key(n, root_a) in theirs, ref_lines, ref.summaries),
         (changed, ref_lines.get(changed) or "") if changed is not None and changed != name else None,
@@ -805,6 +862,9 @@ def _find(
         ),
         crossed_before=crossed_before(ops.settled, order, name, ref_lines, cand_lines),
         candidate_holds=_held_before(order, name, ref.summaries, cand.summaries.get(other), ref_lines),
+        by_full=name != summary_first,
+        summary_first=summary_first if name != summary_first else None,
+        first_changed_full=full_of.get(changed) if changed is not None and changed != name else None,
     )
     return Divergence(
         session,
@@ -836,6 +896,17 @@ def _find(
         outputs_agree=bool(model_outputs) and all(model_outputs),
         grown=tuple(grown),
     )
+
+
+def _differing_state(
+    reference: torch.nn.Module, candidate: torch.nn.Module, module: str, other_module: str
+) -> tuple[StateDifference, ...]:
+    """The parameters and buffers of the candidate's module call `other_module` that differ from those of the
+    reference's `module` (live/state_differences.py); none where they cannot be read or compared."""
+    try:
+        return differing_state(reference, candidate, call_path(module)[0], call_path(other_module)[0])
+    except (RuntimeError, NotImplementedError, TypeError, ValueError):  # a tensor torch cannot copy or compare
+        return ()
 
 
 def _held_before(
@@ -1020,10 +1091,13 @@ def _module_calls(summaries: Mapping[str, Sketch], root: str) -> dict[str, int]:
     return collections.defaultdict(int, counted)
 
 
-def _last_wanted(summaries: Mapping[str, Sketch], patterns: Sequence[str], root: str) -> str | None:
+def _last_wanted(
+    summaries: Mapping[str, Sketch], patterns: Sequence[str], root: str, divergent: str | None = None
+) -> str | None:
     """The last tensor of a summary capture (in call order) that a capture of modules `patterns` records, other
     than the model's own inputs and outputs (its ops are recorded where `patterns` selects it: "*"): after it, a
-    full-values pass of the same model has nothing to record."""
+    full-values pass of the same model has nothing to record. Where `divergent`, the tensor looked at, is one of the
+    model's own outputs (recorded whatever `patterns` says), it is wanted too: its full values are compared."""
     last = None
     for name in summaries:
         path = re.sub(r"#\d+$", "", module_of(name))
@@ -1032,6 +1106,8 @@ def _last_wanted(summaries: Mapping[str, Sketch], patterns: Sequence[str], root:
             fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(short, p) for p in patterns
         ):
             last = name
+    if last is not None and divergent is not None and re.match(rf"{re.escape(root)}(#\d+)?_outputs", divergent):
+        return later_of(list(summaries), last, divergent)
     return last
 
 

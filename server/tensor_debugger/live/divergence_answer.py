@@ -92,6 +92,13 @@ class FirstDivergence:
     # equal; not a constant), with its line ("" where none): a cache given the keys before their rotary holds the
     # reference's keys as they were before it, so the op that made them names the step the candidate skipped
     candidate_holds: tuple[str, str] | None = None
+    # whether it was found by full values, element by element: the earliest pair of the second pass that fails, which
+    # the summaries passed (they bound max |diff| from below: sampled elements, norms, means); `summary_first`, the
+    # pair the summaries named first, later, where they named one
+    by_full: bool = False
+    summary_first: str | None = None
+    # `first_changed`'s pair from full values, where the second pass recorded it (None where it did not)
+    first_changed_full: ElementStats | None = None
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,13 @@ class Divergence:
     # module, called on the reference's arguments to it, gives the reference's outputs within tolerance: no
     # culprit is named on them (their inputs' difference grown past the tolerance, not their own doing)
     grown: tuple[str, ...] = ()
+    # the session name asked for, where a session had it already: the answer is stored as a new session, `session`
+    # ("fd (2)"), as `compare` names one; None where the name asked for was free
+    asked_session: str | None = None
+    # where no divergence was found but hashes differ (`changed`): the pairs the second pass compared element by
+    # element (of the modules `full_modules`), every one within tolerance; `changed`'s own figures among them
+    full_compared: int = 0
+    changed_full: ElementStats | None = None
 
     @staticmethod
     def _earlier_in_call(f: FirstDivergence) -> str:
@@ -192,7 +206,7 @@ class Divergence:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
         seen = self._floor_words() + self._split_words() + seen
         if self.first is None:
-            return self._none_found() + seen + f" Session {self.session!r}: {self.location}."
+            return self._none_found() + seen + f" {self._session_words()}: {self.location}."
         f = self.first
         where = ""
         how = "passed" if is_module_input(f.reference) else "called"
@@ -200,11 +214,23 @@ class Divergence:
             where = f" ({how} at {f.reference_source} in the reference, {f.candidate_source} in the candidate)"
         elif how == "passed":  # both captured here: no frame outside torch and this package called the module
             where = " (no source line: the module was called from no code outside torch)"
-        text = (
-            f"The first divergence is {f.reference}{where}, in module {f.module}: {f.summary.reason}."
-            if f.summary.reason
-            else ""
-        )
+        if f.by_full:
+            summaries_named = (
+                f"; the summaries named {f.summary_first} first, a later pair"
+                if f.summary_first is not None
+                else "; the summaries found no pair outside tolerance"
+            )
+            text = (
+                f"The first divergence, found by comparing full values element by element, is {f.reference}{where}, "
+                f"in module {f.module}. Its summaries found nothing outside tolerance there (they bound max |diff| "
+                f"from below: sampled elements, norms and means){summaries_named}."
+            )
+        else:
+            text = (
+                f"The first divergence is {f.reference}{where}, in module {f.module}: {f.summary.reason}."
+                if f.summary.reason
+                else ""
+            )
         if f.candidate_holds is not None:
             text += " " + holds_words(HeldBefore(f.candidate, *f.candidate_holds))
         if f.pairing:
@@ -251,8 +277,8 @@ class Divergence:
         if f.first_changed is not None:
             changed, at = f.first_changed
             text += (
-                f" The first tensor whose values differ at all is {changed}{f' ({at})' if at else ''}, within "
-                "tolerance there."
+                f" The first tensor whose values differ at all (content hashes) is {changed}{f' ({at})' if at else ''}"
+                f"; {_changed_words(f.first_changed_full)}."
             )
         if f.full is not None:
             text += (
@@ -311,8 +337,17 @@ class Divergence:
                 f" Called again, each model gave the same values up to {a} (reference) and {b} (candidate) (the "
                 "content hash of every tensor up to there compared; what comes after cannot change this answer)."
             )
-        text += seen + f" Session {self.session!r}: {self.location} (runs {', '.join(self.runs)})."
+        text += seen + f" {self._session_words()}: {self.location} (runs {', '.join(self.runs)})."
         return text
+
+    def _session_words(self) -> str:
+        """The session that holds the runs, and why it is not the one asked for where it is not."""
+        if self.asked_session is None:
+            return f"Session {self.session!r}"
+        return (
+            f"A session named {self.asked_session!r} exists already and is left as it was: this answer's runs are "
+            f"in a new session, {self.session!r}"
+        )
 
     def _own(self, module: str) -> OwnError:
         return next(e for e in self.own_errors if e.module == module)
@@ -421,15 +456,36 @@ class Divergence:
         )
         if not self.compared:
             return f"Nothing was compared: no tensor of the reference pairs with one of the candidate.{left}"
-        if self.changed is not None:
+        if self.changed is not None and self.repeatable_until is not None:  # the full values looked at too
+            name, at = self.changed
+            modules = (
+                "the whole model"
+                if "*" in self.full_modules
+                else f"modules {', '.join(repr(m) for m in self.full_modules)}"
+            )
+            found = (
+                "From summaries and full values: no divergence found, though values differ (content hashes) from "
+                f"{name}{f' ({at})' if at else ''} on: none of the {self.compared} pairs of summaries is outside "
+                "tolerance, and the "
+                f"{self.full_compared} pairs whose full values were compared element by element (those of "
+                f"{modules}) are all within it; at {name}, {_changed_words(self.changed_full)}"
+            )
+        elif self.changed is not None:
             name, at = self.changed
             found = (
                 f"From summaries: no divergence found in {self.compared} pairs of summaries, but values differ "
-                f"within tolerance from {name}{f' ({at})' if at else ''} on"
+                f"(content hashes) from {name}{f' ({at})' if at else ''} on; the summaries found nothing outside "
+                "tolerance there"
             )
         else:
             found = f"From summaries: no difference found in {self.compared} pairs of summaries"
-        if self.floor is not None and self.within_floor:
+        if self.floor is not None and self.within_floor and self.repeatable_until is not None:
+            found = (
+                "From summaries and full values: no divergence beyond the precision floor of "
+                f"{self.floor} found in {self.compared} pairs of summaries nor in the {self.full_compared} pairs "
+                "whose full values were compared element by element"
+            )
+        elif self.floor is not None and self.within_floor:
             found = (
                 f"From summaries: no divergence beyond the precision floor of {self.floor} found in {self.compared} "
                 "pairs of summaries"
@@ -438,6 +494,13 @@ class Divergence:
             every = "Every one of those pairs" if self.empty == self.compared else f"{self.empty} of those pairs"
             theirs = "theirs" if self.empty > 1 else "its"
             left += f" {every} held no elements (an empty input?): no value of {theirs} was compared."
+        if self.repeatable_until is not None:
+            ref_until, cand_until = self.repeatable_until
+            return (
+                f"{found}. The other pairs were compared by hashes, norms, means and sampled elements (lower bounds of "
+                f"max |diff|: not every element of theirs was compared).{left} Called again, each model gave the same "
+                f"values up to {ref_until} (reference) and {cand_until} (candidate) (runs {', '.join(self.runs)})."
+            )
         return (
             f"{found} (hashes, norms, means and sampled elements; not every element was compared).{left} Each "
             "model was called once (whether it gives the same values on every call was not checked)."
@@ -451,3 +514,16 @@ class Divergence:
 
     def _repr_html_(self) -> str:
         return f"<p>{html.escape(self.words())}</p>"
+
+
+def _changed_words(full: ElementStats | None) -> str:
+    """What is known of the first pair whose hashes differ but whose summaries pass: from its full values where the
+    second pass compared them, else only that the summaries, lower bounds of max |diff|, found nothing."""
+    if full is None:
+        return (
+            "its summaries found nothing outside tolerance (they bound max |diff| from below: not every element "
+            "compared)"
+        )
+    if full.passed:
+        return f"its full values are within tolerance (max |diff| {full.max_abs_diff:.4g}, every element compared)"
+    return f"its full values differ beyond tolerance (max |diff| {full.max_abs_diff:.4g})"

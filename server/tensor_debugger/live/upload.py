@@ -64,6 +64,18 @@ def session_on(server: str, session: str, token: str | None = None) -> int | Non
         return _listed(client, server, session)
 
 
+def free_session_on(server: str, session: str, token: str | None = None) -> str:
+    """`session`, or where the server has a session of that name, the name a new session takes there: `session (2)`,
+    the first number free, as `compare` and the API name one (store/catalog.free_name)."""
+    from tensor_debugger.store.catalog import first_free_name
+
+    with server_client(server, token) as client:
+        answer = client.get("/api/sessions", params={"q": session})
+        _check(answer, server)
+        listed = msgspec.json.decode(answer.content, type=list[_Session])
+    return first_free_name(session, {s.name for s in listed})
+
+
 def _listed(client: httpx.Client, server: str, session: str) -> int | None:
     answer = client.get("/api/sessions", params={"q": session})
     _check(answer, server)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import ColumnElement, and_, func, or_, select, update
@@ -170,6 +170,12 @@ def free_name(db: DbSession, wanted: str) -> str:
     """`wanted`, or where a session has that name, `wanted (2)` (the first number free): what a new session is
     named, from the command line (`compare`, `explore`) and the API alike."""
     taken = set(db.scalars(select(SessionRecord.name).where(SessionRecord.name.startswith(wanted, autoescape=True))))
+    return first_free_name(wanted, taken)
+
+
+def first_free_name(wanted: str, taken: Collection[str]) -> str:
+    """`wanted`, or where it is among `taken`, `wanted (n)` with the first n from 2 that is not: `free_name`'s rule,
+    for names listed elsewhere (a server's, by `live/upload.py`)."""
     if wanted not in taken:
         return wanted
     n = 2
