@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 
 import numpy as np
+from tensor_debugger.compare.reports.guessed_pairs import GUESSING
+from tensor_debugger.store.reports import PairingStrategy
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
@@ -206,3 +208,8 @@ def test_the_session_page_says_the_order_and_the_guess(shared_server: LiveServer
         'id="first-divergence-guess"' in banner and "with the candidate&#39;s 2_attn_logits_masked: a guess" in banner
     )
     assert 'id="stage-culprit-guess"' in pages[1]
+
+
+def test_the_guessing_strategies_are_the_stores_shape_and_fuzzy() -> None:
+    """guessed_pairs names them as text (the store's models stay out of the CLI's light imports): the same two."""
+    assert frozenset({str(PairingStrategy.SHAPE), str(PairingStrategy.FUZZY)}) == GUESSING

@@ -68,6 +68,7 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "candidate_only_before": [],
         "first_changed": None,
         "in_execution_order": True,
+        "first_changed_on_summaries": False,
         "source_note": None,
         "crossed_before": [],  # a dump's: no ops, no capture's order
         "lowered_first": None,

@@ -85,6 +85,7 @@ def test_compare_finds_the_planted_first_divergence(
         "candidate_only_before": [],
         "first_changed": None,
         "in_execution_order": True,
+        "first_changed_on_summaries": False,
         "source_note": None,
         "crossed_before": [],
         "lowered_first": None,

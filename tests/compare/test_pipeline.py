@@ -145,21 +145,26 @@ def test_results_compared_early_are_written_in_batches(services: Services, tmp_p
     assert 0 < commits.count("compare-early") < results / 2
 
 
-@pytest.mark.parametrize("fail_fast", [False, True])
+@pytest.mark.parametrize(("fail_fast", "earlier"), [(False, False), (True, False), (False, True)])
 def test_a_session_name_another_compare_takes_meanwhile_is_not_shared(
-    services: Services, tmp_path: Path, fail_fast: bool
+    services: Services, tmp_path: Path, fail_fast: bool, earlier: bool
 ) -> None:
     """Two `compare --name nightly` at once: each found "nightly" free, and both landed in one session of four runs
     (the first reported the other's runs as its candidates; the second, a clash of labels or "no tensor could be
     paired"). Now a compare's first run makes its session, and where another command made one of that name since
-    it was found free, the compare takes the next free name. The other command's session is left as it was."""
+    it was found free, the compare takes the next free name. The other command's session is left as it was.
+    `earlier`: a session "nightly" was there before, so "nightly (2)" was found free and taken meanwhile: the next is
+    "nightly (3)", not "nightly (2) (2)"."""
     a, b = runs(tmp_path, layers=1, plant=Plant(layer=0, stage="post_attn", index=(1, 2), offset=0.5))
+    if earlier:
+        services.ingestor.begin("nightly", "before", ["before"])
+    taken = "nightly (2)" if earlier else "nightly"
     armed = [True]
 
     def other_compare_first(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         if armed[0] and statement.startswith("UPDATE sessions SET name"):  # the first run's begin, name found free
             armed[0] = False
-            other = threading.Thread(target=lambda: services.ingestor.begin("nightly", "other", ["other"]))
+            other = threading.Thread(target=lambda: services.ingestor.begin(taken, "other", ["other"]))
             other.start()
             other.join()
 
@@ -179,7 +184,8 @@ def test_a_session_name_another_compare_takes_meanwhile_is_not_shared(
     assert not armed[0]
     payload = to_json(outcome.payload)
     assert outcome.exit_code == 1 and payload["first_divergence"]["name"] == "0_post_attn"
-    assert payload["session"]["name"] == "nightly (2)"
+    made = "nightly (3)" if earlier else "nightly (2)"
+    assert payload["session"]["name"] == made
     with services.sessions() as db:
         sessions = {s.name: sorted(r.label for r in s.runs) for s in db.scalars(select(SessionRecord))}
-    assert sessions == {"nightly": ["other"], "nightly (2)": ["cand.zip", "ref.zip"]}
+    assert sessions == {taken: ["other"], made: ["cand.zip", "ref.zip"]} | ({"nightly": ["before"]} if earlier else {})

@@ -180,3 +180,23 @@ def test_a_hub_cache_snapshot_of_symbolic_links_is_read(services: Services, tmp_
     got = stored(services, result.run_id)
     assert sorted(got) == ["model.embed.weight", "model.norm.weight", "sub/extra"]
     assert same_bits(read_back(services, got["model.embed.weight"]), weights["model.embed.weight"])
+
+
+def test_a_folders_link_to_nothing_or_to_a_folder_is_a_problem_that_names_it(
+    services: Services, tmp_path: Path
+) -> None:
+    """A snapshot whose blob was never downloaded (a link to nothing), or a link to a folder (not followed): both
+    passed over in silence before, so a compare of what was left could pass. Now each is a problem of its file: the
+    run is incomplete (`compare` exits 2), and the rest is read."""
+    folder = tmp_path / "snapshot"
+    (tmp_path / "elsewhere").mkdir()
+    folder.mkdir()
+    np.save(folder / "a.npy", seeded((2, 3), 0).numpy())
+    (folder / "b.npy").symlink_to(tmp_path / "missing.npy")
+    (folder / "sub").symlink_to(tmp_path / "elsewhere")
+    result = services.ingestor.ingest("links", "ref", [InputFile(folder, "snapshot")])
+    assert sorted(stored(services, result.run_id)) == ["a"]
+    assert sorted((p.file, p.reason) for p in result.problems) == [
+        ("snapshot/b.npy", "is a symbolic link to nothing: its tensors were not read"),
+        ("snapshot/sub", "is a symbolic link to a folder; not followed: its tensors were not read"),
+    ]

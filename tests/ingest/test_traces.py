@@ -84,6 +84,7 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
         "candidate_only_before": [],
         "first_changed": None,
         "in_execution_order": True,
+        "first_changed_on_summaries": False,
         "source_note": None,  # an output's: no source line is expected
         "crossed_before": [],
         "lowered_first": None,

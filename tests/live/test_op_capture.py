@@ -365,7 +365,9 @@ def test_the_first_change_within_tolerance_is_named_before_the_first_divergence(
     settings: Settings, values: str
 ) -> None:
     """The pairs before the divergence pass, but the first of them whose values differ at all (max |diff| above 0,
-    or summaries' hashes that differ) is where the difference began: the report, the JSON and the CLI name it."""
+    or summaries' hashes that differ) is where the difference began: the report, the JSON and the CLI name it. Judged
+    on summaries alone it is not said to be within tolerance (the summaries bound max |diff| from below): only that
+    they found nothing outside it."""
     x = torch.randn(2, 5, DIM)
     for model, run in ((Drift(0.0), "reference"), (Drift(1e-6), "candidate")):
         with (
@@ -381,10 +383,16 @@ def test_the_first_change_within_tolerance_is_named_before_the_first_divergence(
     assert first.first_changed == changed
     typed = compare_report(result.session_id, "drift", "http://127.0.0.1/sessions/1", report, [])
     assert to_json(typed)["first_divergence"]["first_changed"] == changed
+    assert to_json(typed)["first_divergence"]["first_changed_on_summaries"] == (values == "summary")
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         print_table(typed)
-    assert f"the first tensor whose values differ at all is {changed}, within tolerance there" in printed.getvalue()
+    if values == "full":
+        said = f"the first tensor whose values differ at all is {changed}, within tolerance there"
+    else:
+        said = f"the first tensor whose values differ at all (content hashes) is {changed}; its summaries found nothing"
+        assert "within tolerance there" not in printed.getvalue()
+    assert said in printed.getvalue()
 
 
 def repeat_kv(hidden_states: torch.Tensor, n_rep: int) -> torch.Tensor:

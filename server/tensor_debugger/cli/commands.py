@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tensor_debugger.cli.exit_codes import EXIT_OK
+from tensor_debugger.cli.exit_codes import EXIT_INTERRUPTED, EXIT_OK
 from tensor_debugger.cli.progress_bar import ProgressBar
 
 if TYPE_CHECKING:
@@ -29,10 +29,19 @@ def warm(probe: ServerProbe, args: argparse.Namespace, request: CompareRequest |
         if probe.silent is not None:
             print(silent_words(probe.silent), file=sys.stderr)
         return None
-    if request is None:  # `ingest`; `compare` comes with its request
-        outcome = remote_ingest(address, args.session, args.run, args.paths, args.against)
-        return None if outcome is None else show_ingest(outcome, args.json)
-    return remote_compare(address, request, args.json)
+    try:
+        if request is None:  # `ingest`; `compare` comes with its request
+            outcome = remote_ingest(address, args.session, args.run, args.paths, args.against)
+            return None if outcome is None else show_ingest(outcome, args.json)
+        return remote_compare(address, request, args.json)
+    except KeyboardInterrupt:
+        # the server goes on with what it was sent to the end (web/controllers/local.py): said, not undone
+        print(
+            f"\ntensor-debugger: interrupted (Ctrl-C): no verdict here; the server at {address} goes on with this "
+            f"{args.command} to the end (`tensor-debugger sessions` lists it).",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
 
 
 def ingest(

@@ -31,6 +31,7 @@ from tensor_debugger.compare.reports.compare_report import (
 from tensor_debugger.compare.reports.divergence_words import (
     OUTPUTS_AGREE,
     RESHAPED_WHY,
+    changed_words,
     checks_words,
     crossed_words,
     early_words,
@@ -399,8 +400,7 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
     if extra:
         print(f"{lead}before it, the candidate recorded what the reference did not: {names_of(extra)}")
     if first is not None and first.first_changed:
-        within = "the noise floor" if noise else "tolerance"
-        print(f"{lead}the first tensor whose values differ at all is {first.first_changed}, within {within} there")
+        print(f"{lead}{changed_words(first.first_changed, first.first_changed_on_summaries, noise)}")
     if first is not None:  # in find_divergence's words
         dtype = first.lowered_first.dtype if first.lowered_first is not None else None
         for words in (

@@ -52,8 +52,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_READER_GONE
     except KeyboardInterrupt:
-        # Ctrl-C: one line, not a traceback. What a compare had begun is undone on its way out (its runs, and the
-        # session they made), or taken up by the same command again where its reference was stored.
+        # Ctrl-C: one line, not a traceback. What a compare in this process was ingesting is dropped on its way out
+        # (compare/pipeline.py); a reference it had stored keeps its session, which the same command takes up again
+        # where the name was the one it wanted. (Sent to a server: cli/commands.warm says so itself.)
         print("\ntensor-debugger: interrupted (Ctrl-C): no verdict. Run the same command again.", file=sys.stderr)
         return EXIT_INTERRUPTED
 

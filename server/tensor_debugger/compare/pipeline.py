@@ -91,16 +91,22 @@ def free_name(sessions: sessionmaker[DbSession], wanted: str) -> str:
 
 
 def _begin_session(
-    ingestor: Ingestor, context: CompareContext, name: str, label: str, given: InputFile, role: str | None
+    ingestor: Ingestor,
+    context: CompareContext,
+    wanted: str,
+    name: str,
+    label: str,
+    given: InputFile,
+    role: str | None,
 ) -> PendingRun:
-    """The first run's row, in a session it makes: `name`, or where another command made a session of that name
-    since it was found free (two compares at once, one name wanted), the next free name. Two commands never share
-    a session neither asked to join."""
+    """The first run's row, in a session it makes: `name` (`wanted`, or the free name found for it), or where
+    another command made a session of that name since it was found free (two compares at once, one name wanted),
+    the next free name for `wanted`. Two commands never share a session neither asked to join."""
     for _ in range(_NAME_TRIES):
         try:
             return ingestor.begin(name, label, [given.label], by_label=False, role=role, new_session=True)
         except SessionNameTaken:
-            name = free_name(context.sessions, name)
+            name = free_name(context.sessions, wanted)
     return ingestor.begin(name, label, [given.label], by_label=False, role=role, new_session=True)
 
 
@@ -173,7 +179,9 @@ def _ingest_at_once(
             if pending or resumed is not None:
                 pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
             else:
-                pending.append(_begin_session(ingestor, context, session_name, label, given, role))
+                pending.append(
+                    _begin_session(ingestor, context, wanted_name(request), session_name, label, given, role)
+                )
                 session_name = pending[0].session_name
         session_id = pending[0].session_id if resumed is None else resumed.session_id
         with context.sessions.begin() as db:
@@ -312,7 +320,9 @@ def _ingest_in_turn(
             if pending or resumed is not None:
                 pending.append(ingestor.begin(session_name, label, [given.label], by_label=False, role=role))
             else:
-                pending.append(_begin_session(ingestor, context, session_name, label, given, role))
+                pending.append(
+                    _begin_session(ingestor, context, wanted_name(request), session_name, label, given, role)
+                )
                 session_name = pending[0].session_name
             session_id = pending[-1].session_id
         assert session_id is not None

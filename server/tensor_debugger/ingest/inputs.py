@@ -101,7 +101,12 @@ class _Expander:
         """A folder or a .zip/.tar archive (`nested`: itself unpacked from an archive): every file in it, named
         under `base`."""
         if path.is_dir():
-            files = sorted((p for p in path.rglob("*") if p.is_file()), key=lambda p: natural_key(str(p)))
+            found = list(path.rglob("*"))
+            for link in (p for p in found if p.is_symlink() and not p.is_file()):  # a file's link is read
+                relative = PurePosixPath(*link.relative_to(path).parts)
+                why = "a symbolic link to a folder; not followed" if link.is_dir() else "a symbolic link to nothing"
+                self.problems.append(FileProblem(f"{label}/{relative}", f"is {why}: its tensors were not read"))
+            files = sorted((p for p in found if p.is_file()), key=lambda p: natural_key(str(p)))
             members = [Member(PurePosixPath(*p.relative_to(path).parts), p) for p in files]
             names = [m.name for m in members]
             staged = False

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from tensor_debugger.compare.reports.compare_report import CrossedOps, HeldBefore, LoweredFirst, RecordedEarly
 from tensor_debugger.compare.reports.divergence_words import (
     OUTPUTS_AGREE,
+    SUMMARIES_FOUND_NOTHING,
     crossed_words,
     early_words,
     holds_words,
@@ -520,10 +521,7 @@ def _changed_words(full: ElementStats | None) -> str:
     """What is known of the first pair whose hashes differ but whose summaries pass: from its full values where the
     second pass compared them, else only that the summaries, lower bounds of max |diff|, found nothing."""
     if full is None:
-        return (
-            "its summaries found nothing outside tolerance (they bound max |diff| from below: not every element "
-            "compared)"
-        )
+        return SUMMARIES_FOUND_NOTHING
     if full.passed:
         return f"its full values are within tolerance (max |diff| {full.max_abs_diff:.4g}, every element compared)"
     return f"its full values differ beyond tolerance (max |diff| {full.max_abs_diff:.4g})"

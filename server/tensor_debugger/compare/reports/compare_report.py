@@ -228,6 +228,9 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     # false where no execution order is known (a failing pair without a stage or module: a state dict's weights):
     # then it is the first failing pair listed, not the first to fail, and nothing is said of what came before it
     in_execution_order: bool = True
+    # true where that pair was judged on summaries alone: its values differ (content hashes), and its summaries found
+    # nothing outside tolerance, which does not say every element is within it
+    first_changed_on_summaries: bool = False
     # where in_execution_order is false because the failing stages of its layer have no known order (names not in
     # the transformer stage order, sorted by name), why; null otherwise
     order_note: str | None = None

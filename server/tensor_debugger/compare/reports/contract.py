@@ -96,6 +96,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         found.candidate_only_before,
         found.first_changed,
         found.in_execution_order,
+        first_changed_on_summaries=found.first_changed_on_summaries,
         source_note=found.source_note,
         crossed_before=found.crossed_before,
         lowered_first=found.lowered_first,

@@ -24,6 +24,22 @@ RESHAPED_WHY = (
     "verdict: diverged), though it could not be compared as a whole"
 )
 
+# what is known of a pair whose content hashes differ and whose summaries pass: not that it is within tolerance
+SUMMARIES_FOUND_NOTHING = (
+    "its summaries found nothing outside tolerance (they bound max |diff| from below: not every element compared)"
+)
+
+
+def changed_words(changed: str, on_summaries: bool, noise: bool = False) -> str:
+    """The first tensor before a first divergence whose values differ at all (`changed`: its name and line), as the
+    session says it: within tolerance (or `noise`: within the noise floor) where its values were compared, what its
+    summaries found where only they were."""
+    if on_summaries:
+        return f"the first tensor whose values differ at all (content hashes) is {changed}; {SUMMARIES_FOUND_NOTHING}"
+    within = "the noise floor" if noise else "tolerance"
+    return f"the first tensor whose values differ at all is {changed}, within {within} there"
+
+
 # where a first divergence was found and every one of the models' own outputs paired with a bit-identical one
 OUTPUTS_AGREE = (
     "The models' own outputs are bit-identical (their content hashes are equal): what diverges here does not reach "

@@ -6,10 +6,10 @@ the guess."""
 
 from __future__ import annotations
 
-from tensor_debugger.store.reports import PairingStrategy
-
-# the strategies that pair without a name saying the two tensors hold one value
-GUESSING = frozenset({str(PairingStrategy.SHAPE), str(PairingStrategy.FUZZY)})
+# the strategies that pair without a name saying the two tensors hold one value (store/reports.py's PairingStrategy
+# SHAPE and FUZZY, said here as their text: the CLI's output imports this module, and the store's ORM models, which
+# that module imports, are no import of a command answered from a server or the kept answers: tests/cli/test_warm.py)
+GUESSING = frozenset({"shape", "fuzzy"})
 
 
 def guessed_by(strategy: str) -> str | None:

@@ -46,6 +46,7 @@ from tensor_debugger.compare.reports.coverage import (
 from tensor_debugger.compare.reports.divergence_words import (
     OUTPUTS_AGREE,
     RESHAPED_WHY,
+    changed_words,
     checks_words,
     crossed_words,
     early_words,
@@ -143,6 +144,7 @@ class FirstDivergence:
     # the first pair before it whose values differ at all though within tolerance (max |diff| above 0, or summaries'
     # hashes that differ), "name (file:line)": where a difference too small to fail began; None where none did
     first_changed: str | None = None
+    first_changed_on_summaries: bool = False  # that pair was judged on summaries only: "within tolerance" unknown
     # False where no execution order is known (a failing pair without a stage or a module: a state dict's weights,
     # files named without `{layer}_{stage}`): the pair is the first failing one listed, not the first to fail, and
     # nothing is said of what came before it
@@ -188,6 +190,13 @@ class FirstDivergence:
     def holds_words(self) -> str:
         """`candidate_holds` in the words find_divergence's answer says it with ("" where none)."""
         return holds_words(self.candidate_holds)
+
+    def changed_sentence(self, noise: bool = False) -> str:
+        """`first_changed` as a sentence ("" where none); `noise`: it passed by the noise rule."""
+        if self.first_changed is None:
+            return ""
+        words = changed_words(self.first_changed, self.first_changed_on_summaries, noise)
+        return f"{words[0].upper()}{words[1:]}."
 
     @property
     def checks_words(self) -> str:
@@ -993,6 +1002,7 @@ def _first_divergence_of(
         found,
         candidate_only_before=extra,
         first_changed=f"{changed.name}{where}" if changed is not None else None,
+        first_changed_on_summaries=changed is not None and summary_basis(changed.summary),
         crossed_before=crossed_before(mine, at),
         lowered_first=lowered,
         shapes=[list(mine[at].a.shape), list(mine[at].b.shape)] if mine[at].id in reshaped else None,
