@@ -5,7 +5,12 @@ right ones no earlier round guards.
 Fixed: one module object placed in several slots (weights shared across layers, `nn.ModuleList([block, block])`;
 an embedding both the encoder's and the decoder's) had every call named by its first name (`layers.0`,
 `layers.0#2`), so against a port holding one copy per slot nothing after the first call paired: a bug in the
-second copy was named at the next module's input, with no culprit. Each call is now named by its slot."""
+second copy was named at the next module's input, with no culprit. Each call is now named by its slot.
+
+Fixed after review: the slot was chosen under the innermost recorded call, so with `modules=` (find_divergence's
+second pass) T5's decoder's embedding was stored as the encoder's; and a loop calling each slot twice took the
+slots in turn, so the same maths diverged. Now every module's calls are followed, and a list's turns are counted
+apart for each place calling it."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tensor_debugger import find_divergence
 from tensor_debugger.live.own_error import Arguments, kept_arguments
+from tensor_debugger.live.recorder import record
 from tensor_debugger.settings import Settings
 from torch import nn
 
@@ -212,3 +218,130 @@ def test_a_replay_keeps_the_arguments_of_the_slot_named() -> None:
     assert isinstance(second, Arguments) and isinstance(first, Arguments), kept
     torch.testing.assert_close(first.args[0], x, rtol=0, atol=0)
     torch.testing.assert_close(second.args[0], model.layers[0](x), rtol=0, atol=0)
+
+
+class SharedEmbedding(nn.Module):
+    """T5's layout: one embedding that is `shared`, the encoder's `embed_tokens` and the decoder's (listed by
+    `named_modules` under `shared`), called inside the encoder and inside the decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.shared = nn.Embedding(32, D)
+        self.encoder = Embedder(self.shared)
+        self.decoder = Embedder(self.shared)
+
+    def forward(self, source: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.encoder(source), self.decoder(target)
+
+
+class Embedder(nn.Module):
+    def __init__(self, embedding: nn.Embedding) -> None:
+        super().__init__()
+        self.embed_tokens = embedding
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.embed_tokens(ids) * 2
+        return out
+
+
+def test_a_shared_modules_slot_is_its_callers_where_modules_leave_the_caller_unrecorded() -> None:
+    """Wrong before: with `modules=` (find_divergence's second pass records with it) the modules not asked for had no
+    hooks, so the slot of a shared module's call was chosen under the innermost recorded call, the model's, in turn:
+    the encoder's call was named `shared`, not recorded, and the decoder's stored as the encoder's `embed_tokens`.
+    Now every module's calls are followed, and each call is named by the module calling it."""
+    model = SharedEmbedding().eval()
+    source, target = torch.tensor([[1, 2, 3]]), torch.tensor([[7, 8]])
+    named = {}
+    for modules in ([], ["*embed_tokens*"], ["decoder*"]):
+        with torch.no_grad(), record(model, level="module", modules=modules) as held:
+            model(source, target)
+        named[tuple(modules)] = {k: v for k, v in held.tensors.items() if "embed_tokens" in k or "shared" in k}
+    encoder, decoder = "SharedEmbedding.encoder.embed_tokens", "SharedEmbedding.decoder.embed_tokens"
+    for modules in ([], ["*embed_tokens*"]):
+        tensors = named[tuple(modules)]
+        assert sorted(tensors) == sorted(f"{m}_{t}" for m in (encoder, decoder) for t in ("inputs_args_0", "outputs"))
+        torch.testing.assert_close(tensors[f"{encoder}_inputs_args_0"], source, rtol=0, atol=0)
+        torch.testing.assert_close(tensors[f"{decoder}_inputs_args_0"], target, rtol=0, atol=0)
+        torch.testing.assert_close(tensors[f"{decoder}_outputs"], model.shared(target), rtol=0, atol=0)
+    assert sorted(named[("decoder*",)]) == [f"{decoder}_inputs_args_0", f"{decoder}_outputs"]
+    torch.testing.assert_close(named[("decoder*",)][f"{decoder}_inputs_args_0"], target, rtol=0, atol=0)
+
+
+class Twice(nn.Module):
+    """Two slots, each called twice in a row (`x = block(block(x))`); `tied`: one block in both slots."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        block = Block()
+        self.blocks = nn.ModuleList([block, block] if tied else [block, Block()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(block(x))
+        return x
+
+
+def test_a_shared_module_called_twice_per_slot_names_each_call_by_its_slot(settings: Settings) -> None:
+    """Wrong before: the calls of one block in both slots were given the slots in turn (`blocks.0`, `blocks.1`,
+    `blocks.0#2`, `blocks.1#2`) while each slot is called twice in a row, as the port with a copy per slot names
+    them (`blocks.0`, `blocks.0#2`, `blocks.1`, `blocks.1#2`): the same maths diverged at `blocks.1`. Now the turns
+    are counted apart for each place calling the block (the inner call and the outer one), and every tensor pairs;
+    the replay keeps the arguments of the call of that name."""
+    reference, candidate = Twice(True).eval(), Twice(False).eval()
+    candidate.load_state_dict(reference.state_dict())
+    x = torch.randn(3, D, generator=torch.Generator().manual_seed(2))
+    found = find_divergence(reference, candidate, (x,), session="twice", data_dir=settings.data_dir)
+    assert found.first is None and found.unpaired == (0, 0), repr(found)
+    block = reference.blocks[0]
+    with torch.no_grad():
+        inputs = {"Twice.blocks.0#2": block(x), "Twice.blocks.1": block(block(x))}
+    with torch.no_grad(), kept_arguments(reference, list(inputs)) as kept:
+        reference(x)
+    for call, expected in inputs.items():
+        arguments = kept[call]
+        assert isinstance(arguments, Arguments), kept
+        torch.testing.assert_close(arguments.args[0], expected, rtol=0, atol=0)
+
+
+class Named(nn.Module):
+    """One block under two attributes, each called by name; `tied`: the same block."""
+
+    def __init__(self, tied: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.first = Block()
+        self.second = self.first if tied else Block()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.first(x)
+        out: torch.Tensor = self.second(hidden)
+        return out
+
+
+def test_a_shared_module_under_two_attributes_takes_them_in_turn_from_two_places() -> None:
+    """Guards the turns of slots that are attributes: called one by one from places of their own, they are not
+    counted apart by place (a list's slots are), or the second call would be named `first#2`, unpaired against a
+    port's `second`."""
+    tied, untied = Named(True).eval(), Named(False).eval()
+    untied.load_state_dict(tied.state_dict())
+    x = torch.randn(3, D, generator=torch.Generator().manual_seed(2))
+    runs = []
+    for model in (tied, untied):
+        with torch.no_grad(), record(model, level="module") as held:
+            model(x)
+        runs.append({k: v for k, v in held.tensors.items() if k.endswith("_outputs")})
+    assert (
+        list(runs[0])
+        == list(runs[1])
+        == [
+            "Named.first.lin_outputs",
+            "Named.first_outputs",
+            "Named.second.lin_outputs",
+            "Named.second_outputs",
+            "Named_outputs",
+        ]
+    ), runs
+    for name, value in runs[0].items():
+        torch.testing.assert_close(value, runs[1][name], rtol=0, atol=0)

@@ -45,6 +45,8 @@ def hook_model(
         node = module is model or wanted
         runs_compiled = name in compiled
         if not node and level == "module":
+            if shared:  # not recorded, but followed: a shared module's slot is chosen by the innermost call
+                handles.extend(_follow(module, names, recorder))
             continue
 
         def pre(
@@ -109,6 +111,31 @@ def hook_model(
         if backward and node:
             handles.extend(_hook_backward(module, path, recorder))
     return handles
+
+
+def _follow(
+    module: torch.nn.Module, names: tuple[str, ...], recorder: Recorder
+) -> list[torch.utils.hooks.RemovableHandle]:
+    """Hooks on a module not recorded (`modules=`) of a model with shared modules, which only follow its calls
+    (`CallNames.enter`, `leave`), as every module's are followed where the calls are replayed
+    (`module_names.slots_followed`): without them a shared module's slot was chosen under the innermost recorded
+    call (often the model's), so T5's decoder's embedding, called inside the decoder, was named the encoder's."""
+    followed: list[bool] = []  # each call of the module under way, innermost last: whether it was followed
+
+    def pre(_: torch.nn.Module, __: tuple[Any, ...]) -> None:
+        recomputed = recorder.recomputing > 0 or recorder.recomputed_call(False)  # as the recorded modules do
+        followed.append(not recomputed)
+        if not recomputed:
+            recorder.names.enter(names)
+
+    def post(_: torch.nn.Module, __: tuple[Any, ...], ___: Any) -> None:
+        if followed and followed.pop():
+            recorder.names.leave(False)
+
+    return [
+        module.register_forward_pre_hook(_eager(pre)),
+        module.register_forward_hook(_eager(post), always_call=True),
+    ]
 
 
 def _hook_backward(module: torch.nn.Module, path: str, recorder: Recorder) -> list[torch.utils.hooks.RemovableHandle]:
