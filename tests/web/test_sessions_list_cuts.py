@@ -78,3 +78,16 @@ def test_a_cut_pair_stored_as_a_pass_by_an_older_version_is_listed_not_compared(
         assert stored.rowcount == 1
     cell = _listed(data, session_id)
     assert "1 not compared" in cell and "badge pass" not in cell
+
+
+def test_a_padded_candidate_is_listed_as_a_pass(tmp_path: Path) -> None:
+    """The candidate's extra rows cut away (a vocabulary padded to a multiple) leave every reference row compared:
+    the pass stands, on the list too."""
+    x, y = _values()
+    ref = _saved(tmp_path / "ref", {"x": x, "y": y})
+    cand = _saved(tmp_path / "cand", {"x": np.concatenate([x, np.zeros((2, 4), np.float32)]), "y": y})
+    data = tmp_path / "data"
+    done = main_cli("--data-dir", str(data), "compare", str(ref), str(cand), "--json")
+    assert done.returncode == 0, done.stderr
+    cell = _listed(data, json.loads(done.stdout)["session"]["id"])
+    assert '<span class="badge pass">none</span>' in cell and "not compared" not in cell

@@ -26,6 +26,7 @@ from sqlalchemy.orm import sessionmaker
 
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.compare.reports.pair_rows import StatsCache
+from tensor_debugger.engine.alignment import stored_steps
 from tensor_debugger.store.catalog import SessionSummary
 from tensor_debugger.store.models import PairRecord, RunRecord
 from tensor_debugger.store.session_figures import JudgedFigures, fingerprints, keep_figures, kept_figures
@@ -78,20 +79,18 @@ def judged_summaries(
 
 
 def passes_that_cut(db: DbSession, session_ids: list[int]) -> set[int]:
-    """The sessions among `session_ids` with a pair stored as a pass whose alignment cuts rows (a `truncate` step, of
-    either side: the report tells which cut reference rows away). Rows written since the rule hold `incomparable`
-    for those; a candidate's padded rows cut away leave a pass that stands, judged here all the same (its figures
-    are kept once the session is settled)."""
+    """The sessions among `session_ids` with a pair stored as a pass whose alignment cuts reference rows (a
+    `truncate` step of the reference's side; the report tells whether it cut rows away). Rows written since the
+    rule hold `incomparable` for those; a candidate's padded rows cut away (a pass that stands) are not looked at."""
     if not session_ids:
         return set()
-    return set(
-        db.scalars(
-            select(PairRecord.session_id)
-            .where(
-                PairRecord.session_id.in_(session_ids),
-                PairRecord.status == "pass",
-                cast(PairRecord.alignment, Text).contains('"truncate"'),
-            )
-            .distinct()
+    rows = db.execute(
+        select(PairRecord.session_id, PairRecord.alignment).where(
+            PairRecord.session_id.in_(session_ids),
+            PairRecord.status == "pass",
+            cast(PairRecord.alignment, Text).contains('"truncate"'),  # the few rows read whole below
         )
-    )
+    ).all()
+    return {
+        sid for sid, alignment in rows if any(s.side == "a" and s.kind == "truncate" for s in stored_steps(alignment))
+    }
