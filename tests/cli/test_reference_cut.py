@@ -130,4 +130,7 @@ def test_within_the_noise_floor_is_no_pass_either(tmp_path: Path) -> None:
     pair = next(p for p in out["pairs"] if p["candidate"] == "cand")
     assert pair["rule"] == "noise" and pair["stats"]["mismatched"] > 0
     assert pair["status"] == "incomparable" and pair["error"].startswith("not a pass: compared 4 of the reference's 6")
+    # passed by the noise rule, beside mismatch 100%: never said "within tolerance"
+    assert pair["stats"]["mismatched"] == pair["stats"]["numel"]
+    assert pair["error"].endswith("; the rows compared are within the noise floor")
     assert done.returncode == 1 and out["verdict"] == "incomplete"

@@ -16,6 +16,7 @@ from tensor_debugger.store.reports import PairingStrategy
 
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
+from tests.support.dumps import layered_dump
 from tests.support.servers import LiveServer
 
 LLAMA_STAGES = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "post_attention_layernorm", "mlp")
@@ -104,6 +105,43 @@ def test_two_names_of_one_stage_have_no_order(tmp_path: Path) -> None:
         "layer 0's stages o_proj, post_attn_pre_resid name one place in the transformer stage order, so which ran "
         "first is not known"
     )
+
+
+def test_a_block_name_beside_stages_inside_its_block_has_no_order(tmp_path: Path) -> None:
+    """`0_attn` names the whole attention block: here (as some name it) its input, which the bug changed, beside
+    `0_query` and `0_key` computed from it. Sorted at the block's output it lists last; its place is not known, so
+    no failing pair is called first, and none is said to be the first tensor compared."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 8)).astype(np.float32)
+    changed = x.copy()
+    changed[0, 0] += 0.5
+    reference, candidate = ({"0_attn": v, "0_query": v @ w, "0_key": v @ w.T} for v in (x, changed))
+    a, b = dumps(tmp_path, reference, candidate)
+    out = compare_json(tmp_path / "data", a, b)
+    first = out["first_divergence"]
+    assert isinstance(first, dict) and first["in_execution_order"] is False
+    assert first["order_note"] == (
+        "layer 0's stage attn names the whole attention block (its input or its output) and the layer also holds "
+        "key and query, inside that block, so which ran first is not known"
+    )
+    assert out["culprits"] == []
+    table = main_cli("--data-dir", str(tmp_path / "data"), "compare", str(a), str(b)).stdout
+    assert "FIRST DIVERGENCE" not in table and "what it was given was not compared" not in table
+
+
+def test_block_names_alone_are_in_order(tmp_path: Path) -> None:
+    """tests/support's layered_dump: `{layer}_attn` and `{layer}_mlp`, attention before MLP in every standard block:
+    from layer 1 on 0.5 off, layer 1's attn is the first divergence, in execution order."""
+    a = layered_dump(tmp_path / "a", None, layers=3)
+    b = layered_dump(tmp_path / "b", 1, layers=3)
+    out = compare_json(tmp_path / "data", a, b)
+    first = out["first_divergence"]
+    assert isinstance(first, dict)
+    assert first["name"] == "1_attn" and first["in_execution_order"] is True and first["order_note"] is None
+    pairs = out["pairs"]
+    assert isinstance(pairs, list)
+    assert [p["name"] for p in pairs] == [f"{n}_{s}" for n in range(3) for s in ("attn", "mlp")]
 
 
 def test_one_failing_stage_of_unknown_order_in_its_layer_is_still_first(tmp_path: Path) -> None:

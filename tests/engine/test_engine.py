@@ -340,6 +340,11 @@ def test_reference_rows_cut_away_are_never_a_pass() -> None:
         "were not compared; the rows compared are within tolerance",
     )
     assert cut_verdict(False, cut.words()) == ("fail", None)
+    # the words say by which rule what was compared passed: the noise rule's, or summaries' (nothing found)
+    assert str(cut_verdict(True, cut.words(), "noise")[1]).endswith("; the rows compared are within the noise floor")
+    assert str(cut_verdict(True, cut.words(), "summaries")[1]).endswith(
+        "; the rows compared, on summaries: nothing found outside tolerance"
+    )
     # a reference in shards, concatenated first: the rows counted after the concat
     shards = align([(3, 8), (3, 8)], [(5, 8)])
     assert shards is not None and reference_cut(list(shards.shapes_a), shards.steps) == ReferenceCut(5, 6, 0)

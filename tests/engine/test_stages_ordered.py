@@ -11,7 +11,16 @@ from tensor_debugger.engine.stages import stages_ordered, unordered_words
     [
         (["post_mlp", "query", "post_attn"], True),  # the README's stages
         (["mlp", "o_proj", "post_attention_layernorm", "q_proj"], True),  # a Llama layer's modules
-        (["attn", "mlp"], True),
+        (["attn", "mlp"], True),  # tests/support's layered_dump: two block names, attention before MLP
+        (["attn_out", "mlp_out"], True),
+        (["attn", "post_ln_pre_attn", "pre_mlp"], True),  # around the attention block, not inside it
+        (["attn", "query", "key"], False),  # `attn` may be the attention's input (before query) or its output
+        (["attn", "o_proj"], False),
+        (["self_attn", "q_proj"], False),
+        (["attn", "attn_out"], False),
+        (["attn", "self_attn"], False),  # two names of one block
+        (["mlp", "mlp_out"], False),
+        (["mlp", "query"], True),  # query is outside the MLP block
         (["hidden"], True),  # one stage: nothing to order
         (["hidden", "hidden"], True),
         (["attn_scores", "post_attn"], False),  # attn_scores: no known stage
@@ -30,3 +39,11 @@ def test_unordered_words_name_the_unknown_stages() -> None:
         "the layer's stages is not known (stages are listed by name)"
     )
     assert unordered_words(0, ["rotary_cos", "query"]).startswith("layer 0's stage rotary_cos is not in")
+
+
+def test_unordered_words_name_the_block_and_the_stages_inside_it() -> None:
+    assert unordered_words(0, ["attn", "query", "key"]) == (
+        "layer 0's stage attn names the whole attention block (its input or its output) and the layer also holds "
+        "key and query, inside that block, so which ran first is not known"
+    )
+    assert unordered_words(2, ["mlp", "mlp_out", "query"]).startswith("layer 2's stage mlp names the whole MLP block")

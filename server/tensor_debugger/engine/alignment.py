@@ -18,7 +18,7 @@ import json
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 Shape = tuple[int, ...]
 
@@ -171,16 +171,29 @@ def reference_cut(shapes_a: Sequence[Shape], steps: Sequence[Step]) -> Reference
     return None
 
 
-def cut_verdict(passed: bool, cut: str | None) -> tuple[str, str | None]:
-    """A pair's status and error from the verdict on what was compared of it (`passed`) and the reference rows its
-    alignment cut away (`cut`: `ReferenceCut.words`, None where none): the one rule every verdict written or judged
-    again (by a rerun's noise) follows. Rows compared with nothing are not compared: such a pair fails where what
-    was compared fails, and is otherwise incomparable as a whole, never a pass."""
+# The rule a verdict on what was compared of a pair comes from: the tolerances on its element values, the noise rule
+# (within the rerun's noise floor times the session's factor), or either on summaries alone (hashes, norms, sampled
+# elements: a pass there is nothing found, not every element compared).
+PassedBy = Literal["tolerance", "noise", "summaries", "noise on summaries"]
+_WITHIN: dict[PassedBy, str] = {
+    "tolerance": "the rows compared are within tolerance",
+    "noise": "the rows compared are within the noise floor",
+    "summaries": "the rows compared, on summaries: nothing found outside tolerance",
+    "noise on summaries": "the rows compared, on summaries: nothing found outside the noise floor",
+}
+
+
+def cut_verdict(passed: bool, cut: str | None, by: PassedBy = "tolerance") -> tuple[str, str | None]:
+    """A pair's status and error from the verdict on what was compared of it (`passed`, by the rule `by`) and the
+    reference rows its alignment cut away (`cut`: `ReferenceCut.words`, None where none): the one rule every verdict
+    written or judged again (by a rerun's noise) follows. Rows compared with nothing are not compared: such a pair
+    fails where what was compared fails, and is otherwise incomparable as a whole, never a pass; its error says by
+    which rule what was compared passed."""
     if not passed:
         return "fail", None
     if cut is None:
         return "pass", None
-    return "incomparable", f"not a pass: {cut}; the rows compared are within tolerance"
+    return "incomparable", f"not a pass: {cut}; {_WITHIN[by]}"
 
 
 def _rows_before(shards: Sequence[Shape], earlier: Sequence[Step], cut: Step) -> int:

@@ -1,8 +1,9 @@
 """The sessions list's judged figures, kept (`SessionFiguresRecord`) with a fingerprint of everything they were
-judged from, so that the list judges a session with a rerun again only when that session changed.
+judged from, so that the list judges a session with a rerun (or an old row to judge again) only when that session
+changed.
 
-What a session's judged figures (failing count, first divergence, first pair) depend on, and how the fingerprint
-covers it:
+What a session's judged figures (failing count, first divergence, first pair, pairs not compared) depend on, and
+how the fingerprint covers it:
 
 - its pairs' rows (ids, status, comparison result, summary verdict, runs, position, alignment): summed in SQL as
   one number per row (`_row_number`), so reading them costs the database a scan of the session's pair rows (about
@@ -41,7 +42,8 @@ from tensor_debugger.store.models import (
 
 # Raise when the way a session's figures are judged changes (compare/reports/pair_reports.py `judge_by_noise`,
 # `_first_divergence_of`): every figure kept under the old rule is then judged again.
-FIGURES_RULE = 3  # 3: a pair whose alignment cut reference rows away is no pass, by the noise rule either
+FIGURES_RULE = 4  # 4: the pairs not compared, as judged (a cut pair within the noise is incomparable, not a pass)
+# (3: a pair whose alignment cut reference rows away is no pass, by the noise rule either)
 # (2: a module output of another shape is judged split by each side's own module paths: reshaped.py)
 LOCK_WAIT_MS = 100  # the longest keeping the figures waits for a lock (the list then shows them unkept)
 _MODULUS = 2_147_483_629  # a prime under 2**31: a row's number times a weight stays far inside 64 bits
@@ -52,6 +54,7 @@ class JudgedFigures:
     failing: int
     first_divergence: str | None  # the earliest failing pair's name
     first_pair: int | None  # its id
+    not_compared: int = 0  # pairs incomparable or errored (their verdict, as judged)
 
 
 def _length(column: Any) -> ColumnElement[int]:
@@ -159,11 +162,12 @@ def kept_figures(db: DbSession, prints: Mapping[int, str]) -> dict[int, JudgedFi
             SessionFiguresRecord.failing,
             SessionFiguresRecord.first_divergence,
             SessionFiguresRecord.first_pair,
+            SessionFiguresRecord.not_compared,
         ).where(SessionFiguresRecord.session_id.in_(list(prints)))
     ).all()
     return {
-        sid: JudgedFigures(failing, first_divergence, first_pair)
-        for sid, fingerprint, failing, first_divergence, first_pair in kept
+        sid: JudgedFigures(failing, first_divergence, first_pair, not_compared)
+        for sid, fingerprint, failing, first_divergence, first_pair, not_compared in kept
         if prints.get(sid) == fingerprint
     }
 
@@ -194,6 +198,7 @@ def keep_figures(sessions: sessionmaker[Any], judged: Mapping[int, tuple[str, Ju
                     failing=figures.failing,
                     first_divergence=figures.first_divergence,
                     first_pair=figures.first_pair,
+                    not_compared=figures.not_compared,
                 )
                 for sid, (fingerprint, figures) in judged.items()
             )

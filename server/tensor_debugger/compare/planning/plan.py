@@ -320,7 +320,7 @@ def _refresh(context: CompareContext, db: DbSession, session_id: int) -> None:
                 tensor_summary(a[0]), tensor_summary(b[0]), tol
             )
         pair.summary, pair.result_id = verdict.to_json(), None
-        pair.status, pair.error = settled_status(pair, a, verdict.passed)
+        pair.status, pair.error = settled_status(pair, a, verdict.passed, on_summaries=True)
     cached = {
         r.cache_key: r
         for r in db.scalars(

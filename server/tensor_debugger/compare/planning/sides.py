@@ -61,13 +61,16 @@ def pair_key(
     )
 
 
-def settled_status(pair: PairRecord, a: Sequence[TensorRecord], passed: bool) -> tuple[str, str | None]:
+def settled_status(
+    pair: PairRecord, a: Sequence[TensorRecord], passed: bool, on_summaries: bool = False
+) -> tuple[str, str | None]:
     """The status and error a pair settles with, given whether what was compared of it is within tolerance
-    (`passed`: its statistics' or its summaries' verdict), by `engine.alignment.cut_verdict`: a pair whose
-    alignment cut reference rows away (the candidate has fewer rows, a tensor-parallel shard is missing) is never
-    a pass. Candidate rows cut away (a vocabulary padded to a multiple) leave every reference element compared:
+    (`passed`: its statistics' or, `on_summaries`, its summaries' verdict), by `engine.alignment.cut_verdict`: a
+    pair whose alignment cut reference rows away (the candidate has fewer rows, a tensor-parallel shard is missing)
+    is never a pass. Candidate rows cut away (a vocabulary padded to a multiple) leave every reference element compared:
     the alignment's words say they were not."""
-    return cut_verdict(passed, reference_cut_words(pair, [tuple(t.shape) for t in a]))
+    cut = reference_cut_words(pair, [tuple(t.shape) for t in a])
+    return cut_verdict(passed, cut, "summaries" if on_summaries else "tolerance")
 
 
 def reference_cut_words(pair: Any, shapes_a: Sequence[tuple[int, ...]]) -> str | None:

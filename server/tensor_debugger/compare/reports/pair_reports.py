@@ -370,7 +370,7 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
     cut = _reference_cut(pair, tensors)
     status, error = _STATUSES[pair.status], pair.error
     if status == PairStatus.PASS and cut is not None:  # a row settled before the rule (cut_verdict) held
-        settled, error = cut_verdict(True, cut)
+        settled, error = cut_verdict(True, cut, "summaries" if pair.summary else "tolerance")
         status = PairStatus(settled)
     return {
         "id": pair.id,
@@ -878,7 +878,7 @@ def judge_by_noise(items: list[PairReport], noise: list[PairReport], factor: flo
             judged.append(replace(item, noise_max_abs_diff=floor_error))
         else:
             # within the noise is no pass either where reference rows were cut away (cut_verdict)
-            settled, error = cut_verdict(verdict, item.reference_cut)
+            settled, error = cut_verdict(verdict, item.reference_cut, "noise")
             status = PairStatus(settled)
             where = item.where if status == PairStatus.FAIL else None  # known where tolerances failed it too
             judged.append(
@@ -902,7 +902,7 @@ def _judged_on_summaries(item: PairReport, floor: PairReport | None, factor: flo
     verdict = summary_noise_verdict(item.summary, floor.summary, math.prod(item.a.shape), factor)
     if verdict is None or floor.summary is None or isinstance(floor.summary.sampled_max_abs_diff, UnsetType):
         return None
-    settled, error = cut_verdict(verdict.passed, item.reference_cut)
+    settled, error = cut_verdict(verdict.passed, item.reference_cut, "noise on summaries")
     return replace(
         item,
         status=PairStatus(settled),

@@ -19,3 +19,4 @@ class SessionFiguresRecord(Base):
     failing: Mapped[int]
     first_divergence: Mapped[str | None] = mapped_column(Text)  # the earliest failing pair's name
     first_pair: Mapped[int | None]  # its id (pair ids are never reused: no foreign key needed to stay true)
+    not_compared: Mapped[int] = mapped_column(server_default="0")  # pairs incomparable or errored, as judged
