@@ -14,6 +14,7 @@ from tensor_debugger.compare.reports.divergence_words import (
     early_words,
     holds_words,
     lowered_clause,
+    tensors,
 )
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR
 from tensor_debugger.engine.summary_compare import SketchVerdict
@@ -244,7 +245,8 @@ class Divergence:
             if extra:  # the last few, nearest the divergence (a fused block against its parts makes dozens)
                 shown = extra[-_LISTED:]
                 listed = ", ".join(f"{n} ({at})" if at else n for n, at in shown)
-                more = f"{len(extra) - len(shown)} more tensors and then " if len(extra) > len(shown) else ""
+                hidden = len(extra) - len(shown)
+                more = f"{hidden} more {tensors(hidden)} and then " if hidden > 0 else ""
                 text += f" Just before it, the {side} recorded {more}{listed}, which paired with none of the {other}'s."
         if f.candidate_early_before:
             text += " " + early_words([RecordedEarly(*e) for e in f.candidate_early_before])

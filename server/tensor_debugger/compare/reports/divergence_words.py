@@ -17,6 +17,12 @@ from tensor_debugger.engine.capture_order import module_of
 
 LISTED = 5  # the pairs of crossed ops named in words, the first; the tensors recorded early, the last
 
+
+def tensors(count: int) -> str:
+    """The word for `count` tensors: "tensor" for one, else "tensors"."""
+    return "tensor" if count == 1 else "tensors"
+
+
 # why a module's output of another shape on each side is the first divergence, and the session's verdict
 # "diverged", though no element of it was compared (compare/reports/reshaped.py), after its two shapes
 RESHAPED_WHY = (
@@ -93,7 +99,7 @@ def early_words(early: Sequence[RecordedEarly]) -> str:
     later = list(dict.fromkeys(e.reference_source for e in early if e.reference_source))[:LISTED]
     lines_later = f" ({', '.join(later)})" if later else ""
     return (
-        f"Before it, the candidate recorded {f'{hidden} more tensors and then ' if hidden else ''}"
+        f"Before it, the candidate recorded {f'{hidden} more {tensors(hidden)} and then ' if hidden else ''}"
         f"{', '.join(_at(e.candidate, e.candidate_source) for e in shown)}, which pair by name with tensors the "
         f"reference records only after it{lines_later}: the candidate ran them where the reference does not (a "
         "module called in another's place?), which may be where it began."
