@@ -266,7 +266,8 @@ def test_a_new_data_dir_made_from_the_models_is_the_migrated_schema(tmp_path: Pa
         assert_schema_matches_models(fast)
         with fast.connect() as a, stepwise.connect() as b:
             version = "SELECT version_num FROM alembic_version"
-            made, migrated = (c.execute(text(version)).scalars().all() for c in (a, b))
+            made: list[str] = list(a.execute(text(version)).scalars())
+            migrated: list[str] = list(b.execute(text(version)).scalars())
         assert made == migrated == [alembic_head()]
         with fast.connect() as a, stepwise.connect() as b:  # SQLite's own record: every table, index and trigger
             schema = "SELECT type, name, tbl_name FROM sqlite_master ORDER BY type, name"
