@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from tensor_debugger.compare.reports.pair_reports import session_pairs
 from tensor_debugger.services import open_services
 from tensor_debugger.settings import Settings
@@ -19,7 +20,7 @@ from tensor_debugger.settings import Settings
 from tests.support.cli_main import main_cli
 
 
-def _runs(tmp_path: Path, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> tuple[Path, Path]:
+def _runs(tmp_path: Path, reference: dict[str, NDArray[Any]], candidate: dict[str, NDArray[Any]]) -> tuple[Path, Path]:
     folders = tmp_path / "ref", tmp_path / "cand"
     for folder, tensors in zip(folders, (reference, candidate), strict=True):
         folder.mkdir()
@@ -35,7 +36,7 @@ def _compare(tmp_path: Path, ref: Path, cand: Path) -> tuple[int, dict[str, Any]
     return done.returncode, json.loads(done.stdout), table
 
 
-def _values(shape: tuple[int, ...], seed: int) -> np.ndarray:
+def _values(shape: tuple[int, ...], seed: int) -> NDArray[Any]:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 

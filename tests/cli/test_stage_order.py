@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from tensor_debugger.compare.reports.guessed_pairs import GUESSING
 from tensor_debugger.store.reports import PairingStrategy
 
@@ -22,7 +24,7 @@ from tests.support.servers import LiveServer
 LLAMA_STAGES = ("input_layernorm", "q_proj", "k_proj", "v_proj", "o_proj", "post_attention_layernorm", "mlp")
 
 
-def dumps(root: Path, reference: dict[str, np.ndarray], candidate: dict[str, np.ndarray]) -> tuple[Path, Path]:
+def dumps(root: Path, reference: dict[str, NDArray[Any]], candidate: dict[str, NDArray[Any]]) -> tuple[Path, Path]:
     for side, tensors in (("a", reference), ("b", candidate)):
         (root / side).mkdir()
         for name, value in tensors.items():

@@ -9,16 +9,18 @@ import json
 import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from litestar.testing import TestClient
+from numpy.typing import NDArray
 from tensor_debugger.settings import Settings
 from tensor_debugger.web.app import create_app
 
 from tests.support.cli_main import main_cli
 
 
-def _saved(folder: Path, tensors: dict[str, np.ndarray]) -> Path:
+def _saved(folder: Path, tensors: dict[str, NDArray[Any]]) -> Path:
     folder.mkdir()
     for name, values in tensors.items():
         np.save(folder / f"{name}.npy", values)
@@ -37,7 +39,7 @@ def _listed(data: Path, session_id: int) -> str:
     return str(cells[1])
 
 
-def _values() -> tuple[np.ndarray, np.ndarray]:
+def _values() -> tuple[NDArray[Any], NDArray[Any]]:
     rng = np.random.default_rng(0)
     return rng.standard_normal((6, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
 
