@@ -103,6 +103,8 @@ def test_a_compare_stopped_by_ctrl_c_says_so_in_one_line_and_the_same_command_an
         stderr=subprocess.PIPE,
         text=True,
         env=child_env(),
+        # a pytest-xdist worker ignores SIGINT, and a child inherits that: Ctrl-C as a shell delivers it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         wait_until(lambda: copying(data_dir), what="the compare to reach mid-ingest", timeout=120, interval=0.005)
