@@ -29,6 +29,7 @@ import shutil
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -196,33 +197,23 @@ class Ingestor:
         the same label that failed before is replaced, in its place; any other clash is refused."""
         session_name = parse_label(session_name, "session name")
         run_label = parse_label(run_label, "run label")
+        begin = partial(
+            self._begin,
+            session_name,
+            run_label,
+            sources,
+            create_session,
+            created_session,
+            by_label,
+            role,
+            staged,
+            against,
+            new_session,
+        )
         try:
-            pending = self._begin(
-                session_name,
-                run_label,
-                sources,
-                create_session,
-                created_session,
-                by_label,
-                role,
-                staged,
-                against,
-                new_session,
-            )
+            return begin()
         except IntegrityError:  # another database than SQLite: the session was made meanwhile; now it is found
-            pending = self._begin(
-                session_name,
-                run_label,
-                sources,
-                create_session,
-                created_session,
-                by_label,
-                role,
-                staged,
-                against,
-                new_session,
-            )
-        return pending
+            return begin()
 
     def _begin(
         self,
