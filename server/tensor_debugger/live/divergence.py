@@ -561,17 +561,20 @@ def _find(
     order = list(ref.summaries)
     # whether each of the reference's own outputs paired with a bit-identical one of the candidate's (hashes equal)
     model_outputs: list[bool] = []
+    outputs_passed: list[bool] = []  # and whether each passed by its summaries' verdict (unpaired: False)
     verdicts: dict[str, SketchVerdict] = {}  # each pair compared, by the reference's name: its summaries' verdict
     for name in order:
         other = theirs.get(_key(name, root_a))
         own_output = re.match(rf"{re.escape(root_a)}_outputs", name) is not None
         if other is None:
             model_outputs += [False] if own_output else []  # not compared: nothing is said of the outputs
+            outputs_passed += [False] if own_output else []
             continue
         a, b = ref.summaries[name], cand.summaries[other]
         if own_output:
             model_outputs.append(a.hash == b.hash)
         verdict = compare_sketches(a, b, tolerance(a, b))
+        outputs_passed += [verdict.passed] if own_output else []  # by tolerance, not by a precision floor
         compared += 1
         if name in floor_sketches:  # as the session's noise rule judges it (its rerun: the floor's summaries)
             f = floor_sketches[name]
@@ -894,6 +897,7 @@ def _find(
         own_errors=own,
         state=(module, other_module, state) if state else None,
         outputs_agree=bool(model_outputs) and all(model_outputs),
+        outputs_within=bool(outputs_passed) and all(outputs_passed) and not all(model_outputs),
         grown=tuple(grown),
     )
 

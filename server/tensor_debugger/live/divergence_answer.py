@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from tensor_debugger.compare.reports.compare_report import CrossedOps, HeldBefore, LoweredFirst, RecordedEarly
 from tensor_debugger.compare.reports.divergence_words import (
     OUTPUTS_AGREE,
+    OUTPUTS_WITHIN,
     SUMMARIES_FOUND_NOTHING,
     crossed_words,
     early_words,
@@ -173,6 +174,10 @@ class Divergence:
     # (content hashes equal: a causal mask let one future token through, then a second mask took it out again): the
     # divergence does not reach them
     outputs_agree: bool = False
+    # where a divergence was found: whether every one of the models' own outputs paired with one within tolerance
+    # by their summaries, not all bit-identical (the first pass's verdicts: a norm folded into a conv's weights makes
+    # the conv's outputs differ, not the model's)
+    outputs_within: bool = False
     # modules whose outputs fail while their inputs agree within tolerance but not bit for bit, whose candidate
     # module, called on the reference's arguments to it, gives the reference's outputs within tolerance: no
     # culprit is named on them (their inputs' difference grown past the tolerance, not their own doing)
@@ -334,6 +339,8 @@ class Divergence:
             )
         if self.outputs_agree:
             text += " " + OUTPUTS_AGREE
+        elif self.outputs_within:
+            text += " " + OUTPUTS_WITHIN
         if self.repeatable_until is not None:
             a, b = self.repeatable_until
             text += (

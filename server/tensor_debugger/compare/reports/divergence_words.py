@@ -52,6 +52,15 @@ OUTPUTS_AGREE = (
     "them (taken out again later, as by a second mask?)."
 )
 
+# where a first divergence was found and every one of the models' own outputs paired with one within tolerance by
+# their summaries, but not every one bit-identical (a BatchNorm folded into the conv before it: the conv's outputs
+# differ, the model's agree)
+OUTPUTS_WITHIN = (
+    "The models' own outputs agree within tolerance by their summaries (norms, means and sampled elements; not bit "
+    "for bit, and not every element compared): what diverges here may not reach them beyond rounding (the same "
+    "result computed another way, as a norm folded into the weights before it, or taken out again later?)."
+)
+
 
 def _at(name: str, source: str) -> str:
     return f"{name} ({source})" if source else name
