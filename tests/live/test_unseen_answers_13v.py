@@ -164,3 +164,29 @@ def test_swin_patch_merging_in_another_order_is_found_by_a_summary_capture_of_th
         (f"{merging}/getitem#2_outputs", f"{merging}/getitem#3_outputs"),
         (f"{merging}/getitem#3_outputs", f"{merging}/getitem#2_outputs"),
     }, first
+
+
+class OneOff(nn.Module):
+    """Two linear layers; `off`: one element of the model's output 1e-2 off (the summaries' samples miss it)."""
+
+    def __init__(self, off: bool) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a, self.b = nn.Linear(256, 256), nn.Linear(256, 256)
+        self.off = off
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.b(torch.relu(self.a(x)))
+        if self.off:
+            y = y.clone()
+            y[3, 7] += 1e-2
+        return y
+
+
+def test_an_output_found_off_by_full_values_alone_is_not_said_to_agree(settings: Settings) -> None:
+    """The sentence rests on the summaries' first divergence: where they found none and the second pass's full
+    values find the model's own output off (one element, 1e-2), the outputs are not said to agree."""
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+    found = find_divergence(OneOff(False).eval(), OneOff(True).eval(), (x,), session="one", data_dir=settings.data_dir)
+    assert found.first is not None and found.first.reference == "OneOff_outputs", repr(found)
+    assert not found.outputs_within and OUTPUTS_WITHIN not in repr(found), repr(found)

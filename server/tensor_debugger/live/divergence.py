@@ -897,7 +897,13 @@ def _find(
         own_errors=own,
         state=(module, other_module, state) if state else None,
         outputs_agree=bool(model_outputs) and all(model_outputs),
-        outputs_within=bool(outputs_passed) and all(outputs_passed) and not all(model_outputs),
+        # where the summaries found a divergence (not the second pass alone, which compares what they passed) and
+        # no output of the model's own failed on full values
+        outputs_within=summary_first is not None
+        and bool(outputs_passed)
+        and all(outputs_passed)
+        and not all(model_outputs)
+        and not any(re.match(rf"{re.escape(root_a)}_outputs", n) for n in bad),
         grown=tuple(grown),
     )
 
