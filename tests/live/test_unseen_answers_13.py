@@ -1,5 +1,5 @@
 """Answers on models and planted bugs no earlier round built (bench/RESULTS.md, "answers on unseen models, round
-13"): the case that was wrong and is now fixed, and right ones no earlier round guards.
+13"): the case that was wrong and is now fixed (MiniMax's, cut down to a hand model).
 
 Fixed: a decay computed once per block of a linear attention (MiniMax's lightning attention), the port's block size
 off by one, so that the port's first block's decay holds what the reference's second block's does. The alignment
