@@ -157,7 +157,10 @@ def settle_by_content(
     - the pairs whose contents match one, and only one, op of the other side's, and that op only them, pair by
       content where one of them is not the positional pair (the two sides compute these in another order):
       `BY_CONTENT` those not in place; the ops left pair in order, `LEFT_OVER` (those not in place) where that is
-      one pair, or where its two ops are each other's strictly nearest by content, else `AMBIGUOUS`;
+      one pair, or where its two ops are each other's strictly nearest by content, else `AMBIGUOUS`; but where a
+      pair so left, not in place, is farther apart than either of its ops is from its positional partner (a one-way
+      match: the candidate's first op holds what the reference's second does, as a loop counter off by one makes),
+      no other order is proved: position stands, the pairs that do not match `AMBIGUOUS`;
     - where content agrees with position (its matches are the positional pairs), the other pairs keep position,
       silently where they are one pair (a bug in one of them stays a bug) or where its two ops are each other's
       strictly nearest, else `AMBIGUOUS`;
@@ -192,6 +195,11 @@ def settle_by_content(
         rest_a = [k for k in range(len(group)) if k not in one_to_one]
         rest_b = [m for m in range(len(group)) if m not in one_to_one.values()]
         left = list(zip(rest_a, rest_b, strict=True))
+        if any(k != m and _farther_than_position(k, m, table) for k, m in left):
+            # a one-way match (the candidate's first op holds what the reference's second does: a loop counter off
+            # by one) leaves a pair farther apart than position put them: no other order is proved
+            how.update({group[k]: AMBIGUOUS for k in range(len(group)) if not table[k, k].same})
+            continue
         nearest = {(k, m) for k, m in left if len(left) == 1 or _nearest(k, m, left, table)}
         if all(k == m for k, m in one_to_one.items()):  # content agrees with position
             how.update({group[k]: AMBIGUOUS for k, m in left if (k, m) not in nearest})
@@ -207,6 +215,13 @@ def settle_by_content(
             if (k, m) not in nearest or k != m:
                 how[refs[k], cands[m]] = LEFT_OVER if (k, m) in nearest else AMBIGUOUS
     return dict(sorted(facing.items())), how
+
+
+def _farther_than_position(k: int, m: int, table: dict[tuple[int, int], Likeness]) -> bool:
+    """Whether the pair (`k`, `m`) left once the others matched by content, not in place, is farther apart by
+    content than either of its ops is from the op position paired it with (all distances known)."""
+    here = table[k, m].distance
+    return here is not None and any(d is not None and d < here for d in (table[k, k].distance, table[m, m].distance))
 
 
 def _nearest(k: int, m: int, left: Sequence[tuple[int, int]], table: dict[tuple[int, int], Likeness]) -> bool:
