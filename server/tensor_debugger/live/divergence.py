@@ -118,6 +118,7 @@ from tensor_debugger.live.precision_floor import (
 from tensor_debugger.live.recorder import HeldRun, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
 from tensor_debugger.live.session_name import free_session
+from tensor_debugger.live.slices_inside import inside_lines, slices_inside
 from tensor_debugger.live.state_differences import StateDifference, differing_state, state_words
 
 
@@ -831,6 +832,11 @@ def _find(
             second_runs.append((held, label, role))
         culprits += named(own)
     ours = {theirs[k] for k in paired}  # the candidate's tensors paired
+    # inside the first divergence's module call, the candidate's ops without partner (a loop over heads against
+    # one batched op) checked by values against slices of the reference's tensors there
+    inside = slices_inside(
+        (module, other_module), (kept["a"], kept["b"]), list(cand.summaries), (name, other), ours, tolerance_of
+    )
     found = FirstDivergence(
         name,
         other,
@@ -865,6 +871,8 @@ def _find(
         by_full=name != summary_first,
         summary_first=summary_first if name != summary_first else None,
         first_changed_full=full_of.get(changed) if changed is not None and changed != name else None,
+        inside=inside,
+        inside_lines=inside_lines(inside, ref_lines, cand_lines),
     )
     return Divergence(
         session,
