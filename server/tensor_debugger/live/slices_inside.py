@@ -78,11 +78,14 @@ def _floating(values: Mapping[str, torch.Tensor], names: Sequence[str]) -> str:
 
 
 def _array(value: torch.Tensor) -> Array:
-    """A tensor's values as numpy: floating in float64 (bfloat16 has no numpy dtype), complex in complex128."""
+    """A tensor's values as numpy: floating in float64 (bfloat16 has no numpy dtype), complex in complex128, bool
+    as 0 and 1."""
     value = value.detach().cpu().resolve_conj().resolve_neg()
     if value.is_complex():
         value = value.to(torch.complex128)
     elif value.is_floating_point():
         value = value.to(torch.float64)
+    elif value.dtype == torch.bool:  # numpy's isclose subtracts, which bool arrays refuse
+        value = value.to(torch.int64)
     array: Array = value.numpy()
     return array
