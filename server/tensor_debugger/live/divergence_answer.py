@@ -192,6 +192,9 @@ class Divergence:
     # element (of the modules `full_modules`), every one within tolerance; `changed`'s own figures among them
     full_compared: int = 0
     changed_full: ElementStats | None = None
+    # the rules by which the candidate's copies of a module paired with the reference's calls of one module called
+    # several times (engine/shared_calls.py), in words: not by name
+    shared_calls: tuple[str, ...] = ()
 
     @staticmethod
     def _earlier_in_call(f: FirstDivergence) -> str:
@@ -215,6 +218,7 @@ class Divergence:
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
         seen = self._floor_words() + self._split_words() + seen
+        seen += "".join(f" Tensors of the candidate were {rule}." for rule in self.shared_calls)
         if self.first is None:
             return self._none_found() + seen + f" {self._session_words()}: {self.location}."
         f = self.first
