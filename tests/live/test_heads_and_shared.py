@@ -169,9 +169,9 @@ def _albert(bug: bool) -> tuple[nn.Module, nn.Module, torch.Tensor]:
     )
 
     class PortEncoder(nn.Module):
-        def __init__(self, shared: nn.Module) -> None:
+        def __init__(self, shared: Any) -> None:
             super().__init__()
-            self.embedding_hidden_mapping_in = copy.deepcopy(shared.embedding_hidden_mapping_in)
+            self.embedding_hidden_mapping_in: nn.Module = copy.deepcopy(shared.embedding_hidden_mapping_in)
             self.layers = nn.ModuleList([copy.deepcopy(shared.albert_layer_groups[0]) for _ in range(LAYERS)])
 
         def forward(self, hidden_states: torch.Tensor, attention_mask: Any = None, **kwargs: Any) -> Any:
