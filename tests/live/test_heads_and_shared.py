@@ -100,6 +100,7 @@ class Model(nn.Module):
         ("turn", "keys", "getitem#8", "where part 2 was due"),
         ("after", "scaled", "mul#1", "The first that equals none of them is"),
     ],
+    ids=["rolled", "strided", "turn", "after"],
 )
 def test_a_loop_over_heads_names_the_first_op_no_slice_of_the_batched_op_explains(
     settings: Settings, bug: str, marker: str, op: str, words: str
