@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 import numpy as np
 import torch
 
-from tensor_debugger.engine.head_slices import Array, HeadSlices, relate
+from tensor_debugger.engine.head_slices import BUDGET, Array, HeadSlices, relate, slices_between
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.fold64 import dtype_name
 
@@ -38,8 +38,21 @@ def slices_inside(
     inside = (call_a + "/",) if "#" in call_a else (call_a + "/", call_a + ".")
     recorded = list(kept[0])
     upto = recorded[: recorded.index(before[0]) + 1] if before[0] in kept[0] else recorded
-    theirs = [n for n in upto if n.startswith(inside)]
-    if not theirs:
+    # only the candidate's ops up to the budget of elements compared (each is compared whole at least once), and
+    # only the reference's tensors whose shapes relate to one of theirs, are converted to float64
+    held, budget = [], BUDGET
+    for n in ours:
+        budget -= kept[1][n].numel()
+        if budget < 0:
+            break
+        held.append(n)
+    shapes = {tuple(kept[1][n].shape) for n in held}
+    theirs = [
+        n
+        for n in upto
+        if n.startswith(inside) and any(slices_between(n, tuple(kept[0][n].shape), shape) for shape in shapes)
+    ]
+    if not theirs or not held:
         return None
     tolerance = tolerance_of(_floating(kept[0], theirs), _floating(kept[1], ours))
 
@@ -48,7 +61,7 @@ def slices_inside(
 
     return relate(
         [(n, _array(kept[0][n])) for n in theirs],
-        [(n, _array(kept[1][n])) for n in ours],
+        [(n, _array(kept[1][n])) for n in held],
         close,
     )
 
