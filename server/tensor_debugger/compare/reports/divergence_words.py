@@ -5,6 +5,7 @@ _verdict.html, through the session's `FirstDivergence`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from tensor_debugger.compare.reports.compare_report import (
     CrossedOps,
@@ -14,7 +15,9 @@ from tensor_debugger.compare.reports.compare_report import (
     RecordedEarly,
 )
 from tensor_debugger.engine.capture_order import module_of
-from tensor_debugger.engine.head_slices import HeadSlices, Slice
+
+if TYPE_CHECKING:  # the CLI's `compare` imports these words without numpy (engine/head_slices.py imports it)
+    from tensor_debugger.engine.head_slices import HeadSlices, Slice
 
 LISTED = 5  # the pairs of crossed ops named in words, the first; the tensors recorded early, the last
 
