@@ -56,7 +56,7 @@ import torch
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
 from tensor_debugger.engine.capture_order import held_before, holds_one_value
 from tensor_debugger.engine.lowered import Recorded, lowered
-from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
+from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpPairing, OpTensor, out_of_step, pair_ops
 from tensor_debugger.engine.pairing import (
     parameter_key,
     parameter_strategy,
@@ -64,6 +64,7 @@ from tensor_debugger.engine.pairing import (
     position_matches,
     unique_matches,
 )
+from tensor_debugger.engine.shared_calls import shared_calls
 from tensor_debugger.engine.summary_compare import (
     Sketch,
     SketchVerdict,
@@ -118,6 +119,7 @@ from tensor_debugger.live.precision_floor import (
 from tensor_debugger.live.recorder import HeldRun, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
 from tensor_debugger.live.session_name import free_session
+from tensor_debugger.live.slices_inside import inside_lines, slices_inside
 from tensor_debugger.live.state_differences import StateDifference, differing_state, state_words
 
 
@@ -515,15 +517,24 @@ def _find(
     # side's alone, and the calls after it face their true counterparts; the rest pair by name. Ops of one name and
     # shape the alignment pairs by position are checked by their summaries: computed in another order (k before q),
     # they pair by content
-    ops = pair_ops(
-        [OpTensor(n, tuple(s.shape), s.dtype) for n, s in ref.summaries.items()],
-        [OpTensor(n, tuple(s.shape), s.dtype) for n, s in cand.summaries.items()],
-        lambda a, b: sketch_likeness(
-            ref.summaries[a], cand.summaries[b], tolerance(ref.summaries[a], cand.summaries[b])
+    # one module called N times in the reference (ALBERT's layer group) against N copies in the candidate, each
+    # called once, in order: the candidate's names read as the reference's calls (engine/shared_calls.py), said
+    as_called, shared = _shared_calls(ref.summaries, cand.summaries, root_a, root_b)
+    real = {v: k for k, v in as_called.items()}
+    ops = _real_names(
+        pair_ops(
+            [OpTensor(n, tuple(s.shape), s.dtype) for n, s in ref.summaries.items()],
+            [OpTensor(as_called.get(n, n), tuple(s.shape), s.dtype) for n, s in cand.summaries.items()],
+            lambda a, b: sketch_likeness(
+                ref.summaries[a],
+                cand.summaries[real.get(b, b)],
+                tolerance(ref.summaries[a], cand.summaries[real.get(b, b)]),
+            ),
         ),
+        real,
     )
     decided = {*ops.alone_b, *(b for _, b in ops.pairs)}
-    theirs = {_key(name, root_b): name for name in cand.summaries if name not in decided}
+    theirs = {_key(as_called.get(name, name), root_b): name for name in cand.summaries if name not in decided}
     for name in ops.alone_a:
         theirs.pop(_key(name, root_a), None)
     theirs |= {_key(a, root_a): b for a, b in ops.pairs}
@@ -535,7 +546,8 @@ def _find(
     # different kinds: an additive float mask against a bool one)
     # And a module's inputs and outputs of other shapes where one side calls that module more often (a block run
     # row by row against one call on the batch): its calls face none of each other's
-    calls_a, calls_b = _module_calls(ref.summaries, root_a), _module_calls(cand.summaries, root_b)
+    calls_a = _module_calls(ref.summaries, root_a)
+    calls_b = _module_calls({as_called.get(n, n): s for n, s in cand.summaries.items()}, root_b)
     split: dict[str, tuple[int, int]] = {}
     for name in list(ref.summaries):
         other = theirs.get(_key(name, root_a))
@@ -634,6 +646,7 @@ def _find(
             floor_region=floor.region if floor is not None else (),
             floor_widened=widened if floor is not None else None,
             lowered_first=lowered_first,
+            shared_calls=shared,
         )
 
     # 2. each model again: full values of the modules wanted, and the hash of every tensor up to the last of
@@ -675,14 +688,16 @@ def _find(
         (reference, "the reference", ref.summaries, name, ref_lines),
         (candidate, "the candidate", cand.summaries, other, cand_lines),
     ):
-        last = _last_wanted(summaries, snippet.modules, _root_name(model), divergent)
+        # the candidate's copies of a shared module's calls (`_shared_calls`) are recorded by their own names
+        patterns = snippet.modules if model is reference else _as_copies(snippet.modules, as_called)
+        last = _last_wanted(summaries, patterns, _root_name(model), divergent)
         until = later_of(list(summaries), last, divergent)
         with (
             record(
                 model,
                 level=level,
                 values="full",
-                modules=list(snippet.modules),
+                modules=list(patterns),
                 last=last,
                 hashes=True,
                 hash_until=until,
@@ -801,6 +816,7 @@ def _find(
             floor_region=floor.region if floor is not None else (),
             floor_widened=widened if floor is not None else None,
             lowered_first=lowered_first,
+            shared_calls=shared,
             full_compared=len(judged),
             changed_full=full_of.get(changed) if changed is not None else None,
         )
@@ -834,6 +850,11 @@ def _find(
             second_runs.append((held, label, role))
         culprits += named(own)
     ours = {theirs[k] for k in paired}  # the candidate's tensors paired
+    # inside the first divergence's module call, the candidate's ops without partner (a loop over heads against
+    # one batched op) checked by values against slices of the reference's tensors there
+    inside = slices_inside(
+        (module, other_module), (kept["a"], kept["b"]), list(cand.summaries), (name, other), ours, tolerance_of
+    )
     found = FirstDivergence(
         name,
         other,
@@ -868,6 +889,8 @@ def _find(
         by_full=name != summary_first,
         summary_first=summary_first if name != summary_first else None,
         first_changed_full=full_of.get(changed) if changed is not None and changed != name else None,
+        inside=inside,
+        inside_lines=inside_lines(inside, ref_lines, cand_lines),
     )
     return Divergence(
         session,
@@ -894,6 +917,7 @@ def _find(
         floor_region=floor.region if floor is not None else (),
         floor_widened=widened if floor is not None else None,
         lowered_first=lowered_first,
+        shared_calls=shared,
         own_errors=own,
         state=(module, other_module, state) if state else None,
         outputs_agree=bool(model_outputs) and all(model_outputs),
@@ -1088,6 +1112,45 @@ def _parameter_partners(
     named_a, named_b = {a for a, _ in by_name}, {b for _, b in by_name}
     left, right = [n for n in ours if n not in named_a], [n for n in others if n not in named_b]
     return by_name + position_matches(left, right, placed(ref), placed(cand))
+
+
+def _shared_calls(
+    ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str
+) -> tuple[dict[str, str], tuple[str, ...]]:
+    """The candidate's names read as the reference's calls of a module it calls several times where the candidate
+    holds one copy per call (engine/shared_calls.py), each keeping the candidate's class name, and the rules
+    applied, in words."""
+    renamed, rules = shared_calls([_key(n, root_a) for n in ours], [_key(n, root_b) for n in others])
+    as_called = {n: root_b + renamed[_key(n, root_b)] for n in others if _key(n, root_b) in renamed}
+    return as_called, tuple(rule.words() for rule in rules)
+
+
+def _as_copies(patterns: Sequence[str], as_called: Mapping[str, str]) -> tuple[str, ...]:
+    """`patterns` (module globs of the second pass, the reference's names) and the candidate's own module paths
+    whose names read as the reference's calls (`_shared_calls`) match one of them."""
+    extra = {
+        _path_of(name): None
+        for name, called in as_called.items()
+        if any(fnmatch.fnmatchcase(_path_of(called), p) for p in patterns)
+    }
+    return (*patterns, *extra)
+
+
+def _path_of(name: str) -> str:
+    """A tensor's module path without the model's class name, nor a call's `#n`."""
+    return re.sub(r"#\d+$", "", module_of(name)).partition(".")[2]
+
+
+def _real_names(found: OpPairing, real: Mapping[str, str]) -> OpPairing:
+    """`found` with the candidate's names read as the reference's calls (`_shared_calls`) put back."""
+    if not real:
+        return found
+    return OpPairing(
+        [(a, real.get(b, b)) for a, b in found.pairs],
+        found.alone_a,
+        [real.get(b, b) for b in found.alone_b],
+        {(a, real.get(b, b)): how for (a, b), how in found.settled.items()},
+    )
 
 
 def _module_calls(summaries: Mapping[str, Sketch], root: str) -> dict[str, int]:

@@ -15,9 +15,11 @@ from tensor_debugger.compare.reports.divergence_words import (
     early_words,
     holds_words,
     lowered_clause,
+    slices_words,
     tensors,
 )
 from tensor_debugger.compare.reports.noise import NOISE_FACTOR
+from tensor_debugger.engine.head_slices import HeadSlices
 from tensor_debugger.engine.summary_compare import SketchVerdict
 from tensor_debugger.live.capture_names import is_module_input, module_of
 from tensor_debugger.live.own_error import OwnError
@@ -102,6 +104,12 @@ class FirstDivergence:
     summary_first: str | None = None
     # `first_changed`'s pair from full values, where the second pass recorded it (None where it did not)
     first_changed_full: ElementStats | None = None
+    # inside its module call, the candidate's ops before it that paired with none of the reference's (a loop over
+    # heads against one batched op), checked by values against slices of the reference's tensors there
+    # (live/slices_inside.py); None where there were none, or no full values of them
+    inside: HeadSlices | None = None
+    # the lines that made the tensors `inside` names: the reference's, the candidate's (name, "<file>:<line>")
+    inside_lines: tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = ((), ())
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,9 @@ class Divergence:
     # element (of the modules `full_modules`), every one within tolerance; `changed`'s own figures among them
     full_compared: int = 0
     changed_full: ElementStats | None = None
+    # the rules by which the candidate's copies of a module paired with the reference's calls of one module called
+    # several times (engine/shared_calls.py), in words: not by name
+    shared_calls: tuple[str, ...] = ()
 
     @staticmethod
     def _earlier_in_call(f: FirstDivergence) -> str:
@@ -212,6 +223,7 @@ class Divergence:
     def words(self) -> str:
         seen = f" What the captures could not see: {'; '.join(self.notes)}." if self.notes else ""
         seen = self._floor_words() + self._split_words() + seen
+        seen += "".join(f" Tensors of the candidate were {rule}." for rule in self.shared_calls)
         if self.first is None:
             return self._none_found() + seen + f" {self._session_words()}: {self.location}."
         f = self.first
@@ -253,6 +265,8 @@ class Divergence:
                 hidden = len(extra) - len(shown)
                 more = f"{hidden} more {tensors(hidden)} and then " if hidden > 0 else ""
                 text += f" Just before it, the {side} recorded {more}{listed}, which paired with none of the {other}'s."
+        if f.inside is not None:
+            text += " " + slices_words(f.module, f.inside, *(dict(lines) for lines in f.inside_lines))
         if f.candidate_early_before:
             text += " " + early_words([RecordedEarly(*e) for e in f.candidate_early_before])
         if f.crossed_before:

@@ -4,7 +4,8 @@ _verdict.html, through the session's `FirstDivergence`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from tensor_debugger.compare.reports.compare_report import (
     CrossedOps,
@@ -14,6 +15,9 @@ from tensor_debugger.compare.reports.compare_report import (
     RecordedEarly,
 )
 from tensor_debugger.engine.capture_order import module_of
+
+if TYPE_CHECKING:  # the CLI's `compare` imports these words without numpy (engine/head_slices.py imports it)
+    from tensor_debugger.engine.head_slices import HeadSlices, Slice
 
 LISTED = 5  # the pairs of crossed ops named in words, the first; the tensors recorded early, the last
 
@@ -146,3 +150,56 @@ def checks_words(name: str, checks: Sequence[ModelCheck], dtype: str | None = No
         "What needs the two models, find_divergence(reference, candidate, inputs) can check, and this session "
         f"cannot: {'; '.join(what[c] for c in checks)}."
     )
+
+
+def slices_words(
+    module: str, found: HeadSlices, reference_lines: Mapping[str, str], candidate_lines: Mapping[str, str]
+) -> str:
+    """What relating the candidate's ops without partner in `module` to slices of the reference's tensors found
+    (engine/head_slices.py), each tensor with its line where one is known: a relation found by values, said so."""
+    checked = len(found.matched) + len(found.unrelated) + (found.first is not None)
+    text = (
+        f"Inside {module}, {checked} of the candidate's ops before it that paired with none of the reference's were "
+        f"compared in order, by values, with {found.compared} slices of the reference's tensors of related shapes"
+    )
+    if found.matched:
+        last = found.matched[-_SHOWN:]
+        said = "; ".join(
+            f"{_at(m.candidate, candidate_lines.get(m.candidate, ''))} equals {_slice_at(m.slice, reference_lines)}"
+            for m in last
+        )
+        more = f"the last {len(last)}: " if len(found.matched) > len(last) else ""
+        text += f": {len(found.matched)} equal one ({more}{said})"
+    if found.unrelated:
+        text += f"; {len(found.unrelated)} related to none by shape (not compared)"
+    f = found.first
+    if f is None:
+        ended = " (the comparisons' budget ran out before every op was checked)" if found.cut else ""
+        return text + f"; none of them differs{ended}."
+    op = _at(f.candidate, candidate_lines.get(f.candidate, ""))
+    if f.layout and f.slice is not None:
+        return (
+            text + f". The first taken another way is {op}: it equals {_slice_at(f.slice, reference_lines)}, a "
+            "slice of a layout none of the earlier ops of its function and shape equal (a strided slice where "
+            "they took blocks, or another dimension?). The divergence may begin there."
+        )
+    if f.due is not None and f.slice is not None:
+        return (
+            text + f". The first out of turn is {op}: it equals {_slice_at(f.slice, reference_lines)}, where part "
+            f"{f.due} was due after the ops of its kind before it: a slice taken for another part? The divergence "
+            "may begin there."
+        )
+    nearest = (
+        f" (the nearest: {_slice_at(f.slice, reference_lines)}, max |diff| {f.max_abs_diff:.4g})"
+        if f.slice is not None and f.max_abs_diff is not None
+        else ""
+    )
+    return text + f". The first that equals none of them is {op}{nearest}: the divergence may begin there."
+
+
+_SHOWN = 3  # the candidate's ops equal to a slice named in words, the last before the first that is not
+
+
+def _slice_at(piece: Slice, lines: Mapping[str, str]) -> str:
+    at = lines.get(piece.reference, "")
+    return f"the reference's {piece.words()}" + (f" (made at {at})" if at else "")
