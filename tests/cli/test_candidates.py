@@ -34,6 +34,7 @@ ON_VALUES: dict[str, object] = {
     "order_note": None,
     "paired_by": None,
     "candidate_name": None,
+    "not_compared_before": [],
 }  # judged on element values, not on summaries
 
 
@@ -75,6 +76,7 @@ def check_payload(out: dict[str, object]) -> None:
         "order_note": None,
         "paired_by": None,
         "candidate_name": None,
+        "not_compared_before": [],
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},

@@ -207,10 +207,10 @@ def test_the_next_capture_of_several_calls_says_it_runs_one_forward_and_runs_as_
     assert "the first divergence is in its call 2 (Step#2)" in said, said
     assert "This snippet runs ONE forward of each model on `inputs`" in said, said
     assert "modules='cache*' it records are named as the first call's (Step...)" in said, said
-    assert python.count("    reference(*inputs)") == python.count("    candidate(*inputs)") == 1, python
+    assert python.count("    reference(inputs)") == python.count("    candidate(inputs)") == 1, python
 
     # as printed: one forward of each model, the tensors of `cache` named as a first call's
-    exec(python, {"reference": Step(False).eval(), "candidate": Step(True).eval(), "inputs": (STEPS[0],)})
+    exec(python, {"reference": Step(False).eval(), "candidate": Step(True).eval(), "inputs": STEPS[0]})
     services = open_services(settings)
     try:
         with services.sessions() as db:
@@ -241,4 +241,7 @@ def test_the_next_capture_of_one_call_says_nothing_of_calls(tmp_path: Path) -> N
     assert report.first_divergence is not None and report.first_divergence.basis == "summary"
     typed = compare_report(1, "steps", "http://127.0.0.1/sessions/1", report, [])
     assert typed.next_capture is not None
-    assert not any(line.startswith("#") for line in typed.next_capture.python.splitlines()), typed.next_capture
+    said = [line for line in typed.next_capture.python.splitlines() if line.startswith("#")]
+    # what `inputs` must hold, and nothing of calls
+    given = "# inputs: the model's one positional argument (a tensor), as the runs compared called the model (Step)"
+    assert said == [given]

@@ -54,23 +54,23 @@ def test_find_divergences_next_capture_compares_the_new_candidate_run_with_the_n
     settings: Settings,
 ) -> None:
     """find_divergence stores "candidate (full)" compared against "reference (full)"; its snippet's candidate run
-    was compared against the session's reference (its summaries). Run as printed, "candidate (full, again)" is
-    compared against "reference (full, again)", element by element, and fails where find_divergence's answer
+    was compared against the session's reference (its summaries). Run as printed, "candidate (full, 2)" is
+    compared against "reference (full, 2)", element by element, and fails where find_divergence's answer
     did."""
     found = find_divergence(
         Net().eval(), Net("qkv", "k").eval(), (x_input(),), session="again", data_dir=settings.data_dir
     )
     assert found.first is not None and found.next_capture is not None
-    assert "run='candidate (full, again)'" in found.next_capture
-    assert "against='reference (full, again)'" in found.next_capture
+    assert "run='candidate (full, 2)'" in found.next_capture
+    assert "against='reference (full, 2)'" in found.next_capture
     exec(found.next_capture, {"reference": Net().eval(), "candidate": Net("qkv", "k").eval(), "inputs": (x_input(),)})
     runs = runs_of(settings, "again")
-    assert runs["candidate (full, again)"][1] == runs["reference (full, again)"][0], runs
-    assert runs["reference (full, again)"][1] is None  # against the reference, as "reference (full)" is
+    assert runs["candidate (full, 2)"][1] == runs["reference (full, 2)"][0], runs
+    assert runs["reference (full, 2)"][1] is None  # against the reference, as "reference (full)" is
     report = compared(settings, "again", modules=True)
-    against, status, element_wise = full_pair(report, runs["candidate (full, again)"][0], found.first.reference)
-    assert (against, status, element_wise) == (runs["reference (full, again)"][0], "fail", True)
-    again = next(c for c in report.candidates if c.label == "candidate (full, again)")
+    against, status, element_wise = full_pair(report, runs["candidate (full, 2)"][0], found.first.reference)
+    assert (against, status, element_wise) == (runs["reference (full, 2)"][0], "fail", True)
+    again = next(c for c in report.candidates if c.label == "candidate (full, 2)")
     assert again.first_divergence is not None and again.first_divergence.name == found.first.reference
 
 
@@ -99,7 +99,7 @@ def test_a_sessions_next_capture_compares_the_diverging_module_on_full_values_on
     python = typed.next_capture.python
     assert "run='reference (full)'" in python and "run='candidate (full)'" in python, python
     assert "against='reference (full)')" in python, python
-    models = {"reference": Net().eval(), "candidate": Net("qkv", "q").eval(), "inputs": (x,)}
+    models = {"reference": Net().eval(), "candidate": Net("qkv", "q").eval(), "inputs": x}
     exec(python, dict(models))
     runs = runs_of(settings, "ports")
     assert runs["candidate (full)"][1] == runs["reference (full)"][0] and runs["reference (full)"][1] is None, runs
@@ -152,7 +152,7 @@ def test_compares_next_capture_follows_a_candidate_compared_against_another_run(
     python = typed.next_capture.python
     assert "run='early (full)'" in python and "against='early')" in python, python
     assert "run='late (full)'" in python and "against='early (full)')" in python, python
-    exec(python, {"reference": Net().eval(), "candidate": Net("qkv", "k").eval(), "inputs": (x,)})
+    exec(python, {"reference": Net().eval(), "candidate": Net("qkv", "k").eval(), "inputs": x})
     runs = runs_of(settings, "versions")
     assert runs["early (full)"][1] == runs["early"][0] and runs["late (full)"][1] == runs["early (full)"][0], runs
     report = compared(settings, session_id, modules=True)
@@ -186,7 +186,9 @@ def test_the_session_page_gives_the_next_capture_into_its_server_and_it_runs_as_
     assert found is not None, page
     python = html.unescape(found[1])
     assert f"server={shared_server.url!r}" in python and "against='early (full)')" in python, python
-    exec(python, {"reference": Net().eval(), "candidate": Net("qkv", "k").eval(), "inputs": (x,)})
+    # the model was called with one tensor: passed as one argument, never unpacked along its first dimension
+    assert "# inputs: the model's one positional argument (a tensor)" in python and "    reference(inputs)" in python
+    exec(python, {"reference": Net().eval(), "candidate": Net("qkv", "k").eval(), "inputs": x})
     runs = {
         r["label"]: r
         for r in http.get(f"{shared_server.url}/api/sessions/{session_id}", headers=shared_server.auth).json()["runs"]

@@ -160,7 +160,7 @@ def test_the_next_capture_runs_as_printed_for_one_tensor_and_for_keyword_inputs_
                 ).all()
         finally:
             services.close()
-        assert sorted(labels) == sorted([*found.runs, "reference (full, again)", "candidate (full, again)"])
+        assert sorted(labels) == sorted([*found.runs, "reference (full, 2)", "candidate (full, 2)"])
 
 
 @pytest.mark.parametrize("values", ["summary", "full"])

@@ -396,6 +396,10 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
             else f"{len(before)} reference tensors before it were"
         )
         print(f"{lead}{tensors} not compared (no partner in the candidate): {names_of(before)}")
+    unjudged = first.not_compared_before if first else []
+    if unjudged:
+        pairs = "1 pair before it was" if len(unjudged) == 1 else f"{len(unjudged)} pairs before it were"
+        print(f"{lead}{pairs} not compared: {names_of(unjudged)}: the divergence may have begun there")
     extra = first.candidate_only_before if first else []
     if extra:
         print(f"{lead}before it, the candidate recorded what the reference did not: {names_of(extra)}")
@@ -415,10 +419,11 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
                 print(f"{lead}{words}")
 
 
-def _reshaped(report: CompareReport, name: str) -> bool:
+def _reshaped(report: CompareReport, name: str, label: str | None = None) -> bool:
     """Whether a first divergence is a module's output of another shape (its pair incomparable: the kind said with
-    its shapes, not again as not compared), not a failing pair."""
-    pairs = [p for p in report.pairs if p.name == name]
+    its shapes, not again as not compared), not a failing pair. `label`: the candidate whose first divergence it is
+    (another candidate's incomparable pair of that name is not it); None: a session of one candidate."""
+    pairs = [p for p in report.pairs if p.name == name and (label is None or p.candidate == label)]
     return any(p.status == "incomparable" and p.a.shape != p.b.shape for p in pairs)
 
 
@@ -452,8 +457,8 @@ def print_not_compared(report: CompareReport) -> None:
         )
     # a first divergence of another shape (incomparable) was said with its shapes: not again as not compared
     # (once per candidate's first divergence: another candidate's pair of the same name that errored is still said)
-    firsts = list(report.first_divergences.values()) if report.first_divergences else [report.first_divergence]
-    named = Counter(d.name for d in firsts if d is not None and _reshaped(report, d.name))
+    firsts = list(report.first_divergences.items()) if report.first_divergences else [(None, report.first_divergence)]
+    named = Counter(d.name for label, d in firsts if d is not None and _reshaped(report, d.name, label))
     left_out = []
     for name in coverage.not_compared:
         if named[name]:

@@ -395,6 +395,7 @@ def next_capture(
     calls: tuple[str, ...] = (),
     divergent_call: str = "",
     against: tuple[str | None, str | None] = (None, None),
+    given: str = "",
 ) -> NextCapture:
     """The second capture to run where a divergence was found from summaries at a tensor of the first of
     `module_paths` (the others: modules just before it, kept for their inputs). `arguments`: how each model is
@@ -404,10 +405,13 @@ def next_capture(
     `divergent_call` the one the divergence is in: the snippet runs one forward of each model, and says so at its
     top, with what that means for the modules it names. `against`: the label of the run each new run is to be compared
     against (`capture(against=)`), None for the session's reference: where the run that diverged is compared against
-    another run than the reference, the new candidate run is compared against its counterpart, not the reference."""
+    another run than the reference, the new candidate run is compared against its counterpart, not the reference.
+    `given`: what the snippet's `inputs` (or `args` and `kwargs`) must hold, a comment at its top where not ""."""
     patterns = tuple(dict.fromkeys(module_pattern(m) for m in module_paths if m))
     modules = repr(patterns[0]) if len(patterns) == 1 else repr(list(patterns))
     lines = [_one_forward(calls, divergent_call, modules)] if len(calls) > 1 else []
+    if given:
+        lines.append("\n".join(textwrap.wrap(given, 116, initial_indent="# ", subsequent_indent="# ")))
     for model, run, other in zip(("reference", "candidate"), runs, against, strict=True):
         versus = f", against={other!r}" if other is not None else ""
         lines.append(

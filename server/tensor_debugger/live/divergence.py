@@ -190,6 +190,13 @@ def _arguments(inputs: Any) -> str:
     return "*inputs" if isinstance(inputs, tuple | list) else "inputs"
 
 
+def _given_words(arguments: str) -> str:
+    """What the snippet's `inputs` is, by how `_arguments` calls a model with it."""
+    return {"**inputs": "a dict of keyword arguments", "*inputs": "a tuple of positional arguments"}.get(
+        arguments, "one tensor, the one positional argument"
+    )
+
+
 def _recorded(ours: Mapping[str, Sketch], others: Mapping[str, Sketch], root_a: str, root_b: str) -> list[Recorded]:
     """The candidate's (`others`) tensors, in its order, each with its dtype and its namesake's in the reference's
     capture (`ours`; None where none), as `engine/lowered.py`'s rule takes them."""
@@ -668,12 +675,13 @@ def _find(
         session,
         [module, *([before] if before else [])],
         arguments=arguments,
+        given=f"inputs: what find_divergence was given as `inputs` ({_given_words(arguments)})",
         # the second pass's runs are stored under "reference (full)" and "candidate (full)": run again, the snippet
         # adds two more to the session, into the same place
-        runs=("reference (full, again)", "candidate (full, again)"),
+        runs=("reference (full, 2)", "candidate (full, 2)"),
         # as "candidate (full)" is: compared against the reference's full values, element by element, not against
         # the reference's summaries
-        against=(None, "reference (full, again)"),
+        against=(None, "reference (full, 2)"),
         # the place it stores into, named even where it is the default data dir (the snippet may run elsewhere)
         where=f", server={server!r}" if server is not None else f", data_dir={_data_dir(data_dir)!r}",
     )

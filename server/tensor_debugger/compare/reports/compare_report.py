@@ -255,6 +255,9 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     find_divergence_checks: list[ModelCheck] = []
     # whether every one of the models' own outputs paired with a bit-identical one: the divergence does not reach them
     outputs_agree: bool = False
+    # the pairs before it in execution order that were not compared (incomparable, errored), each "name (why)": the
+    # divergence may have begun in one of them; [] where none, or no execution order is known
+    not_compared_before: list[str] = []
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):

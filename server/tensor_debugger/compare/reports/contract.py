@@ -107,6 +107,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         order_note=found.order_note,
         paired_by=found.paired_by,
         candidate_name=found.candidate_name,
+        not_compared_before=found.not_compared_before,
     )
 
 
@@ -192,6 +193,32 @@ def _free_label(label: str, taken: set[str]) -> str:
     return wanted
 
 
+def _call_form(report: SessionPairs, model: str | None) -> tuple[str, str]:
+    """How the next capture's snippet calls each model, as `next_capture`'s `arguments`, and what it must be given,
+    in words: from the inputs of the model's call `model` the runs compared recorded (`inputs_args_0`, ...,
+    `inputs_kwargs_<name>`), so that one tensor is passed as one argument, not unpacked along its first dimension."""
+    places = {p.place for p in report.pairs if model is not None and p.module_path == model and p.place}
+    args = sorted(int(p.removeprefix("inputs_args_")) for p in places if re.fullmatch(r"inputs_args_\d+", p))
+    keywords = sorted(p.removeprefix("inputs_kwargs_") for p in places if p.startswith("inputs_kwargs_"))
+    recorded = f"as the runs compared called the model ({model})"
+    if args and keywords:
+        return "*args, **kwargs", (
+            f"args: a tuple of the model's {_positional(len(args))}, kwargs: a dict of its keyword arguments "
+            f"({', '.join(keywords)}), {recorded}"
+        )
+    if keywords:
+        return "**inputs", f"inputs: a dict of the model's keyword arguments ({', '.join(keywords)}), {recorded}"
+    if args == [0]:
+        return "inputs", f"inputs: the model's one positional argument (a tensor), {recorded}"
+    if args:
+        return "*inputs", f"inputs: a tuple of the model's {_positional(len(args))}, {recorded}"
+    return "*inputs", "inputs: a tuple of the model's arguments (the runs compared recorded none of them)"
+
+
+def _positional(count: int) -> str:
+    return "1 positional argument" if count == 1 else f"{count} positional arguments"
+
+
 def next_capture_of(name: str, report: SessionPairs, where: str = "") -> NextCapture | None:
     """Where a divergence was found from summaries, the capture with full values that settles it, into session
     `name` (`where`: more of capture()'s keywords, as Python: ", data_dir='/data'", ", server='http://...'"): the
@@ -203,9 +230,12 @@ def next_capture_of(name: str, report: SessionPairs, where: str = "") -> NextCap
         return None
     calls = _model_calls(report)
     runs, against = _next_runs(diverged, report)
+    arguments, given = _call_form(report, calls[0] if calls else None)
     return next_capture(
         name,
         [diverged.module_path],
+        arguments=arguments,
+        given=given,
         calls=calls,
         divergent_call=_call_of(diverged, calls, report),
         runs=runs,

@@ -175,6 +175,9 @@ class FirstDivergence:
     find_divergence_checks: list[ModelCheck] = field(default_factory=list)
     # whether every one of the models' own outputs is bit-identical to the candidate's: it does not reach them
     outputs_agree: bool = False
+    # the pairs before it in execution order that were not compared (incomparable, errored, not compared yet), each
+    # "name (why)": the divergence may have begun in one of them (not said where the order is not known)
+    not_compared_before: list[str] = field(default_factory=list)
 
     @property
     def outputs_agree_words(self) -> str:
@@ -1010,7 +1013,27 @@ def _first_divergence_of(
         candidate_holds=held_before_of(db, mine[at]),
         find_divergence_checks=model_checks(mine[at], changed.name if changed is not None else None, lowered),
         outputs_agree=outputs_agree(db, mine, [u.name for u in missing if u.against_run_id == mine[at].b.run_id]),
+        not_compared_before=[
+            f"{p.name} ({_not_compared_why(p)})"
+            for p in mine[:at]
+            if p.status in _NOT_COMPARED and not passed_over(p) and _known_before(p, mine[at])
+        ],
     )
+
+
+# a pair of these statuses holds no verdict on its values: a divergence before it may have begun there
+_NOT_COMPARED = (PairStatus.INCOMPARABLE, PairStatus.ERROR, PairStatus.PENDING)
+
+
+def _not_compared_why(pair: PairReport) -> str:
+    """Why a pair before a first divergence holds no verdict, in a few words."""
+    if pair.status == PairStatus.PENDING:
+        return "not compared yet"
+    if pair.status == PairStatus.ERROR:
+        return "comparing it failed"
+    if pair.a.shape != pair.b.shape:
+        return f"incomparable: {list(pair.a.shape)} vs {list(pair.b.shape)}"
+    return "incomparable"
 
 
 def _in_execution_order(pair: PairReport) -> bool:
