@@ -13,15 +13,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 from harness import machine_line
+from numpy.typing import NDArray
 from tensor_debugger.engine.head_slices import BUDGET, relate
 
 
 def _case(
     tokens: int, heads: int = 12, width: int = 64
-) -> tuple[list[tuple[str, np.ndarray]], list[tuple[str, np.ndarray]]]:
+) -> tuple[list[tuple[str, NDArray[Any]]], list[tuple[str, NDArray[Any]]]]:
     rng = np.random.default_rng(0)
     d = heads * width
     q, k, v = (rng.standard_normal((1, tokens, d)) for _ in range(3))
@@ -32,7 +34,7 @@ def _case(
     out = weights @ vh
     reference = [("q", q), ("k", k), ("v", v), ("qh", qh), ("kh", kh), ("vh", vh), ("scores", scores)]
     reference += [("weights", weights), ("out", out), ("joined", out.transpose(0, 2, 1, 3).reshape(1, tokens, d))]
-    candidate: list[tuple[str, np.ndarray]] = []
+    candidate: list[tuple[str, NDArray[Any]]] = []
     for h in range(heads):
         s = slice(h * width, (h + 1) * width)
         candidate += [(f"a/getitem#{3 * h + 1}_outputs", q[..., s]), (f"a/getitem#{3 * h + 2}_outputs", k[..., s])]

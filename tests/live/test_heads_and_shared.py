@@ -179,7 +179,7 @@ def _albert(bug: bool) -> tuple[nn.Module, nn.Module, torch.Tensor]:
             hidden_states = self.embedding_hidden_mapping_in(hidden_states)
             for layer in self.layers:
                 hidden_states = layer(hidden_states, attention_mask, **kwargs)
-            return BaseModelOutput(last_hidden_state=hidden_states)
+            return BaseModelOutput(last_hidden_state=hidden_states)  # type: ignore[arg-type,unused-ignore]
 
     torch.manual_seed(0)
     reference = transformers.AlbertModel(config).eval()
