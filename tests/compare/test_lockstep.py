@@ -182,8 +182,9 @@ def test_a_run_ahead_of_the_other_gives_its_pair_up_and_the_answer_is_the_same(
     the store, the pairs after are in step again."""
     once, stored = two_stores
     generator = torch.Generator().manual_seed(3)
-    # a quarter of BIG a tensor (4 MiB): each of them still keeps the side ahead past its limit (`lockstep._limit`:
-    # two ingest blocks of CHUNK_BYTES chunks, 2 MiB) several times over, as BIG did, in a quarter of the ingests
+    # a quarter of BIG a tensor (4 MiB): each of them still keeps the side ahead past its limit
+    # (`lockstep_pairs.kept_limit`: two ingest blocks of CHUNK_BYTES chunks, 2 MiB) several times over, as BIG did, in
+    # a quarter of the ingests
     shape = (BIG[0] // 4, BIG[1])
     values = [torch.randn(shape, generator=generator) for _ in range(4)]
     values[1] = torch.randn(4 * shape[0], shape[1], generator=generator)  # the reference reads it while ...

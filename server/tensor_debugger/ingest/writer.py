@@ -76,8 +76,8 @@ class WritePools:
     def open(cls, threads: int, beside: bool = False) -> WritePools:
         """`beside`: another run's ingest in this process runs at the same time (`compare A B` reads both runs at
         once), its blocks there for a thread that is free first; then a run keeps one block per thread in flight, not
-        one more (two at least: a lockstep's side ahead keeps two, `compute/lockstep._limit`). Each block is a read
-        buffer of up to 16 MiB held (`BufferPool`): two runs of a compare held 8 with 2 threads, now 6."""
+        one more (two at least: a lockstep's side ahead keeps two, `compute/lockstep_pairs.kept_limit`). Each block is
+        a read buffer of up to 16 MiB held (`BufferPool`): two runs of a compare held 8 with 2 threads, now 6."""
         if threads < 1:
             raise ValueError(f"an ingest needs at least one worker thread, got {threads}")
         return cls(ThreadPoolExecutor(threads, thread_name_prefix="ingest"), max(2, threads + (0 if beside else 1)))

@@ -48,7 +48,7 @@ import re
 import warnings
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import torch
@@ -644,15 +644,7 @@ def _find(
             within,
             notes,
             empty=empty,
-            floor=floor.dtype if floor is not None else None,
-            within_floor=within_floor,
-            beyond_floor=beyond_floor,
-            floor_note=floor_note,
-            split_calls=split_calls,
-            floor_autocast=floor is not None and floor.autocast,
-            floor_region=floor.region if floor is not None else (),
-            floor_widened=widened if floor is not None else None,
-            lowered_first=lowered_first,
+            **_floor_fields(floor, within_floor, beyond_floor, floor_note, split_calls, widened, lowered_first),
             shared_calls=shared,
         )
 
@@ -815,15 +807,7 @@ def _find(
             (changed, ref_lines.get(changed) or "") if changed is not None else None,
             notes,
             empty=empty,
-            floor=floor.dtype if floor is not None else None,
-            within_floor=within_floor,
-            beyond_floor=beyond_floor,
-            floor_note=floor_note,
-            split_calls=split_calls,
-            floor_autocast=floor is not None and floor.autocast,
-            floor_region=floor.region if floor is not None else (),
-            floor_widened=widened if floor is not None else None,
-            lowered_first=lowered_first,
+            **_floor_fields(floor, within_floor, beyond_floor, floor_note, split_calls, widened, lowered_first),
             shared_calls=shared,
             full_compared=len(judged),
             changed_full=full_of.get(changed) if changed is not None else None,
@@ -915,16 +899,8 @@ def _find(
         None,
         notes,
         uncompared,
-        floor=floor.dtype if floor is not None else None,
-        within_floor=within_floor,
-        beyond_floor=beyond_floor,
-        floor_note=floor_note,
+        **_floor_fields(floor, within_floor, beyond_floor, floor_note, split_calls, widened, lowered_first),
         floored_outputs=tuple(floored_outputs),
-        split_calls=split_calls,
-        floor_autocast=floor is not None and floor.autocast,
-        floor_region=floor.region if floor is not None else (),
-        floor_widened=widened if floor is not None else None,
-        lowered_first=lowered_first,
         shared_calls=shared,
         own_errors=own,
         state=(module, other_module, state) if state else None,
@@ -937,6 +913,43 @@ def _find(
         and not all(model_outputs)
         and not any(re.match(rf"{re.escape(root_a)}_outputs", n) for n in bad),
         grown=tuple(grown),
+    )
+
+
+class _FloorFields(TypedDict):
+    """The precision floor's fields of a `Divergence` (live/divergence_answer.py says what each means)."""
+
+    floor: str | None
+    within_floor: int
+    beyond_floor: int
+    floor_note: str | None
+    split_calls: tuple[tuple[str, int, int], ...]
+    floor_autocast: bool
+    floor_region: tuple[str, ...]
+    floor_widened: str | None
+    lowered_first: tuple[str, str] | None
+
+
+def _floor_fields(
+    floor: Floor | None,
+    within: int,
+    beyond: int,
+    note: str | None,
+    split_calls: tuple[tuple[str, int, int], ...],
+    widened: str | None,
+    lowered_first: tuple[str, str] | None,
+) -> _FloorFields:
+    """What every answer of `find_divergence` says of its precision floor (`floor`, None where there is none)."""
+    return _FloorFields(
+        floor=floor.dtype if floor is not None else None,
+        within_floor=within,
+        beyond_floor=beyond,
+        floor_note=note,
+        split_calls=split_calls,
+        floor_autocast=floor is not None and floor.autocast,
+        floor_region=floor.region if floor is not None else (),
+        floor_widened=widened if floor is not None else None,
+        lowered_first=lowered_first,
     )
 
 

@@ -34,7 +34,8 @@ from tensor_debugger.compare.compute.early import (
     stored_record,
 )
 from tensor_debugger.compare.compute.in_memory_pairs import from_memory_only
-from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts
+from tensor_debugger.compare.compute.lockstep import Lockstep
+from tensor_debugger.compare.compute.lockstep_handoff import LockstepCounts
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.compute.sent_pairs import SentPairs
 from tensor_debugger.compare.context import CompareContext

@@ -16,7 +16,8 @@ from collections import Counter
 from collections.abc import Sequence
 
 from tensor_debugger.compare.compute.in_memory_pairs import InMemoryPair, replay
-from tensor_debugger.compare.compute.lockstep import Lockstep, LockstepCounts
+from tensor_debugger.compare.compute.lockstep import Lockstep
+from tensor_debugger.compare.compute.lockstep_handoff import LockstepCounts
 from tensor_debugger.compare.compute.pending import PendingPair
 from tensor_debugger.compare.context import open_context
 from tensor_debugger.engine.streaming import PairJob
