@@ -62,7 +62,8 @@ def tiny(blocks: int) -> tuple[Any, Callable[[Any], Any]]:
             h = self.norm(x)
             for _ in range(10):
                 h = torch.tanh(h * 0.5 + 1.0)
-            return x + self.lin(h)
+            out: torch.Tensor = x + self.lin(h)
+            return out
 
     class Blocks(nn.Module):
         def __init__(self) -> None:
