@@ -41,7 +41,7 @@ from tensor_debugger.ingest.stored_sketches import (
     stored_layout,
 )
 from tensor_debugger.ingest.summary import SummaryAccumulator, summarise_folded, summarise_stored
-from tensor_debugger.store.dtypes import LogicalDtype, parse_dtype
+from tensor_debugger.store.dtypes import LogicalDtype, from_torch, parse_dtype, torch_to_storage
 
 if TYPE_CHECKING:
     import torch
@@ -163,11 +163,12 @@ def reshaped(summary: Sketch, total: int, shape: tuple[int, ...], itemsize: int)
 
 
 def _host_sketch_folded(t: torch.Tensor, kind: str, kernel: Kernel) -> tuple[Sketch, int | None]:
-    from tensor_debugger.store.dtypes import from_torch, torch_to_storage
-
+    """`t`: detached, on the CPU, neither a lazy conjugate nor a negation (`fold64_sketch`, `sketch`)."""
     t = _contiguous(t)
     logical = from_torch(t.dtype)
-    array = torch_to_storage(t)  # shares `t`'s memory: no second copy
+    # `torch_to_storage(t)` of a detached contiguous CPU tensor, without its detach, copy and layout checks (a summary
+    # capture makes hundreds): shares `t`'s memory, no second copy
+    array = t.numpy() if not logical.raw_bits else torch_to_storage(t)
     flat = array.reshape(-1)
     totals = SummaryAccumulator()
     fold: int | None = None

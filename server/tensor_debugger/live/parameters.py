@@ -12,7 +12,9 @@ parameter of its name (`engine/pairing.parameter_key`, `position_key`)."""
 from __future__ import annotations
 
 import inspect
+import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -42,11 +44,32 @@ class ForwardParameters:
         return f"{KWARGS_MARK}{key}" if self.var_keyword else None
 
 
+# `forward_parameters` of a module's forward, by the function its bound `forward` calls: a bound method's signature is
+# its function's without the first parameter, whatever the instance. Read once a process (`inspect.signature` took
+# about 90 microseconds a module, 14 ms of CPU for the 151 module calls of each GPT-2 capture: bench/RESULTS.md).
+_BY_FUNCTION: weakref.WeakKeyDictionary[Any, ForwardParameters | None] = weakref.WeakKeyDictionary()
+
+
 def forward_parameters(module: torch.nn.Module) -> ForwardParameters | None:
     """The parameters of `module.forward` (through wrappers that keep `__wrapped__`); None where it has no
     signature Python can read (a builtin, a C extension's)."""
+    forward = module.forward
+    function = getattr(forward, "__func__", None) if getattr(forward, "__self__", None) is module else None
+    if function is None:  # a forward set on the instance (a partial, a lambda): read each time
+        return _parameters_of(forward)
     try:
-        signature = inspect.signature(module.forward)
+        return _BY_FUNCTION[function]
+    except KeyError:
+        pass
+    except TypeError:  # a function no weak reference can be made to
+        return _parameters_of(forward)
+    found = _BY_FUNCTION[function] = _parameters_of(forward)
+    return found
+
+
+def _parameters_of(forward: Any) -> ForwardParameters | None:
+    try:
+        signature = inspect.signature(forward)
     except (TypeError, ValueError):
         return None
     positional: list[str] = []
