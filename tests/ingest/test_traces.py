@@ -202,3 +202,40 @@ def test_a_broken_trace_json_is_named_with_its_reason(
     result = services.ingestor.ingest("broken", "ref", [InputFile(folder, "broken")])
     reasons = {p.file: p.reason for p in result.problems}
     assert any(f.endswith("_FULL_TENSORS.json") and "not a valid trace JSON" in r for f, r in reasons.items())
+
+
+def test_a_pass_on_printed_statistics_is_said_as_one(
+    services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A use_repr=True trace keeps the mean, std, min and max of each tensor to 5 digits: a bug smaller than that
+    passed with `basis: "values"` and "no divergence: 70 of 70 pairs pass", read as a verified pass. Its basis, its
+    count and its words say what it rests on; the exit code stays 0, as a pass on a capture's summaries does (no pair
+    is outside tolerance on what was compared; the words and `basis` say that was the printed statistics only)."""
+    code, out = compare(services, capsys, traces["repr"], traces["repr"])
+    assert code == 0 and out["verdict"] == "no_divergence"
+    assert out["basis"] == "statistics" and out["pairs_on_statistics"] == len(out["pairs"]) > 0
+    assert out["pairs_on_summaries"] == 0
+    run_compare(services, compare_request(traces["repr"], traces["repr"], "repr words", None, None), False)
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        f"no divergence found in the printed statistics: {len(out['pairs'])} of {len(out['pairs'])} pairs pass ("
+        in ("\n".join(lines))
+    )
+    assert not any(line.startswith("no divergence:") for line in lines), lines
+    assert "NO DIFFERENCE FOUND (statistics)" in lines[1], lines[1]
+
+
+def test_a_first_divergence_after_passes_on_printed_statistics_says_where_it_may_have_begun(
+    services: Services, traces: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pairs before a use_repr trace's first divergence passed on printed statistics only: the bug may be in one
+    of them, below the digits printed (o_proj's output passed there, and the divergence was named after it)."""
+    code, out = compare(services, capsys, traces["repr"], traces["repr_perturbed"])
+    assert code == 1
+    first = out["first_divergence"]
+    names = [p["name"] for p in out["pairs"]]
+    before = names[: names.index(first["name"])]
+    assert first["statistics_before"] == len(before) > 0, first
+    run_compare(services, compare_request(traces["repr"], traces["repr_perturbed"], "repr before", None, None), False)
+    text = capsys.readouterr().out
+    assert f"{len(before)} pairs before it were compared on printed statistics only, and passed there" in text, text

@@ -90,6 +90,7 @@ from tensor_debugger.compare.reports.pair_rows import (
     read_tensors,
 )
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull
+from tensor_debugger.compare.reports.pass_words import on_printed_statistics
 from tensor_debugger.compare.reports.progress import PairProgress
 from tensor_debugger.compare.reports.reshaped import reshaped_pairs
 from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
@@ -291,6 +292,49 @@ class SessionPairs:
         """How many pairs were judged on summaries alone (a capture with values="summary"): a pass of such a pair
         says only that no difference was found in the summary."""
         return sum(1 for p in self.pairs if summary_basis(p.summary))
+
+    @property
+    def on_statistics(self) -> int:
+        """How many pairs were judged on a use_repr=True trace's printed statistics (mean, std, min and max): a pass
+        of such a pair says only that no difference was found in those."""
+        return sum(1 for p in self.pairs if on_printed_statistics(p.summary))
+
+    @property
+    def hashes_changed(self) -> PairReport | None:
+        """Where no pair of the first candidate diverged: its first pair in execution order that passed on summaries
+        (values="summary") whose content hashes differ. Its values differ though its summaries found nothing outside
+        tolerance: not a verified pass, and full values of its module settle it. None where there is none."""
+        if self.first_divergence is not None or not self.candidates:
+            return None
+        mine = self.candidates[0].run_id
+        return next(
+            (
+                p
+                for p in self.pairs
+                if p.b.run_id == mine
+                and p.status == PairStatus.PASS
+                and p.summary is not None
+                and p.summary.on_summary
+                and p.summary.hashes_differ is True
+            ),
+            None,
+        )
+
+    def statistics_before(self, first: FirstDivergence | None) -> int:
+        """How many of `first`'s candidate's pairs before it passed on printed statistics only (0 where no execution
+        order is known, or `first` is None): the divergence may have begun in one of them, unseen."""
+        if first is None or not first.in_execution_order:
+            return 0
+        theirs = next((p for p in self.pairs if p.id == first.pair_id), None)
+        if theirs is None:
+            return 0
+        count = 0
+        for p in self.pairs:
+            if p.id == first.pair_id:
+                return count
+            if p.b.run_id == theirs.b.run_id and p.status == PairStatus.PASS and on_printed_statistics(p.summary):
+                count += 1
+        return count
 
     @property
     def by_noise(self) -> int:
