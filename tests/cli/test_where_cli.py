@@ -79,6 +79,7 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "order_note": None,
         "paired_by": None,
         "candidate_name": None,
+        "statistics_before": 0,
     }
 
     # the same session's table, from the cache, in this process

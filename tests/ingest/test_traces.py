@@ -96,6 +96,7 @@ def test_a_perturbed_mlp_weight_is_the_first_divergence_and_the_top_culprit(
         "order_note": None,
         "paired_by": None,
         "candidate_name": None,
+        "statistics_before": 0,
     }
     assert (out["basis"], out["pairs_on_summaries"], out["next_capture"]) == ("values", 0, None)
     top = out["culprits"][0]
