@@ -384,7 +384,7 @@ def _changed_by_noise(report: CompareReport, first: DivergenceSummary | None, la
     if not changed:
         return False
     return any(
-        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " "))
         for p in report.pairs
         if label is None or p.candidate == label
     )

@@ -1041,6 +1041,15 @@ def _first_divergence_of(
         extra = candidate_only_before(db, session_id, mine[at], outside)
     changed = next((p for p in mine[:at] if _changed(p) and _known_before(p, mine[at])), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
+    # pairs that differ too whose order against it is not known (two stages of a dump's layer, one not in the stage
+    # order): it is not known to be the first, so they are named beside it
+    beside = [
+        p.name
+        for p in mine[:at]
+        if changed is not None and p is not changed and _changed(p) and not _known_before(changed, p)
+    ]
+    if beside:
+        where += f" or {', '.join(beside)} (their order is not known)"
     lowered = lowered_first(db, mine[at], mine)
     return replace(
         found,

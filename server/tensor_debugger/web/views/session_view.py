@@ -526,7 +526,7 @@ def changed_by_noise(report: SessionPairs) -> bool:
     pairs = {p.id: p for p in report.pairs}
     theirs = pairs.get(first.pair_id)
     return any(
-        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " "))
         for p in report.pairs
         if theirs is None or p.b.run_id == theirs.b.run_id
     )
