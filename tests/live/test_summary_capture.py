@@ -1115,3 +1115,6 @@ def test_the_pages_of_summaries_whose_hashes_differ_say_so(shared_server: LiveSe
         pair_page = client.get(f"/pairs/{differing[0]['id']}").text
         assert "values differ (content hashes); the summaries found nothing outside tolerance" in pair_page
         assert "its content hash," not in pair_page
+        listed = client.get("/", params={"q": "one element"}).text
+        row = listed.split(f'href="/sessions/{session_id}"')[1].split("</tr>")[0]
+        assert f"values differ ({len(differing)})" in row and 'badge pass">none' not in row, row
