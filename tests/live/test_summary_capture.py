@@ -1069,8 +1069,9 @@ def _hashes_differ_session(capture_to: dict[str, Any]) -> int:
     for model, run in ((reference, "reference"), (candidate, "candidate")):
         with torch.no_grad(), capture(model, "one element", run, level="op", values="summary", **capture_to) as r:
             model(x)
-    assert r.session_id is not None
-    return r.session_id
+    session_id: int | None = r.session_id
+    assert session_id is not None
+    return session_id
 
 
 def test_summaries_that_pass_with_hashes_that_differ_are_no_verified_pass(settings: Settings) -> None:
