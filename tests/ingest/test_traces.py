@@ -192,6 +192,20 @@ def test_api_upload_of_loose_trace_files_and_values_unavailable(
         assert "element values are not available" in refused.json()["detail"]
         page = client.get(f"/pairs/{pair_id}")
         assert page.status_code == 200 and "Element values are not available" in page.text
+        session_page = client.get(f"/sessions/{session_id}").text
+        assert 'id="statistics-before"' in session_page and "compared on printed statistics only" in session_page
+        same = client.post(
+            "/api/sessions",
+            data={"name": "repr alike"},
+            files=files("reference", traces["repr"]) + files("candidate", traces["repr"]),
+        )
+        assert same.status_code == 201, same.text
+        alike = same.json()["session"]["id"]
+        judged = client.get(f"/api/sessions/{alike}/pairs").json()
+        assert judged["verdict"] == "no_divergence", judged["verdict"]
+        # a pass on printed statistics is no verified pass: no green banner, and what it rests on said
+        alike_page = client.get(f"/sessions/{alike}").text
+        assert 'class="banner pass"' not in alike_page and 'id="rests-on-statistics"' in alike_page, alike_page
 
 
 def test_a_broken_trace_json_is_named_with_its_reason(
