@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.support import loopback_http
 from tests.support.backends import BACKEND_FIXTURES, BACKENDS
@@ -35,6 +36,7 @@ ON_VALUES: dict[str, object] = {
     "paired_by": None,
     "candidate_name": None,
     "not_compared_before": [],
+    "statistics_before": 0,
 }  # judged on element values, not on summaries
 
 
@@ -77,6 +79,7 @@ def check_payload(out: dict[str, object]) -> None:
         "paired_by": None,
         "candidate_name": None,
         "not_compared_before": [],
+        "statistics_before": 0,
     }
     assert out["first_divergences"] == {
         "c1": {"name": "2_attn", "layer": 2, "stage": "attn", "where": [], "unmatched_before": [], **ON_VALUES},
@@ -162,3 +165,32 @@ def test_a_candidate_that_compared_less_does_not_borrow_anothers_no_divergence(t
     lines = done.stdout.splitlines()
     assert "c1: no divergence: 8 of 8 pairs pass" in lines, done.stdout
     assert "c2: no divergence among the pairs compared: 6 of 6 pairs pass, 6 of 8 reference tensors compared" in lines
+
+
+def test_a_candidate_that_compared_nothing_is_no_divergence_nowhere(
+    shared_server: LiveServer, runs: dict[str, Path], tmp_path: Path
+) -> None:
+    """`compare ref c1 c9`, c9's tensors all of another shape (every pair incomparable): the CLI said "c9: nothing
+    was compared: 0 of 8 pairs compared" and the page's side-by-side list "c9: no divergence". The page says what the
+    CLI says."""
+    other = tmp_path / "c9"
+    other.mkdir()
+    for layer in range(4):
+        for stage in ("attn", "mlp"):
+            torch.save(
+                torch.randn(5, 3, generator=torch.Generator().manual_seed(layer)), other / f"{layer}_{stage}.pth"
+            )
+    data = str(shared_server.data_dir)
+    given = (str(runs["ref"]), str(runs["c3"]), str(other))
+    done = main_cli("--data-dir", data, "compare", *given, "--name", "nothing compared")
+    assert "c9: nothing was compared: 0 of 8 pairs compared" in done.stdout.splitlines(), done.stdout
+    found = re.search(r"/sessions/(\d+)", done.stdout)
+    assert found is not None, done.stdout
+    session_id = int(found.group(1))
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth, timeout=30)
+    section = page.text.split('aria-label="Candidates"')[1].split("</section>")[0]
+    item = re.search(r"c9</span>: (.*?)</li>", section, re.S)
+    assert item is not None, section
+    assert "nothing was compared: 0 of 8 pairs compared" in item.group(1), item.group(1)
+    assert "no divergence" not in item.group(1)
+    assert 'c3</span>: <span class="candidate-verdict">no divergence: 8 of 8 pairs pass</span>' in section, section

@@ -175,6 +175,23 @@ def test_one_failing_stage_of_unknown_order_in_its_layer_is_still_first(tmp_path
             assert [c["name"] for c in culprits] == ["2_hidden"] and culprits[0]["paired_by"] is None
 
 
+def test_the_first_changed_tensor_names_those_whose_order_against_it_is_not_known(tmp_path: Path) -> None:
+    """Layer 0's `query` and `attn_in` both changed within tolerance, layer 1's `query` fails: `attn_in` is in no
+    known stage order, so whether `query` changed first is not known. The answer named `0_query` alone as "the first
+    tensor whose values differ at all"; it names both."""
+    rng = np.random.default_rng(5)
+    names = [f"{n}_{s}" for n in range(2) for s in ("attn_in", "query", "key")]
+    reference = {name: rng.standard_normal((4, 8)).astype(np.float32) for name in names}
+    candidate = dict(reference)
+    for name in ("0_attn_in", "0_query"):
+        candidate[name] = reference[name] + np.float32(1e-6)
+    candidate["1_query"] = reference["1_query"] * np.float32(1.5)
+    out = compare_json(tmp_path / "data", *dumps(tmp_path, reference, candidate))
+    first = out["first_divergence"]
+    assert isinstance(first, dict) and first["name"] == "1_query", first
+    assert first["first_changed"] == "0_query or 0_attn_in (their order is not known)", first
+
+
 def test_a_pair_guessed_by_shape_is_named_a_guess(tmp_path: Path) -> None:
     """The reference's `0_query` has no partner by name; the candidate's `0_rotary_cos`, of its shape, was paired by
     shape: a guess, which the first divergence says, with the candidate's tensor."""

@@ -80,6 +80,7 @@ def test_where_in_json_and_the_first_divergence_line(runs: tuple[Path, Path], tm
         "paired_by": None,
         "candidate_name": None,
         "not_compared_before": [],
+        "statistics_before": 0,
     }
 
     # the same session's table, from the cache, in this process

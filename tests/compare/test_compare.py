@@ -97,6 +97,7 @@ def test_compare_finds_the_planted_first_divergence(
         "paired_by": None,
         "candidate_name": None,
         "not_compared_before": [],
+        "statistics_before": 0,
     }
     first = next(p for p in out["pairs"] if p["name"] == "1_post_attn")
     assert first["status"] == "fail" and first["stats"]["argmax"] == [3, 7]

@@ -1029,3 +1029,93 @@ def test_an_unknown_values_mode_is_refused(settings: Settings) -> None:
         capture(reference, "v", "r", data_dir=settings.data_dir, values="bytes"),
     ):
         reference(x_input())
+
+
+class _OneElement(nn.Module):
+    """A linear layer then ReLU; `bug`: one element of its output 0.01 larger (a change the summaries' tolerance
+    lets pass, though the content hashes differ)."""
+
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.bug = bug
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        if self.bug:
+            y = y.clone()
+            y[0, 3, 7] += 0.01
+        return torch.relu(y)
+
+
+class _Layers(nn.Module):
+    def __init__(self, bug: bool) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_OneElement(bug and n == 1) for n in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _hashes_differ_session(capture_to: dict[str, Any]) -> int:
+    """Two summary captures of _Layers, the candidate with its one-element change: the session's id."""
+    torch.manual_seed(0)
+    reference = _Layers(False).eval()
+    candidate = _Layers(True).eval()
+    candidate.load_state_dict(reference.state_dict())
+    x = torch.randn(4, 64, 64)  # drawn after the models, as the auditor's script did: the changed element is > 0
+    for model, run in ((reference, "reference"), (candidate, "candidate")):
+        with torch.no_grad(), capture(model, "one element", run, level="op", values="summary", **capture_to) as r:
+            model(x)
+    session_id: int | None = r.session_id
+    assert session_id is not None
+    return session_id
+
+
+def test_summaries_that_pass_with_hashes_that_differ_are_no_verified_pass(settings: Settings) -> None:
+    """Every pair passed on summaries, nine of them with content hashes that differ: the session page was green,
+    "no difference was found in their hashes", and no next capture was offered. The CLI's words, the JSON and the
+    page say that values differ from the first such pair on, and offer the full values of its module."""
+    session_id = _hashes_differ_session({"data_dir": settings.data_dir})
+    report = compared(settings, session_id, modules=True)
+    assert report.first_divergence is None
+    changed = report.hashes_changed
+    assert changed is not None and changed.name == "_Layers.layers.1/relu#1_outputs", [
+        (p.name, p.summary) for p in report.pairs
+    ]
+    typed = compare_report(session_id, "one element", "http://x/sessions/1", report, [])
+    payload = to_json(typed)
+    assert payload["verdict"] == "no_divergence" and payload["first_changed"] == changed.name
+    assert payload["next_capture"] is not None and 'values="full"' in payload["next_capture"]["python"]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        print_table(typed)
+    out = printed.getvalue()
+    assert f"values differ (content hashes) from {changed.name} on; the summaries found nothing outside" in out, out
+    assert "next capture, full values of that module" in out, out
+
+
+def test_the_pages_of_summaries_whose_hashes_differ_say_so(shared_server: LiveServer) -> None:
+    session_id = _hashes_differ_session({"server": shared_server.url})
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        report: dict[str, Any] = wait_until(
+            lambda: client.get(f"/api/sessions/{session_id}/pairs").json(),
+            until=lambda got: got["pairs"] and not got["progress"]["pending"],
+            what="the captured session's pairs to be judged",
+            timeout=120,
+            interval=0.03,
+        )
+        differing = [p for p in report["pairs"] if p["summary"] and p["summary"].get("hashes_differ")]
+        assert differing and all(p["status"] == "pass" for p in differing)
+        page = client.get(f"/sessions/{session_id}").text
+        assert 'class="banner pass"' not in page, page
+        assert f'values differ (content hashes) from <a href="/pairs/{differing[0]["id"]}">' in page, page
+        assert 'id="next-capture"' in page and "where values differ (content hashes)" in page
+        pair_page = client.get(f"/pairs/{differing[0]['id']}").text
+        assert "values differ (content hashes); the summaries found nothing outside tolerance" in pair_page
+        assert "its content hash," not in pair_page
+        listed = client.get("/", params={"q": "one element"}).text
+        row = listed.split(f'href="/sessions/{session_id}"')[1].split("</tr>")[0]
+        assert f"values differ ({len(differing)})" in row and 'badge pass">none' not in row, row

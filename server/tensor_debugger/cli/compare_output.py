@@ -47,6 +47,13 @@ from tensor_debugger.compare.reports.formatting import (
     source_words,
 )
 from tensor_debugger.compare.reports.guessed_pairs import guess_words
+from tensor_debugger.compare.reports.pass_words import (
+    PassBasis,
+    hashes_changed_words,
+    no_divergence_words,
+    on_printed_statistics,
+    statistics_before_words,
+)
 from tensor_debugger.engine.dimension_names import parse_dims_option
 from tensor_debugger.engine.pairing import PARAMETER
 from tensor_debugger.errors import InvalidInputError
@@ -179,9 +186,11 @@ def read_once_words(read_once: ReadOnce) -> str:
 
 
 def verdict_words(pair: ComparedPair) -> str:
-    """A pair's verdict as the table says it: "FAIL", "PASS (summary)", "NO DIFFERENCE FOUND (summary)", "(noise)"."""
+    """A pair's verdict as the table says it: "FAIL", "FAIL (summary)", "NO DIFFERENCE FOUND (summary)" or
+    "(statistics)" (a use_repr trace's printed statistics), "(noise)"."""
     verdict = pair.status.upper() + (" (summary)" if pair.summary else "")
-    verdict = "NO DIFFERENCE FOUND (summary)" if pair.on_summary and pair.status == "pass" else verdict
+    if pair.summary and pair.status == "pass":  # never a verified pass: no element was compared
+        verdict = "NO DIFFERENCE FOUND (summary)" if pair.on_summary else "NO DIFFERENCE FOUND (statistics)"
     return verdict + (" (noise)" if pair.rule == "noise" else "")
 
 
@@ -236,34 +245,34 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
             print(f"unmatched in the {which} run ({len(names)}): {', '.join(names)}")
     print_problems(report.problems)
     sketched = report.pairs_on_summaries
-    summaries = sum(1 for p in report.pairs if p.summary) - sketched
+    printed = report.pairs_on_statistics
     if sketched:
         print(
             f'from summaries: {sketched} pairs were judged on summaries alone (values="summary"): hashes, norms, '
             f"means and sampled elements; a pass there means no difference found in the summary"
         )
-    if summaries:
+    if printed:
         print(
-            f"element values are not available for {summaries} pairs (a trace written with use_repr=True): their "
-            f"verdicts compare the shape and mean, std, min and max only"
+            f"element values are not available for {printed} pairs (a trace written with use_repr=True): their "
+            f"verdicts compare the shape and mean, std, min and max only; a pass there means no difference found in "
+            f"the printed statistics"
         )
     first = report.first_divergence
     failing = sum(1 for p in report.pairs if p.status != "pass")
     if first is None:
         incomplete = unread_files(report.problems) or second_tensors(report.problems) or report.verdict == "incomplete"
-        among = " among the pairs compared" if incomplete else ""
-        rests = (
-            " (from summaries: no difference found in the summaries, not every element compared)" if sketched else ""
-        )
         # pairs not one value computed two ways (out of step) were not compared: neither passing nor failing
         off = {o.name for o in report.coverage.out_of_step} if report.coverage is not None else set()
         judged = [p for p in report.pairs if p.name not in off]
-        passing = sum(1 for p in judged if p.status == "pass")
-        if judged and not any(p.status in ("pass", "fail") for p in judged):
-            # not one pair has a verdict: there are no pairs compared to have no divergence among
-            print(f"nothing was compared: 0 of {len(judged)} pairs compared")
-        else:
-            print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
+        told = no_divergence_words([pass_basis(p) for p in judged])
+        if incomplete and told.startswith("no divergence") and " among the pairs compared" not in told:
+            told = told.replace(":", " among the pairs compared:", 1)
+        print(told)
+        if report.first_changed is not None:  # a pass on summaries whose hashes differ: not a verified pass
+            print(hashes_changed_words(report.first_changed))
+            if report.next_capture:
+                print("next capture, full values of that module (add to this session):")
+                print(textwrap.indent(report.next_capture.python, "    "))
     else:
         print_first_divergence(report, first)
     print_unmatched_before(first, noise=_changed_by_noise(report, first))
@@ -375,7 +384,7 @@ def _changed_by_noise(report: CompareReport, first: DivergenceSummary | None, la
     if not changed:
         return False
     return any(
-        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " "))
         for p in report.pairs
         if label is None or p.candidate == label
     )
@@ -405,6 +414,8 @@ def print_unmatched_before(first: DivergenceSummary | None, lead: str = "", nois
         print(f"{lead}before it, the candidate recorded what the reference did not: {names_of(extra)}")
     if first is not None and first.first_changed:
         print(f"{lead}{changed_words(first.first_changed, first.first_changed_on_summaries, noise)}")
+    if first is not None and first.statistics_before:
+        print(f"{lead}{statistics_before_words(first.statistics_before)}")
     if first is not None:  # in find_divergence's words
         dtype = first.lowered_first.dtype if first.lowered_first is not None else None
         for words in (
@@ -532,19 +543,21 @@ def _no_divergence_of(report: CompareReport, label: str) -> str:
     pairs compared") where a pair of its was not compared or a reference tensor has no partner in it, and saying so
     where its passes rest on summaries. Another candidate's pairs and coverage are not its."""
     mine = [p for p in report.pairs if p.candidate == label]
-    passing = sum(1 for p in mine if p.status == "pass")
     run = next((r for r in report.coverage.runs if r.run == label), None) if report.coverage is not None else None
-    short = run is not None and run.compared < run.tensors
-    if mine and not any(p.status in ("pass", "fail") for p in mine):
-        return f"nothing was compared: 0 of {len(mine)} pairs compared"
-    among = " among the pairs compared" if passing < len(mine) or short or not mine else ""
-    told = f"no divergence{among}: {passing} of {len(mine)} pairs pass"
-    if run is not None and short:
-        told += f", {run.compared} of {run.tensors} reference tensors compared"
-    sketched = sum(1 for p in mine if p.status == "pass" and p.on_summary and not (p.summary and p.summary.identical))
-    if sketched:
-        told += f" ({sketched} from summaries: no difference found in the summaries, not every element compared)"
-    return told
+    return no_divergence_words(
+        [pass_basis(p) for p in mine], None if run is None else run.compared, None if run is None else run.tensors
+    )
+
+
+def pass_basis(pair: ComparedPair) -> PassBasis:
+    """What `pair`'s verdict rests on, for the words of a verdict of no divergence."""
+    summary = pair.summary
+    return PassBasis(
+        pair.status,
+        sketched=pair.on_summary,
+        identical=bool(summary is not None and summary.identical),
+        printed=on_printed_statistics(summary),
+    )
 
 
 def print_candidates(report: CompareReport) -> None:

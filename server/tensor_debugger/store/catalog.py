@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import ColumnElement, and_, func, or_, select, update
+from sqlalchemy import ColumnElement, Text, and_, cast, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session as DbSession
 from sqlalchemy.orm import aliased, selectinload
@@ -56,11 +56,14 @@ class SessionSummary:
     not_compared: int = 0  # incomparable, or their comparison failed
     unmatched: int = 0  # reference tensors with no partner in a candidate, that the user did not allow
     first_pair: int | None = None  # the earliest failing pair's id
+    # passing pairs judged on summaries whose content hashes differ: their values differ, though the summaries found
+    # nothing outside tolerance (no verified pass)
+    values_differ: int = 0
 
 
 def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, SessionSummary]:
-    """Pair counts, first divergences and unmatched reference tensors of many sessions in four queries, for the
-    sessions list."""
+    """Pair counts, first divergences, unmatched reference tensors and passes on summaries whose hashes differ, of
+    many sessions in five queries, for the sessions list."""
     if not session_ids:
         return {}
     # a rerun of the reference (role "noise") is the noise floor of the candidate's pairs, not pairs of its own:
@@ -109,6 +112,19 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
             .group_by(UnmatchedRecord.session_id)
         ).all()
     )
+    differ = dict(
+        db.execute(
+            select(PairRecord.session_id, func.count())
+            .join(candidate, candidate.id == PairRecord.run_b_id)
+            .where(
+                PairRecord.session_id.in_(session_ids),
+                PairRecord.status == "pass",
+                ~noise,
+                cast(PairRecord.summary, Text).contains('"hashes_differ": true'),  # as the JSON column writes it
+            )
+            .group_by(PairRecord.session_id)
+        ).all()
+    )
     total: dict[int, dict[str, int]] = {}
     pending: dict[int, int] = {}  # the rerun's pairs too: the candidate's verdicts wait for their noise floor
     for session_id, status, of_noise, n in counts:
@@ -126,6 +142,7 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
             total.get(sid, {}).get("incomparable", 0) + total.get(sid, {}).get("error", 0),
             unmatched.get(sid, 0),
             first[sid][1] if sid in first else None,
+            differ.get(sid, 0),
         )
         for sid in session_ids
     }

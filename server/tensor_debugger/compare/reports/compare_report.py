@@ -258,6 +258,9 @@ class DivergenceSummary(msgspec.Struct, frozen=True):
     # the pairs before it in execution order that were not compared (incomparable, errored), each "name (why)": the
     # divergence may have begun in one of them; [] where none, or no execution order is known
     not_compared_before: list[str] = []
+    # how many of its candidate's pairs before it passed on a use_repr=True trace's printed statistics only (mean,
+    # std, min and max): the divergence may have begun in one of them, unseen in the digits printed
+    statistics_before: int = 0
 
 
 class NextCaptureSummary(msgspec.Struct, frozen=True):
@@ -301,9 +304,14 @@ class CompareReport(msgspec.Struct, frozen=True, kw_only=True):
     verdict: str
     coverage: CoverageSummary | None
     first_divergence: DivergenceSummary | None  # the first candidate's
-    # "summary" where any pair was judged on summaries alone; "values" otherwise
+    # "summary" where any pair was judged on a capture's summaries alone; "statistics" where none was, and any on a
+    # use_repr=True trace's printed statistics; "values" otherwise (every verdict on element values)
     basis: str
     pairs_on_summaries: int
+    pairs_on_statistics: int = 0  # the pairs judged on a use_repr=True trace's printed statistics
+    # where no pair diverged: the first pair in execution order that passed on summaries though its content hashes
+    # differ (its values differ; its summaries found nothing outside tolerance), which `next_capture` settles
+    first_changed: str | None = None
     next_capture: NextCaptureSummary | None
     first_divergences: dict[str, DivergenceSummary | None]  # each candidate's, by its label
     culprits: list[Culprit]

@@ -82,7 +82,7 @@ def _pair(p: PairReport, report: SessionPairs) -> ComparedPair:
     )
 
 
-def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
+def _divergence(found: FirstDivergence | None, report: SessionPairs) -> DivergenceSummary | None:
     if found is None:
         return None
     return DivergenceSummary(
@@ -108,6 +108,7 @@ def _divergence(found: FirstDivergence | None) -> DivergenceSummary | None:
         paired_by=found.paired_by,
         candidate_name=found.candidate_name,
         not_compared_before=found.not_compared_before,
+        statistics_before=report.statistics_before(found),
     )
 
 
@@ -156,22 +157,23 @@ def _model_calls(report: SessionPairs) -> tuple[str, ...]:
     return tuple(c for c in ordered if c == model or re.fullmatch(re.escape(model) + r"#\d+", c))
 
 
-def _call_of(first: FirstDivergence, calls: tuple[str, ...], report: SessionPairs) -> str:
-    """The call of the model (of `calls`) that holds the first divergence: the last to begin before it."""
-    at = next((p.position for p in report.pairs if p.id == first.pair_id), None)
+def _call_of(pair_id: int, calls: tuple[str, ...], report: SessionPairs) -> str:
+    """The call of the model (of `calls`) that holds pair `pair_id` (the first divergence's): the last to begin
+    before it."""
+    at = next((p.position for p in report.pairs if p.id == pair_id), None)
     starts = {c: min(p.position for p in report.pairs if p.module_path == c) for c in calls}
     before = [c for c in calls if at is not None and starts[c] <= at]
     return before[-1] if before else ""
 
 
-def _next_runs(first: FirstDivergence, report: SessionPairs) -> tuple[tuple[str, str], tuple[str | None, str | None]]:
+def _next_runs(pair_id: int, report: SessionPairs) -> tuple[tuple[str, str], tuple[str | None, str | None]]:
     """The runs a next capture adds (`next_capture`'s `runs` and `against`): where the candidate that diverged is
     compared against a run of the session other than its reference ("late" against "early"), the candidate's new
     run is compared against the new run of that run's model ("early (full)"), which is compared against "early"
     (as "reference (full)" is against the reference), so that each new run pairs with its counterpart; else
     "reference (full)" (against the reference) and "candidate (full)" against "reference (full)": against the
     reference itself, a summary run, its pairs would be judged on summaries again, with no `where`."""
-    pair = next((p for p in report.pairs if p.id == first.pair_id), None)
+    pair = next((p for p in report.pairs if p.id == pair_id), None)
     by_run = {c.run_id: c for c in report.candidates}
     diverged = by_run.get(pair.b.run_id) if pair is not None else None
     taken = {c.label for c in report.candidates}  # the snippet run twice: its runs' labels are taken
@@ -226,18 +228,25 @@ def next_capture_of(name: str, report: SessionPairs, where: str = "") -> NextCap
     several versions of a port), its runs compared against the right runs (`_next_runs`). None for any other."""
     first = report.first_divergence
     diverged = first or next((c.first_divergence for c in report.candidates if c.first_divergence), None)
-    if diverged is None or diverged.basis != "summary" or not diverged.module_path:
-        return None
+    if diverged is not None:
+        if diverged.basis != "summary" or not diverged.module_path:
+            return None
+        module_path, pair_id = diverged.module_path, diverged.pair_id
+    else:  # no divergence, but values differ (content hashes): full values of the first such pair's module
+        changed = report.hashes_changed
+        if changed is None or not changed.module_path:
+            return None
+        module_path, pair_id = changed.module_path, changed.id
     calls = _model_calls(report)
-    runs, against = _next_runs(diverged, report)
+    runs, against = _next_runs(pair_id, report)
     arguments, given = _call_form(report, calls[0] if calls else None)
     return next_capture(
         name,
-        [diverged.module_path],
+        [module_path],
         arguments=arguments,
         given=given,
         calls=calls,
-        divergent_call=_call_of(diverged, calls, report),
+        divergent_call=_call_of(pair_id, calls, report),
         runs=runs,
         against=against,
         where=where,
@@ -259,6 +268,7 @@ def compare_report(
 
     first = report.first_divergence
     capture = next_capture_of(name, report, where)
+    changed = report.hashes_changed
     coverage = report.coverage
     return CompareReport(
         session=SessionLink(session_id, name, url),
@@ -278,11 +288,13 @@ def compare_report(
             [RunCoverageSummary(r.run, r.against, r.tensors, r.compared, r.not_asked) for r in coverage.runs],
             [OutOfStepSummary(o.name, o.why) for o in coverage.out_of_step],
         ),
-        first_divergence=_divergence(first),
-        basis="summary" if report.on_summaries else "values",
+        first_divergence=_divergence(first, report),
+        basis="summary" if report.on_summaries else "statistics" if report.on_statistics else "values",
         pairs_on_summaries=report.on_summaries,
+        pairs_on_statistics=report.on_statistics,
+        first_changed=None if changed is None else changed.name,
         next_capture=None if capture is None else msgspec.convert(capture.to_json(), NextCaptureSummary),
-        first_divergences={c.label: _divergence(c.first_divergence) for c in report.candidates},
+        first_divergences={c.label: _divergence(c.first_divergence, report) for c in report.candidates},
         culprits=_culprits(report),
         error_growth=report.error_growth,
         culprit_note=culprit_note(report),

@@ -90,6 +90,7 @@ from tensor_debugger.compare.reports.pair_rows import (
     read_tensors,
 )
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull
+from tensor_debugger.compare.reports.pass_words import on_printed_statistics
 from tensor_debugger.compare.reports.progress import PairProgress
 from tensor_debugger.compare.reports.reshaped import reshaped_pairs
 from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
@@ -294,6 +295,49 @@ class SessionPairs:
         """How many pairs were judged on summaries alone (a capture with values="summary"): a pass of such a pair
         says only that no difference was found in the summary."""
         return sum(1 for p in self.pairs if summary_basis(p.summary))
+
+    @property
+    def on_statistics(self) -> int:
+        """How many pairs were judged on a use_repr=True trace's printed statistics (mean, std, min and max): a pass
+        of such a pair says only that no difference was found in those."""
+        return sum(1 for p in self.pairs if on_printed_statistics(p.summary))
+
+    @property
+    def hashes_changed(self) -> PairReport | None:
+        """Where no pair of the first candidate diverged: its first pair in execution order that passed on summaries
+        (values="summary") whose content hashes differ. Its values differ though its summaries found nothing outside
+        tolerance: not a verified pass, and full values of its module settle it. None where there is none."""
+        if self.first_divergence is not None or not self.candidates:
+            return None
+        mine = self.candidates[0].run_id
+        return next(
+            (
+                p
+                for p in self.pairs
+                if p.b.run_id == mine
+                and p.status == PairStatus.PASS
+                and p.summary is not None
+                and p.summary.on_summary
+                and p.summary.hashes_differ is True
+            ),
+            None,
+        )
+
+    def statistics_before(self, first: FirstDivergence | None) -> int:
+        """How many of `first`'s candidate's pairs before it passed on printed statistics only (0 where no execution
+        order is known, or `first` is None): the divergence may have begun in one of them, unseen."""
+        if first is None or not first.in_execution_order:
+            return 0
+        theirs = next((p for p in self.pairs if p.id == first.pair_id), None)
+        if theirs is None:
+            return 0
+        count = 0
+        for p in self.pairs:
+            if p.id == first.pair_id:
+                return count
+            if p.b.run_id == theirs.b.run_id and p.status == PairStatus.PASS and on_printed_statistics(p.summary):
+                count += 1
+        return count
 
     @property
     def by_noise(self) -> int:
@@ -1000,6 +1044,15 @@ def _first_divergence_of(
         extra = candidate_only_before(db, session_id, mine[at], outside)
     changed = next((p for p in mine[:at] if _changed(p) and _known_before(p, mine[at])), None)
     where = f" ({changed.a.source})" if changed is not None and changed.a.source else ""
+    # pairs that differ too whose order against it is not known (two stages of a dump's layer, one not in the stage
+    # order): it is not known to be the first, so they are named beside it
+    beside = [
+        p.name
+        for p in mine[:at]
+        if changed is not None and p is not changed and _changed(p) and not _known_before(changed, p)
+    ]
+    if beside:
+        where += f" or {', '.join(beside)} (their order is not known)"
     lowered = lowered_first(db, mine[at], mine)
     return replace(
         found,

@@ -36,6 +36,7 @@ from tensor_debugger.web.views.session_view import (
     changed_by_noise,
     full_values,
     has_noise_floor,
+    statistics_before_sentence,
     worst_view,
 )
 
@@ -254,6 +255,7 @@ def session_template(
                 "params": params,
                 "progress": progress,
                 "changed_by_noise": changed_by_noise(report),
+                "statistics_before": statistics_before_sentence(report),
                 "groups": build_groups(report, params, session.pair_order),
                 "worst": worst_view(report, params, session.pair_order),
                 "chart": build_chart(report.pairs, first_id, unmatched=report.unmatched_reference),

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
 from tensor_debugger.compare.reports.pair_report import PairReport
-from tensor_debugger.compare.reports.pair_reports import SessionPairs, UnmatchedReport, apply_order
+from tensor_debugger.compare.reports.pair_reports import CandidateReport, SessionPairs, UnmatchedReport, apply_order
+from tensor_debugger.compare.reports.pass_words import (
+    PassBasis,
+    no_divergence_words,
+    on_printed_statistics,
+    statistics_before_words,
+)
 from tensor_debugger.compare.reports.worst_pairs import RankedPair, by_largest_diff, by_lowest_cosine, stat_value
 from tensor_debugger.engine.names import natural_key
 from tensor_debugger.web.views.session_chart import svg_path
@@ -388,6 +394,9 @@ class CandidateSeries:
     first_divergence: str | None  # the tensor's name
     # False where no execution order is known (pair_reports.FirstDivergence.in_execution_order): not "first"
     in_execution_order: bool = True
+    # where it has no first divergence, its verdict in the CLI's words ("nothing was compared: ...", "no divergence
+    # among the pairs compared: ...": compare/reports/pass_words.py)
+    verdict_words: str = ""
 
 
 @dataclass(frozen=True)
@@ -454,12 +463,40 @@ def build_candidates(report: SessionPairs, width: int = 1100, height: int = 220)
                 points,
                 first.name if first else None,
                 first.in_execution_order if first else True,
+                "" if first else candidate_verdict_words(report, candidate),
             )
         )
     ticks = [
         (pad + (high - k) / (high - low) * (height - 2 * pad), f"1e{k}") for k in range(int(low), int(high) + 1, 4)
     ]
     return Candidates([c.label for c in report.candidates], list(rows.values()), series, width, height, ticks)
+
+
+def candidate_verdict_words(report: SessionPairs, candidate: CandidateReport) -> str:
+    """Candidate `candidate`'s verdict where it has no first divergence, in the words the CLI's `compare` says it
+    with: on its own pairs and its run's coverage, never another candidate's."""
+    mine = [p for p in report.pairs if p.b.run_id == candidate.run_id]
+    run = next((r for r in report.coverage.runs if r.run == candidate.label), None)
+    return no_divergence_words(
+        [
+            PassBasis(
+                str(p.status),
+                sketched=p.summary is not None and p.summary.on_summary,
+                identical=bool(p.summary is not None and p.summary.identical),
+                printed=on_printed_statistics(p.summary),
+            )
+            for p in mine
+        ],
+        None if run is None else run.compared,
+        None if run is None else run.tensors,
+    )
+
+
+def statistics_before_sentence(report: SessionPairs) -> str:
+    """Under the first divergence: that the pairs before it passed on printed statistics only, as a sentence ("" where
+    none did)."""
+    words = statistics_before_words(report.statistics_before(report.first_divergence))
+    return f"{words[0].upper()}{words[1:]}" if words else ""
 
 
 def has_noise_floor(report: SessionPairs) -> bool:
@@ -489,7 +526,7 @@ def changed_by_noise(report: SessionPairs) -> bool:
     pairs = {p.id: p for p in report.pairs}
     theirs = pairs.get(first.pair_id)
     return any(
-        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " ("))
+        p.rule == "noise" and (changed == p.name or changed.startswith(p.name + " "))
         for p in report.pairs
         if theirs is None or p.b.run_id == theirs.b.run_id
     )
