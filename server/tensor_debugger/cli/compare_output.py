@@ -23,6 +23,7 @@ from tensor_debugger.compare.reports.compare_report import (
     Culprit,
     DivergenceSummary,
     ReadOnce,
+    nothing_whole_words,
     second_tensors,
     to_json,
     unread_files,
@@ -260,8 +261,9 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
         judged = [p for p in report.pairs if p.name not in off]
         passing = sum(1 for p in judged if p.status == "pass")
         if judged and not any(p.status in ("pass", "fail") for p in judged):
-            # not one pair has a verdict: there are no pairs compared to have no divergence among
-            print(f"nothing was compared: 0 of {len(judged)} pairs compared")
+            # not one pair has a verdict: there are no pairs compared to have no divergence among, but the rows
+            # compared of a pair whose reference was cut were compared, and are said to be
+            print(nothing_whole_words(len(judged), _in_part(judged)))
         else:
             print(f"no divergence{among}: {passing} of {len(judged)} pairs pass{rests}")
     else:
@@ -531,7 +533,7 @@ def _no_divergence_of(report: CompareReport, label: str) -> str:
     run = next((r for r in report.coverage.runs if r.run == label), None) if report.coverage is not None else None
     short = run is not None and run.compared < run.tensors
     if mine and not any(p.status in ("pass", "fail") for p in mine):
-        return f"nothing was compared: 0 of {len(mine)} pairs compared"
+        return nothing_whole_words(len(mine), _in_part(mine))
     among = " among the pairs compared" if passing < len(mine) or short or not mine else ""
     told = f"no divergence{among}: {passing} of {len(mine)} pairs pass"
     if run is not None and short:
@@ -540,6 +542,11 @@ def _no_divergence_of(report: CompareReport, label: str) -> str:
     if sketched:
         told += f" ({sketched} from summaries: no difference found in the summaries, not every element compared)"
     return told
+
+
+def _in_part(pairs: Sequence[ComparedPair]) -> list[tuple[int, int]]:
+    """(rows compared, reference rows) of the pairs of `pairs` compared in part (their reference cut)."""
+    return [(p.reference_rows.kept, p.reference_rows.rows) for p in pairs if p.reference_rows and p.compared_in_part]
 
 
 def print_candidates(report: CompareReport) -> None:

@@ -16,7 +16,7 @@ from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.op_pairs import AMBIGUOUS_STRATEGY, pairing_note
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
-from tensor_debugger.compare.planning.sides import reference_cut_words, views
+from tensor_debugger.compare.planning.sides import reference_cut_of, views
 from tensor_debugger.compare.reports.before_divergence import (
     crossed_before,
     held_before_of,
@@ -31,6 +31,7 @@ from tensor_debugger.compare.reports.compare_report import (
     LoweredFirst,
     ModelCheck,
     RecordedEarly,
+    nothing_whole_words,
 )
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
@@ -95,7 +96,7 @@ from tensor_debugger.compare.reports.reshaped import reshaped_pairs
 from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
-from tensor_debugger.engine.alignment import cut_verdict, replicas_of, stored_steps
+from tensor_debugger.engine.alignment import ReferenceCut, cut_verdict, replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
@@ -304,6 +305,14 @@ class SessionPairs:
         return [p for p in self.pairs if p.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)]
 
     @property
+    def nothing_whole(self) -> str:
+        """Where no pair has a verdict, what was compared (`compare_report.nothing_whole_words`: the command's line):
+        nothing, or the rows compared of the pairs whose reference was cut."""
+        judged = [p for p in self.pairs if p.id not in self.out_of_step]
+        in_part = [(p.reference_rows.kept, p.reference_rows.rows) for p in judged if p.reference_rows and p.stats]
+        return nothing_whole_words(len(judged), in_part)
+
+    @property
     def unmatched_reference(self) -> list[UnmatchedReport]:
         """The reference tensors without partner in a candidate that the user did not allow, in execution order."""
         names = set(self.coverage.unmatched)
@@ -367,7 +376,8 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
     failing replicated pair, the elements outside the tolerance per rank."""
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
-    cut = _reference_cut(pair, tensors)
+    rows = _reference_cut(pair, tensors)
+    cut = None if rows is None else rows.words()
     status, error = _STATUSES[pair.status], pair.error
     if status == PairStatus.PASS and cut is not None:  # a row settled before the rule (cut_verdict) held
         settled, error = cut_verdict(True, cut, "summaries" if pair.summary else "tolerance")
@@ -398,14 +408,15 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "replicas": _replicas(pair, mismatches),
         "pairing_note": pairing_note(pair.strategy),
         "reference_cut": cut,
+        "reference_rows": rows,
     }
 
 
-def _reference_cut(pair: Any, tensors: dict[int, Any]) -> str | None:
-    """`PairReport.reference_cut` of a pair row, from its reference shards' shapes (`tensors` rows)."""
+def _reference_cut(pair: Any, tensors: dict[int, Any]) -> ReferenceCut | None:
+    """The reference rows a pair row's alignment cut away, from its reference shards' shapes (`tensors` rows)."""
     if not pair.alignment or any(i not in tensors for i in pair.a_tensor_ids):
         return None
-    return reference_cut_words(pair, [tuple(tensors[i].shape) for i in pair.a_tensor_ids])
+    return reference_cut_of(pair, [tuple(tensors[i].shape) for i in pair.a_tensor_ids])
 
 
 def pair_report(
