@@ -122,7 +122,7 @@ def test_a_rerun_takes_over_the_killed_compare_s_session(
 def test_a_compare_killed_in_a_name_given_in_place_of_the_one_wanted_is_taken_over(
     tmp_path: Path, inputs: tuple[Path, Path]
 ) -> None:
-    """"x" is another compare's, complete, so the compare killed made "x (2)": the same command again takes that
+    """ "x" is another compare's, complete, so the compare killed made "x (2)": the same command again takes that
     session over, and says so, rather than making "x (3)"."""
     data_dir = tmp_path / "data"
     reference, candidate = inputs
