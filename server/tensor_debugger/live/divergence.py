@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.compare.reports.divergence_words import FOUND_BY_FIND_DIVERGENCE
 from tensor_debugger.engine.capture_order import held_before, holds_one_value
 from tensor_debugger.engine.lowered import Recorded, lowered
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpTensor, out_of_step, pair_ops
@@ -795,6 +796,8 @@ def _find(
         second_runs.append((floor_full, NOISE_FULL_RUN, NOISE_ROLE))
     if state:  # said on the candidate's run too: the session's pages show it beside its pairs
         full_runs[1].recorder.notes.append(state_words(module, other_module, state))
+    # and that what needs the models was checked here: the session does not send the user to find_divergence
+    full_runs[1].recorder.notes.append(FOUND_BY_FIND_DIVERGENCE)
     ordered = [(h, label, role, None) for h, label, role in first_runs] + [
         (h, label, role, "reference (full)" if label != "reference (full)" else None) for h, label, role in second_runs
     ]

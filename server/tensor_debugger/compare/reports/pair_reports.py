@@ -45,6 +45,7 @@ from tensor_debugger.compare.reports.coverage import (
     session_verdict,
 )
 from tensor_debugger.compare.reports.divergence_words import (
+    FOUND_BY_FIND_DIVERGENCE,
     OUTPUTS_AGREE,
     RESHAPED_WHY,
     changed_words,
@@ -490,11 +491,16 @@ def session_pairs(
     out_of_step: dict[int, str] = {}
     for run_id in compared:
         out_of_step |= _out_of_step_pairs([i for i in items if i.b.run_id == run_id])
+    recaptured = _recaptured(db, judged, compared)
     candidates = [
         CandidateReport(
             run_id,
             label,
-            _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing, out_of_step),
+            _checks_left(
+                run_id,
+                _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing, out_of_step),
+                recaptured,
+            ),
             against.get(run_id),
             runs.get(against[run_id]) if against.get(run_id) is not None else None,
         )
@@ -624,6 +630,40 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
 
     (run, full), more = views[0], views[1:]
     return with_full_values(view, full, words(run), [(other, words(r).partition(": ")[2]) for r, other in more])
+
+
+def _recaptured(db: DbSession, judged: _JudgedPairs, candidates: Collection[int]) -> set[int]:
+    """Of `candidates`, the runs find_divergence stored its second capture with full values into (its note on them
+    says so: `FOUND_BY_FIND_DIVERGENCE`), and those they are a second capture of ("candidate" of "candidate
+    (full)"). A second capture the user made (the session's snippet) is not one: nothing checked the models."""
+    noted = set(
+        db.scalars(
+            select(ProblemRecord.run_id).where(
+                ProblemRecord.run_id.in_([r.id for r in judged.runs]),
+                ProblemRecord.note.is_(True),
+                ProblemRecord.reason == FOUND_BY_FIND_DIVERGENCE,
+            )
+        )
+    )
+    if not noted:
+        return set()
+    order = [r.id for r in judged.runs]
+    found = noted & set(candidates)
+    for run in candidates:
+        second = full_values_runs(judged.items, order, judged.noise_runs, run, valued=False)
+        if any(s.candidate in noted for s in second):
+            found.add(run)
+    return found
+
+
+def _checks_left(candidate: int, found: FirstDivergence | None, recaptured: Collection[int]) -> FirstDivergence | None:
+    """`found` (`candidate`'s first divergence) with the checks only find_divergence can make left out where
+    find_divergence stored the candidate or its second capture with full values (`recaptured`, `_recaptured`): it
+    held the models, checked what needs them, and its answer said what it found: sending the user to run it helps
+    nobody."""
+    if found is None or not found.find_divergence_checks or candidate not in recaptured:
+        return found
+    return replace(found, find_divergence_checks=[])
 
 
 def _candidate_modules(db: DbSession, judged: _JudgedPairs, candidate: int | None) -> ModuleReport | None:
