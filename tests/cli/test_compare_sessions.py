@@ -219,5 +219,26 @@ def test_the_page_of_a_session_that_compared_nothing_says_so(shared_server: Live
     session_id = made.json()["session"]["id"]
     wait_done(shared_server, session_id)
     page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
-    assert '<span id="nothing-compared">Incomplete: nothing was compared.</span>' in page
+    assert '<span id="nothing-compared">Incomplete: nothing was compared: 0 of 1 pairs compared.</span>' in page
     assert "no pair is outside tolerance" not in page
+
+
+def test_the_page_of_a_session_that_compared_rows_of_its_one_pair_says_which(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """The candidate holds the reference's first 4 of 6 rows: the pair is incomparable, but 4 rows of it were
+    compared, which the page says as the command does (not "nothing was compared")."""
+    files = []
+    full = torch.arange(48, dtype=torch.float32).reshape(6, 8)
+    for run, values in (("reference", full), ("candidate", full[:4].clone())):
+        (tmp_path / run).mkdir()
+        torch.save(values, tmp_path / run / "0_query.pth")
+        files.append((run, tmp_path / run / "0_query.pth"))
+    made = upload(shared_server, "compared in part", files)
+    assert made.status_code == 201, made.text
+    session_id = made.json()["session"]["id"]
+    wait_done(shared_server, session_id)
+    page = loopback_http.get(f"{shared_server.url}/sessions/{session_id}", headers=shared_server.auth).text
+    said = "no pair was compared whole: 1 pair compared in part (4 of 6 rows)"
+    assert f'<span id="nothing-compared">Incomplete: {said}.</span>' in page, page
+    assert "nothing was compared" not in page

@@ -53,6 +53,10 @@ def test_a_candidate_with_the_first_rows_only_is_not_a_pass(tmp_path: Path) -> N
     assert pair["alignment"] == "reference cut to its first 4 of 6 rows along dim 0 (2 reference rows not compared)"
     assert out["verdict"] == "incomplete" and out["coverage"]["not_compared"] == ["0_query"]
     assert "no divergence" not in table and f"  0_query: not a pass: {said}" in table
+    # 4 of its rows were compared: not "nothing was compared"; the JSON holds the same numbers
+    assert pair["reference_rows"] == {"kept": 4, "rows": 6, "axis": 0} and out["coverage"]["compared"] == 0
+    assert "no pair was compared whole: 1 pair compared in part (4 of 6 rows)" in table.splitlines(), table
+    assert "nothing was compared" not in table
 
 
 def test_rows_that_differ_where_compared_fail(tmp_path: Path) -> None:

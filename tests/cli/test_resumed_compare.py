@@ -53,14 +53,16 @@ def rows(data_dir: Path, query: str) -> list[tuple[object, ...]]:
 
 
 def reference_ready(data_dir: Path) -> bool:
-    """The reference run is ready and the candidate's is not."""
-    return rows(data_dir, "select label, status from runs order by position") == [
-        ("ref", "ready"),
-        ("port.tar", "ingesting"),
-    ]
+    """The reference run is ready and the candidate's is not (in the session made last)."""
+    return rows(
+        data_dir,
+        "select label, status from runs where session_id = (select max(id) from sessions) order by position",
+    ) == [("ref", "ready"), ("port.tar", "ingesting")]
 
 
-def killed_compare(data_dir: Path, reference: Path, candidate: Path, flags: list[str]) -> None:
+def killed_compare(
+    data_dir: Path, reference: Path, candidate: Path, flags: list[str], names: tuple[str, ...] = (NAME,)
+) -> None:
     compare = subprocess.Popen(
         [
             *cli_command(),
@@ -82,7 +84,7 @@ def killed_compare(data_dir: Path, reference: Path, candidate: Path, flags: list
         compare.send_signal(signal.SIGKILL)
         compare.wait()
     assert compare.returncode == -signal.SIGKILL  # killed, not finished before the signal
-    assert [name for (name,) in rows(data_dir, "select name from sessions")] == [NAME]
+    assert [name for (name,) in rows(data_dir, "select name from sessions order by id")] == list(names)
 
 
 @pytest.mark.parametrize("flags", [[], ["--fail-fast"]], ids=["at-once", "fail-fast"])
@@ -115,6 +117,33 @@ def test_a_rerun_takes_over_the_killed_compare_s_session(
     listed = main_cli("--data-dir", str(data_dir), "sessions", "--json")
     assert listed.returncode == 0, listed.stderr
     assert [session["name"] for session in json.loads(listed.stdout)] == [NAME]
+
+
+def test_a_compare_killed_in_a_name_given_in_place_of_the_one_wanted_is_taken_over(
+    tmp_path: Path, inputs: tuple[Path, Path]
+) -> None:
+    """ "x" is another compare's, complete, so the compare killed made "x (2)": the same command again takes that
+    session over, and says so, rather than making "x (3)"."""
+    data_dir = tmp_path / "data"
+    reference, candidate = inputs
+    small = tmp_path / "small"
+    small.mkdir()
+    np.save(small / "0_query.npy", np.load(reference / "0_query.npy"))
+    first = main_cli("--data-dir", str(data_dir), "compare", str(reference), str(small), "--name", "x")
+    assert first.returncode == 0, first.stdout
+    killed_compare(data_dir, reference, candidate, ["--name", "x"], names=("x", "x (2)"))
+    ((reference_id,),) = rows(data_dir, "select id from runs where label = 'ref' and session_id = 2")
+
+    again = main_cli(
+        "--data-dir", str(data_dir), "compare", str(reference), str(candidate), "--name", "x", "--in-process"
+    )
+    assert again.returncode == 1, again.stderr  # the query diverges
+    assert "resuming the interrupted session 'x (2)'" in again.stderr, again.stderr
+    assert "a session named 'x' exists already: this one is 'x (2)'" in again.stdout, again.stdout
+    assert [name for (name,) in rows(data_dir, "select name from sessions order by id")] == ["x", "x (2)"]
+    runs = rows(data_dir, "select id, label, status from runs where session_id = 2 order by position")
+    assert runs == [(reference_id, "ref", "ready"), (runs[1][0], "port.tar", "ready")]
+    assert rows(data_dir, "select label from runs where session_id = 1 order by position") == [("ref",), ("small",)]
 
 
 def touch_reference(data_dir: Path, reference: Path) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import torch
 from litestar.testing import TestClient
 from tensor_debugger.cli.warm import PROBE_SECONDS, ServerProbe, probe_server
@@ -23,7 +24,8 @@ from tensor_debugger.web.app import create_app
 from tests.support import loopback_http
 from tests.support.cli_main import main_cli
 from tests.support.dumps import make_zip, seeded
-from tests.support.servers import LiveServer, free_port, started_server
+from tests.support.polling import wait_until
+from tests.support.servers import LiveServer, child_env, cli_command, free_port, session_judged, started_server
 
 
 def dumps(tmp_path: Path) -> tuple[Path, Path]:
@@ -143,3 +145,76 @@ def test_finding_a_server_imports_nothing_heavy() -> None:
     code = f"import sys, tensor_debugger.cli.warm; print([m for m in {heavy!r} if m in sys.modules])"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_a_compare_handed_to_the_server_and_stopped_by_ctrl_c_says_where_its_answer_is(
+    shared_server: LiveServer, tmp_path: Path
+) -> None:
+    """Ctrl-C on a compare the server does: it said the server goes on (naming the server by its address record,
+    token and all), and the same command again made "name (2)" beside it. The server does go on to the end, into
+    the session named; the words say where its answer then is, and that the command again compares once more, into
+    a new session, as it does; the token is not printed."""
+    import sqlite3
+    import tarfile
+    import uuid
+
+    import numpy as np
+
+    reference, candidate = tmp_path / "ref", tmp_path / "port.tar"
+    reference.mkdir()
+    query = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32)
+    np.save(reference / "0_query.npy", query)
+    np.save(tmp_path / "0_query.npy", query + np.float32(0.5))
+    np.save(tmp_path / "1_big.npy", np.random.default_rng(1).standard_normal((12, 1024, 1024)).astype(np.float32))
+    with tarfile.open(candidate, "w") as tar:
+        tar.add(tmp_path / "0_query.npy", "0_query.npy")
+        tar.add(tmp_path / "1_big.npy", "1_big.npy")
+    name = f"ctrl-c {uuid.uuid4().hex[:8]}"
+    database = shared_server.data_dir / "metadata.sqlite3"
+
+    def runs() -> list[tuple[str, str]]:
+        try:
+            with sqlite3.connect(f"file:{database}?mode=ro", uri=True, timeout=1) as db:
+                query = "select r.label, r.status from runs r join sessions s on s.id = r.session_id where s.name = ?"
+                return [(str(label), str(status)) for label, status in db.execute(query, (name,))]
+        except sqlite3.OperationalError:  # locked a moment
+            return []
+
+    command = [*cli_command(), "--data-dir", str(shared_server.data_dir), "compare", str(reference), str(candidate)]
+    compare = subprocess.Popen(
+        [*command, "--name", name],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+        # a pytest-xdist worker ignores SIGINT, and a child inherits that: Ctrl-C as a shell delivers it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        wait_until(lambda: ("port.tar", "ingesting") in runs(), what="the server to ingest the candidate", timeout=120)
+        compare.send_signal(signal.SIGINT)
+        _, err = compare.communicate(timeout=120)
+    finally:
+        if compare.poll() is None:
+            compare.kill()
+            compare.wait()
+    address = read_address(shared_server.data_dir)
+    assert address is not None
+    assert compare.returncode == 130, err
+    assert address.token not in err and "ServerAddress" not in err, err
+    assert (
+        f"the server at {shared_server.url} goes on with this compare to the end, into session {name!r} (or "
+        f"{name + ' (2)'!r}... where that name was taken): its answer is on that session's page "
+        f"({shared_server.url}/sessions lists it; so does `tensor-debugger sessions`). This command run again "
+        "compares once more, into a new session."
+    ) in " ".join(err.split()), err
+    # it did go on: the session named holds both runs, ready, and its pairs are judged
+    wait_until(lambda: sorted(runs()) == [("port.tar", "ready"), ("ref", "ready")], what="the compare to end")
+    with httpx.Client(base_url=shared_server.url, timeout=30, headers=shared_server.auth) as client:
+        listed = client.get("/api/sessions", params={"q": name}).json()
+        (session,) = [s for s in listed if s["name"] == name]
+        judged = session_judged(client, session["id"])
+    assert judged["first_divergence"]["name"] == "0_query", judged["first_divergence"]
+    again = main_cli(*command[len(cli_command()) :], "--name", name)
+    assert again.returncode == 1, again.stderr
+    assert f"a session named {name!r} exists already: this one is {name + ' (2)'!r}" in again.stdout

@@ -4,6 +4,7 @@ earlier call's, a capture's or a compare's) gets a new session, "name (2)", as `
 
 from __future__ import annotations
 
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -188,3 +189,50 @@ def test_a_session_name_taken_on_a_server_gets_a_new_session_there(shared_server
         assert runs(result.session_id) == made
         listed = {s["name"] for s in client.get("/api/sessions", params={"q": name}).json()}
     assert listed == {name, f"{name} (2)"}
+
+
+class Waiting(nn.Module):
+    """`Late`, whose first call waits at `barrier` for the other thread's: both calls have found the session name
+    free (before their first pass) when either goes on to store."""
+
+    def __init__(self, port: bool, barrier: threading.Barrier) -> None:
+        super().__init__()
+        self.inner, self.barrier, self.waited = Late(port), barrier, False
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.waited:
+            self.waited = True
+            self.barrier.wait(timeout=120)
+        out: torch.Tensor = self.inner(x)
+        return out
+
+
+def test_two_calls_with_one_new_session_name_at_once_each_get_a_session(settings: Settings) -> None:
+    """Two `find_divergence` calls with one new session name, at the same moment, in one data dir: both found the
+    name free, and the second to store met the first's runs ("already has a run labelled 'reference'") after all
+    its passes. The name is taken as the first run is stored: the second call stores into "name (2)", says so, and
+    its snippet names that session."""
+    barrier = threading.Barrier(2)
+    found: list[Any] = []
+    failed: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            reference, candidate = Waiting(False, barrier).eval(), Waiting(True, barrier).eval()
+            found.append(find_divergence(reference, candidate, inputs(), session="at once", data_dir=settings.data_dir))
+        except BaseException as exc:  # said below, with the other call's answer
+            failed.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not failed, failed
+    assert sorted(f.session for f in found) == ["at once", "at once (2)"]
+    second = next(f for f in found if f.session == "at once (2)")
+    assert second.asked_session == "at once"
+    assert second.next_capture is not None and "session='at once (2)'" in second.next_capture
+    runs = [("reference", 0, "reference"), ("candidate", 1, "candidate")]
+    assert runs_of(settings, "at once")[:2] == runs_of(settings, "at once (2)")[:2] == runs
+    assert runs_of(settings, "at once") == runs_of(settings, "at once (2)")

@@ -252,3 +252,39 @@ def test_a_divergence_taken_out_again_is_said_not_to_reach_the_models_outputs(
     assert f"\n{first.outputs_agree_words}\n" in printed, printed
     _, other = summary_session(settings, NormedFirst, "outputs differ", X)
     assert first_of(other).outputs_agree is False and first_of(other).outputs_agree_words == ""
+
+
+def test_a_session_find_divergence_stored_does_not_send_the_user_to_find_divergence(
+    settings: Settings, shared_server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The session find_divergence stored itself (its second capture with full values beside the summaries) said
+    "What needs the two models, find_divergence(reference, candidate, inputs) can check": find_divergence, holding
+    the models, already did, and its answer says what it found. Not said there, by the report, the command's lines,
+    its JSON, the API or the page; the two summary captures of the same models still say it (above)."""
+    found = find_divergence(
+        NormedFirst(False).eval(), NormedFirst(True).eval(), X, session="state fd", data_dir=settings.data_dir
+    )
+    assert found.first is not None and found.first.reference == "NormedFirst/mul#2_outputs", repr(found)
+    session_id = session_id_of(settings, "state fd")
+    report = compared(settings, session_id, modules=True)
+    for candidate in report.candidates:  # "candidate", and its second capture, "candidate (full)"
+        if candidate.first_divergence is not None:
+            assert candidate.first_divergence.find_divergence_checks == [], candidate
+    first = first_of(report)
+    assert first.name == "NormedFirst/mul#2_outputs" and first.checks_words == ""
+    printed, json_first = said(session_id, "state fd", report, capsys)
+    assert json_first["find_divergence_checks"] == [] and "find_divergence(reference" not in printed, printed
+    _, summaries = summary_session(settings, NormedFirst, "state summaries", X)
+    assert first_of(summaries).find_divergence_checks == [ModelCheck.STATE]  # what the session alone cannot know
+
+    served = find_divergence(
+        NormedFirst(False).eval(), NormedFirst(True).eval(), X, session="state fd served", server=shared_server.url
+    )
+    with httpx.Client(base_url=shared_server.url, timeout=30, headers=shared_server.auth) as client:
+        listed = client.get("/api/sessions", params={"q": served.session}).json()
+        (session,) = [s for s in listed if s["name"] == served.session]
+        api = session_judged(client, session["id"])
+        page = html.unescape(client.get(f"/sessions/{session['id']}").text)
+    assert api["first_divergence"]["name"] == "NormedFirst/mul#2_outputs", api["first_divergence"]
+    assert api["first_divergence"]["find_divergence_checks"] == [], api["first_divergence"]
+    assert 'id="find-divergence-checks"' not in page and "find_divergence(reference" not in page

@@ -22,6 +22,7 @@ from tensor_debugger import capture, find_divergence
 from tensor_debugger.cli.compare_output import print_table
 from tensor_debugger.compare.reports.compare_report import to_json
 from tensor_debugger.compare.reports.contract import compare_report
+from tensor_debugger.compare.reports.divergence_words import FOUND_BY_FIND_DIVERGENCE
 from tensor_debugger.engine.summary_compare import Sketch, compare_sketches, sample_positions
 from tensor_debugger.engine.tolerances import Tolerance
 from tensor_debugger.ingest.fold64 import content_hash
@@ -488,11 +489,13 @@ def test_find_divergences_full_passes_stop_after_the_modules_asked_for_with_the_
         assert list(complete) == [*full, f"{root}_outputs"]
         for name, array in full.items():
             assert array.dtype == complete[name].dtype and np.array_equal(array, complete[name]), name
-        assert notes[f"{side} (full)"] == [
+        stopped = (
             f"recorded modules layers.1.self_attn*, layers.1.norm* only, up to {root}.layers.1.self_attn_outputs, the "
             "last tensor of theirs: the forward was stopped after it, so nothing after it (the model's outputs among "
             "them) was recorded"
-        ]
+        )
+        # the candidate's also says find_divergence checked what needs the models (no session sentence sends there)
+        assert notes[f"{side} (full)"] == [stopped, *([FOUND_BY_FIND_DIVERGENCE] if side == "candidate" else [])]
 
 
 def test_find_divergence_of_a_tiny_llama(settings: Settings) -> None:

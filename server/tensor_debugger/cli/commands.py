@@ -36,12 +36,28 @@ def warm(probe: ServerProbe, args: argparse.Namespace, request: CompareRequest |
         return remote_compare(address, request, args.json)
     except KeyboardInterrupt:
         # the server goes on with what it was sent to the end (web/controllers/local.py): said, not undone
-        print(
-            f"\ntensor-debugger: interrupted (Ctrl-C): no verdict here; the server at {address} goes on with this "
-            f"{args.command} to the end (`tensor-debugger sessions` lists it).",
-            file=sys.stderr,
-        )
+        print(f"\n{interrupted_words(address.url, request)}", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+def interrupted_words(url: str, request: CompareRequest | None) -> str:
+    """What a `compare` (`request`) or an `ingest` handed to the server at `url` says on Ctrl-C: the server goes on
+    to the end, and where its answer is then. A compare run again is compared once more, into a new session (the
+    name taken by the one the server finished): said, so that the answer is looked for where it is."""
+    if request is None:
+        return (
+            f"tensor-debugger: interrupted (Ctrl-C): no verdict here; the server at {url} goes on with this ingest "
+            "to the end (`tensor-debugger sessions` lists its run)."
+        )
+    from tensor_debugger.compare.planning.requests import wanted_name
+
+    name = wanted_name(request)
+    return (
+        f"tensor-debugger: interrupted (Ctrl-C): no verdict here; the server at {url} goes on with this compare to "
+        f"the end, into session {name!r} (or {name + ' (2)'!r}... where that name was taken): its answer is on "
+        f"that session's page ({url}/sessions lists it; so does `tensor-debugger sessions`). This command run "
+        "again compares once more, into a new session."
+    )
 
 
 def ingest(

@@ -23,6 +23,7 @@ from tensor_debugger.compare.reports.compare_report import (
     Culprit,
     DivergenceSummary,
     ReadOnce,
+    nothing_whole_words,
     second_tensors,
     to_json,
     unread_files,
@@ -264,7 +265,12 @@ def print_table(report: CompareReport, data_dir: Path | None = None) -> None:
         # pairs not one value computed two ways (out of step) were not compared: neither passing nor failing
         off = {o.name for o in report.coverage.out_of_step} if report.coverage is not None else set()
         judged = [p for p in report.pairs if p.name not in off]
-        told = no_divergence_words([pass_basis(p) for p in judged])
+        if judged and not any(p.status in ("pass", "fail") for p in judged):
+            # not one pair has a verdict: there are no pairs compared to have no divergence among, but the rows
+            # compared of a pair whose reference was cut were compared, and are said to be
+            told = nothing_whole_words(len(judged), _in_part(judged))
+        else:
+            told = no_divergence_words([pass_basis(p) for p in judged])
         if incomplete and told.startswith("no divergence") and " among the pairs compared" not in told:
             told = told.replace(":", " among the pairs compared:", 1)
         print(told)
@@ -544,6 +550,8 @@ def _no_divergence_of(report: CompareReport, label: str) -> str:
     where its passes rest on summaries. Another candidate's pairs and coverage are not its."""
     mine = [p for p in report.pairs if p.candidate == label]
     run = next((r for r in report.coverage.runs if r.run == label), None) if report.coverage is not None else None
+    if mine and not any(p.status in ("pass", "fail") for p in mine):
+        return nothing_whole_words(len(mine), _in_part(mine))
     return no_divergence_words(
         [pass_basis(p) for p in mine], None if run is None else run.compared, None if run is None else run.tensors
     )
@@ -558,6 +566,11 @@ def pass_basis(pair: ComparedPair) -> PassBasis:
         identical=bool(summary is not None and summary.identical),
         printed=on_printed_statistics(summary),
     )
+
+
+def _in_part(pairs: Sequence[ComparedPair]) -> list[tuple[int, int]]:
+    """(rows compared, reference rows) of the pairs of `pairs` compared in part (their reference cut)."""
+    return [(p.reference_rows.kept, p.reference_rows.rows) for p in pairs if p.reference_rows and p.compared_in_part]
 
 
 def print_candidates(report: CompareReport) -> None:

@@ -406,7 +406,7 @@ def compare_runs(
     ]
     wanted = wanted_name(request)
     resumed = interrupted_session(ingestor, wanted, runs[0][0], runs[0][1])
-    session_name = wanted if resumed is not None else free_name(sessions, wanted)
+    session_name = resumed.name if resumed is not None else free_name(sessions, wanted)
 
     def step(name: str) -> Callable[[int, int], None] | None:
         return None if progress is None else lambda done, total: progress(name, done, total)

@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 from tensor_debugger.compare.planning.op_pairs import op_strategy, pairing_note
+from tensor_debugger.compare.reports.divergence_words import FOUND_BY_FIND_DIVERGENCE
 from tensor_debugger.engine.capture_order import held_before, holds_one_value
 from tensor_debugger.engine.lowered import Recorded, lowered
 from tensor_debugger.engine.op_alignment import AMBIGUOUS, OpPairing, OpTensor, out_of_step, pair_ops
@@ -118,7 +119,7 @@ from tensor_debugger.live.precision_floor import (
 )
 from tensor_debugger.live.recorder import HeldRun, compiled_modules, pair_session, record
 from tensor_debugger.live.roles import NOISE_ROLE
-from tensor_debugger.live.session_name import free_session
+from tensor_debugger.live.session_name import free_session, stored_in_new_session
 from tensor_debugger.live.slices_inside import inside_lines, slices_inside
 from tensor_debugger.live.state_differences import StateDifference, differing_state, state_words
 
@@ -392,6 +393,7 @@ def find_divergence(
         _arguments(inputs),
         floor,
         precision_floor,
+        asked=asked,
     )
     try:
         try:
@@ -417,6 +419,32 @@ def find_divergence(
             pair_session(stored[0].session_id, data_dir)
 
 
+def _store_runs(
+    runs: Sequence[tuple[HeldRun, str, str | None, str | None]],
+    session: str,
+    asked: str | None,
+    where: dict[str, Any],
+    stored: list[CaptureResult],
+) -> str:
+    """Store `runs` (each held run, its label, role and the label it is compared against) in order into session
+    `session`, each result appended to `stored`; the name of the session stored into. The first run a call stores
+    into a local data dir makes the session, under the next name free for `asked` where another call took
+    `session` since it was found free (live/session_name.py)."""
+    for held, label, role, against in runs:
+        if stored or where["server"] is not None:
+            stored.append(held.store(session, label, **where, against=against, role=role))
+            continue
+
+        def store(
+            name: str, held: HeldRun = held, label: str = label, role: str | None = role, against: str | None = against
+        ) -> CaptureResult:
+            return held.store(name, label, **where, against=against, role=role, new_session=True)
+
+        result, session = stored_in_new_session(store, asked or session, session, where["data_dir"])
+        stored.append(result)
+    return session
+
+
 def _named(found: Divergence, asked: str) -> Divergence:
     """`found`, saying the session name asked for where it was taken, so another was used."""
     return dataclasses.replace(found, asked_session=asked) if asked != found.session else found
@@ -438,10 +466,12 @@ def _find(
     floor: Floor | None = None,
     autocast_floor_allowed: bool = False,
     first_call_note: str | None = None,
+    asked: str | None = None,
 ) -> Divergence:
     """`find_divergence`'s passes; each run stored is appended to `stored`; `arguments`, how the next capture's
     snippet calls each model on `inputs`; `floor`, the precision floor, where there is one; `first_call_note`, why
-    the models' first calls were left out (said among the answer's notes)."""
+    the models' first calls were left out (said among the answer's notes); `asked`, the session name asked for
+    (`session` the name found free for it: another where a call at the same moment took it first)."""
     root_a, root_b = _root_name(reference), _root_name(candidate)
     # 1. summaries of each model, held, compared in order
     with record(reference, level=level, values="summary") as ref_run:
@@ -625,8 +655,7 @@ def _find(
     if floor_held is not None:
         first_runs.append((floor_held, NOISE_RUN, NOISE_ROLE))
     if first is None and changed is None:  # every pair bit-identical: no model is called again
-        for held, label, role in first_runs:
-            stored.append(held.store(session, label, **where, role=role))
+        session = _store_runs([(h, label, role, None) for h, label, role in first_runs], session, asked, where, stored)
         location = _location(stored[0], server, data_dir)
         within = (changed, ref_lines.get(changed) or "") if changed is not None else None
         return Divergence(
@@ -663,9 +692,9 @@ def _find(
     other_module = _maker_of(other, {re.sub(r"#\d+$", "", module_of(n)) for n in cand.summaries})
     state = _differing_state(reference, candidate, module, other_module)
     before = module_before(order, order.index(name), module)
-    snippet = next_capture(
-        session,
-        [module, *([before] if before else [])],
+    snippet_of = functools.partial(
+        next_capture,
+        module_paths=[module, *([before] if before else [])],
         arguments=arguments,
         given=f"inputs: what find_divergence was given as `inputs` ({_given_words(arguments)})",
         # the second pass's runs are stored under "reference (full)" and "candidate (full)": run again, the snippet
@@ -677,6 +706,7 @@ def _find(
         # the place it stores into, named even where it is the default data dir (the snippet may run elsewhere)
         where=f", server={server!r}" if server is not None else f", data_dir={_data_dir(data_dir)!r}",
     )
+    snippet = snippet_of(session)
     full_runs: list[HeldRun] = []
     checked: list[str] = []
     # with a converted floor: the arguments of each module call the second pass records, kept as the reference's
@@ -784,11 +814,14 @@ def _find(
         second_runs.append((floor_full, NOISE_FULL_RUN, NOISE_ROLE))
     if state:  # said on the candidate's run too: the session's pages show it beside its pairs
         full_runs[1].recorder.notes.append(state_words(module, other_module, state))
-    for held, label, role in first_runs:
-        stored.append(held.store(session, label, **where, role=role))
-    for held, label, role in second_runs:
-        against = "reference (full)" if label != "reference (full)" else None
-        stored.append(held.store(session, label, **where, against=against, role=role))
+    # and that what needs the models was checked here: the session does not send the user to find_divergence
+    full_runs[1].recorder.notes.append(FOUND_BY_FIND_DIVERGENCE)
+    ordered = [(h, label, role, None) for h, label, role in first_runs] + [
+        (h, label, role, "reference (full)" if label != "reference (full)" else None) for h, label, role in second_runs
+    ]
+    taken = _store_runs(ordered, session, asked, where, stored)
+    if taken != session:  # another call took the name found free first: the snippet names the session stored into
+        session, snippet = taken, snippet_of(taken)
     location = _location(stored[0], server, data_dir)
 
     if first is None and earliest is None:  # the full values agree too: no divergence found

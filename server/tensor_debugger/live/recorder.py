@@ -258,11 +258,15 @@ class HeldRun:
         _pair: bool = True,
         against: str | None = None,
         role: str | None = None,
+        new_session: bool = False,
     ) -> CaptureResult:
         """Store the run as run `run` of session `session`, where `capture` with the same arguments would have
         stored it, with the same tensors, summaries, module tree and notes; returns its result, ids filled in.
         `against`: the label of the session's run it is compared against (default: the session's reference);
-        `role`: "noise" for a rerun, the noise floor of the run it is compared against (as `capture`'s)."""
+        `role`: "noise" for a rerun, the noise floor of the run it is compared against (as `capture`'s);
+        `new_session` (a local data dir's run only): the run makes its session, and where one of that name exists
+        (another call made it since the name was found free) raises SessionNameTaken, nothing stored, the run
+        still held to be stored again."""
         parse_role(role, run, server)
         recorder, result = self.recorder, self.result
         result.session, result.run = session, run
@@ -272,7 +276,9 @@ class HeldRun:
         local: LocalRun | None = None
         writer: CaptureWriter | None = None
         try:
-            local = LocalRun(session, run, data_dir, against, role) if server is None and ranks is None else None
+            local = None
+            if server is None and ranks is None:
+                local = LocalRun(session, run, data_dir, against, role, new_session)
             if self.held is not None:
                 writer = CaptureWriter(local.sink if local is not None else FileSink(folder), host_memory, workers)
                 for index, file, copy in self.held.jobs:

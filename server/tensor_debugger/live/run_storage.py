@@ -36,10 +36,17 @@ class LocalRun:
     tensors go into the run's arrays as they come), so its data dir is opened before the block runs, as before;
     with values="summary" nothing is written before the block ends, so the opening overlaps the forward, and a data
     dir that cannot be used is said when the block ends, with nothing stored. The labels and the settings are read
-    here, at once: a wrong one is said before the block runs."""
+    here, at once: a wrong one is said before the block runs. `new_session`: the run makes its session, refused with
+    SessionNameTaken (nothing kept) where one of that name exists (`Ingestor.begin`)."""
 
     def __init__(
-        self, session: str, run: str, data_dir: str | Path | None, against: str | None = None, role: str | None = None
+        self,
+        session: str,
+        run: str,
+        data_dir: str | Path | None,
+        against: str | None = None,
+        role: str | None = None,
+        new_session: bool = False,
     ) -> None:
         from tensor_debugger.settings import Settings
         from tensor_debugger.store.catalog import parse_label
@@ -51,11 +58,16 @@ class LocalRun:
         self._opened: tuple[Services, PendingRun, StoreSink] | None = None
         self._failure: BaseException | None = None
         self._opening = threading.Thread(
-            target=self._open, args=(settings, session, run, against, role), name="capture-open", daemon=False
+            target=self._open,
+            args=(settings, session, run, against, role, new_session),
+            name="capture-open",
+            daemon=False,
         )
         self._opening.start()
 
-    def _open(self, settings: Settings, session: str, run: str, against: str | None, role: str | None) -> None:
+    def _open(
+        self, settings: Settings, session: str, run: str, against: str | None, role: str | None, new_session: bool
+    ) -> None:
         """Open the data dir and begin the run (on the opening thread): `_opened`, or `_failure` if either raised."""
         from tensor_debugger.services import open_services
         from tensor_debugger.store.arrays import run_prefix
@@ -63,7 +75,9 @@ class LocalRun:
         try:
             services = open_services(settings)
             try:
-                pending = services.ingestor.begin(session, run, [run], role=role, against=against)
+                pending = services.ingestor.begin(
+                    session, run, [run], role=role, against=against, new_session=new_session
+                )
                 sink = StoreSink(
                     services.store, run_prefix(pending.run_id), settings.chunk_bytes, services.context.kernel
                 )

@@ -1,11 +1,21 @@
 """The session `find_divergence` stores into: the name asked for, or, where a session has that name already, the
 name a new session takes (`name (2)`, the first number free), as `compare` names one (store/catalog.free_name).
 Its runs are labelled "reference", "candidate", "reference (full)"...: added to a session made before (by an
-earlier call with the same name, or by `compare`), they would clash with its runs or take its reference's place."""
+earlier call with the same name, or by `compare`), they would clash with its runs or take its reference's place.
+
+The name is found free before the passes (the snippet of the next capture names it), and taken only as the first
+run is stored: in a local data dir, that run makes the session or is refused where another call (two
+`find_divergence` calls with one name at once) made a session of that name meanwhile; then the next free name is
+found and the run stored into it (`stored_in_new_session`), as `compare` does (compare/pipeline._begin_session)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+NAME_TRIES = 5  # names found free and taken by another call before this one stores: then the last error is raised
 
 
 def free_session(session: str, server: str | None, token: str | None, data_dir: str | Path | None) -> str:
@@ -33,3 +43,19 @@ def free_session(session: str, server: str | None, token: str | None, data_dir: 
             return free_name(db, session)
     finally:
         services.close()
+
+
+def stored_in_new_session(
+    store: Callable[[str], T], asked: str, session: str, data_dir: str | Path | None
+) -> tuple[T, str]:
+    """`store(name)` (which makes session `name`, raising SessionNameTaken where one of that name exists) into
+    `session`, the name found free for `asked`, or where another call took it meanwhile into the next name free
+    for `asked` in the local data dir (`data_dir`): what it returned and the name of the session it made."""
+    from tensor_debugger.errors import SessionNameTaken
+
+    for _ in range(NAME_TRIES - 1):
+        try:
+            return store(session), session
+        except SessionNameTaken:
+            session = free_session(asked, None, None, data_dir)
+    return store(session), session

@@ -12,7 +12,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session as DbSession
 
 from tensor_debugger.compare.context import cache_key
-from tensor_debugger.engine.alignment import Alignment, Step, cut_verdict, reference_cut, stored_steps
+from tensor_debugger.engine.alignment import (
+    Alignment,
+    ReferenceCut,
+    Step,
+    cut_verdict,
+    reference_cut,
+    stored_steps,
+)
 from tensor_debugger.engine.summaries import ReportedSummary
 from tensor_debugger.engine.tolerances import Tolerance, default_tolerance, has_ulp, is_exact_dtype, lower_precision
 from tensor_debugger.engine.views import SourceView, View, build_view
@@ -74,12 +81,17 @@ def settled_status(
 
 
 def reference_cut_words(pair: Any, shapes_a: Sequence[tuple[int, ...]]) -> str | None:
-    """`engine.alignment.reference_cut` of a pair row (its stored alignment, its reference shards' `shapes_a`), in
-    words; None where every reference element faces a candidate element (or the pair has no alignment)."""
+    """`reference_cut_of` a pair row in words; None where every reference element faces a candidate element."""
+    cut = reference_cut_of(pair, shapes_a)
+    return None if cut is None else cut.words()
+
+
+def reference_cut_of(pair: Any, shapes_a: Sequence[tuple[int, ...]]) -> ReferenceCut | None:
+    """`engine.alignment.reference_cut` of a pair row (its stored alignment, its reference shards' `shapes_a`);
+    None where every reference element faces a candidate element (or the pair has no alignment)."""
     if not pair.alignment:
         return None
-    cut = reference_cut(shapes_a, stored_steps(pair.alignment))
-    return None if cut is None else cut.words()
+    return reference_cut(shapes_a, stored_steps(pair.alignment))
 
 
 def alignment_key(pair: PairRecord) -> str:

@@ -77,6 +77,15 @@ class Replicas(msgspec.Struct, frozen=True):
     differing: list[int] | None
 
 
+class ReferenceRows(msgspec.Struct, frozen=True):
+    """The reference rows a pair's alignment compared where it cut some away (the candidate has fewer): `kept` of
+    its `rows` along `axis`; the others were compared with nothing, so the pair is never a pass."""
+
+    kept: int
+    rows: int
+    axis: int
+
+
 class ComparedPair(msgspec.Struct, frozen=True):
     name: str
     layer: int | None
@@ -101,6 +110,14 @@ class ComparedPair(msgspec.Struct, frozen=True):
     where: list[WhereEntry] | None
     # two captured ops of one name and shape paired by content, or by position ambiguously: how, in words
     pairing_note: str | None = None
+    # where its alignment cut reference rows away: the rows compared of them; null where the whole reference faced
+    # the candidate
+    reference_rows: ReferenceRows | None = None
+
+    @property
+    def compared_in_part(self) -> bool:
+        """Some of its reference rows compared, the others cut away: not compared whole, not compared at all."""
+        return self.reference_rows is not None and self.stats is not None
 
     @property
     def on_summary(self) -> bool:
@@ -404,6 +421,20 @@ def unusable_report(
             problems=[],
         )
     return msgspec.structs.replace(report, problems=list(problems), error=message)
+
+
+def nothing_whole_words(pairs: int, in_part: Sequence[tuple[int, int]]) -> str:
+    """In words, a comparison where no pair has a verdict (`pairs` of them): of them, the ones compared in part
+    (`in_part`, each its reference rows compared and the reference's rows) said with what was compared of them:
+    "no pair was compared whole: 1 pair compared in part (4 of 6 rows)"; "nothing was compared: 0 of 2 pairs
+    compared" where none was."""
+    if not in_part:
+        return f"nothing was compared: 0 of {pairs} pairs compared"
+    rows = ", ".join(f"{kept} of {total} rows" for kept, total in in_part[:3])
+    rows += f" and {len(in_part) - 3} more" if len(in_part) > 3 else ""
+    many = len(in_part) != 1
+    count = f"{len(in_part)} pair{'s' if many else ''}" if len(in_part) == pairs else f"{len(in_part)} of {pairs} pairs"
+    return f"no pair was compared whole: {count} compared in part ({rows})"
 
 
 def unread_files(problems: Sequence[ProblemReport]) -> list[str]:

@@ -17,6 +17,7 @@ from tensor_debugger.compare.reports.compare_report import (
     DivergenceSummary,
     NextCaptureSummary,
     OutOfStepSummary,
+    ReferenceRows,
     Replicas,
     RunCoverageSummary,
     RunNotComparedSummary,
@@ -79,6 +80,9 @@ def _pair(p: PairReport, report: SessionPairs) -> ComparedPair:
         replicas=Replicas(p.replicas.ranks, p.replicas.side, p.replicas.differing) if p.replicas else None,
         where=p.where,
         pairing_note=p.pairing_note,
+        reference_rows=None
+        if p.reference_rows is None
+        else ReferenceRows(p.reference_rows.kept, p.reference_rows.rows, p.reference_rows.axis),
     )
 
 

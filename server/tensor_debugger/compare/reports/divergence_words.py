@@ -131,6 +131,15 @@ def holds_words(held: HeldBefore | None) -> str:
     )
 
 
+# the note find_divergence leaves on the candidate's run of full values it stores ("candidate (full)"): the session
+# then holds the answer to what needs the models, and its first divergence does not send the user to find_divergence
+FOUND_BY_FIND_DIVERGENCE = (
+    "stored by find_divergence, which held both models and checked what needs them (the module called again on "
+    "the reference's inputs to it, its parameters and buffers, the precision floor, where each applies): its answer "
+    "says what it found"
+)
+
+
 def checks_words(name: str, checks: Sequence[ModelCheck], dtype: str | None = None) -> str:
     """What `find_divergence` can check of a session's first divergence `name` (a captured tensor) that the session
     cannot, as one sentence ("" where nothing applies); `dtype`, the candidate's lower precision, for the precision

@@ -42,23 +42,28 @@ def rests_on_summaries(mine: Sequence[PairReport]) -> bool:
 
 
 def full_values_runs(
-    items: Sequence[PairReport], run_order: Sequence[int], noise_runs: Collection[int], first_candidate: int
+    items: Sequence[PairReport],
+    run_order: Sequence[int],
+    noise_runs: Collection[int],
+    first_candidate: int,
+    valued: bool = True,
 ) -> list[FullValuesRun]:
     """The candidate runs (in the session's run order) of `items` (the session's judged pairs, reruns left out)
     whose traced pairs have element values, each compared against a run that is itself a candidate compared against
     `first_candidate`'s reference: a second capture of both sides with full values, as find_divergence stores it
     ("candidate (full)" against "reference (full)"), and its replay of modules on the reference's arguments to them
-    ("candidate (own)" against "reference (own)"). Empty where the session has none."""
+    ("candidate (own)" against "reference (own)"). Empty where the session has none. `valued=False`: whether or not
+    their pairs are compared yet (what the session holds, not what can be judged on it yet)."""
     against: dict[int, set[int]] = {}
-    valued: set[int] = set()
+    with_values: set[int] = set()
     for i in items:
         against.setdefault(i.b.run_id, set()).add(i.a.run_id)
-        if i.module_path and pair_error(i) is not None:
-            valued.add(i.b.run_id)
+        if i.module_path and (pair_error(i) is not None or not valued):
+            with_values.add(i.b.run_id)
     references = against.get(first_candidate, set())
     found = []
     for run in run_order:
-        if run == first_candidate or run in noise_runs or run not in valued or len(against.get(run, ())) != 1:
+        if run == first_candidate or run in noise_runs or run not in with_values or len(against.get(run, ())) != 1:
             continue
         (second,) = against[run]
         if second in references or second in noise_runs or second == first_candidate:  # not a second capture

@@ -11,7 +11,7 @@ from tensor_debugger.compare.reports.formatting import replica_words
 from tensor_debugger.compare.reports.pair_stats import PairStatsFull, PairStatsSummary
 from tensor_debugger.compare.reports.summary_reports import SummaryReport
 from tensor_debugger.compare.reports.where_reports import WhereEntry
-from tensor_debugger.engine.alignment import Step
+from tensor_debugger.engine.alignment import ReferenceCut, Step
 from tensor_debugger.engine.metrics import Number
 from tensor_debugger.store.reports import PairStatus
 
@@ -78,6 +78,8 @@ class PairReport:
     # the reference rows its alignment cut away, in words ("compared 4 of the reference's 6 rows along dim 0: ..."):
     # such a pair never passes (engine.alignment.cut_verdict); null where every reference element was compared
     reference_cut: str | None
+    # the same cut as numbers: the reference rows compared (`kept`) of its `rows` along `axis`; null where none
+    reference_rows: ReferenceCut | None
 
     @property
     def key(self) -> str:

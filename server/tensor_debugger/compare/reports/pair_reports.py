@@ -16,7 +16,7 @@ from tensor_debugger.compare.compute.profiles import error_profile
 from tensor_debugger.compare.context import CompareContext
 from tensor_debugger.compare.planning.op_pairs import AMBIGUOUS_STRATEGY, pairing_note
 from tensor_debugger.compare.planning.plan import capture_scope, outside_scope
-from tensor_debugger.compare.planning.sides import reference_cut_words, views
+from tensor_debugger.compare.planning.sides import reference_cut_of, views
 from tensor_debugger.compare.reports.before_divergence import (
     crossed_before,
     held_before_of,
@@ -31,6 +31,7 @@ from tensor_debugger.compare.reports.compare_report import (
     LoweredFirst,
     ModelCheck,
     RecordedEarly,
+    nothing_whole_words,
 )
 from tensor_debugger.compare.reports.coverage import (
     ClosestCandidate,
@@ -44,6 +45,7 @@ from tensor_debugger.compare.reports.coverage import (
     session_verdict,
 )
 from tensor_debugger.compare.reports.divergence_words import (
+    FOUND_BY_FIND_DIVERGENCE,
     OUTPUTS_AGREE,
     RESHAPED_WHY,
     changed_words,
@@ -96,7 +98,7 @@ from tensor_debugger.compare.reports.reshaped import reshaped_pairs
 from tensor_debugger.compare.reports.summary_reports import SummaryReport, summary_report
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
-from tensor_debugger.engine.alignment import cut_verdict, replicas_of, stored_steps
+from tensor_debugger.engine.alignment import ReferenceCut, cut_verdict, replicas_of, stored_steps
 from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
@@ -351,6 +353,14 @@ class SessionPairs:
         return [p for p in self.pairs if p.status in (PairStatus.INCOMPARABLE, PairStatus.ERROR)]
 
     @property
+    def nothing_whole(self) -> str:
+        """Where no pair has a verdict, what was compared (`compare_report.nothing_whole_words`: the command's line):
+        nothing, or the rows compared of the pairs whose reference was cut."""
+        judged = [p for p in self.pairs if p.id not in self.out_of_step]
+        in_part = [(p.reference_rows.kept, p.reference_rows.rows) for p in judged if p.reference_rows and p.stats]
+        return nothing_whole_words(len(judged), in_part)
+
+    @property
     def unmatched_reference(self) -> list[UnmatchedReport]:
         """The reference tensors without partner in a candidate that the user did not allow, in execution order."""
         names = set(self.coverage.unmatched)
@@ -414,7 +424,8 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
     failing replicated pair, the elements outside the tolerance per rank."""
     alignment = pair.alignment or {}
     a, b = _side(pair, "a", tensors), _side(pair, "b", tensors)
-    cut = _reference_cut(pair, tensors)
+    rows = _reference_cut(pair, tensors)
+    cut = None if rows is None else rows.words()
     status, error = _STATUSES[pair.status], pair.error
     if status == PairStatus.PASS and cut is not None:  # a row settled before the rule (cut_verdict) held
         settled, error = cut_verdict(True, cut, "summaries" if pair.summary else "tolerance")
@@ -445,14 +456,15 @@ def _pair_fields(pair: Any, tensors: dict[int, Any], mismatches: dict[int, list[
         "replicas": _replicas(pair, mismatches),
         "pairing_note": pairing_note(pair.strategy),
         "reference_cut": cut,
+        "reference_rows": rows,
     }
 
 
-def _reference_cut(pair: Any, tensors: dict[int, Any]) -> str | None:
-    """`PairReport.reference_cut` of a pair row, from its reference shards' shapes (`tensors` rows)."""
+def _reference_cut(pair: Any, tensors: dict[int, Any]) -> ReferenceCut | None:
+    """The reference rows a pair row's alignment cut away, from its reference shards' shapes (`tensors` rows)."""
     if not pair.alignment or any(i not in tensors for i in pair.a_tensor_ids):
         return None
-    return reference_cut_words(pair, [tuple(tensors[i].shape) for i in pair.a_tensor_ids])
+    return reference_cut_of(pair, [tuple(tensors[i].shape) for i in pair.a_tensor_ids])
 
 
 def pair_report(
@@ -526,11 +538,16 @@ def session_pairs(
     out_of_step: dict[int, str] = {}
     for run_id in compared:
         out_of_step |= _out_of_step_pairs([i for i in items if i.b.run_id == run_id])
+    recaptured = _recaptured(db, judged, compared)
     candidates = [
         CandidateReport(
             run_id,
             label,
-            _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing, out_of_step),
+            _checks_left(
+                run_id,
+                _first_divergence_of(db, session_id, [i for i in items if i.b.run_id == run_id], missing, out_of_step),
+                recaptured,
+            ),
             against.get(run_id),
             runs.get(against[run_id]) if against.get(run_id) is not None else None,
         )
@@ -660,6 +677,40 @@ def _module_view(db: DbSession, judged: _JudgedPairs, first_candidate: int | Non
 
     (run, full), more = views[0], views[1:]
     return with_full_values(view, full, words(run), [(other, words(r).partition(": ")[2]) for r, other in more])
+
+
+def _recaptured(db: DbSession, judged: _JudgedPairs, candidates: Collection[int]) -> set[int]:
+    """Of `candidates`, the runs find_divergence stored its second capture with full values into (its note on them
+    says so: `FOUND_BY_FIND_DIVERGENCE`), and those they are a second capture of ("candidate" of "candidate
+    (full)"). A second capture the user made (the session's snippet) is not one: nothing checked the models."""
+    noted = set(
+        db.scalars(
+            select(ProblemRecord.run_id).where(
+                ProblemRecord.run_id.in_([r.id for r in judged.runs]),
+                ProblemRecord.note.is_(True),
+                ProblemRecord.reason == FOUND_BY_FIND_DIVERGENCE,
+            )
+        )
+    )
+    if not noted:
+        return set()
+    order = [r.id for r in judged.runs]
+    found = noted & set(candidates)
+    for run in candidates:
+        second = full_values_runs(judged.items, order, judged.noise_runs, run, valued=False)
+        if any(s.candidate in noted for s in second):
+            found.add(run)
+    return found
+
+
+def _checks_left(candidate: int, found: FirstDivergence | None, recaptured: Collection[int]) -> FirstDivergence | None:
+    """`found` (`candidate`'s first divergence) with the checks only find_divergence can make left out where
+    find_divergence stored the candidate or its second capture with full values (`recaptured`, `_recaptured`): it
+    held the models, checked what needs them, and its answer said what it found: sending the user to run it helps
+    nobody."""
+    if found is None or not found.find_divergence_checks or candidate not in recaptured:
+        return found
+    return replace(found, find_divergence_checks=[])
 
 
 def _candidate_modules(db: DbSession, judged: _JudgedPairs, candidate: int | None) -> ModuleReport | None:

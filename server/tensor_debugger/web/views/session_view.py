@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from urllib.parse import urlencode
 
+from tensor_debugger.compare.reports.compare_report import nothing_whole_words
 from tensor_debugger.compare.reports.pair_report import PairReport
 from tensor_debugger.compare.reports.pair_reports import CandidateReport, SessionPairs, UnmatchedReport, apply_order
 from tensor_debugger.compare.reports.pass_words import (
@@ -25,6 +26,7 @@ from tensor_debugger.compare.reports.pass_words import (
 )
 from tensor_debugger.compare.reports.worst_pairs import RankedPair, by_largest_diff, by_lowest_cosine, stat_value
 from tensor_debugger.engine.names import natural_key
+from tensor_debugger.store.reports import PairStatus
 from tensor_debugger.web.views.session_chart import svg_path
 
 GROUPS = ("layer", "name", "band", "none")
@@ -477,6 +479,10 @@ def candidate_verdict_words(report: SessionPairs, candidate: CandidateReport) ->
     with: on its own pairs and its run's coverage, never another candidate's."""
     mine = [p for p in report.pairs if p.b.run_id == candidate.run_id]
     run = next((r for r in report.coverage.runs if r.run == candidate.label), None)
+    if mine and not any(p.status in (PairStatus.PASS, PairStatus.FAIL) for p in mine):
+        # no pair has a verdict: nothing was compared, or only the rows of pairs whose reference was cut
+        in_part = [(p.reference_rows.kept, p.reference_rows.rows) for p in mine if p.reference_rows and p.stats]
+        return nothing_whole_words(len(mine), in_part)
     return no_divergence_words(
         [
             PassBasis(
