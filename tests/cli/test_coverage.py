@@ -105,6 +105,33 @@ def test_a_pairing_files_unpaired_entries_allow_what_they_name(tmp_path: Path) -
     assert done.returncode == 0 and out["verdict"] == "no_divergence", done.stdout
 
 
+def test_a_two_name_refusal_of_the_failing_pairs_leaves_the_session_incomplete(tmp_path: Path) -> None:
+    """`{"a", "b"}` in a pairing file's `unpaired` says "never these two", not "this tensor may go uncompared":
+    refusing the pairs that diverge leaves their reference tensors unmatched (exit 1), never a pass."""
+    a = layered_dump(tmp_path / "ref", None)
+    b = layered_dump(tmp_path / "cand", bug_from=3)
+    done, out = compare(tmp_path, a, b)
+    assert done.returncode == 1 and out["verdict"] == "diverged" and out["first_divergence"]["name"] == "3_attn"
+    pairing = tmp_path / "pairing.json"
+    pairing.write_text(json.dumps({"unpaired": [{"a": name, "b": name} for name in ("3_attn", "3_mlp")]}))
+    done, out = compare(tmp_path, a, b, "--pairing", str(pairing))
+    assert done.returncode == 1, done.stdout
+    assert out["verdict"] == "incomplete" and out["first_divergence"] is None
+    assert out["coverage"]["unmatched"] == ["3_attn", "3_mlp"] and out["coverage"]["allowed_unmatched"] == []
+    assert out["unmatched"] == {"a": ["3_attn", "3_mlp"], "b": ["3_attn", "3_mlp"]}
+    table = main_cli(
+        "compare", str(a), str(b), "--in-process", "--pairing", str(pairing),
+        env={"TENSOR_DEBUGGER_DATA_DIR": str(tmp_path / "d")},
+    )  # fmt: skip
+    assert table.returncode == 1 and "no divergence among the pairs compared: 6 of 6 pairs pass" in table.stdout
+    assert "NOT COMPARED: 2 of 8 reference tensors have no partner in the candidate: 3_attn, 3_mlp" in table.stdout
+    # one-sided, the same tensors are the user's choice
+    pairing.write_text(json.dumps({"unpaired": [{"a": name} for name in ("3_attn", "3_mlp")]}))
+    done, out = compare(tmp_path, a, b, "--pairing", str(pairing))
+    assert done.returncode == 0 and out["verdict"] == "no_divergence", done.stdout
+    assert out["coverage"]["allowed_unmatched"] == ["3_attn", "3_mlp"]
+
+
 def test_the_first_divergence_names_the_reference_tensors_before_it_never_compared(tmp_path: Path) -> None:
     """The port dumped 1_attn under its own name (no strategy pairs it) and diverges from layer 2 on."""
     a = layered_dump(tmp_path / "ref", None)
@@ -216,3 +243,25 @@ def test_one_reference_tensor_without_partner_is_counted_in_words_that_agree(tmp
     table = main_cli("compare", str(a), str(b), "--in-process", env={"TENSOR_DEBUGGER_DATA_DIR": str(tmp_path / "d")})
     assert table.returncode == 1, table.stdout + table.stderr
     assert "NOT COMPARED: 1 of 8 reference tensors has no partner in the candidate: 3_mlp" in table.stdout
+
+
+def test_empty_tensors_pass_only_where_their_shapes_agree(tmp_path: Path) -> None:
+    """An expert given no token: `[0, 8]` against `[0, 8]` passes with 0 elements (no mean, no cosine: null, not NaN
+    or 1) and counts as compared (it agrees by holding nothing); against `[0, 4]` or `[8, 0]` it is incomparable,
+    with the shapes said, never a pass by flattening or permuting nothing."""
+    for name, shape in (("same", (0, 8)), ("narrower", (0, 4)), ("turned", (8, 0))):
+        (tmp_path / name / "ref").mkdir(parents=True)
+        (tmp_path / name / "cand").mkdir()
+        torch.save(torch.zeros(0, 8), tmp_path / name / "ref" / "0_expert.pth")
+        torch.save(torch.zeros(*shape), tmp_path / name / "cand" / "0_expert.pth")
+    done, out = compare(tmp_path / "same", tmp_path / "same" / "ref", tmp_path / "same" / "cand")
+    assert done.returncode == 0 and out["verdict"] == "no_divergence", done.stdout
+    stats = out["pairs"][0]["stats"]
+    assert out["pairs"][0]["status"] == "pass" and stats["numel"] == 0
+    assert stats["cosine"] is None and stats["mean_abs_diff"] is None and stats["mse"] is None
+    assert out["coverage"]["compared"] == 1
+    for name, shapes in (("narrower", "[0, 8] vs [0, 4]"), ("turned", "[0, 8] vs [8, 0]")):
+        done, out = compare(tmp_path / name, tmp_path / name / "ref", tmp_path / name / "cand")
+        assert out["pairs"][0]["status"] == "incomparable", done.stdout
+        assert out["pairs"][0]["alignment"] == f"incomparable: {shapes}"
+        assert out["verdict"] != "no_divergence" and out["coverage"]["compared"] == 0

@@ -4,7 +4,7 @@ reading of the pairing rules."""
 from __future__ import annotations
 
 import pytest
-from tensor_debugger.engine.alignment import Alignment, Step, alignment_choices
+from tensor_debugger.engine.alignment import Alignment, Step, align, alignment_choices
 from tensor_debugger.errors import InvalidInputError
 from tensor_debugger.web.views.pairing_form import PairingForm, rules_from_form
 
@@ -55,3 +55,14 @@ def test_the_rules_form() -> None:
         rules_from_form({"strategies": "name", "threshold": "0.9"})
     shown = PairingForm.of(["layer_stage", "fuzzy:0.7"], None)
     assert (shown.strategies, shown.threshold, shown.name_pattern) == ("layer_stage, fuzzy", "0.7", "")
+
+
+def test_empty_tensors_of_different_shapes_are_never_flattened_or_permuted() -> None:
+    """0 elements against 0 is no evidence that `[0, 8]` is `[0, 4]` or `[8, 0]` (a wrong hidden size of an MoE
+    expert given no token): incomparable; dropping size-1 dimensions still aligns them."""
+    assert align([(0, 8)], [(0, 4)]) is None
+    assert align([(0, 8)], [(8, 0)]) is None
+    assert align([(3,)], [(0,)]) is None
+    assert words([(0, 8)], [(0, 4)]) == []
+    assert align([(0, 8)], [(0, 8)]) is not None
+    assert words([(1, 0, 8)], [(0, 8)]) == ["reference size-1 dims dropped -> [0, 8]"]

@@ -83,6 +83,9 @@ def test_tolerances_manual_pairs_and_alignment_overrides(shared_server: LiveServ
     assert http.delete(f"{shared_server.url}/api/pairs/{shape_pair['id']}").status_code == 204
     report = wait_done(shared_server, session_id)
     assert {u["name"] for u in report["unmatched"]} == {"orphan_reference", "renamed_candidate"}
+    # an unpair by hand is "never these two", not "this tensor may go uncompared": the session lacks it now
+    orphan = next(u for u in report["unmatched"] if u["name"] == "orphan_reference")
+    assert orphan["allowed"] is False and "orphan_reference" in report["coverage"]["unmatched"]
     made = http.post(
         f"{shared_server.url}/api/sessions/{session_id}/pairs",
         json={"a_name": "orphan_reference", "b_name": "renamed_candidate"},

@@ -296,7 +296,10 @@ def _permutations(shape_b: Shape, target: Shape) -> Iterator[tuple[int, ...]]:
 
 
 def _pair_single(a: Shape, b: Shape) -> list[tuple[list[Step], Shape]]:
-    """Every chain aligning one shape with another, cheapest later picked by the caller."""
+    """Every chain aligning one shape with another, cheapest later picked by the caller. Where either side holds
+    no element, only dropping size-1 dimensions: no value could tell a permutation or a flattening right from
+    wrong (0 elements against 0 is no evidence that `[0, 8]` is `[0, 4]` or `[8, 0]`), so such shapes are
+    incomparable."""
     if a == b:
         return [([], a)]
     found: list[tuple[list[Step], Shape]] = []
@@ -304,6 +307,8 @@ def _pair_single(a: Shape, b: Shape) -> list[tuple[list[Step], Shape]]:
     qb, steps_b = _squeezed("b", b)
     if qa == qb:
         found.append((steps_a + steps_b, qa))
+    if math.prod(a) == 0 or math.prod(b) == 0:
+        return found
     for perm in _permutations(qb, qa):
         if perm != tuple(range(len(qb))):
             found.append((steps_a + steps_b + [Step("b", "permute", perm=perm, shape=qa)], qa))

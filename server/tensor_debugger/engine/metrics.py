@@ -83,6 +83,8 @@ class PairStats:
         data = asdict(self)
         data["argmax"] = list(self.argmax) if self.argmax is not None else None
         data["where"] = None if self.where is None else [s.to_json() for s in self.where]
+        if self.numel == 0:  # nothing compared: no mean, no angle (not NaN, nor the 1 of two zero norms): null
+            data.update(dict.fromkeys(OF_ELEMENTS, None))
         return {k: json_number(v) if isinstance(v, float) else v for k, v in data.items()}
 
     @classmethod
@@ -91,11 +93,16 @@ class PairStats:
             k: parse_number(v) if k not in ("argmax", "histogram", "worst", "ulp_dtype", "where") else v
             for k, v in data.items()
         }
+        values.update({k: math.nan for k in OF_ELEMENTS if data.get(k, 0) is None})  # a pair of 0 elements's
         values["argmax"] = tuple(data["argmax"]) if data.get("argmax") is not None else None
         values["worst"] = [WorstElement(**w) for w in data.get("worst", [])]
         where = data.get("where")
         values["where"] = None if where is None else [ErrorSpan.from_json(s) for s in where]
         return cls(**values)
+
+
+# the statistics a pair of 0 elements has none of: stored as null
+OF_ELEMENTS = ("mean_abs_diff", "mse", "rmse", "cosine", "snr_db")
 
 
 def json_number(value: float) -> float | str:

@@ -151,9 +151,17 @@ def plan_session(context: CompareContext, session_id: int) -> None:
                 else:
                     kept_pairs.append({**row, "id": kept_id})
                 position += 1
-            # the user's word that a tensor may stay unpaired: an unpair (by hand, or a pairing file's), a glob
+            # the user's word that a tensor may stay unpaired: a one-sided unpair (a pairing file's `{"a"}`), a glob;
+            # a refusal of two names (`{"a", "b"}`, an unpair by hand) says only "never these two", not that the
+            # tensor may go uncompared: it stays unmatched until paired again or allowed
             refused = {
-                side: {name for o in mine if o.action == "unpair" and (name := getattr(o, f"{side}_name"))}
+                side: {
+                    name
+                    for o in mine
+                    if o.action == "unpair"
+                    and (name := getattr(o, f"{side}_name"))
+                    and not getattr(o, f"{'b' if side == 'a' else 'a'}_name")
+                }
                 for side in ("a", "b")
             }
             globs = [str(g) for g in session.allow_unmatched or []]

@@ -54,11 +54,11 @@ class StatsSummary(msgspec.Struct, frozen=True):
     """A compared pair's statistics, those the contract keeps (compare/reports/pair_stats.py has them all)."""
 
     max_abs_diff: Number
-    mean_abs_diff: Number
+    mean_abs_diff: Number | None  # None (with mse, cosine): a pair of 0 elements has no such figure
     max_rel_diff: Number
     mean_rel_diff: Number
-    mse: Number
-    cosine: Number
+    mse: Number | None
+    cosine: Number | None
     mismatched: int
     numel: int
     argmax: list[int] | None

@@ -13,13 +13,13 @@ class PairStatsSummary:
     """A compared pair's statistics over the aligned tensors (see engine.metrics.PairStats)."""
 
     max_abs_diff: Number
-    mean_abs_diff: Number
+    mean_abs_diff: Number | None  # None (with mse, rmse, cosine, snr_db): a pair of 0 elements has no such figure
     max_rel_diff: Number
     mean_rel_diff: Number
-    mse: Number
-    rmse: Number
-    cosine: Number
-    snr_db: Number
+    mse: Number | None
+    rmse: Number | None
+    cosine: Number | None
+    snr_db: Number | None
     mismatched: int
     mismatched_fraction: Number
     numel: int

@@ -28,7 +28,7 @@ class RankedPair:
     run_id: int  # the candidate run's
     status: PairStatus
     max_abs_diff: Number
-    cosine: Number
+    cosine: Number | None
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,8 @@ def by_lowest_cosine(pair: PairReport) -> tuple[bool, float]:
 
 def worst_pairs(pairs: Sequence[PairReport], count: int = WORST_COUNT) -> WorstPairs:
     """The `count` worst compared pairs by each statistic; ties keep the pairs' order (execution order)."""
-    compared = [p for p in pairs if p.status in COMPARED and p.stats is not None]
+    # a pair of 0 elements has no difference to rank (its cosine is None, never the worst)
+    compared = [p for p in pairs if p.status in COMPARED and p.stats is not None and p.stats.numel > 0]
     return WorstPairs(
         [_ranked(p) for p in sorted(compared, key=by_largest_diff)[:count]],
         [_ranked(p) for p in sorted(compared, key=by_lowest_cosine)[:count]],
