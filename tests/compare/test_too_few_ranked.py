@@ -95,7 +95,9 @@ def test_a_captured_module_given_identical_inputs_is_named(settings: Settings) -
     torch.manual_seed(0)
     ref, x = Net().eval(), torch.randn(2, 8)
     cand = copy.deepcopy(ref)
-    cand.layers[1].lin.weight.data[3] *= 1.5
+    block = cand.layers[1]
+    assert isinstance(block, Block)
+    block.lin.weight.data[3] *= 1.5
     for model, run in ((ref, "reference"), (cand, "candidate")):
         with (
             torch.no_grad(),

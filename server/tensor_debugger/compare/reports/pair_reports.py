@@ -542,6 +542,8 @@ def session_pairs(
             coverage,
             ingesting,
             diverged=any(c.first_divergence is not None for c in candidates),
+            # runs, none a candidate: the reference (a run uploaded alone becomes it) and reruns of it at most
+            no_candidate=bool(ordered_runs) and all(r.id == reference or r.id in noise_runs for r in ordered_runs),
         ),
         out_of_step=frozenset(out_of_step),
     )
