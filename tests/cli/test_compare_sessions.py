@@ -137,8 +137,9 @@ def test_sessions_passing_on_summaries_say_so(tmp_path: Path) -> None:
 
 
 def test_a_session_with_nothing_compared_yet_is_no_pass(tmp_path: Path) -> None:
-    """A session holding only its reference (the candidate's ingest killed, or not run yet) is `comparing`: not
-    "no divergence ... INCOMPLETE: nothing to compare" with exit 0, as if nothing had broken."""
+    """A session holding only its reference (the candidate's ingest killed, or not run yet) is `no_candidate`
+    (`comparing` before, which a script polling for a verdict waited on for ever): not "no divergence ...
+    INCOMPLETE: nothing to compare" with exit 0, as if nothing had broken."""
     ref = tmp_path / "ref"
     ref.mkdir()
     torch.save(torch.ones(4), ref / "0_query.pth")
@@ -146,12 +147,9 @@ def test_a_session_with_nothing_compared_yet_is_no_pass(tmp_path: Path) -> None:
     assert main_cli("--data-dir", data, "ingest", "--session", "half", "--run", "ref", str(ref)).returncode == 0
     done = main_cli("--data-dir", data, "compare-sessions", "half", "half")
     assert done.returncode == 2, done.stdout
-    assert (
-        "A: half (session 1): nothing compared yet: a run is still ingesting, or the session has no candidate run"
-        in (done.stdout)
-    )
+    assert "A: half (session 1): nothing compared yet: the session has no candidate run" in done.stdout
     out = json.loads(main_cli("--data-dir", data, "compare-sessions", "half", "half", "--json").stdout)
-    assert out["a"]["verdict"] == "comparing"
+    assert out["a"]["verdict"] == "no_candidate"
 
 
 def test_a_pair_not_compared_in_either_session_is_no_change(tmp_path: Path) -> None:

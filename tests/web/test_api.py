@@ -338,3 +338,22 @@ def test_a_file_that_cannot_be_read_makes_the_session_page_say_incomplete(
     page = http.get(f"{shared_server.url}/sessions/{session_id}").text
     assert "Incomplete: 1 input file could not be read, so its tensors are missing" in page
     assert "1_post_mlp.pth" in page and "1 problem" in page
+
+
+def test_a_session_of_one_run_has_the_verdict_no_candidate(shared_server: LiveServer, tmp_path: Path) -> None:
+    """A run uploaded alone, labelled "candidate", becomes the session's reference: the 201 says its role, and once
+    it is ready the verdict is `no_candidate`, not `comparing` (before, a script polling until the verdict changed
+    never ended: failed on the parent commit), until a candidate is added."""
+    alone = tmp_path / "c.npz"
+    np.savez(alone, x=np.arange(6, dtype=np.float32))
+    response = upload(shared_server, "only a candidate", [("candidate", alone)])
+    assert response.status_code == 201, response.text
+    assert [(r["label"], r["role"]) for r in response.json()["runs"]] == [("candidate", "reference")]
+    session_id = response.json()["session"]["id"]
+    for path in ("pairs", "first-divergence"):
+        got = http.get(f"{shared_server.url}/api/sessions/{session_id}/{path}", headers=shared_server.auth).json()
+        assert got["verdict"] == "no_candidate", (path, got)
+    np.savez(second := tmp_path / "d.npz", x=np.arange(6, dtype=np.float32))
+    added = upload(shared_server, "", [("fixed", second)], url=f"/api/sessions/{session_id}/runs")
+    assert added.status_code == 201, added.text
+    assert wait_done(shared_server, session_id)["verdict"] == "no_divergence"

@@ -88,6 +88,8 @@ def print_diff(diff: SessionDiff) -> None:
             else f"{name.pending} pairs not compared yet: a server on this data dir compares them "
             "(tensor-debugger serve)"
             if name.pending
+            else "nothing compared yet: the session has no candidate run"
+            if name.verdict == "no_candidate"
             else "nothing compared yet: a run is still ingesting, or the session has no candidate run"
             if name.verdict == "comparing"
             else f"no divergence found in the summaries ({name.on_summaries} pairs passed on summaries alone: not "

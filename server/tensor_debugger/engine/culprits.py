@@ -11,7 +11,13 @@ on a tie the deeper module (the more specific one, a projection rather than the 
 Ranking is not naming: every stage of a run in another precision (fp32 against bf16) adds a little rounding error,
 and one of them always adds the most. A module or stage is named a *culprit* only where its added error stands out
 (`stands_out`): from the others' added errors, or from what a noise floor (a rerun of the reference) predicts.
-Where nothing stands out the error grows evenly through the run, as a change of precision or of kernels makes it.
+Where nothing stands out the error grows evenly through the run, as a change of precision or of kernels makes it;
+with fewer than RANKED_ENOUGH ranked there is no such "others" to stand out from (with one or two the median is at
+least half the largest, so nothing can exceed STANDS_OUT times it), and that is said instead. One rule does not
+lean on the others, and with so few it names the culprit: a module or stage whose compared inputs are bit-identical
+(input error 0) and whose output fails made its error itself (`own`). With more ranked the median rule alone names
+culprits: where every stage rounds (fp32 against bf16) the whole model's module, given token ids, would otherwise be
+named for the rounding it carries out.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ STANDS_OUT = 7.0
 GROWTH = 2.0
 # ...and more than this relative RMSE at all: fp32 rounding differences (another reduction order) stay below it.
 MIN_ADDED_ERROR = 1e-5
+# The fewest ranked modules or stages whose median says what is typical: with two, the median is half the sum.
+RANKED_ENOUGH = 3
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,11 @@ def added_error(input_error: float, output_error: float) -> float:
 
 
 def stands_out(
-    added: Sequence[float], inputs: Sequence[float], floors: Sequence[float | None] = (), factor: float = 4.0
+    added: Sequence[float],
+    inputs: Sequence[float],
+    floors: Sequence[float | None] = (),
+    factor: float = 4.0,
+    own: Sequence[bool] = (),
 ) -> list[bool]:
     """Which of a run's ranked modules or stages are culprits: `added[i]` the error each added, `inputs[i]` the error
     it was given (relative RMSE); `floors[i]`, where a noise floor is known, the relative RMSE of the reference
@@ -84,16 +96,19 @@ def stands_out(
     A culprit adds more than MIN_ADDED_ERROR, more than GROWTH times its input error, and either more than `factor`
     times its noise floor (where the floor is known and not zero) or else more than STANDS_OUT times the median
     |added error| of all of them. An error that appears from nowhere (infinite, a NaN on one side) always stands out.
+    `own[i]`: its inputs were compared and are bit-identical (input error 0) and its output fails: with fewer than
+    RANKED_ENOUGH ranked (no median says what is typical) and no floor known, it stands out by itself.
     """
     finite = [abs(a) for a in added if math.isfinite(a)]
     typical = statistics.median(finite) if finite else 0.0
+    few = len(added) < RANKED_ENOUGH
     marked = []
     for i, (gained, given) in enumerate(zip(added, inputs, strict=True)):
         floor = floors[i] if i < len(floors) else None
         if floor is not None and math.isfinite(floor) and floor > 0:
             beyond = gained > factor * floor
         else:
-            beyond = gained > STANDS_OUT * typical
+            beyond = gained > STANDS_OUT * typical or (few and i < len(own) and own[i] and given == 0.0)
         marked.append(bool(beyond and gained > MIN_ADDED_ERROR and gained > GROWTH * given))
     return marked
 

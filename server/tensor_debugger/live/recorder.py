@@ -44,6 +44,8 @@ can also hash, in the same pass, every tensor a capture of every module would re
 
 from __future__ import annotations
 
+import fnmatch
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -62,6 +64,8 @@ from tensor_debugger.live.run_notes import end_recording
 from tensor_debugger.live.run_storage import LocalRun, release_run, send_run, session_found, staging_folders
 from tensor_debugger.live.safetensors_files import FileSink
 from tensor_debugger.live.writer import DEFAULT_HOST_MEMORY, CaptureWriter
+
+UNMATCHED_EXAMPLES = 6  # the most module names a warning about an unmatched `modules=` pattern lists
 
 
 def pair_session(session_id: int, data_dir: str | Path | None) -> None:
@@ -90,6 +94,27 @@ def compiled_modules(model: torch.nn.Module) -> tuple[torch.nn.Module, list[str]
         if getattr(module, "_compiled_call_impl", None) is not None or wrapped:
             compiled.append(name)
     return root, compiled
+
+
+def warn_unmatched_patterns(model: torch.nn.Module, root_name: str, patterns: Sequence[str]) -> None:
+    """A `UserWarning` where a `modules=` pattern matches no module of `model` (by its path, `Net.layers.1`, or
+    without the model's name, `layers.1`, as the recorder matches them): a typo would otherwise record only the
+    model's own inputs and outputs, silently. It names the patterns and a few of the model's module names."""
+    names = [name for name, _ in model.named_modules(remove_duplicate=False) if name]
+    paths = [root_name, *(f"{root_name}.{name}" for name in names)]
+    unmatched = [
+        p for p in patterns if not any(fnmatch.fnmatchcase(path, p) for path in paths) and not fnmatch.filter(names, p)
+    ]
+    if not unmatched:
+        return
+    some = ", ".join(names[:UNMATCHED_EXAMPLES]) + (", ..." if len(names) > UNMATCHED_EXAMPLES else "")
+    warnings.warn(
+        f"capture(modules=...): {', '.join(repr(p) for p in unmatched)} matches no module of {root_name} "
+        f"(its modules: {some or 'none'}); only what the other patterns select and the model's own inputs and "
+        "outputs are recorded",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def summarize_forward(
@@ -169,6 +194,7 @@ def capture(
     patterns = [modules] if isinstance(modules, str) else list(modules)
     model, compiled = compiled_modules(model)
     root_name = type(model).__name__
+    warn_unmatched_patterns(model, root_name, patterns)
     ranks, shared, folder = staging_folders(staging)
     result = CaptureResult(session, run, rank=ranks.rank if ranks is not None else None)
     local: LocalRun | None = None

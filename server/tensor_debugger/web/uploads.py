@@ -8,6 +8,7 @@ the request either returns at once (the session page shows the progress) or wait
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import threading
 from collections.abc import Callable
@@ -38,6 +39,9 @@ class RunOutcome:
     status: RunStatus  # "ready", "failed" (nothing kept) or "ingesting" (the request did not wait)
     tensors: int = 0
     problems: list[ProblemReport] = field(default_factory=list)
+    # what the session takes it for once stored: "reference", "candidate" or "noise" (a run uploaded alone, labelled
+    # "candidate", is the session's reference); None where it was not stored, or where the response does not say
+    role: str | None = None
 
     @property
     def stored(self) -> bool:
@@ -303,6 +307,8 @@ def created(services: Services, session_id: int, outcomes: list[RunOutcome]) -> 
         )
     with services.sessions() as db:
         session = SessionDetail.of(catalog.get_session(db, session_id))
+    roles = {r.id: str(r.role) for r in session.runs}
+    outcomes = [dataclasses.replace(o, role=roles.get(o.run_id)) if o.run_id is not None else o for o in outcomes]
     return Response(UploadCreated(outcomes, session), status_code=HTTP_201_CREATED)
 
 

@@ -332,7 +332,8 @@ class CompareReport(msgspec.Struct, frozen=True, kw_only=True):
     next_capture: NextCaptureSummary | None
     first_divergences: dict[str, DivergenceSummary | None]  # each candidate's, by its label
     culprits: list[Culprit]
-    error_growth: str | None  # "even", "stands out", or null where nothing could be ranked
+    # "even", "stands out", "too few" (error added, none stands out, fewer than 3 ranked), or null (nothing ranked)
+    error_growth: str | None
     culprit_note: str | None
     problems: list[ProblemReport]
     error: str | UnsetType = UNSET  # what made the input unusable (exit code 2)

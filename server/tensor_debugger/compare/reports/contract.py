@@ -30,6 +30,7 @@ from tensor_debugger.compare.reports.compare_report import (
 from tensor_debugger.compare.reports.pair_report import PairReport, PairSide
 from tensor_debugger.compare.reports.pair_reports import FirstDivergence, SessionPairs, UnmatchedReport
 from tensor_debugger.compare.reports.pair_stats import PairStatsSummary
+from tensor_debugger.engine.culprits import RANKED_ENOUGH
 from tensor_debugger.engine.summary_compare import NextCapture, next_capture
 from tensor_debugger.store.problem_report import ProblemReport
 
@@ -322,13 +323,18 @@ def _culprit_words(report: SessionPairs) -> str | None:
         return "; ".join(report.modules.notes)
     if report.stage_notes:
         return "; ".join(report.stage_notes)
-    if report.error_growth != "even":
+    if report.error_growth not in ("even", "too few"):
         return None
     # what would stand out but is within the noise floor: no culprit, and said so rather than "grows evenly"
     within = report.modules.noise_notes if report.modules is not None else report.stage_noise_notes
     if within:
         return "; ".join(within)
     what = "module" if report.modules is not None else "stage"
+    if report.error_growth == "too few":
+        return (
+            f"too few {what}s to rank (fewer than {RANKED_ENOUGH}): no {what} is named a culprit, and whether one "
+            "stands out from the others is not known"
+        )
     return (
         f"the error grows evenly through the run: no {what} stands out (as a change of precision or of kernels "
         "makes it)"

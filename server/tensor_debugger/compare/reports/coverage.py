@@ -32,6 +32,9 @@ class SessionVerdict(enum.StrEnum):
     # of step (one side calls an op more often: not one value computed two ways)
     INCOMPLETE = "incomplete"
     NO_DIVERGENCE = "no_divergence"  # every reference tensor compared, every pair within tolerance
+    # nothing compared yet: the session's runs are done, but none is a candidate (one run alone, the reference, or
+    # with reruns of it): it stays so until a candidate run is added
+    NO_CANDIDATE = "no_candidate"
 
 
 @dataclass(frozen=True)
@@ -117,17 +120,24 @@ class Coverage:
 
 
 def session_verdict(
-    statuses: Iterable[PairStatus | str], coverage: Coverage, ingesting: bool = False, diverged: bool = False
+    statuses: Iterable[PairStatus | str],
+    coverage: Coverage,
+    ingesting: bool = False,
+    diverged: bool = False,
+    no_candidate: bool = False,
 ) -> SessionVerdict:
     """The verdict: diverged when a pair fails, or where a first divergence was found without a failing pair
     (`diverged`: a module's output of another shape on each side, its inputs compared and passing:
-    compare/reports/reshaped.py); comparing while pairs are pending or runs ingest; incomplete when anything was
-    left out (`coverage`); no divergence when pairs exist and all of them pass."""
+    compare/reports/reshaped.py); comparing while pairs are pending or runs ingest; no candidate where the runs
+    are done and none is a candidate (`no_candidate`); incomplete when anything was left out (`coverage`); no
+    divergence when pairs exist and all of them pass."""
     seen = set(statuses)
     if PairStatus.FAIL in seen or diverged:
         return SessionVerdict.DIVERGED
     if PairStatus.PENDING in seen or ingesting:
         return SessionVerdict.COMPARING
+    if no_candidate and not seen:
+        return SessionVerdict.NO_CANDIDATE
     if coverage.left_out:
         return SessionVerdict.INCOMPLETE
     if PairStatus.PASS in seen:

@@ -157,12 +157,15 @@ def stage_culprits(
         gap = False
         errors.append((i.position, e))
     ranked = rank_stages(errors)
-    would = stands_out(
-        [c.added_error for c in ranked],
-        [c.input_error for c in ranked],
-        [(floors or {}).get(by_position[c.position].a.name) for c in ranked],
-        factor,
-    )
+    stage_floors = [(floors or {}).get(by_position[c.position].a.name) for c in ranked]
+    added, given = [c.added_error for c in ranked], [c.input_error for c in ranked]
+    # a stage given the tensor before it bit-identical that fails made its error itself, however few are ranked
+    own = [
+        c.position not in unknown_input and c.input_error == 0.0 and by_position[c.position].status == PairStatus.FAIL
+        for c in ranked
+    ]
+    would = stands_out(added, given, stage_floors, factor, own)
+    by_median = stands_out(added, given, stage_floors, factor)
     # a stage whose own pair passed within the noise floor made no error beyond the noise: never a culprit
     marked = [
         w and c.position not in unknown_input and not within_noise([by_position[c.position]])
@@ -185,6 +188,10 @@ def stage_culprits(
         )
         for c, w in zip(ranked, would, strict=True)
         if w and c.position in unknown_input
+    ] + [
+        _own_error_words(by_position[c.position].name, f"the tensor before it, {by_position[c.previous].name}, was", c)
+        for c, m, plain in zip(ranked, marked, by_median, strict=True)
+        if m and not plain and c.previous is not None
     ]
     noise_notes = [
         _within_noise_words(by_position[c.position].name, c.added_error)
@@ -223,6 +230,15 @@ def _unordered_layers(mine: list[PairReport]) -> dict[int | None, str]:
     for i in mine:
         stages.setdefault(i.layer, []).append(i.stage)
     return {layer: unordered_words(layer, held) for layer, held in stages.items() if not stages_ordered(held)}
+
+
+def _own_error_words(name: str, given: str, culprit: StageCulprit | Culprit) -> str:
+    """In words, a culprit named because what it was given was bit-identical and its output fails (not because its
+    added error stands out from the others')."""
+    return (
+        f"{name} is named by its own doing: {given} identical in both runs and its output differs "
+        f"(relative RMSE {format_error(culprit.output_error)})"
+    )
 
 
 def _unknown_input_note(
@@ -322,12 +338,19 @@ def module_report(
     for item in traced:
         by_module.setdefault(item.module_path or "", []).append(item)
     gaps = _gaps(roots, errors)
-    marks = stands_out(
-        [c.added_error for c in ranked] + [g.added for g in gaps],
-        [c.input_error for c in ranked] + [g.given for g in gaps],
-        [_output_floor(by_module[c.module_path], floors or {}) for c in ranked]
-        + [_input_floor(by_module.get(g.child, []), floors or {}) for g in gaps],
-        factor,
+    added = [c.added_error for c in ranked] + [g.added for g in gaps]
+    given = [c.input_error for c in ranked] + [g.given for g in gaps]
+    module_floors = [_output_floor(by_module[c.module_path], floors or {}) for c in ranked] + [
+        _input_floor(by_module.get(g.child, []), floors or {}) for g in gaps
+    ]
+    # a module whose compared inputs are bit-identical and one of whose outputs fails made its error itself
+    own = [
+        c.input_error == 0.0 and any(i.status == PairStatus.FAIL for i in _outputs(by_module[c.module_path]))
+        for c in ranked
+    ]
+    marks = stands_out(added, given, module_floors, factor, own)
+    by_median = set(
+        c.module_path for c, m in zip(ranked, stands_out(added, given, module_floors, factor), strict=False) if m
     )
     marked, gap_marks = marks[: len(ranked)], marks[len(ranked) :]
     marked = [
@@ -350,10 +373,10 @@ def module_report(
     # layer's outputs too) stands out with it: the most specific module is named, not the blocks around it
     culprits = [r for r in standing if not any(o.module_path.startswith(r.module_path + ".") for o in standing)]
     top = culprits[0] if culprits and failing else None
-    added = {c.module_path: c for c in ranked}
+    by_path = {c.module_path: c for c in ranked}
     return ModuleReport(
         module_tree.values,
-        [_node_report(r, by_module, added, top, known)[0] for r in roots],
+        [_node_report(r, by_module, by_path, top, known)[0] for r in roots],
         culprits,
         top,
         reports,
@@ -362,6 +385,11 @@ def module_report(
             _uncompared_words(c.module_path, uncompared[c.module_path])
             for c in unknown
             if c.added_error > MIN_ADDED_ERROR
+        ]
+        + [
+            _own_error_words(f"`{r.module_path}`", "its inputs were", by_path[r.module_path])
+            for r in culprits
+            if r.module_path not in by_median
         ],
         [
             _within_noise_words(c.module_path, c.added_error)

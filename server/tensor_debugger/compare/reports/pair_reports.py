@@ -99,7 +99,7 @@ from tensor_debugger.compare.reports.summary_reports import SummaryReport, summa
 from tensor_debugger.compare.reports.where_reports import WhereEntry, named_where
 from tensor_debugger.compare.reports.worst_pairs import WorstPairs, worst_pairs
 from tensor_debugger.engine.alignment import ReferenceCut, cut_verdict, replicas_of, stored_steps
-from tensor_debugger.engine.culprits import MIN_ADDED_ERROR
+from tensor_debugger.engine.culprits import MIN_ADDED_ERROR, RANKED_ENOUGH
 from tensor_debugger.engine.error_spans import ErrorSpan
 from tensor_debugger.engine.metrics import Number, PairStats, json_number, parse_number
 from tensor_debugger.engine.op_alignment import op_call, out_of_step
@@ -606,6 +606,8 @@ def session_pairs(
             coverage,
             ingesting,
             diverged=any(c.first_divergence is not None for c in candidates),
+            # runs, none a candidate: the reference (a run uploaded alone becomes it) and reruns of it at most
+            no_candidate=bool(ordered_runs) and all(r.id == reference or r.id in noise_runs for r in ordered_runs),
         ),
         out_of_step=frozenset(out_of_step),
     )
@@ -757,8 +759,9 @@ def noise_floors(noise: list[PairReport]) -> dict[str, float]:
 
 def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | None:
     """ "stands out" where a module or stage is a culprit (or a note says where error stands out without one: a
-    block that records no output, a stage whose input was not compared); "even" where at least two were ranked,
-    some added error (more than engine/culprits.py's MIN_ADDED_ERROR) and none stands out; else None."""
+    block that records no output, a stage whose input was not compared); where some error was added (more than
+    engine/culprits.py's MIN_ADDED_ERROR) and none stands out, "even" where at least RANKED_ENOUGH were ranked, "too
+    few" where fewer were (no median says what is typical); else None."""
     if modules is not None:
         named = bool(modules.culprits or modules.notes)
         added, count = [c.added_error for c in modules.ranked], len(modules.ranked)
@@ -767,9 +770,9 @@ def error_growth(modules: ModuleReport | None, stages: StageRanking) -> str | No
         added, count = [c.added_error for c in stages.ranked], stages.compared
     if named:
         return "stands out"
-    if count >= 2 and any(float(parse_number(a)) > MIN_ADDED_ERROR for a in added):
-        return "even"
-    return None
+    if not any(float(parse_number(a)) > MIN_ADDED_ERROR for a in added):
+        return None
+    return "even" if count >= RANKED_ENOUGH else "too few"
 
 
 def _compared_runs(runs: Sequence[Any], reference: int | None, noise: set[int]) -> list[tuple[int, str, str]]:

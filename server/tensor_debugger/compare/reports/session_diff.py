@@ -87,8 +87,8 @@ class SessionDiff:
         pending (a run still ingesting, no candidate run yet), or A has pairs B lacks: what changed cannot all be
         said."""
         return (
-            self.a.verdict == SessionVerdict.COMPARING
-            or self.b.verdict == SessionVerdict.COMPARING
+            self.a.verdict in (SessionVerdict.COMPARING, SessionVerdict.NO_CANDIDATE)
+            or self.b.verdict in (SessionVerdict.COMPARING, SessionVerdict.NO_CANDIDATE)
             or self.a.pending > 0
             or self.b.pending > 0
             or self.counts[Change.NOT_COMPARED] > 0
