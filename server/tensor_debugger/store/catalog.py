@@ -112,6 +112,7 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
             .group_by(UnmatchedRecord.session_id)
         ).all()
     )
+    full = aliased(PairRecord)
     differ = dict(
         db.execute(
             select(PairRecord.session_id, func.count())
@@ -121,6 +122,16 @@ def summarize_sessions(db: DbSession, session_ids: Sequence[int]) -> dict[int, S
                 PairRecord.status == "pass",
                 ~noise,
                 cast(PairRecord.summary, Text).contains('"hashes_differ": true'),  # as the JSON column writes it
+                # not where a second capture with full values compared that tensor element by element
+                ~select(full.id)
+                .where(
+                    full.session_id == PairRecord.session_id,
+                    full.name == PairRecord.name,
+                    full.id != PairRecord.id,
+                    or_(full.summary.is_(None), cast(full.summary, Text) == "null"),  # SQL NULL or JSON null
+                    full.status.in_(("pass", "fail")),
+                )
+                .exists(),
             )
             .group_by(PairRecord.session_id)
         ).all()

@@ -203,27 +203,25 @@ def _free_label(label: str, taken: set[str]) -> str:
 def _call_form(report: SessionPairs, model: str | None) -> tuple[str, str]:
     """How the next capture's snippet calls each model, as `next_capture`'s `arguments`, and what it must be given,
     in words: from the inputs of the model's call `model` the runs compared recorded (`inputs_args_0`, ...,
-    `inputs_kwargs_<name>`), so that one tensor is passed as one argument, not unpacked along its first dimension."""
+    `inputs_kwargs_<name>`, a nested one `inputs_args_1_0`), so that one tensor is passed as one argument, not
+    unpacked along its first dimension. Keyword names are not said: a nested one (`inputs_kwargs_pair_0`) cannot be
+    told from a keyword of that name."""
     places = {p.place for p in report.pairs if model is not None and p.module_path == model and p.place}
-    args = sorted(int(p.removeprefix("inputs_args_")) for p in places if re.fullmatch(r"inputs_args_\d+", p))
-    keywords = sorted(p.removeprefix("inputs_kwargs_") for p in places if p.startswith("inputs_kwargs_"))
+    positions = {int(m[1]) for p in places if (m := re.match(r"inputs_args_(\d+)", p))}
+    nested = any(re.fullmatch(r"inputs_args_\d+_.+", p) for p in places)
+    keywords = any(p.startswith("inputs_kwargs_") for p in places)
     recorded = f"as the runs compared called the model ({model})"
-    if args and keywords:
+    if positions and keywords:
         return "*args, **kwargs", (
-            f"args: a tuple of the model's {_positional(len(args))}, kwargs: a dict of its keyword arguments "
-            f"({', '.join(keywords)}), {recorded}"
+            f"args: a tuple of the model's positional arguments, kwargs: a dict of its keyword arguments, {recorded}"
         )
     if keywords:
-        return "**inputs", f"inputs: a dict of the model's keyword arguments ({', '.join(keywords)}), {recorded}"
-    if args == [0]:
+        return "**inputs", f"inputs: a dict of the model's keyword arguments, {recorded}"
+    if positions == {0} and not nested:
         return "inputs", f"inputs: the model's one positional argument (a tensor), {recorded}"
-    if args:
-        return "*inputs", f"inputs: a tuple of the model's {_positional(len(args))}, {recorded}"
+    if positions:
+        return "*inputs", f"inputs: a tuple of the model's positional arguments, {recorded}"
     return "*inputs", "inputs: a tuple of the model's arguments (the runs compared recorded none of them)"
-
-
-def _positional(count: int) -> str:
-    return "1 positional argument" if count == 1 else f"{count} positional arguments"
 
 
 def next_capture_of(name: str, report: SessionPairs, where: str = "") -> NextCapture | None:

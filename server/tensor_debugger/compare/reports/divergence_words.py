@@ -183,8 +183,12 @@ def slices_words(
         text += f"; {len(found.unrelated)} related to none by shape (not compared)"
     f = found.first
     if f is None:
-        ended = " (the comparisons' budget ran out before every op was checked)" if found.cut else ""
-        return text + f"; none of them differs{ended}."
+        if found.cut:
+            return (
+                text
+                + "; none of those checked differs, but the comparisons' budget ran out before every op was checked."
+            )
+        return text + "; none of them differs."
     op = _at(f.candidate, candidate_lines.get(f.candidate, ""))
     if f.layout and f.slice is not None:
         return (

@@ -293,7 +293,7 @@ def carries_activations(item: PairReport) -> bool:
 def pair_error(item: PairReport) -> float | None:
     """A compared pair's relative RMSE; None before it is compared or without element values."""
     stats = item.stats
-    if not stats:
+    if not stats or stats.snr_db is None:  # an empty pair's: no element, no error (its statistics are null)
         return None
     return relative_rmse(float(parse_number(stats.snr_db)), int(stats.nan_one_side or 0))
 

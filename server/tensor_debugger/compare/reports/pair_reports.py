@@ -308,11 +308,12 @@ class SessionPairs:
     def hashes_changed(self) -> PairReport | None:
         """Where no pair of the first candidate diverged: its first pair in execution order that passed on summaries
         (values="summary") whose content hashes differ. Its values differ though its summaries found nothing outside
-        tolerance: not a verified pass, and full values of its module settle it. None where there is none."""
+        tolerance: not a verified pass, and full values of its module settle it. None where there is none, or where
+        another run's pair of that tensor was compared element by element (a second capture with full values)."""
         if self.first_divergence is not None or not self.candidates:
             return None
         mine = self.candidates[0].run_id
-        return next(
+        changed = next(
             (
                 p
                 for p in self.pairs
@@ -324,6 +325,19 @@ class SessionPairs:
             ),
             None,
         )
+        if changed is None:
+            return None
+        # a second capture with full values (find_divergence's "candidate (full)", the snippet run) compared that
+        # tensor element by element: its verdict there settles it, and is said with that run's
+        settled = any(
+            q.name == changed.name
+            and q.b.run_id != mine
+            and q.stats is not None
+            and not (q.summary is not None and q.summary.on_summary)
+            and q.status in (PairStatus.PASS, PairStatus.FAIL)
+            for q in self.pairs
+        )
+        return None if settled else changed
 
     def statistics_before(self, first: FirstDivergence | None) -> int:
         """How many of `first`'s candidate's pairs before it passed on printed statistics only (0 where no execution

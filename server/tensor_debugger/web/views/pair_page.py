@@ -395,7 +395,8 @@ def pair_page_view(
         request = parse_slice_request(shape, opening["index"], opening["start"], opening["count"])
     window = read_window(view_a, view_b, request)
     tol, exact = tolerance(session, side_a[0].dtype, side_b[0].dtype)
-    spec = heatmap_spec(shape, request)
+    # a heatmap of no element has no cell: none is offered for an empty pair
+    spec = heatmap_spec(shape, request) if math.prod(shape) else None
     if spec is not None:
         query = urlencode({"fixed": spec})
         page = msgspec.structs.replace(
