@@ -565,6 +565,7 @@ def pass_basis(pair: ComparedPair) -> PassBasis:
         sketched=pair.on_summary,
         identical=bool(summary is not None and summary.identical),
         printed=on_printed_statistics(summary),
+        hashes_differ=summary is not None and summary.hashes_differ is True,
     )
 
 

@@ -27,12 +27,15 @@ def on_printed_statistics(summary: SummaryReport | None) -> bool:
 @dataclass(frozen=True)
 class PassBasis:
     """One pair, for the words: its status ("pass", "fail", ...), whether its verdict rests on a capture's summaries
-    (`sketched`), bit-identical by its content hash there (`identical`), or on printed statistics (`printed`)."""
+    (`sketched`), bit-identical by its content hash there (`identical`), its content hashes differing there
+    (`hashes_differ`: its values differ, though the summaries found nothing outside tolerance), or on printed
+    statistics (`printed`)."""
 
     status: str
     sketched: bool = False
     identical: bool = False
     printed: bool = False
+    hashes_differ: bool = False
 
 
 def statistics_words(count: int) -> str:
@@ -64,8 +67,10 @@ def no_divergence_words(pairs: Sequence[PassBasis], compared: int | None = None,
     told = f"no divergence{found}{among}: {len(passing)} of {len(pairs)} pairs pass"
     if short:
         told += f", {compared} of {tensors} reference tensors compared"
+    differ = sum(1 for p in passing if p.sketched and not p.identical and p.hashes_differ)
     hedges = [
         f"{sketched} from summaries: no difference found in the summaries, not every element compared"
+        + (f", though the content hashes of {differ} of them differ (their values differ)" if differ else "")
         if sketched
         else "",
         statistics_words(printed),

@@ -490,6 +490,7 @@ def candidate_verdict_words(report: SessionPairs, candidate: CandidateReport) ->
                 sketched=p.summary is not None and p.summary.on_summary,
                 identical=bool(p.summary is not None and p.summary.identical),
                 printed=on_printed_statistics(p.summary),
+                hashes_differ=p.summary is not None and p.summary.hashes_differ is True,
             )
             for p in mine
         ],
