@@ -236,3 +236,32 @@ def test_two_calls_with_one_new_session_name_at_once_each_get_a_session(settings
     runs = [("reference", 0, "reference"), ("candidate", 1, "candidate")]
     assert runs_of(settings, "at once")[:2] == runs_of(settings, "at once (2)")[:2] == runs
     assert runs_of(settings, "at once") == runs_of(settings, "at once (2)")
+
+
+def test_two_calls_with_one_new_session_name_at_once_on_a_server_each_get_a_session(shared_server: LiveServer) -> None:
+    """The same two calls storing on a server: the name is taken there as the first run is uploaded (a run that was
+    to make the session and found one of that name is not kept there), so the second call stores into "name (2)"."""
+    barrier = threading.Barrier(2)
+    found: list[Any] = []
+    failed: list[BaseException] = []
+    name = "at once on a server"
+
+    def call() -> None:
+        try:
+            reference, candidate = Waiting(False, barrier).eval(), Waiting(True, barrier).eval()
+            found.append(find_divergence(reference, candidate, inputs(), session=name, server=shared_server.url))
+        except BaseException as exc:  # said below, with the other call's answer
+            failed.append(exc)
+
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=300)
+    assert not failed, failed
+    assert sorted(f.session for f in found) == [name, f"{name} (2)"]
+    second = next(f for f in found if f.session == f"{name} (2)")
+    assert second.asked_session == name
+    with httpx.Client(base_url=shared_server.url, timeout=30) as client:
+        listed = {s["name"] for s in client.get("/api/sessions", params={"q": name}).json()}
+    assert listed == {name, f"{name} (2)"}

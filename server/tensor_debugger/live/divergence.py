@@ -429,9 +429,9 @@ def _store_runs(
     """Store `runs` (each held run, its label, role and the label it is compared against) in order into session
     `session`, each result appended to `stored`; the name of the session stored into. The first run a call stores
     into a local data dir makes the session, under the next name free for `asked` where another call took
-    `session` since it was found free (live/session_name.py)."""
+    `session` since it was found free (live/session_name.py), on its server too."""
     for held, label, role, against in runs:
-        if stored or where["server"] is not None:
+        if stored:
             stored.append(held.store(session, label, **where, against=against, role=role))
             continue
 
@@ -440,7 +440,9 @@ def _store_runs(
         ) -> CaptureResult:
             return held.store(name, label, **where, against=against, role=role, new_session=True)
 
-        result, session = stored_in_new_session(store, asked or session, session, where["data_dir"])
+        result, session = stored_in_new_session(
+            store, asked or session, session, where["data_dir"], where["server"], where.get("token")
+        )
         stored.append(result)
     return session
 

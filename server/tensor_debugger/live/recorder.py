@@ -290,9 +290,9 @@ class HeldRun:
         stored it, with the same tensors, summaries, module tree and notes; returns its result, ids filled in.
         `against`: the label of the session's run it is compared against (default: the session's reference);
         `role`: "noise" for a rerun, the noise floor of the run it is compared against (as `capture`'s);
-        `new_session` (a local data dir's run only): the run makes its session, and where one of that name exists
-        (another call made it since the name was found free) raises SessionNameTaken, nothing stored, the run
-        still held to be stored again."""
+        `new_session`: the run makes its session (into a local data dir or on `server`), and where one of that name
+        exists (another call made it since the name was found free) raises SessionNameTaken, nothing stored, the
+        run still held to be stored again."""
         parse_role(role, run, server)
         recorder, result = self.recorder, self.result
         result.session, result.run = session, run
@@ -312,7 +312,20 @@ class HeldRun:
                 closing, writer = writer, None
                 closing.close()  # every tensor written; raises CaptureError if one could not be
             place = (folder, local, ranks, shared)
-            send_run(recorder, result, session, run, place, data_dir, server, token, _pair, against, role=role)
+            send_run(
+                recorder,
+                result,
+                session,
+                run,
+                place,
+                data_dir,
+                server,
+                token,
+                _pair,
+                against,
+                role=role,
+                new_session=new_session and server is not None,
+            )
         finally:
             release_run(writer, local, ranks, shared, folder)
         return result

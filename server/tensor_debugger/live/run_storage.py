@@ -210,6 +210,7 @@ def send_run(
     against: str | None = None,
     found: int | None = None,
     role: str | None = None,
+    new_session: bool = False,
 ) -> None:
     """Store a recorded run whose tensors are all written: its module tree, then the run (into the local run, from
     rank 0 for the ranks, or uploaded to the server, compared against the session's run labelled `against` where
@@ -229,4 +230,6 @@ def send_run(
         assert server is not None
         from tensor_debugger.live.upload import upload_run
 
-        result.session_id, result.run_id = upload_run(server, session, run, folder, token, against, found, role)
+        result.session_id, result.run_id = upload_run(
+            server, session, run, folder, token, against, found, role, new_session=new_session
+        )

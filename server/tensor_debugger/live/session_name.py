@@ -46,16 +46,22 @@ def free_session(session: str, server: str | None, token: str | None, data_dir: 
 
 
 def stored_in_new_session(
-    store: Callable[[str], T], asked: str, session: str, data_dir: str | Path | None
+    store: Callable[[str], T],
+    asked: str,
+    session: str,
+    data_dir: str | Path | None,
+    server: str | None = None,
+    token: str | None = None,
 ) -> tuple[T, str]:
     """`store(name)` (which makes session `name`, raising SessionNameTaken where one of that name exists) into
     `session`, the name found free for `asked`, or where another call took it meanwhile into the next name free
-    for `asked` in the local data dir (`data_dir`): what it returned and the name of the session it made."""
+    for `asked` on `server` where given, else in the local data dir (`data_dir`): what it returned and the name of
+    the session it made."""
     from tensor_debugger.errors import SessionNameTaken
 
     for _ in range(NAME_TRIES - 1):
         try:
             return store(session), session
         except SessionNameTaken:
-            session = free_session(asked, None, None, data_dir)
+            session = free_session(asked, server, token, data_dir)
     return store(session), session

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from tensor_debugger.errors import SessionNameTaken
 from tensor_debugger.live.roles import parse_role
 
 TIMEOUT_S = 600.0
@@ -52,10 +53,13 @@ def upload_run(
     against: str | None = None,
     found: int | None = None,
     role: str | None = None,
+    new_session: bool = False,
 ) -> tuple[int, int]:
     """Upload every file of `folder` as run `run` of session `session`; see `upload_files`."""
     files = sorted(p for p in folder.iterdir() if p.is_file())
-    return upload_files(server, session, run, files, token, against=against, found=found, role=role)
+    return upload_files(
+        server, session, run, files, token, against=against, found=found, role=role, new_session=new_session
+    )
 
 
 def session_on(server: str, session: str, token: str | None = None) -> int | None:
@@ -93,19 +97,24 @@ def upload_files(
     against: str | None = None,
     found: int | None = None,
     role: str | None = None,
+    new_session: bool = False,
 ) -> tuple[int, int]:
     """Upload `paths` (tensor files and archives) as run `run` of session `session` (created when no session has
-    that name); returns (session id, run id). `against`: the label of the session's run it is compared against (the
-    session must exist and hold it). `found`: the session's id when the run's capture began (`session_on`): the run
-    goes into that session, and a RuntimeError naming it says that it was deleted since (a session made again
-    would hold this run alone). `role` "noise": a rerun of the reference (`parse_role`: labelled "noise"), sent in
-    the form's field of that name. Raises RuntimeError with the server's reasons when it refuses."""
+    that name); returns (session id, run id). `new_session`: the run makes its session, and where one of that name
+    exists, or another client made it meanwhile, SessionNameTaken is raised (the server keeps nothing of it).
+    `against`: the label of the session's run it is compared against (the session must exist and hold it). `found`:
+    the session's id when the run's capture began (`session_on`): the run goes into that session, and a RuntimeError
+    naming it says that it was deleted since (a session made again would hold this run alone). `role` "noise": a
+    rerun of the reference (`parse_role`: labelled "noise"), sent in the form's field of that name. Raises
+    RuntimeError with the server's reasons when it refuses."""
     parse_role(role, run, server)
     with server_client(server, token) as client:
         listed = _listed(client, server, session)
         if found is not None and listed != found:
             raise _deleted(server, session, found, run)
         existing = None if listed is None else _Session(listed, session)
+        if new_session and existing is not None:
+            raise SessionNameTaken(session)
         with ExitStack() as stack:
             files = [(run, (p.name, stack.enter_context(p.open("rb")), "application/octet-stream")) for p in paths]
             if existing is None and against is not None:
@@ -121,6 +130,11 @@ def upload_files(
             raise _deleted(server, session, found, run)
         _check(response, server)
         body = msgspec.json.decode(response.content, type=_Uploaded)
+        if new_session and body.session is not None and body.session.name != session:
+            # another client made `session` between the look-up and this upload: the server named this one
+            # "session (2)"; the caller takes the next free name itself
+            _check(client.delete(f"/api/sessions/{body.session.id}"), server)
+            raise SessionNameTaken(session)
         if existing is None and body.session is not None and body.session.name != session and tries > 1:
             # another client created `session` between the look-up and this upload, and the server named this one
             # "session (2)": the run belongs in the session of that name, so it goes there instead
