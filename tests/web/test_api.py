@@ -356,4 +356,5 @@ def test_a_session_of_one_run_has_the_verdict_no_candidate(shared_server: LiveSe
     np.savez(second := tmp_path / "d.npz", x=np.arange(6, dtype=np.float32))
     added = upload(shared_server, "", [("fixed", second)], url=f"/api/sessions/{session_id}/runs")
     assert added.status_code == 201, added.text
+    assert [(r["label"], r["role"]) for r in added.json()["runs"]] == [("fixed", "candidate")]
     assert wait_done(shared_server, session_id)["verdict"] == "no_divergence"

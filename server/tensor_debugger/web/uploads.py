@@ -307,9 +307,21 @@ def created(services: Services, session_id: int, outcomes: list[RunOutcome]) -> 
         )
     with services.sessions() as db:
         session = SessionDetail.of(catalog.get_session(db, session_id))
+    return Response(UploadCreated(_with_roles(session, outcomes), session), status_code=HTTP_201_CREATED)
+
+
+def _with_roles(session: SessionDetail, outcomes: list[RunOutcome]) -> list[RunOutcome]:
+    """`outcomes`, each stored run's with the role the session takes it for."""
     roles = {r.id: str(r.role) for r in session.runs}
-    outcomes = [dataclasses.replace(o, role=roles.get(o.run_id)) if o.run_id is not None else o for o in outcomes]
-    return Response(UploadCreated(outcomes, session), status_code=HTTP_201_CREATED)
+    return [dataclasses.replace(o, role=roles.get(o.run_id)) if o.run_id is not None else o for o in outcomes]
+
+
+def with_roles(services: Services, session_id: int, outcomes: list[RunOutcome]) -> list[RunOutcome]:
+    """`outcomes` of runs added to session `session_id`, each stored run's with the role the session takes it for
+    (a run uploaded into a session with no run yet, labelled "candidate", is its reference)."""
+    with services.sessions() as db:
+        session = SessionDetail.of(catalog.get_session(db, session_id))
+    return _with_roles(session, outcomes)
 
 
 def against_links(text: str | None, batch: UploadBatch) -> dict[str, str]:

@@ -37,6 +37,7 @@ from tensor_debugger.web.uploads import (
     start_runs,
     start_session,
     wait_for_runs,
+    with_roles,
 )
 
 UPLOAD_LIMIT_NOTE = "Upload size is limited by the max_upload_bytes setting."
@@ -339,6 +340,8 @@ class SessionController(Controller):
             return await anyio.to_thread.run_sync(accepted, services, session_id, started)
         outcomes = await anyio.to_thread.run_sync(wait_for_runs, started)
         stored = any(o.stored for o in outcomes)
+        if stored:
+            outcomes = await anyio.to_thread.run_sync(with_roles, services, session_id, outcomes)
         return Response(
             RunOutcomes(outcomes), status_code=HTTP_201_CREATED if stored else HTTP_422_UNPROCESSABLE_ENTITY
         )
