@@ -156,6 +156,10 @@ def _albert(bug: bool) -> tuple[nn.Module, nn.Module, torch.Tensor]:
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_outputs import BaseModelOutput
 
+    if int(transformers.__version__.split(".")[0]) < 5:
+        # the port's encoder calls each copy as release 5's AlbertLayerGroup takes its arguments
+        pytest.skip(f"transformers {transformers.__version__}'s AlbertLayerGroup takes other arguments")
+
     config = transformers.AlbertConfig(
         vocab_size=64,
         embedding_size=8,
