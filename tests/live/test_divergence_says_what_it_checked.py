@@ -207,11 +207,10 @@ class Waiting(nn.Module):
         return out
 
 
-def test_two_calls_with_one_new_session_name_at_once_each_get_a_session(settings: Settings) -> None:
-    """Two `find_divergence` calls with one new session name, at the same moment, in one data dir: both found the
-    name free, and the second to store met the first's runs ("already has a run labelled 'reference'") after all
-    its passes. The name is taken as the first run is stored: the second call stores into "name (2)", says so, and
-    its snippet names that session."""
+def _two_at_once(name: str, where: dict[str, Any]) -> tuple[Any, Any]:
+    """Two `find_divergence` calls with the new session name `name` at the same moment (each waits for the other
+    before its first pass: both find the name free), storing where `where` says (`data_dir=` or `server=`): their
+    answers, the one in `name` first, the one in "name (2)" second; neither may raise."""
     barrier = threading.Barrier(2)
     found: list[Any] = []
     failed: list[BaseException] = []
@@ -219,37 +218,7 @@ def test_two_calls_with_one_new_session_name_at_once_each_get_a_session(settings
     def call() -> None:
         try:
             reference, candidate = Waiting(False, barrier).eval(), Waiting(True, barrier).eval()
-            found.append(find_divergence(reference, candidate, inputs(), session="at once", data_dir=settings.data_dir))
-        except BaseException as exc:  # said below, with the other call's answer
-            failed.append(exc)
-
-    threads = [threading.Thread(target=call) for _ in range(2)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=300)
-    assert not failed, failed
-    assert sorted(f.session for f in found) == ["at once", "at once (2)"]
-    second = next(f for f in found if f.session == "at once (2)")
-    assert second.asked_session == "at once"
-    assert second.next_capture is not None and "session='at once (2)'" in second.next_capture
-    runs = [("reference", 0, "reference"), ("candidate", 1, "candidate")]
-    assert runs_of(settings, "at once")[:2] == runs_of(settings, "at once (2)")[:2] == runs
-    assert runs_of(settings, "at once") == runs_of(settings, "at once (2)")
-
-
-def test_two_calls_with_one_new_session_name_at_once_on_a_server_each_get_a_session(shared_server: LiveServer) -> None:
-    """The same two calls storing on a server: the name is taken there as the first run is uploaded (a run that was
-    to make the session and found one of that name is not kept there), so the second call stores into "name (2)"."""
-    barrier = threading.Barrier(2)
-    found: list[Any] = []
-    failed: list[BaseException] = []
-    name = "at once on a server"
-
-    def call() -> None:
-        try:
-            reference, candidate = Waiting(False, barrier).eval(), Waiting(True, barrier).eval()
-            found.append(find_divergence(reference, candidate, inputs(), session=name, server=shared_server.url))
+            found.append(find_divergence(reference, candidate, inputs(), session=name, **where))
         except BaseException as exc:  # said below, with the other call's answer
             failed.append(exc)
 
@@ -260,8 +229,28 @@ def test_two_calls_with_one_new_session_name_at_once_on_a_server_each_get_a_sess
         thread.join(timeout=300)
     assert not failed, failed
     assert sorted(f.session for f in found) == [name, f"{name} (2)"]
-    second = next(f for f in found if f.session == f"{name} (2)")
+    first, second = sorted(found, key=lambda f: len(f.session))
     assert second.asked_session == name
+    return first, second
+
+
+def test_two_calls_with_one_new_session_name_at_once_each_get_a_session(settings: Settings) -> None:
+    """Two `find_divergence` calls with one new session name, at the same moment, in one data dir: both found the
+    name free, and the second to store met the first's runs ("already has a run labelled 'reference'") after all
+    its passes. The name is taken as the first run is stored: the second call stores into "name (2)", says so, and
+    its snippet names that session."""
+    _, second = _two_at_once("at once", {"data_dir": settings.data_dir})
+    assert second.next_capture is not None and "session='at once (2)'" in second.next_capture
+    runs = [("reference", 0, "reference"), ("candidate", 1, "candidate")]
+    assert runs_of(settings, "at once")[:2] == runs_of(settings, "at once (2)")[:2] == runs
+    assert runs_of(settings, "at once") == runs_of(settings, "at once (2)")
+
+
+def test_two_calls_with_one_new_session_name_at_once_on_a_server_each_get_a_session(shared_server: LiveServer) -> None:
+    """The same two calls storing on a server: the name is taken there as the first run is uploaded (a run that was
+    to make the session and found one of that name is not kept there), so the second call stores into "name (2)"."""
+    name = "at once on a server"
+    _two_at_once(name, {"server": shared_server.url})
     with httpx.Client(base_url=shared_server.url, timeout=30) as client:
         listed = {s["name"] for s in client.get("/api/sessions", params={"q": name}).json()}
     assert listed == {name, f"{name} (2)"}
